@@ -14,6 +14,7 @@
 #include <fmt/format.h>
 #include <llvm/ADT/STLExtras.h>
 
+#include <cassert>
 #include <deque>
 #include <set>
 
@@ -105,8 +106,9 @@ constexpr size_t kStatementsPerPart = 24;
 class FunctionEmitter {
 public:
   FunctionEmitter(const ir::Function& irFunction, const plan::SpmdFunction& spmd,
-                  const kir::KernelFunction& kernels, const Target& target)
-      : name(className(spmd.name)), irFn(irFunction), fn(spmd), kernels(kernels), target(&target) {}
+                  const kir::KernelFunction& kernels, const Target& target, FileScope& file)
+      : name(className(spmd.name)), irFn(irFunction), fn(spmd), kernels(kernels), target(&target),
+        file(&file) {}
 
   llvm::Error emit();
 
@@ -148,6 +150,11 @@ private:
     std::string guard = stageGuard(kernels, paramStages(k));
     return guard.empty() ? code : guard + code + "}\n";
   }
+  /// The namespace-scope table of the params' ParamSpecs (paramTable()), "" without params.
+  std::string paramSpecs() const;
+  std::string paramTable() const { return "k" + name + "Params"; }
+  /// `support::Buffer* const data[] = {&param0_..., ...};`: the params' members, in order.
+  std::string paramData() const;
   void emitConstructor(std::string& out, const std::string& hoisted);
   void emitHelpers(std::string& out);
   /// step(), paramNames(), isOptimizerState(), paramShards(), getParam() and setParam().
@@ -174,6 +181,7 @@ private:
   const plan::SpmdFunction& fn;
   const kir::KernelFunction& kernels;
   const Target* target;
+  FileScope* file; // the source file's, shared by its classes
   std::set<plan::AxisList> groups;
 };
 
@@ -232,7 +240,7 @@ llvm::Error FunctionEmitter::emit() {
     paramMembers.push_back(paramMember(k));
   for (const ir::InputInfo& input : irFn.inputs)
     inputFields.push_back(identifier(input.name));
-  StatementPrinter printer(kernels, *target, paramMembers, inputFields);
+  StatementPrinter printer(kernels, *target, paramMembers, inputFields, *file);
   std::string hoisted = printer.print(kernels.init);
   printer.traced = true;
   // run()'s statements in parts, each a member function (compilers optimize many small
@@ -442,6 +450,7 @@ llvm::Error FunctionEmitter::emit() {
     s += fmt::format(
         "throw std::invalid_argument(\"{}: no input named '\" + name + \"'\");\n}}\n\n", fn.name);
   }
+  s += paramSpecs();
   emitConstructor(s, hoisted);
   s += fmt::format("{0}::Outputs {0}::run(const Inputs& inputs) {{\n", name);
   s += target->prologue();
@@ -506,32 +515,25 @@ void FunctionEmitter::emitConstructor(std::string& s, const std::string& hoisted
                      stringList(axes));
   s += " {\n";
   s += target->prologue();
-  for (size_t k = 0; k < irFn.params.size(); ++k) {
-    const ir::ParamInfo& param = irFn.params[k];
-    SpmdValueId id = fn.params[k];
-    const TensorType& type = local(id);
-    std::string member = paramMember(k);
-    s += fmt::format("// {}: {} ({}:{})\n", param.path, param.init.kind, param.loc.file,
-                     param.loc.line);
-    const ir::Initializer& init = param.init;
-    DType dtype = type.dtype;
-    if (init.kind == "zeros" || init.kind == "ones" || init.kind == "constant") {
-      double value = init.kind == "zeros" ? 0 : init.kind == "ones" ? 1 : init.arg("value", 0);
-      s +=
-          onParamStages(k, fmt::format("{}.assign({}, support::roundValue({}, {}));\n", member,
-                                       type.numElements(), dtypeEnum(dtype), doubleLiteral(value)));
-    } else {
-      // Random initializers come from the kernels' fills, keyed like the interpreter's.
+  if (!irFn.params.empty()) {
+    // One loop over constant tables (support::initParams): a block of code per param took
+    // seconds to compile in the larger examples.
+    std::vector<std::string> inits;
+    for (size_t k = 0; k < irFn.params.size(); ++k) {
+      const ir::ParamInfo& param = irFn.params[k];
+      // Sema gives every initializer at most two keyword arguments (ParamInit's slots).
       std::vector<std::string> args;
-      for (const auto& [key, value] : init.args)
+      for (const auto& [key, value] : param.init.args)
         args.push_back(fmt::format("{{{}, {}}}", quote(key), doubleLiteral(value)));
-      s += onParamStages(
-          k, fmt::format("{}.resize({});\n{{\n{}"
-                         "const auto init = meshrt::kernels::makeInit({}, {{{}}});\n"
-                         "support::fillParam({}.data(), shard, seed, {}, init, {});\n}}\n",
-                         member, type.numElements(), shardDeclaration(id), quote(init.kind),
-                         fmt::join(args, ", "), member, quote(param.path), valueTypeEnum(dtype)));
+      assert(args.size() <= 2 && "an initializer with more than two arguments");
+      inits.push_back(fmt::format("// {} ({}:{})\n{{{}, {}, {{{}}}}}", param.path, param.loc.file,
+                                  param.loc.line, quote(param.init.kind),
+                                  dtypeEnum(local(fn.params[k]).dtype), fmt::join(args, ", ")));
     }
+    s += fmt::format("static constexpr support::ParamInit inits[] = {{\n{}}};\n{}"
+                     "support::initParams(world_, seed, {}, {}, inits, data);\n",
+                     fmt::join(inits, ",\n"), paramData(),
+                     kernels.stages.count > 1 ? "stage_" : "-1", paramTable());
   }
   if (!hoisted.empty()) s += "computeInvariants();\n";
   s += "}\n\n";
@@ -613,17 +615,41 @@ void FunctionEmitter::emitParamAccess(std::string& s) {
     paths.push_back(quote(param.path));
     if (param.role == ir::ParamRole::OptimizerState) states.push_back(quote(param.path));
   }
-  s += fmt::format("std::vector<std::string> {}::paramNames() {{ return {{{}}}; }}\n\n", name,
-                   fmt::join(paths, ", "));
+  // Tables of literals: a braced list of std::string temporaries compiles slowly (each element
+  // constructed, and destroyed again on unwinding).
+  if (paths.empty())
+    s += fmt::format("std::vector<std::string> {}::paramNames() {{ return {{}}; }}\n\n", name);
+  else
+    s += fmt::format("std::vector<std::string> {}::paramNames() {{\nstatic constexpr const char* "
+                     "names[] = {{{}}};\nreturn {{std::begin(names), std::end(names)}};\n}}\n\n",
+                     name, fmt::join(paths, ", "));
   s += fmt::format("bool {}::isOptimizerState(const std::string& path) {{\n", name);
   if (states.empty())
     s += "(void)path;\nreturn false;\n}\n\n";
   else
-    s += fmt::format("static const std::vector<std::string> states = {{{}}};\nreturn "
-                     "std::find(states.begin(), states.end(), path) != states.end();\n}}\n\n",
+    s += fmt::format("static constexpr std::string_view states[] = {{{}}};\nreturn "
+                     "std::find(std::begin(states), std::end(states), std::string_view(path)) != "
+                     "std::end(states);\n}}\n\n",
                      fmt::join(states, ", "));
+  s += fmt::format("std::vector<support::ParamShard> {}::paramShards() {{\n", name);
+  if (irFn.params.empty())
+    s += "return {};\n}\n\n";
+  else
+    s += fmt::format("{}return support::paramShardsOf<support::ParamShard>({}, data);\n}}\n\n",
+                     paramData(), paramTable());
+  s += fmt::format("support::Tensor {0}::getParam(const std::string& path) {{\nauto shards = "
+                   "paramShards();\nreturn support::gatherParam(world_, "
+                   "support::findParamShard(shards, path, {1}));\n}}\n\n",
+                   name, quote(fn.name));
+  s += fmt::format("void {0}::setParam(const std::string& path, const support::Tensor& global) "
+                   "{{\nauto shards = paramShards();\nsupport::scatterParam(world_, "
+                   "support::findParamShard(shards, path, {1}), global);\n}}\n\n",
+                   name, quote(fn.name));
+}
+
+std::string FunctionEmitter::paramSpecs() const {
   // A constant table and one loop (ParamShard initializers cost seconds of compile time).
-  std::vector<std::string> specs, data;
+  std::vector<std::string> specs;
   for (size_t k = 0; k < irFn.params.size(); ++k) {
     const ir::ParamInfo& param = irFn.params[k];
     SpmdValueId id = fn.params[k];
@@ -639,24 +665,19 @@ void FunctionEmitter::emitParamAccess(std::string& s) {
                                 param.role == ir::ParamRole::OptimizerState ? "true" : "false",
                                 quote(ir::dtypeName(param.type.dtype)),
                                 quote(fmt::format("{}", fmt::join(dims, " "))), stages));
-    data.push_back("&" + paramMember(k));
   }
-  s += fmt::format("std::vector<support::ParamShard> {}::paramShards() {{\n", name);
-  if (specs.empty())
-    s += "return {};\n}\n\n";
-  else
-    s += fmt::format("static constexpr support::ParamSpec specs[] = {{\n{}}};\n"
-                     "support::Buffer* const data[] = {{{}}};\n"
-                     "return support::paramShardsOf<support::ParamShard>(specs, data);\n}}\n\n",
-                     fmt::join(specs, ",\n"), fmt::join(data, ", "));
-  s += fmt::format("support::Tensor {0}::getParam(const std::string& path) {{\nauto shards = "
-                   "paramShards();\nreturn support::gatherParam(world_, "
-                   "support::findParamShard(shards, path, {1}));\n}}\n\n",
-                   name, quote(fn.name));
-  s += fmt::format("void {0}::setParam(const std::string& path, const support::Tensor& global) "
-                   "{{\nauto shards = paramShards();\nsupport::scatterParam(world_, "
-                   "support::findParamShard(shards, path, {1}), global);\n}}\n\n",
-                   name, quote(fn.name));
+  if (specs.empty()) return "";
+  return fmt::format(
+      "/// `{}`'s params: paths, dims and layouts (its constructor and paramShards() "
+      "read it).\nstatic constexpr support::ParamSpec {}[] = {{\n{}}};\n\n",
+      fn.name, paramTable(), fmt::join(specs, ",\n"));
+}
+
+std::string FunctionEmitter::paramData() const {
+  std::vector<std::string> data;
+  for (size_t k = 0; k < irFn.params.size(); ++k)
+    data.push_back("&" + paramMember(k));
+  return fmt::format("support::Buffer* const data[] = {{{}}};\n", fmt::join(data, ", "));
 }
 
 void FunctionEmitter::emitCheckpointApi(std::string& h, std::string& s) const {
@@ -861,6 +882,7 @@ llvm::Expected<CppOutput> emitWithTarget(const ir::Module& module,
       kir::lowerModule(module, plans, kir::LowerOptions{options.disabledPasses});
   if (!kernels) return kernels.takeError();
   std::vector<std::unique_ptr<FunctionEmitter>> emitters;
+  FileScope scope;
   // A microbatched train block's class takes the whole step's inputs (its plan and kernel IR are
   // one microbatch's): it is emitted from copies with the inputs widened.
   std::deque<std::pair<ir::Function, plan::SpmdFunction>> widened;
@@ -873,7 +895,8 @@ llvm::Expected<CppOutput> emitWithTarget(const ir::Module& module,
       irFn = &widened.back().first;
       spmd = &widened.back().second;
     }
-    auto emitter = std::make_unique<FunctionEmitter>(*irFn, *spmd, kernels->functions[k], target);
+    auto emitter =
+        std::make_unique<FunctionEmitter>(*irFn, *spmd, kernels->functions[k], target, scope);
     if (auto error = emitter->emit()) return error;
     emitters.push_back(std::move(emitter));
   }
@@ -903,6 +926,9 @@ llvm::Expected<CppOutput> emitWithTarget(const ir::Module& module,
         s += fmt::format("#include \"{}\"\n", op.string("header"));
   s += "#include <cmath>\n\n";
   s += fmt::format("namespace {} {{\n\n", options.cppNamespace);
+  if (std::string definitions = scope.definitions(); !definitions.empty())
+    s += "// The shapes the kernel calls take and the loop nests the classes share.\n" +
+         definitions + "\n";
   for (const auto& emitter : emitters)
     s += emitter->definition;
   s += fmt::format("}} // namespace {}\n", options.cppNamespace);

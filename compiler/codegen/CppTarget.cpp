@@ -31,7 +31,7 @@ public:
   const char* description() const override { return "SPMD C++ over meshrt"; }
 
   std::string loop(const kir::Loop& loop, const kir::KernelFunction& fn,
-                   const std::string& invariants) const override {
+                   const std::string& invariants, FileScope& file) const override {
     CollapsedLoop collapsed = collapseLoop(loop);
     size_t depth = collapsed.extents.size();
     // One pointer per buffer (a buffer read and stored in place has one, writable): distinct
@@ -43,7 +43,20 @@ public:
     }
     for (const kir::Access& read : loop.reads)
       if (!llvm::is_contained(buffers, read.buffer)) buffers.push_back(read.buffer);
-    auto pointer = [&](kir::BufferId id) { return fn.buffers[size_t(id)].name + "p"; };
+    int64_t points = 1;
+    for (int64_t extent : collapsed.extents)
+      points *= extent;
+    bool parallel = depth > 0 && points >= kParallelPoints && collapsed.extents[0] > 1 &&
+                    llvm::all_of(collapsed.stores, [](const kir::Shape& s) { return s[0] != 0; });
+    // A nest that reads nothing but its buffers is a function of the file, called here with the
+    // buffers' data: the same nest over other buffers (another layer's, another param's of the
+    // same shape) is then compiled once. Not a parallel one: its pointers must be declared
+    // inside the parallel region to stay __restrict there.
+    bool outlined = depth > 0 && !parallel && invariants.empty() && stepDeclaration(loop).empty();
+    auto pointer = [&](kir::BufferId id) {
+      return outlined ? fmt::format("p{}", llvm::find(buffers, id) - buffers.begin())
+                      : fn.buffers[size_t(id)].name + "p";
+    };
     // Dropout whose global index walks the innermost dim one by one draws the masks of a run
     // of points first, one Philox call per four of them, instead of one call per point.
     std::vector<size_t> drawn;
@@ -55,17 +68,16 @@ public:
     // large nest's outer dim is split over OpenMP's threads (those that run the GEMMs; one
     // unless the caller asks for more) when every outer index stores its own elements. The
     // pointers are declared inside the parallel region, so that they stay __restrict there.
-    int64_t points = 1;
-    for (int64_t extent : collapsed.extents)
-      points *= extent;
-    bool parallel = depth > 0 && points >= kParallelPoints && collapsed.extents[0] > 1 &&
-                    llvm::all_of(collapsed.stores, [](const kir::Shape& s) { return s[0] != 0; });
-    std::string out = "{\n" + invariants + stepDeclaration(loop);
+    std::string out = outlined ? "" : "{\n" + invariants + stepDeclaration(loop);
     if (parallel) out += "#pragma omp parallel\n{\n";
-    for (kir::BufferId id : buffers)
-      out += fmt::format("{}float* __restrict {} = {}.data();\n",
-                         llvm::is_contained(stored, id) ? "" : "const ", pointer(id),
-                         fn.buffers[size_t(id)].name);
+    std::vector<std::string> parameters, arguments;
+    for (kir::BufferId id : buffers) {
+      std::string declaration = fmt::format(
+          "{}float* __restrict {}", llvm::is_contained(stored, id) ? "" : "const ", pointer(id));
+      parameters.push_back(declaration);
+      arguments.push_back(fn.buffers[size_t(id)].name + ".data()");
+      if (!outlined) out += fmt::format("{} = {};\n", declaration, arguments.back());
+    }
     // A read that no loop moves (a scalar: AdamW's step size and bias corrections) is loaded
     // once, before the loops: GCC does not take the __restrict of these local pointers as proof
     // that the loop's stores cannot change it, and does not vectorize a loop that reloads it per
@@ -121,30 +133,35 @@ public:
       out += "}\n";
     if (run > 0) out += "}\n";
     if (parallel) out += "}\n";
+    if (outlined)
+      return fmt::format("{}({});\n",
+                         file.function(fmt::format("{}", fmt::join(parameters, ", ")), out),
+                         fmt::join(arguments, ", "));
     return out + "}\n";
   }
 
-  std::string gemm(const kir::Gemm& gemm, const kir::KernelFunction& fn, size_t id) const override {
+  std::string gemm(const kir::Gemm& gemm, const kir::KernelFunction& fn,
+                   FileScope& file) const override {
     auto name = [&](kir::BufferId buffer) { return fn.buffers[size_t(buffer)].name; };
     if (gemm.dtype == ir::DType::F32) {
-      // meshrt's kernels: classified once (a function-local static, shared by the ranks: every
-      // rank of this class has the same local shapes), then GEMMs with transposes folded in.
+      // meshrt's kernels: classified once (on first use, shared by the ranks and the call
+      // sites of the same einsum: they have the same local shapes), then GEMMs with transposes
+      // folded in.
       std::vector<std::string> operands, pointers;
       for (size_t k = 0; k < gemm.operands.size(); ++k) {
         operands.push_back(fmt::format("{{{}, {{}}}}", list(gemm.operandDims[k])));
         pointers.push_back(name(gemm.operands[k]) + ".data()");
       }
-      std::string plan = fmt::format("einsumPlan{}", id);
+      std::string plan = file.einsum(fmt::format("{{{}, {{{}}}, {{{}, {{}}}}}}", list(gemm.sizes),
+                                                 fmt::join(operands, ", "), list(gemm.outDims))) +
+                         ".plan()";
       std::string out = fmt::format("// dims: {}\n", fmt::join(gemm.dims, ", "));
-      out += fmt::format(
-          "static const meshrt::kernels::EinsumPlan {}({{{}, {{{}}}, {{{}, {{}}}}}});\n", plan,
-          list(gemm.sizes), fmt::join(operands, ", "), list(gemm.outDims));
       std::string tail = fmt::format("{}.data(), {}, {}", name(gemm.out), floatLiteral(gemm.alpha),
                                      floatLiteral(gemm.beta));
       if (gemm.operands.size() == 2)
         return out + fmt::format("{}.run({}, {}, {});\n", plan, pointers[0], pointers[1], tail);
       return out +
-             fmt::format("const float* {0}Operands[] = {{{1}}};\n{0}.run({0}Operands, {2});\n",
+             fmt::format("{{\nconst float* operands[] = {{{1}}};\n{0}.run(operands, {2});\n}}\n",
                          plan, fmt::join(pointers, ", "), tail);
     }
     std::string dims = gemmDims(gemm);

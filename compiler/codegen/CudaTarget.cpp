@@ -21,7 +21,7 @@ public:
   const char* description() const override { return "SPMD CUDA over meshrt (meshrt_cuda, NCCL)"; }
 
   std::string loop(const kir::Loop& loop, const kir::KernelFunction& fn,
-                   const std::string& invariants) const override {
+                   const std::string& invariants, FileScope&) const override {
     CollapsedLoop collapsed = collapseLoop(loop);
     // The lambda captures every buffer as a device span, by value.
     std::vector<kir::BufferId> buffers;
@@ -61,7 +61,8 @@ public:
     return out + "});\n}\n";
   }
 
-  std::string gemm(const kir::Gemm& gemm, const kir::KernelFunction& fn, size_t) const override {
+  std::string gemm(const kir::Gemm& gemm, const kir::KernelFunction& fn,
+                   FileScope&) const override {
     auto name = [&](kir::BufferId buffer) { return fn.buffers[size_t(buffer)].name; };
     std::string dims = gemmDims(gemm), out;
     if (!dims.empty())

@@ -533,12 +533,13 @@ std::string StatementPrinter::statement(const kir::Stmt& stmt, size_t index) {
     std::string operator()(const kir::Loop& loop) const {
       std::string invariants;
       for (size_t k = 0; k < loop.invariants.size(); ++k)
-        invariants += fmt::format("const auto inv{} = {};\n", k,
-                                  p.argument(loop.invariants[k], index, 1000 + k));
-      return p.target.loop(loop, p.fn, invariants);
+        invariants += fmt::format("const auto inv{} = {};\n", k, p.argument(loop.invariants[k]));
+      return p.target.loop(loop, p.fn, invariants, p.file);
     }
-    std::string operator()(const kir::Gemm& gemm) const { return p.target.gemm(gemm, p.fn, index); }
-    std::string operator()(const kir::Call& call) const { return p.call(call, index); }
+    std::string operator()(const kir::Gemm& gemm) const {
+      return p.target.gemm(gemm, p.fn, p.file);
+    }
+    std::string operator()(const kir::Call& call) const { return p.call(call); }
     std::string operator()(const kir::Collective& c) const { return p.collective(c); }
     std::string operator()(const kir::Copy& c) const { return p.copy(c); }
     std::string operator()(const kir::Invoke& invoke) const {
@@ -614,7 +615,7 @@ std::string StatementPrinter::copy(const kir::Copy& c) {
   return out + fmt::format("support::copyValues({}, {});\n", name(c.to), name(c.from));
 }
 
-std::string StatementPrinter::argument(const kir::Arg& arg, size_t index, size_t position) {
+std::string StatementPrinter::argument(const kir::Arg& arg) {
   auto start = [&](std::vector<std::string> axes, int64_t size) {
     // The microbatch loop splits the dim innermost: this microbatch's rows of the rank's rows.
     std::string microbatch;
@@ -638,8 +639,8 @@ std::string StatementPrinter::argument(const kir::Arg& arg, size_t index, size_t
     return name(arg.buffer) + ".data()";
   case kir::Arg::Kind::View:
     return name(arg.buffer);
-  case kir::Arg::Kind::Ints:
-    return fmt::format("shape{}_{}", index, position); // declared before the call
+  case kir::Arg::Kind::Ints: // a constant: nothing is allocated when run() calls the kernel
+    return file.shape(arg.ints);
   case kir::Arg::Kind::Int:
     return fmt::format("{}", int64_t(arg.value));
   case kir::Arg::Kind::Real:
@@ -698,18 +699,43 @@ std::string StatementPrinter::argument(const kir::Arg& arg, size_t index, size_t
   return "";
 }
 
-std::string StatementPrinter::call(const kir::Call& c, size_t index) {
-  std::string out;
+std::string StatementPrinter::call(const kir::Call& c) {
   std::vector<std::string> args;
-  for (size_t k = 0; k < c.args.size(); ++k) {
-    // Shapes are static constants: nothing is allocated when run() calls the kernel.
-    if (c.args[k].kind == kir::Arg::Kind::Ints)
-      out += fmt::format("static const support::Shape shape{}_{} = {};\n", index, k,
-                         list(c.args[k].ints));
-    args.push_back(argument(c.args[k], index, k));
-  }
-  return out +
-         fmt::format("support::{}({});\n", kir::calleeSpelling(c.callee), fmt::join(args, ", "));
+  for (const kir::Arg& arg : c.args)
+    args.push_back(argument(arg));
+  return fmt::format("support::{}({});\n", kir::calleeSpelling(c.callee), fmt::join(args, ", "));
+}
+
+std::string FileScope::shape(const kir::Shape& values) {
+  auto [it, added] = shapeIndex.try_emplace(values, shapes.size());
+  if (added) shapes.push_back(values);
+  return fmt::format("kShape{}", it->second);
+}
+
+std::string FileScope::function(const std::string& parameters, const std::string& body) {
+  auto [it, added] = functionIndex.try_emplace({parameters, body}, functions.size());
+  if (added) functions.emplace_back(parameters, body);
+  return fmt::format("loop{}", it->second);
+}
+
+std::string FileScope::einsum(const std::string& spec) {
+  auto [it, added] = einsumIndex.try_emplace(spec, einsums.size());
+  if (added) einsums.push_back(spec);
+  return fmt::format("kEinsum{}", it->second);
+}
+
+std::string FileScope::definitions() const {
+  std::string out;
+  for (size_t k = 0; k < shapes.size(); ++k)
+    out += fmt::format("static const support::Shape kShape{} = {};\n", k, list(shapes[k]));
+  for (size_t k = 0; k < einsums.size(); ++k)
+    out += fmt::format("static const support::SharedEinsum kEinsum{}({});\n", k, einsums[k]);
+  if ((!shapes.empty() || !einsums.empty()) && !functions.empty()) out += "\n";
+  // Not inlined: each copy would be compiled again, which is what outlining saves.
+  for (size_t k = 0; k < functions.size(); ++k)
+    out += fmt::format("[[gnu::noinline]] static void loop{}({}) {{\n{}}}\n\n", k,
+                       functions[k].first, functions[k].second);
+  return out;
 }
 
 std::string StatementPrinter::collective(const kir::Collective& c) {

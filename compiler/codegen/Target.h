@@ -12,6 +12,8 @@
 
 namespace meshc::codegen {
 
+class FileScope;
+
 class Target {
 public:
   virtual ~Target() = default;
@@ -22,12 +24,13 @@ public:
   /// What the files hold, for their first comment ("SPMD C++ over meshrt").
   virtual const char* description() const = 0;
   /// A fused loop nest, as a block of statements; `invariants` declares the loop's invariant
-  /// values (`inv0`, `inv1`, ...) and goes first in the block.
+  /// values (`inv0`, `inv1`, ...) and goes first in the block. The target may define the nest
+  /// as a function of `file` and call it.
   virtual std::string loop(const kir::Loop& loop, const kir::KernelFunction& fn,
-                           const std::string& invariants) const = 0;
-  /// A GEMM; `id` is unique in the function (for a static plan's name).
+                           const std::string& invariants, FileScope& file) const = 0;
+  /// A GEMM; the target may keep its plan in `file`.
   virtual std::string gemm(const kir::Gemm& gemm, const kir::KernelFunction& fn,
-                           size_t id) const = 0;
+                           FileScope& file) const = 0;
   /// The first statement of every generated constructor body and run() ("" for none).
   virtual std::string prologue() const = 0;
 

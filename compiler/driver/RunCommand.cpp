@@ -331,6 +331,57 @@ std::string runtimeStamp(const std::vector<std::string>& includeDirs,
   return stamp;
 }
 
+/// What every generated C++ translation unit includes first (the emitter's header and runner),
+/// precompiled once per compiler, flags and runtime headers into the cache and included first
+/// (-include) by each build, which would otherwise parse it again: about a second of every build.
+/// tests/e2e's generated_prelude.h is the same list for the e2e cases.
+constexpr const char* kPrelude = R"(// meshc run's precompiled prelude (RunCommand.cpp).
+#include "meshc/GeneratedSupport.h"
+#include "meshrt/Launch.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
+#include <string>
+#include <vector>
+)";
+
+/// The prelude to include first in a build with `flags` (the compiler and every flag that
+/// reaches the compilation, include directories but no program's own), precompiled into the
+/// cache when it is not there yet; "" when it cannot be built (the build then parses the headers
+/// itself). The compiler reads the precompiled form only when it fits the flags, else the text.
+std::string precompiledPrelude(const std::vector<std::string>& flags,
+                               const std::vector<std::string>& includeDirs,
+                               const std::string& cacheDir) {
+  std::string key = llvm::join(flags, " ") + runtimeStamp(includeDirs, {});
+  std::string dir =
+      pathIn(pathIn(cacheDir, "prelude"), fmt::format("{:016x}", llvm::xxHash64(key)));
+  std::string header = pathIn(dir, "prelude.h"), precompiled = header + ".gch";
+  if (llvm::sys::fs::exists(precompiled)) return header;
+  if (llvm::sys::fs::create_directories(dir)) return "";
+  // Each part is written under a name of its own, then renamed: concurrent runs may build it.
+  std::string suffix = fmt::format(".{}.tmp", ::getpid());
+  {
+    std::error_code ec;
+    llvm::raw_fd_ostream out(header + suffix, ec);
+    if (ec) return "";
+    out << kPrelude;
+  }
+  if (llvm::sys::fs::rename(header + suffix, header)) return "";
+  std::vector<std::string> command = flags;
+  command.insert(command.end(), {"-x", "c++-header", header, "-o", precompiled + suffix});
+  std::string error, log = precompiled + suffix + ".log";
+  bool built = execute(command, log, log, error) == 0 &&
+               !llvm::sys::fs::rename(precompiled + suffix, precompiled);
+  llvm::sys::fs::remove(log);
+  llvm::sys::fs::remove(precompiled + suffix);
+  return built ? header : "";
+}
+
 /// The number of ranks of the (overridden) mesh.
 int64_t rankCount(const PlannedModule& planned) {
   int64_t ranks = 1;
@@ -424,7 +475,7 @@ int runCommand(const char* argv0) {
   for (llvm::StringRef flag : llvm::split(runOpt, ' '))
     if (!flag.empty() && !(onGpus && flag.startswith("-march"))) build.push_back(flag.str());
   // Generated code never reads errno: without it the compiler vectorizes sqrt in fused loops.
-  build.insert(build.end(), {"-std=c++20", "-w", "-I", workDir, "-I", mainDir});
+  build.insert(build.end(), {"-std=c++20", "-w"});
   if (!onGpus) build.push_back("-fno-math-errno");
   if (!onGpus)
     build.insert(build.end(), toolchain.sanitizeFlags.begin(), toolchain.sanitizeFlags.end());
@@ -436,6 +487,12 @@ int runCommand(const char* argv0) {
   }
   for (const std::string& dir : toolchain.includeDirs)
     build.insert(build.end(), {"-I", dir});
+  // The compile flags among the libraries (OpenMP's -fopenmp defines _OPENMP, which the
+  // support header reads), for the prelude.
+  std::vector<std::string> prelude = build;
+  for (const std::string& library : libraries)
+    if (llvm::StringRef(library).startswith("-f")) prelude.push_back(library);
+  build.insert(build.end(), {"-I", workDir, "-I", mainDir});
   std::string unity = base + ".unity" + source;
   std::string buildKey = llvm::join(build, " ") + llvm::join(libraries, " ");
   for (const std::string& suffix : {std::string(".h"), source, ".main" + source})
@@ -459,6 +516,10 @@ int runCommand(const char* argv0) {
           << "\"\n";
     }
     std::string partial = binary + ".tmp", log = base + ".build.log";
+    if (!onGpus)
+      if (std::string header = precompiledPrelude(prelude, toolchain.includeDirs, cacheDir);
+          !header.empty())
+        build.insert(build.end(), {"-include", header});
     build.insert(build.end(), {unity, "-o", partial});
     build.insert(build.end(), libraries.begin(), libraries.end());
     build.push_back("-lpthread");

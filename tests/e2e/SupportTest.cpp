@@ -575,3 +575,33 @@ TEST_CASE("a bias-gradient sum wider than one block of columns sums every column
                             double(x[size_t(2 * columns + c)]));
   requireClose(out, want, 0);
 }
+
+TEST_CASE("initParams fills each rank's block of the whole tensor, only on its stages",
+          "[codegen][support]") {
+  // The generated constructor's tables: a normal param split over x, a bf16 constant, and a
+  // param held by pipeline stage 1 only (here: stage = this rank's x coordinate).
+  static constexpr meshc::gen::ParamSpec specs[] = {{"w", false, "f32", "rows:4:2:x cols:3:3:"},
+                                                    {"b", false, "bf16", "d:5:5:"},
+                                                    {"late", false, "f32", "d:2:2:", 0x2, "x"}};
+  static constexpr meshc::gen::ParamInit inits[] = {
+      {"normal", meshc::gen::DType::F32, {{"mean", 0.5}, {"stddev", 2.0}}},
+      {"constant", meshc::gen::DType::BF16, {{"value", 1.3}}},
+      {"ones", meshc::gen::DType::F32, {}}};
+  Buffer whole(12);
+  meshrt::kernels::fillParam(whole.data(), meshrt::kernels::wholeTensor({4, 3}), 7, "w",
+                             meshrt::kernels::makeInit("normal", {{"mean", 0.5}, {"stddev", 2.0}}));
+  onRanks(2, [&](meshrt::Communicator& world) {
+    Buffer w, b, late;
+    Buffer* const data[] = {&w, &b, &late};
+    meshc::gen::initParams(world, 7, world.rank(), specs, inits, data);
+    CHECK(w == blockOf(whole, {4, 3}, 0, world.rank(), 2));
+    CHECK(b == Buffer(5, meshc::gen::roundValue(meshc::gen::DType::BF16, 1.3)));
+    CHECK(b[0] != 1.3f); // rounded to bf16
+    CHECK(late == (world.rank() == 1 ? Buffer{1.0f, 1.0f} : Buffer{}));
+    // Without stages (-1) every rank holds every param.
+    Buffer w2, b2, late2;
+    Buffer* const data2[] = {&w2, &b2, &late2};
+    meshc::gen::initParams(world, 7, -1, specs, inits, data2);
+    CHECK(late2 == Buffer{1.0f, 1.0f});
+  });
+}

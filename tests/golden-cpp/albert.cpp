@@ -5,6 +5,919 @@
 
 namespace meshc_generated {
 
+// The shapes the kernel calls take and the loop nests the classes share.
+static const support::Shape kShape0 = {2, 16, 16};
+static const support::Shape kShape1 = {0, 0, 1};
+static const support::Shape kShape2 = {16, 1, 0};
+static const support::Shape kShape3 = {2, 16};
+static const support::Shape kShape4 = {256, 16};
+static const support::Shape kShape5 = {16};
+static const support::Shape kShape6 = {1};
+static const support::Shape kShape7 = {2, 32};
+static const support::Shape kShape8 = {32, 1};
+static const support::Shape kShape9 = {512, 1};
+static const support::Shape kShape10 = {32};
+static const support::Shape kShape11 = {2};
+static const support::Shape kShape12 = {2, 2, 16};
+static const support::Shape kShape13 = {512, 256, 16};
+static const support::Shape kShape14 = {512, 32};
+static const support::Shape kShape15 = {2, 16, 32};
+static const support::Shape kShape16 = {};
+static const support::Shape kShape17 = {16, 1};
+static const support::Shape kShape18 = {2, 2};
+static const support::Shape kShape19 = {1, 0};
+static const support::Shape kShape20 = {0, 1};
+static const support::Shape kShape21 = {0, 0};
+static const support::Shape kShape22 = {16, 16};
+static const support::Shape kShape23 = {256};
+static const support::Shape kShape24 = {32, 16};
+static const support::SharedEinsum
+    kEinsum0({{2, 16, 16, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
+static const support::SharedEinsum
+    kEinsum1({{2, 16, 32, 16}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
+static const support::SharedEinsum
+    kEinsum2({{2, 32, 32}, {{{0, 1}, {}}, {{1, 2}, {}}}, {{0, 2}, {}}});
+static const support::SharedEinsum
+    kEinsum3({{2, 32, 2}, {{{0, 1}, {}}, {{1, 2}, {}}}, {{0, 2}, {}}});
+static const support::SharedEinsum
+    kEinsum4({{2, 16, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
+static const support::SharedEinsum
+    kEinsum5({{2, 16, 2, 8, 16}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
+static const support::SharedEinsum
+    kEinsum6({{2, 2, 16, 16, 8}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 2, 1, 4}, {}}});
+static const support::SharedEinsum
+    kEinsum7({{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 4}, {}}});
+static const support::SharedEinsum
+    kEinsum8({{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
+static const support::SharedEinsum
+    kEinsum9({{2, 2, 32}, {{{0, 1}, {}}, {{2, 1}, {}}}, {{0, 2}, {}}});
+static const support::SharedEinsum
+    kEinsum10({{2, 2, 32}, {{{0, 1}, {}}, {{0, 2}, {}}}, {{2, 1}, {}}});
+static const support::SharedEinsum
+    kEinsum11({{2, 32, 32}, {{{0, 1}, {}}, {{2, 1}, {}}}, {{0, 2}, {}}});
+static const support::SharedEinsum
+    kEinsum12({{2, 32, 32}, {{{0, 1}, {}}, {{0, 2}, {}}}, {{2, 1}, {}}});
+static const support::SharedEinsum
+    kEinsum13({{2, 16, 32, 16}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
+static const support::SharedEinsum
+    kEinsum14({{2, 16, 32, 16}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
+static const support::SharedEinsum
+    kEinsum15({{2, 16, 16, 32}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
+static const support::SharedEinsum
+    kEinsum16({{2, 16, 16, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
+static const support::SharedEinsum
+    kEinsum17({{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
+static const support::SharedEinsum
+    kEinsum18({{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
+static const support::SharedEinsum
+    kEinsum19({{2, 16, 32, 2, 8}, {{{0, 1, 2}, {}}, {{3, 4, 2}, {}}}, {{0, 1, 3, 4}, {}}});
+static const support::SharedEinsum
+    kEinsum20({{2, 16, 32, 2, 8}, {{{0, 1, 2}, {}}, {{0, 1, 3, 4}, {}}}, {{3, 4, 2}, {}}});
+static const support::SharedEinsum
+    kEinsum21({{2, 16, 2, 8, 16}, {{{0, 1, 2, 3}, {}}, {{0, 2, 1, 4}, {}}}, {{0, 4, 2, 3}, {}}});
+static const support::SharedEinsum
+    kEinsum22({{2, 2, 16, 16, 8}, {{{0, 1, 2, 3}, {}}, {{0, 2, 1, 4}, {}}}, {{0, 3, 1, 4}, {}}});
+static const support::SharedEinsum
+    kEinsum23({{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
+static const support::SharedEinsum
+    kEinsum24({{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
+
+[[gnu::noinline]] static void loop0(float *__restrict p0, const float *__restrict p1,
+                                    const float *__restrict p2, const float *__restrict p3) {
+  for (int64_t i0 = 0; i0 < 2; ++i0) {
+    for (int64_t i1 = 0; i1 < 256; ++i1) {
+      const float s0 = p1[i0 * 256 + i1];
+      const float s1 = p2[i1];
+      const float s2 = (s0 + s1);
+      const float s3 = p3[i0 * 256 + i1];
+      const float s4 = (s2 + s3);
+      p0[i0 * 256 + i1] = s4;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop1(float *__restrict p0, const float *__restrict p1,
+                                    const float *__restrict p2, const float *__restrict p3) {
+  for (int64_t i0 = 0; i0 < 32; ++i0) {
+    for (int64_t i1 = 0; i1 < 16; ++i1) {
+      const float s0 = p1[i0 * 16 + i1];
+      const float s1 = p2[i1];
+      const float s2 = (s0 * s1);
+      const float s3 = p3[i1];
+      const float s4 = (s2 + s3);
+      p0[i0 * 16 + i1] = s4;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop2(float *__restrict p0, const float *__restrict p1) {
+  for (int64_t i0 = 0; i0 < 16; ++i0) {
+    for (int64_t i1 = 0; i1 < 32; ++i1) {
+      const float s0 = p1[i0 + i1 * 16];
+      const float s1 = s0;
+      p0[i0 * 32 + i1] = s1;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop3(float *__restrict p0, const float *__restrict p1,
+                                    const float *__restrict p2) {
+  for (int64_t i0 = 0; i0 < 32; ++i0) {
+    for (int64_t i1 = 0; i1 < 16; ++i1) {
+      const float s0 = p1[i0 * 16 + i1];
+      const float s1 = p2[i1];
+      const float s2 = (s0 + s1);
+      const float s3 = support::fgelu(s2);
+      p0[i0 * 16 + i1] = s3;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop4(float *__restrict p0, const float *__restrict p1,
+                                    const float *__restrict p2) {
+  for (int64_t i0 = 0; i0 < 32; ++i0) {
+    for (int64_t i1 = 0; i1 < 32; ++i1) {
+      const float s0 = p1[i0 * 32 + i1];
+      const float s1 = p2[i1];
+      const float s2 = (s0 + s1);
+      p0[i0 * 32 + i1] = s2;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop5(float *__restrict p0, const float *__restrict p1,
+                                    const float *__restrict p2) {
+  for (int64_t i0 = 0; i0 < 2; ++i0) {
+    for (int64_t i1 = 0; i1 < 32; ++i1) {
+      const float s0 = p1[i0 * 32 + i1];
+      const float s1 = p2[i1];
+      const float s2 = (s0 + s1);
+      const float s3 = support::ftanh(s2);
+      p0[i0 * 32 + i1] = s3;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop6(float *__restrict p0, const float *__restrict p1,
+                                    const float *__restrict p2) {
+  for (int64_t i0 = 0; i0 < 1024; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = p2[i0];
+    const float s2 = (s0 + s1);
+    p0[i0] = s2;
+  }
+}
+
+[[gnu::noinline]] static void loop7(float *__restrict p0, const float *__restrict p1,
+                                    const float *__restrict p2, const float *__restrict p3) {
+  for (int64_t i0 = 0; i0 < 32; ++i0) {
+    for (int64_t i1 = 0; i1 < 32; ++i1) {
+      const float s0 = p1[i0 * 32 + i1];
+      const float s1 = p2[i1];
+      const float s2 = (s0 * s1);
+      const float s3 = p3[i1];
+      const float s4 = (s2 + s3);
+      p0[i0 * 32 + i1] = s4;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop8(float *__restrict p0, const float *__restrict p1,
+                                    const float *__restrict p2) {
+  for (int64_t i0 = 0; i0 < 32; ++i0) {
+    for (int64_t i1 = 0; i1 < 32; ++i1) {
+      const float s0 = p1[i0 * 32 + i1];
+      const float s1 = p2[i1];
+      const float s2 = (s0 + s1);
+      const float s3 = support::fgelu(s2);
+      p0[i0 * 32 + i1] = s3;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop9(float *__restrict p0, const float *__restrict p1,
+                                    const float *__restrict p2, const float *__restrict p3) {
+  for (int64_t i0 = 0; i0 < 32; ++i0) {
+    for (int64_t i1 = 0; i1 < 32; ++i1) {
+      const float s0 = p1[i0 * 32 + i1];
+      const float s1 = p2[i1];
+      const float s2 = (s0 + s1);
+      const float s3 = p3[i0 * 32 + i1];
+      const float s4 = (s3 + s2);
+      p0[i0 * 32 + i1] = s4;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop10(float *__restrict p0, float *__restrict p1,
+                                     const float *__restrict p2, const float *__restrict p3) {
+  for (int64_t i0 = 0; i0 < 32; ++i0) {
+    for (int64_t i1 = 0; i1 < 16; ++i1) {
+      const float s0 = p2[i0 * 16 + i1];
+      const float s1 = p3[i1];
+      const float s2 = (s0 + s1);
+      const float s3 = support::fgelu(s2);
+      p0[i0 * 16 + i1] = s2;
+      p1[i0 * 16 + i1] = s3;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop11(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2) {
+  for (int64_t i0 = 0; i0 < 1024; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = p2[i0];
+    const float s2 = (s0 * s1);
+    p0[i0] = s2;
+  }
+}
+
+[[gnu::noinline]] static void loop12(float *__restrict p0, float *__restrict p1,
+                                     const float *__restrict p2, const float *__restrict p3) {
+  for (int64_t i0 = 0; i0 < 32; ++i0) {
+    const float s0 = p2[i0];
+    const float s1 = s0;
+    const float s2 = p3[i0];
+    const float s3 = -s2;
+    const float s4 = (s3 * s1);
+    p0[i0] = s1;
+    p1[i0] = s4;
+  }
+}
+
+[[gnu::noinline]] static void loop13(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2) {
+  for (int64_t i0 = 0; i0 < 4; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = p2[i0];
+    const float s2 = (s0 * s1);
+    p0[i0] = s2;
+  }
+}
+
+[[gnu::noinline]] static void loop14(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2, const float *__restrict p3) {
+  for (int64_t i0 = 0; i0 < 2; ++i0) {
+    for (int64_t i1 = 0; i1 < 2; ++i1) {
+      const float s0 = p1[i0 * 2 + i1];
+      const float s1 = p2[i0];
+      const float s2 = (s0 >= s1 ? 1.0f : 0.0f);
+      const float s3 = s2;
+      const float s4 = p3[i0 * 2 + i1];
+      const float s5 = (s3 * s4);
+      p0[i0 * 2 + i1] = s5;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop15(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2, const float *__restrict p3) {
+  for (int64_t i0 = 0; i0 < 2; ++i0) {
+    for (int64_t i1 = 0; i1 < 2; ++i1) {
+      const float s0 = p1[i0];
+      const float s1 = support::wrapI32(2.0);
+      const float s2 = (s0 < s1 ? 1.0f : 0.0f);
+      const float s3 = p1[i0];
+      const float s4 = support::wrapI32(0.0);
+      const float s5 = (s3 >= s4 ? 1.0f : 0.0f);
+      const float s6 = support::wrapI32(double((double(s5) * double(s2))));
+      const float s7 = s6;
+      const float s8 = -0.25f;
+      const float s9 = (s8 * s7);
+      const float s10 = p2[i0 * 2 + i1];
+      const float s11 = support::fexp(s10);
+      const float s12 = (s11 * s9);
+      const float s13 = -0.25f;
+      const float s14 = p3[i0 * 2 + i1];
+      const float s15 = (s13 * s14);
+      const float s16 = (s15 - s12);
+      p0[i0 * 2 + i1] = s16;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop16(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2, const float *__restrict p3,
+                                     const float *__restrict p4, const float *__restrict p5) {
+  const float r0 = p1[0];
+  for (int64_t i0 = 0; i0 < 32; ++i0) {
+    for (int64_t i1 = 0; i1 < 32; ++i1) {
+      const float s0 = 1.0f;
+      const float s1 = r0;
+      const float s2 = (s0 / s1);
+      const float s3 = s2;
+      const float s4 = p2[i0];
+      const float s5 = (s3 * s4);
+      const float s6 = -s5;
+      const float s7 = p3[i0];
+      const float s8 = support::wrapI32(64.0);
+      const float s9 = (s7 < s8 ? 1.0f : 0.0f);
+      const float s10 = p3[i0];
+      const float s11 = support::wrapI32(0.0);
+      const float s12 = (s10 >= s11 ? 1.0f : 0.0f);
+      const float s13 = support::wrapI32(double((double(s12) * double(s9))));
+      const float s14 = s13;
+      const float s15 = (s6 * s14);
+      const float s16 = p4[i0 * 32 + i1];
+      const float s17 = support::fexp(s16);
+      const float s18 = (s17 * s15);
+      const float s19 = s6;
+      const float s20 = p5[i0 * 32 + i1];
+      const float s21 = (s19 * s20);
+      const float s22 = (s21 - s18);
+      p0[i0 * 32 + i1] = s22;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop17(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2) {
+  for (int64_t i0 = 0; i0 < 64; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = s0 * s0;
+    const float s2 = 1.0f;
+    const float s3 = (s2 - s1);
+    const float s4 = p2[i0];
+    const float s5 = (s4 * s3);
+    p0[i0] = s5;
+  }
+}
+
+[[gnu::noinline]] static void loop18(float *__restrict p0, const float *__restrict p1) {
+  for (int64_t i0 = 0; i0 < 64; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = s0;
+    p0[i0] = s1;
+  }
+}
+
+[[gnu::noinline]] static void loop19(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2, const float *__restrict p3,
+                                     const float *__restrict p4, const float *__restrict p5,
+                                     const float *__restrict p6) {
+  for (int64_t i0 = 0; i0 < 32; ++i0) {
+    for (int64_t i1 = 0; i1 < 16; ++i1) {
+      const float s0 = p1[i0 * 16 + i1];
+      const float s1 = s0 * s0;
+      const float s2 = p1[i0 * 16 + i1];
+      const float s3 = (s2 * s1);
+      const float s4 = 0.044715f;
+      const float s5 = (s3 * s4);
+      const float s6 = p1[i0 * 16 + i1];
+      const float s7 = (s6 + s5);
+      const float s8 = 0.7978846f;
+      const float s9 = (s7 * s8);
+      const float s10 = support::ftanh(s9);
+      const float s11 = 1.0f;
+      const float s12 = (s10 + s11);
+      const float s13 = 0.5f;
+      const float s14 = (s12 * s13);
+      const float s15 = 0.134145f;
+      const float s16 = (s1 * s15);
+      const float s17 = 1.0f;
+      const float s18 = (s16 + s17);
+      const float s19 = s10 * s10;
+      const float s20 = 1.0f;
+      const float s21 = (s20 - s19);
+      const float s22 = p1[i0 * 16 + i1];
+      const float s23 = (s22 * s21);
+      const float s24 = (s23 * s18);
+      const float s25 = 0.3989423f;
+      const float s26 = (s24 * s25);
+      const float s27 = (s14 + s26);
+      const float s28 = p2[i0 * 16 + i1];
+      const float s29 = p3[i0];
+      const float s30 = (s28 * s29);
+      const float s31 = p4[i0 * 16 + i1];
+      const float s32 = p5[i0];
+      const float s33 = (s31 - s32);
+      const float s34 = (s33 - s30);
+      const float s35 = p6[i0];
+      const float s36 = (s34 * s35);
+      const float s37 = (s36 * s27);
+      p0[i0 * 16 + i1] = s37;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop20(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2, const float *__restrict p3) {
+  for (int64_t i0 = 0; i0 < 32; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = p2[i0];
+    const float s2 = (s0 + s1);
+    const float s3 = p3[i0];
+    const float s4 = (s2 + s3);
+    p0[i0] = s4;
+  }
+}
+
+[[gnu::noinline]] static void loop21(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2, const float *__restrict p3) {
+  for (int64_t i0 = 0; i0 < 1024; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = p2[i0];
+    const float s2 = (s0 + s1);
+    const float s3 = p3[i0];
+    const float s4 = (s2 + s3);
+    p0[i0] = s4;
+  }
+}
+
+[[gnu::noinline]] static void loop22(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2) {
+  for (int64_t i0 = 0; i0 < 1024; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = s0 * s0;
+    const float s2 = p1[i0];
+    const float s3 = (s2 * s1);
+    const float s4 = 0.044715f;
+    const float s5 = (s3 * s4);
+    const float s6 = p1[i0];
+    const float s7 = (s6 + s5);
+    const float s8 = 0.7978846f;
+    const float s9 = (s7 * s8);
+    const float s10 = support::ftanh(s9);
+    const float s11 = 1.0f;
+    const float s12 = (s10 + s11);
+    const float s13 = 0.5f;
+    const float s14 = (s12 * s13);
+    const float s15 = 0.134145f;
+    const float s16 = (s1 * s15);
+    const float s17 = 1.0f;
+    const float s18 = (s16 + s17);
+    const float s19 = s10 * s10;
+    const float s20 = 1.0f;
+    const float s21 = (s20 - s19);
+    const float s22 = p1[i0];
+    const float s23 = (s22 * s21);
+    const float s24 = (s23 * s18);
+    const float s25 = 0.3989423f;
+    const float s26 = (s24 * s25);
+    const float s27 = (s14 + s26);
+    const float s28 = p2[i0];
+    const float s29 = (s28 * s27);
+    p0[i0] = s29;
+  }
+}
+
+[[gnu::noinline]] static void loop23(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2, const float *__restrict p3) {
+  for (int64_t i0 = 0; i0 < 512; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = p2[i0];
+    const float s2 = (s0 + s1);
+    const float s3 = p3[i0];
+    const float s4 = (s2 + s3);
+    p0[i0] = s4;
+  }
+}
+
+[[gnu::noinline]] static void loop24(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2, const float *__restrict p3) {
+  for (int64_t i0 = 0; i0 < 64; ++i0) {
+    for (int64_t i1 = 0; i1 < 16; ++i1) {
+      const float s0 = p1[i0 * 16 + i1];
+      const float s1 = p2[i0];
+      const float s2 = (s0 - s1);
+      const float s3 = p3[i0 * 16 + i1];
+      const float s4 = (s3 * s2);
+      const float s5 = 0.35355f;
+      const float s6 = (s4 * s5);
+      p0[i0 * 16 + i1] = s6;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop25(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2, const float *__restrict p3,
+                                     const float *__restrict p4) {
+  for (int64_t i0 = 0; i0 < 1024; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = p2[i0];
+    const float s2 = (s0 + s1);
+    const float s3 = p3[i0];
+    const float s4 = (s2 + s3);
+    const float s5 = p4[i0];
+    const float s6 = (s4 + s5);
+    p0[i0] = s6;
+  }
+}
+
+[[gnu::noinline]] static void loop26(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2, const float *__restrict p3,
+                                     const float *__restrict p4, const float *__restrict p5) {
+  for (int64_t i0 = 0; i0 < 32; ++i0) {
+    for (int64_t i1 = 0; i1 < 16; ++i1) {
+      const float s0 = p1[i0 * 16 + i1];
+      const float s1 = p2[i0];
+      const float s2 = (s0 * s1);
+      const float s3 = p3[i0 * 16 + i1];
+      const float s4 = p4[i0];
+      const float s5 = (s3 - s4);
+      const float s6 = (s5 - s2);
+      const float s7 = p5[i0];
+      const float s8 = (s6 * s7);
+      p0[i0 * 16 + i1] = s8;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop27(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2) {
+  for (int64_t i0 = 0; i0 < 32; ++i0) {
+    for (int64_t i1 = 0; i1 < 16; ++i1) {
+      const float s0 = p1[i0 + i1 * 32];
+      const float s1 = s0;
+      const float s2 = p2[i0 * 16 + i1];
+      const float s3 = (s1 + s2);
+      p0[i0 * 16 + i1] = s3;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop28(float *__restrict p0, float *__restrict p1,
+                                     float *__restrict p2, const float *__restrict p3,
+                                     const float *__restrict p4, const float *__restrict p5,
+                                     const float *__restrict p6) {
+  const float r3 = p4[0];
+  const float r5 = p5[0];
+  const float r6 = p6[0];
+  for (int64_t i0 = 0; i0 < 512; ++i0) {
+    const float s0 = p2[i0];
+    const float s1 = 0.01f;
+    const float s2 = (s0 * s1);
+    const float s3 = p3[i0];
+    const float s4 = s3 * s3;
+    const float s5 = 0.0009999871f;
+    const float s6 = (s4 * s5);
+    const float s7 = p0[i0];
+    const float s8 = 0.999f;
+    const float s9 = (s7 * s8);
+    const float s10 = (s9 + s6);
+    const float s11 = r3;
+    const float s12 = (s10 / s11);
+    const float s13 = support::fsqrt(s12);
+    const float s14 = 1e-08f;
+    const float s15 = (s13 + s14);
+    const float s16 = p3[i0];
+    const float s17 = 0.100000024f;
+    const float s18 = (s16 * s17);
+    const float s19 = p1[i0];
+    const float s20 = 0.9f;
+    const float s21 = (s19 * s20);
+    const float s22 = (s21 + s18);
+    const float s23 = r5;
+    const float s24 = (s22 / s23);
+    const float s25 = (s24 / s15);
+    const float s26 = (s25 + s2);
+    const float s27 = r6;
+    const float s28 = (s26 * s27);
+    const float s29 = p2[i0];
+    const float s30 = (s29 - s28);
+    p0[i0] = s10;
+    p1[i0] = s22;
+    p2[i0] = s30;
+  }
+}
+
+[[gnu::noinline]] static void loop29(float *__restrict p0, float *__restrict p1,
+                                     float *__restrict p2, const float *__restrict p3,
+                                     const float *__restrict p4, const float *__restrict p5,
+                                     const float *__restrict p6) {
+  const float r3 = p4[0];
+  const float r5 = p5[0];
+  const float r6 = p6[0];
+  for (int64_t i0 = 0; i0 < 256; ++i0) {
+    const float s0 = p2[i0];
+    const float s1 = 0.01f;
+    const float s2 = (s0 * s1);
+    const float s3 = p3[i0];
+    const float s4 = s3 * s3;
+    const float s5 = 0.0009999871f;
+    const float s6 = (s4 * s5);
+    const float s7 = p0[i0];
+    const float s8 = 0.999f;
+    const float s9 = (s7 * s8);
+    const float s10 = (s9 + s6);
+    const float s11 = r3;
+    const float s12 = (s10 / s11);
+    const float s13 = support::fsqrt(s12);
+    const float s14 = 1e-08f;
+    const float s15 = (s13 + s14);
+    const float s16 = p3[i0];
+    const float s17 = 0.100000024f;
+    const float s18 = (s16 * s17);
+    const float s19 = p1[i0];
+    const float s20 = 0.9f;
+    const float s21 = (s19 * s20);
+    const float s22 = (s21 + s18);
+    const float s23 = r5;
+    const float s24 = (s22 / s23);
+    const float s25 = (s24 / s15);
+    const float s26 = (s25 + s2);
+    const float s27 = r6;
+    const float s28 = (s26 * s27);
+    const float s29 = p2[i0];
+    const float s30 = (s29 - s28);
+    p0[i0] = s10;
+    p1[i0] = s22;
+    p2[i0] = s30;
+  }
+}
+
+[[gnu::noinline]] static void loop30(float *__restrict p0, float *__restrict p1,
+                                     float *__restrict p2, const float *__restrict p3,
+                                     const float *__restrict p4, const float *__restrict p5,
+                                     const float *__restrict p6) {
+  const float r3 = p4[0];
+  const float r5 = p5[0];
+  const float r6 = p6[0];
+  for (int64_t i0 = 0; i0 < 32; ++i0) {
+    const float s0 = p2[i0];
+    const float s1 = 0.01f;
+    const float s2 = (s0 * s1);
+    const float s3 = p3[i0];
+    const float s4 = s3 * s3;
+    const float s5 = 0.0009999871f;
+    const float s6 = (s4 * s5);
+    const float s7 = p0[i0];
+    const float s8 = 0.999f;
+    const float s9 = (s7 * s8);
+    const float s10 = (s9 + s6);
+    const float s11 = r3;
+    const float s12 = (s10 / s11);
+    const float s13 = support::fsqrt(s12);
+    const float s14 = 1e-08f;
+    const float s15 = (s13 + s14);
+    const float s16 = p3[i0];
+    const float s17 = 0.100000024f;
+    const float s18 = (s16 * s17);
+    const float s19 = p1[i0];
+    const float s20 = 0.9f;
+    const float s21 = (s19 * s20);
+    const float s22 = (s21 + s18);
+    const float s23 = r5;
+    const float s24 = (s22 / s23);
+    const float s25 = (s24 / s15);
+    const float s26 = (s25 + s2);
+    const float s27 = r6;
+    const float s28 = (s26 * s27);
+    const float s29 = p2[i0];
+    const float s30 = (s29 - s28);
+    p0[i0] = s10;
+    p1[i0] = s22;
+    p2[i0] = s30;
+  }
+}
+
+[[gnu::noinline]] static void loop31(float *__restrict p0, float *__restrict p1,
+                                     float *__restrict p2, const float *__restrict p3,
+                                     const float *__restrict p4, const float *__restrict p5,
+                                     const float *__restrict p6) {
+  const float r3 = p4[0];
+  const float r5 = p5[0];
+  const float r6 = p6[0];
+  for (int64_t i0 = 0; i0 < 1024; ++i0) {
+    const float s0 = p2[i0];
+    const float s1 = 0.01f;
+    const float s2 = (s0 * s1);
+    const float s3 = p3[i0];
+    const float s4 = s3 * s3;
+    const float s5 = 0.0009999871f;
+    const float s6 = (s4 * s5);
+    const float s7 = p0[i0];
+    const float s8 = 0.999f;
+    const float s9 = (s7 * s8);
+    const float s10 = (s9 + s6);
+    const float s11 = r3;
+    const float s12 = (s10 / s11);
+    const float s13 = support::fsqrt(s12);
+    const float s14 = 1e-08f;
+    const float s15 = (s13 + s14);
+    const float s16 = p3[i0];
+    const float s17 = 0.100000024f;
+    const float s18 = (s16 * s17);
+    const float s19 = p1[i0];
+    const float s20 = 0.9f;
+    const float s21 = (s19 * s20);
+    const float s22 = (s21 + s18);
+    const float s23 = r5;
+    const float s24 = (s22 / s23);
+    const float s25 = (s24 / s15);
+    const float s26 = (s25 + s2);
+    const float s27 = r6;
+    const float s28 = (s26 * s27);
+    const float s29 = p2[i0];
+    const float s30 = (s29 - s28);
+    p0[i0] = s10;
+    p1[i0] = s22;
+    p2[i0] = s30;
+  }
+}
+
+[[gnu::noinline]] static void loop32(float *__restrict p0, float *__restrict p1,
+                                     float *__restrict p2, const float *__restrict p3,
+                                     const float *__restrict p4, const float *__restrict p5,
+                                     const float *__restrict p6) {
+  const float r3 = p4[0];
+  const float r5 = p5[0];
+  const float r6 = p6[0];
+  for (int64_t i0 = 0; i0 < 64; ++i0) {
+    const float s0 = p2[i0];
+    const float s1 = 0.01f;
+    const float s2 = (s0 * s1);
+    const float s3 = p3[i0];
+    const float s4 = s3 * s3;
+    const float s5 = 0.0009999871f;
+    const float s6 = (s4 * s5);
+    const float s7 = p0[i0];
+    const float s8 = 0.999f;
+    const float s9 = (s7 * s8);
+    const float s10 = (s9 + s6);
+    const float s11 = r3;
+    const float s12 = (s10 / s11);
+    const float s13 = support::fsqrt(s12);
+    const float s14 = 1e-08f;
+    const float s15 = (s13 + s14);
+    const float s16 = p3[i0];
+    const float s17 = 0.100000024f;
+    const float s18 = (s16 * s17);
+    const float s19 = p1[i0];
+    const float s20 = 0.9f;
+    const float s21 = (s19 * s20);
+    const float s22 = (s21 + s18);
+    const float s23 = r5;
+    const float s24 = (s22 / s23);
+    const float s25 = (s24 / s15);
+    const float s26 = (s25 + s2);
+    const float s27 = r6;
+    const float s28 = (s26 * s27);
+    const float s29 = p2[i0];
+    const float s30 = (s29 - s28);
+    p0[i0] = s10;
+    p1[i0] = s22;
+    p2[i0] = s30;
+  }
+}
+
+[[gnu::noinline]] static void loop33(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2) {
+  for (int64_t i0 = 0; i0 < 32; ++i0) {
+    for (int64_t i1 = 0; i1 < 32; ++i1) {
+      const float s0 = p1[i0 * 32 + i1];
+      const float s1 = p2[i0];
+      const float s2 = (s0 - s1);
+      const float s3 = s2 * s2;
+      p0[i0 * 32 + i1] = s3;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop34(float *__restrict p0, const float *__restrict p1) {
+  for (int64_t i0 = 0; i0 < 32; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = 1e-12f;
+    const float s2 = (s0 + s1);
+    const float s3 = 1.0f / support::fsqrt(s2);
+    p0[i0] = s3;
+  }
+}
+
+[[gnu::noinline]] static void loop35(float *__restrict p0, float *__restrict p1,
+                                     const float *__restrict p2, const float *__restrict p3,
+                                     const float *__restrict p4) {
+  for (int64_t i0 = 0; i0 < 32; ++i0) {
+    for (int64_t i1 = 0; i1 < 32; ++i1) {
+      const float s0 = p2[i0 * 32 + i1];
+      const float s1 = p3[i1];
+      const float s2 = (s0 * s1);
+      const float s3 = p4[i0 * 32 + i1];
+      const float s4 = (s2 * s3);
+      p0[i0 * 32 + i1] = s2;
+      p1[i0 * 32 + i1] = s4;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop36(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2, const float *__restrict p3,
+                                     const float *__restrict p4, const float *__restrict p5) {
+  for (int64_t i0 = 0; i0 < 32; ++i0) {
+    for (int64_t i1 = 0; i1 < 32; ++i1) {
+      const float s0 = p1[i0 * 32 + i1];
+      const float s1 = p2[i0];
+      const float s2 = (s0 * s1);
+      const float s3 = p3[i0 * 32 + i1];
+      const float s4 = p4[i0];
+      const float s5 = (s3 - s4);
+      const float s6 = (s5 - s2);
+      const float s7 = p5[i0];
+      const float s8 = (s6 * s7);
+      p0[i0 * 32 + i1] = s8;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop37(float *__restrict p0, float *__restrict p1,
+                                     const float *__restrict p2, const float *__restrict p3) {
+  for (int64_t i0 = 0; i0 < 32; ++i0) {
+    for (int64_t i1 = 0; i1 < 32; ++i1) {
+      const float s0 = p2[i0 * 32 + i1];
+      const float s1 = p3[i1];
+      const float s2 = (s0 + s1);
+      const float s3 = support::fgelu(s2);
+      p0[i0 * 32 + i1] = s2;
+      p1[i0 * 32 + i1] = s3;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop38(float *__restrict p0, float *__restrict p1,
+                                     float *__restrict p2, const float *__restrict p3,
+                                     const float *__restrict p4, const float *__restrict p5,
+                                     const float *__restrict p6) {
+  const float r3 = p4[0];
+  const float r5 = p5[0];
+  const float r6 = p6[0];
+  for (int64_t i0 = 0; i0 < 16; ++i0) {
+    const float s0 = p2[i0];
+    const float s1 = 0.01f;
+    const float s2 = (s0 * s1);
+    const float s3 = p3[i0];
+    const float s4 = s3 * s3;
+    const float s5 = 0.0009999871f;
+    const float s6 = (s4 * s5);
+    const float s7 = p0[i0];
+    const float s8 = 0.999f;
+    const float s9 = (s7 * s8);
+    const float s10 = (s9 + s6);
+    const float s11 = r3;
+    const float s12 = (s10 / s11);
+    const float s13 = support::fsqrt(s12);
+    const float s14 = 1e-08f;
+    const float s15 = (s13 + s14);
+    const float s16 = p3[i0];
+    const float s17 = 0.100000024f;
+    const float s18 = (s16 * s17);
+    const float s19 = p1[i0];
+    const float s20 = 0.9f;
+    const float s21 = (s19 * s20);
+    const float s22 = (s21 + s18);
+    const float s23 = r5;
+    const float s24 = (s22 / s23);
+    const float s25 = (s24 / s15);
+    const float s26 = (s25 + s2);
+    const float s27 = r6;
+    const float s28 = (s26 * s27);
+    const float s29 = p2[i0];
+    const float s30 = (s29 - s28);
+    p0[i0] = s10;
+    p1[i0] = s22;
+    p2[i0] = s30;
+  }
+}
+
+[[gnu::noinline]] static void loop39(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2) {
+  for (int64_t i0 = 0; i0 < 512; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = p2[i0];
+    const float s2 = (s0 * s1);
+    p0[i0] = s2;
+  }
+}
+
+[[gnu::noinline]] static void loop40(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2) {
+  for (int64_t i0 = 0; i0 < 32; ++i0) {
+    for (int64_t i1 = 0; i1 < 16; ++i1) {
+      const float s0 = p1[i0 * 16 + i1];
+      const float s1 = p2[i0];
+      const float s2 = (s0 - s1);
+      const float s3 = s2 * s2;
+      p0[i0 * 16 + i1] = s3;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop41(float *__restrict p0, float *__restrict p1,
+                                     const float *__restrict p2, const float *__restrict p3,
+                                     const float *__restrict p4) {
+  for (int64_t i0 = 0; i0 < 32; ++i0) {
+    for (int64_t i1 = 0; i1 < 16; ++i1) {
+      const float s0 = p2[i0 * 16 + i1];
+      const float s1 = p3[i1];
+      const float s2 = (s0 * s1);
+      const float s3 = p4[i0 * 16 + i1];
+      const float s4 = (s2 * s3);
+      p0[i0 * 16 + i1] = s2;
+      p1[i0 * 16 + i1] = s4;
+    }
+  }
+}
+
 //===--- program `albert` ---===//
 
 meshrt::Mesh Albert::mesh() { return meshrt::Mesh({{"data", 2}, {"model", 2}}); }
@@ -20,166 +933,132 @@ support::Shape Albert::inputShape(const std::string &name) {
   throw std::invalid_argument("albert: no input named '" + name + "'");
 }
 
+/// `albert`'s params: paths, dims and layouts (its constructor and paramShards() read it).
+static constexpr support::ParamSpec kAlbertParams[] = {
+    {"embedding", false, "f32", "vocab:64:32:model d_embed:16:16:"},
+    {"encoder/embed/positions", false, "f32", "length:16:16: d_embed:16:16:"},
+    {"encoder/embed/segment_table", false, "f32", "segments:2:2: d_embed:16:16:"},
+    {"encoder/embed/gain", false, "f32", "d_embed:16:16:"},
+    {"encoder/embed/bias", false, "f32", "d_embed:16:16:"},
+    {"encoder/embed/projection", false, "f32", "d_embed:16:16: d_model:32:32:"},
+    {"encoder/albert_layer/self_attention/q", false, "f32",
+     "d_model:32:32: heads:4:2:model d_kv:8:8:"},
+    {"encoder/albert_layer/self_attention/k", false, "f32",
+     "d_model:32:32: heads:4:2:model d_kv:8:8:"},
+    {"encoder/albert_layer/self_attention/v", false, "f32",
+     "d_model:32:32: heads:4:2:model d_kv:8:8:"},
+    {"encoder/albert_layer/self_attention/o", false, "f32",
+     "heads:4:2:model d_kv:8:8: d_model:32:32:"},
+    {"encoder/albert_layer/norm/gain", false, "f32", "d_model:32:32:"},
+    {"encoder/albert_layer/norm/bias", false, "f32", "d_model:32:32:"},
+    {"encoder/albert_layer/dense_relu_dense/wi", false, "f32", "d_model:32:32: d_ff:64:32:model"},
+    {"encoder/albert_layer/dense_relu_dense/bi", false, "f32", "d_ff:64:32:model"},
+    {"encoder/albert_layer/dense_relu_dense/wo", false, "f32", "d_ff:64:32:model d_model:32:32:"},
+    {"encoder/albert_layer/dense_relu_dense/bo", false, "f32", "d_model:32:32:"},
+    {"encoder/albert_layer/norm#1/gain", false, "f32", "d_model:32:32:"},
+    {"encoder/albert_layer/norm#1/bias", false, "f32", "d_model:32:32:"},
+    {"heads/transform", false, "f32", "d_model:32:32: d_embed:16:16:"},
+    {"heads/transform_bias", false, "f32", "d_embed:16:16:"},
+    {"heads/gain", false, "f32", "d_embed:16:16:"},
+    {"heads/bias", false, "f32", "d_embed:16:16:"},
+    {"heads/output_bias", false, "f32", "vocab:64:32:model"},
+    {"heads/pooler", false, "f32", "d_model:32:32: d_out:32:32:"},
+    {"heads/pooler_bias", false, "f32", "d_out:32:32:"},
+    {"heads/classifier", false, "f32", "d_out:32:32: orders:2:2:"}};
+
 Albert::Albert(meshrt::Communicator &world, uint64_t seed)
     : world_(support::checkedWorld(world, mesh(), "albert")), seed_(seed),
       group_model(world_.subgroup(std::vector<std::string>{"model"})) {
-  // embedding: normal (albert.mesh:42)
-  param0_embedding.resize(512);
-  {
-    const meshrt::kernels::Shard shard{
-        {64, 16}, {support::shardStart(world_, {"model"}, 32), 0}, {32, 16}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
-    support::fillParam(param0_embedding.data(), shard, seed, "embedding", init,
-                       meshrt::kernels::ValueType::F32);
-  }
-  // encoder/embed/positions: normal (albert.mesh:43)
-  param1_encoder_embed_positions.resize(256);
-  {
-    const meshrt::kernels::Shard shard{{16, 16}, {0, 0}, {16, 16}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
-    support::fillParam(param1_encoder_embed_positions.data(), shard, seed,
-                       "encoder/embed/positions", init, meshrt::kernels::ValueType::F32);
-  }
-  // encoder/embed/segment_table: normal (albert.mesh:44)
-  param2_encoder_embed_segment_table.resize(32);
-  {
-    const meshrt::kernels::Shard shard{{2, 16}, {0, 0}, {2, 16}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
-    support::fillParam(param2_encoder_embed_segment_table.data(), shard, seed,
-                       "encoder/embed/segment_table", init, meshrt::kernels::ValueType::F32);
-  }
-  // encoder/embed/gain: ones (albert.mesh:45)
-  param3_encoder_embed_gain.assign(16, support::roundValue(support::DType::F32, 1.0));
-  // encoder/embed/bias: zeros (albert.mesh:46)
-  param4_encoder_embed_bias.assign(16, support::roundValue(support::DType::F32, 0.0));
-  // encoder/embed/projection: normal (albert.mesh:47)
-  param5_encoder_embed_projection.resize(512);
-  {
-    const meshrt::kernels::Shard shard{{16, 32}, {0, 0}, {16, 32}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
-    support::fillParam(param5_encoder_embed_projection.data(), shard, seed,
-                       "encoder/embed/projection", init, meshrt::kernels::ValueType::F32);
-  }
-  // encoder/albert_layer/self_attention/q: normal (encoder_layers.mesh:24)
-  param6_encoder_albert_layer_self_attention_q.resize(512);
-  {
-    const meshrt::kernels::Shard shard{
-        {32, 4, 8}, {0, support::shardStart(world_, {"model"}, 2), 0}, {32, 2, 8}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
-    support::fillParam(param6_encoder_albert_layer_self_attention_q.data(), shard, seed,
-                       "encoder/albert_layer/self_attention/q", init,
-                       meshrt::kernels::ValueType::F32);
-  }
-  // encoder/albert_layer/self_attention/k: normal (encoder_layers.mesh:25)
-  param7_encoder_albert_layer_self_attention_k.resize(512);
-  {
-    const meshrt::kernels::Shard shard{
-        {32, 4, 8}, {0, support::shardStart(world_, {"model"}, 2), 0}, {32, 2, 8}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
-    support::fillParam(param7_encoder_albert_layer_self_attention_k.data(), shard, seed,
-                       "encoder/albert_layer/self_attention/k", init,
-                       meshrt::kernels::ValueType::F32);
-  }
-  // encoder/albert_layer/self_attention/v: normal (encoder_layers.mesh:26)
-  param8_encoder_albert_layer_self_attention_v.resize(512);
-  {
-    const meshrt::kernels::Shard shard{
-        {32, 4, 8}, {0, support::shardStart(world_, {"model"}, 2), 0}, {32, 2, 8}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
-    support::fillParam(param8_encoder_albert_layer_self_attention_v.data(), shard, seed,
-                       "encoder/albert_layer/self_attention/v", init,
-                       meshrt::kernels::ValueType::F32);
-  }
-  // encoder/albert_layer/self_attention/o: normal (encoder_layers.mesh:27)
-  param9_encoder_albert_layer_self_attention_o.resize(512);
-  {
-    const meshrt::kernels::Shard shard{
-        {4, 8, 32}, {support::shardStart(world_, {"model"}, 2), 0, 0}, {2, 8, 32}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
-    support::fillParam(param9_encoder_albert_layer_self_attention_o.data(), shard, seed,
-                       "encoder/albert_layer/self_attention/o", init,
-                       meshrt::kernels::ValueType::F32);
-  }
-  // encoder/albert_layer/norm/gain: ones (encoder_layers.mesh:17)
-  param10_encoder_albert_layer_norm_gain.assign(32, support::roundValue(support::DType::F32, 1.0));
-  // encoder/albert_layer/norm/bias: zeros (encoder_layers.mesh:18)
-  param11_encoder_albert_layer_norm_bias.assign(32, support::roundValue(support::DType::F32, 0.0));
-  // encoder/albert_layer/dense_relu_dense/wi: normal (encoder_layers.mesh:41)
-  param12_encoder_albert_layer_dense_relu_dense_wi.resize(1024);
-  {
-    const meshrt::kernels::Shard shard{
-        {32, 64}, {0, support::shardStart(world_, {"model"}, 32)}, {32, 32}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
-    support::fillParam(param12_encoder_albert_layer_dense_relu_dense_wi.data(), shard, seed,
-                       "encoder/albert_layer/dense_relu_dense/wi", init,
-                       meshrt::kernels::ValueType::F32);
-  }
-  // encoder/albert_layer/dense_relu_dense/bi: zeros (encoder_layers.mesh:42)
-  param13_encoder_albert_layer_dense_relu_dense_bi.assign(
-      32, support::roundValue(support::DType::F32, 0.0));
-  // encoder/albert_layer/dense_relu_dense/wo: normal (encoder_layers.mesh:43)
-  param14_encoder_albert_layer_dense_relu_dense_wo.resize(1024);
-  {
-    const meshrt::kernels::Shard shard{
-        {64, 32}, {support::shardStart(world_, {"model"}, 32), 0}, {32, 32}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
-    support::fillParam(param14_encoder_albert_layer_dense_relu_dense_wo.data(), shard, seed,
-                       "encoder/albert_layer/dense_relu_dense/wo", init,
-                       meshrt::kernels::ValueType::F32);
-  }
-  // encoder/albert_layer/dense_relu_dense/bo: zeros (encoder_layers.mesh:44)
-  param15_encoder_albert_layer_dense_relu_dense_bo.assign(
-      32, support::roundValue(support::DType::F32, 0.0));
-  // encoder/albert_layer/norm#1/gain: ones (encoder_layers.mesh:17)
-  param16_encoder_albert_layer_norm_1_gain.assign(32,
-                                                  support::roundValue(support::DType::F32, 1.0));
-  // encoder/albert_layer/norm#1/bias: zeros (encoder_layers.mesh:18)
-  param17_encoder_albert_layer_norm_1_bias.assign(32,
-                                                  support::roundValue(support::DType::F32, 0.0));
-  // heads/transform: normal (albert.mesh:67)
-  param18_heads_transform.resize(512);
-  {
-    const meshrt::kernels::Shard shard{{32, 16}, {0, 0}, {32, 16}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
-    support::fillParam(param18_heads_transform.data(), shard, seed, "heads/transform", init,
-                       meshrt::kernels::ValueType::F32);
-  }
-  // heads/transform_bias: zeros (albert.mesh:68)
-  param19_heads_transform_bias.assign(16, support::roundValue(support::DType::F32, 0.0));
-  // heads/gain: ones (albert.mesh:69)
-  param20_heads_gain.assign(16, support::roundValue(support::DType::F32, 1.0));
-  // heads/bias: zeros (albert.mesh:70)
-  param21_heads_bias.assign(16, support::roundValue(support::DType::F32, 0.0));
-  // heads/output_bias: zeros (albert.mesh:72)
-  param22_heads_output_bias.assign(32, support::roundValue(support::DType::F32, 0.0));
-  // heads/pooler: normal (albert.mesh:73)
-  param23_heads_pooler.resize(1024);
-  {
-    const meshrt::kernels::Shard shard{{32, 32}, {0, 0}, {32, 32}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
-    support::fillParam(param23_heads_pooler.data(), shard, seed, "heads/pooler", init,
-                       meshrt::kernels::ValueType::F32);
-  }
-  // heads/pooler_bias: zeros (albert.mesh:74)
-  param24_heads_pooler_bias.assign(32, support::roundValue(support::DType::F32, 0.0));
-  // heads/classifier: normal (albert.mesh:75)
-  param25_heads_classifier.resize(64);
-  {
-    const meshrt::kernels::Shard shard{{32, 2}, {0, 0}, {32, 2}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
-    support::fillParam(param25_heads_classifier.data(), shard, seed, "heads/classifier", init,
-                       meshrt::kernels::ValueType::F32);
-  }
+  static constexpr support::ParamInit inits[] = {
+      // embedding (albert.mesh:42)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.02}}},
+      // encoder/embed/positions (albert.mesh:43)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.02}}},
+      // encoder/embed/segment_table (albert.mesh:44)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.02}}},
+      // encoder/embed/gain (albert.mesh:45)
+      {"ones", support::DType::F32, {}},
+      // encoder/embed/bias (albert.mesh:46)
+      {"zeros", support::DType::F32, {}},
+      // encoder/embed/projection (albert.mesh:47)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.02}}},
+      // encoder/albert_layer/self_attention/q (encoder_layers.mesh:24)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.02}}},
+      // encoder/albert_layer/self_attention/k (encoder_layers.mesh:25)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.02}}},
+      // encoder/albert_layer/self_attention/v (encoder_layers.mesh:26)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.02}}},
+      // encoder/albert_layer/self_attention/o (encoder_layers.mesh:27)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.02}}},
+      // encoder/albert_layer/norm/gain (encoder_layers.mesh:17)
+      {"ones", support::DType::F32, {}},
+      // encoder/albert_layer/norm/bias (encoder_layers.mesh:18)
+      {"zeros", support::DType::F32, {}},
+      // encoder/albert_layer/dense_relu_dense/wi (encoder_layers.mesh:41)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.02}}},
+      // encoder/albert_layer/dense_relu_dense/bi (encoder_layers.mesh:42)
+      {"zeros", support::DType::F32, {}},
+      // encoder/albert_layer/dense_relu_dense/wo (encoder_layers.mesh:43)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.02}}},
+      // encoder/albert_layer/dense_relu_dense/bo (encoder_layers.mesh:44)
+      {"zeros", support::DType::F32, {}},
+      // encoder/albert_layer/norm#1/gain (encoder_layers.mesh:17)
+      {"ones", support::DType::F32, {}},
+      // encoder/albert_layer/norm#1/bias (encoder_layers.mesh:18)
+      {"zeros", support::DType::F32, {}},
+      // heads/transform (albert.mesh:67)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.02}}},
+      // heads/transform_bias (albert.mesh:68)
+      {"zeros", support::DType::F32, {}},
+      // heads/gain (albert.mesh:69)
+      {"ones", support::DType::F32, {}},
+      // heads/bias (albert.mesh:70)
+      {"zeros", support::DType::F32, {}},
+      // heads/output_bias (albert.mesh:72)
+      {"zeros", support::DType::F32, {}},
+      // heads/pooler (albert.mesh:73)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.02}}},
+      // heads/pooler_bias (albert.mesh:74)
+      {"zeros", support::DType::F32, {}},
+      // heads/classifier (albert.mesh:75)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.02}}}};
+  support::Buffer *const data[] = {&param0_embedding,
+                                   &param1_encoder_embed_positions,
+                                   &param2_encoder_embed_segment_table,
+                                   &param3_encoder_embed_gain,
+                                   &param4_encoder_embed_bias,
+                                   &param5_encoder_embed_projection,
+                                   &param6_encoder_albert_layer_self_attention_q,
+                                   &param7_encoder_albert_layer_self_attention_k,
+                                   &param8_encoder_albert_layer_self_attention_v,
+                                   &param9_encoder_albert_layer_self_attention_o,
+                                   &param10_encoder_albert_layer_norm_gain,
+                                   &param11_encoder_albert_layer_norm_bias,
+                                   &param12_encoder_albert_layer_dense_relu_dense_wi,
+                                   &param13_encoder_albert_layer_dense_relu_dense_bi,
+                                   &param14_encoder_albert_layer_dense_relu_dense_wo,
+                                   &param15_encoder_albert_layer_dense_relu_dense_bo,
+                                   &param16_encoder_albert_layer_norm_1_gain,
+                                   &param17_encoder_albert_layer_norm_1_bias,
+                                   &param18_heads_transform,
+                                   &param19_heads_transform_bias,
+                                   &param20_heads_gain,
+                                   &param21_heads_bias,
+                                   &param22_heads_output_bias,
+                                   &param23_heads_pooler,
+                                   &param24_heads_pooler_bias,
+                                   &param25_heads_classifier};
+  support::initParams(world_, seed, -1, kAlbertParams, inits, data);
 }
 
 Albert::Outputs Albert::run(const Inputs &inputs) {
   MESHRT_TRACE_RUN(world_, "albert");
-  // Arena: 16384 bytes for 177184 bytes of temporaries (placed by liveness).
+  // Arena: 16384 bytes for 205856 bytes of temporaries (placed by liveness).
   support::checkShape("input", "tokens", inputs.tokens, {2, 16});
   support::checkShape("input", "segment_ids", inputs.segment_ids, {2, 16});
   runPart0(inputs);
   support::View v124 = arena_.view(8192, 1024);
-  support::View v131 = arena_.view(0, 4);
+  support::View v131 = arena_.view(64, 4);
 
   Outputs outputs;
   outputs.mlm_logits = support::Tensor{{2, 16, 32}, support::Buffer(v124.begin(), v124.end())};
@@ -196,10 +1075,7 @@ void Albert::runPart0(const Inputs &inputs) {
   const support::Buffer &v2 = param0_embedding;
   const support::Buffer &v0 = inputs.tokens.data;
   support::View v9 = arena_.view(0, 512);
-  static const support::Shape shape0_1 = {2, 16, 16};
-  static const support::Shape shape0_3 = {0, 0, 1};
-  static const support::Shape shape0_5 = {16, 1, 0};
-  support::gather(v9.data(), shape0_1, v2.data(), shape0_3, v0.data(), shape0_5, 32, 16,
+  support::gather(v9.data(), kShape0, v2.data(), kShape1, v0.data(), kShape2, 32, 16,
                   support::shardStart(world_, {"model"}, 32));
 
   // albert.mesh:49:40 all_reduce_sum (resolve the partial sum of %9 over model for add at 49:40)
@@ -211,10 +1087,7 @@ void Albert::runPart0(const Inputs &inputs) {
   const support::Buffer &v4 = param2_encoder_embed_segment_table;
   const support::Buffer &v1 = inputs.segment_ids.data;
   support::View v12 = arena_.view(2048, 512);
-  static const support::Shape shape2_1 = {2, 16, 16};
-  static const support::Shape shape2_3 = {0, 0, 1};
-  static const support::Shape shape2_5 = {16, 1, 0};
-  support::gather(v12.data(), shape2_1, v4.data(), shape2_3, v1.data(), shape2_5, 2, 16, 0);
+  support::gather(v12.data(), kShape0, v4.data(), kShape1, v1.data(), kShape2, 2, 16, 0);
 
   MESHRT_TRACE_SITE("albert.mesh:49:40");
   group_model.wait(request0);
@@ -224,42 +1097,30 @@ void Albert::runPart0(const Inputs &inputs) {
   MESHRT_TRACE("loop", "albert.mesh:49:40", "forward");
   const support::Buffer &v3 = param1_encoder_embed_positions;
   support::View v13 = arena_.view(4096, 512);
-  {
-    float *__restrict v13p = v13.data();
-    const float *__restrict v9p = v9.data();
-    const float *__restrict v3p = v3.data();
-    const float *__restrict v12p = v12.data();
-    for (int64_t i0 = 0; i0 < 2; ++i0) {
-      for (int64_t i1 = 0; i1 < 256; ++i1) {
-        const float s0 = v9p[i0 * 256 + i1];
-        const float s1 = v3p[i1];
-        const float s2 = (s0 + s1);
-        const float s3 = v12p[i0 * 256 + i1];
-        const float s4 = (s2 + s3);
-        v13p[i0 * 256 + i1] = s4;
-      }
-    }
-  }
+  loop0(v13.data(), v9.data(), v3.data(), v12.data());
 
   // albert.mesh:50:7 layer_norm
+  MESHRT_TRACE("layer_norm", "albert.mesh:50:7", "forward");
+  support::View v14 = arena_.view(0, 512);
+  support::along(v14.data(), v13.data(), kShape3, kShape4, kShape4, kShape5, kShape6, kShape6,
+                 support::Along::LayerNorm, 1e-12, 16, nullptr);
+
   // albert.mesh:50:43 mul
   // albert.mesh:50:50 add -> e
-  MESHRT_TRACE("layer_norm", "albert.mesh:50:7", "forward");
+  MESHRT_TRACE("loop", "albert.mesh:50:43", "forward");
   const support::Buffer &v5 = param3_encoder_embed_gain;
   const support::Buffer &v6 = param4_encoder_embed_bias;
-  support::View v16 = arena_.view(6144, 512);
-  support::layerNormAffine(v16.data(), v13.data(), 32, 16, v5.data(), v6.data(), 1e-12, 16);
+  support::View v16 = arena_.view(4096, 512);
+  loop1(v16.data(), v14.data(), v5.data(), v6.data());
 
   // albert.mesh:51:10 einsum -> h
   MESHRT_TRACE("gemm", "albert.mesh:51:10", "forward");
   const support::Buffer &v7 = param5_encoder_embed_projection;
   support::View v17 = arena_.view(0, 1024);
   // dims: batch, length, d_embed, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan6(
-      {{2, 16, 16, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan6.run(v16.data(), v7.data(), v17.data(), 1.0f, 0.0f);
+  kEinsum0.plan().run(v16.data(), v7.data(), v17.data(), 1.0f, 0.0f);
 
-  // 16 statements from encoder_layers.mesh:28:17 einsum -> queries (1 of 3)
+  // 18 statements from encoder_layers.mesh:28:17 einsum -> queries (1 of 3)
   MESHRT_TRACE_SITE("encoder_layers.mesh:28:17");
   const support::Buffer &v18 = param6_encoder_albert_layer_self_attention_q;
   support::View v22 = arena_.view(8192, 512);
@@ -273,208 +1134,150 @@ void Albert::runPart0(const Inputs &inputs) {
   const support::Buffer &v21 = param9_encoder_albert_layer_self_attention_o;
   support::View v32 = arena_.view(4096, 1024);
   support::View v34 = arena_.view(8192, 1024);
-  support::View v39 = arena_.view(0, 1024);
+  support::View v37 = arena_.view(0, 1024);
   const support::Buffer &v35 = param10_encoder_albert_layer_norm_gain;
   const support::Buffer &v36 = param11_encoder_albert_layer_norm_bias;
+  support::View v39 = arena_.view(4096, 1024);
   const support::Buffer &v40 = param12_encoder_albert_layer_dense_relu_dense_wi;
-  support::View v44 = arena_.view(4096, 1024);
+  support::View v44 = arena_.view(0, 1024);
   const support::Buffer &v41 = param13_encoder_albert_layer_dense_relu_dense_bi;
   support::View v46 = arena_.view(8192, 1024);
   const support::Buffer &v42 = param14_encoder_albert_layer_dense_relu_dense_wo;
-  support::View v47 = arena_.view(4096, 1024);
+  support::View v47 = arena_.view(0, 1024);
   const support::Buffer &v43 = param15_encoder_albert_layer_dense_relu_dense_bo;
   support::View v50 = arena_.view(8192, 1024);
+  support::View v53 = arena_.view(0, 1024);
   const support::Buffer &v51 = param16_encoder_albert_layer_norm_1_gain;
   const support::Buffer &v52 = param17_encoder_albert_layer_norm_1_bias;
-  support::View v55 = arena_.view(0, 1024);
-  repeated0(v17, v18, v22, v19, v23, v20, v25, v27, v30, v31, v21, v32, v34, v39, v35, v36, v40,
-            v44, v41, v46, v42, v47, v43, v50, v55, v51, v52);
+  support::View v55 = arena_.view(4096, 1024);
+  repeated0(v17, v18, v22, v19, v23, v20, v25, v27, v30, v31, v21, v32, v34, v37, v35, v36, v39,
+            v40, v44, v41, v46, v42, v47, v43, v50, v53, v51, v52, v55);
 
-  // 16 statements from encoder_layers.mesh:28:17 einsum -> queries (2 of 3)
+  // 18 statements from encoder_layers.mesh:28:17 einsum -> queries (2 of 3)
   MESHRT_TRACE_SITE("encoder_layers.mesh:28:17");
   support::View v56 = arena_.view(8192, 512);
   support::View v57 = arena_.view(10240, 512);
   support::View v59 = arena_.view(12288, 512);
-  support::View v61 = arena_.view(4096, 1024);
+  support::View v61 = arena_.view(0, 1024);
   support::View v64 = arena_.view(8192, 1024);
   support::View v65 = arena_.view(14336, 512);
-  support::View v66 = arena_.view(4096, 1024);
+  support::View v66 = arena_.view(0, 1024);
   support::View v68 = arena_.view(8192, 1024);
-  support::View v71 = arena_.view(0, 1024);
-  support::View v72 = arena_.view(4096, 1024);
+  support::View v69 = arena_.view(0, 1024);
+  support::View v71 = arena_.view(4096, 1024);
+  support::View v72 = arena_.view(0, 1024);
   support::View v74 = arena_.view(8192, 1024);
-  support::View v75 = arena_.view(4096, 1024);
+  support::View v75 = arena_.view(0, 1024);
   support::View v78 = arena_.view(8192, 1024);
-  support::View v81 = arena_.view(0, 1024);
-  repeated0(v55, v18, v56, v19, v57, v20, v59, v61, v64, v65, v21, v66, v68, v71, v35, v36, v40,
-            v72, v41, v74, v42, v75, v43, v78, v81, v51, v52);
+  support::View v79 = arena_.view(0, 1024);
+  support::View v81 = arena_.view(4096, 1024);
+  repeated0(v55, v18, v56, v19, v57, v20, v59, v61, v64, v65, v21, v66, v68, v69, v35, v36, v71,
+            v40, v72, v41, v74, v42, v75, v43, v78, v79, v51, v52, v81);
 
-  // 16 statements from encoder_layers.mesh:28:17 einsum -> queries (3 of 3)
+  // 18 statements from encoder_layers.mesh:28:17 einsum -> queries (3 of 3)
   MESHRT_TRACE_SITE("encoder_layers.mesh:28:17");
   support::View v82 = arena_.view(8192, 512);
   support::View v83 = arena_.view(10240, 512);
   support::View v85 = arena_.view(12288, 512);
-  support::View v87 = arena_.view(4096, 1024);
+  support::View v87 = arena_.view(0, 1024);
   support::View v90 = arena_.view(8192, 1024);
   support::View v91 = arena_.view(14336, 512);
-  support::View v92 = arena_.view(4096, 1024);
+  support::View v92 = arena_.view(0, 1024);
   support::View v94 = arena_.view(8192, 1024);
-  support::View v97 = arena_.view(0, 1024);
-  support::View v98 = arena_.view(4096, 1024);
+  support::View v95 = arena_.view(0, 1024);
+  support::View v97 = arena_.view(4096, 1024);
+  support::View v98 = arena_.view(0, 1024);
   support::View v100 = arena_.view(8192, 1024);
-  support::View v101 = arena_.view(4096, 1024);
+  support::View v101 = arena_.view(0, 1024);
   support::View v104 = arena_.view(8192, 1024);
-  support::View v107 = arena_.view(0, 1024);
-  repeated0(v81, v18, v82, v19, v83, v20, v85, v87, v90, v91, v21, v92, v94, v97, v35, v36, v40,
-            v98, v41, v100, v42, v101, v43, v104, v107, v51, v52);
+  support::View v105 = arena_.view(0, 1024);
+  support::View v107 = arena_.view(4096, 1024);
+  repeated0(v81, v18, v82, v19, v83, v20, v85, v87, v90, v91, v21, v92, v94, v95, v35, v36, v97,
+            v40, v98, v41, v100, v42, v101, v43, v104, v105, v51, v52, v107);
 
   // albert.mesh:71:9 transpose
   MESHRT_TRACE("loop", "albert.mesh:71:9", "forward");
   support::View v112 = arena_.view(8192, 512);
-  {
-    float *__restrict v112p = v112.data();
-    const float *__restrict v2p = v2.data();
-    for (int64_t i0 = 0; i0 < 16; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = v2p[i0 + i1 * 16];
-        const float s1 = s0;
-        v112p[i0 * 32 + i1] = s1;
-      }
-    }
-  }
+  loop2(v112.data(), v2.data());
 
   // albert.mesh:76:16 einsum
   MESHRT_TRACE("gemm", "albert.mesh:76:16", "forward");
   const support::Buffer &v108 = param18_heads_transform;
-  support::View v117 = arena_.view(4096, 512);
+  support::View v117 = arena_.view(0, 512);
   // dims: batch, length, d_model, d_embed
-  static const meshrt::kernels::EinsumPlan einsumPlan11(
-      {{2, 16, 32, 16}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan11.run(v107.data(), v108.data(), v117.data(), 1.0f, 0.0f);
+  kEinsum1.plan().run(v107.data(), v108.data(), v117.data(), 1.0f, 0.0f);
 
   // albert.mesh:76:63 add
   // albert.mesh:76:11 gelu -> t
   MESHRT_TRACE("loop", "albert.mesh:76:63", "forward");
   const support::Buffer &v109 = param19_heads_transform_bias;
-  support::View v119 = arena_.view(6144, 512);
-  {
-    float *__restrict v119p = v119.data();
-    const float *__restrict v117p = v117.data();
-    const float *__restrict v109p = v109.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 16; ++i1) {
-        const float s0 = v117p[i0 * 16 + i1];
-        const float s1 = v109p[i1];
-        const float s2 = (s0 + s1);
-        const float s3 = support::fgelu(s2);
-        v119p[i0 * 16 + i1] = s3;
-      }
-    }
-  }
+  support::View v119 = arena_.view(2048, 512);
+  loop3(v119.data(), v117.data(), v109.data());
 
   // albert.mesh:77:7 layer_norm
+  MESHRT_TRACE("layer_norm", "albert.mesh:77:7", "forward");
+  support::View v120 = arena_.view(0, 512);
+  support::along(v120.data(), v119.data(), kShape3, kShape4, kShape4, kShape5, kShape6, kShape6,
+                 support::Along::LayerNorm, 1e-12, 16, nullptr);
+
   // albert.mesh:77:43 mul
   // albert.mesh:77:50 add -> t
-  MESHRT_TRACE("layer_norm", "albert.mesh:77:7", "forward");
+  MESHRT_TRACE("loop", "albert.mesh:77:43", "forward");
   const support::Buffer &v110 = param20_heads_gain;
   const support::Buffer &v111 = param21_heads_bias;
   support::View v122 = arena_.view(10240, 512);
-  support::layerNormAffine(v122.data(), v119.data(), 32, 16, v110.data(), v111.data(), 1e-12, 16);
+  loop1(v122.data(), v120.data(), v110.data(), v111.data());
 
   // albert.mesh:78:20 einsum
   MESHRT_TRACE("gemm", "albert.mesh:78:20", "forward");
-  support::View v123 = arena_.view(4096, 1024);
+  support::View v123 = arena_.view(0, 1024);
   // dims: batch, length, d_embed, vocab
-  static const meshrt::kernels::EinsumPlan einsumPlan14(
-      {{2, 16, 16, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan14.run(v122.data(), v112.data(), v123.data(), 1.0f, 0.0f);
+  kEinsum0.plan().run(v122.data(), v112.data(), v123.data(), 1.0f, 0.0f);
 
   // albert.mesh:78:61 add -> mlm_logits
   MESHRT_TRACE("loop", "albert.mesh:78:61", "forward");
   const support::Buffer &v113 = param22_heads_output_bias;
   support::View v124 = arena_.view(8192, 1024);
-  {
-    float *__restrict v124p = v124.data();
-    const float *__restrict v123p = v123.data();
-    const float *__restrict v113p = v113.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = v123p[i0 * 32 + i1];
-        const float s1 = v113p[i1];
-        const float s2 = (s0 + s1);
-        v124p[i0 * 32 + i1] = s2;
-      }
-    }
-  }
+  loop4(v124.data(), v123.data(), v113.data());
 
   // albert.mesh:79:17 slice
   MESHRT_TRACE("slice", "albert.mesh:79:17", "forward");
-  support::View v125 = arena_.slot(4096, 64);
-  static const support::Shape shape16_2 = {2, 32};
-  static const support::Shape shape16_3 = {32, 1};
-  static const support::Shape shape16_4 = {512, 1};
-  support::copyWindow(v125.data(), v107.data(), shape16_2, shape16_3, shape16_4, 32, 32, 1, 16,
+  support::View v125 = arena_.slot(0, 64);
+  support::copyWindow(v125.data(), v107.data(), kShape7, kShape8, kShape9, 32, 32, 1, 16,
                       int64_t(0));
 
   // albert.mesh:79:13 sum -> cls
   MESHRT_TRACE("sum", "albert.mesh:79:13", "forward");
-  support::View v126 = arena_.view(0, 64);
-  static const support::Shape shape17_1 = {2, 32};
-  static const support::Shape shape17_3 = {32, 1};
-  static const support::Shape shape17_4 = {1};
-  static const support::Shape shape17_5 = {32};
-  support::reduce(v126.data(), shape17_1, v125.data(), shape17_3, shape17_4, shape17_5,
+  support::View v126 = arena_.view(256, 64);
+  support::reduce(v126.data(), kShape7, v125.data(), kShape8, kShape6, kShape10,
                   support::Reduce::Sum, 1.0);
 
   // albert.mesh:80:21 einsum
   MESHRT_TRACE("gemm", "albert.mesh:80:21", "forward");
   const support::Buffer &v114 = param23_heads_pooler;
-  support::View v127 = arena_.view(256, 64);
+  support::View v127 = arena_.view(0, 64);
   // dims: batch, d_model, d_out
-  static const meshrt::kernels::EinsumPlan einsumPlan18(
-      {{2, 32, 32}, {{{0, 1}, {}}, {{1, 2}, {}}}, {{0, 2}, {}}});
-  einsumPlan18.run(v126.data(), v114.data(), v127.data(), 1.0f, 0.0f);
+  kEinsum2.plan().run(v126.data(), v114.data(), v127.data(), 1.0f, 0.0f);
 
   // albert.mesh:80:57 add
   // albert.mesh:80:16 tanh -> pooled
   MESHRT_TRACE("loop", "albert.mesh:80:57", "forward");
   const support::Buffer &v115 = param24_heads_pooler_bias;
-  support::View v129 = arena_.view(0, 64);
-  {
-    float *__restrict v129p = v129.data();
-    const float *__restrict v127p = v127.data();
-    const float *__restrict v115p = v115.data();
-    for (int64_t i0 = 0; i0 < 2; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = v127p[i0 * 32 + i1];
-        const float s1 = v115p[i1];
-        const float s2 = (s0 + s1);
-        const float s3 = support::ftanh(s2);
-        v129p[i0 * 32 + i1] = s3;
-      }
-    }
-  }
+  support::View v129 = arena_.view(256, 64);
+  loop5(v129.data(), v127.data(), v115.data());
 
   // albert.mesh:81:22 einsum -> sop_logits
   MESHRT_TRACE("gemm", "albert.mesh:81:22", "forward");
   const support::Buffer &v116 = param25_heads_classifier;
-  support::View v130 = arena_.view(256, 4);
+  support::View v130 = arena_.view(0, 4);
   // dims: batch, d_out, orders
-  static const meshrt::kernels::EinsumPlan einsumPlan20(
-      {{2, 32, 2}, {{{0, 1}, {}}, {{1, 2}, {}}}, {{0, 2}, {}}});
-  einsumPlan20.run(v129.data(), v116.data(), v130.data(), 1.0f, 0.0f);
+  kEinsum3.plan().run(v129.data(), v116.data(), v130.data(), 1.0f, 0.0f);
 
   // albert.mesh:89:15 softmax -> sop_probs
   MESHRT_TRACE("softmax", "albert.mesh:89:15", "forward");
-  support::View v131 = arena_.view(0, 4);
-  static const support::Shape shape21_2 = {2};
-  static const support::Shape shape21_3 = {2};
-  static const support::Shape shape21_4 = {2};
-  static const support::Shape shape21_5 = {2};
-  static const support::Shape shape21_6 = {1};
-  static const support::Shape shape21_7 = {1};
-  support::along(v131.data(), v130.data(), shape21_2, shape21_3, shape21_4, shape21_5, shape21_6,
-                 shape21_7, support::Along::Softmax, 1e-05, 2, nullptr);
+  support::View v131 = arena_.view(64, 4);
+  support::along(v131.data(), v130.data(), kShape11, kShape11, kShape11, kShape11, kShape6, kShape6,
+                 support::Along::Softmax, 1e-05, 2, nullptr);
 }
 
 void Albert::repeated0(support::ConstView a0, support::ConstView a1, support::View a2,
@@ -482,65 +1285,48 @@ void Albert::repeated0(support::ConstView a0, support::ConstView a1, support::Vi
                        support::View a6, support::View a7, support::View a8, support::View a9,
                        support::ConstView a10, support::View a11, support::View a12,
                        support::View a13, support::ConstView a14, support::ConstView a15,
-                       support::ConstView a16, support::View a17, support::ConstView a18,
-                       support::View a19, support::ConstView a20, support::View a21,
-                       support::ConstView a22, support::View a23, support::View a24,
-                       support::ConstView a25, support::ConstView a26) {
+                       support::View a16, support::ConstView a17, support::View a18,
+                       support::ConstView a19, support::View a20, support::ConstView a21,
+                       support::View a22, support::ConstView a23, support::View a24,
+                       support::View a25, support::ConstView a26, support::ConstView a27,
+                       support::View a28) {
   MESHRT_TRACE_SPAN(world_);
 
   // encoder_layers.mesh:28:17 einsum -> queries
   MESHRT_TRACE("gemm", "encoder_layers.mesh:28:17", "forward");
   // dims: batch, length, d_model, heads, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan0(
-      {{2, 16, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan0.run(a0.data(), a1.data(), a2.data(), 1.0f, 0.0f);
+  kEinsum4.plan().run(a0.data(), a1.data(), a2.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:29:21 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:29:21", "forward");
   // dims: batch, length, d_model, heads, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan1(
-      {{2, 16, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan1.run(a0.data(), a3.data(), a4.data(), 1.0f, 0.0f);
+  kEinsum4.plan().run(a0.data(), a3.data(), a4.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:30:23 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:30:23", "forward");
   // dims: batch, length, d_model, heads, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan2(
-      {{2, 16, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan2.run(a0.data(), a5.data(), a6.data(), 1.0f, 0.0f);
+  kEinsum4.plan().run(a0.data(), a5.data(), a6.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:32:16 einsum
   // encoder_layers.mesh:32:77 mul -> logits
   MESHRT_TRACE("gemm", "encoder_layers.mesh:32:16", "forward");
   // dims: batch, length, heads, d_kv, memory_length
-  static const meshrt::kernels::EinsumPlan einsumPlan3(
-      {{2, 16, 2, 8, 16}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
-  einsumPlan3.run(a2.data(), a4.data(), a7.data(), 0.35355f, 0.0f);
+  kEinsum5.plan().run(a2.data(), a4.data(), a7.data(), 0.35355f, 0.0f);
 
   // encoder_layers.mesh:33:17 softmax -> weights
   MESHRT_TRACE("softmax", "encoder_layers.mesh:33:17", "forward");
-  static const support::Shape shape4_2 = {2, 2, 16};
-  static const support::Shape shape4_3 = {512, 256, 16};
-  static const support::Shape shape4_4 = {512, 256, 16};
-  static const support::Shape shape4_5 = {16};
-  static const support::Shape shape4_6 = {1};
-  static const support::Shape shape4_7 = {1};
-  support::along(a8.data(), a7.data(), shape4_2, shape4_3, shape4_4, shape4_5, shape4_6, shape4_7,
+  support::along(a8.data(), a7.data(), kShape12, kShape13, kShape13, kShape5, kShape6, kShape6,
                  support::Along::Softmax, 1e-05, 16, nullptr);
 
   // encoder_layers.mesh:34:17 einsum -> context
   MESHRT_TRACE("gemm", "encoder_layers.mesh:34:17", "forward");
   // dims: batch, heads, length, memory_length, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan5(
-      {{2, 2, 16, 16, 8}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 2, 1, 4}, {}}});
-  einsumPlan5.run(a8.data(), a6.data(), a9.data(), 1.0f, 0.0f);
+  kEinsum6.plan().run(a8.data(), a6.data(), a9.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:35:10 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:35:10", "forward");
   // dims: batch, length, heads, d_kv, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan6(
-      {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 4}, {}}});
-  einsumPlan6.run(a9.data(), a10.data(), a11.data(), 1.0f, 0.0f);
+  kEinsum7.plan().run(a9.data(), a10.data(), a11.data(), 1.0f, 0.0f);
 
   // albert.mesh:34:18 all_reduce_sum (resolve the partial sum of %31 over model for add at 34:18)
   MESHRT_TRACE_SITE("albert.mesh:34:18");
@@ -548,86 +1334,52 @@ void Albert::repeated0(support::ConstView a0, support::ConstView a1, support::Vi
 
   // albert.mesh:34:18 add
   MESHRT_TRACE("loop", "albert.mesh:34:18", "forward");
-  {
-    float *__restrict a12p = a12.data();
-    const float *__restrict a0p = a0.data();
-    const float *__restrict a11p = a11.data();
-    for (int64_t i0 = 0; i0 < 1024; ++i0) {
-      const float s0 = a0p[i0];
-      const float s1 = a11p[i0];
-      const float s2 = (s0 + s1);
-      a12p[i0] = s2;
-    }
-  }
+  loop6(a12.data(), a0.data(), a11.data());
 
   // encoder_layers.mesh:19:10 layer_norm
+  MESHRT_TRACE("layer_norm", "encoder_layers.mesh:19:10", "forward");
+  support::along(a13.data(), a12.data(), kShape3, kShape14, kShape14, kShape10, kShape6, kShape6,
+                 support::Along::LayerNorm, 1e-12, 32, nullptr);
+
   // encoder_layers.mesh:19:46 mul
   // encoder_layers.mesh:19:53 add -> h
-  MESHRT_TRACE("layer_norm", "encoder_layers.mesh:19:10", "forward");
-  support::layerNormAffine(a13.data(), a12.data(), 32, 32, a14.data(), a15.data(), 1e-12, 32);
+  MESHRT_TRACE("loop", "encoder_layers.mesh:19:46", "forward");
+  loop7(a16.data(), a13.data(), a14.data(), a15.data());
 
   // encoder_layers.mesh:45:16 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:45:16", "forward");
   // dims: batch, length, d_model, d_ff
-  static const meshrt::kernels::EinsumPlan einsumPlan10(
-      {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan10.run(a13.data(), a16.data(), a17.data(), 1.0f, 0.0f);
+  kEinsum8.plan().run(a16.data(), a17.data(), a18.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:45:53 add
   // encoder_layers.mesh:45:11 gelu -> h
   MESHRT_TRACE("loop", "encoder_layers.mesh:45:53", "forward");
-  {
-    float *__restrict a19p = a19.data();
-    const float *__restrict a17p = a17.data();
-    const float *__restrict a18p = a18.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = a17p[i0 * 32 + i1];
-        const float s1 = a18p[i1];
-        const float s2 = (s0 + s1);
-        const float s3 = support::fgelu(s2);
-        a19p[i0 * 32 + i1] = s3;
-      }
-    }
-  }
+  loop8(a20.data(), a18.data(), a19.data());
 
   // encoder_layers.mesh:46:10 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:46:10", "forward");
   // dims: batch, length, d_ff, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan12(
-      {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan12.run(a19.data(), a20.data(), a21.data(), 1.0f, 0.0f);
+  kEinsum8.plan().run(a20.data(), a21.data(), a22.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:46:50 all_reduce_sum (resolve the partial sum of %45 over model for add at
   // 46:50)
   MESHRT_TRACE_SITE("encoder_layers.mesh:46:50");
-  group_model.allReduce(a21.data(), a21.size(), meshrt::ReduceOp::Sum);
+  group_model.allReduce(a22.data(), a22.size(), meshrt::ReduceOp::Sum);
 
   // encoder_layers.mesh:46:50 add
   // albert.mesh:35:17 add
   MESHRT_TRACE("loop", "encoder_layers.mesh:46:50", "forward");
-  {
-    float *__restrict a23p = a23.data();
-    const float *__restrict a21p = a21.data();
-    const float *__restrict a22p = a22.data();
-    const float *__restrict a13p = a13.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = a21p[i0 * 32 + i1];
-        const float s1 = a22p[i1];
-        const float s2 = (s0 + s1);
-        const float s3 = a13p[i0 * 32 + i1];
-        const float s4 = (s3 + s2);
-        a23p[i0 * 32 + i1] = s4;
-      }
-    }
-  }
+  loop9(a24.data(), a22.data(), a23.data(), a16.data());
 
   // encoder_layers.mesh:19:10 layer_norm
+  MESHRT_TRACE("layer_norm", "encoder_layers.mesh:19:10", "forward");
+  support::along(a25.data(), a24.data(), kShape3, kShape14, kShape14, kShape10, kShape6, kShape6,
+                 support::Along::LayerNorm, 1e-12, 32, nullptr);
+
   // encoder_layers.mesh:19:46 mul
   // encoder_layers.mesh:19:53 add -> h
-  MESHRT_TRACE("layer_norm", "encoder_layers.mesh:19:10", "forward");
-  support::layerNormAffine(a24.data(), a23.data(), 32, 32, a25.data(), a26.data(), 1e-12, 32);
+  MESHRT_TRACE("loop", "encoder_layers.mesh:19:46", "forward");
+  loop7(a28.data(), a25.data(), a26.data(), a27.data());
 }
 
 Albert::Inputs Albert::synthesizeInputs(uint64_t seed) const {
@@ -696,32 +1448,33 @@ support::Tensor Albert::gatherOutput(meshrt::Communicator &world, const std::str
 }
 
 std::vector<std::string> Albert::paramNames() {
-  return {"embedding",
-          "encoder/embed/positions",
-          "encoder/embed/segment_table",
-          "encoder/embed/gain",
-          "encoder/embed/bias",
-          "encoder/embed/projection",
-          "encoder/albert_layer/self_attention/q",
-          "encoder/albert_layer/self_attention/k",
-          "encoder/albert_layer/self_attention/v",
-          "encoder/albert_layer/self_attention/o",
-          "encoder/albert_layer/norm/gain",
-          "encoder/albert_layer/norm/bias",
-          "encoder/albert_layer/dense_relu_dense/wi",
-          "encoder/albert_layer/dense_relu_dense/bi",
-          "encoder/albert_layer/dense_relu_dense/wo",
-          "encoder/albert_layer/dense_relu_dense/bo",
-          "encoder/albert_layer/norm#1/gain",
-          "encoder/albert_layer/norm#1/bias",
-          "heads/transform",
-          "heads/transform_bias",
-          "heads/gain",
-          "heads/bias",
-          "heads/output_bias",
-          "heads/pooler",
-          "heads/pooler_bias",
-          "heads/classifier"};
+  static constexpr const char *names[] = {"embedding",
+                                          "encoder/embed/positions",
+                                          "encoder/embed/segment_table",
+                                          "encoder/embed/gain",
+                                          "encoder/embed/bias",
+                                          "encoder/embed/projection",
+                                          "encoder/albert_layer/self_attention/q",
+                                          "encoder/albert_layer/self_attention/k",
+                                          "encoder/albert_layer/self_attention/v",
+                                          "encoder/albert_layer/self_attention/o",
+                                          "encoder/albert_layer/norm/gain",
+                                          "encoder/albert_layer/norm/bias",
+                                          "encoder/albert_layer/dense_relu_dense/wi",
+                                          "encoder/albert_layer/dense_relu_dense/bi",
+                                          "encoder/albert_layer/dense_relu_dense/wo",
+                                          "encoder/albert_layer/dense_relu_dense/bo",
+                                          "encoder/albert_layer/norm#1/gain",
+                                          "encoder/albert_layer/norm#1/bias",
+                                          "heads/transform",
+                                          "heads/transform_bias",
+                                          "heads/gain",
+                                          "heads/bias",
+                                          "heads/output_bias",
+                                          "heads/pooler",
+                                          "heads/pooler_bias",
+                                          "heads/classifier"};
+  return {std::begin(names), std::end(names)};
 }
 
 bool Albert::isOptimizerState(const std::string &path) {
@@ -730,37 +1483,6 @@ bool Albert::isOptimizerState(const std::string &path) {
 }
 
 std::vector<support::ParamShard> Albert::paramShards() {
-  static constexpr support::ParamSpec specs[] = {
-      {"embedding", false, "f32", "vocab:64:32:model d_embed:16:16:"},
-      {"encoder/embed/positions", false, "f32", "length:16:16: d_embed:16:16:"},
-      {"encoder/embed/segment_table", false, "f32", "segments:2:2: d_embed:16:16:"},
-      {"encoder/embed/gain", false, "f32", "d_embed:16:16:"},
-      {"encoder/embed/bias", false, "f32", "d_embed:16:16:"},
-      {"encoder/embed/projection", false, "f32", "d_embed:16:16: d_model:32:32:"},
-      {"encoder/albert_layer/self_attention/q", false, "f32",
-       "d_model:32:32: heads:4:2:model d_kv:8:8:"},
-      {"encoder/albert_layer/self_attention/k", false, "f32",
-       "d_model:32:32: heads:4:2:model d_kv:8:8:"},
-      {"encoder/albert_layer/self_attention/v", false, "f32",
-       "d_model:32:32: heads:4:2:model d_kv:8:8:"},
-      {"encoder/albert_layer/self_attention/o", false, "f32",
-       "heads:4:2:model d_kv:8:8: d_model:32:32:"},
-      {"encoder/albert_layer/norm/gain", false, "f32", "d_model:32:32:"},
-      {"encoder/albert_layer/norm/bias", false, "f32", "d_model:32:32:"},
-      {"encoder/albert_layer/dense_relu_dense/wi", false, "f32", "d_model:32:32: d_ff:64:32:model"},
-      {"encoder/albert_layer/dense_relu_dense/bi", false, "f32", "d_ff:64:32:model"},
-      {"encoder/albert_layer/dense_relu_dense/wo", false, "f32", "d_ff:64:32:model d_model:32:32:"},
-      {"encoder/albert_layer/dense_relu_dense/bo", false, "f32", "d_model:32:32:"},
-      {"encoder/albert_layer/norm#1/gain", false, "f32", "d_model:32:32:"},
-      {"encoder/albert_layer/norm#1/bias", false, "f32", "d_model:32:32:"},
-      {"heads/transform", false, "f32", "d_model:32:32: d_embed:16:16:"},
-      {"heads/transform_bias", false, "f32", "d_embed:16:16:"},
-      {"heads/gain", false, "f32", "d_embed:16:16:"},
-      {"heads/bias", false, "f32", "d_embed:16:16:"},
-      {"heads/output_bias", false, "f32", "vocab:64:32:model"},
-      {"heads/pooler", false, "f32", "d_model:32:32: d_out:32:32:"},
-      {"heads/pooler_bias", false, "f32", "d_out:32:32:"},
-      {"heads/classifier", false, "f32", "d_out:32:32: orders:2:2:"}};
   support::Buffer *const data[] = {&param0_embedding,
                                    &param1_encoder_embed_positions,
                                    &param2_encoder_embed_segment_table,
@@ -787,7 +1509,7 @@ std::vector<support::ParamShard> Albert::paramShards() {
                                    &param23_heads_pooler,
                                    &param24_heads_pooler_bias,
                                    &param25_heads_classifier};
-  return support::paramShardsOf<support::ParamShard>(specs, data);
+  return support::paramShardsOf<support::ParamShard>(kAlbertParams, data);
 }
 
 support::Tensor Albert::getParam(const std::string &path) {
@@ -840,286 +1562,340 @@ support::Shape AlbertTrain::inputShape(const std::string &name) {
   throw std::invalid_argument("albert_train: no input named '" + name + "'");
 }
 
+/// `albert_train`'s params: paths, dims and layouts (its constructor and paramShards() read it).
+static constexpr support::ParamSpec kAlbertTrainParams[] = {
+    {"embedding", false, "f32", "vocab:64:32:model d_embed:16:16:"},
+    {"encoder/embed/positions", false, "f32", "length:16:16: d_embed:16:16:"},
+    {"encoder/embed/segment_table", false, "f32", "segments:2:2: d_embed:16:16:"},
+    {"encoder/embed/gain", false, "f32", "d_embed:16:16:"},
+    {"encoder/embed/bias", false, "f32", "d_embed:16:16:"},
+    {"encoder/embed/projection", false, "f32", "d_embed:16:16: d_model:32:32:"},
+    {"encoder/albert_layer/self_attention/q", false, "f32",
+     "d_model:32:32: heads:4:2:model d_kv:8:8:"},
+    {"encoder/albert_layer/self_attention/k", false, "f32",
+     "d_model:32:32: heads:4:2:model d_kv:8:8:"},
+    {"encoder/albert_layer/self_attention/v", false, "f32",
+     "d_model:32:32: heads:4:2:model d_kv:8:8:"},
+    {"encoder/albert_layer/self_attention/o", false, "f32",
+     "heads:4:2:model d_kv:8:8: d_model:32:32:"},
+    {"encoder/albert_layer/norm/gain", false, "f32", "d_model:32:32:"},
+    {"encoder/albert_layer/norm/bias", false, "f32", "d_model:32:32:"},
+    {"encoder/albert_layer/dense_relu_dense/wi", false, "f32", "d_model:32:32: d_ff:64:32:model"},
+    {"encoder/albert_layer/dense_relu_dense/bi", false, "f32", "d_ff:64:32:model"},
+    {"encoder/albert_layer/dense_relu_dense/wo", false, "f32", "d_ff:64:32:model d_model:32:32:"},
+    {"encoder/albert_layer/dense_relu_dense/bo", false, "f32", "d_model:32:32:"},
+    {"encoder/albert_layer/norm#1/gain", false, "f32", "d_model:32:32:"},
+    {"encoder/albert_layer/norm#1/bias", false, "f32", "d_model:32:32:"},
+    {"heads/transform", false, "f32", "d_model:32:32: d_embed:16:16:"},
+    {"heads/transform_bias", false, "f32", "d_embed:16:16:"},
+    {"heads/gain", false, "f32", "d_embed:16:16:"},
+    {"heads/bias", false, "f32", "d_embed:16:16:"},
+    {"heads/output_bias", false, "f32", "vocab:64:32:model"},
+    {"heads/pooler", false, "f32", "d_model:32:32: d_out:32:32:"},
+    {"heads/pooler_bias", false, "f32", "d_out:32:32:"},
+    {"heads/classifier", false, "f32", "d_out:32:32: orders:2:2:"},
+    {"embedding@m", true, "f32", "vocab:64:32:model d_embed:16:16:"},
+    {"embedding@v", true, "f32", "vocab:64:32:model d_embed:16:16:"},
+    {"encoder/embed/positions@m", true, "f32", "length:16:16: d_embed:16:16:"},
+    {"encoder/embed/positions@v", true, "f32", "length:16:16: d_embed:16:16:"},
+    {"encoder/embed/segment_table@m", true, "f32", "segments:2:2: d_embed:16:16:"},
+    {"encoder/embed/segment_table@v", true, "f32", "segments:2:2: d_embed:16:16:"},
+    {"encoder/embed/gain@m", true, "f32", "d_embed:16:16:"},
+    {"encoder/embed/gain@v", true, "f32", "d_embed:16:16:"},
+    {"encoder/embed/bias@m", true, "f32", "d_embed:16:16:"},
+    {"encoder/embed/bias@v", true, "f32", "d_embed:16:16:"},
+    {"encoder/embed/projection@m", true, "f32", "d_embed:16:16: d_model:32:32:"},
+    {"encoder/embed/projection@v", true, "f32", "d_embed:16:16: d_model:32:32:"},
+    {"encoder/albert_layer/self_attention/q@m", true, "f32",
+     "d_model:32:32: heads:4:2:model d_kv:8:8:"},
+    {"encoder/albert_layer/self_attention/q@v", true, "f32",
+     "d_model:32:32: heads:4:2:model d_kv:8:8:"},
+    {"encoder/albert_layer/self_attention/k@m", true, "f32",
+     "d_model:32:32: heads:4:2:model d_kv:8:8:"},
+    {"encoder/albert_layer/self_attention/k@v", true, "f32",
+     "d_model:32:32: heads:4:2:model d_kv:8:8:"},
+    {"encoder/albert_layer/self_attention/v@m", true, "f32",
+     "d_model:32:32: heads:4:2:model d_kv:8:8:"},
+    {"encoder/albert_layer/self_attention/v@v", true, "f32",
+     "d_model:32:32: heads:4:2:model d_kv:8:8:"},
+    {"encoder/albert_layer/self_attention/o@m", true, "f32",
+     "heads:4:2:model d_kv:8:8: d_model:32:32:"},
+    {"encoder/albert_layer/self_attention/o@v", true, "f32",
+     "heads:4:2:model d_kv:8:8: d_model:32:32:"},
+    {"encoder/albert_layer/norm/gain@m", true, "f32", "d_model:32:32:"},
+    {"encoder/albert_layer/norm/gain@v", true, "f32", "d_model:32:32:"},
+    {"encoder/albert_layer/norm/bias@m", true, "f32", "d_model:32:32:"},
+    {"encoder/albert_layer/norm/bias@v", true, "f32", "d_model:32:32:"},
+    {"encoder/albert_layer/dense_relu_dense/wi@m", true, "f32", "d_model:32:32: d_ff:64:32:model"},
+    {"encoder/albert_layer/dense_relu_dense/wi@v", true, "f32", "d_model:32:32: d_ff:64:32:model"},
+    {"encoder/albert_layer/dense_relu_dense/bi@m", true, "f32", "d_ff:64:32:model"},
+    {"encoder/albert_layer/dense_relu_dense/bi@v", true, "f32", "d_ff:64:32:model"},
+    {"encoder/albert_layer/dense_relu_dense/wo@m", true, "f32", "d_ff:64:32:model d_model:32:32:"},
+    {"encoder/albert_layer/dense_relu_dense/wo@v", true, "f32", "d_ff:64:32:model d_model:32:32:"},
+    {"encoder/albert_layer/dense_relu_dense/bo@m", true, "f32", "d_model:32:32:"},
+    {"encoder/albert_layer/dense_relu_dense/bo@v", true, "f32", "d_model:32:32:"},
+    {"encoder/albert_layer/norm#1/gain@m", true, "f32", "d_model:32:32:"},
+    {"encoder/albert_layer/norm#1/gain@v", true, "f32", "d_model:32:32:"},
+    {"encoder/albert_layer/norm#1/bias@m", true, "f32", "d_model:32:32:"},
+    {"encoder/albert_layer/norm#1/bias@v", true, "f32", "d_model:32:32:"},
+    {"heads/transform@m", true, "f32", "d_model:32:32: d_embed:16:16:"},
+    {"heads/transform@v", true, "f32", "d_model:32:32: d_embed:16:16:"},
+    {"heads/transform_bias@m", true, "f32", "d_embed:16:16:"},
+    {"heads/transform_bias@v", true, "f32", "d_embed:16:16:"},
+    {"heads/gain@m", true, "f32", "d_embed:16:16:"},
+    {"heads/gain@v", true, "f32", "d_embed:16:16:"},
+    {"heads/bias@m", true, "f32", "d_embed:16:16:"},
+    {"heads/bias@v", true, "f32", "d_embed:16:16:"},
+    {"heads/output_bias@m", true, "f32", "vocab:64:32:model"},
+    {"heads/output_bias@v", true, "f32", "vocab:64:32:model"},
+    {"heads/pooler@m", true, "f32", "d_model:32:32: d_out:32:32:"},
+    {"heads/pooler@v", true, "f32", "d_model:32:32: d_out:32:32:"},
+    {"heads/pooler_bias@m", true, "f32", "d_out:32:32:"},
+    {"heads/pooler_bias@v", true, "f32", "d_out:32:32:"},
+    {"heads/classifier@m", true, "f32", "d_out:32:32: orders:2:2:"},
+    {"heads/classifier@v", true, "f32", "d_out:32:32: orders:2:2:"}};
+
 AlbertTrain::AlbertTrain(meshrt::Communicator &world, uint64_t seed)
     : world_(support::checkedWorld(world, mesh(), "albert_train")), seed_(seed),
       group_data(world_.subgroup(std::vector<std::string>{"data"})),
       group_data_model(world_.subgroup(std::vector<std::string>{"data", "model"})),
       group_model(world_.subgroup(std::vector<std::string>{"model"})) {
-  // embedding: normal (albert.mesh:42)
-  param0_embedding.resize(512);
-  {
-    const meshrt::kernels::Shard shard{
-        {64, 16}, {support::shardStart(world_, {"model"}, 32), 0}, {32, 16}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
-    support::fillParam(param0_embedding.data(), shard, seed, "embedding", init,
-                       meshrt::kernels::ValueType::F32);
-  }
-  // encoder/embed/positions: normal (albert.mesh:43)
-  param1_encoder_embed_positions.resize(256);
-  {
-    const meshrt::kernels::Shard shard{{16, 16}, {0, 0}, {16, 16}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
-    support::fillParam(param1_encoder_embed_positions.data(), shard, seed,
-                       "encoder/embed/positions", init, meshrt::kernels::ValueType::F32);
-  }
-  // encoder/embed/segment_table: normal (albert.mesh:44)
-  param2_encoder_embed_segment_table.resize(32);
-  {
-    const meshrt::kernels::Shard shard{{2, 16}, {0, 0}, {2, 16}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
-    support::fillParam(param2_encoder_embed_segment_table.data(), shard, seed,
-                       "encoder/embed/segment_table", init, meshrt::kernels::ValueType::F32);
-  }
-  // encoder/embed/gain: ones (albert.mesh:45)
-  param3_encoder_embed_gain.assign(16, support::roundValue(support::DType::F32, 1.0));
-  // encoder/embed/bias: zeros (albert.mesh:46)
-  param4_encoder_embed_bias.assign(16, support::roundValue(support::DType::F32, 0.0));
-  // encoder/embed/projection: normal (albert.mesh:47)
-  param5_encoder_embed_projection.resize(512);
-  {
-    const meshrt::kernels::Shard shard{{16, 32}, {0, 0}, {16, 32}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
-    support::fillParam(param5_encoder_embed_projection.data(), shard, seed,
-                       "encoder/embed/projection", init, meshrt::kernels::ValueType::F32);
-  }
-  // encoder/albert_layer/self_attention/q: normal (encoder_layers.mesh:24)
-  param6_encoder_albert_layer_self_attention_q.resize(512);
-  {
-    const meshrt::kernels::Shard shard{
-        {32, 4, 8}, {0, support::shardStart(world_, {"model"}, 2), 0}, {32, 2, 8}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
-    support::fillParam(param6_encoder_albert_layer_self_attention_q.data(), shard, seed,
-                       "encoder/albert_layer/self_attention/q", init,
-                       meshrt::kernels::ValueType::F32);
-  }
-  // encoder/albert_layer/self_attention/k: normal (encoder_layers.mesh:25)
-  param7_encoder_albert_layer_self_attention_k.resize(512);
-  {
-    const meshrt::kernels::Shard shard{
-        {32, 4, 8}, {0, support::shardStart(world_, {"model"}, 2), 0}, {32, 2, 8}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
-    support::fillParam(param7_encoder_albert_layer_self_attention_k.data(), shard, seed,
-                       "encoder/albert_layer/self_attention/k", init,
-                       meshrt::kernels::ValueType::F32);
-  }
-  // encoder/albert_layer/self_attention/v: normal (encoder_layers.mesh:26)
-  param8_encoder_albert_layer_self_attention_v.resize(512);
-  {
-    const meshrt::kernels::Shard shard{
-        {32, 4, 8}, {0, support::shardStart(world_, {"model"}, 2), 0}, {32, 2, 8}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
-    support::fillParam(param8_encoder_albert_layer_self_attention_v.data(), shard, seed,
-                       "encoder/albert_layer/self_attention/v", init,
-                       meshrt::kernels::ValueType::F32);
-  }
-  // encoder/albert_layer/self_attention/o: normal (encoder_layers.mesh:27)
-  param9_encoder_albert_layer_self_attention_o.resize(512);
-  {
-    const meshrt::kernels::Shard shard{
-        {4, 8, 32}, {support::shardStart(world_, {"model"}, 2), 0, 0}, {2, 8, 32}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
-    support::fillParam(param9_encoder_albert_layer_self_attention_o.data(), shard, seed,
-                       "encoder/albert_layer/self_attention/o", init,
-                       meshrt::kernels::ValueType::F32);
-  }
-  // encoder/albert_layer/norm/gain: ones (encoder_layers.mesh:17)
-  param10_encoder_albert_layer_norm_gain.assign(32, support::roundValue(support::DType::F32, 1.0));
-  // encoder/albert_layer/norm/bias: zeros (encoder_layers.mesh:18)
-  param11_encoder_albert_layer_norm_bias.assign(32, support::roundValue(support::DType::F32, 0.0));
-  // encoder/albert_layer/dense_relu_dense/wi: normal (encoder_layers.mesh:41)
-  param12_encoder_albert_layer_dense_relu_dense_wi.resize(1024);
-  {
-    const meshrt::kernels::Shard shard{
-        {32, 64}, {0, support::shardStart(world_, {"model"}, 32)}, {32, 32}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
-    support::fillParam(param12_encoder_albert_layer_dense_relu_dense_wi.data(), shard, seed,
-                       "encoder/albert_layer/dense_relu_dense/wi", init,
-                       meshrt::kernels::ValueType::F32);
-  }
-  // encoder/albert_layer/dense_relu_dense/bi: zeros (encoder_layers.mesh:42)
-  param13_encoder_albert_layer_dense_relu_dense_bi.assign(
-      32, support::roundValue(support::DType::F32, 0.0));
-  // encoder/albert_layer/dense_relu_dense/wo: normal (encoder_layers.mesh:43)
-  param14_encoder_albert_layer_dense_relu_dense_wo.resize(1024);
-  {
-    const meshrt::kernels::Shard shard{
-        {64, 32}, {support::shardStart(world_, {"model"}, 32), 0}, {32, 32}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
-    support::fillParam(param14_encoder_albert_layer_dense_relu_dense_wo.data(), shard, seed,
-                       "encoder/albert_layer/dense_relu_dense/wo", init,
-                       meshrt::kernels::ValueType::F32);
-  }
-  // encoder/albert_layer/dense_relu_dense/bo: zeros (encoder_layers.mesh:44)
-  param15_encoder_albert_layer_dense_relu_dense_bo.assign(
-      32, support::roundValue(support::DType::F32, 0.0));
-  // encoder/albert_layer/norm#1/gain: ones (encoder_layers.mesh:17)
-  param16_encoder_albert_layer_norm_1_gain.assign(32,
-                                                  support::roundValue(support::DType::F32, 1.0));
-  // encoder/albert_layer/norm#1/bias: zeros (encoder_layers.mesh:18)
-  param17_encoder_albert_layer_norm_1_bias.assign(32,
-                                                  support::roundValue(support::DType::F32, 0.0));
-  // heads/transform: normal (albert.mesh:67)
-  param18_heads_transform.resize(512);
-  {
-    const meshrt::kernels::Shard shard{{32, 16}, {0, 0}, {32, 16}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
-    support::fillParam(param18_heads_transform.data(), shard, seed, "heads/transform", init,
-                       meshrt::kernels::ValueType::F32);
-  }
-  // heads/transform_bias: zeros (albert.mesh:68)
-  param19_heads_transform_bias.assign(16, support::roundValue(support::DType::F32, 0.0));
-  // heads/gain: ones (albert.mesh:69)
-  param20_heads_gain.assign(16, support::roundValue(support::DType::F32, 1.0));
-  // heads/bias: zeros (albert.mesh:70)
-  param21_heads_bias.assign(16, support::roundValue(support::DType::F32, 0.0));
-  // heads/output_bias: zeros (albert.mesh:72)
-  param22_heads_output_bias.assign(32, support::roundValue(support::DType::F32, 0.0));
-  // heads/pooler: normal (albert.mesh:73)
-  param23_heads_pooler.resize(1024);
-  {
-    const meshrt::kernels::Shard shard{{32, 32}, {0, 0}, {32, 32}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
-    support::fillParam(param23_heads_pooler.data(), shard, seed, "heads/pooler", init,
-                       meshrt::kernels::ValueType::F32);
-  }
-  // heads/pooler_bias: zeros (albert.mesh:74)
-  param24_heads_pooler_bias.assign(32, support::roundValue(support::DType::F32, 0.0));
-  // heads/classifier: normal (albert.mesh:75)
-  param25_heads_classifier.resize(64);
-  {
-    const meshrt::kernels::Shard shard{{32, 2}, {0, 0}, {32, 2}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
-    support::fillParam(param25_heads_classifier.data(), shard, seed, "heads/classifier", init,
-                       meshrt::kernels::ValueType::F32);
-  }
-  // embedding@m: zeros (albert.mesh:42)
-  param26_embedding_m.assign(512, support::roundValue(support::DType::F32, 0.0));
-  // embedding@v: zeros (albert.mesh:42)
-  param27_embedding_v.assign(512, support::roundValue(support::DType::F32, 0.0));
-  // encoder/embed/positions@m: zeros (albert.mesh:43)
-  param28_encoder_embed_positions_m.assign(256, support::roundValue(support::DType::F32, 0.0));
-  // encoder/embed/positions@v: zeros (albert.mesh:43)
-  param29_encoder_embed_positions_v.assign(256, support::roundValue(support::DType::F32, 0.0));
-  // encoder/embed/segment_table@m: zeros (albert.mesh:44)
-  param30_encoder_embed_segment_table_m.assign(32, support::roundValue(support::DType::F32, 0.0));
-  // encoder/embed/segment_table@v: zeros (albert.mesh:44)
-  param31_encoder_embed_segment_table_v.assign(32, support::roundValue(support::DType::F32, 0.0));
-  // encoder/embed/gain@m: zeros (albert.mesh:45)
-  param32_encoder_embed_gain_m.assign(16, support::roundValue(support::DType::F32, 0.0));
-  // encoder/embed/gain@v: zeros (albert.mesh:45)
-  param33_encoder_embed_gain_v.assign(16, support::roundValue(support::DType::F32, 0.0));
-  // encoder/embed/bias@m: zeros (albert.mesh:46)
-  param34_encoder_embed_bias_m.assign(16, support::roundValue(support::DType::F32, 0.0));
-  // encoder/embed/bias@v: zeros (albert.mesh:46)
-  param35_encoder_embed_bias_v.assign(16, support::roundValue(support::DType::F32, 0.0));
-  // encoder/embed/projection@m: zeros (albert.mesh:47)
-  param36_encoder_embed_projection_m.assign(512, support::roundValue(support::DType::F32, 0.0));
-  // encoder/embed/projection@v: zeros (albert.mesh:47)
-  param37_encoder_embed_projection_v.assign(512, support::roundValue(support::DType::F32, 0.0));
-  // encoder/albert_layer/self_attention/q@m: zeros (encoder_layers.mesh:24)
-  param38_encoder_albert_layer_self_attention_q_m.assign(
-      512, support::roundValue(support::DType::F32, 0.0));
-  // encoder/albert_layer/self_attention/q@v: zeros (encoder_layers.mesh:24)
-  param39_encoder_albert_layer_self_attention_q_v.assign(
-      512, support::roundValue(support::DType::F32, 0.0));
-  // encoder/albert_layer/self_attention/k@m: zeros (encoder_layers.mesh:25)
-  param40_encoder_albert_layer_self_attention_k_m.assign(
-      512, support::roundValue(support::DType::F32, 0.0));
-  // encoder/albert_layer/self_attention/k@v: zeros (encoder_layers.mesh:25)
-  param41_encoder_albert_layer_self_attention_k_v.assign(
-      512, support::roundValue(support::DType::F32, 0.0));
-  // encoder/albert_layer/self_attention/v@m: zeros (encoder_layers.mesh:26)
-  param42_encoder_albert_layer_self_attention_v_m.assign(
-      512, support::roundValue(support::DType::F32, 0.0));
-  // encoder/albert_layer/self_attention/v@v: zeros (encoder_layers.mesh:26)
-  param43_encoder_albert_layer_self_attention_v_v.assign(
-      512, support::roundValue(support::DType::F32, 0.0));
-  // encoder/albert_layer/self_attention/o@m: zeros (encoder_layers.mesh:27)
-  param44_encoder_albert_layer_self_attention_o_m.assign(
-      512, support::roundValue(support::DType::F32, 0.0));
-  // encoder/albert_layer/self_attention/o@v: zeros (encoder_layers.mesh:27)
-  param45_encoder_albert_layer_self_attention_o_v.assign(
-      512, support::roundValue(support::DType::F32, 0.0));
-  // encoder/albert_layer/norm/gain@m: zeros (encoder_layers.mesh:17)
-  param46_encoder_albert_layer_norm_gain_m.assign(32,
-                                                  support::roundValue(support::DType::F32, 0.0));
-  // encoder/albert_layer/norm/gain@v: zeros (encoder_layers.mesh:17)
-  param47_encoder_albert_layer_norm_gain_v.assign(32,
-                                                  support::roundValue(support::DType::F32, 0.0));
-  // encoder/albert_layer/norm/bias@m: zeros (encoder_layers.mesh:18)
-  param48_encoder_albert_layer_norm_bias_m.assign(32,
-                                                  support::roundValue(support::DType::F32, 0.0));
-  // encoder/albert_layer/norm/bias@v: zeros (encoder_layers.mesh:18)
-  param49_encoder_albert_layer_norm_bias_v.assign(32,
-                                                  support::roundValue(support::DType::F32, 0.0));
-  // encoder/albert_layer/dense_relu_dense/wi@m: zeros (encoder_layers.mesh:41)
-  param50_encoder_albert_layer_dense_relu_dense_wi_m.assign(
-      1024, support::roundValue(support::DType::F32, 0.0));
-  // encoder/albert_layer/dense_relu_dense/wi@v: zeros (encoder_layers.mesh:41)
-  param51_encoder_albert_layer_dense_relu_dense_wi_v.assign(
-      1024, support::roundValue(support::DType::F32, 0.0));
-  // encoder/albert_layer/dense_relu_dense/bi@m: zeros (encoder_layers.mesh:42)
-  param52_encoder_albert_layer_dense_relu_dense_bi_m.assign(
-      32, support::roundValue(support::DType::F32, 0.0));
-  // encoder/albert_layer/dense_relu_dense/bi@v: zeros (encoder_layers.mesh:42)
-  param53_encoder_albert_layer_dense_relu_dense_bi_v.assign(
-      32, support::roundValue(support::DType::F32, 0.0));
-  // encoder/albert_layer/dense_relu_dense/wo@m: zeros (encoder_layers.mesh:43)
-  param54_encoder_albert_layer_dense_relu_dense_wo_m.assign(
-      1024, support::roundValue(support::DType::F32, 0.0));
-  // encoder/albert_layer/dense_relu_dense/wo@v: zeros (encoder_layers.mesh:43)
-  param55_encoder_albert_layer_dense_relu_dense_wo_v.assign(
-      1024, support::roundValue(support::DType::F32, 0.0));
-  // encoder/albert_layer/dense_relu_dense/bo@m: zeros (encoder_layers.mesh:44)
-  param56_encoder_albert_layer_dense_relu_dense_bo_m.assign(
-      32, support::roundValue(support::DType::F32, 0.0));
-  // encoder/albert_layer/dense_relu_dense/bo@v: zeros (encoder_layers.mesh:44)
-  param57_encoder_albert_layer_dense_relu_dense_bo_v.assign(
-      32, support::roundValue(support::DType::F32, 0.0));
-  // encoder/albert_layer/norm#1/gain@m: zeros (encoder_layers.mesh:17)
-  param58_encoder_albert_layer_norm_1_gain_m.assign(32,
-                                                    support::roundValue(support::DType::F32, 0.0));
-  // encoder/albert_layer/norm#1/gain@v: zeros (encoder_layers.mesh:17)
-  param59_encoder_albert_layer_norm_1_gain_v.assign(32,
-                                                    support::roundValue(support::DType::F32, 0.0));
-  // encoder/albert_layer/norm#1/bias@m: zeros (encoder_layers.mesh:18)
-  param60_encoder_albert_layer_norm_1_bias_m.assign(32,
-                                                    support::roundValue(support::DType::F32, 0.0));
-  // encoder/albert_layer/norm#1/bias@v: zeros (encoder_layers.mesh:18)
-  param61_encoder_albert_layer_norm_1_bias_v.assign(32,
-                                                    support::roundValue(support::DType::F32, 0.0));
-  // heads/transform@m: zeros (albert.mesh:67)
-  param62_heads_transform_m.assign(512, support::roundValue(support::DType::F32, 0.0));
-  // heads/transform@v: zeros (albert.mesh:67)
-  param63_heads_transform_v.assign(512, support::roundValue(support::DType::F32, 0.0));
-  // heads/transform_bias@m: zeros (albert.mesh:68)
-  param64_heads_transform_bias_m.assign(16, support::roundValue(support::DType::F32, 0.0));
-  // heads/transform_bias@v: zeros (albert.mesh:68)
-  param65_heads_transform_bias_v.assign(16, support::roundValue(support::DType::F32, 0.0));
-  // heads/gain@m: zeros (albert.mesh:69)
-  param66_heads_gain_m.assign(16, support::roundValue(support::DType::F32, 0.0));
-  // heads/gain@v: zeros (albert.mesh:69)
-  param67_heads_gain_v.assign(16, support::roundValue(support::DType::F32, 0.0));
-  // heads/bias@m: zeros (albert.mesh:70)
-  param68_heads_bias_m.assign(16, support::roundValue(support::DType::F32, 0.0));
-  // heads/bias@v: zeros (albert.mesh:70)
-  param69_heads_bias_v.assign(16, support::roundValue(support::DType::F32, 0.0));
-  // heads/output_bias@m: zeros (albert.mesh:72)
-  param70_heads_output_bias_m.assign(32, support::roundValue(support::DType::F32, 0.0));
-  // heads/output_bias@v: zeros (albert.mesh:72)
-  param71_heads_output_bias_v.assign(32, support::roundValue(support::DType::F32, 0.0));
-  // heads/pooler@m: zeros (albert.mesh:73)
-  param72_heads_pooler_m.assign(1024, support::roundValue(support::DType::F32, 0.0));
-  // heads/pooler@v: zeros (albert.mesh:73)
-  param73_heads_pooler_v.assign(1024, support::roundValue(support::DType::F32, 0.0));
-  // heads/pooler_bias@m: zeros (albert.mesh:74)
-  param74_heads_pooler_bias_m.assign(32, support::roundValue(support::DType::F32, 0.0));
-  // heads/pooler_bias@v: zeros (albert.mesh:74)
-  param75_heads_pooler_bias_v.assign(32, support::roundValue(support::DType::F32, 0.0));
-  // heads/classifier@m: zeros (albert.mesh:75)
-  param76_heads_classifier_m.assign(64, support::roundValue(support::DType::F32, 0.0));
-  // heads/classifier@v: zeros (albert.mesh:75)
-  param77_heads_classifier_v.assign(64, support::roundValue(support::DType::F32, 0.0));
+  static constexpr support::ParamInit inits[] = {
+      // embedding (albert.mesh:42)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.02}}},
+      // encoder/embed/positions (albert.mesh:43)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.02}}},
+      // encoder/embed/segment_table (albert.mesh:44)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.02}}},
+      // encoder/embed/gain (albert.mesh:45)
+      {"ones", support::DType::F32, {}},
+      // encoder/embed/bias (albert.mesh:46)
+      {"zeros", support::DType::F32, {}},
+      // encoder/embed/projection (albert.mesh:47)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.02}}},
+      // encoder/albert_layer/self_attention/q (encoder_layers.mesh:24)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.02}}},
+      // encoder/albert_layer/self_attention/k (encoder_layers.mesh:25)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.02}}},
+      // encoder/albert_layer/self_attention/v (encoder_layers.mesh:26)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.02}}},
+      // encoder/albert_layer/self_attention/o (encoder_layers.mesh:27)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.02}}},
+      // encoder/albert_layer/norm/gain (encoder_layers.mesh:17)
+      {"ones", support::DType::F32, {}},
+      // encoder/albert_layer/norm/bias (encoder_layers.mesh:18)
+      {"zeros", support::DType::F32, {}},
+      // encoder/albert_layer/dense_relu_dense/wi (encoder_layers.mesh:41)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.02}}},
+      // encoder/albert_layer/dense_relu_dense/bi (encoder_layers.mesh:42)
+      {"zeros", support::DType::F32, {}},
+      // encoder/albert_layer/dense_relu_dense/wo (encoder_layers.mesh:43)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.02}}},
+      // encoder/albert_layer/dense_relu_dense/bo (encoder_layers.mesh:44)
+      {"zeros", support::DType::F32, {}},
+      // encoder/albert_layer/norm#1/gain (encoder_layers.mesh:17)
+      {"ones", support::DType::F32, {}},
+      // encoder/albert_layer/norm#1/bias (encoder_layers.mesh:18)
+      {"zeros", support::DType::F32, {}},
+      // heads/transform (albert.mesh:67)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.02}}},
+      // heads/transform_bias (albert.mesh:68)
+      {"zeros", support::DType::F32, {}},
+      // heads/gain (albert.mesh:69)
+      {"ones", support::DType::F32, {}},
+      // heads/bias (albert.mesh:70)
+      {"zeros", support::DType::F32, {}},
+      // heads/output_bias (albert.mesh:72)
+      {"zeros", support::DType::F32, {}},
+      // heads/pooler (albert.mesh:73)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.02}}},
+      // heads/pooler_bias (albert.mesh:74)
+      {"zeros", support::DType::F32, {}},
+      // heads/classifier (albert.mesh:75)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.02}}},
+      // embedding@m (albert.mesh:42)
+      {"zeros", support::DType::F32, {}},
+      // embedding@v (albert.mesh:42)
+      {"zeros", support::DType::F32, {}},
+      // encoder/embed/positions@m (albert.mesh:43)
+      {"zeros", support::DType::F32, {}},
+      // encoder/embed/positions@v (albert.mesh:43)
+      {"zeros", support::DType::F32, {}},
+      // encoder/embed/segment_table@m (albert.mesh:44)
+      {"zeros", support::DType::F32, {}},
+      // encoder/embed/segment_table@v (albert.mesh:44)
+      {"zeros", support::DType::F32, {}},
+      // encoder/embed/gain@m (albert.mesh:45)
+      {"zeros", support::DType::F32, {}},
+      // encoder/embed/gain@v (albert.mesh:45)
+      {"zeros", support::DType::F32, {}},
+      // encoder/embed/bias@m (albert.mesh:46)
+      {"zeros", support::DType::F32, {}},
+      // encoder/embed/bias@v (albert.mesh:46)
+      {"zeros", support::DType::F32, {}},
+      // encoder/embed/projection@m (albert.mesh:47)
+      {"zeros", support::DType::F32, {}},
+      // encoder/embed/projection@v (albert.mesh:47)
+      {"zeros", support::DType::F32, {}},
+      // encoder/albert_layer/self_attention/q@m (encoder_layers.mesh:24)
+      {"zeros", support::DType::F32, {}},
+      // encoder/albert_layer/self_attention/q@v (encoder_layers.mesh:24)
+      {"zeros", support::DType::F32, {}},
+      // encoder/albert_layer/self_attention/k@m (encoder_layers.mesh:25)
+      {"zeros", support::DType::F32, {}},
+      // encoder/albert_layer/self_attention/k@v (encoder_layers.mesh:25)
+      {"zeros", support::DType::F32, {}},
+      // encoder/albert_layer/self_attention/v@m (encoder_layers.mesh:26)
+      {"zeros", support::DType::F32, {}},
+      // encoder/albert_layer/self_attention/v@v (encoder_layers.mesh:26)
+      {"zeros", support::DType::F32, {}},
+      // encoder/albert_layer/self_attention/o@m (encoder_layers.mesh:27)
+      {"zeros", support::DType::F32, {}},
+      // encoder/albert_layer/self_attention/o@v (encoder_layers.mesh:27)
+      {"zeros", support::DType::F32, {}},
+      // encoder/albert_layer/norm/gain@m (encoder_layers.mesh:17)
+      {"zeros", support::DType::F32, {}},
+      // encoder/albert_layer/norm/gain@v (encoder_layers.mesh:17)
+      {"zeros", support::DType::F32, {}},
+      // encoder/albert_layer/norm/bias@m (encoder_layers.mesh:18)
+      {"zeros", support::DType::F32, {}},
+      // encoder/albert_layer/norm/bias@v (encoder_layers.mesh:18)
+      {"zeros", support::DType::F32, {}},
+      // encoder/albert_layer/dense_relu_dense/wi@m (encoder_layers.mesh:41)
+      {"zeros", support::DType::F32, {}},
+      // encoder/albert_layer/dense_relu_dense/wi@v (encoder_layers.mesh:41)
+      {"zeros", support::DType::F32, {}},
+      // encoder/albert_layer/dense_relu_dense/bi@m (encoder_layers.mesh:42)
+      {"zeros", support::DType::F32, {}},
+      // encoder/albert_layer/dense_relu_dense/bi@v (encoder_layers.mesh:42)
+      {"zeros", support::DType::F32, {}},
+      // encoder/albert_layer/dense_relu_dense/wo@m (encoder_layers.mesh:43)
+      {"zeros", support::DType::F32, {}},
+      // encoder/albert_layer/dense_relu_dense/wo@v (encoder_layers.mesh:43)
+      {"zeros", support::DType::F32, {}},
+      // encoder/albert_layer/dense_relu_dense/bo@m (encoder_layers.mesh:44)
+      {"zeros", support::DType::F32, {}},
+      // encoder/albert_layer/dense_relu_dense/bo@v (encoder_layers.mesh:44)
+      {"zeros", support::DType::F32, {}},
+      // encoder/albert_layer/norm#1/gain@m (encoder_layers.mesh:17)
+      {"zeros", support::DType::F32, {}},
+      // encoder/albert_layer/norm#1/gain@v (encoder_layers.mesh:17)
+      {"zeros", support::DType::F32, {}},
+      // encoder/albert_layer/norm#1/bias@m (encoder_layers.mesh:18)
+      {"zeros", support::DType::F32, {}},
+      // encoder/albert_layer/norm#1/bias@v (encoder_layers.mesh:18)
+      {"zeros", support::DType::F32, {}},
+      // heads/transform@m (albert.mesh:67)
+      {"zeros", support::DType::F32, {}},
+      // heads/transform@v (albert.mesh:67)
+      {"zeros", support::DType::F32, {}},
+      // heads/transform_bias@m (albert.mesh:68)
+      {"zeros", support::DType::F32, {}},
+      // heads/transform_bias@v (albert.mesh:68)
+      {"zeros", support::DType::F32, {}},
+      // heads/gain@m (albert.mesh:69)
+      {"zeros", support::DType::F32, {}},
+      // heads/gain@v (albert.mesh:69)
+      {"zeros", support::DType::F32, {}},
+      // heads/bias@m (albert.mesh:70)
+      {"zeros", support::DType::F32, {}},
+      // heads/bias@v (albert.mesh:70)
+      {"zeros", support::DType::F32, {}},
+      // heads/output_bias@m (albert.mesh:72)
+      {"zeros", support::DType::F32, {}},
+      // heads/output_bias@v (albert.mesh:72)
+      {"zeros", support::DType::F32, {}},
+      // heads/pooler@m (albert.mesh:73)
+      {"zeros", support::DType::F32, {}},
+      // heads/pooler@v (albert.mesh:73)
+      {"zeros", support::DType::F32, {}},
+      // heads/pooler_bias@m (albert.mesh:74)
+      {"zeros", support::DType::F32, {}},
+      // heads/pooler_bias@v (albert.mesh:74)
+      {"zeros", support::DType::F32, {}},
+      // heads/classifier@m (albert.mesh:75)
+      {"zeros", support::DType::F32, {}},
+      // heads/classifier@v (albert.mesh:75)
+      {"zeros", support::DType::F32, {}}};
+  support::Buffer *const data[] = {&param0_embedding,
+                                   &param1_encoder_embed_positions,
+                                   &param2_encoder_embed_segment_table,
+                                   &param3_encoder_embed_gain,
+                                   &param4_encoder_embed_bias,
+                                   &param5_encoder_embed_projection,
+                                   &param6_encoder_albert_layer_self_attention_q,
+                                   &param7_encoder_albert_layer_self_attention_k,
+                                   &param8_encoder_albert_layer_self_attention_v,
+                                   &param9_encoder_albert_layer_self_attention_o,
+                                   &param10_encoder_albert_layer_norm_gain,
+                                   &param11_encoder_albert_layer_norm_bias,
+                                   &param12_encoder_albert_layer_dense_relu_dense_wi,
+                                   &param13_encoder_albert_layer_dense_relu_dense_bi,
+                                   &param14_encoder_albert_layer_dense_relu_dense_wo,
+                                   &param15_encoder_albert_layer_dense_relu_dense_bo,
+                                   &param16_encoder_albert_layer_norm_1_gain,
+                                   &param17_encoder_albert_layer_norm_1_bias,
+                                   &param18_heads_transform,
+                                   &param19_heads_transform_bias,
+                                   &param20_heads_gain,
+                                   &param21_heads_bias,
+                                   &param22_heads_output_bias,
+                                   &param23_heads_pooler,
+                                   &param24_heads_pooler_bias,
+                                   &param25_heads_classifier,
+                                   &param26_embedding_m,
+                                   &param27_embedding_v,
+                                   &param28_encoder_embed_positions_m,
+                                   &param29_encoder_embed_positions_v,
+                                   &param30_encoder_embed_segment_table_m,
+                                   &param31_encoder_embed_segment_table_v,
+                                   &param32_encoder_embed_gain_m,
+                                   &param33_encoder_embed_gain_v,
+                                   &param34_encoder_embed_bias_m,
+                                   &param35_encoder_embed_bias_v,
+                                   &param36_encoder_embed_projection_m,
+                                   &param37_encoder_embed_projection_v,
+                                   &param38_encoder_albert_layer_self_attention_q_m,
+                                   &param39_encoder_albert_layer_self_attention_q_v,
+                                   &param40_encoder_albert_layer_self_attention_k_m,
+                                   &param41_encoder_albert_layer_self_attention_k_v,
+                                   &param42_encoder_albert_layer_self_attention_v_m,
+                                   &param43_encoder_albert_layer_self_attention_v_v,
+                                   &param44_encoder_albert_layer_self_attention_o_m,
+                                   &param45_encoder_albert_layer_self_attention_o_v,
+                                   &param46_encoder_albert_layer_norm_gain_m,
+                                   &param47_encoder_albert_layer_norm_gain_v,
+                                   &param48_encoder_albert_layer_norm_bias_m,
+                                   &param49_encoder_albert_layer_norm_bias_v,
+                                   &param50_encoder_albert_layer_dense_relu_dense_wi_m,
+                                   &param51_encoder_albert_layer_dense_relu_dense_wi_v,
+                                   &param52_encoder_albert_layer_dense_relu_dense_bi_m,
+                                   &param53_encoder_albert_layer_dense_relu_dense_bi_v,
+                                   &param54_encoder_albert_layer_dense_relu_dense_wo_m,
+                                   &param55_encoder_albert_layer_dense_relu_dense_wo_v,
+                                   &param56_encoder_albert_layer_dense_relu_dense_bo_m,
+                                   &param57_encoder_albert_layer_dense_relu_dense_bo_v,
+                                   &param58_encoder_albert_layer_norm_1_gain_m,
+                                   &param59_encoder_albert_layer_norm_1_gain_v,
+                                   &param60_encoder_albert_layer_norm_1_bias_m,
+                                   &param61_encoder_albert_layer_norm_1_bias_v,
+                                   &param62_heads_transform_m,
+                                   &param63_heads_transform_v,
+                                   &param64_heads_transform_bias_m,
+                                   &param65_heads_transform_bias_v,
+                                   &param66_heads_gain_m,
+                                   &param67_heads_gain_v,
+                                   &param68_heads_bias_m,
+                                   &param69_heads_bias_v,
+                                   &param70_heads_output_bias_m,
+                                   &param71_heads_output_bias_v,
+                                   &param72_heads_pooler_m,
+                                   &param73_heads_pooler_v,
+                                   &param74_heads_pooler_bias_m,
+                                   &param75_heads_pooler_bias_v,
+                                   &param76_heads_classifier_m,
+                                   &param77_heads_classifier_v};
+  support::initParams(world_, seed, -1, kAlbertTrainParams, inits, data);
 }
 
 AlbertTrain::Outputs AlbertTrain::run(const Inputs &inputs) {
@@ -1161,10 +1937,7 @@ void AlbertTrain::runPart0(const Inputs &inputs) {
   support::View v5(param0_embedding); // updated in place
   const support::Buffer &v0 = inputs.tokens.data;
   support::View v12 = arena_.view(0, 512);
-  static const support::Shape shape0_1 = {2, 16, 16};
-  static const support::Shape shape0_3 = {0, 0, 1};
-  static const support::Shape shape0_5 = {16, 1, 0};
-  support::gather(v12.data(), shape0_1, v5.data(), shape0_3, v0.data(), shape0_5, 32, 16,
+  support::gather(v12.data(), kShape0, v5.data(), kShape1, v0.data(), kShape2, 32, 16,
                   support::shardStart(world_, {"model"}, 32));
 
   // albert.mesh:49:40 all_reduce_sum (resolve the partial sum of %12 over model for add at 49:40)
@@ -1176,10 +1949,7 @@ void AlbertTrain::runPart0(const Inputs &inputs) {
   support::View v7(param2_encoder_embed_segment_table); // updated in place
   const support::Buffer &v1 = inputs.segment_ids.data;
   support::View v15 = arena_.view(2048, 512);
-  static const support::Shape shape2_1 = {2, 16, 16};
-  static const support::Shape shape2_3 = {0, 0, 1};
-  static const support::Shape shape2_5 = {16, 1, 0};
-  support::gather(v15.data(), shape2_1, v7.data(), shape2_3, v1.data(), shape2_5, 2, 16, 0);
+  support::gather(v15.data(), kShape0, v7.data(), kShape1, v1.data(), kShape2, 2, 16, 0);
 
   MESHRT_TRACE_SITE("albert.mesh:49:40");
   group_model.wait(request0);
@@ -1189,33 +1959,12 @@ void AlbertTrain::runPart0(const Inputs &inputs) {
   MESHRT_TRACE("loop", "albert.mesh:49:40", "forward");
   support::View v6(param1_encoder_embed_positions); // updated in place
   support::View v16 = arena_.view(131072, 512);
-  {
-    float *__restrict v16p = v16.data();
-    const float *__restrict v12p = v12.data();
-    const float *__restrict v6p = v6.data();
-    const float *__restrict v15p = v15.data();
-    for (int64_t i0 = 0; i0 < 2; ++i0) {
-      for (int64_t i1 = 0; i1 < 256; ++i1) {
-        const float s0 = v12p[i0 * 256 + i1];
-        const float s1 = v6p[i1];
-        const float s2 = (s0 + s1);
-        const float s3 = v15p[i0 * 256 + i1];
-        const float s4 = (s2 + s3);
-        v16p[i0 * 256 + i1] = s4;
-      }
-    }
-  }
+  loop0(v16.data(), v12.data(), v6.data(), v15.data());
 
   // albert.mesh:50:7 layer_norm
   MESHRT_TRACE("layer_norm", "albert.mesh:50:7", "forward");
   support::View v17 = arena_.view(133120, 512);
-  static const support::Shape shape5_2 = {2, 16};
-  static const support::Shape shape5_3 = {256, 16};
-  static const support::Shape shape5_4 = {256, 16};
-  static const support::Shape shape5_5 = {16};
-  static const support::Shape shape5_6 = {1};
-  static const support::Shape shape5_7 = {1};
-  support::along(v17.data(), v16.data(), shape5_2, shape5_3, shape5_4, shape5_5, shape5_6, shape5_7,
+  support::along(v17.data(), v16.data(), kShape3, kShape4, kShape4, kShape5, kShape6, kShape6,
                  support::Along::LayerNorm, 1e-12, 16, nullptr);
 
   // albert.mesh:50:43 mul
@@ -1224,31 +1973,14 @@ void AlbertTrain::runPart0(const Inputs &inputs) {
   support::View v8(param3_encoder_embed_gain); // updated in place
   support::View v9(param4_encoder_embed_bias); // updated in place
   support::View v19 = arena_.view(135168, 512);
-  {
-    float *__restrict v19p = v19.data();
-    const float *__restrict v17p = v17.data();
-    const float *__restrict v8p = v8.data();
-    const float *__restrict v9p = v9.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 16; ++i1) {
-        const float s0 = v17p[i0 * 16 + i1];
-        const float s1 = v8p[i1];
-        const float s2 = (s0 * s1);
-        const float s3 = v9p[i1];
-        const float s4 = (s2 + s3);
-        v19p[i0 * 16 + i1] = s4;
-      }
-    }
-  }
+  loop1(v19.data(), v17.data(), v8.data(), v9.data());
 
   // albert.mesh:51:10 einsum -> h
   MESHRT_TRACE("gemm", "albert.mesh:51:10", "forward");
   support::View v10(param5_encoder_embed_projection); // updated in place
   support::View v20 = arena_.view(0, 1024);
   // dims: batch, length, d_embed, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan7(
-      {{2, 16, 16, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan7.run(v19.data(), v10.data(), v20.data(), 1.0f, 0.0f);
+  kEinsum0.plan().run(v19.data(), v10.data(), v20.data(), 1.0f, 0.0f);
 
   // 18 statements from encoder_layers.mesh:28:17 einsum -> queries (1 of 3)
   MESHRT_TRACE_SITE("encoder_layers.mesh:28:17");
@@ -1331,26 +2063,14 @@ void AlbertTrain::runPart0(const Inputs &inputs) {
   // albert.mesh:71:9 transpose
   MESHRT_TRACE("loop", "albert.mesh:71:9", "forward");
   support::View v115 = arena_.view(126976, 512);
-  {
-    float *__restrict v115p = v115.data();
-    const float *__restrict v5p = v5.data();
-    for (int64_t i0 = 0; i0 < 16; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = v5p[i0 + i1 * 16];
-        const float s1 = s0;
-        v115p[i0 * 32 + i1] = s1;
-      }
-    }
-  }
+  loop2(v115.data(), v5.data());
 
   // albert.mesh:76:16 einsum
   MESHRT_TRACE("gemm", "albert.mesh:76:16", "forward");
   support::View v111(param18_heads_transform); // updated in place
   support::View v120 = arena_.view(114688, 512);
   // dims: batch, length, d_model, d_embed
-  static const meshrt::kernels::EinsumPlan einsumPlan12(
-      {{2, 16, 32, 16}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan12.run(v110.data(), v111.data(), v120.data(), 1.0f, 0.0f);
+  kEinsum1.plan().run(v110.data(), v111.data(), v120.data(), 1.0f, 0.0f);
 
   // albert.mesh:76:63 add
   // albert.mesh:76:11 gelu -> t
@@ -1358,34 +2078,13 @@ void AlbertTrain::runPart0(const Inputs &inputs) {
   support::View v112(param19_heads_transform_bias); // updated in place
   support::View v121 = arena_.view(129024, 512);
   support::View v122 = arena_.view(161792, 512);
-  {
-    float *__restrict v121p = v121.data();
-    float *__restrict v122p = v122.data();
-    const float *__restrict v120p = v120.data();
-    const float *__restrict v112p = v112.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 16; ++i1) {
-        const float s0 = v120p[i0 * 16 + i1];
-        const float s1 = v112p[i1];
-        const float s2 = (s0 + s1);
-        const float s3 = support::fgelu(s2);
-        v121p[i0 * 16 + i1] = s2;
-        v122p[i0 * 16 + i1] = s3;
-      }
-    }
-  }
+  loop10(v121.data(), v122.data(), v120.data(), v112.data());
 
   // albert.mesh:77:7 layer_norm
   MESHRT_TRACE("layer_norm", "albert.mesh:77:7", "forward");
   support::View v123 = arena_.view(163840, 512);
-  static const support::Shape shape14_2 = {2, 16};
-  static const support::Shape shape14_3 = {256, 16};
-  static const support::Shape shape14_4 = {256, 16};
-  static const support::Shape shape14_5 = {16};
-  static const support::Shape shape14_6 = {1};
-  static const support::Shape shape14_7 = {1};
-  support::along(v123.data(), v122.data(), shape14_2, shape14_3, shape14_4, shape14_5, shape14_6,
-                 shape14_7, support::Along::LayerNorm, 1e-12, 16, nullptr);
+  support::along(v123.data(), v122.data(), kShape3, kShape4, kShape4, kShape5, kShape6, kShape6,
+                 support::Along::LayerNorm, 1e-12, 16, nullptr);
 
   // albert.mesh:77:43 mul
   // albert.mesh:77:50 add -> t
@@ -1393,66 +2092,30 @@ void AlbertTrain::runPart0(const Inputs &inputs) {
   support::View v113(param20_heads_gain); // updated in place
   support::View v114(param21_heads_bias); // updated in place
   support::View v125 = arena_.view(165888, 512);
-  {
-    float *__restrict v125p = v125.data();
-    const float *__restrict v123p = v123.data();
-    const float *__restrict v113p = v113.data();
-    const float *__restrict v114p = v114.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 16; ++i1) {
-        const float s0 = v123p[i0 * 16 + i1];
-        const float s1 = v113p[i1];
-        const float s2 = (s0 * s1);
-        const float s3 = v114p[i1];
-        const float s4 = (s2 + s3);
-        v125p[i0 * 16 + i1] = s4;
-      }
-    }
-  }
+  loop1(v125.data(), v123.data(), v113.data(), v114.data());
 
   // albert.mesh:78:20 einsum
   MESHRT_TRACE("gemm", "albert.mesh:78:20", "forward");
   support::View v126 = arena_.view(114688, 1024);
   // dims: batch, length, d_embed, vocab
-  static const meshrt::kernels::EinsumPlan einsumPlan16(
-      {{2, 16, 16, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan16.run(v125.data(), v115.data(), v126.data(), 1.0f, 0.0f);
+  kEinsum0.plan().run(v125.data(), v115.data(), v126.data(), 1.0f, 0.0f);
 
   // albert.mesh:78:61 add -> mlm_logits
   MESHRT_TRACE("loop", "albert.mesh:78:61", "forward");
   support::View v116(param22_heads_output_bias); // updated in place
   support::View v127 = arena_.view(118784, 1024);
-  {
-    float *__restrict v127p = v127.data();
-    const float *__restrict v126p = v126.data();
-    const float *__restrict v116p = v116.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = v126p[i0 * 32 + i1];
-        const float s1 = v116p[i1];
-        const float s2 = (s0 + s1);
-        v127p[i0 * 32 + i1] = s2;
-      }
-    }
-  }
+  loop4(v127.data(), v126.data(), v116.data());
 
   // albert.mesh:79:17 slice
   MESHRT_TRACE("slice", "albert.mesh:79:17", "forward");
   support::View v128 = arena_.slot(114688, 64);
-  static const support::Shape shape18_2 = {2, 32};
-  static const support::Shape shape18_3 = {32, 1};
-  static const support::Shape shape18_4 = {512, 1};
-  support::copyWindow(v128.data(), v110.data(), shape18_2, shape18_3, shape18_4, 32, 32, 1, 16,
+  support::copyWindow(v128.data(), v110.data(), kShape7, kShape8, kShape9, 32, 32, 1, 16,
                       int64_t(0));
 
   // albert.mesh:79:13 sum -> cls
   MESHRT_TRACE("sum", "albert.mesh:79:13", "forward");
   support::View v129 = arena_.view(167936, 64);
-  static const support::Shape shape19_1 = {2, 32};
-  static const support::Shape shape19_3 = {32, 1};
-  static const support::Shape shape19_4 = {1};
-  static const support::Shape shape19_5 = {32};
-  support::reduce(v129.data(), shape19_1, v128.data(), shape19_3, shape19_4, shape19_5,
+  support::reduce(v129.data(), kShape7, v128.data(), kShape8, kShape6, kShape10,
                   support::Reduce::Sum, 1.0);
 
   // albert.mesh:80:21 einsum
@@ -1460,50 +2123,27 @@ void AlbertTrain::runPart0(const Inputs &inputs) {
   support::View v117(param23_heads_pooler); // updated in place
   support::View v130 = arena_.view(114688, 64);
   // dims: batch, d_model, d_out
-  static const meshrt::kernels::EinsumPlan einsumPlan20(
-      {{2, 32, 32}, {{{0, 1}, {}}, {{1, 2}, {}}}, {{0, 2}, {}}});
-  einsumPlan20.run(v129.data(), v117.data(), v130.data(), 1.0f, 0.0f);
+  kEinsum2.plan().run(v129.data(), v117.data(), v130.data(), 1.0f, 0.0f);
 
   // albert.mesh:80:57 add
   // albert.mesh:80:16 tanh -> pooled
   MESHRT_TRACE("loop", "albert.mesh:80:57", "forward");
   support::View v118(param24_heads_pooler_bias); // updated in place
   support::View v132 = arena_.view(168192, 64);
-  {
-    float *__restrict v132p = v132.data();
-    const float *__restrict v130p = v130.data();
-    const float *__restrict v118p = v118.data();
-    for (int64_t i0 = 0; i0 < 2; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = v130p[i0 * 32 + i1];
-        const float s1 = v118p[i1];
-        const float s2 = (s0 + s1);
-        const float s3 = support::ftanh(s2);
-        v132p[i0 * 32 + i1] = s3;
-      }
-    }
-  }
+  loop5(v132.data(), v130.data(), v118.data());
 
   // albert.mesh:81:22 einsum -> sop_logits
   MESHRT_TRACE("gemm", "albert.mesh:81:22", "forward");
   support::View v119(param25_heads_classifier); // updated in place
   support::View v133 = arena_.view(168704, 4);
   // dims: batch, d_out, orders
-  static const meshrt::kernels::EinsumPlan einsumPlan22(
-      {{2, 32, 2}, {{{0, 1}, {}}, {{1, 2}, {}}}, {{0, 2}, {}}});
-  einsumPlan22.run(v132.data(), v119.data(), v133.data(), 1.0f, 0.0f);
+  kEinsum3.plan().run(v132.data(), v119.data(), v133.data(), 1.0f, 0.0f);
 
   // albert.mesh:103:25 log_softmax
   MESHRT_TRACE("log_softmax", "albert.mesh:103:25", "forward");
   support::View v135 = arena_.view(114688, 1024);
-  static const support::Shape shape23_2 = {2, 16};
-  static const support::Shape shape23_3 = {512, 32};
-  static const support::Shape shape23_4 = {512, 32};
-  static const support::Shape shape23_5 = {32};
-  static const support::Shape shape23_6 = {1};
-  static const support::Shape shape23_7 = {1};
-  support::along(v135.data(), v127.data(), shape23_2, shape23_3, shape23_4, shape23_5, shape23_6,
-                 shape23_7, support::Along::LogSoftmax, 1e-05, 64, &group_model);
+  support::along(v135.data(), v127.data(), kShape3, kShape14, kShape14, kShape10, kShape6, kShape6,
+                 support::Along::LogSoftmax, 1e-05, 64, &group_model);
 }
 
 void AlbertTrain::runPart1(const Inputs &inputs) {
@@ -1514,36 +2154,19 @@ void AlbertTrain::runPart1(const Inputs &inputs) {
   MESHRT_TRACE("one_hot", "albert.mesh:103:58", "forward");
   const support::Buffer &v3 = inputs.targets.data;
   support::View v136 = arena_.view(118784, 1024);
-  static const support::Shape shape0_1 = {2, 16, 32};
-  static const support::Shape shape0_3 = {16, 1, 0};
-  static const support::Shape shape0_4 = {0, 0, 1};
-  support::oneHot(v136.data(), shape0_1, v3.data(), shape0_3, shape0_4,
+  support::oneHot(v136.data(), kShape15, v3.data(), kShape2, kShape1,
                   support::shardStart(world_, {"model"}, 32));
 
   // albert.mesh:103:56 mul
   MESHRT_TRACE("loop", "albert.mesh:103:56", "forward");
   support::View v135 = arena_.view(114688, 1024);
   support::View v137 = arena_.view(122880, 1024);
-  {
-    float *__restrict v137p = v137.data();
-    const float *__restrict v135p = v135.data();
-    const float *__restrict v136p = v136.data();
-    for (int64_t i0 = 0; i0 < 1024; ++i0) {
-      const float s0 = v135p[i0];
-      const float s1 = v136p[i0];
-      const float s2 = (s0 * s1);
-      v137p[i0] = s2;
-    }
-  }
+  loop11(v137.data(), v135.data(), v136.data());
 
   // albert.mesh:103:21 sum
   MESHRT_TRACE("sum", "albert.mesh:103:21", "forward");
   support::View v138 = arena_.view(168576, 32);
-  static const support::Shape shape2_1 = {2, 16};
-  static const support::Shape shape2_3 = {512, 32};
-  static const support::Shape shape2_4 = {32};
-  static const support::Shape shape2_5 = {1};
-  support::reduce(v138.data(), shape2_1, v137.data(), shape2_3, shape2_4, shape2_5,
+  support::reduce(v138.data(), kShape3, v137.data(), kShape14, kShape10, kShape6,
                   support::Reduce::Sum, 1.0);
 
   // albert.mesh:102:16 cast -> weight
@@ -1553,97 +2176,48 @@ void AlbertTrain::runPart1(const Inputs &inputs) {
   const support::Buffer &v2 = inputs.masked.data;
   support::View v134 = arena_.view(168448, 32);
   support::View v140 = arena_.view(122880, 32);
-  {
-    float *__restrict v134p = v134.data();
-    float *__restrict v140p = v140.data();
-    const float *__restrict v2p = v2.data();
-    const float *__restrict v138p = v138.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = v2p[i0];
-      const float s1 = s0;
-      const float s2 = v138p[i0];
-      const float s3 = -s2;
-      const float s4 = (s3 * s1);
-      v134p[i0] = s1;
-      v140p[i0] = s4;
-    }
-  }
+  loop12(v134.data(), v140.data(), v2.data(), v138.data());
 
   // albert.mesh:105:14 sum
   MESHRT_TRACE("sum", "albert.mesh:105:14", "forward");
   support::View v141 = arena_.view(123136, 1);
-  static const support::Shape shape4_1 = {};
-  static const support::Shape shape4_3 = {};
-  static const support::Shape shape4_4 = {2, 16};
-  static const support::Shape shape4_5 = {16, 1};
-  support::reduce(v141.data(), shape4_1, v140.data(), shape4_3, shape4_4, shape4_5,
+  support::reduce(v141.data(), kShape16, v140.data(), kShape16, kShape3, kShape17,
                   support::Reduce::Sum, 1.0);
 
   // albert.mesh:105:42 sum
   MESHRT_TRACE("sum", "albert.mesh:105:42", "forward");
   support::View v142 = arena_.view(123200, 1);
-  static const support::Shape shape5_1 = {};
-  static const support::Shape shape5_3 = {};
-  static const support::Shape shape5_4 = {2, 16};
-  static const support::Shape shape5_5 = {16, 1};
-  support::reduce(v142.data(), shape5_1, v134.data(), shape5_3, shape5_4, shape5_5,
+  support::reduce(v142.data(), kShape16, v134.data(), kShape16, kShape3, kShape17,
                   support::Reduce::Sum, 1.0);
 
   // albert.mesh:106:15 one_hot -> truth
   MESHRT_TRACE("one_hot", "albert.mesh:106:15", "forward");
   const support::Buffer &v4 = inputs.order.data;
   support::View v147 = arena_.view(122880, 4);
-  static const support::Shape shape6_1 = {2, 2};
-  static const support::Shape shape6_3 = {1, 0};
-  static const support::Shape shape6_4 = {0, 1};
-  support::oneHot(v147.data(), shape6_1, v4.data(), shape6_3, shape6_4, 0);
+  support::oneHot(v147.data(), kShape18, v4.data(), kShape19, kShape20, 0);
 
   // albert.mesh:107:24 log_softmax
   MESHRT_TRACE("log_softmax", "albert.mesh:107:24", "forward");
   support::View v133 = arena_.view(168704, 4);
   support::View v148 = arena_.view(122944, 4);
-  static const support::Shape shape7_2 = {2};
-  static const support::Shape shape7_3 = {2};
-  static const support::Shape shape7_4 = {2};
-  static const support::Shape shape7_5 = {2};
-  static const support::Shape shape7_6 = {1};
-  static const support::Shape shape7_7 = {1};
-  support::along(v148.data(), v133.data(), shape7_2, shape7_3, shape7_4, shape7_5, shape7_6,
-                 shape7_7, support::Along::LogSoftmax, 1e-05, 2, nullptr);
+  support::along(v148.data(), v133.data(), kShape11, kShape11, kShape11, kShape11, kShape6, kShape6,
+                 support::Along::LogSoftmax, 1e-05, 2, nullptr);
 
   // albert.mesh:107:56 mul
   MESHRT_TRACE("loop", "albert.mesh:107:56", "forward");
   support::View v149 = arena_.view(123008, 4);
-  {
-    float *__restrict v149p = v149.data();
-    const float *__restrict v148p = v148.data();
-    const float *__restrict v147p = v147.data();
-    for (int64_t i0 = 0; i0 < 4; ++i0) {
-      const float s0 = v148p[i0];
-      const float s1 = v147p[i0];
-      const float s2 = (s0 * s1);
-      v149p[i0] = s2;
-    }
-  }
+  loop13(v149.data(), v148.data(), v147.data());
 
   // albert.mesh:107:20 sum
   MESHRT_TRACE("sum", "albert.mesh:107:20", "forward");
   support::View v150 = arena_.view(123072, 2);
-  static const support::Shape shape9_1 = {2};
-  static const support::Shape shape9_3 = {2};
-  static const support::Shape shape9_4 = {2};
-  static const support::Shape shape9_5 = {1};
-  support::reduce(v150.data(), shape9_1, v149.data(), shape9_3, shape9_4, shape9_5,
+  support::reduce(v150.data(), kShape11, v149.data(), kShape11, kShape11, kShape6,
                   support::Reduce::Sum, 1.0);
 
   // albert.mesh:107:15 mean
   MESHRT_TRACE("mean", "albert.mesh:107:15", "forward");
   support::View v151 = arena_.view(123008, 1);
-  static const support::Shape shape10_1 = {};
-  static const support::Shape shape10_3 = {};
-  static const support::Shape shape10_4 = {2};
-  static const support::Shape shape10_5 = {1};
-  support::reduce(v151.data(), shape10_1, v150.data(), shape10_3, shape10_4, shape10_5,
+  support::reduce(v151.data(), kShape16, v150.data(), kShape16, kShape11, kShape6,
                   support::Reduce::Sum, 0.25);
 
   // albert.mesh:107:14 neg -> sop_loss
@@ -1660,11 +2234,7 @@ void AlbertTrain::runPart1(const Inputs &inputs) {
   // albert.mesh:108:46 max
   MESHRT_TRACE("max", "albert.mesh:108:46", "forward");
   support::View v153 = arena_.view(123072, 2);
-  static const support::Shape shape12_1 = {2};
-  static const support::Shape shape12_3 = {2};
-  static const support::Shape shape12_4 = {2};
-  static const support::Shape shape12_5 = {1};
-  support::reduce(v153.data(), shape12_1, v133.data(), shape12_3, shape12_4, shape12_5,
+  support::reduce(v153.data(), kShape11, v133.data(), kShape11, kShape11, kShape6,
                   support::Reduce::Max, 1.0);
 
   // albert.mesh:108:43 ge
@@ -1672,42 +2242,18 @@ void AlbertTrain::runPart1(const Inputs &inputs) {
   // albert.mesh:108:76 mul
   MESHRT_TRACE("loop", "albert.mesh:108:43", "forward");
   support::View v156 = arena_.view(123008, 4);
-  {
-    float *__restrict v156p = v156.data();
-    const float *__restrict v133p = v133.data();
-    const float *__restrict v153p = v153.data();
-    const float *__restrict v147p = v147.data();
-    for (int64_t i0 = 0; i0 < 2; ++i0) {
-      for (int64_t i1 = 0; i1 < 2; ++i1) {
-        const float s0 = v133p[i0 * 2 + i1];
-        const float s1 = v153p[i0];
-        const float s2 = (s0 >= s1 ? 1.0f : 0.0f);
-        const float s3 = s2;
-        const float s4 = v147p[i0 * 2 + i1];
-        const float s5 = (s3 * s4);
-        v156p[i0 * 2 + i1] = s5;
-      }
-    }
-  }
+  loop14(v156.data(), v133.data(), v153.data(), v147.data());
 
   // albert.mesh:108:23 sum
   MESHRT_TRACE("sum", "albert.mesh:108:23", "forward");
   support::View v157 = arena_.view(123072, 2);
-  static const support::Shape shape14_1 = {2};
-  static const support::Shape shape14_3 = {2};
-  static const support::Shape shape14_4 = {2};
-  static const support::Shape shape14_5 = {1};
-  support::reduce(v157.data(), shape14_1, v156.data(), shape14_3, shape14_4, shape14_5,
+  support::reduce(v157.data(), kShape11, v156.data(), kShape11, kShape11, kShape6,
                   support::Reduce::Sum, 1.0);
 
   // albert.mesh:108:18 mean -> sop_accuracy
   MESHRT_TRACE("mean", "albert.mesh:108:18", "forward");
   support::View v158 = arena_.view(172608, 1);
-  static const support::Shape shape15_1 = {};
-  static const support::Shape shape15_3 = {};
-  static const support::Shape shape15_4 = {2};
-  static const support::Shape shape15_5 = {1};
-  support::reduce(v158.data(), shape15_1, v157.data(), shape15_3, shape15_4, shape15_5,
+  support::reduce(v158.data(), kShape16, v157.data(), kShape16, kShape11, kShape6,
                   support::Reduce::Sum, 0.25);
 
   // albert.mesh:100:43 bucketed_all_reduce_sum -> sop_loss (2 partial sums (sop_loss, sop_accuracy)
@@ -1764,34 +2310,7 @@ void AlbertTrain::runPart1(const Inputs &inputs) {
   // albert.mesh:107:24 sub
   MESHRT_TRACE("loop", "albert.mesh:107:24", "backward");
   support::View v178 = arena_.view(168576, 4);
-  {
-    float *__restrict v178p = v178.data();
-    const float *__restrict v4p = v4.data();
-    const float *__restrict v148p = v148.data();
-    const float *__restrict v147p = v147.data();
-    for (int64_t i0 = 0; i0 < 2; ++i0) {
-      for (int64_t i1 = 0; i1 < 2; ++i1) {
-        const float s0 = v4p[i0];
-        const float s1 = support::wrapI32(2.0);
-        const float s2 = (s0 < s1 ? 1.0f : 0.0f);
-        const float s3 = v4p[i0];
-        const float s4 = support::wrapI32(0.0);
-        const float s5 = (s3 >= s4 ? 1.0f : 0.0f);
-        const float s6 = support::wrapI32(double((double(s5) * double(s2))));
-        const float s7 = s6;
-        const float s8 = -0.25f;
-        const float s9 = (s8 * s7);
-        const float s10 = v148p[i0 * 2 + i1];
-        const float s11 = support::fexp(s10);
-        const float s12 = (s11 * s9);
-        const float s13 = -0.25f;
-        const float s14 = v147p[i0 * 2 + i1];
-        const float s15 = (s13 * s14);
-        const float s16 = (s15 - s12);
-        v178p[i0 * 2 + i1] = s16;
-      }
-    }
-  }
+  loop15(v178.data(), v4.data(), v148.data(), v147.data());
 
   // albert.mesh:105:39 div
   // albert.mesh:105:14 broadcast
@@ -1809,61 +2328,21 @@ void AlbertTrain::runPart1(const Inputs &inputs) {
   // albert.mesh:103:25 sub
   MESHRT_TRACE("loop", "albert.mesh:105:39", "backward");
   support::View v193 = arena_.view(122880, 1024);
-  {
-    float *__restrict v193p = v193.data();
-    const float *__restrict v145p = v145.data();
-    const float *__restrict v134p = v134.data();
-    const float *__restrict v3p = v3.data();
-    const float *__restrict v135p = v135.data();
-    const float *__restrict v136p = v136.data();
-    const float r0 = v145p[0];
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = 1.0f;
-        const float s1 = r0;
-        const float s2 = (s0 / s1);
-        const float s3 = s2;
-        const float s4 = v134p[i0];
-        const float s5 = (s3 * s4);
-        const float s6 = -s5;
-        const float s7 = v3p[i0];
-        const float s8 = support::wrapI32(64.0);
-        const float s9 = (s7 < s8 ? 1.0f : 0.0f);
-        const float s10 = v3p[i0];
-        const float s11 = support::wrapI32(0.0);
-        const float s12 = (s10 >= s11 ? 1.0f : 0.0f);
-        const float s13 = support::wrapI32(double((double(s12) * double(s9))));
-        const float s14 = s13;
-        const float s15 = (s6 * s14);
-        const float s16 = v135p[i0 * 32 + i1];
-        const float s17 = support::fexp(s16);
-        const float s18 = (s17 * s15);
-        const float s19 = s6;
-        const float s20 = v136p[i0 * 32 + i1];
-        const float s21 = (s19 * s20);
-        const float s22 = (s21 - s18);
-        v193p[i0 * 32 + i1] = s22;
-      }
-    }
-  }
+  loop16(v193.data(), v145.data(), v134.data(), v3.data(), v135.data(), v136.data());
 
   // albert.mesh:81:22 einsum
   MESHRT_TRACE("gemm", "albert.mesh:81:22", "backward");
   support::View v119(param25_heads_classifier); // updated in place
   support::View v194 = arena_.view(114688, 64);
   // dims: batch, orders, d_out
-  static const meshrt::kernels::EinsumPlan einsumPlan22(
-      {{2, 2, 32}, {{{0, 1}, {}}, {{2, 1}, {}}}, {{0, 2}, {}}});
-  einsumPlan22.run(v178.data(), v119.data(), v194.data(), 1.0f, 0.0f);
+  kEinsum9.plan().run(v178.data(), v119.data(), v194.data(), 1.0f, 0.0f);
 
   // albert.mesh:81:22 einsum -> grad/heads/classifier
   MESHRT_TRACE("gemm", "albert.mesh:81:22", "backward");
   support::View v132 = arena_.view(168192, 64);
   support::View v195 = arena_.view(172032, 64);
   // dims: batch, orders, d_out
-  static const meshrt::kernels::EinsumPlan einsumPlan23(
-      {{2, 2, 32}, {{{0, 1}, {}}, {{0, 2}, {}}}, {{2, 1}, {}}});
-  einsumPlan23.run(v178.data(), v132.data(), v195.data(), 1.0f, 0.0f);
+  kEinsum10.plan().run(v178.data(), v132.data(), v195.data(), 1.0f, 0.0f);
 }
 
 void AlbertTrain::runPart2(const Inputs &inputs) {
@@ -1877,29 +2356,12 @@ void AlbertTrain::runPart2(const Inputs &inputs) {
   support::View v132 = arena_.view(168192, 64);
   support::View v194 = arena_.view(114688, 64);
   support::View v198 = arena_.view(118784, 64);
-  {
-    float *__restrict v198p = v198.data();
-    const float *__restrict v132p = v132.data();
-    const float *__restrict v194p = v194.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = v132p[i0];
-      const float s1 = s0 * s0;
-      const float s2 = 1.0f;
-      const float s3 = (s2 - s1);
-      const float s4 = v194p[i0];
-      const float s5 = (s4 * s3);
-      v198p[i0] = s5;
-    }
-  }
+  loop17(v198.data(), v132.data(), v194.data());
 
   // albert.mesh:80:57 sum -> grad/heads/pooler_bias
   MESHRT_TRACE("sum", "albert.mesh:80:57", "backward");
   support::View v199 = arena_.view(172288, 32);
-  static const support::Shape shape1_1 = {32};
-  static const support::Shape shape1_3 = {1};
-  static const support::Shape shape1_4 = {2};
-  static const support::Shape shape1_5 = {32};
-  support::reduce(v199.data(), shape1_1, v198.data(), shape1_3, shape1_4, shape1_5,
+  support::reduce(v199.data(), kShape10, v198.data(), kShape6, kShape11, kShape10,
                   support::Reduce::Sum, 1.0);
 
   // albert.mesh:80:21 einsum
@@ -1907,50 +2369,31 @@ void AlbertTrain::runPart2(const Inputs &inputs) {
   support::View v117(param23_heads_pooler); // updated in place
   support::View v200 = arena_.view(119040, 64);
   // dims: batch, d_out, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan2(
-      {{2, 32, 32}, {{{0, 1}, {}}, {{2, 1}, {}}}, {{0, 2}, {}}});
-  einsumPlan2.run(v198.data(), v117.data(), v200.data(), 1.0f, 0.0f);
+  kEinsum11.plan().run(v198.data(), v117.data(), v200.data(), 1.0f, 0.0f);
 
   // albert.mesh:80:21 einsum -> grad/heads/pooler
   MESHRT_TRACE("gemm", "albert.mesh:80:21", "backward");
   support::View v129 = arena_.view(167936, 64);
   support::View v201 = arena_.view(114688, 1024);
   // dims: batch, d_out, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan3(
-      {{2, 32, 32}, {{{0, 1}, {}}, {{0, 2}, {}}}, {{2, 1}, {}}});
-  einsumPlan3.run(v198.data(), v129.data(), v201.data(), 1.0f, 0.0f);
+  kEinsum12.plan().run(v198.data(), v129.data(), v201.data(), 1.0f, 0.0f);
 
   // albert.mesh:79:13 broadcast
   MESHRT_TRACE("loop", "albert.mesh:79:13", "backward");
   support::View v202 = arena_.view(167936, 64);
-  {
-    float *__restrict v202p = v202.data();
-    const float *__restrict v200p = v200.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = v200p[i0];
-      const float s1 = s0;
-      v202p[i0] = s1;
-    }
-  }
+  loop18(v202.data(), v200.data());
 
   // albert.mesh:79:17 pad
   MESHRT_TRACE("pad", "albert.mesh:79:17", "backward");
   support::View v203 = arena_.slot(118784, 1024);
-  static const support::Shape shape5_2 = {2, 32};
-  static const support::Shape shape5_3 = {512, 1};
-  static const support::Shape shape5_4 = {32, 1};
-  support::copyWindow(v203.data(), v202.data(), shape5_2, shape5_3, shape5_4, 32, 32, 16, 1,
+  support::copyWindow(v203.data(), v202.data(), kShape7, kShape9, kShape8, 32, 32, 16, 1,
                       int64_t(0));
 
   // albert.mesh:78:61 sum -> grad/heads/output_bias
   MESHRT_TRACE("sum", "albert.mesh:78:61", "backward");
   support::View v193 = arena_.view(122880, 1024);
   support::View v204 = arena_.view(172416, 32);
-  static const support::Shape shape6_1 = {32};
-  static const support::Shape shape6_3 = {1};
-  static const support::Shape shape6_4 = {2, 16};
-  static const support::Shape shape6_5 = {512, 32};
-  support::reduce(v204.data(), shape6_1, v193.data(), shape6_3, shape6_4, shape6_5,
+  support::reduce(v204.data(), kShape10, v193.data(), kShape6, kShape3, kShape14,
                   support::Reduce::Sum, 1.0);
 
   // albert.mesh:78:20 einsum
@@ -1958,9 +2401,7 @@ void AlbertTrain::runPart2(const Inputs &inputs) {
   support::View v115 = arena_.view(126976, 512);
   support::View v205 = arena_.view(167936, 512);
   // dims: batch, length, vocab, d_embed
-  static const meshrt::kernels::EinsumPlan einsumPlan7(
-      {{2, 16, 32, 16}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan7.run(v193.data(), v115.data(), v205.data(), 1.0f, 0.0f);
+  kEinsum13.plan().run(v193.data(), v115.data(), v205.data(), 1.0f, 0.0f);
 
   // albert.mesh:77:50 all_reduce_sum (resolve the partial sum of %195 over model for sum at 77:50)
   MESHRT_TRACE_SITE("albert.mesh:77:50");
@@ -1971,9 +2412,7 @@ void AlbertTrain::runPart2(const Inputs &inputs) {
   support::View v125 = arena_.view(165888, 512);
   support::View v206 = arena_.view(169984, 512);
   // dims: batch, length, vocab, d_embed
-  static const meshrt::kernels::EinsumPlan einsumPlan9(
-      {{2, 16, 32, 16}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
-  einsumPlan9.run(v193.data(), v125.data(), v206.data(), 1.0f, 0.0f);
+  kEinsum14.plan().run(v193.data(), v125.data(), v206.data(), 1.0f, 0.0f);
 
   MESHRT_TRACE_SITE("albert.mesh:77:50");
   group_model.wait(request1);
@@ -2021,67 +2460,12 @@ void AlbertTrain::runPart2(const Inputs &inputs) {
   MESHRT_TRACE("loop", "albert.mesh:76:11", "backward");
   support::View v121 = arena_.view(129024, 512);
   support::View v247 = arena_.view(161792, 512);
-  {
-    float *__restrict v247p = v247.data();
-    const float *__restrict v121p = v121.data();
-    const float *__restrict v123p = v123.data();
-    const float *__restrict v220p = v220.data();
-    const float *__restrict v209p = v209.data();
-    const float *__restrict v222p = v222.data();
-    const float *__restrict v218p = v218.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 16; ++i1) {
-        const float s0 = v121p[i0 * 16 + i1];
-        const float s1 = s0 * s0;
-        const float s2 = v121p[i0 * 16 + i1];
-        const float s3 = (s2 * s1);
-        const float s4 = 0.044715f;
-        const float s5 = (s3 * s4);
-        const float s6 = v121p[i0 * 16 + i1];
-        const float s7 = (s6 + s5);
-        const float s8 = 0.7978846f;
-        const float s9 = (s7 * s8);
-        const float s10 = support::ftanh(s9);
-        const float s11 = 1.0f;
-        const float s12 = (s10 + s11);
-        const float s13 = 0.5f;
-        const float s14 = (s12 * s13);
-        const float s15 = 0.134145f;
-        const float s16 = (s1 * s15);
-        const float s17 = 1.0f;
-        const float s18 = (s16 + s17);
-        const float s19 = s10 * s10;
-        const float s20 = 1.0f;
-        const float s21 = (s20 - s19);
-        const float s22 = v121p[i0 * 16 + i1];
-        const float s23 = (s22 * s21);
-        const float s24 = (s23 * s18);
-        const float s25 = 0.3989423f;
-        const float s26 = (s24 * s25);
-        const float s27 = (s14 + s26);
-        const float s28 = v123p[i0 * 16 + i1];
-        const float s29 = v220p[i0];
-        const float s30 = (s28 * s29);
-        const float s31 = v209p[i0 * 16 + i1];
-        const float s32 = v222p[i0];
-        const float s33 = (s31 - s32);
-        const float s34 = (s33 - s30);
-        const float s35 = v218p[i0];
-        const float s36 = (s34 * s35);
-        const float s37 = (s36 * s27);
-        v247p[i0 * 16 + i1] = s37;
-      }
-    }
-  }
+  loop19(v247.data(), v121.data(), v123.data(), v220.data(), v209.data(), v222.data(), v218.data());
 
   // albert.mesh:76:63 sum -> grad/heads/transform_bias
   MESHRT_TRACE("sum", "albert.mesh:76:63", "backward");
   support::View v248 = arena_.view(163840, 16);
-  static const support::Shape shape13_1 = {16};
-  static const support::Shape shape13_3 = {1};
-  static const support::Shape shape13_4 = {2, 16};
-  static const support::Shape shape13_5 = {256, 16};
-  support::reduce(v248.data(), shape13_1, v247.data(), shape13_3, shape13_4, shape13_5,
+  support::reduce(v248.data(), kShape5, v247.data(), kShape6, kShape3, kShape4,
                   support::Reduce::Sum, 1.0);
 
   // albert.mesh:76:16 einsum
@@ -2089,42 +2473,24 @@ void AlbertTrain::runPart2(const Inputs &inputs) {
   support::View v111(param18_heads_transform); // updated in place
   support::View v249 = arena_.view(122880, 1024);
   // dims: batch, length, d_embed, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan14(
-      {{2, 16, 16, 32}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan14.run(v247.data(), v111.data(), v249.data(), 1.0f, 0.0f);
+  kEinsum15.plan().run(v247.data(), v111.data(), v249.data(), 1.0f, 0.0f);
 
   // albert.mesh:76:16 add
   MESHRT_TRACE("loop", "albert.mesh:76:16", "backward");
   support::View v250 = arena_.view(126976, 1024);
-  {
-    float *__restrict v250p = v250.data();
-    const float *__restrict v203p = v203.data();
-    const float *__restrict v249p = v249.data();
-    for (int64_t i0 = 0; i0 < 1024; ++i0) {
-      const float s0 = v203p[i0];
-      const float s1 = v249p[i0];
-      const float s2 = (s0 + s1);
-      v250p[i0] = s2;
-    }
-  }
+  loop6(v250.data(), v203.data(), v249.data());
 
   // albert.mesh:76:16 einsum -> grad/heads/transform
   MESHRT_TRACE("gemm", "albert.mesh:76:16", "backward");
   support::View v110 = arena_.view(110592, 1024);
   support::View v251 = arena_.view(118784, 512);
   // dims: batch, length, d_embed, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan16(
-      {{2, 16, 16, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
-  einsumPlan16.run(v247.data(), v110.data(), v251.data(), 1.0f, 0.0f);
+  kEinsum16.plan().run(v247.data(), v110.data(), v251.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:19:53 sum
   MESHRT_TRACE("sum", "encoder_layers.mesh:19:53", "backward");
   support::View v253 = arena_.view(120832, 32);
-  static const support::Shape shape17_1 = {32};
-  static const support::Shape shape17_3 = {1};
-  static const support::Shape shape17_4 = {2, 16};
-  static const support::Shape shape17_5 = {512, 32};
-  support::reduce(v253.data(), shape17_1, v250.data(), shape17_3, shape17_4, shape17_5,
+  support::reduce(v253.data(), kShape10, v250.data(), kShape6, kShape3, kShape14,
                   support::Reduce::Sum, 1.0);
 
   // 49 statements from encoder_layers.mesh:19:46 mul (1 of 2)
@@ -2296,39 +2662,20 @@ void AlbertTrain::runPart2(const Inputs &inputs) {
   // encoder_layers.mesh:46:50 sum
   MESHRT_TRACE("sum", "encoder_layers.mesh:46:50", "backward");
   support::View v452 = arena_.view(20480, 32);
-  static const support::Shape shape21_1 = {32};
-  static const support::Shape shape21_3 = {1};
-  static const support::Shape shape21_4 = {2, 16};
-  static const support::Shape shape21_5 = {512, 32};
-  support::reduce(v452.data(), shape21_1, v451.data(), shape21_3, shape21_4, shape21_5,
+  support::reduce(v452.data(), kShape10, v451.data(), kShape6, kShape3, kShape14,
                   support::Reduce::Sum, 1.0);
 
   // encoder_layers.mesh:46:50 add
   // encoder_layers.mesh:46:50 add -> grad/encoder/albert_layer/dense_relu_dense/bo
   MESHRT_TRACE("loop", "encoder_layers.mesh:46:50", "backward");
   support::View v453 = arena_.view(43136, 32);
-  {
-    float *__restrict v453p = v453.data();
-    const float *__restrict v270p = v270.data();
-    const float *__restrict v356p = v356.data();
-    const float *__restrict v452p = v452.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = v270p[i0];
-      const float s1 = v356p[i0];
-      const float s2 = (s0 + s1);
-      const float s3 = v452p[i0];
-      const float s4 = (s2 + s3);
-      v453p[i0] = s4;
-    }
-  }
+  loop20(v453.data(), v270.data(), v356.data(), v452.data());
 
   // encoder_layers.mesh:46:10 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:46:10", "backward");
   support::View v454 = arena_.view(20480, 1024);
   // dims: batch, length, d_model, d_ff
-  static const meshrt::kernels::EinsumPlan einsumPlan23(
-      {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan23.run(v451.data(), v45.data(), v454.data(), 1.0f, 0.0f);
+  kEinsum17.plan().run(v451.data(), v45.data(), v454.data(), 1.0f, 0.0f);
 }
 
 void AlbertTrain::runPart3(const Inputs &inputs) {
@@ -2341,9 +2688,7 @@ void AlbertTrain::runPart3(const Inputs &inputs) {
   support::View v49 = arena_.view(28672, 1024);
   support::View v455 = arena_.view(32768, 1024);
   // dims: batch, length, d_model, d_ff
-  static const meshrt::kernels::EinsumPlan einsumPlan0(
-      {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
-  einsumPlan0.run(v451.data(), v49.data(), v455.data(), 1.0f, 0.0f);
+  kEinsum18.plan().run(v451.data(), v49.data(), v455.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:46:10 add
   // encoder_layers.mesh:46:10 add -> grad/encoder/albert_layer/dense_relu_dense/wo
@@ -2351,20 +2696,7 @@ void AlbertTrain::runPart3(const Inputs &inputs) {
   support::View v272 = arena_.view(106496, 1024);
   support::View v359 = arena_.view(69632, 1024);
   support::View v456 = arena_.view(28672, 1024);
-  {
-    float *__restrict v456p = v456.data();
-    const float *__restrict v272p = v272.data();
-    const float *__restrict v359p = v359.data();
-    const float *__restrict v455p = v455.data();
-    for (int64_t i0 = 0; i0 < 1024; ++i0) {
-      const float s0 = v272p[i0];
-      const float s1 = v359p[i0];
-      const float s2 = (s0 + s1);
-      const float s3 = v455p[i0];
-      const float s4 = (s2 + s3);
-      v456p[i0] = s4;
-    }
-  }
+  loop21(v456.data(), v272.data(), v359.data(), v455.data());
 
   // encoder_layers.mesh:45:11 square
   // encoder_layers.mesh:45:11 mul
@@ -2387,53 +2719,12 @@ void AlbertTrain::runPart3(const Inputs &inputs) {
   support::View v48 = arena_.view(24576, 1024);
   support::View v454 = arena_.view(20480, 1024);
   support::View v473 = arena_.view(32768, 1024);
-  {
-    float *__restrict v473p = v473.data();
-    const float *__restrict v48p = v48.data();
-    const float *__restrict v454p = v454.data();
-    for (int64_t i0 = 0; i0 < 1024; ++i0) {
-      const float s0 = v48p[i0];
-      const float s1 = s0 * s0;
-      const float s2 = v48p[i0];
-      const float s3 = (s2 * s1);
-      const float s4 = 0.044715f;
-      const float s5 = (s3 * s4);
-      const float s6 = v48p[i0];
-      const float s7 = (s6 + s5);
-      const float s8 = 0.7978846f;
-      const float s9 = (s7 * s8);
-      const float s10 = support::ftanh(s9);
-      const float s11 = 1.0f;
-      const float s12 = (s10 + s11);
-      const float s13 = 0.5f;
-      const float s14 = (s12 * s13);
-      const float s15 = 0.134145f;
-      const float s16 = (s1 * s15);
-      const float s17 = 1.0f;
-      const float s18 = (s16 + s17);
-      const float s19 = s10 * s10;
-      const float s20 = 1.0f;
-      const float s21 = (s20 - s19);
-      const float s22 = v48p[i0];
-      const float s23 = (s22 * s21);
-      const float s24 = (s23 * s18);
-      const float s25 = 0.3989423f;
-      const float s26 = (s24 * s25);
-      const float s27 = (s14 + s26);
-      const float s28 = v454p[i0];
-      const float s29 = (s28 * s27);
-      v473p[i0] = s29;
-    }
-  }
+  loop22(v473.data(), v48.data(), v454.data());
 
   // encoder_layers.mesh:45:53 sum
   MESHRT_TRACE("sum", "encoder_layers.mesh:45:53", "backward");
   support::View v474 = arena_.view(20480, 32);
-  static const support::Shape shape3_1 = {32};
-  static const support::Shape shape3_3 = {1};
-  static const support::Shape shape3_4 = {2, 16};
-  static const support::Shape shape3_5 = {512, 32};
-  support::reduce(v474.data(), shape3_1, v473.data(), shape3_3, shape3_4, shape3_5,
+  support::reduce(v474.data(), kShape10, v473.data(), kShape6, kShape3, kShape14,
                   support::Reduce::Sum, 1.0);
 
   // encoder_layers.mesh:45:53 add
@@ -2442,29 +2733,14 @@ void AlbertTrain::runPart3(const Inputs &inputs) {
   support::View v290 = arena_.view(121216, 32);
   support::View v378 = arena_.view(80256, 32);
   support::View v475 = arena_.view(43392, 32);
-  {
-    float *__restrict v475p = v475.data();
-    const float *__restrict v290p = v290.data();
-    const float *__restrict v378p = v378.data();
-    const float *__restrict v474p = v474.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = v290p[i0];
-      const float s1 = v378p[i0];
-      const float s2 = (s0 + s1);
-      const float s3 = v474p[i0];
-      const float s4 = (s2 + s3);
-      v475p[i0] = s4;
-    }
-  }
+  loop20(v475.data(), v290.data(), v378.data(), v474.data());
 
   // encoder_layers.mesh:45:16 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:45:16", "backward");
   support::View v43(param12_encoder_albert_layer_dense_relu_dense_wi); // updated in place
   support::View v476 = arena_.view(20480, 1024);
   // dims: batch, length, d_ff, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan5(
-      {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan5.run(v473.data(), v43.data(), v476.data(), 1.0f, 0.0f);
+  kEinsum17.plan().run(v473.data(), v43.data(), v476.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:45:16 all_reduce_sum (resolve the partial sum of %457 over model for add at
   // 45:16)
@@ -2474,26 +2750,14 @@ void AlbertTrain::runPart3(const Inputs &inputs) {
   // encoder_layers.mesh:45:16 add
   MESHRT_TRACE("loop", "encoder_layers.mesh:45:16", "backward");
   support::View v478 = arena_.view(24576, 1024);
-  {
-    float *__restrict v478p = v478.data();
-    const float *__restrict v451p = v451.data();
-    const float *__restrict v476p = v476.data();
-    for (int64_t i0 = 0; i0 < 1024; ++i0) {
-      const float s0 = v451p[i0];
-      const float s1 = v476p[i0];
-      const float s2 = (s0 + s1);
-      v478p[i0] = s2;
-    }
-  }
+  loop6(v478.data(), v451.data(), v476.data());
 
   // encoder_layers.mesh:45:16 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:45:16", "backward");
   support::View v42 = arena_.view(16384, 1024);
   support::View v479 = arena_.view(20480, 1024);
   // dims: batch, length, d_ff, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan8(
-      {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
-  einsumPlan8.run(v473.data(), v42.data(), v479.data(), 1.0f, 0.0f);
+  kEinsum18.plan().run(v473.data(), v42.data(), v479.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:45:16 add
   // encoder_layers.mesh:45:16 add -> grad/encoder/albert_layer/dense_relu_dense/wi
@@ -2501,29 +2765,12 @@ void AlbertTrain::runPart3(const Inputs &inputs) {
   support::View v294 = arena_.view(94208, 1024);
   support::View v383 = arena_.view(57344, 1024);
   support::View v480 = arena_.view(16384, 1024);
-  {
-    float *__restrict v480p = v480.data();
-    const float *__restrict v294p = v294.data();
-    const float *__restrict v383p = v383.data();
-    const float *__restrict v479p = v479.data();
-    for (int64_t i0 = 0; i0 < 1024; ++i0) {
-      const float s0 = v294p[i0];
-      const float s1 = v383p[i0];
-      const float s2 = (s0 + s1);
-      const float s3 = v479p[i0];
-      const float s4 = (s2 + s3);
-      v480p[i0] = s4;
-    }
-  }
+  loop21(v480.data(), v294.data(), v383.data(), v479.data());
 
   // encoder_layers.mesh:19:53 sum
   MESHRT_TRACE("sum", "encoder_layers.mesh:19:53", "backward");
   support::View v481 = arena_.view(20480, 32);
-  static const support::Shape shape10_1 = {32};
-  static const support::Shape shape10_3 = {1};
-  static const support::Shape shape10_4 = {2, 16};
-  static const support::Shape shape10_5 = {512, 32};
-  support::reduce(v481.data(), shape10_1, v478.data(), shape10_3, shape10_4, shape10_5,
+  support::reduce(v481.data(), kShape10, v478.data(), kShape6, kShape3, kShape14,
                   support::Reduce::Sum, 1.0);
 
   // 12 statements from encoder_layers.mesh:19:53 add (2 of 2)
@@ -2556,18 +2803,14 @@ void AlbertTrain::runPart3(const Inputs &inputs) {
   support::View v24(param9_encoder_albert_layer_self_attention_o); // updated in place
   support::View v500 = arena_.view(12288, 512);
   // dims: batch, length, d_model, heads, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan12(
-      {{2, 16, 32, 2, 8}, {{{0, 1, 2}, {}}, {{3, 4, 2}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan12.run(v499.data(), v24.data(), v500.data(), 1.0f, 0.0f);
+  kEinsum19.plan().run(v499.data(), v24.data(), v500.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:35:10 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:35:10", "backward");
   support::View v34 = arena_.view(143360, 512);
   support::View v501 = arena_.view(4096, 512);
   // dims: batch, length, d_model, heads, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan13(
-      {{2, 16, 32, 2, 8}, {{{0, 1, 2}, {}}, {{0, 1, 3, 4}, {}}}, {{3, 4, 2}, {}}});
-  einsumPlan13.run(v499.data(), v34.data(), v501.data(), 1.0f, 0.0f);
+  kEinsum20.plan().run(v499.data(), v34.data(), v501.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:35:10 add
   // encoder_layers.mesh:35:10 add -> grad/encoder/albert_layer/self_attention/o
@@ -2575,62 +2818,31 @@ void AlbertTrain::runPart3(const Inputs &inputs) {
   support::View v313 = arena_.view(102400, 512);
   support::View v405 = arena_.view(65536, 512);
   support::View v502 = arena_.view(32768, 512);
-  {
-    float *__restrict v502p = v502.data();
-    const float *__restrict v313p = v313.data();
-    const float *__restrict v405p = v405.data();
-    const float *__restrict v501p = v501.data();
-    for (int64_t i0 = 0; i0 < 512; ++i0) {
-      const float s0 = v313p[i0];
-      const float s1 = v405p[i0];
-      const float s2 = (s0 + s1);
-      const float s3 = v501p[i0];
-      const float s4 = (s2 + s3);
-      v502p[i0] = s4;
-    }
-  }
+  loop23(v502.data(), v313.data(), v405.data(), v501.data());
 
   // encoder_layers.mesh:34:17 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:34:17", "backward");
   support::View v28 = arena_.view(141312, 512);
   support::View v503 = arena_.view(4096, 1024);
   // dims: batch, length, heads, d_kv, memory_length
-  static const meshrt::kernels::EinsumPlan einsumPlan15(
-      {{2, 16, 2, 8, 16}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
-  einsumPlan15.run(v500.data(), v28.data(), v503.data(), 1.0f, 0.0f);
+  kEinsum5.plan().run(v500.data(), v28.data(), v503.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:34:17 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:34:17", "backward");
   support::View v33 = arena_.view(8192, 1024);
   support::View v504 = arena_.view(24576, 512);
   // dims: batch, length, heads, d_kv, memory_length
-  static const meshrt::kernels::EinsumPlan einsumPlan16(
-      {{2, 16, 2, 8, 16}, {{{0, 1, 2, 3}, {}}, {{0, 2, 1, 4}, {}}}, {{0, 4, 2, 3}, {}}});
-  einsumPlan16.run(v500.data(), v33.data(), v504.data(), 1.0f, 0.0f);
+  kEinsum21.plan().run(v500.data(), v33.data(), v504.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:33:17 mul
   MESHRT_TRACE("loop", "encoder_layers.mesh:33:17", "backward");
   support::View v505 = arena_.view(12288, 1024);
-  {
-    float *__restrict v505p = v505.data();
-    const float *__restrict v503p = v503.data();
-    const float *__restrict v33p = v33.data();
-    for (int64_t i0 = 0; i0 < 1024; ++i0) {
-      const float s0 = v503p[i0];
-      const float s1 = v33p[i0];
-      const float s2 = (s0 * s1);
-      v505p[i0] = s2;
-    }
-  }
+  loop11(v505.data(), v503.data(), v33.data());
 
   // encoder_layers.mesh:33:17 sum
   MESHRT_TRACE("sum", "encoder_layers.mesh:33:17", "backward");
   support::View v506 = arena_.view(26624, 64);
-  static const support::Shape shape18_1 = {2, 2, 16};
-  static const support::Shape shape18_3 = {512, 256, 16};
-  static const support::Shape shape18_4 = {16};
-  static const support::Shape shape18_5 = {1};
-  support::reduce(v506.data(), shape18_1, v505.data(), shape18_3, shape18_4, shape18_5,
+  support::reduce(v506.data(), kShape12, v505.data(), kShape13, kShape5, kShape6,
                   support::Reduce::Sum, 1.0);
 
   // encoder_layers.mesh:33:17 sub
@@ -2638,60 +2850,35 @@ void AlbertTrain::runPart3(const Inputs &inputs) {
   // encoder_layers.mesh:32:77 mul
   MESHRT_TRACE("loop", "encoder_layers.mesh:33:17", "backward");
   support::View v509 = arena_.view(12288, 1024);
-  {
-    float *__restrict v509p = v509.data();
-    const float *__restrict v503p = v503.data();
-    const float *__restrict v506p = v506.data();
-    const float *__restrict v33p = v33.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      for (int64_t i1 = 0; i1 < 16; ++i1) {
-        const float s0 = v503p[i0 * 16 + i1];
-        const float s1 = v506p[i0];
-        const float s2 = (s0 - s1);
-        const float s3 = v33p[i0 * 16 + i1];
-        const float s4 = (s3 * s2);
-        const float s5 = 0.35355f;
-        const float s6 = (s4 * s5);
-        v509p[i0 * 16 + i1] = s6;
-      }
-    }
-  }
+  loop24(v509.data(), v503.data(), v506.data(), v33.data());
 
   // encoder_layers.mesh:32:16 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:32:16", "backward");
   support::View v26 = arena_.view(139264, 512);
   support::View v510 = arena_.view(34816, 512);
   // dims: batch, heads, length, memory_length, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan20(
-      {{2, 2, 16, 16, 8}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 2, 1, 4}, {}}});
-  einsumPlan20.run(v509.data(), v26.data(), v510.data(), 1.0f, 0.0f);
+  kEinsum6.plan().run(v509.data(), v26.data(), v510.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:32:16 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:32:16", "backward");
   support::View v25 = arena_.view(137216, 512);
   support::View v511 = arena_.view(26624, 512);
   // dims: batch, heads, length, memory_length, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan21(
-      {{2, 2, 16, 16, 8}, {{{0, 1, 2, 3}, {}}, {{0, 2, 1, 4}, {}}}, {{0, 3, 1, 4}, {}}});
-  einsumPlan21.run(v509.data(), v25.data(), v511.data(), 1.0f, 0.0f);
+  kEinsum22.plan().run(v509.data(), v25.data(), v511.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:30:23 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:30:23", "backward");
   support::View v23(param8_encoder_albert_layer_self_attention_v); // updated in place
   support::View v513 = arena_.view(4096, 1024);
   // dims: batch, length, heads, d_kv, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan22(
-      {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
-  einsumPlan22.run(v504.data(), v23.data(), v513.data(), 1.0f, 0.0f);
+  kEinsum23.plan().run(v504.data(), v23.data(), v513.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:29:21 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:29:21", "backward");
   support::View v22(param7_encoder_albert_layer_self_attention_k); // updated in place
   support::View v519 = arena_.view(8192, 1024);
   // dims: batch, length, heads, d_kv, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan23(
-      {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
-  einsumPlan23.run(v511.data(), v22.data(), v519.data(), 1.0f, 0.0f);
+  kEinsum23.plan().run(v511.data(), v22.data(), v519.data(), 1.0f, 0.0f);
 }
 
 void AlbertTrain::runPart4(const Inputs &inputs) {
@@ -2704,9 +2891,7 @@ void AlbertTrain::runPart4(const Inputs &inputs) {
   support::View v21(param6_encoder_albert_layer_self_attention_q); // updated in place
   support::View v524 = arena_.view(12288, 1024);
   // dims: batch, length, heads, d_kv, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan0(
-      {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
-  einsumPlan0.run(v510.data(), v21.data(), v524.data(), 1.0f, 0.0f);
+  kEinsum23.plan().run(v510.data(), v21.data(), v524.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:30:23 bucketed_all_reduce_sum (resolve the partial sum of %493 over model
   // for add at 30:23; merged with 2 more partial sums over model (%520, %525): 12.0 KiB in one
@@ -2722,9 +2907,7 @@ void AlbertTrain::runPart4(const Inputs &inputs) {
   support::View v20 = arena_.view(0, 1024);
   support::View v516 = arena_.view(36864, 512);
   // dims: batch, length, heads, d_kv, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan2(
-      {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
-  einsumPlan2.run(v504.data(), v20.data(), v516.data(), 1.0f, 0.0f);
+  kEinsum24.plan().run(v504.data(), v20.data(), v516.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:30:23 add
   // encoder_layers.mesh:30:23 add -> grad/encoder/albert_layer/self_attention/v
@@ -2732,29 +2915,14 @@ void AlbertTrain::runPart4(const Inputs &inputs) {
   support::View v327 = arena_.view(110592, 512);
   support::View v420 = arena_.view(73728, 512);
   support::View v517 = arena_.view(38912, 512);
-  {
-    float *__restrict v517p = v517.data();
-    const float *__restrict v327p = v327.data();
-    const float *__restrict v420p = v420.data();
-    const float *__restrict v516p = v516.data();
-    for (int64_t i0 = 0; i0 < 512; ++i0) {
-      const float s0 = v327p[i0];
-      const float s1 = v420p[i0];
-      const float s2 = (s0 + s1);
-      const float s3 = v516p[i0];
-      const float s4 = (s2 + s3);
-      v517p[i0] = s4;
-    }
-  }
+  loop23(v517.data(), v327.data(), v420.data(), v516.data());
 
   // encoder_layers.mesh:29:21 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:29:21", "backward");
   support::View v511 = arena_.view(26624, 512);
   support::View v522 = arena_.view(24576, 512);
   // dims: batch, length, heads, d_kv, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan4(
-      {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
-  einsumPlan4.run(v511.data(), v20.data(), v522.data(), 1.0f, 0.0f);
+  kEinsum24.plan().run(v511.data(), v20.data(), v522.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:29:21 add
   // encoder_layers.mesh:29:21 add -> grad/encoder/albert_layer/self_attention/k
@@ -2762,20 +2930,7 @@ void AlbertTrain::runPart4(const Inputs &inputs) {
   support::View v332 = arena_.view(112640, 512);
   support::View v426 = arena_.view(75776, 512);
   support::View v523 = arena_.view(36864, 512);
-  {
-    float *__restrict v523p = v523.data();
-    const float *__restrict v332p = v332.data();
-    const float *__restrict v426p = v426.data();
-    const float *__restrict v522p = v522.data();
-    for (int64_t i0 = 0; i0 < 512; ++i0) {
-      const float s0 = v332p[i0];
-      const float s1 = v426p[i0];
-      const float s2 = (s0 + s1);
-      const float s3 = v522p[i0];
-      const float s4 = (s2 + s3);
-      v523p[i0] = s4;
-    }
-  }
+  loop23(v523.data(), v332.data(), v426.data(), v522.data());
 
   MESHRT_TRACE_SITE("encoder_layers.mesh:30:23");
   group_model.wait(request4);
@@ -2786,31 +2941,13 @@ void AlbertTrain::runPart4(const Inputs &inputs) {
   MESHRT_TRACE("loop", "encoder_layers.mesh:30:23", "backward");
   support::View v499 = arena_.view(20480, 1024);
   support::View v526 = arena_.view(24576, 1024);
-  {
-    float *__restrict v526p = v526.data();
-    const float *__restrict v499p = v499.data();
-    const float *__restrict v513p = v513.data();
-    const float *__restrict v519p = v519.data();
-    const float *__restrict v524p = v524.data();
-    for (int64_t i0 = 0; i0 < 1024; ++i0) {
-      const float s0 = v499p[i0];
-      const float s1 = v513p[i0];
-      const float s2 = (s0 + s1);
-      const float s3 = v519p[i0];
-      const float s4 = (s2 + s3);
-      const float s5 = v524p[i0];
-      const float s6 = (s4 + s5);
-      v526p[i0] = s6;
-    }
-  }
+  loop25(v526.data(), v499.data(), v513.data(), v519.data(), v524.data());
 
   // encoder_layers.mesh:28:17 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:28:17", "backward");
   support::View v527 = arena_.view(4096, 512);
   // dims: batch, length, heads, d_kv, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan8(
-      {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
-  einsumPlan8.run(v510.data(), v20.data(), v527.data(), 1.0f, 0.0f);
+  kEinsum24.plan().run(v510.data(), v20.data(), v527.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:28:17 add
   // encoder_layers.mesh:28:17 add -> grad/encoder/albert_layer/self_attention/q
@@ -2818,38 +2955,21 @@ void AlbertTrain::runPart4(const Inputs &inputs) {
   support::View v336 = arena_.view(77824, 512);
   support::View v431 = arena_.view(40960, 512);
   support::View v528 = arena_.view(0, 512);
-  {
-    float *__restrict v528p = v528.data();
-    const float *__restrict v336p = v336.data();
-    const float *__restrict v431p = v431.data();
-    const float *__restrict v527p = v527.data();
-    for (int64_t i0 = 0; i0 < 512; ++i0) {
-      const float s0 = v336p[i0];
-      const float s1 = v431p[i0];
-      const float s2 = (s0 + s1);
-      const float s3 = v527p[i0];
-      const float s4 = (s2 + s3);
-      v528p[i0] = s4;
-    }
-  }
+  loop23(v528.data(), v336.data(), v431.data(), v527.data());
 
   // albert.mesh:51:10 einsum
   MESHRT_TRACE("gemm", "albert.mesh:51:10", "backward");
   support::View v10(param5_encoder_embed_projection); // updated in place
   support::View v529 = arena_.view(2048, 512);
   // dims: batch, length, d_model, d_embed
-  static const meshrt::kernels::EinsumPlan einsumPlan10(
-      {{2, 16, 32, 16}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan10.run(v526.data(), v10.data(), v529.data(), 1.0f, 0.0f);
+  kEinsum13.plan().run(v526.data(), v10.data(), v529.data(), 1.0f, 0.0f);
 
   // albert.mesh:51:10 einsum -> grad/encoder/embed/projection
   MESHRT_TRACE("gemm", "albert.mesh:51:10", "backward");
   support::View v19 = arena_.view(135168, 512);
   support::View v530 = arena_.view(4096, 512);
   // dims: batch, length, d_model, d_embed
-  static const meshrt::kernels::EinsumPlan einsumPlan11(
-      {{2, 16, 32, 16}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
-  einsumPlan11.run(v526.data(), v19.data(), v530.data(), 1.0f, 0.0f);
+  kEinsum14.plan().run(v526.data(), v19.data(), v530.data(), 1.0f, 0.0f);
 
   // 10 statements from albert.mesh:77:50 sum -> grad/heads/bias (2 of 2)
   MESHRT_TRACE_SITE("albert.mesh:77:50");
@@ -2875,85 +2995,34 @@ void AlbertTrain::runPart4(const Inputs &inputs) {
   // albert.mesh:50:7 mul
   MESHRT_TRACE("loop", "albert.mesh:50:7", "backward");
   support::View v547 = arena_.view(2048, 512);
-  {
-    float *__restrict v547p = v547.data();
-    const float *__restrict v17p = v17.data();
-    const float *__restrict v542p = v542.data();
-    const float *__restrict v532p = v532.data();
-    const float *__restrict v544p = v544.data();
-    const float *__restrict v540p = v540.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 16; ++i1) {
-        const float s0 = v17p[i0 * 16 + i1];
-        const float s1 = v542p[i0];
-        const float s2 = (s0 * s1);
-        const float s3 = v532p[i0 * 16 + i1];
-        const float s4 = v544p[i0];
-        const float s5 = (s3 - s4);
-        const float s6 = (s5 - s2);
-        const float s7 = v540p[i0];
-        const float s8 = (s6 * s7);
-        v547p[i0 * 16 + i1] = s8;
-      }
-    }
-  }
+  loop26(v547.data(), v17.data(), v542.data(), v532.data(), v544.data(), v540.data());
 
   // albert.mesh:49:54 einsum -> grad/encoder/embed/segment_table
   MESHRT_TRACE("einsum", "albert.mesh:49:54", "backward");
   const support::Buffer &v1 = inputs.segment_ids.data;
   support::View v549 = arena_.view(9216, 32);
-  static const support::Shape shape14_1 = {2, 16};
-  static const support::Shape shape14_3 = {0, 1};
-  static const support::Shape shape14_5 = {0, 0};
-  static const support::Shape shape14_6 = {2, 16};
-  static const support::Shape shape14_7 = {256, 16};
-  static const support::Shape shape14_8 = {16, 1};
-  support::scatterAdd(v549.data(), shape14_1, v547.data(), shape14_3, v1.data(), shape14_5,
-                      shape14_6, shape14_7, shape14_8, 0, 0);
+  support::scatterAdd(v549.data(), kShape3, v547.data(), kShape20, v1.data(), kShape21, kShape3,
+                      kShape4, kShape17, 0, 0);
 
   // albert.mesh:49:40 sum -> grad/encoder/embed/positions
   MESHRT_TRACE("sum", "albert.mesh:49:40", "backward");
   support::View v550 = arena_.view(8192, 256);
-  static const support::Shape shape15_1 = {16, 16};
-  static const support::Shape shape15_3 = {16, 1};
-  static const support::Shape shape15_4 = {2};
-  static const support::Shape shape15_5 = {256};
-  support::reduce(v550.data(), shape15_1, v547.data(), shape15_3, shape15_4, shape15_5,
+  support::reduce(v550.data(), kShape22, v547.data(), kShape17, kShape11, kShape23,
                   support::Reduce::Sum, 1.0);
 
   // albert.mesh:48:40 einsum
   MESHRT_TRACE("einsum", "albert.mesh:48:40", "backward");
   const support::Buffer &v0 = inputs.tokens.data;
   support::View v551 = arena_.view(6144, 512);
-  static const support::Shape shape16_1 = {32, 16};
-  static const support::Shape shape16_3 = {0, 1};
-  static const support::Shape shape16_5 = {0, 0};
-  static const support::Shape shape16_6 = {2, 16};
-  static const support::Shape shape16_7 = {256, 16};
-  static const support::Shape shape16_8 = {16, 1};
-  support::scatterAdd(v551.data(), shape16_1, v547.data(), shape16_3, v0.data(), shape16_5,
-                      shape16_6, shape16_7, shape16_8, 0,
-                      support::shardStart(world_, {"model"}, 32));
+  support::scatterAdd(v551.data(), kShape24, v547.data(), kShape20, v0.data(), kShape21, kShape3,
+                      kShape4, kShape17, 0, support::shardStart(world_, {"model"}, 32));
 
   // albert.mesh:71:9 transpose
   // albert.mesh:48:40 add -> grad/embedding
   MESHRT_TRACE("loop", "albert.mesh:71:9", "backward");
   support::View v206 = arena_.view(169984, 512);
   support::View v552 = arena_.view(2048, 512);
-  {
-    float *__restrict v552p = v552.data();
-    const float *__restrict v206p = v206.data();
-    const float *__restrict v551p = v551.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 16; ++i1) {
-        const float s0 = v206p[i0 + i1 * 32];
-        const float s1 = s0;
-        const float s2 = v551p[i0 * 16 + i1];
-        const float s3 = (s1 + s2);
-        v552p[i0 * 16 + i1] = s3;
-      }
-    }
-  }
+  loop27(v552.data(), v206.data(), v551.data());
 
   // albert.mesh:109:3 bucketed_all_reduce_sum -> grad/heads/classifier (26 partial sums
   // (grad/heads/classifier, grad/heads/pooler_bias, grad/heads/pooler, ...) over data resolved
@@ -3062,54 +3131,7 @@ void AlbertTrain::runPart4(const Inputs &inputs) {
   support::View v5(param0_embedding);      // updated in place
   support::View v571(param27_embedding_v); // updated in place
   support::View v570(param26_embedding_m); // updated in place
-  {
-    float *__restrict v571p = v571.data();
-    float *__restrict v570p = v570.data();
-    float *__restrict v5p = v5.data();
-    const float *__restrict v552p = v552.data();
-    const float *__restrict v587p = v587.data();
-    const float *__restrict v585p = v585.data();
-    const float *__restrict v569p = v569.data();
-    const float r3 = v587p[0];
-    const float r5 = v585p[0];
-    const float r6 = v569p[0];
-    for (int64_t i0 = 0; i0 < 512; ++i0) {
-      const float s0 = v5p[i0];
-      const float s1 = 0.01f;
-      const float s2 = (s0 * s1);
-      const float s3 = v552p[i0];
-      const float s4 = s3 * s3;
-      const float s5 = 0.0009999871f;
-      const float s6 = (s4 * s5);
-      const float s7 = v571p[i0];
-      const float s8 = 0.999f;
-      const float s9 = (s7 * s8);
-      const float s10 = (s9 + s6);
-      const float s11 = r3;
-      const float s12 = (s10 / s11);
-      const float s13 = support::fsqrt(s12);
-      const float s14 = 1e-08f;
-      const float s15 = (s13 + s14);
-      const float s16 = v552p[i0];
-      const float s17 = 0.100000024f;
-      const float s18 = (s16 * s17);
-      const float s19 = v570p[i0];
-      const float s20 = 0.9f;
-      const float s21 = (s19 * s20);
-      const float s22 = (s21 + s18);
-      const float s23 = r5;
-      const float s24 = (s22 / s23);
-      const float s25 = (s24 / s15);
-      const float s26 = (s25 + s2);
-      const float s27 = r6;
-      const float s28 = (s26 * s27);
-      const float s29 = v5p[i0];
-      const float s30 = (s29 - s28);
-      v571p[i0] = s10;
-      v570p[i0] = s22;
-      v5p[i0] = s30;
-    }
-  }
+  loop28(v571.data(), v570.data(), v5.data(), v552.data(), v587.data(), v585.data(), v569.data());
 
   // albert.mesh:109:3 mul
   // albert.mesh:109:3 square
@@ -3131,54 +3153,7 @@ void AlbertTrain::runPart4(const Inputs &inputs) {
   support::View v6(param1_encoder_embed_positions);      // updated in place
   support::View v600(param29_encoder_embed_positions_v); // updated in place
   support::View v599(param28_encoder_embed_positions_m); // updated in place
-  {
-    float *__restrict v600p = v600.data();
-    float *__restrict v599p = v599.data();
-    float *__restrict v6p = v6.data();
-    const float *__restrict v550p = v550.data();
-    const float *__restrict v587p = v587.data();
-    const float *__restrict v585p = v585.data();
-    const float *__restrict v569p = v569.data();
-    const float r3 = v587p[0];
-    const float r5 = v585p[0];
-    const float r6 = v569p[0];
-    for (int64_t i0 = 0; i0 < 256; ++i0) {
-      const float s0 = v6p[i0];
-      const float s1 = 0.01f;
-      const float s2 = (s0 * s1);
-      const float s3 = v550p[i0];
-      const float s4 = s3 * s3;
-      const float s5 = 0.0009999871f;
-      const float s6 = (s4 * s5);
-      const float s7 = v600p[i0];
-      const float s8 = 0.999f;
-      const float s9 = (s7 * s8);
-      const float s10 = (s9 + s6);
-      const float s11 = r3;
-      const float s12 = (s10 / s11);
-      const float s13 = support::fsqrt(s12);
-      const float s14 = 1e-08f;
-      const float s15 = (s13 + s14);
-      const float s16 = v550p[i0];
-      const float s17 = 0.100000024f;
-      const float s18 = (s16 * s17);
-      const float s19 = v599p[i0];
-      const float s20 = 0.9f;
-      const float s21 = (s19 * s20);
-      const float s22 = (s21 + s18);
-      const float s23 = r5;
-      const float s24 = (s22 / s23);
-      const float s25 = (s24 / s15);
-      const float s26 = (s25 + s2);
-      const float s27 = r6;
-      const float s28 = (s26 * s27);
-      const float s29 = v6p[i0];
-      const float s30 = (s29 - s28);
-      v600p[i0] = s10;
-      v599p[i0] = s22;
-      v6p[i0] = s30;
-    }
-  }
+  loop29(v600.data(), v599.data(), v6.data(), v550.data(), v587.data(), v585.data(), v569.data());
 
   // albert.mesh:109:3 mul
   // albert.mesh:109:3 square
@@ -3200,54 +3175,7 @@ void AlbertTrain::runPart4(const Inputs &inputs) {
   support::View v7(param2_encoder_embed_segment_table);      // updated in place
   support::View v621(param31_encoder_embed_segment_table_v); // updated in place
   support::View v620(param30_encoder_embed_segment_table_m); // updated in place
-  {
-    float *__restrict v621p = v621.data();
-    float *__restrict v620p = v620.data();
-    float *__restrict v7p = v7.data();
-    const float *__restrict v549p = v549.data();
-    const float *__restrict v587p = v587.data();
-    const float *__restrict v585p = v585.data();
-    const float *__restrict v569p = v569.data();
-    const float r3 = v587p[0];
-    const float r5 = v585p[0];
-    const float r6 = v569p[0];
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = v7p[i0];
-      const float s1 = 0.01f;
-      const float s2 = (s0 * s1);
-      const float s3 = v549p[i0];
-      const float s4 = s3 * s3;
-      const float s5 = 0.0009999871f;
-      const float s6 = (s4 * s5);
-      const float s7 = v621p[i0];
-      const float s8 = 0.999f;
-      const float s9 = (s7 * s8);
-      const float s10 = (s9 + s6);
-      const float s11 = r3;
-      const float s12 = (s10 / s11);
-      const float s13 = support::fsqrt(s12);
-      const float s14 = 1e-08f;
-      const float s15 = (s13 + s14);
-      const float s16 = v549p[i0];
-      const float s17 = 0.100000024f;
-      const float s18 = (s16 * s17);
-      const float s19 = v620p[i0];
-      const float s20 = 0.9f;
-      const float s21 = (s19 * s20);
-      const float s22 = (s21 + s18);
-      const float s23 = r5;
-      const float s24 = (s22 / s23);
-      const float s25 = (s24 / s15);
-      const float s26 = (s25 + s2);
-      const float s27 = r6;
-      const float s28 = (s26 * s27);
-      const float s29 = v7p[i0];
-      const float s30 = (s29 - s28);
-      v621p[i0] = s10;
-      v620p[i0] = s22;
-      v7p[i0] = s30;
-    }
-  }
+  loop30(v621.data(), v620.data(), v7.data(), v549.data(), v587.data(), v585.data(), v569.data());
 }
 
 void AlbertTrain::runPart5(const Inputs &inputs) {
@@ -3294,54 +3222,7 @@ void AlbertTrain::runPart5(const Inputs &inputs) {
   support::View v530 = arena_.view(4096, 512);
   support::View v684(param37_encoder_embed_projection_v); // updated in place
   support::View v683(param36_encoder_embed_projection_m); // updated in place
-  {
-    float *__restrict v684p = v684.data();
-    float *__restrict v683p = v683.data();
-    float *__restrict v10p = v10.data();
-    const float *__restrict v530p = v530.data();
-    const float *__restrict v587p = v587.data();
-    const float *__restrict v585p = v585.data();
-    const float *__restrict v569p = v569.data();
-    const float r3 = v587p[0];
-    const float r5 = v585p[0];
-    const float r6 = v569p[0];
-    for (int64_t i0 = 0; i0 < 512; ++i0) {
-      const float s0 = v10p[i0];
-      const float s1 = 0.01f;
-      const float s2 = (s0 * s1);
-      const float s3 = v530p[i0];
-      const float s4 = s3 * s3;
-      const float s5 = 0.0009999871f;
-      const float s6 = (s4 * s5);
-      const float s7 = v684p[i0];
-      const float s8 = 0.999f;
-      const float s9 = (s7 * s8);
-      const float s10 = (s9 + s6);
-      const float s11 = r3;
-      const float s12 = (s10 / s11);
-      const float s13 = support::fsqrt(s12);
-      const float s14 = 1e-08f;
-      const float s15 = (s13 + s14);
-      const float s16 = v530p[i0];
-      const float s17 = 0.100000024f;
-      const float s18 = (s16 * s17);
-      const float s19 = v683p[i0];
-      const float s20 = 0.9f;
-      const float s21 = (s19 * s20);
-      const float s22 = (s21 + s18);
-      const float s23 = r5;
-      const float s24 = (s22 / s23);
-      const float s25 = (s24 / s15);
-      const float s26 = (s25 + s2);
-      const float s27 = r6;
-      const float s28 = (s26 * s27);
-      const float s29 = v10p[i0];
-      const float s30 = (s29 - s28);
-      v684p[i0] = s10;
-      v683p[i0] = s22;
-      v10p[i0] = s30;
-    }
-  }
+  loop28(v684.data(), v683.data(), v10.data(), v530.data(), v587.data(), v585.data(), v569.data());
 
   // 1 statements from albert.mesh:109:3 mul (1 of 3)
   MESHRT_TRACE_SITE("albert.mesh:109:3");
@@ -3388,54 +3269,7 @@ void AlbertTrain::runPart5(const Inputs &inputs) {
   support::View v502 = arena_.view(32768, 512);
   support::View v768(param45_encoder_albert_layer_self_attention_o_v); // updated in place
   support::View v767(param44_encoder_albert_layer_self_attention_o_m); // updated in place
-  {
-    float *__restrict v768p = v768.data();
-    float *__restrict v767p = v767.data();
-    float *__restrict v24p = v24.data();
-    const float *__restrict v502p = v502.data();
-    const float *__restrict v587p = v587.data();
-    const float *__restrict v585p = v585.data();
-    const float *__restrict v569p = v569.data();
-    const float r3 = v587p[0];
-    const float r5 = v585p[0];
-    const float r6 = v569p[0];
-    for (int64_t i0 = 0; i0 < 512; ++i0) {
-      const float s0 = v24p[i0];
-      const float s1 = 0.01f;
-      const float s2 = (s0 * s1);
-      const float s3 = v502p[i0];
-      const float s4 = s3 * s3;
-      const float s5 = 0.0009999871f;
-      const float s6 = (s4 * s5);
-      const float s7 = v768p[i0];
-      const float s8 = 0.999f;
-      const float s9 = (s7 * s8);
-      const float s10 = (s9 + s6);
-      const float s11 = r3;
-      const float s12 = (s10 / s11);
-      const float s13 = support::fsqrt(s12);
-      const float s14 = 1e-08f;
-      const float s15 = (s13 + s14);
-      const float s16 = v502p[i0];
-      const float s17 = 0.100000024f;
-      const float s18 = (s16 * s17);
-      const float s19 = v767p[i0];
-      const float s20 = 0.9f;
-      const float s21 = (s19 * s20);
-      const float s22 = (s21 + s18);
-      const float s23 = r5;
-      const float s24 = (s22 / s23);
-      const float s25 = (s24 / s15);
-      const float s26 = (s25 + s2);
-      const float s27 = r6;
-      const float s28 = (s26 * s27);
-      const float s29 = v24p[i0];
-      const float s30 = (s29 - s28);
-      v768p[i0] = s10;
-      v767p[i0] = s22;
-      v24p[i0] = s30;
-    }
-  }
+  loop28(v768.data(), v767.data(), v24.data(), v502.data(), v587.data(), v585.data(), v569.data());
 
   // 1 statements from albert.mesh:109:3 mul (1 of 5)
   MESHRT_TRACE_SITE("albert.mesh:109:3");
@@ -3474,54 +3308,7 @@ void AlbertTrain::runPart5(const Inputs &inputs) {
   support::View v480 = arena_.view(16384, 1024);
   support::View v831(param51_encoder_albert_layer_dense_relu_dense_wi_v); // updated in place
   support::View v830(param50_encoder_albert_layer_dense_relu_dense_wi_m); // updated in place
-  {
-    float *__restrict v831p = v831.data();
-    float *__restrict v830p = v830.data();
-    float *__restrict v43p = v43.data();
-    const float *__restrict v480p = v480.data();
-    const float *__restrict v587p = v587.data();
-    const float *__restrict v585p = v585.data();
-    const float *__restrict v569p = v569.data();
-    const float r3 = v587p[0];
-    const float r5 = v585p[0];
-    const float r6 = v569p[0];
-    for (int64_t i0 = 0; i0 < 1024; ++i0) {
-      const float s0 = v43p[i0];
-      const float s1 = 0.01f;
-      const float s2 = (s0 * s1);
-      const float s3 = v480p[i0];
-      const float s4 = s3 * s3;
-      const float s5 = 0.0009999871f;
-      const float s6 = (s4 * s5);
-      const float s7 = v831p[i0];
-      const float s8 = 0.999f;
-      const float s9 = (s7 * s8);
-      const float s10 = (s9 + s6);
-      const float s11 = r3;
-      const float s12 = (s10 / s11);
-      const float s13 = support::fsqrt(s12);
-      const float s14 = 1e-08f;
-      const float s15 = (s13 + s14);
-      const float s16 = v480p[i0];
-      const float s17 = 0.100000024f;
-      const float s18 = (s16 * s17);
-      const float s19 = v830p[i0];
-      const float s20 = 0.9f;
-      const float s21 = (s19 * s20);
-      const float s22 = (s21 + s18);
-      const float s23 = r5;
-      const float s24 = (s22 / s23);
-      const float s25 = (s24 / s15);
-      const float s26 = (s25 + s2);
-      const float s27 = r6;
-      const float s28 = (s26 * s27);
-      const float s29 = v43p[i0];
-      const float s30 = (s29 - s28);
-      v831p[i0] = s10;
-      v830p[i0] = s22;
-      v43p[i0] = s30;
-    }
-  }
+  loop31(v831.data(), v830.data(), v43.data(), v480.data(), v587.data(), v585.data(), v569.data());
 
   // albert.mesh:109:3 mul
   // albert.mesh:109:3 square
@@ -3544,54 +3331,7 @@ void AlbertTrain::runPart5(const Inputs &inputs) {
   support::View v475 = arena_.view(43392, 32);
   support::View v852(param53_encoder_albert_layer_dense_relu_dense_bi_v); // updated in place
   support::View v851(param52_encoder_albert_layer_dense_relu_dense_bi_m); // updated in place
-  {
-    float *__restrict v852p = v852.data();
-    float *__restrict v851p = v851.data();
-    float *__restrict v44p = v44.data();
-    const float *__restrict v475p = v475.data();
-    const float *__restrict v587p = v587.data();
-    const float *__restrict v585p = v585.data();
-    const float *__restrict v569p = v569.data();
-    const float r3 = v587p[0];
-    const float r5 = v585p[0];
-    const float r6 = v569p[0];
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = v44p[i0];
-      const float s1 = 0.01f;
-      const float s2 = (s0 * s1);
-      const float s3 = v475p[i0];
-      const float s4 = s3 * s3;
-      const float s5 = 0.0009999871f;
-      const float s6 = (s4 * s5);
-      const float s7 = v852p[i0];
-      const float s8 = 0.999f;
-      const float s9 = (s7 * s8);
-      const float s10 = (s9 + s6);
-      const float s11 = r3;
-      const float s12 = (s10 / s11);
-      const float s13 = support::fsqrt(s12);
-      const float s14 = 1e-08f;
-      const float s15 = (s13 + s14);
-      const float s16 = v475p[i0];
-      const float s17 = 0.100000024f;
-      const float s18 = (s16 * s17);
-      const float s19 = v851p[i0];
-      const float s20 = 0.9f;
-      const float s21 = (s19 * s20);
-      const float s22 = (s21 + s18);
-      const float s23 = r5;
-      const float s24 = (s22 / s23);
-      const float s25 = (s24 / s15);
-      const float s26 = (s25 + s2);
-      const float s27 = r6;
-      const float s28 = (s26 * s27);
-      const float s29 = v44p[i0];
-      const float s30 = (s29 - s28);
-      v852p[i0] = s10;
-      v851p[i0] = s22;
-      v44p[i0] = s30;
-    }
-  }
+  loop30(v852.data(), v851.data(), v44.data(), v475.data(), v587.data(), v585.data(), v569.data());
 
   // albert.mesh:109:3 mul
   // albert.mesh:109:3 square
@@ -3614,54 +3354,7 @@ void AlbertTrain::runPart5(const Inputs &inputs) {
   support::View v456 = arena_.view(28672, 1024);
   support::View v873(param55_encoder_albert_layer_dense_relu_dense_wo_v); // updated in place
   support::View v872(param54_encoder_albert_layer_dense_relu_dense_wo_m); // updated in place
-  {
-    float *__restrict v873p = v873.data();
-    float *__restrict v872p = v872.data();
-    float *__restrict v45p = v45.data();
-    const float *__restrict v456p = v456.data();
-    const float *__restrict v587p = v587.data();
-    const float *__restrict v585p = v585.data();
-    const float *__restrict v569p = v569.data();
-    const float r3 = v587p[0];
-    const float r5 = v585p[0];
-    const float r6 = v569p[0];
-    for (int64_t i0 = 0; i0 < 1024; ++i0) {
-      const float s0 = v45p[i0];
-      const float s1 = 0.01f;
-      const float s2 = (s0 * s1);
-      const float s3 = v456p[i0];
-      const float s4 = s3 * s3;
-      const float s5 = 0.0009999871f;
-      const float s6 = (s4 * s5);
-      const float s7 = v873p[i0];
-      const float s8 = 0.999f;
-      const float s9 = (s7 * s8);
-      const float s10 = (s9 + s6);
-      const float s11 = r3;
-      const float s12 = (s10 / s11);
-      const float s13 = support::fsqrt(s12);
-      const float s14 = 1e-08f;
-      const float s15 = (s13 + s14);
-      const float s16 = v456p[i0];
-      const float s17 = 0.100000024f;
-      const float s18 = (s16 * s17);
-      const float s19 = v872p[i0];
-      const float s20 = 0.9f;
-      const float s21 = (s19 * s20);
-      const float s22 = (s21 + s18);
-      const float s23 = r5;
-      const float s24 = (s22 / s23);
-      const float s25 = (s24 / s15);
-      const float s26 = (s25 + s2);
-      const float s27 = r6;
-      const float s28 = (s26 * s27);
-      const float s29 = v45p[i0];
-      const float s30 = (s29 - s28);
-      v873p[i0] = s10;
-      v872p[i0] = s22;
-      v45p[i0] = s30;
-    }
-  }
+  loop31(v873.data(), v872.data(), v45.data(), v456.data(), v587.data(), v585.data(), v569.data());
 
   // 1 statements from albert.mesh:109:3 mul (3 of 5)
   MESHRT_TRACE_SITE("albert.mesh:109:3");
@@ -3708,54 +3401,7 @@ void AlbertTrain::runPart5(const Inputs &inputs) {
   support::View v251 = arena_.view(118784, 512);
   support::View v957(param63_heads_transform_v); // updated in place
   support::View v956(param62_heads_transform_m); // updated in place
-  {
-    float *__restrict v957p = v957.data();
-    float *__restrict v956p = v956.data();
-    float *__restrict v111p = v111.data();
-    const float *__restrict v251p = v251.data();
-    const float *__restrict v587p = v587.data();
-    const float *__restrict v585p = v585.data();
-    const float *__restrict v569p = v569.data();
-    const float r3 = v587p[0];
-    const float r5 = v585p[0];
-    const float r6 = v569p[0];
-    for (int64_t i0 = 0; i0 < 512; ++i0) {
-      const float s0 = v111p[i0];
-      const float s1 = 0.01f;
-      const float s2 = (s0 * s1);
-      const float s3 = v251p[i0];
-      const float s4 = s3 * s3;
-      const float s5 = 0.0009999871f;
-      const float s6 = (s4 * s5);
-      const float s7 = v957p[i0];
-      const float s8 = 0.999f;
-      const float s9 = (s7 * s8);
-      const float s10 = (s9 + s6);
-      const float s11 = r3;
-      const float s12 = (s10 / s11);
-      const float s13 = support::fsqrt(s12);
-      const float s14 = 1e-08f;
-      const float s15 = (s13 + s14);
-      const float s16 = v251p[i0];
-      const float s17 = 0.100000024f;
-      const float s18 = (s16 * s17);
-      const float s19 = v956p[i0];
-      const float s20 = 0.9f;
-      const float s21 = (s19 * s20);
-      const float s22 = (s21 + s18);
-      const float s23 = r5;
-      const float s24 = (s22 / s23);
-      const float s25 = (s24 / s15);
-      const float s26 = (s25 + s2);
-      const float s27 = r6;
-      const float s28 = (s26 * s27);
-      const float s29 = v111p[i0];
-      const float s30 = (s29 - s28);
-      v957p[i0] = s10;
-      v956p[i0] = s22;
-      v111p[i0] = s30;
-    }
-  }
+  loop28(v957.data(), v956.data(), v111.data(), v251.data(), v587.data(), v585.data(), v569.data());
 
   // 1 statements from albert.mesh:109:3 mul (3 of 5)
   MESHRT_TRACE_SITE("albert.mesh:109:3");
@@ -3802,54 +3448,8 @@ void AlbertTrain::runPart5(const Inputs &inputs) {
   support::View v204 = arena_.view(172416, 32);
   support::View v1041(param71_heads_output_bias_v); // updated in place
   support::View v1040(param70_heads_output_bias_m); // updated in place
-  {
-    float *__restrict v1041p = v1041.data();
-    float *__restrict v1040p = v1040.data();
-    float *__restrict v116p = v116.data();
-    const float *__restrict v204p = v204.data();
-    const float *__restrict v587p = v587.data();
-    const float *__restrict v585p = v585.data();
-    const float *__restrict v569p = v569.data();
-    const float r3 = v587p[0];
-    const float r5 = v585p[0];
-    const float r6 = v569p[0];
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = v116p[i0];
-      const float s1 = 0.01f;
-      const float s2 = (s0 * s1);
-      const float s3 = v204p[i0];
-      const float s4 = s3 * s3;
-      const float s5 = 0.0009999871f;
-      const float s6 = (s4 * s5);
-      const float s7 = v1041p[i0];
-      const float s8 = 0.999f;
-      const float s9 = (s7 * s8);
-      const float s10 = (s9 + s6);
-      const float s11 = r3;
-      const float s12 = (s10 / s11);
-      const float s13 = support::fsqrt(s12);
-      const float s14 = 1e-08f;
-      const float s15 = (s13 + s14);
-      const float s16 = v204p[i0];
-      const float s17 = 0.100000024f;
-      const float s18 = (s16 * s17);
-      const float s19 = v1040p[i0];
-      const float s20 = 0.9f;
-      const float s21 = (s19 * s20);
-      const float s22 = (s21 + s18);
-      const float s23 = r5;
-      const float s24 = (s22 / s23);
-      const float s25 = (s24 / s15);
-      const float s26 = (s25 + s2);
-      const float s27 = r6;
-      const float s28 = (s26 * s27);
-      const float s29 = v116p[i0];
-      const float s30 = (s29 - s28);
-      v1041p[i0] = s10;
-      v1040p[i0] = s22;
-      v116p[i0] = s30;
-    }
-  }
+  loop30(v1041.data(), v1040.data(), v116.data(), v204.data(), v587.data(), v585.data(),
+         v569.data());
 
   // albert.mesh:109:3 mul
   // albert.mesh:109:3 square
@@ -3872,54 +3472,8 @@ void AlbertTrain::runPart5(const Inputs &inputs) {
   support::View v201 = arena_.view(114688, 1024);
   support::View v1062(param73_heads_pooler_v); // updated in place
   support::View v1061(param72_heads_pooler_m); // updated in place
-  {
-    float *__restrict v1062p = v1062.data();
-    float *__restrict v1061p = v1061.data();
-    float *__restrict v117p = v117.data();
-    const float *__restrict v201p = v201.data();
-    const float *__restrict v587p = v587.data();
-    const float *__restrict v585p = v585.data();
-    const float *__restrict v569p = v569.data();
-    const float r3 = v587p[0];
-    const float r5 = v585p[0];
-    const float r6 = v569p[0];
-    for (int64_t i0 = 0; i0 < 1024; ++i0) {
-      const float s0 = v117p[i0];
-      const float s1 = 0.01f;
-      const float s2 = (s0 * s1);
-      const float s3 = v201p[i0];
-      const float s4 = s3 * s3;
-      const float s5 = 0.0009999871f;
-      const float s6 = (s4 * s5);
-      const float s7 = v1062p[i0];
-      const float s8 = 0.999f;
-      const float s9 = (s7 * s8);
-      const float s10 = (s9 + s6);
-      const float s11 = r3;
-      const float s12 = (s10 / s11);
-      const float s13 = support::fsqrt(s12);
-      const float s14 = 1e-08f;
-      const float s15 = (s13 + s14);
-      const float s16 = v201p[i0];
-      const float s17 = 0.100000024f;
-      const float s18 = (s16 * s17);
-      const float s19 = v1061p[i0];
-      const float s20 = 0.9f;
-      const float s21 = (s19 * s20);
-      const float s22 = (s21 + s18);
-      const float s23 = r5;
-      const float s24 = (s22 / s23);
-      const float s25 = (s24 / s15);
-      const float s26 = (s25 + s2);
-      const float s27 = r6;
-      const float s28 = (s26 * s27);
-      const float s29 = v117p[i0];
-      const float s30 = (s29 - s28);
-      v1062p[i0] = s10;
-      v1061p[i0] = s22;
-      v117p[i0] = s30;
-    }
-  }
+  loop31(v1062.data(), v1061.data(), v117.data(), v201.data(), v587.data(), v585.data(),
+         v569.data());
 
   // albert.mesh:109:3 mul
   // albert.mesh:109:3 square
@@ -3942,54 +3496,8 @@ void AlbertTrain::runPart5(const Inputs &inputs) {
   support::View v199 = arena_.view(172288, 32);
   support::View v1083(param75_heads_pooler_bias_v); // updated in place
   support::View v1082(param74_heads_pooler_bias_m); // updated in place
-  {
-    float *__restrict v1083p = v1083.data();
-    float *__restrict v1082p = v1082.data();
-    float *__restrict v118p = v118.data();
-    const float *__restrict v199p = v199.data();
-    const float *__restrict v587p = v587.data();
-    const float *__restrict v585p = v585.data();
-    const float *__restrict v569p = v569.data();
-    const float r3 = v587p[0];
-    const float r5 = v585p[0];
-    const float r6 = v569p[0];
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = v118p[i0];
-      const float s1 = 0.01f;
-      const float s2 = (s0 * s1);
-      const float s3 = v199p[i0];
-      const float s4 = s3 * s3;
-      const float s5 = 0.0009999871f;
-      const float s6 = (s4 * s5);
-      const float s7 = v1083p[i0];
-      const float s8 = 0.999f;
-      const float s9 = (s7 * s8);
-      const float s10 = (s9 + s6);
-      const float s11 = r3;
-      const float s12 = (s10 / s11);
-      const float s13 = support::fsqrt(s12);
-      const float s14 = 1e-08f;
-      const float s15 = (s13 + s14);
-      const float s16 = v199p[i0];
-      const float s17 = 0.100000024f;
-      const float s18 = (s16 * s17);
-      const float s19 = v1082p[i0];
-      const float s20 = 0.9f;
-      const float s21 = (s19 * s20);
-      const float s22 = (s21 + s18);
-      const float s23 = r5;
-      const float s24 = (s22 / s23);
-      const float s25 = (s24 / s15);
-      const float s26 = (s25 + s2);
-      const float s27 = r6;
-      const float s28 = (s26 * s27);
-      const float s29 = v118p[i0];
-      const float s30 = (s29 - s28);
-      v1083p[i0] = s10;
-      v1082p[i0] = s22;
-      v118p[i0] = s30;
-    }
-  }
+  loop30(v1083.data(), v1082.data(), v118.data(), v199.data(), v587.data(), v585.data(),
+         v569.data());
 
   // albert.mesh:109:3 mul
   // albert.mesh:109:3 square
@@ -4012,54 +3520,8 @@ void AlbertTrain::runPart5(const Inputs &inputs) {
   support::View v195 = arena_.view(172032, 64);
   support::View v1104(param77_heads_classifier_v); // updated in place
   support::View v1103(param76_heads_classifier_m); // updated in place
-  {
-    float *__restrict v1104p = v1104.data();
-    float *__restrict v1103p = v1103.data();
-    float *__restrict v119p = v119.data();
-    const float *__restrict v195p = v195.data();
-    const float *__restrict v587p = v587.data();
-    const float *__restrict v585p = v585.data();
-    const float *__restrict v569p = v569.data();
-    const float r3 = v587p[0];
-    const float r5 = v585p[0];
-    const float r6 = v569p[0];
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = v119p[i0];
-      const float s1 = 0.01f;
-      const float s2 = (s0 * s1);
-      const float s3 = v195p[i0];
-      const float s4 = s3 * s3;
-      const float s5 = 0.0009999871f;
-      const float s6 = (s4 * s5);
-      const float s7 = v1104p[i0];
-      const float s8 = 0.999f;
-      const float s9 = (s7 * s8);
-      const float s10 = (s9 + s6);
-      const float s11 = r3;
-      const float s12 = (s10 / s11);
-      const float s13 = support::fsqrt(s12);
-      const float s14 = 1e-08f;
-      const float s15 = (s13 + s14);
-      const float s16 = v195p[i0];
-      const float s17 = 0.100000024f;
-      const float s18 = (s16 * s17);
-      const float s19 = v1103p[i0];
-      const float s20 = 0.9f;
-      const float s21 = (s19 * s20);
-      const float s22 = (s21 + s18);
-      const float s23 = r5;
-      const float s24 = (s22 / s23);
-      const float s25 = (s24 / s15);
-      const float s26 = (s25 + s2);
-      const float s27 = r6;
-      const float s28 = (s26 * s27);
-      const float s29 = v119p[i0];
-      const float s30 = (s29 - s28);
-      v1104p[i0] = s10;
-      v1103p[i0] = s22;
-      v119p[i0] = s30;
-    }
-  }
+  loop32(v1104.data(), v1103.data(), v119.data(), v195.data(), v587.data(), v585.data(),
+         v569.data());
 }
 
 void AlbertTrain::repeated0(
@@ -4084,116 +3546,46 @@ void AlbertTrain::repeated0(
 
   // encoder_layers.mesh:19:46 mul
   MESHRT_TRACE("loop", "encoder_layers.mesh:19:46", "backward");
-  {
-    float *__restrict a2p = a2.data();
-    const float *__restrict a0p = a0.data();
-    const float *__restrict a1p = a1.data();
-    for (int64_t i0 = 0; i0 < 1024; ++i0) {
-      const float s0 = a0p[i0];
-      const float s1 = a1p[i0];
-      const float s2 = (s0 * s1);
-      a2p[i0] = s2;
-    }
-  }
+  loop11(a2.data(), a0.data(), a1.data());
 
   // encoder_layers.mesh:19:46 sum
   MESHRT_TRACE("sum", "encoder_layers.mesh:19:46", "backward");
-  static const support::Shape shape1_1 = {32};
-  static const support::Shape shape1_3 = {1};
-  static const support::Shape shape1_4 = {2, 16};
-  static const support::Shape shape1_5 = {512, 32};
-  support::reduce(a3.data(), shape1_1, a2.data(), shape1_3, shape1_4, shape1_5,
-                  support::Reduce::Sum, 1.0);
+  support::reduce(a3.data(), kShape10, a2.data(), kShape6, kShape3, kShape14, support::Reduce::Sum,
+                  1.0);
 
   // encoder_layers.mesh:19:10 mean
   MESHRT_TRACE("mean", "encoder_layers.mesh:19:10", "backward");
-  static const support::Shape shape2_1 = {2, 16};
-  static const support::Shape shape2_3 = {512, 32};
-  static const support::Shape shape2_4 = {32};
-  static const support::Shape shape2_5 = {1};
-  support::reduce(a4.data(), shape2_1, a5.data(), shape2_3, shape2_4, shape2_5,
-                  support::Reduce::Sum, 0.03125);
+  support::reduce(a4.data(), kShape3, a5.data(), kShape14, kShape10, kShape6, support::Reduce::Sum,
+                  0.03125);
 
   // encoder_layers.mesh:19:10 sub
   // encoder_layers.mesh:19:10 square
   MESHRT_TRACE("loop", "encoder_layers.mesh:19:10", "backward");
-  {
-    float *__restrict a6p = a6.data();
-    const float *__restrict a5p = a5.data();
-    const float *__restrict a4p = a4.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = a5p[i0 * 32 + i1];
-        const float s1 = a4p[i0];
-        const float s2 = (s0 - s1);
-        const float s3 = s2 * s2;
-        a6p[i0 * 32 + i1] = s3;
-      }
-    }
-  }
+  loop33(a6.data(), a5.data(), a4.data());
 
   // encoder_layers.mesh:19:10 mean
   MESHRT_TRACE("mean", "encoder_layers.mesh:19:10", "backward");
-  static const support::Shape shape4_1 = {2, 16};
-  static const support::Shape shape4_3 = {512, 32};
-  static const support::Shape shape4_4 = {32};
-  static const support::Shape shape4_5 = {1};
-  support::reduce(a7.data(), shape4_1, a6.data(), shape4_3, shape4_4, shape4_5,
-                  support::Reduce::Sum, 0.03125);
+  support::reduce(a7.data(), kShape3, a6.data(), kShape14, kShape10, kShape6, support::Reduce::Sum,
+                  0.03125);
 
   // encoder_layers.mesh:19:10 add
   // encoder_layers.mesh:19:10 rsqrt
   MESHRT_TRACE("loop", "encoder_layers.mesh:19:10", "backward");
-  {
-    float *__restrict a8p = a8.data();
-    const float *__restrict a7p = a7.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = a7p[i0];
-      const float s1 = 1e-12f;
-      const float s2 = (s0 + s1);
-      const float s3 = 1.0f / support::fsqrt(s2);
-      a8p[i0] = s3;
-    }
-  }
+  loop34(a8.data(), a7.data());
 
   // encoder_layers.mesh:19:46 mul
   // encoder_layers.mesh:19:10 mul
   MESHRT_TRACE("loop", "encoder_layers.mesh:19:46", "backward");
-  {
-    float *__restrict a10p = a10.data();
-    float *__restrict a11p = a11.data();
-    const float *__restrict a0p = a0.data();
-    const float *__restrict a9p = a9.data();
-    const float *__restrict a1p = a1.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = a0p[i0 * 32 + i1];
-        const float s1 = a9p[i1];
-        const float s2 = (s0 * s1);
-        const float s3 = a1p[i0 * 32 + i1];
-        const float s4 = (s2 * s3);
-        a10p[i0 * 32 + i1] = s2;
-        a11p[i0 * 32 + i1] = s4;
-      }
-    }
-  }
+  loop35(a10.data(), a11.data(), a0.data(), a9.data(), a1.data());
 
   // encoder_layers.mesh:19:10 mean
   MESHRT_TRACE("mean", "encoder_layers.mesh:19:10", "backward");
-  static const support::Shape shape7_1 = {2, 16};
-  static const support::Shape shape7_3 = {512, 32};
-  static const support::Shape shape7_4 = {32};
-  static const support::Shape shape7_5 = {1};
-  support::reduce(a12.data(), shape7_1, a11.data(), shape7_3, shape7_4, shape7_5,
+  support::reduce(a12.data(), kShape3, a11.data(), kShape14, kShape10, kShape6,
                   support::Reduce::Sum, 0.03125);
 
   // encoder_layers.mesh:19:10 mean
   MESHRT_TRACE("mean", "encoder_layers.mesh:19:10", "backward");
-  static const support::Shape shape8_1 = {2, 16};
-  static const support::Shape shape8_3 = {512, 32};
-  static const support::Shape shape8_4 = {32};
-  static const support::Shape shape8_5 = {1};
-  support::reduce(a13.data(), shape8_1, a10.data(), shape8_3, shape8_4, shape8_5,
+  support::reduce(a13.data(), kShape3, a10.data(), kShape14, kShape10, kShape6,
                   support::Reduce::Sum, 0.03125);
 
   // encoder_layers.mesh:19:10 mul
@@ -4201,51 +3593,22 @@ void AlbertTrain::repeated0(
   // encoder_layers.mesh:19:10 sub
   // encoder_layers.mesh:19:10 mul
   MESHRT_TRACE("loop", "encoder_layers.mesh:19:10", "backward");
-  {
-    float *__restrict a14p = a14.data();
-    const float *__restrict a1p = a1.data();
-    const float *__restrict a12p = a12.data();
-    const float *__restrict a10p = a10.data();
-    const float *__restrict a13p = a13.data();
-    const float *__restrict a8p = a8.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = a1p[i0 * 32 + i1];
-        const float s1 = a12p[i0];
-        const float s2 = (s0 * s1);
-        const float s3 = a10p[i0 * 32 + i1];
-        const float s4 = a13p[i0];
-        const float s5 = (s3 - s4);
-        const float s6 = (s5 - s2);
-        const float s7 = a8p[i0];
-        const float s8 = (s6 * s7);
-        a14p[i0 * 32 + i1] = s8;
-      }
-    }
-  }
+  loop36(a14.data(), a1.data(), a12.data(), a10.data(), a13.data(), a8.data());
 
   // encoder_layers.mesh:46:50 sum
   MESHRT_TRACE("sum", "encoder_layers.mesh:46:50", "backward");
-  static const support::Shape shape10_1 = {32};
-  static const support::Shape shape10_3 = {1};
-  static const support::Shape shape10_4 = {2, 16};
-  static const support::Shape shape10_5 = {512, 32};
-  support::reduce(a15.data(), shape10_1, a14.data(), shape10_3, shape10_4, shape10_5,
+  support::reduce(a15.data(), kShape10, a14.data(), kShape6, kShape3, kShape14,
                   support::Reduce::Sum, 1.0);
 
   // encoder_layers.mesh:46:10 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:46:10", "backward");
   // dims: batch, length, d_model, d_ff
-  static const meshrt::kernels::EinsumPlan einsumPlan11(
-      {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan11.run(a14.data(), a16.data(), a17.data(), 1.0f, 0.0f);
+  kEinsum17.plan().run(a14.data(), a16.data(), a17.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:46:10 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:46:10", "backward");
   // dims: batch, length, d_model, d_ff
-  static const meshrt::kernels::EinsumPlan einsumPlan12(
-      {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
-  einsumPlan12.run(a14.data(), a18.data(), a19.data(), 1.0f, 0.0f);
+  kEinsum18.plan().run(a14.data(), a18.data(), a19.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:45:11 square
   // encoder_layers.mesh:45:11 mul
@@ -4265,60 +3628,17 @@ void AlbertTrain::repeated0(
   // encoder_layers.mesh:45:11 add
   // encoder_layers.mesh:45:11 mul
   MESHRT_TRACE("loop", "encoder_layers.mesh:45:11", "backward");
-  {
-    float *__restrict a21p = a21.data();
-    const float *__restrict a20p = a20.data();
-    const float *__restrict a17p = a17.data();
-    for (int64_t i0 = 0; i0 < 1024; ++i0) {
-      const float s0 = a20p[i0];
-      const float s1 = s0 * s0;
-      const float s2 = a20p[i0];
-      const float s3 = (s2 * s1);
-      const float s4 = 0.044715f;
-      const float s5 = (s3 * s4);
-      const float s6 = a20p[i0];
-      const float s7 = (s6 + s5);
-      const float s8 = 0.7978846f;
-      const float s9 = (s7 * s8);
-      const float s10 = support::ftanh(s9);
-      const float s11 = 1.0f;
-      const float s12 = (s10 + s11);
-      const float s13 = 0.5f;
-      const float s14 = (s12 * s13);
-      const float s15 = 0.134145f;
-      const float s16 = (s1 * s15);
-      const float s17 = 1.0f;
-      const float s18 = (s16 + s17);
-      const float s19 = s10 * s10;
-      const float s20 = 1.0f;
-      const float s21 = (s20 - s19);
-      const float s22 = a20p[i0];
-      const float s23 = (s22 * s21);
-      const float s24 = (s23 * s18);
-      const float s25 = 0.3989423f;
-      const float s26 = (s24 * s25);
-      const float s27 = (s14 + s26);
-      const float s28 = a17p[i0];
-      const float s29 = (s28 * s27);
-      a21p[i0] = s29;
-    }
-  }
+  loop22(a21.data(), a20.data(), a17.data());
 
   // encoder_layers.mesh:45:53 sum
   MESHRT_TRACE("sum", "encoder_layers.mesh:45:53", "backward");
-  static const support::Shape shape14_1 = {32};
-  static const support::Shape shape14_3 = {1};
-  static const support::Shape shape14_4 = {2, 16};
-  static const support::Shape shape14_5 = {512, 32};
-  support::reduce(a22.data(), shape14_1, a21.data(), shape14_3, shape14_4, shape14_5,
+  support::reduce(a22.data(), kShape10, a21.data(), kShape6, kShape3, kShape14,
                   support::Reduce::Sum, 1.0);
 
   // encoder_layers.mesh:45:16 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:45:16", "backward");
   // dims: batch, length, d_ff, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan15(
-      {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan15.run(a21.data(), a23.data(), a24.data(), 1.0f, 0.0f);
+  kEinsum17.plan().run(a21.data(), a23.data(), a24.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:45:16 all_reduce_sum (resolve the partial sum of %280 over model for add at
   // 45:16)
@@ -4327,146 +3647,60 @@ void AlbertTrain::repeated0(
 
   // encoder_layers.mesh:45:16 add
   MESHRT_TRACE("loop", "encoder_layers.mesh:45:16", "backward");
-  {
-    float *__restrict a25p = a25.data();
-    const float *__restrict a14p = a14.data();
-    const float *__restrict a24p = a24.data();
-    for (int64_t i0 = 0; i0 < 1024; ++i0) {
-      const float s0 = a14p[i0];
-      const float s1 = a24p[i0];
-      const float s2 = (s0 + s1);
-      a25p[i0] = s2;
-    }
-  }
+  loop6(a25.data(), a14.data(), a24.data());
 
   // encoder_layers.mesh:45:16 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:45:16", "backward");
   // dims: batch, length, d_ff, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan18(
-      {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
-  einsumPlan18.run(a21.data(), a26.data(), a27.data(), 1.0f, 0.0f);
+  kEinsum18.plan().run(a21.data(), a26.data(), a27.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:19:53 sum
   MESHRT_TRACE("sum", "encoder_layers.mesh:19:53", "backward");
-  static const support::Shape shape19_1 = {32};
-  static const support::Shape shape19_3 = {1};
-  static const support::Shape shape19_4 = {2, 16};
-  static const support::Shape shape19_5 = {512, 32};
-  support::reduce(a28.data(), shape19_1, a25.data(), shape19_3, shape19_4, shape19_5,
+  support::reduce(a28.data(), kShape10, a25.data(), kShape6, kShape3, kShape14,
                   support::Reduce::Sum, 1.0);
 
   // encoder_layers.mesh:19:46 mul
   MESHRT_TRACE("loop", "encoder_layers.mesh:19:46", "backward");
-  {
-    float *__restrict a30p = a30.data();
-    const float *__restrict a25p = a25.data();
-    const float *__restrict a29p = a29.data();
-    for (int64_t i0 = 0; i0 < 1024; ++i0) {
-      const float s0 = a25p[i0];
-      const float s1 = a29p[i0];
-      const float s2 = (s0 * s1);
-      a30p[i0] = s2;
-    }
-  }
+  loop11(a30.data(), a25.data(), a29.data());
 
   // encoder_layers.mesh:19:46 sum
   MESHRT_TRACE("sum", "encoder_layers.mesh:19:46", "backward");
-  static const support::Shape shape21_1 = {32};
-  static const support::Shape shape21_3 = {1};
-  static const support::Shape shape21_4 = {2, 16};
-  static const support::Shape shape21_5 = {512, 32};
-  support::reduce(a31.data(), shape21_1, a30.data(), shape21_3, shape21_4, shape21_5,
+  support::reduce(a31.data(), kShape10, a30.data(), kShape6, kShape3, kShape14,
                   support::Reduce::Sum, 1.0);
 
   // encoder_layers.mesh:19:10 mean
   MESHRT_TRACE("mean", "encoder_layers.mesh:19:10", "backward");
-  static const support::Shape shape22_1 = {2, 16};
-  static const support::Shape shape22_3 = {512, 32};
-  static const support::Shape shape22_4 = {32};
-  static const support::Shape shape22_5 = {1};
-  support::reduce(a32.data(), shape22_1, a33.data(), shape22_3, shape22_4, shape22_5,
+  support::reduce(a32.data(), kShape3, a33.data(), kShape14, kShape10, kShape6,
                   support::Reduce::Sum, 0.03125);
 
   // encoder_layers.mesh:19:10 sub
   // encoder_layers.mesh:19:10 square
   MESHRT_TRACE("loop", "encoder_layers.mesh:19:10", "backward");
-  {
-    float *__restrict a34p = a34.data();
-    const float *__restrict a33p = a33.data();
-    const float *__restrict a32p = a32.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = a33p[i0 * 32 + i1];
-        const float s1 = a32p[i0];
-        const float s2 = (s0 - s1);
-        const float s3 = s2 * s2;
-        a34p[i0 * 32 + i1] = s3;
-      }
-    }
-  }
+  loop33(a34.data(), a33.data(), a32.data());
 
   // encoder_layers.mesh:19:10 mean
   MESHRT_TRACE("mean", "encoder_layers.mesh:19:10", "backward");
-  static const support::Shape shape24_1 = {2, 16};
-  static const support::Shape shape24_3 = {512, 32};
-  static const support::Shape shape24_4 = {32};
-  static const support::Shape shape24_5 = {1};
-  support::reduce(a35.data(), shape24_1, a34.data(), shape24_3, shape24_4, shape24_5,
+  support::reduce(a35.data(), kShape3, a34.data(), kShape14, kShape10, kShape6,
                   support::Reduce::Sum, 0.03125);
 
   // encoder_layers.mesh:19:10 add
   // encoder_layers.mesh:19:10 rsqrt
   MESHRT_TRACE("loop", "encoder_layers.mesh:19:10", "backward");
-  {
-    float *__restrict a36p = a36.data();
-    const float *__restrict a35p = a35.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = a35p[i0];
-      const float s1 = 1e-12f;
-      const float s2 = (s0 + s1);
-      const float s3 = 1.0f / support::fsqrt(s2);
-      a36p[i0] = s3;
-    }
-  }
+  loop34(a36.data(), a35.data());
 
   // encoder_layers.mesh:19:46 mul
   // encoder_layers.mesh:19:10 mul
   MESHRT_TRACE("loop", "encoder_layers.mesh:19:46", "backward");
-  {
-    float *__restrict a38p = a38.data();
-    float *__restrict a39p = a39.data();
-    const float *__restrict a25p = a25.data();
-    const float *__restrict a37p = a37.data();
-    const float *__restrict a29p = a29.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = a25p[i0 * 32 + i1];
-        const float s1 = a37p[i1];
-        const float s2 = (s0 * s1);
-        const float s3 = a29p[i0 * 32 + i1];
-        const float s4 = (s2 * s3);
-        a38p[i0 * 32 + i1] = s2;
-        a39p[i0 * 32 + i1] = s4;
-      }
-    }
-  }
+  loop35(a38.data(), a39.data(), a25.data(), a37.data(), a29.data());
 
   // encoder_layers.mesh:19:10 mean
   MESHRT_TRACE("mean", "encoder_layers.mesh:19:10", "backward");
-  static const support::Shape shape27_1 = {2, 16};
-  static const support::Shape shape27_3 = {512, 32};
-  static const support::Shape shape27_4 = {32};
-  static const support::Shape shape27_5 = {1};
-  support::reduce(a40.data(), shape27_1, a39.data(), shape27_3, shape27_4, shape27_5,
+  support::reduce(a40.data(), kShape3, a39.data(), kShape14, kShape10, kShape6,
                   support::Reduce::Sum, 0.03125);
 
   // encoder_layers.mesh:19:10 mean
   MESHRT_TRACE("mean", "encoder_layers.mesh:19:10", "backward");
-  static const support::Shape shape28_1 = {2, 16};
-  static const support::Shape shape28_3 = {512, 32};
-  static const support::Shape shape28_4 = {32};
-  static const support::Shape shape28_5 = {1};
-  support::reduce(a41.data(), shape28_1, a38.data(), shape28_3, shape28_4, shape28_5,
+  support::reduce(a41.data(), kShape3, a38.data(), kShape14, kShape10, kShape6,
                   support::Reduce::Sum, 0.03125);
 
   // encoder_layers.mesh:19:10 mul
@@ -4474,137 +3708,67 @@ void AlbertTrain::repeated0(
   // encoder_layers.mesh:19:10 sub
   // encoder_layers.mesh:19:10 mul
   MESHRT_TRACE("loop", "encoder_layers.mesh:19:10", "backward");
-  {
-    float *__restrict a42p = a42.data();
-    const float *__restrict a29p = a29.data();
-    const float *__restrict a40p = a40.data();
-    const float *__restrict a38p = a38.data();
-    const float *__restrict a41p = a41.data();
-    const float *__restrict a36p = a36.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = a29p[i0 * 32 + i1];
-        const float s1 = a40p[i0];
-        const float s2 = (s0 * s1);
-        const float s3 = a38p[i0 * 32 + i1];
-        const float s4 = a41p[i0];
-        const float s5 = (s3 - s4);
-        const float s6 = (s5 - s2);
-        const float s7 = a36p[i0];
-        const float s8 = (s6 * s7);
-        a42p[i0 * 32 + i1] = s8;
-      }
-    }
-  }
+  loop36(a42.data(), a29.data(), a40.data(), a38.data(), a41.data(), a36.data());
 
   // encoder_layers.mesh:35:10 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:35:10", "backward");
   // dims: batch, length, d_model, heads, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan30(
-      {{2, 16, 32, 2, 8}, {{{0, 1, 2}, {}}, {{3, 4, 2}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan30.run(a42.data(), a43.data(), a44.data(), 1.0f, 0.0f);
+  kEinsum19.plan().run(a42.data(), a43.data(), a44.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:35:10 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:35:10", "backward");
   // dims: batch, length, d_model, heads, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan31(
-      {{2, 16, 32, 2, 8}, {{{0, 1, 2}, {}}, {{0, 1, 3, 4}, {}}}, {{3, 4, 2}, {}}});
-  einsumPlan31.run(a42.data(), a45.data(), a46.data(), 1.0f, 0.0f);
+  kEinsum20.plan().run(a42.data(), a45.data(), a46.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:34:17 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:34:17", "backward");
   // dims: batch, length, heads, d_kv, memory_length
-  static const meshrt::kernels::EinsumPlan einsumPlan32(
-      {{2, 16, 2, 8, 16}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
-  einsumPlan32.run(a44.data(), a47.data(), a48.data(), 1.0f, 0.0f);
+  kEinsum5.plan().run(a44.data(), a47.data(), a48.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:34:17 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:34:17", "backward");
   // dims: batch, length, heads, d_kv, memory_length
-  static const meshrt::kernels::EinsumPlan einsumPlan33(
-      {{2, 16, 2, 8, 16}, {{{0, 1, 2, 3}, {}}, {{0, 2, 1, 4}, {}}}, {{0, 4, 2, 3}, {}}});
-  einsumPlan33.run(a44.data(), a49.data(), a50.data(), 1.0f, 0.0f);
+  kEinsum21.plan().run(a44.data(), a49.data(), a50.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:33:17 mul
   MESHRT_TRACE("loop", "encoder_layers.mesh:33:17", "backward");
-  {
-    float *__restrict a51p = a51.data();
-    const float *__restrict a48p = a48.data();
-    const float *__restrict a49p = a49.data();
-    for (int64_t i0 = 0; i0 < 1024; ++i0) {
-      const float s0 = a48p[i0];
-      const float s1 = a49p[i0];
-      const float s2 = (s0 * s1);
-      a51p[i0] = s2;
-    }
-  }
+  loop11(a51.data(), a48.data(), a49.data());
 
   // encoder_layers.mesh:33:17 sum
   MESHRT_TRACE("sum", "encoder_layers.mesh:33:17", "backward");
-  static const support::Shape shape35_1 = {2, 2, 16};
-  static const support::Shape shape35_3 = {512, 256, 16};
-  static const support::Shape shape35_4 = {16};
-  static const support::Shape shape35_5 = {1};
-  support::reduce(a52.data(), shape35_1, a51.data(), shape35_3, shape35_4, shape35_5,
+  support::reduce(a52.data(), kShape12, a51.data(), kShape13, kShape5, kShape6,
                   support::Reduce::Sum, 1.0);
 
   // encoder_layers.mesh:33:17 sub
   // encoder_layers.mesh:33:17 mul
   // encoder_layers.mesh:32:77 mul
   MESHRT_TRACE("loop", "encoder_layers.mesh:33:17", "backward");
-  {
-    float *__restrict a53p = a53.data();
-    const float *__restrict a48p = a48.data();
-    const float *__restrict a52p = a52.data();
-    const float *__restrict a49p = a49.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      for (int64_t i1 = 0; i1 < 16; ++i1) {
-        const float s0 = a48p[i0 * 16 + i1];
-        const float s1 = a52p[i0];
-        const float s2 = (s0 - s1);
-        const float s3 = a49p[i0 * 16 + i1];
-        const float s4 = (s3 * s2);
-        const float s5 = 0.35355f;
-        const float s6 = (s4 * s5);
-        a53p[i0 * 16 + i1] = s6;
-      }
-    }
-  }
+  loop24(a53.data(), a48.data(), a52.data(), a49.data());
 
   // encoder_layers.mesh:32:16 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:32:16", "backward");
   // dims: batch, heads, length, memory_length, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan37(
-      {{2, 2, 16, 16, 8}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 2, 1, 4}, {}}});
-  einsumPlan37.run(a53.data(), a54.data(), a55.data(), 1.0f, 0.0f);
+  kEinsum6.plan().run(a53.data(), a54.data(), a55.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:32:16 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:32:16", "backward");
   // dims: batch, heads, length, memory_length, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan38(
-      {{2, 2, 16, 16, 8}, {{{0, 1, 2, 3}, {}}, {{0, 2, 1, 4}, {}}}, {{0, 3, 1, 4}, {}}});
-  einsumPlan38.run(a53.data(), a56.data(), a57.data(), 1.0f, 0.0f);
+  kEinsum22.plan().run(a53.data(), a56.data(), a57.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:30:23 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:30:23", "backward");
   // dims: batch, length, heads, d_kv, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan39(
-      {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
-  einsumPlan39.run(a50.data(), a58.data(), a59.data(), 1.0f, 0.0f);
+  kEinsum23.plan().run(a50.data(), a58.data(), a59.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:29:21 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:29:21", "backward");
   // dims: batch, length, heads, d_kv, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan40(
-      {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
-  einsumPlan40.run(a57.data(), a60.data(), a61.data(), 1.0f, 0.0f);
+  kEinsum23.plan().run(a57.data(), a60.data(), a61.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:28:17 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:28:17", "backward");
   // dims: batch, length, heads, d_kv, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan41(
-      {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
-  einsumPlan41.run(a55.data(), a62.data(), a63.data(), 1.0f, 0.0f);
+  kEinsum23.plan().run(a55.data(), a62.data(), a63.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:30:23 bucketed_all_reduce_sum (resolve the partial sum of %312 over model
   // for add at 30:23; merged with 2 more partial sums over model (%330, %334): 12.0 KiB in one
@@ -4615,16 +3779,12 @@ void AlbertTrain::repeated0(
   // encoder_layers.mesh:30:23 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:30:23", "backward");
   // dims: batch, length, heads, d_kv, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan43(
-      {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
-  einsumPlan43.run(a50.data(), a64.data(), a65.data(), 1.0f, 0.0f);
+  kEinsum24.plan().run(a50.data(), a64.data(), a65.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:29:21 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:29:21", "backward");
   // dims: batch, length, heads, d_kv, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan44(
-      {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
-  einsumPlan44.run(a57.data(), a64.data(), a66.data(), 1.0f, 0.0f);
+  kEinsum24.plan().run(a57.data(), a64.data(), a66.data(), 1.0f, 0.0f);
 
   MESHRT_TRACE_SITE("encoder_layers.mesh:30:23");
   group_model.wait(request2);
@@ -4633,38 +3793,16 @@ void AlbertTrain::repeated0(
   // encoder_layers.mesh:29:21 add
   // encoder_layers.mesh:28:17 add
   MESHRT_TRACE("loop", "encoder_layers.mesh:30:23", "backward");
-  {
-    float *__restrict a67p = a67.data();
-    const float *__restrict a42p = a42.data();
-    const float *__restrict a59p = a59.data();
-    const float *__restrict a61p = a61.data();
-    const float *__restrict a63p = a63.data();
-    for (int64_t i0 = 0; i0 < 1024; ++i0) {
-      const float s0 = a42p[i0];
-      const float s1 = a59p[i0];
-      const float s2 = (s0 + s1);
-      const float s3 = a61p[i0];
-      const float s4 = (s2 + s3);
-      const float s5 = a63p[i0];
-      const float s6 = (s4 + s5);
-      a67p[i0] = s6;
-    }
-  }
+  loop25(a67.data(), a42.data(), a59.data(), a61.data(), a63.data());
 
   // encoder_layers.mesh:28:17 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:28:17", "backward");
   // dims: batch, length, heads, d_kv, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan47(
-      {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
-  einsumPlan47.run(a55.data(), a64.data(), a68.data(), 1.0f, 0.0f);
+  kEinsum24.plan().run(a55.data(), a64.data(), a68.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:19:53 sum
   MESHRT_TRACE("sum", "encoder_layers.mesh:19:53", "backward");
-  static const support::Shape shape48_1 = {32};
-  static const support::Shape shape48_3 = {1};
-  static const support::Shape shape48_4 = {2, 16};
-  static const support::Shape shape48_5 = {512, 32};
-  support::reduce(a69.data(), shape48_1, a67.data(), shape48_3, shape48_4, shape48_5,
+  support::reduce(a69.data(), kShape10, a67.data(), kShape6, kShape3, kShape14,
                   support::Reduce::Sum, 1.0);
 }
 
@@ -4683,56 +3821,38 @@ void AlbertTrain::repeated1(support::ConstView a0, support::ConstView a1, suppor
   // encoder_layers.mesh:28:17 einsum -> queries
   MESHRT_TRACE("gemm", "encoder_layers.mesh:28:17", "forward");
   // dims: batch, length, d_model, heads, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan0(
-      {{2, 16, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan0.run(a0.data(), a1.data(), a2.data(), 1.0f, 0.0f);
+  kEinsum4.plan().run(a0.data(), a1.data(), a2.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:29:21 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:29:21", "forward");
   // dims: batch, length, d_model, heads, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan1(
-      {{2, 16, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan1.run(a0.data(), a3.data(), a4.data(), 1.0f, 0.0f);
+  kEinsum4.plan().run(a0.data(), a3.data(), a4.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:30:23 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:30:23", "forward");
   // dims: batch, length, d_model, heads, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan2(
-      {{2, 16, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan2.run(a0.data(), a5.data(), a6.data(), 1.0f, 0.0f);
+  kEinsum4.plan().run(a0.data(), a5.data(), a6.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:32:16 einsum
   // encoder_layers.mesh:32:77 mul -> logits
   MESHRT_TRACE("gemm", "encoder_layers.mesh:32:16", "forward");
   // dims: batch, length, heads, d_kv, memory_length
-  static const meshrt::kernels::EinsumPlan einsumPlan3(
-      {{2, 16, 2, 8, 16}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
-  einsumPlan3.run(a2.data(), a4.data(), a7.data(), 0.35355f, 0.0f);
+  kEinsum5.plan().run(a2.data(), a4.data(), a7.data(), 0.35355f, 0.0f);
 
   // encoder_layers.mesh:33:17 softmax -> weights
   MESHRT_TRACE("softmax", "encoder_layers.mesh:33:17", "forward");
-  static const support::Shape shape4_2 = {2, 2, 16};
-  static const support::Shape shape4_3 = {512, 256, 16};
-  static const support::Shape shape4_4 = {512, 256, 16};
-  static const support::Shape shape4_5 = {16};
-  static const support::Shape shape4_6 = {1};
-  static const support::Shape shape4_7 = {1};
-  support::along(a8.data(), a7.data(), shape4_2, shape4_3, shape4_4, shape4_5, shape4_6, shape4_7,
+  support::along(a8.data(), a7.data(), kShape12, kShape13, kShape13, kShape5, kShape6, kShape6,
                  support::Along::Softmax, 1e-05, 16, nullptr);
 
   // encoder_layers.mesh:34:17 einsum -> context
   MESHRT_TRACE("gemm", "encoder_layers.mesh:34:17", "forward");
   // dims: batch, heads, length, memory_length, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan5(
-      {{2, 2, 16, 16, 8}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 2, 1, 4}, {}}});
-  einsumPlan5.run(a8.data(), a6.data(), a9.data(), 1.0f, 0.0f);
+  kEinsum6.plan().run(a8.data(), a6.data(), a9.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:35:10 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:35:10", "forward");
   // dims: batch, length, heads, d_kv, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan6(
-      {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 4}, {}}});
-  einsumPlan6.run(a9.data(), a10.data(), a11.data(), 1.0f, 0.0f);
+  kEinsum7.plan().run(a9.data(), a10.data(), a11.data(), 1.0f, 0.0f);
 
   // albert.mesh:34:18 all_reduce_sum (resolve the partial sum of %34 over model for add at 34:18)
   MESHRT_TRACE_SITE("albert.mesh:34:18");
@@ -4740,82 +3860,32 @@ void AlbertTrain::repeated1(support::ConstView a0, support::ConstView a1, suppor
 
   // albert.mesh:34:18 add
   MESHRT_TRACE("loop", "albert.mesh:34:18", "forward");
-  {
-    float *__restrict a12p = a12.data();
-    const float *__restrict a0p = a0.data();
-    const float *__restrict a11p = a11.data();
-    for (int64_t i0 = 0; i0 < 1024; ++i0) {
-      const float s0 = a0p[i0];
-      const float s1 = a11p[i0];
-      const float s2 = (s0 + s1);
-      a12p[i0] = s2;
-    }
-  }
+  loop6(a12.data(), a0.data(), a11.data());
 
   // encoder_layers.mesh:19:10 layer_norm
   MESHRT_TRACE("layer_norm", "encoder_layers.mesh:19:10", "forward");
-  static const support::Shape shape9_2 = {2, 16};
-  static const support::Shape shape9_3 = {512, 32};
-  static const support::Shape shape9_4 = {512, 32};
-  static const support::Shape shape9_5 = {32};
-  static const support::Shape shape9_6 = {1};
-  static const support::Shape shape9_7 = {1};
-  support::along(a13.data(), a12.data(), shape9_2, shape9_3, shape9_4, shape9_5, shape9_6, shape9_7,
+  support::along(a13.data(), a12.data(), kShape3, kShape14, kShape14, kShape10, kShape6, kShape6,
                  support::Along::LayerNorm, 1e-12, 32, nullptr);
 
   // encoder_layers.mesh:19:46 mul
   // encoder_layers.mesh:19:53 add -> h
   MESHRT_TRACE("loop", "encoder_layers.mesh:19:46", "forward");
-  {
-    float *__restrict a16p = a16.data();
-    const float *__restrict a13p = a13.data();
-    const float *__restrict a14p = a14.data();
-    const float *__restrict a15p = a15.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = a13p[i0 * 32 + i1];
-        const float s1 = a14p[i1];
-        const float s2 = (s0 * s1);
-        const float s3 = a15p[i1];
-        const float s4 = (s2 + s3);
-        a16p[i0 * 32 + i1] = s4;
-      }
-    }
-  }
+  loop7(a16.data(), a13.data(), a14.data(), a15.data());
 
   // encoder_layers.mesh:45:16 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:45:16", "forward");
   // dims: batch, length, d_model, d_ff
-  static const meshrt::kernels::EinsumPlan einsumPlan11(
-      {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan11.run(a16.data(), a17.data(), a18.data(), 1.0f, 0.0f);
+  kEinsum8.plan().run(a16.data(), a17.data(), a18.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:45:53 add
   // encoder_layers.mesh:45:11 gelu -> h
   MESHRT_TRACE("loop", "encoder_layers.mesh:45:53", "forward");
-  {
-    float *__restrict a20p = a20.data();
-    float *__restrict a21p = a21.data();
-    const float *__restrict a18p = a18.data();
-    const float *__restrict a19p = a19.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = a18p[i0 * 32 + i1];
-        const float s1 = a19p[i1];
-        const float s2 = (s0 + s1);
-        const float s3 = support::fgelu(s2);
-        a20p[i0 * 32 + i1] = s2;
-        a21p[i0 * 32 + i1] = s3;
-      }
-    }
-  }
+  loop37(a20.data(), a21.data(), a18.data(), a19.data());
 
   // encoder_layers.mesh:46:10 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:46:10", "forward");
   // dims: batch, length, d_ff, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan13(
-      {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan13.run(a21.data(), a22.data(), a23.data(), 1.0f, 0.0f);
+  kEinsum8.plan().run(a21.data(), a22.data(), a23.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:46:50 all_reduce_sum (resolve the partial sum of %48 over model for add at
   // 46:50)
@@ -4825,53 +3895,17 @@ void AlbertTrain::repeated1(support::ConstView a0, support::ConstView a1, suppor
   // encoder_layers.mesh:46:50 add
   // albert.mesh:35:17 add
   MESHRT_TRACE("loop", "encoder_layers.mesh:46:50", "forward");
-  {
-    float *__restrict a25p = a25.data();
-    const float *__restrict a23p = a23.data();
-    const float *__restrict a24p = a24.data();
-    const float *__restrict a16p = a16.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = a23p[i0 * 32 + i1];
-        const float s1 = a24p[i1];
-        const float s2 = (s0 + s1);
-        const float s3 = a16p[i0 * 32 + i1];
-        const float s4 = (s3 + s2);
-        a25p[i0 * 32 + i1] = s4;
-      }
-    }
-  }
+  loop9(a25.data(), a23.data(), a24.data(), a16.data());
 
   // encoder_layers.mesh:19:10 layer_norm
   MESHRT_TRACE("layer_norm", "encoder_layers.mesh:19:10", "forward");
-  static const support::Shape shape16_2 = {2, 16};
-  static const support::Shape shape16_3 = {512, 32};
-  static const support::Shape shape16_4 = {512, 32};
-  static const support::Shape shape16_5 = {32};
-  static const support::Shape shape16_6 = {1};
-  static const support::Shape shape16_7 = {1};
-  support::along(a26.data(), a25.data(), shape16_2, shape16_3, shape16_4, shape16_5, shape16_6,
-                 shape16_7, support::Along::LayerNorm, 1e-12, 32, nullptr);
+  support::along(a26.data(), a25.data(), kShape3, kShape14, kShape14, kShape10, kShape6, kShape6,
+                 support::Along::LayerNorm, 1e-12, 32, nullptr);
 
   // encoder_layers.mesh:19:46 mul
   // encoder_layers.mesh:19:53 add -> h
   MESHRT_TRACE("loop", "encoder_layers.mesh:19:46", "forward");
-  {
-    float *__restrict a29p = a29.data();
-    const float *__restrict a26p = a26.data();
-    const float *__restrict a27p = a27.data();
-    const float *__restrict a28p = a28.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = a26p[i0 * 32 + i1];
-        const float s1 = a27p[i1];
-        const float s2 = (s0 * s1);
-        const float s3 = a28p[i1];
-        const float s4 = (s2 + s3);
-        a29p[i0 * 32 + i1] = s4;
-      }
-    }
-  }
+  loop7(a29.data(), a26.data(), a27.data(), a28.data());
 }
 
 void AlbertTrain::repeated2(support::ConstView a0, support::ConstView a1, support::ConstView a2,
@@ -4887,151 +3921,55 @@ void AlbertTrain::repeated2(support::ConstView a0, support::ConstView a1, suppor
   // encoder_layers.mesh:19:53 add
   // encoder_layers.mesh:19:53 add -> grad/encoder/albert_layer/norm#1/bias
   MESHRT_TRACE("loop", "encoder_layers.mesh:19:53", "backward");
-  {
-    float *__restrict a3p = a3.data();
-    const float *__restrict a0p = a0.data();
-    const float *__restrict a1p = a1.data();
-    const float *__restrict a2p = a2.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = a0p[i0];
-      const float s1 = a1p[i0];
-      const float s2 = (s0 + s1);
-      const float s3 = a2p[i0];
-      const float s4 = (s2 + s3);
-      a3p[i0] = s4;
-    }
-  }
+  loop20(a3.data(), a0.data(), a1.data(), a2.data());
 
   // encoder_layers.mesh:19:46 mul
   MESHRT_TRACE("loop", "encoder_layers.mesh:19:46", "backward");
-  {
-    float *__restrict a6p = a6.data();
-    const float *__restrict a4p = a4.data();
-    const float *__restrict a5p = a5.data();
-    for (int64_t i0 = 0; i0 < 1024; ++i0) {
-      const float s0 = a4p[i0];
-      const float s1 = a5p[i0];
-      const float s2 = (s0 * s1);
-      a6p[i0] = s2;
-    }
-  }
+  loop11(a6.data(), a4.data(), a5.data());
 
   // encoder_layers.mesh:19:46 sum
   MESHRT_TRACE("sum", "encoder_layers.mesh:19:46", "backward");
-  static const support::Shape shape2_1 = {32};
-  static const support::Shape shape2_3 = {1};
-  static const support::Shape shape2_4 = {2, 16};
-  static const support::Shape shape2_5 = {512, 32};
-  support::reduce(a7.data(), shape2_1, a6.data(), shape2_3, shape2_4, shape2_5,
-                  support::Reduce::Sum, 1.0);
+  support::reduce(a7.data(), kShape10, a6.data(), kShape6, kShape3, kShape14, support::Reduce::Sum,
+                  1.0);
 
   // encoder_layers.mesh:19:46 add
   // encoder_layers.mesh:19:46 add -> grad/encoder/albert_layer/norm#1/gain
   MESHRT_TRACE("loop", "encoder_layers.mesh:19:46", "backward");
-  {
-    float *__restrict a10p = a10.data();
-    const float *__restrict a8p = a8.data();
-    const float *__restrict a9p = a9.data();
-    const float *__restrict a7p = a7.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = a8p[i0];
-      const float s1 = a9p[i0];
-      const float s2 = (s0 + s1);
-      const float s3 = a7p[i0];
-      const float s4 = (s2 + s3);
-      a10p[i0] = s4;
-    }
-  }
+  loop20(a10.data(), a8.data(), a9.data(), a7.data());
 
   // encoder_layers.mesh:19:10 mean
   MESHRT_TRACE("mean", "encoder_layers.mesh:19:10", "backward");
-  static const support::Shape shape4_1 = {2, 16};
-  static const support::Shape shape4_3 = {512, 32};
-  static const support::Shape shape4_4 = {32};
-  static const support::Shape shape4_5 = {1};
-  support::reduce(a11.data(), shape4_1, a12.data(), shape4_3, shape4_4, shape4_5,
+  support::reduce(a11.data(), kShape3, a12.data(), kShape14, kShape10, kShape6,
                   support::Reduce::Sum, 0.03125);
 
   // encoder_layers.mesh:19:10 sub
   // encoder_layers.mesh:19:10 square
   MESHRT_TRACE("loop", "encoder_layers.mesh:19:10", "backward");
-  {
-    float *__restrict a13p = a13.data();
-    const float *__restrict a12p = a12.data();
-    const float *__restrict a11p = a11.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = a12p[i0 * 32 + i1];
-        const float s1 = a11p[i0];
-        const float s2 = (s0 - s1);
-        const float s3 = s2 * s2;
-        a13p[i0 * 32 + i1] = s3;
-      }
-    }
-  }
+  loop33(a13.data(), a12.data(), a11.data());
 
   // encoder_layers.mesh:19:10 mean
   MESHRT_TRACE("mean", "encoder_layers.mesh:19:10", "backward");
-  static const support::Shape shape6_1 = {2, 16};
-  static const support::Shape shape6_3 = {512, 32};
-  static const support::Shape shape6_4 = {32};
-  static const support::Shape shape6_5 = {1};
-  support::reduce(a14.data(), shape6_1, a13.data(), shape6_3, shape6_4, shape6_5,
+  support::reduce(a14.data(), kShape3, a13.data(), kShape14, kShape10, kShape6,
                   support::Reduce::Sum, 0.03125);
 
   // encoder_layers.mesh:19:10 add
   // encoder_layers.mesh:19:10 rsqrt
   MESHRT_TRACE("loop", "encoder_layers.mesh:19:10", "backward");
-  {
-    float *__restrict a15p = a15.data();
-    const float *__restrict a14p = a14.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = a14p[i0];
-      const float s1 = 1e-12f;
-      const float s2 = (s0 + s1);
-      const float s3 = 1.0f / support::fsqrt(s2);
-      a15p[i0] = s3;
-    }
-  }
+  loop34(a15.data(), a14.data());
 
   // encoder_layers.mesh:19:46 mul
   // encoder_layers.mesh:19:10 mul
   MESHRT_TRACE("loop", "encoder_layers.mesh:19:46", "backward");
-  {
-    float *__restrict a17p = a17.data();
-    float *__restrict a18p = a18.data();
-    const float *__restrict a4p = a4.data();
-    const float *__restrict a16p = a16.data();
-    const float *__restrict a5p = a5.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = a4p[i0 * 32 + i1];
-        const float s1 = a16p[i1];
-        const float s2 = (s0 * s1);
-        const float s3 = a5p[i0 * 32 + i1];
-        const float s4 = (s2 * s3);
-        a17p[i0 * 32 + i1] = s2;
-        a18p[i0 * 32 + i1] = s4;
-      }
-    }
-  }
+  loop35(a17.data(), a18.data(), a4.data(), a16.data(), a5.data());
 
   // encoder_layers.mesh:19:10 mean
   MESHRT_TRACE("mean", "encoder_layers.mesh:19:10", "backward");
-  static const support::Shape shape9_1 = {2, 16};
-  static const support::Shape shape9_3 = {512, 32};
-  static const support::Shape shape9_4 = {32};
-  static const support::Shape shape9_5 = {1};
-  support::reduce(a19.data(), shape9_1, a18.data(), shape9_3, shape9_4, shape9_5,
+  support::reduce(a19.data(), kShape3, a18.data(), kShape14, kShape10, kShape6,
                   support::Reduce::Sum, 0.03125);
 
   // encoder_layers.mesh:19:10 mean
   MESHRT_TRACE("mean", "encoder_layers.mesh:19:10", "backward");
-  static const support::Shape shape10_1 = {2, 16};
-  static const support::Shape shape10_3 = {512, 32};
-  static const support::Shape shape10_4 = {32};
-  static const support::Shape shape10_5 = {1};
-  support::reduce(a20.data(), shape10_1, a17.data(), shape10_3, shape10_4, shape10_5,
+  support::reduce(a20.data(), kShape3, a17.data(), kShape14, kShape10, kShape6,
                   support::Reduce::Sum, 0.03125);
 
   // encoder_layers.mesh:19:10 mul
@@ -5039,28 +3977,7 @@ void AlbertTrain::repeated2(support::ConstView a0, support::ConstView a1, suppor
   // encoder_layers.mesh:19:10 sub
   // encoder_layers.mesh:19:10 mul
   MESHRT_TRACE("loop", "encoder_layers.mesh:19:10", "backward");
-  {
-    float *__restrict a21p = a21.data();
-    const float *__restrict a5p = a5.data();
-    const float *__restrict a19p = a19.data();
-    const float *__restrict a17p = a17.data();
-    const float *__restrict a20p = a20.data();
-    const float *__restrict a15p = a15.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = a5p[i0 * 32 + i1];
-        const float s1 = a19p[i0];
-        const float s2 = (s0 * s1);
-        const float s3 = a17p[i0 * 32 + i1];
-        const float s4 = a20p[i0];
-        const float s5 = (s3 - s4);
-        const float s6 = (s5 - s2);
-        const float s7 = a15p[i0];
-        const float s8 = (s6 * s7);
-        a21p[i0 * 32 + i1] = s8;
-      }
-    }
-  }
+  loop36(a21.data(), a5.data(), a19.data(), a17.data(), a20.data(), a15.data());
 }
 
 void AlbertTrain::repeated3(support::View a0, support::ConstView a1, support::View a2,
@@ -5085,54 +4002,7 @@ void AlbertTrain::repeated3(support::View a0, support::ConstView a1, support::Vi
   // albert.mesh:109:3 mul
   // albert.mesh:109:3 sub -> next/encoder/embed/gain
   MESHRT_TRACE("loop", "albert.mesh:109:3", "update");
-  {
-    float *__restrict a2p = a2.data();
-    float *__restrict a4p = a4.data();
-    float *__restrict a0p = a0.data();
-    const float *__restrict a1p = a1.data();
-    const float *__restrict a3p = a3.data();
-    const float *__restrict a5p = a5.data();
-    const float *__restrict a6p = a6.data();
-    const float r3 = a3p[0];
-    const float r5 = a5p[0];
-    const float r6 = a6p[0];
-    for (int64_t i0 = 0; i0 < 16; ++i0) {
-      const float s0 = a0p[i0];
-      const float s1 = 0.01f;
-      const float s2 = (s0 * s1);
-      const float s3 = a1p[i0];
-      const float s4 = s3 * s3;
-      const float s5 = 0.0009999871f;
-      const float s6 = (s4 * s5);
-      const float s7 = a2p[i0];
-      const float s8 = 0.999f;
-      const float s9 = (s7 * s8);
-      const float s10 = (s9 + s6);
-      const float s11 = r3;
-      const float s12 = (s10 / s11);
-      const float s13 = support::fsqrt(s12);
-      const float s14 = 1e-08f;
-      const float s15 = (s13 + s14);
-      const float s16 = a1p[i0];
-      const float s17 = 0.100000024f;
-      const float s18 = (s16 * s17);
-      const float s19 = a4p[i0];
-      const float s20 = 0.9f;
-      const float s21 = (s19 * s20);
-      const float s22 = (s21 + s18);
-      const float s23 = r5;
-      const float s24 = (s22 / s23);
-      const float s25 = (s24 / s15);
-      const float s26 = (s25 + s2);
-      const float s27 = r6;
-      const float s28 = (s26 * s27);
-      const float s29 = a0p[i0];
-      const float s30 = (s29 - s28);
-      a2p[i0] = s10;
-      a4p[i0] = s22;
-      a0p[i0] = s30;
-    }
-  }
+  loop38(a2.data(), a4.data(), a0.data(), a1.data(), a3.data(), a5.data(), a6.data());
 }
 
 void AlbertTrain::repeated4(support::View a0, support::ConstView a1, support::View a2,
@@ -5157,54 +4027,7 @@ void AlbertTrain::repeated4(support::View a0, support::ConstView a1, support::Vi
   // albert.mesh:109:3 mul
   // albert.mesh:109:3 sub -> next/encoder/albert_layer/norm/gain
   MESHRT_TRACE("loop", "albert.mesh:109:3", "update");
-  {
-    float *__restrict a2p = a2.data();
-    float *__restrict a4p = a4.data();
-    float *__restrict a0p = a0.data();
-    const float *__restrict a1p = a1.data();
-    const float *__restrict a3p = a3.data();
-    const float *__restrict a5p = a5.data();
-    const float *__restrict a6p = a6.data();
-    const float r3 = a3p[0];
-    const float r5 = a5p[0];
-    const float r6 = a6p[0];
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = a0p[i0];
-      const float s1 = 0.01f;
-      const float s2 = (s0 * s1);
-      const float s3 = a1p[i0];
-      const float s4 = s3 * s3;
-      const float s5 = 0.0009999871f;
-      const float s6 = (s4 * s5);
-      const float s7 = a2p[i0];
-      const float s8 = 0.999f;
-      const float s9 = (s7 * s8);
-      const float s10 = (s9 + s6);
-      const float s11 = r3;
-      const float s12 = (s10 / s11);
-      const float s13 = support::fsqrt(s12);
-      const float s14 = 1e-08f;
-      const float s15 = (s13 + s14);
-      const float s16 = a1p[i0];
-      const float s17 = 0.100000024f;
-      const float s18 = (s16 * s17);
-      const float s19 = a4p[i0];
-      const float s20 = 0.9f;
-      const float s21 = (s19 * s20);
-      const float s22 = (s21 + s18);
-      const float s23 = r5;
-      const float s24 = (s22 / s23);
-      const float s25 = (s24 / s15);
-      const float s26 = (s25 + s2);
-      const float s27 = r6;
-      const float s28 = (s26 * s27);
-      const float s29 = a0p[i0];
-      const float s30 = (s29 - s28);
-      a2p[i0] = s10;
-      a4p[i0] = s22;
-      a0p[i0] = s30;
-    }
-  }
+  loop30(a2.data(), a4.data(), a0.data(), a1.data(), a3.data(), a5.data(), a6.data());
 }
 
 void AlbertTrain::repeated5(support::View a0, support::ConstView a1, support::View a2,
@@ -5229,54 +4052,7 @@ void AlbertTrain::repeated5(support::View a0, support::ConstView a1, support::Vi
   // albert.mesh:109:3 mul
   // albert.mesh:109:3 sub -> next/encoder/albert_layer/self_attention/q
   MESHRT_TRACE("loop", "albert.mesh:109:3", "update");
-  {
-    float *__restrict a2p = a2.data();
-    float *__restrict a4p = a4.data();
-    float *__restrict a0p = a0.data();
-    const float *__restrict a1p = a1.data();
-    const float *__restrict a3p = a3.data();
-    const float *__restrict a5p = a5.data();
-    const float *__restrict a6p = a6.data();
-    const float r3 = a3p[0];
-    const float r5 = a5p[0];
-    const float r6 = a6p[0];
-    for (int64_t i0 = 0; i0 < 512; ++i0) {
-      const float s0 = a0p[i0];
-      const float s1 = 0.01f;
-      const float s2 = (s0 * s1);
-      const float s3 = a1p[i0];
-      const float s4 = s3 * s3;
-      const float s5 = 0.0009999871f;
-      const float s6 = (s4 * s5);
-      const float s7 = a2p[i0];
-      const float s8 = 0.999f;
-      const float s9 = (s7 * s8);
-      const float s10 = (s9 + s6);
-      const float s11 = r3;
-      const float s12 = (s10 / s11);
-      const float s13 = support::fsqrt(s12);
-      const float s14 = 1e-08f;
-      const float s15 = (s13 + s14);
-      const float s16 = a1p[i0];
-      const float s17 = 0.100000024f;
-      const float s18 = (s16 * s17);
-      const float s19 = a4p[i0];
-      const float s20 = 0.9f;
-      const float s21 = (s19 * s20);
-      const float s22 = (s21 + s18);
-      const float s23 = r5;
-      const float s24 = (s22 / s23);
-      const float s25 = (s24 / s15);
-      const float s26 = (s25 + s2);
-      const float s27 = r6;
-      const float s28 = (s26 * s27);
-      const float s29 = a0p[i0];
-      const float s30 = (s29 - s28);
-      a2p[i0] = s10;
-      a4p[i0] = s22;
-      a0p[i0] = s30;
-    }
-  }
+  loop28(a2.data(), a4.data(), a0.data(), a1.data(), a3.data(), a5.data(), a6.data());
 }
 
 void AlbertTrain::repeated6(support::View a0, support::ConstView a1, support::ConstView a2,
@@ -5288,126 +4064,52 @@ void AlbertTrain::repeated6(support::View a0, support::ConstView a1, support::Co
 
   // albert.mesh:77:50 sum -> grad/heads/bias
   MESHRT_TRACE("sum", "albert.mesh:77:50", "backward");
-  static const support::Shape shape0_1 = {16};
-  static const support::Shape shape0_3 = {1};
-  static const support::Shape shape0_4 = {2, 16};
-  static const support::Shape shape0_5 = {256, 16};
-  support::reduce(a0.data(), shape0_1, a1.data(), shape0_3, shape0_4, shape0_5,
-                  support::Reduce::Sum, 1.0);
+  support::reduce(a0.data(), kShape5, a1.data(), kShape6, kShape3, kShape4, support::Reduce::Sum,
+                  1.0);
 
   // albert.mesh:77:43 mul
   MESHRT_TRACE("loop", "albert.mesh:77:43", "backward");
-  {
-    float *__restrict a3p = a3.data();
-    const float *__restrict a1p = a1.data();
-    const float *__restrict a2p = a2.data();
-    for (int64_t i0 = 0; i0 < 512; ++i0) {
-      const float s0 = a1p[i0];
-      const float s1 = a2p[i0];
-      const float s2 = (s0 * s1);
-      a3p[i0] = s2;
-    }
-  }
+  loop39(a3.data(), a1.data(), a2.data());
 
   // albert.mesh:77:43 sum -> grad/heads/gain
   MESHRT_TRACE("sum", "albert.mesh:77:43", "backward");
-  static const support::Shape shape2_1 = {16};
-  static const support::Shape shape2_3 = {1};
-  static const support::Shape shape2_4 = {2, 16};
-  static const support::Shape shape2_5 = {256, 16};
-  support::reduce(a4.data(), shape2_1, a3.data(), shape2_3, shape2_4, shape2_5,
-                  support::Reduce::Sum, 1.0);
+  support::reduce(a4.data(), kShape5, a3.data(), kShape6, kShape3, kShape4, support::Reduce::Sum,
+                  1.0);
 
   // albert.mesh:77:7 mean
   MESHRT_TRACE("mean", "albert.mesh:77:7", "backward");
-  static const support::Shape shape3_1 = {2, 16};
-  static const support::Shape shape3_3 = {256, 16};
-  static const support::Shape shape3_4 = {16};
-  static const support::Shape shape3_5 = {1};
-  support::reduce(a5.data(), shape3_1, a6.data(), shape3_3, shape3_4, shape3_5,
-                  support::Reduce::Sum, 0.0625);
+  support::reduce(a5.data(), kShape3, a6.data(), kShape4, kShape5, kShape6, support::Reduce::Sum,
+                  0.0625);
 
   // albert.mesh:77:7 sub
   // albert.mesh:77:7 square
   MESHRT_TRACE("loop", "albert.mesh:77:7", "backward");
-  {
-    float *__restrict a7p = a7.data();
-    const float *__restrict a6p = a6.data();
-    const float *__restrict a5p = a5.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 16; ++i1) {
-        const float s0 = a6p[i0 * 16 + i1];
-        const float s1 = a5p[i0];
-        const float s2 = (s0 - s1);
-        const float s3 = s2 * s2;
-        a7p[i0 * 16 + i1] = s3;
-      }
-    }
-  }
+  loop40(a7.data(), a6.data(), a5.data());
 
   // albert.mesh:77:7 mean
   MESHRT_TRACE("mean", "albert.mesh:77:7", "backward");
-  static const support::Shape shape5_1 = {2, 16};
-  static const support::Shape shape5_3 = {256, 16};
-  static const support::Shape shape5_4 = {16};
-  static const support::Shape shape5_5 = {1};
-  support::reduce(a8.data(), shape5_1, a7.data(), shape5_3, shape5_4, shape5_5,
-                  support::Reduce::Sum, 0.0625);
+  support::reduce(a8.data(), kShape3, a7.data(), kShape4, kShape5, kShape6, support::Reduce::Sum,
+                  0.0625);
 
   // albert.mesh:77:7 add
   // albert.mesh:77:7 rsqrt
   MESHRT_TRACE("loop", "albert.mesh:77:7", "backward");
-  {
-    float *__restrict a9p = a9.data();
-    const float *__restrict a8p = a8.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = a8p[i0];
-      const float s1 = 1e-12f;
-      const float s2 = (s0 + s1);
-      const float s3 = 1.0f / support::fsqrt(s2);
-      a9p[i0] = s3;
-    }
-  }
+  loop34(a9.data(), a8.data());
 
   // albert.mesh:77:43 mul
   // albert.mesh:77:7 mul
   MESHRT_TRACE("loop", "albert.mesh:77:43", "backward");
-  {
-    float *__restrict a11p = a11.data();
-    float *__restrict a12p = a12.data();
-    const float *__restrict a1p = a1.data();
-    const float *__restrict a10p = a10.data();
-    const float *__restrict a2p = a2.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 16; ++i1) {
-        const float s0 = a1p[i0 * 16 + i1];
-        const float s1 = a10p[i1];
-        const float s2 = (s0 * s1);
-        const float s3 = a2p[i0 * 16 + i1];
-        const float s4 = (s2 * s3);
-        a11p[i0 * 16 + i1] = s2;
-        a12p[i0 * 16 + i1] = s4;
-      }
-    }
-  }
+  loop41(a11.data(), a12.data(), a1.data(), a10.data(), a2.data());
 
   // albert.mesh:77:7 mean
   MESHRT_TRACE("mean", "albert.mesh:77:7", "backward");
-  static const support::Shape shape8_1 = {2, 16};
-  static const support::Shape shape8_3 = {256, 16};
-  static const support::Shape shape8_4 = {16};
-  static const support::Shape shape8_5 = {1};
-  support::reduce(a13.data(), shape8_1, a12.data(), shape8_3, shape8_4, shape8_5,
-                  support::Reduce::Sum, 0.0625);
+  support::reduce(a13.data(), kShape3, a12.data(), kShape4, kShape5, kShape6, support::Reduce::Sum,
+                  0.0625);
 
   // albert.mesh:77:7 mean
   MESHRT_TRACE("mean", "albert.mesh:77:7", "backward");
-  static const support::Shape shape9_1 = {2, 16};
-  static const support::Shape shape9_3 = {256, 16};
-  static const support::Shape shape9_4 = {16};
-  static const support::Shape shape9_5 = {1};
-  support::reduce(a14.data(), shape9_1, a11.data(), shape9_3, shape9_4, shape9_5,
-                  support::Reduce::Sum, 0.0625);
+  support::reduce(a14.data(), kShape3, a11.data(), kShape4, kShape5, kShape6, support::Reduce::Sum,
+                  0.0625);
 }
 
 AlbertTrain::Inputs AlbertTrain::synthesizeInputs(uint64_t seed) const {
@@ -5543,238 +4245,145 @@ AlbertTrain::StepResult AlbertTrain::step(const Inputs &inputs) {
 }
 
 std::vector<std::string> AlbertTrain::paramNames() {
-  return {"embedding",
-          "encoder/embed/positions",
-          "encoder/embed/segment_table",
-          "encoder/embed/gain",
-          "encoder/embed/bias",
-          "encoder/embed/projection",
-          "encoder/albert_layer/self_attention/q",
-          "encoder/albert_layer/self_attention/k",
-          "encoder/albert_layer/self_attention/v",
-          "encoder/albert_layer/self_attention/o",
-          "encoder/albert_layer/norm/gain",
-          "encoder/albert_layer/norm/bias",
-          "encoder/albert_layer/dense_relu_dense/wi",
-          "encoder/albert_layer/dense_relu_dense/bi",
-          "encoder/albert_layer/dense_relu_dense/wo",
-          "encoder/albert_layer/dense_relu_dense/bo",
-          "encoder/albert_layer/norm#1/gain",
-          "encoder/albert_layer/norm#1/bias",
-          "heads/transform",
-          "heads/transform_bias",
-          "heads/gain",
-          "heads/bias",
-          "heads/output_bias",
-          "heads/pooler",
-          "heads/pooler_bias",
-          "heads/classifier",
-          "embedding@m",
-          "embedding@v",
-          "encoder/embed/positions@m",
-          "encoder/embed/positions@v",
-          "encoder/embed/segment_table@m",
-          "encoder/embed/segment_table@v",
-          "encoder/embed/gain@m",
-          "encoder/embed/gain@v",
-          "encoder/embed/bias@m",
-          "encoder/embed/bias@v",
-          "encoder/embed/projection@m",
-          "encoder/embed/projection@v",
-          "encoder/albert_layer/self_attention/q@m",
-          "encoder/albert_layer/self_attention/q@v",
-          "encoder/albert_layer/self_attention/k@m",
-          "encoder/albert_layer/self_attention/k@v",
-          "encoder/albert_layer/self_attention/v@m",
-          "encoder/albert_layer/self_attention/v@v",
-          "encoder/albert_layer/self_attention/o@m",
-          "encoder/albert_layer/self_attention/o@v",
-          "encoder/albert_layer/norm/gain@m",
-          "encoder/albert_layer/norm/gain@v",
-          "encoder/albert_layer/norm/bias@m",
-          "encoder/albert_layer/norm/bias@v",
-          "encoder/albert_layer/dense_relu_dense/wi@m",
-          "encoder/albert_layer/dense_relu_dense/wi@v",
-          "encoder/albert_layer/dense_relu_dense/bi@m",
-          "encoder/albert_layer/dense_relu_dense/bi@v",
-          "encoder/albert_layer/dense_relu_dense/wo@m",
-          "encoder/albert_layer/dense_relu_dense/wo@v",
-          "encoder/albert_layer/dense_relu_dense/bo@m",
-          "encoder/albert_layer/dense_relu_dense/bo@v",
-          "encoder/albert_layer/norm#1/gain@m",
-          "encoder/albert_layer/norm#1/gain@v",
-          "encoder/albert_layer/norm#1/bias@m",
-          "encoder/albert_layer/norm#1/bias@v",
-          "heads/transform@m",
-          "heads/transform@v",
-          "heads/transform_bias@m",
-          "heads/transform_bias@v",
-          "heads/gain@m",
-          "heads/gain@v",
-          "heads/bias@m",
-          "heads/bias@v",
-          "heads/output_bias@m",
-          "heads/output_bias@v",
-          "heads/pooler@m",
-          "heads/pooler@v",
-          "heads/pooler_bias@m",
-          "heads/pooler_bias@v",
-          "heads/classifier@m",
-          "heads/classifier@v"};
+  static constexpr const char *names[] = {"embedding",
+                                          "encoder/embed/positions",
+                                          "encoder/embed/segment_table",
+                                          "encoder/embed/gain",
+                                          "encoder/embed/bias",
+                                          "encoder/embed/projection",
+                                          "encoder/albert_layer/self_attention/q",
+                                          "encoder/albert_layer/self_attention/k",
+                                          "encoder/albert_layer/self_attention/v",
+                                          "encoder/albert_layer/self_attention/o",
+                                          "encoder/albert_layer/norm/gain",
+                                          "encoder/albert_layer/norm/bias",
+                                          "encoder/albert_layer/dense_relu_dense/wi",
+                                          "encoder/albert_layer/dense_relu_dense/bi",
+                                          "encoder/albert_layer/dense_relu_dense/wo",
+                                          "encoder/albert_layer/dense_relu_dense/bo",
+                                          "encoder/albert_layer/norm#1/gain",
+                                          "encoder/albert_layer/norm#1/bias",
+                                          "heads/transform",
+                                          "heads/transform_bias",
+                                          "heads/gain",
+                                          "heads/bias",
+                                          "heads/output_bias",
+                                          "heads/pooler",
+                                          "heads/pooler_bias",
+                                          "heads/classifier",
+                                          "embedding@m",
+                                          "embedding@v",
+                                          "encoder/embed/positions@m",
+                                          "encoder/embed/positions@v",
+                                          "encoder/embed/segment_table@m",
+                                          "encoder/embed/segment_table@v",
+                                          "encoder/embed/gain@m",
+                                          "encoder/embed/gain@v",
+                                          "encoder/embed/bias@m",
+                                          "encoder/embed/bias@v",
+                                          "encoder/embed/projection@m",
+                                          "encoder/embed/projection@v",
+                                          "encoder/albert_layer/self_attention/q@m",
+                                          "encoder/albert_layer/self_attention/q@v",
+                                          "encoder/albert_layer/self_attention/k@m",
+                                          "encoder/albert_layer/self_attention/k@v",
+                                          "encoder/albert_layer/self_attention/v@m",
+                                          "encoder/albert_layer/self_attention/v@v",
+                                          "encoder/albert_layer/self_attention/o@m",
+                                          "encoder/albert_layer/self_attention/o@v",
+                                          "encoder/albert_layer/norm/gain@m",
+                                          "encoder/albert_layer/norm/gain@v",
+                                          "encoder/albert_layer/norm/bias@m",
+                                          "encoder/albert_layer/norm/bias@v",
+                                          "encoder/albert_layer/dense_relu_dense/wi@m",
+                                          "encoder/albert_layer/dense_relu_dense/wi@v",
+                                          "encoder/albert_layer/dense_relu_dense/bi@m",
+                                          "encoder/albert_layer/dense_relu_dense/bi@v",
+                                          "encoder/albert_layer/dense_relu_dense/wo@m",
+                                          "encoder/albert_layer/dense_relu_dense/wo@v",
+                                          "encoder/albert_layer/dense_relu_dense/bo@m",
+                                          "encoder/albert_layer/dense_relu_dense/bo@v",
+                                          "encoder/albert_layer/norm#1/gain@m",
+                                          "encoder/albert_layer/norm#1/gain@v",
+                                          "encoder/albert_layer/norm#1/bias@m",
+                                          "encoder/albert_layer/norm#1/bias@v",
+                                          "heads/transform@m",
+                                          "heads/transform@v",
+                                          "heads/transform_bias@m",
+                                          "heads/transform_bias@v",
+                                          "heads/gain@m",
+                                          "heads/gain@v",
+                                          "heads/bias@m",
+                                          "heads/bias@v",
+                                          "heads/output_bias@m",
+                                          "heads/output_bias@v",
+                                          "heads/pooler@m",
+                                          "heads/pooler@v",
+                                          "heads/pooler_bias@m",
+                                          "heads/pooler_bias@v",
+                                          "heads/classifier@m",
+                                          "heads/classifier@v"};
+  return {std::begin(names), std::end(names)};
 }
 
 bool AlbertTrain::isOptimizerState(const std::string &path) {
-  static const std::vector<std::string> states = {"embedding@m",
-                                                  "embedding@v",
-                                                  "encoder/embed/positions@m",
-                                                  "encoder/embed/positions@v",
-                                                  "encoder/embed/segment_table@m",
-                                                  "encoder/embed/segment_table@v",
-                                                  "encoder/embed/gain@m",
-                                                  "encoder/embed/gain@v",
-                                                  "encoder/embed/bias@m",
-                                                  "encoder/embed/bias@v",
-                                                  "encoder/embed/projection@m",
-                                                  "encoder/embed/projection@v",
-                                                  "encoder/albert_layer/self_attention/q@m",
-                                                  "encoder/albert_layer/self_attention/q@v",
-                                                  "encoder/albert_layer/self_attention/k@m",
-                                                  "encoder/albert_layer/self_attention/k@v",
-                                                  "encoder/albert_layer/self_attention/v@m",
-                                                  "encoder/albert_layer/self_attention/v@v",
-                                                  "encoder/albert_layer/self_attention/o@m",
-                                                  "encoder/albert_layer/self_attention/o@v",
-                                                  "encoder/albert_layer/norm/gain@m",
-                                                  "encoder/albert_layer/norm/gain@v",
-                                                  "encoder/albert_layer/norm/bias@m",
-                                                  "encoder/albert_layer/norm/bias@v",
-                                                  "encoder/albert_layer/dense_relu_dense/wi@m",
-                                                  "encoder/albert_layer/dense_relu_dense/wi@v",
-                                                  "encoder/albert_layer/dense_relu_dense/bi@m",
-                                                  "encoder/albert_layer/dense_relu_dense/bi@v",
-                                                  "encoder/albert_layer/dense_relu_dense/wo@m",
-                                                  "encoder/albert_layer/dense_relu_dense/wo@v",
-                                                  "encoder/albert_layer/dense_relu_dense/bo@m",
-                                                  "encoder/albert_layer/dense_relu_dense/bo@v",
-                                                  "encoder/albert_layer/norm#1/gain@m",
-                                                  "encoder/albert_layer/norm#1/gain@v",
-                                                  "encoder/albert_layer/norm#1/bias@m",
-                                                  "encoder/albert_layer/norm#1/bias@v",
-                                                  "heads/transform@m",
-                                                  "heads/transform@v",
-                                                  "heads/transform_bias@m",
-                                                  "heads/transform_bias@v",
-                                                  "heads/gain@m",
-                                                  "heads/gain@v",
-                                                  "heads/bias@m",
-                                                  "heads/bias@v",
-                                                  "heads/output_bias@m",
-                                                  "heads/output_bias@v",
-                                                  "heads/pooler@m",
-                                                  "heads/pooler@v",
-                                                  "heads/pooler_bias@m",
-                                                  "heads/pooler_bias@v",
-                                                  "heads/classifier@m",
-                                                  "heads/classifier@v"};
-  return std::find(states.begin(), states.end(), path) != states.end();
+  static constexpr std::string_view states[] = {"embedding@m",
+                                                "embedding@v",
+                                                "encoder/embed/positions@m",
+                                                "encoder/embed/positions@v",
+                                                "encoder/embed/segment_table@m",
+                                                "encoder/embed/segment_table@v",
+                                                "encoder/embed/gain@m",
+                                                "encoder/embed/gain@v",
+                                                "encoder/embed/bias@m",
+                                                "encoder/embed/bias@v",
+                                                "encoder/embed/projection@m",
+                                                "encoder/embed/projection@v",
+                                                "encoder/albert_layer/self_attention/q@m",
+                                                "encoder/albert_layer/self_attention/q@v",
+                                                "encoder/albert_layer/self_attention/k@m",
+                                                "encoder/albert_layer/self_attention/k@v",
+                                                "encoder/albert_layer/self_attention/v@m",
+                                                "encoder/albert_layer/self_attention/v@v",
+                                                "encoder/albert_layer/self_attention/o@m",
+                                                "encoder/albert_layer/self_attention/o@v",
+                                                "encoder/albert_layer/norm/gain@m",
+                                                "encoder/albert_layer/norm/gain@v",
+                                                "encoder/albert_layer/norm/bias@m",
+                                                "encoder/albert_layer/norm/bias@v",
+                                                "encoder/albert_layer/dense_relu_dense/wi@m",
+                                                "encoder/albert_layer/dense_relu_dense/wi@v",
+                                                "encoder/albert_layer/dense_relu_dense/bi@m",
+                                                "encoder/albert_layer/dense_relu_dense/bi@v",
+                                                "encoder/albert_layer/dense_relu_dense/wo@m",
+                                                "encoder/albert_layer/dense_relu_dense/wo@v",
+                                                "encoder/albert_layer/dense_relu_dense/bo@m",
+                                                "encoder/albert_layer/dense_relu_dense/bo@v",
+                                                "encoder/albert_layer/norm#1/gain@m",
+                                                "encoder/albert_layer/norm#1/gain@v",
+                                                "encoder/albert_layer/norm#1/bias@m",
+                                                "encoder/albert_layer/norm#1/bias@v",
+                                                "heads/transform@m",
+                                                "heads/transform@v",
+                                                "heads/transform_bias@m",
+                                                "heads/transform_bias@v",
+                                                "heads/gain@m",
+                                                "heads/gain@v",
+                                                "heads/bias@m",
+                                                "heads/bias@v",
+                                                "heads/output_bias@m",
+                                                "heads/output_bias@v",
+                                                "heads/pooler@m",
+                                                "heads/pooler@v",
+                                                "heads/pooler_bias@m",
+                                                "heads/pooler_bias@v",
+                                                "heads/classifier@m",
+                                                "heads/classifier@v"};
+  return std::find(std::begin(states), std::end(states), std::string_view(path)) !=
+         std::end(states);
 }
 
 std::vector<support::ParamShard> AlbertTrain::paramShards() {
-  static constexpr support::ParamSpec specs[] = {
-      {"embedding", false, "f32", "vocab:64:32:model d_embed:16:16:"},
-      {"encoder/embed/positions", false, "f32", "length:16:16: d_embed:16:16:"},
-      {"encoder/embed/segment_table", false, "f32", "segments:2:2: d_embed:16:16:"},
-      {"encoder/embed/gain", false, "f32", "d_embed:16:16:"},
-      {"encoder/embed/bias", false, "f32", "d_embed:16:16:"},
-      {"encoder/embed/projection", false, "f32", "d_embed:16:16: d_model:32:32:"},
-      {"encoder/albert_layer/self_attention/q", false, "f32",
-       "d_model:32:32: heads:4:2:model d_kv:8:8:"},
-      {"encoder/albert_layer/self_attention/k", false, "f32",
-       "d_model:32:32: heads:4:2:model d_kv:8:8:"},
-      {"encoder/albert_layer/self_attention/v", false, "f32",
-       "d_model:32:32: heads:4:2:model d_kv:8:8:"},
-      {"encoder/albert_layer/self_attention/o", false, "f32",
-       "heads:4:2:model d_kv:8:8: d_model:32:32:"},
-      {"encoder/albert_layer/norm/gain", false, "f32", "d_model:32:32:"},
-      {"encoder/albert_layer/norm/bias", false, "f32", "d_model:32:32:"},
-      {"encoder/albert_layer/dense_relu_dense/wi", false, "f32", "d_model:32:32: d_ff:64:32:model"},
-      {"encoder/albert_layer/dense_relu_dense/bi", false, "f32", "d_ff:64:32:model"},
-      {"encoder/albert_layer/dense_relu_dense/wo", false, "f32", "d_ff:64:32:model d_model:32:32:"},
-      {"encoder/albert_layer/dense_relu_dense/bo", false, "f32", "d_model:32:32:"},
-      {"encoder/albert_layer/norm#1/gain", false, "f32", "d_model:32:32:"},
-      {"encoder/albert_layer/norm#1/bias", false, "f32", "d_model:32:32:"},
-      {"heads/transform", false, "f32", "d_model:32:32: d_embed:16:16:"},
-      {"heads/transform_bias", false, "f32", "d_embed:16:16:"},
-      {"heads/gain", false, "f32", "d_embed:16:16:"},
-      {"heads/bias", false, "f32", "d_embed:16:16:"},
-      {"heads/output_bias", false, "f32", "vocab:64:32:model"},
-      {"heads/pooler", false, "f32", "d_model:32:32: d_out:32:32:"},
-      {"heads/pooler_bias", false, "f32", "d_out:32:32:"},
-      {"heads/classifier", false, "f32", "d_out:32:32: orders:2:2:"},
-      {"embedding@m", true, "f32", "vocab:64:32:model d_embed:16:16:"},
-      {"embedding@v", true, "f32", "vocab:64:32:model d_embed:16:16:"},
-      {"encoder/embed/positions@m", true, "f32", "length:16:16: d_embed:16:16:"},
-      {"encoder/embed/positions@v", true, "f32", "length:16:16: d_embed:16:16:"},
-      {"encoder/embed/segment_table@m", true, "f32", "segments:2:2: d_embed:16:16:"},
-      {"encoder/embed/segment_table@v", true, "f32", "segments:2:2: d_embed:16:16:"},
-      {"encoder/embed/gain@m", true, "f32", "d_embed:16:16:"},
-      {"encoder/embed/gain@v", true, "f32", "d_embed:16:16:"},
-      {"encoder/embed/bias@m", true, "f32", "d_embed:16:16:"},
-      {"encoder/embed/bias@v", true, "f32", "d_embed:16:16:"},
-      {"encoder/embed/projection@m", true, "f32", "d_embed:16:16: d_model:32:32:"},
-      {"encoder/embed/projection@v", true, "f32", "d_embed:16:16: d_model:32:32:"},
-      {"encoder/albert_layer/self_attention/q@m", true, "f32",
-       "d_model:32:32: heads:4:2:model d_kv:8:8:"},
-      {"encoder/albert_layer/self_attention/q@v", true, "f32",
-       "d_model:32:32: heads:4:2:model d_kv:8:8:"},
-      {"encoder/albert_layer/self_attention/k@m", true, "f32",
-       "d_model:32:32: heads:4:2:model d_kv:8:8:"},
-      {"encoder/albert_layer/self_attention/k@v", true, "f32",
-       "d_model:32:32: heads:4:2:model d_kv:8:8:"},
-      {"encoder/albert_layer/self_attention/v@m", true, "f32",
-       "d_model:32:32: heads:4:2:model d_kv:8:8:"},
-      {"encoder/albert_layer/self_attention/v@v", true, "f32",
-       "d_model:32:32: heads:4:2:model d_kv:8:8:"},
-      {"encoder/albert_layer/self_attention/o@m", true, "f32",
-       "heads:4:2:model d_kv:8:8: d_model:32:32:"},
-      {"encoder/albert_layer/self_attention/o@v", true, "f32",
-       "heads:4:2:model d_kv:8:8: d_model:32:32:"},
-      {"encoder/albert_layer/norm/gain@m", true, "f32", "d_model:32:32:"},
-      {"encoder/albert_layer/norm/gain@v", true, "f32", "d_model:32:32:"},
-      {"encoder/albert_layer/norm/bias@m", true, "f32", "d_model:32:32:"},
-      {"encoder/albert_layer/norm/bias@v", true, "f32", "d_model:32:32:"},
-      {"encoder/albert_layer/dense_relu_dense/wi@m", true, "f32",
-       "d_model:32:32: d_ff:64:32:model"},
-      {"encoder/albert_layer/dense_relu_dense/wi@v", true, "f32",
-       "d_model:32:32: d_ff:64:32:model"},
-      {"encoder/albert_layer/dense_relu_dense/bi@m", true, "f32", "d_ff:64:32:model"},
-      {"encoder/albert_layer/dense_relu_dense/bi@v", true, "f32", "d_ff:64:32:model"},
-      {"encoder/albert_layer/dense_relu_dense/wo@m", true, "f32",
-       "d_ff:64:32:model d_model:32:32:"},
-      {"encoder/albert_layer/dense_relu_dense/wo@v", true, "f32",
-       "d_ff:64:32:model d_model:32:32:"},
-      {"encoder/albert_layer/dense_relu_dense/bo@m", true, "f32", "d_model:32:32:"},
-      {"encoder/albert_layer/dense_relu_dense/bo@v", true, "f32", "d_model:32:32:"},
-      {"encoder/albert_layer/norm#1/gain@m", true, "f32", "d_model:32:32:"},
-      {"encoder/albert_layer/norm#1/gain@v", true, "f32", "d_model:32:32:"},
-      {"encoder/albert_layer/norm#1/bias@m", true, "f32", "d_model:32:32:"},
-      {"encoder/albert_layer/norm#1/bias@v", true, "f32", "d_model:32:32:"},
-      {"heads/transform@m", true, "f32", "d_model:32:32: d_embed:16:16:"},
-      {"heads/transform@v", true, "f32", "d_model:32:32: d_embed:16:16:"},
-      {"heads/transform_bias@m", true, "f32", "d_embed:16:16:"},
-      {"heads/transform_bias@v", true, "f32", "d_embed:16:16:"},
-      {"heads/gain@m", true, "f32", "d_embed:16:16:"},
-      {"heads/gain@v", true, "f32", "d_embed:16:16:"},
-      {"heads/bias@m", true, "f32", "d_embed:16:16:"},
-      {"heads/bias@v", true, "f32", "d_embed:16:16:"},
-      {"heads/output_bias@m", true, "f32", "vocab:64:32:model"},
-      {"heads/output_bias@v", true, "f32", "vocab:64:32:model"},
-      {"heads/pooler@m", true, "f32", "d_model:32:32: d_out:32:32:"},
-      {"heads/pooler@v", true, "f32", "d_model:32:32: d_out:32:32:"},
-      {"heads/pooler_bias@m", true, "f32", "d_out:32:32:"},
-      {"heads/pooler_bias@v", true, "f32", "d_out:32:32:"},
-      {"heads/classifier@m", true, "f32", "d_out:32:32: orders:2:2:"},
-      {"heads/classifier@v", true, "f32", "d_out:32:32: orders:2:2:"}};
   support::Buffer *const data[] = {&param0_embedding,
                                    &param1_encoder_embed_positions,
                                    &param2_encoder_embed_segment_table,
@@ -5853,7 +4462,7 @@ std::vector<support::ParamShard> AlbertTrain::paramShards() {
                                    &param75_heads_pooler_bias_v,
                                    &param76_heads_classifier_m,
                                    &param77_heads_classifier_v};
-  return support::paramShardsOf<support::ParamShard>(specs, data);
+  return support::paramShardsOf<support::ParamShard>(kAlbertTrainParams, data);
 }
 
 support::Tensor AlbertTrain::getParam(const std::string &path) {

@@ -5,6 +5,688 @@
 
 namespace meshc_generated {
 
+// The shapes the kernel calls take and the loop nests the classes share.
+static const support::Shape kShape0 = {32};
+static const support::Shape kShape1 = {1};
+static const support::Shape kShape2 = {1, 32, 64};
+static const support::Shape kShape3 = {0, 0, 1};
+static const support::Shape kShape4 = {32, 1, 0};
+static const support::Shape kShape5 = {1, 32};
+static const support::Shape kShape6 = {2048, 64};
+static const support::Shape kShape7 = {64};
+static const support::Shape kShape8 = {4096, 128};
+static const support::Shape kShape9 = {128};
+static const support::Shape kShape10 = {1, 4, 32};
+static const support::Shape kShape11 = {4096, 1024, 32};
+static const support::Shape kShape12 = {1, 32, 128};
+static const support::Shape kShape13 = {};
+static const support::Shape kShape14 = {32, 1};
+static const support::Shape kShape15 = {2, 64};
+static const support::Shape kShape16 = {0, 1};
+static const support::Shape kShape17 = {0, 0};
+static const support::Shape kShape18 = {32, 64};
+static const support::Shape kShape19 = {64, 1};
+static const support::Shape kShape20 = {2048};
+static const support::Shape kShape21 = {128, 64};
+static const support::Shape kShape22 = {256};
+static const support::Shape kShape23 = {8192, 256};
+static const support::SharedEinsum
+    kEinsum0({{1, 32, 64, 128}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
+static const support::SharedEinsum
+    kEinsum1({{1, 4, 32, 32, 16}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 2, 1, 4}, {}}});
+static const support::SharedEinsum
+    kEinsum2({{1, 32, 4, 16, 64}, {{{0, 1, 2, 3}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 4}, {}}});
+static const support::SharedEinsum
+    kEinsum3({{1, 32, 64, 256}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
+static const support::SharedEinsum
+    kEinsum4({{1, 32, 256, 64}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
+static const support::SharedEinsum
+    kEinsum5({{1, 32, 64, 4, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
+static const support::SharedEinsum
+    kEinsum6({{1, 32, 4, 16, 32}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
+static const support::SharedEinsum
+    kEinsum7({{1, 32, 128, 64}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
+static const support::SharedEinsum
+    kEinsum8({{1, 32, 128, 64}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{2, 3}, {}}});
+static const support::SharedEinsum
+    kEinsum9({{1, 32, 64, 256}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
+static const support::SharedEinsum
+    kEinsum10({{1, 32, 64, 256}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
+static const support::SharedEinsum
+    kEinsum11({{1, 32, 256, 64}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
+static const support::SharedEinsum
+    kEinsum12({{1, 32, 256, 64}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
+static const support::SharedEinsum
+    kEinsum13({{1, 32, 64, 4, 16}, {{{0, 1, 2}, {}}, {{3, 4, 2}, {}}}, {{0, 1, 3, 4}, {}}});
+static const support::SharedEinsum
+    kEinsum14({{1, 32, 64, 4, 16}, {{{0, 1, 2}, {}}, {{0, 1, 3, 4}, {}}}, {{3, 4, 2}, {}}});
+static const support::SharedEinsum
+    kEinsum15({{1, 32, 4, 16, 32}, {{{0, 1, 2, 3}, {}}, {{0, 2, 1, 4}, {}}}, {{0, 4, 2, 3}, {}}});
+static const support::SharedEinsum
+    kEinsum16({{1, 4, 32, 32, 16}, {{{0, 1, 2, 3}, {}}, {{0, 2, 1, 4}, {}}}, {{0, 3, 1, 4}, {}}});
+static const support::SharedEinsum
+    kEinsum17({{1, 32, 4, 16, 64}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
+static const support::SharedEinsum
+    kEinsum18({{1, 32, 4, 16, 64}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
+
+[[gnu::noinline]] static void loop0(float *__restrict p0, const float *__restrict p1) {
+  for (int64_t i0 = 0; i0 < 32; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = support::wrapI32(0.0);
+    const float s2 = (s0 >= s1 ? 1.0f : 0.0f);
+    p0[i0] = s2;
+  }
+}
+
+[[gnu::noinline]] static void loop1(float *__restrict p0, const float *__restrict p1) {
+  for (int64_t i0 = 0; i0 < 32; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = s0;
+    p0[i0] = s1;
+  }
+}
+
+[[gnu::noinline]] static void loop2(float *__restrict p0, const float *__restrict p1,
+                                    const float *__restrict p2, const float *__restrict p3) {
+  for (int64_t i0 = 0; i0 < 2048; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = p2[i0];
+    const float s2 = (s0 + s1);
+    const float s3 = p3[i0];
+    const float s4 = (s2 + s3);
+    p0[i0] = s4;
+  }
+}
+
+[[gnu::noinline]] static void loop3(float *__restrict p0, const float *__restrict p1,
+                                    const float *__restrict p2, const float *__restrict p3) {
+  for (int64_t i0 = 0; i0 < 32; ++i0) {
+    for (int64_t i1 = 0; i1 < 64; ++i1) {
+      const float s0 = p1[i0 * 64 + i1];
+      const float s1 = p2[i1];
+      const float s2 = (s0 * s1);
+      const float s3 = p3[i1];
+      const float s4 = (s2 + s3);
+      p0[i0 * 64 + i1] = s4;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop4(float *__restrict p0, const float *__restrict p1,
+                                    const float *__restrict p2) {
+  for (int64_t i0 = 0; i0 < 32; ++i0) {
+    for (int64_t i1 = 0; i1 < 32; ++i1) {
+      const float s0 = p1[i0];
+      const float s1 = s0;
+      const float s2 = p2[i1];
+      const float s3 = (s1 * s2);
+      p0[i0 * 32 + i1] = s3;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop5(float *__restrict p0, const float *__restrict p1) {
+  for (int64_t i0 = 0; i0 < 32; ++i0) {
+    for (int64_t i1 = 0; i1 < 32; ++i1) {
+      const float s0 = p1[i0 + i1 * 32];
+      const float s1 = s0;
+      const float s2 = 0.5f;
+      const float s3 = (s1 > s2 ? 1.0f : 0.0f);
+      p0[i0 * 32 + i1] = s3;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop6(float *__restrict p0, const float *__restrict p1,
+                                    const float *__restrict p2) {
+  for (int64_t i0 = 0; i0 < 32; ++i0) {
+    for (int64_t i1 = 0; i1 < 128; ++i1) {
+      const float s0 = p1[i0 * 128 + i1];
+      const float s1 = p2[i1];
+      const float s2 = (s0 + s1);
+      p0[i0 * 128 + i1] = s2;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop7(float *__restrict p0, const float *__restrict p1,
+                                    const float *__restrict p2) {
+  for (int64_t i0 = 0; i0 < 4; ++i0) {
+    for (int64_t i1 = 0; i1 < 1024; ++i1) {
+      const float s0 = p1[i1];
+      const float s1 = p2[i0 * 1024 + i1];
+      const float s2 = -1000000000.0f;
+      const float s3 = (s0 != 0 ? s1 : s2);
+      p0[i0 * 1024 + i1] = s3;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop8(float *__restrict p0, const float *__restrict p1,
+                                    const float *__restrict p2) {
+  for (int64_t i0 = 0; i0 < 2048; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = p2[i0];
+    const float s2 = (s0 + s1);
+    p0[i0] = s2;
+  }
+}
+
+[[gnu::noinline]] static void loop9(float *__restrict p0, const float *__restrict p1,
+                                    const float *__restrict p2) {
+  for (int64_t i0 = 0; i0 < 32; ++i0) {
+    for (int64_t i1 = 0; i1 < 256; ++i1) {
+      const float s0 = p1[i0 * 256 + i1];
+      const float s1 = p2[i1];
+      const float s2 = (s0 + s1);
+      const float s3 = support::fgelu(s2);
+      p0[i0 * 256 + i1] = s3;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop10(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2, const float *__restrict p3) {
+  for (int64_t i0 = 0; i0 < 32; ++i0) {
+    for (int64_t i1 = 0; i1 < 64; ++i1) {
+      const float s0 = p1[i0 * 64 + i1];
+      const float s1 = p2[i1];
+      const float s2 = (s0 + s1);
+      const float s3 = p3[i0 * 64 + i1];
+      const float s4 = (s3 + s2);
+      p0[i0 * 64 + i1] = s4;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop11(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2) {
+  for (int64_t i0 = 0; i0 < 4096; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = p2[i0];
+    const float s2 = (s0 * s1);
+    p0[i0] = s2;
+  }
+}
+
+[[gnu::noinline]] static void loop12(float *__restrict p0, float *__restrict p1,
+                                     const float *__restrict p2, const float *__restrict p3,
+                                     const float *__restrict p4) {
+  for (int64_t i0 = 0; i0 < 32; ++i0) {
+    const float s0 = p2[i0];
+    const float s1 = p3[i0];
+    const float s2 = support::wrapI32(double((double(s0) * double(s1))));
+    const float s3 = s2;
+    const float s4 = p4[i0];
+    const float s5 = -s4;
+    const float s6 = (s5 * s3);
+    p0[i0] = s3;
+    p1[i0] = s6;
+  }
+}
+
+[[gnu::noinline]] static void loop13(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2, const float *__restrict p3,
+                                     const float *__restrict p4, const float *__restrict p5) {
+  const float r0 = p1[0];
+  for (int64_t i0 = 0; i0 < 32; ++i0) {
+    for (int64_t i1 = 0; i1 < 128; ++i1) {
+      const float s0 = r0;
+      const float s1 = s0;
+      const float s2 = p2[i0];
+      const float s3 = (s1 * s2);
+      const float s4 = -s3;
+      const float s5 = p3[i0];
+      const float s6 = support::wrapI32(128.0);
+      const float s7 = (s5 < s6 ? 1.0f : 0.0f);
+      const float s8 = p3[i0];
+      const float s9 = support::wrapI32(0.0);
+      const float s10 = (s8 >= s9 ? 1.0f : 0.0f);
+      const float s11 = support::wrapI32(double((double(s10) * double(s7))));
+      const float s12 = s11;
+      const float s13 = (s4 * s12);
+      const float s14 = p4[i0 * 128 + i1];
+      const float s15 = support::fexp(s14);
+      const float s16 = (s15 * s13);
+      const float s17 = s4;
+      const float s18 = p5[i0 * 128 + i1];
+      const float s19 = (s17 * s18);
+      const float s20 = (s19 - s16);
+      p0[i0 * 128 + i1] = s20;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop14(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2) {
+  for (int64_t i0 = 0; i0 < 2048; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = p2[i0];
+    const float s2 = (s0 * s1);
+    p0[i0] = s2;
+  }
+}
+
+[[gnu::noinline]] static void loop15(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2) {
+  for (int64_t i0 = 0; i0 < 32; ++i0) {
+    for (int64_t i1 = 0; i1 < 64; ++i1) {
+      const float s0 = p1[i0 * 64 + i1];
+      const float s1 = p2[i0];
+      const float s2 = (s0 - s1);
+      const float s3 = s2 * s2;
+      p0[i0 * 64 + i1] = s3;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop16(float *__restrict p0, const float *__restrict p1) {
+  for (int64_t i0 = 0; i0 < 32; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = 1e-05f;
+    const float s2 = (s0 + s1);
+    const float s3 = 1.0f / support::fsqrt(s2);
+    p0[i0] = s3;
+  }
+}
+
+[[gnu::noinline]] static void loop17(float *__restrict p0, float *__restrict p1,
+                                     const float *__restrict p2, const float *__restrict p3,
+                                     const float *__restrict p4) {
+  for (int64_t i0 = 0; i0 < 32; ++i0) {
+    for (int64_t i1 = 0; i1 < 64; ++i1) {
+      const float s0 = p2[i0 * 64 + i1];
+      const float s1 = p3[i1];
+      const float s2 = (s0 * s1);
+      const float s3 = p4[i0 * 64 + i1];
+      const float s4 = (s2 * s3);
+      p0[i0 * 64 + i1] = s2;
+      p1[i0 * 64 + i1] = s4;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop18(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2, const float *__restrict p3,
+                                     const float *__restrict p4, const float *__restrict p5) {
+  for (int64_t i0 = 0; i0 < 32; ++i0) {
+    for (int64_t i1 = 0; i1 < 64; ++i1) {
+      const float s0 = p1[i0 * 64 + i1];
+      const float s1 = p2[i0];
+      const float s2 = (s0 * s1);
+      const float s3 = p3[i0 * 64 + i1];
+      const float s4 = p4[i0];
+      const float s5 = (s3 - s4);
+      const float s6 = (s5 - s2);
+      const float s7 = p5[i0];
+      const float s8 = (s6 * s7);
+      p0[i0 * 64 + i1] = s8;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop19(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2) {
+  for (int64_t i0 = 0; i0 < 8192; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = p2[i0];
+    const float s2 = (s0 + s1);
+    p0[i0] = s2;
+  }
+}
+
+[[gnu::noinline]] static void loop20(float *__restrict p0, float *__restrict p1,
+                                     float *__restrict p2, const float *__restrict p3,
+                                     const float *__restrict p4, const float *__restrict p5,
+                                     const float *__restrict p6) {
+  const float r3 = p4[0];
+  const float r5 = p5[0];
+  const float r6 = p6[0];
+  for (int64_t i0 = 0; i0 < 8192; ++i0) {
+    const float s0 = p2[i0];
+    const float s1 = 0.01f;
+    const float s2 = (s0 * s1);
+    const float s3 = p3[i0];
+    const float s4 = s3 * s3;
+    const float s5 = 0.0009999871f;
+    const float s6 = (s4 * s5);
+    const float s7 = p0[i0];
+    const float s8 = 0.999f;
+    const float s9 = (s7 * s8);
+    const float s10 = (s9 + s6);
+    const float s11 = r3;
+    const float s12 = (s10 / s11);
+    const float s13 = support::fsqrt(s12);
+    const float s14 = 1e-08f;
+    const float s15 = (s13 + s14);
+    const float s16 = p3[i0];
+    const float s17 = 0.100000024f;
+    const float s18 = (s16 * s17);
+    const float s19 = p1[i0];
+    const float s20 = 0.9f;
+    const float s21 = (s19 * s20);
+    const float s22 = (s21 + s18);
+    const float s23 = r5;
+    const float s24 = (s22 / s23);
+    const float s25 = (s24 / s15);
+    const float s26 = (s25 + s2);
+    const float s27 = r6;
+    const float s28 = (s26 * s27);
+    const float s29 = p2[i0];
+    const float s30 = (s29 - s28);
+    p0[i0] = s10;
+    p1[i0] = s22;
+    p2[i0] = s30;
+  }
+}
+
+[[gnu::noinline]] static void loop21(float *__restrict p0, float *__restrict p1,
+                                     float *__restrict p2, const float *__restrict p3,
+                                     const float *__restrict p4, const float *__restrict p5,
+                                     const float *__restrict p6) {
+  const float r3 = p4[0];
+  const float r5 = p5[0];
+  const float r6 = p6[0];
+  for (int64_t i0 = 0; i0 < 2048; ++i0) {
+    const float s0 = p2[i0];
+    const float s1 = 0.01f;
+    const float s2 = (s0 * s1);
+    const float s3 = p3[i0];
+    const float s4 = s3 * s3;
+    const float s5 = 0.0009999871f;
+    const float s6 = (s4 * s5);
+    const float s7 = p0[i0];
+    const float s8 = 0.999f;
+    const float s9 = (s7 * s8);
+    const float s10 = (s9 + s6);
+    const float s11 = r3;
+    const float s12 = (s10 / s11);
+    const float s13 = support::fsqrt(s12);
+    const float s14 = 1e-08f;
+    const float s15 = (s13 + s14);
+    const float s16 = p3[i0];
+    const float s17 = 0.100000024f;
+    const float s18 = (s16 * s17);
+    const float s19 = p1[i0];
+    const float s20 = 0.9f;
+    const float s21 = (s19 * s20);
+    const float s22 = (s21 + s18);
+    const float s23 = r5;
+    const float s24 = (s22 / s23);
+    const float s25 = (s24 / s15);
+    const float s26 = (s25 + s2);
+    const float s27 = r6;
+    const float s28 = (s26 * s27);
+    const float s29 = p2[i0];
+    const float s30 = (s29 - s28);
+    p0[i0] = s10;
+    p1[i0] = s22;
+    p2[i0] = s30;
+  }
+}
+
+[[gnu::noinline]] static void loop22(float *__restrict p0, float *__restrict p1,
+                                     float *__restrict p2, const float *__restrict p3,
+                                     const float *__restrict p4, const float *__restrict p5,
+                                     const float *__restrict p6) {
+  const float r3 = p4[0];
+  const float r5 = p5[0];
+  const float r6 = p6[0];
+  for (int64_t i0 = 0; i0 < 128; ++i0) {
+    const float s0 = p2[i0];
+    const float s1 = 0.01f;
+    const float s2 = (s0 * s1);
+    const float s3 = p3[i0];
+    const float s4 = s3 * s3;
+    const float s5 = 0.0009999871f;
+    const float s6 = (s4 * s5);
+    const float s7 = p0[i0];
+    const float s8 = 0.999f;
+    const float s9 = (s7 * s8);
+    const float s10 = (s9 + s6);
+    const float s11 = r3;
+    const float s12 = (s10 / s11);
+    const float s13 = support::fsqrt(s12);
+    const float s14 = 1e-08f;
+    const float s15 = (s13 + s14);
+    const float s16 = p3[i0];
+    const float s17 = 0.100000024f;
+    const float s18 = (s16 * s17);
+    const float s19 = p1[i0];
+    const float s20 = 0.9f;
+    const float s21 = (s19 * s20);
+    const float s22 = (s21 + s18);
+    const float s23 = r5;
+    const float s24 = (s22 / s23);
+    const float s25 = (s24 / s15);
+    const float s26 = (s25 + s2);
+    const float s27 = r6;
+    const float s28 = (s26 * s27);
+    const float s29 = p2[i0];
+    const float s30 = (s29 - s28);
+    p0[i0] = s10;
+    p1[i0] = s22;
+    p2[i0] = s30;
+  }
+}
+
+[[gnu::noinline]] static void loop23(float *__restrict p0, float *__restrict p1,
+                                     float *__restrict p2, const float *__restrict p3,
+                                     const float *__restrict p4, const float *__restrict p5,
+                                     const float *__restrict p6) {
+  const float r3 = p4[0];
+  const float r5 = p5[0];
+  const float r6 = p6[0];
+  for (int64_t i0 = 0; i0 < 4096; ++i0) {
+    const float s0 = p2[i0];
+    const float s1 = 0.01f;
+    const float s2 = (s0 * s1);
+    const float s3 = p3[i0];
+    const float s4 = s3 * s3;
+    const float s5 = 0.0009999871f;
+    const float s6 = (s4 * s5);
+    const float s7 = p0[i0];
+    const float s8 = 0.999f;
+    const float s9 = (s7 * s8);
+    const float s10 = (s9 + s6);
+    const float s11 = r3;
+    const float s12 = (s10 / s11);
+    const float s13 = support::fsqrt(s12);
+    const float s14 = 1e-08f;
+    const float s15 = (s13 + s14);
+    const float s16 = p3[i0];
+    const float s17 = 0.100000024f;
+    const float s18 = (s16 * s17);
+    const float s19 = p1[i0];
+    const float s20 = 0.9f;
+    const float s21 = (s19 * s20);
+    const float s22 = (s21 + s18);
+    const float s23 = r5;
+    const float s24 = (s22 / s23);
+    const float s25 = (s24 / s15);
+    const float s26 = (s25 + s2);
+    const float s27 = r6;
+    const float s28 = (s26 * s27);
+    const float s29 = p2[i0];
+    const float s30 = (s29 - s28);
+    p0[i0] = s10;
+    p1[i0] = s22;
+    p2[i0] = s30;
+  }
+}
+
+[[gnu::noinline]] static void loop24(float *__restrict p0, float *__restrict p1,
+                                     float *__restrict p2, const float *__restrict p3,
+                                     const float *__restrict p4, const float *__restrict p5,
+                                     const float *__restrict p6) {
+  const float r3 = p4[0];
+  const float r5 = p5[0];
+  const float r6 = p6[0];
+  for (int64_t i0 = 0; i0 < 64; ++i0) {
+    const float s0 = p2[i0];
+    const float s1 = 0.01f;
+    const float s2 = (s0 * s1);
+    const float s3 = p3[i0];
+    const float s4 = s3 * s3;
+    const float s5 = 0.0009999871f;
+    const float s6 = (s4 * s5);
+    const float s7 = p0[i0];
+    const float s8 = 0.999f;
+    const float s9 = (s7 * s8);
+    const float s10 = (s9 + s6);
+    const float s11 = r3;
+    const float s12 = (s10 / s11);
+    const float s13 = support::fsqrt(s12);
+    const float s14 = 1e-08f;
+    const float s15 = (s13 + s14);
+    const float s16 = p3[i0];
+    const float s17 = 0.100000024f;
+    const float s18 = (s16 * s17);
+    const float s19 = p1[i0];
+    const float s20 = 0.9f;
+    const float s21 = (s19 * s20);
+    const float s22 = (s21 + s18);
+    const float s23 = r5;
+    const float s24 = (s22 / s23);
+    const float s25 = (s24 / s15);
+    const float s26 = (s25 + s2);
+    const float s27 = r6;
+    const float s28 = (s26 * s27);
+    const float s29 = p2[i0];
+    const float s30 = (s29 - s28);
+    p0[i0] = s10;
+    p1[i0] = s22;
+    p2[i0] = s30;
+  }
+}
+
+[[gnu::noinline]] static void loop25(float *__restrict p0, float *__restrict p1,
+                                     float *__restrict p2, const float *__restrict p3,
+                                     const float *__restrict p4, const float *__restrict p5,
+                                     const float *__restrict p6) {
+  const float r3 = p4[0];
+  const float r5 = p5[0];
+  const float r6 = p6[0];
+  for (int64_t i0 = 0; i0 < 16384; ++i0) {
+    const float s0 = p2[i0];
+    const float s1 = 0.01f;
+    const float s2 = (s0 * s1);
+    const float s3 = p3[i0];
+    const float s4 = s3 * s3;
+    const float s5 = 0.0009999871f;
+    const float s6 = (s4 * s5);
+    const float s7 = p0[i0];
+    const float s8 = 0.999f;
+    const float s9 = (s7 * s8);
+    const float s10 = (s9 + s6);
+    const float s11 = r3;
+    const float s12 = (s10 / s11);
+    const float s13 = support::fsqrt(s12);
+    const float s14 = 1e-08f;
+    const float s15 = (s13 + s14);
+    const float s16 = p3[i0];
+    const float s17 = 0.100000024f;
+    const float s18 = (s16 * s17);
+    const float s19 = p1[i0];
+    const float s20 = 0.9f;
+    const float s21 = (s19 * s20);
+    const float s22 = (s21 + s18);
+    const float s23 = r5;
+    const float s24 = (s22 / s23);
+    const float s25 = (s24 / s15);
+    const float s26 = (s25 + s2);
+    const float s27 = r6;
+    const float s28 = (s26 * s27);
+    const float s29 = p2[i0];
+    const float s30 = (s29 - s28);
+    p0[i0] = s10;
+    p1[i0] = s22;
+    p2[i0] = s30;
+  }
+}
+
+[[gnu::noinline]] static void loop26(float *__restrict p0, float *__restrict p1,
+                                     float *__restrict p2, const float *__restrict p3,
+                                     const float *__restrict p4, const float *__restrict p5,
+                                     const float *__restrict p6) {
+  const float r3 = p4[0];
+  const float r5 = p5[0];
+  const float r6 = p6[0];
+  for (int64_t i0 = 0; i0 < 256; ++i0) {
+    const float s0 = p2[i0];
+    const float s1 = 0.01f;
+    const float s2 = (s0 * s1);
+    const float s3 = p3[i0];
+    const float s4 = s3 * s3;
+    const float s5 = 0.0009999871f;
+    const float s6 = (s4 * s5);
+    const float s7 = p0[i0];
+    const float s8 = 0.999f;
+    const float s9 = (s7 * s8);
+    const float s10 = (s9 + s6);
+    const float s11 = r3;
+    const float s12 = (s10 / s11);
+    const float s13 = support::fsqrt(s12);
+    const float s14 = 1e-08f;
+    const float s15 = (s13 + s14);
+    const float s16 = p3[i0];
+    const float s17 = 0.100000024f;
+    const float s18 = (s16 * s17);
+    const float s19 = p1[i0];
+    const float s20 = 0.9f;
+    const float s21 = (s19 * s20);
+    const float s22 = (s21 + s18);
+    const float s23 = r5;
+    const float s24 = (s22 / s23);
+    const float s25 = (s24 / s15);
+    const float s26 = (s25 + s2);
+    const float s27 = r6;
+    const float s28 = (s26 * s27);
+    const float s29 = p2[i0];
+    const float s30 = (s29 - s28);
+    p0[i0] = s10;
+    p1[i0] = s22;
+    p2[i0] = s30;
+  }
+}
+
+[[gnu::noinline]] static void loop27(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2, const float *__restrict p3,
+                                     const float *__restrict p4) {
+  for (int64_t i0 = 0; i0 < 4; ++i0) {
+    for (int64_t i1 = 0; i1 < 32; ++i1) {
+      for (int64_t i2 = 0; i2 < 32; ++i2) {
+        const float s0 = p1[i0 * 1024 + i1 * 32 + i2];
+        const float s1 = p2[i0 * 32 + i1];
+        const float s2 = (s0 - s1);
+        const float s3 = p3[i0 * 1024 + i1 * 32 + i2];
+        const float s4 = (s3 * s2);
+        const float s5 = p4[i1 * 32 + i2];
+        const float s6 = 0.0f;
+        const float s7 = (s5 != 0 ? s4 : s6);
+        const float s8 = 0.25f;
+        const float s9 = (s7 * s8);
+        p0[i0 * 1024 + i1 * 32 + i2] = s9;
+      }
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop28(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2, const float *__restrict p3,
+                                     const float *__restrict p4) {
+  for (int64_t i0 = 0; i0 < 2048; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = p2[i0];
+    const float s2 = (s0 + s1);
+    const float s3 = p3[i0];
+    const float s4 = (s2 + s3);
+    const float s5 = p4[i0];
+    const float s6 = (s4 + s5);
+    p0[i0] = s6;
+  }
+}
+
 //===--- program `mlm` ---===//
 
 meshrt::Mesh Mlm::mesh() { return meshrt::Mesh({{"data", 2}, {"model", 2}}); }
@@ -22,173 +704,141 @@ support::Shape Mlm::inputShape(const std::string &name) {
   throw std::invalid_argument("mlm: no input named '" + name + "'");
 }
 
+/// `mlm`'s params: paths, dims and layouts (its constructor and paramShards() read it).
+static constexpr support::ParamSpec kMlmParams[] = {
+    {"bert/token_embedding", false, "f32", "vocab:128:128: d_model:64:64:"},
+    {"bert/position_embedding", false, "f32", "seq:32:32: d_model:64:64:"},
+    {"bert/segment_embedding", false, "f32", "segments:2:2: d_model:64:64:"},
+    {"bert/output_bias", false, "f32", "vocab:128:128:"},
+    {"bert/norm/gain", false, "f32", "d_model:64:64:"},
+    {"bert/norm/bias", false, "f32", "d_model:64:64:"},
+    {"bert/encoder_layer[0]/attention/w_q", false, "f32",
+     "d_model:64:64: heads:4:4: d_head:16:16:"},
+    {"bert/encoder_layer[0]/attention/w_k", false, "f32",
+     "d_model:64:64: heads:4:4: d_head:16:16:"},
+    {"bert/encoder_layer[0]/attention/w_v", false, "f32",
+     "d_model:64:64: heads:4:4: d_head:16:16:"},
+    {"bert/encoder_layer[0]/attention/w_o", false, "f32",
+     "heads:4:4: d_head:16:16: d_model:64:64:"},
+    {"bert/encoder_layer[0]/norm/gain", false, "f32", "d_model:64:64:"},
+    {"bert/encoder_layer[0]/norm/bias", false, "f32", "d_model:64:64:"},
+    {"bert/encoder_layer[0]/ffn/w_in", false, "f32", "d_model:64:64: d_ff:256:256:"},
+    {"bert/encoder_layer[0]/ffn/b_in", false, "f32", "d_ff:256:256:"},
+    {"bert/encoder_layer[0]/ffn/w_out", false, "f32", "d_ff:256:256: d_model:64:64:"},
+    {"bert/encoder_layer[0]/ffn/b_out", false, "f32", "d_model:64:64:"},
+    {"bert/encoder_layer[0]/norm#1/gain", false, "f32", "d_model:64:64:"},
+    {"bert/encoder_layer[0]/norm#1/bias", false, "f32", "d_model:64:64:"},
+    {"bert/encoder_layer[1]/attention/w_q", false, "f32",
+     "d_model:64:64: heads:4:4: d_head:16:16:"},
+    {"bert/encoder_layer[1]/attention/w_k", false, "f32",
+     "d_model:64:64: heads:4:4: d_head:16:16:"},
+    {"bert/encoder_layer[1]/attention/w_v", false, "f32",
+     "d_model:64:64: heads:4:4: d_head:16:16:"},
+    {"bert/encoder_layer[1]/attention/w_o", false, "f32",
+     "heads:4:4: d_head:16:16: d_model:64:64:"},
+    {"bert/encoder_layer[1]/norm/gain", false, "f32", "d_model:64:64:"},
+    {"bert/encoder_layer[1]/norm/bias", false, "f32", "d_model:64:64:"},
+    {"bert/encoder_layer[1]/ffn/w_in", false, "f32", "d_model:64:64: d_ff:256:256:"},
+    {"bert/encoder_layer[1]/ffn/b_in", false, "f32", "d_ff:256:256:"},
+    {"bert/encoder_layer[1]/ffn/w_out", false, "f32", "d_ff:256:256: d_model:64:64:"},
+    {"bert/encoder_layer[1]/ffn/b_out", false, "f32", "d_model:64:64:"},
+    {"bert/encoder_layer[1]/norm#1/gain", false, "f32", "d_model:64:64:"},
+    {"bert/encoder_layer[1]/norm#1/bias", false, "f32", "d_model:64:64:"}};
+
 Mlm::Mlm(meshrt::Communicator &world, uint64_t seed)
     : world_(support::checkedWorld(world, mesh(), "mlm")), seed_(seed) {
-  // bert/token_embedding: truncated_normal (bert.mesh:29)
-  param0_bert_token_embedding.resize(8192);
-  {
-    const meshrt::kernels::Shard shard{{128, 64}, {0, 0}, {128, 64}};
-    const auto init =
-        meshrt::kernels::makeInit("truncated_normal", {{"mean", 0.0}, {"stddev", 0.02}});
-    support::fillParam(param0_bert_token_embedding.data(), shard, seed, "bert/token_embedding",
-                       init, meshrt::kernels::ValueType::F32);
-  }
-  // bert/position_embedding: truncated_normal (bert.mesh:30)
-  param1_bert_position_embedding.resize(2048);
-  {
-    const meshrt::kernels::Shard shard{{32, 64}, {0, 0}, {32, 64}};
-    const auto init =
-        meshrt::kernels::makeInit("truncated_normal", {{"mean", 0.0}, {"stddev", 0.02}});
-    support::fillParam(param1_bert_position_embedding.data(), shard, seed,
-                       "bert/position_embedding", init, meshrt::kernels::ValueType::F32);
-  }
-  // bert/segment_embedding: truncated_normal (bert.mesh:31)
-  param2_bert_segment_embedding.resize(128);
-  {
-    const meshrt::kernels::Shard shard{{2, 64}, {0, 0}, {2, 64}};
-    const auto init =
-        meshrt::kernels::makeInit("truncated_normal", {{"mean", 0.0}, {"stddev", 0.02}});
-    support::fillParam(param2_bert_segment_embedding.data(), shard, seed, "bert/segment_embedding",
-                       init, meshrt::kernels::ValueType::F32);
-  }
-  // bert/output_bias: zeros (bert.mesh:32)
-  param3_bert_output_bias.assign(128, support::roundValue(support::DType::F32, 0.0));
-  // bert/norm/gain: ones (layers.mesh:22)
-  param4_bert_norm_gain.assign(64, support::roundValue(support::DType::F32, 1.0));
-  // bert/norm/bias: zeros (layers.mesh:23)
-  param5_bert_norm_bias.assign(64, support::roundValue(support::DType::F32, 0.0));
-  // bert/encoder_layer[0]/attention/w_q: normal (layers.mesh:31)
-  param6_bert_encoder_layer_0_attention_w_q.resize(4096);
-  {
-    const meshrt::kernels::Shard shard{{64, 4, 16}, {0, 0, 0}, {64, 4, 16}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}});
-    support::fillParam(param6_bert_encoder_layer_0_attention_w_q.data(), shard, seed,
-                       "bert/encoder_layer[0]/attention/w_q", init,
-                       meshrt::kernels::ValueType::F32);
-  }
-  // bert/encoder_layer[0]/attention/w_k: normal (layers.mesh:32)
-  param7_bert_encoder_layer_0_attention_w_k.resize(4096);
-  {
-    const meshrt::kernels::Shard shard{{64, 4, 16}, {0, 0, 0}, {64, 4, 16}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}});
-    support::fillParam(param7_bert_encoder_layer_0_attention_w_k.data(), shard, seed,
-                       "bert/encoder_layer[0]/attention/w_k", init,
-                       meshrt::kernels::ValueType::F32);
-  }
-  // bert/encoder_layer[0]/attention/w_v: normal (layers.mesh:33)
-  param8_bert_encoder_layer_0_attention_w_v.resize(4096);
-  {
-    const meshrt::kernels::Shard shard{{64, 4, 16}, {0, 0, 0}, {64, 4, 16}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}});
-    support::fillParam(param8_bert_encoder_layer_0_attention_w_v.data(), shard, seed,
-                       "bert/encoder_layer[0]/attention/w_v", init,
-                       meshrt::kernels::ValueType::F32);
-  }
-  // bert/encoder_layer[0]/attention/w_o: normal (layers.mesh:34)
-  param9_bert_encoder_layer_0_attention_w_o.resize(4096);
-  {
-    const meshrt::kernels::Shard shard{{4, 16, 64}, {0, 0, 0}, {4, 16, 64}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}});
-    support::fillParam(param9_bert_encoder_layer_0_attention_w_o.data(), shard, seed,
-                       "bert/encoder_layer[0]/attention/w_o", init,
-                       meshrt::kernels::ValueType::F32);
-  }
-  // bert/encoder_layer[0]/norm/gain: ones (layers.mesh:22)
-  param10_bert_encoder_layer_0_norm_gain.assign(64, support::roundValue(support::DType::F32, 1.0));
-  // bert/encoder_layer[0]/norm/bias: zeros (layers.mesh:23)
-  param11_bert_encoder_layer_0_norm_bias.assign(64, support::roundValue(support::DType::F32, 0.0));
-  // bert/encoder_layer[0]/ffn/w_in: normal (layers.mesh:50)
-  param12_bert_encoder_layer_0_ffn_w_in.resize(16384);
-  {
-    const meshrt::kernels::Shard shard{{64, 256}, {0, 0}, {64, 256}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}});
-    support::fillParam(param12_bert_encoder_layer_0_ffn_w_in.data(), shard, seed,
-                       "bert/encoder_layer[0]/ffn/w_in", init, meshrt::kernels::ValueType::F32);
-  }
-  // bert/encoder_layer[0]/ffn/b_in: zeros (layers.mesh:51)
-  param13_bert_encoder_layer_0_ffn_b_in.assign(256, support::roundValue(support::DType::F32, 0.0));
-  // bert/encoder_layer[0]/ffn/w_out: normal (layers.mesh:52)
-  param14_bert_encoder_layer_0_ffn_w_out.resize(16384);
-  {
-    const meshrt::kernels::Shard shard{{256, 64}, {0, 0}, {256, 64}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.0625}});
-    support::fillParam(param14_bert_encoder_layer_0_ffn_w_out.data(), shard, seed,
-                       "bert/encoder_layer[0]/ffn/w_out", init, meshrt::kernels::ValueType::F32);
-  }
-  // bert/encoder_layer[0]/ffn/b_out: zeros (layers.mesh:53)
-  param15_bert_encoder_layer_0_ffn_b_out.assign(64, support::roundValue(support::DType::F32, 0.0));
-  // bert/encoder_layer[0]/norm#1/gain: ones (layers.mesh:22)
-  param16_bert_encoder_layer_0_norm_1_gain.assign(64,
-                                                  support::roundValue(support::DType::F32, 1.0));
-  // bert/encoder_layer[0]/norm#1/bias: zeros (layers.mesh:23)
-  param17_bert_encoder_layer_0_norm_1_bias.assign(64,
-                                                  support::roundValue(support::DType::F32, 0.0));
-  // bert/encoder_layer[1]/attention/w_q: normal (layers.mesh:31)
-  param18_bert_encoder_layer_1_attention_w_q.resize(4096);
-  {
-    const meshrt::kernels::Shard shard{{64, 4, 16}, {0, 0, 0}, {64, 4, 16}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}});
-    support::fillParam(param18_bert_encoder_layer_1_attention_w_q.data(), shard, seed,
-                       "bert/encoder_layer[1]/attention/w_q", init,
-                       meshrt::kernels::ValueType::F32);
-  }
-  // bert/encoder_layer[1]/attention/w_k: normal (layers.mesh:32)
-  param19_bert_encoder_layer_1_attention_w_k.resize(4096);
-  {
-    const meshrt::kernels::Shard shard{{64, 4, 16}, {0, 0, 0}, {64, 4, 16}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}});
-    support::fillParam(param19_bert_encoder_layer_1_attention_w_k.data(), shard, seed,
-                       "bert/encoder_layer[1]/attention/w_k", init,
-                       meshrt::kernels::ValueType::F32);
-  }
-  // bert/encoder_layer[1]/attention/w_v: normal (layers.mesh:33)
-  param20_bert_encoder_layer_1_attention_w_v.resize(4096);
-  {
-    const meshrt::kernels::Shard shard{{64, 4, 16}, {0, 0, 0}, {64, 4, 16}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}});
-    support::fillParam(param20_bert_encoder_layer_1_attention_w_v.data(), shard, seed,
-                       "bert/encoder_layer[1]/attention/w_v", init,
-                       meshrt::kernels::ValueType::F32);
-  }
-  // bert/encoder_layer[1]/attention/w_o: normal (layers.mesh:34)
-  param21_bert_encoder_layer_1_attention_w_o.resize(4096);
-  {
-    const meshrt::kernels::Shard shard{{4, 16, 64}, {0, 0, 0}, {4, 16, 64}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}});
-    support::fillParam(param21_bert_encoder_layer_1_attention_w_o.data(), shard, seed,
-                       "bert/encoder_layer[1]/attention/w_o", init,
-                       meshrt::kernels::ValueType::F32);
-  }
-  // bert/encoder_layer[1]/norm/gain: ones (layers.mesh:22)
-  param22_bert_encoder_layer_1_norm_gain.assign(64, support::roundValue(support::DType::F32, 1.0));
-  // bert/encoder_layer[1]/norm/bias: zeros (layers.mesh:23)
-  param23_bert_encoder_layer_1_norm_bias.assign(64, support::roundValue(support::DType::F32, 0.0));
-  // bert/encoder_layer[1]/ffn/w_in: normal (layers.mesh:50)
-  param24_bert_encoder_layer_1_ffn_w_in.resize(16384);
-  {
-    const meshrt::kernels::Shard shard{{64, 256}, {0, 0}, {64, 256}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}});
-    support::fillParam(param24_bert_encoder_layer_1_ffn_w_in.data(), shard, seed,
-                       "bert/encoder_layer[1]/ffn/w_in", init, meshrt::kernels::ValueType::F32);
-  }
-  // bert/encoder_layer[1]/ffn/b_in: zeros (layers.mesh:51)
-  param25_bert_encoder_layer_1_ffn_b_in.assign(256, support::roundValue(support::DType::F32, 0.0));
-  // bert/encoder_layer[1]/ffn/w_out: normal (layers.mesh:52)
-  param26_bert_encoder_layer_1_ffn_w_out.resize(16384);
-  {
-    const meshrt::kernels::Shard shard{{256, 64}, {0, 0}, {256, 64}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.0625}});
-    support::fillParam(param26_bert_encoder_layer_1_ffn_w_out.data(), shard, seed,
-                       "bert/encoder_layer[1]/ffn/w_out", init, meshrt::kernels::ValueType::F32);
-  }
-  // bert/encoder_layer[1]/ffn/b_out: zeros (layers.mesh:53)
-  param27_bert_encoder_layer_1_ffn_b_out.assign(64, support::roundValue(support::DType::F32, 0.0));
-  // bert/encoder_layer[1]/norm#1/gain: ones (layers.mesh:22)
-  param28_bert_encoder_layer_1_norm_1_gain.assign(64,
-                                                  support::roundValue(support::DType::F32, 1.0));
-  // bert/encoder_layer[1]/norm#1/bias: zeros (layers.mesh:23)
-  param29_bert_encoder_layer_1_norm_1_bias.assign(64,
-                                                  support::roundValue(support::DType::F32, 0.0));
+  static constexpr support::ParamInit inits[] = {
+      // bert/token_embedding (bert.mesh:29)
+      {"truncated_normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.02}}},
+      // bert/position_embedding (bert.mesh:30)
+      {"truncated_normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.02}}},
+      // bert/segment_embedding (bert.mesh:31)
+      {"truncated_normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.02}}},
+      // bert/output_bias (bert.mesh:32)
+      {"zeros", support::DType::F32, {}},
+      // bert/norm/gain (layers.mesh:22)
+      {"ones", support::DType::F32, {}},
+      // bert/norm/bias (layers.mesh:23)
+      {"zeros", support::DType::F32, {}},
+      // bert/encoder_layer[0]/attention/w_q (layers.mesh:31)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.125}}},
+      // bert/encoder_layer[0]/attention/w_k (layers.mesh:32)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.125}}},
+      // bert/encoder_layer[0]/attention/w_v (layers.mesh:33)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.125}}},
+      // bert/encoder_layer[0]/attention/w_o (layers.mesh:34)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.125}}},
+      // bert/encoder_layer[0]/norm/gain (layers.mesh:22)
+      {"ones", support::DType::F32, {}},
+      // bert/encoder_layer[0]/norm/bias (layers.mesh:23)
+      {"zeros", support::DType::F32, {}},
+      // bert/encoder_layer[0]/ffn/w_in (layers.mesh:50)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.125}}},
+      // bert/encoder_layer[0]/ffn/b_in (layers.mesh:51)
+      {"zeros", support::DType::F32, {}},
+      // bert/encoder_layer[0]/ffn/w_out (layers.mesh:52)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.0625}}},
+      // bert/encoder_layer[0]/ffn/b_out (layers.mesh:53)
+      {"zeros", support::DType::F32, {}},
+      // bert/encoder_layer[0]/norm#1/gain (layers.mesh:22)
+      {"ones", support::DType::F32, {}},
+      // bert/encoder_layer[0]/norm#1/bias (layers.mesh:23)
+      {"zeros", support::DType::F32, {}},
+      // bert/encoder_layer[1]/attention/w_q (layers.mesh:31)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.125}}},
+      // bert/encoder_layer[1]/attention/w_k (layers.mesh:32)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.125}}},
+      // bert/encoder_layer[1]/attention/w_v (layers.mesh:33)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.125}}},
+      // bert/encoder_layer[1]/attention/w_o (layers.mesh:34)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.125}}},
+      // bert/encoder_layer[1]/norm/gain (layers.mesh:22)
+      {"ones", support::DType::F32, {}},
+      // bert/encoder_layer[1]/norm/bias (layers.mesh:23)
+      {"zeros", support::DType::F32, {}},
+      // bert/encoder_layer[1]/ffn/w_in (layers.mesh:50)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.125}}},
+      // bert/encoder_layer[1]/ffn/b_in (layers.mesh:51)
+      {"zeros", support::DType::F32, {}},
+      // bert/encoder_layer[1]/ffn/w_out (layers.mesh:52)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.0625}}},
+      // bert/encoder_layer[1]/ffn/b_out (layers.mesh:53)
+      {"zeros", support::DType::F32, {}},
+      // bert/encoder_layer[1]/norm#1/gain (layers.mesh:22)
+      {"ones", support::DType::F32, {}},
+      // bert/encoder_layer[1]/norm#1/bias (layers.mesh:23)
+      {"zeros", support::DType::F32, {}}};
+  support::Buffer *const data[] = {&param0_bert_token_embedding,
+                                   &param1_bert_position_embedding,
+                                   &param2_bert_segment_embedding,
+                                   &param3_bert_output_bias,
+                                   &param4_bert_norm_gain,
+                                   &param5_bert_norm_bias,
+                                   &param6_bert_encoder_layer_0_attention_w_q,
+                                   &param7_bert_encoder_layer_0_attention_w_k,
+                                   &param8_bert_encoder_layer_0_attention_w_v,
+                                   &param9_bert_encoder_layer_0_attention_w_o,
+                                   &param10_bert_encoder_layer_0_norm_gain,
+                                   &param11_bert_encoder_layer_0_norm_bias,
+                                   &param12_bert_encoder_layer_0_ffn_w_in,
+                                   &param13_bert_encoder_layer_0_ffn_b_in,
+                                   &param14_bert_encoder_layer_0_ffn_w_out,
+                                   &param15_bert_encoder_layer_0_ffn_b_out,
+                                   &param16_bert_encoder_layer_0_norm_1_gain,
+                                   &param17_bert_encoder_layer_0_norm_1_bias,
+                                   &param18_bert_encoder_layer_1_attention_w_q,
+                                   &param19_bert_encoder_layer_1_attention_w_k,
+                                   &param20_bert_encoder_layer_1_attention_w_v,
+                                   &param21_bert_encoder_layer_1_attention_w_o,
+                                   &param22_bert_encoder_layer_1_norm_gain,
+                                   &param23_bert_encoder_layer_1_norm_bias,
+                                   &param24_bert_encoder_layer_1_ffn_w_in,
+                                   &param25_bert_encoder_layer_1_ffn_b_in,
+                                   &param26_bert_encoder_layer_1_ffn_w_out,
+                                   &param27_bert_encoder_layer_1_ffn_b_out,
+                                   &param28_bert_encoder_layer_1_norm_1_gain,
+                                   &param29_bert_encoder_layer_1_norm_1_bias};
+  support::initParams(world_, seed, -1, kMlmParams, inits, data);
   computeInvariants();
 }
 
@@ -196,39 +846,20 @@ void Mlm::computeInvariants() {
 
   // bert.mesh:41:58 iota
   support::View v18 = persistent_.view(0, 32);
-  static const support::Shape shape0_1 = {32};
-  static const support::Shape shape0_2 = {1};
-  support::iota(v18.data(), shape0_1, shape0_2, 0);
+  support::iota(v18.data(), kShape0, kShape1, 0);
 
   // bert.mesh:41:68 ge
   support::View v20 = persistent_.view(192, 32);
-  {
-    float *__restrict v20p = v20.data();
-    const float *__restrict v18p = v18.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = v18p[i0];
-      const float s1 = support::wrapI32(0.0);
-      const float s2 = (s0 >= s1 ? 1.0f : 0.0f);
-      v20p[i0] = s2;
-    }
-  }
+  loop0(v20.data(), v18.data());
 
   // bert.mesh:41:53 cast
   support::View v21 = persistent_.view(320, 32);
-  {
-    float *__restrict v21p = v21.data();
-    const float *__restrict v20p = v20.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = v20p[i0];
-      const float s1 = s0;
-      v21p[i0] = s1;
-    }
-  }
+  loop1(v21.data(), v20.data());
 }
 
 Mlm::Outputs Mlm::run(const Inputs &inputs) {
   MESHRT_TRACE_RUN(world_, "mlm");
-  // Arena: 77824 bytes for 450688 bytes of temporaries (placed by liveness).
+  // Arena: 77824 bytes for 524416 bytes of temporaries (placed by liveness).
   support::checkShape("input", "tokens", inputs.tokens, {1, 32});
   support::checkShape("input", "segment_ids", inputs.segment_ids, {1, 32});
   support::checkShape("input", "padding", inputs.padding, {1, 32});
@@ -251,49 +882,35 @@ void Mlm::runPart0(const Inputs &inputs) {
   const support::Buffer &v3 = param0_bert_token_embedding;
   const support::Buffer &v0 = inputs.tokens.data;
   support::View v7 = arena_.view(0, 2048);
-  static const support::Shape shape0_1 = {1, 32, 64};
-  static const support::Shape shape0_3 = {0, 0, 1};
-  static const support::Shape shape0_5 = {32, 1, 0};
-  support::gather(v7.data(), shape0_1, v3.data(), shape0_3, v0.data(), shape0_5, 128, 64, 0);
+  support::gather(v7.data(), kShape2, v3.data(), kShape3, v0.data(), kShape4, 128, 64, 0);
 
   // bert.mesh:35:39 gather
   MESHRT_TRACE("gather", "bert.mesh:35:39", "forward");
   const support::Buffer &v5 = param2_bert_segment_embedding;
   const support::Buffer &v1 = inputs.segment_ids.data;
   support::View v9 = arena_.view(8192, 2048);
-  static const support::Shape shape1_1 = {1, 32, 64};
-  static const support::Shape shape1_3 = {0, 0, 1};
-  static const support::Shape shape1_5 = {32, 1, 0};
-  support::gather(v9.data(), shape1_1, v5.data(), shape1_3, v1.data(), shape1_5, 2, 64, 0);
+  support::gather(v9.data(), kShape2, v5.data(), kShape3, v1.data(), kShape4, 2, 64, 0);
 
   // bert.mesh:34:76 add
   // bert.mesh:35:37 add -> x
   MESHRT_TRACE("loop", "bert.mesh:34:76", "forward");
   const support::Buffer &v4 = param1_bert_position_embedding;
   support::View v10 = arena_.view(16384, 2048);
-  {
-    float *__restrict v10p = v10.data();
-    const float *__restrict v7p = v7.data();
-    const float *__restrict v4p = v4.data();
-    const float *__restrict v9p = v9.data();
-    for (int64_t i0 = 0; i0 < 2048; ++i0) {
-      const float s0 = v7p[i0];
-      const float s1 = v4p[i0];
-      const float s2 = (s0 + s1);
-      const float s3 = v9p[i0];
-      const float s4 = (s2 + s3);
-      v10p[i0] = s4;
-    }
-  }
+  loop2(v10.data(), v7.data(), v4.data(), v9.data());
 
   // layers.mesh:24:10 layer_norm
+  MESHRT_TRACE("layer_norm", "layers.mesh:24:10", "forward");
+  support::View v13 = arena_.view(0, 2048);
+  support::along(v13.data(), v10.data(), kShape5, kShape6, kShape6, kShape7, kShape1, kShape1,
+                 support::Along::LayerNorm, 1e-05, 64, nullptr);
+
   // layers.mesh:24:33 mul
   // layers.mesh:24:40 add -> x
-  MESHRT_TRACE("layer_norm", "layers.mesh:24:10", "forward");
+  MESHRT_TRACE("loop", "layers.mesh:24:33", "forward");
   const support::Buffer &v11 = param4_bert_norm_gain;
   const support::Buffer &v12 = param5_bert_norm_bias;
   support::View v15 = arena_.view(32768, 2048);
-  support::layerNormAffine(v15.data(), v10.data(), 32, 64, v11.data(), v12.data(), 1e-05, 64);
+  loop3(v15.data(), v13.data(), v11.data(), v12.data());
 
   // bert.mesh:40:26 rename
   MESHRT_TRACE("copy", "bert.mesh:40:26", "forward");
@@ -305,20 +922,7 @@ void Mlm::runPart0(const Inputs &inputs) {
   MESHRT_TRACE("loop", "bert.mesh:40:21", "forward");
   support::View v21 = persistent_.view(320, 32);
   support::View v22 = arena_.view(49152, 1024);
-  {
-    float *__restrict v22p = v22.data();
-    const float *__restrict v16p = v16.data();
-    const float *__restrict v21p = v21.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = v16p[i0];
-        const float s1 = s0;
-        const float s2 = v21p[i1];
-        const float s3 = (s1 * s2);
-        v22p[i0 * 32 + i1] = s3;
-      }
-    }
-  }
+  loop4(v22.data(), v16.data(), v21.data());
 
   // 4 statements from layers.mesh:36:11 einsum -> q (1 of 2)
   MESHRT_TRACE_SITE("layers.mesh:36:11");
@@ -336,30 +940,20 @@ void Mlm::runPart0(const Inputs &inputs) {
   // layers.mesh:43:39 gt
   MESHRT_TRACE("loop", "bert.mesh:41:39", "forward");
   support::View v37 = arena_.view(73728, 1024);
-  {
-    float *__restrict v37p = v37.data();
-    const float *__restrict v22p = v22.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = v22p[i0 + i1 * 32];
-        const float s1 = s0;
-        const float s2 = 0.5f;
-        const float s3 = (s1 > s2 ? 1.0f : 0.0f);
-        v37p[i0 * 32 + i1] = s3;
-      }
-    }
-  }
+  loop5(v37.data(), v22.data());
 
-  // 10 statements from layers.mesh:43:17 softmax -> weights (1 of 2)
-  MESHRT_TRACE_SITE("layers.mesh:43:17");
-  support::View v40 = arena_.view(16384, 4096);
-  support::View v41 = arena_.view(0, 2048);
+  // 13 statements from layers.mesh:43:25 where (1 of 2)
+  MESHRT_TRACE_SITE("layers.mesh:43:25");
+  support::View v39 = arena_.view(16384, 4096);
+  support::View v40 = arena_.view(0, 4096);
+  support::View v41 = arena_.view(16384, 2048);
   const support::Buffer &v27 = param9_bert_encoder_layer_0_attention_w_o;
-  support::View v42 = arena_.view(8192, 2048);
-  support::View v43 = arena_.view(0, 2048);
-  support::View v48 = arena_.view(65536, 2048);
+  support::View v42 = arena_.view(0, 2048);
+  support::View v43 = arena_.view(8192, 2048);
+  support::View v46 = arena_.view(0, 2048);
   const support::Buffer &v44 = param10_bert_encoder_layer_0_norm_gain;
   const support::Buffer &v45 = param11_bert_encoder_layer_0_norm_bias;
+  support::View v48 = arena_.view(65536, 2048);
   const support::Buffer &v49 = param12_bert_encoder_layer_0_ffn_w_in;
   support::View v53 = arena_.view(0, 8192);
   const support::Buffer &v50 = param13_bert_encoder_layer_0_ffn_b_in;
@@ -368,11 +962,12 @@ void Mlm::runPart0(const Inputs &inputs) {
   support::View v57 = arena_.view(0, 2048);
   const support::Buffer &v52 = param15_bert_encoder_layer_0_ffn_b_out;
   support::View v59 = arena_.view(8192, 2048);
+  support::View v62 = arena_.view(0, 2048);
   const support::Buffer &v60 = param16_bert_encoder_layer_0_norm_1_gain;
   const support::Buffer &v61 = param17_bert_encoder_layer_0_norm_1_bias;
   support::View v64 = arena_.view(32768, 2048);
-  repeated0(v40, v33, v37, v31, v41, v27, v42, v15, v43, v48, v44, v45, v49, v53, v50, v55, v51,
-            v57, v52, v59, v64, v60, v61);
+  repeated0(v37, v33, v39, v40, v31, v41, v27, v42, v15, v43, v46, v44, v45, v48, v49, v53, v50,
+            v55, v51, v57, v52, v59, v62, v60, v61, v64);
 
   // 4 statements from layers.mesh:36:11 einsum -> q (2 of 2)
   MESHRT_TRACE_SITE("layers.mesh:36:11");
@@ -385,16 +980,18 @@ void Mlm::runPart0(const Inputs &inputs) {
   support::View v74 = arena_.view(0, 4096);
   repeated1(v64, v65, v69, v66, v70, v67, v72, v74);
 
-  // 10 statements from layers.mesh:43:17 softmax -> weights (2 of 2)
-  MESHRT_TRACE_SITE("layers.mesh:43:17");
-  support::View v81 = arena_.view(16384, 4096);
-  support::View v82 = arena_.view(0, 2048);
+  // 13 statements from layers.mesh:43:25 where (2 of 2)
+  MESHRT_TRACE_SITE("layers.mesh:43:25");
+  support::View v80 = arena_.view(16384, 4096);
+  support::View v81 = arena_.view(0, 4096);
+  support::View v82 = arena_.view(16384, 2048);
   const support::Buffer &v68 = param21_bert_encoder_layer_1_attention_w_o;
-  support::View v83 = arena_.view(8192, 2048);
-  support::View v84 = arena_.view(0, 2048);
-  support::View v89 = arena_.view(65536, 2048);
+  support::View v83 = arena_.view(0, 2048);
+  support::View v84 = arena_.view(8192, 2048);
+  support::View v87 = arena_.view(0, 2048);
   const support::Buffer &v85 = param22_bert_encoder_layer_1_norm_gain;
   const support::Buffer &v86 = param23_bert_encoder_layer_1_norm_bias;
+  support::View v89 = arena_.view(65536, 2048);
   const support::Buffer &v90 = param24_bert_encoder_layer_1_ffn_w_in;
   support::View v94 = arena_.view(0, 8192);
   const support::Buffer &v91 = param25_bert_encoder_layer_1_ffn_b_in;
@@ -403,159 +1000,105 @@ void Mlm::runPart0(const Inputs &inputs) {
   support::View v98 = arena_.view(0, 2048);
   const support::Buffer &v93 = param27_bert_encoder_layer_1_ffn_b_out;
   support::View v100 = arena_.view(8192, 2048);
+  support::View v103 = arena_.view(0, 2048);
   const support::Buffer &v101 = param28_bert_encoder_layer_1_norm_1_gain;
   const support::Buffer &v102 = param29_bert_encoder_layer_1_norm_1_bias;
   support::View v105 = arena_.view(16384, 2048);
-  repeated0(v81, v74, v37, v72, v82, v68, v83, v64, v84, v89, v85, v86, v90, v94, v91, v96, v92,
-            v98, v93, v100, v105, v101, v102);
+  repeated0(v37, v74, v80, v81, v72, v82, v68, v83, v64, v84, v87, v85, v86, v89, v90, v94, v91,
+            v96, v92, v98, v93, v100, v103, v101, v102, v105);
 
   // bert.mesh:46:10 einsum
   MESHRT_TRACE("gemm", "bert.mesh:46:10", "forward");
   support::View v106 = arena_.view(0, 4096);
   // dims: batch, seq, d_model, vocab
-  static const meshrt::kernels::EinsumPlan einsumPlan11(
-      {{1, 32, 64, 128}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan11.run(v105.data(), v3.data(), v106.data(), 1.0f, 0.0f);
+  kEinsum0.plan().run(v105.data(), v3.data(), v106.data(), 1.0f, 0.0f);
 
   // bert.mesh:46:58 add -> logits
   MESHRT_TRACE("loop", "bert.mesh:46:58", "forward");
   const support::Buffer &v6 = param3_bert_output_bias;
   support::View v107 = arena_.view(16384, 4096);
-  {
-    float *__restrict v107p = v107.data();
-    const float *__restrict v106p = v106.data();
-    const float *__restrict v6p = v6.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 128; ++i1) {
-        const float s0 = v106p[i0 * 128 + i1];
-        const float s1 = v6p[i1];
-        const float s2 = (s0 + s1);
-        v107p[i0 * 128 + i1] = s2;
-      }
-    }
-  }
+  loop6(v107.data(), v106.data(), v6.data());
 
   // bert.mesh:53:11 softmax -> probs
   MESHRT_TRACE("softmax", "bert.mesh:53:11", "forward");
   support::View v108 = arena_.view(0, 4096);
-  static const support::Shape shape13_2 = {1, 32};
-  static const support::Shape shape13_3 = {4096, 128};
-  static const support::Shape shape13_4 = {4096, 128};
-  static const support::Shape shape13_5 = {128};
-  static const support::Shape shape13_6 = {1};
-  static const support::Shape shape13_7 = {1};
-  support::along(v108.data(), v107.data(), shape13_2, shape13_3, shape13_4, shape13_5, shape13_6,
-                 shape13_7, support::Along::Softmax, 1e-05, 128, nullptr);
+  support::along(v108.data(), v107.data(), kShape5, kShape8, kShape8, kShape9, kShape1, kShape1,
+                 support::Along::Softmax, 1e-05, 128, nullptr);
 }
 
-void Mlm::repeated0(support::View a0, support::ConstView a1, support::ConstView a2,
-                    support::ConstView a3, support::View a4, support::ConstView a5,
-                    support::View a6, support::ConstView a7, support::View a8, support::View a9,
-                    support::ConstView a10, support::ConstView a11, support::ConstView a12,
-                    support::View a13, support::ConstView a14, support::View a15,
-                    support::ConstView a16, support::View a17, support::ConstView a18,
-                    support::View a19, support::View a20, support::ConstView a21,
-                    support::ConstView a22) {
+void Mlm::repeated0(support::ConstView a0, support::ConstView a1, support::View a2,
+                    support::View a3, support::ConstView a4, support::View a5,
+                    support::ConstView a6, support::View a7, support::ConstView a8,
+                    support::View a9, support::View a10, support::ConstView a11,
+                    support::ConstView a12, support::View a13, support::ConstView a14,
+                    support::View a15, support::ConstView a16, support::View a17,
+                    support::ConstView a18, support::View a19, support::ConstView a20,
+                    support::View a21, support::View a22, support::ConstView a23,
+                    support::ConstView a24, support::View a25) {
   MESHRT_TRACE_SPAN(world_);
 
-  // layers.mesh:43:17 softmax -> weights
   // layers.mesh:43:25 where
+  MESHRT_TRACE("loop", "layers.mesh:43:25", "forward");
+  loop7(a2.data(), a0.data(), a1.data());
+
+  // layers.mesh:43:17 softmax -> weights
   MESHRT_TRACE("softmax", "layers.mesh:43:17", "forward");
-  static const support::Shape shape0_3 = {1, 4, 32};
-  static const support::Shape shape0_4 = {1024, 0, 32};
-  support::maskedSoftmax(a0.data(), a1.data(), a2.data(), shape0_3, shape0_4, 32, 1, -1000000000.0);
+  support::along(a3.data(), a2.data(), kShape10, kShape11, kShape11, kShape0, kShape1, kShape1,
+                 support::Along::Softmax, 1e-05, 32, nullptr);
 
   // layers.mesh:44:17 einsum -> context
   MESHRT_TRACE("gemm", "layers.mesh:44:17", "forward");
   // dims: batch, heads, seq, mem, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan1(
-      {{1, 4, 32, 32, 16}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 2, 1, 4}, {}}});
-  einsumPlan1.run(a0.data(), a3.data(), a4.data(), 1.0f, 0.0f);
+  kEinsum1.plan().run(a3.data(), a4.data(), a5.data(), 1.0f, 0.0f);
 
   // layers.mesh:45:10 einsum
   MESHRT_TRACE("gemm", "layers.mesh:45:10", "forward");
   // dims: batch, seq, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan2(
-      {{1, 32, 4, 16, 64}, {{{0, 1, 2, 3}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 4}, {}}});
-  einsumPlan2.run(a4.data(), a5.data(), a6.data(), 1.0f, 0.0f);
+  kEinsum2.plan().run(a5.data(), a6.data(), a7.data(), 1.0f, 0.0f);
 
   // bert.mesh:20:18 add
   MESHRT_TRACE("loop", "bert.mesh:20:18", "forward");
-  {
-    float *__restrict a8p = a8.data();
-    const float *__restrict a7p = a7.data();
-    const float *__restrict a6p = a6.data();
-    for (int64_t i0 = 0; i0 < 2048; ++i0) {
-      const float s0 = a7p[i0];
-      const float s1 = a6p[i0];
-      const float s2 = (s0 + s1);
-      a8p[i0] = s2;
-    }
-  }
+  loop8(a9.data(), a8.data(), a7.data());
 
   // layers.mesh:24:10 layer_norm
+  MESHRT_TRACE("layer_norm", "layers.mesh:24:10", "forward");
+  support::along(a10.data(), a9.data(), kShape5, kShape6, kShape6, kShape7, kShape1, kShape1,
+                 support::Along::LayerNorm, 1e-05, 64, nullptr);
+
   // layers.mesh:24:33 mul
   // layers.mesh:24:40 add -> h
-  MESHRT_TRACE("layer_norm", "layers.mesh:24:10", "forward");
-  support::layerNormAffine(a9.data(), a8.data(), 32, 64, a10.data(), a11.data(), 1e-05, 64);
+  MESHRT_TRACE("loop", "layers.mesh:24:33", "forward");
+  loop3(a13.data(), a10.data(), a11.data(), a12.data());
 
   // layers.mesh:54:16 einsum
   MESHRT_TRACE("gemm", "layers.mesh:54:16", "forward");
   // dims: batch, seq, d_model, d_ff
-  static const meshrt::kernels::EinsumPlan einsumPlan5(
-      {{1, 32, 64, 256}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan5.run(a9.data(), a12.data(), a13.data(), 1.0f, 0.0f);
+  kEinsum3.plan().run(a13.data(), a14.data(), a15.data(), 1.0f, 0.0f);
 
   // layers.mesh:54:52 add
   // layers.mesh:54:11 gelu -> h
   MESHRT_TRACE("loop", "layers.mesh:54:52", "forward");
-  {
-    float *__restrict a15p = a15.data();
-    const float *__restrict a13p = a13.data();
-    const float *__restrict a14p = a14.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 256; ++i1) {
-        const float s0 = a13p[i0 * 256 + i1];
-        const float s1 = a14p[i1];
-        const float s2 = (s0 + s1);
-        const float s3 = support::fgelu(s2);
-        a15p[i0 * 256 + i1] = s3;
-      }
-    }
-  }
+  loop9(a17.data(), a15.data(), a16.data());
 
   // layers.mesh:55:10 einsum
   MESHRT_TRACE("gemm", "layers.mesh:55:10", "forward");
   // dims: batch, seq, d_ff, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan7(
-      {{1, 32, 256, 64}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan7.run(a15.data(), a16.data(), a17.data(), 1.0f, 0.0f);
+  kEinsum4.plan().run(a17.data(), a18.data(), a19.data(), 1.0f, 0.0f);
 
   // layers.mesh:55:71 add
   // bert.mesh:21:17 add
   MESHRT_TRACE("loop", "layers.mesh:55:71", "forward");
-  {
-    float *__restrict a19p = a19.data();
-    const float *__restrict a17p = a17.data();
-    const float *__restrict a18p = a18.data();
-    const float *__restrict a9p = a9.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 64; ++i1) {
-        const float s0 = a17p[i0 * 64 + i1];
-        const float s1 = a18p[i1];
-        const float s2 = (s0 + s1);
-        const float s3 = a9p[i0 * 64 + i1];
-        const float s4 = (s3 + s2);
-        a19p[i0 * 64 + i1] = s4;
-      }
-    }
-  }
+  loop10(a21.data(), a19.data(), a20.data(), a13.data());
 
   // layers.mesh:24:10 layer_norm
+  MESHRT_TRACE("layer_norm", "layers.mesh:24:10", "forward");
+  support::along(a22.data(), a21.data(), kShape5, kShape6, kShape6, kShape7, kShape1, kShape1,
+                 support::Along::LayerNorm, 1e-05, 64, nullptr);
+
   // layers.mesh:24:33 mul
   // layers.mesh:24:40 add -> x
-  MESHRT_TRACE("layer_norm", "layers.mesh:24:10", "forward");
-  support::layerNormAffine(a20.data(), a19.data(), 32, 64, a21.data(), a22.data(), 1e-05, 64);
+  MESHRT_TRACE("loop", "layers.mesh:24:33", "forward");
+  loop3(a25.data(), a22.data(), a23.data(), a24.data());
 }
 
 void Mlm::repeated1(support::ConstView a0, support::ConstView a1, support::View a2,
@@ -566,31 +1109,23 @@ void Mlm::repeated1(support::ConstView a0, support::ConstView a1, support::View 
   // layers.mesh:36:11 einsum -> q
   MESHRT_TRACE("gemm", "layers.mesh:36:11", "forward");
   // dims: batch, seq, d_model, heads, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan0(
-      {{1, 32, 64, 4, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan0.run(a0.data(), a1.data(), a2.data(), 1.0f, 0.0f);
+  kEinsum5.plan().run(a0.data(), a1.data(), a2.data(), 1.0f, 0.0f);
 
   // layers.mesh:38:18 einsum
   MESHRT_TRACE("gemm", "layers.mesh:38:18", "forward");
   // dims: batch, seq, d_model, heads, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan1(
-      {{1, 32, 64, 4, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan1.run(a0.data(), a3.data(), a4.data(), 1.0f, 0.0f);
+  kEinsum5.plan().run(a0.data(), a3.data(), a4.data(), 1.0f, 0.0f);
 
   // layers.mesh:39:18 einsum
   MESHRT_TRACE("gemm", "layers.mesh:39:18", "forward");
   // dims: batch, seq, d_model, heads, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan2(
-      {{1, 32, 64, 4, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan2.run(a0.data(), a5.data(), a6.data(), 1.0f, 0.0f);
+  kEinsum5.plan().run(a0.data(), a5.data(), a6.data(), 1.0f, 0.0f);
 
   // layers.mesh:41:16 einsum
   // layers.mesh:41:55 mul -> scores
   MESHRT_TRACE("gemm", "layers.mesh:41:16", "forward");
   // dims: batch, seq, heads, d_head, mem
-  static const meshrt::kernels::EinsumPlan einsumPlan3(
-      {{1, 32, 4, 16, 32}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
-  einsumPlan3.run(a2.data(), a4.data(), a7.data(), 0.25f, 0.0f);
+  kEinsum6.plan().run(a2.data(), a4.data(), a7.data(), 0.25f, 0.0f);
 }
 
 Mlm::Inputs Mlm::synthesizeInputs(uint64_t seed) const {
@@ -681,36 +1216,37 @@ support::Tensor Mlm::gatherOutput(meshrt::Communicator &world, const std::string
 }
 
 std::vector<std::string> Mlm::paramNames() {
-  return {"bert/token_embedding",
-          "bert/position_embedding",
-          "bert/segment_embedding",
-          "bert/output_bias",
-          "bert/norm/gain",
-          "bert/norm/bias",
-          "bert/encoder_layer[0]/attention/w_q",
-          "bert/encoder_layer[0]/attention/w_k",
-          "bert/encoder_layer[0]/attention/w_v",
-          "bert/encoder_layer[0]/attention/w_o",
-          "bert/encoder_layer[0]/norm/gain",
-          "bert/encoder_layer[0]/norm/bias",
-          "bert/encoder_layer[0]/ffn/w_in",
-          "bert/encoder_layer[0]/ffn/b_in",
-          "bert/encoder_layer[0]/ffn/w_out",
-          "bert/encoder_layer[0]/ffn/b_out",
-          "bert/encoder_layer[0]/norm#1/gain",
-          "bert/encoder_layer[0]/norm#1/bias",
-          "bert/encoder_layer[1]/attention/w_q",
-          "bert/encoder_layer[1]/attention/w_k",
-          "bert/encoder_layer[1]/attention/w_v",
-          "bert/encoder_layer[1]/attention/w_o",
-          "bert/encoder_layer[1]/norm/gain",
-          "bert/encoder_layer[1]/norm/bias",
-          "bert/encoder_layer[1]/ffn/w_in",
-          "bert/encoder_layer[1]/ffn/b_in",
-          "bert/encoder_layer[1]/ffn/w_out",
-          "bert/encoder_layer[1]/ffn/b_out",
-          "bert/encoder_layer[1]/norm#1/gain",
-          "bert/encoder_layer[1]/norm#1/bias"};
+  static constexpr const char *names[] = {"bert/token_embedding",
+                                          "bert/position_embedding",
+                                          "bert/segment_embedding",
+                                          "bert/output_bias",
+                                          "bert/norm/gain",
+                                          "bert/norm/bias",
+                                          "bert/encoder_layer[0]/attention/w_q",
+                                          "bert/encoder_layer[0]/attention/w_k",
+                                          "bert/encoder_layer[0]/attention/w_v",
+                                          "bert/encoder_layer[0]/attention/w_o",
+                                          "bert/encoder_layer[0]/norm/gain",
+                                          "bert/encoder_layer[0]/norm/bias",
+                                          "bert/encoder_layer[0]/ffn/w_in",
+                                          "bert/encoder_layer[0]/ffn/b_in",
+                                          "bert/encoder_layer[0]/ffn/w_out",
+                                          "bert/encoder_layer[0]/ffn/b_out",
+                                          "bert/encoder_layer[0]/norm#1/gain",
+                                          "bert/encoder_layer[0]/norm#1/bias",
+                                          "bert/encoder_layer[1]/attention/w_q",
+                                          "bert/encoder_layer[1]/attention/w_k",
+                                          "bert/encoder_layer[1]/attention/w_v",
+                                          "bert/encoder_layer[1]/attention/w_o",
+                                          "bert/encoder_layer[1]/norm/gain",
+                                          "bert/encoder_layer[1]/norm/bias",
+                                          "bert/encoder_layer[1]/ffn/w_in",
+                                          "bert/encoder_layer[1]/ffn/b_in",
+                                          "bert/encoder_layer[1]/ffn/w_out",
+                                          "bert/encoder_layer[1]/ffn/b_out",
+                                          "bert/encoder_layer[1]/norm#1/gain",
+                                          "bert/encoder_layer[1]/norm#1/bias"};
+  return {std::begin(names), std::end(names)};
 }
 
 bool Mlm::isOptimizerState(const std::string &path) {
@@ -719,45 +1255,6 @@ bool Mlm::isOptimizerState(const std::string &path) {
 }
 
 std::vector<support::ParamShard> Mlm::paramShards() {
-  static constexpr support::ParamSpec specs[] = {
-      {"bert/token_embedding", false, "f32", "vocab:128:128: d_model:64:64:"},
-      {"bert/position_embedding", false, "f32", "seq:32:32: d_model:64:64:"},
-      {"bert/segment_embedding", false, "f32", "segments:2:2: d_model:64:64:"},
-      {"bert/output_bias", false, "f32", "vocab:128:128:"},
-      {"bert/norm/gain", false, "f32", "d_model:64:64:"},
-      {"bert/norm/bias", false, "f32", "d_model:64:64:"},
-      {"bert/encoder_layer[0]/attention/w_q", false, "f32",
-       "d_model:64:64: heads:4:4: d_head:16:16:"},
-      {"bert/encoder_layer[0]/attention/w_k", false, "f32",
-       "d_model:64:64: heads:4:4: d_head:16:16:"},
-      {"bert/encoder_layer[0]/attention/w_v", false, "f32",
-       "d_model:64:64: heads:4:4: d_head:16:16:"},
-      {"bert/encoder_layer[0]/attention/w_o", false, "f32",
-       "heads:4:4: d_head:16:16: d_model:64:64:"},
-      {"bert/encoder_layer[0]/norm/gain", false, "f32", "d_model:64:64:"},
-      {"bert/encoder_layer[0]/norm/bias", false, "f32", "d_model:64:64:"},
-      {"bert/encoder_layer[0]/ffn/w_in", false, "f32", "d_model:64:64: d_ff:256:256:"},
-      {"bert/encoder_layer[0]/ffn/b_in", false, "f32", "d_ff:256:256:"},
-      {"bert/encoder_layer[0]/ffn/w_out", false, "f32", "d_ff:256:256: d_model:64:64:"},
-      {"bert/encoder_layer[0]/ffn/b_out", false, "f32", "d_model:64:64:"},
-      {"bert/encoder_layer[0]/norm#1/gain", false, "f32", "d_model:64:64:"},
-      {"bert/encoder_layer[0]/norm#1/bias", false, "f32", "d_model:64:64:"},
-      {"bert/encoder_layer[1]/attention/w_q", false, "f32",
-       "d_model:64:64: heads:4:4: d_head:16:16:"},
-      {"bert/encoder_layer[1]/attention/w_k", false, "f32",
-       "d_model:64:64: heads:4:4: d_head:16:16:"},
-      {"bert/encoder_layer[1]/attention/w_v", false, "f32",
-       "d_model:64:64: heads:4:4: d_head:16:16:"},
-      {"bert/encoder_layer[1]/attention/w_o", false, "f32",
-       "heads:4:4: d_head:16:16: d_model:64:64:"},
-      {"bert/encoder_layer[1]/norm/gain", false, "f32", "d_model:64:64:"},
-      {"bert/encoder_layer[1]/norm/bias", false, "f32", "d_model:64:64:"},
-      {"bert/encoder_layer[1]/ffn/w_in", false, "f32", "d_model:64:64: d_ff:256:256:"},
-      {"bert/encoder_layer[1]/ffn/b_in", false, "f32", "d_ff:256:256:"},
-      {"bert/encoder_layer[1]/ffn/w_out", false, "f32", "d_ff:256:256: d_model:64:64:"},
-      {"bert/encoder_layer[1]/ffn/b_out", false, "f32", "d_model:64:64:"},
-      {"bert/encoder_layer[1]/norm#1/gain", false, "f32", "d_model:64:64:"},
-      {"bert/encoder_layer[1]/norm#1/bias", false, "f32", "d_model:64:64:"}};
   support::Buffer *const data[] = {&param0_bert_token_embedding,
                                    &param1_bert_position_embedding,
                                    &param2_bert_segment_embedding,
@@ -788,7 +1285,7 @@ std::vector<support::ParamShard> Mlm::paramShards() {
                                    &param27_bert_encoder_layer_1_ffn_b_out,
                                    &param28_bert_encoder_layer_1_norm_1_gain,
                                    &param29_bert_encoder_layer_1_norm_1_bias};
-  return support::paramShardsOf<support::ParamShard>(specs, data);
+  return support::paramShardsOf<support::ParamShard>(kMlmParams, data);
 }
 
 support::Tensor Mlm::getParam(const std::string &path) {
@@ -839,342 +1336,398 @@ support::Shape MlmTrain::inputShape(const std::string &name) {
   throw std::invalid_argument("mlm_train: no input named '" + name + "'");
 }
 
+/// `mlm_train`'s params: paths, dims and layouts (its constructor and paramShards() read it).
+static constexpr support::ParamSpec kMlmTrainParams[] = {
+    {"bert/token_embedding", false, "f32", "vocab:128:128: d_model:64:64:"},
+    {"bert/position_embedding", false, "f32", "seq:32:32: d_model:64:64:"},
+    {"bert/segment_embedding", false, "f32", "segments:2:2: d_model:64:64:"},
+    {"bert/output_bias", false, "f32", "vocab:128:128:"},
+    {"bert/norm/gain", false, "f32", "d_model:64:64:"},
+    {"bert/norm/bias", false, "f32", "d_model:64:64:"},
+    {"bert/encoder_layer[0]/attention/w_q", false, "f32",
+     "d_model:64:64: heads:4:4: d_head:16:16:"},
+    {"bert/encoder_layer[0]/attention/w_k", false, "f32",
+     "d_model:64:64: heads:4:4: d_head:16:16:"},
+    {"bert/encoder_layer[0]/attention/w_v", false, "f32",
+     "d_model:64:64: heads:4:4: d_head:16:16:"},
+    {"bert/encoder_layer[0]/attention/w_o", false, "f32",
+     "heads:4:4: d_head:16:16: d_model:64:64:"},
+    {"bert/encoder_layer[0]/norm/gain", false, "f32", "d_model:64:64:"},
+    {"bert/encoder_layer[0]/norm/bias", false, "f32", "d_model:64:64:"},
+    {"bert/encoder_layer[0]/ffn/w_in", false, "f32", "d_model:64:64: d_ff:256:256:"},
+    {"bert/encoder_layer[0]/ffn/b_in", false, "f32", "d_ff:256:256:"},
+    {"bert/encoder_layer[0]/ffn/w_out", false, "f32", "d_ff:256:256: d_model:64:64:"},
+    {"bert/encoder_layer[0]/ffn/b_out", false, "f32", "d_model:64:64:"},
+    {"bert/encoder_layer[0]/norm#1/gain", false, "f32", "d_model:64:64:"},
+    {"bert/encoder_layer[0]/norm#1/bias", false, "f32", "d_model:64:64:"},
+    {"bert/encoder_layer[1]/attention/w_q", false, "f32",
+     "d_model:64:64: heads:4:4: d_head:16:16:"},
+    {"bert/encoder_layer[1]/attention/w_k", false, "f32",
+     "d_model:64:64: heads:4:4: d_head:16:16:"},
+    {"bert/encoder_layer[1]/attention/w_v", false, "f32",
+     "d_model:64:64: heads:4:4: d_head:16:16:"},
+    {"bert/encoder_layer[1]/attention/w_o", false, "f32",
+     "heads:4:4: d_head:16:16: d_model:64:64:"},
+    {"bert/encoder_layer[1]/norm/gain", false, "f32", "d_model:64:64:"},
+    {"bert/encoder_layer[1]/norm/bias", false, "f32", "d_model:64:64:"},
+    {"bert/encoder_layer[1]/ffn/w_in", false, "f32", "d_model:64:64: d_ff:256:256:"},
+    {"bert/encoder_layer[1]/ffn/b_in", false, "f32", "d_ff:256:256:"},
+    {"bert/encoder_layer[1]/ffn/w_out", false, "f32", "d_ff:256:256: d_model:64:64:"},
+    {"bert/encoder_layer[1]/ffn/b_out", false, "f32", "d_model:64:64:"},
+    {"bert/encoder_layer[1]/norm#1/gain", false, "f32", "d_model:64:64:"},
+    {"bert/encoder_layer[1]/norm#1/bias", false, "f32", "d_model:64:64:"},
+    {"bert/token_embedding@m", true, "f32", "vocab:128:128: d_model:64:64:"},
+    {"bert/token_embedding@v", true, "f32", "vocab:128:128: d_model:64:64:"},
+    {"bert/position_embedding@m", true, "f32", "seq:32:32: d_model:64:64:"},
+    {"bert/position_embedding@v", true, "f32", "seq:32:32: d_model:64:64:"},
+    {"bert/segment_embedding@m", true, "f32", "segments:2:2: d_model:64:64:"},
+    {"bert/segment_embedding@v", true, "f32", "segments:2:2: d_model:64:64:"},
+    {"bert/output_bias@m", true, "f32", "vocab:128:128:"},
+    {"bert/output_bias@v", true, "f32", "vocab:128:128:"},
+    {"bert/norm/gain@m", true, "f32", "d_model:64:64:"},
+    {"bert/norm/gain@v", true, "f32", "d_model:64:64:"},
+    {"bert/norm/bias@m", true, "f32", "d_model:64:64:"},
+    {"bert/norm/bias@v", true, "f32", "d_model:64:64:"},
+    {"bert/encoder_layer[0]/attention/w_q@m", true, "f32",
+     "d_model:64:64: heads:4:4: d_head:16:16:"},
+    {"bert/encoder_layer[0]/attention/w_q@v", true, "f32",
+     "d_model:64:64: heads:4:4: d_head:16:16:"},
+    {"bert/encoder_layer[0]/attention/w_k@m", true, "f32",
+     "d_model:64:64: heads:4:4: d_head:16:16:"},
+    {"bert/encoder_layer[0]/attention/w_k@v", true, "f32",
+     "d_model:64:64: heads:4:4: d_head:16:16:"},
+    {"bert/encoder_layer[0]/attention/w_v@m", true, "f32",
+     "d_model:64:64: heads:4:4: d_head:16:16:"},
+    {"bert/encoder_layer[0]/attention/w_v@v", true, "f32",
+     "d_model:64:64: heads:4:4: d_head:16:16:"},
+    {"bert/encoder_layer[0]/attention/w_o@m", true, "f32",
+     "heads:4:4: d_head:16:16: d_model:64:64:"},
+    {"bert/encoder_layer[0]/attention/w_o@v", true, "f32",
+     "heads:4:4: d_head:16:16: d_model:64:64:"},
+    {"bert/encoder_layer[0]/norm/gain@m", true, "f32", "d_model:64:64:"},
+    {"bert/encoder_layer[0]/norm/gain@v", true, "f32", "d_model:64:64:"},
+    {"bert/encoder_layer[0]/norm/bias@m", true, "f32", "d_model:64:64:"},
+    {"bert/encoder_layer[0]/norm/bias@v", true, "f32", "d_model:64:64:"},
+    {"bert/encoder_layer[0]/ffn/w_in@m", true, "f32", "d_model:64:64: d_ff:256:256:"},
+    {"bert/encoder_layer[0]/ffn/w_in@v", true, "f32", "d_model:64:64: d_ff:256:256:"},
+    {"bert/encoder_layer[0]/ffn/b_in@m", true, "f32", "d_ff:256:256:"},
+    {"bert/encoder_layer[0]/ffn/b_in@v", true, "f32", "d_ff:256:256:"},
+    {"bert/encoder_layer[0]/ffn/w_out@m", true, "f32", "d_ff:256:256: d_model:64:64:"},
+    {"bert/encoder_layer[0]/ffn/w_out@v", true, "f32", "d_ff:256:256: d_model:64:64:"},
+    {"bert/encoder_layer[0]/ffn/b_out@m", true, "f32", "d_model:64:64:"},
+    {"bert/encoder_layer[0]/ffn/b_out@v", true, "f32", "d_model:64:64:"},
+    {"bert/encoder_layer[0]/norm#1/gain@m", true, "f32", "d_model:64:64:"},
+    {"bert/encoder_layer[0]/norm#1/gain@v", true, "f32", "d_model:64:64:"},
+    {"bert/encoder_layer[0]/norm#1/bias@m", true, "f32", "d_model:64:64:"},
+    {"bert/encoder_layer[0]/norm#1/bias@v", true, "f32", "d_model:64:64:"},
+    {"bert/encoder_layer[1]/attention/w_q@m", true, "f32",
+     "d_model:64:64: heads:4:4: d_head:16:16:"},
+    {"bert/encoder_layer[1]/attention/w_q@v", true, "f32",
+     "d_model:64:64: heads:4:4: d_head:16:16:"},
+    {"bert/encoder_layer[1]/attention/w_k@m", true, "f32",
+     "d_model:64:64: heads:4:4: d_head:16:16:"},
+    {"bert/encoder_layer[1]/attention/w_k@v", true, "f32",
+     "d_model:64:64: heads:4:4: d_head:16:16:"},
+    {"bert/encoder_layer[1]/attention/w_v@m", true, "f32",
+     "d_model:64:64: heads:4:4: d_head:16:16:"},
+    {"bert/encoder_layer[1]/attention/w_v@v", true, "f32",
+     "d_model:64:64: heads:4:4: d_head:16:16:"},
+    {"bert/encoder_layer[1]/attention/w_o@m", true, "f32",
+     "heads:4:4: d_head:16:16: d_model:64:64:"},
+    {"bert/encoder_layer[1]/attention/w_o@v", true, "f32",
+     "heads:4:4: d_head:16:16: d_model:64:64:"},
+    {"bert/encoder_layer[1]/norm/gain@m", true, "f32", "d_model:64:64:"},
+    {"bert/encoder_layer[1]/norm/gain@v", true, "f32", "d_model:64:64:"},
+    {"bert/encoder_layer[1]/norm/bias@m", true, "f32", "d_model:64:64:"},
+    {"bert/encoder_layer[1]/norm/bias@v", true, "f32", "d_model:64:64:"},
+    {"bert/encoder_layer[1]/ffn/w_in@m", true, "f32", "d_model:64:64: d_ff:256:256:"},
+    {"bert/encoder_layer[1]/ffn/w_in@v", true, "f32", "d_model:64:64: d_ff:256:256:"},
+    {"bert/encoder_layer[1]/ffn/b_in@m", true, "f32", "d_ff:256:256:"},
+    {"bert/encoder_layer[1]/ffn/b_in@v", true, "f32", "d_ff:256:256:"},
+    {"bert/encoder_layer[1]/ffn/w_out@m", true, "f32", "d_ff:256:256: d_model:64:64:"},
+    {"bert/encoder_layer[1]/ffn/w_out@v", true, "f32", "d_ff:256:256: d_model:64:64:"},
+    {"bert/encoder_layer[1]/ffn/b_out@m", true, "f32", "d_model:64:64:"},
+    {"bert/encoder_layer[1]/ffn/b_out@v", true, "f32", "d_model:64:64:"},
+    {"bert/encoder_layer[1]/norm#1/gain@m", true, "f32", "d_model:64:64:"},
+    {"bert/encoder_layer[1]/norm#1/gain@v", true, "f32", "d_model:64:64:"},
+    {"bert/encoder_layer[1]/norm#1/bias@m", true, "f32", "d_model:64:64:"},
+    {"bert/encoder_layer[1]/norm#1/bias@v", true, "f32", "d_model:64:64:"}};
+
 MlmTrain::MlmTrain(meshrt::Communicator &world, uint64_t seed)
     : world_(support::checkedWorld(world, mesh(), "mlm_train")), seed_(seed),
       group_data_model(world_.subgroup(std::vector<std::string>{"data", "model"})) {
-  // bert/token_embedding: truncated_normal (bert.mesh:29)
-  param0_bert_token_embedding.resize(8192);
-  {
-    const meshrt::kernels::Shard shard{{128, 64}, {0, 0}, {128, 64}};
-    const auto init =
-        meshrt::kernels::makeInit("truncated_normal", {{"mean", 0.0}, {"stddev", 0.02}});
-    support::fillParam(param0_bert_token_embedding.data(), shard, seed, "bert/token_embedding",
-                       init, meshrt::kernels::ValueType::F32);
-  }
-  // bert/position_embedding: truncated_normal (bert.mesh:30)
-  param1_bert_position_embedding.resize(2048);
-  {
-    const meshrt::kernels::Shard shard{{32, 64}, {0, 0}, {32, 64}};
-    const auto init =
-        meshrt::kernels::makeInit("truncated_normal", {{"mean", 0.0}, {"stddev", 0.02}});
-    support::fillParam(param1_bert_position_embedding.data(), shard, seed,
-                       "bert/position_embedding", init, meshrt::kernels::ValueType::F32);
-  }
-  // bert/segment_embedding: truncated_normal (bert.mesh:31)
-  param2_bert_segment_embedding.resize(128);
-  {
-    const meshrt::kernels::Shard shard{{2, 64}, {0, 0}, {2, 64}};
-    const auto init =
-        meshrt::kernels::makeInit("truncated_normal", {{"mean", 0.0}, {"stddev", 0.02}});
-    support::fillParam(param2_bert_segment_embedding.data(), shard, seed, "bert/segment_embedding",
-                       init, meshrt::kernels::ValueType::F32);
-  }
-  // bert/output_bias: zeros (bert.mesh:32)
-  param3_bert_output_bias.assign(128, support::roundValue(support::DType::F32, 0.0));
-  // bert/norm/gain: ones (layers.mesh:22)
-  param4_bert_norm_gain.assign(64, support::roundValue(support::DType::F32, 1.0));
-  // bert/norm/bias: zeros (layers.mesh:23)
-  param5_bert_norm_bias.assign(64, support::roundValue(support::DType::F32, 0.0));
-  // bert/encoder_layer[0]/attention/w_q: normal (layers.mesh:31)
-  param6_bert_encoder_layer_0_attention_w_q.resize(4096);
-  {
-    const meshrt::kernels::Shard shard{{64, 4, 16}, {0, 0, 0}, {64, 4, 16}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}});
-    support::fillParam(param6_bert_encoder_layer_0_attention_w_q.data(), shard, seed,
-                       "bert/encoder_layer[0]/attention/w_q", init,
-                       meshrt::kernels::ValueType::F32);
-  }
-  // bert/encoder_layer[0]/attention/w_k: normal (layers.mesh:32)
-  param7_bert_encoder_layer_0_attention_w_k.resize(4096);
-  {
-    const meshrt::kernels::Shard shard{{64, 4, 16}, {0, 0, 0}, {64, 4, 16}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}});
-    support::fillParam(param7_bert_encoder_layer_0_attention_w_k.data(), shard, seed,
-                       "bert/encoder_layer[0]/attention/w_k", init,
-                       meshrt::kernels::ValueType::F32);
-  }
-  // bert/encoder_layer[0]/attention/w_v: normal (layers.mesh:33)
-  param8_bert_encoder_layer_0_attention_w_v.resize(4096);
-  {
-    const meshrt::kernels::Shard shard{{64, 4, 16}, {0, 0, 0}, {64, 4, 16}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}});
-    support::fillParam(param8_bert_encoder_layer_0_attention_w_v.data(), shard, seed,
-                       "bert/encoder_layer[0]/attention/w_v", init,
-                       meshrt::kernels::ValueType::F32);
-  }
-  // bert/encoder_layer[0]/attention/w_o: normal (layers.mesh:34)
-  param9_bert_encoder_layer_0_attention_w_o.resize(4096);
-  {
-    const meshrt::kernels::Shard shard{{4, 16, 64}, {0, 0, 0}, {4, 16, 64}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}});
-    support::fillParam(param9_bert_encoder_layer_0_attention_w_o.data(), shard, seed,
-                       "bert/encoder_layer[0]/attention/w_o", init,
-                       meshrt::kernels::ValueType::F32);
-  }
-  // bert/encoder_layer[0]/norm/gain: ones (layers.mesh:22)
-  param10_bert_encoder_layer_0_norm_gain.assign(64, support::roundValue(support::DType::F32, 1.0));
-  // bert/encoder_layer[0]/norm/bias: zeros (layers.mesh:23)
-  param11_bert_encoder_layer_0_norm_bias.assign(64, support::roundValue(support::DType::F32, 0.0));
-  // bert/encoder_layer[0]/ffn/w_in: normal (layers.mesh:50)
-  param12_bert_encoder_layer_0_ffn_w_in.resize(16384);
-  {
-    const meshrt::kernels::Shard shard{{64, 256}, {0, 0}, {64, 256}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}});
-    support::fillParam(param12_bert_encoder_layer_0_ffn_w_in.data(), shard, seed,
-                       "bert/encoder_layer[0]/ffn/w_in", init, meshrt::kernels::ValueType::F32);
-  }
-  // bert/encoder_layer[0]/ffn/b_in: zeros (layers.mesh:51)
-  param13_bert_encoder_layer_0_ffn_b_in.assign(256, support::roundValue(support::DType::F32, 0.0));
-  // bert/encoder_layer[0]/ffn/w_out: normal (layers.mesh:52)
-  param14_bert_encoder_layer_0_ffn_w_out.resize(16384);
-  {
-    const meshrt::kernels::Shard shard{{256, 64}, {0, 0}, {256, 64}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.0625}});
-    support::fillParam(param14_bert_encoder_layer_0_ffn_w_out.data(), shard, seed,
-                       "bert/encoder_layer[0]/ffn/w_out", init, meshrt::kernels::ValueType::F32);
-  }
-  // bert/encoder_layer[0]/ffn/b_out: zeros (layers.mesh:53)
-  param15_bert_encoder_layer_0_ffn_b_out.assign(64, support::roundValue(support::DType::F32, 0.0));
-  // bert/encoder_layer[0]/norm#1/gain: ones (layers.mesh:22)
-  param16_bert_encoder_layer_0_norm_1_gain.assign(64,
-                                                  support::roundValue(support::DType::F32, 1.0));
-  // bert/encoder_layer[0]/norm#1/bias: zeros (layers.mesh:23)
-  param17_bert_encoder_layer_0_norm_1_bias.assign(64,
-                                                  support::roundValue(support::DType::F32, 0.0));
-  // bert/encoder_layer[1]/attention/w_q: normal (layers.mesh:31)
-  param18_bert_encoder_layer_1_attention_w_q.resize(4096);
-  {
-    const meshrt::kernels::Shard shard{{64, 4, 16}, {0, 0, 0}, {64, 4, 16}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}});
-    support::fillParam(param18_bert_encoder_layer_1_attention_w_q.data(), shard, seed,
-                       "bert/encoder_layer[1]/attention/w_q", init,
-                       meshrt::kernels::ValueType::F32);
-  }
-  // bert/encoder_layer[1]/attention/w_k: normal (layers.mesh:32)
-  param19_bert_encoder_layer_1_attention_w_k.resize(4096);
-  {
-    const meshrt::kernels::Shard shard{{64, 4, 16}, {0, 0, 0}, {64, 4, 16}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}});
-    support::fillParam(param19_bert_encoder_layer_1_attention_w_k.data(), shard, seed,
-                       "bert/encoder_layer[1]/attention/w_k", init,
-                       meshrt::kernels::ValueType::F32);
-  }
-  // bert/encoder_layer[1]/attention/w_v: normal (layers.mesh:33)
-  param20_bert_encoder_layer_1_attention_w_v.resize(4096);
-  {
-    const meshrt::kernels::Shard shard{{64, 4, 16}, {0, 0, 0}, {64, 4, 16}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}});
-    support::fillParam(param20_bert_encoder_layer_1_attention_w_v.data(), shard, seed,
-                       "bert/encoder_layer[1]/attention/w_v", init,
-                       meshrt::kernels::ValueType::F32);
-  }
-  // bert/encoder_layer[1]/attention/w_o: normal (layers.mesh:34)
-  param21_bert_encoder_layer_1_attention_w_o.resize(4096);
-  {
-    const meshrt::kernels::Shard shard{{4, 16, 64}, {0, 0, 0}, {4, 16, 64}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}});
-    support::fillParam(param21_bert_encoder_layer_1_attention_w_o.data(), shard, seed,
-                       "bert/encoder_layer[1]/attention/w_o", init,
-                       meshrt::kernels::ValueType::F32);
-  }
-  // bert/encoder_layer[1]/norm/gain: ones (layers.mesh:22)
-  param22_bert_encoder_layer_1_norm_gain.assign(64, support::roundValue(support::DType::F32, 1.0));
-  // bert/encoder_layer[1]/norm/bias: zeros (layers.mesh:23)
-  param23_bert_encoder_layer_1_norm_bias.assign(64, support::roundValue(support::DType::F32, 0.0));
-  // bert/encoder_layer[1]/ffn/w_in: normal (layers.mesh:50)
-  param24_bert_encoder_layer_1_ffn_w_in.resize(16384);
-  {
-    const meshrt::kernels::Shard shard{{64, 256}, {0, 0}, {64, 256}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}});
-    support::fillParam(param24_bert_encoder_layer_1_ffn_w_in.data(), shard, seed,
-                       "bert/encoder_layer[1]/ffn/w_in", init, meshrt::kernels::ValueType::F32);
-  }
-  // bert/encoder_layer[1]/ffn/b_in: zeros (layers.mesh:51)
-  param25_bert_encoder_layer_1_ffn_b_in.assign(256, support::roundValue(support::DType::F32, 0.0));
-  // bert/encoder_layer[1]/ffn/w_out: normal (layers.mesh:52)
-  param26_bert_encoder_layer_1_ffn_w_out.resize(16384);
-  {
-    const meshrt::kernels::Shard shard{{256, 64}, {0, 0}, {256, 64}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.0625}});
-    support::fillParam(param26_bert_encoder_layer_1_ffn_w_out.data(), shard, seed,
-                       "bert/encoder_layer[1]/ffn/w_out", init, meshrt::kernels::ValueType::F32);
-  }
-  // bert/encoder_layer[1]/ffn/b_out: zeros (layers.mesh:53)
-  param27_bert_encoder_layer_1_ffn_b_out.assign(64, support::roundValue(support::DType::F32, 0.0));
-  // bert/encoder_layer[1]/norm#1/gain: ones (layers.mesh:22)
-  param28_bert_encoder_layer_1_norm_1_gain.assign(64,
-                                                  support::roundValue(support::DType::F32, 1.0));
-  // bert/encoder_layer[1]/norm#1/bias: zeros (layers.mesh:23)
-  param29_bert_encoder_layer_1_norm_1_bias.assign(64,
-                                                  support::roundValue(support::DType::F32, 0.0));
-  // bert/token_embedding@m: zeros (bert.mesh:29)
-  param30_bert_token_embedding_m.assign(8192, support::roundValue(support::DType::F32, 0.0));
-  // bert/token_embedding@v: zeros (bert.mesh:29)
-  param31_bert_token_embedding_v.assign(8192, support::roundValue(support::DType::F32, 0.0));
-  // bert/position_embedding@m: zeros (bert.mesh:30)
-  param32_bert_position_embedding_m.assign(2048, support::roundValue(support::DType::F32, 0.0));
-  // bert/position_embedding@v: zeros (bert.mesh:30)
-  param33_bert_position_embedding_v.assign(2048, support::roundValue(support::DType::F32, 0.0));
-  // bert/segment_embedding@m: zeros (bert.mesh:31)
-  param34_bert_segment_embedding_m.assign(128, support::roundValue(support::DType::F32, 0.0));
-  // bert/segment_embedding@v: zeros (bert.mesh:31)
-  param35_bert_segment_embedding_v.assign(128, support::roundValue(support::DType::F32, 0.0));
-  // bert/output_bias@m: zeros (bert.mesh:32)
-  param36_bert_output_bias_m.assign(128, support::roundValue(support::DType::F32, 0.0));
-  // bert/output_bias@v: zeros (bert.mesh:32)
-  param37_bert_output_bias_v.assign(128, support::roundValue(support::DType::F32, 0.0));
-  // bert/norm/gain@m: zeros (layers.mesh:22)
-  param38_bert_norm_gain_m.assign(64, support::roundValue(support::DType::F32, 0.0));
-  // bert/norm/gain@v: zeros (layers.mesh:22)
-  param39_bert_norm_gain_v.assign(64, support::roundValue(support::DType::F32, 0.0));
-  // bert/norm/bias@m: zeros (layers.mesh:23)
-  param40_bert_norm_bias_m.assign(64, support::roundValue(support::DType::F32, 0.0));
-  // bert/norm/bias@v: zeros (layers.mesh:23)
-  param41_bert_norm_bias_v.assign(64, support::roundValue(support::DType::F32, 0.0));
-  // bert/encoder_layer[0]/attention/w_q@m: zeros (layers.mesh:31)
-  param42_bert_encoder_layer_0_attention_w_q_m.assign(
-      4096, support::roundValue(support::DType::F32, 0.0));
-  // bert/encoder_layer[0]/attention/w_q@v: zeros (layers.mesh:31)
-  param43_bert_encoder_layer_0_attention_w_q_v.assign(
-      4096, support::roundValue(support::DType::F32, 0.0));
-  // bert/encoder_layer[0]/attention/w_k@m: zeros (layers.mesh:32)
-  param44_bert_encoder_layer_0_attention_w_k_m.assign(
-      4096, support::roundValue(support::DType::F32, 0.0));
-  // bert/encoder_layer[0]/attention/w_k@v: zeros (layers.mesh:32)
-  param45_bert_encoder_layer_0_attention_w_k_v.assign(
-      4096, support::roundValue(support::DType::F32, 0.0));
-  // bert/encoder_layer[0]/attention/w_v@m: zeros (layers.mesh:33)
-  param46_bert_encoder_layer_0_attention_w_v_m.assign(
-      4096, support::roundValue(support::DType::F32, 0.0));
-  // bert/encoder_layer[0]/attention/w_v@v: zeros (layers.mesh:33)
-  param47_bert_encoder_layer_0_attention_w_v_v.assign(
-      4096, support::roundValue(support::DType::F32, 0.0));
-  // bert/encoder_layer[0]/attention/w_o@m: zeros (layers.mesh:34)
-  param48_bert_encoder_layer_0_attention_w_o_m.assign(
-      4096, support::roundValue(support::DType::F32, 0.0));
-  // bert/encoder_layer[0]/attention/w_o@v: zeros (layers.mesh:34)
-  param49_bert_encoder_layer_0_attention_w_o_v.assign(
-      4096, support::roundValue(support::DType::F32, 0.0));
-  // bert/encoder_layer[0]/norm/gain@m: zeros (layers.mesh:22)
-  param50_bert_encoder_layer_0_norm_gain_m.assign(64,
-                                                  support::roundValue(support::DType::F32, 0.0));
-  // bert/encoder_layer[0]/norm/gain@v: zeros (layers.mesh:22)
-  param51_bert_encoder_layer_0_norm_gain_v.assign(64,
-                                                  support::roundValue(support::DType::F32, 0.0));
-  // bert/encoder_layer[0]/norm/bias@m: zeros (layers.mesh:23)
-  param52_bert_encoder_layer_0_norm_bias_m.assign(64,
-                                                  support::roundValue(support::DType::F32, 0.0));
-  // bert/encoder_layer[0]/norm/bias@v: zeros (layers.mesh:23)
-  param53_bert_encoder_layer_0_norm_bias_v.assign(64,
-                                                  support::roundValue(support::DType::F32, 0.0));
-  // bert/encoder_layer[0]/ffn/w_in@m: zeros (layers.mesh:50)
-  param54_bert_encoder_layer_0_ffn_w_in_m.assign(16384,
-                                                 support::roundValue(support::DType::F32, 0.0));
-  // bert/encoder_layer[0]/ffn/w_in@v: zeros (layers.mesh:50)
-  param55_bert_encoder_layer_0_ffn_w_in_v.assign(16384,
-                                                 support::roundValue(support::DType::F32, 0.0));
-  // bert/encoder_layer[0]/ffn/b_in@m: zeros (layers.mesh:51)
-  param56_bert_encoder_layer_0_ffn_b_in_m.assign(256,
-                                                 support::roundValue(support::DType::F32, 0.0));
-  // bert/encoder_layer[0]/ffn/b_in@v: zeros (layers.mesh:51)
-  param57_bert_encoder_layer_0_ffn_b_in_v.assign(256,
-                                                 support::roundValue(support::DType::F32, 0.0));
-  // bert/encoder_layer[0]/ffn/w_out@m: zeros (layers.mesh:52)
-  param58_bert_encoder_layer_0_ffn_w_out_m.assign(16384,
-                                                  support::roundValue(support::DType::F32, 0.0));
-  // bert/encoder_layer[0]/ffn/w_out@v: zeros (layers.mesh:52)
-  param59_bert_encoder_layer_0_ffn_w_out_v.assign(16384,
-                                                  support::roundValue(support::DType::F32, 0.0));
-  // bert/encoder_layer[0]/ffn/b_out@m: zeros (layers.mesh:53)
-  param60_bert_encoder_layer_0_ffn_b_out_m.assign(64,
-                                                  support::roundValue(support::DType::F32, 0.0));
-  // bert/encoder_layer[0]/ffn/b_out@v: zeros (layers.mesh:53)
-  param61_bert_encoder_layer_0_ffn_b_out_v.assign(64,
-                                                  support::roundValue(support::DType::F32, 0.0));
-  // bert/encoder_layer[0]/norm#1/gain@m: zeros (layers.mesh:22)
-  param62_bert_encoder_layer_0_norm_1_gain_m.assign(64,
-                                                    support::roundValue(support::DType::F32, 0.0));
-  // bert/encoder_layer[0]/norm#1/gain@v: zeros (layers.mesh:22)
-  param63_bert_encoder_layer_0_norm_1_gain_v.assign(64,
-                                                    support::roundValue(support::DType::F32, 0.0));
-  // bert/encoder_layer[0]/norm#1/bias@m: zeros (layers.mesh:23)
-  param64_bert_encoder_layer_0_norm_1_bias_m.assign(64,
-                                                    support::roundValue(support::DType::F32, 0.0));
-  // bert/encoder_layer[0]/norm#1/bias@v: zeros (layers.mesh:23)
-  param65_bert_encoder_layer_0_norm_1_bias_v.assign(64,
-                                                    support::roundValue(support::DType::F32, 0.0));
-  // bert/encoder_layer[1]/attention/w_q@m: zeros (layers.mesh:31)
-  param66_bert_encoder_layer_1_attention_w_q_m.assign(
-      4096, support::roundValue(support::DType::F32, 0.0));
-  // bert/encoder_layer[1]/attention/w_q@v: zeros (layers.mesh:31)
-  param67_bert_encoder_layer_1_attention_w_q_v.assign(
-      4096, support::roundValue(support::DType::F32, 0.0));
-  // bert/encoder_layer[1]/attention/w_k@m: zeros (layers.mesh:32)
-  param68_bert_encoder_layer_1_attention_w_k_m.assign(
-      4096, support::roundValue(support::DType::F32, 0.0));
-  // bert/encoder_layer[1]/attention/w_k@v: zeros (layers.mesh:32)
-  param69_bert_encoder_layer_1_attention_w_k_v.assign(
-      4096, support::roundValue(support::DType::F32, 0.0));
-  // bert/encoder_layer[1]/attention/w_v@m: zeros (layers.mesh:33)
-  param70_bert_encoder_layer_1_attention_w_v_m.assign(
-      4096, support::roundValue(support::DType::F32, 0.0));
-  // bert/encoder_layer[1]/attention/w_v@v: zeros (layers.mesh:33)
-  param71_bert_encoder_layer_1_attention_w_v_v.assign(
-      4096, support::roundValue(support::DType::F32, 0.0));
-  // bert/encoder_layer[1]/attention/w_o@m: zeros (layers.mesh:34)
-  param72_bert_encoder_layer_1_attention_w_o_m.assign(
-      4096, support::roundValue(support::DType::F32, 0.0));
-  // bert/encoder_layer[1]/attention/w_o@v: zeros (layers.mesh:34)
-  param73_bert_encoder_layer_1_attention_w_o_v.assign(
-      4096, support::roundValue(support::DType::F32, 0.0));
-  // bert/encoder_layer[1]/norm/gain@m: zeros (layers.mesh:22)
-  param74_bert_encoder_layer_1_norm_gain_m.assign(64,
-                                                  support::roundValue(support::DType::F32, 0.0));
-  // bert/encoder_layer[1]/norm/gain@v: zeros (layers.mesh:22)
-  param75_bert_encoder_layer_1_norm_gain_v.assign(64,
-                                                  support::roundValue(support::DType::F32, 0.0));
-  // bert/encoder_layer[1]/norm/bias@m: zeros (layers.mesh:23)
-  param76_bert_encoder_layer_1_norm_bias_m.assign(64,
-                                                  support::roundValue(support::DType::F32, 0.0));
-  // bert/encoder_layer[1]/norm/bias@v: zeros (layers.mesh:23)
-  param77_bert_encoder_layer_1_norm_bias_v.assign(64,
-                                                  support::roundValue(support::DType::F32, 0.0));
-  // bert/encoder_layer[1]/ffn/w_in@m: zeros (layers.mesh:50)
-  param78_bert_encoder_layer_1_ffn_w_in_m.assign(16384,
-                                                 support::roundValue(support::DType::F32, 0.0));
-  // bert/encoder_layer[1]/ffn/w_in@v: zeros (layers.mesh:50)
-  param79_bert_encoder_layer_1_ffn_w_in_v.assign(16384,
-                                                 support::roundValue(support::DType::F32, 0.0));
-  // bert/encoder_layer[1]/ffn/b_in@m: zeros (layers.mesh:51)
-  param80_bert_encoder_layer_1_ffn_b_in_m.assign(256,
-                                                 support::roundValue(support::DType::F32, 0.0));
-  // bert/encoder_layer[1]/ffn/b_in@v: zeros (layers.mesh:51)
-  param81_bert_encoder_layer_1_ffn_b_in_v.assign(256,
-                                                 support::roundValue(support::DType::F32, 0.0));
-  // bert/encoder_layer[1]/ffn/w_out@m: zeros (layers.mesh:52)
-  param82_bert_encoder_layer_1_ffn_w_out_m.assign(16384,
-                                                  support::roundValue(support::DType::F32, 0.0));
-  // bert/encoder_layer[1]/ffn/w_out@v: zeros (layers.mesh:52)
-  param83_bert_encoder_layer_1_ffn_w_out_v.assign(16384,
-                                                  support::roundValue(support::DType::F32, 0.0));
-  // bert/encoder_layer[1]/ffn/b_out@m: zeros (layers.mesh:53)
-  param84_bert_encoder_layer_1_ffn_b_out_m.assign(64,
-                                                  support::roundValue(support::DType::F32, 0.0));
-  // bert/encoder_layer[1]/ffn/b_out@v: zeros (layers.mesh:53)
-  param85_bert_encoder_layer_1_ffn_b_out_v.assign(64,
-                                                  support::roundValue(support::DType::F32, 0.0));
-  // bert/encoder_layer[1]/norm#1/gain@m: zeros (layers.mesh:22)
-  param86_bert_encoder_layer_1_norm_1_gain_m.assign(64,
-                                                    support::roundValue(support::DType::F32, 0.0));
-  // bert/encoder_layer[1]/norm#1/gain@v: zeros (layers.mesh:22)
-  param87_bert_encoder_layer_1_norm_1_gain_v.assign(64,
-                                                    support::roundValue(support::DType::F32, 0.0));
-  // bert/encoder_layer[1]/norm#1/bias@m: zeros (layers.mesh:23)
-  param88_bert_encoder_layer_1_norm_1_bias_m.assign(64,
-                                                    support::roundValue(support::DType::F32, 0.0));
-  // bert/encoder_layer[1]/norm#1/bias@v: zeros (layers.mesh:23)
-  param89_bert_encoder_layer_1_norm_1_bias_v.assign(64,
-                                                    support::roundValue(support::DType::F32, 0.0));
+  static constexpr support::ParamInit inits[] = {
+      // bert/token_embedding (bert.mesh:29)
+      {"truncated_normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.02}}},
+      // bert/position_embedding (bert.mesh:30)
+      {"truncated_normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.02}}},
+      // bert/segment_embedding (bert.mesh:31)
+      {"truncated_normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.02}}},
+      // bert/output_bias (bert.mesh:32)
+      {"zeros", support::DType::F32, {}},
+      // bert/norm/gain (layers.mesh:22)
+      {"ones", support::DType::F32, {}},
+      // bert/norm/bias (layers.mesh:23)
+      {"zeros", support::DType::F32, {}},
+      // bert/encoder_layer[0]/attention/w_q (layers.mesh:31)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.125}}},
+      // bert/encoder_layer[0]/attention/w_k (layers.mesh:32)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.125}}},
+      // bert/encoder_layer[0]/attention/w_v (layers.mesh:33)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.125}}},
+      // bert/encoder_layer[0]/attention/w_o (layers.mesh:34)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.125}}},
+      // bert/encoder_layer[0]/norm/gain (layers.mesh:22)
+      {"ones", support::DType::F32, {}},
+      // bert/encoder_layer[0]/norm/bias (layers.mesh:23)
+      {"zeros", support::DType::F32, {}},
+      // bert/encoder_layer[0]/ffn/w_in (layers.mesh:50)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.125}}},
+      // bert/encoder_layer[0]/ffn/b_in (layers.mesh:51)
+      {"zeros", support::DType::F32, {}},
+      // bert/encoder_layer[0]/ffn/w_out (layers.mesh:52)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.0625}}},
+      // bert/encoder_layer[0]/ffn/b_out (layers.mesh:53)
+      {"zeros", support::DType::F32, {}},
+      // bert/encoder_layer[0]/norm#1/gain (layers.mesh:22)
+      {"ones", support::DType::F32, {}},
+      // bert/encoder_layer[0]/norm#1/bias (layers.mesh:23)
+      {"zeros", support::DType::F32, {}},
+      // bert/encoder_layer[1]/attention/w_q (layers.mesh:31)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.125}}},
+      // bert/encoder_layer[1]/attention/w_k (layers.mesh:32)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.125}}},
+      // bert/encoder_layer[1]/attention/w_v (layers.mesh:33)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.125}}},
+      // bert/encoder_layer[1]/attention/w_o (layers.mesh:34)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.125}}},
+      // bert/encoder_layer[1]/norm/gain (layers.mesh:22)
+      {"ones", support::DType::F32, {}},
+      // bert/encoder_layer[1]/norm/bias (layers.mesh:23)
+      {"zeros", support::DType::F32, {}},
+      // bert/encoder_layer[1]/ffn/w_in (layers.mesh:50)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.125}}},
+      // bert/encoder_layer[1]/ffn/b_in (layers.mesh:51)
+      {"zeros", support::DType::F32, {}},
+      // bert/encoder_layer[1]/ffn/w_out (layers.mesh:52)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.0625}}},
+      // bert/encoder_layer[1]/ffn/b_out (layers.mesh:53)
+      {"zeros", support::DType::F32, {}},
+      // bert/encoder_layer[1]/norm#1/gain (layers.mesh:22)
+      {"ones", support::DType::F32, {}},
+      // bert/encoder_layer[1]/norm#1/bias (layers.mesh:23)
+      {"zeros", support::DType::F32, {}},
+      // bert/token_embedding@m (bert.mesh:29)
+      {"zeros", support::DType::F32, {}},
+      // bert/token_embedding@v (bert.mesh:29)
+      {"zeros", support::DType::F32, {}},
+      // bert/position_embedding@m (bert.mesh:30)
+      {"zeros", support::DType::F32, {}},
+      // bert/position_embedding@v (bert.mesh:30)
+      {"zeros", support::DType::F32, {}},
+      // bert/segment_embedding@m (bert.mesh:31)
+      {"zeros", support::DType::F32, {}},
+      // bert/segment_embedding@v (bert.mesh:31)
+      {"zeros", support::DType::F32, {}},
+      // bert/output_bias@m (bert.mesh:32)
+      {"zeros", support::DType::F32, {}},
+      // bert/output_bias@v (bert.mesh:32)
+      {"zeros", support::DType::F32, {}},
+      // bert/norm/gain@m (layers.mesh:22)
+      {"zeros", support::DType::F32, {}},
+      // bert/norm/gain@v (layers.mesh:22)
+      {"zeros", support::DType::F32, {}},
+      // bert/norm/bias@m (layers.mesh:23)
+      {"zeros", support::DType::F32, {}},
+      // bert/norm/bias@v (layers.mesh:23)
+      {"zeros", support::DType::F32, {}},
+      // bert/encoder_layer[0]/attention/w_q@m (layers.mesh:31)
+      {"zeros", support::DType::F32, {}},
+      // bert/encoder_layer[0]/attention/w_q@v (layers.mesh:31)
+      {"zeros", support::DType::F32, {}},
+      // bert/encoder_layer[0]/attention/w_k@m (layers.mesh:32)
+      {"zeros", support::DType::F32, {}},
+      // bert/encoder_layer[0]/attention/w_k@v (layers.mesh:32)
+      {"zeros", support::DType::F32, {}},
+      // bert/encoder_layer[0]/attention/w_v@m (layers.mesh:33)
+      {"zeros", support::DType::F32, {}},
+      // bert/encoder_layer[0]/attention/w_v@v (layers.mesh:33)
+      {"zeros", support::DType::F32, {}},
+      // bert/encoder_layer[0]/attention/w_o@m (layers.mesh:34)
+      {"zeros", support::DType::F32, {}},
+      // bert/encoder_layer[0]/attention/w_o@v (layers.mesh:34)
+      {"zeros", support::DType::F32, {}},
+      // bert/encoder_layer[0]/norm/gain@m (layers.mesh:22)
+      {"zeros", support::DType::F32, {}},
+      // bert/encoder_layer[0]/norm/gain@v (layers.mesh:22)
+      {"zeros", support::DType::F32, {}},
+      // bert/encoder_layer[0]/norm/bias@m (layers.mesh:23)
+      {"zeros", support::DType::F32, {}},
+      // bert/encoder_layer[0]/norm/bias@v (layers.mesh:23)
+      {"zeros", support::DType::F32, {}},
+      // bert/encoder_layer[0]/ffn/w_in@m (layers.mesh:50)
+      {"zeros", support::DType::F32, {}},
+      // bert/encoder_layer[0]/ffn/w_in@v (layers.mesh:50)
+      {"zeros", support::DType::F32, {}},
+      // bert/encoder_layer[0]/ffn/b_in@m (layers.mesh:51)
+      {"zeros", support::DType::F32, {}},
+      // bert/encoder_layer[0]/ffn/b_in@v (layers.mesh:51)
+      {"zeros", support::DType::F32, {}},
+      // bert/encoder_layer[0]/ffn/w_out@m (layers.mesh:52)
+      {"zeros", support::DType::F32, {}},
+      // bert/encoder_layer[0]/ffn/w_out@v (layers.mesh:52)
+      {"zeros", support::DType::F32, {}},
+      // bert/encoder_layer[0]/ffn/b_out@m (layers.mesh:53)
+      {"zeros", support::DType::F32, {}},
+      // bert/encoder_layer[0]/ffn/b_out@v (layers.mesh:53)
+      {"zeros", support::DType::F32, {}},
+      // bert/encoder_layer[0]/norm#1/gain@m (layers.mesh:22)
+      {"zeros", support::DType::F32, {}},
+      // bert/encoder_layer[0]/norm#1/gain@v (layers.mesh:22)
+      {"zeros", support::DType::F32, {}},
+      // bert/encoder_layer[0]/norm#1/bias@m (layers.mesh:23)
+      {"zeros", support::DType::F32, {}},
+      // bert/encoder_layer[0]/norm#1/bias@v (layers.mesh:23)
+      {"zeros", support::DType::F32, {}},
+      // bert/encoder_layer[1]/attention/w_q@m (layers.mesh:31)
+      {"zeros", support::DType::F32, {}},
+      // bert/encoder_layer[1]/attention/w_q@v (layers.mesh:31)
+      {"zeros", support::DType::F32, {}},
+      // bert/encoder_layer[1]/attention/w_k@m (layers.mesh:32)
+      {"zeros", support::DType::F32, {}},
+      // bert/encoder_layer[1]/attention/w_k@v (layers.mesh:32)
+      {"zeros", support::DType::F32, {}},
+      // bert/encoder_layer[1]/attention/w_v@m (layers.mesh:33)
+      {"zeros", support::DType::F32, {}},
+      // bert/encoder_layer[1]/attention/w_v@v (layers.mesh:33)
+      {"zeros", support::DType::F32, {}},
+      // bert/encoder_layer[1]/attention/w_o@m (layers.mesh:34)
+      {"zeros", support::DType::F32, {}},
+      // bert/encoder_layer[1]/attention/w_o@v (layers.mesh:34)
+      {"zeros", support::DType::F32, {}},
+      // bert/encoder_layer[1]/norm/gain@m (layers.mesh:22)
+      {"zeros", support::DType::F32, {}},
+      // bert/encoder_layer[1]/norm/gain@v (layers.mesh:22)
+      {"zeros", support::DType::F32, {}},
+      // bert/encoder_layer[1]/norm/bias@m (layers.mesh:23)
+      {"zeros", support::DType::F32, {}},
+      // bert/encoder_layer[1]/norm/bias@v (layers.mesh:23)
+      {"zeros", support::DType::F32, {}},
+      // bert/encoder_layer[1]/ffn/w_in@m (layers.mesh:50)
+      {"zeros", support::DType::F32, {}},
+      // bert/encoder_layer[1]/ffn/w_in@v (layers.mesh:50)
+      {"zeros", support::DType::F32, {}},
+      // bert/encoder_layer[1]/ffn/b_in@m (layers.mesh:51)
+      {"zeros", support::DType::F32, {}},
+      // bert/encoder_layer[1]/ffn/b_in@v (layers.mesh:51)
+      {"zeros", support::DType::F32, {}},
+      // bert/encoder_layer[1]/ffn/w_out@m (layers.mesh:52)
+      {"zeros", support::DType::F32, {}},
+      // bert/encoder_layer[1]/ffn/w_out@v (layers.mesh:52)
+      {"zeros", support::DType::F32, {}},
+      // bert/encoder_layer[1]/ffn/b_out@m (layers.mesh:53)
+      {"zeros", support::DType::F32, {}},
+      // bert/encoder_layer[1]/ffn/b_out@v (layers.mesh:53)
+      {"zeros", support::DType::F32, {}},
+      // bert/encoder_layer[1]/norm#1/gain@m (layers.mesh:22)
+      {"zeros", support::DType::F32, {}},
+      // bert/encoder_layer[1]/norm#1/gain@v (layers.mesh:22)
+      {"zeros", support::DType::F32, {}},
+      // bert/encoder_layer[1]/norm#1/bias@m (layers.mesh:23)
+      {"zeros", support::DType::F32, {}},
+      // bert/encoder_layer[1]/norm#1/bias@v (layers.mesh:23)
+      {"zeros", support::DType::F32, {}}};
+  support::Buffer *const data[] = {&param0_bert_token_embedding,
+                                   &param1_bert_position_embedding,
+                                   &param2_bert_segment_embedding,
+                                   &param3_bert_output_bias,
+                                   &param4_bert_norm_gain,
+                                   &param5_bert_norm_bias,
+                                   &param6_bert_encoder_layer_0_attention_w_q,
+                                   &param7_bert_encoder_layer_0_attention_w_k,
+                                   &param8_bert_encoder_layer_0_attention_w_v,
+                                   &param9_bert_encoder_layer_0_attention_w_o,
+                                   &param10_bert_encoder_layer_0_norm_gain,
+                                   &param11_bert_encoder_layer_0_norm_bias,
+                                   &param12_bert_encoder_layer_0_ffn_w_in,
+                                   &param13_bert_encoder_layer_0_ffn_b_in,
+                                   &param14_bert_encoder_layer_0_ffn_w_out,
+                                   &param15_bert_encoder_layer_0_ffn_b_out,
+                                   &param16_bert_encoder_layer_0_norm_1_gain,
+                                   &param17_bert_encoder_layer_0_norm_1_bias,
+                                   &param18_bert_encoder_layer_1_attention_w_q,
+                                   &param19_bert_encoder_layer_1_attention_w_k,
+                                   &param20_bert_encoder_layer_1_attention_w_v,
+                                   &param21_bert_encoder_layer_1_attention_w_o,
+                                   &param22_bert_encoder_layer_1_norm_gain,
+                                   &param23_bert_encoder_layer_1_norm_bias,
+                                   &param24_bert_encoder_layer_1_ffn_w_in,
+                                   &param25_bert_encoder_layer_1_ffn_b_in,
+                                   &param26_bert_encoder_layer_1_ffn_w_out,
+                                   &param27_bert_encoder_layer_1_ffn_b_out,
+                                   &param28_bert_encoder_layer_1_norm_1_gain,
+                                   &param29_bert_encoder_layer_1_norm_1_bias,
+                                   &param30_bert_token_embedding_m,
+                                   &param31_bert_token_embedding_v,
+                                   &param32_bert_position_embedding_m,
+                                   &param33_bert_position_embedding_v,
+                                   &param34_bert_segment_embedding_m,
+                                   &param35_bert_segment_embedding_v,
+                                   &param36_bert_output_bias_m,
+                                   &param37_bert_output_bias_v,
+                                   &param38_bert_norm_gain_m,
+                                   &param39_bert_norm_gain_v,
+                                   &param40_bert_norm_bias_m,
+                                   &param41_bert_norm_bias_v,
+                                   &param42_bert_encoder_layer_0_attention_w_q_m,
+                                   &param43_bert_encoder_layer_0_attention_w_q_v,
+                                   &param44_bert_encoder_layer_0_attention_w_k_m,
+                                   &param45_bert_encoder_layer_0_attention_w_k_v,
+                                   &param46_bert_encoder_layer_0_attention_w_v_m,
+                                   &param47_bert_encoder_layer_0_attention_w_v_v,
+                                   &param48_bert_encoder_layer_0_attention_w_o_m,
+                                   &param49_bert_encoder_layer_0_attention_w_o_v,
+                                   &param50_bert_encoder_layer_0_norm_gain_m,
+                                   &param51_bert_encoder_layer_0_norm_gain_v,
+                                   &param52_bert_encoder_layer_0_norm_bias_m,
+                                   &param53_bert_encoder_layer_0_norm_bias_v,
+                                   &param54_bert_encoder_layer_0_ffn_w_in_m,
+                                   &param55_bert_encoder_layer_0_ffn_w_in_v,
+                                   &param56_bert_encoder_layer_0_ffn_b_in_m,
+                                   &param57_bert_encoder_layer_0_ffn_b_in_v,
+                                   &param58_bert_encoder_layer_0_ffn_w_out_m,
+                                   &param59_bert_encoder_layer_0_ffn_w_out_v,
+                                   &param60_bert_encoder_layer_0_ffn_b_out_m,
+                                   &param61_bert_encoder_layer_0_ffn_b_out_v,
+                                   &param62_bert_encoder_layer_0_norm_1_gain_m,
+                                   &param63_bert_encoder_layer_0_norm_1_gain_v,
+                                   &param64_bert_encoder_layer_0_norm_1_bias_m,
+                                   &param65_bert_encoder_layer_0_norm_1_bias_v,
+                                   &param66_bert_encoder_layer_1_attention_w_q_m,
+                                   &param67_bert_encoder_layer_1_attention_w_q_v,
+                                   &param68_bert_encoder_layer_1_attention_w_k_m,
+                                   &param69_bert_encoder_layer_1_attention_w_k_v,
+                                   &param70_bert_encoder_layer_1_attention_w_v_m,
+                                   &param71_bert_encoder_layer_1_attention_w_v_v,
+                                   &param72_bert_encoder_layer_1_attention_w_o_m,
+                                   &param73_bert_encoder_layer_1_attention_w_o_v,
+                                   &param74_bert_encoder_layer_1_norm_gain_m,
+                                   &param75_bert_encoder_layer_1_norm_gain_v,
+                                   &param76_bert_encoder_layer_1_norm_bias_m,
+                                   &param77_bert_encoder_layer_1_norm_bias_v,
+                                   &param78_bert_encoder_layer_1_ffn_w_in_m,
+                                   &param79_bert_encoder_layer_1_ffn_w_in_v,
+                                   &param80_bert_encoder_layer_1_ffn_b_in_m,
+                                   &param81_bert_encoder_layer_1_ffn_b_in_v,
+                                   &param82_bert_encoder_layer_1_ffn_w_out_m,
+                                   &param83_bert_encoder_layer_1_ffn_w_out_v,
+                                   &param84_bert_encoder_layer_1_ffn_b_out_m,
+                                   &param85_bert_encoder_layer_1_ffn_b_out_v,
+                                   &param86_bert_encoder_layer_1_norm_1_gain_m,
+                                   &param87_bert_encoder_layer_1_norm_1_gain_v,
+                                   &param88_bert_encoder_layer_1_norm_1_bias_m,
+                                   &param89_bert_encoder_layer_1_norm_1_bias_v};
+  support::initParams(world_, seed, -1, kMlmTrainParams, inits, data);
   computeInvariants();
 }
 
@@ -1182,39 +1735,20 @@ void MlmTrain::computeInvariants() {
 
   // bert.mesh:41:58 iota
   support::View v20 = persistent_.view(0, 32);
-  static const support::Shape shape0_1 = {32};
-  static const support::Shape shape0_2 = {1};
-  support::iota(v20.data(), shape0_1, shape0_2, 0);
+  support::iota(v20.data(), kShape0, kShape1, 0);
 
   // bert.mesh:41:68 ge
   support::View v22 = persistent_.view(192, 32);
-  {
-    float *__restrict v22p = v22.data();
-    const float *__restrict v20p = v20.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = v20p[i0];
-      const float s1 = support::wrapI32(0.0);
-      const float s2 = (s0 >= s1 ? 1.0f : 0.0f);
-      v22p[i0] = s2;
-    }
-  }
+  loop0(v22.data(), v20.data());
 
   // bert.mesh:41:53 cast
   support::View v23 = persistent_.view(320, 32);
-  {
-    float *__restrict v23p = v23.data();
-    const float *__restrict v22p = v22.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = v22p[i0];
-      const float s1 = s0;
-      v23p[i0] = s1;
-    }
-  }
+  loop1(v23.data(), v22.data());
 }
 
 MlmTrain::Outputs MlmTrain::run(const Inputs &inputs) {
   MESHRT_TRACE_RUN(world_, "mlm_train");
-  // Arena: 541248 bytes for 1723036 bytes of temporaries (placed by liveness).
+  // Arena: 541248 bytes for 1755804 bytes of temporaries (placed by liveness).
   support::checkShape("input", "tokens", inputs.tokens, {1, 32});
   support::checkShape("input", "segment_ids", inputs.segment_ids, {1, 32});
   support::checkShape("input", "padding", inputs.padding, {1, 32});
@@ -1242,51 +1776,26 @@ void MlmTrain::runPart0(const Inputs &inputs) {
   support::View v5(param0_bert_token_embedding); // updated in place
   const support::Buffer &v0 = inputs.tokens.data;
   support::View v9 = arena_.view(0, 2048);
-  static const support::Shape shape0_1 = {1, 32, 64};
-  static const support::Shape shape0_3 = {0, 0, 1};
-  static const support::Shape shape0_5 = {32, 1, 0};
-  support::gather(v9.data(), shape0_1, v5.data(), shape0_3, v0.data(), shape0_5, 128, 64, 0);
+  support::gather(v9.data(), kShape2, v5.data(), kShape3, v0.data(), kShape4, 128, 64, 0);
 
   // bert.mesh:35:39 gather
   MESHRT_TRACE("gather", "bert.mesh:35:39", "forward");
   support::View v7(param2_bert_segment_embedding); // updated in place
   const support::Buffer &v1 = inputs.segment_ids.data;
   support::View v11 = arena_.view(8192, 2048);
-  static const support::Shape shape1_1 = {1, 32, 64};
-  static const support::Shape shape1_3 = {0, 0, 1};
-  static const support::Shape shape1_5 = {32, 1, 0};
-  support::gather(v11.data(), shape1_1, v7.data(), shape1_3, v1.data(), shape1_5, 2, 64, 0);
+  support::gather(v11.data(), kShape2, v7.data(), kShape3, v1.data(), kShape4, 2, 64, 0);
 
   // bert.mesh:34:76 add
   // bert.mesh:35:37 add -> x
   MESHRT_TRACE("loop", "bert.mesh:34:76", "forward");
   support::View v6(param1_bert_position_embedding); // updated in place
   support::View v12 = arena_.view(491520, 2048);
-  {
-    float *__restrict v12p = v12.data();
-    const float *__restrict v9p = v9.data();
-    const float *__restrict v6p = v6.data();
-    const float *__restrict v11p = v11.data();
-    for (int64_t i0 = 0; i0 < 2048; ++i0) {
-      const float s0 = v9p[i0];
-      const float s1 = v6p[i0];
-      const float s2 = (s0 + s1);
-      const float s3 = v11p[i0];
-      const float s4 = (s2 + s3);
-      v12p[i0] = s4;
-    }
-  }
+  loop2(v12.data(), v9.data(), v6.data(), v11.data());
 
   // layers.mesh:24:10 layer_norm
   MESHRT_TRACE("layer_norm", "layers.mesh:24:10", "forward");
   support::View v15 = arena_.view(499712, 2048);
-  static const support::Shape shape3_2 = {1, 32};
-  static const support::Shape shape3_3 = {2048, 64};
-  static const support::Shape shape3_4 = {2048, 64};
-  static const support::Shape shape3_5 = {64};
-  static const support::Shape shape3_6 = {1};
-  static const support::Shape shape3_7 = {1};
-  support::along(v15.data(), v12.data(), shape3_2, shape3_3, shape3_4, shape3_5, shape3_6, shape3_7,
+  support::along(v15.data(), v12.data(), kShape5, kShape6, kShape6, kShape7, kShape1, kShape1,
                  support::Along::LayerNorm, 1e-05, 64, nullptr);
 
   // layers.mesh:24:33 mul
@@ -1295,22 +1804,7 @@ void MlmTrain::runPart0(const Inputs &inputs) {
   support::View v13(param4_bert_norm_gain); // updated in place
   support::View v14(param5_bert_norm_bias); // updated in place
   support::View v17 = arena_.view(507904, 2048);
-  {
-    float *__restrict v17p = v17.data();
-    const float *__restrict v15p = v15.data();
-    const float *__restrict v13p = v13.data();
-    const float *__restrict v14p = v14.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 64; ++i1) {
-        const float s0 = v15p[i0 * 64 + i1];
-        const float s1 = v13p[i1];
-        const float s2 = (s0 * s1);
-        const float s3 = v14p[i1];
-        const float s4 = (s2 + s3);
-        v17p[i0 * 64 + i1] = s4;
-      }
-    }
-  }
+  loop3(v17.data(), v15.data(), v13.data(), v14.data());
 
   // bert.mesh:40:26 rename
   MESHRT_TRACE("copy", "bert.mesh:40:26", "forward");
@@ -1322,20 +1816,7 @@ void MlmTrain::runPart0(const Inputs &inputs) {
   MESHRT_TRACE("loop", "bert.mesh:40:21", "forward");
   support::View v23 = persistent_.view(320, 32);
   support::View v24 = arena_.view(16384, 1024);
-  {
-    float *__restrict v24p = v24.data();
-    const float *__restrict v18p = v18.data();
-    const float *__restrict v23p = v23.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = v18p[i0];
-        const float s1 = s0;
-        const float s2 = v23p[i1];
-        const float s3 = (s1 * s2);
-        v24p[i0 * 32 + i1] = s3;
-      }
-    }
-  }
+  loop4(v24.data(), v18.data(), v23.data());
 
   // 4 statements from layers.mesh:36:11 einsum -> q (1 of 2)
   MESHRT_TRACE_SITE("layers.mesh:36:11");
@@ -1353,22 +1834,11 @@ void MlmTrain::runPart0(const Inputs &inputs) {
   // layers.mesh:43:39 gt
   MESHRT_TRACE("loop", "bert.mesh:41:39", "forward");
   support::View v39 = arena_.view(532480, 1024);
-  {
-    float *__restrict v39p = v39.data();
-    const float *__restrict v24p = v24.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = v24p[i0 + i1 * 32];
-        const float s1 = s0;
-        const float s2 = 0.5f;
-        const float s3 = (s1 > s2 ? 1.0f : 0.0f);
-        v39p[i0 * 32 + i1] = s3;
-      }
-    }
-  }
+  loop5(v39.data(), v24.data());
 
-  // 12 statements from layers.mesh:43:17 softmax -> weights (1 of 2)
-  MESHRT_TRACE_SITE("layers.mesh:43:17");
+  // 13 statements from layers.mesh:43:25 where (1 of 2)
+  MESHRT_TRACE_SITE("layers.mesh:43:25");
+  support::View v41 = arena_.view(16384, 4096);
   support::View v42 = arena_.view(360448, 4096);
   support::View v43 = arena_.view(483328, 2048);
   support::View v29(param9_bert_encoder_layer_0_attention_w_o); // updated in place
@@ -1391,8 +1861,9 @@ void MlmTrain::runPart0(const Inputs &inputs) {
   support::View v63(param17_bert_encoder_layer_0_norm_1_bias); // updated in place
   support::View v56 = arena_.view(196608, 8192);
   support::View v66 = arena_.view(327680, 2048);
-  repeated2(v42, v35, v39, v33, v43, v29, v44, v17, v45, v48, v46, v47, v50, v51, v55, v52, v56,
-            v58, v53, v59, v54, v61, v64, v62, v63, v66, "bert/encoder_layer[0]/ffn/dropout#0");
+  repeated2(v39, v35, v41, v42, v33, v43, v29, v44, v17, v45, v48, v46, v47, v50, v51, v55, v52,
+            v56, v58, v53, v59, v54, v61, v64, v62, v63, v66,
+            "bert/encoder_layer[0]/ffn/dropout#0");
 
   // 4 statements from layers.mesh:36:11 einsum -> q (2 of 2)
   MESHRT_TRACE_SITE("layers.mesh:36:11");
@@ -1405,8 +1876,9 @@ void MlmTrain::runPart0(const Inputs &inputs) {
   support::View v76 = arena_.view(0, 4096);
   repeated4(v66, v67, v71, v68, v72, v69, v74, v76);
 
-  // 12 statements from layers.mesh:43:17 softmax -> weights (2 of 2)
-  MESHRT_TRACE_SITE("layers.mesh:43:17");
+  // 13 statements from layers.mesh:43:25 where (2 of 2)
+  MESHRT_TRACE_SITE("layers.mesh:43:25");
+  support::View v82 = arena_.view(16384, 4096);
   support::View v83 = arena_.view(294912, 4096);
   support::View v84 = arena_.view(393216, 2048);
   support::View v70(param21_bert_encoder_layer_1_attention_w_o); // updated in place
@@ -1429,80 +1901,43 @@ void MlmTrain::runPart0(const Inputs &inputs) {
   support::View v104(param29_bert_encoder_layer_1_norm_1_bias); // updated in place
   support::View v97 = arena_.view(65536, 8192);
   support::View v107 = arena_.view(131072, 2048);
-  repeated2(v83, v76, v39, v74, v84, v70, v85, v66, v86, v89, v87, v88, v91, v92, v96, v93, v97,
-            v99, v94, v100, v95, v102, v105, v103, v104, v107,
+  repeated2(v39, v76, v82, v83, v74, v84, v70, v85, v66, v86, v89, v87, v88, v91, v92, v96, v93,
+            v97, v99, v94, v100, v95, v102, v105, v103, v104, v107,
             "bert/encoder_layer[1]/ffn/dropout#0");
 
   // bert.mesh:46:10 einsum
   MESHRT_TRACE("gemm", "bert.mesh:46:10", "forward");
   support::View v108 = arena_.view(0, 4096);
   // dims: batch, seq, d_model, vocab
-  static const meshrt::kernels::EinsumPlan einsumPlan12(
-      {{1, 32, 64, 128}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan12.run(v107.data(), v5.data(), v108.data(), 1.0f, 0.0f);
+  kEinsum0.plan().run(v107.data(), v5.data(), v108.data(), 1.0f, 0.0f);
 
   // bert.mesh:46:58 add
   MESHRT_TRACE("loop", "bert.mesh:46:58", "forward");
   support::View v8(param3_bert_output_bias); // updated in place
   support::View v109 = arena_.view(16384, 4096);
-  {
-    float *__restrict v109p = v109.data();
-    const float *__restrict v108p = v108.data();
-    const float *__restrict v8p = v8.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 128; ++i1) {
-        const float s0 = v108p[i0 * 128 + i1];
-        const float s1 = v8p[i1];
-        const float s2 = (s0 + s1);
-        v109p[i0 * 128 + i1] = s2;
-      }
-    }
-  }
+  loop6(v109.data(), v108.data(), v8.data());
 
   // bert.mesh:60:14 log_softmax -> logp
   MESHRT_TRACE("log_softmax", "bert.mesh:60:14", "forward");
   support::View v110 = arena_.view(0, 4096);
-  static const support::Shape shape14_2 = {1, 32};
-  static const support::Shape shape14_3 = {4096, 128};
-  static const support::Shape shape14_4 = {4096, 128};
-  static const support::Shape shape14_5 = {128};
-  static const support::Shape shape14_6 = {1};
-  static const support::Shape shape14_7 = {1};
-  support::along(v110.data(), v109.data(), shape14_2, shape14_3, shape14_4, shape14_5, shape14_6,
-                 shape14_7, support::Along::LogSoftmax, 1e-05, 128, nullptr);
+  support::along(v110.data(), v109.data(), kShape5, kShape8, kShape8, kShape9, kShape1, kShape1,
+                 support::Along::LogSoftmax, 1e-05, 128, nullptr);
 
   // bert.mesh:61:32 one_hot
   MESHRT_TRACE("one_hot", "bert.mesh:61:32", "forward");
   const support::Buffer &v4 = inputs.targets.data;
   support::View v111 = arena_.view(16384, 4096);
-  static const support::Shape shape15_1 = {1, 32, 128};
-  static const support::Shape shape15_3 = {32, 1, 0};
-  static const support::Shape shape15_4 = {0, 0, 1};
-  support::oneHot(v111.data(), shape15_1, v4.data(), shape15_3, shape15_4, 0);
+  support::oneHot(v111.data(), kShape12, v4.data(), kShape4, kShape3, 0);
 
   // bert.mesh:61:30 mul
   MESHRT_TRACE("loop", "bert.mesh:61:30", "forward");
   support::View v112 = arena_.view(32768, 4096);
-  {
-    float *__restrict v112p = v112.data();
-    const float *__restrict v110p = v110.data();
-    const float *__restrict v111p = v111.data();
-    for (int64_t i0 = 0; i0 < 4096; ++i0) {
-      const float s0 = v110p[i0];
-      const float s1 = v111p[i0];
-      const float s2 = (s0 * s1);
-      v112p[i0] = s2;
-    }
-  }
+  loop11(v112.data(), v110.data(), v111.data());
 
   // bert.mesh:61:21 sum
   MESHRT_TRACE("sum", "bert.mesh:61:21", "forward");
   support::View v113 = arena_.view(139264, 32);
-  static const support::Shape shape17_1 = {1, 32};
-  static const support::Shape shape17_3 = {4096, 128};
-  static const support::Shape shape17_4 = {128};
-  static const support::Shape shape17_5 = {1};
-  support::reduce(v113.data(), shape17_1, v112.data(), shape17_3, shape17_4, shape17_5,
+  support::reduce(v113.data(), kShape5, v112.data(), kShape8, kShape9, kShape1,
                   support::Reduce::Sum, 1.0);
 
   // bert.mesh:62:28 mul
@@ -1513,43 +1948,18 @@ void MlmTrain::runPart0(const Inputs &inputs) {
   const support::Buffer &v3 = inputs.masked.data;
   support::View v116 = arena_.view(139392, 32);
   support::View v117 = arena_.view(32768, 32);
-  {
-    float *__restrict v116p = v116.data();
-    float *__restrict v117p = v117.data();
-    const float *__restrict v3p = v3.data();
-    const float *__restrict v2p = v2.data();
-    const float *__restrict v113p = v113.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = v3p[i0];
-      const float s1 = v2p[i0];
-      const float s2 = support::wrapI32(double((double(s0) * double(s1))));
-      const float s3 = s2;
-      const float s4 = v113p[i0];
-      const float s5 = -s4;
-      const float s6 = (s5 * s3);
-      v116p[i0] = s3;
-      v117p[i0] = s6;
-    }
-  }
+  loop12(v116.data(), v117.data(), v3.data(), v2.data(), v113.data());
 
   // bert.mesh:64:14 sum
   MESHRT_TRACE("sum", "bert.mesh:64:14", "forward");
   support::View v118 = arena_.view(32896, 1);
-  static const support::Shape shape19_1 = {};
-  static const support::Shape shape19_3 = {};
-  static const support::Shape shape19_4 = {1, 32};
-  static const support::Shape shape19_5 = {32, 1};
-  support::reduce(v118.data(), shape19_1, v117.data(), shape19_3, shape19_4, shape19_5,
+  support::reduce(v118.data(), kShape13, v117.data(), kShape13, kShape5, kShape14,
                   support::Reduce::Sum, 1.0);
 
   // bert.mesh:64:42 sum
   MESHRT_TRACE("sum", "bert.mesh:64:42", "forward");
   support::View v119 = arena_.view(32768, 1);
-  static const support::Shape shape20_1 = {};
-  static const support::Shape shape20_3 = {};
-  static const support::Shape shape20_4 = {1, 32};
-  static const support::Shape shape20_5 = {32, 1};
-  support::reduce(v119.data(), shape20_1, v116.data(), shape20_3, shape20_4, shape20_5,
+  support::reduce(v119.data(), kShape13, v116.data(), kShape13, kShape5, kShape14,
                   support::Reduce::Sum, 1.0);
 
   // bert.mesh:64:54 all_reduce_sum (resolve the partial sum of %119 over data, model for add at
@@ -1594,41 +2004,7 @@ void MlmTrain::runPart0(const Inputs &inputs) {
   // bert.mesh:60:14 sub
   MESHRT_TRACE("loop", "bert.mesh:64:14", "backward");
   support::View v140 = arena_.view(32768, 4096);
-  {
-    float *__restrict v140p = v140.data();
-    const float *__restrict v125p = v125.data();
-    const float *__restrict v116p = v116.data();
-    const float *__restrict v4p = v4.data();
-    const float *__restrict v110p = v110.data();
-    const float *__restrict v111p = v111.data();
-    const float r0 = v125p[0];
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 128; ++i1) {
-        const float s0 = r0;
-        const float s1 = s0;
-        const float s2 = v116p[i0];
-        const float s3 = (s1 * s2);
-        const float s4 = -s3;
-        const float s5 = v4p[i0];
-        const float s6 = support::wrapI32(128.0);
-        const float s7 = (s5 < s6 ? 1.0f : 0.0f);
-        const float s8 = v4p[i0];
-        const float s9 = support::wrapI32(0.0);
-        const float s10 = (s8 >= s9 ? 1.0f : 0.0f);
-        const float s11 = support::wrapI32(double((double(s10) * double(s7))));
-        const float s12 = s11;
-        const float s13 = (s4 * s12);
-        const float s14 = v110p[i0 * 128 + i1];
-        const float s15 = support::fexp(s14);
-        const float s16 = (s15 * s13);
-        const float s17 = s4;
-        const float s18 = v111p[i0 * 128 + i1];
-        const float s19 = (s17 * s18);
-        const float s20 = (s19 - s16);
-        v140p[i0 * 128 + i1] = s20;
-      }
-    }
-  }
+  loop13(v140.data(), v125.data(), v116.data(), v4.data(), v110.data(), v111.data());
 }
 
 void MlmTrain::runPart1(const Inputs &inputs) {
@@ -1639,11 +2015,7 @@ void MlmTrain::runPart1(const Inputs &inputs) {
   MESHRT_TRACE("sum", "bert.mesh:46:58", "backward");
   support::View v140 = arena_.view(32768, 4096);
   support::View v141 = arena_.view(538624, 128);
-  static const support::Shape shape0_1 = {128};
-  static const support::Shape shape0_3 = {1};
-  static const support::Shape shape0_4 = {1, 32};
-  static const support::Shape shape0_5 = {4096, 128};
-  support::reduce(v141.data(), shape0_1, v140.data(), shape0_3, shape0_4, shape0_5,
+  support::reduce(v141.data(), kShape9, v140.data(), kShape1, kShape5, kShape8,
                   support::Reduce::Sum, 1.0);
 
   // bert.mesh:46:10 einsum
@@ -1651,110 +2023,57 @@ void MlmTrain::runPart1(const Inputs &inputs) {
   support::View v5(param0_bert_token_embedding); // updated in place
   support::View v142 = arena_.view(0, 2048);
   // dims: batch, seq, vocab, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan1(
-      {{1, 32, 128, 64}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan1.run(v140.data(), v5.data(), v142.data(), 1.0f, 0.0f);
+  kEinsum7.plan().run(v140.data(), v5.data(), v142.data(), 1.0f, 0.0f);
 
   // bert.mesh:46:10 einsum
   MESHRT_TRACE("gemm", "bert.mesh:46:10", "backward");
   support::View v107 = arena_.view(131072, 2048);
   support::View v143 = arena_.view(262144, 8192);
   // dims: batch, seq, vocab, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan2(
-      {{1, 32, 128, 64}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{2, 3}, {}}});
-  einsumPlan2.run(v140.data(), v107.data(), v143.data(), 1.0f, 0.0f);
+  kEinsum8.plan().run(v140.data(), v107.data(), v143.data(), 1.0f, 0.0f);
 
   // layers.mesh:24:40 sum -> grad/bert/encoder_layer[1]/norm#1/bias
   MESHRT_TRACE("sum", "layers.mesh:24:40", "backward");
   support::View v144 = arena_.view(539136, 64);
-  static const support::Shape shape3_1 = {64};
-  static const support::Shape shape3_3 = {1};
-  static const support::Shape shape3_4 = {1, 32};
-  static const support::Shape shape3_5 = {2048, 64};
-  support::reduce(v144.data(), shape3_1, v142.data(), shape3_3, shape3_4, shape3_5,
+  support::reduce(v144.data(), kShape7, v142.data(), kShape1, kShape5, kShape6,
                   support::Reduce::Sum, 1.0);
 
   // layers.mesh:24:33 mul
   MESHRT_TRACE("loop", "layers.mesh:24:33", "backward");
   support::View v105 = arena_.view(57344, 2048);
   support::View v146 = arena_.view(8192, 2048);
-  {
-    float *__restrict v146p = v146.data();
-    const float *__restrict v142p = v142.data();
-    const float *__restrict v105p = v105.data();
-    for (int64_t i0 = 0; i0 < 2048; ++i0) {
-      const float s0 = v142p[i0];
-      const float s1 = v105p[i0];
-      const float s2 = (s0 * s1);
-      v146p[i0] = s2;
-    }
-  }
+  loop14(v146.data(), v142.data(), v105.data());
 
   // layers.mesh:24:33 sum -> grad/bert/encoder_layer[1]/norm#1/gain
   MESHRT_TRACE("sum", "layers.mesh:24:33", "backward");
   support::View v147 = arena_.view(539392, 64);
-  static const support::Shape shape5_1 = {64};
-  static const support::Shape shape5_3 = {1};
-  static const support::Shape shape5_4 = {1, 32};
-  static const support::Shape shape5_5 = {2048, 64};
-  support::reduce(v147.data(), shape5_1, v146.data(), shape5_3, shape5_4, shape5_5,
+  support::reduce(v147.data(), kShape7, v146.data(), kShape1, kShape5, kShape6,
                   support::Reduce::Sum, 1.0);
 
   // layers.mesh:24:10 mean
   MESHRT_TRACE("mean", "layers.mesh:24:10", "backward");
   support::View v102 = arena_.view(49152, 2048);
   support::View v148 = arena_.view(16384, 32);
-  static const support::Shape shape6_1 = {1, 32};
-  static const support::Shape shape6_3 = {2048, 64};
-  static const support::Shape shape6_4 = {64};
-  static const support::Shape shape6_5 = {1};
-  support::reduce(v148.data(), shape6_1, v102.data(), shape6_3, shape6_4, shape6_5,
+  support::reduce(v148.data(), kShape5, v102.data(), kShape6, kShape7, kShape1,
                   support::Reduce::Sum, 0.015625);
 
   // layers.mesh:24:10 sub
   // layers.mesh:24:10 square
   MESHRT_TRACE("loop", "layers.mesh:24:10", "backward");
   support::View v150 = arena_.view(8192, 2048);
-  {
-    float *__restrict v150p = v150.data();
-    const float *__restrict v102p = v102.data();
-    const float *__restrict v148p = v148.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 64; ++i1) {
-        const float s0 = v102p[i0 * 64 + i1];
-        const float s1 = v148p[i0];
-        const float s2 = (s0 - s1);
-        const float s3 = s2 * s2;
-        v150p[i0 * 64 + i1] = s3;
-      }
-    }
-  }
+  loop15(v150.data(), v102.data(), v148.data());
 
   // layers.mesh:24:10 mean
   MESHRT_TRACE("mean", "layers.mesh:24:10", "backward");
   support::View v151 = arena_.view(16384, 32);
-  static const support::Shape shape8_1 = {1, 32};
-  static const support::Shape shape8_3 = {2048, 64};
-  static const support::Shape shape8_4 = {64};
-  static const support::Shape shape8_5 = {1};
-  support::reduce(v151.data(), shape8_1, v150.data(), shape8_3, shape8_4, shape8_5,
+  support::reduce(v151.data(), kShape5, v150.data(), kShape6, kShape7, kShape1,
                   support::Reduce::Sum, 0.015625);
 
   // layers.mesh:24:10 add
   // layers.mesh:24:10 rsqrt
   MESHRT_TRACE("loop", "layers.mesh:24:10", "backward");
   support::View v154 = arena_.view(24576, 32);
-  {
-    float *__restrict v154p = v154.data();
-    const float *__restrict v151p = v151.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = v151p[i0];
-      const float s1 = 1e-05f;
-      const float s2 = (s0 + s1);
-      const float s3 = 1.0f / support::fsqrt(s2);
-      v154p[i0] = s3;
-    }
-  }
+  loop16(v154.data(), v151.data());
 
   // layers.mesh:24:33 mul
   // layers.mesh:24:10 mul
@@ -1762,43 +2081,18 @@ void MlmTrain::runPart1(const Inputs &inputs) {
   support::View v103(param28_bert_encoder_layer_1_norm_1_gain); // updated in place
   support::View v145 = arena_.view(8192, 2048);
   support::View v155 = arena_.view(16384, 2048);
-  {
-    float *__restrict v145p = v145.data();
-    float *__restrict v155p = v155.data();
-    const float *__restrict v142p = v142.data();
-    const float *__restrict v103p = v103.data();
-    const float *__restrict v105p = v105.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 64; ++i1) {
-        const float s0 = v142p[i0 * 64 + i1];
-        const float s1 = v103p[i1];
-        const float s2 = (s0 * s1);
-        const float s3 = v105p[i0 * 64 + i1];
-        const float s4 = (s2 * s3);
-        v145p[i0 * 64 + i1] = s2;
-        v155p[i0 * 64 + i1] = s4;
-      }
-    }
-  }
+  loop17(v145.data(), v155.data(), v142.data(), v103.data(), v105.data());
 
   // layers.mesh:24:10 mean
   MESHRT_TRACE("mean", "layers.mesh:24:10", "backward");
   support::View v156 = arena_.view(0, 32);
-  static const support::Shape shape11_1 = {1, 32};
-  static const support::Shape shape11_3 = {2048, 64};
-  static const support::Shape shape11_4 = {64};
-  static const support::Shape shape11_5 = {1};
-  support::reduce(v156.data(), shape11_1, v155.data(), shape11_3, shape11_4, shape11_5,
+  support::reduce(v156.data(), kShape5, v155.data(), kShape6, kShape7, kShape1,
                   support::Reduce::Sum, 0.015625);
 
   // layers.mesh:24:10 mean
   MESHRT_TRACE("mean", "layers.mesh:24:10", "backward");
   support::View v158 = arena_.view(128, 32);
-  static const support::Shape shape12_1 = {1, 32};
-  static const support::Shape shape12_3 = {2048, 64};
-  static const support::Shape shape12_4 = {64};
-  static const support::Shape shape12_5 = {1};
-  support::reduce(v158.data(), shape12_1, v145.data(), shape12_3, shape12_4, shape12_5,
+  support::reduce(v158.data(), kShape5, v145.data(), kShape6, kShape7, kShape1,
                   support::Reduce::Sum, 0.015625);
 
   // layers.mesh:24:10 mul
@@ -1807,28 +2101,7 @@ void MlmTrain::runPart1(const Inputs &inputs) {
   // layers.mesh:24:10 mul
   MESHRT_TRACE("loop", "layers.mesh:24:10", "backward");
   support::View v161 = arena_.view(409600, 2048);
-  {
-    float *__restrict v161p = v161.data();
-    const float *__restrict v105p = v105.data();
-    const float *__restrict v156p = v156.data();
-    const float *__restrict v145p = v145.data();
-    const float *__restrict v158p = v158.data();
-    const float *__restrict v154p = v154.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 64; ++i1) {
-        const float s0 = v105p[i0 * 64 + i1];
-        const float s1 = v156p[i0];
-        const float s2 = (s0 * s1);
-        const float s3 = v145p[i0 * 64 + i1];
-        const float s4 = v158p[i0];
-        const float s5 = (s3 - s4);
-        const float s6 = (s5 - s2);
-        const float s7 = v154p[i0];
-        const float s8 = (s6 * s7);
-        v161p[i0 * 64 + i1] = s8;
-      }
-    }
-  }
+  loop18(v161.data(), v105.data(), v156.data(), v145.data(), v158.data(), v154.data());
 
   // 46 statements from layers.mesh:55:71 sum -> grad/bert/encoder_layer[1]/ffn/b_out (1 of 2)
   MESHRT_TRACE_SITE("layers.mesh:55:71");
@@ -1991,52 +2264,26 @@ void MlmTrain::runPart1(const Inputs &inputs) {
   MESHRT_TRACE("einsum", "bert.mesh:35:39", "backward");
   const support::Buffer &v1 = inputs.segment_ids.data;
   support::View v333 = arena_.view(499712, 128);
-  static const support::Shape shape16_1 = {2, 64};
-  static const support::Shape shape16_3 = {0, 1};
-  static const support::Shape shape16_5 = {0, 0};
-  static const support::Shape shape16_6 = {1, 32};
-  static const support::Shape shape16_7 = {2048, 64};
-  static const support::Shape shape16_8 = {32, 1};
-  support::scatterAdd(v333.data(), shape16_1, v331.data(), shape16_3, v1.data(), shape16_5,
-                      shape16_6, shape16_7, shape16_8, 0, 0);
+  support::scatterAdd(v333.data(), kShape15, v331.data(), kShape16, v1.data(), kShape17, kShape5,
+                      kShape6, kShape14, 0, 0);
 
   // bert.mesh:34:76 sum -> grad/bert/position_embedding
   MESHRT_TRACE("sum", "bert.mesh:34:76", "backward");
   support::View v334 = arena_.view(491520, 2048);
-  static const support::Shape shape17_1 = {32, 64};
-  static const support::Shape shape17_3 = {64, 1};
-  static const support::Shape shape17_4 = {1};
-  static const support::Shape shape17_5 = {2048};
-  support::reduce(v334.data(), shape17_1, v331.data(), shape17_3, shape17_4, shape17_5,
+  support::reduce(v334.data(), kShape18, v331.data(), kShape19, kShape1, kShape20,
                   support::Reduce::Sum, 1.0);
 
   // bert.mesh:34:37 einsum
   MESHRT_TRACE("einsum", "bert.mesh:34:37", "backward");
   const support::Buffer &v0 = inputs.tokens.data;
   support::View v336 = arena_.view(294912, 8192);
-  static const support::Shape shape18_1 = {128, 64};
-  static const support::Shape shape18_3 = {0, 1};
-  static const support::Shape shape18_5 = {0, 0};
-  static const support::Shape shape18_6 = {1, 32};
-  static const support::Shape shape18_7 = {2048, 64};
-  static const support::Shape shape18_8 = {32, 1};
-  support::scatterAdd(v336.data(), shape18_1, v331.data(), shape18_3, v0.data(), shape18_5,
-                      shape18_6, shape18_7, shape18_8, 0, 0);
+  support::scatterAdd(v336.data(), kShape21, v331.data(), kShape16, v0.data(), kShape17, kShape5,
+                      kShape6, kShape14, 0, 0);
 
   // bert.mesh:34:37 add -> grad/bert/token_embedding
   MESHRT_TRACE("loop", "bert.mesh:34:37", "backward");
   support::View v337 = arena_.view(327680, 8192);
-  {
-    float *__restrict v337p = v337.data();
-    const float *__restrict v143p = v143.data();
-    const float *__restrict v336p = v336.data();
-    for (int64_t i0 = 0; i0 < 8192; ++i0) {
-      const float s0 = v143p[i0];
-      const float s1 = v336p[i0];
-      const float s2 = (s0 + s1);
-      v337p[i0] = s2;
-    }
-  }
+  loop19(v337.data(), v143.data(), v336.data());
 
   // bert.mesh:65:3 bucketed_all_reduce_sum -> loss (31 partial sums (loss, grad/bert/output_bias,
   // grad/bert/encoder_layer[1]/norm#1/bias, ...) over data, model resolved together, 430.0 KiB in
@@ -2129,54 +2376,7 @@ void MlmTrain::runPart1(const Inputs &inputs) {
   MESHRT_TRACE("loop", "bert.mesh:65:3", "update");
   support::View v357(param31_bert_token_embedding_v); // updated in place
   support::View v356(param30_bert_token_embedding_m); // updated in place
-  {
-    float *__restrict v357p = v357.data();
-    float *__restrict v356p = v356.data();
-    float *__restrict v5p = v5.data();
-    const float *__restrict v337p = v337.data();
-    const float *__restrict v373p = v373.data();
-    const float *__restrict v371p = v371.data();
-    const float *__restrict v355p = v355.data();
-    const float r3 = v373p[0];
-    const float r5 = v371p[0];
-    const float r6 = v355p[0];
-    for (int64_t i0 = 0; i0 < 8192; ++i0) {
-      const float s0 = v5p[i0];
-      const float s1 = 0.01f;
-      const float s2 = (s0 * s1);
-      const float s3 = v337p[i0];
-      const float s4 = s3 * s3;
-      const float s5 = 0.0009999871f;
-      const float s6 = (s4 * s5);
-      const float s7 = v357p[i0];
-      const float s8 = 0.999f;
-      const float s9 = (s7 * s8);
-      const float s10 = (s9 + s6);
-      const float s11 = r3;
-      const float s12 = (s10 / s11);
-      const float s13 = support::fsqrt(s12);
-      const float s14 = 1e-08f;
-      const float s15 = (s13 + s14);
-      const float s16 = v337p[i0];
-      const float s17 = 0.100000024f;
-      const float s18 = (s16 * s17);
-      const float s19 = v356p[i0];
-      const float s20 = 0.9f;
-      const float s21 = (s19 * s20);
-      const float s22 = (s21 + s18);
-      const float s23 = r5;
-      const float s24 = (s22 / s23);
-      const float s25 = (s24 / s15);
-      const float s26 = (s25 + s2);
-      const float s27 = r6;
-      const float s28 = (s26 * s27);
-      const float s29 = v5p[i0];
-      const float s30 = (s29 - s28);
-      v357p[i0] = s10;
-      v356p[i0] = s22;
-      v5p[i0] = s30;
-    }
-  }
+  loop20(v357.data(), v356.data(), v5.data(), v337.data(), v373.data(), v371.data(), v355.data());
 }
 
 void MlmTrain::runPart2(const Inputs &inputs) {
@@ -2207,54 +2407,7 @@ void MlmTrain::runPart2(const Inputs &inputs) {
   support::View v385(param32_bert_position_embedding_m); // updated in place
   support::View v371 = arena_.view(262208, 1);
   support::View v355 = arena_.view(262144, 1);
-  {
-    float *__restrict v386p = v386.data();
-    float *__restrict v385p = v385.data();
-    float *__restrict v6p = v6.data();
-    const float *__restrict v334p = v334.data();
-    const float *__restrict v373p = v373.data();
-    const float *__restrict v371p = v371.data();
-    const float *__restrict v355p = v355.data();
-    const float r3 = v373p[0];
-    const float r5 = v371p[0];
-    const float r6 = v355p[0];
-    for (int64_t i0 = 0; i0 < 2048; ++i0) {
-      const float s0 = v6p[i0];
-      const float s1 = 0.01f;
-      const float s2 = (s0 * s1);
-      const float s3 = v334p[i0];
-      const float s4 = s3 * s3;
-      const float s5 = 0.0009999871f;
-      const float s6 = (s4 * s5);
-      const float s7 = v386p[i0];
-      const float s8 = 0.999f;
-      const float s9 = (s7 * s8);
-      const float s10 = (s9 + s6);
-      const float s11 = r3;
-      const float s12 = (s10 / s11);
-      const float s13 = support::fsqrt(s12);
-      const float s14 = 1e-08f;
-      const float s15 = (s13 + s14);
-      const float s16 = v334p[i0];
-      const float s17 = 0.100000024f;
-      const float s18 = (s16 * s17);
-      const float s19 = v385p[i0];
-      const float s20 = 0.9f;
-      const float s21 = (s19 * s20);
-      const float s22 = (s21 + s18);
-      const float s23 = r5;
-      const float s24 = (s22 / s23);
-      const float s25 = (s24 / s15);
-      const float s26 = (s25 + s2);
-      const float s27 = r6;
-      const float s28 = (s26 * s27);
-      const float s29 = v6p[i0];
-      const float s30 = (s29 - s28);
-      v386p[i0] = s10;
-      v385p[i0] = s22;
-      v6p[i0] = s30;
-    }
-  }
+  loop21(v386.data(), v385.data(), v6.data(), v334.data(), v373.data(), v371.data(), v355.data());
 
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 square
@@ -2277,54 +2430,7 @@ void MlmTrain::runPart2(const Inputs &inputs) {
   support::View v333 = arena_.view(499712, 128);
   support::View v407(param35_bert_segment_embedding_v); // updated in place
   support::View v406(param34_bert_segment_embedding_m); // updated in place
-  {
-    float *__restrict v407p = v407.data();
-    float *__restrict v406p = v406.data();
-    float *__restrict v7p = v7.data();
-    const float *__restrict v333p = v333.data();
-    const float *__restrict v373p = v373.data();
-    const float *__restrict v371p = v371.data();
-    const float *__restrict v355p = v355.data();
-    const float r3 = v373p[0];
-    const float r5 = v371p[0];
-    const float r6 = v355p[0];
-    for (int64_t i0 = 0; i0 < 128; ++i0) {
-      const float s0 = v7p[i0];
-      const float s1 = 0.01f;
-      const float s2 = (s0 * s1);
-      const float s3 = v333p[i0];
-      const float s4 = s3 * s3;
-      const float s5 = 0.0009999871f;
-      const float s6 = (s4 * s5);
-      const float s7 = v407p[i0];
-      const float s8 = 0.999f;
-      const float s9 = (s7 * s8);
-      const float s10 = (s9 + s6);
-      const float s11 = r3;
-      const float s12 = (s10 / s11);
-      const float s13 = support::fsqrt(s12);
-      const float s14 = 1e-08f;
-      const float s15 = (s13 + s14);
-      const float s16 = v333p[i0];
-      const float s17 = 0.100000024f;
-      const float s18 = (s16 * s17);
-      const float s19 = v406p[i0];
-      const float s20 = 0.9f;
-      const float s21 = (s19 * s20);
-      const float s22 = (s21 + s18);
-      const float s23 = r5;
-      const float s24 = (s22 / s23);
-      const float s25 = (s24 / s15);
-      const float s26 = (s25 + s2);
-      const float s27 = r6;
-      const float s28 = (s26 * s27);
-      const float s29 = v7p[i0];
-      const float s30 = (s29 - s28);
-      v407p[i0] = s10;
-      v406p[i0] = s22;
-      v7p[i0] = s30;
-    }
-  }
+  loop22(v407.data(), v406.data(), v7.data(), v333.data(), v373.data(), v371.data(), v355.data());
 
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 square
@@ -2347,54 +2453,7 @@ void MlmTrain::runPart2(const Inputs &inputs) {
   support::View v141 = arena_.view(538624, 128);
   support::View v428(param37_bert_output_bias_v); // updated in place
   support::View v427(param36_bert_output_bias_m); // updated in place
-  {
-    float *__restrict v428p = v428.data();
-    float *__restrict v427p = v427.data();
-    float *__restrict v8p = v8.data();
-    const float *__restrict v141p = v141.data();
-    const float *__restrict v373p = v373.data();
-    const float *__restrict v371p = v371.data();
-    const float *__restrict v355p = v355.data();
-    const float r3 = v373p[0];
-    const float r5 = v371p[0];
-    const float r6 = v355p[0];
-    for (int64_t i0 = 0; i0 < 128; ++i0) {
-      const float s0 = v8p[i0];
-      const float s1 = 0.01f;
-      const float s2 = (s0 * s1);
-      const float s3 = v141p[i0];
-      const float s4 = s3 * s3;
-      const float s5 = 0.0009999871f;
-      const float s6 = (s4 * s5);
-      const float s7 = v428p[i0];
-      const float s8 = 0.999f;
-      const float s9 = (s7 * s8);
-      const float s10 = (s9 + s6);
-      const float s11 = r3;
-      const float s12 = (s10 / s11);
-      const float s13 = support::fsqrt(s12);
-      const float s14 = 1e-08f;
-      const float s15 = (s13 + s14);
-      const float s16 = v141p[i0];
-      const float s17 = 0.100000024f;
-      const float s18 = (s16 * s17);
-      const float s19 = v427p[i0];
-      const float s20 = 0.9f;
-      const float s21 = (s19 * s20);
-      const float s22 = (s21 + s18);
-      const float s23 = r5;
-      const float s24 = (s22 / s23);
-      const float s25 = (s24 / s15);
-      const float s26 = (s25 + s2);
-      const float s27 = r6;
-      const float s28 = (s26 * s27);
-      const float s29 = v8p[i0];
-      const float s30 = (s29 - s28);
-      v428p[i0] = s10;
-      v427p[i0] = s22;
-      v8p[i0] = s30;
-    }
-  }
+  loop22(v428.data(), v427.data(), v8.data(), v141.data(), v373.data(), v371.data(), v355.data());
 
   // 1 statements from bert.mesh:65:3 mul (1 of 2)
   MESHRT_TRACE_SITE("bert.mesh:65:3");
@@ -2556,54 +2615,7 @@ void MlmTrain::repeated0(
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 sub -> next/bert/encoder_layer[0]/attention/w_q
   MESHRT_TRACE("loop", "bert.mesh:65:3", "update");
-  {
-    float *__restrict a2p = a2.data();
-    float *__restrict a4p = a4.data();
-    float *__restrict a0p = a0.data();
-    const float *__restrict a1p = a1.data();
-    const float *__restrict a3p = a3.data();
-    const float *__restrict a5p = a5.data();
-    const float *__restrict a6p = a6.data();
-    const float r3 = a3p[0];
-    const float r5 = a5p[0];
-    const float r6 = a6p[0];
-    for (int64_t i0 = 0; i0 < 4096; ++i0) {
-      const float s0 = a0p[i0];
-      const float s1 = 0.01f;
-      const float s2 = (s0 * s1);
-      const float s3 = a1p[i0];
-      const float s4 = s3 * s3;
-      const float s5 = 0.0009999871f;
-      const float s6 = (s4 * s5);
-      const float s7 = a2p[i0];
-      const float s8 = 0.999f;
-      const float s9 = (s7 * s8);
-      const float s10 = (s9 + s6);
-      const float s11 = r3;
-      const float s12 = (s10 / s11);
-      const float s13 = support::fsqrt(s12);
-      const float s14 = 1e-08f;
-      const float s15 = (s13 + s14);
-      const float s16 = a1p[i0];
-      const float s17 = 0.100000024f;
-      const float s18 = (s16 * s17);
-      const float s19 = a4p[i0];
-      const float s20 = 0.9f;
-      const float s21 = (s19 * s20);
-      const float s22 = (s21 + s18);
-      const float s23 = r5;
-      const float s24 = (s22 / s23);
-      const float s25 = (s24 / s15);
-      const float s26 = (s25 + s2);
-      const float s27 = r6;
-      const float s28 = (s26 * s27);
-      const float s29 = a0p[i0];
-      const float s30 = (s29 - s28);
-      a2p[i0] = s10;
-      a4p[i0] = s22;
-      a0p[i0] = s30;
-    }
-  }
+  loop23(a2.data(), a4.data(), a0.data(), a1.data(), a3.data(), a5.data(), a6.data());
 
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 square
@@ -2622,54 +2634,7 @@ void MlmTrain::repeated0(
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 sub -> next/bert/encoder_layer[0]/attention/w_k
   MESHRT_TRACE("loop", "bert.mesh:65:3", "update");
-  {
-    float *__restrict a9p = a9.data();
-    float *__restrict a10p = a10.data();
-    float *__restrict a7p = a7.data();
-    const float *__restrict a8p = a8.data();
-    const float *__restrict a3p = a3.data();
-    const float *__restrict a5p = a5.data();
-    const float *__restrict a6p = a6.data();
-    const float r3 = a3p[0];
-    const float r5 = a5p[0];
-    const float r6 = a6p[0];
-    for (int64_t i0 = 0; i0 < 4096; ++i0) {
-      const float s0 = a7p[i0];
-      const float s1 = 0.01f;
-      const float s2 = (s0 * s1);
-      const float s3 = a8p[i0];
-      const float s4 = s3 * s3;
-      const float s5 = 0.0009999871f;
-      const float s6 = (s4 * s5);
-      const float s7 = a9p[i0];
-      const float s8 = 0.999f;
-      const float s9 = (s7 * s8);
-      const float s10 = (s9 + s6);
-      const float s11 = r3;
-      const float s12 = (s10 / s11);
-      const float s13 = support::fsqrt(s12);
-      const float s14 = 1e-08f;
-      const float s15 = (s13 + s14);
-      const float s16 = a8p[i0];
-      const float s17 = 0.100000024f;
-      const float s18 = (s16 * s17);
-      const float s19 = a10p[i0];
-      const float s20 = 0.9f;
-      const float s21 = (s19 * s20);
-      const float s22 = (s21 + s18);
-      const float s23 = r5;
-      const float s24 = (s22 / s23);
-      const float s25 = (s24 / s15);
-      const float s26 = (s25 + s2);
-      const float s27 = r6;
-      const float s28 = (s26 * s27);
-      const float s29 = a7p[i0];
-      const float s30 = (s29 - s28);
-      a9p[i0] = s10;
-      a10p[i0] = s22;
-      a7p[i0] = s30;
-    }
-  }
+  loop23(a9.data(), a10.data(), a7.data(), a8.data(), a3.data(), a5.data(), a6.data());
 
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 square
@@ -2688,54 +2653,7 @@ void MlmTrain::repeated0(
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 sub -> next/bert/encoder_layer[0]/attention/w_v
   MESHRT_TRACE("loop", "bert.mesh:65:3", "update");
-  {
-    float *__restrict a13p = a13.data();
-    float *__restrict a14p = a14.data();
-    float *__restrict a11p = a11.data();
-    const float *__restrict a12p = a12.data();
-    const float *__restrict a3p = a3.data();
-    const float *__restrict a5p = a5.data();
-    const float *__restrict a6p = a6.data();
-    const float r3 = a3p[0];
-    const float r5 = a5p[0];
-    const float r6 = a6p[0];
-    for (int64_t i0 = 0; i0 < 4096; ++i0) {
-      const float s0 = a11p[i0];
-      const float s1 = 0.01f;
-      const float s2 = (s0 * s1);
-      const float s3 = a12p[i0];
-      const float s4 = s3 * s3;
-      const float s5 = 0.0009999871f;
-      const float s6 = (s4 * s5);
-      const float s7 = a13p[i0];
-      const float s8 = 0.999f;
-      const float s9 = (s7 * s8);
-      const float s10 = (s9 + s6);
-      const float s11 = r3;
-      const float s12 = (s10 / s11);
-      const float s13 = support::fsqrt(s12);
-      const float s14 = 1e-08f;
-      const float s15 = (s13 + s14);
-      const float s16 = a12p[i0];
-      const float s17 = 0.100000024f;
-      const float s18 = (s16 * s17);
-      const float s19 = a14p[i0];
-      const float s20 = 0.9f;
-      const float s21 = (s19 * s20);
-      const float s22 = (s21 + s18);
-      const float s23 = r5;
-      const float s24 = (s22 / s23);
-      const float s25 = (s24 / s15);
-      const float s26 = (s25 + s2);
-      const float s27 = r6;
-      const float s28 = (s26 * s27);
-      const float s29 = a11p[i0];
-      const float s30 = (s29 - s28);
-      a13p[i0] = s10;
-      a14p[i0] = s22;
-      a11p[i0] = s30;
-    }
-  }
+  loop23(a13.data(), a14.data(), a11.data(), a12.data(), a3.data(), a5.data(), a6.data());
 
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 square
@@ -2754,54 +2672,7 @@ void MlmTrain::repeated0(
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 sub -> next/bert/encoder_layer[0]/attention/w_o
   MESHRT_TRACE("loop", "bert.mesh:65:3", "update");
-  {
-    float *__restrict a17p = a17.data();
-    float *__restrict a18p = a18.data();
-    float *__restrict a15p = a15.data();
-    const float *__restrict a16p = a16.data();
-    const float *__restrict a3p = a3.data();
-    const float *__restrict a5p = a5.data();
-    const float *__restrict a6p = a6.data();
-    const float r3 = a3p[0];
-    const float r5 = a5p[0];
-    const float r6 = a6p[0];
-    for (int64_t i0 = 0; i0 < 4096; ++i0) {
-      const float s0 = a15p[i0];
-      const float s1 = 0.01f;
-      const float s2 = (s0 * s1);
-      const float s3 = a16p[i0];
-      const float s4 = s3 * s3;
-      const float s5 = 0.0009999871f;
-      const float s6 = (s4 * s5);
-      const float s7 = a17p[i0];
-      const float s8 = 0.999f;
-      const float s9 = (s7 * s8);
-      const float s10 = (s9 + s6);
-      const float s11 = r3;
-      const float s12 = (s10 / s11);
-      const float s13 = support::fsqrt(s12);
-      const float s14 = 1e-08f;
-      const float s15 = (s13 + s14);
-      const float s16 = a16p[i0];
-      const float s17 = 0.100000024f;
-      const float s18 = (s16 * s17);
-      const float s19 = a18p[i0];
-      const float s20 = 0.9f;
-      const float s21 = (s19 * s20);
-      const float s22 = (s21 + s18);
-      const float s23 = r5;
-      const float s24 = (s22 / s23);
-      const float s25 = (s24 / s15);
-      const float s26 = (s25 + s2);
-      const float s27 = r6;
-      const float s28 = (s26 * s27);
-      const float s29 = a15p[i0];
-      const float s30 = (s29 - s28);
-      a17p[i0] = s10;
-      a18p[i0] = s22;
-      a15p[i0] = s30;
-    }
-  }
+  loop23(a17.data(), a18.data(), a15.data(), a16.data(), a3.data(), a5.data(), a6.data());
 
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 square
@@ -2820,54 +2691,7 @@ void MlmTrain::repeated0(
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 sub -> next/bert/encoder_layer[0]/norm/gain
   MESHRT_TRACE("loop", "bert.mesh:65:3", "update");
-  {
-    float *__restrict a21p = a21.data();
-    float *__restrict a22p = a22.data();
-    float *__restrict a19p = a19.data();
-    const float *__restrict a20p = a20.data();
-    const float *__restrict a3p = a3.data();
-    const float *__restrict a5p = a5.data();
-    const float *__restrict a6p = a6.data();
-    const float r3 = a3p[0];
-    const float r5 = a5p[0];
-    const float r6 = a6p[0];
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = a19p[i0];
-      const float s1 = 0.01f;
-      const float s2 = (s0 * s1);
-      const float s3 = a20p[i0];
-      const float s4 = s3 * s3;
-      const float s5 = 0.0009999871f;
-      const float s6 = (s4 * s5);
-      const float s7 = a21p[i0];
-      const float s8 = 0.999f;
-      const float s9 = (s7 * s8);
-      const float s10 = (s9 + s6);
-      const float s11 = r3;
-      const float s12 = (s10 / s11);
-      const float s13 = support::fsqrt(s12);
-      const float s14 = 1e-08f;
-      const float s15 = (s13 + s14);
-      const float s16 = a20p[i0];
-      const float s17 = 0.100000024f;
-      const float s18 = (s16 * s17);
-      const float s19 = a22p[i0];
-      const float s20 = 0.9f;
-      const float s21 = (s19 * s20);
-      const float s22 = (s21 + s18);
-      const float s23 = r5;
-      const float s24 = (s22 / s23);
-      const float s25 = (s24 / s15);
-      const float s26 = (s25 + s2);
-      const float s27 = r6;
-      const float s28 = (s26 * s27);
-      const float s29 = a19p[i0];
-      const float s30 = (s29 - s28);
-      a21p[i0] = s10;
-      a22p[i0] = s22;
-      a19p[i0] = s30;
-    }
-  }
+  loop24(a21.data(), a22.data(), a19.data(), a20.data(), a3.data(), a5.data(), a6.data());
 
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 square
@@ -2886,54 +2710,7 @@ void MlmTrain::repeated0(
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 sub -> next/bert/encoder_layer[0]/norm/bias
   MESHRT_TRACE("loop", "bert.mesh:65:3", "update");
-  {
-    float *__restrict a25p = a25.data();
-    float *__restrict a26p = a26.data();
-    float *__restrict a23p = a23.data();
-    const float *__restrict a24p = a24.data();
-    const float *__restrict a3p = a3.data();
-    const float *__restrict a5p = a5.data();
-    const float *__restrict a6p = a6.data();
-    const float r3 = a3p[0];
-    const float r5 = a5p[0];
-    const float r6 = a6p[0];
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = a23p[i0];
-      const float s1 = 0.01f;
-      const float s2 = (s0 * s1);
-      const float s3 = a24p[i0];
-      const float s4 = s3 * s3;
-      const float s5 = 0.0009999871f;
-      const float s6 = (s4 * s5);
-      const float s7 = a25p[i0];
-      const float s8 = 0.999f;
-      const float s9 = (s7 * s8);
-      const float s10 = (s9 + s6);
-      const float s11 = r3;
-      const float s12 = (s10 / s11);
-      const float s13 = support::fsqrt(s12);
-      const float s14 = 1e-08f;
-      const float s15 = (s13 + s14);
-      const float s16 = a24p[i0];
-      const float s17 = 0.100000024f;
-      const float s18 = (s16 * s17);
-      const float s19 = a26p[i0];
-      const float s20 = 0.9f;
-      const float s21 = (s19 * s20);
-      const float s22 = (s21 + s18);
-      const float s23 = r5;
-      const float s24 = (s22 / s23);
-      const float s25 = (s24 / s15);
-      const float s26 = (s25 + s2);
-      const float s27 = r6;
-      const float s28 = (s26 * s27);
-      const float s29 = a23p[i0];
-      const float s30 = (s29 - s28);
-      a25p[i0] = s10;
-      a26p[i0] = s22;
-      a23p[i0] = s30;
-    }
-  }
+  loop24(a25.data(), a26.data(), a23.data(), a24.data(), a3.data(), a5.data(), a6.data());
 
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 square
@@ -2952,54 +2729,7 @@ void MlmTrain::repeated0(
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 sub -> next/bert/encoder_layer[0]/ffn/w_in
   MESHRT_TRACE("loop", "bert.mesh:65:3", "update");
-  {
-    float *__restrict a29p = a29.data();
-    float *__restrict a30p = a30.data();
-    float *__restrict a27p = a27.data();
-    const float *__restrict a28p = a28.data();
-    const float *__restrict a3p = a3.data();
-    const float *__restrict a5p = a5.data();
-    const float *__restrict a6p = a6.data();
-    const float r3 = a3p[0];
-    const float r5 = a5p[0];
-    const float r6 = a6p[0];
-    for (int64_t i0 = 0; i0 < 16384; ++i0) {
-      const float s0 = a27p[i0];
-      const float s1 = 0.01f;
-      const float s2 = (s0 * s1);
-      const float s3 = a28p[i0];
-      const float s4 = s3 * s3;
-      const float s5 = 0.0009999871f;
-      const float s6 = (s4 * s5);
-      const float s7 = a29p[i0];
-      const float s8 = 0.999f;
-      const float s9 = (s7 * s8);
-      const float s10 = (s9 + s6);
-      const float s11 = r3;
-      const float s12 = (s10 / s11);
-      const float s13 = support::fsqrt(s12);
-      const float s14 = 1e-08f;
-      const float s15 = (s13 + s14);
-      const float s16 = a28p[i0];
-      const float s17 = 0.100000024f;
-      const float s18 = (s16 * s17);
-      const float s19 = a30p[i0];
-      const float s20 = 0.9f;
-      const float s21 = (s19 * s20);
-      const float s22 = (s21 + s18);
-      const float s23 = r5;
-      const float s24 = (s22 / s23);
-      const float s25 = (s24 / s15);
-      const float s26 = (s25 + s2);
-      const float s27 = r6;
-      const float s28 = (s26 * s27);
-      const float s29 = a27p[i0];
-      const float s30 = (s29 - s28);
-      a29p[i0] = s10;
-      a30p[i0] = s22;
-      a27p[i0] = s30;
-    }
-  }
+  loop25(a29.data(), a30.data(), a27.data(), a28.data(), a3.data(), a5.data(), a6.data());
 
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 square
@@ -3018,54 +2748,7 @@ void MlmTrain::repeated0(
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 sub -> next/bert/encoder_layer[0]/ffn/b_in
   MESHRT_TRACE("loop", "bert.mesh:65:3", "update");
-  {
-    float *__restrict a33p = a33.data();
-    float *__restrict a34p = a34.data();
-    float *__restrict a31p = a31.data();
-    const float *__restrict a32p = a32.data();
-    const float *__restrict a3p = a3.data();
-    const float *__restrict a5p = a5.data();
-    const float *__restrict a6p = a6.data();
-    const float r3 = a3p[0];
-    const float r5 = a5p[0];
-    const float r6 = a6p[0];
-    for (int64_t i0 = 0; i0 < 256; ++i0) {
-      const float s0 = a31p[i0];
-      const float s1 = 0.01f;
-      const float s2 = (s0 * s1);
-      const float s3 = a32p[i0];
-      const float s4 = s3 * s3;
-      const float s5 = 0.0009999871f;
-      const float s6 = (s4 * s5);
-      const float s7 = a33p[i0];
-      const float s8 = 0.999f;
-      const float s9 = (s7 * s8);
-      const float s10 = (s9 + s6);
-      const float s11 = r3;
-      const float s12 = (s10 / s11);
-      const float s13 = support::fsqrt(s12);
-      const float s14 = 1e-08f;
-      const float s15 = (s13 + s14);
-      const float s16 = a32p[i0];
-      const float s17 = 0.100000024f;
-      const float s18 = (s16 * s17);
-      const float s19 = a34p[i0];
-      const float s20 = 0.9f;
-      const float s21 = (s19 * s20);
-      const float s22 = (s21 + s18);
-      const float s23 = r5;
-      const float s24 = (s22 / s23);
-      const float s25 = (s24 / s15);
-      const float s26 = (s25 + s2);
-      const float s27 = r6;
-      const float s28 = (s26 * s27);
-      const float s29 = a31p[i0];
-      const float s30 = (s29 - s28);
-      a33p[i0] = s10;
-      a34p[i0] = s22;
-      a31p[i0] = s30;
-    }
-  }
+  loop26(a33.data(), a34.data(), a31.data(), a32.data(), a3.data(), a5.data(), a6.data());
 
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 square
@@ -3084,54 +2767,7 @@ void MlmTrain::repeated0(
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 sub -> next/bert/encoder_layer[0]/ffn/w_out
   MESHRT_TRACE("loop", "bert.mesh:65:3", "update");
-  {
-    float *__restrict a37p = a37.data();
-    float *__restrict a38p = a38.data();
-    float *__restrict a35p = a35.data();
-    const float *__restrict a36p = a36.data();
-    const float *__restrict a3p = a3.data();
-    const float *__restrict a5p = a5.data();
-    const float *__restrict a6p = a6.data();
-    const float r3 = a3p[0];
-    const float r5 = a5p[0];
-    const float r6 = a6p[0];
-    for (int64_t i0 = 0; i0 < 16384; ++i0) {
-      const float s0 = a35p[i0];
-      const float s1 = 0.01f;
-      const float s2 = (s0 * s1);
-      const float s3 = a36p[i0];
-      const float s4 = s3 * s3;
-      const float s5 = 0.0009999871f;
-      const float s6 = (s4 * s5);
-      const float s7 = a37p[i0];
-      const float s8 = 0.999f;
-      const float s9 = (s7 * s8);
-      const float s10 = (s9 + s6);
-      const float s11 = r3;
-      const float s12 = (s10 / s11);
-      const float s13 = support::fsqrt(s12);
-      const float s14 = 1e-08f;
-      const float s15 = (s13 + s14);
-      const float s16 = a36p[i0];
-      const float s17 = 0.100000024f;
-      const float s18 = (s16 * s17);
-      const float s19 = a38p[i0];
-      const float s20 = 0.9f;
-      const float s21 = (s19 * s20);
-      const float s22 = (s21 + s18);
-      const float s23 = r5;
-      const float s24 = (s22 / s23);
-      const float s25 = (s24 / s15);
-      const float s26 = (s25 + s2);
-      const float s27 = r6;
-      const float s28 = (s26 * s27);
-      const float s29 = a35p[i0];
-      const float s30 = (s29 - s28);
-      a37p[i0] = s10;
-      a38p[i0] = s22;
-      a35p[i0] = s30;
-    }
-  }
+  loop25(a37.data(), a38.data(), a35.data(), a36.data(), a3.data(), a5.data(), a6.data());
 
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 square
@@ -3150,54 +2786,7 @@ void MlmTrain::repeated0(
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 sub -> next/bert/encoder_layer[0]/ffn/b_out
   MESHRT_TRACE("loop", "bert.mesh:65:3", "update");
-  {
-    float *__restrict a41p = a41.data();
-    float *__restrict a42p = a42.data();
-    float *__restrict a39p = a39.data();
-    const float *__restrict a40p = a40.data();
-    const float *__restrict a3p = a3.data();
-    const float *__restrict a5p = a5.data();
-    const float *__restrict a6p = a6.data();
-    const float r3 = a3p[0];
-    const float r5 = a5p[0];
-    const float r6 = a6p[0];
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = a39p[i0];
-      const float s1 = 0.01f;
-      const float s2 = (s0 * s1);
-      const float s3 = a40p[i0];
-      const float s4 = s3 * s3;
-      const float s5 = 0.0009999871f;
-      const float s6 = (s4 * s5);
-      const float s7 = a41p[i0];
-      const float s8 = 0.999f;
-      const float s9 = (s7 * s8);
-      const float s10 = (s9 + s6);
-      const float s11 = r3;
-      const float s12 = (s10 / s11);
-      const float s13 = support::fsqrt(s12);
-      const float s14 = 1e-08f;
-      const float s15 = (s13 + s14);
-      const float s16 = a40p[i0];
-      const float s17 = 0.100000024f;
-      const float s18 = (s16 * s17);
-      const float s19 = a42p[i0];
-      const float s20 = 0.9f;
-      const float s21 = (s19 * s20);
-      const float s22 = (s21 + s18);
-      const float s23 = r5;
-      const float s24 = (s22 / s23);
-      const float s25 = (s24 / s15);
-      const float s26 = (s25 + s2);
-      const float s27 = r6;
-      const float s28 = (s26 * s27);
-      const float s29 = a39p[i0];
-      const float s30 = (s29 - s28);
-      a41p[i0] = s10;
-      a42p[i0] = s22;
-      a39p[i0] = s30;
-    }
-  }
+  loop24(a41.data(), a42.data(), a39.data(), a40.data(), a3.data(), a5.data(), a6.data());
 
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 square
@@ -3216,54 +2805,7 @@ void MlmTrain::repeated0(
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 sub -> next/bert/encoder_layer[0]/norm#1/gain
   MESHRT_TRACE("loop", "bert.mesh:65:3", "update");
-  {
-    float *__restrict a45p = a45.data();
-    float *__restrict a46p = a46.data();
-    float *__restrict a43p = a43.data();
-    const float *__restrict a44p = a44.data();
-    const float *__restrict a3p = a3.data();
-    const float *__restrict a5p = a5.data();
-    const float *__restrict a6p = a6.data();
-    const float r3 = a3p[0];
-    const float r5 = a5p[0];
-    const float r6 = a6p[0];
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = a43p[i0];
-      const float s1 = 0.01f;
-      const float s2 = (s0 * s1);
-      const float s3 = a44p[i0];
-      const float s4 = s3 * s3;
-      const float s5 = 0.0009999871f;
-      const float s6 = (s4 * s5);
-      const float s7 = a45p[i0];
-      const float s8 = 0.999f;
-      const float s9 = (s7 * s8);
-      const float s10 = (s9 + s6);
-      const float s11 = r3;
-      const float s12 = (s10 / s11);
-      const float s13 = support::fsqrt(s12);
-      const float s14 = 1e-08f;
-      const float s15 = (s13 + s14);
-      const float s16 = a44p[i0];
-      const float s17 = 0.100000024f;
-      const float s18 = (s16 * s17);
-      const float s19 = a46p[i0];
-      const float s20 = 0.9f;
-      const float s21 = (s19 * s20);
-      const float s22 = (s21 + s18);
-      const float s23 = r5;
-      const float s24 = (s22 / s23);
-      const float s25 = (s24 / s15);
-      const float s26 = (s25 + s2);
-      const float s27 = r6;
-      const float s28 = (s26 * s27);
-      const float s29 = a43p[i0];
-      const float s30 = (s29 - s28);
-      a45p[i0] = s10;
-      a46p[i0] = s22;
-      a43p[i0] = s30;
-    }
-  }
+  loop24(a45.data(), a46.data(), a43.data(), a44.data(), a3.data(), a5.data(), a6.data());
 
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 square
@@ -3282,54 +2824,7 @@ void MlmTrain::repeated0(
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 sub -> next/bert/encoder_layer[0]/norm#1/bias
   MESHRT_TRACE("loop", "bert.mesh:65:3", "update");
-  {
-    float *__restrict a49p = a49.data();
-    float *__restrict a50p = a50.data();
-    float *__restrict a47p = a47.data();
-    const float *__restrict a48p = a48.data();
-    const float *__restrict a3p = a3.data();
-    const float *__restrict a5p = a5.data();
-    const float *__restrict a6p = a6.data();
-    const float r3 = a3p[0];
-    const float r5 = a5p[0];
-    const float r6 = a6p[0];
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = a47p[i0];
-      const float s1 = 0.01f;
-      const float s2 = (s0 * s1);
-      const float s3 = a48p[i0];
-      const float s4 = s3 * s3;
-      const float s5 = 0.0009999871f;
-      const float s6 = (s4 * s5);
-      const float s7 = a49p[i0];
-      const float s8 = 0.999f;
-      const float s9 = (s7 * s8);
-      const float s10 = (s9 + s6);
-      const float s11 = r3;
-      const float s12 = (s10 / s11);
-      const float s13 = support::fsqrt(s12);
-      const float s14 = 1e-08f;
-      const float s15 = (s13 + s14);
-      const float s16 = a48p[i0];
-      const float s17 = 0.100000024f;
-      const float s18 = (s16 * s17);
-      const float s19 = a50p[i0];
-      const float s20 = 0.9f;
-      const float s21 = (s19 * s20);
-      const float s22 = (s21 + s18);
-      const float s23 = r5;
-      const float s24 = (s22 / s23);
-      const float s25 = (s24 / s15);
-      const float s26 = (s25 + s2);
-      const float s27 = r6;
-      const float s28 = (s26 * s27);
-      const float s29 = a47p[i0];
-      const float s30 = (s29 - s28);
-      a49p[i0] = s10;
-      a50p[i0] = s22;
-      a47p[i0] = s30;
-    }
-  }
+  loop24(a49.data(), a50.data(), a47.data(), a48.data(), a3.data(), a5.data(), a6.data());
 }
 
 void MlmTrain::repeated1(
@@ -3355,26 +2850,18 @@ void MlmTrain::repeated1(
 
   // layers.mesh:55:71 sum -> grad/bert/encoder_layer[1]/ffn/b_out
   MESHRT_TRACE("sum", "layers.mesh:55:71", "backward");
-  static const support::Shape shape0_1 = {64};
-  static const support::Shape shape0_3 = {1};
-  static const support::Shape shape0_4 = {1, 32};
-  static const support::Shape shape0_5 = {2048, 64};
-  support::reduce(a0.data(), shape0_1, a1.data(), shape0_3, shape0_4, shape0_5,
-                  support::Reduce::Sum, 1.0);
+  support::reduce(a0.data(), kShape7, a1.data(), kShape1, kShape5, kShape6, support::Reduce::Sum,
+                  1.0);
 
   // layers.mesh:55:10 einsum
   MESHRT_TRACE("gemm", "layers.mesh:55:10", "backward");
   // dims: batch, seq, d_model, d_ff
-  static const meshrt::kernels::EinsumPlan einsumPlan1(
-      {{1, 32, 64, 256}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan1.run(a1.data(), a2.data(), a3.data(), 1.0f, 0.0f);
+  kEinsum9.plan().run(a1.data(), a2.data(), a3.data(), 1.0f, 0.0f);
 
   // layers.mesh:55:10 einsum -> grad/bert/encoder_layer[1]/ffn/w_out
   MESHRT_TRACE("gemm", "layers.mesh:55:10", "backward");
   // dims: batch, seq, d_model, d_ff
-  static const meshrt::kernels::EinsumPlan einsumPlan2(
-      {{1, 32, 64, 256}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
-  einsumPlan2.run(a1.data(), a4.data(), a5.data(), 1.0f, 0.0f);
+  kEinsum10.plan().run(a1.data(), a4.data(), a5.data(), 1.0f, 0.0f);
 
   // layers.mesh:54:11 square
   // layers.mesh:54:11 mul
@@ -3448,241 +2935,106 @@ void MlmTrain::repeated1(
 
   // layers.mesh:54:52 sum -> grad/bert/encoder_layer[1]/ffn/b_in
   MESHRT_TRACE("sum", "layers.mesh:54:52", "backward");
-  static const support::Shape shape4_1 = {256};
-  static const support::Shape shape4_3 = {1};
-  static const support::Shape shape4_4 = {1, 32};
-  static const support::Shape shape4_5 = {8192, 256};
-  support::reduce(a8.data(), shape4_1, a7.data(), shape4_3, shape4_4, shape4_5,
-                  support::Reduce::Sum, 1.0);
+  support::reduce(a8.data(), kShape22, a7.data(), kShape1, kShape5, kShape23, support::Reduce::Sum,
+                  1.0);
 
   // layers.mesh:54:16 einsum
   MESHRT_TRACE("gemm", "layers.mesh:54:16", "backward");
   // dims: batch, seq, d_ff, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan5(
-      {{1, 32, 256, 64}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan5.run(a7.data(), a9.data(), a10.data(), 1.0f, 0.0f);
+  kEinsum11.plan().run(a7.data(), a9.data(), a10.data(), 1.0f, 0.0f);
 
   // layers.mesh:54:16 add
   MESHRT_TRACE("loop", "layers.mesh:54:16", "backward");
-  {
-    float *__restrict a11p = a11.data();
-    const float *__restrict a1p = a1.data();
-    const float *__restrict a10p = a10.data();
-    for (int64_t i0 = 0; i0 < 2048; ++i0) {
-      const float s0 = a1p[i0];
-      const float s1 = a10p[i0];
-      const float s2 = (s0 + s1);
-      a11p[i0] = s2;
-    }
-  }
+  loop8(a11.data(), a1.data(), a10.data());
 
   // layers.mesh:54:16 einsum -> grad/bert/encoder_layer[1]/ffn/w_in
   MESHRT_TRACE("gemm", "layers.mesh:54:16", "backward");
   // dims: batch, seq, d_ff, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan7(
-      {{1, 32, 256, 64}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
-  einsumPlan7.run(a7.data(), a12.data(), a13.data(), 1.0f, 0.0f);
+  kEinsum12.plan().run(a7.data(), a12.data(), a13.data(), 1.0f, 0.0f);
 
   // layers.mesh:24:40 sum -> grad/bert/encoder_layer[1]/norm/bias
   MESHRT_TRACE("sum", "layers.mesh:24:40", "backward");
-  static const support::Shape shape8_1 = {64};
-  static const support::Shape shape8_3 = {1};
-  static const support::Shape shape8_4 = {1, 32};
-  static const support::Shape shape8_5 = {2048, 64};
-  support::reduce(a14.data(), shape8_1, a11.data(), shape8_3, shape8_4, shape8_5,
-                  support::Reduce::Sum, 1.0);
+  support::reduce(a14.data(), kShape7, a11.data(), kShape1, kShape5, kShape6, support::Reduce::Sum,
+                  1.0);
 
   // layers.mesh:24:33 mul
   MESHRT_TRACE("loop", "layers.mesh:24:33", "backward");
-  {
-    float *__restrict a16p = a16.data();
-    const float *__restrict a11p = a11.data();
-    const float *__restrict a15p = a15.data();
-    for (int64_t i0 = 0; i0 < 2048; ++i0) {
-      const float s0 = a11p[i0];
-      const float s1 = a15p[i0];
-      const float s2 = (s0 * s1);
-      a16p[i0] = s2;
-    }
-  }
+  loop14(a16.data(), a11.data(), a15.data());
 
   // layers.mesh:24:33 sum -> grad/bert/encoder_layer[1]/norm/gain
   MESHRT_TRACE("sum", "layers.mesh:24:33", "backward");
-  static const support::Shape shape10_1 = {64};
-  static const support::Shape shape10_3 = {1};
-  static const support::Shape shape10_4 = {1, 32};
-  static const support::Shape shape10_5 = {2048, 64};
-  support::reduce(a17.data(), shape10_1, a16.data(), shape10_3, shape10_4, shape10_5,
-                  support::Reduce::Sum, 1.0);
+  support::reduce(a17.data(), kShape7, a16.data(), kShape1, kShape5, kShape6, support::Reduce::Sum,
+                  1.0);
 
   // layers.mesh:24:10 mean
   MESHRT_TRACE("mean", "layers.mesh:24:10", "backward");
-  static const support::Shape shape11_1 = {1, 32};
-  static const support::Shape shape11_3 = {2048, 64};
-  static const support::Shape shape11_4 = {64};
-  static const support::Shape shape11_5 = {1};
-  support::reduce(a18.data(), shape11_1, a19.data(), shape11_3, shape11_4, shape11_5,
-                  support::Reduce::Sum, 0.015625);
+  support::reduce(a18.data(), kShape5, a19.data(), kShape6, kShape7, kShape1, support::Reduce::Sum,
+                  0.015625);
 
   // layers.mesh:24:10 sub
   // layers.mesh:24:10 square
   MESHRT_TRACE("loop", "layers.mesh:24:10", "backward");
-  {
-    float *__restrict a20p = a20.data();
-    const float *__restrict a19p = a19.data();
-    const float *__restrict a18p = a18.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 64; ++i1) {
-        const float s0 = a19p[i0 * 64 + i1];
-        const float s1 = a18p[i0];
-        const float s2 = (s0 - s1);
-        const float s3 = s2 * s2;
-        a20p[i0 * 64 + i1] = s3;
-      }
-    }
-  }
+  loop15(a20.data(), a19.data(), a18.data());
 
   // layers.mesh:24:10 mean
   MESHRT_TRACE("mean", "layers.mesh:24:10", "backward");
-  static const support::Shape shape13_1 = {1, 32};
-  static const support::Shape shape13_3 = {2048, 64};
-  static const support::Shape shape13_4 = {64};
-  static const support::Shape shape13_5 = {1};
-  support::reduce(a21.data(), shape13_1, a20.data(), shape13_3, shape13_4, shape13_5,
-                  support::Reduce::Sum, 0.015625);
+  support::reduce(a21.data(), kShape5, a20.data(), kShape6, kShape7, kShape1, support::Reduce::Sum,
+                  0.015625);
 
   // layers.mesh:24:10 add
   // layers.mesh:24:10 rsqrt
   MESHRT_TRACE("loop", "layers.mesh:24:10", "backward");
-  {
-    float *__restrict a22p = a22.data();
-    const float *__restrict a21p = a21.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = a21p[i0];
-      const float s1 = 1e-05f;
-      const float s2 = (s0 + s1);
-      const float s3 = 1.0f / support::fsqrt(s2);
-      a22p[i0] = s3;
-    }
-  }
+  loop16(a22.data(), a21.data());
 
   // layers.mesh:24:33 mul
   // layers.mesh:24:10 mul
   MESHRT_TRACE("loop", "layers.mesh:24:33", "backward");
-  {
-    float *__restrict a24p = a24.data();
-    float *__restrict a25p = a25.data();
-    const float *__restrict a11p = a11.data();
-    const float *__restrict a23p = a23.data();
-    const float *__restrict a15p = a15.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 64; ++i1) {
-        const float s0 = a11p[i0 * 64 + i1];
-        const float s1 = a23p[i1];
-        const float s2 = (s0 * s1);
-        const float s3 = a15p[i0 * 64 + i1];
-        const float s4 = (s2 * s3);
-        a24p[i0 * 64 + i1] = s2;
-        a25p[i0 * 64 + i1] = s4;
-      }
-    }
-  }
+  loop17(a24.data(), a25.data(), a11.data(), a23.data(), a15.data());
 
   // layers.mesh:24:10 mean
   MESHRT_TRACE("mean", "layers.mesh:24:10", "backward");
-  static const support::Shape shape16_1 = {1, 32};
-  static const support::Shape shape16_3 = {2048, 64};
-  static const support::Shape shape16_4 = {64};
-  static const support::Shape shape16_5 = {1};
-  support::reduce(a26.data(), shape16_1, a25.data(), shape16_3, shape16_4, shape16_5,
-                  support::Reduce::Sum, 0.015625);
+  support::reduce(a26.data(), kShape5, a25.data(), kShape6, kShape7, kShape1, support::Reduce::Sum,
+                  0.015625);
 
   // layers.mesh:24:10 mean
   MESHRT_TRACE("mean", "layers.mesh:24:10", "backward");
-  static const support::Shape shape17_1 = {1, 32};
-  static const support::Shape shape17_3 = {2048, 64};
-  static const support::Shape shape17_4 = {64};
-  static const support::Shape shape17_5 = {1};
-  support::reduce(a27.data(), shape17_1, a24.data(), shape17_3, shape17_4, shape17_5,
-                  support::Reduce::Sum, 0.015625);
+  support::reduce(a27.data(), kShape5, a24.data(), kShape6, kShape7, kShape1, support::Reduce::Sum,
+                  0.015625);
 
   // layers.mesh:24:10 mul
   // layers.mesh:24:10 sub
   // layers.mesh:24:10 sub
   // layers.mesh:24:10 mul
   MESHRT_TRACE("loop", "layers.mesh:24:10", "backward");
-  {
-    float *__restrict a28p = a28.data();
-    const float *__restrict a15p = a15.data();
-    const float *__restrict a26p = a26.data();
-    const float *__restrict a24p = a24.data();
-    const float *__restrict a27p = a27.data();
-    const float *__restrict a22p = a22.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 64; ++i1) {
-        const float s0 = a15p[i0 * 64 + i1];
-        const float s1 = a26p[i0];
-        const float s2 = (s0 * s1);
-        const float s3 = a24p[i0 * 64 + i1];
-        const float s4 = a27p[i0];
-        const float s5 = (s3 - s4);
-        const float s6 = (s5 - s2);
-        const float s7 = a22p[i0];
-        const float s8 = (s6 * s7);
-        a28p[i0 * 64 + i1] = s8;
-      }
-    }
-  }
+  loop18(a28.data(), a15.data(), a26.data(), a24.data(), a27.data(), a22.data());
 
   // layers.mesh:45:10 einsum
   MESHRT_TRACE("gemm", "layers.mesh:45:10", "backward");
   // dims: batch, seq, d_model, heads, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan19(
-      {{1, 32, 64, 4, 16}, {{{0, 1, 2}, {}}, {{3, 4, 2}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan19.run(a28.data(), a29.data(), a30.data(), 1.0f, 0.0f);
+  kEinsum13.plan().run(a28.data(), a29.data(), a30.data(), 1.0f, 0.0f);
 
   // layers.mesh:45:10 einsum -> grad/bert/encoder_layer[1]/attention/w_o
   MESHRT_TRACE("gemm", "layers.mesh:45:10", "backward");
   // dims: batch, seq, d_model, heads, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan20(
-      {{1, 32, 64, 4, 16}, {{{0, 1, 2}, {}}, {{0, 1, 3, 4}, {}}}, {{3, 4, 2}, {}}});
-  einsumPlan20.run(a28.data(), a31.data(), a32.data(), 1.0f, 0.0f);
+  kEinsum14.plan().run(a28.data(), a31.data(), a32.data(), 1.0f, 0.0f);
 
   // layers.mesh:44:17 einsum
   MESHRT_TRACE("gemm", "layers.mesh:44:17", "backward");
   // dims: batch, seq, heads, d_head, mem
-  static const meshrt::kernels::EinsumPlan einsumPlan21(
-      {{1, 32, 4, 16, 32}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
-  einsumPlan21.run(a30.data(), a33.data(), a34.data(), 1.0f, 0.0f);
+  kEinsum6.plan().run(a30.data(), a33.data(), a34.data(), 1.0f, 0.0f);
 
   // layers.mesh:44:17 einsum
   MESHRT_TRACE("gemm", "layers.mesh:44:17", "backward");
   // dims: batch, seq, heads, d_head, mem
-  static const meshrt::kernels::EinsumPlan einsumPlan22(
-      {{1, 32, 4, 16, 32}, {{{0, 1, 2, 3}, {}}, {{0, 2, 1, 4}, {}}}, {{0, 4, 2, 3}, {}}});
-  einsumPlan22.run(a30.data(), a35.data(), a36.data(), 1.0f, 0.0f);
+  kEinsum15.plan().run(a30.data(), a35.data(), a36.data(), 1.0f, 0.0f);
 
   // layers.mesh:43:17 mul
   MESHRT_TRACE("loop", "layers.mesh:43:17", "backward");
-  {
-    float *__restrict a37p = a37.data();
-    const float *__restrict a34p = a34.data();
-    const float *__restrict a35p = a35.data();
-    for (int64_t i0 = 0; i0 < 4096; ++i0) {
-      const float s0 = a34p[i0];
-      const float s1 = a35p[i0];
-      const float s2 = (s0 * s1);
-      a37p[i0] = s2;
-    }
-  }
+  loop11(a37.data(), a34.data(), a35.data());
 
   // layers.mesh:43:17 sum
   MESHRT_TRACE("sum", "layers.mesh:43:17", "backward");
-  static const support::Shape shape24_1 = {1, 4, 32};
-  static const support::Shape shape24_3 = {4096, 1024, 32};
-  static const support::Shape shape24_4 = {32};
-  static const support::Shape shape24_5 = {1};
-  support::reduce(a38.data(), shape24_1, a37.data(), shape24_3, shape24_4, shape24_5,
+  support::reduce(a38.data(), kShape10, a37.data(), kShape11, kShape0, kShape1,
                   support::Reduce::Sum, 1.0);
 
   // layers.mesh:43:17 sub
@@ -3690,344 +3042,160 @@ void MlmTrain::repeated1(
   // layers.mesh:43:25 where
   // layers.mesh:41:55 mul
   MESHRT_TRACE("loop", "layers.mesh:43:17", "backward");
-  {
-    float *__restrict a40p = a40.data();
-    const float *__restrict a34p = a34.data();
-    const float *__restrict a38p = a38.data();
-    const float *__restrict a35p = a35.data();
-    const float *__restrict a39p = a39.data();
-    for (int64_t i0 = 0; i0 < 4; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        for (int64_t i2 = 0; i2 < 32; ++i2) {
-          const float s0 = a34p[i0 * 1024 + i1 * 32 + i2];
-          const float s1 = a38p[i0 * 32 + i1];
-          const float s2 = (s0 - s1);
-          const float s3 = a35p[i0 * 1024 + i1 * 32 + i2];
-          const float s4 = (s3 * s2);
-          const float s5 = a39p[i1 * 32 + i2];
-          const float s6 = 0.0f;
-          const float s7 = (s5 != 0 ? s4 : s6);
-          const float s8 = 0.25f;
-          const float s9 = (s7 * s8);
-          a40p[i0 * 1024 + i1 * 32 + i2] = s9;
-        }
-      }
-    }
-  }
+  loop27(a40.data(), a34.data(), a38.data(), a35.data(), a39.data());
 
   // layers.mesh:41:16 einsum
   MESHRT_TRACE("gemm", "layers.mesh:41:16", "backward");
   // dims: batch, heads, seq, mem, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan26(
-      {{1, 4, 32, 32, 16}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 2, 1, 4}, {}}});
-  einsumPlan26.run(a40.data(), a41.data(), a42.data(), 1.0f, 0.0f);
+  kEinsum1.plan().run(a40.data(), a41.data(), a42.data(), 1.0f, 0.0f);
 
   // layers.mesh:41:16 einsum
   MESHRT_TRACE("gemm", "layers.mesh:41:16", "backward");
   // dims: batch, heads, seq, mem, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan27(
-      {{1, 4, 32, 32, 16}, {{{0, 1, 2, 3}, {}}, {{0, 2, 1, 4}, {}}}, {{0, 3, 1, 4}, {}}});
-  einsumPlan27.run(a40.data(), a43.data(), a44.data(), 1.0f, 0.0f);
+  kEinsum16.plan().run(a40.data(), a43.data(), a44.data(), 1.0f, 0.0f);
 
   // layers.mesh:39:18 einsum
   MESHRT_TRACE("gemm", "layers.mesh:39:18", "backward");
   // dims: batch, seq, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan28(
-      {{1, 32, 4, 16, 64}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
-  einsumPlan28.run(a36.data(), a45.data(), a46.data(), 1.0f, 0.0f);
+  kEinsum17.plan().run(a36.data(), a45.data(), a46.data(), 1.0f, 0.0f);
 
   // layers.mesh:39:18 einsum -> grad/bert/encoder_layer[1]/attention/w_v
   MESHRT_TRACE("gemm", "layers.mesh:39:18", "backward");
   // dims: batch, seq, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan29(
-      {{1, 32, 4, 16, 64}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
-  einsumPlan29.run(a36.data(), a47.data(), a48.data(), 1.0f, 0.0f);
+  kEinsum18.plan().run(a36.data(), a47.data(), a48.data(), 1.0f, 0.0f);
 
   // layers.mesh:38:18 einsum
   MESHRT_TRACE("gemm", "layers.mesh:38:18", "backward");
   // dims: batch, seq, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan30(
-      {{1, 32, 4, 16, 64}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
-  einsumPlan30.run(a44.data(), a49.data(), a50.data(), 1.0f, 0.0f);
+  kEinsum17.plan().run(a44.data(), a49.data(), a50.data(), 1.0f, 0.0f);
 
   // layers.mesh:38:18 einsum -> grad/bert/encoder_layer[1]/attention/w_k
   MESHRT_TRACE("gemm", "layers.mesh:38:18", "backward");
   // dims: batch, seq, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan31(
-      {{1, 32, 4, 16, 64}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
-  einsumPlan31.run(a44.data(), a47.data(), a51.data(), 1.0f, 0.0f);
+  kEinsum18.plan().run(a44.data(), a47.data(), a51.data(), 1.0f, 0.0f);
 
   // layers.mesh:36:11 einsum
   MESHRT_TRACE("gemm", "layers.mesh:36:11", "backward");
   // dims: batch, seq, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan32(
-      {{1, 32, 4, 16, 64}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
-  einsumPlan32.run(a42.data(), a52.data(), a53.data(), 1.0f, 0.0f);
+  kEinsum17.plan().run(a42.data(), a52.data(), a53.data(), 1.0f, 0.0f);
 
   // layers.mesh:39:18 add
   // layers.mesh:38:18 add
   // layers.mesh:36:11 add
   MESHRT_TRACE("loop", "layers.mesh:39:18", "backward");
-  {
-    float *__restrict a54p = a54.data();
-    const float *__restrict a28p = a28.data();
-    const float *__restrict a46p = a46.data();
-    const float *__restrict a50p = a50.data();
-    const float *__restrict a53p = a53.data();
-    for (int64_t i0 = 0; i0 < 2048; ++i0) {
-      const float s0 = a28p[i0];
-      const float s1 = a46p[i0];
-      const float s2 = (s0 + s1);
-      const float s3 = a50p[i0];
-      const float s4 = (s2 + s3);
-      const float s5 = a53p[i0];
-      const float s6 = (s4 + s5);
-      a54p[i0] = s6;
-    }
-  }
+  loop28(a54.data(), a28.data(), a46.data(), a50.data(), a53.data());
 
   // layers.mesh:36:11 einsum -> grad/bert/encoder_layer[1]/attention/w_q
   MESHRT_TRACE("gemm", "layers.mesh:36:11", "backward");
   // dims: batch, seq, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan34(
-      {{1, 32, 4, 16, 64}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
-  einsumPlan34.run(a42.data(), a47.data(), a55.data(), 1.0f, 0.0f);
+  kEinsum18.plan().run(a42.data(), a47.data(), a55.data(), 1.0f, 0.0f);
 
   // layers.mesh:24:40 sum -> grad/bert/encoder_layer[0]/norm#1/bias
   MESHRT_TRACE("sum", "layers.mesh:24:40", "backward");
-  static const support::Shape shape35_1 = {64};
-  static const support::Shape shape35_3 = {1};
-  static const support::Shape shape35_4 = {1, 32};
-  static const support::Shape shape35_5 = {2048, 64};
-  support::reduce(a56.data(), shape35_1, a54.data(), shape35_3, shape35_4, shape35_5,
-                  support::Reduce::Sum, 1.0);
+  support::reduce(a56.data(), kShape7, a54.data(), kShape1, kShape5, kShape6, support::Reduce::Sum,
+                  1.0);
 
   // layers.mesh:24:33 mul
   MESHRT_TRACE("loop", "layers.mesh:24:33", "backward");
-  {
-    float *__restrict a58p = a58.data();
-    const float *__restrict a54p = a54.data();
-    const float *__restrict a57p = a57.data();
-    for (int64_t i0 = 0; i0 < 2048; ++i0) {
-      const float s0 = a54p[i0];
-      const float s1 = a57p[i0];
-      const float s2 = (s0 * s1);
-      a58p[i0] = s2;
-    }
-  }
+  loop14(a58.data(), a54.data(), a57.data());
 
   // layers.mesh:24:33 sum -> grad/bert/encoder_layer[0]/norm#1/gain
   MESHRT_TRACE("sum", "layers.mesh:24:33", "backward");
-  static const support::Shape shape37_1 = {64};
-  static const support::Shape shape37_3 = {1};
-  static const support::Shape shape37_4 = {1, 32};
-  static const support::Shape shape37_5 = {2048, 64};
-  support::reduce(a59.data(), shape37_1, a58.data(), shape37_3, shape37_4, shape37_5,
-                  support::Reduce::Sum, 1.0);
+  support::reduce(a59.data(), kShape7, a58.data(), kShape1, kShape5, kShape6, support::Reduce::Sum,
+                  1.0);
 
   // layers.mesh:24:10 mean
   MESHRT_TRACE("mean", "layers.mesh:24:10", "backward");
-  static const support::Shape shape38_1 = {1, 32};
-  static const support::Shape shape38_3 = {2048, 64};
-  static const support::Shape shape38_4 = {64};
-  static const support::Shape shape38_5 = {1};
-  support::reduce(a60.data(), shape38_1, a61.data(), shape38_3, shape38_4, shape38_5,
-                  support::Reduce::Sum, 0.015625);
+  support::reduce(a60.data(), kShape5, a61.data(), kShape6, kShape7, kShape1, support::Reduce::Sum,
+                  0.015625);
 
   // layers.mesh:24:10 sub
   // layers.mesh:24:10 square
   MESHRT_TRACE("loop", "layers.mesh:24:10", "backward");
-  {
-    float *__restrict a62p = a62.data();
-    const float *__restrict a61p = a61.data();
-    const float *__restrict a60p = a60.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 64; ++i1) {
-        const float s0 = a61p[i0 * 64 + i1];
-        const float s1 = a60p[i0];
-        const float s2 = (s0 - s1);
-        const float s3 = s2 * s2;
-        a62p[i0 * 64 + i1] = s3;
-      }
-    }
-  }
+  loop15(a62.data(), a61.data(), a60.data());
 
   // layers.mesh:24:10 mean
   MESHRT_TRACE("mean", "layers.mesh:24:10", "backward");
-  static const support::Shape shape40_1 = {1, 32};
-  static const support::Shape shape40_3 = {2048, 64};
-  static const support::Shape shape40_4 = {64};
-  static const support::Shape shape40_5 = {1};
-  support::reduce(a63.data(), shape40_1, a62.data(), shape40_3, shape40_4, shape40_5,
-                  support::Reduce::Sum, 0.015625);
+  support::reduce(a63.data(), kShape5, a62.data(), kShape6, kShape7, kShape1, support::Reduce::Sum,
+                  0.015625);
 
   // layers.mesh:24:10 add
   // layers.mesh:24:10 rsqrt
   MESHRT_TRACE("loop", "layers.mesh:24:10", "backward");
-  {
-    float *__restrict a64p = a64.data();
-    const float *__restrict a63p = a63.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = a63p[i0];
-      const float s1 = 1e-05f;
-      const float s2 = (s0 + s1);
-      const float s3 = 1.0f / support::fsqrt(s2);
-      a64p[i0] = s3;
-    }
-  }
+  loop16(a64.data(), a63.data());
 
   // layers.mesh:24:33 mul
   // layers.mesh:24:10 mul
   MESHRT_TRACE("loop", "layers.mesh:24:33", "backward");
-  {
-    float *__restrict a66p = a66.data();
-    float *__restrict a67p = a67.data();
-    const float *__restrict a54p = a54.data();
-    const float *__restrict a65p = a65.data();
-    const float *__restrict a57p = a57.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 64; ++i1) {
-        const float s0 = a54p[i0 * 64 + i1];
-        const float s1 = a65p[i1];
-        const float s2 = (s0 * s1);
-        const float s3 = a57p[i0 * 64 + i1];
-        const float s4 = (s2 * s3);
-        a66p[i0 * 64 + i1] = s2;
-        a67p[i0 * 64 + i1] = s4;
-      }
-    }
-  }
+  loop17(a66.data(), a67.data(), a54.data(), a65.data(), a57.data());
 
   // layers.mesh:24:10 mean
   MESHRT_TRACE("mean", "layers.mesh:24:10", "backward");
-  static const support::Shape shape43_1 = {1, 32};
-  static const support::Shape shape43_3 = {2048, 64};
-  static const support::Shape shape43_4 = {64};
-  static const support::Shape shape43_5 = {1};
-  support::reduce(a68.data(), shape43_1, a67.data(), shape43_3, shape43_4, shape43_5,
-                  support::Reduce::Sum, 0.015625);
+  support::reduce(a68.data(), kShape5, a67.data(), kShape6, kShape7, kShape1, support::Reduce::Sum,
+                  0.015625);
 
   // layers.mesh:24:10 mean
   MESHRT_TRACE("mean", "layers.mesh:24:10", "backward");
-  static const support::Shape shape44_1 = {1, 32};
-  static const support::Shape shape44_3 = {2048, 64};
-  static const support::Shape shape44_4 = {64};
-  static const support::Shape shape44_5 = {1};
-  support::reduce(a69.data(), shape44_1, a66.data(), shape44_3, shape44_4, shape44_5,
-                  support::Reduce::Sum, 0.015625);
+  support::reduce(a69.data(), kShape5, a66.data(), kShape6, kShape7, kShape1, support::Reduce::Sum,
+                  0.015625);
 
   // layers.mesh:24:10 mul
   // layers.mesh:24:10 sub
   // layers.mesh:24:10 sub
   // layers.mesh:24:10 mul
   MESHRT_TRACE("loop", "layers.mesh:24:10", "backward");
-  {
-    float *__restrict a70p = a70.data();
-    const float *__restrict a57p = a57.data();
-    const float *__restrict a68p = a68.data();
-    const float *__restrict a66p = a66.data();
-    const float *__restrict a69p = a69.data();
-    const float *__restrict a64p = a64.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 64; ++i1) {
-        const float s0 = a57p[i0 * 64 + i1];
-        const float s1 = a68p[i0];
-        const float s2 = (s0 * s1);
-        const float s3 = a66p[i0 * 64 + i1];
-        const float s4 = a69p[i0];
-        const float s5 = (s3 - s4);
-        const float s6 = (s5 - s2);
-        const float s7 = a64p[i0];
-        const float s8 = (s6 * s7);
-        a70p[i0 * 64 + i1] = s8;
-      }
-    }
-  }
+  loop18(a70.data(), a57.data(), a68.data(), a66.data(), a69.data(), a64.data());
 }
 
-void MlmTrain::repeated2(support::View a0, support::ConstView a1, support::ConstView a2,
-                         support::ConstView a3, support::View a4, support::ConstView a5,
-                         support::View a6, support::ConstView a7, support::View a8,
-                         support::View a9, support::ConstView a10, support::ConstView a11,
-                         support::View a12, support::ConstView a13, support::View a14,
-                         support::ConstView a15, support::View a16, support::View a17,
-                         support::ConstView a18, support::View a19, support::ConstView a20,
-                         support::View a21, support::View a22, support::ConstView a23,
-                         support::ConstView a24, support::View a25, const char *t0) {
+void MlmTrain::repeated2(support::ConstView a0, support::ConstView a1, support::View a2,
+                         support::View a3, support::ConstView a4, support::View a5,
+                         support::ConstView a6, support::View a7, support::ConstView a8,
+                         support::View a9, support::View a10, support::ConstView a11,
+                         support::ConstView a12, support::View a13, support::ConstView a14,
+                         support::View a15, support::ConstView a16, support::View a17,
+                         support::View a18, support::ConstView a19, support::View a20,
+                         support::ConstView a21, support::View a22, support::View a23,
+                         support::ConstView a24, support::ConstView a25, support::View a26,
+                         const char *t0) {
   MESHRT_TRACE_SPAN(world_);
 
-  // layers.mesh:43:17 softmax -> weights
   // layers.mesh:43:25 where
+  MESHRT_TRACE("loop", "layers.mesh:43:25", "forward");
+  loop7(a2.data(), a0.data(), a1.data());
+
+  // layers.mesh:43:17 softmax -> weights
   MESHRT_TRACE("softmax", "layers.mesh:43:17", "forward");
-  static const support::Shape shape0_3 = {1, 4, 32};
-  static const support::Shape shape0_4 = {1024, 0, 32};
-  support::maskedSoftmax(a0.data(), a1.data(), a2.data(), shape0_3, shape0_4, 32, 1, -1000000000.0);
+  support::along(a3.data(), a2.data(), kShape10, kShape11, kShape11, kShape0, kShape1, kShape1,
+                 support::Along::Softmax, 1e-05, 32, nullptr);
 
   // layers.mesh:44:17 einsum -> context
   MESHRT_TRACE("gemm", "layers.mesh:44:17", "forward");
   // dims: batch, heads, seq, mem, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan1(
-      {{1, 4, 32, 32, 16}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 2, 1, 4}, {}}});
-  einsumPlan1.run(a0.data(), a3.data(), a4.data(), 1.0f, 0.0f);
+  kEinsum1.plan().run(a3.data(), a4.data(), a5.data(), 1.0f, 0.0f);
 
   // layers.mesh:45:10 einsum
   MESHRT_TRACE("gemm", "layers.mesh:45:10", "forward");
   // dims: batch, seq, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan2(
-      {{1, 32, 4, 16, 64}, {{{0, 1, 2, 3}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 4}, {}}});
-  einsumPlan2.run(a4.data(), a5.data(), a6.data(), 1.0f, 0.0f);
+  kEinsum2.plan().run(a5.data(), a6.data(), a7.data(), 1.0f, 0.0f);
 
   // bert.mesh:20:18 add
   MESHRT_TRACE("loop", "bert.mesh:20:18", "forward");
-  {
-    float *__restrict a8p = a8.data();
-    const float *__restrict a7p = a7.data();
-    const float *__restrict a6p = a6.data();
-    for (int64_t i0 = 0; i0 < 2048; ++i0) {
-      const float s0 = a7p[i0];
-      const float s1 = a6p[i0];
-      const float s2 = (s0 + s1);
-      a8p[i0] = s2;
-    }
-  }
+  loop8(a9.data(), a8.data(), a7.data());
 
   // layers.mesh:24:10 layer_norm
   MESHRT_TRACE("layer_norm", "layers.mesh:24:10", "forward");
-  static const support::Shape shape4_2 = {1, 32};
-  static const support::Shape shape4_3 = {2048, 64};
-  static const support::Shape shape4_4 = {2048, 64};
-  static const support::Shape shape4_5 = {64};
-  static const support::Shape shape4_6 = {1};
-  static const support::Shape shape4_7 = {1};
-  support::along(a9.data(), a8.data(), shape4_2, shape4_3, shape4_4, shape4_5, shape4_6, shape4_7,
+  support::along(a10.data(), a9.data(), kShape5, kShape6, kShape6, kShape7, kShape1, kShape1,
                  support::Along::LayerNorm, 1e-05, 64, nullptr);
 
   // layers.mesh:24:33 mul
   // layers.mesh:24:40 add -> h
   MESHRT_TRACE("loop", "layers.mesh:24:33", "forward");
-  {
-    float *__restrict a12p = a12.data();
-    const float *__restrict a9p = a9.data();
-    const float *__restrict a10p = a10.data();
-    const float *__restrict a11p = a11.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 64; ++i1) {
-        const float s0 = a9p[i0 * 64 + i1];
-        const float s1 = a10p[i1];
-        const float s2 = (s0 * s1);
-        const float s3 = a11p[i1];
-        const float s4 = (s2 + s3);
-        a12p[i0 * 64 + i1] = s4;
-      }
-    }
-  }
+  loop3(a13.data(), a10.data(), a11.data(), a12.data());
 
   // layers.mesh:54:16 einsum
   MESHRT_TRACE("gemm", "layers.mesh:54:16", "forward");
   // dims: batch, seq, d_model, d_ff
-  static const meshrt::kernels::EinsumPlan einsumPlan6(
-      {{1, 32, 64, 256}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan6.run(a12.data(), a13.data(), a14.data(), 1.0f, 0.0f);
+  kEinsum3.plan().run(a13.data(), a14.data(), a15.data(), 1.0f, 0.0f);
 
   // layers.mesh:54:52 add
   // layers.mesh:54:11 gelu -> h
@@ -4036,10 +3204,10 @@ void MlmTrain::repeated2(support::View a0, support::ConstView a1, support::Const
   {
     const auto inv0 = meshrt::stepStreamKey(seed_, t0, uint64_t(step_));
     const auto inv1 = int64_t(support::shardStart(world_, {"data", "model"}, 1) * 8192);
-    float *__restrict a16p = a16.data();
     float *__restrict a17p = a17.data();
-    const float *__restrict a14p = a14.data();
+    float *__restrict a18p = a18.data();
     const float *__restrict a15p = a15.data();
+    const float *__restrict a16p = a16.data();
     for (int64_t i0 = 0; i0 < 32; ++i0) {
       for (int64_t c1 = 0; c1 < 256; c1 += 256) {
         constexpr int64_t n1 = 256;
@@ -4049,14 +3217,14 @@ void MlmTrain::repeated2(support::View a0, support::ConstView a1, support::Const
           meshrt::dropoutKeepMasks(inv0, uint64_t(inv1 + i0 * 256 + i1), n1, 838861u, keep4);
         }
         for (int64_t i1 = c1; i1 < c1 + n1; ++i1) {
-          const float s0 = a14p[i0 * 256 + i1];
-          const float s1 = a15p[i1];
+          const float s0 = a15p[i0 * 256 + i1];
+          const float s1 = a16p[i1];
           const float s2 = (s0 + s1);
           const float s3 = support::fgelu(s2);
           const float s4 =
               support::keepOrZero(keep4[i1 - c1], float(double(s3) * 1.1111111111111112));
-          a16p[i0 * 256 + i1] = s2;
-          a17p[i0 * 256 + i1] = s4;
+          a17p[i0 * 256 + i1] = s2;
+          a18p[i0 * 256 + i1] = s4;
         }
       }
     }
@@ -4065,60 +3233,22 @@ void MlmTrain::repeated2(support::View a0, support::ConstView a1, support::Const
   // layers.mesh:55:10 einsum
   MESHRT_TRACE("gemm", "layers.mesh:55:10", "forward");
   // dims: batch, seq, d_ff, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan8(
-      {{1, 32, 256, 64}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan8.run(a17.data(), a18.data(), a19.data(), 1.0f, 0.0f);
+  kEinsum4.plan().run(a18.data(), a19.data(), a20.data(), 1.0f, 0.0f);
 
   // layers.mesh:55:71 add
   // bert.mesh:21:17 add
   MESHRT_TRACE("loop", "layers.mesh:55:71", "forward");
-  {
-    float *__restrict a21p = a21.data();
-    const float *__restrict a19p = a19.data();
-    const float *__restrict a20p = a20.data();
-    const float *__restrict a12p = a12.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 64; ++i1) {
-        const float s0 = a19p[i0 * 64 + i1];
-        const float s1 = a20p[i1];
-        const float s2 = (s0 + s1);
-        const float s3 = a12p[i0 * 64 + i1];
-        const float s4 = (s3 + s2);
-        a21p[i0 * 64 + i1] = s4;
-      }
-    }
-  }
+  loop10(a22.data(), a20.data(), a21.data(), a13.data());
 
   // layers.mesh:24:10 layer_norm
   MESHRT_TRACE("layer_norm", "layers.mesh:24:10", "forward");
-  static const support::Shape shape10_2 = {1, 32};
-  static const support::Shape shape10_3 = {2048, 64};
-  static const support::Shape shape10_4 = {2048, 64};
-  static const support::Shape shape10_5 = {64};
-  static const support::Shape shape10_6 = {1};
-  static const support::Shape shape10_7 = {1};
-  support::along(a22.data(), a21.data(), shape10_2, shape10_3, shape10_4, shape10_5, shape10_6,
-                 shape10_7, support::Along::LayerNorm, 1e-05, 64, nullptr);
+  support::along(a23.data(), a22.data(), kShape5, kShape6, kShape6, kShape7, kShape1, kShape1,
+                 support::Along::LayerNorm, 1e-05, 64, nullptr);
 
   // layers.mesh:24:33 mul
   // layers.mesh:24:40 add -> x
   MESHRT_TRACE("loop", "layers.mesh:24:33", "forward");
-  {
-    float *__restrict a25p = a25.data();
-    const float *__restrict a22p = a22.data();
-    const float *__restrict a23p = a23.data();
-    const float *__restrict a24p = a24.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 64; ++i1) {
-        const float s0 = a22p[i0 * 64 + i1];
-        const float s1 = a23p[i1];
-        const float s2 = (s0 * s1);
-        const float s3 = a24p[i1];
-        const float s4 = (s2 + s3);
-        a25p[i0 * 64 + i1] = s4;
-      }
-    }
-  }
+  loop3(a26.data(), a23.data(), a24.data(), a25.data());
 }
 
 void MlmTrain::repeated3(support::View a0, support::ConstView a1, support::View a2,
@@ -4143,54 +3273,7 @@ void MlmTrain::repeated3(support::View a0, support::ConstView a1, support::View 
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 sub -> next/bert/norm/gain
   MESHRT_TRACE("loop", "bert.mesh:65:3", "update");
-  {
-    float *__restrict a2p = a2.data();
-    float *__restrict a4p = a4.data();
-    float *__restrict a0p = a0.data();
-    const float *__restrict a1p = a1.data();
-    const float *__restrict a3p = a3.data();
-    const float *__restrict a5p = a5.data();
-    const float *__restrict a6p = a6.data();
-    const float r3 = a3p[0];
-    const float r5 = a5p[0];
-    const float r6 = a6p[0];
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = a0p[i0];
-      const float s1 = 0.01f;
-      const float s2 = (s0 * s1);
-      const float s3 = a1p[i0];
-      const float s4 = s3 * s3;
-      const float s5 = 0.0009999871f;
-      const float s6 = (s4 * s5);
-      const float s7 = a2p[i0];
-      const float s8 = 0.999f;
-      const float s9 = (s7 * s8);
-      const float s10 = (s9 + s6);
-      const float s11 = r3;
-      const float s12 = (s10 / s11);
-      const float s13 = support::fsqrt(s12);
-      const float s14 = 1e-08f;
-      const float s15 = (s13 + s14);
-      const float s16 = a1p[i0];
-      const float s17 = 0.100000024f;
-      const float s18 = (s16 * s17);
-      const float s19 = a4p[i0];
-      const float s20 = 0.9f;
-      const float s21 = (s19 * s20);
-      const float s22 = (s21 + s18);
-      const float s23 = r5;
-      const float s24 = (s22 / s23);
-      const float s25 = (s24 / s15);
-      const float s26 = (s25 + s2);
-      const float s27 = r6;
-      const float s28 = (s26 * s27);
-      const float s29 = a0p[i0];
-      const float s30 = (s29 - s28);
-      a2p[i0] = s10;
-      a4p[i0] = s22;
-      a0p[i0] = s30;
-    }
-  }
+  loop24(a2.data(), a4.data(), a0.data(), a1.data(), a3.data(), a5.data(), a6.data());
 }
 
 void MlmTrain::repeated4(support::ConstView a0, support::ConstView a1, support::View a2,
@@ -4201,31 +3284,23 @@ void MlmTrain::repeated4(support::ConstView a0, support::ConstView a1, support::
   // layers.mesh:36:11 einsum -> q
   MESHRT_TRACE("gemm", "layers.mesh:36:11", "forward");
   // dims: batch, seq, d_model, heads, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan0(
-      {{1, 32, 64, 4, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan0.run(a0.data(), a1.data(), a2.data(), 1.0f, 0.0f);
+  kEinsum5.plan().run(a0.data(), a1.data(), a2.data(), 1.0f, 0.0f);
 
   // layers.mesh:38:18 einsum
   MESHRT_TRACE("gemm", "layers.mesh:38:18", "forward");
   // dims: batch, seq, d_model, heads, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan1(
-      {{1, 32, 64, 4, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan1.run(a0.data(), a3.data(), a4.data(), 1.0f, 0.0f);
+  kEinsum5.plan().run(a0.data(), a3.data(), a4.data(), 1.0f, 0.0f);
 
   // layers.mesh:39:18 einsum
   MESHRT_TRACE("gemm", "layers.mesh:39:18", "forward");
   // dims: batch, seq, d_model, heads, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan2(
-      {{1, 32, 64, 4, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan2.run(a0.data(), a5.data(), a6.data(), 1.0f, 0.0f);
+  kEinsum5.plan().run(a0.data(), a5.data(), a6.data(), 1.0f, 0.0f);
 
   // layers.mesh:41:16 einsum
   // layers.mesh:41:55 mul -> scores
   MESHRT_TRACE("gemm", "layers.mesh:41:16", "forward");
   // dims: batch, seq, heads, d_head, mem
-  static const meshrt::kernels::EinsumPlan einsumPlan3(
-      {{1, 32, 4, 16, 32}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
-  einsumPlan3.run(a2.data(), a4.data(), a7.data(), 0.25f, 0.0f);
+  kEinsum6.plan().run(a2.data(), a4.data(), a7.data(), 0.25f, 0.0f);
 }
 
 MlmTrain::Inputs MlmTrain::synthesizeInputs(uint64_t seed) const {
@@ -4342,278 +3417,165 @@ support::Tensor MlmTrain::gatherOutput(meshrt::Communicator &world, const std::s
 float MlmTrain::step(const Inputs &inputs) { return run(inputs).loss.data.at(0); }
 
 std::vector<std::string> MlmTrain::paramNames() {
-  return {"bert/token_embedding",
-          "bert/position_embedding",
-          "bert/segment_embedding",
-          "bert/output_bias",
-          "bert/norm/gain",
-          "bert/norm/bias",
-          "bert/encoder_layer[0]/attention/w_q",
-          "bert/encoder_layer[0]/attention/w_k",
-          "bert/encoder_layer[0]/attention/w_v",
-          "bert/encoder_layer[0]/attention/w_o",
-          "bert/encoder_layer[0]/norm/gain",
-          "bert/encoder_layer[0]/norm/bias",
-          "bert/encoder_layer[0]/ffn/w_in",
-          "bert/encoder_layer[0]/ffn/b_in",
-          "bert/encoder_layer[0]/ffn/w_out",
-          "bert/encoder_layer[0]/ffn/b_out",
-          "bert/encoder_layer[0]/norm#1/gain",
-          "bert/encoder_layer[0]/norm#1/bias",
-          "bert/encoder_layer[1]/attention/w_q",
-          "bert/encoder_layer[1]/attention/w_k",
-          "bert/encoder_layer[1]/attention/w_v",
-          "bert/encoder_layer[1]/attention/w_o",
-          "bert/encoder_layer[1]/norm/gain",
-          "bert/encoder_layer[1]/norm/bias",
-          "bert/encoder_layer[1]/ffn/w_in",
-          "bert/encoder_layer[1]/ffn/b_in",
-          "bert/encoder_layer[1]/ffn/w_out",
-          "bert/encoder_layer[1]/ffn/b_out",
-          "bert/encoder_layer[1]/norm#1/gain",
-          "bert/encoder_layer[1]/norm#1/bias",
-          "bert/token_embedding@m",
-          "bert/token_embedding@v",
-          "bert/position_embedding@m",
-          "bert/position_embedding@v",
-          "bert/segment_embedding@m",
-          "bert/segment_embedding@v",
-          "bert/output_bias@m",
-          "bert/output_bias@v",
-          "bert/norm/gain@m",
-          "bert/norm/gain@v",
-          "bert/norm/bias@m",
-          "bert/norm/bias@v",
-          "bert/encoder_layer[0]/attention/w_q@m",
-          "bert/encoder_layer[0]/attention/w_q@v",
-          "bert/encoder_layer[0]/attention/w_k@m",
-          "bert/encoder_layer[0]/attention/w_k@v",
-          "bert/encoder_layer[0]/attention/w_v@m",
-          "bert/encoder_layer[0]/attention/w_v@v",
-          "bert/encoder_layer[0]/attention/w_o@m",
-          "bert/encoder_layer[0]/attention/w_o@v",
-          "bert/encoder_layer[0]/norm/gain@m",
-          "bert/encoder_layer[0]/norm/gain@v",
-          "bert/encoder_layer[0]/norm/bias@m",
-          "bert/encoder_layer[0]/norm/bias@v",
-          "bert/encoder_layer[0]/ffn/w_in@m",
-          "bert/encoder_layer[0]/ffn/w_in@v",
-          "bert/encoder_layer[0]/ffn/b_in@m",
-          "bert/encoder_layer[0]/ffn/b_in@v",
-          "bert/encoder_layer[0]/ffn/w_out@m",
-          "bert/encoder_layer[0]/ffn/w_out@v",
-          "bert/encoder_layer[0]/ffn/b_out@m",
-          "bert/encoder_layer[0]/ffn/b_out@v",
-          "bert/encoder_layer[0]/norm#1/gain@m",
-          "bert/encoder_layer[0]/norm#1/gain@v",
-          "bert/encoder_layer[0]/norm#1/bias@m",
-          "bert/encoder_layer[0]/norm#1/bias@v",
-          "bert/encoder_layer[1]/attention/w_q@m",
-          "bert/encoder_layer[1]/attention/w_q@v",
-          "bert/encoder_layer[1]/attention/w_k@m",
-          "bert/encoder_layer[1]/attention/w_k@v",
-          "bert/encoder_layer[1]/attention/w_v@m",
-          "bert/encoder_layer[1]/attention/w_v@v",
-          "bert/encoder_layer[1]/attention/w_o@m",
-          "bert/encoder_layer[1]/attention/w_o@v",
-          "bert/encoder_layer[1]/norm/gain@m",
-          "bert/encoder_layer[1]/norm/gain@v",
-          "bert/encoder_layer[1]/norm/bias@m",
-          "bert/encoder_layer[1]/norm/bias@v",
-          "bert/encoder_layer[1]/ffn/w_in@m",
-          "bert/encoder_layer[1]/ffn/w_in@v",
-          "bert/encoder_layer[1]/ffn/b_in@m",
-          "bert/encoder_layer[1]/ffn/b_in@v",
-          "bert/encoder_layer[1]/ffn/w_out@m",
-          "bert/encoder_layer[1]/ffn/w_out@v",
-          "bert/encoder_layer[1]/ffn/b_out@m",
-          "bert/encoder_layer[1]/ffn/b_out@v",
-          "bert/encoder_layer[1]/norm#1/gain@m",
-          "bert/encoder_layer[1]/norm#1/gain@v",
-          "bert/encoder_layer[1]/norm#1/bias@m",
-          "bert/encoder_layer[1]/norm#1/bias@v"};
+  static constexpr const char *names[] = {"bert/token_embedding",
+                                          "bert/position_embedding",
+                                          "bert/segment_embedding",
+                                          "bert/output_bias",
+                                          "bert/norm/gain",
+                                          "bert/norm/bias",
+                                          "bert/encoder_layer[0]/attention/w_q",
+                                          "bert/encoder_layer[0]/attention/w_k",
+                                          "bert/encoder_layer[0]/attention/w_v",
+                                          "bert/encoder_layer[0]/attention/w_o",
+                                          "bert/encoder_layer[0]/norm/gain",
+                                          "bert/encoder_layer[0]/norm/bias",
+                                          "bert/encoder_layer[0]/ffn/w_in",
+                                          "bert/encoder_layer[0]/ffn/b_in",
+                                          "bert/encoder_layer[0]/ffn/w_out",
+                                          "bert/encoder_layer[0]/ffn/b_out",
+                                          "bert/encoder_layer[0]/norm#1/gain",
+                                          "bert/encoder_layer[0]/norm#1/bias",
+                                          "bert/encoder_layer[1]/attention/w_q",
+                                          "bert/encoder_layer[1]/attention/w_k",
+                                          "bert/encoder_layer[1]/attention/w_v",
+                                          "bert/encoder_layer[1]/attention/w_o",
+                                          "bert/encoder_layer[1]/norm/gain",
+                                          "bert/encoder_layer[1]/norm/bias",
+                                          "bert/encoder_layer[1]/ffn/w_in",
+                                          "bert/encoder_layer[1]/ffn/b_in",
+                                          "bert/encoder_layer[1]/ffn/w_out",
+                                          "bert/encoder_layer[1]/ffn/b_out",
+                                          "bert/encoder_layer[1]/norm#1/gain",
+                                          "bert/encoder_layer[1]/norm#1/bias",
+                                          "bert/token_embedding@m",
+                                          "bert/token_embedding@v",
+                                          "bert/position_embedding@m",
+                                          "bert/position_embedding@v",
+                                          "bert/segment_embedding@m",
+                                          "bert/segment_embedding@v",
+                                          "bert/output_bias@m",
+                                          "bert/output_bias@v",
+                                          "bert/norm/gain@m",
+                                          "bert/norm/gain@v",
+                                          "bert/norm/bias@m",
+                                          "bert/norm/bias@v",
+                                          "bert/encoder_layer[0]/attention/w_q@m",
+                                          "bert/encoder_layer[0]/attention/w_q@v",
+                                          "bert/encoder_layer[0]/attention/w_k@m",
+                                          "bert/encoder_layer[0]/attention/w_k@v",
+                                          "bert/encoder_layer[0]/attention/w_v@m",
+                                          "bert/encoder_layer[0]/attention/w_v@v",
+                                          "bert/encoder_layer[0]/attention/w_o@m",
+                                          "bert/encoder_layer[0]/attention/w_o@v",
+                                          "bert/encoder_layer[0]/norm/gain@m",
+                                          "bert/encoder_layer[0]/norm/gain@v",
+                                          "bert/encoder_layer[0]/norm/bias@m",
+                                          "bert/encoder_layer[0]/norm/bias@v",
+                                          "bert/encoder_layer[0]/ffn/w_in@m",
+                                          "bert/encoder_layer[0]/ffn/w_in@v",
+                                          "bert/encoder_layer[0]/ffn/b_in@m",
+                                          "bert/encoder_layer[0]/ffn/b_in@v",
+                                          "bert/encoder_layer[0]/ffn/w_out@m",
+                                          "bert/encoder_layer[0]/ffn/w_out@v",
+                                          "bert/encoder_layer[0]/ffn/b_out@m",
+                                          "bert/encoder_layer[0]/ffn/b_out@v",
+                                          "bert/encoder_layer[0]/norm#1/gain@m",
+                                          "bert/encoder_layer[0]/norm#1/gain@v",
+                                          "bert/encoder_layer[0]/norm#1/bias@m",
+                                          "bert/encoder_layer[0]/norm#1/bias@v",
+                                          "bert/encoder_layer[1]/attention/w_q@m",
+                                          "bert/encoder_layer[1]/attention/w_q@v",
+                                          "bert/encoder_layer[1]/attention/w_k@m",
+                                          "bert/encoder_layer[1]/attention/w_k@v",
+                                          "bert/encoder_layer[1]/attention/w_v@m",
+                                          "bert/encoder_layer[1]/attention/w_v@v",
+                                          "bert/encoder_layer[1]/attention/w_o@m",
+                                          "bert/encoder_layer[1]/attention/w_o@v",
+                                          "bert/encoder_layer[1]/norm/gain@m",
+                                          "bert/encoder_layer[1]/norm/gain@v",
+                                          "bert/encoder_layer[1]/norm/bias@m",
+                                          "bert/encoder_layer[1]/norm/bias@v",
+                                          "bert/encoder_layer[1]/ffn/w_in@m",
+                                          "bert/encoder_layer[1]/ffn/w_in@v",
+                                          "bert/encoder_layer[1]/ffn/b_in@m",
+                                          "bert/encoder_layer[1]/ffn/b_in@v",
+                                          "bert/encoder_layer[1]/ffn/w_out@m",
+                                          "bert/encoder_layer[1]/ffn/w_out@v",
+                                          "bert/encoder_layer[1]/ffn/b_out@m",
+                                          "bert/encoder_layer[1]/ffn/b_out@v",
+                                          "bert/encoder_layer[1]/norm#1/gain@m",
+                                          "bert/encoder_layer[1]/norm#1/gain@v",
+                                          "bert/encoder_layer[1]/norm#1/bias@m",
+                                          "bert/encoder_layer[1]/norm#1/bias@v"};
+  return {std::begin(names), std::end(names)};
 }
 
 bool MlmTrain::isOptimizerState(const std::string &path) {
-  static const std::vector<std::string> states = {"bert/token_embedding@m",
-                                                  "bert/token_embedding@v",
-                                                  "bert/position_embedding@m",
-                                                  "bert/position_embedding@v",
-                                                  "bert/segment_embedding@m",
-                                                  "bert/segment_embedding@v",
-                                                  "bert/output_bias@m",
-                                                  "bert/output_bias@v",
-                                                  "bert/norm/gain@m",
-                                                  "bert/norm/gain@v",
-                                                  "bert/norm/bias@m",
-                                                  "bert/norm/bias@v",
-                                                  "bert/encoder_layer[0]/attention/w_q@m",
-                                                  "bert/encoder_layer[0]/attention/w_q@v",
-                                                  "bert/encoder_layer[0]/attention/w_k@m",
-                                                  "bert/encoder_layer[0]/attention/w_k@v",
-                                                  "bert/encoder_layer[0]/attention/w_v@m",
-                                                  "bert/encoder_layer[0]/attention/w_v@v",
-                                                  "bert/encoder_layer[0]/attention/w_o@m",
-                                                  "bert/encoder_layer[0]/attention/w_o@v",
-                                                  "bert/encoder_layer[0]/norm/gain@m",
-                                                  "bert/encoder_layer[0]/norm/gain@v",
-                                                  "bert/encoder_layer[0]/norm/bias@m",
-                                                  "bert/encoder_layer[0]/norm/bias@v",
-                                                  "bert/encoder_layer[0]/ffn/w_in@m",
-                                                  "bert/encoder_layer[0]/ffn/w_in@v",
-                                                  "bert/encoder_layer[0]/ffn/b_in@m",
-                                                  "bert/encoder_layer[0]/ffn/b_in@v",
-                                                  "bert/encoder_layer[0]/ffn/w_out@m",
-                                                  "bert/encoder_layer[0]/ffn/w_out@v",
-                                                  "bert/encoder_layer[0]/ffn/b_out@m",
-                                                  "bert/encoder_layer[0]/ffn/b_out@v",
-                                                  "bert/encoder_layer[0]/norm#1/gain@m",
-                                                  "bert/encoder_layer[0]/norm#1/gain@v",
-                                                  "bert/encoder_layer[0]/norm#1/bias@m",
-                                                  "bert/encoder_layer[0]/norm#1/bias@v",
-                                                  "bert/encoder_layer[1]/attention/w_q@m",
-                                                  "bert/encoder_layer[1]/attention/w_q@v",
-                                                  "bert/encoder_layer[1]/attention/w_k@m",
-                                                  "bert/encoder_layer[1]/attention/w_k@v",
-                                                  "bert/encoder_layer[1]/attention/w_v@m",
-                                                  "bert/encoder_layer[1]/attention/w_v@v",
-                                                  "bert/encoder_layer[1]/attention/w_o@m",
-                                                  "bert/encoder_layer[1]/attention/w_o@v",
-                                                  "bert/encoder_layer[1]/norm/gain@m",
-                                                  "bert/encoder_layer[1]/norm/gain@v",
-                                                  "bert/encoder_layer[1]/norm/bias@m",
-                                                  "bert/encoder_layer[1]/norm/bias@v",
-                                                  "bert/encoder_layer[1]/ffn/w_in@m",
-                                                  "bert/encoder_layer[1]/ffn/w_in@v",
-                                                  "bert/encoder_layer[1]/ffn/b_in@m",
-                                                  "bert/encoder_layer[1]/ffn/b_in@v",
-                                                  "bert/encoder_layer[1]/ffn/w_out@m",
-                                                  "bert/encoder_layer[1]/ffn/w_out@v",
-                                                  "bert/encoder_layer[1]/ffn/b_out@m",
-                                                  "bert/encoder_layer[1]/ffn/b_out@v",
-                                                  "bert/encoder_layer[1]/norm#1/gain@m",
-                                                  "bert/encoder_layer[1]/norm#1/gain@v",
-                                                  "bert/encoder_layer[1]/norm#1/bias@m",
-                                                  "bert/encoder_layer[1]/norm#1/bias@v"};
-  return std::find(states.begin(), states.end(), path) != states.end();
+  static constexpr std::string_view states[] = {"bert/token_embedding@m",
+                                                "bert/token_embedding@v",
+                                                "bert/position_embedding@m",
+                                                "bert/position_embedding@v",
+                                                "bert/segment_embedding@m",
+                                                "bert/segment_embedding@v",
+                                                "bert/output_bias@m",
+                                                "bert/output_bias@v",
+                                                "bert/norm/gain@m",
+                                                "bert/norm/gain@v",
+                                                "bert/norm/bias@m",
+                                                "bert/norm/bias@v",
+                                                "bert/encoder_layer[0]/attention/w_q@m",
+                                                "bert/encoder_layer[0]/attention/w_q@v",
+                                                "bert/encoder_layer[0]/attention/w_k@m",
+                                                "bert/encoder_layer[0]/attention/w_k@v",
+                                                "bert/encoder_layer[0]/attention/w_v@m",
+                                                "bert/encoder_layer[0]/attention/w_v@v",
+                                                "bert/encoder_layer[0]/attention/w_o@m",
+                                                "bert/encoder_layer[0]/attention/w_o@v",
+                                                "bert/encoder_layer[0]/norm/gain@m",
+                                                "bert/encoder_layer[0]/norm/gain@v",
+                                                "bert/encoder_layer[0]/norm/bias@m",
+                                                "bert/encoder_layer[0]/norm/bias@v",
+                                                "bert/encoder_layer[0]/ffn/w_in@m",
+                                                "bert/encoder_layer[0]/ffn/w_in@v",
+                                                "bert/encoder_layer[0]/ffn/b_in@m",
+                                                "bert/encoder_layer[0]/ffn/b_in@v",
+                                                "bert/encoder_layer[0]/ffn/w_out@m",
+                                                "bert/encoder_layer[0]/ffn/w_out@v",
+                                                "bert/encoder_layer[0]/ffn/b_out@m",
+                                                "bert/encoder_layer[0]/ffn/b_out@v",
+                                                "bert/encoder_layer[0]/norm#1/gain@m",
+                                                "bert/encoder_layer[0]/norm#1/gain@v",
+                                                "bert/encoder_layer[0]/norm#1/bias@m",
+                                                "bert/encoder_layer[0]/norm#1/bias@v",
+                                                "bert/encoder_layer[1]/attention/w_q@m",
+                                                "bert/encoder_layer[1]/attention/w_q@v",
+                                                "bert/encoder_layer[1]/attention/w_k@m",
+                                                "bert/encoder_layer[1]/attention/w_k@v",
+                                                "bert/encoder_layer[1]/attention/w_v@m",
+                                                "bert/encoder_layer[1]/attention/w_v@v",
+                                                "bert/encoder_layer[1]/attention/w_o@m",
+                                                "bert/encoder_layer[1]/attention/w_o@v",
+                                                "bert/encoder_layer[1]/norm/gain@m",
+                                                "bert/encoder_layer[1]/norm/gain@v",
+                                                "bert/encoder_layer[1]/norm/bias@m",
+                                                "bert/encoder_layer[1]/norm/bias@v",
+                                                "bert/encoder_layer[1]/ffn/w_in@m",
+                                                "bert/encoder_layer[1]/ffn/w_in@v",
+                                                "bert/encoder_layer[1]/ffn/b_in@m",
+                                                "bert/encoder_layer[1]/ffn/b_in@v",
+                                                "bert/encoder_layer[1]/ffn/w_out@m",
+                                                "bert/encoder_layer[1]/ffn/w_out@v",
+                                                "bert/encoder_layer[1]/ffn/b_out@m",
+                                                "bert/encoder_layer[1]/ffn/b_out@v",
+                                                "bert/encoder_layer[1]/norm#1/gain@m",
+                                                "bert/encoder_layer[1]/norm#1/gain@v",
+                                                "bert/encoder_layer[1]/norm#1/bias@m",
+                                                "bert/encoder_layer[1]/norm#1/bias@v"};
+  return std::find(std::begin(states), std::end(states), std::string_view(path)) !=
+         std::end(states);
 }
 
 std::vector<support::ParamShard> MlmTrain::paramShards() {
-  static constexpr support::ParamSpec specs[] = {
-      {"bert/token_embedding", false, "f32", "vocab:128:128: d_model:64:64:"},
-      {"bert/position_embedding", false, "f32", "seq:32:32: d_model:64:64:"},
-      {"bert/segment_embedding", false, "f32", "segments:2:2: d_model:64:64:"},
-      {"bert/output_bias", false, "f32", "vocab:128:128:"},
-      {"bert/norm/gain", false, "f32", "d_model:64:64:"},
-      {"bert/norm/bias", false, "f32", "d_model:64:64:"},
-      {"bert/encoder_layer[0]/attention/w_q", false, "f32",
-       "d_model:64:64: heads:4:4: d_head:16:16:"},
-      {"bert/encoder_layer[0]/attention/w_k", false, "f32",
-       "d_model:64:64: heads:4:4: d_head:16:16:"},
-      {"bert/encoder_layer[0]/attention/w_v", false, "f32",
-       "d_model:64:64: heads:4:4: d_head:16:16:"},
-      {"bert/encoder_layer[0]/attention/w_o", false, "f32",
-       "heads:4:4: d_head:16:16: d_model:64:64:"},
-      {"bert/encoder_layer[0]/norm/gain", false, "f32", "d_model:64:64:"},
-      {"bert/encoder_layer[0]/norm/bias", false, "f32", "d_model:64:64:"},
-      {"bert/encoder_layer[0]/ffn/w_in", false, "f32", "d_model:64:64: d_ff:256:256:"},
-      {"bert/encoder_layer[0]/ffn/b_in", false, "f32", "d_ff:256:256:"},
-      {"bert/encoder_layer[0]/ffn/w_out", false, "f32", "d_ff:256:256: d_model:64:64:"},
-      {"bert/encoder_layer[0]/ffn/b_out", false, "f32", "d_model:64:64:"},
-      {"bert/encoder_layer[0]/norm#1/gain", false, "f32", "d_model:64:64:"},
-      {"bert/encoder_layer[0]/norm#1/bias", false, "f32", "d_model:64:64:"},
-      {"bert/encoder_layer[1]/attention/w_q", false, "f32",
-       "d_model:64:64: heads:4:4: d_head:16:16:"},
-      {"bert/encoder_layer[1]/attention/w_k", false, "f32",
-       "d_model:64:64: heads:4:4: d_head:16:16:"},
-      {"bert/encoder_layer[1]/attention/w_v", false, "f32",
-       "d_model:64:64: heads:4:4: d_head:16:16:"},
-      {"bert/encoder_layer[1]/attention/w_o", false, "f32",
-       "heads:4:4: d_head:16:16: d_model:64:64:"},
-      {"bert/encoder_layer[1]/norm/gain", false, "f32", "d_model:64:64:"},
-      {"bert/encoder_layer[1]/norm/bias", false, "f32", "d_model:64:64:"},
-      {"bert/encoder_layer[1]/ffn/w_in", false, "f32", "d_model:64:64: d_ff:256:256:"},
-      {"bert/encoder_layer[1]/ffn/b_in", false, "f32", "d_ff:256:256:"},
-      {"bert/encoder_layer[1]/ffn/w_out", false, "f32", "d_ff:256:256: d_model:64:64:"},
-      {"bert/encoder_layer[1]/ffn/b_out", false, "f32", "d_model:64:64:"},
-      {"bert/encoder_layer[1]/norm#1/gain", false, "f32", "d_model:64:64:"},
-      {"bert/encoder_layer[1]/norm#1/bias", false, "f32", "d_model:64:64:"},
-      {"bert/token_embedding@m", true, "f32", "vocab:128:128: d_model:64:64:"},
-      {"bert/token_embedding@v", true, "f32", "vocab:128:128: d_model:64:64:"},
-      {"bert/position_embedding@m", true, "f32", "seq:32:32: d_model:64:64:"},
-      {"bert/position_embedding@v", true, "f32", "seq:32:32: d_model:64:64:"},
-      {"bert/segment_embedding@m", true, "f32", "segments:2:2: d_model:64:64:"},
-      {"bert/segment_embedding@v", true, "f32", "segments:2:2: d_model:64:64:"},
-      {"bert/output_bias@m", true, "f32", "vocab:128:128:"},
-      {"bert/output_bias@v", true, "f32", "vocab:128:128:"},
-      {"bert/norm/gain@m", true, "f32", "d_model:64:64:"},
-      {"bert/norm/gain@v", true, "f32", "d_model:64:64:"},
-      {"bert/norm/bias@m", true, "f32", "d_model:64:64:"},
-      {"bert/norm/bias@v", true, "f32", "d_model:64:64:"},
-      {"bert/encoder_layer[0]/attention/w_q@m", true, "f32",
-       "d_model:64:64: heads:4:4: d_head:16:16:"},
-      {"bert/encoder_layer[0]/attention/w_q@v", true, "f32",
-       "d_model:64:64: heads:4:4: d_head:16:16:"},
-      {"bert/encoder_layer[0]/attention/w_k@m", true, "f32",
-       "d_model:64:64: heads:4:4: d_head:16:16:"},
-      {"bert/encoder_layer[0]/attention/w_k@v", true, "f32",
-       "d_model:64:64: heads:4:4: d_head:16:16:"},
-      {"bert/encoder_layer[0]/attention/w_v@m", true, "f32",
-       "d_model:64:64: heads:4:4: d_head:16:16:"},
-      {"bert/encoder_layer[0]/attention/w_v@v", true, "f32",
-       "d_model:64:64: heads:4:4: d_head:16:16:"},
-      {"bert/encoder_layer[0]/attention/w_o@m", true, "f32",
-       "heads:4:4: d_head:16:16: d_model:64:64:"},
-      {"bert/encoder_layer[0]/attention/w_o@v", true, "f32",
-       "heads:4:4: d_head:16:16: d_model:64:64:"},
-      {"bert/encoder_layer[0]/norm/gain@m", true, "f32", "d_model:64:64:"},
-      {"bert/encoder_layer[0]/norm/gain@v", true, "f32", "d_model:64:64:"},
-      {"bert/encoder_layer[0]/norm/bias@m", true, "f32", "d_model:64:64:"},
-      {"bert/encoder_layer[0]/norm/bias@v", true, "f32", "d_model:64:64:"},
-      {"bert/encoder_layer[0]/ffn/w_in@m", true, "f32", "d_model:64:64: d_ff:256:256:"},
-      {"bert/encoder_layer[0]/ffn/w_in@v", true, "f32", "d_model:64:64: d_ff:256:256:"},
-      {"bert/encoder_layer[0]/ffn/b_in@m", true, "f32", "d_ff:256:256:"},
-      {"bert/encoder_layer[0]/ffn/b_in@v", true, "f32", "d_ff:256:256:"},
-      {"bert/encoder_layer[0]/ffn/w_out@m", true, "f32", "d_ff:256:256: d_model:64:64:"},
-      {"bert/encoder_layer[0]/ffn/w_out@v", true, "f32", "d_ff:256:256: d_model:64:64:"},
-      {"bert/encoder_layer[0]/ffn/b_out@m", true, "f32", "d_model:64:64:"},
-      {"bert/encoder_layer[0]/ffn/b_out@v", true, "f32", "d_model:64:64:"},
-      {"bert/encoder_layer[0]/norm#1/gain@m", true, "f32", "d_model:64:64:"},
-      {"bert/encoder_layer[0]/norm#1/gain@v", true, "f32", "d_model:64:64:"},
-      {"bert/encoder_layer[0]/norm#1/bias@m", true, "f32", "d_model:64:64:"},
-      {"bert/encoder_layer[0]/norm#1/bias@v", true, "f32", "d_model:64:64:"},
-      {"bert/encoder_layer[1]/attention/w_q@m", true, "f32",
-       "d_model:64:64: heads:4:4: d_head:16:16:"},
-      {"bert/encoder_layer[1]/attention/w_q@v", true, "f32",
-       "d_model:64:64: heads:4:4: d_head:16:16:"},
-      {"bert/encoder_layer[1]/attention/w_k@m", true, "f32",
-       "d_model:64:64: heads:4:4: d_head:16:16:"},
-      {"bert/encoder_layer[1]/attention/w_k@v", true, "f32",
-       "d_model:64:64: heads:4:4: d_head:16:16:"},
-      {"bert/encoder_layer[1]/attention/w_v@m", true, "f32",
-       "d_model:64:64: heads:4:4: d_head:16:16:"},
-      {"bert/encoder_layer[1]/attention/w_v@v", true, "f32",
-       "d_model:64:64: heads:4:4: d_head:16:16:"},
-      {"bert/encoder_layer[1]/attention/w_o@m", true, "f32",
-       "heads:4:4: d_head:16:16: d_model:64:64:"},
-      {"bert/encoder_layer[1]/attention/w_o@v", true, "f32",
-       "heads:4:4: d_head:16:16: d_model:64:64:"},
-      {"bert/encoder_layer[1]/norm/gain@m", true, "f32", "d_model:64:64:"},
-      {"bert/encoder_layer[1]/norm/gain@v", true, "f32", "d_model:64:64:"},
-      {"bert/encoder_layer[1]/norm/bias@m", true, "f32", "d_model:64:64:"},
-      {"bert/encoder_layer[1]/norm/bias@v", true, "f32", "d_model:64:64:"},
-      {"bert/encoder_layer[1]/ffn/w_in@m", true, "f32", "d_model:64:64: d_ff:256:256:"},
-      {"bert/encoder_layer[1]/ffn/w_in@v", true, "f32", "d_model:64:64: d_ff:256:256:"},
-      {"bert/encoder_layer[1]/ffn/b_in@m", true, "f32", "d_ff:256:256:"},
-      {"bert/encoder_layer[1]/ffn/b_in@v", true, "f32", "d_ff:256:256:"},
-      {"bert/encoder_layer[1]/ffn/w_out@m", true, "f32", "d_ff:256:256: d_model:64:64:"},
-      {"bert/encoder_layer[1]/ffn/w_out@v", true, "f32", "d_ff:256:256: d_model:64:64:"},
-      {"bert/encoder_layer[1]/ffn/b_out@m", true, "f32", "d_model:64:64:"},
-      {"bert/encoder_layer[1]/ffn/b_out@v", true, "f32", "d_model:64:64:"},
-      {"bert/encoder_layer[1]/norm#1/gain@m", true, "f32", "d_model:64:64:"},
-      {"bert/encoder_layer[1]/norm#1/gain@v", true, "f32", "d_model:64:64:"},
-      {"bert/encoder_layer[1]/norm#1/bias@m", true, "f32", "d_model:64:64:"},
-      {"bert/encoder_layer[1]/norm#1/bias@v", true, "f32", "d_model:64:64:"}};
   support::Buffer *const data[] = {&param0_bert_token_embedding,
                                    &param1_bert_position_embedding,
                                    &param2_bert_segment_embedding,
@@ -4704,7 +3666,7 @@ std::vector<support::ParamShard> MlmTrain::paramShards() {
                                    &param87_bert_encoder_layer_1_norm_1_gain_v,
                                    &param88_bert_encoder_layer_1_norm_1_bias_m,
                                    &param89_bert_encoder_layer_1_norm_1_bias_v};
-  return support::paramShardsOf<support::ParamShard>(specs, data);
+  return support::paramShardsOf<support::ParamShard>(kMlmTrainParams, data);
 }
 
 support::Tensor MlmTrain::getParam(const std::string &path) {

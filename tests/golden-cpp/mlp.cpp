@@ -5,6 +5,142 @@
 
 namespace meshc_generated {
 
+// The shapes the kernel calls take and the loop nests the classes share.
+static const support::Shape kShape0 = {};
+static const support::Shape kShape1 = {16, 64};
+static const support::Shape kShape2 = {64, 1};
+static const support::Shape kShape3 = {128};
+static const support::Shape kShape4 = {1};
+static const support::Shape kShape5 = {16};
+static const support::Shape kShape6 = {64, 128};
+static const support::Shape kShape7 = {128, 1};
+static const support::Shape kShape8 = {128, 64};
+static const support::SharedEinsum
+    kEinsum0({{16, 64, 128}, {{{0, 1}, {}}, {{1, 2}, {}}}, {{0, 2}, {}}});
+static const support::SharedEinsum
+    kEinsum1({{16, 128, 64}, {{{0, 1}, {}}, {{1, 2}, {}}}, {{0, 2}, {}}});
+static const support::SharedEinsum
+    kEinsum2({{16, 64, 128}, {{{0, 1}, {}}, {{2, 1}, {}}}, {{0, 2}, {}}});
+static const support::SharedEinsum
+    kEinsum3({{16, 64, 128}, {{{0, 1}, {}}, {{0, 2}, {}}}, {{2, 1}, {}}});
+static const support::SharedEinsum
+    kEinsum4({{16, 128, 64}, {{{0, 1}, {}}, {{0, 2}, {}}}, {{2, 1}, {}}});
+
+[[gnu::noinline]] static void loop0(float *__restrict p0, const float *__restrict p1,
+                                    const float *__restrict p2) {
+  for (int64_t i0 = 0; i0 < 16; ++i0) {
+    for (int64_t i1 = 0; i1 < 128; ++i1) {
+      const float s0 = p1[i0 * 128 + i1];
+      const float s1 = p2[i1];
+      const float s2 = (s0 + s1);
+      const float s3 = (s2 > 0 ? s2 : 0.0f);
+      p0[i0 * 128 + i1] = s3;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop1(float *__restrict p0, const float *__restrict p1,
+                                    const float *__restrict p2) {
+  for (int64_t i0 = 0; i0 < 1024; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = p2[i0];
+    const float s2 = (s0 + s1);
+    p0[i0] = s2;
+  }
+}
+
+[[gnu::noinline]] static void loop2(float *__restrict p0, float *__restrict p1,
+                                    const float *__restrict p2, const float *__restrict p3,
+                                    const float *__restrict p4) {
+  for (int64_t i0 = 0; i0 < 1024; ++i0) {
+    const float s0 = p2[i0];
+    const float s1 = p3[i0];
+    const float s2 = (s0 + s1);
+    const float s3 = p4[i0];
+    const float s4 = (s2 - s3);
+    const float s5 = s4 * s4;
+    p0[i0] = s4;
+    p1[i0] = s5;
+  }
+}
+
+[[gnu::noinline]] static void loop3(float *__restrict p0, const float *__restrict p1) {
+  for (int64_t i0 = 0; i0 < 1024; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = 2.0f;
+    const float s2 = (s0 * s1);
+    const float s3 = 0.00048828125f;
+    const float s4 = (s3 * s2);
+    p0[i0] = s4;
+  }
+}
+
+[[gnu::noinline]] static void loop4(float *__restrict p0, const float *__restrict p1) {
+  for (int64_t i0 = 0; i0 < 8192; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = s0 * s0;
+    p0[i0] = s1;
+  }
+}
+
+[[gnu::noinline]] static void loop5(float *__restrict p0, const float *__restrict p1) {
+  for (int64_t i0 = 0; i0 < 128; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = s0 * s0;
+    p0[i0] = s1;
+  }
+}
+
+[[gnu::noinline]] static void loop6(float *__restrict p0, float *__restrict p1,
+                                    const float *__restrict p2, const float *__restrict p3,
+                                    const float *__restrict p4) {
+  const float r1 = p3[0];
+  const float r3 = p4[0];
+  for (int64_t i0 = 0; i0 < 8192; ++i0) {
+    const float s0 = p2[i0];
+    const float s1 = r1;
+    const float s2 = (s0 * s1);
+    const float s3 = p0[i0];
+    const float s4 = 0.9f;
+    const float s5 = (s3 * s4);
+    const float s6 = (s5 + s2);
+    const float s7 = 0.9f;
+    const float s8 = (s6 * s7);
+    const float s9 = (s2 + s8);
+    const float s10 = r3;
+    const float s11 = (s9 * s10);
+    const float s12 = p1[i0];
+    const float s13 = (s12 - s11);
+    p0[i0] = s6;
+    p1[i0] = s13;
+  }
+}
+
+[[gnu::noinline]] static void loop7(float *__restrict p0, float *__restrict p1,
+                                    const float *__restrict p2, const float *__restrict p3,
+                                    const float *__restrict p4) {
+  const float r1 = p3[0];
+  const float r3 = p4[0];
+  for (int64_t i0 = 0; i0 < 128; ++i0) {
+    const float s0 = p2[i0];
+    const float s1 = r1;
+    const float s2 = (s0 * s1);
+    const float s3 = p0[i0];
+    const float s4 = 0.9f;
+    const float s5 = (s3 * s4);
+    const float s6 = (s5 + s2);
+    const float s7 = 0.9f;
+    const float s8 = (s6 * s7);
+    const float s9 = (s2 + s8);
+    const float s10 = r3;
+    const float s11 = (s9 * s10);
+    const float s12 = p1[i0];
+    const float s13 = (s12 - s11);
+    p0[i0] = s6;
+    p1[i0] = s13;
+  }
+}
+
 //===--- program `mlp` ---===//
 
 meshrt::Mesh Mlp::mesh() { return meshrt::Mesh({{"data", 2}, {"model", 2}}); }
@@ -18,31 +154,24 @@ support::Shape Mlp::inputShape(const std::string &name) {
   throw std::invalid_argument("mlp: no input named '" + name + "'");
 }
 
+/// `mlp`'s params: paths, dims and layouts (its constructor and paramShards() read it).
+static constexpr support::ParamSpec kMlpParams[] = {
+    {"ffn/w_in", false, "f32", "d_model:64:64: d_ff:256:128:model"},
+    {"ffn/b_in", false, "f32", "d_ff:256:128:model"},
+    {"ffn/w_out", false, "f32", "d_ff:256:128:model d_model:64:64:"}};
+
 Mlp::Mlp(meshrt::Communicator &world, uint64_t seed)
     : world_(support::checkedWorld(world, mesh(), "mlp")), seed_(seed),
       group_model(world_.subgroup(std::vector<std::string>{"model"})) {
-  // ffn/w_in: truncated_normal (mlp.mesh:22)
-  param0_ffn_w_in.resize(8192);
-  {
-    const meshrt::kernels::Shard shard{
-        {64, 256}, {0, support::shardStart(world_, {"model"}, 128)}, {64, 128}};
-    const auto init =
-        meshrt::kernels::makeInit("truncated_normal", {{"mean", 0.0}, {"stddev", 0.125}});
-    support::fillParam(param0_ffn_w_in.data(), shard, seed, "ffn/w_in", init,
-                       meshrt::kernels::ValueType::F32);
-  }
-  // ffn/b_in: zeros (mlp.mesh:23)
-  param1_ffn_b_in.assign(128, support::roundValue(support::DType::F32, 0.0));
-  // ffn/w_out: truncated_normal (mlp.mesh:24)
-  param2_ffn_w_out.resize(8192);
-  {
-    const meshrt::kernels::Shard shard{
-        {256, 64}, {support::shardStart(world_, {"model"}, 128), 0}, {128, 64}};
-    const auto init =
-        meshrt::kernels::makeInit("truncated_normal", {{"mean", 0.0}, {"stddev", 0.0625}});
-    support::fillParam(param2_ffn_w_out.data(), shard, seed, "ffn/w_out", init,
-                       meshrt::kernels::ValueType::F32);
-  }
+  static constexpr support::ParamInit inits[] = {
+      // ffn/w_in (mlp.mesh:22)
+      {"truncated_normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.125}}},
+      // ffn/b_in (mlp.mesh:23)
+      {"zeros", support::DType::F32, {}},
+      // ffn/w_out (mlp.mesh:24)
+      {"truncated_normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.0625}}}};
+  support::Buffer *const data[] = {&param0_ffn_w_in, &param1_ffn_b_in, &param2_ffn_w_out};
+  support::initParams(world_, seed, -1, kMlpParams, inits, data);
 }
 
 Mlp::Outputs Mlp::run(const Inputs &inputs) {
@@ -67,38 +196,21 @@ void Mlp::runPart0(const Inputs &inputs) {
   const support::Buffer &v1 = param0_ffn_w_in;
   support::View v4 = arena_.view(0, 2048);
   // dims: batch, d_model, d_ff
-  static const meshrt::kernels::EinsumPlan einsumPlan0(
-      {{16, 64, 128}, {{{0, 1}, {}}, {{1, 2}, {}}}, {{0, 2}, {}}});
-  einsumPlan0.run(v0.data(), v1.data(), v4.data(), 1.0f, 0.0f);
+  kEinsum0.plan().run(v0.data(), v1.data(), v4.data(), 1.0f, 0.0f);
 
   // mlp.mesh:27:47 add
   // mlp.mesh:27:11 relu -> h
   MESHRT_TRACE("loop", "mlp.mesh:27:47", "forward");
   const support::Buffer &v2 = param1_ffn_b_in;
   support::View v6 = arena_.view(8192, 2048);
-  {
-    float *__restrict v6p = v6.data();
-    const float *__restrict v4p = v4.data();
-    const float *__restrict v2p = v2.data();
-    for (int64_t i0 = 0; i0 < 16; ++i0) {
-      for (int64_t i1 = 0; i1 < 128; ++i1) {
-        const float s0 = v4p[i0 * 128 + i1];
-        const float s1 = v2p[i1];
-        const float s2 = (s0 + s1);
-        const float s3 = (s2 > 0 ? s2 : 0.0f);
-        v6p[i0 * 128 + i1] = s3;
-      }
-    }
-  }
+  loop0(v6.data(), v4.data(), v2.data());
 
   // mlp.mesh:29:10 einsum
   MESHRT_TRACE("gemm", "mlp.mesh:29:10", "forward");
   const support::Buffer &v3 = param2_ffn_w_out;
   support::View v8 = arena_.view(0, 1024);
   // dims: batch, d_ff, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan2(
-      {{16, 128, 64}, {{{0, 1}, {}}, {{1, 2}, {}}}, {{0, 2}, {}}});
-  einsumPlan2.run(v6.data(), v3.data(), v8.data(), 1.0f, 0.0f);
+  kEinsum1.plan().run(v6.data(), v3.data(), v8.data(), 1.0f, 0.0f);
 
   // mlp.mesh:34:9 all_reduce_sum (resolve the partial sum of %8 over model for add at 34:9)
   MESHRT_TRACE_SITE("mlp.mesh:34:9");
@@ -107,17 +219,7 @@ void Mlp::runPart0(const Inputs &inputs) {
   // mlp.mesh:34:9 add -> y
   MESHRT_TRACE("loop", "mlp.mesh:34:9", "forward");
   support::View v10 = arena_.view(4096, 1024);
-  {
-    float *__restrict v10p = v10.data();
-    const float *__restrict v0p = v0.data();
-    const float *__restrict v8p = v8.data();
-    for (int64_t i0 = 0; i0 < 1024; ++i0) {
-      const float s0 = v0p[i0];
-      const float s1 = v8p[i0];
-      const float s2 = (s0 + s1);
-      v10p[i0] = s2;
-    }
-  }
+  loop1(v10.data(), v0.data(), v8.data());
 }
 
 Mlp::Inputs Mlp::synthesizeInputs(uint64_t seed) const {
@@ -158,7 +260,10 @@ support::Tensor Mlp::gatherOutput(meshrt::Communicator &world, const std::string
   throw std::invalid_argument("mlp: no output named '" + name + "'");
 }
 
-std::vector<std::string> Mlp::paramNames() { return {"ffn/w_in", "ffn/b_in", "ffn/w_out"}; }
+std::vector<std::string> Mlp::paramNames() {
+  static constexpr const char *names[] = {"ffn/w_in", "ffn/b_in", "ffn/w_out"};
+  return {std::begin(names), std::end(names)};
+}
 
 bool Mlp::isOptimizerState(const std::string &path) {
   (void)path;
@@ -166,12 +271,8 @@ bool Mlp::isOptimizerState(const std::string &path) {
 }
 
 std::vector<support::ParamShard> Mlp::paramShards() {
-  static constexpr support::ParamSpec specs[] = {
-      {"ffn/w_in", false, "f32", "d_model:64:64: d_ff:256:128:model"},
-      {"ffn/b_in", false, "f32", "d_ff:256:128:model"},
-      {"ffn/w_out", false, "f32", "d_ff:256:128:model d_model:64:64:"}};
   support::Buffer *const data[] = {&param0_ffn_w_in, &param1_ffn_b_in, &param2_ffn_w_out};
-  return support::paramShardsOf<support::ParamShard>(specs, data);
+  return support::paramShardsOf<support::ParamShard>(kMlpParams, data);
 }
 
 support::Tensor Mlp::getParam(const std::string &path) {
@@ -214,38 +315,36 @@ support::Shape MlpTrain::inputShape(const std::string &name) {
   throw std::invalid_argument("mlp_train: no input named '" + name + "'");
 }
 
+/// `mlp_train`'s params: paths, dims and layouts (its constructor and paramShards() read it).
+static constexpr support::ParamSpec kMlpTrainParams[] = {
+    {"ffn/w_in", false, "f32", "d_model:64:64: d_ff:256:128:model"},
+    {"ffn/b_in", false, "f32", "d_ff:256:128:model"},
+    {"ffn/w_out", false, "f32", "d_ff:256:128:model d_model:64:64:"},
+    {"ffn/w_in@momentum", true, "f32", "d_model:64:64: d_ff:256:128:model"},
+    {"ffn/b_in@momentum", true, "f32", "d_ff:256:128:model"},
+    {"ffn/w_out@momentum", true, "f32", "d_ff:256:128:model d_model:64:64:"}};
+
 MlpTrain::MlpTrain(meshrt::Communicator &world, uint64_t seed)
     : world_(support::checkedWorld(world, mesh(), "mlp_train")), seed_(seed),
       group_data(world_.subgroup(std::vector<std::string>{"data"})),
       group_model(world_.subgroup(std::vector<std::string>{"model"})) {
-  // ffn/w_in: truncated_normal (mlp.mesh:22)
-  param0_ffn_w_in.resize(8192);
-  {
-    const meshrt::kernels::Shard shard{
-        {64, 256}, {0, support::shardStart(world_, {"model"}, 128)}, {64, 128}};
-    const auto init =
-        meshrt::kernels::makeInit("truncated_normal", {{"mean", 0.0}, {"stddev", 0.125}});
-    support::fillParam(param0_ffn_w_in.data(), shard, seed, "ffn/w_in", init,
-                       meshrt::kernels::ValueType::F32);
-  }
-  // ffn/b_in: zeros (mlp.mesh:23)
-  param1_ffn_b_in.assign(128, support::roundValue(support::DType::F32, 0.0));
-  // ffn/w_out: truncated_normal (mlp.mesh:24)
-  param2_ffn_w_out.resize(8192);
-  {
-    const meshrt::kernels::Shard shard{
-        {256, 64}, {support::shardStart(world_, {"model"}, 128), 0}, {128, 64}};
-    const auto init =
-        meshrt::kernels::makeInit("truncated_normal", {{"mean", 0.0}, {"stddev", 0.0625}});
-    support::fillParam(param2_ffn_w_out.data(), shard, seed, "ffn/w_out", init,
-                       meshrt::kernels::ValueType::F32);
-  }
-  // ffn/w_in@momentum: zeros (mlp.mesh:22)
-  param3_ffn_w_in_momentum.assign(8192, support::roundValue(support::DType::F32, 0.0));
-  // ffn/b_in@momentum: zeros (mlp.mesh:23)
-  param4_ffn_b_in_momentum.assign(128, support::roundValue(support::DType::F32, 0.0));
-  // ffn/w_out@momentum: zeros (mlp.mesh:24)
-  param5_ffn_w_out_momentum.assign(8192, support::roundValue(support::DType::F32, 0.0));
+  static constexpr support::ParamInit inits[] = {
+      // ffn/w_in (mlp.mesh:22)
+      {"truncated_normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.125}}},
+      // ffn/b_in (mlp.mesh:23)
+      {"zeros", support::DType::F32, {}},
+      // ffn/w_out (mlp.mesh:24)
+      {"truncated_normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.0625}}},
+      // ffn/w_in@momentum (mlp.mesh:22)
+      {"zeros", support::DType::F32, {}},
+      // ffn/b_in@momentum (mlp.mesh:23)
+      {"zeros", support::DType::F32, {}},
+      // ffn/w_out@momentum (mlp.mesh:24)
+      {"zeros", support::DType::F32, {}}};
+  support::Buffer *const data[] = {&param0_ffn_w_in,          &param1_ffn_b_in,
+                                   &param2_ffn_w_out,         &param3_ffn_w_in_momentum,
+                                   &param4_ffn_b_in_momentum, &param5_ffn_w_out_momentum};
+  support::initParams(world_, seed, -1, kMlpTrainParams, inits, data);
 }
 
 MlpTrain::Outputs MlpTrain::run(const Inputs &inputs) {
@@ -284,26 +383,14 @@ void MlpTrain::runPart0(const Inputs &inputs) {
   MESHRT_TRACE("loop", "mlp.mesh:40:17", "forward");
   const support::Buffer &v0 = inputs.x.data;
   support::View v3 = arena_.view(73728, 1024);
-  {
-    float *__restrict v3p = v3.data();
-    const float *__restrict v0p = v0.data();
-    const float *__restrict v2p = v2.data();
-    for (int64_t i0 = 0; i0 < 1024; ++i0) {
-      const float s0 = v0p[i0];
-      const float s1 = v2p[i0];
-      const float s2 = (s0 + s1);
-      v3p[i0] = s2;
-    }
-  }
+  loop1(v3.data(), v0.data(), v2.data());
 
   // mlp.mesh:27:16 einsum
   MESHRT_TRACE("gemm", "mlp.mesh:27:16", "forward");
   support::View v4(param0_ffn_w_in); // updated in place
   support::View v7 = arena_.view(0, 2048);
   // dims: batch, d_model, d_ff
-  static const meshrt::kernels::EinsumPlan einsumPlan2(
-      {{16, 64, 128}, {{{0, 1}, {}}, {{1, 2}, {}}}, {{0, 2}, {}}});
-  einsumPlan2.run(v3.data(), v4.data(), v7.data(), 1.0f, 0.0f);
+  kEinsum0.plan().run(v3.data(), v4.data(), v7.data(), 1.0f, 0.0f);
 
   // mlp.mesh:27:47 add
   // mlp.mesh:27:11 relu -> h
@@ -347,9 +434,7 @@ void MlpTrain::runPart0(const Inputs &inputs) {
   support::View v6(param2_ffn_w_out); // updated in place
   support::View v11 = arena_.view(0, 1024);
   // dims: batch, d_ff, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan4(
-      {{16, 128, 64}, {{{0, 1}, {}}, {{1, 2}, {}}}, {{0, 2}, {}}});
-  einsumPlan4.run(v10.data(), v6.data(), v11.data(), 1.0f, 0.0f);
+  kEinsum1.plan().run(v10.data(), v6.data(), v11.data(), 1.0f, 0.0f);
 
   // mlp.mesh:41:32 all_reduce_sum (resolve the partial sum of %11 over model for add at 41:32)
   MESHRT_TRACE_SITE("mlp.mesh:41:32");
@@ -362,66 +447,31 @@ void MlpTrain::runPart0(const Inputs &inputs) {
   const support::Buffer &v1 = inputs.target.data;
   support::View v14 = arena_.view(4096, 1024);
   support::View v15 = arena_.view(8192, 1024);
-  {
-    float *__restrict v14p = v14.data();
-    float *__restrict v15p = v15.data();
-    const float *__restrict v3p = v3.data();
-    const float *__restrict v11p = v11.data();
-    const float *__restrict v1p = v1.data();
-    for (int64_t i0 = 0; i0 < 1024; ++i0) {
-      const float s0 = v3p[i0];
-      const float s1 = v11p[i0];
-      const float s2 = (s0 + s1);
-      const float s3 = v1p[i0];
-      const float s4 = (s2 - s3);
-      const float s5 = s4 * s4;
-      v14p[i0] = s4;
-      v15p[i0] = s5;
-    }
-  }
+  loop2(v14.data(), v15.data(), v3.data(), v11.data(), v1.data());
 
   // mlp.mesh:41:14 mean -> loss
   MESHRT_TRACE("mean", "mlp.mesh:41:14", "forward");
   support::View v16 = arena_.view(98816, 1);
-  static const support::Shape shape7_1 = {};
-  static const support::Shape shape7_3 = {};
-  static const support::Shape shape7_4 = {16, 64};
-  static const support::Shape shape7_5 = {64, 1};
-  support::reduce(v16.data(), shape7_1, v15.data(), shape7_3, shape7_4, shape7_5,
-                  support::Reduce::Sum, 0.00048828125);
+  support::reduce(v16.data(), kShape0, v15.data(), kShape0, kShape1, kShape2, support::Reduce::Sum,
+                  0.00048828125);
 
   // mlp.mesh:41:19 mul
   // mlp.mesh:41:19 mul
   MESHRT_TRACE("loop", "mlp.mesh:41:19", "backward");
   support::View v23 = arena_.view(57344, 1024);
-  {
-    float *__restrict v23p = v23.data();
-    const float *__restrict v14p = v14.data();
-    for (int64_t i0 = 0; i0 < 1024; ++i0) {
-      const float s0 = v14p[i0];
-      const float s1 = 2.0f;
-      const float s2 = (s0 * s1);
-      const float s3 = 0.00048828125f;
-      const float s4 = (s3 * s2);
-      v23p[i0] = s4;
-    }
-  }
+  loop3(v23.data(), v14.data());
 
   // mlp.mesh:29:10 einsum
   MESHRT_TRACE("gemm", "mlp.mesh:29:10", "backward");
   support::View v24 = arena_.view(49152, 2048);
   // dims: batch, d_model, d_ff
-  static const meshrt::kernels::EinsumPlan einsumPlan9(
-      {{16, 64, 128}, {{{0, 1}, {}}, {{2, 1}, {}}}, {{0, 2}, {}}});
-  einsumPlan9.run(v23.data(), v6.data(), v24.data(), 1.0f, 0.0f);
+  kEinsum2.plan().run(v23.data(), v6.data(), v24.data(), 1.0f, 0.0f);
 
   // mlp.mesh:29:10 einsum -> grad/ffn/w_out
   MESHRT_TRACE("gemm", "mlp.mesh:29:10", "backward");
   support::View v25 = arena_.view(0, 8192);
   // dims: batch, d_model, d_ff
-  static const meshrt::kernels::EinsumPlan einsumPlan10(
-      {{16, 64, 128}, {{{0, 1}, {}}, {{0, 2}, {}}}, {{2, 1}, {}}});
-  einsumPlan10.run(v23.data(), v10.data(), v25.data(), 1.0f, 0.0f);
+  kEinsum3.plan().run(v23.data(), v10.data(), v25.data(), 1.0f, 0.0f);
 
   // mlp.mesh:29:17 dropout
   // mlp.mesh:27:11 gt
@@ -461,20 +511,14 @@ void MlpTrain::runPart0(const Inputs &inputs) {
   // mlp.mesh:27:47 sum -> grad/ffn/b_in
   MESHRT_TRACE("sum", "mlp.mesh:27:47", "backward");
   support::View v30 = arena_.view(98304, 128);
-  static const support::Shape shape12_1 = {128};
-  static const support::Shape shape12_3 = {1};
-  static const support::Shape shape12_4 = {16};
-  static const support::Shape shape12_5 = {128};
-  support::reduce(v30.data(), shape12_1, v29.data(), shape12_3, shape12_4, shape12_5,
-                  support::Reduce::Sum, 1.0);
+  support::reduce(v30.data(), kShape3, v29.data(), kShape4, kShape5, kShape3, support::Reduce::Sum,
+                  1.0);
 
   // mlp.mesh:27:16 einsum -> grad/ffn/w_in
   MESHRT_TRACE("gemm", "mlp.mesh:27:16", "backward");
   support::View v31 = arena_.view(32768, 8192);
   // dims: batch, d_ff, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan13(
-      {{16, 128, 64}, {{{0, 1}, {}}, {{0, 2}, {}}}, {{2, 1}, {}}});
-  einsumPlan13.run(v29.data(), v3.data(), v31.data(), 1.0f, 0.0f);
+  kEinsum4.plan().run(v29.data(), v3.data(), v31.data(), 1.0f, 0.0f);
 
   // mlp.mesh:42:3 bucketed_all_reduce_sum -> loss (4 partial sums (loss, grad/ffn/w_out,
   // grad/ffn/b_in, ...) over data resolved together, 64.5 KiB in one buffer)
@@ -527,71 +571,35 @@ void MlpTrain::runPart0(const Inputs &inputs) {
   // mlp.mesh:42:3 square
   MESHRT_TRACE("loop", "mlp.mesh:42:3", "backward");
   support::View v51 = arena_.view(65536, 8192);
-  {
-    float *__restrict v51p = v51.data();
-    const float *__restrict v31p = v31.data();
-    for (int64_t i0 = 0; i0 < 8192; ++i0) {
-      const float s0 = v31p[i0];
-      const float s1 = s0 * s0;
-      v51p[i0] = s1;
-    }
-  }
+  loop4(v51.data(), v31.data());
 
   // mlp.mesh:42:3 sum
   MESHRT_TRACE("sum", "mlp.mesh:42:3", "backward");
   support::View v52 = arena_.view(98944, 1);
-  static const support::Shape shape18_1 = {};
-  static const support::Shape shape18_3 = {};
-  static const support::Shape shape18_4 = {64, 128};
-  static const support::Shape shape18_5 = {128, 1};
-  support::reduce(v52.data(), shape18_1, v51.data(), shape18_3, shape18_4, shape18_5,
-                  support::Reduce::Sum, 1.0);
+  support::reduce(v52.data(), kShape0, v51.data(), kShape0, kShape6, kShape7, support::Reduce::Sum,
+                  1.0);
 
   // mlp.mesh:42:3 square
   MESHRT_TRACE("loop", "mlp.mesh:42:3", "backward");
   support::View v54 = arena_.view(65536, 128);
-  {
-    float *__restrict v54p = v54.data();
-    const float *__restrict v30p = v30.data();
-    for (int64_t i0 = 0; i0 < 128; ++i0) {
-      const float s0 = v30p[i0];
-      const float s1 = s0 * s0;
-      v54p[i0] = s1;
-    }
-  }
+  loop5(v54.data(), v30.data());
 
   // mlp.mesh:42:3 sum
   MESHRT_TRACE("sum", "mlp.mesh:42:3", "backward");
   support::View v55 = arena_.view(99008, 1);
-  static const support::Shape shape20_1 = {};
-  static const support::Shape shape20_3 = {};
-  static const support::Shape shape20_4 = {128};
-  static const support::Shape shape20_5 = {1};
-  support::reduce(v55.data(), shape20_1, v54.data(), shape20_3, shape20_4, shape20_5,
-                  support::Reduce::Sum, 1.0);
+  support::reduce(v55.data(), kShape0, v54.data(), kShape0, kShape3, kShape4, support::Reduce::Sum,
+                  1.0);
 
   // mlp.mesh:42:3 square
   MESHRT_TRACE("loop", "mlp.mesh:42:3", "backward");
   support::View v58 = arena_.view(65536, 8192);
-  {
-    float *__restrict v58p = v58.data();
-    const float *__restrict v25p = v25.data();
-    for (int64_t i0 = 0; i0 < 8192; ++i0) {
-      const float s0 = v25p[i0];
-      const float s1 = s0 * s0;
-      v58p[i0] = s1;
-    }
-  }
+  loop4(v58.data(), v25.data());
 
   // mlp.mesh:42:3 sum
   MESHRT_TRACE("sum", "mlp.mesh:42:3", "backward");
   support::View v59 = arena_.view(99072, 1);
-  static const support::Shape shape22_1 = {};
-  static const support::Shape shape22_3 = {};
-  static const support::Shape shape22_4 = {128, 64};
-  static const support::Shape shape22_5 = {64, 1};
-  support::reduce(v59.data(), shape22_1, v58.data(), shape22_3, shape22_4, shape22_5,
-                  support::Reduce::Sum, 1.0);
+  support::reduce(v59.data(), kShape0, v58.data(), kShape0, kShape8, kShape2, support::Reduce::Sum,
+                  1.0);
 
   // mlp.mesh:42:3 add
   // mlp.mesh:42:3 add
@@ -649,33 +657,7 @@ void MlpTrain::runPart1(const Inputs &inputs) {
   support::View v68(param3_ffn_w_in_momentum); // updated in place
   support::View v49 = arena_.view(98880, 1);
   support::View v4(param0_ffn_w_in); // updated in place
-  {
-    float *__restrict v68p = v68.data();
-    float *__restrict v4p = v4.data();
-    const float *__restrict v31p = v31.data();
-    const float *__restrict v64p = v64.data();
-    const float *__restrict v49p = v49.data();
-    const float r1 = v64p[0];
-    const float r3 = v49p[0];
-    for (int64_t i0 = 0; i0 < 8192; ++i0) {
-      const float s0 = v31p[i0];
-      const float s1 = r1;
-      const float s2 = (s0 * s1);
-      const float s3 = v68p[i0];
-      const float s4 = 0.9f;
-      const float s5 = (s3 * s4);
-      const float s6 = (s5 + s2);
-      const float s7 = 0.9f;
-      const float s8 = (s6 * s7);
-      const float s9 = (s2 + s8);
-      const float s10 = r3;
-      const float s11 = (s9 * s10);
-      const float s12 = v4p[i0];
-      const float s13 = (s12 - s11);
-      v68p[i0] = s6;
-      v4p[i0] = s13;
-    }
-  }
+  loop6(v68.data(), v4.data(), v31.data(), v64.data(), v49.data());
 
   // mlp.mesh:42:3 mul
   // mlp.mesh:42:3 mul
@@ -688,33 +670,7 @@ void MlpTrain::runPart1(const Inputs &inputs) {
   support::View v30 = arena_.view(98304, 128);
   support::View v76(param4_ffn_b_in_momentum); // updated in place
   support::View v5(param1_ffn_b_in);           // updated in place
-  {
-    float *__restrict v76p = v76.data();
-    float *__restrict v5p = v5.data();
-    const float *__restrict v30p = v30.data();
-    const float *__restrict v64p = v64.data();
-    const float *__restrict v49p = v49.data();
-    const float r1 = v64p[0];
-    const float r3 = v49p[0];
-    for (int64_t i0 = 0; i0 < 128; ++i0) {
-      const float s0 = v30p[i0];
-      const float s1 = r1;
-      const float s2 = (s0 * s1);
-      const float s3 = v76p[i0];
-      const float s4 = 0.9f;
-      const float s5 = (s3 * s4);
-      const float s6 = (s5 + s2);
-      const float s7 = 0.9f;
-      const float s8 = (s6 * s7);
-      const float s9 = (s2 + s8);
-      const float s10 = r3;
-      const float s11 = (s9 * s10);
-      const float s12 = v5p[i0];
-      const float s13 = (s12 - s11);
-      v76p[i0] = s6;
-      v5p[i0] = s13;
-    }
-  }
+  loop7(v76.data(), v5.data(), v30.data(), v64.data(), v49.data());
 
   // mlp.mesh:42:3 mul
   // mlp.mesh:42:3 mul
@@ -727,33 +683,7 @@ void MlpTrain::runPart1(const Inputs &inputs) {
   support::View v25 = arena_.view(0, 8192);
   support::View v83(param5_ffn_w_out_momentum); // updated in place
   support::View v6(param2_ffn_w_out);           // updated in place
-  {
-    float *__restrict v83p = v83.data();
-    float *__restrict v6p = v6.data();
-    const float *__restrict v25p = v25.data();
-    const float *__restrict v64p = v64.data();
-    const float *__restrict v49p = v49.data();
-    const float r1 = v64p[0];
-    const float r3 = v49p[0];
-    for (int64_t i0 = 0; i0 < 8192; ++i0) {
-      const float s0 = v25p[i0];
-      const float s1 = r1;
-      const float s2 = (s0 * s1);
-      const float s3 = v83p[i0];
-      const float s4 = 0.9f;
-      const float s5 = (s3 * s4);
-      const float s6 = (s5 + s2);
-      const float s7 = 0.9f;
-      const float s8 = (s6 * s7);
-      const float s9 = (s2 + s8);
-      const float s10 = r3;
-      const float s11 = (s9 * s10);
-      const float s12 = v6p[i0];
-      const float s13 = (s12 - s11);
-      v83p[i0] = s6;
-      v6p[i0] = s13;
-    }
-  }
+  loop6(v83.data(), v6.data(), v25.data(), v64.data(), v49.data());
 }
 
 MlpTrain::Inputs MlpTrain::synthesizeInputs(uint64_t seed) const {
@@ -812,28 +742,24 @@ support::Tensor MlpTrain::gatherOutput(meshrt::Communicator &world, const std::s
 float MlpTrain::step(const Inputs &inputs) { return run(inputs).loss.data.at(0); }
 
 std::vector<std::string> MlpTrain::paramNames() {
-  return {"ffn/w_in",          "ffn/b_in",          "ffn/w_out",
-          "ffn/w_in@momentum", "ffn/b_in@momentum", "ffn/w_out@momentum"};
+  static constexpr const char *names[] = {"ffn/w_in",          "ffn/b_in",
+                                          "ffn/w_out",         "ffn/w_in@momentum",
+                                          "ffn/b_in@momentum", "ffn/w_out@momentum"};
+  return {std::begin(names), std::end(names)};
 }
 
 bool MlpTrain::isOptimizerState(const std::string &path) {
-  static const std::vector<std::string> states = {"ffn/w_in@momentum", "ffn/b_in@momentum",
-                                                  "ffn/w_out@momentum"};
-  return std::find(states.begin(), states.end(), path) != states.end();
+  static constexpr std::string_view states[] = {"ffn/w_in@momentum", "ffn/b_in@momentum",
+                                                "ffn/w_out@momentum"};
+  return std::find(std::begin(states), std::end(states), std::string_view(path)) !=
+         std::end(states);
 }
 
 std::vector<support::ParamShard> MlpTrain::paramShards() {
-  static constexpr support::ParamSpec specs[] = {
-      {"ffn/w_in", false, "f32", "d_model:64:64: d_ff:256:128:model"},
-      {"ffn/b_in", false, "f32", "d_ff:256:128:model"},
-      {"ffn/w_out", false, "f32", "d_ff:256:128:model d_model:64:64:"},
-      {"ffn/w_in@momentum", true, "f32", "d_model:64:64: d_ff:256:128:model"},
-      {"ffn/b_in@momentum", true, "f32", "d_ff:256:128:model"},
-      {"ffn/w_out@momentum", true, "f32", "d_ff:256:128:model d_model:64:64:"}};
   support::Buffer *const data[] = {&param0_ffn_w_in,          &param1_ffn_b_in,
                                    &param2_ffn_w_out,         &param3_ffn_w_in_momentum,
                                    &param4_ffn_b_in_momentum, &param5_ffn_w_out_momentum};
-  return support::paramShardsOf<support::ParamShard>(specs, data);
+  return support::paramShardsOf<support::ParamShard>(kMlpTrainParams, data);
 }
 
 support::Tensor MlpTrain::getParam(const std::string &path) {

@@ -5,6 +5,919 @@
 
 namespace meshc_generated {
 
+// The shapes the kernel calls take and the loop nests the classes share.
+static const support::Shape kShape0 = {2};
+static const support::Shape kShape1 = {1};
+static const support::Shape kShape2 = {1, 64};
+static const support::Shape kShape3 = {2048, 32};
+static const support::Shape kShape4 = {32};
+static const support::Shape kShape5 = {128, 2};
+static const support::Shape kShape6 = {1, 64, 2};
+static const support::Shape kShape7 = {64, 1, 0};
+static const support::Shape kShape8 = {0, 0, 1};
+static const support::Shape kShape9 = {1, 2};
+static const support::Shape kShape10 = {128, 1};
+static const support::Shape kShape11 = {64};
+static const support::Shape kShape12 = {1, 64, 2, 40};
+static const support::Shape kShape13 = {128, 2, 1, 0};
+static const support::Shape kShape14 = {0, 0, 0, 1};
+static const support::Shape kShape15 = {5120, 80, 40};
+static const support::Shape kShape16 = {40};
+static const support::Shape kShape17 = {};
+static const support::Shape kShape18 = {1, 64, 32};
+static const support::Shape kShape19 = {2048, 32, 1};
+static const support::Shape kShape20 = {5120, 80};
+static const support::Shape kShape21 = {2, 40};
+static const support::Shape kShape22 = {40, 1};
+static const support::Shape kShape23 = {2, 1};
+static const support::Shape kShape24 = {2, 32};
+static const support::Shape kShape25 = {2048, 64};
+static const support::Shape kShape26 = {2, 64};
+static const support::Shape kShape27 = {2048, 1};
+static const support::Shape kShape28 = {32, 1};
+static const support::Shape kShape29 = {64, 1};
+static const support::Shape kShape30 = {32, 2};
+static const support::Shape kShape31 = {2, 32, 64};
+static const support::Shape kShape32 = {2048, 64, 1};
+static const support::Shape kShape33 = {2, 64, 32};
+static const support::SharedEinsum
+    kEinsum0({{1, 64, 32, 2}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
+static const support::SharedEinsum
+    kEinsum1({{1, 64, 2, 40, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{2, 0, 3, 4}, {}}});
+static const support::SharedEinsum
+    kEinsum2({{2, 1, 40, 32, 64}, {{{0, 1, 2, 3}, {}}, {{0, 3, 4}, {}}}, {{0, 1, 2, 4}, {}}});
+static const support::SharedEinsum
+    kEinsum3({{2, 1, 40, 64, 32}, {{{0, 1, 2, 3}, {}}, {{0, 3, 4}, {}}}, {{0, 1, 2, 4}, {}}});
+static const support::SharedEinsum
+    kEinsum4({{1, 64, 2, 40, 32}, {{{0, 1, 2, 3}, {}}, {{2, 0, 3, 4}, {}}}, {{0, 1, 4}, {}}});
+static const support::SharedEinsum
+    kEinsum5({{1, 64, 32, 2, 40}, {{{0, 1, 2}, {}}, {{3, 0, 4, 2}, {}}}, {{0, 1, 3, 4}, {}}});
+static const support::SharedEinsum
+    kEinsum6({{1, 64, 32, 2, 40}, {{{0, 1, 2}, {}}, {{0, 1, 3, 4}, {}}}, {{3, 0, 4, 2}, {}}});
+static const support::SharedEinsum
+    kEinsum7({{2, 1, 40, 32, 64}, {{{0, 1, 2, 3}, {}}, {{0, 4, 3}, {}}}, {{0, 1, 2, 4}, {}}});
+static const support::SharedEinsum
+    kEinsum8({{2, 1, 40, 32, 64}, {{{0, 1, 2, 3}, {}}, {{0, 1, 2, 4}, {}}}, {{0, 4, 3}, {}}});
+static const support::SharedEinsum
+    kEinsum9({{2, 1, 40, 64, 32}, {{{0, 1, 2, 3}, {}}, {{0, 4, 3}, {}}}, {{0, 1, 2, 4}, {}}});
+static const support::SharedEinsum
+    kEinsum10({{2, 1, 40, 64, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 2, 4}, {}}}, {{0, 4, 3}, {}}});
+static const support::SharedEinsum
+    kEinsum11({{2, 1, 40, 32, 64}, {{{0, 1, 2, 3}, {}}, {{1, 4, 0, 2}, {}}}, {{1, 4, 3}, {}}});
+static const support::SharedEinsum
+    kEinsum12({{1, 64, 2, 32}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
+static const support::SharedEinsum
+    kEinsum13({{1, 64, 2, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
+
+[[gnu::noinline]] static void loop0(float *__restrict p0, const float *__restrict p1,
+                                    const float *__restrict p2, const float *__restrict p3) {
+  for (int64_t i0 = 0; i0 < 64; ++i0) {
+    for (int64_t i1 = 0; i1 < 32; ++i1) {
+      const float s0 = p1[i0 * 32 + i1];
+      const float s1 = p2[i1];
+      const float s2 = (s0 * s1);
+      const float s3 = p3[i1];
+      const float s4 = (s2 + s3);
+      p0[i0 * 32 + i1] = s4;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop1(float *__restrict p0, const float *__restrict p1,
+                                    const float *__restrict p2, const float *__restrict p3) {
+  for (int64_t i0 = 0; i0 < 64; ++i0) {
+    for (int64_t i1 = 0; i1 < 2; ++i1) {
+      const float s0 = p1[i0 * 2 + i1];
+      const float s1 = p1[i0 * 2 + i1];
+      const float s2 = (s0 != s1 ? 1.0f : 0.0f);
+      const float s3 = p1[i0 * 2 + i1];
+      const float s4 = p2[i0];
+      const float s5 = (s3 == s4 ? 1.0f : 0.0f);
+      const float s6 = support::wrapI32(double(support::maximum(s5, s2)));
+      const float s7 = p3[i1];
+      const float s8 = support::wrapI32(4.0);
+      const float s9 = (s6 != 0 ? s7 : s8);
+      p0[i0 * 2 + i1] = s9;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop2(float *__restrict p0, const float *__restrict p1,
+                                    const float *__restrict p2) {
+  for (int64_t i0 = 0; i0 < 128; ++i0) {
+    const float s0 = 2.0f;
+    const float s1 = p1[i0];
+    const float s2 = (s0 * s1);
+    const float s3 = p2[i0];
+    const float s4 = (s3 - s2);
+    p0[i0] = s4;
+  }
+}
+
+[[gnu::noinline]] static void loop3(float *__restrict p0, const float *__restrict p1,
+                                    const float *__restrict p2) {
+  for (int64_t i0 = 0; i0 < 128; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = p2[i0];
+    const float s2 = (s0 * s1);
+    p0[i0] = s2;
+  }
+}
+
+[[gnu::noinline]] static void loop4(float *__restrict p0, const float *__restrict p1) {
+  for (int64_t i0 = 0; i0 < 128; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = support::castToI32(s0);
+    p0[i0] = s1;
+  }
+}
+
+[[gnu::noinline]] static void loop5(float *__restrict p0, const float *__restrict p1,
+                                    const float *__restrict p2) {
+  for (int64_t i0 = 0; i0 < 128; ++i0) {
+    for (int64_t i1 = 0; i1 < 40; ++i1) {
+      const float s0 = p1[i0 * 40 + i1];
+      const float s1 = p2[i0];
+      const float s2 = (s0 * s1);
+      p0[i0 * 40 + i1] = s2;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop6(float *__restrict p0, const float *__restrict p1,
+                                    const float *__restrict p2) {
+  for (int64_t i0 = 0; i0 < 64; ++i0) {
+    for (int64_t i1 = 0; i1 < 2; ++i1) {
+      const float s0 = p1[i0 * 2 + i1];
+      const float s1 = p2[i1];
+      const float s2 = (s0 + s1);
+      const float s3 = support::castToI32(s2);
+      p0[i0 * 2 + i1] = s3;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop7(float *__restrict p0, float *__restrict p1,
+                                    const float *__restrict p2, const float *__restrict p3) {
+  for (int64_t i0 = 0; i0 < 64; ++i0) {
+    const float s0 = p2[i0];
+    const float s1 = p3[i0];
+    const float s2 = (s0 + s1);
+    const float s3 = 1e-09f;
+    const float s4 = support::maximum(s2, s3);
+    const float s5 = p2[i0];
+    const float s6 = (s5 / s4);
+    p0[i0] = s4;
+    p1[i0] = s6;
+  }
+}
+
+[[gnu::noinline]] static void loop8(float *__restrict p0, float *__restrict p1,
+                                    const float *__restrict p2, const float *__restrict p3,
+                                    const float *__restrict p4, const float *__restrict p5,
+                                    const float *__restrict p6, const float *__restrict p7) {
+  for (int64_t i0 = 0; i0 < 64; ++i0) {
+    for (int64_t i1 = 0; i1 < 2; ++i1) {
+      for (int64_t i2 = 0; i2 < 40; ++i2) {
+        const float s0 = p2[i0];
+        const float s1 = p3[i0];
+        const float s2 = (s0 / s1);
+        const float s3 = p4[i0 * 80 + i1 * 40 + i2];
+        const float s4 = p5[i0 * 2 + i1];
+        const float s5 = (s3 * s4);
+        const float s6 = p6[i0 * 80 + i1 * 40 + i2];
+        const float s7 = (s6 + s5);
+        const float s8 = (s5 * s2);
+        const float s9 = p6[i0 * 80 + i1 * 40 + i2];
+        const float s10 = p7[i0];
+        const float s11 = (s9 * s10);
+        const float s12 = (s11 + s8);
+        p0[i0 * 80 + i1 * 40 + i2] = s7;
+        p1[i0 * 80 + i1 * 40 + i2] = s12;
+      }
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop9(float *__restrict p0, const float *__restrict p1) {
+  for (int64_t i0 = 0; i0 < 5120; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = (s0 > 0 ? s0 : 0.0f);
+    p0[i0] = s1;
+  }
+}
+
+[[gnu::noinline]] static void loop10(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2) {
+  for (int64_t i0 = 0; i0 < 2048; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = p2[i0];
+    const float s2 = (s0 + s1);
+    p0[i0] = s2;
+  }
+}
+
+[[gnu::noinline]] static void loop11(float *__restrict p0, float *__restrict p1,
+                                     const float *__restrict p2, const float *__restrict p3,
+                                     const float *__restrict p4) {
+  for (int64_t i0 = 0; i0 < 2048; ++i0) {
+    const float s0 = p2[i0];
+    const float s1 = p3[i0];
+    const float s2 = (s0 + s1);
+    const float s3 = p4[i0];
+    const float s4 = (s2 - s3);
+    const float s5 = s4 * s4;
+    p0[i0] = s4;
+    p1[i0] = s5;
+  }
+}
+
+[[gnu::noinline]] static void loop12(float *__restrict p0, const float *__restrict p1) {
+  for (int64_t i0 = 0; i0 < 2048; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = 2.0f;
+    const float s2 = (s0 * s1);
+    const float s3 = 0.00024414062f;
+    const float s4 = (s3 * s2);
+    p0[i0] = s4;
+  }
+}
+
+[[gnu::noinline]] static void loop13(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2) {
+  for (int64_t i0 = 0; i0 < 64; ++i0) {
+    for (int64_t i1 = 0; i1 < 32; ++i1) {
+      const float s0 = p1[i0 * 32 + i1];
+      const float s1 = p2[i0];
+      const float s2 = (s0 - s1);
+      const float s3 = s2 * s2;
+      p0[i0 * 32 + i1] = s3;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop14(float *__restrict p0, const float *__restrict p1) {
+  for (int64_t i0 = 0; i0 < 64; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = 1e-05f;
+    const float s2 = (s0 + s1);
+    const float s3 = 1.0f / support::fsqrt(s2);
+    p0[i0] = s3;
+  }
+}
+
+[[gnu::noinline]] static void loop15(float *__restrict p0, float *__restrict p1,
+                                     const float *__restrict p2, const float *__restrict p3,
+                                     const float *__restrict p4) {
+  for (int64_t i0 = 0; i0 < 64; ++i0) {
+    for (int64_t i1 = 0; i1 < 32; ++i1) {
+      const float s0 = p2[i0 * 32 + i1];
+      const float s1 = p3[i1];
+      const float s2 = (s0 * s1);
+      const float s3 = p4[i0 * 32 + i1];
+      const float s4 = (s2 * s3);
+      p0[i0 * 32 + i1] = s2;
+      p1[i0 * 32 + i1] = s4;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop16(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2, const float *__restrict p3,
+                                     const float *__restrict p4, const float *__restrict p5,
+                                     const float *__restrict p6) {
+  for (int64_t i0 = 0; i0 < 64; ++i0) {
+    for (int64_t i1 = 0; i1 < 32; ++i1) {
+      const float s0 = p1[i0 * 32 + i1];
+      const float s1 = p2[i0];
+      const float s2 = (s0 * s1);
+      const float s3 = p3[i0 * 32 + i1];
+      const float s4 = p4[i0];
+      const float s5 = (s3 - s4);
+      const float s6 = (s5 - s2);
+      const float s7 = p5[i0];
+      const float s8 = (s6 * s7);
+      const float s9 = p6[i0 * 32 + i1];
+      const float s10 = (s9 + s8);
+      p0[i0 * 32 + i1] = s10;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop17(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2) {
+  for (int64_t i0 = 0; i0 < 5120; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = 0.0f;
+    const float s2 = (s0 > s1 ? 1.0f : 0.0f);
+    const float s3 = p2[i0];
+    const float s4 = 0.0f;
+    const float s5 = (s2 != 0 ? s3 : s4);
+    p0[i0] = s5;
+  }
+}
+
+[[gnu::noinline]] static void loop18(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2) {
+  for (int64_t i0 = 0; i0 < 5120; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = p2[i0];
+    const float s2 = (s0 * s1);
+    p0[i0] = s2;
+  }
+}
+
+[[gnu::noinline]] static void loop19(float *__restrict p0, float *__restrict p1,
+                                     const float *__restrict p2, const float *__restrict p3,
+                                     const float *__restrict p4, const float *__restrict p5,
+                                     const float *__restrict p6, const float *__restrict p7) {
+  for (int64_t i0 = 0; i0 < 64; ++i0) {
+    const float s0 = p2[i0];
+    const float s1 = p3[i0];
+    const float s2 = (s0 / s1);
+    const float s3 = p4[i0];
+    const float s4 = (s3 * s2);
+    const float s5 = -s4;
+    const float s6 = p5[i0];
+    const float s7 = p3[i0];
+    const float s8 = (s6 / s7);
+    const float s9 = p6[i0];
+    const float s10 = (s9 * s8);
+    const float s11 = -s10;
+    const float s12 = (s11 + s5);
+    const float s13 = p7[i0];
+    const float s14 = 1e-09f;
+    const float s15 = (s13 >= s14 ? 1.0f : 0.0f);
+    const float s16 = 0.0f;
+    const float s17 = (s15 != 0 ? s12 : s16);
+    const float s18 = p4[i0];
+    const float s19 = p3[i0];
+    const float s20 = (s18 / s19);
+    const float s21 = (s20 + s17);
+    const float s22 = p6[i0];
+    const float s23 = p3[i0];
+    const float s24 = (s22 / s23);
+    const float s25 = (s24 + s17);
+    p0[i0] = s21;
+    p1[i0] = s25;
+  }
+}
+
+[[gnu::noinline]] static void loop20(float *__restrict p0, float *__restrict p1,
+                                     const float *__restrict p2, const float *__restrict p3,
+                                     const float *__restrict p4, const float *__restrict p5,
+                                     const float *__restrict p6, const float *__restrict p7) {
+  for (int64_t i0 = 0; i0 < 64; ++i0) {
+    for (int64_t i1 = 0; i1 < 2; ++i1) {
+      const float s0 = 0.02f;
+      const float s1 = p2[i1];
+      const float s2 = (s0 * s1);
+      const float s3 = 0.015625f;
+      const float s4 = (s2 * s3);
+      const float s5 = s4;
+      const float s6 = p3[i0];
+      const float s7 = s6;
+      const float s8 = p4[i0 * 2 + i1];
+      const float s9 = (s7 * s8);
+      const float s10 = p5[i0];
+      const float s11 = s10;
+      const float s12 = p6[i0 * 2 + i1];
+      const float s13 = (s11 * s12);
+      const float s14 = (s13 + s9);
+      const float s15 = (s14 + s5);
+      const float s16 = p7[i0 * 2 + i1];
+      const float s17 = (s15 * s16);
+      p0[i0 * 2 + i1] = s15;
+      p1[i0 * 2 + i1] = s17;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop21(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2, const float *__restrict p3) {
+  for (int64_t i0 = 0; i0 < 64; ++i0) {
+    for (int64_t i1 = 0; i1 < 2; ++i1) {
+      const float s0 = p1[i0 * 2 + i1];
+      const float s1 = p2[i0];
+      const float s2 = (s0 - s1);
+      const float s3 = p3[i0 * 2 + i1];
+      const float s4 = (s3 * s2);
+      p0[i0 * 2 + i1] = s4;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop22(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2, const float *__restrict p3) {
+  for (int64_t i0 = 0; i0 < 2048; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = p2[i0];
+    const float s2 = (s0 * s1);
+    const float s3 = p3[i0];
+    const float s4 = (s3 + s2);
+    p0[i0] = s4;
+  }
+}
+
+[[gnu::noinline]] static void loop23(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2) {
+  for (int64_t i0 = 0; i0 < 2048; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = p2[i0];
+    const float s2 = (s0 * s1);
+    p0[i0] = s2;
+  }
+}
+
+[[gnu::noinline]] static void loop24(float *__restrict p0, float *__restrict p1,
+                                     const float *__restrict p2, const float *__restrict p3,
+                                     const float *__restrict p4, const float *__restrict p5) {
+  for (int64_t i0 = 0; i0 < 64; ++i0) {
+    for (int64_t i1 = 0; i1 < 32; ++i1) {
+      const float s0 = p2[i0 * 32 + i1];
+      const float s1 = p3[i1];
+      const float s2 = (s0 * s1);
+      const float s3 = p4[i1];
+      const float s4 = (s2 + s3);
+      const float s5 = p5[i0 * 32 + i1];
+      const float s6 = (s4 * s5);
+      p0[i0 * 32 + i1] = s4;
+      p1[i0 * 32 + i1] = s6;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop25(float *__restrict p0, float *__restrict p1,
+                                     const float *__restrict p2, const float *__restrict p3,
+                                     const float *__restrict p4) {
+  for (int64_t i0 = 0; i0 < 64; ++i0) {
+    for (int64_t i1 = 0; i1 < 2; ++i1) {
+      const float s0 = p2[i0 * 2 + i1];
+      const float s1 = p2[i0 * 2 + i1];
+      const float s2 = (s0 != s1 ? 1.0f : 0.0f);
+      const float s3 = p2[i0 * 2 + i1];
+      const float s4 = p3[i0];
+      const float s5 = (s3 == s4 ? 1.0f : 0.0f);
+      const float s6 = support::wrapI32(double(support::maximum(s5, s2)));
+      const float s7 = p4[i1];
+      const float s8 = support::wrapI32(4.0);
+      const float s9 = (s6 != 0 ? s7 : s8);
+      p0[i0 * 2 + i1] = s2;
+      p1[i0 * 2 + i1] = s9;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop26(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2) {
+  for (int64_t i0 = 0; i0 < 2; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = p2[i0];
+    const float s2 = (s0 * s1);
+    p0[i0] = s2;
+  }
+}
+
+[[gnu::noinline]] static void loop27(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2, const float *__restrict p3) {
+  const float r1 = p2[0];
+  const float r3 = p3[0];
+  for (int64_t i0 = 0; i0 < 32; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = r1;
+    const float s2 = (s0 * s1);
+    const float s3 = p0[i0];
+    const float s4 = r3;
+    const float s5 = (s3 * s4);
+    const float s6 = (s5 + s2);
+    p0[i0] = s6;
+  }
+}
+
+[[gnu::noinline]] static void loop28(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2) {
+  const float r1 = p2[0];
+  for (int64_t i0 = 0; i0 < 32; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = r1;
+    const float s2 = (s0 / s1);
+    const float s3 = 1.0f / support::fsqrt(s2);
+    p0[i0] = s3;
+  }
+}
+
+[[gnu::noinline]] static void loop29(float *__restrict p0, const float *__restrict p1) {
+  for (int64_t i0 = 0; i0 < 2; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = 1.0f / support::fsqrt(s0);
+    p0[i0] = s1;
+  }
+}
+
+[[gnu::noinline]] static void loop30(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2, const float *__restrict p3) {
+  const float r0 = p1[0];
+  for (int64_t i0 = 0; i0 < 32; ++i0) {
+    const float s0 = r0;
+    const float s1 = p2[i0];
+    const float s2 = (s0 / s1);
+    const float s3 = p3[i0];
+    const float s4 = (s3 * s2);
+    p0[i0] = s4;
+  }
+}
+
+[[gnu::noinline]] static void loop31(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2, const float *__restrict p3,
+                                     const float *__restrict p4, const float *__restrict p5) {
+  const float r3 = p4[0];
+  const float r4 = p5[0];
+  for (int64_t i0 = 0; i0 < 32; ++i0) {
+    for (int64_t i1 = 0; i1 < 2; ++i1) {
+      const float s0 = p1[i0 * 2 + i1];
+      const float s1 = p2[i0];
+      const float s2 = (s0 * s1);
+      const float s3 = p3[i1];
+      const float s4 = (s2 * s3);
+      const float s5 = r3;
+      const float s6 = (s4 / s5);
+      const float s7 = r4;
+      const float s8 = (s6 * s7);
+      const float s9 = p0[i0 * 2 + i1];
+      const float s10 = (s9 - s8);
+      p0[i0 * 2 + i1] = s10;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop32(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2) {
+  for (int64_t i0 = 0; i0 < 2; ++i0) {
+    for (int64_t i1 = 0; i1 < 32; ++i1) {
+      const float s0 = p1[i0 * 32 + i1];
+      const float s1 = p2[i0];
+      const float s2 = (s0 / s1);
+      const float s3 = 1.0f / support::fsqrt(s2);
+      p0[i0 * 32 + i1] = s3;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop33(float *__restrict p0, const float *__restrict p1) {
+  for (int64_t i0 = 0; i0 < 128; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = 1.0f / support::fsqrt(s0);
+    p0[i0] = s1;
+  }
+}
+
+[[gnu::noinline]] static void loop34(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2, const float *__restrict p3,
+                                     const float *__restrict p4, const float *__restrict p5) {
+  const float r3 = p4[0];
+  const float r4 = p5[0];
+  for (int64_t i0 = 0; i0 < 2; ++i0) {
+    for (int64_t i1 = 0; i1 < 32; ++i1) {
+      for (int64_t i2 = 0; i2 < 64; ++i2) {
+        const float s0 = p1[i0 * 2048 + i1 * 64 + i2];
+        const float s1 = p2[i0 * 32 + i1];
+        const float s2 = (s0 * s1);
+        const float s3 = p3[i0 * 64 + i2];
+        const float s4 = (s2 * s3);
+        const float s5 = r3;
+        const float s6 = (s4 / s5);
+        const float s7 = r4;
+        const float s8 = (s6 * s7);
+        const float s9 = p0[i0 * 2048 + i1 * 64 + i2];
+        const float s10 = (s9 - s8);
+        p0[i0 * 2048 + i1 * 64 + i2] = s10;
+      }
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop35(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2) {
+  for (int64_t i0 = 0; i0 < 2; ++i0) {
+    for (int64_t i1 = 0; i1 < 64; ++i1) {
+      const float s0 = p1[i0 * 64 + i1];
+      const float s1 = p2[i0];
+      const float s2 = (s0 / s1);
+      const float s3 = 1.0f / support::fsqrt(s2);
+      p0[i0 * 64 + i1] = s3;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop36(float *__restrict p0, const float *__restrict p1) {
+  for (int64_t i0 = 0; i0 < 64; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = 1.0f / support::fsqrt(s0);
+    p0[i0] = s1;
+  }
+}
+
+[[gnu::noinline]] static void loop37(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2, const float *__restrict p3,
+                                     const float *__restrict p4, const float *__restrict p5) {
+  const float r3 = p4[0];
+  const float r4 = p5[0];
+  for (int64_t i0 = 0; i0 < 2; ++i0) {
+    for (int64_t i1 = 0; i1 < 64; ++i1) {
+      for (int64_t i2 = 0; i2 < 32; ++i2) {
+        const float s0 = p1[i0 * 2048 + i1 * 32 + i2];
+        const float s1 = p2[i0 * 64 + i1];
+        const float s2 = (s0 * s1);
+        const float s3 = p3[i0 * 32 + i2];
+        const float s4 = (s2 * s3);
+        const float s5 = r3;
+        const float s6 = (s4 / s5);
+        const float s7 = r4;
+        const float s8 = (s6 * s7);
+        const float s9 = p0[i0 * 2048 + i1 * 32 + i2];
+        const float s10 = (s9 - s8);
+        p0[i0 * 2048 + i1 * 32 + i2] = s10;
+      }
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop38(float *__restrict p0, const float *__restrict p1) {
+  for (int64_t i0 = 0; i0 < 64; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = s0 * s0;
+    const float s2 = 1e-30f;
+    const float s3 = (s1 + s2);
+    p0[i0] = s3;
+  }
+}
+
+[[gnu::noinline]] static void loop39(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2, const float *__restrict p3) {
+  const float r1 = p2[0];
+  const float r3 = p3[0];
+  for (int64_t i0 = 0; i0 < 2; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = r1;
+    const float s2 = (s0 * s1);
+    const float s3 = p0[i0];
+    const float s4 = r3;
+    const float s5 = (s3 * s4);
+    const float s6 = (s5 + s2);
+    p0[i0] = s6;
+  }
+}
+
+[[gnu::noinline]] static void loop40(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2) {
+  for (int64_t i0 = 0; i0 < 32; ++i0) {
+    for (int64_t i1 = 0; i1 < 2; ++i1) {
+      const float s0 = p1[i0 * 2 + i1];
+      const float s1 = s0 * s0;
+      const float s2 = p2[i1];
+      const float s3 = (s1 / s2);
+      p0[i0 * 2 + i1] = s3;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop41(float *__restrict p0, const float *__restrict p1) {
+  for (int64_t i0 = 0; i0 < 4096; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = s0 * s0;
+    const float s2 = 1e-30f;
+    const float s3 = (s1 + s2);
+    p0[i0] = s3;
+  }
+}
+
+[[gnu::noinline]] static void loop42(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2, const float *__restrict p3) {
+  const float r1 = p2[0];
+  const float r3 = p3[0];
+  for (int64_t i0 = 0; i0 < 64; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = r1;
+    const float s2 = (s0 * s1);
+    const float s3 = p0[i0];
+    const float s4 = r3;
+    const float s5 = (s3 * s4);
+    const float s6 = (s5 + s2);
+    p0[i0] = s6;
+  }
+}
+
+[[gnu::noinline]] static void loop43(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2, const float *__restrict p3) {
+  const float r1 = p2[0];
+  const float r3 = p3[0];
+  for (int64_t i0 = 0; i0 < 128; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = r1;
+    const float s2 = (s0 * s1);
+    const float s3 = p0[i0];
+    const float s4 = r3;
+    const float s5 = (s3 * s4);
+    const float s6 = (s5 + s2);
+    p0[i0] = s6;
+  }
+}
+
+[[gnu::noinline]] static void loop44(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2) {
+  for (int64_t i0 = 0; i0 < 2; ++i0) {
+    for (int64_t i1 = 0; i1 < 32; ++i1) {
+      for (int64_t i2 = 0; i2 < 64; ++i2) {
+        const float s0 = p1[i0 * 2048 + i1 * 64 + i2];
+        const float s1 = s0 * s0;
+        const float s2 = p2[i0 * 64 + i2];
+        const float s3 = (s1 / s2);
+        p0[i0 * 2048 + i1 * 64 + i2] = s3;
+      }
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop45(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2, const float *__restrict p3) {
+  for (int64_t i0 = 0; i0 < 2; ++i0) {
+    for (int64_t i1 = 0; i1 < 32; ++i1) {
+      const float s0 = p1[i0];
+      const float s1 = p2[i0 * 32 + i1];
+      const float s2 = (s0 / s1);
+      const float s3 = p3[i0 * 32 + i1];
+      const float s4 = (s3 * s2);
+      p0[i0 * 32 + i1] = s4;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop46(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2) {
+  for (int64_t i0 = 0; i0 < 2; ++i0) {
+    for (int64_t i1 = 0; i1 < 64; ++i1) {
+      for (int64_t i2 = 0; i2 < 32; ++i2) {
+        const float s0 = p1[i0 * 2048 + i1 * 32 + i2];
+        const float s1 = s0 * s0;
+        const float s2 = p2[i0 * 32 + i2];
+        const float s3 = (s1 / s2);
+        p0[i0 * 2048 + i1 * 32 + i2] = s3;
+      }
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop47(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2, const float *__restrict p3) {
+  for (int64_t i0 = 0; i0 < 2; ++i0) {
+    for (int64_t i1 = 0; i1 < 64; ++i1) {
+      const float s0 = p1[i0];
+      const float s1 = p2[i0 * 64 + i1];
+      const float s2 = (s0 / s1);
+      const float s3 = p3[i0 * 64 + i1];
+      const float s4 = (s3 * s2);
+      p0[i0 * 64 + i1] = s4;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop48(float *__restrict p0, float *__restrict p1,
+                                     float *__restrict p2, const float *__restrict p3,
+                                     const float *__restrict p4, const float *__restrict p5) {
+  const float r1 = p4[0];
+  const float r3 = p5[0];
+  for (int64_t i0 = 0; i0 < 32; ++i0) {
+    const float s0 = p3[i0];
+    const float s1 = s0 * s0;
+    const float s2 = 1e-30f;
+    const float s3 = (s1 + s2);
+    const float s4 = r1;
+    const float s5 = (s3 * s4);
+    const float s6 = p0[i0];
+    const float s7 = r3;
+    const float s8 = (s6 * s7);
+    const float s9 = (s8 + s5);
+    const float s10 = 1.0f / support::fsqrt(s9);
+    const float s11 = p3[i0];
+    const float s12 = (s11 * s10);
+    const float s13 = s12 * s12;
+    p0[i0] = s9;
+    p1[i0] = s12;
+    p2[i0] = s13;
+  }
+}
+
+[[gnu::noinline]] static void loop49(float *__restrict p0, const float *__restrict p1) {
+  for (int64_t i0 = 0; i0 < 32; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = s0 * s0;
+    p0[i0] = s1;
+  }
+}
+
+[[gnu::noinline]] static void loop50(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2, const float *__restrict p3) {
+  const float r1 = p2[0];
+  const float r2 = p3[0];
+  for (int64_t i0 = 0; i0 < 32; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = r1;
+    const float s2 = (s0 / s1);
+    const float s3 = r2;
+    const float s4 = (s2 * s3);
+    const float s5 = p0[i0];
+    const float s6 = (s5 - s4);
+    p0[i0] = s6;
+  }
+}
+
+[[gnu::noinline]] static void loop51(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2, const float *__restrict p3,
+                                     const float *__restrict p4) {
+  for (int64_t i0 = 0; i0 < 64; ++i0) {
+    for (int64_t i1 = 0; i1 < 2; ++i1) {
+      const float s0 = p1[i0 * 2 + i1];
+      const float s1 = p2[i0];
+      const float s2 = (s0 == s1 ? 1.0f : 0.0f);
+      const float s3 = p3[i0 * 2 + i1];
+      const float s4 = support::wrapI32(double(support::maximum(s2, s3)));
+      const float s5 = p4[i1];
+      const float s6 = support::wrapI32(4.0);
+      const float s7 = (s4 != 0 ? s5 : s6);
+      p0[i0 * 2 + i1] = s7;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop52(float *__restrict p0, float *__restrict p1,
+                                     float *__restrict p2, const float *__restrict p3,
+                                     const float *__restrict p4) {
+  for (int64_t i0 = 0; i0 < 64; ++i0) {
+    const float s0 = p3[i0];
+    const float s1 = p4[i0];
+    const float s2 = (s0 + s1);
+    const float s3 = 1e-09f;
+    const float s4 = support::maximum(s2, s3);
+    const float s5 = p3[i0];
+    const float s6 = (s5 / s4);
+    p0[i0] = s2;
+    p1[i0] = s4;
+    p2[i0] = s6;
+  }
+}
+
+[[gnu::noinline]] static void loop53(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2) {
+  for (int64_t i0 = 0; i0 < 64; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = p2[i0];
+    const float s2 = (s0 / s1);
+    p0[i0] = s2;
+  }
+}
+
+[[gnu::noinline]] static void loop54(float *__restrict p0, float *__restrict p1,
+                                     float *__restrict p2, const float *__restrict p3,
+                                     const float *__restrict p4, const float *__restrict p5,
+                                     const float *__restrict p6, const float *__restrict p7) {
+  for (int64_t i0 = 0; i0 < 64; ++i0) {
+    for (int64_t i1 = 0; i1 < 2; ++i1) {
+      for (int64_t i2 = 0; i2 < 40; ++i2) {
+        const float s0 = p3[i0 * 80 + i1 * 40 + i2];
+        const float s1 = p4[i0 * 2 + i1];
+        const float s2 = (s0 * s1);
+        const float s3 = p5[i0 * 80 + i1 * 40 + i2];
+        const float s4 = (s3 + s2);
+        const float s5 = p6[i0];
+        const float s6 = (s2 * s5);
+        const float s7 = p5[i0 * 80 + i1 * 40 + i2];
+        const float s8 = p7[i0];
+        const float s9 = (s7 * s8);
+        const float s10 = (s9 + s6);
+        p0[i0 * 80 + i1 * 40 + i2] = s2;
+        p1[i0 * 80 + i1 * 40 + i2] = s4;
+        p2[i0 * 80 + i1 * 40 + i2] = s10;
+      }
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop55(float *__restrict p0, const float *__restrict p1) {
+  for (int64_t i0 = 0; i0 < 64; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = s0 * s0;
+    p0[i0] = s1;
+  }
+}
+
+[[gnu::noinline]] static void loop56(float *__restrict p0, const float *__restrict p1) {
+  for (int64_t i0 = 0; i0 < 4096; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = s0 * s0;
+    p0[i0] = s1;
+  }
+}
+
 //===--- program `moe` ---===//
 
 meshrt::Mesh Moe::mesh() { return meshrt::Mesh({{"data", 2}, {"model", 2}}); }
@@ -18,71 +931,49 @@ support::Shape Moe::inputShape(const std::string &name) {
   throw std::invalid_argument("moe: no input named '" + name + "'");
 }
 
+/// `moe`'s params: paths, dims and layouts (its constructor and paramShards() read it).
+static constexpr support::ParamSpec kMoeParams[] = {
+    {"norm[0]/gain", false, "f32", "d_model:32:32:"},
+    {"norm[0]/bias", false, "f32", "d_model:32:32:"},
+    {"route[0]/w_gate", false, "f32", "d_model:32:32: experts:4:2:model"},
+    {"experts_ffn[0]/w_in", false, "f32", "experts:4:2:model d_model:32:32: d_ff:64:64:"},
+    {"experts_ffn[0]/w_out", false, "f32", "experts:4:2:model d_ff:64:64: d_model:32:32:"},
+    {"norm[1]/gain", false, "f32", "d_model:32:32:"},
+    {"norm[1]/bias", false, "f32", "d_model:32:32:"},
+    {"route[1]/w_gate", false, "f32", "d_model:32:32: experts:4:2:model"},
+    {"experts_ffn[1]/w_in", false, "f32", "experts:4:2:model d_model:32:32: d_ff:64:64:"},
+    {"experts_ffn[1]/w_out", false, "f32", "experts:4:2:model d_ff:64:64: d_model:32:32:"}};
+
 Moe::Moe(meshrt::Communicator &world, uint64_t seed)
     : world_(support::checkedWorld(world, mesh(), "moe")), seed_(seed),
       group_model(world_.subgroup(std::vector<std::string>{"model"})) {
-  // norm[0]/gain: ones (moe.mesh:24)
-  param0_norm_0_gain.assign(32, support::roundValue(support::DType::F32, 1.0));
-  // norm[0]/bias: zeros (moe.mesh:25)
-  param1_norm_0_bias.assign(32, support::roundValue(support::DType::F32, 0.0));
-  // route[0]/w_gate: normal (moe.mesh:34)
-  param2_route_0_w_gate.resize(64);
-  {
-    const meshrt::kernels::Shard shard{
-        {32, 4}, {0, support::shardStart(world_, {"model"}, 2)}, {32, 2}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}});
-    support::fillParam(param2_route_0_w_gate.data(), shard, seed, "route[0]/w_gate", init,
-                       meshrt::kernels::ValueType::F32);
-  }
-  // experts_ffn[0]/w_in: normal (moe.mesh:58)
-  param3_experts_ffn_0_w_in.resize(4096);
-  {
-    const meshrt::kernels::Shard shard{
-        {4, 32, 64}, {support::shardStart(world_, {"model"}, 2), 0, 0}, {2, 32, 64}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}});
-    support::fillParam(param3_experts_ffn_0_w_in.data(), shard, seed, "experts_ffn[0]/w_in", init,
-                       meshrt::kernels::ValueType::F32);
-  }
-  // experts_ffn[0]/w_out: normal (moe.mesh:59)
-  param4_experts_ffn_0_w_out.resize(4096);
-  {
-    const meshrt::kernels::Shard shard{
-        {4, 64, 32}, {support::shardStart(world_, {"model"}, 2), 0, 0}, {2, 64, 32}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}});
-    support::fillParam(param4_experts_ffn_0_w_out.data(), shard, seed, "experts_ffn[0]/w_out", init,
-                       meshrt::kernels::ValueType::F32);
-  }
-  // norm[1]/gain: ones (moe.mesh:24)
-  param5_norm_1_gain.assign(32, support::roundValue(support::DType::F32, 1.0));
-  // norm[1]/bias: zeros (moe.mesh:25)
-  param6_norm_1_bias.assign(32, support::roundValue(support::DType::F32, 0.0));
-  // route[1]/w_gate: normal (moe.mesh:34)
-  param7_route_1_w_gate.resize(64);
-  {
-    const meshrt::kernels::Shard shard{
-        {32, 4}, {0, support::shardStart(world_, {"model"}, 2)}, {32, 2}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}});
-    support::fillParam(param7_route_1_w_gate.data(), shard, seed, "route[1]/w_gate", init,
-                       meshrt::kernels::ValueType::F32);
-  }
-  // experts_ffn[1]/w_in: normal (moe.mesh:58)
-  param8_experts_ffn_1_w_in.resize(4096);
-  {
-    const meshrt::kernels::Shard shard{
-        {4, 32, 64}, {support::shardStart(world_, {"model"}, 2), 0, 0}, {2, 32, 64}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}});
-    support::fillParam(param8_experts_ffn_1_w_in.data(), shard, seed, "experts_ffn[1]/w_in", init,
-                       meshrt::kernels::ValueType::F32);
-  }
-  // experts_ffn[1]/w_out: normal (moe.mesh:59)
-  param9_experts_ffn_1_w_out.resize(4096);
-  {
-    const meshrt::kernels::Shard shard{
-        {4, 64, 32}, {support::shardStart(world_, {"model"}, 2), 0, 0}, {2, 64, 32}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}});
-    support::fillParam(param9_experts_ffn_1_w_out.data(), shard, seed, "experts_ffn[1]/w_out", init,
-                       meshrt::kernels::ValueType::F32);
-  }
+  static constexpr support::ParamInit inits[] = {
+      // norm[0]/gain (moe.mesh:24)
+      {"ones", support::DType::F32, {}},
+      // norm[0]/bias (moe.mesh:25)
+      {"zeros", support::DType::F32, {}},
+      // route[0]/w_gate (moe.mesh:34)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.18}}},
+      // experts_ffn[0]/w_in (moe.mesh:58)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.18}}},
+      // experts_ffn[0]/w_out (moe.mesh:59)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.125}}},
+      // norm[1]/gain (moe.mesh:24)
+      {"ones", support::DType::F32, {}},
+      // norm[1]/bias (moe.mesh:25)
+      {"zeros", support::DType::F32, {}},
+      // route[1]/w_gate (moe.mesh:34)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.18}}},
+      // experts_ffn[1]/w_in (moe.mesh:58)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.18}}},
+      // experts_ffn[1]/w_out (moe.mesh:59)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.125}}}};
+  support::Buffer *const data[] = {&param0_norm_0_gain,         &param1_norm_0_bias,
+                                   &param2_route_0_w_gate,      &param3_experts_ffn_0_w_in,
+                                   &param4_experts_ffn_0_w_out, &param5_norm_1_gain,
+                                   &param6_norm_1_bias,         &param7_route_1_w_gate,
+                                   &param8_experts_ffn_1_w_in,  &param9_experts_ffn_1_w_out};
+  support::initParams(world_, seed, -1, kMoeParams, inits, data);
   computeInvariants();
 }
 
@@ -93,14 +984,12 @@ void Moe::computeInvariants() {
   // moe.mesh:43:18 iota
   // moe.mesh:43:18 iota
   support::View v15 = persistent_.view(0, 2);
-  static const support::Shape shape0_1 = {2};
-  static const support::Shape shape0_2 = {1};
-  support::iota(v15.data(), shape0_1, shape0_2, support::shardStart(world_, {"model"}, 2));
+  support::iota(v15.data(), kShape0, kShape1, support::shardStart(world_, {"model"}, 2));
 }
 
 Moe::Outputs Moe::run(const Inputs &inputs) {
   MESHRT_TRACE_RUN(world_, "moe");
-  // Arena: 99584 bytes for 395280 bytes of temporaries (placed by liveness).
+  // Arena: 99584 bytes for 411664 bytes of temporaries (placed by liveness).
   support::checkShape("input", "x", inputs.x, {1, 64, 32});
   runPart0(inputs);
   support::View v128 = arena_.view(0, 2048);
@@ -114,12 +1003,13 @@ void Moe::runPart0(const Inputs &inputs) {
   (void)inputs;
   MESHRT_TRACE_SPAN(world_);
 
-  // 40 statements from moe.mesh:26:10 layer_norm (1 of 2)
+  // 41 statements from moe.mesh:26:10 layer_norm (1 of 2)
   MESHRT_TRACE_SITE("moe.mesh:26:10");
-  support::View v5 = arena_.view(81920, 2048);
+  support::View v3 = arena_.view(0, 2048);
   const support::Buffer &v0 = inputs.x.data;
   const support::Buffer &v1 = param0_norm_0_gain;
   const support::Buffer &v2 = param1_norm_0_bias;
+  support::View v5 = arena_.view(81920, 2048);
   const support::Buffer &v6 = param2_route_0_w_gate;
   support::View v7 = arena_.view(0, 128);
   support::View v8 = arena_.view(512, 128);
@@ -158,15 +1048,16 @@ void Moe::runPart0(const Inputs &inputs) {
   support::View v61 = arena_.view(0, 2560);
   support::View v62 = arena_.view(10240, 2048);
   support::View v64 = arena_.view(81920, 2048);
-  repeated0(v5, v0, v1, v2, v6, v7, v8, v11, v15, v17, v18, v19, v22, v23, v29, v30, v31, v32, v33,
-            v34, v35, v41, v42, v43, v44, v45, v46, v47, v49, v50, v40, v53, v52, v57, v58, v9, v59,
-            v60, v10, v61, v62, v64);
+  repeated0(v3, v0, v1, v2, v5, v6, v7, v8, v11, v15, v17, v18, v19, v22, v23, v29, v30, v31, v32,
+            v33, v34, v35, v41, v42, v43, v44, v45, v46, v47, v49, v50, v40, v53, v52, v57, v58, v9,
+            v59, v60, v10, v61, v62, v64);
 
-  // 40 statements from moe.mesh:26:10 layer_norm (2 of 2)
+  // 41 statements from moe.mesh:26:10 layer_norm (2 of 2)
   MESHRT_TRACE_SITE("moe.mesh:26:10");
-  support::View v69 = arena_.view(90112, 2048);
+  support::View v67 = arena_.view(0, 2048);
   const support::Buffer &v65 = param5_norm_1_gain;
   const support::Buffer &v66 = param6_norm_1_bias;
+  support::View v69 = arena_.view(90112, 2048);
   const support::Buffer &v70 = param7_route_1_w_gate;
   support::View v71 = arena_.view(0, 128);
   support::View v72 = arena_.view(512, 128);
@@ -204,338 +1095,173 @@ void Moe::runPart0(const Inputs &inputs) {
   support::View v125 = arena_.view(0, 2560);
   support::View v126 = arena_.view(10240, 2048);
   support::View v128 = arena_.view(0, 2048);
-  repeated0(v69, v64, v65, v66, v70, v71, v72, v75, v15, v81, v82, v83, v86, v87, v93, v94, v95,
-            v96, v97, v98, v99, v105, v106, v107, v108, v109, v110, v111, v113, v114, v104, v117,
-            v116, v121, v122, v73, v123, v124, v74, v125, v126, v128);
+  repeated0(v67, v64, v65, v66, v69, v70, v71, v72, v75, v15, v81, v82, v83, v86, v87, v93, v94,
+            v95, v96, v97, v98, v99, v105, v106, v107, v108, v109, v110, v111, v113, v114, v104,
+            v117, v116, v121, v122, v73, v123, v124, v74, v125, v126, v128);
 }
 
 void Moe::repeated0(support::View a0, support::ConstView a1, support::ConstView a2,
-                    support::ConstView a3, support::ConstView a4, support::View a5,
-                    support::View a6, support::View a7, support::ConstView a8, support::View a9,
+                    support::ConstView a3, support::View a4, support::ConstView a5,
+                    support::View a6, support::View a7, support::View a8, support::ConstView a9,
                     support::View a10, support::View a11, support::View a12, support::View a13,
                     support::View a14, support::View a15, support::View a16, support::View a17,
                     support::View a18, support::View a19, support::View a20, support::View a21,
                     support::View a22, support::View a23, support::View a24, support::View a25,
                     support::View a26, support::View a27, support::View a28, support::View a29,
                     support::View a30, support::View a31, support::View a32, support::View a33,
-                    support::View a34, support::ConstView a35, support::View a36, support::View a37,
-                    support::ConstView a38, support::View a39, support::View a40,
-                    support::View a41) {
+                    support::View a34, support::View a35, support::ConstView a36, support::View a37,
+                    support::View a38, support::ConstView a39, support::View a40, support::View a41,
+                    support::View a42) {
   MESHRT_TRACE_SPAN(world_);
 
   // moe.mesh:26:10 layer_norm
+  MESHRT_TRACE("layer_norm", "moe.mesh:26:10", "forward");
+  support::along(a0.data(), a1.data(), kShape2, kShape3, kShape3, kShape4, kShape1, kShape1,
+                 support::Along::LayerNorm, 1e-05, 32, nullptr);
+
   // moe.mesh:26:33 mul
   // moe.mesh:26:40 add -> n
-  MESHRT_TRACE("layer_norm", "moe.mesh:26:10", "forward");
-  support::layerNormAffine(a0.data(), a1.data(), 64, 32, a2.data(), a3.data(), 1e-05, 32);
+  MESHRT_TRACE("loop", "moe.mesh:26:33", "forward");
+  loop0(a4.data(), a0.data(), a2.data(), a3.data());
 
   // moe.mesh:35:23 einsum
   MESHRT_TRACE("gemm", "moe.mesh:35:23", "forward");
   // dims: groups, tokens, d_model, experts
-  static const meshrt::kernels::EinsumPlan einsumPlan1(
-      {{1, 64, 32, 2}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan1.run(a0.data(), a4.data(), a5.data(), 1.0f, 0.0f);
+  kEinsum0.plan().run(a4.data(), a5.data(), a6.data(), 1.0f, 0.0f);
 
   // moe.mesh:35:15 softmax -> gates
   MESHRT_TRACE("softmax", "moe.mesh:35:15", "forward");
-  static const support::Shape shape2_2 = {1, 64};
-  static const support::Shape shape2_3 = {128, 2};
-  static const support::Shape shape2_4 = {128, 2};
-  static const support::Shape shape2_5 = {2};
-  static const support::Shape shape2_6 = {1};
-  static const support::Shape shape2_7 = {1};
-  support::along(a6.data(), a5.data(), shape2_2, shape2_3, shape2_4, shape2_5, shape2_6, shape2_7,
+  support::along(a7.data(), a6.data(), kShape2, kShape5, kShape5, kShape0, kShape1, kShape1,
                  support::Along::Softmax, 1e-05, 4, &group_model);
 
   // moe.mesh:43:18 max
   MESHRT_TRACE("max", "moe.mesh:43:18", "forward");
-  static const support::Shape shape3_1 = {1, 64};
-  static const support::Shape shape3_3 = {128, 2};
-  static const support::Shape shape3_4 = {2};
-  static const support::Shape shape3_5 = {1};
-  support::reduce(a7.data(), shape3_1, a6.data(), shape3_3, shape3_4, shape3_5,
-                  support::Reduce::Max, 1.0);
+  support::reduce(a8.data(), kShape2, a7.data(), kShape5, kShape0, kShape1, support::Reduce::Max,
+                  1.0);
 
   // moe.mesh:43:18 all_reduce_max (max over split dims: all-reduce of the local maxima)
   MESHRT_TRACE_SITE("moe.mesh:43:18");
-  group_model.allReduce(a7.data(), a7.size(), meshrt::ReduceOp::Max);
+  group_model.allReduce(a8.data(), a8.size(), meshrt::ReduceOp::Max);
 
   // moe.mesh:43:18 ne
   // moe.mesh:43:18 eq
   // moe.mesh:43:18 maximum
   // moe.mesh:43:18 where
   MESHRT_TRACE("loop", "moe.mesh:43:18", "forward");
-  {
-    float *__restrict a9p = a9.data();
-    const float *__restrict a6p = a6.data();
-    const float *__restrict a7p = a7.data();
-    const float *__restrict a8p = a8.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      for (int64_t i1 = 0; i1 < 2; ++i1) {
-        const float s0 = a6p[i0 * 2 + i1];
-        const float s1 = a6p[i0 * 2 + i1];
-        const float s2 = (s0 != s1 ? 1.0f : 0.0f);
-        const float s3 = a6p[i0 * 2 + i1];
-        const float s4 = a7p[i0];
-        const float s5 = (s3 == s4 ? 1.0f : 0.0f);
-        const float s6 = support::wrapI32(double(support::maximum(s5, s2)));
-        const float s7 = a8p[i1];
-        const float s8 = support::wrapI32(4.0);
-        const float s9 = (s6 != 0 ? s7 : s8);
-        a9p[i0 * 2 + i1] = s9;
-      }
-    }
-  }
+  loop1(a10.data(), a7.data(), a8.data(), a9.data());
 
   // moe.mesh:43:18 min
   MESHRT_TRACE("min", "moe.mesh:43:18", "forward");
-  static const support::Shape shape6_1 = {1, 64};
-  static const support::Shape shape6_3 = {128, 2};
-  static const support::Shape shape6_4 = {2};
-  static const support::Shape shape6_5 = {1};
-  support::reduce(a10.data(), shape6_1, a9.data(), shape6_3, shape6_4, shape6_5,
-                  support::Reduce::Min, 1.0);
+  support::reduce(a11.data(), kShape2, a10.data(), kShape5, kShape0, kShape1, support::Reduce::Min,
+                  1.0);
 
   // moe.mesh:43:18 all_reduce_min (min over split dims: all-reduce of the local minima)
   MESHRT_TRACE_SITE("moe.mesh:43:18");
-  group_model.allReduce(a10.data(), a10.size(), meshrt::ReduceOp::Min);
+  group_model.allReduce(a11.data(), a11.size(), meshrt::ReduceOp::Min);
 
   // moe.mesh:43:10 one_hot -> first
   MESHRT_TRACE("one_hot", "moe.mesh:43:10", "forward");
-  static const support::Shape shape8_1 = {1, 64, 2};
-  static const support::Shape shape8_3 = {64, 1, 0};
-  static const support::Shape shape8_4 = {0, 0, 1};
-  support::oneHot(a11.data(), shape8_1, a10.data(), shape8_3, shape8_4,
+  support::oneHot(a12.data(), kShape6, a11.data(), kShape7, kShape8,
                   support::shardStart(world_, {"model"}, 2));
 
   // moe.mesh:51:34 mul
   // moe.mesh:51:28 sub
   MESHRT_TRACE("loop", "moe.mesh:51:34", "forward");
-  {
-    float *__restrict a12p = a12.data();
-    const float *__restrict a11p = a11.data();
-    const float *__restrict a6p = a6.data();
-    for (int64_t i0 = 0; i0 < 128; ++i0) {
-      const float s0 = 2.0f;
-      const float s1 = a11p[i0];
-      const float s2 = (s0 * s1);
-      const float s3 = a6p[i0];
-      const float s4 = (s3 - s2);
-      a12p[i0] = s4;
-    }
-  }
+  loop2(a13.data(), a12.data(), a7.data());
 
   // moe.mesh:43:18 max
   MESHRT_TRACE("max", "moe.mesh:43:18", "forward");
-  static const support::Shape shape10_1 = {1, 64};
-  static const support::Shape shape10_3 = {128, 2};
-  static const support::Shape shape10_4 = {2};
-  static const support::Shape shape10_5 = {1};
-  support::reduce(a13.data(), shape10_1, a12.data(), shape10_3, shape10_4, shape10_5,
-                  support::Reduce::Max, 1.0);
+  support::reduce(a14.data(), kShape2, a13.data(), kShape5, kShape0, kShape1, support::Reduce::Max,
+                  1.0);
 
   // moe.mesh:43:18 all_reduce_max (max over split dims: all-reduce of the local maxima)
   MESHRT_TRACE_SITE("moe.mesh:43:18");
-  group_model.allReduce(a13.data(), a13.size(), meshrt::ReduceOp::Max);
+  group_model.allReduce(a14.data(), a14.size(), meshrt::ReduceOp::Max);
 
   // moe.mesh:43:18 ne
   // moe.mesh:43:18 eq
   // moe.mesh:43:18 maximum
   // moe.mesh:43:18 where
   MESHRT_TRACE("loop", "moe.mesh:43:18", "forward");
-  {
-    float *__restrict a14p = a14.data();
-    const float *__restrict a12p = a12.data();
-    const float *__restrict a13p = a13.data();
-    const float *__restrict a8p = a8.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      for (int64_t i1 = 0; i1 < 2; ++i1) {
-        const float s0 = a12p[i0 * 2 + i1];
-        const float s1 = a12p[i0 * 2 + i1];
-        const float s2 = (s0 != s1 ? 1.0f : 0.0f);
-        const float s3 = a12p[i0 * 2 + i1];
-        const float s4 = a13p[i0];
-        const float s5 = (s3 == s4 ? 1.0f : 0.0f);
-        const float s6 = support::wrapI32(double(support::maximum(s5, s2)));
-        const float s7 = a8p[i1];
-        const float s8 = support::wrapI32(4.0);
-        const float s9 = (s6 != 0 ? s7 : s8);
-        a14p[i0 * 2 + i1] = s9;
-      }
-    }
-  }
+  loop1(a15.data(), a13.data(), a14.data(), a9.data());
 
   // moe.mesh:43:18 min
   MESHRT_TRACE("min", "moe.mesh:43:18", "forward");
-  static const support::Shape shape13_1 = {1, 64};
-  static const support::Shape shape13_3 = {128, 2};
-  static const support::Shape shape13_4 = {2};
-  static const support::Shape shape13_5 = {1};
-  support::reduce(a15.data(), shape13_1, a14.data(), shape13_3, shape13_4, shape13_5,
-                  support::Reduce::Min, 1.0);
+  support::reduce(a16.data(), kShape2, a15.data(), kShape5, kShape0, kShape1, support::Reduce::Min,
+                  1.0);
 
   // moe.mesh:43:18 all_reduce_min (min over split dims: all-reduce of the local minima)
   MESHRT_TRACE_SITE("moe.mesh:43:18");
-  group_model.allReduce(a15.data(), a15.size(), meshrt::ReduceOp::Min);
+  group_model.allReduce(a16.data(), a16.size(), meshrt::ReduceOp::Min);
 
   // moe.mesh:43:10 one_hot -> mask2
   MESHRT_TRACE("one_hot", "moe.mesh:43:10", "forward");
-  static const support::Shape shape15_1 = {1, 64, 2};
-  static const support::Shape shape15_3 = {64, 1, 0};
-  static const support::Shape shape15_4 = {0, 0, 1};
-  support::oneHot(a16.data(), shape15_1, a15.data(), shape15_3, shape15_4,
+  support::oneHot(a17.data(), kShape6, a16.data(), kShape7, kShape8,
                   support::shardStart(world_, {"model"}, 2));
 
   // moe.mesh:64:25 mul
   MESHRT_TRACE("loop", "moe.mesh:64:25", "forward");
-  {
-    float *__restrict a17p = a17.data();
-    const float *__restrict a6p = a6.data();
-    const float *__restrict a11p = a11.data();
-    for (int64_t i0 = 0; i0 < 128; ++i0) {
-      const float s0 = a6p[i0];
-      const float s1 = a11p[i0];
-      const float s2 = (s0 * s1);
-      a17p[i0] = s2;
-    }
-  }
+  loop3(a18.data(), a7.data(), a12.data());
 
   // moe.mesh:64:15 sum -> gate1
   MESHRT_TRACE("sum", "moe.mesh:64:15", "forward");
-  static const support::Shape shape17_1 = {1, 64};
-  static const support::Shape shape17_3 = {128, 2};
-  static const support::Shape shape17_4 = {2};
-  static const support::Shape shape17_5 = {1};
-  support::reduce(a18.data(), shape17_1, a17.data(), shape17_3, shape17_4, shape17_5,
-                  support::Reduce::Sum, 1.0);
+  support::reduce(a19.data(), kShape2, a18.data(), kShape5, kShape0, kShape1, support::Reduce::Sum,
+                  1.0);
 
   // moe.mesh:65:25 mul
   MESHRT_TRACE("loop", "moe.mesh:65:25", "forward");
-  {
-    float *__restrict a19p = a19.data();
-    const float *__restrict a6p = a6.data();
-    const float *__restrict a16p = a16.data();
-    for (int64_t i0 = 0; i0 < 128; ++i0) {
-      const float s0 = a6p[i0];
-      const float s1 = a16p[i0];
-      const float s2 = (s0 * s1);
-      a19p[i0] = s2;
-    }
-  }
+  loop3(a20.data(), a7.data(), a17.data());
 
   // moe.mesh:65:15 sum -> gate2
   MESHRT_TRACE("sum", "moe.mesh:65:15", "forward");
-  static const support::Shape shape19_1 = {1, 64};
-  static const support::Shape shape19_3 = {128, 2};
-  static const support::Shape shape19_4 = {2};
-  static const support::Shape shape19_5 = {1};
-  support::reduce(a20.data(), shape19_1, a19.data(), shape19_3, shape19_4, shape19_5,
-                  support::Reduce::Sum, 1.0);
+  support::reduce(a21.data(), kShape2, a20.data(), kShape5, kShape0, kShape1, support::Reduce::Sum,
+                  1.0);
 
   // moe.mesh:66:29 bucketed_all_reduce_sum -> gate1 (resolve the partial sum of gate1 over model
   // for add at 66:29; merged with 1 more partial sum over model (gate2): 512 B in one buffer)
   MESHRT_TRACE_SITE("moe.mesh:66:29");
-  auto request0 = support::startAllReduce(group_model, {a18, a20}, meshrt::ReduceOp::Sum);
+  auto request0 = support::startAllReduce(group_model, {a19, a21}, meshrt::ReduceOp::Sum);
 
   // moe.mesh:71:19 cumsum -> position1
   MESHRT_TRACE("cumsum", "moe.mesh:71:19", "forward");
-  static const support::Shape shape21_2 = {1, 2};
-  static const support::Shape shape21_3 = {128, 1};
-  static const support::Shape shape21_4 = {128, 1};
-  static const support::Shape shape21_5 = {64};
-  static const support::Shape shape21_6 = {2};
-  static const support::Shape shape21_7 = {2};
-  support::along(a21.data(), a11.data(), shape21_2, shape21_3, shape21_4, shape21_5, shape21_6,
-                 shape21_7, support::Along::CumsumExclusive, 1e-05, 64, nullptr);
+  support::along(a22.data(), a12.data(), kShape9, kShape10, kShape10, kShape11, kShape0, kShape0,
+                 support::Along::CumsumExclusive, 1e-05, 64, nullptr);
 
   // moe.mesh:74:27 cast
   MESHRT_TRACE("loop", "moe.mesh:74:27", "forward");
-  {
-    float *__restrict a22p = a22.data();
-    const float *__restrict a21p = a21.data();
-    for (int64_t i0 = 0; i0 < 128; ++i0) {
-      const float s0 = a21p[i0];
-      const float s1 = support::castToI32(s0);
-      a22p[i0] = s1;
-    }
-  }
+  loop4(a23.data(), a22.data());
 
   // moe.mesh:74:19 one_hot
   MESHRT_TRACE("one_hot", "moe.mesh:74:19", "forward");
-  static const support::Shape shape23_1 = {1, 64, 2, 40};
-  static const support::Shape shape23_3 = {128, 2, 1, 0};
-  static const support::Shape shape23_4 = {0, 0, 0, 1};
-  support::oneHot(a23.data(), shape23_1, a22.data(), shape23_3, shape23_4, 0);
+  support::oneHot(a24.data(), kShape12, a23.data(), kShape13, kShape14, 0);
 
   // moe.mesh:74:59 mul -> dispatch1
   MESHRT_TRACE("loop", "moe.mesh:74:59", "forward");
-  {
-    float *__restrict a24p = a24.data();
-    const float *__restrict a23p = a23.data();
-    const float *__restrict a11p = a11.data();
-    for (int64_t i0 = 0; i0 < 128; ++i0) {
-      for (int64_t i1 = 0; i1 < 40; ++i1) {
-        const float s0 = a23p[i0 * 40 + i1];
-        const float s1 = a11p[i0];
-        const float s2 = (s0 * s1);
-        a24p[i0 * 40 + i1] = s2;
-      }
-    }
-  }
+  loop5(a25.data(), a24.data(), a12.data());
 
   // moe.mesh:75:15 sum -> kept1
   MESHRT_TRACE("sum", "moe.mesh:75:15", "forward");
-  static const support::Shape shape25_1 = {1, 64, 2};
-  static const support::Shape shape25_3 = {5120, 80, 40};
-  static const support::Shape shape25_4 = {40};
-  static const support::Shape shape25_5 = {1};
-  support::reduce(a25.data(), shape25_1, a24.data(), shape25_3, shape25_4, shape25_5,
+  support::reduce(a26.data(), kShape6, a25.data(), kShape15, kShape16, kShape1,
                   support::Reduce::Sum, 1.0);
 
   // moe.mesh:76:19 cumsum
   MESHRT_TRACE("cumsum", "moe.mesh:76:19", "forward");
-  static const support::Shape shape26_2 = {1, 2};
-  static const support::Shape shape26_3 = {128, 1};
-  static const support::Shape shape26_4 = {128, 1};
-  static const support::Shape shape26_5 = {64};
-  static const support::Shape shape26_6 = {2};
-  static const support::Shape shape26_7 = {2};
-  support::along(a26.data(), a16.data(), shape26_2, shape26_3, shape26_4, shape26_5, shape26_6,
-                 shape26_7, support::Along::CumsumExclusive, 1e-05, 64, nullptr);
+  support::along(a27.data(), a17.data(), kShape9, kShape10, kShape10, kShape11, kShape0, kShape0,
+                 support::Along::CumsumExclusive, 1e-05, 64, nullptr);
 
   // moe.mesh:76:58 sum
   MESHRT_TRACE("sum", "moe.mesh:76:58", "forward");
-  static const support::Shape shape27_1 = {1, 2};
-  static const support::Shape shape27_3 = {128, 1};
-  static const support::Shape shape27_4 = {64};
-  static const support::Shape shape27_5 = {2};
-  support::reduce(a27.data(), shape27_1, a25.data(), shape27_3, shape27_4, shape27_5,
+  support::reduce(a28.data(), kShape9, a26.data(), kShape10, kShape11, kShape0,
                   support::Reduce::Sum, 1.0);
 
   // moe.mesh:76:56 add -> position2
   // moe.mesh:77:27 cast
   MESHRT_TRACE("loop", "moe.mesh:76:56", "forward");
-  {
-    float *__restrict a28p = a28.data();
-    const float *__restrict a26p = a26.data();
-    const float *__restrict a27p = a27.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      for (int64_t i1 = 0; i1 < 2; ++i1) {
-        const float s0 = a26p[i0 * 2 + i1];
-        const float s1 = a27p[i1];
-        const float s2 = (s0 + s1);
-        const float s3 = support::castToI32(s2);
-        a28p[i0 * 2 + i1] = s3;
-      }
-    }
-  }
+  loop6(a29.data(), a27.data(), a28.data());
 
   // moe.mesh:77:19 one_hot
   MESHRT_TRACE("one_hot", "moe.mesh:77:19", "forward");
-  static const support::Shape shape29_1 = {1, 64, 2, 40};
-  static const support::Shape shape29_3 = {128, 2, 1, 0};
-  static const support::Shape shape29_4 = {0, 0, 0, 1};
-  support::oneHot(a29.data(), shape29_1, a28.data(), shape29_3, shape29_4, 0);
+  support::oneHot(a30.data(), kShape12, a29.data(), kShape13, kShape14, 0);
 
   MESHRT_TRACE_SITE("moe.mesh:66:29");
   group_model.wait(request0);
@@ -544,23 +1270,7 @@ void Moe::repeated0(support::View a0, support::ConstView a1, support::ConstView 
   // moe.mesh:66:15 maximum -> total
   // moe.mesh:80:36 div
   MESHRT_TRACE("loop", "moe.mesh:66:29", "forward");
-  {
-    float *__restrict a30p = a30.data();
-    float *__restrict a31p = a31.data();
-    const float *__restrict a18p = a18.data();
-    const float *__restrict a20p = a20.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = a18p[i0];
-      const float s1 = a20p[i0];
-      const float s2 = (s0 + s1);
-      const float s3 = 1e-09f;
-      const float s4 = support::maximum(s2, s3);
-      const float s5 = a18p[i0];
-      const float s6 = (s5 / s4);
-      a30p[i0] = s4;
-      a31p[i0] = s6;
-    }
-  }
+  loop7(a31.data(), a32.data(), a19.data(), a21.data());
 
   // moe.mesh:80:66 div
   // moe.mesh:77:59 mul -> dispatch2
@@ -569,95 +1279,40 @@ void Moe::repeated0(support::View a0, support::ConstView a1, support::ConstView 
   // moe.mesh:80:27 mul
   // moe.mesh:80:45 add -> combine
   MESHRT_TRACE("loop", "moe.mesh:80:66", "forward");
-  {
-    float *__restrict a32p = a32.data();
-    float *__restrict a33p = a33.data();
-    const float *__restrict a20p = a20.data();
-    const float *__restrict a30p = a30.data();
-    const float *__restrict a29p = a29.data();
-    const float *__restrict a16p = a16.data();
-    const float *__restrict a24p = a24.data();
-    const float *__restrict a31p = a31.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      for (int64_t i1 = 0; i1 < 2; ++i1) {
-        for (int64_t i2 = 0; i2 < 40; ++i2) {
-          const float s0 = a20p[i0];
-          const float s1 = a30p[i0];
-          const float s2 = (s0 / s1);
-          const float s3 = a29p[i0 * 80 + i1 * 40 + i2];
-          const float s4 = a16p[i0 * 2 + i1];
-          const float s5 = (s3 * s4);
-          const float s6 = a24p[i0 * 80 + i1 * 40 + i2];
-          const float s7 = (s6 + s5);
-          const float s8 = (s5 * s2);
-          const float s9 = a24p[i0 * 80 + i1 * 40 + i2];
-          const float s10 = a31p[i0];
-          const float s11 = (s9 * s10);
-          const float s12 = (s11 + s8);
-          a32p[i0 * 80 + i1 * 40 + i2] = s7;
-          a33p[i0 * 80 + i1 * 40 + i2] = s12;
-        }
-      }
-    }
-  }
+  loop8(a33.data(), a34.data(), a21.data(), a31.data(), a30.data(), a17.data(), a25.data(),
+        a32.data());
 
   // moe.mesh:85:19 einsum -> expert_in
   MESHRT_TRACE("gemm", "moe.mesh:85:19", "forward");
   // dims: groups, tokens, experts, capacity, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan33(
-      {{1, 64, 2, 40, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{2, 0, 3, 4}, {}}});
-  einsumPlan33.run(a32.data(), a0.data(), a34.data(), 1.0f, 0.0f);
+  kEinsum1.plan().run(a33.data(), a4.data(), a35.data(), 1.0f, 0.0f);
 
   // moe.mesh:86:21 einsum
   MESHRT_TRACE("gemm", "moe.mesh:86:21", "forward");
   // dims: experts, groups, capacity, d_model, d_ff
-  static const meshrt::kernels::EinsumPlan einsumPlan34(
-      {{2, 1, 40, 32, 64}, {{{0, 1, 2, 3}, {}}, {{0, 3, 4}, {}}}, {{0, 1, 2, 4}, {}}});
-  einsumPlan34.run(a34.data(), a35.data(), a36.data(), 1.0f, 0.0f);
+  kEinsum2.plan().run(a35.data(), a36.data(), a37.data(), 1.0f, 0.0f);
 
   // moe.mesh:86:16 relu -> hidden
   MESHRT_TRACE("loop", "moe.mesh:86:16", "forward");
-  {
-    float *__restrict a37p = a37.data();
-    const float *__restrict a36p = a36.data();
-    for (int64_t i0 = 0; i0 < 5120; ++i0) {
-      const float s0 = a36p[i0];
-      const float s1 = (s0 > 0 ? s0 : 0.0f);
-      a37p[i0] = s1;
-    }
-  }
+  loop9(a38.data(), a37.data());
 
   // moe.mesh:87:20 einsum -> expert_out
   MESHRT_TRACE("gemm", "moe.mesh:87:20", "forward");
   // dims: experts, groups, capacity, d_ff, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan36(
-      {{2, 1, 40, 64, 32}, {{{0, 1, 2, 3}, {}}, {{0, 3, 4}, {}}}, {{0, 1, 2, 4}, {}}});
-  einsumPlan36.run(a37.data(), a38.data(), a39.data(), 1.0f, 0.0f);
+  kEinsum3.plan().run(a38.data(), a39.data(), a40.data(), 1.0f, 0.0f);
 
   // moe.mesh:89:10 einsum
   MESHRT_TRACE("gemm", "moe.mesh:89:10", "forward");
   // dims: groups, tokens, experts, capacity, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan37(
-      {{1, 64, 2, 40, 32}, {{{0, 1, 2, 3}, {}}, {{2, 0, 3, 4}, {}}}, {{0, 1, 4}, {}}});
-  einsumPlan37.run(a33.data(), a39.data(), a40.data(), 1.0f, 0.0f);
+  kEinsum4.plan().run(a34.data(), a40.data(), a41.data(), 1.0f, 0.0f);
 
   // moe.mesh:110:11 all_reduce_sum (resolve the partial sum of %60 over model for add at 110:11)
   MESHRT_TRACE_SITE("moe.mesh:110:11");
-  group_model.allReduce(a40.data(), a40.size(), meshrt::ReduceOp::Sum);
+  group_model.allReduce(a41.data(), a41.size(), meshrt::ReduceOp::Sum);
 
   // moe.mesh:110:11 add -> h
   MESHRT_TRACE("loop", "moe.mesh:110:11", "forward");
-  {
-    float *__restrict a41p = a41.data();
-    const float *__restrict a1p = a1.data();
-    const float *__restrict a40p = a40.data();
-    for (int64_t i0 = 0; i0 < 2048; ++i0) {
-      const float s0 = a1p[i0];
-      const float s1 = a40p[i0];
-      const float s2 = (s0 + s1);
-      a41p[i0] = s2;
-    }
-  }
+  loop10(a42.data(), a1.data(), a41.data());
 }
 
 Moe::Inputs Moe::synthesizeInputs(uint64_t seed) const {
@@ -700,9 +1355,11 @@ support::Tensor Moe::gatherOutput(meshrt::Communicator &world, const std::string
 }
 
 std::vector<std::string> Moe::paramNames() {
-  return {"norm[0]/gain",         "norm[0]/bias",        "route[0]/w_gate", "experts_ffn[0]/w_in",
-          "experts_ffn[0]/w_out", "norm[1]/gain",        "norm[1]/bias",    "route[1]/w_gate",
-          "experts_ffn[1]/w_in",  "experts_ffn[1]/w_out"};
+  static constexpr const char *names[] = {
+      "norm[0]/gain",         "norm[0]/bias",        "route[0]/w_gate", "experts_ffn[0]/w_in",
+      "experts_ffn[0]/w_out", "norm[1]/gain",        "norm[1]/bias",    "route[1]/w_gate",
+      "experts_ffn[1]/w_in",  "experts_ffn[1]/w_out"};
+  return {std::begin(names), std::end(names)};
 }
 
 bool Moe::isOptimizerState(const std::string &path) {
@@ -711,23 +1368,12 @@ bool Moe::isOptimizerState(const std::string &path) {
 }
 
 std::vector<support::ParamShard> Moe::paramShards() {
-  static constexpr support::ParamSpec specs[] = {
-      {"norm[0]/gain", false, "f32", "d_model:32:32:"},
-      {"norm[0]/bias", false, "f32", "d_model:32:32:"},
-      {"route[0]/w_gate", false, "f32", "d_model:32:32: experts:4:2:model"},
-      {"experts_ffn[0]/w_in", false, "f32", "experts:4:2:model d_model:32:32: d_ff:64:64:"},
-      {"experts_ffn[0]/w_out", false, "f32", "experts:4:2:model d_ff:64:64: d_model:32:32:"},
-      {"norm[1]/gain", false, "f32", "d_model:32:32:"},
-      {"norm[1]/bias", false, "f32", "d_model:32:32:"},
-      {"route[1]/w_gate", false, "f32", "d_model:32:32: experts:4:2:model"},
-      {"experts_ffn[1]/w_in", false, "f32", "experts:4:2:model d_model:32:32: d_ff:64:64:"},
-      {"experts_ffn[1]/w_out", false, "f32", "experts:4:2:model d_ff:64:64: d_model:32:32:"}};
   support::Buffer *const data[] = {&param0_norm_0_gain,         &param1_norm_0_bias,
                                    &param2_route_0_w_gate,      &param3_experts_ffn_0_w_in,
                                    &param4_experts_ffn_0_w_out, &param5_norm_1_gain,
                                    &param6_norm_1_bias,         &param7_route_1_w_gate,
                                    &param8_experts_ffn_1_w_in,  &param9_experts_ffn_1_w_out};
-  return support::paramShardsOf<support::ParamShard>(specs, data);
+  return support::paramShardsOf<support::ParamShard>(kMoeParams, data);
 }
 
 support::Tensor Moe::getParam(const std::string &path) {
@@ -770,107 +1416,124 @@ support::Shape MoeTrain::inputShape(const std::string &name) {
   throw std::invalid_argument("moe_train: no input named '" + name + "'");
 }
 
+/// `moe_train`'s params: paths, dims and layouts (its constructor and paramShards() read it).
+static constexpr support::ParamSpec kMoeTrainParams[] = {
+    {"zero", false, "f32", ""},
+    {"norm[0]/gain", false, "f32", "d_model:32:32:"},
+    {"norm[0]/bias", false, "f32", "d_model:32:32:"},
+    {"route[0]/w_gate", false, "f32", "d_model:32:32: experts:4:2:model"},
+    {"experts_ffn[0]/w_in", false, "f32", "experts:4:2:model d_model:32:32: d_ff:64:64:"},
+    {"experts_ffn[0]/w_out", false, "f32", "experts:4:2:model d_ff:64:64: d_model:32:32:"},
+    {"norm[1]/gain", false, "f32", "d_model:32:32:"},
+    {"norm[1]/bias", false, "f32", "d_model:32:32:"},
+    {"route[1]/w_gate", false, "f32", "d_model:32:32: experts:4:2:model"},
+    {"experts_ffn[1]/w_in", false, "f32", "experts:4:2:model d_model:32:32: d_ff:64:64:"},
+    {"experts_ffn[1]/w_out", false, "f32", "experts:4:2:model d_ff:64:64: d_model:32:32:"},
+    {"norm[0]/gain@v", true, "f32", "d_model:32:32:"},
+    {"norm[0]/bias@v", true, "f32", "d_model:32:32:"},
+    {"route[0]/w_gate@vr", true, "f32", "d_model:32:32:"},
+    {"route[0]/w_gate@vc", true, "f32", "experts:4:2:model"},
+    {"experts_ffn[0]/w_in@vr", true, "f32", "experts:4:2:model d_model:32:32:"},
+    {"experts_ffn[0]/w_in@vc", true, "f32", "experts:4:2:model d_ff:64:64:"},
+    {"experts_ffn[0]/w_out@vr", true, "f32", "experts:4:2:model d_ff:64:64:"},
+    {"experts_ffn[0]/w_out@vc", true, "f32", "experts:4:2:model d_model:32:32:"},
+    {"norm[1]/gain@v", true, "f32", "d_model:32:32:"},
+    {"norm[1]/bias@v", true, "f32", "d_model:32:32:"},
+    {"route[1]/w_gate@vr", true, "f32", "d_model:32:32:"},
+    {"route[1]/w_gate@vc", true, "f32", "experts:4:2:model"},
+    {"experts_ffn[1]/w_in@vr", true, "f32", "experts:4:2:model d_model:32:32:"},
+    {"experts_ffn[1]/w_in@vc", true, "f32", "experts:4:2:model d_ff:64:64:"},
+    {"experts_ffn[1]/w_out@vr", true, "f32", "experts:4:2:model d_ff:64:64:"},
+    {"experts_ffn[1]/w_out@vc", true, "f32", "experts:4:2:model d_model:32:32:"}};
+
 MoeTrain::MoeTrain(meshrt::Communicator &world, uint64_t seed)
     : world_(support::checkedWorld(world, mesh(), "moe_train")), seed_(seed),
       group_data(world_.subgroup(std::vector<std::string>{"data"})),
       group_data_model(world_.subgroup(std::vector<std::string>{"data", "model"})),
       group_model(world_.subgroup(std::vector<std::string>{"model"})) {
-  // zero: zeros (moe.mesh:120)
-  param0_zero.assign(1, support::roundValue(support::DType::F32, 0.0));
-  // norm[0]/gain: ones (moe.mesh:24)
-  param1_norm_0_gain.assign(32, support::roundValue(support::DType::F32, 1.0));
-  // norm[0]/bias: zeros (moe.mesh:25)
-  param2_norm_0_bias.assign(32, support::roundValue(support::DType::F32, 0.0));
-  // route[0]/w_gate: normal (moe.mesh:34)
-  param3_route_0_w_gate.resize(64);
-  {
-    const meshrt::kernels::Shard shard{
-        {32, 4}, {0, support::shardStart(world_, {"model"}, 2)}, {32, 2}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}});
-    support::fillParam(param3_route_0_w_gate.data(), shard, seed, "route[0]/w_gate", init,
-                       meshrt::kernels::ValueType::F32);
-  }
-  // experts_ffn[0]/w_in: normal (moe.mesh:58)
-  param4_experts_ffn_0_w_in.resize(4096);
-  {
-    const meshrt::kernels::Shard shard{
-        {4, 32, 64}, {support::shardStart(world_, {"model"}, 2), 0, 0}, {2, 32, 64}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}});
-    support::fillParam(param4_experts_ffn_0_w_in.data(), shard, seed, "experts_ffn[0]/w_in", init,
-                       meshrt::kernels::ValueType::F32);
-  }
-  // experts_ffn[0]/w_out: normal (moe.mesh:59)
-  param5_experts_ffn_0_w_out.resize(4096);
-  {
-    const meshrt::kernels::Shard shard{
-        {4, 64, 32}, {support::shardStart(world_, {"model"}, 2), 0, 0}, {2, 64, 32}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}});
-    support::fillParam(param5_experts_ffn_0_w_out.data(), shard, seed, "experts_ffn[0]/w_out", init,
-                       meshrt::kernels::ValueType::F32);
-  }
-  // norm[1]/gain: ones (moe.mesh:24)
-  param6_norm_1_gain.assign(32, support::roundValue(support::DType::F32, 1.0));
-  // norm[1]/bias: zeros (moe.mesh:25)
-  param7_norm_1_bias.assign(32, support::roundValue(support::DType::F32, 0.0));
-  // route[1]/w_gate: normal (moe.mesh:34)
-  param8_route_1_w_gate.resize(64);
-  {
-    const meshrt::kernels::Shard shard{
-        {32, 4}, {0, support::shardStart(world_, {"model"}, 2)}, {32, 2}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}});
-    support::fillParam(param8_route_1_w_gate.data(), shard, seed, "route[1]/w_gate", init,
-                       meshrt::kernels::ValueType::F32);
-  }
-  // experts_ffn[1]/w_in: normal (moe.mesh:58)
-  param9_experts_ffn_1_w_in.resize(4096);
-  {
-    const meshrt::kernels::Shard shard{
-        {4, 32, 64}, {support::shardStart(world_, {"model"}, 2), 0, 0}, {2, 32, 64}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}});
-    support::fillParam(param9_experts_ffn_1_w_in.data(), shard, seed, "experts_ffn[1]/w_in", init,
-                       meshrt::kernels::ValueType::F32);
-  }
-  // experts_ffn[1]/w_out: normal (moe.mesh:59)
-  param10_experts_ffn_1_w_out.resize(4096);
-  {
-    const meshrt::kernels::Shard shard{
-        {4, 64, 32}, {support::shardStart(world_, {"model"}, 2), 0, 0}, {2, 64, 32}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}});
-    support::fillParam(param10_experts_ffn_1_w_out.data(), shard, seed, "experts_ffn[1]/w_out",
-                       init, meshrt::kernels::ValueType::F32);
-  }
-  // norm[0]/gain@v: zeros (moe.mesh:24)
-  param11_norm_0_gain_v.assign(32, support::roundValue(support::DType::F32, 0.0));
-  // norm[0]/bias@v: zeros (moe.mesh:25)
-  param12_norm_0_bias_v.assign(32, support::roundValue(support::DType::F32, 0.0));
-  // route[0]/w_gate@vr: zeros (moe.mesh:34)
-  param13_route_0_w_gate_vr.assign(32, support::roundValue(support::DType::F32, 0.0));
-  // route[0]/w_gate@vc: zeros (moe.mesh:34)
-  param14_route_0_w_gate_vc.assign(2, support::roundValue(support::DType::F32, 0.0));
-  // experts_ffn[0]/w_in@vr: zeros (moe.mesh:58)
-  param15_experts_ffn_0_w_in_vr.assign(64, support::roundValue(support::DType::F32, 0.0));
-  // experts_ffn[0]/w_in@vc: zeros (moe.mesh:58)
-  param16_experts_ffn_0_w_in_vc.assign(128, support::roundValue(support::DType::F32, 0.0));
-  // experts_ffn[0]/w_out@vr: zeros (moe.mesh:59)
-  param17_experts_ffn_0_w_out_vr.assign(128, support::roundValue(support::DType::F32, 0.0));
-  // experts_ffn[0]/w_out@vc: zeros (moe.mesh:59)
-  param18_experts_ffn_0_w_out_vc.assign(64, support::roundValue(support::DType::F32, 0.0));
-  // norm[1]/gain@v: zeros (moe.mesh:24)
-  param19_norm_1_gain_v.assign(32, support::roundValue(support::DType::F32, 0.0));
-  // norm[1]/bias@v: zeros (moe.mesh:25)
-  param20_norm_1_bias_v.assign(32, support::roundValue(support::DType::F32, 0.0));
-  // route[1]/w_gate@vr: zeros (moe.mesh:34)
-  param21_route_1_w_gate_vr.assign(32, support::roundValue(support::DType::F32, 0.0));
-  // route[1]/w_gate@vc: zeros (moe.mesh:34)
-  param22_route_1_w_gate_vc.assign(2, support::roundValue(support::DType::F32, 0.0));
-  // experts_ffn[1]/w_in@vr: zeros (moe.mesh:58)
-  param23_experts_ffn_1_w_in_vr.assign(64, support::roundValue(support::DType::F32, 0.0));
-  // experts_ffn[1]/w_in@vc: zeros (moe.mesh:58)
-  param24_experts_ffn_1_w_in_vc.assign(128, support::roundValue(support::DType::F32, 0.0));
-  // experts_ffn[1]/w_out@vr: zeros (moe.mesh:59)
-  param25_experts_ffn_1_w_out_vr.assign(128, support::roundValue(support::DType::F32, 0.0));
-  // experts_ffn[1]/w_out@vc: zeros (moe.mesh:59)
-  param26_experts_ffn_1_w_out_vc.assign(64, support::roundValue(support::DType::F32, 0.0));
+  static constexpr support::ParamInit inits[] = {
+      // zero (moe.mesh:120)
+      {"zeros", support::DType::F32, {}},
+      // norm[0]/gain (moe.mesh:24)
+      {"ones", support::DType::F32, {}},
+      // norm[0]/bias (moe.mesh:25)
+      {"zeros", support::DType::F32, {}},
+      // route[0]/w_gate (moe.mesh:34)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.18}}},
+      // experts_ffn[0]/w_in (moe.mesh:58)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.18}}},
+      // experts_ffn[0]/w_out (moe.mesh:59)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.125}}},
+      // norm[1]/gain (moe.mesh:24)
+      {"ones", support::DType::F32, {}},
+      // norm[1]/bias (moe.mesh:25)
+      {"zeros", support::DType::F32, {}},
+      // route[1]/w_gate (moe.mesh:34)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.18}}},
+      // experts_ffn[1]/w_in (moe.mesh:58)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.18}}},
+      // experts_ffn[1]/w_out (moe.mesh:59)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.125}}},
+      // norm[0]/gain@v (moe.mesh:24)
+      {"zeros", support::DType::F32, {}},
+      // norm[0]/bias@v (moe.mesh:25)
+      {"zeros", support::DType::F32, {}},
+      // route[0]/w_gate@vr (moe.mesh:34)
+      {"zeros", support::DType::F32, {}},
+      // route[0]/w_gate@vc (moe.mesh:34)
+      {"zeros", support::DType::F32, {}},
+      // experts_ffn[0]/w_in@vr (moe.mesh:58)
+      {"zeros", support::DType::F32, {}},
+      // experts_ffn[0]/w_in@vc (moe.mesh:58)
+      {"zeros", support::DType::F32, {}},
+      // experts_ffn[0]/w_out@vr (moe.mesh:59)
+      {"zeros", support::DType::F32, {}},
+      // experts_ffn[0]/w_out@vc (moe.mesh:59)
+      {"zeros", support::DType::F32, {}},
+      // norm[1]/gain@v (moe.mesh:24)
+      {"zeros", support::DType::F32, {}},
+      // norm[1]/bias@v (moe.mesh:25)
+      {"zeros", support::DType::F32, {}},
+      // route[1]/w_gate@vr (moe.mesh:34)
+      {"zeros", support::DType::F32, {}},
+      // route[1]/w_gate@vc (moe.mesh:34)
+      {"zeros", support::DType::F32, {}},
+      // experts_ffn[1]/w_in@vr (moe.mesh:58)
+      {"zeros", support::DType::F32, {}},
+      // experts_ffn[1]/w_in@vc (moe.mesh:58)
+      {"zeros", support::DType::F32, {}},
+      // experts_ffn[1]/w_out@vr (moe.mesh:59)
+      {"zeros", support::DType::F32, {}},
+      // experts_ffn[1]/w_out@vc (moe.mesh:59)
+      {"zeros", support::DType::F32, {}}};
+  support::Buffer *const data[] = {&param0_zero,
+                                   &param1_norm_0_gain,
+                                   &param2_norm_0_bias,
+                                   &param3_route_0_w_gate,
+                                   &param4_experts_ffn_0_w_in,
+                                   &param5_experts_ffn_0_w_out,
+                                   &param6_norm_1_gain,
+                                   &param7_norm_1_bias,
+                                   &param8_route_1_w_gate,
+                                   &param9_experts_ffn_1_w_in,
+                                   &param10_experts_ffn_1_w_out,
+                                   &param11_norm_0_gain_v,
+                                   &param12_norm_0_bias_v,
+                                   &param13_route_0_w_gate_vr,
+                                   &param14_route_0_w_gate_vc,
+                                   &param15_experts_ffn_0_w_in_vr,
+                                   &param16_experts_ffn_0_w_in_vc,
+                                   &param17_experts_ffn_0_w_out_vr,
+                                   &param18_experts_ffn_0_w_out_vc,
+                                   &param19_norm_1_gain_v,
+                                   &param20_norm_1_bias_v,
+                                   &param21_route_1_w_gate_vr,
+                                   &param22_route_1_w_gate_vc,
+                                   &param23_experts_ffn_1_w_in_vr,
+                                   &param24_experts_ffn_1_w_in_vc,
+                                   &param25_experts_ffn_1_w_out_vr,
+                                   &param26_experts_ffn_1_w_out_vc};
+  support::initParams(world_, seed, -1, kMoeTrainParams, inits, data);
   computeInvariants();
 }
 
@@ -883,9 +1546,7 @@ void MoeTrain::computeInvariants() {
   // moe.mesh:43:18 iota
   // moe.mesh:43:18 iota
   support::View v17 = persistent_.view(0, 2);
-  static const support::Shape shape0_1 = {2};
-  static const support::Shape shape0_2 = {1};
-  support::iota(v17.data(), shape0_1, shape0_2, support::shardStart(world_, {"model"}, 2));
+  support::iota(v17.data(), kShape0, kShape1, support::shardStart(world_, {"model"}, 2));
 }
 
 MoeTrain::Outputs MoeTrain::run(const Inputs &inputs) {
@@ -1025,17 +1686,7 @@ void MoeTrain::runPart0(const Inputs &inputs) {
   // moe.mesh:128:11 add -> h
   MESHRT_TRACE("loop", "moe.mesh:128:11", "forward");
   support::View v85 = arena_.view(348160, 2048);
-  {
-    float *__restrict v85p = v85.data();
-    const float *__restrict v0p = v0.data();
-    const float *__restrict v83p = v83.data();
-    for (int64_t i0 = 0; i0 < 2048; ++i0) {
-      const float s0 = v0p[i0];
-      const float s1 = v83p[i0];
-      const float s2 = (s0 + s1);
-      v85p[i0] = s2;
-    }
-  }
+  loop10(v85.data(), v0.data(), v83.data());
 
   // 16 statements from moe.mesh:26:10 layer_norm (2 of 2)
   MESHRT_TRACE_SITE("moe.mesh:26:10");
@@ -1128,32 +1779,12 @@ void MoeTrain::runPart0(const Inputs &inputs) {
   const support::Buffer &v1 = inputs.target.data;
   support::View v169 = arena_.view(253952, 2048);
   support::View v170 = arena_.view(313344, 2048);
-  {
-    float *__restrict v169p = v169.data();
-    float *__restrict v170p = v170.data();
-    const float *__restrict v85p = v85.data();
-    const float *__restrict v166p = v166.data();
-    const float *__restrict v1p = v1.data();
-    for (int64_t i0 = 0; i0 < 2048; ++i0) {
-      const float s0 = v85p[i0];
-      const float s1 = v166p[i0];
-      const float s2 = (s0 + s1);
-      const float s3 = v1p[i0];
-      const float s4 = (s2 - s3);
-      const float s5 = s4 * s4;
-      v169p[i0] = s4;
-      v170p[i0] = s5;
-    }
-  }
+  loop11(v169.data(), v170.data(), v85.data(), v166.data(), v1.data());
 
   // moe.mesh:130:14 mean
   MESHRT_TRACE("mean", "moe.mesh:130:14", "forward");
   support::View v171 = arena_.view(245760, 1);
-  static const support::Shape shape18_1 = {};
-  static const support::Shape shape18_3 = {};
-  static const support::Shape shape18_4 = {1, 64, 32};
-  static const support::Shape shape18_5 = {2048, 32, 1};
-  support::reduce(v171.data(), shape18_1, v170.data(), shape18_3, shape18_4, shape18_5,
+  support::reduce(v171.data(), kShape17, v170.data(), kShape17, kShape18, kShape19,
                   support::Reduce::Sum, 0.000244140625);
 
   // moe.mesh:130:39 all_reduce_sum (resolve the partial sum of %163 over data for add at 130:39)
@@ -1204,18 +1835,7 @@ void MoeTrain::runPart1(const Inputs &inputs) {
   MESHRT_TRACE("loop", "moe.mesh:130:19", "backward");
   support::View v169 = arena_.view(253952, 2048);
   support::View v183 = arena_.view(380928, 2048);
-  {
-    float *__restrict v183p = v183.data();
-    const float *__restrict v169p = v169.data();
-    for (int64_t i0 = 0; i0 < 2048; ++i0) {
-      const float s0 = v169p[i0];
-      const float s1 = 2.0f;
-      const float s2 = (s0 * s1);
-      const float s3 = 0.00024414062f;
-      const float s4 = (s3 * s2);
-      v183p[i0] = s4;
-    }
-  }
+  loop12(v183.data(), v169.data());
 
   // 25 statements from moe.mesh:89:10 einsum (1 of 2)
   MESHRT_TRACE_SITE("moe.mesh:89:10");
@@ -1274,57 +1894,26 @@ void MoeTrain::runPart1(const Inputs &inputs) {
   MESHRT_TRACE("mean", "moe.mesh:26:10", "backward");
   support::View v85 = arena_.view(348160, 2048);
   support::View v241 = arena_.view(139264, 64);
-  static const support::Shape shape2_1 = {1, 64};
-  static const support::Shape shape2_3 = {2048, 32};
-  static const support::Shape shape2_4 = {32};
-  static const support::Shape shape2_5 = {1};
-  support::reduce(v241.data(), shape2_1, v85.data(), shape2_3, shape2_4, shape2_5,
-                  support::Reduce::Sum, 0.03125);
+  support::reduce(v241.data(), kShape2, v85.data(), kShape3, kShape4, kShape1, support::Reduce::Sum,
+                  0.03125);
 
   // moe.mesh:26:10 sub
   // moe.mesh:26:10 square
   MESHRT_TRACE("loop", "moe.mesh:26:10", "backward");
   support::View v243 = arena_.view(122880, 2048);
-  {
-    float *__restrict v243p = v243.data();
-    const float *__restrict v85p = v85.data();
-    const float *__restrict v241p = v241.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = v85p[i0 * 32 + i1];
-        const float s1 = v241p[i0];
-        const float s2 = (s0 - s1);
-        const float s3 = s2 * s2;
-        v243p[i0 * 32 + i1] = s3;
-      }
-    }
-  }
+  loop13(v243.data(), v85.data(), v241.data());
 
   // moe.mesh:26:10 mean
   MESHRT_TRACE("mean", "moe.mesh:26:10", "backward");
   support::View v244 = arena_.view(139264, 64);
-  static const support::Shape shape4_1 = {1, 64};
-  static const support::Shape shape4_3 = {2048, 32};
-  static const support::Shape shape4_4 = {32};
-  static const support::Shape shape4_5 = {1};
-  support::reduce(v244.data(), shape4_1, v243.data(), shape4_3, shape4_4, shape4_5,
+  support::reduce(v244.data(), kShape2, v243.data(), kShape3, kShape4, kShape1,
                   support::Reduce::Sum, 0.03125);
 
   // moe.mesh:26:10 add
   // moe.mesh:26:10 rsqrt
   MESHRT_TRACE("loop", "moe.mesh:26:10", "backward");
   support::View v247 = arena_.view(151552, 64);
-  {
-    float *__restrict v247p = v247.data();
-    const float *__restrict v244p = v244.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = v244p[i0];
-      const float s1 = 1e-05f;
-      const float s2 = (s0 + s1);
-      const float s3 = 1.0f / support::fsqrt(s2);
-      v247p[i0] = s3;
-    }
-  }
+  loop14(v247.data(), v244.data());
 
   // moe.mesh:26:33 mul
   // moe.mesh:26:10 mul
@@ -1332,43 +1921,18 @@ void MoeTrain::runPart1(const Inputs &inputs) {
   support::View v86(param6_norm_1_gain); // updated in place
   support::View v238 = arena_.view(122880, 2048);
   support::View v248 = arena_.view(139264, 2048);
-  {
-    float *__restrict v238p = v238.data();
-    float *__restrict v248p = v248.data();
-    const float *__restrict v235p = v235.data();
-    const float *__restrict v86p = v86.data();
-    const float *__restrict v88p = v88.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = v235p[i0 * 32 + i1];
-        const float s1 = v86p[i1];
-        const float s2 = (s0 * s1);
-        const float s3 = v88p[i0 * 32 + i1];
-        const float s4 = (s2 * s3);
-        v238p[i0 * 32 + i1] = s2;
-        v248p[i0 * 32 + i1] = s4;
-      }
-    }
-  }
+  loop15(v238.data(), v248.data(), v235.data(), v86.data(), v88.data());
 
   // moe.mesh:26:10 mean
   MESHRT_TRACE("mean", "moe.mesh:26:10", "backward");
   support::View v249 = arena_.view(131072, 64);
-  static const support::Shape shape7_1 = {1, 64};
-  static const support::Shape shape7_3 = {2048, 32};
-  static const support::Shape shape7_4 = {32};
-  static const support::Shape shape7_5 = {1};
-  support::reduce(v249.data(), shape7_1, v248.data(), shape7_3, shape7_4, shape7_5,
+  support::reduce(v249.data(), kShape2, v248.data(), kShape3, kShape4, kShape1,
                   support::Reduce::Sum, 0.03125);
 
   // moe.mesh:26:10 mean
   MESHRT_TRACE("mean", "moe.mesh:26:10", "backward");
   support::View v251 = arena_.view(131328, 64);
-  static const support::Shape shape8_1 = {1, 64};
-  static const support::Shape shape8_3 = {2048, 32};
-  static const support::Shape shape8_4 = {32};
-  static const support::Shape shape8_5 = {1};
-  support::reduce(v251.data(), shape8_1, v238.data(), shape8_3, shape8_4, shape8_5,
+  support::reduce(v251.data(), kShape2, v238.data(), kShape3, kShape4, kShape1,
                   support::Reduce::Sum, 0.03125);
 
   // moe.mesh:26:10 mul
@@ -1378,31 +1942,7 @@ void MoeTrain::runPart1(const Inputs &inputs) {
   // moe.mesh:26:10 add
   MESHRT_TRACE("loop", "moe.mesh:26:10", "backward");
   support::View v255 = arena_.view(143360, 2048);
-  {
-    float *__restrict v255p = v255.data();
-    const float *__restrict v88p = v88.data();
-    const float *__restrict v249p = v249.data();
-    const float *__restrict v238p = v238.data();
-    const float *__restrict v251p = v251.data();
-    const float *__restrict v247p = v247.data();
-    const float *__restrict v183p = v183.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = v88p[i0 * 32 + i1];
-        const float s1 = v249p[i0];
-        const float s2 = (s0 * s1);
-        const float s3 = v238p[i0 * 32 + i1];
-        const float s4 = v251p[i0];
-        const float s5 = (s3 - s4);
-        const float s6 = (s5 - s2);
-        const float s7 = v247p[i0];
-        const float s8 = (s6 * s7);
-        const float s9 = v183p[i0 * 32 + i1];
-        const float s10 = (s9 + s8);
-        v255p[i0 * 32 + i1] = s10;
-      }
-    }
-  }
+  loop16(v255.data(), v88.data(), v249.data(), v238.data(), v251.data(), v247.data(), v183.data());
 
   // 25 statements from moe.mesh:89:10 einsum (2 of 2)
   MESHRT_TRACE_SITE("moe.mesh:89:10");
@@ -1690,114 +2230,59 @@ void MoeTrain::repeated0(
   // moe.mesh:89:10 einsum
   MESHRT_TRACE("gemm", "moe.mesh:89:10", "backward");
   // dims: groups, tokens, d_model, experts, capacity
-  static const meshrt::kernels::EinsumPlan einsumPlan0(
-      {{1, 64, 32, 2, 40}, {{{0, 1, 2}, {}}, {{3, 0, 4, 2}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan0.run(a0.data(), a1.data(), a2.data(), 1.0f, 0.0f);
+  kEinsum5.plan().run(a0.data(), a1.data(), a2.data(), 1.0f, 0.0f);
 
   // moe.mesh:89:10 einsum
   MESHRT_TRACE("gemm", "moe.mesh:89:10", "backward");
   // dims: groups, tokens, d_model, experts, capacity
-  static const meshrt::kernels::EinsumPlan einsumPlan1(
-      {{1, 64, 32, 2, 40}, {{{0, 1, 2}, {}}, {{0, 1, 3, 4}, {}}}, {{3, 0, 4, 2}, {}}});
-  einsumPlan1.run(a0.data(), a3.data(), a4.data(), 1.0f, 0.0f);
+  kEinsum6.plan().run(a0.data(), a3.data(), a4.data(), 1.0f, 0.0f);
 
   // moe.mesh:87:20 einsum
   MESHRT_TRACE("gemm", "moe.mesh:87:20", "backward");
   // dims: experts, groups, capacity, d_model, d_ff
-  static const meshrt::kernels::EinsumPlan einsumPlan2(
-      {{2, 1, 40, 32, 64}, {{{0, 1, 2, 3}, {}}, {{0, 4, 3}, {}}}, {{0, 1, 2, 4}, {}}});
-  einsumPlan2.run(a4.data(), a5.data(), a6.data(), 1.0f, 0.0f);
+  kEinsum7.plan().run(a4.data(), a5.data(), a6.data(), 1.0f, 0.0f);
 
   // moe.mesh:87:20 einsum -> grad/experts_ffn[1]/w_out
   MESHRT_TRACE("gemm", "moe.mesh:87:20", "backward");
   // dims: experts, groups, capacity, d_model, d_ff
-  static const meshrt::kernels::EinsumPlan einsumPlan3(
-      {{2, 1, 40, 32, 64}, {{{0, 1, 2, 3}, {}}, {{0, 1, 2, 4}, {}}}, {{0, 4, 3}, {}}});
-  einsumPlan3.run(a4.data(), a7.data(), a8.data(), 1.0f, 0.0f);
+  kEinsum8.plan().run(a4.data(), a7.data(), a8.data(), 1.0f, 0.0f);
 
   // moe.mesh:86:16 gt
   // moe.mesh:86:16 where
   MESHRT_TRACE("loop", "moe.mesh:86:16", "backward");
-  {
-    float *__restrict a10p = a10.data();
-    const float *__restrict a9p = a9.data();
-    const float *__restrict a6p = a6.data();
-    for (int64_t i0 = 0; i0 < 5120; ++i0) {
-      const float s0 = a9p[i0];
-      const float s1 = 0.0f;
-      const float s2 = (s0 > s1 ? 1.0f : 0.0f);
-      const float s3 = a6p[i0];
-      const float s4 = 0.0f;
-      const float s5 = (s2 != 0 ? s3 : s4);
-      a10p[i0] = s5;
-    }
-  }
+  loop17(a10.data(), a9.data(), a6.data());
 
   // moe.mesh:86:21 einsum
   MESHRT_TRACE("gemm", "moe.mesh:86:21", "backward");
   // dims: experts, groups, capacity, d_ff, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan5(
-      {{2, 1, 40, 64, 32}, {{{0, 1, 2, 3}, {}}, {{0, 4, 3}, {}}}, {{0, 1, 2, 4}, {}}});
-  einsumPlan5.run(a10.data(), a11.data(), a12.data(), 1.0f, 0.0f);
+  kEinsum9.plan().run(a10.data(), a11.data(), a12.data(), 1.0f, 0.0f);
 
   // moe.mesh:86:21 einsum -> grad/experts_ffn[1]/w_in
   MESHRT_TRACE("gemm", "moe.mesh:86:21", "backward");
   // dims: experts, groups, capacity, d_ff, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan6(
-      {{2, 1, 40, 64, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 2, 4}, {}}}, {{0, 4, 3}, {}}});
-  einsumPlan6.run(a10.data(), a13.data(), a14.data(), 1.0f, 0.0f);
+  kEinsum10.plan().run(a10.data(), a13.data(), a14.data(), 1.0f, 0.0f);
 
   // moe.mesh:85:19 einsum
   MESHRT_TRACE("gemm", "moe.mesh:85:19", "backward");
   // dims: experts, groups, capacity, d_model, tokens
-  static const meshrt::kernels::EinsumPlan einsumPlan7(
-      {{2, 1, 40, 32, 64}, {{{0, 1, 2, 3}, {}}, {{1, 4, 0, 2}, {}}}, {{1, 4, 3}, {}}});
-  einsumPlan7.run(a12.data(), a15.data(), a16.data(), 1.0f, 0.0f);
+  kEinsum11.plan().run(a12.data(), a15.data(), a16.data(), 1.0f, 0.0f);
 
   // moe.mesh:80:57 mul
   MESHRT_TRACE("loop", "moe.mesh:80:57", "backward");
-  {
-    float *__restrict a18p = a18.data();
-    const float *__restrict a2p = a2.data();
-    const float *__restrict a17p = a17.data();
-    for (int64_t i0 = 0; i0 < 5120; ++i0) {
-      const float s0 = a2p[i0];
-      const float s1 = a17p[i0];
-      const float s2 = (s0 * s1);
-      a18p[i0] = s2;
-    }
-  }
+  loop18(a18.data(), a2.data(), a17.data());
 
   // moe.mesh:80:57 sum
   MESHRT_TRACE("sum", "moe.mesh:80:57", "backward");
-  static const support::Shape shape9_1 = {1, 64};
-  static const support::Shape shape9_3 = {5120, 80};
-  static const support::Shape shape9_4 = {2, 40};
-  static const support::Shape shape9_5 = {40, 1};
-  support::reduce(a19.data(), shape9_1, a18.data(), shape9_3, shape9_4, shape9_5,
+  support::reduce(a19.data(), kShape2, a18.data(), kShape20, kShape21, kShape22,
                   support::Reduce::Sum, 1.0);
 
   // moe.mesh:80:27 mul
   MESHRT_TRACE("loop", "moe.mesh:80:27", "backward");
-  {
-    float *__restrict a21p = a21.data();
-    const float *__restrict a2p = a2.data();
-    const float *__restrict a20p = a20.data();
-    for (int64_t i0 = 0; i0 < 5120; ++i0) {
-      const float s0 = a2p[i0];
-      const float s1 = a20p[i0];
-      const float s2 = (s0 * s1);
-      a21p[i0] = s2;
-    }
-  }
+  loop18(a21.data(), a2.data(), a20.data());
 
   // moe.mesh:80:27 sum
   MESHRT_TRACE("sum", "moe.mesh:80:27", "backward");
-  static const support::Shape shape11_1 = {1, 64};
-  static const support::Shape shape11_3 = {5120, 80};
-  static const support::Shape shape11_4 = {2, 40};
-  static const support::Shape shape11_5 = {40, 1};
-  support::reduce(a22.data(), shape11_1, a21.data(), shape11_3, shape11_4, shape11_5,
+  support::reduce(a22.data(), kShape2, a21.data(), kShape20, kShape21, kShape22,
                   support::Reduce::Sum, 1.0);
 
   // moe.mesh:80:66 bucketed_all_reduce_sum (resolve the partial sum of %186 over model for div at
@@ -1819,46 +2304,8 @@ void MoeTrain::repeated0(
   // moe.mesh:80:66 div
   // moe.mesh:66:29 add
   MESHRT_TRACE("loop", "moe.mesh:80:36", "backward");
-  {
-    float *__restrict a27p = a27.data();
-    float *__restrict a28p = a28.data();
-    const float *__restrict a23p = a23.data();
-    const float *__restrict a24p = a24.data();
-    const float *__restrict a22p = a22.data();
-    const float *__restrict a25p = a25.data();
-    const float *__restrict a19p = a19.data();
-    const float *__restrict a26p = a26.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = a23p[i0];
-      const float s1 = a24p[i0];
-      const float s2 = (s0 / s1);
-      const float s3 = a22p[i0];
-      const float s4 = (s3 * s2);
-      const float s5 = -s4;
-      const float s6 = a25p[i0];
-      const float s7 = a24p[i0];
-      const float s8 = (s6 / s7);
-      const float s9 = a19p[i0];
-      const float s10 = (s9 * s8);
-      const float s11 = -s10;
-      const float s12 = (s11 + s5);
-      const float s13 = a26p[i0];
-      const float s14 = 1e-09f;
-      const float s15 = (s13 >= s14 ? 1.0f : 0.0f);
-      const float s16 = 0.0f;
-      const float s17 = (s15 != 0 ? s12 : s16);
-      const float s18 = a22p[i0];
-      const float s19 = a24p[i0];
-      const float s20 = (s18 / s19);
-      const float s21 = (s20 + s17);
-      const float s22 = a19p[i0];
-      const float s23 = a24p[i0];
-      const float s24 = (s22 / s23);
-      const float s25 = (s24 + s17);
-      a27p[i0] = s21;
-      a28p[i0] = s25;
-    }
-  }
+  loop19(a27.data(), a28.data(), a23.data(), a24.data(), a22.data(), a25.data(), a19.data(),
+         a26.data());
 
   // moe.mesh:100:23 mul
   // moe.mesh:99:23 mul
@@ -1871,49 +2318,13 @@ void MoeTrain::repeated0(
   // moe.mesh:99:23 add
   // moe.mesh:35:15 mul
   MESHRT_TRACE("loop", "moe.mesh:100:23", "backward");
-  {
-    float *__restrict a33p = a33.data();
-    float *__restrict a34p = a34.data();
-    const float *__restrict a29p = a29.data();
-    const float *__restrict a27p = a27.data();
-    const float *__restrict a30p = a30.data();
-    const float *__restrict a28p = a28.data();
-    const float *__restrict a31p = a31.data();
-    const float *__restrict a32p = a32.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      for (int64_t i1 = 0; i1 < 2; ++i1) {
-        const float s0 = 0.02f;
-        const float s1 = a29p[i1];
-        const float s2 = (s0 * s1);
-        const float s3 = 0.015625f;
-        const float s4 = (s2 * s3);
-        const float s5 = s4;
-        const float s6 = a27p[i0];
-        const float s7 = s6;
-        const float s8 = a30p[i0 * 2 + i1];
-        const float s9 = (s7 * s8);
-        const float s10 = a28p[i0];
-        const float s11 = s10;
-        const float s12 = a31p[i0 * 2 + i1];
-        const float s13 = (s11 * s12);
-        const float s14 = (s13 + s9);
-        const float s15 = (s14 + s5);
-        const float s16 = a32p[i0 * 2 + i1];
-        const float s17 = (s15 * s16);
-        a33p[i0 * 2 + i1] = s15;
-        a34p[i0 * 2 + i1] = s17;
-      }
-    }
-  }
+  loop20(a33.data(), a34.data(), a29.data(), a27.data(), a30.data(), a28.data(), a31.data(),
+         a32.data());
 
   // moe.mesh:35:15 sum
   MESHRT_TRACE("sum", "moe.mesh:35:15", "backward");
-  static const support::Shape shape15_1 = {1, 64};
-  static const support::Shape shape15_3 = {128, 2};
-  static const support::Shape shape15_4 = {2};
-  static const support::Shape shape15_5 = {1};
-  support::reduce(a35.data(), shape15_1, a34.data(), shape15_3, shape15_4, shape15_5,
-                  support::Reduce::Sum, 1.0);
+  support::reduce(a35.data(), kShape2, a34.data(), kShape5, kShape0, kShape1, support::Reduce::Sum,
+                  1.0);
 
   // moe.mesh:35:15 all_reduce_sum (resolve the partial sum of %217 over model for sub at 35:15)
   MESHRT_TRACE_SITE("moe.mesh:35:15");
@@ -1922,54 +2333,22 @@ void MoeTrain::repeated0(
   // moe.mesh:35:15 sub
   // moe.mesh:35:15 mul
   MESHRT_TRACE("loop", "moe.mesh:35:15", "backward");
-  {
-    float *__restrict a36p = a36.data();
-    const float *__restrict a33p = a33.data();
-    const float *__restrict a35p = a35.data();
-    const float *__restrict a32p = a32.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      for (int64_t i1 = 0; i1 < 2; ++i1) {
-        const float s0 = a33p[i0 * 2 + i1];
-        const float s1 = a35p[i0];
-        const float s2 = (s0 - s1);
-        const float s3 = a32p[i0 * 2 + i1];
-        const float s4 = (s3 * s2);
-        a36p[i0 * 2 + i1] = s4;
-      }
-    }
-  }
+  loop21(a36.data(), a33.data(), a35.data(), a32.data());
 
   // moe.mesh:35:23 einsum
   MESHRT_TRACE("gemm", "moe.mesh:35:23", "backward");
   // dims: groups, tokens, experts, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan18(
-      {{1, 64, 2, 32}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan18.run(a36.data(), a37.data(), a38.data(), 1.0f, 0.0f);
+  kEinsum12.plan().run(a36.data(), a37.data(), a38.data(), 1.0f, 0.0f);
 
   // moe.mesh:35:23 einsum -> grad/route[1]/w_gate
   MESHRT_TRACE("gemm", "moe.mesh:35:23", "backward");
   // dims: groups, tokens, experts, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan19(
-      {{1, 64, 2, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
-  einsumPlan19.run(a36.data(), a39.data(), a40.data(), 1.0f, 0.0f);
+  kEinsum13.plan().run(a36.data(), a39.data(), a40.data(), 1.0f, 0.0f);
 
   // moe.mesh:126:34 mul
   // moe.mesh:126:34 add
   MESHRT_TRACE("loop", "moe.mesh:126:34", "backward");
-  {
-    float *__restrict a42p = a42.data();
-    const float *__restrict a38p = a38.data();
-    const float *__restrict a41p = a41.data();
-    const float *__restrict a16p = a16.data();
-    for (int64_t i0 = 0; i0 < 2048; ++i0) {
-      const float s0 = a38p[i0];
-      const float s1 = a41p[i0];
-      const float s2 = (s0 * s1);
-      const float s3 = a16p[i0];
-      const float s4 = (s3 + s2);
-      a42p[i0] = s4;
-    }
-  }
+  loop22(a42.data(), a38.data(), a41.data(), a16.data());
 
   // moe.mesh:26:40 all_reduce_sum (resolve the partial sum of %223 over model for sum at 26:40)
   MESHRT_TRACE_SITE("moe.mesh:26:40");
@@ -1977,35 +2356,17 @@ void MoeTrain::repeated0(
 
   // moe.mesh:26:40 sum -> grad/norm[1]/bias
   MESHRT_TRACE("sum", "moe.mesh:26:40", "backward");
-  static const support::Shape shape22_1 = {32};
-  static const support::Shape shape22_3 = {1};
-  static const support::Shape shape22_4 = {1, 64};
-  static const support::Shape shape22_5 = {2048, 32};
-  support::reduce(a43.data(), shape22_1, a42.data(), shape22_3, shape22_4, shape22_5,
-                  support::Reduce::Sum, 1.0);
+  support::reduce(a43.data(), kShape4, a42.data(), kShape1, kShape2, kShape3, support::Reduce::Sum,
+                  1.0);
 
   // moe.mesh:26:33 mul
   MESHRT_TRACE("loop", "moe.mesh:26:33", "backward");
-  {
-    float *__restrict a45p = a45.data();
-    const float *__restrict a42p = a42.data();
-    const float *__restrict a44p = a44.data();
-    for (int64_t i0 = 0; i0 < 2048; ++i0) {
-      const float s0 = a42p[i0];
-      const float s1 = a44p[i0];
-      const float s2 = (s0 * s1);
-      a45p[i0] = s2;
-    }
-  }
+  loop23(a45.data(), a42.data(), a44.data());
 
   // moe.mesh:26:33 sum -> grad/norm[1]/gain
   MESHRT_TRACE("sum", "moe.mesh:26:33", "backward");
-  static const support::Shape shape24_1 = {32};
-  static const support::Shape shape24_3 = {1};
-  static const support::Shape shape24_4 = {1, 64};
-  static const support::Shape shape24_5 = {2048, 32};
-  support::reduce(a46.data(), shape24_1, a45.data(), shape24_3, shape24_4, shape24_5,
-                  support::Reduce::Sum, 1.0);
+  support::reduce(a46.data(), kShape4, a45.data(), kShape1, kShape2, kShape3, support::Reduce::Sum,
+                  1.0);
 }
 
 void MoeTrain::repeated1(support::View a0, support::ConstView a1, support::View a2,
@@ -2019,13 +2380,7 @@ void MoeTrain::repeated1(support::View a0, support::ConstView a1, support::View 
 
   // moe.mesh:26:10 layer_norm
   MESHRT_TRACE("layer_norm", "moe.mesh:26:10", "forward");
-  static const support::Shape shape0_2 = {1, 64};
-  static const support::Shape shape0_3 = {2048, 32};
-  static const support::Shape shape0_4 = {2048, 32};
-  static const support::Shape shape0_5 = {32};
-  static const support::Shape shape0_6 = {1};
-  static const support::Shape shape0_7 = {1};
-  support::along(a0.data(), a1.data(), shape0_2, shape0_3, shape0_4, shape0_5, shape0_6, shape0_7,
+  support::along(a0.data(), a1.data(), kShape2, kShape3, kShape3, kShape4, kShape1, kShape1,
                  support::Along::LayerNorm, 1e-05, 32, nullptr);
 
   // moe.mesh:126:36 random_uniform
@@ -2042,54 +2397,22 @@ void MoeTrain::repeated1(support::View a0, support::ConstView a1, support::View 
   // moe.mesh:26:40 add -> n
   // moe.mesh:126:34 mul
   MESHRT_TRACE("loop", "moe.mesh:26:33", "forward");
-  {
-    float *__restrict a5p = a5.data();
-    float *__restrict a6p = a6.data();
-    const float *__restrict a0p = a0.data();
-    const float *__restrict a3p = a3.data();
-    const float *__restrict a4p = a4.data();
-    const float *__restrict a2p = a2.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = a0p[i0 * 32 + i1];
-        const float s1 = a3p[i1];
-        const float s2 = (s0 * s1);
-        const float s3 = a4p[i1];
-        const float s4 = (s2 + s3);
-        const float s5 = a2p[i0 * 32 + i1];
-        const float s6 = (s4 * s5);
-        a5p[i0 * 32 + i1] = s4;
-        a6p[i0 * 32 + i1] = s6;
-      }
-    }
-  }
+  loop24(a5.data(), a6.data(), a0.data(), a3.data(), a4.data(), a2.data());
 
   // moe.mesh:35:23 einsum
   MESHRT_TRACE("gemm", "moe.mesh:35:23", "forward");
   // dims: groups, tokens, d_model, experts
-  static const meshrt::kernels::EinsumPlan einsumPlan3(
-      {{1, 64, 32, 2}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan3.run(a6.data(), a7.data(), a8.data(), 1.0f, 0.0f);
+  kEinsum0.plan().run(a6.data(), a7.data(), a8.data(), 1.0f, 0.0f);
 
   // moe.mesh:35:15 softmax -> gates
   MESHRT_TRACE("softmax", "moe.mesh:35:15", "forward");
-  static const support::Shape shape4_2 = {1, 64};
-  static const support::Shape shape4_3 = {128, 2};
-  static const support::Shape shape4_4 = {128, 2};
-  static const support::Shape shape4_5 = {2};
-  static const support::Shape shape4_6 = {1};
-  static const support::Shape shape4_7 = {1};
-  support::along(a9.data(), a8.data(), shape4_2, shape4_3, shape4_4, shape4_5, shape4_6, shape4_7,
+  support::along(a9.data(), a8.data(), kShape2, kShape5, kShape5, kShape0, kShape1, kShape1,
                  support::Along::Softmax, 1e-05, 4, &group_model);
 
   // moe.mesh:43:18 max
   MESHRT_TRACE("max", "moe.mesh:43:18", "forward");
-  static const support::Shape shape5_1 = {1, 64};
-  static const support::Shape shape5_3 = {128, 2};
-  static const support::Shape shape5_4 = {2};
-  static const support::Shape shape5_5 = {1};
-  support::reduce(a10.data(), shape5_1, a9.data(), shape5_3, shape5_4, shape5_5,
-                  support::Reduce::Max, 1.0);
+  support::reduce(a10.data(), kShape2, a9.data(), kShape5, kShape0, kShape1, support::Reduce::Max,
+                  1.0);
 
   // moe.mesh:43:18 all_reduce_max (max over split dims: all-reduce of the local maxima)
   MESHRT_TRACE_SITE("moe.mesh:43:18");
@@ -2101,38 +2424,12 @@ void MoeTrain::repeated1(support::View a0, support::ConstView a1, support::View 
   // moe.mesh:43:18 maximum
   // moe.mesh:43:18 where
   MESHRT_TRACE("loop", "moe.mesh:43:18", "forward");
-  {
-    float *__restrict a12p = a12.data();
-    float *__restrict a13p = a13.data();
-    const float *__restrict a9p = a9.data();
-    const float *__restrict a10p = a10.data();
-    const float *__restrict a11p = a11.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      for (int64_t i1 = 0; i1 < 2; ++i1) {
-        const float s0 = a9p[i0 * 2 + i1];
-        const float s1 = a9p[i0 * 2 + i1];
-        const float s2 = (s0 != s1 ? 1.0f : 0.0f);
-        const float s3 = a9p[i0 * 2 + i1];
-        const float s4 = a10p[i0];
-        const float s5 = (s3 == s4 ? 1.0f : 0.0f);
-        const float s6 = support::wrapI32(double(support::maximum(s5, s2)));
-        const float s7 = a11p[i1];
-        const float s8 = support::wrapI32(4.0);
-        const float s9 = (s6 != 0 ? s7 : s8);
-        a12p[i0 * 2 + i1] = s2;
-        a13p[i0 * 2 + i1] = s9;
-      }
-    }
-  }
+  loop25(a12.data(), a13.data(), a9.data(), a10.data(), a11.data());
 
   // moe.mesh:43:18 min
   MESHRT_TRACE("min", "moe.mesh:43:18", "forward");
-  static const support::Shape shape8_1 = {1, 64};
-  static const support::Shape shape8_3 = {128, 2};
-  static const support::Shape shape8_4 = {2};
-  static const support::Shape shape8_5 = {1};
-  support::reduce(a14.data(), shape8_1, a13.data(), shape8_3, shape8_4, shape8_5,
-                  support::Reduce::Min, 1.0);
+  support::reduce(a14.data(), kShape2, a13.data(), kShape5, kShape0, kShape1, support::Reduce::Min,
+                  1.0);
 
   // moe.mesh:43:18 all_reduce_min (min over split dims: all-reduce of the local minima)
   MESHRT_TRACE_SITE("moe.mesh:43:18");
@@ -2140,51 +2437,26 @@ void MoeTrain::repeated1(support::View a0, support::ConstView a1, support::View 
 
   // moe.mesh:43:10 one_hot
   MESHRT_TRACE("one_hot", "moe.mesh:43:10", "forward");
-  static const support::Shape shape10_1 = {1, 64, 2};
-  static const support::Shape shape10_3 = {64, 1, 0};
-  static const support::Shape shape10_4 = {0, 0, 1};
-  support::oneHot(a15.data(), shape10_1, a14.data(), shape10_3, shape10_4,
+  support::oneHot(a15.data(), kShape6, a14.data(), kShape7, kShape8,
                   support::shardStart(world_, {"model"}, 2));
 
   // moe.mesh:98:17 mean -> density
   MESHRT_TRACE("mean", "moe.mesh:98:17", "forward");
-  static const support::Shape shape11_1 = {1, 2};
-  static const support::Shape shape11_3 = {128, 1};
-  static const support::Shape shape11_4 = {64};
-  static const support::Shape shape11_5 = {2};
-  support::reduce(a16.data(), shape11_1, a15.data(), shape11_3, shape11_4, shape11_5,
+  support::reduce(a16.data(), kShape9, a15.data(), kShape10, kShape11, kShape0,
                   support::Reduce::Sum, 0.015625);
 
   // moe.mesh:99:23 mean -> density_proxy
   MESHRT_TRACE("mean", "moe.mesh:99:23", "forward");
-  static const support::Shape shape12_1 = {1, 2};
-  static const support::Shape shape12_3 = {128, 1};
-  static const support::Shape shape12_4 = {64};
-  static const support::Shape shape12_5 = {2};
-  support::reduce(a17.data(), shape12_1, a9.data(), shape12_3, shape12_4, shape12_5,
-                  support::Reduce::Sum, 0.015625);
+  support::reduce(a17.data(), kShape9, a9.data(), kShape10, kShape11, kShape0, support::Reduce::Sum,
+                  0.015625);
 
   // moe.mesh:100:23 mul
   MESHRT_TRACE("loop", "moe.mesh:100:23", "forward");
-  {
-    float *__restrict a18p = a18.data();
-    const float *__restrict a16p = a16.data();
-    const float *__restrict a17p = a17.data();
-    for (int64_t i0 = 0; i0 < 2; ++i0) {
-      const float s0 = a16p[i0];
-      const float s1 = a17p[i0];
-      const float s2 = (s0 * s1);
-      a18p[i0] = s2;
-    }
-  }
+  loop26(a18.data(), a16.data(), a17.data());
 
   // moe.mesh:100:10 mean
   MESHRT_TRACE("mean", "moe.mesh:100:10", "forward");
-  static const support::Shape shape14_1 = {};
-  static const support::Shape shape14_3 = {};
-  static const support::Shape shape14_4 = {1, 2};
-  static const support::Shape shape14_5 = {2, 1};
-  support::reduce(a19.data(), shape14_1, a18.data(), shape14_3, shape14_4, shape14_5,
+  support::reduce(a19.data(), kShape17, a18.data(), kShape17, kShape9, kShape23,
                   support::Reduce::Sum, 0.125);
 
   // moe.mesh:100:40 mul -> balance
@@ -2218,90 +2490,31 @@ void MoeTrain::repeated2(support::ConstView a0, support::ConstView a1, support::
   // moe.mesh:131:3 mul
   // moe.mesh:131:3 add
   MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
-  {
-    float *__restrict a2p = a2.data();
-    const float *__restrict a0p = a0.data();
-    const float *__restrict a1p = a1.data();
-    const float *__restrict a3p = a3.data();
-    const float r1 = a1p[0];
-    const float r3 = a3p[0];
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = a0p[i0];
-      const float s1 = r1;
-      const float s2 = (s0 * s1);
-      const float s3 = a2p[i0];
-      const float s4 = r3;
-      const float s5 = (s3 * s4);
-      const float s6 = (s5 + s2);
-      a2p[i0] = s6;
-    }
-  }
+  loop27(a2.data(), a0.data(), a1.data(), a3.data());
 
   // moe.mesh:131:3 mean
   MESHRT_TRACE("mean", "moe.mesh:131:3", "update");
-  static const support::Shape shape1_1 = {};
-  static const support::Shape shape1_3 = {};
-  static const support::Shape shape1_4 = {32};
-  static const support::Shape shape1_5 = {1};
-  support::reduce(a4.data(), shape1_1, a2.data(), shape1_3, shape1_4, shape1_5,
-                  support::Reduce::Sum, 0.03125);
+  support::reduce(a4.data(), kShape17, a2.data(), kShape17, kShape4, kShape1, support::Reduce::Sum,
+                  0.03125);
 
   // moe.mesh:131:3 div
   // moe.mesh:131:3 rsqrt
   MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
-  {
-    float *__restrict a5p = a5.data();
-    const float *__restrict a2p = a2.data();
-    const float *__restrict a4p = a4.data();
-    const float r1 = a4p[0];
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = a2p[i0];
-      const float s1 = r1;
-      const float s2 = (s0 / s1);
-      const float s3 = 1.0f / support::fsqrt(s2);
-      a5p[i0] = s3;
-    }
-  }
+  loop28(a5.data(), a2.data(), a4.data());
 
   // moe.mesh:131:3 rsqrt
   MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
-  {
-    float *__restrict a7p = a7.data();
-    const float *__restrict a6p = a6.data();
-    for (int64_t i0 = 0; i0 < 2; ++i0) {
-      const float s0 = a6p[i0];
-      const float s1 = 1.0f / support::fsqrt(s0);
-      a7p[i0] = s1;
-    }
-  }
+  loop29(a7.data(), a6.data());
 
   // moe.mesh:131:3 div
   // moe.mesh:131:3 mul
   MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
-  {
-    float *__restrict a9p = a9.data();
-    const float *__restrict a4p = a4.data();
-    const float *__restrict a2p = a2.data();
-    const float *__restrict a8p = a8.data();
-    const float r0 = a4p[0];
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = r0;
-      const float s1 = a2p[i0];
-      const float s2 = (s0 / s1);
-      const float s3 = a8p[i0];
-      const float s4 = (s3 * s2);
-      a9p[i0] = s4;
-    }
-  }
+  loop30(a9.data(), a4.data(), a2.data(), a8.data());
 
   // moe.mesh:131:3 mean
   MESHRT_TRACE("mean", "moe.mesh:131:3", "update");
-  static const support::Shape shape5_1 = {};
-  static const support::Shape shape5_3 = {};
-  static const support::Shape shape5_4 = {32};
-  static const support::Shape shape5_5 = {1};
-  support::reduce(a10.data(), shape5_1, a9.data(), shape5_3, shape5_4, shape5_5,
-                  support::Reduce::Sum, 0.03125);
+  support::reduce(a10.data(), kShape17, a9.data(), kShape17, kShape4, kShape1, support::Reduce::Sum,
+                  0.03125);
 
   // moe.mesh:131:3 sqrt
   // moe.mesh:131:3 mul
@@ -2341,62 +2554,16 @@ void MoeTrain::repeated2(support::ConstView a0, support::ConstView a1, support::
   // moe.mesh:131:3 mul
   // moe.mesh:131:3 sub -> next/route[0]/w_gate
   MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
-  {
-    float *__restrict a15p = a15.data();
-    const float *__restrict a14p = a14.data();
-    const float *__restrict a5p = a5.data();
-    const float *__restrict a7p = a7.data();
-    const float *__restrict a11p = a11.data();
-    const float *__restrict a13p = a13.data();
-    const float r3 = a11p[0];
-    const float r4 = a13p[0];
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 2; ++i1) {
-        const float s0 = a14p[i0 * 2 + i1];
-        const float s1 = a5p[i0];
-        const float s2 = (s0 * s1);
-        const float s3 = a7p[i1];
-        const float s4 = (s2 * s3);
-        const float s5 = r3;
-        const float s6 = (s4 / s5);
-        const float s7 = r4;
-        const float s8 = (s6 * s7);
-        const float s9 = a15p[i0 * 2 + i1];
-        const float s10 = (s9 - s8);
-        a15p[i0 * 2 + i1] = s10;
-      }
-    }
-  }
+  loop31(a15.data(), a14.data(), a5.data(), a7.data(), a11.data(), a13.data());
 
   // moe.mesh:131:3 div
   // moe.mesh:131:3 rsqrt
   MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
-  {
-    float *__restrict a18p = a18.data();
-    const float *__restrict a16p = a16.data();
-    const float *__restrict a17p = a17.data();
-    for (int64_t i0 = 0; i0 < 2; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = a16p[i0 * 32 + i1];
-        const float s1 = a17p[i0];
-        const float s2 = (s0 / s1);
-        const float s3 = 1.0f / support::fsqrt(s2);
-        a18p[i0 * 32 + i1] = s3;
-      }
-    }
-  }
+  loop32(a18.data(), a16.data(), a17.data());
 
   // moe.mesh:131:3 rsqrt
   MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
-  {
-    float *__restrict a20p = a20.data();
-    const float *__restrict a19p = a19.data();
-    for (int64_t i0 = 0; i0 < 128; ++i0) {
-      const float s0 = a19p[i0];
-      const float s1 = 1.0f / support::fsqrt(s0);
-      a20p[i0] = s1;
-    }
-  }
+  loop33(a20.data(), a19.data());
 
   // moe.mesh:131:3 sqrt
   // moe.mesh:131:3 mul
@@ -2436,64 +2603,16 @@ void MoeTrain::repeated2(support::ConstView a0, support::ConstView a1, support::
   // moe.mesh:131:3 mul
   // moe.mesh:131:3 sub -> next/experts_ffn[0]/w_in
   MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
-  {
-    float *__restrict a26p = a26.data();
-    const float *__restrict a25p = a25.data();
-    const float *__restrict a18p = a18.data();
-    const float *__restrict a20p = a20.data();
-    const float *__restrict a22p = a22.data();
-    const float *__restrict a24p = a24.data();
-    const float r3 = a22p[0];
-    const float r4 = a24p[0];
-    for (int64_t i0 = 0; i0 < 2; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        for (int64_t i2 = 0; i2 < 64; ++i2) {
-          const float s0 = a25p[i0 * 2048 + i1 * 64 + i2];
-          const float s1 = a18p[i0 * 32 + i1];
-          const float s2 = (s0 * s1);
-          const float s3 = a20p[i0 * 64 + i2];
-          const float s4 = (s2 * s3);
-          const float s5 = r3;
-          const float s6 = (s4 / s5);
-          const float s7 = r4;
-          const float s8 = (s6 * s7);
-          const float s9 = a26p[i0 * 2048 + i1 * 64 + i2];
-          const float s10 = (s9 - s8);
-          a26p[i0 * 2048 + i1 * 64 + i2] = s10;
-        }
-      }
-    }
-  }
+  loop34(a26.data(), a25.data(), a18.data(), a20.data(), a22.data(), a24.data());
 
   // moe.mesh:131:3 div
   // moe.mesh:131:3 rsqrt
   MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
-  {
-    float *__restrict a29p = a29.data();
-    const float *__restrict a27p = a27.data();
-    const float *__restrict a28p = a28.data();
-    for (int64_t i0 = 0; i0 < 2; ++i0) {
-      for (int64_t i1 = 0; i1 < 64; ++i1) {
-        const float s0 = a27p[i0 * 64 + i1];
-        const float s1 = a28p[i0];
-        const float s2 = (s0 / s1);
-        const float s3 = 1.0f / support::fsqrt(s2);
-        a29p[i0 * 64 + i1] = s3;
-      }
-    }
-  }
+  loop35(a29.data(), a27.data(), a28.data());
 
   // moe.mesh:131:3 rsqrt
   MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
-  {
-    float *__restrict a31p = a31.data();
-    const float *__restrict a30p = a30.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = a30p[i0];
-      const float s1 = 1.0f / support::fsqrt(s0);
-      a31p[i0] = s1;
-    }
-  }
+  loop36(a31.data(), a30.data());
 
   // moe.mesh:131:3 sqrt
   // moe.mesh:131:3 mul
@@ -2533,34 +2652,7 @@ void MoeTrain::repeated2(support::ConstView a0, support::ConstView a1, support::
   // moe.mesh:131:3 mul
   // moe.mesh:131:3 sub -> next/experts_ffn[0]/w_out
   MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
-  {
-    float *__restrict a37p = a37.data();
-    const float *__restrict a36p = a36.data();
-    const float *__restrict a29p = a29.data();
-    const float *__restrict a31p = a31.data();
-    const float *__restrict a33p = a33.data();
-    const float *__restrict a35p = a35.data();
-    const float r3 = a33p[0];
-    const float r4 = a35p[0];
-    for (int64_t i0 = 0; i0 < 2; ++i0) {
-      for (int64_t i1 = 0; i1 < 64; ++i1) {
-        for (int64_t i2 = 0; i2 < 32; ++i2) {
-          const float s0 = a36p[i0 * 2048 + i1 * 32 + i2];
-          const float s1 = a29p[i0 * 64 + i1];
-          const float s2 = (s0 * s1);
-          const float s3 = a31p[i0 * 32 + i2];
-          const float s4 = (s2 * s3);
-          const float s5 = r3;
-          const float s6 = (s4 / s5);
-          const float s7 = r4;
-          const float s8 = (s6 * s7);
-          const float s9 = a37p[i0 * 2048 + i1 * 32 + i2];
-          const float s10 = (s9 - s8);
-          a37p[i0 * 2048 + i1 * 32 + i2] = s10;
-        }
-      }
-    }
-  }
+  loop37(a37.data(), a36.data(), a29.data(), a31.data(), a33.data(), a35.data());
 }
 
 void MoeTrain::repeated3(support::ConstView a0, support::View a1, support::View a2,
@@ -2578,376 +2670,136 @@ void MoeTrain::repeated3(support::ConstView a0, support::View a1, support::View 
   // moe.mesh:131:3 square
   // moe.mesh:131:3 add
   MESHRT_TRACE("loop", "moe.mesh:131:3", "backward");
-  {
-    float *__restrict a1p = a1.data();
-    const float *__restrict a0p = a0.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = a0p[i0];
-      const float s1 = s0 * s0;
-      const float s2 = 1e-30f;
-      const float s3 = (s1 + s2);
-      a1p[i0] = s3;
-    }
-  }
+  loop38(a1.data(), a0.data());
 
   // moe.mesh:131:3 mean
   MESHRT_TRACE("mean", "moe.mesh:131:3", "backward");
-  static const support::Shape shape1_1 = {32};
-  static const support::Shape shape1_3 = {2};
-  static const support::Shape shape1_4 = {2};
-  static const support::Shape shape1_5 = {1};
-  support::reduce(a2.data(), shape1_1, a1.data(), shape1_3, shape1_4, shape1_5,
-                  support::Reduce::Sum, 0.25);
+  support::reduce(a2.data(), kShape4, a1.data(), kShape0, kShape0, kShape1, support::Reduce::Sum,
+                  0.25);
 
   // moe.mesh:131:3 mean
   MESHRT_TRACE("mean", "moe.mesh:131:3", "backward");
-  static const support::Shape shape2_1 = {2};
-  static const support::Shape shape2_3 = {1};
-  static const support::Shape shape2_4 = {32};
-  static const support::Shape shape2_5 = {2};
-  support::reduce(a3.data(), shape2_1, a1.data(), shape2_3, shape2_4, shape2_5,
-                  support::Reduce::Sum, 0.03125);
+  support::reduce(a3.data(), kShape0, a1.data(), kShape1, kShape4, kShape0, support::Reduce::Sum,
+                  0.03125);
 
   // moe.mesh:131:3 mul
   // moe.mesh:131:3 mul
   // moe.mesh:131:3 add
   MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
-  {
-    float *__restrict a5p = a5.data();
-    const float *__restrict a3p = a3.data();
-    const float *__restrict a4p = a4.data();
-    const float *__restrict a6p = a6.data();
-    const float r1 = a4p[0];
-    const float r3 = a6p[0];
-    for (int64_t i0 = 0; i0 < 2; ++i0) {
-      const float s0 = a3p[i0];
-      const float s1 = r1;
-      const float s2 = (s0 * s1);
-      const float s3 = a5p[i0];
-      const float s4 = r3;
-      const float s5 = (s3 * s4);
-      const float s6 = (s5 + s2);
-      a5p[i0] = s6;
-    }
-  }
+  loop39(a5.data(), a3.data(), a4.data(), a6.data());
 
   // moe.mesh:131:3 square
   // moe.mesh:131:3 div
   MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
-  {
-    float *__restrict a7p = a7.data();
-    const float *__restrict a0p = a0.data();
-    const float *__restrict a5p = a5.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 2; ++i1) {
-        const float s0 = a0p[i0 * 2 + i1];
-        const float s1 = s0 * s0;
-        const float s2 = a5p[i1];
-        const float s3 = (s1 / s2);
-        a7p[i0 * 2 + i1] = s3;
-      }
-    }
-  }
+  loop40(a7.data(), a0.data(), a5.data());
 
   // moe.mesh:131:3 mean
   MESHRT_TRACE("mean", "moe.mesh:131:3", "update");
-  static const support::Shape shape5_1 = {32};
-  static const support::Shape shape5_3 = {2};
-  static const support::Shape shape5_4 = {2};
-  static const support::Shape shape5_5 = {1};
-  support::reduce(a8.data(), shape5_1, a7.data(), shape5_3, shape5_4, shape5_5,
-                  support::Reduce::Sum, 0.25);
+  support::reduce(a8.data(), kShape4, a7.data(), kShape0, kShape0, kShape1, support::Reduce::Sum,
+                  0.25);
 
   // moe.mesh:131:3 square
   // moe.mesh:131:3 add
   MESHRT_TRACE("loop", "moe.mesh:131:3", "backward");
-  {
-    float *__restrict a10p = a10.data();
-    const float *__restrict a9p = a9.data();
-    for (int64_t i0 = 0; i0 < 4096; ++i0) {
-      const float s0 = a9p[i0];
-      const float s1 = s0 * s0;
-      const float s2 = 1e-30f;
-      const float s3 = (s1 + s2);
-      a10p[i0] = s3;
-    }
-  }
+  loop41(a10.data(), a9.data());
 
   // moe.mesh:131:3 mean
   MESHRT_TRACE("mean", "moe.mesh:131:3", "backward");
-  static const support::Shape shape7_1 = {2, 32};
-  static const support::Shape shape7_3 = {2048, 64};
-  static const support::Shape shape7_4 = {64};
-  static const support::Shape shape7_5 = {1};
-  support::reduce(a11.data(), shape7_1, a10.data(), shape7_3, shape7_4, shape7_5,
+  support::reduce(a11.data(), kShape24, a10.data(), kShape25, kShape11, kShape1,
                   support::Reduce::Sum, 0.015625);
 
   // moe.mesh:131:3 mul
   // moe.mesh:131:3 mul
   // moe.mesh:131:3 add
   MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
-  {
-    float *__restrict a12p = a12.data();
-    const float *__restrict a11p = a11.data();
-    const float *__restrict a4p = a4.data();
-    const float *__restrict a6p = a6.data();
-    const float r1 = a4p[0];
-    const float r3 = a6p[0];
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = a11p[i0];
-      const float s1 = r1;
-      const float s2 = (s0 * s1);
-      const float s3 = a12p[i0];
-      const float s4 = r3;
-      const float s5 = (s3 * s4);
-      const float s6 = (s5 + s2);
-      a12p[i0] = s6;
-    }
-  }
+  loop42(a12.data(), a11.data(), a4.data(), a6.data());
 
   // moe.mesh:131:3 mean
   MESHRT_TRACE("mean", "moe.mesh:131:3", "backward");
-  static const support::Shape shape9_1 = {2, 64};
-  static const support::Shape shape9_3 = {2048, 1};
-  static const support::Shape shape9_4 = {32};
-  static const support::Shape shape9_5 = {64};
-  support::reduce(a13.data(), shape9_1, a10.data(), shape9_3, shape9_4, shape9_5,
+  support::reduce(a13.data(), kShape26, a10.data(), kShape27, kShape4, kShape11,
                   support::Reduce::Sum, 0.03125);
 
   // moe.mesh:131:3 mul
   // moe.mesh:131:3 mul
   // moe.mesh:131:3 add
   MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
-  {
-    float *__restrict a14p = a14.data();
-    const float *__restrict a13p = a13.data();
-    const float *__restrict a4p = a4.data();
-    const float *__restrict a6p = a6.data();
-    const float r1 = a4p[0];
-    const float r3 = a6p[0];
-    for (int64_t i0 = 0; i0 < 128; ++i0) {
-      const float s0 = a13p[i0];
-      const float s1 = r1;
-      const float s2 = (s0 * s1);
-      const float s3 = a14p[i0];
-      const float s4 = r3;
-      const float s5 = (s3 * s4);
-      const float s6 = (s5 + s2);
-      a14p[i0] = s6;
-    }
-  }
+  loop43(a14.data(), a13.data(), a4.data(), a6.data());
 
   // moe.mesh:131:3 mean
   MESHRT_TRACE("mean", "moe.mesh:131:3", "update");
-  static const support::Shape shape11_1 = {2};
-  static const support::Shape shape11_3 = {32};
-  static const support::Shape shape11_4 = {32};
-  static const support::Shape shape11_5 = {1};
-  support::reduce(a15.data(), shape11_1, a12.data(), shape11_3, shape11_4, shape11_5,
-                  support::Reduce::Sum, 0.03125);
+  support::reduce(a15.data(), kShape0, a12.data(), kShape4, kShape4, kShape1, support::Reduce::Sum,
+                  0.03125);
 
   // moe.mesh:131:3 square
   // moe.mesh:131:3 div
   MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
-  {
-    float *__restrict a16p = a16.data();
-    const float *__restrict a9p = a9.data();
-    const float *__restrict a14p = a14.data();
-    for (int64_t i0 = 0; i0 < 2; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        for (int64_t i2 = 0; i2 < 64; ++i2) {
-          const float s0 = a9p[i0 * 2048 + i1 * 64 + i2];
-          const float s1 = s0 * s0;
-          const float s2 = a14p[i0 * 64 + i2];
-          const float s3 = (s1 / s2);
-          a16p[i0 * 2048 + i1 * 64 + i2] = s3;
-        }
-      }
-    }
-  }
+  loop44(a16.data(), a9.data(), a14.data());
 
   // moe.mesh:131:3 mean
   MESHRT_TRACE("mean", "moe.mesh:131:3", "update");
-  static const support::Shape shape13_1 = {2, 32};
-  static const support::Shape shape13_3 = {2048, 64};
-  static const support::Shape shape13_4 = {64};
-  static const support::Shape shape13_5 = {1};
-  support::reduce(a17.data(), shape13_1, a16.data(), shape13_3, shape13_4, shape13_5,
+  support::reduce(a17.data(), kShape24, a16.data(), kShape25, kShape11, kShape1,
                   support::Reduce::Sum, 0.015625);
 
   // moe.mesh:131:3 div
   // moe.mesh:131:3 mul
   MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
-  {
-    float *__restrict a18p = a18.data();
-    const float *__restrict a15p = a15.data();
-    const float *__restrict a12p = a12.data();
-    const float *__restrict a17p = a17.data();
-    for (int64_t i0 = 0; i0 < 2; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = a15p[i0];
-        const float s1 = a12p[i0 * 32 + i1];
-        const float s2 = (s0 / s1);
-        const float s3 = a17p[i0 * 32 + i1];
-        const float s4 = (s3 * s2);
-        a18p[i0 * 32 + i1] = s4;
-      }
-    }
-  }
+  loop45(a18.data(), a15.data(), a12.data(), a17.data());
 
   // moe.mesh:131:3 mean
   MESHRT_TRACE("mean", "moe.mesh:131:3", "update");
-  static const support::Shape shape15_1 = {};
-  static const support::Shape shape15_3 = {};
-  static const support::Shape shape15_4 = {2, 32};
-  static const support::Shape shape15_5 = {32, 1};
-  support::reduce(a19.data(), shape15_1, a18.data(), shape15_3, shape15_4, shape15_5,
+  support::reduce(a19.data(), kShape17, a18.data(), kShape17, kShape24, kShape28,
                   support::Reduce::Sum, 0.0078125);
 
   // moe.mesh:131:3 square
   // moe.mesh:131:3 add
   MESHRT_TRACE("loop", "moe.mesh:131:3", "backward");
-  {
-    float *__restrict a21p = a21.data();
-    const float *__restrict a20p = a20.data();
-    for (int64_t i0 = 0; i0 < 4096; ++i0) {
-      const float s0 = a20p[i0];
-      const float s1 = s0 * s0;
-      const float s2 = 1e-30f;
-      const float s3 = (s1 + s2);
-      a21p[i0] = s3;
-    }
-  }
+  loop41(a21.data(), a20.data());
 
   // moe.mesh:131:3 mean
   MESHRT_TRACE("mean", "moe.mesh:131:3", "backward");
-  static const support::Shape shape17_1 = {2, 64};
-  static const support::Shape shape17_3 = {2048, 32};
-  static const support::Shape shape17_4 = {32};
-  static const support::Shape shape17_5 = {1};
-  support::reduce(a22.data(), shape17_1, a21.data(), shape17_3, shape17_4, shape17_5,
-                  support::Reduce::Sum, 0.03125);
+  support::reduce(a22.data(), kShape26, a21.data(), kShape3, kShape4, kShape1, support::Reduce::Sum,
+                  0.03125);
 
   // moe.mesh:131:3 mul
   // moe.mesh:131:3 mul
   // moe.mesh:131:3 add
   MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
-  {
-    float *__restrict a23p = a23.data();
-    const float *__restrict a22p = a22.data();
-    const float *__restrict a4p = a4.data();
-    const float *__restrict a6p = a6.data();
-    const float r1 = a4p[0];
-    const float r3 = a6p[0];
-    for (int64_t i0 = 0; i0 < 128; ++i0) {
-      const float s0 = a22p[i0];
-      const float s1 = r1;
-      const float s2 = (s0 * s1);
-      const float s3 = a23p[i0];
-      const float s4 = r3;
-      const float s5 = (s3 * s4);
-      const float s6 = (s5 + s2);
-      a23p[i0] = s6;
-    }
-  }
+  loop43(a23.data(), a22.data(), a4.data(), a6.data());
 
   // moe.mesh:131:3 mean
   MESHRT_TRACE("mean", "moe.mesh:131:3", "backward");
-  static const support::Shape shape19_1 = {2, 32};
-  static const support::Shape shape19_3 = {2048, 1};
-  static const support::Shape shape19_4 = {64};
-  static const support::Shape shape19_5 = {32};
-  support::reduce(a24.data(), shape19_1, a21.data(), shape19_3, shape19_4, shape19_5,
+  support::reduce(a24.data(), kShape24, a21.data(), kShape27, kShape11, kShape4,
                   support::Reduce::Sum, 0.015625);
 
   // moe.mesh:131:3 mul
   // moe.mesh:131:3 mul
   // moe.mesh:131:3 add
   MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
-  {
-    float *__restrict a25p = a25.data();
-    const float *__restrict a24p = a24.data();
-    const float *__restrict a4p = a4.data();
-    const float *__restrict a6p = a6.data();
-    const float r1 = a4p[0];
-    const float r3 = a6p[0];
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = a24p[i0];
-      const float s1 = r1;
-      const float s2 = (s0 * s1);
-      const float s3 = a25p[i0];
-      const float s4 = r3;
-      const float s5 = (s3 * s4);
-      const float s6 = (s5 + s2);
-      a25p[i0] = s6;
-    }
-  }
+  loop42(a25.data(), a24.data(), a4.data(), a6.data());
 
   // moe.mesh:131:3 mean
   MESHRT_TRACE("mean", "moe.mesh:131:3", "update");
-  static const support::Shape shape21_1 = {2};
-  static const support::Shape shape21_3 = {64};
-  static const support::Shape shape21_4 = {64};
-  static const support::Shape shape21_5 = {1};
-  support::reduce(a26.data(), shape21_1, a23.data(), shape21_3, shape21_4, shape21_5,
+  support::reduce(a26.data(), kShape0, a23.data(), kShape11, kShape11, kShape1,
                   support::Reduce::Sum, 0.015625);
 
   // moe.mesh:131:3 square
   // moe.mesh:131:3 div
   MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
-  {
-    float *__restrict a27p = a27.data();
-    const float *__restrict a20p = a20.data();
-    const float *__restrict a25p = a25.data();
-    for (int64_t i0 = 0; i0 < 2; ++i0) {
-      for (int64_t i1 = 0; i1 < 64; ++i1) {
-        for (int64_t i2 = 0; i2 < 32; ++i2) {
-          const float s0 = a20p[i0 * 2048 + i1 * 32 + i2];
-          const float s1 = s0 * s0;
-          const float s2 = a25p[i0 * 32 + i2];
-          const float s3 = (s1 / s2);
-          a27p[i0 * 2048 + i1 * 32 + i2] = s3;
-        }
-      }
-    }
-  }
+  loop46(a27.data(), a20.data(), a25.data());
 
   // moe.mesh:131:3 mean
   MESHRT_TRACE("mean", "moe.mesh:131:3", "update");
-  static const support::Shape shape23_1 = {2, 64};
-  static const support::Shape shape23_3 = {2048, 32};
-  static const support::Shape shape23_4 = {32};
-  static const support::Shape shape23_5 = {1};
-  support::reduce(a28.data(), shape23_1, a27.data(), shape23_3, shape23_4, shape23_5,
-                  support::Reduce::Sum, 0.03125);
+  support::reduce(a28.data(), kShape26, a27.data(), kShape3, kShape4, kShape1, support::Reduce::Sum,
+                  0.03125);
 
   // moe.mesh:131:3 div
   // moe.mesh:131:3 mul
   MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
-  {
-    float *__restrict a29p = a29.data();
-    const float *__restrict a26p = a26.data();
-    const float *__restrict a23p = a23.data();
-    const float *__restrict a28p = a28.data();
-    for (int64_t i0 = 0; i0 < 2; ++i0) {
-      for (int64_t i1 = 0; i1 < 64; ++i1) {
-        const float s0 = a26p[i0];
-        const float s1 = a23p[i0 * 64 + i1];
-        const float s2 = (s0 / s1);
-        const float s3 = a28p[i0 * 64 + i1];
-        const float s4 = (s3 * s2);
-        a29p[i0 * 64 + i1] = s4;
-      }
-    }
-  }
+  loop47(a29.data(), a26.data(), a23.data(), a28.data());
 
   // moe.mesh:131:3 mean
   MESHRT_TRACE("mean", "moe.mesh:131:3", "update");
-  static const support::Shape shape25_1 = {};
-  static const support::Shape shape25_3 = {};
-  static const support::Shape shape25_4 = {2, 64};
-  static const support::Shape shape25_5 = {64, 1};
-  support::reduce(a30.data(), shape25_1, a29.data(), shape25_3, shape25_4, shape25_5,
+  support::reduce(a30.data(), kShape17, a29.data(), kShape17, kShape26, kShape29,
                   support::Reduce::Sum, 0.00390625);
 }
 
@@ -2969,44 +2821,12 @@ void MoeTrain::repeated4(support::ConstView a0, support::ConstView a1, support::
   // moe.mesh:131:3 mul
   // moe.mesh:131:3 square
   MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
-  {
-    float *__restrict a2p = a2.data();
-    float *__restrict a4p = a4.data();
-    float *__restrict a5p = a5.data();
-    const float *__restrict a0p = a0.data();
-    const float *__restrict a1p = a1.data();
-    const float *__restrict a3p = a3.data();
-    const float r1 = a1p[0];
-    const float r3 = a3p[0];
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = a0p[i0];
-      const float s1 = s0 * s0;
-      const float s2 = 1e-30f;
-      const float s3 = (s1 + s2);
-      const float s4 = r1;
-      const float s5 = (s3 * s4);
-      const float s6 = a2p[i0];
-      const float s7 = r3;
-      const float s8 = (s6 * s7);
-      const float s9 = (s8 + s5);
-      const float s10 = 1.0f / support::fsqrt(s9);
-      const float s11 = a0p[i0];
-      const float s12 = (s11 * s10);
-      const float s13 = s12 * s12;
-      a2p[i0] = s9;
-      a4p[i0] = s12;
-      a5p[i0] = s13;
-    }
-  }
+  loop48(a2.data(), a4.data(), a5.data(), a0.data(), a1.data(), a3.data());
 
   // moe.mesh:131:3 mean
   MESHRT_TRACE("mean", "moe.mesh:131:3", "update");
-  static const support::Shape shape1_1 = {};
-  static const support::Shape shape1_3 = {};
-  static const support::Shape shape1_4 = {32};
-  static const support::Shape shape1_5 = {1};
-  support::reduce(a6.data(), shape1_1, a5.data(), shape1_3, shape1_4, shape1_5,
-                  support::Reduce::Sum, 0.03125);
+  support::reduce(a6.data(), kShape17, a5.data(), kShape17, kShape4, kShape1, support::Reduce::Sum,
+                  0.03125);
 
   // moe.mesh:131:3 sqrt
   // moe.mesh:131:3 mul
@@ -3026,24 +2846,12 @@ void MoeTrain::repeated4(support::ConstView a0, support::ConstView a1, support::
 
   // moe.mesh:131:3 square
   MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
-  {
-    float *__restrict a9p = a9.data();
-    const float *__restrict a8p = a8.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = a8p[i0];
-      const float s1 = s0 * s0;
-      a9p[i0] = s1;
-    }
-  }
+  loop49(a9.data(), a8.data());
 
   // moe.mesh:131:3 mean
   MESHRT_TRACE("mean", "moe.mesh:131:3", "update");
-  static const support::Shape shape4_1 = {};
-  static const support::Shape shape4_3 = {};
-  static const support::Shape shape4_4 = {32};
-  static const support::Shape shape4_5 = {1};
-  support::reduce(a10.data(), shape4_1, a9.data(), shape4_3, shape4_4, shape4_5,
-                  support::Reduce::Sum, 0.03125);
+  support::reduce(a10.data(), kShape17, a9.data(), kShape17, kShape4, kShape1, support::Reduce::Sum,
+                  0.03125);
 
   // moe.mesh:131:3 sqrt
   // moe.mesh:131:3 maximum
@@ -3065,24 +2873,7 @@ void MoeTrain::repeated4(support::ConstView a0, support::ConstView a1, support::
   // moe.mesh:131:3 mul
   // moe.mesh:131:3 sub -> next/norm[0]/gain
   MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
-  {
-    float *__restrict a8p = a8.data();
-    const float *__restrict a4p = a4.data();
-    const float *__restrict a7p = a7.data();
-    const float *__restrict a11p = a11.data();
-    const float r1 = a7p[0];
-    const float r2 = a11p[0];
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = a4p[i0];
-      const float s1 = r1;
-      const float s2 = (s0 / s1);
-      const float s3 = r2;
-      const float s4 = (s2 * s3);
-      const float s5 = a8p[i0];
-      const float s6 = (s5 - s4);
-      a8p[i0] = s6;
-    }
-  }
+  loop50(a8.data(), a4.data(), a7.data(), a11.data());
 
   // moe.mesh:131:3 square
   // moe.mesh:131:3 add
@@ -3093,43 +2884,11 @@ void MoeTrain::repeated4(support::ConstView a0, support::ConstView a1, support::
   // moe.mesh:131:3 mul
   // moe.mesh:131:3 square
   MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
-  {
-    float *__restrict a13p = a13.data();
-    float *__restrict a14p = a14.data();
-    float *__restrict a15p = a15.data();
-    const float *__restrict a12p = a12.data();
-    const float *__restrict a1p = a1.data();
-    const float *__restrict a3p = a3.data();
-    const float r1 = a1p[0];
-    const float r3 = a3p[0];
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = a12p[i0];
-      const float s1 = s0 * s0;
-      const float s2 = 1e-30f;
-      const float s3 = (s1 + s2);
-      const float s4 = r1;
-      const float s5 = (s3 * s4);
-      const float s6 = a13p[i0];
-      const float s7 = r3;
-      const float s8 = (s6 * s7);
-      const float s9 = (s8 + s5);
-      const float s10 = 1.0f / support::fsqrt(s9);
-      const float s11 = a12p[i0];
-      const float s12 = (s11 * s10);
-      const float s13 = s12 * s12;
-      a13p[i0] = s9;
-      a14p[i0] = s12;
-      a15p[i0] = s13;
-    }
-  }
+  loop48(a13.data(), a14.data(), a15.data(), a12.data(), a1.data(), a3.data());
 
   // moe.mesh:131:3 mean
   MESHRT_TRACE("mean", "moe.mesh:131:3", "update");
-  static const support::Shape shape8_1 = {};
-  static const support::Shape shape8_3 = {};
-  static const support::Shape shape8_4 = {32};
-  static const support::Shape shape8_5 = {1};
-  support::reduce(a16.data(), shape8_1, a15.data(), shape8_3, shape8_4, shape8_5,
+  support::reduce(a16.data(), kShape17, a15.data(), kShape17, kShape4, kShape1,
                   support::Reduce::Sum, 0.03125);
 
   // moe.mesh:131:3 sqrt
@@ -3150,23 +2909,11 @@ void MoeTrain::repeated4(support::ConstView a0, support::ConstView a1, support::
 
   // moe.mesh:131:3 square
   MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
-  {
-    float *__restrict a19p = a19.data();
-    const float *__restrict a18p = a18.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = a18p[i0];
-      const float s1 = s0 * s0;
-      a19p[i0] = s1;
-    }
-  }
+  loop49(a19.data(), a18.data());
 
   // moe.mesh:131:3 mean
   MESHRT_TRACE("mean", "moe.mesh:131:3", "update");
-  static const support::Shape shape11_1 = {};
-  static const support::Shape shape11_3 = {};
-  static const support::Shape shape11_4 = {32};
-  static const support::Shape shape11_5 = {1};
-  support::reduce(a20.data(), shape11_1, a19.data(), shape11_3, shape11_4, shape11_5,
+  support::reduce(a20.data(), kShape17, a19.data(), kShape17, kShape4, kShape1,
                   support::Reduce::Sum, 0.03125);
 
   // moe.mesh:131:3 sqrt
@@ -3189,24 +2936,7 @@ void MoeTrain::repeated4(support::ConstView a0, support::ConstView a1, support::
   // moe.mesh:131:3 mul
   // moe.mesh:131:3 sub -> next/norm[0]/bias
   MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
-  {
-    float *__restrict a18p = a18.data();
-    const float *__restrict a14p = a14.data();
-    const float *__restrict a17p = a17.data();
-    const float *__restrict a21p = a21.data();
-    const float r1 = a17p[0];
-    const float r2 = a21p[0];
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = a14p[i0];
-      const float s1 = r1;
-      const float s2 = (s0 / s1);
-      const float s3 = r2;
-      const float s4 = (s2 * s3);
-      const float s5 = a18p[i0];
-      const float s6 = (s5 - s4);
-      a18p[i0] = s6;
-    }
-  }
+  loop50(a18.data(), a14.data(), a17.data(), a21.data());
 }
 
 void MoeTrain::repeated5(support::View a0, support::ConstView a1, support::ConstView a2,
@@ -3218,12 +2948,8 @@ void MoeTrain::repeated5(support::View a0, support::ConstView a1, support::Const
 
   // moe.mesh:43:18 max
   MESHRT_TRACE("max", "moe.mesh:43:18", "forward");
-  static const support::Shape shape0_1 = {1, 64};
-  static const support::Shape shape0_3 = {128, 2};
-  static const support::Shape shape0_4 = {2};
-  static const support::Shape shape0_5 = {1};
-  support::reduce(a0.data(), shape0_1, a1.data(), shape0_3, shape0_4, shape0_5,
-                  support::Reduce::Max, 1.0);
+  support::reduce(a0.data(), kShape2, a1.data(), kShape5, kShape0, kShape1, support::Reduce::Max,
+                  1.0);
 
   // moe.mesh:43:18 all_reduce_max (max over split dims: all-reduce of the local maxima)
   MESHRT_TRACE_SITE("moe.mesh:43:18");
@@ -3233,35 +2959,12 @@ void MoeTrain::repeated5(support::View a0, support::ConstView a1, support::Const
   // moe.mesh:43:18 maximum
   // moe.mesh:43:18 where
   MESHRT_TRACE("loop", "moe.mesh:43:18", "forward");
-  {
-    float *__restrict a4p = a4.data();
-    const float *__restrict a1p = a1.data();
-    const float *__restrict a0p = a0.data();
-    const float *__restrict a2p = a2.data();
-    const float *__restrict a3p = a3.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      for (int64_t i1 = 0; i1 < 2; ++i1) {
-        const float s0 = a1p[i0 * 2 + i1];
-        const float s1 = a0p[i0];
-        const float s2 = (s0 == s1 ? 1.0f : 0.0f);
-        const float s3 = a2p[i0 * 2 + i1];
-        const float s4 = support::wrapI32(double(support::maximum(s2, s3)));
-        const float s5 = a3p[i1];
-        const float s6 = support::wrapI32(4.0);
-        const float s7 = (s4 != 0 ? s5 : s6);
-        a4p[i0 * 2 + i1] = s7;
-      }
-    }
-  }
+  loop51(a4.data(), a1.data(), a0.data(), a2.data(), a3.data());
 
   // moe.mesh:43:18 min
   MESHRT_TRACE("min", "moe.mesh:43:18", "forward");
-  static const support::Shape shape3_1 = {1, 64};
-  static const support::Shape shape3_3 = {128, 2};
-  static const support::Shape shape3_4 = {2};
-  static const support::Shape shape3_5 = {1};
-  support::reduce(a5.data(), shape3_1, a4.data(), shape3_3, shape3_4, shape3_5,
-                  support::Reduce::Min, 1.0);
+  support::reduce(a5.data(), kShape2, a4.data(), kShape5, kShape0, kShape1, support::Reduce::Min,
+                  1.0);
 
   // moe.mesh:43:18 all_reduce_min (min over split dims: all-reduce of the local minima)
   MESHRT_TRACE_SITE("moe.mesh:43:18");
@@ -3269,37 +2972,18 @@ void MoeTrain::repeated5(support::View a0, support::ConstView a1, support::Const
 
   // moe.mesh:43:10 one_hot -> first
   MESHRT_TRACE("one_hot", "moe.mesh:43:10", "forward");
-  static const support::Shape shape5_1 = {1, 64, 2};
-  static const support::Shape shape5_3 = {64, 1, 0};
-  static const support::Shape shape5_4 = {0, 0, 1};
-  support::oneHot(a6.data(), shape5_1, a5.data(), shape5_3, shape5_4,
+  support::oneHot(a6.data(), kShape6, a5.data(), kShape7, kShape8,
                   support::shardStart(world_, {"model"}, 2));
 
   // moe.mesh:51:34 mul
   // moe.mesh:51:28 sub
   MESHRT_TRACE("loop", "moe.mesh:51:34", "forward");
-  {
-    float *__restrict a7p = a7.data();
-    const float *__restrict a6p = a6.data();
-    const float *__restrict a1p = a1.data();
-    for (int64_t i0 = 0; i0 < 128; ++i0) {
-      const float s0 = 2.0f;
-      const float s1 = a6p[i0];
-      const float s2 = (s0 * s1);
-      const float s3 = a1p[i0];
-      const float s4 = (s3 - s2);
-      a7p[i0] = s4;
-    }
-  }
+  loop2(a7.data(), a6.data(), a1.data());
 
   // moe.mesh:43:18 max
   MESHRT_TRACE("max", "moe.mesh:43:18", "forward");
-  static const support::Shape shape7_1 = {1, 64};
-  static const support::Shape shape7_3 = {128, 2};
-  static const support::Shape shape7_4 = {2};
-  static const support::Shape shape7_5 = {1};
-  support::reduce(a8.data(), shape7_1, a7.data(), shape7_3, shape7_4, shape7_5,
-                  support::Reduce::Max, 1.0);
+  support::reduce(a8.data(), kShape2, a7.data(), kShape5, kShape0, kShape1, support::Reduce::Max,
+                  1.0);
 
   // moe.mesh:43:18 all_reduce_max (max over split dims: all-reduce of the local maxima)
   MESHRT_TRACE_SITE("moe.mesh:43:18");
@@ -3310,36 +2994,12 @@ void MoeTrain::repeated5(support::View a0, support::ConstView a1, support::Const
   // moe.mesh:43:18 maximum
   // moe.mesh:43:18 where
   MESHRT_TRACE("loop", "moe.mesh:43:18", "forward");
-  {
-    float *__restrict a9p = a9.data();
-    const float *__restrict a7p = a7.data();
-    const float *__restrict a8p = a8.data();
-    const float *__restrict a3p = a3.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      for (int64_t i1 = 0; i1 < 2; ++i1) {
-        const float s0 = a7p[i0 * 2 + i1];
-        const float s1 = a7p[i0 * 2 + i1];
-        const float s2 = (s0 != s1 ? 1.0f : 0.0f);
-        const float s3 = a7p[i0 * 2 + i1];
-        const float s4 = a8p[i0];
-        const float s5 = (s3 == s4 ? 1.0f : 0.0f);
-        const float s6 = support::wrapI32(double(support::maximum(s5, s2)));
-        const float s7 = a3p[i1];
-        const float s8 = support::wrapI32(4.0);
-        const float s9 = (s6 != 0 ? s7 : s8);
-        a9p[i0 * 2 + i1] = s9;
-      }
-    }
-  }
+  loop1(a9.data(), a7.data(), a8.data(), a3.data());
 
   // moe.mesh:43:18 min
   MESHRT_TRACE("min", "moe.mesh:43:18", "forward");
-  static const support::Shape shape10_1 = {1, 64};
-  static const support::Shape shape10_3 = {128, 2};
-  static const support::Shape shape10_4 = {2};
-  static const support::Shape shape10_5 = {1};
-  support::reduce(a10.data(), shape10_1, a9.data(), shape10_3, shape10_4, shape10_5,
-                  support::Reduce::Min, 1.0);
+  support::reduce(a10.data(), kShape2, a9.data(), kShape5, kShape0, kShape1, support::Reduce::Min,
+                  1.0);
 
   // moe.mesh:43:18 all_reduce_min (min over split dims: all-reduce of the local minima)
   MESHRT_TRACE_SITE("moe.mesh:43:18");
@@ -3347,57 +3007,26 @@ void MoeTrain::repeated5(support::View a0, support::ConstView a1, support::Const
 
   // moe.mesh:43:10 one_hot -> mask2
   MESHRT_TRACE("one_hot", "moe.mesh:43:10", "forward");
-  static const support::Shape shape12_1 = {1, 64, 2};
-  static const support::Shape shape12_3 = {64, 1, 0};
-  static const support::Shape shape12_4 = {0, 0, 1};
-  support::oneHot(a11.data(), shape12_1, a10.data(), shape12_3, shape12_4,
+  support::oneHot(a11.data(), kShape6, a10.data(), kShape7, kShape8,
                   support::shardStart(world_, {"model"}, 2));
 
   // moe.mesh:64:25 mul
   MESHRT_TRACE("loop", "moe.mesh:64:25", "forward");
-  {
-    float *__restrict a12p = a12.data();
-    const float *__restrict a1p = a1.data();
-    const float *__restrict a6p = a6.data();
-    for (int64_t i0 = 0; i0 < 128; ++i0) {
-      const float s0 = a1p[i0];
-      const float s1 = a6p[i0];
-      const float s2 = (s0 * s1);
-      a12p[i0] = s2;
-    }
-  }
+  loop3(a12.data(), a1.data(), a6.data());
 
   // moe.mesh:64:15 sum -> gate1
   MESHRT_TRACE("sum", "moe.mesh:64:15", "forward");
-  static const support::Shape shape14_1 = {1, 64};
-  static const support::Shape shape14_3 = {128, 2};
-  static const support::Shape shape14_4 = {2};
-  static const support::Shape shape14_5 = {1};
-  support::reduce(a13.data(), shape14_1, a12.data(), shape14_3, shape14_4, shape14_5,
-                  support::Reduce::Sum, 1.0);
+  support::reduce(a13.data(), kShape2, a12.data(), kShape5, kShape0, kShape1, support::Reduce::Sum,
+                  1.0);
 
   // moe.mesh:65:25 mul
   MESHRT_TRACE("loop", "moe.mesh:65:25", "forward");
-  {
-    float *__restrict a14p = a14.data();
-    const float *__restrict a1p = a1.data();
-    const float *__restrict a11p = a11.data();
-    for (int64_t i0 = 0; i0 < 128; ++i0) {
-      const float s0 = a1p[i0];
-      const float s1 = a11p[i0];
-      const float s2 = (s0 * s1);
-      a14p[i0] = s2;
-    }
-  }
+  loop3(a14.data(), a1.data(), a11.data());
 
   // moe.mesh:65:15 sum -> gate2
   MESHRT_TRACE("sum", "moe.mesh:65:15", "forward");
-  static const support::Shape shape16_1 = {1, 64};
-  static const support::Shape shape16_3 = {128, 2};
-  static const support::Shape shape16_4 = {2};
-  static const support::Shape shape16_5 = {1};
-  support::reduce(a15.data(), shape16_1, a14.data(), shape16_3, shape16_4, shape16_5,
-                  support::Reduce::Sum, 1.0);
+  support::reduce(a15.data(), kShape2, a14.data(), kShape5, kShape0, kShape1, support::Reduce::Sum,
+                  1.0);
 }
 
 void MoeTrain::repeated6(support::ConstView a0, support::ConstView a1, support::View a2,
@@ -3413,39 +3042,11 @@ void MoeTrain::repeated6(support::ConstView a0, support::ConstView a1, support::
   // moe.mesh:66:15 maximum -> total
   // moe.mesh:80:36 div
   MESHRT_TRACE("loop", "moe.mesh:66:29", "forward");
-  {
-    float *__restrict a2p = a2.data();
-    float *__restrict a3p = a3.data();
-    float *__restrict a4p = a4.data();
-    const float *__restrict a0p = a0.data();
-    const float *__restrict a1p = a1.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = a0p[i0];
-      const float s1 = a1p[i0];
-      const float s2 = (s0 + s1);
-      const float s3 = 1e-09f;
-      const float s4 = support::maximum(s2, s3);
-      const float s5 = a0p[i0];
-      const float s6 = (s5 / s4);
-      a2p[i0] = s2;
-      a3p[i0] = s4;
-      a4p[i0] = s6;
-    }
-  }
+  loop52(a2.data(), a3.data(), a4.data(), a0.data(), a1.data());
 
   // moe.mesh:80:66 div
   MESHRT_TRACE("loop", "moe.mesh:80:66", "forward");
-  {
-    float *__restrict a5p = a5.data();
-    const float *__restrict a1p = a1.data();
-    const float *__restrict a3p = a3.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = a1p[i0];
-      const float s1 = a3p[i0];
-      const float s2 = (s0 / s1);
-      a5p[i0] = s2;
-    }
-  }
+  loop53(a5.data(), a1.data(), a3.data());
 
   // moe.mesh:77:59 mul -> dispatch2
   // moe.mesh:79:28 add -> dispatch
@@ -3453,76 +3054,31 @@ void MoeTrain::repeated6(support::ConstView a0, support::ConstView a1, support::
   // moe.mesh:80:27 mul
   // moe.mesh:80:45 add -> combine
   MESHRT_TRACE("loop", "moe.mesh:77:59", "forward");
-  {
-    float *__restrict a9p = a9.data();
-    float *__restrict a10p = a10.data();
-    float *__restrict a11p = a11.data();
-    const float *__restrict a6p = a6.data();
-    const float *__restrict a7p = a7.data();
-    const float *__restrict a8p = a8.data();
-    const float *__restrict a5p = a5.data();
-    const float *__restrict a4p = a4.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      for (int64_t i1 = 0; i1 < 2; ++i1) {
-        for (int64_t i2 = 0; i2 < 40; ++i2) {
-          const float s0 = a6p[i0 * 80 + i1 * 40 + i2];
-          const float s1 = a7p[i0 * 2 + i1];
-          const float s2 = (s0 * s1);
-          const float s3 = a8p[i0 * 80 + i1 * 40 + i2];
-          const float s4 = (s3 + s2);
-          const float s5 = a5p[i0];
-          const float s6 = (s2 * s5);
-          const float s7 = a8p[i0 * 80 + i1 * 40 + i2];
-          const float s8 = a4p[i0];
-          const float s9 = (s7 * s8);
-          const float s10 = (s9 + s6);
-          a9p[i0 * 80 + i1 * 40 + i2] = s2;
-          a10p[i0 * 80 + i1 * 40 + i2] = s4;
-          a11p[i0 * 80 + i1 * 40 + i2] = s10;
-        }
-      }
-    }
-  }
+  loop54(a9.data(), a10.data(), a11.data(), a6.data(), a7.data(), a8.data(), a5.data(), a4.data());
 
   // moe.mesh:85:19 einsum -> expert_in
   MESHRT_TRACE("gemm", "moe.mesh:85:19", "forward");
   // dims: groups, tokens, experts, capacity, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan3(
-      {{1, 64, 2, 40, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{2, 0, 3, 4}, {}}});
-  einsumPlan3.run(a10.data(), a12.data(), a13.data(), 1.0f, 0.0f);
+  kEinsum1.plan().run(a10.data(), a12.data(), a13.data(), 1.0f, 0.0f);
 
   // moe.mesh:86:21 einsum
   MESHRT_TRACE("gemm", "moe.mesh:86:21", "forward");
   // dims: experts, groups, capacity, d_model, d_ff
-  static const meshrt::kernels::EinsumPlan einsumPlan4(
-      {{2, 1, 40, 32, 64}, {{{0, 1, 2, 3}, {}}, {{0, 3, 4}, {}}}, {{0, 1, 2, 4}, {}}});
-  einsumPlan4.run(a13.data(), a14.data(), a15.data(), 1.0f, 0.0f);
+  kEinsum2.plan().run(a13.data(), a14.data(), a15.data(), 1.0f, 0.0f);
 
   // moe.mesh:86:16 relu -> hidden
   MESHRT_TRACE("loop", "moe.mesh:86:16", "forward");
-  {
-    float *__restrict a16p = a16.data();
-    const float *__restrict a15p = a15.data();
-    for (int64_t i0 = 0; i0 < 5120; ++i0) {
-      const float s0 = a15p[i0];
-      const float s1 = (s0 > 0 ? s0 : 0.0f);
-      a16p[i0] = s1;
-    }
-  }
+  loop9(a16.data(), a15.data());
 
   // moe.mesh:87:20 einsum -> expert_out
   MESHRT_TRACE("gemm", "moe.mesh:87:20", "forward");
   // dims: experts, groups, capacity, d_ff, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan6(
-      {{2, 1, 40, 64, 32}, {{{0, 1, 2, 3}, {}}, {{0, 3, 4}, {}}}, {{0, 1, 2, 4}, {}}});
-  einsumPlan6.run(a16.data(), a17.data(), a18.data(), 1.0f, 0.0f);
+  kEinsum3.plan().run(a16.data(), a17.data(), a18.data(), 1.0f, 0.0f);
 
   // moe.mesh:89:10 einsum
   MESHRT_TRACE("gemm", "moe.mesh:89:10", "forward");
   // dims: groups, tokens, experts, capacity, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan7(
-      {{1, 64, 2, 40, 32}, {{{0, 1, 2, 3}, {}}, {{2, 0, 3, 4}, {}}}, {{0, 1, 4}, {}}});
-  einsumPlan7.run(a11.data(), a18.data(), a19.data(), 1.0f, 0.0f);
+  kEinsum4.plan().run(a11.data(), a18.data(), a19.data(), 1.0f, 0.0f);
 
   // moe.mesh:128:11 all_reduce_sum (resolve the partial sum of %80 over model for add at 128:11)
   MESHRT_TRACE_SITE("moe.mesh:128:11");
@@ -3537,103 +3093,44 @@ void MoeTrain::repeated7(support::View a0, support::ConstView a1, support::View 
 
   // moe.mesh:71:19 cumsum -> position1
   MESHRT_TRACE("cumsum", "moe.mesh:71:19", "forward");
-  static const support::Shape shape0_2 = {1, 2};
-  static const support::Shape shape0_3 = {128, 1};
-  static const support::Shape shape0_4 = {128, 1};
-  static const support::Shape shape0_5 = {64};
-  static const support::Shape shape0_6 = {2};
-  static const support::Shape shape0_7 = {2};
-  support::along(a0.data(), a1.data(), shape0_2, shape0_3, shape0_4, shape0_5, shape0_6, shape0_7,
+  support::along(a0.data(), a1.data(), kShape9, kShape10, kShape10, kShape11, kShape0, kShape0,
                  support::Along::CumsumExclusive, 1e-05, 64, nullptr);
 
   // moe.mesh:74:27 cast
   MESHRT_TRACE("loop", "moe.mesh:74:27", "forward");
-  {
-    float *__restrict a2p = a2.data();
-    const float *__restrict a0p = a0.data();
-    for (int64_t i0 = 0; i0 < 128; ++i0) {
-      const float s0 = a0p[i0];
-      const float s1 = support::castToI32(s0);
-      a2p[i0] = s1;
-    }
-  }
+  loop4(a2.data(), a0.data());
 
   // moe.mesh:74:19 one_hot
   MESHRT_TRACE("one_hot", "moe.mesh:74:19", "forward");
-  static const support::Shape shape2_1 = {1, 64, 2, 40};
-  static const support::Shape shape2_3 = {128, 2, 1, 0};
-  static const support::Shape shape2_4 = {0, 0, 0, 1};
-  support::oneHot(a3.data(), shape2_1, a2.data(), shape2_3, shape2_4, 0);
+  support::oneHot(a3.data(), kShape12, a2.data(), kShape13, kShape14, 0);
 
   // moe.mesh:74:59 mul -> dispatch1
   MESHRT_TRACE("loop", "moe.mesh:74:59", "forward");
-  {
-    float *__restrict a4p = a4.data();
-    const float *__restrict a3p = a3.data();
-    const float *__restrict a1p = a1.data();
-    for (int64_t i0 = 0; i0 < 128; ++i0) {
-      for (int64_t i1 = 0; i1 < 40; ++i1) {
-        const float s0 = a3p[i0 * 40 + i1];
-        const float s1 = a1p[i0];
-        const float s2 = (s0 * s1);
-        a4p[i0 * 40 + i1] = s2;
-      }
-    }
-  }
+  loop5(a4.data(), a3.data(), a1.data());
 
   // moe.mesh:75:15 sum -> kept1
   MESHRT_TRACE("sum", "moe.mesh:75:15", "forward");
-  static const support::Shape shape4_1 = {1, 64, 2};
-  static const support::Shape shape4_3 = {5120, 80, 40};
-  static const support::Shape shape4_4 = {40};
-  static const support::Shape shape4_5 = {1};
-  support::reduce(a5.data(), shape4_1, a4.data(), shape4_3, shape4_4, shape4_5,
-                  support::Reduce::Sum, 1.0);
+  support::reduce(a5.data(), kShape6, a4.data(), kShape15, kShape16, kShape1, support::Reduce::Sum,
+                  1.0);
 
   // moe.mesh:76:19 cumsum
   MESHRT_TRACE("cumsum", "moe.mesh:76:19", "forward");
-  static const support::Shape shape5_2 = {1, 2};
-  static const support::Shape shape5_3 = {128, 1};
-  static const support::Shape shape5_4 = {128, 1};
-  static const support::Shape shape5_5 = {64};
-  static const support::Shape shape5_6 = {2};
-  static const support::Shape shape5_7 = {2};
-  support::along(a6.data(), a7.data(), shape5_2, shape5_3, shape5_4, shape5_5, shape5_6, shape5_7,
+  support::along(a6.data(), a7.data(), kShape9, kShape10, kShape10, kShape11, kShape0, kShape0,
                  support::Along::CumsumExclusive, 1e-05, 64, nullptr);
 
   // moe.mesh:76:58 sum
   MESHRT_TRACE("sum", "moe.mesh:76:58", "forward");
-  static const support::Shape shape6_1 = {1, 2};
-  static const support::Shape shape6_3 = {128, 1};
-  static const support::Shape shape6_4 = {64};
-  static const support::Shape shape6_5 = {2};
-  support::reduce(a8.data(), shape6_1, a5.data(), shape6_3, shape6_4, shape6_5,
-                  support::Reduce::Sum, 1.0);
+  support::reduce(a8.data(), kShape9, a5.data(), kShape10, kShape11, kShape0, support::Reduce::Sum,
+                  1.0);
 
   // moe.mesh:76:56 add -> position2
   // moe.mesh:77:27 cast
   MESHRT_TRACE("loop", "moe.mesh:76:56", "forward");
-  {
-    float *__restrict a9p = a9.data();
-    const float *__restrict a6p = a6.data();
-    const float *__restrict a8p = a8.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      for (int64_t i1 = 0; i1 < 2; ++i1) {
-        const float s0 = a6p[i0 * 2 + i1];
-        const float s1 = a8p[i1];
-        const float s2 = (s0 + s1);
-        const float s3 = support::castToI32(s2);
-        a9p[i0 * 2 + i1] = s3;
-      }
-    }
-  }
+  loop6(a9.data(), a6.data(), a8.data());
 
   // moe.mesh:77:19 one_hot
   MESHRT_TRACE("one_hot", "moe.mesh:77:19", "forward");
-  static const support::Shape shape8_1 = {1, 64, 2, 40};
-  static const support::Shape shape8_3 = {128, 2, 1, 0};
-  static const support::Shape shape8_4 = {0, 0, 0, 1};
-  support::oneHot(a10.data(), shape8_1, a9.data(), shape8_3, shape8_4, 0);
+  support::oneHot(a10.data(), kShape12, a9.data(), kShape13, kShape14, 0);
 }
 
 void MoeTrain::repeated8(support::ConstView a0, support::View a1, support::View a2,
@@ -3643,65 +3140,29 @@ void MoeTrain::repeated8(support::ConstView a0, support::View a1, support::View 
 
   // moe.mesh:131:3 square
   MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
-  {
-    float *__restrict a1p = a1.data();
-    const float *__restrict a0p = a0.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = a0p[i0];
-      const float s1 = s0 * s0;
-      a1p[i0] = s1;
-    }
-  }
+  loop55(a1.data(), a0.data());
 
   // moe.mesh:131:3 mean
   MESHRT_TRACE("mean", "moe.mesh:131:3", "update");
-  static const support::Shape shape1_1 = {};
-  static const support::Shape shape1_3 = {};
-  static const support::Shape shape1_4 = {32, 2};
-  static const support::Shape shape1_5 = {2, 1};
-  support::reduce(a2.data(), shape1_1, a1.data(), shape1_3, shape1_4, shape1_5,
+  support::reduce(a2.data(), kShape17, a1.data(), kShape17, kShape30, kShape23,
                   support::Reduce::Sum, 0.0078125);
 
   // moe.mesh:131:3 square
   MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
-  {
-    float *__restrict a4p = a4.data();
-    const float *__restrict a3p = a3.data();
-    for (int64_t i0 = 0; i0 < 4096; ++i0) {
-      const float s0 = a3p[i0];
-      const float s1 = s0 * s0;
-      a4p[i0] = s1;
-    }
-  }
+  loop56(a4.data(), a3.data());
 
   // moe.mesh:131:3 mean
   MESHRT_TRACE("mean", "moe.mesh:131:3", "update");
-  static const support::Shape shape3_1 = {};
-  static const support::Shape shape3_3 = {};
-  static const support::Shape shape3_4 = {2, 32, 64};
-  static const support::Shape shape3_5 = {2048, 64, 1};
-  support::reduce(a5.data(), shape3_1, a4.data(), shape3_3, shape3_4, shape3_5,
+  support::reduce(a5.data(), kShape17, a4.data(), kShape17, kShape31, kShape32,
                   support::Reduce::Sum, 0.0001220703125);
 
   // moe.mesh:131:3 square
   MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
-  {
-    float *__restrict a7p = a7.data();
-    const float *__restrict a6p = a6.data();
-    for (int64_t i0 = 0; i0 < 4096; ++i0) {
-      const float s0 = a6p[i0];
-      const float s1 = s0 * s0;
-      a7p[i0] = s1;
-    }
-  }
+  loop56(a7.data(), a6.data());
 
   // moe.mesh:131:3 mean
   MESHRT_TRACE("mean", "moe.mesh:131:3", "update");
-  static const support::Shape shape5_1 = {};
-  static const support::Shape shape5_3 = {};
-  static const support::Shape shape5_4 = {2, 64, 32};
-  static const support::Shape shape5_5 = {2048, 32, 1};
-  support::reduce(a8.data(), shape5_1, a7.data(), shape5_3, shape5_4, shape5_5,
+  support::reduce(a8.data(), kShape17, a7.data(), kShape17, kShape33, kShape19,
                   support::Reduce::Sum, 0.0001220703125);
 }
 
@@ -3761,75 +3222,49 @@ support::Tensor MoeTrain::gatherOutput(meshrt::Communicator &world, const std::s
 float MoeTrain::step(const Inputs &inputs) { return run(inputs).loss.data.at(0); }
 
 std::vector<std::string> MoeTrain::paramNames() {
-  return {"zero",
-          "norm[0]/gain",
-          "norm[0]/bias",
-          "route[0]/w_gate",
-          "experts_ffn[0]/w_in",
-          "experts_ffn[0]/w_out",
-          "norm[1]/gain",
-          "norm[1]/bias",
-          "route[1]/w_gate",
-          "experts_ffn[1]/w_in",
-          "experts_ffn[1]/w_out",
-          "norm[0]/gain@v",
-          "norm[0]/bias@v",
-          "route[0]/w_gate@vr",
-          "route[0]/w_gate@vc",
-          "experts_ffn[0]/w_in@vr",
-          "experts_ffn[0]/w_in@vc",
-          "experts_ffn[0]/w_out@vr",
-          "experts_ffn[0]/w_out@vc",
-          "norm[1]/gain@v",
-          "norm[1]/bias@v",
-          "route[1]/w_gate@vr",
-          "route[1]/w_gate@vc",
-          "experts_ffn[1]/w_in@vr",
-          "experts_ffn[1]/w_in@vc",
-          "experts_ffn[1]/w_out@vr",
-          "experts_ffn[1]/w_out@vc"};
+  static constexpr const char *names[] = {"zero",
+                                          "norm[0]/gain",
+                                          "norm[0]/bias",
+                                          "route[0]/w_gate",
+                                          "experts_ffn[0]/w_in",
+                                          "experts_ffn[0]/w_out",
+                                          "norm[1]/gain",
+                                          "norm[1]/bias",
+                                          "route[1]/w_gate",
+                                          "experts_ffn[1]/w_in",
+                                          "experts_ffn[1]/w_out",
+                                          "norm[0]/gain@v",
+                                          "norm[0]/bias@v",
+                                          "route[0]/w_gate@vr",
+                                          "route[0]/w_gate@vc",
+                                          "experts_ffn[0]/w_in@vr",
+                                          "experts_ffn[0]/w_in@vc",
+                                          "experts_ffn[0]/w_out@vr",
+                                          "experts_ffn[0]/w_out@vc",
+                                          "norm[1]/gain@v",
+                                          "norm[1]/bias@v",
+                                          "route[1]/w_gate@vr",
+                                          "route[1]/w_gate@vc",
+                                          "experts_ffn[1]/w_in@vr",
+                                          "experts_ffn[1]/w_in@vc",
+                                          "experts_ffn[1]/w_out@vr",
+                                          "experts_ffn[1]/w_out@vc"};
+  return {std::begin(names), std::end(names)};
 }
 
 bool MoeTrain::isOptimizerState(const std::string &path) {
-  static const std::vector<std::string> states = {
+  static constexpr std::string_view states[] = {
       "norm[0]/gain@v",          "norm[0]/bias@v",          "route[0]/w_gate@vr",
       "route[0]/w_gate@vc",      "experts_ffn[0]/w_in@vr",  "experts_ffn[0]/w_in@vc",
       "experts_ffn[0]/w_out@vr", "experts_ffn[0]/w_out@vc", "norm[1]/gain@v",
       "norm[1]/bias@v",          "route[1]/w_gate@vr",      "route[1]/w_gate@vc",
       "experts_ffn[1]/w_in@vr",  "experts_ffn[1]/w_in@vc",  "experts_ffn[1]/w_out@vr",
       "experts_ffn[1]/w_out@vc"};
-  return std::find(states.begin(), states.end(), path) != states.end();
+  return std::find(std::begin(states), std::end(states), std::string_view(path)) !=
+         std::end(states);
 }
 
 std::vector<support::ParamShard> MoeTrain::paramShards() {
-  static constexpr support::ParamSpec specs[] = {
-      {"zero", false, "f32", ""},
-      {"norm[0]/gain", false, "f32", "d_model:32:32:"},
-      {"norm[0]/bias", false, "f32", "d_model:32:32:"},
-      {"route[0]/w_gate", false, "f32", "d_model:32:32: experts:4:2:model"},
-      {"experts_ffn[0]/w_in", false, "f32", "experts:4:2:model d_model:32:32: d_ff:64:64:"},
-      {"experts_ffn[0]/w_out", false, "f32", "experts:4:2:model d_ff:64:64: d_model:32:32:"},
-      {"norm[1]/gain", false, "f32", "d_model:32:32:"},
-      {"norm[1]/bias", false, "f32", "d_model:32:32:"},
-      {"route[1]/w_gate", false, "f32", "d_model:32:32: experts:4:2:model"},
-      {"experts_ffn[1]/w_in", false, "f32", "experts:4:2:model d_model:32:32: d_ff:64:64:"},
-      {"experts_ffn[1]/w_out", false, "f32", "experts:4:2:model d_ff:64:64: d_model:32:32:"},
-      {"norm[0]/gain@v", true, "f32", "d_model:32:32:"},
-      {"norm[0]/bias@v", true, "f32", "d_model:32:32:"},
-      {"route[0]/w_gate@vr", true, "f32", "d_model:32:32:"},
-      {"route[0]/w_gate@vc", true, "f32", "experts:4:2:model"},
-      {"experts_ffn[0]/w_in@vr", true, "f32", "experts:4:2:model d_model:32:32:"},
-      {"experts_ffn[0]/w_in@vc", true, "f32", "experts:4:2:model d_ff:64:64:"},
-      {"experts_ffn[0]/w_out@vr", true, "f32", "experts:4:2:model d_ff:64:64:"},
-      {"experts_ffn[0]/w_out@vc", true, "f32", "experts:4:2:model d_model:32:32:"},
-      {"norm[1]/gain@v", true, "f32", "d_model:32:32:"},
-      {"norm[1]/bias@v", true, "f32", "d_model:32:32:"},
-      {"route[1]/w_gate@vr", true, "f32", "d_model:32:32:"},
-      {"route[1]/w_gate@vc", true, "f32", "experts:4:2:model"},
-      {"experts_ffn[1]/w_in@vr", true, "f32", "experts:4:2:model d_model:32:32:"},
-      {"experts_ffn[1]/w_in@vc", true, "f32", "experts:4:2:model d_ff:64:64:"},
-      {"experts_ffn[1]/w_out@vr", true, "f32", "experts:4:2:model d_ff:64:64:"},
-      {"experts_ffn[1]/w_out@vc", true, "f32", "experts:4:2:model d_model:32:32:"}};
   support::Buffer *const data[] = {&param0_zero,
                                    &param1_norm_0_gain,
                                    &param2_norm_0_bias,
@@ -3857,7 +3292,7 @@ std::vector<support::ParamShard> MoeTrain::paramShards() {
                                    &param24_experts_ffn_1_w_in_vc,
                                    &param25_experts_ffn_1_w_out_vr,
                                    &param26_experts_ffn_1_w_out_vc};
-  return support::paramShardsOf<support::ParamShard>(specs, data);
+  return support::paramShardsOf<support::ParamShard>(kMoeTrainParams, data);
 }
 
 support::Tensor MoeTrain::getParam(const std::string &path) {

@@ -5,6 +5,748 @@
 
 namespace meshc_generated {
 
+// The shapes the kernel calls take and the loop nests the classes share.
+static const support::Shape kShape0 = {128};
+static const support::Shape kShape1 = {1};
+static const support::Shape kShape2 = {16};
+static const support::Shape kShape3 = {32};
+static const support::Shape kShape4 = {1, 128};
+static const support::Shape kShape5 = {4096, 32};
+static const support::Shape kShape6 = {1, 128, 1};
+static const support::Shape kShape7 = {2048, 16, 16};
+static const support::Shape kShape8 = {8192, 64, 64};
+static const support::Shape kShape9 = {64};
+static const support::Shape kShape10 = {1, 1};
+static const support::Shape kShape11 = {8192, 64};
+static const support::Shape kShape12 = {128, 64};
+static const support::Shape kShape13 = {64, 1};
+static const support::Shape kShape14 = {1, 1, 64};
+static const support::Shape kShape15 = {8192, 64, 1};
+static const support::Shape kShape16 = {1, 128, 32};
+static const support::Shape kShape17 = {0, 0, 1};
+static const support::Shape kShape18 = {128, 1, 0};
+static const support::Shape kShape19 = {1, 1, 64, 16};
+static const support::Shape kShape20 = {131072, 1024, 16, 1};
+static const support::Shape kShape21 = {1024};
+static const support::Shape kShape22 = {1, 128, 64};
+static const support::Shape kShape23 = {};
+static const support::Shape kShape24 = {128, 1};
+static const support::Shape kShape25 = {64, 32};
+static const support::Shape kShape26 = {0, 1};
+static const support::Shape kShape27 = {0, 0};
+static const support::SharedEinsum
+    kEinsum0({{1, 128, 32, 1, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
+static const support::SharedEinsum
+    kEinsum1({{1, 128, 1, 16, 64}, {{{0, 1, 2, 3}, {}}, {{4, 3}, {}}}, {{0, 1, 2, 4}, {}}});
+static const support::SharedEinsum
+    kEinsum2({{1, 128, 1, 64, 16}, {{{0, 1, 2, 3}, {}}, {{0, 1, 2, 4}, {}}}, {{0, 2, 3, 4}, {}}});
+static const support::SharedEinsum
+    kEinsum3({{1, 128, 1, 64, 16}, {{{0, 1, 2, 3}, {}}, {{0, 2, 3, 4}, {}}}, {{0, 1, 2, 4}, {}}});
+static const support::SharedEinsum
+    kEinsum4({{1, 128, 1, 64}, {{{0, 1, 2, 3}, {}}, {{0, 2, 3}, {}}}, {{0, 1, 2}, {}}});
+static const support::SharedEinsum
+    kEinsum5({{1, 128, 1, 16, 32}, {{{0, 1, 2, 3}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 4}, {}}});
+static const support::SharedEinsum
+    kEinsum6({{1, 128, 32, 128}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
+static const support::SharedEinsum
+    kEinsum7({{1, 128, 128, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
+static const support::SharedEinsum
+    kEinsum8({{1, 128, 32, 64}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
+static const support::SharedEinsum kEinsum9({{1, 128, 1, 64, 16},
+                                             {{{0, 1, 2, 3}, {}}, {{0, 1, 2, 4}, {}}},
+                                             {{0, 1, 2, 3, 4}, {}}});
+static const support::SharedEinsum kEinsum10({{1, 128, 1, 64, 16},
+                                              {{{0, 1, 2, 3}, {}}, {{0, 1, 2, 3, 4}, {}}},
+                                              {{0, 1, 2, 4}, {}}});
+static const support::SharedEinsum
+    kEinsum11({{1, 128, 1, 64}, {{{0, 1, 2, 3}, {}}, {{0, 1, 2, 3}, {}}}, {{0, 1, 2}, {}}});
+static const support::SharedEinsum
+    kEinsum12({{1, 128, 64, 32}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
+static const support::SharedEinsum
+    kEinsum13({{1, 128, 64, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
+static const support::SharedEinsum
+    kEinsum14({{1, 128, 32, 128}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
+static const support::SharedEinsum
+    kEinsum15({{1, 128, 32, 128}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
+static const support::SharedEinsum
+    kEinsum16({{1, 128, 128, 32}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
+static const support::SharedEinsum
+    kEinsum17({{1, 128, 128, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
+static const support::SharedEinsum
+    kEinsum18({{1, 128, 32, 1, 16}, {{{0, 1, 2}, {}}, {{3, 4, 2}, {}}}, {{0, 1, 3, 4}, {}}});
+static const support::SharedEinsum
+    kEinsum19({{1, 128, 32, 1, 16}, {{{0, 1, 2}, {}}, {{0, 1, 3, 4}, {}}}, {{3, 4, 2}, {}}});
+static const support::SharedEinsum
+    kEinsum20({{1, 128, 1, 64}, {{{0, 1, 2}, {}}, {{0, 1, 2, 3}, {}}}, {{0, 1, 2, 3}, {}}});
+static const support::SharedEinsum kEinsum21({{1, 128, 1, 16, 64},
+                                              {{{0, 1, 2, 3}, {}}, {{0, 1, 2, 4, 3}, {}}},
+                                              {{0, 1, 2, 4}, {}}});
+static const support::SharedEinsum kEinsum22({{1, 128, 1, 16, 64},
+                                              {{{0, 1, 2, 3}, {}}, {{0, 1, 2, 4}, {}}},
+                                              {{0, 1, 2, 4, 3}, {}}});
+static const support::SharedEinsum kEinsum23({{1, 128, 1, 64, 16},
+                                              {{{0, 1, 2, 3, 4}, {}}, {{0, 1, 2, 4}, {}}},
+                                              {{0, 1, 2, 3}, {}}});
+static const support::SharedEinsum kEinsum24({{1, 128, 1, 64, 16},
+                                              {{{0, 1, 2, 3, 4}, {}}, {{0, 1, 2, 3}, {}}},
+                                              {{0, 1, 2, 4}, {}}});
+static const support::SharedEinsum
+    kEinsum25({{1, 128, 1, 16, 32}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
+static const support::SharedEinsum
+    kEinsum26({{1, 128, 1, 16, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
+static const support::SharedEinsum
+    kEinsum27({{1, 128, 1, 64, 16}, {{{0, 1, 2, 3}, {}}, {{3, 4}, {}}}, {{0, 1, 2, 4}, {}}});
+
+[[gnu::noinline]] static void loop0(float *__restrict p0, const float *__restrict p1) {
+  for (int64_t i0 = 0; i0 < 128; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = s0;
+    p0[i0] = s1;
+  }
+}
+
+[[gnu::noinline]] static void loop1(float *__restrict p0, const float *__restrict p1) {
+  for (int64_t i0 = 0; i0 < 16; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = s0;
+    p0[i0] = s1;
+  }
+}
+
+[[gnu::noinline]] static void loop2(float *__restrict p0, const float *__restrict p1) {
+  for (int64_t i0 = 0; i0 < 16; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = -0.5756f;
+    const float s2 = (s0 * s1);
+    p0[i0] = s2;
+  }
+}
+
+[[gnu::noinline]] static void loop3(float *__restrict p0, const float *__restrict p1) {
+  for (int64_t i0 = 0; i0 < 16; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = support::fexp(s0);
+    p0[i0] = s1;
+  }
+}
+
+[[gnu::noinline]] static void loop4(float *__restrict p0, const float *__restrict p1,
+                                    const float *__restrict p2) {
+  for (int64_t i0 = 0; i0 < 128; ++i0) {
+    for (int64_t i1 = 0; i1 < 16; ++i1) {
+      const float s0 = p1[i0];
+      const float s1 = p2[i1];
+      const float s2 = (s0 * s1);
+      p0[i0 * 16 + i1] = s2;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop5(float *__restrict p0, const float *__restrict p1) {
+  for (int64_t i0 = 0; i0 < 2048; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = support::fsin(s0);
+    p0[i0] = s1;
+  }
+}
+
+[[gnu::noinline]] static void loop6(float *__restrict p0, const float *__restrict p1) {
+  for (int64_t i0 = 0; i0 < 2048; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = support::fcos(s0);
+    p0[i0] = s1;
+  }
+}
+
+[[gnu::noinline]] static void loop7(float *__restrict p0, const float *__restrict p1,
+                                    const float *__restrict p2) {
+  for (int64_t i0 = 0; i0 < 4096; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = p2[i0];
+    const float s2 = (s0 + s1);
+    p0[i0] = s2;
+  }
+}
+
+[[gnu::noinline]] static void loop8(float *__restrict p0, const float *__restrict p1,
+                                    const float *__restrict p2, const float *__restrict p3) {
+  for (int64_t i0 = 0; i0 < 128; ++i0) {
+    for (int64_t i1 = 0; i1 < 32; ++i1) {
+      const float s0 = p1[i0 * 32 + i1];
+      const float s1 = p2[i1];
+      const float s2 = (s0 * s1);
+      const float s3 = p3[i1];
+      const float s4 = (s2 + s3);
+      p0[i0 * 32 + i1] = s4;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop9(float *__restrict p0, const float *__restrict p1) {
+  for (int64_t i0 = 0; i0 < 2048; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = s0 * s0;
+    p0[i0] = s1;
+  }
+}
+
+[[gnu::noinline]] static void loop10(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2) {
+  for (int64_t i0 = 0; i0 < 128; ++i0) {
+    for (int64_t i1 = 0; i1 < 64; ++i1) {
+      const float s0 = p1[i0];
+      const float s1 = 0.5f;
+      const float s2 = (s0 * s1);
+      const float s3 = p2[i0 * 64 + i1];
+      const float s4 = (s3 - s2);
+      p0[i0 * 64 + i1] = s4;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop11(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2) {
+  for (int64_t i0 = 0; i0 < 128; ++i0) {
+    for (int64_t i1 = 0; i1 < 64; ++i1) {
+      const float s0 = p1[i0];
+      const float s1 = s0;
+      const float s2 = p2[i0 * 64 + i1];
+      const float s3 = (s2 - s1);
+      const float s4 = support::fexp(s3);
+      const float s5 = 0.125f;
+      const float s6 = (s4 * s5);
+      p0[i0 * 64 + i1] = s6;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop12(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2) {
+  const float r0 = p1[0];
+  for (int64_t i0 = 0; i0 < 8192; ++i0) {
+    const float s0 = r0;
+    const float s1 = s0;
+    const float s2 = p2[i0];
+    const float s3 = (s2 - s1);
+    const float s4 = support::fexp(s3);
+    const float s5 = 0.125f;
+    const float s6 = (s4 * s5);
+    p0[i0] = s6;
+  }
+}
+
+[[gnu::noinline]] static void loop13(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2) {
+  for (int64_t i0 = 0; i0 < 128; ++i0) {
+    for (int64_t i1 = 0; i1 < 16; ++i1) {
+      const float s0 = p1[i0 * 16 + i1];
+      const float s1 = p2[i0];
+      const float s2 = (s0 / s1);
+      p0[i0 * 16 + i1] = s2;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop14(float *__restrict p0, const float *__restrict p1) {
+  for (int64_t i0 = 0; i0 < 16384; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = support::fgelu(s0);
+    p0[i0] = s1;
+  }
+}
+
+[[gnu::noinline]] static void loop15(float *__restrict p0, const float *__restrict p1) {
+  for (int64_t i0 = 0; i0 < 128; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = support::wrapI32(0.0);
+    const float s2 = (s0 >= s1 ? 1.0f : 0.0f);
+    const float s3 = s2;
+    p0[i0] = s3;
+  }
+}
+
+[[gnu::noinline]] static void loop16(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2) {
+  for (int64_t i0 = 0; i0 < 8192; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = p2[i0];
+    const float s2 = (s0 * s1);
+    p0[i0] = s2;
+  }
+}
+
+[[gnu::noinline]] static void loop17(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2) {
+  for (int64_t i0 = 0; i0 < 128; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = -s0;
+    const float s2 = p2[i0];
+    const float s3 = (s1 * s2);
+    p0[i0] = s3;
+  }
+}
+
+[[gnu::noinline]] static void loop18(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2, const float *__restrict p3,
+                                     const float *__restrict p4, const float *__restrict p5) {
+  const float r0 = p1[0];
+  for (int64_t i0 = 0; i0 < 128; ++i0) {
+    for (int64_t i1 = 0; i1 < 64; ++i1) {
+      const float s0 = 1.0f;
+      const float s1 = r0;
+      const float s2 = (s0 / s1);
+      const float s3 = s2;
+      const float s4 = p2[i0];
+      const float s5 = (s3 * s4);
+      const float s6 = -s5;
+      const float s7 = p3[i0];
+      const float s8 = support::wrapI32(64.0);
+      const float s9 = (s7 < s8 ? 1.0f : 0.0f);
+      const float s10 = p3[i0];
+      const float s11 = support::wrapI32(0.0);
+      const float s12 = (s10 >= s11 ? 1.0f : 0.0f);
+      const float s13 = support::wrapI32(double((double(s12) * double(s9))));
+      const float s14 = s13;
+      const float s15 = (s6 * s14);
+      const float s16 = p4[i0 * 64 + i1];
+      const float s17 = support::fexp(s16);
+      const float s18 = (s17 * s15);
+      const float s19 = s6;
+      const float s20 = p5[i0 * 64 + i1];
+      const float s21 = (s19 * s20);
+      const float s22 = (s21 - s18);
+      p0[i0 * 64 + i1] = s22;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop19(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2) {
+  for (int64_t i0 = 0; i0 < 4096; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = p2[i0];
+    const float s2 = (s0 * s1);
+    p0[i0] = s2;
+  }
+}
+
+[[gnu::noinline]] static void loop20(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2) {
+  for (int64_t i0 = 0; i0 < 128; ++i0) {
+    for (int64_t i1 = 0; i1 < 32; ++i1) {
+      const float s0 = p1[i0 * 32 + i1];
+      const float s1 = p2[i0];
+      const float s2 = (s0 - s1);
+      const float s3 = s2 * s2;
+      p0[i0 * 32 + i1] = s3;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop21(float *__restrict p0, const float *__restrict p1) {
+  for (int64_t i0 = 0; i0 < 128; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = 1e-05f;
+    const float s2 = (s0 + s1);
+    const float s3 = 1.0f / support::fsqrt(s2);
+    p0[i0] = s3;
+  }
+}
+
+[[gnu::noinline]] static void loop22(float *__restrict p0, float *__restrict p1,
+                                     const float *__restrict p2, const float *__restrict p3,
+                                     const float *__restrict p4) {
+  for (int64_t i0 = 0; i0 < 128; ++i0) {
+    for (int64_t i1 = 0; i1 < 32; ++i1) {
+      const float s0 = p2[i0 * 32 + i1];
+      const float s1 = p3[i1];
+      const float s2 = (s0 * s1);
+      const float s3 = p4[i0 * 32 + i1];
+      const float s4 = (s2 * s3);
+      p0[i0 * 32 + i1] = s2;
+      p1[i0 * 32 + i1] = s4;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop23(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2, const float *__restrict p3,
+                                     const float *__restrict p4, const float *__restrict p5) {
+  for (int64_t i0 = 0; i0 < 128; ++i0) {
+    for (int64_t i1 = 0; i1 < 32; ++i1) {
+      const float s0 = p1[i0 * 32 + i1];
+      const float s1 = p2[i0];
+      const float s2 = (s0 * s1);
+      const float s3 = p3[i0 * 32 + i1];
+      const float s4 = p4[i0];
+      const float s5 = (s3 - s4);
+      const float s6 = (s5 - s2);
+      const float s7 = p5[i0];
+      const float s8 = (s6 * s7);
+      p0[i0 * 32 + i1] = s8;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop24(float *__restrict p0, float *__restrict p1,
+                                     float *__restrict p2, const float *__restrict p3,
+                                     const float *__restrict p4, const float *__restrict p5,
+                                     const float *__restrict p6) {
+  const float r3 = p4[0];
+  const float r5 = p5[0];
+  const float r6 = p6[0];
+  for (int64_t i0 = 0; i0 < 2048; ++i0) {
+    const float s0 = p2[i0];
+    const float s1 = 0.01f;
+    const float s2 = (s0 * s1);
+    const float s3 = p3[i0];
+    const float s4 = s3 * s3;
+    const float s5 = 0.0009999871f;
+    const float s6 = (s4 * s5);
+    const float s7 = p0[i0];
+    const float s8 = 0.999f;
+    const float s9 = (s7 * s8);
+    const float s10 = (s9 + s6);
+    const float s11 = r3;
+    const float s12 = (s10 / s11);
+    const float s13 = support::fsqrt(s12);
+    const float s14 = 1e-08f;
+    const float s15 = (s13 + s14);
+    const float s16 = p3[i0];
+    const float s17 = 0.100000024f;
+    const float s18 = (s16 * s17);
+    const float s19 = p1[i0];
+    const float s20 = 0.9f;
+    const float s21 = (s19 * s20);
+    const float s22 = (s21 + s18);
+    const float s23 = r5;
+    const float s24 = (s22 / s23);
+    const float s25 = (s24 / s15);
+    const float s26 = (s25 + s2);
+    const float s27 = r6;
+    const float s28 = (s26 * s27);
+    const float s29 = p2[i0];
+    const float s30 = (s29 - s28);
+    p0[i0] = s10;
+    p1[i0] = s22;
+    p2[i0] = s30;
+  }
+}
+
+[[gnu::noinline]] static void loop25(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2) {
+  for (int64_t i0 = 0; i0 < 16384; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = s0 * s0;
+    const float s2 = p1[i0];
+    const float s3 = (s2 * s1);
+    const float s4 = 0.044715f;
+    const float s5 = (s3 * s4);
+    const float s6 = p1[i0];
+    const float s7 = (s6 + s5);
+    const float s8 = 0.7978846f;
+    const float s9 = (s7 * s8);
+    const float s10 = support::ftanh(s9);
+    const float s11 = 1.0f;
+    const float s12 = (s10 + s11);
+    const float s13 = 0.5f;
+    const float s14 = (s12 * s13);
+    const float s15 = 0.134145f;
+    const float s16 = (s1 * s15);
+    const float s17 = 1.0f;
+    const float s18 = (s16 + s17);
+    const float s19 = s10 * s10;
+    const float s20 = 1.0f;
+    const float s21 = (s20 - s19);
+    const float s22 = p1[i0];
+    const float s23 = (s22 * s21);
+    const float s24 = (s23 * s18);
+    const float s25 = 0.3989423f;
+    const float s26 = (s24 * s25);
+    const float s27 = (s14 + s26);
+    const float s28 = p2[i0];
+    const float s29 = (s28 * s27);
+    p0[i0] = s29;
+  }
+}
+
+[[gnu::noinline]] static void loop26(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2, const float *__restrict p3,
+                                     const float *__restrict p4, const float *__restrict p5,
+                                     const float *__restrict p6) {
+  for (int64_t i0 = 0; i0 < 128; ++i0) {
+    for (int64_t i1 = 0; i1 < 32; ++i1) {
+      const float s0 = p1[i0 * 32 + i1];
+      const float s1 = p2[i0];
+      const float s2 = (s0 * s1);
+      const float s3 = p3[i0 * 32 + i1];
+      const float s4 = p4[i0];
+      const float s5 = (s3 - s4);
+      const float s6 = (s5 - s2);
+      const float s7 = p5[i0];
+      const float s8 = (s6 * s7);
+      const float s9 = p6[i0 * 32 + i1];
+      const float s10 = (s9 + s8);
+      p0[i0 * 32 + i1] = s10;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop27(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2, const float *__restrict p3) {
+  for (int64_t i0 = 0; i0 < 128; ++i0) {
+    for (int64_t i1 = 0; i1 < 16; ++i1) {
+      const float s0 = p1[i0 * 16 + i1];
+      const float s1 = p2[i0];
+      const float s2 = (s0 / s1);
+      const float s3 = p3[i0 * 16 + i1];
+      const float s4 = (s3 * s2);
+      const float s5 = -s4;
+      p0[i0 * 16 + i1] = s5;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop28(float *__restrict p0, float *__restrict p1,
+                                     const float *__restrict p2, const float *__restrict p3,
+                                     const float *__restrict p4, const float *__restrict p5) {
+  for (int64_t i0 = 0; i0 < 128; ++i0) {
+    for (int64_t i1 = 0; i1 < 64; ++i1) {
+      const float s0 = p2[i1];
+      const float s1 = s0;
+      const float s2 = p3[i0 * 64 + i1];
+      const float s3 = (s1 - s2);
+      const float s4 = p4[i0 * 64 + i1];
+      const float s5 = (s3 + s4);
+      const float s6 = 0.125f;
+      const float s7 = (s5 * s6);
+      const float s8 = p5[i0 * 64 + i1];
+      const float s9 = (s7 * s8);
+      const float s10 = -s9;
+      p0[i0 * 64 + i1] = s9;
+      p1[i0 * 64 + i1] = s10;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop29(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2, const float *__restrict p3) {
+  for (int64_t i0 = 0; i0 < 128; ++i0) {
+    for (int64_t i1 = 0; i1 < 16; ++i1) {
+      const float s0 = p1[i0 * 16 + i1];
+      const float s1 = 2.0f;
+      const float s2 = (s0 * s1);
+      const float s3 = p2[i0];
+      const float s4 = 0.5f;
+      const float s5 = (s3 * s4);
+      const float s6 = s5;
+      const float s7 = (s6 * s2);
+      const float s8 = p3[i0 * 16 + i1];
+      const float s9 = (s7 + s8);
+      const float s10 = 0.5f;
+      const float s11 = (s9 * s10);
+      p0[i0 * 16 + i1] = s11;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop30(float *__restrict p0, float *__restrict p1,
+                                     const float *__restrict p2, const float *__restrict p3,
+                                     const float *__restrict p4) {
+  for (int64_t i0 = 0; i0 < 8192; ++i0) {
+    const float s0 = p2[i0];
+    const float s1 = p3[i0];
+    const float s2 = (s0 + s1);
+    const float s3 = 0.125f;
+    const float s4 = (s2 * s3);
+    const float s5 = p4[i0];
+    const float s6 = (s4 * s5);
+    const float s7 = -s6;
+    p0[i0] = s6;
+    p1[i0] = s7;
+  }
+}
+
+[[gnu::noinline]] static void loop31(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2, const float *__restrict p3) {
+  for (int64_t i0 = 0; i0 < 4096; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = p2[i0];
+    const float s2 = (s0 + s1);
+    const float s3 = p3[i0];
+    const float s4 = (s2 + s3);
+    p0[i0] = s4;
+  }
+}
+
+[[gnu::noinline]] static void loop32(float *__restrict p0, float *__restrict p1,
+                                     float *__restrict p2, const float *__restrict p3,
+                                     const float *__restrict p4, const float *__restrict p5,
+                                     const float *__restrict p6) {
+  const float r3 = p4[0];
+  const float r5 = p5[0];
+  const float r6 = p6[0];
+  for (int64_t i0 = 0; i0 < 512; ++i0) {
+    const float s0 = p2[i0];
+    const float s1 = 0.01f;
+    const float s2 = (s0 * s1);
+    const float s3 = p3[i0];
+    const float s4 = s3 * s3;
+    const float s5 = 0.0009999871f;
+    const float s6 = (s4 * s5);
+    const float s7 = p0[i0];
+    const float s8 = 0.999f;
+    const float s9 = (s7 * s8);
+    const float s10 = (s9 + s6);
+    const float s11 = r3;
+    const float s12 = (s10 / s11);
+    const float s13 = support::fsqrt(s12);
+    const float s14 = 1e-08f;
+    const float s15 = (s13 + s14);
+    const float s16 = p3[i0];
+    const float s17 = 0.100000024f;
+    const float s18 = (s16 * s17);
+    const float s19 = p1[i0];
+    const float s20 = 0.9f;
+    const float s21 = (s19 * s20);
+    const float s22 = (s21 + s18);
+    const float s23 = r5;
+    const float s24 = (s22 / s23);
+    const float s25 = (s24 / s15);
+    const float s26 = (s25 + s2);
+    const float s27 = r6;
+    const float s28 = (s26 * s27);
+    const float s29 = p2[i0];
+    const float s30 = (s29 - s28);
+    p0[i0] = s10;
+    p1[i0] = s22;
+    p2[i0] = s30;
+  }
+}
+
+[[gnu::noinline]] static void loop33(float *__restrict p0, float *__restrict p1,
+                                     float *__restrict p2, const float *__restrict p3,
+                                     const float *__restrict p4, const float *__restrict p5,
+                                     const float *__restrict p6) {
+  const float r3 = p4[0];
+  const float r5 = p5[0];
+  const float r6 = p6[0];
+  for (int64_t i0 = 0; i0 < 32; ++i0) {
+    const float s0 = p2[i0];
+    const float s1 = 0.01f;
+    const float s2 = (s0 * s1);
+    const float s3 = p3[i0];
+    const float s4 = s3 * s3;
+    const float s5 = 0.0009999871f;
+    const float s6 = (s4 * s5);
+    const float s7 = p0[i0];
+    const float s8 = 0.999f;
+    const float s9 = (s7 * s8);
+    const float s10 = (s9 + s6);
+    const float s11 = r3;
+    const float s12 = (s10 / s11);
+    const float s13 = support::fsqrt(s12);
+    const float s14 = 1e-08f;
+    const float s15 = (s13 + s14);
+    const float s16 = p3[i0];
+    const float s17 = 0.100000024f;
+    const float s18 = (s16 * s17);
+    const float s19 = p1[i0];
+    const float s20 = 0.9f;
+    const float s21 = (s19 * s20);
+    const float s22 = (s21 + s18);
+    const float s23 = r5;
+    const float s24 = (s22 / s23);
+    const float s25 = (s24 / s15);
+    const float s26 = (s25 + s2);
+    const float s27 = r6;
+    const float s28 = (s26 * s27);
+    const float s29 = p2[i0];
+    const float s30 = (s29 - s28);
+    p0[i0] = s10;
+    p1[i0] = s22;
+    p2[i0] = s30;
+  }
+}
+
+[[gnu::noinline]] static void loop34(float *__restrict p0, float *__restrict p1,
+                                     float *__restrict p2, const float *__restrict p3,
+                                     const float *__restrict p4, const float *__restrict p5,
+                                     const float *__restrict p6) {
+  const float r3 = p4[0];
+  const float r5 = p5[0];
+  const float r6 = p6[0];
+  for (int64_t i0 = 0; i0 < 4096; ++i0) {
+    const float s0 = p2[i0];
+    const float s1 = 0.01f;
+    const float s2 = (s0 * s1);
+    const float s3 = p3[i0];
+    const float s4 = s3 * s3;
+    const float s5 = 0.0009999871f;
+    const float s6 = (s4 * s5);
+    const float s7 = p0[i0];
+    const float s8 = 0.999f;
+    const float s9 = (s7 * s8);
+    const float s10 = (s9 + s6);
+    const float s11 = r3;
+    const float s12 = (s10 / s11);
+    const float s13 = support::fsqrt(s12);
+    const float s14 = 1e-08f;
+    const float s15 = (s13 + s14);
+    const float s16 = p3[i0];
+    const float s17 = 0.100000024f;
+    const float s18 = (s16 * s17);
+    const float s19 = p1[i0];
+    const float s20 = 0.9f;
+    const float s21 = (s19 * s20);
+    const float s22 = (s21 + s18);
+    const float s23 = r5;
+    const float s24 = (s22 / s23);
+    const float s25 = (s24 / s15);
+    const float s26 = (s25 + s2);
+    const float s27 = r6;
+    const float s28 = (s26 * s27);
+    const float s29 = p2[i0];
+    const float s30 = (s29 - s28);
+    p0[i0] = s10;
+    p1[i0] = s22;
+    p2[i0] = s30;
+  }
+}
+
+[[gnu::noinline]] static void loop35(float *__restrict p0, float *__restrict p1,
+                                     const float *__restrict p2, const float *__restrict p3) {
+  for (int64_t i0 = 0; i0 < 128; ++i0) {
+    for (int64_t i1 = 0; i1 < 64; ++i1) {
+      const float s0 = p2[i0];
+      const float s1 = s0;
+      const float s2 = p3[i0 * 64 + i1];
+      const float s3 = (s2 - s1);
+      const float s4 = support::fexp(s3);
+      const float s5 = 0.125f;
+      const float s6 = (s4 * s5);
+      p0[i0 * 64 + i1] = s4;
+      p1[i0 * 64 + i1] = s6;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop36(float *__restrict p0, float *__restrict p1,
+                                     const float *__restrict p2, const float *__restrict p3) {
+  const float r0 = p2[0];
+  for (int64_t i0 = 0; i0 < 8192; ++i0) {
+    const float s0 = r0;
+    const float s1 = s0;
+    const float s2 = p3[i0];
+    const float s3 = (s2 - s1);
+    const float s4 = support::fexp(s3);
+    const float s5 = 0.125f;
+    const float s6 = (s4 * s5);
+    p0[i0] = s4;
+    p1[i0] = s6;
+  }
+}
+
 //===--- program `encode` ---===//
 
 meshrt::Mesh Encode::mesh() { return meshrt::Mesh({{"data", 2}, {"model", 2}}); }
@@ -18,149 +760,110 @@ support::Shape Encode::inputShape(const std::string &name) {
   throw std::invalid_argument("encode: no input named '" + name + "'");
 }
 
+/// `encode`'s params: paths, dims and layouts (its constructor and paramShards() read it).
+static constexpr support::ParamSpec kEncodeParams[] = {
+    {"encoder_layer[0]/random_features", false, "f32", "features:64:64: d_head:16:16:"},
+    {"encoder_layer[0]/norm/gain", false, "f32", "d_model:32:32:"},
+    {"encoder_layer[0]/norm/bias", false, "f32", "d_model:32:32:"},
+    {"encoder_layer[0]/heads_in/w", false, "f32", "d_model:32:32: heads:2:1:model d_head:16:16:"},
+    {"encoder_layer[0]/heads_in#1/w", false, "f32", "d_model:32:32: heads:2:1:model d_head:16:16:"},
+    {"encoder_layer[0]/heads_in#2/w", false, "f32", "d_model:32:32: heads:2:1:model d_head:16:16:"},
+    {"encoder_layer[0]/heads_out/w", false, "f32", "heads:2:1:model d_head:16:16: d_model:32:32:"},
+    {"encoder_layer[0]/norm#1/gain", false, "f32", "d_model:32:32:"},
+    {"encoder_layer[0]/norm#1/bias", false, "f32", "d_model:32:32:"},
+    {"encoder_layer[0]/ffn/w_in", false, "f32", "d_model:32:32: d_ff:128:128:"},
+    {"encoder_layer[0]/ffn/w_out", false, "f32", "d_ff:128:128: d_model:32:32:"},
+    {"encoder_layer[1]/random_features", false, "f32", "features:64:64: d_head:16:16:"},
+    {"encoder_layer[1]/norm/gain", false, "f32", "d_model:32:32:"},
+    {"encoder_layer[1]/norm/bias", false, "f32", "d_model:32:32:"},
+    {"encoder_layer[1]/heads_in/w", false, "f32", "d_model:32:32: heads:2:1:model d_head:16:16:"},
+    {"encoder_layer[1]/heads_in#1/w", false, "f32", "d_model:32:32: heads:2:1:model d_head:16:16:"},
+    {"encoder_layer[1]/heads_in#2/w", false, "f32", "d_model:32:32: heads:2:1:model d_head:16:16:"},
+    {"encoder_layer[1]/heads_out/w", false, "f32", "heads:2:1:model d_head:16:16: d_model:32:32:"},
+    {"encoder_layer[1]/norm#1/gain", false, "f32", "d_model:32:32:"},
+    {"encoder_layer[1]/norm#1/bias", false, "f32", "d_model:32:32:"},
+    {"encoder_layer[1]/ffn/w_in", false, "f32", "d_model:32:32: d_ff:128:128:"},
+    {"encoder_layer[1]/ffn/w_out", false, "f32", "d_ff:128:128: d_model:32:32:"},
+    {"norm/gain", false, "f32", "d_model:32:32:"},
+    {"norm/bias", false, "f32", "d_model:32:32:"}};
+
 Encode::Encode(meshrt::Communicator &world, uint64_t seed)
     : world_(support::checkedWorld(world, mesh(), "encode")), seed_(seed),
       group_model(world_.subgroup(std::vector<std::string>{"model"})) {
-  // encoder_layer[0]/random_features: orthogonal (performer.mesh:103)
-  param0_encoder_layer_0_random_features.resize(1024);
-  {
-    const meshrt::kernels::Shard shard{{64, 16}, {0, 0}, {64, 16}};
-    const auto init = meshrt::kernels::makeInit("orthogonal", {{"scale", 1.0}});
-    support::fillParam(param0_encoder_layer_0_random_features.data(), shard, seed,
-                       "encoder_layer[0]/random_features", init, meshrt::kernels::ValueType::F32);
-  }
-  // encoder_layer[0]/norm/gain: ones (performer.mesh:27)
-  param1_encoder_layer_0_norm_gain.assign(32, support::roundValue(support::DType::F32, 1.0));
-  // encoder_layer[0]/norm/bias: zeros (performer.mesh:28)
-  param2_encoder_layer_0_norm_bias.assign(32, support::roundValue(support::DType::F32, 0.0));
-  // encoder_layer[0]/heads_in/w: normal (performer.mesh:44)
-  param3_encoder_layer_0_heads_in_w.resize(512);
-  {
-    const meshrt::kernels::Shard shard{
-        {32, 2, 16}, {0, support::shardStart(world_, {"model"}, 1), 0}, {32, 1, 16}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}});
-    support::fillParam(param3_encoder_layer_0_heads_in_w.data(), shard, seed,
-                       "encoder_layer[0]/heads_in/w", init, meshrt::kernels::ValueType::F32);
-  }
-  // encoder_layer[0]/heads_in#1/w: normal (performer.mesh:44)
-  param4_encoder_layer_0_heads_in_1_w.resize(512);
-  {
-    const meshrt::kernels::Shard shard{
-        {32, 2, 16}, {0, support::shardStart(world_, {"model"}, 1), 0}, {32, 1, 16}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}});
-    support::fillParam(param4_encoder_layer_0_heads_in_1_w.data(), shard, seed,
-                       "encoder_layer[0]/heads_in#1/w", init, meshrt::kernels::ValueType::F32);
-  }
-  // encoder_layer[0]/heads_in#2/w: normal (performer.mesh:44)
-  param5_encoder_layer_0_heads_in_2_w.resize(512);
-  {
-    const meshrt::kernels::Shard shard{
-        {32, 2, 16}, {0, support::shardStart(world_, {"model"}, 1), 0}, {32, 1, 16}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}});
-    support::fillParam(param5_encoder_layer_0_heads_in_2_w.data(), shard, seed,
-                       "encoder_layer[0]/heads_in#2/w", init, meshrt::kernels::ValueType::F32);
-  }
-  // encoder_layer[0]/heads_out/w: normal (performer.mesh:49)
-  param6_encoder_layer_0_heads_out_w.resize(512);
-  {
-    const meshrt::kernels::Shard shard{
-        {2, 16, 32}, {support::shardStart(world_, {"model"}, 1), 0, 0}, {1, 16, 32}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}});
-    support::fillParam(param6_encoder_layer_0_heads_out_w.data(), shard, seed,
-                       "encoder_layer[0]/heads_out/w", init, meshrt::kernels::ValueType::F32);
-  }
-  // encoder_layer[0]/norm#1/gain: ones (performer.mesh:27)
-  param7_encoder_layer_0_norm_1_gain.assign(32, support::roundValue(support::DType::F32, 1.0));
-  // encoder_layer[0]/norm#1/bias: zeros (performer.mesh:28)
-  param8_encoder_layer_0_norm_1_bias.assign(32, support::roundValue(support::DType::F32, 0.0));
-  // encoder_layer[0]/ffn/w_in: normal (performer.mesh:94)
-  param9_encoder_layer_0_ffn_w_in.resize(4096);
-  {
-    const meshrt::kernels::Shard shard{{32, 128}, {0, 0}, {32, 128}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}});
-    support::fillParam(param9_encoder_layer_0_ffn_w_in.data(), shard, seed,
-                       "encoder_layer[0]/ffn/w_in", init, meshrt::kernels::ValueType::F32);
-  }
-  // encoder_layer[0]/ffn/w_out: normal (performer.mesh:95)
-  param10_encoder_layer_0_ffn_w_out.resize(4096);
-  {
-    const meshrt::kernels::Shard shard{{128, 32}, {0, 0}, {128, 32}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.09}});
-    support::fillParam(param10_encoder_layer_0_ffn_w_out.data(), shard, seed,
-                       "encoder_layer[0]/ffn/w_out", init, meshrt::kernels::ValueType::F32);
-  }
-  // encoder_layer[1]/random_features: orthogonal (performer.mesh:103)
-  param11_encoder_layer_1_random_features.resize(1024);
-  {
-    const meshrt::kernels::Shard shard{{64, 16}, {0, 0}, {64, 16}};
-    const auto init = meshrt::kernels::makeInit("orthogonal", {{"scale", 1.0}});
-    support::fillParam(param11_encoder_layer_1_random_features.data(), shard, seed,
-                       "encoder_layer[1]/random_features", init, meshrt::kernels::ValueType::F32);
-  }
-  // encoder_layer[1]/norm/gain: ones (performer.mesh:27)
-  param12_encoder_layer_1_norm_gain.assign(32, support::roundValue(support::DType::F32, 1.0));
-  // encoder_layer[1]/norm/bias: zeros (performer.mesh:28)
-  param13_encoder_layer_1_norm_bias.assign(32, support::roundValue(support::DType::F32, 0.0));
-  // encoder_layer[1]/heads_in/w: normal (performer.mesh:44)
-  param14_encoder_layer_1_heads_in_w.resize(512);
-  {
-    const meshrt::kernels::Shard shard{
-        {32, 2, 16}, {0, support::shardStart(world_, {"model"}, 1), 0}, {32, 1, 16}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}});
-    support::fillParam(param14_encoder_layer_1_heads_in_w.data(), shard, seed,
-                       "encoder_layer[1]/heads_in/w", init, meshrt::kernels::ValueType::F32);
-  }
-  // encoder_layer[1]/heads_in#1/w: normal (performer.mesh:44)
-  param15_encoder_layer_1_heads_in_1_w.resize(512);
-  {
-    const meshrt::kernels::Shard shard{
-        {32, 2, 16}, {0, support::shardStart(world_, {"model"}, 1), 0}, {32, 1, 16}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}});
-    support::fillParam(param15_encoder_layer_1_heads_in_1_w.data(), shard, seed,
-                       "encoder_layer[1]/heads_in#1/w", init, meshrt::kernels::ValueType::F32);
-  }
-  // encoder_layer[1]/heads_in#2/w: normal (performer.mesh:44)
-  param16_encoder_layer_1_heads_in_2_w.resize(512);
-  {
-    const meshrt::kernels::Shard shard{
-        {32, 2, 16}, {0, support::shardStart(world_, {"model"}, 1), 0}, {32, 1, 16}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}});
-    support::fillParam(param16_encoder_layer_1_heads_in_2_w.data(), shard, seed,
-                       "encoder_layer[1]/heads_in#2/w", init, meshrt::kernels::ValueType::F32);
-  }
-  // encoder_layer[1]/heads_out/w: normal (performer.mesh:49)
-  param17_encoder_layer_1_heads_out_w.resize(512);
-  {
-    const meshrt::kernels::Shard shard{
-        {2, 16, 32}, {support::shardStart(world_, {"model"}, 1), 0, 0}, {1, 16, 32}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}});
-    support::fillParam(param17_encoder_layer_1_heads_out_w.data(), shard, seed,
-                       "encoder_layer[1]/heads_out/w", init, meshrt::kernels::ValueType::F32);
-  }
-  // encoder_layer[1]/norm#1/gain: ones (performer.mesh:27)
-  param18_encoder_layer_1_norm_1_gain.assign(32, support::roundValue(support::DType::F32, 1.0));
-  // encoder_layer[1]/norm#1/bias: zeros (performer.mesh:28)
-  param19_encoder_layer_1_norm_1_bias.assign(32, support::roundValue(support::DType::F32, 0.0));
-  // encoder_layer[1]/ffn/w_in: normal (performer.mesh:94)
-  param20_encoder_layer_1_ffn_w_in.resize(4096);
-  {
-    const meshrt::kernels::Shard shard{{32, 128}, {0, 0}, {32, 128}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}});
-    support::fillParam(param20_encoder_layer_1_ffn_w_in.data(), shard, seed,
-                       "encoder_layer[1]/ffn/w_in", init, meshrt::kernels::ValueType::F32);
-  }
-  // encoder_layer[1]/ffn/w_out: normal (performer.mesh:95)
-  param21_encoder_layer_1_ffn_w_out.resize(4096);
-  {
-    const meshrt::kernels::Shard shard{{128, 32}, {0, 0}, {128, 32}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.09}});
-    support::fillParam(param21_encoder_layer_1_ffn_w_out.data(), shard, seed,
-                       "encoder_layer[1]/ffn/w_out", init, meshrt::kernels::ValueType::F32);
-  }
-  // norm/gain: ones (performer.mesh:27)
-  param22_norm_gain.assign(32, support::roundValue(support::DType::F32, 1.0));
-  // norm/bias: zeros (performer.mesh:28)
-  param23_norm_bias.assign(32, support::roundValue(support::DType::F32, 0.0));
+  static constexpr support::ParamInit inits[] = {
+      // encoder_layer[0]/random_features (performer.mesh:103)
+      {"orthogonal", support::DType::F32, {{"scale", 1.0}}},
+      // encoder_layer[0]/norm/gain (performer.mesh:27)
+      {"ones", support::DType::F32, {}},
+      // encoder_layer[0]/norm/bias (performer.mesh:28)
+      {"zeros", support::DType::F32, {}},
+      // encoder_layer[0]/heads_in/w (performer.mesh:44)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.18}}},
+      // encoder_layer[0]/heads_in#1/w (performer.mesh:44)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.18}}},
+      // encoder_layer[0]/heads_in#2/w (performer.mesh:44)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.18}}},
+      // encoder_layer[0]/heads_out/w (performer.mesh:49)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.18}}},
+      // encoder_layer[0]/norm#1/gain (performer.mesh:27)
+      {"ones", support::DType::F32, {}},
+      // encoder_layer[0]/norm#1/bias (performer.mesh:28)
+      {"zeros", support::DType::F32, {}},
+      // encoder_layer[0]/ffn/w_in (performer.mesh:94)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.18}}},
+      // encoder_layer[0]/ffn/w_out (performer.mesh:95)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.09}}},
+      // encoder_layer[1]/random_features (performer.mesh:103)
+      {"orthogonal", support::DType::F32, {{"scale", 1.0}}},
+      // encoder_layer[1]/norm/gain (performer.mesh:27)
+      {"ones", support::DType::F32, {}},
+      // encoder_layer[1]/norm/bias (performer.mesh:28)
+      {"zeros", support::DType::F32, {}},
+      // encoder_layer[1]/heads_in/w (performer.mesh:44)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.18}}},
+      // encoder_layer[1]/heads_in#1/w (performer.mesh:44)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.18}}},
+      // encoder_layer[1]/heads_in#2/w (performer.mesh:44)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.18}}},
+      // encoder_layer[1]/heads_out/w (performer.mesh:49)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.18}}},
+      // encoder_layer[1]/norm#1/gain (performer.mesh:27)
+      {"ones", support::DType::F32, {}},
+      // encoder_layer[1]/norm#1/bias (performer.mesh:28)
+      {"zeros", support::DType::F32, {}},
+      // encoder_layer[1]/ffn/w_in (performer.mesh:94)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.18}}},
+      // encoder_layer[1]/ffn/w_out (performer.mesh:95)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.09}}},
+      // norm/gain (performer.mesh:27)
+      {"ones", support::DType::F32, {}},
+      // norm/bias (performer.mesh:28)
+      {"zeros", support::DType::F32, {}}};
+  support::Buffer *const data[] = {&param0_encoder_layer_0_random_features,
+                                   &param1_encoder_layer_0_norm_gain,
+                                   &param2_encoder_layer_0_norm_bias,
+                                   &param3_encoder_layer_0_heads_in_w,
+                                   &param4_encoder_layer_0_heads_in_1_w,
+                                   &param5_encoder_layer_0_heads_in_2_w,
+                                   &param6_encoder_layer_0_heads_out_w,
+                                   &param7_encoder_layer_0_norm_1_gain,
+                                   &param8_encoder_layer_0_norm_1_bias,
+                                   &param9_encoder_layer_0_ffn_w_in,
+                                   &param10_encoder_layer_0_ffn_w_out,
+                                   &param11_encoder_layer_1_random_features,
+                                   &param12_encoder_layer_1_norm_gain,
+                                   &param13_encoder_layer_1_norm_bias,
+                                   &param14_encoder_layer_1_heads_in_w,
+                                   &param15_encoder_layer_1_heads_in_1_w,
+                                   &param16_encoder_layer_1_heads_in_2_w,
+                                   &param17_encoder_layer_1_heads_out_w,
+                                   &param18_encoder_layer_1_norm_1_gain,
+                                   &param19_encoder_layer_1_norm_1_bias,
+                                   &param20_encoder_layer_1_ffn_w_in,
+                                   &param21_encoder_layer_1_ffn_w_out,
+                                   &param22_norm_gain,
+                                   &param23_norm_bias};
+  support::initParams(world_, seed, -1, kEncodeParams, inits, data);
   computeInvariants();
 }
 
@@ -168,112 +871,47 @@ void Encode::computeInvariants() {
 
   // performer.mesh:35:23 iota
   support::View v1 = persistent_.view(0, 128);
-  static const support::Shape shape0_1 = {128};
-  static const support::Shape shape0_2 = {1};
-  support::iota(v1.data(), shape0_1, shape0_2, 0);
+  support::iota(v1.data(), kShape0, kShape1, 0);
 
   // performer.mesh:35:18 cast -> position
   support::View v2 = persistent_.view(512, 128);
-  {
-    float *__restrict v2p = v2.data();
-    const float *__restrict v1p = v1.data();
-    for (int64_t i0 = 0; i0 < 128; ++i0) {
-      const float s0 = v1p[i0];
-      const float s1 = s0;
-      v2p[i0] = s1;
-    }
-  }
+  loop0(v2.data(), v1.data());
 
   // performer.mesh:36:36 iota
   support::View v3 = persistent_.view(1024, 16);
-  static const support::Shape shape2_1 = {16};
-  static const support::Shape shape2_2 = {1};
-  support::iota(v3.data(), shape2_1, shape2_2, 0);
+  support::iota(v3.data(), kShape2, kShape1, 0);
 
   // performer.mesh:36:31 cast
   support::View v4 = persistent_.view(1088, 16);
-  {
-    float *__restrict v4p = v4.data();
-    const float *__restrict v3p = v3.data();
-    for (int64_t i0 = 0; i0 < 16; ++i0) {
-      const float s0 = v3p[i0];
-      const float s1 = s0;
-      v4p[i0] = s1;
-    }
-  }
+  loop1(v4.data(), v3.data());
 
   // performer.mesh:36:53 mul
   support::View v6 = persistent_.view(1216, 16);
-  {
-    float *__restrict v6p = v6.data();
-    const float *__restrict v4p = v4.data();
-    for (int64_t i0 = 0; i0 < 16; ++i0) {
-      const float s0 = v4p[i0];
-      const float s1 = -0.5756f;
-      const float s2 = (s0 * s1);
-      v6p[i0] = s2;
-    }
-  }
+  loop2(v6.data(), v4.data());
 
   // performer.mesh:36:27 exp -> inverse_frequency
   support::View v7 = persistent_.view(1280, 16);
-  {
-    float *__restrict v7p = v7.data();
-    const float *__restrict v6p = v6.data();
-    for (int64_t i0 = 0; i0 < 16; ++i0) {
-      const float s0 = v6p[i0];
-      const float s1 = support::fexp(s0);
-      v7p[i0] = s1;
-    }
-  }
+  loop3(v7.data(), v6.data());
 
   // performer.mesh:37:24 mul -> angle
   support::View v8 = persistent_.view(1344, 2048);
-  {
-    float *__restrict v8p = v8.data();
-    const float *__restrict v2p = v2.data();
-    const float *__restrict v7p = v7.data();
-    for (int64_t i0 = 0; i0 < 128; ++i0) {
-      for (int64_t i1 = 0; i1 < 16; ++i1) {
-        const float s0 = v2p[i0];
-        const float s1 = v7p[i1];
-        const float s2 = (s0 * s1);
-        v8p[i0 * 16 + i1] = s2;
-      }
-    }
-  }
+  loop4(v8.data(), v2.data(), v7.data());
 
   // performer.mesh:38:17 sin
   support::View v9 = persistent_.view(9536, 2048);
-  {
-    float *__restrict v9p = v9.data();
-    const float *__restrict v8p = v8.data();
-    for (int64_t i0 = 0; i0 < 2048; ++i0) {
-      const float s0 = v8p[i0];
-      const float s1 = support::fsin(s0);
-      v9p[i0] = s1;
-    }
-  }
+  loop5(v9.data(), v8.data());
 
   // performer.mesh:38:29 cos
   support::View v10 = persistent_.view(17728, 2048);
-  {
-    float *__restrict v10p = v10.data();
-    const float *__restrict v8p = v8.data();
-    for (int64_t i0 = 0; i0 < 2048; ++i0) {
-      const float s0 = v8p[i0];
-      const float s1 = support::fcos(s0);
-      v10p[i0] = s1;
-    }
-  }
+  loop6(v10.data(), v8.data());
 }
 
 Encode::Outputs Encode::run(const Inputs &inputs) {
   MESHRT_TRACE_RUN(world_, "encode");
-  // Arena: 147456 bytes for 1028616 bytes of temporaries (placed by liveness).
+  // Arena: 147456 bytes for 1110536 bytes of temporaries (placed by liveness).
   support::checkShape("input", "x", inputs.x, {1, 128, 32});
   runPart0(inputs);
-  support::View v137 = arena_.view(0, 4096);
+  support::View v137 = arena_.view(16384, 4096);
 
   Outputs outputs;
   outputs.y = support::Tensor{{1, 128, 32}, support::Buffer(v137.begin(), v137.end())};
@@ -288,47 +926,34 @@ void Encode::runPart0(const Inputs &inputs) {
   MESHRT_TRACE("concat", "performer.mesh:38:10", "forward");
   support::View v9 = persistent_.view(9536, 2048);
   support::View v11 = arena_.slot(0, 4096);
-  static const support::Shape shape0_2 = {128};
-  static const support::Shape shape0_3 = {32};
-  static const support::Shape shape0_4 = {16};
-  support::copyWindow(v11.data(), v9.data(), shape0_2, shape0_3, shape0_4, 1, 1, 32, 16,
-                      int64_t(0));
+  support::copyWindow(v11.data(), v9.data(), kShape0, kShape3, kShape2, 1, 1, 32, 16, int64_t(0));
 
   // performer.mesh:38:10 concat
   MESHRT_TRACE("concat", "performer.mesh:38:10", "forward");
   support::View v10 = persistent_.view(17728, 2048);
-  static const support::Shape shape1_2 = {128};
-  static const support::Shape shape1_3 = {32};
-  static const support::Shape shape1_4 = {16};
-  support::copyWindow(v11.data(), v10.data(), shape1_2, shape1_3, shape1_4, 1, 1, 32, 16,
-                      int64_t(16));
+  support::copyWindow(v11.data(), v10.data(), kShape0, kShape3, kShape2, 1, 1, 32, 16, int64_t(16));
 
   // performer.mesh:122:39 add -> h
   MESHRT_TRACE("loop", "performer.mesh:122:39", "forward");
   const support::Buffer &v0 = inputs.x.data;
   support::View v12 = arena_.view(98304, 4096);
-  {
-    float *__restrict v12p = v12.data();
-    const float *__restrict v0p = v0.data();
-    const float *__restrict v11p = v11.data();
-    for (int64_t i0 = 0; i0 < 4096; ++i0) {
-      const float s0 = v0p[i0];
-      const float s1 = v11p[i0];
-      const float s2 = (s0 + s1);
-      v12p[i0] = s2;
-    }
-  }
+  loop7(v12.data(), v0.data(), v11.data());
 
   // performer.mesh:29:10 layer_norm
+  MESHRT_TRACE("layer_norm", "performer.mesh:29:10", "forward");
+  support::View v16 = arena_.view(0, 4096);
+  support::along(v16.data(), v12.data(), kShape4, kShape5, kShape5, kShape3, kShape1, kShape1,
+                 support::Along::LayerNorm, 1e-05, 32, nullptr);
+
   // performer.mesh:29:33 mul
   // performer.mesh:29:40 add -> n
-  MESHRT_TRACE("layer_norm", "performer.mesh:29:10", "forward");
+  MESHRT_TRACE("loop", "performer.mesh:29:33", "forward");
   const support::Buffer &v14 = param1_encoder_layer_0_norm_gain;
   const support::Buffer &v15 = param2_encoder_layer_0_norm_bias;
   support::View v18 = arena_.view(114688, 4096);
-  support::layerNormAffine(v18.data(), v12.data(), 128, 32, v14.data(), v15.data(), 1e-05, 32);
+  loop8(v18.data(), v16.data(), v14.data(), v15.data());
 
-  // 29 statements from performer.mesh:45:10 einsum (1 of 2)
+  // 31 statements from performer.mesh:45:10 einsum (1 of 2)
   MESHRT_TRACE_SITE("performer.mesh:45:10");
   const support::Buffer &v19 = param3_encoder_layer_0_heads_in_w;
   support::View v20 = arena_.view(32768, 2048);
@@ -357,23 +982,25 @@ void Encode::runPart0(const Inputs &inputs) {
   const support::Buffer &v58 = param6_encoder_layer_0_heads_out_w;
   support::View v59 = arena_.view(0, 4096);
   support::View v61 = arena_.view(131072, 4096);
-  support::View v66 = arena_.view(65536, 4096);
+  support::View v64 = arena_.view(0, 4096);
   const support::Buffer &v62 = param7_encoder_layer_0_norm_1_gain;
   const support::Buffer &v63 = param8_encoder_layer_0_norm_1_bias;
+  support::View v66 = arena_.view(65536, 4096);
   const support::Buffer &v67 = param9_encoder_layer_0_ffn_w_in;
   support::View v69 = arena_.view(0, 16384);
   support::View v70 = arena_.view(65536, 16384);
   const support::Buffer &v68 = param10_encoder_layer_0_ffn_w_out;
   support::View v71 = arena_.view(0, 4096);
   support::View v72 = arena_.view(98304, 4096);
+  support::View v76 = arena_.view(0, 4096);
   const support::Buffer &v74 = param12_encoder_layer_1_norm_gain;
   const support::Buffer &v75 = param13_encoder_layer_1_norm_bias;
   support::View v78 = arena_.view(114688, 4096);
   repeated0(v18, v19, v20, v13, v23, v24, v25, v28, v29, v34, v35, v36, v39, v40, v41, v44, v45,
-            v50, v51, v52, v53, v54, v55, v56, v57, v58, v59, v12, v61, v66, v62, v63, v67, v69,
-            v70, v68, v71, v72, v78, v74, v75);
+            v50, v51, v52, v53, v54, v55, v56, v57, v58, v59, v12, v61, v64, v62, v63, v66, v67,
+            v69, v70, v68, v71, v72, v76, v74, v75, v78);
 
-  // 29 statements from performer.mesh:45:10 einsum (2 of 2)
+  // 31 statements from performer.mesh:45:10 einsum (2 of 2)
   MESHRT_TRACE_SITE("performer.mesh:45:10");
   const support::Buffer &v79 = param14_encoder_layer_1_heads_in_w;
   support::View v80 = arena_.view(32768, 2048);
@@ -402,21 +1029,23 @@ void Encode::runPart0(const Inputs &inputs) {
   const support::Buffer &v118 = param17_encoder_layer_1_heads_out_w;
   support::View v119 = arena_.view(0, 4096);
   support::View v121 = arena_.view(131072, 4096);
-  support::View v126 = arena_.view(65536, 4096);
+  support::View v124 = arena_.view(0, 4096);
   const support::Buffer &v122 = param18_encoder_layer_1_norm_1_gain;
   const support::Buffer &v123 = param19_encoder_layer_1_norm_1_bias;
+  support::View v126 = arena_.view(65536, 4096);
   const support::Buffer &v127 = param20_encoder_layer_1_ffn_w_in;
   support::View v129 = arena_.view(0, 16384);
   support::View v130 = arena_.view(65536, 16384);
   const support::Buffer &v128 = param21_encoder_layer_1_ffn_w_out;
   support::View v131 = arena_.view(0, 4096);
   support::View v132 = arena_.view(16384, 4096);
+  support::View v135 = arena_.view(0, 4096);
   const support::Buffer &v133 = param22_norm_gain;
   const support::Buffer &v134 = param23_norm_bias;
-  support::View v137 = arena_.view(0, 4096);
+  support::View v137 = arena_.view(16384, 4096);
   repeated0(v78, v79, v80, v73, v83, v84, v85, v88, v89, v94, v95, v96, v99, v100, v101, v104, v105,
-            v110, v111, v112, v113, v114, v115, v116, v117, v118, v119, v72, v121, v126, v122, v123,
-            v127, v129, v130, v128, v131, v132, v137, v133, v134);
+            v110, v111, v112, v113, v114, v115, v116, v117, v118, v119, v72, v121, v124, v122, v123,
+            v126, v127, v129, v130, v128, v131, v132, v135, v133, v134, v137);
 }
 
 void Encode::repeated0(support::ConstView a0, support::ConstView a1, support::View a2,
@@ -428,161 +1057,77 @@ void Encode::repeated0(support::ConstView a0, support::ConstView a1, support::Vi
                        support::View a21, support::View a22, support::View a23, support::View a24,
                        support::ConstView a25, support::View a26, support::ConstView a27,
                        support::View a28, support::View a29, support::ConstView a30,
-                       support::ConstView a31, support::ConstView a32, support::View a33,
-                       support::View a34, support::ConstView a35, support::View a36,
-                       support::View a37, support::View a38, support::ConstView a39,
-                       support::ConstView a40) {
+                       support::ConstView a31, support::View a32, support::ConstView a33,
+                       support::View a34, support::View a35, support::ConstView a36,
+                       support::View a37, support::View a38, support::View a39,
+                       support::ConstView a40, support::ConstView a41, support::View a42) {
   MESHRT_TRACE_SPAN(world_);
 
   // performer.mesh:45:10 einsum
   // performer.mesh:56:18 mul -> scaled
   MESHRT_TRACE("gemm", "performer.mesh:45:10", "forward");
   // dims: batch, seq, d_model, heads, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan0(
-      {{1, 128, 32, 1, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan0.run(a0.data(), a1.data(), a2.data(), 0.5f, 0.0f);
+  kEinsum0.plan().run(a0.data(), a1.data(), a2.data(), 0.5f, 0.0f);
 
   // performer.mesh:57:10 einsum
   MESHRT_TRACE("gemm", "performer.mesh:57:10", "forward");
   // dims: batch, seq, heads, d_head, features
-  static const meshrt::kernels::EinsumPlan einsumPlan1(
-      {{1, 128, 1, 16, 64}, {{{0, 1, 2, 3}, {}}, {{4, 3}, {}}}, {{0, 1, 2, 4}, {}}});
-  einsumPlan1.run(a2.data(), a3.data(), a4.data(), 1.0f, 0.0f);
+  kEinsum1.plan().run(a2.data(), a3.data(), a4.data(), 1.0f, 0.0f);
 
   // performer.mesh:57:65 square
   MESHRT_TRACE("loop", "performer.mesh:57:65", "forward");
-  {
-    float *__restrict a5p = a5.data();
-    const float *__restrict a2p = a2.data();
-    for (int64_t i0 = 0; i0 < 2048; ++i0) {
-      const float s0 = a2p[i0];
-      const float s1 = s0 * s0;
-      a5p[i0] = s1;
-    }
-  }
+  loop9(a5.data(), a2.data());
 
   // performer.mesh:57:61 sum
   MESHRT_TRACE("sum", "performer.mesh:57:61", "forward");
-  static const support::Shape shape3_1 = {1, 128, 1};
-  static const support::Shape shape3_3 = {2048, 16, 16};
-  static const support::Shape shape3_4 = {16};
-  static const support::Shape shape3_5 = {1};
-  support::reduce(a6.data(), shape3_1, a5.data(), shape3_3, shape3_4, shape3_5,
-                  support::Reduce::Sum, 1.0);
+  support::reduce(a6.data(), kShape6, a5.data(), kShape7, kShape2, kShape1, support::Reduce::Sum,
+                  1.0);
 
   // performer.mesh:57:89 mul
   // performer.mesh:57:59 sub -> logits
   MESHRT_TRACE("loop", "performer.mesh:57:89", "forward");
-  {
-    float *__restrict a7p = a7.data();
-    const float *__restrict a6p = a6.data();
-    const float *__restrict a4p = a4.data();
-    for (int64_t i0 = 0; i0 < 128; ++i0) {
-      for (int64_t i1 = 0; i1 < 64; ++i1) {
-        const float s0 = a6p[i0];
-        const float s1 = 0.5f;
-        const float s2 = (s0 * s1);
-        const float s3 = a4p[i0 * 64 + i1];
-        const float s4 = (s3 - s2);
-        a7p[i0 * 64 + i1] = s4;
-      }
-    }
-  }
+  loop10(a7.data(), a6.data(), a4.data());
 
   // performer.mesh:66:37 max
   MESHRT_TRACE("max", "performer.mesh:66:37", "forward");
-  static const support::Shape shape5_1 = {1, 128, 1};
-  static const support::Shape shape5_3 = {8192, 64, 64};
-  static const support::Shape shape5_4 = {64};
-  static const support::Shape shape5_5 = {1};
-  support::reduce(a8.data(), shape5_1, a7.data(), shape5_3, shape5_4, shape5_5,
-                  support::Reduce::Max, 1.0);
+  support::reduce(a8.data(), kShape6, a7.data(), kShape8, kShape9, kShape1, support::Reduce::Max,
+                  1.0);
 
   // performer.mesh:66:23 stop_gradient
   // performer.mesh:66:21 sub
   // performer.mesh:66:10 exp
   // performer.mesh:66:61 mul -> qf
   MESHRT_TRACE("loop", "performer.mesh:66:23", "forward");
-  {
-    float *__restrict a9p = a9.data();
-    const float *__restrict a8p = a8.data();
-    const float *__restrict a7p = a7.data();
-    for (int64_t i0 = 0; i0 < 128; ++i0) {
-      for (int64_t i1 = 0; i1 < 64; ++i1) {
-        const float s0 = a8p[i0];
-        const float s1 = s0;
-        const float s2 = a7p[i0 * 64 + i1];
-        const float s3 = (s2 - s1);
-        const float s4 = support::fexp(s3);
-        const float s5 = 0.125f;
-        const float s6 = (s4 * s5);
-        a9p[i0 * 64 + i1] = s6;
-      }
-    }
-  }
+  loop11(a9.data(), a8.data(), a7.data());
 
   // performer.mesh:45:10 einsum
   // performer.mesh:56:18 mul -> scaled
   MESHRT_TRACE("gemm", "performer.mesh:45:10", "forward");
   // dims: batch, seq, d_model, heads, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan7(
-      {{1, 128, 32, 1, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan7.run(a0.data(), a10.data(), a11.data(), 0.5f, 0.0f);
+  kEinsum0.plan().run(a0.data(), a10.data(), a11.data(), 0.5f, 0.0f);
 
   // performer.mesh:57:10 einsum
   MESHRT_TRACE("gemm", "performer.mesh:57:10", "forward");
   // dims: batch, seq, heads, d_head, features
-  static const meshrt::kernels::EinsumPlan einsumPlan8(
-      {{1, 128, 1, 16, 64}, {{{0, 1, 2, 3}, {}}, {{4, 3}, {}}}, {{0, 1, 2, 4}, {}}});
-  einsumPlan8.run(a11.data(), a3.data(), a12.data(), 1.0f, 0.0f);
+  kEinsum1.plan().run(a11.data(), a3.data(), a12.data(), 1.0f, 0.0f);
 
   // performer.mesh:57:65 square
   MESHRT_TRACE("loop", "performer.mesh:57:65", "forward");
-  {
-    float *__restrict a13p = a13.data();
-    const float *__restrict a11p = a11.data();
-    for (int64_t i0 = 0; i0 < 2048; ++i0) {
-      const float s0 = a11p[i0];
-      const float s1 = s0 * s0;
-      a13p[i0] = s1;
-    }
-  }
+  loop9(a13.data(), a11.data());
 
   // performer.mesh:57:61 sum
   MESHRT_TRACE("sum", "performer.mesh:57:61", "forward");
-  static const support::Shape shape10_1 = {1, 128, 1};
-  static const support::Shape shape10_3 = {2048, 16, 16};
-  static const support::Shape shape10_4 = {16};
-  static const support::Shape shape10_5 = {1};
-  support::reduce(a14.data(), shape10_1, a13.data(), shape10_3, shape10_4, shape10_5,
-                  support::Reduce::Sum, 1.0);
+  support::reduce(a14.data(), kShape6, a13.data(), kShape7, kShape2, kShape1, support::Reduce::Sum,
+                  1.0);
 
   // performer.mesh:57:89 mul
   // performer.mesh:57:59 sub -> logits
   MESHRT_TRACE("loop", "performer.mesh:57:89", "forward");
-  {
-    float *__restrict a15p = a15.data();
-    const float *__restrict a14p = a14.data();
-    const float *__restrict a12p = a12.data();
-    for (int64_t i0 = 0; i0 < 128; ++i0) {
-      for (int64_t i1 = 0; i1 < 64; ++i1) {
-        const float s0 = a14p[i0];
-        const float s1 = 0.5f;
-        const float s2 = (s0 * s1);
-        const float s3 = a12p[i0 * 64 + i1];
-        const float s4 = (s3 - s2);
-        a15p[i0 * 64 + i1] = s4;
-      }
-    }
-  }
+  loop10(a15.data(), a14.data(), a12.data());
 
   // performer.mesh:71:37 max
   MESHRT_TRACE("max", "performer.mesh:71:37", "forward");
-  static const support::Shape shape12_1 = {1, 1};
-  static const support::Shape shape12_3 = {8192, 64};
-  static const support::Shape shape12_4 = {128, 64};
-  static const support::Shape shape12_5 = {64, 1};
-  support::reduce(a16.data(), shape12_1, a15.data(), shape12_3, shape12_4, shape12_5,
+  support::reduce(a16.data(), kShape10, a15.data(), kShape11, kShape12, kShape13,
                   support::Reduce::Max, 1.0);
 
   // performer.mesh:71:23 stop_gradient
@@ -590,82 +1135,41 @@ void Encode::repeated0(support::ConstView a0, support::ConstView a1, support::Vi
   // performer.mesh:71:10 exp
   // performer.mesh:71:66 mul -> kf
   MESHRT_TRACE("loop", "performer.mesh:71:23", "forward");
-  {
-    float *__restrict a17p = a17.data();
-    const float *__restrict a16p = a16.data();
-    const float *__restrict a15p = a15.data();
-    const float r0 = a16p[0];
-    for (int64_t i0 = 0; i0 < 8192; ++i0) {
-      const float s0 = r0;
-      const float s1 = s0;
-      const float s2 = a15p[i0];
-      const float s3 = (s2 - s1);
-      const float s4 = support::fexp(s3);
-      const float s5 = 0.125f;
-      const float s6 = (s4 * s5);
-      a17p[i0] = s6;
-    }
-  }
+  loop12(a17.data(), a16.data(), a15.data());
 
   // performer.mesh:45:10 einsum
   MESHRT_TRACE("gemm", "performer.mesh:45:10", "forward");
   // dims: batch, seq, d_model, heads, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan14(
-      {{1, 128, 32, 1, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan14.run(a0.data(), a18.data(), a19.data(), 1.0f, 0.0f);
+  kEinsum0.plan().run(a0.data(), a18.data(), a19.data(), 1.0f, 0.0f);
 
   // performer.mesh:77:12 einsum -> kv
   MESHRT_TRACE("gemm", "performer.mesh:77:12", "forward");
   // dims: batch, seq, heads, features, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan15(
-      {{1, 128, 1, 64, 16}, {{{0, 1, 2, 3}, {}}, {{0, 1, 2, 4}, {}}}, {{0, 2, 3, 4}, {}}});
-  einsumPlan15.run(a17.data(), a19.data(), a20.data(), 1.0f, 0.0f);
+  kEinsum2.plan().run(a17.data(), a19.data(), a20.data(), 1.0f, 0.0f);
 
   // performer.mesh:78:19 einsum -> numerator
   MESHRT_TRACE("gemm", "performer.mesh:78:19", "forward");
   // dims: batch, seq, heads, features, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan16(
-      {{1, 128, 1, 64, 16}, {{{0, 1, 2, 3}, {}}, {{0, 2, 3, 4}, {}}}, {{0, 1, 2, 4}, {}}});
-  einsumPlan16.run(a9.data(), a20.data(), a21.data(), 1.0f, 0.0f);
+  kEinsum3.plan().run(a9.data(), a20.data(), a21.data(), 1.0f, 0.0f);
 
   // performer.mesh:79:31 sum
   MESHRT_TRACE("sum", "performer.mesh:79:31", "forward");
-  static const support::Shape shape17_1 = {1, 1, 64};
-  static const support::Shape shape17_3 = {8192, 64, 1};
-  static const support::Shape shape17_4 = {128};
-  static const support::Shape shape17_5 = {64};
-  support::reduce(a22.data(), shape17_1, a17.data(), shape17_3, shape17_4, shape17_5,
+  support::reduce(a22.data(), kShape14, a17.data(), kShape15, kShape0, kShape9,
                   support::Reduce::Sum, 1.0);
 
   // performer.mesh:79:20 einsum -> normalizer
   MESHRT_TRACE("gemm", "performer.mesh:79:20", "forward");
   // dims: batch, seq, heads, features
-  static const meshrt::kernels::EinsumPlan einsumPlan18(
-      {{1, 128, 1, 64}, {{{0, 1, 2, 3}, {}}, {{0, 2, 3}, {}}}, {{0, 1, 2}, {}}});
-  einsumPlan18.run(a9.data(), a22.data(), a23.data(), 1.0f, 0.0f);
+  kEinsum4.plan().run(a9.data(), a22.data(), a23.data(), 1.0f, 0.0f);
 
   // performer.mesh:80:20 div
   MESHRT_TRACE("loop", "performer.mesh:80:20", "forward");
-  {
-    float *__restrict a24p = a24.data();
-    const float *__restrict a21p = a21.data();
-    const float *__restrict a23p = a23.data();
-    for (int64_t i0 = 0; i0 < 128; ++i0) {
-      for (int64_t i1 = 0; i1 < 16; ++i1) {
-        const float s0 = a21p[i0 * 16 + i1];
-        const float s1 = a23p[i0];
-        const float s2 = (s0 / s1);
-        a24p[i0 * 16 + i1] = s2;
-      }
-    }
-  }
+  loop13(a24.data(), a21.data(), a23.data());
 
   // performer.mesh:50:10 einsum
   MESHRT_TRACE("gemm", "performer.mesh:50:10", "forward");
   // dims: batch, seq, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan20(
-      {{1, 128, 1, 16, 32}, {{{0, 1, 2, 3}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 4}, {}}});
-  einsumPlan20.run(a24.data(), a25.data(), a26.data(), 1.0f, 0.0f);
+  kEinsum5.plan().run(a24.data(), a25.data(), a26.data(), 1.0f, 0.0f);
 
   // performer.mesh:107:13 all_reduce_sum (resolve the partial sum of %59 over model for add at
   // 107:13)
@@ -674,69 +1178,45 @@ void Encode::repeated0(support::ConstView a0, support::ConstView a1, support::Vi
 
   // performer.mesh:107:13 add -> h
   MESHRT_TRACE("loop", "performer.mesh:107:13", "forward");
-  {
-    float *__restrict a28p = a28.data();
-    const float *__restrict a27p = a27.data();
-    const float *__restrict a26p = a26.data();
-    for (int64_t i0 = 0; i0 < 4096; ++i0) {
-      const float s0 = a27p[i0];
-      const float s1 = a26p[i0];
-      const float s2 = (s0 + s1);
-      a28p[i0] = s2;
-    }
-  }
+  loop7(a28.data(), a27.data(), a26.data());
 
   // performer.mesh:29:10 layer_norm
+  MESHRT_TRACE("layer_norm", "performer.mesh:29:10", "forward");
+  support::along(a29.data(), a28.data(), kShape4, kShape5, kShape5, kShape3, kShape1, kShape1,
+                 support::Along::LayerNorm, 1e-05, 32, nullptr);
+
   // performer.mesh:29:33 mul
   // performer.mesh:29:40 add
-  MESHRT_TRACE("layer_norm", "performer.mesh:29:10", "forward");
-  support::layerNormAffine(a29.data(), a28.data(), 128, 32, a30.data(), a31.data(), 1e-05, 32);
+  MESHRT_TRACE("loop", "performer.mesh:29:33", "forward");
+  loop8(a32.data(), a29.data(), a30.data(), a31.data());
 
   // performer.mesh:96:22 einsum
   MESHRT_TRACE("gemm", "performer.mesh:96:22", "forward");
   // dims: batch, seq, d_model, d_ff
-  static const meshrt::kernels::EinsumPlan einsumPlan24(
-      {{1, 128, 32, 128}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan24.run(a29.data(), a32.data(), a33.data(), 1.0f, 0.0f);
+  kEinsum6.plan().run(a32.data(), a33.data(), a34.data(), 1.0f, 0.0f);
 
   // performer.mesh:96:17 gelu
   MESHRT_TRACE("loop", "performer.mesh:96:17", "forward");
-  {
-    float *__restrict a34p = a34.data();
-    const float *__restrict a33p = a33.data();
-    for (int64_t i0 = 0; i0 < 16384; ++i0) {
-      const float s0 = a33p[i0];
-      const float s1 = support::fgelu(s0);
-      a34p[i0] = s1;
-    }
-  }
+  loop14(a35.data(), a34.data());
 
   // performer.mesh:96:10 einsum
   MESHRT_TRACE("gemm", "performer.mesh:96:10", "forward");
   // dims: batch, seq, d_ff, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan26(
-      {{1, 128, 128, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan26.run(a34.data(), a35.data(), a36.data(), 1.0f, 0.0f);
+  kEinsum7.plan().run(a35.data(), a36.data(), a37.data(), 1.0f, 0.0f);
 
   // performer.mesh:108:12 add -> h
   MESHRT_TRACE("loop", "performer.mesh:108:12", "forward");
-  {
-    float *__restrict a37p = a37.data();
-    const float *__restrict a28p = a28.data();
-    const float *__restrict a36p = a36.data();
-    for (int64_t i0 = 0; i0 < 4096; ++i0) {
-      const float s0 = a28p[i0];
-      const float s1 = a36p[i0];
-      const float s2 = (s0 + s1);
-      a37p[i0] = s2;
-    }
-  }
+  loop7(a38.data(), a28.data(), a37.data());
 
   // performer.mesh:29:10 layer_norm
+  MESHRT_TRACE("layer_norm", "performer.mesh:29:10", "forward");
+  support::along(a39.data(), a38.data(), kShape4, kShape5, kShape5, kShape3, kShape1, kShape1,
+                 support::Along::LayerNorm, 1e-05, 32, nullptr);
+
   // performer.mesh:29:33 mul
   // performer.mesh:29:40 add -> n
-  MESHRT_TRACE("layer_norm", "performer.mesh:29:10", "forward");
-  support::layerNormAffine(a38.data(), a37.data(), 128, 32, a39.data(), a40.data(), 1e-05, 32);
+  MESHRT_TRACE("loop", "performer.mesh:29:33", "forward");
+  loop8(a42.data(), a39.data(), a40.data(), a41.data());
 }
 
 Encode::Inputs Encode::synthesizeInputs(uint64_t seed) const {
@@ -779,30 +1259,31 @@ support::Tensor Encode::gatherOutput(meshrt::Communicator &world, const std::str
 }
 
 std::vector<std::string> Encode::paramNames() {
-  return {"encoder_layer[0]/random_features",
-          "encoder_layer[0]/norm/gain",
-          "encoder_layer[0]/norm/bias",
-          "encoder_layer[0]/heads_in/w",
-          "encoder_layer[0]/heads_in#1/w",
-          "encoder_layer[0]/heads_in#2/w",
-          "encoder_layer[0]/heads_out/w",
-          "encoder_layer[0]/norm#1/gain",
-          "encoder_layer[0]/norm#1/bias",
-          "encoder_layer[0]/ffn/w_in",
-          "encoder_layer[0]/ffn/w_out",
-          "encoder_layer[1]/random_features",
-          "encoder_layer[1]/norm/gain",
-          "encoder_layer[1]/norm/bias",
-          "encoder_layer[1]/heads_in/w",
-          "encoder_layer[1]/heads_in#1/w",
-          "encoder_layer[1]/heads_in#2/w",
-          "encoder_layer[1]/heads_out/w",
-          "encoder_layer[1]/norm#1/gain",
-          "encoder_layer[1]/norm#1/bias",
-          "encoder_layer[1]/ffn/w_in",
-          "encoder_layer[1]/ffn/w_out",
-          "norm/gain",
-          "norm/bias"};
+  static constexpr const char *names[] = {"encoder_layer[0]/random_features",
+                                          "encoder_layer[0]/norm/gain",
+                                          "encoder_layer[0]/norm/bias",
+                                          "encoder_layer[0]/heads_in/w",
+                                          "encoder_layer[0]/heads_in#1/w",
+                                          "encoder_layer[0]/heads_in#2/w",
+                                          "encoder_layer[0]/heads_out/w",
+                                          "encoder_layer[0]/norm#1/gain",
+                                          "encoder_layer[0]/norm#1/bias",
+                                          "encoder_layer[0]/ffn/w_in",
+                                          "encoder_layer[0]/ffn/w_out",
+                                          "encoder_layer[1]/random_features",
+                                          "encoder_layer[1]/norm/gain",
+                                          "encoder_layer[1]/norm/bias",
+                                          "encoder_layer[1]/heads_in/w",
+                                          "encoder_layer[1]/heads_in#1/w",
+                                          "encoder_layer[1]/heads_in#2/w",
+                                          "encoder_layer[1]/heads_out/w",
+                                          "encoder_layer[1]/norm#1/gain",
+                                          "encoder_layer[1]/norm#1/bias",
+                                          "encoder_layer[1]/ffn/w_in",
+                                          "encoder_layer[1]/ffn/w_out",
+                                          "norm/gain",
+                                          "norm/bias"};
+  return {std::begin(names), std::end(names)};
 }
 
 bool Encode::isOptimizerState(const std::string &path) {
@@ -811,37 +1292,6 @@ bool Encode::isOptimizerState(const std::string &path) {
 }
 
 std::vector<support::ParamShard> Encode::paramShards() {
-  static constexpr support::ParamSpec specs[] = {
-      {"encoder_layer[0]/random_features", false, "f32", "features:64:64: d_head:16:16:"},
-      {"encoder_layer[0]/norm/gain", false, "f32", "d_model:32:32:"},
-      {"encoder_layer[0]/norm/bias", false, "f32", "d_model:32:32:"},
-      {"encoder_layer[0]/heads_in/w", false, "f32", "d_model:32:32: heads:2:1:model d_head:16:16:"},
-      {"encoder_layer[0]/heads_in#1/w", false, "f32",
-       "d_model:32:32: heads:2:1:model d_head:16:16:"},
-      {"encoder_layer[0]/heads_in#2/w", false, "f32",
-       "d_model:32:32: heads:2:1:model d_head:16:16:"},
-      {"encoder_layer[0]/heads_out/w", false, "f32",
-       "heads:2:1:model d_head:16:16: d_model:32:32:"},
-      {"encoder_layer[0]/norm#1/gain", false, "f32", "d_model:32:32:"},
-      {"encoder_layer[0]/norm#1/bias", false, "f32", "d_model:32:32:"},
-      {"encoder_layer[0]/ffn/w_in", false, "f32", "d_model:32:32: d_ff:128:128:"},
-      {"encoder_layer[0]/ffn/w_out", false, "f32", "d_ff:128:128: d_model:32:32:"},
-      {"encoder_layer[1]/random_features", false, "f32", "features:64:64: d_head:16:16:"},
-      {"encoder_layer[1]/norm/gain", false, "f32", "d_model:32:32:"},
-      {"encoder_layer[1]/norm/bias", false, "f32", "d_model:32:32:"},
-      {"encoder_layer[1]/heads_in/w", false, "f32", "d_model:32:32: heads:2:1:model d_head:16:16:"},
-      {"encoder_layer[1]/heads_in#1/w", false, "f32",
-       "d_model:32:32: heads:2:1:model d_head:16:16:"},
-      {"encoder_layer[1]/heads_in#2/w", false, "f32",
-       "d_model:32:32: heads:2:1:model d_head:16:16:"},
-      {"encoder_layer[1]/heads_out/w", false, "f32",
-       "heads:2:1:model d_head:16:16: d_model:32:32:"},
-      {"encoder_layer[1]/norm#1/gain", false, "f32", "d_model:32:32:"},
-      {"encoder_layer[1]/norm#1/bias", false, "f32", "d_model:32:32:"},
-      {"encoder_layer[1]/ffn/w_in", false, "f32", "d_model:32:32: d_ff:128:128:"},
-      {"encoder_layer[1]/ffn/w_out", false, "f32", "d_ff:128:128: d_model:32:32:"},
-      {"norm/gain", false, "f32", "d_model:32:32:"},
-      {"norm/bias", false, "f32", "d_model:32:32:"}};
   support::Buffer *const data[] = {&param0_encoder_layer_0_random_features,
                                    &param1_encoder_layer_0_norm_gain,
                                    &param2_encoder_layer_0_norm_bias,
@@ -866,7 +1316,7 @@ std::vector<support::ParamShard> Encode::paramShards() {
                                    &param21_encoder_layer_1_ffn_w_out,
                                    &param22_norm_gain,
                                    &param23_norm_bias};
-  return support::paramShardsOf<support::ParamShard>(specs, data);
+  return support::paramShardsOf<support::ParamShard>(kEncodeParams, data);
 }
 
 support::Tensor Encode::getParam(const std::string &path) {
@@ -907,187 +1357,126 @@ support::Shape Lm::inputShape(const std::string &name) {
   throw std::invalid_argument("lm: no input named '" + name + "'");
 }
 
+/// `lm`'s params: paths, dims and layouts (its constructor and paramShards() read it).
+static constexpr support::ParamSpec kLmParams[] = {
+    {"causal_lm/embedding", false, "f32", "vocab:64:64: d_model:32:32:"},
+    {"causal_lm/unembed", false, "f32", "d_model:32:32: vocab:64:64:"},
+    {"causal_lm/decoder_layer[0]/random_features", false, "f32", "features:64:64: d_head:16:16:"},
+    {"causal_lm/decoder_layer[0]/norm/gain", false, "f32", "d_model:32:32:"},
+    {"causal_lm/decoder_layer[0]/norm/bias", false, "f32", "d_model:32:32:"},
+    {"causal_lm/decoder_layer[0]/heads_in/w", false, "f32",
+     "d_model:32:32: heads:2:1:model d_head:16:16:"},
+    {"causal_lm/decoder_layer[0]/heads_in#1/w", false, "f32",
+     "d_model:32:32: heads:2:1:model d_head:16:16:"},
+    {"causal_lm/decoder_layer[0]/heads_in#2/w", false, "f32",
+     "d_model:32:32: heads:2:1:model d_head:16:16:"},
+    {"causal_lm/decoder_layer[0]/heads_out/w", false, "f32",
+     "heads:2:1:model d_head:16:16: d_model:32:32:"},
+    {"causal_lm/decoder_layer[0]/norm#1/gain", false, "f32", "d_model:32:32:"},
+    {"causal_lm/decoder_layer[0]/norm#1/bias", false, "f32", "d_model:32:32:"},
+    {"causal_lm/decoder_layer[0]/ffn/w_in", false, "f32", "d_model:32:32: d_ff:128:128:"},
+    {"causal_lm/decoder_layer[0]/ffn/w_out", false, "f32", "d_ff:128:128: d_model:32:32:"},
+    {"causal_lm/decoder_layer[1]/random_features", false, "f32", "features:64:64: d_head:16:16:"},
+    {"causal_lm/decoder_layer[1]/norm/gain", false, "f32", "d_model:32:32:"},
+    {"causal_lm/decoder_layer[1]/norm/bias", false, "f32", "d_model:32:32:"},
+    {"causal_lm/decoder_layer[1]/heads_in/w", false, "f32",
+     "d_model:32:32: heads:2:1:model d_head:16:16:"},
+    {"causal_lm/decoder_layer[1]/heads_in#1/w", false, "f32",
+     "d_model:32:32: heads:2:1:model d_head:16:16:"},
+    {"causal_lm/decoder_layer[1]/heads_in#2/w", false, "f32",
+     "d_model:32:32: heads:2:1:model d_head:16:16:"},
+    {"causal_lm/decoder_layer[1]/heads_out/w", false, "f32",
+     "heads:2:1:model d_head:16:16: d_model:32:32:"},
+    {"causal_lm/decoder_layer[1]/norm#1/gain", false, "f32", "d_model:32:32:"},
+    {"causal_lm/decoder_layer[1]/norm#1/bias", false, "f32", "d_model:32:32:"},
+    {"causal_lm/decoder_layer[1]/ffn/w_in", false, "f32", "d_model:32:32: d_ff:128:128:"},
+    {"causal_lm/decoder_layer[1]/ffn/w_out", false, "f32", "d_ff:128:128: d_model:32:32:"},
+    {"causal_lm/norm/gain", false, "f32", "d_model:32:32:"},
+    {"causal_lm/norm/bias", false, "f32", "d_model:32:32:"}};
+
 Lm::Lm(meshrt::Communicator &world, uint64_t seed)
     : world_(support::checkedWorld(world, mesh(), "lm")), seed_(seed),
       group_model(world_.subgroup(std::vector<std::string>{"model"})) {
-  // causal_lm/embedding: normal (performer.mesh:131)
-  param0_causal_lm_embedding.resize(2048);
-  {
-    const meshrt::kernels::Shard shard{{64, 32}, {0, 0}, {64, 32}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 1.0}});
-    support::fillParam(param0_causal_lm_embedding.data(), shard, seed, "causal_lm/embedding", init,
-                       meshrt::kernels::ValueType::F32);
-  }
-  // causal_lm/unembed: normal (performer.mesh:132)
-  param1_causal_lm_unembed.resize(2048);
-  {
-    const meshrt::kernels::Shard shard{{32, 64}, {0, 0}, {32, 64}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
-    support::fillParam(param1_causal_lm_unembed.data(), shard, seed, "causal_lm/unembed", init,
-                       meshrt::kernels::ValueType::F32);
-  }
-  // causal_lm/decoder_layer[0]/random_features: orthogonal (performer.mesh:112)
-  param2_causal_lm_decoder_layer_0_random_features.resize(1024);
-  {
-    const meshrt::kernels::Shard shard{{64, 16}, {0, 0}, {64, 16}};
-    const auto init = meshrt::kernels::makeInit("orthogonal", {{"scale", 1.0}});
-    support::fillParam(param2_causal_lm_decoder_layer_0_random_features.data(), shard, seed,
-                       "causal_lm/decoder_layer[0]/random_features", init,
-                       meshrt::kernels::ValueType::F32);
-  }
-  // causal_lm/decoder_layer[0]/norm/gain: ones (performer.mesh:27)
-  param3_causal_lm_decoder_layer_0_norm_gain.assign(32,
-                                                    support::roundValue(support::DType::F32, 1.0));
-  // causal_lm/decoder_layer[0]/norm/bias: zeros (performer.mesh:28)
-  param4_causal_lm_decoder_layer_0_norm_bias.assign(32,
-                                                    support::roundValue(support::DType::F32, 0.0));
-  // causal_lm/decoder_layer[0]/heads_in/w: normal (performer.mesh:44)
-  param5_causal_lm_decoder_layer_0_heads_in_w.resize(512);
-  {
-    const meshrt::kernels::Shard shard{
-        {32, 2, 16}, {0, support::shardStart(world_, {"model"}, 1), 0}, {32, 1, 16}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}});
-    support::fillParam(param5_causal_lm_decoder_layer_0_heads_in_w.data(), shard, seed,
-                       "causal_lm/decoder_layer[0]/heads_in/w", init,
-                       meshrt::kernels::ValueType::F32);
-  }
-  // causal_lm/decoder_layer[0]/heads_in#1/w: normal (performer.mesh:44)
-  param6_causal_lm_decoder_layer_0_heads_in_1_w.resize(512);
-  {
-    const meshrt::kernels::Shard shard{
-        {32, 2, 16}, {0, support::shardStart(world_, {"model"}, 1), 0}, {32, 1, 16}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}});
-    support::fillParam(param6_causal_lm_decoder_layer_0_heads_in_1_w.data(), shard, seed,
-                       "causal_lm/decoder_layer[0]/heads_in#1/w", init,
-                       meshrt::kernels::ValueType::F32);
-  }
-  // causal_lm/decoder_layer[0]/heads_in#2/w: normal (performer.mesh:44)
-  param7_causal_lm_decoder_layer_0_heads_in_2_w.resize(512);
-  {
-    const meshrt::kernels::Shard shard{
-        {32, 2, 16}, {0, support::shardStart(world_, {"model"}, 1), 0}, {32, 1, 16}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}});
-    support::fillParam(param7_causal_lm_decoder_layer_0_heads_in_2_w.data(), shard, seed,
-                       "causal_lm/decoder_layer[0]/heads_in#2/w", init,
-                       meshrt::kernels::ValueType::F32);
-  }
-  // causal_lm/decoder_layer[0]/heads_out/w: normal (performer.mesh:49)
-  param8_causal_lm_decoder_layer_0_heads_out_w.resize(512);
-  {
-    const meshrt::kernels::Shard shard{
-        {2, 16, 32}, {support::shardStart(world_, {"model"}, 1), 0, 0}, {1, 16, 32}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}});
-    support::fillParam(param8_causal_lm_decoder_layer_0_heads_out_w.data(), shard, seed,
-                       "causal_lm/decoder_layer[0]/heads_out/w", init,
-                       meshrt::kernels::ValueType::F32);
-  }
-  // causal_lm/decoder_layer[0]/norm#1/gain: ones (performer.mesh:27)
-  param9_causal_lm_decoder_layer_0_norm_1_gain.assign(
-      32, support::roundValue(support::DType::F32, 1.0));
-  // causal_lm/decoder_layer[0]/norm#1/bias: zeros (performer.mesh:28)
-  param10_causal_lm_decoder_layer_0_norm_1_bias.assign(
-      32, support::roundValue(support::DType::F32, 0.0));
-  // causal_lm/decoder_layer[0]/ffn/w_in: normal (performer.mesh:94)
-  param11_causal_lm_decoder_layer_0_ffn_w_in.resize(4096);
-  {
-    const meshrt::kernels::Shard shard{{32, 128}, {0, 0}, {32, 128}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}});
-    support::fillParam(param11_causal_lm_decoder_layer_0_ffn_w_in.data(), shard, seed,
-                       "causal_lm/decoder_layer[0]/ffn/w_in", init,
-                       meshrt::kernels::ValueType::F32);
-  }
-  // causal_lm/decoder_layer[0]/ffn/w_out: normal (performer.mesh:95)
-  param12_causal_lm_decoder_layer_0_ffn_w_out.resize(4096);
-  {
-    const meshrt::kernels::Shard shard{{128, 32}, {0, 0}, {128, 32}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.09}});
-    support::fillParam(param12_causal_lm_decoder_layer_0_ffn_w_out.data(), shard, seed,
-                       "causal_lm/decoder_layer[0]/ffn/w_out", init,
-                       meshrt::kernels::ValueType::F32);
-  }
-  // causal_lm/decoder_layer[1]/random_features: orthogonal (performer.mesh:112)
-  param13_causal_lm_decoder_layer_1_random_features.resize(1024);
-  {
-    const meshrt::kernels::Shard shard{{64, 16}, {0, 0}, {64, 16}};
-    const auto init = meshrt::kernels::makeInit("orthogonal", {{"scale", 1.0}});
-    support::fillParam(param13_causal_lm_decoder_layer_1_random_features.data(), shard, seed,
-                       "causal_lm/decoder_layer[1]/random_features", init,
-                       meshrt::kernels::ValueType::F32);
-  }
-  // causal_lm/decoder_layer[1]/norm/gain: ones (performer.mesh:27)
-  param14_causal_lm_decoder_layer_1_norm_gain.assign(32,
-                                                     support::roundValue(support::DType::F32, 1.0));
-  // causal_lm/decoder_layer[1]/norm/bias: zeros (performer.mesh:28)
-  param15_causal_lm_decoder_layer_1_norm_bias.assign(32,
-                                                     support::roundValue(support::DType::F32, 0.0));
-  // causal_lm/decoder_layer[1]/heads_in/w: normal (performer.mesh:44)
-  param16_causal_lm_decoder_layer_1_heads_in_w.resize(512);
-  {
-    const meshrt::kernels::Shard shard{
-        {32, 2, 16}, {0, support::shardStart(world_, {"model"}, 1), 0}, {32, 1, 16}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}});
-    support::fillParam(param16_causal_lm_decoder_layer_1_heads_in_w.data(), shard, seed,
-                       "causal_lm/decoder_layer[1]/heads_in/w", init,
-                       meshrt::kernels::ValueType::F32);
-  }
-  // causal_lm/decoder_layer[1]/heads_in#1/w: normal (performer.mesh:44)
-  param17_causal_lm_decoder_layer_1_heads_in_1_w.resize(512);
-  {
-    const meshrt::kernels::Shard shard{
-        {32, 2, 16}, {0, support::shardStart(world_, {"model"}, 1), 0}, {32, 1, 16}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}});
-    support::fillParam(param17_causal_lm_decoder_layer_1_heads_in_1_w.data(), shard, seed,
-                       "causal_lm/decoder_layer[1]/heads_in#1/w", init,
-                       meshrt::kernels::ValueType::F32);
-  }
-  // causal_lm/decoder_layer[1]/heads_in#2/w: normal (performer.mesh:44)
-  param18_causal_lm_decoder_layer_1_heads_in_2_w.resize(512);
-  {
-    const meshrt::kernels::Shard shard{
-        {32, 2, 16}, {0, support::shardStart(world_, {"model"}, 1), 0}, {32, 1, 16}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}});
-    support::fillParam(param18_causal_lm_decoder_layer_1_heads_in_2_w.data(), shard, seed,
-                       "causal_lm/decoder_layer[1]/heads_in#2/w", init,
-                       meshrt::kernels::ValueType::F32);
-  }
-  // causal_lm/decoder_layer[1]/heads_out/w: normal (performer.mesh:49)
-  param19_causal_lm_decoder_layer_1_heads_out_w.resize(512);
-  {
-    const meshrt::kernels::Shard shard{
-        {2, 16, 32}, {support::shardStart(world_, {"model"}, 1), 0, 0}, {1, 16, 32}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}});
-    support::fillParam(param19_causal_lm_decoder_layer_1_heads_out_w.data(), shard, seed,
-                       "causal_lm/decoder_layer[1]/heads_out/w", init,
-                       meshrt::kernels::ValueType::F32);
-  }
-  // causal_lm/decoder_layer[1]/norm#1/gain: ones (performer.mesh:27)
-  param20_causal_lm_decoder_layer_1_norm_1_gain.assign(
-      32, support::roundValue(support::DType::F32, 1.0));
-  // causal_lm/decoder_layer[1]/norm#1/bias: zeros (performer.mesh:28)
-  param21_causal_lm_decoder_layer_1_norm_1_bias.assign(
-      32, support::roundValue(support::DType::F32, 0.0));
-  // causal_lm/decoder_layer[1]/ffn/w_in: normal (performer.mesh:94)
-  param22_causal_lm_decoder_layer_1_ffn_w_in.resize(4096);
-  {
-    const meshrt::kernels::Shard shard{{32, 128}, {0, 0}, {32, 128}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}});
-    support::fillParam(param22_causal_lm_decoder_layer_1_ffn_w_in.data(), shard, seed,
-                       "causal_lm/decoder_layer[1]/ffn/w_in", init,
-                       meshrt::kernels::ValueType::F32);
-  }
-  // causal_lm/decoder_layer[1]/ffn/w_out: normal (performer.mesh:95)
-  param23_causal_lm_decoder_layer_1_ffn_w_out.resize(4096);
-  {
-    const meshrt::kernels::Shard shard{{128, 32}, {0, 0}, {128, 32}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.09}});
-    support::fillParam(param23_causal_lm_decoder_layer_1_ffn_w_out.data(), shard, seed,
-                       "causal_lm/decoder_layer[1]/ffn/w_out", init,
-                       meshrt::kernels::ValueType::F32);
-  }
-  // causal_lm/norm/gain: ones (performer.mesh:27)
-  param24_causal_lm_norm_gain.assign(32, support::roundValue(support::DType::F32, 1.0));
-  // causal_lm/norm/bias: zeros (performer.mesh:28)
-  param25_causal_lm_norm_bias.assign(32, support::roundValue(support::DType::F32, 0.0));
+  static constexpr support::ParamInit inits[] = {
+      // causal_lm/embedding (performer.mesh:131)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 1.0}}},
+      // causal_lm/unembed (performer.mesh:132)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.02}}},
+      // causal_lm/decoder_layer[0]/random_features (performer.mesh:112)
+      {"orthogonal", support::DType::F32, {{"scale", 1.0}}},
+      // causal_lm/decoder_layer[0]/norm/gain (performer.mesh:27)
+      {"ones", support::DType::F32, {}},
+      // causal_lm/decoder_layer[0]/norm/bias (performer.mesh:28)
+      {"zeros", support::DType::F32, {}},
+      // causal_lm/decoder_layer[0]/heads_in/w (performer.mesh:44)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.18}}},
+      // causal_lm/decoder_layer[0]/heads_in#1/w (performer.mesh:44)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.18}}},
+      // causal_lm/decoder_layer[0]/heads_in#2/w (performer.mesh:44)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.18}}},
+      // causal_lm/decoder_layer[0]/heads_out/w (performer.mesh:49)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.18}}},
+      // causal_lm/decoder_layer[0]/norm#1/gain (performer.mesh:27)
+      {"ones", support::DType::F32, {}},
+      // causal_lm/decoder_layer[0]/norm#1/bias (performer.mesh:28)
+      {"zeros", support::DType::F32, {}},
+      // causal_lm/decoder_layer[0]/ffn/w_in (performer.mesh:94)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.18}}},
+      // causal_lm/decoder_layer[0]/ffn/w_out (performer.mesh:95)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.09}}},
+      // causal_lm/decoder_layer[1]/random_features (performer.mesh:112)
+      {"orthogonal", support::DType::F32, {{"scale", 1.0}}},
+      // causal_lm/decoder_layer[1]/norm/gain (performer.mesh:27)
+      {"ones", support::DType::F32, {}},
+      // causal_lm/decoder_layer[1]/norm/bias (performer.mesh:28)
+      {"zeros", support::DType::F32, {}},
+      // causal_lm/decoder_layer[1]/heads_in/w (performer.mesh:44)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.18}}},
+      // causal_lm/decoder_layer[1]/heads_in#1/w (performer.mesh:44)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.18}}},
+      // causal_lm/decoder_layer[1]/heads_in#2/w (performer.mesh:44)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.18}}},
+      // causal_lm/decoder_layer[1]/heads_out/w (performer.mesh:49)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.18}}},
+      // causal_lm/decoder_layer[1]/norm#1/gain (performer.mesh:27)
+      {"ones", support::DType::F32, {}},
+      // causal_lm/decoder_layer[1]/norm#1/bias (performer.mesh:28)
+      {"zeros", support::DType::F32, {}},
+      // causal_lm/decoder_layer[1]/ffn/w_in (performer.mesh:94)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.18}}},
+      // causal_lm/decoder_layer[1]/ffn/w_out (performer.mesh:95)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.09}}},
+      // causal_lm/norm/gain (performer.mesh:27)
+      {"ones", support::DType::F32, {}},
+      // causal_lm/norm/bias (performer.mesh:28)
+      {"zeros", support::DType::F32, {}}};
+  support::Buffer *const data[] = {&param0_causal_lm_embedding,
+                                   &param1_causal_lm_unembed,
+                                   &param2_causal_lm_decoder_layer_0_random_features,
+                                   &param3_causal_lm_decoder_layer_0_norm_gain,
+                                   &param4_causal_lm_decoder_layer_0_norm_bias,
+                                   &param5_causal_lm_decoder_layer_0_heads_in_w,
+                                   &param6_causal_lm_decoder_layer_0_heads_in_1_w,
+                                   &param7_causal_lm_decoder_layer_0_heads_in_2_w,
+                                   &param8_causal_lm_decoder_layer_0_heads_out_w,
+                                   &param9_causal_lm_decoder_layer_0_norm_1_gain,
+                                   &param10_causal_lm_decoder_layer_0_norm_1_bias,
+                                   &param11_causal_lm_decoder_layer_0_ffn_w_in,
+                                   &param12_causal_lm_decoder_layer_0_ffn_w_out,
+                                   &param13_causal_lm_decoder_layer_1_random_features,
+                                   &param14_causal_lm_decoder_layer_1_norm_gain,
+                                   &param15_causal_lm_decoder_layer_1_norm_bias,
+                                   &param16_causal_lm_decoder_layer_1_heads_in_w,
+                                   &param17_causal_lm_decoder_layer_1_heads_in_1_w,
+                                   &param18_causal_lm_decoder_layer_1_heads_in_2_w,
+                                   &param19_causal_lm_decoder_layer_1_heads_out_w,
+                                   &param20_causal_lm_decoder_layer_1_norm_1_gain,
+                                   &param21_causal_lm_decoder_layer_1_norm_1_bias,
+                                   &param22_causal_lm_decoder_layer_1_ffn_w_in,
+                                   &param23_causal_lm_decoder_layer_1_ffn_w_out,
+                                   &param24_causal_lm_norm_gain,
+                                   &param25_causal_lm_norm_bias};
+  support::initParams(world_, seed, -1, kLmParams, inits, data);
   computeInvariants();
 }
 
@@ -1095,109 +1484,44 @@ void Lm::computeInvariants() {
 
   // performer.mesh:35:23 iota
   support::View v4 = persistent_.view(0, 128);
-  static const support::Shape shape0_1 = {128};
-  static const support::Shape shape0_2 = {1};
-  support::iota(v4.data(), shape0_1, shape0_2, 0);
+  support::iota(v4.data(), kShape0, kShape1, 0);
 
   // performer.mesh:35:18 cast -> position
   support::View v5 = persistent_.view(512, 128);
-  {
-    float *__restrict v5p = v5.data();
-    const float *__restrict v4p = v4.data();
-    for (int64_t i0 = 0; i0 < 128; ++i0) {
-      const float s0 = v4p[i0];
-      const float s1 = s0;
-      v5p[i0] = s1;
-    }
-  }
+  loop0(v5.data(), v4.data());
 
   // performer.mesh:36:36 iota
   support::View v6 = persistent_.view(1024, 16);
-  static const support::Shape shape2_1 = {16};
-  static const support::Shape shape2_2 = {1};
-  support::iota(v6.data(), shape2_1, shape2_2, 0);
+  support::iota(v6.data(), kShape2, kShape1, 0);
 
   // performer.mesh:36:31 cast
   support::View v7 = persistent_.view(1088, 16);
-  {
-    float *__restrict v7p = v7.data();
-    const float *__restrict v6p = v6.data();
-    for (int64_t i0 = 0; i0 < 16; ++i0) {
-      const float s0 = v6p[i0];
-      const float s1 = s0;
-      v7p[i0] = s1;
-    }
-  }
+  loop1(v7.data(), v6.data());
 
   // performer.mesh:36:53 mul
   support::View v9 = persistent_.view(1216, 16);
-  {
-    float *__restrict v9p = v9.data();
-    const float *__restrict v7p = v7.data();
-    for (int64_t i0 = 0; i0 < 16; ++i0) {
-      const float s0 = v7p[i0];
-      const float s1 = -0.5756f;
-      const float s2 = (s0 * s1);
-      v9p[i0] = s2;
-    }
-  }
+  loop2(v9.data(), v7.data());
 
   // performer.mesh:36:27 exp -> inverse_frequency
   support::View v10 = persistent_.view(1280, 16);
-  {
-    float *__restrict v10p = v10.data();
-    const float *__restrict v9p = v9.data();
-    for (int64_t i0 = 0; i0 < 16; ++i0) {
-      const float s0 = v9p[i0];
-      const float s1 = support::fexp(s0);
-      v10p[i0] = s1;
-    }
-  }
+  loop3(v10.data(), v9.data());
 
   // performer.mesh:37:24 mul -> angle
   support::View v11 = persistent_.view(1344, 2048);
-  {
-    float *__restrict v11p = v11.data();
-    const float *__restrict v5p = v5.data();
-    const float *__restrict v10p = v10.data();
-    for (int64_t i0 = 0; i0 < 128; ++i0) {
-      for (int64_t i1 = 0; i1 < 16; ++i1) {
-        const float s0 = v5p[i0];
-        const float s1 = v10p[i1];
-        const float s2 = (s0 * s1);
-        v11p[i0 * 16 + i1] = s2;
-      }
-    }
-  }
+  loop4(v11.data(), v5.data(), v10.data());
 
   // performer.mesh:38:17 sin
   support::View v12 = persistent_.view(9536, 2048);
-  {
-    float *__restrict v12p = v12.data();
-    const float *__restrict v11p = v11.data();
-    for (int64_t i0 = 0; i0 < 2048; ++i0) {
-      const float s0 = v11p[i0];
-      const float s1 = support::fsin(s0);
-      v12p[i0] = s1;
-    }
-  }
+  loop5(v12.data(), v11.data());
 
   // performer.mesh:38:29 cos
   support::View v13 = persistent_.view(17728, 2048);
-  {
-    float *__restrict v13p = v13.data();
-    const float *__restrict v11p = v11.data();
-    for (int64_t i0 = 0; i0 < 2048; ++i0) {
-      const float s0 = v11p[i0];
-      const float s1 = support::fcos(s0);
-      v13p[i0] = s1;
-    }
-  }
+  loop6(v13.data(), v11.data());
 }
 
 Lm::Outputs Lm::run(const Inputs &inputs) {
   MESHRT_TRACE_RUN(world_, "lm");
-  // Arena: 1130496 bytes for 3231752 bytes of temporaries (placed by liveness).
+  // Arena: 1130496 bytes for 3313672 bytes of temporaries (placed by liveness).
   support::checkShape("input", "tokens", inputs.tokens, {1, 128});
   runPart0(inputs);
   support::View v143 = arena_.view(0, 8192);
@@ -1216,55 +1540,39 @@ void Lm::runPart0(const Inputs &inputs) {
   const support::Buffer &v1 = param0_causal_lm_embedding;
   const support::Buffer &v0 = inputs.tokens.data;
   support::View v3 = arena_.view(0, 4096);
-  static const support::Shape shape0_1 = {1, 128, 32};
-  static const support::Shape shape0_3 = {0, 0, 1};
-  static const support::Shape shape0_5 = {128, 1, 0};
-  support::gather(v3.data(), shape0_1, v1.data(), shape0_3, v0.data(), shape0_5, 64, 32, 0);
+  support::gather(v3.data(), kShape16, v1.data(), kShape17, v0.data(), kShape18, 64, 32, 0);
 
   // performer.mesh:38:10 concat
   MESHRT_TRACE("concat", "performer.mesh:38:10", "forward");
   support::View v12 = persistent_.view(9536, 2048);
   support::View v14 = arena_.slot(16384, 4096);
-  static const support::Shape shape1_2 = {128};
-  static const support::Shape shape1_3 = {32};
-  static const support::Shape shape1_4 = {16};
-  support::copyWindow(v14.data(), v12.data(), shape1_2, shape1_3, shape1_4, 1, 1, 32, 16,
-                      int64_t(0));
+  support::copyWindow(v14.data(), v12.data(), kShape0, kShape3, kShape2, 1, 1, 32, 16, int64_t(0));
 
   // performer.mesh:38:10 concat
   MESHRT_TRACE("concat", "performer.mesh:38:10", "forward");
   support::View v13 = persistent_.view(17728, 2048);
-  static const support::Shape shape2_2 = {128};
-  static const support::Shape shape2_3 = {32};
-  static const support::Shape shape2_4 = {16};
-  support::copyWindow(v14.data(), v13.data(), shape2_2, shape2_3, shape2_4, 1, 1, 32, 16,
-                      int64_t(16));
+  support::copyWindow(v14.data(), v13.data(), kShape0, kShape3, kShape2, 1, 1, 32, 16, int64_t(16));
 
   // performer.mesh:133:70 add -> h
   MESHRT_TRACE("loop", "performer.mesh:133:70", "forward");
   support::View v15 = arena_.view(1114112, 4096);
-  {
-    float *__restrict v15p = v15.data();
-    const float *__restrict v3p = v3.data();
-    const float *__restrict v14p = v14.data();
-    for (int64_t i0 = 0; i0 < 4096; ++i0) {
-      const float s0 = v3p[i0];
-      const float s1 = v14p[i0];
-      const float s2 = (s0 + s1);
-      v15p[i0] = s2;
-    }
-  }
+  loop7(v15.data(), v3.data(), v14.data());
 
   // performer.mesh:29:10 layer_norm
+  MESHRT_TRACE("layer_norm", "performer.mesh:29:10", "forward");
+  support::View v19 = arena_.view(0, 4096);
+  support::along(v19.data(), v15.data(), kShape4, kShape5, kShape5, kShape3, kShape1, kShape1,
+                 support::Along::LayerNorm, 1e-05, 32, nullptr);
+
   // performer.mesh:29:33 mul
   // performer.mesh:29:40 add -> n
-  MESHRT_TRACE("layer_norm", "performer.mesh:29:10", "forward");
+  MESHRT_TRACE("loop", "performer.mesh:29:33", "forward");
   const support::Buffer &v17 = param3_causal_lm_decoder_layer_0_norm_gain;
   const support::Buffer &v18 = param4_causal_lm_decoder_layer_0_norm_bias;
   support::View v21 = arena_.view(65536, 4096);
-  support::layerNormAffine(v21.data(), v15.data(), 128, 32, v17.data(), v18.data(), 1e-05, 32);
+  loop8(v21.data(), v19.data(), v17.data(), v18.data());
 
-  // 30 statements from performer.mesh:45:10 einsum (1 of 2)
+  // 32 statements from performer.mesh:45:10 einsum (1 of 2)
   MESHRT_TRACE_SITE("performer.mesh:45:10");
   const support::Buffer &v22 = param5_causal_lm_decoder_layer_0_heads_in_w;
   support::View v23 = arena_.view(32768, 2048);
@@ -1294,23 +1602,25 @@ void Lm::runPart0(const Inputs &inputs) {
   const support::Buffer &v62 = param8_causal_lm_decoder_layer_0_heads_out_w;
   support::View v63 = arena_.view(0, 4096);
   support::View v65 = arena_.view(131072, 4096);
-  support::View v70 = arena_.view(65536, 4096);
+  support::View v68 = arena_.view(0, 4096);
   const support::Buffer &v66 = param9_causal_lm_decoder_layer_0_norm_1_gain;
   const support::Buffer &v67 = param10_causal_lm_decoder_layer_0_norm_1_bias;
+  support::View v70 = arena_.view(65536, 4096);
   const support::Buffer &v71 = param11_causal_lm_decoder_layer_0_ffn_w_in;
   support::View v73 = arena_.view(0, 16384);
   support::View v74 = arena_.view(65536, 16384);
   const support::Buffer &v72 = param12_causal_lm_decoder_layer_0_ffn_w_out;
   support::View v75 = arena_.view(0, 4096);
   support::View v76 = arena_.view(1114112, 4096);
+  support::View v80 = arena_.view(0, 4096);
   const support::Buffer &v78 = param14_causal_lm_decoder_layer_1_norm_gain;
   const support::Buffer &v79 = param15_causal_lm_decoder_layer_1_norm_bias;
   support::View v82 = arena_.view(65536, 4096);
   repeated0(v21, v22, v23, v16, v26, v27, v28, v31, v32, v37, v38, v39, v42, v43, v44, v47, v48,
-            v53, v54, v55, v56, v57, v58, v59, v60, v61, v62, v63, v15, v65, v70, v66, v67, v71,
-            v73, v74, v72, v75, v76, v82, v78, v79);
+            v53, v54, v55, v56, v57, v58, v59, v60, v61, v62, v63, v15, v65, v68, v66, v67, v70,
+            v71, v73, v74, v72, v75, v76, v80, v78, v79, v82);
 
-  // 30 statements from performer.mesh:45:10 einsum (2 of 2)
+  // 32 statements from performer.mesh:45:10 einsum (2 of 2)
   MESHRT_TRACE_SITE("performer.mesh:45:10");
   const support::Buffer &v83 = param16_causal_lm_decoder_layer_1_heads_in_w;
   support::View v84 = arena_.view(32768, 2048);
@@ -1340,30 +1650,30 @@ void Lm::runPart0(const Inputs &inputs) {
   const support::Buffer &v123 = param19_causal_lm_decoder_layer_1_heads_out_w;
   support::View v124 = arena_.view(0, 4096);
   support::View v126 = arena_.view(131072, 4096);
-  support::View v131 = arena_.view(65536, 4096);
+  support::View v129 = arena_.view(0, 4096);
   const support::Buffer &v127 = param20_causal_lm_decoder_layer_1_norm_1_gain;
   const support::Buffer &v128 = param21_causal_lm_decoder_layer_1_norm_1_bias;
+  support::View v131 = arena_.view(65536, 4096);
   const support::Buffer &v132 = param22_causal_lm_decoder_layer_1_ffn_w_in;
   support::View v134 = arena_.view(0, 16384);
   support::View v135 = arena_.view(65536, 16384);
   const support::Buffer &v133 = param23_causal_lm_decoder_layer_1_ffn_w_out;
   support::View v136 = arena_.view(0, 4096);
   support::View v137 = arena_.view(16384, 4096);
+  support::View v140 = arena_.view(0, 4096);
   const support::Buffer &v138 = param24_causal_lm_norm_gain;
   const support::Buffer &v139 = param25_causal_lm_norm_bias;
   support::View v142 = arena_.view(32768, 4096);
   repeated0(v82, v83, v84, v77, v87, v88, v89, v92, v93, v98, v99, v100, v103, v104, v105, v108,
-            v109, v114, v115, v116, v117, v118, v119, v120, v121, v122, v123, v124, v76, v126, v131,
-            v127, v128, v132, v134, v135, v133, v136, v137, v142, v138, v139);
+            v109, v114, v115, v116, v117, v118, v119, v120, v121, v122, v123, v124, v76, v126, v129,
+            v127, v128, v131, v132, v134, v135, v133, v136, v137, v140, v138, v139, v142);
 
   // performer.mesh:137:10 einsum -> logits
   MESHRT_TRACE("gemm", "performer.mesh:137:10", "forward");
   const support::Buffer &v2 = param1_causal_lm_unembed;
   support::View v143 = arena_.view(0, 8192);
   // dims: batch, seq, d_model, vocab
-  static const meshrt::kernels::EinsumPlan einsumPlan7(
-      {{1, 128, 32, 64}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan7.run(v142.data(), v2.data(), v143.data(), 1.0f, 0.0f);
+  kEinsum8.plan().run(v142.data(), v2.data(), v143.data(), 1.0f, 0.0f);
 }
 
 void Lm::repeated0(support::ConstView a0, support::ConstView a1, support::View a2,
@@ -1374,161 +1684,77 @@ void Lm::repeated0(support::ConstView a0, support::ConstView a1, support::View a
                    support::View a19, support::View a20, support::View a21, support::View a22,
                    support::View a23, support::View a24, support::View a25, support::ConstView a26,
                    support::View a27, support::ConstView a28, support::View a29, support::View a30,
-                   support::ConstView a31, support::ConstView a32, support::ConstView a33,
-                   support::View a34, support::View a35, support::ConstView a36, support::View a37,
-                   support::View a38, support::View a39, support::ConstView a40,
-                   support::ConstView a41) {
+                   support::ConstView a31, support::ConstView a32, support::View a33,
+                   support::ConstView a34, support::View a35, support::View a36,
+                   support::ConstView a37, support::View a38, support::View a39, support::View a40,
+                   support::ConstView a41, support::ConstView a42, support::View a43) {
   MESHRT_TRACE_SPAN(world_);
 
   // performer.mesh:45:10 einsum
   // performer.mesh:56:18 mul -> scaled
   MESHRT_TRACE("gemm", "performer.mesh:45:10", "forward");
   // dims: batch, seq, d_model, heads, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan0(
-      {{1, 128, 32, 1, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan0.run(a0.data(), a1.data(), a2.data(), 0.5f, 0.0f);
+  kEinsum0.plan().run(a0.data(), a1.data(), a2.data(), 0.5f, 0.0f);
 
   // performer.mesh:57:10 einsum
   MESHRT_TRACE("gemm", "performer.mesh:57:10", "forward");
   // dims: batch, seq, heads, d_head, features
-  static const meshrt::kernels::EinsumPlan einsumPlan1(
-      {{1, 128, 1, 16, 64}, {{{0, 1, 2, 3}, {}}, {{4, 3}, {}}}, {{0, 1, 2, 4}, {}}});
-  einsumPlan1.run(a2.data(), a3.data(), a4.data(), 1.0f, 0.0f);
+  kEinsum1.plan().run(a2.data(), a3.data(), a4.data(), 1.0f, 0.0f);
 
   // performer.mesh:57:65 square
   MESHRT_TRACE("loop", "performer.mesh:57:65", "forward");
-  {
-    float *__restrict a5p = a5.data();
-    const float *__restrict a2p = a2.data();
-    for (int64_t i0 = 0; i0 < 2048; ++i0) {
-      const float s0 = a2p[i0];
-      const float s1 = s0 * s0;
-      a5p[i0] = s1;
-    }
-  }
+  loop9(a5.data(), a2.data());
 
   // performer.mesh:57:61 sum
   MESHRT_TRACE("sum", "performer.mesh:57:61", "forward");
-  static const support::Shape shape3_1 = {1, 128, 1};
-  static const support::Shape shape3_3 = {2048, 16, 16};
-  static const support::Shape shape3_4 = {16};
-  static const support::Shape shape3_5 = {1};
-  support::reduce(a6.data(), shape3_1, a5.data(), shape3_3, shape3_4, shape3_5,
-                  support::Reduce::Sum, 1.0);
+  support::reduce(a6.data(), kShape6, a5.data(), kShape7, kShape2, kShape1, support::Reduce::Sum,
+                  1.0);
 
   // performer.mesh:57:89 mul
   // performer.mesh:57:59 sub -> logits
   MESHRT_TRACE("loop", "performer.mesh:57:89", "forward");
-  {
-    float *__restrict a7p = a7.data();
-    const float *__restrict a6p = a6.data();
-    const float *__restrict a4p = a4.data();
-    for (int64_t i0 = 0; i0 < 128; ++i0) {
-      for (int64_t i1 = 0; i1 < 64; ++i1) {
-        const float s0 = a6p[i0];
-        const float s1 = 0.5f;
-        const float s2 = (s0 * s1);
-        const float s3 = a4p[i0 * 64 + i1];
-        const float s4 = (s3 - s2);
-        a7p[i0 * 64 + i1] = s4;
-      }
-    }
-  }
+  loop10(a7.data(), a6.data(), a4.data());
 
   // performer.mesh:66:37 max
   MESHRT_TRACE("max", "performer.mesh:66:37", "forward");
-  static const support::Shape shape5_1 = {1, 128, 1};
-  static const support::Shape shape5_3 = {8192, 64, 64};
-  static const support::Shape shape5_4 = {64};
-  static const support::Shape shape5_5 = {1};
-  support::reduce(a8.data(), shape5_1, a7.data(), shape5_3, shape5_4, shape5_5,
-                  support::Reduce::Max, 1.0);
+  support::reduce(a8.data(), kShape6, a7.data(), kShape8, kShape9, kShape1, support::Reduce::Max,
+                  1.0);
 
   // performer.mesh:66:23 stop_gradient
   // performer.mesh:66:21 sub
   // performer.mesh:66:10 exp
   // performer.mesh:66:61 mul -> qf
   MESHRT_TRACE("loop", "performer.mesh:66:23", "forward");
-  {
-    float *__restrict a9p = a9.data();
-    const float *__restrict a8p = a8.data();
-    const float *__restrict a7p = a7.data();
-    for (int64_t i0 = 0; i0 < 128; ++i0) {
-      for (int64_t i1 = 0; i1 < 64; ++i1) {
-        const float s0 = a8p[i0];
-        const float s1 = s0;
-        const float s2 = a7p[i0 * 64 + i1];
-        const float s3 = (s2 - s1);
-        const float s4 = support::fexp(s3);
-        const float s5 = 0.125f;
-        const float s6 = (s4 * s5);
-        a9p[i0 * 64 + i1] = s6;
-      }
-    }
-  }
+  loop11(a9.data(), a8.data(), a7.data());
 
   // performer.mesh:45:10 einsum
   // performer.mesh:56:18 mul -> scaled
   MESHRT_TRACE("gemm", "performer.mesh:45:10", "forward");
   // dims: batch, seq, d_model, heads, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan7(
-      {{1, 128, 32, 1, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan7.run(a0.data(), a10.data(), a11.data(), 0.5f, 0.0f);
+  kEinsum0.plan().run(a0.data(), a10.data(), a11.data(), 0.5f, 0.0f);
 
   // performer.mesh:57:10 einsum
   MESHRT_TRACE("gemm", "performer.mesh:57:10", "forward");
   // dims: batch, seq, heads, d_head, features
-  static const meshrt::kernels::EinsumPlan einsumPlan8(
-      {{1, 128, 1, 16, 64}, {{{0, 1, 2, 3}, {}}, {{4, 3}, {}}}, {{0, 1, 2, 4}, {}}});
-  einsumPlan8.run(a11.data(), a3.data(), a12.data(), 1.0f, 0.0f);
+  kEinsum1.plan().run(a11.data(), a3.data(), a12.data(), 1.0f, 0.0f);
 
   // performer.mesh:57:65 square
   MESHRT_TRACE("loop", "performer.mesh:57:65", "forward");
-  {
-    float *__restrict a13p = a13.data();
-    const float *__restrict a11p = a11.data();
-    for (int64_t i0 = 0; i0 < 2048; ++i0) {
-      const float s0 = a11p[i0];
-      const float s1 = s0 * s0;
-      a13p[i0] = s1;
-    }
-  }
+  loop9(a13.data(), a11.data());
 
   // performer.mesh:57:61 sum
   MESHRT_TRACE("sum", "performer.mesh:57:61", "forward");
-  static const support::Shape shape10_1 = {1, 128, 1};
-  static const support::Shape shape10_3 = {2048, 16, 16};
-  static const support::Shape shape10_4 = {16};
-  static const support::Shape shape10_5 = {1};
-  support::reduce(a14.data(), shape10_1, a13.data(), shape10_3, shape10_4, shape10_5,
-                  support::Reduce::Sum, 1.0);
+  support::reduce(a14.data(), kShape6, a13.data(), kShape7, kShape2, kShape1, support::Reduce::Sum,
+                  1.0);
 
   // performer.mesh:57:89 mul
   // performer.mesh:57:59 sub -> logits
   MESHRT_TRACE("loop", "performer.mesh:57:89", "forward");
-  {
-    float *__restrict a15p = a15.data();
-    const float *__restrict a14p = a14.data();
-    const float *__restrict a12p = a12.data();
-    for (int64_t i0 = 0; i0 < 128; ++i0) {
-      for (int64_t i1 = 0; i1 < 64; ++i1) {
-        const float s0 = a14p[i0];
-        const float s1 = 0.5f;
-        const float s2 = (s0 * s1);
-        const float s3 = a12p[i0 * 64 + i1];
-        const float s4 = (s3 - s2);
-        a15p[i0 * 64 + i1] = s4;
-      }
-    }
-  }
+  loop10(a15.data(), a14.data(), a12.data());
 
   // performer.mesh:71:37 max
   MESHRT_TRACE("max", "performer.mesh:71:37", "forward");
-  static const support::Shape shape12_1 = {1, 1};
-  static const support::Shape shape12_3 = {8192, 64};
-  static const support::Shape shape12_4 = {128, 64};
-  static const support::Shape shape12_5 = {64, 1};
-  support::reduce(a16.data(), shape12_1, a15.data(), shape12_3, shape12_4, shape12_5,
+  support::reduce(a16.data(), kShape10, a15.data(), kShape11, kShape12, kShape13,
                   support::Reduce::Max, 1.0);
 
   // performer.mesh:71:23 stop_gradient
@@ -1536,95 +1762,46 @@ void Lm::repeated0(support::ConstView a0, support::ConstView a1, support::View a
   // performer.mesh:71:10 exp
   // performer.mesh:71:66 mul -> kf
   MESHRT_TRACE("loop", "performer.mesh:71:23", "forward");
-  {
-    float *__restrict a17p = a17.data();
-    const float *__restrict a16p = a16.data();
-    const float *__restrict a15p = a15.data();
-    const float r0 = a16p[0];
-    for (int64_t i0 = 0; i0 < 8192; ++i0) {
-      const float s0 = r0;
-      const float s1 = s0;
-      const float s2 = a15p[i0];
-      const float s3 = (s2 - s1);
-      const float s4 = support::fexp(s3);
-      const float s5 = 0.125f;
-      const float s6 = (s4 * s5);
-      a17p[i0] = s6;
-    }
-  }
+  loop12(a17.data(), a16.data(), a15.data());
 
   // performer.mesh:45:10 einsum
   MESHRT_TRACE("gemm", "performer.mesh:45:10", "forward");
   // dims: batch, seq, d_model, heads, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan14(
-      {{1, 128, 32, 1, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan14.run(a0.data(), a18.data(), a19.data(), 1.0f, 0.0f);
+  kEinsum0.plan().run(a0.data(), a18.data(), a19.data(), 1.0f, 0.0f);
 
   // performer.mesh:87:19 einsum
   MESHRT_TRACE("gemm", "performer.mesh:87:19", "forward");
   // dims: batch, seq, heads, features, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan15(
-      {{1, 128, 1, 64, 16}, {{{0, 1, 2, 3}, {}}, {{0, 1, 2, 4}, {}}}, {{0, 1, 2, 3, 4}, {}}});
-  einsumPlan15.run(a17.data(), a19.data(), a20.data(), 1.0f, 0.0f);
+  kEinsum9.plan().run(a17.data(), a19.data(), a20.data(), 1.0f, 0.0f);
 
   // performer.mesh:87:12 cumsum -> kv
   MESHRT_TRACE("cumsum", "performer.mesh:87:12", "forward");
-  static const support::Shape shape16_2 = {1, 1, 64, 16};
-  static const support::Shape shape16_3 = {131072, 1024, 16, 1};
-  static const support::Shape shape16_4 = {131072, 1024, 16, 1};
-  static const support::Shape shape16_5 = {128};
-  static const support::Shape shape16_6 = {1024};
-  static const support::Shape shape16_7 = {1024};
-  support::along(a21.data(), a20.data(), shape16_2, shape16_3, shape16_4, shape16_5, shape16_6,
-                 shape16_7, support::Along::Cumsum, 1e-05, 128, nullptr);
+  support::along(a21.data(), a20.data(), kShape19, kShape20, kShape20, kShape0, kShape21, kShape21,
+                 support::Along::Cumsum, 1e-05, 128, nullptr);
 
   // performer.mesh:88:19 einsum -> numerator
   MESHRT_TRACE("gemm", "performer.mesh:88:19", "forward");
   // dims: batch, seq, heads, features, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan17(
-      {{1, 128, 1, 64, 16}, {{{0, 1, 2, 3}, {}}, {{0, 1, 2, 3, 4}, {}}}, {{0, 1, 2, 4}, {}}});
-  einsumPlan17.run(a9.data(), a21.data(), a22.data(), 1.0f, 0.0f);
+  kEinsum10.plan().run(a9.data(), a21.data(), a22.data(), 1.0f, 0.0f);
 
   // performer.mesh:89:31 cumsum
   MESHRT_TRACE("cumsum", "performer.mesh:89:31", "forward");
-  static const support::Shape shape18_2 = {1, 1, 64};
-  static const support::Shape shape18_3 = {8192, 64, 1};
-  static const support::Shape shape18_4 = {8192, 64, 1};
-  static const support::Shape shape18_5 = {128};
-  static const support::Shape shape18_6 = {64};
-  static const support::Shape shape18_7 = {64};
-  support::along(a23.data(), a17.data(), shape18_2, shape18_3, shape18_4, shape18_5, shape18_6,
-                 shape18_7, support::Along::Cumsum, 1e-05, 128, nullptr);
+  support::along(a23.data(), a17.data(), kShape14, kShape15, kShape15, kShape0, kShape9, kShape9,
+                 support::Along::Cumsum, 1e-05, 128, nullptr);
 
   // performer.mesh:89:20 einsum -> normalizer
   MESHRT_TRACE("gemm", "performer.mesh:89:20", "forward");
   // dims: batch, seq, heads, features
-  static const meshrt::kernels::EinsumPlan einsumPlan19(
-      {{1, 128, 1, 64}, {{{0, 1, 2, 3}, {}}, {{0, 1, 2, 3}, {}}}, {{0, 1, 2}, {}}});
-  einsumPlan19.run(a9.data(), a23.data(), a24.data(), 1.0f, 0.0f);
+  kEinsum11.plan().run(a9.data(), a23.data(), a24.data(), 1.0f, 0.0f);
 
   // performer.mesh:90:20 div
   MESHRT_TRACE("loop", "performer.mesh:90:20", "forward");
-  {
-    float *__restrict a25p = a25.data();
-    const float *__restrict a22p = a22.data();
-    const float *__restrict a24p = a24.data();
-    for (int64_t i0 = 0; i0 < 128; ++i0) {
-      for (int64_t i1 = 0; i1 < 16; ++i1) {
-        const float s0 = a22p[i0 * 16 + i1];
-        const float s1 = a24p[i0];
-        const float s2 = (s0 / s1);
-        a25p[i0 * 16 + i1] = s2;
-      }
-    }
-  }
+  loop13(a25.data(), a22.data(), a24.data());
 
   // performer.mesh:50:10 einsum
   MESHRT_TRACE("gemm", "performer.mesh:50:10", "forward");
   // dims: batch, seq, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan21(
-      {{1, 128, 1, 16, 32}, {{{0, 1, 2, 3}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 4}, {}}});
-  einsumPlan21.run(a25.data(), a26.data(), a27.data(), 1.0f, 0.0f);
+  kEinsum5.plan().run(a25.data(), a26.data(), a27.data(), 1.0f, 0.0f);
 
   // performer.mesh:116:13 all_reduce_sum (resolve the partial sum of %63 over model for add at
   // 116:13)
@@ -1633,69 +1810,45 @@ void Lm::repeated0(support::ConstView a0, support::ConstView a1, support::View a
 
   // performer.mesh:116:13 add -> h
   MESHRT_TRACE("loop", "performer.mesh:116:13", "forward");
-  {
-    float *__restrict a29p = a29.data();
-    const float *__restrict a28p = a28.data();
-    const float *__restrict a27p = a27.data();
-    for (int64_t i0 = 0; i0 < 4096; ++i0) {
-      const float s0 = a28p[i0];
-      const float s1 = a27p[i0];
-      const float s2 = (s0 + s1);
-      a29p[i0] = s2;
-    }
-  }
+  loop7(a29.data(), a28.data(), a27.data());
 
   // performer.mesh:29:10 layer_norm
+  MESHRT_TRACE("layer_norm", "performer.mesh:29:10", "forward");
+  support::along(a30.data(), a29.data(), kShape4, kShape5, kShape5, kShape3, kShape1, kShape1,
+                 support::Along::LayerNorm, 1e-05, 32, nullptr);
+
   // performer.mesh:29:33 mul
   // performer.mesh:29:40 add
-  MESHRT_TRACE("layer_norm", "performer.mesh:29:10", "forward");
-  support::layerNormAffine(a30.data(), a29.data(), 128, 32, a31.data(), a32.data(), 1e-05, 32);
+  MESHRT_TRACE("loop", "performer.mesh:29:33", "forward");
+  loop8(a33.data(), a30.data(), a31.data(), a32.data());
 
   // performer.mesh:96:22 einsum
   MESHRT_TRACE("gemm", "performer.mesh:96:22", "forward");
   // dims: batch, seq, d_model, d_ff
-  static const meshrt::kernels::EinsumPlan einsumPlan25(
-      {{1, 128, 32, 128}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan25.run(a30.data(), a33.data(), a34.data(), 1.0f, 0.0f);
+  kEinsum6.plan().run(a33.data(), a34.data(), a35.data(), 1.0f, 0.0f);
 
   // performer.mesh:96:17 gelu
   MESHRT_TRACE("loop", "performer.mesh:96:17", "forward");
-  {
-    float *__restrict a35p = a35.data();
-    const float *__restrict a34p = a34.data();
-    for (int64_t i0 = 0; i0 < 16384; ++i0) {
-      const float s0 = a34p[i0];
-      const float s1 = support::fgelu(s0);
-      a35p[i0] = s1;
-    }
-  }
+  loop14(a36.data(), a35.data());
 
   // performer.mesh:96:10 einsum
   MESHRT_TRACE("gemm", "performer.mesh:96:10", "forward");
   // dims: batch, seq, d_ff, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan27(
-      {{1, 128, 128, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan27.run(a35.data(), a36.data(), a37.data(), 1.0f, 0.0f);
+  kEinsum7.plan().run(a36.data(), a37.data(), a38.data(), 1.0f, 0.0f);
 
   // performer.mesh:117:12 add -> h
   MESHRT_TRACE("loop", "performer.mesh:117:12", "forward");
-  {
-    float *__restrict a38p = a38.data();
-    const float *__restrict a29p = a29.data();
-    const float *__restrict a37p = a37.data();
-    for (int64_t i0 = 0; i0 < 4096; ++i0) {
-      const float s0 = a29p[i0];
-      const float s1 = a37p[i0];
-      const float s2 = (s0 + s1);
-      a38p[i0] = s2;
-    }
-  }
+  loop7(a39.data(), a29.data(), a38.data());
 
   // performer.mesh:29:10 layer_norm
+  MESHRT_TRACE("layer_norm", "performer.mesh:29:10", "forward");
+  support::along(a40.data(), a39.data(), kShape4, kShape5, kShape5, kShape3, kShape1, kShape1,
+                 support::Along::LayerNorm, 1e-05, 32, nullptr);
+
   // performer.mesh:29:33 mul
   // performer.mesh:29:40 add -> n
-  MESHRT_TRACE("layer_norm", "performer.mesh:29:10", "forward");
-  support::layerNormAffine(a39.data(), a38.data(), 128, 32, a40.data(), a41.data(), 1e-05, 32);
+  MESHRT_TRACE("loop", "performer.mesh:29:33", "forward");
+  loop8(a43.data(), a40.data(), a41.data(), a42.data());
 }
 
 Lm::Inputs Lm::synthesizeInputs(uint64_t seed) const {
@@ -1739,32 +1892,33 @@ support::Tensor Lm::gatherOutput(meshrt::Communicator &world, const std::string 
 }
 
 std::vector<std::string> Lm::paramNames() {
-  return {"causal_lm/embedding",
-          "causal_lm/unembed",
-          "causal_lm/decoder_layer[0]/random_features",
-          "causal_lm/decoder_layer[0]/norm/gain",
-          "causal_lm/decoder_layer[0]/norm/bias",
-          "causal_lm/decoder_layer[0]/heads_in/w",
-          "causal_lm/decoder_layer[0]/heads_in#1/w",
-          "causal_lm/decoder_layer[0]/heads_in#2/w",
-          "causal_lm/decoder_layer[0]/heads_out/w",
-          "causal_lm/decoder_layer[0]/norm#1/gain",
-          "causal_lm/decoder_layer[0]/norm#1/bias",
-          "causal_lm/decoder_layer[0]/ffn/w_in",
-          "causal_lm/decoder_layer[0]/ffn/w_out",
-          "causal_lm/decoder_layer[1]/random_features",
-          "causal_lm/decoder_layer[1]/norm/gain",
-          "causal_lm/decoder_layer[1]/norm/bias",
-          "causal_lm/decoder_layer[1]/heads_in/w",
-          "causal_lm/decoder_layer[1]/heads_in#1/w",
-          "causal_lm/decoder_layer[1]/heads_in#2/w",
-          "causal_lm/decoder_layer[1]/heads_out/w",
-          "causal_lm/decoder_layer[1]/norm#1/gain",
-          "causal_lm/decoder_layer[1]/norm#1/bias",
-          "causal_lm/decoder_layer[1]/ffn/w_in",
-          "causal_lm/decoder_layer[1]/ffn/w_out",
-          "causal_lm/norm/gain",
-          "causal_lm/norm/bias"};
+  static constexpr const char *names[] = {"causal_lm/embedding",
+                                          "causal_lm/unembed",
+                                          "causal_lm/decoder_layer[0]/random_features",
+                                          "causal_lm/decoder_layer[0]/norm/gain",
+                                          "causal_lm/decoder_layer[0]/norm/bias",
+                                          "causal_lm/decoder_layer[0]/heads_in/w",
+                                          "causal_lm/decoder_layer[0]/heads_in#1/w",
+                                          "causal_lm/decoder_layer[0]/heads_in#2/w",
+                                          "causal_lm/decoder_layer[0]/heads_out/w",
+                                          "causal_lm/decoder_layer[0]/norm#1/gain",
+                                          "causal_lm/decoder_layer[0]/norm#1/bias",
+                                          "causal_lm/decoder_layer[0]/ffn/w_in",
+                                          "causal_lm/decoder_layer[0]/ffn/w_out",
+                                          "causal_lm/decoder_layer[1]/random_features",
+                                          "causal_lm/decoder_layer[1]/norm/gain",
+                                          "causal_lm/decoder_layer[1]/norm/bias",
+                                          "causal_lm/decoder_layer[1]/heads_in/w",
+                                          "causal_lm/decoder_layer[1]/heads_in#1/w",
+                                          "causal_lm/decoder_layer[1]/heads_in#2/w",
+                                          "causal_lm/decoder_layer[1]/heads_out/w",
+                                          "causal_lm/decoder_layer[1]/norm#1/gain",
+                                          "causal_lm/decoder_layer[1]/norm#1/bias",
+                                          "causal_lm/decoder_layer[1]/ffn/w_in",
+                                          "causal_lm/decoder_layer[1]/ffn/w_out",
+                                          "causal_lm/norm/gain",
+                                          "causal_lm/norm/bias"};
+  return {std::begin(names), std::end(names)};
 }
 
 bool Lm::isOptimizerState(const std::string &path) {
@@ -1773,41 +1927,6 @@ bool Lm::isOptimizerState(const std::string &path) {
 }
 
 std::vector<support::ParamShard> Lm::paramShards() {
-  static constexpr support::ParamSpec specs[] = {
-      {"causal_lm/embedding", false, "f32", "vocab:64:64: d_model:32:32:"},
-      {"causal_lm/unembed", false, "f32", "d_model:32:32: vocab:64:64:"},
-      {"causal_lm/decoder_layer[0]/random_features", false, "f32", "features:64:64: d_head:16:16:"},
-      {"causal_lm/decoder_layer[0]/norm/gain", false, "f32", "d_model:32:32:"},
-      {"causal_lm/decoder_layer[0]/norm/bias", false, "f32", "d_model:32:32:"},
-      {"causal_lm/decoder_layer[0]/heads_in/w", false, "f32",
-       "d_model:32:32: heads:2:1:model d_head:16:16:"},
-      {"causal_lm/decoder_layer[0]/heads_in#1/w", false, "f32",
-       "d_model:32:32: heads:2:1:model d_head:16:16:"},
-      {"causal_lm/decoder_layer[0]/heads_in#2/w", false, "f32",
-       "d_model:32:32: heads:2:1:model d_head:16:16:"},
-      {"causal_lm/decoder_layer[0]/heads_out/w", false, "f32",
-       "heads:2:1:model d_head:16:16: d_model:32:32:"},
-      {"causal_lm/decoder_layer[0]/norm#1/gain", false, "f32", "d_model:32:32:"},
-      {"causal_lm/decoder_layer[0]/norm#1/bias", false, "f32", "d_model:32:32:"},
-      {"causal_lm/decoder_layer[0]/ffn/w_in", false, "f32", "d_model:32:32: d_ff:128:128:"},
-      {"causal_lm/decoder_layer[0]/ffn/w_out", false, "f32", "d_ff:128:128: d_model:32:32:"},
-      {"causal_lm/decoder_layer[1]/random_features", false, "f32", "features:64:64: d_head:16:16:"},
-      {"causal_lm/decoder_layer[1]/norm/gain", false, "f32", "d_model:32:32:"},
-      {"causal_lm/decoder_layer[1]/norm/bias", false, "f32", "d_model:32:32:"},
-      {"causal_lm/decoder_layer[1]/heads_in/w", false, "f32",
-       "d_model:32:32: heads:2:1:model d_head:16:16:"},
-      {"causal_lm/decoder_layer[1]/heads_in#1/w", false, "f32",
-       "d_model:32:32: heads:2:1:model d_head:16:16:"},
-      {"causal_lm/decoder_layer[1]/heads_in#2/w", false, "f32",
-       "d_model:32:32: heads:2:1:model d_head:16:16:"},
-      {"causal_lm/decoder_layer[1]/heads_out/w", false, "f32",
-       "heads:2:1:model d_head:16:16: d_model:32:32:"},
-      {"causal_lm/decoder_layer[1]/norm#1/gain", false, "f32", "d_model:32:32:"},
-      {"causal_lm/decoder_layer[1]/norm#1/bias", false, "f32", "d_model:32:32:"},
-      {"causal_lm/decoder_layer[1]/ffn/w_in", false, "f32", "d_model:32:32: d_ff:128:128:"},
-      {"causal_lm/decoder_layer[1]/ffn/w_out", false, "f32", "d_ff:128:128: d_model:32:32:"},
-      {"causal_lm/norm/gain", false, "f32", "d_model:32:32:"},
-      {"causal_lm/norm/bias", false, "f32", "d_model:32:32:"}};
   support::Buffer *const data[] = {&param0_causal_lm_embedding,
                                    &param1_causal_lm_unembed,
                                    &param2_causal_lm_decoder_layer_0_random_features,
@@ -1834,7 +1953,7 @@ std::vector<support::ParamShard> Lm::paramShards() {
                                    &param23_causal_lm_decoder_layer_1_ffn_w_out,
                                    &param24_causal_lm_norm_gain,
                                    &param25_causal_lm_norm_bias};
-  return support::paramShardsOf<support::ParamShard>(specs, data);
+  return support::paramShardsOf<support::ParamShard>(kLmParams, data);
 }
 
 support::Tensor Lm::getParam(const std::string &path) {
@@ -1875,324 +1994,335 @@ support::Shape LmTrain::inputShape(const std::string &name) {
   throw std::invalid_argument("lm_train: no input named '" + name + "'");
 }
 
+/// `lm_train`'s params: paths, dims and layouts (its constructor and paramShards() read it).
+static constexpr support::ParamSpec kLmTrainParams[] = {
+    {"causal_lm/embedding", false, "f32", "vocab:64:64: d_model:32:32:"},
+    {"causal_lm/unembed", false, "f32", "d_model:32:32: vocab:64:64:"},
+    {"causal_lm/decoder_layer[0]/random_features", false, "f32", "features:64:64: d_head:16:16:"},
+    {"causal_lm/decoder_layer[0]/norm/gain", false, "f32", "d_model:32:32:"},
+    {"causal_lm/decoder_layer[0]/norm/bias", false, "f32", "d_model:32:32:"},
+    {"causal_lm/decoder_layer[0]/heads_in/w", false, "f32",
+     "d_model:32:32: heads:2:1:model d_head:16:16:"},
+    {"causal_lm/decoder_layer[0]/heads_in#1/w", false, "f32",
+     "d_model:32:32: heads:2:1:model d_head:16:16:"},
+    {"causal_lm/decoder_layer[0]/heads_in#2/w", false, "f32",
+     "d_model:32:32: heads:2:1:model d_head:16:16:"},
+    {"causal_lm/decoder_layer[0]/heads_out/w", false, "f32",
+     "heads:2:1:model d_head:16:16: d_model:32:32:"},
+    {"causal_lm/decoder_layer[0]/norm#1/gain", false, "f32", "d_model:32:32:"},
+    {"causal_lm/decoder_layer[0]/norm#1/bias", false, "f32", "d_model:32:32:"},
+    {"causal_lm/decoder_layer[0]/ffn/w_in", false, "f32", "d_model:32:32: d_ff:128:128:"},
+    {"causal_lm/decoder_layer[0]/ffn/w_out", false, "f32", "d_ff:128:128: d_model:32:32:"},
+    {"causal_lm/decoder_layer[1]/random_features", false, "f32", "features:64:64: d_head:16:16:"},
+    {"causal_lm/decoder_layer[1]/norm/gain", false, "f32", "d_model:32:32:"},
+    {"causal_lm/decoder_layer[1]/norm/bias", false, "f32", "d_model:32:32:"},
+    {"causal_lm/decoder_layer[1]/heads_in/w", false, "f32",
+     "d_model:32:32: heads:2:1:model d_head:16:16:"},
+    {"causal_lm/decoder_layer[1]/heads_in#1/w", false, "f32",
+     "d_model:32:32: heads:2:1:model d_head:16:16:"},
+    {"causal_lm/decoder_layer[1]/heads_in#2/w", false, "f32",
+     "d_model:32:32: heads:2:1:model d_head:16:16:"},
+    {"causal_lm/decoder_layer[1]/heads_out/w", false, "f32",
+     "heads:2:1:model d_head:16:16: d_model:32:32:"},
+    {"causal_lm/decoder_layer[1]/norm#1/gain", false, "f32", "d_model:32:32:"},
+    {"causal_lm/decoder_layer[1]/norm#1/bias", false, "f32", "d_model:32:32:"},
+    {"causal_lm/decoder_layer[1]/ffn/w_in", false, "f32", "d_model:32:32: d_ff:128:128:"},
+    {"causal_lm/decoder_layer[1]/ffn/w_out", false, "f32", "d_ff:128:128: d_model:32:32:"},
+    {"causal_lm/norm/gain", false, "f32", "d_model:32:32:"},
+    {"causal_lm/norm/bias", false, "f32", "d_model:32:32:"},
+    {"causal_lm/embedding@m", true, "f32", "vocab:64:64: d_model:32:32:"},
+    {"causal_lm/embedding@v", true, "f32", "vocab:64:64: d_model:32:32:"},
+    {"causal_lm/unembed@m", true, "f32", "d_model:32:32: vocab:64:64:"},
+    {"causal_lm/unembed@v", true, "f32", "d_model:32:32: vocab:64:64:"},
+    {"causal_lm/decoder_layer[0]/norm/gain@m", true, "f32", "d_model:32:32:"},
+    {"causal_lm/decoder_layer[0]/norm/gain@v", true, "f32", "d_model:32:32:"},
+    {"causal_lm/decoder_layer[0]/norm/bias@m", true, "f32", "d_model:32:32:"},
+    {"causal_lm/decoder_layer[0]/norm/bias@v", true, "f32", "d_model:32:32:"},
+    {"causal_lm/decoder_layer[0]/heads_in/w@m", true, "f32",
+     "d_model:32:32: heads:2:1:model d_head:16:16:"},
+    {"causal_lm/decoder_layer[0]/heads_in/w@v", true, "f32",
+     "d_model:32:32: heads:2:1:model d_head:16:16:"},
+    {"causal_lm/decoder_layer[0]/heads_in#1/w@m", true, "f32",
+     "d_model:32:32: heads:2:1:model d_head:16:16:"},
+    {"causal_lm/decoder_layer[0]/heads_in#1/w@v", true, "f32",
+     "d_model:32:32: heads:2:1:model d_head:16:16:"},
+    {"causal_lm/decoder_layer[0]/heads_in#2/w@m", true, "f32",
+     "d_model:32:32: heads:2:1:model d_head:16:16:"},
+    {"causal_lm/decoder_layer[0]/heads_in#2/w@v", true, "f32",
+     "d_model:32:32: heads:2:1:model d_head:16:16:"},
+    {"causal_lm/decoder_layer[0]/heads_out/w@m", true, "f32",
+     "heads:2:1:model d_head:16:16: d_model:32:32:"},
+    {"causal_lm/decoder_layer[0]/heads_out/w@v", true, "f32",
+     "heads:2:1:model d_head:16:16: d_model:32:32:"},
+    {"causal_lm/decoder_layer[0]/norm#1/gain@m", true, "f32", "d_model:32:32:"},
+    {"causal_lm/decoder_layer[0]/norm#1/gain@v", true, "f32", "d_model:32:32:"},
+    {"causal_lm/decoder_layer[0]/norm#1/bias@m", true, "f32", "d_model:32:32:"},
+    {"causal_lm/decoder_layer[0]/norm#1/bias@v", true, "f32", "d_model:32:32:"},
+    {"causal_lm/decoder_layer[0]/ffn/w_in@m", true, "f32", "d_model:32:32: d_ff:128:128:"},
+    {"causal_lm/decoder_layer[0]/ffn/w_in@v", true, "f32", "d_model:32:32: d_ff:128:128:"},
+    {"causal_lm/decoder_layer[0]/ffn/w_out@m", true, "f32", "d_ff:128:128: d_model:32:32:"},
+    {"causal_lm/decoder_layer[0]/ffn/w_out@v", true, "f32", "d_ff:128:128: d_model:32:32:"},
+    {"causal_lm/decoder_layer[1]/norm/gain@m", true, "f32", "d_model:32:32:"},
+    {"causal_lm/decoder_layer[1]/norm/gain@v", true, "f32", "d_model:32:32:"},
+    {"causal_lm/decoder_layer[1]/norm/bias@m", true, "f32", "d_model:32:32:"},
+    {"causal_lm/decoder_layer[1]/norm/bias@v", true, "f32", "d_model:32:32:"},
+    {"causal_lm/decoder_layer[1]/heads_in/w@m", true, "f32",
+     "d_model:32:32: heads:2:1:model d_head:16:16:"},
+    {"causal_lm/decoder_layer[1]/heads_in/w@v", true, "f32",
+     "d_model:32:32: heads:2:1:model d_head:16:16:"},
+    {"causal_lm/decoder_layer[1]/heads_in#1/w@m", true, "f32",
+     "d_model:32:32: heads:2:1:model d_head:16:16:"},
+    {"causal_lm/decoder_layer[1]/heads_in#1/w@v", true, "f32",
+     "d_model:32:32: heads:2:1:model d_head:16:16:"},
+    {"causal_lm/decoder_layer[1]/heads_in#2/w@m", true, "f32",
+     "d_model:32:32: heads:2:1:model d_head:16:16:"},
+    {"causal_lm/decoder_layer[1]/heads_in#2/w@v", true, "f32",
+     "d_model:32:32: heads:2:1:model d_head:16:16:"},
+    {"causal_lm/decoder_layer[1]/heads_out/w@m", true, "f32",
+     "heads:2:1:model d_head:16:16: d_model:32:32:"},
+    {"causal_lm/decoder_layer[1]/heads_out/w@v", true, "f32",
+     "heads:2:1:model d_head:16:16: d_model:32:32:"},
+    {"causal_lm/decoder_layer[1]/norm#1/gain@m", true, "f32", "d_model:32:32:"},
+    {"causal_lm/decoder_layer[1]/norm#1/gain@v", true, "f32", "d_model:32:32:"},
+    {"causal_lm/decoder_layer[1]/norm#1/bias@m", true, "f32", "d_model:32:32:"},
+    {"causal_lm/decoder_layer[1]/norm#1/bias@v", true, "f32", "d_model:32:32:"},
+    {"causal_lm/decoder_layer[1]/ffn/w_in@m", true, "f32", "d_model:32:32: d_ff:128:128:"},
+    {"causal_lm/decoder_layer[1]/ffn/w_in@v", true, "f32", "d_model:32:32: d_ff:128:128:"},
+    {"causal_lm/decoder_layer[1]/ffn/w_out@m", true, "f32", "d_ff:128:128: d_model:32:32:"},
+    {"causal_lm/decoder_layer[1]/ffn/w_out@v", true, "f32", "d_ff:128:128: d_model:32:32:"},
+    {"causal_lm/norm/gain@m", true, "f32", "d_model:32:32:"},
+    {"causal_lm/norm/gain@v", true, "f32", "d_model:32:32:"},
+    {"causal_lm/norm/bias@m", true, "f32", "d_model:32:32:"},
+    {"causal_lm/norm/bias@v", true, "f32", "d_model:32:32:"}};
+
 LmTrain::LmTrain(meshrt::Communicator &world, uint64_t seed)
     : world_(support::checkedWorld(world, mesh(), "lm_train")), seed_(seed),
       group_data(world_.subgroup(std::vector<std::string>{"data"})),
       group_model(world_.subgroup(std::vector<std::string>{"model"})) {
-  // causal_lm/embedding: normal (performer.mesh:131)
-  param0_causal_lm_embedding.resize(2048);
-  {
-    const meshrt::kernels::Shard shard{{64, 32}, {0, 0}, {64, 32}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 1.0}});
-    support::fillParam(param0_causal_lm_embedding.data(), shard, seed, "causal_lm/embedding", init,
-                       meshrt::kernels::ValueType::F32);
-  }
-  // causal_lm/unembed: normal (performer.mesh:132)
-  param1_causal_lm_unembed.resize(2048);
-  {
-    const meshrt::kernels::Shard shard{{32, 64}, {0, 0}, {32, 64}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
-    support::fillParam(param1_causal_lm_unembed.data(), shard, seed, "causal_lm/unembed", init,
-                       meshrt::kernels::ValueType::F32);
-  }
-  // causal_lm/decoder_layer[0]/random_features: orthogonal (performer.mesh:112)
-  param2_causal_lm_decoder_layer_0_random_features.resize(1024);
-  {
-    const meshrt::kernels::Shard shard{{64, 16}, {0, 0}, {64, 16}};
-    const auto init = meshrt::kernels::makeInit("orthogonal", {{"scale", 1.0}});
-    support::fillParam(param2_causal_lm_decoder_layer_0_random_features.data(), shard, seed,
-                       "causal_lm/decoder_layer[0]/random_features", init,
-                       meshrt::kernels::ValueType::F32);
-  }
-  // causal_lm/decoder_layer[0]/norm/gain: ones (performer.mesh:27)
-  param3_causal_lm_decoder_layer_0_norm_gain.assign(32,
-                                                    support::roundValue(support::DType::F32, 1.0));
-  // causal_lm/decoder_layer[0]/norm/bias: zeros (performer.mesh:28)
-  param4_causal_lm_decoder_layer_0_norm_bias.assign(32,
-                                                    support::roundValue(support::DType::F32, 0.0));
-  // causal_lm/decoder_layer[0]/heads_in/w: normal (performer.mesh:44)
-  param5_causal_lm_decoder_layer_0_heads_in_w.resize(512);
-  {
-    const meshrt::kernels::Shard shard{
-        {32, 2, 16}, {0, support::shardStart(world_, {"model"}, 1), 0}, {32, 1, 16}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}});
-    support::fillParam(param5_causal_lm_decoder_layer_0_heads_in_w.data(), shard, seed,
-                       "causal_lm/decoder_layer[0]/heads_in/w", init,
-                       meshrt::kernels::ValueType::F32);
-  }
-  // causal_lm/decoder_layer[0]/heads_in#1/w: normal (performer.mesh:44)
-  param6_causal_lm_decoder_layer_0_heads_in_1_w.resize(512);
-  {
-    const meshrt::kernels::Shard shard{
-        {32, 2, 16}, {0, support::shardStart(world_, {"model"}, 1), 0}, {32, 1, 16}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}});
-    support::fillParam(param6_causal_lm_decoder_layer_0_heads_in_1_w.data(), shard, seed,
-                       "causal_lm/decoder_layer[0]/heads_in#1/w", init,
-                       meshrt::kernels::ValueType::F32);
-  }
-  // causal_lm/decoder_layer[0]/heads_in#2/w: normal (performer.mesh:44)
-  param7_causal_lm_decoder_layer_0_heads_in_2_w.resize(512);
-  {
-    const meshrt::kernels::Shard shard{
-        {32, 2, 16}, {0, support::shardStart(world_, {"model"}, 1), 0}, {32, 1, 16}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}});
-    support::fillParam(param7_causal_lm_decoder_layer_0_heads_in_2_w.data(), shard, seed,
-                       "causal_lm/decoder_layer[0]/heads_in#2/w", init,
-                       meshrt::kernels::ValueType::F32);
-  }
-  // causal_lm/decoder_layer[0]/heads_out/w: normal (performer.mesh:49)
-  param8_causal_lm_decoder_layer_0_heads_out_w.resize(512);
-  {
-    const meshrt::kernels::Shard shard{
-        {2, 16, 32}, {support::shardStart(world_, {"model"}, 1), 0, 0}, {1, 16, 32}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}});
-    support::fillParam(param8_causal_lm_decoder_layer_0_heads_out_w.data(), shard, seed,
-                       "causal_lm/decoder_layer[0]/heads_out/w", init,
-                       meshrt::kernels::ValueType::F32);
-  }
-  // causal_lm/decoder_layer[0]/norm#1/gain: ones (performer.mesh:27)
-  param9_causal_lm_decoder_layer_0_norm_1_gain.assign(
-      32, support::roundValue(support::DType::F32, 1.0));
-  // causal_lm/decoder_layer[0]/norm#1/bias: zeros (performer.mesh:28)
-  param10_causal_lm_decoder_layer_0_norm_1_bias.assign(
-      32, support::roundValue(support::DType::F32, 0.0));
-  // causal_lm/decoder_layer[0]/ffn/w_in: normal (performer.mesh:94)
-  param11_causal_lm_decoder_layer_0_ffn_w_in.resize(4096);
-  {
-    const meshrt::kernels::Shard shard{{32, 128}, {0, 0}, {32, 128}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}});
-    support::fillParam(param11_causal_lm_decoder_layer_0_ffn_w_in.data(), shard, seed,
-                       "causal_lm/decoder_layer[0]/ffn/w_in", init,
-                       meshrt::kernels::ValueType::F32);
-  }
-  // causal_lm/decoder_layer[0]/ffn/w_out: normal (performer.mesh:95)
-  param12_causal_lm_decoder_layer_0_ffn_w_out.resize(4096);
-  {
-    const meshrt::kernels::Shard shard{{128, 32}, {0, 0}, {128, 32}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.09}});
-    support::fillParam(param12_causal_lm_decoder_layer_0_ffn_w_out.data(), shard, seed,
-                       "causal_lm/decoder_layer[0]/ffn/w_out", init,
-                       meshrt::kernels::ValueType::F32);
-  }
-  // causal_lm/decoder_layer[1]/random_features: orthogonal (performer.mesh:112)
-  param13_causal_lm_decoder_layer_1_random_features.resize(1024);
-  {
-    const meshrt::kernels::Shard shard{{64, 16}, {0, 0}, {64, 16}};
-    const auto init = meshrt::kernels::makeInit("orthogonal", {{"scale", 1.0}});
-    support::fillParam(param13_causal_lm_decoder_layer_1_random_features.data(), shard, seed,
-                       "causal_lm/decoder_layer[1]/random_features", init,
-                       meshrt::kernels::ValueType::F32);
-  }
-  // causal_lm/decoder_layer[1]/norm/gain: ones (performer.mesh:27)
-  param14_causal_lm_decoder_layer_1_norm_gain.assign(32,
-                                                     support::roundValue(support::DType::F32, 1.0));
-  // causal_lm/decoder_layer[1]/norm/bias: zeros (performer.mesh:28)
-  param15_causal_lm_decoder_layer_1_norm_bias.assign(32,
-                                                     support::roundValue(support::DType::F32, 0.0));
-  // causal_lm/decoder_layer[1]/heads_in/w: normal (performer.mesh:44)
-  param16_causal_lm_decoder_layer_1_heads_in_w.resize(512);
-  {
-    const meshrt::kernels::Shard shard{
-        {32, 2, 16}, {0, support::shardStart(world_, {"model"}, 1), 0}, {32, 1, 16}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}});
-    support::fillParam(param16_causal_lm_decoder_layer_1_heads_in_w.data(), shard, seed,
-                       "causal_lm/decoder_layer[1]/heads_in/w", init,
-                       meshrt::kernels::ValueType::F32);
-  }
-  // causal_lm/decoder_layer[1]/heads_in#1/w: normal (performer.mesh:44)
-  param17_causal_lm_decoder_layer_1_heads_in_1_w.resize(512);
-  {
-    const meshrt::kernels::Shard shard{
-        {32, 2, 16}, {0, support::shardStart(world_, {"model"}, 1), 0}, {32, 1, 16}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}});
-    support::fillParam(param17_causal_lm_decoder_layer_1_heads_in_1_w.data(), shard, seed,
-                       "causal_lm/decoder_layer[1]/heads_in#1/w", init,
-                       meshrt::kernels::ValueType::F32);
-  }
-  // causal_lm/decoder_layer[1]/heads_in#2/w: normal (performer.mesh:44)
-  param18_causal_lm_decoder_layer_1_heads_in_2_w.resize(512);
-  {
-    const meshrt::kernels::Shard shard{
-        {32, 2, 16}, {0, support::shardStart(world_, {"model"}, 1), 0}, {32, 1, 16}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}});
-    support::fillParam(param18_causal_lm_decoder_layer_1_heads_in_2_w.data(), shard, seed,
-                       "causal_lm/decoder_layer[1]/heads_in#2/w", init,
-                       meshrt::kernels::ValueType::F32);
-  }
-  // causal_lm/decoder_layer[1]/heads_out/w: normal (performer.mesh:49)
-  param19_causal_lm_decoder_layer_1_heads_out_w.resize(512);
-  {
-    const meshrt::kernels::Shard shard{
-        {2, 16, 32}, {support::shardStart(world_, {"model"}, 1), 0, 0}, {1, 16, 32}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}});
-    support::fillParam(param19_causal_lm_decoder_layer_1_heads_out_w.data(), shard, seed,
-                       "causal_lm/decoder_layer[1]/heads_out/w", init,
-                       meshrt::kernels::ValueType::F32);
-  }
-  // causal_lm/decoder_layer[1]/norm#1/gain: ones (performer.mesh:27)
-  param20_causal_lm_decoder_layer_1_norm_1_gain.assign(
-      32, support::roundValue(support::DType::F32, 1.0));
-  // causal_lm/decoder_layer[1]/norm#1/bias: zeros (performer.mesh:28)
-  param21_causal_lm_decoder_layer_1_norm_1_bias.assign(
-      32, support::roundValue(support::DType::F32, 0.0));
-  // causal_lm/decoder_layer[1]/ffn/w_in: normal (performer.mesh:94)
-  param22_causal_lm_decoder_layer_1_ffn_w_in.resize(4096);
-  {
-    const meshrt::kernels::Shard shard{{32, 128}, {0, 0}, {32, 128}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}});
-    support::fillParam(param22_causal_lm_decoder_layer_1_ffn_w_in.data(), shard, seed,
-                       "causal_lm/decoder_layer[1]/ffn/w_in", init,
-                       meshrt::kernels::ValueType::F32);
-  }
-  // causal_lm/decoder_layer[1]/ffn/w_out: normal (performer.mesh:95)
-  param23_causal_lm_decoder_layer_1_ffn_w_out.resize(4096);
-  {
-    const meshrt::kernels::Shard shard{{128, 32}, {0, 0}, {128, 32}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.09}});
-    support::fillParam(param23_causal_lm_decoder_layer_1_ffn_w_out.data(), shard, seed,
-                       "causal_lm/decoder_layer[1]/ffn/w_out", init,
-                       meshrt::kernels::ValueType::F32);
-  }
-  // causal_lm/norm/gain: ones (performer.mesh:27)
-  param24_causal_lm_norm_gain.assign(32, support::roundValue(support::DType::F32, 1.0));
-  // causal_lm/norm/bias: zeros (performer.mesh:28)
-  param25_causal_lm_norm_bias.assign(32, support::roundValue(support::DType::F32, 0.0));
-  // causal_lm/embedding@m: zeros (performer.mesh:131)
-  param26_causal_lm_embedding_m.assign(2048, support::roundValue(support::DType::F32, 0.0));
-  // causal_lm/embedding@v: zeros (performer.mesh:131)
-  param27_causal_lm_embedding_v.assign(2048, support::roundValue(support::DType::F32, 0.0));
-  // causal_lm/unembed@m: zeros (performer.mesh:132)
-  param28_causal_lm_unembed_m.assign(2048, support::roundValue(support::DType::F32, 0.0));
-  // causal_lm/unembed@v: zeros (performer.mesh:132)
-  param29_causal_lm_unembed_v.assign(2048, support::roundValue(support::DType::F32, 0.0));
-  // causal_lm/decoder_layer[0]/norm/gain@m: zeros (performer.mesh:27)
-  param30_causal_lm_decoder_layer_0_norm_gain_m.assign(
-      32, support::roundValue(support::DType::F32, 0.0));
-  // causal_lm/decoder_layer[0]/norm/gain@v: zeros (performer.mesh:27)
-  param31_causal_lm_decoder_layer_0_norm_gain_v.assign(
-      32, support::roundValue(support::DType::F32, 0.0));
-  // causal_lm/decoder_layer[0]/norm/bias@m: zeros (performer.mesh:28)
-  param32_causal_lm_decoder_layer_0_norm_bias_m.assign(
-      32, support::roundValue(support::DType::F32, 0.0));
-  // causal_lm/decoder_layer[0]/norm/bias@v: zeros (performer.mesh:28)
-  param33_causal_lm_decoder_layer_0_norm_bias_v.assign(
-      32, support::roundValue(support::DType::F32, 0.0));
-  // causal_lm/decoder_layer[0]/heads_in/w@m: zeros (performer.mesh:44)
-  param34_causal_lm_decoder_layer_0_heads_in_w_m.assign(
-      512, support::roundValue(support::DType::F32, 0.0));
-  // causal_lm/decoder_layer[0]/heads_in/w@v: zeros (performer.mesh:44)
-  param35_causal_lm_decoder_layer_0_heads_in_w_v.assign(
-      512, support::roundValue(support::DType::F32, 0.0));
-  // causal_lm/decoder_layer[0]/heads_in#1/w@m: zeros (performer.mesh:44)
-  param36_causal_lm_decoder_layer_0_heads_in_1_w_m.assign(
-      512, support::roundValue(support::DType::F32, 0.0));
-  // causal_lm/decoder_layer[0]/heads_in#1/w@v: zeros (performer.mesh:44)
-  param37_causal_lm_decoder_layer_0_heads_in_1_w_v.assign(
-      512, support::roundValue(support::DType::F32, 0.0));
-  // causal_lm/decoder_layer[0]/heads_in#2/w@m: zeros (performer.mesh:44)
-  param38_causal_lm_decoder_layer_0_heads_in_2_w_m.assign(
-      512, support::roundValue(support::DType::F32, 0.0));
-  // causal_lm/decoder_layer[0]/heads_in#2/w@v: zeros (performer.mesh:44)
-  param39_causal_lm_decoder_layer_0_heads_in_2_w_v.assign(
-      512, support::roundValue(support::DType::F32, 0.0));
-  // causal_lm/decoder_layer[0]/heads_out/w@m: zeros (performer.mesh:49)
-  param40_causal_lm_decoder_layer_0_heads_out_w_m.assign(
-      512, support::roundValue(support::DType::F32, 0.0));
-  // causal_lm/decoder_layer[0]/heads_out/w@v: zeros (performer.mesh:49)
-  param41_causal_lm_decoder_layer_0_heads_out_w_v.assign(
-      512, support::roundValue(support::DType::F32, 0.0));
-  // causal_lm/decoder_layer[0]/norm#1/gain@m: zeros (performer.mesh:27)
-  param42_causal_lm_decoder_layer_0_norm_1_gain_m.assign(
-      32, support::roundValue(support::DType::F32, 0.0));
-  // causal_lm/decoder_layer[0]/norm#1/gain@v: zeros (performer.mesh:27)
-  param43_causal_lm_decoder_layer_0_norm_1_gain_v.assign(
-      32, support::roundValue(support::DType::F32, 0.0));
-  // causal_lm/decoder_layer[0]/norm#1/bias@m: zeros (performer.mesh:28)
-  param44_causal_lm_decoder_layer_0_norm_1_bias_m.assign(
-      32, support::roundValue(support::DType::F32, 0.0));
-  // causal_lm/decoder_layer[0]/norm#1/bias@v: zeros (performer.mesh:28)
-  param45_causal_lm_decoder_layer_0_norm_1_bias_v.assign(
-      32, support::roundValue(support::DType::F32, 0.0));
-  // causal_lm/decoder_layer[0]/ffn/w_in@m: zeros (performer.mesh:94)
-  param46_causal_lm_decoder_layer_0_ffn_w_in_m.assign(
-      4096, support::roundValue(support::DType::F32, 0.0));
-  // causal_lm/decoder_layer[0]/ffn/w_in@v: zeros (performer.mesh:94)
-  param47_causal_lm_decoder_layer_0_ffn_w_in_v.assign(
-      4096, support::roundValue(support::DType::F32, 0.0));
-  // causal_lm/decoder_layer[0]/ffn/w_out@m: zeros (performer.mesh:95)
-  param48_causal_lm_decoder_layer_0_ffn_w_out_m.assign(
-      4096, support::roundValue(support::DType::F32, 0.0));
-  // causal_lm/decoder_layer[0]/ffn/w_out@v: zeros (performer.mesh:95)
-  param49_causal_lm_decoder_layer_0_ffn_w_out_v.assign(
-      4096, support::roundValue(support::DType::F32, 0.0));
-  // causal_lm/decoder_layer[1]/norm/gain@m: zeros (performer.mesh:27)
-  param50_causal_lm_decoder_layer_1_norm_gain_m.assign(
-      32, support::roundValue(support::DType::F32, 0.0));
-  // causal_lm/decoder_layer[1]/norm/gain@v: zeros (performer.mesh:27)
-  param51_causal_lm_decoder_layer_1_norm_gain_v.assign(
-      32, support::roundValue(support::DType::F32, 0.0));
-  // causal_lm/decoder_layer[1]/norm/bias@m: zeros (performer.mesh:28)
-  param52_causal_lm_decoder_layer_1_norm_bias_m.assign(
-      32, support::roundValue(support::DType::F32, 0.0));
-  // causal_lm/decoder_layer[1]/norm/bias@v: zeros (performer.mesh:28)
-  param53_causal_lm_decoder_layer_1_norm_bias_v.assign(
-      32, support::roundValue(support::DType::F32, 0.0));
-  // causal_lm/decoder_layer[1]/heads_in/w@m: zeros (performer.mesh:44)
-  param54_causal_lm_decoder_layer_1_heads_in_w_m.assign(
-      512, support::roundValue(support::DType::F32, 0.0));
-  // causal_lm/decoder_layer[1]/heads_in/w@v: zeros (performer.mesh:44)
-  param55_causal_lm_decoder_layer_1_heads_in_w_v.assign(
-      512, support::roundValue(support::DType::F32, 0.0));
-  // causal_lm/decoder_layer[1]/heads_in#1/w@m: zeros (performer.mesh:44)
-  param56_causal_lm_decoder_layer_1_heads_in_1_w_m.assign(
-      512, support::roundValue(support::DType::F32, 0.0));
-  // causal_lm/decoder_layer[1]/heads_in#1/w@v: zeros (performer.mesh:44)
-  param57_causal_lm_decoder_layer_1_heads_in_1_w_v.assign(
-      512, support::roundValue(support::DType::F32, 0.0));
-  // causal_lm/decoder_layer[1]/heads_in#2/w@m: zeros (performer.mesh:44)
-  param58_causal_lm_decoder_layer_1_heads_in_2_w_m.assign(
-      512, support::roundValue(support::DType::F32, 0.0));
-  // causal_lm/decoder_layer[1]/heads_in#2/w@v: zeros (performer.mesh:44)
-  param59_causal_lm_decoder_layer_1_heads_in_2_w_v.assign(
-      512, support::roundValue(support::DType::F32, 0.0));
-  // causal_lm/decoder_layer[1]/heads_out/w@m: zeros (performer.mesh:49)
-  param60_causal_lm_decoder_layer_1_heads_out_w_m.assign(
-      512, support::roundValue(support::DType::F32, 0.0));
-  // causal_lm/decoder_layer[1]/heads_out/w@v: zeros (performer.mesh:49)
-  param61_causal_lm_decoder_layer_1_heads_out_w_v.assign(
-      512, support::roundValue(support::DType::F32, 0.0));
-  // causal_lm/decoder_layer[1]/norm#1/gain@m: zeros (performer.mesh:27)
-  param62_causal_lm_decoder_layer_1_norm_1_gain_m.assign(
-      32, support::roundValue(support::DType::F32, 0.0));
-  // causal_lm/decoder_layer[1]/norm#1/gain@v: zeros (performer.mesh:27)
-  param63_causal_lm_decoder_layer_1_norm_1_gain_v.assign(
-      32, support::roundValue(support::DType::F32, 0.0));
-  // causal_lm/decoder_layer[1]/norm#1/bias@m: zeros (performer.mesh:28)
-  param64_causal_lm_decoder_layer_1_norm_1_bias_m.assign(
-      32, support::roundValue(support::DType::F32, 0.0));
-  // causal_lm/decoder_layer[1]/norm#1/bias@v: zeros (performer.mesh:28)
-  param65_causal_lm_decoder_layer_1_norm_1_bias_v.assign(
-      32, support::roundValue(support::DType::F32, 0.0));
-  // causal_lm/decoder_layer[1]/ffn/w_in@m: zeros (performer.mesh:94)
-  param66_causal_lm_decoder_layer_1_ffn_w_in_m.assign(
-      4096, support::roundValue(support::DType::F32, 0.0));
-  // causal_lm/decoder_layer[1]/ffn/w_in@v: zeros (performer.mesh:94)
-  param67_causal_lm_decoder_layer_1_ffn_w_in_v.assign(
-      4096, support::roundValue(support::DType::F32, 0.0));
-  // causal_lm/decoder_layer[1]/ffn/w_out@m: zeros (performer.mesh:95)
-  param68_causal_lm_decoder_layer_1_ffn_w_out_m.assign(
-      4096, support::roundValue(support::DType::F32, 0.0));
-  // causal_lm/decoder_layer[1]/ffn/w_out@v: zeros (performer.mesh:95)
-  param69_causal_lm_decoder_layer_1_ffn_w_out_v.assign(
-      4096, support::roundValue(support::DType::F32, 0.0));
-  // causal_lm/norm/gain@m: zeros (performer.mesh:27)
-  param70_causal_lm_norm_gain_m.assign(32, support::roundValue(support::DType::F32, 0.0));
-  // causal_lm/norm/gain@v: zeros (performer.mesh:27)
-  param71_causal_lm_norm_gain_v.assign(32, support::roundValue(support::DType::F32, 0.0));
-  // causal_lm/norm/bias@m: zeros (performer.mesh:28)
-  param72_causal_lm_norm_bias_m.assign(32, support::roundValue(support::DType::F32, 0.0));
-  // causal_lm/norm/bias@v: zeros (performer.mesh:28)
-  param73_causal_lm_norm_bias_v.assign(32, support::roundValue(support::DType::F32, 0.0));
+  static constexpr support::ParamInit inits[] = {
+      // causal_lm/embedding (performer.mesh:131)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 1.0}}},
+      // causal_lm/unembed (performer.mesh:132)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.02}}},
+      // causal_lm/decoder_layer[0]/random_features (performer.mesh:112)
+      {"orthogonal", support::DType::F32, {{"scale", 1.0}}},
+      // causal_lm/decoder_layer[0]/norm/gain (performer.mesh:27)
+      {"ones", support::DType::F32, {}},
+      // causal_lm/decoder_layer[0]/norm/bias (performer.mesh:28)
+      {"zeros", support::DType::F32, {}},
+      // causal_lm/decoder_layer[0]/heads_in/w (performer.mesh:44)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.18}}},
+      // causal_lm/decoder_layer[0]/heads_in#1/w (performer.mesh:44)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.18}}},
+      // causal_lm/decoder_layer[0]/heads_in#2/w (performer.mesh:44)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.18}}},
+      // causal_lm/decoder_layer[0]/heads_out/w (performer.mesh:49)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.18}}},
+      // causal_lm/decoder_layer[0]/norm#1/gain (performer.mesh:27)
+      {"ones", support::DType::F32, {}},
+      // causal_lm/decoder_layer[0]/norm#1/bias (performer.mesh:28)
+      {"zeros", support::DType::F32, {}},
+      // causal_lm/decoder_layer[0]/ffn/w_in (performer.mesh:94)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.18}}},
+      // causal_lm/decoder_layer[0]/ffn/w_out (performer.mesh:95)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.09}}},
+      // causal_lm/decoder_layer[1]/random_features (performer.mesh:112)
+      {"orthogonal", support::DType::F32, {{"scale", 1.0}}},
+      // causal_lm/decoder_layer[1]/norm/gain (performer.mesh:27)
+      {"ones", support::DType::F32, {}},
+      // causal_lm/decoder_layer[1]/norm/bias (performer.mesh:28)
+      {"zeros", support::DType::F32, {}},
+      // causal_lm/decoder_layer[1]/heads_in/w (performer.mesh:44)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.18}}},
+      // causal_lm/decoder_layer[1]/heads_in#1/w (performer.mesh:44)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.18}}},
+      // causal_lm/decoder_layer[1]/heads_in#2/w (performer.mesh:44)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.18}}},
+      // causal_lm/decoder_layer[1]/heads_out/w (performer.mesh:49)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.18}}},
+      // causal_lm/decoder_layer[1]/norm#1/gain (performer.mesh:27)
+      {"ones", support::DType::F32, {}},
+      // causal_lm/decoder_layer[1]/norm#1/bias (performer.mesh:28)
+      {"zeros", support::DType::F32, {}},
+      // causal_lm/decoder_layer[1]/ffn/w_in (performer.mesh:94)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.18}}},
+      // causal_lm/decoder_layer[1]/ffn/w_out (performer.mesh:95)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.09}}},
+      // causal_lm/norm/gain (performer.mesh:27)
+      {"ones", support::DType::F32, {}},
+      // causal_lm/norm/bias (performer.mesh:28)
+      {"zeros", support::DType::F32, {}},
+      // causal_lm/embedding@m (performer.mesh:131)
+      {"zeros", support::DType::F32, {}},
+      // causal_lm/embedding@v (performer.mesh:131)
+      {"zeros", support::DType::F32, {}},
+      // causal_lm/unembed@m (performer.mesh:132)
+      {"zeros", support::DType::F32, {}},
+      // causal_lm/unembed@v (performer.mesh:132)
+      {"zeros", support::DType::F32, {}},
+      // causal_lm/decoder_layer[0]/norm/gain@m (performer.mesh:27)
+      {"zeros", support::DType::F32, {}},
+      // causal_lm/decoder_layer[0]/norm/gain@v (performer.mesh:27)
+      {"zeros", support::DType::F32, {}},
+      // causal_lm/decoder_layer[0]/norm/bias@m (performer.mesh:28)
+      {"zeros", support::DType::F32, {}},
+      // causal_lm/decoder_layer[0]/norm/bias@v (performer.mesh:28)
+      {"zeros", support::DType::F32, {}},
+      // causal_lm/decoder_layer[0]/heads_in/w@m (performer.mesh:44)
+      {"zeros", support::DType::F32, {}},
+      // causal_lm/decoder_layer[0]/heads_in/w@v (performer.mesh:44)
+      {"zeros", support::DType::F32, {}},
+      // causal_lm/decoder_layer[0]/heads_in#1/w@m (performer.mesh:44)
+      {"zeros", support::DType::F32, {}},
+      // causal_lm/decoder_layer[0]/heads_in#1/w@v (performer.mesh:44)
+      {"zeros", support::DType::F32, {}},
+      // causal_lm/decoder_layer[0]/heads_in#2/w@m (performer.mesh:44)
+      {"zeros", support::DType::F32, {}},
+      // causal_lm/decoder_layer[0]/heads_in#2/w@v (performer.mesh:44)
+      {"zeros", support::DType::F32, {}},
+      // causal_lm/decoder_layer[0]/heads_out/w@m (performer.mesh:49)
+      {"zeros", support::DType::F32, {}},
+      // causal_lm/decoder_layer[0]/heads_out/w@v (performer.mesh:49)
+      {"zeros", support::DType::F32, {}},
+      // causal_lm/decoder_layer[0]/norm#1/gain@m (performer.mesh:27)
+      {"zeros", support::DType::F32, {}},
+      // causal_lm/decoder_layer[0]/norm#1/gain@v (performer.mesh:27)
+      {"zeros", support::DType::F32, {}},
+      // causal_lm/decoder_layer[0]/norm#1/bias@m (performer.mesh:28)
+      {"zeros", support::DType::F32, {}},
+      // causal_lm/decoder_layer[0]/norm#1/bias@v (performer.mesh:28)
+      {"zeros", support::DType::F32, {}},
+      // causal_lm/decoder_layer[0]/ffn/w_in@m (performer.mesh:94)
+      {"zeros", support::DType::F32, {}},
+      // causal_lm/decoder_layer[0]/ffn/w_in@v (performer.mesh:94)
+      {"zeros", support::DType::F32, {}},
+      // causal_lm/decoder_layer[0]/ffn/w_out@m (performer.mesh:95)
+      {"zeros", support::DType::F32, {}},
+      // causal_lm/decoder_layer[0]/ffn/w_out@v (performer.mesh:95)
+      {"zeros", support::DType::F32, {}},
+      // causal_lm/decoder_layer[1]/norm/gain@m (performer.mesh:27)
+      {"zeros", support::DType::F32, {}},
+      // causal_lm/decoder_layer[1]/norm/gain@v (performer.mesh:27)
+      {"zeros", support::DType::F32, {}},
+      // causal_lm/decoder_layer[1]/norm/bias@m (performer.mesh:28)
+      {"zeros", support::DType::F32, {}},
+      // causal_lm/decoder_layer[1]/norm/bias@v (performer.mesh:28)
+      {"zeros", support::DType::F32, {}},
+      // causal_lm/decoder_layer[1]/heads_in/w@m (performer.mesh:44)
+      {"zeros", support::DType::F32, {}},
+      // causal_lm/decoder_layer[1]/heads_in/w@v (performer.mesh:44)
+      {"zeros", support::DType::F32, {}},
+      // causal_lm/decoder_layer[1]/heads_in#1/w@m (performer.mesh:44)
+      {"zeros", support::DType::F32, {}},
+      // causal_lm/decoder_layer[1]/heads_in#1/w@v (performer.mesh:44)
+      {"zeros", support::DType::F32, {}},
+      // causal_lm/decoder_layer[1]/heads_in#2/w@m (performer.mesh:44)
+      {"zeros", support::DType::F32, {}},
+      // causal_lm/decoder_layer[1]/heads_in#2/w@v (performer.mesh:44)
+      {"zeros", support::DType::F32, {}},
+      // causal_lm/decoder_layer[1]/heads_out/w@m (performer.mesh:49)
+      {"zeros", support::DType::F32, {}},
+      // causal_lm/decoder_layer[1]/heads_out/w@v (performer.mesh:49)
+      {"zeros", support::DType::F32, {}},
+      // causal_lm/decoder_layer[1]/norm#1/gain@m (performer.mesh:27)
+      {"zeros", support::DType::F32, {}},
+      // causal_lm/decoder_layer[1]/norm#1/gain@v (performer.mesh:27)
+      {"zeros", support::DType::F32, {}},
+      // causal_lm/decoder_layer[1]/norm#1/bias@m (performer.mesh:28)
+      {"zeros", support::DType::F32, {}},
+      // causal_lm/decoder_layer[1]/norm#1/bias@v (performer.mesh:28)
+      {"zeros", support::DType::F32, {}},
+      // causal_lm/decoder_layer[1]/ffn/w_in@m (performer.mesh:94)
+      {"zeros", support::DType::F32, {}},
+      // causal_lm/decoder_layer[1]/ffn/w_in@v (performer.mesh:94)
+      {"zeros", support::DType::F32, {}},
+      // causal_lm/decoder_layer[1]/ffn/w_out@m (performer.mesh:95)
+      {"zeros", support::DType::F32, {}},
+      // causal_lm/decoder_layer[1]/ffn/w_out@v (performer.mesh:95)
+      {"zeros", support::DType::F32, {}},
+      // causal_lm/norm/gain@m (performer.mesh:27)
+      {"zeros", support::DType::F32, {}},
+      // causal_lm/norm/gain@v (performer.mesh:27)
+      {"zeros", support::DType::F32, {}},
+      // causal_lm/norm/bias@m (performer.mesh:28)
+      {"zeros", support::DType::F32, {}},
+      // causal_lm/norm/bias@v (performer.mesh:28)
+      {"zeros", support::DType::F32, {}}};
+  support::Buffer *const data[] = {&param0_causal_lm_embedding,
+                                   &param1_causal_lm_unembed,
+                                   &param2_causal_lm_decoder_layer_0_random_features,
+                                   &param3_causal_lm_decoder_layer_0_norm_gain,
+                                   &param4_causal_lm_decoder_layer_0_norm_bias,
+                                   &param5_causal_lm_decoder_layer_0_heads_in_w,
+                                   &param6_causal_lm_decoder_layer_0_heads_in_1_w,
+                                   &param7_causal_lm_decoder_layer_0_heads_in_2_w,
+                                   &param8_causal_lm_decoder_layer_0_heads_out_w,
+                                   &param9_causal_lm_decoder_layer_0_norm_1_gain,
+                                   &param10_causal_lm_decoder_layer_0_norm_1_bias,
+                                   &param11_causal_lm_decoder_layer_0_ffn_w_in,
+                                   &param12_causal_lm_decoder_layer_0_ffn_w_out,
+                                   &param13_causal_lm_decoder_layer_1_random_features,
+                                   &param14_causal_lm_decoder_layer_1_norm_gain,
+                                   &param15_causal_lm_decoder_layer_1_norm_bias,
+                                   &param16_causal_lm_decoder_layer_1_heads_in_w,
+                                   &param17_causal_lm_decoder_layer_1_heads_in_1_w,
+                                   &param18_causal_lm_decoder_layer_1_heads_in_2_w,
+                                   &param19_causal_lm_decoder_layer_1_heads_out_w,
+                                   &param20_causal_lm_decoder_layer_1_norm_1_gain,
+                                   &param21_causal_lm_decoder_layer_1_norm_1_bias,
+                                   &param22_causal_lm_decoder_layer_1_ffn_w_in,
+                                   &param23_causal_lm_decoder_layer_1_ffn_w_out,
+                                   &param24_causal_lm_norm_gain,
+                                   &param25_causal_lm_norm_bias,
+                                   &param26_causal_lm_embedding_m,
+                                   &param27_causal_lm_embedding_v,
+                                   &param28_causal_lm_unembed_m,
+                                   &param29_causal_lm_unembed_v,
+                                   &param30_causal_lm_decoder_layer_0_norm_gain_m,
+                                   &param31_causal_lm_decoder_layer_0_norm_gain_v,
+                                   &param32_causal_lm_decoder_layer_0_norm_bias_m,
+                                   &param33_causal_lm_decoder_layer_0_norm_bias_v,
+                                   &param34_causal_lm_decoder_layer_0_heads_in_w_m,
+                                   &param35_causal_lm_decoder_layer_0_heads_in_w_v,
+                                   &param36_causal_lm_decoder_layer_0_heads_in_1_w_m,
+                                   &param37_causal_lm_decoder_layer_0_heads_in_1_w_v,
+                                   &param38_causal_lm_decoder_layer_0_heads_in_2_w_m,
+                                   &param39_causal_lm_decoder_layer_0_heads_in_2_w_v,
+                                   &param40_causal_lm_decoder_layer_0_heads_out_w_m,
+                                   &param41_causal_lm_decoder_layer_0_heads_out_w_v,
+                                   &param42_causal_lm_decoder_layer_0_norm_1_gain_m,
+                                   &param43_causal_lm_decoder_layer_0_norm_1_gain_v,
+                                   &param44_causal_lm_decoder_layer_0_norm_1_bias_m,
+                                   &param45_causal_lm_decoder_layer_0_norm_1_bias_v,
+                                   &param46_causal_lm_decoder_layer_0_ffn_w_in_m,
+                                   &param47_causal_lm_decoder_layer_0_ffn_w_in_v,
+                                   &param48_causal_lm_decoder_layer_0_ffn_w_out_m,
+                                   &param49_causal_lm_decoder_layer_0_ffn_w_out_v,
+                                   &param50_causal_lm_decoder_layer_1_norm_gain_m,
+                                   &param51_causal_lm_decoder_layer_1_norm_gain_v,
+                                   &param52_causal_lm_decoder_layer_1_norm_bias_m,
+                                   &param53_causal_lm_decoder_layer_1_norm_bias_v,
+                                   &param54_causal_lm_decoder_layer_1_heads_in_w_m,
+                                   &param55_causal_lm_decoder_layer_1_heads_in_w_v,
+                                   &param56_causal_lm_decoder_layer_1_heads_in_1_w_m,
+                                   &param57_causal_lm_decoder_layer_1_heads_in_1_w_v,
+                                   &param58_causal_lm_decoder_layer_1_heads_in_2_w_m,
+                                   &param59_causal_lm_decoder_layer_1_heads_in_2_w_v,
+                                   &param60_causal_lm_decoder_layer_1_heads_out_w_m,
+                                   &param61_causal_lm_decoder_layer_1_heads_out_w_v,
+                                   &param62_causal_lm_decoder_layer_1_norm_1_gain_m,
+                                   &param63_causal_lm_decoder_layer_1_norm_1_gain_v,
+                                   &param64_causal_lm_decoder_layer_1_norm_1_bias_m,
+                                   &param65_causal_lm_decoder_layer_1_norm_1_bias_v,
+                                   &param66_causal_lm_decoder_layer_1_ffn_w_in_m,
+                                   &param67_causal_lm_decoder_layer_1_ffn_w_in_v,
+                                   &param68_causal_lm_decoder_layer_1_ffn_w_out_m,
+                                   &param69_causal_lm_decoder_layer_1_ffn_w_out_v,
+                                   &param70_causal_lm_norm_gain_m,
+                                   &param71_causal_lm_norm_gain_v,
+                                   &param72_causal_lm_norm_bias_m,
+                                   &param73_causal_lm_norm_bias_v};
+  support::initParams(world_, seed, -1, kLmTrainParams, inits, data);
   computeInvariants();
 }
 
@@ -2200,104 +2330,39 @@ void LmTrain::computeInvariants() {
 
   // performer.mesh:35:23 iota
   support::View v9 = persistent_.view(64, 128);
-  static const support::Shape shape0_1 = {128};
-  static const support::Shape shape0_2 = {1};
-  support::iota(v9.data(), shape0_1, shape0_2, 0);
+  support::iota(v9.data(), kShape0, kShape1, 0);
 
   // performer.mesh:35:18 cast -> position
   support::View v10 = persistent_.view(576, 128);
-  {
-    float *__restrict v10p = v10.data();
-    const float *__restrict v9p = v9.data();
-    for (int64_t i0 = 0; i0 < 128; ++i0) {
-      const float s0 = v9p[i0];
-      const float s1 = s0;
-      v10p[i0] = s1;
-    }
-  }
+  loop0(v10.data(), v9.data());
 
   // performer.mesh:36:36 iota
   support::View v11 = persistent_.view(1088, 16);
-  static const support::Shape shape2_1 = {16};
-  static const support::Shape shape2_2 = {1};
-  support::iota(v11.data(), shape2_1, shape2_2, 0);
+  support::iota(v11.data(), kShape2, kShape1, 0);
 
   // performer.mesh:36:31 cast
   support::View v12 = persistent_.view(1152, 16);
-  {
-    float *__restrict v12p = v12.data();
-    const float *__restrict v11p = v11.data();
-    for (int64_t i0 = 0; i0 < 16; ++i0) {
-      const float s0 = v11p[i0];
-      const float s1 = s0;
-      v12p[i0] = s1;
-    }
-  }
+  loop1(v12.data(), v11.data());
 
   // performer.mesh:36:53 mul
   support::View v14 = persistent_.view(1280, 16);
-  {
-    float *__restrict v14p = v14.data();
-    const float *__restrict v12p = v12.data();
-    for (int64_t i0 = 0; i0 < 16; ++i0) {
-      const float s0 = v12p[i0];
-      const float s1 = -0.5756f;
-      const float s2 = (s0 * s1);
-      v14p[i0] = s2;
-    }
-  }
+  loop2(v14.data(), v12.data());
 
   // performer.mesh:36:27 exp -> inverse_frequency
   support::View v15 = persistent_.view(1344, 16);
-  {
-    float *__restrict v15p = v15.data();
-    const float *__restrict v14p = v14.data();
-    for (int64_t i0 = 0; i0 < 16; ++i0) {
-      const float s0 = v14p[i0];
-      const float s1 = support::fexp(s0);
-      v15p[i0] = s1;
-    }
-  }
+  loop3(v15.data(), v14.data());
 
   // performer.mesh:37:24 mul -> angle
   support::View v16 = persistent_.view(1408, 2048);
-  {
-    float *__restrict v16p = v16.data();
-    const float *__restrict v10p = v10.data();
-    const float *__restrict v15p = v15.data();
-    for (int64_t i0 = 0; i0 < 128; ++i0) {
-      for (int64_t i1 = 0; i1 < 16; ++i1) {
-        const float s0 = v10p[i0];
-        const float s1 = v15p[i1];
-        const float s2 = (s0 * s1);
-        v16p[i0 * 16 + i1] = s2;
-      }
-    }
-  }
+  loop4(v16.data(), v10.data(), v15.data());
 
   // performer.mesh:38:17 sin
   support::View v17 = persistent_.view(9600, 2048);
-  {
-    float *__restrict v17p = v17.data();
-    const float *__restrict v16p = v16.data();
-    for (int64_t i0 = 0; i0 < 2048; ++i0) {
-      const float s0 = v16p[i0];
-      const float s1 = support::fsin(s0);
-      v17p[i0] = s1;
-    }
-  }
+  loop5(v17.data(), v16.data());
 
   // performer.mesh:38:29 cos
   support::View v18 = persistent_.view(17792, 2048);
-  {
-    float *__restrict v18p = v18.data();
-    const float *__restrict v16p = v16.data();
-    for (int64_t i0 = 0; i0 < 2048; ++i0) {
-      const float s0 = v16p[i0];
-      const float s1 = support::fcos(s0);
-      v18p[i0] = s1;
-    }
-  }
+  loop6(v18.data(), v16.data());
 }
 
 LmTrain::Outputs LmTrain::run(const Inputs &inputs) {
@@ -2324,84 +2389,45 @@ void LmTrain::runPart0(const Inputs &inputs) {
   MESHRT_TRACE("shift", "performer.mesh:147:17", "forward");
   const support::Buffer &v0 = inputs.tokens.data;
   support::View v1 = arena_.view(1998848, 128);
-  static const support::Shape shape0_2 = {1, 128};
-  support::shift(v1, v0, shape0_2, 1, -1, nullptr);
+  support::shift(v1, v0, kShape4, 1, -1, nullptr);
 
   // performer.mesh:148:36 ge
   // performer.mesh:148:24 cast
   MESHRT_TRACE("loop", "performer.mesh:148:36", "forward");
   support::View v4 = arena_.view(0, 128);
-  {
-    float *__restrict v4p = v4.data();
-    const float *__restrict v0p = v0.data();
-    for (int64_t i0 = 0; i0 < 128; ++i0) {
-      const float s0 = v0p[i0];
-      const float s1 = support::wrapI32(0.0);
-      const float s2 = (s0 >= s1 ? 1.0f : 0.0f);
-      const float s3 = s2;
-      v4p[i0] = s3;
-    }
-  }
+  loop15(v4.data(), v0.data());
 
   // performer.mesh:148:18 shift -> has_next
   MESHRT_TRACE("shift", "performer.mesh:148:18", "forward");
   support::View v5 = arena_.view(1999360, 128);
-  static const support::Shape shape2_2 = {1, 128};
-  support::shift(v5, v4, shape2_2, 1, -1, nullptr);
+  support::shift(v5, v4, kShape4, 1, -1, nullptr);
 
   // performer.mesh:133:37 gather
   MESHRT_TRACE("gather", "performer.mesh:133:37", "forward");
   support::View v6(param0_causal_lm_embedding); // updated in place
   support::View v8 = arena_.view(0, 4096);
-  static const support::Shape shape3_1 = {1, 128, 32};
-  static const support::Shape shape3_3 = {0, 0, 1};
-  static const support::Shape shape3_5 = {128, 1, 0};
-  support::gather(v8.data(), shape3_1, v6.data(), shape3_3, v0.data(), shape3_5, 64, 32, 0);
+  support::gather(v8.data(), kShape16, v6.data(), kShape17, v0.data(), kShape18, 64, 32, 0);
 
   // performer.mesh:38:10 concat
   MESHRT_TRACE("concat", "performer.mesh:38:10", "forward");
   support::View v17 = persistent_.view(9600, 2048);
   support::View v19 = arena_.slot(16384, 4096);
-  static const support::Shape shape4_2 = {128};
-  static const support::Shape shape4_3 = {32};
-  static const support::Shape shape4_4 = {16};
-  support::copyWindow(v19.data(), v17.data(), shape4_2, shape4_3, shape4_4, 1, 1, 32, 16,
-                      int64_t(0));
+  support::copyWindow(v19.data(), v17.data(), kShape0, kShape3, kShape2, 1, 1, 32, 16, int64_t(0));
 
   // performer.mesh:38:10 concat
   MESHRT_TRACE("concat", "performer.mesh:38:10", "forward");
   support::View v18 = persistent_.view(17792, 2048);
-  static const support::Shape shape5_2 = {128};
-  static const support::Shape shape5_3 = {32};
-  static const support::Shape shape5_4 = {16};
-  support::copyWindow(v19.data(), v18.data(), shape5_2, shape5_3, shape5_4, 1, 1, 32, 16,
-                      int64_t(16));
+  support::copyWindow(v19.data(), v18.data(), kShape0, kShape3, kShape2, 1, 1, 32, 16, int64_t(16));
 
   // performer.mesh:133:70 add -> h
   MESHRT_TRACE("loop", "performer.mesh:133:70", "forward");
   support::View v20 = arena_.view(2097152, 4096);
-  {
-    float *__restrict v20p = v20.data();
-    const float *__restrict v8p = v8.data();
-    const float *__restrict v19p = v19.data();
-    for (int64_t i0 = 0; i0 < 4096; ++i0) {
-      const float s0 = v8p[i0];
-      const float s1 = v19p[i0];
-      const float s2 = (s0 + s1);
-      v20p[i0] = s2;
-    }
-  }
+  loop7(v20.data(), v8.data(), v19.data());
 
   // performer.mesh:29:10 layer_norm
   MESHRT_TRACE("layer_norm", "performer.mesh:29:10", "forward");
   support::View v24 = arena_.view(2113536, 4096);
-  static const support::Shape shape7_2 = {1, 128};
-  static const support::Shape shape7_3 = {4096, 32};
-  static const support::Shape shape7_4 = {4096, 32};
-  static const support::Shape shape7_5 = {32};
-  static const support::Shape shape7_6 = {1};
-  static const support::Shape shape7_7 = {1};
-  support::along(v24.data(), v20.data(), shape7_2, shape7_3, shape7_4, shape7_5, shape7_6, shape7_7,
+  support::along(v24.data(), v20.data(), kShape4, kShape5, kShape5, kShape3, kShape1, kShape1,
                  support::Along::LayerNorm, 1e-05, 32, nullptr);
 
   // performer.mesh:29:33 mul
@@ -2410,22 +2436,7 @@ void LmTrain::runPart0(const Inputs &inputs) {
   support::View v22(param3_causal_lm_decoder_layer_0_norm_gain); // updated in place
   support::View v23(param4_causal_lm_decoder_layer_0_norm_bias); // updated in place
   support::View v26 = arena_.view(2129920, 4096);
-  {
-    float *__restrict v26p = v26.data();
-    const float *__restrict v24p = v24.data();
-    const float *__restrict v22p = v22.data();
-    const float *__restrict v23p = v23.data();
-    for (int64_t i0 = 0; i0 < 128; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = v24p[i0 * 32 + i1];
-        const float s1 = v22p[i1];
-        const float s2 = (s0 * s1);
-        const float s3 = v23p[i1];
-        const float s4 = (s2 + s3);
-        v26p[i0 * 32 + i1] = s4;
-      }
-    }
-  }
+  loop8(v26.data(), v24.data(), v22.data(), v23.data());
 
   // 32 statements from performer.mesh:45:10 einsum (1 of 2)
   MESHRT_TRACE_SITE("performer.mesh:45:10");
@@ -2533,90 +2544,46 @@ void LmTrain::runPart0(const Inputs &inputs) {
   support::View v7(param1_causal_lm_unembed); // updated in place
   support::View v148 = arena_.view(131072, 8192);
   // dims: batch, seq, d_model, vocab
-  static const meshrt::kernels::EinsumPlan einsumPlan11(
-      {{1, 128, 32, 64}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan11.run(v147.data(), v7.data(), v148.data(), 1.0f, 0.0f);
+  kEinsum8.plan().run(v147.data(), v7.data(), v148.data(), 1.0f, 0.0f);
 
   // performer.mesh:149:25 log_softmax
   MESHRT_TRACE("log_softmax", "performer.mesh:149:25", "forward");
   support::View v149 = arena_.view(163840, 8192);
-  static const support::Shape shape12_2 = {1, 128};
-  static const support::Shape shape12_3 = {8192, 64};
-  static const support::Shape shape12_4 = {8192, 64};
-  static const support::Shape shape12_5 = {64};
-  static const support::Shape shape12_6 = {1};
-  static const support::Shape shape12_7 = {1};
-  support::along(v149.data(), v148.data(), shape12_2, shape12_3, shape12_4, shape12_5, shape12_6,
-                 shape12_7, support::Along::LogSoftmax, 1e-05, 64, nullptr);
+  support::along(v149.data(), v148.data(), kShape4, kShape11, kShape11, kShape9, kShape1, kShape1,
+                 support::Along::LogSoftmax, 1e-05, 64, nullptr);
 
   // performer.mesh:149:65 one_hot
   MESHRT_TRACE("one_hot", "performer.mesh:149:65", "forward");
   support::View v150 = arena_.view(131072, 8192);
-  static const support::Shape shape13_1 = {1, 128, 64};
-  static const support::Shape shape13_3 = {128, 1, 0};
-  static const support::Shape shape13_4 = {0, 0, 1};
-  support::oneHot(v150.data(), shape13_1, v1.data(), shape13_3, shape13_4, 0);
+  support::oneHot(v150.data(), kShape22, v1.data(), kShape18, kShape17, 0);
 
   // performer.mesh:149:63 mul
   MESHRT_TRACE("loop", "performer.mesh:149:63", "forward");
   support::View v151 = arena_.view(229376, 8192);
-  {
-    float *__restrict v151p = v151.data();
-    const float *__restrict v149p = v149.data();
-    const float *__restrict v150p = v150.data();
-    for (int64_t i0 = 0; i0 < 8192; ++i0) {
-      const float s0 = v149p[i0];
-      const float s1 = v150p[i0];
-      const float s2 = (s0 * s1);
-      v151p[i0] = s2;
-    }
-  }
+  loop16(v151.data(), v149.data(), v150.data());
 
   // performer.mesh:149:21 sum
   MESHRT_TRACE("sum", "performer.mesh:149:21", "forward");
   support::View v152 = arena_.view(369152, 128);
-  static const support::Shape shape15_1 = {1, 128};
-  static const support::Shape shape15_3 = {8192, 64};
-  static const support::Shape shape15_4 = {64};
-  static const support::Shape shape15_5 = {1};
-  support::reduce(v152.data(), shape15_1, v151.data(), shape15_3, shape15_4, shape15_5,
+  support::reduce(v152.data(), kShape4, v151.data(), kShape11, kShape9, kShape1,
                   support::Reduce::Sum, 1.0);
 
   // performer.mesh:149:20 neg -> token_loss
   // performer.mesh:150:29 mul
   MESHRT_TRACE("loop", "performer.mesh:149:20", "forward");
   support::View v154 = arena_.view(229376, 128);
-  {
-    float *__restrict v154p = v154.data();
-    const float *__restrict v152p = v152.data();
-    const float *__restrict v5p = v5.data();
-    for (int64_t i0 = 0; i0 < 128; ++i0) {
-      const float s0 = v152p[i0];
-      const float s1 = -s0;
-      const float s2 = v5p[i0];
-      const float s3 = (s1 * s2);
-      v154p[i0] = s3;
-    }
-  }
+  loop17(v154.data(), v152.data(), v5.data());
 
   // performer.mesh:150:14 sum
   MESHRT_TRACE("sum", "performer.mesh:150:14", "forward");
   support::View v155 = arena_.view(229888, 1);
-  static const support::Shape shape17_1 = {};
-  static const support::Shape shape17_3 = {};
-  static const support::Shape shape17_4 = {1, 128};
-  static const support::Shape shape17_5 = {128, 1};
-  support::reduce(v155.data(), shape17_1, v154.data(), shape17_3, shape17_4, shape17_5,
+  support::reduce(v155.data(), kShape23, v154.data(), kShape23, kShape4, kShape24,
                   support::Reduce::Sum, 1.0);
 
   // performer.mesh:150:43 sum
   MESHRT_TRACE("sum", "performer.mesh:150:43", "forward");
   support::View v156 = arena_.view(369152, 1);
-  static const support::Shape shape18_1 = {};
-  static const support::Shape shape18_3 = {};
-  static const support::Shape shape18_4 = {1, 128};
-  static const support::Shape shape18_5 = {128, 1};
-  support::reduce(v156.data(), shape18_1, v5.data(), shape18_3, shape18_4, shape18_5,
+  support::reduce(v156.data(), kShape23, v5.data(), kShape23, kShape4, kShape24,
                   support::Reduce::Sum, 1.0);
 
   // performer.mesh:150:41 bucketed_all_reduce_sum (2 partial sums (%153, %154) over data resolved
@@ -2653,59 +2620,19 @@ void LmTrain::runPart0(const Inputs &inputs) {
   // performer.mesh:149:25 sub
   MESHRT_TRACE("loop", "performer.mesh:150:41", "backward");
   support::View v176 = arena_.view(229376, 8192);
-  {
-    float *__restrict v176p = v176.data();
-    const float *__restrict v156p = v156.data();
-    const float *__restrict v5p = v5.data();
-    const float *__restrict v1p = v1.data();
-    const float *__restrict v149p = v149.data();
-    const float *__restrict v150p = v150.data();
-    const float r0 = v156p[0];
-    for (int64_t i0 = 0; i0 < 128; ++i0) {
-      for (int64_t i1 = 0; i1 < 64; ++i1) {
-        const float s0 = 1.0f;
-        const float s1 = r0;
-        const float s2 = (s0 / s1);
-        const float s3 = s2;
-        const float s4 = v5p[i0];
-        const float s5 = (s3 * s4);
-        const float s6 = -s5;
-        const float s7 = v1p[i0];
-        const float s8 = support::wrapI32(64.0);
-        const float s9 = (s7 < s8 ? 1.0f : 0.0f);
-        const float s10 = v1p[i0];
-        const float s11 = support::wrapI32(0.0);
-        const float s12 = (s10 >= s11 ? 1.0f : 0.0f);
-        const float s13 = support::wrapI32(double((double(s12) * double(s9))));
-        const float s14 = s13;
-        const float s15 = (s6 * s14);
-        const float s16 = v149p[i0 * 64 + i1];
-        const float s17 = support::fexp(s16);
-        const float s18 = (s17 * s15);
-        const float s19 = s6;
-        const float s20 = v150p[i0 * 64 + i1];
-        const float s21 = (s19 * s20);
-        const float s22 = (s21 - s18);
-        v176p[i0 * 64 + i1] = s22;
-      }
-    }
-  }
+  loop18(v176.data(), v156.data(), v5.data(), v1.data(), v149.data(), v150.data());
 
   // performer.mesh:137:10 einsum
   MESHRT_TRACE("gemm", "performer.mesh:137:10", "backward");
   support::View v177 = arena_.view(131072, 4096);
   // dims: batch, seq, vocab, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan22(
-      {{1, 128, 64, 32}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan22.run(v176.data(), v7.data(), v177.data(), 1.0f, 0.0f);
+  kEinsum12.plan().run(v176.data(), v7.data(), v177.data(), 1.0f, 0.0f);
 
   // performer.mesh:137:10 einsum -> grad/causal_lm/unembed
   MESHRT_TRACE("gemm", "performer.mesh:137:10", "backward");
   support::View v178 = arena_.view(2351104, 2048);
   // dims: batch, seq, vocab, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan23(
-      {{1, 128, 64, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
-  einsumPlan23.run(v176.data(), v147.data(), v178.data(), 1.0f, 0.0f);
+  kEinsum13.plan().run(v176.data(), v147.data(), v178.data(), 1.0f, 0.0f);
 }
 
 void LmTrain::runPart1(const Inputs &inputs) {
@@ -2716,94 +2643,45 @@ void LmTrain::runPart1(const Inputs &inputs) {
   MESHRT_TRACE("sum", "performer.mesh:29:40", "backward");
   support::View v177 = arena_.view(131072, 4096);
   support::View v179 = arena_.view(2370304, 32);
-  static const support::Shape shape0_1 = {32};
-  static const support::Shape shape0_3 = {1};
-  static const support::Shape shape0_4 = {1, 128};
-  static const support::Shape shape0_5 = {4096, 32};
-  support::reduce(v179.data(), shape0_1, v177.data(), shape0_3, shape0_4, shape0_5,
+  support::reduce(v179.data(), kShape3, v177.data(), kShape1, kShape4, kShape5,
                   support::Reduce::Sum, 1.0);
 
   // performer.mesh:29:33 mul
   MESHRT_TRACE("loop", "performer.mesh:29:33", "backward");
   support::View v145 = arena_.view(327680, 4096);
   support::View v181 = arena_.view(147456, 4096);
-  {
-    float *__restrict v181p = v181.data();
-    const float *__restrict v177p = v177.data();
-    const float *__restrict v145p = v145.data();
-    for (int64_t i0 = 0; i0 < 4096; ++i0) {
-      const float s0 = v177p[i0];
-      const float s1 = v145p[i0];
-      const float s2 = (s0 * s1);
-      v181p[i0] = s2;
-    }
-  }
+  loop19(v181.data(), v177.data(), v145.data());
 
   // performer.mesh:29:33 sum -> grad/causal_lm/norm/gain
   MESHRT_TRACE("sum", "performer.mesh:29:33", "backward");
   support::View v182 = arena_.view(2370432, 32);
-  static const support::Shape shape2_1 = {32};
-  static const support::Shape shape2_3 = {1};
-  static const support::Shape shape2_4 = {1, 128};
-  static const support::Shape shape2_5 = {4096, 32};
-  support::reduce(v182.data(), shape2_1, v181.data(), shape2_3, shape2_4, shape2_5,
+  support::reduce(v182.data(), kShape3, v181.data(), kShape1, kShape4, kShape5,
                   support::Reduce::Sum, 1.0);
 
   // performer.mesh:29:10 mean
   MESHRT_TRACE("mean", "performer.mesh:29:10", "backward");
   support::View v142 = arena_.view(311296, 4096);
   support::View v183 = arena_.view(163840, 128);
-  static const support::Shape shape3_1 = {1, 128};
-  static const support::Shape shape3_3 = {4096, 32};
-  static const support::Shape shape3_4 = {32};
-  static const support::Shape shape3_5 = {1};
-  support::reduce(v183.data(), shape3_1, v142.data(), shape3_3, shape3_4, shape3_5,
+  support::reduce(v183.data(), kShape4, v142.data(), kShape5, kShape3, kShape1,
                   support::Reduce::Sum, 0.03125);
 
   // performer.mesh:29:10 sub
   // performer.mesh:29:10 square
   MESHRT_TRACE("loop", "performer.mesh:29:10", "backward");
   support::View v185 = arena_.view(147456, 4096);
-  {
-    float *__restrict v185p = v185.data();
-    const float *__restrict v142p = v142.data();
-    const float *__restrict v183p = v183.data();
-    for (int64_t i0 = 0; i0 < 128; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = v142p[i0 * 32 + i1];
-        const float s1 = v183p[i0];
-        const float s2 = (s0 - s1);
-        const float s3 = s2 * s2;
-        v185p[i0 * 32 + i1] = s3;
-      }
-    }
-  }
+  loop20(v185.data(), v142.data(), v183.data());
 
   // performer.mesh:29:10 mean
   MESHRT_TRACE("mean", "performer.mesh:29:10", "backward");
   support::View v186 = arena_.view(163840, 128);
-  static const support::Shape shape5_1 = {1, 128};
-  static const support::Shape shape5_3 = {4096, 32};
-  static const support::Shape shape5_4 = {32};
-  static const support::Shape shape5_5 = {1};
-  support::reduce(v186.data(), shape5_1, v185.data(), shape5_3, shape5_4, shape5_5,
+  support::reduce(v186.data(), kShape4, v185.data(), kShape5, kShape3, kShape1,
                   support::Reduce::Sum, 0.03125);
 
   // performer.mesh:29:10 add
   // performer.mesh:29:10 rsqrt
   MESHRT_TRACE("loop", "performer.mesh:29:10", "backward");
   support::View v189 = arena_.view(180224, 128);
-  {
-    float *__restrict v189p = v189.data();
-    const float *__restrict v186p = v186.data();
-    for (int64_t i0 = 0; i0 < 128; ++i0) {
-      const float s0 = v186p[i0];
-      const float s1 = 1e-05f;
-      const float s2 = (s0 + s1);
-      const float s3 = 1.0f / support::fsqrt(s2);
-      v189p[i0] = s3;
-    }
-  }
+  loop21(v189.data(), v186.data());
 
   // performer.mesh:29:33 mul
   // performer.mesh:29:10 mul
@@ -2811,43 +2689,18 @@ void LmTrain::runPart1(const Inputs &inputs) {
   support::View v143(param24_causal_lm_norm_gain); // updated in place
   support::View v180 = arena_.view(147456, 4096);
   support::View v190 = arena_.view(163840, 4096);
-  {
-    float *__restrict v180p = v180.data();
-    float *__restrict v190p = v190.data();
-    const float *__restrict v177p = v177.data();
-    const float *__restrict v143p = v143.data();
-    const float *__restrict v145p = v145.data();
-    for (int64_t i0 = 0; i0 < 128; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = v177p[i0 * 32 + i1];
-        const float s1 = v143p[i1];
-        const float s2 = (s0 * s1);
-        const float s3 = v145p[i0 * 32 + i1];
-        const float s4 = (s2 * s3);
-        v180p[i0 * 32 + i1] = s2;
-        v190p[i0 * 32 + i1] = s4;
-      }
-    }
-  }
+  loop22(v180.data(), v190.data(), v177.data(), v143.data(), v145.data());
 
   // performer.mesh:29:10 mean
   MESHRT_TRACE("mean", "performer.mesh:29:10", "backward");
   support::View v191 = arena_.view(131072, 128);
-  static const support::Shape shape8_1 = {1, 128};
-  static const support::Shape shape8_3 = {4096, 32};
-  static const support::Shape shape8_4 = {32};
-  static const support::Shape shape8_5 = {1};
-  support::reduce(v191.data(), shape8_1, v190.data(), shape8_3, shape8_4, shape8_5,
+  support::reduce(v191.data(), kShape4, v190.data(), kShape5, kShape3, kShape1,
                   support::Reduce::Sum, 0.03125);
 
   // performer.mesh:29:10 mean
   MESHRT_TRACE("mean", "performer.mesh:29:10", "backward");
   support::View v193 = arena_.view(131584, 128);
-  static const support::Shape shape9_1 = {1, 128};
-  static const support::Shape shape9_3 = {4096, 32};
-  static const support::Shape shape9_4 = {32};
-  static const support::Shape shape9_5 = {1};
-  support::reduce(v193.data(), shape9_1, v180.data(), shape9_3, shape9_4, shape9_5,
+  support::reduce(v193.data(), kShape4, v180.data(), kShape5, kShape3, kShape1,
                   support::Reduce::Sum, 0.03125);
 
   // performer.mesh:29:10 mul
@@ -2856,28 +2709,7 @@ void LmTrain::runPart1(const Inputs &inputs) {
   // performer.mesh:29:10 mul
   MESHRT_TRACE("loop", "performer.mesh:29:10", "backward");
   support::View v196 = arena_.view(229376, 4096);
-  {
-    float *__restrict v196p = v196.data();
-    const float *__restrict v145p = v145.data();
-    const float *__restrict v191p = v191.data();
-    const float *__restrict v180p = v180.data();
-    const float *__restrict v193p = v193.data();
-    const float *__restrict v189p = v189.data();
-    for (int64_t i0 = 0; i0 < 128; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = v145p[i0 * 32 + i1];
-        const float s1 = v191p[i0];
-        const float s2 = (s0 * s1);
-        const float s3 = v180p[i0 * 32 + i1];
-        const float s4 = v193p[i0];
-        const float s5 = (s3 - s4);
-        const float s6 = (s5 - s2);
-        const float s7 = v189p[i0];
-        const float s8 = (s6 * s7);
-        v196p[i0 * 32 + i1] = s8;
-      }
-    }
-  }
+  loop23(v196.data(), v145.data(), v191.data(), v180.data(), v193.data(), v189.data());
 
   // 60 statements from performer.mesh:96:10 einsum (1 of 2)
   MESHRT_TRACE_SITE("performer.mesh:96:10");
@@ -3082,14 +2914,8 @@ void LmTrain::runPart1(const Inputs &inputs) {
   MESHRT_TRACE("einsum", "performer.mesh:133:37", "backward");
   const support::Buffer &v0 = inputs.tokens.data;
   support::View v426 = arena_.view(0, 2048);
-  static const support::Shape shape13_1 = {64, 32};
-  static const support::Shape shape13_3 = {0, 1};
-  static const support::Shape shape13_5 = {0, 0};
-  static const support::Shape shape13_6 = {1, 128};
-  static const support::Shape shape13_7 = {4096, 32};
-  static const support::Shape shape13_8 = {128, 1};
-  support::scatterAdd(v426.data(), shape13_1, v424.data(), shape13_3, v0.data(), shape13_5,
-                      shape13_6, shape13_7, shape13_8, 0, 0);
+  support::scatterAdd(v426.data(), kShape25, v424.data(), kShape26, v0.data(), kShape27, kShape4,
+                      kShape5, kShape24, 0, 0);
 
   // performer.mesh:151:3 bucketed_all_reduce_sum -> grad/causal_lm/unembed (24 partial sums
   // (grad/causal_lm/unembed, grad/causal_lm/norm/bias, grad/causal_lm/norm/gain, ...) over data
@@ -3176,54 +3002,7 @@ void LmTrain::runPart1(const Inputs &inputs) {
   support::View v6(param0_causal_lm_embedding);      // updated in place
   support::View v444(param27_causal_lm_embedding_v); // updated in place
   support::View v443(param26_causal_lm_embedding_m); // updated in place
-  {
-    float *__restrict v444p = v444.data();
-    float *__restrict v443p = v443.data();
-    float *__restrict v6p = v6.data();
-    const float *__restrict v426p = v426.data();
-    const float *__restrict v460p = v460.data();
-    const float *__restrict v458p = v458.data();
-    const float *__restrict v442p = v442.data();
-    const float r3 = v460p[0];
-    const float r5 = v458p[0];
-    const float r6 = v442p[0];
-    for (int64_t i0 = 0; i0 < 2048; ++i0) {
-      const float s0 = v6p[i0];
-      const float s1 = 0.01f;
-      const float s2 = (s0 * s1);
-      const float s3 = v426p[i0];
-      const float s4 = s3 * s3;
-      const float s5 = 0.0009999871f;
-      const float s6 = (s4 * s5);
-      const float s7 = v444p[i0];
-      const float s8 = 0.999f;
-      const float s9 = (s7 * s8);
-      const float s10 = (s9 + s6);
-      const float s11 = r3;
-      const float s12 = (s10 / s11);
-      const float s13 = support::fsqrt(s12);
-      const float s14 = 1e-08f;
-      const float s15 = (s13 + s14);
-      const float s16 = v426p[i0];
-      const float s17 = 0.100000024f;
-      const float s18 = (s16 * s17);
-      const float s19 = v443p[i0];
-      const float s20 = 0.9f;
-      const float s21 = (s19 * s20);
-      const float s22 = (s21 + s18);
-      const float s23 = r5;
-      const float s24 = (s22 / s23);
-      const float s25 = (s24 / s15);
-      const float s26 = (s25 + s2);
-      const float s27 = r6;
-      const float s28 = (s26 * s27);
-      const float s29 = v6p[i0];
-      const float s30 = (s29 - s28);
-      v444p[i0] = s10;
-      v443p[i0] = s22;
-      v6p[i0] = s30;
-    }
-  }
+  loop24(v444.data(), v443.data(), v6.data(), v426.data(), v460.data(), v458.data(), v442.data());
 
   // performer.mesh:151:3 mul
   // performer.mesh:151:3 square
@@ -3245,54 +3024,7 @@ void LmTrain::runPart1(const Inputs &inputs) {
   support::View v7(param1_causal_lm_unembed);      // updated in place
   support::View v472(param29_causal_lm_unembed_v); // updated in place
   support::View v471(param28_causal_lm_unembed_m); // updated in place
-  {
-    float *__restrict v472p = v472.data();
-    float *__restrict v471p = v471.data();
-    float *__restrict v7p = v7.data();
-    const float *__restrict v178p = v178.data();
-    const float *__restrict v460p = v460.data();
-    const float *__restrict v458p = v458.data();
-    const float *__restrict v442p = v442.data();
-    const float r3 = v460p[0];
-    const float r5 = v458p[0];
-    const float r6 = v442p[0];
-    for (int64_t i0 = 0; i0 < 2048; ++i0) {
-      const float s0 = v7p[i0];
-      const float s1 = 0.01f;
-      const float s2 = (s0 * s1);
-      const float s3 = v178p[i0];
-      const float s4 = s3 * s3;
-      const float s5 = 0.0009999871f;
-      const float s6 = (s4 * s5);
-      const float s7 = v472p[i0];
-      const float s8 = 0.999f;
-      const float s9 = (s7 * s8);
-      const float s10 = (s9 + s6);
-      const float s11 = r3;
-      const float s12 = (s10 / s11);
-      const float s13 = support::fsqrt(s12);
-      const float s14 = 1e-08f;
-      const float s15 = (s13 + s14);
-      const float s16 = v178p[i0];
-      const float s17 = 0.100000024f;
-      const float s18 = (s16 * s17);
-      const float s19 = v471p[i0];
-      const float s20 = 0.9f;
-      const float s21 = (s19 * s20);
-      const float s22 = (s21 + s18);
-      const float s23 = r5;
-      const float s24 = (s22 / s23);
-      const float s25 = (s24 / s15);
-      const float s26 = (s25 + s2);
-      const float s27 = r6;
-      const float s28 = (s26 * s27);
-      const float s29 = v7p[i0];
-      const float s30 = (s29 - s28);
-      v472p[i0] = s10;
-      v471p[i0] = s22;
-      v7p[i0] = s30;
-    }
-  }
+  loop24(v472.data(), v471.data(), v7.data(), v178.data(), v460.data(), v458.data(), v442.data());
 
   // 1 statements from performer.mesh:151:3 mul (1 of 2)
   MESHRT_TRACE_SITE("performer.mesh:151:3");
@@ -3393,16 +3125,12 @@ void LmTrain::repeated0(
   // performer.mesh:96:10 einsum
   MESHRT_TRACE("gemm", "performer.mesh:96:10", "backward");
   // dims: batch, seq, d_model, d_ff
-  static const meshrt::kernels::EinsumPlan einsumPlan0(
-      {{1, 128, 32, 128}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan0.run(a0.data(), a1.data(), a2.data(), 1.0f, 0.0f);
+  kEinsum14.plan().run(a0.data(), a1.data(), a2.data(), 1.0f, 0.0f);
 
   // performer.mesh:96:10 einsum -> grad/causal_lm/decoder_layer[1]/ffn/w_out
   MESHRT_TRACE("gemm", "performer.mesh:96:10", "backward");
   // dims: batch, seq, d_model, d_ff
-  static const meshrt::kernels::EinsumPlan einsumPlan1(
-      {{1, 128, 32, 128}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
-  einsumPlan1.run(a0.data(), a3.data(), a4.data(), 1.0f, 0.0f);
+  kEinsum15.plan().run(a0.data(), a3.data(), a4.data(), 1.0f, 0.0f);
 
   // performer.mesh:96:17 square
   // performer.mesh:96:17 mul
@@ -3422,181 +3150,66 @@ void LmTrain::repeated0(
   // performer.mesh:96:17 add
   // performer.mesh:96:17 mul
   MESHRT_TRACE("loop", "performer.mesh:96:17", "backward");
-  {
-    float *__restrict a6p = a6.data();
-    const float *__restrict a5p = a5.data();
-    const float *__restrict a2p = a2.data();
-    for (int64_t i0 = 0; i0 < 16384; ++i0) {
-      const float s0 = a5p[i0];
-      const float s1 = s0 * s0;
-      const float s2 = a5p[i0];
-      const float s3 = (s2 * s1);
-      const float s4 = 0.044715f;
-      const float s5 = (s3 * s4);
-      const float s6 = a5p[i0];
-      const float s7 = (s6 + s5);
-      const float s8 = 0.7978846f;
-      const float s9 = (s7 * s8);
-      const float s10 = support::ftanh(s9);
-      const float s11 = 1.0f;
-      const float s12 = (s10 + s11);
-      const float s13 = 0.5f;
-      const float s14 = (s12 * s13);
-      const float s15 = 0.134145f;
-      const float s16 = (s1 * s15);
-      const float s17 = 1.0f;
-      const float s18 = (s16 + s17);
-      const float s19 = s10 * s10;
-      const float s20 = 1.0f;
-      const float s21 = (s20 - s19);
-      const float s22 = a5p[i0];
-      const float s23 = (s22 * s21);
-      const float s24 = (s23 * s18);
-      const float s25 = 0.3989423f;
-      const float s26 = (s24 * s25);
-      const float s27 = (s14 + s26);
-      const float s28 = a2p[i0];
-      const float s29 = (s28 * s27);
-      a6p[i0] = s29;
-    }
-  }
+  loop25(a6.data(), a5.data(), a2.data());
 
   // performer.mesh:96:22 einsum
   MESHRT_TRACE("gemm", "performer.mesh:96:22", "backward");
   // dims: batch, seq, d_ff, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan3(
-      {{1, 128, 128, 32}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan3.run(a6.data(), a7.data(), a8.data(), 1.0f, 0.0f);
+  kEinsum16.plan().run(a6.data(), a7.data(), a8.data(), 1.0f, 0.0f);
 
   // performer.mesh:96:22 einsum -> grad/causal_lm/decoder_layer[1]/ffn/w_in
   MESHRT_TRACE("gemm", "performer.mesh:96:22", "backward");
   // dims: batch, seq, d_ff, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan4(
-      {{1, 128, 128, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
-  einsumPlan4.run(a6.data(), a9.data(), a10.data(), 1.0f, 0.0f);
+  kEinsum17.plan().run(a6.data(), a9.data(), a10.data(), 1.0f, 0.0f);
 
   // performer.mesh:29:40 sum -> grad/causal_lm/decoder_layer[1]/norm#1/bias
   MESHRT_TRACE("sum", "performer.mesh:29:40", "backward");
-  static const support::Shape shape5_1 = {32};
-  static const support::Shape shape5_3 = {1};
-  static const support::Shape shape5_4 = {1, 128};
-  static const support::Shape shape5_5 = {4096, 32};
-  support::reduce(a11.data(), shape5_1, a8.data(), shape5_3, shape5_4, shape5_5,
-                  support::Reduce::Sum, 1.0);
+  support::reduce(a11.data(), kShape3, a8.data(), kShape1, kShape4, kShape5, support::Reduce::Sum,
+                  1.0);
 
   // performer.mesh:29:33 mul
   MESHRT_TRACE("loop", "performer.mesh:29:33", "backward");
-  {
-    float *__restrict a13p = a13.data();
-    const float *__restrict a8p = a8.data();
-    const float *__restrict a12p = a12.data();
-    for (int64_t i0 = 0; i0 < 4096; ++i0) {
-      const float s0 = a8p[i0];
-      const float s1 = a12p[i0];
-      const float s2 = (s0 * s1);
-      a13p[i0] = s2;
-    }
-  }
+  loop19(a13.data(), a8.data(), a12.data());
 
   // performer.mesh:29:33 sum -> grad/causal_lm/decoder_layer[1]/norm#1/gain
   MESHRT_TRACE("sum", "performer.mesh:29:33", "backward");
-  static const support::Shape shape7_1 = {32};
-  static const support::Shape shape7_3 = {1};
-  static const support::Shape shape7_4 = {1, 128};
-  static const support::Shape shape7_5 = {4096, 32};
-  support::reduce(a14.data(), shape7_1, a13.data(), shape7_3, shape7_4, shape7_5,
-                  support::Reduce::Sum, 1.0);
+  support::reduce(a14.data(), kShape3, a13.data(), kShape1, kShape4, kShape5, support::Reduce::Sum,
+                  1.0);
 
   // performer.mesh:29:10 mean
   MESHRT_TRACE("mean", "performer.mesh:29:10", "backward");
-  static const support::Shape shape8_1 = {1, 128};
-  static const support::Shape shape8_3 = {4096, 32};
-  static const support::Shape shape8_4 = {32};
-  static const support::Shape shape8_5 = {1};
-  support::reduce(a15.data(), shape8_1, a16.data(), shape8_3, shape8_4, shape8_5,
-                  support::Reduce::Sum, 0.03125);
+  support::reduce(a15.data(), kShape4, a16.data(), kShape5, kShape3, kShape1, support::Reduce::Sum,
+                  0.03125);
 
   // performer.mesh:29:10 sub
   // performer.mesh:29:10 square
   MESHRT_TRACE("loop", "performer.mesh:29:10", "backward");
-  {
-    float *__restrict a17p = a17.data();
-    const float *__restrict a16p = a16.data();
-    const float *__restrict a15p = a15.data();
-    for (int64_t i0 = 0; i0 < 128; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = a16p[i0 * 32 + i1];
-        const float s1 = a15p[i0];
-        const float s2 = (s0 - s1);
-        const float s3 = s2 * s2;
-        a17p[i0 * 32 + i1] = s3;
-      }
-    }
-  }
+  loop20(a17.data(), a16.data(), a15.data());
 
   // performer.mesh:29:10 mean
   MESHRT_TRACE("mean", "performer.mesh:29:10", "backward");
-  static const support::Shape shape10_1 = {1, 128};
-  static const support::Shape shape10_3 = {4096, 32};
-  static const support::Shape shape10_4 = {32};
-  static const support::Shape shape10_5 = {1};
-  support::reduce(a18.data(), shape10_1, a17.data(), shape10_3, shape10_4, shape10_5,
-                  support::Reduce::Sum, 0.03125);
+  support::reduce(a18.data(), kShape4, a17.data(), kShape5, kShape3, kShape1, support::Reduce::Sum,
+                  0.03125);
 
   // performer.mesh:29:10 add
   // performer.mesh:29:10 rsqrt
   MESHRT_TRACE("loop", "performer.mesh:29:10", "backward");
-  {
-    float *__restrict a19p = a19.data();
-    const float *__restrict a18p = a18.data();
-    for (int64_t i0 = 0; i0 < 128; ++i0) {
-      const float s0 = a18p[i0];
-      const float s1 = 1e-05f;
-      const float s2 = (s0 + s1);
-      const float s3 = 1.0f / support::fsqrt(s2);
-      a19p[i0] = s3;
-    }
-  }
+  loop21(a19.data(), a18.data());
 
   // performer.mesh:29:33 mul
   // performer.mesh:29:10 mul
   MESHRT_TRACE("loop", "performer.mesh:29:33", "backward");
-  {
-    float *__restrict a21p = a21.data();
-    float *__restrict a22p = a22.data();
-    const float *__restrict a8p = a8.data();
-    const float *__restrict a20p = a20.data();
-    const float *__restrict a12p = a12.data();
-    for (int64_t i0 = 0; i0 < 128; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = a8p[i0 * 32 + i1];
-        const float s1 = a20p[i1];
-        const float s2 = (s0 * s1);
-        const float s3 = a12p[i0 * 32 + i1];
-        const float s4 = (s2 * s3);
-        a21p[i0 * 32 + i1] = s2;
-        a22p[i0 * 32 + i1] = s4;
-      }
-    }
-  }
+  loop22(a21.data(), a22.data(), a8.data(), a20.data(), a12.data());
 
   // performer.mesh:29:10 mean
   MESHRT_TRACE("mean", "performer.mesh:29:10", "backward");
-  static const support::Shape shape13_1 = {1, 128};
-  static const support::Shape shape13_3 = {4096, 32};
-  static const support::Shape shape13_4 = {32};
-  static const support::Shape shape13_5 = {1};
-  support::reduce(a23.data(), shape13_1, a22.data(), shape13_3, shape13_4, shape13_5,
-                  support::Reduce::Sum, 0.03125);
+  support::reduce(a23.data(), kShape4, a22.data(), kShape5, kShape3, kShape1, support::Reduce::Sum,
+                  0.03125);
 
   // performer.mesh:29:10 mean
   MESHRT_TRACE("mean", "performer.mesh:29:10", "backward");
-  static const support::Shape shape14_1 = {1, 128};
-  static const support::Shape shape14_3 = {4096, 32};
-  static const support::Shape shape14_4 = {32};
-  static const support::Shape shape14_5 = {1};
-  support::reduce(a24.data(), shape14_1, a21.data(), shape14_3, shape14_4, shape14_5,
-                  support::Reduce::Sum, 0.03125);
+  support::reduce(a24.data(), kShape4, a21.data(), kShape5, kShape3, kShape1, support::Reduce::Sum,
+                  0.03125);
 
   // performer.mesh:29:10 mul
   // performer.mesh:29:10 sub
@@ -3604,160 +3217,72 @@ void LmTrain::repeated0(
   // performer.mesh:29:10 mul
   // performer.mesh:29:10 add
   MESHRT_TRACE("loop", "performer.mesh:29:10", "backward");
-  {
-    float *__restrict a25p = a25.data();
-    const float *__restrict a12p = a12.data();
-    const float *__restrict a23p = a23.data();
-    const float *__restrict a21p = a21.data();
-    const float *__restrict a24p = a24.data();
-    const float *__restrict a19p = a19.data();
-    const float *__restrict a0p = a0.data();
-    for (int64_t i0 = 0; i0 < 128; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = a12p[i0 * 32 + i1];
-        const float s1 = a23p[i0];
-        const float s2 = (s0 * s1);
-        const float s3 = a21p[i0 * 32 + i1];
-        const float s4 = a24p[i0];
-        const float s5 = (s3 - s4);
-        const float s6 = (s5 - s2);
-        const float s7 = a19p[i0];
-        const float s8 = (s6 * s7);
-        const float s9 = a0p[i0 * 32 + i1];
-        const float s10 = (s9 + s8);
-        a25p[i0 * 32 + i1] = s10;
-      }
-    }
-  }
+  loop26(a25.data(), a12.data(), a23.data(), a21.data(), a24.data(), a19.data(), a0.data());
 
   // performer.mesh:50:10 einsum
   MESHRT_TRACE("gemm", "performer.mesh:50:10", "backward");
   // dims: batch, seq, d_model, heads, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan16(
-      {{1, 128, 32, 1, 16}, {{{0, 1, 2}, {}}, {{3, 4, 2}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan16.run(a25.data(), a26.data(), a27.data(), 1.0f, 0.0f);
+  kEinsum18.plan().run(a25.data(), a26.data(), a27.data(), 1.0f, 0.0f);
 
   // performer.mesh:50:10 einsum -> grad/causal_lm/decoder_layer[1]/heads_out/w
   MESHRT_TRACE("gemm", "performer.mesh:50:10", "backward");
   // dims: batch, seq, d_model, heads, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan17(
-      {{1, 128, 32, 1, 16}, {{{0, 1, 2}, {}}, {{0, 1, 3, 4}, {}}}, {{3, 4, 2}, {}}});
-  einsumPlan17.run(a25.data(), a28.data(), a29.data(), 1.0f, 0.0f);
+  kEinsum19.plan().run(a25.data(), a28.data(), a29.data(), 1.0f, 0.0f);
 
   // performer.mesh:90:20 div
   MESHRT_TRACE("loop", "performer.mesh:90:20", "backward");
-  {
-    float *__restrict a31p = a31.data();
-    const float *__restrict a27p = a27.data();
-    const float *__restrict a30p = a30.data();
-    for (int64_t i0 = 0; i0 < 128; ++i0) {
-      for (int64_t i1 = 0; i1 < 16; ++i1) {
-        const float s0 = a27p[i0 * 16 + i1];
-        const float s1 = a30p[i0];
-        const float s2 = (s0 / s1);
-        a31p[i0 * 16 + i1] = s2;
-      }
-    }
-  }
+  loop13(a31.data(), a27.data(), a30.data());
 
   // performer.mesh:90:20 div
   // performer.mesh:90:20 mul
   // performer.mesh:90:20 neg
   MESHRT_TRACE("loop", "performer.mesh:90:20", "backward");
-  {
-    float *__restrict a32p = a32.data();
-    const float *__restrict a28p = a28.data();
-    const float *__restrict a30p = a30.data();
-    const float *__restrict a27p = a27.data();
-    for (int64_t i0 = 0; i0 < 128; ++i0) {
-      for (int64_t i1 = 0; i1 < 16; ++i1) {
-        const float s0 = a28p[i0 * 16 + i1];
-        const float s1 = a30p[i0];
-        const float s2 = (s0 / s1);
-        const float s3 = a27p[i0 * 16 + i1];
-        const float s4 = (s3 * s2);
-        const float s5 = -s4;
-        a32p[i0 * 16 + i1] = s5;
-      }
-    }
-  }
+  loop27(a32.data(), a28.data(), a30.data(), a27.data());
 
   // performer.mesh:90:20 sum
   MESHRT_TRACE("sum", "performer.mesh:90:20", "backward");
-  static const support::Shape shape20_1 = {1, 128, 1};
-  static const support::Shape shape20_3 = {2048, 16, 16};
-  static const support::Shape shape20_4 = {16};
-  static const support::Shape shape20_5 = {1};
-  support::reduce(a33.data(), shape20_1, a32.data(), shape20_3, shape20_4, shape20_5,
-                  support::Reduce::Sum, 1.0);
+  support::reduce(a33.data(), kShape6, a32.data(), kShape7, kShape2, kShape1, support::Reduce::Sum,
+                  1.0);
 
   // performer.mesh:89:20 einsum
   MESHRT_TRACE("gemm", "performer.mesh:89:20", "backward");
   // dims: batch, seq, heads, features
-  static const meshrt::kernels::EinsumPlan einsumPlan21(
-      {{1, 128, 1, 64}, {{{0, 1, 2}, {}}, {{0, 1, 2, 3}, {}}}, {{0, 1, 2, 3}, {}}});
-  einsumPlan21.run(a33.data(), a34.data(), a35.data(), 1.0f, 0.0f);
+  kEinsum20.plan().run(a33.data(), a34.data(), a35.data(), 1.0f, 0.0f);
 
   // performer.mesh:89:20 einsum
   MESHRT_TRACE("gemm", "performer.mesh:89:20", "backward");
   // dims: batch, seq, heads, features
-  static const meshrt::kernels::EinsumPlan einsumPlan22(
-      {{1, 128, 1, 64}, {{{0, 1, 2}, {}}, {{0, 1, 2, 3}, {}}}, {{0, 1, 2, 3}, {}}});
-  einsumPlan22.run(a33.data(), a36.data(), a37.data(), 1.0f, 0.0f);
+  kEinsum20.plan().run(a33.data(), a36.data(), a37.data(), 1.0f, 0.0f);
 
   // performer.mesh:89:31 sum
   MESHRT_TRACE("sum", "performer.mesh:89:31", "backward");
-  static const support::Shape shape23_1 = {1, 1, 64};
-  static const support::Shape shape23_3 = {8192, 64, 1};
-  static const support::Shape shape23_4 = {128};
-  static const support::Shape shape23_5 = {64};
-  support::reduce(a38.data(), shape23_1, a37.data(), shape23_3, shape23_4, shape23_5,
+  support::reduce(a38.data(), kShape14, a37.data(), kShape15, kShape0, kShape9,
                   support::Reduce::Sum, 1.0);
 
   // performer.mesh:89:31 cumsum
   MESHRT_TRACE("cumsum", "performer.mesh:89:31", "backward");
-  static const support::Shape shape24_2 = {1, 1, 64};
-  static const support::Shape shape24_3 = {8192, 64, 1};
-  static const support::Shape shape24_4 = {8192, 64, 1};
-  static const support::Shape shape24_5 = {128};
-  static const support::Shape shape24_6 = {64};
-  static const support::Shape shape24_7 = {64};
-  support::along(a39.data(), a37.data(), shape24_2, shape24_3, shape24_4, shape24_5, shape24_6,
-                 shape24_7, support::Along::CumsumExclusive, 1e-05, 128, nullptr);
+  support::along(a39.data(), a37.data(), kShape14, kShape15, kShape15, kShape0, kShape9, kShape9,
+                 support::Along::CumsumExclusive, 1e-05, 128, nullptr);
 
   // performer.mesh:88:19 einsum
   MESHRT_TRACE("gemm", "performer.mesh:88:19", "backward");
   // dims: batch, seq, heads, d_head, features
-  static const meshrt::kernels::EinsumPlan einsumPlan25(
-      {{1, 128, 1, 16, 64}, {{{0, 1, 2, 3}, {}}, {{0, 1, 2, 4, 3}, {}}}, {{0, 1, 2, 4}, {}}});
-  einsumPlan25.run(a31.data(), a40.data(), a41.data(), 1.0f, 0.0f);
+  kEinsum21.plan().run(a31.data(), a40.data(), a41.data(), 1.0f, 0.0f);
 
   // performer.mesh:88:19 einsum
   MESHRT_TRACE("gemm", "performer.mesh:88:19", "backward");
   // dims: batch, seq, heads, d_head, features
-  static const meshrt::kernels::EinsumPlan einsumPlan26(
-      {{1, 128, 1, 16, 64}, {{{0, 1, 2, 3}, {}}, {{0, 1, 2, 4}, {}}}, {{0, 1, 2, 4, 3}, {}}});
-  einsumPlan26.run(a31.data(), a36.data(), a42.data(), 1.0f, 0.0f);
+  kEinsum22.plan().run(a31.data(), a36.data(), a42.data(), 1.0f, 0.0f);
 
   // performer.mesh:87:12 sum
   MESHRT_TRACE("sum", "performer.mesh:87:12", "backward");
-  static const support::Shape shape27_1 = {1, 1, 64, 16};
-  static const support::Shape shape27_3 = {131072, 1024, 16, 1};
-  static const support::Shape shape27_4 = {128};
-  static const support::Shape shape27_5 = {1024};
-  support::reduce(a43.data(), shape27_1, a42.data(), shape27_3, shape27_4, shape27_5,
+  support::reduce(a43.data(), kShape19, a42.data(), kShape20, kShape0, kShape21,
                   support::Reduce::Sum, 1.0);
 
   // performer.mesh:87:12 cumsum
   MESHRT_TRACE("cumsum", "performer.mesh:87:12", "backward");
-  static const support::Shape shape28_2 = {1, 1, 64, 16};
-  static const support::Shape shape28_3 = {131072, 1024, 16, 1};
-  static const support::Shape shape28_4 = {131072, 1024, 16, 1};
-  static const support::Shape shape28_5 = {128};
-  static const support::Shape shape28_6 = {1024};
-  static const support::Shape shape28_7 = {1024};
-  support::along(a44.data(), a42.data(), shape28_2, shape28_3, shape28_4, shape28_5, shape28_6,
-                 shape28_7, support::Along::CumsumExclusive, 1e-05, 128, nullptr);
+  support::along(a44.data(), a42.data(), kShape19, kShape20, kShape20, kShape0, kShape21, kShape21,
+                 support::Along::CumsumExclusive, 1e-05, 128, nullptr);
 
   // performer.mesh:87:12 broadcast
   // performer.mesh:87:12 sub
@@ -3784,30 +3309,22 @@ void LmTrain::repeated0(
   // performer.mesh:87:19 einsum
   MESHRT_TRACE("gemm", "performer.mesh:87:19", "backward");
   // dims: batch, seq, heads, features, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan30(
-      {{1, 128, 1, 64, 16}, {{{0, 1, 2, 3, 4}, {}}, {{0, 1, 2, 4}, {}}}, {{0, 1, 2, 3}, {}}});
-  einsumPlan30.run(a45.data(), a46.data(), a47.data(), 1.0f, 0.0f);
+  kEinsum23.plan().run(a45.data(), a46.data(), a47.data(), 1.0f, 0.0f);
 
   // performer.mesh:87:19 einsum
   MESHRT_TRACE("gemm", "performer.mesh:87:19", "backward");
   // dims: batch, seq, heads, features, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan31(
-      {{1, 128, 1, 64, 16}, {{{0, 1, 2, 3, 4}, {}}, {{0, 1, 2, 3}, {}}}, {{0, 1, 2, 4}, {}}});
-  einsumPlan31.run(a45.data(), a48.data(), a49.data(), 1.0f, 0.0f);
+  kEinsum24.plan().run(a45.data(), a48.data(), a49.data(), 1.0f, 0.0f);
 
   // performer.mesh:45:10 einsum
   MESHRT_TRACE("gemm", "performer.mesh:45:10", "backward");
   // dims: batch, seq, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan32(
-      {{1, 128, 1, 16, 32}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
-  einsumPlan32.run(a49.data(), a50.data(), a51.data(), 1.0f, 0.0f);
+  kEinsum25.plan().run(a49.data(), a50.data(), a51.data(), 1.0f, 0.0f);
 
   // performer.mesh:45:10 einsum -> grad/causal_lm/decoder_layer[1]/heads_in#2/w
   MESHRT_TRACE("gemm", "performer.mesh:45:10", "backward");
   // dims: batch, seq, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan33(
-      {{1, 128, 1, 16, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
-  einsumPlan33.run(a49.data(), a52.data(), a53.data(), 1.0f, 0.0f);
+  kEinsum26.plan().run(a49.data(), a52.data(), a53.data(), 1.0f, 0.0f);
 
   // performer.mesh:89:31 broadcast
   // performer.mesh:89:31 sub
@@ -3816,47 +3333,17 @@ void LmTrain::repeated0(
   // performer.mesh:71:10 mul
   // performer.mesh:57:59 neg
   MESHRT_TRACE("loop", "performer.mesh:89:31", "backward");
-  {
-    float *__restrict a55p = a55.data();
-    float *__restrict a56p = a56.data();
-    const float *__restrict a38p = a38.data();
-    const float *__restrict a39p = a39.data();
-    const float *__restrict a47p = a47.data();
-    const float *__restrict a54p = a54.data();
-    for (int64_t i0 = 0; i0 < 128; ++i0) {
-      for (int64_t i1 = 0; i1 < 64; ++i1) {
-        const float s0 = a38p[i1];
-        const float s1 = s0;
-        const float s2 = a39p[i0 * 64 + i1];
-        const float s3 = (s1 - s2);
-        const float s4 = a47p[i0 * 64 + i1];
-        const float s5 = (s3 + s4);
-        const float s6 = 0.125f;
-        const float s7 = (s5 * s6);
-        const float s8 = a54p[i0 * 64 + i1];
-        const float s9 = (s7 * s8);
-        const float s10 = -s9;
-        a55p[i0 * 64 + i1] = s9;
-        a56p[i0 * 64 + i1] = s10;
-      }
-    }
-  }
+  loop28(a55.data(), a56.data(), a38.data(), a39.data(), a47.data(), a54.data());
 
   // performer.mesh:57:59 sum
   MESHRT_TRACE("sum", "performer.mesh:57:59", "backward");
-  static const support::Shape shape35_1 = {1, 128, 1};
-  static const support::Shape shape35_3 = {8192, 64, 64};
-  static const support::Shape shape35_4 = {64};
-  static const support::Shape shape35_5 = {1};
-  support::reduce(a57.data(), shape35_1, a56.data(), shape35_3, shape35_4, shape35_5,
-                  support::Reduce::Sum, 1.0);
+  support::reduce(a57.data(), kShape6, a56.data(), kShape8, kShape9, kShape1, support::Reduce::Sum,
+                  1.0);
 
   // performer.mesh:57:10 einsum
   MESHRT_TRACE("gemm", "performer.mesh:57:10", "backward");
   // dims: batch, seq, heads, features, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan36(
-      {{1, 128, 1, 64, 16}, {{{0, 1, 2, 3}, {}}, {{3, 4}, {}}}, {{0, 1, 2, 4}, {}}});
-  einsumPlan36.run(a55.data(), a58.data(), a59.data(), 1.0f, 0.0f);
+  kEinsum27.plan().run(a55.data(), a58.data(), a59.data(), 1.0f, 0.0f);
 
   // performer.mesh:57:65 mul
   // performer.mesh:57:89 mul
@@ -3865,84 +3352,34 @@ void LmTrain::repeated0(
   // performer.mesh:57:10 add
   // performer.mesh:56:18 mul
   MESHRT_TRACE("loop", "performer.mesh:57:65", "backward");
-  {
-    float *__restrict a61p = a61.data();
-    const float *__restrict a60p = a60.data();
-    const float *__restrict a57p = a57.data();
-    const float *__restrict a59p = a59.data();
-    for (int64_t i0 = 0; i0 < 128; ++i0) {
-      for (int64_t i1 = 0; i1 < 16; ++i1) {
-        const float s0 = a60p[i0 * 16 + i1];
-        const float s1 = 2.0f;
-        const float s2 = (s0 * s1);
-        const float s3 = a57p[i0];
-        const float s4 = 0.5f;
-        const float s5 = (s3 * s4);
-        const float s6 = s5;
-        const float s7 = (s6 * s2);
-        const float s8 = a59p[i0 * 16 + i1];
-        const float s9 = (s7 + s8);
-        const float s10 = 0.5f;
-        const float s11 = (s9 * s10);
-        a61p[i0 * 16 + i1] = s11;
-      }
-    }
-  }
+  loop29(a61.data(), a60.data(), a57.data(), a59.data());
 
   // performer.mesh:45:10 einsum
   MESHRT_TRACE("gemm", "performer.mesh:45:10", "backward");
   // dims: batch, seq, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan38(
-      {{1, 128, 1, 16, 32}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
-  einsumPlan38.run(a61.data(), a62.data(), a63.data(), 1.0f, 0.0f);
+  kEinsum25.plan().run(a61.data(), a62.data(), a63.data(), 1.0f, 0.0f);
 
   // performer.mesh:45:10 einsum -> grad/causal_lm/decoder_layer[1]/heads_in#1/w
   MESHRT_TRACE("gemm", "performer.mesh:45:10", "backward");
   // dims: batch, seq, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan39(
-      {{1, 128, 1, 16, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
-  einsumPlan39.run(a61.data(), a52.data(), a64.data(), 1.0f, 0.0f);
+  kEinsum26.plan().run(a61.data(), a52.data(), a64.data(), 1.0f, 0.0f);
 
   // performer.mesh:88:19 add
   // performer.mesh:66:61 mul
   // performer.mesh:66:10 mul
   // performer.mesh:57:59 neg
   MESHRT_TRACE("loop", "performer.mesh:88:19", "backward");
-  {
-    float *__restrict a66p = a66.data();
-    float *__restrict a67p = a67.data();
-    const float *__restrict a35p = a35.data();
-    const float *__restrict a41p = a41.data();
-    const float *__restrict a65p = a65.data();
-    for (int64_t i0 = 0; i0 < 8192; ++i0) {
-      const float s0 = a35p[i0];
-      const float s1 = a41p[i0];
-      const float s2 = (s0 + s1);
-      const float s3 = 0.125f;
-      const float s4 = (s2 * s3);
-      const float s5 = a65p[i0];
-      const float s6 = (s4 * s5);
-      const float s7 = -s6;
-      a66p[i0] = s6;
-      a67p[i0] = s7;
-    }
-  }
+  loop30(a66.data(), a67.data(), a35.data(), a41.data(), a65.data());
 
   // performer.mesh:57:59 sum
   MESHRT_TRACE("sum", "performer.mesh:57:59", "backward");
-  static const support::Shape shape41_1 = {1, 128, 1};
-  static const support::Shape shape41_3 = {8192, 64, 64};
-  static const support::Shape shape41_4 = {64};
-  static const support::Shape shape41_5 = {1};
-  support::reduce(a68.data(), shape41_1, a67.data(), shape41_3, shape41_4, shape41_5,
-                  support::Reduce::Sum, 1.0);
+  support::reduce(a68.data(), kShape6, a67.data(), kShape8, kShape9, kShape1, support::Reduce::Sum,
+                  1.0);
 
   // performer.mesh:57:10 einsum
   MESHRT_TRACE("gemm", "performer.mesh:57:10", "backward");
   // dims: batch, seq, heads, features, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan42(
-      {{1, 128, 1, 64, 16}, {{{0, 1, 2, 3}, {}}, {{3, 4}, {}}}, {{0, 1, 2, 4}, {}}});
-  einsumPlan42.run(a66.data(), a58.data(), a69.data(), 1.0f, 0.0f);
+  kEinsum27.plan().run(a66.data(), a58.data(), a69.data(), 1.0f, 0.0f);
 
   // performer.mesh:57:65 mul
   // performer.mesh:57:89 mul
@@ -3951,54 +3388,17 @@ void LmTrain::repeated0(
   // performer.mesh:57:10 add
   // performer.mesh:56:18 mul
   MESHRT_TRACE("loop", "performer.mesh:57:65", "backward");
-  {
-    float *__restrict a71p = a71.data();
-    const float *__restrict a70p = a70.data();
-    const float *__restrict a68p = a68.data();
-    const float *__restrict a69p = a69.data();
-    for (int64_t i0 = 0; i0 < 128; ++i0) {
-      for (int64_t i1 = 0; i1 < 16; ++i1) {
-        const float s0 = a70p[i0 * 16 + i1];
-        const float s1 = 2.0f;
-        const float s2 = (s0 * s1);
-        const float s3 = a68p[i0];
-        const float s4 = 0.5f;
-        const float s5 = (s3 * s4);
-        const float s6 = s5;
-        const float s7 = (s6 * s2);
-        const float s8 = a69p[i0 * 16 + i1];
-        const float s9 = (s7 + s8);
-        const float s10 = 0.5f;
-        const float s11 = (s9 * s10);
-        a71p[i0 * 16 + i1] = s11;
-      }
-    }
-  }
+  loop29(a71.data(), a70.data(), a68.data(), a69.data());
 
   // performer.mesh:45:10 einsum
   MESHRT_TRACE("gemm", "performer.mesh:45:10", "backward");
   // dims: batch, seq, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan44(
-      {{1, 128, 1, 16, 32}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
-  einsumPlan44.run(a71.data(), a72.data(), a73.data(), 1.0f, 0.0f);
+  kEinsum25.plan().run(a71.data(), a72.data(), a73.data(), 1.0f, 0.0f);
 
   // performer.mesh:45:10 add
   // performer.mesh:45:10 add
   MESHRT_TRACE("loop", "performer.mesh:45:10", "backward");
-  {
-    float *__restrict a74p = a74.data();
-    const float *__restrict a51p = a51.data();
-    const float *__restrict a63p = a63.data();
-    const float *__restrict a73p = a73.data();
-    for (int64_t i0 = 0; i0 < 4096; ++i0) {
-      const float s0 = a51p[i0];
-      const float s1 = a63p[i0];
-      const float s2 = (s0 + s1);
-      const float s3 = a73p[i0];
-      const float s4 = (s2 + s3);
-      a74p[i0] = s4;
-    }
-  }
+  loop31(a74.data(), a51.data(), a63.data(), a73.data());
 
   // performer.mesh:29:40 all_reduce_sum (resolve the partial sum of %289 over model for sum at
   // 29:40)
@@ -4008,135 +3408,59 @@ void LmTrain::repeated0(
   // performer.mesh:45:10 einsum -> grad/causal_lm/decoder_layer[1]/heads_in/w
   MESHRT_TRACE("gemm", "performer.mesh:45:10", "backward");
   // dims: batch, seq, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan47(
-      {{1, 128, 1, 16, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
-  einsumPlan47.run(a71.data(), a52.data(), a75.data(), 1.0f, 0.0f);
+  kEinsum26.plan().run(a71.data(), a52.data(), a75.data(), 1.0f, 0.0f);
 
   MESHRT_TRACE_SITE("performer.mesh:29:40");
   group_model.wait(request0);
 
   // performer.mesh:29:40 sum -> grad/causal_lm/decoder_layer[1]/norm/bias
   MESHRT_TRACE("sum", "performer.mesh:29:40", "backward");
-  static const support::Shape shape49_1 = {32};
-  static const support::Shape shape49_3 = {1};
-  static const support::Shape shape49_4 = {1, 128};
-  static const support::Shape shape49_5 = {4096, 32};
-  support::reduce(a76.data(), shape49_1, a74.data(), shape49_3, shape49_4, shape49_5,
-                  support::Reduce::Sum, 1.0);
+  support::reduce(a76.data(), kShape3, a74.data(), kShape1, kShape4, kShape5, support::Reduce::Sum,
+                  1.0);
 
   // performer.mesh:29:33 mul
   MESHRT_TRACE("loop", "performer.mesh:29:33", "backward");
-  {
-    float *__restrict a78p = a78.data();
-    const float *__restrict a74p = a74.data();
-    const float *__restrict a77p = a77.data();
-    for (int64_t i0 = 0; i0 < 4096; ++i0) {
-      const float s0 = a74p[i0];
-      const float s1 = a77p[i0];
-      const float s2 = (s0 * s1);
-      a78p[i0] = s2;
-    }
-  }
+  loop19(a78.data(), a74.data(), a77.data());
 
   // performer.mesh:29:33 sum -> grad/causal_lm/decoder_layer[1]/norm/gain
   MESHRT_TRACE("sum", "performer.mesh:29:33", "backward");
-  static const support::Shape shape51_1 = {32};
-  static const support::Shape shape51_3 = {1};
-  static const support::Shape shape51_4 = {1, 128};
-  static const support::Shape shape51_5 = {4096, 32};
-  support::reduce(a79.data(), shape51_1, a78.data(), shape51_3, shape51_4, shape51_5,
-                  support::Reduce::Sum, 1.0);
+  support::reduce(a79.data(), kShape3, a78.data(), kShape1, kShape4, kShape5, support::Reduce::Sum,
+                  1.0);
 
   // performer.mesh:29:10 mean
   MESHRT_TRACE("mean", "performer.mesh:29:10", "backward");
-  static const support::Shape shape52_1 = {1, 128};
-  static const support::Shape shape52_3 = {4096, 32};
-  static const support::Shape shape52_4 = {32};
-  static const support::Shape shape52_5 = {1};
-  support::reduce(a80.data(), shape52_1, a81.data(), shape52_3, shape52_4, shape52_5,
-                  support::Reduce::Sum, 0.03125);
+  support::reduce(a80.data(), kShape4, a81.data(), kShape5, kShape3, kShape1, support::Reduce::Sum,
+                  0.03125);
 
   // performer.mesh:29:10 sub
   // performer.mesh:29:10 square
   MESHRT_TRACE("loop", "performer.mesh:29:10", "backward");
-  {
-    float *__restrict a82p = a82.data();
-    const float *__restrict a81p = a81.data();
-    const float *__restrict a80p = a80.data();
-    for (int64_t i0 = 0; i0 < 128; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = a81p[i0 * 32 + i1];
-        const float s1 = a80p[i0];
-        const float s2 = (s0 - s1);
-        const float s3 = s2 * s2;
-        a82p[i0 * 32 + i1] = s3;
-      }
-    }
-  }
+  loop20(a82.data(), a81.data(), a80.data());
 
   // performer.mesh:29:10 mean
   MESHRT_TRACE("mean", "performer.mesh:29:10", "backward");
-  static const support::Shape shape54_1 = {1, 128};
-  static const support::Shape shape54_3 = {4096, 32};
-  static const support::Shape shape54_4 = {32};
-  static const support::Shape shape54_5 = {1};
-  support::reduce(a83.data(), shape54_1, a82.data(), shape54_3, shape54_4, shape54_5,
-                  support::Reduce::Sum, 0.03125);
+  support::reduce(a83.data(), kShape4, a82.data(), kShape5, kShape3, kShape1, support::Reduce::Sum,
+                  0.03125);
 
   // performer.mesh:29:10 add
   // performer.mesh:29:10 rsqrt
   MESHRT_TRACE("loop", "performer.mesh:29:10", "backward");
-  {
-    float *__restrict a84p = a84.data();
-    const float *__restrict a83p = a83.data();
-    for (int64_t i0 = 0; i0 < 128; ++i0) {
-      const float s0 = a83p[i0];
-      const float s1 = 1e-05f;
-      const float s2 = (s0 + s1);
-      const float s3 = 1.0f / support::fsqrt(s2);
-      a84p[i0] = s3;
-    }
-  }
+  loop21(a84.data(), a83.data());
 
   // performer.mesh:29:33 mul
   // performer.mesh:29:10 mul
   MESHRT_TRACE("loop", "performer.mesh:29:33", "backward");
-  {
-    float *__restrict a86p = a86.data();
-    float *__restrict a87p = a87.data();
-    const float *__restrict a74p = a74.data();
-    const float *__restrict a85p = a85.data();
-    const float *__restrict a77p = a77.data();
-    for (int64_t i0 = 0; i0 < 128; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = a74p[i0 * 32 + i1];
-        const float s1 = a85p[i1];
-        const float s2 = (s0 * s1);
-        const float s3 = a77p[i0 * 32 + i1];
-        const float s4 = (s2 * s3);
-        a86p[i0 * 32 + i1] = s2;
-        a87p[i0 * 32 + i1] = s4;
-      }
-    }
-  }
+  loop22(a86.data(), a87.data(), a74.data(), a85.data(), a77.data());
 
   // performer.mesh:29:10 mean
   MESHRT_TRACE("mean", "performer.mesh:29:10", "backward");
-  static const support::Shape shape57_1 = {1, 128};
-  static const support::Shape shape57_3 = {4096, 32};
-  static const support::Shape shape57_4 = {32};
-  static const support::Shape shape57_5 = {1};
-  support::reduce(a88.data(), shape57_1, a87.data(), shape57_3, shape57_4, shape57_5,
-                  support::Reduce::Sum, 0.03125);
+  support::reduce(a88.data(), kShape4, a87.data(), kShape5, kShape3, kShape1, support::Reduce::Sum,
+                  0.03125);
 
   // performer.mesh:29:10 mean
   MESHRT_TRACE("mean", "performer.mesh:29:10", "backward");
-  static const support::Shape shape58_1 = {1, 128};
-  static const support::Shape shape58_3 = {4096, 32};
-  static const support::Shape shape58_4 = {32};
-  static const support::Shape shape58_5 = {1};
-  support::reduce(a89.data(), shape58_1, a86.data(), shape58_3, shape58_4, shape58_5,
-                  support::Reduce::Sum, 0.03125);
+  support::reduce(a89.data(), kShape4, a86.data(), kShape5, kShape3, kShape1, support::Reduce::Sum,
+                  0.03125);
 
   // performer.mesh:29:10 mul
   // performer.mesh:29:10 sub
@@ -4144,31 +3468,7 @@ void LmTrain::repeated0(
   // performer.mesh:29:10 mul
   // performer.mesh:29:10 add
   MESHRT_TRACE("loop", "performer.mesh:29:10", "backward");
-  {
-    float *__restrict a90p = a90.data();
-    const float *__restrict a77p = a77.data();
-    const float *__restrict a88p = a88.data();
-    const float *__restrict a86p = a86.data();
-    const float *__restrict a89p = a89.data();
-    const float *__restrict a84p = a84.data();
-    const float *__restrict a25p = a25.data();
-    for (int64_t i0 = 0; i0 < 128; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = a77p[i0 * 32 + i1];
-        const float s1 = a88p[i0];
-        const float s2 = (s0 * s1);
-        const float s3 = a86p[i0 * 32 + i1];
-        const float s4 = a89p[i0];
-        const float s5 = (s3 - s4);
-        const float s6 = (s5 - s2);
-        const float s7 = a84p[i0];
-        const float s8 = (s6 * s7);
-        const float s9 = a25p[i0 * 32 + i1];
-        const float s10 = (s9 + s8);
-        a90p[i0 * 32 + i1] = s10;
-      }
-    }
-  }
+  loop26(a90.data(), a77.data(), a88.data(), a86.data(), a89.data(), a84.data(), a25.data());
 }
 
 void LmTrain::repeated1(
@@ -4202,54 +3502,7 @@ void LmTrain::repeated1(
   // performer.mesh:151:3 mul
   // performer.mesh:151:3 sub -> next/causal_lm/decoder_layer[0]/heads_in/w
   MESHRT_TRACE("loop", "performer.mesh:151:3", "update");
-  {
-    float *__restrict a2p = a2.data();
-    float *__restrict a4p = a4.data();
-    float *__restrict a0p = a0.data();
-    const float *__restrict a1p = a1.data();
-    const float *__restrict a3p = a3.data();
-    const float *__restrict a5p = a5.data();
-    const float *__restrict a6p = a6.data();
-    const float r3 = a3p[0];
-    const float r5 = a5p[0];
-    const float r6 = a6p[0];
-    for (int64_t i0 = 0; i0 < 512; ++i0) {
-      const float s0 = a0p[i0];
-      const float s1 = 0.01f;
-      const float s2 = (s0 * s1);
-      const float s3 = a1p[i0];
-      const float s4 = s3 * s3;
-      const float s5 = 0.0009999871f;
-      const float s6 = (s4 * s5);
-      const float s7 = a2p[i0];
-      const float s8 = 0.999f;
-      const float s9 = (s7 * s8);
-      const float s10 = (s9 + s6);
-      const float s11 = r3;
-      const float s12 = (s10 / s11);
-      const float s13 = support::fsqrt(s12);
-      const float s14 = 1e-08f;
-      const float s15 = (s13 + s14);
-      const float s16 = a1p[i0];
-      const float s17 = 0.100000024f;
-      const float s18 = (s16 * s17);
-      const float s19 = a4p[i0];
-      const float s20 = 0.9f;
-      const float s21 = (s19 * s20);
-      const float s22 = (s21 + s18);
-      const float s23 = r5;
-      const float s24 = (s22 / s23);
-      const float s25 = (s24 / s15);
-      const float s26 = (s25 + s2);
-      const float s27 = r6;
-      const float s28 = (s26 * s27);
-      const float s29 = a0p[i0];
-      const float s30 = (s29 - s28);
-      a2p[i0] = s10;
-      a4p[i0] = s22;
-      a0p[i0] = s30;
-    }
-  }
+  loop32(a2.data(), a4.data(), a0.data(), a1.data(), a3.data(), a5.data(), a6.data());
 
   // performer.mesh:151:3 mul
   // performer.mesh:151:3 square
@@ -4268,54 +3521,7 @@ void LmTrain::repeated1(
   // performer.mesh:151:3 mul
   // performer.mesh:151:3 sub -> next/causal_lm/decoder_layer[0]/heads_in#1/w
   MESHRT_TRACE("loop", "performer.mesh:151:3", "update");
-  {
-    float *__restrict a9p = a9.data();
-    float *__restrict a10p = a10.data();
-    float *__restrict a7p = a7.data();
-    const float *__restrict a8p = a8.data();
-    const float *__restrict a3p = a3.data();
-    const float *__restrict a5p = a5.data();
-    const float *__restrict a6p = a6.data();
-    const float r3 = a3p[0];
-    const float r5 = a5p[0];
-    const float r6 = a6p[0];
-    for (int64_t i0 = 0; i0 < 512; ++i0) {
-      const float s0 = a7p[i0];
-      const float s1 = 0.01f;
-      const float s2 = (s0 * s1);
-      const float s3 = a8p[i0];
-      const float s4 = s3 * s3;
-      const float s5 = 0.0009999871f;
-      const float s6 = (s4 * s5);
-      const float s7 = a9p[i0];
-      const float s8 = 0.999f;
-      const float s9 = (s7 * s8);
-      const float s10 = (s9 + s6);
-      const float s11 = r3;
-      const float s12 = (s10 / s11);
-      const float s13 = support::fsqrt(s12);
-      const float s14 = 1e-08f;
-      const float s15 = (s13 + s14);
-      const float s16 = a8p[i0];
-      const float s17 = 0.100000024f;
-      const float s18 = (s16 * s17);
-      const float s19 = a10p[i0];
-      const float s20 = 0.9f;
-      const float s21 = (s19 * s20);
-      const float s22 = (s21 + s18);
-      const float s23 = r5;
-      const float s24 = (s22 / s23);
-      const float s25 = (s24 / s15);
-      const float s26 = (s25 + s2);
-      const float s27 = r6;
-      const float s28 = (s26 * s27);
-      const float s29 = a7p[i0];
-      const float s30 = (s29 - s28);
-      a9p[i0] = s10;
-      a10p[i0] = s22;
-      a7p[i0] = s30;
-    }
-  }
+  loop32(a9.data(), a10.data(), a7.data(), a8.data(), a3.data(), a5.data(), a6.data());
 
   // performer.mesh:151:3 mul
   // performer.mesh:151:3 square
@@ -4334,54 +3540,7 @@ void LmTrain::repeated1(
   // performer.mesh:151:3 mul
   // performer.mesh:151:3 sub -> next/causal_lm/decoder_layer[0]/heads_in#2/w
   MESHRT_TRACE("loop", "performer.mesh:151:3", "update");
-  {
-    float *__restrict a13p = a13.data();
-    float *__restrict a14p = a14.data();
-    float *__restrict a11p = a11.data();
-    const float *__restrict a12p = a12.data();
-    const float *__restrict a3p = a3.data();
-    const float *__restrict a5p = a5.data();
-    const float *__restrict a6p = a6.data();
-    const float r3 = a3p[0];
-    const float r5 = a5p[0];
-    const float r6 = a6p[0];
-    for (int64_t i0 = 0; i0 < 512; ++i0) {
-      const float s0 = a11p[i0];
-      const float s1 = 0.01f;
-      const float s2 = (s0 * s1);
-      const float s3 = a12p[i0];
-      const float s4 = s3 * s3;
-      const float s5 = 0.0009999871f;
-      const float s6 = (s4 * s5);
-      const float s7 = a13p[i0];
-      const float s8 = 0.999f;
-      const float s9 = (s7 * s8);
-      const float s10 = (s9 + s6);
-      const float s11 = r3;
-      const float s12 = (s10 / s11);
-      const float s13 = support::fsqrt(s12);
-      const float s14 = 1e-08f;
-      const float s15 = (s13 + s14);
-      const float s16 = a12p[i0];
-      const float s17 = 0.100000024f;
-      const float s18 = (s16 * s17);
-      const float s19 = a14p[i0];
-      const float s20 = 0.9f;
-      const float s21 = (s19 * s20);
-      const float s22 = (s21 + s18);
-      const float s23 = r5;
-      const float s24 = (s22 / s23);
-      const float s25 = (s24 / s15);
-      const float s26 = (s25 + s2);
-      const float s27 = r6;
-      const float s28 = (s26 * s27);
-      const float s29 = a11p[i0];
-      const float s30 = (s29 - s28);
-      a13p[i0] = s10;
-      a14p[i0] = s22;
-      a11p[i0] = s30;
-    }
-  }
+  loop32(a13.data(), a14.data(), a11.data(), a12.data(), a3.data(), a5.data(), a6.data());
 
   // performer.mesh:151:3 mul
   // performer.mesh:151:3 square
@@ -4400,54 +3559,7 @@ void LmTrain::repeated1(
   // performer.mesh:151:3 mul
   // performer.mesh:151:3 sub -> next/causal_lm/decoder_layer[0]/heads_out/w
   MESHRT_TRACE("loop", "performer.mesh:151:3", "update");
-  {
-    float *__restrict a17p = a17.data();
-    float *__restrict a18p = a18.data();
-    float *__restrict a15p = a15.data();
-    const float *__restrict a16p = a16.data();
-    const float *__restrict a3p = a3.data();
-    const float *__restrict a5p = a5.data();
-    const float *__restrict a6p = a6.data();
-    const float r3 = a3p[0];
-    const float r5 = a5p[0];
-    const float r6 = a6p[0];
-    for (int64_t i0 = 0; i0 < 512; ++i0) {
-      const float s0 = a15p[i0];
-      const float s1 = 0.01f;
-      const float s2 = (s0 * s1);
-      const float s3 = a16p[i0];
-      const float s4 = s3 * s3;
-      const float s5 = 0.0009999871f;
-      const float s6 = (s4 * s5);
-      const float s7 = a17p[i0];
-      const float s8 = 0.999f;
-      const float s9 = (s7 * s8);
-      const float s10 = (s9 + s6);
-      const float s11 = r3;
-      const float s12 = (s10 / s11);
-      const float s13 = support::fsqrt(s12);
-      const float s14 = 1e-08f;
-      const float s15 = (s13 + s14);
-      const float s16 = a16p[i0];
-      const float s17 = 0.100000024f;
-      const float s18 = (s16 * s17);
-      const float s19 = a18p[i0];
-      const float s20 = 0.9f;
-      const float s21 = (s19 * s20);
-      const float s22 = (s21 + s18);
-      const float s23 = r5;
-      const float s24 = (s22 / s23);
-      const float s25 = (s24 / s15);
-      const float s26 = (s25 + s2);
-      const float s27 = r6;
-      const float s28 = (s26 * s27);
-      const float s29 = a15p[i0];
-      const float s30 = (s29 - s28);
-      a17p[i0] = s10;
-      a18p[i0] = s22;
-      a15p[i0] = s30;
-    }
-  }
+  loop32(a17.data(), a18.data(), a15.data(), a16.data(), a3.data(), a5.data(), a6.data());
 
   // performer.mesh:151:3 mul
   // performer.mesh:151:3 square
@@ -4466,54 +3578,7 @@ void LmTrain::repeated1(
   // performer.mesh:151:3 mul
   // performer.mesh:151:3 sub -> next/causal_lm/decoder_layer[0]/norm#1/gain
   MESHRT_TRACE("loop", "performer.mesh:151:3", "update");
-  {
-    float *__restrict a21p = a21.data();
-    float *__restrict a22p = a22.data();
-    float *__restrict a19p = a19.data();
-    const float *__restrict a20p = a20.data();
-    const float *__restrict a3p = a3.data();
-    const float *__restrict a5p = a5.data();
-    const float *__restrict a6p = a6.data();
-    const float r3 = a3p[0];
-    const float r5 = a5p[0];
-    const float r6 = a6p[0];
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = a19p[i0];
-      const float s1 = 0.01f;
-      const float s2 = (s0 * s1);
-      const float s3 = a20p[i0];
-      const float s4 = s3 * s3;
-      const float s5 = 0.0009999871f;
-      const float s6 = (s4 * s5);
-      const float s7 = a21p[i0];
-      const float s8 = 0.999f;
-      const float s9 = (s7 * s8);
-      const float s10 = (s9 + s6);
-      const float s11 = r3;
-      const float s12 = (s10 / s11);
-      const float s13 = support::fsqrt(s12);
-      const float s14 = 1e-08f;
-      const float s15 = (s13 + s14);
-      const float s16 = a20p[i0];
-      const float s17 = 0.100000024f;
-      const float s18 = (s16 * s17);
-      const float s19 = a22p[i0];
-      const float s20 = 0.9f;
-      const float s21 = (s19 * s20);
-      const float s22 = (s21 + s18);
-      const float s23 = r5;
-      const float s24 = (s22 / s23);
-      const float s25 = (s24 / s15);
-      const float s26 = (s25 + s2);
-      const float s27 = r6;
-      const float s28 = (s26 * s27);
-      const float s29 = a19p[i0];
-      const float s30 = (s29 - s28);
-      a21p[i0] = s10;
-      a22p[i0] = s22;
-      a19p[i0] = s30;
-    }
-  }
+  loop33(a21.data(), a22.data(), a19.data(), a20.data(), a3.data(), a5.data(), a6.data());
 
   // performer.mesh:151:3 mul
   // performer.mesh:151:3 square
@@ -4532,54 +3597,7 @@ void LmTrain::repeated1(
   // performer.mesh:151:3 mul
   // performer.mesh:151:3 sub -> next/causal_lm/decoder_layer[0]/norm#1/bias
   MESHRT_TRACE("loop", "performer.mesh:151:3", "update");
-  {
-    float *__restrict a25p = a25.data();
-    float *__restrict a26p = a26.data();
-    float *__restrict a23p = a23.data();
-    const float *__restrict a24p = a24.data();
-    const float *__restrict a3p = a3.data();
-    const float *__restrict a5p = a5.data();
-    const float *__restrict a6p = a6.data();
-    const float r3 = a3p[0];
-    const float r5 = a5p[0];
-    const float r6 = a6p[0];
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = a23p[i0];
-      const float s1 = 0.01f;
-      const float s2 = (s0 * s1);
-      const float s3 = a24p[i0];
-      const float s4 = s3 * s3;
-      const float s5 = 0.0009999871f;
-      const float s6 = (s4 * s5);
-      const float s7 = a25p[i0];
-      const float s8 = 0.999f;
-      const float s9 = (s7 * s8);
-      const float s10 = (s9 + s6);
-      const float s11 = r3;
-      const float s12 = (s10 / s11);
-      const float s13 = support::fsqrt(s12);
-      const float s14 = 1e-08f;
-      const float s15 = (s13 + s14);
-      const float s16 = a24p[i0];
-      const float s17 = 0.100000024f;
-      const float s18 = (s16 * s17);
-      const float s19 = a26p[i0];
-      const float s20 = 0.9f;
-      const float s21 = (s19 * s20);
-      const float s22 = (s21 + s18);
-      const float s23 = r5;
-      const float s24 = (s22 / s23);
-      const float s25 = (s24 / s15);
-      const float s26 = (s25 + s2);
-      const float s27 = r6;
-      const float s28 = (s26 * s27);
-      const float s29 = a23p[i0];
-      const float s30 = (s29 - s28);
-      a25p[i0] = s10;
-      a26p[i0] = s22;
-      a23p[i0] = s30;
-    }
-  }
+  loop33(a25.data(), a26.data(), a23.data(), a24.data(), a3.data(), a5.data(), a6.data());
 
   // performer.mesh:151:3 mul
   // performer.mesh:151:3 square
@@ -4598,54 +3616,7 @@ void LmTrain::repeated1(
   // performer.mesh:151:3 mul
   // performer.mesh:151:3 sub -> next/causal_lm/decoder_layer[0]/ffn/w_in
   MESHRT_TRACE("loop", "performer.mesh:151:3", "update");
-  {
-    float *__restrict a29p = a29.data();
-    float *__restrict a30p = a30.data();
-    float *__restrict a27p = a27.data();
-    const float *__restrict a28p = a28.data();
-    const float *__restrict a3p = a3.data();
-    const float *__restrict a5p = a5.data();
-    const float *__restrict a6p = a6.data();
-    const float r3 = a3p[0];
-    const float r5 = a5p[0];
-    const float r6 = a6p[0];
-    for (int64_t i0 = 0; i0 < 4096; ++i0) {
-      const float s0 = a27p[i0];
-      const float s1 = 0.01f;
-      const float s2 = (s0 * s1);
-      const float s3 = a28p[i0];
-      const float s4 = s3 * s3;
-      const float s5 = 0.0009999871f;
-      const float s6 = (s4 * s5);
-      const float s7 = a29p[i0];
-      const float s8 = 0.999f;
-      const float s9 = (s7 * s8);
-      const float s10 = (s9 + s6);
-      const float s11 = r3;
-      const float s12 = (s10 / s11);
-      const float s13 = support::fsqrt(s12);
-      const float s14 = 1e-08f;
-      const float s15 = (s13 + s14);
-      const float s16 = a28p[i0];
-      const float s17 = 0.100000024f;
-      const float s18 = (s16 * s17);
-      const float s19 = a30p[i0];
-      const float s20 = 0.9f;
-      const float s21 = (s19 * s20);
-      const float s22 = (s21 + s18);
-      const float s23 = r5;
-      const float s24 = (s22 / s23);
-      const float s25 = (s24 / s15);
-      const float s26 = (s25 + s2);
-      const float s27 = r6;
-      const float s28 = (s26 * s27);
-      const float s29 = a27p[i0];
-      const float s30 = (s29 - s28);
-      a29p[i0] = s10;
-      a30p[i0] = s22;
-      a27p[i0] = s30;
-    }
-  }
+  loop34(a29.data(), a30.data(), a27.data(), a28.data(), a3.data(), a5.data(), a6.data());
 
   // performer.mesh:151:3 mul
   // performer.mesh:151:3 square
@@ -4664,54 +3635,7 @@ void LmTrain::repeated1(
   // performer.mesh:151:3 mul
   // performer.mesh:151:3 sub -> next/causal_lm/decoder_layer[0]/ffn/w_out
   MESHRT_TRACE("loop", "performer.mesh:151:3", "update");
-  {
-    float *__restrict a33p = a33.data();
-    float *__restrict a34p = a34.data();
-    float *__restrict a31p = a31.data();
-    const float *__restrict a32p = a32.data();
-    const float *__restrict a3p = a3.data();
-    const float *__restrict a5p = a5.data();
-    const float *__restrict a6p = a6.data();
-    const float r3 = a3p[0];
-    const float r5 = a5p[0];
-    const float r6 = a6p[0];
-    for (int64_t i0 = 0; i0 < 4096; ++i0) {
-      const float s0 = a31p[i0];
-      const float s1 = 0.01f;
-      const float s2 = (s0 * s1);
-      const float s3 = a32p[i0];
-      const float s4 = s3 * s3;
-      const float s5 = 0.0009999871f;
-      const float s6 = (s4 * s5);
-      const float s7 = a33p[i0];
-      const float s8 = 0.999f;
-      const float s9 = (s7 * s8);
-      const float s10 = (s9 + s6);
-      const float s11 = r3;
-      const float s12 = (s10 / s11);
-      const float s13 = support::fsqrt(s12);
-      const float s14 = 1e-08f;
-      const float s15 = (s13 + s14);
-      const float s16 = a32p[i0];
-      const float s17 = 0.100000024f;
-      const float s18 = (s16 * s17);
-      const float s19 = a34p[i0];
-      const float s20 = 0.9f;
-      const float s21 = (s19 * s20);
-      const float s22 = (s21 + s18);
-      const float s23 = r5;
-      const float s24 = (s22 / s23);
-      const float s25 = (s24 / s15);
-      const float s26 = (s25 + s2);
-      const float s27 = r6;
-      const float s28 = (s26 * s27);
-      const float s29 = a31p[i0];
-      const float s30 = (s29 - s28);
-      a33p[i0] = s10;
-      a34p[i0] = s22;
-      a31p[i0] = s30;
-    }
-  }
+  loop34(a33.data(), a34.data(), a31.data(), a32.data(), a3.data(), a5.data(), a6.data());
 
   // performer.mesh:151:3 mul
   // performer.mesh:151:3 square
@@ -4730,54 +3654,7 @@ void LmTrain::repeated1(
   // performer.mesh:151:3 mul
   // performer.mesh:151:3 sub -> next/causal_lm/decoder_layer[1]/norm/gain
   MESHRT_TRACE("loop", "performer.mesh:151:3", "update");
-  {
-    float *__restrict a37p = a37.data();
-    float *__restrict a38p = a38.data();
-    float *__restrict a35p = a35.data();
-    const float *__restrict a36p = a36.data();
-    const float *__restrict a3p = a3.data();
-    const float *__restrict a5p = a5.data();
-    const float *__restrict a6p = a6.data();
-    const float r3 = a3p[0];
-    const float r5 = a5p[0];
-    const float r6 = a6p[0];
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = a35p[i0];
-      const float s1 = 0.01f;
-      const float s2 = (s0 * s1);
-      const float s3 = a36p[i0];
-      const float s4 = s3 * s3;
-      const float s5 = 0.0009999871f;
-      const float s6 = (s4 * s5);
-      const float s7 = a37p[i0];
-      const float s8 = 0.999f;
-      const float s9 = (s7 * s8);
-      const float s10 = (s9 + s6);
-      const float s11 = r3;
-      const float s12 = (s10 / s11);
-      const float s13 = support::fsqrt(s12);
-      const float s14 = 1e-08f;
-      const float s15 = (s13 + s14);
-      const float s16 = a36p[i0];
-      const float s17 = 0.100000024f;
-      const float s18 = (s16 * s17);
-      const float s19 = a38p[i0];
-      const float s20 = 0.9f;
-      const float s21 = (s19 * s20);
-      const float s22 = (s21 + s18);
-      const float s23 = r5;
-      const float s24 = (s22 / s23);
-      const float s25 = (s24 / s15);
-      const float s26 = (s25 + s2);
-      const float s27 = r6;
-      const float s28 = (s26 * s27);
-      const float s29 = a35p[i0];
-      const float s30 = (s29 - s28);
-      a37p[i0] = s10;
-      a38p[i0] = s22;
-      a35p[i0] = s30;
-    }
-  }
+  loop33(a37.data(), a38.data(), a35.data(), a36.data(), a3.data(), a5.data(), a6.data());
 
   // performer.mesh:151:3 mul
   // performer.mesh:151:3 square
@@ -4796,54 +3673,7 @@ void LmTrain::repeated1(
   // performer.mesh:151:3 mul
   // performer.mesh:151:3 sub -> next/causal_lm/decoder_layer[1]/norm/bias
   MESHRT_TRACE("loop", "performer.mesh:151:3", "update");
-  {
-    float *__restrict a41p = a41.data();
-    float *__restrict a42p = a42.data();
-    float *__restrict a39p = a39.data();
-    const float *__restrict a40p = a40.data();
-    const float *__restrict a3p = a3.data();
-    const float *__restrict a5p = a5.data();
-    const float *__restrict a6p = a6.data();
-    const float r3 = a3p[0];
-    const float r5 = a5p[0];
-    const float r6 = a6p[0];
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = a39p[i0];
-      const float s1 = 0.01f;
-      const float s2 = (s0 * s1);
-      const float s3 = a40p[i0];
-      const float s4 = s3 * s3;
-      const float s5 = 0.0009999871f;
-      const float s6 = (s4 * s5);
-      const float s7 = a41p[i0];
-      const float s8 = 0.999f;
-      const float s9 = (s7 * s8);
-      const float s10 = (s9 + s6);
-      const float s11 = r3;
-      const float s12 = (s10 / s11);
-      const float s13 = support::fsqrt(s12);
-      const float s14 = 1e-08f;
-      const float s15 = (s13 + s14);
-      const float s16 = a40p[i0];
-      const float s17 = 0.100000024f;
-      const float s18 = (s16 * s17);
-      const float s19 = a42p[i0];
-      const float s20 = 0.9f;
-      const float s21 = (s19 * s20);
-      const float s22 = (s21 + s18);
-      const float s23 = r5;
-      const float s24 = (s22 / s23);
-      const float s25 = (s24 / s15);
-      const float s26 = (s25 + s2);
-      const float s27 = r6;
-      const float s28 = (s26 * s27);
-      const float s29 = a39p[i0];
-      const float s30 = (s29 - s28);
-      a41p[i0] = s10;
-      a42p[i0] = s22;
-      a39p[i0] = s30;
-    }
-  }
+  loop33(a41.data(), a42.data(), a39.data(), a40.data(), a3.data(), a5.data(), a6.data());
 }
 
 void LmTrain::repeated2(support::ConstView a0, support::ConstView a1, support::View a2,
@@ -4866,153 +3696,67 @@ void LmTrain::repeated2(support::ConstView a0, support::ConstView a1, support::V
   // performer.mesh:56:18 mul -> scaled
   MESHRT_TRACE("gemm", "performer.mesh:45:10", "forward");
   // dims: batch, seq, d_model, heads, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan0(
-      {{1, 128, 32, 1, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan0.run(a0.data(), a1.data(), a2.data(), 0.5f, 0.0f);
+  kEinsum0.plan().run(a0.data(), a1.data(), a2.data(), 0.5f, 0.0f);
 
   // performer.mesh:57:10 einsum
   MESHRT_TRACE("gemm", "performer.mesh:57:10", "forward");
   // dims: batch, seq, heads, d_head, features
-  static const meshrt::kernels::EinsumPlan einsumPlan1(
-      {{1, 128, 1, 16, 64}, {{{0, 1, 2, 3}, {}}, {{4, 3}, {}}}, {{0, 1, 2, 4}, {}}});
-  einsumPlan1.run(a2.data(), a3.data(), a4.data(), 1.0f, 0.0f);
+  kEinsum1.plan().run(a2.data(), a3.data(), a4.data(), 1.0f, 0.0f);
 
   // performer.mesh:57:65 square
   MESHRT_TRACE("loop", "performer.mesh:57:65", "forward");
-  {
-    float *__restrict a5p = a5.data();
-    const float *__restrict a2p = a2.data();
-    for (int64_t i0 = 0; i0 < 2048; ++i0) {
-      const float s0 = a2p[i0];
-      const float s1 = s0 * s0;
-      a5p[i0] = s1;
-    }
-  }
+  loop9(a5.data(), a2.data());
 
   // performer.mesh:57:61 sum
   MESHRT_TRACE("sum", "performer.mesh:57:61", "forward");
-  static const support::Shape shape3_1 = {1, 128, 1};
-  static const support::Shape shape3_3 = {2048, 16, 16};
-  static const support::Shape shape3_4 = {16};
-  static const support::Shape shape3_5 = {1};
-  support::reduce(a6.data(), shape3_1, a5.data(), shape3_3, shape3_4, shape3_5,
-                  support::Reduce::Sum, 1.0);
+  support::reduce(a6.data(), kShape6, a5.data(), kShape7, kShape2, kShape1, support::Reduce::Sum,
+                  1.0);
 
   // performer.mesh:57:89 mul
   // performer.mesh:57:59 sub -> logits
   MESHRT_TRACE("loop", "performer.mesh:57:89", "forward");
-  {
-    float *__restrict a7p = a7.data();
-    const float *__restrict a6p = a6.data();
-    const float *__restrict a4p = a4.data();
-    for (int64_t i0 = 0; i0 < 128; ++i0) {
-      for (int64_t i1 = 0; i1 < 64; ++i1) {
-        const float s0 = a6p[i0];
-        const float s1 = 0.5f;
-        const float s2 = (s0 * s1);
-        const float s3 = a4p[i0 * 64 + i1];
-        const float s4 = (s3 - s2);
-        a7p[i0 * 64 + i1] = s4;
-      }
-    }
-  }
+  loop10(a7.data(), a6.data(), a4.data());
 
   // performer.mesh:66:37 max
   MESHRT_TRACE("max", "performer.mesh:66:37", "forward");
-  static const support::Shape shape5_1 = {1, 128, 1};
-  static const support::Shape shape5_3 = {8192, 64, 64};
-  static const support::Shape shape5_4 = {64};
-  static const support::Shape shape5_5 = {1};
-  support::reduce(a8.data(), shape5_1, a7.data(), shape5_3, shape5_4, shape5_5,
-                  support::Reduce::Max, 1.0);
+  support::reduce(a8.data(), kShape6, a7.data(), kShape8, kShape9, kShape1, support::Reduce::Max,
+                  1.0);
 
   // performer.mesh:66:23 stop_gradient
   // performer.mesh:66:21 sub
   // performer.mesh:66:10 exp
   // performer.mesh:66:61 mul -> qf
   MESHRT_TRACE("loop", "performer.mesh:66:23", "forward");
-  {
-    float *__restrict a9p = a9.data();
-    float *__restrict a10p = a10.data();
-    const float *__restrict a8p = a8.data();
-    const float *__restrict a7p = a7.data();
-    for (int64_t i0 = 0; i0 < 128; ++i0) {
-      for (int64_t i1 = 0; i1 < 64; ++i1) {
-        const float s0 = a8p[i0];
-        const float s1 = s0;
-        const float s2 = a7p[i0 * 64 + i1];
-        const float s3 = (s2 - s1);
-        const float s4 = support::fexp(s3);
-        const float s5 = 0.125f;
-        const float s6 = (s4 * s5);
-        a9p[i0 * 64 + i1] = s4;
-        a10p[i0 * 64 + i1] = s6;
-      }
-    }
-  }
+  loop35(a9.data(), a10.data(), a8.data(), a7.data());
 
   // performer.mesh:45:10 einsum
   // performer.mesh:56:18 mul -> scaled
   MESHRT_TRACE("gemm", "performer.mesh:45:10", "forward");
   // dims: batch, seq, d_model, heads, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan7(
-      {{1, 128, 32, 1, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan7.run(a0.data(), a11.data(), a12.data(), 0.5f, 0.0f);
+  kEinsum0.plan().run(a0.data(), a11.data(), a12.data(), 0.5f, 0.0f);
 
   // performer.mesh:57:10 einsum
   MESHRT_TRACE("gemm", "performer.mesh:57:10", "forward");
   // dims: batch, seq, heads, d_head, features
-  static const meshrt::kernels::EinsumPlan einsumPlan8(
-      {{1, 128, 1, 16, 64}, {{{0, 1, 2, 3}, {}}, {{4, 3}, {}}}, {{0, 1, 2, 4}, {}}});
-  einsumPlan8.run(a12.data(), a3.data(), a13.data(), 1.0f, 0.0f);
+  kEinsum1.plan().run(a12.data(), a3.data(), a13.data(), 1.0f, 0.0f);
 
   // performer.mesh:57:65 square
   MESHRT_TRACE("loop", "performer.mesh:57:65", "forward");
-  {
-    float *__restrict a14p = a14.data();
-    const float *__restrict a12p = a12.data();
-    for (int64_t i0 = 0; i0 < 2048; ++i0) {
-      const float s0 = a12p[i0];
-      const float s1 = s0 * s0;
-      a14p[i0] = s1;
-    }
-  }
+  loop9(a14.data(), a12.data());
 
   // performer.mesh:57:61 sum
   MESHRT_TRACE("sum", "performer.mesh:57:61", "forward");
-  static const support::Shape shape10_1 = {1, 128, 1};
-  static const support::Shape shape10_3 = {2048, 16, 16};
-  static const support::Shape shape10_4 = {16};
-  static const support::Shape shape10_5 = {1};
-  support::reduce(a15.data(), shape10_1, a14.data(), shape10_3, shape10_4, shape10_5,
-                  support::Reduce::Sum, 1.0);
+  support::reduce(a15.data(), kShape6, a14.data(), kShape7, kShape2, kShape1, support::Reduce::Sum,
+                  1.0);
 
   // performer.mesh:57:89 mul
   // performer.mesh:57:59 sub -> logits
   MESHRT_TRACE("loop", "performer.mesh:57:89", "forward");
-  {
-    float *__restrict a16p = a16.data();
-    const float *__restrict a15p = a15.data();
-    const float *__restrict a13p = a13.data();
-    for (int64_t i0 = 0; i0 < 128; ++i0) {
-      for (int64_t i1 = 0; i1 < 64; ++i1) {
-        const float s0 = a15p[i0];
-        const float s1 = 0.5f;
-        const float s2 = (s0 * s1);
-        const float s3 = a13p[i0 * 64 + i1];
-        const float s4 = (s3 - s2);
-        a16p[i0 * 64 + i1] = s4;
-      }
-    }
-  }
+  loop10(a16.data(), a15.data(), a13.data());
 
   // performer.mesh:71:37 max
   MESHRT_TRACE("max", "performer.mesh:71:37", "forward");
-  static const support::Shape shape12_1 = {1, 1};
-  static const support::Shape shape12_3 = {8192, 64};
-  static const support::Shape shape12_4 = {128, 64};
-  static const support::Shape shape12_5 = {64, 1};
-  support::reduce(a17.data(), shape12_1, a16.data(), shape12_3, shape12_4, shape12_5,
+  support::reduce(a17.data(), kShape10, a16.data(), kShape11, kShape12, kShape13,
                   support::Reduce::Max, 1.0);
 
   // performer.mesh:71:23 stop_gradient
@@ -5020,97 +3764,46 @@ void LmTrain::repeated2(support::ConstView a0, support::ConstView a1, support::V
   // performer.mesh:71:10 exp
   // performer.mesh:71:66 mul -> kf
   MESHRT_TRACE("loop", "performer.mesh:71:23", "forward");
-  {
-    float *__restrict a18p = a18.data();
-    float *__restrict a19p = a19.data();
-    const float *__restrict a17p = a17.data();
-    const float *__restrict a16p = a16.data();
-    const float r0 = a17p[0];
-    for (int64_t i0 = 0; i0 < 8192; ++i0) {
-      const float s0 = r0;
-      const float s1 = s0;
-      const float s2 = a16p[i0];
-      const float s3 = (s2 - s1);
-      const float s4 = support::fexp(s3);
-      const float s5 = 0.125f;
-      const float s6 = (s4 * s5);
-      a18p[i0] = s4;
-      a19p[i0] = s6;
-    }
-  }
+  loop36(a18.data(), a19.data(), a17.data(), a16.data());
 
   // performer.mesh:45:10 einsum
   MESHRT_TRACE("gemm", "performer.mesh:45:10", "forward");
   // dims: batch, seq, d_model, heads, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan14(
-      {{1, 128, 32, 1, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan14.run(a0.data(), a20.data(), a21.data(), 1.0f, 0.0f);
+  kEinsum0.plan().run(a0.data(), a20.data(), a21.data(), 1.0f, 0.0f);
 
   // performer.mesh:87:19 einsum
   MESHRT_TRACE("gemm", "performer.mesh:87:19", "forward");
   // dims: batch, seq, heads, features, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan15(
-      {{1, 128, 1, 64, 16}, {{{0, 1, 2, 3}, {}}, {{0, 1, 2, 4}, {}}}, {{0, 1, 2, 3, 4}, {}}});
-  einsumPlan15.run(a19.data(), a21.data(), a22.data(), 1.0f, 0.0f);
+  kEinsum9.plan().run(a19.data(), a21.data(), a22.data(), 1.0f, 0.0f);
 
   // performer.mesh:87:12 cumsum -> kv
   MESHRT_TRACE("cumsum", "performer.mesh:87:12", "forward");
-  static const support::Shape shape16_2 = {1, 1, 64, 16};
-  static const support::Shape shape16_3 = {131072, 1024, 16, 1};
-  static const support::Shape shape16_4 = {131072, 1024, 16, 1};
-  static const support::Shape shape16_5 = {128};
-  static const support::Shape shape16_6 = {1024};
-  static const support::Shape shape16_7 = {1024};
-  support::along(a23.data(), a22.data(), shape16_2, shape16_3, shape16_4, shape16_5, shape16_6,
-                 shape16_7, support::Along::Cumsum, 1e-05, 128, nullptr);
+  support::along(a23.data(), a22.data(), kShape19, kShape20, kShape20, kShape0, kShape21, kShape21,
+                 support::Along::Cumsum, 1e-05, 128, nullptr);
 
   // performer.mesh:88:19 einsum -> numerator
   MESHRT_TRACE("gemm", "performer.mesh:88:19", "forward");
   // dims: batch, seq, heads, features, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan17(
-      {{1, 128, 1, 64, 16}, {{{0, 1, 2, 3}, {}}, {{0, 1, 2, 3, 4}, {}}}, {{0, 1, 2, 4}, {}}});
-  einsumPlan17.run(a10.data(), a23.data(), a24.data(), 1.0f, 0.0f);
+  kEinsum10.plan().run(a10.data(), a23.data(), a24.data(), 1.0f, 0.0f);
 
   // performer.mesh:89:31 cumsum
   MESHRT_TRACE("cumsum", "performer.mesh:89:31", "forward");
-  static const support::Shape shape18_2 = {1, 1, 64};
-  static const support::Shape shape18_3 = {8192, 64, 1};
-  static const support::Shape shape18_4 = {8192, 64, 1};
-  static const support::Shape shape18_5 = {128};
-  static const support::Shape shape18_6 = {64};
-  static const support::Shape shape18_7 = {64};
-  support::along(a25.data(), a19.data(), shape18_2, shape18_3, shape18_4, shape18_5, shape18_6,
-                 shape18_7, support::Along::Cumsum, 1e-05, 128, nullptr);
+  support::along(a25.data(), a19.data(), kShape14, kShape15, kShape15, kShape0, kShape9, kShape9,
+                 support::Along::Cumsum, 1e-05, 128, nullptr);
 
   // performer.mesh:89:20 einsum -> normalizer
   MESHRT_TRACE("gemm", "performer.mesh:89:20", "forward");
   // dims: batch, seq, heads, features
-  static const meshrt::kernels::EinsumPlan einsumPlan19(
-      {{1, 128, 1, 64}, {{{0, 1, 2, 3}, {}}, {{0, 1, 2, 3}, {}}}, {{0, 1, 2}, {}}});
-  einsumPlan19.run(a10.data(), a25.data(), a26.data(), 1.0f, 0.0f);
+  kEinsum11.plan().run(a10.data(), a25.data(), a26.data(), 1.0f, 0.0f);
 
   // performer.mesh:90:20 div
   MESHRT_TRACE("loop", "performer.mesh:90:20", "forward");
-  {
-    float *__restrict a27p = a27.data();
-    const float *__restrict a24p = a24.data();
-    const float *__restrict a26p = a26.data();
-    for (int64_t i0 = 0; i0 < 128; ++i0) {
-      for (int64_t i1 = 0; i1 < 16; ++i1) {
-        const float s0 = a24p[i0 * 16 + i1];
-        const float s1 = a26p[i0];
-        const float s2 = (s0 / s1);
-        a27p[i0 * 16 + i1] = s2;
-      }
-    }
-  }
+  loop13(a27.data(), a24.data(), a26.data());
 
   // performer.mesh:50:10 einsum
   MESHRT_TRACE("gemm", "performer.mesh:50:10", "forward");
   // dims: batch, seq, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan21(
-      {{1, 128, 1, 16, 32}, {{{0, 1, 2, 3}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 4}, {}}});
-  einsumPlan21.run(a27.data(), a28.data(), a29.data(), 1.0f, 0.0f);
+  kEinsum5.plan().run(a27.data(), a28.data(), a29.data(), 1.0f, 0.0f);
 
   // performer.mesh:116:13 all_reduce_sum (resolve the partial sum of %68 over model for add at
   // 116:13)
@@ -5119,119 +3812,45 @@ void LmTrain::repeated2(support::ConstView a0, support::ConstView a1, support::V
 
   // performer.mesh:116:13 add -> h
   MESHRT_TRACE("loop", "performer.mesh:116:13", "forward");
-  {
-    float *__restrict a31p = a31.data();
-    const float *__restrict a30p = a30.data();
-    const float *__restrict a29p = a29.data();
-    for (int64_t i0 = 0; i0 < 4096; ++i0) {
-      const float s0 = a30p[i0];
-      const float s1 = a29p[i0];
-      const float s2 = (s0 + s1);
-      a31p[i0] = s2;
-    }
-  }
+  loop7(a31.data(), a30.data(), a29.data());
 
   // performer.mesh:29:10 layer_norm
   MESHRT_TRACE("layer_norm", "performer.mesh:29:10", "forward");
-  static const support::Shape shape24_2 = {1, 128};
-  static const support::Shape shape24_3 = {4096, 32};
-  static const support::Shape shape24_4 = {4096, 32};
-  static const support::Shape shape24_5 = {32};
-  static const support::Shape shape24_6 = {1};
-  static const support::Shape shape24_7 = {1};
-  support::along(a32.data(), a31.data(), shape24_2, shape24_3, shape24_4, shape24_5, shape24_6,
-                 shape24_7, support::Along::LayerNorm, 1e-05, 32, nullptr);
+  support::along(a32.data(), a31.data(), kShape4, kShape5, kShape5, kShape3, kShape1, kShape1,
+                 support::Along::LayerNorm, 1e-05, 32, nullptr);
 
   // performer.mesh:29:33 mul
   // performer.mesh:29:40 add
   MESHRT_TRACE("loop", "performer.mesh:29:33", "forward");
-  {
-    float *__restrict a35p = a35.data();
-    const float *__restrict a32p = a32.data();
-    const float *__restrict a33p = a33.data();
-    const float *__restrict a34p = a34.data();
-    for (int64_t i0 = 0; i0 < 128; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = a32p[i0 * 32 + i1];
-        const float s1 = a33p[i1];
-        const float s2 = (s0 * s1);
-        const float s3 = a34p[i1];
-        const float s4 = (s2 + s3);
-        a35p[i0 * 32 + i1] = s4;
-      }
-    }
-  }
+  loop8(a35.data(), a32.data(), a33.data(), a34.data());
 
   // performer.mesh:96:22 einsum
   MESHRT_TRACE("gemm", "performer.mesh:96:22", "forward");
   // dims: batch, seq, d_model, d_ff
-  static const meshrt::kernels::EinsumPlan einsumPlan26(
-      {{1, 128, 32, 128}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan26.run(a35.data(), a36.data(), a37.data(), 1.0f, 0.0f);
+  kEinsum6.plan().run(a35.data(), a36.data(), a37.data(), 1.0f, 0.0f);
 
   // performer.mesh:96:17 gelu
   MESHRT_TRACE("loop", "performer.mesh:96:17", "forward");
-  {
-    float *__restrict a38p = a38.data();
-    const float *__restrict a37p = a37.data();
-    for (int64_t i0 = 0; i0 < 16384; ++i0) {
-      const float s0 = a37p[i0];
-      const float s1 = support::fgelu(s0);
-      a38p[i0] = s1;
-    }
-  }
+  loop14(a38.data(), a37.data());
 
   // performer.mesh:96:10 einsum
   MESHRT_TRACE("gemm", "performer.mesh:96:10", "forward");
   // dims: batch, seq, d_ff, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan28(
-      {{1, 128, 128, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan28.run(a38.data(), a39.data(), a40.data(), 1.0f, 0.0f);
+  kEinsum7.plan().run(a38.data(), a39.data(), a40.data(), 1.0f, 0.0f);
 
   // performer.mesh:117:12 add -> h
   MESHRT_TRACE("loop", "performer.mesh:117:12", "forward");
-  {
-    float *__restrict a41p = a41.data();
-    const float *__restrict a31p = a31.data();
-    const float *__restrict a40p = a40.data();
-    for (int64_t i0 = 0; i0 < 4096; ++i0) {
-      const float s0 = a31p[i0];
-      const float s1 = a40p[i0];
-      const float s2 = (s0 + s1);
-      a41p[i0] = s2;
-    }
-  }
+  loop7(a41.data(), a31.data(), a40.data());
 
   // performer.mesh:29:10 layer_norm
   MESHRT_TRACE("layer_norm", "performer.mesh:29:10", "forward");
-  static const support::Shape shape30_2 = {1, 128};
-  static const support::Shape shape30_3 = {4096, 32};
-  static const support::Shape shape30_4 = {4096, 32};
-  static const support::Shape shape30_5 = {32};
-  static const support::Shape shape30_6 = {1};
-  static const support::Shape shape30_7 = {1};
-  support::along(a42.data(), a41.data(), shape30_2, shape30_3, shape30_4, shape30_5, shape30_6,
-                 shape30_7, support::Along::LayerNorm, 1e-05, 32, nullptr);
+  support::along(a42.data(), a41.data(), kShape4, kShape5, kShape5, kShape3, kShape1, kShape1,
+                 support::Along::LayerNorm, 1e-05, 32, nullptr);
 
   // performer.mesh:29:33 mul
   // performer.mesh:29:40 add -> n
   MESHRT_TRACE("loop", "performer.mesh:29:33", "forward");
-  {
-    float *__restrict a45p = a45.data();
-    const float *__restrict a42p = a42.data();
-    const float *__restrict a43p = a43.data();
-    const float *__restrict a44p = a44.data();
-    for (int64_t i0 = 0; i0 < 128; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = a42p[i0 * 32 + i1];
-        const float s1 = a43p[i1];
-        const float s2 = (s0 * s1);
-        const float s3 = a44p[i1];
-        const float s4 = (s2 + s3);
-        a45p[i0 * 32 + i1] = s4;
-      }
-    }
-  }
+  loop8(a45.data(), a42.data(), a43.data(), a44.data());
 }
 
 void LmTrain::repeated3(support::View a0, support::ConstView a1, support::View a2,
@@ -5256,54 +3875,7 @@ void LmTrain::repeated3(support::View a0, support::ConstView a1, support::View a
   // performer.mesh:151:3 mul
   // performer.mesh:151:3 sub -> next/causal_lm/decoder_layer[0]/norm/gain
   MESHRT_TRACE("loop", "performer.mesh:151:3", "update");
-  {
-    float *__restrict a2p = a2.data();
-    float *__restrict a4p = a4.data();
-    float *__restrict a0p = a0.data();
-    const float *__restrict a1p = a1.data();
-    const float *__restrict a3p = a3.data();
-    const float *__restrict a5p = a5.data();
-    const float *__restrict a6p = a6.data();
-    const float r3 = a3p[0];
-    const float r5 = a5p[0];
-    const float r6 = a6p[0];
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = a0p[i0];
-      const float s1 = 0.01f;
-      const float s2 = (s0 * s1);
-      const float s3 = a1p[i0];
-      const float s4 = s3 * s3;
-      const float s5 = 0.0009999871f;
-      const float s6 = (s4 * s5);
-      const float s7 = a2p[i0];
-      const float s8 = 0.999f;
-      const float s9 = (s7 * s8);
-      const float s10 = (s9 + s6);
-      const float s11 = r3;
-      const float s12 = (s10 / s11);
-      const float s13 = support::fsqrt(s12);
-      const float s14 = 1e-08f;
-      const float s15 = (s13 + s14);
-      const float s16 = a1p[i0];
-      const float s17 = 0.100000024f;
-      const float s18 = (s16 * s17);
-      const float s19 = a4p[i0];
-      const float s20 = 0.9f;
-      const float s21 = (s19 * s20);
-      const float s22 = (s21 + s18);
-      const float s23 = r5;
-      const float s24 = (s22 / s23);
-      const float s25 = (s24 / s15);
-      const float s26 = (s25 + s2);
-      const float s27 = r6;
-      const float s28 = (s26 * s27);
-      const float s29 = a0p[i0];
-      const float s30 = (s29 - s28);
-      a2p[i0] = s10;
-      a4p[i0] = s22;
-      a0p[i0] = s30;
-    }
-  }
+  loop33(a2.data(), a4.data(), a0.data(), a1.data(), a3.data(), a5.data(), a6.data());
 }
 
 LmTrain::Inputs LmTrain::synthesizeInputs(uint64_t seed) const {
@@ -5347,234 +3919,137 @@ support::Tensor LmTrain::gatherOutput(meshrt::Communicator &world, const std::st
 float LmTrain::step(const Inputs &inputs) { return run(inputs).loss.data.at(0); }
 
 std::vector<std::string> LmTrain::paramNames() {
-  return {"causal_lm/embedding",
-          "causal_lm/unembed",
-          "causal_lm/decoder_layer[0]/random_features",
-          "causal_lm/decoder_layer[0]/norm/gain",
-          "causal_lm/decoder_layer[0]/norm/bias",
-          "causal_lm/decoder_layer[0]/heads_in/w",
-          "causal_lm/decoder_layer[0]/heads_in#1/w",
-          "causal_lm/decoder_layer[0]/heads_in#2/w",
-          "causal_lm/decoder_layer[0]/heads_out/w",
-          "causal_lm/decoder_layer[0]/norm#1/gain",
-          "causal_lm/decoder_layer[0]/norm#1/bias",
-          "causal_lm/decoder_layer[0]/ffn/w_in",
-          "causal_lm/decoder_layer[0]/ffn/w_out",
-          "causal_lm/decoder_layer[1]/random_features",
-          "causal_lm/decoder_layer[1]/norm/gain",
-          "causal_lm/decoder_layer[1]/norm/bias",
-          "causal_lm/decoder_layer[1]/heads_in/w",
-          "causal_lm/decoder_layer[1]/heads_in#1/w",
-          "causal_lm/decoder_layer[1]/heads_in#2/w",
-          "causal_lm/decoder_layer[1]/heads_out/w",
-          "causal_lm/decoder_layer[1]/norm#1/gain",
-          "causal_lm/decoder_layer[1]/norm#1/bias",
-          "causal_lm/decoder_layer[1]/ffn/w_in",
-          "causal_lm/decoder_layer[1]/ffn/w_out",
-          "causal_lm/norm/gain",
-          "causal_lm/norm/bias",
-          "causal_lm/embedding@m",
-          "causal_lm/embedding@v",
-          "causal_lm/unembed@m",
-          "causal_lm/unembed@v",
-          "causal_lm/decoder_layer[0]/norm/gain@m",
-          "causal_lm/decoder_layer[0]/norm/gain@v",
-          "causal_lm/decoder_layer[0]/norm/bias@m",
-          "causal_lm/decoder_layer[0]/norm/bias@v",
-          "causal_lm/decoder_layer[0]/heads_in/w@m",
-          "causal_lm/decoder_layer[0]/heads_in/w@v",
-          "causal_lm/decoder_layer[0]/heads_in#1/w@m",
-          "causal_lm/decoder_layer[0]/heads_in#1/w@v",
-          "causal_lm/decoder_layer[0]/heads_in#2/w@m",
-          "causal_lm/decoder_layer[0]/heads_in#2/w@v",
-          "causal_lm/decoder_layer[0]/heads_out/w@m",
-          "causal_lm/decoder_layer[0]/heads_out/w@v",
-          "causal_lm/decoder_layer[0]/norm#1/gain@m",
-          "causal_lm/decoder_layer[0]/norm#1/gain@v",
-          "causal_lm/decoder_layer[0]/norm#1/bias@m",
-          "causal_lm/decoder_layer[0]/norm#1/bias@v",
-          "causal_lm/decoder_layer[0]/ffn/w_in@m",
-          "causal_lm/decoder_layer[0]/ffn/w_in@v",
-          "causal_lm/decoder_layer[0]/ffn/w_out@m",
-          "causal_lm/decoder_layer[0]/ffn/w_out@v",
-          "causal_lm/decoder_layer[1]/norm/gain@m",
-          "causal_lm/decoder_layer[1]/norm/gain@v",
-          "causal_lm/decoder_layer[1]/norm/bias@m",
-          "causal_lm/decoder_layer[1]/norm/bias@v",
-          "causal_lm/decoder_layer[1]/heads_in/w@m",
-          "causal_lm/decoder_layer[1]/heads_in/w@v",
-          "causal_lm/decoder_layer[1]/heads_in#1/w@m",
-          "causal_lm/decoder_layer[1]/heads_in#1/w@v",
-          "causal_lm/decoder_layer[1]/heads_in#2/w@m",
-          "causal_lm/decoder_layer[1]/heads_in#2/w@v",
-          "causal_lm/decoder_layer[1]/heads_out/w@m",
-          "causal_lm/decoder_layer[1]/heads_out/w@v",
-          "causal_lm/decoder_layer[1]/norm#1/gain@m",
-          "causal_lm/decoder_layer[1]/norm#1/gain@v",
-          "causal_lm/decoder_layer[1]/norm#1/bias@m",
-          "causal_lm/decoder_layer[1]/norm#1/bias@v",
-          "causal_lm/decoder_layer[1]/ffn/w_in@m",
-          "causal_lm/decoder_layer[1]/ffn/w_in@v",
-          "causal_lm/decoder_layer[1]/ffn/w_out@m",
-          "causal_lm/decoder_layer[1]/ffn/w_out@v",
-          "causal_lm/norm/gain@m",
-          "causal_lm/norm/gain@v",
-          "causal_lm/norm/bias@m",
-          "causal_lm/norm/bias@v"};
+  static constexpr const char *names[] = {"causal_lm/embedding",
+                                          "causal_lm/unembed",
+                                          "causal_lm/decoder_layer[0]/random_features",
+                                          "causal_lm/decoder_layer[0]/norm/gain",
+                                          "causal_lm/decoder_layer[0]/norm/bias",
+                                          "causal_lm/decoder_layer[0]/heads_in/w",
+                                          "causal_lm/decoder_layer[0]/heads_in#1/w",
+                                          "causal_lm/decoder_layer[0]/heads_in#2/w",
+                                          "causal_lm/decoder_layer[0]/heads_out/w",
+                                          "causal_lm/decoder_layer[0]/norm#1/gain",
+                                          "causal_lm/decoder_layer[0]/norm#1/bias",
+                                          "causal_lm/decoder_layer[0]/ffn/w_in",
+                                          "causal_lm/decoder_layer[0]/ffn/w_out",
+                                          "causal_lm/decoder_layer[1]/random_features",
+                                          "causal_lm/decoder_layer[1]/norm/gain",
+                                          "causal_lm/decoder_layer[1]/norm/bias",
+                                          "causal_lm/decoder_layer[1]/heads_in/w",
+                                          "causal_lm/decoder_layer[1]/heads_in#1/w",
+                                          "causal_lm/decoder_layer[1]/heads_in#2/w",
+                                          "causal_lm/decoder_layer[1]/heads_out/w",
+                                          "causal_lm/decoder_layer[1]/norm#1/gain",
+                                          "causal_lm/decoder_layer[1]/norm#1/bias",
+                                          "causal_lm/decoder_layer[1]/ffn/w_in",
+                                          "causal_lm/decoder_layer[1]/ffn/w_out",
+                                          "causal_lm/norm/gain",
+                                          "causal_lm/norm/bias",
+                                          "causal_lm/embedding@m",
+                                          "causal_lm/embedding@v",
+                                          "causal_lm/unembed@m",
+                                          "causal_lm/unembed@v",
+                                          "causal_lm/decoder_layer[0]/norm/gain@m",
+                                          "causal_lm/decoder_layer[0]/norm/gain@v",
+                                          "causal_lm/decoder_layer[0]/norm/bias@m",
+                                          "causal_lm/decoder_layer[0]/norm/bias@v",
+                                          "causal_lm/decoder_layer[0]/heads_in/w@m",
+                                          "causal_lm/decoder_layer[0]/heads_in/w@v",
+                                          "causal_lm/decoder_layer[0]/heads_in#1/w@m",
+                                          "causal_lm/decoder_layer[0]/heads_in#1/w@v",
+                                          "causal_lm/decoder_layer[0]/heads_in#2/w@m",
+                                          "causal_lm/decoder_layer[0]/heads_in#2/w@v",
+                                          "causal_lm/decoder_layer[0]/heads_out/w@m",
+                                          "causal_lm/decoder_layer[0]/heads_out/w@v",
+                                          "causal_lm/decoder_layer[0]/norm#1/gain@m",
+                                          "causal_lm/decoder_layer[0]/norm#1/gain@v",
+                                          "causal_lm/decoder_layer[0]/norm#1/bias@m",
+                                          "causal_lm/decoder_layer[0]/norm#1/bias@v",
+                                          "causal_lm/decoder_layer[0]/ffn/w_in@m",
+                                          "causal_lm/decoder_layer[0]/ffn/w_in@v",
+                                          "causal_lm/decoder_layer[0]/ffn/w_out@m",
+                                          "causal_lm/decoder_layer[0]/ffn/w_out@v",
+                                          "causal_lm/decoder_layer[1]/norm/gain@m",
+                                          "causal_lm/decoder_layer[1]/norm/gain@v",
+                                          "causal_lm/decoder_layer[1]/norm/bias@m",
+                                          "causal_lm/decoder_layer[1]/norm/bias@v",
+                                          "causal_lm/decoder_layer[1]/heads_in/w@m",
+                                          "causal_lm/decoder_layer[1]/heads_in/w@v",
+                                          "causal_lm/decoder_layer[1]/heads_in#1/w@m",
+                                          "causal_lm/decoder_layer[1]/heads_in#1/w@v",
+                                          "causal_lm/decoder_layer[1]/heads_in#2/w@m",
+                                          "causal_lm/decoder_layer[1]/heads_in#2/w@v",
+                                          "causal_lm/decoder_layer[1]/heads_out/w@m",
+                                          "causal_lm/decoder_layer[1]/heads_out/w@v",
+                                          "causal_lm/decoder_layer[1]/norm#1/gain@m",
+                                          "causal_lm/decoder_layer[1]/norm#1/gain@v",
+                                          "causal_lm/decoder_layer[1]/norm#1/bias@m",
+                                          "causal_lm/decoder_layer[1]/norm#1/bias@v",
+                                          "causal_lm/decoder_layer[1]/ffn/w_in@m",
+                                          "causal_lm/decoder_layer[1]/ffn/w_in@v",
+                                          "causal_lm/decoder_layer[1]/ffn/w_out@m",
+                                          "causal_lm/decoder_layer[1]/ffn/w_out@v",
+                                          "causal_lm/norm/gain@m",
+                                          "causal_lm/norm/gain@v",
+                                          "causal_lm/norm/bias@m",
+                                          "causal_lm/norm/bias@v"};
+  return {std::begin(names), std::end(names)};
 }
 
 bool LmTrain::isOptimizerState(const std::string &path) {
-  static const std::vector<std::string> states = {"causal_lm/embedding@m",
-                                                  "causal_lm/embedding@v",
-                                                  "causal_lm/unembed@m",
-                                                  "causal_lm/unembed@v",
-                                                  "causal_lm/decoder_layer[0]/norm/gain@m",
-                                                  "causal_lm/decoder_layer[0]/norm/gain@v",
-                                                  "causal_lm/decoder_layer[0]/norm/bias@m",
-                                                  "causal_lm/decoder_layer[0]/norm/bias@v",
-                                                  "causal_lm/decoder_layer[0]/heads_in/w@m",
-                                                  "causal_lm/decoder_layer[0]/heads_in/w@v",
-                                                  "causal_lm/decoder_layer[0]/heads_in#1/w@m",
-                                                  "causal_lm/decoder_layer[0]/heads_in#1/w@v",
-                                                  "causal_lm/decoder_layer[0]/heads_in#2/w@m",
-                                                  "causal_lm/decoder_layer[0]/heads_in#2/w@v",
-                                                  "causal_lm/decoder_layer[0]/heads_out/w@m",
-                                                  "causal_lm/decoder_layer[0]/heads_out/w@v",
-                                                  "causal_lm/decoder_layer[0]/norm#1/gain@m",
-                                                  "causal_lm/decoder_layer[0]/norm#1/gain@v",
-                                                  "causal_lm/decoder_layer[0]/norm#1/bias@m",
-                                                  "causal_lm/decoder_layer[0]/norm#1/bias@v",
-                                                  "causal_lm/decoder_layer[0]/ffn/w_in@m",
-                                                  "causal_lm/decoder_layer[0]/ffn/w_in@v",
-                                                  "causal_lm/decoder_layer[0]/ffn/w_out@m",
-                                                  "causal_lm/decoder_layer[0]/ffn/w_out@v",
-                                                  "causal_lm/decoder_layer[1]/norm/gain@m",
-                                                  "causal_lm/decoder_layer[1]/norm/gain@v",
-                                                  "causal_lm/decoder_layer[1]/norm/bias@m",
-                                                  "causal_lm/decoder_layer[1]/norm/bias@v",
-                                                  "causal_lm/decoder_layer[1]/heads_in/w@m",
-                                                  "causal_lm/decoder_layer[1]/heads_in/w@v",
-                                                  "causal_lm/decoder_layer[1]/heads_in#1/w@m",
-                                                  "causal_lm/decoder_layer[1]/heads_in#1/w@v",
-                                                  "causal_lm/decoder_layer[1]/heads_in#2/w@m",
-                                                  "causal_lm/decoder_layer[1]/heads_in#2/w@v",
-                                                  "causal_lm/decoder_layer[1]/heads_out/w@m",
-                                                  "causal_lm/decoder_layer[1]/heads_out/w@v",
-                                                  "causal_lm/decoder_layer[1]/norm#1/gain@m",
-                                                  "causal_lm/decoder_layer[1]/norm#1/gain@v",
-                                                  "causal_lm/decoder_layer[1]/norm#1/bias@m",
-                                                  "causal_lm/decoder_layer[1]/norm#1/bias@v",
-                                                  "causal_lm/decoder_layer[1]/ffn/w_in@m",
-                                                  "causal_lm/decoder_layer[1]/ffn/w_in@v",
-                                                  "causal_lm/decoder_layer[1]/ffn/w_out@m",
-                                                  "causal_lm/decoder_layer[1]/ffn/w_out@v",
-                                                  "causal_lm/norm/gain@m",
-                                                  "causal_lm/norm/gain@v",
-                                                  "causal_lm/norm/bias@m",
-                                                  "causal_lm/norm/bias@v"};
-  return std::find(states.begin(), states.end(), path) != states.end();
+  static constexpr std::string_view states[] = {"causal_lm/embedding@m",
+                                                "causal_lm/embedding@v",
+                                                "causal_lm/unembed@m",
+                                                "causal_lm/unembed@v",
+                                                "causal_lm/decoder_layer[0]/norm/gain@m",
+                                                "causal_lm/decoder_layer[0]/norm/gain@v",
+                                                "causal_lm/decoder_layer[0]/norm/bias@m",
+                                                "causal_lm/decoder_layer[0]/norm/bias@v",
+                                                "causal_lm/decoder_layer[0]/heads_in/w@m",
+                                                "causal_lm/decoder_layer[0]/heads_in/w@v",
+                                                "causal_lm/decoder_layer[0]/heads_in#1/w@m",
+                                                "causal_lm/decoder_layer[0]/heads_in#1/w@v",
+                                                "causal_lm/decoder_layer[0]/heads_in#2/w@m",
+                                                "causal_lm/decoder_layer[0]/heads_in#2/w@v",
+                                                "causal_lm/decoder_layer[0]/heads_out/w@m",
+                                                "causal_lm/decoder_layer[0]/heads_out/w@v",
+                                                "causal_lm/decoder_layer[0]/norm#1/gain@m",
+                                                "causal_lm/decoder_layer[0]/norm#1/gain@v",
+                                                "causal_lm/decoder_layer[0]/norm#1/bias@m",
+                                                "causal_lm/decoder_layer[0]/norm#1/bias@v",
+                                                "causal_lm/decoder_layer[0]/ffn/w_in@m",
+                                                "causal_lm/decoder_layer[0]/ffn/w_in@v",
+                                                "causal_lm/decoder_layer[0]/ffn/w_out@m",
+                                                "causal_lm/decoder_layer[0]/ffn/w_out@v",
+                                                "causal_lm/decoder_layer[1]/norm/gain@m",
+                                                "causal_lm/decoder_layer[1]/norm/gain@v",
+                                                "causal_lm/decoder_layer[1]/norm/bias@m",
+                                                "causal_lm/decoder_layer[1]/norm/bias@v",
+                                                "causal_lm/decoder_layer[1]/heads_in/w@m",
+                                                "causal_lm/decoder_layer[1]/heads_in/w@v",
+                                                "causal_lm/decoder_layer[1]/heads_in#1/w@m",
+                                                "causal_lm/decoder_layer[1]/heads_in#1/w@v",
+                                                "causal_lm/decoder_layer[1]/heads_in#2/w@m",
+                                                "causal_lm/decoder_layer[1]/heads_in#2/w@v",
+                                                "causal_lm/decoder_layer[1]/heads_out/w@m",
+                                                "causal_lm/decoder_layer[1]/heads_out/w@v",
+                                                "causal_lm/decoder_layer[1]/norm#1/gain@m",
+                                                "causal_lm/decoder_layer[1]/norm#1/gain@v",
+                                                "causal_lm/decoder_layer[1]/norm#1/bias@m",
+                                                "causal_lm/decoder_layer[1]/norm#1/bias@v",
+                                                "causal_lm/decoder_layer[1]/ffn/w_in@m",
+                                                "causal_lm/decoder_layer[1]/ffn/w_in@v",
+                                                "causal_lm/decoder_layer[1]/ffn/w_out@m",
+                                                "causal_lm/decoder_layer[1]/ffn/w_out@v",
+                                                "causal_lm/norm/gain@m",
+                                                "causal_lm/norm/gain@v",
+                                                "causal_lm/norm/bias@m",
+                                                "causal_lm/norm/bias@v"};
+  return std::find(std::begin(states), std::end(states), std::string_view(path)) !=
+         std::end(states);
 }
 
 std::vector<support::ParamShard> LmTrain::paramShards() {
-  static constexpr support::ParamSpec specs[] = {
-      {"causal_lm/embedding", false, "f32", "vocab:64:64: d_model:32:32:"},
-      {"causal_lm/unembed", false, "f32", "d_model:32:32: vocab:64:64:"},
-      {"causal_lm/decoder_layer[0]/random_features", false, "f32", "features:64:64: d_head:16:16:"},
-      {"causal_lm/decoder_layer[0]/norm/gain", false, "f32", "d_model:32:32:"},
-      {"causal_lm/decoder_layer[0]/norm/bias", false, "f32", "d_model:32:32:"},
-      {"causal_lm/decoder_layer[0]/heads_in/w", false, "f32",
-       "d_model:32:32: heads:2:1:model d_head:16:16:"},
-      {"causal_lm/decoder_layer[0]/heads_in#1/w", false, "f32",
-       "d_model:32:32: heads:2:1:model d_head:16:16:"},
-      {"causal_lm/decoder_layer[0]/heads_in#2/w", false, "f32",
-       "d_model:32:32: heads:2:1:model d_head:16:16:"},
-      {"causal_lm/decoder_layer[0]/heads_out/w", false, "f32",
-       "heads:2:1:model d_head:16:16: d_model:32:32:"},
-      {"causal_lm/decoder_layer[0]/norm#1/gain", false, "f32", "d_model:32:32:"},
-      {"causal_lm/decoder_layer[0]/norm#1/bias", false, "f32", "d_model:32:32:"},
-      {"causal_lm/decoder_layer[0]/ffn/w_in", false, "f32", "d_model:32:32: d_ff:128:128:"},
-      {"causal_lm/decoder_layer[0]/ffn/w_out", false, "f32", "d_ff:128:128: d_model:32:32:"},
-      {"causal_lm/decoder_layer[1]/random_features", false, "f32", "features:64:64: d_head:16:16:"},
-      {"causal_lm/decoder_layer[1]/norm/gain", false, "f32", "d_model:32:32:"},
-      {"causal_lm/decoder_layer[1]/norm/bias", false, "f32", "d_model:32:32:"},
-      {"causal_lm/decoder_layer[1]/heads_in/w", false, "f32",
-       "d_model:32:32: heads:2:1:model d_head:16:16:"},
-      {"causal_lm/decoder_layer[1]/heads_in#1/w", false, "f32",
-       "d_model:32:32: heads:2:1:model d_head:16:16:"},
-      {"causal_lm/decoder_layer[1]/heads_in#2/w", false, "f32",
-       "d_model:32:32: heads:2:1:model d_head:16:16:"},
-      {"causal_lm/decoder_layer[1]/heads_out/w", false, "f32",
-       "heads:2:1:model d_head:16:16: d_model:32:32:"},
-      {"causal_lm/decoder_layer[1]/norm#1/gain", false, "f32", "d_model:32:32:"},
-      {"causal_lm/decoder_layer[1]/norm#1/bias", false, "f32", "d_model:32:32:"},
-      {"causal_lm/decoder_layer[1]/ffn/w_in", false, "f32", "d_model:32:32: d_ff:128:128:"},
-      {"causal_lm/decoder_layer[1]/ffn/w_out", false, "f32", "d_ff:128:128: d_model:32:32:"},
-      {"causal_lm/norm/gain", false, "f32", "d_model:32:32:"},
-      {"causal_lm/norm/bias", false, "f32", "d_model:32:32:"},
-      {"causal_lm/embedding@m", true, "f32", "vocab:64:64: d_model:32:32:"},
-      {"causal_lm/embedding@v", true, "f32", "vocab:64:64: d_model:32:32:"},
-      {"causal_lm/unembed@m", true, "f32", "d_model:32:32: vocab:64:64:"},
-      {"causal_lm/unembed@v", true, "f32", "d_model:32:32: vocab:64:64:"},
-      {"causal_lm/decoder_layer[0]/norm/gain@m", true, "f32", "d_model:32:32:"},
-      {"causal_lm/decoder_layer[0]/norm/gain@v", true, "f32", "d_model:32:32:"},
-      {"causal_lm/decoder_layer[0]/norm/bias@m", true, "f32", "d_model:32:32:"},
-      {"causal_lm/decoder_layer[0]/norm/bias@v", true, "f32", "d_model:32:32:"},
-      {"causal_lm/decoder_layer[0]/heads_in/w@m", true, "f32",
-       "d_model:32:32: heads:2:1:model d_head:16:16:"},
-      {"causal_lm/decoder_layer[0]/heads_in/w@v", true, "f32",
-       "d_model:32:32: heads:2:1:model d_head:16:16:"},
-      {"causal_lm/decoder_layer[0]/heads_in#1/w@m", true, "f32",
-       "d_model:32:32: heads:2:1:model d_head:16:16:"},
-      {"causal_lm/decoder_layer[0]/heads_in#1/w@v", true, "f32",
-       "d_model:32:32: heads:2:1:model d_head:16:16:"},
-      {"causal_lm/decoder_layer[0]/heads_in#2/w@m", true, "f32",
-       "d_model:32:32: heads:2:1:model d_head:16:16:"},
-      {"causal_lm/decoder_layer[0]/heads_in#2/w@v", true, "f32",
-       "d_model:32:32: heads:2:1:model d_head:16:16:"},
-      {"causal_lm/decoder_layer[0]/heads_out/w@m", true, "f32",
-       "heads:2:1:model d_head:16:16: d_model:32:32:"},
-      {"causal_lm/decoder_layer[0]/heads_out/w@v", true, "f32",
-       "heads:2:1:model d_head:16:16: d_model:32:32:"},
-      {"causal_lm/decoder_layer[0]/norm#1/gain@m", true, "f32", "d_model:32:32:"},
-      {"causal_lm/decoder_layer[0]/norm#1/gain@v", true, "f32", "d_model:32:32:"},
-      {"causal_lm/decoder_layer[0]/norm#1/bias@m", true, "f32", "d_model:32:32:"},
-      {"causal_lm/decoder_layer[0]/norm#1/bias@v", true, "f32", "d_model:32:32:"},
-      {"causal_lm/decoder_layer[0]/ffn/w_in@m", true, "f32", "d_model:32:32: d_ff:128:128:"},
-      {"causal_lm/decoder_layer[0]/ffn/w_in@v", true, "f32", "d_model:32:32: d_ff:128:128:"},
-      {"causal_lm/decoder_layer[0]/ffn/w_out@m", true, "f32", "d_ff:128:128: d_model:32:32:"},
-      {"causal_lm/decoder_layer[0]/ffn/w_out@v", true, "f32", "d_ff:128:128: d_model:32:32:"},
-      {"causal_lm/decoder_layer[1]/norm/gain@m", true, "f32", "d_model:32:32:"},
-      {"causal_lm/decoder_layer[1]/norm/gain@v", true, "f32", "d_model:32:32:"},
-      {"causal_lm/decoder_layer[1]/norm/bias@m", true, "f32", "d_model:32:32:"},
-      {"causal_lm/decoder_layer[1]/norm/bias@v", true, "f32", "d_model:32:32:"},
-      {"causal_lm/decoder_layer[1]/heads_in/w@m", true, "f32",
-       "d_model:32:32: heads:2:1:model d_head:16:16:"},
-      {"causal_lm/decoder_layer[1]/heads_in/w@v", true, "f32",
-       "d_model:32:32: heads:2:1:model d_head:16:16:"},
-      {"causal_lm/decoder_layer[1]/heads_in#1/w@m", true, "f32",
-       "d_model:32:32: heads:2:1:model d_head:16:16:"},
-      {"causal_lm/decoder_layer[1]/heads_in#1/w@v", true, "f32",
-       "d_model:32:32: heads:2:1:model d_head:16:16:"},
-      {"causal_lm/decoder_layer[1]/heads_in#2/w@m", true, "f32",
-       "d_model:32:32: heads:2:1:model d_head:16:16:"},
-      {"causal_lm/decoder_layer[1]/heads_in#2/w@v", true, "f32",
-       "d_model:32:32: heads:2:1:model d_head:16:16:"},
-      {"causal_lm/decoder_layer[1]/heads_out/w@m", true, "f32",
-       "heads:2:1:model d_head:16:16: d_model:32:32:"},
-      {"causal_lm/decoder_layer[1]/heads_out/w@v", true, "f32",
-       "heads:2:1:model d_head:16:16: d_model:32:32:"},
-      {"causal_lm/decoder_layer[1]/norm#1/gain@m", true, "f32", "d_model:32:32:"},
-      {"causal_lm/decoder_layer[1]/norm#1/gain@v", true, "f32", "d_model:32:32:"},
-      {"causal_lm/decoder_layer[1]/norm#1/bias@m", true, "f32", "d_model:32:32:"},
-      {"causal_lm/decoder_layer[1]/norm#1/bias@v", true, "f32", "d_model:32:32:"},
-      {"causal_lm/decoder_layer[1]/ffn/w_in@m", true, "f32", "d_model:32:32: d_ff:128:128:"},
-      {"causal_lm/decoder_layer[1]/ffn/w_in@v", true, "f32", "d_model:32:32: d_ff:128:128:"},
-      {"causal_lm/decoder_layer[1]/ffn/w_out@m", true, "f32", "d_ff:128:128: d_model:32:32:"},
-      {"causal_lm/decoder_layer[1]/ffn/w_out@v", true, "f32", "d_ff:128:128: d_model:32:32:"},
-      {"causal_lm/norm/gain@m", true, "f32", "d_model:32:32:"},
-      {"causal_lm/norm/gain@v", true, "f32", "d_model:32:32:"},
-      {"causal_lm/norm/bias@m", true, "f32", "d_model:32:32:"},
-      {"causal_lm/norm/bias@v", true, "f32", "d_model:32:32:"}};
   support::Buffer *const data[] = {&param0_causal_lm_embedding,
                                    &param1_causal_lm_unembed,
                                    &param2_causal_lm_decoder_layer_0_random_features,
@@ -5649,7 +4124,7 @@ std::vector<support::ParamShard> LmTrain::paramShards() {
                                    &param71_causal_lm_norm_gain_v,
                                    &param72_causal_lm_norm_bias_m,
                                    &param73_causal_lm_norm_bias_v};
-  return support::paramShardsOf<support::ParamShard>(specs, data);
+  return support::paramShardsOf<support::ParamShard>(kLmTrainParams, data);
 }
 
 support::Tensor LmTrain::getParam(const std::string &path) {

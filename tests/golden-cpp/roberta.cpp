@@ -5,6 +5,560 @@
 
 namespace meshc_generated {
 
+// The shapes the kernel calls take and the loop nests the classes share.
+static const support::Shape kShape0 = {2, 16, 32};
+static const support::Shape kShape1 = {0, 0, 1};
+static const support::Shape kShape2 = {16, 1, 0};
+static const support::Shape kShape3 = {2, 16};
+static const support::Shape kShape4 = {512, 32};
+static const support::Shape kShape5 = {32};
+static const support::Shape kShape6 = {1};
+static const support::Shape kShape7 = {2, 2, 16};
+static const support::Shape kShape8 = {512, 256, 16};
+static const support::Shape kShape9 = {16};
+static const support::Shape kShape10 = {};
+static const support::Shape kShape11 = {16, 1};
+static const support::Shape kShape12 = {16, 32};
+static const support::Shape kShape13 = {32, 1};
+static const support::Shape kShape14 = {2};
+static const support::Shape kShape15 = {512};
+static const support::Shape kShape16 = {32, 32};
+static const support::Shape kShape17 = {0, 1};
+static const support::Shape kShape18 = {0, 0};
+static const support::SharedEinsum
+    kEinsum0({{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
+static const support::SharedEinsum
+    kEinsum1({{2, 16, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
+static const support::SharedEinsum
+    kEinsum2({{2, 16, 2, 8, 16}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
+static const support::SharedEinsum
+    kEinsum3({{2, 2, 16, 16, 8}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 2, 1, 4}, {}}});
+static const support::SharedEinsum
+    kEinsum4({{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 4}, {}}});
+static const support::SharedEinsum
+    kEinsum5({{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
+static const support::SharedEinsum
+    kEinsum6({{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
+static const support::SharedEinsum
+    kEinsum7({{2, 16, 32, 2, 8}, {{{0, 1, 2}, {}}, {{3, 4, 2}, {}}}, {{0, 1, 3, 4}, {}}});
+static const support::SharedEinsum
+    kEinsum8({{2, 16, 32, 2, 8}, {{{0, 1, 2}, {}}, {{0, 1, 3, 4}, {}}}, {{3, 4, 2}, {}}});
+static const support::SharedEinsum
+    kEinsum9({{2, 16, 2, 8, 16}, {{{0, 1, 2, 3}, {}}, {{0, 2, 1, 4}, {}}}, {{0, 4, 2, 3}, {}}});
+static const support::SharedEinsum
+    kEinsum10({{2, 2, 16, 16, 8}, {{{0, 1, 2, 3}, {}}, {{0, 2, 1, 4}, {}}}, {{0, 3, 1, 4}, {}}});
+static const support::SharedEinsum
+    kEinsum11({{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
+static const support::SharedEinsum
+    kEinsum12({{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
+
+[[gnu::noinline]] static void loop0(float *__restrict p0, const float *__restrict p1,
+                                    const float *__restrict p2) {
+  for (int64_t i0 = 0; i0 < 2; ++i0) {
+    for (int64_t i1 = 0; i1 < 512; ++i1) {
+      const float s0 = p1[i0 * 512 + i1];
+      const float s1 = p2[i1];
+      const float s2 = (s0 + s1);
+      p0[i0 * 512 + i1] = s2;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop1(float *__restrict p0, const float *__restrict p1,
+                                    const float *__restrict p2, const float *__restrict p3) {
+  for (int64_t i0 = 0; i0 < 32; ++i0) {
+    for (int64_t i1 = 0; i1 < 32; ++i1) {
+      const float s0 = p1[i0 * 32 + i1];
+      const float s1 = p2[i1];
+      const float s2 = (s0 * s1);
+      const float s3 = p3[i1];
+      const float s4 = (s2 + s3);
+      p0[i0 * 32 + i1] = s4;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop2(float *__restrict p0, const float *__restrict p1) {
+  for (int64_t i0 = 0; i0 < 32; ++i0) {
+    for (int64_t i1 = 0; i1 < 32; ++i1) {
+      const float s0 = p1[i0 + i1 * 32];
+      const float s1 = s0;
+      p0[i0 * 32 + i1] = s1;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop3(float *__restrict p0, const float *__restrict p1,
+                                    const float *__restrict p2) {
+  for (int64_t i0 = 0; i0 < 32; ++i0) {
+    for (int64_t i1 = 0; i1 < 32; ++i1) {
+      const float s0 = p1[i0 * 32 + i1];
+      const float s1 = p2[i1];
+      const float s2 = (s0 + s1);
+      const float s3 = support::fgelu(s2);
+      p0[i0 * 32 + i1] = s3;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop4(float *__restrict p0, const float *__restrict p1,
+                                    const float *__restrict p2) {
+  for (int64_t i0 = 0; i0 < 32; ++i0) {
+    for (int64_t i1 = 0; i1 < 32; ++i1) {
+      const float s0 = p1[i0 * 32 + i1];
+      const float s1 = p2[i1];
+      const float s2 = (s0 + s1);
+      p0[i0 * 32 + i1] = s2;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop5(float *__restrict p0, const float *__restrict p1,
+                                    const float *__restrict p2) {
+  for (int64_t i0 = 0; i0 < 1024; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = p2[i0];
+    const float s2 = (s0 + s1);
+    p0[i0] = s2;
+  }
+}
+
+[[gnu::noinline]] static void loop6(float *__restrict p0, const float *__restrict p1,
+                                    const float *__restrict p2, const float *__restrict p3) {
+  for (int64_t i0 = 0; i0 < 32; ++i0) {
+    for (int64_t i1 = 0; i1 < 32; ++i1) {
+      const float s0 = p1[i0 * 32 + i1];
+      const float s1 = p2[i1];
+      const float s2 = (s0 + s1);
+      const float s3 = p3[i0 * 32 + i1];
+      const float s4 = (s3 + s2);
+      p0[i0 * 32 + i1] = s4;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop7(float *__restrict p0, float *__restrict p1,
+                                    const float *__restrict p2, const float *__restrict p3,
+                                    const float *__restrict p4, const float *__restrict p5) {
+  for (int64_t i0 = 0; i0 < 32; ++i0) {
+    const float s0 = p2[i0];
+    const float s1 = support::wrapI32(0.0);
+    const float s2 = support::wrapI32(double((double(s0) * double(s1))));
+    const float s3 = support::wrapI32(3.0);
+    const float s4 = support::wrapI32(double((double(s2) + double(s3))));
+    const float s5 = p3[i0];
+    const float s6 = 0.9f;
+    const float s7 = (s5 < s6 ? 1.0f : 0.0f);
+    const float s8 = p3[i0];
+    const float s9 = 0.8f;
+    const float s10 = (s8 < s9 ? 1.0f : 0.0f);
+    const float s11 = p4[i0];
+    const float s12 = 0.15f;
+    const float s13 = (s11 < s12 ? 1.0f : 0.0f);
+    const float s14 = support::wrapI32(double((double(s13) * double(s10))));
+    const float s15 = support::wrapI32(double((double(s13) * double(s7))));
+    const float s16 = p5[i0];
+    const float s17 = p2[i0];
+    const float s18 = (s15 != 0 ? s16 : s17);
+    const float s19 = (s14 != 0 ? s4 : s18);
+    const float s20 = s13;
+    p0[i0] = s19;
+    p1[i0] = s20;
+  }
+}
+
+[[gnu::noinline]] static void loop8(float *__restrict p0, float *__restrict p1,
+                                    const float *__restrict p2, const float *__restrict p3) {
+  for (int64_t i0 = 0; i0 < 32; ++i0) {
+    for (int64_t i1 = 0; i1 < 32; ++i1) {
+      const float s0 = p2[i0 * 32 + i1];
+      const float s1 = p3[i1];
+      const float s2 = (s0 + s1);
+      const float s3 = support::fgelu(s2);
+      p0[i0 * 32 + i1] = s2;
+      p1[i0 * 32 + i1] = s3;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop9(float *__restrict p0, const float *__restrict p1,
+                                    const float *__restrict p2) {
+  for (int64_t i0 = 0; i0 < 1024; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = p2[i0];
+    const float s2 = (s0 * s1);
+    p0[i0] = s2;
+  }
+}
+
+[[gnu::noinline]] static void loop10(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2) {
+  for (int64_t i0 = 0; i0 < 32; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = -s0;
+    const float s2 = p2[i0];
+    const float s3 = (s1 * s2);
+    p0[i0] = s3;
+  }
+}
+
+[[gnu::noinline]] static void loop11(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2, const float *__restrict p3,
+                                     const float *__restrict p4, const float *__restrict p5) {
+  const float r0 = p1[0];
+  for (int64_t i0 = 0; i0 < 32; ++i0) {
+    for (int64_t i1 = 0; i1 < 32; ++i1) {
+      const float s0 = 1.0f;
+      const float s1 = r0;
+      const float s2 = (s0 / s1);
+      const float s3 = s2;
+      const float s4 = p2[i0];
+      const float s5 = (s3 * s4);
+      const float s6 = -s5;
+      const float s7 = p3[i0];
+      const float s8 = support::wrapI32(64.0);
+      const float s9 = (s7 < s8 ? 1.0f : 0.0f);
+      const float s10 = p3[i0];
+      const float s11 = support::wrapI32(0.0);
+      const float s12 = (s10 >= s11 ? 1.0f : 0.0f);
+      const float s13 = support::wrapI32(double((double(s12) * double(s9))));
+      const float s14 = s13;
+      const float s15 = (s6 * s14);
+      const float s16 = p4[i0 * 32 + i1];
+      const float s17 = support::fexp(s16);
+      const float s18 = (s17 * s15);
+      const float s19 = s6;
+      const float s20 = p5[i0 * 32 + i1];
+      const float s21 = (s19 * s20);
+      const float s22 = (s21 - s18);
+      p0[i0 * 32 + i1] = s22;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop12(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2, const float *__restrict p3,
+                                     const float *__restrict p4, const float *__restrict p5,
+                                     const float *__restrict p6) {
+  for (int64_t i0 = 0; i0 < 32; ++i0) {
+    for (int64_t i1 = 0; i1 < 32; ++i1) {
+      const float s0 = p1[i0 * 32 + i1];
+      const float s1 = s0 * s0;
+      const float s2 = p1[i0 * 32 + i1];
+      const float s3 = (s2 * s1);
+      const float s4 = 0.044715f;
+      const float s5 = (s3 * s4);
+      const float s6 = p1[i0 * 32 + i1];
+      const float s7 = (s6 + s5);
+      const float s8 = 0.7978846f;
+      const float s9 = (s7 * s8);
+      const float s10 = support::ftanh(s9);
+      const float s11 = 1.0f;
+      const float s12 = (s10 + s11);
+      const float s13 = 0.5f;
+      const float s14 = (s12 * s13);
+      const float s15 = 0.134145f;
+      const float s16 = (s1 * s15);
+      const float s17 = 1.0f;
+      const float s18 = (s16 + s17);
+      const float s19 = s10 * s10;
+      const float s20 = 1.0f;
+      const float s21 = (s20 - s19);
+      const float s22 = p1[i0 * 32 + i1];
+      const float s23 = (s22 * s21);
+      const float s24 = (s23 * s18);
+      const float s25 = 0.3989423f;
+      const float s26 = (s24 * s25);
+      const float s27 = (s14 + s26);
+      const float s28 = p2[i0 * 32 + i1];
+      const float s29 = p3[i0];
+      const float s30 = (s28 * s29);
+      const float s31 = p4[i0 * 32 + i1];
+      const float s32 = p5[i0];
+      const float s33 = (s31 - s32);
+      const float s34 = (s33 - s30);
+      const float s35 = p6[i0];
+      const float s36 = (s34 * s35);
+      const float s37 = (s36 * s27);
+      p0[i0 * 32 + i1] = s37;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop13(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2, const float *__restrict p3,
+                                     const float *__restrict p4, const float *__restrict p5) {
+  for (int64_t i0 = 0; i0 < 32; ++i0) {
+    for (int64_t i1 = 0; i1 < 32; ++i1) {
+      const float s0 = p1[i0 * 32 + i1];
+      const float s1 = p2[i0];
+      const float s2 = (s0 * s1);
+      const float s3 = p3[i0 * 32 + i1];
+      const float s4 = p4[i0];
+      const float s5 = (s3 - s4);
+      const float s6 = (s5 - s2);
+      const float s7 = p5[i0];
+      const float s8 = (s6 * s7);
+      p0[i0 * 32 + i1] = s8;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop14(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2) {
+  for (int64_t i0 = 0; i0 < 32; ++i0) {
+    for (int64_t i1 = 0; i1 < 32; ++i1) {
+      const float s0 = p1[i0 + i1 * 32];
+      const float s1 = s0;
+      const float s2 = p2[i0 * 32 + i1];
+      const float s3 = (s1 + s2);
+      p0[i0 * 32 + i1] = s3;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop15(float *__restrict p0, float *__restrict p1,
+                                     float *__restrict p2, const float *__restrict p3,
+                                     const float *__restrict p4, const float *__restrict p5,
+                                     const float *__restrict p6) {
+  const float r3 = p4[0];
+  const float r5 = p5[0];
+  const float r6 = p6[0];
+  for (int64_t i0 = 0; i0 < 1024; ++i0) {
+    const float s0 = p2[i0];
+    const float s1 = 0.01f;
+    const float s2 = (s0 * s1);
+    const float s3 = p3[i0];
+    const float s4 = s3 * s3;
+    const float s5 = 0.01999998f;
+    const float s6 = (s4 * s5);
+    const float s7 = p0[i0];
+    const float s8 = 0.98f;
+    const float s9 = (s7 * s8);
+    const float s10 = (s9 + s6);
+    const float s11 = r3;
+    const float s12 = (s10 / s11);
+    const float s13 = support::fsqrt(s12);
+    const float s14 = 1e-06f;
+    const float s15 = (s13 + s14);
+    const float s16 = p3[i0];
+    const float s17 = 0.100000024f;
+    const float s18 = (s16 * s17);
+    const float s19 = p1[i0];
+    const float s20 = 0.9f;
+    const float s21 = (s19 * s20);
+    const float s22 = (s21 + s18);
+    const float s23 = r5;
+    const float s24 = (s22 / s23);
+    const float s25 = (s24 / s15);
+    const float s26 = (s25 + s2);
+    const float s27 = r6;
+    const float s28 = (s26 * s27);
+    const float s29 = p2[i0];
+    const float s30 = (s29 - s28);
+    p0[i0] = s10;
+    p1[i0] = s22;
+    p2[i0] = s30;
+  }
+}
+
+[[gnu::noinline]] static void loop16(float *__restrict p0, float *__restrict p1,
+                                     float *__restrict p2, const float *__restrict p3,
+                                     const float *__restrict p4, const float *__restrict p5,
+                                     const float *__restrict p6) {
+  const float r3 = p4[0];
+  const float r5 = p5[0];
+  const float r6 = p6[0];
+  for (int64_t i0 = 0; i0 < 512; ++i0) {
+    const float s0 = p2[i0];
+    const float s1 = 0.01f;
+    const float s2 = (s0 * s1);
+    const float s3 = p3[i0];
+    const float s4 = s3 * s3;
+    const float s5 = 0.01999998f;
+    const float s6 = (s4 * s5);
+    const float s7 = p0[i0];
+    const float s8 = 0.98f;
+    const float s9 = (s7 * s8);
+    const float s10 = (s9 + s6);
+    const float s11 = r3;
+    const float s12 = (s10 / s11);
+    const float s13 = support::fsqrt(s12);
+    const float s14 = 1e-06f;
+    const float s15 = (s13 + s14);
+    const float s16 = p3[i0];
+    const float s17 = 0.100000024f;
+    const float s18 = (s16 * s17);
+    const float s19 = p1[i0];
+    const float s20 = 0.9f;
+    const float s21 = (s19 * s20);
+    const float s22 = (s21 + s18);
+    const float s23 = r5;
+    const float s24 = (s22 / s23);
+    const float s25 = (s24 / s15);
+    const float s26 = (s25 + s2);
+    const float s27 = r6;
+    const float s28 = (s26 * s27);
+    const float s29 = p2[i0];
+    const float s30 = (s29 - s28);
+    p0[i0] = s10;
+    p1[i0] = s22;
+    p2[i0] = s30;
+  }
+}
+
+[[gnu::noinline]] static void loop17(float *__restrict p0, float *__restrict p1,
+                                     float *__restrict p2, const float *__restrict p3,
+                                     const float *__restrict p4, const float *__restrict p5,
+                                     const float *__restrict p6) {
+  const float r3 = p4[0];
+  const float r5 = p5[0];
+  const float r6 = p6[0];
+  for (int64_t i0 = 0; i0 < 32; ++i0) {
+    const float s0 = p2[i0];
+    const float s1 = 0.01f;
+    const float s2 = (s0 * s1);
+    const float s3 = p3[i0];
+    const float s4 = s3 * s3;
+    const float s5 = 0.01999998f;
+    const float s6 = (s4 * s5);
+    const float s7 = p0[i0];
+    const float s8 = 0.98f;
+    const float s9 = (s7 * s8);
+    const float s10 = (s9 + s6);
+    const float s11 = r3;
+    const float s12 = (s10 / s11);
+    const float s13 = support::fsqrt(s12);
+    const float s14 = 1e-06f;
+    const float s15 = (s13 + s14);
+    const float s16 = p3[i0];
+    const float s17 = 0.100000024f;
+    const float s18 = (s16 * s17);
+    const float s19 = p1[i0];
+    const float s20 = 0.9f;
+    const float s21 = (s19 * s20);
+    const float s22 = (s21 + s18);
+    const float s23 = r5;
+    const float s24 = (s22 / s23);
+    const float s25 = (s24 / s15);
+    const float s26 = (s25 + s2);
+    const float s27 = r6;
+    const float s28 = (s26 * s27);
+    const float s29 = p2[i0];
+    const float s30 = (s29 - s28);
+    p0[i0] = s10;
+    p1[i0] = s22;
+    p2[i0] = s30;
+  }
+}
+
+[[gnu::noinline]] static void loop18(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2) {
+  for (int64_t i0 = 0; i0 < 1024; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = s0 * s0;
+    const float s2 = p1[i0];
+    const float s3 = (s2 * s1);
+    const float s4 = 0.044715f;
+    const float s5 = (s3 * s4);
+    const float s6 = p1[i0];
+    const float s7 = (s6 + s5);
+    const float s8 = 0.7978846f;
+    const float s9 = (s7 * s8);
+    const float s10 = support::ftanh(s9);
+    const float s11 = 1.0f;
+    const float s12 = (s10 + s11);
+    const float s13 = 0.5f;
+    const float s14 = (s12 * s13);
+    const float s15 = 0.134145f;
+    const float s16 = (s1 * s15);
+    const float s17 = 1.0f;
+    const float s18 = (s16 + s17);
+    const float s19 = s10 * s10;
+    const float s20 = 1.0f;
+    const float s21 = (s20 - s19);
+    const float s22 = p1[i0];
+    const float s23 = (s22 * s21);
+    const float s24 = (s23 * s18);
+    const float s25 = 0.3989423f;
+    const float s26 = (s24 * s25);
+    const float s27 = (s14 + s26);
+    const float s28 = p2[i0];
+    const float s29 = (s28 * s27);
+    p0[i0] = s29;
+  }
+}
+
+[[gnu::noinline]] static void loop19(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2) {
+  for (int64_t i0 = 0; i0 < 32; ++i0) {
+    for (int64_t i1 = 0; i1 < 32; ++i1) {
+      const float s0 = p1[i0 * 32 + i1];
+      const float s1 = p2[i0];
+      const float s2 = (s0 - s1);
+      const float s3 = s2 * s2;
+      p0[i0 * 32 + i1] = s3;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop20(float *__restrict p0, const float *__restrict p1) {
+  for (int64_t i0 = 0; i0 < 32; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = 1e-12f;
+    const float s2 = (s0 + s1);
+    const float s3 = 1.0f / support::fsqrt(s2);
+    p0[i0] = s3;
+  }
+}
+
+[[gnu::noinline]] static void loop21(float *__restrict p0, float *__restrict p1,
+                                     const float *__restrict p2, const float *__restrict p3,
+                                     const float *__restrict p4) {
+  for (int64_t i0 = 0; i0 < 32; ++i0) {
+    for (int64_t i1 = 0; i1 < 32; ++i1) {
+      const float s0 = p2[i0 * 32 + i1];
+      const float s1 = p3[i1];
+      const float s2 = (s0 * s1);
+      const float s3 = p4[i0 * 32 + i1];
+      const float s4 = (s2 * s3);
+      p0[i0 * 32 + i1] = s2;
+      p1[i0 * 32 + i1] = s4;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop22(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2, const float *__restrict p3) {
+  for (int64_t i0 = 0; i0 < 64; ++i0) {
+    for (int64_t i1 = 0; i1 < 16; ++i1) {
+      const float s0 = p1[i0 * 16 + i1];
+      const float s1 = p2[i0];
+      const float s2 = (s0 - s1);
+      const float s3 = p3[i0 * 16 + i1];
+      const float s4 = (s3 * s2);
+      const float s5 = 0.35355f;
+      const float s6 = (s4 * s5);
+      p0[i0 * 16 + i1] = s6;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop23(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2, const float *__restrict p3,
+                                     const float *__restrict p4) {
+  for (int64_t i0 = 0; i0 < 1024; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = p2[i0];
+    const float s2 = (s0 + s1);
+    const float s3 = p3[i0];
+    const float s4 = (s2 + s3);
+    const float s5 = p4[i0];
+    const float s6 = (s4 + s5);
+    p0[i0] = s6;
+  }
+}
+
 //===--- program `mlm` ---===//
 
 meshrt::Mesh Mlm::mesh() { return meshrt::Mesh({{"data", 2}, {"model", 2}}); }
@@ -18,210 +572,166 @@ support::Shape Mlm::inputShape(const std::string &name) {
   throw std::invalid_argument("mlm: no input named '" + name + "'");
 }
 
+/// `mlm`'s params: paths, dims and layouts (its constructor and paramShards() read it).
+static constexpr support::ParamSpec kMlmParams[] = {
+    {"embedding", false, "f32", "vocab:64:32:model d_model:32:32:"},
+    {"roberta/positions", false, "f32", "length:16:16: d_model:32:32:"},
+    {"roberta/norm/gain", false, "f32", "d_model:32:32:"},
+    {"roberta/norm/bias", false, "f32", "d_model:32:32:"},
+    {"roberta/encoder_layer[0]/self_attention/q", false, "f32",
+     "d_model:32:32: heads:4:2:model d_kv:8:8:"},
+    {"roberta/encoder_layer[0]/self_attention/k", false, "f32",
+     "d_model:32:32: heads:4:2:model d_kv:8:8:"},
+    {"roberta/encoder_layer[0]/self_attention/v", false, "f32",
+     "d_model:32:32: heads:4:2:model d_kv:8:8:"},
+    {"roberta/encoder_layer[0]/self_attention/o", false, "f32",
+     "heads:4:2:model d_kv:8:8: d_model:32:32:"},
+    {"roberta/encoder_layer[0]/norm/gain", false, "f32", "d_model:32:32:"},
+    {"roberta/encoder_layer[0]/norm/bias", false, "f32", "d_model:32:32:"},
+    {"roberta/encoder_layer[0]/dense_relu_dense/wi", false, "f32",
+     "d_model:32:32: d_ff:64:32:model"},
+    {"roberta/encoder_layer[0]/dense_relu_dense/bi", false, "f32", "d_ff:64:32:model"},
+    {"roberta/encoder_layer[0]/dense_relu_dense/wo", false, "f32",
+     "d_ff:64:32:model d_model:32:32:"},
+    {"roberta/encoder_layer[0]/dense_relu_dense/bo", false, "f32", "d_model:32:32:"},
+    {"roberta/encoder_layer[0]/norm#1/gain", false, "f32", "d_model:32:32:"},
+    {"roberta/encoder_layer[0]/norm#1/bias", false, "f32", "d_model:32:32:"},
+    {"roberta/encoder_layer[1]/self_attention/q", false, "f32",
+     "d_model:32:32: heads:4:2:model d_kv:8:8:"},
+    {"roberta/encoder_layer[1]/self_attention/k", false, "f32",
+     "d_model:32:32: heads:4:2:model d_kv:8:8:"},
+    {"roberta/encoder_layer[1]/self_attention/v", false, "f32",
+     "d_model:32:32: heads:4:2:model d_kv:8:8:"},
+    {"roberta/encoder_layer[1]/self_attention/o", false, "f32",
+     "heads:4:2:model d_kv:8:8: d_model:32:32:"},
+    {"roberta/encoder_layer[1]/norm/gain", false, "f32", "d_model:32:32:"},
+    {"roberta/encoder_layer[1]/norm/bias", false, "f32", "d_model:32:32:"},
+    {"roberta/encoder_layer[1]/dense_relu_dense/wi", false, "f32",
+     "d_model:32:32: d_ff:64:32:model"},
+    {"roberta/encoder_layer[1]/dense_relu_dense/bi", false, "f32", "d_ff:64:32:model"},
+    {"roberta/encoder_layer[1]/dense_relu_dense/wo", false, "f32",
+     "d_ff:64:32:model d_model:32:32:"},
+    {"roberta/encoder_layer[1]/dense_relu_dense/bo", false, "f32", "d_model:32:32:"},
+    {"roberta/encoder_layer[1]/norm#1/gain", false, "f32", "d_model:32:32:"},
+    {"roberta/encoder_layer[1]/norm#1/bias", false, "f32", "d_model:32:32:"},
+    {"roberta/lm_head/dense", false, "f32", "d_model:32:32: d_out:32:32:"},
+    {"roberta/lm_head/dense_bias", false, "f32", "d_out:32:32:"},
+    {"roberta/lm_head/output_bias", false, "f32", "vocab:64:32:model"},
+    {"roberta/lm_head/norm/gain", false, "f32", "d_model:32:32:"},
+    {"roberta/lm_head/norm/bias", false, "f32", "d_model:32:32:"}};
+
 Mlm::Mlm(meshrt::Communicator &world, uint64_t seed)
     : world_(support::checkedWorld(world, mesh(), "mlm")), seed_(seed),
       group_model(world_.subgroup(std::vector<std::string>{"model"})) {
-  // embedding: normal (roberta.mesh:29)
-  param0_embedding.resize(1024);
-  {
-    const meshrt::kernels::Shard shard{
-        {64, 32}, {support::shardStart(world_, {"model"}, 32), 0}, {32, 32}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
-    support::fillParam(param0_embedding.data(), shard, seed, "embedding", init,
-                       meshrt::kernels::ValueType::F32);
-  }
-  // roberta/positions: normal (roberta.mesh:30)
-  param1_roberta_positions.resize(512);
-  {
-    const meshrt::kernels::Shard shard{{16, 32}, {0, 0}, {16, 32}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
-    support::fillParam(param1_roberta_positions.data(), shard, seed, "roberta/positions", init,
-                       meshrt::kernels::ValueType::F32);
-  }
-  // roberta/norm/gain: ones (encoder_layers.mesh:17)
-  param2_roberta_norm_gain.assign(32, support::roundValue(support::DType::F32, 1.0));
-  // roberta/norm/bias: zeros (encoder_layers.mesh:18)
-  param3_roberta_norm_bias.assign(32, support::roundValue(support::DType::F32, 0.0));
-  // roberta/encoder_layer[0]/self_attention/q: normal (encoder_layers.mesh:24)
-  param4_roberta_encoder_layer_0_self_attention_q.resize(512);
-  {
-    const meshrt::kernels::Shard shard{
-        {32, 4, 8}, {0, support::shardStart(world_, {"model"}, 2), 0}, {32, 2, 8}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
-    support::fillParam(param4_roberta_encoder_layer_0_self_attention_q.data(), shard, seed,
-                       "roberta/encoder_layer[0]/self_attention/q", init,
-                       meshrt::kernels::ValueType::F32);
-  }
-  // roberta/encoder_layer[0]/self_attention/k: normal (encoder_layers.mesh:25)
-  param5_roberta_encoder_layer_0_self_attention_k.resize(512);
-  {
-    const meshrt::kernels::Shard shard{
-        {32, 4, 8}, {0, support::shardStart(world_, {"model"}, 2), 0}, {32, 2, 8}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
-    support::fillParam(param5_roberta_encoder_layer_0_self_attention_k.data(), shard, seed,
-                       "roberta/encoder_layer[0]/self_attention/k", init,
-                       meshrt::kernels::ValueType::F32);
-  }
-  // roberta/encoder_layer[0]/self_attention/v: normal (encoder_layers.mesh:26)
-  param6_roberta_encoder_layer_0_self_attention_v.resize(512);
-  {
-    const meshrt::kernels::Shard shard{
-        {32, 4, 8}, {0, support::shardStart(world_, {"model"}, 2), 0}, {32, 2, 8}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
-    support::fillParam(param6_roberta_encoder_layer_0_self_attention_v.data(), shard, seed,
-                       "roberta/encoder_layer[0]/self_attention/v", init,
-                       meshrt::kernels::ValueType::F32);
-  }
-  // roberta/encoder_layer[0]/self_attention/o: normal (encoder_layers.mesh:27)
-  param7_roberta_encoder_layer_0_self_attention_o.resize(512);
-  {
-    const meshrt::kernels::Shard shard{
-        {4, 8, 32}, {support::shardStart(world_, {"model"}, 2), 0, 0}, {2, 8, 32}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
-    support::fillParam(param7_roberta_encoder_layer_0_self_attention_o.data(), shard, seed,
-                       "roberta/encoder_layer[0]/self_attention/o", init,
-                       meshrt::kernels::ValueType::F32);
-  }
-  // roberta/encoder_layer[0]/norm/gain: ones (encoder_layers.mesh:17)
-  param8_roberta_encoder_layer_0_norm_gain.assign(32,
-                                                  support::roundValue(support::DType::F32, 1.0));
-  // roberta/encoder_layer[0]/norm/bias: zeros (encoder_layers.mesh:18)
-  param9_roberta_encoder_layer_0_norm_bias.assign(32,
-                                                  support::roundValue(support::DType::F32, 0.0));
-  // roberta/encoder_layer[0]/dense_relu_dense/wi: normal (encoder_layers.mesh:41)
-  param10_roberta_encoder_layer_0_dense_relu_dense_wi.resize(1024);
-  {
-    const meshrt::kernels::Shard shard{
-        {32, 64}, {0, support::shardStart(world_, {"model"}, 32)}, {32, 32}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
-    support::fillParam(param10_roberta_encoder_layer_0_dense_relu_dense_wi.data(), shard, seed,
-                       "roberta/encoder_layer[0]/dense_relu_dense/wi", init,
-                       meshrt::kernels::ValueType::F32);
-  }
-  // roberta/encoder_layer[0]/dense_relu_dense/bi: zeros (encoder_layers.mesh:42)
-  param11_roberta_encoder_layer_0_dense_relu_dense_bi.assign(
-      32, support::roundValue(support::DType::F32, 0.0));
-  // roberta/encoder_layer[0]/dense_relu_dense/wo: normal (encoder_layers.mesh:43)
-  param12_roberta_encoder_layer_0_dense_relu_dense_wo.resize(1024);
-  {
-    const meshrt::kernels::Shard shard{
-        {64, 32}, {support::shardStart(world_, {"model"}, 32), 0}, {32, 32}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
-    support::fillParam(param12_roberta_encoder_layer_0_dense_relu_dense_wo.data(), shard, seed,
-                       "roberta/encoder_layer[0]/dense_relu_dense/wo", init,
-                       meshrt::kernels::ValueType::F32);
-  }
-  // roberta/encoder_layer[0]/dense_relu_dense/bo: zeros (encoder_layers.mesh:44)
-  param13_roberta_encoder_layer_0_dense_relu_dense_bo.assign(
-      32, support::roundValue(support::DType::F32, 0.0));
-  // roberta/encoder_layer[0]/norm#1/gain: ones (encoder_layers.mesh:17)
-  param14_roberta_encoder_layer_0_norm_1_gain.assign(32,
-                                                     support::roundValue(support::DType::F32, 1.0));
-  // roberta/encoder_layer[0]/norm#1/bias: zeros (encoder_layers.mesh:18)
-  param15_roberta_encoder_layer_0_norm_1_bias.assign(32,
-                                                     support::roundValue(support::DType::F32, 0.0));
-  // roberta/encoder_layer[1]/self_attention/q: normal (encoder_layers.mesh:24)
-  param16_roberta_encoder_layer_1_self_attention_q.resize(512);
-  {
-    const meshrt::kernels::Shard shard{
-        {32, 4, 8}, {0, support::shardStart(world_, {"model"}, 2), 0}, {32, 2, 8}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
-    support::fillParam(param16_roberta_encoder_layer_1_self_attention_q.data(), shard, seed,
-                       "roberta/encoder_layer[1]/self_attention/q", init,
-                       meshrt::kernels::ValueType::F32);
-  }
-  // roberta/encoder_layer[1]/self_attention/k: normal (encoder_layers.mesh:25)
-  param17_roberta_encoder_layer_1_self_attention_k.resize(512);
-  {
-    const meshrt::kernels::Shard shard{
-        {32, 4, 8}, {0, support::shardStart(world_, {"model"}, 2), 0}, {32, 2, 8}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
-    support::fillParam(param17_roberta_encoder_layer_1_self_attention_k.data(), shard, seed,
-                       "roberta/encoder_layer[1]/self_attention/k", init,
-                       meshrt::kernels::ValueType::F32);
-  }
-  // roberta/encoder_layer[1]/self_attention/v: normal (encoder_layers.mesh:26)
-  param18_roberta_encoder_layer_1_self_attention_v.resize(512);
-  {
-    const meshrt::kernels::Shard shard{
-        {32, 4, 8}, {0, support::shardStart(world_, {"model"}, 2), 0}, {32, 2, 8}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
-    support::fillParam(param18_roberta_encoder_layer_1_self_attention_v.data(), shard, seed,
-                       "roberta/encoder_layer[1]/self_attention/v", init,
-                       meshrt::kernels::ValueType::F32);
-  }
-  // roberta/encoder_layer[1]/self_attention/o: normal (encoder_layers.mesh:27)
-  param19_roberta_encoder_layer_1_self_attention_o.resize(512);
-  {
-    const meshrt::kernels::Shard shard{
-        {4, 8, 32}, {support::shardStart(world_, {"model"}, 2), 0, 0}, {2, 8, 32}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
-    support::fillParam(param19_roberta_encoder_layer_1_self_attention_o.data(), shard, seed,
-                       "roberta/encoder_layer[1]/self_attention/o", init,
-                       meshrt::kernels::ValueType::F32);
-  }
-  // roberta/encoder_layer[1]/norm/gain: ones (encoder_layers.mesh:17)
-  param20_roberta_encoder_layer_1_norm_gain.assign(32,
-                                                   support::roundValue(support::DType::F32, 1.0));
-  // roberta/encoder_layer[1]/norm/bias: zeros (encoder_layers.mesh:18)
-  param21_roberta_encoder_layer_1_norm_bias.assign(32,
-                                                   support::roundValue(support::DType::F32, 0.0));
-  // roberta/encoder_layer[1]/dense_relu_dense/wi: normal (encoder_layers.mesh:41)
-  param22_roberta_encoder_layer_1_dense_relu_dense_wi.resize(1024);
-  {
-    const meshrt::kernels::Shard shard{
-        {32, 64}, {0, support::shardStart(world_, {"model"}, 32)}, {32, 32}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
-    support::fillParam(param22_roberta_encoder_layer_1_dense_relu_dense_wi.data(), shard, seed,
-                       "roberta/encoder_layer[1]/dense_relu_dense/wi", init,
-                       meshrt::kernels::ValueType::F32);
-  }
-  // roberta/encoder_layer[1]/dense_relu_dense/bi: zeros (encoder_layers.mesh:42)
-  param23_roberta_encoder_layer_1_dense_relu_dense_bi.assign(
-      32, support::roundValue(support::DType::F32, 0.0));
-  // roberta/encoder_layer[1]/dense_relu_dense/wo: normal (encoder_layers.mesh:43)
-  param24_roberta_encoder_layer_1_dense_relu_dense_wo.resize(1024);
-  {
-    const meshrt::kernels::Shard shard{
-        {64, 32}, {support::shardStart(world_, {"model"}, 32), 0}, {32, 32}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
-    support::fillParam(param24_roberta_encoder_layer_1_dense_relu_dense_wo.data(), shard, seed,
-                       "roberta/encoder_layer[1]/dense_relu_dense/wo", init,
-                       meshrt::kernels::ValueType::F32);
-  }
-  // roberta/encoder_layer[1]/dense_relu_dense/bo: zeros (encoder_layers.mesh:44)
-  param25_roberta_encoder_layer_1_dense_relu_dense_bo.assign(
-      32, support::roundValue(support::DType::F32, 0.0));
-  // roberta/encoder_layer[1]/norm#1/gain: ones (encoder_layers.mesh:17)
-  param26_roberta_encoder_layer_1_norm_1_gain.assign(32,
-                                                     support::roundValue(support::DType::F32, 1.0));
-  // roberta/encoder_layer[1]/norm#1/bias: zeros (encoder_layers.mesh:18)
-  param27_roberta_encoder_layer_1_norm_1_bias.assign(32,
-                                                     support::roundValue(support::DType::F32, 0.0));
-  // roberta/lm_head/dense: normal (roberta.mesh:41)
-  param28_roberta_lm_head_dense.resize(1024);
-  {
-    const meshrt::kernels::Shard shard{{32, 32}, {0, 0}, {32, 32}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
-    support::fillParam(param28_roberta_lm_head_dense.data(), shard, seed, "roberta/lm_head/dense",
-                       init, meshrt::kernels::ValueType::F32);
-  }
-  // roberta/lm_head/dense_bias: zeros (roberta.mesh:42)
-  param29_roberta_lm_head_dense_bias.assign(32, support::roundValue(support::DType::F32, 0.0));
-  // roberta/lm_head/output_bias: zeros (roberta.mesh:44)
-  param30_roberta_lm_head_output_bias.assign(32, support::roundValue(support::DType::F32, 0.0));
-  // roberta/lm_head/norm/gain: ones (encoder_layers.mesh:17)
-  param31_roberta_lm_head_norm_gain.assign(32, support::roundValue(support::DType::F32, 1.0));
-  // roberta/lm_head/norm/bias: zeros (encoder_layers.mesh:18)
-  param32_roberta_lm_head_norm_bias.assign(32, support::roundValue(support::DType::F32, 0.0));
+  static constexpr support::ParamInit inits[] = {
+      // embedding (roberta.mesh:29)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.02}}},
+      // roberta/positions (roberta.mesh:30)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.02}}},
+      // roberta/norm/gain (encoder_layers.mesh:17)
+      {"ones", support::DType::F32, {}},
+      // roberta/norm/bias (encoder_layers.mesh:18)
+      {"zeros", support::DType::F32, {}},
+      // roberta/encoder_layer[0]/self_attention/q (encoder_layers.mesh:24)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.02}}},
+      // roberta/encoder_layer[0]/self_attention/k (encoder_layers.mesh:25)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.02}}},
+      // roberta/encoder_layer[0]/self_attention/v (encoder_layers.mesh:26)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.02}}},
+      // roberta/encoder_layer[0]/self_attention/o (encoder_layers.mesh:27)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.02}}},
+      // roberta/encoder_layer[0]/norm/gain (encoder_layers.mesh:17)
+      {"ones", support::DType::F32, {}},
+      // roberta/encoder_layer[0]/norm/bias (encoder_layers.mesh:18)
+      {"zeros", support::DType::F32, {}},
+      // roberta/encoder_layer[0]/dense_relu_dense/wi (encoder_layers.mesh:41)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.02}}},
+      // roberta/encoder_layer[0]/dense_relu_dense/bi (encoder_layers.mesh:42)
+      {"zeros", support::DType::F32, {}},
+      // roberta/encoder_layer[0]/dense_relu_dense/wo (encoder_layers.mesh:43)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.02}}},
+      // roberta/encoder_layer[0]/dense_relu_dense/bo (encoder_layers.mesh:44)
+      {"zeros", support::DType::F32, {}},
+      // roberta/encoder_layer[0]/norm#1/gain (encoder_layers.mesh:17)
+      {"ones", support::DType::F32, {}},
+      // roberta/encoder_layer[0]/norm#1/bias (encoder_layers.mesh:18)
+      {"zeros", support::DType::F32, {}},
+      // roberta/encoder_layer[1]/self_attention/q (encoder_layers.mesh:24)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.02}}},
+      // roberta/encoder_layer[1]/self_attention/k (encoder_layers.mesh:25)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.02}}},
+      // roberta/encoder_layer[1]/self_attention/v (encoder_layers.mesh:26)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.02}}},
+      // roberta/encoder_layer[1]/self_attention/o (encoder_layers.mesh:27)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.02}}},
+      // roberta/encoder_layer[1]/norm/gain (encoder_layers.mesh:17)
+      {"ones", support::DType::F32, {}},
+      // roberta/encoder_layer[1]/norm/bias (encoder_layers.mesh:18)
+      {"zeros", support::DType::F32, {}},
+      // roberta/encoder_layer[1]/dense_relu_dense/wi (encoder_layers.mesh:41)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.02}}},
+      // roberta/encoder_layer[1]/dense_relu_dense/bi (encoder_layers.mesh:42)
+      {"zeros", support::DType::F32, {}},
+      // roberta/encoder_layer[1]/dense_relu_dense/wo (encoder_layers.mesh:43)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.02}}},
+      // roberta/encoder_layer[1]/dense_relu_dense/bo (encoder_layers.mesh:44)
+      {"zeros", support::DType::F32, {}},
+      // roberta/encoder_layer[1]/norm#1/gain (encoder_layers.mesh:17)
+      {"ones", support::DType::F32, {}},
+      // roberta/encoder_layer[1]/norm#1/bias (encoder_layers.mesh:18)
+      {"zeros", support::DType::F32, {}},
+      // roberta/lm_head/dense (roberta.mesh:41)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.02}}},
+      // roberta/lm_head/dense_bias (roberta.mesh:42)
+      {"zeros", support::DType::F32, {}},
+      // roberta/lm_head/output_bias (roberta.mesh:44)
+      {"zeros", support::DType::F32, {}},
+      // roberta/lm_head/norm/gain (encoder_layers.mesh:17)
+      {"ones", support::DType::F32, {}},
+      // roberta/lm_head/norm/bias (encoder_layers.mesh:18)
+      {"zeros", support::DType::F32, {}}};
+  support::Buffer *const data[] = {&param0_embedding,
+                                   &param1_roberta_positions,
+                                   &param2_roberta_norm_gain,
+                                   &param3_roberta_norm_bias,
+                                   &param4_roberta_encoder_layer_0_self_attention_q,
+                                   &param5_roberta_encoder_layer_0_self_attention_k,
+                                   &param6_roberta_encoder_layer_0_self_attention_v,
+                                   &param7_roberta_encoder_layer_0_self_attention_o,
+                                   &param8_roberta_encoder_layer_0_norm_gain,
+                                   &param9_roberta_encoder_layer_0_norm_bias,
+                                   &param10_roberta_encoder_layer_0_dense_relu_dense_wi,
+                                   &param11_roberta_encoder_layer_0_dense_relu_dense_bi,
+                                   &param12_roberta_encoder_layer_0_dense_relu_dense_wo,
+                                   &param13_roberta_encoder_layer_0_dense_relu_dense_bo,
+                                   &param14_roberta_encoder_layer_0_norm_1_gain,
+                                   &param15_roberta_encoder_layer_0_norm_1_bias,
+                                   &param16_roberta_encoder_layer_1_self_attention_q,
+                                   &param17_roberta_encoder_layer_1_self_attention_k,
+                                   &param18_roberta_encoder_layer_1_self_attention_v,
+                                   &param19_roberta_encoder_layer_1_self_attention_o,
+                                   &param20_roberta_encoder_layer_1_norm_gain,
+                                   &param21_roberta_encoder_layer_1_norm_bias,
+                                   &param22_roberta_encoder_layer_1_dense_relu_dense_wi,
+                                   &param23_roberta_encoder_layer_1_dense_relu_dense_bi,
+                                   &param24_roberta_encoder_layer_1_dense_relu_dense_wo,
+                                   &param25_roberta_encoder_layer_1_dense_relu_dense_bo,
+                                   &param26_roberta_encoder_layer_1_norm_1_gain,
+                                   &param27_roberta_encoder_layer_1_norm_1_bias,
+                                   &param28_roberta_lm_head_dense,
+                                   &param29_roberta_lm_head_dense_bias,
+                                   &param30_roberta_lm_head_output_bias,
+                                   &param31_roberta_lm_head_norm_gain,
+                                   &param32_roberta_lm_head_norm_bias};
+  support::initParams(world_, seed, -1, kMlmParams, inits, data);
 }
 
 Mlm::Outputs Mlm::run(const Inputs &inputs) {
   MESHRT_TRACE_RUN(world_, "mlm");
-  // Arena: 16384 bytes for 135168 bytes of temporaries (placed by liveness).
+  // Arena: 16384 bytes for 159744 bytes of temporaries (placed by liveness).
   support::checkShape("input", "tokens", inputs.tokens, {2, 16});
   runPart0(inputs);
-  support::View v102 = arena_.view(4096, 1024);
+  support::View v102 = arena_.view(0, 1024);
 
   Outputs outputs;
   outputs.logits = support::Tensor{{2, 16, 32}, support::Buffer(v102.begin(), v102.end())};
@@ -237,10 +747,7 @@ void Mlm::runPart0(const Inputs &inputs) {
   const support::Buffer &v1 = param0_embedding;
   const support::Buffer &v0 = inputs.tokens.data;
   support::View v4 = arena_.view(0, 1024);
-  static const support::Shape shape0_1 = {2, 16, 32};
-  static const support::Shape shape0_3 = {0, 0, 1};
-  static const support::Shape shape0_5 = {16, 1, 0};
-  support::gather(v4.data(), shape0_1, v1.data(), shape0_3, v0.data(), shape0_5, 32, 32,
+  support::gather(v4.data(), kShape0, v1.data(), kShape1, v0.data(), kShape2, 32, 32,
                   support::shardStart(world_, {"model"}, 32));
 
   // roberta.mesh:32:40 all_reduce_sum (resolve the partial sum of %4 over model for add at 32:40)
@@ -251,30 +758,23 @@ void Mlm::runPart0(const Inputs &inputs) {
   MESHRT_TRACE("loop", "roberta.mesh:32:40", "forward");
   const support::Buffer &v2 = param1_roberta_positions;
   support::View v6 = arena_.view(4096, 1024);
-  {
-    float *__restrict v6p = v6.data();
-    const float *__restrict v4p = v4.data();
-    const float *__restrict v2p = v2.data();
-    for (int64_t i0 = 0; i0 < 2; ++i0) {
-      for (int64_t i1 = 0; i1 < 512; ++i1) {
-        const float s0 = v4p[i0 * 512 + i1];
-        const float s1 = v2p[i1];
-        const float s2 = (s0 + s1);
-        v6p[i0 * 512 + i1] = s2;
-      }
-    }
-  }
+  loop0(v6.data(), v4.data(), v2.data());
 
   // encoder_layers.mesh:19:10 layer_norm
+  MESHRT_TRACE("layer_norm", "encoder_layers.mesh:19:10", "forward");
+  support::View v9 = arena_.view(0, 1024);
+  support::along(v9.data(), v6.data(), kShape3, kShape4, kShape4, kShape5, kShape6, kShape6,
+                 support::Along::LayerNorm, 1e-12, 32, nullptr);
+
   // encoder_layers.mesh:19:46 mul
   // encoder_layers.mesh:19:53 add -> x
-  MESHRT_TRACE("layer_norm", "encoder_layers.mesh:19:10", "forward");
+  MESHRT_TRACE("loop", "encoder_layers.mesh:19:46", "forward");
   const support::Buffer &v7 = param2_roberta_norm_gain;
   const support::Buffer &v8 = param3_roberta_norm_bias;
-  support::View v11 = arena_.view(0, 1024);
-  support::layerNormAffine(v11.data(), v6.data(), 32, 32, v7.data(), v8.data(), 1e-12, 32);
+  support::View v11 = arena_.view(4096, 1024);
+  loop1(v11.data(), v9.data(), v7.data(), v8.data());
 
-  // 16 statements from encoder_layers.mesh:28:17 einsum -> queries (1 of 2)
+  // 18 statements from encoder_layers.mesh:28:17 einsum -> queries (1 of 2)
   MESHRT_TRACE_SITE("encoder_layers.mesh:28:17");
   const support::Buffer &v12 = param4_roberta_encoder_layer_0_self_attention_q;
   support::View v16 = arena_.view(8192, 512);
@@ -282,30 +782,32 @@ void Mlm::runPart0(const Inputs &inputs) {
   support::View v17 = arena_.view(10240, 512);
   const support::Buffer &v14 = param6_roberta_encoder_layer_0_self_attention_v;
   support::View v19 = arena_.view(12288, 512);
-  support::View v21 = arena_.view(4096, 1024);
+  support::View v21 = arena_.view(0, 1024);
   support::View v24 = arena_.view(8192, 1024);
   support::View v25 = arena_.view(14336, 512);
   const support::Buffer &v15 = param7_roberta_encoder_layer_0_self_attention_o;
-  support::View v26 = arena_.view(4096, 1024);
+  support::View v26 = arena_.view(0, 1024);
   support::View v28 = arena_.view(8192, 1024);
-  support::View v33 = arena_.view(0, 1024);
+  support::View v31 = arena_.view(0, 1024);
   const support::Buffer &v29 = param8_roberta_encoder_layer_0_norm_gain;
   const support::Buffer &v30 = param9_roberta_encoder_layer_0_norm_bias;
+  support::View v33 = arena_.view(4096, 1024);
   const support::Buffer &v34 = param10_roberta_encoder_layer_0_dense_relu_dense_wi;
-  support::View v38 = arena_.view(4096, 1024);
+  support::View v38 = arena_.view(0, 1024);
   const support::Buffer &v35 = param11_roberta_encoder_layer_0_dense_relu_dense_bi;
   support::View v40 = arena_.view(8192, 1024);
   const support::Buffer &v36 = param12_roberta_encoder_layer_0_dense_relu_dense_wo;
-  support::View v41 = arena_.view(4096, 1024);
+  support::View v41 = arena_.view(0, 1024);
   const support::Buffer &v37 = param13_roberta_encoder_layer_0_dense_relu_dense_bo;
   support::View v44 = arena_.view(8192, 1024);
+  support::View v47 = arena_.view(0, 1024);
   const support::Buffer &v45 = param14_roberta_encoder_layer_0_norm_1_gain;
   const support::Buffer &v46 = param15_roberta_encoder_layer_0_norm_1_bias;
-  support::View v49 = arena_.view(0, 1024);
-  repeated0(v11, v12, v16, v13, v17, v14, v19, v21, v24, v25, v15, v26, v28, v33, v29, v30, v34,
-            v38, v35, v40, v36, v41, v37, v44, v49, v45, v46);
+  support::View v49 = arena_.view(4096, 1024);
+  repeated0(v11, v12, v16, v13, v17, v14, v19, v21, v24, v25, v15, v26, v28, v31, v29, v30, v33,
+            v34, v38, v35, v40, v36, v41, v37, v44, v47, v45, v46, v49);
 
-  // 16 statements from encoder_layers.mesh:28:17 einsum -> queries (2 of 2)
+  // 18 statements from encoder_layers.mesh:28:17 einsum -> queries (2 of 2)
   MESHRT_TRACE_SITE("encoder_layers.mesh:28:17");
   const support::Buffer &v50 = param16_roberta_encoder_layer_1_self_attention_q;
   support::View v54 = arena_.view(8192, 512);
@@ -313,173 +815,123 @@ void Mlm::runPart0(const Inputs &inputs) {
   support::View v55 = arena_.view(10240, 512);
   const support::Buffer &v52 = param18_roberta_encoder_layer_1_self_attention_v;
   support::View v57 = arena_.view(12288, 512);
-  support::View v59 = arena_.view(4096, 1024);
+  support::View v59 = arena_.view(0, 1024);
   support::View v62 = arena_.view(8192, 1024);
   support::View v63 = arena_.view(14336, 512);
   const support::Buffer &v53 = param19_roberta_encoder_layer_1_self_attention_o;
-  support::View v64 = arena_.view(4096, 1024);
+  support::View v64 = arena_.view(0, 1024);
   support::View v66 = arena_.view(8192, 1024);
-  support::View v71 = arena_.view(0, 1024);
+  support::View v69 = arena_.view(0, 1024);
   const support::Buffer &v67 = param20_roberta_encoder_layer_1_norm_gain;
   const support::Buffer &v68 = param21_roberta_encoder_layer_1_norm_bias;
+  support::View v71 = arena_.view(4096, 1024);
   const support::Buffer &v72 = param22_roberta_encoder_layer_1_dense_relu_dense_wi;
-  support::View v76 = arena_.view(4096, 1024);
+  support::View v76 = arena_.view(0, 1024);
   const support::Buffer &v73 = param23_roberta_encoder_layer_1_dense_relu_dense_bi;
   support::View v78 = arena_.view(8192, 1024);
   const support::Buffer &v74 = param24_roberta_encoder_layer_1_dense_relu_dense_wo;
-  support::View v79 = arena_.view(4096, 1024);
+  support::View v79 = arena_.view(0, 1024);
   const support::Buffer &v75 = param25_roberta_encoder_layer_1_dense_relu_dense_bo;
   support::View v82 = arena_.view(8192, 1024);
+  support::View v85 = arena_.view(0, 1024);
   const support::Buffer &v83 = param26_roberta_encoder_layer_1_norm_1_gain;
   const support::Buffer &v84 = param27_roberta_encoder_layer_1_norm_1_bias;
-  support::View v87 = arena_.view(0, 1024);
-  repeated0(v49, v50, v54, v51, v55, v52, v57, v59, v62, v63, v53, v64, v66, v71, v67, v68, v72,
-            v76, v73, v78, v74, v79, v75, v82, v87, v83, v84);
+  support::View v87 = arena_.view(4096, 1024);
+  repeated0(v49, v50, v54, v51, v55, v52, v57, v59, v62, v63, v53, v64, v66, v69, v67, v68, v71,
+            v72, v76, v73, v78, v74, v79, v75, v82, v85, v83, v84, v87);
 
   // roberta.mesh:43:9 transpose
   MESHRT_TRACE("loop", "roberta.mesh:43:9", "forward");
-  support::View v90 = arena_.view(4096, 1024);
-  {
-    float *__restrict v90p = v90.data();
-    const float *__restrict v1p = v1.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = v1p[i0 + i1 * 32];
-        const float s1 = s0;
-        v90p[i0 * 32 + i1] = s1;
-      }
-    }
-  }
+  support::View v90 = arena_.view(0, 1024);
+  loop2(v90.data(), v1.data());
 
   // roberta.mesh:46:23 einsum
   MESHRT_TRACE("gemm", "roberta.mesh:46:23", "forward");
   const support::Buffer &v88 = param28_roberta_lm_head_dense;
   support::View v92 = arena_.view(8192, 1024);
   // dims: batch, length, d_model, d_out
-  static const meshrt::kernels::EinsumPlan einsumPlan7(
-      {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan7.run(v87.data(), v88.data(), v92.data(), 1.0f, 0.0f);
+  kEinsum0.plan().run(v87.data(), v88.data(), v92.data(), 1.0f, 0.0f);
 
   // roberta.mesh:46:64 add
   // roberta.mesh:46:18 gelu
   MESHRT_TRACE("loop", "roberta.mesh:46:64", "forward");
   const support::Buffer &v89 = param29_roberta_lm_head_dense_bias;
-  support::View v94 = arena_.view(0, 1024);
-  {
-    float *__restrict v94p = v94.data();
-    const float *__restrict v92p = v92.data();
-    const float *__restrict v89p = v89.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = v92p[i0 * 32 + i1];
-        const float s1 = v89p[i1];
-        const float s2 = (s0 + s1);
-        const float s3 = support::fgelu(s2);
-        v94p[i0 * 32 + i1] = s3;
-      }
-    }
-  }
+  support::View v94 = arena_.view(4096, 1024);
+  loop3(v94.data(), v92.data(), v89.data());
 
   // encoder_layers.mesh:19:10 layer_norm
+  MESHRT_TRACE("layer_norm", "encoder_layers.mesh:19:10", "forward");
+  support::View v98 = arena_.view(8192, 1024);
+  support::along(v98.data(), v94.data(), kShape3, kShape4, kShape4, kShape5, kShape6, kShape6,
+                 support::Along::LayerNorm, 1e-12, 32, nullptr);
+
   // encoder_layers.mesh:19:46 mul
   // encoder_layers.mesh:19:53 add
-  MESHRT_TRACE("layer_norm", "encoder_layers.mesh:19:10", "forward");
+  MESHRT_TRACE("loop", "encoder_layers.mesh:19:46", "forward");
   const support::Buffer &v96 = param31_roberta_lm_head_norm_gain;
   const support::Buffer &v97 = param32_roberta_lm_head_norm_bias;
-  support::View v100 = arena_.view(8192, 1024);
-  support::layerNormAffine(v100.data(), v94.data(), 32, 32, v96.data(), v97.data(), 1e-12, 32);
+  support::View v100 = arena_.view(4096, 1024);
+  loop1(v100.data(), v98.data(), v96.data(), v97.data());
 
   // roberta.mesh:47:10 einsum
   MESHRT_TRACE("gemm", "roberta.mesh:47:10", "forward");
-  support::View v101 = arena_.view(0, 1024);
+  support::View v101 = arena_.view(8192, 1024);
   // dims: batch, length, d_model, vocab
-  static const meshrt::kernels::EinsumPlan einsumPlan10(
-      {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan10.run(v100.data(), v90.data(), v101.data(), 1.0f, 0.0f);
+  kEinsum0.plan().run(v100.data(), v90.data(), v101.data(), 1.0f, 0.0f);
 
   // roberta.mesh:47:57 add -> logits
   MESHRT_TRACE("loop", "roberta.mesh:47:57", "forward");
   const support::Buffer &v91 = param30_roberta_lm_head_output_bias;
-  support::View v102 = arena_.view(4096, 1024);
-  {
-    float *__restrict v102p = v102.data();
-    const float *__restrict v101p = v101.data();
-    const float *__restrict v91p = v91.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = v101p[i0 * 32 + i1];
-        const float s1 = v91p[i1];
-        const float s2 = (s0 + s1);
-        v102p[i0 * 32 + i1] = s2;
-      }
-    }
-  }
+  support::View v102 = arena_.view(0, 1024);
+  loop4(v102.data(), v101.data(), v91.data());
 }
 
 void Mlm::repeated0(support::ConstView a0, support::ConstView a1, support::View a2,
                     support::ConstView a3, support::View a4, support::ConstView a5,
                     support::View a6, support::View a7, support::View a8, support::View a9,
                     support::ConstView a10, support::View a11, support::View a12, support::View a13,
-                    support::ConstView a14, support::ConstView a15, support::ConstView a16,
-                    support::View a17, support::ConstView a18, support::View a19,
-                    support::ConstView a20, support::View a21, support::ConstView a22,
-                    support::View a23, support::View a24, support::ConstView a25,
-                    support::ConstView a26) {
+                    support::ConstView a14, support::ConstView a15, support::View a16,
+                    support::ConstView a17, support::View a18, support::ConstView a19,
+                    support::View a20, support::ConstView a21, support::View a22,
+                    support::ConstView a23, support::View a24, support::View a25,
+                    support::ConstView a26, support::ConstView a27, support::View a28) {
   MESHRT_TRACE_SPAN(world_);
 
   // encoder_layers.mesh:28:17 einsum -> queries
   MESHRT_TRACE("gemm", "encoder_layers.mesh:28:17", "forward");
   // dims: batch, length, d_model, heads, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan0(
-      {{2, 16, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan0.run(a0.data(), a1.data(), a2.data(), 1.0f, 0.0f);
+  kEinsum1.plan().run(a0.data(), a1.data(), a2.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:29:21 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:29:21", "forward");
   // dims: batch, length, d_model, heads, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan1(
-      {{2, 16, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan1.run(a0.data(), a3.data(), a4.data(), 1.0f, 0.0f);
+  kEinsum1.plan().run(a0.data(), a3.data(), a4.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:30:23 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:30:23", "forward");
   // dims: batch, length, d_model, heads, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan2(
-      {{2, 16, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan2.run(a0.data(), a5.data(), a6.data(), 1.0f, 0.0f);
+  kEinsum1.plan().run(a0.data(), a5.data(), a6.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:32:16 einsum
   // encoder_layers.mesh:32:77 mul -> logits
   MESHRT_TRACE("gemm", "encoder_layers.mesh:32:16", "forward");
   // dims: batch, length, heads, d_kv, memory_length
-  static const meshrt::kernels::EinsumPlan einsumPlan3(
-      {{2, 16, 2, 8, 16}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
-  einsumPlan3.run(a2.data(), a4.data(), a7.data(), 0.35355f, 0.0f);
+  kEinsum2.plan().run(a2.data(), a4.data(), a7.data(), 0.35355f, 0.0f);
 
   // encoder_layers.mesh:33:17 softmax -> weights
   MESHRT_TRACE("softmax", "encoder_layers.mesh:33:17", "forward");
-  static const support::Shape shape4_2 = {2, 2, 16};
-  static const support::Shape shape4_3 = {512, 256, 16};
-  static const support::Shape shape4_4 = {512, 256, 16};
-  static const support::Shape shape4_5 = {16};
-  static const support::Shape shape4_6 = {1};
-  static const support::Shape shape4_7 = {1};
-  support::along(a8.data(), a7.data(), shape4_2, shape4_3, shape4_4, shape4_5, shape4_6, shape4_7,
+  support::along(a8.data(), a7.data(), kShape7, kShape8, kShape8, kShape9, kShape6, kShape6,
                  support::Along::Softmax, 1e-05, 16, nullptr);
 
   // encoder_layers.mesh:34:17 einsum -> context
   MESHRT_TRACE("gemm", "encoder_layers.mesh:34:17", "forward");
   // dims: batch, heads, length, memory_length, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan5(
-      {{2, 2, 16, 16, 8}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 2, 1, 4}, {}}});
-  einsumPlan5.run(a8.data(), a6.data(), a9.data(), 1.0f, 0.0f);
+  kEinsum3.plan().run(a8.data(), a6.data(), a9.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:35:10 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:35:10", "forward");
   // dims: batch, length, heads, d_kv, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan6(
-      {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 4}, {}}});
-  einsumPlan6.run(a9.data(), a10.data(), a11.data(), 1.0f, 0.0f);
+  kEinsum4.plan().run(a9.data(), a10.data(), a11.data(), 1.0f, 0.0f);
 
   // roberta.mesh:22:18 all_reduce_sum (resolve the partial sum of %25 over model for add at 22:18)
   MESHRT_TRACE_SITE("roberta.mesh:22:18");
@@ -487,86 +939,52 @@ void Mlm::repeated0(support::ConstView a0, support::ConstView a1, support::View 
 
   // roberta.mesh:22:18 add
   MESHRT_TRACE("loop", "roberta.mesh:22:18", "forward");
-  {
-    float *__restrict a12p = a12.data();
-    const float *__restrict a0p = a0.data();
-    const float *__restrict a11p = a11.data();
-    for (int64_t i0 = 0; i0 < 1024; ++i0) {
-      const float s0 = a0p[i0];
-      const float s1 = a11p[i0];
-      const float s2 = (s0 + s1);
-      a12p[i0] = s2;
-    }
-  }
+  loop5(a12.data(), a0.data(), a11.data());
 
   // encoder_layers.mesh:19:10 layer_norm
+  MESHRT_TRACE("layer_norm", "encoder_layers.mesh:19:10", "forward");
+  support::along(a13.data(), a12.data(), kShape3, kShape4, kShape4, kShape5, kShape6, kShape6,
+                 support::Along::LayerNorm, 1e-12, 32, nullptr);
+
   // encoder_layers.mesh:19:46 mul
   // encoder_layers.mesh:19:53 add -> h
-  MESHRT_TRACE("layer_norm", "encoder_layers.mesh:19:10", "forward");
-  support::layerNormAffine(a13.data(), a12.data(), 32, 32, a14.data(), a15.data(), 1e-12, 32);
+  MESHRT_TRACE("loop", "encoder_layers.mesh:19:46", "forward");
+  loop1(a16.data(), a13.data(), a14.data(), a15.data());
 
   // encoder_layers.mesh:45:16 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:45:16", "forward");
   // dims: batch, length, d_model, d_ff
-  static const meshrt::kernels::EinsumPlan einsumPlan10(
-      {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan10.run(a13.data(), a16.data(), a17.data(), 1.0f, 0.0f);
+  kEinsum0.plan().run(a16.data(), a17.data(), a18.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:45:53 add
   // encoder_layers.mesh:45:11 gelu -> h
   MESHRT_TRACE("loop", "encoder_layers.mesh:45:53", "forward");
-  {
-    float *__restrict a19p = a19.data();
-    const float *__restrict a17p = a17.data();
-    const float *__restrict a18p = a18.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = a17p[i0 * 32 + i1];
-        const float s1 = a18p[i1];
-        const float s2 = (s0 + s1);
-        const float s3 = support::fgelu(s2);
-        a19p[i0 * 32 + i1] = s3;
-      }
-    }
-  }
+  loop3(a20.data(), a18.data(), a19.data());
 
   // encoder_layers.mesh:46:10 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:46:10", "forward");
   // dims: batch, length, d_ff, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan12(
-      {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan12.run(a19.data(), a20.data(), a21.data(), 1.0f, 0.0f);
+  kEinsum0.plan().run(a20.data(), a21.data(), a22.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:46:50 all_reduce_sum (resolve the partial sum of %39 over model for add at
   // 46:50)
   MESHRT_TRACE_SITE("encoder_layers.mesh:46:50");
-  group_model.allReduce(a21.data(), a21.size(), meshrt::ReduceOp::Sum);
+  group_model.allReduce(a22.data(), a22.size(), meshrt::ReduceOp::Sum);
 
   // encoder_layers.mesh:46:50 add
   // roberta.mesh:23:17 add
   MESHRT_TRACE("loop", "encoder_layers.mesh:46:50", "forward");
-  {
-    float *__restrict a23p = a23.data();
-    const float *__restrict a21p = a21.data();
-    const float *__restrict a22p = a22.data();
-    const float *__restrict a13p = a13.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = a21p[i0 * 32 + i1];
-        const float s1 = a22p[i1];
-        const float s2 = (s0 + s1);
-        const float s3 = a13p[i0 * 32 + i1];
-        const float s4 = (s3 + s2);
-        a23p[i0 * 32 + i1] = s4;
-      }
-    }
-  }
+  loop6(a24.data(), a22.data(), a23.data(), a16.data());
 
   // encoder_layers.mesh:19:10 layer_norm
+  MESHRT_TRACE("layer_norm", "encoder_layers.mesh:19:10", "forward");
+  support::along(a25.data(), a24.data(), kShape3, kShape4, kShape4, kShape5, kShape6, kShape6,
+                 support::Along::LayerNorm, 1e-12, 32, nullptr);
+
   // encoder_layers.mesh:19:46 mul
   // encoder_layers.mesh:19:53 add -> x
-  MESHRT_TRACE("layer_norm", "encoder_layers.mesh:19:10", "forward");
-  support::layerNormAffine(a24.data(), a23.data(), 32, 32, a25.data(), a26.data(), 1e-12, 32);
+  MESHRT_TRACE("loop", "encoder_layers.mesh:19:46", "forward");
+  loop1(a28.data(), a25.data(), a26.data(), a27.data());
 }
 
 Mlm::Inputs Mlm::synthesizeInputs(uint64_t seed) const {
@@ -611,39 +1029,40 @@ support::Tensor Mlm::gatherOutput(meshrt::Communicator &world, const std::string
 }
 
 std::vector<std::string> Mlm::paramNames() {
-  return {"embedding",
-          "roberta/positions",
-          "roberta/norm/gain",
-          "roberta/norm/bias",
-          "roberta/encoder_layer[0]/self_attention/q",
-          "roberta/encoder_layer[0]/self_attention/k",
-          "roberta/encoder_layer[0]/self_attention/v",
-          "roberta/encoder_layer[0]/self_attention/o",
-          "roberta/encoder_layer[0]/norm/gain",
-          "roberta/encoder_layer[0]/norm/bias",
-          "roberta/encoder_layer[0]/dense_relu_dense/wi",
-          "roberta/encoder_layer[0]/dense_relu_dense/bi",
-          "roberta/encoder_layer[0]/dense_relu_dense/wo",
-          "roberta/encoder_layer[0]/dense_relu_dense/bo",
-          "roberta/encoder_layer[0]/norm#1/gain",
-          "roberta/encoder_layer[0]/norm#1/bias",
-          "roberta/encoder_layer[1]/self_attention/q",
-          "roberta/encoder_layer[1]/self_attention/k",
-          "roberta/encoder_layer[1]/self_attention/v",
-          "roberta/encoder_layer[1]/self_attention/o",
-          "roberta/encoder_layer[1]/norm/gain",
-          "roberta/encoder_layer[1]/norm/bias",
-          "roberta/encoder_layer[1]/dense_relu_dense/wi",
-          "roberta/encoder_layer[1]/dense_relu_dense/bi",
-          "roberta/encoder_layer[1]/dense_relu_dense/wo",
-          "roberta/encoder_layer[1]/dense_relu_dense/bo",
-          "roberta/encoder_layer[1]/norm#1/gain",
-          "roberta/encoder_layer[1]/norm#1/bias",
-          "roberta/lm_head/dense",
-          "roberta/lm_head/dense_bias",
-          "roberta/lm_head/output_bias",
-          "roberta/lm_head/norm/gain",
-          "roberta/lm_head/norm/bias"};
+  static constexpr const char *names[] = {"embedding",
+                                          "roberta/positions",
+                                          "roberta/norm/gain",
+                                          "roberta/norm/bias",
+                                          "roberta/encoder_layer[0]/self_attention/q",
+                                          "roberta/encoder_layer[0]/self_attention/k",
+                                          "roberta/encoder_layer[0]/self_attention/v",
+                                          "roberta/encoder_layer[0]/self_attention/o",
+                                          "roberta/encoder_layer[0]/norm/gain",
+                                          "roberta/encoder_layer[0]/norm/bias",
+                                          "roberta/encoder_layer[0]/dense_relu_dense/wi",
+                                          "roberta/encoder_layer[0]/dense_relu_dense/bi",
+                                          "roberta/encoder_layer[0]/dense_relu_dense/wo",
+                                          "roberta/encoder_layer[0]/dense_relu_dense/bo",
+                                          "roberta/encoder_layer[0]/norm#1/gain",
+                                          "roberta/encoder_layer[0]/norm#1/bias",
+                                          "roberta/encoder_layer[1]/self_attention/q",
+                                          "roberta/encoder_layer[1]/self_attention/k",
+                                          "roberta/encoder_layer[1]/self_attention/v",
+                                          "roberta/encoder_layer[1]/self_attention/o",
+                                          "roberta/encoder_layer[1]/norm/gain",
+                                          "roberta/encoder_layer[1]/norm/bias",
+                                          "roberta/encoder_layer[1]/dense_relu_dense/wi",
+                                          "roberta/encoder_layer[1]/dense_relu_dense/bi",
+                                          "roberta/encoder_layer[1]/dense_relu_dense/wo",
+                                          "roberta/encoder_layer[1]/dense_relu_dense/bo",
+                                          "roberta/encoder_layer[1]/norm#1/gain",
+                                          "roberta/encoder_layer[1]/norm#1/bias",
+                                          "roberta/lm_head/dense",
+                                          "roberta/lm_head/dense_bias",
+                                          "roberta/lm_head/output_bias",
+                                          "roberta/lm_head/norm/gain",
+                                          "roberta/lm_head/norm/bias"};
+  return {std::begin(names), std::end(names)};
 }
 
 bool Mlm::isOptimizerState(const std::string &path) {
@@ -652,52 +1071,6 @@ bool Mlm::isOptimizerState(const std::string &path) {
 }
 
 std::vector<support::ParamShard> Mlm::paramShards() {
-  static constexpr support::ParamSpec specs[] = {
-      {"embedding", false, "f32", "vocab:64:32:model d_model:32:32:"},
-      {"roberta/positions", false, "f32", "length:16:16: d_model:32:32:"},
-      {"roberta/norm/gain", false, "f32", "d_model:32:32:"},
-      {"roberta/norm/bias", false, "f32", "d_model:32:32:"},
-      {"roberta/encoder_layer[0]/self_attention/q", false, "f32",
-       "d_model:32:32: heads:4:2:model d_kv:8:8:"},
-      {"roberta/encoder_layer[0]/self_attention/k", false, "f32",
-       "d_model:32:32: heads:4:2:model d_kv:8:8:"},
-      {"roberta/encoder_layer[0]/self_attention/v", false, "f32",
-       "d_model:32:32: heads:4:2:model d_kv:8:8:"},
-      {"roberta/encoder_layer[0]/self_attention/o", false, "f32",
-       "heads:4:2:model d_kv:8:8: d_model:32:32:"},
-      {"roberta/encoder_layer[0]/norm/gain", false, "f32", "d_model:32:32:"},
-      {"roberta/encoder_layer[0]/norm/bias", false, "f32", "d_model:32:32:"},
-      {"roberta/encoder_layer[0]/dense_relu_dense/wi", false, "f32",
-       "d_model:32:32: d_ff:64:32:model"},
-      {"roberta/encoder_layer[0]/dense_relu_dense/bi", false, "f32", "d_ff:64:32:model"},
-      {"roberta/encoder_layer[0]/dense_relu_dense/wo", false, "f32",
-       "d_ff:64:32:model d_model:32:32:"},
-      {"roberta/encoder_layer[0]/dense_relu_dense/bo", false, "f32", "d_model:32:32:"},
-      {"roberta/encoder_layer[0]/norm#1/gain", false, "f32", "d_model:32:32:"},
-      {"roberta/encoder_layer[0]/norm#1/bias", false, "f32", "d_model:32:32:"},
-      {"roberta/encoder_layer[1]/self_attention/q", false, "f32",
-       "d_model:32:32: heads:4:2:model d_kv:8:8:"},
-      {"roberta/encoder_layer[1]/self_attention/k", false, "f32",
-       "d_model:32:32: heads:4:2:model d_kv:8:8:"},
-      {"roberta/encoder_layer[1]/self_attention/v", false, "f32",
-       "d_model:32:32: heads:4:2:model d_kv:8:8:"},
-      {"roberta/encoder_layer[1]/self_attention/o", false, "f32",
-       "heads:4:2:model d_kv:8:8: d_model:32:32:"},
-      {"roberta/encoder_layer[1]/norm/gain", false, "f32", "d_model:32:32:"},
-      {"roberta/encoder_layer[1]/norm/bias", false, "f32", "d_model:32:32:"},
-      {"roberta/encoder_layer[1]/dense_relu_dense/wi", false, "f32",
-       "d_model:32:32: d_ff:64:32:model"},
-      {"roberta/encoder_layer[1]/dense_relu_dense/bi", false, "f32", "d_ff:64:32:model"},
-      {"roberta/encoder_layer[1]/dense_relu_dense/wo", false, "f32",
-       "d_ff:64:32:model d_model:32:32:"},
-      {"roberta/encoder_layer[1]/dense_relu_dense/bo", false, "f32", "d_model:32:32:"},
-      {"roberta/encoder_layer[1]/norm#1/gain", false, "f32", "d_model:32:32:"},
-      {"roberta/encoder_layer[1]/norm#1/bias", false, "f32", "d_model:32:32:"},
-      {"roberta/lm_head/dense", false, "f32", "d_model:32:32: d_out:32:32:"},
-      {"roberta/lm_head/dense_bias", false, "f32", "d_out:32:32:"},
-      {"roberta/lm_head/output_bias", false, "f32", "vocab:64:32:model"},
-      {"roberta/lm_head/norm/gain", false, "f32", "d_model:32:32:"},
-      {"roberta/lm_head/norm/bias", false, "f32", "d_model:32:32:"}};
   support::Buffer *const data[] = {&param0_embedding,
                                    &param1_roberta_positions,
                                    &param2_roberta_norm_gain,
@@ -731,7 +1104,7 @@ std::vector<support::ParamShard> Mlm::paramShards() {
                                    &param30_roberta_lm_head_output_bias,
                                    &param31_roberta_lm_head_norm_gain,
                                    &param32_roberta_lm_head_norm_bias};
-  return support::paramShardsOf<support::ParamShard>(specs, data);
+  return support::paramShardsOf<support::ParamShard>(kMlmParams, data);
 }
 
 support::Tensor Mlm::getParam(const std::string &path) {
@@ -772,384 +1145,448 @@ support::Shape MlmTrain::inputShape(const std::string &name) {
   throw std::invalid_argument("mlm_train: no input named '" + name + "'");
 }
 
+/// `mlm_train`'s params: paths, dims and layouts (its constructor and paramShards() read it).
+static constexpr support::ParamSpec kMlmTrainParams[] = {
+    {"embedding", false, "f32", "vocab:64:32:model d_model:32:32:"},
+    {"roberta/positions", false, "f32", "length:16:16: d_model:32:32:"},
+    {"roberta/norm/gain", false, "f32", "d_model:32:32:"},
+    {"roberta/norm/bias", false, "f32", "d_model:32:32:"},
+    {"roberta/encoder_layer[0]/self_attention/q", false, "f32",
+     "d_model:32:32: heads:4:2:model d_kv:8:8:"},
+    {"roberta/encoder_layer[0]/self_attention/k", false, "f32",
+     "d_model:32:32: heads:4:2:model d_kv:8:8:"},
+    {"roberta/encoder_layer[0]/self_attention/v", false, "f32",
+     "d_model:32:32: heads:4:2:model d_kv:8:8:"},
+    {"roberta/encoder_layer[0]/self_attention/o", false, "f32",
+     "heads:4:2:model d_kv:8:8: d_model:32:32:"},
+    {"roberta/encoder_layer[0]/norm/gain", false, "f32", "d_model:32:32:"},
+    {"roberta/encoder_layer[0]/norm/bias", false, "f32", "d_model:32:32:"},
+    {"roberta/encoder_layer[0]/dense_relu_dense/wi", false, "f32",
+     "d_model:32:32: d_ff:64:32:model"},
+    {"roberta/encoder_layer[0]/dense_relu_dense/bi", false, "f32", "d_ff:64:32:model"},
+    {"roberta/encoder_layer[0]/dense_relu_dense/wo", false, "f32",
+     "d_ff:64:32:model d_model:32:32:"},
+    {"roberta/encoder_layer[0]/dense_relu_dense/bo", false, "f32", "d_model:32:32:"},
+    {"roberta/encoder_layer[0]/norm#1/gain", false, "f32", "d_model:32:32:"},
+    {"roberta/encoder_layer[0]/norm#1/bias", false, "f32", "d_model:32:32:"},
+    {"roberta/encoder_layer[1]/self_attention/q", false, "f32",
+     "d_model:32:32: heads:4:2:model d_kv:8:8:"},
+    {"roberta/encoder_layer[1]/self_attention/k", false, "f32",
+     "d_model:32:32: heads:4:2:model d_kv:8:8:"},
+    {"roberta/encoder_layer[1]/self_attention/v", false, "f32",
+     "d_model:32:32: heads:4:2:model d_kv:8:8:"},
+    {"roberta/encoder_layer[1]/self_attention/o", false, "f32",
+     "heads:4:2:model d_kv:8:8: d_model:32:32:"},
+    {"roberta/encoder_layer[1]/norm/gain", false, "f32", "d_model:32:32:"},
+    {"roberta/encoder_layer[1]/norm/bias", false, "f32", "d_model:32:32:"},
+    {"roberta/encoder_layer[1]/dense_relu_dense/wi", false, "f32",
+     "d_model:32:32: d_ff:64:32:model"},
+    {"roberta/encoder_layer[1]/dense_relu_dense/bi", false, "f32", "d_ff:64:32:model"},
+    {"roberta/encoder_layer[1]/dense_relu_dense/wo", false, "f32",
+     "d_ff:64:32:model d_model:32:32:"},
+    {"roberta/encoder_layer[1]/dense_relu_dense/bo", false, "f32", "d_model:32:32:"},
+    {"roberta/encoder_layer[1]/norm#1/gain", false, "f32", "d_model:32:32:"},
+    {"roberta/encoder_layer[1]/norm#1/bias", false, "f32", "d_model:32:32:"},
+    {"roberta/lm_head/dense", false, "f32", "d_model:32:32: d_out:32:32:"},
+    {"roberta/lm_head/dense_bias", false, "f32", "d_out:32:32:"},
+    {"roberta/lm_head/output_bias", false, "f32", "vocab:64:32:model"},
+    {"roberta/lm_head/norm/gain", false, "f32", "d_model:32:32:"},
+    {"roberta/lm_head/norm/bias", false, "f32", "d_model:32:32:"},
+    {"embedding@m", true, "f32", "vocab:64:32:model d_model:32:32:"},
+    {"embedding@v", true, "f32", "vocab:64:32:model d_model:32:32:"},
+    {"roberta/positions@m", true, "f32", "length:16:16: d_model:32:32:"},
+    {"roberta/positions@v", true, "f32", "length:16:16: d_model:32:32:"},
+    {"roberta/norm/gain@m", true, "f32", "d_model:32:32:"},
+    {"roberta/norm/gain@v", true, "f32", "d_model:32:32:"},
+    {"roberta/norm/bias@m", true, "f32", "d_model:32:32:"},
+    {"roberta/norm/bias@v", true, "f32", "d_model:32:32:"},
+    {"roberta/encoder_layer[0]/self_attention/q@m", true, "f32",
+     "d_model:32:32: heads:4:2:model d_kv:8:8:"},
+    {"roberta/encoder_layer[0]/self_attention/q@v", true, "f32",
+     "d_model:32:32: heads:4:2:model d_kv:8:8:"},
+    {"roberta/encoder_layer[0]/self_attention/k@m", true, "f32",
+     "d_model:32:32: heads:4:2:model d_kv:8:8:"},
+    {"roberta/encoder_layer[0]/self_attention/k@v", true, "f32",
+     "d_model:32:32: heads:4:2:model d_kv:8:8:"},
+    {"roberta/encoder_layer[0]/self_attention/v@m", true, "f32",
+     "d_model:32:32: heads:4:2:model d_kv:8:8:"},
+    {"roberta/encoder_layer[0]/self_attention/v@v", true, "f32",
+     "d_model:32:32: heads:4:2:model d_kv:8:8:"},
+    {"roberta/encoder_layer[0]/self_attention/o@m", true, "f32",
+     "heads:4:2:model d_kv:8:8: d_model:32:32:"},
+    {"roberta/encoder_layer[0]/self_attention/o@v", true, "f32",
+     "heads:4:2:model d_kv:8:8: d_model:32:32:"},
+    {"roberta/encoder_layer[0]/norm/gain@m", true, "f32", "d_model:32:32:"},
+    {"roberta/encoder_layer[0]/norm/gain@v", true, "f32", "d_model:32:32:"},
+    {"roberta/encoder_layer[0]/norm/bias@m", true, "f32", "d_model:32:32:"},
+    {"roberta/encoder_layer[0]/norm/bias@v", true, "f32", "d_model:32:32:"},
+    {"roberta/encoder_layer[0]/dense_relu_dense/wi@m", true, "f32",
+     "d_model:32:32: d_ff:64:32:model"},
+    {"roberta/encoder_layer[0]/dense_relu_dense/wi@v", true, "f32",
+     "d_model:32:32: d_ff:64:32:model"},
+    {"roberta/encoder_layer[0]/dense_relu_dense/bi@m", true, "f32", "d_ff:64:32:model"},
+    {"roberta/encoder_layer[0]/dense_relu_dense/bi@v", true, "f32", "d_ff:64:32:model"},
+    {"roberta/encoder_layer[0]/dense_relu_dense/wo@m", true, "f32",
+     "d_ff:64:32:model d_model:32:32:"},
+    {"roberta/encoder_layer[0]/dense_relu_dense/wo@v", true, "f32",
+     "d_ff:64:32:model d_model:32:32:"},
+    {"roberta/encoder_layer[0]/dense_relu_dense/bo@m", true, "f32", "d_model:32:32:"},
+    {"roberta/encoder_layer[0]/dense_relu_dense/bo@v", true, "f32", "d_model:32:32:"},
+    {"roberta/encoder_layer[0]/norm#1/gain@m", true, "f32", "d_model:32:32:"},
+    {"roberta/encoder_layer[0]/norm#1/gain@v", true, "f32", "d_model:32:32:"},
+    {"roberta/encoder_layer[0]/norm#1/bias@m", true, "f32", "d_model:32:32:"},
+    {"roberta/encoder_layer[0]/norm#1/bias@v", true, "f32", "d_model:32:32:"},
+    {"roberta/encoder_layer[1]/self_attention/q@m", true, "f32",
+     "d_model:32:32: heads:4:2:model d_kv:8:8:"},
+    {"roberta/encoder_layer[1]/self_attention/q@v", true, "f32",
+     "d_model:32:32: heads:4:2:model d_kv:8:8:"},
+    {"roberta/encoder_layer[1]/self_attention/k@m", true, "f32",
+     "d_model:32:32: heads:4:2:model d_kv:8:8:"},
+    {"roberta/encoder_layer[1]/self_attention/k@v", true, "f32",
+     "d_model:32:32: heads:4:2:model d_kv:8:8:"},
+    {"roberta/encoder_layer[1]/self_attention/v@m", true, "f32",
+     "d_model:32:32: heads:4:2:model d_kv:8:8:"},
+    {"roberta/encoder_layer[1]/self_attention/v@v", true, "f32",
+     "d_model:32:32: heads:4:2:model d_kv:8:8:"},
+    {"roberta/encoder_layer[1]/self_attention/o@m", true, "f32",
+     "heads:4:2:model d_kv:8:8: d_model:32:32:"},
+    {"roberta/encoder_layer[1]/self_attention/o@v", true, "f32",
+     "heads:4:2:model d_kv:8:8: d_model:32:32:"},
+    {"roberta/encoder_layer[1]/norm/gain@m", true, "f32", "d_model:32:32:"},
+    {"roberta/encoder_layer[1]/norm/gain@v", true, "f32", "d_model:32:32:"},
+    {"roberta/encoder_layer[1]/norm/bias@m", true, "f32", "d_model:32:32:"},
+    {"roberta/encoder_layer[1]/norm/bias@v", true, "f32", "d_model:32:32:"},
+    {"roberta/encoder_layer[1]/dense_relu_dense/wi@m", true, "f32",
+     "d_model:32:32: d_ff:64:32:model"},
+    {"roberta/encoder_layer[1]/dense_relu_dense/wi@v", true, "f32",
+     "d_model:32:32: d_ff:64:32:model"},
+    {"roberta/encoder_layer[1]/dense_relu_dense/bi@m", true, "f32", "d_ff:64:32:model"},
+    {"roberta/encoder_layer[1]/dense_relu_dense/bi@v", true, "f32", "d_ff:64:32:model"},
+    {"roberta/encoder_layer[1]/dense_relu_dense/wo@m", true, "f32",
+     "d_ff:64:32:model d_model:32:32:"},
+    {"roberta/encoder_layer[1]/dense_relu_dense/wo@v", true, "f32",
+     "d_ff:64:32:model d_model:32:32:"},
+    {"roberta/encoder_layer[1]/dense_relu_dense/bo@m", true, "f32", "d_model:32:32:"},
+    {"roberta/encoder_layer[1]/dense_relu_dense/bo@v", true, "f32", "d_model:32:32:"},
+    {"roberta/encoder_layer[1]/norm#1/gain@m", true, "f32", "d_model:32:32:"},
+    {"roberta/encoder_layer[1]/norm#1/gain@v", true, "f32", "d_model:32:32:"},
+    {"roberta/encoder_layer[1]/norm#1/bias@m", true, "f32", "d_model:32:32:"},
+    {"roberta/encoder_layer[1]/norm#1/bias@v", true, "f32", "d_model:32:32:"},
+    {"roberta/lm_head/dense@m", true, "f32", "d_model:32:32: d_out:32:32:"},
+    {"roberta/lm_head/dense@v", true, "f32", "d_model:32:32: d_out:32:32:"},
+    {"roberta/lm_head/dense_bias@m", true, "f32", "d_out:32:32:"},
+    {"roberta/lm_head/dense_bias@v", true, "f32", "d_out:32:32:"},
+    {"roberta/lm_head/output_bias@m", true, "f32", "vocab:64:32:model"},
+    {"roberta/lm_head/output_bias@v", true, "f32", "vocab:64:32:model"},
+    {"roberta/lm_head/norm/gain@m", true, "f32", "d_model:32:32:"},
+    {"roberta/lm_head/norm/gain@v", true, "f32", "d_model:32:32:"},
+    {"roberta/lm_head/norm/bias@m", true, "f32", "d_model:32:32:"},
+    {"roberta/lm_head/norm/bias@v", true, "f32", "d_model:32:32:"}};
+
 MlmTrain::MlmTrain(meshrt::Communicator &world, uint64_t seed)
     : world_(support::checkedWorld(world, mesh(), "mlm_train")), seed_(seed),
       group_data(world_.subgroup(std::vector<std::string>{"data"})),
       group_data_model(world_.subgroup(std::vector<std::string>{"data", "model"})),
       group_model(world_.subgroup(std::vector<std::string>{"model"})) {
-  // embedding: normal (roberta.mesh:29)
-  param0_embedding.resize(1024);
-  {
-    const meshrt::kernels::Shard shard{
-        {64, 32}, {support::shardStart(world_, {"model"}, 32), 0}, {32, 32}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
-    support::fillParam(param0_embedding.data(), shard, seed, "embedding", init,
-                       meshrt::kernels::ValueType::F32);
-  }
-  // roberta/positions: normal (roberta.mesh:30)
-  param1_roberta_positions.resize(512);
-  {
-    const meshrt::kernels::Shard shard{{16, 32}, {0, 0}, {16, 32}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
-    support::fillParam(param1_roberta_positions.data(), shard, seed, "roberta/positions", init,
-                       meshrt::kernels::ValueType::F32);
-  }
-  // roberta/norm/gain: ones (encoder_layers.mesh:17)
-  param2_roberta_norm_gain.assign(32, support::roundValue(support::DType::F32, 1.0));
-  // roberta/norm/bias: zeros (encoder_layers.mesh:18)
-  param3_roberta_norm_bias.assign(32, support::roundValue(support::DType::F32, 0.0));
-  // roberta/encoder_layer[0]/self_attention/q: normal (encoder_layers.mesh:24)
-  param4_roberta_encoder_layer_0_self_attention_q.resize(512);
-  {
-    const meshrt::kernels::Shard shard{
-        {32, 4, 8}, {0, support::shardStart(world_, {"model"}, 2), 0}, {32, 2, 8}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
-    support::fillParam(param4_roberta_encoder_layer_0_self_attention_q.data(), shard, seed,
-                       "roberta/encoder_layer[0]/self_attention/q", init,
-                       meshrt::kernels::ValueType::F32);
-  }
-  // roberta/encoder_layer[0]/self_attention/k: normal (encoder_layers.mesh:25)
-  param5_roberta_encoder_layer_0_self_attention_k.resize(512);
-  {
-    const meshrt::kernels::Shard shard{
-        {32, 4, 8}, {0, support::shardStart(world_, {"model"}, 2), 0}, {32, 2, 8}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
-    support::fillParam(param5_roberta_encoder_layer_0_self_attention_k.data(), shard, seed,
-                       "roberta/encoder_layer[0]/self_attention/k", init,
-                       meshrt::kernels::ValueType::F32);
-  }
-  // roberta/encoder_layer[0]/self_attention/v: normal (encoder_layers.mesh:26)
-  param6_roberta_encoder_layer_0_self_attention_v.resize(512);
-  {
-    const meshrt::kernels::Shard shard{
-        {32, 4, 8}, {0, support::shardStart(world_, {"model"}, 2), 0}, {32, 2, 8}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
-    support::fillParam(param6_roberta_encoder_layer_0_self_attention_v.data(), shard, seed,
-                       "roberta/encoder_layer[0]/self_attention/v", init,
-                       meshrt::kernels::ValueType::F32);
-  }
-  // roberta/encoder_layer[0]/self_attention/o: normal (encoder_layers.mesh:27)
-  param7_roberta_encoder_layer_0_self_attention_o.resize(512);
-  {
-    const meshrt::kernels::Shard shard{
-        {4, 8, 32}, {support::shardStart(world_, {"model"}, 2), 0, 0}, {2, 8, 32}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
-    support::fillParam(param7_roberta_encoder_layer_0_self_attention_o.data(), shard, seed,
-                       "roberta/encoder_layer[0]/self_attention/o", init,
-                       meshrt::kernels::ValueType::F32);
-  }
-  // roberta/encoder_layer[0]/norm/gain: ones (encoder_layers.mesh:17)
-  param8_roberta_encoder_layer_0_norm_gain.assign(32,
-                                                  support::roundValue(support::DType::F32, 1.0));
-  // roberta/encoder_layer[0]/norm/bias: zeros (encoder_layers.mesh:18)
-  param9_roberta_encoder_layer_0_norm_bias.assign(32,
-                                                  support::roundValue(support::DType::F32, 0.0));
-  // roberta/encoder_layer[0]/dense_relu_dense/wi: normal (encoder_layers.mesh:41)
-  param10_roberta_encoder_layer_0_dense_relu_dense_wi.resize(1024);
-  {
-    const meshrt::kernels::Shard shard{
-        {32, 64}, {0, support::shardStart(world_, {"model"}, 32)}, {32, 32}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
-    support::fillParam(param10_roberta_encoder_layer_0_dense_relu_dense_wi.data(), shard, seed,
-                       "roberta/encoder_layer[0]/dense_relu_dense/wi", init,
-                       meshrt::kernels::ValueType::F32);
-  }
-  // roberta/encoder_layer[0]/dense_relu_dense/bi: zeros (encoder_layers.mesh:42)
-  param11_roberta_encoder_layer_0_dense_relu_dense_bi.assign(
-      32, support::roundValue(support::DType::F32, 0.0));
-  // roberta/encoder_layer[0]/dense_relu_dense/wo: normal (encoder_layers.mesh:43)
-  param12_roberta_encoder_layer_0_dense_relu_dense_wo.resize(1024);
-  {
-    const meshrt::kernels::Shard shard{
-        {64, 32}, {support::shardStart(world_, {"model"}, 32), 0}, {32, 32}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
-    support::fillParam(param12_roberta_encoder_layer_0_dense_relu_dense_wo.data(), shard, seed,
-                       "roberta/encoder_layer[0]/dense_relu_dense/wo", init,
-                       meshrt::kernels::ValueType::F32);
-  }
-  // roberta/encoder_layer[0]/dense_relu_dense/bo: zeros (encoder_layers.mesh:44)
-  param13_roberta_encoder_layer_0_dense_relu_dense_bo.assign(
-      32, support::roundValue(support::DType::F32, 0.0));
-  // roberta/encoder_layer[0]/norm#1/gain: ones (encoder_layers.mesh:17)
-  param14_roberta_encoder_layer_0_norm_1_gain.assign(32,
-                                                     support::roundValue(support::DType::F32, 1.0));
-  // roberta/encoder_layer[0]/norm#1/bias: zeros (encoder_layers.mesh:18)
-  param15_roberta_encoder_layer_0_norm_1_bias.assign(32,
-                                                     support::roundValue(support::DType::F32, 0.0));
-  // roberta/encoder_layer[1]/self_attention/q: normal (encoder_layers.mesh:24)
-  param16_roberta_encoder_layer_1_self_attention_q.resize(512);
-  {
-    const meshrt::kernels::Shard shard{
-        {32, 4, 8}, {0, support::shardStart(world_, {"model"}, 2), 0}, {32, 2, 8}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
-    support::fillParam(param16_roberta_encoder_layer_1_self_attention_q.data(), shard, seed,
-                       "roberta/encoder_layer[1]/self_attention/q", init,
-                       meshrt::kernels::ValueType::F32);
-  }
-  // roberta/encoder_layer[1]/self_attention/k: normal (encoder_layers.mesh:25)
-  param17_roberta_encoder_layer_1_self_attention_k.resize(512);
-  {
-    const meshrt::kernels::Shard shard{
-        {32, 4, 8}, {0, support::shardStart(world_, {"model"}, 2), 0}, {32, 2, 8}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
-    support::fillParam(param17_roberta_encoder_layer_1_self_attention_k.data(), shard, seed,
-                       "roberta/encoder_layer[1]/self_attention/k", init,
-                       meshrt::kernels::ValueType::F32);
-  }
-  // roberta/encoder_layer[1]/self_attention/v: normal (encoder_layers.mesh:26)
-  param18_roberta_encoder_layer_1_self_attention_v.resize(512);
-  {
-    const meshrt::kernels::Shard shard{
-        {32, 4, 8}, {0, support::shardStart(world_, {"model"}, 2), 0}, {32, 2, 8}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
-    support::fillParam(param18_roberta_encoder_layer_1_self_attention_v.data(), shard, seed,
-                       "roberta/encoder_layer[1]/self_attention/v", init,
-                       meshrt::kernels::ValueType::F32);
-  }
-  // roberta/encoder_layer[1]/self_attention/o: normal (encoder_layers.mesh:27)
-  param19_roberta_encoder_layer_1_self_attention_o.resize(512);
-  {
-    const meshrt::kernels::Shard shard{
-        {4, 8, 32}, {support::shardStart(world_, {"model"}, 2), 0, 0}, {2, 8, 32}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
-    support::fillParam(param19_roberta_encoder_layer_1_self_attention_o.data(), shard, seed,
-                       "roberta/encoder_layer[1]/self_attention/o", init,
-                       meshrt::kernels::ValueType::F32);
-  }
-  // roberta/encoder_layer[1]/norm/gain: ones (encoder_layers.mesh:17)
-  param20_roberta_encoder_layer_1_norm_gain.assign(32,
-                                                   support::roundValue(support::DType::F32, 1.0));
-  // roberta/encoder_layer[1]/norm/bias: zeros (encoder_layers.mesh:18)
-  param21_roberta_encoder_layer_1_norm_bias.assign(32,
-                                                   support::roundValue(support::DType::F32, 0.0));
-  // roberta/encoder_layer[1]/dense_relu_dense/wi: normal (encoder_layers.mesh:41)
-  param22_roberta_encoder_layer_1_dense_relu_dense_wi.resize(1024);
-  {
-    const meshrt::kernels::Shard shard{
-        {32, 64}, {0, support::shardStart(world_, {"model"}, 32)}, {32, 32}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
-    support::fillParam(param22_roberta_encoder_layer_1_dense_relu_dense_wi.data(), shard, seed,
-                       "roberta/encoder_layer[1]/dense_relu_dense/wi", init,
-                       meshrt::kernels::ValueType::F32);
-  }
-  // roberta/encoder_layer[1]/dense_relu_dense/bi: zeros (encoder_layers.mesh:42)
-  param23_roberta_encoder_layer_1_dense_relu_dense_bi.assign(
-      32, support::roundValue(support::DType::F32, 0.0));
-  // roberta/encoder_layer[1]/dense_relu_dense/wo: normal (encoder_layers.mesh:43)
-  param24_roberta_encoder_layer_1_dense_relu_dense_wo.resize(1024);
-  {
-    const meshrt::kernels::Shard shard{
-        {64, 32}, {support::shardStart(world_, {"model"}, 32), 0}, {32, 32}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
-    support::fillParam(param24_roberta_encoder_layer_1_dense_relu_dense_wo.data(), shard, seed,
-                       "roberta/encoder_layer[1]/dense_relu_dense/wo", init,
-                       meshrt::kernels::ValueType::F32);
-  }
-  // roberta/encoder_layer[1]/dense_relu_dense/bo: zeros (encoder_layers.mesh:44)
-  param25_roberta_encoder_layer_1_dense_relu_dense_bo.assign(
-      32, support::roundValue(support::DType::F32, 0.0));
-  // roberta/encoder_layer[1]/norm#1/gain: ones (encoder_layers.mesh:17)
-  param26_roberta_encoder_layer_1_norm_1_gain.assign(32,
-                                                     support::roundValue(support::DType::F32, 1.0));
-  // roberta/encoder_layer[1]/norm#1/bias: zeros (encoder_layers.mesh:18)
-  param27_roberta_encoder_layer_1_norm_1_bias.assign(32,
-                                                     support::roundValue(support::DType::F32, 0.0));
-  // roberta/lm_head/dense: normal (roberta.mesh:41)
-  param28_roberta_lm_head_dense.resize(1024);
-  {
-    const meshrt::kernels::Shard shard{{32, 32}, {0, 0}, {32, 32}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
-    support::fillParam(param28_roberta_lm_head_dense.data(), shard, seed, "roberta/lm_head/dense",
-                       init, meshrt::kernels::ValueType::F32);
-  }
-  // roberta/lm_head/dense_bias: zeros (roberta.mesh:42)
-  param29_roberta_lm_head_dense_bias.assign(32, support::roundValue(support::DType::F32, 0.0));
-  // roberta/lm_head/output_bias: zeros (roberta.mesh:44)
-  param30_roberta_lm_head_output_bias.assign(32, support::roundValue(support::DType::F32, 0.0));
-  // roberta/lm_head/norm/gain: ones (encoder_layers.mesh:17)
-  param31_roberta_lm_head_norm_gain.assign(32, support::roundValue(support::DType::F32, 1.0));
-  // roberta/lm_head/norm/bias: zeros (encoder_layers.mesh:18)
-  param32_roberta_lm_head_norm_bias.assign(32, support::roundValue(support::DType::F32, 0.0));
-  // embedding@m: zeros (roberta.mesh:29)
-  param33_embedding_m.assign(1024, support::roundValue(support::DType::F32, 0.0));
-  // embedding@v: zeros (roberta.mesh:29)
-  param34_embedding_v.assign(1024, support::roundValue(support::DType::F32, 0.0));
-  // roberta/positions@m: zeros (roberta.mesh:30)
-  param35_roberta_positions_m.assign(512, support::roundValue(support::DType::F32, 0.0));
-  // roberta/positions@v: zeros (roberta.mesh:30)
-  param36_roberta_positions_v.assign(512, support::roundValue(support::DType::F32, 0.0));
-  // roberta/norm/gain@m: zeros (encoder_layers.mesh:17)
-  param37_roberta_norm_gain_m.assign(32, support::roundValue(support::DType::F32, 0.0));
-  // roberta/norm/gain@v: zeros (encoder_layers.mesh:17)
-  param38_roberta_norm_gain_v.assign(32, support::roundValue(support::DType::F32, 0.0));
-  // roberta/norm/bias@m: zeros (encoder_layers.mesh:18)
-  param39_roberta_norm_bias_m.assign(32, support::roundValue(support::DType::F32, 0.0));
-  // roberta/norm/bias@v: zeros (encoder_layers.mesh:18)
-  param40_roberta_norm_bias_v.assign(32, support::roundValue(support::DType::F32, 0.0));
-  // roberta/encoder_layer[0]/self_attention/q@m: zeros (encoder_layers.mesh:24)
-  param41_roberta_encoder_layer_0_self_attention_q_m.assign(
-      512, support::roundValue(support::DType::F32, 0.0));
-  // roberta/encoder_layer[0]/self_attention/q@v: zeros (encoder_layers.mesh:24)
-  param42_roberta_encoder_layer_0_self_attention_q_v.assign(
-      512, support::roundValue(support::DType::F32, 0.0));
-  // roberta/encoder_layer[0]/self_attention/k@m: zeros (encoder_layers.mesh:25)
-  param43_roberta_encoder_layer_0_self_attention_k_m.assign(
-      512, support::roundValue(support::DType::F32, 0.0));
-  // roberta/encoder_layer[0]/self_attention/k@v: zeros (encoder_layers.mesh:25)
-  param44_roberta_encoder_layer_0_self_attention_k_v.assign(
-      512, support::roundValue(support::DType::F32, 0.0));
-  // roberta/encoder_layer[0]/self_attention/v@m: zeros (encoder_layers.mesh:26)
-  param45_roberta_encoder_layer_0_self_attention_v_m.assign(
-      512, support::roundValue(support::DType::F32, 0.0));
-  // roberta/encoder_layer[0]/self_attention/v@v: zeros (encoder_layers.mesh:26)
-  param46_roberta_encoder_layer_0_self_attention_v_v.assign(
-      512, support::roundValue(support::DType::F32, 0.0));
-  // roberta/encoder_layer[0]/self_attention/o@m: zeros (encoder_layers.mesh:27)
-  param47_roberta_encoder_layer_0_self_attention_o_m.assign(
-      512, support::roundValue(support::DType::F32, 0.0));
-  // roberta/encoder_layer[0]/self_attention/o@v: zeros (encoder_layers.mesh:27)
-  param48_roberta_encoder_layer_0_self_attention_o_v.assign(
-      512, support::roundValue(support::DType::F32, 0.0));
-  // roberta/encoder_layer[0]/norm/gain@m: zeros (encoder_layers.mesh:17)
-  param49_roberta_encoder_layer_0_norm_gain_m.assign(32,
-                                                     support::roundValue(support::DType::F32, 0.0));
-  // roberta/encoder_layer[0]/norm/gain@v: zeros (encoder_layers.mesh:17)
-  param50_roberta_encoder_layer_0_norm_gain_v.assign(32,
-                                                     support::roundValue(support::DType::F32, 0.0));
-  // roberta/encoder_layer[0]/norm/bias@m: zeros (encoder_layers.mesh:18)
-  param51_roberta_encoder_layer_0_norm_bias_m.assign(32,
-                                                     support::roundValue(support::DType::F32, 0.0));
-  // roberta/encoder_layer[0]/norm/bias@v: zeros (encoder_layers.mesh:18)
-  param52_roberta_encoder_layer_0_norm_bias_v.assign(32,
-                                                     support::roundValue(support::DType::F32, 0.0));
-  // roberta/encoder_layer[0]/dense_relu_dense/wi@m: zeros (encoder_layers.mesh:41)
-  param53_roberta_encoder_layer_0_dense_relu_dense_wi_m.assign(
-      1024, support::roundValue(support::DType::F32, 0.0));
-  // roberta/encoder_layer[0]/dense_relu_dense/wi@v: zeros (encoder_layers.mesh:41)
-  param54_roberta_encoder_layer_0_dense_relu_dense_wi_v.assign(
-      1024, support::roundValue(support::DType::F32, 0.0));
-  // roberta/encoder_layer[0]/dense_relu_dense/bi@m: zeros (encoder_layers.mesh:42)
-  param55_roberta_encoder_layer_0_dense_relu_dense_bi_m.assign(
-      32, support::roundValue(support::DType::F32, 0.0));
-  // roberta/encoder_layer[0]/dense_relu_dense/bi@v: zeros (encoder_layers.mesh:42)
-  param56_roberta_encoder_layer_0_dense_relu_dense_bi_v.assign(
-      32, support::roundValue(support::DType::F32, 0.0));
-  // roberta/encoder_layer[0]/dense_relu_dense/wo@m: zeros (encoder_layers.mesh:43)
-  param57_roberta_encoder_layer_0_dense_relu_dense_wo_m.assign(
-      1024, support::roundValue(support::DType::F32, 0.0));
-  // roberta/encoder_layer[0]/dense_relu_dense/wo@v: zeros (encoder_layers.mesh:43)
-  param58_roberta_encoder_layer_0_dense_relu_dense_wo_v.assign(
-      1024, support::roundValue(support::DType::F32, 0.0));
-  // roberta/encoder_layer[0]/dense_relu_dense/bo@m: zeros (encoder_layers.mesh:44)
-  param59_roberta_encoder_layer_0_dense_relu_dense_bo_m.assign(
-      32, support::roundValue(support::DType::F32, 0.0));
-  // roberta/encoder_layer[0]/dense_relu_dense/bo@v: zeros (encoder_layers.mesh:44)
-  param60_roberta_encoder_layer_0_dense_relu_dense_bo_v.assign(
-      32, support::roundValue(support::DType::F32, 0.0));
-  // roberta/encoder_layer[0]/norm#1/gain@m: zeros (encoder_layers.mesh:17)
-  param61_roberta_encoder_layer_0_norm_1_gain_m.assign(
-      32, support::roundValue(support::DType::F32, 0.0));
-  // roberta/encoder_layer[0]/norm#1/gain@v: zeros (encoder_layers.mesh:17)
-  param62_roberta_encoder_layer_0_norm_1_gain_v.assign(
-      32, support::roundValue(support::DType::F32, 0.0));
-  // roberta/encoder_layer[0]/norm#1/bias@m: zeros (encoder_layers.mesh:18)
-  param63_roberta_encoder_layer_0_norm_1_bias_m.assign(
-      32, support::roundValue(support::DType::F32, 0.0));
-  // roberta/encoder_layer[0]/norm#1/bias@v: zeros (encoder_layers.mesh:18)
-  param64_roberta_encoder_layer_0_norm_1_bias_v.assign(
-      32, support::roundValue(support::DType::F32, 0.0));
-  // roberta/encoder_layer[1]/self_attention/q@m: zeros (encoder_layers.mesh:24)
-  param65_roberta_encoder_layer_1_self_attention_q_m.assign(
-      512, support::roundValue(support::DType::F32, 0.0));
-  // roberta/encoder_layer[1]/self_attention/q@v: zeros (encoder_layers.mesh:24)
-  param66_roberta_encoder_layer_1_self_attention_q_v.assign(
-      512, support::roundValue(support::DType::F32, 0.0));
-  // roberta/encoder_layer[1]/self_attention/k@m: zeros (encoder_layers.mesh:25)
-  param67_roberta_encoder_layer_1_self_attention_k_m.assign(
-      512, support::roundValue(support::DType::F32, 0.0));
-  // roberta/encoder_layer[1]/self_attention/k@v: zeros (encoder_layers.mesh:25)
-  param68_roberta_encoder_layer_1_self_attention_k_v.assign(
-      512, support::roundValue(support::DType::F32, 0.0));
-  // roberta/encoder_layer[1]/self_attention/v@m: zeros (encoder_layers.mesh:26)
-  param69_roberta_encoder_layer_1_self_attention_v_m.assign(
-      512, support::roundValue(support::DType::F32, 0.0));
-  // roberta/encoder_layer[1]/self_attention/v@v: zeros (encoder_layers.mesh:26)
-  param70_roberta_encoder_layer_1_self_attention_v_v.assign(
-      512, support::roundValue(support::DType::F32, 0.0));
-  // roberta/encoder_layer[1]/self_attention/o@m: zeros (encoder_layers.mesh:27)
-  param71_roberta_encoder_layer_1_self_attention_o_m.assign(
-      512, support::roundValue(support::DType::F32, 0.0));
-  // roberta/encoder_layer[1]/self_attention/o@v: zeros (encoder_layers.mesh:27)
-  param72_roberta_encoder_layer_1_self_attention_o_v.assign(
-      512, support::roundValue(support::DType::F32, 0.0));
-  // roberta/encoder_layer[1]/norm/gain@m: zeros (encoder_layers.mesh:17)
-  param73_roberta_encoder_layer_1_norm_gain_m.assign(32,
-                                                     support::roundValue(support::DType::F32, 0.0));
-  // roberta/encoder_layer[1]/norm/gain@v: zeros (encoder_layers.mesh:17)
-  param74_roberta_encoder_layer_1_norm_gain_v.assign(32,
-                                                     support::roundValue(support::DType::F32, 0.0));
-  // roberta/encoder_layer[1]/norm/bias@m: zeros (encoder_layers.mesh:18)
-  param75_roberta_encoder_layer_1_norm_bias_m.assign(32,
-                                                     support::roundValue(support::DType::F32, 0.0));
-  // roberta/encoder_layer[1]/norm/bias@v: zeros (encoder_layers.mesh:18)
-  param76_roberta_encoder_layer_1_norm_bias_v.assign(32,
-                                                     support::roundValue(support::DType::F32, 0.0));
-  // roberta/encoder_layer[1]/dense_relu_dense/wi@m: zeros (encoder_layers.mesh:41)
-  param77_roberta_encoder_layer_1_dense_relu_dense_wi_m.assign(
-      1024, support::roundValue(support::DType::F32, 0.0));
-  // roberta/encoder_layer[1]/dense_relu_dense/wi@v: zeros (encoder_layers.mesh:41)
-  param78_roberta_encoder_layer_1_dense_relu_dense_wi_v.assign(
-      1024, support::roundValue(support::DType::F32, 0.0));
-  // roberta/encoder_layer[1]/dense_relu_dense/bi@m: zeros (encoder_layers.mesh:42)
-  param79_roberta_encoder_layer_1_dense_relu_dense_bi_m.assign(
-      32, support::roundValue(support::DType::F32, 0.0));
-  // roberta/encoder_layer[1]/dense_relu_dense/bi@v: zeros (encoder_layers.mesh:42)
-  param80_roberta_encoder_layer_1_dense_relu_dense_bi_v.assign(
-      32, support::roundValue(support::DType::F32, 0.0));
-  // roberta/encoder_layer[1]/dense_relu_dense/wo@m: zeros (encoder_layers.mesh:43)
-  param81_roberta_encoder_layer_1_dense_relu_dense_wo_m.assign(
-      1024, support::roundValue(support::DType::F32, 0.0));
-  // roberta/encoder_layer[1]/dense_relu_dense/wo@v: zeros (encoder_layers.mesh:43)
-  param82_roberta_encoder_layer_1_dense_relu_dense_wo_v.assign(
-      1024, support::roundValue(support::DType::F32, 0.0));
-  // roberta/encoder_layer[1]/dense_relu_dense/bo@m: zeros (encoder_layers.mesh:44)
-  param83_roberta_encoder_layer_1_dense_relu_dense_bo_m.assign(
-      32, support::roundValue(support::DType::F32, 0.0));
-  // roberta/encoder_layer[1]/dense_relu_dense/bo@v: zeros (encoder_layers.mesh:44)
-  param84_roberta_encoder_layer_1_dense_relu_dense_bo_v.assign(
-      32, support::roundValue(support::DType::F32, 0.0));
-  // roberta/encoder_layer[1]/norm#1/gain@m: zeros (encoder_layers.mesh:17)
-  param85_roberta_encoder_layer_1_norm_1_gain_m.assign(
-      32, support::roundValue(support::DType::F32, 0.0));
-  // roberta/encoder_layer[1]/norm#1/gain@v: zeros (encoder_layers.mesh:17)
-  param86_roberta_encoder_layer_1_norm_1_gain_v.assign(
-      32, support::roundValue(support::DType::F32, 0.0));
-  // roberta/encoder_layer[1]/norm#1/bias@m: zeros (encoder_layers.mesh:18)
-  param87_roberta_encoder_layer_1_norm_1_bias_m.assign(
-      32, support::roundValue(support::DType::F32, 0.0));
-  // roberta/encoder_layer[1]/norm#1/bias@v: zeros (encoder_layers.mesh:18)
-  param88_roberta_encoder_layer_1_norm_1_bias_v.assign(
-      32, support::roundValue(support::DType::F32, 0.0));
-  // roberta/lm_head/dense@m: zeros (roberta.mesh:41)
-  param89_roberta_lm_head_dense_m.assign(1024, support::roundValue(support::DType::F32, 0.0));
-  // roberta/lm_head/dense@v: zeros (roberta.mesh:41)
-  param90_roberta_lm_head_dense_v.assign(1024, support::roundValue(support::DType::F32, 0.0));
-  // roberta/lm_head/dense_bias@m: zeros (roberta.mesh:42)
-  param91_roberta_lm_head_dense_bias_m.assign(32, support::roundValue(support::DType::F32, 0.0));
-  // roberta/lm_head/dense_bias@v: zeros (roberta.mesh:42)
-  param92_roberta_lm_head_dense_bias_v.assign(32, support::roundValue(support::DType::F32, 0.0));
-  // roberta/lm_head/output_bias@m: zeros (roberta.mesh:44)
-  param93_roberta_lm_head_output_bias_m.assign(32, support::roundValue(support::DType::F32, 0.0));
-  // roberta/lm_head/output_bias@v: zeros (roberta.mesh:44)
-  param94_roberta_lm_head_output_bias_v.assign(32, support::roundValue(support::DType::F32, 0.0));
-  // roberta/lm_head/norm/gain@m: zeros (encoder_layers.mesh:17)
-  param95_roberta_lm_head_norm_gain_m.assign(32, support::roundValue(support::DType::F32, 0.0));
-  // roberta/lm_head/norm/gain@v: zeros (encoder_layers.mesh:17)
-  param96_roberta_lm_head_norm_gain_v.assign(32, support::roundValue(support::DType::F32, 0.0));
-  // roberta/lm_head/norm/bias@m: zeros (encoder_layers.mesh:18)
-  param97_roberta_lm_head_norm_bias_m.assign(32, support::roundValue(support::DType::F32, 0.0));
-  // roberta/lm_head/norm/bias@v: zeros (encoder_layers.mesh:18)
-  param98_roberta_lm_head_norm_bias_v.assign(32, support::roundValue(support::DType::F32, 0.0));
+  static constexpr support::ParamInit inits[] = {
+      // embedding (roberta.mesh:29)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.02}}},
+      // roberta/positions (roberta.mesh:30)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.02}}},
+      // roberta/norm/gain (encoder_layers.mesh:17)
+      {"ones", support::DType::F32, {}},
+      // roberta/norm/bias (encoder_layers.mesh:18)
+      {"zeros", support::DType::F32, {}},
+      // roberta/encoder_layer[0]/self_attention/q (encoder_layers.mesh:24)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.02}}},
+      // roberta/encoder_layer[0]/self_attention/k (encoder_layers.mesh:25)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.02}}},
+      // roberta/encoder_layer[0]/self_attention/v (encoder_layers.mesh:26)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.02}}},
+      // roberta/encoder_layer[0]/self_attention/o (encoder_layers.mesh:27)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.02}}},
+      // roberta/encoder_layer[0]/norm/gain (encoder_layers.mesh:17)
+      {"ones", support::DType::F32, {}},
+      // roberta/encoder_layer[0]/norm/bias (encoder_layers.mesh:18)
+      {"zeros", support::DType::F32, {}},
+      // roberta/encoder_layer[0]/dense_relu_dense/wi (encoder_layers.mesh:41)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.02}}},
+      // roberta/encoder_layer[0]/dense_relu_dense/bi (encoder_layers.mesh:42)
+      {"zeros", support::DType::F32, {}},
+      // roberta/encoder_layer[0]/dense_relu_dense/wo (encoder_layers.mesh:43)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.02}}},
+      // roberta/encoder_layer[0]/dense_relu_dense/bo (encoder_layers.mesh:44)
+      {"zeros", support::DType::F32, {}},
+      // roberta/encoder_layer[0]/norm#1/gain (encoder_layers.mesh:17)
+      {"ones", support::DType::F32, {}},
+      // roberta/encoder_layer[0]/norm#1/bias (encoder_layers.mesh:18)
+      {"zeros", support::DType::F32, {}},
+      // roberta/encoder_layer[1]/self_attention/q (encoder_layers.mesh:24)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.02}}},
+      // roberta/encoder_layer[1]/self_attention/k (encoder_layers.mesh:25)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.02}}},
+      // roberta/encoder_layer[1]/self_attention/v (encoder_layers.mesh:26)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.02}}},
+      // roberta/encoder_layer[1]/self_attention/o (encoder_layers.mesh:27)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.02}}},
+      // roberta/encoder_layer[1]/norm/gain (encoder_layers.mesh:17)
+      {"ones", support::DType::F32, {}},
+      // roberta/encoder_layer[1]/norm/bias (encoder_layers.mesh:18)
+      {"zeros", support::DType::F32, {}},
+      // roberta/encoder_layer[1]/dense_relu_dense/wi (encoder_layers.mesh:41)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.02}}},
+      // roberta/encoder_layer[1]/dense_relu_dense/bi (encoder_layers.mesh:42)
+      {"zeros", support::DType::F32, {}},
+      // roberta/encoder_layer[1]/dense_relu_dense/wo (encoder_layers.mesh:43)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.02}}},
+      // roberta/encoder_layer[1]/dense_relu_dense/bo (encoder_layers.mesh:44)
+      {"zeros", support::DType::F32, {}},
+      // roberta/encoder_layer[1]/norm#1/gain (encoder_layers.mesh:17)
+      {"ones", support::DType::F32, {}},
+      // roberta/encoder_layer[1]/norm#1/bias (encoder_layers.mesh:18)
+      {"zeros", support::DType::F32, {}},
+      // roberta/lm_head/dense (roberta.mesh:41)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.02}}},
+      // roberta/lm_head/dense_bias (roberta.mesh:42)
+      {"zeros", support::DType::F32, {}},
+      // roberta/lm_head/output_bias (roberta.mesh:44)
+      {"zeros", support::DType::F32, {}},
+      // roberta/lm_head/norm/gain (encoder_layers.mesh:17)
+      {"ones", support::DType::F32, {}},
+      // roberta/lm_head/norm/bias (encoder_layers.mesh:18)
+      {"zeros", support::DType::F32, {}},
+      // embedding@m (roberta.mesh:29)
+      {"zeros", support::DType::F32, {}},
+      // embedding@v (roberta.mesh:29)
+      {"zeros", support::DType::F32, {}},
+      // roberta/positions@m (roberta.mesh:30)
+      {"zeros", support::DType::F32, {}},
+      // roberta/positions@v (roberta.mesh:30)
+      {"zeros", support::DType::F32, {}},
+      // roberta/norm/gain@m (encoder_layers.mesh:17)
+      {"zeros", support::DType::F32, {}},
+      // roberta/norm/gain@v (encoder_layers.mesh:17)
+      {"zeros", support::DType::F32, {}},
+      // roberta/norm/bias@m (encoder_layers.mesh:18)
+      {"zeros", support::DType::F32, {}},
+      // roberta/norm/bias@v (encoder_layers.mesh:18)
+      {"zeros", support::DType::F32, {}},
+      // roberta/encoder_layer[0]/self_attention/q@m (encoder_layers.mesh:24)
+      {"zeros", support::DType::F32, {}},
+      // roberta/encoder_layer[0]/self_attention/q@v (encoder_layers.mesh:24)
+      {"zeros", support::DType::F32, {}},
+      // roberta/encoder_layer[0]/self_attention/k@m (encoder_layers.mesh:25)
+      {"zeros", support::DType::F32, {}},
+      // roberta/encoder_layer[0]/self_attention/k@v (encoder_layers.mesh:25)
+      {"zeros", support::DType::F32, {}},
+      // roberta/encoder_layer[0]/self_attention/v@m (encoder_layers.mesh:26)
+      {"zeros", support::DType::F32, {}},
+      // roberta/encoder_layer[0]/self_attention/v@v (encoder_layers.mesh:26)
+      {"zeros", support::DType::F32, {}},
+      // roberta/encoder_layer[0]/self_attention/o@m (encoder_layers.mesh:27)
+      {"zeros", support::DType::F32, {}},
+      // roberta/encoder_layer[0]/self_attention/o@v (encoder_layers.mesh:27)
+      {"zeros", support::DType::F32, {}},
+      // roberta/encoder_layer[0]/norm/gain@m (encoder_layers.mesh:17)
+      {"zeros", support::DType::F32, {}},
+      // roberta/encoder_layer[0]/norm/gain@v (encoder_layers.mesh:17)
+      {"zeros", support::DType::F32, {}},
+      // roberta/encoder_layer[0]/norm/bias@m (encoder_layers.mesh:18)
+      {"zeros", support::DType::F32, {}},
+      // roberta/encoder_layer[0]/norm/bias@v (encoder_layers.mesh:18)
+      {"zeros", support::DType::F32, {}},
+      // roberta/encoder_layer[0]/dense_relu_dense/wi@m (encoder_layers.mesh:41)
+      {"zeros", support::DType::F32, {}},
+      // roberta/encoder_layer[0]/dense_relu_dense/wi@v (encoder_layers.mesh:41)
+      {"zeros", support::DType::F32, {}},
+      // roberta/encoder_layer[0]/dense_relu_dense/bi@m (encoder_layers.mesh:42)
+      {"zeros", support::DType::F32, {}},
+      // roberta/encoder_layer[0]/dense_relu_dense/bi@v (encoder_layers.mesh:42)
+      {"zeros", support::DType::F32, {}},
+      // roberta/encoder_layer[0]/dense_relu_dense/wo@m (encoder_layers.mesh:43)
+      {"zeros", support::DType::F32, {}},
+      // roberta/encoder_layer[0]/dense_relu_dense/wo@v (encoder_layers.mesh:43)
+      {"zeros", support::DType::F32, {}},
+      // roberta/encoder_layer[0]/dense_relu_dense/bo@m (encoder_layers.mesh:44)
+      {"zeros", support::DType::F32, {}},
+      // roberta/encoder_layer[0]/dense_relu_dense/bo@v (encoder_layers.mesh:44)
+      {"zeros", support::DType::F32, {}},
+      // roberta/encoder_layer[0]/norm#1/gain@m (encoder_layers.mesh:17)
+      {"zeros", support::DType::F32, {}},
+      // roberta/encoder_layer[0]/norm#1/gain@v (encoder_layers.mesh:17)
+      {"zeros", support::DType::F32, {}},
+      // roberta/encoder_layer[0]/norm#1/bias@m (encoder_layers.mesh:18)
+      {"zeros", support::DType::F32, {}},
+      // roberta/encoder_layer[0]/norm#1/bias@v (encoder_layers.mesh:18)
+      {"zeros", support::DType::F32, {}},
+      // roberta/encoder_layer[1]/self_attention/q@m (encoder_layers.mesh:24)
+      {"zeros", support::DType::F32, {}},
+      // roberta/encoder_layer[1]/self_attention/q@v (encoder_layers.mesh:24)
+      {"zeros", support::DType::F32, {}},
+      // roberta/encoder_layer[1]/self_attention/k@m (encoder_layers.mesh:25)
+      {"zeros", support::DType::F32, {}},
+      // roberta/encoder_layer[1]/self_attention/k@v (encoder_layers.mesh:25)
+      {"zeros", support::DType::F32, {}},
+      // roberta/encoder_layer[1]/self_attention/v@m (encoder_layers.mesh:26)
+      {"zeros", support::DType::F32, {}},
+      // roberta/encoder_layer[1]/self_attention/v@v (encoder_layers.mesh:26)
+      {"zeros", support::DType::F32, {}},
+      // roberta/encoder_layer[1]/self_attention/o@m (encoder_layers.mesh:27)
+      {"zeros", support::DType::F32, {}},
+      // roberta/encoder_layer[1]/self_attention/o@v (encoder_layers.mesh:27)
+      {"zeros", support::DType::F32, {}},
+      // roberta/encoder_layer[1]/norm/gain@m (encoder_layers.mesh:17)
+      {"zeros", support::DType::F32, {}},
+      // roberta/encoder_layer[1]/norm/gain@v (encoder_layers.mesh:17)
+      {"zeros", support::DType::F32, {}},
+      // roberta/encoder_layer[1]/norm/bias@m (encoder_layers.mesh:18)
+      {"zeros", support::DType::F32, {}},
+      // roberta/encoder_layer[1]/norm/bias@v (encoder_layers.mesh:18)
+      {"zeros", support::DType::F32, {}},
+      // roberta/encoder_layer[1]/dense_relu_dense/wi@m (encoder_layers.mesh:41)
+      {"zeros", support::DType::F32, {}},
+      // roberta/encoder_layer[1]/dense_relu_dense/wi@v (encoder_layers.mesh:41)
+      {"zeros", support::DType::F32, {}},
+      // roberta/encoder_layer[1]/dense_relu_dense/bi@m (encoder_layers.mesh:42)
+      {"zeros", support::DType::F32, {}},
+      // roberta/encoder_layer[1]/dense_relu_dense/bi@v (encoder_layers.mesh:42)
+      {"zeros", support::DType::F32, {}},
+      // roberta/encoder_layer[1]/dense_relu_dense/wo@m (encoder_layers.mesh:43)
+      {"zeros", support::DType::F32, {}},
+      // roberta/encoder_layer[1]/dense_relu_dense/wo@v (encoder_layers.mesh:43)
+      {"zeros", support::DType::F32, {}},
+      // roberta/encoder_layer[1]/dense_relu_dense/bo@m (encoder_layers.mesh:44)
+      {"zeros", support::DType::F32, {}},
+      // roberta/encoder_layer[1]/dense_relu_dense/bo@v (encoder_layers.mesh:44)
+      {"zeros", support::DType::F32, {}},
+      // roberta/encoder_layer[1]/norm#1/gain@m (encoder_layers.mesh:17)
+      {"zeros", support::DType::F32, {}},
+      // roberta/encoder_layer[1]/norm#1/gain@v (encoder_layers.mesh:17)
+      {"zeros", support::DType::F32, {}},
+      // roberta/encoder_layer[1]/norm#1/bias@m (encoder_layers.mesh:18)
+      {"zeros", support::DType::F32, {}},
+      // roberta/encoder_layer[1]/norm#1/bias@v (encoder_layers.mesh:18)
+      {"zeros", support::DType::F32, {}},
+      // roberta/lm_head/dense@m (roberta.mesh:41)
+      {"zeros", support::DType::F32, {}},
+      // roberta/lm_head/dense@v (roberta.mesh:41)
+      {"zeros", support::DType::F32, {}},
+      // roberta/lm_head/dense_bias@m (roberta.mesh:42)
+      {"zeros", support::DType::F32, {}},
+      // roberta/lm_head/dense_bias@v (roberta.mesh:42)
+      {"zeros", support::DType::F32, {}},
+      // roberta/lm_head/output_bias@m (roberta.mesh:44)
+      {"zeros", support::DType::F32, {}},
+      // roberta/lm_head/output_bias@v (roberta.mesh:44)
+      {"zeros", support::DType::F32, {}},
+      // roberta/lm_head/norm/gain@m (encoder_layers.mesh:17)
+      {"zeros", support::DType::F32, {}},
+      // roberta/lm_head/norm/gain@v (encoder_layers.mesh:17)
+      {"zeros", support::DType::F32, {}},
+      // roberta/lm_head/norm/bias@m (encoder_layers.mesh:18)
+      {"zeros", support::DType::F32, {}},
+      // roberta/lm_head/norm/bias@v (encoder_layers.mesh:18)
+      {"zeros", support::DType::F32, {}}};
+  support::Buffer *const data[] = {&param0_embedding,
+                                   &param1_roberta_positions,
+                                   &param2_roberta_norm_gain,
+                                   &param3_roberta_norm_bias,
+                                   &param4_roberta_encoder_layer_0_self_attention_q,
+                                   &param5_roberta_encoder_layer_0_self_attention_k,
+                                   &param6_roberta_encoder_layer_0_self_attention_v,
+                                   &param7_roberta_encoder_layer_0_self_attention_o,
+                                   &param8_roberta_encoder_layer_0_norm_gain,
+                                   &param9_roberta_encoder_layer_0_norm_bias,
+                                   &param10_roberta_encoder_layer_0_dense_relu_dense_wi,
+                                   &param11_roberta_encoder_layer_0_dense_relu_dense_bi,
+                                   &param12_roberta_encoder_layer_0_dense_relu_dense_wo,
+                                   &param13_roberta_encoder_layer_0_dense_relu_dense_bo,
+                                   &param14_roberta_encoder_layer_0_norm_1_gain,
+                                   &param15_roberta_encoder_layer_0_norm_1_bias,
+                                   &param16_roberta_encoder_layer_1_self_attention_q,
+                                   &param17_roberta_encoder_layer_1_self_attention_k,
+                                   &param18_roberta_encoder_layer_1_self_attention_v,
+                                   &param19_roberta_encoder_layer_1_self_attention_o,
+                                   &param20_roberta_encoder_layer_1_norm_gain,
+                                   &param21_roberta_encoder_layer_1_norm_bias,
+                                   &param22_roberta_encoder_layer_1_dense_relu_dense_wi,
+                                   &param23_roberta_encoder_layer_1_dense_relu_dense_bi,
+                                   &param24_roberta_encoder_layer_1_dense_relu_dense_wo,
+                                   &param25_roberta_encoder_layer_1_dense_relu_dense_bo,
+                                   &param26_roberta_encoder_layer_1_norm_1_gain,
+                                   &param27_roberta_encoder_layer_1_norm_1_bias,
+                                   &param28_roberta_lm_head_dense,
+                                   &param29_roberta_lm_head_dense_bias,
+                                   &param30_roberta_lm_head_output_bias,
+                                   &param31_roberta_lm_head_norm_gain,
+                                   &param32_roberta_lm_head_norm_bias,
+                                   &param33_embedding_m,
+                                   &param34_embedding_v,
+                                   &param35_roberta_positions_m,
+                                   &param36_roberta_positions_v,
+                                   &param37_roberta_norm_gain_m,
+                                   &param38_roberta_norm_gain_v,
+                                   &param39_roberta_norm_bias_m,
+                                   &param40_roberta_norm_bias_v,
+                                   &param41_roberta_encoder_layer_0_self_attention_q_m,
+                                   &param42_roberta_encoder_layer_0_self_attention_q_v,
+                                   &param43_roberta_encoder_layer_0_self_attention_k_m,
+                                   &param44_roberta_encoder_layer_0_self_attention_k_v,
+                                   &param45_roberta_encoder_layer_0_self_attention_v_m,
+                                   &param46_roberta_encoder_layer_0_self_attention_v_v,
+                                   &param47_roberta_encoder_layer_0_self_attention_o_m,
+                                   &param48_roberta_encoder_layer_0_self_attention_o_v,
+                                   &param49_roberta_encoder_layer_0_norm_gain_m,
+                                   &param50_roberta_encoder_layer_0_norm_gain_v,
+                                   &param51_roberta_encoder_layer_0_norm_bias_m,
+                                   &param52_roberta_encoder_layer_0_norm_bias_v,
+                                   &param53_roberta_encoder_layer_0_dense_relu_dense_wi_m,
+                                   &param54_roberta_encoder_layer_0_dense_relu_dense_wi_v,
+                                   &param55_roberta_encoder_layer_0_dense_relu_dense_bi_m,
+                                   &param56_roberta_encoder_layer_0_dense_relu_dense_bi_v,
+                                   &param57_roberta_encoder_layer_0_dense_relu_dense_wo_m,
+                                   &param58_roberta_encoder_layer_0_dense_relu_dense_wo_v,
+                                   &param59_roberta_encoder_layer_0_dense_relu_dense_bo_m,
+                                   &param60_roberta_encoder_layer_0_dense_relu_dense_bo_v,
+                                   &param61_roberta_encoder_layer_0_norm_1_gain_m,
+                                   &param62_roberta_encoder_layer_0_norm_1_gain_v,
+                                   &param63_roberta_encoder_layer_0_norm_1_bias_m,
+                                   &param64_roberta_encoder_layer_0_norm_1_bias_v,
+                                   &param65_roberta_encoder_layer_1_self_attention_q_m,
+                                   &param66_roberta_encoder_layer_1_self_attention_q_v,
+                                   &param67_roberta_encoder_layer_1_self_attention_k_m,
+                                   &param68_roberta_encoder_layer_1_self_attention_k_v,
+                                   &param69_roberta_encoder_layer_1_self_attention_v_m,
+                                   &param70_roberta_encoder_layer_1_self_attention_v_v,
+                                   &param71_roberta_encoder_layer_1_self_attention_o_m,
+                                   &param72_roberta_encoder_layer_1_self_attention_o_v,
+                                   &param73_roberta_encoder_layer_1_norm_gain_m,
+                                   &param74_roberta_encoder_layer_1_norm_gain_v,
+                                   &param75_roberta_encoder_layer_1_norm_bias_m,
+                                   &param76_roberta_encoder_layer_1_norm_bias_v,
+                                   &param77_roberta_encoder_layer_1_dense_relu_dense_wi_m,
+                                   &param78_roberta_encoder_layer_1_dense_relu_dense_wi_v,
+                                   &param79_roberta_encoder_layer_1_dense_relu_dense_bi_m,
+                                   &param80_roberta_encoder_layer_1_dense_relu_dense_bi_v,
+                                   &param81_roberta_encoder_layer_1_dense_relu_dense_wo_m,
+                                   &param82_roberta_encoder_layer_1_dense_relu_dense_wo_v,
+                                   &param83_roberta_encoder_layer_1_dense_relu_dense_bo_m,
+                                   &param84_roberta_encoder_layer_1_dense_relu_dense_bo_v,
+                                   &param85_roberta_encoder_layer_1_norm_1_gain_m,
+                                   &param86_roberta_encoder_layer_1_norm_1_gain_v,
+                                   &param87_roberta_encoder_layer_1_norm_1_bias_m,
+                                   &param88_roberta_encoder_layer_1_norm_1_bias_v,
+                                   &param89_roberta_lm_head_dense_m,
+                                   &param90_roberta_lm_head_dense_v,
+                                   &param91_roberta_lm_head_dense_bias_m,
+                                   &param92_roberta_lm_head_dense_bias_v,
+                                   &param93_roberta_lm_head_output_bias_m,
+                                   &param94_roberta_lm_head_output_bias_v,
+                                   &param95_roberta_lm_head_norm_gain_m,
+                                   &param96_roberta_lm_head_norm_gain_v,
+                                   &param97_roberta_lm_head_norm_bias_m,
+                                   &param98_roberta_lm_head_norm_bias_v};
+  support::initParams(world_, seed, -1, kMlmTrainParams, inits, data);
 }
 
 MlmTrain::Outputs MlmTrain::run(const Inputs &inputs) {
@@ -1220,48 +1657,13 @@ void MlmTrain::runPart0(const Inputs &inputs) {
   const support::Buffer &v0 = inputs.tokens.data;
   support::View v17 = arena_.view(135168, 32);
   support::View v18 = arena_.view(135296, 32);
-  {
-    float *__restrict v17p = v17.data();
-    float *__restrict v18p = v18.data();
-    const float *__restrict v0p = v0.data();
-    const float *__restrict v4p = v4.data();
-    const float *__restrict v1p = v1.data();
-    const float *__restrict v5p = v5.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = v0p[i0];
-      const float s1 = support::wrapI32(0.0);
-      const float s2 = support::wrapI32(double((double(s0) * double(s1))));
-      const float s3 = support::wrapI32(3.0);
-      const float s4 = support::wrapI32(double((double(s2) + double(s3))));
-      const float s5 = v4p[i0];
-      const float s6 = 0.9f;
-      const float s7 = (s5 < s6 ? 1.0f : 0.0f);
-      const float s8 = v4p[i0];
-      const float s9 = 0.8f;
-      const float s10 = (s8 < s9 ? 1.0f : 0.0f);
-      const float s11 = v1p[i0];
-      const float s12 = 0.15f;
-      const float s13 = (s11 < s12 ? 1.0f : 0.0f);
-      const float s14 = support::wrapI32(double((double(s13) * double(s10))));
-      const float s15 = support::wrapI32(double((double(s13) * double(s7))));
-      const float s16 = v5p[i0];
-      const float s17 = v0p[i0];
-      const float s18 = (s15 != 0 ? s16 : s17);
-      const float s19 = (s14 != 0 ? s4 : s18);
-      const float s20 = s13;
-      v17p[i0] = s19;
-      v18p[i0] = s20;
-    }
-  }
+  loop7(v17.data(), v18.data(), v0.data(), v4.data(), v1.data(), v5.data());
 
   // roberta.mesh:31:40 einsum
   MESHRT_TRACE("einsum", "roberta.mesh:31:40", "forward");
   support::View v19(param0_embedding); // updated in place
   support::View v22 = arena_.view(0, 1024);
-  static const support::Shape shape4_1 = {2, 16, 32};
-  static const support::Shape shape4_3 = {0, 0, 1};
-  static const support::Shape shape4_5 = {16, 1, 0};
-  support::gather(v22.data(), shape4_1, v19.data(), shape4_3, v17.data(), shape4_5, 32, 32,
+  support::gather(v22.data(), kShape0, v19.data(), kShape1, v17.data(), kShape2, 32, 32,
                   support::shardStart(world_, {"model"}, 32));
 
   // roberta.mesh:32:40 all_reduce_sum (resolve the partial sum of %22 over model for add at 32:40)
@@ -1272,30 +1674,12 @@ void MlmTrain::runPart0(const Inputs &inputs) {
   MESHRT_TRACE("loop", "roberta.mesh:32:40", "forward");
   support::View v20(param1_roberta_positions); // updated in place
   support::View v24 = arena_.view(4096, 1024);
-  {
-    float *__restrict v24p = v24.data();
-    const float *__restrict v22p = v22.data();
-    const float *__restrict v20p = v20.data();
-    for (int64_t i0 = 0; i0 < 2; ++i0) {
-      for (int64_t i1 = 0; i1 < 512; ++i1) {
-        const float s0 = v22p[i0 * 512 + i1];
-        const float s1 = v20p[i1];
-        const float s2 = (s0 + s1);
-        v24p[i0 * 512 + i1] = s2;
-      }
-    }
-  }
+  loop0(v24.data(), v22.data(), v20.data());
 
   // encoder_layers.mesh:19:10 layer_norm
   MESHRT_TRACE("layer_norm", "encoder_layers.mesh:19:10", "forward");
   support::View v27 = arena_.view(0, 1024);
-  static const support::Shape shape7_2 = {2, 16};
-  static const support::Shape shape7_3 = {512, 32};
-  static const support::Shape shape7_4 = {512, 32};
-  static const support::Shape shape7_5 = {32};
-  static const support::Shape shape7_6 = {1};
-  static const support::Shape shape7_7 = {1};
-  support::along(v27.data(), v24.data(), shape7_2, shape7_3, shape7_4, shape7_5, shape7_6, shape7_7,
+  support::along(v27.data(), v24.data(), kShape3, kShape4, kShape4, kShape5, kShape6, kShape6,
                  support::Along::LayerNorm, 1e-12, 32, nullptr);
 
   // encoder_layers.mesh:19:46 mul
@@ -1304,22 +1688,7 @@ void MlmTrain::runPart0(const Inputs &inputs) {
   support::View v25(param2_roberta_norm_gain); // updated in place
   support::View v26(param3_roberta_norm_bias); // updated in place
   support::View v29 = arena_.view(8192, 1024);
-  {
-    float *__restrict v29p = v29.data();
-    const float *__restrict v27p = v27.data();
-    const float *__restrict v25p = v25.data();
-    const float *__restrict v26p = v26.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = v27p[i0 * 32 + i1];
-        const float s1 = v25p[i1];
-        const float s2 = (s0 * s1);
-        const float s3 = v26p[i1];
-        const float s4 = (s2 + s3);
-        v29p[i0 * 32 + i1] = s4;
-      }
-    }
-  }
+  loop1(v29.data(), v27.data(), v25.data(), v26.data());
 
   // 18 statements from encoder_layers.mesh:28:17 einsum -> queries (1 of 2)
   MESHRT_TRACE_SITE("encoder_layers.mesh:28:17");
@@ -1392,26 +1761,14 @@ void MlmTrain::runPart0(const Inputs &inputs) {
   // roberta.mesh:43:9 transpose
   MESHRT_TRACE("loop", "roberta.mesh:43:9", "forward");
   support::View v108 = arena_.view(86016, 1024);
-  {
-    float *__restrict v108p = v108.data();
-    const float *__restrict v19p = v19.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = v19p[i0 + i1 * 32];
-        const float s1 = s0;
-        v108p[i0 * 32 + i1] = s1;
-      }
-    }
-  }
+  loop2(v108.data(), v19.data());
 
   // roberta.mesh:46:23 einsum
   MESHRT_TRACE("gemm", "roberta.mesh:46:23", "forward");
   support::View v106(param28_roberta_lm_head_dense); // updated in place
   support::View v110 = arena_.view(90112, 1024);
   // dims: batch, length, d_model, d_out
-  static const meshrt::kernels::EinsumPlan einsumPlan12(
-      {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan12.run(v105.data(), v106.data(), v110.data(), 1.0f, 0.0f);
+  kEinsum0.plan().run(v105.data(), v106.data(), v110.data(), 1.0f, 0.0f);
 
   // roberta.mesh:46:64 add
   // roberta.mesh:46:18 gelu
@@ -1419,34 +1776,13 @@ void MlmTrain::runPart0(const Inputs &inputs) {
   support::View v107(param29_roberta_lm_head_dense_bias); // updated in place
   support::View v111 = arena_.view(94208, 1024);
   support::View v112 = arena_.view(98304, 1024);
-  {
-    float *__restrict v111p = v111.data();
-    float *__restrict v112p = v112.data();
-    const float *__restrict v110p = v110.data();
-    const float *__restrict v107p = v107.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = v110p[i0 * 32 + i1];
-        const float s1 = v107p[i1];
-        const float s2 = (s0 + s1);
-        const float s3 = support::fgelu(s2);
-        v111p[i0 * 32 + i1] = s2;
-        v112p[i0 * 32 + i1] = s3;
-      }
-    }
-  }
+  loop8(v111.data(), v112.data(), v110.data(), v107.data());
 
   // encoder_layers.mesh:19:10 layer_norm
   MESHRT_TRACE("layer_norm", "encoder_layers.mesh:19:10", "forward");
   support::View v116 = arena_.view(90112, 1024);
-  static const support::Shape shape14_2 = {2, 16};
-  static const support::Shape shape14_3 = {512, 32};
-  static const support::Shape shape14_4 = {512, 32};
-  static const support::Shape shape14_5 = {32};
-  static const support::Shape shape14_6 = {1};
-  static const support::Shape shape14_7 = {1};
-  support::along(v116.data(), v112.data(), shape14_2, shape14_3, shape14_4, shape14_5, shape14_6,
-                 shape14_7, support::Along::LayerNorm, 1e-12, 32, nullptr);
+  support::along(v116.data(), v112.data(), kShape3, kShape4, kShape4, kShape5, kShape6, kShape6,
+                 support::Along::LayerNorm, 1e-12, 32, nullptr);
 
   // encoder_layers.mesh:19:46 mul
   // encoder_layers.mesh:19:53 add
@@ -1454,121 +1790,54 @@ void MlmTrain::runPart0(const Inputs &inputs) {
   support::View v114(param31_roberta_lm_head_norm_gain); // updated in place
   support::View v115(param32_roberta_lm_head_norm_bias); // updated in place
   support::View v118 = arena_.view(102400, 1024);
-  {
-    float *__restrict v118p = v118.data();
-    const float *__restrict v116p = v116.data();
-    const float *__restrict v114p = v114.data();
-    const float *__restrict v115p = v115.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = v116p[i0 * 32 + i1];
-        const float s1 = v114p[i1];
-        const float s2 = (s0 * s1);
-        const float s3 = v115p[i1];
-        const float s4 = (s2 + s3);
-        v118p[i0 * 32 + i1] = s4;
-      }
-    }
-  }
+  loop1(v118.data(), v116.data(), v114.data(), v115.data());
 
   // roberta.mesh:47:10 einsum
   MESHRT_TRACE("gemm", "roberta.mesh:47:10", "forward");
   support::View v119 = arena_.view(106496, 1024);
   // dims: batch, length, d_model, vocab
-  static const meshrt::kernels::EinsumPlan einsumPlan16(
-      {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan16.run(v118.data(), v108.data(), v119.data(), 1.0f, 0.0f);
+  kEinsum0.plan().run(v118.data(), v108.data(), v119.data(), 1.0f, 0.0f);
 
   // roberta.mesh:47:57 add
   MESHRT_TRACE("loop", "roberta.mesh:47:57", "forward");
   support::View v109(param30_roberta_lm_head_output_bias); // updated in place
   support::View v120 = arena_.view(110592, 1024);
-  {
-    float *__restrict v120p = v120.data();
-    const float *__restrict v119p = v119.data();
-    const float *__restrict v109p = v109.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = v119p[i0 * 32 + i1];
-        const float s1 = v109p[i1];
-        const float s2 = (s0 + s1);
-        v120p[i0 * 32 + i1] = s2;
-      }
-    }
-  }
+  loop4(v120.data(), v119.data(), v109.data());
 
   // roberta.mesh:66:14 log_softmax -> logp
   MESHRT_TRACE("log_softmax", "roberta.mesh:66:14", "forward");
   support::View v121 = arena_.view(106496, 1024);
-  static const support::Shape shape18_2 = {2, 16};
-  static const support::Shape shape18_3 = {512, 32};
-  static const support::Shape shape18_4 = {512, 32};
-  static const support::Shape shape18_5 = {32};
-  static const support::Shape shape18_6 = {1};
-  static const support::Shape shape18_7 = {1};
-  support::along(v121.data(), v120.data(), shape18_2, shape18_3, shape18_4, shape18_5, shape18_6,
-                 shape18_7, support::Along::LogSoftmax, 1e-05, 64, &group_model);
+  support::along(v121.data(), v120.data(), kShape3, kShape4, kShape4, kShape5, kShape6, kShape6,
+                 support::Along::LogSoftmax, 1e-05, 64, &group_model);
 
   // roberta.mesh:67:32 one_hot
   MESHRT_TRACE("one_hot", "roberta.mesh:67:32", "forward");
   support::View v122 = arena_.view(110592, 1024);
-  static const support::Shape shape19_1 = {2, 16, 32};
-  static const support::Shape shape19_3 = {16, 1, 0};
-  static const support::Shape shape19_4 = {0, 0, 1};
-  support::oneHot(v122.data(), shape19_1, v0.data(), shape19_3, shape19_4,
+  support::oneHot(v122.data(), kShape0, v0.data(), kShape2, kShape1,
                   support::shardStart(world_, {"model"}, 32));
 
   // roberta.mesh:67:30 mul
   MESHRT_TRACE("loop", "roberta.mesh:67:30", "forward");
   support::View v123 = arena_.view(114688, 1024);
-  {
-    float *__restrict v123p = v123.data();
-    const float *__restrict v121p = v121.data();
-    const float *__restrict v122p = v122.data();
-    for (int64_t i0 = 0; i0 < 1024; ++i0) {
-      const float s0 = v121p[i0];
-      const float s1 = v122p[i0];
-      const float s2 = (s0 * s1);
-      v123p[i0] = s2;
-    }
-  }
+  loop9(v123.data(), v121.data(), v122.data());
 
   // roberta.mesh:67:21 sum
   MESHRT_TRACE("sum", "roberta.mesh:67:21", "forward");
   support::View v124 = arena_.view(135424, 32);
-  static const support::Shape shape21_1 = {2, 16};
-  static const support::Shape shape21_3 = {512, 32};
-  static const support::Shape shape21_4 = {32};
-  static const support::Shape shape21_5 = {1};
-  support::reduce(v124.data(), shape21_1, v123.data(), shape21_3, shape21_4, shape21_5,
+  support::reduce(v124.data(), kShape3, v123.data(), kShape4, kShape5, kShape6,
                   support::Reduce::Sum, 1.0);
 
   // roberta.mesh:68:21 mean -> chosen_fraction
   MESHRT_TRACE("mean", "roberta.mesh:68:21", "forward");
   support::View v126 = arena_.view(135552, 1);
-  static const support::Shape shape22_1 = {};
-  static const support::Shape shape22_3 = {};
-  static const support::Shape shape22_4 = {2, 16};
-  static const support::Shape shape22_5 = {16, 1};
-  support::reduce(v126.data(), shape22_1, v18.data(), shape22_3, shape22_4, shape22_5,
+  support::reduce(v126.data(), kShape10, v18.data(), kShape10, kShape3, kShape11,
                   support::Reduce::Sum, 0.015625);
 
   // roberta.mesh:67:20 neg -> token_loss
   // roberta.mesh:70:29 mul
   MESHRT_TRACE("loop", "roberta.mesh:67:20", "forward");
   support::View v127 = arena_.view(114688, 32);
-  {
-    float *__restrict v127p = v127.data();
-    const float *__restrict v124p = v124.data();
-    const float *__restrict v18p = v18.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = v124p[i0];
-      const float s1 = -s0;
-      const float s2 = v18p[i0];
-      const float s3 = (s1 * s2);
-      v127p[i0] = s3;
-    }
-  }
+  loop10(v127.data(), v124.data(), v18.data());
 }
 
 void MlmTrain::runPart1(const Inputs &inputs) {
@@ -1579,22 +1848,14 @@ void MlmTrain::runPart1(const Inputs &inputs) {
   MESHRT_TRACE("sum", "roberta.mesh:70:14", "forward");
   support::View v127 = arena_.view(114688, 32);
   support::View v128 = arena_.view(114816, 1);
-  static const support::Shape shape0_1 = {};
-  static const support::Shape shape0_3 = {};
-  static const support::Shape shape0_4 = {2, 16};
-  static const support::Shape shape0_5 = {16, 1};
-  support::reduce(v128.data(), shape0_1, v127.data(), shape0_3, shape0_4, shape0_5,
+  support::reduce(v128.data(), kShape10, v127.data(), kShape10, kShape3, kShape11,
                   support::Reduce::Sum, 1.0);
 
   // roberta.mesh:70:42 sum
   MESHRT_TRACE("sum", "roberta.mesh:70:42", "forward");
   support::View v18 = arena_.view(135296, 32);
   support::View v129 = arena_.view(114688, 1);
-  static const support::Shape shape1_1 = {};
-  static const support::Shape shape1_3 = {};
-  static const support::Shape shape1_4 = {2, 16};
-  static const support::Shape shape1_5 = {16, 1};
-  support::reduce(v129.data(), shape1_1, v18.data(), shape1_3, shape1_4, shape1_5,
+  support::reduce(v129.data(), kShape10, v18.data(), kShape10, kShape3, kShape11,
                   support::Reduce::Sum, 1.0);
 
   // roberta.mesh:70:54 bucketed_all_reduce_sum -> chosen_fraction (2 partial sums (chosen_fraction,
@@ -1645,52 +1906,12 @@ void MlmTrain::runPart1(const Inputs &inputs) {
   support::View v121 = arena_.view(106496, 1024);
   support::View v122 = arena_.view(110592, 1024);
   support::View v150 = arena_.view(114688, 1024);
-  {
-    float *__restrict v150p = v150.data();
-    const float *__restrict v132p = v132.data();
-    const float *__restrict v18p = v18.data();
-    const float *__restrict v0p = v0.data();
-    const float *__restrict v121p = v121.data();
-    const float *__restrict v122p = v122.data();
-    const float r0 = v132p[0];
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = 1.0f;
-        const float s1 = r0;
-        const float s2 = (s0 / s1);
-        const float s3 = s2;
-        const float s4 = v18p[i0];
-        const float s5 = (s3 * s4);
-        const float s6 = -s5;
-        const float s7 = v0p[i0];
-        const float s8 = support::wrapI32(64.0);
-        const float s9 = (s7 < s8 ? 1.0f : 0.0f);
-        const float s10 = v0p[i0];
-        const float s11 = support::wrapI32(0.0);
-        const float s12 = (s10 >= s11 ? 1.0f : 0.0f);
-        const float s13 = support::wrapI32(double((double(s12) * double(s9))));
-        const float s14 = s13;
-        const float s15 = (s6 * s14);
-        const float s16 = v121p[i0 * 32 + i1];
-        const float s17 = support::fexp(s16);
-        const float s18 = (s17 * s15);
-        const float s19 = s6;
-        const float s20 = v122p[i0 * 32 + i1];
-        const float s21 = (s19 * s20);
-        const float s22 = (s21 - s18);
-        v150p[i0 * 32 + i1] = s22;
-      }
-    }
-  }
+  loop11(v150.data(), v132.data(), v18.data(), v0.data(), v121.data(), v122.data());
 
   // roberta.mesh:47:57 sum -> grad/roberta/lm_head/output_bias
   MESHRT_TRACE("sum", "roberta.mesh:47:57", "backward");
   support::View v151 = arena_.view(110592, 32);
-  static const support::Shape shape6_1 = {32};
-  static const support::Shape shape6_3 = {1};
-  static const support::Shape shape6_4 = {2, 16};
-  static const support::Shape shape6_5 = {512, 32};
-  support::reduce(v151.data(), shape6_1, v150.data(), shape6_3, shape6_4, shape6_5,
+  support::reduce(v151.data(), kShape5, v150.data(), kShape6, kShape3, kShape4,
                   support::Reduce::Sum, 1.0);
 
   // roberta.mesh:47:10 einsum
@@ -1698,9 +1919,7 @@ void MlmTrain::runPart1(const Inputs &inputs) {
   support::View v108 = arena_.view(86016, 1024);
   support::View v152 = arena_.view(106496, 1024);
   // dims: batch, length, vocab, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan7(
-      {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan7.run(v150.data(), v108.data(), v152.data(), 1.0f, 0.0f);
+  kEinsum5.plan().run(v150.data(), v108.data(), v152.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:19:53 all_reduce_sum (resolve the partial sum of %146 over model for sum at
   // 19:53)
@@ -1712,9 +1931,7 @@ void MlmTrain::runPart1(const Inputs &inputs) {
   support::View v118 = arena_.view(102400, 1024);
   support::View v153 = arena_.view(86016, 1024);
   // dims: batch, length, vocab, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan9(
-      {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
-  einsumPlan9.run(v150.data(), v118.data(), v153.data(), 1.0f, 0.0f);
+  kEinsum6.plan().run(v150.data(), v118.data(), v153.data(), 1.0f, 0.0f);
 
   MESHRT_TRACE_SITE("encoder_layers.mesh:19:53");
   group_model.wait(request1);
@@ -1762,67 +1979,12 @@ void MlmTrain::runPart1(const Inputs &inputs) {
   MESHRT_TRACE("loop", "roberta.mesh:46:18", "backward");
   support::View v111 = arena_.view(94208, 1024);
   support::View v195 = arena_.view(102400, 1024);
-  {
-    float *__restrict v195p = v195.data();
-    const float *__restrict v111p = v111.data();
-    const float *__restrict v116p = v116.data();
-    const float *__restrict v167p = v167.data();
-    const float *__restrict v156p = v156.data();
-    const float *__restrict v169p = v169.data();
-    const float *__restrict v165p = v165.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = v111p[i0 * 32 + i1];
-        const float s1 = s0 * s0;
-        const float s2 = v111p[i0 * 32 + i1];
-        const float s3 = (s2 * s1);
-        const float s4 = 0.044715f;
-        const float s5 = (s3 * s4);
-        const float s6 = v111p[i0 * 32 + i1];
-        const float s7 = (s6 + s5);
-        const float s8 = 0.7978846f;
-        const float s9 = (s7 * s8);
-        const float s10 = support::ftanh(s9);
-        const float s11 = 1.0f;
-        const float s12 = (s10 + s11);
-        const float s13 = 0.5f;
-        const float s14 = (s12 * s13);
-        const float s15 = 0.134145f;
-        const float s16 = (s1 * s15);
-        const float s17 = 1.0f;
-        const float s18 = (s16 + s17);
-        const float s19 = s10 * s10;
-        const float s20 = 1.0f;
-        const float s21 = (s20 - s19);
-        const float s22 = v111p[i0 * 32 + i1];
-        const float s23 = (s22 * s21);
-        const float s24 = (s23 * s18);
-        const float s25 = 0.3989423f;
-        const float s26 = (s24 * s25);
-        const float s27 = (s14 + s26);
-        const float s28 = v116p[i0 * 32 + i1];
-        const float s29 = v167p[i0];
-        const float s30 = (s28 * s29);
-        const float s31 = v156p[i0 * 32 + i1];
-        const float s32 = v169p[i0];
-        const float s33 = (s31 - s32);
-        const float s34 = (s33 - s30);
-        const float s35 = v165p[i0];
-        const float s36 = (s34 * s35);
-        const float s37 = (s36 * s27);
-        v195p[i0 * 32 + i1] = s37;
-      }
-    }
-  }
+  loop12(v195.data(), v111.data(), v116.data(), v167.data(), v156.data(), v169.data(), v165.data());
 
   // roberta.mesh:46:64 sum -> grad/roberta/lm_head/dense_bias
   MESHRT_TRACE("sum", "roberta.mesh:46:64", "backward");
   support::View v196 = arena_.view(98304, 32);
-  static const support::Shape shape13_1 = {32};
-  static const support::Shape shape13_3 = {1};
-  static const support::Shape shape13_4 = {2, 16};
-  static const support::Shape shape13_5 = {512, 32};
-  support::reduce(v196.data(), shape13_1, v195.data(), shape13_3, shape13_4, shape13_5,
+  support::reduce(v196.data(), kShape5, v195.data(), kShape6, kShape3, kShape4,
                   support::Reduce::Sum, 1.0);
 
   // roberta.mesh:46:23 einsum
@@ -1830,18 +1992,14 @@ void MlmTrain::runPart1(const Inputs &inputs) {
   support::View v106(param28_roberta_lm_head_dense); // updated in place
   support::View v197 = arena_.view(90112, 1024);
   // dims: batch, length, d_out, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan14(
-      {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan14.run(v195.data(), v106.data(), v197.data(), 1.0f, 0.0f);
+  kEinsum5.plan().run(v195.data(), v106.data(), v197.data(), 1.0f, 0.0f);
 
   // roberta.mesh:46:23 einsum -> grad/roberta/lm_head/dense
   MESHRT_TRACE("gemm", "roberta.mesh:46:23", "backward");
   support::View v105 = arena_.view(81920, 1024);
   support::View v198 = arena_.view(94208, 1024);
   // dims: batch, length, d_out, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan15(
-      {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
-  einsumPlan15.run(v195.data(), v105.data(), v198.data(), 1.0f, 0.0f);
+  kEinsum6.plan().run(v195.data(), v105.data(), v198.data(), 1.0f, 0.0f);
 
   // 10 statements from encoder_layers.mesh:19:53 sum -> grad/roberta/lm_head/norm/bias (2 of 2)
   MESHRT_TRACE_SITE("encoder_layers.mesh:19:53");
@@ -1868,28 +2026,7 @@ void MlmTrain::runPart1(const Inputs &inputs) {
   // encoder_layers.mesh:19:10 mul
   MESHRT_TRACE("loop", "encoder_layers.mesh:19:10", "backward");
   support::View v216 = arena_.view(81920, 1024);
-  {
-    float *__restrict v216p = v216.data();
-    const float *__restrict v103p = v103.data();
-    const float *__restrict v211p = v211.data();
-    const float *__restrict v201p = v201.data();
-    const float *__restrict v213p = v213.data();
-    const float *__restrict v209p = v209.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = v103p[i0 * 32 + i1];
-        const float s1 = v211p[i0];
-        const float s2 = (s0 * s1);
-        const float s3 = v201p[i0 * 32 + i1];
-        const float s4 = v213p[i0];
-        const float s5 = (s3 - s4);
-        const float s6 = (s5 - s2);
-        const float s7 = v209p[i0];
-        const float s8 = (s6 * s7);
-        v216p[i0 * 32 + i1] = s8;
-      }
-    }
-  }
+  loop13(v216.data(), v103.data(), v211.data(), v201.data(), v213.data(), v209.data());
 
   // 49 statements from encoder_layers.mesh:46:50 sum ->
   // grad/roberta/encoder_layer[1]/dense_relu_dense/bo (1 of 2)
@@ -2050,45 +2187,21 @@ void MlmTrain::runPart1(const Inputs &inputs) {
   // roberta.mesh:32:40 sum -> grad/roberta/positions
   MESHRT_TRACE("sum", "roberta.mesh:32:40", "backward");
   support::View v385 = arena_.view(14336, 512);
-  static const support::Shape shape20_1 = {16, 32};
-  static const support::Shape shape20_3 = {32, 1};
-  static const support::Shape shape20_4 = {2};
-  static const support::Shape shape20_5 = {512};
-  support::reduce(v385.data(), shape20_1, v384.data(), shape20_3, shape20_4, shape20_5,
+  support::reduce(v385.data(), kShape12, v384.data(), kShape13, kShape14, kShape15,
                   support::Reduce::Sum, 1.0);
 
   // roberta.mesh:31:40 einsum
   MESHRT_TRACE("einsum", "roberta.mesh:31:40", "backward");
   support::View v17 = arena_.view(135168, 32);
   support::View v386 = arena_.view(0, 1024);
-  static const support::Shape shape21_1 = {32, 32};
-  static const support::Shape shape21_3 = {0, 1};
-  static const support::Shape shape21_5 = {0, 0};
-  static const support::Shape shape21_6 = {2, 16};
-  static const support::Shape shape21_7 = {512, 32};
-  static const support::Shape shape21_8 = {16, 1};
-  support::scatterAdd(v386.data(), shape21_1, v384.data(), shape21_3, v17.data(), shape21_5,
-                      shape21_6, shape21_7, shape21_8, 0,
-                      support::shardStart(world_, {"model"}, 32));
+  support::scatterAdd(v386.data(), kShape16, v384.data(), kShape17, v17.data(), kShape18, kShape3,
+                      kShape4, kShape11, 0, support::shardStart(world_, {"model"}, 32));
 
   // roberta.mesh:43:9 transpose
   // roberta.mesh:31:40 add -> grad/embedding
   MESHRT_TRACE("loop", "roberta.mesh:43:9", "backward");
   support::View v387 = arena_.view(4096, 1024);
-  {
-    float *__restrict v387p = v387.data();
-    const float *__restrict v153p = v153.data();
-    const float *__restrict v386p = v386.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = v153p[i0 + i1 * 32];
-        const float s1 = s0;
-        const float s2 = v386p[i0 * 32 + i1];
-        const float s3 = (s1 + s2);
-        v387p[i0 * 32 + i1] = s3;
-      }
-    }
-  }
+  loop14(v387.data(), v153.data(), v386.data());
 
   // roberta.mesh:71:3 bucketed_all_reduce_sum -> grad/roberta/lm_head/output_bias (33 partial sums
   // (grad/roberta/lm_head/output_bias, grad/roberta/lm_head/norm/bias,
@@ -2181,54 +2294,7 @@ void MlmTrain::runPart1(const Inputs &inputs) {
   support::View v19(param0_embedding);     // updated in place
   support::View v406(param34_embedding_v); // updated in place
   support::View v405(param33_embedding_m); // updated in place
-  {
-    float *__restrict v406p = v406.data();
-    float *__restrict v405p = v405.data();
-    float *__restrict v19p = v19.data();
-    const float *__restrict v387p = v387.data();
-    const float *__restrict v422p = v422.data();
-    const float *__restrict v420p = v420.data();
-    const float *__restrict v404p = v404.data();
-    const float r3 = v422p[0];
-    const float r5 = v420p[0];
-    const float r6 = v404p[0];
-    for (int64_t i0 = 0; i0 < 1024; ++i0) {
-      const float s0 = v19p[i0];
-      const float s1 = 0.01f;
-      const float s2 = (s0 * s1);
-      const float s3 = v387p[i0];
-      const float s4 = s3 * s3;
-      const float s5 = 0.01999998f;
-      const float s6 = (s4 * s5);
-      const float s7 = v406p[i0];
-      const float s8 = 0.98f;
-      const float s9 = (s7 * s8);
-      const float s10 = (s9 + s6);
-      const float s11 = r3;
-      const float s12 = (s10 / s11);
-      const float s13 = support::fsqrt(s12);
-      const float s14 = 1e-06f;
-      const float s15 = (s13 + s14);
-      const float s16 = v387p[i0];
-      const float s17 = 0.100000024f;
-      const float s18 = (s16 * s17);
-      const float s19 = v405p[i0];
-      const float s20 = 0.9f;
-      const float s21 = (s19 * s20);
-      const float s22 = (s21 + s18);
-      const float s23 = r5;
-      const float s24 = (s22 / s23);
-      const float s25 = (s24 / s15);
-      const float s26 = (s25 + s2);
-      const float s27 = r6;
-      const float s28 = (s26 * s27);
-      const float s29 = v19p[i0];
-      const float s30 = (s29 - s28);
-      v406p[i0] = s10;
-      v405p[i0] = s22;
-      v19p[i0] = s30;
-    }
-  }
+  loop15(v406.data(), v405.data(), v19.data(), v387.data(), v422.data(), v420.data(), v404.data());
 
   // roberta.mesh:71:3 mul
   // roberta.mesh:71:3 square
@@ -2250,54 +2316,7 @@ void MlmTrain::runPart1(const Inputs &inputs) {
   support::View v20(param1_roberta_positions);     // updated in place
   support::View v435(param36_roberta_positions_v); // updated in place
   support::View v434(param35_roberta_positions_m); // updated in place
-  {
-    float *__restrict v435p = v435.data();
-    float *__restrict v434p = v434.data();
-    float *__restrict v20p = v20.data();
-    const float *__restrict v385p = v385.data();
-    const float *__restrict v422p = v422.data();
-    const float *__restrict v420p = v420.data();
-    const float *__restrict v404p = v404.data();
-    const float r3 = v422p[0];
-    const float r5 = v420p[0];
-    const float r6 = v404p[0];
-    for (int64_t i0 = 0; i0 < 512; ++i0) {
-      const float s0 = v20p[i0];
-      const float s1 = 0.01f;
-      const float s2 = (s0 * s1);
-      const float s3 = v385p[i0];
-      const float s4 = s3 * s3;
-      const float s5 = 0.01999998f;
-      const float s6 = (s4 * s5);
-      const float s7 = v435p[i0];
-      const float s8 = 0.98f;
-      const float s9 = (s7 * s8);
-      const float s10 = (s9 + s6);
-      const float s11 = r3;
-      const float s12 = (s10 / s11);
-      const float s13 = support::fsqrt(s12);
-      const float s14 = 1e-06f;
-      const float s15 = (s13 + s14);
-      const float s16 = v385p[i0];
-      const float s17 = 0.100000024f;
-      const float s18 = (s16 * s17);
-      const float s19 = v434p[i0];
-      const float s20 = 0.9f;
-      const float s21 = (s19 * s20);
-      const float s22 = (s21 + s18);
-      const float s23 = r5;
-      const float s24 = (s22 / s23);
-      const float s25 = (s24 / s15);
-      const float s26 = (s25 + s2);
-      const float s27 = r6;
-      const float s28 = (s26 * s27);
-      const float s29 = v20p[i0];
-      const float s30 = (s29 - s28);
-      v435p[i0] = s10;
-      v434p[i0] = s22;
-      v20p[i0] = s30;
-    }
-  }
+  loop16(v435.data(), v434.data(), v20.data(), v385.data(), v422.data(), v420.data(), v404.data());
 
   // 2 statements from roberta.mesh:71:3 mul (1 of 2)
   MESHRT_TRACE_SITE("roberta.mesh:71:3");
@@ -2397,54 +2416,8 @@ void MlmTrain::runPart1(const Inputs &inputs) {
   MESHRT_TRACE("loop", "roberta.mesh:71:3", "update");
   support::View v1002(param90_roberta_lm_head_dense_v); // updated in place
   support::View v1001(param89_roberta_lm_head_dense_m); // updated in place
-  {
-    float *__restrict v1002p = v1002.data();
-    float *__restrict v1001p = v1001.data();
-    float *__restrict v106p = v106.data();
-    const float *__restrict v198p = v198.data();
-    const float *__restrict v422p = v422.data();
-    const float *__restrict v420p = v420.data();
-    const float *__restrict v404p = v404.data();
-    const float r3 = v422p[0];
-    const float r5 = v420p[0];
-    const float r6 = v404p[0];
-    for (int64_t i0 = 0; i0 < 1024; ++i0) {
-      const float s0 = v106p[i0];
-      const float s1 = 0.01f;
-      const float s2 = (s0 * s1);
-      const float s3 = v198p[i0];
-      const float s4 = s3 * s3;
-      const float s5 = 0.01999998f;
-      const float s6 = (s4 * s5);
-      const float s7 = v1002p[i0];
-      const float s8 = 0.98f;
-      const float s9 = (s7 * s8);
-      const float s10 = (s9 + s6);
-      const float s11 = r3;
-      const float s12 = (s10 / s11);
-      const float s13 = support::fsqrt(s12);
-      const float s14 = 1e-06f;
-      const float s15 = (s13 + s14);
-      const float s16 = v198p[i0];
-      const float s17 = 0.100000024f;
-      const float s18 = (s16 * s17);
-      const float s19 = v1001p[i0];
-      const float s20 = 0.9f;
-      const float s21 = (s19 * s20);
-      const float s22 = (s21 + s18);
-      const float s23 = r5;
-      const float s24 = (s22 / s23);
-      const float s25 = (s24 / s15);
-      const float s26 = (s25 + s2);
-      const float s27 = r6;
-      const float s28 = (s26 * s27);
-      const float s29 = v106p[i0];
-      const float s30 = (s29 - s28);
-      v1002p[i0] = s10;
-      v1001p[i0] = s22;
-      v106p[i0] = s30;
-    }
-  }
+  loop15(v1002.data(), v1001.data(), v106.data(), v198.data(), v422.data(), v420.data(),
+         v404.data());
 
   // roberta.mesh:71:3 mul
   // roberta.mesh:71:3 square
@@ -2466,54 +2439,8 @@ void MlmTrain::runPart1(const Inputs &inputs) {
   support::View v107(param29_roberta_lm_head_dense_bias);    // updated in place
   support::View v1023(param92_roberta_lm_head_dense_bias_v); // updated in place
   support::View v1022(param91_roberta_lm_head_dense_bias_m); // updated in place
-  {
-    float *__restrict v1023p = v1023.data();
-    float *__restrict v1022p = v1022.data();
-    float *__restrict v107p = v107.data();
-    const float *__restrict v196p = v196.data();
-    const float *__restrict v422p = v422.data();
-    const float *__restrict v420p = v420.data();
-    const float *__restrict v404p = v404.data();
-    const float r3 = v422p[0];
-    const float r5 = v420p[0];
-    const float r6 = v404p[0];
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = v107p[i0];
-      const float s1 = 0.01f;
-      const float s2 = (s0 * s1);
-      const float s3 = v196p[i0];
-      const float s4 = s3 * s3;
-      const float s5 = 0.01999998f;
-      const float s6 = (s4 * s5);
-      const float s7 = v1023p[i0];
-      const float s8 = 0.98f;
-      const float s9 = (s7 * s8);
-      const float s10 = (s9 + s6);
-      const float s11 = r3;
-      const float s12 = (s10 / s11);
-      const float s13 = support::fsqrt(s12);
-      const float s14 = 1e-06f;
-      const float s15 = (s13 + s14);
-      const float s16 = v196p[i0];
-      const float s17 = 0.100000024f;
-      const float s18 = (s16 * s17);
-      const float s19 = v1022p[i0];
-      const float s20 = 0.9f;
-      const float s21 = (s19 * s20);
-      const float s22 = (s21 + s18);
-      const float s23 = r5;
-      const float s24 = (s22 / s23);
-      const float s25 = (s24 / s15);
-      const float s26 = (s25 + s2);
-      const float s27 = r6;
-      const float s28 = (s26 * s27);
-      const float s29 = v107p[i0];
-      const float s30 = (s29 - s28);
-      v1023p[i0] = s10;
-      v1022p[i0] = s22;
-      v107p[i0] = s30;
-    }
-  }
+  loop17(v1023.data(), v1022.data(), v107.data(), v196.data(), v422.data(), v420.data(),
+         v404.data());
 
   // roberta.mesh:71:3 mul
   // roberta.mesh:71:3 square
@@ -2535,54 +2462,8 @@ void MlmTrain::runPart1(const Inputs &inputs) {
   support::View v109(param30_roberta_lm_head_output_bias);    // updated in place
   support::View v1044(param94_roberta_lm_head_output_bias_v); // updated in place
   support::View v1043(param93_roberta_lm_head_output_bias_m); // updated in place
-  {
-    float *__restrict v1044p = v1044.data();
-    float *__restrict v1043p = v1043.data();
-    float *__restrict v109p = v109.data();
-    const float *__restrict v151p = v151.data();
-    const float *__restrict v422p = v422.data();
-    const float *__restrict v420p = v420.data();
-    const float *__restrict v404p = v404.data();
-    const float r3 = v422p[0];
-    const float r5 = v420p[0];
-    const float r6 = v404p[0];
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = v109p[i0];
-      const float s1 = 0.01f;
-      const float s2 = (s0 * s1);
-      const float s3 = v151p[i0];
-      const float s4 = s3 * s3;
-      const float s5 = 0.01999998f;
-      const float s6 = (s4 * s5);
-      const float s7 = v1044p[i0];
-      const float s8 = 0.98f;
-      const float s9 = (s7 * s8);
-      const float s10 = (s9 + s6);
-      const float s11 = r3;
-      const float s12 = (s10 / s11);
-      const float s13 = support::fsqrt(s12);
-      const float s14 = 1e-06f;
-      const float s15 = (s13 + s14);
-      const float s16 = v151p[i0];
-      const float s17 = 0.100000024f;
-      const float s18 = (s16 * s17);
-      const float s19 = v1043p[i0];
-      const float s20 = 0.9f;
-      const float s21 = (s19 * s20);
-      const float s22 = (s21 + s18);
-      const float s23 = r5;
-      const float s24 = (s22 / s23);
-      const float s25 = (s24 / s15);
-      const float s26 = (s25 + s2);
-      const float s27 = r6;
-      const float s28 = (s26 * s27);
-      const float s29 = v109p[i0];
-      const float s30 = (s29 - s28);
-      v1044p[i0] = s10;
-      v1043p[i0] = s22;
-      v109p[i0] = s30;
-    }
-  }
+  loop17(v1044.data(), v1043.data(), v109.data(), v151.data(), v422.data(), v420.data(),
+         v404.data());
 
   // 2 statements from roberta.mesh:71:3 mul (2 of 2)
   MESHRT_TRACE_SITE("roberta.mesh:71:3");
@@ -2630,54 +2511,7 @@ void MlmTrain::repeated0(
   // roberta.mesh:71:3 mul
   // roberta.mesh:71:3 sub -> next/roberta/encoder_layer[0]/self_attention/q
   MESHRT_TRACE("loop", "roberta.mesh:71:3", "update");
-  {
-    float *__restrict a2p = a2.data();
-    float *__restrict a4p = a4.data();
-    float *__restrict a0p = a0.data();
-    const float *__restrict a1p = a1.data();
-    const float *__restrict a3p = a3.data();
-    const float *__restrict a5p = a5.data();
-    const float *__restrict a6p = a6.data();
-    const float r3 = a3p[0];
-    const float r5 = a5p[0];
-    const float r6 = a6p[0];
-    for (int64_t i0 = 0; i0 < 512; ++i0) {
-      const float s0 = a0p[i0];
-      const float s1 = 0.01f;
-      const float s2 = (s0 * s1);
-      const float s3 = a1p[i0];
-      const float s4 = s3 * s3;
-      const float s5 = 0.01999998f;
-      const float s6 = (s4 * s5);
-      const float s7 = a2p[i0];
-      const float s8 = 0.98f;
-      const float s9 = (s7 * s8);
-      const float s10 = (s9 + s6);
-      const float s11 = r3;
-      const float s12 = (s10 / s11);
-      const float s13 = support::fsqrt(s12);
-      const float s14 = 1e-06f;
-      const float s15 = (s13 + s14);
-      const float s16 = a1p[i0];
-      const float s17 = 0.100000024f;
-      const float s18 = (s16 * s17);
-      const float s19 = a4p[i0];
-      const float s20 = 0.9f;
-      const float s21 = (s19 * s20);
-      const float s22 = (s21 + s18);
-      const float s23 = r5;
-      const float s24 = (s22 / s23);
-      const float s25 = (s24 / s15);
-      const float s26 = (s25 + s2);
-      const float s27 = r6;
-      const float s28 = (s26 * s27);
-      const float s29 = a0p[i0];
-      const float s30 = (s29 - s28);
-      a2p[i0] = s10;
-      a4p[i0] = s22;
-      a0p[i0] = s30;
-    }
-  }
+  loop16(a2.data(), a4.data(), a0.data(), a1.data(), a3.data(), a5.data(), a6.data());
 
   // roberta.mesh:71:3 mul
   // roberta.mesh:71:3 square
@@ -2696,54 +2530,7 @@ void MlmTrain::repeated0(
   // roberta.mesh:71:3 mul
   // roberta.mesh:71:3 sub -> next/roberta/encoder_layer[0]/self_attention/k
   MESHRT_TRACE("loop", "roberta.mesh:71:3", "update");
-  {
-    float *__restrict a9p = a9.data();
-    float *__restrict a10p = a10.data();
-    float *__restrict a7p = a7.data();
-    const float *__restrict a8p = a8.data();
-    const float *__restrict a3p = a3.data();
-    const float *__restrict a5p = a5.data();
-    const float *__restrict a6p = a6.data();
-    const float r3 = a3p[0];
-    const float r5 = a5p[0];
-    const float r6 = a6p[0];
-    for (int64_t i0 = 0; i0 < 512; ++i0) {
-      const float s0 = a7p[i0];
-      const float s1 = 0.01f;
-      const float s2 = (s0 * s1);
-      const float s3 = a8p[i0];
-      const float s4 = s3 * s3;
-      const float s5 = 0.01999998f;
-      const float s6 = (s4 * s5);
-      const float s7 = a9p[i0];
-      const float s8 = 0.98f;
-      const float s9 = (s7 * s8);
-      const float s10 = (s9 + s6);
-      const float s11 = r3;
-      const float s12 = (s10 / s11);
-      const float s13 = support::fsqrt(s12);
-      const float s14 = 1e-06f;
-      const float s15 = (s13 + s14);
-      const float s16 = a8p[i0];
-      const float s17 = 0.100000024f;
-      const float s18 = (s16 * s17);
-      const float s19 = a10p[i0];
-      const float s20 = 0.9f;
-      const float s21 = (s19 * s20);
-      const float s22 = (s21 + s18);
-      const float s23 = r5;
-      const float s24 = (s22 / s23);
-      const float s25 = (s24 / s15);
-      const float s26 = (s25 + s2);
-      const float s27 = r6;
-      const float s28 = (s26 * s27);
-      const float s29 = a7p[i0];
-      const float s30 = (s29 - s28);
-      a9p[i0] = s10;
-      a10p[i0] = s22;
-      a7p[i0] = s30;
-    }
-  }
+  loop16(a9.data(), a10.data(), a7.data(), a8.data(), a3.data(), a5.data(), a6.data());
 
   // roberta.mesh:71:3 mul
   // roberta.mesh:71:3 square
@@ -2762,54 +2549,7 @@ void MlmTrain::repeated0(
   // roberta.mesh:71:3 mul
   // roberta.mesh:71:3 sub -> next/roberta/encoder_layer[0]/self_attention/v
   MESHRT_TRACE("loop", "roberta.mesh:71:3", "update");
-  {
-    float *__restrict a13p = a13.data();
-    float *__restrict a14p = a14.data();
-    float *__restrict a11p = a11.data();
-    const float *__restrict a12p = a12.data();
-    const float *__restrict a3p = a3.data();
-    const float *__restrict a5p = a5.data();
-    const float *__restrict a6p = a6.data();
-    const float r3 = a3p[0];
-    const float r5 = a5p[0];
-    const float r6 = a6p[0];
-    for (int64_t i0 = 0; i0 < 512; ++i0) {
-      const float s0 = a11p[i0];
-      const float s1 = 0.01f;
-      const float s2 = (s0 * s1);
-      const float s3 = a12p[i0];
-      const float s4 = s3 * s3;
-      const float s5 = 0.01999998f;
-      const float s6 = (s4 * s5);
-      const float s7 = a13p[i0];
-      const float s8 = 0.98f;
-      const float s9 = (s7 * s8);
-      const float s10 = (s9 + s6);
-      const float s11 = r3;
-      const float s12 = (s10 / s11);
-      const float s13 = support::fsqrt(s12);
-      const float s14 = 1e-06f;
-      const float s15 = (s13 + s14);
-      const float s16 = a12p[i0];
-      const float s17 = 0.100000024f;
-      const float s18 = (s16 * s17);
-      const float s19 = a14p[i0];
-      const float s20 = 0.9f;
-      const float s21 = (s19 * s20);
-      const float s22 = (s21 + s18);
-      const float s23 = r5;
-      const float s24 = (s22 / s23);
-      const float s25 = (s24 / s15);
-      const float s26 = (s25 + s2);
-      const float s27 = r6;
-      const float s28 = (s26 * s27);
-      const float s29 = a11p[i0];
-      const float s30 = (s29 - s28);
-      a13p[i0] = s10;
-      a14p[i0] = s22;
-      a11p[i0] = s30;
-    }
-  }
+  loop16(a13.data(), a14.data(), a11.data(), a12.data(), a3.data(), a5.data(), a6.data());
 
   // roberta.mesh:71:3 mul
   // roberta.mesh:71:3 square
@@ -2828,54 +2568,7 @@ void MlmTrain::repeated0(
   // roberta.mesh:71:3 mul
   // roberta.mesh:71:3 sub -> next/roberta/encoder_layer[0]/self_attention/o
   MESHRT_TRACE("loop", "roberta.mesh:71:3", "update");
-  {
-    float *__restrict a17p = a17.data();
-    float *__restrict a18p = a18.data();
-    float *__restrict a15p = a15.data();
-    const float *__restrict a16p = a16.data();
-    const float *__restrict a3p = a3.data();
-    const float *__restrict a5p = a5.data();
-    const float *__restrict a6p = a6.data();
-    const float r3 = a3p[0];
-    const float r5 = a5p[0];
-    const float r6 = a6p[0];
-    for (int64_t i0 = 0; i0 < 512; ++i0) {
-      const float s0 = a15p[i0];
-      const float s1 = 0.01f;
-      const float s2 = (s0 * s1);
-      const float s3 = a16p[i0];
-      const float s4 = s3 * s3;
-      const float s5 = 0.01999998f;
-      const float s6 = (s4 * s5);
-      const float s7 = a17p[i0];
-      const float s8 = 0.98f;
-      const float s9 = (s7 * s8);
-      const float s10 = (s9 + s6);
-      const float s11 = r3;
-      const float s12 = (s10 / s11);
-      const float s13 = support::fsqrt(s12);
-      const float s14 = 1e-06f;
-      const float s15 = (s13 + s14);
-      const float s16 = a16p[i0];
-      const float s17 = 0.100000024f;
-      const float s18 = (s16 * s17);
-      const float s19 = a18p[i0];
-      const float s20 = 0.9f;
-      const float s21 = (s19 * s20);
-      const float s22 = (s21 + s18);
-      const float s23 = r5;
-      const float s24 = (s22 / s23);
-      const float s25 = (s24 / s15);
-      const float s26 = (s25 + s2);
-      const float s27 = r6;
-      const float s28 = (s26 * s27);
-      const float s29 = a15p[i0];
-      const float s30 = (s29 - s28);
-      a17p[i0] = s10;
-      a18p[i0] = s22;
-      a15p[i0] = s30;
-    }
-  }
+  loop16(a17.data(), a18.data(), a15.data(), a16.data(), a3.data(), a5.data(), a6.data());
 
   // roberta.mesh:71:3 mul
   // roberta.mesh:71:3 square
@@ -2894,54 +2587,7 @@ void MlmTrain::repeated0(
   // roberta.mesh:71:3 mul
   // roberta.mesh:71:3 sub -> next/roberta/encoder_layer[0]/norm/gain
   MESHRT_TRACE("loop", "roberta.mesh:71:3", "update");
-  {
-    float *__restrict a21p = a21.data();
-    float *__restrict a22p = a22.data();
-    float *__restrict a19p = a19.data();
-    const float *__restrict a20p = a20.data();
-    const float *__restrict a3p = a3.data();
-    const float *__restrict a5p = a5.data();
-    const float *__restrict a6p = a6.data();
-    const float r3 = a3p[0];
-    const float r5 = a5p[0];
-    const float r6 = a6p[0];
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = a19p[i0];
-      const float s1 = 0.01f;
-      const float s2 = (s0 * s1);
-      const float s3 = a20p[i0];
-      const float s4 = s3 * s3;
-      const float s5 = 0.01999998f;
-      const float s6 = (s4 * s5);
-      const float s7 = a21p[i0];
-      const float s8 = 0.98f;
-      const float s9 = (s7 * s8);
-      const float s10 = (s9 + s6);
-      const float s11 = r3;
-      const float s12 = (s10 / s11);
-      const float s13 = support::fsqrt(s12);
-      const float s14 = 1e-06f;
-      const float s15 = (s13 + s14);
-      const float s16 = a20p[i0];
-      const float s17 = 0.100000024f;
-      const float s18 = (s16 * s17);
-      const float s19 = a22p[i0];
-      const float s20 = 0.9f;
-      const float s21 = (s19 * s20);
-      const float s22 = (s21 + s18);
-      const float s23 = r5;
-      const float s24 = (s22 / s23);
-      const float s25 = (s24 / s15);
-      const float s26 = (s25 + s2);
-      const float s27 = r6;
-      const float s28 = (s26 * s27);
-      const float s29 = a19p[i0];
-      const float s30 = (s29 - s28);
-      a21p[i0] = s10;
-      a22p[i0] = s22;
-      a19p[i0] = s30;
-    }
-  }
+  loop17(a21.data(), a22.data(), a19.data(), a20.data(), a3.data(), a5.data(), a6.data());
 
   // roberta.mesh:71:3 mul
   // roberta.mesh:71:3 square
@@ -2960,54 +2606,7 @@ void MlmTrain::repeated0(
   // roberta.mesh:71:3 mul
   // roberta.mesh:71:3 sub -> next/roberta/encoder_layer[0]/norm/bias
   MESHRT_TRACE("loop", "roberta.mesh:71:3", "update");
-  {
-    float *__restrict a25p = a25.data();
-    float *__restrict a26p = a26.data();
-    float *__restrict a23p = a23.data();
-    const float *__restrict a24p = a24.data();
-    const float *__restrict a3p = a3.data();
-    const float *__restrict a5p = a5.data();
-    const float *__restrict a6p = a6.data();
-    const float r3 = a3p[0];
-    const float r5 = a5p[0];
-    const float r6 = a6p[0];
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = a23p[i0];
-      const float s1 = 0.01f;
-      const float s2 = (s0 * s1);
-      const float s3 = a24p[i0];
-      const float s4 = s3 * s3;
-      const float s5 = 0.01999998f;
-      const float s6 = (s4 * s5);
-      const float s7 = a25p[i0];
-      const float s8 = 0.98f;
-      const float s9 = (s7 * s8);
-      const float s10 = (s9 + s6);
-      const float s11 = r3;
-      const float s12 = (s10 / s11);
-      const float s13 = support::fsqrt(s12);
-      const float s14 = 1e-06f;
-      const float s15 = (s13 + s14);
-      const float s16 = a24p[i0];
-      const float s17 = 0.100000024f;
-      const float s18 = (s16 * s17);
-      const float s19 = a26p[i0];
-      const float s20 = 0.9f;
-      const float s21 = (s19 * s20);
-      const float s22 = (s21 + s18);
-      const float s23 = r5;
-      const float s24 = (s22 / s23);
-      const float s25 = (s24 / s15);
-      const float s26 = (s25 + s2);
-      const float s27 = r6;
-      const float s28 = (s26 * s27);
-      const float s29 = a23p[i0];
-      const float s30 = (s29 - s28);
-      a25p[i0] = s10;
-      a26p[i0] = s22;
-      a23p[i0] = s30;
-    }
-  }
+  loop17(a25.data(), a26.data(), a23.data(), a24.data(), a3.data(), a5.data(), a6.data());
 
   // roberta.mesh:71:3 mul
   // roberta.mesh:71:3 square
@@ -3026,54 +2625,7 @@ void MlmTrain::repeated0(
   // roberta.mesh:71:3 mul
   // roberta.mesh:71:3 sub -> next/roberta/encoder_layer[0]/dense_relu_dense/wi
   MESHRT_TRACE("loop", "roberta.mesh:71:3", "update");
-  {
-    float *__restrict a29p = a29.data();
-    float *__restrict a30p = a30.data();
-    float *__restrict a27p = a27.data();
-    const float *__restrict a28p = a28.data();
-    const float *__restrict a3p = a3.data();
-    const float *__restrict a5p = a5.data();
-    const float *__restrict a6p = a6.data();
-    const float r3 = a3p[0];
-    const float r5 = a5p[0];
-    const float r6 = a6p[0];
-    for (int64_t i0 = 0; i0 < 1024; ++i0) {
-      const float s0 = a27p[i0];
-      const float s1 = 0.01f;
-      const float s2 = (s0 * s1);
-      const float s3 = a28p[i0];
-      const float s4 = s3 * s3;
-      const float s5 = 0.01999998f;
-      const float s6 = (s4 * s5);
-      const float s7 = a29p[i0];
-      const float s8 = 0.98f;
-      const float s9 = (s7 * s8);
-      const float s10 = (s9 + s6);
-      const float s11 = r3;
-      const float s12 = (s10 / s11);
-      const float s13 = support::fsqrt(s12);
-      const float s14 = 1e-06f;
-      const float s15 = (s13 + s14);
-      const float s16 = a28p[i0];
-      const float s17 = 0.100000024f;
-      const float s18 = (s16 * s17);
-      const float s19 = a30p[i0];
-      const float s20 = 0.9f;
-      const float s21 = (s19 * s20);
-      const float s22 = (s21 + s18);
-      const float s23 = r5;
-      const float s24 = (s22 / s23);
-      const float s25 = (s24 / s15);
-      const float s26 = (s25 + s2);
-      const float s27 = r6;
-      const float s28 = (s26 * s27);
-      const float s29 = a27p[i0];
-      const float s30 = (s29 - s28);
-      a29p[i0] = s10;
-      a30p[i0] = s22;
-      a27p[i0] = s30;
-    }
-  }
+  loop15(a29.data(), a30.data(), a27.data(), a28.data(), a3.data(), a5.data(), a6.data());
 
   // roberta.mesh:71:3 mul
   // roberta.mesh:71:3 square
@@ -3092,54 +2644,7 @@ void MlmTrain::repeated0(
   // roberta.mesh:71:3 mul
   // roberta.mesh:71:3 sub -> next/roberta/encoder_layer[0]/dense_relu_dense/bi
   MESHRT_TRACE("loop", "roberta.mesh:71:3", "update");
-  {
-    float *__restrict a33p = a33.data();
-    float *__restrict a34p = a34.data();
-    float *__restrict a31p = a31.data();
-    const float *__restrict a32p = a32.data();
-    const float *__restrict a3p = a3.data();
-    const float *__restrict a5p = a5.data();
-    const float *__restrict a6p = a6.data();
-    const float r3 = a3p[0];
-    const float r5 = a5p[0];
-    const float r6 = a6p[0];
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = a31p[i0];
-      const float s1 = 0.01f;
-      const float s2 = (s0 * s1);
-      const float s3 = a32p[i0];
-      const float s4 = s3 * s3;
-      const float s5 = 0.01999998f;
-      const float s6 = (s4 * s5);
-      const float s7 = a33p[i0];
-      const float s8 = 0.98f;
-      const float s9 = (s7 * s8);
-      const float s10 = (s9 + s6);
-      const float s11 = r3;
-      const float s12 = (s10 / s11);
-      const float s13 = support::fsqrt(s12);
-      const float s14 = 1e-06f;
-      const float s15 = (s13 + s14);
-      const float s16 = a32p[i0];
-      const float s17 = 0.100000024f;
-      const float s18 = (s16 * s17);
-      const float s19 = a34p[i0];
-      const float s20 = 0.9f;
-      const float s21 = (s19 * s20);
-      const float s22 = (s21 + s18);
-      const float s23 = r5;
-      const float s24 = (s22 / s23);
-      const float s25 = (s24 / s15);
-      const float s26 = (s25 + s2);
-      const float s27 = r6;
-      const float s28 = (s26 * s27);
-      const float s29 = a31p[i0];
-      const float s30 = (s29 - s28);
-      a33p[i0] = s10;
-      a34p[i0] = s22;
-      a31p[i0] = s30;
-    }
-  }
+  loop17(a33.data(), a34.data(), a31.data(), a32.data(), a3.data(), a5.data(), a6.data());
 
   // roberta.mesh:71:3 mul
   // roberta.mesh:71:3 square
@@ -3158,54 +2663,7 @@ void MlmTrain::repeated0(
   // roberta.mesh:71:3 mul
   // roberta.mesh:71:3 sub -> next/roberta/encoder_layer[0]/dense_relu_dense/wo
   MESHRT_TRACE("loop", "roberta.mesh:71:3", "update");
-  {
-    float *__restrict a37p = a37.data();
-    float *__restrict a38p = a38.data();
-    float *__restrict a35p = a35.data();
-    const float *__restrict a36p = a36.data();
-    const float *__restrict a3p = a3.data();
-    const float *__restrict a5p = a5.data();
-    const float *__restrict a6p = a6.data();
-    const float r3 = a3p[0];
-    const float r5 = a5p[0];
-    const float r6 = a6p[0];
-    for (int64_t i0 = 0; i0 < 1024; ++i0) {
-      const float s0 = a35p[i0];
-      const float s1 = 0.01f;
-      const float s2 = (s0 * s1);
-      const float s3 = a36p[i0];
-      const float s4 = s3 * s3;
-      const float s5 = 0.01999998f;
-      const float s6 = (s4 * s5);
-      const float s7 = a37p[i0];
-      const float s8 = 0.98f;
-      const float s9 = (s7 * s8);
-      const float s10 = (s9 + s6);
-      const float s11 = r3;
-      const float s12 = (s10 / s11);
-      const float s13 = support::fsqrt(s12);
-      const float s14 = 1e-06f;
-      const float s15 = (s13 + s14);
-      const float s16 = a36p[i0];
-      const float s17 = 0.100000024f;
-      const float s18 = (s16 * s17);
-      const float s19 = a38p[i0];
-      const float s20 = 0.9f;
-      const float s21 = (s19 * s20);
-      const float s22 = (s21 + s18);
-      const float s23 = r5;
-      const float s24 = (s22 / s23);
-      const float s25 = (s24 / s15);
-      const float s26 = (s25 + s2);
-      const float s27 = r6;
-      const float s28 = (s26 * s27);
-      const float s29 = a35p[i0];
-      const float s30 = (s29 - s28);
-      a37p[i0] = s10;
-      a38p[i0] = s22;
-      a35p[i0] = s30;
-    }
-  }
+  loop15(a37.data(), a38.data(), a35.data(), a36.data(), a3.data(), a5.data(), a6.data());
 
   // roberta.mesh:71:3 mul
   // roberta.mesh:71:3 square
@@ -3224,54 +2682,7 @@ void MlmTrain::repeated0(
   // roberta.mesh:71:3 mul
   // roberta.mesh:71:3 sub -> next/roberta/encoder_layer[0]/dense_relu_dense/bo
   MESHRT_TRACE("loop", "roberta.mesh:71:3", "update");
-  {
-    float *__restrict a41p = a41.data();
-    float *__restrict a42p = a42.data();
-    float *__restrict a39p = a39.data();
-    const float *__restrict a40p = a40.data();
-    const float *__restrict a3p = a3.data();
-    const float *__restrict a5p = a5.data();
-    const float *__restrict a6p = a6.data();
-    const float r3 = a3p[0];
-    const float r5 = a5p[0];
-    const float r6 = a6p[0];
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = a39p[i0];
-      const float s1 = 0.01f;
-      const float s2 = (s0 * s1);
-      const float s3 = a40p[i0];
-      const float s4 = s3 * s3;
-      const float s5 = 0.01999998f;
-      const float s6 = (s4 * s5);
-      const float s7 = a41p[i0];
-      const float s8 = 0.98f;
-      const float s9 = (s7 * s8);
-      const float s10 = (s9 + s6);
-      const float s11 = r3;
-      const float s12 = (s10 / s11);
-      const float s13 = support::fsqrt(s12);
-      const float s14 = 1e-06f;
-      const float s15 = (s13 + s14);
-      const float s16 = a40p[i0];
-      const float s17 = 0.100000024f;
-      const float s18 = (s16 * s17);
-      const float s19 = a42p[i0];
-      const float s20 = 0.9f;
-      const float s21 = (s19 * s20);
-      const float s22 = (s21 + s18);
-      const float s23 = r5;
-      const float s24 = (s22 / s23);
-      const float s25 = (s24 / s15);
-      const float s26 = (s25 + s2);
-      const float s27 = r6;
-      const float s28 = (s26 * s27);
-      const float s29 = a39p[i0];
-      const float s30 = (s29 - s28);
-      a41p[i0] = s10;
-      a42p[i0] = s22;
-      a39p[i0] = s30;
-    }
-  }
+  loop17(a41.data(), a42.data(), a39.data(), a40.data(), a3.data(), a5.data(), a6.data());
 
   // roberta.mesh:71:3 mul
   // roberta.mesh:71:3 square
@@ -3290,54 +2701,7 @@ void MlmTrain::repeated0(
   // roberta.mesh:71:3 mul
   // roberta.mesh:71:3 sub -> next/roberta/encoder_layer[0]/norm#1/gain
   MESHRT_TRACE("loop", "roberta.mesh:71:3", "update");
-  {
-    float *__restrict a45p = a45.data();
-    float *__restrict a46p = a46.data();
-    float *__restrict a43p = a43.data();
-    const float *__restrict a44p = a44.data();
-    const float *__restrict a3p = a3.data();
-    const float *__restrict a5p = a5.data();
-    const float *__restrict a6p = a6.data();
-    const float r3 = a3p[0];
-    const float r5 = a5p[0];
-    const float r6 = a6p[0];
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = a43p[i0];
-      const float s1 = 0.01f;
-      const float s2 = (s0 * s1);
-      const float s3 = a44p[i0];
-      const float s4 = s3 * s3;
-      const float s5 = 0.01999998f;
-      const float s6 = (s4 * s5);
-      const float s7 = a45p[i0];
-      const float s8 = 0.98f;
-      const float s9 = (s7 * s8);
-      const float s10 = (s9 + s6);
-      const float s11 = r3;
-      const float s12 = (s10 / s11);
-      const float s13 = support::fsqrt(s12);
-      const float s14 = 1e-06f;
-      const float s15 = (s13 + s14);
-      const float s16 = a44p[i0];
-      const float s17 = 0.100000024f;
-      const float s18 = (s16 * s17);
-      const float s19 = a46p[i0];
-      const float s20 = 0.9f;
-      const float s21 = (s19 * s20);
-      const float s22 = (s21 + s18);
-      const float s23 = r5;
-      const float s24 = (s22 / s23);
-      const float s25 = (s24 / s15);
-      const float s26 = (s25 + s2);
-      const float s27 = r6;
-      const float s28 = (s26 * s27);
-      const float s29 = a43p[i0];
-      const float s30 = (s29 - s28);
-      a45p[i0] = s10;
-      a46p[i0] = s22;
-      a43p[i0] = s30;
-    }
-  }
+  loop17(a45.data(), a46.data(), a43.data(), a44.data(), a3.data(), a5.data(), a6.data());
 
   // roberta.mesh:71:3 mul
   // roberta.mesh:71:3 square
@@ -3356,54 +2720,7 @@ void MlmTrain::repeated0(
   // roberta.mesh:71:3 mul
   // roberta.mesh:71:3 sub -> next/roberta/encoder_layer[0]/norm#1/bias
   MESHRT_TRACE("loop", "roberta.mesh:71:3", "update");
-  {
-    float *__restrict a49p = a49.data();
-    float *__restrict a50p = a50.data();
-    float *__restrict a47p = a47.data();
-    const float *__restrict a48p = a48.data();
-    const float *__restrict a3p = a3.data();
-    const float *__restrict a5p = a5.data();
-    const float *__restrict a6p = a6.data();
-    const float r3 = a3p[0];
-    const float r5 = a5p[0];
-    const float r6 = a6p[0];
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = a47p[i0];
-      const float s1 = 0.01f;
-      const float s2 = (s0 * s1);
-      const float s3 = a48p[i0];
-      const float s4 = s3 * s3;
-      const float s5 = 0.01999998f;
-      const float s6 = (s4 * s5);
-      const float s7 = a49p[i0];
-      const float s8 = 0.98f;
-      const float s9 = (s7 * s8);
-      const float s10 = (s9 + s6);
-      const float s11 = r3;
-      const float s12 = (s10 / s11);
-      const float s13 = support::fsqrt(s12);
-      const float s14 = 1e-06f;
-      const float s15 = (s13 + s14);
-      const float s16 = a48p[i0];
-      const float s17 = 0.100000024f;
-      const float s18 = (s16 * s17);
-      const float s19 = a50p[i0];
-      const float s20 = 0.9f;
-      const float s21 = (s19 * s20);
-      const float s22 = (s21 + s18);
-      const float s23 = r5;
-      const float s24 = (s22 / s23);
-      const float s25 = (s24 / s15);
-      const float s26 = (s25 + s2);
-      const float s27 = r6;
-      const float s28 = (s26 * s27);
-      const float s29 = a47p[i0];
-      const float s30 = (s29 - s28);
-      a49p[i0] = s10;
-      a50p[i0] = s22;
-      a47p[i0] = s30;
-    }
-  }
+  loop17(a49.data(), a50.data(), a47.data(), a48.data(), a3.data(), a5.data(), a6.data());
 }
 
 void MlmTrain::repeated1(
@@ -3428,26 +2745,18 @@ void MlmTrain::repeated1(
 
   // encoder_layers.mesh:46:50 sum -> grad/roberta/encoder_layer[1]/dense_relu_dense/bo
   MESHRT_TRACE("sum", "encoder_layers.mesh:46:50", "backward");
-  static const support::Shape shape0_1 = {32};
-  static const support::Shape shape0_3 = {1};
-  static const support::Shape shape0_4 = {2, 16};
-  static const support::Shape shape0_5 = {512, 32};
-  support::reduce(a0.data(), shape0_1, a1.data(), shape0_3, shape0_4, shape0_5,
-                  support::Reduce::Sum, 1.0);
+  support::reduce(a0.data(), kShape5, a1.data(), kShape6, kShape3, kShape4, support::Reduce::Sum,
+                  1.0);
 
   // encoder_layers.mesh:46:10 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:46:10", "backward");
   // dims: batch, length, d_model, d_ff
-  static const meshrt::kernels::EinsumPlan einsumPlan1(
-      {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan1.run(a1.data(), a2.data(), a3.data(), 1.0f, 0.0f);
+  kEinsum5.plan().run(a1.data(), a2.data(), a3.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:46:10 einsum -> grad/roberta/encoder_layer[1]/dense_relu_dense/wo
   MESHRT_TRACE("gemm", "encoder_layers.mesh:46:10", "backward");
   // dims: batch, length, d_model, d_ff
-  static const meshrt::kernels::EinsumPlan einsumPlan2(
-      {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
-  einsumPlan2.run(a1.data(), a4.data(), a5.data(), 1.0f, 0.0f);
+  kEinsum6.plan().run(a1.data(), a4.data(), a5.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:45:11 square
   // encoder_layers.mesh:45:11 mul
@@ -3467,60 +2776,17 @@ void MlmTrain::repeated1(
   // encoder_layers.mesh:45:11 add
   // encoder_layers.mesh:45:11 mul
   MESHRT_TRACE("loop", "encoder_layers.mesh:45:11", "backward");
-  {
-    float *__restrict a7p = a7.data();
-    const float *__restrict a6p = a6.data();
-    const float *__restrict a3p = a3.data();
-    for (int64_t i0 = 0; i0 < 1024; ++i0) {
-      const float s0 = a6p[i0];
-      const float s1 = s0 * s0;
-      const float s2 = a6p[i0];
-      const float s3 = (s2 * s1);
-      const float s4 = 0.044715f;
-      const float s5 = (s3 * s4);
-      const float s6 = a6p[i0];
-      const float s7 = (s6 + s5);
-      const float s8 = 0.7978846f;
-      const float s9 = (s7 * s8);
-      const float s10 = support::ftanh(s9);
-      const float s11 = 1.0f;
-      const float s12 = (s10 + s11);
-      const float s13 = 0.5f;
-      const float s14 = (s12 * s13);
-      const float s15 = 0.134145f;
-      const float s16 = (s1 * s15);
-      const float s17 = 1.0f;
-      const float s18 = (s16 + s17);
-      const float s19 = s10 * s10;
-      const float s20 = 1.0f;
-      const float s21 = (s20 - s19);
-      const float s22 = a6p[i0];
-      const float s23 = (s22 * s21);
-      const float s24 = (s23 * s18);
-      const float s25 = 0.3989423f;
-      const float s26 = (s24 * s25);
-      const float s27 = (s14 + s26);
-      const float s28 = a3p[i0];
-      const float s29 = (s28 * s27);
-      a7p[i0] = s29;
-    }
-  }
+  loop18(a7.data(), a6.data(), a3.data());
 
   // encoder_layers.mesh:45:53 sum -> grad/roberta/encoder_layer[1]/dense_relu_dense/bi
   MESHRT_TRACE("sum", "encoder_layers.mesh:45:53", "backward");
-  static const support::Shape shape4_1 = {32};
-  static const support::Shape shape4_3 = {1};
-  static const support::Shape shape4_4 = {2, 16};
-  static const support::Shape shape4_5 = {512, 32};
-  support::reduce(a8.data(), shape4_1, a7.data(), shape4_3, shape4_4, shape4_5,
-                  support::Reduce::Sum, 1.0);
+  support::reduce(a8.data(), kShape5, a7.data(), kShape6, kShape3, kShape4, support::Reduce::Sum,
+                  1.0);
 
   // encoder_layers.mesh:45:16 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:45:16", "backward");
   // dims: batch, length, d_ff, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan5(
-      {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan5.run(a7.data(), a9.data(), a10.data(), 1.0f, 0.0f);
+  kEinsum5.plan().run(a7.data(), a9.data(), a10.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:45:16 all_reduce_sum (resolve the partial sum of %231 over model for add at
   // 45:16)
@@ -3529,284 +2795,128 @@ void MlmTrain::repeated1(
 
   // encoder_layers.mesh:45:16 add
   MESHRT_TRACE("loop", "encoder_layers.mesh:45:16", "backward");
-  {
-    float *__restrict a11p = a11.data();
-    const float *__restrict a1p = a1.data();
-    const float *__restrict a10p = a10.data();
-    for (int64_t i0 = 0; i0 < 1024; ++i0) {
-      const float s0 = a1p[i0];
-      const float s1 = a10p[i0];
-      const float s2 = (s0 + s1);
-      a11p[i0] = s2;
-    }
-  }
+  loop5(a11.data(), a1.data(), a10.data());
 
   // encoder_layers.mesh:45:16 einsum -> grad/roberta/encoder_layer[1]/dense_relu_dense/wi
   MESHRT_TRACE("gemm", "encoder_layers.mesh:45:16", "backward");
   // dims: batch, length, d_ff, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan8(
-      {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
-  einsumPlan8.run(a7.data(), a12.data(), a13.data(), 1.0f, 0.0f);
+  kEinsum6.plan().run(a7.data(), a12.data(), a13.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:19:53 sum -> grad/roberta/encoder_layer[1]/norm/bias
   MESHRT_TRACE("sum", "encoder_layers.mesh:19:53", "backward");
-  static const support::Shape shape9_1 = {32};
-  static const support::Shape shape9_3 = {1};
-  static const support::Shape shape9_4 = {2, 16};
-  static const support::Shape shape9_5 = {512, 32};
-  support::reduce(a14.data(), shape9_1, a11.data(), shape9_3, shape9_4, shape9_5,
-                  support::Reduce::Sum, 1.0);
+  support::reduce(a14.data(), kShape5, a11.data(), kShape6, kShape3, kShape4, support::Reduce::Sum,
+                  1.0);
 
   // encoder_layers.mesh:19:46 mul
   MESHRT_TRACE("loop", "encoder_layers.mesh:19:46", "backward");
-  {
-    float *__restrict a16p = a16.data();
-    const float *__restrict a11p = a11.data();
-    const float *__restrict a15p = a15.data();
-    for (int64_t i0 = 0; i0 < 1024; ++i0) {
-      const float s0 = a11p[i0];
-      const float s1 = a15p[i0];
-      const float s2 = (s0 * s1);
-      a16p[i0] = s2;
-    }
-  }
+  loop9(a16.data(), a11.data(), a15.data());
 
   // encoder_layers.mesh:19:46 sum -> grad/roberta/encoder_layer[1]/norm/gain
   MESHRT_TRACE("sum", "encoder_layers.mesh:19:46", "backward");
-  static const support::Shape shape11_1 = {32};
-  static const support::Shape shape11_3 = {1};
-  static const support::Shape shape11_4 = {2, 16};
-  static const support::Shape shape11_5 = {512, 32};
-  support::reduce(a17.data(), shape11_1, a16.data(), shape11_3, shape11_4, shape11_5,
-                  support::Reduce::Sum, 1.0);
+  support::reduce(a17.data(), kShape5, a16.data(), kShape6, kShape3, kShape4, support::Reduce::Sum,
+                  1.0);
 
   // encoder_layers.mesh:19:10 mean
   MESHRT_TRACE("mean", "encoder_layers.mesh:19:10", "backward");
-  static const support::Shape shape12_1 = {2, 16};
-  static const support::Shape shape12_3 = {512, 32};
-  static const support::Shape shape12_4 = {32};
-  static const support::Shape shape12_5 = {1};
-  support::reduce(a18.data(), shape12_1, a19.data(), shape12_3, shape12_4, shape12_5,
-                  support::Reduce::Sum, 0.03125);
+  support::reduce(a18.data(), kShape3, a19.data(), kShape4, kShape5, kShape6, support::Reduce::Sum,
+                  0.03125);
 
   // encoder_layers.mesh:19:10 sub
   // encoder_layers.mesh:19:10 square
   MESHRT_TRACE("loop", "encoder_layers.mesh:19:10", "backward");
-  {
-    float *__restrict a20p = a20.data();
-    const float *__restrict a19p = a19.data();
-    const float *__restrict a18p = a18.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = a19p[i0 * 32 + i1];
-        const float s1 = a18p[i0];
-        const float s2 = (s0 - s1);
-        const float s3 = s2 * s2;
-        a20p[i0 * 32 + i1] = s3;
-      }
-    }
-  }
+  loop19(a20.data(), a19.data(), a18.data());
 
   // encoder_layers.mesh:19:10 mean
   MESHRT_TRACE("mean", "encoder_layers.mesh:19:10", "backward");
-  static const support::Shape shape14_1 = {2, 16};
-  static const support::Shape shape14_3 = {512, 32};
-  static const support::Shape shape14_4 = {32};
-  static const support::Shape shape14_5 = {1};
-  support::reduce(a21.data(), shape14_1, a20.data(), shape14_3, shape14_4, shape14_5,
-                  support::Reduce::Sum, 0.03125);
+  support::reduce(a21.data(), kShape3, a20.data(), kShape4, kShape5, kShape6, support::Reduce::Sum,
+                  0.03125);
 
   // encoder_layers.mesh:19:10 add
   // encoder_layers.mesh:19:10 rsqrt
   MESHRT_TRACE("loop", "encoder_layers.mesh:19:10", "backward");
-  {
-    float *__restrict a22p = a22.data();
-    const float *__restrict a21p = a21.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = a21p[i0];
-      const float s1 = 1e-12f;
-      const float s2 = (s0 + s1);
-      const float s3 = 1.0f / support::fsqrt(s2);
-      a22p[i0] = s3;
-    }
-  }
+  loop20(a22.data(), a21.data());
 
   // encoder_layers.mesh:19:46 mul
   // encoder_layers.mesh:19:10 mul
   MESHRT_TRACE("loop", "encoder_layers.mesh:19:46", "backward");
-  {
-    float *__restrict a24p = a24.data();
-    float *__restrict a25p = a25.data();
-    const float *__restrict a11p = a11.data();
-    const float *__restrict a23p = a23.data();
-    const float *__restrict a15p = a15.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = a11p[i0 * 32 + i1];
-        const float s1 = a23p[i1];
-        const float s2 = (s0 * s1);
-        const float s3 = a15p[i0 * 32 + i1];
-        const float s4 = (s2 * s3);
-        a24p[i0 * 32 + i1] = s2;
-        a25p[i0 * 32 + i1] = s4;
-      }
-    }
-  }
+  loop21(a24.data(), a25.data(), a11.data(), a23.data(), a15.data());
 
   // encoder_layers.mesh:19:10 mean
   MESHRT_TRACE("mean", "encoder_layers.mesh:19:10", "backward");
-  static const support::Shape shape17_1 = {2, 16};
-  static const support::Shape shape17_3 = {512, 32};
-  static const support::Shape shape17_4 = {32};
-  static const support::Shape shape17_5 = {1};
-  support::reduce(a26.data(), shape17_1, a25.data(), shape17_3, shape17_4, shape17_5,
-                  support::Reduce::Sum, 0.03125);
+  support::reduce(a26.data(), kShape3, a25.data(), kShape4, kShape5, kShape6, support::Reduce::Sum,
+                  0.03125);
 
   // encoder_layers.mesh:19:10 mean
   MESHRT_TRACE("mean", "encoder_layers.mesh:19:10", "backward");
-  static const support::Shape shape18_1 = {2, 16};
-  static const support::Shape shape18_3 = {512, 32};
-  static const support::Shape shape18_4 = {32};
-  static const support::Shape shape18_5 = {1};
-  support::reduce(a27.data(), shape18_1, a24.data(), shape18_3, shape18_4, shape18_5,
-                  support::Reduce::Sum, 0.03125);
+  support::reduce(a27.data(), kShape3, a24.data(), kShape4, kShape5, kShape6, support::Reduce::Sum,
+                  0.03125);
 
   // encoder_layers.mesh:19:10 mul
   // encoder_layers.mesh:19:10 sub
   // encoder_layers.mesh:19:10 sub
   // encoder_layers.mesh:19:10 mul
   MESHRT_TRACE("loop", "encoder_layers.mesh:19:10", "backward");
-  {
-    float *__restrict a28p = a28.data();
-    const float *__restrict a15p = a15.data();
-    const float *__restrict a26p = a26.data();
-    const float *__restrict a24p = a24.data();
-    const float *__restrict a27p = a27.data();
-    const float *__restrict a22p = a22.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = a15p[i0 * 32 + i1];
-        const float s1 = a26p[i0];
-        const float s2 = (s0 * s1);
-        const float s3 = a24p[i0 * 32 + i1];
-        const float s4 = a27p[i0];
-        const float s5 = (s3 - s4);
-        const float s6 = (s5 - s2);
-        const float s7 = a22p[i0];
-        const float s8 = (s6 * s7);
-        a28p[i0 * 32 + i1] = s8;
-      }
-    }
-  }
+  loop13(a28.data(), a15.data(), a26.data(), a24.data(), a27.data(), a22.data());
 
   // encoder_layers.mesh:35:10 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:35:10", "backward");
   // dims: batch, length, d_model, heads, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan20(
-      {{2, 16, 32, 2, 8}, {{{0, 1, 2}, {}}, {{3, 4, 2}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan20.run(a28.data(), a29.data(), a30.data(), 1.0f, 0.0f);
+  kEinsum7.plan().run(a28.data(), a29.data(), a30.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:35:10 einsum -> grad/roberta/encoder_layer[1]/self_attention/o
   MESHRT_TRACE("gemm", "encoder_layers.mesh:35:10", "backward");
   // dims: batch, length, d_model, heads, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan21(
-      {{2, 16, 32, 2, 8}, {{{0, 1, 2}, {}}, {{0, 1, 3, 4}, {}}}, {{3, 4, 2}, {}}});
-  einsumPlan21.run(a28.data(), a31.data(), a32.data(), 1.0f, 0.0f);
+  kEinsum8.plan().run(a28.data(), a31.data(), a32.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:34:17 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:34:17", "backward");
   // dims: batch, length, heads, d_kv, memory_length
-  static const meshrt::kernels::EinsumPlan einsumPlan22(
-      {{2, 16, 2, 8, 16}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
-  einsumPlan22.run(a30.data(), a33.data(), a34.data(), 1.0f, 0.0f);
+  kEinsum2.plan().run(a30.data(), a33.data(), a34.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:34:17 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:34:17", "backward");
   // dims: batch, length, heads, d_kv, memory_length
-  static const meshrt::kernels::EinsumPlan einsumPlan23(
-      {{2, 16, 2, 8, 16}, {{{0, 1, 2, 3}, {}}, {{0, 2, 1, 4}, {}}}, {{0, 4, 2, 3}, {}}});
-  einsumPlan23.run(a30.data(), a35.data(), a36.data(), 1.0f, 0.0f);
+  kEinsum9.plan().run(a30.data(), a35.data(), a36.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:33:17 mul
   MESHRT_TRACE("loop", "encoder_layers.mesh:33:17", "backward");
-  {
-    float *__restrict a37p = a37.data();
-    const float *__restrict a34p = a34.data();
-    const float *__restrict a35p = a35.data();
-    for (int64_t i0 = 0; i0 < 1024; ++i0) {
-      const float s0 = a34p[i0];
-      const float s1 = a35p[i0];
-      const float s2 = (s0 * s1);
-      a37p[i0] = s2;
-    }
-  }
+  loop9(a37.data(), a34.data(), a35.data());
 
   // encoder_layers.mesh:33:17 sum
   MESHRT_TRACE("sum", "encoder_layers.mesh:33:17", "backward");
-  static const support::Shape shape25_1 = {2, 2, 16};
-  static const support::Shape shape25_3 = {512, 256, 16};
-  static const support::Shape shape25_4 = {16};
-  static const support::Shape shape25_5 = {1};
-  support::reduce(a38.data(), shape25_1, a37.data(), shape25_3, shape25_4, shape25_5,
-                  support::Reduce::Sum, 1.0);
+  support::reduce(a38.data(), kShape7, a37.data(), kShape8, kShape9, kShape6, support::Reduce::Sum,
+                  1.0);
 
   // encoder_layers.mesh:33:17 sub
   // encoder_layers.mesh:33:17 mul
   // encoder_layers.mesh:32:77 mul
   MESHRT_TRACE("loop", "encoder_layers.mesh:33:17", "backward");
-  {
-    float *__restrict a39p = a39.data();
-    const float *__restrict a34p = a34.data();
-    const float *__restrict a38p = a38.data();
-    const float *__restrict a35p = a35.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      for (int64_t i1 = 0; i1 < 16; ++i1) {
-        const float s0 = a34p[i0 * 16 + i1];
-        const float s1 = a38p[i0];
-        const float s2 = (s0 - s1);
-        const float s3 = a35p[i0 * 16 + i1];
-        const float s4 = (s3 * s2);
-        const float s5 = 0.35355f;
-        const float s6 = (s4 * s5);
-        a39p[i0 * 16 + i1] = s6;
-      }
-    }
-  }
+  loop22(a39.data(), a34.data(), a38.data(), a35.data());
 
   // encoder_layers.mesh:32:16 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:32:16", "backward");
   // dims: batch, heads, length, memory_length, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan27(
-      {{2, 2, 16, 16, 8}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 2, 1, 4}, {}}});
-  einsumPlan27.run(a39.data(), a40.data(), a41.data(), 1.0f, 0.0f);
+  kEinsum3.plan().run(a39.data(), a40.data(), a41.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:32:16 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:32:16", "backward");
   // dims: batch, heads, length, memory_length, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan28(
-      {{2, 2, 16, 16, 8}, {{{0, 1, 2, 3}, {}}, {{0, 2, 1, 4}, {}}}, {{0, 3, 1, 4}, {}}});
-  einsumPlan28.run(a39.data(), a42.data(), a43.data(), 1.0f, 0.0f);
+  kEinsum10.plan().run(a39.data(), a42.data(), a43.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:30:23 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:30:23", "backward");
   // dims: batch, length, heads, d_kv, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan29(
-      {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
-  einsumPlan29.run(a36.data(), a44.data(), a45.data(), 1.0f, 0.0f);
+  kEinsum11.plan().run(a36.data(), a44.data(), a45.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:29:21 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:29:21", "backward");
   // dims: batch, length, heads, d_kv, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan30(
-      {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
-  einsumPlan30.run(a43.data(), a46.data(), a47.data(), 1.0f, 0.0f);
+  kEinsum11.plan().run(a43.data(), a46.data(), a47.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:28:17 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:28:17", "backward");
   // dims: batch, length, heads, d_kv, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan31(
-      {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
-  einsumPlan31.run(a41.data(), a48.data(), a49.data(), 1.0f, 0.0f);
+  kEinsum11.plan().run(a41.data(), a48.data(), a49.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:30:23 bucketed_all_reduce_sum (resolve the partial sum of %263 over model
   // for add at 30:23; merged with 2 more partial sums over model (%277, %281): 12.0 KiB in one
@@ -3817,16 +2927,12 @@ void MlmTrain::repeated1(
   // encoder_layers.mesh:30:23 einsum -> grad/roberta/encoder_layer[1]/self_attention/v
   MESHRT_TRACE("gemm", "encoder_layers.mesh:30:23", "backward");
   // dims: batch, length, heads, d_kv, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan33(
-      {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
-  einsumPlan33.run(a36.data(), a50.data(), a51.data(), 1.0f, 0.0f);
+  kEinsum12.plan().run(a36.data(), a50.data(), a51.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:29:21 einsum -> grad/roberta/encoder_layer[1]/self_attention/k
   MESHRT_TRACE("gemm", "encoder_layers.mesh:29:21", "backward");
   // dims: batch, length, heads, d_kv, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan34(
-      {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
-  einsumPlan34.run(a43.data(), a50.data(), a52.data(), 1.0f, 0.0f);
+  kEinsum12.plan().run(a43.data(), a50.data(), a52.data(), 1.0f, 0.0f);
 
   MESHRT_TRACE_SITE("encoder_layers.mesh:30:23");
   group_model.wait(request2);
@@ -3835,181 +2941,68 @@ void MlmTrain::repeated1(
   // encoder_layers.mesh:29:21 add
   // encoder_layers.mesh:28:17 add
   MESHRT_TRACE("loop", "encoder_layers.mesh:30:23", "backward");
-  {
-    float *__restrict a53p = a53.data();
-    const float *__restrict a28p = a28.data();
-    const float *__restrict a45p = a45.data();
-    const float *__restrict a47p = a47.data();
-    const float *__restrict a49p = a49.data();
-    for (int64_t i0 = 0; i0 < 1024; ++i0) {
-      const float s0 = a28p[i0];
-      const float s1 = a45p[i0];
-      const float s2 = (s0 + s1);
-      const float s3 = a47p[i0];
-      const float s4 = (s2 + s3);
-      const float s5 = a49p[i0];
-      const float s6 = (s4 + s5);
-      a53p[i0] = s6;
-    }
-  }
+  loop23(a53.data(), a28.data(), a45.data(), a47.data(), a49.data());
 
   // encoder_layers.mesh:28:17 einsum -> grad/roberta/encoder_layer[1]/self_attention/q
   MESHRT_TRACE("gemm", "encoder_layers.mesh:28:17", "backward");
   // dims: batch, length, heads, d_kv, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan37(
-      {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
-  einsumPlan37.run(a41.data(), a50.data(), a54.data(), 1.0f, 0.0f);
+  kEinsum12.plan().run(a41.data(), a50.data(), a54.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:19:53 sum -> grad/roberta/encoder_layer[0]/norm#1/bias
   MESHRT_TRACE("sum", "encoder_layers.mesh:19:53", "backward");
-  static const support::Shape shape38_1 = {32};
-  static const support::Shape shape38_3 = {1};
-  static const support::Shape shape38_4 = {2, 16};
-  static const support::Shape shape38_5 = {512, 32};
-  support::reduce(a55.data(), shape38_1, a53.data(), shape38_3, shape38_4, shape38_5,
-                  support::Reduce::Sum, 1.0);
+  support::reduce(a55.data(), kShape5, a53.data(), kShape6, kShape3, kShape4, support::Reduce::Sum,
+                  1.0);
 
   // encoder_layers.mesh:19:46 mul
   MESHRT_TRACE("loop", "encoder_layers.mesh:19:46", "backward");
-  {
-    float *__restrict a57p = a57.data();
-    const float *__restrict a53p = a53.data();
-    const float *__restrict a56p = a56.data();
-    for (int64_t i0 = 0; i0 < 1024; ++i0) {
-      const float s0 = a53p[i0];
-      const float s1 = a56p[i0];
-      const float s2 = (s0 * s1);
-      a57p[i0] = s2;
-    }
-  }
+  loop9(a57.data(), a53.data(), a56.data());
 
   // encoder_layers.mesh:19:46 sum -> grad/roberta/encoder_layer[0]/norm#1/gain
   MESHRT_TRACE("sum", "encoder_layers.mesh:19:46", "backward");
-  static const support::Shape shape40_1 = {32};
-  static const support::Shape shape40_3 = {1};
-  static const support::Shape shape40_4 = {2, 16};
-  static const support::Shape shape40_5 = {512, 32};
-  support::reduce(a58.data(), shape40_1, a57.data(), shape40_3, shape40_4, shape40_5,
-                  support::Reduce::Sum, 1.0);
+  support::reduce(a58.data(), kShape5, a57.data(), kShape6, kShape3, kShape4, support::Reduce::Sum,
+                  1.0);
 
   // encoder_layers.mesh:19:10 mean
   MESHRT_TRACE("mean", "encoder_layers.mesh:19:10", "backward");
-  static const support::Shape shape41_1 = {2, 16};
-  static const support::Shape shape41_3 = {512, 32};
-  static const support::Shape shape41_4 = {32};
-  static const support::Shape shape41_5 = {1};
-  support::reduce(a59.data(), shape41_1, a60.data(), shape41_3, shape41_4, shape41_5,
-                  support::Reduce::Sum, 0.03125);
+  support::reduce(a59.data(), kShape3, a60.data(), kShape4, kShape5, kShape6, support::Reduce::Sum,
+                  0.03125);
 
   // encoder_layers.mesh:19:10 sub
   // encoder_layers.mesh:19:10 square
   MESHRT_TRACE("loop", "encoder_layers.mesh:19:10", "backward");
-  {
-    float *__restrict a61p = a61.data();
-    const float *__restrict a60p = a60.data();
-    const float *__restrict a59p = a59.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = a60p[i0 * 32 + i1];
-        const float s1 = a59p[i0];
-        const float s2 = (s0 - s1);
-        const float s3 = s2 * s2;
-        a61p[i0 * 32 + i1] = s3;
-      }
-    }
-  }
+  loop19(a61.data(), a60.data(), a59.data());
 
   // encoder_layers.mesh:19:10 mean
   MESHRT_TRACE("mean", "encoder_layers.mesh:19:10", "backward");
-  static const support::Shape shape43_1 = {2, 16};
-  static const support::Shape shape43_3 = {512, 32};
-  static const support::Shape shape43_4 = {32};
-  static const support::Shape shape43_5 = {1};
-  support::reduce(a62.data(), shape43_1, a61.data(), shape43_3, shape43_4, shape43_5,
-                  support::Reduce::Sum, 0.03125);
+  support::reduce(a62.data(), kShape3, a61.data(), kShape4, kShape5, kShape6, support::Reduce::Sum,
+                  0.03125);
 
   // encoder_layers.mesh:19:10 add
   // encoder_layers.mesh:19:10 rsqrt
   MESHRT_TRACE("loop", "encoder_layers.mesh:19:10", "backward");
-  {
-    float *__restrict a63p = a63.data();
-    const float *__restrict a62p = a62.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = a62p[i0];
-      const float s1 = 1e-12f;
-      const float s2 = (s0 + s1);
-      const float s3 = 1.0f / support::fsqrt(s2);
-      a63p[i0] = s3;
-    }
-  }
+  loop20(a63.data(), a62.data());
 
   // encoder_layers.mesh:19:46 mul
   // encoder_layers.mesh:19:10 mul
   MESHRT_TRACE("loop", "encoder_layers.mesh:19:46", "backward");
-  {
-    float *__restrict a65p = a65.data();
-    float *__restrict a66p = a66.data();
-    const float *__restrict a53p = a53.data();
-    const float *__restrict a64p = a64.data();
-    const float *__restrict a56p = a56.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = a53p[i0 * 32 + i1];
-        const float s1 = a64p[i1];
-        const float s2 = (s0 * s1);
-        const float s3 = a56p[i0 * 32 + i1];
-        const float s4 = (s2 * s3);
-        a65p[i0 * 32 + i1] = s2;
-        a66p[i0 * 32 + i1] = s4;
-      }
-    }
-  }
+  loop21(a65.data(), a66.data(), a53.data(), a64.data(), a56.data());
 
   // encoder_layers.mesh:19:10 mean
   MESHRT_TRACE("mean", "encoder_layers.mesh:19:10", "backward");
-  static const support::Shape shape46_1 = {2, 16};
-  static const support::Shape shape46_3 = {512, 32};
-  static const support::Shape shape46_4 = {32};
-  static const support::Shape shape46_5 = {1};
-  support::reduce(a67.data(), shape46_1, a66.data(), shape46_3, shape46_4, shape46_5,
-                  support::Reduce::Sum, 0.03125);
+  support::reduce(a67.data(), kShape3, a66.data(), kShape4, kShape5, kShape6, support::Reduce::Sum,
+                  0.03125);
 
   // encoder_layers.mesh:19:10 mean
   MESHRT_TRACE("mean", "encoder_layers.mesh:19:10", "backward");
-  static const support::Shape shape47_1 = {2, 16};
-  static const support::Shape shape47_3 = {512, 32};
-  static const support::Shape shape47_4 = {32};
-  static const support::Shape shape47_5 = {1};
-  support::reduce(a68.data(), shape47_1, a65.data(), shape47_3, shape47_4, shape47_5,
-                  support::Reduce::Sum, 0.03125);
+  support::reduce(a68.data(), kShape3, a65.data(), kShape4, kShape5, kShape6, support::Reduce::Sum,
+                  0.03125);
 
   // encoder_layers.mesh:19:10 mul
   // encoder_layers.mesh:19:10 sub
   // encoder_layers.mesh:19:10 sub
   // encoder_layers.mesh:19:10 mul
   MESHRT_TRACE("loop", "encoder_layers.mesh:19:10", "backward");
-  {
-    float *__restrict a69p = a69.data();
-    const float *__restrict a56p = a56.data();
-    const float *__restrict a67p = a67.data();
-    const float *__restrict a65p = a65.data();
-    const float *__restrict a68p = a68.data();
-    const float *__restrict a63p = a63.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = a56p[i0 * 32 + i1];
-        const float s1 = a67p[i0];
-        const float s2 = (s0 * s1);
-        const float s3 = a65p[i0 * 32 + i1];
-        const float s4 = a68p[i0];
-        const float s5 = (s3 - s4);
-        const float s6 = (s5 - s2);
-        const float s7 = a63p[i0];
-        const float s8 = (s6 * s7);
-        a69p[i0 * 32 + i1] = s8;
-      }
-    }
-  }
+  loop13(a69.data(), a56.data(), a67.data(), a65.data(), a68.data(), a63.data());
 }
 
 void MlmTrain::repeated2(support::ConstView a0, support::ConstView a1, support::View a2,
@@ -4027,56 +3020,38 @@ void MlmTrain::repeated2(support::ConstView a0, support::ConstView a1, support::
   // encoder_layers.mesh:28:17 einsum -> queries
   MESHRT_TRACE("gemm", "encoder_layers.mesh:28:17", "forward");
   // dims: batch, length, d_model, heads, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan0(
-      {{2, 16, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan0.run(a0.data(), a1.data(), a2.data(), 1.0f, 0.0f);
+  kEinsum1.plan().run(a0.data(), a1.data(), a2.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:29:21 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:29:21", "forward");
   // dims: batch, length, d_model, heads, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan1(
-      {{2, 16, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan1.run(a0.data(), a3.data(), a4.data(), 1.0f, 0.0f);
+  kEinsum1.plan().run(a0.data(), a3.data(), a4.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:30:23 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:30:23", "forward");
   // dims: batch, length, d_model, heads, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan2(
-      {{2, 16, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan2.run(a0.data(), a5.data(), a6.data(), 1.0f, 0.0f);
+  kEinsum1.plan().run(a0.data(), a5.data(), a6.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:32:16 einsum
   // encoder_layers.mesh:32:77 mul -> logits
   MESHRT_TRACE("gemm", "encoder_layers.mesh:32:16", "forward");
   // dims: batch, length, heads, d_kv, memory_length
-  static const meshrt::kernels::EinsumPlan einsumPlan3(
-      {{2, 16, 2, 8, 16}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
-  einsumPlan3.run(a2.data(), a4.data(), a7.data(), 0.35355f, 0.0f);
+  kEinsum2.plan().run(a2.data(), a4.data(), a7.data(), 0.35355f, 0.0f);
 
   // encoder_layers.mesh:33:17 softmax -> weights
   MESHRT_TRACE("softmax", "encoder_layers.mesh:33:17", "forward");
-  static const support::Shape shape4_2 = {2, 2, 16};
-  static const support::Shape shape4_3 = {512, 256, 16};
-  static const support::Shape shape4_4 = {512, 256, 16};
-  static const support::Shape shape4_5 = {16};
-  static const support::Shape shape4_6 = {1};
-  static const support::Shape shape4_7 = {1};
-  support::along(a8.data(), a7.data(), shape4_2, shape4_3, shape4_4, shape4_5, shape4_6, shape4_7,
+  support::along(a8.data(), a7.data(), kShape7, kShape8, kShape8, kShape9, kShape6, kShape6,
                  support::Along::Softmax, 1e-05, 16, nullptr);
 
   // encoder_layers.mesh:34:17 einsum -> context
   MESHRT_TRACE("gemm", "encoder_layers.mesh:34:17", "forward");
   // dims: batch, heads, length, memory_length, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan5(
-      {{2, 2, 16, 16, 8}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 2, 1, 4}, {}}});
-  einsumPlan5.run(a8.data(), a6.data(), a9.data(), 1.0f, 0.0f);
+  kEinsum3.plan().run(a8.data(), a6.data(), a9.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:35:10 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:35:10", "forward");
   // dims: batch, length, heads, d_kv, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan6(
-      {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 4}, {}}});
-  einsumPlan6.run(a9.data(), a10.data(), a11.data(), 1.0f, 0.0f);
+  kEinsum4.plan().run(a9.data(), a10.data(), a11.data(), 1.0f, 0.0f);
 
   // roberta.mesh:22:18 all_reduce_sum (resolve the partial sum of %43 over model for add at 22:18)
   MESHRT_TRACE_SITE("roberta.mesh:22:18");
@@ -4084,82 +3059,32 @@ void MlmTrain::repeated2(support::ConstView a0, support::ConstView a1, support::
 
   // roberta.mesh:22:18 add
   MESHRT_TRACE("loop", "roberta.mesh:22:18", "forward");
-  {
-    float *__restrict a12p = a12.data();
-    const float *__restrict a0p = a0.data();
-    const float *__restrict a11p = a11.data();
-    for (int64_t i0 = 0; i0 < 1024; ++i0) {
-      const float s0 = a0p[i0];
-      const float s1 = a11p[i0];
-      const float s2 = (s0 + s1);
-      a12p[i0] = s2;
-    }
-  }
+  loop5(a12.data(), a0.data(), a11.data());
 
   // encoder_layers.mesh:19:10 layer_norm
   MESHRT_TRACE("layer_norm", "encoder_layers.mesh:19:10", "forward");
-  static const support::Shape shape9_2 = {2, 16};
-  static const support::Shape shape9_3 = {512, 32};
-  static const support::Shape shape9_4 = {512, 32};
-  static const support::Shape shape9_5 = {32};
-  static const support::Shape shape9_6 = {1};
-  static const support::Shape shape9_7 = {1};
-  support::along(a13.data(), a12.data(), shape9_2, shape9_3, shape9_4, shape9_5, shape9_6, shape9_7,
+  support::along(a13.data(), a12.data(), kShape3, kShape4, kShape4, kShape5, kShape6, kShape6,
                  support::Along::LayerNorm, 1e-12, 32, nullptr);
 
   // encoder_layers.mesh:19:46 mul
   // encoder_layers.mesh:19:53 add -> h
   MESHRT_TRACE("loop", "encoder_layers.mesh:19:46", "forward");
-  {
-    float *__restrict a16p = a16.data();
-    const float *__restrict a13p = a13.data();
-    const float *__restrict a14p = a14.data();
-    const float *__restrict a15p = a15.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = a13p[i0 * 32 + i1];
-        const float s1 = a14p[i1];
-        const float s2 = (s0 * s1);
-        const float s3 = a15p[i1];
-        const float s4 = (s2 + s3);
-        a16p[i0 * 32 + i1] = s4;
-      }
-    }
-  }
+  loop1(a16.data(), a13.data(), a14.data(), a15.data());
 
   // encoder_layers.mesh:45:16 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:45:16", "forward");
   // dims: batch, length, d_model, d_ff
-  static const meshrt::kernels::EinsumPlan einsumPlan11(
-      {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan11.run(a16.data(), a17.data(), a18.data(), 1.0f, 0.0f);
+  kEinsum0.plan().run(a16.data(), a17.data(), a18.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:45:53 add
   // encoder_layers.mesh:45:11 gelu -> h
   MESHRT_TRACE("loop", "encoder_layers.mesh:45:53", "forward");
-  {
-    float *__restrict a20p = a20.data();
-    float *__restrict a21p = a21.data();
-    const float *__restrict a18p = a18.data();
-    const float *__restrict a19p = a19.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = a18p[i0 * 32 + i1];
-        const float s1 = a19p[i1];
-        const float s2 = (s0 + s1);
-        const float s3 = support::fgelu(s2);
-        a20p[i0 * 32 + i1] = s2;
-        a21p[i0 * 32 + i1] = s3;
-      }
-    }
-  }
+  loop8(a20.data(), a21.data(), a18.data(), a19.data());
 
   // encoder_layers.mesh:46:10 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:46:10", "forward");
   // dims: batch, length, d_ff, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan13(
-      {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan13.run(a21.data(), a22.data(), a23.data(), 1.0f, 0.0f);
+  kEinsum0.plan().run(a21.data(), a22.data(), a23.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:46:50 all_reduce_sum (resolve the partial sum of %57 over model for add at
   // 46:50)
@@ -4169,53 +3094,17 @@ void MlmTrain::repeated2(support::ConstView a0, support::ConstView a1, support::
   // encoder_layers.mesh:46:50 add
   // roberta.mesh:23:17 add
   MESHRT_TRACE("loop", "encoder_layers.mesh:46:50", "forward");
-  {
-    float *__restrict a25p = a25.data();
-    const float *__restrict a23p = a23.data();
-    const float *__restrict a24p = a24.data();
-    const float *__restrict a16p = a16.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = a23p[i0 * 32 + i1];
-        const float s1 = a24p[i1];
-        const float s2 = (s0 + s1);
-        const float s3 = a16p[i0 * 32 + i1];
-        const float s4 = (s3 + s2);
-        a25p[i0 * 32 + i1] = s4;
-      }
-    }
-  }
+  loop6(a25.data(), a23.data(), a24.data(), a16.data());
 
   // encoder_layers.mesh:19:10 layer_norm
   MESHRT_TRACE("layer_norm", "encoder_layers.mesh:19:10", "forward");
-  static const support::Shape shape16_2 = {2, 16};
-  static const support::Shape shape16_3 = {512, 32};
-  static const support::Shape shape16_4 = {512, 32};
-  static const support::Shape shape16_5 = {32};
-  static const support::Shape shape16_6 = {1};
-  static const support::Shape shape16_7 = {1};
-  support::along(a26.data(), a25.data(), shape16_2, shape16_3, shape16_4, shape16_5, shape16_6,
-                 shape16_7, support::Along::LayerNorm, 1e-12, 32, nullptr);
+  support::along(a26.data(), a25.data(), kShape3, kShape4, kShape4, kShape5, kShape6, kShape6,
+                 support::Along::LayerNorm, 1e-12, 32, nullptr);
 
   // encoder_layers.mesh:19:46 mul
   // encoder_layers.mesh:19:53 add -> x
   MESHRT_TRACE("loop", "encoder_layers.mesh:19:46", "forward");
-  {
-    float *__restrict a29p = a29.data();
-    const float *__restrict a26p = a26.data();
-    const float *__restrict a27p = a27.data();
-    const float *__restrict a28p = a28.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = a26p[i0 * 32 + i1];
-        const float s1 = a27p[i1];
-        const float s2 = (s0 * s1);
-        const float s3 = a28p[i1];
-        const float s4 = (s2 + s3);
-        a29p[i0 * 32 + i1] = s4;
-      }
-    }
-  }
+  loop1(a29.data(), a26.data(), a27.data(), a28.data());
 }
 
 void MlmTrain::repeated3(support::View a0, support::ConstView a1, support::View a2,
@@ -4241,54 +3130,7 @@ void MlmTrain::repeated3(support::View a0, support::ConstView a1, support::View 
   // roberta.mesh:71:3 mul
   // roberta.mesh:71:3 sub -> next/roberta/norm/gain
   MESHRT_TRACE("loop", "roberta.mesh:71:3", "update");
-  {
-    float *__restrict a2p = a2.data();
-    float *__restrict a4p = a4.data();
-    float *__restrict a0p = a0.data();
-    const float *__restrict a1p = a1.data();
-    const float *__restrict a3p = a3.data();
-    const float *__restrict a5p = a5.data();
-    const float *__restrict a6p = a6.data();
-    const float r3 = a3p[0];
-    const float r5 = a5p[0];
-    const float r6 = a6p[0];
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = a0p[i0];
-      const float s1 = 0.01f;
-      const float s2 = (s0 * s1);
-      const float s3 = a1p[i0];
-      const float s4 = s3 * s3;
-      const float s5 = 0.01999998f;
-      const float s6 = (s4 * s5);
-      const float s7 = a2p[i0];
-      const float s8 = 0.98f;
-      const float s9 = (s7 * s8);
-      const float s10 = (s9 + s6);
-      const float s11 = r3;
-      const float s12 = (s10 / s11);
-      const float s13 = support::fsqrt(s12);
-      const float s14 = 1e-06f;
-      const float s15 = (s13 + s14);
-      const float s16 = a1p[i0];
-      const float s17 = 0.100000024f;
-      const float s18 = (s16 * s17);
-      const float s19 = a4p[i0];
-      const float s20 = 0.9f;
-      const float s21 = (s19 * s20);
-      const float s22 = (s21 + s18);
-      const float s23 = r5;
-      const float s24 = (s22 / s23);
-      const float s25 = (s24 / s15);
-      const float s26 = (s25 + s2);
-      const float s27 = r6;
-      const float s28 = (s26 * s27);
-      const float s29 = a0p[i0];
-      const float s30 = (s29 - s28);
-      a2p[i0] = s10;
-      a4p[i0] = s22;
-      a0p[i0] = s30;
-    }
-  }
+  loop17(a2.data(), a4.data(), a0.data(), a1.data(), a3.data(), a5.data(), a6.data());
 
   // roberta.mesh:71:3 mul
   // roberta.mesh:71:3 square
@@ -4307,54 +3149,7 @@ void MlmTrain::repeated3(support::View a0, support::ConstView a1, support::View 
   // roberta.mesh:71:3 mul
   // roberta.mesh:71:3 sub -> next/roberta/norm/bias
   MESHRT_TRACE("loop", "roberta.mesh:71:3", "update");
-  {
-    float *__restrict a9p = a9.data();
-    float *__restrict a10p = a10.data();
-    float *__restrict a7p = a7.data();
-    const float *__restrict a8p = a8.data();
-    const float *__restrict a3p = a3.data();
-    const float *__restrict a5p = a5.data();
-    const float *__restrict a6p = a6.data();
-    const float r3 = a3p[0];
-    const float r5 = a5p[0];
-    const float r6 = a6p[0];
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = a7p[i0];
-      const float s1 = 0.01f;
-      const float s2 = (s0 * s1);
-      const float s3 = a8p[i0];
-      const float s4 = s3 * s3;
-      const float s5 = 0.01999998f;
-      const float s6 = (s4 * s5);
-      const float s7 = a9p[i0];
-      const float s8 = 0.98f;
-      const float s9 = (s7 * s8);
-      const float s10 = (s9 + s6);
-      const float s11 = r3;
-      const float s12 = (s10 / s11);
-      const float s13 = support::fsqrt(s12);
-      const float s14 = 1e-06f;
-      const float s15 = (s13 + s14);
-      const float s16 = a8p[i0];
-      const float s17 = 0.100000024f;
-      const float s18 = (s16 * s17);
-      const float s19 = a10p[i0];
-      const float s20 = 0.9f;
-      const float s21 = (s19 * s20);
-      const float s22 = (s21 + s18);
-      const float s23 = r5;
-      const float s24 = (s22 / s23);
-      const float s25 = (s24 / s15);
-      const float s26 = (s25 + s2);
-      const float s27 = r6;
-      const float s28 = (s26 * s27);
-      const float s29 = a7p[i0];
-      const float s30 = (s29 - s28);
-      a9p[i0] = s10;
-      a10p[i0] = s22;
-      a7p[i0] = s30;
-    }
-  }
+  loop17(a9.data(), a10.data(), a7.data(), a8.data(), a3.data(), a5.data(), a6.data());
 }
 
 void MlmTrain::repeated4(support::View a0, support::ConstView a1, support::ConstView a2,
@@ -4366,126 +3161,52 @@ void MlmTrain::repeated4(support::View a0, support::ConstView a1, support::Const
 
   // encoder_layers.mesh:19:53 sum -> grad/roberta/lm_head/norm/bias
   MESHRT_TRACE("sum", "encoder_layers.mesh:19:53", "backward");
-  static const support::Shape shape0_1 = {32};
-  static const support::Shape shape0_3 = {1};
-  static const support::Shape shape0_4 = {2, 16};
-  static const support::Shape shape0_5 = {512, 32};
-  support::reduce(a0.data(), shape0_1, a1.data(), shape0_3, shape0_4, shape0_5,
-                  support::Reduce::Sum, 1.0);
+  support::reduce(a0.data(), kShape5, a1.data(), kShape6, kShape3, kShape4, support::Reduce::Sum,
+                  1.0);
 
   // encoder_layers.mesh:19:46 mul
   MESHRT_TRACE("loop", "encoder_layers.mesh:19:46", "backward");
-  {
-    float *__restrict a3p = a3.data();
-    const float *__restrict a1p = a1.data();
-    const float *__restrict a2p = a2.data();
-    for (int64_t i0 = 0; i0 < 1024; ++i0) {
-      const float s0 = a1p[i0];
-      const float s1 = a2p[i0];
-      const float s2 = (s0 * s1);
-      a3p[i0] = s2;
-    }
-  }
+  loop9(a3.data(), a1.data(), a2.data());
 
   // encoder_layers.mesh:19:46 sum -> grad/roberta/lm_head/norm/gain
   MESHRT_TRACE("sum", "encoder_layers.mesh:19:46", "backward");
-  static const support::Shape shape2_1 = {32};
-  static const support::Shape shape2_3 = {1};
-  static const support::Shape shape2_4 = {2, 16};
-  static const support::Shape shape2_5 = {512, 32};
-  support::reduce(a4.data(), shape2_1, a3.data(), shape2_3, shape2_4, shape2_5,
-                  support::Reduce::Sum, 1.0);
+  support::reduce(a4.data(), kShape5, a3.data(), kShape6, kShape3, kShape4, support::Reduce::Sum,
+                  1.0);
 
   // encoder_layers.mesh:19:10 mean
   MESHRT_TRACE("mean", "encoder_layers.mesh:19:10", "backward");
-  static const support::Shape shape3_1 = {2, 16};
-  static const support::Shape shape3_3 = {512, 32};
-  static const support::Shape shape3_4 = {32};
-  static const support::Shape shape3_5 = {1};
-  support::reduce(a5.data(), shape3_1, a6.data(), shape3_3, shape3_4, shape3_5,
-                  support::Reduce::Sum, 0.03125);
+  support::reduce(a5.data(), kShape3, a6.data(), kShape4, kShape5, kShape6, support::Reduce::Sum,
+                  0.03125);
 
   // encoder_layers.mesh:19:10 sub
   // encoder_layers.mesh:19:10 square
   MESHRT_TRACE("loop", "encoder_layers.mesh:19:10", "backward");
-  {
-    float *__restrict a7p = a7.data();
-    const float *__restrict a6p = a6.data();
-    const float *__restrict a5p = a5.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = a6p[i0 * 32 + i1];
-        const float s1 = a5p[i0];
-        const float s2 = (s0 - s1);
-        const float s3 = s2 * s2;
-        a7p[i0 * 32 + i1] = s3;
-      }
-    }
-  }
+  loop19(a7.data(), a6.data(), a5.data());
 
   // encoder_layers.mesh:19:10 mean
   MESHRT_TRACE("mean", "encoder_layers.mesh:19:10", "backward");
-  static const support::Shape shape5_1 = {2, 16};
-  static const support::Shape shape5_3 = {512, 32};
-  static const support::Shape shape5_4 = {32};
-  static const support::Shape shape5_5 = {1};
-  support::reduce(a8.data(), shape5_1, a7.data(), shape5_3, shape5_4, shape5_5,
-                  support::Reduce::Sum, 0.03125);
+  support::reduce(a8.data(), kShape3, a7.data(), kShape4, kShape5, kShape6, support::Reduce::Sum,
+                  0.03125);
 
   // encoder_layers.mesh:19:10 add
   // encoder_layers.mesh:19:10 rsqrt
   MESHRT_TRACE("loop", "encoder_layers.mesh:19:10", "backward");
-  {
-    float *__restrict a9p = a9.data();
-    const float *__restrict a8p = a8.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = a8p[i0];
-      const float s1 = 1e-12f;
-      const float s2 = (s0 + s1);
-      const float s3 = 1.0f / support::fsqrt(s2);
-      a9p[i0] = s3;
-    }
-  }
+  loop20(a9.data(), a8.data());
 
   // encoder_layers.mesh:19:46 mul
   // encoder_layers.mesh:19:10 mul
   MESHRT_TRACE("loop", "encoder_layers.mesh:19:46", "backward");
-  {
-    float *__restrict a11p = a11.data();
-    float *__restrict a12p = a12.data();
-    const float *__restrict a1p = a1.data();
-    const float *__restrict a10p = a10.data();
-    const float *__restrict a2p = a2.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = a1p[i0 * 32 + i1];
-        const float s1 = a10p[i1];
-        const float s2 = (s0 * s1);
-        const float s3 = a2p[i0 * 32 + i1];
-        const float s4 = (s2 * s3);
-        a11p[i0 * 32 + i1] = s2;
-        a12p[i0 * 32 + i1] = s4;
-      }
-    }
-  }
+  loop21(a11.data(), a12.data(), a1.data(), a10.data(), a2.data());
 
   // encoder_layers.mesh:19:10 mean
   MESHRT_TRACE("mean", "encoder_layers.mesh:19:10", "backward");
-  static const support::Shape shape8_1 = {2, 16};
-  static const support::Shape shape8_3 = {512, 32};
-  static const support::Shape shape8_4 = {32};
-  static const support::Shape shape8_5 = {1};
-  support::reduce(a13.data(), shape8_1, a12.data(), shape8_3, shape8_4, shape8_5,
-                  support::Reduce::Sum, 0.03125);
+  support::reduce(a13.data(), kShape3, a12.data(), kShape4, kShape5, kShape6, support::Reduce::Sum,
+                  0.03125);
 
   // encoder_layers.mesh:19:10 mean
   MESHRT_TRACE("mean", "encoder_layers.mesh:19:10", "backward");
-  static const support::Shape shape9_1 = {2, 16};
-  static const support::Shape shape9_3 = {512, 32};
-  static const support::Shape shape9_4 = {32};
-  static const support::Shape shape9_5 = {1};
-  support::reduce(a14.data(), shape9_1, a11.data(), shape9_3, shape9_4, shape9_5,
-                  support::Reduce::Sum, 0.03125);
+  support::reduce(a14.data(), kShape3, a11.data(), kShape4, kShape5, kShape6, support::Reduce::Sum,
+                  0.03125);
 }
 
 MlmTrain::Inputs MlmTrain::synthesizeInputs(uint64_t seed) const {
@@ -4541,314 +3262,180 @@ MlmTrain::StepResult MlmTrain::step(const Inputs &inputs) {
 }
 
 std::vector<std::string> MlmTrain::paramNames() {
-  return {"embedding",
-          "roberta/positions",
-          "roberta/norm/gain",
-          "roberta/norm/bias",
-          "roberta/encoder_layer[0]/self_attention/q",
-          "roberta/encoder_layer[0]/self_attention/k",
-          "roberta/encoder_layer[0]/self_attention/v",
-          "roberta/encoder_layer[0]/self_attention/o",
-          "roberta/encoder_layer[0]/norm/gain",
-          "roberta/encoder_layer[0]/norm/bias",
-          "roberta/encoder_layer[0]/dense_relu_dense/wi",
-          "roberta/encoder_layer[0]/dense_relu_dense/bi",
-          "roberta/encoder_layer[0]/dense_relu_dense/wo",
-          "roberta/encoder_layer[0]/dense_relu_dense/bo",
-          "roberta/encoder_layer[0]/norm#1/gain",
-          "roberta/encoder_layer[0]/norm#1/bias",
-          "roberta/encoder_layer[1]/self_attention/q",
-          "roberta/encoder_layer[1]/self_attention/k",
-          "roberta/encoder_layer[1]/self_attention/v",
-          "roberta/encoder_layer[1]/self_attention/o",
-          "roberta/encoder_layer[1]/norm/gain",
-          "roberta/encoder_layer[1]/norm/bias",
-          "roberta/encoder_layer[1]/dense_relu_dense/wi",
-          "roberta/encoder_layer[1]/dense_relu_dense/bi",
-          "roberta/encoder_layer[1]/dense_relu_dense/wo",
-          "roberta/encoder_layer[1]/dense_relu_dense/bo",
-          "roberta/encoder_layer[1]/norm#1/gain",
-          "roberta/encoder_layer[1]/norm#1/bias",
-          "roberta/lm_head/dense",
-          "roberta/lm_head/dense_bias",
-          "roberta/lm_head/output_bias",
-          "roberta/lm_head/norm/gain",
-          "roberta/lm_head/norm/bias",
-          "embedding@m",
-          "embedding@v",
-          "roberta/positions@m",
-          "roberta/positions@v",
-          "roberta/norm/gain@m",
-          "roberta/norm/gain@v",
-          "roberta/norm/bias@m",
-          "roberta/norm/bias@v",
-          "roberta/encoder_layer[0]/self_attention/q@m",
-          "roberta/encoder_layer[0]/self_attention/q@v",
-          "roberta/encoder_layer[0]/self_attention/k@m",
-          "roberta/encoder_layer[0]/self_attention/k@v",
-          "roberta/encoder_layer[0]/self_attention/v@m",
-          "roberta/encoder_layer[0]/self_attention/v@v",
-          "roberta/encoder_layer[0]/self_attention/o@m",
-          "roberta/encoder_layer[0]/self_attention/o@v",
-          "roberta/encoder_layer[0]/norm/gain@m",
-          "roberta/encoder_layer[0]/norm/gain@v",
-          "roberta/encoder_layer[0]/norm/bias@m",
-          "roberta/encoder_layer[0]/norm/bias@v",
-          "roberta/encoder_layer[0]/dense_relu_dense/wi@m",
-          "roberta/encoder_layer[0]/dense_relu_dense/wi@v",
-          "roberta/encoder_layer[0]/dense_relu_dense/bi@m",
-          "roberta/encoder_layer[0]/dense_relu_dense/bi@v",
-          "roberta/encoder_layer[0]/dense_relu_dense/wo@m",
-          "roberta/encoder_layer[0]/dense_relu_dense/wo@v",
-          "roberta/encoder_layer[0]/dense_relu_dense/bo@m",
-          "roberta/encoder_layer[0]/dense_relu_dense/bo@v",
-          "roberta/encoder_layer[0]/norm#1/gain@m",
-          "roberta/encoder_layer[0]/norm#1/gain@v",
-          "roberta/encoder_layer[0]/norm#1/bias@m",
-          "roberta/encoder_layer[0]/norm#1/bias@v",
-          "roberta/encoder_layer[1]/self_attention/q@m",
-          "roberta/encoder_layer[1]/self_attention/q@v",
-          "roberta/encoder_layer[1]/self_attention/k@m",
-          "roberta/encoder_layer[1]/self_attention/k@v",
-          "roberta/encoder_layer[1]/self_attention/v@m",
-          "roberta/encoder_layer[1]/self_attention/v@v",
-          "roberta/encoder_layer[1]/self_attention/o@m",
-          "roberta/encoder_layer[1]/self_attention/o@v",
-          "roberta/encoder_layer[1]/norm/gain@m",
-          "roberta/encoder_layer[1]/norm/gain@v",
-          "roberta/encoder_layer[1]/norm/bias@m",
-          "roberta/encoder_layer[1]/norm/bias@v",
-          "roberta/encoder_layer[1]/dense_relu_dense/wi@m",
-          "roberta/encoder_layer[1]/dense_relu_dense/wi@v",
-          "roberta/encoder_layer[1]/dense_relu_dense/bi@m",
-          "roberta/encoder_layer[1]/dense_relu_dense/bi@v",
-          "roberta/encoder_layer[1]/dense_relu_dense/wo@m",
-          "roberta/encoder_layer[1]/dense_relu_dense/wo@v",
-          "roberta/encoder_layer[1]/dense_relu_dense/bo@m",
-          "roberta/encoder_layer[1]/dense_relu_dense/bo@v",
-          "roberta/encoder_layer[1]/norm#1/gain@m",
-          "roberta/encoder_layer[1]/norm#1/gain@v",
-          "roberta/encoder_layer[1]/norm#1/bias@m",
-          "roberta/encoder_layer[1]/norm#1/bias@v",
-          "roberta/lm_head/dense@m",
-          "roberta/lm_head/dense@v",
-          "roberta/lm_head/dense_bias@m",
-          "roberta/lm_head/dense_bias@v",
-          "roberta/lm_head/output_bias@m",
-          "roberta/lm_head/output_bias@v",
-          "roberta/lm_head/norm/gain@m",
-          "roberta/lm_head/norm/gain@v",
-          "roberta/lm_head/norm/bias@m",
-          "roberta/lm_head/norm/bias@v"};
+  static constexpr const char *names[] = {"embedding",
+                                          "roberta/positions",
+                                          "roberta/norm/gain",
+                                          "roberta/norm/bias",
+                                          "roberta/encoder_layer[0]/self_attention/q",
+                                          "roberta/encoder_layer[0]/self_attention/k",
+                                          "roberta/encoder_layer[0]/self_attention/v",
+                                          "roberta/encoder_layer[0]/self_attention/o",
+                                          "roberta/encoder_layer[0]/norm/gain",
+                                          "roberta/encoder_layer[0]/norm/bias",
+                                          "roberta/encoder_layer[0]/dense_relu_dense/wi",
+                                          "roberta/encoder_layer[0]/dense_relu_dense/bi",
+                                          "roberta/encoder_layer[0]/dense_relu_dense/wo",
+                                          "roberta/encoder_layer[0]/dense_relu_dense/bo",
+                                          "roberta/encoder_layer[0]/norm#1/gain",
+                                          "roberta/encoder_layer[0]/norm#1/bias",
+                                          "roberta/encoder_layer[1]/self_attention/q",
+                                          "roberta/encoder_layer[1]/self_attention/k",
+                                          "roberta/encoder_layer[1]/self_attention/v",
+                                          "roberta/encoder_layer[1]/self_attention/o",
+                                          "roberta/encoder_layer[1]/norm/gain",
+                                          "roberta/encoder_layer[1]/norm/bias",
+                                          "roberta/encoder_layer[1]/dense_relu_dense/wi",
+                                          "roberta/encoder_layer[1]/dense_relu_dense/bi",
+                                          "roberta/encoder_layer[1]/dense_relu_dense/wo",
+                                          "roberta/encoder_layer[1]/dense_relu_dense/bo",
+                                          "roberta/encoder_layer[1]/norm#1/gain",
+                                          "roberta/encoder_layer[1]/norm#1/bias",
+                                          "roberta/lm_head/dense",
+                                          "roberta/lm_head/dense_bias",
+                                          "roberta/lm_head/output_bias",
+                                          "roberta/lm_head/norm/gain",
+                                          "roberta/lm_head/norm/bias",
+                                          "embedding@m",
+                                          "embedding@v",
+                                          "roberta/positions@m",
+                                          "roberta/positions@v",
+                                          "roberta/norm/gain@m",
+                                          "roberta/norm/gain@v",
+                                          "roberta/norm/bias@m",
+                                          "roberta/norm/bias@v",
+                                          "roberta/encoder_layer[0]/self_attention/q@m",
+                                          "roberta/encoder_layer[0]/self_attention/q@v",
+                                          "roberta/encoder_layer[0]/self_attention/k@m",
+                                          "roberta/encoder_layer[0]/self_attention/k@v",
+                                          "roberta/encoder_layer[0]/self_attention/v@m",
+                                          "roberta/encoder_layer[0]/self_attention/v@v",
+                                          "roberta/encoder_layer[0]/self_attention/o@m",
+                                          "roberta/encoder_layer[0]/self_attention/o@v",
+                                          "roberta/encoder_layer[0]/norm/gain@m",
+                                          "roberta/encoder_layer[0]/norm/gain@v",
+                                          "roberta/encoder_layer[0]/norm/bias@m",
+                                          "roberta/encoder_layer[0]/norm/bias@v",
+                                          "roberta/encoder_layer[0]/dense_relu_dense/wi@m",
+                                          "roberta/encoder_layer[0]/dense_relu_dense/wi@v",
+                                          "roberta/encoder_layer[0]/dense_relu_dense/bi@m",
+                                          "roberta/encoder_layer[0]/dense_relu_dense/bi@v",
+                                          "roberta/encoder_layer[0]/dense_relu_dense/wo@m",
+                                          "roberta/encoder_layer[0]/dense_relu_dense/wo@v",
+                                          "roberta/encoder_layer[0]/dense_relu_dense/bo@m",
+                                          "roberta/encoder_layer[0]/dense_relu_dense/bo@v",
+                                          "roberta/encoder_layer[0]/norm#1/gain@m",
+                                          "roberta/encoder_layer[0]/norm#1/gain@v",
+                                          "roberta/encoder_layer[0]/norm#1/bias@m",
+                                          "roberta/encoder_layer[0]/norm#1/bias@v",
+                                          "roberta/encoder_layer[1]/self_attention/q@m",
+                                          "roberta/encoder_layer[1]/self_attention/q@v",
+                                          "roberta/encoder_layer[1]/self_attention/k@m",
+                                          "roberta/encoder_layer[1]/self_attention/k@v",
+                                          "roberta/encoder_layer[1]/self_attention/v@m",
+                                          "roberta/encoder_layer[1]/self_attention/v@v",
+                                          "roberta/encoder_layer[1]/self_attention/o@m",
+                                          "roberta/encoder_layer[1]/self_attention/o@v",
+                                          "roberta/encoder_layer[1]/norm/gain@m",
+                                          "roberta/encoder_layer[1]/norm/gain@v",
+                                          "roberta/encoder_layer[1]/norm/bias@m",
+                                          "roberta/encoder_layer[1]/norm/bias@v",
+                                          "roberta/encoder_layer[1]/dense_relu_dense/wi@m",
+                                          "roberta/encoder_layer[1]/dense_relu_dense/wi@v",
+                                          "roberta/encoder_layer[1]/dense_relu_dense/bi@m",
+                                          "roberta/encoder_layer[1]/dense_relu_dense/bi@v",
+                                          "roberta/encoder_layer[1]/dense_relu_dense/wo@m",
+                                          "roberta/encoder_layer[1]/dense_relu_dense/wo@v",
+                                          "roberta/encoder_layer[1]/dense_relu_dense/bo@m",
+                                          "roberta/encoder_layer[1]/dense_relu_dense/bo@v",
+                                          "roberta/encoder_layer[1]/norm#1/gain@m",
+                                          "roberta/encoder_layer[1]/norm#1/gain@v",
+                                          "roberta/encoder_layer[1]/norm#1/bias@m",
+                                          "roberta/encoder_layer[1]/norm#1/bias@v",
+                                          "roberta/lm_head/dense@m",
+                                          "roberta/lm_head/dense@v",
+                                          "roberta/lm_head/dense_bias@m",
+                                          "roberta/lm_head/dense_bias@v",
+                                          "roberta/lm_head/output_bias@m",
+                                          "roberta/lm_head/output_bias@v",
+                                          "roberta/lm_head/norm/gain@m",
+                                          "roberta/lm_head/norm/gain@v",
+                                          "roberta/lm_head/norm/bias@m",
+                                          "roberta/lm_head/norm/bias@v"};
+  return {std::begin(names), std::end(names)};
 }
 
 bool MlmTrain::isOptimizerState(const std::string &path) {
-  static const std::vector<std::string> states = {"embedding@m",
-                                                  "embedding@v",
-                                                  "roberta/positions@m",
-                                                  "roberta/positions@v",
-                                                  "roberta/norm/gain@m",
-                                                  "roberta/norm/gain@v",
-                                                  "roberta/norm/bias@m",
-                                                  "roberta/norm/bias@v",
-                                                  "roberta/encoder_layer[0]/self_attention/q@m",
-                                                  "roberta/encoder_layer[0]/self_attention/q@v",
-                                                  "roberta/encoder_layer[0]/self_attention/k@m",
-                                                  "roberta/encoder_layer[0]/self_attention/k@v",
-                                                  "roberta/encoder_layer[0]/self_attention/v@m",
-                                                  "roberta/encoder_layer[0]/self_attention/v@v",
-                                                  "roberta/encoder_layer[0]/self_attention/o@m",
-                                                  "roberta/encoder_layer[0]/self_attention/o@v",
-                                                  "roberta/encoder_layer[0]/norm/gain@m",
-                                                  "roberta/encoder_layer[0]/norm/gain@v",
-                                                  "roberta/encoder_layer[0]/norm/bias@m",
-                                                  "roberta/encoder_layer[0]/norm/bias@v",
-                                                  "roberta/encoder_layer[0]/dense_relu_dense/wi@m",
-                                                  "roberta/encoder_layer[0]/dense_relu_dense/wi@v",
-                                                  "roberta/encoder_layer[0]/dense_relu_dense/bi@m",
-                                                  "roberta/encoder_layer[0]/dense_relu_dense/bi@v",
-                                                  "roberta/encoder_layer[0]/dense_relu_dense/wo@m",
-                                                  "roberta/encoder_layer[0]/dense_relu_dense/wo@v",
-                                                  "roberta/encoder_layer[0]/dense_relu_dense/bo@m",
-                                                  "roberta/encoder_layer[0]/dense_relu_dense/bo@v",
-                                                  "roberta/encoder_layer[0]/norm#1/gain@m",
-                                                  "roberta/encoder_layer[0]/norm#1/gain@v",
-                                                  "roberta/encoder_layer[0]/norm#1/bias@m",
-                                                  "roberta/encoder_layer[0]/norm#1/bias@v",
-                                                  "roberta/encoder_layer[1]/self_attention/q@m",
-                                                  "roberta/encoder_layer[1]/self_attention/q@v",
-                                                  "roberta/encoder_layer[1]/self_attention/k@m",
-                                                  "roberta/encoder_layer[1]/self_attention/k@v",
-                                                  "roberta/encoder_layer[1]/self_attention/v@m",
-                                                  "roberta/encoder_layer[1]/self_attention/v@v",
-                                                  "roberta/encoder_layer[1]/self_attention/o@m",
-                                                  "roberta/encoder_layer[1]/self_attention/o@v",
-                                                  "roberta/encoder_layer[1]/norm/gain@m",
-                                                  "roberta/encoder_layer[1]/norm/gain@v",
-                                                  "roberta/encoder_layer[1]/norm/bias@m",
-                                                  "roberta/encoder_layer[1]/norm/bias@v",
-                                                  "roberta/encoder_layer[1]/dense_relu_dense/wi@m",
-                                                  "roberta/encoder_layer[1]/dense_relu_dense/wi@v",
-                                                  "roberta/encoder_layer[1]/dense_relu_dense/bi@m",
-                                                  "roberta/encoder_layer[1]/dense_relu_dense/bi@v",
-                                                  "roberta/encoder_layer[1]/dense_relu_dense/wo@m",
-                                                  "roberta/encoder_layer[1]/dense_relu_dense/wo@v",
-                                                  "roberta/encoder_layer[1]/dense_relu_dense/bo@m",
-                                                  "roberta/encoder_layer[1]/dense_relu_dense/bo@v",
-                                                  "roberta/encoder_layer[1]/norm#1/gain@m",
-                                                  "roberta/encoder_layer[1]/norm#1/gain@v",
-                                                  "roberta/encoder_layer[1]/norm#1/bias@m",
-                                                  "roberta/encoder_layer[1]/norm#1/bias@v",
-                                                  "roberta/lm_head/dense@m",
-                                                  "roberta/lm_head/dense@v",
-                                                  "roberta/lm_head/dense_bias@m",
-                                                  "roberta/lm_head/dense_bias@v",
-                                                  "roberta/lm_head/output_bias@m",
-                                                  "roberta/lm_head/output_bias@v",
-                                                  "roberta/lm_head/norm/gain@m",
-                                                  "roberta/lm_head/norm/gain@v",
-                                                  "roberta/lm_head/norm/bias@m",
-                                                  "roberta/lm_head/norm/bias@v"};
-  return std::find(states.begin(), states.end(), path) != states.end();
+  static constexpr std::string_view states[] = {"embedding@m",
+                                                "embedding@v",
+                                                "roberta/positions@m",
+                                                "roberta/positions@v",
+                                                "roberta/norm/gain@m",
+                                                "roberta/norm/gain@v",
+                                                "roberta/norm/bias@m",
+                                                "roberta/norm/bias@v",
+                                                "roberta/encoder_layer[0]/self_attention/q@m",
+                                                "roberta/encoder_layer[0]/self_attention/q@v",
+                                                "roberta/encoder_layer[0]/self_attention/k@m",
+                                                "roberta/encoder_layer[0]/self_attention/k@v",
+                                                "roberta/encoder_layer[0]/self_attention/v@m",
+                                                "roberta/encoder_layer[0]/self_attention/v@v",
+                                                "roberta/encoder_layer[0]/self_attention/o@m",
+                                                "roberta/encoder_layer[0]/self_attention/o@v",
+                                                "roberta/encoder_layer[0]/norm/gain@m",
+                                                "roberta/encoder_layer[0]/norm/gain@v",
+                                                "roberta/encoder_layer[0]/norm/bias@m",
+                                                "roberta/encoder_layer[0]/norm/bias@v",
+                                                "roberta/encoder_layer[0]/dense_relu_dense/wi@m",
+                                                "roberta/encoder_layer[0]/dense_relu_dense/wi@v",
+                                                "roberta/encoder_layer[0]/dense_relu_dense/bi@m",
+                                                "roberta/encoder_layer[0]/dense_relu_dense/bi@v",
+                                                "roberta/encoder_layer[0]/dense_relu_dense/wo@m",
+                                                "roberta/encoder_layer[0]/dense_relu_dense/wo@v",
+                                                "roberta/encoder_layer[0]/dense_relu_dense/bo@m",
+                                                "roberta/encoder_layer[0]/dense_relu_dense/bo@v",
+                                                "roberta/encoder_layer[0]/norm#1/gain@m",
+                                                "roberta/encoder_layer[0]/norm#1/gain@v",
+                                                "roberta/encoder_layer[0]/norm#1/bias@m",
+                                                "roberta/encoder_layer[0]/norm#1/bias@v",
+                                                "roberta/encoder_layer[1]/self_attention/q@m",
+                                                "roberta/encoder_layer[1]/self_attention/q@v",
+                                                "roberta/encoder_layer[1]/self_attention/k@m",
+                                                "roberta/encoder_layer[1]/self_attention/k@v",
+                                                "roberta/encoder_layer[1]/self_attention/v@m",
+                                                "roberta/encoder_layer[1]/self_attention/v@v",
+                                                "roberta/encoder_layer[1]/self_attention/o@m",
+                                                "roberta/encoder_layer[1]/self_attention/o@v",
+                                                "roberta/encoder_layer[1]/norm/gain@m",
+                                                "roberta/encoder_layer[1]/norm/gain@v",
+                                                "roberta/encoder_layer[1]/norm/bias@m",
+                                                "roberta/encoder_layer[1]/norm/bias@v",
+                                                "roberta/encoder_layer[1]/dense_relu_dense/wi@m",
+                                                "roberta/encoder_layer[1]/dense_relu_dense/wi@v",
+                                                "roberta/encoder_layer[1]/dense_relu_dense/bi@m",
+                                                "roberta/encoder_layer[1]/dense_relu_dense/bi@v",
+                                                "roberta/encoder_layer[1]/dense_relu_dense/wo@m",
+                                                "roberta/encoder_layer[1]/dense_relu_dense/wo@v",
+                                                "roberta/encoder_layer[1]/dense_relu_dense/bo@m",
+                                                "roberta/encoder_layer[1]/dense_relu_dense/bo@v",
+                                                "roberta/encoder_layer[1]/norm#1/gain@m",
+                                                "roberta/encoder_layer[1]/norm#1/gain@v",
+                                                "roberta/encoder_layer[1]/norm#1/bias@m",
+                                                "roberta/encoder_layer[1]/norm#1/bias@v",
+                                                "roberta/lm_head/dense@m",
+                                                "roberta/lm_head/dense@v",
+                                                "roberta/lm_head/dense_bias@m",
+                                                "roberta/lm_head/dense_bias@v",
+                                                "roberta/lm_head/output_bias@m",
+                                                "roberta/lm_head/output_bias@v",
+                                                "roberta/lm_head/norm/gain@m",
+                                                "roberta/lm_head/norm/gain@v",
+                                                "roberta/lm_head/norm/bias@m",
+                                                "roberta/lm_head/norm/bias@v"};
+  return std::find(std::begin(states), std::end(states), std::string_view(path)) !=
+         std::end(states);
 }
 
 std::vector<support::ParamShard> MlmTrain::paramShards() {
-  static constexpr support::ParamSpec specs[] = {
-      {"embedding", false, "f32", "vocab:64:32:model d_model:32:32:"},
-      {"roberta/positions", false, "f32", "length:16:16: d_model:32:32:"},
-      {"roberta/norm/gain", false, "f32", "d_model:32:32:"},
-      {"roberta/norm/bias", false, "f32", "d_model:32:32:"},
-      {"roberta/encoder_layer[0]/self_attention/q", false, "f32",
-       "d_model:32:32: heads:4:2:model d_kv:8:8:"},
-      {"roberta/encoder_layer[0]/self_attention/k", false, "f32",
-       "d_model:32:32: heads:4:2:model d_kv:8:8:"},
-      {"roberta/encoder_layer[0]/self_attention/v", false, "f32",
-       "d_model:32:32: heads:4:2:model d_kv:8:8:"},
-      {"roberta/encoder_layer[0]/self_attention/o", false, "f32",
-       "heads:4:2:model d_kv:8:8: d_model:32:32:"},
-      {"roberta/encoder_layer[0]/norm/gain", false, "f32", "d_model:32:32:"},
-      {"roberta/encoder_layer[0]/norm/bias", false, "f32", "d_model:32:32:"},
-      {"roberta/encoder_layer[0]/dense_relu_dense/wi", false, "f32",
-       "d_model:32:32: d_ff:64:32:model"},
-      {"roberta/encoder_layer[0]/dense_relu_dense/bi", false, "f32", "d_ff:64:32:model"},
-      {"roberta/encoder_layer[0]/dense_relu_dense/wo", false, "f32",
-       "d_ff:64:32:model d_model:32:32:"},
-      {"roberta/encoder_layer[0]/dense_relu_dense/bo", false, "f32", "d_model:32:32:"},
-      {"roberta/encoder_layer[0]/norm#1/gain", false, "f32", "d_model:32:32:"},
-      {"roberta/encoder_layer[0]/norm#1/bias", false, "f32", "d_model:32:32:"},
-      {"roberta/encoder_layer[1]/self_attention/q", false, "f32",
-       "d_model:32:32: heads:4:2:model d_kv:8:8:"},
-      {"roberta/encoder_layer[1]/self_attention/k", false, "f32",
-       "d_model:32:32: heads:4:2:model d_kv:8:8:"},
-      {"roberta/encoder_layer[1]/self_attention/v", false, "f32",
-       "d_model:32:32: heads:4:2:model d_kv:8:8:"},
-      {"roberta/encoder_layer[1]/self_attention/o", false, "f32",
-       "heads:4:2:model d_kv:8:8: d_model:32:32:"},
-      {"roberta/encoder_layer[1]/norm/gain", false, "f32", "d_model:32:32:"},
-      {"roberta/encoder_layer[1]/norm/bias", false, "f32", "d_model:32:32:"},
-      {"roberta/encoder_layer[1]/dense_relu_dense/wi", false, "f32",
-       "d_model:32:32: d_ff:64:32:model"},
-      {"roberta/encoder_layer[1]/dense_relu_dense/bi", false, "f32", "d_ff:64:32:model"},
-      {"roberta/encoder_layer[1]/dense_relu_dense/wo", false, "f32",
-       "d_ff:64:32:model d_model:32:32:"},
-      {"roberta/encoder_layer[1]/dense_relu_dense/bo", false, "f32", "d_model:32:32:"},
-      {"roberta/encoder_layer[1]/norm#1/gain", false, "f32", "d_model:32:32:"},
-      {"roberta/encoder_layer[1]/norm#1/bias", false, "f32", "d_model:32:32:"},
-      {"roberta/lm_head/dense", false, "f32", "d_model:32:32: d_out:32:32:"},
-      {"roberta/lm_head/dense_bias", false, "f32", "d_out:32:32:"},
-      {"roberta/lm_head/output_bias", false, "f32", "vocab:64:32:model"},
-      {"roberta/lm_head/norm/gain", false, "f32", "d_model:32:32:"},
-      {"roberta/lm_head/norm/bias", false, "f32", "d_model:32:32:"},
-      {"embedding@m", true, "f32", "vocab:64:32:model d_model:32:32:"},
-      {"embedding@v", true, "f32", "vocab:64:32:model d_model:32:32:"},
-      {"roberta/positions@m", true, "f32", "length:16:16: d_model:32:32:"},
-      {"roberta/positions@v", true, "f32", "length:16:16: d_model:32:32:"},
-      {"roberta/norm/gain@m", true, "f32", "d_model:32:32:"},
-      {"roberta/norm/gain@v", true, "f32", "d_model:32:32:"},
-      {"roberta/norm/bias@m", true, "f32", "d_model:32:32:"},
-      {"roberta/norm/bias@v", true, "f32", "d_model:32:32:"},
-      {"roberta/encoder_layer[0]/self_attention/q@m", true, "f32",
-       "d_model:32:32: heads:4:2:model d_kv:8:8:"},
-      {"roberta/encoder_layer[0]/self_attention/q@v", true, "f32",
-       "d_model:32:32: heads:4:2:model d_kv:8:8:"},
-      {"roberta/encoder_layer[0]/self_attention/k@m", true, "f32",
-       "d_model:32:32: heads:4:2:model d_kv:8:8:"},
-      {"roberta/encoder_layer[0]/self_attention/k@v", true, "f32",
-       "d_model:32:32: heads:4:2:model d_kv:8:8:"},
-      {"roberta/encoder_layer[0]/self_attention/v@m", true, "f32",
-       "d_model:32:32: heads:4:2:model d_kv:8:8:"},
-      {"roberta/encoder_layer[0]/self_attention/v@v", true, "f32",
-       "d_model:32:32: heads:4:2:model d_kv:8:8:"},
-      {"roberta/encoder_layer[0]/self_attention/o@m", true, "f32",
-       "heads:4:2:model d_kv:8:8: d_model:32:32:"},
-      {"roberta/encoder_layer[0]/self_attention/o@v", true, "f32",
-       "heads:4:2:model d_kv:8:8: d_model:32:32:"},
-      {"roberta/encoder_layer[0]/norm/gain@m", true, "f32", "d_model:32:32:"},
-      {"roberta/encoder_layer[0]/norm/gain@v", true, "f32", "d_model:32:32:"},
-      {"roberta/encoder_layer[0]/norm/bias@m", true, "f32", "d_model:32:32:"},
-      {"roberta/encoder_layer[0]/norm/bias@v", true, "f32", "d_model:32:32:"},
-      {"roberta/encoder_layer[0]/dense_relu_dense/wi@m", true, "f32",
-       "d_model:32:32: d_ff:64:32:model"},
-      {"roberta/encoder_layer[0]/dense_relu_dense/wi@v", true, "f32",
-       "d_model:32:32: d_ff:64:32:model"},
-      {"roberta/encoder_layer[0]/dense_relu_dense/bi@m", true, "f32", "d_ff:64:32:model"},
-      {"roberta/encoder_layer[0]/dense_relu_dense/bi@v", true, "f32", "d_ff:64:32:model"},
-      {"roberta/encoder_layer[0]/dense_relu_dense/wo@m", true, "f32",
-       "d_ff:64:32:model d_model:32:32:"},
-      {"roberta/encoder_layer[0]/dense_relu_dense/wo@v", true, "f32",
-       "d_ff:64:32:model d_model:32:32:"},
-      {"roberta/encoder_layer[0]/dense_relu_dense/bo@m", true, "f32", "d_model:32:32:"},
-      {"roberta/encoder_layer[0]/dense_relu_dense/bo@v", true, "f32", "d_model:32:32:"},
-      {"roberta/encoder_layer[0]/norm#1/gain@m", true, "f32", "d_model:32:32:"},
-      {"roberta/encoder_layer[0]/norm#1/gain@v", true, "f32", "d_model:32:32:"},
-      {"roberta/encoder_layer[0]/norm#1/bias@m", true, "f32", "d_model:32:32:"},
-      {"roberta/encoder_layer[0]/norm#1/bias@v", true, "f32", "d_model:32:32:"},
-      {"roberta/encoder_layer[1]/self_attention/q@m", true, "f32",
-       "d_model:32:32: heads:4:2:model d_kv:8:8:"},
-      {"roberta/encoder_layer[1]/self_attention/q@v", true, "f32",
-       "d_model:32:32: heads:4:2:model d_kv:8:8:"},
-      {"roberta/encoder_layer[1]/self_attention/k@m", true, "f32",
-       "d_model:32:32: heads:4:2:model d_kv:8:8:"},
-      {"roberta/encoder_layer[1]/self_attention/k@v", true, "f32",
-       "d_model:32:32: heads:4:2:model d_kv:8:8:"},
-      {"roberta/encoder_layer[1]/self_attention/v@m", true, "f32",
-       "d_model:32:32: heads:4:2:model d_kv:8:8:"},
-      {"roberta/encoder_layer[1]/self_attention/v@v", true, "f32",
-       "d_model:32:32: heads:4:2:model d_kv:8:8:"},
-      {"roberta/encoder_layer[1]/self_attention/o@m", true, "f32",
-       "heads:4:2:model d_kv:8:8: d_model:32:32:"},
-      {"roberta/encoder_layer[1]/self_attention/o@v", true, "f32",
-       "heads:4:2:model d_kv:8:8: d_model:32:32:"},
-      {"roberta/encoder_layer[1]/norm/gain@m", true, "f32", "d_model:32:32:"},
-      {"roberta/encoder_layer[1]/norm/gain@v", true, "f32", "d_model:32:32:"},
-      {"roberta/encoder_layer[1]/norm/bias@m", true, "f32", "d_model:32:32:"},
-      {"roberta/encoder_layer[1]/norm/bias@v", true, "f32", "d_model:32:32:"},
-      {"roberta/encoder_layer[1]/dense_relu_dense/wi@m", true, "f32",
-       "d_model:32:32: d_ff:64:32:model"},
-      {"roberta/encoder_layer[1]/dense_relu_dense/wi@v", true, "f32",
-       "d_model:32:32: d_ff:64:32:model"},
-      {"roberta/encoder_layer[1]/dense_relu_dense/bi@m", true, "f32", "d_ff:64:32:model"},
-      {"roberta/encoder_layer[1]/dense_relu_dense/bi@v", true, "f32", "d_ff:64:32:model"},
-      {"roberta/encoder_layer[1]/dense_relu_dense/wo@m", true, "f32",
-       "d_ff:64:32:model d_model:32:32:"},
-      {"roberta/encoder_layer[1]/dense_relu_dense/wo@v", true, "f32",
-       "d_ff:64:32:model d_model:32:32:"},
-      {"roberta/encoder_layer[1]/dense_relu_dense/bo@m", true, "f32", "d_model:32:32:"},
-      {"roberta/encoder_layer[1]/dense_relu_dense/bo@v", true, "f32", "d_model:32:32:"},
-      {"roberta/encoder_layer[1]/norm#1/gain@m", true, "f32", "d_model:32:32:"},
-      {"roberta/encoder_layer[1]/norm#1/gain@v", true, "f32", "d_model:32:32:"},
-      {"roberta/encoder_layer[1]/norm#1/bias@m", true, "f32", "d_model:32:32:"},
-      {"roberta/encoder_layer[1]/norm#1/bias@v", true, "f32", "d_model:32:32:"},
-      {"roberta/lm_head/dense@m", true, "f32", "d_model:32:32: d_out:32:32:"},
-      {"roberta/lm_head/dense@v", true, "f32", "d_model:32:32: d_out:32:32:"},
-      {"roberta/lm_head/dense_bias@m", true, "f32", "d_out:32:32:"},
-      {"roberta/lm_head/dense_bias@v", true, "f32", "d_out:32:32:"},
-      {"roberta/lm_head/output_bias@m", true, "f32", "vocab:64:32:model"},
-      {"roberta/lm_head/output_bias@v", true, "f32", "vocab:64:32:model"},
-      {"roberta/lm_head/norm/gain@m", true, "f32", "d_model:32:32:"},
-      {"roberta/lm_head/norm/gain@v", true, "f32", "d_model:32:32:"},
-      {"roberta/lm_head/norm/bias@m", true, "f32", "d_model:32:32:"},
-      {"roberta/lm_head/norm/bias@v", true, "f32", "d_model:32:32:"}};
   support::Buffer *const data[] = {&param0_embedding,
                                    &param1_roberta_positions,
                                    &param2_roberta_norm_gain,
@@ -4948,7 +3535,7 @@ std::vector<support::ParamShard> MlmTrain::paramShards() {
                                    &param96_roberta_lm_head_norm_gain_v,
                                    &param97_roberta_lm_head_norm_bias_m,
                                    &param98_roberta_lm_head_norm_bias_v};
-  return support::paramShardsOf<support::ParamShard>(specs, data);
+  return support::paramShardsOf<support::ParamShard>(kMlmTrainParams, data);
 }
 
 support::Tensor MlmTrain::getParam(const std::string &path) {

@@ -6,6 +6,37 @@
 
 namespace meshc_generated {
 
+// The shapes the kernel calls take and the loop nests the classes share.
+static const support::SharedEinsum
+    kEinsum0({{16, 64, 64}, {{{0, 1}, {}}, {{1, 2}, {}}}, {{0, 2}, {}}});
+
+[[gnu::noinline]] static void loop0(float *__restrict p0, const float *__restrict p1,
+                                    const float *__restrict p2) {
+  for (int64_t i0 = 0; i0 < 16; ++i0) {
+    for (int64_t i1 = 0; i1 < 64; ++i1) {
+      const float s0 = p1[i0 * 64 + i1];
+      const float s1 = p2[i1];
+      const float s2 = (s0 + s1);
+      const float s3 = float(::swish(s2));
+      p0[i0 * 64 + i1] = s3;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop1(float *__restrict p0, const float *__restrict p1,
+                                    const float *__restrict p2, const float *__restrict p3) {
+  for (int64_t i0 = 0; i0 < 16; ++i0) {
+    for (int64_t i1 = 0; i1 < 64; ++i1) {
+      const float s0 = p1[i0 * 64 + i1];
+      const float s1 = p2[i0 * 64 + i1];
+      const float s2 = (s0 + s1);
+      const float s3 = p3[i1];
+      const float s4 = float(::soft_clip(s2, s3));
+      p0[i0 * 64 + i1] = s4;
+    }
+  }
+}
+
 //===--- program `swish_mlp` ---===//
 
 meshrt::Mesh SwishMlp::mesh() { return meshrt::Mesh({{"data", 2}, {"model", 2}}); }
@@ -19,45 +50,28 @@ support::Shape SwishMlp::inputShape(const std::string &name) {
   throw std::invalid_argument("swish_mlp: no input named '" + name + "'");
 }
 
+/// `swish_mlp`'s params: paths, dims and layouts (its constructor and paramShards() read it).
+static constexpr support::ParamSpec kSwishMlpParams[] = {
+    {"limit", false, "f32", "d_model:64:64:"},
+    {"swish_ffn/w_in", false, "f32", "d_model:64:64: d_ff:128:64:model"},
+    {"swish_ffn/b_in", false, "f32", "d_ff:128:64:model"},
+    {"swish_ffn/w_out", false, "f32", "d_ff:128:64:model d_model:64:64:"}};
+
 SwishMlp::SwishMlp(meshrt::Communicator &world, uint64_t seed)
     : world_(support::checkedWorld(world, mesh(), "swish_mlp")), seed_(seed),
       group_model(world_.subgroup(std::vector<std::string>{"model"})) {
-  // limit: uniform (swish_mlp.mesh:29)
-  param0_limit.resize(64);
-  {
-    const meshrt::kernels::Shard shard{{64}, {0}, {64}};
-    const auto init = meshrt::kernels::makeInit("uniform", {{"min", 1.0}, {"max", 3.0}});
-    support::fillParam(param0_limit.data(), shard, seed, "limit", init,
-                       meshrt::kernels::ValueType::F32);
-  }
-  // swish_ffn/w_in: truncated_normal (swish_mlp.mesh:19)
-  param1_swish_ffn_w_in.resize(4096);
-  {
-    const meshrt::kernels::Shard shard{
-        {64, 128}, {0, support::shardStart(world_, {"model"}, 64)}, {64, 64}};
-    const auto init =
-        meshrt::kernels::makeInit("truncated_normal", {{"mean", 0.0}, {"stddev", 0.125}});
-    support::fillParam(param1_swish_ffn_w_in.data(), shard, seed, "swish_ffn/w_in", init,
-                       meshrt::kernels::ValueType::F32);
-  }
-  // swish_ffn/b_in: normal (swish_mlp.mesh:20)
-  param2_swish_ffn_b_in.resize(64);
-  {
-    const meshrt::kernels::Shard shard{{128}, {support::shardStart(world_, {"model"}, 64)}, {64}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.1}});
-    support::fillParam(param2_swish_ffn_b_in.data(), shard, seed, "swish_ffn/b_in", init,
-                       meshrt::kernels::ValueType::F32);
-  }
-  // swish_ffn/w_out: truncated_normal (swish_mlp.mesh:21)
-  param3_swish_ffn_w_out.resize(4096);
-  {
-    const meshrt::kernels::Shard shard{
-        {128, 64}, {support::shardStart(world_, {"model"}, 64), 0}, {64, 64}};
-    const auto init =
-        meshrt::kernels::makeInit("truncated_normal", {{"mean", 0.0}, {"stddev", 0.088}});
-    support::fillParam(param3_swish_ffn_w_out.data(), shard, seed, "swish_ffn/w_out", init,
-                       meshrt::kernels::ValueType::F32);
-  }
+  static constexpr support::ParamInit inits[] = {
+      // limit (swish_mlp.mesh:29)
+      {"uniform", support::DType::F32, {{"min", 1.0}, {"max", 3.0}}},
+      // swish_ffn/w_in (swish_mlp.mesh:19)
+      {"truncated_normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.125}}},
+      // swish_ffn/b_in (swish_mlp.mesh:20)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.1}}},
+      // swish_ffn/w_out (swish_mlp.mesh:21)
+      {"truncated_normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.088}}}};
+  support::Buffer *const data[] = {&param0_limit, &param1_swish_ffn_w_in, &param2_swish_ffn_b_in,
+                                   &param3_swish_ffn_w_out};
+  support::initParams(world_, seed, -1, kSwishMlpParams, inits, data);
 }
 
 SwishMlp::Outputs SwishMlp::run(const Inputs &inputs) {
@@ -82,38 +96,21 @@ void SwishMlp::runPart0(const Inputs &inputs) {
   const support::Buffer &v2 = param1_swish_ffn_w_in;
   support::View v5 = arena_.view(0, 1024);
   // dims: batch, d_model, d_ff
-  static const meshrt::kernels::EinsumPlan einsumPlan0(
-      {{16, 64, 64}, {{{0, 1}, {}}, {{1, 2}, {}}}, {{0, 2}, {}}});
-  einsumPlan0.run(v0.data(), v2.data(), v5.data(), 1.0f, 0.0f);
+  kEinsum0.plan().run(v0.data(), v2.data(), v5.data(), 1.0f, 0.0f);
 
   // swish_mlp.mesh:23:48 add
   // swish_mlp.mesh:23:11 call -> h
   MESHRT_TRACE("loop", "swish_mlp.mesh:23:48", "forward");
   const support::Buffer &v3 = param2_swish_ffn_b_in;
   support::View v7 = arena_.view(4096, 1024);
-  {
-    float *__restrict v7p = v7.data();
-    const float *__restrict v5p = v5.data();
-    const float *__restrict v3p = v3.data();
-    for (int64_t i0 = 0; i0 < 16; ++i0) {
-      for (int64_t i1 = 0; i1 < 64; ++i1) {
-        const float s0 = v5p[i0 * 64 + i1];
-        const float s1 = v3p[i1];
-        const float s2 = (s0 + s1);
-        const float s3 = float(::swish(s2));
-        v7p[i0 * 64 + i1] = s3;
-      }
-    }
-  }
+  loop0(v7.data(), v5.data(), v3.data());
 
   // swish_mlp.mesh:24:10 einsum
   MESHRT_TRACE("gemm", "swish_mlp.mesh:24:10", "forward");
   const support::Buffer &v4 = param3_swish_ffn_w_out;
   support::View v8 = arena_.view(0, 1024);
   // dims: batch, d_ff, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan2(
-      {{16, 64, 64}, {{{0, 1}, {}}, {{1, 2}, {}}}, {{0, 2}, {}}});
-  einsumPlan2.run(v7.data(), v4.data(), v8.data(), 1.0f, 0.0f);
+  kEinsum0.plan().run(v7.data(), v4.data(), v8.data(), 1.0f, 0.0f);
 
   // swish_mlp.mesh:30:19 all_reduce_sum (resolve the partial sum of %8 over model for add at 30:19)
   MESHRT_TRACE_SITE("swish_mlp.mesh:30:19");
@@ -124,22 +121,7 @@ void SwishMlp::runPart0(const Inputs &inputs) {
   MESHRT_TRACE("loop", "swish_mlp.mesh:30:19", "forward");
   const support::Buffer &v1 = param0_limit;
   support::View v11 = arena_.view(4096, 1024);
-  {
-    float *__restrict v11p = v11.data();
-    const float *__restrict v0p = v0.data();
-    const float *__restrict v8p = v8.data();
-    const float *__restrict v1p = v1.data();
-    for (int64_t i0 = 0; i0 < 16; ++i0) {
-      for (int64_t i1 = 0; i1 < 64; ++i1) {
-        const float s0 = v0p[i0 * 64 + i1];
-        const float s1 = v8p[i0 * 64 + i1];
-        const float s2 = (s0 + s1);
-        const float s3 = v1p[i1];
-        const float s4 = float(::soft_clip(s2, s3));
-        v11p[i0 * 64 + i1] = s4;
-      }
-    }
-  }
+  loop1(v11.data(), v0.data(), v8.data(), v1.data());
 }
 
 SwishMlp::Inputs SwishMlp::synthesizeInputs(uint64_t seed) const {
@@ -181,7 +163,9 @@ support::Tensor SwishMlp::gatherOutput(meshrt::Communicator &world, const std::s
 }
 
 std::vector<std::string> SwishMlp::paramNames() {
-  return {"limit", "swish_ffn/w_in", "swish_ffn/b_in", "swish_ffn/w_out"};
+  static constexpr const char *names[] = {"limit", "swish_ffn/w_in", "swish_ffn/b_in",
+                                          "swish_ffn/w_out"};
+  return {std::begin(names), std::end(names)};
 }
 
 bool SwishMlp::isOptimizerState(const std::string &path) {
@@ -190,14 +174,9 @@ bool SwishMlp::isOptimizerState(const std::string &path) {
 }
 
 std::vector<support::ParamShard> SwishMlp::paramShards() {
-  static constexpr support::ParamSpec specs[] = {
-      {"limit", false, "f32", "d_model:64:64:"},
-      {"swish_ffn/w_in", false, "f32", "d_model:64:64: d_ff:128:64:model"},
-      {"swish_ffn/b_in", false, "f32", "d_ff:128:64:model"},
-      {"swish_ffn/w_out", false, "f32", "d_ff:128:64:model d_model:64:64:"}};
   support::Buffer *const data[] = {&param0_limit, &param1_swish_ffn_w_in, &param2_swish_ffn_b_in,
                                    &param3_swish_ffn_w_out};
-  return support::paramShardsOf<support::ParamShard>(specs, data);
+  return support::paramShardsOf<support::ParamShard>(kSwishMlpParams, data);
 }
 
 support::Tensor SwishMlp::getParam(const std::string &path) {

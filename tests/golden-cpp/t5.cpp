@@ -5,6 +5,1570 @@
 
 namespace meshc_generated {
 
+// The shapes the kernel calls take and the loop nests the classes share.
+static const support::Shape kShape0 = {16};
+static const support::Shape kShape1 = {1};
+static const support::Shape kShape2 = {8};
+static const support::Shape kShape3 = {2};
+static const support::Shape kShape4 = {32};
+static const support::Shape kShape5 = {16, 16, 2};
+static const support::Shape kShape6 = {0, 0, 1};
+static const support::Shape kShape7 = {16, 1, 0};
+static const support::Shape kShape8 = {2, 16, 32};
+static const support::Shape kShape9 = {2, 8};
+static const support::Shape kShape10 = {2, 8, 32};
+static const support::Shape kShape11 = {8, 1, 0};
+static const support::Shape kShape12 = {2, 16};
+static const support::Shape kShape13 = {512, 32};
+static const support::Shape kShape14 = {8, 8, 2};
+static const support::Shape kShape15 = {256, 32};
+static const support::Shape kShape16 = {2, 2, 8};
+static const support::Shape kShape17 = {256, 128, 16};
+static const support::Shape kShape18 = {128, 64, 8};
+static const support::Shape kShape19 = {2, 2, 16};
+static const support::Shape kShape20 = {512, 256, 16};
+static const support::Shape kShape21 = {};
+static const support::Shape kShape22 = {8, 2};
+static const support::Shape kShape23 = {2, 1};
+static const support::Shape kShape24 = {32, 32};
+static const support::Shape kShape25 = {32, 1};
+static const support::Shape kShape26 = {8, 1};
+static const support::Shape kShape27 = {0, 1};
+static const support::Shape kShape28 = {0, 0};
+static const support::Shape kShape29 = {8, 8};
+static const support::Shape kShape30 = {16, 2};
+static const support::Shape kShape31 = {16, 1};
+static const support::Shape kShape32 = {16, 16};
+static const support::Shape kShape33 = {32, 2};
+static const support::Shape kShape34 = {32, 8};
+static const support::Shape kShape35 = {16, 8};
+static const support::Shape kShape36 = {2, 32};
+static const support::Shape kShape37 = {256, 1};
+static const support::Shape kShape38 = {2, 16, 16};
+static const support::Shape kShape39 = {256, 16, 1};
+static const support::Shape kShape40 = {512};
+static const support::Shape kShape41 = {2, 8, 8};
+static const support::Shape kShape42 = {64, 8, 1};
+static const support::Shape kShape43 = {128};
+static const support::Shape kShape44 = {32, 2, 8};
+static const support::Shape kShape45 = {16, 8, 1};
+static const support::Shape kShape46 = {256, 32, 1};
+static const support::SharedEinsum
+    kEinsum0({{2, 8, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
+static const support::SharedEinsum
+    kEinsum1({{2, 8, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
+static const support::SharedEinsum
+    kEinsum2({{2, 16, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
+static const support::SharedEinsum
+    kEinsum3({{2, 8, 2, 8, 16}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
+static const support::SharedEinsum
+    kEinsum4({{2, 2, 8, 16, 8}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 1, 2, 4}, {}}});
+static const support::SharedEinsum
+    kEinsum5({{2, 8, 32, 2, 8}, {{{0, 1, 2}, {}}, {{3, 0, 4, 1}, {}}}, {{3, 4, 2}, {}}});
+static const support::SharedEinsum
+    kEinsum6({{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
+static const support::SharedEinsum
+    kEinsum7({{2, 8, 2, 8, 8}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
+static const support::SharedEinsum
+    kEinsum8({{2, 2, 8, 8, 8}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 1, 2, 4}, {}}});
+static const support::SharedEinsum
+    kEinsum9({{2, 16, 2, 8, 16}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
+static const support::SharedEinsum
+    kEinsum10({{2, 2, 16, 16, 8}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 1, 2, 4}, {}}});
+static const support::SharedEinsum
+    kEinsum11({{2, 8, 32, 2, 16}, {{{0, 1, 2}, {}}, {{3, 0, 4, 1}, {}}}, {{3, 4, 2}, {}}});
+static const support::SharedEinsum
+    kEinsum12({{2, 8, 32, 32}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
+static const support::SharedEinsum
+    kEinsum13({{2, 8, 32, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
+static const support::SharedEinsum
+    kEinsum14({{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
+static const support::SharedEinsum
+    kEinsum15({{2, 8, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
+static const support::SharedEinsum
+    kEinsum16({{2, 8, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
+static const support::SharedEinsum
+    kEinsum17({{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
+static const support::SharedEinsum
+    kEinsum18({{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
+static const support::SharedEinsum
+    kEinsum19({{2, 16, 32, 2, 8}, {{{0, 1, 2}, {}}, {{3, 4, 2}, {}}}, {{0, 1, 3, 4}, {}}});
+static const support::SharedEinsum
+    kEinsum20({{2, 16, 2, 8, 16}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 4, 1}, {}}});
+static const support::SharedEinsum
+    kEinsum21({{2, 2, 16, 16, 8}, {{{0, 1, 2, 3}, {}}, {{0, 2, 1, 4}, {}}}, {{0, 3, 1, 4}, {}}});
+static const support::SharedEinsum
+    kEinsum22({{2, 16, 32, 2, 8}, {{{0, 1, 2}, {}}, {{0, 3, 1, 4}, {}}}, {{3, 4, 2}, {}}});
+static const support::SharedEinsum
+    kEinsum23({{2, 2, 16, 16, 8}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 2, 1, 4}, {}}});
+static const support::SharedEinsum
+    kEinsum24({{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
+static const support::SharedEinsum
+    kEinsum25({{2, 8, 32, 2, 8}, {{{0, 1, 2}, {}}, {{3, 4, 2}, {}}}, {{0, 1, 3, 4}, {}}});
+static const support::SharedEinsum
+    kEinsum26({{2, 16, 2, 8, 8}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 4, 1}, {}}});
+static const support::SharedEinsum
+    kEinsum27({{2, 2, 8, 16, 8}, {{{0, 1, 2, 3}, {}}, {{0, 2, 1, 4}, {}}}, {{0, 3, 1, 4}, {}}});
+static const support::SharedEinsum
+    kEinsum28({{2, 8, 32, 2, 8}, {{{0, 1, 2}, {}}, {{0, 3, 1, 4}, {}}}, {{3, 4, 2}, {}}});
+static const support::SharedEinsum
+    kEinsum29({{2, 2, 8, 16, 8}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 2, 1, 4}, {}}});
+static const support::SharedEinsum
+    kEinsum30({{2, 8, 2, 8, 8}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 4, 1}, {}}});
+static const support::SharedEinsum
+    kEinsum31({{2, 2, 8, 8, 8}, {{{0, 1, 2, 3}, {}}, {{0, 2, 1, 4}, {}}}, {{0, 3, 1, 4}, {}}});
+static const support::SharedEinsum
+    kEinsum32({{2, 2, 8, 8, 8}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 2, 1, 4}, {}}});
+
+[[gnu::noinline]] static void loop0(float *__restrict p0, const float *__restrict p1) {
+  for (int64_t i0 = 0; i0 < 16; ++i0) {
+    for (int64_t i1 = 0; i1 < 16; ++i1) {
+      const float s0 = p1[i0];
+      const float s1 = p1[i1];
+      const float s2 = support::wrapI32(double((double(s0) - double(s1))));
+      p0[i0 * 16 + i1] = s2;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop1(float *__restrict p0, const float *__restrict p1) {
+  for (int64_t i0 = 0; i0 < 256; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = support::wrapI32(0.0);
+    const float s2 = (s0 < s1 ? 1.0f : 0.0f);
+    p0[i0] = s2;
+  }
+}
+
+[[gnu::noinline]] static void loop2(float *__restrict p0, const float *__restrict p1) {
+  for (int64_t i0 = 0; i0 < 256; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = support::wrapI32(4.0);
+    const float s2 = support::wrapI32(double((double(s0) * double(s1))));
+    p0[i0] = s2;
+  }
+}
+
+[[gnu::noinline]] static void loop3(float *__restrict p0, const float *__restrict p1) {
+  for (int64_t i0 = 0; i0 < 256; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = support::wrapI32(double(std::fabs(s0)));
+    p0[i0] = s1;
+  }
+}
+
+[[gnu::noinline]] static void loop4(float *__restrict p0, const float *__restrict p1) {
+  for (int64_t i0 = 0; i0 < 256; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = support::wrapI32(2.0);
+    const float s2 = support::wrapI32(double(support::maximum(s0, s1)));
+    p0[i0] = s2;
+  }
+}
+
+[[gnu::noinline]] static void loop5(float *__restrict p0, const float *__restrict p1) {
+  for (int64_t i0 = 0; i0 < 256; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = s0;
+    p0[i0] = s1;
+  }
+}
+
+[[gnu::noinline]] static void loop6(float *__restrict p0, const float *__restrict p1) {
+  for (int64_t i0 = 0; i0 < 256; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = 2.0f;
+    const float s2 = (s0 / s1);
+    p0[i0] = s2;
+  }
+}
+
+[[gnu::noinline]] static void loop7(float *__restrict p0, const float *__restrict p1) {
+  for (int64_t i0 = 0; i0 < 256; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = support::flog(s0);
+    p0[i0] = s1;
+  }
+}
+
+[[gnu::noinline]] static void loop8(float *__restrict p0, const float *__restrict p1) {
+  for (int64_t i0 = 0; i0 < 256; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = 2.7725887f;
+    const float s2 = (s0 / s1);
+    p0[i0] = s2;
+  }
+}
+
+[[gnu::noinline]] static void loop9(float *__restrict p0, const float *__restrict p1) {
+  for (int64_t i0 = 0; i0 < 256; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = 2.0f;
+    const float s2 = (s0 * s1);
+    p0[i0] = s2;
+  }
+}
+
+[[gnu::noinline]] static void loop10(float *__restrict p0, const float *__restrict p1) {
+  for (int64_t i0 = 0; i0 < 256; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = support::ffloor(s0);
+    p0[i0] = s1;
+  }
+}
+
+[[gnu::noinline]] static void loop11(float *__restrict p0, const float *__restrict p1) {
+  for (int64_t i0 = 0; i0 < 256; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = support::castToI32(s0);
+    p0[i0] = s1;
+  }
+}
+
+[[gnu::noinline]] static void loop12(float *__restrict p0, const float *__restrict p1) {
+  for (int64_t i0 = 0; i0 < 256; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = support::wrapI32(2.0);
+    const float s2 = support::wrapI32(double((double(s0) + double(s1))));
+    p0[i0] = s2;
+  }
+}
+
+[[gnu::noinline]] static void loop13(float *__restrict p0, const float *__restrict p1) {
+  for (int64_t i0 = 0; i0 < 256; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = support::wrapI32(0.0);
+    const float s2 = support::wrapI32(double(support::maximum(s0, s1)));
+    p0[i0] = s2;
+  }
+}
+
+[[gnu::noinline]] static void loop14(float *__restrict p0, const float *__restrict p1) {
+  for (int64_t i0 = 0; i0 < 256; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = support::wrapI32(3.0);
+    const float s2 = support::wrapI32(double(support::minimum(s0, s1)));
+    p0[i0] = s2;
+  }
+}
+
+[[gnu::noinline]] static void loop15(float *__restrict p0, const float *__restrict p1) {
+  for (int64_t i0 = 0; i0 < 256; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = support::wrapI32(2.0);
+    const float s2 = (s0 < s1 ? 1.0f : 0.0f);
+    p0[i0] = s2;
+  }
+}
+
+[[gnu::noinline]] static void loop16(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2, const float *__restrict p3) {
+  for (int64_t i0 = 0; i0 < 256; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = p2[i0];
+    const float s2 = p3[i0];
+    const float s3 = (s0 != 0 ? s1 : s2);
+    p0[i0] = s3;
+  }
+}
+
+[[gnu::noinline]] static void loop17(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2) {
+  for (int64_t i0 = 0; i0 < 256; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = p2[i0];
+    const float s2 = support::wrapI32(double((double(s0) + double(s1))));
+    p0[i0] = s2;
+  }
+}
+
+[[gnu::noinline]] static void loop18(float *__restrict p0, const float *__restrict p1) {
+  for (int64_t i0 = 0; i0 < 8; ++i0) {
+    for (int64_t i1 = 0; i1 < 8; ++i1) {
+      const float s0 = p1[i0];
+      const float s1 = p1[i1];
+      const float s2 = (s0 >= s1 ? 1.0f : 0.0f);
+      p0[i0 * 8 + i1] = s2;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop19(float *__restrict p0, const float *__restrict p1) {
+  for (int64_t i0 = 0; i0 < 64; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = s0;
+    p0[i0] = s1;
+  }
+}
+
+[[gnu::noinline]] static void loop20(float *__restrict p0, const float *__restrict p1) {
+  for (int64_t i0 = 0; i0 < 8; ++i0) {
+    for (int64_t i1 = 0; i1 < 8; ++i1) {
+      const float s0 = p1[i0];
+      const float s1 = p1[i1];
+      const float s2 = support::wrapI32(double((double(s0) - double(s1))));
+      p0[i0 * 8 + i1] = s2;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop21(float *__restrict p0, const float *__restrict p1) {
+  for (int64_t i0 = 0; i0 < 64; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = support::wrapI32(0.0);
+    const float s2 = support::wrapI32(double(support::maximum(s0, s1)));
+    p0[i0] = s2;
+  }
+}
+
+[[gnu::noinline]] static void loop22(float *__restrict p0, const float *__restrict p1) {
+  for (int64_t i0 = 0; i0 < 64; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = support::wrapI32(4.0);
+    const float s2 = support::wrapI32(double(support::maximum(s0, s1)));
+    p0[i0] = s2;
+  }
+}
+
+[[gnu::noinline]] static void loop23(float *__restrict p0, const float *__restrict p1) {
+  for (int64_t i0 = 0; i0 < 64; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = 4.0f;
+    const float s2 = (s0 / s1);
+    p0[i0] = s2;
+  }
+}
+
+[[gnu::noinline]] static void loop24(float *__restrict p0, const float *__restrict p1) {
+  for (int64_t i0 = 0; i0 < 64; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = support::flog(s0);
+    p0[i0] = s1;
+  }
+}
+
+[[gnu::noinline]] static void loop25(float *__restrict p0, const float *__restrict p1) {
+  for (int64_t i0 = 0; i0 < 64; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = 2.0794415f;
+    const float s2 = (s0 / s1);
+    p0[i0] = s2;
+  }
+}
+
+[[gnu::noinline]] static void loop26(float *__restrict p0, const float *__restrict p1) {
+  for (int64_t i0 = 0; i0 < 64; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = 4.0f;
+    const float s2 = (s0 * s1);
+    p0[i0] = s2;
+  }
+}
+
+[[gnu::noinline]] static void loop27(float *__restrict p0, const float *__restrict p1) {
+  for (int64_t i0 = 0; i0 < 64; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = support::ffloor(s0);
+    p0[i0] = s1;
+  }
+}
+
+[[gnu::noinline]] static void loop28(float *__restrict p0, const float *__restrict p1) {
+  for (int64_t i0 = 0; i0 < 64; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = support::castToI32(s0);
+    p0[i0] = s1;
+  }
+}
+
+[[gnu::noinline]] static void loop29(float *__restrict p0, const float *__restrict p1) {
+  for (int64_t i0 = 0; i0 < 64; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = support::wrapI32(4.0);
+    const float s2 = support::wrapI32(double((double(s0) + double(s1))));
+    p0[i0] = s2;
+  }
+}
+
+[[gnu::noinline]] static void loop30(float *__restrict p0, const float *__restrict p1) {
+  for (int64_t i0 = 0; i0 < 64; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = support::wrapI32(7.0);
+    const float s2 = support::wrapI32(double(support::minimum(s0, s1)));
+    p0[i0] = s2;
+  }
+}
+
+[[gnu::noinline]] static void loop31(float *__restrict p0, const float *__restrict p1) {
+  for (int64_t i0 = 0; i0 < 64; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = support::wrapI32(4.0);
+    const float s2 = (s0 < s1 ? 1.0f : 0.0f);
+    p0[i0] = s2;
+  }
+}
+
+[[gnu::noinline]] static void loop32(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2, const float *__restrict p3) {
+  for (int64_t i0 = 0; i0 < 64; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = p2[i0];
+    const float s2 = p3[i0];
+    const float s3 = (s0 != 0 ? s1 : s2);
+    p0[i0] = s3;
+  }
+}
+
+[[gnu::noinline]] static void loop33(float *__restrict p0, const float *__restrict p1) {
+  for (int64_t i0 = 0; i0 < 64; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = 1.0f;
+    const float s2 = (s0 - s1);
+    p0[i0] = s2;
+  }
+}
+
+[[gnu::noinline]] static void loop34(float *__restrict p0, const float *__restrict p1) {
+  for (int64_t i0 = 0; i0 < 64; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = 1000000000.0f;
+    const float s2 = (s0 * s1);
+    p0[i0] = s2;
+  }
+}
+
+[[gnu::noinline]] static void loop35(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2) {
+  for (int64_t i0 = 0; i0 < 2; ++i0) {
+    for (int64_t i1 = 0; i1 < 8; ++i1) {
+      const float s0 = p1[i0];
+      const float s1 = p2[i1];
+      const float s2 = support::wrapI32(double((double(s0) + double(s1))));
+      p0[i0 * 8 + i1] = s2;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop36(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2) {
+  for (int64_t i0 = 0; i0 < 16; ++i0) {
+    for (int64_t i1 = 0; i1 < 16; ++i1) {
+      const float s0 = p1[i0];
+      const float s1 = p2[i1];
+      const float s2 = support::wrapI32(double((double(s0) + double(s1))));
+      p0[i0 * 16 + i1] = s2;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop37(float *__restrict p0, const float *__restrict p1) {
+  for (int64_t i0 = 0; i0 < 256; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = 0.0f;
+    const float s2 = (s0 * s1);
+    p0[i0] = s2;
+  }
+}
+
+[[gnu::noinline]] static void loop38(float *__restrict p0, const float *__restrict p1) {
+  for (int64_t i0 = 0; i0 < 2; ++i0) {
+    for (int64_t i1 = 0; i1 < 256; ++i1) {
+      const float s0 = p1[i0 + i1 * 2];
+      const float s1 = s0;
+      p0[i0 * 256 + i1] = s1;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop39(float *__restrict p0, const float *__restrict p1) {
+  for (int64_t i0 = 0; i0 < 1024; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = s0 * s0;
+    p0[i0] = s1;
+  }
+}
+
+[[gnu::noinline]] static void loop40(float *__restrict p0, const float *__restrict p1) {
+  for (int64_t i0 = 0; i0 < 32; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = 1e-06f;
+    const float s2 = (s0 + s1);
+    const float s3 = 1.0f / support::fsqrt(s2);
+    p0[i0] = s3;
+  }
+}
+
+[[gnu::noinline]] static void loop41(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2, const float *__restrict p3) {
+  for (int64_t i0 = 0; i0 < 32; ++i0) {
+    for (int64_t i1 = 0; i1 < 32; ++i1) {
+      const float s0 = p1[i0 * 32 + i1];
+      const float s1 = p2[i0];
+      const float s2 = (s0 * s1);
+      const float s3 = p3[i1];
+      const float s4 = (s2 * s3);
+      p0[i0 * 32 + i1] = s4;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop42(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2) {
+  for (int64_t i0 = 0; i0 < 2; ++i0) {
+    for (int64_t i1 = 0; i1 < 64; ++i1) {
+      const float s0 = p1[i0 + i1 * 2];
+      const float s1 = s0;
+      const float s2 = p2[i1];
+      const float s3 = (s1 + s2);
+      p0[i0 * 64 + i1] = s3;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop43(float *__restrict p0, const float *__restrict p1) {
+  for (int64_t i0 = 0; i0 < 512; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = s0 * s0;
+    p0[i0] = s1;
+  }
+}
+
+[[gnu::noinline]] static void loop44(float *__restrict p0, const float *__restrict p1) {
+  for (int64_t i0 = 0; i0 < 16; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = 1e-06f;
+    const float s2 = (s0 + s1);
+    const float s3 = 1.0f / support::fsqrt(s2);
+    p0[i0] = s3;
+  }
+}
+
+[[gnu::noinline]] static void loop45(float *__restrict p0, const float *__restrict p1) {
+  for (int64_t i0 = 0; i0 < 32; ++i0) {
+    for (int64_t i1 = 0; i1 < 32; ++i1) {
+      const float s0 = p1[i0 + i1 * 32];
+      const float s1 = s0;
+      p0[i0 * 32 + i1] = s1;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop46(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2, const float *__restrict p3) {
+  for (int64_t i0 = 0; i0 < 16; ++i0) {
+    for (int64_t i1 = 0; i1 < 32; ++i1) {
+      const float s0 = p1[i0 * 32 + i1];
+      const float s1 = p2[i0];
+      const float s2 = (s0 * s1);
+      const float s3 = p3[i1];
+      const float s4 = (s2 * s3);
+      const float s5 = 0.17677669f;
+      const float s6 = (s4 * s5);
+      p0[i0 * 32 + i1] = s6;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop47(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2, const float *__restrict p3) {
+  for (int64_t i0 = 0; i0 < 16; ++i0) {
+    for (int64_t i1 = 0; i1 < 32; ++i1) {
+      const float s0 = p1[i0 * 32 + i1];
+      const float s1 = p1[i0 * 32 + i1];
+      const float s2 = (s0 != s1 ? 1.0f : 0.0f);
+      const float s3 = p1[i0 * 32 + i1];
+      const float s4 = p2[i0];
+      const float s5 = (s3 == s4 ? 1.0f : 0.0f);
+      const float s6 = support::wrapI32(double(support::maximum(s5, s2)));
+      const float s7 = p3[i1];
+      const float s8 = support::wrapI32(64.0);
+      const float s9 = (s6 != 0 ? s7 : s8);
+      p0[i0 * 32 + i1] = s9;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop48(float *__restrict p0, float *__restrict p1,
+                                     const float *__restrict p2, const float *__restrict p3) {
+  for (int64_t i0 = 0; i0 < 512; ++i0) {
+    const float s0 = p2[i0];
+    const float s1 = p3[i0];
+    const float s2 = (s0 + s1);
+    const float s3 = s2 * s2;
+    p0[i0] = s2;
+    p1[i0] = s3;
+  }
+}
+
+[[gnu::noinline]] static void loop49(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2, const float *__restrict p3) {
+  for (int64_t i0 = 0; i0 < 16; ++i0) {
+    for (int64_t i1 = 0; i1 < 32; ++i1) {
+      const float s0 = p1[i0 * 32 + i1];
+      const float s1 = p2[i0];
+      const float s2 = (s0 * s1);
+      const float s3 = p3[i1];
+      const float s4 = (s2 * s3);
+      p0[i0 * 32 + i1] = s4;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop50(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2) {
+  for (int64_t i0 = 0; i0 < 2; ++i0) {
+    for (int64_t i1 = 0; i1 < 256; ++i1) {
+      const float s0 = p1[i0 * 256 + i1];
+      const float s1 = p2[i1];
+      const float s2 = (s0 + s1);
+      p0[i0 * 256 + i1] = s2;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop51(float *__restrict p0, const float *__restrict p1) {
+  for (int64_t i0 = 0; i0 < 512; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = (s0 > 0 ? s0 : 0.0f);
+    p0[i0] = s1;
+  }
+}
+
+[[gnu::noinline]] static void loop52(float *__restrict p0, float *__restrict p1,
+                                     const float *__restrict p2, const float *__restrict p3) {
+  for (int64_t i0 = 0; i0 < 1024; ++i0) {
+    const float s0 = p2[i0];
+    const float s1 = p3[i0];
+    const float s2 = (s0 + s1);
+    const float s3 = s2 * s2;
+    p0[i0] = s2;
+    p1[i0] = s3;
+  }
+}
+
+[[gnu::noinline]] static void loop53(float *__restrict p0, const float *__restrict p1) {
+  for (int64_t i0 = 0; i0 < 1024; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = (s0 > 0 ? s0 : 0.0f);
+    p0[i0] = s1;
+  }
+}
+
+[[gnu::noinline]] static void loop54(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2) {
+  for (int64_t i0 = 0; i0 < 2; ++i0) {
+    for (int64_t i1 = 0; i1 < 128; ++i1) {
+      const float s0 = p1[i0 * 128 + i1];
+      const float s1 = p2[i1];
+      const float s2 = (s0 + s1);
+      p0[i0 * 128 + i1] = s2;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop55(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2) {
+  for (int64_t i0 = 0; i0 < 2; ++i0) {
+    for (int64_t i1 = 0; i1 < 512; ++i1) {
+      const float s0 = p1[i0 * 512 + i1];
+      const float s1 = p2[i1];
+      const float s2 = (s0 + s1);
+      p0[i0 * 512 + i1] = s2;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop56(float *__restrict p0, const float *__restrict p1) {
+  for (int64_t i0 = 0; i0 < 16; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = s0 * s0;
+    p0[i0] = s1;
+  }
+}
+
+[[gnu::noinline]] static void loop57(float *__restrict p0, float *__restrict p1,
+                                     const float *__restrict p2, const float *__restrict p3,
+                                     const float *__restrict p4) {
+  for (int64_t i0 = 0; i0 < 32; ++i0) {
+    for (int64_t i1 = 0; i1 < 32; ++i1) {
+      const float s0 = p2[i0 * 32 + i1];
+      const float s1 = p3[i0];
+      const float s2 = (s0 * s1);
+      const float s3 = p4[i1];
+      const float s4 = (s2 * s3);
+      p0[i0 * 32 + i1] = s2;
+      p1[i0 * 32 + i1] = s4;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop58(float *__restrict p0, float *__restrict p1,
+                                     const float *__restrict p2, const float *__restrict p3,
+                                     const float *__restrict p4) {
+  for (int64_t i0 = 0; i0 < 16; ++i0) {
+    for (int64_t i1 = 0; i1 < 32; ++i1) {
+      const float s0 = p2[i0 * 32 + i1];
+      const float s1 = p3[i0];
+      const float s2 = (s0 * s1);
+      const float s3 = p4[i1];
+      const float s4 = (s2 * s3);
+      const float s5 = 0.17677669f;
+      const float s6 = (s4 * s5);
+      p0[i0 * 32 + i1] = s2;
+      p1[i0 * 32 + i1] = s6;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop59(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2) {
+  for (int64_t i0 = 0; i0 < 512; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = p2[i0];
+    const float s2 = (s0 * s1);
+    p0[i0] = s2;
+  }
+}
+
+[[gnu::noinline]] static void loop60(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2, const float *__restrict p3) {
+  for (int64_t i0 = 0; i0 < 16; ++i0) {
+    for (int64_t i1 = 0; i1 < 32; ++i1) {
+      const float s0 = p1[i0];
+      const float s1 = support::wrapI32(64.0);
+      const float s2 = (s0 < s1 ? 1.0f : 0.0f);
+      const float s3 = p1[i0];
+      const float s4 = support::wrapI32(0.0);
+      const float s5 = (s3 >= s4 ? 1.0f : 0.0f);
+      const float s6 = support::wrapI32(double((double(s5) * double(s2))));
+      const float s7 = s6;
+      const float s8 = -0.03125f;
+      const float s9 = (s8 * s7);
+      const float s10 = p2[i0 * 32 + i1];
+      const float s11 = support::fexp(s10);
+      const float s12 = (s11 * s9);
+      const float s13 = -0.03125f;
+      const float s14 = p3[i0 * 32 + i1];
+      const float s15 = (s13 * s14);
+      const float s16 = (s15 - s12);
+      p0[i0 * 32 + i1] = s16;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop61(float *__restrict p0, const float *__restrict p1) {
+  for (int64_t i0 = 0; i0 < 16; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = support::fexp(s0);
+    p0[i0] = s1;
+  }
+}
+
+[[gnu::noinline]] static void loop62(float *__restrict p0, float *__restrict p1,
+                                     const float *__restrict p2, const float *__restrict p3,
+                                     const float *__restrict p4, const float *__restrict p5) {
+  for (int64_t i0 = 0; i0 < 16; ++i0) {
+    for (int64_t i1 = 0; i1 < 32; ++i1) {
+      const float s0 = p2[i0 * 32 + i1];
+      const float s1 = p3[i1];
+      const float s2 = (s0 * s1);
+      const float s3 = p4[i0];
+      const float s4 = (s2 * s3);
+      const float s5 = p5[i0 * 32 + i1];
+      const float s6 = (s2 * s5);
+      p0[i0 * 32 + i1] = s4;
+      p1[i0 * 32 + i1] = s6;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop63(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2, const float *__restrict p3,
+                                     const float *__restrict p4) {
+  for (int64_t i0 = 0; i0 < 1024; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = p2[i0];
+    const float s2 = (s0 + s1);
+    const float s3 = p3[i0];
+    const float s4 = (s2 + s3);
+    const float s5 = p4[i0];
+    const float s6 = (s4 + s5);
+    p0[i0] = s6;
+  }
+}
+
+[[gnu::noinline]] static void loop64(float *__restrict p0, float *__restrict p1,
+                                     const float *__restrict p2, const float *__restrict p3,
+                                     const float *__restrict p4, const float *__restrict p5) {
+  for (int64_t i0 = 0; i0 < 32; ++i0) {
+    for (int64_t i1 = 0; i1 < 32; ++i1) {
+      const float s0 = p2[i0 * 32 + i1];
+      const float s1 = p3[i1];
+      const float s2 = (s0 * s1);
+      const float s3 = p4[i0];
+      const float s4 = (s2 * s3);
+      const float s5 = p5[i0 * 32 + i1];
+      const float s6 = (s2 * s5);
+      p0[i0 * 32 + i1] = s4;
+      p1[i0 * 32 + i1] = s6;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop65(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2, const float *__restrict p3,
+                                     const float *__restrict p4) {
+  for (int64_t i0 = 0; i0 < 32; ++i0) {
+    for (int64_t i1 = 0; i1 < 32; ++i1) {
+      const float s0 = p1[i0 * 32 + i1];
+      const float s1 = 2.0f;
+      const float s2 = (s0 * s1);
+      const float s3 = p2[i0];
+      const float s4 = s3 * s3;
+      const float s5 = p2[i0];
+      const float s6 = (s5 * s4);
+      const float s7 = -0.5f;
+      const float s8 = (s6 * s7);
+      const float s9 = p3[i0];
+      const float s10 = (s9 * s8);
+      const float s11 = 0.03125f;
+      const float s12 = (s10 * s11);
+      const float s13 = s12;
+      const float s14 = (s13 * s2);
+      const float s15 = p4[i0 * 32 + i1];
+      const float s16 = (s15 + s14);
+      p0[i0 * 32 + i1] = s16;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop66(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2) {
+  for (int64_t i0 = 0; i0 < 1024; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = 0.0f;
+    const float s2 = (s0 > s1 ? 1.0f : 0.0f);
+    const float s3 = p2[i0];
+    const float s4 = 0.0f;
+    const float s5 = (s2 != 0 ? s3 : s4);
+    p0[i0] = s5;
+  }
+}
+
+[[gnu::noinline]] static void loop67(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2, const float *__restrict p3,
+                                     const float *__restrict p4) {
+  for (int64_t i0 = 0; i0 < 16; ++i0) {
+    for (int64_t i1 = 0; i1 < 32; ++i1) {
+      const float s0 = p1[i0 * 32 + i1];
+      const float s1 = 2.0f;
+      const float s2 = (s0 * s1);
+      const float s3 = p2[i0];
+      const float s4 = s3 * s3;
+      const float s5 = p2[i0];
+      const float s6 = (s5 * s4);
+      const float s7 = -0.5f;
+      const float s8 = (s6 * s7);
+      const float s9 = p3[i0];
+      const float s10 = (s9 * s8);
+      const float s11 = 0.03125f;
+      const float s12 = (s10 * s11);
+      const float s13 = s12;
+      const float s14 = (s13 * s2);
+      const float s15 = p4[i0 * 32 + i1];
+      const float s16 = (s15 + s14);
+      p0[i0 * 32 + i1] = s16;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop68(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2) {
+  for (int64_t i0 = 0; i0 < 64; ++i0) {
+    for (int64_t i1 = 0; i1 < 2; ++i1) {
+      const float s0 = p1[i0 + i1 * 64];
+      const float s1 = p2[i0 + i1 * 64];
+      const float s2 = (s0 + s1);
+      const float s3 = s2;
+      p0[i0 * 2 + i1] = s3;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop69(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2) {
+  for (int64_t i0 = 0; i0 < 1024; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = p2[i0];
+    const float s2 = (s0 * s1);
+    p0[i0] = s2;
+  }
+}
+
+[[gnu::noinline]] static void loop70(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2, const float *__restrict p3) {
+  for (int64_t i0 = 0; i0 < 32; ++i0) {
+    for (int64_t i1 = 0; i1 < 32; ++i1) {
+      const float s0 = p1[i0 + i1 * 32];
+      const float s1 = s0;
+      const float s2 = p2[i0 * 32 + i1];
+      const float s3 = (s2 + s1);
+      const float s4 = p3[i0 * 32 + i1];
+      const float s5 = (s3 + s4);
+      p0[i0 * 32 + i1] = s5;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop71(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2) {
+  for (int64_t i0 = 0; i0 < 256; ++i0) {
+    for (int64_t i1 = 0; i1 < 2; ++i1) {
+      const float s0 = p1[i0 + i1 * 256];
+      const float s1 = p2[i0 + i1 * 256];
+      const float s2 = (s0 + s1);
+      const float s3 = s2;
+      p0[i0 * 2 + i1] = s3;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop72(float *__restrict p0, const float *__restrict p1) {
+  for (int64_t i0 = 0; i0 < 16; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = s0 * s0;
+    const float s2 = 1e-30f;
+    const float s3 = (s1 + s2);
+    p0[i0] = s3;
+  }
+}
+
+[[gnu::noinline]] static void loop73(float *__restrict p0, const float *__restrict p1) {
+  for (int64_t i0 = 0; i0 < 1024; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = s0 * s0;
+    const float s2 = 1e-30f;
+    const float s3 = (s1 + s2);
+    p0[i0] = s3;
+  }
+}
+
+[[gnu::noinline]] static void loop74(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2, const float *__restrict p3) {
+  const float r1 = p2[0];
+  const float r3 = p3[0];
+  for (int64_t i0 = 0; i0 < 32; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = r1;
+    const float s2 = (s0 * s1);
+    const float s3 = p0[i0];
+    const float s4 = r3;
+    const float s5 = (s3 * s4);
+    const float s6 = (s5 + s2);
+    p0[i0] = s6;
+  }
+}
+
+[[gnu::noinline]] static void loop75(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2) {
+  for (int64_t i0 = 0; i0 < 32; ++i0) {
+    for (int64_t i1 = 0; i1 < 32; ++i1) {
+      const float s0 = p1[i0 * 32 + i1];
+      const float s1 = s0 * s0;
+      const float s2 = p2[i0];
+      const float s3 = (s1 / s2);
+      p0[i0 * 32 + i1] = s3;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop76(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2) {
+  const float r1 = p2[0];
+  for (int64_t i0 = 0; i0 < 32; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = r1;
+    const float s2 = (s0 / s1);
+    const float s3 = 1.0f / support::fsqrt(s2);
+    p0[i0] = s3;
+  }
+}
+
+[[gnu::noinline]] static void loop77(float *__restrict p0, float *__restrict p1,
+                                     const float *__restrict p2, const float *__restrict p3,
+                                     const float *__restrict p4) {
+  const float r1 = p3[0];
+  const float r3 = p4[0];
+  for (int64_t i0 = 0; i0 < 32; ++i0) {
+    const float s0 = p2[i0];
+    const float s1 = r1;
+    const float s2 = (s0 * s1);
+    const float s3 = p0[i0];
+    const float s4 = r3;
+    const float s5 = (s3 * s4);
+    const float s6 = (s5 + s2);
+    const float s7 = 1.0f / support::fsqrt(s6);
+    p0[i0] = s6;
+    p1[i0] = s7;
+  }
+}
+
+[[gnu::noinline]] static void loop78(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2, const float *__restrict p3) {
+  const float r0 = p1[0];
+  for (int64_t i0 = 0; i0 < 32; ++i0) {
+    const float s0 = r0;
+    const float s1 = p2[i0];
+    const float s2 = (s0 / s1);
+    const float s3 = p3[i0];
+    const float s4 = (s3 * s2);
+    p0[i0] = s4;
+  }
+}
+
+[[gnu::noinline]] static void loop79(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2, const float *__restrict p3,
+                                     const float *__restrict p4, const float *__restrict p5) {
+  const float r3 = p4[0];
+  const float r4 = p5[0];
+  for (int64_t i0 = 0; i0 < 32; ++i0) {
+    for (int64_t i1 = 0; i1 < 32; ++i1) {
+      const float s0 = p1[i0 * 32 + i1];
+      const float s1 = p2[i0];
+      const float s2 = (s0 * s1);
+      const float s3 = p3[i1];
+      const float s4 = (s2 * s3);
+      const float s5 = r3;
+      const float s6 = (s4 / s5);
+      const float s7 = r4;
+      const float s8 = (s6 * s7);
+      const float s9 = p0[i0 * 32 + i1];
+      const float s10 = (s9 - s8);
+      p0[i0 * 32 + i1] = s10;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop80(float *__restrict p0, float *__restrict p1,
+                                     float *__restrict p2, const float *__restrict p3,
+                                     const float *__restrict p4, const float *__restrict p5) {
+  const float r1 = p4[0];
+  const float r3 = p5[0];
+  for (int64_t i0 = 0; i0 < 32; ++i0) {
+    const float s0 = p3[i0];
+    const float s1 = s0 * s0;
+    const float s2 = 1e-30f;
+    const float s3 = (s1 + s2);
+    const float s4 = r1;
+    const float s5 = (s3 * s4);
+    const float s6 = p0[i0];
+    const float s7 = r3;
+    const float s8 = (s6 * s7);
+    const float s9 = (s8 + s5);
+    const float s10 = 1.0f / support::fsqrt(s9);
+    const float s11 = p3[i0];
+    const float s12 = (s11 * s10);
+    const float s13 = s12 * s12;
+    p0[i0] = s9;
+    p1[i0] = s12;
+    p2[i0] = s13;
+  }
+}
+
+[[gnu::noinline]] static void loop81(float *__restrict p0, const float *__restrict p1) {
+  for (int64_t i0 = 0; i0 < 32; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = s0 * s0;
+    p0[i0] = s1;
+  }
+}
+
+[[gnu::noinline]] static void loop82(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2, const float *__restrict p3) {
+  const float r1 = p2[0];
+  const float r2 = p3[0];
+  for (int64_t i0 = 0; i0 < 32; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = r1;
+    const float s2 = (s0 / s1);
+    const float s3 = r2;
+    const float s4 = (s2 * s3);
+    const float s5 = p0[i0];
+    const float s6 = (s5 - s4);
+    p0[i0] = s6;
+  }
+}
+
+[[gnu::noinline]] static void loop83(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2) {
+  for (int64_t i0 = 0; i0 < 32; ++i0) {
+    for (int64_t i1 = 0; i1 < 2; ++i1) {
+      const float s0 = p1[i0 * 2 + i1];
+      const float s1 = p2[i0];
+      const float s2 = (s0 / s1);
+      const float s3 = 1.0f / support::fsqrt(s2);
+      p0[i0 * 2 + i1] = s3;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop84(float *__restrict p0, float *__restrict p1,
+                                     const float *__restrict p2, const float *__restrict p3,
+                                     const float *__restrict p4) {
+  const float r1 = p3[0];
+  const float r3 = p4[0];
+  for (int64_t i0 = 0; i0 < 256; ++i0) {
+    const float s0 = p2[i0];
+    const float s1 = r1;
+    const float s2 = (s0 * s1);
+    const float s3 = p0[i0];
+    const float s4 = r3;
+    const float s5 = (s3 * s4);
+    const float s6 = (s5 + s2);
+    const float s7 = 1.0f / support::fsqrt(s6);
+    p0[i0] = s6;
+    p1[i0] = s7;
+  }
+}
+
+[[gnu::noinline]] static void loop85(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2, const float *__restrict p3) {
+  for (int64_t i0 = 0; i0 < 32; ++i0) {
+    for (int64_t i1 = 0; i1 < 8; ++i1) {
+      const float s0 = p1[i0];
+      const float s1 = p2[i0 * 8 + i1];
+      const float s2 = (s0 / s1);
+      const float s3 = p3[i0 * 8 + i1];
+      const float s4 = (s3 * s2);
+      p0[i0 * 8 + i1] = s4;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop86(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2, const float *__restrict p3,
+                                     const float *__restrict p4, const float *__restrict p5) {
+  const float r3 = p4[0];
+  const float r4 = p5[0];
+  for (int64_t i0 = 0; i0 < 32; ++i0) {
+    for (int64_t i1 = 0; i1 < 2; ++i1) {
+      for (int64_t i2 = 0; i2 < 8; ++i2) {
+        const float s0 = p1[i0 * 16 + i1 * 8 + i2];
+        const float s1 = p2[i0 * 2 + i1];
+        const float s2 = (s0 * s1);
+        const float s3 = p3[i0 * 8 + i2];
+        const float s4 = (s2 * s3);
+        const float s5 = r3;
+        const float s6 = (s4 / s5);
+        const float s7 = r4;
+        const float s8 = (s6 * s7);
+        const float s9 = p0[i0 * 16 + i1 * 8 + i2];
+        const float s10 = (s9 - s8);
+        p0[i0 * 16 + i1 * 8 + i2] = s10;
+      }
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop87(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2) {
+  for (int64_t i0 = 0; i0 < 2; ++i0) {
+    for (int64_t i1 = 0; i1 < 8; ++i1) {
+      const float s0 = p1[i0 * 8 + i1];
+      const float s1 = p2[i0];
+      const float s2 = (s0 / s1);
+      const float s3 = 1.0f / support::fsqrt(s2);
+      p0[i0 * 8 + i1] = s3;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop88(float *__restrict p0, const float *__restrict p1) {
+  for (int64_t i0 = 0; i0 < 64; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = 1.0f / support::fsqrt(s0);
+    p0[i0] = s1;
+  }
+}
+
+[[gnu::noinline]] static void loop89(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2, const float *__restrict p3,
+                                     const float *__restrict p4, const float *__restrict p5) {
+  const float r3 = p4[0];
+  const float r4 = p5[0];
+  for (int64_t i0 = 0; i0 < 2; ++i0) {
+    for (int64_t i1 = 0; i1 < 8; ++i1) {
+      for (int64_t i2 = 0; i2 < 32; ++i2) {
+        const float s0 = p1[i0 * 256 + i1 * 32 + i2];
+        const float s1 = p2[i0 * 8 + i1];
+        const float s2 = (s0 * s1);
+        const float s3 = p3[i0 * 32 + i2];
+        const float s4 = (s2 * s3);
+        const float s5 = r3;
+        const float s6 = (s4 / s5);
+        const float s7 = r4;
+        const float s8 = (s6 * s7);
+        const float s9 = p0[i0 * 256 + i1 * 32 + i2];
+        const float s10 = (s9 - s8);
+        p0[i0 * 256 + i1 * 32 + i2] = s10;
+      }
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop90(float *__restrict p0, const float *__restrict p1) {
+  for (int64_t i0 = 0; i0 < 32; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = 1.0f / support::fsqrt(s0);
+    p0[i0] = s1;
+  }
+}
+
+[[gnu::noinline]] static void loop91(float *__restrict p0, const float *__restrict p1) {
+  for (int64_t i0 = 0; i0 < 512; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = s0 * s0;
+    const float s2 = 1e-30f;
+    const float s3 = (s1 + s2);
+    p0[i0] = s3;
+  }
+}
+
+[[gnu::noinline]] static void loop92(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2, const float *__restrict p3) {
+  const float r1 = p2[0];
+  const float r3 = p3[0];
+  for (int64_t i0 = 0; i0 < 64; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = r1;
+    const float s2 = (s0 * s1);
+    const float s3 = p0[i0];
+    const float s4 = r3;
+    const float s5 = (s3 * s4);
+    const float s6 = (s5 + s2);
+    p0[i0] = s6;
+  }
+}
+
+[[gnu::noinline]] static void loop93(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2) {
+  for (int64_t i0 = 0; i0 < 64; ++i0) {
+    for (int64_t i1 = 0; i1 < 8; ++i1) {
+      const float s0 = p1[i0 * 8 + i1];
+      const float s1 = s0 * s0;
+      const float s2 = p2[i0];
+      const float s3 = (s1 / s2);
+      p0[i0 * 8 + i1] = s3;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop94(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2, const float *__restrict p3) {
+  const float r1 = p2[0];
+  const float r3 = p3[0];
+  for (int64_t i0 = 0; i0 < 16; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = r1;
+    const float s2 = (s0 * s1);
+    const float s3 = p0[i0];
+    const float s4 = r3;
+    const float s5 = (s3 * s4);
+    const float s6 = (s5 + s2);
+    p0[i0] = s6;
+  }
+}
+
+[[gnu::noinline]] static void loop95(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2) {
+  for (int64_t i0 = 0; i0 < 2; ++i0) {
+    for (int64_t i1 = 0; i1 < 8; ++i1) {
+      for (int64_t i2 = 0; i2 < 32; ++i2) {
+        const float s0 = p1[i0 * 256 + i1 * 32 + i2];
+        const float s1 = s0 * s0;
+        const float s2 = p2[i0 * 32 + i2];
+        const float s3 = (s1 / s2);
+        p0[i0 * 256 + i1 * 32 + i2] = s3;
+      }
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop96(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2, const float *__restrict p3) {
+  for (int64_t i0 = 0; i0 < 2; ++i0) {
+    for (int64_t i1 = 0; i1 < 8; ++i1) {
+      const float s0 = p1[i0];
+      const float s1 = p2[i0 * 8 + i1];
+      const float s2 = (s0 / s1);
+      const float s3 = p3[i0 * 8 + i1];
+      const float s4 = (s3 * s2);
+      p0[i0 * 8 + i1] = s4;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop97(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2) {
+  for (int64_t i0 = 0; i0 < 32; ++i0) {
+    for (int64_t i1 = 0; i1 < 32; ++i1) {
+      const float s0 = p1[i0 * 32 + i1];
+      const float s1 = s0 * s0;
+      const float s2 = p2[i1];
+      const float s3 = (s1 / s2);
+      p0[i0 * 32 + i1] = s3;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop98(float *__restrict p0, float *__restrict p1,
+                                     const float *__restrict p2, const float *__restrict p3,
+                                     const float *__restrict p4, const float *__restrict p5,
+                                     const float *__restrict p6) {
+  for (int64_t i0 = 0; i0 < 32; ++i0) {
+    for (int64_t i1 = 0; i1 < 32; ++i1) {
+      const float s0 = p2[i0 * 32 + i1];
+      const float s1 = p3[i1];
+      const float s2 = (s0 * s1);
+      const float s3 = p4[i0];
+      const float s4 = (s2 * s3);
+      const float s5 = p5[i0 * 32 + i1];
+      const float s6 = (s5 + s4);
+      const float s7 = p6[i0 * 32 + i1];
+      const float s8 = (s2 * s7);
+      p0[i0 * 32 + i1] = s6;
+      p1[i0 * 32 + i1] = s8;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop99(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2, const float *__restrict p3) {
+  for (int64_t i0 = 0; i0 < 64; ++i0) {
+    for (int64_t i1 = 0; i1 < 16; ++i1) {
+      const float s0 = p1[i0 * 16 + i1];
+      const float s1 = p2[i0];
+      const float s2 = (s0 - s1);
+      const float s3 = p3[i0 * 16 + i1];
+      const float s4 = (s3 * s2);
+      p0[i0 * 16 + i1] = s4;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop100(float *__restrict p0, const float *__restrict p1,
+                                      const float *__restrict p2, const float *__restrict p3) {
+  for (int64_t i0 = 0; i0 < 1024; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = p2[i0];
+    const float s2 = (s0 + s1);
+    const float s3 = p3[i0];
+    const float s4 = (s2 + s3);
+    p0[i0] = s4;
+  }
+}
+
+[[gnu::noinline]] static void loop101(float *__restrict p0, const float *__restrict p1,
+                                      const float *__restrict p2) {
+  for (int64_t i0 = 0; i0 < 512; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = 0.0f;
+    const float s2 = (s0 > s1 ? 1.0f : 0.0f);
+    const float s3 = p2[i0];
+    const float s4 = 0.0f;
+    const float s5 = (s2 != 0 ? s3 : s4);
+    p0[i0] = s5;
+  }
+}
+
+[[gnu::noinline]] static void loop102(float *__restrict p0, float *__restrict p1,
+                                      const float *__restrict p2, const float *__restrict p3,
+                                      const float *__restrict p4, const float *__restrict p5,
+                                      const float *__restrict p6) {
+  for (int64_t i0 = 0; i0 < 16; ++i0) {
+    for (int64_t i1 = 0; i1 < 32; ++i1) {
+      const float s0 = p2[i0 * 32 + i1];
+      const float s1 = p3[i1];
+      const float s2 = (s0 * s1);
+      const float s3 = p4[i0];
+      const float s4 = (s2 * s3);
+      const float s5 = p5[i0 * 32 + i1];
+      const float s6 = (s5 + s4);
+      const float s7 = p6[i0 * 32 + i1];
+      const float s8 = (s2 * s7);
+      p0[i0 * 32 + i1] = s6;
+      p1[i0 * 32 + i1] = s8;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop103(float *__restrict p0, const float *__restrict p1,
+                                      const float *__restrict p2, const float *__restrict p3) {
+  for (int64_t i0 = 0; i0 < 32; ++i0) {
+    for (int64_t i1 = 0; i1 < 16; ++i1) {
+      const float s0 = p1[i0 * 16 + i1];
+      const float s1 = p2[i0];
+      const float s2 = (s0 - s1);
+      const float s3 = p3[i0 * 16 + i1];
+      const float s4 = (s3 * s2);
+      p0[i0 * 16 + i1] = s4;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop104(float *__restrict p0, const float *__restrict p1,
+                                      const float *__restrict p2) {
+  for (int64_t i0 = 0; i0 < 256; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = p2[i0];
+    const float s2 = (s0 * s1);
+    p0[i0] = s2;
+  }
+}
+
+[[gnu::noinline]] static void loop105(float *__restrict p0, const float *__restrict p1,
+                                      const float *__restrict p2, const float *__restrict p3) {
+  for (int64_t i0 = 0; i0 < 32; ++i0) {
+    for (int64_t i1 = 0; i1 < 8; ++i1) {
+      const float s0 = p1[i0 * 8 + i1];
+      const float s1 = p2[i0];
+      const float s2 = (s0 - s1);
+      const float s3 = p3[i0 * 8 + i1];
+      const float s4 = (s3 * s2);
+      p0[i0 * 8 + i1] = s4;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop106(float *__restrict p0, const float *__restrict p1,
+                                      const float *__restrict p2, const float *__restrict p3) {
+  for (int64_t i0 = 0; i0 < 512; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = p2[i0];
+    const float s2 = (s0 + s1);
+    const float s3 = p3[i0];
+    const float s4 = (s2 + s3);
+    p0[i0] = s4;
+  }
+}
+
+[[gnu::noinline]] static void loop107(float *__restrict p0, float *__restrict p1,
+                                      const float *__restrict p2, const float *__restrict p3,
+                                      const float *__restrict p4) {
+  for (int64_t i0 = 0; i0 < 16; ++i0) {
+    for (int64_t i1 = 0; i1 < 32; ++i1) {
+      const float s0 = p2[i0 * 32 + i1];
+      const float s1 = p3[i0];
+      const float s2 = (s0 * s1);
+      const float s3 = p4[i1];
+      const float s4 = (s2 * s3);
+      p0[i0 * 32 + i1] = s2;
+      p1[i0 * 32 + i1] = s4;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop108(float *__restrict p0, const float *__restrict p1,
+                                      const float *__restrict p2, const float *__restrict p3) {
+  const float r1 = p2[0];
+  const float r3 = p3[0];
+  for (int64_t i0 = 0; i0 < 8; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = r1;
+    const float s2 = (s0 * s1);
+    const float s3 = p0[i0];
+    const float s4 = r3;
+    const float s5 = (s3 * s4);
+    const float s6 = (s5 + s2);
+    p0[i0] = s6;
+  }
+}
+
+[[gnu::noinline]] static void loop109(float *__restrict p0, const float *__restrict p1,
+                                      const float *__restrict p2) {
+  const float r1 = p2[0];
+  for (int64_t i0 = 0; i0 < 8; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = r1;
+    const float s2 = (s0 / s1);
+    const float s3 = 1.0f / support::fsqrt(s2);
+    p0[i0] = s3;
+  }
+}
+
+[[gnu::noinline]] static void loop110(float *__restrict p0, const float *__restrict p1) {
+  for (int64_t i0 = 0; i0 < 2; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = 1.0f / support::fsqrt(s0);
+    p0[i0] = s1;
+  }
+}
+
+[[gnu::noinline]] static void loop111(float *__restrict p0, const float *__restrict p1,
+                                      const float *__restrict p2, const float *__restrict p3) {
+  const float r0 = p1[0];
+  for (int64_t i0 = 0; i0 < 8; ++i0) {
+    const float s0 = r0;
+    const float s1 = p2[i0];
+    const float s2 = (s0 / s1);
+    const float s3 = p3[i0];
+    const float s4 = (s3 * s2);
+    p0[i0] = s4;
+  }
+}
+
+[[gnu::noinline]] static void loop112(float *__restrict p0, const float *__restrict p1,
+                                      const float *__restrict p2, const float *__restrict p3,
+                                      const float *__restrict p4, const float *__restrict p5) {
+  const float r3 = p4[0];
+  const float r4 = p5[0];
+  for (int64_t i0 = 0; i0 < 8; ++i0) {
+    for (int64_t i1 = 0; i1 < 2; ++i1) {
+      const float s0 = p1[i0 * 2 + i1];
+      const float s1 = p2[i0];
+      const float s2 = (s0 * s1);
+      const float s3 = p3[i1];
+      const float s4 = (s2 * s3);
+      const float s5 = r3;
+      const float s6 = (s4 / s5);
+      const float s7 = r4;
+      const float s8 = (s6 * s7);
+      const float s9 = p0[i0 * 2 + i1];
+      const float s10 = (s9 - s8);
+      p0[i0 * 2 + i1] = s10;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop113(float *__restrict p0, const float *__restrict p1,
+                                      const float *__restrict p2, const float *__restrict p3) {
+  const float r1 = p2[0];
+  const float r3 = p3[0];
+  for (int64_t i0 = 0; i0 < 2; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = r1;
+    const float s2 = (s0 * s1);
+    const float s3 = p0[i0];
+    const float s4 = r3;
+    const float s5 = (s3 * s4);
+    const float s6 = (s5 + s2);
+    p0[i0] = s6;
+  }
+}
+
+[[gnu::noinline]] static void loop114(float *__restrict p0, const float *__restrict p1,
+                                      const float *__restrict p2) {
+  for (int64_t i0 = 0; i0 < 8; ++i0) {
+    for (int64_t i1 = 0; i1 < 2; ++i1) {
+      const float s0 = p1[i0 * 2 + i1];
+      const float s1 = s0 * s0;
+      const float s2 = p2[i1];
+      const float s3 = (s1 / s2);
+      p0[i0 * 2 + i1] = s3;
+    }
+  }
+}
+
 //===--- program `translate` ---===//
 
 meshrt::Mesh Translate::mesh() { return meshrt::Mesh({{"data", 2}, {"model", 2}}); }
@@ -20,370 +1584,180 @@ support::Shape Translate::inputShape(const std::string &name) {
   throw std::invalid_argument("translate: no input named '" + name + "'");
 }
 
+/// `translate`'s params: paths, dims and layouts (its constructor and paramShards() read it).
+static constexpr support::ParamSpec kTranslateParams[] = {
+    {"encoder/relative_bias/table", false, "f32", "buckets:8:8: heads:4:2:model"},
+    {"shared/embedding", false, "f32", "vocab:64:32:model d_model:32:32:"},
+    {"encoder/rms_norm[0]/scale", false, "f32", "d_model:32:32:"},
+    {"encoder/attention[0]/q", false, "f32", "d_model:32:32: heads:4:2:model d_kv:8:8:"},
+    {"encoder/attention[0]/k", false, "f32", "d_model:32:32: heads:4:2:model d_kv:8:8:"},
+    {"encoder/attention[0]/v", false, "f32", "d_model:32:32: heads:4:2:model d_kv:8:8:"},
+    {"encoder/attention[0]/o", false, "f32", "heads:4:2:model d_kv:8:8: d_model:32:32:"},
+    {"encoder/rms_norm#1[0]/scale", false, "f32", "d_model:32:32:"},
+    {"encoder/dense_relu_dense[0]/wi", false, "f32", "d_model:32:32: d_ff:64:32:model"},
+    {"encoder/dense_relu_dense[0]/wo", false, "f32", "d_ff:64:32:model d_model:32:32:"},
+    {"encoder/rms_norm[1]/scale", false, "f32", "d_model:32:32:"},
+    {"encoder/attention[1]/q", false, "f32", "d_model:32:32: heads:4:2:model d_kv:8:8:"},
+    {"encoder/attention[1]/k", false, "f32", "d_model:32:32: heads:4:2:model d_kv:8:8:"},
+    {"encoder/attention[1]/v", false, "f32", "d_model:32:32: heads:4:2:model d_kv:8:8:"},
+    {"encoder/attention[1]/o", false, "f32", "heads:4:2:model d_kv:8:8: d_model:32:32:"},
+    {"encoder/rms_norm#1[1]/scale", false, "f32", "d_model:32:32:"},
+    {"encoder/dense_relu_dense[1]/wi", false, "f32", "d_model:32:32: d_ff:64:32:model"},
+    {"encoder/dense_relu_dense[1]/wo", false, "f32", "d_ff:64:32:model d_model:32:32:"},
+    {"encoder/rms_norm/scale", false, "f32", "d_model:32:32:"},
+    {"decoder/relative_bias/table", false, "f32", "buckets:8:8: heads:4:2:model"},
+    {"decoder/rms_norm[0]/scale", false, "f32", "d_model:32:32:"},
+    {"decoder/attention[0]/q", false, "f32", "d_model:32:32: heads:4:2:model d_kv:8:8:"},
+    {"decoder/attention[0]/k", false, "f32", "d_model:32:32: heads:4:2:model d_kv:8:8:"},
+    {"decoder/attention[0]/v", false, "f32", "d_model:32:32: heads:4:2:model d_kv:8:8:"},
+    {"decoder/attention[0]/o", false, "f32", "heads:4:2:model d_kv:8:8: d_model:32:32:"},
+    {"decoder/rms_norm#1[0]/scale", false, "f32", "d_model:32:32:"},
+    {"decoder/attention#1[0]/q", false, "f32", "d_model:32:32: heads:4:2:model d_kv:8:8:"},
+    {"decoder/attention#1[0]/k", false, "f32", "d_model:32:32: heads:4:2:model d_kv:8:8:"},
+    {"decoder/attention#1[0]/v", false, "f32", "d_model:32:32: heads:4:2:model d_kv:8:8:"},
+    {"decoder/attention#1[0]/o", false, "f32", "heads:4:2:model d_kv:8:8: d_model:32:32:"},
+    {"decoder/rms_norm#2[0]/scale", false, "f32", "d_model:32:32:"},
+    {"decoder/dense_relu_dense[0]/wi", false, "f32", "d_model:32:32: d_ff:64:32:model"},
+    {"decoder/dense_relu_dense[0]/wo", false, "f32", "d_ff:64:32:model d_model:32:32:"},
+    {"decoder/rms_norm[1]/scale", false, "f32", "d_model:32:32:"},
+    {"decoder/attention[1]/q", false, "f32", "d_model:32:32: heads:4:2:model d_kv:8:8:"},
+    {"decoder/attention[1]/k", false, "f32", "d_model:32:32: heads:4:2:model d_kv:8:8:"},
+    {"decoder/attention[1]/v", false, "f32", "d_model:32:32: heads:4:2:model d_kv:8:8:"},
+    {"decoder/attention[1]/o", false, "f32", "heads:4:2:model d_kv:8:8: d_model:32:32:"},
+    {"decoder/rms_norm#1[1]/scale", false, "f32", "d_model:32:32:"},
+    {"decoder/attention#1[1]/q", false, "f32", "d_model:32:32: heads:4:2:model d_kv:8:8:"},
+    {"decoder/attention#1[1]/k", false, "f32", "d_model:32:32: heads:4:2:model d_kv:8:8:"},
+    {"decoder/attention#1[1]/v", false, "f32", "d_model:32:32: heads:4:2:model d_kv:8:8:"},
+    {"decoder/attention#1[1]/o", false, "f32", "heads:4:2:model d_kv:8:8: d_model:32:32:"},
+    {"decoder/rms_norm#2[1]/scale", false, "f32", "d_model:32:32:"},
+    {"decoder/dense_relu_dense[1]/wi", false, "f32", "d_model:32:32: d_ff:64:32:model"},
+    {"decoder/dense_relu_dense[1]/wo", false, "f32", "d_ff:64:32:model d_model:32:32:"},
+    {"decoder/rms_norm/scale", false, "f32", "d_model:32:32:"}};
+
 Translate::Translate(meshrt::Communicator &world, uint64_t seed)
     : world_(support::checkedWorld(world, mesh(), "translate")), seed_(seed),
       group_model(world_.subgroup(std::vector<std::string>{"model"})) {
-  // encoder/relative_bias/table: normal (t5.mesh:55)
-  param0_encoder_relative_bias_table.resize(16);
-  {
-    const meshrt::kernels::Shard shard{
-        {8, 4}, {0, support::shardStart(world_, {"model"}, 2)}, {8, 2}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.1}});
-    support::fillParam(param0_encoder_relative_bias_table.data(), shard, seed,
-                       "encoder/relative_bias/table", init, meshrt::kernels::ValueType::F32);
-  }
-  // shared/embedding: normal (t5.mesh:95)
-  param1_shared_embedding.resize(1024);
-  {
-    const meshrt::kernels::Shard shard{
-        {64, 32}, {support::shardStart(world_, {"model"}, 32), 0}, {32, 32}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 1.0}});
-    support::fillParam(param1_shared_embedding.data(), shard, seed, "shared/embedding", init,
-                       meshrt::kernels::ValueType::F32);
-  }
-  // encoder/rms_norm[0]/scale: ones (t5.mesh:39)
-  param2_encoder_rms_norm_0_scale.assign(32, support::roundValue(support::DType::F32, 1.0));
-  // encoder/attention[0]/q: normal (t5.mesh:76)
-  param3_encoder_attention_0_q.resize(512);
-  {
-    const meshrt::kernels::Shard shard{
-        {32, 4, 8}, {0, support::shardStart(world_, {"model"}, 2), 0}, {32, 2, 8}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.0625}});
-    support::fillParam(param3_encoder_attention_0_q.data(), shard, seed, "encoder/attention[0]/q",
-                       init, meshrt::kernels::ValueType::F32);
-  }
-  // encoder/attention[0]/k: normal (t5.mesh:77)
-  param4_encoder_attention_0_k.resize(512);
-  {
-    const meshrt::kernels::Shard shard{
-        {32, 4, 8}, {0, support::shardStart(world_, {"model"}, 2), 0}, {32, 2, 8}};
-    const auto init =
-        meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.17677669529663687}});
-    support::fillParam(param4_encoder_attention_0_k.data(), shard, seed, "encoder/attention[0]/k",
-                       init, meshrt::kernels::ValueType::F32);
-  }
-  // encoder/attention[0]/v: normal (t5.mesh:78)
-  param5_encoder_attention_0_v.resize(512);
-  {
-    const meshrt::kernels::Shard shard{
-        {32, 4, 8}, {0, support::shardStart(world_, {"model"}, 2), 0}, {32, 2, 8}};
-    const auto init =
-        meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.17677669529663687}});
-    support::fillParam(param5_encoder_attention_0_v.data(), shard, seed, "encoder/attention[0]/v",
-                       init, meshrt::kernels::ValueType::F32);
-  }
-  // encoder/attention[0]/o: normal (t5.mesh:79)
-  param6_encoder_attention_0_o.resize(512);
-  {
-    const meshrt::kernels::Shard shard{
-        {4, 8, 32}, {support::shardStart(world_, {"model"}, 2), 0, 0}, {2, 8, 32}};
-    const auto init =
-        meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.17677669529663687}});
-    support::fillParam(param6_encoder_attention_0_o.data(), shard, seed, "encoder/attention[0]/o",
-                       init, meshrt::kernels::ValueType::F32);
-  }
-  // encoder/rms_norm#1[0]/scale: ones (t5.mesh:39)
-  param7_encoder_rms_norm_1_0_scale.assign(32, support::roundValue(support::DType::F32, 1.0));
-  // encoder/dense_relu_dense[0]/wi: normal (t5.mesh:89)
-  param8_encoder_dense_relu_dense_0_wi.resize(1024);
-  {
-    const meshrt::kernels::Shard shard{
-        {32, 64}, {0, support::shardStart(world_, {"model"}, 32)}, {32, 32}};
-    const auto init =
-        meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.17677669529663687}});
-    support::fillParam(param8_encoder_dense_relu_dense_0_wi.data(), shard, seed,
-                       "encoder/dense_relu_dense[0]/wi", init, meshrt::kernels::ValueType::F32);
-  }
-  // encoder/dense_relu_dense[0]/wo: normal (t5.mesh:90)
-  param9_encoder_dense_relu_dense_0_wo.resize(1024);
-  {
-    const meshrt::kernels::Shard shard{
-        {64, 32}, {support::shardStart(world_, {"model"}, 32), 0}, {32, 32}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}});
-    support::fillParam(param9_encoder_dense_relu_dense_0_wo.data(), shard, seed,
-                       "encoder/dense_relu_dense[0]/wo", init, meshrt::kernels::ValueType::F32);
-  }
-  // encoder/rms_norm[1]/scale: ones (t5.mesh:39)
-  param10_encoder_rms_norm_1_scale.assign(32, support::roundValue(support::DType::F32, 1.0));
-  // encoder/attention[1]/q: normal (t5.mesh:76)
-  param11_encoder_attention_1_q.resize(512);
-  {
-    const meshrt::kernels::Shard shard{
-        {32, 4, 8}, {0, support::shardStart(world_, {"model"}, 2), 0}, {32, 2, 8}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.0625}});
-    support::fillParam(param11_encoder_attention_1_q.data(), shard, seed, "encoder/attention[1]/q",
-                       init, meshrt::kernels::ValueType::F32);
-  }
-  // encoder/attention[1]/k: normal (t5.mesh:77)
-  param12_encoder_attention_1_k.resize(512);
-  {
-    const meshrt::kernels::Shard shard{
-        {32, 4, 8}, {0, support::shardStart(world_, {"model"}, 2), 0}, {32, 2, 8}};
-    const auto init =
-        meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.17677669529663687}});
-    support::fillParam(param12_encoder_attention_1_k.data(), shard, seed, "encoder/attention[1]/k",
-                       init, meshrt::kernels::ValueType::F32);
-  }
-  // encoder/attention[1]/v: normal (t5.mesh:78)
-  param13_encoder_attention_1_v.resize(512);
-  {
-    const meshrt::kernels::Shard shard{
-        {32, 4, 8}, {0, support::shardStart(world_, {"model"}, 2), 0}, {32, 2, 8}};
-    const auto init =
-        meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.17677669529663687}});
-    support::fillParam(param13_encoder_attention_1_v.data(), shard, seed, "encoder/attention[1]/v",
-                       init, meshrt::kernels::ValueType::F32);
-  }
-  // encoder/attention[1]/o: normal (t5.mesh:79)
-  param14_encoder_attention_1_o.resize(512);
-  {
-    const meshrt::kernels::Shard shard{
-        {4, 8, 32}, {support::shardStart(world_, {"model"}, 2), 0, 0}, {2, 8, 32}};
-    const auto init =
-        meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.17677669529663687}});
-    support::fillParam(param14_encoder_attention_1_o.data(), shard, seed, "encoder/attention[1]/o",
-                       init, meshrt::kernels::ValueType::F32);
-  }
-  // encoder/rms_norm#1[1]/scale: ones (t5.mesh:39)
-  param15_encoder_rms_norm_1_1_scale.assign(32, support::roundValue(support::DType::F32, 1.0));
-  // encoder/dense_relu_dense[1]/wi: normal (t5.mesh:89)
-  param16_encoder_dense_relu_dense_1_wi.resize(1024);
-  {
-    const meshrt::kernels::Shard shard{
-        {32, 64}, {0, support::shardStart(world_, {"model"}, 32)}, {32, 32}};
-    const auto init =
-        meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.17677669529663687}});
-    support::fillParam(param16_encoder_dense_relu_dense_1_wi.data(), shard, seed,
-                       "encoder/dense_relu_dense[1]/wi", init, meshrt::kernels::ValueType::F32);
-  }
-  // encoder/dense_relu_dense[1]/wo: normal (t5.mesh:90)
-  param17_encoder_dense_relu_dense_1_wo.resize(1024);
-  {
-    const meshrt::kernels::Shard shard{
-        {64, 32}, {support::shardStart(world_, {"model"}, 32), 0}, {32, 32}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}});
-    support::fillParam(param17_encoder_dense_relu_dense_1_wo.data(), shard, seed,
-                       "encoder/dense_relu_dense[1]/wo", init, meshrt::kernels::ValueType::F32);
-  }
-  // encoder/rms_norm/scale: ones (t5.mesh:39)
-  param18_encoder_rms_norm_scale.assign(32, support::roundValue(support::DType::F32, 1.0));
-  // decoder/relative_bias/table: normal (t5.mesh:55)
-  param19_decoder_relative_bias_table.resize(16);
-  {
-    const meshrt::kernels::Shard shard{
-        {8, 4}, {0, support::shardStart(world_, {"model"}, 2)}, {8, 2}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.1}});
-    support::fillParam(param19_decoder_relative_bias_table.data(), shard, seed,
-                       "decoder/relative_bias/table", init, meshrt::kernels::ValueType::F32);
-  }
-  // decoder/rms_norm[0]/scale: ones (t5.mesh:39)
-  param20_decoder_rms_norm_0_scale.assign(32, support::roundValue(support::DType::F32, 1.0));
-  // decoder/attention[0]/q: normal (t5.mesh:76)
-  param21_decoder_attention_0_q.resize(512);
-  {
-    const meshrt::kernels::Shard shard{
-        {32, 4, 8}, {0, support::shardStart(world_, {"model"}, 2), 0}, {32, 2, 8}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.0625}});
-    support::fillParam(param21_decoder_attention_0_q.data(), shard, seed, "decoder/attention[0]/q",
-                       init, meshrt::kernels::ValueType::F32);
-  }
-  // decoder/attention[0]/k: normal (t5.mesh:77)
-  param22_decoder_attention_0_k.resize(512);
-  {
-    const meshrt::kernels::Shard shard{
-        {32, 4, 8}, {0, support::shardStart(world_, {"model"}, 2), 0}, {32, 2, 8}};
-    const auto init =
-        meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.17677669529663687}});
-    support::fillParam(param22_decoder_attention_0_k.data(), shard, seed, "decoder/attention[0]/k",
-                       init, meshrt::kernels::ValueType::F32);
-  }
-  // decoder/attention[0]/v: normal (t5.mesh:78)
-  param23_decoder_attention_0_v.resize(512);
-  {
-    const meshrt::kernels::Shard shard{
-        {32, 4, 8}, {0, support::shardStart(world_, {"model"}, 2), 0}, {32, 2, 8}};
-    const auto init =
-        meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.17677669529663687}});
-    support::fillParam(param23_decoder_attention_0_v.data(), shard, seed, "decoder/attention[0]/v",
-                       init, meshrt::kernels::ValueType::F32);
-  }
-  // decoder/attention[0]/o: normal (t5.mesh:79)
-  param24_decoder_attention_0_o.resize(512);
-  {
-    const meshrt::kernels::Shard shard{
-        {4, 8, 32}, {support::shardStart(world_, {"model"}, 2), 0, 0}, {2, 8, 32}};
-    const auto init =
-        meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.17677669529663687}});
-    support::fillParam(param24_decoder_attention_0_o.data(), shard, seed, "decoder/attention[0]/o",
-                       init, meshrt::kernels::ValueType::F32);
-  }
-  // decoder/rms_norm#1[0]/scale: ones (t5.mesh:39)
-  param25_decoder_rms_norm_1_0_scale.assign(32, support::roundValue(support::DType::F32, 1.0));
-  // decoder/attention#1[0]/q: normal (t5.mesh:76)
-  param26_decoder_attention_1_0_q.resize(512);
-  {
-    const meshrt::kernels::Shard shard{
-        {32, 4, 8}, {0, support::shardStart(world_, {"model"}, 2), 0}, {32, 2, 8}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.0625}});
-    support::fillParam(param26_decoder_attention_1_0_q.data(), shard, seed,
-                       "decoder/attention#1[0]/q", init, meshrt::kernels::ValueType::F32);
-  }
-  // decoder/attention#1[0]/k: normal (t5.mesh:77)
-  param27_decoder_attention_1_0_k.resize(512);
-  {
-    const meshrt::kernels::Shard shard{
-        {32, 4, 8}, {0, support::shardStart(world_, {"model"}, 2), 0}, {32, 2, 8}};
-    const auto init =
-        meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.17677669529663687}});
-    support::fillParam(param27_decoder_attention_1_0_k.data(), shard, seed,
-                       "decoder/attention#1[0]/k", init, meshrt::kernels::ValueType::F32);
-  }
-  // decoder/attention#1[0]/v: normal (t5.mesh:78)
-  param28_decoder_attention_1_0_v.resize(512);
-  {
-    const meshrt::kernels::Shard shard{
-        {32, 4, 8}, {0, support::shardStart(world_, {"model"}, 2), 0}, {32, 2, 8}};
-    const auto init =
-        meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.17677669529663687}});
-    support::fillParam(param28_decoder_attention_1_0_v.data(), shard, seed,
-                       "decoder/attention#1[0]/v", init, meshrt::kernels::ValueType::F32);
-  }
-  // decoder/attention#1[0]/o: normal (t5.mesh:79)
-  param29_decoder_attention_1_0_o.resize(512);
-  {
-    const meshrt::kernels::Shard shard{
-        {4, 8, 32}, {support::shardStart(world_, {"model"}, 2), 0, 0}, {2, 8, 32}};
-    const auto init =
-        meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.17677669529663687}});
-    support::fillParam(param29_decoder_attention_1_0_o.data(), shard, seed,
-                       "decoder/attention#1[0]/o", init, meshrt::kernels::ValueType::F32);
-  }
-  // decoder/rms_norm#2[0]/scale: ones (t5.mesh:39)
-  param30_decoder_rms_norm_2_0_scale.assign(32, support::roundValue(support::DType::F32, 1.0));
-  // decoder/dense_relu_dense[0]/wi: normal (t5.mesh:89)
-  param31_decoder_dense_relu_dense_0_wi.resize(1024);
-  {
-    const meshrt::kernels::Shard shard{
-        {32, 64}, {0, support::shardStart(world_, {"model"}, 32)}, {32, 32}};
-    const auto init =
-        meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.17677669529663687}});
-    support::fillParam(param31_decoder_dense_relu_dense_0_wi.data(), shard, seed,
-                       "decoder/dense_relu_dense[0]/wi", init, meshrt::kernels::ValueType::F32);
-  }
-  // decoder/dense_relu_dense[0]/wo: normal (t5.mesh:90)
-  param32_decoder_dense_relu_dense_0_wo.resize(1024);
-  {
-    const meshrt::kernels::Shard shard{
-        {64, 32}, {support::shardStart(world_, {"model"}, 32), 0}, {32, 32}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}});
-    support::fillParam(param32_decoder_dense_relu_dense_0_wo.data(), shard, seed,
-                       "decoder/dense_relu_dense[0]/wo", init, meshrt::kernels::ValueType::F32);
-  }
-  // decoder/rms_norm[1]/scale: ones (t5.mesh:39)
-  param33_decoder_rms_norm_1_scale.assign(32, support::roundValue(support::DType::F32, 1.0));
-  // decoder/attention[1]/q: normal (t5.mesh:76)
-  param34_decoder_attention_1_q.resize(512);
-  {
-    const meshrt::kernels::Shard shard{
-        {32, 4, 8}, {0, support::shardStart(world_, {"model"}, 2), 0}, {32, 2, 8}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.0625}});
-    support::fillParam(param34_decoder_attention_1_q.data(), shard, seed, "decoder/attention[1]/q",
-                       init, meshrt::kernels::ValueType::F32);
-  }
-  // decoder/attention[1]/k: normal (t5.mesh:77)
-  param35_decoder_attention_1_k.resize(512);
-  {
-    const meshrt::kernels::Shard shard{
-        {32, 4, 8}, {0, support::shardStart(world_, {"model"}, 2), 0}, {32, 2, 8}};
-    const auto init =
-        meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.17677669529663687}});
-    support::fillParam(param35_decoder_attention_1_k.data(), shard, seed, "decoder/attention[1]/k",
-                       init, meshrt::kernels::ValueType::F32);
-  }
-  // decoder/attention[1]/v: normal (t5.mesh:78)
-  param36_decoder_attention_1_v.resize(512);
-  {
-    const meshrt::kernels::Shard shard{
-        {32, 4, 8}, {0, support::shardStart(world_, {"model"}, 2), 0}, {32, 2, 8}};
-    const auto init =
-        meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.17677669529663687}});
-    support::fillParam(param36_decoder_attention_1_v.data(), shard, seed, "decoder/attention[1]/v",
-                       init, meshrt::kernels::ValueType::F32);
-  }
-  // decoder/attention[1]/o: normal (t5.mesh:79)
-  param37_decoder_attention_1_o.resize(512);
-  {
-    const meshrt::kernels::Shard shard{
-        {4, 8, 32}, {support::shardStart(world_, {"model"}, 2), 0, 0}, {2, 8, 32}};
-    const auto init =
-        meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.17677669529663687}});
-    support::fillParam(param37_decoder_attention_1_o.data(), shard, seed, "decoder/attention[1]/o",
-                       init, meshrt::kernels::ValueType::F32);
-  }
-  // decoder/rms_norm#1[1]/scale: ones (t5.mesh:39)
-  param38_decoder_rms_norm_1_1_scale.assign(32, support::roundValue(support::DType::F32, 1.0));
-  // decoder/attention#1[1]/q: normal (t5.mesh:76)
-  param39_decoder_attention_1_1_q.resize(512);
-  {
-    const meshrt::kernels::Shard shard{
-        {32, 4, 8}, {0, support::shardStart(world_, {"model"}, 2), 0}, {32, 2, 8}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.0625}});
-    support::fillParam(param39_decoder_attention_1_1_q.data(), shard, seed,
-                       "decoder/attention#1[1]/q", init, meshrt::kernels::ValueType::F32);
-  }
-  // decoder/attention#1[1]/k: normal (t5.mesh:77)
-  param40_decoder_attention_1_1_k.resize(512);
-  {
-    const meshrt::kernels::Shard shard{
-        {32, 4, 8}, {0, support::shardStart(world_, {"model"}, 2), 0}, {32, 2, 8}};
-    const auto init =
-        meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.17677669529663687}});
-    support::fillParam(param40_decoder_attention_1_1_k.data(), shard, seed,
-                       "decoder/attention#1[1]/k", init, meshrt::kernels::ValueType::F32);
-  }
-  // decoder/attention#1[1]/v: normal (t5.mesh:78)
-  param41_decoder_attention_1_1_v.resize(512);
-  {
-    const meshrt::kernels::Shard shard{
-        {32, 4, 8}, {0, support::shardStart(world_, {"model"}, 2), 0}, {32, 2, 8}};
-    const auto init =
-        meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.17677669529663687}});
-    support::fillParam(param41_decoder_attention_1_1_v.data(), shard, seed,
-                       "decoder/attention#1[1]/v", init, meshrt::kernels::ValueType::F32);
-  }
-  // decoder/attention#1[1]/o: normal (t5.mesh:79)
-  param42_decoder_attention_1_1_o.resize(512);
-  {
-    const meshrt::kernels::Shard shard{
-        {4, 8, 32}, {support::shardStart(world_, {"model"}, 2), 0, 0}, {2, 8, 32}};
-    const auto init =
-        meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.17677669529663687}});
-    support::fillParam(param42_decoder_attention_1_1_o.data(), shard, seed,
-                       "decoder/attention#1[1]/o", init, meshrt::kernels::ValueType::F32);
-  }
-  // decoder/rms_norm#2[1]/scale: ones (t5.mesh:39)
-  param43_decoder_rms_norm_2_1_scale.assign(32, support::roundValue(support::DType::F32, 1.0));
-  // decoder/dense_relu_dense[1]/wi: normal (t5.mesh:89)
-  param44_decoder_dense_relu_dense_1_wi.resize(1024);
-  {
-    const meshrt::kernels::Shard shard{
-        {32, 64}, {0, support::shardStart(world_, {"model"}, 32)}, {32, 32}};
-    const auto init =
-        meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.17677669529663687}});
-    support::fillParam(param44_decoder_dense_relu_dense_1_wi.data(), shard, seed,
-                       "decoder/dense_relu_dense[1]/wi", init, meshrt::kernels::ValueType::F32);
-  }
-  // decoder/dense_relu_dense[1]/wo: normal (t5.mesh:90)
-  param45_decoder_dense_relu_dense_1_wo.resize(1024);
-  {
-    const meshrt::kernels::Shard shard{
-        {64, 32}, {support::shardStart(world_, {"model"}, 32), 0}, {32, 32}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}});
-    support::fillParam(param45_decoder_dense_relu_dense_1_wo.data(), shard, seed,
-                       "decoder/dense_relu_dense[1]/wo", init, meshrt::kernels::ValueType::F32);
-  }
-  // decoder/rms_norm/scale: ones (t5.mesh:39)
-  param46_decoder_rms_norm_scale.assign(32, support::roundValue(support::DType::F32, 1.0));
+  static constexpr support::ParamInit inits[] = {
+      // encoder/relative_bias/table (t5.mesh:55)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.1}}},
+      // shared/embedding (t5.mesh:95)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 1.0}}},
+      // encoder/rms_norm[0]/scale (t5.mesh:39)
+      {"ones", support::DType::F32, {}},
+      // encoder/attention[0]/q (t5.mesh:76)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.0625}}},
+      // encoder/attention[0]/k (t5.mesh:77)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.17677669529663687}}},
+      // encoder/attention[0]/v (t5.mesh:78)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.17677669529663687}}},
+      // encoder/attention[0]/o (t5.mesh:79)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.17677669529663687}}},
+      // encoder/rms_norm#1[0]/scale (t5.mesh:39)
+      {"ones", support::DType::F32, {}},
+      // encoder/dense_relu_dense[0]/wi (t5.mesh:89)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.17677669529663687}}},
+      // encoder/dense_relu_dense[0]/wo (t5.mesh:90)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.125}}},
+      // encoder/rms_norm[1]/scale (t5.mesh:39)
+      {"ones", support::DType::F32, {}},
+      // encoder/attention[1]/q (t5.mesh:76)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.0625}}},
+      // encoder/attention[1]/k (t5.mesh:77)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.17677669529663687}}},
+      // encoder/attention[1]/v (t5.mesh:78)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.17677669529663687}}},
+      // encoder/attention[1]/o (t5.mesh:79)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.17677669529663687}}},
+      // encoder/rms_norm#1[1]/scale (t5.mesh:39)
+      {"ones", support::DType::F32, {}},
+      // encoder/dense_relu_dense[1]/wi (t5.mesh:89)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.17677669529663687}}},
+      // encoder/dense_relu_dense[1]/wo (t5.mesh:90)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.125}}},
+      // encoder/rms_norm/scale (t5.mesh:39)
+      {"ones", support::DType::F32, {}},
+      // decoder/relative_bias/table (t5.mesh:55)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.1}}},
+      // decoder/rms_norm[0]/scale (t5.mesh:39)
+      {"ones", support::DType::F32, {}},
+      // decoder/attention[0]/q (t5.mesh:76)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.0625}}},
+      // decoder/attention[0]/k (t5.mesh:77)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.17677669529663687}}},
+      // decoder/attention[0]/v (t5.mesh:78)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.17677669529663687}}},
+      // decoder/attention[0]/o (t5.mesh:79)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.17677669529663687}}},
+      // decoder/rms_norm#1[0]/scale (t5.mesh:39)
+      {"ones", support::DType::F32, {}},
+      // decoder/attention#1[0]/q (t5.mesh:76)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.0625}}},
+      // decoder/attention#1[0]/k (t5.mesh:77)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.17677669529663687}}},
+      // decoder/attention#1[0]/v (t5.mesh:78)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.17677669529663687}}},
+      // decoder/attention#1[0]/o (t5.mesh:79)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.17677669529663687}}},
+      // decoder/rms_norm#2[0]/scale (t5.mesh:39)
+      {"ones", support::DType::F32, {}},
+      // decoder/dense_relu_dense[0]/wi (t5.mesh:89)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.17677669529663687}}},
+      // decoder/dense_relu_dense[0]/wo (t5.mesh:90)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.125}}},
+      // decoder/rms_norm[1]/scale (t5.mesh:39)
+      {"ones", support::DType::F32, {}},
+      // decoder/attention[1]/q (t5.mesh:76)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.0625}}},
+      // decoder/attention[1]/k (t5.mesh:77)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.17677669529663687}}},
+      // decoder/attention[1]/v (t5.mesh:78)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.17677669529663687}}},
+      // decoder/attention[1]/o (t5.mesh:79)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.17677669529663687}}},
+      // decoder/rms_norm#1[1]/scale (t5.mesh:39)
+      {"ones", support::DType::F32, {}},
+      // decoder/attention#1[1]/q (t5.mesh:76)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.0625}}},
+      // decoder/attention#1[1]/k (t5.mesh:77)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.17677669529663687}}},
+      // decoder/attention#1[1]/v (t5.mesh:78)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.17677669529663687}}},
+      // decoder/attention#1[1]/o (t5.mesh:79)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.17677669529663687}}},
+      // decoder/rms_norm#2[1]/scale (t5.mesh:39)
+      {"ones", support::DType::F32, {}},
+      // decoder/dense_relu_dense[1]/wi (t5.mesh:89)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.17677669529663687}}},
+      // decoder/dense_relu_dense[1]/wo (t5.mesh:90)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.125}}},
+      // decoder/rms_norm/scale (t5.mesh:39)
+      {"ones", support::DType::F32, {}}};
+  support::Buffer *const data[] = {
+      &param0_encoder_relative_bias_table,    &param1_shared_embedding,
+      &param2_encoder_rms_norm_0_scale,       &param3_encoder_attention_0_q,
+      &param4_encoder_attention_0_k,          &param5_encoder_attention_0_v,
+      &param6_encoder_attention_0_o,          &param7_encoder_rms_norm_1_0_scale,
+      &param8_encoder_dense_relu_dense_0_wi,  &param9_encoder_dense_relu_dense_0_wo,
+      &param10_encoder_rms_norm_1_scale,      &param11_encoder_attention_1_q,
+      &param12_encoder_attention_1_k,         &param13_encoder_attention_1_v,
+      &param14_encoder_attention_1_o,         &param15_encoder_rms_norm_1_1_scale,
+      &param16_encoder_dense_relu_dense_1_wi, &param17_encoder_dense_relu_dense_1_wo,
+      &param18_encoder_rms_norm_scale,        &param19_decoder_relative_bias_table,
+      &param20_decoder_rms_norm_0_scale,      &param21_decoder_attention_0_q,
+      &param22_decoder_attention_0_k,         &param23_decoder_attention_0_v,
+      &param24_decoder_attention_0_o,         &param25_decoder_rms_norm_1_0_scale,
+      &param26_decoder_attention_1_0_q,       &param27_decoder_attention_1_0_k,
+      &param28_decoder_attention_1_0_v,       &param29_decoder_attention_1_0_o,
+      &param30_decoder_rms_norm_2_0_scale,    &param31_decoder_dense_relu_dense_0_wi,
+      &param32_decoder_dense_relu_dense_0_wo, &param33_decoder_rms_norm_1_scale,
+      &param34_decoder_attention_1_q,         &param35_decoder_attention_1_k,
+      &param36_decoder_attention_1_v,         &param37_decoder_attention_1_o,
+      &param38_decoder_rms_norm_1_1_scale,    &param39_decoder_attention_1_1_q,
+      &param40_decoder_attention_1_1_k,       &param41_decoder_attention_1_1_v,
+      &param42_decoder_attention_1_1_o,       &param43_decoder_rms_norm_2_1_scale,
+      &param44_decoder_dense_relu_dense_1_wi, &param45_decoder_dense_relu_dense_1_wo,
+      &param46_decoder_rms_norm_scale};
+  support::initParams(world_, seed, -1, kTranslateParams, inits, data);
   computeInvariants();
 }
 
@@ -393,244 +1767,79 @@ void Translate::computeInvariants() {
   // t5.mesh:62:26 iota
   // t5.mesh:117:52 iota
   support::View v2 = persistent_.view(0, 16);
-  static const support::Shape shape0_1 = {16};
-  static const support::Shape shape0_2 = {1};
-  support::iota(v2.data(), shape0_1, shape0_2, 0);
+  support::iota(v2.data(), kShape0, kShape1, 0);
 
   // t5.mesh:62:24 sub -> n
   support::View v4 = persistent_.view(64, 256);
-  {
-    float *__restrict v4p = v4.data();
-    const float *__restrict v2p = v2.data();
-    for (int64_t i0 = 0; i0 < 16; ++i0) {
-      for (int64_t i1 = 0; i1 < 16; ++i1) {
-        const float s0 = v2p[i0];
-        const float s1 = v2p[i1];
-        const float s2 = support::wrapI32(double((double(s0) - double(s1))));
-        v4p[i0 * 16 + i1] = s2;
-      }
-    }
-  }
+  loop0(v4.data(), v2.data());
 
   // t5.mesh:63:13 lt
   support::View v6 = persistent_.view(1152, 256);
-  {
-    float *__restrict v6p = v6.data();
-    const float *__restrict v4p = v4.data();
-    for (int64_t i0 = 0; i0 < 256; ++i0) {
-      const float s0 = v4p[i0];
-      const float s1 = support::wrapI32(0.0);
-      const float s2 = (s0 < s1 ? 1.0f : 0.0f);
-      v6p[i0] = s2;
-    }
-  }
+  loop1(v6.data(), v4.data());
 
   // t5.mesh:63:18 mul
   support::View v8 = persistent_.view(2240, 256);
-  {
-    float *__restrict v8p = v8.data();
-    const float *__restrict v6p = v6.data();
-    for (int64_t i0 = 0; i0 < 256; ++i0) {
-      const float s0 = v6p[i0];
-      const float s1 = support::wrapI32(4.0);
-      const float s2 = support::wrapI32(double((double(s0) * double(s1))));
-      v8p[i0] = s2;
-    }
-  }
+  loop2(v8.data(), v6.data());
 
   // t5.mesh:63:76 abs
   support::View v9 = persistent_.view(3264, 256);
-  {
-    float *__restrict v9p = v9.data();
-    const float *__restrict v4p = v4.data();
-    for (int64_t i0 = 0; i0 < 256; ++i0) {
-      const float s0 = v4p[i0];
-      const float s1 = support::wrapI32(double(std::fabs(s0)));
-      v9p[i0] = s1;
-    }
-  }
+  loop3(v9.data(), v4.data());
 
   // t5.mesh:47:18 maximum
   support::View v11 = persistent_.view(4352, 256);
-  {
-    float *__restrict v11p = v11.data();
-    const float *__restrict v9p = v9.data();
-    for (int64_t i0 = 0; i0 < 256; ++i0) {
-      const float s0 = v9p[i0];
-      const float s1 = support::wrapI32(2.0);
-      const float s2 = support::wrapI32(double(support::maximum(s0, s1)));
-      v11p[i0] = s2;
-    }
-  }
+  loop4(v11.data(), v9.data());
 
   // t5.mesh:47:13 cast
   support::View v12 = persistent_.view(5376, 256);
-  {
-    float *__restrict v12p = v12.data();
-    const float *__restrict v11p = v11.data();
-    for (int64_t i0 = 0; i0 < 256; ++i0) {
-      const float s0 = v11p[i0];
-      const float s1 = s0;
-      v12p[i0] = s1;
-    }
-  }
+  loop5(v12.data(), v11.data());
 
   // t5.mesh:47:48 div -> far
   support::View v14 = persistent_.view(6464, 256);
-  {
-    float *__restrict v14p = v14.data();
-    const float *__restrict v12p = v12.data();
-    for (int64_t i0 = 0; i0 < 256; ++i0) {
-      const float s0 = v12p[i0];
-      const float s1 = 2.0f;
-      const float s2 = (s0 / s1);
-      v14p[i0] = s2;
-    }
-  }
+  loop6(v14.data(), v12.data());
 
   // t5.mesh:48:22 log
   support::View v15 = persistent_.view(7488, 256);
-  {
-    float *__restrict v15p = v15.data();
-    const float *__restrict v14p = v14.data();
-    for (int64_t i0 = 0; i0 < 256; ++i0) {
-      const float s0 = v14p[i0];
-      const float s1 = support::flog(s0);
-      v15p[i0] = s1;
-    }
-  }
+  loop7(v15.data(), v14.data());
 
   // t5.mesh:48:31 div
   support::View v17 = persistent_.view(8576, 256);
-  {
-    float *__restrict v17p = v17.data();
-    const float *__restrict v15p = v15.data();
-    for (int64_t i0 = 0; i0 < 256; ++i0) {
-      const float s0 = v15p[i0];
-      const float s1 = 2.7725887f;
-      const float s2 = (s0 / s1);
-      v17p[i0] = s2;
-    }
-  }
+  loop8(v17.data(), v15.data());
 
   // t5.mesh:48:57 mul
   support::View v19 = persistent_.view(9600, 256);
-  {
-    float *__restrict v19p = v19.data();
-    const float *__restrict v17p = v17.data();
-    for (int64_t i0 = 0; i0 < 256; ++i0) {
-      const float s0 = v17p[i0];
-      const float s1 = 2.0f;
-      const float s2 = (s0 * s1);
-      v19p[i0] = s2;
-    }
-  }
+  loop9(v19.data(), v17.data());
 
   // t5.mesh:48:16 floor -> spread
   support::View v20 = persistent_.view(10624, 256);
-  {
-    float *__restrict v20p = v20.data();
-    const float *__restrict v19p = v19.data();
-    for (int64_t i0 = 0; i0 < 256; ++i0) {
-      const float s0 = v19p[i0];
-      const float s1 = support::ffloor(s0);
-      v20p[i0] = s1;
-    }
-  }
+  loop10(v20.data(), v19.data());
 
   // t5.mesh:49:25 cast
   support::View v21 = persistent_.view(11648, 256);
-  {
-    float *__restrict v21p = v21.data();
-    const float *__restrict v20p = v20.data();
-    for (int64_t i0 = 0; i0 < 256; ++i0) {
-      const float s0 = v20p[i0];
-      const float s1 = support::castToI32(s0);
-      v21p[i0] = s1;
-    }
-  }
+  loop11(v21.data(), v20.data());
 
   // t5.mesh:49:43 add
   support::View v23 = persistent_.view(12672, 256);
-  {
-    float *__restrict v23p = v23.data();
-    const float *__restrict v21p = v21.data();
-    for (int64_t i0 = 0; i0 < 256; ++i0) {
-      const float s0 = v21p[i0];
-      const float s1 = support::wrapI32(2.0);
-      const float s2 = support::wrapI32(double((double(s0) + double(s1))));
-      v23p[i0] = s2;
-    }
-  }
+  loop12(v23.data(), v21.data());
 
   // t5.mesh:49:20 maximum
   support::View v25 = persistent_.view(13696, 256);
-  {
-    float *__restrict v25p = v25.data();
-    const float *__restrict v23p = v23.data();
-    for (int64_t i0 = 0; i0 < 256; ++i0) {
-      const float s0 = v23p[i0];
-      const float s1 = support::wrapI32(0.0);
-      const float s2 = support::wrapI32(double(support::maximum(s0, s1)));
-      v25p[i0] = s2;
-    }
-  }
+  loop13(v25.data(), v23.data());
 
   // t5.mesh:49:20 minimum -> log_spaced
   support::View v27 = persistent_.view(14784, 256);
-  {
-    float *__restrict v27p = v27.data();
-    const float *__restrict v25p = v25.data();
-    for (int64_t i0 = 0; i0 < 256; ++i0) {
-      const float s0 = v25p[i0];
-      const float s1 = support::wrapI32(3.0);
-      const float s2 = support::wrapI32(double(support::minimum(s0, s1)));
-      v27p[i0] = s2;
-    }
-  }
+  loop14(v27.data(), v25.data());
 
   // t5.mesh:50:18 lt
   support::View v29 = persistent_.view(15808, 256);
-  {
-    float *__restrict v29p = v29.data();
-    const float *__restrict v9p = v9.data();
-    for (int64_t i0 = 0; i0 < 256; ++i0) {
-      const float s0 = v9p[i0];
-      const float s1 = support::wrapI32(2.0);
-      const float s2 = (s0 < s1 ? 1.0f : 0.0f);
-      v29p[i0] = s2;
-    }
-  }
+  loop15(v29.data(), v9.data());
 
   // t5.mesh:50:10 where
   support::View v30 = persistent_.view(16832, 256);
-  {
-    float *__restrict v30p = v30.data();
-    const float *__restrict v29p = v29.data();
-    const float *__restrict v9p = v9.data();
-    const float *__restrict v27p = v27.data();
-    for (int64_t i0 = 0; i0 < 256; ++i0) {
-      const float s0 = v29p[i0];
-      const float s1 = v9p[i0];
-      const float s2 = v27p[i0];
-      const float s3 = (s0 != 0 ? s1 : s2);
-      v30p[i0] = s3;
-    }
-  }
+  loop16(v30.data(), v29.data(), v9.data(), v27.data());
 
   // t5.mesh:63:31 add
   support::View v31 = persistent_.view(17856, 256);
-  {
-    float *__restrict v31p = v31.data();
-    const float *__restrict v8p = v8.data();
-    const float *__restrict v30p = v30.data();
-    for (int64_t i0 = 0; i0 < 256; ++i0) {
-      const float s0 = v8p[i0];
-      const float s1 = v30p[i0];
-      const float s2 = support::wrapI32(double((double(s0) + double(s1))));
-      v31p[i0] = s2;
-    }
-  }
+  loop17(v31.data(), v8.data(), v30.data());
 
   // t5.mesh:114:21 iota
   // t5.mesh:114:38 iota
@@ -638,327 +1847,107 @@ void Translate::computeInvariants() {
   // t5.mesh:68:82 iota
   // t5.mesh:117:36 iota
   support::View v124 = persistent_.view(18944, 8);
-  static const support::Shape shape19_1 = {8};
-  static const support::Shape shape19_2 = {1};
-  support::iota(v124.data(), shape19_1, shape19_2, 0);
+  support::iota(v124.data(), kShape2, kShape1, 0);
 
   // t5.mesh:114:35 ge
   support::View v126 = persistent_.view(19008, 64);
-  {
-    float *__restrict v126p = v126.data();
-    const float *__restrict v124p = v124.data();
-    for (int64_t i0 = 0; i0 < 8; ++i0) {
-      for (int64_t i1 = 0; i1 < 8; ++i1) {
-        const float s0 = v124p[i0];
-        const float s1 = v124p[i1];
-        const float s2 = (s0 >= s1 ? 1.0f : 0.0f);
-        v126p[i0 * 8 + i1] = s2;
-      }
-    }
-  }
+  loop18(v126.data(), v124.data());
 
   // t5.mesh:114:16 cast -> causal
   support::View v127 = persistent_.view(19264, 64);
-  {
-    float *__restrict v127p = v127.data();
-    const float *__restrict v126p = v126.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = v126p[i0];
-      const float s1 = s0;
-      v127p[i0] = s1;
-    }
-  }
+  loop19(v127.data(), v126.data());
 
   // t5.mesh:68:80 sub
   support::View v130 = persistent_.view(19520, 64);
-  {
-    float *__restrict v130p = v130.data();
-    const float *__restrict v124p = v124.data();
-    for (int64_t i0 = 0; i0 < 8; ++i0) {
-      for (int64_t i1 = 0; i1 < 8; ++i1) {
-        const float s0 = v124p[i0];
-        const float s1 = v124p[i1];
-        const float s2 = support::wrapI32(double((double(s0) - double(s1))));
-        v130p[i0 * 8 + i1] = s2;
-      }
-    }
-  }
+  loop20(v130.data(), v124.data());
 
   // t5.mesh:68:58 maximum
   support::View v132 = persistent_.view(19776, 64);
-  {
-    float *__restrict v132p = v132.data();
-    const float *__restrict v130p = v130.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = v130p[i0];
-      const float s1 = support::wrapI32(0.0);
-      const float s2 = support::wrapI32(double(support::maximum(s0, s1)));
-      v132p[i0] = s2;
-    }
-  }
+  loop21(v132.data(), v130.data());
 
   // t5.mesh:47:18 maximum
   support::View v134 = persistent_.view(20032, 64);
-  {
-    float *__restrict v134p = v134.data();
-    const float *__restrict v132p = v132.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = v132p[i0];
-      const float s1 = support::wrapI32(4.0);
-      const float s2 = support::wrapI32(double(support::maximum(s0, s1)));
-      v134p[i0] = s2;
-    }
-  }
+  loop22(v134.data(), v132.data());
 
   // t5.mesh:47:13 cast
   support::View v135 = persistent_.view(20288, 64);
-  {
-    float *__restrict v135p = v135.data();
-    const float *__restrict v134p = v134.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = v134p[i0];
-      const float s1 = s0;
-      v135p[i0] = s1;
-    }
-  }
+  loop19(v135.data(), v134.data());
 
   // t5.mesh:47:48 div -> far
   support::View v137 = persistent_.view(20608, 64);
-  {
-    float *__restrict v137p = v137.data();
-    const float *__restrict v135p = v135.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = v135p[i0];
-      const float s1 = 4.0f;
-      const float s2 = (s0 / s1);
-      v137p[i0] = s2;
-    }
-  }
+  loop23(v137.data(), v135.data());
 
   // t5.mesh:48:22 log
   support::View v138 = persistent_.view(20864, 64);
-  {
-    float *__restrict v138p = v138.data();
-    const float *__restrict v137p = v137.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = v137p[i0];
-      const float s1 = support::flog(s0);
-      v138p[i0] = s1;
-    }
-  }
+  loop24(v138.data(), v137.data());
 
   // t5.mesh:48:31 div
   support::View v140 = persistent_.view(21184, 64);
-  {
-    float *__restrict v140p = v140.data();
-    const float *__restrict v138p = v138.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = v138p[i0];
-      const float s1 = 2.0794415f;
-      const float s2 = (s0 / s1);
-      v140p[i0] = s2;
-    }
-  }
+  loop25(v140.data(), v138.data());
 
   // t5.mesh:48:57 mul
   support::View v142 = persistent_.view(21440, 64);
-  {
-    float *__restrict v142p = v142.data();
-    const float *__restrict v140p = v140.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = v140p[i0];
-      const float s1 = 4.0f;
-      const float s2 = (s0 * s1);
-      v142p[i0] = s2;
-    }
-  }
+  loop26(v142.data(), v140.data());
 
   // t5.mesh:48:16 floor -> spread
   support::View v143 = persistent_.view(21696, 64);
-  {
-    float *__restrict v143p = v143.data();
-    const float *__restrict v142p = v142.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = v142p[i0];
-      const float s1 = support::ffloor(s0);
-      v143p[i0] = s1;
-    }
-  }
+  loop27(v143.data(), v142.data());
 
   // t5.mesh:49:25 cast
   support::View v144 = persistent_.view(21952, 64);
-  {
-    float *__restrict v144p = v144.data();
-    const float *__restrict v143p = v143.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = v143p[i0];
-      const float s1 = support::castToI32(s0);
-      v144p[i0] = s1;
-    }
-  }
+  loop28(v144.data(), v143.data());
 
   // t5.mesh:49:43 add
   support::View v146 = persistent_.view(22208, 64);
-  {
-    float *__restrict v146p = v146.data();
-    const float *__restrict v144p = v144.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = v144p[i0];
-      const float s1 = support::wrapI32(4.0);
-      const float s2 = support::wrapI32(double((double(s0) + double(s1))));
-      v146p[i0] = s2;
-    }
-  }
+  loop29(v146.data(), v144.data());
 
   // t5.mesh:49:20 maximum
   support::View v148 = persistent_.view(22464, 64);
-  {
-    float *__restrict v148p = v148.data();
-    const float *__restrict v146p = v146.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = v146p[i0];
-      const float s1 = support::wrapI32(0.0);
-      const float s2 = support::wrapI32(double(support::maximum(s0, s1)));
-      v148p[i0] = s2;
-    }
-  }
+  loop21(v148.data(), v146.data());
 
   // t5.mesh:49:20 minimum -> log_spaced
   support::View v150 = persistent_.view(22784, 64);
-  {
-    float *__restrict v150p = v150.data();
-    const float *__restrict v148p = v148.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = v148p[i0];
-      const float s1 = support::wrapI32(7.0);
-      const float s2 = support::wrapI32(double(support::minimum(s0, s1)));
-      v150p[i0] = s2;
-    }
-  }
+  loop30(v150.data(), v148.data());
 
   // t5.mesh:50:18 lt
   support::View v152 = persistent_.view(23040, 64);
-  {
-    float *__restrict v152p = v152.data();
-    const float *__restrict v132p = v132.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = v132p[i0];
-      const float s1 = support::wrapI32(4.0);
-      const float s2 = (s0 < s1 ? 1.0f : 0.0f);
-      v152p[i0] = s2;
-    }
-  }
+  loop31(v152.data(), v132.data());
 
   // t5.mesh:50:10 where
   support::View v153 = persistent_.view(23296, 64);
-  {
-    float *__restrict v153p = v153.data();
-    const float *__restrict v152p = v152.data();
-    const float *__restrict v132p = v132.data();
-    const float *__restrict v150p = v150.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = v152p[i0];
-      const float s1 = v132p[i0];
-      const float s2 = v150p[i0];
-      const float s3 = (s0 != 0 ? s1 : s2);
-      v153p[i0] = s3;
-    }
-  }
+  loop32(v153.data(), v152.data(), v132.data(), v150.data());
 
   // t5.mesh:115:62 sub
   support::View v158 = persistent_.view(23616, 64);
-  {
-    float *__restrict v158p = v158.data();
-    const float *__restrict v127p = v127.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = v127p[i0];
-      const float s1 = 1.0f;
-      const float s2 = (s0 - s1);
-      v158p[i0] = s2;
-    }
-  }
+  loop33(v158.data(), v127.data());
 
   // t5.mesh:115:69 mul
   support::View v160 = persistent_.view(23936, 64);
-  {
-    float *__restrict v160p = v160.data();
-    const float *__restrict v158p = v158.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = v158p[i0];
-      const float s1 = 1000000000.0f;
-      const float s2 = (s0 * s1);
-      v160p[i0] = s2;
-    }
-  }
+  loop34(v160.data(), v158.data());
 
   // t5.mesh:117:22 iota
   support::View v162 = persistent_.view(24192, 2);
-  static const support::Shape shape39_1 = {2};
-  static const support::Shape shape39_2 = {1};
-  support::iota(v162.data(), shape39_1, shape39_2, support::shardStart(world_, {"model"}, 2));
+  support::iota(v162.data(), kShape3, kShape1, support::shardStart(world_, {"model"}, 2));
 
   // t5.mesh:117:34 add
   support::View v164 = persistent_.view(24256, 16);
-  {
-    float *__restrict v164p = v164.data();
-    const float *__restrict v162p = v162.data();
-    const float *__restrict v124p = v124.data();
-    for (int64_t i0 = 0; i0 < 2; ++i0) {
-      for (int64_t i1 = 0; i1 < 8; ++i1) {
-        const float s0 = v162p[i0];
-        const float s1 = v124p[i1];
-        const float s2 = support::wrapI32(double((double(s0) + double(s1))));
-        v164p[i0 * 8 + i1] = s2;
-      }
-    }
-  }
+  loop35(v164.data(), v162.data(), v124.data());
 
   // t5.mesh:117:50 add
   support::View v166 = persistent_.view(24320, 256);
-  {
-    float *__restrict v166p = v166.data();
-    const float *__restrict v164p = v164.data();
-    const float *__restrict v2p = v2.data();
-    for (int64_t i0 = 0; i0 < 16; ++i0) {
-      for (int64_t i1 = 0; i1 < 16; ++i1) {
-        const float s0 = v164p[i0];
-        const float s1 = v2p[i1];
-        const float s2 = support::wrapI32(double((double(s0) + double(s1))));
-        v166p[i0 * 16 + i1] = s2;
-      }
-    }
-  }
+  loop36(v166.data(), v164.data(), v2.data());
 
   // t5.mesh:117:17 cast
   support::View v167 = persistent_.view(25344, 256);
-  {
-    float *__restrict v167p = v167.data();
-    const float *__restrict v166p = v166.data();
-    for (int64_t i0 = 0; i0 < 256; ++i0) {
-      const float s0 = v166p[i0];
-      const float s1 = s0;
-      v167p[i0] = s1;
-    }
-  }
+  loop5(v167.data(), v166.data());
 
   // t5.mesh:117:71 mul -> no_bias
   support::View v169 = persistent_.view(26432, 256);
-  {
-    float *__restrict v169p = v169.data();
-    const float *__restrict v167p = v167.data();
-    for (int64_t i0 = 0; i0 < 256; ++i0) {
-      const float s0 = v167p[i0];
-      const float s1 = 0.0f;
-      const float s2 = (s0 * s1);
-      v169p[i0] = s2;
-    }
-  }
+  loop37(v169.data(), v167.data());
 
   // t5.mesh:133:17 iota
   support::View v311 = persistent_.view(27520, 32);
-  static const support::Shape shape44_1 = {32};
-  static const support::Shape shape44_2 = {1};
-  support::iota(v311.data(), shape44_1, shape44_2, support::shardStart(world_, {"model"}, 32));
+  support::iota(v311.data(), kShape4, kShape1, support::shardStart(world_, {"model"}, 32));
 }
 
 Translate::Outputs Translate::run(const Inputs &inputs) {
@@ -986,51 +1975,31 @@ void Translate::runPart0(const Inputs &inputs) {
   const support::Buffer &v32 = param0_encoder_relative_bias_table;
   support::View v31 = persistent_.view(17856, 256);
   support::View v33 = arena_.view(0, 512);
-  static const support::Shape shape0_1 = {16, 16, 2};
-  static const support::Shape shape0_3 = {0, 0, 1};
-  static const support::Shape shape0_5 = {16, 1, 0};
-  support::gather(v33.data(), shape0_1, v32.data(), shape0_3, v31.data(), shape0_5, 8, 2, 0);
+  support::gather(v33.data(), kShape5, v32.data(), kShape6, v31.data(), kShape7, 8, 2, 0);
 
   // t5.mesh:56:10 transpose -> bias
   MESHRT_TRACE("loop", "t5.mesh:56:10", "forward");
   support::View v34 = arena_.view(16384, 512);
-  {
-    float *__restrict v34p = v34.data();
-    const float *__restrict v33p = v33.data();
-    for (int64_t i0 = 0; i0 < 2; ++i0) {
-      for (int64_t i1 = 0; i1 < 256; ++i1) {
-        const float s0 = v33p[i0 + i1 * 2];
-        const float s1 = s0;
-        v34p[i0 * 256 + i1] = s1;
-      }
-    }
-  }
+  loop38(v34.data(), v33.data());
 
   // t5.mesh:96:10 einsum -> x
   MESHRT_TRACE("einsum", "t5.mesh:96:10", "forward");
   const support::Buffer &v35 = param1_shared_embedding;
   const support::Buffer &v0 = inputs.input_ids.data;
   support::View v37 = arena_.view(0, 1024);
-  static const support::Shape shape2_1 = {2, 16, 32};
-  static const support::Shape shape2_3 = {0, 0, 1};
-  static const support::Shape shape2_5 = {16, 1, 0};
-  support::gather(v37.data(), shape2_1, v35.data(), shape2_3, v0.data(), shape2_5, 32, 32,
+  support::gather(v37.data(), kShape8, v35.data(), kShape6, v0.data(), kShape7, 32, 32,
                   support::shardStart(world_, {"model"}, 32));
 
   // t5.mesh:118:17 shift
   MESHRT_TRACE("shift", "t5.mesh:118:17", "forward");
   const support::Buffer &v1 = inputs.target_ids.data;
   support::View v170 = arena_.view(4096, 16);
-  static const support::Shape shape3_2 = {2, 8};
-  support::shift(v170, v1, shape3_2, 1, 1, nullptr);
+  support::shift(v170, v1, kShape9, 1, 1, nullptr);
 
   // t5.mesh:96:10 einsum -> x
   MESHRT_TRACE("einsum", "t5.mesh:96:10", "forward");
   support::View v172 = arena_.view(18432, 512);
-  static const support::Shape shape4_1 = {2, 8, 32};
-  static const support::Shape shape4_3 = {0, 0, 1};
-  static const support::Shape shape4_5 = {8, 1, 0};
-  support::gather(v172.data(), shape4_1, v35.data(), shape4_3, v170.data(), shape4_5, 32, 32,
+  support::gather(v172.data(), kShape10, v35.data(), kShape6, v170.data(), kShape11, 32, 32,
                   support::shardStart(world_, {"model"}, 32));
 
   // t5.mesh:40:25 bucketed_all_reduce_sum -> x (resolve the partial sum of x over model for square
@@ -1041,63 +2010,26 @@ void Translate::runPart0(const Inputs &inputs) {
   // t5.mesh:40:25 square
   MESHRT_TRACE("loop", "t5.mesh:40:25", "forward");
   support::View v40 = arena_.view(4096, 1024);
-  {
-    float *__restrict v40p = v40.data();
-    const float *__restrict v37p = v37.data();
-    for (int64_t i0 = 0; i0 < 1024; ++i0) {
-      const float s0 = v37p[i0];
-      const float s1 = s0 * s0;
-      v40p[i0] = s1;
-    }
-  }
+  loop39(v40.data(), v37.data());
 
   // t5.mesh:40:20 mean
   MESHRT_TRACE("mean", "t5.mesh:40:20", "forward");
   support::View v41 = arena_.view(8192, 32);
-  static const support::Shape shape7_1 = {2, 16};
-  static const support::Shape shape7_3 = {512, 32};
-  static const support::Shape shape7_4 = {32};
-  static const support::Shape shape7_5 = {1};
-  support::reduce(v41.data(), shape7_1, v40.data(), shape7_3, shape7_4, shape7_5,
+  support::reduce(v41.data(), kShape12, v40.data(), kShape13, kShape4, kShape1,
                   support::Reduce::Sum, 0.03125);
 
   // t5.mesh:40:45 add
   // t5.mesh:40:14 rsqrt
   MESHRT_TRACE("loop", "t5.mesh:40:45", "forward");
   support::View v44 = arena_.view(8320, 32);
-  {
-    float *__restrict v44p = v44.data();
-    const float *__restrict v41p = v41.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = v41p[i0];
-      const float s1 = 1e-06f;
-      const float s2 = (s0 + s1);
-      const float s3 = 1.0f / support::fsqrt(s2);
-      v44p[i0] = s3;
-    }
-  }
+  loop40(v44.data(), v41.data());
 
   // t5.mesh:40:12 mul
   // t5.mesh:40:53 mul -> n
   MESHRT_TRACE("loop", "t5.mesh:40:12", "forward");
   const support::Buffer &v38 = param2_encoder_rms_norm_0_scale;
   support::View v46 = arena_.view(4096, 1024);
-  {
-    float *__restrict v46p = v46.data();
-    const float *__restrict v37p = v37.data();
-    const float *__restrict v44p = v44.data();
-    const float *__restrict v38p = v38.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = v37p[i0 * 32 + i1];
-        const float s1 = v44p[i0];
-        const float s2 = (s0 * s1);
-        const float s3 = v38p[i1];
-        const float s4 = (s2 * s3);
-        v46p[i0 * 32 + i1] = s4;
-      }
-    }
-  }
+  loop41(v46.data(), v37.data(), v44.data(), v38.data());
 
   // 8 statements from t5.mesh:80:17 einsum -> queries (1 of 2)
   MESHRT_TRACE_SITE("t5.mesh:80:17");
@@ -1120,69 +2052,31 @@ void Translate::runPart0(const Inputs &inputs) {
   const support::Buffer &v154 = param19_decoder_relative_bias_table;
   support::View v153 = persistent_.view(23296, 64);
   support::View v155 = arena_.view(8192, 128);
-  static const support::Shape shape11_1 = {8, 8, 2};
-  static const support::Shape shape11_3 = {0, 0, 1};
-  static const support::Shape shape11_5 = {8, 1, 0};
-  support::gather(v155.data(), shape11_1, v154.data(), shape11_3, v153.data(), shape11_5, 8, 2, 0);
+  support::gather(v155.data(), kShape14, v154.data(), kShape6, v153.data(), kShape11, 8, 2, 0);
 
   // t5.mesh:56:10 transpose
   // t5.mesh:115:52 add -> self_bias
   MESHRT_TRACE("loop", "t5.mesh:56:10", "forward");
   support::View v160 = persistent_.view(23936, 64);
   support::View v161 = arena_.view(22528, 128);
-  {
-    float *__restrict v161p = v161.data();
-    const float *__restrict v155p = v155.data();
-    const float *__restrict v160p = v160.data();
-    for (int64_t i0 = 0; i0 < 2; ++i0) {
-      for (int64_t i1 = 0; i1 < 64; ++i1) {
-        const float s0 = v155p[i0 + i1 * 2];
-        const float s1 = s0;
-        const float s2 = v160p[i1];
-        const float s3 = (s1 + s2);
-        v161p[i0 * 64 + i1] = s3;
-      }
-    }
-  }
+  loop42(v161.data(), v155.data(), v160.data());
 
   // t5.mesh:40:25 square
   MESHRT_TRACE("loop", "t5.mesh:40:25", "forward");
   support::View v175 = arena_.view(8192, 512);
-  {
-    float *__restrict v175p = v175.data();
-    const float *__restrict v172p = v172.data();
-    for (int64_t i0 = 0; i0 < 512; ++i0) {
-      const float s0 = v172p[i0];
-      const float s1 = s0 * s0;
-      v175p[i0] = s1;
-    }
-  }
+  loop43(v175.data(), v172.data());
 
   // t5.mesh:40:20 mean
   MESHRT_TRACE("mean", "t5.mesh:40:20", "forward");
   support::View v176 = arena_.view(10240, 16);
-  static const support::Shape shape14_1 = {2, 8};
-  static const support::Shape shape14_3 = {256, 32};
-  static const support::Shape shape14_4 = {32};
-  static const support::Shape shape14_5 = {1};
-  support::reduce(v176.data(), shape14_1, v175.data(), shape14_3, shape14_4, shape14_5,
+  support::reduce(v176.data(), kShape9, v175.data(), kShape15, kShape4, kShape1,
                   support::Reduce::Sum, 0.03125);
 
   // t5.mesh:40:45 add
   // t5.mesh:40:14 rsqrt
   MESHRT_TRACE("loop", "t5.mesh:40:45", "forward");
   support::View v179 = arena_.view(10304, 16);
-  {
-    float *__restrict v179p = v179.data();
-    const float *__restrict v176p = v176.data();
-    for (int64_t i0 = 0; i0 < 16; ++i0) {
-      const float s0 = v176p[i0];
-      const float s1 = 1e-06f;
-      const float s2 = (s0 + s1);
-      const float s3 = 1.0f / support::fsqrt(s2);
-      v179p[i0] = s3;
-    }
-  }
+  loop44(v179.data(), v176.data());
 
   // 9 statements from t5.mesh:40:12 mul (1 of 2)
   MESHRT_TRACE_SITE("t5.mesh:40:12");
@@ -1275,17 +2169,7 @@ void Translate::runPart0(const Inputs &inputs) {
   // t5.mesh:113:9 transpose
   MESHRT_TRACE("loop", "t5.mesh:113:9", "forward");
   support::View v123 = arena_.view(0, 1024);
-  {
-    float *__restrict v123p = v123.data();
-    const float *__restrict v35p = v35.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = v35p[i0 + i1 * 32];
-        const float s1 = s0;
-        v123p[i0 * 32 + i1] = s1;
-      }
-    }
-  }
+  loop45(v123.data(), v35.data());
 
   // 24 statements from t5.mesh:121:11 add -> x (1 of 2)
   MESHRT_TRACE_SITE("t5.mesh:121:11");
@@ -1405,42 +2289,19 @@ void Translate::runPart1(const Inputs &inputs) {
   MESHRT_TRACE("loop", "t5.mesh:40:12", "forward");
   const support::Buffer &v296 = param46_decoder_rms_norm_scale;
   support::View v305 = arena_.view(6144, 512);
-  {
-    float *__restrict v305p = v305.data();
-    const float *__restrict v295p = v295.data();
-    const float *__restrict v301p = v301.data();
-    const float *__restrict v296p = v296.data();
-    for (int64_t i0 = 0; i0 < 16; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = v295p[i0 * 32 + i1];
-        const float s1 = v301p[i0];
-        const float s2 = (s0 * s1);
-        const float s3 = v296p[i1];
-        const float s4 = (s2 * s3);
-        const float s5 = 0.17677669f;
-        const float s6 = (s4 * s5);
-        v305p[i0 * 32 + i1] = s6;
-      }
-    }
-  }
+  loop46(v305.data(), v295.data(), v301.data(), v296.data());
 
   // t5.mesh:125:10 einsum -> logits
   MESHRT_TRACE("gemm", "t5.mesh:125:10", "forward");
   support::View v123 = arena_.view(0, 1024);
   support::View v306 = arena_.view(4096, 512);
   // dims: batch, targets, d_model, vocab
-  static const meshrt::kernels::EinsumPlan einsumPlan4(
-      {{2, 8, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan4.run(v305.data(), v123.data(), v306.data(), 1.0f, 0.0f);
+  kEinsum0.plan().run(v305.data(), v123.data(), v306.data(), 1.0f, 0.0f);
 
   // t5.mesh:133:17 max
   MESHRT_TRACE("max", "t5.mesh:133:17", "forward");
   support::View v307 = arena_.view(2048, 16);
-  static const support::Shape shape5_1 = {2, 8};
-  static const support::Shape shape5_3 = {256, 32};
-  static const support::Shape shape5_4 = {32};
-  static const support::Shape shape5_5 = {1};
-  support::reduce(v307.data(), shape5_1, v306.data(), shape5_3, shape5_4, shape5_5,
+  support::reduce(v307.data(), kShape9, v306.data(), kShape15, kShape4, kShape1,
                   support::Reduce::Max, 1.0);
 
   // t5.mesh:133:17 all_reduce_max (max over split dims: all-reduce of the local maxima)
@@ -1454,36 +2315,12 @@ void Translate::runPart1(const Inputs &inputs) {
   MESHRT_TRACE("loop", "t5.mesh:133:17", "forward");
   support::View v311 = persistent_.view(27520, 32);
   support::View v313 = arena_.view(0, 512);
-  {
-    float *__restrict v313p = v313.data();
-    const float *__restrict v306p = v306.data();
-    const float *__restrict v307p = v307.data();
-    const float *__restrict v311p = v311.data();
-    for (int64_t i0 = 0; i0 < 16; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = v306p[i0 * 32 + i1];
-        const float s1 = v306p[i0 * 32 + i1];
-        const float s2 = (s0 != s1 ? 1.0f : 0.0f);
-        const float s3 = v306p[i0 * 32 + i1];
-        const float s4 = v307p[i0];
-        const float s5 = (s3 == s4 ? 1.0f : 0.0f);
-        const float s6 = support::wrapI32(double(support::maximum(s5, s2)));
-        const float s7 = v311p[i1];
-        const float s8 = support::wrapI32(64.0);
-        const float s9 = (s6 != 0 ? s7 : s8);
-        v313p[i0 * 32 + i1] = s9;
-      }
-    }
-  }
+  loop47(v313.data(), v306.data(), v307.data(), v311.data());
 
   // t5.mesh:133:17 min -> predictions
   MESHRT_TRACE("min", "t5.mesh:133:17", "forward");
   support::View v314 = arena_.view(2048, 16);
-  static const support::Shape shape8_1 = {2, 8};
-  static const support::Shape shape8_3 = {256, 32};
-  static const support::Shape shape8_4 = {32};
-  static const support::Shape shape8_5 = {1};
-  support::reduce(v314.data(), shape8_1, v313.data(), shape8_3, shape8_4, shape8_5,
+  support::reduce(v314.data(), kShape9, v313.data(), kShape15, kShape4, kShape1,
                   support::Reduce::Min, 1.0);
 
   // t5.mesh:133:17 all_reduce_min -> predictions (min over split dims: all-reduce of the local
@@ -1507,133 +2344,61 @@ void Translate::repeated0(
   // t5.mesh:121:11 add -> x
   // t5.mesh:40:25 square
   MESHRT_TRACE("loop", "t5.mesh:121:11", "forward");
-  {
-    float *__restrict a2p = a2.data();
-    float *__restrict a3p = a3.data();
-    const float *__restrict a0p = a0.data();
-    const float *__restrict a1p = a1.data();
-    for (int64_t i0 = 0; i0 < 512; ++i0) {
-      const float s0 = a0p[i0];
-      const float s1 = a1p[i0];
-      const float s2 = (s0 + s1);
-      const float s3 = s2 * s2;
-      a2p[i0] = s2;
-      a3p[i0] = s3;
-    }
-  }
+  loop48(a2.data(), a3.data(), a0.data(), a1.data());
 
   // t5.mesh:40:20 mean
   MESHRT_TRACE("mean", "t5.mesh:40:20", "forward");
-  static const support::Shape shape1_1 = {2, 8};
-  static const support::Shape shape1_3 = {256, 32};
-  static const support::Shape shape1_4 = {32};
-  static const support::Shape shape1_5 = {1};
-  support::reduce(a4.data(), shape1_1, a3.data(), shape1_3, shape1_4, shape1_5,
-                  support::Reduce::Sum, 0.03125);
+  support::reduce(a4.data(), kShape9, a3.data(), kShape15, kShape4, kShape1, support::Reduce::Sum,
+                  0.03125);
 
   // t5.mesh:40:45 add
   // t5.mesh:40:14 rsqrt
   MESHRT_TRACE("loop", "t5.mesh:40:45", "forward");
-  {
-    float *__restrict a5p = a5.data();
-    const float *__restrict a4p = a4.data();
-    for (int64_t i0 = 0; i0 < 16; ++i0) {
-      const float s0 = a4p[i0];
-      const float s1 = 1e-06f;
-      const float s2 = (s0 + s1);
-      const float s3 = 1.0f / support::fsqrt(s2);
-      a5p[i0] = s3;
-    }
-  }
+  loop44(a5.data(), a4.data());
 
   // t5.mesh:40:12 mul
   // t5.mesh:40:53 mul
   MESHRT_TRACE("loop", "t5.mesh:40:12", "forward");
-  {
-    float *__restrict a7p = a7.data();
-    const float *__restrict a2p = a2.data();
-    const float *__restrict a5p = a5.data();
-    const float *__restrict a6p = a6.data();
-    for (int64_t i0 = 0; i0 < 16; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = a2p[i0 * 32 + i1];
-        const float s1 = a5p[i0];
-        const float s2 = (s0 * s1);
-        const float s3 = a6p[i1];
-        const float s4 = (s2 * s3);
-        a7p[i0 * 32 + i1] = s4;
-      }
-    }
-  }
+  loop49(a7.data(), a2.data(), a5.data(), a6.data());
 
   // t5.mesh:80:17 einsum -> queries
   MESHRT_TRACE("gemm", "t5.mesh:80:17", "forward");
   // dims: batch, targets, d_model, heads, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan4(
-      {{2, 8, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan4.run(a7.data(), a8.data(), a9.data(), 1.0f, 0.0f);
+  kEinsum1.plan().run(a7.data(), a8.data(), a9.data(), 1.0f, 0.0f);
 
   // t5.mesh:81:21 einsum
   MESHRT_TRACE("gemm", "t5.mesh:81:21", "forward");
   // dims: batch, inputs, d_model, heads, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan5(
-      {{2, 16, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan5.run(a10.data(), a11.data(), a12.data(), 1.0f, 0.0f);
+  kEinsum2.plan().run(a10.data(), a11.data(), a12.data(), 1.0f, 0.0f);
 
   // t5.mesh:82:23 einsum
   MESHRT_TRACE("gemm", "t5.mesh:82:23", "forward");
   // dims: batch, inputs, d_model, heads, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan6(
-      {{2, 16, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan6.run(a10.data(), a13.data(), a14.data(), 1.0f, 0.0f);
+  kEinsum2.plan().run(a10.data(), a13.data(), a14.data(), 1.0f, 0.0f);
 
   // t5.mesh:83:16 einsum
   MESHRT_TRACE("gemm", "t5.mesh:83:16", "forward");
   // dims: batch, targets, heads, d_kv, inputs
-  static const meshrt::kernels::EinsumPlan einsumPlan7(
-      {{2, 8, 2, 8, 16}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
-  einsumPlan7.run(a9.data(), a12.data(), a15.data(), 1.0f, 0.0f);
+  kEinsum3.plan().run(a9.data(), a12.data(), a15.data(), 1.0f, 0.0f);
 
   // t5.mesh:83:60 add -> logits
   MESHRT_TRACE("loop", "t5.mesh:83:60", "forward");
-  {
-    float *__restrict a17p = a17.data();
-    const float *__restrict a15p = a15.data();
-    const float *__restrict a16p = a16.data();
-    for (int64_t i0 = 0; i0 < 2; ++i0) {
-      for (int64_t i1 = 0; i1 < 256; ++i1) {
-        const float s0 = a15p[i0 * 256 + i1];
-        const float s1 = a16p[i1];
-        const float s2 = (s0 + s1);
-        a17p[i0 * 256 + i1] = s2;
-      }
-    }
-  }
+  loop50(a17.data(), a15.data(), a16.data());
 
   // t5.mesh:84:17 softmax -> weights
   MESHRT_TRACE("softmax", "t5.mesh:84:17", "forward");
-  static const support::Shape shape9_2 = {2, 2, 8};
-  static const support::Shape shape9_3 = {256, 128, 16};
-  static const support::Shape shape9_4 = {256, 128, 16};
-  static const support::Shape shape9_5 = {16};
-  static const support::Shape shape9_6 = {1};
-  static const support::Shape shape9_7 = {1};
-  support::along(a18.data(), a17.data(), shape9_2, shape9_3, shape9_4, shape9_5, shape9_6, shape9_7,
+  support::along(a18.data(), a17.data(), kShape16, kShape17, kShape17, kShape0, kShape1, kShape1,
                  support::Along::Softmax, 1e-05, 16, nullptr);
 
   // t5.mesh:85:10 einsum
   MESHRT_TRACE("gemm", "t5.mesh:85:10", "forward");
   // dims: batch, heads, targets, inputs, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan10(
-      {{2, 2, 8, 16, 8}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 1, 2, 4}, {}}});
-  einsumPlan10.run(a18.data(), a14.data(), a19.data(), 1.0f, 0.0f);
+  kEinsum4.plan().run(a18.data(), a14.data(), a19.data(), 1.0f, 0.0f);
 
   // t5.mesh:85:10 einsum
   MESHRT_TRACE("gemm", "t5.mesh:85:10", "forward");
   // dims: heads, d_kv, d_model, batch, targets
-  static const meshrt::kernels::EinsumPlan einsumPlan11(
-      {{2, 8, 32, 2, 8}, {{{0, 1, 2}, {}}, {{3, 0, 4, 1}, {}}}, {{3, 4, 2}, {}}});
-  einsumPlan11.run(a20.data(), a19.data(), a21.data(), 1.0f, 0.0f);
+  kEinsum5.plan().run(a20.data(), a19.data(), a21.data(), 1.0f, 0.0f);
 
   // t5.mesh:122:11 all_reduce_sum (resolve the partial sum of %210 over model for add at 122:11)
   MESHRT_TRACE_SITE("t5.mesh:122:11");
@@ -1642,90 +2407,36 @@ void Translate::repeated0(
   // t5.mesh:122:11 add -> x
   // t5.mesh:40:25 square
   MESHRT_TRACE("loop", "t5.mesh:122:11", "forward");
-  {
-    float *__restrict a22p = a22.data();
-    float *__restrict a23p = a23.data();
-    const float *__restrict a2p = a2.data();
-    const float *__restrict a21p = a21.data();
-    for (int64_t i0 = 0; i0 < 512; ++i0) {
-      const float s0 = a2p[i0];
-      const float s1 = a21p[i0];
-      const float s2 = (s0 + s1);
-      const float s3 = s2 * s2;
-      a22p[i0] = s2;
-      a23p[i0] = s3;
-    }
-  }
+  loop48(a22.data(), a23.data(), a2.data(), a21.data());
 
   // t5.mesh:40:20 mean
   MESHRT_TRACE("mean", "t5.mesh:40:20", "forward");
-  static const support::Shape shape14_1 = {2, 8};
-  static const support::Shape shape14_3 = {256, 32};
-  static const support::Shape shape14_4 = {32};
-  static const support::Shape shape14_5 = {1};
-  support::reduce(a24.data(), shape14_1, a23.data(), shape14_3, shape14_4, shape14_5,
-                  support::Reduce::Sum, 0.03125);
+  support::reduce(a24.data(), kShape9, a23.data(), kShape15, kShape4, kShape1, support::Reduce::Sum,
+                  0.03125);
 
   // t5.mesh:40:45 add
   // t5.mesh:40:14 rsqrt
   MESHRT_TRACE("loop", "t5.mesh:40:45", "forward");
-  {
-    float *__restrict a25p = a25.data();
-    const float *__restrict a24p = a24.data();
-    for (int64_t i0 = 0; i0 < 16; ++i0) {
-      const float s0 = a24p[i0];
-      const float s1 = 1e-06f;
-      const float s2 = (s0 + s1);
-      const float s3 = 1.0f / support::fsqrt(s2);
-      a25p[i0] = s3;
-    }
-  }
+  loop44(a25.data(), a24.data());
 
   // t5.mesh:40:12 mul
   // t5.mesh:40:53 mul
   MESHRT_TRACE("loop", "t5.mesh:40:12", "forward");
-  {
-    float *__restrict a27p = a27.data();
-    const float *__restrict a22p = a22.data();
-    const float *__restrict a25p = a25.data();
-    const float *__restrict a26p = a26.data();
-    for (int64_t i0 = 0; i0 < 16; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = a22p[i0 * 32 + i1];
-        const float s1 = a25p[i0];
-        const float s2 = (s0 * s1);
-        const float s3 = a26p[i1];
-        const float s4 = (s2 * s3);
-        a27p[i0 * 32 + i1] = s4;
-      }
-    }
-  }
+  loop49(a27.data(), a22.data(), a25.data(), a26.data());
 
   // t5.mesh:91:22 einsum
   MESHRT_TRACE("gemm", "t5.mesh:91:22", "forward");
   // dims: batch, targets, d_model, d_ff
-  static const meshrt::kernels::EinsumPlan einsumPlan17(
-      {{2, 8, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan17.run(a27.data(), a28.data(), a29.data(), 1.0f, 0.0f);
+  kEinsum0.plan().run(a27.data(), a28.data(), a29.data(), 1.0f, 0.0f);
 
   // t5.mesh:91:17 relu
   MESHRT_TRACE("loop", "t5.mesh:91:17", "forward");
-  {
-    float *__restrict a30p = a30.data();
-    const float *__restrict a29p = a29.data();
-    for (int64_t i0 = 0; i0 < 512; ++i0) {
-      const float s0 = a29p[i0];
-      const float s1 = (s0 > 0 ? s0 : 0.0f);
-      a30p[i0] = s1;
-    }
-  }
+  loop51(a30.data(), a29.data());
 
   // t5.mesh:91:10 einsum
   MESHRT_TRACE("gemm", "t5.mesh:91:10", "forward");
   // dims: batch, targets, d_ff, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan19(
-      {{2, 8, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan19.run(a30.data(), a31.data(), a32.data(), 1.0f, 0.0f);
+  kEinsum0.plan().run(a30.data(), a31.data(), a32.data(), 1.0f, 0.0f);
 
   // t5.mesh:123:11 all_reduce_sum (resolve the partial sum of %224 over model for add at 123:11)
   MESHRT_TRACE_SITE("t5.mesh:123:11");
@@ -1734,44 +2445,17 @@ void Translate::repeated0(
   // t5.mesh:123:11 add -> x
   // t5.mesh:40:25 square
   MESHRT_TRACE("loop", "t5.mesh:123:11", "forward");
-  {
-    float *__restrict a33p = a33.data();
-    float *__restrict a34p = a34.data();
-    const float *__restrict a22p = a22.data();
-    const float *__restrict a32p = a32.data();
-    for (int64_t i0 = 0; i0 < 512; ++i0) {
-      const float s0 = a22p[i0];
-      const float s1 = a32p[i0];
-      const float s2 = (s0 + s1);
-      const float s3 = s2 * s2;
-      a33p[i0] = s2;
-      a34p[i0] = s3;
-    }
-  }
+  loop48(a33.data(), a34.data(), a22.data(), a32.data());
 
   // t5.mesh:40:20 mean
   MESHRT_TRACE("mean", "t5.mesh:40:20", "forward");
-  static const support::Shape shape22_1 = {2, 8};
-  static const support::Shape shape22_3 = {256, 32};
-  static const support::Shape shape22_4 = {32};
-  static const support::Shape shape22_5 = {1};
-  support::reduce(a35.data(), shape22_1, a34.data(), shape22_3, shape22_4, shape22_5,
-                  support::Reduce::Sum, 0.03125);
+  support::reduce(a35.data(), kShape9, a34.data(), kShape15, kShape4, kShape1, support::Reduce::Sum,
+                  0.03125);
 
   // t5.mesh:40:45 add
   // t5.mesh:40:14 rsqrt
   MESHRT_TRACE("loop", "t5.mesh:40:45", "forward");
-  {
-    float *__restrict a36p = a36.data();
-    const float *__restrict a35p = a35.data();
-    for (int64_t i0 = 0; i0 < 16; ++i0) {
-      const float s0 = a35p[i0];
-      const float s1 = 1e-06f;
-      const float s2 = (s0 + s1);
-      const float s3 = 1.0f / support::fsqrt(s2);
-      a36p[i0] = s3;
-    }
-  }
+  loop44(a36.data(), a35.data());
 }
 
 void Translate::repeated1(support::ConstView a0, support::ConstView a1, support::View a2,
@@ -1786,90 +2470,36 @@ void Translate::repeated1(support::ConstView a0, support::ConstView a1, support:
   // t5.mesh:104:11 add -> x
   // t5.mesh:40:25 square
   MESHRT_TRACE("loop", "t5.mesh:104:11", "forward");
-  {
-    float *__restrict a2p = a2.data();
-    float *__restrict a3p = a3.data();
-    const float *__restrict a0p = a0.data();
-    const float *__restrict a1p = a1.data();
-    for (int64_t i0 = 0; i0 < 1024; ++i0) {
-      const float s0 = a0p[i0];
-      const float s1 = a1p[i0];
-      const float s2 = (s0 + s1);
-      const float s3 = s2 * s2;
-      a2p[i0] = s2;
-      a3p[i0] = s3;
-    }
-  }
+  loop52(a2.data(), a3.data(), a0.data(), a1.data());
 
   // t5.mesh:40:20 mean
   MESHRT_TRACE("mean", "t5.mesh:40:20", "forward");
-  static const support::Shape shape1_1 = {2, 16};
-  static const support::Shape shape1_3 = {512, 32};
-  static const support::Shape shape1_4 = {32};
-  static const support::Shape shape1_5 = {1};
-  support::reduce(a4.data(), shape1_1, a3.data(), shape1_3, shape1_4, shape1_5,
-                  support::Reduce::Sum, 0.03125);
+  support::reduce(a4.data(), kShape12, a3.data(), kShape13, kShape4, kShape1, support::Reduce::Sum,
+                  0.03125);
 
   // t5.mesh:40:45 add
   // t5.mesh:40:14 rsqrt
   MESHRT_TRACE("loop", "t5.mesh:40:45", "forward");
-  {
-    float *__restrict a5p = a5.data();
-    const float *__restrict a4p = a4.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = a4p[i0];
-      const float s1 = 1e-06f;
-      const float s2 = (s0 + s1);
-      const float s3 = 1.0f / support::fsqrt(s2);
-      a5p[i0] = s3;
-    }
-  }
+  loop40(a5.data(), a4.data());
 
   // t5.mesh:40:12 mul
   // t5.mesh:40:53 mul
   MESHRT_TRACE("loop", "t5.mesh:40:12", "forward");
-  {
-    float *__restrict a7p = a7.data();
-    const float *__restrict a2p = a2.data();
-    const float *__restrict a5p = a5.data();
-    const float *__restrict a6p = a6.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = a2p[i0 * 32 + i1];
-        const float s1 = a5p[i0];
-        const float s2 = (s0 * s1);
-        const float s3 = a6p[i1];
-        const float s4 = (s2 * s3);
-        a7p[i0 * 32 + i1] = s4;
-      }
-    }
-  }
+  loop41(a7.data(), a2.data(), a5.data(), a6.data());
 
   // t5.mesh:91:22 einsum
   MESHRT_TRACE("gemm", "t5.mesh:91:22", "forward");
   // dims: batch, inputs, d_model, d_ff
-  static const meshrt::kernels::EinsumPlan einsumPlan4(
-      {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan4.run(a7.data(), a8.data(), a9.data(), 1.0f, 0.0f);
+  kEinsum6.plan().run(a7.data(), a8.data(), a9.data(), 1.0f, 0.0f);
 
   // t5.mesh:91:17 relu
   MESHRT_TRACE("loop", "t5.mesh:91:17", "forward");
-  {
-    float *__restrict a10p = a10.data();
-    const float *__restrict a9p = a9.data();
-    for (int64_t i0 = 0; i0 < 1024; ++i0) {
-      const float s0 = a9p[i0];
-      const float s1 = (s0 > 0 ? s0 : 0.0f);
-      a10p[i0] = s1;
-    }
-  }
+  loop53(a10.data(), a9.data());
 
   // t5.mesh:91:10 einsum
   MESHRT_TRACE("gemm", "t5.mesh:91:10", "forward");
   // dims: batch, inputs, d_ff, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan6(
-      {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan6.run(a10.data(), a11.data(), a12.data(), 1.0f, 0.0f);
+  kEinsum6.plan().run(a10.data(), a11.data(), a12.data(), 1.0f, 0.0f);
 
   // t5.mesh:105:11 all_reduce_sum (resolve the partial sum of %72 over model for add at 105:11)
   MESHRT_TRACE_SITE("t5.mesh:105:11");
@@ -1878,64 +2508,22 @@ void Translate::repeated1(support::ConstView a0, support::ConstView a1, support:
   // t5.mesh:105:11 add -> x
   // t5.mesh:40:25 square
   MESHRT_TRACE("loop", "t5.mesh:105:11", "forward");
-  {
-    float *__restrict a13p = a13.data();
-    float *__restrict a14p = a14.data();
-    const float *__restrict a2p = a2.data();
-    const float *__restrict a12p = a12.data();
-    for (int64_t i0 = 0; i0 < 1024; ++i0) {
-      const float s0 = a2p[i0];
-      const float s1 = a12p[i0];
-      const float s2 = (s0 + s1);
-      const float s3 = s2 * s2;
-      a13p[i0] = s2;
-      a14p[i0] = s3;
-    }
-  }
+  loop52(a13.data(), a14.data(), a2.data(), a12.data());
 
   // t5.mesh:40:20 mean
   MESHRT_TRACE("mean", "t5.mesh:40:20", "forward");
-  static const support::Shape shape9_1 = {2, 16};
-  static const support::Shape shape9_3 = {512, 32};
-  static const support::Shape shape9_4 = {32};
-  static const support::Shape shape9_5 = {1};
-  support::reduce(a15.data(), shape9_1, a14.data(), shape9_3, shape9_4, shape9_5,
+  support::reduce(a15.data(), kShape12, a14.data(), kShape13, kShape4, kShape1,
                   support::Reduce::Sum, 0.03125);
 
   // t5.mesh:40:45 add
   // t5.mesh:40:14 rsqrt
   MESHRT_TRACE("loop", "t5.mesh:40:45", "forward");
-  {
-    float *__restrict a16p = a16.data();
-    const float *__restrict a15p = a15.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = a15p[i0];
-      const float s1 = 1e-06f;
-      const float s2 = (s0 + s1);
-      const float s3 = 1.0f / support::fsqrt(s2);
-      a16p[i0] = s3;
-    }
-  }
+  loop40(a16.data(), a15.data());
 
   // t5.mesh:40:12 mul
   // t5.mesh:40:53 mul -> n
   MESHRT_TRACE("loop", "t5.mesh:40:12", "forward");
-  {
-    float *__restrict a18p = a18.data();
-    const float *__restrict a13p = a13.data();
-    const float *__restrict a16p = a16.data();
-    const float *__restrict a17p = a17.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = a13p[i0 * 32 + i1];
-        const float s1 = a16p[i0];
-        const float s2 = (s0 * s1);
-        const float s3 = a17p[i1];
-        const float s4 = (s2 * s3);
-        a18p[i0 * 32 + i1] = s4;
-      }
-    }
-  }
+  loop41(a18.data(), a13.data(), a16.data(), a17.data());
 }
 
 void Translate::repeated2(support::ConstView a0, support::ConstView a1, support::ConstView a2,
@@ -1949,91 +2537,46 @@ void Translate::repeated2(support::ConstView a0, support::ConstView a1, support:
   // t5.mesh:40:12 mul
   // t5.mesh:40:53 mul -> n
   MESHRT_TRACE("loop", "t5.mesh:40:12", "forward");
-  {
-    float *__restrict a3p = a3.data();
-    const float *__restrict a0p = a0.data();
-    const float *__restrict a1p = a1.data();
-    const float *__restrict a2p = a2.data();
-    for (int64_t i0 = 0; i0 < 16; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = a0p[i0 * 32 + i1];
-        const float s1 = a1p[i0];
-        const float s2 = (s0 * s1);
-        const float s3 = a2p[i1];
-        const float s4 = (s2 * s3);
-        a3p[i0 * 32 + i1] = s4;
-      }
-    }
-  }
+  loop49(a3.data(), a0.data(), a1.data(), a2.data());
 
   // t5.mesh:80:17 einsum -> queries
   MESHRT_TRACE("gemm", "t5.mesh:80:17", "forward");
   // dims: batch, targets, d_model, heads, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan1(
-      {{2, 8, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan1.run(a3.data(), a4.data(), a5.data(), 1.0f, 0.0f);
+  kEinsum1.plan().run(a3.data(), a4.data(), a5.data(), 1.0f, 0.0f);
 
   // t5.mesh:81:21 einsum
   MESHRT_TRACE("gemm", "t5.mesh:81:21", "forward");
   // dims: batch, targets, d_model, heads, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan2(
-      {{2, 8, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan2.run(a3.data(), a6.data(), a7.data(), 1.0f, 0.0f);
+  kEinsum1.plan().run(a3.data(), a6.data(), a7.data(), 1.0f, 0.0f);
 
   // t5.mesh:82:23 einsum
   MESHRT_TRACE("gemm", "t5.mesh:82:23", "forward");
   // dims: batch, targets, d_model, heads, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan3(
-      {{2, 8, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan3.run(a3.data(), a8.data(), a9.data(), 1.0f, 0.0f);
+  kEinsum1.plan().run(a3.data(), a8.data(), a9.data(), 1.0f, 0.0f);
 
   // t5.mesh:83:16 einsum
   MESHRT_TRACE("gemm", "t5.mesh:83:16", "forward");
   // dims: batch, targets, heads, d_kv, targets_keys
-  static const meshrt::kernels::EinsumPlan einsumPlan4(
-      {{2, 8, 2, 8, 8}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
-  einsumPlan4.run(a5.data(), a7.data(), a10.data(), 1.0f, 0.0f);
+  kEinsum7.plan().run(a5.data(), a7.data(), a10.data(), 1.0f, 0.0f);
 
   // t5.mesh:83:60 add -> logits
   MESHRT_TRACE("loop", "t5.mesh:83:60", "forward");
-  {
-    float *__restrict a12p = a12.data();
-    const float *__restrict a10p = a10.data();
-    const float *__restrict a11p = a11.data();
-    for (int64_t i0 = 0; i0 < 2; ++i0) {
-      for (int64_t i1 = 0; i1 < 128; ++i1) {
-        const float s0 = a10p[i0 * 128 + i1];
-        const float s1 = a11p[i1];
-        const float s2 = (s0 + s1);
-        a12p[i0 * 128 + i1] = s2;
-      }
-    }
-  }
+  loop54(a12.data(), a10.data(), a11.data());
 
   // t5.mesh:84:17 softmax -> weights
   MESHRT_TRACE("softmax", "t5.mesh:84:17", "forward");
-  static const support::Shape shape6_2 = {2, 2, 8};
-  static const support::Shape shape6_3 = {128, 64, 8};
-  static const support::Shape shape6_4 = {128, 64, 8};
-  static const support::Shape shape6_5 = {8};
-  static const support::Shape shape6_6 = {1};
-  static const support::Shape shape6_7 = {1};
-  support::along(a13.data(), a12.data(), shape6_2, shape6_3, shape6_4, shape6_5, shape6_6, shape6_7,
+  support::along(a13.data(), a12.data(), kShape16, kShape18, kShape18, kShape2, kShape1, kShape1,
                  support::Along::Softmax, 1e-05, 8, nullptr);
 
   // t5.mesh:85:10 einsum
   MESHRT_TRACE("gemm", "t5.mesh:85:10", "forward");
   // dims: batch, heads, targets, targets_keys, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan7(
-      {{2, 2, 8, 8, 8}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 1, 2, 4}, {}}});
-  einsumPlan7.run(a13.data(), a9.data(), a14.data(), 1.0f, 0.0f);
+  kEinsum8.plan().run(a13.data(), a9.data(), a14.data(), 1.0f, 0.0f);
 
   // t5.mesh:85:10 einsum
   MESHRT_TRACE("gemm", "t5.mesh:85:10", "forward");
   // dims: heads, d_kv, d_model, batch, targets
-  static const meshrt::kernels::EinsumPlan einsumPlan8(
-      {{2, 8, 32, 2, 8}, {{{0, 1, 2}, {}}, {{3, 0, 4, 1}, {}}}, {{3, 4, 2}, {}}});
-  einsumPlan8.run(a15.data(), a14.data(), a16.data(), 1.0f, 0.0f);
+  kEinsum5.plan().run(a15.data(), a14.data(), a16.data(), 1.0f, 0.0f);
 }
 
 void Translate::repeated3(support::ConstView a0, support::ConstView a1, support::View a2,
@@ -2046,71 +2589,41 @@ void Translate::repeated3(support::ConstView a0, support::ConstView a1, support:
   // t5.mesh:80:17 einsum -> queries
   MESHRT_TRACE("gemm", "t5.mesh:80:17", "forward");
   // dims: batch, inputs, d_model, heads, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan0(
-      {{2, 16, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan0.run(a0.data(), a1.data(), a2.data(), 1.0f, 0.0f);
+  kEinsum2.plan().run(a0.data(), a1.data(), a2.data(), 1.0f, 0.0f);
 
   // t5.mesh:81:21 einsum
   MESHRT_TRACE("gemm", "t5.mesh:81:21", "forward");
   // dims: batch, inputs, d_model, heads, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan1(
-      {{2, 16, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan1.run(a0.data(), a3.data(), a4.data(), 1.0f, 0.0f);
+  kEinsum2.plan().run(a0.data(), a3.data(), a4.data(), 1.0f, 0.0f);
 
   // t5.mesh:82:23 einsum
   MESHRT_TRACE("gemm", "t5.mesh:82:23", "forward");
   // dims: batch, inputs, d_model, heads, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan2(
-      {{2, 16, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan2.run(a0.data(), a5.data(), a6.data(), 1.0f, 0.0f);
+  kEinsum2.plan().run(a0.data(), a5.data(), a6.data(), 1.0f, 0.0f);
 
   // t5.mesh:83:16 einsum
   MESHRT_TRACE("gemm", "t5.mesh:83:16", "forward");
   // dims: batch, inputs, heads, d_kv, inputs_keys
-  static const meshrt::kernels::EinsumPlan einsumPlan3(
-      {{2, 16, 2, 8, 16}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
-  einsumPlan3.run(a2.data(), a4.data(), a7.data(), 1.0f, 0.0f);
+  kEinsum9.plan().run(a2.data(), a4.data(), a7.data(), 1.0f, 0.0f);
 
   // t5.mesh:83:60 add -> logits
   MESHRT_TRACE("loop", "t5.mesh:83:60", "forward");
-  {
-    float *__restrict a9p = a9.data();
-    const float *__restrict a7p = a7.data();
-    const float *__restrict a8p = a8.data();
-    for (int64_t i0 = 0; i0 < 2; ++i0) {
-      for (int64_t i1 = 0; i1 < 512; ++i1) {
-        const float s0 = a7p[i0 * 512 + i1];
-        const float s1 = a8p[i1];
-        const float s2 = (s0 + s1);
-        a9p[i0 * 512 + i1] = s2;
-      }
-    }
-  }
+  loop55(a9.data(), a7.data(), a8.data());
 
   // t5.mesh:84:17 softmax -> weights
   MESHRT_TRACE("softmax", "t5.mesh:84:17", "forward");
-  static const support::Shape shape5_2 = {2, 2, 16};
-  static const support::Shape shape5_3 = {512, 256, 16};
-  static const support::Shape shape5_4 = {512, 256, 16};
-  static const support::Shape shape5_5 = {16};
-  static const support::Shape shape5_6 = {1};
-  static const support::Shape shape5_7 = {1};
-  support::along(a10.data(), a9.data(), shape5_2, shape5_3, shape5_4, shape5_5, shape5_6, shape5_7,
+  support::along(a10.data(), a9.data(), kShape19, kShape20, kShape20, kShape0, kShape1, kShape1,
                  support::Along::Softmax, 1e-05, 16, nullptr);
 
   // t5.mesh:85:10 einsum
   MESHRT_TRACE("gemm", "t5.mesh:85:10", "forward");
   // dims: batch, heads, inputs, inputs_keys, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan6(
-      {{2, 2, 16, 16, 8}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 1, 2, 4}, {}}});
-  einsumPlan6.run(a10.data(), a6.data(), a11.data(), 1.0f, 0.0f);
+  kEinsum10.plan().run(a10.data(), a6.data(), a11.data(), 1.0f, 0.0f);
 
   // t5.mesh:85:10 einsum
   MESHRT_TRACE("gemm", "t5.mesh:85:10", "forward");
   // dims: heads, d_kv, d_model, batch, inputs
-  static const meshrt::kernels::EinsumPlan einsumPlan7(
-      {{2, 8, 32, 2, 16}, {{{0, 1, 2}, {}}, {{3, 0, 4, 1}, {}}}, {{3, 4, 2}, {}}});
-  einsumPlan7.run(a12.data(), a11.data(), a13.data(), 1.0f, 0.0f);
+  kEinsum11.plan().run(a12.data(), a11.data(), a13.data(), 1.0f, 0.0f);
 }
 
 Translate::Inputs Translate::synthesizeInputs(uint64_t seed) const {
@@ -2178,30 +2691,32 @@ support::Tensor Translate::gatherOutput(meshrt::Communicator &world, const std::
 }
 
 std::vector<std::string> Translate::paramNames() {
-  return {"encoder/relative_bias/table",    "shared/embedding",
-          "encoder/rms_norm[0]/scale",      "encoder/attention[0]/q",
-          "encoder/attention[0]/k",         "encoder/attention[0]/v",
-          "encoder/attention[0]/o",         "encoder/rms_norm#1[0]/scale",
-          "encoder/dense_relu_dense[0]/wi", "encoder/dense_relu_dense[0]/wo",
-          "encoder/rms_norm[1]/scale",      "encoder/attention[1]/q",
-          "encoder/attention[1]/k",         "encoder/attention[1]/v",
-          "encoder/attention[1]/o",         "encoder/rms_norm#1[1]/scale",
-          "encoder/dense_relu_dense[1]/wi", "encoder/dense_relu_dense[1]/wo",
-          "encoder/rms_norm/scale",         "decoder/relative_bias/table",
-          "decoder/rms_norm[0]/scale",      "decoder/attention[0]/q",
-          "decoder/attention[0]/k",         "decoder/attention[0]/v",
-          "decoder/attention[0]/o",         "decoder/rms_norm#1[0]/scale",
-          "decoder/attention#1[0]/q",       "decoder/attention#1[0]/k",
-          "decoder/attention#1[0]/v",       "decoder/attention#1[0]/o",
-          "decoder/rms_norm#2[0]/scale",    "decoder/dense_relu_dense[0]/wi",
-          "decoder/dense_relu_dense[0]/wo", "decoder/rms_norm[1]/scale",
-          "decoder/attention[1]/q",         "decoder/attention[1]/k",
-          "decoder/attention[1]/v",         "decoder/attention[1]/o",
-          "decoder/rms_norm#1[1]/scale",    "decoder/attention#1[1]/q",
-          "decoder/attention#1[1]/k",       "decoder/attention#1[1]/v",
-          "decoder/attention#1[1]/o",       "decoder/rms_norm#2[1]/scale",
-          "decoder/dense_relu_dense[1]/wi", "decoder/dense_relu_dense[1]/wo",
-          "decoder/rms_norm/scale"};
+  static constexpr const char *names[] = {
+      "encoder/relative_bias/table",    "shared/embedding",
+      "encoder/rms_norm[0]/scale",      "encoder/attention[0]/q",
+      "encoder/attention[0]/k",         "encoder/attention[0]/v",
+      "encoder/attention[0]/o",         "encoder/rms_norm#1[0]/scale",
+      "encoder/dense_relu_dense[0]/wi", "encoder/dense_relu_dense[0]/wo",
+      "encoder/rms_norm[1]/scale",      "encoder/attention[1]/q",
+      "encoder/attention[1]/k",         "encoder/attention[1]/v",
+      "encoder/attention[1]/o",         "encoder/rms_norm#1[1]/scale",
+      "encoder/dense_relu_dense[1]/wi", "encoder/dense_relu_dense[1]/wo",
+      "encoder/rms_norm/scale",         "decoder/relative_bias/table",
+      "decoder/rms_norm[0]/scale",      "decoder/attention[0]/q",
+      "decoder/attention[0]/k",         "decoder/attention[0]/v",
+      "decoder/attention[0]/o",         "decoder/rms_norm#1[0]/scale",
+      "decoder/attention#1[0]/q",       "decoder/attention#1[0]/k",
+      "decoder/attention#1[0]/v",       "decoder/attention#1[0]/o",
+      "decoder/rms_norm#2[0]/scale",    "decoder/dense_relu_dense[0]/wi",
+      "decoder/dense_relu_dense[0]/wo", "decoder/rms_norm[1]/scale",
+      "decoder/attention[1]/q",         "decoder/attention[1]/k",
+      "decoder/attention[1]/v",         "decoder/attention[1]/o",
+      "decoder/rms_norm#1[1]/scale",    "decoder/attention#1[1]/q",
+      "decoder/attention#1[1]/k",       "decoder/attention#1[1]/v",
+      "decoder/attention#1[1]/o",       "decoder/rms_norm#2[1]/scale",
+      "decoder/dense_relu_dense[1]/wi", "decoder/dense_relu_dense[1]/wo",
+      "decoder/rms_norm/scale"};
+  return {std::begin(names), std::end(names)};
 }
 
 bool Translate::isOptimizerState(const std::string &path) {
@@ -2210,54 +2725,6 @@ bool Translate::isOptimizerState(const std::string &path) {
 }
 
 std::vector<support::ParamShard> Translate::paramShards() {
-  static constexpr support::ParamSpec specs[] = {
-      {"encoder/relative_bias/table", false, "f32", "buckets:8:8: heads:4:2:model"},
-      {"shared/embedding", false, "f32", "vocab:64:32:model d_model:32:32:"},
-      {"encoder/rms_norm[0]/scale", false, "f32", "d_model:32:32:"},
-      {"encoder/attention[0]/q", false, "f32", "d_model:32:32: heads:4:2:model d_kv:8:8:"},
-      {"encoder/attention[0]/k", false, "f32", "d_model:32:32: heads:4:2:model d_kv:8:8:"},
-      {"encoder/attention[0]/v", false, "f32", "d_model:32:32: heads:4:2:model d_kv:8:8:"},
-      {"encoder/attention[0]/o", false, "f32", "heads:4:2:model d_kv:8:8: d_model:32:32:"},
-      {"encoder/rms_norm#1[0]/scale", false, "f32", "d_model:32:32:"},
-      {"encoder/dense_relu_dense[0]/wi", false, "f32", "d_model:32:32: d_ff:64:32:model"},
-      {"encoder/dense_relu_dense[0]/wo", false, "f32", "d_ff:64:32:model d_model:32:32:"},
-      {"encoder/rms_norm[1]/scale", false, "f32", "d_model:32:32:"},
-      {"encoder/attention[1]/q", false, "f32", "d_model:32:32: heads:4:2:model d_kv:8:8:"},
-      {"encoder/attention[1]/k", false, "f32", "d_model:32:32: heads:4:2:model d_kv:8:8:"},
-      {"encoder/attention[1]/v", false, "f32", "d_model:32:32: heads:4:2:model d_kv:8:8:"},
-      {"encoder/attention[1]/o", false, "f32", "heads:4:2:model d_kv:8:8: d_model:32:32:"},
-      {"encoder/rms_norm#1[1]/scale", false, "f32", "d_model:32:32:"},
-      {"encoder/dense_relu_dense[1]/wi", false, "f32", "d_model:32:32: d_ff:64:32:model"},
-      {"encoder/dense_relu_dense[1]/wo", false, "f32", "d_ff:64:32:model d_model:32:32:"},
-      {"encoder/rms_norm/scale", false, "f32", "d_model:32:32:"},
-      {"decoder/relative_bias/table", false, "f32", "buckets:8:8: heads:4:2:model"},
-      {"decoder/rms_norm[0]/scale", false, "f32", "d_model:32:32:"},
-      {"decoder/attention[0]/q", false, "f32", "d_model:32:32: heads:4:2:model d_kv:8:8:"},
-      {"decoder/attention[0]/k", false, "f32", "d_model:32:32: heads:4:2:model d_kv:8:8:"},
-      {"decoder/attention[0]/v", false, "f32", "d_model:32:32: heads:4:2:model d_kv:8:8:"},
-      {"decoder/attention[0]/o", false, "f32", "heads:4:2:model d_kv:8:8: d_model:32:32:"},
-      {"decoder/rms_norm#1[0]/scale", false, "f32", "d_model:32:32:"},
-      {"decoder/attention#1[0]/q", false, "f32", "d_model:32:32: heads:4:2:model d_kv:8:8:"},
-      {"decoder/attention#1[0]/k", false, "f32", "d_model:32:32: heads:4:2:model d_kv:8:8:"},
-      {"decoder/attention#1[0]/v", false, "f32", "d_model:32:32: heads:4:2:model d_kv:8:8:"},
-      {"decoder/attention#1[0]/o", false, "f32", "heads:4:2:model d_kv:8:8: d_model:32:32:"},
-      {"decoder/rms_norm#2[0]/scale", false, "f32", "d_model:32:32:"},
-      {"decoder/dense_relu_dense[0]/wi", false, "f32", "d_model:32:32: d_ff:64:32:model"},
-      {"decoder/dense_relu_dense[0]/wo", false, "f32", "d_ff:64:32:model d_model:32:32:"},
-      {"decoder/rms_norm[1]/scale", false, "f32", "d_model:32:32:"},
-      {"decoder/attention[1]/q", false, "f32", "d_model:32:32: heads:4:2:model d_kv:8:8:"},
-      {"decoder/attention[1]/k", false, "f32", "d_model:32:32: heads:4:2:model d_kv:8:8:"},
-      {"decoder/attention[1]/v", false, "f32", "d_model:32:32: heads:4:2:model d_kv:8:8:"},
-      {"decoder/attention[1]/o", false, "f32", "heads:4:2:model d_kv:8:8: d_model:32:32:"},
-      {"decoder/rms_norm#1[1]/scale", false, "f32", "d_model:32:32:"},
-      {"decoder/attention#1[1]/q", false, "f32", "d_model:32:32: heads:4:2:model d_kv:8:8:"},
-      {"decoder/attention#1[1]/k", false, "f32", "d_model:32:32: heads:4:2:model d_kv:8:8:"},
-      {"decoder/attention#1[1]/v", false, "f32", "d_model:32:32: heads:4:2:model d_kv:8:8:"},
-      {"decoder/attention#1[1]/o", false, "f32", "heads:4:2:model d_kv:8:8: d_model:32:32:"},
-      {"decoder/rms_norm#2[1]/scale", false, "f32", "d_model:32:32:"},
-      {"decoder/dense_relu_dense[1]/wi", false, "f32", "d_model:32:32: d_ff:64:32:model"},
-      {"decoder/dense_relu_dense[1]/wo", false, "f32", "d_ff:64:32:model d_model:32:32:"},
-      {"decoder/rms_norm/scale", false, "f32", "d_model:32:32:"}};
   support::Buffer *const data[] = {
       &param0_encoder_relative_bias_table,    &param1_shared_embedding,
       &param2_encoder_rms_norm_0_scale,       &param3_encoder_attention_0_q,
@@ -2283,7 +2750,7 @@ std::vector<support::ParamShard> Translate::paramShards() {
       &param42_decoder_attention_1_1_o,       &param43_decoder_rms_norm_2_1_scale,
       &param44_decoder_dense_relu_dense_1_wi, &param45_decoder_dense_relu_dense_1_wo,
       &param46_decoder_rms_norm_scale};
-  return support::paramShardsOf<support::ParamShard>(specs, data);
+  return support::paramShardsOf<support::ParamShard>(kTranslateParams, data);
 }
 
 support::Tensor Translate::getParam(const std::string &path) {
@@ -2332,447 +2799,144 @@ void PositionBuckets::computeInvariants() {
   // t5.mesh:62:11 iota
   // t5.mesh:62:26 iota
   support::View v0 = persistent_.view(0, 16);
-  static const support::Shape shape0_1 = {16};
-  static const support::Shape shape0_2 = {1};
-  support::iota(v0.data(), shape0_1, shape0_2, 0);
+  support::iota(v0.data(), kShape0, kShape1, 0);
 
   // t5.mesh:62:24 sub -> n
   support::View v2 = persistent_.view(64, 256);
-  {
-    float *__restrict v2p = v2.data();
-    const float *__restrict v0p = v0.data();
-    for (int64_t i0 = 0; i0 < 16; ++i0) {
-      for (int64_t i1 = 0; i1 < 16; ++i1) {
-        const float s0 = v0p[i0];
-        const float s1 = v0p[i1];
-        const float s2 = support::wrapI32(double((double(s0) - double(s1))));
-        v2p[i0 * 16 + i1] = s2;
-      }
-    }
-  }
+  loop0(v2.data(), v0.data());
 
   // t5.mesh:63:13 lt
   support::View v4 = persistent_.view(1152, 256);
-  {
-    float *__restrict v4p = v4.data();
-    const float *__restrict v2p = v2.data();
-    for (int64_t i0 = 0; i0 < 256; ++i0) {
-      const float s0 = v2p[i0];
-      const float s1 = support::wrapI32(0.0);
-      const float s2 = (s0 < s1 ? 1.0f : 0.0f);
-      v4p[i0] = s2;
-    }
-  }
+  loop1(v4.data(), v2.data());
 
   // t5.mesh:63:18 mul
   support::View v6 = persistent_.view(2240, 256);
-  {
-    float *__restrict v6p = v6.data();
-    const float *__restrict v4p = v4.data();
-    for (int64_t i0 = 0; i0 < 256; ++i0) {
-      const float s0 = v4p[i0];
-      const float s1 = support::wrapI32(4.0);
-      const float s2 = support::wrapI32(double((double(s0) * double(s1))));
-      v6p[i0] = s2;
-    }
-  }
+  loop2(v6.data(), v4.data());
 
   // t5.mesh:63:76 abs
   support::View v7 = persistent_.view(3264, 256);
-  {
-    float *__restrict v7p = v7.data();
-    const float *__restrict v2p = v2.data();
-    for (int64_t i0 = 0; i0 < 256; ++i0) {
-      const float s0 = v2p[i0];
-      const float s1 = support::wrapI32(double(std::fabs(s0)));
-      v7p[i0] = s1;
-    }
-  }
+  loop3(v7.data(), v2.data());
 
   // t5.mesh:47:18 maximum
   support::View v9 = persistent_.view(4352, 256);
-  {
-    float *__restrict v9p = v9.data();
-    const float *__restrict v7p = v7.data();
-    for (int64_t i0 = 0; i0 < 256; ++i0) {
-      const float s0 = v7p[i0];
-      const float s1 = support::wrapI32(2.0);
-      const float s2 = support::wrapI32(double(support::maximum(s0, s1)));
-      v9p[i0] = s2;
-    }
-  }
+  loop4(v9.data(), v7.data());
 
   // t5.mesh:47:13 cast
   support::View v10 = persistent_.view(5376, 256);
-  {
-    float *__restrict v10p = v10.data();
-    const float *__restrict v9p = v9.data();
-    for (int64_t i0 = 0; i0 < 256; ++i0) {
-      const float s0 = v9p[i0];
-      const float s1 = s0;
-      v10p[i0] = s1;
-    }
-  }
+  loop5(v10.data(), v9.data());
 
   // t5.mesh:47:48 div -> far
   support::View v12 = persistent_.view(6464, 256);
-  {
-    float *__restrict v12p = v12.data();
-    const float *__restrict v10p = v10.data();
-    for (int64_t i0 = 0; i0 < 256; ++i0) {
-      const float s0 = v10p[i0];
-      const float s1 = 2.0f;
-      const float s2 = (s0 / s1);
-      v12p[i0] = s2;
-    }
-  }
+  loop6(v12.data(), v10.data());
 
   // t5.mesh:48:22 log
   support::View v13 = persistent_.view(7488, 256);
-  {
-    float *__restrict v13p = v13.data();
-    const float *__restrict v12p = v12.data();
-    for (int64_t i0 = 0; i0 < 256; ++i0) {
-      const float s0 = v12p[i0];
-      const float s1 = support::flog(s0);
-      v13p[i0] = s1;
-    }
-  }
+  loop7(v13.data(), v12.data());
 
   // t5.mesh:48:31 div
   support::View v15 = persistent_.view(8576, 256);
-  {
-    float *__restrict v15p = v15.data();
-    const float *__restrict v13p = v13.data();
-    for (int64_t i0 = 0; i0 < 256; ++i0) {
-      const float s0 = v13p[i0];
-      const float s1 = 2.7725887f;
-      const float s2 = (s0 / s1);
-      v15p[i0] = s2;
-    }
-  }
+  loop8(v15.data(), v13.data());
 
   // t5.mesh:48:57 mul
   support::View v17 = persistent_.view(9600, 256);
-  {
-    float *__restrict v17p = v17.data();
-    const float *__restrict v15p = v15.data();
-    for (int64_t i0 = 0; i0 < 256; ++i0) {
-      const float s0 = v15p[i0];
-      const float s1 = 2.0f;
-      const float s2 = (s0 * s1);
-      v17p[i0] = s2;
-    }
-  }
+  loop9(v17.data(), v15.data());
 
   // t5.mesh:48:16 floor -> spread
   support::View v18 = persistent_.view(10624, 256);
-  {
-    float *__restrict v18p = v18.data();
-    const float *__restrict v17p = v17.data();
-    for (int64_t i0 = 0; i0 < 256; ++i0) {
-      const float s0 = v17p[i0];
-      const float s1 = support::ffloor(s0);
-      v18p[i0] = s1;
-    }
-  }
+  loop10(v18.data(), v17.data());
 
   // t5.mesh:49:25 cast
   support::View v19 = persistent_.view(11648, 256);
-  {
-    float *__restrict v19p = v19.data();
-    const float *__restrict v18p = v18.data();
-    for (int64_t i0 = 0; i0 < 256; ++i0) {
-      const float s0 = v18p[i0];
-      const float s1 = support::castToI32(s0);
-      v19p[i0] = s1;
-    }
-  }
+  loop11(v19.data(), v18.data());
 
   // t5.mesh:49:43 add
   support::View v21 = persistent_.view(12672, 256);
-  {
-    float *__restrict v21p = v21.data();
-    const float *__restrict v19p = v19.data();
-    for (int64_t i0 = 0; i0 < 256; ++i0) {
-      const float s0 = v19p[i0];
-      const float s1 = support::wrapI32(2.0);
-      const float s2 = support::wrapI32(double((double(s0) + double(s1))));
-      v21p[i0] = s2;
-    }
-  }
+  loop12(v21.data(), v19.data());
 
   // t5.mesh:49:20 maximum
   support::View v23 = persistent_.view(13696, 256);
-  {
-    float *__restrict v23p = v23.data();
-    const float *__restrict v21p = v21.data();
-    for (int64_t i0 = 0; i0 < 256; ++i0) {
-      const float s0 = v21p[i0];
-      const float s1 = support::wrapI32(0.0);
-      const float s2 = support::wrapI32(double(support::maximum(s0, s1)));
-      v23p[i0] = s2;
-    }
-  }
+  loop13(v23.data(), v21.data());
 
   // t5.mesh:49:20 minimum -> log_spaced
   support::View v25 = persistent_.view(14784, 256);
-  {
-    float *__restrict v25p = v25.data();
-    const float *__restrict v23p = v23.data();
-    for (int64_t i0 = 0; i0 < 256; ++i0) {
-      const float s0 = v23p[i0];
-      const float s1 = support::wrapI32(3.0);
-      const float s2 = support::wrapI32(double(support::minimum(s0, s1)));
-      v25p[i0] = s2;
-    }
-  }
+  loop14(v25.data(), v23.data());
 
   // t5.mesh:50:18 lt
   support::View v27 = persistent_.view(15808, 256);
-  {
-    float *__restrict v27p = v27.data();
-    const float *__restrict v7p = v7.data();
-    for (int64_t i0 = 0; i0 < 256; ++i0) {
-      const float s0 = v7p[i0];
-      const float s1 = support::wrapI32(2.0);
-      const float s2 = (s0 < s1 ? 1.0f : 0.0f);
-      v27p[i0] = s2;
-    }
-  }
+  loop15(v27.data(), v7.data());
 
   // t5.mesh:50:10 where
   support::View v28 = persistent_.view(16832, 256);
-  {
-    float *__restrict v28p = v28.data();
-    const float *__restrict v27p = v27.data();
-    const float *__restrict v7p = v7.data();
-    const float *__restrict v25p = v25.data();
-    for (int64_t i0 = 0; i0 < 256; ++i0) {
-      const float s0 = v27p[i0];
-      const float s1 = v7p[i0];
-      const float s2 = v25p[i0];
-      const float s3 = (s0 != 0 ? s1 : s2);
-      v28p[i0] = s3;
-    }
-  }
+  loop16(v28.data(), v27.data(), v7.data(), v25.data());
 
   // t5.mesh:63:31 add -> encoder
   support::View v29 = persistent_.view(17856, 256);
-  {
-    float *__restrict v29p = v29.data();
-    const float *__restrict v6p = v6.data();
-    const float *__restrict v28p = v28.data();
-    for (int64_t i0 = 0; i0 < 256; ++i0) {
-      const float s0 = v6p[i0];
-      const float s1 = v28p[i0];
-      const float s2 = support::wrapI32(double((double(s0) + double(s1))));
-      v29p[i0] = s2;
-    }
-  }
+  loop17(v29.data(), v6.data(), v28.data());
 
   // t5.mesh:68:66 iota
   // t5.mesh:68:82 iota
   support::View v30 = persistent_.view(18880, 8);
-  static const support::Shape shape19_1 = {8};
-  static const support::Shape shape19_2 = {1};
-  support::iota(v30.data(), shape19_1, shape19_2, 0);
+  support::iota(v30.data(), kShape2, kShape1, 0);
 
   // t5.mesh:68:80 sub
   support::View v32 = persistent_.view(18944, 64);
-  {
-    float *__restrict v32p = v32.data();
-    const float *__restrict v30p = v30.data();
-    for (int64_t i0 = 0; i0 < 8; ++i0) {
-      for (int64_t i1 = 0; i1 < 8; ++i1) {
-        const float s0 = v30p[i0];
-        const float s1 = v30p[i1];
-        const float s2 = support::wrapI32(double((double(s0) - double(s1))));
-        v32p[i0 * 8 + i1] = s2;
-      }
-    }
-  }
+  loop20(v32.data(), v30.data());
 
   // t5.mesh:68:58 maximum
   support::View v34 = persistent_.view(19200, 64);
-  {
-    float *__restrict v34p = v34.data();
-    const float *__restrict v32p = v32.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = v32p[i0];
-      const float s1 = support::wrapI32(0.0);
-      const float s2 = support::wrapI32(double(support::maximum(s0, s1)));
-      v34p[i0] = s2;
-    }
-  }
+  loop21(v34.data(), v32.data());
 
   // t5.mesh:47:18 maximum
   support::View v36 = persistent_.view(19456, 64);
-  {
-    float *__restrict v36p = v36.data();
-    const float *__restrict v34p = v34.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = v34p[i0];
-      const float s1 = support::wrapI32(4.0);
-      const float s2 = support::wrapI32(double(support::maximum(s0, s1)));
-      v36p[i0] = s2;
-    }
-  }
+  loop22(v36.data(), v34.data());
 
   // t5.mesh:47:13 cast
   support::View v37 = persistent_.view(19712, 64);
-  {
-    float *__restrict v37p = v37.data();
-    const float *__restrict v36p = v36.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = v36p[i0];
-      const float s1 = s0;
-      v37p[i0] = s1;
-    }
-  }
+  loop19(v37.data(), v36.data());
 
   // t5.mesh:47:48 div -> far
   support::View v39 = persistent_.view(20032, 64);
-  {
-    float *__restrict v39p = v39.data();
-    const float *__restrict v37p = v37.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = v37p[i0];
-      const float s1 = 4.0f;
-      const float s2 = (s0 / s1);
-      v39p[i0] = s2;
-    }
-  }
+  loop23(v39.data(), v37.data());
 
   // t5.mesh:48:22 log
   support::View v40 = persistent_.view(20288, 64);
-  {
-    float *__restrict v40p = v40.data();
-    const float *__restrict v39p = v39.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = v39p[i0];
-      const float s1 = support::flog(s0);
-      v40p[i0] = s1;
-    }
-  }
+  loop24(v40.data(), v39.data());
 
   // t5.mesh:48:31 div
   support::View v42 = persistent_.view(20608, 64);
-  {
-    float *__restrict v42p = v42.data();
-    const float *__restrict v40p = v40.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = v40p[i0];
-      const float s1 = 2.0794415f;
-      const float s2 = (s0 / s1);
-      v42p[i0] = s2;
-    }
-  }
+  loop25(v42.data(), v40.data());
 
   // t5.mesh:48:57 mul
   support::View v44 = persistent_.view(20864, 64);
-  {
-    float *__restrict v44p = v44.data();
-    const float *__restrict v42p = v42.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = v42p[i0];
-      const float s1 = 4.0f;
-      const float s2 = (s0 * s1);
-      v44p[i0] = s2;
-    }
-  }
+  loop26(v44.data(), v42.data());
 
   // t5.mesh:48:16 floor -> spread
   support::View v45 = persistent_.view(21120, 64);
-  {
-    float *__restrict v45p = v45.data();
-    const float *__restrict v44p = v44.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = v44p[i0];
-      const float s1 = support::ffloor(s0);
-      v45p[i0] = s1;
-    }
-  }
+  loop27(v45.data(), v44.data());
 
   // t5.mesh:49:25 cast
   support::View v46 = persistent_.view(21376, 64);
-  {
-    float *__restrict v46p = v46.data();
-    const float *__restrict v45p = v45.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = v45p[i0];
-      const float s1 = support::castToI32(s0);
-      v46p[i0] = s1;
-    }
-  }
+  loop28(v46.data(), v45.data());
 
   // t5.mesh:49:43 add
   support::View v48 = persistent_.view(21632, 64);
-  {
-    float *__restrict v48p = v48.data();
-    const float *__restrict v46p = v46.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = v46p[i0];
-      const float s1 = support::wrapI32(4.0);
-      const float s2 = support::wrapI32(double((double(s0) + double(s1))));
-      v48p[i0] = s2;
-    }
-  }
+  loop29(v48.data(), v46.data());
 
   // t5.mesh:49:20 maximum
   support::View v50 = persistent_.view(21888, 64);
-  {
-    float *__restrict v50p = v50.data();
-    const float *__restrict v48p = v48.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = v48p[i0];
-      const float s1 = support::wrapI32(0.0);
-      const float s2 = support::wrapI32(double(support::maximum(s0, s1)));
-      v50p[i0] = s2;
-    }
-  }
+  loop21(v50.data(), v48.data());
 
   // t5.mesh:49:20 minimum -> log_spaced
   support::View v52 = persistent_.view(22208, 64);
-  {
-    float *__restrict v52p = v52.data();
-    const float *__restrict v50p = v50.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = v50p[i0];
-      const float s1 = support::wrapI32(7.0);
-      const float s2 = support::wrapI32(double(support::minimum(s0, s1)));
-      v52p[i0] = s2;
-    }
-  }
+  loop30(v52.data(), v50.data());
 
   // t5.mesh:50:18 lt
   support::View v54 = persistent_.view(22464, 64);
-  {
-    float *__restrict v54p = v54.data();
-    const float *__restrict v34p = v34.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = v34p[i0];
-      const float s1 = support::wrapI32(4.0);
-      const float s2 = (s0 < s1 ? 1.0f : 0.0f);
-      v54p[i0] = s2;
-    }
-  }
+  loop31(v54.data(), v34.data());
 
   // t5.mesh:50:10 where -> decoder
   support::View v55 = persistent_.view(22720, 64);
-  {
-    float *__restrict v55p = v55.data();
-    const float *__restrict v54p = v54.data();
-    const float *__restrict v34p = v34.data();
-    const float *__restrict v52p = v52.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = v54p[i0];
-      const float s1 = v34p[i0];
-      const float s2 = v52p[i0];
-      const float s3 = (s0 != 0 ? s1 : s2);
-      v55p[i0] = s3;
-    }
-  }
+  loop32(v55.data(), v54.data(), v34.data(), v52.data());
 }
 
 PositionBuckets::Outputs PositionBuckets::run(const Inputs &inputs) {
@@ -2866,551 +3030,531 @@ support::Shape T5Train::inputShape(const std::string &name) {
   throw std::invalid_argument("t5_train: no input named '" + name + "'");
 }
 
+/// `t5_train`'s params: paths, dims and layouts (its constructor and paramShards() read it).
+static constexpr support::ParamSpec kT5TrainParams[] = {
+    {"encoder/relative_bias/table", false, "f32", "buckets:8:8: heads:4:2:model"},
+    {"shared/embedding", false, "f32", "vocab:64:32:model d_model:32:32:"},
+    {"encoder/rms_norm[0]/scale", false, "f32", "d_model:32:32:"},
+    {"encoder/attention[0]/q", false, "f32", "d_model:32:32: heads:4:2:model d_kv:8:8:"},
+    {"encoder/attention[0]/k", false, "f32", "d_model:32:32: heads:4:2:model d_kv:8:8:"},
+    {"encoder/attention[0]/v", false, "f32", "d_model:32:32: heads:4:2:model d_kv:8:8:"},
+    {"encoder/attention[0]/o", false, "f32", "heads:4:2:model d_kv:8:8: d_model:32:32:"},
+    {"encoder/rms_norm#1[0]/scale", false, "f32", "d_model:32:32:"},
+    {"encoder/dense_relu_dense[0]/wi", false, "f32", "d_model:32:32: d_ff:64:32:model"},
+    {"encoder/dense_relu_dense[0]/wo", false, "f32", "d_ff:64:32:model d_model:32:32:"},
+    {"encoder/rms_norm[1]/scale", false, "f32", "d_model:32:32:"},
+    {"encoder/attention[1]/q", false, "f32", "d_model:32:32: heads:4:2:model d_kv:8:8:"},
+    {"encoder/attention[1]/k", false, "f32", "d_model:32:32: heads:4:2:model d_kv:8:8:"},
+    {"encoder/attention[1]/v", false, "f32", "d_model:32:32: heads:4:2:model d_kv:8:8:"},
+    {"encoder/attention[1]/o", false, "f32", "heads:4:2:model d_kv:8:8: d_model:32:32:"},
+    {"encoder/rms_norm#1[1]/scale", false, "f32", "d_model:32:32:"},
+    {"encoder/dense_relu_dense[1]/wi", false, "f32", "d_model:32:32: d_ff:64:32:model"},
+    {"encoder/dense_relu_dense[1]/wo", false, "f32", "d_ff:64:32:model d_model:32:32:"},
+    {"encoder/rms_norm/scale", false, "f32", "d_model:32:32:"},
+    {"decoder/relative_bias/table", false, "f32", "buckets:8:8: heads:4:2:model"},
+    {"decoder/rms_norm[0]/scale", false, "f32", "d_model:32:32:"},
+    {"decoder/attention[0]/q", false, "f32", "d_model:32:32: heads:4:2:model d_kv:8:8:"},
+    {"decoder/attention[0]/k", false, "f32", "d_model:32:32: heads:4:2:model d_kv:8:8:"},
+    {"decoder/attention[0]/v", false, "f32", "d_model:32:32: heads:4:2:model d_kv:8:8:"},
+    {"decoder/attention[0]/o", false, "f32", "heads:4:2:model d_kv:8:8: d_model:32:32:"},
+    {"decoder/rms_norm#1[0]/scale", false, "f32", "d_model:32:32:"},
+    {"decoder/attention#1[0]/q", false, "f32", "d_model:32:32: heads:4:2:model d_kv:8:8:"},
+    {"decoder/attention#1[0]/k", false, "f32", "d_model:32:32: heads:4:2:model d_kv:8:8:"},
+    {"decoder/attention#1[0]/v", false, "f32", "d_model:32:32: heads:4:2:model d_kv:8:8:"},
+    {"decoder/attention#1[0]/o", false, "f32", "heads:4:2:model d_kv:8:8: d_model:32:32:"},
+    {"decoder/rms_norm#2[0]/scale", false, "f32", "d_model:32:32:"},
+    {"decoder/dense_relu_dense[0]/wi", false, "f32", "d_model:32:32: d_ff:64:32:model"},
+    {"decoder/dense_relu_dense[0]/wo", false, "f32", "d_ff:64:32:model d_model:32:32:"},
+    {"decoder/rms_norm[1]/scale", false, "f32", "d_model:32:32:"},
+    {"decoder/attention[1]/q", false, "f32", "d_model:32:32: heads:4:2:model d_kv:8:8:"},
+    {"decoder/attention[1]/k", false, "f32", "d_model:32:32: heads:4:2:model d_kv:8:8:"},
+    {"decoder/attention[1]/v", false, "f32", "d_model:32:32: heads:4:2:model d_kv:8:8:"},
+    {"decoder/attention[1]/o", false, "f32", "heads:4:2:model d_kv:8:8: d_model:32:32:"},
+    {"decoder/rms_norm#1[1]/scale", false, "f32", "d_model:32:32:"},
+    {"decoder/attention#1[1]/q", false, "f32", "d_model:32:32: heads:4:2:model d_kv:8:8:"},
+    {"decoder/attention#1[1]/k", false, "f32", "d_model:32:32: heads:4:2:model d_kv:8:8:"},
+    {"decoder/attention#1[1]/v", false, "f32", "d_model:32:32: heads:4:2:model d_kv:8:8:"},
+    {"decoder/attention#1[1]/o", false, "f32", "heads:4:2:model d_kv:8:8: d_model:32:32:"},
+    {"decoder/rms_norm#2[1]/scale", false, "f32", "d_model:32:32:"},
+    {"decoder/dense_relu_dense[1]/wi", false, "f32", "d_model:32:32: d_ff:64:32:model"},
+    {"decoder/dense_relu_dense[1]/wo", false, "f32", "d_ff:64:32:model d_model:32:32:"},
+    {"decoder/rms_norm/scale", false, "f32", "d_model:32:32:"},
+    {"encoder/relative_bias/table@vr", true, "f32", "buckets:8:8:"},
+    {"encoder/relative_bias/table@vc", true, "f32", "heads:4:2:model"},
+    {"shared/embedding@vr", true, "f32", "vocab:64:32:model"},
+    {"shared/embedding@vc", true, "f32", "d_model:32:32:"},
+    {"encoder/rms_norm[0]/scale@v", true, "f32", "d_model:32:32:"},
+    {"encoder/attention[0]/q@vr", true, "f32", "d_model:32:32: heads:4:2:model"},
+    {"encoder/attention[0]/q@vc", true, "f32", "d_model:32:32: d_kv:8:8:"},
+    {"encoder/attention[0]/k@vr", true, "f32", "d_model:32:32: heads:4:2:model"},
+    {"encoder/attention[0]/k@vc", true, "f32", "d_model:32:32: d_kv:8:8:"},
+    {"encoder/attention[0]/v@vr", true, "f32", "d_model:32:32: heads:4:2:model"},
+    {"encoder/attention[0]/v@vc", true, "f32", "d_model:32:32: d_kv:8:8:"},
+    {"encoder/attention[0]/o@vr", true, "f32", "heads:4:2:model d_kv:8:8:"},
+    {"encoder/attention[0]/o@vc", true, "f32", "heads:4:2:model d_model:32:32:"},
+    {"encoder/rms_norm#1[0]/scale@v", true, "f32", "d_model:32:32:"},
+    {"encoder/dense_relu_dense[0]/wi@vr", true, "f32", "d_model:32:32:"},
+    {"encoder/dense_relu_dense[0]/wi@vc", true, "f32", "d_ff:64:32:model"},
+    {"encoder/dense_relu_dense[0]/wo@vr", true, "f32", "d_ff:64:32:model"},
+    {"encoder/dense_relu_dense[0]/wo@vc", true, "f32", "d_model:32:32:"},
+    {"encoder/rms_norm[1]/scale@v", true, "f32", "d_model:32:32:"},
+    {"encoder/attention[1]/q@vr", true, "f32", "d_model:32:32: heads:4:2:model"},
+    {"encoder/attention[1]/q@vc", true, "f32", "d_model:32:32: d_kv:8:8:"},
+    {"encoder/attention[1]/k@vr", true, "f32", "d_model:32:32: heads:4:2:model"},
+    {"encoder/attention[1]/k@vc", true, "f32", "d_model:32:32: d_kv:8:8:"},
+    {"encoder/attention[1]/v@vr", true, "f32", "d_model:32:32: heads:4:2:model"},
+    {"encoder/attention[1]/v@vc", true, "f32", "d_model:32:32: d_kv:8:8:"},
+    {"encoder/attention[1]/o@vr", true, "f32", "heads:4:2:model d_kv:8:8:"},
+    {"encoder/attention[1]/o@vc", true, "f32", "heads:4:2:model d_model:32:32:"},
+    {"encoder/rms_norm#1[1]/scale@v", true, "f32", "d_model:32:32:"},
+    {"encoder/dense_relu_dense[1]/wi@vr", true, "f32", "d_model:32:32:"},
+    {"encoder/dense_relu_dense[1]/wi@vc", true, "f32", "d_ff:64:32:model"},
+    {"encoder/dense_relu_dense[1]/wo@vr", true, "f32", "d_ff:64:32:model"},
+    {"encoder/dense_relu_dense[1]/wo@vc", true, "f32", "d_model:32:32:"},
+    {"encoder/rms_norm/scale@v", true, "f32", "d_model:32:32:"},
+    {"decoder/relative_bias/table@vr", true, "f32", "buckets:8:8:"},
+    {"decoder/relative_bias/table@vc", true, "f32", "heads:4:2:model"},
+    {"decoder/rms_norm[0]/scale@v", true, "f32", "d_model:32:32:"},
+    {"decoder/attention[0]/q@vr", true, "f32", "d_model:32:32: heads:4:2:model"},
+    {"decoder/attention[0]/q@vc", true, "f32", "d_model:32:32: d_kv:8:8:"},
+    {"decoder/attention[0]/k@vr", true, "f32", "d_model:32:32: heads:4:2:model"},
+    {"decoder/attention[0]/k@vc", true, "f32", "d_model:32:32: d_kv:8:8:"},
+    {"decoder/attention[0]/v@vr", true, "f32", "d_model:32:32: heads:4:2:model"},
+    {"decoder/attention[0]/v@vc", true, "f32", "d_model:32:32: d_kv:8:8:"},
+    {"decoder/attention[0]/o@vr", true, "f32", "heads:4:2:model d_kv:8:8:"},
+    {"decoder/attention[0]/o@vc", true, "f32", "heads:4:2:model d_model:32:32:"},
+    {"decoder/rms_norm#1[0]/scale@v", true, "f32", "d_model:32:32:"},
+    {"decoder/attention#1[0]/q@vr", true, "f32", "d_model:32:32: heads:4:2:model"},
+    {"decoder/attention#1[0]/q@vc", true, "f32", "d_model:32:32: d_kv:8:8:"},
+    {"decoder/attention#1[0]/k@vr", true, "f32", "d_model:32:32: heads:4:2:model"},
+    {"decoder/attention#1[0]/k@vc", true, "f32", "d_model:32:32: d_kv:8:8:"},
+    {"decoder/attention#1[0]/v@vr", true, "f32", "d_model:32:32: heads:4:2:model"},
+    {"decoder/attention#1[0]/v@vc", true, "f32", "d_model:32:32: d_kv:8:8:"},
+    {"decoder/attention#1[0]/o@vr", true, "f32", "heads:4:2:model d_kv:8:8:"},
+    {"decoder/attention#1[0]/o@vc", true, "f32", "heads:4:2:model d_model:32:32:"},
+    {"decoder/rms_norm#2[0]/scale@v", true, "f32", "d_model:32:32:"},
+    {"decoder/dense_relu_dense[0]/wi@vr", true, "f32", "d_model:32:32:"},
+    {"decoder/dense_relu_dense[0]/wi@vc", true, "f32", "d_ff:64:32:model"},
+    {"decoder/dense_relu_dense[0]/wo@vr", true, "f32", "d_ff:64:32:model"},
+    {"decoder/dense_relu_dense[0]/wo@vc", true, "f32", "d_model:32:32:"},
+    {"decoder/rms_norm[1]/scale@v", true, "f32", "d_model:32:32:"},
+    {"decoder/attention[1]/q@vr", true, "f32", "d_model:32:32: heads:4:2:model"},
+    {"decoder/attention[1]/q@vc", true, "f32", "d_model:32:32: d_kv:8:8:"},
+    {"decoder/attention[1]/k@vr", true, "f32", "d_model:32:32: heads:4:2:model"},
+    {"decoder/attention[1]/k@vc", true, "f32", "d_model:32:32: d_kv:8:8:"},
+    {"decoder/attention[1]/v@vr", true, "f32", "d_model:32:32: heads:4:2:model"},
+    {"decoder/attention[1]/v@vc", true, "f32", "d_model:32:32: d_kv:8:8:"},
+    {"decoder/attention[1]/o@vr", true, "f32", "heads:4:2:model d_kv:8:8:"},
+    {"decoder/attention[1]/o@vc", true, "f32", "heads:4:2:model d_model:32:32:"},
+    {"decoder/rms_norm#1[1]/scale@v", true, "f32", "d_model:32:32:"},
+    {"decoder/attention#1[1]/q@vr", true, "f32", "d_model:32:32: heads:4:2:model"},
+    {"decoder/attention#1[1]/q@vc", true, "f32", "d_model:32:32: d_kv:8:8:"},
+    {"decoder/attention#1[1]/k@vr", true, "f32", "d_model:32:32: heads:4:2:model"},
+    {"decoder/attention#1[1]/k@vc", true, "f32", "d_model:32:32: d_kv:8:8:"},
+    {"decoder/attention#1[1]/v@vr", true, "f32", "d_model:32:32: heads:4:2:model"},
+    {"decoder/attention#1[1]/v@vc", true, "f32", "d_model:32:32: d_kv:8:8:"},
+    {"decoder/attention#1[1]/o@vr", true, "f32", "heads:4:2:model d_kv:8:8:"},
+    {"decoder/attention#1[1]/o@vc", true, "f32", "heads:4:2:model d_model:32:32:"},
+    {"decoder/rms_norm#2[1]/scale@v", true, "f32", "d_model:32:32:"},
+    {"decoder/dense_relu_dense[1]/wi@vr", true, "f32", "d_model:32:32:"},
+    {"decoder/dense_relu_dense[1]/wi@vc", true, "f32", "d_ff:64:32:model"},
+    {"decoder/dense_relu_dense[1]/wo@vr", true, "f32", "d_ff:64:32:model"},
+    {"decoder/dense_relu_dense[1]/wo@vc", true, "f32", "d_model:32:32:"},
+    {"decoder/rms_norm/scale@v", true, "f32", "d_model:32:32:"}};
+
 T5Train::T5Train(meshrt::Communicator &world, uint64_t seed)
     : world_(support::checkedWorld(world, mesh(), "t5_train")), seed_(seed),
       group_data(world_.subgroup(std::vector<std::string>{"data"})),
       group_model(world_.subgroup(std::vector<std::string>{"model"})) {
-  // encoder/relative_bias/table: normal (t5.mesh:55)
-  param0_encoder_relative_bias_table.resize(16);
-  {
-    const meshrt::kernels::Shard shard{
-        {8, 4}, {0, support::shardStart(world_, {"model"}, 2)}, {8, 2}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.1}});
-    support::fillParam(param0_encoder_relative_bias_table.data(), shard, seed,
-                       "encoder/relative_bias/table", init, meshrt::kernels::ValueType::F32);
-  }
-  // shared/embedding: normal (t5.mesh:95)
-  param1_shared_embedding.resize(1024);
-  {
-    const meshrt::kernels::Shard shard{
-        {64, 32}, {support::shardStart(world_, {"model"}, 32), 0}, {32, 32}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 1.0}});
-    support::fillParam(param1_shared_embedding.data(), shard, seed, "shared/embedding", init,
-                       meshrt::kernels::ValueType::F32);
-  }
-  // encoder/rms_norm[0]/scale: ones (t5.mesh:39)
-  param2_encoder_rms_norm_0_scale.assign(32, support::roundValue(support::DType::F32, 1.0));
-  // encoder/attention[0]/q: normal (t5.mesh:76)
-  param3_encoder_attention_0_q.resize(512);
-  {
-    const meshrt::kernels::Shard shard{
-        {32, 4, 8}, {0, support::shardStart(world_, {"model"}, 2), 0}, {32, 2, 8}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.0625}});
-    support::fillParam(param3_encoder_attention_0_q.data(), shard, seed, "encoder/attention[0]/q",
-                       init, meshrt::kernels::ValueType::F32);
-  }
-  // encoder/attention[0]/k: normal (t5.mesh:77)
-  param4_encoder_attention_0_k.resize(512);
-  {
-    const meshrt::kernels::Shard shard{
-        {32, 4, 8}, {0, support::shardStart(world_, {"model"}, 2), 0}, {32, 2, 8}};
-    const auto init =
-        meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.17677669529663687}});
-    support::fillParam(param4_encoder_attention_0_k.data(), shard, seed, "encoder/attention[0]/k",
-                       init, meshrt::kernels::ValueType::F32);
-  }
-  // encoder/attention[0]/v: normal (t5.mesh:78)
-  param5_encoder_attention_0_v.resize(512);
-  {
-    const meshrt::kernels::Shard shard{
-        {32, 4, 8}, {0, support::shardStart(world_, {"model"}, 2), 0}, {32, 2, 8}};
-    const auto init =
-        meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.17677669529663687}});
-    support::fillParam(param5_encoder_attention_0_v.data(), shard, seed, "encoder/attention[0]/v",
-                       init, meshrt::kernels::ValueType::F32);
-  }
-  // encoder/attention[0]/o: normal (t5.mesh:79)
-  param6_encoder_attention_0_o.resize(512);
-  {
-    const meshrt::kernels::Shard shard{
-        {4, 8, 32}, {support::shardStart(world_, {"model"}, 2), 0, 0}, {2, 8, 32}};
-    const auto init =
-        meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.17677669529663687}});
-    support::fillParam(param6_encoder_attention_0_o.data(), shard, seed, "encoder/attention[0]/o",
-                       init, meshrt::kernels::ValueType::F32);
-  }
-  // encoder/rms_norm#1[0]/scale: ones (t5.mesh:39)
-  param7_encoder_rms_norm_1_0_scale.assign(32, support::roundValue(support::DType::F32, 1.0));
-  // encoder/dense_relu_dense[0]/wi: normal (t5.mesh:89)
-  param8_encoder_dense_relu_dense_0_wi.resize(1024);
-  {
-    const meshrt::kernels::Shard shard{
-        {32, 64}, {0, support::shardStart(world_, {"model"}, 32)}, {32, 32}};
-    const auto init =
-        meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.17677669529663687}});
-    support::fillParam(param8_encoder_dense_relu_dense_0_wi.data(), shard, seed,
-                       "encoder/dense_relu_dense[0]/wi", init, meshrt::kernels::ValueType::F32);
-  }
-  // encoder/dense_relu_dense[0]/wo: normal (t5.mesh:90)
-  param9_encoder_dense_relu_dense_0_wo.resize(1024);
-  {
-    const meshrt::kernels::Shard shard{
-        {64, 32}, {support::shardStart(world_, {"model"}, 32), 0}, {32, 32}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}});
-    support::fillParam(param9_encoder_dense_relu_dense_0_wo.data(), shard, seed,
-                       "encoder/dense_relu_dense[0]/wo", init, meshrt::kernels::ValueType::F32);
-  }
-  // encoder/rms_norm[1]/scale: ones (t5.mesh:39)
-  param10_encoder_rms_norm_1_scale.assign(32, support::roundValue(support::DType::F32, 1.0));
-  // encoder/attention[1]/q: normal (t5.mesh:76)
-  param11_encoder_attention_1_q.resize(512);
-  {
-    const meshrt::kernels::Shard shard{
-        {32, 4, 8}, {0, support::shardStart(world_, {"model"}, 2), 0}, {32, 2, 8}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.0625}});
-    support::fillParam(param11_encoder_attention_1_q.data(), shard, seed, "encoder/attention[1]/q",
-                       init, meshrt::kernels::ValueType::F32);
-  }
-  // encoder/attention[1]/k: normal (t5.mesh:77)
-  param12_encoder_attention_1_k.resize(512);
-  {
-    const meshrt::kernels::Shard shard{
-        {32, 4, 8}, {0, support::shardStart(world_, {"model"}, 2), 0}, {32, 2, 8}};
-    const auto init =
-        meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.17677669529663687}});
-    support::fillParam(param12_encoder_attention_1_k.data(), shard, seed, "encoder/attention[1]/k",
-                       init, meshrt::kernels::ValueType::F32);
-  }
-  // encoder/attention[1]/v: normal (t5.mesh:78)
-  param13_encoder_attention_1_v.resize(512);
-  {
-    const meshrt::kernels::Shard shard{
-        {32, 4, 8}, {0, support::shardStart(world_, {"model"}, 2), 0}, {32, 2, 8}};
-    const auto init =
-        meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.17677669529663687}});
-    support::fillParam(param13_encoder_attention_1_v.data(), shard, seed, "encoder/attention[1]/v",
-                       init, meshrt::kernels::ValueType::F32);
-  }
-  // encoder/attention[1]/o: normal (t5.mesh:79)
-  param14_encoder_attention_1_o.resize(512);
-  {
-    const meshrt::kernels::Shard shard{
-        {4, 8, 32}, {support::shardStart(world_, {"model"}, 2), 0, 0}, {2, 8, 32}};
-    const auto init =
-        meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.17677669529663687}});
-    support::fillParam(param14_encoder_attention_1_o.data(), shard, seed, "encoder/attention[1]/o",
-                       init, meshrt::kernels::ValueType::F32);
-  }
-  // encoder/rms_norm#1[1]/scale: ones (t5.mesh:39)
-  param15_encoder_rms_norm_1_1_scale.assign(32, support::roundValue(support::DType::F32, 1.0));
-  // encoder/dense_relu_dense[1]/wi: normal (t5.mesh:89)
-  param16_encoder_dense_relu_dense_1_wi.resize(1024);
-  {
-    const meshrt::kernels::Shard shard{
-        {32, 64}, {0, support::shardStart(world_, {"model"}, 32)}, {32, 32}};
-    const auto init =
-        meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.17677669529663687}});
-    support::fillParam(param16_encoder_dense_relu_dense_1_wi.data(), shard, seed,
-                       "encoder/dense_relu_dense[1]/wi", init, meshrt::kernels::ValueType::F32);
-  }
-  // encoder/dense_relu_dense[1]/wo: normal (t5.mesh:90)
-  param17_encoder_dense_relu_dense_1_wo.resize(1024);
-  {
-    const meshrt::kernels::Shard shard{
-        {64, 32}, {support::shardStart(world_, {"model"}, 32), 0}, {32, 32}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}});
-    support::fillParam(param17_encoder_dense_relu_dense_1_wo.data(), shard, seed,
-                       "encoder/dense_relu_dense[1]/wo", init, meshrt::kernels::ValueType::F32);
-  }
-  // encoder/rms_norm/scale: ones (t5.mesh:39)
-  param18_encoder_rms_norm_scale.assign(32, support::roundValue(support::DType::F32, 1.0));
-  // decoder/relative_bias/table: normal (t5.mesh:55)
-  param19_decoder_relative_bias_table.resize(16);
-  {
-    const meshrt::kernels::Shard shard{
-        {8, 4}, {0, support::shardStart(world_, {"model"}, 2)}, {8, 2}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.1}});
-    support::fillParam(param19_decoder_relative_bias_table.data(), shard, seed,
-                       "decoder/relative_bias/table", init, meshrt::kernels::ValueType::F32);
-  }
-  // decoder/rms_norm[0]/scale: ones (t5.mesh:39)
-  param20_decoder_rms_norm_0_scale.assign(32, support::roundValue(support::DType::F32, 1.0));
-  // decoder/attention[0]/q: normal (t5.mesh:76)
-  param21_decoder_attention_0_q.resize(512);
-  {
-    const meshrt::kernels::Shard shard{
-        {32, 4, 8}, {0, support::shardStart(world_, {"model"}, 2), 0}, {32, 2, 8}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.0625}});
-    support::fillParam(param21_decoder_attention_0_q.data(), shard, seed, "decoder/attention[0]/q",
-                       init, meshrt::kernels::ValueType::F32);
-  }
-  // decoder/attention[0]/k: normal (t5.mesh:77)
-  param22_decoder_attention_0_k.resize(512);
-  {
-    const meshrt::kernels::Shard shard{
-        {32, 4, 8}, {0, support::shardStart(world_, {"model"}, 2), 0}, {32, 2, 8}};
-    const auto init =
-        meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.17677669529663687}});
-    support::fillParam(param22_decoder_attention_0_k.data(), shard, seed, "decoder/attention[0]/k",
-                       init, meshrt::kernels::ValueType::F32);
-  }
-  // decoder/attention[0]/v: normal (t5.mesh:78)
-  param23_decoder_attention_0_v.resize(512);
-  {
-    const meshrt::kernels::Shard shard{
-        {32, 4, 8}, {0, support::shardStart(world_, {"model"}, 2), 0}, {32, 2, 8}};
-    const auto init =
-        meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.17677669529663687}});
-    support::fillParam(param23_decoder_attention_0_v.data(), shard, seed, "decoder/attention[0]/v",
-                       init, meshrt::kernels::ValueType::F32);
-  }
-  // decoder/attention[0]/o: normal (t5.mesh:79)
-  param24_decoder_attention_0_o.resize(512);
-  {
-    const meshrt::kernels::Shard shard{
-        {4, 8, 32}, {support::shardStart(world_, {"model"}, 2), 0, 0}, {2, 8, 32}};
-    const auto init =
-        meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.17677669529663687}});
-    support::fillParam(param24_decoder_attention_0_o.data(), shard, seed, "decoder/attention[0]/o",
-                       init, meshrt::kernels::ValueType::F32);
-  }
-  // decoder/rms_norm#1[0]/scale: ones (t5.mesh:39)
-  param25_decoder_rms_norm_1_0_scale.assign(32, support::roundValue(support::DType::F32, 1.0));
-  // decoder/attention#1[0]/q: normal (t5.mesh:76)
-  param26_decoder_attention_1_0_q.resize(512);
-  {
-    const meshrt::kernels::Shard shard{
-        {32, 4, 8}, {0, support::shardStart(world_, {"model"}, 2), 0}, {32, 2, 8}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.0625}});
-    support::fillParam(param26_decoder_attention_1_0_q.data(), shard, seed,
-                       "decoder/attention#1[0]/q", init, meshrt::kernels::ValueType::F32);
-  }
-  // decoder/attention#1[0]/k: normal (t5.mesh:77)
-  param27_decoder_attention_1_0_k.resize(512);
-  {
-    const meshrt::kernels::Shard shard{
-        {32, 4, 8}, {0, support::shardStart(world_, {"model"}, 2), 0}, {32, 2, 8}};
-    const auto init =
-        meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.17677669529663687}});
-    support::fillParam(param27_decoder_attention_1_0_k.data(), shard, seed,
-                       "decoder/attention#1[0]/k", init, meshrt::kernels::ValueType::F32);
-  }
-  // decoder/attention#1[0]/v: normal (t5.mesh:78)
-  param28_decoder_attention_1_0_v.resize(512);
-  {
-    const meshrt::kernels::Shard shard{
-        {32, 4, 8}, {0, support::shardStart(world_, {"model"}, 2), 0}, {32, 2, 8}};
-    const auto init =
-        meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.17677669529663687}});
-    support::fillParam(param28_decoder_attention_1_0_v.data(), shard, seed,
-                       "decoder/attention#1[0]/v", init, meshrt::kernels::ValueType::F32);
-  }
-  // decoder/attention#1[0]/o: normal (t5.mesh:79)
-  param29_decoder_attention_1_0_o.resize(512);
-  {
-    const meshrt::kernels::Shard shard{
-        {4, 8, 32}, {support::shardStart(world_, {"model"}, 2), 0, 0}, {2, 8, 32}};
-    const auto init =
-        meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.17677669529663687}});
-    support::fillParam(param29_decoder_attention_1_0_o.data(), shard, seed,
-                       "decoder/attention#1[0]/o", init, meshrt::kernels::ValueType::F32);
-  }
-  // decoder/rms_norm#2[0]/scale: ones (t5.mesh:39)
-  param30_decoder_rms_norm_2_0_scale.assign(32, support::roundValue(support::DType::F32, 1.0));
-  // decoder/dense_relu_dense[0]/wi: normal (t5.mesh:89)
-  param31_decoder_dense_relu_dense_0_wi.resize(1024);
-  {
-    const meshrt::kernels::Shard shard{
-        {32, 64}, {0, support::shardStart(world_, {"model"}, 32)}, {32, 32}};
-    const auto init =
-        meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.17677669529663687}});
-    support::fillParam(param31_decoder_dense_relu_dense_0_wi.data(), shard, seed,
-                       "decoder/dense_relu_dense[0]/wi", init, meshrt::kernels::ValueType::F32);
-  }
-  // decoder/dense_relu_dense[0]/wo: normal (t5.mesh:90)
-  param32_decoder_dense_relu_dense_0_wo.resize(1024);
-  {
-    const meshrt::kernels::Shard shard{
-        {64, 32}, {support::shardStart(world_, {"model"}, 32), 0}, {32, 32}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}});
-    support::fillParam(param32_decoder_dense_relu_dense_0_wo.data(), shard, seed,
-                       "decoder/dense_relu_dense[0]/wo", init, meshrt::kernels::ValueType::F32);
-  }
-  // decoder/rms_norm[1]/scale: ones (t5.mesh:39)
-  param33_decoder_rms_norm_1_scale.assign(32, support::roundValue(support::DType::F32, 1.0));
-  // decoder/attention[1]/q: normal (t5.mesh:76)
-  param34_decoder_attention_1_q.resize(512);
-  {
-    const meshrt::kernels::Shard shard{
-        {32, 4, 8}, {0, support::shardStart(world_, {"model"}, 2), 0}, {32, 2, 8}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.0625}});
-    support::fillParam(param34_decoder_attention_1_q.data(), shard, seed, "decoder/attention[1]/q",
-                       init, meshrt::kernels::ValueType::F32);
-  }
-  // decoder/attention[1]/k: normal (t5.mesh:77)
-  param35_decoder_attention_1_k.resize(512);
-  {
-    const meshrt::kernels::Shard shard{
-        {32, 4, 8}, {0, support::shardStart(world_, {"model"}, 2), 0}, {32, 2, 8}};
-    const auto init =
-        meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.17677669529663687}});
-    support::fillParam(param35_decoder_attention_1_k.data(), shard, seed, "decoder/attention[1]/k",
-                       init, meshrt::kernels::ValueType::F32);
-  }
-  // decoder/attention[1]/v: normal (t5.mesh:78)
-  param36_decoder_attention_1_v.resize(512);
-  {
-    const meshrt::kernels::Shard shard{
-        {32, 4, 8}, {0, support::shardStart(world_, {"model"}, 2), 0}, {32, 2, 8}};
-    const auto init =
-        meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.17677669529663687}});
-    support::fillParam(param36_decoder_attention_1_v.data(), shard, seed, "decoder/attention[1]/v",
-                       init, meshrt::kernels::ValueType::F32);
-  }
-  // decoder/attention[1]/o: normal (t5.mesh:79)
-  param37_decoder_attention_1_o.resize(512);
-  {
-    const meshrt::kernels::Shard shard{
-        {4, 8, 32}, {support::shardStart(world_, {"model"}, 2), 0, 0}, {2, 8, 32}};
-    const auto init =
-        meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.17677669529663687}});
-    support::fillParam(param37_decoder_attention_1_o.data(), shard, seed, "decoder/attention[1]/o",
-                       init, meshrt::kernels::ValueType::F32);
-  }
-  // decoder/rms_norm#1[1]/scale: ones (t5.mesh:39)
-  param38_decoder_rms_norm_1_1_scale.assign(32, support::roundValue(support::DType::F32, 1.0));
-  // decoder/attention#1[1]/q: normal (t5.mesh:76)
-  param39_decoder_attention_1_1_q.resize(512);
-  {
-    const meshrt::kernels::Shard shard{
-        {32, 4, 8}, {0, support::shardStart(world_, {"model"}, 2), 0}, {32, 2, 8}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.0625}});
-    support::fillParam(param39_decoder_attention_1_1_q.data(), shard, seed,
-                       "decoder/attention#1[1]/q", init, meshrt::kernels::ValueType::F32);
-  }
-  // decoder/attention#1[1]/k: normal (t5.mesh:77)
-  param40_decoder_attention_1_1_k.resize(512);
-  {
-    const meshrt::kernels::Shard shard{
-        {32, 4, 8}, {0, support::shardStart(world_, {"model"}, 2), 0}, {32, 2, 8}};
-    const auto init =
-        meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.17677669529663687}});
-    support::fillParam(param40_decoder_attention_1_1_k.data(), shard, seed,
-                       "decoder/attention#1[1]/k", init, meshrt::kernels::ValueType::F32);
-  }
-  // decoder/attention#1[1]/v: normal (t5.mesh:78)
-  param41_decoder_attention_1_1_v.resize(512);
-  {
-    const meshrt::kernels::Shard shard{
-        {32, 4, 8}, {0, support::shardStart(world_, {"model"}, 2), 0}, {32, 2, 8}};
-    const auto init =
-        meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.17677669529663687}});
-    support::fillParam(param41_decoder_attention_1_1_v.data(), shard, seed,
-                       "decoder/attention#1[1]/v", init, meshrt::kernels::ValueType::F32);
-  }
-  // decoder/attention#1[1]/o: normal (t5.mesh:79)
-  param42_decoder_attention_1_1_o.resize(512);
-  {
-    const meshrt::kernels::Shard shard{
-        {4, 8, 32}, {support::shardStart(world_, {"model"}, 2), 0, 0}, {2, 8, 32}};
-    const auto init =
-        meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.17677669529663687}});
-    support::fillParam(param42_decoder_attention_1_1_o.data(), shard, seed,
-                       "decoder/attention#1[1]/o", init, meshrt::kernels::ValueType::F32);
-  }
-  // decoder/rms_norm#2[1]/scale: ones (t5.mesh:39)
-  param43_decoder_rms_norm_2_1_scale.assign(32, support::roundValue(support::DType::F32, 1.0));
-  // decoder/dense_relu_dense[1]/wi: normal (t5.mesh:89)
-  param44_decoder_dense_relu_dense_1_wi.resize(1024);
-  {
-    const meshrt::kernels::Shard shard{
-        {32, 64}, {0, support::shardStart(world_, {"model"}, 32)}, {32, 32}};
-    const auto init =
-        meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.17677669529663687}});
-    support::fillParam(param44_decoder_dense_relu_dense_1_wi.data(), shard, seed,
-                       "decoder/dense_relu_dense[1]/wi", init, meshrt::kernels::ValueType::F32);
-  }
-  // decoder/dense_relu_dense[1]/wo: normal (t5.mesh:90)
-  param45_decoder_dense_relu_dense_1_wo.resize(1024);
-  {
-    const meshrt::kernels::Shard shard{
-        {64, 32}, {support::shardStart(world_, {"model"}, 32), 0}, {32, 32}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}});
-    support::fillParam(param45_decoder_dense_relu_dense_1_wo.data(), shard, seed,
-                       "decoder/dense_relu_dense[1]/wo", init, meshrt::kernels::ValueType::F32);
-  }
-  // decoder/rms_norm/scale: ones (t5.mesh:39)
-  param46_decoder_rms_norm_scale.assign(32, support::roundValue(support::DType::F32, 1.0));
-  // encoder/relative_bias/table@vr: zeros (t5.mesh:55)
-  param47_encoder_relative_bias_table_vr.assign(8, support::roundValue(support::DType::F32, 0.0));
-  // encoder/relative_bias/table@vc: zeros (t5.mesh:55)
-  param48_encoder_relative_bias_table_vc.assign(2, support::roundValue(support::DType::F32, 0.0));
-  // shared/embedding@vr: zeros (t5.mesh:95)
-  param49_shared_embedding_vr.assign(32, support::roundValue(support::DType::F32, 0.0));
-  // shared/embedding@vc: zeros (t5.mesh:95)
-  param50_shared_embedding_vc.assign(32, support::roundValue(support::DType::F32, 0.0));
-  // encoder/rms_norm[0]/scale@v: zeros (t5.mesh:39)
-  param51_encoder_rms_norm_0_scale_v.assign(32, support::roundValue(support::DType::F32, 0.0));
-  // encoder/attention[0]/q@vr: zeros (t5.mesh:76)
-  param52_encoder_attention_0_q_vr.assign(64, support::roundValue(support::DType::F32, 0.0));
-  // encoder/attention[0]/q@vc: zeros (t5.mesh:76)
-  param53_encoder_attention_0_q_vc.assign(256, support::roundValue(support::DType::F32, 0.0));
-  // encoder/attention[0]/k@vr: zeros (t5.mesh:77)
-  param54_encoder_attention_0_k_vr.assign(64, support::roundValue(support::DType::F32, 0.0));
-  // encoder/attention[0]/k@vc: zeros (t5.mesh:77)
-  param55_encoder_attention_0_k_vc.assign(256, support::roundValue(support::DType::F32, 0.0));
-  // encoder/attention[0]/v@vr: zeros (t5.mesh:78)
-  param56_encoder_attention_0_v_vr.assign(64, support::roundValue(support::DType::F32, 0.0));
-  // encoder/attention[0]/v@vc: zeros (t5.mesh:78)
-  param57_encoder_attention_0_v_vc.assign(256, support::roundValue(support::DType::F32, 0.0));
-  // encoder/attention[0]/o@vr: zeros (t5.mesh:79)
-  param58_encoder_attention_0_o_vr.assign(16, support::roundValue(support::DType::F32, 0.0));
-  // encoder/attention[0]/o@vc: zeros (t5.mesh:79)
-  param59_encoder_attention_0_o_vc.assign(64, support::roundValue(support::DType::F32, 0.0));
-  // encoder/rms_norm#1[0]/scale@v: zeros (t5.mesh:39)
-  param60_encoder_rms_norm_1_0_scale_v.assign(32, support::roundValue(support::DType::F32, 0.0));
-  // encoder/dense_relu_dense[0]/wi@vr: zeros (t5.mesh:89)
-  param61_encoder_dense_relu_dense_0_wi_vr.assign(32,
-                                                  support::roundValue(support::DType::F32, 0.0));
-  // encoder/dense_relu_dense[0]/wi@vc: zeros (t5.mesh:89)
-  param62_encoder_dense_relu_dense_0_wi_vc.assign(32,
-                                                  support::roundValue(support::DType::F32, 0.0));
-  // encoder/dense_relu_dense[0]/wo@vr: zeros (t5.mesh:90)
-  param63_encoder_dense_relu_dense_0_wo_vr.assign(32,
-                                                  support::roundValue(support::DType::F32, 0.0));
-  // encoder/dense_relu_dense[0]/wo@vc: zeros (t5.mesh:90)
-  param64_encoder_dense_relu_dense_0_wo_vc.assign(32,
-                                                  support::roundValue(support::DType::F32, 0.0));
-  // encoder/rms_norm[1]/scale@v: zeros (t5.mesh:39)
-  param65_encoder_rms_norm_1_scale_v.assign(32, support::roundValue(support::DType::F32, 0.0));
-  // encoder/attention[1]/q@vr: zeros (t5.mesh:76)
-  param66_encoder_attention_1_q_vr.assign(64, support::roundValue(support::DType::F32, 0.0));
-  // encoder/attention[1]/q@vc: zeros (t5.mesh:76)
-  param67_encoder_attention_1_q_vc.assign(256, support::roundValue(support::DType::F32, 0.0));
-  // encoder/attention[1]/k@vr: zeros (t5.mesh:77)
-  param68_encoder_attention_1_k_vr.assign(64, support::roundValue(support::DType::F32, 0.0));
-  // encoder/attention[1]/k@vc: zeros (t5.mesh:77)
-  param69_encoder_attention_1_k_vc.assign(256, support::roundValue(support::DType::F32, 0.0));
-  // encoder/attention[1]/v@vr: zeros (t5.mesh:78)
-  param70_encoder_attention_1_v_vr.assign(64, support::roundValue(support::DType::F32, 0.0));
-  // encoder/attention[1]/v@vc: zeros (t5.mesh:78)
-  param71_encoder_attention_1_v_vc.assign(256, support::roundValue(support::DType::F32, 0.0));
-  // encoder/attention[1]/o@vr: zeros (t5.mesh:79)
-  param72_encoder_attention_1_o_vr.assign(16, support::roundValue(support::DType::F32, 0.0));
-  // encoder/attention[1]/o@vc: zeros (t5.mesh:79)
-  param73_encoder_attention_1_o_vc.assign(64, support::roundValue(support::DType::F32, 0.0));
-  // encoder/rms_norm#1[1]/scale@v: zeros (t5.mesh:39)
-  param74_encoder_rms_norm_1_1_scale_v.assign(32, support::roundValue(support::DType::F32, 0.0));
-  // encoder/dense_relu_dense[1]/wi@vr: zeros (t5.mesh:89)
-  param75_encoder_dense_relu_dense_1_wi_vr.assign(32,
-                                                  support::roundValue(support::DType::F32, 0.0));
-  // encoder/dense_relu_dense[1]/wi@vc: zeros (t5.mesh:89)
-  param76_encoder_dense_relu_dense_1_wi_vc.assign(32,
-                                                  support::roundValue(support::DType::F32, 0.0));
-  // encoder/dense_relu_dense[1]/wo@vr: zeros (t5.mesh:90)
-  param77_encoder_dense_relu_dense_1_wo_vr.assign(32,
-                                                  support::roundValue(support::DType::F32, 0.0));
-  // encoder/dense_relu_dense[1]/wo@vc: zeros (t5.mesh:90)
-  param78_encoder_dense_relu_dense_1_wo_vc.assign(32,
-                                                  support::roundValue(support::DType::F32, 0.0));
-  // encoder/rms_norm/scale@v: zeros (t5.mesh:39)
-  param79_encoder_rms_norm_scale_v.assign(32, support::roundValue(support::DType::F32, 0.0));
-  // decoder/relative_bias/table@vr: zeros (t5.mesh:55)
-  param80_decoder_relative_bias_table_vr.assign(8, support::roundValue(support::DType::F32, 0.0));
-  // decoder/relative_bias/table@vc: zeros (t5.mesh:55)
-  param81_decoder_relative_bias_table_vc.assign(2, support::roundValue(support::DType::F32, 0.0));
-  // decoder/rms_norm[0]/scale@v: zeros (t5.mesh:39)
-  param82_decoder_rms_norm_0_scale_v.assign(32, support::roundValue(support::DType::F32, 0.0));
-  // decoder/attention[0]/q@vr: zeros (t5.mesh:76)
-  param83_decoder_attention_0_q_vr.assign(64, support::roundValue(support::DType::F32, 0.0));
-  // decoder/attention[0]/q@vc: zeros (t5.mesh:76)
-  param84_decoder_attention_0_q_vc.assign(256, support::roundValue(support::DType::F32, 0.0));
-  // decoder/attention[0]/k@vr: zeros (t5.mesh:77)
-  param85_decoder_attention_0_k_vr.assign(64, support::roundValue(support::DType::F32, 0.0));
-  // decoder/attention[0]/k@vc: zeros (t5.mesh:77)
-  param86_decoder_attention_0_k_vc.assign(256, support::roundValue(support::DType::F32, 0.0));
-  // decoder/attention[0]/v@vr: zeros (t5.mesh:78)
-  param87_decoder_attention_0_v_vr.assign(64, support::roundValue(support::DType::F32, 0.0));
-  // decoder/attention[0]/v@vc: zeros (t5.mesh:78)
-  param88_decoder_attention_0_v_vc.assign(256, support::roundValue(support::DType::F32, 0.0));
-  // decoder/attention[0]/o@vr: zeros (t5.mesh:79)
-  param89_decoder_attention_0_o_vr.assign(16, support::roundValue(support::DType::F32, 0.0));
-  // decoder/attention[0]/o@vc: zeros (t5.mesh:79)
-  param90_decoder_attention_0_o_vc.assign(64, support::roundValue(support::DType::F32, 0.0));
-  // decoder/rms_norm#1[0]/scale@v: zeros (t5.mesh:39)
-  param91_decoder_rms_norm_1_0_scale_v.assign(32, support::roundValue(support::DType::F32, 0.0));
-  // decoder/attention#1[0]/q@vr: zeros (t5.mesh:76)
-  param92_decoder_attention_1_0_q_vr.assign(64, support::roundValue(support::DType::F32, 0.0));
-  // decoder/attention#1[0]/q@vc: zeros (t5.mesh:76)
-  param93_decoder_attention_1_0_q_vc.assign(256, support::roundValue(support::DType::F32, 0.0));
-  // decoder/attention#1[0]/k@vr: zeros (t5.mesh:77)
-  param94_decoder_attention_1_0_k_vr.assign(64, support::roundValue(support::DType::F32, 0.0));
-  // decoder/attention#1[0]/k@vc: zeros (t5.mesh:77)
-  param95_decoder_attention_1_0_k_vc.assign(256, support::roundValue(support::DType::F32, 0.0));
-  // decoder/attention#1[0]/v@vr: zeros (t5.mesh:78)
-  param96_decoder_attention_1_0_v_vr.assign(64, support::roundValue(support::DType::F32, 0.0));
-  // decoder/attention#1[0]/v@vc: zeros (t5.mesh:78)
-  param97_decoder_attention_1_0_v_vc.assign(256, support::roundValue(support::DType::F32, 0.0));
-  // decoder/attention#1[0]/o@vr: zeros (t5.mesh:79)
-  param98_decoder_attention_1_0_o_vr.assign(16, support::roundValue(support::DType::F32, 0.0));
-  // decoder/attention#1[0]/o@vc: zeros (t5.mesh:79)
-  param99_decoder_attention_1_0_o_vc.assign(64, support::roundValue(support::DType::F32, 0.0));
-  // decoder/rms_norm#2[0]/scale@v: zeros (t5.mesh:39)
-  param100_decoder_rms_norm_2_0_scale_v.assign(32, support::roundValue(support::DType::F32, 0.0));
-  // decoder/dense_relu_dense[0]/wi@vr: zeros (t5.mesh:89)
-  param101_decoder_dense_relu_dense_0_wi_vr.assign(32,
-                                                   support::roundValue(support::DType::F32, 0.0));
-  // decoder/dense_relu_dense[0]/wi@vc: zeros (t5.mesh:89)
-  param102_decoder_dense_relu_dense_0_wi_vc.assign(32,
-                                                   support::roundValue(support::DType::F32, 0.0));
-  // decoder/dense_relu_dense[0]/wo@vr: zeros (t5.mesh:90)
-  param103_decoder_dense_relu_dense_0_wo_vr.assign(32,
-                                                   support::roundValue(support::DType::F32, 0.0));
-  // decoder/dense_relu_dense[0]/wo@vc: zeros (t5.mesh:90)
-  param104_decoder_dense_relu_dense_0_wo_vc.assign(32,
-                                                   support::roundValue(support::DType::F32, 0.0));
-  // decoder/rms_norm[1]/scale@v: zeros (t5.mesh:39)
-  param105_decoder_rms_norm_1_scale_v.assign(32, support::roundValue(support::DType::F32, 0.0));
-  // decoder/attention[1]/q@vr: zeros (t5.mesh:76)
-  param106_decoder_attention_1_q_vr.assign(64, support::roundValue(support::DType::F32, 0.0));
-  // decoder/attention[1]/q@vc: zeros (t5.mesh:76)
-  param107_decoder_attention_1_q_vc.assign(256, support::roundValue(support::DType::F32, 0.0));
-  // decoder/attention[1]/k@vr: zeros (t5.mesh:77)
-  param108_decoder_attention_1_k_vr.assign(64, support::roundValue(support::DType::F32, 0.0));
-  // decoder/attention[1]/k@vc: zeros (t5.mesh:77)
-  param109_decoder_attention_1_k_vc.assign(256, support::roundValue(support::DType::F32, 0.0));
-  // decoder/attention[1]/v@vr: zeros (t5.mesh:78)
-  param110_decoder_attention_1_v_vr.assign(64, support::roundValue(support::DType::F32, 0.0));
-  // decoder/attention[1]/v@vc: zeros (t5.mesh:78)
-  param111_decoder_attention_1_v_vc.assign(256, support::roundValue(support::DType::F32, 0.0));
-  // decoder/attention[1]/o@vr: zeros (t5.mesh:79)
-  param112_decoder_attention_1_o_vr.assign(16, support::roundValue(support::DType::F32, 0.0));
-  // decoder/attention[1]/o@vc: zeros (t5.mesh:79)
-  param113_decoder_attention_1_o_vc.assign(64, support::roundValue(support::DType::F32, 0.0));
-  // decoder/rms_norm#1[1]/scale@v: zeros (t5.mesh:39)
-  param114_decoder_rms_norm_1_1_scale_v.assign(32, support::roundValue(support::DType::F32, 0.0));
-  // decoder/attention#1[1]/q@vr: zeros (t5.mesh:76)
-  param115_decoder_attention_1_1_q_vr.assign(64, support::roundValue(support::DType::F32, 0.0));
-  // decoder/attention#1[1]/q@vc: zeros (t5.mesh:76)
-  param116_decoder_attention_1_1_q_vc.assign(256, support::roundValue(support::DType::F32, 0.0));
-  // decoder/attention#1[1]/k@vr: zeros (t5.mesh:77)
-  param117_decoder_attention_1_1_k_vr.assign(64, support::roundValue(support::DType::F32, 0.0));
-  // decoder/attention#1[1]/k@vc: zeros (t5.mesh:77)
-  param118_decoder_attention_1_1_k_vc.assign(256, support::roundValue(support::DType::F32, 0.0));
-  // decoder/attention#1[1]/v@vr: zeros (t5.mesh:78)
-  param119_decoder_attention_1_1_v_vr.assign(64, support::roundValue(support::DType::F32, 0.0));
-  // decoder/attention#1[1]/v@vc: zeros (t5.mesh:78)
-  param120_decoder_attention_1_1_v_vc.assign(256, support::roundValue(support::DType::F32, 0.0));
-  // decoder/attention#1[1]/o@vr: zeros (t5.mesh:79)
-  param121_decoder_attention_1_1_o_vr.assign(16, support::roundValue(support::DType::F32, 0.0));
-  // decoder/attention#1[1]/o@vc: zeros (t5.mesh:79)
-  param122_decoder_attention_1_1_o_vc.assign(64, support::roundValue(support::DType::F32, 0.0));
-  // decoder/rms_norm#2[1]/scale@v: zeros (t5.mesh:39)
-  param123_decoder_rms_norm_2_1_scale_v.assign(32, support::roundValue(support::DType::F32, 0.0));
-  // decoder/dense_relu_dense[1]/wi@vr: zeros (t5.mesh:89)
-  param124_decoder_dense_relu_dense_1_wi_vr.assign(32,
-                                                   support::roundValue(support::DType::F32, 0.0));
-  // decoder/dense_relu_dense[1]/wi@vc: zeros (t5.mesh:89)
-  param125_decoder_dense_relu_dense_1_wi_vc.assign(32,
-                                                   support::roundValue(support::DType::F32, 0.0));
-  // decoder/dense_relu_dense[1]/wo@vr: zeros (t5.mesh:90)
-  param126_decoder_dense_relu_dense_1_wo_vr.assign(32,
-                                                   support::roundValue(support::DType::F32, 0.0));
-  // decoder/dense_relu_dense[1]/wo@vc: zeros (t5.mesh:90)
-  param127_decoder_dense_relu_dense_1_wo_vc.assign(32,
-                                                   support::roundValue(support::DType::F32, 0.0));
-  // decoder/rms_norm/scale@v: zeros (t5.mesh:39)
-  param128_decoder_rms_norm_scale_v.assign(32, support::roundValue(support::DType::F32, 0.0));
+  static constexpr support::ParamInit inits[] = {
+      // encoder/relative_bias/table (t5.mesh:55)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.1}}},
+      // shared/embedding (t5.mesh:95)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 1.0}}},
+      // encoder/rms_norm[0]/scale (t5.mesh:39)
+      {"ones", support::DType::F32, {}},
+      // encoder/attention[0]/q (t5.mesh:76)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.0625}}},
+      // encoder/attention[0]/k (t5.mesh:77)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.17677669529663687}}},
+      // encoder/attention[0]/v (t5.mesh:78)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.17677669529663687}}},
+      // encoder/attention[0]/o (t5.mesh:79)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.17677669529663687}}},
+      // encoder/rms_norm#1[0]/scale (t5.mesh:39)
+      {"ones", support::DType::F32, {}},
+      // encoder/dense_relu_dense[0]/wi (t5.mesh:89)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.17677669529663687}}},
+      // encoder/dense_relu_dense[0]/wo (t5.mesh:90)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.125}}},
+      // encoder/rms_norm[1]/scale (t5.mesh:39)
+      {"ones", support::DType::F32, {}},
+      // encoder/attention[1]/q (t5.mesh:76)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.0625}}},
+      // encoder/attention[1]/k (t5.mesh:77)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.17677669529663687}}},
+      // encoder/attention[1]/v (t5.mesh:78)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.17677669529663687}}},
+      // encoder/attention[1]/o (t5.mesh:79)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.17677669529663687}}},
+      // encoder/rms_norm#1[1]/scale (t5.mesh:39)
+      {"ones", support::DType::F32, {}},
+      // encoder/dense_relu_dense[1]/wi (t5.mesh:89)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.17677669529663687}}},
+      // encoder/dense_relu_dense[1]/wo (t5.mesh:90)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.125}}},
+      // encoder/rms_norm/scale (t5.mesh:39)
+      {"ones", support::DType::F32, {}},
+      // decoder/relative_bias/table (t5.mesh:55)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.1}}},
+      // decoder/rms_norm[0]/scale (t5.mesh:39)
+      {"ones", support::DType::F32, {}},
+      // decoder/attention[0]/q (t5.mesh:76)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.0625}}},
+      // decoder/attention[0]/k (t5.mesh:77)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.17677669529663687}}},
+      // decoder/attention[0]/v (t5.mesh:78)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.17677669529663687}}},
+      // decoder/attention[0]/o (t5.mesh:79)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.17677669529663687}}},
+      // decoder/rms_norm#1[0]/scale (t5.mesh:39)
+      {"ones", support::DType::F32, {}},
+      // decoder/attention#1[0]/q (t5.mesh:76)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.0625}}},
+      // decoder/attention#1[0]/k (t5.mesh:77)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.17677669529663687}}},
+      // decoder/attention#1[0]/v (t5.mesh:78)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.17677669529663687}}},
+      // decoder/attention#1[0]/o (t5.mesh:79)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.17677669529663687}}},
+      // decoder/rms_norm#2[0]/scale (t5.mesh:39)
+      {"ones", support::DType::F32, {}},
+      // decoder/dense_relu_dense[0]/wi (t5.mesh:89)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.17677669529663687}}},
+      // decoder/dense_relu_dense[0]/wo (t5.mesh:90)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.125}}},
+      // decoder/rms_norm[1]/scale (t5.mesh:39)
+      {"ones", support::DType::F32, {}},
+      // decoder/attention[1]/q (t5.mesh:76)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.0625}}},
+      // decoder/attention[1]/k (t5.mesh:77)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.17677669529663687}}},
+      // decoder/attention[1]/v (t5.mesh:78)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.17677669529663687}}},
+      // decoder/attention[1]/o (t5.mesh:79)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.17677669529663687}}},
+      // decoder/rms_norm#1[1]/scale (t5.mesh:39)
+      {"ones", support::DType::F32, {}},
+      // decoder/attention#1[1]/q (t5.mesh:76)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.0625}}},
+      // decoder/attention#1[1]/k (t5.mesh:77)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.17677669529663687}}},
+      // decoder/attention#1[1]/v (t5.mesh:78)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.17677669529663687}}},
+      // decoder/attention#1[1]/o (t5.mesh:79)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.17677669529663687}}},
+      // decoder/rms_norm#2[1]/scale (t5.mesh:39)
+      {"ones", support::DType::F32, {}},
+      // decoder/dense_relu_dense[1]/wi (t5.mesh:89)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.17677669529663687}}},
+      // decoder/dense_relu_dense[1]/wo (t5.mesh:90)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.125}}},
+      // decoder/rms_norm/scale (t5.mesh:39)
+      {"ones", support::DType::F32, {}},
+      // encoder/relative_bias/table@vr (t5.mesh:55)
+      {"zeros", support::DType::F32, {}},
+      // encoder/relative_bias/table@vc (t5.mesh:55)
+      {"zeros", support::DType::F32, {}},
+      // shared/embedding@vr (t5.mesh:95)
+      {"zeros", support::DType::F32, {}},
+      // shared/embedding@vc (t5.mesh:95)
+      {"zeros", support::DType::F32, {}},
+      // encoder/rms_norm[0]/scale@v (t5.mesh:39)
+      {"zeros", support::DType::F32, {}},
+      // encoder/attention[0]/q@vr (t5.mesh:76)
+      {"zeros", support::DType::F32, {}},
+      // encoder/attention[0]/q@vc (t5.mesh:76)
+      {"zeros", support::DType::F32, {}},
+      // encoder/attention[0]/k@vr (t5.mesh:77)
+      {"zeros", support::DType::F32, {}},
+      // encoder/attention[0]/k@vc (t5.mesh:77)
+      {"zeros", support::DType::F32, {}},
+      // encoder/attention[0]/v@vr (t5.mesh:78)
+      {"zeros", support::DType::F32, {}},
+      // encoder/attention[0]/v@vc (t5.mesh:78)
+      {"zeros", support::DType::F32, {}},
+      // encoder/attention[0]/o@vr (t5.mesh:79)
+      {"zeros", support::DType::F32, {}},
+      // encoder/attention[0]/o@vc (t5.mesh:79)
+      {"zeros", support::DType::F32, {}},
+      // encoder/rms_norm#1[0]/scale@v (t5.mesh:39)
+      {"zeros", support::DType::F32, {}},
+      // encoder/dense_relu_dense[0]/wi@vr (t5.mesh:89)
+      {"zeros", support::DType::F32, {}},
+      // encoder/dense_relu_dense[0]/wi@vc (t5.mesh:89)
+      {"zeros", support::DType::F32, {}},
+      // encoder/dense_relu_dense[0]/wo@vr (t5.mesh:90)
+      {"zeros", support::DType::F32, {}},
+      // encoder/dense_relu_dense[0]/wo@vc (t5.mesh:90)
+      {"zeros", support::DType::F32, {}},
+      // encoder/rms_norm[1]/scale@v (t5.mesh:39)
+      {"zeros", support::DType::F32, {}},
+      // encoder/attention[1]/q@vr (t5.mesh:76)
+      {"zeros", support::DType::F32, {}},
+      // encoder/attention[1]/q@vc (t5.mesh:76)
+      {"zeros", support::DType::F32, {}},
+      // encoder/attention[1]/k@vr (t5.mesh:77)
+      {"zeros", support::DType::F32, {}},
+      // encoder/attention[1]/k@vc (t5.mesh:77)
+      {"zeros", support::DType::F32, {}},
+      // encoder/attention[1]/v@vr (t5.mesh:78)
+      {"zeros", support::DType::F32, {}},
+      // encoder/attention[1]/v@vc (t5.mesh:78)
+      {"zeros", support::DType::F32, {}},
+      // encoder/attention[1]/o@vr (t5.mesh:79)
+      {"zeros", support::DType::F32, {}},
+      // encoder/attention[1]/o@vc (t5.mesh:79)
+      {"zeros", support::DType::F32, {}},
+      // encoder/rms_norm#1[1]/scale@v (t5.mesh:39)
+      {"zeros", support::DType::F32, {}},
+      // encoder/dense_relu_dense[1]/wi@vr (t5.mesh:89)
+      {"zeros", support::DType::F32, {}},
+      // encoder/dense_relu_dense[1]/wi@vc (t5.mesh:89)
+      {"zeros", support::DType::F32, {}},
+      // encoder/dense_relu_dense[1]/wo@vr (t5.mesh:90)
+      {"zeros", support::DType::F32, {}},
+      // encoder/dense_relu_dense[1]/wo@vc (t5.mesh:90)
+      {"zeros", support::DType::F32, {}},
+      // encoder/rms_norm/scale@v (t5.mesh:39)
+      {"zeros", support::DType::F32, {}},
+      // decoder/relative_bias/table@vr (t5.mesh:55)
+      {"zeros", support::DType::F32, {}},
+      // decoder/relative_bias/table@vc (t5.mesh:55)
+      {"zeros", support::DType::F32, {}},
+      // decoder/rms_norm[0]/scale@v (t5.mesh:39)
+      {"zeros", support::DType::F32, {}},
+      // decoder/attention[0]/q@vr (t5.mesh:76)
+      {"zeros", support::DType::F32, {}},
+      // decoder/attention[0]/q@vc (t5.mesh:76)
+      {"zeros", support::DType::F32, {}},
+      // decoder/attention[0]/k@vr (t5.mesh:77)
+      {"zeros", support::DType::F32, {}},
+      // decoder/attention[0]/k@vc (t5.mesh:77)
+      {"zeros", support::DType::F32, {}},
+      // decoder/attention[0]/v@vr (t5.mesh:78)
+      {"zeros", support::DType::F32, {}},
+      // decoder/attention[0]/v@vc (t5.mesh:78)
+      {"zeros", support::DType::F32, {}},
+      // decoder/attention[0]/o@vr (t5.mesh:79)
+      {"zeros", support::DType::F32, {}},
+      // decoder/attention[0]/o@vc (t5.mesh:79)
+      {"zeros", support::DType::F32, {}},
+      // decoder/rms_norm#1[0]/scale@v (t5.mesh:39)
+      {"zeros", support::DType::F32, {}},
+      // decoder/attention#1[0]/q@vr (t5.mesh:76)
+      {"zeros", support::DType::F32, {}},
+      // decoder/attention#1[0]/q@vc (t5.mesh:76)
+      {"zeros", support::DType::F32, {}},
+      // decoder/attention#1[0]/k@vr (t5.mesh:77)
+      {"zeros", support::DType::F32, {}},
+      // decoder/attention#1[0]/k@vc (t5.mesh:77)
+      {"zeros", support::DType::F32, {}},
+      // decoder/attention#1[0]/v@vr (t5.mesh:78)
+      {"zeros", support::DType::F32, {}},
+      // decoder/attention#1[0]/v@vc (t5.mesh:78)
+      {"zeros", support::DType::F32, {}},
+      // decoder/attention#1[0]/o@vr (t5.mesh:79)
+      {"zeros", support::DType::F32, {}},
+      // decoder/attention#1[0]/o@vc (t5.mesh:79)
+      {"zeros", support::DType::F32, {}},
+      // decoder/rms_norm#2[0]/scale@v (t5.mesh:39)
+      {"zeros", support::DType::F32, {}},
+      // decoder/dense_relu_dense[0]/wi@vr (t5.mesh:89)
+      {"zeros", support::DType::F32, {}},
+      // decoder/dense_relu_dense[0]/wi@vc (t5.mesh:89)
+      {"zeros", support::DType::F32, {}},
+      // decoder/dense_relu_dense[0]/wo@vr (t5.mesh:90)
+      {"zeros", support::DType::F32, {}},
+      // decoder/dense_relu_dense[0]/wo@vc (t5.mesh:90)
+      {"zeros", support::DType::F32, {}},
+      // decoder/rms_norm[1]/scale@v (t5.mesh:39)
+      {"zeros", support::DType::F32, {}},
+      // decoder/attention[1]/q@vr (t5.mesh:76)
+      {"zeros", support::DType::F32, {}},
+      // decoder/attention[1]/q@vc (t5.mesh:76)
+      {"zeros", support::DType::F32, {}},
+      // decoder/attention[1]/k@vr (t5.mesh:77)
+      {"zeros", support::DType::F32, {}},
+      // decoder/attention[1]/k@vc (t5.mesh:77)
+      {"zeros", support::DType::F32, {}},
+      // decoder/attention[1]/v@vr (t5.mesh:78)
+      {"zeros", support::DType::F32, {}},
+      // decoder/attention[1]/v@vc (t5.mesh:78)
+      {"zeros", support::DType::F32, {}},
+      // decoder/attention[1]/o@vr (t5.mesh:79)
+      {"zeros", support::DType::F32, {}},
+      // decoder/attention[1]/o@vc (t5.mesh:79)
+      {"zeros", support::DType::F32, {}},
+      // decoder/rms_norm#1[1]/scale@v (t5.mesh:39)
+      {"zeros", support::DType::F32, {}},
+      // decoder/attention#1[1]/q@vr (t5.mesh:76)
+      {"zeros", support::DType::F32, {}},
+      // decoder/attention#1[1]/q@vc (t5.mesh:76)
+      {"zeros", support::DType::F32, {}},
+      // decoder/attention#1[1]/k@vr (t5.mesh:77)
+      {"zeros", support::DType::F32, {}},
+      // decoder/attention#1[1]/k@vc (t5.mesh:77)
+      {"zeros", support::DType::F32, {}},
+      // decoder/attention#1[1]/v@vr (t5.mesh:78)
+      {"zeros", support::DType::F32, {}},
+      // decoder/attention#1[1]/v@vc (t5.mesh:78)
+      {"zeros", support::DType::F32, {}},
+      // decoder/attention#1[1]/o@vr (t5.mesh:79)
+      {"zeros", support::DType::F32, {}},
+      // decoder/attention#1[1]/o@vc (t5.mesh:79)
+      {"zeros", support::DType::F32, {}},
+      // decoder/rms_norm#2[1]/scale@v (t5.mesh:39)
+      {"zeros", support::DType::F32, {}},
+      // decoder/dense_relu_dense[1]/wi@vr (t5.mesh:89)
+      {"zeros", support::DType::F32, {}},
+      // decoder/dense_relu_dense[1]/wi@vc (t5.mesh:89)
+      {"zeros", support::DType::F32, {}},
+      // decoder/dense_relu_dense[1]/wo@vr (t5.mesh:90)
+      {"zeros", support::DType::F32, {}},
+      // decoder/dense_relu_dense[1]/wo@vc (t5.mesh:90)
+      {"zeros", support::DType::F32, {}},
+      // decoder/rms_norm/scale@v (t5.mesh:39)
+      {"zeros", support::DType::F32, {}}};
+  support::Buffer *const data[] = {&param0_encoder_relative_bias_table,
+                                   &param1_shared_embedding,
+                                   &param2_encoder_rms_norm_0_scale,
+                                   &param3_encoder_attention_0_q,
+                                   &param4_encoder_attention_0_k,
+                                   &param5_encoder_attention_0_v,
+                                   &param6_encoder_attention_0_o,
+                                   &param7_encoder_rms_norm_1_0_scale,
+                                   &param8_encoder_dense_relu_dense_0_wi,
+                                   &param9_encoder_dense_relu_dense_0_wo,
+                                   &param10_encoder_rms_norm_1_scale,
+                                   &param11_encoder_attention_1_q,
+                                   &param12_encoder_attention_1_k,
+                                   &param13_encoder_attention_1_v,
+                                   &param14_encoder_attention_1_o,
+                                   &param15_encoder_rms_norm_1_1_scale,
+                                   &param16_encoder_dense_relu_dense_1_wi,
+                                   &param17_encoder_dense_relu_dense_1_wo,
+                                   &param18_encoder_rms_norm_scale,
+                                   &param19_decoder_relative_bias_table,
+                                   &param20_decoder_rms_norm_0_scale,
+                                   &param21_decoder_attention_0_q,
+                                   &param22_decoder_attention_0_k,
+                                   &param23_decoder_attention_0_v,
+                                   &param24_decoder_attention_0_o,
+                                   &param25_decoder_rms_norm_1_0_scale,
+                                   &param26_decoder_attention_1_0_q,
+                                   &param27_decoder_attention_1_0_k,
+                                   &param28_decoder_attention_1_0_v,
+                                   &param29_decoder_attention_1_0_o,
+                                   &param30_decoder_rms_norm_2_0_scale,
+                                   &param31_decoder_dense_relu_dense_0_wi,
+                                   &param32_decoder_dense_relu_dense_0_wo,
+                                   &param33_decoder_rms_norm_1_scale,
+                                   &param34_decoder_attention_1_q,
+                                   &param35_decoder_attention_1_k,
+                                   &param36_decoder_attention_1_v,
+                                   &param37_decoder_attention_1_o,
+                                   &param38_decoder_rms_norm_1_1_scale,
+                                   &param39_decoder_attention_1_1_q,
+                                   &param40_decoder_attention_1_1_k,
+                                   &param41_decoder_attention_1_1_v,
+                                   &param42_decoder_attention_1_1_o,
+                                   &param43_decoder_rms_norm_2_1_scale,
+                                   &param44_decoder_dense_relu_dense_1_wi,
+                                   &param45_decoder_dense_relu_dense_1_wo,
+                                   &param46_decoder_rms_norm_scale,
+                                   &param47_encoder_relative_bias_table_vr,
+                                   &param48_encoder_relative_bias_table_vc,
+                                   &param49_shared_embedding_vr,
+                                   &param50_shared_embedding_vc,
+                                   &param51_encoder_rms_norm_0_scale_v,
+                                   &param52_encoder_attention_0_q_vr,
+                                   &param53_encoder_attention_0_q_vc,
+                                   &param54_encoder_attention_0_k_vr,
+                                   &param55_encoder_attention_0_k_vc,
+                                   &param56_encoder_attention_0_v_vr,
+                                   &param57_encoder_attention_0_v_vc,
+                                   &param58_encoder_attention_0_o_vr,
+                                   &param59_encoder_attention_0_o_vc,
+                                   &param60_encoder_rms_norm_1_0_scale_v,
+                                   &param61_encoder_dense_relu_dense_0_wi_vr,
+                                   &param62_encoder_dense_relu_dense_0_wi_vc,
+                                   &param63_encoder_dense_relu_dense_0_wo_vr,
+                                   &param64_encoder_dense_relu_dense_0_wo_vc,
+                                   &param65_encoder_rms_norm_1_scale_v,
+                                   &param66_encoder_attention_1_q_vr,
+                                   &param67_encoder_attention_1_q_vc,
+                                   &param68_encoder_attention_1_k_vr,
+                                   &param69_encoder_attention_1_k_vc,
+                                   &param70_encoder_attention_1_v_vr,
+                                   &param71_encoder_attention_1_v_vc,
+                                   &param72_encoder_attention_1_o_vr,
+                                   &param73_encoder_attention_1_o_vc,
+                                   &param74_encoder_rms_norm_1_1_scale_v,
+                                   &param75_encoder_dense_relu_dense_1_wi_vr,
+                                   &param76_encoder_dense_relu_dense_1_wi_vc,
+                                   &param77_encoder_dense_relu_dense_1_wo_vr,
+                                   &param78_encoder_dense_relu_dense_1_wo_vc,
+                                   &param79_encoder_rms_norm_scale_v,
+                                   &param80_decoder_relative_bias_table_vr,
+                                   &param81_decoder_relative_bias_table_vc,
+                                   &param82_decoder_rms_norm_0_scale_v,
+                                   &param83_decoder_attention_0_q_vr,
+                                   &param84_decoder_attention_0_q_vc,
+                                   &param85_decoder_attention_0_k_vr,
+                                   &param86_decoder_attention_0_k_vc,
+                                   &param87_decoder_attention_0_v_vr,
+                                   &param88_decoder_attention_0_v_vc,
+                                   &param89_decoder_attention_0_o_vr,
+                                   &param90_decoder_attention_0_o_vc,
+                                   &param91_decoder_rms_norm_1_0_scale_v,
+                                   &param92_decoder_attention_1_0_q_vr,
+                                   &param93_decoder_attention_1_0_q_vc,
+                                   &param94_decoder_attention_1_0_k_vr,
+                                   &param95_decoder_attention_1_0_k_vc,
+                                   &param96_decoder_attention_1_0_v_vr,
+                                   &param97_decoder_attention_1_0_v_vc,
+                                   &param98_decoder_attention_1_0_o_vr,
+                                   &param99_decoder_attention_1_0_o_vc,
+                                   &param100_decoder_rms_norm_2_0_scale_v,
+                                   &param101_decoder_dense_relu_dense_0_wi_vr,
+                                   &param102_decoder_dense_relu_dense_0_wi_vc,
+                                   &param103_decoder_dense_relu_dense_0_wo_vr,
+                                   &param104_decoder_dense_relu_dense_0_wo_vc,
+                                   &param105_decoder_rms_norm_1_scale_v,
+                                   &param106_decoder_attention_1_q_vr,
+                                   &param107_decoder_attention_1_q_vc,
+                                   &param108_decoder_attention_1_k_vr,
+                                   &param109_decoder_attention_1_k_vc,
+                                   &param110_decoder_attention_1_v_vr,
+                                   &param111_decoder_attention_1_v_vc,
+                                   &param112_decoder_attention_1_o_vr,
+                                   &param113_decoder_attention_1_o_vc,
+                                   &param114_decoder_rms_norm_1_1_scale_v,
+                                   &param115_decoder_attention_1_1_q_vr,
+                                   &param116_decoder_attention_1_1_q_vc,
+                                   &param117_decoder_attention_1_1_k_vr,
+                                   &param118_decoder_attention_1_1_k_vc,
+                                   &param119_decoder_attention_1_1_v_vr,
+                                   &param120_decoder_attention_1_1_v_vc,
+                                   &param121_decoder_attention_1_1_o_vr,
+                                   &param122_decoder_attention_1_1_o_vc,
+                                   &param123_decoder_rms_norm_2_1_scale_v,
+                                   &param124_decoder_dense_relu_dense_1_wi_vr,
+                                   &param125_decoder_dense_relu_dense_1_wi_vc,
+                                   &param126_decoder_dense_relu_dense_1_wo_vr,
+                                   &param127_decoder_dense_relu_dense_1_wo_vc,
+                                   &param128_decoder_rms_norm_scale_v};
+  support::initParams(world_, seed, -1, kT5TrainParams, inits, data);
   computeInvariants();
 }
 
@@ -3420,244 +3564,79 @@ void T5Train::computeInvariants() {
   // t5.mesh:62:26 iota
   // t5.mesh:117:52 iota
   support::View v2 = persistent_.view(0, 16);
-  static const support::Shape shape0_1 = {16};
-  static const support::Shape shape0_2 = {1};
-  support::iota(v2.data(), shape0_1, shape0_2, 0);
+  support::iota(v2.data(), kShape0, kShape1, 0);
 
   // t5.mesh:62:24 sub -> n
   support::View v4 = persistent_.view(64, 256);
-  {
-    float *__restrict v4p = v4.data();
-    const float *__restrict v2p = v2.data();
-    for (int64_t i0 = 0; i0 < 16; ++i0) {
-      for (int64_t i1 = 0; i1 < 16; ++i1) {
-        const float s0 = v2p[i0];
-        const float s1 = v2p[i1];
-        const float s2 = support::wrapI32(double((double(s0) - double(s1))));
-        v4p[i0 * 16 + i1] = s2;
-      }
-    }
-  }
+  loop0(v4.data(), v2.data());
 
   // t5.mesh:63:13 lt
   support::View v6 = persistent_.view(1152, 256);
-  {
-    float *__restrict v6p = v6.data();
-    const float *__restrict v4p = v4.data();
-    for (int64_t i0 = 0; i0 < 256; ++i0) {
-      const float s0 = v4p[i0];
-      const float s1 = support::wrapI32(0.0);
-      const float s2 = (s0 < s1 ? 1.0f : 0.0f);
-      v6p[i0] = s2;
-    }
-  }
+  loop1(v6.data(), v4.data());
 
   // t5.mesh:63:18 mul
   support::View v8 = persistent_.view(2240, 256);
-  {
-    float *__restrict v8p = v8.data();
-    const float *__restrict v6p = v6.data();
-    for (int64_t i0 = 0; i0 < 256; ++i0) {
-      const float s0 = v6p[i0];
-      const float s1 = support::wrapI32(4.0);
-      const float s2 = support::wrapI32(double((double(s0) * double(s1))));
-      v8p[i0] = s2;
-    }
-  }
+  loop2(v8.data(), v6.data());
 
   // t5.mesh:63:76 abs
   support::View v9 = persistent_.view(3264, 256);
-  {
-    float *__restrict v9p = v9.data();
-    const float *__restrict v4p = v4.data();
-    for (int64_t i0 = 0; i0 < 256; ++i0) {
-      const float s0 = v4p[i0];
-      const float s1 = support::wrapI32(double(std::fabs(s0)));
-      v9p[i0] = s1;
-    }
-  }
+  loop3(v9.data(), v4.data());
 
   // t5.mesh:47:18 maximum
   support::View v11 = persistent_.view(4352, 256);
-  {
-    float *__restrict v11p = v11.data();
-    const float *__restrict v9p = v9.data();
-    for (int64_t i0 = 0; i0 < 256; ++i0) {
-      const float s0 = v9p[i0];
-      const float s1 = support::wrapI32(2.0);
-      const float s2 = support::wrapI32(double(support::maximum(s0, s1)));
-      v11p[i0] = s2;
-    }
-  }
+  loop4(v11.data(), v9.data());
 
   // t5.mesh:47:13 cast
   support::View v12 = persistent_.view(5376, 256);
-  {
-    float *__restrict v12p = v12.data();
-    const float *__restrict v11p = v11.data();
-    for (int64_t i0 = 0; i0 < 256; ++i0) {
-      const float s0 = v11p[i0];
-      const float s1 = s0;
-      v12p[i0] = s1;
-    }
-  }
+  loop5(v12.data(), v11.data());
 
   // t5.mesh:47:48 div -> far
   support::View v14 = persistent_.view(6464, 256);
-  {
-    float *__restrict v14p = v14.data();
-    const float *__restrict v12p = v12.data();
-    for (int64_t i0 = 0; i0 < 256; ++i0) {
-      const float s0 = v12p[i0];
-      const float s1 = 2.0f;
-      const float s2 = (s0 / s1);
-      v14p[i0] = s2;
-    }
-  }
+  loop6(v14.data(), v12.data());
 
   // t5.mesh:48:22 log
   support::View v15 = persistent_.view(7488, 256);
-  {
-    float *__restrict v15p = v15.data();
-    const float *__restrict v14p = v14.data();
-    for (int64_t i0 = 0; i0 < 256; ++i0) {
-      const float s0 = v14p[i0];
-      const float s1 = support::flog(s0);
-      v15p[i0] = s1;
-    }
-  }
+  loop7(v15.data(), v14.data());
 
   // t5.mesh:48:31 div
   support::View v17 = persistent_.view(8576, 256);
-  {
-    float *__restrict v17p = v17.data();
-    const float *__restrict v15p = v15.data();
-    for (int64_t i0 = 0; i0 < 256; ++i0) {
-      const float s0 = v15p[i0];
-      const float s1 = 2.7725887f;
-      const float s2 = (s0 / s1);
-      v17p[i0] = s2;
-    }
-  }
+  loop8(v17.data(), v15.data());
 
   // t5.mesh:48:57 mul
   support::View v19 = persistent_.view(9600, 256);
-  {
-    float *__restrict v19p = v19.data();
-    const float *__restrict v17p = v17.data();
-    for (int64_t i0 = 0; i0 < 256; ++i0) {
-      const float s0 = v17p[i0];
-      const float s1 = 2.0f;
-      const float s2 = (s0 * s1);
-      v19p[i0] = s2;
-    }
-  }
+  loop9(v19.data(), v17.data());
 
   // t5.mesh:48:16 floor -> spread
   support::View v20 = persistent_.view(10624, 256);
-  {
-    float *__restrict v20p = v20.data();
-    const float *__restrict v19p = v19.data();
-    for (int64_t i0 = 0; i0 < 256; ++i0) {
-      const float s0 = v19p[i0];
-      const float s1 = support::ffloor(s0);
-      v20p[i0] = s1;
-    }
-  }
+  loop10(v20.data(), v19.data());
 
   // t5.mesh:49:25 cast
   support::View v21 = persistent_.view(11648, 256);
-  {
-    float *__restrict v21p = v21.data();
-    const float *__restrict v20p = v20.data();
-    for (int64_t i0 = 0; i0 < 256; ++i0) {
-      const float s0 = v20p[i0];
-      const float s1 = support::castToI32(s0);
-      v21p[i0] = s1;
-    }
-  }
+  loop11(v21.data(), v20.data());
 
   // t5.mesh:49:43 add
   support::View v23 = persistent_.view(12672, 256);
-  {
-    float *__restrict v23p = v23.data();
-    const float *__restrict v21p = v21.data();
-    for (int64_t i0 = 0; i0 < 256; ++i0) {
-      const float s0 = v21p[i0];
-      const float s1 = support::wrapI32(2.0);
-      const float s2 = support::wrapI32(double((double(s0) + double(s1))));
-      v23p[i0] = s2;
-    }
-  }
+  loop12(v23.data(), v21.data());
 
   // t5.mesh:49:20 maximum
   support::View v25 = persistent_.view(13696, 256);
-  {
-    float *__restrict v25p = v25.data();
-    const float *__restrict v23p = v23.data();
-    for (int64_t i0 = 0; i0 < 256; ++i0) {
-      const float s0 = v23p[i0];
-      const float s1 = support::wrapI32(0.0);
-      const float s2 = support::wrapI32(double(support::maximum(s0, s1)));
-      v25p[i0] = s2;
-    }
-  }
+  loop13(v25.data(), v23.data());
 
   // t5.mesh:49:20 minimum -> log_spaced
   support::View v27 = persistent_.view(14784, 256);
-  {
-    float *__restrict v27p = v27.data();
-    const float *__restrict v25p = v25.data();
-    for (int64_t i0 = 0; i0 < 256; ++i0) {
-      const float s0 = v25p[i0];
-      const float s1 = support::wrapI32(3.0);
-      const float s2 = support::wrapI32(double(support::minimum(s0, s1)));
-      v27p[i0] = s2;
-    }
-  }
+  loop14(v27.data(), v25.data());
 
   // t5.mesh:50:18 lt
   support::View v29 = persistent_.view(15808, 256);
-  {
-    float *__restrict v29p = v29.data();
-    const float *__restrict v9p = v9.data();
-    for (int64_t i0 = 0; i0 < 256; ++i0) {
-      const float s0 = v9p[i0];
-      const float s1 = support::wrapI32(2.0);
-      const float s2 = (s0 < s1 ? 1.0f : 0.0f);
-      v29p[i0] = s2;
-    }
-  }
+  loop15(v29.data(), v9.data());
 
   // t5.mesh:50:10 where
   support::View v30 = persistent_.view(16832, 256);
-  {
-    float *__restrict v30p = v30.data();
-    const float *__restrict v29p = v29.data();
-    const float *__restrict v9p = v9.data();
-    const float *__restrict v27p = v27.data();
-    for (int64_t i0 = 0; i0 < 256; ++i0) {
-      const float s0 = v29p[i0];
-      const float s1 = v9p[i0];
-      const float s2 = v27p[i0];
-      const float s3 = (s0 != 0 ? s1 : s2);
-      v30p[i0] = s3;
-    }
-  }
+  loop16(v30.data(), v29.data(), v9.data(), v27.data());
 
   // t5.mesh:63:31 add
   support::View v31 = persistent_.view(17856, 256);
-  {
-    float *__restrict v31p = v31.data();
-    const float *__restrict v8p = v8.data();
-    const float *__restrict v30p = v30.data();
-    for (int64_t i0 = 0; i0 < 256; ++i0) {
-      const float s0 = v8p[i0];
-      const float s1 = v30p[i0];
-      const float s2 = support::wrapI32(double((double(s0) + double(s1))));
-      v31p[i0] = s2;
-    }
-  }
+  loop17(v31.data(), v8.data(), v30.data());
 
   // t5.mesh:114:21 iota
   // t5.mesh:114:38 iota
@@ -3665,321 +3644,103 @@ void T5Train::computeInvariants() {
   // t5.mesh:68:82 iota
   // t5.mesh:117:36 iota
   support::View v124 = persistent_.view(18944, 8);
-  static const support::Shape shape19_1 = {8};
-  static const support::Shape shape19_2 = {1};
-  support::iota(v124.data(), shape19_1, shape19_2, 0);
+  support::iota(v124.data(), kShape2, kShape1, 0);
 
   // t5.mesh:114:35 ge
   support::View v126 = persistent_.view(19008, 64);
-  {
-    float *__restrict v126p = v126.data();
-    const float *__restrict v124p = v124.data();
-    for (int64_t i0 = 0; i0 < 8; ++i0) {
-      for (int64_t i1 = 0; i1 < 8; ++i1) {
-        const float s0 = v124p[i0];
-        const float s1 = v124p[i1];
-        const float s2 = (s0 >= s1 ? 1.0f : 0.0f);
-        v126p[i0 * 8 + i1] = s2;
-      }
-    }
-  }
+  loop18(v126.data(), v124.data());
 
   // t5.mesh:114:16 cast -> causal
   support::View v127 = persistent_.view(19264, 64);
-  {
-    float *__restrict v127p = v127.data();
-    const float *__restrict v126p = v126.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = v126p[i0];
-      const float s1 = s0;
-      v127p[i0] = s1;
-    }
-  }
+  loop19(v127.data(), v126.data());
 
   // t5.mesh:68:80 sub
   support::View v130 = persistent_.view(19520, 64);
-  {
-    float *__restrict v130p = v130.data();
-    const float *__restrict v124p = v124.data();
-    for (int64_t i0 = 0; i0 < 8; ++i0) {
-      for (int64_t i1 = 0; i1 < 8; ++i1) {
-        const float s0 = v124p[i0];
-        const float s1 = v124p[i1];
-        const float s2 = support::wrapI32(double((double(s0) - double(s1))));
-        v130p[i0 * 8 + i1] = s2;
-      }
-    }
-  }
+  loop20(v130.data(), v124.data());
 
   // t5.mesh:68:58 maximum
   support::View v132 = persistent_.view(19776, 64);
-  {
-    float *__restrict v132p = v132.data();
-    const float *__restrict v130p = v130.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = v130p[i0];
-      const float s1 = support::wrapI32(0.0);
-      const float s2 = support::wrapI32(double(support::maximum(s0, s1)));
-      v132p[i0] = s2;
-    }
-  }
+  loop21(v132.data(), v130.data());
 
   // t5.mesh:47:18 maximum
   support::View v134 = persistent_.view(20032, 64);
-  {
-    float *__restrict v134p = v134.data();
-    const float *__restrict v132p = v132.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = v132p[i0];
-      const float s1 = support::wrapI32(4.0);
-      const float s2 = support::wrapI32(double(support::maximum(s0, s1)));
-      v134p[i0] = s2;
-    }
-  }
+  loop22(v134.data(), v132.data());
 
   // t5.mesh:47:13 cast
   support::View v135 = persistent_.view(20288, 64);
-  {
-    float *__restrict v135p = v135.data();
-    const float *__restrict v134p = v134.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = v134p[i0];
-      const float s1 = s0;
-      v135p[i0] = s1;
-    }
-  }
+  loop19(v135.data(), v134.data());
 
   // t5.mesh:47:48 div -> far
   support::View v137 = persistent_.view(20608, 64);
-  {
-    float *__restrict v137p = v137.data();
-    const float *__restrict v135p = v135.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = v135p[i0];
-      const float s1 = 4.0f;
-      const float s2 = (s0 / s1);
-      v137p[i0] = s2;
-    }
-  }
+  loop23(v137.data(), v135.data());
 
   // t5.mesh:48:22 log
   support::View v138 = persistent_.view(20864, 64);
-  {
-    float *__restrict v138p = v138.data();
-    const float *__restrict v137p = v137.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = v137p[i0];
-      const float s1 = support::flog(s0);
-      v138p[i0] = s1;
-    }
-  }
+  loop24(v138.data(), v137.data());
 
   // t5.mesh:48:31 div
   support::View v140 = persistent_.view(21184, 64);
-  {
-    float *__restrict v140p = v140.data();
-    const float *__restrict v138p = v138.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = v138p[i0];
-      const float s1 = 2.0794415f;
-      const float s2 = (s0 / s1);
-      v140p[i0] = s2;
-    }
-  }
+  loop25(v140.data(), v138.data());
 
   // t5.mesh:48:57 mul
   support::View v142 = persistent_.view(21440, 64);
-  {
-    float *__restrict v142p = v142.data();
-    const float *__restrict v140p = v140.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = v140p[i0];
-      const float s1 = 4.0f;
-      const float s2 = (s0 * s1);
-      v142p[i0] = s2;
-    }
-  }
+  loop26(v142.data(), v140.data());
 
   // t5.mesh:48:16 floor -> spread
   support::View v143 = persistent_.view(21696, 64);
-  {
-    float *__restrict v143p = v143.data();
-    const float *__restrict v142p = v142.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = v142p[i0];
-      const float s1 = support::ffloor(s0);
-      v143p[i0] = s1;
-    }
-  }
+  loop27(v143.data(), v142.data());
 
   // t5.mesh:49:25 cast
   support::View v144 = persistent_.view(21952, 64);
-  {
-    float *__restrict v144p = v144.data();
-    const float *__restrict v143p = v143.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = v143p[i0];
-      const float s1 = support::castToI32(s0);
-      v144p[i0] = s1;
-    }
-  }
+  loop28(v144.data(), v143.data());
 
   // t5.mesh:49:43 add
   support::View v146 = persistent_.view(22208, 64);
-  {
-    float *__restrict v146p = v146.data();
-    const float *__restrict v144p = v144.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = v144p[i0];
-      const float s1 = support::wrapI32(4.0);
-      const float s2 = support::wrapI32(double((double(s0) + double(s1))));
-      v146p[i0] = s2;
-    }
-  }
+  loop29(v146.data(), v144.data());
 
   // t5.mesh:49:20 maximum
   support::View v148 = persistent_.view(22464, 64);
-  {
-    float *__restrict v148p = v148.data();
-    const float *__restrict v146p = v146.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = v146p[i0];
-      const float s1 = support::wrapI32(0.0);
-      const float s2 = support::wrapI32(double(support::maximum(s0, s1)));
-      v148p[i0] = s2;
-    }
-  }
+  loop21(v148.data(), v146.data());
 
   // t5.mesh:49:20 minimum -> log_spaced
   support::View v150 = persistent_.view(22784, 64);
-  {
-    float *__restrict v150p = v150.data();
-    const float *__restrict v148p = v148.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = v148p[i0];
-      const float s1 = support::wrapI32(7.0);
-      const float s2 = support::wrapI32(double(support::minimum(s0, s1)));
-      v150p[i0] = s2;
-    }
-  }
+  loop30(v150.data(), v148.data());
 
   // t5.mesh:50:18 lt
   support::View v152 = persistent_.view(23040, 64);
-  {
-    float *__restrict v152p = v152.data();
-    const float *__restrict v132p = v132.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = v132p[i0];
-      const float s1 = support::wrapI32(4.0);
-      const float s2 = (s0 < s1 ? 1.0f : 0.0f);
-      v152p[i0] = s2;
-    }
-  }
+  loop31(v152.data(), v132.data());
 
   // t5.mesh:50:10 where
   support::View v153 = persistent_.view(23296, 64);
-  {
-    float *__restrict v153p = v153.data();
-    const float *__restrict v152p = v152.data();
-    const float *__restrict v132p = v132.data();
-    const float *__restrict v150p = v150.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = v152p[i0];
-      const float s1 = v132p[i0];
-      const float s2 = v150p[i0];
-      const float s3 = (s0 != 0 ? s1 : s2);
-      v153p[i0] = s3;
-    }
-  }
+  loop32(v153.data(), v152.data(), v132.data(), v150.data());
 
   // t5.mesh:115:62 sub
   support::View v158 = persistent_.view(23616, 64);
-  {
-    float *__restrict v158p = v158.data();
-    const float *__restrict v127p = v127.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = v127p[i0];
-      const float s1 = 1.0f;
-      const float s2 = (s0 - s1);
-      v158p[i0] = s2;
-    }
-  }
+  loop33(v158.data(), v127.data());
 
   // t5.mesh:115:69 mul
   support::View v160 = persistent_.view(23936, 64);
-  {
-    float *__restrict v160p = v160.data();
-    const float *__restrict v158p = v158.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = v158p[i0];
-      const float s1 = 1000000000.0f;
-      const float s2 = (s0 * s1);
-      v160p[i0] = s2;
-    }
-  }
+  loop34(v160.data(), v158.data());
 
   // t5.mesh:117:22 iota
   support::View v162 = persistent_.view(24192, 2);
-  static const support::Shape shape39_1 = {2};
-  static const support::Shape shape39_2 = {1};
-  support::iota(v162.data(), shape39_1, shape39_2, support::shardStart(world_, {"model"}, 2));
+  support::iota(v162.data(), kShape3, kShape1, support::shardStart(world_, {"model"}, 2));
 
   // t5.mesh:117:34 add
   support::View v164 = persistent_.view(24256, 16);
-  {
-    float *__restrict v164p = v164.data();
-    const float *__restrict v162p = v162.data();
-    const float *__restrict v124p = v124.data();
-    for (int64_t i0 = 0; i0 < 2; ++i0) {
-      for (int64_t i1 = 0; i1 < 8; ++i1) {
-        const float s0 = v162p[i0];
-        const float s1 = v124p[i1];
-        const float s2 = support::wrapI32(double((double(s0) + double(s1))));
-        v164p[i0 * 8 + i1] = s2;
-      }
-    }
-  }
+  loop35(v164.data(), v162.data(), v124.data());
 
   // t5.mesh:117:50 add
   support::View v166 = persistent_.view(24320, 256);
-  {
-    float *__restrict v166p = v166.data();
-    const float *__restrict v164p = v164.data();
-    const float *__restrict v2p = v2.data();
-    for (int64_t i0 = 0; i0 < 16; ++i0) {
-      for (int64_t i1 = 0; i1 < 16; ++i1) {
-        const float s0 = v164p[i0];
-        const float s1 = v2p[i1];
-        const float s2 = support::wrapI32(double((double(s0) + double(s1))));
-        v166p[i0 * 16 + i1] = s2;
-      }
-    }
-  }
+  loop36(v166.data(), v164.data(), v2.data());
 
   // t5.mesh:117:17 cast
   support::View v167 = persistent_.view(25344, 256);
-  {
-    float *__restrict v167p = v167.data();
-    const float *__restrict v166p = v166.data();
-    for (int64_t i0 = 0; i0 < 256; ++i0) {
-      const float s0 = v166p[i0];
-      const float s1 = s0;
-      v167p[i0] = s1;
-    }
-  }
+  loop5(v167.data(), v166.data());
 
   // t5.mesh:117:71 mul -> no_bias
   support::View v169 = persistent_.view(26432, 256);
-  {
-    float *__restrict v169p = v169.data();
-    const float *__restrict v167p = v167.data();
-    for (int64_t i0 = 0; i0 < 256; ++i0) {
-      const float s0 = v167p[i0];
-      const float s1 = 0.0f;
-      const float s2 = (s0 * s1);
-      v169p[i0] = s2;
-    }
-  }
+  loop37(v169.data(), v167.data());
 }
 
 T5Train::Outputs T5Train::run(const Inputs &inputs) {
@@ -4014,97 +3775,53 @@ void T5Train::runPart0(const Inputs &inputs) {
   support::View v32(param0_encoder_relative_bias_table); // updated in place
   support::View v31 = persistent_.view(17856, 256);
   support::View v33 = arena_.view(0, 512);
-  static const support::Shape shape0_1 = {16, 16, 2};
-  static const support::Shape shape0_3 = {0, 0, 1};
-  static const support::Shape shape0_5 = {16, 1, 0};
-  support::gather(v33.data(), shape0_1, v32.data(), shape0_3, v31.data(), shape0_5, 8, 2, 0);
+  support::gather(v33.data(), kShape5, v32.data(), kShape6, v31.data(), kShape7, 8, 2, 0);
 
   // t5.mesh:56:10 transpose -> bias
   MESHRT_TRACE("loop", "t5.mesh:56:10", "forward");
   support::View v34 = arena_.view(57344, 512);
-  {
-    float *__restrict v34p = v34.data();
-    const float *__restrict v33p = v33.data();
-    for (int64_t i0 = 0; i0 < 2; ++i0) {
-      for (int64_t i1 = 0; i1 < 256; ++i1) {
-        const float s0 = v33p[i0 + i1 * 2];
-        const float s1 = s0;
-        v34p[i0 * 256 + i1] = s1;
-      }
-    }
-  }
+  loop38(v34.data(), v33.data());
 
   // t5.mesh:96:10 einsum -> x
   MESHRT_TRACE("einsum", "t5.mesh:96:10", "forward");
   support::View v35(param1_shared_embedding); // updated in place
   const support::Buffer &v0 = inputs.input_ids.data;
   support::View v37 = arena_.view(0, 1024);
-  static const support::Shape shape2_1 = {2, 16, 32};
-  static const support::Shape shape2_3 = {0, 0, 1};
-  static const support::Shape shape2_5 = {16, 1, 0};
-  support::gather(v37.data(), shape2_1, v35.data(), shape2_3, v0.data(), shape2_5, 32, 32,
+  support::gather(v37.data(), kShape8, v35.data(), kShape6, v0.data(), kShape7, 32, 32,
                   support::shardStart(world_, {"model"}, 32));
 
   // t5.mesh:118:17 shift
   MESHRT_TRACE("shift", "t5.mesh:118:17", "forward");
   const support::Buffer &v1 = inputs.target_ids.data;
   support::View v170 = arena_.view(192000, 16);
-  static const support::Shape shape3_2 = {2, 8};
-  support::shift(v170, v1, shape3_2, 1, 1, nullptr);
+  support::shift(v170, v1, kShape9, 1, 1, nullptr);
 
   // t5.mesh:96:10 einsum -> x
   MESHRT_TRACE("einsum", "t5.mesh:96:10", "forward");
   support::View v172 = arena_.view(126976, 512);
-  static const support::Shape shape4_1 = {2, 8, 32};
-  static const support::Shape shape4_3 = {0, 0, 1};
-  static const support::Shape shape4_5 = {8, 1, 0};
-  support::gather(v172.data(), shape4_1, v35.data(), shape4_3, v170.data(), shape4_5, 32, 32,
+  support::gather(v172.data(), kShape10, v35.data(), kShape6, v170.data(), kShape11, 32, 32,
                   support::shardStart(world_, {"model"}, 32));
 
   // t5.mesh:152:3 square
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   support::View v749 = arena_.view(4096, 16);
-  {
-    float *__restrict v749p = v749.data();
-    const float *__restrict v32p = v32.data();
-    for (int64_t i0 = 0; i0 < 16; ++i0) {
-      const float s0 = v32p[i0];
-      const float s1 = s0 * s0;
-      v749p[i0] = s1;
-    }
-  }
+  loop56(v749.data(), v32.data());
 
   // t5.mesh:152:3 mean
   MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   support::View v750 = arena_.view(192320, 1);
-  static const support::Shape shape6_1 = {};
-  static const support::Shape shape6_3 = {};
-  static const support::Shape shape6_4 = {8, 2};
-  static const support::Shape shape6_5 = {2, 1};
-  support::reduce(v750.data(), shape6_1, v749.data(), shape6_3, shape6_4, shape6_5,
+  support::reduce(v750.data(), kShape21, v749.data(), kShape21, kShape22, kShape23,
                   support::Reduce::Sum, 0.03125);
 
   // t5.mesh:152:3 square
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   support::View v791 = arena_.view(4096, 1024);
-  {
-    float *__restrict v791p = v791.data();
-    const float *__restrict v35p = v35.data();
-    for (int64_t i0 = 0; i0 < 1024; ++i0) {
-      const float s0 = v35p[i0];
-      const float s1 = s0 * s0;
-      v791p[i0] = s1;
-    }
-  }
+  loop39(v791.data(), v35.data());
 
   // t5.mesh:152:3 mean
   MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   support::View v792 = arena_.view(192384, 1);
-  static const support::Shape shape8_1 = {};
-  static const support::Shape shape8_3 = {};
-  static const support::Shape shape8_4 = {32, 32};
-  static const support::Shape shape8_5 = {32, 1};
-  support::reduce(v792.data(), shape8_1, v791.data(), shape8_3, shape8_4, shape8_5,
+  support::reduce(v792.data(), kShape21, v791.data(), kShape21, kShape24, kShape25,
                   support::Reduce::Sum, 0.00048828125);
 
   // 12 statements from t5.mesh:152:3 square (1 of 2)
@@ -4157,24 +3874,12 @@ void T5Train::runPart0(const Inputs &inputs) {
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   support::View v154(param19_decoder_relative_bias_table); // updated in place
   support::View v1445 = arena_.view(4096, 16);
-  {
-    float *__restrict v1445p = v1445.data();
-    const float *__restrict v154p = v154.data();
-    for (int64_t i0 = 0; i0 < 16; ++i0) {
-      const float s0 = v154p[i0];
-      const float s1 = s0 * s0;
-      v1445p[i0] = s1;
-    }
-  }
+  loop56(v1445.data(), v154.data());
 
   // t5.mesh:152:3 mean
   MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   support::View v1446 = arena_.view(193216, 1);
-  static const support::Shape shape12_1 = {};
-  static const support::Shape shape12_3 = {};
-  static const support::Shape shape12_4 = {8, 2};
-  static const support::Shape shape12_5 = {2, 1};
-  support::reduce(v1446.data(), shape12_1, v1445.data(), shape12_3, shape12_4, shape12_5,
+  support::reduce(v1446.data(), kShape21, v1445.data(), kShape21, kShape22, kShape23,
                   support::Reduce::Sum, 0.03125);
 
   // 20 statements from t5.mesh:152:3 square (1 of 2)
@@ -4262,41 +3967,19 @@ void T5Train::runPart0(const Inputs &inputs) {
   // t5.mesh:40:25 square
   MESHRT_TRACE("loop", "t5.mesh:40:25", "forward");
   support::View v40 = arena_.view(4096, 1024);
-  {
-    float *__restrict v40p = v40.data();
-    const float *__restrict v37p = v37.data();
-    for (int64_t i0 = 0; i0 < 1024; ++i0) {
-      const float s0 = v37p[i0];
-      const float s1 = s0 * s0;
-      v40p[i0] = s1;
-    }
-  }
+  loop39(v40.data(), v37.data());
 
   // t5.mesh:40:20 mean
   MESHRT_TRACE("mean", "t5.mesh:40:20", "forward");
   support::View v41 = arena_.view(8192, 32);
-  static const support::Shape shape17_1 = {2, 16};
-  static const support::Shape shape17_3 = {512, 32};
-  static const support::Shape shape17_4 = {32};
-  static const support::Shape shape17_5 = {1};
-  support::reduce(v41.data(), shape17_1, v40.data(), shape17_3, shape17_4, shape17_5,
+  support::reduce(v41.data(), kShape12, v40.data(), kShape13, kShape4, kShape1,
                   support::Reduce::Sum, 0.03125);
 
   // t5.mesh:40:45 add
   // t5.mesh:40:14 rsqrt
   MESHRT_TRACE("loop", "t5.mesh:40:45", "forward");
   support::View v44 = arena_.view(190976, 32);
-  {
-    float *__restrict v44p = v44.data();
-    const float *__restrict v41p = v41.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = v41p[i0];
-      const float s1 = 1e-06f;
-      const float s2 = (s0 + s1);
-      const float s3 = 1.0f / support::fsqrt(s2);
-      v44p[i0] = s3;
-    }
-  }
+  loop40(v44.data(), v41.data());
 
   // t5.mesh:40:12 mul
   // t5.mesh:40:53 mul -> n
@@ -4304,24 +3987,7 @@ void T5Train::runPart0(const Inputs &inputs) {
   support::View v38(param2_encoder_rms_norm_0_scale); // updated in place
   support::View v45 = arena_.view(4096, 1024);
   support::View v46 = arena_.view(8192, 1024);
-  {
-    float *__restrict v45p = v45.data();
-    float *__restrict v46p = v46.data();
-    const float *__restrict v37p = v37.data();
-    const float *__restrict v44p = v44.data();
-    const float *__restrict v38p = v38.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = v37p[i0 * 32 + i1];
-        const float s1 = v44p[i0];
-        const float s2 = (s0 * s1);
-        const float s3 = v38p[i1];
-        const float s4 = (s2 * s3);
-        v45p[i0 * 32 + i1] = s2;
-        v46p[i0 * 32 + i1] = s4;
-      }
-    }
-  }
+  loop57(v45.data(), v46.data(), v37.data(), v44.data(), v38.data());
 
   // 8 statements from t5.mesh:80:17 einsum -> queries (1 of 2)
   MESHRT_TRACE_SITE("t5.mesh:80:17");
@@ -4339,43 +4005,19 @@ void T5Train::runPart0(const Inputs &inputs) {
   MESHRT_TRACE("gather", "t5.mesh:56:10", "forward");
   support::View v153 = persistent_.view(23296, 64);
   support::View v155 = arena_.view(20480, 128);
-  static const support::Shape shape21_1 = {8, 8, 2};
-  static const support::Shape shape21_3 = {0, 0, 1};
-  static const support::Shape shape21_5 = {8, 1, 0};
-  support::gather(v155.data(), shape21_1, v154.data(), shape21_3, v153.data(), shape21_5, 8, 2, 0);
+  support::gather(v155.data(), kShape14, v154.data(), kShape6, v153.data(), kShape11, 8, 2, 0);
 
   // t5.mesh:56:10 transpose
   // t5.mesh:115:52 add -> self_bias
   MESHRT_TRACE("loop", "t5.mesh:56:10", "forward");
   support::View v160 = persistent_.view(23936, 64);
   support::View v161 = arena_.view(94208, 128);
-  {
-    float *__restrict v161p = v161.data();
-    const float *__restrict v155p = v155.data();
-    const float *__restrict v160p = v160.data();
-    for (int64_t i0 = 0; i0 < 2; ++i0) {
-      for (int64_t i1 = 0; i1 < 64; ++i1) {
-        const float s0 = v155p[i0 + i1 * 2];
-        const float s1 = s0;
-        const float s2 = v160p[i1];
-        const float s3 = (s1 + s2);
-        v161p[i0 * 64 + i1] = s3;
-      }
-    }
-  }
+  loop42(v161.data(), v155.data(), v160.data());
 
   // t5.mesh:40:25 square
   MESHRT_TRACE("loop", "t5.mesh:40:25", "forward");
   support::View v175 = arena_.view(20480, 512);
-  {
-    float *__restrict v175p = v175.data();
-    const float *__restrict v172p = v172.data();
-    for (int64_t i0 = 0; i0 < 512; ++i0) {
-      const float s0 = v172p[i0];
-      const float s1 = s0 * s0;
-      v175p[i0] = s1;
-    }
-  }
+  loop43(v175.data(), v172.data());
 }
 
 void T5Train::runPart1(const Inputs &inputs) {
@@ -4386,28 +4028,14 @@ void T5Train::runPart1(const Inputs &inputs) {
   MESHRT_TRACE("mean", "t5.mesh:40:20", "forward");
   support::View v175 = arena_.view(20480, 512);
   support::View v176 = arena_.view(22528, 16);
-  static const support::Shape shape0_1 = {2, 8};
-  static const support::Shape shape0_3 = {256, 32};
-  static const support::Shape shape0_4 = {32};
-  static const support::Shape shape0_5 = {1};
-  support::reduce(v176.data(), shape0_1, v175.data(), shape0_3, shape0_4, shape0_5,
+  support::reduce(v176.data(), kShape9, v175.data(), kShape15, kShape4, kShape1,
                   support::Reduce::Sum, 0.03125);
 
   // t5.mesh:40:45 add
   // t5.mesh:40:14 rsqrt
   MESHRT_TRACE("loop", "t5.mesh:40:45", "forward");
   support::View v179 = arena_.view(192064, 16);
-  {
-    float *__restrict v179p = v179.data();
-    const float *__restrict v176p = v176.data();
-    for (int64_t i0 = 0; i0 < 16; ++i0) {
-      const float s0 = v176p[i0];
-      const float s1 = 1e-06f;
-      const float s2 = (s0 + s1);
-      const float s3 = 1.0f / support::fsqrt(s2);
-      v179p[i0] = s3;
-    }
-  }
+  loop44(v179.data(), v176.data());
 
   // 9 statements from t5.mesh:40:12 mul (1 of 2)
   MESHRT_TRACE_SITE("t5.mesh:40:12");
@@ -4511,17 +4139,7 @@ void T5Train::runPart1(const Inputs &inputs) {
   MESHRT_TRACE("loop", "t5.mesh:113:9", "forward");
   support::View v35(param1_shared_embedding); // updated in place
   support::View v123 = arena_.view(86016, 1024);
-  {
-    float *__restrict v123p = v123.data();
-    const float *__restrict v35p = v35.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = v35p[i0 + i1 * 32];
-        const float s1 = s0;
-        v123p[i0 * 32 + i1] = s1;
-      }
-    }
-  }
+  loop45(v123.data(), v35.data());
 
   // 24 statements from t5.mesh:121:11 add -> x (1 of 2)
   MESHRT_TRACE_SITE("t5.mesh:121:11");
@@ -4637,80 +4255,36 @@ void T5Train::runPart1(const Inputs &inputs) {
   support::View v296(param46_decoder_rms_norm_scale); // updated in place
   support::View v302 = arena_.view(90112, 512);
   support::View v305 = arena_.view(163840, 512);
-  {
-    float *__restrict v302p = v302.data();
-    float *__restrict v305p = v305.data();
-    const float *__restrict v295p = v295.data();
-    const float *__restrict v301p = v301.data();
-    const float *__restrict v296p = v296.data();
-    for (int64_t i0 = 0; i0 < 16; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = v295p[i0 * 32 + i1];
-        const float s1 = v301p[i0];
-        const float s2 = (s0 * s1);
-        const float s3 = v296p[i1];
-        const float s4 = (s2 * s3);
-        const float s5 = 0.17677669f;
-        const float s6 = (s4 * s5);
-        v302p[i0 * 32 + i1] = s2;
-        v305p[i0 * 32 + i1] = s6;
-      }
-    }
-  }
+  loop58(v302.data(), v305.data(), v295.data(), v301.data(), v296.data());
 
   // t5.mesh:125:10 einsum -> logits
   MESHRT_TRACE("gemm", "t5.mesh:125:10", "forward");
   support::View v306 = arena_.view(165888, 512);
   // dims: batch, targets, d_model, vocab
-  static const meshrt::kernels::EinsumPlan einsumPlan14(
-      {{2, 8, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan14.run(v305.data(), v123.data(), v306.data(), 1.0f, 0.0f);
+  kEinsum0.plan().run(v305.data(), v123.data(), v306.data(), 1.0f, 0.0f);
 
   // t5.mesh:149:24 log_softmax
   MESHRT_TRACE("log_softmax", "t5.mesh:149:24", "forward");
   support::View v307 = arena_.view(167936, 512);
-  static const support::Shape shape15_2 = {2, 8};
-  static const support::Shape shape15_3 = {256, 32};
-  static const support::Shape shape15_4 = {256, 32};
-  static const support::Shape shape15_5 = {32};
-  static const support::Shape shape15_6 = {1};
-  static const support::Shape shape15_7 = {1};
-  support::along(v307.data(), v306.data(), shape15_2, shape15_3, shape15_4, shape15_5, shape15_6,
-                 shape15_7, support::Along::LogSoftmax, 1e-05, 64, &group_model);
+  support::along(v307.data(), v306.data(), kShape9, kShape15, kShape15, kShape4, kShape1, kShape1,
+                 support::Along::LogSoftmax, 1e-05, 64, &group_model);
 
   // t5.mesh:149:53 one_hot
   MESHRT_TRACE("one_hot", "t5.mesh:149:53", "forward");
   const support::Buffer &v1 = inputs.target_ids.data;
   support::View v308 = arena_.view(165888, 512);
-  static const support::Shape shape16_1 = {2, 8, 32};
-  static const support::Shape shape16_3 = {8, 1, 0};
-  static const support::Shape shape16_4 = {0, 0, 1};
-  support::oneHot(v308.data(), shape16_1, v1.data(), shape16_3, shape16_4,
+  support::oneHot(v308.data(), kShape10, v1.data(), kShape11, kShape6,
                   support::shardStart(world_, {"model"}, 32));
 
   // t5.mesh:149:51 mul
   MESHRT_TRACE("loop", "t5.mesh:149:51", "forward");
   support::View v309 = arena_.view(169984, 512);
-  {
-    float *__restrict v309p = v309.data();
-    const float *__restrict v307p = v307.data();
-    const float *__restrict v308p = v308.data();
-    for (int64_t i0 = 0; i0 < 512; ++i0) {
-      const float s0 = v307p[i0];
-      const float s1 = v308p[i0];
-      const float s2 = (s0 * s1);
-      v309p[i0] = s2;
-    }
-  }
+  loop59(v309.data(), v307.data(), v308.data());
 
   // t5.mesh:149:20 sum -> token_logp
   MESHRT_TRACE("sum", "t5.mesh:149:20", "forward");
   support::View v310 = arena_.view(190656, 16);
-  static const support::Shape shape18_1 = {2, 8};
-  static const support::Shape shape18_3 = {256, 32};
-  static const support::Shape shape18_4 = {32};
-  static const support::Shape shape18_5 = {1};
-  support::reduce(v310.data(), shape18_1, v309.data(), shape18_3, shape18_4, shape18_5,
+  support::reduce(v310.data(), kShape9, v309.data(), kShape15, kShape4, kShape1,
                   support::Reduce::Sum, 1.0);
 
   // t5.mesh:149:24 lt
@@ -4724,43 +4298,14 @@ void T5Train::runPart1(const Inputs &inputs) {
   // t5.mesh:149:24 sub
   MESHRT_TRACE("loop", "t5.mesh:149:24", "backward");
   support::View v332 = arena_.view(169984, 512);
-  {
-    float *__restrict v332p = v332.data();
-    const float *__restrict v1p = v1.data();
-    const float *__restrict v307p = v307.data();
-    const float *__restrict v308p = v308.data();
-    for (int64_t i0 = 0; i0 < 16; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = v1p[i0];
-        const float s1 = support::wrapI32(64.0);
-        const float s2 = (s0 < s1 ? 1.0f : 0.0f);
-        const float s3 = v1p[i0];
-        const float s4 = support::wrapI32(0.0);
-        const float s5 = (s3 >= s4 ? 1.0f : 0.0f);
-        const float s6 = support::wrapI32(double((double(s5) * double(s2))));
-        const float s7 = s6;
-        const float s8 = -0.03125f;
-        const float s9 = (s8 * s7);
-        const float s10 = v307p[i0 * 32 + i1];
-        const float s11 = support::fexp(s10);
-        const float s12 = (s11 * s9);
-        const float s13 = -0.03125f;
-        const float s14 = v308p[i0 * 32 + i1];
-        const float s15 = (s13 * s14);
-        const float s16 = (s15 - s12);
-        v332p[i0 * 32 + i1] = s16;
-      }
-    }
-  }
+  loop60(v332.data(), v1.data(), v307.data(), v308.data());
 
   // t5.mesh:125:10 einsum
   // t5.mesh:125:29 mul
   MESHRT_TRACE("gemm", "t5.mesh:125:10", "backward");
   support::View v333 = arena_.view(165888, 512);
   // dims: batch, targets, vocab, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan20(
-      {{2, 8, 32, 32}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan20.run(v332.data(), v123.data(), v333.data(), 0.17677669f, 0.0f);
+  kEinsum12.plan().run(v332.data(), v123.data(), v333.data(), 0.17677669f, 0.0f);
 
   // t5.mesh:40:53 bucketed_all_reduce_sum (resolve the partial sum of %322 over model for mul at
   // 40:53; merged with 1 more partial sum over model (token_logp): 2.1 KiB in one buffer)
@@ -4770,24 +4315,12 @@ void T5Train::runPart1(const Inputs &inputs) {
   // t5.mesh:150:29 exp
   MESHRT_TRACE("loop", "t5.mesh:150:29", "forward");
   support::View v312 = arena_.view(86016, 16);
-  {
-    float *__restrict v312p = v312.data();
-    const float *__restrict v310p = v310.data();
-    for (int64_t i0 = 0; i0 < 16; ++i0) {
-      const float s0 = v310p[i0];
-      const float s1 = support::fexp(s0);
-      v312p[i0] = s1;
-    }
-  }
+  loop61(v312.data(), v310.data());
 
   // t5.mesh:150:24 mean -> target_probability
   MESHRT_TRACE("mean", "t5.mesh:150:24", "forward");
   support::View v313 = arena_.view(194560, 1);
-  static const support::Shape shape23_1 = {};
-  static const support::Shape shape23_3 = {};
-  static const support::Shape shape23_4 = {2, 8};
-  static const support::Shape shape23_5 = {8, 1};
-  support::reduce(v313.data(), shape23_1, v312.data(), shape23_3, shape23_4, shape23_5,
+  support::reduce(v313.data(), kShape21, v312.data(), kShape21, kShape9, kShape26,
                   support::Reduce::Sum, 0.03125);
 }
 
@@ -4799,11 +4332,7 @@ void T5Train::runPart2(const Inputs &inputs) {
   MESHRT_TRACE("mean", "t5.mesh:151:15", "forward");
   support::View v310 = arena_.view(190656, 16);
   support::View v314 = arena_.view(86016, 1);
-  static const support::Shape shape0_1 = {};
-  static const support::Shape shape0_3 = {};
-  static const support::Shape shape0_4 = {2, 8};
-  static const support::Shape shape0_5 = {8, 1};
-  support::reduce(v314.data(), shape0_1, v310.data(), shape0_3, shape0_4, shape0_5,
+  support::reduce(v314.data(), kShape21, v310.data(), kShape21, kShape9, kShape26,
                   support::Reduce::Sum, 0.03125);
 
   // t5.mesh:151:14 neg -> loss
@@ -4823,35 +4352,19 @@ void T5Train::runPart2(const Inputs &inputs) {
   support::View v305 = arena_.view(163840, 512);
   support::View v334 = arena_.view(86016, 1024);
   // dims: batch, targets, vocab, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan2(
-      {{2, 8, 32, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
-  einsumPlan2.run(v332.data(), v305.data(), v334.data(), 1.0f, 0.0f);
+  kEinsum13.plan().run(v332.data(), v305.data(), v334.data(), 1.0f, 0.0f);
 
   // t5.mesh:40:53 mul
   MESHRT_TRACE("loop", "t5.mesh:40:53", "backward");
   support::View v333 = arena_.view(165888, 512);
   support::View v302 = arena_.view(90112, 512);
   support::View v338 = arena_.view(163840, 512);
-  {
-    float *__restrict v338p = v338.data();
-    const float *__restrict v333p = v333.data();
-    const float *__restrict v302p = v302.data();
-    for (int64_t i0 = 0; i0 < 512; ++i0) {
-      const float s0 = v333p[i0];
-      const float s1 = v302p[i0];
-      const float s2 = (s0 * s1);
-      v338p[i0] = s2;
-    }
-  }
+  loop59(v338.data(), v333.data(), v302.data());
 
   // t5.mesh:40:53 sum -> grad/decoder/rms_norm/scale
   MESHRT_TRACE("sum", "t5.mesh:40:53", "backward");
   support::View v339 = arena_.view(191616, 32);
-  static const support::Shape shape4_1 = {32};
-  static const support::Shape shape4_3 = {1};
-  static const support::Shape shape4_4 = {2, 8};
-  static const support::Shape shape4_5 = {256, 32};
-  support::reduce(v339.data(), shape4_1, v338.data(), shape4_3, shape4_4, shape4_5,
+  support::reduce(v339.data(), kShape4, v338.data(), kShape1, kShape9, kShape15,
                   support::Reduce::Sum, 1.0);
 
   // t5.mesh:40:53 mul
@@ -4863,27 +4376,7 @@ void T5Train::runPart2(const Inputs &inputs) {
   support::View v295 = arena_.view(92160, 512);
   support::View v340 = arena_.view(90112, 512);
   support::View v341 = arena_.view(163840, 512);
-  {
-    float *__restrict v340p = v340.data();
-    float *__restrict v341p = v341.data();
-    const float *__restrict v333p = v333.data();
-    const float *__restrict v296p = v296.data();
-    const float *__restrict v301p = v301.data();
-    const float *__restrict v295p = v295.data();
-    for (int64_t i0 = 0; i0 < 16; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = v333p[i0 * 32 + i1];
-        const float s1 = v296p[i1];
-        const float s2 = (s0 * s1);
-        const float s3 = v301p[i0];
-        const float s4 = (s2 * s3);
-        const float s5 = v295p[i0 * 32 + i1];
-        const float s6 = (s2 * s5);
-        v340p[i0 * 32 + i1] = s4;
-        v341p[i0 * 32 + i1] = s6;
-      }
-    }
-  }
+  loop62(v340.data(), v341.data(), v333.data(), v296.data(), v301.data(), v295.data());
 
   // 26 statements from t5.mesh:40:12 sum (1 of 2)
   MESHRT_TRACE_SITE("t5.mesh:40:12");
@@ -4939,18 +4432,14 @@ void T5Train::runPart2(const Inputs &inputs) {
   MESHRT_TRACE("gemm", "t5.mesh:81:21", "backward");
   support::View v393 = arena_.view(159744, 512);
   // dims: batch, inputs, heads, d_kv, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan7(
-      {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
-  einsumPlan7.run(v386.data(), v122.data(), v393.data(), 1.0f, 0.0f);
+  kEinsum14.plan().run(v386.data(), v122.data(), v393.data(), 1.0f, 0.0f);
 
   // t5.mesh:80:17 einsum
   MESHRT_TRACE("gemm", "t5.mesh:80:17", "backward");
   support::View v266(param39_decoder_attention_1_1_q); // updated in place
   support::View v394 = arena_.view(165888, 512);
   // dims: batch, targets, heads, d_kv, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan8(
-      {{2, 8, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
-  einsumPlan8.run(v385.data(), v266.data(), v394.data(), 1.0f, 0.0f);
+  kEinsum15.plan().run(v385.data(), v266.data(), v394.data(), 1.0f, 0.0f);
 
   // t5.mesh:40:53 all_reduce_sum (resolve the partial sum of %379 over model for mul at 40:53)
   MESHRT_TRACE_SITE("t5.mesh:40:53");
@@ -4961,9 +4450,7 @@ void T5Train::runPart2(const Inputs &inputs) {
   support::View v265 = arena_.view(157696, 512);
   support::View v395 = arena_.view(169984, 512);
   // dims: batch, targets, heads, d_kv, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan10(
-      {{2, 8, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
-  einsumPlan10.run(v385.data(), v265.data(), v395.data(), 1.0f, 0.0f);
+  kEinsum16.plan().run(v385.data(), v265.data(), v395.data(), 1.0f, 0.0f);
 
   MESHRT_TRACE_SITE("t5.mesh:40:53");
   group_model.wait(request1);
@@ -5018,9 +4505,7 @@ void T5Train::runPart2(const Inputs &inputs) {
   MESHRT_TRACE("gemm", "t5.mesh:80:17", "backward");
   support::View v432 = arena_.view(155648, 512);
   // dims: batch, targets, heads, d_kv, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan14(
-      {{2, 8, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
-  einsumPlan14.run(v421.data(), v242.data(), v432.data(), 1.0f, 0.0f);
+  kEinsum16.plan().run(v421.data(), v242.data(), v432.data(), 1.0f, 0.0f);
 
   MESHRT_TRACE_SITE("t5.mesh:40:53");
   group_model.wait(request2);
@@ -5091,40 +4576,20 @@ void T5Train::runPart2(const Inputs &inputs) {
   // t5.mesh:81:21 add
   MESHRT_TRACE("loop", "t5.mesh:81:21", "backward");
   support::View v488 = arena_.view(122880, 1024);
-  {
-    float *__restrict v488p = v488.data();
-    const float *__restrict v388p = v388.data();
-    const float *__restrict v391p = v391.data();
-    const float *__restrict v483p = v483.data();
-    const float *__restrict v487p = v487.data();
-    for (int64_t i0 = 0; i0 < 1024; ++i0) {
-      const float s0 = v388p[i0];
-      const float s1 = v391p[i0];
-      const float s2 = (s0 + s1);
-      const float s3 = v483p[i0];
-      const float s4 = (s2 + s3);
-      const float s5 = v487p[i0];
-      const float s6 = (s4 + s5);
-      v488p[i0] = s6;
-    }
-  }
+  loop63(v488.data(), v388.data(), v391.data(), v483.data(), v487.data());
 
   // t5.mesh:81:21 einsum -> grad/decoder/attention#1[0]/k
   MESHRT_TRACE("gemm", "t5.mesh:81:21", "backward");
   support::View v489 = arena_.view(114688, 512);
   // dims: batch, inputs, heads, d_kv, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan19(
-      {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
-  einsumPlan19.run(v481.data(), v122.data(), v489.data(), 1.0f, 0.0f);
+  kEinsum14.plan().run(v481.data(), v122.data(), v489.data(), 1.0f, 0.0f);
 
   // t5.mesh:80:17 einsum
   MESHRT_TRACE("gemm", "t5.mesh:80:17", "backward");
   support::View v205(param26_decoder_attention_1_0_q); // updated in place
   support::View v490 = arena_.view(81920, 512);
   // dims: batch, targets, heads, d_kv, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan20(
-      {{2, 8, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
-  einsumPlan20.run(v480.data(), v205.data(), v490.data(), 1.0f, 0.0f);
+  kEinsum15.plan().run(v480.data(), v205.data(), v490.data(), 1.0f, 0.0f);
 
   // t5.mesh:40:53 bucketed_all_reduce_sum (2 partial sums (%470, %472) over model resolved
   // together, 6.0 KiB in one buffer)
@@ -5136,9 +4601,7 @@ void T5Train::runPart2(const Inputs &inputs) {
   support::View v204 = arena_.view(149504, 512);
   support::View v491 = arena_.view(116736, 512);
   // dims: batch, targets, heads, d_kv, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan22(
-      {{2, 8, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
-  einsumPlan22.run(v480.data(), v204.data(), v491.data(), 1.0f, 0.0f);
+  kEinsum16.plan().run(v480.data(), v204.data(), v491.data(), 1.0f, 0.0f);
 
   MESHRT_TRACE_SITE("t5.mesh:40:53");
   group_model.wait(request4);
@@ -5196,9 +4659,7 @@ void T5Train::runPart3(const Inputs &inputs) {
   MESHRT_TRACE("gemm", "t5.mesh:80:17", "backward");
   support::View v529 = arena_.view(147456, 512);
   // dims: batch, targets, heads, d_kv, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan1(
-      {{2, 8, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
-  einsumPlan1.run(v518.data(), v181.data(), v529.data(), 1.0f, 0.0f);
+  kEinsum16.plan().run(v518.data(), v181.data(), v529.data(), 1.0f, 0.0f);
 
   // t5.mesh:40:53 mul
   // t5.mesh:40:12 mul
@@ -5210,36 +4671,12 @@ void T5Train::runPart3(const Inputs &inputs) {
   support::View v114 = arena_.view(77824, 1024);
   support::View v557 = arena_.view(81920, 1024);
   support::View v558 = arena_.view(98304, 1024);
-  {
-    float *__restrict v557p = v557.data();
-    float *__restrict v558p = v558.data();
-    const float *__restrict v488p = v488.data();
-    const float *__restrict v115p = v115.data();
-    const float *__restrict v120p = v120.data();
-    const float *__restrict v114p = v114.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = v488p[i0 * 32 + i1];
-        const float s1 = v115p[i1];
-        const float s2 = (s0 * s1);
-        const float s3 = v120p[i0];
-        const float s4 = (s2 * s3);
-        const float s5 = v114p[i0 * 32 + i1];
-        const float s6 = (s2 * s5);
-        v557p[i0 * 32 + i1] = s4;
-        v558p[i0 * 32 + i1] = s6;
-      }
-    }
-  }
+  loop64(v557.data(), v558.data(), v488.data(), v115.data(), v120.data(), v114.data());
 
   // t5.mesh:40:12 sum
   MESHRT_TRACE("sum", "t5.mesh:40:12", "backward");
   support::View v559 = arena_.view(137216, 32);
-  static const support::Shape shape3_1 = {2, 16};
-  static const support::Shape shape3_3 = {512, 32};
-  static const support::Shape shape3_4 = {32};
-  static const support::Shape shape3_5 = {1};
-  support::reduce(v559.data(), shape3_1, v558.data(), shape3_3, shape3_4, shape3_5,
+  support::reduce(v559.data(), kShape12, v558.data(), kShape13, kShape4, kShape1,
                   support::Reduce::Sum, 1.0);
 
   // t5.mesh:40:25 mul
@@ -5253,73 +4690,28 @@ void T5Train::runPart3(const Inputs &inputs) {
   // t5.mesh:40:25 add
   MESHRT_TRACE("loop", "t5.mesh:40:25", "backward");
   support::View v568 = arena_.view(98304, 1024);
-  {
-    float *__restrict v568p = v568.data();
-    const float *__restrict v114p = v114.data();
-    const float *__restrict v120p = v120.data();
-    const float *__restrict v559p = v559.data();
-    const float *__restrict v557p = v557.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = v114p[i0 * 32 + i1];
-        const float s1 = 2.0f;
-        const float s2 = (s0 * s1);
-        const float s3 = v120p[i0];
-        const float s4 = s3 * s3;
-        const float s5 = v120p[i0];
-        const float s6 = (s5 * s4);
-        const float s7 = -0.5f;
-        const float s8 = (s6 * s7);
-        const float s9 = v559p[i0];
-        const float s10 = (s9 * s8);
-        const float s11 = 0.03125f;
-        const float s12 = (s10 * s11);
-        const float s13 = s12;
-        const float s14 = (s13 * s2);
-        const float s15 = v557p[i0 * 32 + i1];
-        const float s16 = (s15 + s14);
-        v568p[i0 * 32 + i1] = s16;
-      }
-    }
-  }
+  loop65(v568.data(), v114.data(), v120.data(), v559.data(), v557.data());
 
   // t5.mesh:91:10 einsum
   MESHRT_TRACE("gemm", "t5.mesh:91:10", "backward");
   support::View v109(param17_encoder_dense_relu_dense_1_wo); // updated in place
   support::View v569 = arena_.view(77824, 1024);
   // dims: batch, inputs, d_model, d_ff
-  static const meshrt::kernels::EinsumPlan einsumPlan5(
-      {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan5.run(v568.data(), v109.data(), v569.data(), 1.0f, 0.0f);
+  kEinsum17.plan().run(v568.data(), v109.data(), v569.data(), 1.0f, 0.0f);
 
   // t5.mesh:91:17 gt
   // t5.mesh:91:17 where
   MESHRT_TRACE("loop", "t5.mesh:91:17", "backward");
   support::View v110 = arena_.view(65536, 1024);
   support::View v572 = arena_.view(81920, 1024);
-  {
-    float *__restrict v572p = v572.data();
-    const float *__restrict v110p = v110.data();
-    const float *__restrict v569p = v569.data();
-    for (int64_t i0 = 0; i0 < 1024; ++i0) {
-      const float s0 = v110p[i0];
-      const float s1 = 0.0f;
-      const float s2 = (s0 > s1 ? 1.0f : 0.0f);
-      const float s3 = v569p[i0];
-      const float s4 = 0.0f;
-      const float s5 = (s2 != 0 ? s3 : s4);
-      v572p[i0] = s5;
-    }
-  }
+  loop66(v572.data(), v110.data(), v569.data());
 
   // t5.mesh:91:22 einsum
   MESHRT_TRACE("gemm", "t5.mesh:91:22", "backward");
   support::View v108(param16_encoder_dense_relu_dense_1_wi); // updated in place
   support::View v573 = arena_.view(65536, 1024);
   // dims: batch, inputs, d_ff, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan7(
-      {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan7.run(v572.data(), v108.data(), v573.data(), 1.0f, 0.0f);
+  kEinsum17.plan().run(v572.data(), v108.data(), v573.data(), 1.0f, 0.0f);
 
   // t5.mesh:40:53 bucketed_all_reduce_sum (resolve the partial sum of %552 over model for mul at
   // 40:53; merged with 1 more partial sum over model (%530): 6.0 KiB in one buffer)
@@ -5341,11 +4733,7 @@ void T5Train::runPart3(const Inputs &inputs) {
   // t5.mesh:40:12 sum
   MESHRT_TRACE("sum", "t5.mesh:40:12", "backward");
   support::View v537 = arena_.view(104448, 16);
-  static const support::Shape shape10_1 = {2, 8};
-  static const support::Shape shape10_3 = {256, 32};
-  static const support::Shape shape10_4 = {32};
-  static const support::Shape shape10_5 = {1};
-  support::reduce(v537.data(), shape10_1, v536.data(), shape10_3, shape10_4, shape10_5,
+  support::reduce(v537.data(), kShape9, v536.data(), kShape15, kShape4, kShape1,
                   support::Reduce::Sum, 1.0);
 
   // t5.mesh:40:25 mul
@@ -5359,107 +4747,39 @@ void T5Train::runPart3(const Inputs &inputs) {
   // t5.mesh:40:25 add
   MESHRT_TRACE("loop", "t5.mesh:40:25", "backward");
   support::View v546 = arena_.view(102400, 512);
-  {
-    float *__restrict v546p = v546.data();
-    const float *__restrict v172p = v172.data();
-    const float *__restrict v179p = v179.data();
-    const float *__restrict v537p = v537.data();
-    const float *__restrict v535p = v535.data();
-    for (int64_t i0 = 0; i0 < 16; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = v172p[i0 * 32 + i1];
-        const float s1 = 2.0f;
-        const float s2 = (s0 * s1);
-        const float s3 = v179p[i0];
-        const float s4 = s3 * s3;
-        const float s5 = v179p[i0];
-        const float s6 = (s5 * s4);
-        const float s7 = -0.5f;
-        const float s8 = (s6 * s7);
-        const float s9 = v537p[i0];
-        const float s10 = (s9 * s8);
-        const float s11 = 0.03125f;
-        const float s12 = (s10 * s11);
-        const float s13 = s12;
-        const float s14 = (s13 * s2);
-        const float s15 = v535p[i0 * 32 + i1];
-        const float s16 = (s15 + s14);
-        v546p[i0 * 32 + i1] = s16;
-      }
-    }
-  }
+  loop67(v546.data(), v172.data(), v179.data(), v537.data(), v535.data());
 
   // t5.mesh:96:10 einsum
   MESHRT_TRACE("einsum", "t5.mesh:96:10", "backward");
   support::View v170 = arena_.view(192000, 16);
   support::View v547 = arena_.view(77824, 1024);
-  static const support::Shape shape12_1 = {32, 32};
-  static const support::Shape shape12_3 = {0, 1};
-  static const support::Shape shape12_5 = {0, 0};
-  static const support::Shape shape12_6 = {2, 8};
-  static const support::Shape shape12_7 = {256, 32};
-  static const support::Shape shape12_8 = {8, 1};
-  support::scatterAdd(v547.data(), shape12_1, v546.data(), shape12_3, v170.data(), shape12_5,
-                      shape12_6, shape12_7, shape12_8, 0,
-                      support::shardStart(world_, {"model"}, 32));
+  support::scatterAdd(v547.data(), kShape24, v546.data(), kShape27, v170.data(), kShape28, kShape9,
+                      kShape15, kShape26, 0, support::shardStart(world_, {"model"}, 32));
 
   // t5.mesh:83:60 add
   // t5.mesh:56:10 transpose
   MESHRT_TRACE("loop", "t5.mesh:83:60", "backward");
   support::View v420 = arena_.view(190464, 128);
   support::View v548 = arena_.view(102400, 128);
-  {
-    float *__restrict v548p = v548.data();
-    const float *__restrict v420p = v420.data();
-    const float *__restrict v516p = v516.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      for (int64_t i1 = 0; i1 < 2; ++i1) {
-        const float s0 = v420p[i0 + i1 * 64];
-        const float s1 = v516p[i0 + i1 * 64];
-        const float s2 = (s0 + s1);
-        const float s3 = s2;
-        v548p[i0 * 2 + i1] = s3;
-      }
-    }
-  }
+  loop68(v548.data(), v420.data(), v516.data());
 
   // t5.mesh:56:10 einsum -> grad/decoder/relative_bias/table
   MESHRT_TRACE("einsum", "t5.mesh:56:10", "backward");
   support::View v153 = persistent_.view(23296, 64);
   support::View v550 = arena_.view(126976, 16);
-  static const support::Shape shape14_1 = {8, 2};
-  static const support::Shape shape14_3 = {0, 1};
-  static const support::Shape shape14_5 = {0, 0};
-  static const support::Shape shape14_6 = {8, 8};
-  static const support::Shape shape14_7 = {16, 2};
-  static const support::Shape shape14_8 = {8, 1};
-  support::scatterAdd(v550.data(), shape14_1, v548.data(), shape14_3, v153.data(), shape14_5,
-                      shape14_6, shape14_7, shape14_8, 0, 0);
+  support::scatterAdd(v550.data(), kShape22, v548.data(), kShape27, v153.data(), kShape28, kShape29,
+                      kShape30, kShape26, 0, 0);
 
   // t5.mesh:40:53 mul
   MESHRT_TRACE("loop", "t5.mesh:40:53", "backward");
   support::View v121 = arena_.view(73728, 1024);
   support::View v555 = arena_.view(102400, 1024);
-  {
-    float *__restrict v555p = v555.data();
-    const float *__restrict v488p = v488.data();
-    const float *__restrict v121p = v121.data();
-    for (int64_t i0 = 0; i0 < 1024; ++i0) {
-      const float s0 = v488p[i0];
-      const float s1 = v121p[i0];
-      const float s2 = (s0 * s1);
-      v555p[i0] = s2;
-    }
-  }
+  loop69(v555.data(), v488.data(), v121.data());
 
   // t5.mesh:40:53 sum -> grad/encoder/rms_norm/scale
   MESHRT_TRACE("sum", "t5.mesh:40:53", "backward");
   support::View v556 = arena_.view(122880, 32);
-  static const support::Shape shape16_1 = {32};
-  static const support::Shape shape16_3 = {1};
-  static const support::Shape shape16_4 = {2, 16};
-  static const support::Shape shape16_5 = {512, 32};
-  support::reduce(v556.data(), shape16_1, v555.data(), shape16_3, shape16_4, shape16_5,
+  support::reduce(v556.data(), kShape4, v555.data(), kShape1, kShape12, kShape13,
                   support::Reduce::Sum, 1.0);
 
   // t5.mesh:91:10 einsum -> grad/encoder/dense_relu_dense[1]/wo
@@ -5467,18 +4787,14 @@ void T5Train::runPart3(const Inputs &inputs) {
   support::View v111 = arena_.view(69632, 1024);
   support::View v570 = arena_.view(73728, 1024);
   // dims: batch, inputs, d_model, d_ff
-  static const meshrt::kernels::EinsumPlan einsumPlan17(
-      {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
-  einsumPlan17.run(v568.data(), v111.data(), v570.data(), 1.0f, 0.0f);
+  kEinsum18.plan().run(v568.data(), v111.data(), v570.data(), 1.0f, 0.0f);
 
   // t5.mesh:91:22 einsum -> grad/encoder/dense_relu_dense[1]/wi
   MESHRT_TRACE("gemm", "t5.mesh:91:22", "backward");
   support::View v107 = arena_.view(61440, 1024);
   support::View v574 = arena_.view(69632, 1024);
   // dims: batch, inputs, d_ff, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan18(
-      {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
-  einsumPlan18.run(v572.data(), v107.data(), v574.data(), 1.0f, 0.0f);
+  kEinsum18.plan().run(v572.data(), v107.data(), v574.data(), 1.0f, 0.0f);
 
   // 29 statements from t5.mesh:40:53 mul (1 of 2)
   MESHRT_TRACE_SITE("t5.mesh:40:53");
@@ -5539,47 +4855,28 @@ void T5Train::runPart3(const Inputs &inputs) {
   support::View v71(param9_encoder_dense_relu_dense_0_wo); // updated in place
   support::View v629 = arena_.view(36864, 1024);
   // dims: batch, inputs, d_model, d_ff
-  static const meshrt::kernels::EinsumPlan einsumPlan20(
-      {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan20.run(v628.data(), v71.data(), v629.data(), 1.0f, 0.0f);
+  kEinsum17.plan().run(v628.data(), v71.data(), v629.data(), 1.0f, 0.0f);
 
   // t5.mesh:91:10 einsum -> grad/encoder/dense_relu_dense[0]/wo
   MESHRT_TRACE("gemm", "t5.mesh:91:10", "backward");
   support::View v73 = arena_.view(32768, 1024);
   support::View v630 = arena_.view(40960, 1024);
   // dims: batch, inputs, d_model, d_ff
-  static const meshrt::kernels::EinsumPlan einsumPlan21(
-      {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
-  einsumPlan21.run(v628.data(), v73.data(), v630.data(), 1.0f, 0.0f);
+  kEinsum18.plan().run(v628.data(), v73.data(), v630.data(), 1.0f, 0.0f);
 
   // t5.mesh:91:17 gt
   // t5.mesh:91:17 where
   MESHRT_TRACE("loop", "t5.mesh:91:17", "backward");
   support::View v72 = arena_.view(28672, 1024);
   support::View v632 = arena_.view(32768, 1024);
-  {
-    float *__restrict v632p = v632.data();
-    const float *__restrict v72p = v72.data();
-    const float *__restrict v629p = v629.data();
-    for (int64_t i0 = 0; i0 < 1024; ++i0) {
-      const float s0 = v72p[i0];
-      const float s1 = 0.0f;
-      const float s2 = (s0 > s1 ? 1.0f : 0.0f);
-      const float s3 = v629p[i0];
-      const float s4 = 0.0f;
-      const float s5 = (s2 != 0 ? s3 : s4);
-      v632p[i0] = s5;
-    }
-  }
+  loop66(v632.data(), v72.data(), v629.data());
 
   // t5.mesh:91:22 einsum
   MESHRT_TRACE("gemm", "t5.mesh:91:22", "backward");
   support::View v70(param8_encoder_dense_relu_dense_0_wi); // updated in place
   support::View v633 = arena_.view(28672, 1024);
   // dims: batch, inputs, d_ff, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan23(
-      {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan23.run(v632.data(), v70.data(), v633.data(), 1.0f, 0.0f);
+  kEinsum17.plan().run(v632.data(), v70.data(), v633.data(), 1.0f, 0.0f);
 }
 
 void T5Train::runPart4(const Inputs &inputs) {
@@ -5597,9 +4894,7 @@ void T5Train::runPart4(const Inputs &inputs) {
   support::View v69 = arena_.view(24576, 1024);
   support::View v634 = arena_.view(36864, 1024);
   // dims: batch, inputs, d_ff, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan1(
-      {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
-  einsumPlan1.run(v632.data(), v69.data(), v634.data(), 1.0f, 0.0f);
+  kEinsum18.plan().run(v632.data(), v69.data(), v634.data(), 1.0f, 0.0f);
 
   MESHRT_TRACE_SITE("t5.mesh:40:53");
   group_model.wait(request6);
@@ -5663,14 +4958,8 @@ void T5Train::runPart4(const Inputs &inputs) {
   MESHRT_TRACE("einsum", "t5.mesh:96:10", "backward");
   const support::Buffer &v0 = inputs.input_ids.data;
   support::View v690 = arena_.view(0, 1024);
-  static const support::Shape shape4_1 = {32, 32};
-  static const support::Shape shape4_3 = {0, 1};
-  static const support::Shape shape4_5 = {0, 0};
-  static const support::Shape shape4_6 = {2, 16};
-  static const support::Shape shape4_7 = {512, 32};
-  static const support::Shape shape4_8 = {16, 1};
-  support::scatterAdd(v690.data(), shape4_1, v689.data(), shape4_3, v0.data(), shape4_5, shape4_6,
-                      shape4_7, shape4_8, 0, support::shardStart(world_, {"model"}, 32));
+  support::scatterAdd(v690.data(), kShape24, v689.data(), kShape27, v0.data(), kShape28, kShape12,
+                      kShape13, kShape31, 0, support::shardStart(world_, {"model"}, 32));
 
   // t5.mesh:113:9 transpose
   // t5.mesh:113:9 add
@@ -5679,56 +4968,21 @@ void T5Train::runPart4(const Inputs &inputs) {
   support::View v334 = arena_.view(86016, 1024);
   support::View v547 = arena_.view(77824, 1024);
   support::View v691 = arena_.view(4096, 1024);
-  {
-    float *__restrict v691p = v691.data();
-    const float *__restrict v334p = v334.data();
-    const float *__restrict v547p = v547.data();
-    const float *__restrict v690p = v690.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = v334p[i0 + i1 * 32];
-        const float s1 = s0;
-        const float s2 = v547p[i0 * 32 + i1];
-        const float s3 = (s2 + s1);
-        const float s4 = v690p[i0 * 32 + i1];
-        const float s5 = (s3 + s4);
-        v691p[i0 * 32 + i1] = s5;
-      }
-    }
-  }
+  loop70(v691.data(), v334.data(), v547.data(), v690.data());
 
   // t5.mesh:83:60 add
   // t5.mesh:56:10 transpose
   MESHRT_TRACE("loop", "t5.mesh:83:60", "backward");
   support::View v599 = arena_.view(83968, 512);
   support::View v692 = arena_.view(0, 512);
-  {
-    float *__restrict v692p = v692.data();
-    const float *__restrict v599p = v599.data();
-    const float *__restrict v659p = v659.data();
-    for (int64_t i0 = 0; i0 < 256; ++i0) {
-      for (int64_t i1 = 0; i1 < 2; ++i1) {
-        const float s0 = v599p[i0 + i1 * 256];
-        const float s1 = v659p[i0 + i1 * 256];
-        const float s2 = (s0 + s1);
-        const float s3 = s2;
-        v692p[i0 * 2 + i1] = s3;
-      }
-    }
-  }
+  loop71(v692.data(), v599.data(), v659.data());
 
   // t5.mesh:56:10 einsum -> grad/encoder/relative_bias/table
   MESHRT_TRACE("einsum", "t5.mesh:56:10", "backward");
   support::View v31 = persistent_.view(17856, 256);
   support::View v694 = arena_.view(68352, 16);
-  static const support::Shape shape7_1 = {8, 2};
-  static const support::Shape shape7_3 = {0, 1};
-  static const support::Shape shape7_5 = {0, 0};
-  static const support::Shape shape7_6 = {16, 16};
-  static const support::Shape shape7_7 = {32, 2};
-  static const support::Shape shape7_8 = {16, 1};
-  support::scatterAdd(v694.data(), shape7_1, v692.data(), shape7_3, v31.data(), shape7_5, shape7_6,
-                      shape7_7, shape7_8, 0, 0);
+  support::scatterAdd(v694.data(), kShape22, v692.data(), kShape27, v31.data(), kShape28, kShape32,
+                      kShape33, kShape31, 0, 0);
 
   // t5.mesh:152:3 bucketed_all_reduce_sum -> target_probability (49 partial sums
   // (target_probability, loss, grad/decoder/rms_norm/scale, ...) over data resolved together, 85.6
@@ -5784,26 +5038,12 @@ void T5Train::runPart4(const Inputs &inputs) {
   // t5.mesh:152:3 add
   MESHRT_TRACE("loop", "t5.mesh:152:3", "backward");
   support::View v717 = arena_.view(0, 16);
-  {
-    float *__restrict v717p = v717.data();
-    const float *__restrict v694p = v694.data();
-    for (int64_t i0 = 0; i0 < 16; ++i0) {
-      const float s0 = v694p[i0];
-      const float s1 = s0 * s0;
-      const float s2 = 1e-30f;
-      const float s3 = (s1 + s2);
-      v717p[i0] = s3;
-    }
-  }
+  loop72(v717.data(), v694.data());
 
   // t5.mesh:152:3 mean
   MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
   support::View v720 = arena_.view(68416, 8);
-  static const support::Shape shape10_1 = {8};
-  static const support::Shape shape10_3 = {2};
-  static const support::Shape shape10_4 = {2};
-  static const support::Shape shape10_5 = {1};
-  support::reduce(v720.data(), shape10_1, v717.data(), shape10_3, shape10_4, shape10_5,
+  support::reduce(v720.data(), kShape2, v717.data(), kShape3, kShape3, kShape1,
                   support::Reduce::Sum, 0.25);
 
   // t5.mesh:152:3 step
@@ -5948,36 +5188,18 @@ void T5Train::runPart4(const Inputs &inputs) {
   // t5.mesh:152:3 add
   MESHRT_TRACE("loop", "t5.mesh:152:3", "backward");
   support::View v759 = arena_.view(0, 1024);
-  {
-    float *__restrict v759p = v759.data();
-    const float *__restrict v691p = v691.data();
-    for (int64_t i0 = 0; i0 < 1024; ++i0) {
-      const float s0 = v691p[i0];
-      const float s1 = s0 * s0;
-      const float s2 = 1e-30f;
-      const float s3 = (s1 + s2);
-      v759p[i0] = s3;
-    }
-  }
+  loop73(v759.data(), v691.data());
 
   // t5.mesh:152:3 mean
   MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
   support::View v767 = arena_.view(63744, 32);
-  static const support::Shape shape14_1 = {32};
-  static const support::Shape shape14_3 = {1};
-  static const support::Shape shape14_4 = {32};
-  static const support::Shape shape14_5 = {32};
-  support::reduce(v767.data(), shape14_1, v759.data(), shape14_3, shape14_4, shape14_5,
+  support::reduce(v767.data(), kShape4, v759.data(), kShape1, kShape4, kShape4,
                   support::Reduce::Sum, 0.015625);
 
   // t5.mesh:152:3 mean
   MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
   support::View v762 = arena_.view(8192, 32);
-  static const support::Shape shape15_1 = {32};
-  static const support::Shape shape15_3 = {32};
-  static const support::Shape shape15_4 = {32};
-  static const support::Shape shape15_5 = {1};
-  support::reduce(v762.data(), shape15_1, v759.data(), shape15_3, shape15_4, shape15_5,
+  support::reduce(v762.data(), kShape4, v759.data(), kShape4, kShape4, kShape1,
                   support::Reduce::Sum, 0.03125);
 
   // t5.mesh:152:3 mul
@@ -5985,62 +5207,24 @@ void T5Train::runPart4(const Inputs &inputs) {
   // t5.mesh:152:3 add
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   support::View v760(param49_shared_embedding_vr); // updated in place
-  {
-    float *__restrict v760p = v760.data();
-    const float *__restrict v762p = v762.data();
-    const float *__restrict v721p = v721.data();
-    const float *__restrict v713p = v713.data();
-    const float r1 = v721p[0];
-    const float r3 = v713p[0];
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = v762p[i0];
-      const float s1 = r1;
-      const float s2 = (s0 * s1);
-      const float s3 = v760p[i0];
-      const float s4 = r3;
-      const float s5 = (s3 * s4);
-      const float s6 = (s5 + s2);
-      v760p[i0] = s6;
-    }
-  }
+  loop74(v760.data(), v762.data(), v721.data(), v713.data());
 
   // t5.mesh:152:3 mean
   MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   support::View v773 = arena_.view(69248, 1);
-  static const support::Shape shape17_1 = {};
-  static const support::Shape shape17_3 = {};
-  static const support::Shape shape17_4 = {32};
-  static const support::Shape shape17_5 = {1};
-  support::reduce(v773.data(), shape17_1, v760.data(), shape17_3, shape17_4, shape17_5,
+  support::reduce(v773.data(), kShape21, v760.data(), kShape21, kShape4, kShape1,
                   support::Reduce::Sum, 0.015625);
 
   // t5.mesh:152:3 square
   // t5.mesh:152:3 div
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   support::View v781 = arena_.view(0, 1024);
-  {
-    float *__restrict v781p = v781.data();
-    const float *__restrict v691p = v691.data();
-    const float *__restrict v760p = v760.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = v691p[i0 * 32 + i1];
-        const float s1 = s0 * s0;
-        const float s2 = v760p[i0];
-        const float s3 = (s1 / s2);
-        v781p[i0 * 32 + i1] = s3;
-      }
-    }
-  }
+  loop75(v781.data(), v691.data(), v760.data());
 
   // t5.mesh:152:3 mean
   MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   support::View v782 = arena_.view(63872, 32);
-  static const support::Shape shape19_1 = {32};
-  static const support::Shape shape19_3 = {1};
-  static const support::Shape shape19_4 = {32};
-  static const support::Shape shape19_5 = {32};
-  support::reduce(v782.data(), shape19_1, v781.data(), shape19_3, shape19_4, shape19_5,
+  support::reduce(v782.data(), kShape4, v781.data(), kShape1, kShape4, kShape4,
                   support::Reduce::Sum, 0.015625);
 
   // 44 statements from t5.mesh:152:3 square (1 of 2)
@@ -6150,26 +5334,12 @@ void T5Train::runPart4(const Inputs &inputs) {
   // t5.mesh:152:3 add
   MESHRT_TRACE("loop", "t5.mesh:152:3", "backward");
   support::View v1414 = arena_.view(0, 16);
-  {
-    float *__restrict v1414p = v1414.data();
-    const float *__restrict v550p = v550.data();
-    for (int64_t i0 = 0; i0 < 16; ++i0) {
-      const float s0 = v550p[i0];
-      const float s1 = s0 * s0;
-      const float s2 = 1e-30f;
-      const float s3 = (s1 + s2);
-      v1414p[i0] = s3;
-    }
-  }
+  loop72(v1414.data(), v550.data());
 
   // t5.mesh:152:3 mean
   MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
   support::View v1417 = arena_.view(68544, 8);
-  static const support::Shape shape23_1 = {8};
-  static const support::Shape shape23_3 = {2};
-  static const support::Shape shape23_4 = {2};
-  static const support::Shape shape23_5 = {1};
-  support::reduce(v1417.data(), shape23_1, v1414.data(), shape23_3, shape23_4, shape23_5,
+  support::reduce(v1417.data(), kShape2, v1414.data(), kShape3, kShape3, kShape1,
                   support::Reduce::Sum, 0.25);
 }
 
@@ -6452,19 +5622,7 @@ void T5Train::runPart5(const Inputs &inputs) {
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   support::View v760(param49_shared_embedding_vr); // updated in place
   support::View v776 = arena_.view(0, 32);
-  {
-    float *__restrict v776p = v776.data();
-    const float *__restrict v760p = v760.data();
-    const float *__restrict v773p = v773.data();
-    const float r1 = v773p[0];
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = v760p[i0];
-      const float s1 = r1;
-      const float s2 = (s0 / s1);
-      const float s3 = 1.0f / support::fsqrt(s2);
-      v776p[i0] = s3;
-    }
-  }
+  loop76(v776.data(), v760.data(), v773.data());
 
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 mul
@@ -6473,56 +5631,18 @@ void T5Train::runPart5(const Inputs &inputs) {
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   support::View v761(param50_shared_embedding_vc); // updated in place
   support::View v777 = arena_.view(128, 32);
-  {
-    float *__restrict v761p = v761.data();
-    float *__restrict v777p = v777.data();
-    const float *__restrict v767p = v767.data();
-    const float *__restrict v721p = v721.data();
-    const float *__restrict v713p = v713.data();
-    const float r1 = v721p[0];
-    const float r3 = v713p[0];
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = v767p[i0];
-      const float s1 = r1;
-      const float s2 = (s0 * s1);
-      const float s3 = v761p[i0];
-      const float s4 = r3;
-      const float s5 = (s3 * s4);
-      const float s6 = (s5 + s2);
-      const float s7 = 1.0f / support::fsqrt(s6);
-      v761p[i0] = s6;
-      v777p[i0] = s7;
-    }
-  }
+  loop77(v761.data(), v777.data(), v767.data(), v721.data(), v713.data());
 
   // t5.mesh:152:3 div
   // t5.mesh:152:3 mul
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   support::View v785 = arena_.view(256, 32);
-  {
-    float *__restrict v785p = v785.data();
-    const float *__restrict v773p = v773.data();
-    const float *__restrict v761p = v761.data();
-    const float *__restrict v782p = v782.data();
-    const float r0 = v773p[0];
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = r0;
-      const float s1 = v761p[i0];
-      const float s2 = (s0 / s1);
-      const float s3 = v782p[i0];
-      const float s4 = (s3 * s2);
-      v785p[i0] = s4;
-    }
-  }
+  loop78(v785.data(), v773.data(), v761.data(), v782.data());
 
   // t5.mesh:152:3 mean
   MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   support::View v786 = arena_.view(384, 1);
-  static const support::Shape shape8_1 = {};
-  static const support::Shape shape8_3 = {};
-  static const support::Shape shape8_4 = {32};
-  static const support::Shape shape8_5 = {1};
-  support::reduce(v786.data(), shape8_1, v785.data(), shape8_3, shape8_4, shape8_5,
+  support::reduce(v786.data(), kShape21, v785.data(), kShape21, kShape4, kShape1,
                   support::Reduce::Sum, 0.03125);
 
   // t5.mesh:152:3 sqrt
@@ -6569,32 +5689,7 @@ void T5Train::runPart5(const Inputs &inputs) {
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   support::View v691 = arena_.view(4096, 1024);
   support::View v35(param1_shared_embedding); // updated in place
-  {
-    float *__restrict v35p = v35.data();
-    const float *__restrict v691p = v691.data();
-    const float *__restrict v776p = v776.data();
-    const float *__restrict v777p = v777.data();
-    const float *__restrict v789p = v789.data();
-    const float *__restrict v796p = v796.data();
-    const float r3 = v789p[0];
-    const float r4 = v796p[0];
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = v691p[i0 * 32 + i1];
-        const float s1 = v776p[i0];
-        const float s2 = (s0 * s1);
-        const float s3 = v777p[i1];
-        const float s4 = (s2 * s3);
-        const float s5 = r3;
-        const float s6 = (s4 / s5);
-        const float s7 = r4;
-        const float s8 = (s6 * s7);
-        const float s9 = v35p[i0 * 32 + i1];
-        const float s10 = (s9 - s8);
-        v35p[i0 * 32 + i1] = s10;
-      }
-    }
-  }
+  loop79(v35.data(), v691.data(), v776.data(), v777.data(), v789.data(), v796.data());
 
   // 96 statements from t5.mesh:152:3 square (1 of 2)
   MESHRT_TRACE_SITE("t5.mesh:152:3");
@@ -7162,44 +6257,12 @@ void T5Train::repeated0(
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 square
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a2p = a2.data();
-    float *__restrict a4p = a4.data();
-    float *__restrict a5p = a5.data();
-    const float *__restrict a0p = a0.data();
-    const float *__restrict a1p = a1.data();
-    const float *__restrict a3p = a3.data();
-    const float r1 = a1p[0];
-    const float r3 = a3p[0];
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = a0p[i0];
-      const float s1 = s0 * s0;
-      const float s2 = 1e-30f;
-      const float s3 = (s1 + s2);
-      const float s4 = r1;
-      const float s5 = (s3 * s4);
-      const float s6 = a2p[i0];
-      const float s7 = r3;
-      const float s8 = (s6 * s7);
-      const float s9 = (s8 + s5);
-      const float s10 = 1.0f / support::fsqrt(s9);
-      const float s11 = a0p[i0];
-      const float s12 = (s11 * s10);
-      const float s13 = s12 * s12;
-      a2p[i0] = s9;
-      a4p[i0] = s12;
-      a5p[i0] = s13;
-    }
-  }
+  loop80(a2.data(), a4.data(), a5.data(), a0.data(), a1.data(), a3.data());
 
   // t5.mesh:152:3 mean
   MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
-  static const support::Shape shape1_1 = {};
-  static const support::Shape shape1_3 = {};
-  static const support::Shape shape1_4 = {32};
-  static const support::Shape shape1_5 = {1};
-  support::reduce(a6.data(), shape1_1, a5.data(), shape1_3, shape1_4, shape1_5,
-                  support::Reduce::Sum, 0.03125);
+  support::reduce(a6.data(), kShape21, a5.data(), kShape21, kShape4, kShape1, support::Reduce::Sum,
+                  0.03125);
 
   // t5.mesh:152:3 sqrt
   // t5.mesh:152:3 mul
@@ -7219,24 +6282,12 @@ void T5Train::repeated0(
 
   // t5.mesh:152:3 square
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a9p = a9.data();
-    const float *__restrict a8p = a8.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = a8p[i0];
-      const float s1 = s0 * s0;
-      a9p[i0] = s1;
-    }
-  }
+  loop81(a9.data(), a8.data());
 
   // t5.mesh:152:3 mean
   MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
-  static const support::Shape shape4_1 = {};
-  static const support::Shape shape4_3 = {};
-  static const support::Shape shape4_4 = {32};
-  static const support::Shape shape4_5 = {1};
-  support::reduce(a10.data(), shape4_1, a9.data(), shape4_3, shape4_4, shape4_5,
-                  support::Reduce::Sum, 0.03125);
+  support::reduce(a10.data(), kShape21, a9.data(), kShape21, kShape4, kShape1, support::Reduce::Sum,
+                  0.03125);
 
   // t5.mesh:152:3 sqrt
   // t5.mesh:152:3 maximum
@@ -7259,97 +6310,28 @@ void T5Train::repeated0(
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 sub -> next/encoder/rms_norm[0]/scale
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a8p = a8.data();
-    const float *__restrict a4p = a4.data();
-    const float *__restrict a7p = a7.data();
-    const float *__restrict a12p = a12.data();
-    const float r1 = a7p[0];
-    const float r2 = a12p[0];
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = a4p[i0];
-      const float s1 = r1;
-      const float s2 = (s0 / s1);
-      const float s3 = r2;
-      const float s4 = (s2 * s3);
-      const float s5 = a8p[i0];
-      const float s6 = (s5 - s4);
-      a8p[i0] = s6;
-    }
-  }
+  loop82(a8.data(), a4.data(), a7.data(), a12.data());
 
   // t5.mesh:152:3 div
   // t5.mesh:152:3 rsqrt
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a15p = a15.data();
-    const float *__restrict a13p = a13.data();
-    const float *__restrict a14p = a14.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 2; ++i1) {
-        const float s0 = a13p[i0 * 2 + i1];
-        const float s1 = a14p[i0];
-        const float s2 = (s0 / s1);
-        const float s3 = 1.0f / support::fsqrt(s2);
-        a15p[i0 * 2 + i1] = s3;
-      }
-    }
-  }
+  loop83(a15.data(), a13.data(), a14.data());
 
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 add
   // t5.mesh:152:3 rsqrt
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a17p = a17.data();
-    float *__restrict a18p = a18.data();
-    const float *__restrict a16p = a16.data();
-    const float *__restrict a1p = a1.data();
-    const float *__restrict a3p = a3.data();
-    const float r1 = a1p[0];
-    const float r3 = a3p[0];
-    for (int64_t i0 = 0; i0 < 256; ++i0) {
-      const float s0 = a16p[i0];
-      const float s1 = r1;
-      const float s2 = (s0 * s1);
-      const float s3 = a17p[i0];
-      const float s4 = r3;
-      const float s5 = (s3 * s4);
-      const float s6 = (s5 + s2);
-      const float s7 = 1.0f / support::fsqrt(s6);
-      a17p[i0] = s6;
-      a18p[i0] = s7;
-    }
-  }
+  loop84(a17.data(), a18.data(), a16.data(), a1.data(), a3.data());
 
   // t5.mesh:152:3 div
   // t5.mesh:152:3 mul
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a20p = a20.data();
-    const float *__restrict a14p = a14.data();
-    const float *__restrict a17p = a17.data();
-    const float *__restrict a19p = a19.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 8; ++i1) {
-        const float s0 = a14p[i0];
-        const float s1 = a17p[i0 * 8 + i1];
-        const float s2 = (s0 / s1);
-        const float s3 = a19p[i0 * 8 + i1];
-        const float s4 = (s3 * s2);
-        a20p[i0 * 8 + i1] = s4;
-      }
-    }
-  }
+  loop85(a20.data(), a14.data(), a17.data(), a19.data());
 
   // t5.mesh:152:3 mean
   MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
-  static const support::Shape shape10_1 = {};
-  static const support::Shape shape10_3 = {};
-  static const support::Shape shape10_4 = {32, 8};
-  static const support::Shape shape10_5 = {8, 1};
-  support::reduce(a21.data(), shape10_1, a20.data(), shape10_3, shape10_4, shape10_5,
+  support::reduce(a21.data(), kShape21, a20.data(), kShape21, kShape34, kShape26,
                   support::Reduce::Sum, 0.00390625);
 
   // t5.mesh:152:3 sqrt
@@ -7391,107 +6373,28 @@ void T5Train::repeated0(
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 sub -> next/encoder/attention[0]/q
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a26p = a26.data();
-    const float *__restrict a25p = a25.data();
-    const float *__restrict a15p = a15.data();
-    const float *__restrict a18p = a18.data();
-    const float *__restrict a22p = a22.data();
-    const float *__restrict a24p = a24.data();
-    const float r3 = a22p[0];
-    const float r4 = a24p[0];
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 2; ++i1) {
-        for (int64_t i2 = 0; i2 < 8; ++i2) {
-          const float s0 = a25p[i0 * 16 + i1 * 8 + i2];
-          const float s1 = a15p[i0 * 2 + i1];
-          const float s2 = (s0 * s1);
-          const float s3 = a18p[i0 * 8 + i2];
-          const float s4 = (s2 * s3);
-          const float s5 = r3;
-          const float s6 = (s4 / s5);
-          const float s7 = r4;
-          const float s8 = (s6 * s7);
-          const float s9 = a26p[i0 * 16 + i1 * 8 + i2];
-          const float s10 = (s9 - s8);
-          a26p[i0 * 16 + i1 * 8 + i2] = s10;
-        }
-      }
-    }
-  }
+  loop86(a26.data(), a25.data(), a15.data(), a18.data(), a22.data(), a24.data());
 
   // t5.mesh:152:3 div
   // t5.mesh:152:3 rsqrt
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a29p = a29.data();
-    const float *__restrict a27p = a27.data();
-    const float *__restrict a28p = a28.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 2; ++i1) {
-        const float s0 = a27p[i0 * 2 + i1];
-        const float s1 = a28p[i0];
-        const float s2 = (s0 / s1);
-        const float s3 = 1.0f / support::fsqrt(s2);
-        a29p[i0 * 2 + i1] = s3;
-      }
-    }
-  }
+  loop83(a29.data(), a27.data(), a28.data());
 
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 add
   // t5.mesh:152:3 rsqrt
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a31p = a31.data();
-    float *__restrict a32p = a32.data();
-    const float *__restrict a30p = a30.data();
-    const float *__restrict a1p = a1.data();
-    const float *__restrict a3p = a3.data();
-    const float r1 = a1p[0];
-    const float r3 = a3p[0];
-    for (int64_t i0 = 0; i0 < 256; ++i0) {
-      const float s0 = a30p[i0];
-      const float s1 = r1;
-      const float s2 = (s0 * s1);
-      const float s3 = a31p[i0];
-      const float s4 = r3;
-      const float s5 = (s3 * s4);
-      const float s6 = (s5 + s2);
-      const float s7 = 1.0f / support::fsqrt(s6);
-      a31p[i0] = s6;
-      a32p[i0] = s7;
-    }
-  }
+  loop84(a31.data(), a32.data(), a30.data(), a1.data(), a3.data());
 
   // t5.mesh:152:3 div
   // t5.mesh:152:3 mul
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a34p = a34.data();
-    const float *__restrict a28p = a28.data();
-    const float *__restrict a31p = a31.data();
-    const float *__restrict a33p = a33.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 8; ++i1) {
-        const float s0 = a28p[i0];
-        const float s1 = a31p[i0 * 8 + i1];
-        const float s2 = (s0 / s1);
-        const float s3 = a33p[i0 * 8 + i1];
-        const float s4 = (s3 * s2);
-        a34p[i0 * 8 + i1] = s4;
-      }
-    }
-  }
+  loop85(a34.data(), a28.data(), a31.data(), a33.data());
 
   // t5.mesh:152:3 mean
   MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
-  static const support::Shape shape17_1 = {};
-  static const support::Shape shape17_3 = {};
-  static const support::Shape shape17_4 = {32, 8};
-  static const support::Shape shape17_5 = {8, 1};
-  support::reduce(a35.data(), shape17_1, a34.data(), shape17_3, shape17_4, shape17_5,
+  support::reduce(a35.data(), kShape21, a34.data(), kShape21, kShape34, kShape26,
                   support::Reduce::Sum, 0.00390625);
 
   // t5.mesh:152:3 sqrt
@@ -7533,107 +6436,28 @@ void T5Train::repeated0(
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 sub -> next/encoder/attention[0]/k
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a40p = a40.data();
-    const float *__restrict a39p = a39.data();
-    const float *__restrict a29p = a29.data();
-    const float *__restrict a32p = a32.data();
-    const float *__restrict a36p = a36.data();
-    const float *__restrict a38p = a38.data();
-    const float r3 = a36p[0];
-    const float r4 = a38p[0];
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 2; ++i1) {
-        for (int64_t i2 = 0; i2 < 8; ++i2) {
-          const float s0 = a39p[i0 * 16 + i1 * 8 + i2];
-          const float s1 = a29p[i0 * 2 + i1];
-          const float s2 = (s0 * s1);
-          const float s3 = a32p[i0 * 8 + i2];
-          const float s4 = (s2 * s3);
-          const float s5 = r3;
-          const float s6 = (s4 / s5);
-          const float s7 = r4;
-          const float s8 = (s6 * s7);
-          const float s9 = a40p[i0 * 16 + i1 * 8 + i2];
-          const float s10 = (s9 - s8);
-          a40p[i0 * 16 + i1 * 8 + i2] = s10;
-        }
-      }
-    }
-  }
+  loop86(a40.data(), a39.data(), a29.data(), a32.data(), a36.data(), a38.data());
 
   // t5.mesh:152:3 div
   // t5.mesh:152:3 rsqrt
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a43p = a43.data();
-    const float *__restrict a41p = a41.data();
-    const float *__restrict a42p = a42.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 2; ++i1) {
-        const float s0 = a41p[i0 * 2 + i1];
-        const float s1 = a42p[i0];
-        const float s2 = (s0 / s1);
-        const float s3 = 1.0f / support::fsqrt(s2);
-        a43p[i0 * 2 + i1] = s3;
-      }
-    }
-  }
+  loop83(a43.data(), a41.data(), a42.data());
 
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 add
   // t5.mesh:152:3 rsqrt
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a45p = a45.data();
-    float *__restrict a46p = a46.data();
-    const float *__restrict a44p = a44.data();
-    const float *__restrict a1p = a1.data();
-    const float *__restrict a3p = a3.data();
-    const float r1 = a1p[0];
-    const float r3 = a3p[0];
-    for (int64_t i0 = 0; i0 < 256; ++i0) {
-      const float s0 = a44p[i0];
-      const float s1 = r1;
-      const float s2 = (s0 * s1);
-      const float s3 = a45p[i0];
-      const float s4 = r3;
-      const float s5 = (s3 * s4);
-      const float s6 = (s5 + s2);
-      const float s7 = 1.0f / support::fsqrt(s6);
-      a45p[i0] = s6;
-      a46p[i0] = s7;
-    }
-  }
+  loop84(a45.data(), a46.data(), a44.data(), a1.data(), a3.data());
 
   // t5.mesh:152:3 div
   // t5.mesh:152:3 mul
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a48p = a48.data();
-    const float *__restrict a42p = a42.data();
-    const float *__restrict a45p = a45.data();
-    const float *__restrict a47p = a47.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 8; ++i1) {
-        const float s0 = a42p[i0];
-        const float s1 = a45p[i0 * 8 + i1];
-        const float s2 = (s0 / s1);
-        const float s3 = a47p[i0 * 8 + i1];
-        const float s4 = (s3 * s2);
-        a48p[i0 * 8 + i1] = s4;
-      }
-    }
-  }
+  loop85(a48.data(), a42.data(), a45.data(), a47.data());
 
   // t5.mesh:152:3 mean
   MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
-  static const support::Shape shape24_1 = {};
-  static const support::Shape shape24_3 = {};
-  static const support::Shape shape24_4 = {32, 8};
-  static const support::Shape shape24_5 = {8, 1};
-  support::reduce(a49.data(), shape24_1, a48.data(), shape24_3, shape24_4, shape24_5,
+  support::reduce(a49.data(), kShape21, a48.data(), kShape21, kShape34, kShape26,
                   support::Reduce::Sum, 0.00390625);
 
   // t5.mesh:152:3 sqrt
@@ -7675,64 +6499,16 @@ void T5Train::repeated0(
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 sub -> next/encoder/attention[0]/v
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a54p = a54.data();
-    const float *__restrict a53p = a53.data();
-    const float *__restrict a43p = a43.data();
-    const float *__restrict a46p = a46.data();
-    const float *__restrict a50p = a50.data();
-    const float *__restrict a52p = a52.data();
-    const float r3 = a50p[0];
-    const float r4 = a52p[0];
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 2; ++i1) {
-        for (int64_t i2 = 0; i2 < 8; ++i2) {
-          const float s0 = a53p[i0 * 16 + i1 * 8 + i2];
-          const float s1 = a43p[i0 * 2 + i1];
-          const float s2 = (s0 * s1);
-          const float s3 = a46p[i0 * 8 + i2];
-          const float s4 = (s2 * s3);
-          const float s5 = r3;
-          const float s6 = (s4 / s5);
-          const float s7 = r4;
-          const float s8 = (s6 * s7);
-          const float s9 = a54p[i0 * 16 + i1 * 8 + i2];
-          const float s10 = (s9 - s8);
-          a54p[i0 * 16 + i1 * 8 + i2] = s10;
-        }
-      }
-    }
-  }
+  loop86(a54.data(), a53.data(), a43.data(), a46.data(), a50.data(), a52.data());
 
   // t5.mesh:152:3 div
   // t5.mesh:152:3 rsqrt
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a57p = a57.data();
-    const float *__restrict a55p = a55.data();
-    const float *__restrict a56p = a56.data();
-    for (int64_t i0 = 0; i0 < 2; ++i0) {
-      for (int64_t i1 = 0; i1 < 8; ++i1) {
-        const float s0 = a55p[i0 * 8 + i1];
-        const float s1 = a56p[i0];
-        const float s2 = (s0 / s1);
-        const float s3 = 1.0f / support::fsqrt(s2);
-        a57p[i0 * 8 + i1] = s3;
-      }
-    }
-  }
+  loop87(a57.data(), a55.data(), a56.data());
 
   // t5.mesh:152:3 rsqrt
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a59p = a59.data();
-    const float *__restrict a58p = a58.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = a58p[i0];
-      const float s1 = 1.0f / support::fsqrt(s0);
-      a59p[i0] = s1;
-    }
-  }
+  loop88(a59.data(), a58.data());
 
   // t5.mesh:152:3 sqrt
   // t5.mesh:152:3 mul
@@ -7773,34 +6549,7 @@ void T5Train::repeated0(
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 sub -> next/encoder/attention[0]/o
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a65p = a65.data();
-    const float *__restrict a64p = a64.data();
-    const float *__restrict a57p = a57.data();
-    const float *__restrict a59p = a59.data();
-    const float *__restrict a61p = a61.data();
-    const float *__restrict a63p = a63.data();
-    const float r3 = a61p[0];
-    const float r4 = a63p[0];
-    for (int64_t i0 = 0; i0 < 2; ++i0) {
-      for (int64_t i1 = 0; i1 < 8; ++i1) {
-        for (int64_t i2 = 0; i2 < 32; ++i2) {
-          const float s0 = a64p[i0 * 256 + i1 * 32 + i2];
-          const float s1 = a57p[i0 * 8 + i1];
-          const float s2 = (s0 * s1);
-          const float s3 = a59p[i0 * 32 + i2];
-          const float s4 = (s2 * s3);
-          const float s5 = r3;
-          const float s6 = (s4 / s5);
-          const float s7 = r4;
-          const float s8 = (s6 * s7);
-          const float s9 = a65p[i0 * 256 + i1 * 32 + i2];
-          const float s10 = (s9 - s8);
-          a65p[i0 * 256 + i1 * 32 + i2] = s10;
-        }
-      }
-    }
-  }
+  loop89(a65.data(), a64.data(), a57.data(), a59.data(), a61.data(), a63.data());
 
   // t5.mesh:152:3 square
   // t5.mesh:152:3 add
@@ -7811,43 +6560,11 @@ void T5Train::repeated0(
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 square
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a67p = a67.data();
-    float *__restrict a68p = a68.data();
-    float *__restrict a69p = a69.data();
-    const float *__restrict a66p = a66.data();
-    const float *__restrict a1p = a1.data();
-    const float *__restrict a3p = a3.data();
-    const float r1 = a1p[0];
-    const float r3 = a3p[0];
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = a66p[i0];
-      const float s1 = s0 * s0;
-      const float s2 = 1e-30f;
-      const float s3 = (s1 + s2);
-      const float s4 = r1;
-      const float s5 = (s3 * s4);
-      const float s6 = a67p[i0];
-      const float s7 = r3;
-      const float s8 = (s6 * s7);
-      const float s9 = (s8 + s5);
-      const float s10 = 1.0f / support::fsqrt(s9);
-      const float s11 = a66p[i0];
-      const float s12 = (s11 * s10);
-      const float s13 = s12 * s12;
-      a67p[i0] = s9;
-      a68p[i0] = s12;
-      a69p[i0] = s13;
-    }
-  }
+  loop80(a67.data(), a68.data(), a69.data(), a66.data(), a1.data(), a3.data());
 
   // t5.mesh:152:3 mean
   MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
-  static const support::Shape shape34_1 = {};
-  static const support::Shape shape34_3 = {};
-  static const support::Shape shape34_4 = {32};
-  static const support::Shape shape34_5 = {1};
-  support::reduce(a70.data(), shape34_1, a69.data(), shape34_3, shape34_4, shape34_5,
+  support::reduce(a70.data(), kShape21, a69.data(), kShape21, kShape4, kShape1,
                   support::Reduce::Sum, 0.03125);
 
   // t5.mesh:152:3 sqrt
@@ -7868,23 +6585,11 @@ void T5Train::repeated0(
 
   // t5.mesh:152:3 square
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a73p = a73.data();
-    const float *__restrict a72p = a72.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = a72p[i0];
-      const float s1 = s0 * s0;
-      a73p[i0] = s1;
-    }
-  }
+  loop81(a73.data(), a72.data());
 
   // t5.mesh:152:3 mean
   MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
-  static const support::Shape shape37_1 = {};
-  static const support::Shape shape37_3 = {};
-  static const support::Shape shape37_4 = {32};
-  static const support::Shape shape37_5 = {1};
-  support::reduce(a74.data(), shape37_1, a73.data(), shape37_3, shape37_4, shape37_5,
+  support::reduce(a74.data(), kShape21, a73.data(), kShape21, kShape4, kShape1,
                   support::Reduce::Sum, 0.03125);
 
   // t5.mesh:152:3 sqrt
@@ -7908,112 +6613,36 @@ void T5Train::repeated0(
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 sub -> next/encoder/rms_norm#1[0]/scale
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a72p = a72.data();
-    const float *__restrict a68p = a68.data();
-    const float *__restrict a71p = a71.data();
-    const float *__restrict a75p = a75.data();
-    const float r1 = a71p[0];
-    const float r2 = a75p[0];
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = a68p[i0];
-      const float s1 = r1;
-      const float s2 = (s0 / s1);
-      const float s3 = r2;
-      const float s4 = (s2 * s3);
-      const float s5 = a72p[i0];
-      const float s6 = (s5 - s4);
-      a72p[i0] = s6;
-    }
-  }
+  loop82(a72.data(), a68.data(), a71.data(), a75.data());
 
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 add
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a77p = a77.data();
-    const float *__restrict a76p = a76.data();
-    const float *__restrict a1p = a1.data();
-    const float *__restrict a3p = a3.data();
-    const float r1 = a1p[0];
-    const float r3 = a3p[0];
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = a76p[i0];
-      const float s1 = r1;
-      const float s2 = (s0 * s1);
-      const float s3 = a77p[i0];
-      const float s4 = r3;
-      const float s5 = (s3 * s4);
-      const float s6 = (s5 + s2);
-      a77p[i0] = s6;
-    }
-  }
+  loop74(a77.data(), a76.data(), a1.data(), a3.data());
 
   // t5.mesh:152:3 mean
   MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
-  static const support::Shape shape41_1 = {};
-  static const support::Shape shape41_3 = {};
-  static const support::Shape shape41_4 = {32};
-  static const support::Shape shape41_5 = {1};
-  support::reduce(a78.data(), shape41_1, a77.data(), shape41_3, shape41_4, shape41_5,
+  support::reduce(a78.data(), kShape21, a77.data(), kShape21, kShape4, kShape1,
                   support::Reduce::Sum, 0.03125);
 
   // t5.mesh:152:3 div
   // t5.mesh:152:3 rsqrt
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a79p = a79.data();
-    const float *__restrict a77p = a77.data();
-    const float *__restrict a78p = a78.data();
-    const float r1 = a78p[0];
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = a77p[i0];
-      const float s1 = r1;
-      const float s2 = (s0 / s1);
-      const float s3 = 1.0f / support::fsqrt(s2);
-      a79p[i0] = s3;
-    }
-  }
+  loop76(a79.data(), a77.data(), a78.data());
 
   // t5.mesh:152:3 rsqrt
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a81p = a81.data();
-    const float *__restrict a80p = a80.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = a80p[i0];
-      const float s1 = 1.0f / support::fsqrt(s0);
-      a81p[i0] = s1;
-    }
-  }
+  loop90(a81.data(), a80.data());
 
   // t5.mesh:152:3 div
   // t5.mesh:152:3 mul
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a83p = a83.data();
-    const float *__restrict a78p = a78.data();
-    const float *__restrict a77p = a77.data();
-    const float *__restrict a82p = a82.data();
-    const float r0 = a78p[0];
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = r0;
-      const float s1 = a77p[i0];
-      const float s2 = (s0 / s1);
-      const float s3 = a82p[i0];
-      const float s4 = (s3 * s2);
-      a83p[i0] = s4;
-    }
-  }
+  loop78(a83.data(), a78.data(), a77.data(), a82.data());
 
   // t5.mesh:152:3 mean
   MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
-  static const support::Shape shape45_1 = {};
-  static const support::Shape shape45_3 = {};
-  static const support::Shape shape45_4 = {32};
-  static const support::Shape shape45_5 = {1};
-  support::reduce(a84.data(), shape45_1, a83.data(), shape45_3, shape45_4, shape45_5,
+  support::reduce(a84.data(), kShape21, a83.data(), kShape21, kShape4, kShape1,
                   support::Reduce::Sum, 0.03125);
 
   // t5.mesh:152:3 sqrt
@@ -8055,103 +6684,28 @@ void T5Train::repeated0(
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 sub -> next/encoder/dense_relu_dense[0]/wi
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a89p = a89.data();
-    const float *__restrict a88p = a88.data();
-    const float *__restrict a79p = a79.data();
-    const float *__restrict a81p = a81.data();
-    const float *__restrict a85p = a85.data();
-    const float *__restrict a87p = a87.data();
-    const float r3 = a85p[0];
-    const float r4 = a87p[0];
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = a88p[i0 * 32 + i1];
-        const float s1 = a79p[i0];
-        const float s2 = (s0 * s1);
-        const float s3 = a81p[i1];
-        const float s4 = (s2 * s3);
-        const float s5 = r3;
-        const float s6 = (s4 / s5);
-        const float s7 = r4;
-        const float s8 = (s6 * s7);
-        const float s9 = a89p[i0 * 32 + i1];
-        const float s10 = (s9 - s8);
-        a89p[i0 * 32 + i1] = s10;
-      }
-    }
-  }
+  loop79(a89.data(), a88.data(), a79.data(), a81.data(), a85.data(), a87.data());
 
   // t5.mesh:152:3 div
   // t5.mesh:152:3 rsqrt
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a92p = a92.data();
-    const float *__restrict a90p = a90.data();
-    const float *__restrict a91p = a91.data();
-    const float r1 = a91p[0];
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = a90p[i0];
-      const float s1 = r1;
-      const float s2 = (s0 / s1);
-      const float s3 = 1.0f / support::fsqrt(s2);
-      a92p[i0] = s3;
-    }
-  }
+  loop76(a92.data(), a90.data(), a91.data());
 
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 add
   // t5.mesh:152:3 rsqrt
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a94p = a94.data();
-    float *__restrict a95p = a95.data();
-    const float *__restrict a93p = a93.data();
-    const float *__restrict a1p = a1.data();
-    const float *__restrict a3p = a3.data();
-    const float r1 = a1p[0];
-    const float r3 = a3p[0];
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = a93p[i0];
-      const float s1 = r1;
-      const float s2 = (s0 * s1);
-      const float s3 = a94p[i0];
-      const float s4 = r3;
-      const float s5 = (s3 * s4);
-      const float s6 = (s5 + s2);
-      const float s7 = 1.0f / support::fsqrt(s6);
-      a94p[i0] = s6;
-      a95p[i0] = s7;
-    }
-  }
+  loop77(a94.data(), a95.data(), a93.data(), a1.data(), a3.data());
 
   // t5.mesh:152:3 div
   // t5.mesh:152:3 mul
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a97p = a97.data();
-    const float *__restrict a91p = a91.data();
-    const float *__restrict a94p = a94.data();
-    const float *__restrict a96p = a96.data();
-    const float r0 = a91p[0];
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = r0;
-      const float s1 = a94p[i0];
-      const float s2 = (s0 / s1);
-      const float s3 = a96p[i0];
-      const float s4 = (s3 * s2);
-      a97p[i0] = s4;
-    }
-  }
+  loop78(a97.data(), a91.data(), a94.data(), a96.data());
 
   // t5.mesh:152:3 mean
   MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
-  static const support::Shape shape52_1 = {};
-  static const support::Shape shape52_3 = {};
-  static const support::Shape shape52_4 = {32};
-  static const support::Shape shape52_5 = {1};
-  support::reduce(a98.data(), shape52_1, a97.data(), shape52_3, shape52_4, shape52_5,
+  support::reduce(a98.data(), kShape21, a97.data(), kShape21, kShape4, kShape1,
                   support::Reduce::Sum, 0.03125);
 
   // t5.mesh:152:3 sqrt
@@ -8193,32 +6747,7 @@ void T5Train::repeated0(
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 sub -> next/encoder/dense_relu_dense[0]/wo
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a103p = a103.data();
-    const float *__restrict a102p = a102.data();
-    const float *__restrict a92p = a92.data();
-    const float *__restrict a95p = a95.data();
-    const float *__restrict a99p = a99.data();
-    const float *__restrict a101p = a101.data();
-    const float r3 = a99p[0];
-    const float r4 = a101p[0];
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = a102p[i0 * 32 + i1];
-        const float s1 = a92p[i0];
-        const float s2 = (s0 * s1);
-        const float s3 = a95p[i1];
-        const float s4 = (s2 * s3);
-        const float s5 = r3;
-        const float s6 = (s4 / s5);
-        const float s7 = r4;
-        const float s8 = (s6 * s7);
-        const float s9 = a103p[i0 * 32 + i1];
-        const float s10 = (s9 - s8);
-        a103p[i0 * 32 + i1] = s10;
-      }
-    }
-  }
+  loop79(a103.data(), a102.data(), a92.data(), a95.data(), a99.data(), a101.data());
 
   // t5.mesh:152:3 square
   // t5.mesh:152:3 add
@@ -8229,43 +6758,11 @@ void T5Train::repeated0(
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 square
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a105p = a105.data();
-    float *__restrict a106p = a106.data();
-    float *__restrict a107p = a107.data();
-    const float *__restrict a104p = a104.data();
-    const float *__restrict a1p = a1.data();
-    const float *__restrict a3p = a3.data();
-    const float r1 = a1p[0];
-    const float r3 = a3p[0];
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = a104p[i0];
-      const float s1 = s0 * s0;
-      const float s2 = 1e-30f;
-      const float s3 = (s1 + s2);
-      const float s4 = r1;
-      const float s5 = (s3 * s4);
-      const float s6 = a105p[i0];
-      const float s7 = r3;
-      const float s8 = (s6 * s7);
-      const float s9 = (s8 + s5);
-      const float s10 = 1.0f / support::fsqrt(s9);
-      const float s11 = a104p[i0];
-      const float s12 = (s11 * s10);
-      const float s13 = s12 * s12;
-      a105p[i0] = s9;
-      a106p[i0] = s12;
-      a107p[i0] = s13;
-    }
-  }
+  loop80(a105.data(), a106.data(), a107.data(), a104.data(), a1.data(), a3.data());
 
   // t5.mesh:152:3 mean
   MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
-  static const support::Shape shape57_1 = {};
-  static const support::Shape shape57_3 = {};
-  static const support::Shape shape57_4 = {32};
-  static const support::Shape shape57_5 = {1};
-  support::reduce(a108.data(), shape57_1, a107.data(), shape57_3, shape57_4, shape57_5,
+  support::reduce(a108.data(), kShape21, a107.data(), kShape21, kShape4, kShape1,
                   support::Reduce::Sum, 0.03125);
 
   // t5.mesh:152:3 sqrt
@@ -8286,23 +6783,11 @@ void T5Train::repeated0(
 
   // t5.mesh:152:3 square
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a111p = a111.data();
-    const float *__restrict a110p = a110.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = a110p[i0];
-      const float s1 = s0 * s0;
-      a111p[i0] = s1;
-    }
-  }
+  loop81(a111.data(), a110.data());
 
   // t5.mesh:152:3 mean
   MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
-  static const support::Shape shape60_1 = {};
-  static const support::Shape shape60_3 = {};
-  static const support::Shape shape60_4 = {32};
-  static const support::Shape shape60_5 = {1};
-  support::reduce(a112.data(), shape60_1, a111.data(), shape60_3, shape60_4, shape60_5,
+  support::reduce(a112.data(), kShape21, a111.data(), kShape21, kShape4, kShape1,
                   support::Reduce::Sum, 0.03125);
 
   // t5.mesh:152:3 sqrt
@@ -8326,97 +6811,28 @@ void T5Train::repeated0(
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 sub -> next/encoder/rms_norm[1]/scale
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a110p = a110.data();
-    const float *__restrict a106p = a106.data();
-    const float *__restrict a109p = a109.data();
-    const float *__restrict a113p = a113.data();
-    const float r1 = a109p[0];
-    const float r2 = a113p[0];
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = a106p[i0];
-      const float s1 = r1;
-      const float s2 = (s0 / s1);
-      const float s3 = r2;
-      const float s4 = (s2 * s3);
-      const float s5 = a110p[i0];
-      const float s6 = (s5 - s4);
-      a110p[i0] = s6;
-    }
-  }
+  loop82(a110.data(), a106.data(), a109.data(), a113.data());
 
   // t5.mesh:152:3 div
   // t5.mesh:152:3 rsqrt
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a116p = a116.data();
-    const float *__restrict a114p = a114.data();
-    const float *__restrict a115p = a115.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 2; ++i1) {
-        const float s0 = a114p[i0 * 2 + i1];
-        const float s1 = a115p[i0];
-        const float s2 = (s0 / s1);
-        const float s3 = 1.0f / support::fsqrt(s2);
-        a116p[i0 * 2 + i1] = s3;
-      }
-    }
-  }
+  loop83(a116.data(), a114.data(), a115.data());
 
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 add
   // t5.mesh:152:3 rsqrt
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a118p = a118.data();
-    float *__restrict a119p = a119.data();
-    const float *__restrict a117p = a117.data();
-    const float *__restrict a1p = a1.data();
-    const float *__restrict a3p = a3.data();
-    const float r1 = a1p[0];
-    const float r3 = a3p[0];
-    for (int64_t i0 = 0; i0 < 256; ++i0) {
-      const float s0 = a117p[i0];
-      const float s1 = r1;
-      const float s2 = (s0 * s1);
-      const float s3 = a118p[i0];
-      const float s4 = r3;
-      const float s5 = (s3 * s4);
-      const float s6 = (s5 + s2);
-      const float s7 = 1.0f / support::fsqrt(s6);
-      a118p[i0] = s6;
-      a119p[i0] = s7;
-    }
-  }
+  loop84(a118.data(), a119.data(), a117.data(), a1.data(), a3.data());
 
   // t5.mesh:152:3 div
   // t5.mesh:152:3 mul
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a121p = a121.data();
-    const float *__restrict a115p = a115.data();
-    const float *__restrict a118p = a118.data();
-    const float *__restrict a120p = a120.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 8; ++i1) {
-        const float s0 = a115p[i0];
-        const float s1 = a118p[i0 * 8 + i1];
-        const float s2 = (s0 / s1);
-        const float s3 = a120p[i0 * 8 + i1];
-        const float s4 = (s3 * s2);
-        a121p[i0 * 8 + i1] = s4;
-      }
-    }
-  }
+  loop85(a121.data(), a115.data(), a118.data(), a120.data());
 
   // t5.mesh:152:3 mean
   MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
-  static const support::Shape shape66_1 = {};
-  static const support::Shape shape66_3 = {};
-  static const support::Shape shape66_4 = {32, 8};
-  static const support::Shape shape66_5 = {8, 1};
-  support::reduce(a122.data(), shape66_1, a121.data(), shape66_3, shape66_4, shape66_5,
+  support::reduce(a122.data(), kShape21, a121.data(), kShape21, kShape34, kShape26,
                   support::Reduce::Sum, 0.00390625);
 
   // t5.mesh:152:3 sqrt
@@ -8458,107 +6874,28 @@ void T5Train::repeated0(
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 sub -> next/encoder/attention[1]/q
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a127p = a127.data();
-    const float *__restrict a126p = a126.data();
-    const float *__restrict a116p = a116.data();
-    const float *__restrict a119p = a119.data();
-    const float *__restrict a123p = a123.data();
-    const float *__restrict a125p = a125.data();
-    const float r3 = a123p[0];
-    const float r4 = a125p[0];
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 2; ++i1) {
-        for (int64_t i2 = 0; i2 < 8; ++i2) {
-          const float s0 = a126p[i0 * 16 + i1 * 8 + i2];
-          const float s1 = a116p[i0 * 2 + i1];
-          const float s2 = (s0 * s1);
-          const float s3 = a119p[i0 * 8 + i2];
-          const float s4 = (s2 * s3);
-          const float s5 = r3;
-          const float s6 = (s4 / s5);
-          const float s7 = r4;
-          const float s8 = (s6 * s7);
-          const float s9 = a127p[i0 * 16 + i1 * 8 + i2];
-          const float s10 = (s9 - s8);
-          a127p[i0 * 16 + i1 * 8 + i2] = s10;
-        }
-      }
-    }
-  }
+  loop86(a127.data(), a126.data(), a116.data(), a119.data(), a123.data(), a125.data());
 
   // t5.mesh:152:3 div
   // t5.mesh:152:3 rsqrt
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a130p = a130.data();
-    const float *__restrict a128p = a128.data();
-    const float *__restrict a129p = a129.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 2; ++i1) {
-        const float s0 = a128p[i0 * 2 + i1];
-        const float s1 = a129p[i0];
-        const float s2 = (s0 / s1);
-        const float s3 = 1.0f / support::fsqrt(s2);
-        a130p[i0 * 2 + i1] = s3;
-      }
-    }
-  }
+  loop83(a130.data(), a128.data(), a129.data());
 
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 add
   // t5.mesh:152:3 rsqrt
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a132p = a132.data();
-    float *__restrict a133p = a133.data();
-    const float *__restrict a131p = a131.data();
-    const float *__restrict a1p = a1.data();
-    const float *__restrict a3p = a3.data();
-    const float r1 = a1p[0];
-    const float r3 = a3p[0];
-    for (int64_t i0 = 0; i0 < 256; ++i0) {
-      const float s0 = a131p[i0];
-      const float s1 = r1;
-      const float s2 = (s0 * s1);
-      const float s3 = a132p[i0];
-      const float s4 = r3;
-      const float s5 = (s3 * s4);
-      const float s6 = (s5 + s2);
-      const float s7 = 1.0f / support::fsqrt(s6);
-      a132p[i0] = s6;
-      a133p[i0] = s7;
-    }
-  }
+  loop84(a132.data(), a133.data(), a131.data(), a1.data(), a3.data());
 
   // t5.mesh:152:3 div
   // t5.mesh:152:3 mul
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a135p = a135.data();
-    const float *__restrict a129p = a129.data();
-    const float *__restrict a132p = a132.data();
-    const float *__restrict a134p = a134.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 8; ++i1) {
-        const float s0 = a129p[i0];
-        const float s1 = a132p[i0 * 8 + i1];
-        const float s2 = (s0 / s1);
-        const float s3 = a134p[i0 * 8 + i1];
-        const float s4 = (s3 * s2);
-        a135p[i0 * 8 + i1] = s4;
-      }
-    }
-  }
+  loop85(a135.data(), a129.data(), a132.data(), a134.data());
 
   // t5.mesh:152:3 mean
   MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
-  static const support::Shape shape73_1 = {};
-  static const support::Shape shape73_3 = {};
-  static const support::Shape shape73_4 = {32, 8};
-  static const support::Shape shape73_5 = {8, 1};
-  support::reduce(a136.data(), shape73_1, a135.data(), shape73_3, shape73_4, shape73_5,
+  support::reduce(a136.data(), kShape21, a135.data(), kShape21, kShape34, kShape26,
                   support::Reduce::Sum, 0.00390625);
 
   // t5.mesh:152:3 sqrt
@@ -8600,107 +6937,28 @@ void T5Train::repeated0(
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 sub -> next/encoder/attention[1]/k
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a141p = a141.data();
-    const float *__restrict a140p = a140.data();
-    const float *__restrict a130p = a130.data();
-    const float *__restrict a133p = a133.data();
-    const float *__restrict a137p = a137.data();
-    const float *__restrict a139p = a139.data();
-    const float r3 = a137p[0];
-    const float r4 = a139p[0];
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 2; ++i1) {
-        for (int64_t i2 = 0; i2 < 8; ++i2) {
-          const float s0 = a140p[i0 * 16 + i1 * 8 + i2];
-          const float s1 = a130p[i0 * 2 + i1];
-          const float s2 = (s0 * s1);
-          const float s3 = a133p[i0 * 8 + i2];
-          const float s4 = (s2 * s3);
-          const float s5 = r3;
-          const float s6 = (s4 / s5);
-          const float s7 = r4;
-          const float s8 = (s6 * s7);
-          const float s9 = a141p[i0 * 16 + i1 * 8 + i2];
-          const float s10 = (s9 - s8);
-          a141p[i0 * 16 + i1 * 8 + i2] = s10;
-        }
-      }
-    }
-  }
+  loop86(a141.data(), a140.data(), a130.data(), a133.data(), a137.data(), a139.data());
 
   // t5.mesh:152:3 div
   // t5.mesh:152:3 rsqrt
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a144p = a144.data();
-    const float *__restrict a142p = a142.data();
-    const float *__restrict a143p = a143.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 2; ++i1) {
-        const float s0 = a142p[i0 * 2 + i1];
-        const float s1 = a143p[i0];
-        const float s2 = (s0 / s1);
-        const float s3 = 1.0f / support::fsqrt(s2);
-        a144p[i0 * 2 + i1] = s3;
-      }
-    }
-  }
+  loop83(a144.data(), a142.data(), a143.data());
 
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 add
   // t5.mesh:152:3 rsqrt
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a146p = a146.data();
-    float *__restrict a147p = a147.data();
-    const float *__restrict a145p = a145.data();
-    const float *__restrict a1p = a1.data();
-    const float *__restrict a3p = a3.data();
-    const float r1 = a1p[0];
-    const float r3 = a3p[0];
-    for (int64_t i0 = 0; i0 < 256; ++i0) {
-      const float s0 = a145p[i0];
-      const float s1 = r1;
-      const float s2 = (s0 * s1);
-      const float s3 = a146p[i0];
-      const float s4 = r3;
-      const float s5 = (s3 * s4);
-      const float s6 = (s5 + s2);
-      const float s7 = 1.0f / support::fsqrt(s6);
-      a146p[i0] = s6;
-      a147p[i0] = s7;
-    }
-  }
+  loop84(a146.data(), a147.data(), a145.data(), a1.data(), a3.data());
 
   // t5.mesh:152:3 div
   // t5.mesh:152:3 mul
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a149p = a149.data();
-    const float *__restrict a143p = a143.data();
-    const float *__restrict a146p = a146.data();
-    const float *__restrict a148p = a148.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 8; ++i1) {
-        const float s0 = a143p[i0];
-        const float s1 = a146p[i0 * 8 + i1];
-        const float s2 = (s0 / s1);
-        const float s3 = a148p[i0 * 8 + i1];
-        const float s4 = (s3 * s2);
-        a149p[i0 * 8 + i1] = s4;
-      }
-    }
-  }
+  loop85(a149.data(), a143.data(), a146.data(), a148.data());
 
   // t5.mesh:152:3 mean
   MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
-  static const support::Shape shape80_1 = {};
-  static const support::Shape shape80_3 = {};
-  static const support::Shape shape80_4 = {32, 8};
-  static const support::Shape shape80_5 = {8, 1};
-  support::reduce(a150.data(), shape80_1, a149.data(), shape80_3, shape80_4, shape80_5,
+  support::reduce(a150.data(), kShape21, a149.data(), kShape21, kShape34, kShape26,
                   support::Reduce::Sum, 0.00390625);
 
   // t5.mesh:152:3 sqrt
@@ -8742,64 +7000,16 @@ void T5Train::repeated0(
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 sub -> next/encoder/attention[1]/v
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a155p = a155.data();
-    const float *__restrict a154p = a154.data();
-    const float *__restrict a144p = a144.data();
-    const float *__restrict a147p = a147.data();
-    const float *__restrict a151p = a151.data();
-    const float *__restrict a153p = a153.data();
-    const float r3 = a151p[0];
-    const float r4 = a153p[0];
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 2; ++i1) {
-        for (int64_t i2 = 0; i2 < 8; ++i2) {
-          const float s0 = a154p[i0 * 16 + i1 * 8 + i2];
-          const float s1 = a144p[i0 * 2 + i1];
-          const float s2 = (s0 * s1);
-          const float s3 = a147p[i0 * 8 + i2];
-          const float s4 = (s2 * s3);
-          const float s5 = r3;
-          const float s6 = (s4 / s5);
-          const float s7 = r4;
-          const float s8 = (s6 * s7);
-          const float s9 = a155p[i0 * 16 + i1 * 8 + i2];
-          const float s10 = (s9 - s8);
-          a155p[i0 * 16 + i1 * 8 + i2] = s10;
-        }
-      }
-    }
-  }
+  loop86(a155.data(), a154.data(), a144.data(), a147.data(), a151.data(), a153.data());
 
   // t5.mesh:152:3 div
   // t5.mesh:152:3 rsqrt
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a158p = a158.data();
-    const float *__restrict a156p = a156.data();
-    const float *__restrict a157p = a157.data();
-    for (int64_t i0 = 0; i0 < 2; ++i0) {
-      for (int64_t i1 = 0; i1 < 8; ++i1) {
-        const float s0 = a156p[i0 * 8 + i1];
-        const float s1 = a157p[i0];
-        const float s2 = (s0 / s1);
-        const float s3 = 1.0f / support::fsqrt(s2);
-        a158p[i0 * 8 + i1] = s3;
-      }
-    }
-  }
+  loop87(a158.data(), a156.data(), a157.data());
 
   // t5.mesh:152:3 rsqrt
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a160p = a160.data();
-    const float *__restrict a159p = a159.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = a159p[i0];
-      const float s1 = 1.0f / support::fsqrt(s0);
-      a160p[i0] = s1;
-    }
-  }
+  loop88(a160.data(), a159.data());
 
   // t5.mesh:152:3 sqrt
   // t5.mesh:152:3 mul
@@ -8840,34 +7050,7 @@ void T5Train::repeated0(
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 sub -> next/encoder/attention[1]/o
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a166p = a166.data();
-    const float *__restrict a165p = a165.data();
-    const float *__restrict a158p = a158.data();
-    const float *__restrict a160p = a160.data();
-    const float *__restrict a162p = a162.data();
-    const float *__restrict a164p = a164.data();
-    const float r3 = a162p[0];
-    const float r4 = a164p[0];
-    for (int64_t i0 = 0; i0 < 2; ++i0) {
-      for (int64_t i1 = 0; i1 < 8; ++i1) {
-        for (int64_t i2 = 0; i2 < 32; ++i2) {
-          const float s0 = a165p[i0 * 256 + i1 * 32 + i2];
-          const float s1 = a158p[i0 * 8 + i1];
-          const float s2 = (s0 * s1);
-          const float s3 = a160p[i0 * 32 + i2];
-          const float s4 = (s2 * s3);
-          const float s5 = r3;
-          const float s6 = (s4 / s5);
-          const float s7 = r4;
-          const float s8 = (s6 * s7);
-          const float s9 = a166p[i0 * 256 + i1 * 32 + i2];
-          const float s10 = (s9 - s8);
-          a166p[i0 * 256 + i1 * 32 + i2] = s10;
-        }
-      }
-    }
-  }
+  loop89(a166.data(), a165.data(), a158.data(), a160.data(), a162.data(), a164.data());
 
   // t5.mesh:152:3 square
   // t5.mesh:152:3 add
@@ -8878,43 +7061,11 @@ void T5Train::repeated0(
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 square
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a168p = a168.data();
-    float *__restrict a169p = a169.data();
-    float *__restrict a170p = a170.data();
-    const float *__restrict a167p = a167.data();
-    const float *__restrict a1p = a1.data();
-    const float *__restrict a3p = a3.data();
-    const float r1 = a1p[0];
-    const float r3 = a3p[0];
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = a167p[i0];
-      const float s1 = s0 * s0;
-      const float s2 = 1e-30f;
-      const float s3 = (s1 + s2);
-      const float s4 = r1;
-      const float s5 = (s3 * s4);
-      const float s6 = a168p[i0];
-      const float s7 = r3;
-      const float s8 = (s6 * s7);
-      const float s9 = (s8 + s5);
-      const float s10 = 1.0f / support::fsqrt(s9);
-      const float s11 = a167p[i0];
-      const float s12 = (s11 * s10);
-      const float s13 = s12 * s12;
-      a168p[i0] = s9;
-      a169p[i0] = s12;
-      a170p[i0] = s13;
-    }
-  }
+  loop80(a168.data(), a169.data(), a170.data(), a167.data(), a1.data(), a3.data());
 
   // t5.mesh:152:3 mean
   MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
-  static const support::Shape shape90_1 = {};
-  static const support::Shape shape90_3 = {};
-  static const support::Shape shape90_4 = {32};
-  static const support::Shape shape90_5 = {1};
-  support::reduce(a171.data(), shape90_1, a170.data(), shape90_3, shape90_4, shape90_5,
+  support::reduce(a171.data(), kShape21, a170.data(), kShape21, kShape4, kShape1,
                   support::Reduce::Sum, 0.03125);
 
   // t5.mesh:152:3 sqrt
@@ -8935,23 +7086,11 @@ void T5Train::repeated0(
 
   // t5.mesh:152:3 square
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a174p = a174.data();
-    const float *__restrict a173p = a173.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = a173p[i0];
-      const float s1 = s0 * s0;
-      a174p[i0] = s1;
-    }
-  }
+  loop81(a174.data(), a173.data());
 
   // t5.mesh:152:3 mean
   MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
-  static const support::Shape shape93_1 = {};
-  static const support::Shape shape93_3 = {};
-  static const support::Shape shape93_4 = {32};
-  static const support::Shape shape93_5 = {1};
-  support::reduce(a175.data(), shape93_1, a174.data(), shape93_3, shape93_4, shape93_5,
+  support::reduce(a175.data(), kShape21, a174.data(), kShape21, kShape4, kShape1,
                   support::Reduce::Sum, 0.03125);
 
   // t5.mesh:152:3 sqrt
@@ -8975,24 +7114,7 @@ void T5Train::repeated0(
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 sub -> next/encoder/rms_norm#1[1]/scale
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a173p = a173.data();
-    const float *__restrict a169p = a169.data();
-    const float *__restrict a172p = a172.data();
-    const float *__restrict a176p = a176.data();
-    const float r1 = a172p[0];
-    const float r2 = a176p[0];
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = a169p[i0];
-      const float s1 = r1;
-      const float s2 = (s0 / s1);
-      const float s3 = r2;
-      const float s4 = (s2 * s3);
-      const float s5 = a173p[i0];
-      const float s6 = (s5 - s4);
-      a173p[i0] = s6;
-    }
-  }
+  loop82(a173.data(), a169.data(), a172.data(), a176.data());
 }
 
 void T5Train::repeated1(
@@ -9021,1021 +7143,389 @@ void T5Train::repeated1(
   // t5.mesh:152:3 square
   // t5.mesh:152:3 add
   MESHRT_TRACE("loop", "t5.mesh:152:3", "backward");
-  {
-    float *__restrict a1p = a1.data();
-    const float *__restrict a0p = a0.data();
-    for (int64_t i0 = 0; i0 < 512; ++i0) {
-      const float s0 = a0p[i0];
-      const float s1 = s0 * s0;
-      const float s2 = 1e-30f;
-      const float s3 = (s1 + s2);
-      a1p[i0] = s3;
-    }
-  }
+  loop91(a1.data(), a0.data());
 
   // t5.mesh:152:3 mean
   MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
-  static const support::Shape shape1_1 = {32, 8};
-  static const support::Shape shape1_3 = {16, 1};
-  static const support::Shape shape1_4 = {2};
-  static const support::Shape shape1_5 = {8};
-  support::reduce(a2.data(), shape1_1, a1.data(), shape1_3, shape1_4, shape1_5,
+  support::reduce(a2.data(), kShape34, a1.data(), kShape31, kShape3, kShape2, support::Reduce::Sum,
+                  0.25);
+
+  // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
+  support::reduce(a3.data(), kShape33, a1.data(), kShape35, kShape2, kShape1, support::Reduce::Sum,
+                  0.125);
+
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 add
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
+  loop92(a5.data(), a3.data(), a4.data(), a6.data());
+
+  // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
+  support::reduce(a7.data(), kShape4, a5.data(), kShape3, kShape3, kShape1, support::Reduce::Sum,
+                  0.25);
+
+  // t5.mesh:152:3 square
+  // t5.mesh:152:3 div
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
+  loop93(a8.data(), a0.data(), a5.data());
+
+  // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
+  support::reduce(a9.data(), kShape34, a8.data(), kShape31, kShape3, kShape2, support::Reduce::Sum,
+                  0.25);
+
+  // t5.mesh:152:3 square
+  // t5.mesh:152:3 add
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "backward");
+  loop91(a11.data(), a10.data());
+
+  // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
+  support::reduce(a12.data(), kShape34, a11.data(), kShape31, kShape3, kShape2,
                   support::Reduce::Sum, 0.25);
 
   // t5.mesh:152:3 mean
   MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
-  static const support::Shape shape2_1 = {32, 2};
-  static const support::Shape shape2_3 = {16, 8};
-  static const support::Shape shape2_4 = {8};
-  static const support::Shape shape2_5 = {1};
-  support::reduce(a3.data(), shape2_1, a1.data(), shape2_3, shape2_4, shape2_5,
+  support::reduce(a13.data(), kShape33, a11.data(), kShape35, kShape2, kShape1,
                   support::Reduce::Sum, 0.125);
 
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 add
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a5p = a5.data();
-    const float *__restrict a3p = a3.data();
-    const float *__restrict a4p = a4.data();
-    const float *__restrict a6p = a6.data();
-    const float r1 = a4p[0];
-    const float r3 = a6p[0];
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = a3p[i0];
-      const float s1 = r1;
-      const float s2 = (s0 * s1);
-      const float s3 = a5p[i0];
-      const float s4 = r3;
-      const float s5 = (s3 * s4);
-      const float s6 = (s5 + s2);
-      a5p[i0] = s6;
-    }
-  }
+  loop92(a14.data(), a13.data(), a4.data(), a6.data());
 
   // t5.mesh:152:3 mean
   MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
-  static const support::Shape shape4_1 = {32};
-  static const support::Shape shape4_3 = {2};
-  static const support::Shape shape4_4 = {2};
-  static const support::Shape shape4_5 = {1};
-  support::reduce(a7.data(), shape4_1, a5.data(), shape4_3, shape4_4, shape4_5,
-                  support::Reduce::Sum, 0.25);
+  support::reduce(a15.data(), kShape4, a14.data(), kShape3, kShape3, kShape1, support::Reduce::Sum,
+                  0.25);
 
   // t5.mesh:152:3 square
   // t5.mesh:152:3 div
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a8p = a8.data();
-    const float *__restrict a0p = a0.data();
-    const float *__restrict a5p = a5.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      for (int64_t i1 = 0; i1 < 8; ++i1) {
-        const float s0 = a0p[i0 * 8 + i1];
-        const float s1 = s0 * s0;
-        const float s2 = a5p[i0];
-        const float s3 = (s1 / s2);
-        a8p[i0 * 8 + i1] = s3;
-      }
-    }
-  }
+  loop93(a16.data(), a10.data(), a14.data());
 
   // t5.mesh:152:3 mean
   MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
-  static const support::Shape shape6_1 = {32, 8};
-  static const support::Shape shape6_3 = {16, 1};
-  static const support::Shape shape6_4 = {2};
-  static const support::Shape shape6_5 = {8};
-  support::reduce(a9.data(), shape6_1, a8.data(), shape6_3, shape6_4, shape6_5,
+  support::reduce(a17.data(), kShape34, a16.data(), kShape31, kShape3, kShape2,
                   support::Reduce::Sum, 0.25);
 
   // t5.mesh:152:3 square
   // t5.mesh:152:3 add
   MESHRT_TRACE("loop", "t5.mesh:152:3", "backward");
-  {
-    float *__restrict a11p = a11.data();
-    const float *__restrict a10p = a10.data();
-    for (int64_t i0 = 0; i0 < 512; ++i0) {
-      const float s0 = a10p[i0];
-      const float s1 = s0 * s0;
-      const float s2 = 1e-30f;
-      const float s3 = (s1 + s2);
-      a11p[i0] = s3;
-    }
-  }
+  loop91(a19.data(), a18.data());
 
   // t5.mesh:152:3 mean
   MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
-  static const support::Shape shape8_1 = {32, 8};
-  static const support::Shape shape8_3 = {16, 1};
-  static const support::Shape shape8_4 = {2};
-  static const support::Shape shape8_5 = {8};
-  support::reduce(a12.data(), shape8_1, a11.data(), shape8_3, shape8_4, shape8_5,
+  support::reduce(a20.data(), kShape34, a19.data(), kShape31, kShape3, kShape2,
                   support::Reduce::Sum, 0.25);
 
   // t5.mesh:152:3 mean
   MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
-  static const support::Shape shape9_1 = {32, 2};
-  static const support::Shape shape9_3 = {16, 8};
-  static const support::Shape shape9_4 = {8};
-  static const support::Shape shape9_5 = {1};
-  support::reduce(a13.data(), shape9_1, a11.data(), shape9_3, shape9_4, shape9_5,
+  support::reduce(a21.data(), kShape33, a19.data(), kShape35, kShape2, kShape1,
                   support::Reduce::Sum, 0.125);
 
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 add
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a14p = a14.data();
-    const float *__restrict a13p = a13.data();
-    const float *__restrict a4p = a4.data();
-    const float *__restrict a6p = a6.data();
-    const float r1 = a4p[0];
-    const float r3 = a6p[0];
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = a13p[i0];
-      const float s1 = r1;
-      const float s2 = (s0 * s1);
-      const float s3 = a14p[i0];
-      const float s4 = r3;
-      const float s5 = (s3 * s4);
-      const float s6 = (s5 + s2);
-      a14p[i0] = s6;
-    }
-  }
+  loop92(a22.data(), a21.data(), a4.data(), a6.data());
 
   // t5.mesh:152:3 mean
   MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
-  static const support::Shape shape11_1 = {32};
-  static const support::Shape shape11_3 = {2};
-  static const support::Shape shape11_4 = {2};
-  static const support::Shape shape11_5 = {1};
-  support::reduce(a15.data(), shape11_1, a14.data(), shape11_3, shape11_4, shape11_5,
-                  support::Reduce::Sum, 0.25);
+  support::reduce(a23.data(), kShape4, a22.data(), kShape3, kShape3, kShape1, support::Reduce::Sum,
+                  0.25);
 
   // t5.mesh:152:3 square
   // t5.mesh:152:3 div
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a16p = a16.data();
-    const float *__restrict a10p = a10.data();
-    const float *__restrict a14p = a14.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      for (int64_t i1 = 0; i1 < 8; ++i1) {
-        const float s0 = a10p[i0 * 8 + i1];
-        const float s1 = s0 * s0;
-        const float s2 = a14p[i0];
-        const float s3 = (s1 / s2);
-        a16p[i0 * 8 + i1] = s3;
-      }
-    }
-  }
+  loop93(a24.data(), a18.data(), a22.data());
 
   // t5.mesh:152:3 mean
   MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
-  static const support::Shape shape13_1 = {32, 8};
-  static const support::Shape shape13_3 = {16, 1};
-  static const support::Shape shape13_4 = {2};
-  static const support::Shape shape13_5 = {8};
-  support::reduce(a17.data(), shape13_1, a16.data(), shape13_3, shape13_4, shape13_5,
+  support::reduce(a25.data(), kShape34, a24.data(), kShape31, kShape3, kShape2,
                   support::Reduce::Sum, 0.25);
 
   // t5.mesh:152:3 square
   // t5.mesh:152:3 add
   MESHRT_TRACE("loop", "t5.mesh:152:3", "backward");
-  {
-    float *__restrict a19p = a19.data();
-    const float *__restrict a18p = a18.data();
-    for (int64_t i0 = 0; i0 < 512; ++i0) {
-      const float s0 = a18p[i0];
-      const float s1 = s0 * s0;
-      const float s2 = 1e-30f;
-      const float s3 = (s1 + s2);
-      a19p[i0] = s3;
-    }
-  }
+  loop91(a27.data(), a26.data());
 
   // t5.mesh:152:3 mean
   MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
-  static const support::Shape shape15_1 = {32, 8};
-  static const support::Shape shape15_3 = {16, 1};
-  static const support::Shape shape15_4 = {2};
-  static const support::Shape shape15_5 = {8};
-  support::reduce(a20.data(), shape15_1, a19.data(), shape15_3, shape15_4, shape15_5,
-                  support::Reduce::Sum, 0.25);
+  support::reduce(a28.data(), kShape9, a27.data(), kShape15, kShape4, kShape1, support::Reduce::Sum,
+                  0.03125);
+
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 add
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
+  loop94(a29.data(), a28.data(), a4.data(), a6.data());
 
   // t5.mesh:152:3 mean
   MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
-  static const support::Shape shape16_1 = {32, 2};
-  static const support::Shape shape16_3 = {16, 8};
-  static const support::Shape shape16_4 = {8};
-  static const support::Shape shape16_5 = {1};
-  support::reduce(a21.data(), shape16_1, a19.data(), shape16_3, shape16_4, shape16_5,
+  support::reduce(a30.data(), kShape36, a27.data(), kShape37, kShape2, kShape4,
                   support::Reduce::Sum, 0.125);
 
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 add
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a22p = a22.data();
-    const float *__restrict a21p = a21.data();
-    const float *__restrict a4p = a4.data();
-    const float *__restrict a6p = a6.data();
-    const float r1 = a4p[0];
-    const float r3 = a6p[0];
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = a21p[i0];
-      const float s1 = r1;
-      const float s2 = (s0 * s1);
-      const float s3 = a22p[i0];
-      const float s4 = r3;
-      const float s5 = (s3 * s4);
-      const float s6 = (s5 + s2);
-      a22p[i0] = s6;
-    }
-  }
+  loop92(a31.data(), a30.data(), a4.data(), a6.data());
 
   // t5.mesh:152:3 mean
   MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
-  static const support::Shape shape18_1 = {32};
-  static const support::Shape shape18_3 = {2};
-  static const support::Shape shape18_4 = {2};
-  static const support::Shape shape18_5 = {1};
-  support::reduce(a23.data(), shape18_1, a22.data(), shape18_3, shape18_4, shape18_5,
-                  support::Reduce::Sum, 0.25);
+  support::reduce(a32.data(), kShape3, a29.data(), kShape2, kShape2, kShape1, support::Reduce::Sum,
+                  0.125);
 
   // t5.mesh:152:3 square
   // t5.mesh:152:3 div
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a24p = a24.data();
-    const float *__restrict a18p = a18.data();
-    const float *__restrict a22p = a22.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      for (int64_t i1 = 0; i1 < 8; ++i1) {
-        const float s0 = a18p[i0 * 8 + i1];
-        const float s1 = s0 * s0;
-        const float s2 = a22p[i0];
-        const float s3 = (s1 / s2);
-        a24p[i0 * 8 + i1] = s3;
-      }
-    }
-  }
+  loop95(a33.data(), a26.data(), a31.data());
 
   // t5.mesh:152:3 mean
   MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
-  static const support::Shape shape20_1 = {32, 8};
-  static const support::Shape shape20_3 = {16, 1};
-  static const support::Shape shape20_4 = {2};
-  static const support::Shape shape20_5 = {8};
-  support::reduce(a25.data(), shape20_1, a24.data(), shape20_3, shape20_4, shape20_5,
-                  support::Reduce::Sum, 0.25);
-
-  // t5.mesh:152:3 square
-  // t5.mesh:152:3 add
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "backward");
-  {
-    float *__restrict a27p = a27.data();
-    const float *__restrict a26p = a26.data();
-    for (int64_t i0 = 0; i0 < 512; ++i0) {
-      const float s0 = a26p[i0];
-      const float s1 = s0 * s0;
-      const float s2 = 1e-30f;
-      const float s3 = (s1 + s2);
-      a27p[i0] = s3;
-    }
-  }
-
-  // t5.mesh:152:3 mean
-  MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
-  static const support::Shape shape22_1 = {2, 8};
-  static const support::Shape shape22_3 = {256, 32};
-  static const support::Shape shape22_4 = {32};
-  static const support::Shape shape22_5 = {1};
-  support::reduce(a28.data(), shape22_1, a27.data(), shape22_3, shape22_4, shape22_5,
-                  support::Reduce::Sum, 0.03125);
-
-  // t5.mesh:152:3 mul
-  // t5.mesh:152:3 mul
-  // t5.mesh:152:3 add
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a29p = a29.data();
-    const float *__restrict a28p = a28.data();
-    const float *__restrict a4p = a4.data();
-    const float *__restrict a6p = a6.data();
-    const float r1 = a4p[0];
-    const float r3 = a6p[0];
-    for (int64_t i0 = 0; i0 < 16; ++i0) {
-      const float s0 = a28p[i0];
-      const float s1 = r1;
-      const float s2 = (s0 * s1);
-      const float s3 = a29p[i0];
-      const float s4 = r3;
-      const float s5 = (s3 * s4);
-      const float s6 = (s5 + s2);
-      a29p[i0] = s6;
-    }
-  }
-
-  // t5.mesh:152:3 mean
-  MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
-  static const support::Shape shape24_1 = {2, 32};
-  static const support::Shape shape24_3 = {256, 1};
-  static const support::Shape shape24_4 = {8};
-  static const support::Shape shape24_5 = {32};
-  support::reduce(a30.data(), shape24_1, a27.data(), shape24_3, shape24_4, shape24_5,
-                  support::Reduce::Sum, 0.125);
-
-  // t5.mesh:152:3 mul
-  // t5.mesh:152:3 mul
-  // t5.mesh:152:3 add
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a31p = a31.data();
-    const float *__restrict a30p = a30.data();
-    const float *__restrict a4p = a4.data();
-    const float *__restrict a6p = a6.data();
-    const float r1 = a4p[0];
-    const float r3 = a6p[0];
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = a30p[i0];
-      const float s1 = r1;
-      const float s2 = (s0 * s1);
-      const float s3 = a31p[i0];
-      const float s4 = r3;
-      const float s5 = (s3 * s4);
-      const float s6 = (s5 + s2);
-      a31p[i0] = s6;
-    }
-  }
-
-  // t5.mesh:152:3 mean
-  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
-  static const support::Shape shape26_1 = {2};
-  static const support::Shape shape26_3 = {8};
-  static const support::Shape shape26_4 = {8};
-  static const support::Shape shape26_5 = {1};
-  support::reduce(a32.data(), shape26_1, a29.data(), shape26_3, shape26_4, shape26_5,
-                  support::Reduce::Sum, 0.125);
-
-  // t5.mesh:152:3 square
-  // t5.mesh:152:3 div
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a33p = a33.data();
-    const float *__restrict a26p = a26.data();
-    const float *__restrict a31p = a31.data();
-    for (int64_t i0 = 0; i0 < 2; ++i0) {
-      for (int64_t i1 = 0; i1 < 8; ++i1) {
-        for (int64_t i2 = 0; i2 < 32; ++i2) {
-          const float s0 = a26p[i0 * 256 + i1 * 32 + i2];
-          const float s1 = s0 * s0;
-          const float s2 = a31p[i0 * 32 + i2];
-          const float s3 = (s1 / s2);
-          a33p[i0 * 256 + i1 * 32 + i2] = s3;
-        }
-      }
-    }
-  }
-
-  // t5.mesh:152:3 mean
-  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
-  static const support::Shape shape28_1 = {2, 8};
-  static const support::Shape shape28_3 = {256, 32};
-  static const support::Shape shape28_4 = {32};
-  static const support::Shape shape28_5 = {1};
-  support::reduce(a34.data(), shape28_1, a33.data(), shape28_3, shape28_4, shape28_5,
-                  support::Reduce::Sum, 0.03125);
+  support::reduce(a34.data(), kShape9, a33.data(), kShape15, kShape4, kShape1, support::Reduce::Sum,
+                  0.03125);
 
   // t5.mesh:152:3 div
   // t5.mesh:152:3 mul
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a35p = a35.data();
-    const float *__restrict a32p = a32.data();
-    const float *__restrict a29p = a29.data();
-    const float *__restrict a34p = a34.data();
-    for (int64_t i0 = 0; i0 < 2; ++i0) {
-      for (int64_t i1 = 0; i1 < 8; ++i1) {
-        const float s0 = a32p[i0];
-        const float s1 = a29p[i0 * 8 + i1];
-        const float s2 = (s0 / s1);
-        const float s3 = a34p[i0 * 8 + i1];
-        const float s4 = (s3 * s2);
-        a35p[i0 * 8 + i1] = s4;
-      }
-    }
-  }
+  loop96(a35.data(), a32.data(), a29.data(), a34.data());
 
   // t5.mesh:152:3 mean
   MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
-  static const support::Shape shape30_1 = {};
-  static const support::Shape shape30_3 = {};
-  static const support::Shape shape30_4 = {2, 8};
-  static const support::Shape shape30_5 = {8, 1};
-  support::reduce(a36.data(), shape30_1, a35.data(), shape30_3, shape30_4, shape30_5,
+  support::reduce(a36.data(), kShape21, a35.data(), kShape21, kShape9, kShape26,
                   support::Reduce::Sum, 0.03125);
 
   // t5.mesh:152:3 square
   // t5.mesh:152:3 add
   MESHRT_TRACE("loop", "t5.mesh:152:3", "backward");
-  {
-    float *__restrict a38p = a38.data();
-    const float *__restrict a37p = a37.data();
-    for (int64_t i0 = 0; i0 < 512; ++i0) {
-      const float s0 = a37p[i0];
-      const float s1 = s0 * s0;
-      const float s2 = 1e-30f;
-      const float s3 = (s1 + s2);
-      a38p[i0] = s3;
-    }
-  }
+  loop91(a38.data(), a37.data());
 
   // t5.mesh:152:3 mean
   MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
-  static const support::Shape shape32_1 = {32, 8};
-  static const support::Shape shape32_3 = {16, 1};
-  static const support::Shape shape32_4 = {2};
-  static const support::Shape shape32_5 = {8};
-  support::reduce(a39.data(), shape32_1, a38.data(), shape32_3, shape32_4, shape32_5,
+  support::reduce(a39.data(), kShape34, a38.data(), kShape31, kShape3, kShape2,
                   support::Reduce::Sum, 0.25);
 
   // t5.mesh:152:3 mean
   MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
-  static const support::Shape shape33_1 = {32, 2};
-  static const support::Shape shape33_3 = {16, 8};
-  static const support::Shape shape33_4 = {8};
-  static const support::Shape shape33_5 = {1};
-  support::reduce(a40.data(), shape33_1, a38.data(), shape33_3, shape33_4, shape33_5,
+  support::reduce(a40.data(), kShape33, a38.data(), kShape35, kShape2, kShape1,
                   support::Reduce::Sum, 0.125);
 
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 add
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a41p = a41.data();
-    const float *__restrict a40p = a40.data();
-    const float *__restrict a4p = a4.data();
-    const float *__restrict a6p = a6.data();
-    const float r1 = a4p[0];
-    const float r3 = a6p[0];
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = a40p[i0];
-      const float s1 = r1;
-      const float s2 = (s0 * s1);
-      const float s3 = a41p[i0];
-      const float s4 = r3;
-      const float s5 = (s3 * s4);
-      const float s6 = (s5 + s2);
-      a41p[i0] = s6;
-    }
-  }
+  loop92(a41.data(), a40.data(), a4.data(), a6.data());
 
   // t5.mesh:152:3 mean
   MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
-  static const support::Shape shape35_1 = {32};
-  static const support::Shape shape35_3 = {2};
-  static const support::Shape shape35_4 = {2};
-  static const support::Shape shape35_5 = {1};
-  support::reduce(a42.data(), shape35_1, a41.data(), shape35_3, shape35_4, shape35_5,
-                  support::Reduce::Sum, 0.25);
+  support::reduce(a42.data(), kShape4, a41.data(), kShape3, kShape3, kShape1, support::Reduce::Sum,
+                  0.25);
 
   // t5.mesh:152:3 square
   // t5.mesh:152:3 div
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a43p = a43.data();
-    const float *__restrict a37p = a37.data();
-    const float *__restrict a41p = a41.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      for (int64_t i1 = 0; i1 < 8; ++i1) {
-        const float s0 = a37p[i0 * 8 + i1];
-        const float s1 = s0 * s0;
-        const float s2 = a41p[i0];
-        const float s3 = (s1 / s2);
-        a43p[i0 * 8 + i1] = s3;
-      }
-    }
-  }
+  loop93(a43.data(), a37.data(), a41.data());
 
   // t5.mesh:152:3 mean
   MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
-  static const support::Shape shape37_1 = {32, 8};
-  static const support::Shape shape37_3 = {16, 1};
-  static const support::Shape shape37_4 = {2};
-  static const support::Shape shape37_5 = {8};
-  support::reduce(a44.data(), shape37_1, a43.data(), shape37_3, shape37_4, shape37_5,
+  support::reduce(a44.data(), kShape34, a43.data(), kShape31, kShape3, kShape2,
                   support::Reduce::Sum, 0.25);
 
   // t5.mesh:152:3 square
   // t5.mesh:152:3 add
   MESHRT_TRACE("loop", "t5.mesh:152:3", "backward");
-  {
-    float *__restrict a46p = a46.data();
-    const float *__restrict a45p = a45.data();
-    for (int64_t i0 = 0; i0 < 512; ++i0) {
-      const float s0 = a45p[i0];
-      const float s1 = s0 * s0;
-      const float s2 = 1e-30f;
-      const float s3 = (s1 + s2);
-      a46p[i0] = s3;
-    }
-  }
+  loop91(a46.data(), a45.data());
 
   // t5.mesh:152:3 mean
   MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
-  static const support::Shape shape39_1 = {32, 8};
-  static const support::Shape shape39_3 = {16, 1};
-  static const support::Shape shape39_4 = {2};
-  static const support::Shape shape39_5 = {8};
-  support::reduce(a47.data(), shape39_1, a46.data(), shape39_3, shape39_4, shape39_5,
+  support::reduce(a47.data(), kShape34, a46.data(), kShape31, kShape3, kShape2,
                   support::Reduce::Sum, 0.25);
 
   // t5.mesh:152:3 mean
   MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
-  static const support::Shape shape40_1 = {32, 2};
-  static const support::Shape shape40_3 = {16, 8};
-  static const support::Shape shape40_4 = {8};
-  static const support::Shape shape40_5 = {1};
-  support::reduce(a48.data(), shape40_1, a46.data(), shape40_3, shape40_4, shape40_5,
+  support::reduce(a48.data(), kShape33, a46.data(), kShape35, kShape2, kShape1,
                   support::Reduce::Sum, 0.125);
 
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 add
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a49p = a49.data();
-    const float *__restrict a48p = a48.data();
-    const float *__restrict a4p = a4.data();
-    const float *__restrict a6p = a6.data();
-    const float r1 = a4p[0];
-    const float r3 = a6p[0];
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = a48p[i0];
-      const float s1 = r1;
-      const float s2 = (s0 * s1);
-      const float s3 = a49p[i0];
-      const float s4 = r3;
-      const float s5 = (s3 * s4);
-      const float s6 = (s5 + s2);
-      a49p[i0] = s6;
-    }
-  }
+  loop92(a49.data(), a48.data(), a4.data(), a6.data());
 
   // t5.mesh:152:3 mean
   MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
-  static const support::Shape shape42_1 = {32};
-  static const support::Shape shape42_3 = {2};
-  static const support::Shape shape42_4 = {2};
-  static const support::Shape shape42_5 = {1};
-  support::reduce(a50.data(), shape42_1, a49.data(), shape42_3, shape42_4, shape42_5,
-                  support::Reduce::Sum, 0.25);
+  support::reduce(a50.data(), kShape4, a49.data(), kShape3, kShape3, kShape1, support::Reduce::Sum,
+                  0.25);
 
   // t5.mesh:152:3 square
   // t5.mesh:152:3 div
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a51p = a51.data();
-    const float *__restrict a45p = a45.data();
-    const float *__restrict a49p = a49.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      for (int64_t i1 = 0; i1 < 8; ++i1) {
-        const float s0 = a45p[i0 * 8 + i1];
-        const float s1 = s0 * s0;
-        const float s2 = a49p[i0];
-        const float s3 = (s1 / s2);
-        a51p[i0 * 8 + i1] = s3;
-      }
-    }
-  }
+  loop93(a51.data(), a45.data(), a49.data());
 
   // t5.mesh:152:3 mean
   MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
-  static const support::Shape shape44_1 = {32, 8};
-  static const support::Shape shape44_3 = {16, 1};
-  static const support::Shape shape44_4 = {2};
-  static const support::Shape shape44_5 = {8};
-  support::reduce(a52.data(), shape44_1, a51.data(), shape44_3, shape44_4, shape44_5,
+  support::reduce(a52.data(), kShape34, a51.data(), kShape31, kShape3, kShape2,
                   support::Reduce::Sum, 0.25);
 
   // t5.mesh:152:3 square
   // t5.mesh:152:3 add
   MESHRT_TRACE("loop", "t5.mesh:152:3", "backward");
-  {
-    float *__restrict a54p = a54.data();
-    const float *__restrict a53p = a53.data();
-    for (int64_t i0 = 0; i0 < 512; ++i0) {
-      const float s0 = a53p[i0];
-      const float s1 = s0 * s0;
-      const float s2 = 1e-30f;
-      const float s3 = (s1 + s2);
-      a54p[i0] = s3;
-    }
-  }
+  loop91(a54.data(), a53.data());
 
   // t5.mesh:152:3 mean
   MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
-  static const support::Shape shape46_1 = {32, 8};
-  static const support::Shape shape46_3 = {16, 1};
-  static const support::Shape shape46_4 = {2};
-  static const support::Shape shape46_5 = {8};
-  support::reduce(a55.data(), shape46_1, a54.data(), shape46_3, shape46_4, shape46_5,
+  support::reduce(a55.data(), kShape34, a54.data(), kShape31, kShape3, kShape2,
                   support::Reduce::Sum, 0.25);
 
   // t5.mesh:152:3 mean
   MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
-  static const support::Shape shape47_1 = {32, 2};
-  static const support::Shape shape47_3 = {16, 8};
-  static const support::Shape shape47_4 = {8};
-  static const support::Shape shape47_5 = {1};
-  support::reduce(a56.data(), shape47_1, a54.data(), shape47_3, shape47_4, shape47_5,
+  support::reduce(a56.data(), kShape33, a54.data(), kShape35, kShape2, kShape1,
                   support::Reduce::Sum, 0.125);
 
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 add
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a57p = a57.data();
-    const float *__restrict a56p = a56.data();
-    const float *__restrict a4p = a4.data();
-    const float *__restrict a6p = a6.data();
-    const float r1 = a4p[0];
-    const float r3 = a6p[0];
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = a56p[i0];
-      const float s1 = r1;
-      const float s2 = (s0 * s1);
-      const float s3 = a57p[i0];
-      const float s4 = r3;
-      const float s5 = (s3 * s4);
-      const float s6 = (s5 + s2);
-      a57p[i0] = s6;
-    }
-  }
+  loop92(a57.data(), a56.data(), a4.data(), a6.data());
 
   // t5.mesh:152:3 mean
   MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
-  static const support::Shape shape49_1 = {32};
-  static const support::Shape shape49_3 = {2};
-  static const support::Shape shape49_4 = {2};
-  static const support::Shape shape49_5 = {1};
-  support::reduce(a58.data(), shape49_1, a57.data(), shape49_3, shape49_4, shape49_5,
-                  support::Reduce::Sum, 0.25);
+  support::reduce(a58.data(), kShape4, a57.data(), kShape3, kShape3, kShape1, support::Reduce::Sum,
+                  0.25);
 
   // t5.mesh:152:3 square
   // t5.mesh:152:3 div
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a59p = a59.data();
-    const float *__restrict a53p = a53.data();
-    const float *__restrict a57p = a57.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      for (int64_t i1 = 0; i1 < 8; ++i1) {
-        const float s0 = a53p[i0 * 8 + i1];
-        const float s1 = s0 * s0;
-        const float s2 = a57p[i0];
-        const float s3 = (s1 / s2);
-        a59p[i0 * 8 + i1] = s3;
-      }
-    }
-  }
+  loop93(a59.data(), a53.data(), a57.data());
 
   // t5.mesh:152:3 mean
   MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
-  static const support::Shape shape51_1 = {32, 8};
-  static const support::Shape shape51_3 = {16, 1};
-  static const support::Shape shape51_4 = {2};
-  static const support::Shape shape51_5 = {8};
-  support::reduce(a60.data(), shape51_1, a59.data(), shape51_3, shape51_4, shape51_5,
+  support::reduce(a60.data(), kShape34, a59.data(), kShape31, kShape3, kShape2,
                   support::Reduce::Sum, 0.25);
 
   // t5.mesh:152:3 square
   // t5.mesh:152:3 add
   MESHRT_TRACE("loop", "t5.mesh:152:3", "backward");
-  {
-    float *__restrict a62p = a62.data();
-    const float *__restrict a61p = a61.data();
-    for (int64_t i0 = 0; i0 < 512; ++i0) {
-      const float s0 = a61p[i0];
-      const float s1 = s0 * s0;
-      const float s2 = 1e-30f;
-      const float s3 = (s1 + s2);
-      a62p[i0] = s3;
-    }
-  }
+  loop91(a62.data(), a61.data());
 
   // t5.mesh:152:3 mean
   MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
-  static const support::Shape shape53_1 = {2, 8};
-  static const support::Shape shape53_3 = {256, 32};
-  static const support::Shape shape53_4 = {32};
-  static const support::Shape shape53_5 = {1};
-  support::reduce(a63.data(), shape53_1, a62.data(), shape53_3, shape53_4, shape53_5,
-                  support::Reduce::Sum, 0.03125);
+  support::reduce(a63.data(), kShape9, a62.data(), kShape15, kShape4, kShape1, support::Reduce::Sum,
+                  0.03125);
 
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 add
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a64p = a64.data();
-    const float *__restrict a63p = a63.data();
-    const float *__restrict a4p = a4.data();
-    const float *__restrict a6p = a6.data();
-    const float r1 = a4p[0];
-    const float r3 = a6p[0];
-    for (int64_t i0 = 0; i0 < 16; ++i0) {
-      const float s0 = a63p[i0];
-      const float s1 = r1;
-      const float s2 = (s0 * s1);
-      const float s3 = a64p[i0];
-      const float s4 = r3;
-      const float s5 = (s3 * s4);
-      const float s6 = (s5 + s2);
-      a64p[i0] = s6;
-    }
-  }
+  loop94(a64.data(), a63.data(), a4.data(), a6.data());
 
   // t5.mesh:152:3 mean
   MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
-  static const support::Shape shape55_1 = {2, 32};
-  static const support::Shape shape55_3 = {256, 1};
-  static const support::Shape shape55_4 = {8};
-  static const support::Shape shape55_5 = {32};
-  support::reduce(a65.data(), shape55_1, a62.data(), shape55_3, shape55_4, shape55_5,
+  support::reduce(a65.data(), kShape36, a62.data(), kShape37, kShape2, kShape4,
                   support::Reduce::Sum, 0.125);
 
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 add
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a66p = a66.data();
-    const float *__restrict a65p = a65.data();
-    const float *__restrict a4p = a4.data();
-    const float *__restrict a6p = a6.data();
-    const float r1 = a4p[0];
-    const float r3 = a6p[0];
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = a65p[i0];
-      const float s1 = r1;
-      const float s2 = (s0 * s1);
-      const float s3 = a66p[i0];
-      const float s4 = r3;
-      const float s5 = (s3 * s4);
-      const float s6 = (s5 + s2);
-      a66p[i0] = s6;
-    }
-  }
+  loop92(a66.data(), a65.data(), a4.data(), a6.data());
 
   // t5.mesh:152:3 mean
   MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
-  static const support::Shape shape57_1 = {2};
-  static const support::Shape shape57_3 = {8};
-  static const support::Shape shape57_4 = {8};
-  static const support::Shape shape57_5 = {1};
-  support::reduce(a67.data(), shape57_1, a64.data(), shape57_3, shape57_4, shape57_5,
-                  support::Reduce::Sum, 0.125);
+  support::reduce(a67.data(), kShape3, a64.data(), kShape2, kShape2, kShape1, support::Reduce::Sum,
+                  0.125);
 
   // t5.mesh:152:3 square
   // t5.mesh:152:3 div
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a68p = a68.data();
-    const float *__restrict a61p = a61.data();
-    const float *__restrict a66p = a66.data();
-    for (int64_t i0 = 0; i0 < 2; ++i0) {
-      for (int64_t i1 = 0; i1 < 8; ++i1) {
-        for (int64_t i2 = 0; i2 < 32; ++i2) {
-          const float s0 = a61p[i0 * 256 + i1 * 32 + i2];
-          const float s1 = s0 * s0;
-          const float s2 = a66p[i0 * 32 + i2];
-          const float s3 = (s1 / s2);
-          a68p[i0 * 256 + i1 * 32 + i2] = s3;
-        }
-      }
-    }
-  }
+  loop95(a68.data(), a61.data(), a66.data());
 
   // t5.mesh:152:3 mean
   MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
-  static const support::Shape shape59_1 = {2, 8};
-  static const support::Shape shape59_3 = {256, 32};
-  static const support::Shape shape59_4 = {32};
-  static const support::Shape shape59_5 = {1};
-  support::reduce(a69.data(), shape59_1, a68.data(), shape59_3, shape59_4, shape59_5,
-                  support::Reduce::Sum, 0.03125);
+  support::reduce(a69.data(), kShape9, a68.data(), kShape15, kShape4, kShape1, support::Reduce::Sum,
+                  0.03125);
 
   // t5.mesh:152:3 div
   // t5.mesh:152:3 mul
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a70p = a70.data();
-    const float *__restrict a67p = a67.data();
-    const float *__restrict a64p = a64.data();
-    const float *__restrict a69p = a69.data();
-    for (int64_t i0 = 0; i0 < 2; ++i0) {
-      for (int64_t i1 = 0; i1 < 8; ++i1) {
-        const float s0 = a67p[i0];
-        const float s1 = a64p[i0 * 8 + i1];
-        const float s2 = (s0 / s1);
-        const float s3 = a69p[i0 * 8 + i1];
-        const float s4 = (s3 * s2);
-        a70p[i0 * 8 + i1] = s4;
-      }
-    }
-  }
+  loop96(a70.data(), a67.data(), a64.data(), a69.data());
 
   // t5.mesh:152:3 mean
   MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
-  static const support::Shape shape61_1 = {};
-  static const support::Shape shape61_3 = {};
-  static const support::Shape shape61_4 = {2, 8};
-  static const support::Shape shape61_5 = {8, 1};
-  support::reduce(a71.data(), shape61_1, a70.data(), shape61_3, shape61_4, shape61_5,
+  support::reduce(a71.data(), kShape21, a70.data(), kShape21, kShape9, kShape26,
                   support::Reduce::Sum, 0.03125);
 
   // t5.mesh:152:3 square
   // t5.mesh:152:3 add
   MESHRT_TRACE("loop", "t5.mesh:152:3", "backward");
-  {
-    float *__restrict a73p = a73.data();
-    const float *__restrict a72p = a72.data();
-    for (int64_t i0 = 0; i0 < 1024; ++i0) {
-      const float s0 = a72p[i0];
-      const float s1 = s0 * s0;
-      const float s2 = 1e-30f;
-      const float s3 = (s1 + s2);
-      a73p[i0] = s3;
-    }
-  }
+  loop73(a73.data(), a72.data());
 
   // t5.mesh:152:3 mean
   MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
-  static const support::Shape shape63_1 = {32};
-  static const support::Shape shape63_3 = {32};
-  static const support::Shape shape63_4 = {32};
-  static const support::Shape shape63_5 = {1};
-  support::reduce(a74.data(), shape63_1, a73.data(), shape63_3, shape63_4, shape63_5,
-                  support::Reduce::Sum, 0.015625);
+  support::reduce(a74.data(), kShape4, a73.data(), kShape4, kShape4, kShape1, support::Reduce::Sum,
+                  0.015625);
 
   // t5.mesh:152:3 mean
   MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
-  static const support::Shape shape64_1 = {32};
-  static const support::Shape shape64_3 = {1};
-  static const support::Shape shape64_4 = {32};
-  static const support::Shape shape64_5 = {32};
-  support::reduce(a75.data(), shape64_1, a73.data(), shape64_3, shape64_4, shape64_5,
-                  support::Reduce::Sum, 0.03125);
+  support::reduce(a75.data(), kShape4, a73.data(), kShape1, kShape4, kShape4, support::Reduce::Sum,
+                  0.03125);
 
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 add
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a76p = a76.data();
-    const float *__restrict a75p = a75.data();
-    const float *__restrict a4p = a4.data();
-    const float *__restrict a6p = a6.data();
-    const float r1 = a4p[0];
-    const float r3 = a6p[0];
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = a75p[i0];
-      const float s1 = r1;
-      const float s2 = (s0 * s1);
-      const float s3 = a76p[i0];
-      const float s4 = r3;
-      const float s5 = (s3 * s4);
-      const float s6 = (s5 + s2);
-      a76p[i0] = s6;
-    }
-  }
+  loop74(a76.data(), a75.data(), a4.data(), a6.data());
 
   // t5.mesh:152:3 square
   // t5.mesh:152:3 div
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a77p = a77.data();
-    const float *__restrict a72p = a72.data();
-    const float *__restrict a76p = a76.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = a72p[i0 * 32 + i1];
-        const float s1 = s0 * s0;
-        const float s2 = a76p[i1];
-        const float s3 = (s1 / s2);
-        a77p[i0 * 32 + i1] = s3;
-      }
-    }
-  }
+  loop97(a77.data(), a72.data(), a76.data());
 
   // t5.mesh:152:3 mean
   MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
-  static const support::Shape shape67_1 = {32};
-  static const support::Shape shape67_3 = {32};
-  static const support::Shape shape67_4 = {32};
-  static const support::Shape shape67_5 = {1};
-  support::reduce(a78.data(), shape67_1, a77.data(), shape67_3, shape67_4, shape67_5,
-                  support::Reduce::Sum, 0.015625);
+  support::reduce(a78.data(), kShape4, a77.data(), kShape4, kShape4, kShape1, support::Reduce::Sum,
+                  0.015625);
 
   // t5.mesh:152:3 square
   // t5.mesh:152:3 add
   MESHRT_TRACE("loop", "t5.mesh:152:3", "backward");
-  {
-    float *__restrict a80p = a80.data();
-    const float *__restrict a79p = a79.data();
-    for (int64_t i0 = 0; i0 < 1024; ++i0) {
-      const float s0 = a79p[i0];
-      const float s1 = s0 * s0;
-      const float s2 = 1e-30f;
-      const float s3 = (s1 + s2);
-      a80p[i0] = s3;
-    }
-  }
+  loop73(a80.data(), a79.data());
 
   // t5.mesh:152:3 mean
   MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
-  static const support::Shape shape69_1 = {32};
-  static const support::Shape shape69_3 = {1};
-  static const support::Shape shape69_4 = {32};
-  static const support::Shape shape69_5 = {32};
-  support::reduce(a81.data(), shape69_1, a80.data(), shape69_3, shape69_4, shape69_5,
-                  support::Reduce::Sum, 0.015625);
+  support::reduce(a81.data(), kShape4, a80.data(), kShape1, kShape4, kShape4, support::Reduce::Sum,
+                  0.015625);
 
   // t5.mesh:152:3 mean
   MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
-  static const support::Shape shape70_1 = {32};
-  static const support::Shape shape70_3 = {32};
-  static const support::Shape shape70_4 = {32};
-  static const support::Shape shape70_5 = {1};
-  support::reduce(a82.data(), shape70_1, a80.data(), shape70_3, shape70_4, shape70_5,
-                  support::Reduce::Sum, 0.03125);
+  support::reduce(a82.data(), kShape4, a80.data(), kShape4, kShape4, kShape1, support::Reduce::Sum,
+                  0.03125);
 
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 add
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a83p = a83.data();
-    const float *__restrict a82p = a82.data();
-    const float *__restrict a4p = a4.data();
-    const float *__restrict a6p = a6.data();
-    const float r1 = a4p[0];
-    const float r3 = a6p[0];
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = a82p[i0];
-      const float s1 = r1;
-      const float s2 = (s0 * s1);
-      const float s3 = a83p[i0];
-      const float s4 = r3;
-      const float s5 = (s3 * s4);
-      const float s6 = (s5 + s2);
-      a83p[i0] = s6;
-    }
-  }
+  loop74(a83.data(), a82.data(), a4.data(), a6.data());
 
   // t5.mesh:152:3 mean
   MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
-  static const support::Shape shape72_1 = {};
-  static const support::Shape shape72_3 = {};
-  static const support::Shape shape72_4 = {32};
-  static const support::Shape shape72_5 = {1};
-  support::reduce(a84.data(), shape72_1, a83.data(), shape72_3, shape72_4, shape72_5,
+  support::reduce(a84.data(), kShape21, a83.data(), kShape21, kShape4, kShape1,
                   support::Reduce::Sum, 0.015625);
 
   // t5.mesh:152:3 square
   // t5.mesh:152:3 div
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a85p = a85.data();
-    const float *__restrict a79p = a79.data();
-    const float *__restrict a83p = a83.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = a79p[i0 * 32 + i1];
-        const float s1 = s0 * s0;
-        const float s2 = a83p[i0];
-        const float s3 = (s1 / s2);
-        a85p[i0 * 32 + i1] = s3;
-      }
-    }
-  }
+  loop75(a85.data(), a79.data(), a83.data());
 
   // t5.mesh:152:3 mean
   MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
-  static const support::Shape shape74_1 = {32};
-  static const support::Shape shape74_3 = {1};
-  static const support::Shape shape74_4 = {32};
-  static const support::Shape shape74_5 = {32};
-  support::reduce(a86.data(), shape74_1, a85.data(), shape74_3, shape74_4, shape74_5,
-                  support::Reduce::Sum, 0.015625);
+  support::reduce(a86.data(), kShape4, a85.data(), kShape1, kShape4, kShape4, support::Reduce::Sum,
+                  0.015625);
 }
 
 void T5Train::repeated2(support::ConstView a0, support::View a1, support::View a2, support::View a3,
@@ -10058,599 +7548,229 @@ void T5Train::repeated2(support::ConstView a0, support::View a1, support::View a
   // t5.mesh:152:3 square
   // t5.mesh:152:3 add
   MESHRT_TRACE("loop", "t5.mesh:152:3", "backward");
-  {
-    float *__restrict a1p = a1.data();
-    const float *__restrict a0p = a0.data();
-    for (int64_t i0 = 0; i0 < 512; ++i0) {
-      const float s0 = a0p[i0];
-      const float s1 = s0 * s0;
-      const float s2 = 1e-30f;
-      const float s3 = (s1 + s2);
-      a1p[i0] = s3;
-    }
-  }
+  loop91(a1.data(), a0.data());
 
   // t5.mesh:152:3 mean
   MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
-  static const support::Shape shape1_1 = {32, 8};
-  static const support::Shape shape1_3 = {16, 1};
-  static const support::Shape shape1_4 = {2};
-  static const support::Shape shape1_5 = {8};
-  support::reduce(a2.data(), shape1_1, a1.data(), shape1_3, shape1_4, shape1_5,
+  support::reduce(a2.data(), kShape34, a1.data(), kShape31, kShape3, kShape2, support::Reduce::Sum,
+                  0.25);
+
+  // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
+  support::reduce(a3.data(), kShape33, a1.data(), kShape35, kShape2, kShape1, support::Reduce::Sum,
+                  0.125);
+
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 add
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
+  loop92(a5.data(), a3.data(), a4.data(), a6.data());
+
+  // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
+  support::reduce(a7.data(), kShape4, a5.data(), kShape3, kShape3, kShape1, support::Reduce::Sum,
+                  0.25);
+
+  // t5.mesh:152:3 square
+  // t5.mesh:152:3 div
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
+  loop93(a8.data(), a0.data(), a5.data());
+
+  // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
+  support::reduce(a9.data(), kShape34, a8.data(), kShape31, kShape3, kShape2, support::Reduce::Sum,
+                  0.25);
+
+  // t5.mesh:152:3 square
+  // t5.mesh:152:3 add
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "backward");
+  loop91(a11.data(), a10.data());
+
+  // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
+  support::reduce(a12.data(), kShape34, a11.data(), kShape31, kShape3, kShape2,
                   support::Reduce::Sum, 0.25);
 
   // t5.mesh:152:3 mean
   MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
-  static const support::Shape shape2_1 = {32, 2};
-  static const support::Shape shape2_3 = {16, 8};
-  static const support::Shape shape2_4 = {8};
-  static const support::Shape shape2_5 = {1};
-  support::reduce(a3.data(), shape2_1, a1.data(), shape2_3, shape2_4, shape2_5,
+  support::reduce(a13.data(), kShape33, a11.data(), kShape35, kShape2, kShape1,
                   support::Reduce::Sum, 0.125);
 
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 add
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a5p = a5.data();
-    const float *__restrict a3p = a3.data();
-    const float *__restrict a4p = a4.data();
-    const float *__restrict a6p = a6.data();
-    const float r1 = a4p[0];
-    const float r3 = a6p[0];
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = a3p[i0];
-      const float s1 = r1;
-      const float s2 = (s0 * s1);
-      const float s3 = a5p[i0];
-      const float s4 = r3;
-      const float s5 = (s3 * s4);
-      const float s6 = (s5 + s2);
-      a5p[i0] = s6;
-    }
-  }
+  loop92(a14.data(), a13.data(), a4.data(), a6.data());
 
   // t5.mesh:152:3 mean
   MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
-  static const support::Shape shape4_1 = {32};
-  static const support::Shape shape4_3 = {2};
-  static const support::Shape shape4_4 = {2};
-  static const support::Shape shape4_5 = {1};
-  support::reduce(a7.data(), shape4_1, a5.data(), shape4_3, shape4_4, shape4_5,
-                  support::Reduce::Sum, 0.25);
+  support::reduce(a15.data(), kShape4, a14.data(), kShape3, kShape3, kShape1, support::Reduce::Sum,
+                  0.25);
 
   // t5.mesh:152:3 square
   // t5.mesh:152:3 div
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a8p = a8.data();
-    const float *__restrict a0p = a0.data();
-    const float *__restrict a5p = a5.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      for (int64_t i1 = 0; i1 < 8; ++i1) {
-        const float s0 = a0p[i0 * 8 + i1];
-        const float s1 = s0 * s0;
-        const float s2 = a5p[i0];
-        const float s3 = (s1 / s2);
-        a8p[i0 * 8 + i1] = s3;
-      }
-    }
-  }
+  loop93(a16.data(), a10.data(), a14.data());
 
   // t5.mesh:152:3 mean
   MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
-  static const support::Shape shape6_1 = {32, 8};
-  static const support::Shape shape6_3 = {16, 1};
-  static const support::Shape shape6_4 = {2};
-  static const support::Shape shape6_5 = {8};
-  support::reduce(a9.data(), shape6_1, a8.data(), shape6_3, shape6_4, shape6_5,
+  support::reduce(a17.data(), kShape34, a16.data(), kShape31, kShape3, kShape2,
                   support::Reduce::Sum, 0.25);
 
   // t5.mesh:152:3 square
   // t5.mesh:152:3 add
   MESHRT_TRACE("loop", "t5.mesh:152:3", "backward");
-  {
-    float *__restrict a11p = a11.data();
-    const float *__restrict a10p = a10.data();
-    for (int64_t i0 = 0; i0 < 512; ++i0) {
-      const float s0 = a10p[i0];
-      const float s1 = s0 * s0;
-      const float s2 = 1e-30f;
-      const float s3 = (s1 + s2);
-      a11p[i0] = s3;
-    }
-  }
+  loop91(a19.data(), a18.data());
 
   // t5.mesh:152:3 mean
   MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
-  static const support::Shape shape8_1 = {32, 8};
-  static const support::Shape shape8_3 = {16, 1};
-  static const support::Shape shape8_4 = {2};
-  static const support::Shape shape8_5 = {8};
-  support::reduce(a12.data(), shape8_1, a11.data(), shape8_3, shape8_4, shape8_5,
+  support::reduce(a20.data(), kShape34, a19.data(), kShape31, kShape3, kShape2,
                   support::Reduce::Sum, 0.25);
 
   // t5.mesh:152:3 mean
   MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
-  static const support::Shape shape9_1 = {32, 2};
-  static const support::Shape shape9_3 = {16, 8};
-  static const support::Shape shape9_4 = {8};
-  static const support::Shape shape9_5 = {1};
-  support::reduce(a13.data(), shape9_1, a11.data(), shape9_3, shape9_4, shape9_5,
+  support::reduce(a21.data(), kShape33, a19.data(), kShape35, kShape2, kShape1,
                   support::Reduce::Sum, 0.125);
 
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 add
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a14p = a14.data();
-    const float *__restrict a13p = a13.data();
-    const float *__restrict a4p = a4.data();
-    const float *__restrict a6p = a6.data();
-    const float r1 = a4p[0];
-    const float r3 = a6p[0];
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = a13p[i0];
-      const float s1 = r1;
-      const float s2 = (s0 * s1);
-      const float s3 = a14p[i0];
-      const float s4 = r3;
-      const float s5 = (s3 * s4);
-      const float s6 = (s5 + s2);
-      a14p[i0] = s6;
-    }
-  }
+  loop92(a22.data(), a21.data(), a4.data(), a6.data());
 
   // t5.mesh:152:3 mean
   MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
-  static const support::Shape shape11_1 = {32};
-  static const support::Shape shape11_3 = {2};
-  static const support::Shape shape11_4 = {2};
-  static const support::Shape shape11_5 = {1};
-  support::reduce(a15.data(), shape11_1, a14.data(), shape11_3, shape11_4, shape11_5,
-                  support::Reduce::Sum, 0.25);
+  support::reduce(a23.data(), kShape4, a22.data(), kShape3, kShape3, kShape1, support::Reduce::Sum,
+                  0.25);
 
   // t5.mesh:152:3 square
   // t5.mesh:152:3 div
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a16p = a16.data();
-    const float *__restrict a10p = a10.data();
-    const float *__restrict a14p = a14.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      for (int64_t i1 = 0; i1 < 8; ++i1) {
-        const float s0 = a10p[i0 * 8 + i1];
-        const float s1 = s0 * s0;
-        const float s2 = a14p[i0];
-        const float s3 = (s1 / s2);
-        a16p[i0 * 8 + i1] = s3;
-      }
-    }
-  }
+  loop93(a24.data(), a18.data(), a22.data());
 
   // t5.mesh:152:3 mean
   MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
-  static const support::Shape shape13_1 = {32, 8};
-  static const support::Shape shape13_3 = {16, 1};
-  static const support::Shape shape13_4 = {2};
-  static const support::Shape shape13_5 = {8};
-  support::reduce(a17.data(), shape13_1, a16.data(), shape13_3, shape13_4, shape13_5,
+  support::reduce(a25.data(), kShape34, a24.data(), kShape31, kShape3, kShape2,
                   support::Reduce::Sum, 0.25);
 
   // t5.mesh:152:3 square
   // t5.mesh:152:3 add
   MESHRT_TRACE("loop", "t5.mesh:152:3", "backward");
-  {
-    float *__restrict a19p = a19.data();
-    const float *__restrict a18p = a18.data();
-    for (int64_t i0 = 0; i0 < 512; ++i0) {
-      const float s0 = a18p[i0];
-      const float s1 = s0 * s0;
-      const float s2 = 1e-30f;
-      const float s3 = (s1 + s2);
-      a19p[i0] = s3;
-    }
-  }
+  loop91(a27.data(), a26.data());
 
   // t5.mesh:152:3 mean
   MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
-  static const support::Shape shape15_1 = {32, 8};
-  static const support::Shape shape15_3 = {16, 1};
-  static const support::Shape shape15_4 = {2};
-  static const support::Shape shape15_5 = {8};
-  support::reduce(a20.data(), shape15_1, a19.data(), shape15_3, shape15_4, shape15_5,
-                  support::Reduce::Sum, 0.25);
+  support::reduce(a28.data(), kShape9, a27.data(), kShape15, kShape4, kShape1, support::Reduce::Sum,
+                  0.03125);
+
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 add
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
+  loop94(a29.data(), a28.data(), a4.data(), a6.data());
 
   // t5.mesh:152:3 mean
   MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
-  static const support::Shape shape16_1 = {32, 2};
-  static const support::Shape shape16_3 = {16, 8};
-  static const support::Shape shape16_4 = {8};
-  static const support::Shape shape16_5 = {1};
-  support::reduce(a21.data(), shape16_1, a19.data(), shape16_3, shape16_4, shape16_5,
+  support::reduce(a30.data(), kShape36, a27.data(), kShape37, kShape2, kShape4,
                   support::Reduce::Sum, 0.125);
 
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 add
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a22p = a22.data();
-    const float *__restrict a21p = a21.data();
-    const float *__restrict a4p = a4.data();
-    const float *__restrict a6p = a6.data();
-    const float r1 = a4p[0];
-    const float r3 = a6p[0];
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = a21p[i0];
-      const float s1 = r1;
-      const float s2 = (s0 * s1);
-      const float s3 = a22p[i0];
-      const float s4 = r3;
-      const float s5 = (s3 * s4);
-      const float s6 = (s5 + s2);
-      a22p[i0] = s6;
-    }
-  }
+  loop92(a31.data(), a30.data(), a4.data(), a6.data());
 
   // t5.mesh:152:3 mean
   MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
-  static const support::Shape shape18_1 = {32};
-  static const support::Shape shape18_3 = {2};
-  static const support::Shape shape18_4 = {2};
-  static const support::Shape shape18_5 = {1};
-  support::reduce(a23.data(), shape18_1, a22.data(), shape18_3, shape18_4, shape18_5,
-                  support::Reduce::Sum, 0.25);
+  support::reduce(a32.data(), kShape3, a29.data(), kShape2, kShape2, kShape1, support::Reduce::Sum,
+                  0.125);
 
   // t5.mesh:152:3 square
   // t5.mesh:152:3 div
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a24p = a24.data();
-    const float *__restrict a18p = a18.data();
-    const float *__restrict a22p = a22.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      for (int64_t i1 = 0; i1 < 8; ++i1) {
-        const float s0 = a18p[i0 * 8 + i1];
-        const float s1 = s0 * s0;
-        const float s2 = a22p[i0];
-        const float s3 = (s1 / s2);
-        a24p[i0 * 8 + i1] = s3;
-      }
-    }
-  }
+  loop95(a33.data(), a26.data(), a31.data());
 
   // t5.mesh:152:3 mean
   MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
-  static const support::Shape shape20_1 = {32, 8};
-  static const support::Shape shape20_3 = {16, 1};
-  static const support::Shape shape20_4 = {2};
-  static const support::Shape shape20_5 = {8};
-  support::reduce(a25.data(), shape20_1, a24.data(), shape20_3, shape20_4, shape20_5,
-                  support::Reduce::Sum, 0.25);
-
-  // t5.mesh:152:3 square
-  // t5.mesh:152:3 add
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "backward");
-  {
-    float *__restrict a27p = a27.data();
-    const float *__restrict a26p = a26.data();
-    for (int64_t i0 = 0; i0 < 512; ++i0) {
-      const float s0 = a26p[i0];
-      const float s1 = s0 * s0;
-      const float s2 = 1e-30f;
-      const float s3 = (s1 + s2);
-      a27p[i0] = s3;
-    }
-  }
-
-  // t5.mesh:152:3 mean
-  MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
-  static const support::Shape shape22_1 = {2, 8};
-  static const support::Shape shape22_3 = {256, 32};
-  static const support::Shape shape22_4 = {32};
-  static const support::Shape shape22_5 = {1};
-  support::reduce(a28.data(), shape22_1, a27.data(), shape22_3, shape22_4, shape22_5,
-                  support::Reduce::Sum, 0.03125);
-
-  // t5.mesh:152:3 mul
-  // t5.mesh:152:3 mul
-  // t5.mesh:152:3 add
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a29p = a29.data();
-    const float *__restrict a28p = a28.data();
-    const float *__restrict a4p = a4.data();
-    const float *__restrict a6p = a6.data();
-    const float r1 = a4p[0];
-    const float r3 = a6p[0];
-    for (int64_t i0 = 0; i0 < 16; ++i0) {
-      const float s0 = a28p[i0];
-      const float s1 = r1;
-      const float s2 = (s0 * s1);
-      const float s3 = a29p[i0];
-      const float s4 = r3;
-      const float s5 = (s3 * s4);
-      const float s6 = (s5 + s2);
-      a29p[i0] = s6;
-    }
-  }
-
-  // t5.mesh:152:3 mean
-  MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
-  static const support::Shape shape24_1 = {2, 32};
-  static const support::Shape shape24_3 = {256, 1};
-  static const support::Shape shape24_4 = {8};
-  static const support::Shape shape24_5 = {32};
-  support::reduce(a30.data(), shape24_1, a27.data(), shape24_3, shape24_4, shape24_5,
-                  support::Reduce::Sum, 0.125);
-
-  // t5.mesh:152:3 mul
-  // t5.mesh:152:3 mul
-  // t5.mesh:152:3 add
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a31p = a31.data();
-    const float *__restrict a30p = a30.data();
-    const float *__restrict a4p = a4.data();
-    const float *__restrict a6p = a6.data();
-    const float r1 = a4p[0];
-    const float r3 = a6p[0];
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = a30p[i0];
-      const float s1 = r1;
-      const float s2 = (s0 * s1);
-      const float s3 = a31p[i0];
-      const float s4 = r3;
-      const float s5 = (s3 * s4);
-      const float s6 = (s5 + s2);
-      a31p[i0] = s6;
-    }
-  }
-
-  // t5.mesh:152:3 mean
-  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
-  static const support::Shape shape26_1 = {2};
-  static const support::Shape shape26_3 = {8};
-  static const support::Shape shape26_4 = {8};
-  static const support::Shape shape26_5 = {1};
-  support::reduce(a32.data(), shape26_1, a29.data(), shape26_3, shape26_4, shape26_5,
-                  support::Reduce::Sum, 0.125);
-
-  // t5.mesh:152:3 square
-  // t5.mesh:152:3 div
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a33p = a33.data();
-    const float *__restrict a26p = a26.data();
-    const float *__restrict a31p = a31.data();
-    for (int64_t i0 = 0; i0 < 2; ++i0) {
-      for (int64_t i1 = 0; i1 < 8; ++i1) {
-        for (int64_t i2 = 0; i2 < 32; ++i2) {
-          const float s0 = a26p[i0 * 256 + i1 * 32 + i2];
-          const float s1 = s0 * s0;
-          const float s2 = a31p[i0 * 32 + i2];
-          const float s3 = (s1 / s2);
-          a33p[i0 * 256 + i1 * 32 + i2] = s3;
-        }
-      }
-    }
-  }
-
-  // t5.mesh:152:3 mean
-  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
-  static const support::Shape shape28_1 = {2, 8};
-  static const support::Shape shape28_3 = {256, 32};
-  static const support::Shape shape28_4 = {32};
-  static const support::Shape shape28_5 = {1};
-  support::reduce(a34.data(), shape28_1, a33.data(), shape28_3, shape28_4, shape28_5,
-                  support::Reduce::Sum, 0.03125);
+  support::reduce(a34.data(), kShape9, a33.data(), kShape15, kShape4, kShape1, support::Reduce::Sum,
+                  0.03125);
 
   // t5.mesh:152:3 div
   // t5.mesh:152:3 mul
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a35p = a35.data();
-    const float *__restrict a32p = a32.data();
-    const float *__restrict a29p = a29.data();
-    const float *__restrict a34p = a34.data();
-    for (int64_t i0 = 0; i0 < 2; ++i0) {
-      for (int64_t i1 = 0; i1 < 8; ++i1) {
-        const float s0 = a32p[i0];
-        const float s1 = a29p[i0 * 8 + i1];
-        const float s2 = (s0 / s1);
-        const float s3 = a34p[i0 * 8 + i1];
-        const float s4 = (s3 * s2);
-        a35p[i0 * 8 + i1] = s4;
-      }
-    }
-  }
+  loop96(a35.data(), a32.data(), a29.data(), a34.data());
 
   // t5.mesh:152:3 mean
   MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
-  static const support::Shape shape30_1 = {};
-  static const support::Shape shape30_3 = {};
-  static const support::Shape shape30_4 = {2, 8};
-  static const support::Shape shape30_5 = {8, 1};
-  support::reduce(a36.data(), shape30_1, a35.data(), shape30_3, shape30_4, shape30_5,
+  support::reduce(a36.data(), kShape21, a35.data(), kShape21, kShape9, kShape26,
                   support::Reduce::Sum, 0.03125);
 
   // t5.mesh:152:3 square
   // t5.mesh:152:3 add
   MESHRT_TRACE("loop", "t5.mesh:152:3", "backward");
-  {
-    float *__restrict a38p = a38.data();
-    const float *__restrict a37p = a37.data();
-    for (int64_t i0 = 0; i0 < 1024; ++i0) {
-      const float s0 = a37p[i0];
-      const float s1 = s0 * s0;
-      const float s2 = 1e-30f;
-      const float s3 = (s1 + s2);
-      a38p[i0] = s3;
-    }
-  }
+  loop73(a38.data(), a37.data());
 
   // t5.mesh:152:3 mean
   MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
-  static const support::Shape shape32_1 = {32};
-  static const support::Shape shape32_3 = {32};
-  static const support::Shape shape32_4 = {32};
-  static const support::Shape shape32_5 = {1};
-  support::reduce(a39.data(), shape32_1, a38.data(), shape32_3, shape32_4, shape32_5,
-                  support::Reduce::Sum, 0.015625);
+  support::reduce(a39.data(), kShape4, a38.data(), kShape4, kShape4, kShape1, support::Reduce::Sum,
+                  0.015625);
 
   // t5.mesh:152:3 mean
   MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
-  static const support::Shape shape33_1 = {32};
-  static const support::Shape shape33_3 = {1};
-  static const support::Shape shape33_4 = {32};
-  static const support::Shape shape33_5 = {32};
-  support::reduce(a40.data(), shape33_1, a38.data(), shape33_3, shape33_4, shape33_5,
-                  support::Reduce::Sum, 0.03125);
+  support::reduce(a40.data(), kShape4, a38.data(), kShape1, kShape4, kShape4, support::Reduce::Sum,
+                  0.03125);
 
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 add
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a41p = a41.data();
-    const float *__restrict a40p = a40.data();
-    const float *__restrict a4p = a4.data();
-    const float *__restrict a6p = a6.data();
-    const float r1 = a4p[0];
-    const float r3 = a6p[0];
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = a40p[i0];
-      const float s1 = r1;
-      const float s2 = (s0 * s1);
-      const float s3 = a41p[i0];
-      const float s4 = r3;
-      const float s5 = (s3 * s4);
-      const float s6 = (s5 + s2);
-      a41p[i0] = s6;
-    }
-  }
+  loop74(a41.data(), a40.data(), a4.data(), a6.data());
 
   // t5.mesh:152:3 square
   // t5.mesh:152:3 div
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a42p = a42.data();
-    const float *__restrict a37p = a37.data();
-    const float *__restrict a41p = a41.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = a37p[i0 * 32 + i1];
-        const float s1 = s0 * s0;
-        const float s2 = a41p[i1];
-        const float s3 = (s1 / s2);
-        a42p[i0 * 32 + i1] = s3;
-      }
-    }
-  }
+  loop97(a42.data(), a37.data(), a41.data());
 
   // t5.mesh:152:3 mean
   MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
-  static const support::Shape shape36_1 = {32};
-  static const support::Shape shape36_3 = {32};
-  static const support::Shape shape36_4 = {32};
-  static const support::Shape shape36_5 = {1};
-  support::reduce(a43.data(), shape36_1, a42.data(), shape36_3, shape36_4, shape36_5,
-                  support::Reduce::Sum, 0.015625);
+  support::reduce(a43.data(), kShape4, a42.data(), kShape4, kShape4, kShape1, support::Reduce::Sum,
+                  0.015625);
 
   // t5.mesh:152:3 square
   // t5.mesh:152:3 add
   MESHRT_TRACE("loop", "t5.mesh:152:3", "backward");
-  {
-    float *__restrict a45p = a45.data();
-    const float *__restrict a44p = a44.data();
-    for (int64_t i0 = 0; i0 < 1024; ++i0) {
-      const float s0 = a44p[i0];
-      const float s1 = s0 * s0;
-      const float s2 = 1e-30f;
-      const float s3 = (s1 + s2);
-      a45p[i0] = s3;
-    }
-  }
+  loop73(a45.data(), a44.data());
 
   // t5.mesh:152:3 mean
   MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
-  static const support::Shape shape38_1 = {32};
-  static const support::Shape shape38_3 = {1};
-  static const support::Shape shape38_4 = {32};
-  static const support::Shape shape38_5 = {32};
-  support::reduce(a46.data(), shape38_1, a45.data(), shape38_3, shape38_4, shape38_5,
-                  support::Reduce::Sum, 0.015625);
+  support::reduce(a46.data(), kShape4, a45.data(), kShape1, kShape4, kShape4, support::Reduce::Sum,
+                  0.015625);
 
   // t5.mesh:152:3 mean
   MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
-  static const support::Shape shape39_1 = {32};
-  static const support::Shape shape39_3 = {32};
-  static const support::Shape shape39_4 = {32};
-  static const support::Shape shape39_5 = {1};
-  support::reduce(a47.data(), shape39_1, a45.data(), shape39_3, shape39_4, shape39_5,
-                  support::Reduce::Sum, 0.03125);
+  support::reduce(a47.data(), kShape4, a45.data(), kShape4, kShape4, kShape1, support::Reduce::Sum,
+                  0.03125);
 
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 add
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a48p = a48.data();
-    const float *__restrict a47p = a47.data();
-    const float *__restrict a4p = a4.data();
-    const float *__restrict a6p = a6.data();
-    const float r1 = a4p[0];
-    const float r3 = a6p[0];
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = a47p[i0];
-      const float s1 = r1;
-      const float s2 = (s0 * s1);
-      const float s3 = a48p[i0];
-      const float s4 = r3;
-      const float s5 = (s3 * s4);
-      const float s6 = (s5 + s2);
-      a48p[i0] = s6;
-    }
-  }
+  loop74(a48.data(), a47.data(), a4.data(), a6.data());
 
   // t5.mesh:152:3 mean
   MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
-  static const support::Shape shape41_1 = {};
-  static const support::Shape shape41_3 = {};
-  static const support::Shape shape41_4 = {32};
-  static const support::Shape shape41_5 = {1};
-  support::reduce(a49.data(), shape41_1, a48.data(), shape41_3, shape41_4, shape41_5,
+  support::reduce(a49.data(), kShape21, a48.data(), kShape21, kShape4, kShape1,
                   support::Reduce::Sum, 0.015625);
 
   // t5.mesh:152:3 square
   // t5.mesh:152:3 div
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a50p = a50.data();
-    const float *__restrict a44p = a44.data();
-    const float *__restrict a48p = a48.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = a44p[i0 * 32 + i1];
-        const float s1 = s0 * s0;
-        const float s2 = a48p[i0];
-        const float s3 = (s1 / s2);
-        a50p[i0 * 32 + i1] = s3;
-      }
-    }
-  }
+  loop75(a50.data(), a44.data(), a48.data());
 
   // t5.mesh:152:3 mean
   MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
-  static const support::Shape shape43_1 = {32};
-  static const support::Shape shape43_3 = {1};
-  static const support::Shape shape43_4 = {32};
-  static const support::Shape shape43_5 = {32};
-  support::reduce(a51.data(), shape43_1, a50.data(), shape43_3, shape43_4, shape43_5,
-                  support::Reduce::Sum, 0.015625);
+  support::reduce(a51.data(), kShape4, a50.data(), kShape1, kShape4, kShape4, support::Reduce::Sum,
+                  0.015625);
 }
 
 void T5Train::repeated3(
@@ -10673,75 +7793,23 @@ void T5Train::repeated3(
   // t5.mesh:152:3 div
   // t5.mesh:152:3 rsqrt
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a2p = a2.data();
-    const float *__restrict a0p = a0.data();
-    const float *__restrict a1p = a1.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 2; ++i1) {
-        const float s0 = a0p[i0 * 2 + i1];
-        const float s1 = a1p[i0];
-        const float s2 = (s0 / s1);
-        const float s3 = 1.0f / support::fsqrt(s2);
-        a2p[i0 * 2 + i1] = s3;
-      }
-    }
-  }
+  loop83(a2.data(), a0.data(), a1.data());
 
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 add
   // t5.mesh:152:3 rsqrt
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a5p = a5.data();
-    float *__restrict a7p = a7.data();
-    const float *__restrict a3p = a3.data();
-    const float *__restrict a4p = a4.data();
-    const float *__restrict a6p = a6.data();
-    const float r1 = a4p[0];
-    const float r3 = a6p[0];
-    for (int64_t i0 = 0; i0 < 256; ++i0) {
-      const float s0 = a3p[i0];
-      const float s1 = r1;
-      const float s2 = (s0 * s1);
-      const float s3 = a5p[i0];
-      const float s4 = r3;
-      const float s5 = (s3 * s4);
-      const float s6 = (s5 + s2);
-      const float s7 = 1.0f / support::fsqrt(s6);
-      a5p[i0] = s6;
-      a7p[i0] = s7;
-    }
-  }
+  loop84(a5.data(), a7.data(), a3.data(), a4.data(), a6.data());
 
   // t5.mesh:152:3 div
   // t5.mesh:152:3 mul
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a9p = a9.data();
-    const float *__restrict a1p = a1.data();
-    const float *__restrict a5p = a5.data();
-    const float *__restrict a8p = a8.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 8; ++i1) {
-        const float s0 = a1p[i0];
-        const float s1 = a5p[i0 * 8 + i1];
-        const float s2 = (s0 / s1);
-        const float s3 = a8p[i0 * 8 + i1];
-        const float s4 = (s3 * s2);
-        a9p[i0 * 8 + i1] = s4;
-      }
-    }
-  }
+  loop85(a9.data(), a1.data(), a5.data(), a8.data());
 
   // t5.mesh:152:3 mean
   MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
-  static const support::Shape shape3_1 = {};
-  static const support::Shape shape3_3 = {};
-  static const support::Shape shape3_4 = {32, 8};
-  static const support::Shape shape3_5 = {8, 1};
-  support::reduce(a10.data(), shape3_1, a9.data(), shape3_3, shape3_4, shape3_5,
+  support::reduce(a10.data(), kShape21, a9.data(), kShape21, kShape34, kShape26,
                   support::Reduce::Sum, 0.00390625);
 
   // t5.mesh:152:3 sqrt
@@ -10783,107 +7851,28 @@ void T5Train::repeated3(
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 sub -> next/decoder/attention[0]/q
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a16p = a16.data();
-    const float *__restrict a15p = a15.data();
-    const float *__restrict a2p = a2.data();
-    const float *__restrict a7p = a7.data();
-    const float *__restrict a11p = a11.data();
-    const float *__restrict a14p = a14.data();
-    const float r3 = a11p[0];
-    const float r4 = a14p[0];
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 2; ++i1) {
-        for (int64_t i2 = 0; i2 < 8; ++i2) {
-          const float s0 = a15p[i0 * 16 + i1 * 8 + i2];
-          const float s1 = a2p[i0 * 2 + i1];
-          const float s2 = (s0 * s1);
-          const float s3 = a7p[i0 * 8 + i2];
-          const float s4 = (s2 * s3);
-          const float s5 = r3;
-          const float s6 = (s4 / s5);
-          const float s7 = r4;
-          const float s8 = (s6 * s7);
-          const float s9 = a16p[i0 * 16 + i1 * 8 + i2];
-          const float s10 = (s9 - s8);
-          a16p[i0 * 16 + i1 * 8 + i2] = s10;
-        }
-      }
-    }
-  }
+  loop86(a16.data(), a15.data(), a2.data(), a7.data(), a11.data(), a14.data());
 
   // t5.mesh:152:3 div
   // t5.mesh:152:3 rsqrt
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a19p = a19.data();
-    const float *__restrict a17p = a17.data();
-    const float *__restrict a18p = a18.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 2; ++i1) {
-        const float s0 = a17p[i0 * 2 + i1];
-        const float s1 = a18p[i0];
-        const float s2 = (s0 / s1);
-        const float s3 = 1.0f / support::fsqrt(s2);
-        a19p[i0 * 2 + i1] = s3;
-      }
-    }
-  }
+  loop83(a19.data(), a17.data(), a18.data());
 
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 add
   // t5.mesh:152:3 rsqrt
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a21p = a21.data();
-    float *__restrict a22p = a22.data();
-    const float *__restrict a20p = a20.data();
-    const float *__restrict a4p = a4.data();
-    const float *__restrict a6p = a6.data();
-    const float r1 = a4p[0];
-    const float r3 = a6p[0];
-    for (int64_t i0 = 0; i0 < 256; ++i0) {
-      const float s0 = a20p[i0];
-      const float s1 = r1;
-      const float s2 = (s0 * s1);
-      const float s3 = a21p[i0];
-      const float s4 = r3;
-      const float s5 = (s3 * s4);
-      const float s6 = (s5 + s2);
-      const float s7 = 1.0f / support::fsqrt(s6);
-      a21p[i0] = s6;
-      a22p[i0] = s7;
-    }
-  }
+  loop84(a21.data(), a22.data(), a20.data(), a4.data(), a6.data());
 
   // t5.mesh:152:3 div
   // t5.mesh:152:3 mul
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a24p = a24.data();
-    const float *__restrict a18p = a18.data();
-    const float *__restrict a21p = a21.data();
-    const float *__restrict a23p = a23.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 8; ++i1) {
-        const float s0 = a18p[i0];
-        const float s1 = a21p[i0 * 8 + i1];
-        const float s2 = (s0 / s1);
-        const float s3 = a23p[i0 * 8 + i1];
-        const float s4 = (s3 * s2);
-        a24p[i0 * 8 + i1] = s4;
-      }
-    }
-  }
+  loop85(a24.data(), a18.data(), a21.data(), a23.data());
 
   // t5.mesh:152:3 mean
   MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
-  static const support::Shape shape10_1 = {};
-  static const support::Shape shape10_3 = {};
-  static const support::Shape shape10_4 = {32, 8};
-  static const support::Shape shape10_5 = {8, 1};
-  support::reduce(a25.data(), shape10_1, a24.data(), shape10_3, shape10_4, shape10_5,
+  support::reduce(a25.data(), kShape21, a24.data(), kShape21, kShape34, kShape26,
                   support::Reduce::Sum, 0.00390625);
 
   // t5.mesh:152:3 sqrt
@@ -10925,107 +7914,28 @@ void T5Train::repeated3(
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 sub -> next/decoder/attention[0]/k
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a30p = a30.data();
-    const float *__restrict a29p = a29.data();
-    const float *__restrict a19p = a19.data();
-    const float *__restrict a22p = a22.data();
-    const float *__restrict a26p = a26.data();
-    const float *__restrict a28p = a28.data();
-    const float r3 = a26p[0];
-    const float r4 = a28p[0];
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 2; ++i1) {
-        for (int64_t i2 = 0; i2 < 8; ++i2) {
-          const float s0 = a29p[i0 * 16 + i1 * 8 + i2];
-          const float s1 = a19p[i0 * 2 + i1];
-          const float s2 = (s0 * s1);
-          const float s3 = a22p[i0 * 8 + i2];
-          const float s4 = (s2 * s3);
-          const float s5 = r3;
-          const float s6 = (s4 / s5);
-          const float s7 = r4;
-          const float s8 = (s6 * s7);
-          const float s9 = a30p[i0 * 16 + i1 * 8 + i2];
-          const float s10 = (s9 - s8);
-          a30p[i0 * 16 + i1 * 8 + i2] = s10;
-        }
-      }
-    }
-  }
+  loop86(a30.data(), a29.data(), a19.data(), a22.data(), a26.data(), a28.data());
 
   // t5.mesh:152:3 div
   // t5.mesh:152:3 rsqrt
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a33p = a33.data();
-    const float *__restrict a31p = a31.data();
-    const float *__restrict a32p = a32.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 2; ++i1) {
-        const float s0 = a31p[i0 * 2 + i1];
-        const float s1 = a32p[i0];
-        const float s2 = (s0 / s1);
-        const float s3 = 1.0f / support::fsqrt(s2);
-        a33p[i0 * 2 + i1] = s3;
-      }
-    }
-  }
+  loop83(a33.data(), a31.data(), a32.data());
 
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 add
   // t5.mesh:152:3 rsqrt
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a35p = a35.data();
-    float *__restrict a36p = a36.data();
-    const float *__restrict a34p = a34.data();
-    const float *__restrict a4p = a4.data();
-    const float *__restrict a6p = a6.data();
-    const float r1 = a4p[0];
-    const float r3 = a6p[0];
-    for (int64_t i0 = 0; i0 < 256; ++i0) {
-      const float s0 = a34p[i0];
-      const float s1 = r1;
-      const float s2 = (s0 * s1);
-      const float s3 = a35p[i0];
-      const float s4 = r3;
-      const float s5 = (s3 * s4);
-      const float s6 = (s5 + s2);
-      const float s7 = 1.0f / support::fsqrt(s6);
-      a35p[i0] = s6;
-      a36p[i0] = s7;
-    }
-  }
+  loop84(a35.data(), a36.data(), a34.data(), a4.data(), a6.data());
 
   // t5.mesh:152:3 div
   // t5.mesh:152:3 mul
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a38p = a38.data();
-    const float *__restrict a32p = a32.data();
-    const float *__restrict a35p = a35.data();
-    const float *__restrict a37p = a37.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 8; ++i1) {
-        const float s0 = a32p[i0];
-        const float s1 = a35p[i0 * 8 + i1];
-        const float s2 = (s0 / s1);
-        const float s3 = a37p[i0 * 8 + i1];
-        const float s4 = (s3 * s2);
-        a38p[i0 * 8 + i1] = s4;
-      }
-    }
-  }
+  loop85(a38.data(), a32.data(), a35.data(), a37.data());
 
   // t5.mesh:152:3 mean
   MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
-  static const support::Shape shape17_1 = {};
-  static const support::Shape shape17_3 = {};
-  static const support::Shape shape17_4 = {32, 8};
-  static const support::Shape shape17_5 = {8, 1};
-  support::reduce(a39.data(), shape17_1, a38.data(), shape17_3, shape17_4, shape17_5,
+  support::reduce(a39.data(), kShape21, a38.data(), kShape21, kShape34, kShape26,
                   support::Reduce::Sum, 0.00390625);
 
   // t5.mesh:152:3 sqrt
@@ -11067,64 +7977,16 @@ void T5Train::repeated3(
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 sub -> next/decoder/attention[0]/v
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a44p = a44.data();
-    const float *__restrict a43p = a43.data();
-    const float *__restrict a33p = a33.data();
-    const float *__restrict a36p = a36.data();
-    const float *__restrict a40p = a40.data();
-    const float *__restrict a42p = a42.data();
-    const float r3 = a40p[0];
-    const float r4 = a42p[0];
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 2; ++i1) {
-        for (int64_t i2 = 0; i2 < 8; ++i2) {
-          const float s0 = a43p[i0 * 16 + i1 * 8 + i2];
-          const float s1 = a33p[i0 * 2 + i1];
-          const float s2 = (s0 * s1);
-          const float s3 = a36p[i0 * 8 + i2];
-          const float s4 = (s2 * s3);
-          const float s5 = r3;
-          const float s6 = (s4 / s5);
-          const float s7 = r4;
-          const float s8 = (s6 * s7);
-          const float s9 = a44p[i0 * 16 + i1 * 8 + i2];
-          const float s10 = (s9 - s8);
-          a44p[i0 * 16 + i1 * 8 + i2] = s10;
-        }
-      }
-    }
-  }
+  loop86(a44.data(), a43.data(), a33.data(), a36.data(), a40.data(), a42.data());
 
   // t5.mesh:152:3 div
   // t5.mesh:152:3 rsqrt
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a47p = a47.data();
-    const float *__restrict a45p = a45.data();
-    const float *__restrict a46p = a46.data();
-    for (int64_t i0 = 0; i0 < 2; ++i0) {
-      for (int64_t i1 = 0; i1 < 8; ++i1) {
-        const float s0 = a45p[i0 * 8 + i1];
-        const float s1 = a46p[i0];
-        const float s2 = (s0 / s1);
-        const float s3 = 1.0f / support::fsqrt(s2);
-        a47p[i0 * 8 + i1] = s3;
-      }
-    }
-  }
+  loop87(a47.data(), a45.data(), a46.data());
 
   // t5.mesh:152:3 rsqrt
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a49p = a49.data();
-    const float *__restrict a48p = a48.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = a48p[i0];
-      const float s1 = 1.0f / support::fsqrt(s0);
-      a49p[i0] = s1;
-    }
-  }
+  loop88(a49.data(), a48.data());
 
   // t5.mesh:152:3 sqrt
   // t5.mesh:152:3 mul
@@ -11165,34 +8027,7 @@ void T5Train::repeated3(
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 sub -> next/decoder/attention[0]/o
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a55p = a55.data();
-    const float *__restrict a54p = a54.data();
-    const float *__restrict a47p = a47.data();
-    const float *__restrict a49p = a49.data();
-    const float *__restrict a51p = a51.data();
-    const float *__restrict a53p = a53.data();
-    const float r3 = a51p[0];
-    const float r4 = a53p[0];
-    for (int64_t i0 = 0; i0 < 2; ++i0) {
-      for (int64_t i1 = 0; i1 < 8; ++i1) {
-        for (int64_t i2 = 0; i2 < 32; ++i2) {
-          const float s0 = a54p[i0 * 256 + i1 * 32 + i2];
-          const float s1 = a47p[i0 * 8 + i1];
-          const float s2 = (s0 * s1);
-          const float s3 = a49p[i0 * 32 + i2];
-          const float s4 = (s2 * s3);
-          const float s5 = r3;
-          const float s6 = (s4 / s5);
-          const float s7 = r4;
-          const float s8 = (s6 * s7);
-          const float s9 = a55p[i0 * 256 + i1 * 32 + i2];
-          const float s10 = (s9 - s8);
-          a55p[i0 * 256 + i1 * 32 + i2] = s10;
-        }
-      }
-    }
-  }
+  loop89(a55.data(), a54.data(), a47.data(), a49.data(), a51.data(), a53.data());
 }
 
 void T5Train::repeated4(
@@ -11213,65 +8048,24 @@ void T5Train::repeated4(
 
   // t5.mesh:40:53 mul
   MESHRT_TRACE("loop", "t5.mesh:40:53", "backward");
-  {
-    float *__restrict a2p = a2.data();
-    const float *__restrict a0p = a0.data();
-    const float *__restrict a1p = a1.data();
-    for (int64_t i0 = 0; i0 < 1024; ++i0) {
-      const float s0 = a0p[i0];
-      const float s1 = a1p[i0];
-      const float s2 = (s0 * s1);
-      a2p[i0] = s2;
-    }
-  }
+  loop69(a2.data(), a0.data(), a1.data());
 
   // t5.mesh:40:53 sum -> grad/encoder/rms_norm#1[1]/scale
   MESHRT_TRACE("sum", "t5.mesh:40:53", "backward");
-  static const support::Shape shape1_1 = {32};
-  static const support::Shape shape1_3 = {1};
-  static const support::Shape shape1_4 = {2, 16};
-  static const support::Shape shape1_5 = {512, 32};
-  support::reduce(a3.data(), shape1_1, a2.data(), shape1_3, shape1_4, shape1_5,
-                  support::Reduce::Sum, 1.0);
+  support::reduce(a3.data(), kShape4, a2.data(), kShape1, kShape12, kShape13, support::Reduce::Sum,
+                  1.0);
 
   // t5.mesh:40:53 mul
   // t5.mesh:40:12 mul
   // t5.mesh:40:12 add
   // t5.mesh:40:12 mul
   MESHRT_TRACE("loop", "t5.mesh:40:53", "backward");
-  {
-    float *__restrict a8p = a8.data();
-    float *__restrict a9p = a9.data();
-    const float *__restrict a0p = a0.data();
-    const float *__restrict a4p = a4.data();
-    const float *__restrict a5p = a5.data();
-    const float *__restrict a6p = a6.data();
-    const float *__restrict a7p = a7.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = a0p[i0 * 32 + i1];
-        const float s1 = a4p[i1];
-        const float s2 = (s0 * s1);
-        const float s3 = a5p[i0];
-        const float s4 = (s2 * s3);
-        const float s5 = a6p[i0 * 32 + i1];
-        const float s6 = (s5 + s4);
-        const float s7 = a7p[i0 * 32 + i1];
-        const float s8 = (s2 * s7);
-        a8p[i0 * 32 + i1] = s6;
-        a9p[i0 * 32 + i1] = s8;
-      }
-    }
-  }
+  loop98(a8.data(), a9.data(), a0.data(), a4.data(), a5.data(), a6.data(), a7.data());
 
   // t5.mesh:40:12 sum
   MESHRT_TRACE("sum", "t5.mesh:40:12", "backward");
-  static const support::Shape shape3_1 = {2, 16};
-  static const support::Shape shape3_3 = {512, 32};
-  static const support::Shape shape3_4 = {32};
-  static const support::Shape shape3_5 = {1};
-  support::reduce(a10.data(), shape3_1, a9.data(), shape3_3, shape3_4, shape3_5,
-                  support::Reduce::Sum, 1.0);
+  support::reduce(a10.data(), kShape12, a9.data(), kShape13, kShape4, kShape1, support::Reduce::Sum,
+                  1.0);
 
   // t5.mesh:40:25 mul
   // t5.mesh:40:14 square
@@ -11283,183 +8077,87 @@ void T5Train::repeated4(
   // t5.mesh:40:25 mul
   // t5.mesh:40:25 add
   MESHRT_TRACE("loop", "t5.mesh:40:25", "backward");
-  {
-    float *__restrict a11p = a11.data();
-    const float *__restrict a7p = a7.data();
-    const float *__restrict a5p = a5.data();
-    const float *__restrict a10p = a10.data();
-    const float *__restrict a8p = a8.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = a7p[i0 * 32 + i1];
-        const float s1 = 2.0f;
-        const float s2 = (s0 * s1);
-        const float s3 = a5p[i0];
-        const float s4 = s3 * s3;
-        const float s5 = a5p[i0];
-        const float s6 = (s5 * s4);
-        const float s7 = -0.5f;
-        const float s8 = (s6 * s7);
-        const float s9 = a10p[i0];
-        const float s10 = (s9 * s8);
-        const float s11 = 0.03125f;
-        const float s12 = (s10 * s11);
-        const float s13 = s12;
-        const float s14 = (s13 * s2);
-        const float s15 = a8p[i0 * 32 + i1];
-        const float s16 = (s15 + s14);
-        a11p[i0 * 32 + i1] = s16;
-      }
-    }
-  }
+  loop65(a11.data(), a7.data(), a5.data(), a10.data(), a8.data());
 
   // t5.mesh:85:10 einsum
   // t5.mesh:85:10 einsum
   MESHRT_TRACE("gemm", "t5.mesh:85:10", "backward");
   // dims: batch, inputs, d_model, heads, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan5(
-      {{2, 16, 32, 2, 8}, {{{0, 1, 2}, {}}, {{3, 4, 2}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan5.run(a11.data(), a12.data(), a13.data(), 1.0f, 0.0f);
+  kEinsum19.plan().run(a11.data(), a12.data(), a13.data(), 1.0f, 0.0f);
 
   // t5.mesh:85:10 einsum
   MESHRT_TRACE("gemm", "t5.mesh:85:10", "backward");
   // dims: batch, inputs_keys, heads, d_kv, inputs
-  static const meshrt::kernels::EinsumPlan einsumPlan6(
-      {{2, 16, 2, 8, 16}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 4, 1}, {}}});
-  einsumPlan6.run(a14.data(), a13.data(), a15.data(), 1.0f, 0.0f);
+  kEinsum20.plan().run(a14.data(), a13.data(), a15.data(), 1.0f, 0.0f);
 
   // t5.mesh:85:10 einsum
   MESHRT_TRACE("gemm", "t5.mesh:85:10", "backward");
   // dims: batch, heads, inputs, inputs_keys, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan7(
-      {{2, 2, 16, 16, 8}, {{{0, 1, 2, 3}, {}}, {{0, 2, 1, 4}, {}}}, {{0, 3, 1, 4}, {}}});
-  einsumPlan7.run(a16.data(), a13.data(), a17.data(), 1.0f, 0.0f);
+  kEinsum21.plan().run(a16.data(), a13.data(), a17.data(), 1.0f, 0.0f);
 
   // t5.mesh:85:10 einsum -> grad/encoder/attention[1]/o
   MESHRT_TRACE("gemm", "t5.mesh:85:10", "backward");
   // dims: batch, inputs, d_model, heads, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan8(
-      {{2, 16, 32, 2, 8}, {{{0, 1, 2}, {}}, {{0, 3, 1, 4}, {}}}, {{3, 4, 2}, {}}});
-  einsumPlan8.run(a11.data(), a18.data(), a19.data(), 1.0f, 0.0f);
+  kEinsum22.plan().run(a11.data(), a18.data(), a19.data(), 1.0f, 0.0f);
 
   // t5.mesh:84:17 mul
   MESHRT_TRACE("loop", "t5.mesh:84:17", "backward");
-  {
-    float *__restrict a20p = a20.data();
-    const float *__restrict a15p = a15.data();
-    const float *__restrict a16p = a16.data();
-    for (int64_t i0 = 0; i0 < 1024; ++i0) {
-      const float s0 = a15p[i0];
-      const float s1 = a16p[i0];
-      const float s2 = (s0 * s1);
-      a20p[i0] = s2;
-    }
-  }
+  loop69(a20.data(), a15.data(), a16.data());
 
   // t5.mesh:84:17 sum
   MESHRT_TRACE("sum", "t5.mesh:84:17", "backward");
-  static const support::Shape shape10_1 = {2, 2, 16};
-  static const support::Shape shape10_3 = {512, 256, 16};
-  static const support::Shape shape10_4 = {16};
-  static const support::Shape shape10_5 = {1};
-  support::reduce(a21.data(), shape10_1, a20.data(), shape10_3, shape10_4, shape10_5,
+  support::reduce(a21.data(), kShape19, a20.data(), kShape20, kShape0, kShape1,
                   support::Reduce::Sum, 1.0);
 
   // t5.mesh:84:17 sub
   // t5.mesh:84:17 mul
   MESHRT_TRACE("loop", "t5.mesh:84:17", "backward");
-  {
-    float *__restrict a22p = a22.data();
-    const float *__restrict a15p = a15.data();
-    const float *__restrict a21p = a21.data();
-    const float *__restrict a16p = a16.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      for (int64_t i1 = 0; i1 < 16; ++i1) {
-        const float s0 = a15p[i0 * 16 + i1];
-        const float s1 = a21p[i0];
-        const float s2 = (s0 - s1);
-        const float s3 = a16p[i0 * 16 + i1];
-        const float s4 = (s3 * s2);
-        a22p[i0 * 16 + i1] = s4;
-      }
-    }
-  }
+  loop99(a22.data(), a15.data(), a21.data(), a16.data());
 
   // t5.mesh:83:60 sum
   MESHRT_TRACE("sum", "t5.mesh:83:60", "backward");
-  static const support::Shape shape12_1 = {2, 16, 16};
-  static const support::Shape shape12_3 = {256, 16, 1};
-  static const support::Shape shape12_4 = {2};
-  static const support::Shape shape12_5 = {512};
-  support::reduce(a23.data(), shape12_1, a22.data(), shape12_3, shape12_4, shape12_5,
+  support::reduce(a23.data(), kShape38, a22.data(), kShape39, kShape3, kShape40,
                   support::Reduce::Sum, 1.0);
 
   // t5.mesh:83:16 einsum
   MESHRT_TRACE("gemm", "t5.mesh:83:16", "backward");
   // dims: batch, heads, inputs, inputs_keys, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan13(
-      {{2, 2, 16, 16, 8}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 2, 1, 4}, {}}});
-  einsumPlan13.run(a22.data(), a24.data(), a25.data(), 1.0f, 0.0f);
+  kEinsum23.plan().run(a22.data(), a24.data(), a25.data(), 1.0f, 0.0f);
 
   // t5.mesh:83:16 einsum
   MESHRT_TRACE("gemm", "t5.mesh:83:16", "backward");
   // dims: batch, heads, inputs, inputs_keys, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan14(
-      {{2, 2, 16, 16, 8}, {{{0, 1, 2, 3}, {}}, {{0, 2, 1, 4}, {}}}, {{0, 3, 1, 4}, {}}});
-  einsumPlan14.run(a22.data(), a26.data(), a27.data(), 1.0f, 0.0f);
+  kEinsum21.plan().run(a22.data(), a26.data(), a27.data(), 1.0f, 0.0f);
 
   // t5.mesh:82:23 einsum
   MESHRT_TRACE("gemm", "t5.mesh:82:23", "backward");
   // dims: batch, inputs, heads, d_kv, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan15(
-      {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
-  einsumPlan15.run(a17.data(), a28.data(), a29.data(), 1.0f, 0.0f);
+  kEinsum24.plan().run(a17.data(), a28.data(), a29.data(), 1.0f, 0.0f);
 
   // t5.mesh:82:23 einsum -> grad/encoder/attention[1]/v
   MESHRT_TRACE("gemm", "t5.mesh:82:23", "backward");
   // dims: batch, inputs, heads, d_kv, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan16(
-      {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
-  einsumPlan16.run(a17.data(), a30.data(), a31.data(), 1.0f, 0.0f);
+  kEinsum14.plan().run(a17.data(), a30.data(), a31.data(), 1.0f, 0.0f);
 
   // t5.mesh:81:21 einsum
   MESHRT_TRACE("gemm", "t5.mesh:81:21", "backward");
   // dims: batch, inputs, heads, d_kv, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan17(
-      {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
-  einsumPlan17.run(a27.data(), a32.data(), a33.data(), 1.0f, 0.0f);
+  kEinsum24.plan().run(a27.data(), a32.data(), a33.data(), 1.0f, 0.0f);
 
   // t5.mesh:81:21 einsum -> grad/encoder/attention[1]/k
   MESHRT_TRACE("gemm", "t5.mesh:81:21", "backward");
   // dims: batch, inputs, heads, d_kv, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan18(
-      {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
-  einsumPlan18.run(a27.data(), a30.data(), a34.data(), 1.0f, 0.0f);
+  kEinsum14.plan().run(a27.data(), a30.data(), a34.data(), 1.0f, 0.0f);
 
   // t5.mesh:80:17 einsum
   MESHRT_TRACE("gemm", "t5.mesh:80:17", "backward");
   // dims: batch, inputs, heads, d_kv, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan19(
-      {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
-  einsumPlan19.run(a25.data(), a35.data(), a36.data(), 1.0f, 0.0f);
+  kEinsum24.plan().run(a25.data(), a35.data(), a36.data(), 1.0f, 0.0f);
 
   // t5.mesh:81:21 add
   // t5.mesh:80:17 add
   MESHRT_TRACE("loop", "t5.mesh:81:21", "backward");
-  {
-    float *__restrict a37p = a37.data();
-    const float *__restrict a29p = a29.data();
-    const float *__restrict a33p = a33.data();
-    const float *__restrict a36p = a36.data();
-    for (int64_t i0 = 0; i0 < 1024; ++i0) {
-      const float s0 = a29p[i0];
-      const float s1 = a33p[i0];
-      const float s2 = (s0 + s1);
-      const float s3 = a36p[i0];
-      const float s4 = (s2 + s3);
-      a37p[i0] = s4;
-    }
-  }
+  loop100(a37.data(), a29.data(), a33.data(), a36.data());
 
   // t5.mesh:40:53 all_reduce_sum (resolve the partial sum of %588 over model for mul at 40:53)
   MESHRT_TRACE_SITE("t5.mesh:40:53");
@@ -11468,34 +8166,18 @@ void T5Train::repeated4(
   // t5.mesh:80:17 einsum -> grad/encoder/attention[1]/q
   MESHRT_TRACE("gemm", "t5.mesh:80:17", "backward");
   // dims: batch, inputs, heads, d_kv, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan22(
-      {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
-  einsumPlan22.run(a25.data(), a30.data(), a38.data(), 1.0f, 0.0f);
+  kEinsum14.plan().run(a25.data(), a30.data(), a38.data(), 1.0f, 0.0f);
 
   MESHRT_TRACE_SITE("t5.mesh:40:53");
   group_model.wait(request5);
 
   // t5.mesh:40:53 mul
   MESHRT_TRACE("loop", "t5.mesh:40:53", "backward");
-  {
-    float *__restrict a40p = a40.data();
-    const float *__restrict a37p = a37.data();
-    const float *__restrict a39p = a39.data();
-    for (int64_t i0 = 0; i0 < 1024; ++i0) {
-      const float s0 = a37p[i0];
-      const float s1 = a39p[i0];
-      const float s2 = (s0 * s1);
-      a40p[i0] = s2;
-    }
-  }
+  loop69(a40.data(), a37.data(), a39.data());
 
   // t5.mesh:40:53 sum -> grad/encoder/rms_norm[1]/scale
   MESHRT_TRACE("sum", "t5.mesh:40:53", "backward");
-  static const support::Shape shape25_1 = {32};
-  static const support::Shape shape25_3 = {1};
-  static const support::Shape shape25_4 = {2, 16};
-  static const support::Shape shape25_5 = {512, 32};
-  support::reduce(a41.data(), shape25_1, a40.data(), shape25_3, shape25_4, shape25_5,
+  support::reduce(a41.data(), kShape4, a40.data(), kShape1, kShape12, kShape13,
                   support::Reduce::Sum, 1.0);
 
   // t5.mesh:40:53 mul
@@ -11503,38 +8185,11 @@ void T5Train::repeated4(
   // t5.mesh:40:12 add
   // t5.mesh:40:12 mul
   MESHRT_TRACE("loop", "t5.mesh:40:53", "backward");
-  {
-    float *__restrict a45p = a45.data();
-    float *__restrict a46p = a46.data();
-    const float *__restrict a37p = a37.data();
-    const float *__restrict a42p = a42.data();
-    const float *__restrict a43p = a43.data();
-    const float *__restrict a11p = a11.data();
-    const float *__restrict a44p = a44.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = a37p[i0 * 32 + i1];
-        const float s1 = a42p[i1];
-        const float s2 = (s0 * s1);
-        const float s3 = a43p[i0];
-        const float s4 = (s2 * s3);
-        const float s5 = a11p[i0 * 32 + i1];
-        const float s6 = (s5 + s4);
-        const float s7 = a44p[i0 * 32 + i1];
-        const float s8 = (s2 * s7);
-        a45p[i0 * 32 + i1] = s6;
-        a46p[i0 * 32 + i1] = s8;
-      }
-    }
-  }
+  loop98(a45.data(), a46.data(), a37.data(), a42.data(), a43.data(), a11.data(), a44.data());
 
   // t5.mesh:40:12 sum
   MESHRT_TRACE("sum", "t5.mesh:40:12", "backward");
-  static const support::Shape shape27_1 = {2, 16};
-  static const support::Shape shape27_3 = {512, 32};
-  static const support::Shape shape27_4 = {32};
-  static const support::Shape shape27_5 = {1};
-  support::reduce(a47.data(), shape27_1, a46.data(), shape27_3, shape27_4, shape27_5,
+  support::reduce(a47.data(), kShape12, a46.data(), kShape13, kShape4, kShape1,
                   support::Reduce::Sum, 1.0);
 
   // t5.mesh:40:25 mul
@@ -11547,35 +8202,7 @@ void T5Train::repeated4(
   // t5.mesh:40:25 mul
   // t5.mesh:40:25 add
   MESHRT_TRACE("loop", "t5.mesh:40:25", "backward");
-  {
-    float *__restrict a48p = a48.data();
-    const float *__restrict a44p = a44.data();
-    const float *__restrict a43p = a43.data();
-    const float *__restrict a47p = a47.data();
-    const float *__restrict a45p = a45.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = a44p[i0 * 32 + i1];
-        const float s1 = 2.0f;
-        const float s2 = (s0 * s1);
-        const float s3 = a43p[i0];
-        const float s4 = s3 * s3;
-        const float s5 = a43p[i0];
-        const float s6 = (s5 * s4);
-        const float s7 = -0.5f;
-        const float s8 = (s6 * s7);
-        const float s9 = a47p[i0];
-        const float s10 = (s9 * s8);
-        const float s11 = 0.03125f;
-        const float s12 = (s10 * s11);
-        const float s13 = s12;
-        const float s14 = (s13 * s2);
-        const float s15 = a45p[i0 * 32 + i1];
-        const float s16 = (s15 + s14);
-        a48p[i0 * 32 + i1] = s16;
-      }
-    }
-  }
+  loop65(a48.data(), a44.data(), a43.data(), a47.data(), a45.data());
 }
 
 void T5Train::repeated5(
@@ -11595,12 +8222,8 @@ void T5Train::repeated5(
 
   // t5.mesh:40:12 sum
   MESHRT_TRACE("sum", "t5.mesh:40:12", "backward");
-  static const support::Shape shape0_1 = {2, 8};
-  static const support::Shape shape0_3 = {256, 32};
-  static const support::Shape shape0_4 = {32};
-  static const support::Shape shape0_5 = {1};
-  support::reduce(a0.data(), shape0_1, a1.data(), shape0_3, shape0_4, shape0_5,
-                  support::Reduce::Sum, 1.0);
+  support::reduce(a0.data(), kShape9, a1.data(), kShape15, kShape4, kShape1, support::Reduce::Sum,
+                  1.0);
 
   // t5.mesh:40:25 mul
   // t5.mesh:40:14 square
@@ -11612,74 +8235,27 @@ void T5Train::repeated5(
   // t5.mesh:40:25 mul
   // t5.mesh:40:25 add
   MESHRT_TRACE("loop", "t5.mesh:40:25", "backward");
-  {
-    float *__restrict a5p = a5.data();
-    const float *__restrict a2p = a2.data();
-    const float *__restrict a3p = a3.data();
-    const float *__restrict a0p = a0.data();
-    const float *__restrict a4p = a4.data();
-    for (int64_t i0 = 0; i0 < 16; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = a2p[i0 * 32 + i1];
-        const float s1 = 2.0f;
-        const float s2 = (s0 * s1);
-        const float s3 = a3p[i0];
-        const float s4 = s3 * s3;
-        const float s5 = a3p[i0];
-        const float s6 = (s5 * s4);
-        const float s7 = -0.5f;
-        const float s8 = (s6 * s7);
-        const float s9 = a0p[i0];
-        const float s10 = (s9 * s8);
-        const float s11 = 0.03125f;
-        const float s12 = (s10 * s11);
-        const float s13 = s12;
-        const float s14 = (s13 * s2);
-        const float s15 = a4p[i0 * 32 + i1];
-        const float s16 = (s15 + s14);
-        a5p[i0 * 32 + i1] = s16;
-      }
-    }
-  }
+  loop67(a5.data(), a2.data(), a3.data(), a0.data(), a4.data());
 
   // t5.mesh:91:10 einsum
   MESHRT_TRACE("gemm", "t5.mesh:91:10", "backward");
   // dims: batch, targets, d_model, d_ff
-  static const meshrt::kernels::EinsumPlan einsumPlan2(
-      {{2, 8, 32, 32}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan2.run(a5.data(), a6.data(), a7.data(), 1.0f, 0.0f);
+  kEinsum12.plan().run(a5.data(), a6.data(), a7.data(), 1.0f, 0.0f);
 
   // t5.mesh:91:10 einsum -> grad/decoder/dense_relu_dense[1]/wo
   MESHRT_TRACE("gemm", "t5.mesh:91:10", "backward");
   // dims: batch, targets, d_model, d_ff
-  static const meshrt::kernels::EinsumPlan einsumPlan3(
-      {{2, 8, 32, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
-  einsumPlan3.run(a5.data(), a8.data(), a9.data(), 1.0f, 0.0f);
+  kEinsum13.plan().run(a5.data(), a8.data(), a9.data(), 1.0f, 0.0f);
 
   // t5.mesh:91:17 gt
   // t5.mesh:91:17 where
   MESHRT_TRACE("loop", "t5.mesh:91:17", "backward");
-  {
-    float *__restrict a11p = a11.data();
-    const float *__restrict a10p = a10.data();
-    const float *__restrict a7p = a7.data();
-    for (int64_t i0 = 0; i0 < 512; ++i0) {
-      const float s0 = a10p[i0];
-      const float s1 = 0.0f;
-      const float s2 = (s0 > s1 ? 1.0f : 0.0f);
-      const float s3 = a7p[i0];
-      const float s4 = 0.0f;
-      const float s5 = (s2 != 0 ? s3 : s4);
-      a11p[i0] = s5;
-    }
-  }
+  loop101(a11.data(), a10.data(), a7.data());
 
   // t5.mesh:91:22 einsum
   MESHRT_TRACE("gemm", "t5.mesh:91:22", "backward");
   // dims: batch, targets, d_ff, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan5(
-      {{2, 8, 32, 32}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan5.run(a11.data(), a12.data(), a13.data(), 1.0f, 0.0f);
+  kEinsum12.plan().run(a11.data(), a12.data(), a13.data(), 1.0f, 0.0f);
 
   // t5.mesh:40:53 all_reduce_sum (resolve the partial sum of %345 over model for mul at 40:53)
   MESHRT_TRACE_SITE("t5.mesh:40:53");
@@ -11688,74 +8264,31 @@ void T5Train::repeated5(
   // t5.mesh:91:22 einsum -> grad/decoder/dense_relu_dense[1]/wi
   MESHRT_TRACE("gemm", "t5.mesh:91:22", "backward");
   // dims: batch, targets, d_ff, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan7(
-      {{2, 8, 32, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
-  einsumPlan7.run(a11.data(), a14.data(), a15.data(), 1.0f, 0.0f);
+  kEinsum13.plan().run(a11.data(), a14.data(), a15.data(), 1.0f, 0.0f);
 
   MESHRT_TRACE_SITE("t5.mesh:40:53");
   group_model.wait(request0);
 
   // t5.mesh:40:53 mul
   MESHRT_TRACE("loop", "t5.mesh:40:53", "backward");
-  {
-    float *__restrict a17p = a17.data();
-    const float *__restrict a13p = a13.data();
-    const float *__restrict a16p = a16.data();
-    for (int64_t i0 = 0; i0 < 512; ++i0) {
-      const float s0 = a13p[i0];
-      const float s1 = a16p[i0];
-      const float s2 = (s0 * s1);
-      a17p[i0] = s2;
-    }
-  }
+  loop59(a17.data(), a13.data(), a16.data());
 
   // t5.mesh:40:53 sum -> grad/decoder/rms_norm#2[1]/scale
   MESHRT_TRACE("sum", "t5.mesh:40:53", "backward");
-  static const support::Shape shape10_1 = {32};
-  static const support::Shape shape10_3 = {1};
-  static const support::Shape shape10_4 = {2, 8};
-  static const support::Shape shape10_5 = {256, 32};
-  support::reduce(a18.data(), shape10_1, a17.data(), shape10_3, shape10_4, shape10_5,
-                  support::Reduce::Sum, 1.0);
+  support::reduce(a18.data(), kShape4, a17.data(), kShape1, kShape9, kShape15, support::Reduce::Sum,
+                  1.0);
 
   // t5.mesh:40:53 mul
   // t5.mesh:40:12 mul
   // t5.mesh:40:12 add
   // t5.mesh:40:12 mul
   MESHRT_TRACE("loop", "t5.mesh:40:53", "backward");
-  {
-    float *__restrict a22p = a22.data();
-    float *__restrict a23p = a23.data();
-    const float *__restrict a13p = a13.data();
-    const float *__restrict a19p = a19.data();
-    const float *__restrict a20p = a20.data();
-    const float *__restrict a5p = a5.data();
-    const float *__restrict a21p = a21.data();
-    for (int64_t i0 = 0; i0 < 16; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = a13p[i0 * 32 + i1];
-        const float s1 = a19p[i1];
-        const float s2 = (s0 * s1);
-        const float s3 = a20p[i0];
-        const float s4 = (s2 * s3);
-        const float s5 = a5p[i0 * 32 + i1];
-        const float s6 = (s5 + s4);
-        const float s7 = a21p[i0 * 32 + i1];
-        const float s8 = (s2 * s7);
-        a22p[i0 * 32 + i1] = s6;
-        a23p[i0 * 32 + i1] = s8;
-      }
-    }
-  }
+  loop102(a22.data(), a23.data(), a13.data(), a19.data(), a20.data(), a5.data(), a21.data());
 
   // t5.mesh:40:12 sum
   MESHRT_TRACE("sum", "t5.mesh:40:12", "backward");
-  static const support::Shape shape12_1 = {2, 8};
-  static const support::Shape shape12_3 = {256, 32};
-  static const support::Shape shape12_4 = {32};
-  static const support::Shape shape12_5 = {1};
-  support::reduce(a24.data(), shape12_1, a23.data(), shape12_3, shape12_4, shape12_5,
-                  support::Reduce::Sum, 1.0);
+  support::reduce(a24.data(), kShape9, a23.data(), kShape15, kShape4, kShape1, support::Reduce::Sum,
+                  1.0);
 
   // t5.mesh:40:25 mul
   // t5.mesh:40:14 square
@@ -11767,142 +8300,67 @@ void T5Train::repeated5(
   // t5.mesh:40:25 mul
   // t5.mesh:40:25 add
   MESHRT_TRACE("loop", "t5.mesh:40:25", "backward");
-  {
-    float *__restrict a25p = a25.data();
-    const float *__restrict a21p = a21.data();
-    const float *__restrict a20p = a20.data();
-    const float *__restrict a24p = a24.data();
-    const float *__restrict a22p = a22.data();
-    for (int64_t i0 = 0; i0 < 16; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = a21p[i0 * 32 + i1];
-        const float s1 = 2.0f;
-        const float s2 = (s0 * s1);
-        const float s3 = a20p[i0];
-        const float s4 = s3 * s3;
-        const float s5 = a20p[i0];
-        const float s6 = (s5 * s4);
-        const float s7 = -0.5f;
-        const float s8 = (s6 * s7);
-        const float s9 = a24p[i0];
-        const float s10 = (s9 * s8);
-        const float s11 = 0.03125f;
-        const float s12 = (s10 * s11);
-        const float s13 = s12;
-        const float s14 = (s13 * s2);
-        const float s15 = a22p[i0 * 32 + i1];
-        const float s16 = (s15 + s14);
-        a25p[i0 * 32 + i1] = s16;
-      }
-    }
-  }
+  loop67(a25.data(), a21.data(), a20.data(), a24.data(), a22.data());
 
   // t5.mesh:85:10 einsum
   // t5.mesh:85:10 einsum
   MESHRT_TRACE("gemm", "t5.mesh:85:10", "backward");
   // dims: batch, targets, d_model, heads, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan14(
-      {{2, 8, 32, 2, 8}, {{{0, 1, 2}, {}}, {{3, 4, 2}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan14.run(a25.data(), a26.data(), a27.data(), 1.0f, 0.0f);
+  kEinsum25.plan().run(a25.data(), a26.data(), a27.data(), 1.0f, 0.0f);
 
   // t5.mesh:85:10 einsum
   MESHRT_TRACE("gemm", "t5.mesh:85:10", "backward");
   // dims: batch, inputs, heads, d_kv, targets
-  static const meshrt::kernels::EinsumPlan einsumPlan15(
-      {{2, 16, 2, 8, 8}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 4, 1}, {}}});
-  einsumPlan15.run(a28.data(), a27.data(), a29.data(), 1.0f, 0.0f);
+  kEinsum26.plan().run(a28.data(), a27.data(), a29.data(), 1.0f, 0.0f);
 
   // t5.mesh:85:10 einsum
   MESHRT_TRACE("gemm", "t5.mesh:85:10", "backward");
   // dims: batch, heads, targets, inputs, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan16(
-      {{2, 2, 8, 16, 8}, {{{0, 1, 2, 3}, {}}, {{0, 2, 1, 4}, {}}}, {{0, 3, 1, 4}, {}}});
-  einsumPlan16.run(a30.data(), a27.data(), a31.data(), 1.0f, 0.0f);
+  kEinsum27.plan().run(a30.data(), a27.data(), a31.data(), 1.0f, 0.0f);
 
   // t5.mesh:85:10 einsum -> grad/decoder/attention#1[1]/o
   MESHRT_TRACE("gemm", "t5.mesh:85:10", "backward");
   // dims: batch, targets, d_model, heads, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan17(
-      {{2, 8, 32, 2, 8}, {{{0, 1, 2}, {}}, {{0, 3, 1, 4}, {}}}, {{3, 4, 2}, {}}});
-  einsumPlan17.run(a25.data(), a32.data(), a33.data(), 1.0f, 0.0f);
+  kEinsum28.plan().run(a25.data(), a32.data(), a33.data(), 1.0f, 0.0f);
 
   // t5.mesh:84:17 mul
   MESHRT_TRACE("loop", "t5.mesh:84:17", "backward");
-  {
-    float *__restrict a34p = a34.data();
-    const float *__restrict a29p = a29.data();
-    const float *__restrict a30p = a30.data();
-    for (int64_t i0 = 0; i0 < 512; ++i0) {
-      const float s0 = a29p[i0];
-      const float s1 = a30p[i0];
-      const float s2 = (s0 * s1);
-      a34p[i0] = s2;
-    }
-  }
+  loop59(a34.data(), a29.data(), a30.data());
 
   // t5.mesh:84:17 sum
   MESHRT_TRACE("sum", "t5.mesh:84:17", "backward");
-  static const support::Shape shape19_1 = {2, 2, 8};
-  static const support::Shape shape19_3 = {256, 128, 16};
-  static const support::Shape shape19_4 = {16};
-  static const support::Shape shape19_5 = {1};
-  support::reduce(a35.data(), shape19_1, a34.data(), shape19_3, shape19_4, shape19_5,
+  support::reduce(a35.data(), kShape16, a34.data(), kShape17, kShape0, kShape1,
                   support::Reduce::Sum, 1.0);
 
   // t5.mesh:84:17 sub
   // t5.mesh:84:17 mul
   MESHRT_TRACE("loop", "t5.mesh:84:17", "backward");
-  {
-    float *__restrict a36p = a36.data();
-    const float *__restrict a29p = a29.data();
-    const float *__restrict a35p = a35.data();
-    const float *__restrict a30p = a30.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 16; ++i1) {
-        const float s0 = a29p[i0 * 16 + i1];
-        const float s1 = a35p[i0];
-        const float s2 = (s0 - s1);
-        const float s3 = a30p[i0 * 16 + i1];
-        const float s4 = (s3 * s2);
-        a36p[i0 * 16 + i1] = s4;
-      }
-    }
-  }
+  loop103(a36.data(), a29.data(), a35.data(), a30.data());
 
   // t5.mesh:83:16 einsum
   MESHRT_TRACE("gemm", "t5.mesh:83:16", "backward");
   // dims: batch, heads, targets, inputs, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan21(
-      {{2, 2, 8, 16, 8}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 2, 1, 4}, {}}});
-  einsumPlan21.run(a36.data(), a37.data(), a38.data(), 1.0f, 0.0f);
+  kEinsum29.plan().run(a36.data(), a37.data(), a38.data(), 1.0f, 0.0f);
 
   // t5.mesh:83:16 einsum
   MESHRT_TRACE("gemm", "t5.mesh:83:16", "backward");
   // dims: batch, heads, targets, inputs, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan22(
-      {{2, 2, 8, 16, 8}, {{{0, 1, 2, 3}, {}}, {{0, 2, 1, 4}, {}}}, {{0, 3, 1, 4}, {}}});
-  einsumPlan22.run(a36.data(), a39.data(), a40.data(), 1.0f, 0.0f);
+  kEinsum27.plan().run(a36.data(), a39.data(), a40.data(), 1.0f, 0.0f);
 
   // t5.mesh:82:23 einsum
   MESHRT_TRACE("gemm", "t5.mesh:82:23", "backward");
   // dims: batch, inputs, heads, d_kv, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan23(
-      {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
-  einsumPlan23.run(a31.data(), a41.data(), a42.data(), 1.0f, 0.0f);
+  kEinsum24.plan().run(a31.data(), a41.data(), a42.data(), 1.0f, 0.0f);
 
   // t5.mesh:82:23 einsum -> grad/decoder/attention#1[1]/v
   MESHRT_TRACE("gemm", "t5.mesh:82:23", "backward");
   // dims: batch, inputs, heads, d_kv, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan24(
-      {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
-  einsumPlan24.run(a31.data(), a43.data(), a44.data(), 1.0f, 0.0f);
+  kEinsum14.plan().run(a31.data(), a43.data(), a44.data(), 1.0f, 0.0f);
 
   // t5.mesh:81:21 einsum
   MESHRT_TRACE("gemm", "t5.mesh:81:21", "backward");
   // dims: batch, inputs, heads, d_kv, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan25(
-      {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
-  einsumPlan25.run(a40.data(), a45.data(), a46.data(), 1.0f, 0.0f);
+  kEinsum24.plan().run(a40.data(), a45.data(), a46.data(), 1.0f, 0.0f);
 }
 
 void T5Train::repeated6(
@@ -11922,90 +8380,31 @@ void T5Train::repeated6(
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 add
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a2p = a2.data();
-    const float *__restrict a0p = a0.data();
-    const float *__restrict a1p = a1.data();
-    const float *__restrict a3p = a3.data();
-    const float r1 = a1p[0];
-    const float r3 = a3p[0];
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = a0p[i0];
-      const float s1 = r1;
-      const float s2 = (s0 * s1);
-      const float s3 = a2p[i0];
-      const float s4 = r3;
-      const float s5 = (s3 * s4);
-      const float s6 = (s5 + s2);
-      a2p[i0] = s6;
-    }
-  }
+  loop74(a2.data(), a0.data(), a1.data(), a3.data());
 
   // t5.mesh:152:3 mean
   MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
-  static const support::Shape shape1_1 = {};
-  static const support::Shape shape1_3 = {};
-  static const support::Shape shape1_4 = {32};
-  static const support::Shape shape1_5 = {1};
-  support::reduce(a4.data(), shape1_1, a2.data(), shape1_3, shape1_4, shape1_5,
-                  support::Reduce::Sum, 0.03125);
+  support::reduce(a4.data(), kShape21, a2.data(), kShape21, kShape4, kShape1, support::Reduce::Sum,
+                  0.03125);
 
   // t5.mesh:152:3 div
   // t5.mesh:152:3 rsqrt
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a5p = a5.data();
-    const float *__restrict a2p = a2.data();
-    const float *__restrict a4p = a4.data();
-    const float r1 = a4p[0];
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = a2p[i0];
-      const float s1 = r1;
-      const float s2 = (s0 / s1);
-      const float s3 = 1.0f / support::fsqrt(s2);
-      a5p[i0] = s3;
-    }
-  }
+  loop76(a5.data(), a2.data(), a4.data());
 
   // t5.mesh:152:3 rsqrt
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a7p = a7.data();
-    const float *__restrict a6p = a6.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = a6p[i0];
-      const float s1 = 1.0f / support::fsqrt(s0);
-      a7p[i0] = s1;
-    }
-  }
+  loop90(a7.data(), a6.data());
 
   // t5.mesh:152:3 div
   // t5.mesh:152:3 mul
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a9p = a9.data();
-    const float *__restrict a4p = a4.data();
-    const float *__restrict a2p = a2.data();
-    const float *__restrict a8p = a8.data();
-    const float r0 = a4p[0];
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = r0;
-      const float s1 = a2p[i0];
-      const float s2 = (s0 / s1);
-      const float s3 = a8p[i0];
-      const float s4 = (s3 * s2);
-      a9p[i0] = s4;
-    }
-  }
+  loop78(a9.data(), a4.data(), a2.data(), a8.data());
 
   // t5.mesh:152:3 mean
   MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
-  static const support::Shape shape5_1 = {};
-  static const support::Shape shape5_3 = {};
-  static const support::Shape shape5_4 = {32};
-  static const support::Shape shape5_5 = {1};
-  support::reduce(a10.data(), shape5_1, a9.data(), shape5_3, shape5_4, shape5_5,
-                  support::Reduce::Sum, 0.03125);
+  support::reduce(a10.data(), kShape21, a9.data(), kShape21, kShape4, kShape1, support::Reduce::Sum,
+                  0.03125);
 
   // t5.mesh:152:3 sqrt
   // t5.mesh:152:3 mul
@@ -12046,103 +8445,28 @@ void T5Train::repeated6(
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 sub -> next/encoder/dense_relu_dense[1]/wi
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a16p = a16.data();
-    const float *__restrict a15p = a15.data();
-    const float *__restrict a5p = a5.data();
-    const float *__restrict a7p = a7.data();
-    const float *__restrict a11p = a11.data();
-    const float *__restrict a14p = a14.data();
-    const float r3 = a11p[0];
-    const float r4 = a14p[0];
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = a15p[i0 * 32 + i1];
-        const float s1 = a5p[i0];
-        const float s2 = (s0 * s1);
-        const float s3 = a7p[i1];
-        const float s4 = (s2 * s3);
-        const float s5 = r3;
-        const float s6 = (s4 / s5);
-        const float s7 = r4;
-        const float s8 = (s6 * s7);
-        const float s9 = a16p[i0 * 32 + i1];
-        const float s10 = (s9 - s8);
-        a16p[i0 * 32 + i1] = s10;
-      }
-    }
-  }
+  loop79(a16.data(), a15.data(), a5.data(), a7.data(), a11.data(), a14.data());
 
   // t5.mesh:152:3 div
   // t5.mesh:152:3 rsqrt
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a19p = a19.data();
-    const float *__restrict a17p = a17.data();
-    const float *__restrict a18p = a18.data();
-    const float r1 = a18p[0];
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = a17p[i0];
-      const float s1 = r1;
-      const float s2 = (s0 / s1);
-      const float s3 = 1.0f / support::fsqrt(s2);
-      a19p[i0] = s3;
-    }
-  }
+  loop76(a19.data(), a17.data(), a18.data());
 
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 add
   // t5.mesh:152:3 rsqrt
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a21p = a21.data();
-    float *__restrict a22p = a22.data();
-    const float *__restrict a20p = a20.data();
-    const float *__restrict a1p = a1.data();
-    const float *__restrict a3p = a3.data();
-    const float r1 = a1p[0];
-    const float r3 = a3p[0];
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = a20p[i0];
-      const float s1 = r1;
-      const float s2 = (s0 * s1);
-      const float s3 = a21p[i0];
-      const float s4 = r3;
-      const float s5 = (s3 * s4);
-      const float s6 = (s5 + s2);
-      const float s7 = 1.0f / support::fsqrt(s6);
-      a21p[i0] = s6;
-      a22p[i0] = s7;
-    }
-  }
+  loop77(a21.data(), a22.data(), a20.data(), a1.data(), a3.data());
 
   // t5.mesh:152:3 div
   // t5.mesh:152:3 mul
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a24p = a24.data();
-    const float *__restrict a18p = a18.data();
-    const float *__restrict a21p = a21.data();
-    const float *__restrict a23p = a23.data();
-    const float r0 = a18p[0];
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = r0;
-      const float s1 = a21p[i0];
-      const float s2 = (s0 / s1);
-      const float s3 = a23p[i0];
-      const float s4 = (s3 * s2);
-      a24p[i0] = s4;
-    }
-  }
+  loop78(a24.data(), a18.data(), a21.data(), a23.data());
 
   // t5.mesh:152:3 mean
   MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
-  static const support::Shape shape12_1 = {};
-  static const support::Shape shape12_3 = {};
-  static const support::Shape shape12_4 = {32};
-  static const support::Shape shape12_5 = {1};
-  support::reduce(a25.data(), shape12_1, a24.data(), shape12_3, shape12_4, shape12_5,
+  support::reduce(a25.data(), kShape21, a24.data(), kShape21, kShape4, kShape1,
                   support::Reduce::Sum, 0.03125);
 
   // t5.mesh:152:3 sqrt
@@ -12184,32 +8508,7 @@ void T5Train::repeated6(
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 sub -> next/encoder/dense_relu_dense[1]/wo
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a30p = a30.data();
-    const float *__restrict a29p = a29.data();
-    const float *__restrict a19p = a19.data();
-    const float *__restrict a22p = a22.data();
-    const float *__restrict a26p = a26.data();
-    const float *__restrict a28p = a28.data();
-    const float r3 = a26p[0];
-    const float r4 = a28p[0];
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = a29p[i0 * 32 + i1];
-        const float s1 = a19p[i0];
-        const float s2 = (s0 * s1);
-        const float s3 = a22p[i1];
-        const float s4 = (s2 * s3);
-        const float s5 = r3;
-        const float s6 = (s4 / s5);
-        const float s7 = r4;
-        const float s8 = (s6 * s7);
-        const float s9 = a30p[i0 * 32 + i1];
-        const float s10 = (s9 - s8);
-        a30p[i0 * 32 + i1] = s10;
-      }
-    }
-  }
+  loop79(a30.data(), a29.data(), a19.data(), a22.data(), a26.data(), a28.data());
 
   // t5.mesh:152:3 square
   // t5.mesh:152:3 add
@@ -12220,43 +8519,11 @@ void T5Train::repeated6(
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 square
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a32p = a32.data();
-    float *__restrict a33p = a33.data();
-    float *__restrict a34p = a34.data();
-    const float *__restrict a31p = a31.data();
-    const float *__restrict a1p = a1.data();
-    const float *__restrict a3p = a3.data();
-    const float r1 = a1p[0];
-    const float r3 = a3p[0];
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = a31p[i0];
-      const float s1 = s0 * s0;
-      const float s2 = 1e-30f;
-      const float s3 = (s1 + s2);
-      const float s4 = r1;
-      const float s5 = (s3 * s4);
-      const float s6 = a32p[i0];
-      const float s7 = r3;
-      const float s8 = (s6 * s7);
-      const float s9 = (s8 + s5);
-      const float s10 = 1.0f / support::fsqrt(s9);
-      const float s11 = a31p[i0];
-      const float s12 = (s11 * s10);
-      const float s13 = s12 * s12;
-      a32p[i0] = s9;
-      a33p[i0] = s12;
-      a34p[i0] = s13;
-    }
-  }
+  loop80(a32.data(), a33.data(), a34.data(), a31.data(), a1.data(), a3.data());
 
   // t5.mesh:152:3 mean
   MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
-  static const support::Shape shape17_1 = {};
-  static const support::Shape shape17_3 = {};
-  static const support::Shape shape17_4 = {32};
-  static const support::Shape shape17_5 = {1};
-  support::reduce(a35.data(), shape17_1, a34.data(), shape17_3, shape17_4, shape17_5,
+  support::reduce(a35.data(), kShape21, a34.data(), kShape21, kShape4, kShape1,
                   support::Reduce::Sum, 0.03125);
 
   // t5.mesh:152:3 sqrt
@@ -12277,23 +8544,11 @@ void T5Train::repeated6(
 
   // t5.mesh:152:3 square
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a38p = a38.data();
-    const float *__restrict a37p = a37.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = a37p[i0];
-      const float s1 = s0 * s0;
-      a38p[i0] = s1;
-    }
-  }
+  loop81(a38.data(), a37.data());
 
   // t5.mesh:152:3 mean
   MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
-  static const support::Shape shape20_1 = {};
-  static const support::Shape shape20_3 = {};
-  static const support::Shape shape20_4 = {32};
-  static const support::Shape shape20_5 = {1};
-  support::reduce(a39.data(), shape20_1, a38.data(), shape20_3, shape20_4, shape20_5,
+  support::reduce(a39.data(), kShape21, a38.data(), kShape21, kShape4, kShape1,
                   support::Reduce::Sum, 0.03125);
 
   // t5.mesh:152:3 sqrt
@@ -12317,24 +8572,7 @@ void T5Train::repeated6(
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 sub -> next/encoder/rms_norm/scale
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a37p = a37.data();
-    const float *__restrict a33p = a33.data();
-    const float *__restrict a36p = a36.data();
-    const float *__restrict a40p = a40.data();
-    const float r1 = a36p[0];
-    const float r2 = a40p[0];
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = a33p[i0];
-      const float s1 = r1;
-      const float s2 = (s0 / s1);
-      const float s3 = r2;
-      const float s4 = (s2 * s3);
-      const float s5 = a37p[i0];
-      const float s6 = (s5 - s4);
-      a37p[i0] = s6;
-    }
-  }
+  loop82(a37.data(), a33.data(), a36.data(), a40.data());
 }
 
 void T5Train::repeated7(support::ConstView a0, support::ConstView a1, support::View a2,
@@ -12354,65 +8592,24 @@ void T5Train::repeated7(support::ConstView a0, support::ConstView a1, support::V
 
   // t5.mesh:40:53 mul
   MESHRT_TRACE("loop", "t5.mesh:40:53", "backward");
-  {
-    float *__restrict a2p = a2.data();
-    const float *__restrict a0p = a0.data();
-    const float *__restrict a1p = a1.data();
-    for (int64_t i0 = 0; i0 < 512; ++i0) {
-      const float s0 = a0p[i0];
-      const float s1 = a1p[i0];
-      const float s2 = (s0 * s1);
-      a2p[i0] = s2;
-    }
-  }
+  loop59(a2.data(), a0.data(), a1.data());
 
   // t5.mesh:40:53 sum -> grad/decoder/rms_norm#1[1]/scale
   MESHRT_TRACE("sum", "t5.mesh:40:53", "backward");
-  static const support::Shape shape1_1 = {32};
-  static const support::Shape shape1_3 = {1};
-  static const support::Shape shape1_4 = {2, 8};
-  static const support::Shape shape1_5 = {256, 32};
-  support::reduce(a3.data(), shape1_1, a2.data(), shape1_3, shape1_4, shape1_5,
-                  support::Reduce::Sum, 1.0);
+  support::reduce(a3.data(), kShape4, a2.data(), kShape1, kShape9, kShape15, support::Reduce::Sum,
+                  1.0);
 
   // t5.mesh:40:53 mul
   // t5.mesh:40:12 mul
   // t5.mesh:40:12 add
   // t5.mesh:40:12 mul
   MESHRT_TRACE("loop", "t5.mesh:40:53", "backward");
-  {
-    float *__restrict a8p = a8.data();
-    float *__restrict a9p = a9.data();
-    const float *__restrict a0p = a0.data();
-    const float *__restrict a4p = a4.data();
-    const float *__restrict a5p = a5.data();
-    const float *__restrict a6p = a6.data();
-    const float *__restrict a7p = a7.data();
-    for (int64_t i0 = 0; i0 < 16; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = a0p[i0 * 32 + i1];
-        const float s1 = a4p[i1];
-        const float s2 = (s0 * s1);
-        const float s3 = a5p[i0];
-        const float s4 = (s2 * s3);
-        const float s5 = a6p[i0 * 32 + i1];
-        const float s6 = (s5 + s4);
-        const float s7 = a7p[i0 * 32 + i1];
-        const float s8 = (s2 * s7);
-        a8p[i0 * 32 + i1] = s6;
-        a9p[i0 * 32 + i1] = s8;
-      }
-    }
-  }
+  loop102(a8.data(), a9.data(), a0.data(), a4.data(), a5.data(), a6.data(), a7.data());
 
   // t5.mesh:40:12 sum
   MESHRT_TRACE("sum", "t5.mesh:40:12", "backward");
-  static const support::Shape shape3_1 = {2, 8};
-  static const support::Shape shape3_3 = {256, 32};
-  static const support::Shape shape3_4 = {32};
-  static const support::Shape shape3_5 = {1};
-  support::reduce(a10.data(), shape3_1, a9.data(), shape3_3, shape3_4, shape3_5,
-                  support::Reduce::Sum, 1.0);
+  support::reduce(a10.data(), kShape9, a9.data(), kShape15, kShape4, kShape1, support::Reduce::Sum,
+                  1.0);
 
   // t5.mesh:40:25 mul
   // t5.mesh:40:14 square
@@ -12424,183 +8621,87 @@ void T5Train::repeated7(support::ConstView a0, support::ConstView a1, support::V
   // t5.mesh:40:25 mul
   // t5.mesh:40:25 add
   MESHRT_TRACE("loop", "t5.mesh:40:25", "backward");
-  {
-    float *__restrict a11p = a11.data();
-    const float *__restrict a7p = a7.data();
-    const float *__restrict a5p = a5.data();
-    const float *__restrict a10p = a10.data();
-    const float *__restrict a8p = a8.data();
-    for (int64_t i0 = 0; i0 < 16; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = a7p[i0 * 32 + i1];
-        const float s1 = 2.0f;
-        const float s2 = (s0 * s1);
-        const float s3 = a5p[i0];
-        const float s4 = s3 * s3;
-        const float s5 = a5p[i0];
-        const float s6 = (s5 * s4);
-        const float s7 = -0.5f;
-        const float s8 = (s6 * s7);
-        const float s9 = a10p[i0];
-        const float s10 = (s9 * s8);
-        const float s11 = 0.03125f;
-        const float s12 = (s10 * s11);
-        const float s13 = s12;
-        const float s14 = (s13 * s2);
-        const float s15 = a8p[i0 * 32 + i1];
-        const float s16 = (s15 + s14);
-        a11p[i0 * 32 + i1] = s16;
-      }
-    }
-  }
+  loop67(a11.data(), a7.data(), a5.data(), a10.data(), a8.data());
 
   // t5.mesh:85:10 einsum
   // t5.mesh:85:10 einsum
   MESHRT_TRACE("gemm", "t5.mesh:85:10", "backward");
   // dims: batch, targets, d_model, heads, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan5(
-      {{2, 8, 32, 2, 8}, {{{0, 1, 2}, {}}, {{3, 4, 2}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan5.run(a11.data(), a12.data(), a13.data(), 1.0f, 0.0f);
+  kEinsum25.plan().run(a11.data(), a12.data(), a13.data(), 1.0f, 0.0f);
 
   // t5.mesh:85:10 einsum
   MESHRT_TRACE("gemm", "t5.mesh:85:10", "backward");
   // dims: batch, targets_keys, heads, d_kv, targets
-  static const meshrt::kernels::EinsumPlan einsumPlan6(
-      {{2, 8, 2, 8, 8}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 4, 1}, {}}});
-  einsumPlan6.run(a14.data(), a13.data(), a15.data(), 1.0f, 0.0f);
+  kEinsum30.plan().run(a14.data(), a13.data(), a15.data(), 1.0f, 0.0f);
 
   // t5.mesh:85:10 einsum
   MESHRT_TRACE("gemm", "t5.mesh:85:10", "backward");
   // dims: batch, heads, targets, targets_keys, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan7(
-      {{2, 2, 8, 8, 8}, {{{0, 1, 2, 3}, {}}, {{0, 2, 1, 4}, {}}}, {{0, 3, 1, 4}, {}}});
-  einsumPlan7.run(a16.data(), a13.data(), a17.data(), 1.0f, 0.0f);
+  kEinsum31.plan().run(a16.data(), a13.data(), a17.data(), 1.0f, 0.0f);
 
   // t5.mesh:85:10 einsum -> grad/decoder/attention[1]/o
   MESHRT_TRACE("gemm", "t5.mesh:85:10", "backward");
   // dims: batch, targets, d_model, heads, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan8(
-      {{2, 8, 32, 2, 8}, {{{0, 1, 2}, {}}, {{0, 3, 1, 4}, {}}}, {{3, 4, 2}, {}}});
-  einsumPlan8.run(a11.data(), a18.data(), a19.data(), 1.0f, 0.0f);
+  kEinsum28.plan().run(a11.data(), a18.data(), a19.data(), 1.0f, 0.0f);
 
   // t5.mesh:84:17 mul
   MESHRT_TRACE("loop", "t5.mesh:84:17", "backward");
-  {
-    float *__restrict a20p = a20.data();
-    const float *__restrict a15p = a15.data();
-    const float *__restrict a16p = a16.data();
-    for (int64_t i0 = 0; i0 < 256; ++i0) {
-      const float s0 = a15p[i0];
-      const float s1 = a16p[i0];
-      const float s2 = (s0 * s1);
-      a20p[i0] = s2;
-    }
-  }
+  loop104(a20.data(), a15.data(), a16.data());
 
   // t5.mesh:84:17 sum
   MESHRT_TRACE("sum", "t5.mesh:84:17", "backward");
-  static const support::Shape shape10_1 = {2, 2, 8};
-  static const support::Shape shape10_3 = {128, 64, 8};
-  static const support::Shape shape10_4 = {8};
-  static const support::Shape shape10_5 = {1};
-  support::reduce(a21.data(), shape10_1, a20.data(), shape10_3, shape10_4, shape10_5,
+  support::reduce(a21.data(), kShape16, a20.data(), kShape18, kShape2, kShape1,
                   support::Reduce::Sum, 1.0);
 
   // t5.mesh:84:17 sub
   // t5.mesh:84:17 mul
   MESHRT_TRACE("loop", "t5.mesh:84:17", "backward");
-  {
-    float *__restrict a22p = a22.data();
-    const float *__restrict a15p = a15.data();
-    const float *__restrict a21p = a21.data();
-    const float *__restrict a16p = a16.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 8; ++i1) {
-        const float s0 = a15p[i0 * 8 + i1];
-        const float s1 = a21p[i0];
-        const float s2 = (s0 - s1);
-        const float s3 = a16p[i0 * 8 + i1];
-        const float s4 = (s3 * s2);
-        a22p[i0 * 8 + i1] = s4;
-      }
-    }
-  }
+  loop105(a22.data(), a15.data(), a21.data(), a16.data());
 
   // t5.mesh:83:60 sum
   MESHRT_TRACE("sum", "t5.mesh:83:60", "backward");
-  static const support::Shape shape12_1 = {2, 8, 8};
-  static const support::Shape shape12_3 = {64, 8, 1};
-  static const support::Shape shape12_4 = {2};
-  static const support::Shape shape12_5 = {128};
-  support::reduce(a23.data(), shape12_1, a22.data(), shape12_3, shape12_4, shape12_5,
+  support::reduce(a23.data(), kShape41, a22.data(), kShape42, kShape3, kShape43,
                   support::Reduce::Sum, 1.0);
 
   // t5.mesh:83:16 einsum
   MESHRT_TRACE("gemm", "t5.mesh:83:16", "backward");
   // dims: batch, heads, targets, targets_keys, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan13(
-      {{2, 2, 8, 8, 8}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 2, 1, 4}, {}}});
-  einsumPlan13.run(a22.data(), a24.data(), a25.data(), 1.0f, 0.0f);
+  kEinsum32.plan().run(a22.data(), a24.data(), a25.data(), 1.0f, 0.0f);
 
   // t5.mesh:83:16 einsum
   MESHRT_TRACE("gemm", "t5.mesh:83:16", "backward");
   // dims: batch, heads, targets, targets_keys, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan14(
-      {{2, 2, 8, 8, 8}, {{{0, 1, 2, 3}, {}}, {{0, 2, 1, 4}, {}}}, {{0, 3, 1, 4}, {}}});
-  einsumPlan14.run(a22.data(), a26.data(), a27.data(), 1.0f, 0.0f);
+  kEinsum31.plan().run(a22.data(), a26.data(), a27.data(), 1.0f, 0.0f);
 
   // t5.mesh:82:23 einsum
   MESHRT_TRACE("gemm", "t5.mesh:82:23", "backward");
   // dims: batch, targets, heads, d_kv, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan15(
-      {{2, 8, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
-  einsumPlan15.run(a17.data(), a28.data(), a29.data(), 1.0f, 0.0f);
+  kEinsum15.plan().run(a17.data(), a28.data(), a29.data(), 1.0f, 0.0f);
 
   // t5.mesh:82:23 einsum -> grad/decoder/attention[1]/v
   MESHRT_TRACE("gemm", "t5.mesh:82:23", "backward");
   // dims: batch, targets, heads, d_kv, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan16(
-      {{2, 8, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
-  einsumPlan16.run(a17.data(), a30.data(), a31.data(), 1.0f, 0.0f);
+  kEinsum16.plan().run(a17.data(), a30.data(), a31.data(), 1.0f, 0.0f);
 
   // t5.mesh:81:21 einsum
   MESHRT_TRACE("gemm", "t5.mesh:81:21", "backward");
   // dims: batch, targets, heads, d_kv, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan17(
-      {{2, 8, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
-  einsumPlan17.run(a27.data(), a32.data(), a33.data(), 1.0f, 0.0f);
+  kEinsum15.plan().run(a27.data(), a32.data(), a33.data(), 1.0f, 0.0f);
 
   // t5.mesh:81:21 einsum -> grad/decoder/attention[1]/k
   MESHRT_TRACE("gemm", "t5.mesh:81:21", "backward");
   // dims: batch, targets, heads, d_kv, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan18(
-      {{2, 8, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
-  einsumPlan18.run(a27.data(), a30.data(), a34.data(), 1.0f, 0.0f);
+  kEinsum16.plan().run(a27.data(), a30.data(), a34.data(), 1.0f, 0.0f);
 
   // t5.mesh:80:17 einsum
   MESHRT_TRACE("gemm", "t5.mesh:80:17", "backward");
   // dims: batch, targets, heads, d_kv, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan19(
-      {{2, 8, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
-  einsumPlan19.run(a25.data(), a35.data(), a36.data(), 1.0f, 0.0f);
+  kEinsum15.plan().run(a25.data(), a35.data(), a36.data(), 1.0f, 0.0f);
 
   // t5.mesh:81:21 add
   // t5.mesh:80:17 add
   MESHRT_TRACE("loop", "t5.mesh:81:21", "backward");
-  {
-    float *__restrict a37p = a37.data();
-    const float *__restrict a29p = a29.data();
-    const float *__restrict a33p = a33.data();
-    const float *__restrict a36p = a36.data();
-    for (int64_t i0 = 0; i0 < 512; ++i0) {
-      const float s0 = a29p[i0];
-      const float s1 = a33p[i0];
-      const float s2 = (s0 + s1);
-      const float s3 = a36p[i0];
-      const float s4 = (s2 + s3);
-      a37p[i0] = s4;
-    }
-  }
+  loop106(a37.data(), a29.data(), a33.data(), a36.data());
 }
 
 void T5Train::repeated8(support::ConstView a0, support::ConstView a1, support::View a2,
@@ -12621,136 +8722,62 @@ void T5Train::repeated8(support::ConstView a0, support::ConstView a1, support::V
   // t5.mesh:121:11 add -> x
   // t5.mesh:40:25 square
   MESHRT_TRACE("loop", "t5.mesh:121:11", "forward");
-  {
-    float *__restrict a2p = a2.data();
-    float *__restrict a3p = a3.data();
-    const float *__restrict a0p = a0.data();
-    const float *__restrict a1p = a1.data();
-    for (int64_t i0 = 0; i0 < 512; ++i0) {
-      const float s0 = a0p[i0];
-      const float s1 = a1p[i0];
-      const float s2 = (s0 + s1);
-      const float s3 = s2 * s2;
-      a2p[i0] = s2;
-      a3p[i0] = s3;
-    }
-  }
+  loop48(a2.data(), a3.data(), a0.data(), a1.data());
 
   // t5.mesh:40:20 mean
   MESHRT_TRACE("mean", "t5.mesh:40:20", "forward");
-  static const support::Shape shape1_1 = {2, 8};
-  static const support::Shape shape1_3 = {256, 32};
-  static const support::Shape shape1_4 = {32};
-  static const support::Shape shape1_5 = {1};
-  support::reduce(a4.data(), shape1_1, a3.data(), shape1_3, shape1_4, shape1_5,
-                  support::Reduce::Sum, 0.03125);
+  support::reduce(a4.data(), kShape9, a3.data(), kShape15, kShape4, kShape1, support::Reduce::Sum,
+                  0.03125);
 
   // t5.mesh:40:45 add
   // t5.mesh:40:14 rsqrt
   MESHRT_TRACE("loop", "t5.mesh:40:45", "forward");
-  {
-    float *__restrict a5p = a5.data();
-    const float *__restrict a4p = a4.data();
-    for (int64_t i0 = 0; i0 < 16; ++i0) {
-      const float s0 = a4p[i0];
-      const float s1 = 1e-06f;
-      const float s2 = (s0 + s1);
-      const float s3 = 1.0f / support::fsqrt(s2);
-      a5p[i0] = s3;
-    }
-  }
+  loop44(a5.data(), a4.data());
 
   // t5.mesh:40:12 mul
   // t5.mesh:40:53 mul
   MESHRT_TRACE("loop", "t5.mesh:40:12", "forward");
-  {
-    float *__restrict a7p = a7.data();
-    float *__restrict a8p = a8.data();
-    const float *__restrict a2p = a2.data();
-    const float *__restrict a5p = a5.data();
-    const float *__restrict a6p = a6.data();
-    for (int64_t i0 = 0; i0 < 16; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = a2p[i0 * 32 + i1];
-        const float s1 = a5p[i0];
-        const float s2 = (s0 * s1);
-        const float s3 = a6p[i1];
-        const float s4 = (s2 * s3);
-        a7p[i0 * 32 + i1] = s2;
-        a8p[i0 * 32 + i1] = s4;
-      }
-    }
-  }
+  loop107(a7.data(), a8.data(), a2.data(), a5.data(), a6.data());
 
   // t5.mesh:80:17 einsum -> queries
   MESHRT_TRACE("gemm", "t5.mesh:80:17", "forward");
   // dims: batch, targets, d_model, heads, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan4(
-      {{2, 8, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan4.run(a8.data(), a9.data(), a10.data(), 1.0f, 0.0f);
+  kEinsum1.plan().run(a8.data(), a9.data(), a10.data(), 1.0f, 0.0f);
 
   // t5.mesh:81:21 einsum
   MESHRT_TRACE("gemm", "t5.mesh:81:21", "forward");
   // dims: batch, inputs, d_model, heads, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan5(
-      {{2, 16, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan5.run(a11.data(), a12.data(), a13.data(), 1.0f, 0.0f);
+  kEinsum2.plan().run(a11.data(), a12.data(), a13.data(), 1.0f, 0.0f);
 
   // t5.mesh:82:23 einsum
   MESHRT_TRACE("gemm", "t5.mesh:82:23", "forward");
   // dims: batch, inputs, d_model, heads, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan6(
-      {{2, 16, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan6.run(a11.data(), a14.data(), a15.data(), 1.0f, 0.0f);
+  kEinsum2.plan().run(a11.data(), a14.data(), a15.data(), 1.0f, 0.0f);
 
   // t5.mesh:83:16 einsum
   MESHRT_TRACE("gemm", "t5.mesh:83:16", "forward");
   // dims: batch, targets, heads, d_kv, inputs
-  static const meshrt::kernels::EinsumPlan einsumPlan7(
-      {{2, 8, 2, 8, 16}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
-  einsumPlan7.run(a10.data(), a13.data(), a16.data(), 1.0f, 0.0f);
+  kEinsum3.plan().run(a10.data(), a13.data(), a16.data(), 1.0f, 0.0f);
 
   // t5.mesh:83:60 add -> logits
   MESHRT_TRACE("loop", "t5.mesh:83:60", "forward");
-  {
-    float *__restrict a18p = a18.data();
-    const float *__restrict a16p = a16.data();
-    const float *__restrict a17p = a17.data();
-    for (int64_t i0 = 0; i0 < 2; ++i0) {
-      for (int64_t i1 = 0; i1 < 256; ++i1) {
-        const float s0 = a16p[i0 * 256 + i1];
-        const float s1 = a17p[i1];
-        const float s2 = (s0 + s1);
-        a18p[i0 * 256 + i1] = s2;
-      }
-    }
-  }
+  loop50(a18.data(), a16.data(), a17.data());
 
   // t5.mesh:84:17 softmax -> weights
   MESHRT_TRACE("softmax", "t5.mesh:84:17", "forward");
-  static const support::Shape shape9_2 = {2, 2, 8};
-  static const support::Shape shape9_3 = {256, 128, 16};
-  static const support::Shape shape9_4 = {256, 128, 16};
-  static const support::Shape shape9_5 = {16};
-  static const support::Shape shape9_6 = {1};
-  static const support::Shape shape9_7 = {1};
-  support::along(a19.data(), a18.data(), shape9_2, shape9_3, shape9_4, shape9_5, shape9_6, shape9_7,
+  support::along(a19.data(), a18.data(), kShape16, kShape17, kShape17, kShape0, kShape1, kShape1,
                  support::Along::Softmax, 1e-05, 16, nullptr);
 
   // t5.mesh:85:10 einsum
   // t5.mesh:85:10 einsum -> grad/decoder/attention#1[0]/o
   MESHRT_TRACE("gemm", "t5.mesh:85:10", "forward");
   // dims: batch, heads, targets, inputs, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan10(
-      {{2, 2, 8, 16, 8}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 1, 2, 4}, {}}});
-  einsumPlan10.run(a19.data(), a15.data(), a20.data(), 1.0f, 0.0f);
+  kEinsum4.plan().run(a19.data(), a15.data(), a20.data(), 1.0f, 0.0f);
 
   // t5.mesh:85:10 einsum
   MESHRT_TRACE("gemm", "t5.mesh:85:10", "forward");
   // dims: heads, d_kv, d_model, batch, targets
-  static const meshrt::kernels::EinsumPlan einsumPlan11(
-      {{2, 8, 32, 2, 8}, {{{0, 1, 2}, {}}, {{3, 0, 4, 1}, {}}}, {{3, 4, 2}, {}}});
-  einsumPlan11.run(a21.data(), a20.data(), a22.data(), 1.0f, 0.0f);
+  kEinsum5.plan().run(a21.data(), a20.data(), a22.data(), 1.0f, 0.0f);
 
   // t5.mesh:122:11 all_reduce_sum (resolve the partial sum of %210 over model for add at 122:11)
   MESHRT_TRACE_SITE("t5.mesh:122:11");
@@ -12759,92 +8786,36 @@ void T5Train::repeated8(support::ConstView a0, support::ConstView a1, support::V
   // t5.mesh:122:11 add -> x
   // t5.mesh:40:25 square
   MESHRT_TRACE("loop", "t5.mesh:122:11", "forward");
-  {
-    float *__restrict a23p = a23.data();
-    float *__restrict a24p = a24.data();
-    const float *__restrict a2p = a2.data();
-    const float *__restrict a22p = a22.data();
-    for (int64_t i0 = 0; i0 < 512; ++i0) {
-      const float s0 = a2p[i0];
-      const float s1 = a22p[i0];
-      const float s2 = (s0 + s1);
-      const float s3 = s2 * s2;
-      a23p[i0] = s2;
-      a24p[i0] = s3;
-    }
-  }
+  loop48(a23.data(), a24.data(), a2.data(), a22.data());
 
   // t5.mesh:40:20 mean
   MESHRT_TRACE("mean", "t5.mesh:40:20", "forward");
-  static const support::Shape shape14_1 = {2, 8};
-  static const support::Shape shape14_3 = {256, 32};
-  static const support::Shape shape14_4 = {32};
-  static const support::Shape shape14_5 = {1};
-  support::reduce(a25.data(), shape14_1, a24.data(), shape14_3, shape14_4, shape14_5,
-                  support::Reduce::Sum, 0.03125);
+  support::reduce(a25.data(), kShape9, a24.data(), kShape15, kShape4, kShape1, support::Reduce::Sum,
+                  0.03125);
 
   // t5.mesh:40:45 add
   // t5.mesh:40:14 rsqrt
   MESHRT_TRACE("loop", "t5.mesh:40:45", "forward");
-  {
-    float *__restrict a26p = a26.data();
-    const float *__restrict a25p = a25.data();
-    for (int64_t i0 = 0; i0 < 16; ++i0) {
-      const float s0 = a25p[i0];
-      const float s1 = 1e-06f;
-      const float s2 = (s0 + s1);
-      const float s3 = 1.0f / support::fsqrt(s2);
-      a26p[i0] = s3;
-    }
-  }
+  loop44(a26.data(), a25.data());
 
   // t5.mesh:40:12 mul
   // t5.mesh:40:53 mul
   MESHRT_TRACE("loop", "t5.mesh:40:12", "forward");
-  {
-    float *__restrict a28p = a28.data();
-    float *__restrict a29p = a29.data();
-    const float *__restrict a23p = a23.data();
-    const float *__restrict a26p = a26.data();
-    const float *__restrict a27p = a27.data();
-    for (int64_t i0 = 0; i0 < 16; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = a23p[i0 * 32 + i1];
-        const float s1 = a26p[i0];
-        const float s2 = (s0 * s1);
-        const float s3 = a27p[i1];
-        const float s4 = (s2 * s3);
-        a28p[i0 * 32 + i1] = s2;
-        a29p[i0 * 32 + i1] = s4;
-      }
-    }
-  }
+  loop107(a28.data(), a29.data(), a23.data(), a26.data(), a27.data());
 
   // t5.mesh:91:22 einsum
   MESHRT_TRACE("gemm", "t5.mesh:91:22", "forward");
   // dims: batch, targets, d_model, d_ff
-  static const meshrt::kernels::EinsumPlan einsumPlan17(
-      {{2, 8, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan17.run(a29.data(), a30.data(), a31.data(), 1.0f, 0.0f);
+  kEinsum0.plan().run(a29.data(), a30.data(), a31.data(), 1.0f, 0.0f);
 
   // t5.mesh:91:17 relu
   MESHRT_TRACE("loop", "t5.mesh:91:17", "forward");
-  {
-    float *__restrict a32p = a32.data();
-    const float *__restrict a31p = a31.data();
-    for (int64_t i0 = 0; i0 < 512; ++i0) {
-      const float s0 = a31p[i0];
-      const float s1 = (s0 > 0 ? s0 : 0.0f);
-      a32p[i0] = s1;
-    }
-  }
+  loop51(a32.data(), a31.data());
 
   // t5.mesh:91:10 einsum
   MESHRT_TRACE("gemm", "t5.mesh:91:10", "forward");
   // dims: batch, targets, d_ff, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan19(
-      {{2, 8, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan19.run(a32.data(), a33.data(), a34.data(), 1.0f, 0.0f);
+  kEinsum0.plan().run(a32.data(), a33.data(), a34.data(), 1.0f, 0.0f);
 
   // t5.mesh:123:11 all_reduce_sum (resolve the partial sum of %224 over model for add at 123:11)
   MESHRT_TRACE_SITE("t5.mesh:123:11");
@@ -12853,44 +8824,17 @@ void T5Train::repeated8(support::ConstView a0, support::ConstView a1, support::V
   // t5.mesh:123:11 add -> x
   // t5.mesh:40:25 square
   MESHRT_TRACE("loop", "t5.mesh:123:11", "forward");
-  {
-    float *__restrict a35p = a35.data();
-    float *__restrict a36p = a36.data();
-    const float *__restrict a23p = a23.data();
-    const float *__restrict a34p = a34.data();
-    for (int64_t i0 = 0; i0 < 512; ++i0) {
-      const float s0 = a23p[i0];
-      const float s1 = a34p[i0];
-      const float s2 = (s0 + s1);
-      const float s3 = s2 * s2;
-      a35p[i0] = s2;
-      a36p[i0] = s3;
-    }
-  }
+  loop48(a35.data(), a36.data(), a23.data(), a34.data());
 
   // t5.mesh:40:20 mean
   MESHRT_TRACE("mean", "t5.mesh:40:20", "forward");
-  static const support::Shape shape22_1 = {2, 8};
-  static const support::Shape shape22_3 = {256, 32};
-  static const support::Shape shape22_4 = {32};
-  static const support::Shape shape22_5 = {1};
-  support::reduce(a37.data(), shape22_1, a36.data(), shape22_3, shape22_4, shape22_5,
-                  support::Reduce::Sum, 0.03125);
+  support::reduce(a37.data(), kShape9, a36.data(), kShape15, kShape4, kShape1, support::Reduce::Sum,
+                  0.03125);
 
   // t5.mesh:40:45 add
   // t5.mesh:40:14 rsqrt
   MESHRT_TRACE("loop", "t5.mesh:40:45", "forward");
-  {
-    float *__restrict a38p = a38.data();
-    const float *__restrict a37p = a37.data();
-    for (int64_t i0 = 0; i0 < 16; ++i0) {
-      const float s0 = a37p[i0];
-      const float s1 = 1e-06f;
-      const float s2 = (s0 + s1);
-      const float s3 = 1.0f / support::fsqrt(s2);
-      a38p[i0] = s3;
-    }
-  }
+  loop44(a38.data(), a37.data());
 }
 
 void T5Train::repeated9(support::ConstView a0, support::View a1, support::View a2,
@@ -12907,212 +8851,92 @@ void T5Train::repeated9(support::ConstView a0, support::View a1, support::View a
 
   // t5.mesh:152:3 square
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a1p = a1.data();
-    const float *__restrict a0p = a0.data();
-    for (int64_t i0 = 0; i0 < 512; ++i0) {
-      const float s0 = a0p[i0];
-      const float s1 = s0 * s0;
-      a1p[i0] = s1;
-    }
-  }
+  loop43(a1.data(), a0.data());
 
   // t5.mesh:152:3 mean
   MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
-  static const support::Shape shape1_1 = {};
-  static const support::Shape shape1_3 = {};
-  static const support::Shape shape1_4 = {32, 2, 8};
-  static const support::Shape shape1_5 = {16, 8, 1};
-  support::reduce(a2.data(), shape1_1, a1.data(), shape1_3, shape1_4, shape1_5,
+  support::reduce(a2.data(), kShape21, a1.data(), kShape21, kShape44, kShape45,
                   support::Reduce::Sum, 0.0009765625);
 
   // t5.mesh:152:3 square
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a4p = a4.data();
-    const float *__restrict a3p = a3.data();
-    for (int64_t i0 = 0; i0 < 512; ++i0) {
-      const float s0 = a3p[i0];
-      const float s1 = s0 * s0;
-      a4p[i0] = s1;
-    }
-  }
+  loop43(a4.data(), a3.data());
 
   // t5.mesh:152:3 mean
   MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
-  static const support::Shape shape3_1 = {};
-  static const support::Shape shape3_3 = {};
-  static const support::Shape shape3_4 = {32, 2, 8};
-  static const support::Shape shape3_5 = {16, 8, 1};
-  support::reduce(a5.data(), shape3_1, a4.data(), shape3_3, shape3_4, shape3_5,
+  support::reduce(a5.data(), kShape21, a4.data(), kShape21, kShape44, kShape45,
                   support::Reduce::Sum, 0.0009765625);
 
   // t5.mesh:152:3 square
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a7p = a7.data();
-    const float *__restrict a6p = a6.data();
-    for (int64_t i0 = 0; i0 < 512; ++i0) {
-      const float s0 = a6p[i0];
-      const float s1 = s0 * s0;
-      a7p[i0] = s1;
-    }
-  }
+  loop43(a7.data(), a6.data());
 
   // t5.mesh:152:3 mean
   MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
-  static const support::Shape shape5_1 = {};
-  static const support::Shape shape5_3 = {};
-  static const support::Shape shape5_4 = {32, 2, 8};
-  static const support::Shape shape5_5 = {16, 8, 1};
-  support::reduce(a8.data(), shape5_1, a7.data(), shape5_3, shape5_4, shape5_5,
+  support::reduce(a8.data(), kShape21, a7.data(), kShape21, kShape44, kShape45,
                   support::Reduce::Sum, 0.0009765625);
 
   // t5.mesh:152:3 square
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a10p = a10.data();
-    const float *__restrict a9p = a9.data();
-    for (int64_t i0 = 0; i0 < 512; ++i0) {
-      const float s0 = a9p[i0];
-      const float s1 = s0 * s0;
-      a10p[i0] = s1;
-    }
-  }
+  loop43(a10.data(), a9.data());
 
   // t5.mesh:152:3 mean
   MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
-  static const support::Shape shape7_1 = {};
-  static const support::Shape shape7_3 = {};
-  static const support::Shape shape7_4 = {2, 8, 32};
-  static const support::Shape shape7_5 = {256, 32, 1};
-  support::reduce(a11.data(), shape7_1, a10.data(), shape7_3, shape7_4, shape7_5,
+  support::reduce(a11.data(), kShape21, a10.data(), kShape21, kShape10, kShape46,
                   support::Reduce::Sum, 0.0009765625);
 
   // t5.mesh:152:3 square
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a13p = a13.data();
-    const float *__restrict a12p = a12.data();
-    for (int64_t i0 = 0; i0 < 512; ++i0) {
-      const float s0 = a12p[i0];
-      const float s1 = s0 * s0;
-      a13p[i0] = s1;
-    }
-  }
+  loop43(a13.data(), a12.data());
 
   // t5.mesh:152:3 mean
   MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
-  static const support::Shape shape9_1 = {};
-  static const support::Shape shape9_3 = {};
-  static const support::Shape shape9_4 = {32, 2, 8};
-  static const support::Shape shape9_5 = {16, 8, 1};
-  support::reduce(a14.data(), shape9_1, a13.data(), shape9_3, shape9_4, shape9_5,
+  support::reduce(a14.data(), kShape21, a13.data(), kShape21, kShape44, kShape45,
                   support::Reduce::Sum, 0.0009765625);
 
   // t5.mesh:152:3 square
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a16p = a16.data();
-    const float *__restrict a15p = a15.data();
-    for (int64_t i0 = 0; i0 < 512; ++i0) {
-      const float s0 = a15p[i0];
-      const float s1 = s0 * s0;
-      a16p[i0] = s1;
-    }
-  }
+  loop43(a16.data(), a15.data());
 
   // t5.mesh:152:3 mean
   MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
-  static const support::Shape shape11_1 = {};
-  static const support::Shape shape11_3 = {};
-  static const support::Shape shape11_4 = {32, 2, 8};
-  static const support::Shape shape11_5 = {16, 8, 1};
-  support::reduce(a17.data(), shape11_1, a16.data(), shape11_3, shape11_4, shape11_5,
+  support::reduce(a17.data(), kShape21, a16.data(), kShape21, kShape44, kShape45,
                   support::Reduce::Sum, 0.0009765625);
 
   // t5.mesh:152:3 square
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a19p = a19.data();
-    const float *__restrict a18p = a18.data();
-    for (int64_t i0 = 0; i0 < 512; ++i0) {
-      const float s0 = a18p[i0];
-      const float s1 = s0 * s0;
-      a19p[i0] = s1;
-    }
-  }
+  loop43(a19.data(), a18.data());
 
   // t5.mesh:152:3 mean
   MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
-  static const support::Shape shape13_1 = {};
-  static const support::Shape shape13_3 = {};
-  static const support::Shape shape13_4 = {32, 2, 8};
-  static const support::Shape shape13_5 = {16, 8, 1};
-  support::reduce(a20.data(), shape13_1, a19.data(), shape13_3, shape13_4, shape13_5,
+  support::reduce(a20.data(), kShape21, a19.data(), kShape21, kShape44, kShape45,
                   support::Reduce::Sum, 0.0009765625);
 
   // t5.mesh:152:3 square
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a22p = a22.data();
-    const float *__restrict a21p = a21.data();
-    for (int64_t i0 = 0; i0 < 512; ++i0) {
-      const float s0 = a21p[i0];
-      const float s1 = s0 * s0;
-      a22p[i0] = s1;
-    }
-  }
+  loop43(a22.data(), a21.data());
 
   // t5.mesh:152:3 mean
   MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
-  static const support::Shape shape15_1 = {};
-  static const support::Shape shape15_3 = {};
-  static const support::Shape shape15_4 = {2, 8, 32};
-  static const support::Shape shape15_5 = {256, 32, 1};
-  support::reduce(a23.data(), shape15_1, a22.data(), shape15_3, shape15_4, shape15_5,
+  support::reduce(a23.data(), kShape21, a22.data(), kShape21, kShape10, kShape46,
                   support::Reduce::Sum, 0.0009765625);
 
   // t5.mesh:152:3 square
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a25p = a25.data();
-    const float *__restrict a24p = a24.data();
-    for (int64_t i0 = 0; i0 < 1024; ++i0) {
-      const float s0 = a24p[i0];
-      const float s1 = s0 * s0;
-      a25p[i0] = s1;
-    }
-  }
+  loop39(a25.data(), a24.data());
 
   // t5.mesh:152:3 mean
   MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
-  static const support::Shape shape17_1 = {};
-  static const support::Shape shape17_3 = {};
-  static const support::Shape shape17_4 = {32, 32};
-  static const support::Shape shape17_5 = {32, 1};
-  support::reduce(a26.data(), shape17_1, a25.data(), shape17_3, shape17_4, shape17_5,
+  support::reduce(a26.data(), kShape21, a25.data(), kShape21, kShape24, kShape25,
                   support::Reduce::Sum, 0.00048828125);
 
   // t5.mesh:152:3 square
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a28p = a28.data();
-    const float *__restrict a27p = a27.data();
-    for (int64_t i0 = 0; i0 < 1024; ++i0) {
-      const float s0 = a27p[i0];
-      const float s1 = s0 * s0;
-      a28p[i0] = s1;
-    }
-  }
+  loop39(a28.data(), a27.data());
 
   // t5.mesh:152:3 mean
   MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
-  static const support::Shape shape19_1 = {};
-  static const support::Shape shape19_3 = {};
-  static const support::Shape shape19_4 = {32, 32};
-  static const support::Shape shape19_5 = {32, 1};
-  support::reduce(a29.data(), shape19_1, a28.data(), shape19_3, shape19_4, shape19_5,
+  support::reduce(a29.data(), kShape21, a28.data(), kShape21, kShape24, kShape25,
                   support::Reduce::Sum, 0.00048828125);
 }
 
@@ -13128,92 +8952,36 @@ void T5Train::repeated10(support::ConstView a0, support::ConstView a1, support::
   // t5.mesh:104:11 add -> x
   // t5.mesh:40:25 square
   MESHRT_TRACE("loop", "t5.mesh:104:11", "forward");
-  {
-    float *__restrict a2p = a2.data();
-    float *__restrict a3p = a3.data();
-    const float *__restrict a0p = a0.data();
-    const float *__restrict a1p = a1.data();
-    for (int64_t i0 = 0; i0 < 1024; ++i0) {
-      const float s0 = a0p[i0];
-      const float s1 = a1p[i0];
-      const float s2 = (s0 + s1);
-      const float s3 = s2 * s2;
-      a2p[i0] = s2;
-      a3p[i0] = s3;
-    }
-  }
+  loop52(a2.data(), a3.data(), a0.data(), a1.data());
 
   // t5.mesh:40:20 mean
   MESHRT_TRACE("mean", "t5.mesh:40:20", "forward");
-  static const support::Shape shape1_1 = {2, 16};
-  static const support::Shape shape1_3 = {512, 32};
-  static const support::Shape shape1_4 = {32};
-  static const support::Shape shape1_5 = {1};
-  support::reduce(a4.data(), shape1_1, a3.data(), shape1_3, shape1_4, shape1_5,
-                  support::Reduce::Sum, 0.03125);
+  support::reduce(a4.data(), kShape12, a3.data(), kShape13, kShape4, kShape1, support::Reduce::Sum,
+                  0.03125);
 
   // t5.mesh:40:45 add
   // t5.mesh:40:14 rsqrt
   MESHRT_TRACE("loop", "t5.mesh:40:45", "forward");
-  {
-    float *__restrict a5p = a5.data();
-    const float *__restrict a4p = a4.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = a4p[i0];
-      const float s1 = 1e-06f;
-      const float s2 = (s0 + s1);
-      const float s3 = 1.0f / support::fsqrt(s2);
-      a5p[i0] = s3;
-    }
-  }
+  loop40(a5.data(), a4.data());
 
   // t5.mesh:40:12 mul
   // t5.mesh:40:53 mul
   MESHRT_TRACE("loop", "t5.mesh:40:12", "forward");
-  {
-    float *__restrict a7p = a7.data();
-    float *__restrict a8p = a8.data();
-    const float *__restrict a2p = a2.data();
-    const float *__restrict a5p = a5.data();
-    const float *__restrict a6p = a6.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = a2p[i0 * 32 + i1];
-        const float s1 = a5p[i0];
-        const float s2 = (s0 * s1);
-        const float s3 = a6p[i1];
-        const float s4 = (s2 * s3);
-        a7p[i0 * 32 + i1] = s2;
-        a8p[i0 * 32 + i1] = s4;
-      }
-    }
-  }
+  loop57(a7.data(), a8.data(), a2.data(), a5.data(), a6.data());
 
   // t5.mesh:91:22 einsum
   MESHRT_TRACE("gemm", "t5.mesh:91:22", "forward");
   // dims: batch, inputs, d_model, d_ff
-  static const meshrt::kernels::EinsumPlan einsumPlan4(
-      {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan4.run(a8.data(), a9.data(), a10.data(), 1.0f, 0.0f);
+  kEinsum6.plan().run(a8.data(), a9.data(), a10.data(), 1.0f, 0.0f);
 
   // t5.mesh:91:17 relu
   MESHRT_TRACE("loop", "t5.mesh:91:17", "forward");
-  {
-    float *__restrict a11p = a11.data();
-    const float *__restrict a10p = a10.data();
-    for (int64_t i0 = 0; i0 < 1024; ++i0) {
-      const float s0 = a10p[i0];
-      const float s1 = (s0 > 0 ? s0 : 0.0f);
-      a11p[i0] = s1;
-    }
-  }
+  loop53(a11.data(), a10.data());
 
   // t5.mesh:91:10 einsum
   MESHRT_TRACE("gemm", "t5.mesh:91:10", "forward");
   // dims: batch, inputs, d_ff, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan6(
-      {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan6.run(a11.data(), a12.data(), a13.data(), 1.0f, 0.0f);
+  kEinsum6.plan().run(a11.data(), a12.data(), a13.data(), 1.0f, 0.0f);
 
   // t5.mesh:105:11 all_reduce_sum (resolve the partial sum of %72 over model for add at 105:11)
   MESHRT_TRACE_SITE("t5.mesh:105:11");
@@ -13222,66 +8990,22 @@ void T5Train::repeated10(support::ConstView a0, support::ConstView a1, support::
   // t5.mesh:105:11 add -> x
   // t5.mesh:40:25 square
   MESHRT_TRACE("loop", "t5.mesh:105:11", "forward");
-  {
-    float *__restrict a14p = a14.data();
-    float *__restrict a15p = a15.data();
-    const float *__restrict a2p = a2.data();
-    const float *__restrict a13p = a13.data();
-    for (int64_t i0 = 0; i0 < 1024; ++i0) {
-      const float s0 = a2p[i0];
-      const float s1 = a13p[i0];
-      const float s2 = (s0 + s1);
-      const float s3 = s2 * s2;
-      a14p[i0] = s2;
-      a15p[i0] = s3;
-    }
-  }
+  loop52(a14.data(), a15.data(), a2.data(), a13.data());
 
   // t5.mesh:40:20 mean
   MESHRT_TRACE("mean", "t5.mesh:40:20", "forward");
-  static const support::Shape shape9_1 = {2, 16};
-  static const support::Shape shape9_3 = {512, 32};
-  static const support::Shape shape9_4 = {32};
-  static const support::Shape shape9_5 = {1};
-  support::reduce(a16.data(), shape9_1, a15.data(), shape9_3, shape9_4, shape9_5,
+  support::reduce(a16.data(), kShape12, a15.data(), kShape13, kShape4, kShape1,
                   support::Reduce::Sum, 0.03125);
 
   // t5.mesh:40:45 add
   // t5.mesh:40:14 rsqrt
   MESHRT_TRACE("loop", "t5.mesh:40:45", "forward");
-  {
-    float *__restrict a17p = a17.data();
-    const float *__restrict a16p = a16.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = a16p[i0];
-      const float s1 = 1e-06f;
-      const float s2 = (s0 + s1);
-      const float s3 = 1.0f / support::fsqrt(s2);
-      a17p[i0] = s3;
-    }
-  }
+  loop40(a17.data(), a16.data());
 
   // t5.mesh:40:12 mul
   // t5.mesh:40:53 mul -> n
   MESHRT_TRACE("loop", "t5.mesh:40:12", "forward");
-  {
-    float *__restrict a19p = a19.data();
-    float *__restrict a20p = a20.data();
-    const float *__restrict a14p = a14.data();
-    const float *__restrict a17p = a17.data();
-    const float *__restrict a18p = a18.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = a14p[i0 * 32 + i1];
-        const float s1 = a17p[i0];
-        const float s2 = (s0 * s1);
-        const float s3 = a18p[i1];
-        const float s4 = (s2 * s3);
-        a19p[i0 * 32 + i1] = s2;
-        a20p[i0 * 32 + i1] = s4;
-      }
-    }
-  }
+  loop57(a19.data(), a20.data(), a14.data(), a17.data(), a18.data());
 }
 
 void T5Train::repeated11(support::ConstView a0, support::ConstView a1, support::View a2,
@@ -13296,90 +9020,31 @@ void T5Train::repeated11(support::ConstView a0, support::ConstView a1, support::
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 add
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a2p = a2.data();
-    const float *__restrict a0p = a0.data();
-    const float *__restrict a1p = a1.data();
-    const float *__restrict a3p = a3.data();
-    const float r1 = a1p[0];
-    const float r3 = a3p[0];
-    for (int64_t i0 = 0; i0 < 8; ++i0) {
-      const float s0 = a0p[i0];
-      const float s1 = r1;
-      const float s2 = (s0 * s1);
-      const float s3 = a2p[i0];
-      const float s4 = r3;
-      const float s5 = (s3 * s4);
-      const float s6 = (s5 + s2);
-      a2p[i0] = s6;
-    }
-  }
+  loop108(a2.data(), a0.data(), a1.data(), a3.data());
 
   // t5.mesh:152:3 mean
   MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
-  static const support::Shape shape1_1 = {};
-  static const support::Shape shape1_3 = {};
-  static const support::Shape shape1_4 = {8};
-  static const support::Shape shape1_5 = {1};
-  support::reduce(a4.data(), shape1_1, a2.data(), shape1_3, shape1_4, shape1_5,
-                  support::Reduce::Sum, 0.125);
+  support::reduce(a4.data(), kShape21, a2.data(), kShape21, kShape2, kShape1, support::Reduce::Sum,
+                  0.125);
 
   // t5.mesh:152:3 div
   // t5.mesh:152:3 rsqrt
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a5p = a5.data();
-    const float *__restrict a2p = a2.data();
-    const float *__restrict a4p = a4.data();
-    const float r1 = a4p[0];
-    for (int64_t i0 = 0; i0 < 8; ++i0) {
-      const float s0 = a2p[i0];
-      const float s1 = r1;
-      const float s2 = (s0 / s1);
-      const float s3 = 1.0f / support::fsqrt(s2);
-      a5p[i0] = s3;
-    }
-  }
+  loop109(a5.data(), a2.data(), a4.data());
 
   // t5.mesh:152:3 rsqrt
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a7p = a7.data();
-    const float *__restrict a6p = a6.data();
-    for (int64_t i0 = 0; i0 < 2; ++i0) {
-      const float s0 = a6p[i0];
-      const float s1 = 1.0f / support::fsqrt(s0);
-      a7p[i0] = s1;
-    }
-  }
+  loop110(a7.data(), a6.data());
 
   // t5.mesh:152:3 div
   // t5.mesh:152:3 mul
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a9p = a9.data();
-    const float *__restrict a4p = a4.data();
-    const float *__restrict a2p = a2.data();
-    const float *__restrict a8p = a8.data();
-    const float r0 = a4p[0];
-    for (int64_t i0 = 0; i0 < 8; ++i0) {
-      const float s0 = r0;
-      const float s1 = a2p[i0];
-      const float s2 = (s0 / s1);
-      const float s3 = a8p[i0];
-      const float s4 = (s3 * s2);
-      a9p[i0] = s4;
-    }
-  }
+  loop111(a9.data(), a4.data(), a2.data(), a8.data());
 
   // t5.mesh:152:3 mean
   MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
-  static const support::Shape shape5_1 = {};
-  static const support::Shape shape5_3 = {};
-  static const support::Shape shape5_4 = {8};
-  static const support::Shape shape5_5 = {1};
-  support::reduce(a10.data(), shape5_1, a9.data(), shape5_3, shape5_4, shape5_5,
-                  support::Reduce::Sum, 0.125);
+  support::reduce(a10.data(), kShape21, a9.data(), kShape21, kShape2, kShape1, support::Reduce::Sum,
+                  0.125);
 
   // t5.mesh:152:3 sqrt
   // t5.mesh:152:3 mul
@@ -13420,32 +9085,7 @@ void T5Train::repeated11(support::ConstView a0, support::ConstView a1, support::
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 sub -> next/encoder/relative_bias/table
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a16p = a16.data();
-    const float *__restrict a15p = a15.data();
-    const float *__restrict a5p = a5.data();
-    const float *__restrict a7p = a7.data();
-    const float *__restrict a11p = a11.data();
-    const float *__restrict a14p = a14.data();
-    const float r3 = a11p[0];
-    const float r4 = a14p[0];
-    for (int64_t i0 = 0; i0 < 8; ++i0) {
-      for (int64_t i1 = 0; i1 < 2; ++i1) {
-        const float s0 = a15p[i0 * 2 + i1];
-        const float s1 = a5p[i0];
-        const float s2 = (s0 * s1);
-        const float s3 = a7p[i1];
-        const float s4 = (s2 * s3);
-        const float s5 = r3;
-        const float s6 = (s4 / s5);
-        const float s7 = r4;
-        const float s8 = (s6 * s7);
-        const float s9 = a16p[i0 * 2 + i1];
-        const float s10 = (s9 - s8);
-        a16p[i0 * 2 + i1] = s10;
-      }
-    }
-  }
+  loop112(a16.data(), a15.data(), a5.data(), a7.data(), a11.data(), a14.data());
 }
 
 void T5Train::repeated12(support::ConstView a0, support::ConstView a1, support::ConstView a2,
@@ -13459,94 +9099,47 @@ void T5Train::repeated12(support::ConstView a0, support::ConstView a1, support::
   // t5.mesh:40:12 mul
   // t5.mesh:40:53 mul -> n
   MESHRT_TRACE("loop", "t5.mesh:40:12", "forward");
-  {
-    float *__restrict a3p = a3.data();
-    float *__restrict a4p = a4.data();
-    const float *__restrict a0p = a0.data();
-    const float *__restrict a1p = a1.data();
-    const float *__restrict a2p = a2.data();
-    for (int64_t i0 = 0; i0 < 16; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = a0p[i0 * 32 + i1];
-        const float s1 = a1p[i0];
-        const float s2 = (s0 * s1);
-        const float s3 = a2p[i1];
-        const float s4 = (s2 * s3);
-        a3p[i0 * 32 + i1] = s2;
-        a4p[i0 * 32 + i1] = s4;
-      }
-    }
-  }
+  loop107(a3.data(), a4.data(), a0.data(), a1.data(), a2.data());
 
   // t5.mesh:80:17 einsum -> queries
   MESHRT_TRACE("gemm", "t5.mesh:80:17", "forward");
   // dims: batch, targets, d_model, heads, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan1(
-      {{2, 8, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan1.run(a4.data(), a5.data(), a6.data(), 1.0f, 0.0f);
+  kEinsum1.plan().run(a4.data(), a5.data(), a6.data(), 1.0f, 0.0f);
 
   // t5.mesh:81:21 einsum
   MESHRT_TRACE("gemm", "t5.mesh:81:21", "forward");
   // dims: batch, targets, d_model, heads, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan2(
-      {{2, 8, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan2.run(a4.data(), a7.data(), a8.data(), 1.0f, 0.0f);
+  kEinsum1.plan().run(a4.data(), a7.data(), a8.data(), 1.0f, 0.0f);
 
   // t5.mesh:82:23 einsum
   MESHRT_TRACE("gemm", "t5.mesh:82:23", "forward");
   // dims: batch, targets, d_model, heads, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan3(
-      {{2, 8, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan3.run(a4.data(), a9.data(), a10.data(), 1.0f, 0.0f);
+  kEinsum1.plan().run(a4.data(), a9.data(), a10.data(), 1.0f, 0.0f);
 
   // t5.mesh:83:16 einsum
   MESHRT_TRACE("gemm", "t5.mesh:83:16", "forward");
   // dims: batch, targets, heads, d_kv, targets_keys
-  static const meshrt::kernels::EinsumPlan einsumPlan4(
-      {{2, 8, 2, 8, 8}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
-  einsumPlan4.run(a6.data(), a8.data(), a11.data(), 1.0f, 0.0f);
+  kEinsum7.plan().run(a6.data(), a8.data(), a11.data(), 1.0f, 0.0f);
 
   // t5.mesh:83:60 add -> logits
   MESHRT_TRACE("loop", "t5.mesh:83:60", "forward");
-  {
-    float *__restrict a13p = a13.data();
-    const float *__restrict a11p = a11.data();
-    const float *__restrict a12p = a12.data();
-    for (int64_t i0 = 0; i0 < 2; ++i0) {
-      for (int64_t i1 = 0; i1 < 128; ++i1) {
-        const float s0 = a11p[i0 * 128 + i1];
-        const float s1 = a12p[i1];
-        const float s2 = (s0 + s1);
-        a13p[i0 * 128 + i1] = s2;
-      }
-    }
-  }
+  loop54(a13.data(), a11.data(), a12.data());
 
   // t5.mesh:84:17 softmax -> weights
   MESHRT_TRACE("softmax", "t5.mesh:84:17", "forward");
-  static const support::Shape shape6_2 = {2, 2, 8};
-  static const support::Shape shape6_3 = {128, 64, 8};
-  static const support::Shape shape6_4 = {128, 64, 8};
-  static const support::Shape shape6_5 = {8};
-  static const support::Shape shape6_6 = {1};
-  static const support::Shape shape6_7 = {1};
-  support::along(a14.data(), a13.data(), shape6_2, shape6_3, shape6_4, shape6_5, shape6_6, shape6_7,
+  support::along(a14.data(), a13.data(), kShape16, kShape18, kShape18, kShape2, kShape1, kShape1,
                  support::Along::Softmax, 1e-05, 8, nullptr);
 
   // t5.mesh:85:10 einsum
   // t5.mesh:85:10 einsum -> grad/decoder/attention[0]/o
   MESHRT_TRACE("gemm", "t5.mesh:85:10", "forward");
   // dims: batch, heads, targets, targets_keys, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan7(
-      {{2, 2, 8, 8, 8}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 1, 2, 4}, {}}});
-  einsumPlan7.run(a14.data(), a10.data(), a15.data(), 1.0f, 0.0f);
+  kEinsum8.plan().run(a14.data(), a10.data(), a15.data(), 1.0f, 0.0f);
 
   // t5.mesh:85:10 einsum
   MESHRT_TRACE("gemm", "t5.mesh:85:10", "forward");
   // dims: heads, d_kv, d_model, batch, targets
-  static const meshrt::kernels::EinsumPlan einsumPlan8(
-      {{2, 8, 32, 2, 8}, {{{0, 1, 2}, {}}, {{3, 0, 4, 1}, {}}}, {{3, 4, 2}, {}}});
-  einsumPlan8.run(a16.data(), a15.data(), a17.data(), 1.0f, 0.0f);
+  kEinsum5.plan().run(a16.data(), a15.data(), a17.data(), 1.0f, 0.0f);
 }
 
 void T5Train::repeated13(support::ConstView a0, support::ConstView a1, support::View a2,
@@ -13564,44 +9157,12 @@ void T5Train::repeated13(support::ConstView a0, support::ConstView a1, support::
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 square
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a2p = a2.data();
-    float *__restrict a4p = a4.data();
-    float *__restrict a5p = a5.data();
-    const float *__restrict a0p = a0.data();
-    const float *__restrict a1p = a1.data();
-    const float *__restrict a3p = a3.data();
-    const float r1 = a1p[0];
-    const float r3 = a3p[0];
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = a0p[i0];
-      const float s1 = s0 * s0;
-      const float s2 = 1e-30f;
-      const float s3 = (s1 + s2);
-      const float s4 = r1;
-      const float s5 = (s3 * s4);
-      const float s6 = a2p[i0];
-      const float s7 = r3;
-      const float s8 = (s6 * s7);
-      const float s9 = (s8 + s5);
-      const float s10 = 1.0f / support::fsqrt(s9);
-      const float s11 = a0p[i0];
-      const float s12 = (s11 * s10);
-      const float s13 = s12 * s12;
-      a2p[i0] = s9;
-      a4p[i0] = s12;
-      a5p[i0] = s13;
-    }
-  }
+  loop80(a2.data(), a4.data(), a5.data(), a0.data(), a1.data(), a3.data());
 
   // t5.mesh:152:3 mean
   MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
-  static const support::Shape shape1_1 = {};
-  static const support::Shape shape1_3 = {};
-  static const support::Shape shape1_4 = {32};
-  static const support::Shape shape1_5 = {1};
-  support::reduce(a6.data(), shape1_1, a5.data(), shape1_3, shape1_4, shape1_5,
-                  support::Reduce::Sum, 0.03125);
+  support::reduce(a6.data(), kShape21, a5.data(), kShape21, kShape4, kShape1, support::Reduce::Sum,
+                  0.03125);
 
   // t5.mesh:152:3 sqrt
   // t5.mesh:152:3 mul
@@ -13621,24 +9182,12 @@ void T5Train::repeated13(support::ConstView a0, support::ConstView a1, support::
 
   // t5.mesh:152:3 square
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a9p = a9.data();
-    const float *__restrict a8p = a8.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = a8p[i0];
-      const float s1 = s0 * s0;
-      a9p[i0] = s1;
-    }
-  }
+  loop81(a9.data(), a8.data());
 
   // t5.mesh:152:3 mean
   MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
-  static const support::Shape shape4_1 = {};
-  static const support::Shape shape4_3 = {};
-  static const support::Shape shape4_4 = {32};
-  static const support::Shape shape4_5 = {1};
-  support::reduce(a10.data(), shape4_1, a9.data(), shape4_3, shape4_4, shape4_5,
-                  support::Reduce::Sum, 0.03125);
+  support::reduce(a10.data(), kShape21, a9.data(), kShape21, kShape4, kShape1, support::Reduce::Sum,
+                  0.03125);
 
   // t5.mesh:152:3 sqrt
   // t5.mesh:152:3 maximum
@@ -13661,24 +9210,7 @@ void T5Train::repeated13(support::ConstView a0, support::ConstView a1, support::
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 sub -> next/decoder/rms_norm[0]/scale
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a8p = a8.data();
-    const float *__restrict a4p = a4.data();
-    const float *__restrict a7p = a7.data();
-    const float *__restrict a12p = a12.data();
-    const float r1 = a7p[0];
-    const float r2 = a12p[0];
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = a4p[i0];
-      const float s1 = r1;
-      const float s2 = (s0 / s1);
-      const float s3 = r2;
-      const float s4 = (s2 * s3);
-      const float s5 = a8p[i0];
-      const float s6 = (s5 - s4);
-      a8p[i0] = s6;
-    }
-  }
+  loop82(a8.data(), a4.data(), a7.data(), a12.data());
 }
 
 void T5Train::repeated14(support::ConstView a0, support::View a1, support::View a2,
@@ -13691,128 +9223,56 @@ void T5Train::repeated14(support::ConstView a0, support::View a1, support::View 
 
   // t5.mesh:152:3 square
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a1p = a1.data();
-    const float *__restrict a0p = a0.data();
-    for (int64_t i0 = 0; i0 < 512; ++i0) {
-      const float s0 = a0p[i0];
-      const float s1 = s0 * s0;
-      a1p[i0] = s1;
-    }
-  }
+  loop43(a1.data(), a0.data());
 
   // t5.mesh:152:3 mean
   MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
-  static const support::Shape shape1_1 = {};
-  static const support::Shape shape1_3 = {};
-  static const support::Shape shape1_4 = {32, 2, 8};
-  static const support::Shape shape1_5 = {16, 8, 1};
-  support::reduce(a2.data(), shape1_1, a1.data(), shape1_3, shape1_4, shape1_5,
+  support::reduce(a2.data(), kShape21, a1.data(), kShape21, kShape44, kShape45,
                   support::Reduce::Sum, 0.0009765625);
 
   // t5.mesh:152:3 square
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a4p = a4.data();
-    const float *__restrict a3p = a3.data();
-    for (int64_t i0 = 0; i0 < 512; ++i0) {
-      const float s0 = a3p[i0];
-      const float s1 = s0 * s0;
-      a4p[i0] = s1;
-    }
-  }
+  loop43(a4.data(), a3.data());
 
   // t5.mesh:152:3 mean
   MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
-  static const support::Shape shape3_1 = {};
-  static const support::Shape shape3_3 = {};
-  static const support::Shape shape3_4 = {32, 2, 8};
-  static const support::Shape shape3_5 = {16, 8, 1};
-  support::reduce(a5.data(), shape3_1, a4.data(), shape3_3, shape3_4, shape3_5,
+  support::reduce(a5.data(), kShape21, a4.data(), kShape21, kShape44, kShape45,
                   support::Reduce::Sum, 0.0009765625);
 
   // t5.mesh:152:3 square
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a7p = a7.data();
-    const float *__restrict a6p = a6.data();
-    for (int64_t i0 = 0; i0 < 512; ++i0) {
-      const float s0 = a6p[i0];
-      const float s1 = s0 * s0;
-      a7p[i0] = s1;
-    }
-  }
+  loop43(a7.data(), a6.data());
 
   // t5.mesh:152:3 mean
   MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
-  static const support::Shape shape5_1 = {};
-  static const support::Shape shape5_3 = {};
-  static const support::Shape shape5_4 = {32, 2, 8};
-  static const support::Shape shape5_5 = {16, 8, 1};
-  support::reduce(a8.data(), shape5_1, a7.data(), shape5_3, shape5_4, shape5_5,
+  support::reduce(a8.data(), kShape21, a7.data(), kShape21, kShape44, kShape45,
                   support::Reduce::Sum, 0.0009765625);
 
   // t5.mesh:152:3 square
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a10p = a10.data();
-    const float *__restrict a9p = a9.data();
-    for (int64_t i0 = 0; i0 < 512; ++i0) {
-      const float s0 = a9p[i0];
-      const float s1 = s0 * s0;
-      a10p[i0] = s1;
-    }
-  }
+  loop43(a10.data(), a9.data());
 
   // t5.mesh:152:3 mean
   MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
-  static const support::Shape shape7_1 = {};
-  static const support::Shape shape7_3 = {};
-  static const support::Shape shape7_4 = {2, 8, 32};
-  static const support::Shape shape7_5 = {256, 32, 1};
-  support::reduce(a11.data(), shape7_1, a10.data(), shape7_3, shape7_4, shape7_5,
+  support::reduce(a11.data(), kShape21, a10.data(), kShape21, kShape10, kShape46,
                   support::Reduce::Sum, 0.0009765625);
 
   // t5.mesh:152:3 square
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a13p = a13.data();
-    const float *__restrict a12p = a12.data();
-    for (int64_t i0 = 0; i0 < 1024; ++i0) {
-      const float s0 = a12p[i0];
-      const float s1 = s0 * s0;
-      a13p[i0] = s1;
-    }
-  }
+  loop39(a13.data(), a12.data());
 
   // t5.mesh:152:3 mean
   MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
-  static const support::Shape shape9_1 = {};
-  static const support::Shape shape9_3 = {};
-  static const support::Shape shape9_4 = {32, 32};
-  static const support::Shape shape9_5 = {32, 1};
-  support::reduce(a14.data(), shape9_1, a13.data(), shape9_3, shape9_4, shape9_5,
+  support::reduce(a14.data(), kShape21, a13.data(), kShape21, kShape24, kShape25,
                   support::Reduce::Sum, 0.00048828125);
 
   // t5.mesh:152:3 square
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a16p = a16.data();
-    const float *__restrict a15p = a15.data();
-    for (int64_t i0 = 0; i0 < 1024; ++i0) {
-      const float s0 = a15p[i0];
-      const float s1 = s0 * s0;
-      a16p[i0] = s1;
-    }
-  }
+  loop39(a16.data(), a15.data());
 
   // t5.mesh:152:3 mean
   MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
-  static const support::Shape shape11_1 = {};
-  static const support::Shape shape11_3 = {};
-  static const support::Shape shape11_4 = {32, 32};
-  static const support::Shape shape11_5 = {32, 1};
-  support::reduce(a17.data(), shape11_1, a16.data(), shape11_3, shape11_4, shape11_5,
+  support::reduce(a17.data(), kShape21, a16.data(), kShape21, kShape24, kShape25,
                   support::Reduce::Sum, 0.00048828125);
 }
 
@@ -13826,72 +9286,42 @@ void T5Train::repeated15(support::ConstView a0, support::ConstView a1, support::
   // t5.mesh:80:17 einsum -> queries
   MESHRT_TRACE("gemm", "t5.mesh:80:17", "forward");
   // dims: batch, inputs, d_model, heads, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan0(
-      {{2, 16, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan0.run(a0.data(), a1.data(), a2.data(), 1.0f, 0.0f);
+  kEinsum2.plan().run(a0.data(), a1.data(), a2.data(), 1.0f, 0.0f);
 
   // t5.mesh:81:21 einsum
   MESHRT_TRACE("gemm", "t5.mesh:81:21", "forward");
   // dims: batch, inputs, d_model, heads, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan1(
-      {{2, 16, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan1.run(a0.data(), a3.data(), a4.data(), 1.0f, 0.0f);
+  kEinsum2.plan().run(a0.data(), a3.data(), a4.data(), 1.0f, 0.0f);
 
   // t5.mesh:82:23 einsum
   MESHRT_TRACE("gemm", "t5.mesh:82:23", "forward");
   // dims: batch, inputs, d_model, heads, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan2(
-      {{2, 16, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan2.run(a0.data(), a5.data(), a6.data(), 1.0f, 0.0f);
+  kEinsum2.plan().run(a0.data(), a5.data(), a6.data(), 1.0f, 0.0f);
 
   // t5.mesh:83:16 einsum
   MESHRT_TRACE("gemm", "t5.mesh:83:16", "forward");
   // dims: batch, inputs, heads, d_kv, inputs_keys
-  static const meshrt::kernels::EinsumPlan einsumPlan3(
-      {{2, 16, 2, 8, 16}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
-  einsumPlan3.run(a2.data(), a4.data(), a7.data(), 1.0f, 0.0f);
+  kEinsum9.plan().run(a2.data(), a4.data(), a7.data(), 1.0f, 0.0f);
 
   // t5.mesh:83:60 add -> logits
   MESHRT_TRACE("loop", "t5.mesh:83:60", "forward");
-  {
-    float *__restrict a9p = a9.data();
-    const float *__restrict a7p = a7.data();
-    const float *__restrict a8p = a8.data();
-    for (int64_t i0 = 0; i0 < 2; ++i0) {
-      for (int64_t i1 = 0; i1 < 512; ++i1) {
-        const float s0 = a7p[i0 * 512 + i1];
-        const float s1 = a8p[i1];
-        const float s2 = (s0 + s1);
-        a9p[i0 * 512 + i1] = s2;
-      }
-    }
-  }
+  loop55(a9.data(), a7.data(), a8.data());
 
   // t5.mesh:84:17 softmax -> weights
   MESHRT_TRACE("softmax", "t5.mesh:84:17", "forward");
-  static const support::Shape shape5_2 = {2, 2, 16};
-  static const support::Shape shape5_3 = {512, 256, 16};
-  static const support::Shape shape5_4 = {512, 256, 16};
-  static const support::Shape shape5_5 = {16};
-  static const support::Shape shape5_6 = {1};
-  static const support::Shape shape5_7 = {1};
-  support::along(a10.data(), a9.data(), shape5_2, shape5_3, shape5_4, shape5_5, shape5_6, shape5_7,
+  support::along(a10.data(), a9.data(), kShape19, kShape20, kShape20, kShape0, kShape1, kShape1,
                  support::Along::Softmax, 1e-05, 16, nullptr);
 
   // t5.mesh:85:10 einsum
   // t5.mesh:85:10 einsum -> grad/encoder/attention[0]/o
   MESHRT_TRACE("gemm", "t5.mesh:85:10", "forward");
   // dims: batch, heads, inputs, inputs_keys, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan6(
-      {{2, 2, 16, 16, 8}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 1, 2, 4}, {}}});
-  einsumPlan6.run(a10.data(), a6.data(), a11.data(), 1.0f, 0.0f);
+  kEinsum10.plan().run(a10.data(), a6.data(), a11.data(), 1.0f, 0.0f);
 
   // t5.mesh:85:10 einsum
   MESHRT_TRACE("gemm", "t5.mesh:85:10", "forward");
   // dims: heads, d_kv, d_model, batch, inputs
-  static const meshrt::kernels::EinsumPlan einsumPlan7(
-      {{2, 8, 32, 2, 16}, {{{0, 1, 2}, {}}, {{3, 0, 4, 1}, {}}}, {{3, 4, 2}, {}}});
-  einsumPlan7.run(a12.data(), a11.data(), a13.data(), 1.0f, 0.0f);
+  kEinsum11.plan().run(a12.data(), a11.data(), a13.data(), 1.0f, 0.0f);
 }
 
 void T5Train::repeated16(support::View a0, support::ConstView a1, support::ConstView a2,
@@ -13901,62 +9331,24 @@ void T5Train::repeated16(support::View a0, support::ConstView a1, support::Const
 
   // t5.mesh:152:3 mean
   MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
-  static const support::Shape shape0_1 = {2};
-  static const support::Shape shape0_3 = {1};
-  static const support::Shape shape0_4 = {8};
-  static const support::Shape shape0_5 = {2};
-  support::reduce(a0.data(), shape0_1, a1.data(), shape0_3, shape0_4, shape0_5,
-                  support::Reduce::Sum, 0.125);
+  support::reduce(a0.data(), kShape3, a1.data(), kShape1, kShape2, kShape3, support::Reduce::Sum,
+                  0.125);
 
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 add
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a3p = a3.data();
-    const float *__restrict a0p = a0.data();
-    const float *__restrict a2p = a2.data();
-    const float *__restrict a4p = a4.data();
-    const float r1 = a2p[0];
-    const float r3 = a4p[0];
-    for (int64_t i0 = 0; i0 < 2; ++i0) {
-      const float s0 = a0p[i0];
-      const float s1 = r1;
-      const float s2 = (s0 * s1);
-      const float s3 = a3p[i0];
-      const float s4 = r3;
-      const float s5 = (s3 * s4);
-      const float s6 = (s5 + s2);
-      a3p[i0] = s6;
-    }
-  }
+  loop113(a3.data(), a0.data(), a2.data(), a4.data());
 
   // t5.mesh:152:3 square
   // t5.mesh:152:3 div
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a6p = a6.data();
-    const float *__restrict a5p = a5.data();
-    const float *__restrict a3p = a3.data();
-    for (int64_t i0 = 0; i0 < 8; ++i0) {
-      for (int64_t i1 = 0; i1 < 2; ++i1) {
-        const float s0 = a5p[i0 * 2 + i1];
-        const float s1 = s0 * s0;
-        const float s2 = a3p[i1];
-        const float s3 = (s1 / s2);
-        a6p[i0 * 2 + i1] = s3;
-      }
-    }
-  }
+  loop114(a6.data(), a5.data(), a3.data());
 
   // t5.mesh:152:3 mean
   MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
-  static const support::Shape shape3_1 = {8};
-  static const support::Shape shape3_3 = {2};
-  static const support::Shape shape3_4 = {2};
-  static const support::Shape shape3_5 = {1};
-  support::reduce(a7.data(), shape3_1, a6.data(), shape3_3, shape3_4, shape3_5,
-                  support::Reduce::Sum, 0.25);
+  support::reduce(a7.data(), kShape2, a6.data(), kShape3, kShape3, kShape1, support::Reduce::Sum,
+                  0.25);
 }
 
 void T5Train::repeated17(support::ConstView a0, support::ConstView a1, support::View a2,
@@ -13967,56 +9359,19 @@ void T5Train::repeated17(support::ConstView a0, support::ConstView a1, support::
 
   // t5.mesh:40:53 mul
   MESHRT_TRACE("loop", "t5.mesh:40:53", "backward");
-  {
-    float *__restrict a2p = a2.data();
-    const float *__restrict a0p = a0.data();
-    const float *__restrict a1p = a1.data();
-    for (int64_t i0 = 0; i0 < 512; ++i0) {
-      const float s0 = a0p[i0];
-      const float s1 = a1p[i0];
-      const float s2 = (s0 * s1);
-      a2p[i0] = s2;
-    }
-  }
+  loop59(a2.data(), a0.data(), a1.data());
 
   // t5.mesh:40:53 sum -> grad/decoder/rms_norm[1]/scale
   MESHRT_TRACE("sum", "t5.mesh:40:53", "backward");
-  static const support::Shape shape1_1 = {32};
-  static const support::Shape shape1_3 = {1};
-  static const support::Shape shape1_4 = {2, 8};
-  static const support::Shape shape1_5 = {256, 32};
-  support::reduce(a3.data(), shape1_1, a2.data(), shape1_3, shape1_4, shape1_5,
-                  support::Reduce::Sum, 1.0);
+  support::reduce(a3.data(), kShape4, a2.data(), kShape1, kShape9, kShape15, support::Reduce::Sum,
+                  1.0);
 
   // t5.mesh:40:53 mul
   // t5.mesh:40:12 mul
   // t5.mesh:40:12 add
   // t5.mesh:40:12 mul
   MESHRT_TRACE("loop", "t5.mesh:40:53", "backward");
-  {
-    float *__restrict a8p = a8.data();
-    float *__restrict a9p = a9.data();
-    const float *__restrict a0p = a0.data();
-    const float *__restrict a4p = a4.data();
-    const float *__restrict a5p = a5.data();
-    const float *__restrict a6p = a6.data();
-    const float *__restrict a7p = a7.data();
-    for (int64_t i0 = 0; i0 < 16; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = a0p[i0 * 32 + i1];
-        const float s1 = a4p[i1];
-        const float s2 = (s0 * s1);
-        const float s3 = a5p[i0];
-        const float s4 = (s2 * s3);
-        const float s5 = a6p[i0 * 32 + i1];
-        const float s6 = (s5 + s4);
-        const float s7 = a7p[i0 * 32 + i1];
-        const float s8 = (s2 * s7);
-        a8p[i0 * 32 + i1] = s6;
-        a9p[i0 * 32 + i1] = s8;
-      }
-    }
-  }
+  loop102(a8.data(), a9.data(), a0.data(), a4.data(), a5.data(), a6.data(), a7.data());
 }
 
 T5Train::Inputs T5Train::synthesizeInputs(uint64_t seed) const {
@@ -14089,354 +9444,226 @@ T5Train::StepResult T5Train::step(const Inputs &inputs) {
 }
 
 std::vector<std::string> T5Train::paramNames() {
-  return {"encoder/relative_bias/table",
-          "shared/embedding",
-          "encoder/rms_norm[0]/scale",
-          "encoder/attention[0]/q",
-          "encoder/attention[0]/k",
-          "encoder/attention[0]/v",
-          "encoder/attention[0]/o",
-          "encoder/rms_norm#1[0]/scale",
-          "encoder/dense_relu_dense[0]/wi",
-          "encoder/dense_relu_dense[0]/wo",
-          "encoder/rms_norm[1]/scale",
-          "encoder/attention[1]/q",
-          "encoder/attention[1]/k",
-          "encoder/attention[1]/v",
-          "encoder/attention[1]/o",
-          "encoder/rms_norm#1[1]/scale",
-          "encoder/dense_relu_dense[1]/wi",
-          "encoder/dense_relu_dense[1]/wo",
-          "encoder/rms_norm/scale",
-          "decoder/relative_bias/table",
-          "decoder/rms_norm[0]/scale",
-          "decoder/attention[0]/q",
-          "decoder/attention[0]/k",
-          "decoder/attention[0]/v",
-          "decoder/attention[0]/o",
-          "decoder/rms_norm#1[0]/scale",
-          "decoder/attention#1[0]/q",
-          "decoder/attention#1[0]/k",
-          "decoder/attention#1[0]/v",
-          "decoder/attention#1[0]/o",
-          "decoder/rms_norm#2[0]/scale",
-          "decoder/dense_relu_dense[0]/wi",
-          "decoder/dense_relu_dense[0]/wo",
-          "decoder/rms_norm[1]/scale",
-          "decoder/attention[1]/q",
-          "decoder/attention[1]/k",
-          "decoder/attention[1]/v",
-          "decoder/attention[1]/o",
-          "decoder/rms_norm#1[1]/scale",
-          "decoder/attention#1[1]/q",
-          "decoder/attention#1[1]/k",
-          "decoder/attention#1[1]/v",
-          "decoder/attention#1[1]/o",
-          "decoder/rms_norm#2[1]/scale",
-          "decoder/dense_relu_dense[1]/wi",
-          "decoder/dense_relu_dense[1]/wo",
-          "decoder/rms_norm/scale",
-          "encoder/relative_bias/table@vr",
-          "encoder/relative_bias/table@vc",
-          "shared/embedding@vr",
-          "shared/embedding@vc",
-          "encoder/rms_norm[0]/scale@v",
-          "encoder/attention[0]/q@vr",
-          "encoder/attention[0]/q@vc",
-          "encoder/attention[0]/k@vr",
-          "encoder/attention[0]/k@vc",
-          "encoder/attention[0]/v@vr",
-          "encoder/attention[0]/v@vc",
-          "encoder/attention[0]/o@vr",
-          "encoder/attention[0]/o@vc",
-          "encoder/rms_norm#1[0]/scale@v",
-          "encoder/dense_relu_dense[0]/wi@vr",
-          "encoder/dense_relu_dense[0]/wi@vc",
-          "encoder/dense_relu_dense[0]/wo@vr",
-          "encoder/dense_relu_dense[0]/wo@vc",
-          "encoder/rms_norm[1]/scale@v",
-          "encoder/attention[1]/q@vr",
-          "encoder/attention[1]/q@vc",
-          "encoder/attention[1]/k@vr",
-          "encoder/attention[1]/k@vc",
-          "encoder/attention[1]/v@vr",
-          "encoder/attention[1]/v@vc",
-          "encoder/attention[1]/o@vr",
-          "encoder/attention[1]/o@vc",
-          "encoder/rms_norm#1[1]/scale@v",
-          "encoder/dense_relu_dense[1]/wi@vr",
-          "encoder/dense_relu_dense[1]/wi@vc",
-          "encoder/dense_relu_dense[1]/wo@vr",
-          "encoder/dense_relu_dense[1]/wo@vc",
-          "encoder/rms_norm/scale@v",
-          "decoder/relative_bias/table@vr",
-          "decoder/relative_bias/table@vc",
-          "decoder/rms_norm[0]/scale@v",
-          "decoder/attention[0]/q@vr",
-          "decoder/attention[0]/q@vc",
-          "decoder/attention[0]/k@vr",
-          "decoder/attention[0]/k@vc",
-          "decoder/attention[0]/v@vr",
-          "decoder/attention[0]/v@vc",
-          "decoder/attention[0]/o@vr",
-          "decoder/attention[0]/o@vc",
-          "decoder/rms_norm#1[0]/scale@v",
-          "decoder/attention#1[0]/q@vr",
-          "decoder/attention#1[0]/q@vc",
-          "decoder/attention#1[0]/k@vr",
-          "decoder/attention#1[0]/k@vc",
-          "decoder/attention#1[0]/v@vr",
-          "decoder/attention#1[0]/v@vc",
-          "decoder/attention#1[0]/o@vr",
-          "decoder/attention#1[0]/o@vc",
-          "decoder/rms_norm#2[0]/scale@v",
-          "decoder/dense_relu_dense[0]/wi@vr",
-          "decoder/dense_relu_dense[0]/wi@vc",
-          "decoder/dense_relu_dense[0]/wo@vr",
-          "decoder/dense_relu_dense[0]/wo@vc",
-          "decoder/rms_norm[1]/scale@v",
-          "decoder/attention[1]/q@vr",
-          "decoder/attention[1]/q@vc",
-          "decoder/attention[1]/k@vr",
-          "decoder/attention[1]/k@vc",
-          "decoder/attention[1]/v@vr",
-          "decoder/attention[1]/v@vc",
-          "decoder/attention[1]/o@vr",
-          "decoder/attention[1]/o@vc",
-          "decoder/rms_norm#1[1]/scale@v",
-          "decoder/attention#1[1]/q@vr",
-          "decoder/attention#1[1]/q@vc",
-          "decoder/attention#1[1]/k@vr",
-          "decoder/attention#1[1]/k@vc",
-          "decoder/attention#1[1]/v@vr",
-          "decoder/attention#1[1]/v@vc",
-          "decoder/attention#1[1]/o@vr",
-          "decoder/attention#1[1]/o@vc",
-          "decoder/rms_norm#2[1]/scale@v",
-          "decoder/dense_relu_dense[1]/wi@vr",
-          "decoder/dense_relu_dense[1]/wi@vc",
-          "decoder/dense_relu_dense[1]/wo@vr",
-          "decoder/dense_relu_dense[1]/wo@vc",
-          "decoder/rms_norm/scale@v"};
+  static constexpr const char *names[] = {"encoder/relative_bias/table",
+                                          "shared/embedding",
+                                          "encoder/rms_norm[0]/scale",
+                                          "encoder/attention[0]/q",
+                                          "encoder/attention[0]/k",
+                                          "encoder/attention[0]/v",
+                                          "encoder/attention[0]/o",
+                                          "encoder/rms_norm#1[0]/scale",
+                                          "encoder/dense_relu_dense[0]/wi",
+                                          "encoder/dense_relu_dense[0]/wo",
+                                          "encoder/rms_norm[1]/scale",
+                                          "encoder/attention[1]/q",
+                                          "encoder/attention[1]/k",
+                                          "encoder/attention[1]/v",
+                                          "encoder/attention[1]/o",
+                                          "encoder/rms_norm#1[1]/scale",
+                                          "encoder/dense_relu_dense[1]/wi",
+                                          "encoder/dense_relu_dense[1]/wo",
+                                          "encoder/rms_norm/scale",
+                                          "decoder/relative_bias/table",
+                                          "decoder/rms_norm[0]/scale",
+                                          "decoder/attention[0]/q",
+                                          "decoder/attention[0]/k",
+                                          "decoder/attention[0]/v",
+                                          "decoder/attention[0]/o",
+                                          "decoder/rms_norm#1[0]/scale",
+                                          "decoder/attention#1[0]/q",
+                                          "decoder/attention#1[0]/k",
+                                          "decoder/attention#1[0]/v",
+                                          "decoder/attention#1[0]/o",
+                                          "decoder/rms_norm#2[0]/scale",
+                                          "decoder/dense_relu_dense[0]/wi",
+                                          "decoder/dense_relu_dense[0]/wo",
+                                          "decoder/rms_norm[1]/scale",
+                                          "decoder/attention[1]/q",
+                                          "decoder/attention[1]/k",
+                                          "decoder/attention[1]/v",
+                                          "decoder/attention[1]/o",
+                                          "decoder/rms_norm#1[1]/scale",
+                                          "decoder/attention#1[1]/q",
+                                          "decoder/attention#1[1]/k",
+                                          "decoder/attention#1[1]/v",
+                                          "decoder/attention#1[1]/o",
+                                          "decoder/rms_norm#2[1]/scale",
+                                          "decoder/dense_relu_dense[1]/wi",
+                                          "decoder/dense_relu_dense[1]/wo",
+                                          "decoder/rms_norm/scale",
+                                          "encoder/relative_bias/table@vr",
+                                          "encoder/relative_bias/table@vc",
+                                          "shared/embedding@vr",
+                                          "shared/embedding@vc",
+                                          "encoder/rms_norm[0]/scale@v",
+                                          "encoder/attention[0]/q@vr",
+                                          "encoder/attention[0]/q@vc",
+                                          "encoder/attention[0]/k@vr",
+                                          "encoder/attention[0]/k@vc",
+                                          "encoder/attention[0]/v@vr",
+                                          "encoder/attention[0]/v@vc",
+                                          "encoder/attention[0]/o@vr",
+                                          "encoder/attention[0]/o@vc",
+                                          "encoder/rms_norm#1[0]/scale@v",
+                                          "encoder/dense_relu_dense[0]/wi@vr",
+                                          "encoder/dense_relu_dense[0]/wi@vc",
+                                          "encoder/dense_relu_dense[0]/wo@vr",
+                                          "encoder/dense_relu_dense[0]/wo@vc",
+                                          "encoder/rms_norm[1]/scale@v",
+                                          "encoder/attention[1]/q@vr",
+                                          "encoder/attention[1]/q@vc",
+                                          "encoder/attention[1]/k@vr",
+                                          "encoder/attention[1]/k@vc",
+                                          "encoder/attention[1]/v@vr",
+                                          "encoder/attention[1]/v@vc",
+                                          "encoder/attention[1]/o@vr",
+                                          "encoder/attention[1]/o@vc",
+                                          "encoder/rms_norm#1[1]/scale@v",
+                                          "encoder/dense_relu_dense[1]/wi@vr",
+                                          "encoder/dense_relu_dense[1]/wi@vc",
+                                          "encoder/dense_relu_dense[1]/wo@vr",
+                                          "encoder/dense_relu_dense[1]/wo@vc",
+                                          "encoder/rms_norm/scale@v",
+                                          "decoder/relative_bias/table@vr",
+                                          "decoder/relative_bias/table@vc",
+                                          "decoder/rms_norm[0]/scale@v",
+                                          "decoder/attention[0]/q@vr",
+                                          "decoder/attention[0]/q@vc",
+                                          "decoder/attention[0]/k@vr",
+                                          "decoder/attention[0]/k@vc",
+                                          "decoder/attention[0]/v@vr",
+                                          "decoder/attention[0]/v@vc",
+                                          "decoder/attention[0]/o@vr",
+                                          "decoder/attention[0]/o@vc",
+                                          "decoder/rms_norm#1[0]/scale@v",
+                                          "decoder/attention#1[0]/q@vr",
+                                          "decoder/attention#1[0]/q@vc",
+                                          "decoder/attention#1[0]/k@vr",
+                                          "decoder/attention#1[0]/k@vc",
+                                          "decoder/attention#1[0]/v@vr",
+                                          "decoder/attention#1[0]/v@vc",
+                                          "decoder/attention#1[0]/o@vr",
+                                          "decoder/attention#1[0]/o@vc",
+                                          "decoder/rms_norm#2[0]/scale@v",
+                                          "decoder/dense_relu_dense[0]/wi@vr",
+                                          "decoder/dense_relu_dense[0]/wi@vc",
+                                          "decoder/dense_relu_dense[0]/wo@vr",
+                                          "decoder/dense_relu_dense[0]/wo@vc",
+                                          "decoder/rms_norm[1]/scale@v",
+                                          "decoder/attention[1]/q@vr",
+                                          "decoder/attention[1]/q@vc",
+                                          "decoder/attention[1]/k@vr",
+                                          "decoder/attention[1]/k@vc",
+                                          "decoder/attention[1]/v@vr",
+                                          "decoder/attention[1]/v@vc",
+                                          "decoder/attention[1]/o@vr",
+                                          "decoder/attention[1]/o@vc",
+                                          "decoder/rms_norm#1[1]/scale@v",
+                                          "decoder/attention#1[1]/q@vr",
+                                          "decoder/attention#1[1]/q@vc",
+                                          "decoder/attention#1[1]/k@vr",
+                                          "decoder/attention#1[1]/k@vc",
+                                          "decoder/attention#1[1]/v@vr",
+                                          "decoder/attention#1[1]/v@vc",
+                                          "decoder/attention#1[1]/o@vr",
+                                          "decoder/attention#1[1]/o@vc",
+                                          "decoder/rms_norm#2[1]/scale@v",
+                                          "decoder/dense_relu_dense[1]/wi@vr",
+                                          "decoder/dense_relu_dense[1]/wi@vc",
+                                          "decoder/dense_relu_dense[1]/wo@vr",
+                                          "decoder/dense_relu_dense[1]/wo@vc",
+                                          "decoder/rms_norm/scale@v"};
+  return {std::begin(names), std::end(names)};
 }
 
 bool T5Train::isOptimizerState(const std::string &path) {
-  static const std::vector<std::string> states = {"encoder/relative_bias/table@vr",
-                                                  "encoder/relative_bias/table@vc",
-                                                  "shared/embedding@vr",
-                                                  "shared/embedding@vc",
-                                                  "encoder/rms_norm[0]/scale@v",
-                                                  "encoder/attention[0]/q@vr",
-                                                  "encoder/attention[0]/q@vc",
-                                                  "encoder/attention[0]/k@vr",
-                                                  "encoder/attention[0]/k@vc",
-                                                  "encoder/attention[0]/v@vr",
-                                                  "encoder/attention[0]/v@vc",
-                                                  "encoder/attention[0]/o@vr",
-                                                  "encoder/attention[0]/o@vc",
-                                                  "encoder/rms_norm#1[0]/scale@v",
-                                                  "encoder/dense_relu_dense[0]/wi@vr",
-                                                  "encoder/dense_relu_dense[0]/wi@vc",
-                                                  "encoder/dense_relu_dense[0]/wo@vr",
-                                                  "encoder/dense_relu_dense[0]/wo@vc",
-                                                  "encoder/rms_norm[1]/scale@v",
-                                                  "encoder/attention[1]/q@vr",
-                                                  "encoder/attention[1]/q@vc",
-                                                  "encoder/attention[1]/k@vr",
-                                                  "encoder/attention[1]/k@vc",
-                                                  "encoder/attention[1]/v@vr",
-                                                  "encoder/attention[1]/v@vc",
-                                                  "encoder/attention[1]/o@vr",
-                                                  "encoder/attention[1]/o@vc",
-                                                  "encoder/rms_norm#1[1]/scale@v",
-                                                  "encoder/dense_relu_dense[1]/wi@vr",
-                                                  "encoder/dense_relu_dense[1]/wi@vc",
-                                                  "encoder/dense_relu_dense[1]/wo@vr",
-                                                  "encoder/dense_relu_dense[1]/wo@vc",
-                                                  "encoder/rms_norm/scale@v",
-                                                  "decoder/relative_bias/table@vr",
-                                                  "decoder/relative_bias/table@vc",
-                                                  "decoder/rms_norm[0]/scale@v",
-                                                  "decoder/attention[0]/q@vr",
-                                                  "decoder/attention[0]/q@vc",
-                                                  "decoder/attention[0]/k@vr",
-                                                  "decoder/attention[0]/k@vc",
-                                                  "decoder/attention[0]/v@vr",
-                                                  "decoder/attention[0]/v@vc",
-                                                  "decoder/attention[0]/o@vr",
-                                                  "decoder/attention[0]/o@vc",
-                                                  "decoder/rms_norm#1[0]/scale@v",
-                                                  "decoder/attention#1[0]/q@vr",
-                                                  "decoder/attention#1[0]/q@vc",
-                                                  "decoder/attention#1[0]/k@vr",
-                                                  "decoder/attention#1[0]/k@vc",
-                                                  "decoder/attention#1[0]/v@vr",
-                                                  "decoder/attention#1[0]/v@vc",
-                                                  "decoder/attention#1[0]/o@vr",
-                                                  "decoder/attention#1[0]/o@vc",
-                                                  "decoder/rms_norm#2[0]/scale@v",
-                                                  "decoder/dense_relu_dense[0]/wi@vr",
-                                                  "decoder/dense_relu_dense[0]/wi@vc",
-                                                  "decoder/dense_relu_dense[0]/wo@vr",
-                                                  "decoder/dense_relu_dense[0]/wo@vc",
-                                                  "decoder/rms_norm[1]/scale@v",
-                                                  "decoder/attention[1]/q@vr",
-                                                  "decoder/attention[1]/q@vc",
-                                                  "decoder/attention[1]/k@vr",
-                                                  "decoder/attention[1]/k@vc",
-                                                  "decoder/attention[1]/v@vr",
-                                                  "decoder/attention[1]/v@vc",
-                                                  "decoder/attention[1]/o@vr",
-                                                  "decoder/attention[1]/o@vc",
-                                                  "decoder/rms_norm#1[1]/scale@v",
-                                                  "decoder/attention#1[1]/q@vr",
-                                                  "decoder/attention#1[1]/q@vc",
-                                                  "decoder/attention#1[1]/k@vr",
-                                                  "decoder/attention#1[1]/k@vc",
-                                                  "decoder/attention#1[1]/v@vr",
-                                                  "decoder/attention#1[1]/v@vc",
-                                                  "decoder/attention#1[1]/o@vr",
-                                                  "decoder/attention#1[1]/o@vc",
-                                                  "decoder/rms_norm#2[1]/scale@v",
-                                                  "decoder/dense_relu_dense[1]/wi@vr",
-                                                  "decoder/dense_relu_dense[1]/wi@vc",
-                                                  "decoder/dense_relu_dense[1]/wo@vr",
-                                                  "decoder/dense_relu_dense[1]/wo@vc",
-                                                  "decoder/rms_norm/scale@v"};
-  return std::find(states.begin(), states.end(), path) != states.end();
+  static constexpr std::string_view states[] = {"encoder/relative_bias/table@vr",
+                                                "encoder/relative_bias/table@vc",
+                                                "shared/embedding@vr",
+                                                "shared/embedding@vc",
+                                                "encoder/rms_norm[0]/scale@v",
+                                                "encoder/attention[0]/q@vr",
+                                                "encoder/attention[0]/q@vc",
+                                                "encoder/attention[0]/k@vr",
+                                                "encoder/attention[0]/k@vc",
+                                                "encoder/attention[0]/v@vr",
+                                                "encoder/attention[0]/v@vc",
+                                                "encoder/attention[0]/o@vr",
+                                                "encoder/attention[0]/o@vc",
+                                                "encoder/rms_norm#1[0]/scale@v",
+                                                "encoder/dense_relu_dense[0]/wi@vr",
+                                                "encoder/dense_relu_dense[0]/wi@vc",
+                                                "encoder/dense_relu_dense[0]/wo@vr",
+                                                "encoder/dense_relu_dense[0]/wo@vc",
+                                                "encoder/rms_norm[1]/scale@v",
+                                                "encoder/attention[1]/q@vr",
+                                                "encoder/attention[1]/q@vc",
+                                                "encoder/attention[1]/k@vr",
+                                                "encoder/attention[1]/k@vc",
+                                                "encoder/attention[1]/v@vr",
+                                                "encoder/attention[1]/v@vc",
+                                                "encoder/attention[1]/o@vr",
+                                                "encoder/attention[1]/o@vc",
+                                                "encoder/rms_norm#1[1]/scale@v",
+                                                "encoder/dense_relu_dense[1]/wi@vr",
+                                                "encoder/dense_relu_dense[1]/wi@vc",
+                                                "encoder/dense_relu_dense[1]/wo@vr",
+                                                "encoder/dense_relu_dense[1]/wo@vc",
+                                                "encoder/rms_norm/scale@v",
+                                                "decoder/relative_bias/table@vr",
+                                                "decoder/relative_bias/table@vc",
+                                                "decoder/rms_norm[0]/scale@v",
+                                                "decoder/attention[0]/q@vr",
+                                                "decoder/attention[0]/q@vc",
+                                                "decoder/attention[0]/k@vr",
+                                                "decoder/attention[0]/k@vc",
+                                                "decoder/attention[0]/v@vr",
+                                                "decoder/attention[0]/v@vc",
+                                                "decoder/attention[0]/o@vr",
+                                                "decoder/attention[0]/o@vc",
+                                                "decoder/rms_norm#1[0]/scale@v",
+                                                "decoder/attention#1[0]/q@vr",
+                                                "decoder/attention#1[0]/q@vc",
+                                                "decoder/attention#1[0]/k@vr",
+                                                "decoder/attention#1[0]/k@vc",
+                                                "decoder/attention#1[0]/v@vr",
+                                                "decoder/attention#1[0]/v@vc",
+                                                "decoder/attention#1[0]/o@vr",
+                                                "decoder/attention#1[0]/o@vc",
+                                                "decoder/rms_norm#2[0]/scale@v",
+                                                "decoder/dense_relu_dense[0]/wi@vr",
+                                                "decoder/dense_relu_dense[0]/wi@vc",
+                                                "decoder/dense_relu_dense[0]/wo@vr",
+                                                "decoder/dense_relu_dense[0]/wo@vc",
+                                                "decoder/rms_norm[1]/scale@v",
+                                                "decoder/attention[1]/q@vr",
+                                                "decoder/attention[1]/q@vc",
+                                                "decoder/attention[1]/k@vr",
+                                                "decoder/attention[1]/k@vc",
+                                                "decoder/attention[1]/v@vr",
+                                                "decoder/attention[1]/v@vc",
+                                                "decoder/attention[1]/o@vr",
+                                                "decoder/attention[1]/o@vc",
+                                                "decoder/rms_norm#1[1]/scale@v",
+                                                "decoder/attention#1[1]/q@vr",
+                                                "decoder/attention#1[1]/q@vc",
+                                                "decoder/attention#1[1]/k@vr",
+                                                "decoder/attention#1[1]/k@vc",
+                                                "decoder/attention#1[1]/v@vr",
+                                                "decoder/attention#1[1]/v@vc",
+                                                "decoder/attention#1[1]/o@vr",
+                                                "decoder/attention#1[1]/o@vc",
+                                                "decoder/rms_norm#2[1]/scale@v",
+                                                "decoder/dense_relu_dense[1]/wi@vr",
+                                                "decoder/dense_relu_dense[1]/wi@vc",
+                                                "decoder/dense_relu_dense[1]/wo@vr",
+                                                "decoder/dense_relu_dense[1]/wo@vc",
+                                                "decoder/rms_norm/scale@v"};
+  return std::find(std::begin(states), std::end(states), std::string_view(path)) !=
+         std::end(states);
 }
 
 std::vector<support::ParamShard> T5Train::paramShards() {
-  static constexpr support::ParamSpec specs[] = {
-      {"encoder/relative_bias/table", false, "f32", "buckets:8:8: heads:4:2:model"},
-      {"shared/embedding", false, "f32", "vocab:64:32:model d_model:32:32:"},
-      {"encoder/rms_norm[0]/scale", false, "f32", "d_model:32:32:"},
-      {"encoder/attention[0]/q", false, "f32", "d_model:32:32: heads:4:2:model d_kv:8:8:"},
-      {"encoder/attention[0]/k", false, "f32", "d_model:32:32: heads:4:2:model d_kv:8:8:"},
-      {"encoder/attention[0]/v", false, "f32", "d_model:32:32: heads:4:2:model d_kv:8:8:"},
-      {"encoder/attention[0]/o", false, "f32", "heads:4:2:model d_kv:8:8: d_model:32:32:"},
-      {"encoder/rms_norm#1[0]/scale", false, "f32", "d_model:32:32:"},
-      {"encoder/dense_relu_dense[0]/wi", false, "f32", "d_model:32:32: d_ff:64:32:model"},
-      {"encoder/dense_relu_dense[0]/wo", false, "f32", "d_ff:64:32:model d_model:32:32:"},
-      {"encoder/rms_norm[1]/scale", false, "f32", "d_model:32:32:"},
-      {"encoder/attention[1]/q", false, "f32", "d_model:32:32: heads:4:2:model d_kv:8:8:"},
-      {"encoder/attention[1]/k", false, "f32", "d_model:32:32: heads:4:2:model d_kv:8:8:"},
-      {"encoder/attention[1]/v", false, "f32", "d_model:32:32: heads:4:2:model d_kv:8:8:"},
-      {"encoder/attention[1]/o", false, "f32", "heads:4:2:model d_kv:8:8: d_model:32:32:"},
-      {"encoder/rms_norm#1[1]/scale", false, "f32", "d_model:32:32:"},
-      {"encoder/dense_relu_dense[1]/wi", false, "f32", "d_model:32:32: d_ff:64:32:model"},
-      {"encoder/dense_relu_dense[1]/wo", false, "f32", "d_ff:64:32:model d_model:32:32:"},
-      {"encoder/rms_norm/scale", false, "f32", "d_model:32:32:"},
-      {"decoder/relative_bias/table", false, "f32", "buckets:8:8: heads:4:2:model"},
-      {"decoder/rms_norm[0]/scale", false, "f32", "d_model:32:32:"},
-      {"decoder/attention[0]/q", false, "f32", "d_model:32:32: heads:4:2:model d_kv:8:8:"},
-      {"decoder/attention[0]/k", false, "f32", "d_model:32:32: heads:4:2:model d_kv:8:8:"},
-      {"decoder/attention[0]/v", false, "f32", "d_model:32:32: heads:4:2:model d_kv:8:8:"},
-      {"decoder/attention[0]/o", false, "f32", "heads:4:2:model d_kv:8:8: d_model:32:32:"},
-      {"decoder/rms_norm#1[0]/scale", false, "f32", "d_model:32:32:"},
-      {"decoder/attention#1[0]/q", false, "f32", "d_model:32:32: heads:4:2:model d_kv:8:8:"},
-      {"decoder/attention#1[0]/k", false, "f32", "d_model:32:32: heads:4:2:model d_kv:8:8:"},
-      {"decoder/attention#1[0]/v", false, "f32", "d_model:32:32: heads:4:2:model d_kv:8:8:"},
-      {"decoder/attention#1[0]/o", false, "f32", "heads:4:2:model d_kv:8:8: d_model:32:32:"},
-      {"decoder/rms_norm#2[0]/scale", false, "f32", "d_model:32:32:"},
-      {"decoder/dense_relu_dense[0]/wi", false, "f32", "d_model:32:32: d_ff:64:32:model"},
-      {"decoder/dense_relu_dense[0]/wo", false, "f32", "d_ff:64:32:model d_model:32:32:"},
-      {"decoder/rms_norm[1]/scale", false, "f32", "d_model:32:32:"},
-      {"decoder/attention[1]/q", false, "f32", "d_model:32:32: heads:4:2:model d_kv:8:8:"},
-      {"decoder/attention[1]/k", false, "f32", "d_model:32:32: heads:4:2:model d_kv:8:8:"},
-      {"decoder/attention[1]/v", false, "f32", "d_model:32:32: heads:4:2:model d_kv:8:8:"},
-      {"decoder/attention[1]/o", false, "f32", "heads:4:2:model d_kv:8:8: d_model:32:32:"},
-      {"decoder/rms_norm#1[1]/scale", false, "f32", "d_model:32:32:"},
-      {"decoder/attention#1[1]/q", false, "f32", "d_model:32:32: heads:4:2:model d_kv:8:8:"},
-      {"decoder/attention#1[1]/k", false, "f32", "d_model:32:32: heads:4:2:model d_kv:8:8:"},
-      {"decoder/attention#1[1]/v", false, "f32", "d_model:32:32: heads:4:2:model d_kv:8:8:"},
-      {"decoder/attention#1[1]/o", false, "f32", "heads:4:2:model d_kv:8:8: d_model:32:32:"},
-      {"decoder/rms_norm#2[1]/scale", false, "f32", "d_model:32:32:"},
-      {"decoder/dense_relu_dense[1]/wi", false, "f32", "d_model:32:32: d_ff:64:32:model"},
-      {"decoder/dense_relu_dense[1]/wo", false, "f32", "d_ff:64:32:model d_model:32:32:"},
-      {"decoder/rms_norm/scale", false, "f32", "d_model:32:32:"},
-      {"encoder/relative_bias/table@vr", true, "f32", "buckets:8:8:"},
-      {"encoder/relative_bias/table@vc", true, "f32", "heads:4:2:model"},
-      {"shared/embedding@vr", true, "f32", "vocab:64:32:model"},
-      {"shared/embedding@vc", true, "f32", "d_model:32:32:"},
-      {"encoder/rms_norm[0]/scale@v", true, "f32", "d_model:32:32:"},
-      {"encoder/attention[0]/q@vr", true, "f32", "d_model:32:32: heads:4:2:model"},
-      {"encoder/attention[0]/q@vc", true, "f32", "d_model:32:32: d_kv:8:8:"},
-      {"encoder/attention[0]/k@vr", true, "f32", "d_model:32:32: heads:4:2:model"},
-      {"encoder/attention[0]/k@vc", true, "f32", "d_model:32:32: d_kv:8:8:"},
-      {"encoder/attention[0]/v@vr", true, "f32", "d_model:32:32: heads:4:2:model"},
-      {"encoder/attention[0]/v@vc", true, "f32", "d_model:32:32: d_kv:8:8:"},
-      {"encoder/attention[0]/o@vr", true, "f32", "heads:4:2:model d_kv:8:8:"},
-      {"encoder/attention[0]/o@vc", true, "f32", "heads:4:2:model d_model:32:32:"},
-      {"encoder/rms_norm#1[0]/scale@v", true, "f32", "d_model:32:32:"},
-      {"encoder/dense_relu_dense[0]/wi@vr", true, "f32", "d_model:32:32:"},
-      {"encoder/dense_relu_dense[0]/wi@vc", true, "f32", "d_ff:64:32:model"},
-      {"encoder/dense_relu_dense[0]/wo@vr", true, "f32", "d_ff:64:32:model"},
-      {"encoder/dense_relu_dense[0]/wo@vc", true, "f32", "d_model:32:32:"},
-      {"encoder/rms_norm[1]/scale@v", true, "f32", "d_model:32:32:"},
-      {"encoder/attention[1]/q@vr", true, "f32", "d_model:32:32: heads:4:2:model"},
-      {"encoder/attention[1]/q@vc", true, "f32", "d_model:32:32: d_kv:8:8:"},
-      {"encoder/attention[1]/k@vr", true, "f32", "d_model:32:32: heads:4:2:model"},
-      {"encoder/attention[1]/k@vc", true, "f32", "d_model:32:32: d_kv:8:8:"},
-      {"encoder/attention[1]/v@vr", true, "f32", "d_model:32:32: heads:4:2:model"},
-      {"encoder/attention[1]/v@vc", true, "f32", "d_model:32:32: d_kv:8:8:"},
-      {"encoder/attention[1]/o@vr", true, "f32", "heads:4:2:model d_kv:8:8:"},
-      {"encoder/attention[1]/o@vc", true, "f32", "heads:4:2:model d_model:32:32:"},
-      {"encoder/rms_norm#1[1]/scale@v", true, "f32", "d_model:32:32:"},
-      {"encoder/dense_relu_dense[1]/wi@vr", true, "f32", "d_model:32:32:"},
-      {"encoder/dense_relu_dense[1]/wi@vc", true, "f32", "d_ff:64:32:model"},
-      {"encoder/dense_relu_dense[1]/wo@vr", true, "f32", "d_ff:64:32:model"},
-      {"encoder/dense_relu_dense[1]/wo@vc", true, "f32", "d_model:32:32:"},
-      {"encoder/rms_norm/scale@v", true, "f32", "d_model:32:32:"},
-      {"decoder/relative_bias/table@vr", true, "f32", "buckets:8:8:"},
-      {"decoder/relative_bias/table@vc", true, "f32", "heads:4:2:model"},
-      {"decoder/rms_norm[0]/scale@v", true, "f32", "d_model:32:32:"},
-      {"decoder/attention[0]/q@vr", true, "f32", "d_model:32:32: heads:4:2:model"},
-      {"decoder/attention[0]/q@vc", true, "f32", "d_model:32:32: d_kv:8:8:"},
-      {"decoder/attention[0]/k@vr", true, "f32", "d_model:32:32: heads:4:2:model"},
-      {"decoder/attention[0]/k@vc", true, "f32", "d_model:32:32: d_kv:8:8:"},
-      {"decoder/attention[0]/v@vr", true, "f32", "d_model:32:32: heads:4:2:model"},
-      {"decoder/attention[0]/v@vc", true, "f32", "d_model:32:32: d_kv:8:8:"},
-      {"decoder/attention[0]/o@vr", true, "f32", "heads:4:2:model d_kv:8:8:"},
-      {"decoder/attention[0]/o@vc", true, "f32", "heads:4:2:model d_model:32:32:"},
-      {"decoder/rms_norm#1[0]/scale@v", true, "f32", "d_model:32:32:"},
-      {"decoder/attention#1[0]/q@vr", true, "f32", "d_model:32:32: heads:4:2:model"},
-      {"decoder/attention#1[0]/q@vc", true, "f32", "d_model:32:32: d_kv:8:8:"},
-      {"decoder/attention#1[0]/k@vr", true, "f32", "d_model:32:32: heads:4:2:model"},
-      {"decoder/attention#1[0]/k@vc", true, "f32", "d_model:32:32: d_kv:8:8:"},
-      {"decoder/attention#1[0]/v@vr", true, "f32", "d_model:32:32: heads:4:2:model"},
-      {"decoder/attention#1[0]/v@vc", true, "f32", "d_model:32:32: d_kv:8:8:"},
-      {"decoder/attention#1[0]/o@vr", true, "f32", "heads:4:2:model d_kv:8:8:"},
-      {"decoder/attention#1[0]/o@vc", true, "f32", "heads:4:2:model d_model:32:32:"},
-      {"decoder/rms_norm#2[0]/scale@v", true, "f32", "d_model:32:32:"},
-      {"decoder/dense_relu_dense[0]/wi@vr", true, "f32", "d_model:32:32:"},
-      {"decoder/dense_relu_dense[0]/wi@vc", true, "f32", "d_ff:64:32:model"},
-      {"decoder/dense_relu_dense[0]/wo@vr", true, "f32", "d_ff:64:32:model"},
-      {"decoder/dense_relu_dense[0]/wo@vc", true, "f32", "d_model:32:32:"},
-      {"decoder/rms_norm[1]/scale@v", true, "f32", "d_model:32:32:"},
-      {"decoder/attention[1]/q@vr", true, "f32", "d_model:32:32: heads:4:2:model"},
-      {"decoder/attention[1]/q@vc", true, "f32", "d_model:32:32: d_kv:8:8:"},
-      {"decoder/attention[1]/k@vr", true, "f32", "d_model:32:32: heads:4:2:model"},
-      {"decoder/attention[1]/k@vc", true, "f32", "d_model:32:32: d_kv:8:8:"},
-      {"decoder/attention[1]/v@vr", true, "f32", "d_model:32:32: heads:4:2:model"},
-      {"decoder/attention[1]/v@vc", true, "f32", "d_model:32:32: d_kv:8:8:"},
-      {"decoder/attention[1]/o@vr", true, "f32", "heads:4:2:model d_kv:8:8:"},
-      {"decoder/attention[1]/o@vc", true, "f32", "heads:4:2:model d_model:32:32:"},
-      {"decoder/rms_norm#1[1]/scale@v", true, "f32", "d_model:32:32:"},
-      {"decoder/attention#1[1]/q@vr", true, "f32", "d_model:32:32: heads:4:2:model"},
-      {"decoder/attention#1[1]/q@vc", true, "f32", "d_model:32:32: d_kv:8:8:"},
-      {"decoder/attention#1[1]/k@vr", true, "f32", "d_model:32:32: heads:4:2:model"},
-      {"decoder/attention#1[1]/k@vc", true, "f32", "d_model:32:32: d_kv:8:8:"},
-      {"decoder/attention#1[1]/v@vr", true, "f32", "d_model:32:32: heads:4:2:model"},
-      {"decoder/attention#1[1]/v@vc", true, "f32", "d_model:32:32: d_kv:8:8:"},
-      {"decoder/attention#1[1]/o@vr", true, "f32", "heads:4:2:model d_kv:8:8:"},
-      {"decoder/attention#1[1]/o@vc", true, "f32", "heads:4:2:model d_model:32:32:"},
-      {"decoder/rms_norm#2[1]/scale@v", true, "f32", "d_model:32:32:"},
-      {"decoder/dense_relu_dense[1]/wi@vr", true, "f32", "d_model:32:32:"},
-      {"decoder/dense_relu_dense[1]/wi@vc", true, "f32", "d_ff:64:32:model"},
-      {"decoder/dense_relu_dense[1]/wo@vr", true, "f32", "d_ff:64:32:model"},
-      {"decoder/dense_relu_dense[1]/wo@vc", true, "f32", "d_model:32:32:"},
-      {"decoder/rms_norm/scale@v", true, "f32", "d_model:32:32:"}};
   support::Buffer *const data[] = {&param0_encoder_relative_bias_table,
                                    &param1_shared_embedding,
                                    &param2_encoder_rms_norm_0_scale,
@@ -14566,7 +9793,7 @@ std::vector<support::ParamShard> T5Train::paramShards() {
                                    &param126_decoder_dense_relu_dense_1_wo_vr,
                                    &param127_decoder_dense_relu_dense_1_wo_vc,
                                    &param128_decoder_rms_norm_scale_v};
-  return support::paramShardsOf<support::ParamShard>(specs, data);
+  return support::paramShardsOf<support::ParamShard>(kT5TrainParams, data);
 }
 
 support::Tensor T5Train::getParam(const std::string &path) {

@@ -5,6 +5,680 @@
 
 namespace meshc_generated {
 
+// The shapes the kernel calls take and the loop nests the classes share.
+static const support::Shape kShape0 = {32};
+static const support::Shape kShape1 = {1};
+static const support::Shape kShape2 = {2, 32, 64};
+static const support::Shape kShape3 = {0, 0, 1};
+static const support::Shape kShape4 = {32, 1, 0};
+static const support::Shape kShape5 = {2, 32};
+static const support::Shape kShape6 = {2048, 64};
+static const support::Shape kShape7 = {64};
+static const support::Shape kShape8 = {2, 2, 32};
+static const support::Shape kShape9 = {2048, 1024, 32};
+static const support::Shape kShape10 = {1536, 48};
+static const support::Shape kShape11 = {48};
+static const support::Shape kShape12 = {2, 32, 48};
+static const support::Shape kShape13 = {};
+static const support::Shape kShape14 = {32, 1};
+static const support::Shape kShape15 = {2, 16};
+static const support::Shape kShape16 = {16, 1};
+static const support::Shape kShape17 = {32, 64};
+static const support::Shape kShape18 = {64, 1};
+static const support::Shape kShape19 = {2};
+static const support::Shape kShape20 = {2048};
+static const support::Shape kShape21 = {48, 64};
+static const support::Shape kShape22 = {0, 1};
+static const support::Shape kShape23 = {0, 0};
+static const support::Shape kShape24 = {16, 64};
+static const support::Shape kShape25 = {64, 48};
+static const support::Shape kShape26 = {48, 1};
+static const support::Shape kShape27 = {128};
+static const support::Shape kShape28 = {4096, 128};
+static const support::Shape kShape29 = {64, 2, 16};
+static const support::Shape kShape30 = {32, 16, 1};
+static const support::Shape kShape31 = {2, 16, 64};
+static const support::Shape kShape32 = {1024, 64, 1};
+static const support::Shape kShape33 = {64, 128};
+static const support::Shape kShape34 = {128, 1};
+static const support::Shape kShape35 = {128, 64};
+static const support::SharedEinsum
+    kEinsum0({{2, 32, 64, 48}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
+static const support::SharedEinsum
+    kEinsum1({{2, 2, 32, 32, 16}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 2, 1, 4}, {}}});
+static const support::SharedEinsum
+    kEinsum2({{2, 32, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 4}, {}}});
+static const support::SharedEinsum
+    kEinsum3({{2, 32, 64, 128}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
+static const support::SharedEinsum
+    kEinsum4({{2, 32, 128, 64}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
+static const support::SharedEinsum
+    kEinsum5({{2, 32, 64, 2, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
+static const support::SharedEinsum
+    kEinsum6({{2, 32, 2, 16, 32}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
+static const support::SharedEinsum
+    kEinsum7({{2, 32, 48, 64}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
+static const support::SharedEinsum
+    kEinsum8({{2, 32, 48, 64}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
+static const support::SharedEinsum
+    kEinsum9({{2, 32, 64, 128}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
+static const support::SharedEinsum
+    kEinsum10({{2, 32, 64, 128}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
+static const support::SharedEinsum
+    kEinsum11({{2, 32, 128, 64}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
+static const support::SharedEinsum
+    kEinsum12({{2, 32, 128, 64}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
+static const support::SharedEinsum
+    kEinsum13({{2, 32, 64, 2, 16}, {{{0, 1, 2}, {}}, {{3, 4, 2}, {}}}, {{0, 1, 3, 4}, {}}});
+static const support::SharedEinsum
+    kEinsum14({{2, 32, 64, 2, 16}, {{{0, 1, 2}, {}}, {{0, 1, 3, 4}, {}}}, {{3, 4, 2}, {}}});
+static const support::SharedEinsum
+    kEinsum15({{2, 32, 2, 16, 32}, {{{0, 1, 2, 3}, {}}, {{0, 2, 1, 4}, {}}}, {{0, 4, 2, 3}, {}}});
+static const support::SharedEinsum
+    kEinsum16({{2, 2, 32, 32, 16}, {{{0, 1, 2, 3}, {}}, {{0, 2, 1, 4}, {}}}, {{0, 3, 1, 4}, {}}});
+static const support::SharedEinsum
+    kEinsum17({{2, 32, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
+static const support::SharedEinsum
+    kEinsum18({{2, 32, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
+
+[[gnu::noinline]] static void loop0(float *__restrict p0, const float *__restrict p1) {
+  for (int64_t i0 = 0; i0 < 32; ++i0) {
+    for (int64_t i1 = 0; i1 < 32; ++i1) {
+      const float s0 = p1[i0];
+      const float s1 = p1[i1];
+      const float s2 = (s0 >= s1 ? 1.0f : 0.0f);
+      p0[i0 * 32 + i1] = s2;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop1(float *__restrict p0, const float *__restrict p1) {
+  for (int64_t i0 = 0; i0 < 1024; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = s0;
+    p0[i0] = s1;
+  }
+}
+
+[[gnu::noinline]] static void loop2(float *__restrict p0, const float *__restrict p1,
+                                    const float *__restrict p2) {
+  for (int64_t i0 = 0; i0 < 2; ++i0) {
+    for (int64_t i1 = 0; i1 < 2048; ++i1) {
+      const float s0 = p1[i0 * 2048 + i1];
+      const float s1 = p2[i1];
+      const float s2 = (s0 + s1);
+      p0[i0 * 2048 + i1] = s2;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop3(float *__restrict p0, const float *__restrict p1,
+                                    const float *__restrict p2, const float *__restrict p3) {
+  for (int64_t i0 = 0; i0 < 64; ++i0) {
+    for (int64_t i1 = 0; i1 < 64; ++i1) {
+      const float s0 = p1[i0 * 64 + i1];
+      const float s1 = p2[i1];
+      const float s2 = (s0 * s1);
+      const float s3 = p3[i1];
+      const float s4 = (s2 + s3);
+      p0[i0 * 64 + i1] = s4;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop4(float *__restrict p0, const float *__restrict p1,
+                                    const float *__restrict p2) {
+  for (int64_t i0 = 0; i0 < 2; ++i0) {
+    for (int64_t i1 = 0; i1 < 32; ++i1) {
+      for (int64_t i2 = 0; i2 < 32; ++i2) {
+        const float s0 = p1[i0 * 32 + i1];
+        const float s1 = support::wrapI32(0.0);
+        const float s2 = (s0 >= s1 ? 1.0f : 0.0f);
+        const float s3 = s2;
+        const float s4 = p2[i1 * 32 + i2];
+        const float s5 = (s3 * s4);
+        const float s6 = 0.5f;
+        const float s7 = (s5 > s6 ? 1.0f : 0.0f);
+        p0[i0 * 1024 + i1 * 32 + i2] = s7;
+      }
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop5(float *__restrict p0, const float *__restrict p1,
+                                    const float *__restrict p2) {
+  for (int64_t i0 = 0; i0 < 2; ++i0) {
+    for (int64_t i1 = 0; i1 < 2; ++i1) {
+      for (int64_t i2 = 0; i2 < 1024; ++i2) {
+        const float s0 = p1[i0 * 1024 + i2];
+        const float s1 = p2[i0 * 2048 + i1 * 1024 + i2];
+        const float s2 = -1000000000.0f;
+        const float s3 = (s0 != 0 ? s1 : s2);
+        p0[i0 * 2048 + i1 * 1024 + i2] = s3;
+      }
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop6(float *__restrict p0, const float *__restrict p1,
+                                    const float *__restrict p2) {
+  for (int64_t i0 = 0; i0 < 4096; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = p2[i0];
+    const float s2 = (s0 + s1);
+    p0[i0] = s2;
+  }
+}
+
+[[gnu::noinline]] static void loop7(float *__restrict p0, const float *__restrict p1,
+                                    const float *__restrict p2) {
+  for (int64_t i0 = 0; i0 < 64; ++i0) {
+    for (int64_t i1 = 0; i1 < 128; ++i1) {
+      const float s0 = p1[i0 * 128 + i1];
+      const float s1 = p2[i1];
+      const float s2 = (s0 + s1);
+      const float s3 = support::fgelu(s2);
+      p0[i0 * 128 + i1] = s3;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop8(float *__restrict p0, const float *__restrict p1,
+                                    const float *__restrict p2, const float *__restrict p3) {
+  for (int64_t i0 = 0; i0 < 64; ++i0) {
+    for (int64_t i1 = 0; i1 < 64; ++i1) {
+      const float s0 = p1[i0 * 64 + i1];
+      const float s1 = p2[i1];
+      const float s2 = (s0 + s1);
+      const float s3 = p3[i0 * 64 + i1];
+      const float s4 = (s3 + s2);
+      p0[i0 * 64 + i1] = s4;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop9(float *__restrict p0, const float *__restrict p1) {
+  for (int64_t i0 = 0; i0 < 64; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = support::wrapI32(0.0);
+    const float s2 = (s0 >= s1 ? 1.0f : 0.0f);
+    const float s3 = s2;
+    p0[i0] = s3;
+  }
+}
+
+[[gnu::noinline]] static void loop10(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2) {
+  for (int64_t i0 = 0; i0 < 2; ++i0) {
+    for (int64_t i1 = 0; i1 < 32; ++i1) {
+      for (int64_t i2 = 0; i2 < 32; ++i2) {
+        const float s0 = p1[i0 * 32 + i1];
+        const float s1 = p2[i1 * 32 + i2];
+        const float s2 = (s0 * s1);
+        const float s3 = 0.5f;
+        const float s4 = (s2 > s3 ? 1.0f : 0.0f);
+        p0[i0 * 1024 + i1 * 32 + i2] = s4;
+      }
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop11(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2) {
+  for (int64_t i0 = 0; i0 < 3072; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = p2[i0];
+    const float s2 = (s0 * s1);
+    p0[i0] = s2;
+  }
+}
+
+[[gnu::noinline]] static void loop12(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2) {
+  for (int64_t i0 = 0; i0 < 64; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = -s0;
+    const float s2 = p2[i0];
+    const float s3 = (s1 * s2);
+    p0[i0] = s3;
+  }
+}
+
+[[gnu::noinline]] static void loop13(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2, const float *__restrict p3,
+                                     const float *__restrict p4, const float *__restrict p5) {
+  const float r0 = p1[0];
+  for (int64_t i0 = 0; i0 < 64; ++i0) {
+    for (int64_t i1 = 0; i1 < 48; ++i1) {
+      const float s0 = 1.0f;
+      const float s1 = r0;
+      const float s2 = (s0 / s1);
+      const float s3 = s2;
+      const float s4 = p2[i0];
+      const float s5 = (s3 * s4);
+      const float s6 = -s5;
+      const float s7 = p3[i0];
+      const float s8 = support::wrapI32(96.0);
+      const float s9 = (s7 < s8 ? 1.0f : 0.0f);
+      const float s10 = p3[i0];
+      const float s11 = support::wrapI32(0.0);
+      const float s12 = (s10 >= s11 ? 1.0f : 0.0f);
+      const float s13 = support::wrapI32(double((double(s12) * double(s9))));
+      const float s14 = s13;
+      const float s15 = (s6 * s14);
+      const float s16 = p4[i0 * 48 + i1];
+      const float s17 = support::fexp(s16);
+      const float s18 = (s17 * s15);
+      const float s19 = s6;
+      const float s20 = p5[i0 * 48 + i1];
+      const float s21 = (s19 * s20);
+      const float s22 = (s21 - s18);
+      p0[i0 * 48 + i1] = s22;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop14(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2) {
+  for (int64_t i0 = 0; i0 < 4096; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = p2[i0];
+    const float s2 = (s0 * s1);
+    p0[i0] = s2;
+  }
+}
+
+[[gnu::noinline]] static void loop15(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2) {
+  for (int64_t i0 = 0; i0 < 64; ++i0) {
+    for (int64_t i1 = 0; i1 < 64; ++i1) {
+      const float s0 = p1[i0 * 64 + i1];
+      const float s1 = p2[i0];
+      const float s2 = (s0 - s1);
+      const float s3 = s2 * s2;
+      p0[i0 * 64 + i1] = s3;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop16(float *__restrict p0, const float *__restrict p1) {
+  for (int64_t i0 = 0; i0 < 64; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = 1e-05f;
+    const float s2 = (s0 + s1);
+    const float s3 = 1.0f / support::fsqrt(s2);
+    p0[i0] = s3;
+  }
+}
+
+[[gnu::noinline]] static void loop17(float *__restrict p0, float *__restrict p1,
+                                     const float *__restrict p2, const float *__restrict p3,
+                                     const float *__restrict p4) {
+  for (int64_t i0 = 0; i0 < 64; ++i0) {
+    for (int64_t i1 = 0; i1 < 64; ++i1) {
+      const float s0 = p2[i0 * 64 + i1];
+      const float s1 = p3[i1];
+      const float s2 = (s0 * s1);
+      const float s3 = p4[i0 * 64 + i1];
+      const float s4 = (s2 * s3);
+      p0[i0 * 64 + i1] = s2;
+      p1[i0 * 64 + i1] = s4;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop18(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2, const float *__restrict p3,
+                                     const float *__restrict p4, const float *__restrict p5) {
+  for (int64_t i0 = 0; i0 < 64; ++i0) {
+    for (int64_t i1 = 0; i1 < 64; ++i1) {
+      const float s0 = p1[i0 * 64 + i1];
+      const float s1 = p2[i0];
+      const float s2 = (s0 * s1);
+      const float s3 = p3[i0 * 64 + i1];
+      const float s4 = p4[i0];
+      const float s5 = (s3 - s4);
+      const float s6 = (s5 - s2);
+      const float s7 = p5[i0];
+      const float s8 = (s6 * s7);
+      p0[i0 * 64 + i1] = s8;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop19(float *__restrict p0, const float *__restrict p1) {
+  for (int64_t i0 = 0; i0 < 3072; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = s0 * s0;
+    p0[i0] = s1;
+  }
+}
+
+[[gnu::noinline]] static void loop20(float *__restrict p0, const float *__restrict p1) {
+  for (int64_t i0 = 0; i0 < 2048; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = s0 * s0;
+    p0[i0] = s1;
+  }
+}
+
+[[gnu::noinline]] static void loop21(float *__restrict p0, const float *__restrict p1) {
+  for (int64_t i0 = 0; i0 < 64; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = s0 * s0;
+    p0[i0] = s1;
+  }
+}
+
+[[gnu::noinline]] static void loop22(float *__restrict p0, float *__restrict p1,
+                                     float *__restrict p2, const float *__restrict p3,
+                                     const float *__restrict p4, const float *__restrict p5,
+                                     const float *__restrict p6, const float *__restrict p7) {
+  const float r2 = p4[0];
+  const float r5 = p5[0];
+  const float r6 = p6[0];
+  const float r7 = p7[0];
+  for (int64_t i0 = 0; i0 < 3072; ++i0) {
+    const float s0 = p2[i0];
+    const float s1 = 0.1f;
+    const float s2 = (s0 * s1);
+    const float s3 = p3[i0];
+    const float s4 = r2;
+    const float s5 = (s3 * s4);
+    const float s6 = 0.100000024f;
+    const float s7 = (s5 * s6);
+    const float s8 = p0[i0];
+    const float s9 = 0.9f;
+    const float s10 = (s8 * s9);
+    const float s11 = (s10 + s7);
+    const float s12 = s5 * s5;
+    const float s13 = 0.050000012f;
+    const float s14 = (s12 * s13);
+    const float s15 = p1[i0];
+    const float s16 = 0.95f;
+    const float s17 = (s15 * s16);
+    const float s18 = (s17 + s14);
+    const float s19 = r5;
+    const float s20 = (s11 / s19);
+    const float s21 = r6;
+    const float s22 = (s18 / s21);
+    const float s23 = support::fsqrt(s22);
+    const float s24 = 1e-08f;
+    const float s25 = (s23 + s24);
+    const float s26 = (s20 / s25);
+    const float s27 = (s26 + s2);
+    const float s28 = r7;
+    const float s29 = (s27 * s28);
+    const float s30 = p2[i0];
+    const float s31 = (s30 - s29);
+    p0[i0] = s11;
+    p1[i0] = s18;
+    p2[i0] = s31;
+  }
+}
+
+[[gnu::noinline]] static void loop23(float *__restrict p0, float *__restrict p1,
+                                     float *__restrict p2, const float *__restrict p3,
+                                     const float *__restrict p4, const float *__restrict p5,
+                                     const float *__restrict p6, const float *__restrict p7) {
+  const float r2 = p4[0];
+  const float r5 = p5[0];
+  const float r6 = p6[0];
+  const float r7 = p7[0];
+  for (int64_t i0 = 0; i0 < 2048; ++i0) {
+    const float s0 = p2[i0];
+    const float s1 = 0.1f;
+    const float s2 = (s0 * s1);
+    const float s3 = p3[i0];
+    const float s4 = r2;
+    const float s5 = (s3 * s4);
+    const float s6 = 0.100000024f;
+    const float s7 = (s5 * s6);
+    const float s8 = p0[i0];
+    const float s9 = 0.9f;
+    const float s10 = (s8 * s9);
+    const float s11 = (s10 + s7);
+    const float s12 = s5 * s5;
+    const float s13 = 0.050000012f;
+    const float s14 = (s12 * s13);
+    const float s15 = p1[i0];
+    const float s16 = 0.95f;
+    const float s17 = (s15 * s16);
+    const float s18 = (s17 + s14);
+    const float s19 = r5;
+    const float s20 = (s11 / s19);
+    const float s21 = r6;
+    const float s22 = (s18 / s21);
+    const float s23 = support::fsqrt(s22);
+    const float s24 = 1e-08f;
+    const float s25 = (s23 + s24);
+    const float s26 = (s20 / s25);
+    const float s27 = (s26 + s2);
+    const float s28 = r7;
+    const float s29 = (s27 * s28);
+    const float s30 = p2[i0];
+    const float s31 = (s30 - s29);
+    p0[i0] = s11;
+    p1[i0] = s18;
+    p2[i0] = s31;
+  }
+}
+
+[[gnu::noinline]] static void loop24(float *__restrict p0, float *__restrict p1,
+                                     float *__restrict p2, const float *__restrict p3,
+                                     const float *__restrict p4, const float *__restrict p5,
+                                     const float *__restrict p6, const float *__restrict p7) {
+  const float r2 = p4[0];
+  const float r5 = p5[0];
+  const float r6 = p6[0];
+  const float r7 = p7[0];
+  for (int64_t i0 = 0; i0 < 64; ++i0) {
+    const float s0 = p2[i0];
+    const float s1 = 0.1f;
+    const float s2 = (s0 * s1);
+    const float s3 = p3[i0];
+    const float s4 = r2;
+    const float s5 = (s3 * s4);
+    const float s6 = 0.100000024f;
+    const float s7 = (s5 * s6);
+    const float s8 = p0[i0];
+    const float s9 = 0.9f;
+    const float s10 = (s8 * s9);
+    const float s11 = (s10 + s7);
+    const float s12 = s5 * s5;
+    const float s13 = 0.050000012f;
+    const float s14 = (s12 * s13);
+    const float s15 = p1[i0];
+    const float s16 = 0.95f;
+    const float s17 = (s15 * s16);
+    const float s18 = (s17 + s14);
+    const float s19 = r5;
+    const float s20 = (s11 / s19);
+    const float s21 = r6;
+    const float s22 = (s18 / s21);
+    const float s23 = support::fsqrt(s22);
+    const float s24 = 1e-08f;
+    const float s25 = (s23 + s24);
+    const float s26 = (s20 / s25);
+    const float s27 = (s26 + s2);
+    const float s28 = r7;
+    const float s29 = (s27 * s28);
+    const float s30 = p2[i0];
+    const float s31 = (s30 - s29);
+    p0[i0] = s11;
+    p1[i0] = s18;
+    p2[i0] = s31;
+  }
+}
+
+[[gnu::noinline]] static void loop25(float *__restrict p0, float *__restrict p1,
+                                     float *__restrict p2, const float *__restrict p3,
+                                     const float *__restrict p4, const float *__restrict p5,
+                                     const float *__restrict p6, const float *__restrict p7) {
+  const float r2 = p4[0];
+  const float r5 = p5[0];
+  const float r6 = p6[0];
+  const float r7 = p7[0];
+  for (int64_t i0 = 0; i0 < 8192; ++i0) {
+    const float s0 = p2[i0];
+    const float s1 = 0.1f;
+    const float s2 = (s0 * s1);
+    const float s3 = p3[i0];
+    const float s4 = r2;
+    const float s5 = (s3 * s4);
+    const float s6 = 0.100000024f;
+    const float s7 = (s5 * s6);
+    const float s8 = p0[i0];
+    const float s9 = 0.9f;
+    const float s10 = (s8 * s9);
+    const float s11 = (s10 + s7);
+    const float s12 = s5 * s5;
+    const float s13 = 0.050000012f;
+    const float s14 = (s12 * s13);
+    const float s15 = p1[i0];
+    const float s16 = 0.95f;
+    const float s17 = (s15 * s16);
+    const float s18 = (s17 + s14);
+    const float s19 = r5;
+    const float s20 = (s11 / s19);
+    const float s21 = r6;
+    const float s22 = (s18 / s21);
+    const float s23 = support::fsqrt(s22);
+    const float s24 = 1e-08f;
+    const float s25 = (s23 + s24);
+    const float s26 = (s20 / s25);
+    const float s27 = (s26 + s2);
+    const float s28 = r7;
+    const float s29 = (s27 * s28);
+    const float s30 = p2[i0];
+    const float s31 = (s30 - s29);
+    p0[i0] = s11;
+    p1[i0] = s18;
+    p2[i0] = s31;
+  }
+}
+
+[[gnu::noinline]] static void loop26(float *__restrict p0, float *__restrict p1,
+                                     float *__restrict p2, const float *__restrict p3,
+                                     const float *__restrict p4, const float *__restrict p5,
+                                     const float *__restrict p6, const float *__restrict p7) {
+  const float r2 = p4[0];
+  const float r5 = p5[0];
+  const float r6 = p6[0];
+  const float r7 = p7[0];
+  for (int64_t i0 = 0; i0 < 128; ++i0) {
+    const float s0 = p2[i0];
+    const float s1 = 0.1f;
+    const float s2 = (s0 * s1);
+    const float s3 = p3[i0];
+    const float s4 = r2;
+    const float s5 = (s3 * s4);
+    const float s6 = 0.100000024f;
+    const float s7 = (s5 * s6);
+    const float s8 = p0[i0];
+    const float s9 = 0.9f;
+    const float s10 = (s8 * s9);
+    const float s11 = (s10 + s7);
+    const float s12 = s5 * s5;
+    const float s13 = 0.050000012f;
+    const float s14 = (s12 * s13);
+    const float s15 = p1[i0];
+    const float s16 = 0.95f;
+    const float s17 = (s15 * s16);
+    const float s18 = (s17 + s14);
+    const float s19 = r5;
+    const float s20 = (s11 / s19);
+    const float s21 = r6;
+    const float s22 = (s18 / s21);
+    const float s23 = support::fsqrt(s22);
+    const float s24 = 1e-08f;
+    const float s25 = (s23 + s24);
+    const float s26 = (s20 / s25);
+    const float s27 = (s26 + s2);
+    const float s28 = r7;
+    const float s29 = (s27 * s28);
+    const float s30 = p2[i0];
+    const float s31 = (s30 - s29);
+    p0[i0] = s11;
+    p1[i0] = s18;
+    p2[i0] = s31;
+  }
+}
+
+[[gnu::noinline]] static void loop27(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2, const float *__restrict p3,
+                                     const float *__restrict p4, const float *__restrict p5,
+                                     const float *__restrict p6) {
+  for (int64_t i0 = 0; i0 < 64; ++i0) {
+    for (int64_t i1 = 0; i1 < 64; ++i1) {
+      const float s0 = p1[i0 * 64 + i1];
+      const float s1 = p2[i0];
+      const float s2 = (s0 * s1);
+      const float s3 = p3[i0 * 64 + i1];
+      const float s4 = p4[i0];
+      const float s5 = (s3 - s4);
+      const float s6 = (s5 - s2);
+      const float s7 = p5[i0];
+      const float s8 = (s6 * s7);
+      const float s9 = p6[i0 * 64 + i1];
+      const float s10 = (s9 + s8);
+      p0[i0 * 64 + i1] = s10;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop28(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2, const float *__restrict p3,
+                                     const float *__restrict p4) {
+  for (int64_t i0 = 0; i0 < 2; ++i0) {
+    for (int64_t i1 = 0; i1 < 2; ++i1) {
+      for (int64_t i2 = 0; i2 < 32; ++i2) {
+        for (int64_t i3 = 0; i3 < 32; ++i3) {
+          const float s0 = p1[i0 * 2048 + i1 * 1024 + i2 * 32 + i3];
+          const float s1 = p2[i0 * 64 + i1 * 32 + i2];
+          const float s2 = (s0 - s1);
+          const float s3 = p3[i0 * 2048 + i1 * 1024 + i2 * 32 + i3];
+          const float s4 = (s3 * s2);
+          const float s5 = p4[i0 * 1024 + i2 * 32 + i3];
+          const float s6 = 0.0f;
+          const float s7 = (s5 != 0 ? s4 : s6);
+          const float s8 = 0.25f;
+          const float s9 = (s7 * s8);
+          p0[i0 * 2048 + i1 * 1024 + i2 * 32 + i3] = s9;
+        }
+      }
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop29(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2, const float *__restrict p3) {
+  for (int64_t i0 = 0; i0 < 4096; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = p2[i0];
+    const float s2 = (s0 + s1);
+    const float s3 = p3[i0];
+    const float s4 = (s2 + s3);
+    p0[i0] = s4;
+  }
+}
+
+[[gnu::noinline]] static void loop30(float *__restrict p0, const float *__restrict p1) {
+  for (int64_t i0 = 0; i0 < 8192; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = s0 * s0;
+    p0[i0] = s1;
+  }
+}
+
+[[gnu::noinline]] static void loop31(float *__restrict p0, const float *__restrict p1) {
+  for (int64_t i0 = 0; i0 < 128; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = s0 * s0;
+    p0[i0] = s1;
+  }
+}
+
 //===--- program `lm` ---===//
 
 meshrt::Mesh Lm::mesh() { return meshrt::Mesh({{"data", 2}, {"model", 2}}); }
@@ -18,191 +692,138 @@ support::Shape Lm::inputShape(const std::string &name) {
   throw std::invalid_argument("lm: no input named '" + name + "'");
 }
 
+/// `lm`'s params: paths, dims and layouts (its constructor and paramShards() read it).
+static constexpr support::ParamSpec kLmParams[] = {
+    {"decoder/token_embedding", false, "f32", "vocab:96:48:model d_model:64:64:"},
+    {"decoder/position_embedding", false, "f32", "seq:32:32: d_model:64:64:"},
+    {"decoder/unembed", false, "f32", "d_model:64:64: vocab:96:48:model"},
+    {"decoder/decoder_layer[0]/norm/gain", false, "f32", "d_model:64:64:"},
+    {"decoder/decoder_layer[0]/norm/bias", false, "f32", "d_model:64:64:"},
+    {"decoder/decoder_layer[0]/attention/w_q", false, "f32",
+     "d_model:64:64: heads:4:2:model d_head:16:16:"},
+    {"decoder/decoder_layer[0]/attention/w_k", false, "f32",
+     "d_model:64:64: heads:4:2:model d_head:16:16:"},
+    {"decoder/decoder_layer[0]/attention/w_v", false, "f32",
+     "d_model:64:64: heads:4:2:model d_head:16:16:"},
+    {"decoder/decoder_layer[0]/attention/w_o", false, "f32",
+     "heads:4:2:model d_head:16:16: d_model:64:64:"},
+    {"decoder/decoder_layer[0]/norm#1/gain", false, "f32", "d_model:64:64:"},
+    {"decoder/decoder_layer[0]/norm#1/bias", false, "f32", "d_model:64:64:"},
+    {"decoder/decoder_layer[0]/ffn/w_in", false, "f32", "d_model:64:64: d_ff:256:128:model"},
+    {"decoder/decoder_layer[0]/ffn/b_in", false, "f32", "d_ff:256:128:model"},
+    {"decoder/decoder_layer[0]/ffn/w_out", false, "f32", "d_ff:256:128:model d_model:64:64:"},
+    {"decoder/decoder_layer[0]/ffn/b_out", false, "f32", "d_model:64:64:"},
+    {"decoder/decoder_layer[1]/norm/gain", false, "f32", "d_model:64:64:"},
+    {"decoder/decoder_layer[1]/norm/bias", false, "f32", "d_model:64:64:"},
+    {"decoder/decoder_layer[1]/attention/w_q", false, "f32",
+     "d_model:64:64: heads:4:2:model d_head:16:16:"},
+    {"decoder/decoder_layer[1]/attention/w_k", false, "f32",
+     "d_model:64:64: heads:4:2:model d_head:16:16:"},
+    {"decoder/decoder_layer[1]/attention/w_v", false, "f32",
+     "d_model:64:64: heads:4:2:model d_head:16:16:"},
+    {"decoder/decoder_layer[1]/attention/w_o", false, "f32",
+     "heads:4:2:model d_head:16:16: d_model:64:64:"},
+    {"decoder/decoder_layer[1]/norm#1/gain", false, "f32", "d_model:64:64:"},
+    {"decoder/decoder_layer[1]/norm#1/bias", false, "f32", "d_model:64:64:"},
+    {"decoder/decoder_layer[1]/ffn/w_in", false, "f32", "d_model:64:64: d_ff:256:128:model"},
+    {"decoder/decoder_layer[1]/ffn/b_in", false, "f32", "d_ff:256:128:model"},
+    {"decoder/decoder_layer[1]/ffn/w_out", false, "f32", "d_ff:256:128:model d_model:64:64:"},
+    {"decoder/decoder_layer[1]/ffn/b_out", false, "f32", "d_model:64:64:"},
+    {"decoder/norm/gain", false, "f32", "d_model:64:64:"},
+    {"decoder/norm/bias", false, "f32", "d_model:64:64:"}};
+
 Lm::Lm(meshrt::Communicator &world, uint64_t seed)
     : world_(support::checkedWorld(world, mesh(), "lm")), seed_(seed),
       group_model(world_.subgroup(std::vector<std::string>{"model"})) {
-  // decoder/token_embedding: normal (transformer.mesh:27)
-  param0_decoder_token_embedding.resize(3072);
-  {
-    const meshrt::kernels::Shard shard{
-        {96, 64}, {support::shardStart(world_, {"model"}, 48), 0}, {48, 64}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
-    support::fillParam(param0_decoder_token_embedding.data(), shard, seed,
-                       "decoder/token_embedding", init, meshrt::kernels::ValueType::F32);
-  }
-  // decoder/position_embedding: normal (transformer.mesh:28)
-  param1_decoder_position_embedding.resize(2048);
-  {
-    const meshrt::kernels::Shard shard{{32, 64}, {0, 0}, {32, 64}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
-    support::fillParam(param1_decoder_position_embedding.data(), shard, seed,
-                       "decoder/position_embedding", init, meshrt::kernels::ValueType::F32);
-  }
-  // decoder/unembed: normal (transformer.mesh:29)
-  param2_decoder_unembed.resize(3072);
-  {
-    const meshrt::kernels::Shard shard{
-        {64, 96}, {0, support::shardStart(world_, {"model"}, 48)}, {64, 48}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
-    support::fillParam(param2_decoder_unembed.data(), shard, seed, "decoder/unembed", init,
-                       meshrt::kernels::ValueType::F32);
-  }
-  // decoder/decoder_layer[0]/norm/gain: ones (layers.mesh:22)
-  param3_decoder_decoder_layer_0_norm_gain.assign(64,
-                                                  support::roundValue(support::DType::F32, 1.0));
-  // decoder/decoder_layer[0]/norm/bias: zeros (layers.mesh:23)
-  param4_decoder_decoder_layer_0_norm_bias.assign(64,
-                                                  support::roundValue(support::DType::F32, 0.0));
-  // decoder/decoder_layer[0]/attention/w_q: normal (layers.mesh:31)
-  param5_decoder_decoder_layer_0_attention_w_q.resize(2048);
-  {
-    const meshrt::kernels::Shard shard{
-        {64, 4, 16}, {0, support::shardStart(world_, {"model"}, 2), 0}, {64, 2, 16}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}});
-    support::fillParam(param5_decoder_decoder_layer_0_attention_w_q.data(), shard, seed,
-                       "decoder/decoder_layer[0]/attention/w_q", init,
-                       meshrt::kernels::ValueType::F32);
-  }
-  // decoder/decoder_layer[0]/attention/w_k: normal (layers.mesh:32)
-  param6_decoder_decoder_layer_0_attention_w_k.resize(2048);
-  {
-    const meshrt::kernels::Shard shard{
-        {64, 4, 16}, {0, support::shardStart(world_, {"model"}, 2), 0}, {64, 2, 16}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}});
-    support::fillParam(param6_decoder_decoder_layer_0_attention_w_k.data(), shard, seed,
-                       "decoder/decoder_layer[0]/attention/w_k", init,
-                       meshrt::kernels::ValueType::F32);
-  }
-  // decoder/decoder_layer[0]/attention/w_v: normal (layers.mesh:33)
-  param7_decoder_decoder_layer_0_attention_w_v.resize(2048);
-  {
-    const meshrt::kernels::Shard shard{
-        {64, 4, 16}, {0, support::shardStart(world_, {"model"}, 2), 0}, {64, 2, 16}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}});
-    support::fillParam(param7_decoder_decoder_layer_0_attention_w_v.data(), shard, seed,
-                       "decoder/decoder_layer[0]/attention/w_v", init,
-                       meshrt::kernels::ValueType::F32);
-  }
-  // decoder/decoder_layer[0]/attention/w_o: normal (layers.mesh:34)
-  param8_decoder_decoder_layer_0_attention_w_o.resize(2048);
-  {
-    const meshrt::kernels::Shard shard{
-        {4, 16, 64}, {support::shardStart(world_, {"model"}, 2), 0, 0}, {2, 16, 64}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}});
-    support::fillParam(param8_decoder_decoder_layer_0_attention_w_o.data(), shard, seed,
-                       "decoder/decoder_layer[0]/attention/w_o", init,
-                       meshrt::kernels::ValueType::F32);
-  }
-  // decoder/decoder_layer[0]/norm#1/gain: ones (layers.mesh:22)
-  param9_decoder_decoder_layer_0_norm_1_gain.assign(64,
-                                                    support::roundValue(support::DType::F32, 1.0));
-  // decoder/decoder_layer[0]/norm#1/bias: zeros (layers.mesh:23)
-  param10_decoder_decoder_layer_0_norm_1_bias.assign(64,
-                                                     support::roundValue(support::DType::F32, 0.0));
-  // decoder/decoder_layer[0]/ffn/w_in: normal (layers.mesh:50)
-  param11_decoder_decoder_layer_0_ffn_w_in.resize(8192);
-  {
-    const meshrt::kernels::Shard shard{
-        {64, 256}, {0, support::shardStart(world_, {"model"}, 128)}, {64, 128}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}});
-    support::fillParam(param11_decoder_decoder_layer_0_ffn_w_in.data(), shard, seed,
-                       "decoder/decoder_layer[0]/ffn/w_in", init, meshrt::kernels::ValueType::F32);
-  }
-  // decoder/decoder_layer[0]/ffn/b_in: zeros (layers.mesh:51)
-  param12_decoder_decoder_layer_0_ffn_b_in.assign(128,
-                                                  support::roundValue(support::DType::F32, 0.0));
-  // decoder/decoder_layer[0]/ffn/w_out: normal (layers.mesh:52)
-  param13_decoder_decoder_layer_0_ffn_w_out.resize(8192);
-  {
-    const meshrt::kernels::Shard shard{
-        {256, 64}, {support::shardStart(world_, {"model"}, 128), 0}, {128, 64}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.0625}});
-    support::fillParam(param13_decoder_decoder_layer_0_ffn_w_out.data(), shard, seed,
-                       "decoder/decoder_layer[0]/ffn/w_out", init, meshrt::kernels::ValueType::F32);
-  }
-  // decoder/decoder_layer[0]/ffn/b_out: zeros (layers.mesh:53)
-  param14_decoder_decoder_layer_0_ffn_b_out.assign(64,
-                                                   support::roundValue(support::DType::F32, 0.0));
-  // decoder/decoder_layer[1]/norm/gain: ones (layers.mesh:22)
-  param15_decoder_decoder_layer_1_norm_gain.assign(64,
-                                                   support::roundValue(support::DType::F32, 1.0));
-  // decoder/decoder_layer[1]/norm/bias: zeros (layers.mesh:23)
-  param16_decoder_decoder_layer_1_norm_bias.assign(64,
-                                                   support::roundValue(support::DType::F32, 0.0));
-  // decoder/decoder_layer[1]/attention/w_q: normal (layers.mesh:31)
-  param17_decoder_decoder_layer_1_attention_w_q.resize(2048);
-  {
-    const meshrt::kernels::Shard shard{
-        {64, 4, 16}, {0, support::shardStart(world_, {"model"}, 2), 0}, {64, 2, 16}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}});
-    support::fillParam(param17_decoder_decoder_layer_1_attention_w_q.data(), shard, seed,
-                       "decoder/decoder_layer[1]/attention/w_q", init,
-                       meshrt::kernels::ValueType::F32);
-  }
-  // decoder/decoder_layer[1]/attention/w_k: normal (layers.mesh:32)
-  param18_decoder_decoder_layer_1_attention_w_k.resize(2048);
-  {
-    const meshrt::kernels::Shard shard{
-        {64, 4, 16}, {0, support::shardStart(world_, {"model"}, 2), 0}, {64, 2, 16}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}});
-    support::fillParam(param18_decoder_decoder_layer_1_attention_w_k.data(), shard, seed,
-                       "decoder/decoder_layer[1]/attention/w_k", init,
-                       meshrt::kernels::ValueType::F32);
-  }
-  // decoder/decoder_layer[1]/attention/w_v: normal (layers.mesh:33)
-  param19_decoder_decoder_layer_1_attention_w_v.resize(2048);
-  {
-    const meshrt::kernels::Shard shard{
-        {64, 4, 16}, {0, support::shardStart(world_, {"model"}, 2), 0}, {64, 2, 16}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}});
-    support::fillParam(param19_decoder_decoder_layer_1_attention_w_v.data(), shard, seed,
-                       "decoder/decoder_layer[1]/attention/w_v", init,
-                       meshrt::kernels::ValueType::F32);
-  }
-  // decoder/decoder_layer[1]/attention/w_o: normal (layers.mesh:34)
-  param20_decoder_decoder_layer_1_attention_w_o.resize(2048);
-  {
-    const meshrt::kernels::Shard shard{
-        {4, 16, 64}, {support::shardStart(world_, {"model"}, 2), 0, 0}, {2, 16, 64}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}});
-    support::fillParam(param20_decoder_decoder_layer_1_attention_w_o.data(), shard, seed,
-                       "decoder/decoder_layer[1]/attention/w_o", init,
-                       meshrt::kernels::ValueType::F32);
-  }
-  // decoder/decoder_layer[1]/norm#1/gain: ones (layers.mesh:22)
-  param21_decoder_decoder_layer_1_norm_1_gain.assign(64,
-                                                     support::roundValue(support::DType::F32, 1.0));
-  // decoder/decoder_layer[1]/norm#1/bias: zeros (layers.mesh:23)
-  param22_decoder_decoder_layer_1_norm_1_bias.assign(64,
-                                                     support::roundValue(support::DType::F32, 0.0));
-  // decoder/decoder_layer[1]/ffn/w_in: normal (layers.mesh:50)
-  param23_decoder_decoder_layer_1_ffn_w_in.resize(8192);
-  {
-    const meshrt::kernels::Shard shard{
-        {64, 256}, {0, support::shardStart(world_, {"model"}, 128)}, {64, 128}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}});
-    support::fillParam(param23_decoder_decoder_layer_1_ffn_w_in.data(), shard, seed,
-                       "decoder/decoder_layer[1]/ffn/w_in", init, meshrt::kernels::ValueType::F32);
-  }
-  // decoder/decoder_layer[1]/ffn/b_in: zeros (layers.mesh:51)
-  param24_decoder_decoder_layer_1_ffn_b_in.assign(128,
-                                                  support::roundValue(support::DType::F32, 0.0));
-  // decoder/decoder_layer[1]/ffn/w_out: normal (layers.mesh:52)
-  param25_decoder_decoder_layer_1_ffn_w_out.resize(8192);
-  {
-    const meshrt::kernels::Shard shard{
-        {256, 64}, {support::shardStart(world_, {"model"}, 128), 0}, {128, 64}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.0625}});
-    support::fillParam(param25_decoder_decoder_layer_1_ffn_w_out.data(), shard, seed,
-                       "decoder/decoder_layer[1]/ffn/w_out", init, meshrt::kernels::ValueType::F32);
-  }
-  // decoder/decoder_layer[1]/ffn/b_out: zeros (layers.mesh:53)
-  param26_decoder_decoder_layer_1_ffn_b_out.assign(64,
-                                                   support::roundValue(support::DType::F32, 0.0));
-  // decoder/norm/gain: ones (layers.mesh:22)
-  param27_decoder_norm_gain.assign(64, support::roundValue(support::DType::F32, 1.0));
-  // decoder/norm/bias: zeros (layers.mesh:23)
-  param28_decoder_norm_bias.assign(64, support::roundValue(support::DType::F32, 0.0));
+  static constexpr support::ParamInit inits[] = {
+      // decoder/token_embedding (transformer.mesh:27)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.02}}},
+      // decoder/position_embedding (transformer.mesh:28)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.02}}},
+      // decoder/unembed (transformer.mesh:29)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.02}}},
+      // decoder/decoder_layer[0]/norm/gain (layers.mesh:22)
+      {"ones", support::DType::F32, {}},
+      // decoder/decoder_layer[0]/norm/bias (layers.mesh:23)
+      {"zeros", support::DType::F32, {}},
+      // decoder/decoder_layer[0]/attention/w_q (layers.mesh:31)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.125}}},
+      // decoder/decoder_layer[0]/attention/w_k (layers.mesh:32)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.125}}},
+      // decoder/decoder_layer[0]/attention/w_v (layers.mesh:33)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.125}}},
+      // decoder/decoder_layer[0]/attention/w_o (layers.mesh:34)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.125}}},
+      // decoder/decoder_layer[0]/norm#1/gain (layers.mesh:22)
+      {"ones", support::DType::F32, {}},
+      // decoder/decoder_layer[0]/norm#1/bias (layers.mesh:23)
+      {"zeros", support::DType::F32, {}},
+      // decoder/decoder_layer[0]/ffn/w_in (layers.mesh:50)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.125}}},
+      // decoder/decoder_layer[0]/ffn/b_in (layers.mesh:51)
+      {"zeros", support::DType::F32, {}},
+      // decoder/decoder_layer[0]/ffn/w_out (layers.mesh:52)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.0625}}},
+      // decoder/decoder_layer[0]/ffn/b_out (layers.mesh:53)
+      {"zeros", support::DType::F32, {}},
+      // decoder/decoder_layer[1]/norm/gain (layers.mesh:22)
+      {"ones", support::DType::F32, {}},
+      // decoder/decoder_layer[1]/norm/bias (layers.mesh:23)
+      {"zeros", support::DType::F32, {}},
+      // decoder/decoder_layer[1]/attention/w_q (layers.mesh:31)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.125}}},
+      // decoder/decoder_layer[1]/attention/w_k (layers.mesh:32)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.125}}},
+      // decoder/decoder_layer[1]/attention/w_v (layers.mesh:33)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.125}}},
+      // decoder/decoder_layer[1]/attention/w_o (layers.mesh:34)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.125}}},
+      // decoder/decoder_layer[1]/norm#1/gain (layers.mesh:22)
+      {"ones", support::DType::F32, {}},
+      // decoder/decoder_layer[1]/norm#1/bias (layers.mesh:23)
+      {"zeros", support::DType::F32, {}},
+      // decoder/decoder_layer[1]/ffn/w_in (layers.mesh:50)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.125}}},
+      // decoder/decoder_layer[1]/ffn/b_in (layers.mesh:51)
+      {"zeros", support::DType::F32, {}},
+      // decoder/decoder_layer[1]/ffn/w_out (layers.mesh:52)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.0625}}},
+      // decoder/decoder_layer[1]/ffn/b_out (layers.mesh:53)
+      {"zeros", support::DType::F32, {}},
+      // decoder/norm/gain (layers.mesh:22)
+      {"ones", support::DType::F32, {}},
+      // decoder/norm/bias (layers.mesh:23)
+      {"zeros", support::DType::F32, {}}};
+  support::Buffer *const data[] = {&param0_decoder_token_embedding,
+                                   &param1_decoder_position_embedding,
+                                   &param2_decoder_unembed,
+                                   &param3_decoder_decoder_layer_0_norm_gain,
+                                   &param4_decoder_decoder_layer_0_norm_bias,
+                                   &param5_decoder_decoder_layer_0_attention_w_q,
+                                   &param6_decoder_decoder_layer_0_attention_w_k,
+                                   &param7_decoder_decoder_layer_0_attention_w_v,
+                                   &param8_decoder_decoder_layer_0_attention_w_o,
+                                   &param9_decoder_decoder_layer_0_norm_1_gain,
+                                   &param10_decoder_decoder_layer_0_norm_1_bias,
+                                   &param11_decoder_decoder_layer_0_ffn_w_in,
+                                   &param12_decoder_decoder_layer_0_ffn_b_in,
+                                   &param13_decoder_decoder_layer_0_ffn_w_out,
+                                   &param14_decoder_decoder_layer_0_ffn_b_out,
+                                   &param15_decoder_decoder_layer_1_norm_gain,
+                                   &param16_decoder_decoder_layer_1_norm_bias,
+                                   &param17_decoder_decoder_layer_1_attention_w_q,
+                                   &param18_decoder_decoder_layer_1_attention_w_k,
+                                   &param19_decoder_decoder_layer_1_attention_w_v,
+                                   &param20_decoder_decoder_layer_1_attention_w_o,
+                                   &param21_decoder_decoder_layer_1_norm_1_gain,
+                                   &param22_decoder_decoder_layer_1_norm_1_bias,
+                                   &param23_decoder_decoder_layer_1_ffn_w_in,
+                                   &param24_decoder_decoder_layer_1_ffn_b_in,
+                                   &param25_decoder_decoder_layer_1_ffn_w_out,
+                                   &param26_decoder_decoder_layer_1_ffn_b_out,
+                                   &param27_decoder_norm_gain,
+                                   &param28_decoder_norm_bias};
+  support::initParams(world_, seed, -1, kLmParams, inits, data);
   computeInvariants();
 }
 
@@ -211,44 +832,23 @@ void Lm::computeInvariants() {
   // transformer.mesh:38:69 iota
   // transformer.mesh:38:82 iota
   support::View v11 = persistent_.view(64, 32);
-  static const support::Shape shape0_1 = {32};
-  static const support::Shape shape0_2 = {1};
-  support::iota(v11.data(), shape0_1, shape0_2, 0);
+  support::iota(v11.data(), kShape0, kShape1, 0);
 
   // transformer.mesh:38:79 ge
   support::View v13 = persistent_.view(192, 1024);
-  {
-    float *__restrict v13p = v13.data();
-    const float *__restrict v11p = v11.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = v11p[i0];
-        const float s1 = v11p[i1];
-        const float s2 = (s0 >= s1 ? 1.0f : 0.0f);
-        v13p[i0 * 32 + i1] = s2;
-      }
-    }
-  }
+  loop0(v13.data(), v11.data());
 
   // transformer.mesh:38:64 cast
   support::View v14 = persistent_.view(4288, 1024);
-  {
-    float *__restrict v14p = v14.data();
-    const float *__restrict v13p = v13.data();
-    for (int64_t i0 = 0; i0 < 1024; ++i0) {
-      const float s0 = v13p[i0];
-      const float s1 = s0;
-      v14p[i0] = s1;
-    }
-  }
+  loop1(v14.data(), v13.data());
 }
 
 Lm::Outputs Lm::run(const Inputs &inputs) {
   MESHRT_TRACE_RUN(world_, "lm");
-  // Arena: 90112 bytes for 528384 bytes of temporaries (placed by liveness).
+  // Arena: 90112 bytes for 643072 bytes of temporaries (placed by liveness).
   support::checkShape("input", "tokens", inputs.tokens, {2, 32});
   runPart0(inputs);
-  support::View v107 = arena_.view(16384, 3072);
+  support::View v107 = arena_.view(0, 3072);
 
   Outputs outputs;
   outputs.logits = support::Tensor{{2, 32, 48}, support::Buffer(v107.begin(), v107.end())};
@@ -264,10 +864,7 @@ void Lm::runPart0(const Inputs &inputs) {
   const support::Buffer &v1 = param0_decoder_token_embedding;
   const support::Buffer &v0 = inputs.tokens.data;
   support::View v5 = arena_.view(0, 4096);
-  static const support::Shape shape0_1 = {2, 32, 64};
-  static const support::Shape shape0_3 = {0, 0, 1};
-  static const support::Shape shape0_5 = {32, 1, 0};
-  support::gather(v5.data(), shape0_1, v1.data(), shape0_3, v0.data(), shape0_5, 48, 64,
+  support::gather(v5.data(), kShape2, v1.data(), kShape3, v0.data(), kShape4, 48, 64,
                   support::shardStart(world_, {"model"}, 48));
 
   // transformer.mesh:34:37 all_reduce_sum (resolve the partial sum of %5 over model for add at
@@ -279,37 +876,30 @@ void Lm::runPart0(const Inputs &inputs) {
   MESHRT_TRACE("loop", "transformer.mesh:34:37", "forward");
   const support::Buffer &v2 = param1_decoder_position_embedding;
   support::View v7 = arena_.view(16384, 4096);
-  {
-    float *__restrict v7p = v7.data();
-    const float *__restrict v5p = v5.data();
-    const float *__restrict v2p = v2.data();
-    for (int64_t i0 = 0; i0 < 2; ++i0) {
-      for (int64_t i1 = 0; i1 < 2048; ++i1) {
-        const float s0 = v5p[i0 * 2048 + i1];
-        const float s1 = v2p[i1];
-        const float s2 = (s0 + s1);
-        v7p[i0 * 2048 + i1] = s2;
-      }
-    }
-  }
+  loop2(v7.data(), v5.data(), v2.data());
 
   // layers.mesh:24:10 layer_norm
+  MESHRT_TRACE("layer_norm", "layers.mesh:24:10", "forward");
+  support::View v18 = arena_.view(0, 4096);
+  support::along(v18.data(), v7.data(), kShape5, kShape6, kShape6, kShape7, kShape1, kShape1,
+                 support::Along::LayerNorm, 1e-05, 64, nullptr);
+
   // layers.mesh:24:33 mul
   // layers.mesh:24:40 add -> n
-  MESHRT_TRACE("layer_norm", "layers.mesh:24:10", "forward");
+  MESHRT_TRACE("loop", "layers.mesh:24:33", "forward");
   const support::Buffer &v16 = param3_decoder_decoder_layer_0_norm_gain;
   const support::Buffer &v17 = param4_decoder_decoder_layer_0_norm_bias;
-  support::View v20 = arena_.view(0, 4096);
-  support::layerNormAffine(v20.data(), v7.data(), 64, 64, v16.data(), v17.data(), 1e-05, 64);
+  support::View v20 = arena_.view(32768, 4096);
+  loop3(v20.data(), v18.data(), v16.data(), v17.data());
 
   // 4 statements from layers.mesh:36:11 einsum -> q (1 of 2)
   MESHRT_TRACE_SITE("layers.mesh:36:11");
   const support::Buffer &v21 = param5_decoder_decoder_layer_0_attention_w_q;
-  support::View v25 = arena_.view(32768, 2048);
+  support::View v25 = arena_.view(49152, 2048);
   const support::Buffer &v22 = param6_decoder_decoder_layer_0_attention_w_k;
-  support::View v26 = arena_.view(40960, 2048);
+  support::View v26 = arena_.view(57344, 2048);
   const support::Buffer &v23 = param7_decoder_decoder_layer_0_attention_w_v;
-  support::View v28 = arena_.view(49152, 2048);
+  support::View v28 = arena_.view(65536, 2048);
   support::View v30 = arena_.view(0, 4096);
   repeated1(v20, v21, v25, v22, v26, v23, v28, v30);
 
@@ -321,37 +911,20 @@ void Lm::runPart0(const Inputs &inputs) {
   MESHRT_TRACE("loop", "transformer.mesh:38:51", "forward");
   support::View v14 = persistent_.view(4288, 1024);
   support::View v34 = arena_.view(81920, 2048);
-  {
-    float *__restrict v34p = v34.data();
-    const float *__restrict v0p = v0.data();
-    const float *__restrict v14p = v14.data();
-    for (int64_t i0 = 0; i0 < 2; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        for (int64_t i2 = 0; i2 < 32; ++i2) {
-          const float s0 = v0p[i0 * 32 + i1];
-          const float s1 = support::wrapI32(0.0);
-          const float s2 = (s0 >= s1 ? 1.0f : 0.0f);
-          const float s3 = s2;
-          const float s4 = v14p[i1 * 32 + i2];
-          const float s5 = (s3 * s4);
-          const float s6 = 0.5f;
-          const float s7 = (s5 > s6 ? 1.0f : 0.0f);
-          v34p[i0 * 1024 + i1 * 32 + i2] = s7;
-        }
-      }
-    }
-  }
+  loop4(v34.data(), v0.data(), v14.data());
 
-  // 12 statements from layers.mesh:43:17 softmax -> weights (1 of 2)
-  MESHRT_TRACE_SITE("layers.mesh:43:17");
-  support::View v37 = arena_.view(32768, 4096);
-  support::View v38 = arena_.view(57344, 2048);
+  // 15 statements from layers.mesh:43:25 where (1 of 2)
+  MESHRT_TRACE_SITE("layers.mesh:43:25");
+  support::View v36 = arena_.view(32768, 4096);
+  support::View v37 = arena_.view(0, 4096);
+  support::View v38 = arena_.view(32768, 2048);
   const support::Buffer &v24 = param8_decoder_decoder_layer_0_attention_w_o;
   support::View v39 = arena_.view(0, 4096);
   support::View v41 = arena_.view(65536, 4096);
-  support::View v46 = arena_.view(32768, 4096);
+  support::View v44 = arena_.view(0, 4096);
   const support::Buffer &v42 = param9_decoder_decoder_layer_0_norm_1_gain;
   const support::Buffer &v43 = param10_decoder_decoder_layer_0_norm_1_bias;
+  support::View v46 = arena_.view(32768, 4096);
   const support::Buffer &v47 = param11_decoder_decoder_layer_0_ffn_w_in;
   support::View v51 = arena_.view(0, 8192);
   const support::Buffer &v48 = param12_decoder_decoder_layer_0_ffn_b_in;
@@ -360,33 +933,36 @@ void Lm::runPart0(const Inputs &inputs) {
   support::View v55 = arena_.view(0, 4096);
   const support::Buffer &v50 = param14_decoder_decoder_layer_0_ffn_b_out;
   support::View v58 = arena_.view(16384, 4096);
+  support::View v61 = arena_.view(0, 4096);
   const support::Buffer &v59 = param15_decoder_decoder_layer_1_norm_gain;
   const support::Buffer &v60 = param16_decoder_decoder_layer_1_norm_bias;
-  support::View v63 = arena_.view(0, 4096);
-  repeated0(v37, v30, v34, v28, v38, v24, v39, v7, v41, v46, v42, v43, v47, v51, v48, v53, v49, v55,
-            v50, v58, v63, v59, v60);
+  support::View v63 = arena_.view(32768, 4096);
+  repeated0(v34, v30, v36, v37, v28, v38, v24, v39, v7, v41, v44, v42, v43, v46, v47, v51, v48, v53,
+            v49, v55, v50, v58, v61, v59, v60, v63);
 
   // 4 statements from layers.mesh:36:11 einsum -> q (2 of 2)
   MESHRT_TRACE_SITE("layers.mesh:36:11");
   const support::Buffer &v64 = param17_decoder_decoder_layer_1_attention_w_q;
-  support::View v68 = arena_.view(32768, 2048);
+  support::View v68 = arena_.view(49152, 2048);
   const support::Buffer &v65 = param18_decoder_decoder_layer_1_attention_w_k;
-  support::View v69 = arena_.view(40960, 2048);
+  support::View v69 = arena_.view(57344, 2048);
   const support::Buffer &v66 = param19_decoder_decoder_layer_1_attention_w_v;
-  support::View v71 = arena_.view(49152, 2048);
+  support::View v71 = arena_.view(65536, 2048);
   support::View v73 = arena_.view(0, 4096);
   repeated1(v63, v64, v68, v65, v69, v66, v71, v73);
 
-  // 12 statements from layers.mesh:43:17 softmax -> weights (2 of 2)
-  MESHRT_TRACE_SITE("layers.mesh:43:17");
-  support::View v80 = arena_.view(32768, 4096);
-  support::View v81 = arena_.view(57344, 2048);
+  // 15 statements from layers.mesh:43:25 where (2 of 2)
+  MESHRT_TRACE_SITE("layers.mesh:43:25");
+  support::View v79 = arena_.view(32768, 4096);
+  support::View v80 = arena_.view(0, 4096);
+  support::View v81 = arena_.view(32768, 2048);
   const support::Buffer &v67 = param20_decoder_decoder_layer_1_attention_w_o;
   support::View v82 = arena_.view(0, 4096);
   support::View v84 = arena_.view(65536, 4096);
-  support::View v89 = arena_.view(32768, 4096);
+  support::View v87 = arena_.view(0, 4096);
   const support::Buffer &v85 = param21_decoder_decoder_layer_1_norm_1_gain;
   const support::Buffer &v86 = param22_decoder_decoder_layer_1_norm_1_bias;
+  support::View v89 = arena_.view(32768, 4096);
   const support::Buffer &v90 = param23_decoder_decoder_layer_1_ffn_w_in;
   support::View v94 = arena_.view(0, 8192);
   const support::Buffer &v91 = param24_decoder_decoder_layer_1_ffn_b_in;
@@ -395,139 +971,102 @@ void Lm::runPart0(const Inputs &inputs) {
   support::View v98 = arena_.view(0, 4096);
   const support::Buffer &v93 = param26_decoder_decoder_layer_1_ffn_b_out;
   support::View v101 = arena_.view(16384, 4096);
+  support::View v104 = arena_.view(0, 4096);
   const support::Buffer &v102 = param27_decoder_norm_gain;
   const support::Buffer &v103 = param28_decoder_norm_bias;
-  support::View v106 = arena_.view(0, 4096);
-  repeated0(v80, v73, v34, v71, v81, v67, v82, v58, v84, v89, v85, v86, v90, v94, v91, v96, v92,
-            v98, v93, v101, v106, v102, v103);
+  support::View v106 = arena_.view(16384, 4096);
+  repeated0(v34, v73, v79, v80, v71, v81, v67, v82, v58, v84, v87, v85, v86, v89, v90, v94, v91,
+            v96, v92, v98, v93, v101, v104, v102, v103, v106);
 
   // transformer.mesh:43:10 einsum -> logits
   MESHRT_TRACE("gemm", "transformer.mesh:43:10", "forward");
   const support::Buffer &v3 = param2_decoder_unembed;
-  support::View v107 = arena_.view(16384, 3072);
+  support::View v107 = arena_.view(0, 3072);
   // dims: batch, seq, d_model, vocab
-  static const meshrt::kernels::EinsumPlan einsumPlan9(
-      {{2, 32, 64, 48}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan9.run(v106.data(), v3.data(), v107.data(), 1.0f, 0.0f);
+  kEinsum0.plan().run(v106.data(), v3.data(), v107.data(), 1.0f, 0.0f);
 }
 
-void Lm::repeated0(support::View a0, support::ConstView a1, support::ConstView a2,
-                   support::ConstView a3, support::View a4, support::ConstView a5, support::View a6,
-                   support::ConstView a7, support::View a8, support::View a9,
-                   support::ConstView a10, support::ConstView a11, support::ConstView a12,
-                   support::View a13, support::ConstView a14, support::View a15,
-                   support::ConstView a16, support::View a17, support::ConstView a18,
-                   support::View a19, support::View a20, support::ConstView a21,
-                   support::ConstView a22) {
+void Lm::repeated0(support::ConstView a0, support::ConstView a1, support::View a2, support::View a3,
+                   support::ConstView a4, support::View a5, support::ConstView a6, support::View a7,
+                   support::ConstView a8, support::View a9, support::View a10,
+                   support::ConstView a11, support::ConstView a12, support::View a13,
+                   support::ConstView a14, support::View a15, support::ConstView a16,
+                   support::View a17, support::ConstView a18, support::View a19,
+                   support::ConstView a20, support::View a21, support::View a22,
+                   support::ConstView a23, support::ConstView a24, support::View a25) {
   MESHRT_TRACE_SPAN(world_);
 
-  // layers.mesh:43:17 softmax -> weights
   // layers.mesh:43:25 where
+  MESHRT_TRACE("loop", "layers.mesh:43:25", "forward");
+  loop5(a2.data(), a0.data(), a1.data());
+
+  // layers.mesh:43:17 softmax -> weights
   MESHRT_TRACE("softmax", "layers.mesh:43:17", "forward");
-  static const support::Shape shape0_3 = {2, 2, 32};
-  static const support::Shape shape0_4 = {1024, 0, 32};
-  support::maskedSoftmax(a0.data(), a1.data(), a2.data(), shape0_3, shape0_4, 32, 1, -1000000000.0);
+  support::along(a3.data(), a2.data(), kShape8, kShape9, kShape9, kShape0, kShape1, kShape1,
+                 support::Along::Softmax, 1e-05, 32, nullptr);
 
   // layers.mesh:44:17 einsum -> context
   MESHRT_TRACE("gemm", "layers.mesh:44:17", "forward");
   // dims: batch, heads, seq, mem, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan1(
-      {{2, 2, 32, 32, 16}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 2, 1, 4}, {}}});
-  einsumPlan1.run(a0.data(), a3.data(), a4.data(), 1.0f, 0.0f);
+  kEinsum1.plan().run(a3.data(), a4.data(), a5.data(), 1.0f, 0.0f);
 
   // layers.mesh:45:10 einsum
   MESHRT_TRACE("gemm", "layers.mesh:45:10", "forward");
   // dims: batch, seq, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan2(
-      {{2, 32, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 4}, {}}});
-  einsumPlan2.run(a4.data(), a5.data(), a6.data(), 1.0f, 0.0f);
+  kEinsum2.plan().run(a5.data(), a6.data(), a7.data(), 1.0f, 0.0f);
 
   // transformer.mesh:21:13 all_reduce_sum (resolve the partial sum of %38 over model for add at
   // 21:13)
   MESHRT_TRACE_SITE("transformer.mesh:21:13");
-  group_model.allReduce(a6.data(), a6.size(), meshrt::ReduceOp::Sum);
+  group_model.allReduce(a7.data(), a7.size(), meshrt::ReduceOp::Sum);
 
   // transformer.mesh:21:13 add -> h
   MESHRT_TRACE("loop", "transformer.mesh:21:13", "forward");
-  {
-    float *__restrict a8p = a8.data();
-    const float *__restrict a7p = a7.data();
-    const float *__restrict a6p = a6.data();
-    for (int64_t i0 = 0; i0 < 4096; ++i0) {
-      const float s0 = a7p[i0];
-      const float s1 = a6p[i0];
-      const float s2 = (s0 + s1);
-      a8p[i0] = s2;
-    }
-  }
+  loop6(a9.data(), a8.data(), a7.data());
 
   // layers.mesh:24:10 layer_norm
+  MESHRT_TRACE("layer_norm", "layers.mesh:24:10", "forward");
+  support::along(a10.data(), a9.data(), kShape5, kShape6, kShape6, kShape7, kShape1, kShape1,
+                 support::Along::LayerNorm, 1e-05, 64, nullptr);
+
   // layers.mesh:24:33 mul
   // layers.mesh:24:40 add
-  MESHRT_TRACE("layer_norm", "layers.mesh:24:10", "forward");
-  support::layerNormAffine(a9.data(), a8.data(), 64, 64, a10.data(), a11.data(), 1e-05, 64);
+  MESHRT_TRACE("loop", "layers.mesh:24:33", "forward");
+  loop3(a13.data(), a10.data(), a11.data(), a12.data());
 
   // layers.mesh:54:16 einsum
   MESHRT_TRACE("gemm", "layers.mesh:54:16", "forward");
   // dims: batch, seq, d_model, d_ff
-  static const meshrt::kernels::EinsumPlan einsumPlan6(
-      {{2, 32, 64, 128}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan6.run(a9.data(), a12.data(), a13.data(), 1.0f, 0.0f);
+  kEinsum3.plan().run(a13.data(), a14.data(), a15.data(), 1.0f, 0.0f);
 
   // layers.mesh:54:52 add
   // layers.mesh:54:11 gelu -> h
   MESHRT_TRACE("loop", "layers.mesh:54:52", "forward");
-  {
-    float *__restrict a15p = a15.data();
-    const float *__restrict a13p = a13.data();
-    const float *__restrict a14p = a14.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      for (int64_t i1 = 0; i1 < 128; ++i1) {
-        const float s0 = a13p[i0 * 128 + i1];
-        const float s1 = a14p[i1];
-        const float s2 = (s0 + s1);
-        const float s3 = support::fgelu(s2);
-        a15p[i0 * 128 + i1] = s3;
-      }
-    }
-  }
+  loop7(a17.data(), a15.data(), a16.data());
 
   // layers.mesh:55:10 einsum
   MESHRT_TRACE("gemm", "layers.mesh:55:10", "forward");
   // dims: batch, seq, d_ff, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan8(
-      {{2, 32, 128, 64}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan8.run(a15.data(), a16.data(), a17.data(), 1.0f, 0.0f);
+  kEinsum4.plan().run(a17.data(), a18.data(), a19.data(), 1.0f, 0.0f);
 
   // layers.mesh:55:71 all_reduce_sum (resolve the partial sum of %53 over model for add at 55:71)
   MESHRT_TRACE_SITE("layers.mesh:55:71");
-  group_model.allReduce(a17.data(), a17.size(), meshrt::ReduceOp::Sum);
+  group_model.allReduce(a19.data(), a19.size(), meshrt::ReduceOp::Sum);
 
   // layers.mesh:55:71 add
   // transformer.mesh:22:12 add -> x
   MESHRT_TRACE("loop", "layers.mesh:55:71", "forward");
-  {
-    float *__restrict a19p = a19.data();
-    const float *__restrict a17p = a17.data();
-    const float *__restrict a18p = a18.data();
-    const float *__restrict a8p = a8.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      for (int64_t i1 = 0; i1 < 64; ++i1) {
-        const float s0 = a17p[i0 * 64 + i1];
-        const float s1 = a18p[i1];
-        const float s2 = (s0 + s1);
-        const float s3 = a8p[i0 * 64 + i1];
-        const float s4 = (s3 + s2);
-        a19p[i0 * 64 + i1] = s4;
-      }
-    }
-  }
+  loop8(a21.data(), a19.data(), a20.data(), a9.data());
 
   // layers.mesh:24:10 layer_norm
+  MESHRT_TRACE("layer_norm", "layers.mesh:24:10", "forward");
+  support::along(a22.data(), a21.data(), kShape5, kShape6, kShape6, kShape7, kShape1, kShape1,
+                 support::Along::LayerNorm, 1e-05, 64, nullptr);
+
   // layers.mesh:24:33 mul
   // layers.mesh:24:40 add -> n
-  MESHRT_TRACE("layer_norm", "layers.mesh:24:10", "forward");
-  support::layerNormAffine(a20.data(), a19.data(), 64, 64, a21.data(), a22.data(), 1e-05, 64);
+  MESHRT_TRACE("loop", "layers.mesh:24:33", "forward");
+  loop3(a25.data(), a22.data(), a23.data(), a24.data());
 }
 
 void Lm::repeated1(support::ConstView a0, support::ConstView a1, support::View a2,
@@ -538,31 +1077,23 @@ void Lm::repeated1(support::ConstView a0, support::ConstView a1, support::View a
   // layers.mesh:36:11 einsum -> q
   MESHRT_TRACE("gemm", "layers.mesh:36:11", "forward");
   // dims: batch, seq, d_model, heads, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan0(
-      {{2, 32, 64, 2, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan0.run(a0.data(), a1.data(), a2.data(), 1.0f, 0.0f);
+  kEinsum5.plan().run(a0.data(), a1.data(), a2.data(), 1.0f, 0.0f);
 
   // layers.mesh:38:18 einsum
   MESHRT_TRACE("gemm", "layers.mesh:38:18", "forward");
   // dims: batch, seq, d_model, heads, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan1(
-      {{2, 32, 64, 2, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan1.run(a0.data(), a3.data(), a4.data(), 1.0f, 0.0f);
+  kEinsum5.plan().run(a0.data(), a3.data(), a4.data(), 1.0f, 0.0f);
 
   // layers.mesh:39:18 einsum
   MESHRT_TRACE("gemm", "layers.mesh:39:18", "forward");
   // dims: batch, seq, d_model, heads, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan2(
-      {{2, 32, 64, 2, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan2.run(a0.data(), a5.data(), a6.data(), 1.0f, 0.0f);
+  kEinsum5.plan().run(a0.data(), a5.data(), a6.data(), 1.0f, 0.0f);
 
   // layers.mesh:41:16 einsum
   // layers.mesh:41:55 mul -> scores
   MESHRT_TRACE("gemm", "layers.mesh:41:16", "forward");
   // dims: batch, seq, heads, d_head, mem
-  static const meshrt::kernels::EinsumPlan einsumPlan3(
-      {{2, 32, 2, 16, 32}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
-  einsumPlan3.run(a2.data(), a4.data(), a7.data(), 0.25f, 0.0f);
+  kEinsum6.plan().run(a2.data(), a4.data(), a7.data(), 0.25f, 0.0f);
 }
 
 Lm::Inputs Lm::synthesizeInputs(uint64_t seed) const {
@@ -607,35 +1138,36 @@ support::Tensor Lm::gatherOutput(meshrt::Communicator &world, const std::string 
 }
 
 std::vector<std::string> Lm::paramNames() {
-  return {"decoder/token_embedding",
-          "decoder/position_embedding",
-          "decoder/unembed",
-          "decoder/decoder_layer[0]/norm/gain",
-          "decoder/decoder_layer[0]/norm/bias",
-          "decoder/decoder_layer[0]/attention/w_q",
-          "decoder/decoder_layer[0]/attention/w_k",
-          "decoder/decoder_layer[0]/attention/w_v",
-          "decoder/decoder_layer[0]/attention/w_o",
-          "decoder/decoder_layer[0]/norm#1/gain",
-          "decoder/decoder_layer[0]/norm#1/bias",
-          "decoder/decoder_layer[0]/ffn/w_in",
-          "decoder/decoder_layer[0]/ffn/b_in",
-          "decoder/decoder_layer[0]/ffn/w_out",
-          "decoder/decoder_layer[0]/ffn/b_out",
-          "decoder/decoder_layer[1]/norm/gain",
-          "decoder/decoder_layer[1]/norm/bias",
-          "decoder/decoder_layer[1]/attention/w_q",
-          "decoder/decoder_layer[1]/attention/w_k",
-          "decoder/decoder_layer[1]/attention/w_v",
-          "decoder/decoder_layer[1]/attention/w_o",
-          "decoder/decoder_layer[1]/norm#1/gain",
-          "decoder/decoder_layer[1]/norm#1/bias",
-          "decoder/decoder_layer[1]/ffn/w_in",
-          "decoder/decoder_layer[1]/ffn/b_in",
-          "decoder/decoder_layer[1]/ffn/w_out",
-          "decoder/decoder_layer[1]/ffn/b_out",
-          "decoder/norm/gain",
-          "decoder/norm/bias"};
+  static constexpr const char *names[] = {"decoder/token_embedding",
+                                          "decoder/position_embedding",
+                                          "decoder/unembed",
+                                          "decoder/decoder_layer[0]/norm/gain",
+                                          "decoder/decoder_layer[0]/norm/bias",
+                                          "decoder/decoder_layer[0]/attention/w_q",
+                                          "decoder/decoder_layer[0]/attention/w_k",
+                                          "decoder/decoder_layer[0]/attention/w_v",
+                                          "decoder/decoder_layer[0]/attention/w_o",
+                                          "decoder/decoder_layer[0]/norm#1/gain",
+                                          "decoder/decoder_layer[0]/norm#1/bias",
+                                          "decoder/decoder_layer[0]/ffn/w_in",
+                                          "decoder/decoder_layer[0]/ffn/b_in",
+                                          "decoder/decoder_layer[0]/ffn/w_out",
+                                          "decoder/decoder_layer[0]/ffn/b_out",
+                                          "decoder/decoder_layer[1]/norm/gain",
+                                          "decoder/decoder_layer[1]/norm/bias",
+                                          "decoder/decoder_layer[1]/attention/w_q",
+                                          "decoder/decoder_layer[1]/attention/w_k",
+                                          "decoder/decoder_layer[1]/attention/w_v",
+                                          "decoder/decoder_layer[1]/attention/w_o",
+                                          "decoder/decoder_layer[1]/norm#1/gain",
+                                          "decoder/decoder_layer[1]/norm#1/bias",
+                                          "decoder/decoder_layer[1]/ffn/w_in",
+                                          "decoder/decoder_layer[1]/ffn/b_in",
+                                          "decoder/decoder_layer[1]/ffn/w_out",
+                                          "decoder/decoder_layer[1]/ffn/b_out",
+                                          "decoder/norm/gain",
+                                          "decoder/norm/bias"};
+  return {std::begin(names), std::end(names)};
 }
 
 bool Lm::isOptimizerState(const std::string &path) {
@@ -644,44 +1176,6 @@ bool Lm::isOptimizerState(const std::string &path) {
 }
 
 std::vector<support::ParamShard> Lm::paramShards() {
-  static constexpr support::ParamSpec specs[] = {
-      {"decoder/token_embedding", false, "f32", "vocab:96:48:model d_model:64:64:"},
-      {"decoder/position_embedding", false, "f32", "seq:32:32: d_model:64:64:"},
-      {"decoder/unembed", false, "f32", "d_model:64:64: vocab:96:48:model"},
-      {"decoder/decoder_layer[0]/norm/gain", false, "f32", "d_model:64:64:"},
-      {"decoder/decoder_layer[0]/norm/bias", false, "f32", "d_model:64:64:"},
-      {"decoder/decoder_layer[0]/attention/w_q", false, "f32",
-       "d_model:64:64: heads:4:2:model d_head:16:16:"},
-      {"decoder/decoder_layer[0]/attention/w_k", false, "f32",
-       "d_model:64:64: heads:4:2:model d_head:16:16:"},
-      {"decoder/decoder_layer[0]/attention/w_v", false, "f32",
-       "d_model:64:64: heads:4:2:model d_head:16:16:"},
-      {"decoder/decoder_layer[0]/attention/w_o", false, "f32",
-       "heads:4:2:model d_head:16:16: d_model:64:64:"},
-      {"decoder/decoder_layer[0]/norm#1/gain", false, "f32", "d_model:64:64:"},
-      {"decoder/decoder_layer[0]/norm#1/bias", false, "f32", "d_model:64:64:"},
-      {"decoder/decoder_layer[0]/ffn/w_in", false, "f32", "d_model:64:64: d_ff:256:128:model"},
-      {"decoder/decoder_layer[0]/ffn/b_in", false, "f32", "d_ff:256:128:model"},
-      {"decoder/decoder_layer[0]/ffn/w_out", false, "f32", "d_ff:256:128:model d_model:64:64:"},
-      {"decoder/decoder_layer[0]/ffn/b_out", false, "f32", "d_model:64:64:"},
-      {"decoder/decoder_layer[1]/norm/gain", false, "f32", "d_model:64:64:"},
-      {"decoder/decoder_layer[1]/norm/bias", false, "f32", "d_model:64:64:"},
-      {"decoder/decoder_layer[1]/attention/w_q", false, "f32",
-       "d_model:64:64: heads:4:2:model d_head:16:16:"},
-      {"decoder/decoder_layer[1]/attention/w_k", false, "f32",
-       "d_model:64:64: heads:4:2:model d_head:16:16:"},
-      {"decoder/decoder_layer[1]/attention/w_v", false, "f32",
-       "d_model:64:64: heads:4:2:model d_head:16:16:"},
-      {"decoder/decoder_layer[1]/attention/w_o", false, "f32",
-       "heads:4:2:model d_head:16:16: d_model:64:64:"},
-      {"decoder/decoder_layer[1]/norm#1/gain", false, "f32", "d_model:64:64:"},
-      {"decoder/decoder_layer[1]/norm#1/bias", false, "f32", "d_model:64:64:"},
-      {"decoder/decoder_layer[1]/ffn/w_in", false, "f32", "d_model:64:64: d_ff:256:128:model"},
-      {"decoder/decoder_layer[1]/ffn/b_in", false, "f32", "d_ff:256:128:model"},
-      {"decoder/decoder_layer[1]/ffn/w_out", false, "f32", "d_ff:256:128:model d_model:64:64:"},
-      {"decoder/decoder_layer[1]/ffn/b_out", false, "f32", "d_model:64:64:"},
-      {"decoder/norm/gain", false, "f32", "d_model:64:64:"},
-      {"decoder/norm/bias", false, "f32", "d_model:64:64:"}};
   support::Buffer *const data[] = {&param0_decoder_token_embedding,
                                    &param1_decoder_position_embedding,
                                    &param2_decoder_unembed,
@@ -711,7 +1205,7 @@ std::vector<support::ParamShard> Lm::paramShards() {
                                    &param26_decoder_decoder_layer_1_ffn_b_out,
                                    &param27_decoder_norm_gain,
                                    &param28_decoder_norm_bias};
-  return support::paramShardsOf<support::ParamShard>(specs, data);
+  return support::paramShardsOf<support::ParamShard>(kLmParams, data);
 }
 
 support::Tensor Lm::getParam(const std::string &path) {
@@ -752,357 +1246,388 @@ support::Shape LmTrain::inputShape(const std::string &name) {
   throw std::invalid_argument("lm_train: no input named '" + name + "'");
 }
 
+/// `lm_train`'s params: paths, dims and layouts (its constructor and paramShards() read it).
+static constexpr support::ParamSpec kLmTrainParams[] = {
+    {"decoder/token_embedding", false, "f32", "vocab:96:48:model d_model:64:64:"},
+    {"decoder/position_embedding", false, "f32", "seq:32:32: d_model:64:64:"},
+    {"decoder/unembed", false, "f32", "d_model:64:64: vocab:96:48:model"},
+    {"decoder/decoder_layer[0]/norm/gain", false, "f32", "d_model:64:64:"},
+    {"decoder/decoder_layer[0]/norm/bias", false, "f32", "d_model:64:64:"},
+    {"decoder/decoder_layer[0]/attention/w_q", false, "f32",
+     "d_model:64:64: heads:4:2:model d_head:16:16:"},
+    {"decoder/decoder_layer[0]/attention/w_k", false, "f32",
+     "d_model:64:64: heads:4:2:model d_head:16:16:"},
+    {"decoder/decoder_layer[0]/attention/w_v", false, "f32",
+     "d_model:64:64: heads:4:2:model d_head:16:16:"},
+    {"decoder/decoder_layer[0]/attention/w_o", false, "f32",
+     "heads:4:2:model d_head:16:16: d_model:64:64:"},
+    {"decoder/decoder_layer[0]/norm#1/gain", false, "f32", "d_model:64:64:"},
+    {"decoder/decoder_layer[0]/norm#1/bias", false, "f32", "d_model:64:64:"},
+    {"decoder/decoder_layer[0]/ffn/w_in", false, "f32", "d_model:64:64: d_ff:256:128:model"},
+    {"decoder/decoder_layer[0]/ffn/b_in", false, "f32", "d_ff:256:128:model"},
+    {"decoder/decoder_layer[0]/ffn/w_out", false, "f32", "d_ff:256:128:model d_model:64:64:"},
+    {"decoder/decoder_layer[0]/ffn/b_out", false, "f32", "d_model:64:64:"},
+    {"decoder/decoder_layer[1]/norm/gain", false, "f32", "d_model:64:64:"},
+    {"decoder/decoder_layer[1]/norm/bias", false, "f32", "d_model:64:64:"},
+    {"decoder/decoder_layer[1]/attention/w_q", false, "f32",
+     "d_model:64:64: heads:4:2:model d_head:16:16:"},
+    {"decoder/decoder_layer[1]/attention/w_k", false, "f32",
+     "d_model:64:64: heads:4:2:model d_head:16:16:"},
+    {"decoder/decoder_layer[1]/attention/w_v", false, "f32",
+     "d_model:64:64: heads:4:2:model d_head:16:16:"},
+    {"decoder/decoder_layer[1]/attention/w_o", false, "f32",
+     "heads:4:2:model d_head:16:16: d_model:64:64:"},
+    {"decoder/decoder_layer[1]/norm#1/gain", false, "f32", "d_model:64:64:"},
+    {"decoder/decoder_layer[1]/norm#1/bias", false, "f32", "d_model:64:64:"},
+    {"decoder/decoder_layer[1]/ffn/w_in", false, "f32", "d_model:64:64: d_ff:256:128:model"},
+    {"decoder/decoder_layer[1]/ffn/b_in", false, "f32", "d_ff:256:128:model"},
+    {"decoder/decoder_layer[1]/ffn/w_out", false, "f32", "d_ff:256:128:model d_model:64:64:"},
+    {"decoder/decoder_layer[1]/ffn/b_out", false, "f32", "d_model:64:64:"},
+    {"decoder/norm/gain", false, "f32", "d_model:64:64:"},
+    {"decoder/norm/bias", false, "f32", "d_model:64:64:"},
+    {"decoder/token_embedding@m", true, "f32", "vocab:96:48:model d_model:64:64:"},
+    {"decoder/token_embedding@v", true, "f32", "vocab:96:48:model d_model:64:64:"},
+    {"decoder/position_embedding@m", true, "f32", "seq:32:32: d_model:64:64:"},
+    {"decoder/position_embedding@v", true, "f32", "seq:32:32: d_model:64:64:"},
+    {"decoder/unembed@m", true, "f32", "d_model:64:64: vocab:96:48:model"},
+    {"decoder/unembed@v", true, "f32", "d_model:64:64: vocab:96:48:model"},
+    {"decoder/decoder_layer[0]/norm/gain@m", true, "f32", "d_model:64:64:"},
+    {"decoder/decoder_layer[0]/norm/gain@v", true, "f32", "d_model:64:64:"},
+    {"decoder/decoder_layer[0]/norm/bias@m", true, "f32", "d_model:64:64:"},
+    {"decoder/decoder_layer[0]/norm/bias@v", true, "f32", "d_model:64:64:"},
+    {"decoder/decoder_layer[0]/attention/w_q@m", true, "f32",
+     "d_model:64:64: heads:4:2:model d_head:16:16:"},
+    {"decoder/decoder_layer[0]/attention/w_q@v", true, "f32",
+     "d_model:64:64: heads:4:2:model d_head:16:16:"},
+    {"decoder/decoder_layer[0]/attention/w_k@m", true, "f32",
+     "d_model:64:64: heads:4:2:model d_head:16:16:"},
+    {"decoder/decoder_layer[0]/attention/w_k@v", true, "f32",
+     "d_model:64:64: heads:4:2:model d_head:16:16:"},
+    {"decoder/decoder_layer[0]/attention/w_v@m", true, "f32",
+     "d_model:64:64: heads:4:2:model d_head:16:16:"},
+    {"decoder/decoder_layer[0]/attention/w_v@v", true, "f32",
+     "d_model:64:64: heads:4:2:model d_head:16:16:"},
+    {"decoder/decoder_layer[0]/attention/w_o@m", true, "f32",
+     "heads:4:2:model d_head:16:16: d_model:64:64:"},
+    {"decoder/decoder_layer[0]/attention/w_o@v", true, "f32",
+     "heads:4:2:model d_head:16:16: d_model:64:64:"},
+    {"decoder/decoder_layer[0]/norm#1/gain@m", true, "f32", "d_model:64:64:"},
+    {"decoder/decoder_layer[0]/norm#1/gain@v", true, "f32", "d_model:64:64:"},
+    {"decoder/decoder_layer[0]/norm#1/bias@m", true, "f32", "d_model:64:64:"},
+    {"decoder/decoder_layer[0]/norm#1/bias@v", true, "f32", "d_model:64:64:"},
+    {"decoder/decoder_layer[0]/ffn/w_in@m", true, "f32", "d_model:64:64: d_ff:256:128:model"},
+    {"decoder/decoder_layer[0]/ffn/w_in@v", true, "f32", "d_model:64:64: d_ff:256:128:model"},
+    {"decoder/decoder_layer[0]/ffn/b_in@m", true, "f32", "d_ff:256:128:model"},
+    {"decoder/decoder_layer[0]/ffn/b_in@v", true, "f32", "d_ff:256:128:model"},
+    {"decoder/decoder_layer[0]/ffn/w_out@m", true, "f32", "d_ff:256:128:model d_model:64:64:"},
+    {"decoder/decoder_layer[0]/ffn/w_out@v", true, "f32", "d_ff:256:128:model d_model:64:64:"},
+    {"decoder/decoder_layer[0]/ffn/b_out@m", true, "f32", "d_model:64:64:"},
+    {"decoder/decoder_layer[0]/ffn/b_out@v", true, "f32", "d_model:64:64:"},
+    {"decoder/decoder_layer[1]/norm/gain@m", true, "f32", "d_model:64:64:"},
+    {"decoder/decoder_layer[1]/norm/gain@v", true, "f32", "d_model:64:64:"},
+    {"decoder/decoder_layer[1]/norm/bias@m", true, "f32", "d_model:64:64:"},
+    {"decoder/decoder_layer[1]/norm/bias@v", true, "f32", "d_model:64:64:"},
+    {"decoder/decoder_layer[1]/attention/w_q@m", true, "f32",
+     "d_model:64:64: heads:4:2:model d_head:16:16:"},
+    {"decoder/decoder_layer[1]/attention/w_q@v", true, "f32",
+     "d_model:64:64: heads:4:2:model d_head:16:16:"},
+    {"decoder/decoder_layer[1]/attention/w_k@m", true, "f32",
+     "d_model:64:64: heads:4:2:model d_head:16:16:"},
+    {"decoder/decoder_layer[1]/attention/w_k@v", true, "f32",
+     "d_model:64:64: heads:4:2:model d_head:16:16:"},
+    {"decoder/decoder_layer[1]/attention/w_v@m", true, "f32",
+     "d_model:64:64: heads:4:2:model d_head:16:16:"},
+    {"decoder/decoder_layer[1]/attention/w_v@v", true, "f32",
+     "d_model:64:64: heads:4:2:model d_head:16:16:"},
+    {"decoder/decoder_layer[1]/attention/w_o@m", true, "f32",
+     "heads:4:2:model d_head:16:16: d_model:64:64:"},
+    {"decoder/decoder_layer[1]/attention/w_o@v", true, "f32",
+     "heads:4:2:model d_head:16:16: d_model:64:64:"},
+    {"decoder/decoder_layer[1]/norm#1/gain@m", true, "f32", "d_model:64:64:"},
+    {"decoder/decoder_layer[1]/norm#1/gain@v", true, "f32", "d_model:64:64:"},
+    {"decoder/decoder_layer[1]/norm#1/bias@m", true, "f32", "d_model:64:64:"},
+    {"decoder/decoder_layer[1]/norm#1/bias@v", true, "f32", "d_model:64:64:"},
+    {"decoder/decoder_layer[1]/ffn/w_in@m", true, "f32", "d_model:64:64: d_ff:256:128:model"},
+    {"decoder/decoder_layer[1]/ffn/w_in@v", true, "f32", "d_model:64:64: d_ff:256:128:model"},
+    {"decoder/decoder_layer[1]/ffn/b_in@m", true, "f32", "d_ff:256:128:model"},
+    {"decoder/decoder_layer[1]/ffn/b_in@v", true, "f32", "d_ff:256:128:model"},
+    {"decoder/decoder_layer[1]/ffn/w_out@m", true, "f32", "d_ff:256:128:model d_model:64:64:"},
+    {"decoder/decoder_layer[1]/ffn/w_out@v", true, "f32", "d_ff:256:128:model d_model:64:64:"},
+    {"decoder/decoder_layer[1]/ffn/b_out@m", true, "f32", "d_model:64:64:"},
+    {"decoder/decoder_layer[1]/ffn/b_out@v", true, "f32", "d_model:64:64:"},
+    {"decoder/norm/gain@m", true, "f32", "d_model:64:64:"},
+    {"decoder/norm/gain@v", true, "f32", "d_model:64:64:"},
+    {"decoder/norm/bias@m", true, "f32", "d_model:64:64:"},
+    {"decoder/norm/bias@v", true, "f32", "d_model:64:64:"}};
+
 LmTrain::LmTrain(meshrt::Communicator &world, uint64_t seed)
     : world_(support::checkedWorld(world, mesh(), "lm_train")), seed_(seed),
       group_data(world_.subgroup(std::vector<std::string>{"data"})),
       group_data_model(world_.subgroup(std::vector<std::string>{"data", "model"})),
       group_model(world_.subgroup(std::vector<std::string>{"model"})) {
-  // decoder/token_embedding: normal (transformer.mesh:27)
-  param0_decoder_token_embedding.resize(3072);
-  {
-    const meshrt::kernels::Shard shard{
-        {96, 64}, {support::shardStart(world_, {"model"}, 48), 0}, {48, 64}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
-    support::fillParam(param0_decoder_token_embedding.data(), shard, seed,
-                       "decoder/token_embedding", init, meshrt::kernels::ValueType::F32);
-  }
-  // decoder/position_embedding: normal (transformer.mesh:28)
-  param1_decoder_position_embedding.resize(2048);
-  {
-    const meshrt::kernels::Shard shard{{32, 64}, {0, 0}, {32, 64}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
-    support::fillParam(param1_decoder_position_embedding.data(), shard, seed,
-                       "decoder/position_embedding", init, meshrt::kernels::ValueType::F32);
-  }
-  // decoder/unembed: normal (transformer.mesh:29)
-  param2_decoder_unembed.resize(3072);
-  {
-    const meshrt::kernels::Shard shard{
-        {64, 96}, {0, support::shardStart(world_, {"model"}, 48)}, {64, 48}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
-    support::fillParam(param2_decoder_unembed.data(), shard, seed, "decoder/unembed", init,
-                       meshrt::kernels::ValueType::F32);
-  }
-  // decoder/decoder_layer[0]/norm/gain: ones (layers.mesh:22)
-  param3_decoder_decoder_layer_0_norm_gain.assign(64,
-                                                  support::roundValue(support::DType::F32, 1.0));
-  // decoder/decoder_layer[0]/norm/bias: zeros (layers.mesh:23)
-  param4_decoder_decoder_layer_0_norm_bias.assign(64,
-                                                  support::roundValue(support::DType::F32, 0.0));
-  // decoder/decoder_layer[0]/attention/w_q: normal (layers.mesh:31)
-  param5_decoder_decoder_layer_0_attention_w_q.resize(2048);
-  {
-    const meshrt::kernels::Shard shard{
-        {64, 4, 16}, {0, support::shardStart(world_, {"model"}, 2), 0}, {64, 2, 16}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}});
-    support::fillParam(param5_decoder_decoder_layer_0_attention_w_q.data(), shard, seed,
-                       "decoder/decoder_layer[0]/attention/w_q", init,
-                       meshrt::kernels::ValueType::F32);
-  }
-  // decoder/decoder_layer[0]/attention/w_k: normal (layers.mesh:32)
-  param6_decoder_decoder_layer_0_attention_w_k.resize(2048);
-  {
-    const meshrt::kernels::Shard shard{
-        {64, 4, 16}, {0, support::shardStart(world_, {"model"}, 2), 0}, {64, 2, 16}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}});
-    support::fillParam(param6_decoder_decoder_layer_0_attention_w_k.data(), shard, seed,
-                       "decoder/decoder_layer[0]/attention/w_k", init,
-                       meshrt::kernels::ValueType::F32);
-  }
-  // decoder/decoder_layer[0]/attention/w_v: normal (layers.mesh:33)
-  param7_decoder_decoder_layer_0_attention_w_v.resize(2048);
-  {
-    const meshrt::kernels::Shard shard{
-        {64, 4, 16}, {0, support::shardStart(world_, {"model"}, 2), 0}, {64, 2, 16}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}});
-    support::fillParam(param7_decoder_decoder_layer_0_attention_w_v.data(), shard, seed,
-                       "decoder/decoder_layer[0]/attention/w_v", init,
-                       meshrt::kernels::ValueType::F32);
-  }
-  // decoder/decoder_layer[0]/attention/w_o: normal (layers.mesh:34)
-  param8_decoder_decoder_layer_0_attention_w_o.resize(2048);
-  {
-    const meshrt::kernels::Shard shard{
-        {4, 16, 64}, {support::shardStart(world_, {"model"}, 2), 0, 0}, {2, 16, 64}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}});
-    support::fillParam(param8_decoder_decoder_layer_0_attention_w_o.data(), shard, seed,
-                       "decoder/decoder_layer[0]/attention/w_o", init,
-                       meshrt::kernels::ValueType::F32);
-  }
-  // decoder/decoder_layer[0]/norm#1/gain: ones (layers.mesh:22)
-  param9_decoder_decoder_layer_0_norm_1_gain.assign(64,
-                                                    support::roundValue(support::DType::F32, 1.0));
-  // decoder/decoder_layer[0]/norm#1/bias: zeros (layers.mesh:23)
-  param10_decoder_decoder_layer_0_norm_1_bias.assign(64,
-                                                     support::roundValue(support::DType::F32, 0.0));
-  // decoder/decoder_layer[0]/ffn/w_in: normal (layers.mesh:50)
-  param11_decoder_decoder_layer_0_ffn_w_in.resize(8192);
-  {
-    const meshrt::kernels::Shard shard{
-        {64, 256}, {0, support::shardStart(world_, {"model"}, 128)}, {64, 128}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}});
-    support::fillParam(param11_decoder_decoder_layer_0_ffn_w_in.data(), shard, seed,
-                       "decoder/decoder_layer[0]/ffn/w_in", init, meshrt::kernels::ValueType::F32);
-  }
-  // decoder/decoder_layer[0]/ffn/b_in: zeros (layers.mesh:51)
-  param12_decoder_decoder_layer_0_ffn_b_in.assign(128,
-                                                  support::roundValue(support::DType::F32, 0.0));
-  // decoder/decoder_layer[0]/ffn/w_out: normal (layers.mesh:52)
-  param13_decoder_decoder_layer_0_ffn_w_out.resize(8192);
-  {
-    const meshrt::kernels::Shard shard{
-        {256, 64}, {support::shardStart(world_, {"model"}, 128), 0}, {128, 64}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.0625}});
-    support::fillParam(param13_decoder_decoder_layer_0_ffn_w_out.data(), shard, seed,
-                       "decoder/decoder_layer[0]/ffn/w_out", init, meshrt::kernels::ValueType::F32);
-  }
-  // decoder/decoder_layer[0]/ffn/b_out: zeros (layers.mesh:53)
-  param14_decoder_decoder_layer_0_ffn_b_out.assign(64,
-                                                   support::roundValue(support::DType::F32, 0.0));
-  // decoder/decoder_layer[1]/norm/gain: ones (layers.mesh:22)
-  param15_decoder_decoder_layer_1_norm_gain.assign(64,
-                                                   support::roundValue(support::DType::F32, 1.0));
-  // decoder/decoder_layer[1]/norm/bias: zeros (layers.mesh:23)
-  param16_decoder_decoder_layer_1_norm_bias.assign(64,
-                                                   support::roundValue(support::DType::F32, 0.0));
-  // decoder/decoder_layer[1]/attention/w_q: normal (layers.mesh:31)
-  param17_decoder_decoder_layer_1_attention_w_q.resize(2048);
-  {
-    const meshrt::kernels::Shard shard{
-        {64, 4, 16}, {0, support::shardStart(world_, {"model"}, 2), 0}, {64, 2, 16}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}});
-    support::fillParam(param17_decoder_decoder_layer_1_attention_w_q.data(), shard, seed,
-                       "decoder/decoder_layer[1]/attention/w_q", init,
-                       meshrt::kernels::ValueType::F32);
-  }
-  // decoder/decoder_layer[1]/attention/w_k: normal (layers.mesh:32)
-  param18_decoder_decoder_layer_1_attention_w_k.resize(2048);
-  {
-    const meshrt::kernels::Shard shard{
-        {64, 4, 16}, {0, support::shardStart(world_, {"model"}, 2), 0}, {64, 2, 16}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}});
-    support::fillParam(param18_decoder_decoder_layer_1_attention_w_k.data(), shard, seed,
-                       "decoder/decoder_layer[1]/attention/w_k", init,
-                       meshrt::kernels::ValueType::F32);
-  }
-  // decoder/decoder_layer[1]/attention/w_v: normal (layers.mesh:33)
-  param19_decoder_decoder_layer_1_attention_w_v.resize(2048);
-  {
-    const meshrt::kernels::Shard shard{
-        {64, 4, 16}, {0, support::shardStart(world_, {"model"}, 2), 0}, {64, 2, 16}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}});
-    support::fillParam(param19_decoder_decoder_layer_1_attention_w_v.data(), shard, seed,
-                       "decoder/decoder_layer[1]/attention/w_v", init,
-                       meshrt::kernels::ValueType::F32);
-  }
-  // decoder/decoder_layer[1]/attention/w_o: normal (layers.mesh:34)
-  param20_decoder_decoder_layer_1_attention_w_o.resize(2048);
-  {
-    const meshrt::kernels::Shard shard{
-        {4, 16, 64}, {support::shardStart(world_, {"model"}, 2), 0, 0}, {2, 16, 64}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}});
-    support::fillParam(param20_decoder_decoder_layer_1_attention_w_o.data(), shard, seed,
-                       "decoder/decoder_layer[1]/attention/w_o", init,
-                       meshrt::kernels::ValueType::F32);
-  }
-  // decoder/decoder_layer[1]/norm#1/gain: ones (layers.mesh:22)
-  param21_decoder_decoder_layer_1_norm_1_gain.assign(64,
-                                                     support::roundValue(support::DType::F32, 1.0));
-  // decoder/decoder_layer[1]/norm#1/bias: zeros (layers.mesh:23)
-  param22_decoder_decoder_layer_1_norm_1_bias.assign(64,
-                                                     support::roundValue(support::DType::F32, 0.0));
-  // decoder/decoder_layer[1]/ffn/w_in: normal (layers.mesh:50)
-  param23_decoder_decoder_layer_1_ffn_w_in.resize(8192);
-  {
-    const meshrt::kernels::Shard shard{
-        {64, 256}, {0, support::shardStart(world_, {"model"}, 128)}, {64, 128}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}});
-    support::fillParam(param23_decoder_decoder_layer_1_ffn_w_in.data(), shard, seed,
-                       "decoder/decoder_layer[1]/ffn/w_in", init, meshrt::kernels::ValueType::F32);
-  }
-  // decoder/decoder_layer[1]/ffn/b_in: zeros (layers.mesh:51)
-  param24_decoder_decoder_layer_1_ffn_b_in.assign(128,
-                                                  support::roundValue(support::DType::F32, 0.0));
-  // decoder/decoder_layer[1]/ffn/w_out: normal (layers.mesh:52)
-  param25_decoder_decoder_layer_1_ffn_w_out.resize(8192);
-  {
-    const meshrt::kernels::Shard shard{
-        {256, 64}, {support::shardStart(world_, {"model"}, 128), 0}, {128, 64}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.0625}});
-    support::fillParam(param25_decoder_decoder_layer_1_ffn_w_out.data(), shard, seed,
-                       "decoder/decoder_layer[1]/ffn/w_out", init, meshrt::kernels::ValueType::F32);
-  }
-  // decoder/decoder_layer[1]/ffn/b_out: zeros (layers.mesh:53)
-  param26_decoder_decoder_layer_1_ffn_b_out.assign(64,
-                                                   support::roundValue(support::DType::F32, 0.0));
-  // decoder/norm/gain: ones (layers.mesh:22)
-  param27_decoder_norm_gain.assign(64, support::roundValue(support::DType::F32, 1.0));
-  // decoder/norm/bias: zeros (layers.mesh:23)
-  param28_decoder_norm_bias.assign(64, support::roundValue(support::DType::F32, 0.0));
-  // decoder/token_embedding@m: zeros (transformer.mesh:27)
-  param29_decoder_token_embedding_m.assign(3072, support::roundValue(support::DType::F32, 0.0));
-  // decoder/token_embedding@v: zeros (transformer.mesh:27)
-  param30_decoder_token_embedding_v.assign(3072, support::roundValue(support::DType::F32, 0.0));
-  // decoder/position_embedding@m: zeros (transformer.mesh:28)
-  param31_decoder_position_embedding_m.assign(2048, support::roundValue(support::DType::F32, 0.0));
-  // decoder/position_embedding@v: zeros (transformer.mesh:28)
-  param32_decoder_position_embedding_v.assign(2048, support::roundValue(support::DType::F32, 0.0));
-  // decoder/unembed@m: zeros (transformer.mesh:29)
-  param33_decoder_unembed_m.assign(3072, support::roundValue(support::DType::F32, 0.0));
-  // decoder/unembed@v: zeros (transformer.mesh:29)
-  param34_decoder_unembed_v.assign(3072, support::roundValue(support::DType::F32, 0.0));
-  // decoder/decoder_layer[0]/norm/gain@m: zeros (layers.mesh:22)
-  param35_decoder_decoder_layer_0_norm_gain_m.assign(64,
-                                                     support::roundValue(support::DType::F32, 0.0));
-  // decoder/decoder_layer[0]/norm/gain@v: zeros (layers.mesh:22)
-  param36_decoder_decoder_layer_0_norm_gain_v.assign(64,
-                                                     support::roundValue(support::DType::F32, 0.0));
-  // decoder/decoder_layer[0]/norm/bias@m: zeros (layers.mesh:23)
-  param37_decoder_decoder_layer_0_norm_bias_m.assign(64,
-                                                     support::roundValue(support::DType::F32, 0.0));
-  // decoder/decoder_layer[0]/norm/bias@v: zeros (layers.mesh:23)
-  param38_decoder_decoder_layer_0_norm_bias_v.assign(64,
-                                                     support::roundValue(support::DType::F32, 0.0));
-  // decoder/decoder_layer[0]/attention/w_q@m: zeros (layers.mesh:31)
-  param39_decoder_decoder_layer_0_attention_w_q_m.assign(
-      2048, support::roundValue(support::DType::F32, 0.0));
-  // decoder/decoder_layer[0]/attention/w_q@v: zeros (layers.mesh:31)
-  param40_decoder_decoder_layer_0_attention_w_q_v.assign(
-      2048, support::roundValue(support::DType::F32, 0.0));
-  // decoder/decoder_layer[0]/attention/w_k@m: zeros (layers.mesh:32)
-  param41_decoder_decoder_layer_0_attention_w_k_m.assign(
-      2048, support::roundValue(support::DType::F32, 0.0));
-  // decoder/decoder_layer[0]/attention/w_k@v: zeros (layers.mesh:32)
-  param42_decoder_decoder_layer_0_attention_w_k_v.assign(
-      2048, support::roundValue(support::DType::F32, 0.0));
-  // decoder/decoder_layer[0]/attention/w_v@m: zeros (layers.mesh:33)
-  param43_decoder_decoder_layer_0_attention_w_v_m.assign(
-      2048, support::roundValue(support::DType::F32, 0.0));
-  // decoder/decoder_layer[0]/attention/w_v@v: zeros (layers.mesh:33)
-  param44_decoder_decoder_layer_0_attention_w_v_v.assign(
-      2048, support::roundValue(support::DType::F32, 0.0));
-  // decoder/decoder_layer[0]/attention/w_o@m: zeros (layers.mesh:34)
-  param45_decoder_decoder_layer_0_attention_w_o_m.assign(
-      2048, support::roundValue(support::DType::F32, 0.0));
-  // decoder/decoder_layer[0]/attention/w_o@v: zeros (layers.mesh:34)
-  param46_decoder_decoder_layer_0_attention_w_o_v.assign(
-      2048, support::roundValue(support::DType::F32, 0.0));
-  // decoder/decoder_layer[0]/norm#1/gain@m: zeros (layers.mesh:22)
-  param47_decoder_decoder_layer_0_norm_1_gain_m.assign(
-      64, support::roundValue(support::DType::F32, 0.0));
-  // decoder/decoder_layer[0]/norm#1/gain@v: zeros (layers.mesh:22)
-  param48_decoder_decoder_layer_0_norm_1_gain_v.assign(
-      64, support::roundValue(support::DType::F32, 0.0));
-  // decoder/decoder_layer[0]/norm#1/bias@m: zeros (layers.mesh:23)
-  param49_decoder_decoder_layer_0_norm_1_bias_m.assign(
-      64, support::roundValue(support::DType::F32, 0.0));
-  // decoder/decoder_layer[0]/norm#1/bias@v: zeros (layers.mesh:23)
-  param50_decoder_decoder_layer_0_norm_1_bias_v.assign(
-      64, support::roundValue(support::DType::F32, 0.0));
-  // decoder/decoder_layer[0]/ffn/w_in@m: zeros (layers.mesh:50)
-  param51_decoder_decoder_layer_0_ffn_w_in_m.assign(8192,
-                                                    support::roundValue(support::DType::F32, 0.0));
-  // decoder/decoder_layer[0]/ffn/w_in@v: zeros (layers.mesh:50)
-  param52_decoder_decoder_layer_0_ffn_w_in_v.assign(8192,
-                                                    support::roundValue(support::DType::F32, 0.0));
-  // decoder/decoder_layer[0]/ffn/b_in@m: zeros (layers.mesh:51)
-  param53_decoder_decoder_layer_0_ffn_b_in_m.assign(128,
-                                                    support::roundValue(support::DType::F32, 0.0));
-  // decoder/decoder_layer[0]/ffn/b_in@v: zeros (layers.mesh:51)
-  param54_decoder_decoder_layer_0_ffn_b_in_v.assign(128,
-                                                    support::roundValue(support::DType::F32, 0.0));
-  // decoder/decoder_layer[0]/ffn/w_out@m: zeros (layers.mesh:52)
-  param55_decoder_decoder_layer_0_ffn_w_out_m.assign(8192,
-                                                     support::roundValue(support::DType::F32, 0.0));
-  // decoder/decoder_layer[0]/ffn/w_out@v: zeros (layers.mesh:52)
-  param56_decoder_decoder_layer_0_ffn_w_out_v.assign(8192,
-                                                     support::roundValue(support::DType::F32, 0.0));
-  // decoder/decoder_layer[0]/ffn/b_out@m: zeros (layers.mesh:53)
-  param57_decoder_decoder_layer_0_ffn_b_out_m.assign(64,
-                                                     support::roundValue(support::DType::F32, 0.0));
-  // decoder/decoder_layer[0]/ffn/b_out@v: zeros (layers.mesh:53)
-  param58_decoder_decoder_layer_0_ffn_b_out_v.assign(64,
-                                                     support::roundValue(support::DType::F32, 0.0));
-  // decoder/decoder_layer[1]/norm/gain@m: zeros (layers.mesh:22)
-  param59_decoder_decoder_layer_1_norm_gain_m.assign(64,
-                                                     support::roundValue(support::DType::F32, 0.0));
-  // decoder/decoder_layer[1]/norm/gain@v: zeros (layers.mesh:22)
-  param60_decoder_decoder_layer_1_norm_gain_v.assign(64,
-                                                     support::roundValue(support::DType::F32, 0.0));
-  // decoder/decoder_layer[1]/norm/bias@m: zeros (layers.mesh:23)
-  param61_decoder_decoder_layer_1_norm_bias_m.assign(64,
-                                                     support::roundValue(support::DType::F32, 0.0));
-  // decoder/decoder_layer[1]/norm/bias@v: zeros (layers.mesh:23)
-  param62_decoder_decoder_layer_1_norm_bias_v.assign(64,
-                                                     support::roundValue(support::DType::F32, 0.0));
-  // decoder/decoder_layer[1]/attention/w_q@m: zeros (layers.mesh:31)
-  param63_decoder_decoder_layer_1_attention_w_q_m.assign(
-      2048, support::roundValue(support::DType::F32, 0.0));
-  // decoder/decoder_layer[1]/attention/w_q@v: zeros (layers.mesh:31)
-  param64_decoder_decoder_layer_1_attention_w_q_v.assign(
-      2048, support::roundValue(support::DType::F32, 0.0));
-  // decoder/decoder_layer[1]/attention/w_k@m: zeros (layers.mesh:32)
-  param65_decoder_decoder_layer_1_attention_w_k_m.assign(
-      2048, support::roundValue(support::DType::F32, 0.0));
-  // decoder/decoder_layer[1]/attention/w_k@v: zeros (layers.mesh:32)
-  param66_decoder_decoder_layer_1_attention_w_k_v.assign(
-      2048, support::roundValue(support::DType::F32, 0.0));
-  // decoder/decoder_layer[1]/attention/w_v@m: zeros (layers.mesh:33)
-  param67_decoder_decoder_layer_1_attention_w_v_m.assign(
-      2048, support::roundValue(support::DType::F32, 0.0));
-  // decoder/decoder_layer[1]/attention/w_v@v: zeros (layers.mesh:33)
-  param68_decoder_decoder_layer_1_attention_w_v_v.assign(
-      2048, support::roundValue(support::DType::F32, 0.0));
-  // decoder/decoder_layer[1]/attention/w_o@m: zeros (layers.mesh:34)
-  param69_decoder_decoder_layer_1_attention_w_o_m.assign(
-      2048, support::roundValue(support::DType::F32, 0.0));
-  // decoder/decoder_layer[1]/attention/w_o@v: zeros (layers.mesh:34)
-  param70_decoder_decoder_layer_1_attention_w_o_v.assign(
-      2048, support::roundValue(support::DType::F32, 0.0));
-  // decoder/decoder_layer[1]/norm#1/gain@m: zeros (layers.mesh:22)
-  param71_decoder_decoder_layer_1_norm_1_gain_m.assign(
-      64, support::roundValue(support::DType::F32, 0.0));
-  // decoder/decoder_layer[1]/norm#1/gain@v: zeros (layers.mesh:22)
-  param72_decoder_decoder_layer_1_norm_1_gain_v.assign(
-      64, support::roundValue(support::DType::F32, 0.0));
-  // decoder/decoder_layer[1]/norm#1/bias@m: zeros (layers.mesh:23)
-  param73_decoder_decoder_layer_1_norm_1_bias_m.assign(
-      64, support::roundValue(support::DType::F32, 0.0));
-  // decoder/decoder_layer[1]/norm#1/bias@v: zeros (layers.mesh:23)
-  param74_decoder_decoder_layer_1_norm_1_bias_v.assign(
-      64, support::roundValue(support::DType::F32, 0.0));
-  // decoder/decoder_layer[1]/ffn/w_in@m: zeros (layers.mesh:50)
-  param75_decoder_decoder_layer_1_ffn_w_in_m.assign(8192,
-                                                    support::roundValue(support::DType::F32, 0.0));
-  // decoder/decoder_layer[1]/ffn/w_in@v: zeros (layers.mesh:50)
-  param76_decoder_decoder_layer_1_ffn_w_in_v.assign(8192,
-                                                    support::roundValue(support::DType::F32, 0.0));
-  // decoder/decoder_layer[1]/ffn/b_in@m: zeros (layers.mesh:51)
-  param77_decoder_decoder_layer_1_ffn_b_in_m.assign(128,
-                                                    support::roundValue(support::DType::F32, 0.0));
-  // decoder/decoder_layer[1]/ffn/b_in@v: zeros (layers.mesh:51)
-  param78_decoder_decoder_layer_1_ffn_b_in_v.assign(128,
-                                                    support::roundValue(support::DType::F32, 0.0));
-  // decoder/decoder_layer[1]/ffn/w_out@m: zeros (layers.mesh:52)
-  param79_decoder_decoder_layer_1_ffn_w_out_m.assign(8192,
-                                                     support::roundValue(support::DType::F32, 0.0));
-  // decoder/decoder_layer[1]/ffn/w_out@v: zeros (layers.mesh:52)
-  param80_decoder_decoder_layer_1_ffn_w_out_v.assign(8192,
-                                                     support::roundValue(support::DType::F32, 0.0));
-  // decoder/decoder_layer[1]/ffn/b_out@m: zeros (layers.mesh:53)
-  param81_decoder_decoder_layer_1_ffn_b_out_m.assign(64,
-                                                     support::roundValue(support::DType::F32, 0.0));
-  // decoder/decoder_layer[1]/ffn/b_out@v: zeros (layers.mesh:53)
-  param82_decoder_decoder_layer_1_ffn_b_out_v.assign(64,
-                                                     support::roundValue(support::DType::F32, 0.0));
-  // decoder/norm/gain@m: zeros (layers.mesh:22)
-  param83_decoder_norm_gain_m.assign(64, support::roundValue(support::DType::F32, 0.0));
-  // decoder/norm/gain@v: zeros (layers.mesh:22)
-  param84_decoder_norm_gain_v.assign(64, support::roundValue(support::DType::F32, 0.0));
-  // decoder/norm/bias@m: zeros (layers.mesh:23)
-  param85_decoder_norm_bias_m.assign(64, support::roundValue(support::DType::F32, 0.0));
-  // decoder/norm/bias@v: zeros (layers.mesh:23)
-  param86_decoder_norm_bias_v.assign(64, support::roundValue(support::DType::F32, 0.0));
+  static constexpr support::ParamInit inits[] = {
+      // decoder/token_embedding (transformer.mesh:27)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.02}}},
+      // decoder/position_embedding (transformer.mesh:28)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.02}}},
+      // decoder/unembed (transformer.mesh:29)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.02}}},
+      // decoder/decoder_layer[0]/norm/gain (layers.mesh:22)
+      {"ones", support::DType::F32, {}},
+      // decoder/decoder_layer[0]/norm/bias (layers.mesh:23)
+      {"zeros", support::DType::F32, {}},
+      // decoder/decoder_layer[0]/attention/w_q (layers.mesh:31)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.125}}},
+      // decoder/decoder_layer[0]/attention/w_k (layers.mesh:32)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.125}}},
+      // decoder/decoder_layer[0]/attention/w_v (layers.mesh:33)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.125}}},
+      // decoder/decoder_layer[0]/attention/w_o (layers.mesh:34)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.125}}},
+      // decoder/decoder_layer[0]/norm#1/gain (layers.mesh:22)
+      {"ones", support::DType::F32, {}},
+      // decoder/decoder_layer[0]/norm#1/bias (layers.mesh:23)
+      {"zeros", support::DType::F32, {}},
+      // decoder/decoder_layer[0]/ffn/w_in (layers.mesh:50)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.125}}},
+      // decoder/decoder_layer[0]/ffn/b_in (layers.mesh:51)
+      {"zeros", support::DType::F32, {}},
+      // decoder/decoder_layer[0]/ffn/w_out (layers.mesh:52)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.0625}}},
+      // decoder/decoder_layer[0]/ffn/b_out (layers.mesh:53)
+      {"zeros", support::DType::F32, {}},
+      // decoder/decoder_layer[1]/norm/gain (layers.mesh:22)
+      {"ones", support::DType::F32, {}},
+      // decoder/decoder_layer[1]/norm/bias (layers.mesh:23)
+      {"zeros", support::DType::F32, {}},
+      // decoder/decoder_layer[1]/attention/w_q (layers.mesh:31)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.125}}},
+      // decoder/decoder_layer[1]/attention/w_k (layers.mesh:32)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.125}}},
+      // decoder/decoder_layer[1]/attention/w_v (layers.mesh:33)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.125}}},
+      // decoder/decoder_layer[1]/attention/w_o (layers.mesh:34)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.125}}},
+      // decoder/decoder_layer[1]/norm#1/gain (layers.mesh:22)
+      {"ones", support::DType::F32, {}},
+      // decoder/decoder_layer[1]/norm#1/bias (layers.mesh:23)
+      {"zeros", support::DType::F32, {}},
+      // decoder/decoder_layer[1]/ffn/w_in (layers.mesh:50)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.125}}},
+      // decoder/decoder_layer[1]/ffn/b_in (layers.mesh:51)
+      {"zeros", support::DType::F32, {}},
+      // decoder/decoder_layer[1]/ffn/w_out (layers.mesh:52)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.0625}}},
+      // decoder/decoder_layer[1]/ffn/b_out (layers.mesh:53)
+      {"zeros", support::DType::F32, {}},
+      // decoder/norm/gain (layers.mesh:22)
+      {"ones", support::DType::F32, {}},
+      // decoder/norm/bias (layers.mesh:23)
+      {"zeros", support::DType::F32, {}},
+      // decoder/token_embedding@m (transformer.mesh:27)
+      {"zeros", support::DType::F32, {}},
+      // decoder/token_embedding@v (transformer.mesh:27)
+      {"zeros", support::DType::F32, {}},
+      // decoder/position_embedding@m (transformer.mesh:28)
+      {"zeros", support::DType::F32, {}},
+      // decoder/position_embedding@v (transformer.mesh:28)
+      {"zeros", support::DType::F32, {}},
+      // decoder/unembed@m (transformer.mesh:29)
+      {"zeros", support::DType::F32, {}},
+      // decoder/unembed@v (transformer.mesh:29)
+      {"zeros", support::DType::F32, {}},
+      // decoder/decoder_layer[0]/norm/gain@m (layers.mesh:22)
+      {"zeros", support::DType::F32, {}},
+      // decoder/decoder_layer[0]/norm/gain@v (layers.mesh:22)
+      {"zeros", support::DType::F32, {}},
+      // decoder/decoder_layer[0]/norm/bias@m (layers.mesh:23)
+      {"zeros", support::DType::F32, {}},
+      // decoder/decoder_layer[0]/norm/bias@v (layers.mesh:23)
+      {"zeros", support::DType::F32, {}},
+      // decoder/decoder_layer[0]/attention/w_q@m (layers.mesh:31)
+      {"zeros", support::DType::F32, {}},
+      // decoder/decoder_layer[0]/attention/w_q@v (layers.mesh:31)
+      {"zeros", support::DType::F32, {}},
+      // decoder/decoder_layer[0]/attention/w_k@m (layers.mesh:32)
+      {"zeros", support::DType::F32, {}},
+      // decoder/decoder_layer[0]/attention/w_k@v (layers.mesh:32)
+      {"zeros", support::DType::F32, {}},
+      // decoder/decoder_layer[0]/attention/w_v@m (layers.mesh:33)
+      {"zeros", support::DType::F32, {}},
+      // decoder/decoder_layer[0]/attention/w_v@v (layers.mesh:33)
+      {"zeros", support::DType::F32, {}},
+      // decoder/decoder_layer[0]/attention/w_o@m (layers.mesh:34)
+      {"zeros", support::DType::F32, {}},
+      // decoder/decoder_layer[0]/attention/w_o@v (layers.mesh:34)
+      {"zeros", support::DType::F32, {}},
+      // decoder/decoder_layer[0]/norm#1/gain@m (layers.mesh:22)
+      {"zeros", support::DType::F32, {}},
+      // decoder/decoder_layer[0]/norm#1/gain@v (layers.mesh:22)
+      {"zeros", support::DType::F32, {}},
+      // decoder/decoder_layer[0]/norm#1/bias@m (layers.mesh:23)
+      {"zeros", support::DType::F32, {}},
+      // decoder/decoder_layer[0]/norm#1/bias@v (layers.mesh:23)
+      {"zeros", support::DType::F32, {}},
+      // decoder/decoder_layer[0]/ffn/w_in@m (layers.mesh:50)
+      {"zeros", support::DType::F32, {}},
+      // decoder/decoder_layer[0]/ffn/w_in@v (layers.mesh:50)
+      {"zeros", support::DType::F32, {}},
+      // decoder/decoder_layer[0]/ffn/b_in@m (layers.mesh:51)
+      {"zeros", support::DType::F32, {}},
+      // decoder/decoder_layer[0]/ffn/b_in@v (layers.mesh:51)
+      {"zeros", support::DType::F32, {}},
+      // decoder/decoder_layer[0]/ffn/w_out@m (layers.mesh:52)
+      {"zeros", support::DType::F32, {}},
+      // decoder/decoder_layer[0]/ffn/w_out@v (layers.mesh:52)
+      {"zeros", support::DType::F32, {}},
+      // decoder/decoder_layer[0]/ffn/b_out@m (layers.mesh:53)
+      {"zeros", support::DType::F32, {}},
+      // decoder/decoder_layer[0]/ffn/b_out@v (layers.mesh:53)
+      {"zeros", support::DType::F32, {}},
+      // decoder/decoder_layer[1]/norm/gain@m (layers.mesh:22)
+      {"zeros", support::DType::F32, {}},
+      // decoder/decoder_layer[1]/norm/gain@v (layers.mesh:22)
+      {"zeros", support::DType::F32, {}},
+      // decoder/decoder_layer[1]/norm/bias@m (layers.mesh:23)
+      {"zeros", support::DType::F32, {}},
+      // decoder/decoder_layer[1]/norm/bias@v (layers.mesh:23)
+      {"zeros", support::DType::F32, {}},
+      // decoder/decoder_layer[1]/attention/w_q@m (layers.mesh:31)
+      {"zeros", support::DType::F32, {}},
+      // decoder/decoder_layer[1]/attention/w_q@v (layers.mesh:31)
+      {"zeros", support::DType::F32, {}},
+      // decoder/decoder_layer[1]/attention/w_k@m (layers.mesh:32)
+      {"zeros", support::DType::F32, {}},
+      // decoder/decoder_layer[1]/attention/w_k@v (layers.mesh:32)
+      {"zeros", support::DType::F32, {}},
+      // decoder/decoder_layer[1]/attention/w_v@m (layers.mesh:33)
+      {"zeros", support::DType::F32, {}},
+      // decoder/decoder_layer[1]/attention/w_v@v (layers.mesh:33)
+      {"zeros", support::DType::F32, {}},
+      // decoder/decoder_layer[1]/attention/w_o@m (layers.mesh:34)
+      {"zeros", support::DType::F32, {}},
+      // decoder/decoder_layer[1]/attention/w_o@v (layers.mesh:34)
+      {"zeros", support::DType::F32, {}},
+      // decoder/decoder_layer[1]/norm#1/gain@m (layers.mesh:22)
+      {"zeros", support::DType::F32, {}},
+      // decoder/decoder_layer[1]/norm#1/gain@v (layers.mesh:22)
+      {"zeros", support::DType::F32, {}},
+      // decoder/decoder_layer[1]/norm#1/bias@m (layers.mesh:23)
+      {"zeros", support::DType::F32, {}},
+      // decoder/decoder_layer[1]/norm#1/bias@v (layers.mesh:23)
+      {"zeros", support::DType::F32, {}},
+      // decoder/decoder_layer[1]/ffn/w_in@m (layers.mesh:50)
+      {"zeros", support::DType::F32, {}},
+      // decoder/decoder_layer[1]/ffn/w_in@v (layers.mesh:50)
+      {"zeros", support::DType::F32, {}},
+      // decoder/decoder_layer[1]/ffn/b_in@m (layers.mesh:51)
+      {"zeros", support::DType::F32, {}},
+      // decoder/decoder_layer[1]/ffn/b_in@v (layers.mesh:51)
+      {"zeros", support::DType::F32, {}},
+      // decoder/decoder_layer[1]/ffn/w_out@m (layers.mesh:52)
+      {"zeros", support::DType::F32, {}},
+      // decoder/decoder_layer[1]/ffn/w_out@v (layers.mesh:52)
+      {"zeros", support::DType::F32, {}},
+      // decoder/decoder_layer[1]/ffn/b_out@m (layers.mesh:53)
+      {"zeros", support::DType::F32, {}},
+      // decoder/decoder_layer[1]/ffn/b_out@v (layers.mesh:53)
+      {"zeros", support::DType::F32, {}},
+      // decoder/norm/gain@m (layers.mesh:22)
+      {"zeros", support::DType::F32, {}},
+      // decoder/norm/gain@v (layers.mesh:22)
+      {"zeros", support::DType::F32, {}},
+      // decoder/norm/bias@m (layers.mesh:23)
+      {"zeros", support::DType::F32, {}},
+      // decoder/norm/bias@v (layers.mesh:23)
+      {"zeros", support::DType::F32, {}}};
+  support::Buffer *const data[] = {&param0_decoder_token_embedding,
+                                   &param1_decoder_position_embedding,
+                                   &param2_decoder_unembed,
+                                   &param3_decoder_decoder_layer_0_norm_gain,
+                                   &param4_decoder_decoder_layer_0_norm_bias,
+                                   &param5_decoder_decoder_layer_0_attention_w_q,
+                                   &param6_decoder_decoder_layer_0_attention_w_k,
+                                   &param7_decoder_decoder_layer_0_attention_w_v,
+                                   &param8_decoder_decoder_layer_0_attention_w_o,
+                                   &param9_decoder_decoder_layer_0_norm_1_gain,
+                                   &param10_decoder_decoder_layer_0_norm_1_bias,
+                                   &param11_decoder_decoder_layer_0_ffn_w_in,
+                                   &param12_decoder_decoder_layer_0_ffn_b_in,
+                                   &param13_decoder_decoder_layer_0_ffn_w_out,
+                                   &param14_decoder_decoder_layer_0_ffn_b_out,
+                                   &param15_decoder_decoder_layer_1_norm_gain,
+                                   &param16_decoder_decoder_layer_1_norm_bias,
+                                   &param17_decoder_decoder_layer_1_attention_w_q,
+                                   &param18_decoder_decoder_layer_1_attention_w_k,
+                                   &param19_decoder_decoder_layer_1_attention_w_v,
+                                   &param20_decoder_decoder_layer_1_attention_w_o,
+                                   &param21_decoder_decoder_layer_1_norm_1_gain,
+                                   &param22_decoder_decoder_layer_1_norm_1_bias,
+                                   &param23_decoder_decoder_layer_1_ffn_w_in,
+                                   &param24_decoder_decoder_layer_1_ffn_b_in,
+                                   &param25_decoder_decoder_layer_1_ffn_w_out,
+                                   &param26_decoder_decoder_layer_1_ffn_b_out,
+                                   &param27_decoder_norm_gain,
+                                   &param28_decoder_norm_bias,
+                                   &param29_decoder_token_embedding_m,
+                                   &param30_decoder_token_embedding_v,
+                                   &param31_decoder_position_embedding_m,
+                                   &param32_decoder_position_embedding_v,
+                                   &param33_decoder_unembed_m,
+                                   &param34_decoder_unembed_v,
+                                   &param35_decoder_decoder_layer_0_norm_gain_m,
+                                   &param36_decoder_decoder_layer_0_norm_gain_v,
+                                   &param37_decoder_decoder_layer_0_norm_bias_m,
+                                   &param38_decoder_decoder_layer_0_norm_bias_v,
+                                   &param39_decoder_decoder_layer_0_attention_w_q_m,
+                                   &param40_decoder_decoder_layer_0_attention_w_q_v,
+                                   &param41_decoder_decoder_layer_0_attention_w_k_m,
+                                   &param42_decoder_decoder_layer_0_attention_w_k_v,
+                                   &param43_decoder_decoder_layer_0_attention_w_v_m,
+                                   &param44_decoder_decoder_layer_0_attention_w_v_v,
+                                   &param45_decoder_decoder_layer_0_attention_w_o_m,
+                                   &param46_decoder_decoder_layer_0_attention_w_o_v,
+                                   &param47_decoder_decoder_layer_0_norm_1_gain_m,
+                                   &param48_decoder_decoder_layer_0_norm_1_gain_v,
+                                   &param49_decoder_decoder_layer_0_norm_1_bias_m,
+                                   &param50_decoder_decoder_layer_0_norm_1_bias_v,
+                                   &param51_decoder_decoder_layer_0_ffn_w_in_m,
+                                   &param52_decoder_decoder_layer_0_ffn_w_in_v,
+                                   &param53_decoder_decoder_layer_0_ffn_b_in_m,
+                                   &param54_decoder_decoder_layer_0_ffn_b_in_v,
+                                   &param55_decoder_decoder_layer_0_ffn_w_out_m,
+                                   &param56_decoder_decoder_layer_0_ffn_w_out_v,
+                                   &param57_decoder_decoder_layer_0_ffn_b_out_m,
+                                   &param58_decoder_decoder_layer_0_ffn_b_out_v,
+                                   &param59_decoder_decoder_layer_1_norm_gain_m,
+                                   &param60_decoder_decoder_layer_1_norm_gain_v,
+                                   &param61_decoder_decoder_layer_1_norm_bias_m,
+                                   &param62_decoder_decoder_layer_1_norm_bias_v,
+                                   &param63_decoder_decoder_layer_1_attention_w_q_m,
+                                   &param64_decoder_decoder_layer_1_attention_w_q_v,
+                                   &param65_decoder_decoder_layer_1_attention_w_k_m,
+                                   &param66_decoder_decoder_layer_1_attention_w_k_v,
+                                   &param67_decoder_decoder_layer_1_attention_w_v_m,
+                                   &param68_decoder_decoder_layer_1_attention_w_v_v,
+                                   &param69_decoder_decoder_layer_1_attention_w_o_m,
+                                   &param70_decoder_decoder_layer_1_attention_w_o_v,
+                                   &param71_decoder_decoder_layer_1_norm_1_gain_m,
+                                   &param72_decoder_decoder_layer_1_norm_1_gain_v,
+                                   &param73_decoder_decoder_layer_1_norm_1_bias_m,
+                                   &param74_decoder_decoder_layer_1_norm_1_bias_v,
+                                   &param75_decoder_decoder_layer_1_ffn_w_in_m,
+                                   &param76_decoder_decoder_layer_1_ffn_w_in_v,
+                                   &param77_decoder_decoder_layer_1_ffn_b_in_m,
+                                   &param78_decoder_decoder_layer_1_ffn_b_in_v,
+                                   &param79_decoder_decoder_layer_1_ffn_w_out_m,
+                                   &param80_decoder_decoder_layer_1_ffn_w_out_v,
+                                   &param81_decoder_decoder_layer_1_ffn_b_out_m,
+                                   &param82_decoder_decoder_layer_1_ffn_b_out_v,
+                                   &param83_decoder_norm_gain_m,
+                                   &param84_decoder_norm_gain_v,
+                                   &param85_decoder_norm_bias_m,
+                                   &param86_decoder_norm_bias_v};
+  support::initParams(world_, seed, -1, kLmTrainParams, inits, data);
   computeInvariants();
 }
 
@@ -1111,41 +1636,20 @@ void LmTrain::computeInvariants() {
   // transformer.mesh:38:69 iota
   // transformer.mesh:38:82 iota
   support::View v16 = persistent_.view(64, 32);
-  static const support::Shape shape0_1 = {32};
-  static const support::Shape shape0_2 = {1};
-  support::iota(v16.data(), shape0_1, shape0_2, 0);
+  support::iota(v16.data(), kShape0, kShape1, 0);
 
   // transformer.mesh:38:79 ge
   support::View v18 = persistent_.view(192, 1024);
-  {
-    float *__restrict v18p = v18.data();
-    const float *__restrict v16p = v16.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = v16p[i0];
-        const float s1 = v16p[i1];
-        const float s2 = (s0 >= s1 ? 1.0f : 0.0f);
-        v18p[i0 * 32 + i1] = s2;
-      }
-    }
-  }
+  loop0(v18.data(), v16.data());
 
   // transformer.mesh:38:64 cast
   support::View v19 = persistent_.view(4288, 1024);
-  {
-    float *__restrict v19p = v19.data();
-    const float *__restrict v18p = v18.data();
-    for (int64_t i0 = 0; i0 < 1024; ++i0) {
-      const float s0 = v18p[i0];
-      const float s1 = s0;
-      v19p[i0] = s1;
-    }
-  }
+  loop1(v19.data(), v18.data());
 }
 
 LmTrain::Outputs LmTrain::run(const Inputs &inputs) {
   MESHRT_TRACE_RUN(world_, "lm_train");
-  // Arena: 536640 bytes for 2091284 bytes of temporaries (placed by liveness).
+  // Arena: 536640 bytes for 2124052 bytes of temporaries (placed by liveness).
   support::checkShape("input", "tokens", inputs.tokens, {2, 32});
   runPart0(inputs);
   runPart1(inputs);
@@ -1168,8 +1672,7 @@ void LmTrain::runPart0(const Inputs &inputs) {
   MESHRT_TRACE("shift", "transformer.mesh:54:17", "forward");
   const support::Buffer &v0 = inputs.tokens.data;
   support::View v1 = arena_.view(192512, 64);
-  static const support::Shape shape0_2 = {2, 32};
-  support::shift(v1, v0, shape0_2, 1, -1, nullptr);
+  support::shift(v1, v0, kShape5, 1, -1, nullptr);
 
   // transformer.mesh:55:36 ge
   // transformer.mesh:38:51 ge
@@ -1177,32 +1680,18 @@ void LmTrain::runPart0(const Inputs &inputs) {
   // transformer.mesh:38:39 cast
   MESHRT_TRACE("loop", "transformer.mesh:55:36", "forward");
   support::View v4 = arena_.view(16384, 64);
-  {
-    float *__restrict v4p = v4.data();
-    const float *__restrict v0p = v0.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = v0p[i0];
-      const float s1 = support::wrapI32(0.0);
-      const float s2 = (s0 >= s1 ? 1.0f : 0.0f);
-      const float s3 = s2;
-      v4p[i0] = s3;
-    }
-  }
+  loop9(v4.data(), v0.data());
 
   // transformer.mesh:55:18 shift -> has_next
   MESHRT_TRACE("shift", "transformer.mesh:55:18", "forward");
   support::View v5 = arena_.view(192768, 64);
-  static const support::Shape shape2_2 = {2, 32};
-  support::shift(v5, v4, shape2_2, 1, -1, nullptr);
+  support::shift(v5, v4, kShape5, 1, -1, nullptr);
 
   // transformer.mesh:33:37 einsum
   MESHRT_TRACE("einsum", "transformer.mesh:33:37", "forward");
   support::View v6(param0_decoder_token_embedding); // updated in place
   support::View v10 = arena_.view(0, 4096);
-  static const support::Shape shape3_1 = {2, 32, 64};
-  static const support::Shape shape3_3 = {0, 0, 1};
-  static const support::Shape shape3_5 = {32, 1, 0};
-  support::gather(v10.data(), shape3_1, v6.data(), shape3_3, v0.data(), shape3_5, 48, 64,
+  support::gather(v10.data(), kShape2, v6.data(), kShape3, v0.data(), kShape4, 48, 64,
                   support::shardStart(world_, {"model"}, 48));
 
   // transformer.mesh:34:37 all_reduce_sum (resolve the partial sum of %10 over model for add at
@@ -1214,30 +1703,12 @@ void LmTrain::runPart0(const Inputs &inputs) {
   MESHRT_TRACE("loop", "transformer.mesh:34:37", "forward");
   support::View v7(param1_decoder_position_embedding); // updated in place
   support::View v12 = arena_.view(196608, 4096);
-  {
-    float *__restrict v12p = v12.data();
-    const float *__restrict v10p = v10.data();
-    const float *__restrict v7p = v7.data();
-    for (int64_t i0 = 0; i0 < 2; ++i0) {
-      for (int64_t i1 = 0; i1 < 2048; ++i1) {
-        const float s0 = v10p[i0 * 2048 + i1];
-        const float s1 = v7p[i1];
-        const float s2 = (s0 + s1);
-        v12p[i0 * 2048 + i1] = s2;
-      }
-    }
-  }
+  loop2(v12.data(), v10.data(), v7.data());
 
   // layers.mesh:24:10 layer_norm
   MESHRT_TRACE("layer_norm", "layers.mesh:24:10", "forward");
   support::View v23 = arena_.view(212992, 4096);
-  static const support::Shape shape6_2 = {2, 32};
-  static const support::Shape shape6_3 = {2048, 64};
-  static const support::Shape shape6_4 = {2048, 64};
-  static const support::Shape shape6_5 = {64};
-  static const support::Shape shape6_6 = {1};
-  static const support::Shape shape6_7 = {1};
-  support::along(v23.data(), v12.data(), shape6_2, shape6_3, shape6_4, shape6_5, shape6_6, shape6_7,
+  support::along(v23.data(), v12.data(), kShape5, kShape6, kShape6, kShape7, kShape1, kShape1,
                  support::Along::LayerNorm, 1e-05, 64, nullptr);
 
   // layers.mesh:24:33 mul
@@ -1246,22 +1717,7 @@ void LmTrain::runPart0(const Inputs &inputs) {
   support::View v21(param3_decoder_decoder_layer_0_norm_gain); // updated in place
   support::View v22(param4_decoder_decoder_layer_0_norm_bias); // updated in place
   support::View v25 = arena_.view(229376, 4096);
-  {
-    float *__restrict v25p = v25.data();
-    const float *__restrict v23p = v23.data();
-    const float *__restrict v21p = v21.data();
-    const float *__restrict v22p = v22.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      for (int64_t i1 = 0; i1 < 64; ++i1) {
-        const float s0 = v23p[i0 * 64 + i1];
-        const float s1 = v21p[i1];
-        const float s2 = (s0 * s1);
-        const float s3 = v22p[i1];
-        const float s4 = (s2 + s3);
-        v25p[i0 * 64 + i1] = s4;
-      }
-    }
-  }
+  loop3(v25.data(), v23.data(), v21.data(), v22.data());
 
   // 4 statements from layers.mesh:36:11 einsum -> q (1 of 2)
   MESHRT_TRACE_SITE("layers.mesh:36:11");
@@ -1280,26 +1736,11 @@ void LmTrain::runPart0(const Inputs &inputs) {
   MESHRT_TRACE("loop", "transformer.mesh:38:62", "forward");
   support::View v19 = persistent_.view(4288, 1024);
   support::View v39 = arena_.view(487424, 2048);
-  {
-    float *__restrict v39p = v39.data();
-    const float *__restrict v4p = v4.data();
-    const float *__restrict v19p = v19.data();
-    for (int64_t i0 = 0; i0 < 2; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        for (int64_t i2 = 0; i2 < 32; ++i2) {
-          const float s0 = v4p[i0 * 32 + i1];
-          const float s1 = v19p[i1 * 32 + i2];
-          const float s2 = (s0 * s1);
-          const float s3 = 0.5f;
-          const float s4 = (s2 > s3 ? 1.0f : 0.0f);
-          v39p[i0 * 1024 + i1 * 32 + i2] = s4;
-        }
-      }
-    }
-  }
+  loop10(v39.data(), v4.data(), v19.data());
 
-  // 14 statements from layers.mesh:43:17 softmax -> weights (1 of 2)
-  MESHRT_TRACE_SITE("layers.mesh:43:17");
+  // 15 statements from layers.mesh:43:25 where (1 of 2)
+  MESHRT_TRACE_SITE("layers.mesh:43:25");
+  support::View v41 = arena_.view(16384, 4096);
   support::View v42 = arena_.view(245760, 4096);
   support::View v43 = arena_.view(495616, 2048);
   support::View v29(param8_decoder_decoder_layer_0_attention_w_o); // updated in place
@@ -1322,8 +1763,9 @@ void LmTrain::runPart0(const Inputs &inputs) {
   support::View v65(param16_decoder_decoder_layer_1_norm_bias); // updated in place
   support::View v57 = arena_.view(32768, 8192);
   support::View v68 = arena_.view(344064, 4096);
-  repeated3(v42, v35, v39, v33, v43, v29, v44, v12, v46, v49, v47, v48, v51, v52, v56, v53, v57,
-            v59, v54, v60, v55, v63, v66, v64, v65, v68, "decoder/decoder_layer[0]/ffn/dropout#0");
+  repeated3(v39, v35, v41, v42, v33, v43, v29, v44, v12, v46, v49, v47, v48, v51, v52, v56, v53,
+            v57, v59, v54, v60, v55, v63, v66, v64, v65, v68,
+            "decoder/decoder_layer[0]/ffn/dropout#0");
 
   // 4 statements from layers.mesh:36:11 einsum -> q (2 of 2)
   MESHRT_TRACE_SITE("layers.mesh:36:11");
@@ -1336,8 +1778,9 @@ void LmTrain::runPart0(const Inputs &inputs) {
   support::View v78 = arena_.view(0, 4096);
   repeated5(v68, v69, v73, v70, v74, v71, v76, v78);
 
-  // 14 statements from layers.mesh:43:17 softmax -> weights (2 of 2)
-  MESHRT_TRACE_SITE("layers.mesh:43:17");
+  // 15 statements from layers.mesh:43:25 where (2 of 2)
+  MESHRT_TRACE_SITE("layers.mesh:43:25");
+  support::View v84 = arena_.view(16384, 4096);
   support::View v85 = arena_.view(360448, 4096);
   support::View v86 = arena_.view(528384, 2048);
   support::View v72(param20_decoder_decoder_layer_1_attention_w_o); // updated in place
@@ -1360,8 +1803,8 @@ void LmTrain::runPart0(const Inputs &inputs) {
   support::View v108(param28_decoder_norm_bias); // updated in place
   support::View v100 = arena_.view(98304, 8192);
   support::View v111 = arena_.view(163840, 4096);
-  repeated3(v85, v78, v39, v76, v86, v72, v87, v63, v89, v92, v90, v91, v94, v95, v99, v96, v100,
-            v102, v97, v103, v98, v106, v109, v107, v108, v111,
+  repeated3(v39, v78, v84, v85, v76, v86, v72, v87, v63, v89, v92, v90, v91, v94, v95, v99, v96,
+            v100, v102, v97, v103, v98, v106, v109, v107, v108, v111,
             "decoder/decoder_layer[1]/ffn/dropout#0");
 
   // transformer.mesh:43:10 einsum
@@ -1369,97 +1812,52 @@ void LmTrain::runPart0(const Inputs &inputs) {
   support::View v8(param2_decoder_unembed); // updated in place
   support::View v112 = arena_.view(180224, 3072);
   // dims: batch, seq, d_model, vocab
-  static const meshrt::kernels::EinsumPlan einsumPlan13(
-      {{2, 32, 64, 48}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan13.run(v111.data(), v8.data(), v112.data(), 1.0f, 0.0f);
+  kEinsum0.plan().run(v111.data(), v8.data(), v112.data(), 1.0f, 0.0f);
 
   // transformer.mesh:56:14 log_softmax -> logp
   MESHRT_TRACE("log_softmax", "transformer.mesh:56:14", "forward");
   support::View v113 = arena_.view(425984, 3072);
-  static const support::Shape shape14_2 = {2, 32};
-  static const support::Shape shape14_3 = {1536, 48};
-  static const support::Shape shape14_4 = {1536, 48};
-  static const support::Shape shape14_5 = {48};
-  static const support::Shape shape14_6 = {1};
-  static const support::Shape shape14_7 = {1};
-  support::along(v113.data(), v112.data(), shape14_2, shape14_3, shape14_4, shape14_5, shape14_6,
-                 shape14_7, support::Along::LogSoftmax, 1e-05, 96, &group_model);
+  support::along(v113.data(), v112.data(), kShape5, kShape10, kShape10, kShape11, kShape1, kShape1,
+                 support::Along::LogSoftmax, 1e-05, 96, &group_model);
 
   // transformer.mesh:59:32 one_hot
   MESHRT_TRACE("one_hot", "transformer.mesh:59:32", "forward");
   support::View v114 = arena_.view(180224, 3072);
-  static const support::Shape shape15_1 = {2, 32, 48};
-  static const support::Shape shape15_3 = {32, 1, 0};
-  static const support::Shape shape15_4 = {0, 0, 1};
-  support::oneHot(v114.data(), shape15_1, v1.data(), shape15_3, shape15_4,
+  support::oneHot(v114.data(), kShape12, v1.data(), kShape4, kShape3,
                   support::shardStart(world_, {"model"}, 48));
 
   // transformer.mesh:59:30 mul
   MESHRT_TRACE("loop", "transformer.mesh:59:30", "forward");
   support::View v115 = arena_.view(438272, 3072);
-  {
-    float *__restrict v115p = v115.data();
-    const float *__restrict v113p = v113.data();
-    const float *__restrict v114p = v114.data();
-    for (int64_t i0 = 0; i0 < 3072; ++i0) {
-      const float s0 = v113p[i0];
-      const float s1 = v114p[i0];
-      const float s2 = (s0 * s1);
-      v115p[i0] = s2;
-    }
-  }
+  loop11(v115.data(), v113.data(), v114.data());
 
   // transformer.mesh:59:21 sum
   MESHRT_TRACE("sum", "transformer.mesh:59:21", "forward");
   support::View v116 = arena_.view(193024, 64);
-  static const support::Shape shape17_1 = {2, 32};
-  static const support::Shape shape17_3 = {1536, 48};
-  static const support::Shape shape17_4 = {48};
-  static const support::Shape shape17_5 = {1};
-  support::reduce(v116.data(), shape17_1, v115.data(), shape17_3, shape17_4, shape17_5,
+  support::reduce(v116.data(), kShape5, v115.data(), kShape10, kShape11, kShape1,
                   support::Reduce::Sum, 1.0);
 
   // transformer.mesh:59:20 neg -> token_loss
   // transformer.mesh:60:29 mul
   MESHRT_TRACE("loop", "transformer.mesh:59:20", "forward");
   support::View v118 = arena_.view(193280, 64);
-  {
-    float *__restrict v118p = v118.data();
-    const float *__restrict v116p = v116.data();
-    const float *__restrict v5p = v5.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = v116p[i0];
-      const float s1 = -s0;
-      const float s2 = v5p[i0];
-      const float s3 = (s1 * s2);
-      v118p[i0] = s3;
-    }
-  }
+  loop12(v118.data(), v116.data(), v5.data());
 
   // transformer.mesh:60:14 sum
   MESHRT_TRACE("sum", "transformer.mesh:60:14", "forward");
   support::View v119 = arena_.view(193152, 1);
-  static const support::Shape shape19_1 = {};
-  static const support::Shape shape19_3 = {};
-  static const support::Shape shape19_4 = {2, 32};
-  static const support::Shape shape19_5 = {32, 1};
-  support::reduce(v119.data(), shape19_1, v118.data(), shape19_3, shape19_4, shape19_5,
+  support::reduce(v119.data(), kShape13, v118.data(), kShape13, kShape5, kShape14,
                   support::Reduce::Sum, 1.0);
 
   // transformer.mesh:60:43 local_slice -> has_next (reshard has_next for sum at 60:43)
   MESHRT_TRACE("local_slice", "transformer.mesh:60:43", "forward");
   support::View v120 = arena_.view(193024, 32);
-  static const support::Shape shape20_2 = {2, 32};
-  support::sliceDim(v120, v5, shape20_2, 1, support::blockIndex(world_, {"model"}), 2);
+  support::sliceDim(v120, v5, kShape5, 1, support::blockIndex(world_, {"model"}), 2);
 
   // transformer.mesh:60:43 sum ('seq' sliced over model: partial over data, model as its partner)
   MESHRT_TRACE("sum", "transformer.mesh:60:43", "forward");
   support::View v121 = arena_.view(193216, 1);
-  static const support::Shape shape21_1 = {};
-  static const support::Shape shape21_3 = {};
-  static const support::Shape shape21_4 = {2, 16};
-  static const support::Shape shape21_5 = {16, 1};
-  support::reduce(v121.data(), shape21_1, v120.data(), shape21_3, shape21_4, shape21_5,
+  support::reduce(v121.data(), kShape13, v120.data(), kShape13, kShape15, kShape16,
                   support::Reduce::Sum, 1.0);
 
   // transformer.mesh:60:41 bucketed_all_reduce_sum (2 partial sums (%114, %115) over data, model
@@ -1506,52 +1904,14 @@ void LmTrain::runPart1(const Inputs &inputs) {
   support::View v113 = arena_.view(425984, 3072);
   support::View v114 = arena_.view(180224, 3072);
   support::View v141 = arena_.view(438272, 3072);
-  {
-    float *__restrict v141p = v141.data();
-    const float *__restrict v121p = v121.data();
-    const float *__restrict v5p = v5.data();
-    const float *__restrict v1p = v1.data();
-    const float *__restrict v113p = v113.data();
-    const float *__restrict v114p = v114.data();
-    const float r0 = v121p[0];
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      for (int64_t i1 = 0; i1 < 48; ++i1) {
-        const float s0 = 1.0f;
-        const float s1 = r0;
-        const float s2 = (s0 / s1);
-        const float s3 = s2;
-        const float s4 = v5p[i0];
-        const float s5 = (s3 * s4);
-        const float s6 = -s5;
-        const float s7 = v1p[i0];
-        const float s8 = support::wrapI32(96.0);
-        const float s9 = (s7 < s8 ? 1.0f : 0.0f);
-        const float s10 = v1p[i0];
-        const float s11 = support::wrapI32(0.0);
-        const float s12 = (s10 >= s11 ? 1.0f : 0.0f);
-        const float s13 = support::wrapI32(double((double(s12) * double(s9))));
-        const float s14 = s13;
-        const float s15 = (s6 * s14);
-        const float s16 = v113p[i0 * 48 + i1];
-        const float s17 = support::fexp(s16);
-        const float s18 = (s17 * s15);
-        const float s19 = s6;
-        const float s20 = v114p[i0 * 48 + i1];
-        const float s21 = (s19 * s20);
-        const float s22 = (s21 - s18);
-        v141p[i0 * 48 + i1] = s22;
-      }
-    }
-  }
+  loop13(v141.data(), v121.data(), v5.data(), v1.data(), v113.data(), v114.data());
 
   // transformer.mesh:43:10 einsum
   MESHRT_TRACE("gemm", "transformer.mesh:43:10", "backward");
   support::View v8(param2_decoder_unembed); // updated in place
   support::View v142 = arena_.view(180224, 4096);
   // dims: batch, seq, vocab, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan1(
-      {{2, 32, 48, 64}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan1.run(v141.data(), v8.data(), v142.data(), 1.0f, 0.0f);
+  kEinsum7.plan().run(v141.data(), v8.data(), v142.data(), 1.0f, 0.0f);
 
   // layers.mesh:24:40 all_reduce_sum (resolve the partial sum of %134 over model for sum at 24:40)
   MESHRT_TRACE_SITE("layers.mesh:24:40");
@@ -1562,9 +1922,7 @@ void LmTrain::runPart1(const Inputs &inputs) {
   support::View v111 = arena_.view(163840, 4096);
   support::View v143 = arena_.view(450560, 3072);
   // dims: batch, seq, vocab, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan3(
-      {{2, 32, 48, 64}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
-  einsumPlan3.run(v141.data(), v111.data(), v143.data(), 1.0f, 0.0f);
+  kEinsum8.plan().run(v141.data(), v111.data(), v143.data(), 1.0f, 0.0f);
 
   MESHRT_TRACE_SITE("layers.mesh:24:40");
   group_model.wait(request0);
@@ -1572,94 +1930,45 @@ void LmTrain::runPart1(const Inputs &inputs) {
   // layers.mesh:24:40 sum -> grad/decoder/norm/bias
   MESHRT_TRACE("sum", "layers.mesh:24:40", "backward");
   support::View v145 = arena_.view(442880, 64);
-  static const support::Shape shape5_1 = {64};
-  static const support::Shape shape5_3 = {1};
-  static const support::Shape shape5_4 = {2, 32};
-  static const support::Shape shape5_5 = {2048, 64};
-  support::reduce(v145.data(), shape5_1, v142.data(), shape5_3, shape5_4, shape5_5,
+  support::reduce(v145.data(), kShape7, v142.data(), kShape1, kShape5, kShape6,
                   support::Reduce::Sum, 1.0);
 
   // layers.mesh:24:33 mul
   MESHRT_TRACE("loop", "layers.mesh:24:33", "backward");
   support::View v109 = arena_.view(0, 4096);
   support::View v147 = arena_.view(163840, 4096);
-  {
-    float *__restrict v147p = v147.data();
-    const float *__restrict v142p = v142.data();
-    const float *__restrict v109p = v109.data();
-    for (int64_t i0 = 0; i0 < 4096; ++i0) {
-      const float s0 = v142p[i0];
-      const float s1 = v109p[i0];
-      const float s2 = (s0 * s1);
-      v147p[i0] = s2;
-    }
-  }
+  loop14(v147.data(), v142.data(), v109.data());
 
   // layers.mesh:24:33 sum -> grad/decoder/norm/gain
   MESHRT_TRACE("sum", "layers.mesh:24:33", "backward");
   support::View v148 = arena_.view(443136, 64);
-  static const support::Shape shape7_1 = {64};
-  static const support::Shape shape7_3 = {1};
-  static const support::Shape shape7_4 = {2, 32};
-  static const support::Shape shape7_5 = {2048, 64};
-  support::reduce(v148.data(), shape7_1, v147.data(), shape7_3, shape7_4, shape7_5,
+  support::reduce(v148.data(), kShape7, v147.data(), kShape1, kShape5, kShape6,
                   support::Reduce::Sum, 1.0);
 
   // layers.mesh:24:10 mean
   MESHRT_TRACE("mean", "layers.mesh:24:10", "backward");
   support::View v106 = arena_.view(16384, 4096);
   support::View v149 = arena_.view(425984, 64);
-  static const support::Shape shape8_1 = {2, 32};
-  static const support::Shape shape8_3 = {2048, 64};
-  static const support::Shape shape8_4 = {64};
-  static const support::Shape shape8_5 = {1};
-  support::reduce(v149.data(), shape8_1, v106.data(), shape8_3, shape8_4, shape8_5,
+  support::reduce(v149.data(), kShape5, v106.data(), kShape6, kShape7, kShape1,
                   support::Reduce::Sum, 0.015625);
 
   // layers.mesh:24:10 sub
   // layers.mesh:24:10 square
   MESHRT_TRACE("loop", "layers.mesh:24:10", "backward");
   support::View v151 = arena_.view(163840, 4096);
-  {
-    float *__restrict v151p = v151.data();
-    const float *__restrict v106p = v106.data();
-    const float *__restrict v149p = v149.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      for (int64_t i1 = 0; i1 < 64; ++i1) {
-        const float s0 = v106p[i0 * 64 + i1];
-        const float s1 = v149p[i0];
-        const float s2 = (s0 - s1);
-        const float s3 = s2 * s2;
-        v151p[i0 * 64 + i1] = s3;
-      }
-    }
-  }
+  loop15(v151.data(), v106.data(), v149.data());
 
   // layers.mesh:24:10 mean
   MESHRT_TRACE("mean", "layers.mesh:24:10", "backward");
   support::View v152 = arena_.view(16384, 64);
-  static const support::Shape shape10_1 = {2, 32};
-  static const support::Shape shape10_3 = {2048, 64};
-  static const support::Shape shape10_4 = {64};
-  static const support::Shape shape10_5 = {1};
-  support::reduce(v152.data(), shape10_1, v151.data(), shape10_3, shape10_4, shape10_5,
+  support::reduce(v152.data(), kShape5, v151.data(), kShape6, kShape7, kShape1,
                   support::Reduce::Sum, 0.015625);
 
   // layers.mesh:24:10 add
   // layers.mesh:24:10 rsqrt
   MESHRT_TRACE("loop", "layers.mesh:24:10", "backward");
   support::View v155 = arena_.view(442368, 64);
-  {
-    float *__restrict v155p = v155.data();
-    const float *__restrict v152p = v152.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = v152p[i0];
-      const float s1 = 1e-05f;
-      const float s2 = (s0 + s1);
-      const float s3 = 1.0f / support::fsqrt(s2);
-      v155p[i0] = s3;
-    }
-  }
+  loop16(v155.data(), v152.data());
 
   // layers.mesh:24:33 mul
   // layers.mesh:24:10 mul
@@ -1667,43 +1976,18 @@ void LmTrain::runPart1(const Inputs &inputs) {
   support::View v107(param27_decoder_norm_gain); // updated in place
   support::View v146 = arena_.view(16384, 4096);
   support::View v156 = arena_.view(163840, 4096);
-  {
-    float *__restrict v146p = v146.data();
-    float *__restrict v156p = v156.data();
-    const float *__restrict v142p = v142.data();
-    const float *__restrict v107p = v107.data();
-    const float *__restrict v109p = v109.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      for (int64_t i1 = 0; i1 < 64; ++i1) {
-        const float s0 = v142p[i0 * 64 + i1];
-        const float s1 = v107p[i1];
-        const float s2 = (s0 * s1);
-        const float s3 = v109p[i0 * 64 + i1];
-        const float s4 = (s2 * s3);
-        v146p[i0 * 64 + i1] = s2;
-        v156p[i0 * 64 + i1] = s4;
-      }
-    }
-  }
+  loop17(v146.data(), v156.data(), v142.data(), v107.data(), v109.data());
 
   // layers.mesh:24:10 mean
   MESHRT_TRACE("mean", "layers.mesh:24:10", "backward");
   support::View v157 = arena_.view(180224, 64);
-  static const support::Shape shape13_1 = {2, 32};
-  static const support::Shape shape13_3 = {2048, 64};
-  static const support::Shape shape13_4 = {64};
-  static const support::Shape shape13_5 = {1};
-  support::reduce(v157.data(), shape13_1, v156.data(), shape13_3, shape13_4, shape13_5,
+  support::reduce(v157.data(), kShape5, v156.data(), kShape6, kShape7, kShape1,
                   support::Reduce::Sum, 0.015625);
 
   // layers.mesh:24:10 mean
   MESHRT_TRACE("mean", "layers.mesh:24:10", "backward");
   support::View v159 = arena_.view(163840, 64);
-  static const support::Shape shape14_1 = {2, 32};
-  static const support::Shape shape14_3 = {2048, 64};
-  static const support::Shape shape14_4 = {64};
-  static const support::Shape shape14_5 = {1};
-  support::reduce(v159.data(), shape14_1, v146.data(), shape14_3, shape14_4, shape14_5,
+  support::reduce(v159.data(), kShape5, v146.data(), kShape6, kShape7, kShape1,
                   support::Reduce::Sum, 0.015625);
 
   // layers.mesh:24:10 mul
@@ -1712,28 +1996,7 @@ void LmTrain::runPart1(const Inputs &inputs) {
   // layers.mesh:24:10 mul
   MESHRT_TRACE("loop", "layers.mesh:24:10", "backward");
   support::View v162 = arena_.view(425984, 4096);
-  {
-    float *__restrict v162p = v162.data();
-    const float *__restrict v109p = v109.data();
-    const float *__restrict v157p = v157.data();
-    const float *__restrict v146p = v146.data();
-    const float *__restrict v159p = v159.data();
-    const float *__restrict v155p = v155.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      for (int64_t i1 = 0; i1 < 64; ++i1) {
-        const float s0 = v109p[i0 * 64 + i1];
-        const float s1 = v157p[i0];
-        const float s2 = (s0 * s1);
-        const float s3 = v146p[i0 * 64 + i1];
-        const float s4 = v159p[i0];
-        const float s5 = (s3 - s4);
-        const float s6 = (s5 - s2);
-        const float s7 = v155p[i0];
-        const float s8 = (s6 * s7);
-        v162p[i0 * 64 + i1] = s8;
-      }
-    }
-  }
+  loop18(v162.data(), v109.data(), v157.data(), v146.data(), v159.data(), v155.data());
 
   // 49 statements from layers.mesh:55:71 sum -> grad/decoder/decoder_layer[1]/ffn/b_out (1 of 2)
   MESHRT_TRACE_SITE("layers.mesh:55:71");
@@ -1893,26 +2156,15 @@ void LmTrain::runPart1(const Inputs &inputs) {
   // transformer.mesh:34:37 sum -> grad/decoder/position_embedding
   MESHRT_TRACE("sum", "transformer.mesh:34:37", "backward");
   support::View v337 = arena_.view(196608, 2048);
-  static const support::Shape shape18_1 = {32, 64};
-  static const support::Shape shape18_3 = {64, 1};
-  static const support::Shape shape18_4 = {2};
-  static const support::Shape shape18_5 = {2048};
-  support::reduce(v337.data(), shape18_1, v336.data(), shape18_3, shape18_4, shape18_5,
+  support::reduce(v337.data(), kShape17, v336.data(), kShape18, kShape19, kShape20,
                   support::Reduce::Sum, 1.0);
 
   // transformer.mesh:33:37 einsum -> grad/decoder/token_embedding
   MESHRT_TRACE("einsum", "transformer.mesh:33:37", "backward");
   const support::Buffer &v0 = inputs.tokens.data;
   support::View v338 = arena_.view(114688, 3072);
-  static const support::Shape shape19_1 = {48, 64};
-  static const support::Shape shape19_3 = {0, 1};
-  static const support::Shape shape19_5 = {0, 0};
-  static const support::Shape shape19_6 = {2, 32};
-  static const support::Shape shape19_7 = {2048, 64};
-  static const support::Shape shape19_8 = {32, 1};
-  support::scatterAdd(v338.data(), shape19_1, v336.data(), shape19_3, v0.data(), shape19_5,
-                      shape19_6, shape19_7, shape19_8, 0,
-                      support::shardStart(world_, {"model"}, 48));
+  support::scatterAdd(v338.data(), kShape21, v336.data(), kShape22, v0.data(), kShape23, kShape5,
+                      kShape6, kShape14, 0, support::shardStart(world_, {"model"}, 48));
 
   // transformer.mesh:61:3 bucketed_all_reduce_sum -> grad/decoder/unembed (29 partial sums
   // (grad/decoder/unembed, grad/decoder/norm/bias, grad/decoder/norm/gain, ...) over data resolved
@@ -1925,38 +2177,18 @@ void LmTrain::runPart1(const Inputs &inputs) {
   // transformer.mesh:61:3 square
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "backward");
   support::View v363 = arena_.view(65536, 3072);
-  {
-    float *__restrict v363p = v363.data();
-    const float *__restrict v338p = v338.data();
-    for (int64_t i0 = 0; i0 < 3072; ++i0) {
-      const float s0 = v338p[i0];
-      const float s1 = s0 * s0;
-      v363p[i0] = s1;
-    }
-  }
+  loop19(v363.data(), v338.data());
 
   // transformer.mesh:61:3 sum
   MESHRT_TRACE("sum", "transformer.mesh:61:3", "backward");
   support::View v364 = arena_.view(98304, 1);
-  static const support::Shape shape22_1 = {};
-  static const support::Shape shape22_3 = {};
-  static const support::Shape shape22_4 = {48, 64};
-  static const support::Shape shape22_5 = {64, 1};
-  support::reduce(v364.data(), shape22_1, v363.data(), shape22_3, shape22_4, shape22_5,
+  support::reduce(v364.data(), kShape13, v363.data(), kShape13, kShape21, kShape18,
                   support::Reduce::Sum, 1.0);
 
   // transformer.mesh:61:3 square
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "backward");
   support::View v366 = arena_.view(65536, 2048);
-  {
-    float *__restrict v366p = v366.data();
-    const float *__restrict v337p = v337.data();
-    for (int64_t i0 = 0; i0 < 2048; ++i0) {
-      const float s0 = v337p[i0];
-      const float s1 = s0 * s0;
-      v366p[i0] = s1;
-    }
-  }
+  loop20(v366.data(), v337.data());
 }
 
 void LmTrain::runPart2(const Inputs &inputs) {
@@ -1967,101 +2199,58 @@ void LmTrain::runPart2(const Inputs &inputs) {
   MESHRT_TRACE("local_slice", "transformer.mesh:61:3", "backward");
   support::View v366 = arena_.view(65536, 2048);
   support::View v367 = arena_.view(73728, 1024);
-  static const support::Shape shape0_2 = {32, 64};
-  support::sliceDim(v367, v366, shape0_2, 0, support::blockIndex(world_, {"model"}), 2);
+  support::sliceDim(v367, v366, kShape17, 0, support::blockIndex(world_, {"model"}), 2);
 
   // transformer.mesh:61:3 sum ('seq' sliced over model: partial over model as its partner)
   MESHRT_TRACE("sum", "transformer.mesh:61:3", "backward");
   support::View v368 = arena_.view(98368, 1);
-  static const support::Shape shape1_1 = {};
-  static const support::Shape shape1_3 = {};
-  static const support::Shape shape1_4 = {16, 64};
-  static const support::Shape shape1_5 = {64, 1};
-  support::reduce(v368.data(), shape1_1, v367.data(), shape1_3, shape1_4, shape1_5,
+  support::reduce(v368.data(), kShape13, v367.data(), kShape13, kShape24, kShape18,
                   support::Reduce::Sum, 1.0);
 
   // transformer.mesh:61:3 square
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "backward");
   support::View v143 = arena_.view(450560, 3072);
   support::View v371 = arena_.view(65536, 3072);
-  {
-    float *__restrict v371p = v371.data();
-    const float *__restrict v143p = v143.data();
-    for (int64_t i0 = 0; i0 < 3072; ++i0) {
-      const float s0 = v143p[i0];
-      const float s1 = s0 * s0;
-      v371p[i0] = s1;
-    }
-  }
+  loop19(v371.data(), v143.data());
 
   // transformer.mesh:61:3 sum
   MESHRT_TRACE("sum", "transformer.mesh:61:3", "backward");
   support::View v372 = arena_.view(98432, 1);
-  static const support::Shape shape3_1 = {};
-  static const support::Shape shape3_3 = {};
-  static const support::Shape shape3_4 = {64, 48};
-  static const support::Shape shape3_5 = {48, 1};
-  support::reduce(v372.data(), shape3_1, v371.data(), shape3_3, shape3_4, shape3_5,
+  support::reduce(v372.data(), kShape13, v371.data(), kShape13, kShape25, kShape26,
                   support::Reduce::Sum, 1.0);
 
   // transformer.mesh:61:3 square
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "backward");
   support::View v322 = arena_.view(127232, 64);
   support::View v375 = arena_.view(65536, 64);
-  {
-    float *__restrict v375p = v375.data();
-    const float *__restrict v322p = v322.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = v322p[i0];
-      const float s1 = s0 * s0;
-      v375p[i0] = s1;
-    }
-  }
+  loop21(v375.data(), v322.data());
 
   // transformer.mesh:61:3 local_slice (reshard %357 for sum at 61:3)
   MESHRT_TRACE("local_slice", "transformer.mesh:61:3", "backward");
   support::View v376 = arena_.view(65792, 32);
-  static const support::Shape shape5_2 = {64};
-  support::sliceDim(v376, v375, shape5_2, 0, support::blockIndex(world_, {"model"}), 2);
+  support::sliceDim(v376, v375, kShape7, 0, support::blockIndex(world_, {"model"}), 2);
 
   // transformer.mesh:61:3 sum ('d_model' sliced over model: partial over model as its partner)
   MESHRT_TRACE("sum", "transformer.mesh:61:3", "backward");
   support::View v377 = arena_.view(98496, 1);
-  static const support::Shape shape6_1 = {};
-  static const support::Shape shape6_3 = {};
-  static const support::Shape shape6_4 = {32};
-  static const support::Shape shape6_5 = {1};
-  support::reduce(v377.data(), shape6_1, v376.data(), shape6_3, shape6_4, shape6_5,
+  support::reduce(v377.data(), kShape13, v376.data(), kShape13, kShape0, kShape1,
                   support::Reduce::Sum, 1.0);
 
   // transformer.mesh:61:3 square
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "backward");
   support::View v319 = arena_.view(126976, 64);
   support::View v380 = arena_.view(65536, 64);
-  {
-    float *__restrict v380p = v380.data();
-    const float *__restrict v319p = v319.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = v319p[i0];
-      const float s1 = s0 * s0;
-      v380p[i0] = s1;
-    }
-  }
+  loop21(v380.data(), v319.data());
 
   // transformer.mesh:61:3 local_slice (reshard %360 for sum at 61:3)
   MESHRT_TRACE("local_slice", "transformer.mesh:61:3", "backward");
   support::View v381 = arena_.view(65792, 32);
-  static const support::Shape shape8_2 = {64};
-  support::sliceDim(v381, v380, shape8_2, 0, support::blockIndex(world_, {"model"}), 2);
+  support::sliceDim(v381, v380, kShape7, 0, support::blockIndex(world_, {"model"}), 2);
 
   // transformer.mesh:61:3 sum ('d_model' sliced over model: partial over model as its partner)
   MESHRT_TRACE("sum", "transformer.mesh:61:3", "backward");
   support::View v382 = arena_.view(98560, 1);
-  static const support::Shape shape9_1 = {};
-  static const support::Shape shape9_3 = {};
-  static const support::Shape shape9_4 = {32};
-  static const support::Shape shape9_5 = {1};
-  support::reduce(v382.data(), shape9_1, v381.data(), shape9_3, shape9_4, shape9_5,
+  support::reduce(v382.data(), kShape13, v381.data(), kShape13, kShape0, kShape1,
                   support::Reduce::Sum, 1.0);
 
   // 29 statements from transformer.mesh:61:3 square (1 of 2)
@@ -2390,57 +2579,8 @@ void LmTrain::runPart2(const Inputs &inputs) {
   support::View v338 = arena_.view(114688, 3072);
   support::View v523(param29_decoder_token_embedding_m); // updated in place
   support::View v524(param30_decoder_token_embedding_v); // updated in place
-  {
-    float *__restrict v523p = v523.data();
-    float *__restrict v524p = v524.data();
-    float *__restrict v6p = v6.data();
-    const float *__restrict v338p = v338.data();
-    const float *__restrict v493p = v493.data();
-    const float *__restrict v537p = v537.data();
-    const float *__restrict v539p = v539.data();
-    const float *__restrict v361p = v361.data();
-    const float r2 = v493p[0];
-    const float r5 = v537p[0];
-    const float r6 = v539p[0];
-    const float r7 = v361p[0];
-    for (int64_t i0 = 0; i0 < 3072; ++i0) {
-      const float s0 = v6p[i0];
-      const float s1 = 0.1f;
-      const float s2 = (s0 * s1);
-      const float s3 = v338p[i0];
-      const float s4 = r2;
-      const float s5 = (s3 * s4);
-      const float s6 = 0.100000024f;
-      const float s7 = (s5 * s6);
-      const float s8 = v523p[i0];
-      const float s9 = 0.9f;
-      const float s10 = (s8 * s9);
-      const float s11 = (s10 + s7);
-      const float s12 = s5 * s5;
-      const float s13 = 0.050000012f;
-      const float s14 = (s12 * s13);
-      const float s15 = v524p[i0];
-      const float s16 = 0.95f;
-      const float s17 = (s15 * s16);
-      const float s18 = (s17 + s14);
-      const float s19 = r5;
-      const float s20 = (s11 / s19);
-      const float s21 = r6;
-      const float s22 = (s18 / s21);
-      const float s23 = support::fsqrt(s22);
-      const float s24 = 1e-08f;
-      const float s25 = (s23 + s24);
-      const float s26 = (s20 / s25);
-      const float s27 = (s26 + s2);
-      const float s28 = r7;
-      const float s29 = (s27 * s28);
-      const float s30 = v6p[i0];
-      const float s31 = (s30 - s29);
-      v523p[i0] = s11;
-      v524p[i0] = s18;
-      v6p[i0] = s31;
-    }
-  }
+  loop22(v523.data(), v524.data(), v6.data(), v338.data(), v493.data(), v537.data(), v539.data(),
+         v361.data());
 
   // transformer.mesh:61:3 mul
   // transformer.mesh:61:3 mul
@@ -2464,57 +2604,8 @@ void LmTrain::runPart2(const Inputs &inputs) {
   support::View v337 = arena_.view(196608, 2048);
   support::View v551(param31_decoder_position_embedding_m); // updated in place
   support::View v552(param32_decoder_position_embedding_v); // updated in place
-  {
-    float *__restrict v551p = v551.data();
-    float *__restrict v552p = v552.data();
-    float *__restrict v7p = v7.data();
-    const float *__restrict v337p = v337.data();
-    const float *__restrict v493p = v493.data();
-    const float *__restrict v537p = v537.data();
-    const float *__restrict v539p = v539.data();
-    const float *__restrict v361p = v361.data();
-    const float r2 = v493p[0];
-    const float r5 = v537p[0];
-    const float r6 = v539p[0];
-    const float r7 = v361p[0];
-    for (int64_t i0 = 0; i0 < 2048; ++i0) {
-      const float s0 = v7p[i0];
-      const float s1 = 0.1f;
-      const float s2 = (s0 * s1);
-      const float s3 = v337p[i0];
-      const float s4 = r2;
-      const float s5 = (s3 * s4);
-      const float s6 = 0.100000024f;
-      const float s7 = (s5 * s6);
-      const float s8 = v551p[i0];
-      const float s9 = 0.9f;
-      const float s10 = (s8 * s9);
-      const float s11 = (s10 + s7);
-      const float s12 = s5 * s5;
-      const float s13 = 0.050000012f;
-      const float s14 = (s12 * s13);
-      const float s15 = v552p[i0];
-      const float s16 = 0.95f;
-      const float s17 = (s15 * s16);
-      const float s18 = (s17 + s14);
-      const float s19 = r5;
-      const float s20 = (s11 / s19);
-      const float s21 = r6;
-      const float s22 = (s18 / s21);
-      const float s23 = support::fsqrt(s22);
-      const float s24 = 1e-08f;
-      const float s25 = (s23 + s24);
-      const float s26 = (s20 / s25);
-      const float s27 = (s26 + s2);
-      const float s28 = r7;
-      const float s29 = (s27 * s28);
-      const float s30 = v7p[i0];
-      const float s31 = (s30 - s29);
-      v551p[i0] = s11;
-      v552p[i0] = s18;
-      v7p[i0] = s31;
-    }
-  }
+  loop23(v551.data(), v552.data(), v7.data(), v337.data(), v493.data(), v537.data(), v539.data(),
+         v361.data());
 
   // transformer.mesh:61:3 mul
   // transformer.mesh:61:3 mul
@@ -2537,57 +2628,8 @@ void LmTrain::runPart2(const Inputs &inputs) {
   support::View v8(param2_decoder_unembed);      // updated in place
   support::View v571(param33_decoder_unembed_m); // updated in place
   support::View v572(param34_decoder_unembed_v); // updated in place
-  {
-    float *__restrict v571p = v571.data();
-    float *__restrict v572p = v572.data();
-    float *__restrict v8p = v8.data();
-    const float *__restrict v143p = v143.data();
-    const float *__restrict v493p = v493.data();
-    const float *__restrict v537p = v537.data();
-    const float *__restrict v539p = v539.data();
-    const float *__restrict v361p = v361.data();
-    const float r2 = v493p[0];
-    const float r5 = v537p[0];
-    const float r6 = v539p[0];
-    const float r7 = v361p[0];
-    for (int64_t i0 = 0; i0 < 3072; ++i0) {
-      const float s0 = v8p[i0];
-      const float s1 = 0.1f;
-      const float s2 = (s0 * s1);
-      const float s3 = v143p[i0];
-      const float s4 = r2;
-      const float s5 = (s3 * s4);
-      const float s6 = 0.100000024f;
-      const float s7 = (s5 * s6);
-      const float s8 = v571p[i0];
-      const float s9 = 0.9f;
-      const float s10 = (s8 * s9);
-      const float s11 = (s10 + s7);
-      const float s12 = s5 * s5;
-      const float s13 = 0.050000012f;
-      const float s14 = (s12 * s13);
-      const float s15 = v572p[i0];
-      const float s16 = 0.95f;
-      const float s17 = (s15 * s16);
-      const float s18 = (s17 + s14);
-      const float s19 = r5;
-      const float s20 = (s11 / s19);
-      const float s21 = r6;
-      const float s22 = (s18 / s21);
-      const float s23 = support::fsqrt(s22);
-      const float s24 = 1e-08f;
-      const float s25 = (s23 + s24);
-      const float s26 = (s20 / s25);
-      const float s27 = (s26 + s2);
-      const float s28 = r7;
-      const float s29 = (s27 * s28);
-      const float s30 = v8p[i0];
-      const float s31 = (s30 - s29);
-      v571p[i0] = s11;
-      v572p[i0] = s18;
-      v8p[i0] = s31;
-    }
-  }
+  loop22(v571.data(), v572.data(), v8.data(), v143.data(), v493.data(), v537.data(), v539.data(),
+         v361.data());
 
   // 1 statements from transformer.mesh:61:3 mul (1 of 2)
   MESHRT_TRACE_SITE("transformer.mesh:61:3");
@@ -2724,57 +2766,7 @@ void LmTrain::repeated0(
   // transformer.mesh:61:3 mul
   // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[0]/attention/w_q
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "update");
-  {
-    float *__restrict a3p = a3.data();
-    float *__restrict a4p = a4.data();
-    float *__restrict a0p = a0.data();
-    const float *__restrict a1p = a1.data();
-    const float *__restrict a2p = a2.data();
-    const float *__restrict a5p = a5.data();
-    const float *__restrict a6p = a6.data();
-    const float *__restrict a7p = a7.data();
-    const float r2 = a2p[0];
-    const float r5 = a5p[0];
-    const float r6 = a6p[0];
-    const float r7 = a7p[0];
-    for (int64_t i0 = 0; i0 < 2048; ++i0) {
-      const float s0 = a0p[i0];
-      const float s1 = 0.1f;
-      const float s2 = (s0 * s1);
-      const float s3 = a1p[i0];
-      const float s4 = r2;
-      const float s5 = (s3 * s4);
-      const float s6 = 0.100000024f;
-      const float s7 = (s5 * s6);
-      const float s8 = a3p[i0];
-      const float s9 = 0.9f;
-      const float s10 = (s8 * s9);
-      const float s11 = (s10 + s7);
-      const float s12 = s5 * s5;
-      const float s13 = 0.050000012f;
-      const float s14 = (s12 * s13);
-      const float s15 = a4p[i0];
-      const float s16 = 0.95f;
-      const float s17 = (s15 * s16);
-      const float s18 = (s17 + s14);
-      const float s19 = r5;
-      const float s20 = (s11 / s19);
-      const float s21 = r6;
-      const float s22 = (s18 / s21);
-      const float s23 = support::fsqrt(s22);
-      const float s24 = 1e-08f;
-      const float s25 = (s23 + s24);
-      const float s26 = (s20 / s25);
-      const float s27 = (s26 + s2);
-      const float s28 = r7;
-      const float s29 = (s27 * s28);
-      const float s30 = a0p[i0];
-      const float s31 = (s30 - s29);
-      a3p[i0] = s11;
-      a4p[i0] = s18;
-      a0p[i0] = s31;
-    }
-  }
+  loop23(a3.data(), a4.data(), a0.data(), a1.data(), a2.data(), a5.data(), a6.data(), a7.data());
 
   // transformer.mesh:61:3 mul
   // transformer.mesh:61:3 mul
@@ -2794,57 +2786,7 @@ void LmTrain::repeated0(
   // transformer.mesh:61:3 mul
   // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[0]/attention/w_k
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "update");
-  {
-    float *__restrict a10p = a10.data();
-    float *__restrict a11p = a11.data();
-    float *__restrict a8p = a8.data();
-    const float *__restrict a9p = a9.data();
-    const float *__restrict a2p = a2.data();
-    const float *__restrict a5p = a5.data();
-    const float *__restrict a6p = a6.data();
-    const float *__restrict a7p = a7.data();
-    const float r2 = a2p[0];
-    const float r5 = a5p[0];
-    const float r6 = a6p[0];
-    const float r7 = a7p[0];
-    for (int64_t i0 = 0; i0 < 2048; ++i0) {
-      const float s0 = a8p[i0];
-      const float s1 = 0.1f;
-      const float s2 = (s0 * s1);
-      const float s3 = a9p[i0];
-      const float s4 = r2;
-      const float s5 = (s3 * s4);
-      const float s6 = 0.100000024f;
-      const float s7 = (s5 * s6);
-      const float s8 = a10p[i0];
-      const float s9 = 0.9f;
-      const float s10 = (s8 * s9);
-      const float s11 = (s10 + s7);
-      const float s12 = s5 * s5;
-      const float s13 = 0.050000012f;
-      const float s14 = (s12 * s13);
-      const float s15 = a11p[i0];
-      const float s16 = 0.95f;
-      const float s17 = (s15 * s16);
-      const float s18 = (s17 + s14);
-      const float s19 = r5;
-      const float s20 = (s11 / s19);
-      const float s21 = r6;
-      const float s22 = (s18 / s21);
-      const float s23 = support::fsqrt(s22);
-      const float s24 = 1e-08f;
-      const float s25 = (s23 + s24);
-      const float s26 = (s20 / s25);
-      const float s27 = (s26 + s2);
-      const float s28 = r7;
-      const float s29 = (s27 * s28);
-      const float s30 = a8p[i0];
-      const float s31 = (s30 - s29);
-      a10p[i0] = s11;
-      a11p[i0] = s18;
-      a8p[i0] = s31;
-    }
-  }
+  loop23(a10.data(), a11.data(), a8.data(), a9.data(), a2.data(), a5.data(), a6.data(), a7.data());
 
   // transformer.mesh:61:3 mul
   // transformer.mesh:61:3 mul
@@ -2864,57 +2806,8 @@ void LmTrain::repeated0(
   // transformer.mesh:61:3 mul
   // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[0]/attention/w_v
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "update");
-  {
-    float *__restrict a14p = a14.data();
-    float *__restrict a15p = a15.data();
-    float *__restrict a12p = a12.data();
-    const float *__restrict a13p = a13.data();
-    const float *__restrict a2p = a2.data();
-    const float *__restrict a5p = a5.data();
-    const float *__restrict a6p = a6.data();
-    const float *__restrict a7p = a7.data();
-    const float r2 = a2p[0];
-    const float r5 = a5p[0];
-    const float r6 = a6p[0];
-    const float r7 = a7p[0];
-    for (int64_t i0 = 0; i0 < 2048; ++i0) {
-      const float s0 = a12p[i0];
-      const float s1 = 0.1f;
-      const float s2 = (s0 * s1);
-      const float s3 = a13p[i0];
-      const float s4 = r2;
-      const float s5 = (s3 * s4);
-      const float s6 = 0.100000024f;
-      const float s7 = (s5 * s6);
-      const float s8 = a14p[i0];
-      const float s9 = 0.9f;
-      const float s10 = (s8 * s9);
-      const float s11 = (s10 + s7);
-      const float s12 = s5 * s5;
-      const float s13 = 0.050000012f;
-      const float s14 = (s12 * s13);
-      const float s15 = a15p[i0];
-      const float s16 = 0.95f;
-      const float s17 = (s15 * s16);
-      const float s18 = (s17 + s14);
-      const float s19 = r5;
-      const float s20 = (s11 / s19);
-      const float s21 = r6;
-      const float s22 = (s18 / s21);
-      const float s23 = support::fsqrt(s22);
-      const float s24 = 1e-08f;
-      const float s25 = (s23 + s24);
-      const float s26 = (s20 / s25);
-      const float s27 = (s26 + s2);
-      const float s28 = r7;
-      const float s29 = (s27 * s28);
-      const float s30 = a12p[i0];
-      const float s31 = (s30 - s29);
-      a14p[i0] = s11;
-      a15p[i0] = s18;
-      a12p[i0] = s31;
-    }
-  }
+  loop23(a14.data(), a15.data(), a12.data(), a13.data(), a2.data(), a5.data(), a6.data(),
+         a7.data());
 
   // transformer.mesh:61:3 mul
   // transformer.mesh:61:3 mul
@@ -2934,57 +2827,8 @@ void LmTrain::repeated0(
   // transformer.mesh:61:3 mul
   // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[0]/attention/w_o
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "update");
-  {
-    float *__restrict a18p = a18.data();
-    float *__restrict a19p = a19.data();
-    float *__restrict a16p = a16.data();
-    const float *__restrict a17p = a17.data();
-    const float *__restrict a2p = a2.data();
-    const float *__restrict a5p = a5.data();
-    const float *__restrict a6p = a6.data();
-    const float *__restrict a7p = a7.data();
-    const float r2 = a2p[0];
-    const float r5 = a5p[0];
-    const float r6 = a6p[0];
-    const float r7 = a7p[0];
-    for (int64_t i0 = 0; i0 < 2048; ++i0) {
-      const float s0 = a16p[i0];
-      const float s1 = 0.1f;
-      const float s2 = (s0 * s1);
-      const float s3 = a17p[i0];
-      const float s4 = r2;
-      const float s5 = (s3 * s4);
-      const float s6 = 0.100000024f;
-      const float s7 = (s5 * s6);
-      const float s8 = a18p[i0];
-      const float s9 = 0.9f;
-      const float s10 = (s8 * s9);
-      const float s11 = (s10 + s7);
-      const float s12 = s5 * s5;
-      const float s13 = 0.050000012f;
-      const float s14 = (s12 * s13);
-      const float s15 = a19p[i0];
-      const float s16 = 0.95f;
-      const float s17 = (s15 * s16);
-      const float s18 = (s17 + s14);
-      const float s19 = r5;
-      const float s20 = (s11 / s19);
-      const float s21 = r6;
-      const float s22 = (s18 / s21);
-      const float s23 = support::fsqrt(s22);
-      const float s24 = 1e-08f;
-      const float s25 = (s23 + s24);
-      const float s26 = (s20 / s25);
-      const float s27 = (s26 + s2);
-      const float s28 = r7;
-      const float s29 = (s27 * s28);
-      const float s30 = a16p[i0];
-      const float s31 = (s30 - s29);
-      a18p[i0] = s11;
-      a19p[i0] = s18;
-      a16p[i0] = s31;
-    }
-  }
+  loop23(a18.data(), a19.data(), a16.data(), a17.data(), a2.data(), a5.data(), a6.data(),
+         a7.data());
 
   // transformer.mesh:61:3 mul
   // transformer.mesh:61:3 mul
@@ -3004,57 +2848,8 @@ void LmTrain::repeated0(
   // transformer.mesh:61:3 mul
   // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[0]/norm#1/gain
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "update");
-  {
-    float *__restrict a22p = a22.data();
-    float *__restrict a23p = a23.data();
-    float *__restrict a20p = a20.data();
-    const float *__restrict a21p = a21.data();
-    const float *__restrict a2p = a2.data();
-    const float *__restrict a5p = a5.data();
-    const float *__restrict a6p = a6.data();
-    const float *__restrict a7p = a7.data();
-    const float r2 = a2p[0];
-    const float r5 = a5p[0];
-    const float r6 = a6p[0];
-    const float r7 = a7p[0];
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = a20p[i0];
-      const float s1 = 0.1f;
-      const float s2 = (s0 * s1);
-      const float s3 = a21p[i0];
-      const float s4 = r2;
-      const float s5 = (s3 * s4);
-      const float s6 = 0.100000024f;
-      const float s7 = (s5 * s6);
-      const float s8 = a22p[i0];
-      const float s9 = 0.9f;
-      const float s10 = (s8 * s9);
-      const float s11 = (s10 + s7);
-      const float s12 = s5 * s5;
-      const float s13 = 0.050000012f;
-      const float s14 = (s12 * s13);
-      const float s15 = a23p[i0];
-      const float s16 = 0.95f;
-      const float s17 = (s15 * s16);
-      const float s18 = (s17 + s14);
-      const float s19 = r5;
-      const float s20 = (s11 / s19);
-      const float s21 = r6;
-      const float s22 = (s18 / s21);
-      const float s23 = support::fsqrt(s22);
-      const float s24 = 1e-08f;
-      const float s25 = (s23 + s24);
-      const float s26 = (s20 / s25);
-      const float s27 = (s26 + s2);
-      const float s28 = r7;
-      const float s29 = (s27 * s28);
-      const float s30 = a20p[i0];
-      const float s31 = (s30 - s29);
-      a22p[i0] = s11;
-      a23p[i0] = s18;
-      a20p[i0] = s31;
-    }
-  }
+  loop24(a22.data(), a23.data(), a20.data(), a21.data(), a2.data(), a5.data(), a6.data(),
+         a7.data());
 
   // transformer.mesh:61:3 mul
   // transformer.mesh:61:3 mul
@@ -3074,57 +2869,8 @@ void LmTrain::repeated0(
   // transformer.mesh:61:3 mul
   // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[0]/norm#1/bias
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "update");
-  {
-    float *__restrict a26p = a26.data();
-    float *__restrict a27p = a27.data();
-    float *__restrict a24p = a24.data();
-    const float *__restrict a25p = a25.data();
-    const float *__restrict a2p = a2.data();
-    const float *__restrict a5p = a5.data();
-    const float *__restrict a6p = a6.data();
-    const float *__restrict a7p = a7.data();
-    const float r2 = a2p[0];
-    const float r5 = a5p[0];
-    const float r6 = a6p[0];
-    const float r7 = a7p[0];
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = a24p[i0];
-      const float s1 = 0.1f;
-      const float s2 = (s0 * s1);
-      const float s3 = a25p[i0];
-      const float s4 = r2;
-      const float s5 = (s3 * s4);
-      const float s6 = 0.100000024f;
-      const float s7 = (s5 * s6);
-      const float s8 = a26p[i0];
-      const float s9 = 0.9f;
-      const float s10 = (s8 * s9);
-      const float s11 = (s10 + s7);
-      const float s12 = s5 * s5;
-      const float s13 = 0.050000012f;
-      const float s14 = (s12 * s13);
-      const float s15 = a27p[i0];
-      const float s16 = 0.95f;
-      const float s17 = (s15 * s16);
-      const float s18 = (s17 + s14);
-      const float s19 = r5;
-      const float s20 = (s11 / s19);
-      const float s21 = r6;
-      const float s22 = (s18 / s21);
-      const float s23 = support::fsqrt(s22);
-      const float s24 = 1e-08f;
-      const float s25 = (s23 + s24);
-      const float s26 = (s20 / s25);
-      const float s27 = (s26 + s2);
-      const float s28 = r7;
-      const float s29 = (s27 * s28);
-      const float s30 = a24p[i0];
-      const float s31 = (s30 - s29);
-      a26p[i0] = s11;
-      a27p[i0] = s18;
-      a24p[i0] = s31;
-    }
-  }
+  loop24(a26.data(), a27.data(), a24.data(), a25.data(), a2.data(), a5.data(), a6.data(),
+         a7.data());
 
   // transformer.mesh:61:3 mul
   // transformer.mesh:61:3 mul
@@ -3144,57 +2890,8 @@ void LmTrain::repeated0(
   // transformer.mesh:61:3 mul
   // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[0]/ffn/w_in
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "update");
-  {
-    float *__restrict a30p = a30.data();
-    float *__restrict a31p = a31.data();
-    float *__restrict a28p = a28.data();
-    const float *__restrict a29p = a29.data();
-    const float *__restrict a2p = a2.data();
-    const float *__restrict a5p = a5.data();
-    const float *__restrict a6p = a6.data();
-    const float *__restrict a7p = a7.data();
-    const float r2 = a2p[0];
-    const float r5 = a5p[0];
-    const float r6 = a6p[0];
-    const float r7 = a7p[0];
-    for (int64_t i0 = 0; i0 < 8192; ++i0) {
-      const float s0 = a28p[i0];
-      const float s1 = 0.1f;
-      const float s2 = (s0 * s1);
-      const float s3 = a29p[i0];
-      const float s4 = r2;
-      const float s5 = (s3 * s4);
-      const float s6 = 0.100000024f;
-      const float s7 = (s5 * s6);
-      const float s8 = a30p[i0];
-      const float s9 = 0.9f;
-      const float s10 = (s8 * s9);
-      const float s11 = (s10 + s7);
-      const float s12 = s5 * s5;
-      const float s13 = 0.050000012f;
-      const float s14 = (s12 * s13);
-      const float s15 = a31p[i0];
-      const float s16 = 0.95f;
-      const float s17 = (s15 * s16);
-      const float s18 = (s17 + s14);
-      const float s19 = r5;
-      const float s20 = (s11 / s19);
-      const float s21 = r6;
-      const float s22 = (s18 / s21);
-      const float s23 = support::fsqrt(s22);
-      const float s24 = 1e-08f;
-      const float s25 = (s23 + s24);
-      const float s26 = (s20 / s25);
-      const float s27 = (s26 + s2);
-      const float s28 = r7;
-      const float s29 = (s27 * s28);
-      const float s30 = a28p[i0];
-      const float s31 = (s30 - s29);
-      a30p[i0] = s11;
-      a31p[i0] = s18;
-      a28p[i0] = s31;
-    }
-  }
+  loop25(a30.data(), a31.data(), a28.data(), a29.data(), a2.data(), a5.data(), a6.data(),
+         a7.data());
 
   // transformer.mesh:61:3 mul
   // transformer.mesh:61:3 mul
@@ -3214,57 +2911,8 @@ void LmTrain::repeated0(
   // transformer.mesh:61:3 mul
   // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[0]/ffn/b_in
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "update");
-  {
-    float *__restrict a34p = a34.data();
-    float *__restrict a35p = a35.data();
-    float *__restrict a32p = a32.data();
-    const float *__restrict a33p = a33.data();
-    const float *__restrict a2p = a2.data();
-    const float *__restrict a5p = a5.data();
-    const float *__restrict a6p = a6.data();
-    const float *__restrict a7p = a7.data();
-    const float r2 = a2p[0];
-    const float r5 = a5p[0];
-    const float r6 = a6p[0];
-    const float r7 = a7p[0];
-    for (int64_t i0 = 0; i0 < 128; ++i0) {
-      const float s0 = a32p[i0];
-      const float s1 = 0.1f;
-      const float s2 = (s0 * s1);
-      const float s3 = a33p[i0];
-      const float s4 = r2;
-      const float s5 = (s3 * s4);
-      const float s6 = 0.100000024f;
-      const float s7 = (s5 * s6);
-      const float s8 = a34p[i0];
-      const float s9 = 0.9f;
-      const float s10 = (s8 * s9);
-      const float s11 = (s10 + s7);
-      const float s12 = s5 * s5;
-      const float s13 = 0.050000012f;
-      const float s14 = (s12 * s13);
-      const float s15 = a35p[i0];
-      const float s16 = 0.95f;
-      const float s17 = (s15 * s16);
-      const float s18 = (s17 + s14);
-      const float s19 = r5;
-      const float s20 = (s11 / s19);
-      const float s21 = r6;
-      const float s22 = (s18 / s21);
-      const float s23 = support::fsqrt(s22);
-      const float s24 = 1e-08f;
-      const float s25 = (s23 + s24);
-      const float s26 = (s20 / s25);
-      const float s27 = (s26 + s2);
-      const float s28 = r7;
-      const float s29 = (s27 * s28);
-      const float s30 = a32p[i0];
-      const float s31 = (s30 - s29);
-      a34p[i0] = s11;
-      a35p[i0] = s18;
-      a32p[i0] = s31;
-    }
-  }
+  loop26(a34.data(), a35.data(), a32.data(), a33.data(), a2.data(), a5.data(), a6.data(),
+         a7.data());
 
   // transformer.mesh:61:3 mul
   // transformer.mesh:61:3 mul
@@ -3284,57 +2932,8 @@ void LmTrain::repeated0(
   // transformer.mesh:61:3 mul
   // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[0]/ffn/w_out
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "update");
-  {
-    float *__restrict a38p = a38.data();
-    float *__restrict a39p = a39.data();
-    float *__restrict a36p = a36.data();
-    const float *__restrict a37p = a37.data();
-    const float *__restrict a2p = a2.data();
-    const float *__restrict a5p = a5.data();
-    const float *__restrict a6p = a6.data();
-    const float *__restrict a7p = a7.data();
-    const float r2 = a2p[0];
-    const float r5 = a5p[0];
-    const float r6 = a6p[0];
-    const float r7 = a7p[0];
-    for (int64_t i0 = 0; i0 < 8192; ++i0) {
-      const float s0 = a36p[i0];
-      const float s1 = 0.1f;
-      const float s2 = (s0 * s1);
-      const float s3 = a37p[i0];
-      const float s4 = r2;
-      const float s5 = (s3 * s4);
-      const float s6 = 0.100000024f;
-      const float s7 = (s5 * s6);
-      const float s8 = a38p[i0];
-      const float s9 = 0.9f;
-      const float s10 = (s8 * s9);
-      const float s11 = (s10 + s7);
-      const float s12 = s5 * s5;
-      const float s13 = 0.050000012f;
-      const float s14 = (s12 * s13);
-      const float s15 = a39p[i0];
-      const float s16 = 0.95f;
-      const float s17 = (s15 * s16);
-      const float s18 = (s17 + s14);
-      const float s19 = r5;
-      const float s20 = (s11 / s19);
-      const float s21 = r6;
-      const float s22 = (s18 / s21);
-      const float s23 = support::fsqrt(s22);
-      const float s24 = 1e-08f;
-      const float s25 = (s23 + s24);
-      const float s26 = (s20 / s25);
-      const float s27 = (s26 + s2);
-      const float s28 = r7;
-      const float s29 = (s27 * s28);
-      const float s30 = a36p[i0];
-      const float s31 = (s30 - s29);
-      a38p[i0] = s11;
-      a39p[i0] = s18;
-      a36p[i0] = s31;
-    }
-  }
+  loop25(a38.data(), a39.data(), a36.data(), a37.data(), a2.data(), a5.data(), a6.data(),
+         a7.data());
 
   // transformer.mesh:61:3 mul
   // transformer.mesh:61:3 mul
@@ -3354,57 +2953,8 @@ void LmTrain::repeated0(
   // transformer.mesh:61:3 mul
   // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[0]/ffn/b_out
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "update");
-  {
-    float *__restrict a42p = a42.data();
-    float *__restrict a43p = a43.data();
-    float *__restrict a40p = a40.data();
-    const float *__restrict a41p = a41.data();
-    const float *__restrict a2p = a2.data();
-    const float *__restrict a5p = a5.data();
-    const float *__restrict a6p = a6.data();
-    const float *__restrict a7p = a7.data();
-    const float r2 = a2p[0];
-    const float r5 = a5p[0];
-    const float r6 = a6p[0];
-    const float r7 = a7p[0];
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = a40p[i0];
-      const float s1 = 0.1f;
-      const float s2 = (s0 * s1);
-      const float s3 = a41p[i0];
-      const float s4 = r2;
-      const float s5 = (s3 * s4);
-      const float s6 = 0.100000024f;
-      const float s7 = (s5 * s6);
-      const float s8 = a42p[i0];
-      const float s9 = 0.9f;
-      const float s10 = (s8 * s9);
-      const float s11 = (s10 + s7);
-      const float s12 = s5 * s5;
-      const float s13 = 0.050000012f;
-      const float s14 = (s12 * s13);
-      const float s15 = a43p[i0];
-      const float s16 = 0.95f;
-      const float s17 = (s15 * s16);
-      const float s18 = (s17 + s14);
-      const float s19 = r5;
-      const float s20 = (s11 / s19);
-      const float s21 = r6;
-      const float s22 = (s18 / s21);
-      const float s23 = support::fsqrt(s22);
-      const float s24 = 1e-08f;
-      const float s25 = (s23 + s24);
-      const float s26 = (s20 / s25);
-      const float s27 = (s26 + s2);
-      const float s28 = r7;
-      const float s29 = (s27 * s28);
-      const float s30 = a40p[i0];
-      const float s31 = (s30 - s29);
-      a42p[i0] = s11;
-      a43p[i0] = s18;
-      a40p[i0] = s31;
-    }
-  }
+  loop24(a42.data(), a43.data(), a40.data(), a41.data(), a2.data(), a5.data(), a6.data(),
+         a7.data());
 
   // transformer.mesh:61:3 mul
   // transformer.mesh:61:3 mul
@@ -3424,57 +2974,8 @@ void LmTrain::repeated0(
   // transformer.mesh:61:3 mul
   // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[1]/norm/gain
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "update");
-  {
-    float *__restrict a46p = a46.data();
-    float *__restrict a47p = a47.data();
-    float *__restrict a44p = a44.data();
-    const float *__restrict a45p = a45.data();
-    const float *__restrict a2p = a2.data();
-    const float *__restrict a5p = a5.data();
-    const float *__restrict a6p = a6.data();
-    const float *__restrict a7p = a7.data();
-    const float r2 = a2p[0];
-    const float r5 = a5p[0];
-    const float r6 = a6p[0];
-    const float r7 = a7p[0];
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = a44p[i0];
-      const float s1 = 0.1f;
-      const float s2 = (s0 * s1);
-      const float s3 = a45p[i0];
-      const float s4 = r2;
-      const float s5 = (s3 * s4);
-      const float s6 = 0.100000024f;
-      const float s7 = (s5 * s6);
-      const float s8 = a46p[i0];
-      const float s9 = 0.9f;
-      const float s10 = (s8 * s9);
-      const float s11 = (s10 + s7);
-      const float s12 = s5 * s5;
-      const float s13 = 0.050000012f;
-      const float s14 = (s12 * s13);
-      const float s15 = a47p[i0];
-      const float s16 = 0.95f;
-      const float s17 = (s15 * s16);
-      const float s18 = (s17 + s14);
-      const float s19 = r5;
-      const float s20 = (s11 / s19);
-      const float s21 = r6;
-      const float s22 = (s18 / s21);
-      const float s23 = support::fsqrt(s22);
-      const float s24 = 1e-08f;
-      const float s25 = (s23 + s24);
-      const float s26 = (s20 / s25);
-      const float s27 = (s26 + s2);
-      const float s28 = r7;
-      const float s29 = (s27 * s28);
-      const float s30 = a44p[i0];
-      const float s31 = (s30 - s29);
-      a46p[i0] = s11;
-      a47p[i0] = s18;
-      a44p[i0] = s31;
-    }
-  }
+  loop24(a46.data(), a47.data(), a44.data(), a45.data(), a2.data(), a5.data(), a6.data(),
+         a7.data());
 
   // transformer.mesh:61:3 mul
   // transformer.mesh:61:3 mul
@@ -3494,57 +2995,8 @@ void LmTrain::repeated0(
   // transformer.mesh:61:3 mul
   // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[1]/norm/bias
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "update");
-  {
-    float *__restrict a50p = a50.data();
-    float *__restrict a51p = a51.data();
-    float *__restrict a48p = a48.data();
-    const float *__restrict a49p = a49.data();
-    const float *__restrict a2p = a2.data();
-    const float *__restrict a5p = a5.data();
-    const float *__restrict a6p = a6.data();
-    const float *__restrict a7p = a7.data();
-    const float r2 = a2p[0];
-    const float r5 = a5p[0];
-    const float r6 = a6p[0];
-    const float r7 = a7p[0];
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = a48p[i0];
-      const float s1 = 0.1f;
-      const float s2 = (s0 * s1);
-      const float s3 = a49p[i0];
-      const float s4 = r2;
-      const float s5 = (s3 * s4);
-      const float s6 = 0.100000024f;
-      const float s7 = (s5 * s6);
-      const float s8 = a50p[i0];
-      const float s9 = 0.9f;
-      const float s10 = (s8 * s9);
-      const float s11 = (s10 + s7);
-      const float s12 = s5 * s5;
-      const float s13 = 0.050000012f;
-      const float s14 = (s12 * s13);
-      const float s15 = a51p[i0];
-      const float s16 = 0.95f;
-      const float s17 = (s15 * s16);
-      const float s18 = (s17 + s14);
-      const float s19 = r5;
-      const float s20 = (s11 / s19);
-      const float s21 = r6;
-      const float s22 = (s18 / s21);
-      const float s23 = support::fsqrt(s22);
-      const float s24 = 1e-08f;
-      const float s25 = (s23 + s24);
-      const float s26 = (s20 / s25);
-      const float s27 = (s26 + s2);
-      const float s28 = r7;
-      const float s29 = (s27 * s28);
-      const float s30 = a48p[i0];
-      const float s31 = (s30 - s29);
-      a50p[i0] = s11;
-      a51p[i0] = s18;
-      a48p[i0] = s31;
-    }
-  }
+  loop24(a50.data(), a51.data(), a48.data(), a49.data(), a2.data(), a5.data(), a6.data(),
+         a7.data());
 }
 
 void LmTrain::repeated1(
@@ -3570,26 +3022,18 @@ void LmTrain::repeated1(
 
   // layers.mesh:55:71 sum -> grad/decoder/decoder_layer[1]/ffn/b_out
   MESHRT_TRACE("sum", "layers.mesh:55:71", "backward");
-  static const support::Shape shape0_1 = {64};
-  static const support::Shape shape0_3 = {1};
-  static const support::Shape shape0_4 = {2, 32};
-  static const support::Shape shape0_5 = {2048, 64};
-  support::reduce(a0.data(), shape0_1, a1.data(), shape0_3, shape0_4, shape0_5,
-                  support::Reduce::Sum, 1.0);
+  support::reduce(a0.data(), kShape7, a1.data(), kShape1, kShape5, kShape6, support::Reduce::Sum,
+                  1.0);
 
   // layers.mesh:55:10 einsum
   MESHRT_TRACE("gemm", "layers.mesh:55:10", "backward");
   // dims: batch, seq, d_model, d_ff
-  static const meshrt::kernels::EinsumPlan einsumPlan1(
-      {{2, 32, 64, 128}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan1.run(a1.data(), a2.data(), a3.data(), 1.0f, 0.0f);
+  kEinsum9.plan().run(a1.data(), a2.data(), a3.data(), 1.0f, 0.0f);
 
   // layers.mesh:55:10 einsum -> grad/decoder/decoder_layer[1]/ffn/w_out
   MESHRT_TRACE("gemm", "layers.mesh:55:10", "backward");
   // dims: batch, seq, d_model, d_ff
-  static const meshrt::kernels::EinsumPlan einsumPlan2(
-      {{2, 32, 64, 128}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
-  einsumPlan2.run(a1.data(), a4.data(), a5.data(), 1.0f, 0.0f);
+  kEinsum10.plan().run(a1.data(), a4.data(), a5.data(), 1.0f, 0.0f);
 
   // layers.mesh:54:11 square
   // layers.mesh:54:11 mul
@@ -3666,19 +3110,13 @@ void LmTrain::repeated1(
 
   // layers.mesh:54:52 sum -> grad/decoder/decoder_layer[1]/ffn/b_in
   MESHRT_TRACE("sum", "layers.mesh:54:52", "backward");
-  static const support::Shape shape4_1 = {128};
-  static const support::Shape shape4_3 = {1};
-  static const support::Shape shape4_4 = {2, 32};
-  static const support::Shape shape4_5 = {4096, 128};
-  support::reduce(a8.data(), shape4_1, a7.data(), shape4_3, shape4_4, shape4_5,
-                  support::Reduce::Sum, 1.0);
+  support::reduce(a8.data(), kShape27, a7.data(), kShape1, kShape5, kShape28, support::Reduce::Sum,
+                  1.0);
 
   // layers.mesh:54:16 einsum
   MESHRT_TRACE("gemm", "layers.mesh:54:16", "backward");
   // dims: batch, seq, d_ff, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan5(
-      {{2, 32, 128, 64}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan5.run(a7.data(), a9.data(), a10.data(), 1.0f, 0.0f);
+  kEinsum11.plan().run(a7.data(), a9.data(), a10.data(), 1.0f, 0.0f);
 
   // layers.mesh:24:40 all_reduce_sum (resolve the partial sum of %181 over model for sum at 24:40)
   MESHRT_TRACE_SITE("layers.mesh:24:40");
@@ -3687,135 +3125,59 @@ void LmTrain::repeated1(
   // layers.mesh:54:16 einsum -> grad/decoder/decoder_layer[1]/ffn/w_in
   MESHRT_TRACE("gemm", "layers.mesh:54:16", "backward");
   // dims: batch, seq, d_ff, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan7(
-      {{2, 32, 128, 64}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
-  einsumPlan7.run(a7.data(), a11.data(), a12.data(), 1.0f, 0.0f);
+  kEinsum12.plan().run(a7.data(), a11.data(), a12.data(), 1.0f, 0.0f);
 
   MESHRT_TRACE_SITE("layers.mesh:24:40");
   group_model.wait(request1);
 
   // layers.mesh:24:40 sum -> grad/decoder/decoder_layer[1]/norm#1/bias
   MESHRT_TRACE("sum", "layers.mesh:24:40", "backward");
-  static const support::Shape shape9_1 = {64};
-  static const support::Shape shape9_3 = {1};
-  static const support::Shape shape9_4 = {2, 32};
-  static const support::Shape shape9_5 = {2048, 64};
-  support::reduce(a13.data(), shape9_1, a10.data(), shape9_3, shape9_4, shape9_5,
-                  support::Reduce::Sum, 1.0);
+  support::reduce(a13.data(), kShape7, a10.data(), kShape1, kShape5, kShape6, support::Reduce::Sum,
+                  1.0);
 
   // layers.mesh:24:33 mul
   MESHRT_TRACE("loop", "layers.mesh:24:33", "backward");
-  {
-    float *__restrict a15p = a15.data();
-    const float *__restrict a10p = a10.data();
-    const float *__restrict a14p = a14.data();
-    for (int64_t i0 = 0; i0 < 4096; ++i0) {
-      const float s0 = a10p[i0];
-      const float s1 = a14p[i0];
-      const float s2 = (s0 * s1);
-      a15p[i0] = s2;
-    }
-  }
+  loop14(a15.data(), a10.data(), a14.data());
 
   // layers.mesh:24:33 sum -> grad/decoder/decoder_layer[1]/norm#1/gain
   MESHRT_TRACE("sum", "layers.mesh:24:33", "backward");
-  static const support::Shape shape11_1 = {64};
-  static const support::Shape shape11_3 = {1};
-  static const support::Shape shape11_4 = {2, 32};
-  static const support::Shape shape11_5 = {2048, 64};
-  support::reduce(a16.data(), shape11_1, a15.data(), shape11_3, shape11_4, shape11_5,
-                  support::Reduce::Sum, 1.0);
+  support::reduce(a16.data(), kShape7, a15.data(), kShape1, kShape5, kShape6, support::Reduce::Sum,
+                  1.0);
 
   // layers.mesh:24:10 mean
   MESHRT_TRACE("mean", "layers.mesh:24:10", "backward");
-  static const support::Shape shape12_1 = {2, 32};
-  static const support::Shape shape12_3 = {2048, 64};
-  static const support::Shape shape12_4 = {64};
-  static const support::Shape shape12_5 = {1};
-  support::reduce(a17.data(), shape12_1, a18.data(), shape12_3, shape12_4, shape12_5,
-                  support::Reduce::Sum, 0.015625);
+  support::reduce(a17.data(), kShape5, a18.data(), kShape6, kShape7, kShape1, support::Reduce::Sum,
+                  0.015625);
 
   // layers.mesh:24:10 sub
   // layers.mesh:24:10 square
   MESHRT_TRACE("loop", "layers.mesh:24:10", "backward");
-  {
-    float *__restrict a19p = a19.data();
-    const float *__restrict a18p = a18.data();
-    const float *__restrict a17p = a17.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      for (int64_t i1 = 0; i1 < 64; ++i1) {
-        const float s0 = a18p[i0 * 64 + i1];
-        const float s1 = a17p[i0];
-        const float s2 = (s0 - s1);
-        const float s3 = s2 * s2;
-        a19p[i0 * 64 + i1] = s3;
-      }
-    }
-  }
+  loop15(a19.data(), a18.data(), a17.data());
 
   // layers.mesh:24:10 mean
   MESHRT_TRACE("mean", "layers.mesh:24:10", "backward");
-  static const support::Shape shape14_1 = {2, 32};
-  static const support::Shape shape14_3 = {2048, 64};
-  static const support::Shape shape14_4 = {64};
-  static const support::Shape shape14_5 = {1};
-  support::reduce(a20.data(), shape14_1, a19.data(), shape14_3, shape14_4, shape14_5,
-                  support::Reduce::Sum, 0.015625);
+  support::reduce(a20.data(), kShape5, a19.data(), kShape6, kShape7, kShape1, support::Reduce::Sum,
+                  0.015625);
 
   // layers.mesh:24:10 add
   // layers.mesh:24:10 rsqrt
   MESHRT_TRACE("loop", "layers.mesh:24:10", "backward");
-  {
-    float *__restrict a21p = a21.data();
-    const float *__restrict a20p = a20.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = a20p[i0];
-      const float s1 = 1e-05f;
-      const float s2 = (s0 + s1);
-      const float s3 = 1.0f / support::fsqrt(s2);
-      a21p[i0] = s3;
-    }
-  }
+  loop16(a21.data(), a20.data());
 
   // layers.mesh:24:33 mul
   // layers.mesh:24:10 mul
   MESHRT_TRACE("loop", "layers.mesh:24:33", "backward");
-  {
-    float *__restrict a23p = a23.data();
-    float *__restrict a24p = a24.data();
-    const float *__restrict a10p = a10.data();
-    const float *__restrict a22p = a22.data();
-    const float *__restrict a14p = a14.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      for (int64_t i1 = 0; i1 < 64; ++i1) {
-        const float s0 = a10p[i0 * 64 + i1];
-        const float s1 = a22p[i1];
-        const float s2 = (s0 * s1);
-        const float s3 = a14p[i0 * 64 + i1];
-        const float s4 = (s2 * s3);
-        a23p[i0 * 64 + i1] = s2;
-        a24p[i0 * 64 + i1] = s4;
-      }
-    }
-  }
+  loop17(a23.data(), a24.data(), a10.data(), a22.data(), a14.data());
 
   // layers.mesh:24:10 mean
   MESHRT_TRACE("mean", "layers.mesh:24:10", "backward");
-  static const support::Shape shape17_1 = {2, 32};
-  static const support::Shape shape17_3 = {2048, 64};
-  static const support::Shape shape17_4 = {64};
-  static const support::Shape shape17_5 = {1};
-  support::reduce(a25.data(), shape17_1, a24.data(), shape17_3, shape17_4, shape17_5,
-                  support::Reduce::Sum, 0.015625);
+  support::reduce(a25.data(), kShape5, a24.data(), kShape6, kShape7, kShape1, support::Reduce::Sum,
+                  0.015625);
 
   // layers.mesh:24:10 mean
   MESHRT_TRACE("mean", "layers.mesh:24:10", "backward");
-  static const support::Shape shape18_1 = {2, 32};
-  static const support::Shape shape18_3 = {2048, 64};
-  static const support::Shape shape18_4 = {64};
-  static const support::Shape shape18_5 = {1};
-  support::reduce(a26.data(), shape18_1, a23.data(), shape18_3, shape18_4, shape18_5,
-                  support::Reduce::Sum, 0.015625);
+  support::reduce(a26.data(), kShape5, a23.data(), kShape6, kShape7, kShape1, support::Reduce::Sum,
+                  0.015625);
 
   // layers.mesh:24:10 mul
   // layers.mesh:24:10 sub
@@ -3823,181 +3185,83 @@ void LmTrain::repeated1(
   // layers.mesh:24:10 mul
   // layers.mesh:24:10 add
   MESHRT_TRACE("loop", "layers.mesh:24:10", "backward");
-  {
-    float *__restrict a27p = a27.data();
-    const float *__restrict a14p = a14.data();
-    const float *__restrict a25p = a25.data();
-    const float *__restrict a23p = a23.data();
-    const float *__restrict a26p = a26.data();
-    const float *__restrict a21p = a21.data();
-    const float *__restrict a1p = a1.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      for (int64_t i1 = 0; i1 < 64; ++i1) {
-        const float s0 = a14p[i0 * 64 + i1];
-        const float s1 = a25p[i0];
-        const float s2 = (s0 * s1);
-        const float s3 = a23p[i0 * 64 + i1];
-        const float s4 = a26p[i0];
-        const float s5 = (s3 - s4);
-        const float s6 = (s5 - s2);
-        const float s7 = a21p[i0];
-        const float s8 = (s6 * s7);
-        const float s9 = a1p[i0 * 64 + i1];
-        const float s10 = (s9 + s8);
-        a27p[i0 * 64 + i1] = s10;
-      }
-    }
-  }
+  loop27(a27.data(), a14.data(), a25.data(), a23.data(), a26.data(), a21.data(), a1.data());
 
   // layers.mesh:45:10 einsum
   MESHRT_TRACE("gemm", "layers.mesh:45:10", "backward");
   // dims: batch, seq, d_model, heads, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan20(
-      {{2, 32, 64, 2, 16}, {{{0, 1, 2}, {}}, {{3, 4, 2}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan20.run(a27.data(), a28.data(), a29.data(), 1.0f, 0.0f);
+  kEinsum13.plan().run(a27.data(), a28.data(), a29.data(), 1.0f, 0.0f);
 
   // layers.mesh:45:10 einsum -> grad/decoder/decoder_layer[1]/attention/w_o
   MESHRT_TRACE("gemm", "layers.mesh:45:10", "backward");
   // dims: batch, seq, d_model, heads, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan21(
-      {{2, 32, 64, 2, 16}, {{{0, 1, 2}, {}}, {{0, 1, 3, 4}, {}}}, {{3, 4, 2}, {}}});
-  einsumPlan21.run(a27.data(), a30.data(), a31.data(), 1.0f, 0.0f);
+  kEinsum14.plan().run(a27.data(), a30.data(), a31.data(), 1.0f, 0.0f);
 
   // layers.mesh:44:17 einsum
   MESHRT_TRACE("gemm", "layers.mesh:44:17", "backward");
   // dims: batch, seq, heads, d_head, mem
-  static const meshrt::kernels::EinsumPlan einsumPlan22(
-      {{2, 32, 2, 16, 32}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
-  einsumPlan22.run(a29.data(), a32.data(), a33.data(), 1.0f, 0.0f);
+  kEinsum6.plan().run(a29.data(), a32.data(), a33.data(), 1.0f, 0.0f);
 
   // layers.mesh:44:17 einsum
   MESHRT_TRACE("gemm", "layers.mesh:44:17", "backward");
   // dims: batch, seq, heads, d_head, mem
-  static const meshrt::kernels::EinsumPlan einsumPlan23(
-      {{2, 32, 2, 16, 32}, {{{0, 1, 2, 3}, {}}, {{0, 2, 1, 4}, {}}}, {{0, 4, 2, 3}, {}}});
-  einsumPlan23.run(a29.data(), a34.data(), a35.data(), 1.0f, 0.0f);
+  kEinsum15.plan().run(a29.data(), a34.data(), a35.data(), 1.0f, 0.0f);
 
   // layers.mesh:43:17 mul
   MESHRT_TRACE("loop", "layers.mesh:43:17", "backward");
-  {
-    float *__restrict a36p = a36.data();
-    const float *__restrict a33p = a33.data();
-    const float *__restrict a34p = a34.data();
-    for (int64_t i0 = 0; i0 < 4096; ++i0) {
-      const float s0 = a33p[i0];
-      const float s1 = a34p[i0];
-      const float s2 = (s0 * s1);
-      a36p[i0] = s2;
-    }
-  }
+  loop14(a36.data(), a33.data(), a34.data());
 
   // layers.mesh:43:17 sum
   MESHRT_TRACE("sum", "layers.mesh:43:17", "backward");
-  static const support::Shape shape25_1 = {2, 2, 32};
-  static const support::Shape shape25_3 = {2048, 1024, 32};
-  static const support::Shape shape25_4 = {32};
-  static const support::Shape shape25_5 = {1};
-  support::reduce(a37.data(), shape25_1, a36.data(), shape25_3, shape25_4, shape25_5,
-                  support::Reduce::Sum, 1.0);
+  support::reduce(a37.data(), kShape8, a36.data(), kShape9, kShape0, kShape1, support::Reduce::Sum,
+                  1.0);
 
   // layers.mesh:43:17 sub
   // layers.mesh:43:17 mul
   // layers.mesh:43:25 where
   // layers.mesh:41:55 mul
   MESHRT_TRACE("loop", "layers.mesh:43:17", "backward");
-  {
-    float *__restrict a39p = a39.data();
-    const float *__restrict a33p = a33.data();
-    const float *__restrict a37p = a37.data();
-    const float *__restrict a34p = a34.data();
-    const float *__restrict a38p = a38.data();
-    for (int64_t i0 = 0; i0 < 2; ++i0) {
-      for (int64_t i1 = 0; i1 < 2; ++i1) {
-        for (int64_t i2 = 0; i2 < 32; ++i2) {
-          for (int64_t i3 = 0; i3 < 32; ++i3) {
-            const float s0 = a33p[i0 * 2048 + i1 * 1024 + i2 * 32 + i3];
-            const float s1 = a37p[i0 * 64 + i1 * 32 + i2];
-            const float s2 = (s0 - s1);
-            const float s3 = a34p[i0 * 2048 + i1 * 1024 + i2 * 32 + i3];
-            const float s4 = (s3 * s2);
-            const float s5 = a38p[i0 * 1024 + i2 * 32 + i3];
-            const float s6 = 0.0f;
-            const float s7 = (s5 != 0 ? s4 : s6);
-            const float s8 = 0.25f;
-            const float s9 = (s7 * s8);
-            a39p[i0 * 2048 + i1 * 1024 + i2 * 32 + i3] = s9;
-          }
-        }
-      }
-    }
-  }
+  loop28(a39.data(), a33.data(), a37.data(), a34.data(), a38.data());
 
   // layers.mesh:41:16 einsum
   MESHRT_TRACE("gemm", "layers.mesh:41:16", "backward");
   // dims: batch, heads, seq, mem, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan27(
-      {{2, 2, 32, 32, 16}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 2, 1, 4}, {}}});
-  einsumPlan27.run(a39.data(), a40.data(), a41.data(), 1.0f, 0.0f);
+  kEinsum1.plan().run(a39.data(), a40.data(), a41.data(), 1.0f, 0.0f);
 
   // layers.mesh:41:16 einsum
   MESHRT_TRACE("gemm", "layers.mesh:41:16", "backward");
   // dims: batch, heads, seq, mem, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan28(
-      {{2, 2, 32, 32, 16}, {{{0, 1, 2, 3}, {}}, {{0, 2, 1, 4}, {}}}, {{0, 3, 1, 4}, {}}});
-  einsumPlan28.run(a39.data(), a42.data(), a43.data(), 1.0f, 0.0f);
+  kEinsum16.plan().run(a39.data(), a42.data(), a43.data(), 1.0f, 0.0f);
 
   // layers.mesh:39:18 einsum
   MESHRT_TRACE("gemm", "layers.mesh:39:18", "backward");
   // dims: batch, seq, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan29(
-      {{2, 32, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
-  einsumPlan29.run(a35.data(), a44.data(), a45.data(), 1.0f, 0.0f);
+  kEinsum17.plan().run(a35.data(), a44.data(), a45.data(), 1.0f, 0.0f);
 
   // layers.mesh:39:18 einsum -> grad/decoder/decoder_layer[1]/attention/w_v
   MESHRT_TRACE("gemm", "layers.mesh:39:18", "backward");
   // dims: batch, seq, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan30(
-      {{2, 32, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
-  einsumPlan30.run(a35.data(), a46.data(), a47.data(), 1.0f, 0.0f);
+  kEinsum18.plan().run(a35.data(), a46.data(), a47.data(), 1.0f, 0.0f);
 
   // layers.mesh:38:18 einsum
   MESHRT_TRACE("gemm", "layers.mesh:38:18", "backward");
   // dims: batch, seq, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan31(
-      {{2, 32, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
-  einsumPlan31.run(a43.data(), a48.data(), a49.data(), 1.0f, 0.0f);
+  kEinsum17.plan().run(a43.data(), a48.data(), a49.data(), 1.0f, 0.0f);
 
   // layers.mesh:38:18 einsum -> grad/decoder/decoder_layer[1]/attention/w_k
   MESHRT_TRACE("gemm", "layers.mesh:38:18", "backward");
   // dims: batch, seq, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan32(
-      {{2, 32, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
-  einsumPlan32.run(a43.data(), a46.data(), a50.data(), 1.0f, 0.0f);
+  kEinsum18.plan().run(a43.data(), a46.data(), a50.data(), 1.0f, 0.0f);
 
   // layers.mesh:36:11 einsum
   MESHRT_TRACE("gemm", "layers.mesh:36:11", "backward");
   // dims: batch, seq, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan33(
-      {{2, 32, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
-  einsumPlan33.run(a41.data(), a51.data(), a52.data(), 1.0f, 0.0f);
+  kEinsum17.plan().run(a41.data(), a51.data(), a52.data(), 1.0f, 0.0f);
 
   // layers.mesh:38:18 add
   // layers.mesh:36:11 add
   MESHRT_TRACE("loop", "layers.mesh:38:18", "backward");
-  {
-    float *__restrict a53p = a53.data();
-    const float *__restrict a45p = a45.data();
-    const float *__restrict a49p = a49.data();
-    const float *__restrict a52p = a52.data();
-    for (int64_t i0 = 0; i0 < 4096; ++i0) {
-      const float s0 = a45p[i0];
-      const float s1 = a49p[i0];
-      const float s2 = (s0 + s1);
-      const float s3 = a52p[i0];
-      const float s4 = (s2 + s3);
-      a53p[i0] = s4;
-    }
-  }
+  loop29(a53.data(), a45.data(), a49.data(), a52.data());
 
   // layers.mesh:24:40 all_reduce_sum (resolve the partial sum of %222 over model for sum at 24:40)
   MESHRT_TRACE_SITE("layers.mesh:24:40");
@@ -4006,135 +3270,59 @@ void LmTrain::repeated1(
   // layers.mesh:36:11 einsum -> grad/decoder/decoder_layer[1]/attention/w_q
   MESHRT_TRACE("gemm", "layers.mesh:36:11", "backward");
   // dims: batch, seq, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan36(
-      {{2, 32, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
-  einsumPlan36.run(a41.data(), a46.data(), a54.data(), 1.0f, 0.0f);
+  kEinsum18.plan().run(a41.data(), a46.data(), a54.data(), 1.0f, 0.0f);
 
   MESHRT_TRACE_SITE("layers.mesh:24:40");
   group_model.wait(request2);
 
   // layers.mesh:24:40 sum -> grad/decoder/decoder_layer[1]/norm/bias
   MESHRT_TRACE("sum", "layers.mesh:24:40", "backward");
-  static const support::Shape shape38_1 = {64};
-  static const support::Shape shape38_3 = {1};
-  static const support::Shape shape38_4 = {2, 32};
-  static const support::Shape shape38_5 = {2048, 64};
-  support::reduce(a55.data(), shape38_1, a53.data(), shape38_3, shape38_4, shape38_5,
-                  support::Reduce::Sum, 1.0);
+  support::reduce(a55.data(), kShape7, a53.data(), kShape1, kShape5, kShape6, support::Reduce::Sum,
+                  1.0);
 
   // layers.mesh:24:33 mul
   MESHRT_TRACE("loop", "layers.mesh:24:33", "backward");
-  {
-    float *__restrict a57p = a57.data();
-    const float *__restrict a53p = a53.data();
-    const float *__restrict a56p = a56.data();
-    for (int64_t i0 = 0; i0 < 4096; ++i0) {
-      const float s0 = a53p[i0];
-      const float s1 = a56p[i0];
-      const float s2 = (s0 * s1);
-      a57p[i0] = s2;
-    }
-  }
+  loop14(a57.data(), a53.data(), a56.data());
 
   // layers.mesh:24:33 sum -> grad/decoder/decoder_layer[1]/norm/gain
   MESHRT_TRACE("sum", "layers.mesh:24:33", "backward");
-  static const support::Shape shape40_1 = {64};
-  static const support::Shape shape40_3 = {1};
-  static const support::Shape shape40_4 = {2, 32};
-  static const support::Shape shape40_5 = {2048, 64};
-  support::reduce(a58.data(), shape40_1, a57.data(), shape40_3, shape40_4, shape40_5,
-                  support::Reduce::Sum, 1.0);
+  support::reduce(a58.data(), kShape7, a57.data(), kShape1, kShape5, kShape6, support::Reduce::Sum,
+                  1.0);
 
   // layers.mesh:24:10 mean
   MESHRT_TRACE("mean", "layers.mesh:24:10", "backward");
-  static const support::Shape shape41_1 = {2, 32};
-  static const support::Shape shape41_3 = {2048, 64};
-  static const support::Shape shape41_4 = {64};
-  static const support::Shape shape41_5 = {1};
-  support::reduce(a59.data(), shape41_1, a60.data(), shape41_3, shape41_4, shape41_5,
-                  support::Reduce::Sum, 0.015625);
+  support::reduce(a59.data(), kShape5, a60.data(), kShape6, kShape7, kShape1, support::Reduce::Sum,
+                  0.015625);
 
   // layers.mesh:24:10 sub
   // layers.mesh:24:10 square
   MESHRT_TRACE("loop", "layers.mesh:24:10", "backward");
-  {
-    float *__restrict a61p = a61.data();
-    const float *__restrict a60p = a60.data();
-    const float *__restrict a59p = a59.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      for (int64_t i1 = 0; i1 < 64; ++i1) {
-        const float s0 = a60p[i0 * 64 + i1];
-        const float s1 = a59p[i0];
-        const float s2 = (s0 - s1);
-        const float s3 = s2 * s2;
-        a61p[i0 * 64 + i1] = s3;
-      }
-    }
-  }
+  loop15(a61.data(), a60.data(), a59.data());
 
   // layers.mesh:24:10 mean
   MESHRT_TRACE("mean", "layers.mesh:24:10", "backward");
-  static const support::Shape shape43_1 = {2, 32};
-  static const support::Shape shape43_3 = {2048, 64};
-  static const support::Shape shape43_4 = {64};
-  static const support::Shape shape43_5 = {1};
-  support::reduce(a62.data(), shape43_1, a61.data(), shape43_3, shape43_4, shape43_5,
-                  support::Reduce::Sum, 0.015625);
+  support::reduce(a62.data(), kShape5, a61.data(), kShape6, kShape7, kShape1, support::Reduce::Sum,
+                  0.015625);
 
   // layers.mesh:24:10 add
   // layers.mesh:24:10 rsqrt
   MESHRT_TRACE("loop", "layers.mesh:24:10", "backward");
-  {
-    float *__restrict a63p = a63.data();
-    const float *__restrict a62p = a62.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = a62p[i0];
-      const float s1 = 1e-05f;
-      const float s2 = (s0 + s1);
-      const float s3 = 1.0f / support::fsqrt(s2);
-      a63p[i0] = s3;
-    }
-  }
+  loop16(a63.data(), a62.data());
 
   // layers.mesh:24:33 mul
   // layers.mesh:24:10 mul
   MESHRT_TRACE("loop", "layers.mesh:24:33", "backward");
-  {
-    float *__restrict a65p = a65.data();
-    float *__restrict a66p = a66.data();
-    const float *__restrict a53p = a53.data();
-    const float *__restrict a64p = a64.data();
-    const float *__restrict a56p = a56.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      for (int64_t i1 = 0; i1 < 64; ++i1) {
-        const float s0 = a53p[i0 * 64 + i1];
-        const float s1 = a64p[i1];
-        const float s2 = (s0 * s1);
-        const float s3 = a56p[i0 * 64 + i1];
-        const float s4 = (s2 * s3);
-        a65p[i0 * 64 + i1] = s2;
-        a66p[i0 * 64 + i1] = s4;
-      }
-    }
-  }
+  loop17(a65.data(), a66.data(), a53.data(), a64.data(), a56.data());
 
   // layers.mesh:24:10 mean
   MESHRT_TRACE("mean", "layers.mesh:24:10", "backward");
-  static const support::Shape shape46_1 = {2, 32};
-  static const support::Shape shape46_3 = {2048, 64};
-  static const support::Shape shape46_4 = {64};
-  static const support::Shape shape46_5 = {1};
-  support::reduce(a67.data(), shape46_1, a66.data(), shape46_3, shape46_4, shape46_5,
-                  support::Reduce::Sum, 0.015625);
+  support::reduce(a67.data(), kShape5, a66.data(), kShape6, kShape7, kShape1, support::Reduce::Sum,
+                  0.015625);
 
   // layers.mesh:24:10 mean
   MESHRT_TRACE("mean", "layers.mesh:24:10", "backward");
-  static const support::Shape shape47_1 = {2, 32};
-  static const support::Shape shape47_3 = {2048, 64};
-  static const support::Shape shape47_4 = {64};
-  static const support::Shape shape47_5 = {1};
-  support::reduce(a68.data(), shape47_1, a65.data(), shape47_3, shape47_4, shape47_5,
-                  support::Reduce::Sum, 0.015625);
+  support::reduce(a68.data(), kShape5, a65.data(), kShape6, kShape7, kShape1, support::Reduce::Sum,
+                  0.015625);
 
   // layers.mesh:24:10 mul
   // layers.mesh:24:10 sub
@@ -4142,31 +3330,7 @@ void LmTrain::repeated1(
   // layers.mesh:24:10 mul
   // layers.mesh:24:10 add
   MESHRT_TRACE("loop", "layers.mesh:24:10", "backward");
-  {
-    float *__restrict a69p = a69.data();
-    const float *__restrict a56p = a56.data();
-    const float *__restrict a67p = a67.data();
-    const float *__restrict a65p = a65.data();
-    const float *__restrict a68p = a68.data();
-    const float *__restrict a63p = a63.data();
-    const float *__restrict a27p = a27.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      for (int64_t i1 = 0; i1 < 64; ++i1) {
-        const float s0 = a56p[i0 * 64 + i1];
-        const float s1 = a67p[i0];
-        const float s2 = (s0 * s1);
-        const float s3 = a65p[i0 * 64 + i1];
-        const float s4 = a68p[i0];
-        const float s5 = (s3 - s4);
-        const float s6 = (s5 - s2);
-        const float s7 = a63p[i0];
-        const float s8 = (s6 * s7);
-        const float s9 = a27p[i0 * 64 + i1];
-        const float s10 = (s9 + s8);
-        a69p[i0 * 64 + i1] = s10;
-      }
-    }
-  }
+  loop27(a69.data(), a56.data(), a67.data(), a65.data(), a68.data(), a63.data(), a27.data());
 }
 
 void LmTrain::repeated2(
@@ -4184,370 +3348,187 @@ void LmTrain::repeated2(
 
   // transformer.mesh:61:3 square
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "backward");
-  {
-    float *__restrict a1p = a1.data();
-    const float *__restrict a0p = a0.data();
-    for (int64_t i0 = 0; i0 < 2048; ++i0) {
-      const float s0 = a0p[i0];
-      const float s1 = s0 * s0;
-      a1p[i0] = s1;
-    }
-  }
+  loop20(a1.data(), a0.data());
 
   // transformer.mesh:61:3 sum
   MESHRT_TRACE("sum", "transformer.mesh:61:3", "backward");
-  static const support::Shape shape1_1 = {};
-  static const support::Shape shape1_3 = {};
-  static const support::Shape shape1_4 = {64, 2, 16};
-  static const support::Shape shape1_5 = {32, 16, 1};
-  support::reduce(a2.data(), shape1_1, a1.data(), shape1_3, shape1_4, shape1_5,
+  support::reduce(a2.data(), kShape13, a1.data(), kShape13, kShape29, kShape30,
                   support::Reduce::Sum, 1.0);
 
   // transformer.mesh:61:3 square
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "backward");
-  {
-    float *__restrict a4p = a4.data();
-    const float *__restrict a3p = a3.data();
-    for (int64_t i0 = 0; i0 < 2048; ++i0) {
-      const float s0 = a3p[i0];
-      const float s1 = s0 * s0;
-      a4p[i0] = s1;
-    }
-  }
+  loop20(a4.data(), a3.data());
 
   // transformer.mesh:61:3 sum
   MESHRT_TRACE("sum", "transformer.mesh:61:3", "backward");
-  static const support::Shape shape3_1 = {};
-  static const support::Shape shape3_3 = {};
-  static const support::Shape shape3_4 = {64, 2, 16};
-  static const support::Shape shape3_5 = {32, 16, 1};
-  support::reduce(a5.data(), shape3_1, a4.data(), shape3_3, shape3_4, shape3_5,
+  support::reduce(a5.data(), kShape13, a4.data(), kShape13, kShape29, kShape30,
                   support::Reduce::Sum, 1.0);
 
   // transformer.mesh:61:3 square
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "backward");
-  {
-    float *__restrict a7p = a7.data();
-    const float *__restrict a6p = a6.data();
-    for (int64_t i0 = 0; i0 < 2048; ++i0) {
-      const float s0 = a6p[i0];
-      const float s1 = s0 * s0;
-      a7p[i0] = s1;
-    }
-  }
+  loop20(a7.data(), a6.data());
 
   // transformer.mesh:61:3 sum
   MESHRT_TRACE("sum", "transformer.mesh:61:3", "backward");
-  static const support::Shape shape5_1 = {};
-  static const support::Shape shape5_3 = {};
-  static const support::Shape shape5_4 = {64, 2, 16};
-  static const support::Shape shape5_5 = {32, 16, 1};
-  support::reduce(a8.data(), shape5_1, a7.data(), shape5_3, shape5_4, shape5_5,
+  support::reduce(a8.data(), kShape13, a7.data(), kShape13, kShape29, kShape30,
                   support::Reduce::Sum, 1.0);
 
   // transformer.mesh:61:3 square
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "backward");
-  {
-    float *__restrict a10p = a10.data();
-    const float *__restrict a9p = a9.data();
-    for (int64_t i0 = 0; i0 < 2048; ++i0) {
-      const float s0 = a9p[i0];
-      const float s1 = s0 * s0;
-      a10p[i0] = s1;
-    }
-  }
+  loop20(a10.data(), a9.data());
 
   // transformer.mesh:61:3 sum
   MESHRT_TRACE("sum", "transformer.mesh:61:3", "backward");
-  static const support::Shape shape7_1 = {};
-  static const support::Shape shape7_3 = {};
-  static const support::Shape shape7_4 = {2, 16, 64};
-  static const support::Shape shape7_5 = {1024, 64, 1};
-  support::reduce(a11.data(), shape7_1, a10.data(), shape7_3, shape7_4, shape7_5,
+  support::reduce(a11.data(), kShape13, a10.data(), kShape13, kShape31, kShape32,
                   support::Reduce::Sum, 1.0);
 
   // transformer.mesh:61:3 square
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "backward");
-  {
-    float *__restrict a13p = a13.data();
-    const float *__restrict a12p = a12.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = a12p[i0];
-      const float s1 = s0 * s0;
-      a13p[i0] = s1;
-    }
-  }
+  loop21(a13.data(), a12.data());
 
   // transformer.mesh:61:3 local_slice (reshard %375 for sum at 61:3)
   MESHRT_TRACE("local_slice", "transformer.mesh:61:3", "backward");
-  static const support::Shape shape9_2 = {64};
-  support::sliceDim(a14, a13, shape9_2, 0, support::blockIndex(world_, {"model"}), 2);
+  support::sliceDim(a14, a13, kShape7, 0, support::blockIndex(world_, {"model"}), 2);
 
   // transformer.mesh:61:3 sum ('d_model' sliced over model: partial over model as its partner)
   MESHRT_TRACE("sum", "transformer.mesh:61:3", "backward");
-  static const support::Shape shape10_1 = {};
-  static const support::Shape shape10_3 = {};
-  static const support::Shape shape10_4 = {32};
-  static const support::Shape shape10_5 = {1};
-  support::reduce(a15.data(), shape10_1, a14.data(), shape10_3, shape10_4, shape10_5,
+  support::reduce(a15.data(), kShape13, a14.data(), kShape13, kShape0, kShape1,
                   support::Reduce::Sum, 1.0);
 
   // transformer.mesh:61:3 square
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "backward");
-  {
-    float *__restrict a17p = a17.data();
-    const float *__restrict a16p = a16.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = a16p[i0];
-      const float s1 = s0 * s0;
-      a17p[i0] = s1;
-    }
-  }
+  loop21(a17.data(), a16.data());
 
   // transformer.mesh:61:3 local_slice (reshard %378 for sum at 61:3)
   MESHRT_TRACE("local_slice", "transformer.mesh:61:3", "backward");
-  static const support::Shape shape12_2 = {64};
-  support::sliceDim(a18, a17, shape12_2, 0, support::blockIndex(world_, {"model"}), 2);
+  support::sliceDim(a18, a17, kShape7, 0, support::blockIndex(world_, {"model"}), 2);
 
   // transformer.mesh:61:3 sum ('d_model' sliced over model: partial over model as its partner)
   MESHRT_TRACE("sum", "transformer.mesh:61:3", "backward");
-  static const support::Shape shape13_1 = {};
-  static const support::Shape shape13_3 = {};
-  static const support::Shape shape13_4 = {32};
-  static const support::Shape shape13_5 = {1};
-  support::reduce(a19.data(), shape13_1, a18.data(), shape13_3, shape13_4, shape13_5,
+  support::reduce(a19.data(), kShape13, a18.data(), kShape13, kShape0, kShape1,
                   support::Reduce::Sum, 1.0);
 
   // transformer.mesh:61:3 square
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "backward");
-  {
-    float *__restrict a21p = a21.data();
-    const float *__restrict a20p = a20.data();
-    for (int64_t i0 = 0; i0 < 8192; ++i0) {
-      const float s0 = a20p[i0];
-      const float s1 = s0 * s0;
-      a21p[i0] = s1;
-    }
-  }
+  loop30(a21.data(), a20.data());
 
   // transformer.mesh:61:3 sum
   MESHRT_TRACE("sum", "transformer.mesh:61:3", "backward");
-  static const support::Shape shape15_1 = {};
-  static const support::Shape shape15_3 = {};
-  static const support::Shape shape15_4 = {64, 128};
-  static const support::Shape shape15_5 = {128, 1};
-  support::reduce(a22.data(), shape15_1, a21.data(), shape15_3, shape15_4, shape15_5,
+  support::reduce(a22.data(), kShape13, a21.data(), kShape13, kShape33, kShape34,
                   support::Reduce::Sum, 1.0);
 
   // transformer.mesh:61:3 square
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "backward");
-  {
-    float *__restrict a24p = a24.data();
-    const float *__restrict a23p = a23.data();
-    for (int64_t i0 = 0; i0 < 128; ++i0) {
-      const float s0 = a23p[i0];
-      const float s1 = s0 * s0;
-      a24p[i0] = s1;
-    }
-  }
+  loop31(a24.data(), a23.data());
 
   // transformer.mesh:61:3 sum
   MESHRT_TRACE("sum", "transformer.mesh:61:3", "backward");
-  static const support::Shape shape17_1 = {};
-  static const support::Shape shape17_3 = {};
-  static const support::Shape shape17_4 = {128};
-  static const support::Shape shape17_5 = {1};
-  support::reduce(a25.data(), shape17_1, a24.data(), shape17_3, shape17_4, shape17_5,
+  support::reduce(a25.data(), kShape13, a24.data(), kShape13, kShape27, kShape1,
                   support::Reduce::Sum, 1.0);
 
   // transformer.mesh:61:3 square
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "backward");
-  {
-    float *__restrict a27p = a27.data();
-    const float *__restrict a26p = a26.data();
-    for (int64_t i0 = 0; i0 < 8192; ++i0) {
-      const float s0 = a26p[i0];
-      const float s1 = s0 * s0;
-      a27p[i0] = s1;
-    }
-  }
+  loop30(a27.data(), a26.data());
 
   // transformer.mesh:61:3 sum
   MESHRT_TRACE("sum", "transformer.mesh:61:3", "backward");
-  static const support::Shape shape19_1 = {};
-  static const support::Shape shape19_3 = {};
-  static const support::Shape shape19_4 = {128, 64};
-  static const support::Shape shape19_5 = {64, 1};
-  support::reduce(a28.data(), shape19_1, a27.data(), shape19_3, shape19_4, shape19_5,
+  support::reduce(a28.data(), kShape13, a27.data(), kShape13, kShape35, kShape18,
                   support::Reduce::Sum, 1.0);
 
   // transformer.mesh:61:3 square
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "backward");
-  {
-    float *__restrict a30p = a30.data();
-    const float *__restrict a29p = a29.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = a29p[i0];
-      const float s1 = s0 * s0;
-      a30p[i0] = s1;
-    }
-  }
+  loop21(a30.data(), a29.data());
 
   // transformer.mesh:61:3 local_slice (reshard %390 for sum at 61:3)
   MESHRT_TRACE("local_slice", "transformer.mesh:61:3", "backward");
-  static const support::Shape shape21_2 = {64};
-  support::sliceDim(a31, a30, shape21_2, 0, support::blockIndex(world_, {"model"}), 2);
+  support::sliceDim(a31, a30, kShape7, 0, support::blockIndex(world_, {"model"}), 2);
 
   // transformer.mesh:61:3 sum ('d_model' sliced over model: partial over model as its partner)
   MESHRT_TRACE("sum", "transformer.mesh:61:3", "backward");
-  static const support::Shape shape22_1 = {};
-  static const support::Shape shape22_3 = {};
-  static const support::Shape shape22_4 = {32};
-  static const support::Shape shape22_5 = {1};
-  support::reduce(a32.data(), shape22_1, a31.data(), shape22_3, shape22_4, shape22_5,
+  support::reduce(a32.data(), kShape13, a31.data(), kShape13, kShape0, kShape1,
                   support::Reduce::Sum, 1.0);
 
   // transformer.mesh:61:3 square
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "backward");
-  {
-    float *__restrict a34p = a34.data();
-    const float *__restrict a33p = a33.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = a33p[i0];
-      const float s1 = s0 * s0;
-      a34p[i0] = s1;
-    }
-  }
+  loop21(a34.data(), a33.data());
 
   // transformer.mesh:61:3 local_slice (reshard %393 for sum at 61:3)
   MESHRT_TRACE("local_slice", "transformer.mesh:61:3", "backward");
-  static const support::Shape shape24_2 = {64};
-  support::sliceDim(a35, a34, shape24_2, 0, support::blockIndex(world_, {"model"}), 2);
+  support::sliceDim(a35, a34, kShape7, 0, support::blockIndex(world_, {"model"}), 2);
 
   // transformer.mesh:61:3 sum ('d_model' sliced over model: partial over model as its partner)
   MESHRT_TRACE("sum", "transformer.mesh:61:3", "backward");
-  static const support::Shape shape25_1 = {};
-  static const support::Shape shape25_3 = {};
-  static const support::Shape shape25_4 = {32};
-  static const support::Shape shape25_5 = {1};
-  support::reduce(a36.data(), shape25_1, a35.data(), shape25_3, shape25_4, shape25_5,
+  support::reduce(a36.data(), kShape13, a35.data(), kShape13, kShape0, kShape1,
                   support::Reduce::Sum, 1.0);
 
   // transformer.mesh:61:3 square
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "backward");
-  {
-    float *__restrict a38p = a38.data();
-    const float *__restrict a37p = a37.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = a37p[i0];
-      const float s1 = s0 * s0;
-      a38p[i0] = s1;
-    }
-  }
+  loop21(a38.data(), a37.data());
 
   // transformer.mesh:61:3 local_slice (reshard %396 for sum at 61:3)
   MESHRT_TRACE("local_slice", "transformer.mesh:61:3", "backward");
-  static const support::Shape shape27_2 = {64};
-  support::sliceDim(a39, a38, shape27_2, 0, support::blockIndex(world_, {"model"}), 2);
+  support::sliceDim(a39, a38, kShape7, 0, support::blockIndex(world_, {"model"}), 2);
 
   // transformer.mesh:61:3 sum ('d_model' sliced over model: partial over model as its partner)
   MESHRT_TRACE("sum", "transformer.mesh:61:3", "backward");
-  static const support::Shape shape28_1 = {};
-  static const support::Shape shape28_3 = {};
-  static const support::Shape shape28_4 = {32};
-  static const support::Shape shape28_5 = {1};
-  support::reduce(a40.data(), shape28_1, a39.data(), shape28_3, shape28_4, shape28_5,
+  support::reduce(a40.data(), kShape13, a39.data(), kShape13, kShape0, kShape1,
                   support::Reduce::Sum, 1.0);
 }
 
-void LmTrain::repeated3(support::View a0, support::ConstView a1, support::ConstView a2,
-                        support::ConstView a3, support::View a4, support::ConstView a5,
-                        support::View a6, support::ConstView a7, support::View a8, support::View a9,
-                        support::ConstView a10, support::ConstView a11, support::View a12,
-                        support::ConstView a13, support::View a14, support::ConstView a15,
-                        support::View a16, support::View a17, support::ConstView a18,
-                        support::View a19, support::ConstView a20, support::View a21,
-                        support::View a22, support::ConstView a23, support::ConstView a24,
-                        support::View a25, const char *t0) {
+void LmTrain::repeated3(support::ConstView a0, support::ConstView a1, support::View a2,
+                        support::View a3, support::ConstView a4, support::View a5,
+                        support::ConstView a6, support::View a7, support::ConstView a8,
+                        support::View a9, support::View a10, support::ConstView a11,
+                        support::ConstView a12, support::View a13, support::ConstView a14,
+                        support::View a15, support::ConstView a16, support::View a17,
+                        support::View a18, support::ConstView a19, support::View a20,
+                        support::ConstView a21, support::View a22, support::View a23,
+                        support::ConstView a24, support::ConstView a25, support::View a26,
+                        const char *t0) {
   MESHRT_TRACE_SPAN(world_);
 
-  // layers.mesh:43:17 softmax -> weights
   // layers.mesh:43:25 where
+  MESHRT_TRACE("loop", "layers.mesh:43:25", "forward");
+  loop5(a2.data(), a0.data(), a1.data());
+
+  // layers.mesh:43:17 softmax -> weights
   MESHRT_TRACE("softmax", "layers.mesh:43:17", "forward");
-  static const support::Shape shape0_3 = {2, 2, 32};
-  static const support::Shape shape0_4 = {1024, 0, 32};
-  support::maskedSoftmax(a0.data(), a1.data(), a2.data(), shape0_3, shape0_4, 32, 1, -1000000000.0);
+  support::along(a3.data(), a2.data(), kShape8, kShape9, kShape9, kShape0, kShape1, kShape1,
+                 support::Along::Softmax, 1e-05, 32, nullptr);
 
   // layers.mesh:44:17 einsum -> context
   MESHRT_TRACE("gemm", "layers.mesh:44:17", "forward");
   // dims: batch, heads, seq, mem, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan1(
-      {{2, 2, 32, 32, 16}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 2, 1, 4}, {}}});
-  einsumPlan1.run(a0.data(), a3.data(), a4.data(), 1.0f, 0.0f);
+  kEinsum1.plan().run(a3.data(), a4.data(), a5.data(), 1.0f, 0.0f);
 
   // layers.mesh:45:10 einsum
   MESHRT_TRACE("gemm", "layers.mesh:45:10", "forward");
   // dims: batch, seq, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan2(
-      {{2, 32, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 4}, {}}});
-  einsumPlan2.run(a4.data(), a5.data(), a6.data(), 1.0f, 0.0f);
+  kEinsum2.plan().run(a5.data(), a6.data(), a7.data(), 1.0f, 0.0f);
 
   // transformer.mesh:21:13 all_reduce_sum (resolve the partial sum of %43 over model for add at
   // 21:13)
   MESHRT_TRACE_SITE("transformer.mesh:21:13");
-  group_model.allReduce(a6.data(), a6.size(), meshrt::ReduceOp::Sum);
+  group_model.allReduce(a7.data(), a7.size(), meshrt::ReduceOp::Sum);
 
   // transformer.mesh:21:13 add -> h
   MESHRT_TRACE("loop", "transformer.mesh:21:13", "forward");
-  {
-    float *__restrict a8p = a8.data();
-    const float *__restrict a7p = a7.data();
-    const float *__restrict a6p = a6.data();
-    for (int64_t i0 = 0; i0 < 4096; ++i0) {
-      const float s0 = a7p[i0];
-      const float s1 = a6p[i0];
-      const float s2 = (s0 + s1);
-      a8p[i0] = s2;
-    }
-  }
+  loop6(a9.data(), a8.data(), a7.data());
 
   // layers.mesh:24:10 layer_norm
   MESHRT_TRACE("layer_norm", "layers.mesh:24:10", "forward");
-  static const support::Shape shape5_2 = {2, 32};
-  static const support::Shape shape5_3 = {2048, 64};
-  static const support::Shape shape5_4 = {2048, 64};
-  static const support::Shape shape5_5 = {64};
-  static const support::Shape shape5_6 = {1};
-  static const support::Shape shape5_7 = {1};
-  support::along(a9.data(), a8.data(), shape5_2, shape5_3, shape5_4, shape5_5, shape5_6, shape5_7,
+  support::along(a10.data(), a9.data(), kShape5, kShape6, kShape6, kShape7, kShape1, kShape1,
                  support::Along::LayerNorm, 1e-05, 64, nullptr);
 
   // layers.mesh:24:33 mul
   // layers.mesh:24:40 add
   MESHRT_TRACE("loop", "layers.mesh:24:33", "forward");
-  {
-    float *__restrict a12p = a12.data();
-    const float *__restrict a9p = a9.data();
-    const float *__restrict a10p = a10.data();
-    const float *__restrict a11p = a11.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      for (int64_t i1 = 0; i1 < 64; ++i1) {
-        const float s0 = a9p[i0 * 64 + i1];
-        const float s1 = a10p[i1];
-        const float s2 = (s0 * s1);
-        const float s3 = a11p[i1];
-        const float s4 = (s2 + s3);
-        a12p[i0 * 64 + i1] = s4;
-      }
-    }
-  }
+  loop3(a13.data(), a10.data(), a11.data(), a12.data());
 
   // layers.mesh:54:16 einsum
   MESHRT_TRACE("gemm", "layers.mesh:54:16", "forward");
   // dims: batch, seq, d_model, d_ff
-  static const meshrt::kernels::EinsumPlan einsumPlan7(
-      {{2, 32, 64, 128}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan7.run(a12.data(), a13.data(), a14.data(), 1.0f, 0.0f);
+  kEinsum3.plan().run(a13.data(), a14.data(), a15.data(), 1.0f, 0.0f);
 
   // layers.mesh:54:52 add
   // layers.mesh:54:11 gelu -> h
@@ -4557,10 +3538,10 @@ void LmTrain::repeated3(support::View a0, support::ConstView a1, support::ConstV
     const auto inv0 = meshrt::stepStreamKey(seed_, t0, uint64_t(step_));
     const auto inv1 = int64_t(support::shardStart(world_, {"data"}, 2) * 8192 +
                               support::shardStart(world_, {"model"}, 128) * 1);
-    float *__restrict a16p = a16.data();
     float *__restrict a17p = a17.data();
-    const float *__restrict a14p = a14.data();
+    float *__restrict a18p = a18.data();
     const float *__restrict a15p = a15.data();
+    const float *__restrict a16p = a16.data();
     for (int64_t i0 = 0; i0 < 64; ++i0) {
       for (int64_t c1 = 0; c1 < 128; c1 += 128) {
         constexpr int64_t n1 = 128;
@@ -4570,14 +3551,14 @@ void LmTrain::repeated3(support::View a0, support::ConstView a1, support::ConstV
           meshrt::dropoutKeepMasks(inv0, uint64_t(inv1 + i0 * 256 + i1), n1, 838861u, keep4);
         }
         for (int64_t i1 = c1; i1 < c1 + n1; ++i1) {
-          const float s0 = a14p[i0 * 128 + i1];
-          const float s1 = a15p[i1];
+          const float s0 = a15p[i0 * 128 + i1];
+          const float s1 = a16p[i1];
           const float s2 = (s0 + s1);
           const float s3 = support::fgelu(s2);
           const float s4 =
               support::keepOrZero(keep4[i1 - c1], float(double(s3) * 1.1111111111111112));
-          a16p[i0 * 128 + i1] = s2;
-          a17p[i0 * 128 + i1] = s4;
+          a17p[i0 * 128 + i1] = s2;
+          a18p[i0 * 128 + i1] = s4;
         }
       }
     }
@@ -4586,64 +3567,26 @@ void LmTrain::repeated3(support::View a0, support::ConstView a1, support::ConstV
   // layers.mesh:55:10 einsum
   MESHRT_TRACE("gemm", "layers.mesh:55:10", "forward");
   // dims: batch, seq, d_ff, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan9(
-      {{2, 32, 128, 64}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan9.run(a17.data(), a18.data(), a19.data(), 1.0f, 0.0f);
+  kEinsum4.plan().run(a18.data(), a19.data(), a20.data(), 1.0f, 0.0f);
 
   // layers.mesh:55:71 all_reduce_sum (resolve the partial sum of %58 over model for add at 55:71)
   MESHRT_TRACE_SITE("layers.mesh:55:71");
-  group_model.allReduce(a19.data(), a19.size(), meshrt::ReduceOp::Sum);
+  group_model.allReduce(a20.data(), a20.size(), meshrt::ReduceOp::Sum);
 
   // layers.mesh:55:71 add
   // transformer.mesh:22:12 add -> x
   MESHRT_TRACE("loop", "layers.mesh:55:71", "forward");
-  {
-    float *__restrict a21p = a21.data();
-    const float *__restrict a19p = a19.data();
-    const float *__restrict a20p = a20.data();
-    const float *__restrict a8p = a8.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      for (int64_t i1 = 0; i1 < 64; ++i1) {
-        const float s0 = a19p[i0 * 64 + i1];
-        const float s1 = a20p[i1];
-        const float s2 = (s0 + s1);
-        const float s3 = a8p[i0 * 64 + i1];
-        const float s4 = (s3 + s2);
-        a21p[i0 * 64 + i1] = s4;
-      }
-    }
-  }
+  loop8(a22.data(), a20.data(), a21.data(), a9.data());
 
   // layers.mesh:24:10 layer_norm
   MESHRT_TRACE("layer_norm", "layers.mesh:24:10", "forward");
-  static const support::Shape shape12_2 = {2, 32};
-  static const support::Shape shape12_3 = {2048, 64};
-  static const support::Shape shape12_4 = {2048, 64};
-  static const support::Shape shape12_5 = {64};
-  static const support::Shape shape12_6 = {1};
-  static const support::Shape shape12_7 = {1};
-  support::along(a22.data(), a21.data(), shape12_2, shape12_3, shape12_4, shape12_5, shape12_6,
-                 shape12_7, support::Along::LayerNorm, 1e-05, 64, nullptr);
+  support::along(a23.data(), a22.data(), kShape5, kShape6, kShape6, kShape7, kShape1, kShape1,
+                 support::Along::LayerNorm, 1e-05, 64, nullptr);
 
   // layers.mesh:24:33 mul
   // layers.mesh:24:40 add -> n
   MESHRT_TRACE("loop", "layers.mesh:24:33", "forward");
-  {
-    float *__restrict a25p = a25.data();
-    const float *__restrict a22p = a22.data();
-    const float *__restrict a23p = a23.data();
-    const float *__restrict a24p = a24.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      for (int64_t i1 = 0; i1 < 64; ++i1) {
-        const float s0 = a22p[i0 * 64 + i1];
-        const float s1 = a23p[i1];
-        const float s2 = (s0 * s1);
-        const float s3 = a24p[i1];
-        const float s4 = (s2 + s3);
-        a25p[i0 * 64 + i1] = s4;
-      }
-    }
-  }
+  loop3(a26.data(), a23.data(), a24.data(), a25.data());
 }
 
 void LmTrain::repeated4(support::View a0, support::ConstView a1, support::ConstView a2,
@@ -4669,57 +3612,7 @@ void LmTrain::repeated4(support::View a0, support::ConstView a1, support::ConstV
   // transformer.mesh:61:3 mul
   // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[0]/norm/gain
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "update");
-  {
-    float *__restrict a3p = a3.data();
-    float *__restrict a4p = a4.data();
-    float *__restrict a0p = a0.data();
-    const float *__restrict a1p = a1.data();
-    const float *__restrict a2p = a2.data();
-    const float *__restrict a5p = a5.data();
-    const float *__restrict a6p = a6.data();
-    const float *__restrict a7p = a7.data();
-    const float r2 = a2p[0];
-    const float r5 = a5p[0];
-    const float r6 = a6p[0];
-    const float r7 = a7p[0];
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = a0p[i0];
-      const float s1 = 0.1f;
-      const float s2 = (s0 * s1);
-      const float s3 = a1p[i0];
-      const float s4 = r2;
-      const float s5 = (s3 * s4);
-      const float s6 = 0.100000024f;
-      const float s7 = (s5 * s6);
-      const float s8 = a3p[i0];
-      const float s9 = 0.9f;
-      const float s10 = (s8 * s9);
-      const float s11 = (s10 + s7);
-      const float s12 = s5 * s5;
-      const float s13 = 0.050000012f;
-      const float s14 = (s12 * s13);
-      const float s15 = a4p[i0];
-      const float s16 = 0.95f;
-      const float s17 = (s15 * s16);
-      const float s18 = (s17 + s14);
-      const float s19 = r5;
-      const float s20 = (s11 / s19);
-      const float s21 = r6;
-      const float s22 = (s18 / s21);
-      const float s23 = support::fsqrt(s22);
-      const float s24 = 1e-08f;
-      const float s25 = (s23 + s24);
-      const float s26 = (s20 / s25);
-      const float s27 = (s26 + s2);
-      const float s28 = r7;
-      const float s29 = (s27 * s28);
-      const float s30 = a0p[i0];
-      const float s31 = (s30 - s29);
-      a3p[i0] = s11;
-      a4p[i0] = s18;
-      a0p[i0] = s31;
-    }
-  }
+  loop24(a3.data(), a4.data(), a0.data(), a1.data(), a2.data(), a5.data(), a6.data(), a7.data());
 }
 
 void LmTrain::repeated5(support::ConstView a0, support::ConstView a1, support::View a2,
@@ -4730,31 +3623,23 @@ void LmTrain::repeated5(support::ConstView a0, support::ConstView a1, support::V
   // layers.mesh:36:11 einsum -> q
   MESHRT_TRACE("gemm", "layers.mesh:36:11", "forward");
   // dims: batch, seq, d_model, heads, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan0(
-      {{2, 32, 64, 2, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan0.run(a0.data(), a1.data(), a2.data(), 1.0f, 0.0f);
+  kEinsum5.plan().run(a0.data(), a1.data(), a2.data(), 1.0f, 0.0f);
 
   // layers.mesh:38:18 einsum
   MESHRT_TRACE("gemm", "layers.mesh:38:18", "forward");
   // dims: batch, seq, d_model, heads, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan1(
-      {{2, 32, 64, 2, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan1.run(a0.data(), a3.data(), a4.data(), 1.0f, 0.0f);
+  kEinsum5.plan().run(a0.data(), a3.data(), a4.data(), 1.0f, 0.0f);
 
   // layers.mesh:39:18 einsum
   MESHRT_TRACE("gemm", "layers.mesh:39:18", "forward");
   // dims: batch, seq, d_model, heads, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan2(
-      {{2, 32, 64, 2, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan2.run(a0.data(), a5.data(), a6.data(), 1.0f, 0.0f);
+  kEinsum5.plan().run(a0.data(), a5.data(), a6.data(), 1.0f, 0.0f);
 
   // layers.mesh:41:16 einsum
   // layers.mesh:41:55 mul -> scores
   MESHRT_TRACE("gemm", "layers.mesh:41:16", "forward");
   // dims: batch, seq, heads, d_head, mem
-  static const meshrt::kernels::EinsumPlan einsumPlan3(
-      {{2, 32, 2, 16, 32}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
-  einsumPlan3.run(a2.data(), a4.data(), a7.data(), 0.25f, 0.0f);
+  kEinsum6.plan().run(a2.data(), a4.data(), a7.data(), 0.25f, 0.0f);
 }
 
 LmTrain::Inputs LmTrain::synthesizeInputs(uint64_t seed) const {
@@ -4798,270 +3683,160 @@ support::Tensor LmTrain::gatherOutput(meshrt::Communicator &world, const std::st
 float LmTrain::step(const Inputs &inputs) { return run(inputs).loss.data.at(0); }
 
 std::vector<std::string> LmTrain::paramNames() {
-  return {"decoder/token_embedding",
-          "decoder/position_embedding",
-          "decoder/unembed",
-          "decoder/decoder_layer[0]/norm/gain",
-          "decoder/decoder_layer[0]/norm/bias",
-          "decoder/decoder_layer[0]/attention/w_q",
-          "decoder/decoder_layer[0]/attention/w_k",
-          "decoder/decoder_layer[0]/attention/w_v",
-          "decoder/decoder_layer[0]/attention/w_o",
-          "decoder/decoder_layer[0]/norm#1/gain",
-          "decoder/decoder_layer[0]/norm#1/bias",
-          "decoder/decoder_layer[0]/ffn/w_in",
-          "decoder/decoder_layer[0]/ffn/b_in",
-          "decoder/decoder_layer[0]/ffn/w_out",
-          "decoder/decoder_layer[0]/ffn/b_out",
-          "decoder/decoder_layer[1]/norm/gain",
-          "decoder/decoder_layer[1]/norm/bias",
-          "decoder/decoder_layer[1]/attention/w_q",
-          "decoder/decoder_layer[1]/attention/w_k",
-          "decoder/decoder_layer[1]/attention/w_v",
-          "decoder/decoder_layer[1]/attention/w_o",
-          "decoder/decoder_layer[1]/norm#1/gain",
-          "decoder/decoder_layer[1]/norm#1/bias",
-          "decoder/decoder_layer[1]/ffn/w_in",
-          "decoder/decoder_layer[1]/ffn/b_in",
-          "decoder/decoder_layer[1]/ffn/w_out",
-          "decoder/decoder_layer[1]/ffn/b_out",
-          "decoder/norm/gain",
-          "decoder/norm/bias",
-          "decoder/token_embedding@m",
-          "decoder/token_embedding@v",
-          "decoder/position_embedding@m",
-          "decoder/position_embedding@v",
-          "decoder/unembed@m",
-          "decoder/unembed@v",
-          "decoder/decoder_layer[0]/norm/gain@m",
-          "decoder/decoder_layer[0]/norm/gain@v",
-          "decoder/decoder_layer[0]/norm/bias@m",
-          "decoder/decoder_layer[0]/norm/bias@v",
-          "decoder/decoder_layer[0]/attention/w_q@m",
-          "decoder/decoder_layer[0]/attention/w_q@v",
-          "decoder/decoder_layer[0]/attention/w_k@m",
-          "decoder/decoder_layer[0]/attention/w_k@v",
-          "decoder/decoder_layer[0]/attention/w_v@m",
-          "decoder/decoder_layer[0]/attention/w_v@v",
-          "decoder/decoder_layer[0]/attention/w_o@m",
-          "decoder/decoder_layer[0]/attention/w_o@v",
-          "decoder/decoder_layer[0]/norm#1/gain@m",
-          "decoder/decoder_layer[0]/norm#1/gain@v",
-          "decoder/decoder_layer[0]/norm#1/bias@m",
-          "decoder/decoder_layer[0]/norm#1/bias@v",
-          "decoder/decoder_layer[0]/ffn/w_in@m",
-          "decoder/decoder_layer[0]/ffn/w_in@v",
-          "decoder/decoder_layer[0]/ffn/b_in@m",
-          "decoder/decoder_layer[0]/ffn/b_in@v",
-          "decoder/decoder_layer[0]/ffn/w_out@m",
-          "decoder/decoder_layer[0]/ffn/w_out@v",
-          "decoder/decoder_layer[0]/ffn/b_out@m",
-          "decoder/decoder_layer[0]/ffn/b_out@v",
-          "decoder/decoder_layer[1]/norm/gain@m",
-          "decoder/decoder_layer[1]/norm/gain@v",
-          "decoder/decoder_layer[1]/norm/bias@m",
-          "decoder/decoder_layer[1]/norm/bias@v",
-          "decoder/decoder_layer[1]/attention/w_q@m",
-          "decoder/decoder_layer[1]/attention/w_q@v",
-          "decoder/decoder_layer[1]/attention/w_k@m",
-          "decoder/decoder_layer[1]/attention/w_k@v",
-          "decoder/decoder_layer[1]/attention/w_v@m",
-          "decoder/decoder_layer[1]/attention/w_v@v",
-          "decoder/decoder_layer[1]/attention/w_o@m",
-          "decoder/decoder_layer[1]/attention/w_o@v",
-          "decoder/decoder_layer[1]/norm#1/gain@m",
-          "decoder/decoder_layer[1]/norm#1/gain@v",
-          "decoder/decoder_layer[1]/norm#1/bias@m",
-          "decoder/decoder_layer[1]/norm#1/bias@v",
-          "decoder/decoder_layer[1]/ffn/w_in@m",
-          "decoder/decoder_layer[1]/ffn/w_in@v",
-          "decoder/decoder_layer[1]/ffn/b_in@m",
-          "decoder/decoder_layer[1]/ffn/b_in@v",
-          "decoder/decoder_layer[1]/ffn/w_out@m",
-          "decoder/decoder_layer[1]/ffn/w_out@v",
-          "decoder/decoder_layer[1]/ffn/b_out@m",
-          "decoder/decoder_layer[1]/ffn/b_out@v",
-          "decoder/norm/gain@m",
-          "decoder/norm/gain@v",
-          "decoder/norm/bias@m",
-          "decoder/norm/bias@v"};
+  static constexpr const char *names[] = {"decoder/token_embedding",
+                                          "decoder/position_embedding",
+                                          "decoder/unembed",
+                                          "decoder/decoder_layer[0]/norm/gain",
+                                          "decoder/decoder_layer[0]/norm/bias",
+                                          "decoder/decoder_layer[0]/attention/w_q",
+                                          "decoder/decoder_layer[0]/attention/w_k",
+                                          "decoder/decoder_layer[0]/attention/w_v",
+                                          "decoder/decoder_layer[0]/attention/w_o",
+                                          "decoder/decoder_layer[0]/norm#1/gain",
+                                          "decoder/decoder_layer[0]/norm#1/bias",
+                                          "decoder/decoder_layer[0]/ffn/w_in",
+                                          "decoder/decoder_layer[0]/ffn/b_in",
+                                          "decoder/decoder_layer[0]/ffn/w_out",
+                                          "decoder/decoder_layer[0]/ffn/b_out",
+                                          "decoder/decoder_layer[1]/norm/gain",
+                                          "decoder/decoder_layer[1]/norm/bias",
+                                          "decoder/decoder_layer[1]/attention/w_q",
+                                          "decoder/decoder_layer[1]/attention/w_k",
+                                          "decoder/decoder_layer[1]/attention/w_v",
+                                          "decoder/decoder_layer[1]/attention/w_o",
+                                          "decoder/decoder_layer[1]/norm#1/gain",
+                                          "decoder/decoder_layer[1]/norm#1/bias",
+                                          "decoder/decoder_layer[1]/ffn/w_in",
+                                          "decoder/decoder_layer[1]/ffn/b_in",
+                                          "decoder/decoder_layer[1]/ffn/w_out",
+                                          "decoder/decoder_layer[1]/ffn/b_out",
+                                          "decoder/norm/gain",
+                                          "decoder/norm/bias",
+                                          "decoder/token_embedding@m",
+                                          "decoder/token_embedding@v",
+                                          "decoder/position_embedding@m",
+                                          "decoder/position_embedding@v",
+                                          "decoder/unembed@m",
+                                          "decoder/unembed@v",
+                                          "decoder/decoder_layer[0]/norm/gain@m",
+                                          "decoder/decoder_layer[0]/norm/gain@v",
+                                          "decoder/decoder_layer[0]/norm/bias@m",
+                                          "decoder/decoder_layer[0]/norm/bias@v",
+                                          "decoder/decoder_layer[0]/attention/w_q@m",
+                                          "decoder/decoder_layer[0]/attention/w_q@v",
+                                          "decoder/decoder_layer[0]/attention/w_k@m",
+                                          "decoder/decoder_layer[0]/attention/w_k@v",
+                                          "decoder/decoder_layer[0]/attention/w_v@m",
+                                          "decoder/decoder_layer[0]/attention/w_v@v",
+                                          "decoder/decoder_layer[0]/attention/w_o@m",
+                                          "decoder/decoder_layer[0]/attention/w_o@v",
+                                          "decoder/decoder_layer[0]/norm#1/gain@m",
+                                          "decoder/decoder_layer[0]/norm#1/gain@v",
+                                          "decoder/decoder_layer[0]/norm#1/bias@m",
+                                          "decoder/decoder_layer[0]/norm#1/bias@v",
+                                          "decoder/decoder_layer[0]/ffn/w_in@m",
+                                          "decoder/decoder_layer[0]/ffn/w_in@v",
+                                          "decoder/decoder_layer[0]/ffn/b_in@m",
+                                          "decoder/decoder_layer[0]/ffn/b_in@v",
+                                          "decoder/decoder_layer[0]/ffn/w_out@m",
+                                          "decoder/decoder_layer[0]/ffn/w_out@v",
+                                          "decoder/decoder_layer[0]/ffn/b_out@m",
+                                          "decoder/decoder_layer[0]/ffn/b_out@v",
+                                          "decoder/decoder_layer[1]/norm/gain@m",
+                                          "decoder/decoder_layer[1]/norm/gain@v",
+                                          "decoder/decoder_layer[1]/norm/bias@m",
+                                          "decoder/decoder_layer[1]/norm/bias@v",
+                                          "decoder/decoder_layer[1]/attention/w_q@m",
+                                          "decoder/decoder_layer[1]/attention/w_q@v",
+                                          "decoder/decoder_layer[1]/attention/w_k@m",
+                                          "decoder/decoder_layer[1]/attention/w_k@v",
+                                          "decoder/decoder_layer[1]/attention/w_v@m",
+                                          "decoder/decoder_layer[1]/attention/w_v@v",
+                                          "decoder/decoder_layer[1]/attention/w_o@m",
+                                          "decoder/decoder_layer[1]/attention/w_o@v",
+                                          "decoder/decoder_layer[1]/norm#1/gain@m",
+                                          "decoder/decoder_layer[1]/norm#1/gain@v",
+                                          "decoder/decoder_layer[1]/norm#1/bias@m",
+                                          "decoder/decoder_layer[1]/norm#1/bias@v",
+                                          "decoder/decoder_layer[1]/ffn/w_in@m",
+                                          "decoder/decoder_layer[1]/ffn/w_in@v",
+                                          "decoder/decoder_layer[1]/ffn/b_in@m",
+                                          "decoder/decoder_layer[1]/ffn/b_in@v",
+                                          "decoder/decoder_layer[1]/ffn/w_out@m",
+                                          "decoder/decoder_layer[1]/ffn/w_out@v",
+                                          "decoder/decoder_layer[1]/ffn/b_out@m",
+                                          "decoder/decoder_layer[1]/ffn/b_out@v",
+                                          "decoder/norm/gain@m",
+                                          "decoder/norm/gain@v",
+                                          "decoder/norm/bias@m",
+                                          "decoder/norm/bias@v"};
+  return {std::begin(names), std::end(names)};
 }
 
 bool LmTrain::isOptimizerState(const std::string &path) {
-  static const std::vector<std::string> states = {"decoder/token_embedding@m",
-                                                  "decoder/token_embedding@v",
-                                                  "decoder/position_embedding@m",
-                                                  "decoder/position_embedding@v",
-                                                  "decoder/unembed@m",
-                                                  "decoder/unembed@v",
-                                                  "decoder/decoder_layer[0]/norm/gain@m",
-                                                  "decoder/decoder_layer[0]/norm/gain@v",
-                                                  "decoder/decoder_layer[0]/norm/bias@m",
-                                                  "decoder/decoder_layer[0]/norm/bias@v",
-                                                  "decoder/decoder_layer[0]/attention/w_q@m",
-                                                  "decoder/decoder_layer[0]/attention/w_q@v",
-                                                  "decoder/decoder_layer[0]/attention/w_k@m",
-                                                  "decoder/decoder_layer[0]/attention/w_k@v",
-                                                  "decoder/decoder_layer[0]/attention/w_v@m",
-                                                  "decoder/decoder_layer[0]/attention/w_v@v",
-                                                  "decoder/decoder_layer[0]/attention/w_o@m",
-                                                  "decoder/decoder_layer[0]/attention/w_o@v",
-                                                  "decoder/decoder_layer[0]/norm#1/gain@m",
-                                                  "decoder/decoder_layer[0]/norm#1/gain@v",
-                                                  "decoder/decoder_layer[0]/norm#1/bias@m",
-                                                  "decoder/decoder_layer[0]/norm#1/bias@v",
-                                                  "decoder/decoder_layer[0]/ffn/w_in@m",
-                                                  "decoder/decoder_layer[0]/ffn/w_in@v",
-                                                  "decoder/decoder_layer[0]/ffn/b_in@m",
-                                                  "decoder/decoder_layer[0]/ffn/b_in@v",
-                                                  "decoder/decoder_layer[0]/ffn/w_out@m",
-                                                  "decoder/decoder_layer[0]/ffn/w_out@v",
-                                                  "decoder/decoder_layer[0]/ffn/b_out@m",
-                                                  "decoder/decoder_layer[0]/ffn/b_out@v",
-                                                  "decoder/decoder_layer[1]/norm/gain@m",
-                                                  "decoder/decoder_layer[1]/norm/gain@v",
-                                                  "decoder/decoder_layer[1]/norm/bias@m",
-                                                  "decoder/decoder_layer[1]/norm/bias@v",
-                                                  "decoder/decoder_layer[1]/attention/w_q@m",
-                                                  "decoder/decoder_layer[1]/attention/w_q@v",
-                                                  "decoder/decoder_layer[1]/attention/w_k@m",
-                                                  "decoder/decoder_layer[1]/attention/w_k@v",
-                                                  "decoder/decoder_layer[1]/attention/w_v@m",
-                                                  "decoder/decoder_layer[1]/attention/w_v@v",
-                                                  "decoder/decoder_layer[1]/attention/w_o@m",
-                                                  "decoder/decoder_layer[1]/attention/w_o@v",
-                                                  "decoder/decoder_layer[1]/norm#1/gain@m",
-                                                  "decoder/decoder_layer[1]/norm#1/gain@v",
-                                                  "decoder/decoder_layer[1]/norm#1/bias@m",
-                                                  "decoder/decoder_layer[1]/norm#1/bias@v",
-                                                  "decoder/decoder_layer[1]/ffn/w_in@m",
-                                                  "decoder/decoder_layer[1]/ffn/w_in@v",
-                                                  "decoder/decoder_layer[1]/ffn/b_in@m",
-                                                  "decoder/decoder_layer[1]/ffn/b_in@v",
-                                                  "decoder/decoder_layer[1]/ffn/w_out@m",
-                                                  "decoder/decoder_layer[1]/ffn/w_out@v",
-                                                  "decoder/decoder_layer[1]/ffn/b_out@m",
-                                                  "decoder/decoder_layer[1]/ffn/b_out@v",
-                                                  "decoder/norm/gain@m",
-                                                  "decoder/norm/gain@v",
-                                                  "decoder/norm/bias@m",
-                                                  "decoder/norm/bias@v"};
-  return std::find(states.begin(), states.end(), path) != states.end();
+  static constexpr std::string_view states[] = {"decoder/token_embedding@m",
+                                                "decoder/token_embedding@v",
+                                                "decoder/position_embedding@m",
+                                                "decoder/position_embedding@v",
+                                                "decoder/unembed@m",
+                                                "decoder/unembed@v",
+                                                "decoder/decoder_layer[0]/norm/gain@m",
+                                                "decoder/decoder_layer[0]/norm/gain@v",
+                                                "decoder/decoder_layer[0]/norm/bias@m",
+                                                "decoder/decoder_layer[0]/norm/bias@v",
+                                                "decoder/decoder_layer[0]/attention/w_q@m",
+                                                "decoder/decoder_layer[0]/attention/w_q@v",
+                                                "decoder/decoder_layer[0]/attention/w_k@m",
+                                                "decoder/decoder_layer[0]/attention/w_k@v",
+                                                "decoder/decoder_layer[0]/attention/w_v@m",
+                                                "decoder/decoder_layer[0]/attention/w_v@v",
+                                                "decoder/decoder_layer[0]/attention/w_o@m",
+                                                "decoder/decoder_layer[0]/attention/w_o@v",
+                                                "decoder/decoder_layer[0]/norm#1/gain@m",
+                                                "decoder/decoder_layer[0]/norm#1/gain@v",
+                                                "decoder/decoder_layer[0]/norm#1/bias@m",
+                                                "decoder/decoder_layer[0]/norm#1/bias@v",
+                                                "decoder/decoder_layer[0]/ffn/w_in@m",
+                                                "decoder/decoder_layer[0]/ffn/w_in@v",
+                                                "decoder/decoder_layer[0]/ffn/b_in@m",
+                                                "decoder/decoder_layer[0]/ffn/b_in@v",
+                                                "decoder/decoder_layer[0]/ffn/w_out@m",
+                                                "decoder/decoder_layer[0]/ffn/w_out@v",
+                                                "decoder/decoder_layer[0]/ffn/b_out@m",
+                                                "decoder/decoder_layer[0]/ffn/b_out@v",
+                                                "decoder/decoder_layer[1]/norm/gain@m",
+                                                "decoder/decoder_layer[1]/norm/gain@v",
+                                                "decoder/decoder_layer[1]/norm/bias@m",
+                                                "decoder/decoder_layer[1]/norm/bias@v",
+                                                "decoder/decoder_layer[1]/attention/w_q@m",
+                                                "decoder/decoder_layer[1]/attention/w_q@v",
+                                                "decoder/decoder_layer[1]/attention/w_k@m",
+                                                "decoder/decoder_layer[1]/attention/w_k@v",
+                                                "decoder/decoder_layer[1]/attention/w_v@m",
+                                                "decoder/decoder_layer[1]/attention/w_v@v",
+                                                "decoder/decoder_layer[1]/attention/w_o@m",
+                                                "decoder/decoder_layer[1]/attention/w_o@v",
+                                                "decoder/decoder_layer[1]/norm#1/gain@m",
+                                                "decoder/decoder_layer[1]/norm#1/gain@v",
+                                                "decoder/decoder_layer[1]/norm#1/bias@m",
+                                                "decoder/decoder_layer[1]/norm#1/bias@v",
+                                                "decoder/decoder_layer[1]/ffn/w_in@m",
+                                                "decoder/decoder_layer[1]/ffn/w_in@v",
+                                                "decoder/decoder_layer[1]/ffn/b_in@m",
+                                                "decoder/decoder_layer[1]/ffn/b_in@v",
+                                                "decoder/decoder_layer[1]/ffn/w_out@m",
+                                                "decoder/decoder_layer[1]/ffn/w_out@v",
+                                                "decoder/decoder_layer[1]/ffn/b_out@m",
+                                                "decoder/decoder_layer[1]/ffn/b_out@v",
+                                                "decoder/norm/gain@m",
+                                                "decoder/norm/gain@v",
+                                                "decoder/norm/bias@m",
+                                                "decoder/norm/bias@v"};
+  return std::find(std::begin(states), std::end(states), std::string_view(path)) !=
+         std::end(states);
 }
 
 std::vector<support::ParamShard> LmTrain::paramShards() {
-  static constexpr support::ParamSpec specs[] = {
-      {"decoder/token_embedding", false, "f32", "vocab:96:48:model d_model:64:64:"},
-      {"decoder/position_embedding", false, "f32", "seq:32:32: d_model:64:64:"},
-      {"decoder/unembed", false, "f32", "d_model:64:64: vocab:96:48:model"},
-      {"decoder/decoder_layer[0]/norm/gain", false, "f32", "d_model:64:64:"},
-      {"decoder/decoder_layer[0]/norm/bias", false, "f32", "d_model:64:64:"},
-      {"decoder/decoder_layer[0]/attention/w_q", false, "f32",
-       "d_model:64:64: heads:4:2:model d_head:16:16:"},
-      {"decoder/decoder_layer[0]/attention/w_k", false, "f32",
-       "d_model:64:64: heads:4:2:model d_head:16:16:"},
-      {"decoder/decoder_layer[0]/attention/w_v", false, "f32",
-       "d_model:64:64: heads:4:2:model d_head:16:16:"},
-      {"decoder/decoder_layer[0]/attention/w_o", false, "f32",
-       "heads:4:2:model d_head:16:16: d_model:64:64:"},
-      {"decoder/decoder_layer[0]/norm#1/gain", false, "f32", "d_model:64:64:"},
-      {"decoder/decoder_layer[0]/norm#1/bias", false, "f32", "d_model:64:64:"},
-      {"decoder/decoder_layer[0]/ffn/w_in", false, "f32", "d_model:64:64: d_ff:256:128:model"},
-      {"decoder/decoder_layer[0]/ffn/b_in", false, "f32", "d_ff:256:128:model"},
-      {"decoder/decoder_layer[0]/ffn/w_out", false, "f32", "d_ff:256:128:model d_model:64:64:"},
-      {"decoder/decoder_layer[0]/ffn/b_out", false, "f32", "d_model:64:64:"},
-      {"decoder/decoder_layer[1]/norm/gain", false, "f32", "d_model:64:64:"},
-      {"decoder/decoder_layer[1]/norm/bias", false, "f32", "d_model:64:64:"},
-      {"decoder/decoder_layer[1]/attention/w_q", false, "f32",
-       "d_model:64:64: heads:4:2:model d_head:16:16:"},
-      {"decoder/decoder_layer[1]/attention/w_k", false, "f32",
-       "d_model:64:64: heads:4:2:model d_head:16:16:"},
-      {"decoder/decoder_layer[1]/attention/w_v", false, "f32",
-       "d_model:64:64: heads:4:2:model d_head:16:16:"},
-      {"decoder/decoder_layer[1]/attention/w_o", false, "f32",
-       "heads:4:2:model d_head:16:16: d_model:64:64:"},
-      {"decoder/decoder_layer[1]/norm#1/gain", false, "f32", "d_model:64:64:"},
-      {"decoder/decoder_layer[1]/norm#1/bias", false, "f32", "d_model:64:64:"},
-      {"decoder/decoder_layer[1]/ffn/w_in", false, "f32", "d_model:64:64: d_ff:256:128:model"},
-      {"decoder/decoder_layer[1]/ffn/b_in", false, "f32", "d_ff:256:128:model"},
-      {"decoder/decoder_layer[1]/ffn/w_out", false, "f32", "d_ff:256:128:model d_model:64:64:"},
-      {"decoder/decoder_layer[1]/ffn/b_out", false, "f32", "d_model:64:64:"},
-      {"decoder/norm/gain", false, "f32", "d_model:64:64:"},
-      {"decoder/norm/bias", false, "f32", "d_model:64:64:"},
-      {"decoder/token_embedding@m", true, "f32", "vocab:96:48:model d_model:64:64:"},
-      {"decoder/token_embedding@v", true, "f32", "vocab:96:48:model d_model:64:64:"},
-      {"decoder/position_embedding@m", true, "f32", "seq:32:32: d_model:64:64:"},
-      {"decoder/position_embedding@v", true, "f32", "seq:32:32: d_model:64:64:"},
-      {"decoder/unembed@m", true, "f32", "d_model:64:64: vocab:96:48:model"},
-      {"decoder/unembed@v", true, "f32", "d_model:64:64: vocab:96:48:model"},
-      {"decoder/decoder_layer[0]/norm/gain@m", true, "f32", "d_model:64:64:"},
-      {"decoder/decoder_layer[0]/norm/gain@v", true, "f32", "d_model:64:64:"},
-      {"decoder/decoder_layer[0]/norm/bias@m", true, "f32", "d_model:64:64:"},
-      {"decoder/decoder_layer[0]/norm/bias@v", true, "f32", "d_model:64:64:"},
-      {"decoder/decoder_layer[0]/attention/w_q@m", true, "f32",
-       "d_model:64:64: heads:4:2:model d_head:16:16:"},
-      {"decoder/decoder_layer[0]/attention/w_q@v", true, "f32",
-       "d_model:64:64: heads:4:2:model d_head:16:16:"},
-      {"decoder/decoder_layer[0]/attention/w_k@m", true, "f32",
-       "d_model:64:64: heads:4:2:model d_head:16:16:"},
-      {"decoder/decoder_layer[0]/attention/w_k@v", true, "f32",
-       "d_model:64:64: heads:4:2:model d_head:16:16:"},
-      {"decoder/decoder_layer[0]/attention/w_v@m", true, "f32",
-       "d_model:64:64: heads:4:2:model d_head:16:16:"},
-      {"decoder/decoder_layer[0]/attention/w_v@v", true, "f32",
-       "d_model:64:64: heads:4:2:model d_head:16:16:"},
-      {"decoder/decoder_layer[0]/attention/w_o@m", true, "f32",
-       "heads:4:2:model d_head:16:16: d_model:64:64:"},
-      {"decoder/decoder_layer[0]/attention/w_o@v", true, "f32",
-       "heads:4:2:model d_head:16:16: d_model:64:64:"},
-      {"decoder/decoder_layer[0]/norm#1/gain@m", true, "f32", "d_model:64:64:"},
-      {"decoder/decoder_layer[0]/norm#1/gain@v", true, "f32", "d_model:64:64:"},
-      {"decoder/decoder_layer[0]/norm#1/bias@m", true, "f32", "d_model:64:64:"},
-      {"decoder/decoder_layer[0]/norm#1/bias@v", true, "f32", "d_model:64:64:"},
-      {"decoder/decoder_layer[0]/ffn/w_in@m", true, "f32", "d_model:64:64: d_ff:256:128:model"},
-      {"decoder/decoder_layer[0]/ffn/w_in@v", true, "f32", "d_model:64:64: d_ff:256:128:model"},
-      {"decoder/decoder_layer[0]/ffn/b_in@m", true, "f32", "d_ff:256:128:model"},
-      {"decoder/decoder_layer[0]/ffn/b_in@v", true, "f32", "d_ff:256:128:model"},
-      {"decoder/decoder_layer[0]/ffn/w_out@m", true, "f32", "d_ff:256:128:model d_model:64:64:"},
-      {"decoder/decoder_layer[0]/ffn/w_out@v", true, "f32", "d_ff:256:128:model d_model:64:64:"},
-      {"decoder/decoder_layer[0]/ffn/b_out@m", true, "f32", "d_model:64:64:"},
-      {"decoder/decoder_layer[0]/ffn/b_out@v", true, "f32", "d_model:64:64:"},
-      {"decoder/decoder_layer[1]/norm/gain@m", true, "f32", "d_model:64:64:"},
-      {"decoder/decoder_layer[1]/norm/gain@v", true, "f32", "d_model:64:64:"},
-      {"decoder/decoder_layer[1]/norm/bias@m", true, "f32", "d_model:64:64:"},
-      {"decoder/decoder_layer[1]/norm/bias@v", true, "f32", "d_model:64:64:"},
-      {"decoder/decoder_layer[1]/attention/w_q@m", true, "f32",
-       "d_model:64:64: heads:4:2:model d_head:16:16:"},
-      {"decoder/decoder_layer[1]/attention/w_q@v", true, "f32",
-       "d_model:64:64: heads:4:2:model d_head:16:16:"},
-      {"decoder/decoder_layer[1]/attention/w_k@m", true, "f32",
-       "d_model:64:64: heads:4:2:model d_head:16:16:"},
-      {"decoder/decoder_layer[1]/attention/w_k@v", true, "f32",
-       "d_model:64:64: heads:4:2:model d_head:16:16:"},
-      {"decoder/decoder_layer[1]/attention/w_v@m", true, "f32",
-       "d_model:64:64: heads:4:2:model d_head:16:16:"},
-      {"decoder/decoder_layer[1]/attention/w_v@v", true, "f32",
-       "d_model:64:64: heads:4:2:model d_head:16:16:"},
-      {"decoder/decoder_layer[1]/attention/w_o@m", true, "f32",
-       "heads:4:2:model d_head:16:16: d_model:64:64:"},
-      {"decoder/decoder_layer[1]/attention/w_o@v", true, "f32",
-       "heads:4:2:model d_head:16:16: d_model:64:64:"},
-      {"decoder/decoder_layer[1]/norm#1/gain@m", true, "f32", "d_model:64:64:"},
-      {"decoder/decoder_layer[1]/norm#1/gain@v", true, "f32", "d_model:64:64:"},
-      {"decoder/decoder_layer[1]/norm#1/bias@m", true, "f32", "d_model:64:64:"},
-      {"decoder/decoder_layer[1]/norm#1/bias@v", true, "f32", "d_model:64:64:"},
-      {"decoder/decoder_layer[1]/ffn/w_in@m", true, "f32", "d_model:64:64: d_ff:256:128:model"},
-      {"decoder/decoder_layer[1]/ffn/w_in@v", true, "f32", "d_model:64:64: d_ff:256:128:model"},
-      {"decoder/decoder_layer[1]/ffn/b_in@m", true, "f32", "d_ff:256:128:model"},
-      {"decoder/decoder_layer[1]/ffn/b_in@v", true, "f32", "d_ff:256:128:model"},
-      {"decoder/decoder_layer[1]/ffn/w_out@m", true, "f32", "d_ff:256:128:model d_model:64:64:"},
-      {"decoder/decoder_layer[1]/ffn/w_out@v", true, "f32", "d_ff:256:128:model d_model:64:64:"},
-      {"decoder/decoder_layer[1]/ffn/b_out@m", true, "f32", "d_model:64:64:"},
-      {"decoder/decoder_layer[1]/ffn/b_out@v", true, "f32", "d_model:64:64:"},
-      {"decoder/norm/gain@m", true, "f32", "d_model:64:64:"},
-      {"decoder/norm/gain@v", true, "f32", "d_model:64:64:"},
-      {"decoder/norm/bias@m", true, "f32", "d_model:64:64:"},
-      {"decoder/norm/bias@v", true, "f32", "d_model:64:64:"}};
   support::Buffer *const data[] = {&param0_decoder_token_embedding,
                                    &param1_decoder_position_embedding,
                                    &param2_decoder_unembed,
@@ -5149,7 +3924,7 @@ std::vector<support::ParamShard> LmTrain::paramShards() {
                                    &param84_decoder_norm_gain_v,
                                    &param85_decoder_norm_bias_m,
                                    &param86_decoder_norm_bias_v};
-  return support::paramShardsOf<support::ParamShard>(specs, data);
+  return support::paramShardsOf<support::ParamShard>(kLmTrainParams, data);
 }
 
 support::Tensor LmTrain::getParam(const std::string &path) {

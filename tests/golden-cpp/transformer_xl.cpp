@@ -5,6 +5,649 @@
 
 namespace meshc_generated {
 
+// The shapes the kernel calls take and the loop nests the classes share.
+static const support::Shape kShape0 = {8};
+static const support::Shape kShape1 = {1};
+static const support::Shape kShape2 = {16};
+static const support::Shape kShape3 = {2, 8};
+static const support::Shape kShape4 = {8, 16};
+static const support::Shape kShape5 = {512, 32};
+static const support::Shape kShape6 = {256, 16};
+static const support::Shape kShape7 = {2, 8, 32};
+static const support::Shape kShape8 = {0, 0, 1};
+static const support::Shape kShape9 = {8, 1, 0};
+static const support::Shape kShape10 = {256, 32};
+static const support::Shape kShape11 = {32};
+static const support::Shape kShape12 = {};
+static const support::Shape kShape13 = {8, 1};
+static const support::Shape kShape14 = {2, 4};
+static const support::Shape kShape15 = {4, 1};
+static const support::Shape kShape16 = {32, 32};
+static const support::Shape kShape17 = {0, 1};
+static const support::Shape kShape18 = {0, 0};
+static const support::Shape kShape19 = {32, 1};
+static const support::Shape kShape20 = {2, 2, 8};
+static const support::Shape kShape21 = {256, 128, 16};
+static const support::Shape kShape22 = {128, 16};
+static const support::Shape kShape23 = {2, 32};
+static const support::Shape kShape24 = {256, 1};
+static const support::Shape kShape25 = {512, 1};
+static const support::Shape kShape26 = {32, 2, 8};
+static const support::Shape kShape27 = {16, 8, 1};
+static const support::Shape kShape28 = {256, 32, 1};
+static const support::SharedEinsum
+    kEinsum0({{2, 8, 32, 32}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
+static const support::SharedEinsum
+    kEinsum1({{2, 8, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
+static const support::SharedEinsum
+    kEinsum2({{2, 8, 32, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{2, 3}, {}}});
+static const support::SharedEinsum
+    kEinsum3({{2, 8, 32, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
+static const support::SharedEinsum
+    kEinsum4({{2, 8, 32, 2, 8}, {{{0, 1, 2}, {}}, {{3, 4, 2}, {}}}, {{0, 1, 3, 4}, {}}});
+static const support::SharedEinsum
+    kEinsum5({{2, 16, 2, 8, 8}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 4, 1}, {}}});
+static const support::SharedEinsum
+    kEinsum6({{2, 2, 8, 16, 8}, {{{0, 1, 2, 3}, {}}, {{0, 2, 1, 4}, {}}}, {{0, 3, 1, 4}, {}}});
+static const support::SharedEinsum
+    kEinsum7({{2, 8, 32, 2, 8}, {{{0, 1, 2}, {}}, {{0, 3, 1, 4}, {}}}, {{3, 4, 2}, {}}});
+static const support::SharedEinsum
+    kEinsum8({{2, 2, 8, 16, 8}, {{{0, 1, 2, 3}, {}}, {{2, 3, 1, 4}, {}}}, {{0, 2, 1, 4}, {}}});
+static const support::SharedEinsum
+    kEinsum9({{2, 2, 8, 16, 8}, {{{0, 1, 2, 3}, {}}, {{0, 2, 1, 4}, {}}}, {{2, 3, 1, 4}, {}}});
+static const support::SharedEinsum
+    kEinsum10({{2, 2, 8, 16, 8}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 2, 1, 4}, {}}});
+static const support::SharedEinsum
+    kEinsum11({{8, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
+static const support::SharedEinsum
+    kEinsum12({{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
+static const support::SharedEinsum
+    kEinsum13({{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
+static const support::SharedEinsum
+    kEinsum14({{2, 8, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
+static const support::SharedEinsum
+    kEinsum15({{2, 8, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
+static const support::SharedEinsum
+    kEinsum16({{2, 8, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
+static const support::SharedEinsum
+    kEinsum17({{2, 16, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
+static const support::SharedEinsum
+    kEinsum18({{8, 16, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
+static const support::SharedEinsum
+    kEinsum19({{2, 8, 2, 8, 16}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
+static const support::SharedEinsum
+    kEinsum20({{2, 8, 2, 8, 16}, {{{0, 1, 2, 3}, {}}, {{1, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
+static const support::SharedEinsum
+    kEinsum21({{2, 2, 8, 16, 8}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 1, 2, 4}, {}}});
+static const support::SharedEinsum
+    kEinsum22({{2, 8, 32, 2, 8}, {{{0, 1, 2}, {}}, {{3, 0, 4, 1}, {}}}, {{3, 4, 2}, {}}});
+
+[[gnu::noinline]] static void loop0(float *__restrict p0, const float *__restrict p1) {
+  for (int64_t i0 = 0; i0 < 8; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = support::wrapI32(8.0);
+    const float s2 = support::wrapI32(double((double(s0) + double(s1))));
+    p0[i0] = s2;
+  }
+}
+
+[[gnu::noinline]] static void loop1(float *__restrict p0, const float *__restrict p1,
+                                    const float *__restrict p2) {
+  for (int64_t i0 = 0; i0 < 8; ++i0) {
+    for (int64_t i1 = 0; i1 < 16; ++i1) {
+      const float s0 = p1[i0];
+      const float s1 = p2[i1];
+      const float s2 = support::wrapI32(double((double(s0) - double(s1))));
+      p0[i0 * 16 + i1] = s2;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop2(float *__restrict p0, const float *__restrict p1) {
+  for (int64_t i0 = 0; i0 < 128; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = s0;
+    p0[i0] = s1;
+  }
+}
+
+[[gnu::noinline]] static void loop3(float *__restrict p0, const float *__restrict p1) {
+  for (int64_t i0 = 0; i0 < 16; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = s0;
+    p0[i0] = s1;
+  }
+}
+
+[[gnu::noinline]] static void loop4(float *__restrict p0, const float *__restrict p1) {
+  for (int64_t i0 = 0; i0 < 16; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = -0.5756463f;
+    const float s2 = (s0 * s1);
+    p0[i0] = s2;
+  }
+}
+
+[[gnu::noinline]] static void loop5(float *__restrict p0, const float *__restrict p1) {
+  for (int64_t i0 = 0; i0 < 16; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = support::fexp(s0);
+    p0[i0] = s1;
+  }
+}
+
+[[gnu::noinline]] static void loop6(float *__restrict p0, const float *__restrict p1,
+                                    const float *__restrict p2) {
+  for (int64_t i0 = 0; i0 < 128; ++i0) {
+    for (int64_t i1 = 0; i1 < 16; ++i1) {
+      const float s0 = p1[i0];
+      const float s1 = p2[i1];
+      const float s2 = (s0 * s1);
+      p0[i0 * 16 + i1] = s2;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop7(float *__restrict p0, const float *__restrict p1) {
+  for (int64_t i0 = 0; i0 < 2048; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = support::fsin(s0);
+    p0[i0] = s1;
+  }
+}
+
+[[gnu::noinline]] static void loop8(float *__restrict p0, const float *__restrict p1) {
+  for (int64_t i0 = 0; i0 < 2048; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = support::fcos(s0);
+    p0[i0] = s1;
+  }
+}
+
+[[gnu::noinline]] static void loop9(float *__restrict p0, const float *__restrict p1,
+                                    const float *__restrict p2) {
+  for (int64_t i0 = 0; i0 < 16; ++i0) {
+    for (int64_t i1 = 0; i1 < 8; ++i1) {
+      const float s0 = p1[i0];
+      const float s1 = p2[i1];
+      const float s2 = (s0 <= s1 ? 1.0f : 0.0f);
+      p0[i0 * 8 + i1] = s2;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop10(float *__restrict p0, const float *__restrict p1) {
+  for (int64_t i0 = 0; i0 < 16; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = support::wrapI32(0.0);
+    const float s2 = (s0 >= s1 ? 1.0f : 0.0f);
+    const float s3 = s2;
+    p0[i0] = s3;
+  }
+}
+
+[[gnu::noinline]] static void loop11(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2) {
+  for (int64_t i0 = 0; i0 < 512; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = p2[i0];
+    const float s2 = (s0 * s1);
+    p0[i0] = s2;
+  }
+}
+
+[[gnu::noinline]] static void loop12(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2) {
+  for (int64_t i0 = 0; i0 < 16; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = p2[i0];
+    const float s2 = (s0 * s1);
+    p0[i0] = s2;
+  }
+}
+
+[[gnu::noinline]] static void loop13(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2, const float *__restrict p3,
+                                     const float *__restrict p4, const float *__restrict p5) {
+  const float r0 = p1[0];
+  for (int64_t i0 = 0; i0 < 16; ++i0) {
+    for (int64_t i1 = 0; i1 < 32; ++i1) {
+      const float s0 = 1.0f;
+      const float s1 = r0;
+      const float s2 = (s0 / s1);
+      const float s3 = -s2;
+      const float s4 = s3;
+      const float s5 = p2[i0];
+      const float s6 = (s4 * s5);
+      const float s7 = p3[i0];
+      const float s8 = support::wrapI32(64.0);
+      const float s9 = (s7 < s8 ? 1.0f : 0.0f);
+      const float s10 = p3[i0];
+      const float s11 = support::wrapI32(0.0);
+      const float s12 = (s10 >= s11 ? 1.0f : 0.0f);
+      const float s13 = support::wrapI32(double((double(s12) * double(s9))));
+      const float s14 = s13;
+      const float s15 = (s6 * s14);
+      const float s16 = p4[i0 * 32 + i1];
+      const float s17 = support::fexp(s16);
+      const float s18 = (s17 * s15);
+      const float s19 = s6;
+      const float s20 = p5[i0 * 32 + i1];
+      const float s21 = (s19 * s20);
+      const float s22 = (s21 - s18);
+      p0[i0 * 32 + i1] = s22;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop14(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2) {
+  for (int64_t i0 = 0; i0 < 1024; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = p2[i0];
+    const float s2 = (s0 + s1);
+    p0[i0] = s2;
+  }
+}
+
+[[gnu::noinline]] static void loop15(float *__restrict p0, const float *__restrict p1) {
+  for (int64_t i0 = 0; i0 < 1024; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = s0 * s0;
+    p0[i0] = s1;
+  }
+}
+
+[[gnu::noinline]] static void loop16(float *__restrict p0, float *__restrict p1,
+                                     float *__restrict p2, const float *__restrict p3,
+                                     const float *__restrict p4, const float *__restrict p5,
+                                     const float *__restrict p6, const float *__restrict p7) {
+  const float r2 = p4[0];
+  const float r5 = p5[0];
+  const float r6 = p6[0];
+  const float r7 = p7[0];
+  for (int64_t i0 = 0; i0 < 1024; ++i0) {
+    const float s0 = p2[i0];
+    const float s1 = 0.01f;
+    const float s2 = (s0 * s1);
+    const float s3 = p3[i0];
+    const float s4 = r2;
+    const float s5 = (s3 * s4);
+    const float s6 = 0.100000024f;
+    const float s7 = (s5 * s6);
+    const float s8 = p0[i0];
+    const float s9 = 0.9f;
+    const float s10 = (s8 * s9);
+    const float s11 = (s10 + s7);
+    const float s12 = s5 * s5;
+    const float s13 = 0.0009999871f;
+    const float s14 = (s12 * s13);
+    const float s15 = p1[i0];
+    const float s16 = 0.999f;
+    const float s17 = (s15 * s16);
+    const float s18 = (s17 + s14);
+    const float s19 = r5;
+    const float s20 = (s11 / s19);
+    const float s21 = r6;
+    const float s22 = (s18 / s21);
+    const float s23 = support::fsqrt(s22);
+    const float s24 = 1e-08f;
+    const float s25 = (s23 + s24);
+    const float s26 = (s20 / s25);
+    const float s27 = (s26 + s2);
+    const float s28 = r7;
+    const float s29 = (s27 * s28);
+    const float s30 = p2[i0];
+    const float s31 = (s30 - s29);
+    p0[i0] = s11;
+    p1[i0] = s18;
+    p2[i0] = s31;
+  }
+}
+
+[[gnu::noinline]] static void loop17(float *__restrict p0, float *__restrict p1,
+                                     float *__restrict p2, const float *__restrict p3,
+                                     const float *__restrict p4, const float *__restrict p5,
+                                     const float *__restrict p6, const float *__restrict p7) {
+  const float r2 = p4[0];
+  const float r5 = p5[0];
+  const float r6 = p6[0];
+  const float r7 = p7[0];
+  for (int64_t i0 = 0; i0 < 512; ++i0) {
+    const float s0 = p2[i0];
+    const float s1 = 0.01f;
+    const float s2 = (s0 * s1);
+    const float s3 = p3[i0];
+    const float s4 = r2;
+    const float s5 = (s3 * s4);
+    const float s6 = 0.100000024f;
+    const float s7 = (s5 * s6);
+    const float s8 = p0[i0];
+    const float s9 = 0.9f;
+    const float s10 = (s8 * s9);
+    const float s11 = (s10 + s7);
+    const float s12 = s5 * s5;
+    const float s13 = 0.0009999871f;
+    const float s14 = (s12 * s13);
+    const float s15 = p1[i0];
+    const float s16 = 0.999f;
+    const float s17 = (s15 * s16);
+    const float s18 = (s17 + s14);
+    const float s19 = r5;
+    const float s20 = (s11 / s19);
+    const float s21 = r6;
+    const float s22 = (s18 / s21);
+    const float s23 = support::fsqrt(s22);
+    const float s24 = 1e-08f;
+    const float s25 = (s23 + s24);
+    const float s26 = (s20 / s25);
+    const float s27 = (s26 + s2);
+    const float s28 = r7;
+    const float s29 = (s27 * s28);
+    const float s30 = p2[i0];
+    const float s31 = (s30 - s29);
+    p0[i0] = s11;
+    p1[i0] = s18;
+    p2[i0] = s31;
+  }
+}
+
+[[gnu::noinline]] static void loop18(float *__restrict p0, float *__restrict p1,
+                                     float *__restrict p2, const float *__restrict p3,
+                                     const float *__restrict p4, const float *__restrict p5,
+                                     const float *__restrict p6, const float *__restrict p7) {
+  const float r2 = p4[0];
+  const float r5 = p5[0];
+  const float r6 = p6[0];
+  const float r7 = p7[0];
+  for (int64_t i0 = 0; i0 < 16; ++i0) {
+    const float s0 = p2[i0];
+    const float s1 = 0.01f;
+    const float s2 = (s0 * s1);
+    const float s3 = p3[i0];
+    const float s4 = r2;
+    const float s5 = (s3 * s4);
+    const float s6 = 0.100000024f;
+    const float s7 = (s5 * s6);
+    const float s8 = p0[i0];
+    const float s9 = 0.9f;
+    const float s10 = (s8 * s9);
+    const float s11 = (s10 + s7);
+    const float s12 = s5 * s5;
+    const float s13 = 0.0009999871f;
+    const float s14 = (s12 * s13);
+    const float s15 = p1[i0];
+    const float s16 = 0.999f;
+    const float s17 = (s15 * s16);
+    const float s18 = (s17 + s14);
+    const float s19 = r5;
+    const float s20 = (s11 / s19);
+    const float s21 = r6;
+    const float s22 = (s18 / s21);
+    const float s23 = support::fsqrt(s22);
+    const float s24 = 1e-08f;
+    const float s25 = (s23 + s24);
+    const float s26 = (s20 / s25);
+    const float s27 = (s26 + s2);
+    const float s28 = r7;
+    const float s29 = (s27 * s28);
+    const float s30 = p2[i0];
+    const float s31 = (s30 - s29);
+    p0[i0] = s11;
+    p1[i0] = s18;
+    p2[i0] = s31;
+  }
+}
+
+[[gnu::noinline]] static void loop19(float *__restrict p0, float *__restrict p1,
+                                     float *__restrict p2, const float *__restrict p3,
+                                     const float *__restrict p4, const float *__restrict p5,
+                                     const float *__restrict p6, const float *__restrict p7) {
+  const float r2 = p4[0];
+  const float r5 = p5[0];
+  const float r6 = p6[0];
+  const float r7 = p7[0];
+  for (int64_t i0 = 0; i0 < 32; ++i0) {
+    const float s0 = p2[i0];
+    const float s1 = 0.01f;
+    const float s2 = (s0 * s1);
+    const float s3 = p3[i0];
+    const float s4 = r2;
+    const float s5 = (s3 * s4);
+    const float s6 = 0.100000024f;
+    const float s7 = (s5 * s6);
+    const float s8 = p0[i0];
+    const float s9 = 0.9f;
+    const float s10 = (s8 * s9);
+    const float s11 = (s10 + s7);
+    const float s12 = s5 * s5;
+    const float s13 = 0.0009999871f;
+    const float s14 = (s12 * s13);
+    const float s15 = p1[i0];
+    const float s16 = 0.999f;
+    const float s17 = (s15 * s16);
+    const float s18 = (s17 + s14);
+    const float s19 = r5;
+    const float s20 = (s11 / s19);
+    const float s21 = r6;
+    const float s22 = (s18 / s21);
+    const float s23 = support::fsqrt(s22);
+    const float s24 = 1e-08f;
+    const float s25 = (s23 + s24);
+    const float s26 = (s20 / s25);
+    const float s27 = (s26 + s2);
+    const float s28 = r7;
+    const float s29 = (s27 * s28);
+    const float s30 = p2[i0];
+    const float s31 = (s30 - s29);
+    p0[i0] = s11;
+    p1[i0] = s18;
+    p2[i0] = s31;
+  }
+}
+
+[[gnu::noinline]] static void loop20(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2) {
+  for (int64_t i0 = 0; i0 < 16; ++i0) {
+    for (int64_t i1 = 0; i1 < 32; ++i1) {
+      const float s0 = p1[i0 * 32 + i1];
+      const float s1 = p2[i0];
+      const float s2 = (s0 - s1);
+      const float s3 = s2 * s2;
+      p0[i0 * 32 + i1] = s3;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop21(float *__restrict p0, const float *__restrict p1) {
+  for (int64_t i0 = 0; i0 < 16; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = 1e-05f;
+    const float s2 = (s0 + s1);
+    const float s3 = 1.0f / support::fsqrt(s2);
+    p0[i0] = s3;
+  }
+}
+
+[[gnu::noinline]] static void loop22(float *__restrict p0, float *__restrict p1,
+                                     const float *__restrict p2, const float *__restrict p3,
+                                     const float *__restrict p4) {
+  for (int64_t i0 = 0; i0 < 16; ++i0) {
+    for (int64_t i1 = 0; i1 < 32; ++i1) {
+      const float s0 = p2[i0 * 32 + i1];
+      const float s1 = p3[i1];
+      const float s2 = (s0 * s1);
+      const float s3 = p4[i0 * 32 + i1];
+      const float s4 = (s2 * s3);
+      p0[i0 * 32 + i1] = s2;
+      p1[i0 * 32 + i1] = s4;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop23(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2, const float *__restrict p3,
+                                     const float *__restrict p4, const float *__restrict p5) {
+  for (int64_t i0 = 0; i0 < 16; ++i0) {
+    for (int64_t i1 = 0; i1 < 32; ++i1) {
+      const float s0 = p1[i0 * 32 + i1];
+      const float s1 = p2[i0];
+      const float s2 = (s0 * s1);
+      const float s3 = p3[i0 * 32 + i1];
+      const float s4 = p4[i0];
+      const float s5 = (s3 - s4);
+      const float s6 = (s5 - s2);
+      const float s7 = p5[i0];
+      const float s8 = (s6 * s7);
+      p0[i0 * 32 + i1] = s8;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop24(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2) {
+  for (int64_t i0 = 0; i0 < 512; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = 0.0f;
+    const float s2 = (s0 > s1 ? 1.0f : 0.0f);
+    const float s3 = p2[i0];
+    const float s4 = 0.0f;
+    const float s5 = (s2 != 0 ? s3 : s4);
+    p0[i0] = s5;
+  }
+}
+
+[[gnu::noinline]] static void loop25(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2) {
+  for (int64_t i0 = 0; i0 < 512; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = p2[i0];
+    const float s2 = (s0 + s1);
+    p0[i0] = s2;
+  }
+}
+
+[[gnu::noinline]] static void loop26(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2, const float *__restrict p3,
+                                     const float *__restrict p4) {
+  for (int64_t i0 = 0; i0 < 4; ++i0) {
+    for (int64_t i1 = 0; i1 < 8; ++i1) {
+      for (int64_t i2 = 0; i2 < 16; ++i2) {
+        const float s0 = p1[i0 * 128 + i1 * 16 + i2];
+        const float s1 = p2[i0 * 8 + i1];
+        const float s2 = (s0 - s1);
+        const float s3 = p3[i0 * 128 + i1 * 16 + i2];
+        const float s4 = (s3 * s2);
+        const float s5 = p4[i1 + i2 * 8];
+        const float s6 = 0.0f;
+        const float s7 = (s5 != 0 ? s4 : s6);
+        const float s8 = 0.35355338f;
+        const float s9 = (s7 * s8);
+        p0[i0 * 128 + i1 * 16 + i2] = s9;
+      }
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop27(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2) {
+  for (int64_t i0 = 0; i0 < 256; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = p2[i0];
+    const float s2 = (s0 + s1);
+    p0[i0] = s2;
+  }
+}
+
+[[gnu::noinline]] static void loop28(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2, const float *__restrict p3) {
+  for (int64_t i0 = 0; i0 < 512; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = p2[i0];
+    const float s2 = (s0 + s1);
+    const float s3 = p3[i0];
+    const float s4 = (s2 + s3);
+    p0[i0] = s4;
+  }
+}
+
+[[gnu::noinline]] static void loop29(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2) {
+  for (int64_t i0 = 0; i0 < 16; ++i0) {
+    for (int64_t i1 = 0; i1 < 16; ++i1) {
+      const float s0 = p1[i0 * 16 + i1];
+      const float s1 = p2[i1];
+      const float s2 = (s0 + s1);
+      p0[i0 * 16 + i1] = s2;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop30(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2, const float *__restrict p3) {
+  for (int64_t i0 = 0; i0 < 4; ++i0) {
+    for (int64_t i1 = 0; i1 < 8; ++i1) {
+      for (int64_t i2 = 0; i2 < 16; ++i2) {
+        const float s0 = p1[i0 * 128 + i1 * 16 + i2];
+        const float s1 = p2[i0 * 128 + i1 * 16 + i2];
+        const float s2 = (s0 + s1);
+        const float s3 = 0.35355338f;
+        const float s4 = (s2 * s3);
+        const float s5 = p3[i1 + i2 * 8];
+        const float s6 = -1000000000.0f;
+        const float s7 = (s5 != 0 ? s4 : s6);
+        p0[i0 * 128 + i1 * 16 + i2] = s7;
+      }
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop31(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2, const float *__restrict p3) {
+  for (int64_t i0 = 0; i0 < 16; ++i0) {
+    for (int64_t i1 = 0; i1 < 32; ++i1) {
+      const float s0 = p1[i0 * 32 + i1];
+      const float s1 = p2[i1];
+      const float s2 = (s0 * s1);
+      const float s3 = p3[i1];
+      const float s4 = (s2 + s3);
+      p0[i0 * 32 + i1] = s4;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop32(float *__restrict p0, const float *__restrict p1) {
+  for (int64_t i0 = 0; i0 < 512; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = (s0 > 0 ? s0 : 0.0f);
+    p0[i0] = s1;
+  }
+}
+
+[[gnu::noinline]] static void loop33(float *__restrict p0, const float *__restrict p1) {
+  for (int64_t i0 = 0; i0 < 512; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = s0 * s0;
+    p0[i0] = s1;
+  }
+}
+
+[[gnu::noinline]] static void loop34(float *__restrict p0, const float *__restrict p1) {
+  for (int64_t i0 = 0; i0 < 16; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = s0 * s0;
+    p0[i0] = s1;
+  }
+}
+
+[[gnu::noinline]] static void loop35(float *__restrict p0, const float *__restrict p1) {
+  for (int64_t i0 = 0; i0 < 32; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = s0 * s0;
+    p0[i0] = s1;
+  }
+}
+
 //===--- train block `xl_train` ---===//
 
 meshrt::Mesh XlTrain::mesh() { return meshrt::Mesh({{"data", 2}, {"model", 2}}); }
@@ -18,344 +661,392 @@ support::Shape XlTrain::inputShape(const std::string &name) {
   throw std::invalid_argument("xl_train: no input named '" + name + "'");
 }
 
+/// `xl_train`'s params: paths, dims and layouts (its constructor and paramShards() read it).
+static constexpr support::ParamSpec kXlTrainParams[] = {
+    {"decoder/embedding", false, "f32", "vocab:64:32:model d_model:32:32:"},
+    {"decoder/xl_layer[0]/memory", false, "f32",
+     "batch:4:2:data memory_length:8:8: d_model:32:32:"},
+    {"decoder/xl_layer[0]/relative_attention/q", false, "f32",
+     "d_model:32:32: heads:4:2:model d_kv:8:8:"},
+    {"decoder/xl_layer[0]/relative_attention/k", false, "f32",
+     "d_model:32:32: heads:4:2:model d_kv:8:8:"},
+    {"decoder/xl_layer[0]/relative_attention/v", false, "f32",
+     "d_model:32:32: heads:4:2:model d_kv:8:8:"},
+    {"decoder/xl_layer[0]/relative_attention/r", false, "f32",
+     "d_model:32:32: heads:4:2:model d_kv:8:8:"},
+    {"decoder/xl_layer[0]/relative_attention/o", false, "f32",
+     "heads:4:2:model d_kv:8:8: d_model:32:32:"},
+    {"decoder/xl_layer[0]/relative_attention/content_bias", false, "f32",
+     "heads:4:2:model d_kv:8:8:"},
+    {"decoder/xl_layer[0]/relative_attention/position_bias", false, "f32",
+     "heads:4:2:model d_kv:8:8:"},
+    {"decoder/xl_layer[0]/norm/gain", false, "f32", "d_model:32:32:"},
+    {"decoder/xl_layer[0]/norm/bias", false, "f32", "d_model:32:32:"},
+    {"decoder/xl_layer[0]/dense_relu_dense/wi", false, "f32", "d_model:32:32: d_ff:64:32:model"},
+    {"decoder/xl_layer[0]/dense_relu_dense/wo", false, "f32", "d_ff:64:32:model d_model:32:32:"},
+    {"decoder/xl_layer[0]/norm#1/gain", false, "f32", "d_model:32:32:"},
+    {"decoder/xl_layer[0]/norm#1/bias", false, "f32", "d_model:32:32:"},
+    {"decoder/xl_layer[1]/memory", false, "f32",
+     "batch:4:2:data memory_length:8:8: d_model:32:32:"},
+    {"decoder/xl_layer[1]/relative_attention/q", false, "f32",
+     "d_model:32:32: heads:4:2:model d_kv:8:8:"},
+    {"decoder/xl_layer[1]/relative_attention/k", false, "f32",
+     "d_model:32:32: heads:4:2:model d_kv:8:8:"},
+    {"decoder/xl_layer[1]/relative_attention/v", false, "f32",
+     "d_model:32:32: heads:4:2:model d_kv:8:8:"},
+    {"decoder/xl_layer[1]/relative_attention/r", false, "f32",
+     "d_model:32:32: heads:4:2:model d_kv:8:8:"},
+    {"decoder/xl_layer[1]/relative_attention/o", false, "f32",
+     "heads:4:2:model d_kv:8:8: d_model:32:32:"},
+    {"decoder/xl_layer[1]/relative_attention/content_bias", false, "f32",
+     "heads:4:2:model d_kv:8:8:"},
+    {"decoder/xl_layer[1]/relative_attention/position_bias", false, "f32",
+     "heads:4:2:model d_kv:8:8:"},
+    {"decoder/xl_layer[1]/norm/gain", false, "f32", "d_model:32:32:"},
+    {"decoder/xl_layer[1]/norm/bias", false, "f32", "d_model:32:32:"},
+    {"decoder/xl_layer[1]/dense_relu_dense/wi", false, "f32", "d_model:32:32: d_ff:64:32:model"},
+    {"decoder/xl_layer[1]/dense_relu_dense/wo", false, "f32", "d_ff:64:32:model d_model:32:32:"},
+    {"decoder/xl_layer[1]/norm#1/gain", false, "f32", "d_model:32:32:"},
+    {"decoder/xl_layer[1]/norm#1/bias", false, "f32", "d_model:32:32:"},
+    {"decoder/embedding@m", true, "f32", "vocab:64:32:model d_model:32:32:"},
+    {"decoder/embedding@v", true, "f32", "vocab:64:32:model d_model:32:32:"},
+    {"decoder/xl_layer[0]/relative_attention/q@m", true, "f32",
+     "d_model:32:32: heads:4:2:model d_kv:8:8:"},
+    {"decoder/xl_layer[0]/relative_attention/q@v", true, "f32",
+     "d_model:32:32: heads:4:2:model d_kv:8:8:"},
+    {"decoder/xl_layer[0]/relative_attention/k@m", true, "f32",
+     "d_model:32:32: heads:4:2:model d_kv:8:8:"},
+    {"decoder/xl_layer[0]/relative_attention/k@v", true, "f32",
+     "d_model:32:32: heads:4:2:model d_kv:8:8:"},
+    {"decoder/xl_layer[0]/relative_attention/v@m", true, "f32",
+     "d_model:32:32: heads:4:2:model d_kv:8:8:"},
+    {"decoder/xl_layer[0]/relative_attention/v@v", true, "f32",
+     "d_model:32:32: heads:4:2:model d_kv:8:8:"},
+    {"decoder/xl_layer[0]/relative_attention/r@m", true, "f32",
+     "d_model:32:32: heads:4:2:model d_kv:8:8:"},
+    {"decoder/xl_layer[0]/relative_attention/r@v", true, "f32",
+     "d_model:32:32: heads:4:2:model d_kv:8:8:"},
+    {"decoder/xl_layer[0]/relative_attention/o@m", true, "f32",
+     "heads:4:2:model d_kv:8:8: d_model:32:32:"},
+    {"decoder/xl_layer[0]/relative_attention/o@v", true, "f32",
+     "heads:4:2:model d_kv:8:8: d_model:32:32:"},
+    {"decoder/xl_layer[0]/relative_attention/content_bias@m", true, "f32",
+     "heads:4:2:model d_kv:8:8:"},
+    {"decoder/xl_layer[0]/relative_attention/content_bias@v", true, "f32",
+     "heads:4:2:model d_kv:8:8:"},
+    {"decoder/xl_layer[0]/relative_attention/position_bias@m", true, "f32",
+     "heads:4:2:model d_kv:8:8:"},
+    {"decoder/xl_layer[0]/relative_attention/position_bias@v", true, "f32",
+     "heads:4:2:model d_kv:8:8:"},
+    {"decoder/xl_layer[0]/norm/gain@m", true, "f32", "d_model:32:32:"},
+    {"decoder/xl_layer[0]/norm/gain@v", true, "f32", "d_model:32:32:"},
+    {"decoder/xl_layer[0]/norm/bias@m", true, "f32", "d_model:32:32:"},
+    {"decoder/xl_layer[0]/norm/bias@v", true, "f32", "d_model:32:32:"},
+    {"decoder/xl_layer[0]/dense_relu_dense/wi@m", true, "f32", "d_model:32:32: d_ff:64:32:model"},
+    {"decoder/xl_layer[0]/dense_relu_dense/wi@v", true, "f32", "d_model:32:32: d_ff:64:32:model"},
+    {"decoder/xl_layer[0]/dense_relu_dense/wo@m", true, "f32", "d_ff:64:32:model d_model:32:32:"},
+    {"decoder/xl_layer[0]/dense_relu_dense/wo@v", true, "f32", "d_ff:64:32:model d_model:32:32:"},
+    {"decoder/xl_layer[0]/norm#1/gain@m", true, "f32", "d_model:32:32:"},
+    {"decoder/xl_layer[0]/norm#1/gain@v", true, "f32", "d_model:32:32:"},
+    {"decoder/xl_layer[0]/norm#1/bias@m", true, "f32", "d_model:32:32:"},
+    {"decoder/xl_layer[0]/norm#1/bias@v", true, "f32", "d_model:32:32:"},
+    {"decoder/xl_layer[1]/relative_attention/q@m", true, "f32",
+     "d_model:32:32: heads:4:2:model d_kv:8:8:"},
+    {"decoder/xl_layer[1]/relative_attention/q@v", true, "f32",
+     "d_model:32:32: heads:4:2:model d_kv:8:8:"},
+    {"decoder/xl_layer[1]/relative_attention/k@m", true, "f32",
+     "d_model:32:32: heads:4:2:model d_kv:8:8:"},
+    {"decoder/xl_layer[1]/relative_attention/k@v", true, "f32",
+     "d_model:32:32: heads:4:2:model d_kv:8:8:"},
+    {"decoder/xl_layer[1]/relative_attention/v@m", true, "f32",
+     "d_model:32:32: heads:4:2:model d_kv:8:8:"},
+    {"decoder/xl_layer[1]/relative_attention/v@v", true, "f32",
+     "d_model:32:32: heads:4:2:model d_kv:8:8:"},
+    {"decoder/xl_layer[1]/relative_attention/r@m", true, "f32",
+     "d_model:32:32: heads:4:2:model d_kv:8:8:"},
+    {"decoder/xl_layer[1]/relative_attention/r@v", true, "f32",
+     "d_model:32:32: heads:4:2:model d_kv:8:8:"},
+    {"decoder/xl_layer[1]/relative_attention/o@m", true, "f32",
+     "heads:4:2:model d_kv:8:8: d_model:32:32:"},
+    {"decoder/xl_layer[1]/relative_attention/o@v", true, "f32",
+     "heads:4:2:model d_kv:8:8: d_model:32:32:"},
+    {"decoder/xl_layer[1]/relative_attention/content_bias@m", true, "f32",
+     "heads:4:2:model d_kv:8:8:"},
+    {"decoder/xl_layer[1]/relative_attention/content_bias@v", true, "f32",
+     "heads:4:2:model d_kv:8:8:"},
+    {"decoder/xl_layer[1]/relative_attention/position_bias@m", true, "f32",
+     "heads:4:2:model d_kv:8:8:"},
+    {"decoder/xl_layer[1]/relative_attention/position_bias@v", true, "f32",
+     "heads:4:2:model d_kv:8:8:"},
+    {"decoder/xl_layer[1]/norm/gain@m", true, "f32", "d_model:32:32:"},
+    {"decoder/xl_layer[1]/norm/gain@v", true, "f32", "d_model:32:32:"},
+    {"decoder/xl_layer[1]/norm/bias@m", true, "f32", "d_model:32:32:"},
+    {"decoder/xl_layer[1]/norm/bias@v", true, "f32", "d_model:32:32:"},
+    {"decoder/xl_layer[1]/dense_relu_dense/wi@m", true, "f32", "d_model:32:32: d_ff:64:32:model"},
+    {"decoder/xl_layer[1]/dense_relu_dense/wi@v", true, "f32", "d_model:32:32: d_ff:64:32:model"},
+    {"decoder/xl_layer[1]/dense_relu_dense/wo@m", true, "f32", "d_ff:64:32:model d_model:32:32:"},
+    {"decoder/xl_layer[1]/dense_relu_dense/wo@v", true, "f32", "d_ff:64:32:model d_model:32:32:"},
+    {"decoder/xl_layer[1]/norm#1/gain@m", true, "f32", "d_model:32:32:"},
+    {"decoder/xl_layer[1]/norm#1/gain@v", true, "f32", "d_model:32:32:"},
+    {"decoder/xl_layer[1]/norm#1/bias@m", true, "f32", "d_model:32:32:"},
+    {"decoder/xl_layer[1]/norm#1/bias@v", true, "f32", "d_model:32:32:"}};
+
 XlTrain::XlTrain(meshrt::Communicator &world, uint64_t seed)
     : world_(support::checkedWorld(world, mesh(), "xl_train")), seed_(seed),
       group_data(world_.subgroup(std::vector<std::string>{"data"})),
       group_data_model(world_.subgroup(std::vector<std::string>{"data", "model"})),
       group_model(world_.subgroup(std::vector<std::string>{"model"})) {
-  // decoder/embedding: normal (transformer_xl.mesh:85)
-  param0_decoder_embedding.resize(1024);
-  {
-    const meshrt::kernels::Shard shard{
-        {64, 32}, {support::shardStart(world_, {"model"}, 32), 0}, {32, 32}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
-    support::fillParam(param0_decoder_embedding.data(), shard, seed, "decoder/embedding", init,
-                       meshrt::kernels::ValueType::F32);
-  }
-  // decoder/xl_layer[0]/memory: zeros (transformer_xl.mesh:78)
-  param1_decoder_xl_layer_0_memory.assign(512, support::roundValue(support::DType::F32, 0.0));
-  // decoder/xl_layer[0]/relative_attention/q: normal (transformer_xl.mesh:48)
-  param2_decoder_xl_layer_0_relative_attention_q.resize(512);
-  {
-    const meshrt::kernels::Shard shard{
-        {32, 4, 8}, {0, support::shardStart(world_, {"model"}, 2), 0}, {32, 2, 8}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
-    support::fillParam(param2_decoder_xl_layer_0_relative_attention_q.data(), shard, seed,
-                       "decoder/xl_layer[0]/relative_attention/q", init,
-                       meshrt::kernels::ValueType::F32);
-  }
-  // decoder/xl_layer[0]/relative_attention/k: normal (transformer_xl.mesh:49)
-  param3_decoder_xl_layer_0_relative_attention_k.resize(512);
-  {
-    const meshrt::kernels::Shard shard{
-        {32, 4, 8}, {0, support::shardStart(world_, {"model"}, 2), 0}, {32, 2, 8}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
-    support::fillParam(param3_decoder_xl_layer_0_relative_attention_k.data(), shard, seed,
-                       "decoder/xl_layer[0]/relative_attention/k", init,
-                       meshrt::kernels::ValueType::F32);
-  }
-  // decoder/xl_layer[0]/relative_attention/v: normal (transformer_xl.mesh:50)
-  param4_decoder_xl_layer_0_relative_attention_v.resize(512);
-  {
-    const meshrt::kernels::Shard shard{
-        {32, 4, 8}, {0, support::shardStart(world_, {"model"}, 2), 0}, {32, 2, 8}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
-    support::fillParam(param4_decoder_xl_layer_0_relative_attention_v.data(), shard, seed,
-                       "decoder/xl_layer[0]/relative_attention/v", init,
-                       meshrt::kernels::ValueType::F32);
-  }
-  // decoder/xl_layer[0]/relative_attention/r: normal (transformer_xl.mesh:51)
-  param5_decoder_xl_layer_0_relative_attention_r.resize(512);
-  {
-    const meshrt::kernels::Shard shard{
-        {32, 4, 8}, {0, support::shardStart(world_, {"model"}, 2), 0}, {32, 2, 8}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
-    support::fillParam(param5_decoder_xl_layer_0_relative_attention_r.data(), shard, seed,
-                       "decoder/xl_layer[0]/relative_attention/r", init,
-                       meshrt::kernels::ValueType::F32);
-  }
-  // decoder/xl_layer[0]/relative_attention/o: normal (transformer_xl.mesh:52)
-  param6_decoder_xl_layer_0_relative_attention_o.resize(512);
-  {
-    const meshrt::kernels::Shard shard{
-        {4, 8, 32}, {support::shardStart(world_, {"model"}, 2), 0, 0}, {2, 8, 32}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
-    support::fillParam(param6_decoder_xl_layer_0_relative_attention_o.data(), shard, seed,
-                       "decoder/xl_layer[0]/relative_attention/o", init,
-                       meshrt::kernels::ValueType::F32);
-  }
-  // decoder/xl_layer[0]/relative_attention/content_bias: zeros (transformer_xl.mesh:53)
-  param7_decoder_xl_layer_0_relative_attention_content_bias.assign(
-      16, support::roundValue(support::DType::F32, 0.0));
-  // decoder/xl_layer[0]/relative_attention/position_bias: zeros (transformer_xl.mesh:54)
-  param8_decoder_xl_layer_0_relative_attention_position_bias.assign(
-      16, support::roundValue(support::DType::F32, 0.0));
-  // decoder/xl_layer[0]/norm/gain: ones (transformer_xl.mesh:30)
-  param9_decoder_xl_layer_0_norm_gain.assign(32, support::roundValue(support::DType::F32, 1.0));
-  // decoder/xl_layer[0]/norm/bias: zeros (transformer_xl.mesh:31)
-  param10_decoder_xl_layer_0_norm_bias.assign(32, support::roundValue(support::DType::F32, 0.0));
-  // decoder/xl_layer[0]/dense_relu_dense/wi: normal (transformer_xl.mesh:68)
-  param11_decoder_xl_layer_0_dense_relu_dense_wi.resize(1024);
-  {
-    const meshrt::kernels::Shard shard{
-        {32, 64}, {0, support::shardStart(world_, {"model"}, 32)}, {32, 32}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
-    support::fillParam(param11_decoder_xl_layer_0_dense_relu_dense_wi.data(), shard, seed,
-                       "decoder/xl_layer[0]/dense_relu_dense/wi", init,
-                       meshrt::kernels::ValueType::F32);
-  }
-  // decoder/xl_layer[0]/dense_relu_dense/wo: normal (transformer_xl.mesh:69)
-  param12_decoder_xl_layer_0_dense_relu_dense_wo.resize(1024);
-  {
-    const meshrt::kernels::Shard shard{
-        {64, 32}, {support::shardStart(world_, {"model"}, 32), 0}, {32, 32}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
-    support::fillParam(param12_decoder_xl_layer_0_dense_relu_dense_wo.data(), shard, seed,
-                       "decoder/xl_layer[0]/dense_relu_dense/wo", init,
-                       meshrt::kernels::ValueType::F32);
-  }
-  // decoder/xl_layer[0]/norm#1/gain: ones (transformer_xl.mesh:30)
-  param13_decoder_xl_layer_0_norm_1_gain.assign(32, support::roundValue(support::DType::F32, 1.0));
-  // decoder/xl_layer[0]/norm#1/bias: zeros (transformer_xl.mesh:31)
-  param14_decoder_xl_layer_0_norm_1_bias.assign(32, support::roundValue(support::DType::F32, 0.0));
-  // decoder/xl_layer[1]/memory: zeros (transformer_xl.mesh:78)
-  param15_decoder_xl_layer_1_memory.assign(512, support::roundValue(support::DType::F32, 0.0));
-  // decoder/xl_layer[1]/relative_attention/q: normal (transformer_xl.mesh:48)
-  param16_decoder_xl_layer_1_relative_attention_q.resize(512);
-  {
-    const meshrt::kernels::Shard shard{
-        {32, 4, 8}, {0, support::shardStart(world_, {"model"}, 2), 0}, {32, 2, 8}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
-    support::fillParam(param16_decoder_xl_layer_1_relative_attention_q.data(), shard, seed,
-                       "decoder/xl_layer[1]/relative_attention/q", init,
-                       meshrt::kernels::ValueType::F32);
-  }
-  // decoder/xl_layer[1]/relative_attention/k: normal (transformer_xl.mesh:49)
-  param17_decoder_xl_layer_1_relative_attention_k.resize(512);
-  {
-    const meshrt::kernels::Shard shard{
-        {32, 4, 8}, {0, support::shardStart(world_, {"model"}, 2), 0}, {32, 2, 8}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
-    support::fillParam(param17_decoder_xl_layer_1_relative_attention_k.data(), shard, seed,
-                       "decoder/xl_layer[1]/relative_attention/k", init,
-                       meshrt::kernels::ValueType::F32);
-  }
-  // decoder/xl_layer[1]/relative_attention/v: normal (transformer_xl.mesh:50)
-  param18_decoder_xl_layer_1_relative_attention_v.resize(512);
-  {
-    const meshrt::kernels::Shard shard{
-        {32, 4, 8}, {0, support::shardStart(world_, {"model"}, 2), 0}, {32, 2, 8}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
-    support::fillParam(param18_decoder_xl_layer_1_relative_attention_v.data(), shard, seed,
-                       "decoder/xl_layer[1]/relative_attention/v", init,
-                       meshrt::kernels::ValueType::F32);
-  }
-  // decoder/xl_layer[1]/relative_attention/r: normal (transformer_xl.mesh:51)
-  param19_decoder_xl_layer_1_relative_attention_r.resize(512);
-  {
-    const meshrt::kernels::Shard shard{
-        {32, 4, 8}, {0, support::shardStart(world_, {"model"}, 2), 0}, {32, 2, 8}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
-    support::fillParam(param19_decoder_xl_layer_1_relative_attention_r.data(), shard, seed,
-                       "decoder/xl_layer[1]/relative_attention/r", init,
-                       meshrt::kernels::ValueType::F32);
-  }
-  // decoder/xl_layer[1]/relative_attention/o: normal (transformer_xl.mesh:52)
-  param20_decoder_xl_layer_1_relative_attention_o.resize(512);
-  {
-    const meshrt::kernels::Shard shard{
-        {4, 8, 32}, {support::shardStart(world_, {"model"}, 2), 0, 0}, {2, 8, 32}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
-    support::fillParam(param20_decoder_xl_layer_1_relative_attention_o.data(), shard, seed,
-                       "decoder/xl_layer[1]/relative_attention/o", init,
-                       meshrt::kernels::ValueType::F32);
-  }
-  // decoder/xl_layer[1]/relative_attention/content_bias: zeros (transformer_xl.mesh:53)
-  param21_decoder_xl_layer_1_relative_attention_content_bias.assign(
-      16, support::roundValue(support::DType::F32, 0.0));
-  // decoder/xl_layer[1]/relative_attention/position_bias: zeros (transformer_xl.mesh:54)
-  param22_decoder_xl_layer_1_relative_attention_position_bias.assign(
-      16, support::roundValue(support::DType::F32, 0.0));
-  // decoder/xl_layer[1]/norm/gain: ones (transformer_xl.mesh:30)
-  param23_decoder_xl_layer_1_norm_gain.assign(32, support::roundValue(support::DType::F32, 1.0));
-  // decoder/xl_layer[1]/norm/bias: zeros (transformer_xl.mesh:31)
-  param24_decoder_xl_layer_1_norm_bias.assign(32, support::roundValue(support::DType::F32, 0.0));
-  // decoder/xl_layer[1]/dense_relu_dense/wi: normal (transformer_xl.mesh:68)
-  param25_decoder_xl_layer_1_dense_relu_dense_wi.resize(1024);
-  {
-    const meshrt::kernels::Shard shard{
-        {32, 64}, {0, support::shardStart(world_, {"model"}, 32)}, {32, 32}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
-    support::fillParam(param25_decoder_xl_layer_1_dense_relu_dense_wi.data(), shard, seed,
-                       "decoder/xl_layer[1]/dense_relu_dense/wi", init,
-                       meshrt::kernels::ValueType::F32);
-  }
-  // decoder/xl_layer[1]/dense_relu_dense/wo: normal (transformer_xl.mesh:69)
-  param26_decoder_xl_layer_1_dense_relu_dense_wo.resize(1024);
-  {
-    const meshrt::kernels::Shard shard{
-        {64, 32}, {support::shardStart(world_, {"model"}, 32), 0}, {32, 32}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
-    support::fillParam(param26_decoder_xl_layer_1_dense_relu_dense_wo.data(), shard, seed,
-                       "decoder/xl_layer[1]/dense_relu_dense/wo", init,
-                       meshrt::kernels::ValueType::F32);
-  }
-  // decoder/xl_layer[1]/norm#1/gain: ones (transformer_xl.mesh:30)
-  param27_decoder_xl_layer_1_norm_1_gain.assign(32, support::roundValue(support::DType::F32, 1.0));
-  // decoder/xl_layer[1]/norm#1/bias: zeros (transformer_xl.mesh:31)
-  param28_decoder_xl_layer_1_norm_1_bias.assign(32, support::roundValue(support::DType::F32, 0.0));
-  // decoder/embedding@m: zeros (transformer_xl.mesh:85)
-  param29_decoder_embedding_m.assign(1024, support::roundValue(support::DType::F32, 0.0));
-  // decoder/embedding@v: zeros (transformer_xl.mesh:85)
-  param30_decoder_embedding_v.assign(1024, support::roundValue(support::DType::F32, 0.0));
-  // decoder/xl_layer[0]/relative_attention/q@m: zeros (transformer_xl.mesh:48)
-  param31_decoder_xl_layer_0_relative_attention_q_m.assign(
-      512, support::roundValue(support::DType::F32, 0.0));
-  // decoder/xl_layer[0]/relative_attention/q@v: zeros (transformer_xl.mesh:48)
-  param32_decoder_xl_layer_0_relative_attention_q_v.assign(
-      512, support::roundValue(support::DType::F32, 0.0));
-  // decoder/xl_layer[0]/relative_attention/k@m: zeros (transformer_xl.mesh:49)
-  param33_decoder_xl_layer_0_relative_attention_k_m.assign(
-      512, support::roundValue(support::DType::F32, 0.0));
-  // decoder/xl_layer[0]/relative_attention/k@v: zeros (transformer_xl.mesh:49)
-  param34_decoder_xl_layer_0_relative_attention_k_v.assign(
-      512, support::roundValue(support::DType::F32, 0.0));
-  // decoder/xl_layer[0]/relative_attention/v@m: zeros (transformer_xl.mesh:50)
-  param35_decoder_xl_layer_0_relative_attention_v_m.assign(
-      512, support::roundValue(support::DType::F32, 0.0));
-  // decoder/xl_layer[0]/relative_attention/v@v: zeros (transformer_xl.mesh:50)
-  param36_decoder_xl_layer_0_relative_attention_v_v.assign(
-      512, support::roundValue(support::DType::F32, 0.0));
-  // decoder/xl_layer[0]/relative_attention/r@m: zeros (transformer_xl.mesh:51)
-  param37_decoder_xl_layer_0_relative_attention_r_m.assign(
-      512, support::roundValue(support::DType::F32, 0.0));
-  // decoder/xl_layer[0]/relative_attention/r@v: zeros (transformer_xl.mesh:51)
-  param38_decoder_xl_layer_0_relative_attention_r_v.assign(
-      512, support::roundValue(support::DType::F32, 0.0));
-  // decoder/xl_layer[0]/relative_attention/o@m: zeros (transformer_xl.mesh:52)
-  param39_decoder_xl_layer_0_relative_attention_o_m.assign(
-      512, support::roundValue(support::DType::F32, 0.0));
-  // decoder/xl_layer[0]/relative_attention/o@v: zeros (transformer_xl.mesh:52)
-  param40_decoder_xl_layer_0_relative_attention_o_v.assign(
-      512, support::roundValue(support::DType::F32, 0.0));
-  // decoder/xl_layer[0]/relative_attention/content_bias@m: zeros (transformer_xl.mesh:53)
-  param41_decoder_xl_layer_0_relative_attention_content_bias_m.assign(
-      16, support::roundValue(support::DType::F32, 0.0));
-  // decoder/xl_layer[0]/relative_attention/content_bias@v: zeros (transformer_xl.mesh:53)
-  param42_decoder_xl_layer_0_relative_attention_content_bias_v.assign(
-      16, support::roundValue(support::DType::F32, 0.0));
-  // decoder/xl_layer[0]/relative_attention/position_bias@m: zeros (transformer_xl.mesh:54)
-  param43_decoder_xl_layer_0_relative_attention_position_bias_m.assign(
-      16, support::roundValue(support::DType::F32, 0.0));
-  // decoder/xl_layer[0]/relative_attention/position_bias@v: zeros (transformer_xl.mesh:54)
-  param44_decoder_xl_layer_0_relative_attention_position_bias_v.assign(
-      16, support::roundValue(support::DType::F32, 0.0));
-  // decoder/xl_layer[0]/norm/gain@m: zeros (transformer_xl.mesh:30)
-  param45_decoder_xl_layer_0_norm_gain_m.assign(32, support::roundValue(support::DType::F32, 0.0));
-  // decoder/xl_layer[0]/norm/gain@v: zeros (transformer_xl.mesh:30)
-  param46_decoder_xl_layer_0_norm_gain_v.assign(32, support::roundValue(support::DType::F32, 0.0));
-  // decoder/xl_layer[0]/norm/bias@m: zeros (transformer_xl.mesh:31)
-  param47_decoder_xl_layer_0_norm_bias_m.assign(32, support::roundValue(support::DType::F32, 0.0));
-  // decoder/xl_layer[0]/norm/bias@v: zeros (transformer_xl.mesh:31)
-  param48_decoder_xl_layer_0_norm_bias_v.assign(32, support::roundValue(support::DType::F32, 0.0));
-  // decoder/xl_layer[0]/dense_relu_dense/wi@m: zeros (transformer_xl.mesh:68)
-  param49_decoder_xl_layer_0_dense_relu_dense_wi_m.assign(
-      1024, support::roundValue(support::DType::F32, 0.0));
-  // decoder/xl_layer[0]/dense_relu_dense/wi@v: zeros (transformer_xl.mesh:68)
-  param50_decoder_xl_layer_0_dense_relu_dense_wi_v.assign(
-      1024, support::roundValue(support::DType::F32, 0.0));
-  // decoder/xl_layer[0]/dense_relu_dense/wo@m: zeros (transformer_xl.mesh:69)
-  param51_decoder_xl_layer_0_dense_relu_dense_wo_m.assign(
-      1024, support::roundValue(support::DType::F32, 0.0));
-  // decoder/xl_layer[0]/dense_relu_dense/wo@v: zeros (transformer_xl.mesh:69)
-  param52_decoder_xl_layer_0_dense_relu_dense_wo_v.assign(
-      1024, support::roundValue(support::DType::F32, 0.0));
-  // decoder/xl_layer[0]/norm#1/gain@m: zeros (transformer_xl.mesh:30)
-  param53_decoder_xl_layer_0_norm_1_gain_m.assign(32,
-                                                  support::roundValue(support::DType::F32, 0.0));
-  // decoder/xl_layer[0]/norm#1/gain@v: zeros (transformer_xl.mesh:30)
-  param54_decoder_xl_layer_0_norm_1_gain_v.assign(32,
-                                                  support::roundValue(support::DType::F32, 0.0));
-  // decoder/xl_layer[0]/norm#1/bias@m: zeros (transformer_xl.mesh:31)
-  param55_decoder_xl_layer_0_norm_1_bias_m.assign(32,
-                                                  support::roundValue(support::DType::F32, 0.0));
-  // decoder/xl_layer[0]/norm#1/bias@v: zeros (transformer_xl.mesh:31)
-  param56_decoder_xl_layer_0_norm_1_bias_v.assign(32,
-                                                  support::roundValue(support::DType::F32, 0.0));
-  // decoder/xl_layer[1]/relative_attention/q@m: zeros (transformer_xl.mesh:48)
-  param57_decoder_xl_layer_1_relative_attention_q_m.assign(
-      512, support::roundValue(support::DType::F32, 0.0));
-  // decoder/xl_layer[1]/relative_attention/q@v: zeros (transformer_xl.mesh:48)
-  param58_decoder_xl_layer_1_relative_attention_q_v.assign(
-      512, support::roundValue(support::DType::F32, 0.0));
-  // decoder/xl_layer[1]/relative_attention/k@m: zeros (transformer_xl.mesh:49)
-  param59_decoder_xl_layer_1_relative_attention_k_m.assign(
-      512, support::roundValue(support::DType::F32, 0.0));
-  // decoder/xl_layer[1]/relative_attention/k@v: zeros (transformer_xl.mesh:49)
-  param60_decoder_xl_layer_1_relative_attention_k_v.assign(
-      512, support::roundValue(support::DType::F32, 0.0));
-  // decoder/xl_layer[1]/relative_attention/v@m: zeros (transformer_xl.mesh:50)
-  param61_decoder_xl_layer_1_relative_attention_v_m.assign(
-      512, support::roundValue(support::DType::F32, 0.0));
-  // decoder/xl_layer[1]/relative_attention/v@v: zeros (transformer_xl.mesh:50)
-  param62_decoder_xl_layer_1_relative_attention_v_v.assign(
-      512, support::roundValue(support::DType::F32, 0.0));
-  // decoder/xl_layer[1]/relative_attention/r@m: zeros (transformer_xl.mesh:51)
-  param63_decoder_xl_layer_1_relative_attention_r_m.assign(
-      512, support::roundValue(support::DType::F32, 0.0));
-  // decoder/xl_layer[1]/relative_attention/r@v: zeros (transformer_xl.mesh:51)
-  param64_decoder_xl_layer_1_relative_attention_r_v.assign(
-      512, support::roundValue(support::DType::F32, 0.0));
-  // decoder/xl_layer[1]/relative_attention/o@m: zeros (transformer_xl.mesh:52)
-  param65_decoder_xl_layer_1_relative_attention_o_m.assign(
-      512, support::roundValue(support::DType::F32, 0.0));
-  // decoder/xl_layer[1]/relative_attention/o@v: zeros (transformer_xl.mesh:52)
-  param66_decoder_xl_layer_1_relative_attention_o_v.assign(
-      512, support::roundValue(support::DType::F32, 0.0));
-  // decoder/xl_layer[1]/relative_attention/content_bias@m: zeros (transformer_xl.mesh:53)
-  param67_decoder_xl_layer_1_relative_attention_content_bias_m.assign(
-      16, support::roundValue(support::DType::F32, 0.0));
-  // decoder/xl_layer[1]/relative_attention/content_bias@v: zeros (transformer_xl.mesh:53)
-  param68_decoder_xl_layer_1_relative_attention_content_bias_v.assign(
-      16, support::roundValue(support::DType::F32, 0.0));
-  // decoder/xl_layer[1]/relative_attention/position_bias@m: zeros (transformer_xl.mesh:54)
-  param69_decoder_xl_layer_1_relative_attention_position_bias_m.assign(
-      16, support::roundValue(support::DType::F32, 0.0));
-  // decoder/xl_layer[1]/relative_attention/position_bias@v: zeros (transformer_xl.mesh:54)
-  param70_decoder_xl_layer_1_relative_attention_position_bias_v.assign(
-      16, support::roundValue(support::DType::F32, 0.0));
-  // decoder/xl_layer[1]/norm/gain@m: zeros (transformer_xl.mesh:30)
-  param71_decoder_xl_layer_1_norm_gain_m.assign(32, support::roundValue(support::DType::F32, 0.0));
-  // decoder/xl_layer[1]/norm/gain@v: zeros (transformer_xl.mesh:30)
-  param72_decoder_xl_layer_1_norm_gain_v.assign(32, support::roundValue(support::DType::F32, 0.0));
-  // decoder/xl_layer[1]/norm/bias@m: zeros (transformer_xl.mesh:31)
-  param73_decoder_xl_layer_1_norm_bias_m.assign(32, support::roundValue(support::DType::F32, 0.0));
-  // decoder/xl_layer[1]/norm/bias@v: zeros (transformer_xl.mesh:31)
-  param74_decoder_xl_layer_1_norm_bias_v.assign(32, support::roundValue(support::DType::F32, 0.0));
-  // decoder/xl_layer[1]/dense_relu_dense/wi@m: zeros (transformer_xl.mesh:68)
-  param75_decoder_xl_layer_1_dense_relu_dense_wi_m.assign(
-      1024, support::roundValue(support::DType::F32, 0.0));
-  // decoder/xl_layer[1]/dense_relu_dense/wi@v: zeros (transformer_xl.mesh:68)
-  param76_decoder_xl_layer_1_dense_relu_dense_wi_v.assign(
-      1024, support::roundValue(support::DType::F32, 0.0));
-  // decoder/xl_layer[1]/dense_relu_dense/wo@m: zeros (transformer_xl.mesh:69)
-  param77_decoder_xl_layer_1_dense_relu_dense_wo_m.assign(
-      1024, support::roundValue(support::DType::F32, 0.0));
-  // decoder/xl_layer[1]/dense_relu_dense/wo@v: zeros (transformer_xl.mesh:69)
-  param78_decoder_xl_layer_1_dense_relu_dense_wo_v.assign(
-      1024, support::roundValue(support::DType::F32, 0.0));
-  // decoder/xl_layer[1]/norm#1/gain@m: zeros (transformer_xl.mesh:30)
-  param79_decoder_xl_layer_1_norm_1_gain_m.assign(32,
-                                                  support::roundValue(support::DType::F32, 0.0));
-  // decoder/xl_layer[1]/norm#1/gain@v: zeros (transformer_xl.mesh:30)
-  param80_decoder_xl_layer_1_norm_1_gain_v.assign(32,
-                                                  support::roundValue(support::DType::F32, 0.0));
-  // decoder/xl_layer[1]/norm#1/bias@m: zeros (transformer_xl.mesh:31)
-  param81_decoder_xl_layer_1_norm_1_bias_m.assign(32,
-                                                  support::roundValue(support::DType::F32, 0.0));
-  // decoder/xl_layer[1]/norm#1/bias@v: zeros (transformer_xl.mesh:31)
-  param82_decoder_xl_layer_1_norm_1_bias_v.assign(32,
-                                                  support::roundValue(support::DType::F32, 0.0));
+  static constexpr support::ParamInit inits[] = {
+      // decoder/embedding (transformer_xl.mesh:85)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.02}}},
+      // decoder/xl_layer[0]/memory (transformer_xl.mesh:78)
+      {"zeros", support::DType::F32, {}},
+      // decoder/xl_layer[0]/relative_attention/q (transformer_xl.mesh:48)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.02}}},
+      // decoder/xl_layer[0]/relative_attention/k (transformer_xl.mesh:49)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.02}}},
+      // decoder/xl_layer[0]/relative_attention/v (transformer_xl.mesh:50)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.02}}},
+      // decoder/xl_layer[0]/relative_attention/r (transformer_xl.mesh:51)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.02}}},
+      // decoder/xl_layer[0]/relative_attention/o (transformer_xl.mesh:52)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.02}}},
+      // decoder/xl_layer[0]/relative_attention/content_bias (transformer_xl.mesh:53)
+      {"zeros", support::DType::F32, {}},
+      // decoder/xl_layer[0]/relative_attention/position_bias (transformer_xl.mesh:54)
+      {"zeros", support::DType::F32, {}},
+      // decoder/xl_layer[0]/norm/gain (transformer_xl.mesh:30)
+      {"ones", support::DType::F32, {}},
+      // decoder/xl_layer[0]/norm/bias (transformer_xl.mesh:31)
+      {"zeros", support::DType::F32, {}},
+      // decoder/xl_layer[0]/dense_relu_dense/wi (transformer_xl.mesh:68)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.02}}},
+      // decoder/xl_layer[0]/dense_relu_dense/wo (transformer_xl.mesh:69)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.02}}},
+      // decoder/xl_layer[0]/norm#1/gain (transformer_xl.mesh:30)
+      {"ones", support::DType::F32, {}},
+      // decoder/xl_layer[0]/norm#1/bias (transformer_xl.mesh:31)
+      {"zeros", support::DType::F32, {}},
+      // decoder/xl_layer[1]/memory (transformer_xl.mesh:78)
+      {"zeros", support::DType::F32, {}},
+      // decoder/xl_layer[1]/relative_attention/q (transformer_xl.mesh:48)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.02}}},
+      // decoder/xl_layer[1]/relative_attention/k (transformer_xl.mesh:49)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.02}}},
+      // decoder/xl_layer[1]/relative_attention/v (transformer_xl.mesh:50)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.02}}},
+      // decoder/xl_layer[1]/relative_attention/r (transformer_xl.mesh:51)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.02}}},
+      // decoder/xl_layer[1]/relative_attention/o (transformer_xl.mesh:52)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.02}}},
+      // decoder/xl_layer[1]/relative_attention/content_bias (transformer_xl.mesh:53)
+      {"zeros", support::DType::F32, {}},
+      // decoder/xl_layer[1]/relative_attention/position_bias (transformer_xl.mesh:54)
+      {"zeros", support::DType::F32, {}},
+      // decoder/xl_layer[1]/norm/gain (transformer_xl.mesh:30)
+      {"ones", support::DType::F32, {}},
+      // decoder/xl_layer[1]/norm/bias (transformer_xl.mesh:31)
+      {"zeros", support::DType::F32, {}},
+      // decoder/xl_layer[1]/dense_relu_dense/wi (transformer_xl.mesh:68)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.02}}},
+      // decoder/xl_layer[1]/dense_relu_dense/wo (transformer_xl.mesh:69)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.02}}},
+      // decoder/xl_layer[1]/norm#1/gain (transformer_xl.mesh:30)
+      {"ones", support::DType::F32, {}},
+      // decoder/xl_layer[1]/norm#1/bias (transformer_xl.mesh:31)
+      {"zeros", support::DType::F32, {}},
+      // decoder/embedding@m (transformer_xl.mesh:85)
+      {"zeros", support::DType::F32, {}},
+      // decoder/embedding@v (transformer_xl.mesh:85)
+      {"zeros", support::DType::F32, {}},
+      // decoder/xl_layer[0]/relative_attention/q@m (transformer_xl.mesh:48)
+      {"zeros", support::DType::F32, {}},
+      // decoder/xl_layer[0]/relative_attention/q@v (transformer_xl.mesh:48)
+      {"zeros", support::DType::F32, {}},
+      // decoder/xl_layer[0]/relative_attention/k@m (transformer_xl.mesh:49)
+      {"zeros", support::DType::F32, {}},
+      // decoder/xl_layer[0]/relative_attention/k@v (transformer_xl.mesh:49)
+      {"zeros", support::DType::F32, {}},
+      // decoder/xl_layer[0]/relative_attention/v@m (transformer_xl.mesh:50)
+      {"zeros", support::DType::F32, {}},
+      // decoder/xl_layer[0]/relative_attention/v@v (transformer_xl.mesh:50)
+      {"zeros", support::DType::F32, {}},
+      // decoder/xl_layer[0]/relative_attention/r@m (transformer_xl.mesh:51)
+      {"zeros", support::DType::F32, {}},
+      // decoder/xl_layer[0]/relative_attention/r@v (transformer_xl.mesh:51)
+      {"zeros", support::DType::F32, {}},
+      // decoder/xl_layer[0]/relative_attention/o@m (transformer_xl.mesh:52)
+      {"zeros", support::DType::F32, {}},
+      // decoder/xl_layer[0]/relative_attention/o@v (transformer_xl.mesh:52)
+      {"zeros", support::DType::F32, {}},
+      // decoder/xl_layer[0]/relative_attention/content_bias@m (transformer_xl.mesh:53)
+      {"zeros", support::DType::F32, {}},
+      // decoder/xl_layer[0]/relative_attention/content_bias@v (transformer_xl.mesh:53)
+      {"zeros", support::DType::F32, {}},
+      // decoder/xl_layer[0]/relative_attention/position_bias@m (transformer_xl.mesh:54)
+      {"zeros", support::DType::F32, {}},
+      // decoder/xl_layer[0]/relative_attention/position_bias@v (transformer_xl.mesh:54)
+      {"zeros", support::DType::F32, {}},
+      // decoder/xl_layer[0]/norm/gain@m (transformer_xl.mesh:30)
+      {"zeros", support::DType::F32, {}},
+      // decoder/xl_layer[0]/norm/gain@v (transformer_xl.mesh:30)
+      {"zeros", support::DType::F32, {}},
+      // decoder/xl_layer[0]/norm/bias@m (transformer_xl.mesh:31)
+      {"zeros", support::DType::F32, {}},
+      // decoder/xl_layer[0]/norm/bias@v (transformer_xl.mesh:31)
+      {"zeros", support::DType::F32, {}},
+      // decoder/xl_layer[0]/dense_relu_dense/wi@m (transformer_xl.mesh:68)
+      {"zeros", support::DType::F32, {}},
+      // decoder/xl_layer[0]/dense_relu_dense/wi@v (transformer_xl.mesh:68)
+      {"zeros", support::DType::F32, {}},
+      // decoder/xl_layer[0]/dense_relu_dense/wo@m (transformer_xl.mesh:69)
+      {"zeros", support::DType::F32, {}},
+      // decoder/xl_layer[0]/dense_relu_dense/wo@v (transformer_xl.mesh:69)
+      {"zeros", support::DType::F32, {}},
+      // decoder/xl_layer[0]/norm#1/gain@m (transformer_xl.mesh:30)
+      {"zeros", support::DType::F32, {}},
+      // decoder/xl_layer[0]/norm#1/gain@v (transformer_xl.mesh:30)
+      {"zeros", support::DType::F32, {}},
+      // decoder/xl_layer[0]/norm#1/bias@m (transformer_xl.mesh:31)
+      {"zeros", support::DType::F32, {}},
+      // decoder/xl_layer[0]/norm#1/bias@v (transformer_xl.mesh:31)
+      {"zeros", support::DType::F32, {}},
+      // decoder/xl_layer[1]/relative_attention/q@m (transformer_xl.mesh:48)
+      {"zeros", support::DType::F32, {}},
+      // decoder/xl_layer[1]/relative_attention/q@v (transformer_xl.mesh:48)
+      {"zeros", support::DType::F32, {}},
+      // decoder/xl_layer[1]/relative_attention/k@m (transformer_xl.mesh:49)
+      {"zeros", support::DType::F32, {}},
+      // decoder/xl_layer[1]/relative_attention/k@v (transformer_xl.mesh:49)
+      {"zeros", support::DType::F32, {}},
+      // decoder/xl_layer[1]/relative_attention/v@m (transformer_xl.mesh:50)
+      {"zeros", support::DType::F32, {}},
+      // decoder/xl_layer[1]/relative_attention/v@v (transformer_xl.mesh:50)
+      {"zeros", support::DType::F32, {}},
+      // decoder/xl_layer[1]/relative_attention/r@m (transformer_xl.mesh:51)
+      {"zeros", support::DType::F32, {}},
+      // decoder/xl_layer[1]/relative_attention/r@v (transformer_xl.mesh:51)
+      {"zeros", support::DType::F32, {}},
+      // decoder/xl_layer[1]/relative_attention/o@m (transformer_xl.mesh:52)
+      {"zeros", support::DType::F32, {}},
+      // decoder/xl_layer[1]/relative_attention/o@v (transformer_xl.mesh:52)
+      {"zeros", support::DType::F32, {}},
+      // decoder/xl_layer[1]/relative_attention/content_bias@m (transformer_xl.mesh:53)
+      {"zeros", support::DType::F32, {}},
+      // decoder/xl_layer[1]/relative_attention/content_bias@v (transformer_xl.mesh:53)
+      {"zeros", support::DType::F32, {}},
+      // decoder/xl_layer[1]/relative_attention/position_bias@m (transformer_xl.mesh:54)
+      {"zeros", support::DType::F32, {}},
+      // decoder/xl_layer[1]/relative_attention/position_bias@v (transformer_xl.mesh:54)
+      {"zeros", support::DType::F32, {}},
+      // decoder/xl_layer[1]/norm/gain@m (transformer_xl.mesh:30)
+      {"zeros", support::DType::F32, {}},
+      // decoder/xl_layer[1]/norm/gain@v (transformer_xl.mesh:30)
+      {"zeros", support::DType::F32, {}},
+      // decoder/xl_layer[1]/norm/bias@m (transformer_xl.mesh:31)
+      {"zeros", support::DType::F32, {}},
+      // decoder/xl_layer[1]/norm/bias@v (transformer_xl.mesh:31)
+      {"zeros", support::DType::F32, {}},
+      // decoder/xl_layer[1]/dense_relu_dense/wi@m (transformer_xl.mesh:68)
+      {"zeros", support::DType::F32, {}},
+      // decoder/xl_layer[1]/dense_relu_dense/wi@v (transformer_xl.mesh:68)
+      {"zeros", support::DType::F32, {}},
+      // decoder/xl_layer[1]/dense_relu_dense/wo@m (transformer_xl.mesh:69)
+      {"zeros", support::DType::F32, {}},
+      // decoder/xl_layer[1]/dense_relu_dense/wo@v (transformer_xl.mesh:69)
+      {"zeros", support::DType::F32, {}},
+      // decoder/xl_layer[1]/norm#1/gain@m (transformer_xl.mesh:30)
+      {"zeros", support::DType::F32, {}},
+      // decoder/xl_layer[1]/norm#1/gain@v (transformer_xl.mesh:30)
+      {"zeros", support::DType::F32, {}},
+      // decoder/xl_layer[1]/norm#1/bias@m (transformer_xl.mesh:31)
+      {"zeros", support::DType::F32, {}},
+      // decoder/xl_layer[1]/norm#1/bias@v (transformer_xl.mesh:31)
+      {"zeros", support::DType::F32, {}}};
+  support::Buffer *const data[] = {&param0_decoder_embedding,
+                                   &param1_decoder_xl_layer_0_memory,
+                                   &param2_decoder_xl_layer_0_relative_attention_q,
+                                   &param3_decoder_xl_layer_0_relative_attention_k,
+                                   &param4_decoder_xl_layer_0_relative_attention_v,
+                                   &param5_decoder_xl_layer_0_relative_attention_r,
+                                   &param6_decoder_xl_layer_0_relative_attention_o,
+                                   &param7_decoder_xl_layer_0_relative_attention_content_bias,
+                                   &param8_decoder_xl_layer_0_relative_attention_position_bias,
+                                   &param9_decoder_xl_layer_0_norm_gain,
+                                   &param10_decoder_xl_layer_0_norm_bias,
+                                   &param11_decoder_xl_layer_0_dense_relu_dense_wi,
+                                   &param12_decoder_xl_layer_0_dense_relu_dense_wo,
+                                   &param13_decoder_xl_layer_0_norm_1_gain,
+                                   &param14_decoder_xl_layer_0_norm_1_bias,
+                                   &param15_decoder_xl_layer_1_memory,
+                                   &param16_decoder_xl_layer_1_relative_attention_q,
+                                   &param17_decoder_xl_layer_1_relative_attention_k,
+                                   &param18_decoder_xl_layer_1_relative_attention_v,
+                                   &param19_decoder_xl_layer_1_relative_attention_r,
+                                   &param20_decoder_xl_layer_1_relative_attention_o,
+                                   &param21_decoder_xl_layer_1_relative_attention_content_bias,
+                                   &param22_decoder_xl_layer_1_relative_attention_position_bias,
+                                   &param23_decoder_xl_layer_1_norm_gain,
+                                   &param24_decoder_xl_layer_1_norm_bias,
+                                   &param25_decoder_xl_layer_1_dense_relu_dense_wi,
+                                   &param26_decoder_xl_layer_1_dense_relu_dense_wo,
+                                   &param27_decoder_xl_layer_1_norm_1_gain,
+                                   &param28_decoder_xl_layer_1_norm_1_bias,
+                                   &param29_decoder_embedding_m,
+                                   &param30_decoder_embedding_v,
+                                   &param31_decoder_xl_layer_0_relative_attention_q_m,
+                                   &param32_decoder_xl_layer_0_relative_attention_q_v,
+                                   &param33_decoder_xl_layer_0_relative_attention_k_m,
+                                   &param34_decoder_xl_layer_0_relative_attention_k_v,
+                                   &param35_decoder_xl_layer_0_relative_attention_v_m,
+                                   &param36_decoder_xl_layer_0_relative_attention_v_v,
+                                   &param37_decoder_xl_layer_0_relative_attention_r_m,
+                                   &param38_decoder_xl_layer_0_relative_attention_r_v,
+                                   &param39_decoder_xl_layer_0_relative_attention_o_m,
+                                   &param40_decoder_xl_layer_0_relative_attention_o_v,
+                                   &param41_decoder_xl_layer_0_relative_attention_content_bias_m,
+                                   &param42_decoder_xl_layer_0_relative_attention_content_bias_v,
+                                   &param43_decoder_xl_layer_0_relative_attention_position_bias_m,
+                                   &param44_decoder_xl_layer_0_relative_attention_position_bias_v,
+                                   &param45_decoder_xl_layer_0_norm_gain_m,
+                                   &param46_decoder_xl_layer_0_norm_gain_v,
+                                   &param47_decoder_xl_layer_0_norm_bias_m,
+                                   &param48_decoder_xl_layer_0_norm_bias_v,
+                                   &param49_decoder_xl_layer_0_dense_relu_dense_wi_m,
+                                   &param50_decoder_xl_layer_0_dense_relu_dense_wi_v,
+                                   &param51_decoder_xl_layer_0_dense_relu_dense_wo_m,
+                                   &param52_decoder_xl_layer_0_dense_relu_dense_wo_v,
+                                   &param53_decoder_xl_layer_0_norm_1_gain_m,
+                                   &param54_decoder_xl_layer_0_norm_1_gain_v,
+                                   &param55_decoder_xl_layer_0_norm_1_bias_m,
+                                   &param56_decoder_xl_layer_0_norm_1_bias_v,
+                                   &param57_decoder_xl_layer_1_relative_attention_q_m,
+                                   &param58_decoder_xl_layer_1_relative_attention_q_v,
+                                   &param59_decoder_xl_layer_1_relative_attention_k_m,
+                                   &param60_decoder_xl_layer_1_relative_attention_k_v,
+                                   &param61_decoder_xl_layer_1_relative_attention_v_m,
+                                   &param62_decoder_xl_layer_1_relative_attention_v_v,
+                                   &param63_decoder_xl_layer_1_relative_attention_r_m,
+                                   &param64_decoder_xl_layer_1_relative_attention_r_v,
+                                   &param65_decoder_xl_layer_1_relative_attention_o_m,
+                                   &param66_decoder_xl_layer_1_relative_attention_o_v,
+                                   &param67_decoder_xl_layer_1_relative_attention_content_bias_m,
+                                   &param68_decoder_xl_layer_1_relative_attention_content_bias_v,
+                                   &param69_decoder_xl_layer_1_relative_attention_position_bias_m,
+                                   &param70_decoder_xl_layer_1_relative_attention_position_bias_v,
+                                   &param71_decoder_xl_layer_1_norm_gain_m,
+                                   &param72_decoder_xl_layer_1_norm_gain_v,
+                                   &param73_decoder_xl_layer_1_norm_bias_m,
+                                   &param74_decoder_xl_layer_1_norm_bias_v,
+                                   &param75_decoder_xl_layer_1_dense_relu_dense_wi_m,
+                                   &param76_decoder_xl_layer_1_dense_relu_dense_wi_v,
+                                   &param77_decoder_xl_layer_1_dense_relu_dense_wo_m,
+                                   &param78_decoder_xl_layer_1_dense_relu_dense_wo_v,
+                                   &param79_decoder_xl_layer_1_norm_1_gain_m,
+                                   &param80_decoder_xl_layer_1_norm_1_gain_v,
+                                   &param81_decoder_xl_layer_1_norm_1_bias_m,
+                                   &param82_decoder_xl_layer_1_norm_1_bias_v};
+  support::initParams(world_, seed, -1, kXlTrainParams, inits, data);
   computeInvariants();
 }
 
@@ -365,155 +1056,57 @@ void XlTrain::computeInvariants() {
   // transformer_xl.mesh:63:48 iota
   // transformer_xl.mesh:63:48 iota
   support::View v7 = persistent_.view(64, 8);
-  static const support::Shape shape0_1 = {8};
-  static const support::Shape shape0_2 = {1};
-  support::iota(v7.data(), shape0_1, shape0_2, 0);
+  support::iota(v7.data(), kShape0, kShape1, 0);
 
   // transformer_xl.mesh:38:37 add
   // transformer_xl.mesh:63:62 add
   // transformer_xl.mesh:63:62 add
   support::View v9 = persistent_.view(192, 8);
-  {
-    float *__restrict v9p = v9.data();
-    const float *__restrict v7p = v7.data();
-    for (int64_t i0 = 0; i0 < 8; ++i0) {
-      const float s0 = v7p[i0];
-      const float s1 = support::wrapI32(8.0);
-      const float s2 = support::wrapI32(double((double(s0) + double(s1))));
-      v9p[i0] = s2;
-    }
-  }
+  loop0(v9.data(), v7.data());
 
   // transformer_xl.mesh:38:61 iota
   // transformer_xl.mesh:40:35 iota
   // transformer_xl.mesh:63:31 iota
   // transformer_xl.mesh:63:31 iota
   support::View v10 = persistent_.view(256, 16);
-  static const support::Shape shape2_1 = {16};
-  static const support::Shape shape2_2 = {1};
-  support::iota(v10.data(), shape2_1, shape2_2, 0);
+  support::iota(v10.data(), kShape2, kShape1, 0);
 
   // transformer_xl.mesh:38:59 sub
   support::View v11 = persistent_.view(320, 128);
-  {
-    float *__restrict v11p = v11.data();
-    const float *__restrict v9p = v9.data();
-    const float *__restrict v10p = v10.data();
-    for (int64_t i0 = 0; i0 < 8; ++i0) {
-      for (int64_t i1 = 0; i1 < 16; ++i1) {
-        const float s0 = v9p[i0];
-        const float s1 = v10p[i1];
-        const float s2 = support::wrapI32(double((double(s0) - double(s1))));
-        v11p[i0 * 16 + i1] = s2;
-      }
-    }
-  }
+  loop1(v11.data(), v9.data(), v10.data());
 
   // transformer_xl.mesh:38:18 cast -> distance
   support::View v12 = persistent_.view(832, 128);
-  {
-    float *__restrict v12p = v12.data();
-    const float *__restrict v11p = v11.data();
-    for (int64_t i0 = 0; i0 < 128; ++i0) {
-      const float s0 = v11p[i0];
-      const float s1 = s0;
-      v12p[i0] = s1;
-    }
-  }
+  loop2(v12.data(), v11.data());
 
   // transformer_xl.mesh:40:30 cast
   support::View v14 = persistent_.view(1344, 16);
-  {
-    float *__restrict v14p = v14.data();
-    const float *__restrict v10p = v10.data();
-    for (int64_t i0 = 0; i0 < 16; ++i0) {
-      const float s0 = v10p[i0];
-      const float s1 = s0;
-      v14p[i0] = s1;
-    }
-  }
+  loop3(v14.data(), v10.data());
 
   // transformer_xl.mesh:40:52 mul
   support::View v16 = persistent_.view(1472, 16);
-  {
-    float *__restrict v16p = v16.data();
-    const float *__restrict v14p = v14.data();
-    for (int64_t i0 = 0; i0 < 16; ++i0) {
-      const float s0 = v14p[i0];
-      const float s1 = -0.5756463f;
-      const float s2 = (s0 * s1);
-      v16p[i0] = s2;
-    }
-  }
+  loop4(v16.data(), v14.data());
 
   // transformer_xl.mesh:40:26 exp
   support::View v17 = persistent_.view(1536, 16);
-  {
-    float *__restrict v17p = v17.data();
-    const float *__restrict v16p = v16.data();
-    for (int64_t i0 = 0; i0 < 16; ++i0) {
-      const float s0 = v16p[i0];
-      const float s1 = support::fexp(s0);
-      v17p[i0] = s1;
-    }
-  }
+  loop5(v17.data(), v16.data());
 
   // transformer_xl.mesh:40:24 mul -> angle
   support::View v18 = persistent_.view(1600, 2048);
-  {
-    float *__restrict v18p = v18.data();
-    const float *__restrict v12p = v12.data();
-    const float *__restrict v17p = v17.data();
-    for (int64_t i0 = 0; i0 < 128; ++i0) {
-      for (int64_t i1 = 0; i1 < 16; ++i1) {
-        const float s0 = v12p[i0];
-        const float s1 = v17p[i1];
-        const float s2 = (s0 * s1);
-        v18p[i0 * 16 + i1] = s2;
-      }
-    }
-  }
+  loop6(v18.data(), v12.data(), v17.data());
 
   // transformer_xl.mesh:41:17 sin
   support::View v19 = persistent_.view(9792, 2048);
-  {
-    float *__restrict v19p = v19.data();
-    const float *__restrict v18p = v18.data();
-    for (int64_t i0 = 0; i0 < 2048; ++i0) {
-      const float s0 = v18p[i0];
-      const float s1 = support::fsin(s0);
-      v19p[i0] = s1;
-    }
-  }
+  loop7(v19.data(), v18.data());
 
   // transformer_xl.mesh:41:29 cos
   support::View v20 = persistent_.view(17984, 2048);
-  {
-    float *__restrict v20p = v20.data();
-    const float *__restrict v18p = v18.data();
-    for (int64_t i0 = 0; i0 < 2048; ++i0) {
-      const float s0 = v18p[i0];
-      const float s1 = support::fcos(s0);
-      v20p[i0] = s1;
-    }
-  }
+  loop8(v20.data(), v18.data());
 
   // transformer_xl.mesh:63:45 le
   // transformer_xl.mesh:63:45 le
   support::View v50 = persistent_.view(26240, 128);
-  {
-    float *__restrict v50p = v50.data();
-    const float *__restrict v10p = v10.data();
-    const float *__restrict v9p = v9.data();
-    for (int64_t i0 = 0; i0 < 16; ++i0) {
-      for (int64_t i1 = 0; i1 < 8; ++i1) {
-        const float s0 = v10p[i0];
-        const float s1 = v9p[i1];
-        const float s2 = (s0 <= s1 ? 1.0f : 0.0f);
-        v50p[i0 * 8 + i1] = s2;
-      }
-    }
-  }
+  loop9(v50.data(), v10.data(), v9.data());
 }
 
 XlTrain::Outputs XlTrain::run(const Inputs &inputs) {
@@ -544,58 +1137,35 @@ void XlTrain::runPart0(const Inputs &inputs) {
   MESHRT_TRACE("shift", "transformer_xl.mesh:97:17", "forward");
   const support::Buffer &v0 = inputs.tokens.data;
   support::View v1 = arena_.view(98304, 16);
-  static const support::Shape shape0_2 = {2, 8};
-  support::shift(v1, v0, shape0_2, 1, -1, nullptr);
+  support::shift(v1, v0, kShape3, 1, -1, nullptr);
 
   // transformer_xl.mesh:98:36 ge
   // transformer_xl.mesh:98:24 cast
   MESHRT_TRACE("loop", "transformer_xl.mesh:98:36", "forward");
   support::View v4 = arena_.view(0, 16);
-  {
-    float *__restrict v4p = v4.data();
-    const float *__restrict v0p = v0.data();
-    for (int64_t i0 = 0; i0 < 16; ++i0) {
-      const float s0 = v0p[i0];
-      const float s1 = support::wrapI32(0.0);
-      const float s2 = (s0 >= s1 ? 1.0f : 0.0f);
-      const float s3 = s2;
-      v4p[i0] = s3;
-    }
-  }
+  loop10(v4.data(), v0.data());
 
   // transformer_xl.mesh:98:18 shift -> has_next
   MESHRT_TRACE("shift", "transformer_xl.mesh:98:18", "forward");
   support::View v5 = arena_.view(98368, 16);
-  static const support::Shape shape2_2 = {2, 8};
-  support::shift(v5, v4, shape2_2, 1, -1, nullptr);
+  support::shift(v5, v4, kShape3, 1, -1, nullptr);
 
   // transformer_xl.mesh:41:10 concat -> sinusoids
   MESHRT_TRACE("concat", "transformer_xl.mesh:41:10", "forward");
   support::View v19 = persistent_.view(9792, 2048);
   support::View v21 = arena_.slot(0, 4096);
-  static const support::Shape shape3_2 = {8, 16};
-  static const support::Shape shape3_3 = {512, 32};
-  static const support::Shape shape3_4 = {256, 16};
-  support::copyWindow(v21.data(), v19.data(), shape3_2, shape3_3, shape3_4, 1, 1, 32, 16,
-                      int64_t(0));
+  support::copyWindow(v21.data(), v19.data(), kShape4, kShape5, kShape6, 1, 1, 32, 16, int64_t(0));
 
   // transformer_xl.mesh:41:10 concat -> sinusoids
   MESHRT_TRACE("concat", "transformer_xl.mesh:41:10", "forward");
   support::View v20 = persistent_.view(17984, 2048);
-  static const support::Shape shape4_2 = {8, 16};
-  static const support::Shape shape4_3 = {512, 32};
-  static const support::Shape shape4_4 = {256, 16};
-  support::copyWindow(v21.data(), v20.data(), shape4_2, shape4_3, shape4_4, 1, 1, 32, 16,
-                      int64_t(16));
+  support::copyWindow(v21.data(), v20.data(), kShape4, kShape5, kShape6, 1, 1, 32, 16, int64_t(16));
 
   // transformer_xl.mesh:87:11 einsum -> x
   MESHRT_TRACE("einsum", "transformer_xl.mesh:87:11", "forward");
   support::View v6(param0_decoder_embedding); // updated in place
   support::View v23 = arena_.view(57344, 512);
-  static const support::Shape shape5_1 = {2, 8, 32};
-  static const support::Shape shape5_3 = {0, 0, 1};
-  static const support::Shape shape5_5 = {8, 1, 0};
-  support::gather(v23.data(), shape5_1, v6.data(), shape5_3, v0.data(), shape5_5, 32, 32,
+  support::gather(v23.data(), kShape7, v6.data(), kShape8, v0.data(), kShape9, 32, 32,
                   support::shardStart(world_, {"model"}, 32));
 
   // transformer_xl.mesh:79:17 all_reduce_sum -> x (resolve the partial sum of x over model for
@@ -695,79 +1265,40 @@ void XlTrain::runPart0(const Inputs &inputs) {
   MESHRT_TRACE("gemm", "transformer_xl.mesh:91:10", "forward");
   support::View v123 = arena_.view(40960, 512);
   // dims: batch, segment, d_model, vocab
-  static const meshrt::kernels::EinsumPlan einsumPlan9(
-      {{2, 8, 32, 32}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan9.run(v122.data(), v6.data(), v123.data(), 1.0f, 0.0f);
+  kEinsum0.plan().run(v122.data(), v6.data(), v123.data(), 1.0f, 0.0f);
 
   // transformer_xl.mesh:99:14 log_softmax -> logp
   MESHRT_TRACE("log_softmax", "transformer_xl.mesh:99:14", "forward");
   support::View v124 = arena_.view(43008, 512);
-  static const support::Shape shape10_2 = {2, 8};
-  static const support::Shape shape10_3 = {256, 32};
-  static const support::Shape shape10_4 = {256, 32};
-  static const support::Shape shape10_5 = {32};
-  static const support::Shape shape10_6 = {1};
-  static const support::Shape shape10_7 = {1};
-  support::along(v124.data(), v123.data(), shape10_2, shape10_3, shape10_4, shape10_5, shape10_6,
-                 shape10_7, support::Along::LogSoftmax, 1e-05, 64, &group_model);
+  support::along(v124.data(), v123.data(), kShape3, kShape10, kShape10, kShape11, kShape1, kShape1,
+                 support::Along::LogSoftmax, 1e-05, 64, &group_model);
 
   // transformer_xl.mesh:100:30 one_hot
   MESHRT_TRACE("one_hot", "transformer_xl.mesh:100:30", "forward");
   support::View v125 = arena_.view(40960, 512);
-  static const support::Shape shape11_1 = {2, 8, 32};
-  static const support::Shape shape11_3 = {8, 1, 0};
-  static const support::Shape shape11_4 = {0, 0, 1};
-  support::oneHot(v125.data(), shape11_1, v1.data(), shape11_3, shape11_4,
+  support::oneHot(v125.data(), kShape7, v1.data(), kShape9, kShape8,
                   support::shardStart(world_, {"model"}, 32));
 
   // transformer_xl.mesh:100:28 mul
   MESHRT_TRACE("loop", "transformer_xl.mesh:100:28", "forward");
   support::View v126 = arena_.view(96256, 512);
-  {
-    float *__restrict v126p = v126.data();
-    const float *__restrict v124p = v124.data();
-    const float *__restrict v125p = v125.data();
-    for (int64_t i0 = 0; i0 < 512; ++i0) {
-      const float s0 = v124p[i0];
-      const float s1 = v125p[i0];
-      const float s2 = (s0 * s1);
-      v126p[i0] = s2;
-    }
-  }
+  loop11(v126.data(), v124.data(), v125.data());
 
   // transformer_xl.mesh:100:19 sum
   MESHRT_TRACE("sum", "transformer_xl.mesh:100:19", "forward");
   support::View v127 = arena_.view(98432, 16);
-  static const support::Shape shape13_1 = {2, 8};
-  static const support::Shape shape13_3 = {256, 32};
-  static const support::Shape shape13_4 = {32};
-  static const support::Shape shape13_5 = {1};
-  support::reduce(v127.data(), shape13_1, v126.data(), shape13_3, shape13_4, shape13_5,
+  support::reduce(v127.data(), kShape3, v126.data(), kShape10, kShape11, kShape1,
                   support::Reduce::Sum, 1.0);
 
   // transformer_xl.mesh:100:62 mul
   MESHRT_TRACE("loop", "transformer_xl.mesh:100:62", "forward");
   support::View v128 = arena_.view(96256, 16);
-  {
-    float *__restrict v128p = v128.data();
-    const float *__restrict v127p = v127.data();
-    const float *__restrict v5p = v5.data();
-    for (int64_t i0 = 0; i0 < 16; ++i0) {
-      const float s0 = v127p[i0];
-      const float s1 = v5p[i0];
-      const float s2 = (s0 * s1);
-      v128p[i0] = s2;
-    }
-  }
+  loop12(v128.data(), v127.data(), v5.data());
 
   // transformer_xl.mesh:100:15 sum
   MESHRT_TRACE("sum", "transformer_xl.mesh:100:15", "forward");
   support::View v129 = arena_.view(96320, 1);
-  static const support::Shape shape15_1 = {};
-  static const support::Shape shape15_3 = {};
-  static const support::Shape shape15_4 = {2, 8};
-  static const support::Shape shape15_5 = {8, 1};
-  support::reduce(v129.data(), shape15_1, v128.data(), shape15_3, shape15_4, shape15_5,
+  support::reduce(v129.data(), kShape12, v128.data(), kShape12, kShape3, kShape13,
                   support::Reduce::Sum, 1.0);
 
   // transformer_xl.mesh:100:14 neg
@@ -784,18 +1315,13 @@ void XlTrain::runPart0(const Inputs &inputs) {
   // transformer_xl.mesh:100:76 local_slice -> has_next (reshard has_next for sum at 100:76)
   MESHRT_TRACE("local_slice", "transformer_xl.mesh:100:76", "forward");
   support::View v131 = arena_.view(96256, 8);
-  static const support::Shape shape17_2 = {2, 8};
-  support::sliceDim(v131, v5, shape17_2, 1, support::blockIndex(world_, {"model"}), 2);
+  support::sliceDim(v131, v5, kShape3, 1, support::blockIndex(world_, {"model"}), 2);
 
   // transformer_xl.mesh:100:76 sum ('segment' sliced over model: partial over data, model as its
   // partner)
   MESHRT_TRACE("sum", "transformer_xl.mesh:100:76", "forward");
   support::View v132 = arena_.view(98432, 1);
-  static const support::Shape shape18_1 = {};
-  static const support::Shape shape18_3 = {};
-  static const support::Shape shape18_4 = {2, 4};
-  static const support::Shape shape18_5 = {4, 1};
-  support::reduce(v132.data(), shape18_1, v131.data(), shape18_3, shape18_4, shape18_5,
+  support::reduce(v132.data(), kShape12, v131.data(), kShape12, kShape14, kShape15,
                   support::Reduce::Sum, 1.0);
 
   // transformer_xl.mesh:100:74 bucketed_all_reduce_sum (2 partial sums (%125, %126) over data,
@@ -832,51 +1358,13 @@ void XlTrain::runPart0(const Inputs &inputs) {
   // transformer_xl.mesh:99:14 sub
   MESHRT_TRACE("loop", "transformer_xl.mesh:100:74", "backward");
   support::View v152 = arena_.view(96256, 512);
-  {
-    float *__restrict v152p = v152.data();
-    const float *__restrict v132p = v132.data();
-    const float *__restrict v5p = v5.data();
-    const float *__restrict v1p = v1.data();
-    const float *__restrict v124p = v124.data();
-    const float *__restrict v125p = v125.data();
-    const float r0 = v132p[0];
-    for (int64_t i0 = 0; i0 < 16; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = 1.0f;
-        const float s1 = r0;
-        const float s2 = (s0 / s1);
-        const float s3 = -s2;
-        const float s4 = s3;
-        const float s5 = v5p[i0];
-        const float s6 = (s4 * s5);
-        const float s7 = v1p[i0];
-        const float s8 = support::wrapI32(64.0);
-        const float s9 = (s7 < s8 ? 1.0f : 0.0f);
-        const float s10 = v1p[i0];
-        const float s11 = support::wrapI32(0.0);
-        const float s12 = (s10 >= s11 ? 1.0f : 0.0f);
-        const float s13 = support::wrapI32(double((double(s12) * double(s9))));
-        const float s14 = s13;
-        const float s15 = (s6 * s14);
-        const float s16 = v124p[i0 * 32 + i1];
-        const float s17 = support::fexp(s16);
-        const float s18 = (s17 * s15);
-        const float s19 = s6;
-        const float s20 = v125p[i0 * 32 + i1];
-        const float s21 = (s19 * s20);
-        const float s22 = (s21 - s18);
-        v152p[i0 * 32 + i1] = s22;
-      }
-    }
-  }
+  loop13(v152.data(), v132.data(), v5.data(), v1.data(), v124.data(), v125.data());
 
   // transformer_xl.mesh:91:10 einsum
   MESHRT_TRACE("gemm", "transformer_xl.mesh:91:10", "backward");
   support::View v153 = arena_.view(98304, 512);
   // dims: batch, segment, vocab, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan22(
-      {{2, 8, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan22.run(v152.data(), v6.data(), v153.data(), 1.0f, 0.0f);
+  kEinsum1.plan().run(v152.data(), v6.data(), v153.data(), 1.0f, 0.0f);
 
   // transformer_xl.mesh:32:40 all_reduce_sum (resolve the partial sum of %145 over model for sum at
   // 32:40)
@@ -887,9 +1375,7 @@ void XlTrain::runPart0(const Inputs &inputs) {
   MESHRT_TRACE("gemm", "transformer_xl.mesh:91:10", "backward");
   support::View v154 = arena_.view(40960, 1024);
   // dims: batch, segment, vocab, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan24(
-      {{2, 8, 32, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{2, 3}, {}}});
-  einsumPlan24.run(v152.data(), v122.data(), v154.data(), 1.0f, 0.0f);
+  kEinsum2.plan().run(v152.data(), v122.data(), v154.data(), 1.0f, 0.0f);
 
   MESHRT_TRACE_SITE("transformer_xl.mesh:32:40");
   group_model.wait(request0);
@@ -1082,30 +1568,14 @@ void XlTrain::runPart1(const Inputs &inputs) {
   MESHRT_TRACE("einsum", "transformer_xl.mesh:87:11", "backward");
   const support::Buffer &v0 = inputs.tokens.data;
   support::View v300 = arena_.view(0, 1024);
-  static const support::Shape shape2_1 = {32, 32};
-  static const support::Shape shape2_3 = {0, 1};
-  static const support::Shape shape2_5 = {0, 0};
-  static const support::Shape shape2_6 = {2, 8};
-  static const support::Shape shape2_7 = {256, 32};
-  static const support::Shape shape2_8 = {8, 1};
-  support::scatterAdd(v300.data(), shape2_1, v299.data(), shape2_3, v0.data(), shape2_5, shape2_6,
-                      shape2_7, shape2_8, 0, support::shardStart(world_, {"model"}, 32));
+  support::scatterAdd(v300.data(), kShape16, v299.data(), kShape17, v0.data(), kShape18, kShape3,
+                      kShape10, kShape13, 0, support::shardStart(world_, {"model"}, 32));
 
   // transformer_xl.mesh:87:11 add -> grad/decoder/embedding
   MESHRT_TRACE("loop", "transformer_xl.mesh:87:11", "backward");
   support::View v154 = arena_.view(40960, 1024);
   support::View v301 = arena_.view(4096, 1024);
-  {
-    float *__restrict v301p = v301.data();
-    const float *__restrict v154p = v154.data();
-    const float *__restrict v300p = v300.data();
-    for (int64_t i0 = 0; i0 < 1024; ++i0) {
-      const float s0 = v154p[i0];
-      const float s1 = v300p[i0];
-      const float s2 = (s0 + s1);
-      v301p[i0] = s2;
-    }
-  }
+  loop14(v301.data(), v154.data(), v300.data());
 
   // transformer_xl.mesh:101:3 bucketed_all_reduce_sum -> grad/decoder/xl_layer[1]/norm#1/bias (27
   // partial sums (grad/decoder/xl_layer[1]/norm#1/bias, grad/decoder/xl_layer[1]/norm#1/gain,
@@ -1119,24 +1589,12 @@ void XlTrain::runPart1(const Inputs &inputs) {
   // transformer_xl.mesh:101:3 square
   MESHRT_TRACE("loop", "transformer_xl.mesh:101:3", "backward");
   support::View v326 = arena_.view(0, 1024);
-  {
-    float *__restrict v326p = v326.data();
-    const float *__restrict v301p = v301.data();
-    for (int64_t i0 = 0; i0 < 1024; ++i0) {
-      const float s0 = v301p[i0];
-      const float s1 = s0 * s0;
-      v326p[i0] = s1;
-    }
-  }
+  loop15(v326.data(), v301.data());
 
   // transformer_xl.mesh:101:3 sum
   MESHRT_TRACE("sum", "transformer_xl.mesh:101:3", "backward");
   support::View v327 = arena_.view(10240, 1);
-  static const support::Shape shape6_1 = {};
-  static const support::Shape shape6_3 = {};
-  static const support::Shape shape6_4 = {32, 32};
-  static const support::Shape shape6_5 = {32, 1};
-  support::reduce(v327.data(), shape6_1, v326.data(), shape6_3, shape6_4, shape6_5,
+  support::reduce(v327.data(), kShape12, v326.data(), kShape12, kShape16, kShape19,
                   support::Reduce::Sum, 1.0);
 
   // 30 statements from transformer_xl.mesh:101:3 square (1 of 2)
@@ -1435,57 +1893,8 @@ void XlTrain::runPart1(const Inputs &inputs) {
   support::View v6(param0_decoder_embedding);      // updated in place
   support::View v472(param29_decoder_embedding_m); // updated in place
   support::View v473(param30_decoder_embedding_v); // updated in place
-  {
-    float *__restrict v472p = v472.data();
-    float *__restrict v473p = v473.data();
-    float *__restrict v6p = v6.data();
-    const float *__restrict v301p = v301.data();
-    const float *__restrict v444p = v444.data();
-    const float *__restrict v486p = v486.data();
-    const float *__restrict v488p = v488.data();
-    const float *__restrict v324p = v324.data();
-    const float r2 = v444p[0];
-    const float r5 = v486p[0];
-    const float r6 = v488p[0];
-    const float r7 = v324p[0];
-    for (int64_t i0 = 0; i0 < 1024; ++i0) {
-      const float s0 = v6p[i0];
-      const float s1 = 0.01f;
-      const float s2 = (s0 * s1);
-      const float s3 = v301p[i0];
-      const float s4 = r2;
-      const float s5 = (s3 * s4);
-      const float s6 = 0.100000024f;
-      const float s7 = (s5 * s6);
-      const float s8 = v472p[i0];
-      const float s9 = 0.9f;
-      const float s10 = (s8 * s9);
-      const float s11 = (s10 + s7);
-      const float s12 = s5 * s5;
-      const float s13 = 0.0009999871f;
-      const float s14 = (s12 * s13);
-      const float s15 = v473p[i0];
-      const float s16 = 0.999f;
-      const float s17 = (s15 * s16);
-      const float s18 = (s17 + s14);
-      const float s19 = r5;
-      const float s20 = (s11 / s19);
-      const float s21 = r6;
-      const float s22 = (s18 / s21);
-      const float s23 = support::fsqrt(s22);
-      const float s24 = 1e-08f;
-      const float s25 = (s23 + s24);
-      const float s26 = (s20 / s25);
-      const float s27 = (s26 + s2);
-      const float s28 = r7;
-      const float s29 = (s27 * s28);
-      const float s30 = v6p[i0];
-      const float s31 = (s30 - s29);
-      v472p[i0] = s11;
-      v473p[i0] = s18;
-      v6p[i0] = s31;
-    }
-  }
+  loop16(v472.data(), v473.data(), v6.data(), v301.data(), v444.data(), v486.data(), v488.data(),
+         v324.data());
 
   // 13 statements from transformer_xl.mesh:101:3 mul (1 of 2)
   MESHRT_TRACE_SITE("transformer_xl.mesh:101:3");
@@ -1608,57 +2017,7 @@ void XlTrain::repeated0(
   // transformer_xl.mesh:101:3 mul
   // transformer_xl.mesh:101:3 sub -> next/decoder/xl_layer[0]/relative_attention/q
   MESHRT_TRACE("loop", "transformer_xl.mesh:101:3", "update");
-  {
-    float *__restrict a3p = a3.data();
-    float *__restrict a4p = a4.data();
-    float *__restrict a0p = a0.data();
-    const float *__restrict a1p = a1.data();
-    const float *__restrict a2p = a2.data();
-    const float *__restrict a5p = a5.data();
-    const float *__restrict a6p = a6.data();
-    const float *__restrict a7p = a7.data();
-    const float r2 = a2p[0];
-    const float r5 = a5p[0];
-    const float r6 = a6p[0];
-    const float r7 = a7p[0];
-    for (int64_t i0 = 0; i0 < 512; ++i0) {
-      const float s0 = a0p[i0];
-      const float s1 = 0.01f;
-      const float s2 = (s0 * s1);
-      const float s3 = a1p[i0];
-      const float s4 = r2;
-      const float s5 = (s3 * s4);
-      const float s6 = 0.100000024f;
-      const float s7 = (s5 * s6);
-      const float s8 = a3p[i0];
-      const float s9 = 0.9f;
-      const float s10 = (s8 * s9);
-      const float s11 = (s10 + s7);
-      const float s12 = s5 * s5;
-      const float s13 = 0.0009999871f;
-      const float s14 = (s12 * s13);
-      const float s15 = a4p[i0];
-      const float s16 = 0.999f;
-      const float s17 = (s15 * s16);
-      const float s18 = (s17 + s14);
-      const float s19 = r5;
-      const float s20 = (s11 / s19);
-      const float s21 = r6;
-      const float s22 = (s18 / s21);
-      const float s23 = support::fsqrt(s22);
-      const float s24 = 1e-08f;
-      const float s25 = (s23 + s24);
-      const float s26 = (s20 / s25);
-      const float s27 = (s26 + s2);
-      const float s28 = r7;
-      const float s29 = (s27 * s28);
-      const float s30 = a0p[i0];
-      const float s31 = (s30 - s29);
-      a3p[i0] = s11;
-      a4p[i0] = s18;
-      a0p[i0] = s31;
-    }
-  }
+  loop17(a3.data(), a4.data(), a0.data(), a1.data(), a2.data(), a5.data(), a6.data(), a7.data());
 
   // transformer_xl.mesh:101:3 mul
   // transformer_xl.mesh:101:3 mul
@@ -1678,57 +2037,7 @@ void XlTrain::repeated0(
   // transformer_xl.mesh:101:3 mul
   // transformer_xl.mesh:101:3 sub -> next/decoder/xl_layer[0]/relative_attention/k
   MESHRT_TRACE("loop", "transformer_xl.mesh:101:3", "update");
-  {
-    float *__restrict a10p = a10.data();
-    float *__restrict a11p = a11.data();
-    float *__restrict a8p = a8.data();
-    const float *__restrict a9p = a9.data();
-    const float *__restrict a2p = a2.data();
-    const float *__restrict a5p = a5.data();
-    const float *__restrict a6p = a6.data();
-    const float *__restrict a7p = a7.data();
-    const float r2 = a2p[0];
-    const float r5 = a5p[0];
-    const float r6 = a6p[0];
-    const float r7 = a7p[0];
-    for (int64_t i0 = 0; i0 < 512; ++i0) {
-      const float s0 = a8p[i0];
-      const float s1 = 0.01f;
-      const float s2 = (s0 * s1);
-      const float s3 = a9p[i0];
-      const float s4 = r2;
-      const float s5 = (s3 * s4);
-      const float s6 = 0.100000024f;
-      const float s7 = (s5 * s6);
-      const float s8 = a10p[i0];
-      const float s9 = 0.9f;
-      const float s10 = (s8 * s9);
-      const float s11 = (s10 + s7);
-      const float s12 = s5 * s5;
-      const float s13 = 0.0009999871f;
-      const float s14 = (s12 * s13);
-      const float s15 = a11p[i0];
-      const float s16 = 0.999f;
-      const float s17 = (s15 * s16);
-      const float s18 = (s17 + s14);
-      const float s19 = r5;
-      const float s20 = (s11 / s19);
-      const float s21 = r6;
-      const float s22 = (s18 / s21);
-      const float s23 = support::fsqrt(s22);
-      const float s24 = 1e-08f;
-      const float s25 = (s23 + s24);
-      const float s26 = (s20 / s25);
-      const float s27 = (s26 + s2);
-      const float s28 = r7;
-      const float s29 = (s27 * s28);
-      const float s30 = a8p[i0];
-      const float s31 = (s30 - s29);
-      a10p[i0] = s11;
-      a11p[i0] = s18;
-      a8p[i0] = s31;
-    }
-  }
+  loop17(a10.data(), a11.data(), a8.data(), a9.data(), a2.data(), a5.data(), a6.data(), a7.data());
 
   // transformer_xl.mesh:101:3 mul
   // transformer_xl.mesh:101:3 mul
@@ -1748,57 +2057,8 @@ void XlTrain::repeated0(
   // transformer_xl.mesh:101:3 mul
   // transformer_xl.mesh:101:3 sub -> next/decoder/xl_layer[0]/relative_attention/v
   MESHRT_TRACE("loop", "transformer_xl.mesh:101:3", "update");
-  {
-    float *__restrict a14p = a14.data();
-    float *__restrict a15p = a15.data();
-    float *__restrict a12p = a12.data();
-    const float *__restrict a13p = a13.data();
-    const float *__restrict a2p = a2.data();
-    const float *__restrict a5p = a5.data();
-    const float *__restrict a6p = a6.data();
-    const float *__restrict a7p = a7.data();
-    const float r2 = a2p[0];
-    const float r5 = a5p[0];
-    const float r6 = a6p[0];
-    const float r7 = a7p[0];
-    for (int64_t i0 = 0; i0 < 512; ++i0) {
-      const float s0 = a12p[i0];
-      const float s1 = 0.01f;
-      const float s2 = (s0 * s1);
-      const float s3 = a13p[i0];
-      const float s4 = r2;
-      const float s5 = (s3 * s4);
-      const float s6 = 0.100000024f;
-      const float s7 = (s5 * s6);
-      const float s8 = a14p[i0];
-      const float s9 = 0.9f;
-      const float s10 = (s8 * s9);
-      const float s11 = (s10 + s7);
-      const float s12 = s5 * s5;
-      const float s13 = 0.0009999871f;
-      const float s14 = (s12 * s13);
-      const float s15 = a15p[i0];
-      const float s16 = 0.999f;
-      const float s17 = (s15 * s16);
-      const float s18 = (s17 + s14);
-      const float s19 = r5;
-      const float s20 = (s11 / s19);
-      const float s21 = r6;
-      const float s22 = (s18 / s21);
-      const float s23 = support::fsqrt(s22);
-      const float s24 = 1e-08f;
-      const float s25 = (s23 + s24);
-      const float s26 = (s20 / s25);
-      const float s27 = (s26 + s2);
-      const float s28 = r7;
-      const float s29 = (s27 * s28);
-      const float s30 = a12p[i0];
-      const float s31 = (s30 - s29);
-      a14p[i0] = s11;
-      a15p[i0] = s18;
-      a12p[i0] = s31;
-    }
-  }
+  loop17(a14.data(), a15.data(), a12.data(), a13.data(), a2.data(), a5.data(), a6.data(),
+         a7.data());
 
   // transformer_xl.mesh:101:3 mul
   // transformer_xl.mesh:101:3 mul
@@ -1818,57 +2078,8 @@ void XlTrain::repeated0(
   // transformer_xl.mesh:101:3 mul
   // transformer_xl.mesh:101:3 sub -> next/decoder/xl_layer[0]/relative_attention/r
   MESHRT_TRACE("loop", "transformer_xl.mesh:101:3", "update");
-  {
-    float *__restrict a18p = a18.data();
-    float *__restrict a19p = a19.data();
-    float *__restrict a16p = a16.data();
-    const float *__restrict a17p = a17.data();
-    const float *__restrict a2p = a2.data();
-    const float *__restrict a5p = a5.data();
-    const float *__restrict a6p = a6.data();
-    const float *__restrict a7p = a7.data();
-    const float r2 = a2p[0];
-    const float r5 = a5p[0];
-    const float r6 = a6p[0];
-    const float r7 = a7p[0];
-    for (int64_t i0 = 0; i0 < 512; ++i0) {
-      const float s0 = a16p[i0];
-      const float s1 = 0.01f;
-      const float s2 = (s0 * s1);
-      const float s3 = a17p[i0];
-      const float s4 = r2;
-      const float s5 = (s3 * s4);
-      const float s6 = 0.100000024f;
-      const float s7 = (s5 * s6);
-      const float s8 = a18p[i0];
-      const float s9 = 0.9f;
-      const float s10 = (s8 * s9);
-      const float s11 = (s10 + s7);
-      const float s12 = s5 * s5;
-      const float s13 = 0.0009999871f;
-      const float s14 = (s12 * s13);
-      const float s15 = a19p[i0];
-      const float s16 = 0.999f;
-      const float s17 = (s15 * s16);
-      const float s18 = (s17 + s14);
-      const float s19 = r5;
-      const float s20 = (s11 / s19);
-      const float s21 = r6;
-      const float s22 = (s18 / s21);
-      const float s23 = support::fsqrt(s22);
-      const float s24 = 1e-08f;
-      const float s25 = (s23 + s24);
-      const float s26 = (s20 / s25);
-      const float s27 = (s26 + s2);
-      const float s28 = r7;
-      const float s29 = (s27 * s28);
-      const float s30 = a16p[i0];
-      const float s31 = (s30 - s29);
-      a18p[i0] = s11;
-      a19p[i0] = s18;
-      a16p[i0] = s31;
-    }
-  }
+  loop17(a18.data(), a19.data(), a16.data(), a17.data(), a2.data(), a5.data(), a6.data(),
+         a7.data());
 
   // transformer_xl.mesh:101:3 mul
   // transformer_xl.mesh:101:3 mul
@@ -1888,57 +2099,8 @@ void XlTrain::repeated0(
   // transformer_xl.mesh:101:3 mul
   // transformer_xl.mesh:101:3 sub -> next/decoder/xl_layer[0]/relative_attention/o
   MESHRT_TRACE("loop", "transformer_xl.mesh:101:3", "update");
-  {
-    float *__restrict a22p = a22.data();
-    float *__restrict a23p = a23.data();
-    float *__restrict a20p = a20.data();
-    const float *__restrict a21p = a21.data();
-    const float *__restrict a2p = a2.data();
-    const float *__restrict a5p = a5.data();
-    const float *__restrict a6p = a6.data();
-    const float *__restrict a7p = a7.data();
-    const float r2 = a2p[0];
-    const float r5 = a5p[0];
-    const float r6 = a6p[0];
-    const float r7 = a7p[0];
-    for (int64_t i0 = 0; i0 < 512; ++i0) {
-      const float s0 = a20p[i0];
-      const float s1 = 0.01f;
-      const float s2 = (s0 * s1);
-      const float s3 = a21p[i0];
-      const float s4 = r2;
-      const float s5 = (s3 * s4);
-      const float s6 = 0.100000024f;
-      const float s7 = (s5 * s6);
-      const float s8 = a22p[i0];
-      const float s9 = 0.9f;
-      const float s10 = (s8 * s9);
-      const float s11 = (s10 + s7);
-      const float s12 = s5 * s5;
-      const float s13 = 0.0009999871f;
-      const float s14 = (s12 * s13);
-      const float s15 = a23p[i0];
-      const float s16 = 0.999f;
-      const float s17 = (s15 * s16);
-      const float s18 = (s17 + s14);
-      const float s19 = r5;
-      const float s20 = (s11 / s19);
-      const float s21 = r6;
-      const float s22 = (s18 / s21);
-      const float s23 = support::fsqrt(s22);
-      const float s24 = 1e-08f;
-      const float s25 = (s23 + s24);
-      const float s26 = (s20 / s25);
-      const float s27 = (s26 + s2);
-      const float s28 = r7;
-      const float s29 = (s27 * s28);
-      const float s30 = a20p[i0];
-      const float s31 = (s30 - s29);
-      a22p[i0] = s11;
-      a23p[i0] = s18;
-      a20p[i0] = s31;
-    }
-  }
+  loop17(a22.data(), a23.data(), a20.data(), a21.data(), a2.data(), a5.data(), a6.data(),
+         a7.data());
 
   // transformer_xl.mesh:101:3 mul
   // transformer_xl.mesh:101:3 mul
@@ -1958,57 +2120,8 @@ void XlTrain::repeated0(
   // transformer_xl.mesh:101:3 mul
   // transformer_xl.mesh:101:3 sub -> next/decoder/xl_layer[0]/relative_attention/content_bias
   MESHRT_TRACE("loop", "transformer_xl.mesh:101:3", "update");
-  {
-    float *__restrict a26p = a26.data();
-    float *__restrict a27p = a27.data();
-    float *__restrict a24p = a24.data();
-    const float *__restrict a25p = a25.data();
-    const float *__restrict a2p = a2.data();
-    const float *__restrict a5p = a5.data();
-    const float *__restrict a6p = a6.data();
-    const float *__restrict a7p = a7.data();
-    const float r2 = a2p[0];
-    const float r5 = a5p[0];
-    const float r6 = a6p[0];
-    const float r7 = a7p[0];
-    for (int64_t i0 = 0; i0 < 16; ++i0) {
-      const float s0 = a24p[i0];
-      const float s1 = 0.01f;
-      const float s2 = (s0 * s1);
-      const float s3 = a25p[i0];
-      const float s4 = r2;
-      const float s5 = (s3 * s4);
-      const float s6 = 0.100000024f;
-      const float s7 = (s5 * s6);
-      const float s8 = a26p[i0];
-      const float s9 = 0.9f;
-      const float s10 = (s8 * s9);
-      const float s11 = (s10 + s7);
-      const float s12 = s5 * s5;
-      const float s13 = 0.0009999871f;
-      const float s14 = (s12 * s13);
-      const float s15 = a27p[i0];
-      const float s16 = 0.999f;
-      const float s17 = (s15 * s16);
-      const float s18 = (s17 + s14);
-      const float s19 = r5;
-      const float s20 = (s11 / s19);
-      const float s21 = r6;
-      const float s22 = (s18 / s21);
-      const float s23 = support::fsqrt(s22);
-      const float s24 = 1e-08f;
-      const float s25 = (s23 + s24);
-      const float s26 = (s20 / s25);
-      const float s27 = (s26 + s2);
-      const float s28 = r7;
-      const float s29 = (s27 * s28);
-      const float s30 = a24p[i0];
-      const float s31 = (s30 - s29);
-      a26p[i0] = s11;
-      a27p[i0] = s18;
-      a24p[i0] = s31;
-    }
-  }
+  loop18(a26.data(), a27.data(), a24.data(), a25.data(), a2.data(), a5.data(), a6.data(),
+         a7.data());
 
   // transformer_xl.mesh:101:3 mul
   // transformer_xl.mesh:101:3 mul
@@ -2028,57 +2141,8 @@ void XlTrain::repeated0(
   // transformer_xl.mesh:101:3 mul
   // transformer_xl.mesh:101:3 sub -> next/decoder/xl_layer[0]/relative_attention/position_bias
   MESHRT_TRACE("loop", "transformer_xl.mesh:101:3", "update");
-  {
-    float *__restrict a30p = a30.data();
-    float *__restrict a31p = a31.data();
-    float *__restrict a28p = a28.data();
-    const float *__restrict a29p = a29.data();
-    const float *__restrict a2p = a2.data();
-    const float *__restrict a5p = a5.data();
-    const float *__restrict a6p = a6.data();
-    const float *__restrict a7p = a7.data();
-    const float r2 = a2p[0];
-    const float r5 = a5p[0];
-    const float r6 = a6p[0];
-    const float r7 = a7p[0];
-    for (int64_t i0 = 0; i0 < 16; ++i0) {
-      const float s0 = a28p[i0];
-      const float s1 = 0.01f;
-      const float s2 = (s0 * s1);
-      const float s3 = a29p[i0];
-      const float s4 = r2;
-      const float s5 = (s3 * s4);
-      const float s6 = 0.100000024f;
-      const float s7 = (s5 * s6);
-      const float s8 = a30p[i0];
-      const float s9 = 0.9f;
-      const float s10 = (s8 * s9);
-      const float s11 = (s10 + s7);
-      const float s12 = s5 * s5;
-      const float s13 = 0.0009999871f;
-      const float s14 = (s12 * s13);
-      const float s15 = a31p[i0];
-      const float s16 = 0.999f;
-      const float s17 = (s15 * s16);
-      const float s18 = (s17 + s14);
-      const float s19 = r5;
-      const float s20 = (s11 / s19);
-      const float s21 = r6;
-      const float s22 = (s18 / s21);
-      const float s23 = support::fsqrt(s22);
-      const float s24 = 1e-08f;
-      const float s25 = (s23 + s24);
-      const float s26 = (s20 / s25);
-      const float s27 = (s26 + s2);
-      const float s28 = r7;
-      const float s29 = (s27 * s28);
-      const float s30 = a28p[i0];
-      const float s31 = (s30 - s29);
-      a30p[i0] = s11;
-      a31p[i0] = s18;
-      a28p[i0] = s31;
-    }
-  }
+  loop18(a30.data(), a31.data(), a28.data(), a29.data(), a2.data(), a5.data(), a6.data(),
+         a7.data());
 
   // transformer_xl.mesh:101:3 mul
   // transformer_xl.mesh:101:3 mul
@@ -2098,57 +2162,8 @@ void XlTrain::repeated0(
   // transformer_xl.mesh:101:3 mul
   // transformer_xl.mesh:101:3 sub -> next/decoder/xl_layer[0]/norm/gain
   MESHRT_TRACE("loop", "transformer_xl.mesh:101:3", "update");
-  {
-    float *__restrict a34p = a34.data();
-    float *__restrict a35p = a35.data();
-    float *__restrict a32p = a32.data();
-    const float *__restrict a33p = a33.data();
-    const float *__restrict a2p = a2.data();
-    const float *__restrict a5p = a5.data();
-    const float *__restrict a6p = a6.data();
-    const float *__restrict a7p = a7.data();
-    const float r2 = a2p[0];
-    const float r5 = a5p[0];
-    const float r6 = a6p[0];
-    const float r7 = a7p[0];
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = a32p[i0];
-      const float s1 = 0.01f;
-      const float s2 = (s0 * s1);
-      const float s3 = a33p[i0];
-      const float s4 = r2;
-      const float s5 = (s3 * s4);
-      const float s6 = 0.100000024f;
-      const float s7 = (s5 * s6);
-      const float s8 = a34p[i0];
-      const float s9 = 0.9f;
-      const float s10 = (s8 * s9);
-      const float s11 = (s10 + s7);
-      const float s12 = s5 * s5;
-      const float s13 = 0.0009999871f;
-      const float s14 = (s12 * s13);
-      const float s15 = a35p[i0];
-      const float s16 = 0.999f;
-      const float s17 = (s15 * s16);
-      const float s18 = (s17 + s14);
-      const float s19 = r5;
-      const float s20 = (s11 / s19);
-      const float s21 = r6;
-      const float s22 = (s18 / s21);
-      const float s23 = support::fsqrt(s22);
-      const float s24 = 1e-08f;
-      const float s25 = (s23 + s24);
-      const float s26 = (s20 / s25);
-      const float s27 = (s26 + s2);
-      const float s28 = r7;
-      const float s29 = (s27 * s28);
-      const float s30 = a32p[i0];
-      const float s31 = (s30 - s29);
-      a34p[i0] = s11;
-      a35p[i0] = s18;
-      a32p[i0] = s31;
-    }
-  }
+  loop19(a34.data(), a35.data(), a32.data(), a33.data(), a2.data(), a5.data(), a6.data(),
+         a7.data());
 
   // transformer_xl.mesh:101:3 mul
   // transformer_xl.mesh:101:3 mul
@@ -2168,57 +2183,8 @@ void XlTrain::repeated0(
   // transformer_xl.mesh:101:3 mul
   // transformer_xl.mesh:101:3 sub -> next/decoder/xl_layer[0]/norm/bias
   MESHRT_TRACE("loop", "transformer_xl.mesh:101:3", "update");
-  {
-    float *__restrict a38p = a38.data();
-    float *__restrict a39p = a39.data();
-    float *__restrict a36p = a36.data();
-    const float *__restrict a37p = a37.data();
-    const float *__restrict a2p = a2.data();
-    const float *__restrict a5p = a5.data();
-    const float *__restrict a6p = a6.data();
-    const float *__restrict a7p = a7.data();
-    const float r2 = a2p[0];
-    const float r5 = a5p[0];
-    const float r6 = a6p[0];
-    const float r7 = a7p[0];
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = a36p[i0];
-      const float s1 = 0.01f;
-      const float s2 = (s0 * s1);
-      const float s3 = a37p[i0];
-      const float s4 = r2;
-      const float s5 = (s3 * s4);
-      const float s6 = 0.100000024f;
-      const float s7 = (s5 * s6);
-      const float s8 = a38p[i0];
-      const float s9 = 0.9f;
-      const float s10 = (s8 * s9);
-      const float s11 = (s10 + s7);
-      const float s12 = s5 * s5;
-      const float s13 = 0.0009999871f;
-      const float s14 = (s12 * s13);
-      const float s15 = a39p[i0];
-      const float s16 = 0.999f;
-      const float s17 = (s15 * s16);
-      const float s18 = (s17 + s14);
-      const float s19 = r5;
-      const float s20 = (s11 / s19);
-      const float s21 = r6;
-      const float s22 = (s18 / s21);
-      const float s23 = support::fsqrt(s22);
-      const float s24 = 1e-08f;
-      const float s25 = (s23 + s24);
-      const float s26 = (s20 / s25);
-      const float s27 = (s26 + s2);
-      const float s28 = r7;
-      const float s29 = (s27 * s28);
-      const float s30 = a36p[i0];
-      const float s31 = (s30 - s29);
-      a38p[i0] = s11;
-      a39p[i0] = s18;
-      a36p[i0] = s31;
-    }
-  }
+  loop19(a38.data(), a39.data(), a36.data(), a37.data(), a2.data(), a5.data(), a6.data(),
+         a7.data());
 
   // transformer_xl.mesh:101:3 mul
   // transformer_xl.mesh:101:3 mul
@@ -2238,57 +2204,8 @@ void XlTrain::repeated0(
   // transformer_xl.mesh:101:3 mul
   // transformer_xl.mesh:101:3 sub -> next/decoder/xl_layer[0]/dense_relu_dense/wi
   MESHRT_TRACE("loop", "transformer_xl.mesh:101:3", "update");
-  {
-    float *__restrict a42p = a42.data();
-    float *__restrict a43p = a43.data();
-    float *__restrict a40p = a40.data();
-    const float *__restrict a41p = a41.data();
-    const float *__restrict a2p = a2.data();
-    const float *__restrict a5p = a5.data();
-    const float *__restrict a6p = a6.data();
-    const float *__restrict a7p = a7.data();
-    const float r2 = a2p[0];
-    const float r5 = a5p[0];
-    const float r6 = a6p[0];
-    const float r7 = a7p[0];
-    for (int64_t i0 = 0; i0 < 1024; ++i0) {
-      const float s0 = a40p[i0];
-      const float s1 = 0.01f;
-      const float s2 = (s0 * s1);
-      const float s3 = a41p[i0];
-      const float s4 = r2;
-      const float s5 = (s3 * s4);
-      const float s6 = 0.100000024f;
-      const float s7 = (s5 * s6);
-      const float s8 = a42p[i0];
-      const float s9 = 0.9f;
-      const float s10 = (s8 * s9);
-      const float s11 = (s10 + s7);
-      const float s12 = s5 * s5;
-      const float s13 = 0.0009999871f;
-      const float s14 = (s12 * s13);
-      const float s15 = a43p[i0];
-      const float s16 = 0.999f;
-      const float s17 = (s15 * s16);
-      const float s18 = (s17 + s14);
-      const float s19 = r5;
-      const float s20 = (s11 / s19);
-      const float s21 = r6;
-      const float s22 = (s18 / s21);
-      const float s23 = support::fsqrt(s22);
-      const float s24 = 1e-08f;
-      const float s25 = (s23 + s24);
-      const float s26 = (s20 / s25);
-      const float s27 = (s26 + s2);
-      const float s28 = r7;
-      const float s29 = (s27 * s28);
-      const float s30 = a40p[i0];
-      const float s31 = (s30 - s29);
-      a42p[i0] = s11;
-      a43p[i0] = s18;
-      a40p[i0] = s31;
-    }
-  }
+  loop16(a42.data(), a43.data(), a40.data(), a41.data(), a2.data(), a5.data(), a6.data(),
+         a7.data());
 
   // transformer_xl.mesh:101:3 mul
   // transformer_xl.mesh:101:3 mul
@@ -2308,57 +2225,8 @@ void XlTrain::repeated0(
   // transformer_xl.mesh:101:3 mul
   // transformer_xl.mesh:101:3 sub -> next/decoder/xl_layer[0]/dense_relu_dense/wo
   MESHRT_TRACE("loop", "transformer_xl.mesh:101:3", "update");
-  {
-    float *__restrict a46p = a46.data();
-    float *__restrict a47p = a47.data();
-    float *__restrict a44p = a44.data();
-    const float *__restrict a45p = a45.data();
-    const float *__restrict a2p = a2.data();
-    const float *__restrict a5p = a5.data();
-    const float *__restrict a6p = a6.data();
-    const float *__restrict a7p = a7.data();
-    const float r2 = a2p[0];
-    const float r5 = a5p[0];
-    const float r6 = a6p[0];
-    const float r7 = a7p[0];
-    for (int64_t i0 = 0; i0 < 1024; ++i0) {
-      const float s0 = a44p[i0];
-      const float s1 = 0.01f;
-      const float s2 = (s0 * s1);
-      const float s3 = a45p[i0];
-      const float s4 = r2;
-      const float s5 = (s3 * s4);
-      const float s6 = 0.100000024f;
-      const float s7 = (s5 * s6);
-      const float s8 = a46p[i0];
-      const float s9 = 0.9f;
-      const float s10 = (s8 * s9);
-      const float s11 = (s10 + s7);
-      const float s12 = s5 * s5;
-      const float s13 = 0.0009999871f;
-      const float s14 = (s12 * s13);
-      const float s15 = a47p[i0];
-      const float s16 = 0.999f;
-      const float s17 = (s15 * s16);
-      const float s18 = (s17 + s14);
-      const float s19 = r5;
-      const float s20 = (s11 / s19);
-      const float s21 = r6;
-      const float s22 = (s18 / s21);
-      const float s23 = support::fsqrt(s22);
-      const float s24 = 1e-08f;
-      const float s25 = (s23 + s24);
-      const float s26 = (s20 / s25);
-      const float s27 = (s26 + s2);
-      const float s28 = r7;
-      const float s29 = (s27 * s28);
-      const float s30 = a44p[i0];
-      const float s31 = (s30 - s29);
-      a46p[i0] = s11;
-      a47p[i0] = s18;
-      a44p[i0] = s31;
-    }
-  }
+  loop16(a46.data(), a47.data(), a44.data(), a45.data(), a2.data(), a5.data(), a6.data(),
+         a7.data());
 
   // transformer_xl.mesh:101:3 mul
   // transformer_xl.mesh:101:3 mul
@@ -2378,57 +2246,8 @@ void XlTrain::repeated0(
   // transformer_xl.mesh:101:3 mul
   // transformer_xl.mesh:101:3 sub -> next/decoder/xl_layer[0]/norm#1/gain
   MESHRT_TRACE("loop", "transformer_xl.mesh:101:3", "update");
-  {
-    float *__restrict a50p = a50.data();
-    float *__restrict a51p = a51.data();
-    float *__restrict a48p = a48.data();
-    const float *__restrict a49p = a49.data();
-    const float *__restrict a2p = a2.data();
-    const float *__restrict a5p = a5.data();
-    const float *__restrict a6p = a6.data();
-    const float *__restrict a7p = a7.data();
-    const float r2 = a2p[0];
-    const float r5 = a5p[0];
-    const float r6 = a6p[0];
-    const float r7 = a7p[0];
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = a48p[i0];
-      const float s1 = 0.01f;
-      const float s2 = (s0 * s1);
-      const float s3 = a49p[i0];
-      const float s4 = r2;
-      const float s5 = (s3 * s4);
-      const float s6 = 0.100000024f;
-      const float s7 = (s5 * s6);
-      const float s8 = a50p[i0];
-      const float s9 = 0.9f;
-      const float s10 = (s8 * s9);
-      const float s11 = (s10 + s7);
-      const float s12 = s5 * s5;
-      const float s13 = 0.0009999871f;
-      const float s14 = (s12 * s13);
-      const float s15 = a51p[i0];
-      const float s16 = 0.999f;
-      const float s17 = (s15 * s16);
-      const float s18 = (s17 + s14);
-      const float s19 = r5;
-      const float s20 = (s11 / s19);
-      const float s21 = r6;
-      const float s22 = (s18 / s21);
-      const float s23 = support::fsqrt(s22);
-      const float s24 = 1e-08f;
-      const float s25 = (s23 + s24);
-      const float s26 = (s20 / s25);
-      const float s27 = (s26 + s2);
-      const float s28 = r7;
-      const float s29 = (s27 * s28);
-      const float s30 = a48p[i0];
-      const float s31 = (s30 - s29);
-      a50p[i0] = s11;
-      a51p[i0] = s18;
-      a48p[i0] = s31;
-    }
-  }
+  loop19(a50.data(), a51.data(), a48.data(), a49.data(), a2.data(), a5.data(), a6.data(),
+         a7.data());
 
   // transformer_xl.mesh:101:3 mul
   // transformer_xl.mesh:101:3 mul
@@ -2448,57 +2267,8 @@ void XlTrain::repeated0(
   // transformer_xl.mesh:101:3 mul
   // transformer_xl.mesh:101:3 sub -> next/decoder/xl_layer[0]/norm#1/bias
   MESHRT_TRACE("loop", "transformer_xl.mesh:101:3", "update");
-  {
-    float *__restrict a54p = a54.data();
-    float *__restrict a55p = a55.data();
-    float *__restrict a52p = a52.data();
-    const float *__restrict a53p = a53.data();
-    const float *__restrict a2p = a2.data();
-    const float *__restrict a5p = a5.data();
-    const float *__restrict a6p = a6.data();
-    const float *__restrict a7p = a7.data();
-    const float r2 = a2p[0];
-    const float r5 = a5p[0];
-    const float r6 = a6p[0];
-    const float r7 = a7p[0];
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = a52p[i0];
-      const float s1 = 0.01f;
-      const float s2 = (s0 * s1);
-      const float s3 = a53p[i0];
-      const float s4 = r2;
-      const float s5 = (s3 * s4);
-      const float s6 = 0.100000024f;
-      const float s7 = (s5 * s6);
-      const float s8 = a54p[i0];
-      const float s9 = 0.9f;
-      const float s10 = (s8 * s9);
-      const float s11 = (s10 + s7);
-      const float s12 = s5 * s5;
-      const float s13 = 0.0009999871f;
-      const float s14 = (s12 * s13);
-      const float s15 = a55p[i0];
-      const float s16 = 0.999f;
-      const float s17 = (s15 * s16);
-      const float s18 = (s17 + s14);
-      const float s19 = r5;
-      const float s20 = (s11 / s19);
-      const float s21 = r6;
-      const float s22 = (s18 / s21);
-      const float s23 = support::fsqrt(s22);
-      const float s24 = 1e-08f;
-      const float s25 = (s23 + s24);
-      const float s26 = (s20 / s25);
-      const float s27 = (s26 + s2);
-      const float s28 = r7;
-      const float s29 = (s27 * s28);
-      const float s30 = a52p[i0];
-      const float s31 = (s30 - s29);
-      a54p[i0] = s11;
-      a55p[i0] = s18;
-      a52p[i0] = s31;
-    }
-  }
+  loop19(a54.data(), a55.data(), a52.data(), a53.data(), a2.data(), a5.data(), a6.data(),
+         a7.data());
 }
 
 void XlTrain::repeated1(
@@ -2526,125 +2296,51 @@ void XlTrain::repeated1(
 
   // transformer_xl.mesh:32:40 sum -> grad/decoder/xl_layer[1]/norm#1/bias
   MESHRT_TRACE("sum", "transformer_xl.mesh:32:40", "backward");
-  static const support::Shape shape0_1 = {32};
-  static const support::Shape shape0_3 = {1};
-  static const support::Shape shape0_4 = {2, 8};
-  static const support::Shape shape0_5 = {256, 32};
-  support::reduce(a0.data(), shape0_1, a1.data(), shape0_3, shape0_4, shape0_5,
-                  support::Reduce::Sum, 1.0);
+  support::reduce(a0.data(), kShape11, a1.data(), kShape1, kShape3, kShape10, support::Reduce::Sum,
+                  1.0);
 
   // transformer_xl.mesh:32:33 mul
   MESHRT_TRACE("loop", "transformer_xl.mesh:32:33", "backward");
-  {
-    float *__restrict a3p = a3.data();
-    const float *__restrict a1p = a1.data();
-    const float *__restrict a2p = a2.data();
-    for (int64_t i0 = 0; i0 < 512; ++i0) {
-      const float s0 = a1p[i0];
-      const float s1 = a2p[i0];
-      const float s2 = (s0 * s1);
-      a3p[i0] = s2;
-    }
-  }
+  loop11(a3.data(), a1.data(), a2.data());
 
   // transformer_xl.mesh:32:33 sum -> grad/decoder/xl_layer[1]/norm#1/gain
   MESHRT_TRACE("sum", "transformer_xl.mesh:32:33", "backward");
-  static const support::Shape shape2_1 = {32};
-  static const support::Shape shape2_3 = {1};
-  static const support::Shape shape2_4 = {2, 8};
-  static const support::Shape shape2_5 = {256, 32};
-  support::reduce(a4.data(), shape2_1, a3.data(), shape2_3, shape2_4, shape2_5,
-                  support::Reduce::Sum, 1.0);
+  support::reduce(a4.data(), kShape11, a3.data(), kShape1, kShape3, kShape10, support::Reduce::Sum,
+                  1.0);
 
   // transformer_xl.mesh:32:10 mean
   MESHRT_TRACE("mean", "transformer_xl.mesh:32:10", "backward");
-  static const support::Shape shape3_1 = {2, 8};
-  static const support::Shape shape3_3 = {256, 32};
-  static const support::Shape shape3_4 = {32};
-  static const support::Shape shape3_5 = {1};
-  support::reduce(a5.data(), shape3_1, a6.data(), shape3_3, shape3_4, shape3_5,
-                  support::Reduce::Sum, 0.03125);
+  support::reduce(a5.data(), kShape3, a6.data(), kShape10, kShape11, kShape1, support::Reduce::Sum,
+                  0.03125);
 
   // transformer_xl.mesh:32:10 sub
   // transformer_xl.mesh:32:10 square
   MESHRT_TRACE("loop", "transformer_xl.mesh:32:10", "backward");
-  {
-    float *__restrict a7p = a7.data();
-    const float *__restrict a6p = a6.data();
-    const float *__restrict a5p = a5.data();
-    for (int64_t i0 = 0; i0 < 16; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = a6p[i0 * 32 + i1];
-        const float s1 = a5p[i0];
-        const float s2 = (s0 - s1);
-        const float s3 = s2 * s2;
-        a7p[i0 * 32 + i1] = s3;
-      }
-    }
-  }
+  loop20(a7.data(), a6.data(), a5.data());
 
   // transformer_xl.mesh:32:10 mean
   MESHRT_TRACE("mean", "transformer_xl.mesh:32:10", "backward");
-  static const support::Shape shape5_1 = {2, 8};
-  static const support::Shape shape5_3 = {256, 32};
-  static const support::Shape shape5_4 = {32};
-  static const support::Shape shape5_5 = {1};
-  support::reduce(a8.data(), shape5_1, a7.data(), shape5_3, shape5_4, shape5_5,
-                  support::Reduce::Sum, 0.03125);
+  support::reduce(a8.data(), kShape3, a7.data(), kShape10, kShape11, kShape1, support::Reduce::Sum,
+                  0.03125);
 
   // transformer_xl.mesh:32:10 add
   // transformer_xl.mesh:32:10 rsqrt
   MESHRT_TRACE("loop", "transformer_xl.mesh:32:10", "backward");
-  {
-    float *__restrict a9p = a9.data();
-    const float *__restrict a8p = a8.data();
-    for (int64_t i0 = 0; i0 < 16; ++i0) {
-      const float s0 = a8p[i0];
-      const float s1 = 1e-05f;
-      const float s2 = (s0 + s1);
-      const float s3 = 1.0f / support::fsqrt(s2);
-      a9p[i0] = s3;
-    }
-  }
+  loop21(a9.data(), a8.data());
 
   // transformer_xl.mesh:32:33 mul
   // transformer_xl.mesh:32:10 mul
   MESHRT_TRACE("loop", "transformer_xl.mesh:32:33", "backward");
-  {
-    float *__restrict a11p = a11.data();
-    float *__restrict a12p = a12.data();
-    const float *__restrict a1p = a1.data();
-    const float *__restrict a10p = a10.data();
-    const float *__restrict a2p = a2.data();
-    for (int64_t i0 = 0; i0 < 16; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = a1p[i0 * 32 + i1];
-        const float s1 = a10p[i1];
-        const float s2 = (s0 * s1);
-        const float s3 = a2p[i0 * 32 + i1];
-        const float s4 = (s2 * s3);
-        a11p[i0 * 32 + i1] = s2;
-        a12p[i0 * 32 + i1] = s4;
-      }
-    }
-  }
+  loop22(a11.data(), a12.data(), a1.data(), a10.data(), a2.data());
 
   // transformer_xl.mesh:32:10 mean
   MESHRT_TRACE("mean", "transformer_xl.mesh:32:10", "backward");
-  static const support::Shape shape8_1 = {2, 8};
-  static const support::Shape shape8_3 = {256, 32};
-  static const support::Shape shape8_4 = {32};
-  static const support::Shape shape8_5 = {1};
-  support::reduce(a13.data(), shape8_1, a12.data(), shape8_3, shape8_4, shape8_5,
+  support::reduce(a13.data(), kShape3, a12.data(), kShape10, kShape11, kShape1,
                   support::Reduce::Sum, 0.03125);
 
   // transformer_xl.mesh:32:10 mean
   MESHRT_TRACE("mean", "transformer_xl.mesh:32:10", "backward");
-  static const support::Shape shape9_1 = {2, 8};
-  static const support::Shape shape9_3 = {256, 32};
-  static const support::Shape shape9_4 = {32};
-  static const support::Shape shape9_5 = {1};
-  support::reduce(a14.data(), shape9_1, a11.data(), shape9_3, shape9_4, shape9_5,
+  support::reduce(a14.data(), kShape3, a11.data(), kShape10, kShape11, kShape1,
                   support::Reduce::Sum, 0.03125);
 
   // transformer_xl.mesh:32:10 mul
@@ -2652,67 +2348,27 @@ void XlTrain::repeated1(
   // transformer_xl.mesh:32:10 sub
   // transformer_xl.mesh:32:10 mul
   MESHRT_TRACE("loop", "transformer_xl.mesh:32:10", "backward");
-  {
-    float *__restrict a15p = a15.data();
-    const float *__restrict a2p = a2.data();
-    const float *__restrict a13p = a13.data();
-    const float *__restrict a11p = a11.data();
-    const float *__restrict a14p = a14.data();
-    const float *__restrict a9p = a9.data();
-    for (int64_t i0 = 0; i0 < 16; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = a2p[i0 * 32 + i1];
-        const float s1 = a13p[i0];
-        const float s2 = (s0 * s1);
-        const float s3 = a11p[i0 * 32 + i1];
-        const float s4 = a14p[i0];
-        const float s5 = (s3 - s4);
-        const float s6 = (s5 - s2);
-        const float s7 = a9p[i0];
-        const float s8 = (s6 * s7);
-        a15p[i0 * 32 + i1] = s8;
-      }
-    }
-  }
+  loop23(a15.data(), a2.data(), a13.data(), a11.data(), a14.data(), a9.data());
 
   // transformer_xl.mesh:70:10 einsum
   MESHRT_TRACE("gemm", "transformer_xl.mesh:70:10", "backward");
   // dims: batch, segment, d_model, d_ff
-  static const meshrt::kernels::EinsumPlan einsumPlan11(
-      {{2, 8, 32, 32}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan11.run(a15.data(), a16.data(), a17.data(), 1.0f, 0.0f);
+  kEinsum0.plan().run(a15.data(), a16.data(), a17.data(), 1.0f, 0.0f);
 
   // transformer_xl.mesh:70:10 einsum -> grad/decoder/xl_layer[1]/dense_relu_dense/wo
   MESHRT_TRACE("gemm", "transformer_xl.mesh:70:10", "backward");
   // dims: batch, segment, d_model, d_ff
-  static const meshrt::kernels::EinsumPlan einsumPlan12(
-      {{2, 8, 32, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
-  einsumPlan12.run(a15.data(), a18.data(), a19.data(), 1.0f, 0.0f);
+  kEinsum3.plan().run(a15.data(), a18.data(), a19.data(), 1.0f, 0.0f);
 
   // transformer_xl.mesh:70:17 gt
   // transformer_xl.mesh:70:17 where
   MESHRT_TRACE("loop", "transformer_xl.mesh:70:17", "backward");
-  {
-    float *__restrict a21p = a21.data();
-    const float *__restrict a20p = a20.data();
-    const float *__restrict a17p = a17.data();
-    for (int64_t i0 = 0; i0 < 512; ++i0) {
-      const float s0 = a20p[i0];
-      const float s1 = 0.0f;
-      const float s2 = (s0 > s1 ? 1.0f : 0.0f);
-      const float s3 = a17p[i0];
-      const float s4 = 0.0f;
-      const float s5 = (s2 != 0 ? s3 : s4);
-      a21p[i0] = s5;
-    }
-  }
+  loop24(a21.data(), a20.data(), a17.data());
 
   // transformer_xl.mesh:70:22 einsum
   MESHRT_TRACE("gemm", "transformer_xl.mesh:70:22", "backward");
   // dims: batch, segment, d_ff, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan14(
-      {{2, 8, 32, 32}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan14.run(a21.data(), a22.data(), a23.data(), 1.0f, 0.0f);
+  kEinsum0.plan().run(a21.data(), a22.data(), a23.data(), 1.0f, 0.0f);
 
   // transformer_xl.mesh:70:22 all_reduce_sum (resolve the partial sum of %170 over model for add at
   // 70:22)
@@ -2721,146 +2377,60 @@ void XlTrain::repeated1(
 
   // transformer_xl.mesh:70:22 add
   MESHRT_TRACE("loop", "transformer_xl.mesh:70:22", "backward");
-  {
-    float *__restrict a24p = a24.data();
-    const float *__restrict a15p = a15.data();
-    const float *__restrict a23p = a23.data();
-    for (int64_t i0 = 0; i0 < 512; ++i0) {
-      const float s0 = a15p[i0];
-      const float s1 = a23p[i0];
-      const float s2 = (s0 + s1);
-      a24p[i0] = s2;
-    }
-  }
+  loop25(a24.data(), a15.data(), a23.data());
 
   // transformer_xl.mesh:70:22 einsum -> grad/decoder/xl_layer[1]/dense_relu_dense/wi
   MESHRT_TRACE("gemm", "transformer_xl.mesh:70:22", "backward");
   // dims: batch, segment, d_ff, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan17(
-      {{2, 8, 32, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
-  einsumPlan17.run(a21.data(), a25.data(), a26.data(), 1.0f, 0.0f);
+  kEinsum3.plan().run(a21.data(), a25.data(), a26.data(), 1.0f, 0.0f);
 
   // transformer_xl.mesh:32:40 sum -> grad/decoder/xl_layer[1]/norm/bias
   MESHRT_TRACE("sum", "transformer_xl.mesh:32:40", "backward");
-  static const support::Shape shape18_1 = {32};
-  static const support::Shape shape18_3 = {1};
-  static const support::Shape shape18_4 = {2, 8};
-  static const support::Shape shape18_5 = {256, 32};
-  support::reduce(a27.data(), shape18_1, a24.data(), shape18_3, shape18_4, shape18_5,
+  support::reduce(a27.data(), kShape11, a24.data(), kShape1, kShape3, kShape10,
                   support::Reduce::Sum, 1.0);
 
   // transformer_xl.mesh:32:33 mul
   MESHRT_TRACE("loop", "transformer_xl.mesh:32:33", "backward");
-  {
-    float *__restrict a29p = a29.data();
-    const float *__restrict a24p = a24.data();
-    const float *__restrict a28p = a28.data();
-    for (int64_t i0 = 0; i0 < 512; ++i0) {
-      const float s0 = a24p[i0];
-      const float s1 = a28p[i0];
-      const float s2 = (s0 * s1);
-      a29p[i0] = s2;
-    }
-  }
+  loop11(a29.data(), a24.data(), a28.data());
 
   // transformer_xl.mesh:32:33 sum -> grad/decoder/xl_layer[1]/norm/gain
   MESHRT_TRACE("sum", "transformer_xl.mesh:32:33", "backward");
-  static const support::Shape shape20_1 = {32};
-  static const support::Shape shape20_3 = {1};
-  static const support::Shape shape20_4 = {2, 8};
-  static const support::Shape shape20_5 = {256, 32};
-  support::reduce(a30.data(), shape20_1, a29.data(), shape20_3, shape20_4, shape20_5,
+  support::reduce(a30.data(), kShape11, a29.data(), kShape1, kShape3, kShape10,
                   support::Reduce::Sum, 1.0);
 
   // transformer_xl.mesh:32:10 mean
   MESHRT_TRACE("mean", "transformer_xl.mesh:32:10", "backward");
-  static const support::Shape shape21_1 = {2, 8};
-  static const support::Shape shape21_3 = {256, 32};
-  static const support::Shape shape21_4 = {32};
-  static const support::Shape shape21_5 = {1};
-  support::reduce(a31.data(), shape21_1, a32.data(), shape21_3, shape21_4, shape21_5,
+  support::reduce(a31.data(), kShape3, a32.data(), kShape10, kShape11, kShape1,
                   support::Reduce::Sum, 0.03125);
 
   // transformer_xl.mesh:32:10 sub
   // transformer_xl.mesh:32:10 square
   MESHRT_TRACE("loop", "transformer_xl.mesh:32:10", "backward");
-  {
-    float *__restrict a33p = a33.data();
-    const float *__restrict a32p = a32.data();
-    const float *__restrict a31p = a31.data();
-    for (int64_t i0 = 0; i0 < 16; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = a32p[i0 * 32 + i1];
-        const float s1 = a31p[i0];
-        const float s2 = (s0 - s1);
-        const float s3 = s2 * s2;
-        a33p[i0 * 32 + i1] = s3;
-      }
-    }
-  }
+  loop20(a33.data(), a32.data(), a31.data());
 
   // transformer_xl.mesh:32:10 mean
   MESHRT_TRACE("mean", "transformer_xl.mesh:32:10", "backward");
-  static const support::Shape shape23_1 = {2, 8};
-  static const support::Shape shape23_3 = {256, 32};
-  static const support::Shape shape23_4 = {32};
-  static const support::Shape shape23_5 = {1};
-  support::reduce(a34.data(), shape23_1, a33.data(), shape23_3, shape23_4, shape23_5,
+  support::reduce(a34.data(), kShape3, a33.data(), kShape10, kShape11, kShape1,
                   support::Reduce::Sum, 0.03125);
 
   // transformer_xl.mesh:32:10 add
   // transformer_xl.mesh:32:10 rsqrt
   MESHRT_TRACE("loop", "transformer_xl.mesh:32:10", "backward");
-  {
-    float *__restrict a35p = a35.data();
-    const float *__restrict a34p = a34.data();
-    for (int64_t i0 = 0; i0 < 16; ++i0) {
-      const float s0 = a34p[i0];
-      const float s1 = 1e-05f;
-      const float s2 = (s0 + s1);
-      const float s3 = 1.0f / support::fsqrt(s2);
-      a35p[i0] = s3;
-    }
-  }
+  loop21(a35.data(), a34.data());
 
   // transformer_xl.mesh:32:33 mul
   // transformer_xl.mesh:32:10 mul
   MESHRT_TRACE("loop", "transformer_xl.mesh:32:33", "backward");
-  {
-    float *__restrict a37p = a37.data();
-    float *__restrict a38p = a38.data();
-    const float *__restrict a24p = a24.data();
-    const float *__restrict a36p = a36.data();
-    const float *__restrict a28p = a28.data();
-    for (int64_t i0 = 0; i0 < 16; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = a24p[i0 * 32 + i1];
-        const float s1 = a36p[i1];
-        const float s2 = (s0 * s1);
-        const float s3 = a28p[i0 * 32 + i1];
-        const float s4 = (s2 * s3);
-        a37p[i0 * 32 + i1] = s2;
-        a38p[i0 * 32 + i1] = s4;
-      }
-    }
-  }
+  loop22(a37.data(), a38.data(), a24.data(), a36.data(), a28.data());
 
   // transformer_xl.mesh:32:10 mean
   MESHRT_TRACE("mean", "transformer_xl.mesh:32:10", "backward");
-  static const support::Shape shape26_1 = {2, 8};
-  static const support::Shape shape26_3 = {256, 32};
-  static const support::Shape shape26_4 = {32};
-  static const support::Shape shape26_5 = {1};
-  support::reduce(a39.data(), shape26_1, a38.data(), shape26_3, shape26_4, shape26_5,
+  support::reduce(a39.data(), kShape3, a38.data(), kShape10, kShape11, kShape1,
                   support::Reduce::Sum, 0.03125);
 
   // transformer_xl.mesh:32:10 mean
   MESHRT_TRACE("mean", "transformer_xl.mesh:32:10", "backward");
-  static const support::Shape shape27_1 = {2, 8};
-  static const support::Shape shape27_3 = {256, 32};
-  static const support::Shape shape27_4 = {32};
-  static const support::Shape shape27_5 = {1};
-  support::reduce(a40.data(), shape27_1, a37.data(), shape27_3, shape27_4, shape27_5,
+  support::reduce(a40.data(), kShape3, a37.data(), kShape10, kShape11, kShape1,
                   support::Reduce::Sum, 0.03125);
 
   // transformer_xl.mesh:32:10 mul
@@ -2868,79 +2438,36 @@ void XlTrain::repeated1(
   // transformer_xl.mesh:32:10 sub
   // transformer_xl.mesh:32:10 mul
   MESHRT_TRACE("loop", "transformer_xl.mesh:32:10", "backward");
-  {
-    float *__restrict a41p = a41.data();
-    const float *__restrict a28p = a28.data();
-    const float *__restrict a39p = a39.data();
-    const float *__restrict a37p = a37.data();
-    const float *__restrict a40p = a40.data();
-    const float *__restrict a35p = a35.data();
-    for (int64_t i0 = 0; i0 < 16; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = a28p[i0 * 32 + i1];
-        const float s1 = a39p[i0];
-        const float s2 = (s0 * s1);
-        const float s3 = a37p[i0 * 32 + i1];
-        const float s4 = a40p[i0];
-        const float s5 = (s3 - s4);
-        const float s6 = (s5 - s2);
-        const float s7 = a35p[i0];
-        const float s8 = (s6 * s7);
-        a41p[i0 * 32 + i1] = s8;
-      }
-    }
-  }
+  loop23(a41.data(), a28.data(), a39.data(), a37.data(), a40.data(), a35.data());
 
   // transformer_xl.mesh:64:10 einsum
   // transformer_xl.mesh:64:10 einsum
   MESHRT_TRACE("gemm", "transformer_xl.mesh:64:10", "backward");
   // dims: batch, segment, d_model, heads, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan29(
-      {{2, 8, 32, 2, 8}, {{{0, 1, 2}, {}}, {{3, 4, 2}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan29.run(a41.data(), a42.data(), a43.data(), 1.0f, 0.0f);
+  kEinsum4.plan().run(a41.data(), a42.data(), a43.data(), 1.0f, 0.0f);
 
   // transformer_xl.mesh:64:10 einsum
   MESHRT_TRACE("gemm", "transformer_xl.mesh:64:10", "backward");
   // dims: batch, context, heads, d_kv, segment
-  static const meshrt::kernels::EinsumPlan einsumPlan30(
-      {{2, 16, 2, 8, 8}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 4, 1}, {}}});
-  einsumPlan30.run(a44.data(), a43.data(), a45.data(), 1.0f, 0.0f);
+  kEinsum5.plan().run(a44.data(), a43.data(), a45.data(), 1.0f, 0.0f);
 
   // transformer_xl.mesh:64:10 einsum
   MESHRT_TRACE("gemm", "transformer_xl.mesh:64:10", "backward");
   // dims: batch, heads, segment, context, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan31(
-      {{2, 2, 8, 16, 8}, {{{0, 1, 2, 3}, {}}, {{0, 2, 1, 4}, {}}}, {{0, 3, 1, 4}, {}}});
-  einsumPlan31.run(a46.data(), a43.data(), a47.data(), 1.0f, 0.0f);
+  kEinsum6.plan().run(a46.data(), a43.data(), a47.data(), 1.0f, 0.0f);
 
   // transformer_xl.mesh:64:10 einsum -> grad/decoder/xl_layer[1]/relative_attention/o
   MESHRT_TRACE("gemm", "transformer_xl.mesh:64:10", "backward");
   // dims: batch, segment, d_model, heads, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan32(
-      {{2, 8, 32, 2, 8}, {{{0, 1, 2}, {}}, {{0, 3, 1, 4}, {}}}, {{3, 4, 2}, {}}});
-  einsumPlan32.run(a41.data(), a48.data(), a49.data(), 1.0f, 0.0f);
+  kEinsum7.plan().run(a41.data(), a48.data(), a49.data(), 1.0f, 0.0f);
 
   // transformer_xl.mesh:63:17 mul
   MESHRT_TRACE("loop", "transformer_xl.mesh:63:17", "backward");
-  {
-    float *__restrict a50p = a50.data();
-    const float *__restrict a45p = a45.data();
-    const float *__restrict a46p = a46.data();
-    for (int64_t i0 = 0; i0 < 512; ++i0) {
-      const float s0 = a45p[i0];
-      const float s1 = a46p[i0];
-      const float s2 = (s0 * s1);
-      a50p[i0] = s2;
-    }
-  }
+  loop11(a50.data(), a45.data(), a46.data());
 
   // transformer_xl.mesh:63:17 sum
   MESHRT_TRACE("sum", "transformer_xl.mesh:63:17", "backward");
-  static const support::Shape shape34_1 = {2, 2, 8};
-  static const support::Shape shape34_3 = {256, 128, 16};
-  static const support::Shape shape34_4 = {16};
-  static const support::Shape shape34_5 = {1};
-  support::reduce(a51.data(), shape34_1, a50.data(), shape34_3, shape34_4, shape34_5,
+  support::reduce(a51.data(), kShape20, a50.data(), kShape21, kShape2, kShape1,
                   support::Reduce::Sum, 1.0);
 
   // transformer_xl.mesh:63:17 sub
@@ -2948,154 +2475,80 @@ void XlTrain::repeated1(
   // transformer_xl.mesh:63:25 where
   // transformer_xl.mesh:62:37 mul
   MESHRT_TRACE("loop", "transformer_xl.mesh:63:17", "backward");
-  {
-    float *__restrict a53p = a53.data();
-    const float *__restrict a45p = a45.data();
-    const float *__restrict a51p = a51.data();
-    const float *__restrict a46p = a46.data();
-    const float *__restrict a52p = a52.data();
-    for (int64_t i0 = 0; i0 < 4; ++i0) {
-      for (int64_t i1 = 0; i1 < 8; ++i1) {
-        for (int64_t i2 = 0; i2 < 16; ++i2) {
-          const float s0 = a45p[i0 * 128 + i1 * 16 + i2];
-          const float s1 = a51p[i0 * 8 + i1];
-          const float s2 = (s0 - s1);
-          const float s3 = a46p[i0 * 128 + i1 * 16 + i2];
-          const float s4 = (s3 * s2);
-          const float s5 = a52p[i1 + i2 * 8];
-          const float s6 = 0.0f;
-          const float s7 = (s5 != 0 ? s4 : s6);
-          const float s8 = 0.35355338f;
-          const float s9 = (s7 * s8);
-          a53p[i0 * 128 + i1 * 16 + i2] = s9;
-        }
-      }
-    }
-  }
+  loop26(a53.data(), a45.data(), a51.data(), a46.data(), a52.data());
 
   // transformer_xl.mesh:61:18 einsum
   MESHRT_TRACE("gemm", "transformer_xl.mesh:61:18", "backward");
   // dims: batch, heads, segment, context, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan36(
-      {{2, 2, 8, 16, 8}, {{{0, 1, 2, 3}, {}}, {{2, 3, 1, 4}, {}}}, {{0, 2, 1, 4}, {}}});
-  einsumPlan36.run(a53.data(), a54.data(), a55.data(), 1.0f, 0.0f);
+  kEinsum8.plan().run(a53.data(), a54.data(), a55.data(), 1.0f, 0.0f);
 
   // transformer_xl.mesh:61:18 einsum
   MESHRT_TRACE("gemm", "transformer_xl.mesh:61:18", "backward");
   // dims: batch, heads, segment, context, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan37(
-      {{2, 2, 8, 16, 8}, {{{0, 1, 2, 3}, {}}, {{0, 2, 1, 4}, {}}}, {{2, 3, 1, 4}, {}}});
-  einsumPlan37.run(a53.data(), a56.data(), a57.data(), 1.0f, 0.0f);
+  kEinsum9.plan().run(a53.data(), a56.data(), a57.data(), 1.0f, 0.0f);
 
   // transformer_xl.mesh:61:33 sum -> grad/decoder/xl_layer[1]/relative_attention/position_bias
   MESHRT_TRACE("sum", "transformer_xl.mesh:61:33", "backward");
-  static const support::Shape shape38_1 = {2, 8};
-  static const support::Shape shape38_3 = {8, 1};
-  static const support::Shape shape38_4 = {2, 8};
-  static const support::Shape shape38_5 = {128, 16};
-  support::reduce(a58.data(), shape38_1, a55.data(), shape38_3, shape38_4, shape38_5,
+  support::reduce(a58.data(), kShape3, a55.data(), kShape13, kShape3, kShape22,
                   support::Reduce::Sum, 1.0);
 
   // transformer_xl.mesh:60:17 einsum
   MESHRT_TRACE("gemm", "transformer_xl.mesh:60:17", "backward");
   // dims: batch, heads, segment, context, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan39(
-      {{2, 2, 8, 16, 8}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 2, 1, 4}, {}}});
-  einsumPlan39.run(a53.data(), a59.data(), a60.data(), 1.0f, 0.0f);
+  kEinsum10.plan().run(a53.data(), a59.data(), a60.data(), 1.0f, 0.0f);
 
   // transformer_xl.mesh:60:17 einsum
   MESHRT_TRACE("gemm", "transformer_xl.mesh:60:17", "backward");
   // dims: batch, heads, segment, context, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan40(
-      {{2, 2, 8, 16, 8}, {{{0, 1, 2, 3}, {}}, {{0, 2, 1, 4}, {}}}, {{0, 3, 1, 4}, {}}});
-  einsumPlan40.run(a53.data(), a61.data(), a62.data(), 1.0f, 0.0f);
+  kEinsum6.plan().run(a53.data(), a61.data(), a62.data(), 1.0f, 0.0f);
 
   // transformer_xl.mesh:60:32 add
   MESHRT_TRACE("loop", "transformer_xl.mesh:60:32", "backward");
-  {
-    float *__restrict a63p = a63.data();
-    const float *__restrict a55p = a55.data();
-    const float *__restrict a60p = a60.data();
-    for (int64_t i0 = 0; i0 < 256; ++i0) {
-      const float s0 = a55p[i0];
-      const float s1 = a60p[i0];
-      const float s2 = (s0 + s1);
-      a63p[i0] = s2;
-    }
-  }
+  loop27(a63.data(), a55.data(), a60.data());
 
   // transformer_xl.mesh:60:32 sum -> grad/decoder/xl_layer[1]/relative_attention/content_bias
   MESHRT_TRACE("sum", "transformer_xl.mesh:60:32", "backward");
-  static const support::Shape shape42_1 = {2, 8};
-  static const support::Shape shape42_3 = {8, 1};
-  static const support::Shape shape42_4 = {2, 8};
-  static const support::Shape shape42_5 = {128, 16};
-  support::reduce(a64.data(), shape42_1, a60.data(), shape42_3, shape42_4, shape42_5,
+  support::reduce(a64.data(), kShape3, a60.data(), kShape13, kShape3, kShape22,
                   support::Reduce::Sum, 1.0);
 
   // transformer_xl.mesh:59:19 einsum -> grad/decoder/xl_layer[1]/relative_attention/r
   MESHRT_TRACE("gemm", "transformer_xl.mesh:59:19", "backward");
   // dims: segment, context, heads, d_kv, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan43(
-      {{8, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
-  einsumPlan43.run(a57.data(), a65.data(), a66.data(), 1.0f, 0.0f);
+  kEinsum11.plan().run(a57.data(), a65.data(), a66.data(), 1.0f, 0.0f);
 
   // transformer_xl.mesh:58:16 einsum
   MESHRT_TRACE("gemm", "transformer_xl.mesh:58:16", "backward");
   // dims: batch, context, heads, d_kv, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan44(
-      {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
-  einsumPlan44.run(a47.data(), a67.data(), a68.data(), 1.0f, 0.0f);
+  kEinsum12.plan().run(a47.data(), a67.data(), a68.data(), 1.0f, 0.0f);
 
   // transformer_xl.mesh:58:16 einsum -> grad/decoder/xl_layer[1]/relative_attention/v
   MESHRT_TRACE("gemm", "transformer_xl.mesh:58:16", "backward");
   // dims: batch, context, heads, d_kv, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan45(
-      {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
-  einsumPlan45.run(a47.data(), a69.data(), a70.data(), 1.0f, 0.0f);
+  kEinsum13.plan().run(a47.data(), a69.data(), a70.data(), 1.0f, 0.0f);
 
   // transformer_xl.mesh:57:14 einsum
   MESHRT_TRACE("gemm", "transformer_xl.mesh:57:14", "backward");
   // dims: batch, context, heads, d_kv, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan46(
-      {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
-  einsumPlan46.run(a62.data(), a71.data(), a72.data(), 1.0f, 0.0f);
+  kEinsum12.plan().run(a62.data(), a71.data(), a72.data(), 1.0f, 0.0f);
 
   // transformer_xl.mesh:57:14 add
   MESHRT_TRACE("loop", "transformer_xl.mesh:57:14", "backward");
-  {
-    float *__restrict a73p = a73.data();
-    const float *__restrict a68p = a68.data();
-    const float *__restrict a72p = a72.data();
-    for (int64_t i0 = 0; i0 < 1024; ++i0) {
-      const float s0 = a68p[i0];
-      const float s1 = a72p[i0];
-      const float s2 = (s0 + s1);
-      a73p[i0] = s2;
-    }
-  }
+  loop14(a73.data(), a68.data(), a72.data());
 
   // transformer_xl.mesh:57:14 einsum -> grad/decoder/xl_layer[1]/relative_attention/k
   MESHRT_TRACE("gemm", "transformer_xl.mesh:57:14", "backward");
   // dims: batch, context, heads, d_kv, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan48(
-      {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
-  einsumPlan48.run(a62.data(), a69.data(), a74.data(), 1.0f, 0.0f);
+  kEinsum13.plan().run(a62.data(), a69.data(), a74.data(), 1.0f, 0.0f);
 
   // transformer_xl.mesh:56:17 einsum
   MESHRT_TRACE("gemm", "transformer_xl.mesh:56:17", "backward");
   // dims: batch, segment, heads, d_kv, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan49(
-      {{2, 8, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
-  einsumPlan49.run(a63.data(), a75.data(), a76.data(), 1.0f, 0.0f);
+  kEinsum14.plan().run(a63.data(), a75.data(), a76.data(), 1.0f, 0.0f);
 
   // transformer_xl.mesh:55:17 slice
   MESHRT_TRACE("slice", "transformer_xl.mesh:55:17", "backward");
   support::zero(a77);
-  static const support::Shape shape50_2 = {2, 32};
-  static const support::Shape shape50_3 = {256, 1};
-  static const support::Shape shape50_4 = {512, 1};
-  support::copyWindow(a77.data(), a73.data(), shape50_2, shape50_3, shape50_4, 32, 32, 8, 16,
+  support::copyWindow(a77.data(), a73.data(), kShape23, kShape24, kShape25, 32, 32, 8, 16,
                       int64_t(-8));
 
   // transformer_xl.mesh:56:17 bucketed_all_reduce_sum (resolve the partial sum of %212 over model
@@ -3106,9 +2559,7 @@ void XlTrain::repeated1(
   // transformer_xl.mesh:56:17 einsum -> grad/decoder/xl_layer[1]/relative_attention/q
   MESHRT_TRACE("gemm", "transformer_xl.mesh:56:17", "backward");
   // dims: batch, segment, heads, d_kv, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan52(
-      {{2, 8, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
-  einsumPlan52.run(a63.data(), a78.data(), a79.data(), 1.0f, 0.0f);
+  kEinsum15.plan().run(a63.data(), a78.data(), a79.data(), 1.0f, 0.0f);
 
   MESHRT_TRACE_SITE("transformer_xl.mesh:56:17");
   group_model.wait(request1);
@@ -3116,20 +2567,7 @@ void XlTrain::repeated1(
   // transformer_xl.mesh:56:17 add
   // transformer_xl.mesh:55:17 add
   MESHRT_TRACE("loop", "transformer_xl.mesh:56:17", "backward");
-  {
-    float *__restrict a80p = a80.data();
-    const float *__restrict a41p = a41.data();
-    const float *__restrict a76p = a76.data();
-    const float *__restrict a77p = a77.data();
-    for (int64_t i0 = 0; i0 < 512; ++i0) {
-      const float s0 = a41p[i0];
-      const float s1 = a76p[i0];
-      const float s2 = (s0 + s1);
-      const float s3 = a77p[i0];
-      const float s4 = (s2 + s3);
-      a80p[i0] = s4;
-    }
-  }
+  loop28(a80.data(), a41.data(), a76.data(), a77.data());
 }
 
 void XlTrain::repeated2(
@@ -3152,145 +2590,73 @@ void XlTrain::repeated2(
   // transformer_xl.mesh:55:17 concat -> keys_in
   MESHRT_TRACE("concat", "transformer_xl.mesh:55:17", "forward");
   support::zero(a2);
-  static const support::Shape shape1_2 = {2, 32};
-  static const support::Shape shape1_3 = {512, 1};
-  static const support::Shape shape1_4 = {256, 1};
-  support::copyWindow(a2.data(), a3.data(), shape1_2, shape1_3, shape1_4, 32, 32, 16, 8,
+  support::copyWindow(a2.data(), a3.data(), kShape23, kShape25, kShape24, 32, 32, 16, 8,
                       int64_t(0));
 
   // transformer_xl.mesh:55:17 concat -> keys_in
   MESHRT_TRACE("concat", "transformer_xl.mesh:55:17", "forward");
-  static const support::Shape shape2_2 = {2, 32};
-  static const support::Shape shape2_3 = {512, 1};
-  static const support::Shape shape2_4 = {256, 1};
-  support::copyWindow(a2.data(), a1.data(), shape2_2, shape2_3, shape2_4, 32, 32, 16, 8,
+  support::copyWindow(a2.data(), a1.data(), kShape23, kShape25, kShape24, 32, 32, 16, 8,
                       int64_t(8));
 
   // transformer_xl.mesh:56:17 einsum -> queries
   MESHRT_TRACE("gemm", "transformer_xl.mesh:56:17", "forward");
   // dims: batch, segment, d_model, heads, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan3(
-      {{2, 8, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan3.run(a1.data(), a4.data(), a5.data(), 1.0f, 0.0f);
+  kEinsum16.plan().run(a1.data(), a4.data(), a5.data(), 1.0f, 0.0f);
 
   // transformer_xl.mesh:57:14 einsum -> keys
   MESHRT_TRACE("gemm", "transformer_xl.mesh:57:14", "forward");
   // dims: batch, context, d_model, heads, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan4(
-      {{2, 16, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan4.run(a2.data(), a6.data(), a7.data(), 1.0f, 0.0f);
+  kEinsum17.plan().run(a2.data(), a6.data(), a7.data(), 1.0f, 0.0f);
 
   // transformer_xl.mesh:58:16 einsum -> values
   MESHRT_TRACE("gemm", "transformer_xl.mesh:58:16", "forward");
   // dims: batch, context, d_model, heads, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan5(
-      {{2, 16, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan5.run(a2.data(), a8.data(), a9.data(), 1.0f, 0.0f);
+  kEinsum17.plan().run(a2.data(), a8.data(), a9.data(), 1.0f, 0.0f);
 
   // transformer_xl.mesh:59:19 einsum -> positions
   MESHRT_TRACE("gemm", "transformer_xl.mesh:59:19", "forward");
   // dims: segment, context, d_model, heads, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan6(
-      {{8, 16, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan6.run(a10.data(), a11.data(), a12.data(), 1.0f, 0.0f);
+  kEinsum18.plan().run(a10.data(), a11.data(), a12.data(), 1.0f, 0.0f);
 
   // transformer_xl.mesh:60:32 add
   MESHRT_TRACE("loop", "transformer_xl.mesh:60:32", "forward");
-  {
-    float *__restrict a14p = a14.data();
-    const float *__restrict a5p = a5.data();
-    const float *__restrict a13p = a13.data();
-    for (int64_t i0 = 0; i0 < 16; ++i0) {
-      for (int64_t i1 = 0; i1 < 16; ++i1) {
-        const float s0 = a5p[i0 * 16 + i1];
-        const float s1 = a13p[i1];
-        const float s2 = (s0 + s1);
-        a14p[i0 * 16 + i1] = s2;
-      }
-    }
-  }
+  loop29(a14.data(), a5.data(), a13.data());
 
   // transformer_xl.mesh:60:17 einsum -> content
   MESHRT_TRACE("gemm", "transformer_xl.mesh:60:17", "forward");
   // dims: batch, segment, heads, d_kv, context
-  static const meshrt::kernels::EinsumPlan einsumPlan8(
-      {{2, 8, 2, 8, 16}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
-  einsumPlan8.run(a14.data(), a7.data(), a15.data(), 1.0f, 0.0f);
+  kEinsum19.plan().run(a14.data(), a7.data(), a15.data(), 1.0f, 0.0f);
 
   // transformer_xl.mesh:61:33 add
   MESHRT_TRACE("loop", "transformer_xl.mesh:61:33", "forward");
-  {
-    float *__restrict a17p = a17.data();
-    const float *__restrict a5p = a5.data();
-    const float *__restrict a16p = a16.data();
-    for (int64_t i0 = 0; i0 < 16; ++i0) {
-      for (int64_t i1 = 0; i1 < 16; ++i1) {
-        const float s0 = a5p[i0 * 16 + i1];
-        const float s1 = a16p[i1];
-        const float s2 = (s0 + s1);
-        a17p[i0 * 16 + i1] = s2;
-      }
-    }
-  }
+  loop29(a17.data(), a5.data(), a16.data());
 
   // transformer_xl.mesh:61:18 einsum -> position
   MESHRT_TRACE("gemm", "transformer_xl.mesh:61:18", "forward");
   // dims: batch, segment, heads, d_kv, context
-  static const meshrt::kernels::EinsumPlan einsumPlan10(
-      {{2, 8, 2, 8, 16}, {{{0, 1, 2, 3}, {}}, {{1, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
-  einsumPlan10.run(a17.data(), a12.data(), a18.data(), 1.0f, 0.0f);
+  kEinsum20.plan().run(a17.data(), a12.data(), a18.data(), 1.0f, 0.0f);
 
   // transformer_xl.mesh:62:25 add
   // transformer_xl.mesh:62:37 mul -> logits
   // transformer_xl.mesh:63:25 where
   MESHRT_TRACE("loop", "transformer_xl.mesh:62:25", "forward");
-  {
-    float *__restrict a20p = a20.data();
-    const float *__restrict a15p = a15.data();
-    const float *__restrict a18p = a18.data();
-    const float *__restrict a19p = a19.data();
-    for (int64_t i0 = 0; i0 < 4; ++i0) {
-      for (int64_t i1 = 0; i1 < 8; ++i1) {
-        for (int64_t i2 = 0; i2 < 16; ++i2) {
-          const float s0 = a15p[i0 * 128 + i1 * 16 + i2];
-          const float s1 = a18p[i0 * 128 + i1 * 16 + i2];
-          const float s2 = (s0 + s1);
-          const float s3 = 0.35355338f;
-          const float s4 = (s2 * s3);
-          const float s5 = a19p[i1 + i2 * 8];
-          const float s6 = -1000000000.0f;
-          const float s7 = (s5 != 0 ? s4 : s6);
-          a20p[i0 * 128 + i1 * 16 + i2] = s7;
-        }
-      }
-    }
-  }
+  loop30(a20.data(), a15.data(), a18.data(), a19.data());
 
   // transformer_xl.mesh:63:17 softmax -> weights
   MESHRT_TRACE("softmax", "transformer_xl.mesh:63:17", "forward");
-  static const support::Shape shape12_2 = {2, 2, 8};
-  static const support::Shape shape12_3 = {256, 128, 16};
-  static const support::Shape shape12_4 = {256, 128, 16};
-  static const support::Shape shape12_5 = {16};
-  static const support::Shape shape12_6 = {1};
-  static const support::Shape shape12_7 = {1};
-  support::along(a21.data(), a20.data(), shape12_2, shape12_3, shape12_4, shape12_5, shape12_6,
-                 shape12_7, support::Along::Softmax, 1e-05, 16, nullptr);
+  support::along(a21.data(), a20.data(), kShape20, kShape21, kShape21, kShape2, kShape1, kShape1,
+                 support::Along::Softmax, 1e-05, 16, nullptr);
 
   // transformer_xl.mesh:64:10 einsum
   // transformer_xl.mesh:64:10 einsum -> grad/decoder/xl_layer[0]/relative_attention/o
   MESHRT_TRACE("gemm", "transformer_xl.mesh:64:10", "forward");
   // dims: batch, heads, segment, context, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan13(
-      {{2, 2, 8, 16, 8}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 1, 2, 4}, {}}});
-  einsumPlan13.run(a21.data(), a9.data(), a22.data(), 1.0f, 0.0f);
+  kEinsum21.plan().run(a21.data(), a9.data(), a22.data(), 1.0f, 0.0f);
 
   // transformer_xl.mesh:64:10 einsum
   MESHRT_TRACE("gemm", "transformer_xl.mesh:64:10", "forward");
   // dims: heads, d_kv, d_model, batch, segment
-  static const meshrt::kernels::EinsumPlan einsumPlan14(
-      {{2, 8, 32, 2, 8}, {{{0, 1, 2}, {}}, {{3, 0, 4, 1}, {}}}, {{3, 4, 2}, {}}});
-  einsumPlan14.run(a23.data(), a22.data(), a24.data(), 1.0f, 0.0f);
+  kEinsum22.plan().run(a23.data(), a22.data(), a24.data(), 1.0f, 0.0f);
 
   // transformer_xl.mesh:80:18 all_reduce_sum (resolve the partial sum of %53 over model for add at
   // 80:18)
@@ -3299,74 +2665,31 @@ void XlTrain::repeated2(
 
   // transformer_xl.mesh:80:18 add
   MESHRT_TRACE("loop", "transformer_xl.mesh:80:18", "forward");
-  {
-    float *__restrict a25p = a25.data();
-    const float *__restrict a1p = a1.data();
-    const float *__restrict a24p = a24.data();
-    for (int64_t i0 = 0; i0 < 512; ++i0) {
-      const float s0 = a1p[i0];
-      const float s1 = a24p[i0];
-      const float s2 = (s0 + s1);
-      a25p[i0] = s2;
-    }
-  }
+  loop25(a25.data(), a1.data(), a24.data());
 
   // transformer_xl.mesh:32:10 layer_norm
   MESHRT_TRACE("layer_norm", "transformer_xl.mesh:32:10", "forward");
-  static const support::Shape shape17_2 = {2, 8};
-  static const support::Shape shape17_3 = {256, 32};
-  static const support::Shape shape17_4 = {256, 32};
-  static const support::Shape shape17_5 = {32};
-  static const support::Shape shape17_6 = {1};
-  static const support::Shape shape17_7 = {1};
-  support::along(a26.data(), a25.data(), shape17_2, shape17_3, shape17_4, shape17_5, shape17_6,
-                 shape17_7, support::Along::LayerNorm, 1e-05, 32, nullptr);
+  support::along(a26.data(), a25.data(), kShape3, kShape10, kShape10, kShape11, kShape1, kShape1,
+                 support::Along::LayerNorm, 1e-05, 32, nullptr);
 
   // transformer_xl.mesh:32:33 mul
   // transformer_xl.mesh:32:40 add -> h
   MESHRT_TRACE("loop", "transformer_xl.mesh:32:33", "forward");
-  {
-    float *__restrict a29p = a29.data();
-    const float *__restrict a26p = a26.data();
-    const float *__restrict a27p = a27.data();
-    const float *__restrict a28p = a28.data();
-    for (int64_t i0 = 0; i0 < 16; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = a26p[i0 * 32 + i1];
-        const float s1 = a27p[i1];
-        const float s2 = (s0 * s1);
-        const float s3 = a28p[i1];
-        const float s4 = (s2 + s3);
-        a29p[i0 * 32 + i1] = s4;
-      }
-    }
-  }
+  loop31(a29.data(), a26.data(), a27.data(), a28.data());
 
   // transformer_xl.mesh:70:22 einsum
   MESHRT_TRACE("gemm", "transformer_xl.mesh:70:22", "forward");
   // dims: batch, segment, d_model, d_ff
-  static const meshrt::kernels::EinsumPlan einsumPlan19(
-      {{2, 8, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan19.run(a29.data(), a30.data(), a31.data(), 1.0f, 0.0f);
+  kEinsum1.plan().run(a29.data(), a30.data(), a31.data(), 1.0f, 0.0f);
 
   // transformer_xl.mesh:70:17 relu
   MESHRT_TRACE("loop", "transformer_xl.mesh:70:17", "forward");
-  {
-    float *__restrict a32p = a32.data();
-    const float *__restrict a31p = a31.data();
-    for (int64_t i0 = 0; i0 < 512; ++i0) {
-      const float s0 = a31p[i0];
-      const float s1 = (s0 > 0 ? s0 : 0.0f);
-      a32p[i0] = s1;
-    }
-  }
+  loop32(a32.data(), a31.data());
 
   // transformer_xl.mesh:70:10 einsum
   MESHRT_TRACE("gemm", "transformer_xl.mesh:70:10", "forward");
   // dims: batch, segment, d_ff, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan21(
-      {{2, 8, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan21.run(a32.data(), a33.data(), a34.data(), 1.0f, 0.0f);
+  kEinsum1.plan().run(a32.data(), a33.data(), a34.data(), 1.0f, 0.0f);
 
   // transformer_xl.mesh:81:17 all_reduce_sum (resolve the partial sum of %64 over model for add at
   // 81:17)
@@ -3375,48 +2698,17 @@ void XlTrain::repeated2(
 
   // transformer_xl.mesh:81:17 add
   MESHRT_TRACE("loop", "transformer_xl.mesh:81:17", "forward");
-  {
-    float *__restrict a35p = a35.data();
-    const float *__restrict a29p = a29.data();
-    const float *__restrict a34p = a34.data();
-    for (int64_t i0 = 0; i0 < 512; ++i0) {
-      const float s0 = a29p[i0];
-      const float s1 = a34p[i0];
-      const float s2 = (s0 + s1);
-      a35p[i0] = s2;
-    }
-  }
+  loop25(a35.data(), a29.data(), a34.data());
 
   // transformer_xl.mesh:32:10 layer_norm
   MESHRT_TRACE("layer_norm", "transformer_xl.mesh:32:10", "forward");
-  static const support::Shape shape24_2 = {2, 8};
-  static const support::Shape shape24_3 = {256, 32};
-  static const support::Shape shape24_4 = {256, 32};
-  static const support::Shape shape24_5 = {32};
-  static const support::Shape shape24_6 = {1};
-  static const support::Shape shape24_7 = {1};
-  support::along(a36.data(), a35.data(), shape24_2, shape24_3, shape24_4, shape24_5, shape24_6,
-                 shape24_7, support::Along::LayerNorm, 1e-05, 32, nullptr);
+  support::along(a36.data(), a35.data(), kShape3, kShape10, kShape10, kShape11, kShape1, kShape1,
+                 support::Along::LayerNorm, 1e-05, 32, nullptr);
 
   // transformer_xl.mesh:32:33 mul
   // transformer_xl.mesh:32:40 add -> x
   MESHRT_TRACE("loop", "transformer_xl.mesh:32:33", "forward");
-  {
-    float *__restrict a39p = a39.data();
-    const float *__restrict a36p = a36.data();
-    const float *__restrict a37p = a37.data();
-    const float *__restrict a38p = a38.data();
-    for (int64_t i0 = 0; i0 < 16; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = a36p[i0 * 32 + i1];
-        const float s1 = a37p[i1];
-        const float s2 = (s0 * s1);
-        const float s3 = a38p[i1];
-        const float s4 = (s2 + s3);
-        a39p[i0 * 32 + i1] = s4;
-      }
-    }
-  }
+  loop31(a39.data(), a36.data(), a37.data(), a38.data());
 }
 
 void XlTrain::repeated3(
@@ -3435,295 +2727,135 @@ void XlTrain::repeated3(
 
   // transformer_xl.mesh:101:3 square
   MESHRT_TRACE("loop", "transformer_xl.mesh:101:3", "backward");
-  {
-    float *__restrict a1p = a1.data();
-    const float *__restrict a0p = a0.data();
-    for (int64_t i0 = 0; i0 < 512; ++i0) {
-      const float s0 = a0p[i0];
-      const float s1 = s0 * s0;
-      a1p[i0] = s1;
-    }
-  }
+  loop33(a1.data(), a0.data());
 
   // transformer_xl.mesh:101:3 sum
   MESHRT_TRACE("sum", "transformer_xl.mesh:101:3", "backward");
-  static const support::Shape shape1_1 = {};
-  static const support::Shape shape1_3 = {};
-  static const support::Shape shape1_4 = {32, 2, 8};
-  static const support::Shape shape1_5 = {16, 8, 1};
-  support::reduce(a2.data(), shape1_1, a1.data(), shape1_3, shape1_4, shape1_5,
+  support::reduce(a2.data(), kShape12, a1.data(), kShape12, kShape26, kShape27,
                   support::Reduce::Sum, 1.0);
 
   // transformer_xl.mesh:101:3 square
   MESHRT_TRACE("loop", "transformer_xl.mesh:101:3", "backward");
-  {
-    float *__restrict a4p = a4.data();
-    const float *__restrict a3p = a3.data();
-    for (int64_t i0 = 0; i0 < 512; ++i0) {
-      const float s0 = a3p[i0];
-      const float s1 = s0 * s0;
-      a4p[i0] = s1;
-    }
-  }
+  loop33(a4.data(), a3.data());
 
   // transformer_xl.mesh:101:3 sum
   MESHRT_TRACE("sum", "transformer_xl.mesh:101:3", "backward");
-  static const support::Shape shape3_1 = {};
-  static const support::Shape shape3_3 = {};
-  static const support::Shape shape3_4 = {32, 2, 8};
-  static const support::Shape shape3_5 = {16, 8, 1};
-  support::reduce(a5.data(), shape3_1, a4.data(), shape3_3, shape3_4, shape3_5,
+  support::reduce(a5.data(), kShape12, a4.data(), kShape12, kShape26, kShape27,
                   support::Reduce::Sum, 1.0);
 
   // transformer_xl.mesh:101:3 square
   MESHRT_TRACE("loop", "transformer_xl.mesh:101:3", "backward");
-  {
-    float *__restrict a7p = a7.data();
-    const float *__restrict a6p = a6.data();
-    for (int64_t i0 = 0; i0 < 512; ++i0) {
-      const float s0 = a6p[i0];
-      const float s1 = s0 * s0;
-      a7p[i0] = s1;
-    }
-  }
+  loop33(a7.data(), a6.data());
 
   // transformer_xl.mesh:101:3 sum
   MESHRT_TRACE("sum", "transformer_xl.mesh:101:3", "backward");
-  static const support::Shape shape5_1 = {};
-  static const support::Shape shape5_3 = {};
-  static const support::Shape shape5_4 = {32, 2, 8};
-  static const support::Shape shape5_5 = {16, 8, 1};
-  support::reduce(a8.data(), shape5_1, a7.data(), shape5_3, shape5_4, shape5_5,
+  support::reduce(a8.data(), kShape12, a7.data(), kShape12, kShape26, kShape27,
                   support::Reduce::Sum, 1.0);
 
   // transformer_xl.mesh:101:3 square
   MESHRT_TRACE("loop", "transformer_xl.mesh:101:3", "backward");
-  {
-    float *__restrict a10p = a10.data();
-    const float *__restrict a9p = a9.data();
-    for (int64_t i0 = 0; i0 < 512; ++i0) {
-      const float s0 = a9p[i0];
-      const float s1 = s0 * s0;
-      a10p[i0] = s1;
-    }
-  }
+  loop33(a10.data(), a9.data());
 
   // transformer_xl.mesh:101:3 sum
   MESHRT_TRACE("sum", "transformer_xl.mesh:101:3", "backward");
-  static const support::Shape shape7_1 = {};
-  static const support::Shape shape7_3 = {};
-  static const support::Shape shape7_4 = {32, 2, 8};
-  static const support::Shape shape7_5 = {16, 8, 1};
-  support::reduce(a11.data(), shape7_1, a10.data(), shape7_3, shape7_4, shape7_5,
+  support::reduce(a11.data(), kShape12, a10.data(), kShape12, kShape26, kShape27,
                   support::Reduce::Sum, 1.0);
 
   // transformer_xl.mesh:101:3 square
   MESHRT_TRACE("loop", "transformer_xl.mesh:101:3", "backward");
-  {
-    float *__restrict a13p = a13.data();
-    const float *__restrict a12p = a12.data();
-    for (int64_t i0 = 0; i0 < 512; ++i0) {
-      const float s0 = a12p[i0];
-      const float s1 = s0 * s0;
-      a13p[i0] = s1;
-    }
-  }
+  loop33(a13.data(), a12.data());
 
   // transformer_xl.mesh:101:3 sum
   MESHRT_TRACE("sum", "transformer_xl.mesh:101:3", "backward");
-  static const support::Shape shape9_1 = {};
-  static const support::Shape shape9_3 = {};
-  static const support::Shape shape9_4 = {2, 8, 32};
-  static const support::Shape shape9_5 = {256, 32, 1};
-  support::reduce(a14.data(), shape9_1, a13.data(), shape9_3, shape9_4, shape9_5,
+  support::reduce(a14.data(), kShape12, a13.data(), kShape12, kShape7, kShape28,
                   support::Reduce::Sum, 1.0);
 
   // transformer_xl.mesh:101:3 square
   MESHRT_TRACE("loop", "transformer_xl.mesh:101:3", "backward");
-  {
-    float *__restrict a16p = a16.data();
-    const float *__restrict a15p = a15.data();
-    for (int64_t i0 = 0; i0 < 16; ++i0) {
-      const float s0 = a15p[i0];
-      const float s1 = s0 * s0;
-      a16p[i0] = s1;
-    }
-  }
+  loop34(a16.data(), a15.data());
 
   // transformer_xl.mesh:101:3 sum
   MESHRT_TRACE("sum", "transformer_xl.mesh:101:3", "backward");
-  static const support::Shape shape11_1 = {};
-  static const support::Shape shape11_3 = {};
-  static const support::Shape shape11_4 = {2, 8};
-  static const support::Shape shape11_5 = {8, 1};
-  support::reduce(a17.data(), shape11_1, a16.data(), shape11_3, shape11_4, shape11_5,
+  support::reduce(a17.data(), kShape12, a16.data(), kShape12, kShape3, kShape13,
                   support::Reduce::Sum, 1.0);
 
   // transformer_xl.mesh:101:3 square
   MESHRT_TRACE("loop", "transformer_xl.mesh:101:3", "backward");
-  {
-    float *__restrict a19p = a19.data();
-    const float *__restrict a18p = a18.data();
-    for (int64_t i0 = 0; i0 < 16; ++i0) {
-      const float s0 = a18p[i0];
-      const float s1 = s0 * s0;
-      a19p[i0] = s1;
-    }
-  }
+  loop34(a19.data(), a18.data());
 
   // transformer_xl.mesh:101:3 sum
   MESHRT_TRACE("sum", "transformer_xl.mesh:101:3", "backward");
-  static const support::Shape shape13_1 = {};
-  static const support::Shape shape13_3 = {};
-  static const support::Shape shape13_4 = {2, 8};
-  static const support::Shape shape13_5 = {8, 1};
-  support::reduce(a20.data(), shape13_1, a19.data(), shape13_3, shape13_4, shape13_5,
+  support::reduce(a20.data(), kShape12, a19.data(), kShape12, kShape3, kShape13,
                   support::Reduce::Sum, 1.0);
 
   // transformer_xl.mesh:101:3 square
   MESHRT_TRACE("loop", "transformer_xl.mesh:101:3", "backward");
-  {
-    float *__restrict a22p = a22.data();
-    const float *__restrict a21p = a21.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = a21p[i0];
-      const float s1 = s0 * s0;
-      a22p[i0] = s1;
-    }
-  }
+  loop35(a22.data(), a21.data());
 
   // transformer_xl.mesh:101:3 local_slice (reshard %333 for sum at 101:3)
   MESHRT_TRACE("local_slice", "transformer_xl.mesh:101:3", "backward");
-  static const support::Shape shape15_2 = {32};
-  support::sliceDim(a23, a22, shape15_2, 0, support::blockIndex(world_, {"model"}), 2);
+  support::sliceDim(a23, a22, kShape11, 0, support::blockIndex(world_, {"model"}), 2);
 
   // transformer_xl.mesh:101:3 sum ('d_model' sliced over model: partial over model as its partner)
   MESHRT_TRACE("sum", "transformer_xl.mesh:101:3", "backward");
-  static const support::Shape shape16_1 = {};
-  static const support::Shape shape16_3 = {};
-  static const support::Shape shape16_4 = {16};
-  static const support::Shape shape16_5 = {1};
-  support::reduce(a24.data(), shape16_1, a23.data(), shape16_3, shape16_4, shape16_5,
+  support::reduce(a24.data(), kShape12, a23.data(), kShape12, kShape2, kShape1,
                   support::Reduce::Sum, 1.0);
 
   // transformer_xl.mesh:101:3 square
   MESHRT_TRACE("loop", "transformer_xl.mesh:101:3", "backward");
-  {
-    float *__restrict a26p = a26.data();
-    const float *__restrict a25p = a25.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = a25p[i0];
-      const float s1 = s0 * s0;
-      a26p[i0] = s1;
-    }
-  }
+  loop35(a26.data(), a25.data());
 
   // transformer_xl.mesh:101:3 local_slice (reshard %336 for sum at 101:3)
   MESHRT_TRACE("local_slice", "transformer_xl.mesh:101:3", "backward");
-  static const support::Shape shape18_2 = {32};
-  support::sliceDim(a27, a26, shape18_2, 0, support::blockIndex(world_, {"model"}), 2);
+  support::sliceDim(a27, a26, kShape11, 0, support::blockIndex(world_, {"model"}), 2);
 
   // transformer_xl.mesh:101:3 sum ('d_model' sliced over model: partial over model as its partner)
   MESHRT_TRACE("sum", "transformer_xl.mesh:101:3", "backward");
-  static const support::Shape shape19_1 = {};
-  static const support::Shape shape19_3 = {};
-  static const support::Shape shape19_4 = {16};
-  static const support::Shape shape19_5 = {1};
-  support::reduce(a28.data(), shape19_1, a27.data(), shape19_3, shape19_4, shape19_5,
+  support::reduce(a28.data(), kShape12, a27.data(), kShape12, kShape2, kShape1,
                   support::Reduce::Sum, 1.0);
 
   // transformer_xl.mesh:101:3 square
   MESHRT_TRACE("loop", "transformer_xl.mesh:101:3", "backward");
-  {
-    float *__restrict a30p = a30.data();
-    const float *__restrict a29p = a29.data();
-    for (int64_t i0 = 0; i0 < 1024; ++i0) {
-      const float s0 = a29p[i0];
-      const float s1 = s0 * s0;
-      a30p[i0] = s1;
-    }
-  }
+  loop15(a30.data(), a29.data());
 
   // transformer_xl.mesh:101:3 sum
   MESHRT_TRACE("sum", "transformer_xl.mesh:101:3", "backward");
-  static const support::Shape shape21_1 = {};
-  static const support::Shape shape21_3 = {};
-  static const support::Shape shape21_4 = {32, 32};
-  static const support::Shape shape21_5 = {32, 1};
-  support::reduce(a31.data(), shape21_1, a30.data(), shape21_3, shape21_4, shape21_5,
+  support::reduce(a31.data(), kShape12, a30.data(), kShape12, kShape16, kShape19,
                   support::Reduce::Sum, 1.0);
 
   // transformer_xl.mesh:101:3 square
   MESHRT_TRACE("loop", "transformer_xl.mesh:101:3", "backward");
-  {
-    float *__restrict a33p = a33.data();
-    const float *__restrict a32p = a32.data();
-    for (int64_t i0 = 0; i0 < 1024; ++i0) {
-      const float s0 = a32p[i0];
-      const float s1 = s0 * s0;
-      a33p[i0] = s1;
-    }
-  }
+  loop15(a33.data(), a32.data());
 
   // transformer_xl.mesh:101:3 sum
   MESHRT_TRACE("sum", "transformer_xl.mesh:101:3", "backward");
-  static const support::Shape shape23_1 = {};
-  static const support::Shape shape23_3 = {};
-  static const support::Shape shape23_4 = {32, 32};
-  static const support::Shape shape23_5 = {32, 1};
-  support::reduce(a34.data(), shape23_1, a33.data(), shape23_3, shape23_4, shape23_5,
+  support::reduce(a34.data(), kShape12, a33.data(), kShape12, kShape16, kShape19,
                   support::Reduce::Sum, 1.0);
 
   // transformer_xl.mesh:101:3 square
   MESHRT_TRACE("loop", "transformer_xl.mesh:101:3", "backward");
-  {
-    float *__restrict a36p = a36.data();
-    const float *__restrict a35p = a35.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = a35p[i0];
-      const float s1 = s0 * s0;
-      a36p[i0] = s1;
-    }
-  }
+  loop35(a36.data(), a35.data());
 
   // transformer_xl.mesh:101:3 local_slice (reshard %345 for sum at 101:3)
   MESHRT_TRACE("local_slice", "transformer_xl.mesh:101:3", "backward");
-  static const support::Shape shape25_2 = {32};
-  support::sliceDim(a37, a36, shape25_2, 0, support::blockIndex(world_, {"model"}), 2);
+  support::sliceDim(a37, a36, kShape11, 0, support::blockIndex(world_, {"model"}), 2);
 
   // transformer_xl.mesh:101:3 sum ('d_model' sliced over model: partial over model as its partner)
   MESHRT_TRACE("sum", "transformer_xl.mesh:101:3", "backward");
-  static const support::Shape shape26_1 = {};
-  static const support::Shape shape26_3 = {};
-  static const support::Shape shape26_4 = {16};
-  static const support::Shape shape26_5 = {1};
-  support::reduce(a38.data(), shape26_1, a37.data(), shape26_3, shape26_4, shape26_5,
+  support::reduce(a38.data(), kShape12, a37.data(), kShape12, kShape2, kShape1,
                   support::Reduce::Sum, 1.0);
 
   // transformer_xl.mesh:101:3 square
   MESHRT_TRACE("loop", "transformer_xl.mesh:101:3", "backward");
-  {
-    float *__restrict a40p = a40.data();
-    const float *__restrict a39p = a39.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = a39p[i0];
-      const float s1 = s0 * s0;
-      a40p[i0] = s1;
-    }
-  }
+  loop35(a40.data(), a39.data());
 
   // transformer_xl.mesh:101:3 local_slice (reshard %348 for sum at 101:3)
   MESHRT_TRACE("local_slice", "transformer_xl.mesh:101:3", "backward");
-  static const support::Shape shape28_2 = {32};
-  support::sliceDim(a41, a40, shape28_2, 0, support::blockIndex(world_, {"model"}), 2);
+  support::sliceDim(a41, a40, kShape11, 0, support::blockIndex(world_, {"model"}), 2);
 
   // transformer_xl.mesh:101:3 sum ('d_model' sliced over model: partial over model as its partner)
   MESHRT_TRACE("sum", "transformer_xl.mesh:101:3", "backward");
-  static const support::Shape shape29_1 = {};
-  static const support::Shape shape29_3 = {};
-  static const support::Shape shape29_4 = {16};
-  static const support::Shape shape29_5 = {1};
-  support::reduce(a42.data(), shape29_1, a41.data(), shape29_3, shape29_4, shape29_5,
+  support::reduce(a42.data(), kShape12, a41.data(), kShape12, kShape2, kShape1,
                   support::Reduce::Sum, 1.0);
 }
 
@@ -3768,93 +2900,94 @@ support::Tensor XlTrain::gatherOutput(meshrt::Communicator &world, const std::st
 float XlTrain::step(const Inputs &inputs) { return run(inputs).loss.data.at(0); }
 
 std::vector<std::string> XlTrain::paramNames() {
-  return {"decoder/embedding",
-          "decoder/xl_layer[0]/memory",
-          "decoder/xl_layer[0]/relative_attention/q",
-          "decoder/xl_layer[0]/relative_attention/k",
-          "decoder/xl_layer[0]/relative_attention/v",
-          "decoder/xl_layer[0]/relative_attention/r",
-          "decoder/xl_layer[0]/relative_attention/o",
-          "decoder/xl_layer[0]/relative_attention/content_bias",
-          "decoder/xl_layer[0]/relative_attention/position_bias",
-          "decoder/xl_layer[0]/norm/gain",
-          "decoder/xl_layer[0]/norm/bias",
-          "decoder/xl_layer[0]/dense_relu_dense/wi",
-          "decoder/xl_layer[0]/dense_relu_dense/wo",
-          "decoder/xl_layer[0]/norm#1/gain",
-          "decoder/xl_layer[0]/norm#1/bias",
-          "decoder/xl_layer[1]/memory",
-          "decoder/xl_layer[1]/relative_attention/q",
-          "decoder/xl_layer[1]/relative_attention/k",
-          "decoder/xl_layer[1]/relative_attention/v",
-          "decoder/xl_layer[1]/relative_attention/r",
-          "decoder/xl_layer[1]/relative_attention/o",
-          "decoder/xl_layer[1]/relative_attention/content_bias",
-          "decoder/xl_layer[1]/relative_attention/position_bias",
-          "decoder/xl_layer[1]/norm/gain",
-          "decoder/xl_layer[1]/norm/bias",
-          "decoder/xl_layer[1]/dense_relu_dense/wi",
-          "decoder/xl_layer[1]/dense_relu_dense/wo",
-          "decoder/xl_layer[1]/norm#1/gain",
-          "decoder/xl_layer[1]/norm#1/bias",
-          "decoder/embedding@m",
-          "decoder/embedding@v",
-          "decoder/xl_layer[0]/relative_attention/q@m",
-          "decoder/xl_layer[0]/relative_attention/q@v",
-          "decoder/xl_layer[0]/relative_attention/k@m",
-          "decoder/xl_layer[0]/relative_attention/k@v",
-          "decoder/xl_layer[0]/relative_attention/v@m",
-          "decoder/xl_layer[0]/relative_attention/v@v",
-          "decoder/xl_layer[0]/relative_attention/r@m",
-          "decoder/xl_layer[0]/relative_attention/r@v",
-          "decoder/xl_layer[0]/relative_attention/o@m",
-          "decoder/xl_layer[0]/relative_attention/o@v",
-          "decoder/xl_layer[0]/relative_attention/content_bias@m",
-          "decoder/xl_layer[0]/relative_attention/content_bias@v",
-          "decoder/xl_layer[0]/relative_attention/position_bias@m",
-          "decoder/xl_layer[0]/relative_attention/position_bias@v",
-          "decoder/xl_layer[0]/norm/gain@m",
-          "decoder/xl_layer[0]/norm/gain@v",
-          "decoder/xl_layer[0]/norm/bias@m",
-          "decoder/xl_layer[0]/norm/bias@v",
-          "decoder/xl_layer[0]/dense_relu_dense/wi@m",
-          "decoder/xl_layer[0]/dense_relu_dense/wi@v",
-          "decoder/xl_layer[0]/dense_relu_dense/wo@m",
-          "decoder/xl_layer[0]/dense_relu_dense/wo@v",
-          "decoder/xl_layer[0]/norm#1/gain@m",
-          "decoder/xl_layer[0]/norm#1/gain@v",
-          "decoder/xl_layer[0]/norm#1/bias@m",
-          "decoder/xl_layer[0]/norm#1/bias@v",
-          "decoder/xl_layer[1]/relative_attention/q@m",
-          "decoder/xl_layer[1]/relative_attention/q@v",
-          "decoder/xl_layer[1]/relative_attention/k@m",
-          "decoder/xl_layer[1]/relative_attention/k@v",
-          "decoder/xl_layer[1]/relative_attention/v@m",
-          "decoder/xl_layer[1]/relative_attention/v@v",
-          "decoder/xl_layer[1]/relative_attention/r@m",
-          "decoder/xl_layer[1]/relative_attention/r@v",
-          "decoder/xl_layer[1]/relative_attention/o@m",
-          "decoder/xl_layer[1]/relative_attention/o@v",
-          "decoder/xl_layer[1]/relative_attention/content_bias@m",
-          "decoder/xl_layer[1]/relative_attention/content_bias@v",
-          "decoder/xl_layer[1]/relative_attention/position_bias@m",
-          "decoder/xl_layer[1]/relative_attention/position_bias@v",
-          "decoder/xl_layer[1]/norm/gain@m",
-          "decoder/xl_layer[1]/norm/gain@v",
-          "decoder/xl_layer[1]/norm/bias@m",
-          "decoder/xl_layer[1]/norm/bias@v",
-          "decoder/xl_layer[1]/dense_relu_dense/wi@m",
-          "decoder/xl_layer[1]/dense_relu_dense/wi@v",
-          "decoder/xl_layer[1]/dense_relu_dense/wo@m",
-          "decoder/xl_layer[1]/dense_relu_dense/wo@v",
-          "decoder/xl_layer[1]/norm#1/gain@m",
-          "decoder/xl_layer[1]/norm#1/gain@v",
-          "decoder/xl_layer[1]/norm#1/bias@m",
-          "decoder/xl_layer[1]/norm#1/bias@v"};
+  static constexpr const char *names[] = {"decoder/embedding",
+                                          "decoder/xl_layer[0]/memory",
+                                          "decoder/xl_layer[0]/relative_attention/q",
+                                          "decoder/xl_layer[0]/relative_attention/k",
+                                          "decoder/xl_layer[0]/relative_attention/v",
+                                          "decoder/xl_layer[0]/relative_attention/r",
+                                          "decoder/xl_layer[0]/relative_attention/o",
+                                          "decoder/xl_layer[0]/relative_attention/content_bias",
+                                          "decoder/xl_layer[0]/relative_attention/position_bias",
+                                          "decoder/xl_layer[0]/norm/gain",
+                                          "decoder/xl_layer[0]/norm/bias",
+                                          "decoder/xl_layer[0]/dense_relu_dense/wi",
+                                          "decoder/xl_layer[0]/dense_relu_dense/wo",
+                                          "decoder/xl_layer[0]/norm#1/gain",
+                                          "decoder/xl_layer[0]/norm#1/bias",
+                                          "decoder/xl_layer[1]/memory",
+                                          "decoder/xl_layer[1]/relative_attention/q",
+                                          "decoder/xl_layer[1]/relative_attention/k",
+                                          "decoder/xl_layer[1]/relative_attention/v",
+                                          "decoder/xl_layer[1]/relative_attention/r",
+                                          "decoder/xl_layer[1]/relative_attention/o",
+                                          "decoder/xl_layer[1]/relative_attention/content_bias",
+                                          "decoder/xl_layer[1]/relative_attention/position_bias",
+                                          "decoder/xl_layer[1]/norm/gain",
+                                          "decoder/xl_layer[1]/norm/bias",
+                                          "decoder/xl_layer[1]/dense_relu_dense/wi",
+                                          "decoder/xl_layer[1]/dense_relu_dense/wo",
+                                          "decoder/xl_layer[1]/norm#1/gain",
+                                          "decoder/xl_layer[1]/norm#1/bias",
+                                          "decoder/embedding@m",
+                                          "decoder/embedding@v",
+                                          "decoder/xl_layer[0]/relative_attention/q@m",
+                                          "decoder/xl_layer[0]/relative_attention/q@v",
+                                          "decoder/xl_layer[0]/relative_attention/k@m",
+                                          "decoder/xl_layer[0]/relative_attention/k@v",
+                                          "decoder/xl_layer[0]/relative_attention/v@m",
+                                          "decoder/xl_layer[0]/relative_attention/v@v",
+                                          "decoder/xl_layer[0]/relative_attention/r@m",
+                                          "decoder/xl_layer[0]/relative_attention/r@v",
+                                          "decoder/xl_layer[0]/relative_attention/o@m",
+                                          "decoder/xl_layer[0]/relative_attention/o@v",
+                                          "decoder/xl_layer[0]/relative_attention/content_bias@m",
+                                          "decoder/xl_layer[0]/relative_attention/content_bias@v",
+                                          "decoder/xl_layer[0]/relative_attention/position_bias@m",
+                                          "decoder/xl_layer[0]/relative_attention/position_bias@v",
+                                          "decoder/xl_layer[0]/norm/gain@m",
+                                          "decoder/xl_layer[0]/norm/gain@v",
+                                          "decoder/xl_layer[0]/norm/bias@m",
+                                          "decoder/xl_layer[0]/norm/bias@v",
+                                          "decoder/xl_layer[0]/dense_relu_dense/wi@m",
+                                          "decoder/xl_layer[0]/dense_relu_dense/wi@v",
+                                          "decoder/xl_layer[0]/dense_relu_dense/wo@m",
+                                          "decoder/xl_layer[0]/dense_relu_dense/wo@v",
+                                          "decoder/xl_layer[0]/norm#1/gain@m",
+                                          "decoder/xl_layer[0]/norm#1/gain@v",
+                                          "decoder/xl_layer[0]/norm#1/bias@m",
+                                          "decoder/xl_layer[0]/norm#1/bias@v",
+                                          "decoder/xl_layer[1]/relative_attention/q@m",
+                                          "decoder/xl_layer[1]/relative_attention/q@v",
+                                          "decoder/xl_layer[1]/relative_attention/k@m",
+                                          "decoder/xl_layer[1]/relative_attention/k@v",
+                                          "decoder/xl_layer[1]/relative_attention/v@m",
+                                          "decoder/xl_layer[1]/relative_attention/v@v",
+                                          "decoder/xl_layer[1]/relative_attention/r@m",
+                                          "decoder/xl_layer[1]/relative_attention/r@v",
+                                          "decoder/xl_layer[1]/relative_attention/o@m",
+                                          "decoder/xl_layer[1]/relative_attention/o@v",
+                                          "decoder/xl_layer[1]/relative_attention/content_bias@m",
+                                          "decoder/xl_layer[1]/relative_attention/content_bias@v",
+                                          "decoder/xl_layer[1]/relative_attention/position_bias@m",
+                                          "decoder/xl_layer[1]/relative_attention/position_bias@v",
+                                          "decoder/xl_layer[1]/norm/gain@m",
+                                          "decoder/xl_layer[1]/norm/gain@v",
+                                          "decoder/xl_layer[1]/norm/bias@m",
+                                          "decoder/xl_layer[1]/norm/bias@v",
+                                          "decoder/xl_layer[1]/dense_relu_dense/wi@m",
+                                          "decoder/xl_layer[1]/dense_relu_dense/wi@v",
+                                          "decoder/xl_layer[1]/dense_relu_dense/wo@m",
+                                          "decoder/xl_layer[1]/dense_relu_dense/wo@v",
+                                          "decoder/xl_layer[1]/norm#1/gain@m",
+                                          "decoder/xl_layer[1]/norm#1/gain@v",
+                                          "decoder/xl_layer[1]/norm#1/bias@m",
+                                          "decoder/xl_layer[1]/norm#1/bias@v"};
+  return {std::begin(names), std::end(names)};
 }
 
 bool XlTrain::isOptimizerState(const std::string &path) {
-  static const std::vector<std::string> states = {
+  static constexpr std::string_view states[] = {
       "decoder/embedding@m",
       "decoder/embedding@v",
       "decoder/xl_layer[0]/relative_attention/q@m",
@@ -3909,138 +3042,11 @@ bool XlTrain::isOptimizerState(const std::string &path) {
       "decoder/xl_layer[1]/norm#1/gain@v",
       "decoder/xl_layer[1]/norm#1/bias@m",
       "decoder/xl_layer[1]/norm#1/bias@v"};
-  return std::find(states.begin(), states.end(), path) != states.end();
+  return std::find(std::begin(states), std::end(states), std::string_view(path)) !=
+         std::end(states);
 }
 
 std::vector<support::ParamShard> XlTrain::paramShards() {
-  static constexpr support::ParamSpec specs[] = {
-      {"decoder/embedding", false, "f32", "vocab:64:32:model d_model:32:32:"},
-      {"decoder/xl_layer[0]/memory", false, "f32",
-       "batch:4:2:data memory_length:8:8: d_model:32:32:"},
-      {"decoder/xl_layer[0]/relative_attention/q", false, "f32",
-       "d_model:32:32: heads:4:2:model d_kv:8:8:"},
-      {"decoder/xl_layer[0]/relative_attention/k", false, "f32",
-       "d_model:32:32: heads:4:2:model d_kv:8:8:"},
-      {"decoder/xl_layer[0]/relative_attention/v", false, "f32",
-       "d_model:32:32: heads:4:2:model d_kv:8:8:"},
-      {"decoder/xl_layer[0]/relative_attention/r", false, "f32",
-       "d_model:32:32: heads:4:2:model d_kv:8:8:"},
-      {"decoder/xl_layer[0]/relative_attention/o", false, "f32",
-       "heads:4:2:model d_kv:8:8: d_model:32:32:"},
-      {"decoder/xl_layer[0]/relative_attention/content_bias", false, "f32",
-       "heads:4:2:model d_kv:8:8:"},
-      {"decoder/xl_layer[0]/relative_attention/position_bias", false, "f32",
-       "heads:4:2:model d_kv:8:8:"},
-      {"decoder/xl_layer[0]/norm/gain", false, "f32", "d_model:32:32:"},
-      {"decoder/xl_layer[0]/norm/bias", false, "f32", "d_model:32:32:"},
-      {"decoder/xl_layer[0]/dense_relu_dense/wi", false, "f32", "d_model:32:32: d_ff:64:32:model"},
-      {"decoder/xl_layer[0]/dense_relu_dense/wo", false, "f32", "d_ff:64:32:model d_model:32:32:"},
-      {"decoder/xl_layer[0]/norm#1/gain", false, "f32", "d_model:32:32:"},
-      {"decoder/xl_layer[0]/norm#1/bias", false, "f32", "d_model:32:32:"},
-      {"decoder/xl_layer[1]/memory", false, "f32",
-       "batch:4:2:data memory_length:8:8: d_model:32:32:"},
-      {"decoder/xl_layer[1]/relative_attention/q", false, "f32",
-       "d_model:32:32: heads:4:2:model d_kv:8:8:"},
-      {"decoder/xl_layer[1]/relative_attention/k", false, "f32",
-       "d_model:32:32: heads:4:2:model d_kv:8:8:"},
-      {"decoder/xl_layer[1]/relative_attention/v", false, "f32",
-       "d_model:32:32: heads:4:2:model d_kv:8:8:"},
-      {"decoder/xl_layer[1]/relative_attention/r", false, "f32",
-       "d_model:32:32: heads:4:2:model d_kv:8:8:"},
-      {"decoder/xl_layer[1]/relative_attention/o", false, "f32",
-       "heads:4:2:model d_kv:8:8: d_model:32:32:"},
-      {"decoder/xl_layer[1]/relative_attention/content_bias", false, "f32",
-       "heads:4:2:model d_kv:8:8:"},
-      {"decoder/xl_layer[1]/relative_attention/position_bias", false, "f32",
-       "heads:4:2:model d_kv:8:8:"},
-      {"decoder/xl_layer[1]/norm/gain", false, "f32", "d_model:32:32:"},
-      {"decoder/xl_layer[1]/norm/bias", false, "f32", "d_model:32:32:"},
-      {"decoder/xl_layer[1]/dense_relu_dense/wi", false, "f32", "d_model:32:32: d_ff:64:32:model"},
-      {"decoder/xl_layer[1]/dense_relu_dense/wo", false, "f32", "d_ff:64:32:model d_model:32:32:"},
-      {"decoder/xl_layer[1]/norm#1/gain", false, "f32", "d_model:32:32:"},
-      {"decoder/xl_layer[1]/norm#1/bias", false, "f32", "d_model:32:32:"},
-      {"decoder/embedding@m", true, "f32", "vocab:64:32:model d_model:32:32:"},
-      {"decoder/embedding@v", true, "f32", "vocab:64:32:model d_model:32:32:"},
-      {"decoder/xl_layer[0]/relative_attention/q@m", true, "f32",
-       "d_model:32:32: heads:4:2:model d_kv:8:8:"},
-      {"decoder/xl_layer[0]/relative_attention/q@v", true, "f32",
-       "d_model:32:32: heads:4:2:model d_kv:8:8:"},
-      {"decoder/xl_layer[0]/relative_attention/k@m", true, "f32",
-       "d_model:32:32: heads:4:2:model d_kv:8:8:"},
-      {"decoder/xl_layer[0]/relative_attention/k@v", true, "f32",
-       "d_model:32:32: heads:4:2:model d_kv:8:8:"},
-      {"decoder/xl_layer[0]/relative_attention/v@m", true, "f32",
-       "d_model:32:32: heads:4:2:model d_kv:8:8:"},
-      {"decoder/xl_layer[0]/relative_attention/v@v", true, "f32",
-       "d_model:32:32: heads:4:2:model d_kv:8:8:"},
-      {"decoder/xl_layer[0]/relative_attention/r@m", true, "f32",
-       "d_model:32:32: heads:4:2:model d_kv:8:8:"},
-      {"decoder/xl_layer[0]/relative_attention/r@v", true, "f32",
-       "d_model:32:32: heads:4:2:model d_kv:8:8:"},
-      {"decoder/xl_layer[0]/relative_attention/o@m", true, "f32",
-       "heads:4:2:model d_kv:8:8: d_model:32:32:"},
-      {"decoder/xl_layer[0]/relative_attention/o@v", true, "f32",
-       "heads:4:2:model d_kv:8:8: d_model:32:32:"},
-      {"decoder/xl_layer[0]/relative_attention/content_bias@m", true, "f32",
-       "heads:4:2:model d_kv:8:8:"},
-      {"decoder/xl_layer[0]/relative_attention/content_bias@v", true, "f32",
-       "heads:4:2:model d_kv:8:8:"},
-      {"decoder/xl_layer[0]/relative_attention/position_bias@m", true, "f32",
-       "heads:4:2:model d_kv:8:8:"},
-      {"decoder/xl_layer[0]/relative_attention/position_bias@v", true, "f32",
-       "heads:4:2:model d_kv:8:8:"},
-      {"decoder/xl_layer[0]/norm/gain@m", true, "f32", "d_model:32:32:"},
-      {"decoder/xl_layer[0]/norm/gain@v", true, "f32", "d_model:32:32:"},
-      {"decoder/xl_layer[0]/norm/bias@m", true, "f32", "d_model:32:32:"},
-      {"decoder/xl_layer[0]/norm/bias@v", true, "f32", "d_model:32:32:"},
-      {"decoder/xl_layer[0]/dense_relu_dense/wi@m", true, "f32", "d_model:32:32: d_ff:64:32:model"},
-      {"decoder/xl_layer[0]/dense_relu_dense/wi@v", true, "f32", "d_model:32:32: d_ff:64:32:model"},
-      {"decoder/xl_layer[0]/dense_relu_dense/wo@m", true, "f32", "d_ff:64:32:model d_model:32:32:"},
-      {"decoder/xl_layer[0]/dense_relu_dense/wo@v", true, "f32", "d_ff:64:32:model d_model:32:32:"},
-      {"decoder/xl_layer[0]/norm#1/gain@m", true, "f32", "d_model:32:32:"},
-      {"decoder/xl_layer[0]/norm#1/gain@v", true, "f32", "d_model:32:32:"},
-      {"decoder/xl_layer[0]/norm#1/bias@m", true, "f32", "d_model:32:32:"},
-      {"decoder/xl_layer[0]/norm#1/bias@v", true, "f32", "d_model:32:32:"},
-      {"decoder/xl_layer[1]/relative_attention/q@m", true, "f32",
-       "d_model:32:32: heads:4:2:model d_kv:8:8:"},
-      {"decoder/xl_layer[1]/relative_attention/q@v", true, "f32",
-       "d_model:32:32: heads:4:2:model d_kv:8:8:"},
-      {"decoder/xl_layer[1]/relative_attention/k@m", true, "f32",
-       "d_model:32:32: heads:4:2:model d_kv:8:8:"},
-      {"decoder/xl_layer[1]/relative_attention/k@v", true, "f32",
-       "d_model:32:32: heads:4:2:model d_kv:8:8:"},
-      {"decoder/xl_layer[1]/relative_attention/v@m", true, "f32",
-       "d_model:32:32: heads:4:2:model d_kv:8:8:"},
-      {"decoder/xl_layer[1]/relative_attention/v@v", true, "f32",
-       "d_model:32:32: heads:4:2:model d_kv:8:8:"},
-      {"decoder/xl_layer[1]/relative_attention/r@m", true, "f32",
-       "d_model:32:32: heads:4:2:model d_kv:8:8:"},
-      {"decoder/xl_layer[1]/relative_attention/r@v", true, "f32",
-       "d_model:32:32: heads:4:2:model d_kv:8:8:"},
-      {"decoder/xl_layer[1]/relative_attention/o@m", true, "f32",
-       "heads:4:2:model d_kv:8:8: d_model:32:32:"},
-      {"decoder/xl_layer[1]/relative_attention/o@v", true, "f32",
-       "heads:4:2:model d_kv:8:8: d_model:32:32:"},
-      {"decoder/xl_layer[1]/relative_attention/content_bias@m", true, "f32",
-       "heads:4:2:model d_kv:8:8:"},
-      {"decoder/xl_layer[1]/relative_attention/content_bias@v", true, "f32",
-       "heads:4:2:model d_kv:8:8:"},
-      {"decoder/xl_layer[1]/relative_attention/position_bias@m", true, "f32",
-       "heads:4:2:model d_kv:8:8:"},
-      {"decoder/xl_layer[1]/relative_attention/position_bias@v", true, "f32",
-       "heads:4:2:model d_kv:8:8:"},
-      {"decoder/xl_layer[1]/norm/gain@m", true, "f32", "d_model:32:32:"},
-      {"decoder/xl_layer[1]/norm/gain@v", true, "f32", "d_model:32:32:"},
-      {"decoder/xl_layer[1]/norm/bias@m", true, "f32", "d_model:32:32:"},
-      {"decoder/xl_layer[1]/norm/bias@v", true, "f32", "d_model:32:32:"},
-      {"decoder/xl_layer[1]/dense_relu_dense/wi@m", true, "f32", "d_model:32:32: d_ff:64:32:model"},
-      {"decoder/xl_layer[1]/dense_relu_dense/wi@v", true, "f32", "d_model:32:32: d_ff:64:32:model"},
-      {"decoder/xl_layer[1]/dense_relu_dense/wo@m", true, "f32", "d_ff:64:32:model d_model:32:32:"},
-      {"decoder/xl_layer[1]/dense_relu_dense/wo@v", true, "f32", "d_ff:64:32:model d_model:32:32:"},
-      {"decoder/xl_layer[1]/norm#1/gain@m", true, "f32", "d_model:32:32:"},
-      {"decoder/xl_layer[1]/norm#1/gain@v", true, "f32", "d_model:32:32:"},
-      {"decoder/xl_layer[1]/norm#1/bias@m", true, "f32", "d_model:32:32:"},
-      {"decoder/xl_layer[1]/norm#1/bias@v", true, "f32", "d_model:32:32:"}};
   support::Buffer *const data[] = {&param0_decoder_embedding,
                                    &param1_decoder_xl_layer_0_memory,
                                    &param2_decoder_xl_layer_0_relative_attention_q,
@@ -4124,7 +3130,7 @@ std::vector<support::ParamShard> XlTrain::paramShards() {
                                    &param80_decoder_xl_layer_1_norm_1_gain_v,
                                    &param81_decoder_xl_layer_1_norm_1_bias_m,
                                    &param82_decoder_xl_layer_1_norm_1_bias_v};
-  return support::paramShardsOf<support::ParamShard>(specs, data);
+  return support::paramShardsOf<support::ParamShard>(kXlTrainParams, data);
 }
 
 support::Tensor XlTrain::getParam(const std::string &path) {

@@ -5,6 +5,928 @@
 
 namespace meshc_generated {
 
+// The shapes the kernel calls take and the loop nests the classes share.
+static const support::Shape kShape0 = {2};
+static const support::Shape kShape1 = {1};
+static const support::Shape kShape2 = {2, 14, 3};
+static const support::Shape kShape3 = {672, 3, 1};
+static const support::Shape kShape4 = {588, 3, 1};
+static const support::Shape kShape5 = {2, 16, 3};
+static const support::Shape kShape6 = {768, 48, 1};
+static const support::Shape kShape7 = {672, 42, 1};
+static const support::Shape kShape8 = {2, 4, 4, 16, 3};
+static const support::Shape kShape9 = {768, 0, 0, 3, 1};
+static const support::Shape kShape10 = {0, 4, 1, 0, 0};
+static const support::Shape kShape11 = {16};
+static const support::Shape kShape12 = {48};
+static const support::Shape kShape13 = {2, 4, 4, 4, 4, 3};
+static const support::Shape kShape14 = {768, 192, 48, 0, 0, 1};
+static const support::Shape kShape15 = {0, 0, 0, 4, 1, 0};
+static const support::Shape kShape16 = {3};
+static const support::Shape kShape17 = {2, 16, 4, 4, 3};
+static const support::Shape kShape18 = {768, 0, 48, 3, 1};
+static const support::Shape kShape19 = {0, 1, 0, 0, 0};
+static const support::Shape kShape20 = {4, 4};
+static const support::Shape kShape21 = {192, 12};
+static const support::Shape kShape22 = {64, 2};
+static const support::Shape kShape23 = {2, 1};
+static const support::Shape kShape24 = {1, 1024};
+static const support::Shape kShape25 = {2, 17};
+static const support::Shape kShape26 = {1088, 64};
+static const support::Shape kShape27 = {64};
+static const support::Shape kShape28 = {2, 64};
+static const support::Shape kShape29 = {64, 1};
+static const support::Shape kShape30 = {1088, 1};
+static const support::Shape kShape31 = {10};
+static const support::Shape kShape32 = {2, 2, 17};
+static const support::Shape kShape33 = {578, 289, 17};
+static const support::Shape kShape34 = {17};
+static const support::Shape kShape35 = {2, 10};
+static const support::Shape kShape36 = {1, 0};
+static const support::Shape kShape37 = {0, 1};
+static const support::Shape kShape38 = {};
+static const support::Shape kShape39 = {17, 64};
+static const support::Shape kShape40 = {128, 2};
+static const support::Shape kShape41 = {1024, 1};
+static const support::Shape kShape42 = {1, 2};
+static const support::Shape kShape43 = {1, 64};
+static const support::Shape kShape44 = {2, 16};
+static const support::Shape kShape45 = {1024, 64};
+static const support::Shape kShape46 = {64, 10};
+static const support::Shape kShape47 = {10, 1};
+static const support::Shape kShape48 = {4, 4, 3, 64};
+static const support::Shape kShape49 = {768, 192, 64, 1};
+static const support::Shape kShape50 = {64, 2, 16};
+static const support::Shape kShape51 = {32, 16, 1};
+static const support::Shape kShape52 = {2, 16, 64};
+static const support::Shape kShape53 = {1024, 64, 1};
+static const support::Shape kShape54 = {64, 64};
+static const support::SharedEinsum
+    kEinsum0({{2, 16, 4, 4, 3, 64}, {{{0, 1, 2, 3, 4}, {}}, {{2, 3, 4, 5}, {}}}, {{0, 1, 5}, {}}});
+static const support::SharedEinsum
+    kEinsum1({{2, 64, 10}, {{{0, 1}, {}}, {{1, 2}, {}}}, {{0, 2}, {}}});
+static const support::SharedEinsum
+    kEinsum2({{2, 17, 64, 2, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
+static const support::SharedEinsum
+    kEinsum3({{2, 17, 2, 16, 17}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
+static const support::SharedEinsum
+    kEinsum4({{2, 2, 17, 17, 16}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 2, 1, 4}, {}}});
+static const support::SharedEinsum
+    kEinsum5({{2, 17, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 4}, {}}});
+static const support::SharedEinsum
+    kEinsum6({{2, 10, 64}, {{{0, 1}, {}}, {{2, 1}, {}}}, {{0, 2}, {}}});
+static const support::SharedEinsum
+    kEinsum7({{2, 10, 64}, {{{0, 1}, {}}, {{0, 2}, {}}}, {{2, 1}, {}}});
+static const support::SharedEinsum
+    kEinsum8({{2, 16, 64, 4, 4, 3}, {{{0, 1, 2}, {}}, {{0, 1, 3, 4, 5}, {}}}, {{3, 4, 5, 2}, {}}});
+static const support::SharedEinsum
+    kEinsum9({{2, 17, 64, 2, 16}, {{{0, 1, 2}, {}}, {{3, 4, 2}, {}}}, {{0, 1, 3, 4}, {}}});
+static const support::SharedEinsum
+    kEinsum10({{2, 17, 64, 2, 16}, {{{0, 1, 2}, {}}, {{0, 1, 3, 4}, {}}}, {{3, 4, 2}, {}}});
+static const support::SharedEinsum
+    kEinsum11({{2, 17, 2, 16, 17}, {{{0, 1, 2, 3}, {}}, {{0, 2, 1, 4}, {}}}, {{0, 4, 2, 3}, {}}});
+static const support::SharedEinsum
+    kEinsum12({{2, 2, 17, 17, 16}, {{{0, 1, 2, 3}, {}}, {{0, 2, 1, 4}, {}}}, {{0, 3, 1, 4}, {}}});
+static const support::SharedEinsum
+    kEinsum13({{2, 17, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
+static const support::SharedEinsum
+    kEinsum14({{2, 17, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
+
+[[gnu::noinline]] static void loop0(float *__restrict p0, const float *__restrict p1) {
+  for (int64_t i0 = 0; i0 < 2; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = support::wrapI32(0.0);
+    const float s2 = (s0 >= s1 ? 1.0f : 0.0f);
+    p0[i0] = s2;
+  }
+}
+
+[[gnu::noinline]] static void loop1(float *__restrict p0, const float *__restrict p1) {
+  for (int64_t i0 = 0; i0 < 2; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = s0;
+    p0[i0] = s1;
+  }
+}
+
+[[gnu::noinline]] static void loop2(float *__restrict p0, const float *__restrict p1,
+                                    const float *__restrict p2) {
+  for (int64_t i0 = 0; i0 < 32; ++i0) {
+    for (int64_t i1 = 0; i1 < 64; ++i1) {
+      const float s0 = p1[i0 * 64 + i1];
+      const float s1 = p2[i1];
+      const float s2 = (s0 + s1);
+      p0[i0 * 64 + i1] = s2;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop3(float *__restrict p0, const float *__restrict p1,
+                                    const float *__restrict p2) {
+  for (int64_t i0 = 0; i0 < 64; ++i0) {
+    for (int64_t i1 = 0; i1 < 2; ++i1) {
+      const float s0 = p1[i0];
+      const float s1 = p2[i1];
+      const float s2 = (s0 * s1);
+      p0[i0 * 2 + i1] = s2;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop4(float *__restrict p0, const float *__restrict p1,
+                                    const float *__restrict p2) {
+  for (int64_t i0 = 0; i0 < 2; ++i0) {
+    for (int64_t i1 = 0; i1 < 1088; ++i1) {
+      const float s0 = p1[i0 + i1 * 2];
+      const float s1 = p2[i1];
+      const float s2 = (s0 + s1);
+      const float s3 = s2;
+      p0[i0 * 1088 + i1] = s3;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop5(float *__restrict p0, const float *__restrict p1,
+                                    const float *__restrict p2, const float *__restrict p3) {
+  for (int64_t i0 = 0; i0 < 34; ++i0) {
+    for (int64_t i1 = 0; i1 < 64; ++i1) {
+      const float s0 = p1[i0 * 64 + i1];
+      const float s1 = p2[i1];
+      const float s2 = (s0 * s1);
+      const float s3 = p3[i1];
+      const float s4 = (s2 + s3);
+      p0[i0 * 64 + i1] = s4;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop6(float *__restrict p0, const float *__restrict p1,
+                                    const float *__restrict p2) {
+  for (int64_t i0 = 0; i0 < 2; ++i0) {
+    for (int64_t i1 = 0; i1 < 10; ++i1) {
+      const float s0 = p1[i0 * 10 + i1];
+      const float s1 = p2[i1];
+      const float s2 = (s0 + s1);
+      p0[i0 * 10 + i1] = s2;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop7(float *__restrict p0, const float *__restrict p1,
+                                    const float *__restrict p2) {
+  for (int64_t i0 = 0; i0 < 34; ++i0) {
+    for (int64_t i1 = 0; i1 < 64; ++i1) {
+      const float s0 = p1[i0 * 64 + i1];
+      const float s1 = p2[i1];
+      const float s2 = (s0 * s1);
+      p0[i0 * 64 + i1] = s2;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop8(float *__restrict p0, const float *__restrict p1,
+                                    const float *__restrict p2) {
+  for (int64_t i0 = 0; i0 < 2176; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = p2[i0];
+    const float s2 = (s0 + s1);
+    p0[i0] = s2;
+  }
+}
+
+[[gnu::noinline]] static void loop9(float *__restrict p0, const float *__restrict p1,
+                                    const float *__restrict p2, const float *__restrict p3) {
+  for (int64_t i0 = 0; i0 < 34; ++i0) {
+    for (int64_t i1 = 0; i1 < 64; ++i1) {
+      const float s0 = p1[i0 * 64 + i1];
+      const float s1 = p2[i1];
+      const float s2 = (s0 * s1);
+      const float s3 = p3[i1];
+      const float s4 = (s2 + s3);
+      const float s5 = support::roundValue(support::DType::BF16, double(s4));
+      p0[i0 * 64 + i1] = s5;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop10(float *__restrict p0, const float *__restrict p1) {
+  for (int64_t i0 = 0; i0 < 4096; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = support::roundValue(support::DType::BF16, double(s0));
+    p0[i0] = s1;
+  }
+}
+
+[[gnu::noinline]] static void loop11(float *__restrict p0, const float *__restrict p1) {
+  for (int64_t i0 = 0; i0 < 2176; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = support::roundValue(support::DType::BF16, double(support::gelu(s0)));
+    p0[i0] = s1;
+  }
+}
+
+[[gnu::noinline]] static void loop12(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2) {
+  for (int64_t i0 = 0; i0 < 34; ++i0) {
+    for (int64_t i1 = 0; i1 < 64; ++i1) {
+      const float s0 = p1[i0 * 64 + i1];
+      const float s1 = s0;
+      const float s2 = p2[i1];
+      const float s3 = (s1 * s2);
+      p0[i0 * 64 + i1] = s3;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop13(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2) {
+  for (int64_t i0 = 0; i0 < 20; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = p2[i0];
+    const float s2 = (s0 * s1);
+    p0[i0] = s2;
+  }
+}
+
+[[gnu::noinline]] static void loop14(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2) {
+  for (int64_t i0 = 0; i0 < 2; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = p2[i0];
+    const float s2 = (s0 - s1);
+    p0[i0] = s2;
+  }
+}
+
+[[gnu::noinline]] static void loop15(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2, const float *__restrict p3) {
+  for (int64_t i0 = 0; i0 < 2; ++i0) {
+    for (int64_t i1 = 0; i1 < 10; ++i1) {
+      const float s0 = p1[i0 * 10 + i1];
+      const float s1 = p2[i0];
+      const float s2 = (s0 - s1);
+      const float s3 = support::fexp(s2);
+      const float s4 = 0.25f;
+      const float s5 = (s4 * s3);
+      const float s6 = -0.25f;
+      const float s7 = p3[i0 * 10 + i1];
+      const float s8 = (s6 * s7);
+      const float s9 = (s8 + s5);
+      p0[i0 * 10 + i1] = s9;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop16(float *__restrict p0, const float *__restrict p1) {
+  for (int64_t i0 = 0; i0 < 128; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = s0;
+    p0[i0] = s1;
+  }
+}
+
+[[gnu::noinline]] static void loop17(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2) {
+  for (int64_t i0 = 0; i0 < 2176; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = p2[i0];
+    const float s2 = (s0 * s1);
+    p0[i0] = s2;
+  }
+}
+
+[[gnu::noinline]] static void loop18(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2) {
+  for (int64_t i0 = 0; i0 < 34; ++i0) {
+    for (int64_t i1 = 0; i1 < 64; ++i1) {
+      const float s0 = p1[i0 * 64 + i1];
+      const float s1 = p2[i0];
+      const float s2 = (s0 - s1);
+      const float s3 = s2 * s2;
+      p0[i0 * 64 + i1] = s3;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop19(float *__restrict p0, const float *__restrict p1) {
+  for (int64_t i0 = 0; i0 < 34; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = 1e-06f;
+    const float s2 = (s0 + s1);
+    const float s3 = 1.0f / support::fsqrt(s2);
+    p0[i0] = s3;
+  }
+}
+
+[[gnu::noinline]] static void loop20(float *__restrict p0, float *__restrict p1,
+                                     const float *__restrict p2, const float *__restrict p3,
+                                     const float *__restrict p4) {
+  for (int64_t i0 = 0; i0 < 34; ++i0) {
+    for (int64_t i1 = 0; i1 < 64; ++i1) {
+      const float s0 = p2[i0 * 64 + i1];
+      const float s1 = p3[i1];
+      const float s2 = (s0 * s1);
+      const float s3 = p4[i0 * 64 + i1];
+      const float s4 = (s2 * s3);
+      p0[i0 * 64 + i1] = s2;
+      p1[i0 * 64 + i1] = s4;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop21(float *__restrict p0, float *__restrict p1,
+                                     float *__restrict p2, const float *__restrict p3,
+                                     const float *__restrict p4, const float *__restrict p5,
+                                     const float *__restrict p6, const float *__restrict p7,
+                                     const float *__restrict p8, const float *__restrict p9) {
+  for (int64_t i0 = 0; i0 < 34; ++i0) {
+    for (int64_t i1 = 0; i1 < 64; ++i1) {
+      const float s0 = p3[i0 * 64 + i1];
+      const float s1 = p4[i0];
+      const float s2 = (s0 * s1);
+      const float s3 = p5[i0 * 64 + i1];
+      const float s4 = p6[i0];
+      const float s5 = (s3 - s4);
+      const float s6 = (s5 - s2);
+      const float s7 = p7[i0];
+      const float s8 = (s6 * s7);
+      const float s9 = p8[i1];
+      const float s10 = (s8 * s9);
+      const float s11 = p9[i0 * 64 + i1];
+      const float s12 = (s8 * s11);
+      p0[i0 * 64 + i1] = s8;
+      p1[i0 * 64 + i1] = s10;
+      p2[i0 * 64 + i1] = s12;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop22(float *__restrict p0, float *__restrict p1,
+                                     float *__restrict p2, const float *__restrict p3,
+                                     const float *__restrict p4, const float *__restrict p5,
+                                     const float *__restrict p6, const float *__restrict p7,
+                                     const float *__restrict p8, const float *__restrict p9,
+                                     const float *__restrict p10) {
+  for (int64_t i0 = 0; i0 < 34; ++i0) {
+    for (int64_t i1 = 0; i1 < 64; ++i1) {
+      const float s0 = p3[i0 * 64 + i1];
+      const float s1 = p4[i0];
+      const float s2 = (s0 * s1);
+      const float s3 = p5[i0 * 64 + i1];
+      const float s4 = p6[i0];
+      const float s5 = (s3 - s4);
+      const float s6 = (s5 - s2);
+      const float s7 = p7[i0];
+      const float s8 = (s6 * s7);
+      const float s9 = p8[i0 * 64 + i1];
+      const float s10 = (s9 + s8);
+      const float s11 = p9[i1];
+      const float s12 = (s10 * s11);
+      const float s13 = p10[i0 * 64 + i1];
+      const float s14 = (s10 * s13);
+      p0[i0 * 64 + i1] = s10;
+      p1[i0 * 64 + i1] = s12;
+      p2[i0 * 64 + i1] = s14;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop23(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2, const float *__restrict p3,
+                                     const float *__restrict p4, const float *__restrict p5,
+                                     const float *__restrict p6) {
+  for (int64_t i0 = 0; i0 < 17; ++i0) {
+    for (int64_t i1 = 0; i1 < 64; ++i1) {
+      for (int64_t i2 = 0; i2 < 2; ++i2) {
+        const float s0 = p1[i0 * 64 + i1 + i2 * 1088];
+        const float s1 = p2[i0 + i2 * 17];
+        const float s2 = (s0 * s1);
+        const float s3 = p3[i0 * 64 + i1 + i2 * 1088];
+        const float s4 = p4[i0 + i2 * 17];
+        const float s5 = (s3 - s4);
+        const float s6 = (s5 - s2);
+        const float s7 = p5[i0 + i2 * 17];
+        const float s8 = (s6 * s7);
+        const float s9 = p6[i0 * 64 + i1 + i2 * 1088];
+        const float s10 = (s9 + s8);
+        const float s11 = s10;
+        p0[i0 * 128 + i1 * 2 + i2] = s11;
+      }
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop24(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2) {
+  for (int64_t i0 = 0; i0 < 64; ++i0) {
+    for (int64_t i1 = 0; i1 < 2; ++i1) {
+      const float s0 = p1[i0 * 2 + i1];
+      const float s1 = p2[i1];
+      const float s2 = (s0 * s1);
+      p0[i0 * 2 + i1] = s2;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop25(float *__restrict p0, const float *__restrict p1) {
+  for (int64_t i0 = 0; i0 < 64; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = s0 * s0;
+    p0[i0] = s1;
+  }
+}
+
+[[gnu::noinline]] static void loop26(float *__restrict p0, const float *__restrict p1) {
+  for (int64_t i0 = 0; i0 < 1088; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = s0 * s0;
+    p0[i0] = s1;
+  }
+}
+
+[[gnu::noinline]] static void loop27(float *__restrict p0, const float *__restrict p1) {
+  for (int64_t i0 = 0; i0 < 640; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = s0 * s0;
+    p0[i0] = s1;
+  }
+}
+
+[[gnu::noinline]] static void loop28(float *__restrict p0, const float *__restrict p1) {
+  for (int64_t i0 = 0; i0 < 10; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = s0 * s0;
+    p0[i0] = s1;
+  }
+}
+
+[[gnu::noinline]] static void loop29(float *__restrict p0, const float *__restrict p1) {
+  for (int64_t i0 = 0; i0 < 3072; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = s0 * s0;
+    p0[i0] = s1;
+  }
+}
+
+[[gnu::noinline]] static void loop30(float *__restrict p0, float *__restrict p1,
+                                     float *__restrict p2, const float *__restrict p3,
+                                     const float *__restrict p4, const float *__restrict p5,
+                                     const float *__restrict p6, const float *__restrict p7) {
+  const float r2 = p4[0];
+  const float r5 = p5[0];
+  const float r6 = p6[0];
+  const float r7 = p7[0];
+  for (int64_t i0 = 0; i0 < 64; ++i0) {
+    const float s0 = p2[i0];
+    const float s1 = 0.05f;
+    const float s2 = (s0 * s1);
+    const float s3 = p3[i0];
+    const float s4 = r2;
+    const float s5 = (s3 * s4);
+    const float s6 = 0.100000024f;
+    const float s7 = (s5 * s6);
+    const float s8 = p0[i0];
+    const float s9 = 0.9f;
+    const float s10 = (s8 * s9);
+    const float s11 = (s10 + s7);
+    const float s12 = s5 * s5;
+    const float s13 = 0.0009999871f;
+    const float s14 = (s12 * s13);
+    const float s15 = p1[i0];
+    const float s16 = 0.999f;
+    const float s17 = (s15 * s16);
+    const float s18 = (s17 + s14);
+    const float s19 = r5;
+    const float s20 = (s11 / s19);
+    const float s21 = r6;
+    const float s22 = (s18 / s21);
+    const float s23 = support::fsqrt(s22);
+    const float s24 = 1e-08f;
+    const float s25 = (s23 + s24);
+    const float s26 = (s20 / s25);
+    const float s27 = (s26 + s2);
+    const float s28 = r7;
+    const float s29 = (s27 * s28);
+    const float s30 = p2[i0];
+    const float s31 = (s30 - s29);
+    p0[i0] = s11;
+    p1[i0] = s18;
+    p2[i0] = s31;
+  }
+}
+
+[[gnu::noinline]] static void loop31(float *__restrict p0, float *__restrict p1,
+                                     float *__restrict p2, const float *__restrict p3,
+                                     const float *__restrict p4, const float *__restrict p5,
+                                     const float *__restrict p6, const float *__restrict p7) {
+  const float r2 = p4[0];
+  const float r5 = p5[0];
+  const float r6 = p6[0];
+  const float r7 = p7[0];
+  for (int64_t i0 = 0; i0 < 1088; ++i0) {
+    const float s0 = p2[i0];
+    const float s1 = 0.05f;
+    const float s2 = (s0 * s1);
+    const float s3 = p3[i0];
+    const float s4 = r2;
+    const float s5 = (s3 * s4);
+    const float s6 = 0.100000024f;
+    const float s7 = (s5 * s6);
+    const float s8 = p0[i0];
+    const float s9 = 0.9f;
+    const float s10 = (s8 * s9);
+    const float s11 = (s10 + s7);
+    const float s12 = s5 * s5;
+    const float s13 = 0.0009999871f;
+    const float s14 = (s12 * s13);
+    const float s15 = p1[i0];
+    const float s16 = 0.999f;
+    const float s17 = (s15 * s16);
+    const float s18 = (s17 + s14);
+    const float s19 = r5;
+    const float s20 = (s11 / s19);
+    const float s21 = r6;
+    const float s22 = (s18 / s21);
+    const float s23 = support::fsqrt(s22);
+    const float s24 = 1e-08f;
+    const float s25 = (s23 + s24);
+    const float s26 = (s20 / s25);
+    const float s27 = (s26 + s2);
+    const float s28 = r7;
+    const float s29 = (s27 * s28);
+    const float s30 = p2[i0];
+    const float s31 = (s30 - s29);
+    p0[i0] = s11;
+    p1[i0] = s18;
+    p2[i0] = s31;
+  }
+}
+
+[[gnu::noinline]] static void loop32(float *__restrict p0, float *__restrict p1,
+                                     float *__restrict p2, const float *__restrict p3,
+                                     const float *__restrict p4, const float *__restrict p5,
+                                     const float *__restrict p6, const float *__restrict p7) {
+  const float r2 = p4[0];
+  const float r5 = p5[0];
+  const float r6 = p6[0];
+  const float r7 = p7[0];
+  for (int64_t i0 = 0; i0 < 640; ++i0) {
+    const float s0 = p2[i0];
+    const float s1 = 0.05f;
+    const float s2 = (s0 * s1);
+    const float s3 = p3[i0];
+    const float s4 = r2;
+    const float s5 = (s3 * s4);
+    const float s6 = 0.100000024f;
+    const float s7 = (s5 * s6);
+    const float s8 = p0[i0];
+    const float s9 = 0.9f;
+    const float s10 = (s8 * s9);
+    const float s11 = (s10 + s7);
+    const float s12 = s5 * s5;
+    const float s13 = 0.0009999871f;
+    const float s14 = (s12 * s13);
+    const float s15 = p1[i0];
+    const float s16 = 0.999f;
+    const float s17 = (s15 * s16);
+    const float s18 = (s17 + s14);
+    const float s19 = r5;
+    const float s20 = (s11 / s19);
+    const float s21 = r6;
+    const float s22 = (s18 / s21);
+    const float s23 = support::fsqrt(s22);
+    const float s24 = 1e-08f;
+    const float s25 = (s23 + s24);
+    const float s26 = (s20 / s25);
+    const float s27 = (s26 + s2);
+    const float s28 = r7;
+    const float s29 = (s27 * s28);
+    const float s30 = p2[i0];
+    const float s31 = (s30 - s29);
+    p0[i0] = s11;
+    p1[i0] = s18;
+    p2[i0] = s31;
+  }
+}
+
+[[gnu::noinline]] static void loop33(float *__restrict p0, float *__restrict p1,
+                                     float *__restrict p2, const float *__restrict p3,
+                                     const float *__restrict p4, const float *__restrict p5,
+                                     const float *__restrict p6, const float *__restrict p7) {
+  const float r2 = p4[0];
+  const float r5 = p5[0];
+  const float r6 = p6[0];
+  const float r7 = p7[0];
+  for (int64_t i0 = 0; i0 < 10; ++i0) {
+    const float s0 = p2[i0];
+    const float s1 = 0.05f;
+    const float s2 = (s0 * s1);
+    const float s3 = p3[i0];
+    const float s4 = r2;
+    const float s5 = (s3 * s4);
+    const float s6 = 0.100000024f;
+    const float s7 = (s5 * s6);
+    const float s8 = p0[i0];
+    const float s9 = 0.9f;
+    const float s10 = (s8 * s9);
+    const float s11 = (s10 + s7);
+    const float s12 = s5 * s5;
+    const float s13 = 0.0009999871f;
+    const float s14 = (s12 * s13);
+    const float s15 = p1[i0];
+    const float s16 = 0.999f;
+    const float s17 = (s15 * s16);
+    const float s18 = (s17 + s14);
+    const float s19 = r5;
+    const float s20 = (s11 / s19);
+    const float s21 = r6;
+    const float s22 = (s18 / s21);
+    const float s23 = support::fsqrt(s22);
+    const float s24 = 1e-08f;
+    const float s25 = (s23 + s24);
+    const float s26 = (s20 / s25);
+    const float s27 = (s26 + s2);
+    const float s28 = r7;
+    const float s29 = (s27 * s28);
+    const float s30 = p2[i0];
+    const float s31 = (s30 - s29);
+    p0[i0] = s11;
+    p1[i0] = s18;
+    p2[i0] = s31;
+  }
+}
+
+[[gnu::noinline]] static void loop34(float *__restrict p0, float *__restrict p1,
+                                     float *__restrict p2, const float *__restrict p3,
+                                     const float *__restrict p4, const float *__restrict p5,
+                                     const float *__restrict p6, const float *__restrict p7) {
+  const float r2 = p4[0];
+  const float r5 = p5[0];
+  const float r6 = p6[0];
+  const float r7 = p7[0];
+  for (int64_t i0 = 0; i0 < 3072; ++i0) {
+    const float s0 = p2[i0];
+    const float s1 = 0.05f;
+    const float s2 = (s0 * s1);
+    const float s3 = p3[i0];
+    const float s4 = r2;
+    const float s5 = (s3 * s4);
+    const float s6 = 0.100000024f;
+    const float s7 = (s5 * s6);
+    const float s8 = p0[i0];
+    const float s9 = 0.9f;
+    const float s10 = (s8 * s9);
+    const float s11 = (s10 + s7);
+    const float s12 = s5 * s5;
+    const float s13 = 0.0009999871f;
+    const float s14 = (s12 * s13);
+    const float s15 = p1[i0];
+    const float s16 = 0.999f;
+    const float s17 = (s15 * s16);
+    const float s18 = (s17 + s14);
+    const float s19 = r5;
+    const float s20 = (s11 / s19);
+    const float s21 = r6;
+    const float s22 = (s18 / s21);
+    const float s23 = support::fsqrt(s22);
+    const float s24 = 1e-08f;
+    const float s25 = (s23 + s24);
+    const float s26 = (s20 / s25);
+    const float s27 = (s26 + s2);
+    const float s28 = r7;
+    const float s29 = (s27 * s28);
+    const float s30 = p2[i0];
+    const float s31 = (s30 - s29);
+    p0[i0] = s11;
+    p1[i0] = s18;
+    p2[i0] = s31;
+  }
+}
+
+[[gnu::noinline]] static void loop35(float *__restrict p0, float *__restrict p1,
+                                     float *__restrict p2, const float *__restrict p3,
+                                     const float *__restrict p4, const float *__restrict p5,
+                                     const float *__restrict p6, const float *__restrict p7) {
+  const float r2 = p4[0];
+  const float r5 = p5[0];
+  const float r6 = p6[0];
+  const float r7 = p7[0];
+  for (int64_t i0 = 0; i0 < 2048; ++i0) {
+    const float s0 = p2[i0];
+    const float s1 = 0.05f;
+    const float s2 = (s0 * s1);
+    const float s3 = p3[i0];
+    const float s4 = r2;
+    const float s5 = (s3 * s4);
+    const float s6 = 0.100000024f;
+    const float s7 = (s5 * s6);
+    const float s8 = p0[i0];
+    const float s9 = 0.9f;
+    const float s10 = (s8 * s9);
+    const float s11 = (s10 + s7);
+    const float s12 = s5 * s5;
+    const float s13 = 0.0009999871f;
+    const float s14 = (s12 * s13);
+    const float s15 = p1[i0];
+    const float s16 = 0.999f;
+    const float s17 = (s15 * s16);
+    const float s18 = (s17 + s14);
+    const float s19 = r5;
+    const float s20 = (s11 / s19);
+    const float s21 = r6;
+    const float s22 = (s18 / s21);
+    const float s23 = support::fsqrt(s22);
+    const float s24 = 1e-08f;
+    const float s25 = (s23 + s24);
+    const float s26 = (s20 / s25);
+    const float s27 = (s26 + s2);
+    const float s28 = r7;
+    const float s29 = (s27 * s28);
+    const float s30 = p2[i0];
+    const float s31 = (s30 - s29);
+    p0[i0] = s11;
+    p1[i0] = s18;
+    p2[i0] = s31;
+  }
+}
+
+[[gnu::noinline]] static void loop36(float *__restrict p0, float *__restrict p1,
+                                     float *__restrict p2, const float *__restrict p3,
+                                     const float *__restrict p4, const float *__restrict p5,
+                                     const float *__restrict p6, const float *__restrict p7) {
+  const float r2 = p4[0];
+  const float r5 = p5[0];
+  const float r6 = p6[0];
+  const float r7 = p7[0];
+  for (int64_t i0 = 0; i0 < 4096; ++i0) {
+    const float s0 = p2[i0];
+    const float s1 = 0.05f;
+    const float s2 = (s0 * s1);
+    const float s3 = p3[i0];
+    const float s4 = r2;
+    const float s5 = (s3 * s4);
+    const float s6 = 0.100000024f;
+    const float s7 = (s5 * s6);
+    const float s8 = p0[i0];
+    const float s9 = 0.9f;
+    const float s10 = (s8 * s9);
+    const float s11 = (s10 + s7);
+    const float s12 = s5 * s5;
+    const float s13 = 0.0009999871f;
+    const float s14 = (s12 * s13);
+    const float s15 = p1[i0];
+    const float s16 = 0.999f;
+    const float s17 = (s15 * s16);
+    const float s18 = (s17 + s14);
+    const float s19 = r5;
+    const float s20 = (s11 / s19);
+    const float s21 = r6;
+    const float s22 = (s18 / s21);
+    const float s23 = support::fsqrt(s22);
+    const float s24 = 1e-08f;
+    const float s25 = (s23 + s24);
+    const float s26 = (s20 / s25);
+    const float s27 = (s26 + s2);
+    const float s28 = r7;
+    const float s29 = (s27 * s28);
+    const float s30 = p2[i0];
+    const float s31 = (s30 - s29);
+    p0[i0] = s11;
+    p1[i0] = s18;
+    p2[i0] = s31;
+  }
+}
+
+[[gnu::noinline]] static void loop37(float *__restrict p0, const float *__restrict p1) {
+  for (int64_t i0 = 0; i0 < 4096; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = s0;
+    p0[i0] = s1;
+  }
+}
+
+[[gnu::noinline]] static void loop38(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2) {
+  for (int64_t i0 = 0; i0 < 2176; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = support::roundValue(support::DType::BF16, double(double(s0) * double(s0)));
+    const float s2 = p1[i0];
+    const float s3 = support::roundValue(support::DType::BF16, double((double(s2) * double(s1))));
+    const float s4 = support::roundValue(support::DType::BF16, 0.044677734375);
+    const float s5 = support::roundValue(support::DType::BF16, double((double(s3) * double(s4))));
+    const float s6 = p1[i0];
+    const float s7 = support::roundValue(support::DType::BF16, double((double(s6) + double(s5))));
+    const float s8 = support::roundValue(support::DType::BF16, 0.796875);
+    const float s9 = support::roundValue(support::DType::BF16, double((double(s7) * double(s8))));
+    const float s10 = support::roundValue(support::DType::BF16, double(std::tanh(double(s9))));
+    const float s11 = support::roundValue(support::DType::BF16, 1.0);
+    const float s12 =
+        support::roundValue(support::DType::BF16, double((double(s10) + double(s11))));
+    const float s13 = support::roundValue(support::DType::BF16, 0.5);
+    const float s14 =
+        support::roundValue(support::DType::BF16, double((double(s12) * double(s13))));
+    const float s15 = support::roundValue(support::DType::BF16, 0.1337890625);
+    const float s16 = support::roundValue(support::DType::BF16, double((double(s1) * double(s15))));
+    const float s17 = support::roundValue(support::DType::BF16, 1.0);
+    const float s18 =
+        support::roundValue(support::DType::BF16, double((double(s16) + double(s17))));
+    const float s19 = support::roundValue(support::DType::BF16, double(double(s10) * double(s10)));
+    const float s20 = support::roundValue(support::DType::BF16, 1.0);
+    const float s21 =
+        support::roundValue(support::DType::BF16, double((double(s20) - double(s19))));
+    const float s22 = p1[i0];
+    const float s23 =
+        support::roundValue(support::DType::BF16, double((double(s22) * double(s21))));
+    const float s24 =
+        support::roundValue(support::DType::BF16, double((double(s23) * double(s18))));
+    const float s25 = support::roundValue(support::DType::BF16, 0.3984375);
+    const float s26 =
+        support::roundValue(support::DType::BF16, double((double(s24) * double(s25))));
+    const float s27 =
+        support::roundValue(support::DType::BF16, double((double(s14) + double(s26))));
+    const float s28 = p2[i0];
+    const float s29 =
+        support::roundValue(support::DType::BF16, double((double(s28) * double(s27))));
+    p0[i0] = s29;
+  }
+}
+
+[[gnu::noinline]] static void loop39(float *__restrict p0, const float *__restrict p1) {
+  for (int64_t i0 = 0; i0 < 2176; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = s0;
+    p0[i0] = s1;
+  }
+}
+
+[[gnu::noinline]] static void loop40(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2) {
+  for (int64_t i0 = 0; i0 < 1156; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = p2[i0];
+    const float s2 = (s0 * s1);
+    p0[i0] = s2;
+  }
+}
+
+[[gnu::noinline]] static void loop41(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2, const float *__restrict p3) {
+  for (int64_t i0 = 0; i0 < 68; ++i0) {
+    for (int64_t i1 = 0; i1 < 17; ++i1) {
+      const float s0 = p1[i0 * 17 + i1];
+      const float s1 = p2[i0];
+      const float s2 = (s0 - s1);
+      const float s3 = p3[i0 * 17 + i1];
+      const float s4 = (s3 * s2);
+      const float s5 = 0.25f;
+      const float s6 = (s4 * s5);
+      p0[i0 * 17 + i1] = s6;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop42(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2, const float *__restrict p3) {
+  for (int64_t i0 = 0; i0 < 2176; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = p2[i0];
+    const float s2 = (s0 + s1);
+    const float s3 = p3[i0];
+    const float s4 = (s2 + s3);
+    p0[i0] = s4;
+  }
+}
+
+[[gnu::noinline]] static void loop43(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2, const float *__restrict p3) {
+  for (int64_t i0 = 0; i0 < 34; ++i0) {
+    for (int64_t i1 = 0; i1 < 64; ++i1) {
+      const float s0 = p1[i0 * 64 + i1];
+      const float s1 = p2[i1];
+      const float s2 = (s0 * s1);
+      const float s3 = p3[i0 * 64 + i1];
+      const float s4 = (s3 + s2);
+      p0[i0 * 64 + i1] = s4;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop44(float *__restrict p0, const float *__restrict p1) {
+  for (int64_t i0 = 0; i0 < 2048; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = s0 * s0;
+    p0[i0] = s1;
+  }
+}
+
+[[gnu::noinline]] static void loop45(float *__restrict p0, const float *__restrict p1) {
+  for (int64_t i0 = 0; i0 < 4096; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = s0 * s0;
+    p0[i0] = s1;
+  }
+}
+
 //===--- program `classify` ---===//
 
 meshrt::Mesh Classify::mesh() { return meshrt::Mesh({{"data", 2}, {"model", 2}}); }
@@ -18,186 +940,151 @@ support::Shape Classify::inputShape(const std::string &name) {
   throw std::invalid_argument("classify: no input named '" + name + "'");
 }
 
+/// `classify`'s params: paths, dims and layouts (its constructor and paramShards() read it).
+static constexpr support::ParamSpec kClassifyParams[] = {
+    {"vit/class_token", false, "f32", "one:1:1: d_model:64:64:"},
+    {"vit/position_embedding", false, "f32", "tokens:17:17: d_model:64:64:"},
+    {"vit/w_head", false, "f32", "d_model:64:64: classes:10:10:"},
+    {"vit/b_head", false, "f32", "classes:10:10:"},
+    {"vit/embed_patches/w_patch", false, "f32",
+     "pixel_row:4:4: pixel_col:4:4: channels:3:3: d_model:64:64:"},
+    {"vit/embed_patches/b_patch", false, "f32", "d_model:64:64:"},
+    {"vit/encoder_layer[0]/attention_scale", false, "f32", "d_model:64:64:"},
+    {"vit/encoder_layer[0]/ffn_scale", false, "f32", "d_model:64:64:"},
+    {"vit/encoder_layer[0]/norm/gain", false, "f32", "d_model:64:64:"},
+    {"vit/encoder_layer[0]/norm/bias", false, "f32", "d_model:64:64:"},
+    {"vit/encoder_layer[0]/attention/w_q", false, "f32",
+     "d_model:64:64: heads:4:2:model d_head:16:16:"},
+    {"vit/encoder_layer[0]/attention/w_k", false, "f32",
+     "d_model:64:64: heads:4:2:model d_head:16:16:"},
+    {"vit/encoder_layer[0]/attention/w_v", false, "f32",
+     "d_model:64:64: heads:4:2:model d_head:16:16:"},
+    {"vit/encoder_layer[0]/attention/w_o", false, "f32",
+     "heads:4:2:model d_head:16:16: d_model:64:64:"},
+    {"vit/encoder_layer[0]/norm#1/gain", false, "f32", "d_model:64:64:"},
+    {"vit/encoder_layer[0]/norm#1/bias", false, "f32", "d_model:64:64:"},
+    {"vit/encoder_layer[0]/ffn/w_in", false, "f32", "d_model:64:64: d_ff:128:64:model"},
+    {"vit/encoder_layer[0]/ffn/w_out", false, "f32", "d_ff:128:64:model d_model:64:64:"},
+    {"vit/encoder_layer[1]/attention_scale", false, "f32", "d_model:64:64:"},
+    {"vit/encoder_layer[1]/ffn_scale", false, "f32", "d_model:64:64:"},
+    {"vit/encoder_layer[1]/norm/gain", false, "f32", "d_model:64:64:"},
+    {"vit/encoder_layer[1]/norm/bias", false, "f32", "d_model:64:64:"},
+    {"vit/encoder_layer[1]/attention/w_q", false, "f32",
+     "d_model:64:64: heads:4:2:model d_head:16:16:"},
+    {"vit/encoder_layer[1]/attention/w_k", false, "f32",
+     "d_model:64:64: heads:4:2:model d_head:16:16:"},
+    {"vit/encoder_layer[1]/attention/w_v", false, "f32",
+     "d_model:64:64: heads:4:2:model d_head:16:16:"},
+    {"vit/encoder_layer[1]/attention/w_o", false, "f32",
+     "heads:4:2:model d_head:16:16: d_model:64:64:"},
+    {"vit/encoder_layer[1]/norm#1/gain", false, "f32", "d_model:64:64:"},
+    {"vit/encoder_layer[1]/norm#1/bias", false, "f32", "d_model:64:64:"},
+    {"vit/encoder_layer[1]/ffn/w_in", false, "f32", "d_model:64:64: d_ff:128:64:model"},
+    {"vit/encoder_layer[1]/ffn/w_out", false, "f32", "d_ff:128:64:model d_model:64:64:"},
+    {"vit/norm/gain", false, "f32", "d_model:64:64:"},
+    {"vit/norm/bias", false, "f32", "d_model:64:64:"}};
+
 Classify::Classify(meshrt::Communicator &world, uint64_t seed)
     : world_(support::checkedWorld(world, mesh(), "classify")), seed_(seed),
       group_model(world_.subgroup(std::vector<std::string>{"model"})) {
-  // vit/class_token: truncated_normal (vit.mesh:85)
-  param0_vit_class_token.resize(64);
-  {
-    const meshrt::kernels::Shard shard{{1, 64}, {0, 0}, {1, 64}};
-    const auto init =
-        meshrt::kernels::makeInit("truncated_normal", {{"mean", 0.0}, {"stddev", 0.02}});
-    support::fillParam(param0_vit_class_token.data(), shard, seed, "vit/class_token", init,
-                       meshrt::kernels::ValueType::F32);
-  }
-  // vit/position_embedding: truncated_normal (vit.mesh:86)
-  param1_vit_position_embedding.resize(1088);
-  {
-    const meshrt::kernels::Shard shard{{17, 64}, {0, 0}, {17, 64}};
-    const auto init =
-        meshrt::kernels::makeInit("truncated_normal", {{"mean", 0.0}, {"stddev", 0.02}});
-    support::fillParam(param1_vit_position_embedding.data(), shard, seed, "vit/position_embedding",
-                       init, meshrt::kernels::ValueType::F32);
-  }
-  // vit/w_head: normal (vit.mesh:87)
-  param2_vit_w_head.resize(640);
-  {
-    const meshrt::kernels::Shard shard{{64, 10}, {0, 0}, {64, 10}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
-    support::fillParam(param2_vit_w_head.data(), shard, seed, "vit/w_head", init,
-                       meshrt::kernels::ValueType::F32);
-  }
-  // vit/b_head: zeros (vit.mesh:88)
-  param3_vit_b_head.assign(10, support::roundValue(support::DType::F32, 0.0));
-  // vit/embed_patches/w_patch: truncated_normal (vit.mesh:41)
-  param4_vit_embed_patches_w_patch.resize(3072);
-  {
-    const meshrt::kernels::Shard shard{{4, 4, 3, 64}, {0, 0, 0, 0}, {4, 4, 3, 64}};
-    const auto init =
-        meshrt::kernels::makeInit("truncated_normal", {{"mean", 0.0}, {"stddev", 0.144}});
-    support::fillParam(param4_vit_embed_patches_w_patch.data(), shard, seed,
-                       "vit/embed_patches/w_patch", init, meshrt::kernels::ValueType::F32);
-  }
-  // vit/embed_patches/b_patch: zeros (vit.mesh:42)
-  param5_vit_embed_patches_b_patch.assign(64, support::roundValue(support::DType::F32, 0.0));
-  // vit/encoder_layer[0]/attention_scale: constant (vit.mesh:78)
-  param6_vit_encoder_layer_0_attention_scale.assign(64,
-                                                    support::roundValue(support::DType::F32, 0.1));
-  // vit/encoder_layer[0]/ffn_scale: constant (vit.mesh:79)
-  param7_vit_encoder_layer_0_ffn_scale.assign(64, support::roundValue(support::DType::F32, 0.1));
-  // vit/encoder_layer[0]/norm/gain: ones (vit.mesh:34)
-  param8_vit_encoder_layer_0_norm_gain.assign(64, support::roundValue(support::DType::F32, 1.0));
-  // vit/encoder_layer[0]/norm/bias: zeros (vit.mesh:35)
-  param9_vit_encoder_layer_0_norm_bias.assign(64, support::roundValue(support::DType::F32, 0.0));
-  // vit/encoder_layer[0]/attention/w_q: normal (vit.mesh:55)
-  param10_vit_encoder_layer_0_attention_w_q.resize(2048);
-  {
-    const meshrt::kernels::Shard shard{
-        {64, 4, 16}, {0, support::shardStart(world_, {"model"}, 2), 0}, {64, 2, 16}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}});
-    support::fillParam(param10_vit_encoder_layer_0_attention_w_q.data(), shard, seed,
-                       "vit/encoder_layer[0]/attention/w_q", init, meshrt::kernels::ValueType::F32);
-  }
-  // vit/encoder_layer[0]/attention/w_k: normal (vit.mesh:56)
-  param11_vit_encoder_layer_0_attention_w_k.resize(2048);
-  {
-    const meshrt::kernels::Shard shard{
-        {64, 4, 16}, {0, support::shardStart(world_, {"model"}, 2), 0}, {64, 2, 16}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}});
-    support::fillParam(param11_vit_encoder_layer_0_attention_w_k.data(), shard, seed,
-                       "vit/encoder_layer[0]/attention/w_k", init, meshrt::kernels::ValueType::F32);
-  }
-  // vit/encoder_layer[0]/attention/w_v: normal (vit.mesh:57)
-  param12_vit_encoder_layer_0_attention_w_v.resize(2048);
-  {
-    const meshrt::kernels::Shard shard{
-        {64, 4, 16}, {0, support::shardStart(world_, {"model"}, 2), 0}, {64, 2, 16}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}});
-    support::fillParam(param12_vit_encoder_layer_0_attention_w_v.data(), shard, seed,
-                       "vit/encoder_layer[0]/attention/w_v", init, meshrt::kernels::ValueType::F32);
-  }
-  // vit/encoder_layer[0]/attention/w_o: normal (vit.mesh:58)
-  param13_vit_encoder_layer_0_attention_w_o.resize(2048);
-  {
-    const meshrt::kernels::Shard shard{
-        {4, 16, 64}, {support::shardStart(world_, {"model"}, 2), 0, 0}, {2, 16, 64}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}});
-    support::fillParam(param13_vit_encoder_layer_0_attention_w_o.data(), shard, seed,
-                       "vit/encoder_layer[0]/attention/w_o", init, meshrt::kernels::ValueType::F32);
-  }
-  // vit/encoder_layer[0]/norm#1/gain: ones (vit.mesh:34)
-  param14_vit_encoder_layer_0_norm_1_gain.assign(64, support::roundValue(support::DType::F32, 1.0));
-  // vit/encoder_layer[0]/norm#1/bias: zeros (vit.mesh:35)
-  param15_vit_encoder_layer_0_norm_1_bias.assign(64, support::roundValue(support::DType::F32, 0.0));
-  // vit/encoder_layer[0]/ffn/w_in: normal (vit.mesh:69)
-  param16_vit_encoder_layer_0_ffn_w_in.resize(4096);
-  {
-    const meshrt::kernels::Shard shard{
-        {64, 128}, {0, support::shardStart(world_, {"model"}, 64)}, {64, 64}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}});
-    support::fillParam(param16_vit_encoder_layer_0_ffn_w_in.data(), shard, seed,
-                       "vit/encoder_layer[0]/ffn/w_in", init, meshrt::kernels::ValueType::F32);
-  }
-  // vit/encoder_layer[0]/ffn/w_out: normal (vit.mesh:70)
-  param17_vit_encoder_layer_0_ffn_w_out.resize(4096);
-  {
-    const meshrt::kernels::Shard shard{
-        {128, 64}, {support::shardStart(world_, {"model"}, 64), 0}, {64, 64}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.088}});
-    support::fillParam(param17_vit_encoder_layer_0_ffn_w_out.data(), shard, seed,
-                       "vit/encoder_layer[0]/ffn/w_out", init, meshrt::kernels::ValueType::F32);
-  }
-  // vit/encoder_layer[1]/attention_scale: constant (vit.mesh:78)
-  param18_vit_encoder_layer_1_attention_scale.assign(64,
-                                                     support::roundValue(support::DType::F32, 0.1));
-  // vit/encoder_layer[1]/ffn_scale: constant (vit.mesh:79)
-  param19_vit_encoder_layer_1_ffn_scale.assign(64, support::roundValue(support::DType::F32, 0.1));
-  // vit/encoder_layer[1]/norm/gain: ones (vit.mesh:34)
-  param20_vit_encoder_layer_1_norm_gain.assign(64, support::roundValue(support::DType::F32, 1.0));
-  // vit/encoder_layer[1]/norm/bias: zeros (vit.mesh:35)
-  param21_vit_encoder_layer_1_norm_bias.assign(64, support::roundValue(support::DType::F32, 0.0));
-  // vit/encoder_layer[1]/attention/w_q: normal (vit.mesh:55)
-  param22_vit_encoder_layer_1_attention_w_q.resize(2048);
-  {
-    const meshrt::kernels::Shard shard{
-        {64, 4, 16}, {0, support::shardStart(world_, {"model"}, 2), 0}, {64, 2, 16}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}});
-    support::fillParam(param22_vit_encoder_layer_1_attention_w_q.data(), shard, seed,
-                       "vit/encoder_layer[1]/attention/w_q", init, meshrt::kernels::ValueType::F32);
-  }
-  // vit/encoder_layer[1]/attention/w_k: normal (vit.mesh:56)
-  param23_vit_encoder_layer_1_attention_w_k.resize(2048);
-  {
-    const meshrt::kernels::Shard shard{
-        {64, 4, 16}, {0, support::shardStart(world_, {"model"}, 2), 0}, {64, 2, 16}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}});
-    support::fillParam(param23_vit_encoder_layer_1_attention_w_k.data(), shard, seed,
-                       "vit/encoder_layer[1]/attention/w_k", init, meshrt::kernels::ValueType::F32);
-  }
-  // vit/encoder_layer[1]/attention/w_v: normal (vit.mesh:57)
-  param24_vit_encoder_layer_1_attention_w_v.resize(2048);
-  {
-    const meshrt::kernels::Shard shard{
-        {64, 4, 16}, {0, support::shardStart(world_, {"model"}, 2), 0}, {64, 2, 16}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}});
-    support::fillParam(param24_vit_encoder_layer_1_attention_w_v.data(), shard, seed,
-                       "vit/encoder_layer[1]/attention/w_v", init, meshrt::kernels::ValueType::F32);
-  }
-  // vit/encoder_layer[1]/attention/w_o: normal (vit.mesh:58)
-  param25_vit_encoder_layer_1_attention_w_o.resize(2048);
-  {
-    const meshrt::kernels::Shard shard{
-        {4, 16, 64}, {support::shardStart(world_, {"model"}, 2), 0, 0}, {2, 16, 64}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}});
-    support::fillParam(param25_vit_encoder_layer_1_attention_w_o.data(), shard, seed,
-                       "vit/encoder_layer[1]/attention/w_o", init, meshrt::kernels::ValueType::F32);
-  }
-  // vit/encoder_layer[1]/norm#1/gain: ones (vit.mesh:34)
-  param26_vit_encoder_layer_1_norm_1_gain.assign(64, support::roundValue(support::DType::F32, 1.0));
-  // vit/encoder_layer[1]/norm#1/bias: zeros (vit.mesh:35)
-  param27_vit_encoder_layer_1_norm_1_bias.assign(64, support::roundValue(support::DType::F32, 0.0));
-  // vit/encoder_layer[1]/ffn/w_in: normal (vit.mesh:69)
-  param28_vit_encoder_layer_1_ffn_w_in.resize(4096);
-  {
-    const meshrt::kernels::Shard shard{
-        {64, 128}, {0, support::shardStart(world_, {"model"}, 64)}, {64, 64}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}});
-    support::fillParam(param28_vit_encoder_layer_1_ffn_w_in.data(), shard, seed,
-                       "vit/encoder_layer[1]/ffn/w_in", init, meshrt::kernels::ValueType::F32);
-  }
-  // vit/encoder_layer[1]/ffn/w_out: normal (vit.mesh:70)
-  param29_vit_encoder_layer_1_ffn_w_out.resize(4096);
-  {
-    const meshrt::kernels::Shard shard{
-        {128, 64}, {support::shardStart(world_, {"model"}, 64), 0}, {64, 64}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.088}});
-    support::fillParam(param29_vit_encoder_layer_1_ffn_w_out.data(), shard, seed,
-                       "vit/encoder_layer[1]/ffn/w_out", init, meshrt::kernels::ValueType::F32);
-  }
-  // vit/norm/gain: ones (vit.mesh:34)
-  param30_vit_norm_gain.assign(64, support::roundValue(support::DType::F32, 1.0));
-  // vit/norm/bias: zeros (vit.mesh:35)
-  param31_vit_norm_bias.assign(64, support::roundValue(support::DType::F32, 0.0));
+  static constexpr support::ParamInit inits[] = {
+      // vit/class_token (vit.mesh:85)
+      {"truncated_normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.02}}},
+      // vit/position_embedding (vit.mesh:86)
+      {"truncated_normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.02}}},
+      // vit/w_head (vit.mesh:87)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.02}}},
+      // vit/b_head (vit.mesh:88)
+      {"zeros", support::DType::F32, {}},
+      // vit/embed_patches/w_patch (vit.mesh:41)
+      {"truncated_normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.144}}},
+      // vit/embed_patches/b_patch (vit.mesh:42)
+      {"zeros", support::DType::F32, {}},
+      // vit/encoder_layer[0]/attention_scale (vit.mesh:78)
+      {"constant", support::DType::F32, {{"value", 0.1}}},
+      // vit/encoder_layer[0]/ffn_scale (vit.mesh:79)
+      {"constant", support::DType::F32, {{"value", 0.1}}},
+      // vit/encoder_layer[0]/norm/gain (vit.mesh:34)
+      {"ones", support::DType::F32, {}},
+      // vit/encoder_layer[0]/norm/bias (vit.mesh:35)
+      {"zeros", support::DType::F32, {}},
+      // vit/encoder_layer[0]/attention/w_q (vit.mesh:55)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.125}}},
+      // vit/encoder_layer[0]/attention/w_k (vit.mesh:56)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.125}}},
+      // vit/encoder_layer[0]/attention/w_v (vit.mesh:57)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.125}}},
+      // vit/encoder_layer[0]/attention/w_o (vit.mesh:58)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.125}}},
+      // vit/encoder_layer[0]/norm#1/gain (vit.mesh:34)
+      {"ones", support::DType::F32, {}},
+      // vit/encoder_layer[0]/norm#1/bias (vit.mesh:35)
+      {"zeros", support::DType::F32, {}},
+      // vit/encoder_layer[0]/ffn/w_in (vit.mesh:69)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.125}}},
+      // vit/encoder_layer[0]/ffn/w_out (vit.mesh:70)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.088}}},
+      // vit/encoder_layer[1]/attention_scale (vit.mesh:78)
+      {"constant", support::DType::F32, {{"value", 0.1}}},
+      // vit/encoder_layer[1]/ffn_scale (vit.mesh:79)
+      {"constant", support::DType::F32, {{"value", 0.1}}},
+      // vit/encoder_layer[1]/norm/gain (vit.mesh:34)
+      {"ones", support::DType::F32, {}},
+      // vit/encoder_layer[1]/norm/bias (vit.mesh:35)
+      {"zeros", support::DType::F32, {}},
+      // vit/encoder_layer[1]/attention/w_q (vit.mesh:55)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.125}}},
+      // vit/encoder_layer[1]/attention/w_k (vit.mesh:56)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.125}}},
+      // vit/encoder_layer[1]/attention/w_v (vit.mesh:57)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.125}}},
+      // vit/encoder_layer[1]/attention/w_o (vit.mesh:58)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.125}}},
+      // vit/encoder_layer[1]/norm#1/gain (vit.mesh:34)
+      {"ones", support::DType::F32, {}},
+      // vit/encoder_layer[1]/norm#1/bias (vit.mesh:35)
+      {"zeros", support::DType::F32, {}},
+      // vit/encoder_layer[1]/ffn/w_in (vit.mesh:69)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.125}}},
+      // vit/encoder_layer[1]/ffn/w_out (vit.mesh:70)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.088}}},
+      // vit/norm/gain (vit.mesh:34)
+      {"ones", support::DType::F32, {}},
+      // vit/norm/bias (vit.mesh:35)
+      {"zeros", support::DType::F32, {}}};
+  support::Buffer *const data[] = {&param0_vit_class_token,
+                                   &param1_vit_position_embedding,
+                                   &param2_vit_w_head,
+                                   &param3_vit_b_head,
+                                   &param4_vit_embed_patches_w_patch,
+                                   &param5_vit_embed_patches_b_patch,
+                                   &param6_vit_encoder_layer_0_attention_scale,
+                                   &param7_vit_encoder_layer_0_ffn_scale,
+                                   &param8_vit_encoder_layer_0_norm_gain,
+                                   &param9_vit_encoder_layer_0_norm_bias,
+                                   &param10_vit_encoder_layer_0_attention_w_q,
+                                   &param11_vit_encoder_layer_0_attention_w_k,
+                                   &param12_vit_encoder_layer_0_attention_w_v,
+                                   &param13_vit_encoder_layer_0_attention_w_o,
+                                   &param14_vit_encoder_layer_0_norm_1_gain,
+                                   &param15_vit_encoder_layer_0_norm_1_bias,
+                                   &param16_vit_encoder_layer_0_ffn_w_in,
+                                   &param17_vit_encoder_layer_0_ffn_w_out,
+                                   &param18_vit_encoder_layer_1_attention_scale,
+                                   &param19_vit_encoder_layer_1_ffn_scale,
+                                   &param20_vit_encoder_layer_1_norm_gain,
+                                   &param21_vit_encoder_layer_1_norm_bias,
+                                   &param22_vit_encoder_layer_1_attention_w_q,
+                                   &param23_vit_encoder_layer_1_attention_w_k,
+                                   &param24_vit_encoder_layer_1_attention_w_v,
+                                   &param25_vit_encoder_layer_1_attention_w_o,
+                                   &param26_vit_encoder_layer_1_norm_1_gain,
+                                   &param27_vit_encoder_layer_1_norm_1_bias,
+                                   &param28_vit_encoder_layer_1_ffn_w_in,
+                                   &param29_vit_encoder_layer_1_ffn_w_out,
+                                   &param30_vit_norm_gain,
+                                   &param31_vit_norm_bias};
+  support::initParams(world_, seed, -1, kClassifyParams, inits, data);
   computeInvariants();
 }
 
@@ -205,42 +1092,23 @@ void Classify::computeInvariants() {
 
   // vit.mesh:92:41 iota
   support::View v14 = persistent_.view(0, 2);
-  static const support::Shape shape0_1 = {2};
-  static const support::Shape shape0_2 = {1};
-  support::iota(v14.data(), shape0_1, shape0_2, support::shardStart(world_, {"data"}, 2));
+  support::iota(v14.data(), kShape0, kShape1, support::shardStart(world_, {"data"}, 2));
 
   // vit.mesh:92:53 ge
   support::View v16 = persistent_.view(128, 2);
-  {
-    float *__restrict v16p = v16.data();
-    const float *__restrict v14p = v14.data();
-    for (int64_t i0 = 0; i0 < 2; ++i0) {
-      const float s0 = v14p[i0];
-      const float s1 = support::wrapI32(0.0);
-      const float s2 = (s0 >= s1 ? 1.0f : 0.0f);
-      v16p[i0] = s2;
-    }
-  }
+  loop0(v16.data(), v14.data());
 
   // vit.mesh:92:36 cast
   support::View v17 = persistent_.view(192, 2);
-  {
-    float *__restrict v17p = v17.data();
-    const float *__restrict v16p = v16.data();
-    for (int64_t i0 = 0; i0 < 2; ++i0) {
-      const float s0 = v16p[i0];
-      const float s1 = s0;
-      v17p[i0] = s1;
-    }
-  }
+  loop1(v17.data(), v16.data());
 }
 
 Classify::Outputs Classify::run(const Inputs &inputs) {
   MESHRT_TRACE_RUN(world_, "classify");
-  // Arena: 43520 bytes for 401968 bytes of temporaries (placed by liveness).
+  // Arena: 43520 bytes for 428080 bytes of temporaries (placed by liveness).
   support::checkShape("input", "image", inputs.image, {2, 14, 14, 3});
   runPart0(inputs);
-  support::View v119 = arena_.view(128, 20);
+  support::View v119 = arena_.view(0, 20);
 
   Outputs outputs;
   outputs.probs = support::Tensor{{2, 10}, support::Buffer(v119.begin(), v119.end())};
@@ -255,51 +1123,29 @@ void Classify::runPart0(const Inputs &inputs) {
   MESHRT_TRACE("pad", "vit.mesh:44:20", "forward");
   const support::Buffer &v0 = inputs.image.data;
   support::View v7 = arena_.slot(6144, 1344);
-  static const support::Shape shape0_2 = {2, 14, 3};
-  static const support::Shape shape0_3 = {672, 3, 1};
-  static const support::Shape shape0_4 = {588, 3, 1};
-  support::copyWindow(v7.data(), v0.data(), shape0_2, shape0_3, shape0_4, 42, 42, 16, 14,
-                      int64_t(1));
+  support::copyWindow(v7.data(), v0.data(), kShape2, kShape3, kShape4, 42, 42, 16, 14, int64_t(1));
 
   // vit.mesh:44:16 pad -> padded
   MESHRT_TRACE("pad", "vit.mesh:44:16", "forward");
   support::View v8 = arena_.slot(0, 1536);
-  static const support::Shape shape1_2 = {2, 16, 3};
-  static const support::Shape shape1_3 = {768, 48, 1};
-  static const support::Shape shape1_4 = {672, 42, 1};
-  support::copyWindow(v8.data(), v7.data(), shape1_2, shape1_3, shape1_4, 3, 3, 16, 14, int64_t(1));
+  support::copyWindow(v8.data(), v7.data(), kShape5, kShape6, kShape7, 3, 3, 16, 14, int64_t(1));
 
   // vit.mesh:46:14 reshape -> rows
   MESHRT_TRACE("reshape", "vit.mesh:46:14", "forward");
   support::View v9 = arena_.view(6144, 1536);
-  static const support::Shape shape2_1 = {2, 4, 4, 16, 3};
-  static const support::Shape shape2_3 = {768, 0, 0, 3, 1};
-  static const support::Shape shape2_4 = {0, 4, 1, 0, 0};
-  static const support::Shape shape2_5 = {16};
-  static const support::Shape shape2_6 = {48};
-  support::reshape(v9.data(), shape2_1, v8.data(), shape2_3, shape2_4, shape2_5, shape2_6,
+  support::reshape(v9.data(), kShape8, v8.data(), kShape9, kShape10, kShape11, kShape12,
                    int64_t(0));
 
   // vit.mesh:47:14 reshape -> grid
   MESHRT_TRACE("reshape", "vit.mesh:47:14", "forward");
   support::View v10 = arena_.view(0, 1536);
-  static const support::Shape shape3_1 = {2, 4, 4, 4, 4, 3};
-  static const support::Shape shape3_3 = {768, 192, 48, 0, 0, 1};
-  static const support::Shape shape3_4 = {0, 0, 0, 4, 1, 0};
-  static const support::Shape shape3_5 = {16};
-  static const support::Shape shape3_6 = {3};
-  support::reshape(v10.data(), shape3_1, v9.data(), shape3_3, shape3_4, shape3_5, shape3_6,
+  support::reshape(v10.data(), kShape13, v9.data(), kShape14, kShape15, kShape11, kShape16,
                    int64_t(0));
 
   // vit.mesh:48:14 reshape -> flat
   MESHRT_TRACE("reshape", "vit.mesh:48:14", "forward");
   support::View v11 = arena_.view(8192, 1536);
-  static const support::Shape shape4_1 = {2, 16, 4, 4, 3};
-  static const support::Shape shape4_3 = {768, 0, 48, 3, 1};
-  static const support::Shape shape4_4 = {0, 1, 0, 0, 0};
-  static const support::Shape shape4_5 = {4, 4};
-  static const support::Shape shape4_6 = {192, 12};
-  support::reshape(v11.data(), shape4_1, v10.data(), shape4_3, shape4_4, shape4_5, shape4_6,
+  support::reshape(v11.data(), kShape17, v10.data(), kShape18, kShape19, kShape20, kShape21,
                    int64_t(0));
 
   // vit.mesh:50:10 einsum
@@ -307,62 +1153,30 @@ void Classify::runPart0(const Inputs &inputs) {
   const support::Buffer &v5 = param4_vit_embed_patches_w_patch;
   support::View v12 = arena_.view(0, 2048);
   // dims: batch, patches, pixel_row, pixel_col, channels, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan5(
-      {{2, 16, 4, 4, 3, 64}, {{{0, 1, 2, 3, 4}, {}}, {{2, 3, 4, 5}, {}}}, {{0, 1, 5}, {}}});
-  einsumPlan5.run(v11.data(), v5.data(), v12.data(), 1.0f, 0.0f);
+  kEinsum0.plan().run(v11.data(), v5.data(), v12.data(), 1.0f, 0.0f);
 
   // vit.mesh:50:59 add -> patch_embeddings
   MESHRT_TRACE("loop", "vit.mesh:50:59", "forward");
   const support::Buffer &v6 = param5_vit_embed_patches_b_patch;
   support::View v13 = arena_.view(8704, 2048);
-  {
-    float *__restrict v13p = v13.data();
-    const float *__restrict v12p = v12.data();
-    const float *__restrict v6p = v6.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 64; ++i1) {
-        const float s0 = v12p[i0 * 64 + i1];
-        const float s1 = v6p[i1];
-        const float s2 = (s0 + s1);
-        v13p[i0 * 64 + i1] = s2;
-      }
-    }
-  }
+  loop2(v13.data(), v12.data(), v6.data());
 
   // vit.mesh:92:34 mul -> class_tokens
   MESHRT_TRACE("loop", "vit.mesh:92:34", "forward");
   const support::Buffer &v1 = param0_vit_class_token;
   support::View v17 = persistent_.view(192, 2);
   support::View v18 = arena_.view(16896, 128);
-  {
-    float *__restrict v18p = v18.data();
-    const float *__restrict v1p = v1.data();
-    const float *__restrict v17p = v17.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      for (int64_t i1 = 0; i1 < 2; ++i1) {
-        const float s0 = v1p[i0];
-        const float s1 = v17p[i1];
-        const float s2 = (s0 * s1);
-        v18p[i0 * 2 + i1] = s2;
-      }
-    }
-  }
+  loop3(v18.data(), v1.data(), v17.data());
 
   // vit.mesh:93:40 concat
   MESHRT_TRACE("concat", "vit.mesh:93:40", "forward");
   support::View v19 = arena_.slot(0, 2176);
-  static const support::Shape shape8_2 = {64, 2};
-  static const support::Shape shape8_3 = {2, 1};
-  static const support::Shape shape8_4 = {2, 1};
-  support::copyWindow(v19.data(), v18.data(), shape8_2, shape8_3, shape8_4, 128, 128, 17, 1,
+  support::copyWindow(v19.data(), v18.data(), kShape22, kShape23, kShape23, 128, 128, 17, 1,
                       int64_t(0));
 
   // vit.mesh:93:40 concat
   MESHRT_TRACE("concat", "vit.mesh:93:40", "forward");
-  static const support::Shape shape9_2 = {64, 2};
-  static const support::Shape shape9_3 = {2, 1};
-  static const support::Shape shape9_4 = {1, 1024};
-  support::copyWindow(v19.data(), v13.data(), shape9_2, shape9_3, shape9_4, 128, 64, 17, 16,
+  support::copyWindow(v19.data(), v13.data(), kShape22, kShape23, kShape24, 128, 64, 17, 16,
                       int64_t(1));
 
   // vit.mesh:94:40 add
@@ -370,35 +1184,27 @@ void Classify::runPart0(const Inputs &inputs) {
   MESHRT_TRACE("loop", "vit.mesh:94:40", "forward");
   const support::Buffer &v2 = param1_vit_position_embedding;
   support::View v21 = arena_.view(8704, 2176);
-  {
-    float *__restrict v21p = v21.data();
-    const float *__restrict v19p = v19.data();
-    const float *__restrict v2p = v2.data();
-    for (int64_t i0 = 0; i0 < 2; ++i0) {
-      for (int64_t i1 = 0; i1 < 1088; ++i1) {
-        const float s0 = v19p[i0 + i1 * 2];
-        const float s1 = v2p[i1];
-        const float s2 = (s0 + s1);
-        const float s3 = s2;
-        v21p[i0 * 1088 + i1] = s3;
-      }
-    }
-  }
+  loop4(v21.data(), v19.data(), v2.data());
 
   // vit.mesh:36:10 layer_norm
+  MESHRT_TRACE("layer_norm", "vit.mesh:36:10", "forward");
+  support::View v26 = arena_.view(0, 2176);
+  support::along(v26.data(), v21.data(), kShape25, kShape26, kShape26, kShape27, kShape1, kShape1,
+                 support::Along::LayerNorm, 1e-06, 64, nullptr);
+
   // vit.mesh:36:45 mul
   // vit.mesh:36:52 add
-  MESHRT_TRACE("layer_norm", "vit.mesh:36:10", "forward");
+  MESHRT_TRACE("loop", "vit.mesh:36:45", "forward");
   const support::Buffer &v24 = param8_vit_encoder_layer_0_norm_gain;
   const support::Buffer &v25 = param9_vit_encoder_layer_0_norm_bias;
-  support::View v28 = arena_.view(0, 2176);
-  support::layerNormAffine(v28.data(), v21.data(), 34, 64, v24.data(), v25.data(), 1e-06, 64);
+  support::View v28 = arena_.view(17408, 2176);
+  loop5(v28.data(), v26.data(), v24.data(), v25.data());
 
-  // 24 statements from vit.mesh:59:11 einsum -> q (1 of 2)
+  // 25 statements from vit.mesh:59:11 einsum -> q (1 of 2)
   MESHRT_TRACE_SITE("vit.mesh:59:11");
   const support::Buffer &v29 = param10_vit_encoder_layer_0_attention_w_q;
   support::View v33 = arena_.view(26112, 1088);
-  support::View v34 = arena_.view(17408, 2176);
+  support::View v34 = arena_.view(0, 2176);
   const support::Buffer &v30 = param11_vit_encoder_layer_0_attention_w_k;
   support::View v35 = arena_.view(30464, 1088);
   const support::Buffer &v31 = param12_vit_encoder_layer_0_attention_w_v;
@@ -425,17 +1231,19 @@ void Classify::runPart0(const Inputs &inputs) {
   const support::Buffer &v23 = param7_vit_encoder_layer_0_ffn_scale;
   support::View v63 = arena_.view(0, 2176);
   support::View v65 = arena_.view(8704, 2176);
+  support::View v70 = arena_.view(0, 2176);
   const support::Buffer &v68 = param20_vit_encoder_layer_1_norm_gain;
   const support::Buffer &v69 = param21_vit_encoder_layer_1_norm_bias;
-  support::View v72 = arena_.view(0, 2176);
+  support::View v72 = arena_.view(17408, 2176);
   repeated0(v28, v29, v33, v34, v30, v35, v31, v37, v38, v41, v42, v32, v43, v22, v45, v21, v47,
-            v50, v48, v49, v55, v53, v56, v57, v58, v54, v59, v60, v23, v63, v65, v72, v68, v69);
+            v50, v48, v49, v55, v53, v56, v57, v58, v54, v59, v60, v23, v63, v65, v70, v68, v69,
+            v72);
 
-  // 24 statements from vit.mesh:59:11 einsum -> q (2 of 2)
+  // 25 statements from vit.mesh:59:11 einsum -> q (2 of 2)
   MESHRT_TRACE_SITE("vit.mesh:59:11");
   const support::Buffer &v73 = param22_vit_encoder_layer_1_attention_w_q;
   support::View v77 = arena_.view(26112, 1088);
-  support::View v78 = arena_.view(17408, 2176);
+  support::View v78 = arena_.view(0, 2176);
   const support::Buffer &v74 = param23_vit_encoder_layer_1_attention_w_k;
   support::View v79 = arena_.view(30464, 1088);
   const support::Buffer &v75 = param24_vit_encoder_layer_1_attention_w_v;
@@ -462,70 +1270,44 @@ void Classify::runPart0(const Inputs &inputs) {
   const support::Buffer &v67 = param19_vit_encoder_layer_1_ffn_scale;
   support::View v107 = arena_.view(0, 2176);
   support::View v109 = arena_.view(8704, 2176);
+  support::View v112 = arena_.view(0, 2176);
   const support::Buffer &v110 = param30_vit_norm_gain;
   const support::Buffer &v111 = param31_vit_norm_bias;
-  support::View v114 = arena_.view(0, 2176);
+  support::View v114 = arena_.view(8704, 2176);
   repeated0(v72, v73, v77, v78, v74, v79, v75, v81, v82, v85, v86, v76, v87, v66, v89, v65, v91,
-            v94, v92, v93, v99, v97, v100, v101, v102, v98, v103, v104, v67, v107, v109, v114, v110,
-            v111);
+            v94, v92, v93, v99, v97, v100, v101, v102, v98, v103, v104, v67, v107, v109, v112, v110,
+            v111, v114);
 
   // vit.mesh:99:17 slice
   MESHRT_TRACE("slice", "vit.mesh:99:17", "forward");
-  support::View v115 = arena_.slot(8704, 128);
-  static const support::Shape shape14_2 = {2, 64};
-  static const support::Shape shape14_3 = {64, 1};
-  static const support::Shape shape14_4 = {1088, 1};
-  support::copyWindow(v115.data(), v114.data(), shape14_2, shape14_3, shape14_4, 64, 64, 1, 17,
+  support::View v115 = arena_.slot(0, 128);
+  support::copyWindow(v115.data(), v114.data(), kShape28, kShape29, kShape30, 64, 64, 1, 17,
                       int64_t(0));
 
   // vit.mesh:99:13 sum -> cls
   MESHRT_TRACE("sum", "vit.mesh:99:13", "forward");
-  support::View v116 = arena_.view(0, 128);
-  static const support::Shape shape15_1 = {2, 64};
-  static const support::Shape shape15_3 = {64, 1};
-  static const support::Shape shape15_4 = {1};
-  static const support::Shape shape15_5 = {64};
-  support::reduce(v116.data(), shape15_1, v115.data(), shape15_3, shape15_4, shape15_5,
+  support::View v116 = arena_.view(512, 128);
+  support::reduce(v116.data(), kShape28, v115.data(), kShape29, kShape1, kShape27,
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:100:10 einsum
   MESHRT_TRACE("gemm", "vit.mesh:100:10", "forward");
   const support::Buffer &v3 = param2_vit_w_head;
-  support::View v117 = arena_.view(512, 20);
+  support::View v117 = arena_.view(0, 20);
   // dims: batch, d_model, classes
-  static const meshrt::kernels::EinsumPlan einsumPlan16(
-      {{2, 64, 10}, {{{0, 1}, {}}, {{1, 2}, {}}}, {{0, 2}, {}}});
-  einsumPlan16.run(v116.data(), v3.data(), v117.data(), 1.0f, 0.0f);
+  kEinsum1.plan().run(v116.data(), v3.data(), v117.data(), 1.0f, 0.0f);
 
   // vit.mesh:100:48 add
   MESHRT_TRACE("loop", "vit.mesh:100:48", "forward");
   const support::Buffer &v4 = param3_vit_b_head;
-  support::View v118 = arena_.view(0, 20);
-  {
-    float *__restrict v118p = v118.data();
-    const float *__restrict v117p = v117.data();
-    const float *__restrict v4p = v4.data();
-    for (int64_t i0 = 0; i0 < 2; ++i0) {
-      for (int64_t i1 = 0; i1 < 10; ++i1) {
-        const float s0 = v117p[i0 * 10 + i1];
-        const float s1 = v4p[i1];
-        const float s2 = (s0 + s1);
-        v118p[i0 * 10 + i1] = s2;
-      }
-    }
-  }
+  support::View v118 = arena_.view(128, 20);
+  loop6(v118.data(), v117.data(), v4.data());
 
   // vit.mesh:104:11 softmax -> probs
   MESHRT_TRACE("softmax", "vit.mesh:104:11", "forward");
-  support::View v119 = arena_.view(128, 20);
-  static const support::Shape shape18_2 = {2};
-  static const support::Shape shape18_3 = {10};
-  static const support::Shape shape18_4 = {10};
-  static const support::Shape shape18_5 = {10};
-  static const support::Shape shape18_6 = {1};
-  static const support::Shape shape18_7 = {1};
-  support::along(v119.data(), v118.data(), shape18_2, shape18_3, shape18_4, shape18_5, shape18_6,
-                 shape18_7, support::Along::Softmax, 1e-05, 10, nullptr);
+  support::View v119 = arena_.view(0, 20);
+  support::along(v119.data(), v118.data(), kShape0, kShape31, kShape31, kShape31, kShape1, kShape1,
+                 support::Along::Softmax, 1e-05, 10, nullptr);
 }
 
 void Classify::repeated0(support::ConstView a0, support::ConstView a1, support::View a2,
@@ -539,15 +1321,13 @@ void Classify::repeated0(support::ConstView a0, support::ConstView a1, support::
                          support::View a24, support::ConstView a25, support::View a26,
                          support::View a27, support::ConstView a28, support::View a29,
                          support::View a30, support::View a31, support::ConstView a32,
-                         support::ConstView a33) {
+                         support::ConstView a33, support::View a34) {
   MESHRT_TRACE_SPAN(world_);
 
   // vit.mesh:59:11 einsum -> q
   MESHRT_TRACE("gemm", "vit.mesh:59:11", "forward");
   // dims: batch, tokens, d_model, heads, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan0(
-      {{2, 17, 64, 2, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan0.run(a0.data(), a1.data(), a2.data(), 1.0f, 0.0f);
+  kEinsum2.plan().run(a0.data(), a1.data(), a2.data(), 1.0f, 0.0f);
 
   // vit.mesh:60:18 rename
   MESHRT_TRACE("copy", "vit.mesh:60:18", "forward");
@@ -556,65 +1336,37 @@ void Classify::repeated0(support::ConstView a0, support::ConstView a1, support::
   // vit.mesh:60:11 einsum -> k
   MESHRT_TRACE("gemm", "vit.mesh:60:11", "forward");
   // dims: batch, mem, d_model, heads, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan2(
-      {{2, 17, 64, 2, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan2.run(a3.data(), a4.data(), a5.data(), 1.0f, 0.0f);
+  kEinsum2.plan().run(a3.data(), a4.data(), a5.data(), 1.0f, 0.0f);
 
   // vit.mesh:61:11 einsum -> v
   MESHRT_TRACE("gemm", "vit.mesh:61:11", "forward");
   // dims: batch, mem, d_model, heads, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan3(
-      {{2, 17, 64, 2, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan3.run(a0.data(), a6.data(), a7.data(), 1.0f, 0.0f);
+  kEinsum2.plan().run(a0.data(), a6.data(), a7.data(), 1.0f, 0.0f);
 
   // vit.mesh:62:25 einsum
   // vit.mesh:62:67 mul
   MESHRT_TRACE("gemm", "vit.mesh:62:25", "forward");
   // dims: batch, tokens, heads, d_head, mem
-  static const meshrt::kernels::EinsumPlan einsumPlan4(
-      {{2, 17, 2, 16, 17}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
-  einsumPlan4.run(a2.data(), a5.data(), a8.data(), 0.25f, 0.0f);
+  kEinsum3.plan().run(a2.data(), a5.data(), a8.data(), 0.25f, 0.0f);
 
   // vit.mesh:62:17 softmax -> weights
   MESHRT_TRACE("softmax", "vit.mesh:62:17", "forward");
-  static const support::Shape shape5_2 = {2, 2, 17};
-  static const support::Shape shape5_3 = {578, 289, 17};
-  static const support::Shape shape5_4 = {578, 289, 17};
-  static const support::Shape shape5_5 = {17};
-  static const support::Shape shape5_6 = {1};
-  static const support::Shape shape5_7 = {1};
-  support::along(a9.data(), a8.data(), shape5_2, shape5_3, shape5_4, shape5_5, shape5_6, shape5_7,
+  support::along(a9.data(), a8.data(), kShape32, kShape33, kShape33, kShape34, kShape1, kShape1,
                  support::Along::Softmax, 1e-05, 17, nullptr);
 
   // vit.mesh:63:17 einsum
   MESHRT_TRACE("gemm", "vit.mesh:63:17", "forward");
   // dims: batch, heads, tokens, mem, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan6(
-      {{2, 2, 17, 17, 16}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 2, 1, 4}, {}}});
-  einsumPlan6.run(a9.data(), a7.data(), a10.data(), 1.0f, 0.0f);
+  kEinsum4.plan().run(a9.data(), a7.data(), a10.data(), 1.0f, 0.0f);
 
   // vit.mesh:63:10 einsum
   MESHRT_TRACE("gemm", "vit.mesh:63:10", "forward");
   // dims: batch, tokens, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan7(
-      {{2, 17, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 4}, {}}});
-  einsumPlan7.run(a10.data(), a11.data(), a12.data(), 1.0f, 0.0f);
+  kEinsum5.plan().run(a10.data(), a11.data(), a12.data(), 1.0f, 0.0f);
 
   // vit.mesh:80:55 mul
   MESHRT_TRACE("loop", "vit.mesh:80:55", "forward");
-  {
-    float *__restrict a14p = a14.data();
-    const float *__restrict a12p = a12.data();
-    const float *__restrict a13p = a13.data();
-    for (int64_t i0 = 0; i0 < 34; ++i0) {
-      for (int64_t i1 = 0; i1 < 64; ++i1) {
-        const float s0 = a12p[i0 * 64 + i1];
-        const float s1 = a13p[i1];
-        const float s2 = (s0 * s1);
-        a14p[i0 * 64 + i1] = s2;
-      }
-    }
-  }
+  loop7(a14.data(), a12.data(), a13.data());
 
   // vit.mesh:80:13 all_reduce_sum (resolve the partial sum of %45 over model for add at 80:13)
   MESHRT_TRACE_SITE("vit.mesh:80:13");
@@ -622,62 +1374,22 @@ void Classify::repeated0(support::ConstView a0, support::ConstView a1, support::
 
   // vit.mesh:80:13 add -> h
   MESHRT_TRACE("loop", "vit.mesh:80:13", "forward");
-  {
-    float *__restrict a16p = a16.data();
-    const float *__restrict a15p = a15.data();
-    const float *__restrict a14p = a14.data();
-    for (int64_t i0 = 0; i0 < 2176; ++i0) {
-      const float s0 = a15p[i0];
-      const float s1 = a14p[i0];
-      const float s2 = (s0 + s1);
-      a16p[i0] = s2;
-    }
-  }
+  loop8(a16.data(), a15.data(), a14.data());
 
   // vit.mesh:36:10 layer_norm
   MESHRT_TRACE("layer_norm", "vit.mesh:36:10", "forward");
-  static const support::Shape shape11_2 = {2, 17};
-  static const support::Shape shape11_3 = {1088, 64};
-  static const support::Shape shape11_4 = {1088, 64};
-  static const support::Shape shape11_5 = {64};
-  static const support::Shape shape11_6 = {1};
-  static const support::Shape shape11_7 = {1};
-  support::along(a17.data(), a16.data(), shape11_2, shape11_3, shape11_4, shape11_5, shape11_6,
-                 shape11_7, support::Along::LayerNorm, 1e-06, 64, nullptr);
+  support::along(a17.data(), a16.data(), kShape25, kShape26, kShape26, kShape27, kShape1, kShape1,
+                 support::Along::LayerNorm, 1e-06, 64, nullptr);
 
   // vit.mesh:36:45 mul
   // vit.mesh:36:52 add
   // vit.mesh:71:23 cast
   MESHRT_TRACE("loop", "vit.mesh:36:45", "forward");
-  {
-    float *__restrict a20p = a20.data();
-    const float *__restrict a17p = a17.data();
-    const float *__restrict a18p = a18.data();
-    const float *__restrict a19p = a19.data();
-    for (int64_t i0 = 0; i0 < 34; ++i0) {
-      for (int64_t i1 = 0; i1 < 64; ++i1) {
-        const float s0 = a17p[i0 * 64 + i1];
-        const float s1 = a18p[i1];
-        const float s2 = (s0 * s1);
-        const float s3 = a19p[i1];
-        const float s4 = (s2 + s3);
-        const float s5 = support::roundValue(support::DType::BF16, double(s4));
-        a20p[i0 * 64 + i1] = s5;
-      }
-    }
-  }
+  loop9(a20.data(), a17.data(), a18.data(), a19.data());
 
   // vit.mesh:71:38 cast
   MESHRT_TRACE("loop", "vit.mesh:71:38", "forward");
-  {
-    float *__restrict a22p = a22.data();
-    const float *__restrict a21p = a21.data();
-    for (int64_t i0 = 0; i0 < 4096; ++i0) {
-      const float s0 = a21p[i0];
-      const float s1 = support::roundValue(support::DType::BF16, double(s0));
-      a22p[i0] = s1;
-    }
-  }
+  loop10(a22.data(), a21.data());
 
   // vit.mesh:71:16 einsum
   MESHRT_TRACE("gemm", "vit.mesh:71:16", "forward");
@@ -702,27 +1414,11 @@ void Classify::repeated0(support::ConstView a0, support::ConstView a1, support::
 
   // vit.mesh:71:11 gelu -> h
   MESHRT_TRACE("loop", "vit.mesh:71:11", "forward");
-  {
-    float *__restrict a24p = a24.data();
-    const float *__restrict a23p = a23.data();
-    for (int64_t i0 = 0; i0 < 2176; ++i0) {
-      const float s0 = a23p[i0];
-      const float s1 = support::roundValue(support::DType::BF16, double(support::gelu(s0)));
-      a24p[i0] = s1;
-    }
-  }
+  loop11(a24.data(), a23.data());
 
   // vit.mesh:72:25 cast
   MESHRT_TRACE("loop", "vit.mesh:72:25", "forward");
-  {
-    float *__restrict a26p = a26.data();
-    const float *__restrict a25p = a25.data();
-    for (int64_t i0 = 0; i0 < 4096; ++i0) {
-      const float s0 = a25p[i0];
-      const float s1 = support::roundValue(support::DType::BF16, double(s0));
-      a26p[i0] = s1;
-    }
-  }
+  loop10(a26.data(), a25.data());
 
   // vit.mesh:72:15 einsum
   MESHRT_TRACE("gemm", "vit.mesh:72:15", "forward");
@@ -748,20 +1444,7 @@ void Classify::repeated0(support::ConstView a0, support::ConstView a1, support::
   // vit.mesh:72:10 cast
   // vit.mesh:81:48 mul
   MESHRT_TRACE("loop", "vit.mesh:72:10", "forward");
-  {
-    float *__restrict a29p = a29.data();
-    const float *__restrict a27p = a27.data();
-    const float *__restrict a28p = a28.data();
-    for (int64_t i0 = 0; i0 < 34; ++i0) {
-      for (int64_t i1 = 0; i1 < 64; ++i1) {
-        const float s0 = a27p[i0 * 64 + i1];
-        const float s1 = s0;
-        const float s2 = a28p[i1];
-        const float s3 = (s1 * s2);
-        a29p[i0 * 64 + i1] = s3;
-      }
-    }
-  }
+  loop12(a29.data(), a27.data(), a28.data());
 
   // vit.mesh:81:12 all_reduce_sum (resolve the partial sum of %62 over model for add at 81:12)
   MESHRT_TRACE_SITE("vit.mesh:81:12");
@@ -769,23 +1452,17 @@ void Classify::repeated0(support::ConstView a0, support::ConstView a1, support::
 
   // vit.mesh:81:12 add -> x
   MESHRT_TRACE("loop", "vit.mesh:81:12", "forward");
-  {
-    float *__restrict a30p = a30.data();
-    const float *__restrict a16p = a16.data();
-    const float *__restrict a29p = a29.data();
-    for (int64_t i0 = 0; i0 < 2176; ++i0) {
-      const float s0 = a16p[i0];
-      const float s1 = a29p[i0];
-      const float s2 = (s0 + s1);
-      a30p[i0] = s2;
-    }
-  }
+  loop8(a30.data(), a16.data(), a29.data());
 
   // vit.mesh:36:10 layer_norm
+  MESHRT_TRACE("layer_norm", "vit.mesh:36:10", "forward");
+  support::along(a31.data(), a30.data(), kShape25, kShape26, kShape26, kShape27, kShape1, kShape1,
+                 support::Along::LayerNorm, 1e-06, 64, nullptr);
+
   // vit.mesh:36:45 mul
   // vit.mesh:36:52 add
-  MESHRT_TRACE("layer_norm", "vit.mesh:36:10", "forward");
-  support::layerNormAffine(a31.data(), a30.data(), 34, 64, a32.data(), a33.data(), 1e-06, 64);
+  MESHRT_TRACE("loop", "vit.mesh:36:45", "forward");
+  loop5(a34.data(), a31.data(), a32.data(), a33.data());
 }
 
 Classify::Inputs Classify::synthesizeInputs(uint64_t seed) const {
@@ -828,38 +1505,39 @@ support::Tensor Classify::gatherOutput(meshrt::Communicator &world, const std::s
 }
 
 std::vector<std::string> Classify::paramNames() {
-  return {"vit/class_token",
-          "vit/position_embedding",
-          "vit/w_head",
-          "vit/b_head",
-          "vit/embed_patches/w_patch",
-          "vit/embed_patches/b_patch",
-          "vit/encoder_layer[0]/attention_scale",
-          "vit/encoder_layer[0]/ffn_scale",
-          "vit/encoder_layer[0]/norm/gain",
-          "vit/encoder_layer[0]/norm/bias",
-          "vit/encoder_layer[0]/attention/w_q",
-          "vit/encoder_layer[0]/attention/w_k",
-          "vit/encoder_layer[0]/attention/w_v",
-          "vit/encoder_layer[0]/attention/w_o",
-          "vit/encoder_layer[0]/norm#1/gain",
-          "vit/encoder_layer[0]/norm#1/bias",
-          "vit/encoder_layer[0]/ffn/w_in",
-          "vit/encoder_layer[0]/ffn/w_out",
-          "vit/encoder_layer[1]/attention_scale",
-          "vit/encoder_layer[1]/ffn_scale",
-          "vit/encoder_layer[1]/norm/gain",
-          "vit/encoder_layer[1]/norm/bias",
-          "vit/encoder_layer[1]/attention/w_q",
-          "vit/encoder_layer[1]/attention/w_k",
-          "vit/encoder_layer[1]/attention/w_v",
-          "vit/encoder_layer[1]/attention/w_o",
-          "vit/encoder_layer[1]/norm#1/gain",
-          "vit/encoder_layer[1]/norm#1/bias",
-          "vit/encoder_layer[1]/ffn/w_in",
-          "vit/encoder_layer[1]/ffn/w_out",
-          "vit/norm/gain",
-          "vit/norm/bias"};
+  static constexpr const char *names[] = {"vit/class_token",
+                                          "vit/position_embedding",
+                                          "vit/w_head",
+                                          "vit/b_head",
+                                          "vit/embed_patches/w_patch",
+                                          "vit/embed_patches/b_patch",
+                                          "vit/encoder_layer[0]/attention_scale",
+                                          "vit/encoder_layer[0]/ffn_scale",
+                                          "vit/encoder_layer[0]/norm/gain",
+                                          "vit/encoder_layer[0]/norm/bias",
+                                          "vit/encoder_layer[0]/attention/w_q",
+                                          "vit/encoder_layer[0]/attention/w_k",
+                                          "vit/encoder_layer[0]/attention/w_v",
+                                          "vit/encoder_layer[0]/attention/w_o",
+                                          "vit/encoder_layer[0]/norm#1/gain",
+                                          "vit/encoder_layer[0]/norm#1/bias",
+                                          "vit/encoder_layer[0]/ffn/w_in",
+                                          "vit/encoder_layer[0]/ffn/w_out",
+                                          "vit/encoder_layer[1]/attention_scale",
+                                          "vit/encoder_layer[1]/ffn_scale",
+                                          "vit/encoder_layer[1]/norm/gain",
+                                          "vit/encoder_layer[1]/norm/bias",
+                                          "vit/encoder_layer[1]/attention/w_q",
+                                          "vit/encoder_layer[1]/attention/w_k",
+                                          "vit/encoder_layer[1]/attention/w_v",
+                                          "vit/encoder_layer[1]/attention/w_o",
+                                          "vit/encoder_layer[1]/norm#1/gain",
+                                          "vit/encoder_layer[1]/norm#1/bias",
+                                          "vit/encoder_layer[1]/ffn/w_in",
+                                          "vit/encoder_layer[1]/ffn/w_out",
+                                          "vit/norm/gain",
+                                          "vit/norm/bias"};
+  return {std::begin(names), std::end(names)};
 }
 
 bool Classify::isOptimizerState(const std::string &path) {
@@ -868,48 +1546,6 @@ bool Classify::isOptimizerState(const std::string &path) {
 }
 
 std::vector<support::ParamShard> Classify::paramShards() {
-  static constexpr support::ParamSpec specs[] = {
-      {"vit/class_token", false, "f32", "one:1:1: d_model:64:64:"},
-      {"vit/position_embedding", false, "f32", "tokens:17:17: d_model:64:64:"},
-      {"vit/w_head", false, "f32", "d_model:64:64: classes:10:10:"},
-      {"vit/b_head", false, "f32", "classes:10:10:"},
-      {"vit/embed_patches/w_patch", false, "f32",
-       "pixel_row:4:4: pixel_col:4:4: channels:3:3: d_model:64:64:"},
-      {"vit/embed_patches/b_patch", false, "f32", "d_model:64:64:"},
-      {"vit/encoder_layer[0]/attention_scale", false, "f32", "d_model:64:64:"},
-      {"vit/encoder_layer[0]/ffn_scale", false, "f32", "d_model:64:64:"},
-      {"vit/encoder_layer[0]/norm/gain", false, "f32", "d_model:64:64:"},
-      {"vit/encoder_layer[0]/norm/bias", false, "f32", "d_model:64:64:"},
-      {"vit/encoder_layer[0]/attention/w_q", false, "f32",
-       "d_model:64:64: heads:4:2:model d_head:16:16:"},
-      {"vit/encoder_layer[0]/attention/w_k", false, "f32",
-       "d_model:64:64: heads:4:2:model d_head:16:16:"},
-      {"vit/encoder_layer[0]/attention/w_v", false, "f32",
-       "d_model:64:64: heads:4:2:model d_head:16:16:"},
-      {"vit/encoder_layer[0]/attention/w_o", false, "f32",
-       "heads:4:2:model d_head:16:16: d_model:64:64:"},
-      {"vit/encoder_layer[0]/norm#1/gain", false, "f32", "d_model:64:64:"},
-      {"vit/encoder_layer[0]/norm#1/bias", false, "f32", "d_model:64:64:"},
-      {"vit/encoder_layer[0]/ffn/w_in", false, "f32", "d_model:64:64: d_ff:128:64:model"},
-      {"vit/encoder_layer[0]/ffn/w_out", false, "f32", "d_ff:128:64:model d_model:64:64:"},
-      {"vit/encoder_layer[1]/attention_scale", false, "f32", "d_model:64:64:"},
-      {"vit/encoder_layer[1]/ffn_scale", false, "f32", "d_model:64:64:"},
-      {"vit/encoder_layer[1]/norm/gain", false, "f32", "d_model:64:64:"},
-      {"vit/encoder_layer[1]/norm/bias", false, "f32", "d_model:64:64:"},
-      {"vit/encoder_layer[1]/attention/w_q", false, "f32",
-       "d_model:64:64: heads:4:2:model d_head:16:16:"},
-      {"vit/encoder_layer[1]/attention/w_k", false, "f32",
-       "d_model:64:64: heads:4:2:model d_head:16:16:"},
-      {"vit/encoder_layer[1]/attention/w_v", false, "f32",
-       "d_model:64:64: heads:4:2:model d_head:16:16:"},
-      {"vit/encoder_layer[1]/attention/w_o", false, "f32",
-       "heads:4:2:model d_head:16:16: d_model:64:64:"},
-      {"vit/encoder_layer[1]/norm#1/gain", false, "f32", "d_model:64:64:"},
-      {"vit/encoder_layer[1]/norm#1/bias", false, "f32", "d_model:64:64:"},
-      {"vit/encoder_layer[1]/ffn/w_in", false, "f32", "d_model:64:64: d_ff:128:64:model"},
-      {"vit/encoder_layer[1]/ffn/w_out", false, "f32", "d_ff:128:64:model d_model:64:64:"},
-      {"vit/norm/gain", false, "f32", "d_model:64:64:"},
-      {"vit/norm/bias", false, "f32", "d_model:64:64:"}};
   support::Buffer *const data[] = {&param0_vit_class_token,
                                    &param1_vit_position_embedding,
                                    &param2_vit_w_head,
@@ -942,7 +1578,7 @@ std::vector<support::ParamShard> Classify::paramShards() {
                                    &param29_vit_encoder_layer_1_ffn_w_out,
                                    &param30_vit_norm_gain,
                                    &param31_vit_norm_bias};
-  return support::paramShardsOf<support::ParamShard>(specs, data);
+  return support::paramShardsOf<support::ParamShard>(kClassifyParams, data);
 }
 
 support::Tensor Classify::getParam(const std::string &path) {
@@ -985,351 +1621,426 @@ support::Shape TrainVit::inputShape(const std::string &name) {
   throw std::invalid_argument("train_vit: no input named '" + name + "'");
 }
 
+/// `train_vit`'s params: paths, dims and layouts (its constructor and paramShards() read it).
+static constexpr support::ParamSpec kTrainVitParams[] = {
+    {"vit/class_token", false, "f32", "one:1:1: d_model:64:64:"},
+    {"vit/position_embedding", false, "f32", "tokens:17:17: d_model:64:64:"},
+    {"vit/w_head", false, "f32", "d_model:64:64: classes:10:10:"},
+    {"vit/b_head", false, "f32", "classes:10:10:"},
+    {"vit/embed_patches/w_patch", false, "f32",
+     "pixel_row:4:4: pixel_col:4:4: channels:3:3: d_model:64:64:"},
+    {"vit/embed_patches/b_patch", false, "f32", "d_model:64:64:"},
+    {"vit/encoder_layer[0]/attention_scale", false, "f32", "d_model:64:64:"},
+    {"vit/encoder_layer[0]/ffn_scale", false, "f32", "d_model:64:64:"},
+    {"vit/encoder_layer[0]/norm/gain", false, "f32", "d_model:64:64:"},
+    {"vit/encoder_layer[0]/norm/bias", false, "f32", "d_model:64:64:"},
+    {"vit/encoder_layer[0]/attention/w_q", false, "f32",
+     "d_model:64:64: heads:4:2:model d_head:16:16:"},
+    {"vit/encoder_layer[0]/attention/w_k", false, "f32",
+     "d_model:64:64: heads:4:2:model d_head:16:16:"},
+    {"vit/encoder_layer[0]/attention/w_v", false, "f32",
+     "d_model:64:64: heads:4:2:model d_head:16:16:"},
+    {"vit/encoder_layer[0]/attention/w_o", false, "f32",
+     "heads:4:2:model d_head:16:16: d_model:64:64:"},
+    {"vit/encoder_layer[0]/norm#1/gain", false, "f32", "d_model:64:64:"},
+    {"vit/encoder_layer[0]/norm#1/bias", false, "f32", "d_model:64:64:"},
+    {"vit/encoder_layer[0]/ffn/w_in", false, "f32", "d_model:64:64: d_ff:128:64:model"},
+    {"vit/encoder_layer[0]/ffn/w_out", false, "f32", "d_ff:128:64:model d_model:64:64:"},
+    {"vit/encoder_layer[1]/attention_scale", false, "f32", "d_model:64:64:"},
+    {"vit/encoder_layer[1]/ffn_scale", false, "f32", "d_model:64:64:"},
+    {"vit/encoder_layer[1]/norm/gain", false, "f32", "d_model:64:64:"},
+    {"vit/encoder_layer[1]/norm/bias", false, "f32", "d_model:64:64:"},
+    {"vit/encoder_layer[1]/attention/w_q", false, "f32",
+     "d_model:64:64: heads:4:2:model d_head:16:16:"},
+    {"vit/encoder_layer[1]/attention/w_k", false, "f32",
+     "d_model:64:64: heads:4:2:model d_head:16:16:"},
+    {"vit/encoder_layer[1]/attention/w_v", false, "f32",
+     "d_model:64:64: heads:4:2:model d_head:16:16:"},
+    {"vit/encoder_layer[1]/attention/w_o", false, "f32",
+     "heads:4:2:model d_head:16:16: d_model:64:64:"},
+    {"vit/encoder_layer[1]/norm#1/gain", false, "f32", "d_model:64:64:"},
+    {"vit/encoder_layer[1]/norm#1/bias", false, "f32", "d_model:64:64:"},
+    {"vit/encoder_layer[1]/ffn/w_in", false, "f32", "d_model:64:64: d_ff:128:64:model"},
+    {"vit/encoder_layer[1]/ffn/w_out", false, "f32", "d_ff:128:64:model d_model:64:64:"},
+    {"vit/norm/gain", false, "f32", "d_model:64:64:"},
+    {"vit/norm/bias", false, "f32", "d_model:64:64:"},
+    {"vit/class_token@m", true, "f32", "one:1:1: d_model:64:64:"},
+    {"vit/class_token@v", true, "f32", "one:1:1: d_model:64:64:"},
+    {"vit/position_embedding@m", true, "f32", "tokens:17:17: d_model:64:64:"},
+    {"vit/position_embedding@v", true, "f32", "tokens:17:17: d_model:64:64:"},
+    {"vit/w_head@m", true, "f32", "d_model:64:64: classes:10:10:"},
+    {"vit/w_head@v", true, "f32", "d_model:64:64: classes:10:10:"},
+    {"vit/b_head@m", true, "f32", "classes:10:10:"},
+    {"vit/b_head@v", true, "f32", "classes:10:10:"},
+    {"vit/embed_patches/w_patch@m", true, "f32",
+     "pixel_row:4:4: pixel_col:4:4: channels:3:3: d_model:64:64:"},
+    {"vit/embed_patches/w_patch@v", true, "f32",
+     "pixel_row:4:4: pixel_col:4:4: channels:3:3: d_model:64:64:"},
+    {"vit/embed_patches/b_patch@m", true, "f32", "d_model:64:64:"},
+    {"vit/embed_patches/b_patch@v", true, "f32", "d_model:64:64:"},
+    {"vit/encoder_layer[0]/attention_scale@m", true, "f32", "d_model:64:64:"},
+    {"vit/encoder_layer[0]/attention_scale@v", true, "f32", "d_model:64:64:"},
+    {"vit/encoder_layer[0]/ffn_scale@m", true, "f32", "d_model:64:64:"},
+    {"vit/encoder_layer[0]/ffn_scale@v", true, "f32", "d_model:64:64:"},
+    {"vit/encoder_layer[0]/norm/gain@m", true, "f32", "d_model:64:64:"},
+    {"vit/encoder_layer[0]/norm/gain@v", true, "f32", "d_model:64:64:"},
+    {"vit/encoder_layer[0]/norm/bias@m", true, "f32", "d_model:64:64:"},
+    {"vit/encoder_layer[0]/norm/bias@v", true, "f32", "d_model:64:64:"},
+    {"vit/encoder_layer[0]/attention/w_q@m", true, "f32",
+     "d_model:64:64: heads:4:2:model d_head:16:16:"},
+    {"vit/encoder_layer[0]/attention/w_q@v", true, "f32",
+     "d_model:64:64: heads:4:2:model d_head:16:16:"},
+    {"vit/encoder_layer[0]/attention/w_k@m", true, "f32",
+     "d_model:64:64: heads:4:2:model d_head:16:16:"},
+    {"vit/encoder_layer[0]/attention/w_k@v", true, "f32",
+     "d_model:64:64: heads:4:2:model d_head:16:16:"},
+    {"vit/encoder_layer[0]/attention/w_v@m", true, "f32",
+     "d_model:64:64: heads:4:2:model d_head:16:16:"},
+    {"vit/encoder_layer[0]/attention/w_v@v", true, "f32",
+     "d_model:64:64: heads:4:2:model d_head:16:16:"},
+    {"vit/encoder_layer[0]/attention/w_o@m", true, "f32",
+     "heads:4:2:model d_head:16:16: d_model:64:64:"},
+    {"vit/encoder_layer[0]/attention/w_o@v", true, "f32",
+     "heads:4:2:model d_head:16:16: d_model:64:64:"},
+    {"vit/encoder_layer[0]/norm#1/gain@m", true, "f32", "d_model:64:64:"},
+    {"vit/encoder_layer[0]/norm#1/gain@v", true, "f32", "d_model:64:64:"},
+    {"vit/encoder_layer[0]/norm#1/bias@m", true, "f32", "d_model:64:64:"},
+    {"vit/encoder_layer[0]/norm#1/bias@v", true, "f32", "d_model:64:64:"},
+    {"vit/encoder_layer[0]/ffn/w_in@m", true, "f32", "d_model:64:64: d_ff:128:64:model"},
+    {"vit/encoder_layer[0]/ffn/w_in@v", true, "f32", "d_model:64:64: d_ff:128:64:model"},
+    {"vit/encoder_layer[0]/ffn/w_out@m", true, "f32", "d_ff:128:64:model d_model:64:64:"},
+    {"vit/encoder_layer[0]/ffn/w_out@v", true, "f32", "d_ff:128:64:model d_model:64:64:"},
+    {"vit/encoder_layer[1]/attention_scale@m", true, "f32", "d_model:64:64:"},
+    {"vit/encoder_layer[1]/attention_scale@v", true, "f32", "d_model:64:64:"},
+    {"vit/encoder_layer[1]/ffn_scale@m", true, "f32", "d_model:64:64:"},
+    {"vit/encoder_layer[1]/ffn_scale@v", true, "f32", "d_model:64:64:"},
+    {"vit/encoder_layer[1]/norm/gain@m", true, "f32", "d_model:64:64:"},
+    {"vit/encoder_layer[1]/norm/gain@v", true, "f32", "d_model:64:64:"},
+    {"vit/encoder_layer[1]/norm/bias@m", true, "f32", "d_model:64:64:"},
+    {"vit/encoder_layer[1]/norm/bias@v", true, "f32", "d_model:64:64:"},
+    {"vit/encoder_layer[1]/attention/w_q@m", true, "f32",
+     "d_model:64:64: heads:4:2:model d_head:16:16:"},
+    {"vit/encoder_layer[1]/attention/w_q@v", true, "f32",
+     "d_model:64:64: heads:4:2:model d_head:16:16:"},
+    {"vit/encoder_layer[1]/attention/w_k@m", true, "f32",
+     "d_model:64:64: heads:4:2:model d_head:16:16:"},
+    {"vit/encoder_layer[1]/attention/w_k@v", true, "f32",
+     "d_model:64:64: heads:4:2:model d_head:16:16:"},
+    {"vit/encoder_layer[1]/attention/w_v@m", true, "f32",
+     "d_model:64:64: heads:4:2:model d_head:16:16:"},
+    {"vit/encoder_layer[1]/attention/w_v@v", true, "f32",
+     "d_model:64:64: heads:4:2:model d_head:16:16:"},
+    {"vit/encoder_layer[1]/attention/w_o@m", true, "f32",
+     "heads:4:2:model d_head:16:16: d_model:64:64:"},
+    {"vit/encoder_layer[1]/attention/w_o@v", true, "f32",
+     "heads:4:2:model d_head:16:16: d_model:64:64:"},
+    {"vit/encoder_layer[1]/norm#1/gain@m", true, "f32", "d_model:64:64:"},
+    {"vit/encoder_layer[1]/norm#1/gain@v", true, "f32", "d_model:64:64:"},
+    {"vit/encoder_layer[1]/norm#1/bias@m", true, "f32", "d_model:64:64:"},
+    {"vit/encoder_layer[1]/norm#1/bias@v", true, "f32", "d_model:64:64:"},
+    {"vit/encoder_layer[1]/ffn/w_in@m", true, "f32", "d_model:64:64: d_ff:128:64:model"},
+    {"vit/encoder_layer[1]/ffn/w_in@v", true, "f32", "d_model:64:64: d_ff:128:64:model"},
+    {"vit/encoder_layer[1]/ffn/w_out@m", true, "f32", "d_ff:128:64:model d_model:64:64:"},
+    {"vit/encoder_layer[1]/ffn/w_out@v", true, "f32", "d_ff:128:64:model d_model:64:64:"},
+    {"vit/norm/gain@m", true, "f32", "d_model:64:64:"},
+    {"vit/norm/gain@v", true, "f32", "d_model:64:64:"},
+    {"vit/norm/bias@m", true, "f32", "d_model:64:64:"},
+    {"vit/norm/bias@v", true, "f32", "d_model:64:64:"}};
+
 TrainVit::TrainVit(meshrt::Communicator &world, uint64_t seed)
     : world_(support::checkedWorld(world, mesh(), "train_vit")), seed_(seed),
       group_data(world_.subgroup(std::vector<std::string>{"data"})),
       group_model(world_.subgroup(std::vector<std::string>{"model"})) {
-  // vit/class_token: truncated_normal (vit.mesh:85)
-  param0_vit_class_token.resize(64);
-  {
-    const meshrt::kernels::Shard shard{{1, 64}, {0, 0}, {1, 64}};
-    const auto init =
-        meshrt::kernels::makeInit("truncated_normal", {{"mean", 0.0}, {"stddev", 0.02}});
-    support::fillParam(param0_vit_class_token.data(), shard, seed, "vit/class_token", init,
-                       meshrt::kernels::ValueType::F32);
-  }
-  // vit/position_embedding: truncated_normal (vit.mesh:86)
-  param1_vit_position_embedding.resize(1088);
-  {
-    const meshrt::kernels::Shard shard{{17, 64}, {0, 0}, {17, 64}};
-    const auto init =
-        meshrt::kernels::makeInit("truncated_normal", {{"mean", 0.0}, {"stddev", 0.02}});
-    support::fillParam(param1_vit_position_embedding.data(), shard, seed, "vit/position_embedding",
-                       init, meshrt::kernels::ValueType::F32);
-  }
-  // vit/w_head: normal (vit.mesh:87)
-  param2_vit_w_head.resize(640);
-  {
-    const meshrt::kernels::Shard shard{{64, 10}, {0, 0}, {64, 10}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
-    support::fillParam(param2_vit_w_head.data(), shard, seed, "vit/w_head", init,
-                       meshrt::kernels::ValueType::F32);
-  }
-  // vit/b_head: zeros (vit.mesh:88)
-  param3_vit_b_head.assign(10, support::roundValue(support::DType::F32, 0.0));
-  // vit/embed_patches/w_patch: truncated_normal (vit.mesh:41)
-  param4_vit_embed_patches_w_patch.resize(3072);
-  {
-    const meshrt::kernels::Shard shard{{4, 4, 3, 64}, {0, 0, 0, 0}, {4, 4, 3, 64}};
-    const auto init =
-        meshrt::kernels::makeInit("truncated_normal", {{"mean", 0.0}, {"stddev", 0.144}});
-    support::fillParam(param4_vit_embed_patches_w_patch.data(), shard, seed,
-                       "vit/embed_patches/w_patch", init, meshrt::kernels::ValueType::F32);
-  }
-  // vit/embed_patches/b_patch: zeros (vit.mesh:42)
-  param5_vit_embed_patches_b_patch.assign(64, support::roundValue(support::DType::F32, 0.0));
-  // vit/encoder_layer[0]/attention_scale: constant (vit.mesh:78)
-  param6_vit_encoder_layer_0_attention_scale.assign(64,
-                                                    support::roundValue(support::DType::F32, 0.1));
-  // vit/encoder_layer[0]/ffn_scale: constant (vit.mesh:79)
-  param7_vit_encoder_layer_0_ffn_scale.assign(64, support::roundValue(support::DType::F32, 0.1));
-  // vit/encoder_layer[0]/norm/gain: ones (vit.mesh:34)
-  param8_vit_encoder_layer_0_norm_gain.assign(64, support::roundValue(support::DType::F32, 1.0));
-  // vit/encoder_layer[0]/norm/bias: zeros (vit.mesh:35)
-  param9_vit_encoder_layer_0_norm_bias.assign(64, support::roundValue(support::DType::F32, 0.0));
-  // vit/encoder_layer[0]/attention/w_q: normal (vit.mesh:55)
-  param10_vit_encoder_layer_0_attention_w_q.resize(2048);
-  {
-    const meshrt::kernels::Shard shard{
-        {64, 4, 16}, {0, support::shardStart(world_, {"model"}, 2), 0}, {64, 2, 16}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}});
-    support::fillParam(param10_vit_encoder_layer_0_attention_w_q.data(), shard, seed,
-                       "vit/encoder_layer[0]/attention/w_q", init, meshrt::kernels::ValueType::F32);
-  }
-  // vit/encoder_layer[0]/attention/w_k: normal (vit.mesh:56)
-  param11_vit_encoder_layer_0_attention_w_k.resize(2048);
-  {
-    const meshrt::kernels::Shard shard{
-        {64, 4, 16}, {0, support::shardStart(world_, {"model"}, 2), 0}, {64, 2, 16}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}});
-    support::fillParam(param11_vit_encoder_layer_0_attention_w_k.data(), shard, seed,
-                       "vit/encoder_layer[0]/attention/w_k", init, meshrt::kernels::ValueType::F32);
-  }
-  // vit/encoder_layer[0]/attention/w_v: normal (vit.mesh:57)
-  param12_vit_encoder_layer_0_attention_w_v.resize(2048);
-  {
-    const meshrt::kernels::Shard shard{
-        {64, 4, 16}, {0, support::shardStart(world_, {"model"}, 2), 0}, {64, 2, 16}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}});
-    support::fillParam(param12_vit_encoder_layer_0_attention_w_v.data(), shard, seed,
-                       "vit/encoder_layer[0]/attention/w_v", init, meshrt::kernels::ValueType::F32);
-  }
-  // vit/encoder_layer[0]/attention/w_o: normal (vit.mesh:58)
-  param13_vit_encoder_layer_0_attention_w_o.resize(2048);
-  {
-    const meshrt::kernels::Shard shard{
-        {4, 16, 64}, {support::shardStart(world_, {"model"}, 2), 0, 0}, {2, 16, 64}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}});
-    support::fillParam(param13_vit_encoder_layer_0_attention_w_o.data(), shard, seed,
-                       "vit/encoder_layer[0]/attention/w_o", init, meshrt::kernels::ValueType::F32);
-  }
-  // vit/encoder_layer[0]/norm#1/gain: ones (vit.mesh:34)
-  param14_vit_encoder_layer_0_norm_1_gain.assign(64, support::roundValue(support::DType::F32, 1.0));
-  // vit/encoder_layer[0]/norm#1/bias: zeros (vit.mesh:35)
-  param15_vit_encoder_layer_0_norm_1_bias.assign(64, support::roundValue(support::DType::F32, 0.0));
-  // vit/encoder_layer[0]/ffn/w_in: normal (vit.mesh:69)
-  param16_vit_encoder_layer_0_ffn_w_in.resize(4096);
-  {
-    const meshrt::kernels::Shard shard{
-        {64, 128}, {0, support::shardStart(world_, {"model"}, 64)}, {64, 64}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}});
-    support::fillParam(param16_vit_encoder_layer_0_ffn_w_in.data(), shard, seed,
-                       "vit/encoder_layer[0]/ffn/w_in", init, meshrt::kernels::ValueType::F32);
-  }
-  // vit/encoder_layer[0]/ffn/w_out: normal (vit.mesh:70)
-  param17_vit_encoder_layer_0_ffn_w_out.resize(4096);
-  {
-    const meshrt::kernels::Shard shard{
-        {128, 64}, {support::shardStart(world_, {"model"}, 64), 0}, {64, 64}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.088}});
-    support::fillParam(param17_vit_encoder_layer_0_ffn_w_out.data(), shard, seed,
-                       "vit/encoder_layer[0]/ffn/w_out", init, meshrt::kernels::ValueType::F32);
-  }
-  // vit/encoder_layer[1]/attention_scale: constant (vit.mesh:78)
-  param18_vit_encoder_layer_1_attention_scale.assign(64,
-                                                     support::roundValue(support::DType::F32, 0.1));
-  // vit/encoder_layer[1]/ffn_scale: constant (vit.mesh:79)
-  param19_vit_encoder_layer_1_ffn_scale.assign(64, support::roundValue(support::DType::F32, 0.1));
-  // vit/encoder_layer[1]/norm/gain: ones (vit.mesh:34)
-  param20_vit_encoder_layer_1_norm_gain.assign(64, support::roundValue(support::DType::F32, 1.0));
-  // vit/encoder_layer[1]/norm/bias: zeros (vit.mesh:35)
-  param21_vit_encoder_layer_1_norm_bias.assign(64, support::roundValue(support::DType::F32, 0.0));
-  // vit/encoder_layer[1]/attention/w_q: normal (vit.mesh:55)
-  param22_vit_encoder_layer_1_attention_w_q.resize(2048);
-  {
-    const meshrt::kernels::Shard shard{
-        {64, 4, 16}, {0, support::shardStart(world_, {"model"}, 2), 0}, {64, 2, 16}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}});
-    support::fillParam(param22_vit_encoder_layer_1_attention_w_q.data(), shard, seed,
-                       "vit/encoder_layer[1]/attention/w_q", init, meshrt::kernels::ValueType::F32);
-  }
-  // vit/encoder_layer[1]/attention/w_k: normal (vit.mesh:56)
-  param23_vit_encoder_layer_1_attention_w_k.resize(2048);
-  {
-    const meshrt::kernels::Shard shard{
-        {64, 4, 16}, {0, support::shardStart(world_, {"model"}, 2), 0}, {64, 2, 16}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}});
-    support::fillParam(param23_vit_encoder_layer_1_attention_w_k.data(), shard, seed,
-                       "vit/encoder_layer[1]/attention/w_k", init, meshrt::kernels::ValueType::F32);
-  }
-  // vit/encoder_layer[1]/attention/w_v: normal (vit.mesh:57)
-  param24_vit_encoder_layer_1_attention_w_v.resize(2048);
-  {
-    const meshrt::kernels::Shard shard{
-        {64, 4, 16}, {0, support::shardStart(world_, {"model"}, 2), 0}, {64, 2, 16}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}});
-    support::fillParam(param24_vit_encoder_layer_1_attention_w_v.data(), shard, seed,
-                       "vit/encoder_layer[1]/attention/w_v", init, meshrt::kernels::ValueType::F32);
-  }
-  // vit/encoder_layer[1]/attention/w_o: normal (vit.mesh:58)
-  param25_vit_encoder_layer_1_attention_w_o.resize(2048);
-  {
-    const meshrt::kernels::Shard shard{
-        {4, 16, 64}, {support::shardStart(world_, {"model"}, 2), 0, 0}, {2, 16, 64}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}});
-    support::fillParam(param25_vit_encoder_layer_1_attention_w_o.data(), shard, seed,
-                       "vit/encoder_layer[1]/attention/w_o", init, meshrt::kernels::ValueType::F32);
-  }
-  // vit/encoder_layer[1]/norm#1/gain: ones (vit.mesh:34)
-  param26_vit_encoder_layer_1_norm_1_gain.assign(64, support::roundValue(support::DType::F32, 1.0));
-  // vit/encoder_layer[1]/norm#1/bias: zeros (vit.mesh:35)
-  param27_vit_encoder_layer_1_norm_1_bias.assign(64, support::roundValue(support::DType::F32, 0.0));
-  // vit/encoder_layer[1]/ffn/w_in: normal (vit.mesh:69)
-  param28_vit_encoder_layer_1_ffn_w_in.resize(4096);
-  {
-    const meshrt::kernels::Shard shard{
-        {64, 128}, {0, support::shardStart(world_, {"model"}, 64)}, {64, 64}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}});
-    support::fillParam(param28_vit_encoder_layer_1_ffn_w_in.data(), shard, seed,
-                       "vit/encoder_layer[1]/ffn/w_in", init, meshrt::kernels::ValueType::F32);
-  }
-  // vit/encoder_layer[1]/ffn/w_out: normal (vit.mesh:70)
-  param29_vit_encoder_layer_1_ffn_w_out.resize(4096);
-  {
-    const meshrt::kernels::Shard shard{
-        {128, 64}, {support::shardStart(world_, {"model"}, 64), 0}, {64, 64}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.088}});
-    support::fillParam(param29_vit_encoder_layer_1_ffn_w_out.data(), shard, seed,
-                       "vit/encoder_layer[1]/ffn/w_out", init, meshrt::kernels::ValueType::F32);
-  }
-  // vit/norm/gain: ones (vit.mesh:34)
-  param30_vit_norm_gain.assign(64, support::roundValue(support::DType::F32, 1.0));
-  // vit/norm/bias: zeros (vit.mesh:35)
-  param31_vit_norm_bias.assign(64, support::roundValue(support::DType::F32, 0.0));
-  // vit/class_token@m: zeros (vit.mesh:85)
-  param32_vit_class_token_m.assign(64, support::roundValue(support::DType::F32, 0.0));
-  // vit/class_token@v: zeros (vit.mesh:85)
-  param33_vit_class_token_v.assign(64, support::roundValue(support::DType::F32, 0.0));
-  // vit/position_embedding@m: zeros (vit.mesh:86)
-  param34_vit_position_embedding_m.assign(1088, support::roundValue(support::DType::F32, 0.0));
-  // vit/position_embedding@v: zeros (vit.mesh:86)
-  param35_vit_position_embedding_v.assign(1088, support::roundValue(support::DType::F32, 0.0));
-  // vit/w_head@m: zeros (vit.mesh:87)
-  param36_vit_w_head_m.assign(640, support::roundValue(support::DType::F32, 0.0));
-  // vit/w_head@v: zeros (vit.mesh:87)
-  param37_vit_w_head_v.assign(640, support::roundValue(support::DType::F32, 0.0));
-  // vit/b_head@m: zeros (vit.mesh:88)
-  param38_vit_b_head_m.assign(10, support::roundValue(support::DType::F32, 0.0));
-  // vit/b_head@v: zeros (vit.mesh:88)
-  param39_vit_b_head_v.assign(10, support::roundValue(support::DType::F32, 0.0));
-  // vit/embed_patches/w_patch@m: zeros (vit.mesh:41)
-  param40_vit_embed_patches_w_patch_m.assign(3072, support::roundValue(support::DType::F32, 0.0));
-  // vit/embed_patches/w_patch@v: zeros (vit.mesh:41)
-  param41_vit_embed_patches_w_patch_v.assign(3072, support::roundValue(support::DType::F32, 0.0));
-  // vit/embed_patches/b_patch@m: zeros (vit.mesh:42)
-  param42_vit_embed_patches_b_patch_m.assign(64, support::roundValue(support::DType::F32, 0.0));
-  // vit/embed_patches/b_patch@v: zeros (vit.mesh:42)
-  param43_vit_embed_patches_b_patch_v.assign(64, support::roundValue(support::DType::F32, 0.0));
-  // vit/encoder_layer[0]/attention_scale@m: zeros (vit.mesh:78)
-  param44_vit_encoder_layer_0_attention_scale_m.assign(
-      64, support::roundValue(support::DType::F32, 0.0));
-  // vit/encoder_layer[0]/attention_scale@v: zeros (vit.mesh:78)
-  param45_vit_encoder_layer_0_attention_scale_v.assign(
-      64, support::roundValue(support::DType::F32, 0.0));
-  // vit/encoder_layer[0]/ffn_scale@m: zeros (vit.mesh:79)
-  param46_vit_encoder_layer_0_ffn_scale_m.assign(64, support::roundValue(support::DType::F32, 0.0));
-  // vit/encoder_layer[0]/ffn_scale@v: zeros (vit.mesh:79)
-  param47_vit_encoder_layer_0_ffn_scale_v.assign(64, support::roundValue(support::DType::F32, 0.0));
-  // vit/encoder_layer[0]/norm/gain@m: zeros (vit.mesh:34)
-  param48_vit_encoder_layer_0_norm_gain_m.assign(64, support::roundValue(support::DType::F32, 0.0));
-  // vit/encoder_layer[0]/norm/gain@v: zeros (vit.mesh:34)
-  param49_vit_encoder_layer_0_norm_gain_v.assign(64, support::roundValue(support::DType::F32, 0.0));
-  // vit/encoder_layer[0]/norm/bias@m: zeros (vit.mesh:35)
-  param50_vit_encoder_layer_0_norm_bias_m.assign(64, support::roundValue(support::DType::F32, 0.0));
-  // vit/encoder_layer[0]/norm/bias@v: zeros (vit.mesh:35)
-  param51_vit_encoder_layer_0_norm_bias_v.assign(64, support::roundValue(support::DType::F32, 0.0));
-  // vit/encoder_layer[0]/attention/w_q@m: zeros (vit.mesh:55)
-  param52_vit_encoder_layer_0_attention_w_q_m.assign(2048,
-                                                     support::roundValue(support::DType::F32, 0.0));
-  // vit/encoder_layer[0]/attention/w_q@v: zeros (vit.mesh:55)
-  param53_vit_encoder_layer_0_attention_w_q_v.assign(2048,
-                                                     support::roundValue(support::DType::F32, 0.0));
-  // vit/encoder_layer[0]/attention/w_k@m: zeros (vit.mesh:56)
-  param54_vit_encoder_layer_0_attention_w_k_m.assign(2048,
-                                                     support::roundValue(support::DType::F32, 0.0));
-  // vit/encoder_layer[0]/attention/w_k@v: zeros (vit.mesh:56)
-  param55_vit_encoder_layer_0_attention_w_k_v.assign(2048,
-                                                     support::roundValue(support::DType::F32, 0.0));
-  // vit/encoder_layer[0]/attention/w_v@m: zeros (vit.mesh:57)
-  param56_vit_encoder_layer_0_attention_w_v_m.assign(2048,
-                                                     support::roundValue(support::DType::F32, 0.0));
-  // vit/encoder_layer[0]/attention/w_v@v: zeros (vit.mesh:57)
-  param57_vit_encoder_layer_0_attention_w_v_v.assign(2048,
-                                                     support::roundValue(support::DType::F32, 0.0));
-  // vit/encoder_layer[0]/attention/w_o@m: zeros (vit.mesh:58)
-  param58_vit_encoder_layer_0_attention_w_o_m.assign(2048,
-                                                     support::roundValue(support::DType::F32, 0.0));
-  // vit/encoder_layer[0]/attention/w_o@v: zeros (vit.mesh:58)
-  param59_vit_encoder_layer_0_attention_w_o_v.assign(2048,
-                                                     support::roundValue(support::DType::F32, 0.0));
-  // vit/encoder_layer[0]/norm#1/gain@m: zeros (vit.mesh:34)
-  param60_vit_encoder_layer_0_norm_1_gain_m.assign(64,
-                                                   support::roundValue(support::DType::F32, 0.0));
-  // vit/encoder_layer[0]/norm#1/gain@v: zeros (vit.mesh:34)
-  param61_vit_encoder_layer_0_norm_1_gain_v.assign(64,
-                                                   support::roundValue(support::DType::F32, 0.0));
-  // vit/encoder_layer[0]/norm#1/bias@m: zeros (vit.mesh:35)
-  param62_vit_encoder_layer_0_norm_1_bias_m.assign(64,
-                                                   support::roundValue(support::DType::F32, 0.0));
-  // vit/encoder_layer[0]/norm#1/bias@v: zeros (vit.mesh:35)
-  param63_vit_encoder_layer_0_norm_1_bias_v.assign(64,
-                                                   support::roundValue(support::DType::F32, 0.0));
-  // vit/encoder_layer[0]/ffn/w_in@m: zeros (vit.mesh:69)
-  param64_vit_encoder_layer_0_ffn_w_in_m.assign(4096,
-                                                support::roundValue(support::DType::F32, 0.0));
-  // vit/encoder_layer[0]/ffn/w_in@v: zeros (vit.mesh:69)
-  param65_vit_encoder_layer_0_ffn_w_in_v.assign(4096,
-                                                support::roundValue(support::DType::F32, 0.0));
-  // vit/encoder_layer[0]/ffn/w_out@m: zeros (vit.mesh:70)
-  param66_vit_encoder_layer_0_ffn_w_out_m.assign(4096,
-                                                 support::roundValue(support::DType::F32, 0.0));
-  // vit/encoder_layer[0]/ffn/w_out@v: zeros (vit.mesh:70)
-  param67_vit_encoder_layer_0_ffn_w_out_v.assign(4096,
-                                                 support::roundValue(support::DType::F32, 0.0));
-  // vit/encoder_layer[1]/attention_scale@m: zeros (vit.mesh:78)
-  param68_vit_encoder_layer_1_attention_scale_m.assign(
-      64, support::roundValue(support::DType::F32, 0.0));
-  // vit/encoder_layer[1]/attention_scale@v: zeros (vit.mesh:78)
-  param69_vit_encoder_layer_1_attention_scale_v.assign(
-      64, support::roundValue(support::DType::F32, 0.0));
-  // vit/encoder_layer[1]/ffn_scale@m: zeros (vit.mesh:79)
-  param70_vit_encoder_layer_1_ffn_scale_m.assign(64, support::roundValue(support::DType::F32, 0.0));
-  // vit/encoder_layer[1]/ffn_scale@v: zeros (vit.mesh:79)
-  param71_vit_encoder_layer_1_ffn_scale_v.assign(64, support::roundValue(support::DType::F32, 0.0));
-  // vit/encoder_layer[1]/norm/gain@m: zeros (vit.mesh:34)
-  param72_vit_encoder_layer_1_norm_gain_m.assign(64, support::roundValue(support::DType::F32, 0.0));
-  // vit/encoder_layer[1]/norm/gain@v: zeros (vit.mesh:34)
-  param73_vit_encoder_layer_1_norm_gain_v.assign(64, support::roundValue(support::DType::F32, 0.0));
-  // vit/encoder_layer[1]/norm/bias@m: zeros (vit.mesh:35)
-  param74_vit_encoder_layer_1_norm_bias_m.assign(64, support::roundValue(support::DType::F32, 0.0));
-  // vit/encoder_layer[1]/norm/bias@v: zeros (vit.mesh:35)
-  param75_vit_encoder_layer_1_norm_bias_v.assign(64, support::roundValue(support::DType::F32, 0.0));
-  // vit/encoder_layer[1]/attention/w_q@m: zeros (vit.mesh:55)
-  param76_vit_encoder_layer_1_attention_w_q_m.assign(2048,
-                                                     support::roundValue(support::DType::F32, 0.0));
-  // vit/encoder_layer[1]/attention/w_q@v: zeros (vit.mesh:55)
-  param77_vit_encoder_layer_1_attention_w_q_v.assign(2048,
-                                                     support::roundValue(support::DType::F32, 0.0));
-  // vit/encoder_layer[1]/attention/w_k@m: zeros (vit.mesh:56)
-  param78_vit_encoder_layer_1_attention_w_k_m.assign(2048,
-                                                     support::roundValue(support::DType::F32, 0.0));
-  // vit/encoder_layer[1]/attention/w_k@v: zeros (vit.mesh:56)
-  param79_vit_encoder_layer_1_attention_w_k_v.assign(2048,
-                                                     support::roundValue(support::DType::F32, 0.0));
-  // vit/encoder_layer[1]/attention/w_v@m: zeros (vit.mesh:57)
-  param80_vit_encoder_layer_1_attention_w_v_m.assign(2048,
-                                                     support::roundValue(support::DType::F32, 0.0));
-  // vit/encoder_layer[1]/attention/w_v@v: zeros (vit.mesh:57)
-  param81_vit_encoder_layer_1_attention_w_v_v.assign(2048,
-                                                     support::roundValue(support::DType::F32, 0.0));
-  // vit/encoder_layer[1]/attention/w_o@m: zeros (vit.mesh:58)
-  param82_vit_encoder_layer_1_attention_w_o_m.assign(2048,
-                                                     support::roundValue(support::DType::F32, 0.0));
-  // vit/encoder_layer[1]/attention/w_o@v: zeros (vit.mesh:58)
-  param83_vit_encoder_layer_1_attention_w_o_v.assign(2048,
-                                                     support::roundValue(support::DType::F32, 0.0));
-  // vit/encoder_layer[1]/norm#1/gain@m: zeros (vit.mesh:34)
-  param84_vit_encoder_layer_1_norm_1_gain_m.assign(64,
-                                                   support::roundValue(support::DType::F32, 0.0));
-  // vit/encoder_layer[1]/norm#1/gain@v: zeros (vit.mesh:34)
-  param85_vit_encoder_layer_1_norm_1_gain_v.assign(64,
-                                                   support::roundValue(support::DType::F32, 0.0));
-  // vit/encoder_layer[1]/norm#1/bias@m: zeros (vit.mesh:35)
-  param86_vit_encoder_layer_1_norm_1_bias_m.assign(64,
-                                                   support::roundValue(support::DType::F32, 0.0));
-  // vit/encoder_layer[1]/norm#1/bias@v: zeros (vit.mesh:35)
-  param87_vit_encoder_layer_1_norm_1_bias_v.assign(64,
-                                                   support::roundValue(support::DType::F32, 0.0));
-  // vit/encoder_layer[1]/ffn/w_in@m: zeros (vit.mesh:69)
-  param88_vit_encoder_layer_1_ffn_w_in_m.assign(4096,
-                                                support::roundValue(support::DType::F32, 0.0));
-  // vit/encoder_layer[1]/ffn/w_in@v: zeros (vit.mesh:69)
-  param89_vit_encoder_layer_1_ffn_w_in_v.assign(4096,
-                                                support::roundValue(support::DType::F32, 0.0));
-  // vit/encoder_layer[1]/ffn/w_out@m: zeros (vit.mesh:70)
-  param90_vit_encoder_layer_1_ffn_w_out_m.assign(4096,
-                                                 support::roundValue(support::DType::F32, 0.0));
-  // vit/encoder_layer[1]/ffn/w_out@v: zeros (vit.mesh:70)
-  param91_vit_encoder_layer_1_ffn_w_out_v.assign(4096,
-                                                 support::roundValue(support::DType::F32, 0.0));
-  // vit/norm/gain@m: zeros (vit.mesh:34)
-  param92_vit_norm_gain_m.assign(64, support::roundValue(support::DType::F32, 0.0));
-  // vit/norm/gain@v: zeros (vit.mesh:34)
-  param93_vit_norm_gain_v.assign(64, support::roundValue(support::DType::F32, 0.0));
-  // vit/norm/bias@m: zeros (vit.mesh:35)
-  param94_vit_norm_bias_m.assign(64, support::roundValue(support::DType::F32, 0.0));
-  // vit/norm/bias@v: zeros (vit.mesh:35)
-  param95_vit_norm_bias_v.assign(64, support::roundValue(support::DType::F32, 0.0));
+  static constexpr support::ParamInit inits[] = {
+      // vit/class_token (vit.mesh:85)
+      {"truncated_normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.02}}},
+      // vit/position_embedding (vit.mesh:86)
+      {"truncated_normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.02}}},
+      // vit/w_head (vit.mesh:87)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.02}}},
+      // vit/b_head (vit.mesh:88)
+      {"zeros", support::DType::F32, {}},
+      // vit/embed_patches/w_patch (vit.mesh:41)
+      {"truncated_normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.144}}},
+      // vit/embed_patches/b_patch (vit.mesh:42)
+      {"zeros", support::DType::F32, {}},
+      // vit/encoder_layer[0]/attention_scale (vit.mesh:78)
+      {"constant", support::DType::F32, {{"value", 0.1}}},
+      // vit/encoder_layer[0]/ffn_scale (vit.mesh:79)
+      {"constant", support::DType::F32, {{"value", 0.1}}},
+      // vit/encoder_layer[0]/norm/gain (vit.mesh:34)
+      {"ones", support::DType::F32, {}},
+      // vit/encoder_layer[0]/norm/bias (vit.mesh:35)
+      {"zeros", support::DType::F32, {}},
+      // vit/encoder_layer[0]/attention/w_q (vit.mesh:55)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.125}}},
+      // vit/encoder_layer[0]/attention/w_k (vit.mesh:56)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.125}}},
+      // vit/encoder_layer[0]/attention/w_v (vit.mesh:57)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.125}}},
+      // vit/encoder_layer[0]/attention/w_o (vit.mesh:58)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.125}}},
+      // vit/encoder_layer[0]/norm#1/gain (vit.mesh:34)
+      {"ones", support::DType::F32, {}},
+      // vit/encoder_layer[0]/norm#1/bias (vit.mesh:35)
+      {"zeros", support::DType::F32, {}},
+      // vit/encoder_layer[0]/ffn/w_in (vit.mesh:69)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.125}}},
+      // vit/encoder_layer[0]/ffn/w_out (vit.mesh:70)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.088}}},
+      // vit/encoder_layer[1]/attention_scale (vit.mesh:78)
+      {"constant", support::DType::F32, {{"value", 0.1}}},
+      // vit/encoder_layer[1]/ffn_scale (vit.mesh:79)
+      {"constant", support::DType::F32, {{"value", 0.1}}},
+      // vit/encoder_layer[1]/norm/gain (vit.mesh:34)
+      {"ones", support::DType::F32, {}},
+      // vit/encoder_layer[1]/norm/bias (vit.mesh:35)
+      {"zeros", support::DType::F32, {}},
+      // vit/encoder_layer[1]/attention/w_q (vit.mesh:55)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.125}}},
+      // vit/encoder_layer[1]/attention/w_k (vit.mesh:56)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.125}}},
+      // vit/encoder_layer[1]/attention/w_v (vit.mesh:57)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.125}}},
+      // vit/encoder_layer[1]/attention/w_o (vit.mesh:58)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.125}}},
+      // vit/encoder_layer[1]/norm#1/gain (vit.mesh:34)
+      {"ones", support::DType::F32, {}},
+      // vit/encoder_layer[1]/norm#1/bias (vit.mesh:35)
+      {"zeros", support::DType::F32, {}},
+      // vit/encoder_layer[1]/ffn/w_in (vit.mesh:69)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.125}}},
+      // vit/encoder_layer[1]/ffn/w_out (vit.mesh:70)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.088}}},
+      // vit/norm/gain (vit.mesh:34)
+      {"ones", support::DType::F32, {}},
+      // vit/norm/bias (vit.mesh:35)
+      {"zeros", support::DType::F32, {}},
+      // vit/class_token@m (vit.mesh:85)
+      {"zeros", support::DType::F32, {}},
+      // vit/class_token@v (vit.mesh:85)
+      {"zeros", support::DType::F32, {}},
+      // vit/position_embedding@m (vit.mesh:86)
+      {"zeros", support::DType::F32, {}},
+      // vit/position_embedding@v (vit.mesh:86)
+      {"zeros", support::DType::F32, {}},
+      // vit/w_head@m (vit.mesh:87)
+      {"zeros", support::DType::F32, {}},
+      // vit/w_head@v (vit.mesh:87)
+      {"zeros", support::DType::F32, {}},
+      // vit/b_head@m (vit.mesh:88)
+      {"zeros", support::DType::F32, {}},
+      // vit/b_head@v (vit.mesh:88)
+      {"zeros", support::DType::F32, {}},
+      // vit/embed_patches/w_patch@m (vit.mesh:41)
+      {"zeros", support::DType::F32, {}},
+      // vit/embed_patches/w_patch@v (vit.mesh:41)
+      {"zeros", support::DType::F32, {}},
+      // vit/embed_patches/b_patch@m (vit.mesh:42)
+      {"zeros", support::DType::F32, {}},
+      // vit/embed_patches/b_patch@v (vit.mesh:42)
+      {"zeros", support::DType::F32, {}},
+      // vit/encoder_layer[0]/attention_scale@m (vit.mesh:78)
+      {"zeros", support::DType::F32, {}},
+      // vit/encoder_layer[0]/attention_scale@v (vit.mesh:78)
+      {"zeros", support::DType::F32, {}},
+      // vit/encoder_layer[0]/ffn_scale@m (vit.mesh:79)
+      {"zeros", support::DType::F32, {}},
+      // vit/encoder_layer[0]/ffn_scale@v (vit.mesh:79)
+      {"zeros", support::DType::F32, {}},
+      // vit/encoder_layer[0]/norm/gain@m (vit.mesh:34)
+      {"zeros", support::DType::F32, {}},
+      // vit/encoder_layer[0]/norm/gain@v (vit.mesh:34)
+      {"zeros", support::DType::F32, {}},
+      // vit/encoder_layer[0]/norm/bias@m (vit.mesh:35)
+      {"zeros", support::DType::F32, {}},
+      // vit/encoder_layer[0]/norm/bias@v (vit.mesh:35)
+      {"zeros", support::DType::F32, {}},
+      // vit/encoder_layer[0]/attention/w_q@m (vit.mesh:55)
+      {"zeros", support::DType::F32, {}},
+      // vit/encoder_layer[0]/attention/w_q@v (vit.mesh:55)
+      {"zeros", support::DType::F32, {}},
+      // vit/encoder_layer[0]/attention/w_k@m (vit.mesh:56)
+      {"zeros", support::DType::F32, {}},
+      // vit/encoder_layer[0]/attention/w_k@v (vit.mesh:56)
+      {"zeros", support::DType::F32, {}},
+      // vit/encoder_layer[0]/attention/w_v@m (vit.mesh:57)
+      {"zeros", support::DType::F32, {}},
+      // vit/encoder_layer[0]/attention/w_v@v (vit.mesh:57)
+      {"zeros", support::DType::F32, {}},
+      // vit/encoder_layer[0]/attention/w_o@m (vit.mesh:58)
+      {"zeros", support::DType::F32, {}},
+      // vit/encoder_layer[0]/attention/w_o@v (vit.mesh:58)
+      {"zeros", support::DType::F32, {}},
+      // vit/encoder_layer[0]/norm#1/gain@m (vit.mesh:34)
+      {"zeros", support::DType::F32, {}},
+      // vit/encoder_layer[0]/norm#1/gain@v (vit.mesh:34)
+      {"zeros", support::DType::F32, {}},
+      // vit/encoder_layer[0]/norm#1/bias@m (vit.mesh:35)
+      {"zeros", support::DType::F32, {}},
+      // vit/encoder_layer[0]/norm#1/bias@v (vit.mesh:35)
+      {"zeros", support::DType::F32, {}},
+      // vit/encoder_layer[0]/ffn/w_in@m (vit.mesh:69)
+      {"zeros", support::DType::F32, {}},
+      // vit/encoder_layer[0]/ffn/w_in@v (vit.mesh:69)
+      {"zeros", support::DType::F32, {}},
+      // vit/encoder_layer[0]/ffn/w_out@m (vit.mesh:70)
+      {"zeros", support::DType::F32, {}},
+      // vit/encoder_layer[0]/ffn/w_out@v (vit.mesh:70)
+      {"zeros", support::DType::F32, {}},
+      // vit/encoder_layer[1]/attention_scale@m (vit.mesh:78)
+      {"zeros", support::DType::F32, {}},
+      // vit/encoder_layer[1]/attention_scale@v (vit.mesh:78)
+      {"zeros", support::DType::F32, {}},
+      // vit/encoder_layer[1]/ffn_scale@m (vit.mesh:79)
+      {"zeros", support::DType::F32, {}},
+      // vit/encoder_layer[1]/ffn_scale@v (vit.mesh:79)
+      {"zeros", support::DType::F32, {}},
+      // vit/encoder_layer[1]/norm/gain@m (vit.mesh:34)
+      {"zeros", support::DType::F32, {}},
+      // vit/encoder_layer[1]/norm/gain@v (vit.mesh:34)
+      {"zeros", support::DType::F32, {}},
+      // vit/encoder_layer[1]/norm/bias@m (vit.mesh:35)
+      {"zeros", support::DType::F32, {}},
+      // vit/encoder_layer[1]/norm/bias@v (vit.mesh:35)
+      {"zeros", support::DType::F32, {}},
+      // vit/encoder_layer[1]/attention/w_q@m (vit.mesh:55)
+      {"zeros", support::DType::F32, {}},
+      // vit/encoder_layer[1]/attention/w_q@v (vit.mesh:55)
+      {"zeros", support::DType::F32, {}},
+      // vit/encoder_layer[1]/attention/w_k@m (vit.mesh:56)
+      {"zeros", support::DType::F32, {}},
+      // vit/encoder_layer[1]/attention/w_k@v (vit.mesh:56)
+      {"zeros", support::DType::F32, {}},
+      // vit/encoder_layer[1]/attention/w_v@m (vit.mesh:57)
+      {"zeros", support::DType::F32, {}},
+      // vit/encoder_layer[1]/attention/w_v@v (vit.mesh:57)
+      {"zeros", support::DType::F32, {}},
+      // vit/encoder_layer[1]/attention/w_o@m (vit.mesh:58)
+      {"zeros", support::DType::F32, {}},
+      // vit/encoder_layer[1]/attention/w_o@v (vit.mesh:58)
+      {"zeros", support::DType::F32, {}},
+      // vit/encoder_layer[1]/norm#1/gain@m (vit.mesh:34)
+      {"zeros", support::DType::F32, {}},
+      // vit/encoder_layer[1]/norm#1/gain@v (vit.mesh:34)
+      {"zeros", support::DType::F32, {}},
+      // vit/encoder_layer[1]/norm#1/bias@m (vit.mesh:35)
+      {"zeros", support::DType::F32, {}},
+      // vit/encoder_layer[1]/norm#1/bias@v (vit.mesh:35)
+      {"zeros", support::DType::F32, {}},
+      // vit/encoder_layer[1]/ffn/w_in@m (vit.mesh:69)
+      {"zeros", support::DType::F32, {}},
+      // vit/encoder_layer[1]/ffn/w_in@v (vit.mesh:69)
+      {"zeros", support::DType::F32, {}},
+      // vit/encoder_layer[1]/ffn/w_out@m (vit.mesh:70)
+      {"zeros", support::DType::F32, {}},
+      // vit/encoder_layer[1]/ffn/w_out@v (vit.mesh:70)
+      {"zeros", support::DType::F32, {}},
+      // vit/norm/gain@m (vit.mesh:34)
+      {"zeros", support::DType::F32, {}},
+      // vit/norm/gain@v (vit.mesh:34)
+      {"zeros", support::DType::F32, {}},
+      // vit/norm/bias@m (vit.mesh:35)
+      {"zeros", support::DType::F32, {}},
+      // vit/norm/bias@v (vit.mesh:35)
+      {"zeros", support::DType::F32, {}}};
+  support::Buffer *const data[] = {&param0_vit_class_token,
+                                   &param1_vit_position_embedding,
+                                   &param2_vit_w_head,
+                                   &param3_vit_b_head,
+                                   &param4_vit_embed_patches_w_patch,
+                                   &param5_vit_embed_patches_b_patch,
+                                   &param6_vit_encoder_layer_0_attention_scale,
+                                   &param7_vit_encoder_layer_0_ffn_scale,
+                                   &param8_vit_encoder_layer_0_norm_gain,
+                                   &param9_vit_encoder_layer_0_norm_bias,
+                                   &param10_vit_encoder_layer_0_attention_w_q,
+                                   &param11_vit_encoder_layer_0_attention_w_k,
+                                   &param12_vit_encoder_layer_0_attention_w_v,
+                                   &param13_vit_encoder_layer_0_attention_w_o,
+                                   &param14_vit_encoder_layer_0_norm_1_gain,
+                                   &param15_vit_encoder_layer_0_norm_1_bias,
+                                   &param16_vit_encoder_layer_0_ffn_w_in,
+                                   &param17_vit_encoder_layer_0_ffn_w_out,
+                                   &param18_vit_encoder_layer_1_attention_scale,
+                                   &param19_vit_encoder_layer_1_ffn_scale,
+                                   &param20_vit_encoder_layer_1_norm_gain,
+                                   &param21_vit_encoder_layer_1_norm_bias,
+                                   &param22_vit_encoder_layer_1_attention_w_q,
+                                   &param23_vit_encoder_layer_1_attention_w_k,
+                                   &param24_vit_encoder_layer_1_attention_w_v,
+                                   &param25_vit_encoder_layer_1_attention_w_o,
+                                   &param26_vit_encoder_layer_1_norm_1_gain,
+                                   &param27_vit_encoder_layer_1_norm_1_bias,
+                                   &param28_vit_encoder_layer_1_ffn_w_in,
+                                   &param29_vit_encoder_layer_1_ffn_w_out,
+                                   &param30_vit_norm_gain,
+                                   &param31_vit_norm_bias,
+                                   &param32_vit_class_token_m,
+                                   &param33_vit_class_token_v,
+                                   &param34_vit_position_embedding_m,
+                                   &param35_vit_position_embedding_v,
+                                   &param36_vit_w_head_m,
+                                   &param37_vit_w_head_v,
+                                   &param38_vit_b_head_m,
+                                   &param39_vit_b_head_v,
+                                   &param40_vit_embed_patches_w_patch_m,
+                                   &param41_vit_embed_patches_w_patch_v,
+                                   &param42_vit_embed_patches_b_patch_m,
+                                   &param43_vit_embed_patches_b_patch_v,
+                                   &param44_vit_encoder_layer_0_attention_scale_m,
+                                   &param45_vit_encoder_layer_0_attention_scale_v,
+                                   &param46_vit_encoder_layer_0_ffn_scale_m,
+                                   &param47_vit_encoder_layer_0_ffn_scale_v,
+                                   &param48_vit_encoder_layer_0_norm_gain_m,
+                                   &param49_vit_encoder_layer_0_norm_gain_v,
+                                   &param50_vit_encoder_layer_0_norm_bias_m,
+                                   &param51_vit_encoder_layer_0_norm_bias_v,
+                                   &param52_vit_encoder_layer_0_attention_w_q_m,
+                                   &param53_vit_encoder_layer_0_attention_w_q_v,
+                                   &param54_vit_encoder_layer_0_attention_w_k_m,
+                                   &param55_vit_encoder_layer_0_attention_w_k_v,
+                                   &param56_vit_encoder_layer_0_attention_w_v_m,
+                                   &param57_vit_encoder_layer_0_attention_w_v_v,
+                                   &param58_vit_encoder_layer_0_attention_w_o_m,
+                                   &param59_vit_encoder_layer_0_attention_w_o_v,
+                                   &param60_vit_encoder_layer_0_norm_1_gain_m,
+                                   &param61_vit_encoder_layer_0_norm_1_gain_v,
+                                   &param62_vit_encoder_layer_0_norm_1_bias_m,
+                                   &param63_vit_encoder_layer_0_norm_1_bias_v,
+                                   &param64_vit_encoder_layer_0_ffn_w_in_m,
+                                   &param65_vit_encoder_layer_0_ffn_w_in_v,
+                                   &param66_vit_encoder_layer_0_ffn_w_out_m,
+                                   &param67_vit_encoder_layer_0_ffn_w_out_v,
+                                   &param68_vit_encoder_layer_1_attention_scale_m,
+                                   &param69_vit_encoder_layer_1_attention_scale_v,
+                                   &param70_vit_encoder_layer_1_ffn_scale_m,
+                                   &param71_vit_encoder_layer_1_ffn_scale_v,
+                                   &param72_vit_encoder_layer_1_norm_gain_m,
+                                   &param73_vit_encoder_layer_1_norm_gain_v,
+                                   &param74_vit_encoder_layer_1_norm_bias_m,
+                                   &param75_vit_encoder_layer_1_norm_bias_v,
+                                   &param76_vit_encoder_layer_1_attention_w_q_m,
+                                   &param77_vit_encoder_layer_1_attention_w_q_v,
+                                   &param78_vit_encoder_layer_1_attention_w_k_m,
+                                   &param79_vit_encoder_layer_1_attention_w_k_v,
+                                   &param80_vit_encoder_layer_1_attention_w_v_m,
+                                   &param81_vit_encoder_layer_1_attention_w_v_v,
+                                   &param82_vit_encoder_layer_1_attention_w_o_m,
+                                   &param83_vit_encoder_layer_1_attention_w_o_v,
+                                   &param84_vit_encoder_layer_1_norm_1_gain_m,
+                                   &param85_vit_encoder_layer_1_norm_1_gain_v,
+                                   &param86_vit_encoder_layer_1_norm_1_bias_m,
+                                   &param87_vit_encoder_layer_1_norm_1_bias_v,
+                                   &param88_vit_encoder_layer_1_ffn_w_in_m,
+                                   &param89_vit_encoder_layer_1_ffn_w_in_v,
+                                   &param90_vit_encoder_layer_1_ffn_w_out_m,
+                                   &param91_vit_encoder_layer_1_ffn_w_out_v,
+                                   &param92_vit_norm_gain_m,
+                                   &param93_vit_norm_gain_v,
+                                   &param94_vit_norm_bias_m,
+                                   &param95_vit_norm_bias_v};
+  support::initParams(world_, seed, -1, kTrainVitParams, inits, data);
   computeInvariants();
 }
 
@@ -1337,34 +2048,15 @@ void TrainVit::computeInvariants() {
 
   // vit.mesh:92:41 iota
   support::View v15 = persistent_.view(0, 2);
-  static const support::Shape shape0_1 = {2};
-  static const support::Shape shape0_2 = {1};
-  support::iota(v15.data(), shape0_1, shape0_2, support::shardStart(world_, {"data"}, 2));
+  support::iota(v15.data(), kShape0, kShape1, support::shardStart(world_, {"data"}, 2));
 
   // vit.mesh:92:53 ge
   support::View v17 = persistent_.view(128, 2);
-  {
-    float *__restrict v17p = v17.data();
-    const float *__restrict v15p = v15.data();
-    for (int64_t i0 = 0; i0 < 2; ++i0) {
-      const float s0 = v15p[i0];
-      const float s1 = support::wrapI32(0.0);
-      const float s2 = (s0 >= s1 ? 1.0f : 0.0f);
-      v17p[i0] = s2;
-    }
-  }
+  loop0(v17.data(), v15.data());
 
   // vit.mesh:92:36 cast
   support::View v18 = persistent_.view(192, 2);
-  {
-    float *__restrict v18p = v18.data();
-    const float *__restrict v17p = v17.data();
-    for (int64_t i0 = 0; i0 < 2; ++i0) {
-      const float s0 = v17p[i0];
-      const float s1 = s0;
-      v18p[i0] = s1;
-    }
-  }
+  loop1(v18.data(), v17.data());
 }
 
 TrainVit::Outputs TrainVit::run(const Inputs &inputs) {
@@ -1394,51 +2086,29 @@ void TrainVit::runPart0(const Inputs &inputs) {
   MESHRT_TRACE("pad", "vit.mesh:44:20", "forward");
   const support::Buffer &v0 = inputs.image.data;
   support::View v8 = arena_.slot(6144, 1344);
-  static const support::Shape shape0_2 = {2, 14, 3};
-  static const support::Shape shape0_3 = {672, 3, 1};
-  static const support::Shape shape0_4 = {588, 3, 1};
-  support::copyWindow(v8.data(), v0.data(), shape0_2, shape0_3, shape0_4, 42, 42, 16, 14,
-                      int64_t(1));
+  support::copyWindow(v8.data(), v0.data(), kShape2, kShape3, kShape4, 42, 42, 16, 14, int64_t(1));
 
   // vit.mesh:44:16 pad -> padded
   MESHRT_TRACE("pad", "vit.mesh:44:16", "forward");
   support::View v9 = arena_.slot(0, 1536);
-  static const support::Shape shape1_2 = {2, 16, 3};
-  static const support::Shape shape1_3 = {768, 48, 1};
-  static const support::Shape shape1_4 = {672, 42, 1};
-  support::copyWindow(v9.data(), v8.data(), shape1_2, shape1_3, shape1_4, 3, 3, 16, 14, int64_t(1));
+  support::copyWindow(v9.data(), v8.data(), kShape5, kShape6, kShape7, 3, 3, 16, 14, int64_t(1));
 
   // vit.mesh:46:14 reshape -> rows
   MESHRT_TRACE("reshape", "vit.mesh:46:14", "forward");
   support::View v10 = arena_.view(6144, 1536);
-  static const support::Shape shape2_1 = {2, 4, 4, 16, 3};
-  static const support::Shape shape2_3 = {768, 0, 0, 3, 1};
-  static const support::Shape shape2_4 = {0, 4, 1, 0, 0};
-  static const support::Shape shape2_5 = {16};
-  static const support::Shape shape2_6 = {48};
-  support::reshape(v10.data(), shape2_1, v9.data(), shape2_3, shape2_4, shape2_5, shape2_6,
+  support::reshape(v10.data(), kShape8, v9.data(), kShape9, kShape10, kShape11, kShape12,
                    int64_t(0));
 
   // vit.mesh:47:14 reshape -> grid
   MESHRT_TRACE("reshape", "vit.mesh:47:14", "forward");
   support::View v11 = arena_.view(0, 1536);
-  static const support::Shape shape3_1 = {2, 4, 4, 4, 4, 3};
-  static const support::Shape shape3_3 = {768, 192, 48, 0, 0, 1};
-  static const support::Shape shape3_4 = {0, 0, 0, 4, 1, 0};
-  static const support::Shape shape3_5 = {16};
-  static const support::Shape shape3_6 = {3};
-  support::reshape(v11.data(), shape3_1, v10.data(), shape3_3, shape3_4, shape3_5, shape3_6,
+  support::reshape(v11.data(), kShape13, v10.data(), kShape14, kShape15, kShape11, kShape16,
                    int64_t(0));
 
   // vit.mesh:48:14 reshape -> flat
   MESHRT_TRACE("reshape", "vit.mesh:48:14", "forward");
   support::View v12 = arena_.view(325632, 1536);
-  static const support::Shape shape4_1 = {2, 16, 4, 4, 3};
-  static const support::Shape shape4_3 = {768, 0, 48, 3, 1};
-  static const support::Shape shape4_4 = {0, 1, 0, 0, 0};
-  static const support::Shape shape4_5 = {4, 4};
-  static const support::Shape shape4_6 = {192, 12};
-  support::reshape(v12.data(), shape4_1, v11.data(), shape4_3, shape4_4, shape4_5, shape4_6,
+  support::reshape(v12.data(), kShape17, v11.data(), kShape18, kShape19, kShape20, kShape21,
                    int64_t(0));
 
   // vit.mesh:50:10 einsum
@@ -1446,62 +2116,30 @@ void TrainVit::runPart0(const Inputs &inputs) {
   support::View v6(param4_vit_embed_patches_w_patch); // updated in place
   support::View v13 = arena_.view(0, 2048);
   // dims: batch, patches, pixel_row, pixel_col, channels, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan5(
-      {{2, 16, 4, 4, 3, 64}, {{{0, 1, 2, 3, 4}, {}}, {{2, 3, 4, 5}, {}}}, {{0, 1, 5}, {}}});
-  einsumPlan5.run(v12.data(), v6.data(), v13.data(), 1.0f, 0.0f);
+  kEinsum0.plan().run(v12.data(), v6.data(), v13.data(), 1.0f, 0.0f);
 
   // vit.mesh:50:59 add -> patch_embeddings
   MESHRT_TRACE("loop", "vit.mesh:50:59", "forward");
   support::View v7(param5_vit_embed_patches_b_patch); // updated in place
   support::View v14 = arena_.view(8704, 2048);
-  {
-    float *__restrict v14p = v14.data();
-    const float *__restrict v13p = v13.data();
-    const float *__restrict v7p = v7.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 64; ++i1) {
-        const float s0 = v13p[i0 * 64 + i1];
-        const float s1 = v7p[i1];
-        const float s2 = (s0 + s1);
-        v14p[i0 * 64 + i1] = s2;
-      }
-    }
-  }
+  loop2(v14.data(), v13.data(), v7.data());
 
   // vit.mesh:92:34 mul -> class_tokens
   MESHRT_TRACE("loop", "vit.mesh:92:34", "forward");
   support::View v2(param0_vit_class_token); // updated in place
   support::View v18 = persistent_.view(192, 2);
   support::View v19 = arena_.view(16896, 128);
-  {
-    float *__restrict v19p = v19.data();
-    const float *__restrict v2p = v2.data();
-    const float *__restrict v18p = v18.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      for (int64_t i1 = 0; i1 < 2; ++i1) {
-        const float s0 = v2p[i0];
-        const float s1 = v18p[i1];
-        const float s2 = (s0 * s1);
-        v19p[i0 * 2 + i1] = s2;
-      }
-    }
-  }
+  loop3(v19.data(), v2.data(), v18.data());
 
   // vit.mesh:93:40 concat
   MESHRT_TRACE("concat", "vit.mesh:93:40", "forward");
   support::View v20 = arena_.slot(0, 2176);
-  static const support::Shape shape8_2 = {64, 2};
-  static const support::Shape shape8_3 = {2, 1};
-  static const support::Shape shape8_4 = {2, 1};
-  support::copyWindow(v20.data(), v19.data(), shape8_2, shape8_3, shape8_4, 128, 128, 17, 1,
+  support::copyWindow(v20.data(), v19.data(), kShape22, kShape23, kShape23, 128, 128, 17, 1,
                       int64_t(0));
 
   // vit.mesh:93:40 concat
   MESHRT_TRACE("concat", "vit.mesh:93:40", "forward");
-  static const support::Shape shape9_2 = {64, 2};
-  static const support::Shape shape9_3 = {2, 1};
-  static const support::Shape shape9_4 = {1, 1024};
-  support::copyWindow(v20.data(), v14.data(), shape9_2, shape9_3, shape9_4, 128, 64, 17, 16,
+  support::copyWindow(v20.data(), v14.data(), kShape22, kShape23, kShape24, 128, 64, 17, 16,
                       int64_t(1));
 
   // vit.mesh:94:40 add
@@ -1509,32 +2147,13 @@ void TrainVit::runPart0(const Inputs &inputs) {
   MESHRT_TRACE("loop", "vit.mesh:94:40", "forward");
   support::View v3(param1_vit_position_embedding); // updated in place
   support::View v22 = arena_.view(81920, 2176);
-  {
-    float *__restrict v22p = v22.data();
-    const float *__restrict v20p = v20.data();
-    const float *__restrict v3p = v3.data();
-    for (int64_t i0 = 0; i0 < 2; ++i0) {
-      for (int64_t i1 = 0; i1 < 1088; ++i1) {
-        const float s0 = v20p[i0 + i1 * 2];
-        const float s1 = v3p[i1];
-        const float s2 = (s0 + s1);
-        const float s3 = s2;
-        v22p[i0 * 1088 + i1] = s3;
-      }
-    }
-  }
+  loop4(v22.data(), v20.data(), v3.data());
 
   // vit.mesh:36:10 layer_norm
   MESHRT_TRACE("layer_norm", "vit.mesh:36:10", "forward");
   support::View v27 = arena_.view(90624, 2176);
-  static const support::Shape shape11_2 = {2, 17};
-  static const support::Shape shape11_3 = {1088, 64};
-  static const support::Shape shape11_4 = {1088, 64};
-  static const support::Shape shape11_5 = {64};
-  static const support::Shape shape11_6 = {1};
-  static const support::Shape shape11_7 = {1};
-  support::along(v27.data(), v22.data(), shape11_2, shape11_3, shape11_4, shape11_5, shape11_6,
-                 shape11_7, support::Along::LayerNorm, 1e-06, 64, nullptr);
+  support::along(v27.data(), v22.data(), kShape25, kShape26, kShape26, kShape27, kShape1, kShape1,
+                 support::Along::LayerNorm, 1e-06, 64, nullptr);
 
   // vit.mesh:36:45 mul
   // vit.mesh:36:52 add
@@ -1542,22 +2161,7 @@ void TrainVit::runPart0(const Inputs &inputs) {
   support::View v25(param8_vit_encoder_layer_0_norm_gain); // updated in place
   support::View v26(param9_vit_encoder_layer_0_norm_bias); // updated in place
   support::View v29 = arena_.view(99328, 2176);
-  {
-    float *__restrict v29p = v29.data();
-    const float *__restrict v27p = v27.data();
-    const float *__restrict v25p = v25.data();
-    const float *__restrict v26p = v26.data();
-    for (int64_t i0 = 0; i0 < 34; ++i0) {
-      for (int64_t i1 = 0; i1 < 64; ++i1) {
-        const float s0 = v27p[i0 * 64 + i1];
-        const float s1 = v25p[i1];
-        const float s2 = (s0 * s1);
-        const float s3 = v26p[i1];
-        const float s4 = (s2 + s3);
-        v29p[i0 * 64 + i1] = s4;
-      }
-    }
-  }
+  loop5(v29.data(), v27.data(), v25.data(), v26.data());
 
   // 26 statements from vit.mesh:59:11 einsum -> q (1 of 2)
   MESHRT_TRACE_SITE("vit.mesh:59:11");
@@ -1642,20 +2246,13 @@ void TrainVit::runPart0(const Inputs &inputs) {
   // vit.mesh:99:17 slice
   MESHRT_TRACE("slice", "vit.mesh:99:17", "forward");
   support::View v116 = arena_.slot(74240, 128);
-  static const support::Shape shape15_2 = {2, 64};
-  static const support::Shape shape15_3 = {64, 1};
-  static const support::Shape shape15_4 = {1088, 1};
-  support::copyWindow(v116.data(), v115.data(), shape15_2, shape15_3, shape15_4, 64, 64, 1, 17,
+  support::copyWindow(v116.data(), v115.data(), kShape28, kShape29, kShape30, 64, 64, 1, 17,
                       int64_t(0));
 
   // vit.mesh:99:13 sum -> cls
   MESHRT_TRACE("sum", "vit.mesh:99:13", "forward");
   support::View v117 = arena_.view(74752, 128);
-  static const support::Shape shape16_1 = {2, 64};
-  static const support::Shape shape16_3 = {64, 1};
-  static const support::Shape shape16_4 = {1};
-  static const support::Shape shape16_5 = {64};
-  support::reduce(v117.data(), shape16_1, v116.data(), shape16_3, shape16_4, shape16_5,
+  support::reduce(v117.data(), kShape28, v116.data(), kShape29, kShape1, kShape27,
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:100:10 einsum
@@ -1663,86 +2260,41 @@ void TrainVit::runPart0(const Inputs &inputs) {
   support::View v4(param2_vit_w_head); // updated in place
   support::View v118 = arena_.view(74240, 20);
   // dims: batch, d_model, classes
-  static const meshrt::kernels::EinsumPlan einsumPlan17(
-      {{2, 64, 10}, {{{0, 1}, {}}, {{1, 2}, {}}}, {{0, 2}, {}}});
-  einsumPlan17.run(v117.data(), v4.data(), v118.data(), 1.0f, 0.0f);
+  kEinsum1.plan().run(v117.data(), v4.data(), v118.data(), 1.0f, 0.0f);
 
   // vit.mesh:100:48 add -> logits
   MESHRT_TRACE("loop", "vit.mesh:100:48", "forward");
   support::View v5(param3_vit_b_head); // updated in place
   support::View v119 = arena_.view(74368, 20);
-  {
-    float *__restrict v119p = v119.data();
-    const float *__restrict v118p = v118.data();
-    const float *__restrict v5p = v5.data();
-    for (int64_t i0 = 0; i0 < 2; ++i0) {
-      for (int64_t i1 = 0; i1 < 10; ++i1) {
-        const float s0 = v118p[i0 * 10 + i1];
-        const float s1 = v5p[i1];
-        const float s2 = (s0 + s1);
-        v119p[i0 * 10 + i1] = s2;
-      }
-    }
-  }
+  loop6(v119.data(), v118.data(), v5.data());
 
   // vit.mesh:111:19 logsumexp
   MESHRT_TRACE("logsumexp", "vit.mesh:111:19", "forward");
   support::View v120 = arena_.view(74624, 2);
-  static const support::Shape shape19_1 = {2};
-  static const support::Shape shape19_3 = {10};
-  static const support::Shape shape19_4 = {10};
-  static const support::Shape shape19_5 = {1};
-  support::reduce(v120.data(), shape19_1, v119.data(), shape19_3, shape19_4, shape19_5,
+  support::reduce(v120.data(), kShape0, v119.data(), kShape31, kShape31, kShape1,
                   support::Reduce::LogSumExp, 1.0);
 
   // vit.mesh:111:61 one_hot
   MESHRT_TRACE("one_hot", "vit.mesh:111:61", "forward");
   const support::Buffer &v1 = inputs.labels.data;
   support::View v121 = arena_.view(74240, 20);
-  static const support::Shape shape20_1 = {2, 10};
-  static const support::Shape shape20_3 = {1, 0};
-  static const support::Shape shape20_4 = {0, 1};
-  support::oneHot(v121.data(), shape20_1, v1.data(), shape20_3, shape20_4, 0);
+  support::oneHot(v121.data(), kShape35, v1.data(), kShape36, kShape37, 0);
 
   // vit.mesh:111:59 mul
   MESHRT_TRACE("loop", "vit.mesh:111:59", "forward");
   support::View v122 = arena_.view(74496, 20);
-  {
-    float *__restrict v122p = v122.data();
-    const float *__restrict v119p = v119.data();
-    const float *__restrict v121p = v121.data();
-    for (int64_t i0 = 0; i0 < 20; ++i0) {
-      const float s0 = v119p[i0];
-      const float s1 = v121p[i0];
-      const float s2 = (s0 * s1);
-      v122p[i0] = s2;
-    }
-  }
+  loop13(v122.data(), v119.data(), v121.data());
 
   // vit.mesh:111:48 sum
   MESHRT_TRACE("sum", "vit.mesh:111:48", "forward");
   support::View v123 = arena_.view(74688, 2);
-  static const support::Shape shape22_1 = {2};
-  static const support::Shape shape22_3 = {10};
-  static const support::Shape shape22_4 = {10};
-  static const support::Shape shape22_5 = {1};
-  support::reduce(v123.data(), shape22_1, v122.data(), shape22_3, shape22_4, shape22_5,
+  support::reduce(v123.data(), kShape0, v122.data(), kShape31, kShape31, kShape1,
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:111:46 sub
   MESHRT_TRACE("loop", "vit.mesh:111:46", "forward");
   support::View v124 = arena_.view(74496, 2);
-  {
-    float *__restrict v124p = v124.data();
-    const float *__restrict v120p = v120.data();
-    const float *__restrict v123p = v123.data();
-    for (int64_t i0 = 0; i0 < 2; ++i0) {
-      const float s0 = v120p[i0];
-      const float s1 = v123p[i0];
-      const float s2 = (s0 - s1);
-      v124p[i0] = s2;
-    }
-  }
+  loop14(v124.data(), v120.data(), v123.data());
 }
 
 void TrainVit::runPart1(const Inputs &inputs) {
@@ -1753,11 +2305,7 @@ void TrainVit::runPart1(const Inputs &inputs) {
   MESHRT_TRACE("mean", "vit.mesh:111:14", "forward");
   support::View v124 = arena_.view(74496, 2);
   support::View v125 = arena_.view(379072, 1);
-  static const support::Shape shape0_1 = {};
-  static const support::Shape shape0_3 = {};
-  static const support::Shape shape0_4 = {2};
-  static const support::Shape shape0_5 = {1};
-  support::reduce(v125.data(), shape0_1, v124.data(), shape0_3, shape0_4, shape0_5,
+  support::reduce(v125.data(), kShape38, v124.data(), kShape38, kShape0, kShape1,
                   support::Reduce::Sum, 0.25);
 
   // vit.mesh:111:19 sub
@@ -1770,36 +2318,12 @@ void TrainVit::runPart1(const Inputs &inputs) {
   support::View v120 = arena_.view(74624, 2);
   support::View v121 = arena_.view(74240, 20);
   support::View v137 = arena_.view(75264, 20);
-  {
-    float *__restrict v137p = v137.data();
-    const float *__restrict v119p = v119.data();
-    const float *__restrict v120p = v120.data();
-    const float *__restrict v121p = v121.data();
-    for (int64_t i0 = 0; i0 < 2; ++i0) {
-      for (int64_t i1 = 0; i1 < 10; ++i1) {
-        const float s0 = v119p[i0 * 10 + i1];
-        const float s1 = v120p[i0];
-        const float s2 = (s0 - s1);
-        const float s3 = support::fexp(s2);
-        const float s4 = 0.25f;
-        const float s5 = (s4 * s3);
-        const float s6 = -0.25f;
-        const float s7 = v121p[i0 * 10 + i1];
-        const float s8 = (s6 * s7);
-        const float s9 = (s8 + s5);
-        v137p[i0 * 10 + i1] = s9;
-      }
-    }
-  }
+  loop15(v137.data(), v119.data(), v120.data(), v121.data());
 
   // vit.mesh:100:48 sum -> grad/vit/b_head
   MESHRT_TRACE("sum", "vit.mesh:100:48", "backward");
   support::View v138 = arena_.view(379008, 10);
-  static const support::Shape shape2_1 = {10};
-  static const support::Shape shape2_3 = {1};
-  static const support::Shape shape2_4 = {2};
-  static const support::Shape shape2_5 = {10};
-  support::reduce(v138.data(), shape2_1, v137.data(), shape2_3, shape2_4, shape2_5,
+  support::reduce(v138.data(), kShape31, v137.data(), kShape1, kShape0, kShape31,
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:100:10 einsum
@@ -1807,132 +2331,68 @@ void TrainVit::runPart1(const Inputs &inputs) {
   support::View v4(param2_vit_w_head); // updated in place
   support::View v139 = arena_.view(74240, 128);
   // dims: batch, classes, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan3(
-      {{2, 10, 64}, {{{0, 1}, {}}, {{2, 1}, {}}}, {{0, 2}, {}}});
-  einsumPlan3.run(v137.data(), v4.data(), v139.data(), 1.0f, 0.0f);
+  kEinsum6.plan().run(v137.data(), v4.data(), v139.data(), 1.0f, 0.0f);
 
   // vit.mesh:100:10 einsum -> grad/vit/w_head
   MESHRT_TRACE("gemm", "vit.mesh:100:10", "backward");
   support::View v117 = arena_.view(74752, 128);
   support::View v140 = arena_.view(375936, 640);
   // dims: batch, classes, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan4(
-      {{2, 10, 64}, {{{0, 1}, {}}, {{0, 2}, {}}}, {{2, 1}, {}}});
-  einsumPlan4.run(v137.data(), v117.data(), v140.data(), 1.0f, 0.0f);
+  kEinsum7.plan().run(v137.data(), v117.data(), v140.data(), 1.0f, 0.0f);
 
   // vit.mesh:99:13 broadcast
   MESHRT_TRACE("loop", "vit.mesh:99:13", "backward");
   support::View v141 = arena_.view(74752, 128);
-  {
-    float *__restrict v141p = v141.data();
-    const float *__restrict v139p = v139.data();
-    for (int64_t i0 = 0; i0 < 128; ++i0) {
-      const float s0 = v139p[i0];
-      const float s1 = s0;
-      v141p[i0] = s1;
-    }
-  }
+  loop16(v141.data(), v139.data());
 
   // vit.mesh:99:17 pad
   MESHRT_TRACE("pad", "vit.mesh:99:17", "backward");
   support::View v142 = arena_.slot(299520, 2176);
-  static const support::Shape shape6_2 = {2, 64};
-  static const support::Shape shape6_3 = {1088, 1};
-  static const support::Shape shape6_4 = {64, 1};
-  support::copyWindow(v142.data(), v141.data(), shape6_2, shape6_3, shape6_4, 64, 64, 17, 1,
+  support::copyWindow(v142.data(), v141.data(), kShape28, kShape30, kShape29, 64, 64, 17, 1,
                       int64_t(0));
 
   // vit.mesh:36:52 sum -> grad/vit/norm/bias
   MESHRT_TRACE("sum", "vit.mesh:36:52", "backward");
   support::View v143 = arena_.view(378496, 64);
-  static const support::Shape shape7_1 = {64};
-  static const support::Shape shape7_3 = {1};
-  static const support::Shape shape7_4 = {2, 17};
-  static const support::Shape shape7_5 = {1088, 64};
-  support::reduce(v143.data(), shape7_1, v142.data(), shape7_3, shape7_4, shape7_5,
+  support::reduce(v143.data(), kShape27, v142.data(), kShape1, kShape25, kShape26,
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:36:45 mul
   MESHRT_TRACE("loop", "vit.mesh:36:45", "backward");
   support::View v113 = arena_.view(290816, 2176);
   support::View v145 = arena_.view(308224, 2176);
-  {
-    float *__restrict v145p = v145.data();
-    const float *__restrict v142p = v142.data();
-    const float *__restrict v113p = v113.data();
-    for (int64_t i0 = 0; i0 < 2176; ++i0) {
-      const float s0 = v142p[i0];
-      const float s1 = v113p[i0];
-      const float s2 = (s0 * s1);
-      v145p[i0] = s2;
-    }
-  }
+  loop17(v145.data(), v142.data(), v113.data());
 
   // vit.mesh:36:45 sum -> grad/vit/norm/gain
   MESHRT_TRACE("sum", "vit.mesh:36:45", "backward");
   support::View v146 = arena_.view(378752, 64);
-  static const support::Shape shape9_1 = {64};
-  static const support::Shape shape9_3 = {1};
-  static const support::Shape shape9_4 = {2, 17};
-  static const support::Shape shape9_5 = {1088, 64};
-  support::reduce(v146.data(), shape9_1, v145.data(), shape9_3, shape9_4, shape9_5,
+  support::reduce(v146.data(), kShape27, v145.data(), kShape1, kShape25, kShape26,
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:36:10 mean
   MESHRT_TRACE("mean", "vit.mesh:36:10", "backward");
   support::View v110 = arena_.view(273408, 2176);
   support::View v147 = arena_.view(74240, 34);
-  static const support::Shape shape10_1 = {2, 17};
-  static const support::Shape shape10_3 = {1088, 64};
-  static const support::Shape shape10_4 = {64};
-  static const support::Shape shape10_5 = {1};
-  support::reduce(v147.data(), shape10_1, v110.data(), shape10_3, shape10_4, shape10_5,
+  support::reduce(v147.data(), kShape25, v110.data(), kShape26, kShape27, kShape1,
                   support::Reduce::Sum, 0.015625);
 
   // vit.mesh:36:10 sub
   // vit.mesh:36:10 square
   MESHRT_TRACE("loop", "vit.mesh:36:10", "backward");
   support::View v149 = arena_.view(308224, 2176);
-  {
-    float *__restrict v149p = v149.data();
-    const float *__restrict v110p = v110.data();
-    const float *__restrict v147p = v147.data();
-    for (int64_t i0 = 0; i0 < 34; ++i0) {
-      for (int64_t i1 = 0; i1 < 64; ++i1) {
-        const float s0 = v110p[i0 * 64 + i1];
-        const float s1 = v147p[i0];
-        const float s2 = (s0 - s1);
-        const float s3 = s2 * s2;
-        v149p[i0 * 64 + i1] = s3;
-      }
-    }
-  }
+  loop18(v149.data(), v110.data(), v147.data());
 
   // vit.mesh:36:10 mean
   MESHRT_TRACE("mean", "vit.mesh:36:10", "backward");
   support::View v150 = arena_.view(74240, 34);
-  static const support::Shape shape12_1 = {2, 17};
-  static const support::Shape shape12_3 = {1088, 64};
-  static const support::Shape shape12_4 = {64};
-  static const support::Shape shape12_5 = {1};
-  support::reduce(v150.data(), shape12_1, v149.data(), shape12_3, shape12_4, shape12_5,
+  support::reduce(v150.data(), kShape25, v149.data(), kShape26, kShape27, kShape1,
                   support::Reduce::Sum, 0.015625);
 
   // vit.mesh:36:10 add
   // vit.mesh:36:10 rsqrt
   MESHRT_TRACE("loop", "vit.mesh:36:10", "backward");
   support::View v153 = arena_.view(74432, 34);
-  {
-    float *__restrict v153p = v153.data();
-    const float *__restrict v150p = v150.data();
-    for (int64_t i0 = 0; i0 < 34; ++i0) {
-      const float s0 = v150p[i0];
-      const float s1 = 1e-06f;
-      const float s2 = (s0 + s1);
-      const float s3 = 1.0f / support::fsqrt(s2);
-      v153p[i0] = s3;
-    }
-  }
+  loop19(v153.data(), v150.data());
 
   // vit.mesh:36:45 mul
   // vit.mesh:36:10 mul
@@ -1940,43 +2400,18 @@ void TrainVit::runPart1(const Inputs &inputs) {
   support::View v111(param30_vit_norm_gain); // updated in place
   support::View v144 = arena_.view(273408, 2176);
   support::View v154 = arena_.view(308224, 2176);
-  {
-    float *__restrict v144p = v144.data();
-    float *__restrict v154p = v154.data();
-    const float *__restrict v142p = v142.data();
-    const float *__restrict v111p = v111.data();
-    const float *__restrict v113p = v113.data();
-    for (int64_t i0 = 0; i0 < 34; ++i0) {
-      for (int64_t i1 = 0; i1 < 64; ++i1) {
-        const float s0 = v142p[i0 * 64 + i1];
-        const float s1 = v111p[i1];
-        const float s2 = (s0 * s1);
-        const float s3 = v113p[i0 * 64 + i1];
-        const float s4 = (s2 * s3);
-        v144p[i0 * 64 + i1] = s2;
-        v154p[i0 * 64 + i1] = s4;
-      }
-    }
-  }
+  loop20(v144.data(), v154.data(), v142.data(), v111.data(), v113.data());
 
   // vit.mesh:36:10 mean
   MESHRT_TRACE("mean", "vit.mesh:36:10", "backward");
   support::View v155 = arena_.view(74240, 34);
-  static const support::Shape shape15_1 = {2, 17};
-  static const support::Shape shape15_3 = {1088, 64};
-  static const support::Shape shape15_4 = {64};
-  static const support::Shape shape15_5 = {1};
-  support::reduce(v155.data(), shape15_1, v154.data(), shape15_3, shape15_4, shape15_5,
+  support::reduce(v155.data(), kShape25, v154.data(), kShape26, kShape27, kShape1,
                   support::Reduce::Sum, 0.015625);
 
   // vit.mesh:36:10 mean
   MESHRT_TRACE("mean", "vit.mesh:36:10", "backward");
   support::View v157 = arena_.view(74624, 34);
-  static const support::Shape shape16_1 = {2, 17};
-  static const support::Shape shape16_3 = {1088, 64};
-  static const support::Shape shape16_4 = {64};
-  static const support::Shape shape16_5 = {1};
-  support::reduce(v157.data(), shape16_1, v144.data(), shape16_3, shape16_4, shape16_5,
+  support::reduce(v157.data(), kShape25, v144.data(), kShape26, kShape27, kShape1,
                   support::Reduce::Sum, 0.015625);
 
   // vit.mesh:36:10 mul
@@ -1991,38 +2426,8 @@ void TrainVit::runPart1(const Inputs &inputs) {
   support::View v160 = arena_.view(299520, 2176);
   support::View v161 = arena_.view(308224, 2176);
   support::View v162 = arena_.view(316928, 2176);
-  {
-    float *__restrict v160p = v160.data();
-    float *__restrict v161p = v161.data();
-    float *__restrict v162p = v162.data();
-    const float *__restrict v113p = v113.data();
-    const float *__restrict v155p = v155.data();
-    const float *__restrict v144p = v144.data();
-    const float *__restrict v157p = v157.data();
-    const float *__restrict v153p = v153.data();
-    const float *__restrict v68p = v68.data();
-    const float *__restrict v107p = v107.data();
-    for (int64_t i0 = 0; i0 < 34; ++i0) {
-      for (int64_t i1 = 0; i1 < 64; ++i1) {
-        const float s0 = v113p[i0 * 64 + i1];
-        const float s1 = v155p[i0];
-        const float s2 = (s0 * s1);
-        const float s3 = v144p[i0 * 64 + i1];
-        const float s4 = v157p[i0];
-        const float s5 = (s3 - s4);
-        const float s6 = (s5 - s2);
-        const float s7 = v153p[i0];
-        const float s8 = (s6 * s7);
-        const float s9 = v68p[i1];
-        const float s10 = (s8 * s9);
-        const float s11 = v107p[i0 * 64 + i1];
-        const float s12 = (s8 * s11);
-        v160p[i0 * 64 + i1] = s8;
-        v161p[i0 * 64 + i1] = s10;
-        v162p[i0 * 64 + i1] = s12;
-      }
-    }
-  }
+  loop21(v160.data(), v161.data(), v162.data(), v113.data(), v155.data(), v144.data(), v157.data(),
+         v153.data(), v68.data(), v107.data());
 
   // 56 statements from vit.mesh:81:48 sum -> grad/vit/encoder_layer[1]/ffn_scale (1 of 2)
   MESHRT_TRACE_SITE("vit.mesh:81:48");
@@ -2125,41 +2530,8 @@ void TrainVit::runPart1(const Inputs &inputs) {
   support::View v258 = arena_.view(203776, 2176);
   support::View v259 = arena_.view(212480, 2176);
   support::View v260 = arena_.view(221184, 2176);
-  {
-    float *__restrict v258p = v258.data();
-    float *__restrict v259p = v259.data();
-    float *__restrict v260p = v260.data();
-    const float *__restrict v71p = v71.data();
-    const float *__restrict v252p = v252.data();
-    const float *__restrict v242p = v242.data();
-    const float *__restrict v254p = v254.data();
-    const float *__restrict v250p = v250.data();
-    const float *__restrict v214p = v214.data();
-    const float *__restrict v24p = v24.data();
-    const float *__restrict v63p = v63.data();
-    for (int64_t i0 = 0; i0 < 34; ++i0) {
-      for (int64_t i1 = 0; i1 < 64; ++i1) {
-        const float s0 = v71p[i0 * 64 + i1];
-        const float s1 = v252p[i0];
-        const float s2 = (s0 * s1);
-        const float s3 = v242p[i0 * 64 + i1];
-        const float s4 = v254p[i0];
-        const float s5 = (s3 - s4);
-        const float s6 = (s5 - s2);
-        const float s7 = v250p[i0];
-        const float s8 = (s6 * s7);
-        const float s9 = v214p[i0 * 64 + i1];
-        const float s10 = (s9 + s8);
-        const float s11 = v24p[i1];
-        const float s12 = (s10 * s11);
-        const float s13 = v63p[i0 * 64 + i1];
-        const float s14 = (s10 * s13);
-        v258p[i0 * 64 + i1] = s10;
-        v259p[i0 * 64 + i1] = s12;
-        v260p[i0 * 64 + i1] = s14;
-      }
-    }
-  }
+  loop22(v258.data(), v259.data(), v260.data(), v71.data(), v252.data(), v242.data(), v254.data(),
+         v250.data(), v214.data(), v24.data(), v63.data());
 
   // 56 statements from vit.mesh:81:48 sum -> grad/vit/encoder_layer[1]/ffn_scale (2 of 2)
   MESHRT_TRACE_SITE("vit.mesh:81:48");
@@ -2257,52 +2629,18 @@ void TrainVit::runPart1(const Inputs &inputs) {
   // vit.mesh:93:40 transpose
   MESHRT_TRACE("loop", "vit.mesh:36:10", "backward");
   support::View v351 = arena_.view(99328, 2176);
-  {
-    float *__restrict v351p = v351.data();
-    const float *__restrict v27p = v27.data();
-    const float *__restrict v344p = v344.data();
-    const float *__restrict v334p = v334.data();
-    const float *__restrict v346p = v346.data();
-    const float *__restrict v342p = v342.data();
-    const float *__restrict v306p = v306.data();
-    for (int64_t i0 = 0; i0 < 17; ++i0) {
-      for (int64_t i1 = 0; i1 < 64; ++i1) {
-        for (int64_t i2 = 0; i2 < 2; ++i2) {
-          const float s0 = v27p[i0 * 64 + i1 + i2 * 1088];
-          const float s1 = v344p[i0 + i2 * 17];
-          const float s2 = (s0 * s1);
-          const float s3 = v334p[i0 * 64 + i1 + i2 * 1088];
-          const float s4 = v346p[i0 + i2 * 17];
-          const float s5 = (s3 - s4);
-          const float s6 = (s5 - s2);
-          const float s7 = v342p[i0 + i2 * 17];
-          const float s8 = (s6 * s7);
-          const float s9 = v306p[i0 * 64 + i1 + i2 * 1088];
-          const float s10 = (s9 + s8);
-          const float s11 = s10;
-          v351p[i0 * 128 + i1 * 2 + i2] = s11;
-        }
-      }
-    }
-  }
+  loop23(v351.data(), v27.data(), v344.data(), v334.data(), v346.data(), v342.data(), v306.data());
 
   // vit.mesh:94:40 sum -> grad/vit/position_embedding
   MESHRT_TRACE("sum", "vit.mesh:94:40", "backward");
   support::View v352 = arena_.view(94208, 1088);
-  static const support::Shape shape22_1 = {17, 64};
-  static const support::Shape shape22_3 = {128, 2};
-  static const support::Shape shape22_4 = {2};
-  static const support::Shape shape22_5 = {1};
-  support::reduce(v352.data(), shape22_1, v351.data(), shape22_3, shape22_4, shape22_5,
+  support::reduce(v352.data(), kShape39, v351.data(), kShape40, kShape0, kShape1,
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:93:40 slice
   MESHRT_TRACE("slice", "vit.mesh:93:40", "backward");
   support::View v353 = arena_.slot(8192, 128);
-  static const support::Shape shape23_2 = {64, 2};
-  static const support::Shape shape23_3 = {2, 1};
-  static const support::Shape shape23_4 = {2, 1};
-  support::copyWindow(v353.data(), v351.data(), shape23_2, shape23_3, shape23_4, 128, 128, 1, 17,
+  support::copyWindow(v353.data(), v351.data(), kShape22, kShape23, kShape23, 128, 128, 1, 17,
                       int64_t(0));
 }
 
@@ -2314,10 +2652,7 @@ void TrainVit::runPart2(const Inputs &inputs) {
   MESHRT_TRACE("slice", "vit.mesh:93:40", "backward");
   support::View v351 = arena_.view(99328, 2176);
   support::View v354 = arena_.slot(0, 2048);
-  static const support::Shape shape0_2 = {2, 64};
-  static const support::Shape shape0_3 = {1024, 1};
-  static const support::Shape shape0_4 = {1, 2};
-  support::copyWindow(v354.data(), v351.data(), shape0_2, shape0_3, shape0_4, 64, 128, 16, 17,
+  support::copyWindow(v354.data(), v351.data(), kShape28, kShape41, kShape42, 64, 128, 16, 17,
                       int64_t(-1));
 
   // vit.mesh:92:34 mul
@@ -2325,38 +2660,18 @@ void TrainVit::runPart2(const Inputs &inputs) {
   support::View v353 = arena_.view(8192, 128);
   support::View v18 = persistent_.view(192, 2);
   support::View v355 = arena_.view(8704, 128);
-  {
-    float *__restrict v355p = v355.data();
-    const float *__restrict v353p = v353.data();
-    const float *__restrict v18p = v18.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      for (int64_t i1 = 0; i1 < 2; ++i1) {
-        const float s0 = v353p[i0 * 2 + i1];
-        const float s1 = v18p[i1];
-        const float s2 = (s0 * s1);
-        v355p[i0 * 2 + i1] = s2;
-      }
-    }
-  }
+  loop24(v355.data(), v353.data(), v18.data());
 
   // vit.mesh:92:34 sum -> grad/vit/class_token
   MESHRT_TRACE("sum", "vit.mesh:92:34", "backward");
   support::View v356 = arena_.view(98560, 64);
-  static const support::Shape shape2_1 = {1, 64};
-  static const support::Shape shape2_3 = {128, 2};
-  static const support::Shape shape2_4 = {2};
-  static const support::Shape shape2_5 = {1};
-  support::reduce(v356.data(), shape2_1, v355.data(), shape2_3, shape2_4, shape2_5,
+  support::reduce(v356.data(), kShape43, v355.data(), kShape40, kShape0, kShape1,
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:50:59 sum -> grad/vit/embed_patches/b_patch
   MESHRT_TRACE("sum", "vit.mesh:50:59", "backward");
   support::View v357 = arena_.view(98816, 64);
-  static const support::Shape shape3_1 = {64};
-  static const support::Shape shape3_3 = {1};
-  static const support::Shape shape3_4 = {2, 16};
-  static const support::Shape shape3_5 = {1024, 64};
-  support::reduce(v357.data(), shape3_1, v354.data(), shape3_3, shape3_4, shape3_5,
+  support::reduce(v357.data(), kShape27, v354.data(), kShape1, kShape44, kShape45,
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:50:10 einsum -> grad/vit/embed_patches/w_patch
@@ -2364,9 +2679,7 @@ void TrainVit::runPart2(const Inputs &inputs) {
   support::View v12 = arena_.view(325632, 1536);
   support::View v358 = arena_.view(81920, 3072);
   // dims: batch, patches, d_model, pixel_row, pixel_col, channels
-  static const meshrt::kernels::EinsumPlan einsumPlan4(
-      {{2, 16, 64, 4, 4, 3}, {{{0, 1, 2}, {}}, {{0, 1, 3, 4, 5}, {}}}, {{3, 4, 5, 2}, {}}});
-  einsumPlan4.run(v354.data(), v12.data(), v358.data(), 1.0f, 0.0f);
+  kEinsum8.plan().run(v354.data(), v12.data(), v358.data(), 1.0f, 0.0f);
 
   // vit.mesh:112:3 bucketed_all_reduce_sum -> loss (33 partial sums (loss, grad/vit/b_head,
   // grad/vit/w_head, ...) over data resolved together, 150.8 KiB in one buffer)
@@ -2409,116 +2722,56 @@ void TrainVit::runPart2(const Inputs &inputs) {
   // vit.mesh:112:3 square
   MESHRT_TRACE("loop", "vit.mesh:112:3", "backward");
   support::View v383 = arena_.view(0, 64);
-  {
-    float *__restrict v383p = v383.data();
-    const float *__restrict v356p = v356.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = v356p[i0];
-      const float s1 = s0 * s0;
-      v383p[i0] = s1;
-    }
-  }
+  loop25(v383.data(), v356.data());
 
   // vit.mesh:112:3 sum
   MESHRT_TRACE("sum", "vit.mesh:112:3", "backward");
   support::View v384 = arena_.view(99072, 1);
-  static const support::Shape shape7_1 = {};
-  static const support::Shape shape7_3 = {};
-  static const support::Shape shape7_4 = {1, 64};
-  static const support::Shape shape7_5 = {64, 1};
-  support::reduce(v384.data(), shape7_1, v383.data(), shape7_3, shape7_4, shape7_5,
+  support::reduce(v384.data(), kShape38, v383.data(), kShape38, kShape43, kShape29,
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:112:3 square
   MESHRT_TRACE("loop", "vit.mesh:112:3", "backward");
   support::View v386 = arena_.view(0, 1088);
-  {
-    float *__restrict v386p = v386.data();
-    const float *__restrict v352p = v352.data();
-    for (int64_t i0 = 0; i0 < 1088; ++i0) {
-      const float s0 = v352p[i0];
-      const float s1 = s0 * s0;
-      v386p[i0] = s1;
-    }
-  }
+  loop26(v386.data(), v352.data());
 
   // vit.mesh:112:3 sum
   MESHRT_TRACE("sum", "vit.mesh:112:3", "backward");
   support::View v387 = arena_.view(99136, 1);
-  static const support::Shape shape9_1 = {};
-  static const support::Shape shape9_3 = {};
-  static const support::Shape shape9_4 = {17, 64};
-  static const support::Shape shape9_5 = {64, 1};
-  support::reduce(v387.data(), shape9_1, v386.data(), shape9_3, shape9_4, shape9_5,
+  support::reduce(v387.data(), kShape38, v386.data(), kShape38, kShape39, kShape29,
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:112:3 square
   MESHRT_TRACE("loop", "vit.mesh:112:3", "backward");
   support::View v390 = arena_.view(0, 640);
-  {
-    float *__restrict v390p = v390.data();
-    const float *__restrict v140p = v140.data();
-    for (int64_t i0 = 0; i0 < 640; ++i0) {
-      const float s0 = v140p[i0];
-      const float s1 = s0 * s0;
-      v390p[i0] = s1;
-    }
-  }
+  loop27(v390.data(), v140.data());
 
   // vit.mesh:112:3 sum
   MESHRT_TRACE("sum", "vit.mesh:112:3", "backward");
   support::View v391 = arena_.view(99200, 1);
-  static const support::Shape shape11_1 = {};
-  static const support::Shape shape11_3 = {};
-  static const support::Shape shape11_4 = {64, 10};
-  static const support::Shape shape11_5 = {10, 1};
-  support::reduce(v391.data(), shape11_1, v390.data(), shape11_3, shape11_4, shape11_5,
+  support::reduce(v391.data(), kShape38, v390.data(), kShape38, kShape46, kShape47,
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:112:3 square
   MESHRT_TRACE("loop", "vit.mesh:112:3", "backward");
   support::View v394 = arena_.view(0, 10);
-  {
-    float *__restrict v394p = v394.data();
-    const float *__restrict v138p = v138.data();
-    for (int64_t i0 = 0; i0 < 10; ++i0) {
-      const float s0 = v138p[i0];
-      const float s1 = s0 * s0;
-      v394p[i0] = s1;
-    }
-  }
+  loop28(v394.data(), v138.data());
 
   // vit.mesh:112:3 sum
   MESHRT_TRACE("sum", "vit.mesh:112:3", "backward");
   support::View v395 = arena_.view(99264, 1);
-  static const support::Shape shape13_1 = {};
-  static const support::Shape shape13_3 = {};
-  static const support::Shape shape13_4 = {10};
-  static const support::Shape shape13_5 = {1};
-  support::reduce(v395.data(), shape13_1, v394.data(), shape13_3, shape13_4, shape13_5,
+  support::reduce(v395.data(), kShape38, v394.data(), kShape38, kShape31, kShape1,
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:112:3 square
   MESHRT_TRACE("loop", "vit.mesh:112:3", "backward");
   support::View v398 = arena_.view(0, 3072);
-  {
-    float *__restrict v398p = v398.data();
-    const float *__restrict v358p = v358.data();
-    for (int64_t i0 = 0; i0 < 3072; ++i0) {
-      const float s0 = v358p[i0];
-      const float s1 = s0 * s0;
-      v398p[i0] = s1;
-    }
-  }
+  loop29(v398.data(), v358.data());
 
   // vit.mesh:112:3 sum
   MESHRT_TRACE("sum", "vit.mesh:112:3", "backward");
   support::View v399 = arena_.view(99328, 1);
-  static const support::Shape shape15_1 = {};
-  static const support::Shape shape15_3 = {};
-  static const support::Shape shape15_4 = {4, 4, 3, 64};
-  static const support::Shape shape15_5 = {768, 192, 64, 1};
-  support::reduce(v399.data(), shape15_1, v398.data(), shape15_3, shape15_4, shape15_5,
+  support::reduce(v399.data(), kShape38, v398.data(), kShape38, kShape48, kShape49,
                   support::Reduce::Sum, 1.0);
 
   // 6 statements from vit.mesh:112:3 square (1 of 4)
@@ -2534,47 +2787,23 @@ void TrainVit::runPart2(const Inputs &inputs) {
   // vit.mesh:112:3 square
   MESHRT_TRACE("loop", "vit.mesh:112:3", "backward");
   support::View v414 = arena_.view(0, 64);
-  {
-    float *__restrict v414p = v414.data();
-    const float *__restrict v336p = v336.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = v336p[i0];
-      const float s1 = s0 * s0;
-      v414p[i0] = s1;
-    }
-  }
+  loop25(v414.data(), v336.data());
 
   // vit.mesh:112:3 sum
   MESHRT_TRACE("sum", "vit.mesh:112:3", "backward");
   support::View v415 = arena_.view(99584, 1);
-  static const support::Shape shape18_1 = {};
-  static const support::Shape shape18_3 = {};
-  static const support::Shape shape18_4 = {64};
-  static const support::Shape shape18_5 = {1};
-  support::reduce(v415.data(), shape18_1, v414.data(), shape18_3, shape18_4, shape18_5,
+  support::reduce(v415.data(), kShape38, v414.data(), kShape38, kShape27, kShape1,
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:112:3 square
   MESHRT_TRACE("loop", "vit.mesh:112:3", "backward");
   support::View v418 = arena_.view(0, 64);
-  {
-    float *__restrict v418p = v418.data();
-    const float *__restrict v333p = v333.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = v333p[i0];
-      const float s1 = s0 * s0;
-      v418p[i0] = s1;
-    }
-  }
+  loop25(v418.data(), v333.data());
 
   // vit.mesh:112:3 sum
   MESHRT_TRACE("sum", "vit.mesh:112:3", "backward");
   support::View v419 = arena_.view(99648, 1);
-  static const support::Shape shape20_1 = {};
-  static const support::Shape shape20_3 = {};
-  static const support::Shape shape20_4 = {64};
-  static const support::Shape shape20_5 = {1};
-  support::reduce(v419.data(), shape20_1, v418.data(), shape20_3, shape20_4, shape20_5,
+  support::reduce(v419.data(), kShape38, v418.data(), kShape38, kShape27, kShape1,
                   support::Reduce::Sum, 1.0);
 
   // 12 statements from vit.mesh:112:3 square (1 of 2)
@@ -2651,24 +2880,12 @@ void TrainVit::runPart2(const Inputs &inputs) {
   // vit.mesh:112:3 square
   MESHRT_TRACE("loop", "vit.mesh:112:3", "backward");
   support::View v518 = arena_.view(0, 64);
-  {
-    float *__restrict v518p = v518.data();
-    const float *__restrict v143p = v143.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = v143p[i0];
-      const float s1 = s0 * s0;
-      v518p[i0] = s1;
-    }
-  }
+  loop25(v518.data(), v143.data());
 
   // vit.mesh:112:3 sum
   MESHRT_TRACE("sum", "vit.mesh:112:3", "backward");
   support::View v519 = arena_.view(832, 1);
-  static const support::Shape shape28_1 = {};
-  static const support::Shape shape28_3 = {};
-  static const support::Shape shape28_4 = {64};
-  static const support::Shape shape28_5 = {1};
-  support::reduce(v519.data(), shape28_1, v518.data(), shape28_3, shape28_4, shape28_5,
+  support::reduce(v519.data(), kShape38, v518.data(), kShape38, kShape27, kShape1,
                   support::Reduce::Sum, 1.0);
 
   MESHRT_TRACE_SITE("vit.mesh:112:3");
@@ -2940,57 +3157,8 @@ void TrainVit::runPart3(const Inputs &inputs) {
   support::View v356 = arena_.view(98560, 64);
   support::View v556(param32_vit_class_token_m); // updated in place
   support::View v557(param33_vit_class_token_v); // updated in place
-  {
-    float *__restrict v556p = v556.data();
-    float *__restrict v557p = v557.data();
-    float *__restrict v2p = v2.data();
-    const float *__restrict v356p = v356.data();
-    const float *__restrict v523p = v523.data();
-    const float *__restrict v570p = v570.data();
-    const float *__restrict v572p = v572.data();
-    const float *__restrict v381p = v381.data();
-    const float r2 = v523p[0];
-    const float r5 = v570p[0];
-    const float r6 = v572p[0];
-    const float r7 = v381p[0];
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = v2p[i0];
-      const float s1 = 0.05f;
-      const float s2 = (s0 * s1);
-      const float s3 = v356p[i0];
-      const float s4 = r2;
-      const float s5 = (s3 * s4);
-      const float s6 = 0.100000024f;
-      const float s7 = (s5 * s6);
-      const float s8 = v556p[i0];
-      const float s9 = 0.9f;
-      const float s10 = (s8 * s9);
-      const float s11 = (s10 + s7);
-      const float s12 = s5 * s5;
-      const float s13 = 0.0009999871f;
-      const float s14 = (s12 * s13);
-      const float s15 = v557p[i0];
-      const float s16 = 0.999f;
-      const float s17 = (s15 * s16);
-      const float s18 = (s17 + s14);
-      const float s19 = r5;
-      const float s20 = (s11 / s19);
-      const float s21 = r6;
-      const float s22 = (s18 / s21);
-      const float s23 = support::fsqrt(s22);
-      const float s24 = 1e-08f;
-      const float s25 = (s23 + s24);
-      const float s26 = (s20 / s25);
-      const float s27 = (s26 + s2);
-      const float s28 = r7;
-      const float s29 = (s27 * s28);
-      const float s30 = v2p[i0];
-      const float s31 = (s30 - s29);
-      v556p[i0] = s11;
-      v557p[i0] = s18;
-      v2p[i0] = s31;
-    }
-  }
+  loop30(v556.data(), v557.data(), v2.data(), v356.data(), v523.data(), v570.data(), v572.data(),
+         v381.data());
 
   // vit.mesh:112:3 mul
   // vit.mesh:112:3 mul
@@ -3014,57 +3182,8 @@ void TrainVit::runPart3(const Inputs &inputs) {
   support::View v352 = arena_.view(94208, 1088);
   support::View v584(param34_vit_position_embedding_m); // updated in place
   support::View v585(param35_vit_position_embedding_v); // updated in place
-  {
-    float *__restrict v584p = v584.data();
-    float *__restrict v585p = v585.data();
-    float *__restrict v3p = v3.data();
-    const float *__restrict v352p = v352.data();
-    const float *__restrict v523p = v523.data();
-    const float *__restrict v570p = v570.data();
-    const float *__restrict v572p = v572.data();
-    const float *__restrict v381p = v381.data();
-    const float r2 = v523p[0];
-    const float r5 = v570p[0];
-    const float r6 = v572p[0];
-    const float r7 = v381p[0];
-    for (int64_t i0 = 0; i0 < 1088; ++i0) {
-      const float s0 = v3p[i0];
-      const float s1 = 0.05f;
-      const float s2 = (s0 * s1);
-      const float s3 = v352p[i0];
-      const float s4 = r2;
-      const float s5 = (s3 * s4);
-      const float s6 = 0.100000024f;
-      const float s7 = (s5 * s6);
-      const float s8 = v584p[i0];
-      const float s9 = 0.9f;
-      const float s10 = (s8 * s9);
-      const float s11 = (s10 + s7);
-      const float s12 = s5 * s5;
-      const float s13 = 0.0009999871f;
-      const float s14 = (s12 * s13);
-      const float s15 = v585p[i0];
-      const float s16 = 0.999f;
-      const float s17 = (s15 * s16);
-      const float s18 = (s17 + s14);
-      const float s19 = r5;
-      const float s20 = (s11 / s19);
-      const float s21 = r6;
-      const float s22 = (s18 / s21);
-      const float s23 = support::fsqrt(s22);
-      const float s24 = 1e-08f;
-      const float s25 = (s23 + s24);
-      const float s26 = (s20 / s25);
-      const float s27 = (s26 + s2);
-      const float s28 = r7;
-      const float s29 = (s27 * s28);
-      const float s30 = v3p[i0];
-      const float s31 = (s30 - s29);
-      v584p[i0] = s11;
-      v585p[i0] = s18;
-      v3p[i0] = s31;
-    }
-  }
+  loop31(v584.data(), v585.data(), v3.data(), v352.data(), v523.data(), v570.data(), v572.data(),
+         v381.data());
 
   // vit.mesh:112:3 mul
   // vit.mesh:112:3 mul
@@ -3088,57 +3207,8 @@ void TrainVit::runPart3(const Inputs &inputs) {
   support::View v140 = arena_.view(375936, 640);
   support::View v604(param36_vit_w_head_m); // updated in place
   support::View v605(param37_vit_w_head_v); // updated in place
-  {
-    float *__restrict v604p = v604.data();
-    float *__restrict v605p = v605.data();
-    float *__restrict v4p = v4.data();
-    const float *__restrict v140p = v140.data();
-    const float *__restrict v523p = v523.data();
-    const float *__restrict v570p = v570.data();
-    const float *__restrict v572p = v572.data();
-    const float *__restrict v381p = v381.data();
-    const float r2 = v523p[0];
-    const float r5 = v570p[0];
-    const float r6 = v572p[0];
-    const float r7 = v381p[0];
-    for (int64_t i0 = 0; i0 < 640; ++i0) {
-      const float s0 = v4p[i0];
-      const float s1 = 0.05f;
-      const float s2 = (s0 * s1);
-      const float s3 = v140p[i0];
-      const float s4 = r2;
-      const float s5 = (s3 * s4);
-      const float s6 = 0.100000024f;
-      const float s7 = (s5 * s6);
-      const float s8 = v604p[i0];
-      const float s9 = 0.9f;
-      const float s10 = (s8 * s9);
-      const float s11 = (s10 + s7);
-      const float s12 = s5 * s5;
-      const float s13 = 0.0009999871f;
-      const float s14 = (s12 * s13);
-      const float s15 = v605p[i0];
-      const float s16 = 0.999f;
-      const float s17 = (s15 * s16);
-      const float s18 = (s17 + s14);
-      const float s19 = r5;
-      const float s20 = (s11 / s19);
-      const float s21 = r6;
-      const float s22 = (s18 / s21);
-      const float s23 = support::fsqrt(s22);
-      const float s24 = 1e-08f;
-      const float s25 = (s23 + s24);
-      const float s26 = (s20 / s25);
-      const float s27 = (s26 + s2);
-      const float s28 = r7;
-      const float s29 = (s27 * s28);
-      const float s30 = v4p[i0];
-      const float s31 = (s30 - s29);
-      v604p[i0] = s11;
-      v605p[i0] = s18;
-      v4p[i0] = s31;
-    }
-  }
+  loop32(v604.data(), v605.data(), v4.data(), v140.data(), v523.data(), v570.data(), v572.data(),
+         v381.data());
 
   // vit.mesh:112:3 mul
   // vit.mesh:112:3 mul
@@ -3162,57 +3232,8 @@ void TrainVit::runPart3(const Inputs &inputs) {
   support::View v138 = arena_.view(379008, 10);
   support::View v624(param38_vit_b_head_m); // updated in place
   support::View v625(param39_vit_b_head_v); // updated in place
-  {
-    float *__restrict v624p = v624.data();
-    float *__restrict v625p = v625.data();
-    float *__restrict v5p = v5.data();
-    const float *__restrict v138p = v138.data();
-    const float *__restrict v523p = v523.data();
-    const float *__restrict v570p = v570.data();
-    const float *__restrict v572p = v572.data();
-    const float *__restrict v381p = v381.data();
-    const float r2 = v523p[0];
-    const float r5 = v570p[0];
-    const float r6 = v572p[0];
-    const float r7 = v381p[0];
-    for (int64_t i0 = 0; i0 < 10; ++i0) {
-      const float s0 = v5p[i0];
-      const float s1 = 0.05f;
-      const float s2 = (s0 * s1);
-      const float s3 = v138p[i0];
-      const float s4 = r2;
-      const float s5 = (s3 * s4);
-      const float s6 = 0.100000024f;
-      const float s7 = (s5 * s6);
-      const float s8 = v624p[i0];
-      const float s9 = 0.9f;
-      const float s10 = (s8 * s9);
-      const float s11 = (s10 + s7);
-      const float s12 = s5 * s5;
-      const float s13 = 0.0009999871f;
-      const float s14 = (s12 * s13);
-      const float s15 = v625p[i0];
-      const float s16 = 0.999f;
-      const float s17 = (s15 * s16);
-      const float s18 = (s17 + s14);
-      const float s19 = r5;
-      const float s20 = (s11 / s19);
-      const float s21 = r6;
-      const float s22 = (s18 / s21);
-      const float s23 = support::fsqrt(s22);
-      const float s24 = 1e-08f;
-      const float s25 = (s23 + s24);
-      const float s26 = (s20 / s25);
-      const float s27 = (s26 + s2);
-      const float s28 = r7;
-      const float s29 = (s27 * s28);
-      const float s30 = v5p[i0];
-      const float s31 = (s30 - s29);
-      v624p[i0] = s11;
-      v625p[i0] = s18;
-      v5p[i0] = s31;
-    }
-  }
+  loop33(v624.data(), v625.data(), v5.data(), v138.data(), v523.data(), v570.data(), v572.data(),
+         v381.data());
 
   // vit.mesh:112:3 mul
   // vit.mesh:112:3 mul
@@ -3236,57 +3257,8 @@ void TrainVit::runPart3(const Inputs &inputs) {
   support::View v358 = arena_.view(81920, 3072);
   support::View v644(param40_vit_embed_patches_w_patch_m); // updated in place
   support::View v645(param41_vit_embed_patches_w_patch_v); // updated in place
-  {
-    float *__restrict v644p = v644.data();
-    float *__restrict v645p = v645.data();
-    float *__restrict v6p = v6.data();
-    const float *__restrict v358p = v358.data();
-    const float *__restrict v523p = v523.data();
-    const float *__restrict v570p = v570.data();
-    const float *__restrict v572p = v572.data();
-    const float *__restrict v381p = v381.data();
-    const float r2 = v523p[0];
-    const float r5 = v570p[0];
-    const float r6 = v572p[0];
-    const float r7 = v381p[0];
-    for (int64_t i0 = 0; i0 < 3072; ++i0) {
-      const float s0 = v6p[i0];
-      const float s1 = 0.05f;
-      const float s2 = (s0 * s1);
-      const float s3 = v358p[i0];
-      const float s4 = r2;
-      const float s5 = (s3 * s4);
-      const float s6 = 0.100000024f;
-      const float s7 = (s5 * s6);
-      const float s8 = v644p[i0];
-      const float s9 = 0.9f;
-      const float s10 = (s8 * s9);
-      const float s11 = (s10 + s7);
-      const float s12 = s5 * s5;
-      const float s13 = 0.0009999871f;
-      const float s14 = (s12 * s13);
-      const float s15 = v645p[i0];
-      const float s16 = 0.999f;
-      const float s17 = (s15 * s16);
-      const float s18 = (s17 + s14);
-      const float s19 = r5;
-      const float s20 = (s11 / s19);
-      const float s21 = r6;
-      const float s22 = (s18 / s21);
-      const float s23 = support::fsqrt(s22);
-      const float s24 = 1e-08f;
-      const float s25 = (s23 + s24);
-      const float s26 = (s20 / s25);
-      const float s27 = (s26 + s2);
-      const float s28 = r7;
-      const float s29 = (s27 * s28);
-      const float s30 = v6p[i0];
-      const float s31 = (s30 - s29);
-      v644p[i0] = s11;
-      v645p[i0] = s18;
-      v6p[i0] = s31;
-    }
-  }
+  loop34(v644.data(), v645.data(), v6.data(), v358.data(), v523.data(), v570.data(), v572.data(),
+         v381.data());
 
   // 1 statements from vit.mesh:112:3 mul (1 of 3)
   MESHRT_TRACE_SITE("vit.mesh:112:3");
@@ -3457,57 +3429,7 @@ void TrainVit::repeated0(
   // vit.mesh:112:3 mul
   // vit.mesh:112:3 sub -> next/vit/encoder_layer[0]/norm/gain
   MESHRT_TRACE("loop", "vit.mesh:112:3", "update");
-  {
-    float *__restrict a3p = a3.data();
-    float *__restrict a4p = a4.data();
-    float *__restrict a0p = a0.data();
-    const float *__restrict a1p = a1.data();
-    const float *__restrict a2p = a2.data();
-    const float *__restrict a5p = a5.data();
-    const float *__restrict a6p = a6.data();
-    const float *__restrict a7p = a7.data();
-    const float r2 = a2p[0];
-    const float r5 = a5p[0];
-    const float r6 = a6p[0];
-    const float r7 = a7p[0];
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = a0p[i0];
-      const float s1 = 0.05f;
-      const float s2 = (s0 * s1);
-      const float s3 = a1p[i0];
-      const float s4 = r2;
-      const float s5 = (s3 * s4);
-      const float s6 = 0.100000024f;
-      const float s7 = (s5 * s6);
-      const float s8 = a3p[i0];
-      const float s9 = 0.9f;
-      const float s10 = (s8 * s9);
-      const float s11 = (s10 + s7);
-      const float s12 = s5 * s5;
-      const float s13 = 0.0009999871f;
-      const float s14 = (s12 * s13);
-      const float s15 = a4p[i0];
-      const float s16 = 0.999f;
-      const float s17 = (s15 * s16);
-      const float s18 = (s17 + s14);
-      const float s19 = r5;
-      const float s20 = (s11 / s19);
-      const float s21 = r6;
-      const float s22 = (s18 / s21);
-      const float s23 = support::fsqrt(s22);
-      const float s24 = 1e-08f;
-      const float s25 = (s23 + s24);
-      const float s26 = (s20 / s25);
-      const float s27 = (s26 + s2);
-      const float s28 = r7;
-      const float s29 = (s27 * s28);
-      const float s30 = a0p[i0];
-      const float s31 = (s30 - s29);
-      a3p[i0] = s11;
-      a4p[i0] = s18;
-      a0p[i0] = s31;
-    }
-  }
+  loop30(a3.data(), a4.data(), a0.data(), a1.data(), a2.data(), a5.data(), a6.data(), a7.data());
 
   // vit.mesh:112:3 mul
   // vit.mesh:112:3 mul
@@ -3527,57 +3449,7 @@ void TrainVit::repeated0(
   // vit.mesh:112:3 mul
   // vit.mesh:112:3 sub -> next/vit/encoder_layer[0]/norm/bias
   MESHRT_TRACE("loop", "vit.mesh:112:3", "update");
-  {
-    float *__restrict a10p = a10.data();
-    float *__restrict a11p = a11.data();
-    float *__restrict a8p = a8.data();
-    const float *__restrict a9p = a9.data();
-    const float *__restrict a2p = a2.data();
-    const float *__restrict a5p = a5.data();
-    const float *__restrict a6p = a6.data();
-    const float *__restrict a7p = a7.data();
-    const float r2 = a2p[0];
-    const float r5 = a5p[0];
-    const float r6 = a6p[0];
-    const float r7 = a7p[0];
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = a8p[i0];
-      const float s1 = 0.05f;
-      const float s2 = (s0 * s1);
-      const float s3 = a9p[i0];
-      const float s4 = r2;
-      const float s5 = (s3 * s4);
-      const float s6 = 0.100000024f;
-      const float s7 = (s5 * s6);
-      const float s8 = a10p[i0];
-      const float s9 = 0.9f;
-      const float s10 = (s8 * s9);
-      const float s11 = (s10 + s7);
-      const float s12 = s5 * s5;
-      const float s13 = 0.0009999871f;
-      const float s14 = (s12 * s13);
-      const float s15 = a11p[i0];
-      const float s16 = 0.999f;
-      const float s17 = (s15 * s16);
-      const float s18 = (s17 + s14);
-      const float s19 = r5;
-      const float s20 = (s11 / s19);
-      const float s21 = r6;
-      const float s22 = (s18 / s21);
-      const float s23 = support::fsqrt(s22);
-      const float s24 = 1e-08f;
-      const float s25 = (s23 + s24);
-      const float s26 = (s20 / s25);
-      const float s27 = (s26 + s2);
-      const float s28 = r7;
-      const float s29 = (s27 * s28);
-      const float s30 = a8p[i0];
-      const float s31 = (s30 - s29);
-      a10p[i0] = s11;
-      a11p[i0] = s18;
-      a8p[i0] = s31;
-    }
-  }
+  loop30(a10.data(), a11.data(), a8.data(), a9.data(), a2.data(), a5.data(), a6.data(), a7.data());
 
   // vit.mesh:112:3 mul
   // vit.mesh:112:3 mul
@@ -3597,57 +3469,8 @@ void TrainVit::repeated0(
   // vit.mesh:112:3 mul
   // vit.mesh:112:3 sub -> next/vit/encoder_layer[0]/attention/w_q
   MESHRT_TRACE("loop", "vit.mesh:112:3", "update");
-  {
-    float *__restrict a14p = a14.data();
-    float *__restrict a15p = a15.data();
-    float *__restrict a12p = a12.data();
-    const float *__restrict a13p = a13.data();
-    const float *__restrict a2p = a2.data();
-    const float *__restrict a5p = a5.data();
-    const float *__restrict a6p = a6.data();
-    const float *__restrict a7p = a7.data();
-    const float r2 = a2p[0];
-    const float r5 = a5p[0];
-    const float r6 = a6p[0];
-    const float r7 = a7p[0];
-    for (int64_t i0 = 0; i0 < 2048; ++i0) {
-      const float s0 = a12p[i0];
-      const float s1 = 0.05f;
-      const float s2 = (s0 * s1);
-      const float s3 = a13p[i0];
-      const float s4 = r2;
-      const float s5 = (s3 * s4);
-      const float s6 = 0.100000024f;
-      const float s7 = (s5 * s6);
-      const float s8 = a14p[i0];
-      const float s9 = 0.9f;
-      const float s10 = (s8 * s9);
-      const float s11 = (s10 + s7);
-      const float s12 = s5 * s5;
-      const float s13 = 0.0009999871f;
-      const float s14 = (s12 * s13);
-      const float s15 = a15p[i0];
-      const float s16 = 0.999f;
-      const float s17 = (s15 * s16);
-      const float s18 = (s17 + s14);
-      const float s19 = r5;
-      const float s20 = (s11 / s19);
-      const float s21 = r6;
-      const float s22 = (s18 / s21);
-      const float s23 = support::fsqrt(s22);
-      const float s24 = 1e-08f;
-      const float s25 = (s23 + s24);
-      const float s26 = (s20 / s25);
-      const float s27 = (s26 + s2);
-      const float s28 = r7;
-      const float s29 = (s27 * s28);
-      const float s30 = a12p[i0];
-      const float s31 = (s30 - s29);
-      a14p[i0] = s11;
-      a15p[i0] = s18;
-      a12p[i0] = s31;
-    }
-  }
+  loop35(a14.data(), a15.data(), a12.data(), a13.data(), a2.data(), a5.data(), a6.data(),
+         a7.data());
 
   // vit.mesh:112:3 mul
   // vit.mesh:112:3 mul
@@ -3667,57 +3490,8 @@ void TrainVit::repeated0(
   // vit.mesh:112:3 mul
   // vit.mesh:112:3 sub -> next/vit/encoder_layer[0]/attention/w_k
   MESHRT_TRACE("loop", "vit.mesh:112:3", "update");
-  {
-    float *__restrict a18p = a18.data();
-    float *__restrict a19p = a19.data();
-    float *__restrict a16p = a16.data();
-    const float *__restrict a17p = a17.data();
-    const float *__restrict a2p = a2.data();
-    const float *__restrict a5p = a5.data();
-    const float *__restrict a6p = a6.data();
-    const float *__restrict a7p = a7.data();
-    const float r2 = a2p[0];
-    const float r5 = a5p[0];
-    const float r6 = a6p[0];
-    const float r7 = a7p[0];
-    for (int64_t i0 = 0; i0 < 2048; ++i0) {
-      const float s0 = a16p[i0];
-      const float s1 = 0.05f;
-      const float s2 = (s0 * s1);
-      const float s3 = a17p[i0];
-      const float s4 = r2;
-      const float s5 = (s3 * s4);
-      const float s6 = 0.100000024f;
-      const float s7 = (s5 * s6);
-      const float s8 = a18p[i0];
-      const float s9 = 0.9f;
-      const float s10 = (s8 * s9);
-      const float s11 = (s10 + s7);
-      const float s12 = s5 * s5;
-      const float s13 = 0.0009999871f;
-      const float s14 = (s12 * s13);
-      const float s15 = a19p[i0];
-      const float s16 = 0.999f;
-      const float s17 = (s15 * s16);
-      const float s18 = (s17 + s14);
-      const float s19 = r5;
-      const float s20 = (s11 / s19);
-      const float s21 = r6;
-      const float s22 = (s18 / s21);
-      const float s23 = support::fsqrt(s22);
-      const float s24 = 1e-08f;
-      const float s25 = (s23 + s24);
-      const float s26 = (s20 / s25);
-      const float s27 = (s26 + s2);
-      const float s28 = r7;
-      const float s29 = (s27 * s28);
-      const float s30 = a16p[i0];
-      const float s31 = (s30 - s29);
-      a18p[i0] = s11;
-      a19p[i0] = s18;
-      a16p[i0] = s31;
-    }
-  }
+  loop35(a18.data(), a19.data(), a16.data(), a17.data(), a2.data(), a5.data(), a6.data(),
+         a7.data());
 
   // vit.mesh:112:3 mul
   // vit.mesh:112:3 mul
@@ -3737,57 +3511,8 @@ void TrainVit::repeated0(
   // vit.mesh:112:3 mul
   // vit.mesh:112:3 sub -> next/vit/encoder_layer[0]/attention/w_v
   MESHRT_TRACE("loop", "vit.mesh:112:3", "update");
-  {
-    float *__restrict a22p = a22.data();
-    float *__restrict a23p = a23.data();
-    float *__restrict a20p = a20.data();
-    const float *__restrict a21p = a21.data();
-    const float *__restrict a2p = a2.data();
-    const float *__restrict a5p = a5.data();
-    const float *__restrict a6p = a6.data();
-    const float *__restrict a7p = a7.data();
-    const float r2 = a2p[0];
-    const float r5 = a5p[0];
-    const float r6 = a6p[0];
-    const float r7 = a7p[0];
-    for (int64_t i0 = 0; i0 < 2048; ++i0) {
-      const float s0 = a20p[i0];
-      const float s1 = 0.05f;
-      const float s2 = (s0 * s1);
-      const float s3 = a21p[i0];
-      const float s4 = r2;
-      const float s5 = (s3 * s4);
-      const float s6 = 0.100000024f;
-      const float s7 = (s5 * s6);
-      const float s8 = a22p[i0];
-      const float s9 = 0.9f;
-      const float s10 = (s8 * s9);
-      const float s11 = (s10 + s7);
-      const float s12 = s5 * s5;
-      const float s13 = 0.0009999871f;
-      const float s14 = (s12 * s13);
-      const float s15 = a23p[i0];
-      const float s16 = 0.999f;
-      const float s17 = (s15 * s16);
-      const float s18 = (s17 + s14);
-      const float s19 = r5;
-      const float s20 = (s11 / s19);
-      const float s21 = r6;
-      const float s22 = (s18 / s21);
-      const float s23 = support::fsqrt(s22);
-      const float s24 = 1e-08f;
-      const float s25 = (s23 + s24);
-      const float s26 = (s20 / s25);
-      const float s27 = (s26 + s2);
-      const float s28 = r7;
-      const float s29 = (s27 * s28);
-      const float s30 = a20p[i0];
-      const float s31 = (s30 - s29);
-      a22p[i0] = s11;
-      a23p[i0] = s18;
-      a20p[i0] = s31;
-    }
-  }
+  loop35(a22.data(), a23.data(), a20.data(), a21.data(), a2.data(), a5.data(), a6.data(),
+         a7.data());
 
   // vit.mesh:112:3 mul
   // vit.mesh:112:3 mul
@@ -3807,57 +3532,8 @@ void TrainVit::repeated0(
   // vit.mesh:112:3 mul
   // vit.mesh:112:3 sub -> next/vit/encoder_layer[0]/attention/w_o
   MESHRT_TRACE("loop", "vit.mesh:112:3", "update");
-  {
-    float *__restrict a26p = a26.data();
-    float *__restrict a27p = a27.data();
-    float *__restrict a24p = a24.data();
-    const float *__restrict a25p = a25.data();
-    const float *__restrict a2p = a2.data();
-    const float *__restrict a5p = a5.data();
-    const float *__restrict a6p = a6.data();
-    const float *__restrict a7p = a7.data();
-    const float r2 = a2p[0];
-    const float r5 = a5p[0];
-    const float r6 = a6p[0];
-    const float r7 = a7p[0];
-    for (int64_t i0 = 0; i0 < 2048; ++i0) {
-      const float s0 = a24p[i0];
-      const float s1 = 0.05f;
-      const float s2 = (s0 * s1);
-      const float s3 = a25p[i0];
-      const float s4 = r2;
-      const float s5 = (s3 * s4);
-      const float s6 = 0.100000024f;
-      const float s7 = (s5 * s6);
-      const float s8 = a26p[i0];
-      const float s9 = 0.9f;
-      const float s10 = (s8 * s9);
-      const float s11 = (s10 + s7);
-      const float s12 = s5 * s5;
-      const float s13 = 0.0009999871f;
-      const float s14 = (s12 * s13);
-      const float s15 = a27p[i0];
-      const float s16 = 0.999f;
-      const float s17 = (s15 * s16);
-      const float s18 = (s17 + s14);
-      const float s19 = r5;
-      const float s20 = (s11 / s19);
-      const float s21 = r6;
-      const float s22 = (s18 / s21);
-      const float s23 = support::fsqrt(s22);
-      const float s24 = 1e-08f;
-      const float s25 = (s23 + s24);
-      const float s26 = (s20 / s25);
-      const float s27 = (s26 + s2);
-      const float s28 = r7;
-      const float s29 = (s27 * s28);
-      const float s30 = a24p[i0];
-      const float s31 = (s30 - s29);
-      a26p[i0] = s11;
-      a27p[i0] = s18;
-      a24p[i0] = s31;
-    }
-  }
+  loop35(a26.data(), a27.data(), a24.data(), a25.data(), a2.data(), a5.data(), a6.data(),
+         a7.data());
 
   // vit.mesh:112:3 mul
   // vit.mesh:112:3 mul
@@ -3877,57 +3553,8 @@ void TrainVit::repeated0(
   // vit.mesh:112:3 mul
   // vit.mesh:112:3 sub -> next/vit/encoder_layer[0]/norm#1/gain
   MESHRT_TRACE("loop", "vit.mesh:112:3", "update");
-  {
-    float *__restrict a30p = a30.data();
-    float *__restrict a31p = a31.data();
-    float *__restrict a28p = a28.data();
-    const float *__restrict a29p = a29.data();
-    const float *__restrict a2p = a2.data();
-    const float *__restrict a5p = a5.data();
-    const float *__restrict a6p = a6.data();
-    const float *__restrict a7p = a7.data();
-    const float r2 = a2p[0];
-    const float r5 = a5p[0];
-    const float r6 = a6p[0];
-    const float r7 = a7p[0];
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = a28p[i0];
-      const float s1 = 0.05f;
-      const float s2 = (s0 * s1);
-      const float s3 = a29p[i0];
-      const float s4 = r2;
-      const float s5 = (s3 * s4);
-      const float s6 = 0.100000024f;
-      const float s7 = (s5 * s6);
-      const float s8 = a30p[i0];
-      const float s9 = 0.9f;
-      const float s10 = (s8 * s9);
-      const float s11 = (s10 + s7);
-      const float s12 = s5 * s5;
-      const float s13 = 0.0009999871f;
-      const float s14 = (s12 * s13);
-      const float s15 = a31p[i0];
-      const float s16 = 0.999f;
-      const float s17 = (s15 * s16);
-      const float s18 = (s17 + s14);
-      const float s19 = r5;
-      const float s20 = (s11 / s19);
-      const float s21 = r6;
-      const float s22 = (s18 / s21);
-      const float s23 = support::fsqrt(s22);
-      const float s24 = 1e-08f;
-      const float s25 = (s23 + s24);
-      const float s26 = (s20 / s25);
-      const float s27 = (s26 + s2);
-      const float s28 = r7;
-      const float s29 = (s27 * s28);
-      const float s30 = a28p[i0];
-      const float s31 = (s30 - s29);
-      a30p[i0] = s11;
-      a31p[i0] = s18;
-      a28p[i0] = s31;
-    }
-  }
+  loop30(a30.data(), a31.data(), a28.data(), a29.data(), a2.data(), a5.data(), a6.data(),
+         a7.data());
 
   // vit.mesh:112:3 mul
   // vit.mesh:112:3 mul
@@ -3947,57 +3574,8 @@ void TrainVit::repeated0(
   // vit.mesh:112:3 mul
   // vit.mesh:112:3 sub -> next/vit/encoder_layer[0]/norm#1/bias
   MESHRT_TRACE("loop", "vit.mesh:112:3", "update");
-  {
-    float *__restrict a34p = a34.data();
-    float *__restrict a35p = a35.data();
-    float *__restrict a32p = a32.data();
-    const float *__restrict a33p = a33.data();
-    const float *__restrict a2p = a2.data();
-    const float *__restrict a5p = a5.data();
-    const float *__restrict a6p = a6.data();
-    const float *__restrict a7p = a7.data();
-    const float r2 = a2p[0];
-    const float r5 = a5p[0];
-    const float r6 = a6p[0];
-    const float r7 = a7p[0];
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = a32p[i0];
-      const float s1 = 0.05f;
-      const float s2 = (s0 * s1);
-      const float s3 = a33p[i0];
-      const float s4 = r2;
-      const float s5 = (s3 * s4);
-      const float s6 = 0.100000024f;
-      const float s7 = (s5 * s6);
-      const float s8 = a34p[i0];
-      const float s9 = 0.9f;
-      const float s10 = (s8 * s9);
-      const float s11 = (s10 + s7);
-      const float s12 = s5 * s5;
-      const float s13 = 0.0009999871f;
-      const float s14 = (s12 * s13);
-      const float s15 = a35p[i0];
-      const float s16 = 0.999f;
-      const float s17 = (s15 * s16);
-      const float s18 = (s17 + s14);
-      const float s19 = r5;
-      const float s20 = (s11 / s19);
-      const float s21 = r6;
-      const float s22 = (s18 / s21);
-      const float s23 = support::fsqrt(s22);
-      const float s24 = 1e-08f;
-      const float s25 = (s23 + s24);
-      const float s26 = (s20 / s25);
-      const float s27 = (s26 + s2);
-      const float s28 = r7;
-      const float s29 = (s27 * s28);
-      const float s30 = a32p[i0];
-      const float s31 = (s30 - s29);
-      a34p[i0] = s11;
-      a35p[i0] = s18;
-      a32p[i0] = s31;
-    }
-  }
+  loop30(a34.data(), a35.data(), a32.data(), a33.data(), a2.data(), a5.data(), a6.data(),
+         a7.data());
 
   // vit.mesh:112:3 mul
   // vit.mesh:112:3 mul
@@ -4017,57 +3595,8 @@ void TrainVit::repeated0(
   // vit.mesh:112:3 mul
   // vit.mesh:112:3 sub -> next/vit/encoder_layer[0]/ffn/w_in
   MESHRT_TRACE("loop", "vit.mesh:112:3", "update");
-  {
-    float *__restrict a38p = a38.data();
-    float *__restrict a39p = a39.data();
-    float *__restrict a36p = a36.data();
-    const float *__restrict a37p = a37.data();
-    const float *__restrict a2p = a2.data();
-    const float *__restrict a5p = a5.data();
-    const float *__restrict a6p = a6.data();
-    const float *__restrict a7p = a7.data();
-    const float r2 = a2p[0];
-    const float r5 = a5p[0];
-    const float r6 = a6p[0];
-    const float r7 = a7p[0];
-    for (int64_t i0 = 0; i0 < 4096; ++i0) {
-      const float s0 = a36p[i0];
-      const float s1 = 0.05f;
-      const float s2 = (s0 * s1);
-      const float s3 = a37p[i0];
-      const float s4 = r2;
-      const float s5 = (s3 * s4);
-      const float s6 = 0.100000024f;
-      const float s7 = (s5 * s6);
-      const float s8 = a38p[i0];
-      const float s9 = 0.9f;
-      const float s10 = (s8 * s9);
-      const float s11 = (s10 + s7);
-      const float s12 = s5 * s5;
-      const float s13 = 0.0009999871f;
-      const float s14 = (s12 * s13);
-      const float s15 = a39p[i0];
-      const float s16 = 0.999f;
-      const float s17 = (s15 * s16);
-      const float s18 = (s17 + s14);
-      const float s19 = r5;
-      const float s20 = (s11 / s19);
-      const float s21 = r6;
-      const float s22 = (s18 / s21);
-      const float s23 = support::fsqrt(s22);
-      const float s24 = 1e-08f;
-      const float s25 = (s23 + s24);
-      const float s26 = (s20 / s25);
-      const float s27 = (s26 + s2);
-      const float s28 = r7;
-      const float s29 = (s27 * s28);
-      const float s30 = a36p[i0];
-      const float s31 = (s30 - s29);
-      a38p[i0] = s11;
-      a39p[i0] = s18;
-      a36p[i0] = s31;
-    }
-  }
+  loop36(a38.data(), a39.data(), a36.data(), a37.data(), a2.data(), a5.data(), a6.data(),
+         a7.data());
 
   // vit.mesh:112:3 mul
   // vit.mesh:112:3 mul
@@ -4087,57 +3616,8 @@ void TrainVit::repeated0(
   // vit.mesh:112:3 mul
   // vit.mesh:112:3 sub -> next/vit/encoder_layer[0]/ffn/w_out
   MESHRT_TRACE("loop", "vit.mesh:112:3", "update");
-  {
-    float *__restrict a42p = a42.data();
-    float *__restrict a43p = a43.data();
-    float *__restrict a40p = a40.data();
-    const float *__restrict a41p = a41.data();
-    const float *__restrict a2p = a2.data();
-    const float *__restrict a5p = a5.data();
-    const float *__restrict a6p = a6.data();
-    const float *__restrict a7p = a7.data();
-    const float r2 = a2p[0];
-    const float r5 = a5p[0];
-    const float r6 = a6p[0];
-    const float r7 = a7p[0];
-    for (int64_t i0 = 0; i0 < 4096; ++i0) {
-      const float s0 = a40p[i0];
-      const float s1 = 0.05f;
-      const float s2 = (s0 * s1);
-      const float s3 = a41p[i0];
-      const float s4 = r2;
-      const float s5 = (s3 * s4);
-      const float s6 = 0.100000024f;
-      const float s7 = (s5 * s6);
-      const float s8 = a42p[i0];
-      const float s9 = 0.9f;
-      const float s10 = (s8 * s9);
-      const float s11 = (s10 + s7);
-      const float s12 = s5 * s5;
-      const float s13 = 0.0009999871f;
-      const float s14 = (s12 * s13);
-      const float s15 = a43p[i0];
-      const float s16 = 0.999f;
-      const float s17 = (s15 * s16);
-      const float s18 = (s17 + s14);
-      const float s19 = r5;
-      const float s20 = (s11 / s19);
-      const float s21 = r6;
-      const float s22 = (s18 / s21);
-      const float s23 = support::fsqrt(s22);
-      const float s24 = 1e-08f;
-      const float s25 = (s23 + s24);
-      const float s26 = (s20 / s25);
-      const float s27 = (s26 + s2);
-      const float s28 = r7;
-      const float s29 = (s27 * s28);
-      const float s30 = a40p[i0];
-      const float s31 = (s30 - s29);
-      a42p[i0] = s11;
-      a43p[i0] = s18;
-      a40p[i0] = s31;
-    }
-  }
+  loop36(a42.data(), a43.data(), a40.data(), a41.data(), a2.data(), a5.data(), a6.data(),
+         a7.data());
 
   // vit.mesh:112:3 mul
   // vit.mesh:112:3 mul
@@ -4157,57 +3637,8 @@ void TrainVit::repeated0(
   // vit.mesh:112:3 mul
   // vit.mesh:112:3 sub -> next/vit/encoder_layer[1]/attention_scale
   MESHRT_TRACE("loop", "vit.mesh:112:3", "update");
-  {
-    float *__restrict a46p = a46.data();
-    float *__restrict a47p = a47.data();
-    float *__restrict a44p = a44.data();
-    const float *__restrict a45p = a45.data();
-    const float *__restrict a2p = a2.data();
-    const float *__restrict a5p = a5.data();
-    const float *__restrict a6p = a6.data();
-    const float *__restrict a7p = a7.data();
-    const float r2 = a2p[0];
-    const float r5 = a5p[0];
-    const float r6 = a6p[0];
-    const float r7 = a7p[0];
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = a44p[i0];
-      const float s1 = 0.05f;
-      const float s2 = (s0 * s1);
-      const float s3 = a45p[i0];
-      const float s4 = r2;
-      const float s5 = (s3 * s4);
-      const float s6 = 0.100000024f;
-      const float s7 = (s5 * s6);
-      const float s8 = a46p[i0];
-      const float s9 = 0.9f;
-      const float s10 = (s8 * s9);
-      const float s11 = (s10 + s7);
-      const float s12 = s5 * s5;
-      const float s13 = 0.0009999871f;
-      const float s14 = (s12 * s13);
-      const float s15 = a47p[i0];
-      const float s16 = 0.999f;
-      const float s17 = (s15 * s16);
-      const float s18 = (s17 + s14);
-      const float s19 = r5;
-      const float s20 = (s11 / s19);
-      const float s21 = r6;
-      const float s22 = (s18 / s21);
-      const float s23 = support::fsqrt(s22);
-      const float s24 = 1e-08f;
-      const float s25 = (s23 + s24);
-      const float s26 = (s20 / s25);
-      const float s27 = (s26 + s2);
-      const float s28 = r7;
-      const float s29 = (s27 * s28);
-      const float s30 = a44p[i0];
-      const float s31 = (s30 - s29);
-      a46p[i0] = s11;
-      a47p[i0] = s18;
-      a44p[i0] = s31;
-    }
-  }
+  loop30(a46.data(), a47.data(), a44.data(), a45.data(), a2.data(), a5.data(), a6.data(),
+         a7.data());
 
   // vit.mesh:112:3 mul
   // vit.mesh:112:3 mul
@@ -4227,57 +3658,8 @@ void TrainVit::repeated0(
   // vit.mesh:112:3 mul
   // vit.mesh:112:3 sub -> next/vit/encoder_layer[1]/ffn_scale
   MESHRT_TRACE("loop", "vit.mesh:112:3", "update");
-  {
-    float *__restrict a50p = a50.data();
-    float *__restrict a51p = a51.data();
-    float *__restrict a48p = a48.data();
-    const float *__restrict a49p = a49.data();
-    const float *__restrict a2p = a2.data();
-    const float *__restrict a5p = a5.data();
-    const float *__restrict a6p = a6.data();
-    const float *__restrict a7p = a7.data();
-    const float r2 = a2p[0];
-    const float r5 = a5p[0];
-    const float r6 = a6p[0];
-    const float r7 = a7p[0];
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = a48p[i0];
-      const float s1 = 0.05f;
-      const float s2 = (s0 * s1);
-      const float s3 = a49p[i0];
-      const float s4 = r2;
-      const float s5 = (s3 * s4);
-      const float s6 = 0.100000024f;
-      const float s7 = (s5 * s6);
-      const float s8 = a50p[i0];
-      const float s9 = 0.9f;
-      const float s10 = (s8 * s9);
-      const float s11 = (s10 + s7);
-      const float s12 = s5 * s5;
-      const float s13 = 0.0009999871f;
-      const float s14 = (s12 * s13);
-      const float s15 = a51p[i0];
-      const float s16 = 0.999f;
-      const float s17 = (s15 * s16);
-      const float s18 = (s17 + s14);
-      const float s19 = r5;
-      const float s20 = (s11 / s19);
-      const float s21 = r6;
-      const float s22 = (s18 / s21);
-      const float s23 = support::fsqrt(s22);
-      const float s24 = 1e-08f;
-      const float s25 = (s23 + s24);
-      const float s26 = (s20 / s25);
-      const float s27 = (s26 + s2);
-      const float s28 = r7;
-      const float s29 = (s27 * s28);
-      const float s30 = a48p[i0];
-      const float s31 = (s30 - s29);
-      a50p[i0] = s11;
-      a51p[i0] = s18;
-      a48p[i0] = s31;
-    }
-  }
+  loop30(a50.data(), a51.data(), a48.data(), a49.data(), a2.data(), a5.data(), a6.data(),
+         a7.data());
 }
 
 void TrainVit::repeated1(
@@ -4306,12 +3688,8 @@ void TrainVit::repeated1(
 
   // vit.mesh:81:48 sum -> grad/vit/encoder_layer[1]/ffn_scale
   MESHRT_TRACE("sum", "vit.mesh:81:48", "backward");
-  static const support::Shape shape0_1 = {64};
-  static const support::Shape shape0_3 = {1};
-  static const support::Shape shape0_4 = {2, 17};
-  static const support::Shape shape0_5 = {1088, 64};
-  support::reduce(a0.data(), shape0_1, a1.data(), shape0_3, shape0_4, shape0_5,
-                  support::Reduce::Sum, 1.0);
+  support::reduce(a0.data(), kShape27, a1.data(), kShape1, kShape25, kShape26, support::Reduce::Sum,
+                  1.0);
 
   // vit.mesh:81:14 dropout
   // vit.mesh:72:10 cast
@@ -4382,15 +3760,7 @@ void TrainVit::repeated1(
 
   // vit.mesh:72:25 cast -> grad/vit/encoder_layer[1]/ffn/w_out
   MESHRT_TRACE("loop", "vit.mesh:72:25", "backward");
-  {
-    float *__restrict a8p = a8.data();
-    const float *__restrict a7p = a7.data();
-    for (int64_t i0 = 0; i0 < 4096; ++i0) {
-      const float s0 = a7p[i0];
-      const float s1 = s0;
-      a8p[i0] = s1;
-    }
-  }
+  loop37(a8.data(), a7.data());
 
   // vit.mesh:71:11 square
   // vit.mesh:71:11 mul
@@ -4410,55 +3780,7 @@ void TrainVit::repeated1(
   // vit.mesh:71:11 add
   // vit.mesh:71:11 mul
   MESHRT_TRACE("loop", "vit.mesh:71:11", "backward");
-  {
-    float *__restrict a10p = a10.data();
-    const float *__restrict a9p = a9.data();
-    const float *__restrict a5p = a5.data();
-    for (int64_t i0 = 0; i0 < 2176; ++i0) {
-      const float s0 = a9p[i0];
-      const float s1 = support::roundValue(support::DType::BF16, double(double(s0) * double(s0)));
-      const float s2 = a9p[i0];
-      const float s3 = support::roundValue(support::DType::BF16, double((double(s2) * double(s1))));
-      const float s4 = support::roundValue(support::DType::BF16, 0.044677734375);
-      const float s5 = support::roundValue(support::DType::BF16, double((double(s3) * double(s4))));
-      const float s6 = a9p[i0];
-      const float s7 = support::roundValue(support::DType::BF16, double((double(s6) + double(s5))));
-      const float s8 = support::roundValue(support::DType::BF16, 0.796875);
-      const float s9 = support::roundValue(support::DType::BF16, double((double(s7) * double(s8))));
-      const float s10 = support::roundValue(support::DType::BF16, double(std::tanh(double(s9))));
-      const float s11 = support::roundValue(support::DType::BF16, 1.0);
-      const float s12 =
-          support::roundValue(support::DType::BF16, double((double(s10) + double(s11))));
-      const float s13 = support::roundValue(support::DType::BF16, 0.5);
-      const float s14 =
-          support::roundValue(support::DType::BF16, double((double(s12) * double(s13))));
-      const float s15 = support::roundValue(support::DType::BF16, 0.1337890625);
-      const float s16 =
-          support::roundValue(support::DType::BF16, double((double(s1) * double(s15))));
-      const float s17 = support::roundValue(support::DType::BF16, 1.0);
-      const float s18 =
-          support::roundValue(support::DType::BF16, double((double(s16) + double(s17))));
-      const float s19 =
-          support::roundValue(support::DType::BF16, double(double(s10) * double(s10)));
-      const float s20 = support::roundValue(support::DType::BF16, 1.0);
-      const float s21 =
-          support::roundValue(support::DType::BF16, double((double(s20) - double(s19))));
-      const float s22 = a9p[i0];
-      const float s23 =
-          support::roundValue(support::DType::BF16, double((double(s22) * double(s21))));
-      const float s24 =
-          support::roundValue(support::DType::BF16, double((double(s23) * double(s18))));
-      const float s25 = support::roundValue(support::DType::BF16, 0.3984375);
-      const float s26 =
-          support::roundValue(support::DType::BF16, double((double(s24) * double(s25))));
-      const float s27 =
-          support::roundValue(support::DType::BF16, double((double(s14) + double(s26))));
-      const float s28 = a5p[i0];
-      const float s29 =
-          support::roundValue(support::DType::BF16, double((double(s28) * double(s27))));
-      a10p[i0] = s29;
-    }
-  }
+  loop38(a10.data(), a9.data(), a5.data());
 
   // vit.mesh:71:16 einsum
   MESHRT_TRACE("gemm", "vit.mesh:71:16", "backward");
@@ -4504,27 +3826,11 @@ void TrainVit::repeated1(
 
   // vit.mesh:71:38 cast -> grad/vit/encoder_layer[1]/ffn/w_in
   MESHRT_TRACE("loop", "vit.mesh:71:38", "backward");
-  {
-    float *__restrict a15p = a15.data();
-    const float *__restrict a14p = a14.data();
-    for (int64_t i0 = 0; i0 < 4096; ++i0) {
-      const float s0 = a14p[i0];
-      const float s1 = s0;
-      a15p[i0] = s1;
-    }
-  }
+  loop37(a15.data(), a14.data());
 
   // vit.mesh:71:23 cast
   MESHRT_TRACE("loop", "vit.mesh:71:23", "backward");
-  {
-    float *__restrict a16p = a16.data();
-    const float *__restrict a12p = a12.data();
-    for (int64_t i0 = 0; i0 < 2176; ++i0) {
-      const float s0 = a12p[i0];
-      const float s1 = s0;
-      a16p[i0] = s1;
-    }
-  }
+  loop39(a16.data(), a12.data());
 
   // vit.mesh:36:52 all_reduce_sum (resolve the partial sum of %191 over model for sum at 36:52)
   MESHRT_TRACE_SITE("vit.mesh:36:52");
@@ -4532,125 +3838,51 @@ void TrainVit::repeated1(
 
   // vit.mesh:36:52 sum -> grad/vit/encoder_layer[1]/norm#1/bias
   MESHRT_TRACE("sum", "vit.mesh:36:52", "backward");
-  static const support::Shape shape15_1 = {64};
-  static const support::Shape shape15_3 = {1};
-  static const support::Shape shape15_4 = {2, 17};
-  static const support::Shape shape15_5 = {1088, 64};
-  support::reduce(a17.data(), shape15_1, a16.data(), shape15_3, shape15_4, shape15_5,
+  support::reduce(a17.data(), kShape27, a16.data(), kShape1, kShape25, kShape26,
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:36:45 mul
   MESHRT_TRACE("loop", "vit.mesh:36:45", "backward");
-  {
-    float *__restrict a19p = a19.data();
-    const float *__restrict a16p = a16.data();
-    const float *__restrict a18p = a18.data();
-    for (int64_t i0 = 0; i0 < 2176; ++i0) {
-      const float s0 = a16p[i0];
-      const float s1 = a18p[i0];
-      const float s2 = (s0 * s1);
-      a19p[i0] = s2;
-    }
-  }
+  loop17(a19.data(), a16.data(), a18.data());
 
   // vit.mesh:36:45 sum -> grad/vit/encoder_layer[1]/norm#1/gain
   MESHRT_TRACE("sum", "vit.mesh:36:45", "backward");
-  static const support::Shape shape17_1 = {64};
-  static const support::Shape shape17_3 = {1};
-  static const support::Shape shape17_4 = {2, 17};
-  static const support::Shape shape17_5 = {1088, 64};
-  support::reduce(a20.data(), shape17_1, a19.data(), shape17_3, shape17_4, shape17_5,
+  support::reduce(a20.data(), kShape27, a19.data(), kShape1, kShape25, kShape26,
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:36:10 mean
   MESHRT_TRACE("mean", "vit.mesh:36:10", "backward");
-  static const support::Shape shape18_1 = {2, 17};
-  static const support::Shape shape18_3 = {1088, 64};
-  static const support::Shape shape18_4 = {64};
-  static const support::Shape shape18_5 = {1};
-  support::reduce(a21.data(), shape18_1, a22.data(), shape18_3, shape18_4, shape18_5,
+  support::reduce(a21.data(), kShape25, a22.data(), kShape26, kShape27, kShape1,
                   support::Reduce::Sum, 0.015625);
 
   // vit.mesh:36:10 sub
   // vit.mesh:36:10 square
   MESHRT_TRACE("loop", "vit.mesh:36:10", "backward");
-  {
-    float *__restrict a23p = a23.data();
-    const float *__restrict a22p = a22.data();
-    const float *__restrict a21p = a21.data();
-    for (int64_t i0 = 0; i0 < 34; ++i0) {
-      for (int64_t i1 = 0; i1 < 64; ++i1) {
-        const float s0 = a22p[i0 * 64 + i1];
-        const float s1 = a21p[i0];
-        const float s2 = (s0 - s1);
-        const float s3 = s2 * s2;
-        a23p[i0 * 64 + i1] = s3;
-      }
-    }
-  }
+  loop18(a23.data(), a22.data(), a21.data());
 
   // vit.mesh:36:10 mean
   MESHRT_TRACE("mean", "vit.mesh:36:10", "backward");
-  static const support::Shape shape20_1 = {2, 17};
-  static const support::Shape shape20_3 = {1088, 64};
-  static const support::Shape shape20_4 = {64};
-  static const support::Shape shape20_5 = {1};
-  support::reduce(a24.data(), shape20_1, a23.data(), shape20_3, shape20_4, shape20_5,
+  support::reduce(a24.data(), kShape25, a23.data(), kShape26, kShape27, kShape1,
                   support::Reduce::Sum, 0.015625);
 
   // vit.mesh:36:10 add
   // vit.mesh:36:10 rsqrt
   MESHRT_TRACE("loop", "vit.mesh:36:10", "backward");
-  {
-    float *__restrict a25p = a25.data();
-    const float *__restrict a24p = a24.data();
-    for (int64_t i0 = 0; i0 < 34; ++i0) {
-      const float s0 = a24p[i0];
-      const float s1 = 1e-06f;
-      const float s2 = (s0 + s1);
-      const float s3 = 1.0f / support::fsqrt(s2);
-      a25p[i0] = s3;
-    }
-  }
+  loop19(a25.data(), a24.data());
 
   // vit.mesh:36:45 mul
   // vit.mesh:36:10 mul
   MESHRT_TRACE("loop", "vit.mesh:36:45", "backward");
-  {
-    float *__restrict a27p = a27.data();
-    float *__restrict a28p = a28.data();
-    const float *__restrict a16p = a16.data();
-    const float *__restrict a26p = a26.data();
-    const float *__restrict a18p = a18.data();
-    for (int64_t i0 = 0; i0 < 34; ++i0) {
-      for (int64_t i1 = 0; i1 < 64; ++i1) {
-        const float s0 = a16p[i0 * 64 + i1];
-        const float s1 = a26p[i1];
-        const float s2 = (s0 * s1);
-        const float s3 = a18p[i0 * 64 + i1];
-        const float s4 = (s2 * s3);
-        a27p[i0 * 64 + i1] = s2;
-        a28p[i0 * 64 + i1] = s4;
-      }
-    }
-  }
+  loop20(a27.data(), a28.data(), a16.data(), a26.data(), a18.data());
 
   // vit.mesh:36:10 mean
   MESHRT_TRACE("mean", "vit.mesh:36:10", "backward");
-  static const support::Shape shape23_1 = {2, 17};
-  static const support::Shape shape23_3 = {1088, 64};
-  static const support::Shape shape23_4 = {64};
-  static const support::Shape shape23_5 = {1};
-  support::reduce(a29.data(), shape23_1, a28.data(), shape23_3, shape23_4, shape23_5,
+  support::reduce(a29.data(), kShape25, a28.data(), kShape26, kShape27, kShape1,
                   support::Reduce::Sum, 0.015625);
 
   // vit.mesh:36:10 mean
   MESHRT_TRACE("mean", "vit.mesh:36:10", "backward");
-  static const support::Shape shape24_1 = {2, 17};
-  static const support::Shape shape24_3 = {1088, 64};
-  static const support::Shape shape24_4 = {64};
-  static const support::Shape shape24_5 = {1};
-  support::reduce(a30.data(), shape24_1, a27.data(), shape24_3, shape24_4, shape24_5,
+  support::reduce(a30.data(), kShape25, a27.data(), kShape26, kShape27, kShape1,
                   support::Reduce::Sum, 0.015625);
 
   // vit.mesh:36:10 mul
@@ -4661,49 +3893,12 @@ void TrainVit::repeated1(
   // vit.mesh:80:55 mul
   // vit.mesh:80:55 mul
   MESHRT_TRACE("loop", "vit.mesh:36:10", "backward");
-  {
-    float *__restrict a34p = a34.data();
-    float *__restrict a35p = a35.data();
-    float *__restrict a36p = a36.data();
-    const float *__restrict a18p = a18.data();
-    const float *__restrict a29p = a29.data();
-    const float *__restrict a27p = a27.data();
-    const float *__restrict a30p = a30.data();
-    const float *__restrict a25p = a25.data();
-    const float *__restrict a31p = a31.data();
-    const float *__restrict a32p = a32.data();
-    const float *__restrict a33p = a33.data();
-    for (int64_t i0 = 0; i0 < 34; ++i0) {
-      for (int64_t i1 = 0; i1 < 64; ++i1) {
-        const float s0 = a18p[i0 * 64 + i1];
-        const float s1 = a29p[i0];
-        const float s2 = (s0 * s1);
-        const float s3 = a27p[i0 * 64 + i1];
-        const float s4 = a30p[i0];
-        const float s5 = (s3 - s4);
-        const float s6 = (s5 - s2);
-        const float s7 = a25p[i0];
-        const float s8 = (s6 * s7);
-        const float s9 = a31p[i0 * 64 + i1];
-        const float s10 = (s9 + s8);
-        const float s11 = a32p[i1];
-        const float s12 = (s10 * s11);
-        const float s13 = a33p[i0 * 64 + i1];
-        const float s14 = (s10 * s13);
-        a34p[i0 * 64 + i1] = s10;
-        a35p[i0 * 64 + i1] = s12;
-        a36p[i0 * 64 + i1] = s14;
-      }
-    }
-  }
+  loop22(a34.data(), a35.data(), a36.data(), a18.data(), a29.data(), a27.data(), a30.data(),
+         a25.data(), a31.data(), a32.data(), a33.data());
 
   // vit.mesh:80:55 sum -> grad/vit/encoder_layer[1]/attention_scale
   MESHRT_TRACE("sum", "vit.mesh:80:55", "backward");
-  static const support::Shape shape26_1 = {64};
-  static const support::Shape shape26_3 = {1};
-  static const support::Shape shape26_4 = {2, 17};
-  static const support::Shape shape26_5 = {1088, 64};
-  support::reduce(a37.data(), shape26_1, a36.data(), shape26_3, shape26_4, shape26_5,
+  support::reduce(a37.data(), kShape27, a36.data(), kShape1, kShape25, kShape26,
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:80:15 dropout
@@ -4732,143 +3927,77 @@ void TrainVit::repeated1(
   // vit.mesh:63:10 einsum
   MESHRT_TRACE("gemm", "vit.mesh:63:10", "backward");
   // dims: batch, tokens, d_model, heads, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan28(
-      {{2, 17, 64, 2, 16}, {{{0, 1, 2}, {}}, {{3, 4, 2}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan28.run(a38.data(), a39.data(), a40.data(), 1.0f, 0.0f);
+  kEinsum9.plan().run(a38.data(), a39.data(), a40.data(), 1.0f, 0.0f);
 
   // vit.mesh:63:10 einsum -> grad/vit/encoder_layer[1]/attention/w_o
   MESHRT_TRACE("gemm", "vit.mesh:63:10", "backward");
   // dims: batch, tokens, d_model, heads, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan29(
-      {{2, 17, 64, 2, 16}, {{{0, 1, 2}, {}}, {{0, 1, 3, 4}, {}}}, {{3, 4, 2}, {}}});
-  einsumPlan29.run(a38.data(), a41.data(), a42.data(), 1.0f, 0.0f);
+  kEinsum10.plan().run(a38.data(), a41.data(), a42.data(), 1.0f, 0.0f);
 
   // vit.mesh:63:17 einsum
   MESHRT_TRACE("gemm", "vit.mesh:63:17", "backward");
   // dims: batch, tokens, heads, d_head, mem
-  static const meshrt::kernels::EinsumPlan einsumPlan30(
-      {{2, 17, 2, 16, 17}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
-  einsumPlan30.run(a40.data(), a43.data(), a44.data(), 1.0f, 0.0f);
+  kEinsum3.plan().run(a40.data(), a43.data(), a44.data(), 1.0f, 0.0f);
 
   // vit.mesh:63:17 einsum
   MESHRT_TRACE("gemm", "vit.mesh:63:17", "backward");
   // dims: batch, tokens, heads, d_head, mem
-  static const meshrt::kernels::EinsumPlan einsumPlan31(
-      {{2, 17, 2, 16, 17}, {{{0, 1, 2, 3}, {}}, {{0, 2, 1, 4}, {}}}, {{0, 4, 2, 3}, {}}});
-  einsumPlan31.run(a40.data(), a45.data(), a46.data(), 1.0f, 0.0f);
+  kEinsum11.plan().run(a40.data(), a45.data(), a46.data(), 1.0f, 0.0f);
 
   // vit.mesh:62:17 mul
   MESHRT_TRACE("loop", "vit.mesh:62:17", "backward");
-  {
-    float *__restrict a47p = a47.data();
-    const float *__restrict a44p = a44.data();
-    const float *__restrict a45p = a45.data();
-    for (int64_t i0 = 0; i0 < 1156; ++i0) {
-      const float s0 = a44p[i0];
-      const float s1 = a45p[i0];
-      const float s2 = (s0 * s1);
-      a47p[i0] = s2;
-    }
-  }
+  loop40(a47.data(), a44.data(), a45.data());
 
   // vit.mesh:62:17 sum
   MESHRT_TRACE("sum", "vit.mesh:62:17", "backward");
-  static const support::Shape shape33_1 = {2, 2, 17};
-  static const support::Shape shape33_3 = {578, 289, 17};
-  static const support::Shape shape33_4 = {17};
-  static const support::Shape shape33_5 = {1};
-  support::reduce(a48.data(), shape33_1, a47.data(), shape33_3, shape33_4, shape33_5,
+  support::reduce(a48.data(), kShape32, a47.data(), kShape33, kShape34, kShape1,
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:62:17 sub
   // vit.mesh:62:17 mul
   // vit.mesh:62:67 mul
   MESHRT_TRACE("loop", "vit.mesh:62:17", "backward");
-  {
-    float *__restrict a49p = a49.data();
-    const float *__restrict a44p = a44.data();
-    const float *__restrict a48p = a48.data();
-    const float *__restrict a45p = a45.data();
-    for (int64_t i0 = 0; i0 < 68; ++i0) {
-      for (int64_t i1 = 0; i1 < 17; ++i1) {
-        const float s0 = a44p[i0 * 17 + i1];
-        const float s1 = a48p[i0];
-        const float s2 = (s0 - s1);
-        const float s3 = a45p[i0 * 17 + i1];
-        const float s4 = (s3 * s2);
-        const float s5 = 0.25f;
-        const float s6 = (s4 * s5);
-        a49p[i0 * 17 + i1] = s6;
-      }
-    }
-  }
+  loop41(a49.data(), a44.data(), a48.data(), a45.data());
 
   // vit.mesh:62:25 einsum
   MESHRT_TRACE("gemm", "vit.mesh:62:25", "backward");
   // dims: batch, heads, tokens, mem, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan35(
-      {{2, 2, 17, 17, 16}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 2, 1, 4}, {}}});
-  einsumPlan35.run(a49.data(), a50.data(), a51.data(), 1.0f, 0.0f);
+  kEinsum4.plan().run(a49.data(), a50.data(), a51.data(), 1.0f, 0.0f);
 
   // vit.mesh:62:25 einsum
   MESHRT_TRACE("gemm", "vit.mesh:62:25", "backward");
   // dims: batch, heads, tokens, mem, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan36(
-      {{2, 2, 17, 17, 16}, {{{0, 1, 2, 3}, {}}, {{0, 2, 1, 4}, {}}}, {{0, 3, 1, 4}, {}}});
-  einsumPlan36.run(a49.data(), a52.data(), a53.data(), 1.0f, 0.0f);
+  kEinsum12.plan().run(a49.data(), a52.data(), a53.data(), 1.0f, 0.0f);
 
   // vit.mesh:61:11 einsum
   MESHRT_TRACE("gemm", "vit.mesh:61:11", "backward");
   // dims: batch, mem, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan37(
-      {{2, 17, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
-  einsumPlan37.run(a46.data(), a54.data(), a55.data(), 1.0f, 0.0f);
+  kEinsum13.plan().run(a46.data(), a54.data(), a55.data(), 1.0f, 0.0f);
 
   // vit.mesh:61:11 einsum -> grad/vit/encoder_layer[1]/attention/w_v
   MESHRT_TRACE("gemm", "vit.mesh:61:11", "backward");
   // dims: batch, mem, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan38(
-      {{2, 17, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
-  einsumPlan38.run(a46.data(), a56.data(), a57.data(), 1.0f, 0.0f);
+  kEinsum14.plan().run(a46.data(), a56.data(), a57.data(), 1.0f, 0.0f);
 
   // vit.mesh:60:11 einsum
   MESHRT_TRACE("gemm", "vit.mesh:60:11", "backward");
   // dims: batch, mem, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan39(
-      {{2, 17, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
-  einsumPlan39.run(a53.data(), a58.data(), a59.data(), 1.0f, 0.0f);
+  kEinsum13.plan().run(a53.data(), a58.data(), a59.data(), 1.0f, 0.0f);
 
   // vit.mesh:60:11 einsum -> grad/vit/encoder_layer[1]/attention/w_k
   MESHRT_TRACE("gemm", "vit.mesh:60:11", "backward");
   // dims: batch, mem, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan40(
-      {{2, 17, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
-  einsumPlan40.run(a53.data(), a60.data(), a61.data(), 1.0f, 0.0f);
+  kEinsum14.plan().run(a53.data(), a60.data(), a61.data(), 1.0f, 0.0f);
 
   // vit.mesh:59:11 einsum
   MESHRT_TRACE("gemm", "vit.mesh:59:11", "backward");
   // dims: batch, tokens, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan41(
-      {{2, 17, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
-  einsumPlan41.run(a51.data(), a62.data(), a63.data(), 1.0f, 0.0f);
+  kEinsum13.plan().run(a51.data(), a62.data(), a63.data(), 1.0f, 0.0f);
 
   // vit.mesh:60:18 add
   // vit.mesh:59:11 add
   MESHRT_TRACE("loop", "vit.mesh:60:18", "backward");
-  {
-    float *__restrict a64p = a64.data();
-    const float *__restrict a55p = a55.data();
-    const float *__restrict a59p = a59.data();
-    const float *__restrict a63p = a63.data();
-    for (int64_t i0 = 0; i0 < 2176; ++i0) {
-      const float s0 = a55p[i0];
-      const float s1 = a59p[i0];
-      const float s2 = (s0 + s1);
-      const float s3 = a63p[i0];
-      const float s4 = (s2 + s3);
-      a64p[i0] = s4;
-    }
-  }
+  loop42(a64.data(), a55.data(), a59.data(), a63.data());
 
   // vit.mesh:36:52 all_reduce_sum (resolve the partial sum of %233 over model for sum at 36:52)
   MESHRT_TRACE_SITE("vit.mesh:36:52");
@@ -4877,134 +4006,58 @@ void TrainVit::repeated1(
   // vit.mesh:59:11 einsum -> grad/vit/encoder_layer[1]/attention/w_q
   MESHRT_TRACE("gemm", "vit.mesh:59:11", "backward");
   // dims: batch, tokens, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan44(
-      {{2, 17, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
-  einsumPlan44.run(a51.data(), a65.data(), a66.data(), 1.0f, 0.0f);
+  kEinsum14.plan().run(a51.data(), a65.data(), a66.data(), 1.0f, 0.0f);
 
   MESHRT_TRACE_SITE("vit.mesh:36:52");
   group_model.wait(request0);
 
   // vit.mesh:36:52 sum -> grad/vit/encoder_layer[1]/norm/bias
   MESHRT_TRACE("sum", "vit.mesh:36:52", "backward");
-  static const support::Shape shape46_1 = {64};
-  static const support::Shape shape46_3 = {1};
-  static const support::Shape shape46_4 = {2, 17};
-  static const support::Shape shape46_5 = {1088, 64};
-  support::reduce(a67.data(), shape46_1, a64.data(), shape46_3, shape46_4, shape46_5,
+  support::reduce(a67.data(), kShape27, a64.data(), kShape1, kShape25, kShape26,
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:36:45 mul
   MESHRT_TRACE("loop", "vit.mesh:36:45", "backward");
-  {
-    float *__restrict a69p = a69.data();
-    const float *__restrict a64p = a64.data();
-    const float *__restrict a68p = a68.data();
-    for (int64_t i0 = 0; i0 < 2176; ++i0) {
-      const float s0 = a64p[i0];
-      const float s1 = a68p[i0];
-      const float s2 = (s0 * s1);
-      a69p[i0] = s2;
-    }
-  }
+  loop17(a69.data(), a64.data(), a68.data());
 
   // vit.mesh:36:45 sum -> grad/vit/encoder_layer[1]/norm/gain
   MESHRT_TRACE("sum", "vit.mesh:36:45", "backward");
-  static const support::Shape shape48_1 = {64};
-  static const support::Shape shape48_3 = {1};
-  static const support::Shape shape48_4 = {2, 17};
-  static const support::Shape shape48_5 = {1088, 64};
-  support::reduce(a70.data(), shape48_1, a69.data(), shape48_3, shape48_4, shape48_5,
+  support::reduce(a70.data(), kShape27, a69.data(), kShape1, kShape25, kShape26,
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:36:10 mean
   MESHRT_TRACE("mean", "vit.mesh:36:10", "backward");
-  static const support::Shape shape49_1 = {2, 17};
-  static const support::Shape shape49_3 = {1088, 64};
-  static const support::Shape shape49_4 = {64};
-  static const support::Shape shape49_5 = {1};
-  support::reduce(a71.data(), shape49_1, a72.data(), shape49_3, shape49_4, shape49_5,
+  support::reduce(a71.data(), kShape25, a72.data(), kShape26, kShape27, kShape1,
                   support::Reduce::Sum, 0.015625);
 
   // vit.mesh:36:10 sub
   // vit.mesh:36:10 square
   MESHRT_TRACE("loop", "vit.mesh:36:10", "backward");
-  {
-    float *__restrict a73p = a73.data();
-    const float *__restrict a72p = a72.data();
-    const float *__restrict a71p = a71.data();
-    for (int64_t i0 = 0; i0 < 34; ++i0) {
-      for (int64_t i1 = 0; i1 < 64; ++i1) {
-        const float s0 = a72p[i0 * 64 + i1];
-        const float s1 = a71p[i0];
-        const float s2 = (s0 - s1);
-        const float s3 = s2 * s2;
-        a73p[i0 * 64 + i1] = s3;
-      }
-    }
-  }
+  loop18(a73.data(), a72.data(), a71.data());
 
   // vit.mesh:36:10 mean
   MESHRT_TRACE("mean", "vit.mesh:36:10", "backward");
-  static const support::Shape shape51_1 = {2, 17};
-  static const support::Shape shape51_3 = {1088, 64};
-  static const support::Shape shape51_4 = {64};
-  static const support::Shape shape51_5 = {1};
-  support::reduce(a74.data(), shape51_1, a73.data(), shape51_3, shape51_4, shape51_5,
+  support::reduce(a74.data(), kShape25, a73.data(), kShape26, kShape27, kShape1,
                   support::Reduce::Sum, 0.015625);
 
   // vit.mesh:36:10 add
   // vit.mesh:36:10 rsqrt
   MESHRT_TRACE("loop", "vit.mesh:36:10", "backward");
-  {
-    float *__restrict a75p = a75.data();
-    const float *__restrict a74p = a74.data();
-    for (int64_t i0 = 0; i0 < 34; ++i0) {
-      const float s0 = a74p[i0];
-      const float s1 = 1e-06f;
-      const float s2 = (s0 + s1);
-      const float s3 = 1.0f / support::fsqrt(s2);
-      a75p[i0] = s3;
-    }
-  }
+  loop19(a75.data(), a74.data());
 
   // vit.mesh:36:45 mul
   // vit.mesh:36:10 mul
   MESHRT_TRACE("loop", "vit.mesh:36:45", "backward");
-  {
-    float *__restrict a77p = a77.data();
-    float *__restrict a78p = a78.data();
-    const float *__restrict a64p = a64.data();
-    const float *__restrict a76p = a76.data();
-    const float *__restrict a68p = a68.data();
-    for (int64_t i0 = 0; i0 < 34; ++i0) {
-      for (int64_t i1 = 0; i1 < 64; ++i1) {
-        const float s0 = a64p[i0 * 64 + i1];
-        const float s1 = a76p[i1];
-        const float s2 = (s0 * s1);
-        const float s3 = a68p[i0 * 64 + i1];
-        const float s4 = (s2 * s3);
-        a77p[i0 * 64 + i1] = s2;
-        a78p[i0 * 64 + i1] = s4;
-      }
-    }
-  }
+  loop20(a77.data(), a78.data(), a64.data(), a76.data(), a68.data());
 
   // vit.mesh:36:10 mean
   MESHRT_TRACE("mean", "vit.mesh:36:10", "backward");
-  static const support::Shape shape54_1 = {2, 17};
-  static const support::Shape shape54_3 = {1088, 64};
-  static const support::Shape shape54_4 = {64};
-  static const support::Shape shape54_5 = {1};
-  support::reduce(a79.data(), shape54_1, a78.data(), shape54_3, shape54_4, shape54_5,
+  support::reduce(a79.data(), kShape25, a78.data(), kShape26, kShape27, kShape1,
                   support::Reduce::Sum, 0.015625);
 
   // vit.mesh:36:10 mean
   MESHRT_TRACE("mean", "vit.mesh:36:10", "backward");
-  static const support::Shape shape55_1 = {2, 17};
-  static const support::Shape shape55_3 = {1088, 64};
-  static const support::Shape shape55_4 = {64};
-  static const support::Shape shape55_5 = {1};
-  support::reduce(a80.data(), shape55_1, a77.data(), shape55_3, shape55_4, shape55_5,
+  support::reduce(a80.data(), kShape25, a77.data(), kShape26, kShape27, kShape1,
                   support::Reduce::Sum, 0.015625);
 }
 
@@ -5026,9 +4079,7 @@ void TrainVit::repeated2(support::ConstView a0, support::ConstView a1, support::
   // vit.mesh:59:11 einsum -> q
   MESHRT_TRACE("gemm", "vit.mesh:59:11", "forward");
   // dims: batch, tokens, d_model, heads, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan0(
-      {{2, 17, 64, 2, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan0.run(a0.data(), a1.data(), a2.data(), 1.0f, 0.0f);
+  kEinsum2.plan().run(a0.data(), a1.data(), a2.data(), 1.0f, 0.0f);
 
   // vit.mesh:60:18 rename
   MESHRT_TRACE("copy", "vit.mesh:60:18", "forward");
@@ -5037,9 +4088,7 @@ void TrainVit::repeated2(support::ConstView a0, support::ConstView a1, support::
   // vit.mesh:60:11 einsum -> k
   MESHRT_TRACE("gemm", "vit.mesh:60:11", "forward");
   // dims: batch, mem, d_model, heads, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan2(
-      {{2, 17, 64, 2, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan2.run(a3.data(), a4.data(), a5.data(), 1.0f, 0.0f);
+  kEinsum2.plan().run(a3.data(), a4.data(), a5.data(), 1.0f, 0.0f);
 
   // vit.mesh:61:18 rename
   MESHRT_TRACE("copy", "vit.mesh:61:18", "forward");
@@ -5048,42 +4097,28 @@ void TrainVit::repeated2(support::ConstView a0, support::ConstView a1, support::
   // vit.mesh:61:11 einsum -> v
   MESHRT_TRACE("gemm", "vit.mesh:61:11", "forward");
   // dims: batch, mem, d_model, heads, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan4(
-      {{2, 17, 64, 2, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan4.run(a6.data(), a7.data(), a8.data(), 1.0f, 0.0f);
+  kEinsum2.plan().run(a6.data(), a7.data(), a8.data(), 1.0f, 0.0f);
 
   // vit.mesh:62:25 einsum
   // vit.mesh:62:67 mul
   MESHRT_TRACE("gemm", "vit.mesh:62:25", "forward");
   // dims: batch, tokens, heads, d_head, mem
-  static const meshrt::kernels::EinsumPlan einsumPlan5(
-      {{2, 17, 2, 16, 17}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
-  einsumPlan5.run(a2.data(), a5.data(), a9.data(), 0.25f, 0.0f);
+  kEinsum3.plan().run(a2.data(), a5.data(), a9.data(), 0.25f, 0.0f);
 
   // vit.mesh:62:17 softmax -> weights
   MESHRT_TRACE("softmax", "vit.mesh:62:17", "forward");
-  static const support::Shape shape6_2 = {2, 2, 17};
-  static const support::Shape shape6_3 = {578, 289, 17};
-  static const support::Shape shape6_4 = {578, 289, 17};
-  static const support::Shape shape6_5 = {17};
-  static const support::Shape shape6_6 = {1};
-  static const support::Shape shape6_7 = {1};
-  support::along(a10.data(), a9.data(), shape6_2, shape6_3, shape6_4, shape6_5, shape6_6, shape6_7,
+  support::along(a10.data(), a9.data(), kShape32, kShape33, kShape33, kShape34, kShape1, kShape1,
                  support::Along::Softmax, 1e-05, 17, nullptr);
 
   // vit.mesh:63:17 einsum
   MESHRT_TRACE("gemm", "vit.mesh:63:17", "forward");
   // dims: batch, heads, tokens, mem, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan7(
-      {{2, 2, 17, 17, 16}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 2, 1, 4}, {}}});
-  einsumPlan7.run(a10.data(), a8.data(), a11.data(), 1.0f, 0.0f);
+  kEinsum4.plan().run(a10.data(), a8.data(), a11.data(), 1.0f, 0.0f);
 
   // vit.mesh:63:10 einsum
   MESHRT_TRACE("gemm", "vit.mesh:63:10", "forward");
   // dims: batch, tokens, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan8(
-      {{2, 17, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 4}, {}}});
-  einsumPlan8.run(a11.data(), a12.data(), a13.data(), 1.0f, 0.0f);
+  kEinsum5.plan().run(a11.data(), a12.data(), a13.data(), 1.0f, 0.0f);
 
   // vit.mesh:80:15 dropout
   MESHRT_TRACE("loop", "vit.mesh:80:15", "forward");
@@ -5115,67 +4150,22 @@ void TrainVit::repeated2(support::ConstView a0, support::ConstView a1, support::
   // vit.mesh:80:55 mul
   // vit.mesh:80:13 add -> h
   MESHRT_TRACE("loop", "vit.mesh:80:55", "forward");
-  {
-    float *__restrict a17p = a17.data();
-    const float *__restrict a14p = a14.data();
-    const float *__restrict a15p = a15.data();
-    const float *__restrict a16p = a16.data();
-    for (int64_t i0 = 0; i0 < 34; ++i0) {
-      for (int64_t i1 = 0; i1 < 64; ++i1) {
-        const float s0 = a14p[i0 * 64 + i1];
-        const float s1 = a15p[i1];
-        const float s2 = (s0 * s1);
-        const float s3 = a16p[i0 * 64 + i1];
-        const float s4 = (s3 + s2);
-        a17p[i0 * 64 + i1] = s4;
-      }
-    }
-  }
+  loop43(a17.data(), a14.data(), a15.data(), a16.data());
 
   // vit.mesh:36:10 layer_norm
   MESHRT_TRACE("layer_norm", "vit.mesh:36:10", "forward");
-  static const support::Shape shape12_2 = {2, 17};
-  static const support::Shape shape12_3 = {1088, 64};
-  static const support::Shape shape12_4 = {1088, 64};
-  static const support::Shape shape12_5 = {64};
-  static const support::Shape shape12_6 = {1};
-  static const support::Shape shape12_7 = {1};
-  support::along(a18.data(), a17.data(), shape12_2, shape12_3, shape12_4, shape12_5, shape12_6,
-                 shape12_7, support::Along::LayerNorm, 1e-06, 64, nullptr);
+  support::along(a18.data(), a17.data(), kShape25, kShape26, kShape26, kShape27, kShape1, kShape1,
+                 support::Along::LayerNorm, 1e-06, 64, nullptr);
 
   // vit.mesh:36:45 mul
   // vit.mesh:36:52 add
   // vit.mesh:71:23 cast
   MESHRT_TRACE("loop", "vit.mesh:36:45", "forward");
-  {
-    float *__restrict a21p = a21.data();
-    const float *__restrict a18p = a18.data();
-    const float *__restrict a19p = a19.data();
-    const float *__restrict a20p = a20.data();
-    for (int64_t i0 = 0; i0 < 34; ++i0) {
-      for (int64_t i1 = 0; i1 < 64; ++i1) {
-        const float s0 = a18p[i0 * 64 + i1];
-        const float s1 = a19p[i1];
-        const float s2 = (s0 * s1);
-        const float s3 = a20p[i1];
-        const float s4 = (s2 + s3);
-        const float s5 = support::roundValue(support::DType::BF16, double(s4));
-        a21p[i0 * 64 + i1] = s5;
-      }
-    }
-  }
+  loop9(a21.data(), a18.data(), a19.data(), a20.data());
 
   // vit.mesh:71:38 cast
   MESHRT_TRACE("loop", "vit.mesh:71:38", "forward");
-  {
-    float *__restrict a23p = a23.data();
-    const float *__restrict a22p = a22.data();
-    for (int64_t i0 = 0; i0 < 4096; ++i0) {
-      const float s0 = a22p[i0];
-      const float s1 = support::roundValue(support::DType::BF16, double(s0));
-      a23p[i0] = s1;
-    }
-  }
+  loop10(a23.data(), a22.data());
 
   // vit.mesh:71:16 einsum
   MESHRT_TRACE("gemm", "vit.mesh:71:16", "forward");
@@ -5200,27 +4190,11 @@ void TrainVit::repeated2(support::ConstView a0, support::ConstView a1, support::
 
   // vit.mesh:71:11 gelu -> h
   MESHRT_TRACE("loop", "vit.mesh:71:11", "forward");
-  {
-    float *__restrict a25p = a25.data();
-    const float *__restrict a24p = a24.data();
-    for (int64_t i0 = 0; i0 < 2176; ++i0) {
-      const float s0 = a24p[i0];
-      const float s1 = support::roundValue(support::DType::BF16, double(support::gelu(s0)));
-      a25p[i0] = s1;
-    }
-  }
+  loop11(a25.data(), a24.data());
 
   // vit.mesh:72:25 cast
   MESHRT_TRACE("loop", "vit.mesh:72:25", "forward");
-  {
-    float *__restrict a27p = a27.data();
-    const float *__restrict a26p = a26.data();
-    for (int64_t i0 = 0; i0 < 4096; ++i0) {
-      const float s0 = a26p[i0];
-      const float s1 = support::roundValue(support::DType::BF16, double(s0));
-      a27p[i0] = s1;
-    }
-  }
+  loop10(a27.data(), a26.data());
 
   // vit.mesh:72:15 einsum
   MESHRT_TRACE("gemm", "vit.mesh:72:15", "forward");
@@ -5275,53 +4249,17 @@ void TrainVit::repeated2(support::ConstView a0, support::ConstView a1, support::
   // vit.mesh:81:48 mul
   // vit.mesh:81:12 add -> x
   MESHRT_TRACE("loop", "vit.mesh:81:48", "forward");
-  {
-    float *__restrict a31p = a31.data();
-    const float *__restrict a29p = a29.data();
-    const float *__restrict a30p = a30.data();
-    const float *__restrict a17p = a17.data();
-    for (int64_t i0 = 0; i0 < 34; ++i0) {
-      for (int64_t i1 = 0; i1 < 64; ++i1) {
-        const float s0 = a29p[i0 * 64 + i1];
-        const float s1 = a30p[i1];
-        const float s2 = (s0 * s1);
-        const float s3 = a17p[i0 * 64 + i1];
-        const float s4 = (s3 + s2);
-        a31p[i0 * 64 + i1] = s4;
-      }
-    }
-  }
+  loop43(a31.data(), a29.data(), a30.data(), a17.data());
 
   // vit.mesh:36:10 layer_norm
   MESHRT_TRACE("layer_norm", "vit.mesh:36:10", "forward");
-  static const support::Shape shape24_2 = {2, 17};
-  static const support::Shape shape24_3 = {1088, 64};
-  static const support::Shape shape24_4 = {1088, 64};
-  static const support::Shape shape24_5 = {64};
-  static const support::Shape shape24_6 = {1};
-  static const support::Shape shape24_7 = {1};
-  support::along(a32.data(), a31.data(), shape24_2, shape24_3, shape24_4, shape24_5, shape24_6,
-                 shape24_7, support::Along::LayerNorm, 1e-06, 64, nullptr);
+  support::along(a32.data(), a31.data(), kShape25, kShape26, kShape26, kShape27, kShape1, kShape1,
+                 support::Along::LayerNorm, 1e-06, 64, nullptr);
 
   // vit.mesh:36:45 mul
   // vit.mesh:36:52 add
   MESHRT_TRACE("loop", "vit.mesh:36:45", "forward");
-  {
-    float *__restrict a35p = a35.data();
-    const float *__restrict a32p = a32.data();
-    const float *__restrict a33p = a33.data();
-    const float *__restrict a34p = a34.data();
-    for (int64_t i0 = 0; i0 < 34; ++i0) {
-      for (int64_t i1 = 0; i1 < 64; ++i1) {
-        const float s0 = a32p[i0 * 64 + i1];
-        const float s1 = a33p[i1];
-        const float s2 = (s0 * s1);
-        const float s3 = a34p[i1];
-        const float s4 = (s2 + s3);
-        a35p[i0 * 64 + i1] = s4;
-      }
-    }
-  }
+  loop5(a35.data(), a32.data(), a33.data(), a34.data());
 }
 
 void TrainVit::repeated3(support::View a0, support::ConstView a1, support::ConstView a2,
@@ -5347,57 +4285,7 @@ void TrainVit::repeated3(support::View a0, support::ConstView a1, support::Const
   // vit.mesh:112:3 mul
   // vit.mesh:112:3 sub -> next/vit/embed_patches/b_patch
   MESHRT_TRACE("loop", "vit.mesh:112:3", "update");
-  {
-    float *__restrict a3p = a3.data();
-    float *__restrict a4p = a4.data();
-    float *__restrict a0p = a0.data();
-    const float *__restrict a1p = a1.data();
-    const float *__restrict a2p = a2.data();
-    const float *__restrict a5p = a5.data();
-    const float *__restrict a6p = a6.data();
-    const float *__restrict a7p = a7.data();
-    const float r2 = a2p[0];
-    const float r5 = a5p[0];
-    const float r6 = a6p[0];
-    const float r7 = a7p[0];
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = a0p[i0];
-      const float s1 = 0.05f;
-      const float s2 = (s0 * s1);
-      const float s3 = a1p[i0];
-      const float s4 = r2;
-      const float s5 = (s3 * s4);
-      const float s6 = 0.100000024f;
-      const float s7 = (s5 * s6);
-      const float s8 = a3p[i0];
-      const float s9 = 0.9f;
-      const float s10 = (s8 * s9);
-      const float s11 = (s10 + s7);
-      const float s12 = s5 * s5;
-      const float s13 = 0.0009999871f;
-      const float s14 = (s12 * s13);
-      const float s15 = a4p[i0];
-      const float s16 = 0.999f;
-      const float s17 = (s15 * s16);
-      const float s18 = (s17 + s14);
-      const float s19 = r5;
-      const float s20 = (s11 / s19);
-      const float s21 = r6;
-      const float s22 = (s18 / s21);
-      const float s23 = support::fsqrt(s22);
-      const float s24 = 1e-08f;
-      const float s25 = (s23 + s24);
-      const float s26 = (s20 / s25);
-      const float s27 = (s26 + s2);
-      const float s28 = r7;
-      const float s29 = (s27 * s28);
-      const float s30 = a0p[i0];
-      const float s31 = (s30 - s29);
-      a3p[i0] = s11;
-      a4p[i0] = s18;
-      a0p[i0] = s31;
-    }
-  }
+  loop30(a3.data(), a4.data(), a0.data(), a1.data(), a2.data(), a5.data(), a6.data(), a7.data());
 }
 
 void TrainVit::repeated4(support::ConstView a0, support::View a1, support::View a2,
@@ -5407,66 +4295,30 @@ void TrainVit::repeated4(support::ConstView a0, support::View a1, support::View 
 
   // vit.mesh:112:3 square
   MESHRT_TRACE("loop", "vit.mesh:112:3", "backward");
-  {
-    float *__restrict a1p = a1.data();
-    const float *__restrict a0p = a0.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = a0p[i0];
-      const float s1 = s0 * s0;
-      a1p[i0] = s1;
-    }
-  }
+  loop25(a1.data(), a0.data());
 
   // vit.mesh:112:3 sum
   MESHRT_TRACE("sum", "vit.mesh:112:3", "backward");
-  static const support::Shape shape1_1 = {};
-  static const support::Shape shape1_3 = {};
-  static const support::Shape shape1_4 = {64};
-  static const support::Shape shape1_5 = {1};
-  support::reduce(a2.data(), shape1_1, a1.data(), shape1_3, shape1_4, shape1_5,
-                  support::Reduce::Sum, 1.0);
+  support::reduce(a2.data(), kShape38, a1.data(), kShape38, kShape27, kShape1, support::Reduce::Sum,
+                  1.0);
 
   // vit.mesh:112:3 square
   MESHRT_TRACE("loop", "vit.mesh:112:3", "backward");
-  {
-    float *__restrict a4p = a4.data();
-    const float *__restrict a3p = a3.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = a3p[i0];
-      const float s1 = s0 * s0;
-      a4p[i0] = s1;
-    }
-  }
+  loop25(a4.data(), a3.data());
 
   // vit.mesh:112:3 sum
   MESHRT_TRACE("sum", "vit.mesh:112:3", "backward");
-  static const support::Shape shape3_1 = {};
-  static const support::Shape shape3_3 = {};
-  static const support::Shape shape3_4 = {64};
-  static const support::Shape shape3_5 = {1};
-  support::reduce(a5.data(), shape3_1, a4.data(), shape3_3, shape3_4, shape3_5,
-                  support::Reduce::Sum, 1.0);
+  support::reduce(a5.data(), kShape38, a4.data(), kShape38, kShape27, kShape1, support::Reduce::Sum,
+                  1.0);
 
   // vit.mesh:112:3 square
   MESHRT_TRACE("loop", "vit.mesh:112:3", "backward");
-  {
-    float *__restrict a7p = a7.data();
-    const float *__restrict a6p = a6.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = a6p[i0];
-      const float s1 = s0 * s0;
-      a7p[i0] = s1;
-    }
-  }
+  loop25(a7.data(), a6.data());
 
   // vit.mesh:112:3 sum
   MESHRT_TRACE("sum", "vit.mesh:112:3", "backward");
-  static const support::Shape shape5_1 = {};
-  static const support::Shape shape5_3 = {};
-  static const support::Shape shape5_4 = {64};
-  static const support::Shape shape5_5 = {1};
-  support::reduce(a8.data(), shape5_1, a7.data(), shape5_3, shape5_4, shape5_5,
-                  support::Reduce::Sum, 1.0);
+  support::reduce(a8.data(), kShape38, a7.data(), kShape38, kShape27, kShape1, support::Reduce::Sum,
+                  1.0);
 }
 
 void TrainVit::repeated5(support::ConstView a0, support::View a1, support::View a2,
@@ -5479,128 +4331,56 @@ void TrainVit::repeated5(support::ConstView a0, support::View a1, support::View 
 
   // vit.mesh:112:3 square
   MESHRT_TRACE("loop", "vit.mesh:112:3", "backward");
-  {
-    float *__restrict a1p = a1.data();
-    const float *__restrict a0p = a0.data();
-    for (int64_t i0 = 0; i0 < 2048; ++i0) {
-      const float s0 = a0p[i0];
-      const float s1 = s0 * s0;
-      a1p[i0] = s1;
-    }
-  }
+  loop44(a1.data(), a0.data());
 
   // vit.mesh:112:3 sum
   MESHRT_TRACE("sum", "vit.mesh:112:3", "backward");
-  static const support::Shape shape1_1 = {};
-  static const support::Shape shape1_3 = {};
-  static const support::Shape shape1_4 = {64, 2, 16};
-  static const support::Shape shape1_5 = {32, 16, 1};
-  support::reduce(a2.data(), shape1_1, a1.data(), shape1_3, shape1_4, shape1_5,
+  support::reduce(a2.data(), kShape38, a1.data(), kShape38, kShape50, kShape51,
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:112:3 square
   MESHRT_TRACE("loop", "vit.mesh:112:3", "backward");
-  {
-    float *__restrict a4p = a4.data();
-    const float *__restrict a3p = a3.data();
-    for (int64_t i0 = 0; i0 < 2048; ++i0) {
-      const float s0 = a3p[i0];
-      const float s1 = s0 * s0;
-      a4p[i0] = s1;
-    }
-  }
+  loop44(a4.data(), a3.data());
 
   // vit.mesh:112:3 sum
   MESHRT_TRACE("sum", "vit.mesh:112:3", "backward");
-  static const support::Shape shape3_1 = {};
-  static const support::Shape shape3_3 = {};
-  static const support::Shape shape3_4 = {64, 2, 16};
-  static const support::Shape shape3_5 = {32, 16, 1};
-  support::reduce(a5.data(), shape3_1, a4.data(), shape3_3, shape3_4, shape3_5,
+  support::reduce(a5.data(), kShape38, a4.data(), kShape38, kShape50, kShape51,
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:112:3 square
   MESHRT_TRACE("loop", "vit.mesh:112:3", "backward");
-  {
-    float *__restrict a7p = a7.data();
-    const float *__restrict a6p = a6.data();
-    for (int64_t i0 = 0; i0 < 2048; ++i0) {
-      const float s0 = a6p[i0];
-      const float s1 = s0 * s0;
-      a7p[i0] = s1;
-    }
-  }
+  loop44(a7.data(), a6.data());
 
   // vit.mesh:112:3 sum
   MESHRT_TRACE("sum", "vit.mesh:112:3", "backward");
-  static const support::Shape shape5_1 = {};
-  static const support::Shape shape5_3 = {};
-  static const support::Shape shape5_4 = {64, 2, 16};
-  static const support::Shape shape5_5 = {32, 16, 1};
-  support::reduce(a8.data(), shape5_1, a7.data(), shape5_3, shape5_4, shape5_5,
+  support::reduce(a8.data(), kShape38, a7.data(), kShape38, kShape50, kShape51,
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:112:3 square
   MESHRT_TRACE("loop", "vit.mesh:112:3", "backward");
-  {
-    float *__restrict a10p = a10.data();
-    const float *__restrict a9p = a9.data();
-    for (int64_t i0 = 0; i0 < 2048; ++i0) {
-      const float s0 = a9p[i0];
-      const float s1 = s0 * s0;
-      a10p[i0] = s1;
-    }
-  }
+  loop44(a10.data(), a9.data());
 
   // vit.mesh:112:3 sum
   MESHRT_TRACE("sum", "vit.mesh:112:3", "backward");
-  static const support::Shape shape7_1 = {};
-  static const support::Shape shape7_3 = {};
-  static const support::Shape shape7_4 = {2, 16, 64};
-  static const support::Shape shape7_5 = {1024, 64, 1};
-  support::reduce(a11.data(), shape7_1, a10.data(), shape7_3, shape7_4, shape7_5,
+  support::reduce(a11.data(), kShape38, a10.data(), kShape38, kShape52, kShape53,
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:112:3 square
   MESHRT_TRACE("loop", "vit.mesh:112:3", "backward");
-  {
-    float *__restrict a13p = a13.data();
-    const float *__restrict a12p = a12.data();
-    for (int64_t i0 = 0; i0 < 4096; ++i0) {
-      const float s0 = a12p[i0];
-      const float s1 = s0 * s0;
-      a13p[i0] = s1;
-    }
-  }
+  loop45(a13.data(), a12.data());
 
   // vit.mesh:112:3 sum
   MESHRT_TRACE("sum", "vit.mesh:112:3", "backward");
-  static const support::Shape shape9_1 = {};
-  static const support::Shape shape9_3 = {};
-  static const support::Shape shape9_4 = {64, 64};
-  static const support::Shape shape9_5 = {64, 1};
-  support::reduce(a14.data(), shape9_1, a13.data(), shape9_3, shape9_4, shape9_5,
+  support::reduce(a14.data(), kShape38, a13.data(), kShape38, kShape54, kShape29,
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:112:3 square
   MESHRT_TRACE("loop", "vit.mesh:112:3", "backward");
-  {
-    float *__restrict a16p = a16.data();
-    const float *__restrict a15p = a15.data();
-    for (int64_t i0 = 0; i0 < 4096; ++i0) {
-      const float s0 = a15p[i0];
-      const float s1 = s0 * s0;
-      a16p[i0] = s1;
-    }
-  }
+  loop45(a16.data(), a15.data());
 
   // vit.mesh:112:3 sum
   MESHRT_TRACE("sum", "vit.mesh:112:3", "backward");
-  static const support::Shape shape11_1 = {};
-  static const support::Shape shape11_3 = {};
-  static const support::Shape shape11_4 = {64, 64};
-  static const support::Shape shape11_5 = {64, 1};
-  support::reduce(a17.data(), shape11_1, a16.data(), shape11_3, shape11_4, shape11_5,
+  support::reduce(a17.data(), kShape38, a16.data(), kShape38, kShape54, kShape29,
                   support::Reduce::Sum, 1.0);
 }
 
@@ -5660,297 +4440,175 @@ support::Tensor TrainVit::gatherOutput(meshrt::Communicator &world, const std::s
 float TrainVit::step(const Inputs &inputs) { return run(inputs).loss.data.at(0); }
 
 std::vector<std::string> TrainVit::paramNames() {
-  return {"vit/class_token",
-          "vit/position_embedding",
-          "vit/w_head",
-          "vit/b_head",
-          "vit/embed_patches/w_patch",
-          "vit/embed_patches/b_patch",
-          "vit/encoder_layer[0]/attention_scale",
-          "vit/encoder_layer[0]/ffn_scale",
-          "vit/encoder_layer[0]/norm/gain",
-          "vit/encoder_layer[0]/norm/bias",
-          "vit/encoder_layer[0]/attention/w_q",
-          "vit/encoder_layer[0]/attention/w_k",
-          "vit/encoder_layer[0]/attention/w_v",
-          "vit/encoder_layer[0]/attention/w_o",
-          "vit/encoder_layer[0]/norm#1/gain",
-          "vit/encoder_layer[0]/norm#1/bias",
-          "vit/encoder_layer[0]/ffn/w_in",
-          "vit/encoder_layer[0]/ffn/w_out",
-          "vit/encoder_layer[1]/attention_scale",
-          "vit/encoder_layer[1]/ffn_scale",
-          "vit/encoder_layer[1]/norm/gain",
-          "vit/encoder_layer[1]/norm/bias",
-          "vit/encoder_layer[1]/attention/w_q",
-          "vit/encoder_layer[1]/attention/w_k",
-          "vit/encoder_layer[1]/attention/w_v",
-          "vit/encoder_layer[1]/attention/w_o",
-          "vit/encoder_layer[1]/norm#1/gain",
-          "vit/encoder_layer[1]/norm#1/bias",
-          "vit/encoder_layer[1]/ffn/w_in",
-          "vit/encoder_layer[1]/ffn/w_out",
-          "vit/norm/gain",
-          "vit/norm/bias",
-          "vit/class_token@m",
-          "vit/class_token@v",
-          "vit/position_embedding@m",
-          "vit/position_embedding@v",
-          "vit/w_head@m",
-          "vit/w_head@v",
-          "vit/b_head@m",
-          "vit/b_head@v",
-          "vit/embed_patches/w_patch@m",
-          "vit/embed_patches/w_patch@v",
-          "vit/embed_patches/b_patch@m",
-          "vit/embed_patches/b_patch@v",
-          "vit/encoder_layer[0]/attention_scale@m",
-          "vit/encoder_layer[0]/attention_scale@v",
-          "vit/encoder_layer[0]/ffn_scale@m",
-          "vit/encoder_layer[0]/ffn_scale@v",
-          "vit/encoder_layer[0]/norm/gain@m",
-          "vit/encoder_layer[0]/norm/gain@v",
-          "vit/encoder_layer[0]/norm/bias@m",
-          "vit/encoder_layer[0]/norm/bias@v",
-          "vit/encoder_layer[0]/attention/w_q@m",
-          "vit/encoder_layer[0]/attention/w_q@v",
-          "vit/encoder_layer[0]/attention/w_k@m",
-          "vit/encoder_layer[0]/attention/w_k@v",
-          "vit/encoder_layer[0]/attention/w_v@m",
-          "vit/encoder_layer[0]/attention/w_v@v",
-          "vit/encoder_layer[0]/attention/w_o@m",
-          "vit/encoder_layer[0]/attention/w_o@v",
-          "vit/encoder_layer[0]/norm#1/gain@m",
-          "vit/encoder_layer[0]/norm#1/gain@v",
-          "vit/encoder_layer[0]/norm#1/bias@m",
-          "vit/encoder_layer[0]/norm#1/bias@v",
-          "vit/encoder_layer[0]/ffn/w_in@m",
-          "vit/encoder_layer[0]/ffn/w_in@v",
-          "vit/encoder_layer[0]/ffn/w_out@m",
-          "vit/encoder_layer[0]/ffn/w_out@v",
-          "vit/encoder_layer[1]/attention_scale@m",
-          "vit/encoder_layer[1]/attention_scale@v",
-          "vit/encoder_layer[1]/ffn_scale@m",
-          "vit/encoder_layer[1]/ffn_scale@v",
-          "vit/encoder_layer[1]/norm/gain@m",
-          "vit/encoder_layer[1]/norm/gain@v",
-          "vit/encoder_layer[1]/norm/bias@m",
-          "vit/encoder_layer[1]/norm/bias@v",
-          "vit/encoder_layer[1]/attention/w_q@m",
-          "vit/encoder_layer[1]/attention/w_q@v",
-          "vit/encoder_layer[1]/attention/w_k@m",
-          "vit/encoder_layer[1]/attention/w_k@v",
-          "vit/encoder_layer[1]/attention/w_v@m",
-          "vit/encoder_layer[1]/attention/w_v@v",
-          "vit/encoder_layer[1]/attention/w_o@m",
-          "vit/encoder_layer[1]/attention/w_o@v",
-          "vit/encoder_layer[1]/norm#1/gain@m",
-          "vit/encoder_layer[1]/norm#1/gain@v",
-          "vit/encoder_layer[1]/norm#1/bias@m",
-          "vit/encoder_layer[1]/norm#1/bias@v",
-          "vit/encoder_layer[1]/ffn/w_in@m",
-          "vit/encoder_layer[1]/ffn/w_in@v",
-          "vit/encoder_layer[1]/ffn/w_out@m",
-          "vit/encoder_layer[1]/ffn/w_out@v",
-          "vit/norm/gain@m",
-          "vit/norm/gain@v",
-          "vit/norm/bias@m",
-          "vit/norm/bias@v"};
+  static constexpr const char *names[] = {"vit/class_token",
+                                          "vit/position_embedding",
+                                          "vit/w_head",
+                                          "vit/b_head",
+                                          "vit/embed_patches/w_patch",
+                                          "vit/embed_patches/b_patch",
+                                          "vit/encoder_layer[0]/attention_scale",
+                                          "vit/encoder_layer[0]/ffn_scale",
+                                          "vit/encoder_layer[0]/norm/gain",
+                                          "vit/encoder_layer[0]/norm/bias",
+                                          "vit/encoder_layer[0]/attention/w_q",
+                                          "vit/encoder_layer[0]/attention/w_k",
+                                          "vit/encoder_layer[0]/attention/w_v",
+                                          "vit/encoder_layer[0]/attention/w_o",
+                                          "vit/encoder_layer[0]/norm#1/gain",
+                                          "vit/encoder_layer[0]/norm#1/bias",
+                                          "vit/encoder_layer[0]/ffn/w_in",
+                                          "vit/encoder_layer[0]/ffn/w_out",
+                                          "vit/encoder_layer[1]/attention_scale",
+                                          "vit/encoder_layer[1]/ffn_scale",
+                                          "vit/encoder_layer[1]/norm/gain",
+                                          "vit/encoder_layer[1]/norm/bias",
+                                          "vit/encoder_layer[1]/attention/w_q",
+                                          "vit/encoder_layer[1]/attention/w_k",
+                                          "vit/encoder_layer[1]/attention/w_v",
+                                          "vit/encoder_layer[1]/attention/w_o",
+                                          "vit/encoder_layer[1]/norm#1/gain",
+                                          "vit/encoder_layer[1]/norm#1/bias",
+                                          "vit/encoder_layer[1]/ffn/w_in",
+                                          "vit/encoder_layer[1]/ffn/w_out",
+                                          "vit/norm/gain",
+                                          "vit/norm/bias",
+                                          "vit/class_token@m",
+                                          "vit/class_token@v",
+                                          "vit/position_embedding@m",
+                                          "vit/position_embedding@v",
+                                          "vit/w_head@m",
+                                          "vit/w_head@v",
+                                          "vit/b_head@m",
+                                          "vit/b_head@v",
+                                          "vit/embed_patches/w_patch@m",
+                                          "vit/embed_patches/w_patch@v",
+                                          "vit/embed_patches/b_patch@m",
+                                          "vit/embed_patches/b_patch@v",
+                                          "vit/encoder_layer[0]/attention_scale@m",
+                                          "vit/encoder_layer[0]/attention_scale@v",
+                                          "vit/encoder_layer[0]/ffn_scale@m",
+                                          "vit/encoder_layer[0]/ffn_scale@v",
+                                          "vit/encoder_layer[0]/norm/gain@m",
+                                          "vit/encoder_layer[0]/norm/gain@v",
+                                          "vit/encoder_layer[0]/norm/bias@m",
+                                          "vit/encoder_layer[0]/norm/bias@v",
+                                          "vit/encoder_layer[0]/attention/w_q@m",
+                                          "vit/encoder_layer[0]/attention/w_q@v",
+                                          "vit/encoder_layer[0]/attention/w_k@m",
+                                          "vit/encoder_layer[0]/attention/w_k@v",
+                                          "vit/encoder_layer[0]/attention/w_v@m",
+                                          "vit/encoder_layer[0]/attention/w_v@v",
+                                          "vit/encoder_layer[0]/attention/w_o@m",
+                                          "vit/encoder_layer[0]/attention/w_o@v",
+                                          "vit/encoder_layer[0]/norm#1/gain@m",
+                                          "vit/encoder_layer[0]/norm#1/gain@v",
+                                          "vit/encoder_layer[0]/norm#1/bias@m",
+                                          "vit/encoder_layer[0]/norm#1/bias@v",
+                                          "vit/encoder_layer[0]/ffn/w_in@m",
+                                          "vit/encoder_layer[0]/ffn/w_in@v",
+                                          "vit/encoder_layer[0]/ffn/w_out@m",
+                                          "vit/encoder_layer[0]/ffn/w_out@v",
+                                          "vit/encoder_layer[1]/attention_scale@m",
+                                          "vit/encoder_layer[1]/attention_scale@v",
+                                          "vit/encoder_layer[1]/ffn_scale@m",
+                                          "vit/encoder_layer[1]/ffn_scale@v",
+                                          "vit/encoder_layer[1]/norm/gain@m",
+                                          "vit/encoder_layer[1]/norm/gain@v",
+                                          "vit/encoder_layer[1]/norm/bias@m",
+                                          "vit/encoder_layer[1]/norm/bias@v",
+                                          "vit/encoder_layer[1]/attention/w_q@m",
+                                          "vit/encoder_layer[1]/attention/w_q@v",
+                                          "vit/encoder_layer[1]/attention/w_k@m",
+                                          "vit/encoder_layer[1]/attention/w_k@v",
+                                          "vit/encoder_layer[1]/attention/w_v@m",
+                                          "vit/encoder_layer[1]/attention/w_v@v",
+                                          "vit/encoder_layer[1]/attention/w_o@m",
+                                          "vit/encoder_layer[1]/attention/w_o@v",
+                                          "vit/encoder_layer[1]/norm#1/gain@m",
+                                          "vit/encoder_layer[1]/norm#1/gain@v",
+                                          "vit/encoder_layer[1]/norm#1/bias@m",
+                                          "vit/encoder_layer[1]/norm#1/bias@v",
+                                          "vit/encoder_layer[1]/ffn/w_in@m",
+                                          "vit/encoder_layer[1]/ffn/w_in@v",
+                                          "vit/encoder_layer[1]/ffn/w_out@m",
+                                          "vit/encoder_layer[1]/ffn/w_out@v",
+                                          "vit/norm/gain@m",
+                                          "vit/norm/gain@v",
+                                          "vit/norm/bias@m",
+                                          "vit/norm/bias@v"};
+  return {std::begin(names), std::end(names)};
 }
 
 bool TrainVit::isOptimizerState(const std::string &path) {
-  static const std::vector<std::string> states = {"vit/class_token@m",
-                                                  "vit/class_token@v",
-                                                  "vit/position_embedding@m",
-                                                  "vit/position_embedding@v",
-                                                  "vit/w_head@m",
-                                                  "vit/w_head@v",
-                                                  "vit/b_head@m",
-                                                  "vit/b_head@v",
-                                                  "vit/embed_patches/w_patch@m",
-                                                  "vit/embed_patches/w_patch@v",
-                                                  "vit/embed_patches/b_patch@m",
-                                                  "vit/embed_patches/b_patch@v",
-                                                  "vit/encoder_layer[0]/attention_scale@m",
-                                                  "vit/encoder_layer[0]/attention_scale@v",
-                                                  "vit/encoder_layer[0]/ffn_scale@m",
-                                                  "vit/encoder_layer[0]/ffn_scale@v",
-                                                  "vit/encoder_layer[0]/norm/gain@m",
-                                                  "vit/encoder_layer[0]/norm/gain@v",
-                                                  "vit/encoder_layer[0]/norm/bias@m",
-                                                  "vit/encoder_layer[0]/norm/bias@v",
-                                                  "vit/encoder_layer[0]/attention/w_q@m",
-                                                  "vit/encoder_layer[0]/attention/w_q@v",
-                                                  "vit/encoder_layer[0]/attention/w_k@m",
-                                                  "vit/encoder_layer[0]/attention/w_k@v",
-                                                  "vit/encoder_layer[0]/attention/w_v@m",
-                                                  "vit/encoder_layer[0]/attention/w_v@v",
-                                                  "vit/encoder_layer[0]/attention/w_o@m",
-                                                  "vit/encoder_layer[0]/attention/w_o@v",
-                                                  "vit/encoder_layer[0]/norm#1/gain@m",
-                                                  "vit/encoder_layer[0]/norm#1/gain@v",
-                                                  "vit/encoder_layer[0]/norm#1/bias@m",
-                                                  "vit/encoder_layer[0]/norm#1/bias@v",
-                                                  "vit/encoder_layer[0]/ffn/w_in@m",
-                                                  "vit/encoder_layer[0]/ffn/w_in@v",
-                                                  "vit/encoder_layer[0]/ffn/w_out@m",
-                                                  "vit/encoder_layer[0]/ffn/w_out@v",
-                                                  "vit/encoder_layer[1]/attention_scale@m",
-                                                  "vit/encoder_layer[1]/attention_scale@v",
-                                                  "vit/encoder_layer[1]/ffn_scale@m",
-                                                  "vit/encoder_layer[1]/ffn_scale@v",
-                                                  "vit/encoder_layer[1]/norm/gain@m",
-                                                  "vit/encoder_layer[1]/norm/gain@v",
-                                                  "vit/encoder_layer[1]/norm/bias@m",
-                                                  "vit/encoder_layer[1]/norm/bias@v",
-                                                  "vit/encoder_layer[1]/attention/w_q@m",
-                                                  "vit/encoder_layer[1]/attention/w_q@v",
-                                                  "vit/encoder_layer[1]/attention/w_k@m",
-                                                  "vit/encoder_layer[1]/attention/w_k@v",
-                                                  "vit/encoder_layer[1]/attention/w_v@m",
-                                                  "vit/encoder_layer[1]/attention/w_v@v",
-                                                  "vit/encoder_layer[1]/attention/w_o@m",
-                                                  "vit/encoder_layer[1]/attention/w_o@v",
-                                                  "vit/encoder_layer[1]/norm#1/gain@m",
-                                                  "vit/encoder_layer[1]/norm#1/gain@v",
-                                                  "vit/encoder_layer[1]/norm#1/bias@m",
-                                                  "vit/encoder_layer[1]/norm#1/bias@v",
-                                                  "vit/encoder_layer[1]/ffn/w_in@m",
-                                                  "vit/encoder_layer[1]/ffn/w_in@v",
-                                                  "vit/encoder_layer[1]/ffn/w_out@m",
-                                                  "vit/encoder_layer[1]/ffn/w_out@v",
-                                                  "vit/norm/gain@m",
-                                                  "vit/norm/gain@v",
-                                                  "vit/norm/bias@m",
-                                                  "vit/norm/bias@v"};
-  return std::find(states.begin(), states.end(), path) != states.end();
+  static constexpr std::string_view states[] = {"vit/class_token@m",
+                                                "vit/class_token@v",
+                                                "vit/position_embedding@m",
+                                                "vit/position_embedding@v",
+                                                "vit/w_head@m",
+                                                "vit/w_head@v",
+                                                "vit/b_head@m",
+                                                "vit/b_head@v",
+                                                "vit/embed_patches/w_patch@m",
+                                                "vit/embed_patches/w_patch@v",
+                                                "vit/embed_patches/b_patch@m",
+                                                "vit/embed_patches/b_patch@v",
+                                                "vit/encoder_layer[0]/attention_scale@m",
+                                                "vit/encoder_layer[0]/attention_scale@v",
+                                                "vit/encoder_layer[0]/ffn_scale@m",
+                                                "vit/encoder_layer[0]/ffn_scale@v",
+                                                "vit/encoder_layer[0]/norm/gain@m",
+                                                "vit/encoder_layer[0]/norm/gain@v",
+                                                "vit/encoder_layer[0]/norm/bias@m",
+                                                "vit/encoder_layer[0]/norm/bias@v",
+                                                "vit/encoder_layer[0]/attention/w_q@m",
+                                                "vit/encoder_layer[0]/attention/w_q@v",
+                                                "vit/encoder_layer[0]/attention/w_k@m",
+                                                "vit/encoder_layer[0]/attention/w_k@v",
+                                                "vit/encoder_layer[0]/attention/w_v@m",
+                                                "vit/encoder_layer[0]/attention/w_v@v",
+                                                "vit/encoder_layer[0]/attention/w_o@m",
+                                                "vit/encoder_layer[0]/attention/w_o@v",
+                                                "vit/encoder_layer[0]/norm#1/gain@m",
+                                                "vit/encoder_layer[0]/norm#1/gain@v",
+                                                "vit/encoder_layer[0]/norm#1/bias@m",
+                                                "vit/encoder_layer[0]/norm#1/bias@v",
+                                                "vit/encoder_layer[0]/ffn/w_in@m",
+                                                "vit/encoder_layer[0]/ffn/w_in@v",
+                                                "vit/encoder_layer[0]/ffn/w_out@m",
+                                                "vit/encoder_layer[0]/ffn/w_out@v",
+                                                "vit/encoder_layer[1]/attention_scale@m",
+                                                "vit/encoder_layer[1]/attention_scale@v",
+                                                "vit/encoder_layer[1]/ffn_scale@m",
+                                                "vit/encoder_layer[1]/ffn_scale@v",
+                                                "vit/encoder_layer[1]/norm/gain@m",
+                                                "vit/encoder_layer[1]/norm/gain@v",
+                                                "vit/encoder_layer[1]/norm/bias@m",
+                                                "vit/encoder_layer[1]/norm/bias@v",
+                                                "vit/encoder_layer[1]/attention/w_q@m",
+                                                "vit/encoder_layer[1]/attention/w_q@v",
+                                                "vit/encoder_layer[1]/attention/w_k@m",
+                                                "vit/encoder_layer[1]/attention/w_k@v",
+                                                "vit/encoder_layer[1]/attention/w_v@m",
+                                                "vit/encoder_layer[1]/attention/w_v@v",
+                                                "vit/encoder_layer[1]/attention/w_o@m",
+                                                "vit/encoder_layer[1]/attention/w_o@v",
+                                                "vit/encoder_layer[1]/norm#1/gain@m",
+                                                "vit/encoder_layer[1]/norm#1/gain@v",
+                                                "vit/encoder_layer[1]/norm#1/bias@m",
+                                                "vit/encoder_layer[1]/norm#1/bias@v",
+                                                "vit/encoder_layer[1]/ffn/w_in@m",
+                                                "vit/encoder_layer[1]/ffn/w_in@v",
+                                                "vit/encoder_layer[1]/ffn/w_out@m",
+                                                "vit/encoder_layer[1]/ffn/w_out@v",
+                                                "vit/norm/gain@m",
+                                                "vit/norm/gain@v",
+                                                "vit/norm/bias@m",
+                                                "vit/norm/bias@v"};
+  return std::find(std::begin(states), std::end(states), std::string_view(path)) !=
+         std::end(states);
 }
 
 std::vector<support::ParamShard> TrainVit::paramShards() {
-  static constexpr support::ParamSpec specs[] = {
-      {"vit/class_token", false, "f32", "one:1:1: d_model:64:64:"},
-      {"vit/position_embedding", false, "f32", "tokens:17:17: d_model:64:64:"},
-      {"vit/w_head", false, "f32", "d_model:64:64: classes:10:10:"},
-      {"vit/b_head", false, "f32", "classes:10:10:"},
-      {"vit/embed_patches/w_patch", false, "f32",
-       "pixel_row:4:4: pixel_col:4:4: channels:3:3: d_model:64:64:"},
-      {"vit/embed_patches/b_patch", false, "f32", "d_model:64:64:"},
-      {"vit/encoder_layer[0]/attention_scale", false, "f32", "d_model:64:64:"},
-      {"vit/encoder_layer[0]/ffn_scale", false, "f32", "d_model:64:64:"},
-      {"vit/encoder_layer[0]/norm/gain", false, "f32", "d_model:64:64:"},
-      {"vit/encoder_layer[0]/norm/bias", false, "f32", "d_model:64:64:"},
-      {"vit/encoder_layer[0]/attention/w_q", false, "f32",
-       "d_model:64:64: heads:4:2:model d_head:16:16:"},
-      {"vit/encoder_layer[0]/attention/w_k", false, "f32",
-       "d_model:64:64: heads:4:2:model d_head:16:16:"},
-      {"vit/encoder_layer[0]/attention/w_v", false, "f32",
-       "d_model:64:64: heads:4:2:model d_head:16:16:"},
-      {"vit/encoder_layer[0]/attention/w_o", false, "f32",
-       "heads:4:2:model d_head:16:16: d_model:64:64:"},
-      {"vit/encoder_layer[0]/norm#1/gain", false, "f32", "d_model:64:64:"},
-      {"vit/encoder_layer[0]/norm#1/bias", false, "f32", "d_model:64:64:"},
-      {"vit/encoder_layer[0]/ffn/w_in", false, "f32", "d_model:64:64: d_ff:128:64:model"},
-      {"vit/encoder_layer[0]/ffn/w_out", false, "f32", "d_ff:128:64:model d_model:64:64:"},
-      {"vit/encoder_layer[1]/attention_scale", false, "f32", "d_model:64:64:"},
-      {"vit/encoder_layer[1]/ffn_scale", false, "f32", "d_model:64:64:"},
-      {"vit/encoder_layer[1]/norm/gain", false, "f32", "d_model:64:64:"},
-      {"vit/encoder_layer[1]/norm/bias", false, "f32", "d_model:64:64:"},
-      {"vit/encoder_layer[1]/attention/w_q", false, "f32",
-       "d_model:64:64: heads:4:2:model d_head:16:16:"},
-      {"vit/encoder_layer[1]/attention/w_k", false, "f32",
-       "d_model:64:64: heads:4:2:model d_head:16:16:"},
-      {"vit/encoder_layer[1]/attention/w_v", false, "f32",
-       "d_model:64:64: heads:4:2:model d_head:16:16:"},
-      {"vit/encoder_layer[1]/attention/w_o", false, "f32",
-       "heads:4:2:model d_head:16:16: d_model:64:64:"},
-      {"vit/encoder_layer[1]/norm#1/gain", false, "f32", "d_model:64:64:"},
-      {"vit/encoder_layer[1]/norm#1/bias", false, "f32", "d_model:64:64:"},
-      {"vit/encoder_layer[1]/ffn/w_in", false, "f32", "d_model:64:64: d_ff:128:64:model"},
-      {"vit/encoder_layer[1]/ffn/w_out", false, "f32", "d_ff:128:64:model d_model:64:64:"},
-      {"vit/norm/gain", false, "f32", "d_model:64:64:"},
-      {"vit/norm/bias", false, "f32", "d_model:64:64:"},
-      {"vit/class_token@m", true, "f32", "one:1:1: d_model:64:64:"},
-      {"vit/class_token@v", true, "f32", "one:1:1: d_model:64:64:"},
-      {"vit/position_embedding@m", true, "f32", "tokens:17:17: d_model:64:64:"},
-      {"vit/position_embedding@v", true, "f32", "tokens:17:17: d_model:64:64:"},
-      {"vit/w_head@m", true, "f32", "d_model:64:64: classes:10:10:"},
-      {"vit/w_head@v", true, "f32", "d_model:64:64: classes:10:10:"},
-      {"vit/b_head@m", true, "f32", "classes:10:10:"},
-      {"vit/b_head@v", true, "f32", "classes:10:10:"},
-      {"vit/embed_patches/w_patch@m", true, "f32",
-       "pixel_row:4:4: pixel_col:4:4: channels:3:3: d_model:64:64:"},
-      {"vit/embed_patches/w_patch@v", true, "f32",
-       "pixel_row:4:4: pixel_col:4:4: channels:3:3: d_model:64:64:"},
-      {"vit/embed_patches/b_patch@m", true, "f32", "d_model:64:64:"},
-      {"vit/embed_patches/b_patch@v", true, "f32", "d_model:64:64:"},
-      {"vit/encoder_layer[0]/attention_scale@m", true, "f32", "d_model:64:64:"},
-      {"vit/encoder_layer[0]/attention_scale@v", true, "f32", "d_model:64:64:"},
-      {"vit/encoder_layer[0]/ffn_scale@m", true, "f32", "d_model:64:64:"},
-      {"vit/encoder_layer[0]/ffn_scale@v", true, "f32", "d_model:64:64:"},
-      {"vit/encoder_layer[0]/norm/gain@m", true, "f32", "d_model:64:64:"},
-      {"vit/encoder_layer[0]/norm/gain@v", true, "f32", "d_model:64:64:"},
-      {"vit/encoder_layer[0]/norm/bias@m", true, "f32", "d_model:64:64:"},
-      {"vit/encoder_layer[0]/norm/bias@v", true, "f32", "d_model:64:64:"},
-      {"vit/encoder_layer[0]/attention/w_q@m", true, "f32",
-       "d_model:64:64: heads:4:2:model d_head:16:16:"},
-      {"vit/encoder_layer[0]/attention/w_q@v", true, "f32",
-       "d_model:64:64: heads:4:2:model d_head:16:16:"},
-      {"vit/encoder_layer[0]/attention/w_k@m", true, "f32",
-       "d_model:64:64: heads:4:2:model d_head:16:16:"},
-      {"vit/encoder_layer[0]/attention/w_k@v", true, "f32",
-       "d_model:64:64: heads:4:2:model d_head:16:16:"},
-      {"vit/encoder_layer[0]/attention/w_v@m", true, "f32",
-       "d_model:64:64: heads:4:2:model d_head:16:16:"},
-      {"vit/encoder_layer[0]/attention/w_v@v", true, "f32",
-       "d_model:64:64: heads:4:2:model d_head:16:16:"},
-      {"vit/encoder_layer[0]/attention/w_o@m", true, "f32",
-       "heads:4:2:model d_head:16:16: d_model:64:64:"},
-      {"vit/encoder_layer[0]/attention/w_o@v", true, "f32",
-       "heads:4:2:model d_head:16:16: d_model:64:64:"},
-      {"vit/encoder_layer[0]/norm#1/gain@m", true, "f32", "d_model:64:64:"},
-      {"vit/encoder_layer[0]/norm#1/gain@v", true, "f32", "d_model:64:64:"},
-      {"vit/encoder_layer[0]/norm#1/bias@m", true, "f32", "d_model:64:64:"},
-      {"vit/encoder_layer[0]/norm#1/bias@v", true, "f32", "d_model:64:64:"},
-      {"vit/encoder_layer[0]/ffn/w_in@m", true, "f32", "d_model:64:64: d_ff:128:64:model"},
-      {"vit/encoder_layer[0]/ffn/w_in@v", true, "f32", "d_model:64:64: d_ff:128:64:model"},
-      {"vit/encoder_layer[0]/ffn/w_out@m", true, "f32", "d_ff:128:64:model d_model:64:64:"},
-      {"vit/encoder_layer[0]/ffn/w_out@v", true, "f32", "d_ff:128:64:model d_model:64:64:"},
-      {"vit/encoder_layer[1]/attention_scale@m", true, "f32", "d_model:64:64:"},
-      {"vit/encoder_layer[1]/attention_scale@v", true, "f32", "d_model:64:64:"},
-      {"vit/encoder_layer[1]/ffn_scale@m", true, "f32", "d_model:64:64:"},
-      {"vit/encoder_layer[1]/ffn_scale@v", true, "f32", "d_model:64:64:"},
-      {"vit/encoder_layer[1]/norm/gain@m", true, "f32", "d_model:64:64:"},
-      {"vit/encoder_layer[1]/norm/gain@v", true, "f32", "d_model:64:64:"},
-      {"vit/encoder_layer[1]/norm/bias@m", true, "f32", "d_model:64:64:"},
-      {"vit/encoder_layer[1]/norm/bias@v", true, "f32", "d_model:64:64:"},
-      {"vit/encoder_layer[1]/attention/w_q@m", true, "f32",
-       "d_model:64:64: heads:4:2:model d_head:16:16:"},
-      {"vit/encoder_layer[1]/attention/w_q@v", true, "f32",
-       "d_model:64:64: heads:4:2:model d_head:16:16:"},
-      {"vit/encoder_layer[1]/attention/w_k@m", true, "f32",
-       "d_model:64:64: heads:4:2:model d_head:16:16:"},
-      {"vit/encoder_layer[1]/attention/w_k@v", true, "f32",
-       "d_model:64:64: heads:4:2:model d_head:16:16:"},
-      {"vit/encoder_layer[1]/attention/w_v@m", true, "f32",
-       "d_model:64:64: heads:4:2:model d_head:16:16:"},
-      {"vit/encoder_layer[1]/attention/w_v@v", true, "f32",
-       "d_model:64:64: heads:4:2:model d_head:16:16:"},
-      {"vit/encoder_layer[1]/attention/w_o@m", true, "f32",
-       "heads:4:2:model d_head:16:16: d_model:64:64:"},
-      {"vit/encoder_layer[1]/attention/w_o@v", true, "f32",
-       "heads:4:2:model d_head:16:16: d_model:64:64:"},
-      {"vit/encoder_layer[1]/norm#1/gain@m", true, "f32", "d_model:64:64:"},
-      {"vit/encoder_layer[1]/norm#1/gain@v", true, "f32", "d_model:64:64:"},
-      {"vit/encoder_layer[1]/norm#1/bias@m", true, "f32", "d_model:64:64:"},
-      {"vit/encoder_layer[1]/norm#1/bias@v", true, "f32", "d_model:64:64:"},
-      {"vit/encoder_layer[1]/ffn/w_in@m", true, "f32", "d_model:64:64: d_ff:128:64:model"},
-      {"vit/encoder_layer[1]/ffn/w_in@v", true, "f32", "d_model:64:64: d_ff:128:64:model"},
-      {"vit/encoder_layer[1]/ffn/w_out@m", true, "f32", "d_ff:128:64:model d_model:64:64:"},
-      {"vit/encoder_layer[1]/ffn/w_out@v", true, "f32", "d_ff:128:64:model d_model:64:64:"},
-      {"vit/norm/gain@m", true, "f32", "d_model:64:64:"},
-      {"vit/norm/gain@v", true, "f32", "d_model:64:64:"},
-      {"vit/norm/bias@m", true, "f32", "d_model:64:64:"},
-      {"vit/norm/bias@v", true, "f32", "d_model:64:64:"}};
   support::Buffer *const data[] = {&param0_vit_class_token,
                                    &param1_vit_position_embedding,
                                    &param2_vit_w_head,
@@ -6047,7 +4705,7 @@ std::vector<support::ParamShard> TrainVit::paramShards() {
                                    &param93_vit_norm_gain_v,
                                    &param94_vit_norm_bias_m,
                                    &param95_vit_norm_bias_v};
-  return support::paramShardsOf<support::ParamShard>(specs, data);
+  return support::paramShardsOf<support::ParamShard>(kTrainVitParams, data);
 }
 
 support::Tensor TrainVit::getParam(const std::string &path) {

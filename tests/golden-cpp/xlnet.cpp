@@ -5,6 +5,763 @@
 
 namespace meshc_generated {
 
+// The shapes the kernel calls take and the loop nests the classes share.
+static const support::Shape kShape0 = {16};
+static const support::Shape kShape1 = {1};
+static const support::Shape kShape2 = {16, 16};
+static const support::Shape kShape3 = {512, 32};
+static const support::Shape kShape4 = {256, 16};
+static const support::Shape kShape5 = {2, 16, 32};
+static const support::Shape kShape6 = {0, 0, 1};
+static const support::Shape kShape7 = {16, 1, 0};
+static const support::Shape kShape8 = {2, 2, 16};
+static const support::Shape kShape9 = {512, 256, 16};
+static const support::Shape kShape10 = {2, 16};
+static const support::Shape kShape11 = {32};
+static const support::Shape kShape12 = {0};
+static const support::Shape kShape13 = {};
+static const support::Shape kShape14 = {16, 1};
+static const support::Shape kShape15 = {2, 8};
+static const support::Shape kShape16 = {8, 1};
+static const support::Shape kShape17 = {32, 32};
+static const support::Shape kShape18 = {0, 1};
+static const support::Shape kShape19 = {0, 0};
+static const support::SharedEinsum
+    kEinsum0({{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
+static const support::SharedEinsum
+    kEinsum1({{2, 2, 16, 16, 8}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 1, 2, 4}, {}}});
+static const support::SharedEinsum
+    kEinsum2({{2, 8, 32, 2, 16}, {{{0, 1, 2}, {}}, {{3, 0, 4, 1}, {}}}, {{3, 4, 2}, {}}});
+static const support::SharedEinsum
+    kEinsum3({{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
+static const support::SharedEinsum
+    kEinsum4({{2, 16, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
+static const support::SharedEinsum
+    kEinsum5({{16, 16, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
+static const support::SharedEinsum
+    kEinsum6({{2, 16, 2, 8, 16}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
+static const support::SharedEinsum
+    kEinsum7({{2, 16, 2, 8, 16}, {{{0, 1, 2, 3}, {}}, {{1, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
+static const support::SharedEinsum
+    kEinsum8({{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{2, 3}, {}}});
+static const support::SharedEinsum
+    kEinsum9({{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
+static const support::SharedEinsum
+    kEinsum10({{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
+static const support::SharedEinsum
+    kEinsum11({{16, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
+static const support::SharedEinsum
+    kEinsum12({{2, 16, 32, 2, 8}, {{{0, 1, 2}, {}}, {{3, 4, 2}, {}}}, {{0, 1, 3, 4}, {}}});
+static const support::SharedEinsum
+    kEinsum13({{2, 16, 2, 8, 16}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 4, 1}, {}}});
+static const support::SharedEinsum
+    kEinsum14({{2, 2, 16, 16, 8}, {{{0, 1, 2, 3}, {}}, {{0, 2, 1, 4}, {}}}, {{0, 3, 1, 4}, {}}});
+static const support::SharedEinsum
+    kEinsum15({{2, 16, 32, 2, 8}, {{{0, 1, 2}, {}}, {{0, 3, 1, 4}, {}}}, {{3, 4, 2}, {}}});
+static const support::SharedEinsum
+    kEinsum16({{2, 2, 16, 16, 8}, {{{0, 1, 2, 3}, {}}, {{2, 3, 1, 4}, {}}}, {{0, 2, 1, 4}, {}}});
+static const support::SharedEinsum
+    kEinsum17({{2, 2, 16, 16, 8}, {{{0, 1, 2, 3}, {}}, {{0, 2, 1, 4}, {}}}, {{2, 3, 1, 4}, {}}});
+static const support::SharedEinsum
+    kEinsum18({{2, 2, 16, 16, 8}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 2, 1, 4}, {}}});
+static const support::SharedEinsum
+    kEinsum19({{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
+
+[[gnu::noinline]] static void loop0(float *__restrict p0, const float *__restrict p1) {
+  for (int64_t i0 = 0; i0 < 16; ++i0) {
+    for (int64_t i1 = 0; i1 < 16; ++i1) {
+      const float s0 = p1[i0];
+      const float s1 = p1[i1];
+      const float s2 = support::wrapI32(double((double(s0) - double(s1))));
+      p0[i0 * 16 + i1] = s2;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop1(float *__restrict p0, const float *__restrict p1) {
+  for (int64_t i0 = 0; i0 < 256; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = s0;
+    p0[i0] = s1;
+  }
+}
+
+[[gnu::noinline]] static void loop2(float *__restrict p0, const float *__restrict p1) {
+  for (int64_t i0 = 0; i0 < 16; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = s0;
+    p0[i0] = s1;
+  }
+}
+
+[[gnu::noinline]] static void loop3(float *__restrict p0, const float *__restrict p1) {
+  for (int64_t i0 = 0; i0 < 16; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = -0.575646f;
+    const float s2 = (s0 * s1);
+    p0[i0] = s2;
+  }
+}
+
+[[gnu::noinline]] static void loop4(float *__restrict p0, const float *__restrict p1) {
+  for (int64_t i0 = 0; i0 < 16; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = support::fexp(s0);
+    p0[i0] = s1;
+  }
+}
+
+[[gnu::noinline]] static void loop5(float *__restrict p0, const float *__restrict p1,
+                                    const float *__restrict p2) {
+  for (int64_t i0 = 0; i0 < 256; ++i0) {
+    for (int64_t i1 = 0; i1 < 16; ++i1) {
+      const float s0 = p1[i0];
+      const float s1 = p2[i1];
+      const float s2 = (s0 * s1);
+      p0[i0 * 16 + i1] = s2;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop6(float *__restrict p0, const float *__restrict p1) {
+  for (int64_t i0 = 0; i0 < 4096; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = support::fsin(s0);
+    p0[i0] = s1;
+  }
+}
+
+[[gnu::noinline]] static void loop7(float *__restrict p0, const float *__restrict p1) {
+  for (int64_t i0 = 0; i0 < 4096; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = support::fcos(s0);
+    p0[i0] = s1;
+  }
+}
+
+[[gnu::noinline]] static void loop8(float *__restrict p0, const float *__restrict p1,
+                                    const float *__restrict p2) {
+  for (int64_t i0 = 0; i0 < 16; ++i0) {
+    for (int64_t i1 = 0; i1 < 16; ++i1) {
+      const float s0 = p1[i0];
+      const float s1 = p2[i1];
+      const float s2 = (s0 <= s1 ? 1.0f : 0.0f);
+      const float s3 = s2;
+      p0[i0 * 16 + i1] = s3;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop9(float *__restrict p0, const float *__restrict p1,
+                                    const float *__restrict p2) {
+  for (int64_t i0 = 0; i0 < 16; ++i0) {
+    for (int64_t i1 = 0; i1 < 16; ++i1) {
+      const float s0 = p1[i0];
+      const float s1 = p2[i1];
+      const float s2 = (s0 < s1 ? 1.0f : 0.0f);
+      const float s3 = s2;
+      p0[i0 * 16 + i1] = s3;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop10(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2) {
+  for (int64_t i0 = 0; i0 < 32; ++i0) {
+    for (int64_t i1 = 0; i1 < 32; ++i1) {
+      const float s0 = p1[i0];
+      const float s1 = support::wrapI32(0.0);
+      const float s2 = (s0 >= s1 ? 1.0f : 0.0f);
+      const float s3 = s2;
+      const float s4 = p2[i1];
+      const float s5 = (s3 * s4);
+      p0[i0 * 32 + i1] = s5;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop11(float *__restrict p0, const float *__restrict p1) {
+  for (int64_t i0 = 0; i0 < 16; ++i0) {
+    for (int64_t i1 = 0; i1 < 16; ++i1) {
+      const float s0 = p1[i0 + i1 * 16];
+      const float s1 = s0;
+      const float s2 = 0.5f;
+      const float s3 = (s1 > s2 ? 1.0f : 0.0f);
+      p0[i0 * 16 + i1] = s3;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop12(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2, const float *__restrict p3) {
+  for (int64_t i0 = 0; i0 < 4; ++i0) {
+    for (int64_t i1 = 0; i1 < 256; ++i1) {
+      const float s0 = p1[i0 * 256 + i1];
+      const float s1 = p2[i0 * 256 + i1];
+      const float s2 = (s0 + s1);
+      const float s3 = 0.35355f;
+      const float s4 = (s2 * s3);
+      const float s5 = p3[i1];
+      const float s6 = -1000000000.0f;
+      const float s7 = (s5 != 0 ? s4 : s6);
+      p0[i0 * 256 + i1] = s7;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop13(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2, const float *__restrict p3) {
+  for (int64_t i0 = 0; i0 < 32; ++i0) {
+    for (int64_t i1 = 0; i1 < 32; ++i1) {
+      const float s0 = p1[i0 * 32 + i1];
+      const float s1 = p2[i1];
+      const float s2 = (s0 * s1);
+      const float s3 = p3[i1];
+      const float s4 = (s2 + s3);
+      p0[i0 * 32 + i1] = s4;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop14(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2) {
+  for (int64_t i0 = 0; i0 < 32; ++i0) {
+    for (int64_t i1 = 0; i1 < 32; ++i1) {
+      const float s0 = p1[i0 * 32 + i1];
+      const float s1 = p2[i1];
+      const float s2 = (s0 + s1);
+      p0[i0 * 32 + i1] = s2;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop15(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2) {
+  for (int64_t i0 = 0; i0 < 1024; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = p2[i0];
+    const float s2 = (s0 + s1);
+    p0[i0] = s2;
+  }
+}
+
+[[gnu::noinline]] static void loop16(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2) {
+  for (int64_t i0 = 0; i0 < 32; ++i0) {
+    for (int64_t i1 = 0; i1 < 32; ++i1) {
+      const float s0 = p1[i0 * 32 + i1];
+      const float s1 = p2[i1];
+      const float s2 = (s0 + s1);
+      const float s3 = support::fgelu(s2);
+      p0[i0 * 32 + i1] = s3;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop17(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2, const float *__restrict p3) {
+  for (int64_t i0 = 0; i0 < 32; ++i0) {
+    for (int64_t i1 = 0; i1 < 32; ++i1) {
+      const float s0 = p1[i0 * 32 + i1];
+      const float s1 = p2[i1];
+      const float s2 = (s0 + s1);
+      const float s3 = p3[i0 * 32 + i1];
+      const float s4 = (s3 + s2);
+      p0[i0 * 32 + i1] = s4;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop18(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2) {
+  for (int64_t i0 = 0; i0 < 32; ++i0) {
+    for (int64_t i1 = 0; i1 < 16; ++i1) {
+      const float s0 = p1[i0 * 16 + i1];
+      const float s1 = p2[i1];
+      const float s2 = (s0 + s1);
+      p0[i0 * 16 + i1] = s2;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop19(float *__restrict p0, const float *__restrict p1) {
+  for (int64_t i0 = 0; i0 < 16; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = support::wrapI32(12.0);
+    const float s2 = (s0 >= s1 ? 1.0f : 0.0f);
+    const float s3 = s2;
+    p0[i0] = s3;
+  }
+}
+
+[[gnu::noinline]] static void loop20(float *__restrict p0, float *__restrict p1,
+                                     const float *__restrict p2) {
+  for (int64_t i0 = 0; i0 < 32; ++i0) {
+    const float s0 = p2[i0];
+    const float s1 = support::wrapI32(0.0);
+    const float s2 = (s0 >= s1 ? 1.0f : 0.0f);
+    const float s3 = s2;
+    p0[i0] = s2;
+    p1[i0] = s3;
+  }
+}
+
+[[gnu::noinline]] static void loop21(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2) {
+  for (int64_t i0 = 0; i0 < 32; ++i0) {
+    for (int64_t i1 = 0; i1 < 32; ++i1) {
+      const float s0 = p1[i0];
+      const float s1 = p2[i1];
+      const float s2 = (s0 * s1);
+      p0[i0 * 32 + i1] = s2;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop22(float *__restrict p0, float *__restrict p1,
+                                     const float *__restrict p2, const float *__restrict p3) {
+  for (int64_t i0 = 0; i0 < 32; ++i0) {
+    for (int64_t i1 = 0; i1 < 32; ++i1) {
+      const float s0 = p2[i0 * 32 + i1];
+      const float s1 = p3[i1];
+      const float s2 = (s0 + s1);
+      const float s3 = support::fgelu(s2);
+      p0[i0 * 32 + i1] = s2;
+      p1[i0 * 32 + i1] = s3;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop23(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2) {
+  for (int64_t i0 = 0; i0 < 1024; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = p2[i0];
+    const float s2 = (s0 * s1);
+    p0[i0] = s2;
+  }
+}
+
+[[gnu::noinline]] static void loop24(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2, const float *__restrict p3,
+                                     const float *__restrict p4, const float *__restrict p5) {
+  for (int64_t i0 = 0; i0 < 2; ++i0) {
+    for (int64_t i1 = 0; i1 < 16; ++i1) {
+      for (int64_t i2 = 0; i2 < 32; ++i2) {
+        const float s0 = -0.0625f;
+        const float s1 = p1[i1];
+        const float s2 = (s0 * s1);
+        const float s3 = p2[i0 * 16 + i1];
+        const float s4 = support::wrapI32(64.0);
+        const float s5 = (s3 < s4 ? 1.0f : 0.0f);
+        const float s6 = p3[i0 * 16 + i1];
+        const float s7 = support::wrapI32(double((double(s6) * double(s5))));
+        const float s8 = s7;
+        const float s9 = (s2 * s8);
+        const float s10 = p4[i0 * 512 + i1 * 32 + i2];
+        const float s11 = support::fexp(s10);
+        const float s12 = (s11 * s9);
+        const float s13 = s2;
+        const float s14 = p5[i0 * 512 + i1 * 32 + i2];
+        const float s15 = (s13 * s14);
+        const float s16 = (s15 - s12);
+        p0[i0 * 512 + i1 * 32 + i2] = s16;
+      }
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop25(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2) {
+  for (int64_t i0 = 0; i0 < 2; ++i0) {
+    for (int64_t i1 = 0; i1 < 16; ++i1) {
+      const float s0 = p1[i0 * 16 + i1];
+      const float s1 = support::fexp(s0);
+      const float s2 = p2[i1];
+      const float s3 = (s1 * s2);
+      p0[i0 * 16 + i1] = s3;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop26(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2) {
+  for (int64_t i0 = 0; i0 < 2; ++i0) {
+    for (int64_t i1 = 0; i1 < 16; ++i1) {
+      const float s0 = p1[i0 * 16 + i1];
+      const float s1 = p2[i1];
+      const float s2 = (s0 * s1);
+      p0[i0 * 16 + i1] = s2;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop27(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2) {
+  for (int64_t i0 = 0; i0 < 1024; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = s0 * s0;
+    const float s2 = p1[i0];
+    const float s3 = (s2 * s1);
+    const float s4 = 0.044715f;
+    const float s5 = (s3 * s4);
+    const float s6 = p1[i0];
+    const float s7 = (s6 + s5);
+    const float s8 = 0.7978846f;
+    const float s9 = (s7 * s8);
+    const float s10 = support::ftanh(s9);
+    const float s11 = 1.0f;
+    const float s12 = (s10 + s11);
+    const float s13 = 0.5f;
+    const float s14 = (s12 * s13);
+    const float s15 = 0.134145f;
+    const float s16 = (s1 * s15);
+    const float s17 = 1.0f;
+    const float s18 = (s16 + s17);
+    const float s19 = s10 * s10;
+    const float s20 = 1.0f;
+    const float s21 = (s20 - s19);
+    const float s22 = p1[i0];
+    const float s23 = (s22 * s21);
+    const float s24 = (s23 * s18);
+    const float s25 = 0.3989423f;
+    const float s26 = (s24 * s25);
+    const float s27 = (s14 + s26);
+    const float s28 = p2[i0];
+    const float s29 = (s28 * s27);
+    p0[i0] = s29;
+  }
+}
+
+[[gnu::noinline]] static void loop28(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2) {
+  for (int64_t i0 = 0; i0 < 32; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = p2[i0];
+    const float s2 = (s0 + s1);
+    p0[i0] = s2;
+  }
+}
+
+[[gnu::noinline]] static void loop29(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2) {
+  for (int64_t i0 = 0; i0 < 512; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = p2[i0];
+    const float s2 = (s0 + s1);
+    p0[i0] = s2;
+  }
+}
+
+[[gnu::noinline]] static void loop30(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2, const float *__restrict p3,
+                                     const float *__restrict p4) {
+  for (int64_t i0 = 0; i0 < 4; ++i0) {
+    for (int64_t i1 = 0; i1 < 16; ++i1) {
+      for (int64_t i2 = 0; i2 < 16; ++i2) {
+        const float s0 = p1[i0 * 256 + i1 * 16 + i2];
+        const float s1 = p2[i0 * 16 + i1];
+        const float s2 = (s0 - s1);
+        const float s3 = p3[i0 * 256 + i1 * 16 + i2];
+        const float s4 = (s3 * s2);
+        const float s5 = p4[i1 * 16 + i2];
+        const float s6 = 0.0f;
+        const float s7 = (s5 != 0 ? s4 : s6);
+        const float s8 = 0.35355f;
+        const float s9 = (s7 * s8);
+        p0[i0 * 256 + i1 * 16 + i2] = s9;
+      }
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop31(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2) {
+  for (int64_t i0 = 0; i0 < 4096; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = p2[i0];
+    const float s2 = (s0 + s1);
+    p0[i0] = s2;
+  }
+}
+
+[[gnu::noinline]] static void loop32(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2) {
+  for (int64_t i0 = 0; i0 < 16; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = p2[i0];
+    const float s2 = (s0 + s1);
+    p0[i0] = s2;
+  }
+}
+
+[[gnu::noinline]] static void loop33(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2, const float *__restrict p3,
+                                     const float *__restrict p4) {
+  for (int64_t i0 = 0; i0 < 1024; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = p2[i0];
+    const float s2 = (s0 + s1);
+    const float s3 = p3[i0];
+    const float s4 = (s2 + s3);
+    const float s5 = p4[i0];
+    const float s6 = (s4 + s5);
+    p0[i0] = s6;
+  }
+}
+
+[[gnu::noinline]] static void loop34(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2, const float *__restrict p3) {
+  for (int64_t i0 = 0; i0 < 32; ++i0) {
+    for (int64_t i1 = 0; i1 < 32; ++i1) {
+      const float s0 = p1[i0 * 32 + i1];
+      const float s1 = p2[i0 * 32 + i1];
+      const float s2 = (s0 + s1);
+      const float s3 = p3[i0];
+      const float s4 = (s2 * s3);
+      p0[i0 * 32 + i1] = s4;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop35(float *__restrict p0, float *__restrict p1,
+                                     float *__restrict p2, const float *__restrict p3,
+                                     const float *__restrict p4, const float *__restrict p5,
+                                     const float *__restrict p6) {
+  const float r3 = p4[0];
+  const float r5 = p5[0];
+  const float r6 = p6[0];
+  for (int64_t i0 = 0; i0 < 1024; ++i0) {
+    const float s0 = p2[i0];
+    const float s1 = 0.01f;
+    const float s2 = (s0 * s1);
+    const float s3 = p3[i0];
+    const float s4 = s3 * s3;
+    const float s5 = 0.0009999871f;
+    const float s6 = (s4 * s5);
+    const float s7 = p0[i0];
+    const float s8 = 0.999f;
+    const float s9 = (s7 * s8);
+    const float s10 = (s9 + s6);
+    const float s11 = r3;
+    const float s12 = (s10 / s11);
+    const float s13 = support::fsqrt(s12);
+    const float s14 = 1e-08f;
+    const float s15 = (s13 + s14);
+    const float s16 = p3[i0];
+    const float s17 = 0.100000024f;
+    const float s18 = (s16 * s17);
+    const float s19 = p1[i0];
+    const float s20 = 0.9f;
+    const float s21 = (s19 * s20);
+    const float s22 = (s21 + s18);
+    const float s23 = r5;
+    const float s24 = (s22 / s23);
+    const float s25 = (s24 / s15);
+    const float s26 = (s25 + s2);
+    const float s27 = r6;
+    const float s28 = (s26 * s27);
+    const float s29 = p2[i0];
+    const float s30 = (s29 - s28);
+    p0[i0] = s10;
+    p1[i0] = s22;
+    p2[i0] = s30;
+  }
+}
+
+[[gnu::noinline]] static void loop36(float *__restrict p0, float *__restrict p1,
+                                     float *__restrict p2, const float *__restrict p3,
+                                     const float *__restrict p4, const float *__restrict p5,
+                                     const float *__restrict p6) {
+  const float r3 = p4[0];
+  const float r5 = p5[0];
+  const float r6 = p6[0];
+  for (int64_t i0 = 0; i0 < 32; ++i0) {
+    const float s0 = p2[i0];
+    const float s1 = 0.01f;
+    const float s2 = (s0 * s1);
+    const float s3 = p3[i0];
+    const float s4 = s3 * s3;
+    const float s5 = 0.0009999871f;
+    const float s6 = (s4 * s5);
+    const float s7 = p0[i0];
+    const float s8 = 0.999f;
+    const float s9 = (s7 * s8);
+    const float s10 = (s9 + s6);
+    const float s11 = r3;
+    const float s12 = (s10 / s11);
+    const float s13 = support::fsqrt(s12);
+    const float s14 = 1e-08f;
+    const float s15 = (s13 + s14);
+    const float s16 = p3[i0];
+    const float s17 = 0.100000024f;
+    const float s18 = (s16 * s17);
+    const float s19 = p1[i0];
+    const float s20 = 0.9f;
+    const float s21 = (s19 * s20);
+    const float s22 = (s21 + s18);
+    const float s23 = r5;
+    const float s24 = (s22 / s23);
+    const float s25 = (s24 / s15);
+    const float s26 = (s25 + s2);
+    const float s27 = r6;
+    const float s28 = (s26 * s27);
+    const float s29 = p2[i0];
+    const float s30 = (s29 - s28);
+    p0[i0] = s10;
+    p1[i0] = s22;
+    p2[i0] = s30;
+  }
+}
+
+[[gnu::noinline]] static void loop37(float *__restrict p0, float *__restrict p1,
+                                     float *__restrict p2, const float *__restrict p3,
+                                     const float *__restrict p4, const float *__restrict p5,
+                                     const float *__restrict p6) {
+  const float r3 = p4[0];
+  const float r5 = p5[0];
+  const float r6 = p6[0];
+  for (int64_t i0 = 0; i0 < 512; ++i0) {
+    const float s0 = p2[i0];
+    const float s1 = 0.01f;
+    const float s2 = (s0 * s1);
+    const float s3 = p3[i0];
+    const float s4 = s3 * s3;
+    const float s5 = 0.0009999871f;
+    const float s6 = (s4 * s5);
+    const float s7 = p0[i0];
+    const float s8 = 0.999f;
+    const float s9 = (s7 * s8);
+    const float s10 = (s9 + s6);
+    const float s11 = r3;
+    const float s12 = (s10 / s11);
+    const float s13 = support::fsqrt(s12);
+    const float s14 = 1e-08f;
+    const float s15 = (s13 + s14);
+    const float s16 = p3[i0];
+    const float s17 = 0.100000024f;
+    const float s18 = (s16 * s17);
+    const float s19 = p1[i0];
+    const float s20 = 0.9f;
+    const float s21 = (s19 * s20);
+    const float s22 = (s21 + s18);
+    const float s23 = r5;
+    const float s24 = (s22 / s23);
+    const float s25 = (s24 / s15);
+    const float s26 = (s25 + s2);
+    const float s27 = r6;
+    const float s28 = (s26 * s27);
+    const float s29 = p2[i0];
+    const float s30 = (s29 - s28);
+    p0[i0] = s10;
+    p1[i0] = s22;
+    p2[i0] = s30;
+  }
+}
+
+[[gnu::noinline]] static void loop38(float *__restrict p0, float *__restrict p1,
+                                     float *__restrict p2, const float *__restrict p3,
+                                     const float *__restrict p4, const float *__restrict p5,
+                                     const float *__restrict p6) {
+  const float r3 = p4[0];
+  const float r5 = p5[0];
+  const float r6 = p6[0];
+  for (int64_t i0 = 0; i0 < 16; ++i0) {
+    const float s0 = p2[i0];
+    const float s1 = 0.01f;
+    const float s2 = (s0 * s1);
+    const float s3 = p3[i0];
+    const float s4 = s3 * s3;
+    const float s5 = 0.0009999871f;
+    const float s6 = (s4 * s5);
+    const float s7 = p0[i0];
+    const float s8 = 0.999f;
+    const float s9 = (s7 * s8);
+    const float s10 = (s9 + s6);
+    const float s11 = r3;
+    const float s12 = (s10 / s11);
+    const float s13 = support::fsqrt(s12);
+    const float s14 = 1e-08f;
+    const float s15 = (s13 + s14);
+    const float s16 = p3[i0];
+    const float s17 = 0.100000024f;
+    const float s18 = (s16 * s17);
+    const float s19 = p1[i0];
+    const float s20 = 0.9f;
+    const float s21 = (s19 * s20);
+    const float s22 = (s21 + s18);
+    const float s23 = r5;
+    const float s24 = (s22 / s23);
+    const float s25 = (s24 / s15);
+    const float s26 = (s25 + s2);
+    const float s27 = r6;
+    const float s28 = (s26 * s27);
+    const float s29 = p2[i0];
+    const float s30 = (s29 - s28);
+    p0[i0] = s10;
+    p1[i0] = s22;
+    p2[i0] = s30;
+  }
+}
+
+[[gnu::noinline]] static void loop39(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2) {
+  for (int64_t i0 = 0; i0 < 32; ++i0) {
+    for (int64_t i1 = 0; i1 < 32; ++i1) {
+      const float s0 = p1[i0 * 32 + i1];
+      const float s1 = p2[i0];
+      const float s2 = (s0 - s1);
+      const float s3 = s2 * s2;
+      p0[i0 * 32 + i1] = s3;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop40(float *__restrict p0, const float *__restrict p1) {
+  for (int64_t i0 = 0; i0 < 32; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = 1e-05f;
+    const float s2 = (s0 + s1);
+    const float s3 = 1.0f / support::fsqrt(s2);
+    p0[i0] = s3;
+  }
+}
+
+[[gnu::noinline]] static void loop41(float *__restrict p0, float *__restrict p1,
+                                     const float *__restrict p2, const float *__restrict p3,
+                                     const float *__restrict p4) {
+  for (int64_t i0 = 0; i0 < 32; ++i0) {
+    for (int64_t i1 = 0; i1 < 32; ++i1) {
+      const float s0 = p2[i0 * 32 + i1];
+      const float s1 = p3[i1];
+      const float s2 = (s0 * s1);
+      const float s3 = p4[i0 * 32 + i1];
+      const float s4 = (s2 * s3);
+      p0[i0 * 32 + i1] = s2;
+      p1[i0 * 32 + i1] = s4;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop42(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2, const float *__restrict p3,
+                                     const float *__restrict p4, const float *__restrict p5) {
+  for (int64_t i0 = 0; i0 < 32; ++i0) {
+    for (int64_t i1 = 0; i1 < 32; ++i1) {
+      const float s0 = p1[i0 * 32 + i1];
+      const float s1 = p2[i0];
+      const float s2 = (s0 * s1);
+      const float s3 = p3[i0 * 32 + i1];
+      const float s4 = p4[i0];
+      const float s5 = (s3 - s4);
+      const float s6 = (s5 - s2);
+      const float s7 = p5[i0];
+      const float s8 = (s6 * s7);
+      p0[i0 * 32 + i1] = s8;
+    }
+  }
+}
+
 //===--- program `predict` ---===//
 
 meshrt::Mesh Predict::mesh() { return meshrt::Mesh({{"data", 2}, {"model", 2}}); }
@@ -18,208 +775,160 @@ support::Shape Predict::inputShape(const std::string &name) {
   throw std::invalid_argument("predict: no input named '" + name + "'");
 }
 
+/// `predict`'s params: paths, dims and layouts (its constructor and paramShards() read it).
+static constexpr support::ParamSpec kPredictParams[] = {
+    {"xlnet/embedding", false, "f32", "vocab:64:32:model d_model:32:32:"},
+    {"xlnet/mask_embedding", false, "f32", "d_model:32:32:"},
+    {"xlnet/output_bias", false, "f32", "vocab:64:32:model"},
+    {"xlnet/xlnet_layer[0]/two_stream_attention/q", false, "f32",
+     "d_model:32:32: heads:4:2:model d_kv:8:8:"},
+    {"xlnet/xlnet_layer[0]/two_stream_attention/k", false, "f32",
+     "d_model:32:32: heads:4:2:model d_kv:8:8:"},
+    {"xlnet/xlnet_layer[0]/two_stream_attention/v", false, "f32",
+     "d_model:32:32: heads:4:2:model d_kv:8:8:"},
+    {"xlnet/xlnet_layer[0]/two_stream_attention/r", false, "f32",
+     "d_model:32:32: heads:4:2:model d_kv:8:8:"},
+    {"xlnet/xlnet_layer[0]/two_stream_attention/o", false, "f32",
+     "heads:4:2:model d_kv:8:8: d_model:32:32:"},
+    {"xlnet/xlnet_layer[0]/two_stream_attention/content_bias", false, "f32",
+     "heads:4:2:model d_kv:8:8:"},
+    {"xlnet/xlnet_layer[0]/two_stream_attention/position_bias", false, "f32",
+     "heads:4:2:model d_kv:8:8:"},
+    {"xlnet/xlnet_layer[0]/norm/gain", false, "f32", "d_model:32:32:"},
+    {"xlnet/xlnet_layer[0]/norm/bias", false, "f32", "d_model:32:32:"},
+    {"xlnet/xlnet_layer[0]/dense_relu_dense/wi", false, "f32", "d_model:32:32: d_ff:64:32:model"},
+    {"xlnet/xlnet_layer[0]/dense_relu_dense/bi", false, "f32", "d_ff:64:32:model"},
+    {"xlnet/xlnet_layer[0]/dense_relu_dense/wo", false, "f32", "d_ff:64:32:model d_model:32:32:"},
+    {"xlnet/xlnet_layer[0]/dense_relu_dense/bo", false, "f32", "d_model:32:32:"},
+    {"xlnet/xlnet_layer[0]/norm#1/gain", false, "f32", "d_model:32:32:"},
+    {"xlnet/xlnet_layer[0]/norm#1/bias", false, "f32", "d_model:32:32:"},
+    {"xlnet/xlnet_layer[1]/two_stream_attention/q", false, "f32",
+     "d_model:32:32: heads:4:2:model d_kv:8:8:"},
+    {"xlnet/xlnet_layer[1]/two_stream_attention/k", false, "f32",
+     "d_model:32:32: heads:4:2:model d_kv:8:8:"},
+    {"xlnet/xlnet_layer[1]/two_stream_attention/v", false, "f32",
+     "d_model:32:32: heads:4:2:model d_kv:8:8:"},
+    {"xlnet/xlnet_layer[1]/two_stream_attention/r", false, "f32",
+     "d_model:32:32: heads:4:2:model d_kv:8:8:"},
+    {"xlnet/xlnet_layer[1]/two_stream_attention/o", false, "f32",
+     "heads:4:2:model d_kv:8:8: d_model:32:32:"},
+    {"xlnet/xlnet_layer[1]/two_stream_attention/content_bias", false, "f32",
+     "heads:4:2:model d_kv:8:8:"},
+    {"xlnet/xlnet_layer[1]/two_stream_attention/position_bias", false, "f32",
+     "heads:4:2:model d_kv:8:8:"},
+    {"xlnet/xlnet_layer[1]/norm/gain", false, "f32", "d_model:32:32:"},
+    {"xlnet/xlnet_layer[1]/norm/bias", false, "f32", "d_model:32:32:"},
+    {"xlnet/xlnet_layer[1]/dense_relu_dense/wi", false, "f32", "d_model:32:32: d_ff:64:32:model"},
+    {"xlnet/xlnet_layer[1]/dense_relu_dense/bi", false, "f32", "d_ff:64:32:model"},
+    {"xlnet/xlnet_layer[1]/dense_relu_dense/wo", false, "f32", "d_ff:64:32:model d_model:32:32:"},
+    {"xlnet/xlnet_layer[1]/dense_relu_dense/bo", false, "f32", "d_model:32:32:"},
+    {"xlnet/xlnet_layer[1]/norm#1/gain", false, "f32", "d_model:32:32:"},
+    {"xlnet/xlnet_layer[1]/norm#1/bias", false, "f32", "d_model:32:32:"}};
+
 Predict::Predict(meshrt::Communicator &world, uint64_t seed)
     : world_(support::checkedWorld(world, mesh(), "predict")), seed_(seed),
       group_model(world_.subgroup(std::vector<std::string>{"model"})) {
-  // xlnet/embedding: normal (xlnet.mesh:101)
-  param0_xlnet_embedding.resize(1024);
-  {
-    const meshrt::kernels::Shard shard{
-        {64, 32}, {support::shardStart(world_, {"model"}, 32), 0}, {32, 32}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
-    support::fillParam(param0_xlnet_embedding.data(), shard, seed, "xlnet/embedding", init,
-                       meshrt::kernels::ValueType::F32);
-  }
-  // xlnet/mask_embedding: normal (xlnet.mesh:102)
-  param1_xlnet_mask_embedding.resize(32);
-  {
-    const meshrt::kernels::Shard shard{{32}, {0}, {32}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
-    support::fillParam(param1_xlnet_mask_embedding.data(), shard, seed, "xlnet/mask_embedding",
-                       init, meshrt::kernels::ValueType::F32);
-  }
-  // xlnet/output_bias: zeros (xlnet.mesh:103)
-  param2_xlnet_output_bias.assign(32, support::roundValue(support::DType::F32, 0.0));
-  // xlnet/xlnet_layer[0]/two_stream_attention/q: normal (xlnet.mesh:52)
-  param3_xlnet_xlnet_layer_0_two_stream_attention_q.resize(512);
-  {
-    const meshrt::kernels::Shard shard{
-        {32, 4, 8}, {0, support::shardStart(world_, {"model"}, 2), 0}, {32, 2, 8}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
-    support::fillParam(param3_xlnet_xlnet_layer_0_two_stream_attention_q.data(), shard, seed,
-                       "xlnet/xlnet_layer[0]/two_stream_attention/q", init,
-                       meshrt::kernels::ValueType::F32);
-  }
-  // xlnet/xlnet_layer[0]/two_stream_attention/k: normal (xlnet.mesh:53)
-  param4_xlnet_xlnet_layer_0_two_stream_attention_k.resize(512);
-  {
-    const meshrt::kernels::Shard shard{
-        {32, 4, 8}, {0, support::shardStart(world_, {"model"}, 2), 0}, {32, 2, 8}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
-    support::fillParam(param4_xlnet_xlnet_layer_0_two_stream_attention_k.data(), shard, seed,
-                       "xlnet/xlnet_layer[0]/two_stream_attention/k", init,
-                       meshrt::kernels::ValueType::F32);
-  }
-  // xlnet/xlnet_layer[0]/two_stream_attention/v: normal (xlnet.mesh:54)
-  param5_xlnet_xlnet_layer_0_two_stream_attention_v.resize(512);
-  {
-    const meshrt::kernels::Shard shard{
-        {32, 4, 8}, {0, support::shardStart(world_, {"model"}, 2), 0}, {32, 2, 8}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
-    support::fillParam(param5_xlnet_xlnet_layer_0_two_stream_attention_v.data(), shard, seed,
-                       "xlnet/xlnet_layer[0]/two_stream_attention/v", init,
-                       meshrt::kernels::ValueType::F32);
-  }
-  // xlnet/xlnet_layer[0]/two_stream_attention/r: normal (xlnet.mesh:55)
-  param6_xlnet_xlnet_layer_0_two_stream_attention_r.resize(512);
-  {
-    const meshrt::kernels::Shard shard{
-        {32, 4, 8}, {0, support::shardStart(world_, {"model"}, 2), 0}, {32, 2, 8}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
-    support::fillParam(param6_xlnet_xlnet_layer_0_two_stream_attention_r.data(), shard, seed,
-                       "xlnet/xlnet_layer[0]/two_stream_attention/r", init,
-                       meshrt::kernels::ValueType::F32);
-  }
-  // xlnet/xlnet_layer[0]/two_stream_attention/o: normal (xlnet.mesh:56)
-  param7_xlnet_xlnet_layer_0_two_stream_attention_o.resize(512);
-  {
-    const meshrt::kernels::Shard shard{
-        {4, 8, 32}, {support::shardStart(world_, {"model"}, 2), 0, 0}, {2, 8, 32}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
-    support::fillParam(param7_xlnet_xlnet_layer_0_two_stream_attention_o.data(), shard, seed,
-                       "xlnet/xlnet_layer[0]/two_stream_attention/o", init,
-                       meshrt::kernels::ValueType::F32);
-  }
-  // xlnet/xlnet_layer[0]/two_stream_attention/content_bias: zeros (xlnet.mesh:57)
-  param8_xlnet_xlnet_layer_0_two_stream_attention_content_bias.assign(
-      16, support::roundValue(support::DType::F32, 0.0));
-  // xlnet/xlnet_layer[0]/two_stream_attention/position_bias: zeros (xlnet.mesh:58)
-  param9_xlnet_xlnet_layer_0_two_stream_attention_position_bias.assign(
-      16, support::roundValue(support::DType::F32, 0.0));
-  // xlnet/xlnet_layer[0]/norm/gain: ones (xlnet.mesh:35)
-  param10_xlnet_xlnet_layer_0_norm_gain.assign(32, support::roundValue(support::DType::F32, 1.0));
-  // xlnet/xlnet_layer[0]/norm/bias: zeros (xlnet.mesh:36)
-  param11_xlnet_xlnet_layer_0_norm_bias.assign(32, support::roundValue(support::DType::F32, 0.0));
-  // xlnet/xlnet_layer[0]/dense_relu_dense/wi: normal (xlnet.mesh:79)
-  param12_xlnet_xlnet_layer_0_dense_relu_dense_wi.resize(1024);
-  {
-    const meshrt::kernels::Shard shard{
-        {32, 64}, {0, support::shardStart(world_, {"model"}, 32)}, {32, 32}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
-    support::fillParam(param12_xlnet_xlnet_layer_0_dense_relu_dense_wi.data(), shard, seed,
-                       "xlnet/xlnet_layer[0]/dense_relu_dense/wi", init,
-                       meshrt::kernels::ValueType::F32);
-  }
-  // xlnet/xlnet_layer[0]/dense_relu_dense/bi: zeros (xlnet.mesh:80)
-  param13_xlnet_xlnet_layer_0_dense_relu_dense_bi.assign(
-      32, support::roundValue(support::DType::F32, 0.0));
-  // xlnet/xlnet_layer[0]/dense_relu_dense/wo: normal (xlnet.mesh:81)
-  param14_xlnet_xlnet_layer_0_dense_relu_dense_wo.resize(1024);
-  {
-    const meshrt::kernels::Shard shard{
-        {64, 32}, {support::shardStart(world_, {"model"}, 32), 0}, {32, 32}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
-    support::fillParam(param14_xlnet_xlnet_layer_0_dense_relu_dense_wo.data(), shard, seed,
-                       "xlnet/xlnet_layer[0]/dense_relu_dense/wo", init,
-                       meshrt::kernels::ValueType::F32);
-  }
-  // xlnet/xlnet_layer[0]/dense_relu_dense/bo: zeros (xlnet.mesh:82)
-  param15_xlnet_xlnet_layer_0_dense_relu_dense_bo.assign(
-      32, support::roundValue(support::DType::F32, 0.0));
-  // xlnet/xlnet_layer[0]/norm#1/gain: ones (xlnet.mesh:35)
-  param16_xlnet_xlnet_layer_0_norm_1_gain.assign(32, support::roundValue(support::DType::F32, 1.0));
-  // xlnet/xlnet_layer[0]/norm#1/bias: zeros (xlnet.mesh:36)
-  param17_xlnet_xlnet_layer_0_norm_1_bias.assign(32, support::roundValue(support::DType::F32, 0.0));
-  // xlnet/xlnet_layer[1]/two_stream_attention/q: normal (xlnet.mesh:52)
-  param18_xlnet_xlnet_layer_1_two_stream_attention_q.resize(512);
-  {
-    const meshrt::kernels::Shard shard{
-        {32, 4, 8}, {0, support::shardStart(world_, {"model"}, 2), 0}, {32, 2, 8}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
-    support::fillParam(param18_xlnet_xlnet_layer_1_two_stream_attention_q.data(), shard, seed,
-                       "xlnet/xlnet_layer[1]/two_stream_attention/q", init,
-                       meshrt::kernels::ValueType::F32);
-  }
-  // xlnet/xlnet_layer[1]/two_stream_attention/k: normal (xlnet.mesh:53)
-  param19_xlnet_xlnet_layer_1_two_stream_attention_k.resize(512);
-  {
-    const meshrt::kernels::Shard shard{
-        {32, 4, 8}, {0, support::shardStart(world_, {"model"}, 2), 0}, {32, 2, 8}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
-    support::fillParam(param19_xlnet_xlnet_layer_1_two_stream_attention_k.data(), shard, seed,
-                       "xlnet/xlnet_layer[1]/two_stream_attention/k", init,
-                       meshrt::kernels::ValueType::F32);
-  }
-  // xlnet/xlnet_layer[1]/two_stream_attention/v: normal (xlnet.mesh:54)
-  param20_xlnet_xlnet_layer_1_two_stream_attention_v.resize(512);
-  {
-    const meshrt::kernels::Shard shard{
-        {32, 4, 8}, {0, support::shardStart(world_, {"model"}, 2), 0}, {32, 2, 8}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
-    support::fillParam(param20_xlnet_xlnet_layer_1_two_stream_attention_v.data(), shard, seed,
-                       "xlnet/xlnet_layer[1]/two_stream_attention/v", init,
-                       meshrt::kernels::ValueType::F32);
-  }
-  // xlnet/xlnet_layer[1]/two_stream_attention/r: normal (xlnet.mesh:55)
-  param21_xlnet_xlnet_layer_1_two_stream_attention_r.resize(512);
-  {
-    const meshrt::kernels::Shard shard{
-        {32, 4, 8}, {0, support::shardStart(world_, {"model"}, 2), 0}, {32, 2, 8}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
-    support::fillParam(param21_xlnet_xlnet_layer_1_two_stream_attention_r.data(), shard, seed,
-                       "xlnet/xlnet_layer[1]/two_stream_attention/r", init,
-                       meshrt::kernels::ValueType::F32);
-  }
-  // xlnet/xlnet_layer[1]/two_stream_attention/o: normal (xlnet.mesh:56)
-  param22_xlnet_xlnet_layer_1_two_stream_attention_o.resize(512);
-  {
-    const meshrt::kernels::Shard shard{
-        {4, 8, 32}, {support::shardStart(world_, {"model"}, 2), 0, 0}, {2, 8, 32}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
-    support::fillParam(param22_xlnet_xlnet_layer_1_two_stream_attention_o.data(), shard, seed,
-                       "xlnet/xlnet_layer[1]/two_stream_attention/o", init,
-                       meshrt::kernels::ValueType::F32);
-  }
-  // xlnet/xlnet_layer[1]/two_stream_attention/content_bias: zeros (xlnet.mesh:57)
-  param23_xlnet_xlnet_layer_1_two_stream_attention_content_bias.assign(
-      16, support::roundValue(support::DType::F32, 0.0));
-  // xlnet/xlnet_layer[1]/two_stream_attention/position_bias: zeros (xlnet.mesh:58)
-  param24_xlnet_xlnet_layer_1_two_stream_attention_position_bias.assign(
-      16, support::roundValue(support::DType::F32, 0.0));
-  // xlnet/xlnet_layer[1]/norm/gain: ones (xlnet.mesh:35)
-  param25_xlnet_xlnet_layer_1_norm_gain.assign(32, support::roundValue(support::DType::F32, 1.0));
-  // xlnet/xlnet_layer[1]/norm/bias: zeros (xlnet.mesh:36)
-  param26_xlnet_xlnet_layer_1_norm_bias.assign(32, support::roundValue(support::DType::F32, 0.0));
-  // xlnet/xlnet_layer[1]/dense_relu_dense/wi: normal (xlnet.mesh:79)
-  param27_xlnet_xlnet_layer_1_dense_relu_dense_wi.resize(1024);
-  {
-    const meshrt::kernels::Shard shard{
-        {32, 64}, {0, support::shardStart(world_, {"model"}, 32)}, {32, 32}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
-    support::fillParam(param27_xlnet_xlnet_layer_1_dense_relu_dense_wi.data(), shard, seed,
-                       "xlnet/xlnet_layer[1]/dense_relu_dense/wi", init,
-                       meshrt::kernels::ValueType::F32);
-  }
-  // xlnet/xlnet_layer[1]/dense_relu_dense/bi: zeros (xlnet.mesh:80)
-  param28_xlnet_xlnet_layer_1_dense_relu_dense_bi.assign(
-      32, support::roundValue(support::DType::F32, 0.0));
-  // xlnet/xlnet_layer[1]/dense_relu_dense/wo: normal (xlnet.mesh:81)
-  param29_xlnet_xlnet_layer_1_dense_relu_dense_wo.resize(1024);
-  {
-    const meshrt::kernels::Shard shard{
-        {64, 32}, {support::shardStart(world_, {"model"}, 32), 0}, {32, 32}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
-    support::fillParam(param29_xlnet_xlnet_layer_1_dense_relu_dense_wo.data(), shard, seed,
-                       "xlnet/xlnet_layer[1]/dense_relu_dense/wo", init,
-                       meshrt::kernels::ValueType::F32);
-  }
-  // xlnet/xlnet_layer[1]/dense_relu_dense/bo: zeros (xlnet.mesh:82)
-  param30_xlnet_xlnet_layer_1_dense_relu_dense_bo.assign(
-      32, support::roundValue(support::DType::F32, 0.0));
-  // xlnet/xlnet_layer[1]/norm#1/gain: ones (xlnet.mesh:35)
-  param31_xlnet_xlnet_layer_1_norm_1_gain.assign(32, support::roundValue(support::DType::F32, 1.0));
-  // xlnet/xlnet_layer[1]/norm#1/bias: zeros (xlnet.mesh:36)
-  param32_xlnet_xlnet_layer_1_norm_1_bias.assign(32, support::roundValue(support::DType::F32, 0.0));
+  static constexpr support::ParamInit inits[] = {
+      // xlnet/embedding (xlnet.mesh:101)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.02}}},
+      // xlnet/mask_embedding (xlnet.mesh:102)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.02}}},
+      // xlnet/output_bias (xlnet.mesh:103)
+      {"zeros", support::DType::F32, {}},
+      // xlnet/xlnet_layer[0]/two_stream_attention/q (xlnet.mesh:52)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.02}}},
+      // xlnet/xlnet_layer[0]/two_stream_attention/k (xlnet.mesh:53)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.02}}},
+      // xlnet/xlnet_layer[0]/two_stream_attention/v (xlnet.mesh:54)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.02}}},
+      // xlnet/xlnet_layer[0]/two_stream_attention/r (xlnet.mesh:55)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.02}}},
+      // xlnet/xlnet_layer[0]/two_stream_attention/o (xlnet.mesh:56)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.02}}},
+      // xlnet/xlnet_layer[0]/two_stream_attention/content_bias (xlnet.mesh:57)
+      {"zeros", support::DType::F32, {}},
+      // xlnet/xlnet_layer[0]/two_stream_attention/position_bias (xlnet.mesh:58)
+      {"zeros", support::DType::F32, {}},
+      // xlnet/xlnet_layer[0]/norm/gain (xlnet.mesh:35)
+      {"ones", support::DType::F32, {}},
+      // xlnet/xlnet_layer[0]/norm/bias (xlnet.mesh:36)
+      {"zeros", support::DType::F32, {}},
+      // xlnet/xlnet_layer[0]/dense_relu_dense/wi (xlnet.mesh:79)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.02}}},
+      // xlnet/xlnet_layer[0]/dense_relu_dense/bi (xlnet.mesh:80)
+      {"zeros", support::DType::F32, {}},
+      // xlnet/xlnet_layer[0]/dense_relu_dense/wo (xlnet.mesh:81)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.02}}},
+      // xlnet/xlnet_layer[0]/dense_relu_dense/bo (xlnet.mesh:82)
+      {"zeros", support::DType::F32, {}},
+      // xlnet/xlnet_layer[0]/norm#1/gain (xlnet.mesh:35)
+      {"ones", support::DType::F32, {}},
+      // xlnet/xlnet_layer[0]/norm#1/bias (xlnet.mesh:36)
+      {"zeros", support::DType::F32, {}},
+      // xlnet/xlnet_layer[1]/two_stream_attention/q (xlnet.mesh:52)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.02}}},
+      // xlnet/xlnet_layer[1]/two_stream_attention/k (xlnet.mesh:53)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.02}}},
+      // xlnet/xlnet_layer[1]/two_stream_attention/v (xlnet.mesh:54)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.02}}},
+      // xlnet/xlnet_layer[1]/two_stream_attention/r (xlnet.mesh:55)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.02}}},
+      // xlnet/xlnet_layer[1]/two_stream_attention/o (xlnet.mesh:56)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.02}}},
+      // xlnet/xlnet_layer[1]/two_stream_attention/content_bias (xlnet.mesh:57)
+      {"zeros", support::DType::F32, {}},
+      // xlnet/xlnet_layer[1]/two_stream_attention/position_bias (xlnet.mesh:58)
+      {"zeros", support::DType::F32, {}},
+      // xlnet/xlnet_layer[1]/norm/gain (xlnet.mesh:35)
+      {"ones", support::DType::F32, {}},
+      // xlnet/xlnet_layer[1]/norm/bias (xlnet.mesh:36)
+      {"zeros", support::DType::F32, {}},
+      // xlnet/xlnet_layer[1]/dense_relu_dense/wi (xlnet.mesh:79)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.02}}},
+      // xlnet/xlnet_layer[1]/dense_relu_dense/bi (xlnet.mesh:80)
+      {"zeros", support::DType::F32, {}},
+      // xlnet/xlnet_layer[1]/dense_relu_dense/wo (xlnet.mesh:81)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.02}}},
+      // xlnet/xlnet_layer[1]/dense_relu_dense/bo (xlnet.mesh:82)
+      {"zeros", support::DType::F32, {}},
+      // xlnet/xlnet_layer[1]/norm#1/gain (xlnet.mesh:35)
+      {"ones", support::DType::F32, {}},
+      // xlnet/xlnet_layer[1]/norm#1/bias (xlnet.mesh:36)
+      {"zeros", support::DType::F32, {}}};
+  support::Buffer *const data[] = {&param0_xlnet_embedding,
+                                   &param1_xlnet_mask_embedding,
+                                   &param2_xlnet_output_bias,
+                                   &param3_xlnet_xlnet_layer_0_two_stream_attention_q,
+                                   &param4_xlnet_xlnet_layer_0_two_stream_attention_k,
+                                   &param5_xlnet_xlnet_layer_0_two_stream_attention_v,
+                                   &param6_xlnet_xlnet_layer_0_two_stream_attention_r,
+                                   &param7_xlnet_xlnet_layer_0_two_stream_attention_o,
+                                   &param8_xlnet_xlnet_layer_0_two_stream_attention_content_bias,
+                                   &param9_xlnet_xlnet_layer_0_two_stream_attention_position_bias,
+                                   &param10_xlnet_xlnet_layer_0_norm_gain,
+                                   &param11_xlnet_xlnet_layer_0_norm_bias,
+                                   &param12_xlnet_xlnet_layer_0_dense_relu_dense_wi,
+                                   &param13_xlnet_xlnet_layer_0_dense_relu_dense_bi,
+                                   &param14_xlnet_xlnet_layer_0_dense_relu_dense_wo,
+                                   &param15_xlnet_xlnet_layer_0_dense_relu_dense_bo,
+                                   &param16_xlnet_xlnet_layer_0_norm_1_gain,
+                                   &param17_xlnet_xlnet_layer_0_norm_1_bias,
+                                   &param18_xlnet_xlnet_layer_1_two_stream_attention_q,
+                                   &param19_xlnet_xlnet_layer_1_two_stream_attention_k,
+                                   &param20_xlnet_xlnet_layer_1_two_stream_attention_v,
+                                   &param21_xlnet_xlnet_layer_1_two_stream_attention_r,
+                                   &param22_xlnet_xlnet_layer_1_two_stream_attention_o,
+                                   &param23_xlnet_xlnet_layer_1_two_stream_attention_content_bias,
+                                   &param24_xlnet_xlnet_layer_1_two_stream_attention_position_bias,
+                                   &param25_xlnet_xlnet_layer_1_norm_gain,
+                                   &param26_xlnet_xlnet_layer_1_norm_bias,
+                                   &param27_xlnet_xlnet_layer_1_dense_relu_dense_wi,
+                                   &param28_xlnet_xlnet_layer_1_dense_relu_dense_bi,
+                                   &param29_xlnet_xlnet_layer_1_dense_relu_dense_wo,
+                                   &param30_xlnet_xlnet_layer_1_dense_relu_dense_bo,
+                                   &param31_xlnet_xlnet_layer_1_norm_1_gain,
+                                   &param32_xlnet_xlnet_layer_1_norm_1_bias};
+  support::initParams(world_, seed, -1, kPredictParams, inits, data);
   computeInvariants();
 }
 
@@ -230,118 +939,44 @@ void Predict::computeInvariants() {
   // xlnet.mesh:42:35 iota
   // xlnet.mesh:42:63 iota
   support::View v1 = persistent_.view(0, 16);
-  static const support::Shape shape0_1 = {16};
-  static const support::Shape shape0_2 = {1};
-  support::iota(v1.data(), shape0_1, shape0_2, 0);
+  support::iota(v1.data(), kShape0, kShape1, 0);
 
   // xlnet.mesh:42:33 sub
   support::View v12 = persistent_.view(64, 256);
-  {
-    float *__restrict v12p = v12.data();
-    const float *__restrict v1p = v1.data();
-    for (int64_t i0 = 0; i0 < 16; ++i0) {
-      for (int64_t i1 = 0; i1 < 16; ++i1) {
-        const float s0 = v1p[i0];
-        const float s1 = v1p[i1];
-        const float s2 = support::wrapI32(double((double(s0) - double(s1))));
-        v12p[i0 * 16 + i1] = s2;
-      }
-    }
-  }
+  loop0(v12.data(), v1.data());
 
   // xlnet.mesh:42:15 cast
   support::View v13 = persistent_.view(1088, 256);
-  {
-    float *__restrict v13p = v13.data();
-    const float *__restrict v12p = v12.data();
-    for (int64_t i0 = 0; i0 < 256; ++i0) {
-      const float s0 = v12p[i0];
-      const float s1 = s0;
-      v13p[i0] = s1;
-    }
-  }
+  loop1(v13.data(), v12.data());
 
   // xlnet.mesh:42:58 cast
   support::View v15 = persistent_.view(2112, 16);
-  {
-    float *__restrict v15p = v15.data();
-    const float *__restrict v1p = v1.data();
-    for (int64_t i0 = 0; i0 < 16; ++i0) {
-      const float s0 = v1p[i0];
-      const float s1 = s0;
-      v15p[i0] = s1;
-    }
-  }
+  loop2(v15.data(), v1.data());
 
   // xlnet.mesh:42:80 mul
   support::View v17 = persistent_.view(2240, 16);
-  {
-    float *__restrict v17p = v17.data();
-    const float *__restrict v15p = v15.data();
-    for (int64_t i0 = 0; i0 < 16; ++i0) {
-      const float s0 = v15p[i0];
-      const float s1 = -0.575646f;
-      const float s2 = (s0 * s1);
-      v17p[i0] = s2;
-    }
-  }
+  loop3(v17.data(), v15.data());
 
   // xlnet.mesh:42:54 exp
   support::View v18 = persistent_.view(2304, 16);
-  {
-    float *__restrict v18p = v18.data();
-    const float *__restrict v17p = v17.data();
-    for (int64_t i0 = 0; i0 < 16; ++i0) {
-      const float s0 = v17p[i0];
-      const float s1 = support::fexp(s0);
-      v18p[i0] = s1;
-    }
-  }
+  loop4(v18.data(), v17.data());
 
   // xlnet.mesh:42:52 mul -> angle
   support::View v19 = persistent_.view(2368, 4096);
-  {
-    float *__restrict v19p = v19.data();
-    const float *__restrict v13p = v13.data();
-    const float *__restrict v18p = v18.data();
-    for (int64_t i0 = 0; i0 < 256; ++i0) {
-      for (int64_t i1 = 0; i1 < 16; ++i1) {
-        const float s0 = v13p[i0];
-        const float s1 = v18p[i1];
-        const float s2 = (s0 * s1);
-        v19p[i0 * 16 + i1] = s2;
-      }
-    }
-  }
+  loop5(v19.data(), v13.data(), v18.data());
 
   // xlnet.mesh:43:17 sin
   support::View v20 = persistent_.view(18752, 4096);
-  {
-    float *__restrict v20p = v20.data();
-    const float *__restrict v19p = v19.data();
-    for (int64_t i0 = 0; i0 < 4096; ++i0) {
-      const float s0 = v19p[i0];
-      const float s1 = support::fsin(s0);
-      v20p[i0] = s1;
-    }
-  }
+  loop6(v20.data(), v19.data());
 
   // xlnet.mesh:43:29 cos
   support::View v21 = persistent_.view(35136, 4096);
-  {
-    float *__restrict v21p = v21.data();
-    const float *__restrict v19p = v19.data();
-    for (int64_t i0 = 0; i0 < 4096; ++i0) {
-      const float s0 = v19p[i0];
-      const float s1 = support::fcos(s0);
-      v21p[i0] = s1;
-    }
-  }
+  loop7(v21.data(), v19.data());
 }
 
 Predict::Outputs Predict::run(const Inputs &inputs) {
   MESHRT_TRACE_RUN(world_, "predict");
-  // Arena: 79872 bytes for 315456 bytes of temporaries (placed by liveness).
+  // Arena: 79872 bytes for 352320 bytes of temporaries (placed by liveness).
   support::checkShape("input", "tokens", inputs.tokens, {2, 16});
   runPart0(inputs);
   runPart1(inputs);
@@ -365,68 +1000,31 @@ void Predict::runPart0(const Inputs &inputs) {
   // xlnet.mesh:105:25 cast -> content_allowed
   MESHRT_TRACE("loop", "xlnet.mesh:105:39", "forward");
   support::View v7 = arena_.view(77824, 256);
-  {
-    float *__restrict v7p = v7.data();
-    const float *__restrict v5p = v5.data();
-    const float *__restrict v1p = v1.data();
-    for (int64_t i0 = 0; i0 < 16; ++i0) {
-      for (int64_t i1 = 0; i1 < 16; ++i1) {
-        const float s0 = v5p[i0];
-        const float s1 = v1p[i1];
-        const float s2 = (s0 <= s1 ? 1.0f : 0.0f);
-        const float s3 = s2;
-        v7p[i0 * 16 + i1] = s3;
-      }
-    }
-  }
+  loop8(v7.data(), v5.data(), v1.data());
 
   // xlnet.mesh:106:37 lt
   // xlnet.mesh:106:23 cast -> query_allowed
   MESHRT_TRACE("loop", "xlnet.mesh:106:37", "forward");
   support::View v9 = arena_.view(78848, 256);
-  {
-    float *__restrict v9p = v9.data();
-    const float *__restrict v5p = v5.data();
-    const float *__restrict v1p = v1.data();
-    for (int64_t i0 = 0; i0 < 16; ++i0) {
-      for (int64_t i1 = 0; i1 < 16; ++i1) {
-        const float s0 = v5p[i0];
-        const float s1 = v1p[i1];
-        const float s2 = (s0 < s1 ? 1.0f : 0.0f);
-        const float s3 = s2;
-        v9p[i0 * 16 + i1] = s3;
-      }
-    }
-  }
+  loop9(v9.data(), v5.data(), v1.data());
 
   // xlnet.mesh:43:10 concat -> sinusoids
   MESHRT_TRACE("concat", "xlnet.mesh:43:10", "forward");
   support::View v20 = persistent_.view(18752, 4096);
   support::View v22 = arena_.slot(0, 8192);
-  static const support::Shape shape3_2 = {16, 16};
-  static const support::Shape shape3_3 = {512, 32};
-  static const support::Shape shape3_4 = {256, 16};
-  support::copyWindow(v22.data(), v20.data(), shape3_2, shape3_3, shape3_4, 1, 1, 32, 16,
-                      int64_t(0));
+  support::copyWindow(v22.data(), v20.data(), kShape2, kShape3, kShape4, 1, 1, 32, 16, int64_t(0));
 
   // xlnet.mesh:43:10 concat -> sinusoids
   MESHRT_TRACE("concat", "xlnet.mesh:43:10", "forward");
   support::View v21 = persistent_.view(35136, 4096);
-  static const support::Shape shape4_2 = {16, 16};
-  static const support::Shape shape4_3 = {512, 32};
-  static const support::Shape shape4_4 = {256, 16};
-  support::copyWindow(v22.data(), v21.data(), shape4_2, shape4_3, shape4_4, 1, 1, 32, 16,
-                      int64_t(16));
+  support::copyWindow(v22.data(), v21.data(), kShape2, kShape3, kShape4, 1, 1, 32, 16, int64_t(16));
 
   // xlnet.mesh:108:11 einsum -> h
   MESHRT_TRACE("einsum", "xlnet.mesh:108:11", "forward");
   const support::Buffer &v2 = param0_xlnet_embedding;
   const support::Buffer &v0 = inputs.tokens.data;
   support::View v24 = arena_.view(49152, 1024);
-  static const support::Shape shape5_1 = {2, 16, 32};
-  static const support::Shape shape5_3 = {0, 0, 1};
-  static const support::Shape shape5_5 = {16, 1, 0};
-  support::gather(v24.data(), shape5_1, v2.data(), shape5_3, v0.data(), shape5_5, 32, 32,
+  support::gather(v24.data(), kShape5, v2.data(), kShape6, v0.data(), kShape7, 32, 32,
                   support::shardStart(world_, {"model"}, 32));
 
   // xlnet.mesh:109:52 ge
@@ -435,22 +1033,7 @@ void Predict::runPart0(const Inputs &inputs) {
   MESHRT_TRACE("loop", "xlnet.mesh:109:52", "forward");
   const support::Buffer &v3 = param1_xlnet_mask_embedding;
   support::View v28 = arena_.view(53248, 1024);
-  {
-    float *__restrict v28p = v28.data();
-    const float *__restrict v0p = v0.data();
-    const float *__restrict v3p = v3.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = v0p[i0];
-        const float s1 = support::wrapI32(0.0);
-        const float s2 = (s0 >= s1 ? 1.0f : 0.0f);
-        const float s3 = s2;
-        const float s4 = v3p[i1];
-        const float s5 = (s3 * s4);
-        v28p[i0 * 32 + i1] = s5;
-      }
-    }
-  }
+  loop10(v28.data(), v0.data(), v3.data());
 
   // xlnet.mesh:59:28 all_reduce_sum -> h (resolve the partial sum of h over model for einsum at
   // 59:28)
@@ -487,56 +1070,20 @@ void Predict::runPart0(const Inputs &inputs) {
   // xlnet.mesh:69:49 gt
   MESHRT_TRACE("loop", "xlnet.mesh:111:30", "forward");
   support::View v61 = arena_.view(75776, 256);
-  {
-    float *__restrict v61p = v61.data();
-    const float *__restrict v7p = v7.data();
-    for (int64_t i0 = 0; i0 < 16; ++i0) {
-      for (int64_t i1 = 0; i1 < 16; ++i1) {
-        const float s0 = v7p[i0 + i1 * 16];
-        const float s1 = s0;
-        const float s2 = 0.5f;
-        const float s3 = (s1 > s2 ? 1.0f : 0.0f);
-        v61p[i0 * 16 + i1] = s3;
-      }
-    }
-  }
+  loop11(v61.data(), v7.data());
 
   // xlnet.mesh:66:19 add
   // xlnet.mesh:66:97 mul -> h_logits
   // xlnet.mesh:69:27 where
   MESHRT_TRACE("loop", "xlnet.mesh:66:19", "forward");
   support::View v63 = arena_.view(32768, 1024);
-  {
-    float *__restrict v63p = v63.data();
-    const float *__restrict v47p = v47.data();
-    const float *__restrict v49p = v49.data();
-    const float *__restrict v61p = v61.data();
-    for (int64_t i0 = 0; i0 < 4; ++i0) {
-      for (int64_t i1 = 0; i1 < 256; ++i1) {
-        const float s0 = v47p[i0 * 256 + i1];
-        const float s1 = v49p[i0 * 256 + i1];
-        const float s2 = (s0 + s1);
-        const float s3 = 0.35355f;
-        const float s4 = (s2 * s3);
-        const float s5 = v61p[i1];
-        const float s6 = -1000000000.0f;
-        const float s7 = (s5 != 0 ? s4 : s6);
-        v63p[i0 * 256 + i1] = s7;
-      }
-    }
-  }
+  loop12(v63.data(), v47.data(), v49.data(), v61.data());
 
   // xlnet.mesh:69:19 softmax -> h_weights
   MESHRT_TRACE("softmax", "xlnet.mesh:69:19", "forward");
   support::View v64 = arena_.view(36864, 1024);
-  static const support::Shape shape11_2 = {2, 2, 16};
-  static const support::Shape shape11_3 = {512, 256, 16};
-  static const support::Shape shape11_4 = {512, 256, 16};
-  static const support::Shape shape11_5 = {16};
-  static const support::Shape shape11_6 = {1};
-  static const support::Shape shape11_7 = {1};
-  support::along(v64.data(), v63.data(), shape11_2, shape11_3, shape11_4, shape11_5, shape11_6,
-                 shape11_7, support::Along::Softmax, 1e-05, 16, nullptr);
+  support::along(v64.data(), v63.data(), kShape8, kShape9, kShape9, kShape0, kShape1, kShape1,
+                 support::Along::Softmax, 1e-05, 16, nullptr);
 
   // xlnet.mesh:111:47 transpose
   // xlnet.mesh:111:47 transpose
@@ -544,21 +1091,9 @@ void Predict::runPart0(const Inputs &inputs) {
   // xlnet.mesh:72:47 gt
   MESHRT_TRACE("loop", "xlnet.mesh:111:47", "forward");
   support::View v66 = arena_.view(61440, 256);
-  {
-    float *__restrict v66p = v66.data();
-    const float *__restrict v9p = v9.data();
-    for (int64_t i0 = 0; i0 < 16; ++i0) {
-      for (int64_t i1 = 0; i1 < 16; ++i1) {
-        const float s0 = v9p[i0 + i1 * 16];
-        const float s1 = s0;
-        const float s2 = 0.5f;
-        const float s3 = (s1 > s2 ? 1.0f : 0.0f);
-        v66p[i0 * 16 + i1] = s3;
-      }
-    }
-  }
+  loop11(v66.data(), v9.data());
 
-  // 18 statements from xlnet.mesh:68:19 add (1 of 2)
+  // 23 statements from xlnet.mesh:68:19 add (1 of 2)
   MESHRT_TRACE_SITE("xlnet.mesh:68:19");
   support::View v68 = arena_.view(32768, 1024);
   support::View v69 = arena_.view(40960, 1024);
@@ -569,80 +1104,48 @@ void Predict::runPart0(const Inputs &inputs) {
   support::View v71 = arena_.view(36864, 1024);
   support::View v73 = arena_.view(40960, 1024);
   support::View v75 = arena_.view(32768, 1024);
-  support::View v80 = arena_.view(36864, 1024);
+  support::View v78 = arena_.view(36864, 1024);
   const support::Buffer &v76 = param10_xlnet_xlnet_layer_0_norm_gain;
   const support::Buffer &v77 = param11_xlnet_xlnet_layer_0_norm_bias;
-  support::View v83 = arena_.view(40960, 1024);
+  support::View v80 = arena_.view(40960, 1024);
+  support::View v81 = arena_.view(36864, 1024);
+  support::View v83 = arena_.view(32768, 1024);
   const support::Buffer &v84 = param12_xlnet_xlnet_layer_0_dense_relu_dense_wi;
-  support::View v88 = arena_.view(32768, 1024);
+  support::View v88 = arena_.view(36864, 1024);
   const support::Buffer &v85 = param13_xlnet_xlnet_layer_0_dense_relu_dense_bi;
   support::View v90 = arena_.view(45056, 1024);
   const support::Buffer &v86 = param14_xlnet_xlnet_layer_0_dense_relu_dense_wo;
-  support::View v91 = arena_.view(32768, 1024);
+  support::View v91 = arena_.view(36864, 1024);
   support::View v94 = arena_.view(45056, 1024);
   support::View v96 = arena_.view(49152, 1024);
   support::View v97 = arena_.view(45056, 1024);
-  repeated0(v54, v56, v66, v68, v69, v64, v41, v70_c0, v35, v70, v71_c0, v71, v24, v73, v28, v75,
-            v80, v76, v77, v83, v84, v88, v85, v90, v86, v91, v94, v96, v97);
-
-  // xlnet.mesh:83:96 add -> f
-  // xlnet.mesh:95:24 add
-  MESHRT_TRACE("loop", "xlnet.mesh:83:96", "forward");
   const support::Buffer &v87 = param15_xlnet_xlnet_layer_0_dense_relu_dense_bo;
   support::View v100 = arena_.view(49152, 1024);
-  {
-    float *__restrict v100p = v100.data();
-    const float *__restrict v91p = v91.data();
-    const float *__restrict v87p = v87.data();
-    const float *__restrict v80p = v80.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = v91p[i0 * 32 + i1];
-        const float s1 = v87p[i1];
-        const float s2 = (s0 + s1);
-        const float s3 = v80p[i0 * 32 + i1];
-        const float s4 = (s3 + s2);
-        v100p[i0 * 32 + i1] = s4;
-      }
-    }
-  }
+  support::View v101 = arena_.view(36864, 1024);
+  support::View v104 = arena_.view(32768, 1024);
+  repeated0(v54, v56, v66, v68, v69, v64, v41, v70_c0, v35, v70, v71_c0, v71, v24, v73, v28, v75,
+            v78, v76, v77, v80, v81, v83, v84, v88, v85, v90, v86, v91, v94, v96, v97, v87, v100,
+            v101, v104);
 
-  // xlnet.mesh:84:96 add -> e
-  // xlnet.mesh:95:32 add
-  MESHRT_TRACE("loop", "xlnet.mesh:84:96", "forward");
-  support::View v101 = arena_.view(32768, 1024);
-  {
-    float *__restrict v101p = v101.data();
-    const float *__restrict v97p = v97.data();
-    const float *__restrict v87p = v87.data();
-    const float *__restrict v83p = v83.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = v97p[i0 * 32 + i1];
-        const float s1 = v87p[i1];
-        const float s2 = (s0 + s1);
-        const float s3 = v83p[i0 * 32 + i1];
-        const float s4 = (s3 + s2);
-        v101p[i0 * 32 + i1] = s4;
-      }
-    }
-  }
-
-  // xlnet.mesh:37:10 layer_norm
   // xlnet.mesh:37:33 mul
   // xlnet.mesh:37:40 add -> h2
-  MESHRT_TRACE("layer_norm", "xlnet.mesh:37:10", "forward");
+  MESHRT_TRACE("loop", "xlnet.mesh:37:33", "forward");
   const support::Buffer &v102 = param16_xlnet_xlnet_layer_0_norm_1_gain;
   const support::Buffer &v103 = param17_xlnet_xlnet_layer_0_norm_1_bias;
-  support::View v106 = arena_.view(53248, 1024);
-  support::layerNormAffine(v106.data(), v100.data(), 32, 32, v102.data(), v103.data(), 1e-05, 32);
+  support::View v106 = arena_.view(49152, 1024);
+  loop13(v106.data(), v104.data(), v102.data(), v103.data());
 
   // xlnet.mesh:37:48 layer_norm
+  MESHRT_TRACE("layer_norm", "xlnet.mesh:37:48", "forward");
+  support::View v107 = arena_.view(32768, 1024);
+  support::along(v107.data(), v101.data(), kShape10, kShape3, kShape3, kShape11, kShape1, kShape1,
+                 support::Along::LayerNorm, 1e-05, 32, nullptr);
+
   // xlnet.mesh:37:71 mul
   // xlnet.mesh:37:78 add -> g2
-  MESHRT_TRACE("layer_norm", "xlnet.mesh:37:48", "forward");
-  support::View v109 = arena_.view(49152, 1024);
-  support::layerNormAffine(v109.data(), v101.data(), 32, 32, v102.data(), v103.data(), 1e-05, 32);
+  MESHRT_TRACE("loop", "xlnet.mesh:37:71", "forward");
+  support::View v109 = arena_.view(53248, 1024);
+  loop13(v109.data(), v107.data(), v102.data(), v103.data());
 
   // 13 statements from xlnet.mesh:59:28 einsum (2 of 2)
   MESHRT_TRACE_SITE("xlnet.mesh:59:28");
@@ -673,39 +1176,15 @@ void Predict::runPart0(const Inputs &inputs) {
   // xlnet.mesh:69:27 where
   MESHRT_TRACE("loop", "xlnet.mesh:66:19", "forward");
   support::View v143 = arena_.view(16384, 1024);
-  {
-    float *__restrict v143p = v143.data();
-    const float *__restrict v127p = v127.data();
-    const float *__restrict v129p = v129.data();
-    const float *__restrict v61p = v61.data();
-    for (int64_t i0 = 0; i0 < 4; ++i0) {
-      for (int64_t i1 = 0; i1 < 256; ++i1) {
-        const float s0 = v127p[i0 * 256 + i1];
-        const float s1 = v129p[i0 * 256 + i1];
-        const float s2 = (s0 + s1);
-        const float s3 = 0.35355f;
-        const float s4 = (s2 * s3);
-        const float s5 = v61p[i1];
-        const float s6 = -1000000000.0f;
-        const float s7 = (s5 != 0 ? s4 : s6);
-        v143p[i0 * 256 + i1] = s7;
-      }
-    }
-  }
+  loop12(v143.data(), v127.data(), v129.data(), v61.data());
 
   // xlnet.mesh:69:19 softmax -> h_weights
   MESHRT_TRACE("softmax", "xlnet.mesh:69:19", "forward");
   support::View v144 = arena_.view(0, 1024);
-  static const support::Shape shape20_2 = {2, 2, 16};
-  static const support::Shape shape20_3 = {512, 256, 16};
-  static const support::Shape shape20_4 = {512, 256, 16};
-  static const support::Shape shape20_5 = {16};
-  static const support::Shape shape20_6 = {1};
-  static const support::Shape shape20_7 = {1};
-  support::along(v144.data(), v143.data(), shape20_2, shape20_3, shape20_4, shape20_5, shape20_6,
-                 shape20_7, support::Along::Softmax, 1e-05, 16, nullptr);
+  support::along(v144.data(), v143.data(), kShape8, kShape9, kShape9, kShape0, kShape1, kShape1,
+                 support::Along::Softmax, 1e-05, 16, nullptr);
 
-  // 18 statements from xlnet.mesh:68:19 add (2 of 2)
+  // 23 statements from xlnet.mesh:68:19 add (2 of 2)
   MESHRT_TRACE_SITE("xlnet.mesh:68:19");
   support::View v148 = arena_.view(4096, 1024);
   support::View v149 = arena_.view(8192, 1024);
@@ -716,86 +1195,60 @@ void Predict::runPart0(const Inputs &inputs) {
   support::View v151 = arena_.view(4096, 1024);
   support::View v153 = arena_.view(8192, 1024);
   support::View v155 = arena_.view(0, 1024);
-  support::View v160 = arena_.view(4096, 1024);
+  support::View v158 = arena_.view(4096, 1024);
   const support::Buffer &v156 = param25_xlnet_xlnet_layer_1_norm_gain;
   const support::Buffer &v157 = param26_xlnet_xlnet_layer_1_norm_bias;
-  support::View v163 = arena_.view(8192, 1024);
+  support::View v160 = arena_.view(8192, 1024);
+  support::View v161 = arena_.view(4096, 1024);
+  support::View v163 = arena_.view(0, 1024);
   const support::Buffer &v164 = param27_xlnet_xlnet_layer_1_dense_relu_dense_wi;
-  support::View v168 = arena_.view(0, 1024);
+  support::View v168 = arena_.view(4096, 1024);
   const support::Buffer &v165 = param28_xlnet_xlnet_layer_1_dense_relu_dense_bi;
-  support::View v170 = arena_.view(4096, 1024);
+  support::View v170 = arena_.view(12288, 1024);
   const support::Buffer &v166 = param29_xlnet_xlnet_layer_1_dense_relu_dense_wo;
-  support::View v171 = arena_.view(0, 1024);
-  support::View v174 = arena_.view(4096, 1024);
-  support::View v176 = arena_.view(12288, 1024);
-  support::View v177 = arena_.view(4096, 1024);
-  repeated0(v134, v136, v66, v148, v149, v144, v121, v150_c0, v116, v150, v151_c0, v151, v106, v153,
-            v109, v155, v160, v156, v157, v163, v164, v168, v165, v170, v166, v171, v174, v176,
-            v177);
-
-  // xlnet.mesh:84:96 add -> e
-  // xlnet.mesh:95:32 add
-  MESHRT_TRACE("loop", "xlnet.mesh:84:96", "forward");
+  support::View v171 = arena_.view(4096, 1024);
+  support::View v174 = arena_.view(12288, 1024);
+  support::View v176 = arena_.view(16384, 1024);
+  support::View v177 = arena_.view(12288, 1024);
   const support::Buffer &v167 = param30_xlnet_xlnet_layer_1_dense_relu_dense_bo;
-  support::View v181 = arena_.view(0, 1024);
-  {
-    float *__restrict v181p = v181.data();
-    const float *__restrict v177p = v177.data();
-    const float *__restrict v167p = v167.data();
-    const float *__restrict v163p = v163.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = v177p[i0 * 32 + i1];
-        const float s1 = v167p[i1];
-        const float s2 = (s0 + s1);
-        const float s3 = v163p[i0 * 32 + i1];
-        const float s4 = (s3 + s2);
-        v181p[i0 * 32 + i1] = s4;
-      }
-    }
-  }
+  support::View v180 = arena_.view(16384, 1024);
+  support::View v181 = arena_.view(4096, 1024);
+  support::View v184 = arena_.view(0, 1024);
+  repeated0(v134, v136, v66, v148, v149, v144, v121, v150_c0, v116, v150, v151_c0, v151, v106, v153,
+            v109, v155, v158, v156, v157, v160, v161, v163, v164, v168, v165, v170, v166, v171,
+            v174, v176, v177, v167, v180, v181, v184);
 
   // xlnet.mesh:37:48 layer_norm
+  MESHRT_TRACE("layer_norm", "xlnet.mesh:37:48", "forward");
+  support::View v187 = arena_.view(0, 1024);
+  support::along(v187.data(), v181.data(), kShape10, kShape3, kShape3, kShape11, kShape1, kShape1,
+                 support::Along::LayerNorm, 1e-05, 32, nullptr);
+
   // xlnet.mesh:37:71 mul
   // xlnet.mesh:37:78 add -> g2
-  MESHRT_TRACE("layer_norm", "xlnet.mesh:37:48", "forward");
+  MESHRT_TRACE("loop", "xlnet.mesh:37:71", "forward");
   const support::Buffer &v182 = param31_xlnet_xlnet_layer_1_norm_1_gain;
   const support::Buffer &v183 = param32_xlnet_xlnet_layer_1_norm_1_bias;
   support::View v189 = arena_.view(4096, 1024);
-  support::layerNormAffine(v189.data(), v181.data(), 32, 32, v182.data(), v183.data(), 1e-05, 32);
+  loop13(v189.data(), v187.data(), v182.data(), v183.data());
+
+  // xlnet.mesh:113:10 einsum
+  MESHRT_TRACE("gemm", "xlnet.mesh:113:10", "forward");
+  support::View v190 = arena_.view(0, 1024);
+  // dims: batch, length, d_model, vocab
+  kEinsum0.plan().run(v189.data(), v2.data(), v190.data(), 1.0f, 0.0f);
 }
 
 void Predict::runPart1(const Inputs &inputs) {
   (void)inputs;
   MESHRT_TRACE_SPAN(world_);
 
-  // xlnet.mesh:113:10 einsum
-  MESHRT_TRACE("gemm", "xlnet.mesh:113:10", "forward");
-  support::View v189 = arena_.view(4096, 1024);
-  const support::Buffer &v2 = param0_xlnet_embedding;
-  support::View v190 = arena_.view(0, 1024);
-  // dims: batch, length, d_model, vocab
-  static const meshrt::kernels::EinsumPlan einsumPlan0(
-      {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan0.run(v189.data(), v2.data(), v190.data(), 1.0f, 0.0f);
-
   // xlnet.mesh:113:55 add -> logits
   MESHRT_TRACE("loop", "xlnet.mesh:113:55", "forward");
+  support::View v190 = arena_.view(0, 1024);
   const support::Buffer &v4 = param2_xlnet_output_bias;
   support::View v191 = arena_.view(4096, 1024);
-  {
-    float *__restrict v191p = v191.data();
-    const float *__restrict v190p = v190.data();
-    const float *__restrict v4p = v4.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = v190p[i0 * 32 + i1];
-        const float s1 = v4p[i1];
-        const float s2 = (s0 + s1);
-        v191p[i0 * 32 + i1] = s2;
-      }
-    }
-  }
+  loop14(v191.data(), v190.data(), v4.data());
 }
 
 void Predict::repeated0(support::ConstView a0, support::ConstView a1, support::ConstView a2,
@@ -804,74 +1257,44 @@ void Predict::repeated0(support::ConstView a0, support::ConstView a1, support::C
                         support::View a9, support::View a10, support::View a11,
                         support::ConstView a12, support::View a13, support::ConstView a14,
                         support::View a15, support::View a16, support::ConstView a17,
-                        support::ConstView a18, support::View a19, support::ConstView a20,
+                        support::ConstView a18, support::View a19, support::View a20,
                         support::View a21, support::ConstView a22, support::View a23,
-                        support::ConstView a24, support::View a25, support::View a26,
-                        support::View a27, support::View a28) {
+                        support::ConstView a24, support::View a25, support::ConstView a26,
+                        support::View a27, support::View a28, support::View a29, support::View a30,
+                        support::ConstView a31, support::View a32, support::View a33,
+                        support::View a34) {
   MESHRT_TRACE_SPAN(world_);
 
   // xlnet.mesh:68:19 add
   // xlnet.mesh:68:97 mul -> g_logits
   // xlnet.mesh:72:27 where
   MESHRT_TRACE("loop", "xlnet.mesh:68:19", "forward");
-  {
-    float *__restrict a3p = a3.data();
-    const float *__restrict a0p = a0.data();
-    const float *__restrict a1p = a1.data();
-    const float *__restrict a2p = a2.data();
-    for (int64_t i0 = 0; i0 < 4; ++i0) {
-      for (int64_t i1 = 0; i1 < 256; ++i1) {
-        const float s0 = a0p[i0 * 256 + i1];
-        const float s1 = a1p[i0 * 256 + i1];
-        const float s2 = (s0 + s1);
-        const float s3 = 0.35355f;
-        const float s4 = (s2 * s3);
-        const float s5 = a2p[i1];
-        const float s6 = -1000000000.0f;
-        const float s7 = (s5 != 0 ? s4 : s6);
-        a3p[i0 * 256 + i1] = s7;
-      }
-    }
-  }
+  loop12(a3.data(), a0.data(), a1.data(), a2.data());
 
   // xlnet.mesh:72:19 softmax -> g_weights
   MESHRT_TRACE("softmax", "xlnet.mesh:72:19", "forward");
-  static const support::Shape shape1_2 = {2, 2, 16};
-  static const support::Shape shape1_3 = {512, 256, 16};
-  static const support::Shape shape1_4 = {512, 256, 16};
-  static const support::Shape shape1_5 = {16};
-  static const support::Shape shape1_6 = {1};
-  static const support::Shape shape1_7 = {1};
-  support::along(a4.data(), a3.data(), shape1_2, shape1_3, shape1_4, shape1_5, shape1_6, shape1_7,
+  support::along(a4.data(), a3.data(), kShape8, kShape9, kShape9, kShape0, kShape1, kShape1,
                  support::Along::Softmax, 1e-05, 16, nullptr);
 
   // xlnet.mesh:73:10 einsum -> a
   MESHRT_TRACE("gemm", "xlnet.mesh:73:10", "forward");
   // dims: batch, heads, length, keys, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan2(
-      {{2, 2, 16, 16, 8}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 1, 2, 4}, {}}});
-  einsumPlan2.run(a5.data(), a6.data(), a7.data(), 1.0f, 0.0f);
+  kEinsum1.plan().run(a5.data(), a6.data(), a7.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:73:10 einsum -> a
   MESHRT_TRACE("gemm", "xlnet.mesh:73:10", "forward");
   // dims: heads, d_kv, d_model, batch, length
-  static const meshrt::kernels::EinsumPlan einsumPlan3(
-      {{2, 8, 32, 2, 16}, {{{0, 1, 2}, {}}, {{3, 0, 4, 1}, {}}}, {{3, 4, 2}, {}}});
-  einsumPlan3.run(a8.data(), a7.data(), a9.data(), 1.0f, 0.0f);
+  kEinsum2.plan().run(a8.data(), a7.data(), a9.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:74:10 einsum -> b
   MESHRT_TRACE("gemm", "xlnet.mesh:74:10", "forward");
   // dims: batch, heads, length, keys, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan4(
-      {{2, 2, 16, 16, 8}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 1, 2, 4}, {}}});
-  einsumPlan4.run(a4.data(), a6.data(), a10.data(), 1.0f, 0.0f);
+  kEinsum1.plan().run(a4.data(), a6.data(), a10.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:74:10 einsum -> b
   MESHRT_TRACE("gemm", "xlnet.mesh:74:10", "forward");
   // dims: heads, d_kv, d_model, batch, length
-  static const meshrt::kernels::EinsumPlan einsumPlan5(
-      {{2, 8, 32, 2, 16}, {{{0, 1, 2}, {}}, {{3, 0, 4, 1}, {}}}, {{3, 4, 2}, {}}});
-  einsumPlan5.run(a8.data(), a10.data(), a11.data(), 1.0f, 0.0f);
+  kEinsum2.plan().run(a8.data(), a10.data(), a11.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:93:23 bucketed_all_reduce_sum -> a (resolve the partial sum of a over model for add
   // at 93:23; merged with 1 more partial sum over model (b): 8.0 KiB in one buffer)
@@ -880,112 +1303,81 @@ void Predict::repeated0(support::ConstView a0, support::ConstView a1, support::C
 
   // xlnet.mesh:93:23 add
   MESHRT_TRACE("loop", "xlnet.mesh:93:23", "forward");
-  {
-    float *__restrict a13p = a13.data();
-    const float *__restrict a12p = a12.data();
-    const float *__restrict a9p = a9.data();
-    for (int64_t i0 = 0; i0 < 1024; ++i0) {
-      const float s0 = a12p[i0];
-      const float s1 = a9p[i0];
-      const float s2 = (s0 + s1);
-      a13p[i0] = s2;
-    }
-  }
+  loop15(a13.data(), a12.data(), a9.data());
 
   // xlnet.mesh:93:30 add
   MESHRT_TRACE("loop", "xlnet.mesh:93:30", "forward");
-  {
-    float *__restrict a15p = a15.data();
-    const float *__restrict a14p = a14.data();
-    const float *__restrict a11p = a11.data();
-    for (int64_t i0 = 0; i0 < 1024; ++i0) {
-      const float s0 = a14p[i0];
-      const float s1 = a11p[i0];
-      const float s2 = (s0 + s1);
-      a15p[i0] = s2;
-    }
-  }
+  loop15(a15.data(), a14.data(), a11.data());
 
   // xlnet.mesh:37:10 layer_norm
+  MESHRT_TRACE("layer_norm", "xlnet.mesh:37:10", "forward");
+  support::along(a16.data(), a13.data(), kShape10, kShape3, kShape3, kShape11, kShape1, kShape1,
+                 support::Along::LayerNorm, 1e-05, 32, nullptr);
+
   // xlnet.mesh:37:33 mul
   // xlnet.mesh:37:40 add -> h1
-  MESHRT_TRACE("layer_norm", "xlnet.mesh:37:10", "forward");
-  support::layerNormAffine(a16.data(), a13.data(), 32, 32, a17.data(), a18.data(), 1e-05, 32);
+  MESHRT_TRACE("loop", "xlnet.mesh:37:33", "forward");
+  loop13(a19.data(), a16.data(), a17.data(), a18.data());
 
   // xlnet.mesh:37:48 layer_norm
+  MESHRT_TRACE("layer_norm", "xlnet.mesh:37:48", "forward");
+  support::along(a20.data(), a15.data(), kShape10, kShape3, kShape3, kShape11, kShape1, kShape1,
+                 support::Along::LayerNorm, 1e-05, 32, nullptr);
+
   // xlnet.mesh:37:71 mul
   // xlnet.mesh:37:78 add -> g1
-  MESHRT_TRACE("layer_norm", "xlnet.mesh:37:48", "forward");
-  support::layerNormAffine(a19.data(), a15.data(), 32, 32, a17.data(), a18.data(), 1e-05, 32);
+  MESHRT_TRACE("loop", "xlnet.mesh:37:71", "forward");
+  loop13(a21.data(), a20.data(), a17.data(), a18.data());
 
   // xlnet.mesh:83:22 einsum
   MESHRT_TRACE("gemm", "xlnet.mesh:83:22", "forward");
   // dims: batch, length, d_model, d_ff
-  static const meshrt::kernels::EinsumPlan einsumPlan11(
-      {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan11.run(a16.data(), a20.data(), a21.data(), 1.0f, 0.0f);
+  kEinsum3.plan().run(a19.data(), a22.data(), a23.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:83:59 add
   // xlnet.mesh:83:17 gelu
   MESHRT_TRACE("loop", "xlnet.mesh:83:59", "forward");
-  {
-    float *__restrict a23p = a23.data();
-    const float *__restrict a21p = a21.data();
-    const float *__restrict a22p = a22.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = a21p[i0 * 32 + i1];
-        const float s1 = a22p[i1];
-        const float s2 = (s0 + s1);
-        const float s3 = support::fgelu(s2);
-        a23p[i0 * 32 + i1] = s3;
-      }
-    }
-  }
+  loop16(a25.data(), a23.data(), a24.data());
 
   // xlnet.mesh:83:10 einsum
   MESHRT_TRACE("gemm", "xlnet.mesh:83:10", "forward");
   // dims: batch, length, d_ff, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan13(
-      {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan13.run(a23.data(), a24.data(), a25.data(), 1.0f, 0.0f);
+  kEinsum3.plan().run(a25.data(), a26.data(), a27.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:84:22 einsum
   MESHRT_TRACE("gemm", "xlnet.mesh:84:22", "forward");
   // dims: batch, length, d_model, d_ff
-  static const meshrt::kernels::EinsumPlan einsumPlan14(
-      {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan14.run(a19.data(), a20.data(), a26.data(), 1.0f, 0.0f);
+  kEinsum3.plan().run(a21.data(), a22.data(), a28.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:84:59 add
   // xlnet.mesh:84:17 gelu
   MESHRT_TRACE("loop", "xlnet.mesh:84:59", "forward");
-  {
-    float *__restrict a27p = a27.data();
-    const float *__restrict a26p = a26.data();
-    const float *__restrict a22p = a22.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = a26p[i0 * 32 + i1];
-        const float s1 = a22p[i1];
-        const float s2 = (s0 + s1);
-        const float s3 = support::fgelu(s2);
-        a27p[i0 * 32 + i1] = s3;
-      }
-    }
-  }
+  loop16(a29.data(), a28.data(), a24.data());
 
   // xlnet.mesh:84:10 einsum
   MESHRT_TRACE("gemm", "xlnet.mesh:84:10", "forward");
   // dims: batch, length, d_ff, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan16(
-      {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan16.run(a27.data(), a24.data(), a28.data(), 1.0f, 0.0f);
+  kEinsum3.plan().run(a29.data(), a26.data(), a30.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:83:96 bucketed_all_reduce_sum (resolve the partial sum of %88 over model for add at
   // 83:96; merged with 1 more partial sum over model (%98): 8.0 KiB in one buffer)
   MESHRT_TRACE_SITE("xlnet.mesh:83:96");
-  support::allReduceBucket(group_model, {a25, a28});
+  support::allReduceBucket(group_model, {a27, a30});
+
+  // xlnet.mesh:83:96 add -> f
+  // xlnet.mesh:95:24 add
+  MESHRT_TRACE("loop", "xlnet.mesh:83:96", "forward");
+  loop17(a32.data(), a27.data(), a31.data(), a19.data());
+
+  // xlnet.mesh:84:96 add -> e
+  // xlnet.mesh:95:32 add
+  MESHRT_TRACE("loop", "xlnet.mesh:84:96", "forward");
+  loop17(a33.data(), a30.data(), a31.data(), a21.data());
+
+  // xlnet.mesh:37:10 layer_norm
+  MESHRT_TRACE("layer_norm", "xlnet.mesh:37:10", "forward");
+  support::along(a34.data(), a32.data(), kShape10, kShape3, kShape3, kShape11, kShape1, kShape1,
+                 support::Along::LayerNorm, 1e-05, 32, nullptr);
 }
 
 void Predict::repeated1(support::ConstView a0, support::ConstView a1, support::View a2,
@@ -1001,129 +1393,63 @@ void Predict::repeated1(support::ConstView a0, support::ConstView a1, support::V
   // xlnet.mesh:59:28 einsum
   MESHRT_TRACE("gemm", "xlnet.mesh:59:28", "forward");
   // dims: batch, length, d_model, heads, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan0(
-      {{2, 16, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan0.run(a0.data(), a1.data(), a2.data(), 1.0f, 0.0f);
+  kEinsum4.plan().run(a0.data(), a1.data(), a2.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:60:23 einsum
   MESHRT_TRACE("gemm", "xlnet.mesh:60:23", "forward");
   // dims: batch, length, d_model, heads, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan1(
-      {{2, 16, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan1.run(a0.data(), a3.data(), a4.data(), 1.0f, 0.0f);
+  kEinsum4.plan().run(a0.data(), a3.data(), a4.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:61:19 einsum -> positions
   MESHRT_TRACE("gemm", "xlnet.mesh:61:19", "forward");
   // dims: length, keys, d_model, heads, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan2(
-      {{16, 16, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan2.run(a5.data(), a6.data(), a7.data(), 1.0f, 0.0f);
+  kEinsum5.plan().run(a5.data(), a6.data(), a7.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:62:19 einsum -> h_queries
   MESHRT_TRACE("gemm", "xlnet.mesh:62:19", "forward");
   // dims: batch, length, d_model, heads, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan3(
-      {{2, 16, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan3.run(a0.data(), a8.data(), a9.data(), 1.0f, 0.0f);
+  kEinsum4.plan().run(a0.data(), a8.data(), a9.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:63:19 einsum -> g_queries
   MESHRT_TRACE("gemm", "xlnet.mesh:63:19", "forward");
   // dims: batch, length, d_model, heads, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan4(
-      {{2, 16, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan4.run(a10.data(), a8.data(), a11.data(), 1.0f, 0.0f);
+  kEinsum4.plan().run(a10.data(), a8.data(), a11.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:65:36 add
   MESHRT_TRACE("loop", "xlnet.mesh:65:36", "forward");
-  {
-    float *__restrict a13p = a13.data();
-    const float *__restrict a9p = a9.data();
-    const float *__restrict a12p = a12.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 16; ++i1) {
-        const float s0 = a9p[i0 * 16 + i1];
-        const float s1 = a12p[i1];
-        const float s2 = (s0 + s1);
-        a13p[i0 * 16 + i1] = s2;
-      }
-    }
-  }
+  loop18(a13.data(), a9.data(), a12.data());
 
   // xlnet.mesh:65:19 einsum
   MESHRT_TRACE("gemm", "xlnet.mesh:65:19", "forward");
   // dims: batch, length, heads, d_kv, keys
-  static const meshrt::kernels::EinsumPlan einsumPlan6(
-      {{2, 16, 2, 8, 16}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
-  einsumPlan6.run(a13.data(), a2.data(), a14.data(), 1.0f, 0.0f);
+  kEinsum6.plan().run(a13.data(), a2.data(), a14.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:66:38 add
   MESHRT_TRACE("loop", "xlnet.mesh:66:38", "forward");
-  {
-    float *__restrict a16p = a16.data();
-    const float *__restrict a9p = a9.data();
-    const float *__restrict a15p = a15.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 16; ++i1) {
-        const float s0 = a9p[i0 * 16 + i1];
-        const float s1 = a15p[i1];
-        const float s2 = (s0 + s1);
-        a16p[i0 * 16 + i1] = s2;
-      }
-    }
-  }
+  loop18(a16.data(), a9.data(), a15.data());
 
   // xlnet.mesh:66:21 einsum
   MESHRT_TRACE("gemm", "xlnet.mesh:66:21", "forward");
   // dims: batch, length, heads, d_kv, keys
-  static const meshrt::kernels::EinsumPlan einsumPlan8(
-      {{2, 16, 2, 8, 16}, {{{0, 1, 2, 3}, {}}, {{1, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
-  einsumPlan8.run(a16.data(), a7.data(), a17.data(), 1.0f, 0.0f);
+  kEinsum7.plan().run(a16.data(), a7.data(), a17.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:67:36 add
   MESHRT_TRACE("loop", "xlnet.mesh:67:36", "forward");
-  {
-    float *__restrict a18p = a18.data();
-    const float *__restrict a11p = a11.data();
-    const float *__restrict a12p = a12.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 16; ++i1) {
-        const float s0 = a11p[i0 * 16 + i1];
-        const float s1 = a12p[i1];
-        const float s2 = (s0 + s1);
-        a18p[i0 * 16 + i1] = s2;
-      }
-    }
-  }
+  loop18(a18.data(), a11.data(), a12.data());
 
   // xlnet.mesh:67:19 einsum
   MESHRT_TRACE("gemm", "xlnet.mesh:67:19", "forward");
   // dims: batch, length, heads, d_kv, keys
-  static const meshrt::kernels::EinsumPlan einsumPlan10(
-      {{2, 16, 2, 8, 16}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
-  einsumPlan10.run(a18.data(), a2.data(), a19.data(), 1.0f, 0.0f);
+  kEinsum6.plan().run(a18.data(), a2.data(), a19.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:68:38 add
   MESHRT_TRACE("loop", "xlnet.mesh:68:38", "forward");
-  {
-    float *__restrict a20p = a20.data();
-    const float *__restrict a11p = a11.data();
-    const float *__restrict a15p = a15.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 16; ++i1) {
-        const float s0 = a11p[i0 * 16 + i1];
-        const float s1 = a15p[i1];
-        const float s2 = (s0 + s1);
-        a20p[i0 * 16 + i1] = s2;
-      }
-    }
-  }
+  loop18(a20.data(), a11.data(), a15.data());
 
   // xlnet.mesh:68:21 einsum
   MESHRT_TRACE("gemm", "xlnet.mesh:68:21", "forward");
   // dims: batch, length, heads, d_kv, keys
-  static const meshrt::kernels::EinsumPlan einsumPlan12(
-      {{2, 16, 2, 8, 16}, {{{0, 1, 2, 3}, {}}, {{1, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
-  einsumPlan12.run(a20.data(), a7.data(), a21.data(), 1.0f, 0.0f);
+  kEinsum7.plan().run(a20.data(), a7.data(), a21.data(), 1.0f, 0.0f);
 }
 
 Predict::Inputs Predict::synthesizeInputs(uint64_t seed) const {
@@ -1168,39 +1494,40 @@ support::Tensor Predict::gatherOutput(meshrt::Communicator &world, const std::st
 }
 
 std::vector<std::string> Predict::paramNames() {
-  return {"xlnet/embedding",
-          "xlnet/mask_embedding",
-          "xlnet/output_bias",
-          "xlnet/xlnet_layer[0]/two_stream_attention/q",
-          "xlnet/xlnet_layer[0]/two_stream_attention/k",
-          "xlnet/xlnet_layer[0]/two_stream_attention/v",
-          "xlnet/xlnet_layer[0]/two_stream_attention/r",
-          "xlnet/xlnet_layer[0]/two_stream_attention/o",
-          "xlnet/xlnet_layer[0]/two_stream_attention/content_bias",
-          "xlnet/xlnet_layer[0]/two_stream_attention/position_bias",
-          "xlnet/xlnet_layer[0]/norm/gain",
-          "xlnet/xlnet_layer[0]/norm/bias",
-          "xlnet/xlnet_layer[0]/dense_relu_dense/wi",
-          "xlnet/xlnet_layer[0]/dense_relu_dense/bi",
-          "xlnet/xlnet_layer[0]/dense_relu_dense/wo",
-          "xlnet/xlnet_layer[0]/dense_relu_dense/bo",
-          "xlnet/xlnet_layer[0]/norm#1/gain",
-          "xlnet/xlnet_layer[0]/norm#1/bias",
-          "xlnet/xlnet_layer[1]/two_stream_attention/q",
-          "xlnet/xlnet_layer[1]/two_stream_attention/k",
-          "xlnet/xlnet_layer[1]/two_stream_attention/v",
-          "xlnet/xlnet_layer[1]/two_stream_attention/r",
-          "xlnet/xlnet_layer[1]/two_stream_attention/o",
-          "xlnet/xlnet_layer[1]/two_stream_attention/content_bias",
-          "xlnet/xlnet_layer[1]/two_stream_attention/position_bias",
-          "xlnet/xlnet_layer[1]/norm/gain",
-          "xlnet/xlnet_layer[1]/norm/bias",
-          "xlnet/xlnet_layer[1]/dense_relu_dense/wi",
-          "xlnet/xlnet_layer[1]/dense_relu_dense/bi",
-          "xlnet/xlnet_layer[1]/dense_relu_dense/wo",
-          "xlnet/xlnet_layer[1]/dense_relu_dense/bo",
-          "xlnet/xlnet_layer[1]/norm#1/gain",
-          "xlnet/xlnet_layer[1]/norm#1/bias"};
+  static constexpr const char *names[] = {"xlnet/embedding",
+                                          "xlnet/mask_embedding",
+                                          "xlnet/output_bias",
+                                          "xlnet/xlnet_layer[0]/two_stream_attention/q",
+                                          "xlnet/xlnet_layer[0]/two_stream_attention/k",
+                                          "xlnet/xlnet_layer[0]/two_stream_attention/v",
+                                          "xlnet/xlnet_layer[0]/two_stream_attention/r",
+                                          "xlnet/xlnet_layer[0]/two_stream_attention/o",
+                                          "xlnet/xlnet_layer[0]/two_stream_attention/content_bias",
+                                          "xlnet/xlnet_layer[0]/two_stream_attention/position_bias",
+                                          "xlnet/xlnet_layer[0]/norm/gain",
+                                          "xlnet/xlnet_layer[0]/norm/bias",
+                                          "xlnet/xlnet_layer[0]/dense_relu_dense/wi",
+                                          "xlnet/xlnet_layer[0]/dense_relu_dense/bi",
+                                          "xlnet/xlnet_layer[0]/dense_relu_dense/wo",
+                                          "xlnet/xlnet_layer[0]/dense_relu_dense/bo",
+                                          "xlnet/xlnet_layer[0]/norm#1/gain",
+                                          "xlnet/xlnet_layer[0]/norm#1/bias",
+                                          "xlnet/xlnet_layer[1]/two_stream_attention/q",
+                                          "xlnet/xlnet_layer[1]/two_stream_attention/k",
+                                          "xlnet/xlnet_layer[1]/two_stream_attention/v",
+                                          "xlnet/xlnet_layer[1]/two_stream_attention/r",
+                                          "xlnet/xlnet_layer[1]/two_stream_attention/o",
+                                          "xlnet/xlnet_layer[1]/two_stream_attention/content_bias",
+                                          "xlnet/xlnet_layer[1]/two_stream_attention/position_bias",
+                                          "xlnet/xlnet_layer[1]/norm/gain",
+                                          "xlnet/xlnet_layer[1]/norm/bias",
+                                          "xlnet/xlnet_layer[1]/dense_relu_dense/wi",
+                                          "xlnet/xlnet_layer[1]/dense_relu_dense/bi",
+                                          "xlnet/xlnet_layer[1]/dense_relu_dense/wo",
+                                          "xlnet/xlnet_layer[1]/dense_relu_dense/bo",
+                                          "xlnet/xlnet_layer[1]/norm#1/gain",
+                                          "xlnet/xlnet_layer[1]/norm#1/bias"};
+  return {std::begin(names), std::end(names)};
 }
 
 bool Predict::isOptimizerState(const std::string &path) {
@@ -1209,54 +1536,6 @@ bool Predict::isOptimizerState(const std::string &path) {
 }
 
 std::vector<support::ParamShard> Predict::paramShards() {
-  static constexpr support::ParamSpec specs[] = {
-      {"xlnet/embedding", false, "f32", "vocab:64:32:model d_model:32:32:"},
-      {"xlnet/mask_embedding", false, "f32", "d_model:32:32:"},
-      {"xlnet/output_bias", false, "f32", "vocab:64:32:model"},
-      {"xlnet/xlnet_layer[0]/two_stream_attention/q", false, "f32",
-       "d_model:32:32: heads:4:2:model d_kv:8:8:"},
-      {"xlnet/xlnet_layer[0]/two_stream_attention/k", false, "f32",
-       "d_model:32:32: heads:4:2:model d_kv:8:8:"},
-      {"xlnet/xlnet_layer[0]/two_stream_attention/v", false, "f32",
-       "d_model:32:32: heads:4:2:model d_kv:8:8:"},
-      {"xlnet/xlnet_layer[0]/two_stream_attention/r", false, "f32",
-       "d_model:32:32: heads:4:2:model d_kv:8:8:"},
-      {"xlnet/xlnet_layer[0]/two_stream_attention/o", false, "f32",
-       "heads:4:2:model d_kv:8:8: d_model:32:32:"},
-      {"xlnet/xlnet_layer[0]/two_stream_attention/content_bias", false, "f32",
-       "heads:4:2:model d_kv:8:8:"},
-      {"xlnet/xlnet_layer[0]/two_stream_attention/position_bias", false, "f32",
-       "heads:4:2:model d_kv:8:8:"},
-      {"xlnet/xlnet_layer[0]/norm/gain", false, "f32", "d_model:32:32:"},
-      {"xlnet/xlnet_layer[0]/norm/bias", false, "f32", "d_model:32:32:"},
-      {"xlnet/xlnet_layer[0]/dense_relu_dense/wi", false, "f32", "d_model:32:32: d_ff:64:32:model"},
-      {"xlnet/xlnet_layer[0]/dense_relu_dense/bi", false, "f32", "d_ff:64:32:model"},
-      {"xlnet/xlnet_layer[0]/dense_relu_dense/wo", false, "f32", "d_ff:64:32:model d_model:32:32:"},
-      {"xlnet/xlnet_layer[0]/dense_relu_dense/bo", false, "f32", "d_model:32:32:"},
-      {"xlnet/xlnet_layer[0]/norm#1/gain", false, "f32", "d_model:32:32:"},
-      {"xlnet/xlnet_layer[0]/norm#1/bias", false, "f32", "d_model:32:32:"},
-      {"xlnet/xlnet_layer[1]/two_stream_attention/q", false, "f32",
-       "d_model:32:32: heads:4:2:model d_kv:8:8:"},
-      {"xlnet/xlnet_layer[1]/two_stream_attention/k", false, "f32",
-       "d_model:32:32: heads:4:2:model d_kv:8:8:"},
-      {"xlnet/xlnet_layer[1]/two_stream_attention/v", false, "f32",
-       "d_model:32:32: heads:4:2:model d_kv:8:8:"},
-      {"xlnet/xlnet_layer[1]/two_stream_attention/r", false, "f32",
-       "d_model:32:32: heads:4:2:model d_kv:8:8:"},
-      {"xlnet/xlnet_layer[1]/two_stream_attention/o", false, "f32",
-       "heads:4:2:model d_kv:8:8: d_model:32:32:"},
-      {"xlnet/xlnet_layer[1]/two_stream_attention/content_bias", false, "f32",
-       "heads:4:2:model d_kv:8:8:"},
-      {"xlnet/xlnet_layer[1]/two_stream_attention/position_bias", false, "f32",
-       "heads:4:2:model d_kv:8:8:"},
-      {"xlnet/xlnet_layer[1]/norm/gain", false, "f32", "d_model:32:32:"},
-      {"xlnet/xlnet_layer[1]/norm/bias", false, "f32", "d_model:32:32:"},
-      {"xlnet/xlnet_layer[1]/dense_relu_dense/wi", false, "f32", "d_model:32:32: d_ff:64:32:model"},
-      {"xlnet/xlnet_layer[1]/dense_relu_dense/bi", false, "f32", "d_ff:64:32:model"},
-      {"xlnet/xlnet_layer[1]/dense_relu_dense/wo", false, "f32", "d_ff:64:32:model d_model:32:32:"},
-      {"xlnet/xlnet_layer[1]/dense_relu_dense/bo", false, "f32", "d_model:32:32:"},
-      {"xlnet/xlnet_layer[1]/norm#1/gain", false, "f32", "d_model:32:32:"},
-      {"xlnet/xlnet_layer[1]/norm#1/bias", false, "f32", "d_model:32:32:"}};
   support::Buffer *const data[] = {&param0_xlnet_embedding,
                                    &param1_xlnet_mask_embedding,
                                    &param2_xlnet_output_bias,
@@ -1290,7 +1569,7 @@ std::vector<support::ParamShard> Predict::paramShards() {
                                    &param30_xlnet_xlnet_layer_1_dense_relu_dense_bo,
                                    &param31_xlnet_xlnet_layer_1_norm_1_gain,
                                    &param32_xlnet_xlnet_layer_1_norm_1_bias};
-  return support::paramShardsOf<support::ParamShard>(specs, data);
+  return support::paramShardsOf<support::ParamShard>(kPredictParams, data);
 }
 
 support::Tensor Predict::getParam(const std::string &path) {
@@ -1331,393 +1610,454 @@ support::Shape XlnetTrain::inputShape(const std::string &name) {
   throw std::invalid_argument("xlnet_train: no input named '" + name + "'");
 }
 
+/// `xlnet_train`'s params: paths, dims and layouts (its constructor and paramShards() read it).
+static constexpr support::ParamSpec kXlnetTrainParams[] = {
+    {"xlnet/embedding", false, "f32", "vocab:64:32:model d_model:32:32:"},
+    {"xlnet/mask_embedding", false, "f32", "d_model:32:32:"},
+    {"xlnet/output_bias", false, "f32", "vocab:64:32:model"},
+    {"xlnet/xlnet_layer[0]/two_stream_attention/q", false, "f32",
+     "d_model:32:32: heads:4:2:model d_kv:8:8:"},
+    {"xlnet/xlnet_layer[0]/two_stream_attention/k", false, "f32",
+     "d_model:32:32: heads:4:2:model d_kv:8:8:"},
+    {"xlnet/xlnet_layer[0]/two_stream_attention/v", false, "f32",
+     "d_model:32:32: heads:4:2:model d_kv:8:8:"},
+    {"xlnet/xlnet_layer[0]/two_stream_attention/r", false, "f32",
+     "d_model:32:32: heads:4:2:model d_kv:8:8:"},
+    {"xlnet/xlnet_layer[0]/two_stream_attention/o", false, "f32",
+     "heads:4:2:model d_kv:8:8: d_model:32:32:"},
+    {"xlnet/xlnet_layer[0]/two_stream_attention/content_bias", false, "f32",
+     "heads:4:2:model d_kv:8:8:"},
+    {"xlnet/xlnet_layer[0]/two_stream_attention/position_bias", false, "f32",
+     "heads:4:2:model d_kv:8:8:"},
+    {"xlnet/xlnet_layer[0]/norm/gain", false, "f32", "d_model:32:32:"},
+    {"xlnet/xlnet_layer[0]/norm/bias", false, "f32", "d_model:32:32:"},
+    {"xlnet/xlnet_layer[0]/dense_relu_dense/wi", false, "f32", "d_model:32:32: d_ff:64:32:model"},
+    {"xlnet/xlnet_layer[0]/dense_relu_dense/bi", false, "f32", "d_ff:64:32:model"},
+    {"xlnet/xlnet_layer[0]/dense_relu_dense/wo", false, "f32", "d_ff:64:32:model d_model:32:32:"},
+    {"xlnet/xlnet_layer[0]/dense_relu_dense/bo", false, "f32", "d_model:32:32:"},
+    {"xlnet/xlnet_layer[0]/norm#1/gain", false, "f32", "d_model:32:32:"},
+    {"xlnet/xlnet_layer[0]/norm#1/bias", false, "f32", "d_model:32:32:"},
+    {"xlnet/xlnet_layer[1]/two_stream_attention/q", false, "f32",
+     "d_model:32:32: heads:4:2:model d_kv:8:8:"},
+    {"xlnet/xlnet_layer[1]/two_stream_attention/k", false, "f32",
+     "d_model:32:32: heads:4:2:model d_kv:8:8:"},
+    {"xlnet/xlnet_layer[1]/two_stream_attention/v", false, "f32",
+     "d_model:32:32: heads:4:2:model d_kv:8:8:"},
+    {"xlnet/xlnet_layer[1]/two_stream_attention/r", false, "f32",
+     "d_model:32:32: heads:4:2:model d_kv:8:8:"},
+    {"xlnet/xlnet_layer[1]/two_stream_attention/o", false, "f32",
+     "heads:4:2:model d_kv:8:8: d_model:32:32:"},
+    {"xlnet/xlnet_layer[1]/two_stream_attention/content_bias", false, "f32",
+     "heads:4:2:model d_kv:8:8:"},
+    {"xlnet/xlnet_layer[1]/two_stream_attention/position_bias", false, "f32",
+     "heads:4:2:model d_kv:8:8:"},
+    {"xlnet/xlnet_layer[1]/norm/gain", false, "f32", "d_model:32:32:"},
+    {"xlnet/xlnet_layer[1]/norm/bias", false, "f32", "d_model:32:32:"},
+    {"xlnet/xlnet_layer[1]/dense_relu_dense/wi", false, "f32", "d_model:32:32: d_ff:64:32:model"},
+    {"xlnet/xlnet_layer[1]/dense_relu_dense/bi", false, "f32", "d_ff:64:32:model"},
+    {"xlnet/xlnet_layer[1]/dense_relu_dense/wo", false, "f32", "d_ff:64:32:model d_model:32:32:"},
+    {"xlnet/xlnet_layer[1]/dense_relu_dense/bo", false, "f32", "d_model:32:32:"},
+    {"xlnet/xlnet_layer[1]/norm#1/gain", false, "f32", "d_model:32:32:"},
+    {"xlnet/xlnet_layer[1]/norm#1/bias", false, "f32", "d_model:32:32:"},
+    {"xlnet/embedding@m", true, "f32", "vocab:64:32:model d_model:32:32:"},
+    {"xlnet/embedding@v", true, "f32", "vocab:64:32:model d_model:32:32:"},
+    {"xlnet/mask_embedding@m", true, "f32", "d_model:32:32:"},
+    {"xlnet/mask_embedding@v", true, "f32", "d_model:32:32:"},
+    {"xlnet/output_bias@m", true, "f32", "vocab:64:32:model"},
+    {"xlnet/output_bias@v", true, "f32", "vocab:64:32:model"},
+    {"xlnet/xlnet_layer[0]/two_stream_attention/q@m", true, "f32",
+     "d_model:32:32: heads:4:2:model d_kv:8:8:"},
+    {"xlnet/xlnet_layer[0]/two_stream_attention/q@v", true, "f32",
+     "d_model:32:32: heads:4:2:model d_kv:8:8:"},
+    {"xlnet/xlnet_layer[0]/two_stream_attention/k@m", true, "f32",
+     "d_model:32:32: heads:4:2:model d_kv:8:8:"},
+    {"xlnet/xlnet_layer[0]/two_stream_attention/k@v", true, "f32",
+     "d_model:32:32: heads:4:2:model d_kv:8:8:"},
+    {"xlnet/xlnet_layer[0]/two_stream_attention/v@m", true, "f32",
+     "d_model:32:32: heads:4:2:model d_kv:8:8:"},
+    {"xlnet/xlnet_layer[0]/two_stream_attention/v@v", true, "f32",
+     "d_model:32:32: heads:4:2:model d_kv:8:8:"},
+    {"xlnet/xlnet_layer[0]/two_stream_attention/r@m", true, "f32",
+     "d_model:32:32: heads:4:2:model d_kv:8:8:"},
+    {"xlnet/xlnet_layer[0]/two_stream_attention/r@v", true, "f32",
+     "d_model:32:32: heads:4:2:model d_kv:8:8:"},
+    {"xlnet/xlnet_layer[0]/two_stream_attention/o@m", true, "f32",
+     "heads:4:2:model d_kv:8:8: d_model:32:32:"},
+    {"xlnet/xlnet_layer[0]/two_stream_attention/o@v", true, "f32",
+     "heads:4:2:model d_kv:8:8: d_model:32:32:"},
+    {"xlnet/xlnet_layer[0]/two_stream_attention/content_bias@m", true, "f32",
+     "heads:4:2:model d_kv:8:8:"},
+    {"xlnet/xlnet_layer[0]/two_stream_attention/content_bias@v", true, "f32",
+     "heads:4:2:model d_kv:8:8:"},
+    {"xlnet/xlnet_layer[0]/two_stream_attention/position_bias@m", true, "f32",
+     "heads:4:2:model d_kv:8:8:"},
+    {"xlnet/xlnet_layer[0]/two_stream_attention/position_bias@v", true, "f32",
+     "heads:4:2:model d_kv:8:8:"},
+    {"xlnet/xlnet_layer[0]/norm/gain@m", true, "f32", "d_model:32:32:"},
+    {"xlnet/xlnet_layer[0]/norm/gain@v", true, "f32", "d_model:32:32:"},
+    {"xlnet/xlnet_layer[0]/norm/bias@m", true, "f32", "d_model:32:32:"},
+    {"xlnet/xlnet_layer[0]/norm/bias@v", true, "f32", "d_model:32:32:"},
+    {"xlnet/xlnet_layer[0]/dense_relu_dense/wi@m", true, "f32", "d_model:32:32: d_ff:64:32:model"},
+    {"xlnet/xlnet_layer[0]/dense_relu_dense/wi@v", true, "f32", "d_model:32:32: d_ff:64:32:model"},
+    {"xlnet/xlnet_layer[0]/dense_relu_dense/bi@m", true, "f32", "d_ff:64:32:model"},
+    {"xlnet/xlnet_layer[0]/dense_relu_dense/bi@v", true, "f32", "d_ff:64:32:model"},
+    {"xlnet/xlnet_layer[0]/dense_relu_dense/wo@m", true, "f32", "d_ff:64:32:model d_model:32:32:"},
+    {"xlnet/xlnet_layer[0]/dense_relu_dense/wo@v", true, "f32", "d_ff:64:32:model d_model:32:32:"},
+    {"xlnet/xlnet_layer[0]/dense_relu_dense/bo@m", true, "f32", "d_model:32:32:"},
+    {"xlnet/xlnet_layer[0]/dense_relu_dense/bo@v", true, "f32", "d_model:32:32:"},
+    {"xlnet/xlnet_layer[0]/norm#1/gain@m", true, "f32", "d_model:32:32:"},
+    {"xlnet/xlnet_layer[0]/norm#1/gain@v", true, "f32", "d_model:32:32:"},
+    {"xlnet/xlnet_layer[0]/norm#1/bias@m", true, "f32", "d_model:32:32:"},
+    {"xlnet/xlnet_layer[0]/norm#1/bias@v", true, "f32", "d_model:32:32:"},
+    {"xlnet/xlnet_layer[1]/two_stream_attention/q@m", true, "f32",
+     "d_model:32:32: heads:4:2:model d_kv:8:8:"},
+    {"xlnet/xlnet_layer[1]/two_stream_attention/q@v", true, "f32",
+     "d_model:32:32: heads:4:2:model d_kv:8:8:"},
+    {"xlnet/xlnet_layer[1]/two_stream_attention/k@m", true, "f32",
+     "d_model:32:32: heads:4:2:model d_kv:8:8:"},
+    {"xlnet/xlnet_layer[1]/two_stream_attention/k@v", true, "f32",
+     "d_model:32:32: heads:4:2:model d_kv:8:8:"},
+    {"xlnet/xlnet_layer[1]/two_stream_attention/v@m", true, "f32",
+     "d_model:32:32: heads:4:2:model d_kv:8:8:"},
+    {"xlnet/xlnet_layer[1]/two_stream_attention/v@v", true, "f32",
+     "d_model:32:32: heads:4:2:model d_kv:8:8:"},
+    {"xlnet/xlnet_layer[1]/two_stream_attention/r@m", true, "f32",
+     "d_model:32:32: heads:4:2:model d_kv:8:8:"},
+    {"xlnet/xlnet_layer[1]/two_stream_attention/r@v", true, "f32",
+     "d_model:32:32: heads:4:2:model d_kv:8:8:"},
+    {"xlnet/xlnet_layer[1]/two_stream_attention/o@m", true, "f32",
+     "heads:4:2:model d_kv:8:8: d_model:32:32:"},
+    {"xlnet/xlnet_layer[1]/two_stream_attention/o@v", true, "f32",
+     "heads:4:2:model d_kv:8:8: d_model:32:32:"},
+    {"xlnet/xlnet_layer[1]/two_stream_attention/content_bias@m", true, "f32",
+     "heads:4:2:model d_kv:8:8:"},
+    {"xlnet/xlnet_layer[1]/two_stream_attention/content_bias@v", true, "f32",
+     "heads:4:2:model d_kv:8:8:"},
+    {"xlnet/xlnet_layer[1]/two_stream_attention/position_bias@m", true, "f32",
+     "heads:4:2:model d_kv:8:8:"},
+    {"xlnet/xlnet_layer[1]/two_stream_attention/position_bias@v", true, "f32",
+     "heads:4:2:model d_kv:8:8:"},
+    {"xlnet/xlnet_layer[1]/norm/gain@m", true, "f32", "d_model:32:32:"},
+    {"xlnet/xlnet_layer[1]/norm/gain@v", true, "f32", "d_model:32:32:"},
+    {"xlnet/xlnet_layer[1]/norm/bias@m", true, "f32", "d_model:32:32:"},
+    {"xlnet/xlnet_layer[1]/norm/bias@v", true, "f32", "d_model:32:32:"},
+    {"xlnet/xlnet_layer[1]/dense_relu_dense/wi@m", true, "f32", "d_model:32:32: d_ff:64:32:model"},
+    {"xlnet/xlnet_layer[1]/dense_relu_dense/wi@v", true, "f32", "d_model:32:32: d_ff:64:32:model"},
+    {"xlnet/xlnet_layer[1]/dense_relu_dense/bi@m", true, "f32", "d_ff:64:32:model"},
+    {"xlnet/xlnet_layer[1]/dense_relu_dense/bi@v", true, "f32", "d_ff:64:32:model"},
+    {"xlnet/xlnet_layer[1]/dense_relu_dense/wo@m", true, "f32", "d_ff:64:32:model d_model:32:32:"},
+    {"xlnet/xlnet_layer[1]/dense_relu_dense/wo@v", true, "f32", "d_ff:64:32:model d_model:32:32:"},
+    {"xlnet/xlnet_layer[1]/dense_relu_dense/bo@m", true, "f32", "d_model:32:32:"},
+    {"xlnet/xlnet_layer[1]/dense_relu_dense/bo@v", true, "f32", "d_model:32:32:"},
+    {"xlnet/xlnet_layer[1]/norm#1/gain@m", true, "f32", "d_model:32:32:"},
+    {"xlnet/xlnet_layer[1]/norm#1/gain@v", true, "f32", "d_model:32:32:"},
+    {"xlnet/xlnet_layer[1]/norm#1/bias@m", true, "f32", "d_model:32:32:"},
+    {"xlnet/xlnet_layer[1]/norm#1/bias@v", true, "f32", "d_model:32:32:"}};
+
 XlnetTrain::XlnetTrain(meshrt::Communicator &world, uint64_t seed)
     : world_(support::checkedWorld(world, mesh(), "xlnet_train")), seed_(seed),
       group_data(world_.subgroup(std::vector<std::string>{"data"})),
       group_model(world_.subgroup(std::vector<std::string>{"model"})) {
-  // xlnet/embedding: normal (xlnet.mesh:101)
-  param0_xlnet_embedding.resize(1024);
-  {
-    const meshrt::kernels::Shard shard{
-        {64, 32}, {support::shardStart(world_, {"model"}, 32), 0}, {32, 32}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
-    support::fillParam(param0_xlnet_embedding.data(), shard, seed, "xlnet/embedding", init,
-                       meshrt::kernels::ValueType::F32);
-  }
-  // xlnet/mask_embedding: normal (xlnet.mesh:102)
-  param1_xlnet_mask_embedding.resize(32);
-  {
-    const meshrt::kernels::Shard shard{{32}, {0}, {32}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
-    support::fillParam(param1_xlnet_mask_embedding.data(), shard, seed, "xlnet/mask_embedding",
-                       init, meshrt::kernels::ValueType::F32);
-  }
-  // xlnet/output_bias: zeros (xlnet.mesh:103)
-  param2_xlnet_output_bias.assign(32, support::roundValue(support::DType::F32, 0.0));
-  // xlnet/xlnet_layer[0]/two_stream_attention/q: normal (xlnet.mesh:52)
-  param3_xlnet_xlnet_layer_0_two_stream_attention_q.resize(512);
-  {
-    const meshrt::kernels::Shard shard{
-        {32, 4, 8}, {0, support::shardStart(world_, {"model"}, 2), 0}, {32, 2, 8}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
-    support::fillParam(param3_xlnet_xlnet_layer_0_two_stream_attention_q.data(), shard, seed,
-                       "xlnet/xlnet_layer[0]/two_stream_attention/q", init,
-                       meshrt::kernels::ValueType::F32);
-  }
-  // xlnet/xlnet_layer[0]/two_stream_attention/k: normal (xlnet.mesh:53)
-  param4_xlnet_xlnet_layer_0_two_stream_attention_k.resize(512);
-  {
-    const meshrt::kernels::Shard shard{
-        {32, 4, 8}, {0, support::shardStart(world_, {"model"}, 2), 0}, {32, 2, 8}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
-    support::fillParam(param4_xlnet_xlnet_layer_0_two_stream_attention_k.data(), shard, seed,
-                       "xlnet/xlnet_layer[0]/two_stream_attention/k", init,
-                       meshrt::kernels::ValueType::F32);
-  }
-  // xlnet/xlnet_layer[0]/two_stream_attention/v: normal (xlnet.mesh:54)
-  param5_xlnet_xlnet_layer_0_two_stream_attention_v.resize(512);
-  {
-    const meshrt::kernels::Shard shard{
-        {32, 4, 8}, {0, support::shardStart(world_, {"model"}, 2), 0}, {32, 2, 8}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
-    support::fillParam(param5_xlnet_xlnet_layer_0_two_stream_attention_v.data(), shard, seed,
-                       "xlnet/xlnet_layer[0]/two_stream_attention/v", init,
-                       meshrt::kernels::ValueType::F32);
-  }
-  // xlnet/xlnet_layer[0]/two_stream_attention/r: normal (xlnet.mesh:55)
-  param6_xlnet_xlnet_layer_0_two_stream_attention_r.resize(512);
-  {
-    const meshrt::kernels::Shard shard{
-        {32, 4, 8}, {0, support::shardStart(world_, {"model"}, 2), 0}, {32, 2, 8}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
-    support::fillParam(param6_xlnet_xlnet_layer_0_two_stream_attention_r.data(), shard, seed,
-                       "xlnet/xlnet_layer[0]/two_stream_attention/r", init,
-                       meshrt::kernels::ValueType::F32);
-  }
-  // xlnet/xlnet_layer[0]/two_stream_attention/o: normal (xlnet.mesh:56)
-  param7_xlnet_xlnet_layer_0_two_stream_attention_o.resize(512);
-  {
-    const meshrt::kernels::Shard shard{
-        {4, 8, 32}, {support::shardStart(world_, {"model"}, 2), 0, 0}, {2, 8, 32}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
-    support::fillParam(param7_xlnet_xlnet_layer_0_two_stream_attention_o.data(), shard, seed,
-                       "xlnet/xlnet_layer[0]/two_stream_attention/o", init,
-                       meshrt::kernels::ValueType::F32);
-  }
-  // xlnet/xlnet_layer[0]/two_stream_attention/content_bias: zeros (xlnet.mesh:57)
-  param8_xlnet_xlnet_layer_0_two_stream_attention_content_bias.assign(
-      16, support::roundValue(support::DType::F32, 0.0));
-  // xlnet/xlnet_layer[0]/two_stream_attention/position_bias: zeros (xlnet.mesh:58)
-  param9_xlnet_xlnet_layer_0_two_stream_attention_position_bias.assign(
-      16, support::roundValue(support::DType::F32, 0.0));
-  // xlnet/xlnet_layer[0]/norm/gain: ones (xlnet.mesh:35)
-  param10_xlnet_xlnet_layer_0_norm_gain.assign(32, support::roundValue(support::DType::F32, 1.0));
-  // xlnet/xlnet_layer[0]/norm/bias: zeros (xlnet.mesh:36)
-  param11_xlnet_xlnet_layer_0_norm_bias.assign(32, support::roundValue(support::DType::F32, 0.0));
-  // xlnet/xlnet_layer[0]/dense_relu_dense/wi: normal (xlnet.mesh:79)
-  param12_xlnet_xlnet_layer_0_dense_relu_dense_wi.resize(1024);
-  {
-    const meshrt::kernels::Shard shard{
-        {32, 64}, {0, support::shardStart(world_, {"model"}, 32)}, {32, 32}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
-    support::fillParam(param12_xlnet_xlnet_layer_0_dense_relu_dense_wi.data(), shard, seed,
-                       "xlnet/xlnet_layer[0]/dense_relu_dense/wi", init,
-                       meshrt::kernels::ValueType::F32);
-  }
-  // xlnet/xlnet_layer[0]/dense_relu_dense/bi: zeros (xlnet.mesh:80)
-  param13_xlnet_xlnet_layer_0_dense_relu_dense_bi.assign(
-      32, support::roundValue(support::DType::F32, 0.0));
-  // xlnet/xlnet_layer[0]/dense_relu_dense/wo: normal (xlnet.mesh:81)
-  param14_xlnet_xlnet_layer_0_dense_relu_dense_wo.resize(1024);
-  {
-    const meshrt::kernels::Shard shard{
-        {64, 32}, {support::shardStart(world_, {"model"}, 32), 0}, {32, 32}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
-    support::fillParam(param14_xlnet_xlnet_layer_0_dense_relu_dense_wo.data(), shard, seed,
-                       "xlnet/xlnet_layer[0]/dense_relu_dense/wo", init,
-                       meshrt::kernels::ValueType::F32);
-  }
-  // xlnet/xlnet_layer[0]/dense_relu_dense/bo: zeros (xlnet.mesh:82)
-  param15_xlnet_xlnet_layer_0_dense_relu_dense_bo.assign(
-      32, support::roundValue(support::DType::F32, 0.0));
-  // xlnet/xlnet_layer[0]/norm#1/gain: ones (xlnet.mesh:35)
-  param16_xlnet_xlnet_layer_0_norm_1_gain.assign(32, support::roundValue(support::DType::F32, 1.0));
-  // xlnet/xlnet_layer[0]/norm#1/bias: zeros (xlnet.mesh:36)
-  param17_xlnet_xlnet_layer_0_norm_1_bias.assign(32, support::roundValue(support::DType::F32, 0.0));
-  // xlnet/xlnet_layer[1]/two_stream_attention/q: normal (xlnet.mesh:52)
-  param18_xlnet_xlnet_layer_1_two_stream_attention_q.resize(512);
-  {
-    const meshrt::kernels::Shard shard{
-        {32, 4, 8}, {0, support::shardStart(world_, {"model"}, 2), 0}, {32, 2, 8}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
-    support::fillParam(param18_xlnet_xlnet_layer_1_two_stream_attention_q.data(), shard, seed,
-                       "xlnet/xlnet_layer[1]/two_stream_attention/q", init,
-                       meshrt::kernels::ValueType::F32);
-  }
-  // xlnet/xlnet_layer[1]/two_stream_attention/k: normal (xlnet.mesh:53)
-  param19_xlnet_xlnet_layer_1_two_stream_attention_k.resize(512);
-  {
-    const meshrt::kernels::Shard shard{
-        {32, 4, 8}, {0, support::shardStart(world_, {"model"}, 2), 0}, {32, 2, 8}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
-    support::fillParam(param19_xlnet_xlnet_layer_1_two_stream_attention_k.data(), shard, seed,
-                       "xlnet/xlnet_layer[1]/two_stream_attention/k", init,
-                       meshrt::kernels::ValueType::F32);
-  }
-  // xlnet/xlnet_layer[1]/two_stream_attention/v: normal (xlnet.mesh:54)
-  param20_xlnet_xlnet_layer_1_two_stream_attention_v.resize(512);
-  {
-    const meshrt::kernels::Shard shard{
-        {32, 4, 8}, {0, support::shardStart(world_, {"model"}, 2), 0}, {32, 2, 8}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
-    support::fillParam(param20_xlnet_xlnet_layer_1_two_stream_attention_v.data(), shard, seed,
-                       "xlnet/xlnet_layer[1]/two_stream_attention/v", init,
-                       meshrt::kernels::ValueType::F32);
-  }
-  // xlnet/xlnet_layer[1]/two_stream_attention/r: normal (xlnet.mesh:55)
-  param21_xlnet_xlnet_layer_1_two_stream_attention_r.resize(512);
-  {
-    const meshrt::kernels::Shard shard{
-        {32, 4, 8}, {0, support::shardStart(world_, {"model"}, 2), 0}, {32, 2, 8}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
-    support::fillParam(param21_xlnet_xlnet_layer_1_two_stream_attention_r.data(), shard, seed,
-                       "xlnet/xlnet_layer[1]/two_stream_attention/r", init,
-                       meshrt::kernels::ValueType::F32);
-  }
-  // xlnet/xlnet_layer[1]/two_stream_attention/o: normal (xlnet.mesh:56)
-  param22_xlnet_xlnet_layer_1_two_stream_attention_o.resize(512);
-  {
-    const meshrt::kernels::Shard shard{
-        {4, 8, 32}, {support::shardStart(world_, {"model"}, 2), 0, 0}, {2, 8, 32}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
-    support::fillParam(param22_xlnet_xlnet_layer_1_two_stream_attention_o.data(), shard, seed,
-                       "xlnet/xlnet_layer[1]/two_stream_attention/o", init,
-                       meshrt::kernels::ValueType::F32);
-  }
-  // xlnet/xlnet_layer[1]/two_stream_attention/content_bias: zeros (xlnet.mesh:57)
-  param23_xlnet_xlnet_layer_1_two_stream_attention_content_bias.assign(
-      16, support::roundValue(support::DType::F32, 0.0));
-  // xlnet/xlnet_layer[1]/two_stream_attention/position_bias: zeros (xlnet.mesh:58)
-  param24_xlnet_xlnet_layer_1_two_stream_attention_position_bias.assign(
-      16, support::roundValue(support::DType::F32, 0.0));
-  // xlnet/xlnet_layer[1]/norm/gain: ones (xlnet.mesh:35)
-  param25_xlnet_xlnet_layer_1_norm_gain.assign(32, support::roundValue(support::DType::F32, 1.0));
-  // xlnet/xlnet_layer[1]/norm/bias: zeros (xlnet.mesh:36)
-  param26_xlnet_xlnet_layer_1_norm_bias.assign(32, support::roundValue(support::DType::F32, 0.0));
-  // xlnet/xlnet_layer[1]/dense_relu_dense/wi: normal (xlnet.mesh:79)
-  param27_xlnet_xlnet_layer_1_dense_relu_dense_wi.resize(1024);
-  {
-    const meshrt::kernels::Shard shard{
-        {32, 64}, {0, support::shardStart(world_, {"model"}, 32)}, {32, 32}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
-    support::fillParam(param27_xlnet_xlnet_layer_1_dense_relu_dense_wi.data(), shard, seed,
-                       "xlnet/xlnet_layer[1]/dense_relu_dense/wi", init,
-                       meshrt::kernels::ValueType::F32);
-  }
-  // xlnet/xlnet_layer[1]/dense_relu_dense/bi: zeros (xlnet.mesh:80)
-  param28_xlnet_xlnet_layer_1_dense_relu_dense_bi.assign(
-      32, support::roundValue(support::DType::F32, 0.0));
-  // xlnet/xlnet_layer[1]/dense_relu_dense/wo: normal (xlnet.mesh:81)
-  param29_xlnet_xlnet_layer_1_dense_relu_dense_wo.resize(1024);
-  {
-    const meshrt::kernels::Shard shard{
-        {64, 32}, {support::shardStart(world_, {"model"}, 32), 0}, {32, 32}};
-    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
-    support::fillParam(param29_xlnet_xlnet_layer_1_dense_relu_dense_wo.data(), shard, seed,
-                       "xlnet/xlnet_layer[1]/dense_relu_dense/wo", init,
-                       meshrt::kernels::ValueType::F32);
-  }
-  // xlnet/xlnet_layer[1]/dense_relu_dense/bo: zeros (xlnet.mesh:82)
-  param30_xlnet_xlnet_layer_1_dense_relu_dense_bo.assign(
-      32, support::roundValue(support::DType::F32, 0.0));
-  // xlnet/xlnet_layer[1]/norm#1/gain: ones (xlnet.mesh:35)
-  param31_xlnet_xlnet_layer_1_norm_1_gain.assign(32, support::roundValue(support::DType::F32, 1.0));
-  // xlnet/xlnet_layer[1]/norm#1/bias: zeros (xlnet.mesh:36)
-  param32_xlnet_xlnet_layer_1_norm_1_bias.assign(32, support::roundValue(support::DType::F32, 0.0));
-  // xlnet/embedding@m: zeros (xlnet.mesh:101)
-  param33_xlnet_embedding_m.assign(1024, support::roundValue(support::DType::F32, 0.0));
-  // xlnet/embedding@v: zeros (xlnet.mesh:101)
-  param34_xlnet_embedding_v.assign(1024, support::roundValue(support::DType::F32, 0.0));
-  // xlnet/mask_embedding@m: zeros (xlnet.mesh:102)
-  param35_xlnet_mask_embedding_m.assign(32, support::roundValue(support::DType::F32, 0.0));
-  // xlnet/mask_embedding@v: zeros (xlnet.mesh:102)
-  param36_xlnet_mask_embedding_v.assign(32, support::roundValue(support::DType::F32, 0.0));
-  // xlnet/output_bias@m: zeros (xlnet.mesh:103)
-  param37_xlnet_output_bias_m.assign(32, support::roundValue(support::DType::F32, 0.0));
-  // xlnet/output_bias@v: zeros (xlnet.mesh:103)
-  param38_xlnet_output_bias_v.assign(32, support::roundValue(support::DType::F32, 0.0));
-  // xlnet/xlnet_layer[0]/two_stream_attention/q@m: zeros (xlnet.mesh:52)
-  param39_xlnet_xlnet_layer_0_two_stream_attention_q_m.assign(
-      512, support::roundValue(support::DType::F32, 0.0));
-  // xlnet/xlnet_layer[0]/two_stream_attention/q@v: zeros (xlnet.mesh:52)
-  param40_xlnet_xlnet_layer_0_two_stream_attention_q_v.assign(
-      512, support::roundValue(support::DType::F32, 0.0));
-  // xlnet/xlnet_layer[0]/two_stream_attention/k@m: zeros (xlnet.mesh:53)
-  param41_xlnet_xlnet_layer_0_two_stream_attention_k_m.assign(
-      512, support::roundValue(support::DType::F32, 0.0));
-  // xlnet/xlnet_layer[0]/two_stream_attention/k@v: zeros (xlnet.mesh:53)
-  param42_xlnet_xlnet_layer_0_two_stream_attention_k_v.assign(
-      512, support::roundValue(support::DType::F32, 0.0));
-  // xlnet/xlnet_layer[0]/two_stream_attention/v@m: zeros (xlnet.mesh:54)
-  param43_xlnet_xlnet_layer_0_two_stream_attention_v_m.assign(
-      512, support::roundValue(support::DType::F32, 0.0));
-  // xlnet/xlnet_layer[0]/two_stream_attention/v@v: zeros (xlnet.mesh:54)
-  param44_xlnet_xlnet_layer_0_two_stream_attention_v_v.assign(
-      512, support::roundValue(support::DType::F32, 0.0));
-  // xlnet/xlnet_layer[0]/two_stream_attention/r@m: zeros (xlnet.mesh:55)
-  param45_xlnet_xlnet_layer_0_two_stream_attention_r_m.assign(
-      512, support::roundValue(support::DType::F32, 0.0));
-  // xlnet/xlnet_layer[0]/two_stream_attention/r@v: zeros (xlnet.mesh:55)
-  param46_xlnet_xlnet_layer_0_two_stream_attention_r_v.assign(
-      512, support::roundValue(support::DType::F32, 0.0));
-  // xlnet/xlnet_layer[0]/two_stream_attention/o@m: zeros (xlnet.mesh:56)
-  param47_xlnet_xlnet_layer_0_two_stream_attention_o_m.assign(
-      512, support::roundValue(support::DType::F32, 0.0));
-  // xlnet/xlnet_layer[0]/two_stream_attention/o@v: zeros (xlnet.mesh:56)
-  param48_xlnet_xlnet_layer_0_two_stream_attention_o_v.assign(
-      512, support::roundValue(support::DType::F32, 0.0));
-  // xlnet/xlnet_layer[0]/two_stream_attention/content_bias@m: zeros (xlnet.mesh:57)
-  param49_xlnet_xlnet_layer_0_two_stream_attention_content_bias_m.assign(
-      16, support::roundValue(support::DType::F32, 0.0));
-  // xlnet/xlnet_layer[0]/two_stream_attention/content_bias@v: zeros (xlnet.mesh:57)
-  param50_xlnet_xlnet_layer_0_two_stream_attention_content_bias_v.assign(
-      16, support::roundValue(support::DType::F32, 0.0));
-  // xlnet/xlnet_layer[0]/two_stream_attention/position_bias@m: zeros (xlnet.mesh:58)
-  param51_xlnet_xlnet_layer_0_two_stream_attention_position_bias_m.assign(
-      16, support::roundValue(support::DType::F32, 0.0));
-  // xlnet/xlnet_layer[0]/two_stream_attention/position_bias@v: zeros (xlnet.mesh:58)
-  param52_xlnet_xlnet_layer_0_two_stream_attention_position_bias_v.assign(
-      16, support::roundValue(support::DType::F32, 0.0));
-  // xlnet/xlnet_layer[0]/norm/gain@m: zeros (xlnet.mesh:35)
-  param53_xlnet_xlnet_layer_0_norm_gain_m.assign(32, support::roundValue(support::DType::F32, 0.0));
-  // xlnet/xlnet_layer[0]/norm/gain@v: zeros (xlnet.mesh:35)
-  param54_xlnet_xlnet_layer_0_norm_gain_v.assign(32, support::roundValue(support::DType::F32, 0.0));
-  // xlnet/xlnet_layer[0]/norm/bias@m: zeros (xlnet.mesh:36)
-  param55_xlnet_xlnet_layer_0_norm_bias_m.assign(32, support::roundValue(support::DType::F32, 0.0));
-  // xlnet/xlnet_layer[0]/norm/bias@v: zeros (xlnet.mesh:36)
-  param56_xlnet_xlnet_layer_0_norm_bias_v.assign(32, support::roundValue(support::DType::F32, 0.0));
-  // xlnet/xlnet_layer[0]/dense_relu_dense/wi@m: zeros (xlnet.mesh:79)
-  param57_xlnet_xlnet_layer_0_dense_relu_dense_wi_m.assign(
-      1024, support::roundValue(support::DType::F32, 0.0));
-  // xlnet/xlnet_layer[0]/dense_relu_dense/wi@v: zeros (xlnet.mesh:79)
-  param58_xlnet_xlnet_layer_0_dense_relu_dense_wi_v.assign(
-      1024, support::roundValue(support::DType::F32, 0.0));
-  // xlnet/xlnet_layer[0]/dense_relu_dense/bi@m: zeros (xlnet.mesh:80)
-  param59_xlnet_xlnet_layer_0_dense_relu_dense_bi_m.assign(
-      32, support::roundValue(support::DType::F32, 0.0));
-  // xlnet/xlnet_layer[0]/dense_relu_dense/bi@v: zeros (xlnet.mesh:80)
-  param60_xlnet_xlnet_layer_0_dense_relu_dense_bi_v.assign(
-      32, support::roundValue(support::DType::F32, 0.0));
-  // xlnet/xlnet_layer[0]/dense_relu_dense/wo@m: zeros (xlnet.mesh:81)
-  param61_xlnet_xlnet_layer_0_dense_relu_dense_wo_m.assign(
-      1024, support::roundValue(support::DType::F32, 0.0));
-  // xlnet/xlnet_layer[0]/dense_relu_dense/wo@v: zeros (xlnet.mesh:81)
-  param62_xlnet_xlnet_layer_0_dense_relu_dense_wo_v.assign(
-      1024, support::roundValue(support::DType::F32, 0.0));
-  // xlnet/xlnet_layer[0]/dense_relu_dense/bo@m: zeros (xlnet.mesh:82)
-  param63_xlnet_xlnet_layer_0_dense_relu_dense_bo_m.assign(
-      32, support::roundValue(support::DType::F32, 0.0));
-  // xlnet/xlnet_layer[0]/dense_relu_dense/bo@v: zeros (xlnet.mesh:82)
-  param64_xlnet_xlnet_layer_0_dense_relu_dense_bo_v.assign(
-      32, support::roundValue(support::DType::F32, 0.0));
-  // xlnet/xlnet_layer[0]/norm#1/gain@m: zeros (xlnet.mesh:35)
-  param65_xlnet_xlnet_layer_0_norm_1_gain_m.assign(32,
-                                                   support::roundValue(support::DType::F32, 0.0));
-  // xlnet/xlnet_layer[0]/norm#1/gain@v: zeros (xlnet.mesh:35)
-  param66_xlnet_xlnet_layer_0_norm_1_gain_v.assign(32,
-                                                   support::roundValue(support::DType::F32, 0.0));
-  // xlnet/xlnet_layer[0]/norm#1/bias@m: zeros (xlnet.mesh:36)
-  param67_xlnet_xlnet_layer_0_norm_1_bias_m.assign(32,
-                                                   support::roundValue(support::DType::F32, 0.0));
-  // xlnet/xlnet_layer[0]/norm#1/bias@v: zeros (xlnet.mesh:36)
-  param68_xlnet_xlnet_layer_0_norm_1_bias_v.assign(32,
-                                                   support::roundValue(support::DType::F32, 0.0));
-  // xlnet/xlnet_layer[1]/two_stream_attention/q@m: zeros (xlnet.mesh:52)
-  param69_xlnet_xlnet_layer_1_two_stream_attention_q_m.assign(
-      512, support::roundValue(support::DType::F32, 0.0));
-  // xlnet/xlnet_layer[1]/two_stream_attention/q@v: zeros (xlnet.mesh:52)
-  param70_xlnet_xlnet_layer_1_two_stream_attention_q_v.assign(
-      512, support::roundValue(support::DType::F32, 0.0));
-  // xlnet/xlnet_layer[1]/two_stream_attention/k@m: zeros (xlnet.mesh:53)
-  param71_xlnet_xlnet_layer_1_two_stream_attention_k_m.assign(
-      512, support::roundValue(support::DType::F32, 0.0));
-  // xlnet/xlnet_layer[1]/two_stream_attention/k@v: zeros (xlnet.mesh:53)
-  param72_xlnet_xlnet_layer_1_two_stream_attention_k_v.assign(
-      512, support::roundValue(support::DType::F32, 0.0));
-  // xlnet/xlnet_layer[1]/two_stream_attention/v@m: zeros (xlnet.mesh:54)
-  param73_xlnet_xlnet_layer_1_two_stream_attention_v_m.assign(
-      512, support::roundValue(support::DType::F32, 0.0));
-  // xlnet/xlnet_layer[1]/two_stream_attention/v@v: zeros (xlnet.mesh:54)
-  param74_xlnet_xlnet_layer_1_two_stream_attention_v_v.assign(
-      512, support::roundValue(support::DType::F32, 0.0));
-  // xlnet/xlnet_layer[1]/two_stream_attention/r@m: zeros (xlnet.mesh:55)
-  param75_xlnet_xlnet_layer_1_two_stream_attention_r_m.assign(
-      512, support::roundValue(support::DType::F32, 0.0));
-  // xlnet/xlnet_layer[1]/two_stream_attention/r@v: zeros (xlnet.mesh:55)
-  param76_xlnet_xlnet_layer_1_two_stream_attention_r_v.assign(
-      512, support::roundValue(support::DType::F32, 0.0));
-  // xlnet/xlnet_layer[1]/two_stream_attention/o@m: zeros (xlnet.mesh:56)
-  param77_xlnet_xlnet_layer_1_two_stream_attention_o_m.assign(
-      512, support::roundValue(support::DType::F32, 0.0));
-  // xlnet/xlnet_layer[1]/two_stream_attention/o@v: zeros (xlnet.mesh:56)
-  param78_xlnet_xlnet_layer_1_two_stream_attention_o_v.assign(
-      512, support::roundValue(support::DType::F32, 0.0));
-  // xlnet/xlnet_layer[1]/two_stream_attention/content_bias@m: zeros (xlnet.mesh:57)
-  param79_xlnet_xlnet_layer_1_two_stream_attention_content_bias_m.assign(
-      16, support::roundValue(support::DType::F32, 0.0));
-  // xlnet/xlnet_layer[1]/two_stream_attention/content_bias@v: zeros (xlnet.mesh:57)
-  param80_xlnet_xlnet_layer_1_two_stream_attention_content_bias_v.assign(
-      16, support::roundValue(support::DType::F32, 0.0));
-  // xlnet/xlnet_layer[1]/two_stream_attention/position_bias@m: zeros (xlnet.mesh:58)
-  param81_xlnet_xlnet_layer_1_two_stream_attention_position_bias_m.assign(
-      16, support::roundValue(support::DType::F32, 0.0));
-  // xlnet/xlnet_layer[1]/two_stream_attention/position_bias@v: zeros (xlnet.mesh:58)
-  param82_xlnet_xlnet_layer_1_two_stream_attention_position_bias_v.assign(
-      16, support::roundValue(support::DType::F32, 0.0));
-  // xlnet/xlnet_layer[1]/norm/gain@m: zeros (xlnet.mesh:35)
-  param83_xlnet_xlnet_layer_1_norm_gain_m.assign(32, support::roundValue(support::DType::F32, 0.0));
-  // xlnet/xlnet_layer[1]/norm/gain@v: zeros (xlnet.mesh:35)
-  param84_xlnet_xlnet_layer_1_norm_gain_v.assign(32, support::roundValue(support::DType::F32, 0.0));
-  // xlnet/xlnet_layer[1]/norm/bias@m: zeros (xlnet.mesh:36)
-  param85_xlnet_xlnet_layer_1_norm_bias_m.assign(32, support::roundValue(support::DType::F32, 0.0));
-  // xlnet/xlnet_layer[1]/norm/bias@v: zeros (xlnet.mesh:36)
-  param86_xlnet_xlnet_layer_1_norm_bias_v.assign(32, support::roundValue(support::DType::F32, 0.0));
-  // xlnet/xlnet_layer[1]/dense_relu_dense/wi@m: zeros (xlnet.mesh:79)
-  param87_xlnet_xlnet_layer_1_dense_relu_dense_wi_m.assign(
-      1024, support::roundValue(support::DType::F32, 0.0));
-  // xlnet/xlnet_layer[1]/dense_relu_dense/wi@v: zeros (xlnet.mesh:79)
-  param88_xlnet_xlnet_layer_1_dense_relu_dense_wi_v.assign(
-      1024, support::roundValue(support::DType::F32, 0.0));
-  // xlnet/xlnet_layer[1]/dense_relu_dense/bi@m: zeros (xlnet.mesh:80)
-  param89_xlnet_xlnet_layer_1_dense_relu_dense_bi_m.assign(
-      32, support::roundValue(support::DType::F32, 0.0));
-  // xlnet/xlnet_layer[1]/dense_relu_dense/bi@v: zeros (xlnet.mesh:80)
-  param90_xlnet_xlnet_layer_1_dense_relu_dense_bi_v.assign(
-      32, support::roundValue(support::DType::F32, 0.0));
-  // xlnet/xlnet_layer[1]/dense_relu_dense/wo@m: zeros (xlnet.mesh:81)
-  param91_xlnet_xlnet_layer_1_dense_relu_dense_wo_m.assign(
-      1024, support::roundValue(support::DType::F32, 0.0));
-  // xlnet/xlnet_layer[1]/dense_relu_dense/wo@v: zeros (xlnet.mesh:81)
-  param92_xlnet_xlnet_layer_1_dense_relu_dense_wo_v.assign(
-      1024, support::roundValue(support::DType::F32, 0.0));
-  // xlnet/xlnet_layer[1]/dense_relu_dense/bo@m: zeros (xlnet.mesh:82)
-  param93_xlnet_xlnet_layer_1_dense_relu_dense_bo_m.assign(
-      32, support::roundValue(support::DType::F32, 0.0));
-  // xlnet/xlnet_layer[1]/dense_relu_dense/bo@v: zeros (xlnet.mesh:82)
-  param94_xlnet_xlnet_layer_1_dense_relu_dense_bo_v.assign(
-      32, support::roundValue(support::DType::F32, 0.0));
-  // xlnet/xlnet_layer[1]/norm#1/gain@m: zeros (xlnet.mesh:35)
-  param95_xlnet_xlnet_layer_1_norm_1_gain_m.assign(32,
-                                                   support::roundValue(support::DType::F32, 0.0));
-  // xlnet/xlnet_layer[1]/norm#1/gain@v: zeros (xlnet.mesh:35)
-  param96_xlnet_xlnet_layer_1_norm_1_gain_v.assign(32,
-                                                   support::roundValue(support::DType::F32, 0.0));
-  // xlnet/xlnet_layer[1]/norm#1/bias@m: zeros (xlnet.mesh:36)
-  param97_xlnet_xlnet_layer_1_norm_1_bias_m.assign(32,
-                                                   support::roundValue(support::DType::F32, 0.0));
-  // xlnet/xlnet_layer[1]/norm#1/bias@v: zeros (xlnet.mesh:36)
-  param98_xlnet_xlnet_layer_1_norm_1_bias_v.assign(32,
-                                                   support::roundValue(support::DType::F32, 0.0));
+  static constexpr support::ParamInit inits[] = {
+      // xlnet/embedding (xlnet.mesh:101)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.02}}},
+      // xlnet/mask_embedding (xlnet.mesh:102)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.02}}},
+      // xlnet/output_bias (xlnet.mesh:103)
+      {"zeros", support::DType::F32, {}},
+      // xlnet/xlnet_layer[0]/two_stream_attention/q (xlnet.mesh:52)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.02}}},
+      // xlnet/xlnet_layer[0]/two_stream_attention/k (xlnet.mesh:53)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.02}}},
+      // xlnet/xlnet_layer[0]/two_stream_attention/v (xlnet.mesh:54)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.02}}},
+      // xlnet/xlnet_layer[0]/two_stream_attention/r (xlnet.mesh:55)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.02}}},
+      // xlnet/xlnet_layer[0]/two_stream_attention/o (xlnet.mesh:56)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.02}}},
+      // xlnet/xlnet_layer[0]/two_stream_attention/content_bias (xlnet.mesh:57)
+      {"zeros", support::DType::F32, {}},
+      // xlnet/xlnet_layer[0]/two_stream_attention/position_bias (xlnet.mesh:58)
+      {"zeros", support::DType::F32, {}},
+      // xlnet/xlnet_layer[0]/norm/gain (xlnet.mesh:35)
+      {"ones", support::DType::F32, {}},
+      // xlnet/xlnet_layer[0]/norm/bias (xlnet.mesh:36)
+      {"zeros", support::DType::F32, {}},
+      // xlnet/xlnet_layer[0]/dense_relu_dense/wi (xlnet.mesh:79)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.02}}},
+      // xlnet/xlnet_layer[0]/dense_relu_dense/bi (xlnet.mesh:80)
+      {"zeros", support::DType::F32, {}},
+      // xlnet/xlnet_layer[0]/dense_relu_dense/wo (xlnet.mesh:81)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.02}}},
+      // xlnet/xlnet_layer[0]/dense_relu_dense/bo (xlnet.mesh:82)
+      {"zeros", support::DType::F32, {}},
+      // xlnet/xlnet_layer[0]/norm#1/gain (xlnet.mesh:35)
+      {"ones", support::DType::F32, {}},
+      // xlnet/xlnet_layer[0]/norm#1/bias (xlnet.mesh:36)
+      {"zeros", support::DType::F32, {}},
+      // xlnet/xlnet_layer[1]/two_stream_attention/q (xlnet.mesh:52)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.02}}},
+      // xlnet/xlnet_layer[1]/two_stream_attention/k (xlnet.mesh:53)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.02}}},
+      // xlnet/xlnet_layer[1]/two_stream_attention/v (xlnet.mesh:54)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.02}}},
+      // xlnet/xlnet_layer[1]/two_stream_attention/r (xlnet.mesh:55)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.02}}},
+      // xlnet/xlnet_layer[1]/two_stream_attention/o (xlnet.mesh:56)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.02}}},
+      // xlnet/xlnet_layer[1]/two_stream_attention/content_bias (xlnet.mesh:57)
+      {"zeros", support::DType::F32, {}},
+      // xlnet/xlnet_layer[1]/two_stream_attention/position_bias (xlnet.mesh:58)
+      {"zeros", support::DType::F32, {}},
+      // xlnet/xlnet_layer[1]/norm/gain (xlnet.mesh:35)
+      {"ones", support::DType::F32, {}},
+      // xlnet/xlnet_layer[1]/norm/bias (xlnet.mesh:36)
+      {"zeros", support::DType::F32, {}},
+      // xlnet/xlnet_layer[1]/dense_relu_dense/wi (xlnet.mesh:79)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.02}}},
+      // xlnet/xlnet_layer[1]/dense_relu_dense/bi (xlnet.mesh:80)
+      {"zeros", support::DType::F32, {}},
+      // xlnet/xlnet_layer[1]/dense_relu_dense/wo (xlnet.mesh:81)
+      {"normal", support::DType::F32, {{"mean", 0.0}, {"stddev", 0.02}}},
+      // xlnet/xlnet_layer[1]/dense_relu_dense/bo (xlnet.mesh:82)
+      {"zeros", support::DType::F32, {}},
+      // xlnet/xlnet_layer[1]/norm#1/gain (xlnet.mesh:35)
+      {"ones", support::DType::F32, {}},
+      // xlnet/xlnet_layer[1]/norm#1/bias (xlnet.mesh:36)
+      {"zeros", support::DType::F32, {}},
+      // xlnet/embedding@m (xlnet.mesh:101)
+      {"zeros", support::DType::F32, {}},
+      // xlnet/embedding@v (xlnet.mesh:101)
+      {"zeros", support::DType::F32, {}},
+      // xlnet/mask_embedding@m (xlnet.mesh:102)
+      {"zeros", support::DType::F32, {}},
+      // xlnet/mask_embedding@v (xlnet.mesh:102)
+      {"zeros", support::DType::F32, {}},
+      // xlnet/output_bias@m (xlnet.mesh:103)
+      {"zeros", support::DType::F32, {}},
+      // xlnet/output_bias@v (xlnet.mesh:103)
+      {"zeros", support::DType::F32, {}},
+      // xlnet/xlnet_layer[0]/two_stream_attention/q@m (xlnet.mesh:52)
+      {"zeros", support::DType::F32, {}},
+      // xlnet/xlnet_layer[0]/two_stream_attention/q@v (xlnet.mesh:52)
+      {"zeros", support::DType::F32, {}},
+      // xlnet/xlnet_layer[0]/two_stream_attention/k@m (xlnet.mesh:53)
+      {"zeros", support::DType::F32, {}},
+      // xlnet/xlnet_layer[0]/two_stream_attention/k@v (xlnet.mesh:53)
+      {"zeros", support::DType::F32, {}},
+      // xlnet/xlnet_layer[0]/two_stream_attention/v@m (xlnet.mesh:54)
+      {"zeros", support::DType::F32, {}},
+      // xlnet/xlnet_layer[0]/two_stream_attention/v@v (xlnet.mesh:54)
+      {"zeros", support::DType::F32, {}},
+      // xlnet/xlnet_layer[0]/two_stream_attention/r@m (xlnet.mesh:55)
+      {"zeros", support::DType::F32, {}},
+      // xlnet/xlnet_layer[0]/two_stream_attention/r@v (xlnet.mesh:55)
+      {"zeros", support::DType::F32, {}},
+      // xlnet/xlnet_layer[0]/two_stream_attention/o@m (xlnet.mesh:56)
+      {"zeros", support::DType::F32, {}},
+      // xlnet/xlnet_layer[0]/two_stream_attention/o@v (xlnet.mesh:56)
+      {"zeros", support::DType::F32, {}},
+      // xlnet/xlnet_layer[0]/two_stream_attention/content_bias@m (xlnet.mesh:57)
+      {"zeros", support::DType::F32, {}},
+      // xlnet/xlnet_layer[0]/two_stream_attention/content_bias@v (xlnet.mesh:57)
+      {"zeros", support::DType::F32, {}},
+      // xlnet/xlnet_layer[0]/two_stream_attention/position_bias@m (xlnet.mesh:58)
+      {"zeros", support::DType::F32, {}},
+      // xlnet/xlnet_layer[0]/two_stream_attention/position_bias@v (xlnet.mesh:58)
+      {"zeros", support::DType::F32, {}},
+      // xlnet/xlnet_layer[0]/norm/gain@m (xlnet.mesh:35)
+      {"zeros", support::DType::F32, {}},
+      // xlnet/xlnet_layer[0]/norm/gain@v (xlnet.mesh:35)
+      {"zeros", support::DType::F32, {}},
+      // xlnet/xlnet_layer[0]/norm/bias@m (xlnet.mesh:36)
+      {"zeros", support::DType::F32, {}},
+      // xlnet/xlnet_layer[0]/norm/bias@v (xlnet.mesh:36)
+      {"zeros", support::DType::F32, {}},
+      // xlnet/xlnet_layer[0]/dense_relu_dense/wi@m (xlnet.mesh:79)
+      {"zeros", support::DType::F32, {}},
+      // xlnet/xlnet_layer[0]/dense_relu_dense/wi@v (xlnet.mesh:79)
+      {"zeros", support::DType::F32, {}},
+      // xlnet/xlnet_layer[0]/dense_relu_dense/bi@m (xlnet.mesh:80)
+      {"zeros", support::DType::F32, {}},
+      // xlnet/xlnet_layer[0]/dense_relu_dense/bi@v (xlnet.mesh:80)
+      {"zeros", support::DType::F32, {}},
+      // xlnet/xlnet_layer[0]/dense_relu_dense/wo@m (xlnet.mesh:81)
+      {"zeros", support::DType::F32, {}},
+      // xlnet/xlnet_layer[0]/dense_relu_dense/wo@v (xlnet.mesh:81)
+      {"zeros", support::DType::F32, {}},
+      // xlnet/xlnet_layer[0]/dense_relu_dense/bo@m (xlnet.mesh:82)
+      {"zeros", support::DType::F32, {}},
+      // xlnet/xlnet_layer[0]/dense_relu_dense/bo@v (xlnet.mesh:82)
+      {"zeros", support::DType::F32, {}},
+      // xlnet/xlnet_layer[0]/norm#1/gain@m (xlnet.mesh:35)
+      {"zeros", support::DType::F32, {}},
+      // xlnet/xlnet_layer[0]/norm#1/gain@v (xlnet.mesh:35)
+      {"zeros", support::DType::F32, {}},
+      // xlnet/xlnet_layer[0]/norm#1/bias@m (xlnet.mesh:36)
+      {"zeros", support::DType::F32, {}},
+      // xlnet/xlnet_layer[0]/norm#1/bias@v (xlnet.mesh:36)
+      {"zeros", support::DType::F32, {}},
+      // xlnet/xlnet_layer[1]/two_stream_attention/q@m (xlnet.mesh:52)
+      {"zeros", support::DType::F32, {}},
+      // xlnet/xlnet_layer[1]/two_stream_attention/q@v (xlnet.mesh:52)
+      {"zeros", support::DType::F32, {}},
+      // xlnet/xlnet_layer[1]/two_stream_attention/k@m (xlnet.mesh:53)
+      {"zeros", support::DType::F32, {}},
+      // xlnet/xlnet_layer[1]/two_stream_attention/k@v (xlnet.mesh:53)
+      {"zeros", support::DType::F32, {}},
+      // xlnet/xlnet_layer[1]/two_stream_attention/v@m (xlnet.mesh:54)
+      {"zeros", support::DType::F32, {}},
+      // xlnet/xlnet_layer[1]/two_stream_attention/v@v (xlnet.mesh:54)
+      {"zeros", support::DType::F32, {}},
+      // xlnet/xlnet_layer[1]/two_stream_attention/r@m (xlnet.mesh:55)
+      {"zeros", support::DType::F32, {}},
+      // xlnet/xlnet_layer[1]/two_stream_attention/r@v (xlnet.mesh:55)
+      {"zeros", support::DType::F32, {}},
+      // xlnet/xlnet_layer[1]/two_stream_attention/o@m (xlnet.mesh:56)
+      {"zeros", support::DType::F32, {}},
+      // xlnet/xlnet_layer[1]/two_stream_attention/o@v (xlnet.mesh:56)
+      {"zeros", support::DType::F32, {}},
+      // xlnet/xlnet_layer[1]/two_stream_attention/content_bias@m (xlnet.mesh:57)
+      {"zeros", support::DType::F32, {}},
+      // xlnet/xlnet_layer[1]/two_stream_attention/content_bias@v (xlnet.mesh:57)
+      {"zeros", support::DType::F32, {}},
+      // xlnet/xlnet_layer[1]/two_stream_attention/position_bias@m (xlnet.mesh:58)
+      {"zeros", support::DType::F32, {}},
+      // xlnet/xlnet_layer[1]/two_stream_attention/position_bias@v (xlnet.mesh:58)
+      {"zeros", support::DType::F32, {}},
+      // xlnet/xlnet_layer[1]/norm/gain@m (xlnet.mesh:35)
+      {"zeros", support::DType::F32, {}},
+      // xlnet/xlnet_layer[1]/norm/gain@v (xlnet.mesh:35)
+      {"zeros", support::DType::F32, {}},
+      // xlnet/xlnet_layer[1]/norm/bias@m (xlnet.mesh:36)
+      {"zeros", support::DType::F32, {}},
+      // xlnet/xlnet_layer[1]/norm/bias@v (xlnet.mesh:36)
+      {"zeros", support::DType::F32, {}},
+      // xlnet/xlnet_layer[1]/dense_relu_dense/wi@m (xlnet.mesh:79)
+      {"zeros", support::DType::F32, {}},
+      // xlnet/xlnet_layer[1]/dense_relu_dense/wi@v (xlnet.mesh:79)
+      {"zeros", support::DType::F32, {}},
+      // xlnet/xlnet_layer[1]/dense_relu_dense/bi@m (xlnet.mesh:80)
+      {"zeros", support::DType::F32, {}},
+      // xlnet/xlnet_layer[1]/dense_relu_dense/bi@v (xlnet.mesh:80)
+      {"zeros", support::DType::F32, {}},
+      // xlnet/xlnet_layer[1]/dense_relu_dense/wo@m (xlnet.mesh:81)
+      {"zeros", support::DType::F32, {}},
+      // xlnet/xlnet_layer[1]/dense_relu_dense/wo@v (xlnet.mesh:81)
+      {"zeros", support::DType::F32, {}},
+      // xlnet/xlnet_layer[1]/dense_relu_dense/bo@m (xlnet.mesh:82)
+      {"zeros", support::DType::F32, {}},
+      // xlnet/xlnet_layer[1]/dense_relu_dense/bo@v (xlnet.mesh:82)
+      {"zeros", support::DType::F32, {}},
+      // xlnet/xlnet_layer[1]/norm#1/gain@m (xlnet.mesh:35)
+      {"zeros", support::DType::F32, {}},
+      // xlnet/xlnet_layer[1]/norm#1/gain@v (xlnet.mesh:35)
+      {"zeros", support::DType::F32, {}},
+      // xlnet/xlnet_layer[1]/norm#1/bias@m (xlnet.mesh:36)
+      {"zeros", support::DType::F32, {}},
+      // xlnet/xlnet_layer[1]/norm#1/bias@v (xlnet.mesh:36)
+      {"zeros", support::DType::F32, {}}};
+  support::Buffer *const data[] = {
+      &param0_xlnet_embedding,
+      &param1_xlnet_mask_embedding,
+      &param2_xlnet_output_bias,
+      &param3_xlnet_xlnet_layer_0_two_stream_attention_q,
+      &param4_xlnet_xlnet_layer_0_two_stream_attention_k,
+      &param5_xlnet_xlnet_layer_0_two_stream_attention_v,
+      &param6_xlnet_xlnet_layer_0_two_stream_attention_r,
+      &param7_xlnet_xlnet_layer_0_two_stream_attention_o,
+      &param8_xlnet_xlnet_layer_0_two_stream_attention_content_bias,
+      &param9_xlnet_xlnet_layer_0_two_stream_attention_position_bias,
+      &param10_xlnet_xlnet_layer_0_norm_gain,
+      &param11_xlnet_xlnet_layer_0_norm_bias,
+      &param12_xlnet_xlnet_layer_0_dense_relu_dense_wi,
+      &param13_xlnet_xlnet_layer_0_dense_relu_dense_bi,
+      &param14_xlnet_xlnet_layer_0_dense_relu_dense_wo,
+      &param15_xlnet_xlnet_layer_0_dense_relu_dense_bo,
+      &param16_xlnet_xlnet_layer_0_norm_1_gain,
+      &param17_xlnet_xlnet_layer_0_norm_1_bias,
+      &param18_xlnet_xlnet_layer_1_two_stream_attention_q,
+      &param19_xlnet_xlnet_layer_1_two_stream_attention_k,
+      &param20_xlnet_xlnet_layer_1_two_stream_attention_v,
+      &param21_xlnet_xlnet_layer_1_two_stream_attention_r,
+      &param22_xlnet_xlnet_layer_1_two_stream_attention_o,
+      &param23_xlnet_xlnet_layer_1_two_stream_attention_content_bias,
+      &param24_xlnet_xlnet_layer_1_two_stream_attention_position_bias,
+      &param25_xlnet_xlnet_layer_1_norm_gain,
+      &param26_xlnet_xlnet_layer_1_norm_bias,
+      &param27_xlnet_xlnet_layer_1_dense_relu_dense_wi,
+      &param28_xlnet_xlnet_layer_1_dense_relu_dense_bi,
+      &param29_xlnet_xlnet_layer_1_dense_relu_dense_wo,
+      &param30_xlnet_xlnet_layer_1_dense_relu_dense_bo,
+      &param31_xlnet_xlnet_layer_1_norm_1_gain,
+      &param32_xlnet_xlnet_layer_1_norm_1_bias,
+      &param33_xlnet_embedding_m,
+      &param34_xlnet_embedding_v,
+      &param35_xlnet_mask_embedding_m,
+      &param36_xlnet_mask_embedding_v,
+      &param37_xlnet_output_bias_m,
+      &param38_xlnet_output_bias_v,
+      &param39_xlnet_xlnet_layer_0_two_stream_attention_q_m,
+      &param40_xlnet_xlnet_layer_0_two_stream_attention_q_v,
+      &param41_xlnet_xlnet_layer_0_two_stream_attention_k_m,
+      &param42_xlnet_xlnet_layer_0_two_stream_attention_k_v,
+      &param43_xlnet_xlnet_layer_0_two_stream_attention_v_m,
+      &param44_xlnet_xlnet_layer_0_two_stream_attention_v_v,
+      &param45_xlnet_xlnet_layer_0_two_stream_attention_r_m,
+      &param46_xlnet_xlnet_layer_0_two_stream_attention_r_v,
+      &param47_xlnet_xlnet_layer_0_two_stream_attention_o_m,
+      &param48_xlnet_xlnet_layer_0_two_stream_attention_o_v,
+      &param49_xlnet_xlnet_layer_0_two_stream_attention_content_bias_m,
+      &param50_xlnet_xlnet_layer_0_two_stream_attention_content_bias_v,
+      &param51_xlnet_xlnet_layer_0_two_stream_attention_position_bias_m,
+      &param52_xlnet_xlnet_layer_0_two_stream_attention_position_bias_v,
+      &param53_xlnet_xlnet_layer_0_norm_gain_m,
+      &param54_xlnet_xlnet_layer_0_norm_gain_v,
+      &param55_xlnet_xlnet_layer_0_norm_bias_m,
+      &param56_xlnet_xlnet_layer_0_norm_bias_v,
+      &param57_xlnet_xlnet_layer_0_dense_relu_dense_wi_m,
+      &param58_xlnet_xlnet_layer_0_dense_relu_dense_wi_v,
+      &param59_xlnet_xlnet_layer_0_dense_relu_dense_bi_m,
+      &param60_xlnet_xlnet_layer_0_dense_relu_dense_bi_v,
+      &param61_xlnet_xlnet_layer_0_dense_relu_dense_wo_m,
+      &param62_xlnet_xlnet_layer_0_dense_relu_dense_wo_v,
+      &param63_xlnet_xlnet_layer_0_dense_relu_dense_bo_m,
+      &param64_xlnet_xlnet_layer_0_dense_relu_dense_bo_v,
+      &param65_xlnet_xlnet_layer_0_norm_1_gain_m,
+      &param66_xlnet_xlnet_layer_0_norm_1_gain_v,
+      &param67_xlnet_xlnet_layer_0_norm_1_bias_m,
+      &param68_xlnet_xlnet_layer_0_norm_1_bias_v,
+      &param69_xlnet_xlnet_layer_1_two_stream_attention_q_m,
+      &param70_xlnet_xlnet_layer_1_two_stream_attention_q_v,
+      &param71_xlnet_xlnet_layer_1_two_stream_attention_k_m,
+      &param72_xlnet_xlnet_layer_1_two_stream_attention_k_v,
+      &param73_xlnet_xlnet_layer_1_two_stream_attention_v_m,
+      &param74_xlnet_xlnet_layer_1_two_stream_attention_v_v,
+      &param75_xlnet_xlnet_layer_1_two_stream_attention_r_m,
+      &param76_xlnet_xlnet_layer_1_two_stream_attention_r_v,
+      &param77_xlnet_xlnet_layer_1_two_stream_attention_o_m,
+      &param78_xlnet_xlnet_layer_1_two_stream_attention_o_v,
+      &param79_xlnet_xlnet_layer_1_two_stream_attention_content_bias_m,
+      &param80_xlnet_xlnet_layer_1_two_stream_attention_content_bias_v,
+      &param81_xlnet_xlnet_layer_1_two_stream_attention_position_bias_m,
+      &param82_xlnet_xlnet_layer_1_two_stream_attention_position_bias_v,
+      &param83_xlnet_xlnet_layer_1_norm_gain_m,
+      &param84_xlnet_xlnet_layer_1_norm_gain_v,
+      &param85_xlnet_xlnet_layer_1_norm_bias_m,
+      &param86_xlnet_xlnet_layer_1_norm_bias_v,
+      &param87_xlnet_xlnet_layer_1_dense_relu_dense_wi_m,
+      &param88_xlnet_xlnet_layer_1_dense_relu_dense_wi_v,
+      &param89_xlnet_xlnet_layer_1_dense_relu_dense_bi_m,
+      &param90_xlnet_xlnet_layer_1_dense_relu_dense_bi_v,
+      &param91_xlnet_xlnet_layer_1_dense_relu_dense_wo_m,
+      &param92_xlnet_xlnet_layer_1_dense_relu_dense_wo_v,
+      &param93_xlnet_xlnet_layer_1_dense_relu_dense_bo_m,
+      &param94_xlnet_xlnet_layer_1_dense_relu_dense_bo_v,
+      &param95_xlnet_xlnet_layer_1_norm_1_gain_m,
+      &param96_xlnet_xlnet_layer_1_norm_1_gain_v,
+      &param97_xlnet_xlnet_layer_1_norm_1_bias_m,
+      &param98_xlnet_xlnet_layer_1_norm_1_bias_v};
+  support::initParams(world_, seed, -1, kXlnetTrainParams, inits, data);
   computeInvariants();
 }
 
@@ -1727,118 +2067,44 @@ void XlnetTrain::computeInvariants() {
   // xlnet.mesh:42:35 iota
   // xlnet.mesh:42:63 iota
   support::View v14 = persistent_.view(64, 16);
-  static const support::Shape shape0_1 = {16};
-  static const support::Shape shape0_2 = {1};
-  support::iota(v14.data(), shape0_1, shape0_2, 0);
+  support::iota(v14.data(), kShape0, kShape1, 0);
 
   // xlnet.mesh:42:33 sub
   support::View v16 = persistent_.view(128, 256);
-  {
-    float *__restrict v16p = v16.data();
-    const float *__restrict v14p = v14.data();
-    for (int64_t i0 = 0; i0 < 16; ++i0) {
-      for (int64_t i1 = 0; i1 < 16; ++i1) {
-        const float s0 = v14p[i0];
-        const float s1 = v14p[i1];
-        const float s2 = support::wrapI32(double((double(s0) - double(s1))));
-        v16p[i0 * 16 + i1] = s2;
-      }
-    }
-  }
+  loop0(v16.data(), v14.data());
 
   // xlnet.mesh:42:15 cast
   support::View v17 = persistent_.view(1152, 256);
-  {
-    float *__restrict v17p = v17.data();
-    const float *__restrict v16p = v16.data();
-    for (int64_t i0 = 0; i0 < 256; ++i0) {
-      const float s0 = v16p[i0];
-      const float s1 = s0;
-      v17p[i0] = s1;
-    }
-  }
+  loop1(v17.data(), v16.data());
 
   // xlnet.mesh:42:58 cast
   support::View v19 = persistent_.view(2176, 16);
-  {
-    float *__restrict v19p = v19.data();
-    const float *__restrict v14p = v14.data();
-    for (int64_t i0 = 0; i0 < 16; ++i0) {
-      const float s0 = v14p[i0];
-      const float s1 = s0;
-      v19p[i0] = s1;
-    }
-  }
+  loop2(v19.data(), v14.data());
 
   // xlnet.mesh:42:80 mul
   support::View v21 = persistent_.view(2304, 16);
-  {
-    float *__restrict v21p = v21.data();
-    const float *__restrict v19p = v19.data();
-    for (int64_t i0 = 0; i0 < 16; ++i0) {
-      const float s0 = v19p[i0];
-      const float s1 = -0.575646f;
-      const float s2 = (s0 * s1);
-      v21p[i0] = s2;
-    }
-  }
+  loop3(v21.data(), v19.data());
 
   // xlnet.mesh:42:54 exp
   support::View v22 = persistent_.view(2368, 16);
-  {
-    float *__restrict v22p = v22.data();
-    const float *__restrict v21p = v21.data();
-    for (int64_t i0 = 0; i0 < 16; ++i0) {
-      const float s0 = v21p[i0];
-      const float s1 = support::fexp(s0);
-      v22p[i0] = s1;
-    }
-  }
+  loop4(v22.data(), v21.data());
 
   // xlnet.mesh:42:52 mul -> angle
   support::View v23 = persistent_.view(2432, 4096);
-  {
-    float *__restrict v23p = v23.data();
-    const float *__restrict v17p = v17.data();
-    const float *__restrict v22p = v22.data();
-    for (int64_t i0 = 0; i0 < 256; ++i0) {
-      for (int64_t i1 = 0; i1 < 16; ++i1) {
-        const float s0 = v17p[i0];
-        const float s1 = v22p[i1];
-        const float s2 = (s0 * s1);
-        v23p[i0 * 16 + i1] = s2;
-      }
-    }
-  }
+  loop5(v23.data(), v17.data(), v22.data());
 
   // xlnet.mesh:43:17 sin
   support::View v24 = persistent_.view(18816, 4096);
-  {
-    float *__restrict v24p = v24.data();
-    const float *__restrict v23p = v23.data();
-    for (int64_t i0 = 0; i0 < 4096; ++i0) {
-      const float s0 = v23p[i0];
-      const float s1 = support::fsin(s0);
-      v24p[i0] = s1;
-    }
-  }
+  loop6(v24.data(), v23.data());
 
   // xlnet.mesh:43:29 cos
   support::View v25 = persistent_.view(35200, 4096);
-  {
-    float *__restrict v25p = v25.data();
-    const float *__restrict v23p = v23.data();
-    for (int64_t i0 = 0; i0 < 4096; ++i0) {
-      const float s0 = v23p[i0];
-      const float s1 = support::fcos(s0);
-      v25p[i0] = s1;
-    }
-  }
+  loop7(v25.data(), v23.data());
 }
 
 XlnetTrain::Outputs XlnetTrain::run(const Inputs &inputs) {
   MESHRT_TRACE_RUN(world_, "xlnet_train");
-  // Arena: 225792 bytes for 816284 bytes of temporaries (placed by liveness).
+  // Arena: 225792 bytes for 828572 bytes of temporaries (placed by liveness).
   support::checkShape("input", "tokens", inputs.tokens, {2, 16});
   runPart0(inputs);
   runPart1(inputs);
@@ -1875,25 +2141,13 @@ void XlnetTrain::runPart0(const Inputs &inputs) {
   // xlnet.mesh:126:14 top_k -> rank
   MESHRT_TRACE("top_k", "xlnet.mesh:126:14", "forward");
   support::View v2 = arena_.view(64, 16);
-  static const support::Shape shape1_1 = {16};
-  static const support::Shape shape1_3 = {0};
-  support::topK(v2.data(), shape1_1, v1.data(), shape1_3, 0, 16, 1);
+  support::topK(v2.data(), kShape0, v1.data(), kShape12, 0, 16, 1);
 
   // xlnet.mesh:127:26 ge
   // xlnet.mesh:127:16 cast -> target
   MESHRT_TRACE("loop", "xlnet.mesh:127:26", "forward");
   support::View v5 = arena_.view(225664, 16);
-  {
-    float *__restrict v5p = v5.data();
-    const float *__restrict v2p = v2.data();
-    for (int64_t i0 = 0; i0 < 16; ++i0) {
-      const float s0 = v2p[i0];
-      const float s1 = support::wrapI32(12.0);
-      const float s2 = (s0 >= s1 ? 1.0f : 0.0f);
-      const float s3 = s2;
-      v5p[i0] = s3;
-    }
-  }
+  loop19(v5.data(), v2.data());
 
   // xlnet.mesh:104:18 rename -> key_rank
   MESHRT_TRACE("copy", "xlnet.mesh:104:18", "forward");
@@ -1903,78 +2157,38 @@ void XlnetTrain::runPart0(const Inputs &inputs) {
   // xlnet.mesh:105:25 cast -> content_allowed
   MESHRT_TRACE("loop", "xlnet.mesh:105:39", "forward");
   support::View v11 = arena_.view(69632, 256);
-  {
-    float *__restrict v11p = v11.data();
-    const float *__restrict v9p = v9.data();
-    const float *__restrict v2p = v2.data();
-    for (int64_t i0 = 0; i0 < 16; ++i0) {
-      for (int64_t i1 = 0; i1 < 16; ++i1) {
-        const float s0 = v9p[i0];
-        const float s1 = v2p[i1];
-        const float s2 = (s0 <= s1 ? 1.0f : 0.0f);
-        const float s3 = s2;
-        v11p[i0 * 16 + i1] = s3;
-      }
-    }
-  }
+  loop8(v11.data(), v9.data(), v2.data());
 
   // xlnet.mesh:106:37 lt
   // xlnet.mesh:106:23 cast -> query_allowed
   MESHRT_TRACE("loop", "xlnet.mesh:106:37", "forward");
   support::View v13 = arena_.view(77824, 256);
-  {
-    float *__restrict v13p = v13.data();
-    const float *__restrict v9p = v9.data();
-    const float *__restrict v2p = v2.data();
-    for (int64_t i0 = 0; i0 < 16; ++i0) {
-      for (int64_t i1 = 0; i1 < 16; ++i1) {
-        const float s0 = v9p[i0];
-        const float s1 = v2p[i1];
-        const float s2 = (s0 < s1 ? 1.0f : 0.0f);
-        const float s3 = s2;
-        v13p[i0 * 16 + i1] = s3;
-      }
-    }
-  }
+  loop9(v13.data(), v9.data(), v2.data());
 
   // xlnet.mesh:43:10 concat -> sinusoids
   MESHRT_TRACE("concat", "xlnet.mesh:43:10", "forward");
   support::View v24 = persistent_.view(18816, 4096);
   support::View v26 = arena_.slot(0, 8192);
-  static const support::Shape shape6_2 = {16, 16};
-  static const support::Shape shape6_3 = {512, 32};
-  static const support::Shape shape6_4 = {256, 16};
-  support::copyWindow(v26.data(), v24.data(), shape6_2, shape6_3, shape6_4, 1, 1, 32, 16,
-                      int64_t(0));
+  support::copyWindow(v26.data(), v24.data(), kShape2, kShape3, kShape4, 1, 1, 32, 16, int64_t(0));
 
   // xlnet.mesh:43:10 concat -> sinusoids
   MESHRT_TRACE("concat", "xlnet.mesh:43:10", "forward");
   support::View v25 = persistent_.view(35200, 4096);
-  static const support::Shape shape7_2 = {16, 16};
-  static const support::Shape shape7_3 = {512, 32};
-  static const support::Shape shape7_4 = {256, 16};
-  support::copyWindow(v26.data(), v25.data(), shape7_2, shape7_3, shape7_4, 1, 1, 32, 16,
-                      int64_t(16));
+  support::copyWindow(v26.data(), v25.data(), kShape2, kShape3, kShape4, 1, 1, 32, 16, int64_t(16));
 
   // xlnet.mesh:108:18 one_hot
   // xlnet.mesh:129:31 one_hot
   MESHRT_TRACE("one_hot", "xlnet.mesh:108:18", "forward");
   const support::Buffer &v0 = inputs.tokens.data;
   support::View v27 = arena_.view(65536, 1024);
-  static const support::Shape shape8_1 = {2, 16, 32};
-  static const support::Shape shape8_3 = {16, 1, 0};
-  static const support::Shape shape8_4 = {0, 0, 1};
-  support::oneHot(v27.data(), shape8_1, v0.data(), shape8_3, shape8_4,
+  support::oneHot(v27.data(), kShape5, v0.data(), kShape7, kShape6,
                   support::shardStart(world_, {"model"}, 32));
 
   // xlnet.mesh:108:11 einsum -> h
   MESHRT_TRACE("einsum", "xlnet.mesh:108:11", "forward");
   support::View v6(param0_xlnet_embedding); // updated in place
   support::View v28 = arena_.view(81920, 1024);
-  static const support::Shape shape9_1 = {2, 16, 32};
-  static const support::Shape shape9_3 = {0, 0, 1};
-  static const support::Shape shape9_5 = {16, 1, 0};
-  support::gather(v28.data(), shape9_1, v6.data(), shape9_3, v0.data(), shape9_5, 32, 32,
+  support::gather(v28.data(), kShape5, v6.data(), kShape6, v0.data(), kShape7, 32, 32,
                   support::shardStart(world_, {"model"}, 32));
 
   // xlnet.mesh:59:28 all_reduce_sum -> h (resolve the partial sum of h over model for einsum at
@@ -1988,37 +2202,13 @@ void XlnetTrain::runPart0(const Inputs &inputs) {
   MESHRT_TRACE("loop", "xlnet.mesh:109:52", "forward");
   support::View v30 = arena_.view(225280, 32);
   support::View v31 = arena_.view(225408, 32);
-  {
-    float *__restrict v30p = v30.data();
-    float *__restrict v31p = v31.data();
-    const float *__restrict v0p = v0.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = v0p[i0];
-      const float s1 = support::wrapI32(0.0);
-      const float s2 = (s0 >= s1 ? 1.0f : 0.0f);
-      const float s3 = s2;
-      v30p[i0] = s2;
-      v31p[i0] = s3;
-    }
-  }
+  loop20(v30.data(), v31.data(), v0.data());
 
   // xlnet.mesh:109:63 mul -> g
   MESHRT_TRACE("loop", "xlnet.mesh:109:63", "forward");
   support::View v7(param1_xlnet_mask_embedding); // updated in place
   support::View v32 = arena_.view(86016, 1024);
-  {
-    float *__restrict v32p = v32.data();
-    const float *__restrict v31p = v31.data();
-    const float *__restrict v7p = v7.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = v31p[i0];
-        const float s1 = v7p[i1];
-        const float s2 = (s0 * s1);
-        v32p[i0 * 32 + i1] = s2;
-      }
-    }
-  }
+  loop21(v32.data(), v31.data(), v7.data());
 
   MESHRT_TRACE_SITE("xlnet.mesh:59:28");
   group_model.wait(request0);
@@ -2055,56 +2245,20 @@ void XlnetTrain::runPart0(const Inputs &inputs) {
   // xlnet.mesh:69:49 gt
   MESHRT_TRACE("loop", "xlnet.mesh:111:30", "forward");
   support::View v65 = arena_.view(223232, 256);
-  {
-    float *__restrict v65p = v65.data();
-    const float *__restrict v11p = v11.data();
-    for (int64_t i0 = 0; i0 < 16; ++i0) {
-      for (int64_t i1 = 0; i1 < 16; ++i1) {
-        const float s0 = v11p[i0 + i1 * 16];
-        const float s1 = s0;
-        const float s2 = 0.5f;
-        const float s3 = (s1 > s2 ? 1.0f : 0.0f);
-        v65p[i0 * 16 + i1] = s3;
-      }
-    }
-  }
+  loop11(v65.data(), v11.data());
 
   // xlnet.mesh:66:19 add
   // xlnet.mesh:66:97 mul -> h_logits
   // xlnet.mesh:69:27 where
   MESHRT_TRACE("loop", "xlnet.mesh:66:19", "forward");
   support::View v67 = arena_.view(69632, 1024);
-  {
-    float *__restrict v67p = v67.data();
-    const float *__restrict v51p = v51.data();
-    const float *__restrict v53p = v53.data();
-    const float *__restrict v65p = v65.data();
-    for (int64_t i0 = 0; i0 < 4; ++i0) {
-      for (int64_t i1 = 0; i1 < 256; ++i1) {
-        const float s0 = v51p[i0 * 256 + i1];
-        const float s1 = v53p[i0 * 256 + i1];
-        const float s2 = (s0 + s1);
-        const float s3 = 0.35355f;
-        const float s4 = (s2 * s3);
-        const float s5 = v65p[i1];
-        const float s6 = -1000000000.0f;
-        const float s7 = (s5 != 0 ? s4 : s6);
-        v67p[i0 * 256 + i1] = s7;
-      }
-    }
-  }
+  loop12(v67.data(), v51.data(), v53.data(), v65.data());
 
   // xlnet.mesh:69:19 softmax -> h_weights
   MESHRT_TRACE("softmax", "xlnet.mesh:69:19", "forward");
   support::View v68 = arena_.view(73728, 1024);
-  static const support::Shape shape17_2 = {2, 2, 16};
-  static const support::Shape shape17_3 = {512, 256, 16};
-  static const support::Shape shape17_4 = {512, 256, 16};
-  static const support::Shape shape17_5 = {16};
-  static const support::Shape shape17_6 = {1};
-  static const support::Shape shape17_7 = {1};
-  support::along(v68.data(), v67.data(), shape17_2, shape17_3, shape17_4, shape17_5, shape17_6,
-                 shape17_7, support::Along::Softmax, 1e-05, 16, nullptr);
+  support::along(v68.data(), v67.data(), kShape8, kShape9, kShape9, kShape0, kShape1, kShape1,
+                 support::Along::Softmax, 1e-05, 16, nullptr);
 
   // xlnet.mesh:111:47 transpose
   // xlnet.mesh:111:47 transpose
@@ -2112,21 +2266,9 @@ void XlnetTrain::runPart0(const Inputs &inputs) {
   // xlnet.mesh:72:47 gt
   MESHRT_TRACE("loop", "xlnet.mesh:111:47", "forward");
   support::View v70 = arena_.view(224256, 256);
-  {
-    float *__restrict v70p = v70.data();
-    const float *__restrict v13p = v13.data();
-    for (int64_t i0 = 0; i0 < 16; ++i0) {
-      for (int64_t i1 = 0; i1 < 16; ++i1) {
-        const float s0 = v13p[i0 + i1 * 16];
-        const float s1 = s0;
-        const float s2 = 0.5f;
-        const float s3 = (s1 > s2 ? 1.0f : 0.0f);
-        v70p[i0 * 16 + i1] = s3;
-      }
-    }
-  }
+  loop11(v70.data(), v13.data());
 
-  // 9 statements from xlnet.mesh:68:19 add (1 of 2)
+  // 14 statements from xlnet.mesh:68:19 add (1 of 2)
   MESHRT_TRACE_SITE("xlnet.mesh:68:19");
   support::View v72 = arena_.view(49152, 1024);
   support::View v73 = arena_.view(69632, 1024);
@@ -2137,26 +2279,16 @@ void XlnetTrain::runPart0(const Inputs &inputs) {
   support::View v75 = arena_.view(53248, 1024);
   support::View v77 = arena_.view(77824, 1024);
   support::View v79 = arena_.view(90112, 1024);
-  repeated5(v58, v60, v70, v72, v73, v68, v45, v74_c0, v39, v74, v75_c0, v75, v28, v77, v32, v79);
-
-  // 4 statements from xlnet.mesh:37:10 layer_norm (1 of 2)
-  MESHRT_TRACE_SITE("xlnet.mesh:37:10");
   support::View v82 = arena_.view(94208, 1024);
   support::View v80(param10_xlnet_xlnet_layer_0_norm_gain); // updated in place
   support::View v81(param11_xlnet_xlnet_layer_0_norm_bias); // updated in place
-  support::View v85 = arena_.view(102400, 1024);
   support::View v84 = arena_.view(98304, 1024);
-  support::View v87 = arena_.view(106496, 1024);
-  repeated9(v82, v77, v80, v81, v84, v85, v79, v87);
-
-  // xlnet.mesh:83:22 einsum
-  MESHRT_TRACE("gemm", "xlnet.mesh:83:22", "forward");
+  support::View v85 = arena_.view(102400, 1024);
   support::View v88(param12_xlnet_xlnet_layer_0_dense_relu_dense_wi); // updated in place
+  support::View v87 = arena_.view(106496, 1024);
   support::View v92 = arena_.view(49152, 1024);
-  // dims: batch, length, d_model, d_ff
-  static const meshrt::kernels::EinsumPlan einsumPlan21(
-      {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan21.run(v84.data(), v88.data(), v92.data(), 1.0f, 0.0f);
+  repeated3(v58, v60, v70, v72, v73, v68, v45, v74_c0, v39, v74, v75_c0, v75, v28, v77, v32, v79,
+            v82, v80, v81, v84, v85, v87, v88, v92);
 
   // xlnet.mesh:83:59 add
   // xlnet.mesh:83:17 gelu
@@ -2164,97 +2296,53 @@ void XlnetTrain::runPart0(const Inputs &inputs) {
   support::View v89(param13_xlnet_xlnet_layer_0_dense_relu_dense_bi); // updated in place
   support::View v93 = arena_.view(110592, 1024);
   support::View v94 = arena_.view(114688, 1024);
-  {
-    float *__restrict v93p = v93.data();
-    float *__restrict v94p = v94.data();
-    const float *__restrict v92p = v92.data();
-    const float *__restrict v89p = v89.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = v92p[i0 * 32 + i1];
-        const float s1 = v89p[i1];
-        const float s2 = (s0 + s1);
-        const float s3 = support::fgelu(s2);
-        v93p[i0 * 32 + i1] = s2;
-        v94p[i0 * 32 + i1] = s3;
-      }
-    }
-  }
+  loop22(v93.data(), v94.data(), v92.data(), v89.data());
 
-  // 5 statements from xlnet.mesh:83:10 einsum (1 of 2)
+  // 8 statements from xlnet.mesh:83:10 einsum (1 of 2)
   MESHRT_TRACE_SITE("xlnet.mesh:83:10");
   support::View v90(param14_xlnet_xlnet_layer_0_dense_relu_dense_wo); // updated in place
   support::View v95 = arena_.view(49152, 1024);
   support::View v98 = arena_.view(53248, 1024);
   support::View v100 = arena_.view(122880, 1024);
   support::View v101 = arena_.view(53248, 1024);
+  support::View v91(param15_xlnet_xlnet_layer_0_dense_relu_dense_bo); // updated in place
+  support::View v104 = arena_.view(126976, 1024);
   support::View v99 = arena_.view(118784, 1024);
-  repeated7(v94, v90, v95, v87, v88, v98, v89, v99, v100, v101);
+  support::View v105 = arena_.view(131072, 1024);
+  support::View v108 = arena_.view(135168, 1024);
+  repeated7(v94, v90, v95, v87, v88, v98, v89, v99, v100, v101, v91, v84, v104, v105, v108);
+
+  // xlnet.mesh:37:33 mul
+  // xlnet.mesh:37:40 add -> h2
+  MESHRT_TRACE("loop", "xlnet.mesh:37:33", "forward");
+  support::View v106(param16_xlnet_xlnet_layer_0_norm_1_gain); // updated in place
+  support::View v107(param17_xlnet_xlnet_layer_0_norm_1_bias); // updated in place
+  support::View v110 = arena_.view(139264, 1024);
+  loop13(v110.data(), v108.data(), v106.data(), v107.data());
+
+  // xlnet.mesh:37:48 layer_norm
+  MESHRT_TRACE("layer_norm", "xlnet.mesh:37:48", "forward");
+  support::View v111 = arena_.view(143360, 1024);
+  support::along(v111.data(), v105.data(), kShape10, kShape3, kShape3, kShape11, kShape1, kShape1,
+                 support::Along::LayerNorm, 1e-05, 32, nullptr);
 }
 
 void XlnetTrain::runPart1(const Inputs &inputs) {
   (void)inputs;
   MESHRT_TRACE_SPAN(world_);
 
-  // xlnet.mesh:83:96 add -> f
-  // xlnet.mesh:95:24 add
-  MESHRT_TRACE("loop", "xlnet.mesh:83:96", "forward");
-  support::View v95 = arena_.view(49152, 1024);
-  support::View v91(param15_xlnet_xlnet_layer_0_dense_relu_dense_bo); // updated in place
-  support::View v84 = arena_.view(98304, 1024);
-  support::View v104 = arena_.view(126976, 1024);
-  {
-    float *__restrict v104p = v104.data();
-    const float *__restrict v95p = v95.data();
-    const float *__restrict v91p = v91.data();
-    const float *__restrict v84p = v84.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = v95p[i0 * 32 + i1];
-        const float s1 = v91p[i1];
-        const float s2 = (s0 + s1);
-        const float s3 = v84p[i0 * 32 + i1];
-        const float s4 = (s3 + s2);
-        v104p[i0 * 32 + i1] = s4;
-      }
-    }
-  }
-
-  // xlnet.mesh:84:96 add -> e
-  // xlnet.mesh:95:32 add
-  MESHRT_TRACE("loop", "xlnet.mesh:84:96", "forward");
-  support::View v101 = arena_.view(53248, 1024);
-  support::View v87 = arena_.view(106496, 1024);
-  support::View v105 = arena_.view(131072, 1024);
-  {
-    float *__restrict v105p = v105.data();
-    const float *__restrict v101p = v101.data();
-    const float *__restrict v91p = v91.data();
-    const float *__restrict v87p = v87.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = v101p[i0 * 32 + i1];
-        const float s1 = v91p[i1];
-        const float s2 = (s0 + s1);
-        const float s3 = v87p[i0 * 32 + i1];
-        const float s4 = (s3 + s2);
-        v105p[i0 * 32 + i1] = s4;
-      }
-    }
-  }
-
-  // 4 statements from xlnet.mesh:37:10 layer_norm (2 of 2)
-  MESHRT_TRACE_SITE("xlnet.mesh:37:10");
-  support::View v108 = arena_.view(135168, 1024);
+  // xlnet.mesh:37:71 mul
+  // xlnet.mesh:37:78 add -> g2
+  MESHRT_TRACE("loop", "xlnet.mesh:37:71", "forward");
+  support::View v111 = arena_.view(143360, 1024);
   support::View v106(param16_xlnet_xlnet_layer_0_norm_1_gain); // updated in place
   support::View v107(param17_xlnet_xlnet_layer_0_norm_1_bias); // updated in place
-  support::View v111 = arena_.view(143360, 1024);
-  support::View v110 = arena_.view(139264, 1024);
   support::View v113 = arena_.view(147456, 1024);
-  repeated9(v108, v104, v106, v107, v110, v111, v105, v113);
+  loop13(v113.data(), v111.data(), v106.data(), v107.data());
 
   // 13 statements from xlnet.mesh:59:28 einsum (2 of 2)
   MESHRT_TRACE_SITE("xlnet.mesh:59:28");
+  support::View v110 = arena_.view(139264, 1024);
   support::View v117(param19_xlnet_xlnet_layer_1_two_stream_attention_k); // updated in place
   support::View v123 = arena_.view(208896, 512);
   support::View v118(param20_xlnet_xlnet_layer_1_two_stream_attention_v); // updated in place
@@ -2286,39 +2374,15 @@ void XlnetTrain::runPart1(const Inputs &inputs) {
   MESHRT_TRACE("loop", "xlnet.mesh:66:19", "backward");
   support::View v65 = arena_.view(223232, 256);
   support::View v147 = arena_.view(167936, 1024);
-  {
-    float *__restrict v147p = v147.data();
-    const float *__restrict v131p = v131.data();
-    const float *__restrict v133p = v133.data();
-    const float *__restrict v65p = v65.data();
-    for (int64_t i0 = 0; i0 < 4; ++i0) {
-      for (int64_t i1 = 0; i1 < 256; ++i1) {
-        const float s0 = v131p[i0 * 256 + i1];
-        const float s1 = v133p[i0 * 256 + i1];
-        const float s2 = (s0 + s1);
-        const float s3 = 0.35355f;
-        const float s4 = (s2 * s3);
-        const float s5 = v65p[i1];
-        const float s6 = -1000000000.0f;
-        const float s7 = (s5 != 0 ? s4 : s6);
-        v147p[i0 * 256 + i1] = s7;
-      }
-    }
-  }
+  loop12(v147.data(), v131.data(), v133.data(), v65.data());
 
   // xlnet.mesh:69:19 softmax -> h_weights
   MESHRT_TRACE("softmax", "xlnet.mesh:69:19", "backward");
   support::View v148 = arena_.view(151552, 1024);
-  static const support::Shape shape5_2 = {2, 2, 16};
-  static const support::Shape shape5_3 = {512, 256, 16};
-  static const support::Shape shape5_4 = {512, 256, 16};
-  static const support::Shape shape5_5 = {16};
-  static const support::Shape shape5_6 = {1};
-  static const support::Shape shape5_7 = {1};
-  support::along(v148.data(), v147.data(), shape5_2, shape5_3, shape5_4, shape5_5, shape5_6,
-                 shape5_7, support::Along::Softmax, 1e-05, 16, nullptr);
+  support::along(v148.data(), v147.data(), kShape8, kShape9, kShape9, kShape0, kShape1, kShape1,
+                 support::Along::Softmax, 1e-05, 16, nullptr);
 
-  // 9 statements from xlnet.mesh:68:19 add (2 of 2)
+  // 14 statements from xlnet.mesh:68:19 add (2 of 2)
   MESHRT_TRACE_SITE("xlnet.mesh:68:19");
   support::View v70 = arena_.view(224256, 256);
   support::View v152 = arena_.view(155648, 1024);
@@ -2330,210 +2394,82 @@ void XlnetTrain::runPart1(const Inputs &inputs) {
   support::View v155 = arena_.view(155648, 1024);
   support::View v157 = arena_.view(163840, 1024);
   support::View v159 = arena_.view(151552, 1024);
-  repeated5(v138, v140, v70, v152, v153, v148, v125, v154_c0, v120, v154, v155_c0, v155, v110, v157,
-            v113, v159);
-
-  // xlnet.mesh:37:10 layer_norm
-  // xlnet.mesh:37:33 mul
-  // xlnet.mesh:37:40 add -> h1
-  MESHRT_TRACE("layer_norm", "xlnet.mesh:37:10", "backward");
+  support::View v162 = arena_.view(155648, 1024);
   support::View v160(param25_xlnet_xlnet_layer_1_norm_gain); // updated in place
   support::View v161(param26_xlnet_xlnet_layer_1_norm_bias); // updated in place
-  support::View v164 = arena_.view(155648, 1024);
-  support::layerNormAffine(v164.data(), v157.data(), 32, 32, v160.data(), v161.data(), 1e-05, 32);
-
-  // xlnet.mesh:37:48 layer_norm
-  MESHRT_TRACE("layer_norm", "xlnet.mesh:37:48", "forward");
-  support::View v165 = arena_.view(163840, 1024);
-  static const support::Shape shape8_2 = {2, 16};
-  static const support::Shape shape8_3 = {512, 32};
-  static const support::Shape shape8_4 = {512, 32};
-  static const support::Shape shape8_5 = {32};
-  static const support::Shape shape8_6 = {1};
-  static const support::Shape shape8_7 = {1};
-  support::along(v165.data(), v159.data(), shape8_2, shape8_3, shape8_4, shape8_5, shape8_6,
-                 shape8_7, support::Along::LayerNorm, 1e-05, 32, nullptr);
-
-  // xlnet.mesh:37:71 mul
-  // xlnet.mesh:37:78 add -> g1
-  MESHRT_TRACE("loop", "xlnet.mesh:37:71", "forward");
-  support::View v167 = arena_.view(167936, 1024);
-  {
-    float *__restrict v167p = v167.data();
-    const float *__restrict v165p = v165.data();
-    const float *__restrict v160p = v160.data();
-    const float *__restrict v161p = v161.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = v165p[i0 * 32 + i1];
-        const float s1 = v160p[i1];
-        const float s2 = (s0 * s1);
-        const float s3 = v161p[i1];
-        const float s4 = (s2 + s3);
-        v167p[i0 * 32 + i1] = s4;
-      }
-    }
-  }
-
-  // xlnet.mesh:83:22 einsum
-  MESHRT_TRACE("gemm", "xlnet.mesh:83:22", "backward");
+  support::View v164 = arena_.view(163840, 1024);
+  support::View v165 = arena_.view(155648, 1024);
   support::View v168(param27_xlnet_xlnet_layer_1_dense_relu_dense_wi); // updated in place
+  support::View v167 = arena_.view(167936, 1024);
   support::View v172 = arena_.view(172032, 1024);
-  // dims: batch, length, d_model, d_ff
-  static const meshrt::kernels::EinsumPlan einsumPlan10(
-      {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan10.run(v164.data(), v168.data(), v172.data(), 1.0f, 0.0f);
+  repeated3(v138, v140, v70, v152, v153, v148, v125, v154_c0, v120, v154, v155_c0, v155, v110, v157,
+            v113, v159, v162, v160, v161, v164, v165, v167, v168, v172);
 
   // xlnet.mesh:83:59 add
   // xlnet.mesh:83:17 gelu
   MESHRT_TRACE("loop", "xlnet.mesh:83:59", "backward");
   support::View v169(param28_xlnet_xlnet_layer_1_dense_relu_dense_bi); // updated in place
-  support::View v174 = arena_.view(155648, 1024);
-  {
-    float *__restrict v174p = v174.data();
-    const float *__restrict v172p = v172.data();
-    const float *__restrict v169p = v169.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = v172p[i0 * 32 + i1];
-        const float s1 = v169p[i1];
-        const float s2 = (s0 + s1);
-        const float s3 = support::fgelu(s2);
-        v174p[i0 * 32 + i1] = s3;
-      }
-    }
-  }
+  support::View v174 = arena_.view(176128, 1024);
+  loop16(v174.data(), v172.data(), v169.data());
 
-  // 5 statements from xlnet.mesh:83:10 einsum (2 of 2)
+  // 8 statements from xlnet.mesh:83:10 einsum (2 of 2)
   MESHRT_TRACE_SITE("xlnet.mesh:83:10");
   support::View v170(param29_xlnet_xlnet_layer_1_dense_relu_dense_wo); // updated in place
   support::View v175 = arena_.view(172032, 1024);
-  support::View v178 = arena_.view(155648, 1024);
-  support::View v180 = arena_.view(180224, 1024);
-  support::View v181 = arena_.view(155648, 1024);
-  support::View v179 = arena_.view(176128, 1024);
-  repeated7(v174, v170, v175, v167, v168, v178, v169, v179, v180, v181);
-
-  // xlnet.mesh:84:96 add -> e
-  // xlnet.mesh:95:32 add
-  MESHRT_TRACE("loop", "xlnet.mesh:84:96", "forward");
+  support::View v178 = arena_.view(176128, 1024);
+  support::View v180 = arena_.view(184320, 1024);
+  support::View v181 = arena_.view(176128, 1024);
   support::View v171(param30_xlnet_xlnet_layer_1_dense_relu_dense_bo); // updated in place
-  support::View v185 = arena_.view(172032, 1024);
-  {
-    float *__restrict v185p = v185.data();
-    const float *__restrict v181p = v181.data();
-    const float *__restrict v171p = v171.data();
-    const float *__restrict v167p = v167.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = v181p[i0 * 32 + i1];
-        const float s1 = v171p[i1];
-        const float s2 = (s0 + s1);
-        const float s3 = v167p[i0 * 32 + i1];
-        const float s4 = (s3 + s2);
-        v185p[i0 * 32 + i1] = s4;
-      }
-    }
-  }
+  support::View v184 = arena_.view(188416, 1024);
+  support::View v179 = arena_.view(180224, 1024);
+  support::View v185 = arena_.view(163840, 1024);
+  support::View v188 = arena_.view(172032, 1024);
+  repeated7(v174, v170, v175, v167, v168, v178, v169, v179, v180, v181, v171, v164, v184, v185,
+            v188);
 
   // xlnet.mesh:37:48 layer_norm
   MESHRT_TRACE("layer_norm", "xlnet.mesh:37:48", "forward");
-  support::View v191 = arena_.view(155648, 1024);
-  static const support::Shape shape14_2 = {2, 16};
-  static const support::Shape shape14_3 = {512, 32};
-  static const support::Shape shape14_4 = {512, 32};
-  static const support::Shape shape14_5 = {32};
-  static const support::Shape shape14_6 = {1};
-  static const support::Shape shape14_7 = {1};
-  support::along(v191.data(), v185.data(), shape14_2, shape14_3, shape14_4, shape14_5, shape14_6,
-                 shape14_7, support::Along::LayerNorm, 1e-05, 32, nullptr);
+  support::View v191 = arena_.view(172032, 1024);
+  support::along(v191.data(), v185.data(), kShape10, kShape3, kShape3, kShape11, kShape1, kShape1,
+                 support::Along::LayerNorm, 1e-05, 32, nullptr);
 
   // xlnet.mesh:37:71 mul
   // xlnet.mesh:37:78 add -> g2
   MESHRT_TRACE("loop", "xlnet.mesh:37:71", "forward");
   support::View v186(param31_xlnet_xlnet_layer_1_norm_1_gain); // updated in place
   support::View v187(param32_xlnet_xlnet_layer_1_norm_1_bias); // updated in place
-  support::View v193 = arena_.view(184320, 1024);
-  {
-    float *__restrict v193p = v193.data();
-    const float *__restrict v191p = v191.data();
-    const float *__restrict v186p = v186.data();
-    const float *__restrict v187p = v187.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = v191p[i0 * 32 + i1];
-        const float s1 = v186p[i1];
-        const float s2 = (s0 * s1);
-        const float s3 = v187p[i1];
-        const float s4 = (s2 + s3);
-        v193p[i0 * 32 + i1] = s4;
-      }
-    }
-  }
+  support::View v193 = arena_.view(176128, 1024);
+  loop13(v193.data(), v191.data(), v186.data(), v187.data());
 
   // xlnet.mesh:113:10 einsum
   MESHRT_TRACE("gemm", "xlnet.mesh:113:10", "forward");
   support::View v6(param0_xlnet_embedding); // updated in place
   support::View v194 = arena_.view(188416, 1024);
   // dims: batch, length, d_model, vocab
-  static const meshrt::kernels::EinsumPlan einsumPlan16(
-      {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan16.run(v193.data(), v6.data(), v194.data(), 1.0f, 0.0f);
+  kEinsum0.plan().run(v193.data(), v6.data(), v194.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:113:55 add
   MESHRT_TRACE("loop", "xlnet.mesh:113:55", "forward");
   support::View v8(param2_xlnet_output_bias); // updated in place
   support::View v195 = arena_.view(192512, 1024);
-  {
-    float *__restrict v195p = v195.data();
-    const float *__restrict v194p = v194.data();
-    const float *__restrict v8p = v8.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = v194p[i0 * 32 + i1];
-        const float s1 = v8p[i1];
-        const float s2 = (s0 + s1);
-        v195p[i0 * 32 + i1] = s2;
-      }
-    }
-  }
+  loop14(v195.data(), v194.data(), v8.data());
 
   // xlnet.mesh:128:14 log_softmax -> logp
   MESHRT_TRACE("log_softmax", "xlnet.mesh:128:14", "forward");
   support::View v196 = arena_.view(188416, 1024);
-  static const support::Shape shape18_2 = {2, 16};
-  static const support::Shape shape18_3 = {512, 32};
-  static const support::Shape shape18_4 = {512, 32};
-  static const support::Shape shape18_5 = {32};
-  static const support::Shape shape18_6 = {1};
-  static const support::Shape shape18_7 = {1};
-  support::along(v196.data(), v195.data(), shape18_2, shape18_3, shape18_4, shape18_5, shape18_6,
-                 shape18_7, support::Along::LogSoftmax, 1e-05, 64, &group_model);
+  support::along(v196.data(), v195.data(), kShape10, kShape3, kShape3, kShape11, kShape1, kShape1,
+                 support::Along::LogSoftmax, 1e-05, 64, &group_model);
 
   // xlnet.mesh:129:29 mul
   MESHRT_TRACE("loop", "xlnet.mesh:129:29", "forward");
   support::View v27 = arena_.view(65536, 1024);
   support::View v198 = arena_.view(192512, 1024);
-  {
-    float *__restrict v198p = v198.data();
-    const float *__restrict v196p = v196.data();
-    const float *__restrict v27p = v27.data();
-    for (int64_t i0 = 0; i0 < 1024; ++i0) {
-      const float s0 = v196p[i0];
-      const float s1 = v27p[i0];
-      const float s2 = (s0 * s1);
-      v198p[i0] = s2;
-    }
-  }
+  loop23(v198.data(), v196.data(), v27.data());
 
   // xlnet.mesh:129:20 sum -> token_logp
   MESHRT_TRACE("sum", "xlnet.mesh:129:20", "forward");
   support::View v199 = arena_.view(225536, 32);
-  static const support::Shape shape20_1 = {2, 16};
-  static const support::Shape shape20_3 = {512, 32};
-  static const support::Shape shape20_4 = {32};
-  static const support::Shape shape20_5 = {1};
-  support::reduce(v199.data(), shape20_1, v198.data(), shape20_3, shape20_4, shape20_5,
+  support::reduce(v199.data(), kShape10, v198.data(), kShape3, kShape11, kShape1,
                   support::Reduce::Sum, 1.0);
 
   // xlnet.mesh:132:30 mul
@@ -2551,86 +2487,29 @@ void XlnetTrain::runPart1(const Inputs &inputs) {
   const support::Buffer &v0 = inputs.tokens.data;
   support::View v30 = arena_.view(225280, 32);
   support::View v227 = arena_.view(192512, 1024);
-  {
-    float *__restrict v227p = v227.data();
-    const float *__restrict v5p = v5.data();
-    const float *__restrict v0p = v0.data();
-    const float *__restrict v30p = v30.data();
-    const float *__restrict v196p = v196.data();
-    const float *__restrict v27p = v27.data();
-    for (int64_t i0 = 0; i0 < 2; ++i0) {
-      for (int64_t i1 = 0; i1 < 16; ++i1) {
-        for (int64_t i2 = 0; i2 < 32; ++i2) {
-          const float s0 = -0.0625f;
-          const float s1 = v5p[i1];
-          const float s2 = (s0 * s1);
-          const float s3 = v0p[i0 * 16 + i1];
-          const float s4 = support::wrapI32(64.0);
-          const float s5 = (s3 < s4 ? 1.0f : 0.0f);
-          const float s6 = v30p[i0 * 16 + i1];
-          const float s7 = support::wrapI32(double((double(s6) * double(s5))));
-          const float s8 = s7;
-          const float s9 = (s2 * s8);
-          const float s10 = v196p[i0 * 512 + i1 * 32 + i2];
-          const float s11 = support::fexp(s10);
-          const float s12 = (s11 * s9);
-          const float s13 = s2;
-          const float s14 = v27p[i0 * 512 + i1 * 32 + i2];
-          const float s15 = (s13 * s14);
-          const float s16 = (s15 - s12);
-          v227p[i0 * 512 + i1 * 32 + i2] = s16;
-        }
-      }
-    }
-  }
+  loop24(v227.data(), v5.data(), v0.data(), v30.data(), v196.data(), v27.data());
 
   // xlnet.mesh:113:10 einsum
   MESHRT_TRACE("gemm", "xlnet.mesh:113:10", "backward");
   support::View v229 = arena_.view(65536, 1024);
   // dims: batch, length, vocab, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan22(
-      {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan22.run(v227.data(), v6.data(), v229.data(), 1.0f, 0.0f);
+  kEinsum3.plan().run(v227.data(), v6.data(), v229.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:37:78 bucketed_all_reduce_sum (resolve the partial sum of %219 over model for sum at
   // 37:78; merged with 1 more partial sum over model (token_logp): 4.1 KiB in one buffer)
   MESHRT_TRACE_SITE("xlnet.mesh:37:78");
   support::allReduceBucket(group_model, {v229, v199});
-}
-
-void XlnetTrain::runPart2(const Inputs &inputs) {
-  (void)inputs;
-  MESHRT_TRACE_SPAN(world_);
 
   // xlnet.mesh:131:28 exp
   // xlnet.mesh:131:44 mul
   MESHRT_TRACE("loop", "xlnet.mesh:131:28", "forward");
-  support::View v199 = arena_.view(225536, 32);
-  support::View v5 = arena_.view(225664, 16);
   support::View v202 = arena_.view(188416, 32);
-  {
-    float *__restrict v202p = v202.data();
-    const float *__restrict v199p = v199.data();
-    const float *__restrict v5p = v5.data();
-    for (int64_t i0 = 0; i0 < 2; ++i0) {
-      for (int64_t i1 = 0; i1 < 16; ++i1) {
-        const float s0 = v199p[i0 * 16 + i1];
-        const float s1 = support::fexp(s0);
-        const float s2 = v5p[i1];
-        const float s3 = (s1 * s2);
-        v202p[i0 * 16 + i1] = s3;
-      }
-    }
-  }
+  loop25(v202.data(), v199.data(), v5.data());
 
   // xlnet.mesh:131:24 sum
   MESHRT_TRACE("sum", "xlnet.mesh:131:24", "forward");
   support::View v203 = arena_.view(188544, 1);
-  static const support::Shape shape1_1 = {};
-  static const support::Shape shape1_3 = {};
-  static const support::Shape shape1_4 = {2, 16};
-  static const support::Shape shape1_5 = {16, 1};
-  support::reduce(v203.data(), shape1_1, v202.data(), shape1_3, shape1_4, shape1_5,
+  support::reduce(v203.data(), kShape13, v202.data(), kShape13, kShape10, kShape14,
                   support::Reduce::Sum, 1.0);
 
   // xlnet.mesh:131:54 div -> target_probability
@@ -2648,28 +2527,12 @@ void XlnetTrain::runPart2(const Inputs &inputs) {
   // xlnet.mesh:132:30 mul
   MESHRT_TRACE("loop", "xlnet.mesh:132:30", "forward");
   support::View v206 = arena_.view(188416, 32);
-  {
-    float *__restrict v206p = v206.data();
-    const float *__restrict v199p = v199.data();
-    const float *__restrict v5p = v5.data();
-    for (int64_t i0 = 0; i0 < 2; ++i0) {
-      for (int64_t i1 = 0; i1 < 16; ++i1) {
-        const float s0 = v199p[i0 * 16 + i1];
-        const float s1 = v5p[i1];
-        const float s2 = (s0 * s1);
-        v206p[i0 * 16 + i1] = s2;
-      }
-    }
-  }
+  loop26(v206.data(), v199.data(), v5.data());
 
   // xlnet.mesh:132:15 sum
   MESHRT_TRACE("sum", "xlnet.mesh:132:15", "forward");
   support::View v207 = arena_.view(188544, 1);
-  static const support::Shape shape4_1 = {};
-  static const support::Shape shape4_3 = {};
-  static const support::Shape shape4_4 = {2, 16};
-  static const support::Shape shape4_5 = {16, 1};
-  support::reduce(v207.data(), shape4_1, v206.data(), shape4_3, shape4_4, shape4_5,
+  support::reduce(v207.data(), kShape13, v206.data(), kShape13, kShape10, kShape14,
                   support::Reduce::Sum, 1.0);
 
   // xlnet.mesh:132:14 neg
@@ -2688,59 +2551,58 @@ void XlnetTrain::runPart2(const Inputs &inputs) {
 
   // xlnet.mesh:113:55 sum -> grad/xlnet/output_bias
   MESHRT_TRACE("sum", "xlnet.mesh:113:55", "backward");
-  support::View v227 = arena_.view(192512, 1024);
   support::View v228 = arena_.view(225280, 32);
-  static const support::Shape shape6_1 = {32};
-  static const support::Shape shape6_3 = {1};
-  static const support::Shape shape6_4 = {2, 16};
-  static const support::Shape shape6_5 = {512, 32};
-  support::reduce(v228.data(), shape6_1, v227.data(), shape6_3, shape6_4, shape6_5,
+  support::reduce(v228.data(), kShape11, v227.data(), kShape1, kShape10, kShape3,
                   support::Reduce::Sum, 1.0);
+}
+
+void XlnetTrain::runPart2(const Inputs &inputs) {
+  (void)inputs;
+  MESHRT_TRACE_SPAN(world_);
 
   // xlnet.mesh:113:10 einsum
   MESHRT_TRACE("gemm", "xlnet.mesh:113:10", "backward");
-  support::View v193 = arena_.view(184320, 1024);
+  support::View v227 = arena_.view(192512, 1024);
+  support::View v193 = arena_.view(176128, 1024);
   support::View v230 = arena_.view(188416, 1024);
   // dims: batch, length, vocab, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan7(
-      {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{2, 3}, {}}});
-  einsumPlan7.run(v227.data(), v193.data(), v230.data(), 1.0f, 0.0f);
+  kEinsum8.plan().run(v227.data(), v193.data(), v230.data(), 1.0f, 0.0f);
 
   // 11 statements from xlnet.mesh:37:78 sum -> grad/xlnet/xlnet_layer[1]/norm#1/bias (1 of 2)
   MESHRT_TRACE_SITE("xlnet.mesh:37:78");
   support::View v229 = arena_.view(65536, 1024);
-  support::View v191 = arena_.view(155648, 1024);
-  support::View v234 = arena_.view(184320, 1024);
+  support::View v191 = arena_.view(172032, 1024);
+  support::View v234 = arena_.view(176128, 1024);
   support::View v236 = arena_.view(192768, 32);
-  support::View v185 = arena_.view(172032, 1024);
-  support::View v238 = arena_.view(184320, 1024);
-  support::View v239 = arena_.view(172032, 32);
+  support::View v185 = arena_.view(163840, 1024);
+  support::View v238 = arena_.view(176128, 1024);
+  support::View v239 = arena_.view(163840, 32);
   support::View v242 = arena_.view(192768, 32);
   support::View v186(param31_xlnet_xlnet_layer_1_norm_1_gain); // updated in place
-  support::View v233 = arena_.view(172032, 1024);
-  support::View v243 = arena_.view(184320, 1024);
+  support::View v233 = arena_.view(163840, 1024);
+  support::View v243 = arena_.view(176128, 1024);
   support::View v244 = arena_.view(192896, 32);
-  support::View v246 = arena_.view(184320, 32);
+  support::View v246 = arena_.view(176128, 32);
   support::View v232 = arena_.view(192512, 32);
   support::View v235 = arena_.view(192640, 32);
   support::View v249 = arena_.view(65536, 1024);
-  repeated3(v232, v229, v191, v234, v235, v236, v185, v238, v239, v242, v186, v233, v243, v244,
+  repeated4(v232, v229, v191, v234, v235, v236, v185, v238, v239, v242, v186, v233, v243, v244,
             v246, v249);
 
   // 6 statements from xlnet.mesh:84:96 sum -> grad/xlnet/xlnet_layer[1]/dense_relu_dense/bo (1 of
   // 2)
   MESHRT_TRACE_SITE("xlnet.mesh:84:96");
   support::View v170(param29_xlnet_xlnet_layer_1_dense_relu_dense_wo); // updated in place
-  support::View v251 = arena_.view(155648, 1024);
-  support::View v180 = arena_.view(180224, 1024);
-  support::View v179 = arena_.view(176128, 1024);
-  support::View v274 = arena_.view(180224, 1024);
+  support::View v251 = arena_.view(163840, 1024);
+  support::View v180 = arena_.view(184320, 1024);
+  support::View v179 = arena_.view(180224, 1024);
+  support::View v274 = arena_.view(176128, 1024);
   support::View v168(param27_xlnet_xlnet_layer_1_dense_relu_dense_wi); // updated in place
-  support::View v250 = arena_.view(184320, 32);
+  support::View v250 = arena_.view(192768, 32);
   support::View v252 = arena_.view(172032, 1024);
-  support::View v275 = arena_.view(184448, 32);
-  support::View v276 = arena_.view(155648, 1024);
-  repeated4(v250, v249, v170, v251, v180, v252, v179, v274, v275, v168, v276);
+  support::View v275 = arena_.view(184320, 32);
+  support::View v276 = arena_.view(163840, 1024);
+  repeated5(v250, v249, v170, v251, v180, v252, v179, v274, v275, v168, v276);
 
   // xlnet.mesh:84:22 all_reduce_sum (resolve the partial sum of %265 over model for add at 84:22)
   MESHRT_TRACE_SITE("xlnet.mesh:84:22");
@@ -2748,31 +2610,19 @@ void XlnetTrain::runPart2(const Inputs &inputs) {
 
   // xlnet.mesh:84:22 add
   MESHRT_TRACE("loop", "xlnet.mesh:84:22", "backward");
-  support::View v278 = arena_.view(176128, 1024);
-  {
-    float *__restrict v278p = v278.data();
-    const float *__restrict v249p = v249.data();
-    const float *__restrict v276p = v276.data();
-    for (int64_t i0 = 0; i0 < 1024; ++i0) {
-      const float s0 = v249p[i0];
-      const float s1 = v276p[i0];
-      const float s2 = (s0 + s1);
-      v278p[i0] = s2;
-    }
-  }
+  support::View v278 = arena_.view(180224, 1024);
+  loop15(v278.data(), v249.data(), v276.data());
 
   // xlnet.mesh:84:22 einsum -> grad/xlnet/xlnet_layer[1]/dense_relu_dense/wi
   MESHRT_TRACE("gemm", "xlnet.mesh:84:22", "backward");
   support::View v167 = arena_.view(167936, 1024);
-  support::View v279 = arena_.view(155648, 1024);
+  support::View v279 = arena_.view(163840, 1024);
   // dims: batch, length, d_ff, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan12(
-      {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
-  einsumPlan12.run(v274.data(), v167.data(), v279.data(), 1.0f, 0.0f);
+  kEinsum9.plan().run(v274.data(), v167.data(), v279.data(), 1.0f, 0.0f);
 
   // 11 statements from xlnet.mesh:37:78 sum -> grad/xlnet/xlnet_layer[1]/norm#1/bias (2 of 2)
   MESHRT_TRACE_SITE("xlnet.mesh:37:78");
-  support::View v165 = arena_.view(163840, 1024);
+  support::View v165 = arena_.view(155648, 1024);
   support::View v282 = arena_.view(65536, 1024);
   support::View v284 = arena_.view(167936, 32);
   support::View v159 = arena_.view(151552, 1024);
@@ -2784,16 +2634,16 @@ void XlnetTrain::runPart2(const Inputs &inputs) {
   support::View v290 = arena_.view(151552, 1024);
   support::View v291 = arena_.view(168064, 32);
   support::View v293 = arena_.view(168192, 32);
-  support::View v280 = arena_.view(184576, 32);
-  support::View v283 = arena_.view(184704, 32);
+  support::View v280 = arena_.view(184448, 32);
+  support::View v283 = arena_.view(184576, 32);
   support::View v296 = arena_.view(151552, 1024);
-  repeated3(v280, v278, v165, v282, v283, v284, v159, v286, v287, v289, v160, v281, v290, v291,
+  repeated4(v280, v278, v165, v282, v283, v284, v159, v286, v287, v289, v160, v281, v290, v291,
             v293, v296);
 
   // 4 statements from xlnet.mesh:74:10 einsum (1 of 2)
   MESHRT_TRACE_SITE("xlnet.mesh:74:10");
   support::View v120(param22_xlnet_xlnet_layer_1_two_stream_attention_o); // updated in place
-  support::View v297_c0 = arena_.view(163840, 512);
+  support::View v297_c0 = arena_.view(155648, 512);
   support::View v125 = arena_.view(210944, 512);
   support::View v153 = arena_.view(159744, 1024);
   support::View v155_c0 = arena_.view(221184, 512);
@@ -2804,33 +2654,19 @@ void XlnetTrain::runPart2(const Inputs &inputs) {
 
   // xlnet.mesh:72:19 mul
   MESHRT_TRACE("loop", "xlnet.mesh:72:19", "backward");
-  support::View v300 = arena_.view(163840, 1024);
-  {
-    float *__restrict v300p = v300.data();
-    const float *__restrict v297p = v297.data();
-    const float *__restrict v153p = v153.data();
-    for (int64_t i0 = 0; i0 < 1024; ++i0) {
-      const float s0 = v297p[i0];
-      const float s1 = v153p[i0];
-      const float s2 = (s0 * s1);
-      v300p[i0] = s2;
-    }
-  }
+  support::View v300 = arena_.view(155648, 1024);
+  loop23(v300.data(), v297.data(), v153.data());
 
   // xlnet.mesh:72:19 sum
   MESHRT_TRACE("sum", "xlnet.mesh:72:19", "backward");
   support::View v301 = arena_.view(167936, 64);
-  static const support::Shape shape16_1 = {2, 2, 16};
-  static const support::Shape shape16_3 = {512, 256, 16};
-  static const support::Shape shape16_4 = {16};
-  static const support::Shape shape16_5 = {1};
-  support::reduce(v301.data(), shape16_1, v300.data(), shape16_3, shape16_4, shape16_5,
+  support::reduce(v301.data(), kShape8, v300.data(), kShape9, kShape0, kShape1,
                   support::Reduce::Sum, 1.0);
 
   // 8 statements from xlnet.mesh:72:19 sub (1 of 2)
   MESHRT_TRACE_SITE("xlnet.mesh:72:19");
   support::View v70 = arena_.view(224256, 256);
-  support::View v306 = arena_.view(163840, 1024);
+  support::View v306 = arena_.view(155648, 1024);
   support::View v127 = arena_.view(49152, 4096);
   support::View v307 = arena_.view(65536, 512);
   support::View v139 = arena_.view(215040, 512);
@@ -2838,10 +2674,10 @@ void XlnetTrain::runPart2(const Inputs &inputs) {
   support::View v310 = arena_.view(67584, 512);
   support::View v137 = arena_.view(212992, 512);
   support::View v308 = arena_.view(49152, 4096);
-  support::View v309 = arena_.view(184832, 16);
+  support::View v309 = arena_.view(184704, 16);
   support::View v311 = arena_.view(180224, 512);
   support::View v312 = arena_.view(182272, 512);
-  support::View v313 = arena_.view(184896, 16);
+  support::View v313 = arena_.view(184768, 16);
   repeated6(v297, v301, v153, v70, v306, v127, v307, v139, v308, v309, v123, v310, v137, v311, v312,
             v313);
 
@@ -2851,24 +2687,14 @@ void XlnetTrain::runPart2(const Inputs &inputs) {
   support::View v118(param20_xlnet_xlnet_layer_1_two_stream_attention_v); // updated in place
   support::View v117(param19_xlnet_xlnet_layer_1_two_stream_attention_k); // updated in place
   support::View v314 = arena_.view(65536, 1024);
-  support::View v320 = arena_.view(159744, 1024);
-  support::View v323 = arena_.view(163840, 1024);
-  repeated10(v312, v116, v314, v298, v118, v320, v311, v117, v323);
+  support::View v320 = arena_.view(155648, 1024);
+  support::View v323 = arena_.view(159744, 1024);
+  repeated9(v312, v116, v314, v298, v118, v320, v311, v117, v323);
 
   // xlnet.mesh:59:28 add
   MESHRT_TRACE("loop", "xlnet.mesh:59:28", "backward");
   support::View v324 = arena_.view(167936, 1024);
-  {
-    float *__restrict v324p = v324.data();
-    const float *__restrict v320p = v320.data();
-    const float *__restrict v323p = v323.data();
-    for (int64_t i0 = 0; i0 < 1024; ++i0) {
-      const float s0 = v320p[i0];
-      const float s1 = v323p[i0];
-      const float s2 = (s0 + s1);
-      v324p[i0] = s2;
-    }
-  }
+  loop15(v324.data(), v320.data(), v323.data());
 
   // xlnet.mesh:63:19 bucketed_all_reduce_sum (resolve the partial sum of %302 over model for add at
   // 63:19; merged with 1 more partial sum over model (%343): 8.0 KiB in one buffer)
@@ -2877,65 +2703,39 @@ void XlnetTrain::runPart2(const Inputs &inputs) {
 
   // xlnet.mesh:63:19 add
   MESHRT_TRACE("loop", "xlnet.mesh:63:19", "backward");
-  support::View v316 = arena_.view(159744, 1024);
-  {
-    float *__restrict v316p = v316.data();
-    const float *__restrict v296p = v296.data();
-    const float *__restrict v314p = v314.data();
-    for (int64_t i0 = 0; i0 < 1024; ++i0) {
-      const float s0 = v296p[i0];
-      const float s1 = v314p[i0];
-      const float s2 = (s0 + s1);
-      v316p[i0] = s2;
-    }
-  }
+  support::View v316 = arena_.view(155648, 1024);
+  loop15(v316.data(), v296.data(), v314.data());
 
   // xlnet.mesh:63:19 einsum -> grad/xlnet/xlnet_layer[1]/two_stream_attention/q
   MESHRT_TRACE("gemm", "xlnet.mesh:63:19", "backward");
   support::View v113 = arena_.view(147456, 1024);
   support::View v317 = arena_.view(151552, 512);
   // dims: batch, length, heads, d_kv, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan22(
-      {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
-  einsumPlan22.run(v312.data(), v113.data(), v317.data(), 1.0f, 0.0f);
+  kEinsum10.plan().run(v312.data(), v113.data(), v317.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:61:19 einsum -> grad/xlnet/xlnet_layer[1]/two_stream_attention/r
   MESHRT_TRACE("gemm", "xlnet.mesh:61:19", "backward");
   support::View v26 = arena_.view(0, 8192);
   support::View v318 = arena_.view(147456, 512);
   // dims: length, keys, heads, d_kv, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan23(
-      {{16, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
-  einsumPlan23.run(v308.data(), v26.data(), v318.data(), 1.0f, 0.0f);
-}
-
-void XlnetTrain::runPart3(const Inputs &inputs) {
-  (void)inputs;
-  MESHRT_TRACE_SPAN(world_);
+  kEinsum11.plan().run(v308.data(), v26.data(), v318.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:60:23 einsum -> grad/xlnet/xlnet_layer[1]/two_stream_attention/v
   MESHRT_TRACE("gemm", "xlnet.mesh:60:23", "backward");
-  support::View v298 = arena_.view(176128, 512);
   support::View v110 = arena_.view(139264, 1024);
   support::View v321 = arena_.view(149504, 512);
   // dims: batch, length, heads, d_kv, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan0(
-      {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
-  einsumPlan0.run(v298.data(), v110.data(), v321.data(), 1.0f, 0.0f);
+  kEinsum10.plan().run(v298.data(), v110.data(), v321.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:59:28 einsum -> grad/xlnet/xlnet_layer[1]/two_stream_attention/k
   MESHRT_TRACE("gemm", "xlnet.mesh:59:28", "backward");
-  support::View v311 = arena_.view(180224, 512);
   support::View v325 = arena_.view(153600, 512);
   // dims: batch, length, heads, d_kv, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan1(
-      {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
-  einsumPlan1.run(v311.data(), v110.data(), v325.data(), 1.0f, 0.0f);
+  kEinsum10.plan().run(v311.data(), v110.data(), v325.data(), 1.0f, 0.0f);
 
   // 24 statements from xlnet.mesh:37:78 sum (1 of 2)
   MESHRT_TRACE_SITE("xlnet.mesh:37:78");
   support::View v326 = arena_.view(57344, 32);
-  support::View v316 = arena_.view(159744, 1024);
   support::View v111 = arena_.view(143360, 1024);
   support::View v328 = arena_.view(49152, 1024);
   support::View v329 = arena_.view(57472, 32);
@@ -2950,7 +2750,6 @@ void XlnetTrain::runPart3(const Inputs &inputs) {
   support::View v337 = arena_.view(57728, 32);
   support::View v339 = arena_.view(57856, 32);
   support::View v344 = arena_.view(49152, 32);
-  support::View v324 = arena_.view(167936, 1024);
   support::View v108 = arena_.view(135168, 1024);
   support::View v347 = arena_.view(49152, 1024);
   support::View v348 = arena_.view(57344, 32);
@@ -2984,15 +2783,13 @@ void XlnetTrain::runPart3(const Inputs &inputs) {
   support::View v365 = arena_.view(61440, 1024);
   support::View v383 = arena_.view(127104, 32);
   support::View v384 = arena_.view(49152, 1024);
-  repeated4(v363, v342, v90, v364, v100, v365, v99, v382, v383, v88, v384);
+  repeated5(v363, v342, v90, v364, v100, v365, v99, v382, v383, v88, v384);
 
   // xlnet.mesh:83:10 einsum
   MESHRT_TRACE("gemm", "xlnet.mesh:83:10", "backward");
   support::View v390 = arena_.view(118784, 1024);
   // dims: batch, length, d_model, d_ff
-  static const meshrt::kernels::EinsumPlan einsumPlan4(
-      {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan4.run(v362.data(), v90.data(), v390.data(), 1.0f, 0.0f);
+  kEinsum0.plan().run(v362.data(), v90.data(), v390.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:83:17 square
   // xlnet.mesh:83:17 mul
@@ -3014,194 +2811,95 @@ void XlnetTrain::runPart3(const Inputs &inputs) {
   MESHRT_TRACE("loop", "xlnet.mesh:83:17", "backward");
   support::View v93 = arena_.view(110592, 1024);
   support::View v409 = arena_.view(122880, 1024);
-  {
-    float *__restrict v409p = v409.data();
-    const float *__restrict v93p = v93.data();
-    const float *__restrict v390p = v390.data();
-    for (int64_t i0 = 0; i0 < 1024; ++i0) {
-      const float s0 = v93p[i0];
-      const float s1 = s0 * s0;
-      const float s2 = v93p[i0];
-      const float s3 = (s2 * s1);
-      const float s4 = 0.044715f;
-      const float s5 = (s3 * s4);
-      const float s6 = v93p[i0];
-      const float s7 = (s6 + s5);
-      const float s8 = 0.7978846f;
-      const float s9 = (s7 * s8);
-      const float s10 = support::ftanh(s9);
-      const float s11 = 1.0f;
-      const float s12 = (s10 + s11);
-      const float s13 = 0.5f;
-      const float s14 = (s12 * s13);
-      const float s15 = 0.134145f;
-      const float s16 = (s1 * s15);
-      const float s17 = 1.0f;
-      const float s18 = (s16 + s17);
-      const float s19 = s10 * s10;
-      const float s20 = 1.0f;
-      const float s21 = (s20 - s19);
-      const float s22 = v93p[i0];
-      const float s23 = (s22 * s21);
-      const float s24 = (s23 * s18);
-      const float s25 = 0.3989423f;
-      const float s26 = (s24 * s25);
-      const float s27 = (s14 + s26);
-      const float s28 = v390p[i0];
-      const float s29 = (s28 * s27);
-      v409p[i0] = s29;
-    }
-  }
+  loop27(v409.data(), v93.data(), v390.data());
 
   // xlnet.mesh:83:22 einsum
   MESHRT_TRACE("gemm", "xlnet.mesh:83:22", "backward");
   support::View v412 = arena_.view(110592, 1024);
   // dims: batch, length, d_ff, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan6(
-      {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan6.run(v409.data(), v88.data(), v412.data(), 1.0f, 0.0f);
+  kEinsum0.plan().run(v409.data(), v88.data(), v412.data(), 1.0f, 0.0f);
+}
+
+void XlnetTrain::runPart3(const Inputs &inputs) {
+  (void)inputs;
+  MESHRT_TRACE_SPAN(world_);
 
   // xlnet.mesh:84:22 bucketed_all_reduce_sum (resolve the partial sum of %370 over model for add at
   // 84:22; merged with 1 more partial sum over model (%413): 8.0 KiB in one buffer)
   MESHRT_TRACE_SITE("xlnet.mesh:84:22");
+  support::View v384 = arena_.view(49152, 1024);
+  support::View v412 = arena_.view(110592, 1024);
   support::allReduceBucket(group_model, {v384, v412});
 
   // xlnet.mesh:84:22 add
   MESHRT_TRACE("loop", "xlnet.mesh:84:22", "backward");
+  support::View v342 = arena_.view(53248, 1024);
   support::View v386 = arena_.view(118784, 1024);
-  {
-    float *__restrict v386p = v386.data();
-    const float *__restrict v342p = v342.data();
-    const float *__restrict v384p = v384.data();
-    for (int64_t i0 = 0; i0 < 1024; ++i0) {
-      const float s0 = v342p[i0];
-      const float s1 = v384p[i0];
-      const float s2 = (s0 + s1);
-      v386p[i0] = s2;
-    }
-  }
+  loop15(v386.data(), v342.data(), v384.data());
 
   // xlnet.mesh:84:22 einsum
   MESHRT_TRACE("gemm", "xlnet.mesh:84:22", "backward");
+  support::View v382 = arena_.view(65536, 1024);
   support::View v87 = arena_.view(106496, 1024);
   support::View v387 = arena_.view(49152, 1024);
   // dims: batch, length, d_ff, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan9(
-      {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
-  einsumPlan9.run(v382.data(), v87.data(), v387.data(), 1.0f, 0.0f);
+  kEinsum9.plan().run(v382.data(), v87.data(), v387.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:83:96 sum
   MESHRT_TRACE("sum", "xlnet.mesh:83:96", "backward");
+  support::View v362 = arena_.view(57344, 1024);
   support::View v388 = arena_.view(53248, 32);
-  static const support::Shape shape10_1 = {32};
-  static const support::Shape shape10_3 = {1};
-  static const support::Shape shape10_4 = {2, 16};
-  static const support::Shape shape10_5 = {512, 32};
-  support::reduce(v388.data(), shape10_1, v362.data(), shape10_3, shape10_4, shape10_5,
+  support::reduce(v388.data(), kShape11, v362.data(), kShape1, kShape10, kShape3,
                   support::Reduce::Sum, 1.0);
 
   // xlnet.mesh:83:96 add -> grad/xlnet/xlnet_layer[0]/dense_relu_dense/bo
   MESHRT_TRACE("loop", "xlnet.mesh:83:96", "backward");
+  support::View v363 = arena_.view(126976, 32);
   support::View v389 = arena_.view(127232, 32);
-  {
-    float *__restrict v389p = v389.data();
-    const float *__restrict v363p = v363.data();
-    const float *__restrict v388p = v388.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = v363p[i0];
-      const float s1 = v388p[i0];
-      const float s2 = (s0 + s1);
-      v389p[i0] = s2;
-    }
-  }
+  loop28(v389.data(), v363.data(), v388.data());
 
   // xlnet.mesh:83:10 einsum
   MESHRT_TRACE("gemm", "xlnet.mesh:83:10", "backward");
   support::View v94 = arena_.view(114688, 1024);
   support::View v391 = arena_.view(53248, 1024);
   // dims: batch, length, d_model, d_ff
-  static const meshrt::kernels::EinsumPlan einsumPlan12(
-      {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
-  einsumPlan12.run(v362.data(), v94.data(), v391.data(), 1.0f, 0.0f);
+  kEinsum9.plan().run(v362.data(), v94.data(), v391.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:83:10 add -> grad/xlnet/xlnet_layer[0]/dense_relu_dense/wo
   MESHRT_TRACE("loop", "xlnet.mesh:83:10", "backward");
+  support::View v365 = arena_.view(61440, 1024);
   support::View v392 = arena_.view(106496, 1024);
-  {
-    float *__restrict v392p = v392.data();
-    const float *__restrict v365p = v365.data();
-    const float *__restrict v391p = v391.data();
-    for (int64_t i0 = 0; i0 < 1024; ++i0) {
-      const float s0 = v365p[i0];
-      const float s1 = v391p[i0];
-      const float s2 = (s0 + s1);
-      v392p[i0] = s2;
-    }
-  }
+  loop15(v392.data(), v365.data(), v391.data());
 
   // xlnet.mesh:83:59 sum
   MESHRT_TRACE("sum", "xlnet.mesh:83:59", "backward");
+  support::View v409 = arena_.view(122880, 1024);
   support::View v410 = arena_.view(53248, 32);
-  static const support::Shape shape14_1 = {32};
-  static const support::Shape shape14_3 = {1};
-  static const support::Shape shape14_4 = {2, 16};
-  static const support::Shape shape14_5 = {512, 32};
-  support::reduce(v410.data(), shape14_1, v409.data(), shape14_3, shape14_4, shape14_5,
+  support::reduce(v410.data(), kShape11, v409.data(), kShape1, kShape10, kShape3,
                   support::Reduce::Sum, 1.0);
 
   // xlnet.mesh:83:59 add -> grad/xlnet/xlnet_layer[0]/dense_relu_dense/bi
   MESHRT_TRACE("loop", "xlnet.mesh:83:59", "backward");
+  support::View v383 = arena_.view(127104, 32);
   support::View v411 = arena_.view(126976, 32);
-  {
-    float *__restrict v411p = v411.data();
-    const float *__restrict v383p = v383.data();
-    const float *__restrict v410p = v410.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = v383p[i0];
-      const float s1 = v410p[i0];
-      const float s2 = (s0 + s1);
-      v411p[i0] = s2;
-    }
-  }
+  loop28(v411.data(), v383.data(), v410.data());
 
   // xlnet.mesh:83:22 add
   MESHRT_TRACE("loop", "xlnet.mesh:83:22", "backward");
   support::View v414 = arena_.view(53248, 1024);
-  {
-    float *__restrict v414p = v414.data();
-    const float *__restrict v362p = v362.data();
-    const float *__restrict v412p = v412.data();
-    for (int64_t i0 = 0; i0 < 1024; ++i0) {
-      const float s0 = v362p[i0];
-      const float s1 = v412p[i0];
-      const float s2 = (s0 + s1);
-      v414p[i0] = s2;
-    }
-  }
+  loop15(v414.data(), v362.data(), v412.data());
 
   // xlnet.mesh:83:22 einsum
   MESHRT_TRACE("gemm", "xlnet.mesh:83:22", "backward");
   support::View v84 = arena_.view(98304, 1024);
   support::View v415 = arena_.view(57344, 1024);
   // dims: batch, length, d_ff, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan17(
-      {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
-  einsumPlan17.run(v409.data(), v84.data(), v415.data(), 1.0f, 0.0f);
+  kEinsum9.plan().run(v409.data(), v84.data(), v415.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:83:22 add -> grad/xlnet/xlnet_layer[0]/dense_relu_dense/wi
   MESHRT_TRACE("loop", "xlnet.mesh:83:22", "backward");
   support::View v416 = arena_.view(98304, 1024);
-  {
-    float *__restrict v416p = v416.data();
-    const float *__restrict v387p = v387.data();
-    const float *__restrict v415p = v415.data();
-    for (int64_t i0 = 0; i0 < 1024; ++i0) {
-      const float s0 = v387p[i0];
-      const float s1 = v415p[i0];
-      const float s2 = (s0 + s1);
-      v416p[i0] = s2;
-    }
-  }
+  loop15(v416.data(), v387.data(), v415.data());
 
   // 24 statements from xlnet.mesh:37:78 sum (2 of 2)
   MESHRT_TRACE_SITE("xlnet.mesh:37:78");
@@ -3257,131 +2955,70 @@ void XlnetTrain::runPart3(const Inputs &inputs) {
   MESHRT_TRACE("gemm", "xlnet.mesh:73:10", "backward");
   support::View v456_c0 = arena_.view(59392, 512);
   // dims: batch, length, d_model, heads, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan21(
-      {{2, 16, 32, 2, 8}, {{{0, 1, 2}, {}}, {{3, 4, 2}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan21.run(v452.data(), v39.data(), v456_c0.data(), 1.0f, 0.0f);
+  kEinsum12.plan().run(v452.data(), v39.data(), v456_c0.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:73:10 einsum
   MESHRT_TRACE("gemm", "xlnet.mesh:73:10", "backward");
   support::View v456 = arena_.view(65536, 1024);
   // dims: batch, keys, heads, d_kv, length
-  static const meshrt::kernels::EinsumPlan einsumPlan22(
-      {{2, 16, 2, 8, 16}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 4, 1}, {}}});
-  einsumPlan22.run(v45.data(), v456_c0.data(), v456.data(), 1.0f, 0.0f);
+  kEinsum13.plan().run(v45.data(), v456_c0.data(), v456.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:73:10 einsum
   MESHRT_TRACE("gemm", "xlnet.mesh:73:10", "backward");
   support::View v68 = arena_.view(73728, 1024);
   support::View v457 = arena_.view(57344, 512);
   // dims: batch, heads, length, keys, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan23(
-      {{2, 2, 16, 16, 8}, {{{0, 1, 2, 3}, {}}, {{0, 2, 1, 4}, {}}}, {{0, 3, 1, 4}, {}}});
-  einsumPlan23.run(v68.data(), v456_c0.data(), v457.data(), 1.0f, 0.0f);
+  kEinsum14.plan().run(v68.data(), v456_c0.data(), v457.data(), 1.0f, 0.0f);
+
+  // xlnet.mesh:73:10 add
+  MESHRT_TRACE("loop", "xlnet.mesh:73:10", "backward");
+  support::View v458 = arena_.view(110592, 512);
+  loop29(v458.data(), v454.data(), v457.data());
+
+  // xlnet.mesh:73:10 einsum
+  MESHRT_TRACE("gemm", "xlnet.mesh:73:10", "backward");
+  support::View v74_c0 = arena_.view(217088, 512);
+  support::View v459 = arena_.view(53248, 512);
+  // dims: batch, length, d_model, heads, d_kv
+  kEinsum15.plan().run(v452.data(), v74_c0.data(), v459.data(), 1.0f, 0.0f);
+
+  // xlnet.mesh:73:10 add -> grad/xlnet/xlnet_layer[0]/two_stream_attention/o
+  MESHRT_TRACE("loop", "xlnet.mesh:73:10", "backward");
+  support::View v460 = arena_.view(112640, 512);
+  loop29(v460.data(), v455.data(), v459.data());
+
+  // xlnet.mesh:72:19 mul
+  MESHRT_TRACE("loop", "xlnet.mesh:72:19", "backward");
+  support::View v461 = arena_.view(53248, 1024);
+  loop23(v461.data(), v453.data(), v73.data());
+
+  // xlnet.mesh:72:19 sum
+  MESHRT_TRACE("sum", "xlnet.mesh:72:19", "backward");
+  support::View v462 = arena_.view(57344, 64);
+  support::reduce(v462.data(), kShape8, v461.data(), kShape9, kShape0, kShape1,
+                  support::Reduce::Sum, 1.0);
+
+  // xlnet.mesh:69:19 mul
+  MESHRT_TRACE("loop", "xlnet.mesh:69:19", "backward");
+  support::View v466 = arena_.view(53248, 1024);
+  loop23(v466.data(), v456.data(), v68.data());
+
+  // xlnet.mesh:69:19 sum
+  MESHRT_TRACE("sum", "xlnet.mesh:69:19", "backward");
+  support::View v467 = arena_.view(118784, 64);
+  support::reduce(v467.data(), kShape8, v466.data(), kShape9, kShape0, kShape1,
+                  support::Reduce::Sum, 1.0);
 }
 
 void XlnetTrain::runPart4(const Inputs &inputs) {
   (void)inputs;
   MESHRT_TRACE_SPAN(world_);
 
-  // xlnet.mesh:73:10 add
-  MESHRT_TRACE("loop", "xlnet.mesh:73:10", "backward");
-  support::View v454 = arena_.view(53248, 512);
-  support::View v457 = arena_.view(57344, 512);
-  support::View v458 = arena_.view(110592, 512);
-  {
-    float *__restrict v458p = v458.data();
-    const float *__restrict v454p = v454.data();
-    const float *__restrict v457p = v457.data();
-    for (int64_t i0 = 0; i0 < 512; ++i0) {
-      const float s0 = v454p[i0];
-      const float s1 = v457p[i0];
-      const float s2 = (s0 + s1);
-      v458p[i0] = s2;
-    }
-  }
-
-  // xlnet.mesh:73:10 einsum
-  MESHRT_TRACE("gemm", "xlnet.mesh:73:10", "backward");
-  support::View v452 = arena_.view(102400, 1024);
-  support::View v74_c0 = arena_.view(217088, 512);
-  support::View v459 = arena_.view(53248, 512);
-  // dims: batch, length, d_model, heads, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan1(
-      {{2, 16, 32, 2, 8}, {{{0, 1, 2}, {}}, {{0, 3, 1, 4}, {}}}, {{3, 4, 2}, {}}});
-  einsumPlan1.run(v452.data(), v74_c0.data(), v459.data(), 1.0f, 0.0f);
-
-  // xlnet.mesh:73:10 add -> grad/xlnet/xlnet_layer[0]/two_stream_attention/o
-  MESHRT_TRACE("loop", "xlnet.mesh:73:10", "backward");
-  support::View v455 = arena_.view(55296, 512);
-  support::View v460 = arena_.view(112640, 512);
-  {
-    float *__restrict v460p = v460.data();
-    const float *__restrict v455p = v455.data();
-    const float *__restrict v459p = v459.data();
-    for (int64_t i0 = 0; i0 < 512; ++i0) {
-      const float s0 = v455p[i0];
-      const float s1 = v459p[i0];
-      const float s2 = (s0 + s1);
-      v460p[i0] = s2;
-    }
-  }
-
-  // xlnet.mesh:72:19 mul
-  MESHRT_TRACE("loop", "xlnet.mesh:72:19", "backward");
-  support::View v453 = arena_.view(49152, 1024);
-  support::View v73 = arena_.view(69632, 1024);
-  support::View v461 = arena_.view(53248, 1024);
-  {
-    float *__restrict v461p = v461.data();
-    const float *__restrict v453p = v453.data();
-    const float *__restrict v73p = v73.data();
-    for (int64_t i0 = 0; i0 < 1024; ++i0) {
-      const float s0 = v453p[i0];
-      const float s1 = v73p[i0];
-      const float s2 = (s0 * s1);
-      v461p[i0] = s2;
-    }
-  }
-
-  // xlnet.mesh:72:19 sum
-  MESHRT_TRACE("sum", "xlnet.mesh:72:19", "backward");
-  support::View v462 = arena_.view(57344, 64);
-  static const support::Shape shape4_1 = {2, 2, 16};
-  static const support::Shape shape4_3 = {512, 256, 16};
-  static const support::Shape shape4_4 = {16};
-  static const support::Shape shape4_5 = {1};
-  support::reduce(v462.data(), shape4_1, v461.data(), shape4_3, shape4_4, shape4_5,
-                  support::Reduce::Sum, 1.0);
-
-  // xlnet.mesh:69:19 mul
-  MESHRT_TRACE("loop", "xlnet.mesh:69:19", "backward");
-  support::View v456 = arena_.view(65536, 1024);
-  support::View v68 = arena_.view(73728, 1024);
-  support::View v466 = arena_.view(53248, 1024);
-  {
-    float *__restrict v466p = v466.data();
-    const float *__restrict v456p = v456.data();
-    const float *__restrict v68p = v68.data();
-    for (int64_t i0 = 0; i0 < 1024; ++i0) {
-      const float s0 = v456p[i0];
-      const float s1 = v68p[i0];
-      const float s2 = (s0 * s1);
-      v466p[i0] = s2;
-    }
-  }
-
-  // xlnet.mesh:69:19 sum
-  MESHRT_TRACE("sum", "xlnet.mesh:69:19", "backward");
-  support::View v467 = arena_.view(118784, 64);
-  static const support::Shape shape6_1 = {2, 2, 16};
-  static const support::Shape shape6_3 = {512, 256, 16};
-  static const support::Shape shape6_4 = {16};
-  static const support::Shape shape6_5 = {1};
-  support::reduce(v467.data(), shape6_1, v466.data(), shape6_3, shape6_4, shape6_5,
-                  support::Reduce::Sum, 1.0);
-
   // 8 statements from xlnet.mesh:72:19 sub (2 of 2)
   MESHRT_TRACE_SITE("xlnet.mesh:72:19");
+  support::View v453 = arena_.view(49152, 1024);
+  support::View v462 = arena_.view(57344, 64);
+  support::View v73 = arena_.view(69632, 1024);
   support::View v70 = arena_.view(224256, 256);
   support::View v471 = arena_.view(77824, 1024);
   support::View v47 = arena_.view(32768, 4096);
@@ -3403,179 +3040,92 @@ void XlnetTrain::runPart4(const Inputs &inputs) {
   // xlnet.mesh:69:27 where
   // xlnet.mesh:66:97 mul
   MESHRT_TRACE("loop", "xlnet.mesh:69:19", "backward");
+  support::View v456 = arena_.view(65536, 1024);
+  support::View v467 = arena_.view(118784, 64);
+  support::View v68 = arena_.view(73728, 1024);
   support::View v65 = arena_.view(223232, 256);
   support::View v479 = arena_.view(94208, 1024);
-  {
-    float *__restrict v479p = v479.data();
-    const float *__restrict v456p = v456.data();
-    const float *__restrict v467p = v467.data();
-    const float *__restrict v68p = v68.data();
-    const float *__restrict v65p = v65.data();
-    for (int64_t i0 = 0; i0 < 4; ++i0) {
-      for (int64_t i1 = 0; i1 < 16; ++i1) {
-        for (int64_t i2 = 0; i2 < 16; ++i2) {
-          const float s0 = v456p[i0 * 256 + i1 * 16 + i2];
-          const float s1 = v467p[i0 * 16 + i1];
-          const float s2 = (s0 - s1);
-          const float s3 = v68p[i0 * 256 + i1 * 16 + i2];
-          const float s4 = (s3 * s2);
-          const float s5 = v65p[i1 * 16 + i2];
-          const float s6 = 0.0f;
-          const float s7 = (s5 != 0 ? s4 : s6);
-          const float s8 = 0.35355f;
-          const float s9 = (s7 * s8);
-          v479p[i0 * 256 + i1 * 16 + i2] = s9;
-        }
-      }
-    }
-  }
+  loop30(v479.data(), v456.data(), v467.data(), v68.data(), v65.data());
 
   // xlnet.mesh:66:21 einsum
   MESHRT_TRACE("gemm", "xlnet.mesh:66:21", "backward");
   support::View v480 = arena_.view(118784, 512);
   // dims: batch, heads, length, keys, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan9(
-      {{2, 2, 16, 16, 8}, {{{0, 1, 2, 3}, {}}, {{2, 3, 1, 4}, {}}}, {{0, 2, 1, 4}, {}}});
-  einsumPlan9.run(v479.data(), v47.data(), v480.data(), 1.0f, 0.0f);
+  kEinsum16.plan().run(v479.data(), v47.data(), v480.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:66:21 einsum
   MESHRT_TRACE("gemm", "xlnet.mesh:66:21", "backward");
   support::View v52 = arena_.view(202752, 512);
   support::View v481 = arena_.view(32768, 4096);
   // dims: batch, heads, length, keys, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan10(
-      {{2, 2, 16, 16, 8}, {{{0, 1, 2, 3}, {}}, {{0, 2, 1, 4}, {}}}, {{2, 3, 1, 4}, {}}});
-  einsumPlan10.run(v479.data(), v52.data(), v481.data(), 1.0f, 0.0f);
+  kEinsum17.plan().run(v479.data(), v52.data(), v481.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:66:21 add
   MESHRT_TRACE("loop", "xlnet.mesh:66:21", "backward");
   support::View v482 = arena_.view(65536, 4096);
-  {
-    float *__restrict v482p = v482.data();
-    const float *__restrict v473p = v473.data();
-    const float *__restrict v481p = v481.data();
-    for (int64_t i0 = 0; i0 < 4096; ++i0) {
-      const float s0 = v473p[i0];
-      const float s1 = v481p[i0];
-      const float s2 = (s0 + s1);
-      v482p[i0] = s2;
-    }
-  }
+  loop31(v482.data(), v473.data(), v481.data());
 
   // xlnet.mesh:66:38 sum
   MESHRT_TRACE("sum", "xlnet.mesh:66:38", "backward");
   support::View v483 = arena_.view(32768, 16);
-  static const support::Shape shape12_1 = {2, 8};
-  static const support::Shape shape12_3 = {8, 1};
-  static const support::Shape shape12_4 = {2, 16};
-  static const support::Shape shape12_5 = {256, 16};
-  support::reduce(v483.data(), shape12_1, v480.data(), shape12_3, shape12_4, shape12_5,
+  support::reduce(v483.data(), kShape15, v480.data(), kShape16, kShape10, kShape4,
                   support::Reduce::Sum, 1.0);
 
   // xlnet.mesh:66:38 add -> grad/xlnet/xlnet_layer[0]/two_stream_attention/position_bias
   MESHRT_TRACE("loop", "xlnet.mesh:66:38", "backward");
   support::View v484 = arena_.view(57344, 16);
-  {
-    float *__restrict v484p = v484.data();
-    const float *__restrict v474p = v474.data();
-    const float *__restrict v483p = v483.data();
-    for (int64_t i0 = 0; i0 < 16; ++i0) {
-      const float s0 = v474p[i0];
-      const float s1 = v483p[i0];
-      const float s2 = (s0 + s1);
-      v484p[i0] = s2;
-    }
-  }
+  loop32(v484.data(), v474.data(), v483.data());
 
   // xlnet.mesh:65:19 einsum
   MESHRT_TRACE("gemm", "xlnet.mesh:65:19", "backward");
   support::View v485 = arena_.view(32768, 512);
   // dims: batch, heads, length, keys, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan14(
-      {{2, 2, 16, 16, 8}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 2, 1, 4}, {}}});
-  einsumPlan14.run(v479.data(), v43.data(), v485.data(), 1.0f, 0.0f);
+  kEinsum18.plan().run(v479.data(), v43.data(), v485.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:65:19 einsum
   MESHRT_TRACE("gemm", "xlnet.mesh:65:19", "backward");
   support::View v50 = arena_.view(200704, 512);
   support::View v486 = arena_.view(34816, 512);
   // dims: batch, heads, length, keys, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan15(
-      {{2, 2, 16, 16, 8}, {{{0, 1, 2, 3}, {}}, {{0, 2, 1, 4}, {}}}, {{0, 3, 1, 4}, {}}});
-  einsumPlan15.run(v479.data(), v50.data(), v486.data(), 1.0f, 0.0f);
+  kEinsum14.plan().run(v479.data(), v50.data(), v486.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:65:19 add
   MESHRT_TRACE("loop", "xlnet.mesh:65:19", "backward");
   support::View v487 = arena_.view(49152, 512);
-  {
-    float *__restrict v487p = v487.data();
-    const float *__restrict v476p = v476.data();
-    const float *__restrict v486p = v486.data();
-    for (int64_t i0 = 0; i0 < 512; ++i0) {
-      const float s0 = v476p[i0];
-      const float s1 = v486p[i0];
-      const float s2 = (s0 + s1);
-      v487p[i0] = s2;
-    }
-  }
+  loop29(v487.data(), v476.data(), v486.data());
 
   // xlnet.mesh:65:36 add
   MESHRT_TRACE("loop", "xlnet.mesh:65:36", "backward");
   support::View v488 = arena_.view(51200, 512);
-  {
-    float *__restrict v488p = v488.data();
-    const float *__restrict v480p = v480.data();
-    const float *__restrict v485p = v485.data();
-    for (int64_t i0 = 0; i0 < 512; ++i0) {
-      const float s0 = v480p[i0];
-      const float s1 = v485p[i0];
-      const float s2 = (s0 + s1);
-      v488p[i0] = s2;
-    }
-  }
+  loop29(v488.data(), v480.data(), v485.data());
 
   // xlnet.mesh:65:36 sum
   MESHRT_TRACE("sum", "xlnet.mesh:65:36", "backward");
   support::View v489 = arena_.view(34816, 16);
-  static const support::Shape shape18_1 = {2, 8};
-  static const support::Shape shape18_3 = {8, 1};
-  static const support::Shape shape18_4 = {2, 16};
-  static const support::Shape shape18_5 = {256, 16};
-  support::reduce(v489.data(), shape18_1, v485.data(), shape18_3, shape18_4, shape18_5,
+  support::reduce(v489.data(), kShape15, v485.data(), kShape16, kShape10, kShape4,
                   support::Reduce::Sum, 1.0);
 
   // xlnet.mesh:65:36 add -> grad/xlnet/xlnet_layer[0]/two_stream_attention/content_bias
   MESHRT_TRACE("loop", "xlnet.mesh:65:36", "backward");
   support::View v490 = arena_.view(57408, 16);
-  {
-    float *__restrict v490p = v490.data();
-    const float *__restrict v478p = v478.data();
-    const float *__restrict v489p = v489.data();
-    for (int64_t i0 = 0; i0 < 16; ++i0) {
-      const float s0 = v478p[i0];
-      const float s1 = v489p[i0];
-      const float s2 = (s0 + s1);
-      v490p[i0] = s2;
-    }
-  }
+  loop32(v490.data(), v478.data(), v489.data());
 
   // xlnet.mesh:63:19 einsum
   MESHRT_TRACE("gemm", "xlnet.mesh:63:19", "backward");
   support::View v35(param3_xlnet_xlnet_layer_0_two_stream_attention_q); // updated in place
   support::View v491 = arena_.view(32768, 1024);
   // dims: batch, length, heads, d_kv, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan20(
-      {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
-  einsumPlan20.run(v477.data(), v35.data(), v491.data(), 1.0f, 0.0f);
+  kEinsum19.plan().run(v477.data(), v35.data(), v491.data(), 1.0f, 0.0f);
 
   // 3 statements from xlnet.mesh:63:19 einsum (2 of 2)
   MESHRT_TRACE_SITE("xlnet.mesh:63:19");
+  support::View v458 = arena_.view(110592, 512);
   support::View v37(param5_xlnet_xlnet_layer_0_two_stream_attention_v); // updated in place
   support::View v36(param4_xlnet_xlnet_layer_0_two_stream_attention_k); // updated in place
   support::View v495 = arena_.view(36864, 1024);
   support::View v502 = arena_.view(40960, 1024);
   support::View v507 = arena_.view(45056, 1024);
-  repeated10(v488, v35, v495, v458, v37, v502, v487, v36, v507);
+  repeated9(v488, v35, v495, v458, v37, v502, v487, v36, v507);
 
   // xlnet.mesh:63:19 bucketed_all_reduce_sum (resolve the partial sum of %475 over model for add at
   // 63:19; merged with 3 more partial sums over model (%496, %503, %508): 16.0 KiB in one buffer)
@@ -3588,95 +3138,54 @@ void XlnetTrain::runPart4(const Inputs &inputs) {
   support::View v32 = arena_.view(86016, 1024);
   support::View v494 = arena_.view(53248, 512);
   // dims: batch, length, heads, d_kv, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan23(
-      {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
-  einsumPlan23.run(v477.data(), v32.data(), v494.data(), 1.0f, 0.0f);
+  kEinsum10.plan().run(v477.data(), v32.data(), v494.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:62:19 einsum
   MESHRT_TRACE("gemm", "xlnet.mesh:62:19", "backward");
   support::View v28 = arena_.view(81920, 1024);
   support::View v498 = arena_.view(55296, 512);
   // dims: batch, length, heads, d_kv, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan24(
-      {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
-  einsumPlan24.run(v488.data(), v28.data(), v498.data(), 1.0f, 0.0f);
+  kEinsum10.plan().run(v488.data(), v28.data(), v498.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:62:19 add -> grad/xlnet/xlnet_layer[0]/two_stream_attention/q
   MESHRT_TRACE("loop", "xlnet.mesh:62:19", "backward");
   support::View v499 = arena_.view(51200, 512);
-  {
-    float *__restrict v499p = v499.data();
-    const float *__restrict v494p = v494.data();
-    const float *__restrict v498p = v498.data();
-    for (int64_t i0 = 0; i0 < 512; ++i0) {
-      const float s0 = v494p[i0];
-      const float s1 = v498p[i0];
-      const float s2 = (s0 + s1);
-      v499p[i0] = s2;
-    }
-  }
+  loop29(v499.data(), v494.data(), v498.data());
 
   // xlnet.mesh:61:19 einsum -> grad/xlnet/xlnet_layer[0]/two_stream_attention/r
   MESHRT_TRACE("gemm", "xlnet.mesh:61:19", "backward");
   support::View v26 = arena_.view(0, 8192);
   support::View v500 = arena_.view(53248, 512);
   // dims: length, keys, heads, d_kv, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan26(
-      {{16, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
-  einsumPlan26.run(v482.data(), v26.data(), v500.data(), 1.0f, 0.0f);
+  kEinsum11.plan().run(v482.data(), v26.data(), v500.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:60:23 einsum -> grad/xlnet/xlnet_layer[0]/two_stream_attention/v
   MESHRT_TRACE("gemm", "xlnet.mesh:60:23", "backward");
   support::View v505 = arena_.view(8192, 512);
   // dims: batch, length, heads, d_kv, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan27(
-      {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
-  einsumPlan27.run(v458.data(), v28.data(), v505.data(), 1.0f, 0.0f);
+  kEinsum10.plan().run(v458.data(), v28.data(), v505.data(), 1.0f, 0.0f);
 
   MESHRT_TRACE_SITE("xlnet.mesh:63:19");
   group_model.wait(request1);
-}
-
-void XlnetTrain::runPart5(const Inputs &inputs) {
-  (void)inputs;
-  MESHRT_TRACE_SPAN(world_);
 
   // xlnet.mesh:62:19 add
   // xlnet.mesh:60:23 add
   // xlnet.mesh:59:28 add
   MESHRT_TRACE("loop", "xlnet.mesh:62:19", "backward");
   support::View v452 = arena_.view(102400, 1024);
-  support::View v495 = arena_.view(36864, 1024);
-  support::View v502 = arena_.view(40960, 1024);
-  support::View v507 = arena_.view(45056, 1024);
   support::View v509 = arena_.view(0, 1024);
-  {
-    float *__restrict v509p = v509.data();
-    const float *__restrict v452p = v452.data();
-    const float *__restrict v495p = v495.data();
-    const float *__restrict v502p = v502.data();
-    const float *__restrict v507p = v507.data();
-    for (int64_t i0 = 0; i0 < 1024; ++i0) {
-      const float s0 = v452p[i0];
-      const float s1 = v495p[i0];
-      const float s2 = (s0 + s1);
-      const float s3 = v502p[i0];
-      const float s4 = (s2 + s3);
-      const float s5 = v507p[i0];
-      const float s6 = (s4 + s5);
-      v509p[i0] = s6;
-    }
-  }
+  loop33(v509.data(), v452.data(), v495.data(), v502.data(), v507.data());
 
   // xlnet.mesh:59:28 einsum -> grad/xlnet/xlnet_layer[0]/two_stream_attention/k
   MESHRT_TRACE("gemm", "xlnet.mesh:59:28", "backward");
-  support::View v487 = arena_.view(49152, 512);
-  support::View v28 = arena_.view(81920, 1024);
   support::View v510 = arena_.view(10240, 512);
   // dims: batch, length, heads, d_kv, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan1(
-      {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
-  einsumPlan1.run(v487.data(), v28.data(), v510.data(), 1.0f, 0.0f);
+  kEinsum10.plan().run(v487.data(), v28.data(), v510.data(), 1.0f, 0.0f);
+}
+
+void XlnetTrain::runPart5(const Inputs &inputs) {
+  (void)inputs;
+  MESHRT_TRACE_SPAN(world_);
 
   // xlnet.mesh:63:19 add
   // xlnet.mesh:109:63 mul
@@ -3685,61 +3194,27 @@ void XlnetTrain::runPart5(const Inputs &inputs) {
   support::View v491 = arena_.view(32768, 1024);
   support::View v31 = arena_.view(225408, 32);
   support::View v511 = arena_.view(4096, 1024);
-  {
-    float *__restrict v511p = v511.data();
-    const float *__restrict v433p = v433.data();
-    const float *__restrict v491p = v491.data();
-    const float *__restrict v31p = v31.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = v433p[i0 * 32 + i1];
-        const float s1 = v491p[i0 * 32 + i1];
-        const float s2 = (s0 + s1);
-        const float s3 = v31p[i0];
-        const float s4 = (s2 * s3);
-        v511p[i0 * 32 + i1] = s4;
-      }
-    }
-  }
+  loop34(v511.data(), v433.data(), v491.data(), v31.data());
 
   // xlnet.mesh:109:63 sum -> grad/xlnet/mask_embedding
   MESHRT_TRACE("sum", "xlnet.mesh:109:63", "backward");
   support::View v512 = arena_.view(12288, 32);
-  static const support::Shape shape3_1 = {32};
-  static const support::Shape shape3_3 = {1};
-  static const support::Shape shape3_4 = {2, 16};
-  static const support::Shape shape3_5 = {512, 32};
-  support::reduce(v512.data(), shape3_1, v511.data(), shape3_3, shape3_4, shape3_5,
+  support::reduce(v512.data(), kShape11, v511.data(), kShape1, kShape10, kShape3,
                   support::Reduce::Sum, 1.0);
 
   // xlnet.mesh:108:11 einsum
   MESHRT_TRACE("einsum", "xlnet.mesh:108:11", "backward");
+  support::View v509 = arena_.view(0, 1024);
   const support::Buffer &v0 = inputs.tokens.data;
   support::View v513 = arena_.view(4096, 1024);
-  static const support::Shape shape4_1 = {32, 32};
-  static const support::Shape shape4_3 = {0, 1};
-  static const support::Shape shape4_5 = {0, 0};
-  static const support::Shape shape4_6 = {2, 16};
-  static const support::Shape shape4_7 = {512, 32};
-  static const support::Shape shape4_8 = {16, 1};
-  support::scatterAdd(v513.data(), shape4_1, v509.data(), shape4_3, v0.data(), shape4_5, shape4_6,
-                      shape4_7, shape4_8, 0, support::shardStart(world_, {"model"}, 32));
+  support::scatterAdd(v513.data(), kShape17, v509.data(), kShape18, v0.data(), kShape19, kShape10,
+                      kShape3, kShape14, 0, support::shardStart(world_, {"model"}, 32));
 
   // xlnet.mesh:108:11 add -> grad/xlnet/embedding
   MESHRT_TRACE("loop", "xlnet.mesh:108:11", "backward");
   support::View v230 = arena_.view(188416, 1024);
   support::View v514 = arena_.view(0, 1024);
-  {
-    float *__restrict v514p = v514.data();
-    const float *__restrict v230p = v230.data();
-    const float *__restrict v513p = v513.data();
-    for (int64_t i0 = 0; i0 < 1024; ++i0) {
-      const float s0 = v230p[i0];
-      const float s1 = v513p[i0];
-      const float s2 = (s0 + s1);
-      v514p[i0] = s2;
-    }
-  }
+  loop15(v514.data(), v230.data(), v513.data());
 
   // xlnet.mesh:133:3 bucketed_all_reduce_sum -> target_probability (35 partial sums
   // (target_probability, loss, grad/xlnet/output_bias, ...) over data resolved together, 42.0 KiB
@@ -3750,15 +3225,15 @@ void XlnetTrain::runPart5(const Inputs &inputs) {
   support::View v228 = arena_.view(225280, 32);
   support::View v232 = arena_.view(192512, 32);
   support::View v235 = arena_.view(192640, 32);
-  support::View v250 = arena_.view(184320, 32);
+  support::View v250 = arena_.view(192768, 32);
   support::View v252 = arena_.view(172032, 1024);
-  support::View v275 = arena_.view(184448, 32);
-  support::View v279 = arena_.view(155648, 1024);
-  support::View v280 = arena_.view(184576, 32);
-  support::View v283 = arena_.view(184704, 32);
+  support::View v275 = arena_.view(184320, 32);
+  support::View v279 = arena_.view(163840, 1024);
+  support::View v280 = arena_.view(184448, 32);
+  support::View v283 = arena_.view(184576, 32);
   support::View v299 = arena_.view(178176, 512);
-  support::View v309 = arena_.view(184832, 16);
-  support::View v313 = arena_.view(184896, 16);
+  support::View v309 = arena_.view(184704, 16);
+  support::View v313 = arena_.view(184768, 16);
   support::View v317 = arena_.view(151552, 512);
   support::View v318 = arena_.view(147456, 512);
   support::View v321 = arena_.view(149504, 512);
@@ -3777,6 +3252,7 @@ void XlnetTrain::runPart5(const Inputs &inputs) {
   support::View v499 = arena_.view(51200, 512);
   support::View v500 = arena_.view(53248, 512);
   support::View v505 = arena_.view(8192, 512);
+  support::View v510 = arena_.view(10240, 512);
   auto request2 = support::startAllReduce(
       group_data, {v205, v210, v228, v232, v235, v250, v252, v275, v279, v280, v283, v299,
                    v309, v313, v317, v318, v321, v325, v345, v349, v389, v392, v411, v416,
@@ -3864,54 +3340,7 @@ void XlnetTrain::runPart5(const Inputs &inputs) {
   support::View v6(param0_xlnet_embedding);      // updated in place
   support::View v533(param34_xlnet_embedding_v); // updated in place
   support::View v532(param33_xlnet_embedding_m); // updated in place
-  {
-    float *__restrict v533p = v533.data();
-    float *__restrict v532p = v532.data();
-    float *__restrict v6p = v6.data();
-    const float *__restrict v514p = v514.data();
-    const float *__restrict v549p = v549.data();
-    const float *__restrict v547p = v547.data();
-    const float *__restrict v531p = v531.data();
-    const float r3 = v549p[0];
-    const float r5 = v547p[0];
-    const float r6 = v531p[0];
-    for (int64_t i0 = 0; i0 < 1024; ++i0) {
-      const float s0 = v6p[i0];
-      const float s1 = 0.01f;
-      const float s2 = (s0 * s1);
-      const float s3 = v514p[i0];
-      const float s4 = s3 * s3;
-      const float s5 = 0.0009999871f;
-      const float s6 = (s4 * s5);
-      const float s7 = v533p[i0];
-      const float s8 = 0.999f;
-      const float s9 = (s7 * s8);
-      const float s10 = (s9 + s6);
-      const float s11 = r3;
-      const float s12 = (s10 / s11);
-      const float s13 = support::fsqrt(s12);
-      const float s14 = 1e-08f;
-      const float s15 = (s13 + s14);
-      const float s16 = v514p[i0];
-      const float s17 = 0.100000024f;
-      const float s18 = (s16 * s17);
-      const float s19 = v532p[i0];
-      const float s20 = 0.9f;
-      const float s21 = (s19 * s20);
-      const float s22 = (s21 + s18);
-      const float s23 = r5;
-      const float s24 = (s22 / s23);
-      const float s25 = (s24 / s15);
-      const float s26 = (s25 + s2);
-      const float s27 = r6;
-      const float s28 = (s26 * s27);
-      const float s29 = v6p[i0];
-      const float s30 = (s29 - s28);
-      v533p[i0] = s10;
-      v532p[i0] = s22;
-      v6p[i0] = s30;
-    }
-  }
+  loop35(v533.data(), v532.data(), v6.data(), v514.data(), v549.data(), v547.data(), v531.data());
 
   // xlnet.mesh:133:3 mul
   // xlnet.mesh:133:3 square
@@ -3933,54 +3362,7 @@ void XlnetTrain::runPart5(const Inputs &inputs) {
   support::View v7(param1_xlnet_mask_embedding);      // updated in place
   support::View v562(param36_xlnet_mask_embedding_v); // updated in place
   support::View v561(param35_xlnet_mask_embedding_m); // updated in place
-  {
-    float *__restrict v562p = v562.data();
-    float *__restrict v561p = v561.data();
-    float *__restrict v7p = v7.data();
-    const float *__restrict v512p = v512.data();
-    const float *__restrict v549p = v549.data();
-    const float *__restrict v547p = v547.data();
-    const float *__restrict v531p = v531.data();
-    const float r3 = v549p[0];
-    const float r5 = v547p[0];
-    const float r6 = v531p[0];
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = v7p[i0];
-      const float s1 = 0.01f;
-      const float s2 = (s0 * s1);
-      const float s3 = v512p[i0];
-      const float s4 = s3 * s3;
-      const float s5 = 0.0009999871f;
-      const float s6 = (s4 * s5);
-      const float s7 = v562p[i0];
-      const float s8 = 0.999f;
-      const float s9 = (s7 * s8);
-      const float s10 = (s9 + s6);
-      const float s11 = r3;
-      const float s12 = (s10 / s11);
-      const float s13 = support::fsqrt(s12);
-      const float s14 = 1e-08f;
-      const float s15 = (s13 + s14);
-      const float s16 = v512p[i0];
-      const float s17 = 0.100000024f;
-      const float s18 = (s16 * s17);
-      const float s19 = v561p[i0];
-      const float s20 = 0.9f;
-      const float s21 = (s19 * s20);
-      const float s22 = (s21 + s18);
-      const float s23 = r5;
-      const float s24 = (s22 / s23);
-      const float s25 = (s24 / s15);
-      const float s26 = (s25 + s2);
-      const float s27 = r6;
-      const float s28 = (s26 * s27);
-      const float s29 = v7p[i0];
-      const float s30 = (s29 - s28);
-      v562p[i0] = s10;
-      v561p[i0] = s22;
-      v7p[i0] = s30;
-    }
-  }
+  loop36(v562.data(), v561.data(), v7.data(), v512.data(), v549.data(), v547.data(), v531.data());
 
   // xlnet.mesh:133:3 mul
   // xlnet.mesh:133:3 square
@@ -4002,54 +3384,7 @@ void XlnetTrain::runPart5(const Inputs &inputs) {
   support::View v8(param2_xlnet_output_bias);      // updated in place
   support::View v583(param38_xlnet_output_bias_v); // updated in place
   support::View v582(param37_xlnet_output_bias_m); // updated in place
-  {
-    float *__restrict v583p = v583.data();
-    float *__restrict v582p = v582.data();
-    float *__restrict v8p = v8.data();
-    const float *__restrict v228p = v228.data();
-    const float *__restrict v549p = v549.data();
-    const float *__restrict v547p = v547.data();
-    const float *__restrict v531p = v531.data();
-    const float r3 = v549p[0];
-    const float r5 = v547p[0];
-    const float r6 = v531p[0];
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = v8p[i0];
-      const float s1 = 0.01f;
-      const float s2 = (s0 * s1);
-      const float s3 = v228p[i0];
-      const float s4 = s3 * s3;
-      const float s5 = 0.0009999871f;
-      const float s6 = (s4 * s5);
-      const float s7 = v583p[i0];
-      const float s8 = 0.999f;
-      const float s9 = (s7 * s8);
-      const float s10 = (s9 + s6);
-      const float s11 = r3;
-      const float s12 = (s10 / s11);
-      const float s13 = support::fsqrt(s12);
-      const float s14 = 1e-08f;
-      const float s15 = (s13 + s14);
-      const float s16 = v228p[i0];
-      const float s17 = 0.100000024f;
-      const float s18 = (s16 * s17);
-      const float s19 = v582p[i0];
-      const float s20 = 0.9f;
-      const float s21 = (s19 * s20);
-      const float s22 = (s21 + s18);
-      const float s23 = r5;
-      const float s24 = (s22 / s23);
-      const float s25 = (s24 / s15);
-      const float s26 = (s25 + s2);
-      const float s27 = r6;
-      const float s28 = (s26 * s27);
-      const float s29 = v8p[i0];
-      const float s30 = (s29 - s28);
-      v583p[i0] = s10;
-      v582p[i0] = s22;
-      v8p[i0] = s30;
-    }
-  }
+  loop36(v583.data(), v582.data(), v8.data(), v228.data(), v549.data(), v547.data(), v531.data());
 
   // 15 statements from xlnet.mesh:133:3 mul (1 of 2)
   MESHRT_TRACE_SITE("xlnet.mesh:133:3");
@@ -4206,54 +3541,7 @@ void XlnetTrain::repeated0(
   // xlnet.mesh:133:3 mul
   // xlnet.mesh:133:3 sub -> next/xlnet/xlnet_layer[0]/two_stream_attention/q
   MESHRT_TRACE("loop", "xlnet.mesh:133:3", "update");
-  {
-    float *__restrict a2p = a2.data();
-    float *__restrict a4p = a4.data();
-    float *__restrict a0p = a0.data();
-    const float *__restrict a1p = a1.data();
-    const float *__restrict a3p = a3.data();
-    const float *__restrict a5p = a5.data();
-    const float *__restrict a6p = a6.data();
-    const float r3 = a3p[0];
-    const float r5 = a5p[0];
-    const float r6 = a6p[0];
-    for (int64_t i0 = 0; i0 < 512; ++i0) {
-      const float s0 = a0p[i0];
-      const float s1 = 0.01f;
-      const float s2 = (s0 * s1);
-      const float s3 = a1p[i0];
-      const float s4 = s3 * s3;
-      const float s5 = 0.0009999871f;
-      const float s6 = (s4 * s5);
-      const float s7 = a2p[i0];
-      const float s8 = 0.999f;
-      const float s9 = (s7 * s8);
-      const float s10 = (s9 + s6);
-      const float s11 = r3;
-      const float s12 = (s10 / s11);
-      const float s13 = support::fsqrt(s12);
-      const float s14 = 1e-08f;
-      const float s15 = (s13 + s14);
-      const float s16 = a1p[i0];
-      const float s17 = 0.100000024f;
-      const float s18 = (s16 * s17);
-      const float s19 = a4p[i0];
-      const float s20 = 0.9f;
-      const float s21 = (s19 * s20);
-      const float s22 = (s21 + s18);
-      const float s23 = r5;
-      const float s24 = (s22 / s23);
-      const float s25 = (s24 / s15);
-      const float s26 = (s25 + s2);
-      const float s27 = r6;
-      const float s28 = (s26 * s27);
-      const float s29 = a0p[i0];
-      const float s30 = (s29 - s28);
-      a2p[i0] = s10;
-      a4p[i0] = s22;
-      a0p[i0] = s30;
-    }
-  }
+  loop37(a2.data(), a4.data(), a0.data(), a1.data(), a3.data(), a5.data(), a6.data());
 
   // xlnet.mesh:133:3 mul
   // xlnet.mesh:133:3 square
@@ -4272,54 +3560,7 @@ void XlnetTrain::repeated0(
   // xlnet.mesh:133:3 mul
   // xlnet.mesh:133:3 sub -> next/xlnet/xlnet_layer[0]/two_stream_attention/k
   MESHRT_TRACE("loop", "xlnet.mesh:133:3", "update");
-  {
-    float *__restrict a9p = a9.data();
-    float *__restrict a10p = a10.data();
-    float *__restrict a7p = a7.data();
-    const float *__restrict a8p = a8.data();
-    const float *__restrict a3p = a3.data();
-    const float *__restrict a5p = a5.data();
-    const float *__restrict a6p = a6.data();
-    const float r3 = a3p[0];
-    const float r5 = a5p[0];
-    const float r6 = a6p[0];
-    for (int64_t i0 = 0; i0 < 512; ++i0) {
-      const float s0 = a7p[i0];
-      const float s1 = 0.01f;
-      const float s2 = (s0 * s1);
-      const float s3 = a8p[i0];
-      const float s4 = s3 * s3;
-      const float s5 = 0.0009999871f;
-      const float s6 = (s4 * s5);
-      const float s7 = a9p[i0];
-      const float s8 = 0.999f;
-      const float s9 = (s7 * s8);
-      const float s10 = (s9 + s6);
-      const float s11 = r3;
-      const float s12 = (s10 / s11);
-      const float s13 = support::fsqrt(s12);
-      const float s14 = 1e-08f;
-      const float s15 = (s13 + s14);
-      const float s16 = a8p[i0];
-      const float s17 = 0.100000024f;
-      const float s18 = (s16 * s17);
-      const float s19 = a10p[i0];
-      const float s20 = 0.9f;
-      const float s21 = (s19 * s20);
-      const float s22 = (s21 + s18);
-      const float s23 = r5;
-      const float s24 = (s22 / s23);
-      const float s25 = (s24 / s15);
-      const float s26 = (s25 + s2);
-      const float s27 = r6;
-      const float s28 = (s26 * s27);
-      const float s29 = a7p[i0];
-      const float s30 = (s29 - s28);
-      a9p[i0] = s10;
-      a10p[i0] = s22;
-      a7p[i0] = s30;
-    }
-  }
+  loop37(a9.data(), a10.data(), a7.data(), a8.data(), a3.data(), a5.data(), a6.data());
 
   // xlnet.mesh:133:3 mul
   // xlnet.mesh:133:3 square
@@ -4338,54 +3579,7 @@ void XlnetTrain::repeated0(
   // xlnet.mesh:133:3 mul
   // xlnet.mesh:133:3 sub -> next/xlnet/xlnet_layer[0]/two_stream_attention/v
   MESHRT_TRACE("loop", "xlnet.mesh:133:3", "update");
-  {
-    float *__restrict a13p = a13.data();
-    float *__restrict a14p = a14.data();
-    float *__restrict a11p = a11.data();
-    const float *__restrict a12p = a12.data();
-    const float *__restrict a3p = a3.data();
-    const float *__restrict a5p = a5.data();
-    const float *__restrict a6p = a6.data();
-    const float r3 = a3p[0];
-    const float r5 = a5p[0];
-    const float r6 = a6p[0];
-    for (int64_t i0 = 0; i0 < 512; ++i0) {
-      const float s0 = a11p[i0];
-      const float s1 = 0.01f;
-      const float s2 = (s0 * s1);
-      const float s3 = a12p[i0];
-      const float s4 = s3 * s3;
-      const float s5 = 0.0009999871f;
-      const float s6 = (s4 * s5);
-      const float s7 = a13p[i0];
-      const float s8 = 0.999f;
-      const float s9 = (s7 * s8);
-      const float s10 = (s9 + s6);
-      const float s11 = r3;
-      const float s12 = (s10 / s11);
-      const float s13 = support::fsqrt(s12);
-      const float s14 = 1e-08f;
-      const float s15 = (s13 + s14);
-      const float s16 = a12p[i0];
-      const float s17 = 0.100000024f;
-      const float s18 = (s16 * s17);
-      const float s19 = a14p[i0];
-      const float s20 = 0.9f;
-      const float s21 = (s19 * s20);
-      const float s22 = (s21 + s18);
-      const float s23 = r5;
-      const float s24 = (s22 / s23);
-      const float s25 = (s24 / s15);
-      const float s26 = (s25 + s2);
-      const float s27 = r6;
-      const float s28 = (s26 * s27);
-      const float s29 = a11p[i0];
-      const float s30 = (s29 - s28);
-      a13p[i0] = s10;
-      a14p[i0] = s22;
-      a11p[i0] = s30;
-    }
-  }
+  loop37(a13.data(), a14.data(), a11.data(), a12.data(), a3.data(), a5.data(), a6.data());
 
   // xlnet.mesh:133:3 mul
   // xlnet.mesh:133:3 square
@@ -4404,54 +3598,7 @@ void XlnetTrain::repeated0(
   // xlnet.mesh:133:3 mul
   // xlnet.mesh:133:3 sub -> next/xlnet/xlnet_layer[0]/two_stream_attention/r
   MESHRT_TRACE("loop", "xlnet.mesh:133:3", "update");
-  {
-    float *__restrict a17p = a17.data();
-    float *__restrict a18p = a18.data();
-    float *__restrict a15p = a15.data();
-    const float *__restrict a16p = a16.data();
-    const float *__restrict a3p = a3.data();
-    const float *__restrict a5p = a5.data();
-    const float *__restrict a6p = a6.data();
-    const float r3 = a3p[0];
-    const float r5 = a5p[0];
-    const float r6 = a6p[0];
-    for (int64_t i0 = 0; i0 < 512; ++i0) {
-      const float s0 = a15p[i0];
-      const float s1 = 0.01f;
-      const float s2 = (s0 * s1);
-      const float s3 = a16p[i0];
-      const float s4 = s3 * s3;
-      const float s5 = 0.0009999871f;
-      const float s6 = (s4 * s5);
-      const float s7 = a17p[i0];
-      const float s8 = 0.999f;
-      const float s9 = (s7 * s8);
-      const float s10 = (s9 + s6);
-      const float s11 = r3;
-      const float s12 = (s10 / s11);
-      const float s13 = support::fsqrt(s12);
-      const float s14 = 1e-08f;
-      const float s15 = (s13 + s14);
-      const float s16 = a16p[i0];
-      const float s17 = 0.100000024f;
-      const float s18 = (s16 * s17);
-      const float s19 = a18p[i0];
-      const float s20 = 0.9f;
-      const float s21 = (s19 * s20);
-      const float s22 = (s21 + s18);
-      const float s23 = r5;
-      const float s24 = (s22 / s23);
-      const float s25 = (s24 / s15);
-      const float s26 = (s25 + s2);
-      const float s27 = r6;
-      const float s28 = (s26 * s27);
-      const float s29 = a15p[i0];
-      const float s30 = (s29 - s28);
-      a17p[i0] = s10;
-      a18p[i0] = s22;
-      a15p[i0] = s30;
-    }
-  }
+  loop37(a17.data(), a18.data(), a15.data(), a16.data(), a3.data(), a5.data(), a6.data());
 
   // xlnet.mesh:133:3 mul
   // xlnet.mesh:133:3 square
@@ -4470,54 +3617,7 @@ void XlnetTrain::repeated0(
   // xlnet.mesh:133:3 mul
   // xlnet.mesh:133:3 sub -> next/xlnet/xlnet_layer[0]/two_stream_attention/o
   MESHRT_TRACE("loop", "xlnet.mesh:133:3", "update");
-  {
-    float *__restrict a21p = a21.data();
-    float *__restrict a22p = a22.data();
-    float *__restrict a19p = a19.data();
-    const float *__restrict a20p = a20.data();
-    const float *__restrict a3p = a3.data();
-    const float *__restrict a5p = a5.data();
-    const float *__restrict a6p = a6.data();
-    const float r3 = a3p[0];
-    const float r5 = a5p[0];
-    const float r6 = a6p[0];
-    for (int64_t i0 = 0; i0 < 512; ++i0) {
-      const float s0 = a19p[i0];
-      const float s1 = 0.01f;
-      const float s2 = (s0 * s1);
-      const float s3 = a20p[i0];
-      const float s4 = s3 * s3;
-      const float s5 = 0.0009999871f;
-      const float s6 = (s4 * s5);
-      const float s7 = a21p[i0];
-      const float s8 = 0.999f;
-      const float s9 = (s7 * s8);
-      const float s10 = (s9 + s6);
-      const float s11 = r3;
-      const float s12 = (s10 / s11);
-      const float s13 = support::fsqrt(s12);
-      const float s14 = 1e-08f;
-      const float s15 = (s13 + s14);
-      const float s16 = a20p[i0];
-      const float s17 = 0.100000024f;
-      const float s18 = (s16 * s17);
-      const float s19 = a22p[i0];
-      const float s20 = 0.9f;
-      const float s21 = (s19 * s20);
-      const float s22 = (s21 + s18);
-      const float s23 = r5;
-      const float s24 = (s22 / s23);
-      const float s25 = (s24 / s15);
-      const float s26 = (s25 + s2);
-      const float s27 = r6;
-      const float s28 = (s26 * s27);
-      const float s29 = a19p[i0];
-      const float s30 = (s29 - s28);
-      a21p[i0] = s10;
-      a22p[i0] = s22;
-      a19p[i0] = s30;
-    }
-  }
+  loop37(a21.data(), a22.data(), a19.data(), a20.data(), a3.data(), a5.data(), a6.data());
 
   // xlnet.mesh:133:3 mul
   // xlnet.mesh:133:3 square
@@ -4536,54 +3636,7 @@ void XlnetTrain::repeated0(
   // xlnet.mesh:133:3 mul
   // xlnet.mesh:133:3 sub -> next/xlnet/xlnet_layer[0]/two_stream_attention/content_bias
   MESHRT_TRACE("loop", "xlnet.mesh:133:3", "update");
-  {
-    float *__restrict a25p = a25.data();
-    float *__restrict a26p = a26.data();
-    float *__restrict a23p = a23.data();
-    const float *__restrict a24p = a24.data();
-    const float *__restrict a3p = a3.data();
-    const float *__restrict a5p = a5.data();
-    const float *__restrict a6p = a6.data();
-    const float r3 = a3p[0];
-    const float r5 = a5p[0];
-    const float r6 = a6p[0];
-    for (int64_t i0 = 0; i0 < 16; ++i0) {
-      const float s0 = a23p[i0];
-      const float s1 = 0.01f;
-      const float s2 = (s0 * s1);
-      const float s3 = a24p[i0];
-      const float s4 = s3 * s3;
-      const float s5 = 0.0009999871f;
-      const float s6 = (s4 * s5);
-      const float s7 = a25p[i0];
-      const float s8 = 0.999f;
-      const float s9 = (s7 * s8);
-      const float s10 = (s9 + s6);
-      const float s11 = r3;
-      const float s12 = (s10 / s11);
-      const float s13 = support::fsqrt(s12);
-      const float s14 = 1e-08f;
-      const float s15 = (s13 + s14);
-      const float s16 = a24p[i0];
-      const float s17 = 0.100000024f;
-      const float s18 = (s16 * s17);
-      const float s19 = a26p[i0];
-      const float s20 = 0.9f;
-      const float s21 = (s19 * s20);
-      const float s22 = (s21 + s18);
-      const float s23 = r5;
-      const float s24 = (s22 / s23);
-      const float s25 = (s24 / s15);
-      const float s26 = (s25 + s2);
-      const float s27 = r6;
-      const float s28 = (s26 * s27);
-      const float s29 = a23p[i0];
-      const float s30 = (s29 - s28);
-      a25p[i0] = s10;
-      a26p[i0] = s22;
-      a23p[i0] = s30;
-    }
-  }
+  loop38(a25.data(), a26.data(), a23.data(), a24.data(), a3.data(), a5.data(), a6.data());
 
   // xlnet.mesh:133:3 mul
   // xlnet.mesh:133:3 square
@@ -4602,54 +3655,7 @@ void XlnetTrain::repeated0(
   // xlnet.mesh:133:3 mul
   // xlnet.mesh:133:3 sub -> next/xlnet/xlnet_layer[0]/two_stream_attention/position_bias
   MESHRT_TRACE("loop", "xlnet.mesh:133:3", "update");
-  {
-    float *__restrict a29p = a29.data();
-    float *__restrict a30p = a30.data();
-    float *__restrict a27p = a27.data();
-    const float *__restrict a28p = a28.data();
-    const float *__restrict a3p = a3.data();
-    const float *__restrict a5p = a5.data();
-    const float *__restrict a6p = a6.data();
-    const float r3 = a3p[0];
-    const float r5 = a5p[0];
-    const float r6 = a6p[0];
-    for (int64_t i0 = 0; i0 < 16; ++i0) {
-      const float s0 = a27p[i0];
-      const float s1 = 0.01f;
-      const float s2 = (s0 * s1);
-      const float s3 = a28p[i0];
-      const float s4 = s3 * s3;
-      const float s5 = 0.0009999871f;
-      const float s6 = (s4 * s5);
-      const float s7 = a29p[i0];
-      const float s8 = 0.999f;
-      const float s9 = (s7 * s8);
-      const float s10 = (s9 + s6);
-      const float s11 = r3;
-      const float s12 = (s10 / s11);
-      const float s13 = support::fsqrt(s12);
-      const float s14 = 1e-08f;
-      const float s15 = (s13 + s14);
-      const float s16 = a28p[i0];
-      const float s17 = 0.100000024f;
-      const float s18 = (s16 * s17);
-      const float s19 = a30p[i0];
-      const float s20 = 0.9f;
-      const float s21 = (s19 * s20);
-      const float s22 = (s21 + s18);
-      const float s23 = r5;
-      const float s24 = (s22 / s23);
-      const float s25 = (s24 / s15);
-      const float s26 = (s25 + s2);
-      const float s27 = r6;
-      const float s28 = (s26 * s27);
-      const float s29 = a27p[i0];
-      const float s30 = (s29 - s28);
-      a29p[i0] = s10;
-      a30p[i0] = s22;
-      a27p[i0] = s30;
-    }
-  }
+  loop38(a29.data(), a30.data(), a27.data(), a28.data(), a3.data(), a5.data(), a6.data());
 
   // xlnet.mesh:133:3 mul
   // xlnet.mesh:133:3 square
@@ -4668,54 +3674,7 @@ void XlnetTrain::repeated0(
   // xlnet.mesh:133:3 mul
   // xlnet.mesh:133:3 sub -> next/xlnet/xlnet_layer[0]/norm/gain
   MESHRT_TRACE("loop", "xlnet.mesh:133:3", "update");
-  {
-    float *__restrict a33p = a33.data();
-    float *__restrict a34p = a34.data();
-    float *__restrict a31p = a31.data();
-    const float *__restrict a32p = a32.data();
-    const float *__restrict a3p = a3.data();
-    const float *__restrict a5p = a5.data();
-    const float *__restrict a6p = a6.data();
-    const float r3 = a3p[0];
-    const float r5 = a5p[0];
-    const float r6 = a6p[0];
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = a31p[i0];
-      const float s1 = 0.01f;
-      const float s2 = (s0 * s1);
-      const float s3 = a32p[i0];
-      const float s4 = s3 * s3;
-      const float s5 = 0.0009999871f;
-      const float s6 = (s4 * s5);
-      const float s7 = a33p[i0];
-      const float s8 = 0.999f;
-      const float s9 = (s7 * s8);
-      const float s10 = (s9 + s6);
-      const float s11 = r3;
-      const float s12 = (s10 / s11);
-      const float s13 = support::fsqrt(s12);
-      const float s14 = 1e-08f;
-      const float s15 = (s13 + s14);
-      const float s16 = a32p[i0];
-      const float s17 = 0.100000024f;
-      const float s18 = (s16 * s17);
-      const float s19 = a34p[i0];
-      const float s20 = 0.9f;
-      const float s21 = (s19 * s20);
-      const float s22 = (s21 + s18);
-      const float s23 = r5;
-      const float s24 = (s22 / s23);
-      const float s25 = (s24 / s15);
-      const float s26 = (s25 + s2);
-      const float s27 = r6;
-      const float s28 = (s26 * s27);
-      const float s29 = a31p[i0];
-      const float s30 = (s29 - s28);
-      a33p[i0] = s10;
-      a34p[i0] = s22;
-      a31p[i0] = s30;
-    }
-  }
+  loop36(a33.data(), a34.data(), a31.data(), a32.data(), a3.data(), a5.data(), a6.data());
 
   // xlnet.mesh:133:3 mul
   // xlnet.mesh:133:3 square
@@ -4734,54 +3693,7 @@ void XlnetTrain::repeated0(
   // xlnet.mesh:133:3 mul
   // xlnet.mesh:133:3 sub -> next/xlnet/xlnet_layer[0]/norm/bias
   MESHRT_TRACE("loop", "xlnet.mesh:133:3", "update");
-  {
-    float *__restrict a37p = a37.data();
-    float *__restrict a38p = a38.data();
-    float *__restrict a35p = a35.data();
-    const float *__restrict a36p = a36.data();
-    const float *__restrict a3p = a3.data();
-    const float *__restrict a5p = a5.data();
-    const float *__restrict a6p = a6.data();
-    const float r3 = a3p[0];
-    const float r5 = a5p[0];
-    const float r6 = a6p[0];
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = a35p[i0];
-      const float s1 = 0.01f;
-      const float s2 = (s0 * s1);
-      const float s3 = a36p[i0];
-      const float s4 = s3 * s3;
-      const float s5 = 0.0009999871f;
-      const float s6 = (s4 * s5);
-      const float s7 = a37p[i0];
-      const float s8 = 0.999f;
-      const float s9 = (s7 * s8);
-      const float s10 = (s9 + s6);
-      const float s11 = r3;
-      const float s12 = (s10 / s11);
-      const float s13 = support::fsqrt(s12);
-      const float s14 = 1e-08f;
-      const float s15 = (s13 + s14);
-      const float s16 = a36p[i0];
-      const float s17 = 0.100000024f;
-      const float s18 = (s16 * s17);
-      const float s19 = a38p[i0];
-      const float s20 = 0.9f;
-      const float s21 = (s19 * s20);
-      const float s22 = (s21 + s18);
-      const float s23 = r5;
-      const float s24 = (s22 / s23);
-      const float s25 = (s24 / s15);
-      const float s26 = (s25 + s2);
-      const float s27 = r6;
-      const float s28 = (s26 * s27);
-      const float s29 = a35p[i0];
-      const float s30 = (s29 - s28);
-      a37p[i0] = s10;
-      a38p[i0] = s22;
-      a35p[i0] = s30;
-    }
-  }
+  loop36(a37.data(), a38.data(), a35.data(), a36.data(), a3.data(), a5.data(), a6.data());
 
   // xlnet.mesh:133:3 mul
   // xlnet.mesh:133:3 square
@@ -4800,54 +3712,7 @@ void XlnetTrain::repeated0(
   // xlnet.mesh:133:3 mul
   // xlnet.mesh:133:3 sub -> next/xlnet/xlnet_layer[0]/dense_relu_dense/wi
   MESHRT_TRACE("loop", "xlnet.mesh:133:3", "update");
-  {
-    float *__restrict a41p = a41.data();
-    float *__restrict a42p = a42.data();
-    float *__restrict a39p = a39.data();
-    const float *__restrict a40p = a40.data();
-    const float *__restrict a3p = a3.data();
-    const float *__restrict a5p = a5.data();
-    const float *__restrict a6p = a6.data();
-    const float r3 = a3p[0];
-    const float r5 = a5p[0];
-    const float r6 = a6p[0];
-    for (int64_t i0 = 0; i0 < 1024; ++i0) {
-      const float s0 = a39p[i0];
-      const float s1 = 0.01f;
-      const float s2 = (s0 * s1);
-      const float s3 = a40p[i0];
-      const float s4 = s3 * s3;
-      const float s5 = 0.0009999871f;
-      const float s6 = (s4 * s5);
-      const float s7 = a41p[i0];
-      const float s8 = 0.999f;
-      const float s9 = (s7 * s8);
-      const float s10 = (s9 + s6);
-      const float s11 = r3;
-      const float s12 = (s10 / s11);
-      const float s13 = support::fsqrt(s12);
-      const float s14 = 1e-08f;
-      const float s15 = (s13 + s14);
-      const float s16 = a40p[i0];
-      const float s17 = 0.100000024f;
-      const float s18 = (s16 * s17);
-      const float s19 = a42p[i0];
-      const float s20 = 0.9f;
-      const float s21 = (s19 * s20);
-      const float s22 = (s21 + s18);
-      const float s23 = r5;
-      const float s24 = (s22 / s23);
-      const float s25 = (s24 / s15);
-      const float s26 = (s25 + s2);
-      const float s27 = r6;
-      const float s28 = (s26 * s27);
-      const float s29 = a39p[i0];
-      const float s30 = (s29 - s28);
-      a41p[i0] = s10;
-      a42p[i0] = s22;
-      a39p[i0] = s30;
-    }
-  }
+  loop35(a41.data(), a42.data(), a39.data(), a40.data(), a3.data(), a5.data(), a6.data());
 
   // xlnet.mesh:133:3 mul
   // xlnet.mesh:133:3 square
@@ -4866,54 +3731,7 @@ void XlnetTrain::repeated0(
   // xlnet.mesh:133:3 mul
   // xlnet.mesh:133:3 sub -> next/xlnet/xlnet_layer[0]/dense_relu_dense/bi
   MESHRT_TRACE("loop", "xlnet.mesh:133:3", "update");
-  {
-    float *__restrict a45p = a45.data();
-    float *__restrict a46p = a46.data();
-    float *__restrict a43p = a43.data();
-    const float *__restrict a44p = a44.data();
-    const float *__restrict a3p = a3.data();
-    const float *__restrict a5p = a5.data();
-    const float *__restrict a6p = a6.data();
-    const float r3 = a3p[0];
-    const float r5 = a5p[0];
-    const float r6 = a6p[0];
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = a43p[i0];
-      const float s1 = 0.01f;
-      const float s2 = (s0 * s1);
-      const float s3 = a44p[i0];
-      const float s4 = s3 * s3;
-      const float s5 = 0.0009999871f;
-      const float s6 = (s4 * s5);
-      const float s7 = a45p[i0];
-      const float s8 = 0.999f;
-      const float s9 = (s7 * s8);
-      const float s10 = (s9 + s6);
-      const float s11 = r3;
-      const float s12 = (s10 / s11);
-      const float s13 = support::fsqrt(s12);
-      const float s14 = 1e-08f;
-      const float s15 = (s13 + s14);
-      const float s16 = a44p[i0];
-      const float s17 = 0.100000024f;
-      const float s18 = (s16 * s17);
-      const float s19 = a46p[i0];
-      const float s20 = 0.9f;
-      const float s21 = (s19 * s20);
-      const float s22 = (s21 + s18);
-      const float s23 = r5;
-      const float s24 = (s22 / s23);
-      const float s25 = (s24 / s15);
-      const float s26 = (s25 + s2);
-      const float s27 = r6;
-      const float s28 = (s26 * s27);
-      const float s29 = a43p[i0];
-      const float s30 = (s29 - s28);
-      a45p[i0] = s10;
-      a46p[i0] = s22;
-      a43p[i0] = s30;
-    }
-  }
+  loop36(a45.data(), a46.data(), a43.data(), a44.data(), a3.data(), a5.data(), a6.data());
 
   // xlnet.mesh:133:3 mul
   // xlnet.mesh:133:3 square
@@ -4932,54 +3750,7 @@ void XlnetTrain::repeated0(
   // xlnet.mesh:133:3 mul
   // xlnet.mesh:133:3 sub -> next/xlnet/xlnet_layer[0]/dense_relu_dense/wo
   MESHRT_TRACE("loop", "xlnet.mesh:133:3", "update");
-  {
-    float *__restrict a49p = a49.data();
-    float *__restrict a50p = a50.data();
-    float *__restrict a47p = a47.data();
-    const float *__restrict a48p = a48.data();
-    const float *__restrict a3p = a3.data();
-    const float *__restrict a5p = a5.data();
-    const float *__restrict a6p = a6.data();
-    const float r3 = a3p[0];
-    const float r5 = a5p[0];
-    const float r6 = a6p[0];
-    for (int64_t i0 = 0; i0 < 1024; ++i0) {
-      const float s0 = a47p[i0];
-      const float s1 = 0.01f;
-      const float s2 = (s0 * s1);
-      const float s3 = a48p[i0];
-      const float s4 = s3 * s3;
-      const float s5 = 0.0009999871f;
-      const float s6 = (s4 * s5);
-      const float s7 = a49p[i0];
-      const float s8 = 0.999f;
-      const float s9 = (s7 * s8);
-      const float s10 = (s9 + s6);
-      const float s11 = r3;
-      const float s12 = (s10 / s11);
-      const float s13 = support::fsqrt(s12);
-      const float s14 = 1e-08f;
-      const float s15 = (s13 + s14);
-      const float s16 = a48p[i0];
-      const float s17 = 0.100000024f;
-      const float s18 = (s16 * s17);
-      const float s19 = a50p[i0];
-      const float s20 = 0.9f;
-      const float s21 = (s19 * s20);
-      const float s22 = (s21 + s18);
-      const float s23 = r5;
-      const float s24 = (s22 / s23);
-      const float s25 = (s24 / s15);
-      const float s26 = (s25 + s2);
-      const float s27 = r6;
-      const float s28 = (s26 * s27);
-      const float s29 = a47p[i0];
-      const float s30 = (s29 - s28);
-      a49p[i0] = s10;
-      a50p[i0] = s22;
-      a47p[i0] = s30;
-    }
-  }
+  loop35(a49.data(), a50.data(), a47.data(), a48.data(), a3.data(), a5.data(), a6.data());
 
   // xlnet.mesh:133:3 mul
   // xlnet.mesh:133:3 square
@@ -4998,54 +3769,7 @@ void XlnetTrain::repeated0(
   // xlnet.mesh:133:3 mul
   // xlnet.mesh:133:3 sub -> next/xlnet/xlnet_layer[0]/dense_relu_dense/bo
   MESHRT_TRACE("loop", "xlnet.mesh:133:3", "update");
-  {
-    float *__restrict a53p = a53.data();
-    float *__restrict a54p = a54.data();
-    float *__restrict a51p = a51.data();
-    const float *__restrict a52p = a52.data();
-    const float *__restrict a3p = a3.data();
-    const float *__restrict a5p = a5.data();
-    const float *__restrict a6p = a6.data();
-    const float r3 = a3p[0];
-    const float r5 = a5p[0];
-    const float r6 = a6p[0];
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = a51p[i0];
-      const float s1 = 0.01f;
-      const float s2 = (s0 * s1);
-      const float s3 = a52p[i0];
-      const float s4 = s3 * s3;
-      const float s5 = 0.0009999871f;
-      const float s6 = (s4 * s5);
-      const float s7 = a53p[i0];
-      const float s8 = 0.999f;
-      const float s9 = (s7 * s8);
-      const float s10 = (s9 + s6);
-      const float s11 = r3;
-      const float s12 = (s10 / s11);
-      const float s13 = support::fsqrt(s12);
-      const float s14 = 1e-08f;
-      const float s15 = (s13 + s14);
-      const float s16 = a52p[i0];
-      const float s17 = 0.100000024f;
-      const float s18 = (s16 * s17);
-      const float s19 = a54p[i0];
-      const float s20 = 0.9f;
-      const float s21 = (s19 * s20);
-      const float s22 = (s21 + s18);
-      const float s23 = r5;
-      const float s24 = (s22 / s23);
-      const float s25 = (s24 / s15);
-      const float s26 = (s25 + s2);
-      const float s27 = r6;
-      const float s28 = (s26 * s27);
-      const float s29 = a51p[i0];
-      const float s30 = (s29 - s28);
-      a53p[i0] = s10;
-      a54p[i0] = s22;
-      a51p[i0] = s30;
-    }
-  }
+  loop36(a53.data(), a54.data(), a51.data(), a52.data(), a3.data(), a5.data(), a6.data());
 
   // xlnet.mesh:133:3 mul
   // xlnet.mesh:133:3 square
@@ -5064,54 +3788,7 @@ void XlnetTrain::repeated0(
   // xlnet.mesh:133:3 mul
   // xlnet.mesh:133:3 sub -> next/xlnet/xlnet_layer[0]/norm#1/gain
   MESHRT_TRACE("loop", "xlnet.mesh:133:3", "update");
-  {
-    float *__restrict a57p = a57.data();
-    float *__restrict a58p = a58.data();
-    float *__restrict a55p = a55.data();
-    const float *__restrict a56p = a56.data();
-    const float *__restrict a3p = a3.data();
-    const float *__restrict a5p = a5.data();
-    const float *__restrict a6p = a6.data();
-    const float r3 = a3p[0];
-    const float r5 = a5p[0];
-    const float r6 = a6p[0];
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = a55p[i0];
-      const float s1 = 0.01f;
-      const float s2 = (s0 * s1);
-      const float s3 = a56p[i0];
-      const float s4 = s3 * s3;
-      const float s5 = 0.0009999871f;
-      const float s6 = (s4 * s5);
-      const float s7 = a57p[i0];
-      const float s8 = 0.999f;
-      const float s9 = (s7 * s8);
-      const float s10 = (s9 + s6);
-      const float s11 = r3;
-      const float s12 = (s10 / s11);
-      const float s13 = support::fsqrt(s12);
-      const float s14 = 1e-08f;
-      const float s15 = (s13 + s14);
-      const float s16 = a56p[i0];
-      const float s17 = 0.100000024f;
-      const float s18 = (s16 * s17);
-      const float s19 = a58p[i0];
-      const float s20 = 0.9f;
-      const float s21 = (s19 * s20);
-      const float s22 = (s21 + s18);
-      const float s23 = r5;
-      const float s24 = (s22 / s23);
-      const float s25 = (s24 / s15);
-      const float s26 = (s25 + s2);
-      const float s27 = r6;
-      const float s28 = (s26 * s27);
-      const float s29 = a55p[i0];
-      const float s30 = (s29 - s28);
-      a57p[i0] = s10;
-      a58p[i0] = s22;
-      a55p[i0] = s30;
-    }
-  }
+  loop36(a57.data(), a58.data(), a55.data(), a56.data(), a3.data(), a5.data(), a6.data());
 
   // xlnet.mesh:133:3 mul
   // xlnet.mesh:133:3 square
@@ -5130,54 +3807,7 @@ void XlnetTrain::repeated0(
   // xlnet.mesh:133:3 mul
   // xlnet.mesh:133:3 sub -> next/xlnet/xlnet_layer[0]/norm#1/bias
   MESHRT_TRACE("loop", "xlnet.mesh:133:3", "update");
-  {
-    float *__restrict a61p = a61.data();
-    float *__restrict a62p = a62.data();
-    float *__restrict a59p = a59.data();
-    const float *__restrict a60p = a60.data();
-    const float *__restrict a3p = a3.data();
-    const float *__restrict a5p = a5.data();
-    const float *__restrict a6p = a6.data();
-    const float r3 = a3p[0];
-    const float r5 = a5p[0];
-    const float r6 = a6p[0];
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = a59p[i0];
-      const float s1 = 0.01f;
-      const float s2 = (s0 * s1);
-      const float s3 = a60p[i0];
-      const float s4 = s3 * s3;
-      const float s5 = 0.0009999871f;
-      const float s6 = (s4 * s5);
-      const float s7 = a61p[i0];
-      const float s8 = 0.999f;
-      const float s9 = (s7 * s8);
-      const float s10 = (s9 + s6);
-      const float s11 = r3;
-      const float s12 = (s10 / s11);
-      const float s13 = support::fsqrt(s12);
-      const float s14 = 1e-08f;
-      const float s15 = (s13 + s14);
-      const float s16 = a60p[i0];
-      const float s17 = 0.100000024f;
-      const float s18 = (s16 * s17);
-      const float s19 = a62p[i0];
-      const float s20 = 0.9f;
-      const float s21 = (s19 * s20);
-      const float s22 = (s21 + s18);
-      const float s23 = r5;
-      const float s24 = (s22 / s23);
-      const float s25 = (s24 / s15);
-      const float s26 = (s25 + s2);
-      const float s27 = r6;
-      const float s28 = (s26 * s27);
-      const float s29 = a59p[i0];
-      const float s30 = (s29 - s28);
-      a61p[i0] = s10;
-      a62p[i0] = s22;
-      a59p[i0] = s30;
-    }
-  }
+  loop36(a61.data(), a62.data(), a59.data(), a60.data(), a3.data(), a5.data(), a6.data());
 }
 
 void XlnetTrain::repeated1(support::View a0, support::ConstView a1, support::ConstView a2,
@@ -5195,125 +3825,51 @@ void XlnetTrain::repeated1(support::View a0, support::ConstView a1, support::Con
 
   // xlnet.mesh:37:78 sum
   MESHRT_TRACE("sum", "xlnet.mesh:37:78", "backward");
-  static const support::Shape shape0_1 = {32};
-  static const support::Shape shape0_3 = {1};
-  static const support::Shape shape0_4 = {2, 16};
-  static const support::Shape shape0_5 = {512, 32};
-  support::reduce(a0.data(), shape0_1, a1.data(), shape0_3, shape0_4, shape0_5,
-                  support::Reduce::Sum, 1.0);
+  support::reduce(a0.data(), kShape11, a1.data(), kShape1, kShape10, kShape3, support::Reduce::Sum,
+                  1.0);
 
   // xlnet.mesh:37:71 mul
   MESHRT_TRACE("loop", "xlnet.mesh:37:71", "backward");
-  {
-    float *__restrict a3p = a3.data();
-    const float *__restrict a1p = a1.data();
-    const float *__restrict a2p = a2.data();
-    for (int64_t i0 = 0; i0 < 1024; ++i0) {
-      const float s0 = a1p[i0];
-      const float s1 = a2p[i0];
-      const float s2 = (s0 * s1);
-      a3p[i0] = s2;
-    }
-  }
+  loop23(a3.data(), a1.data(), a2.data());
 
   // xlnet.mesh:37:71 sum
   MESHRT_TRACE("sum", "xlnet.mesh:37:71", "backward");
-  static const support::Shape shape2_1 = {32};
-  static const support::Shape shape2_3 = {1};
-  static const support::Shape shape2_4 = {2, 16};
-  static const support::Shape shape2_5 = {512, 32};
-  support::reduce(a4.data(), shape2_1, a3.data(), shape2_3, shape2_4, shape2_5,
-                  support::Reduce::Sum, 1.0);
+  support::reduce(a4.data(), kShape11, a3.data(), kShape1, kShape10, kShape3, support::Reduce::Sum,
+                  1.0);
 
   // xlnet.mesh:37:48 mean
   MESHRT_TRACE("mean", "xlnet.mesh:37:48", "backward");
-  static const support::Shape shape3_1 = {2, 16};
-  static const support::Shape shape3_3 = {512, 32};
-  static const support::Shape shape3_4 = {32};
-  static const support::Shape shape3_5 = {1};
-  support::reduce(a5.data(), shape3_1, a6.data(), shape3_3, shape3_4, shape3_5,
-                  support::Reduce::Sum, 0.03125);
+  support::reduce(a5.data(), kShape10, a6.data(), kShape3, kShape11, kShape1, support::Reduce::Sum,
+                  0.03125);
 
   // xlnet.mesh:37:48 sub
   // xlnet.mesh:37:48 square
   MESHRT_TRACE("loop", "xlnet.mesh:37:48", "backward");
-  {
-    float *__restrict a7p = a7.data();
-    const float *__restrict a6p = a6.data();
-    const float *__restrict a5p = a5.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = a6p[i0 * 32 + i1];
-        const float s1 = a5p[i0];
-        const float s2 = (s0 - s1);
-        const float s3 = s2 * s2;
-        a7p[i0 * 32 + i1] = s3;
-      }
-    }
-  }
+  loop39(a7.data(), a6.data(), a5.data());
 
   // xlnet.mesh:37:48 mean
   MESHRT_TRACE("mean", "xlnet.mesh:37:48", "backward");
-  static const support::Shape shape5_1 = {2, 16};
-  static const support::Shape shape5_3 = {512, 32};
-  static const support::Shape shape5_4 = {32};
-  static const support::Shape shape5_5 = {1};
-  support::reduce(a8.data(), shape5_1, a7.data(), shape5_3, shape5_4, shape5_5,
-                  support::Reduce::Sum, 0.03125);
+  support::reduce(a8.data(), kShape10, a7.data(), kShape3, kShape11, kShape1, support::Reduce::Sum,
+                  0.03125);
 
   // xlnet.mesh:37:48 add
   // xlnet.mesh:37:48 rsqrt
   MESHRT_TRACE("loop", "xlnet.mesh:37:48", "backward");
-  {
-    float *__restrict a9p = a9.data();
-    const float *__restrict a8p = a8.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = a8p[i0];
-      const float s1 = 1e-05f;
-      const float s2 = (s0 + s1);
-      const float s3 = 1.0f / support::fsqrt(s2);
-      a9p[i0] = s3;
-    }
-  }
+  loop40(a9.data(), a8.data());
 
   // xlnet.mesh:37:71 mul
   // xlnet.mesh:37:48 mul
   MESHRT_TRACE("loop", "xlnet.mesh:37:71", "backward");
-  {
-    float *__restrict a11p = a11.data();
-    float *__restrict a12p = a12.data();
-    const float *__restrict a1p = a1.data();
-    const float *__restrict a10p = a10.data();
-    const float *__restrict a2p = a2.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = a1p[i0 * 32 + i1];
-        const float s1 = a10p[i1];
-        const float s2 = (s0 * s1);
-        const float s3 = a2p[i0 * 32 + i1];
-        const float s4 = (s2 * s3);
-        a11p[i0 * 32 + i1] = s2;
-        a12p[i0 * 32 + i1] = s4;
-      }
-    }
-  }
+  loop41(a11.data(), a12.data(), a1.data(), a10.data(), a2.data());
 
   // xlnet.mesh:37:48 mean
   MESHRT_TRACE("mean", "xlnet.mesh:37:48", "backward");
-  static const support::Shape shape8_1 = {2, 16};
-  static const support::Shape shape8_3 = {512, 32};
-  static const support::Shape shape8_4 = {32};
-  static const support::Shape shape8_5 = {1};
-  support::reduce(a13.data(), shape8_1, a12.data(), shape8_3, shape8_4, shape8_5,
+  support::reduce(a13.data(), kShape10, a12.data(), kShape3, kShape11, kShape1,
                   support::Reduce::Sum, 0.03125);
 
   // xlnet.mesh:37:48 mean
   MESHRT_TRACE("mean", "xlnet.mesh:37:48", "backward");
-  static const support::Shape shape9_1 = {2, 16};
-  static const support::Shape shape9_3 = {512, 32};
-  static const support::Shape shape9_4 = {32};
-  static const support::Shape shape9_5 = {1};
-  support::reduce(a14.data(), shape9_1, a11.data(), shape9_3, shape9_4, shape9_5,
+  support::reduce(a14.data(), kShape10, a11.data(), kShape3, kShape11, kShape1,
                   support::Reduce::Sum, 0.03125);
 
   // xlnet.mesh:37:48 mul
@@ -5321,178 +3877,63 @@ void XlnetTrain::repeated1(support::View a0, support::ConstView a1, support::Con
   // xlnet.mesh:37:48 sub
   // xlnet.mesh:37:48 mul
   MESHRT_TRACE("loop", "xlnet.mesh:37:48", "backward");
-  {
-    float *__restrict a15p = a15.data();
-    const float *__restrict a2p = a2.data();
-    const float *__restrict a13p = a13.data();
-    const float *__restrict a11p = a11.data();
-    const float *__restrict a14p = a14.data();
-    const float *__restrict a9p = a9.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = a2p[i0 * 32 + i1];
-        const float s1 = a13p[i0];
-        const float s2 = (s0 * s1);
-        const float s3 = a11p[i0 * 32 + i1];
-        const float s4 = a14p[i0];
-        const float s5 = (s3 - s4);
-        const float s6 = (s5 - s2);
-        const float s7 = a9p[i0];
-        const float s8 = (s6 * s7);
-        a15p[i0 * 32 + i1] = s8;
-      }
-    }
-  }
+  loop42(a15.data(), a2.data(), a13.data(), a11.data(), a14.data(), a9.data());
 
   // xlnet.mesh:37:40 sum
   MESHRT_TRACE("sum", "xlnet.mesh:37:40", "backward");
-  static const support::Shape shape11_1 = {32};
-  static const support::Shape shape11_3 = {1};
-  static const support::Shape shape11_4 = {2, 16};
-  static const support::Shape shape11_5 = {512, 32};
-  support::reduce(a16.data(), shape11_1, a17.data(), shape11_3, shape11_4, shape11_5,
+  support::reduce(a16.data(), kShape11, a17.data(), kShape1, kShape10, kShape3,
                   support::Reduce::Sum, 1.0);
 
   // xlnet.mesh:37:40 add -> grad/xlnet/xlnet_layer[0]/norm#1/bias
   MESHRT_TRACE("loop", "xlnet.mesh:37:40", "backward");
-  {
-    float *__restrict a18p = a18.data();
-    const float *__restrict a0p = a0.data();
-    const float *__restrict a16p = a16.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = a0p[i0];
-      const float s1 = a16p[i0];
-      const float s2 = (s0 + s1);
-      a18p[i0] = s2;
-    }
-  }
+  loop28(a18.data(), a0.data(), a16.data());
 
   // xlnet.mesh:37:33 mul
   MESHRT_TRACE("loop", "xlnet.mesh:37:33", "backward");
-  {
-    float *__restrict a20p = a20.data();
-    const float *__restrict a17p = a17.data();
-    const float *__restrict a19p = a19.data();
-    for (int64_t i0 = 0; i0 < 1024; ++i0) {
-      const float s0 = a17p[i0];
-      const float s1 = a19p[i0];
-      const float s2 = (s0 * s1);
-      a20p[i0] = s2;
-    }
-  }
+  loop23(a20.data(), a17.data(), a19.data());
 
   // xlnet.mesh:37:33 sum
   MESHRT_TRACE("sum", "xlnet.mesh:37:33", "backward");
-  static const support::Shape shape14_1 = {32};
-  static const support::Shape shape14_3 = {1};
-  static const support::Shape shape14_4 = {2, 16};
-  static const support::Shape shape14_5 = {512, 32};
-  support::reduce(a21.data(), shape14_1, a20.data(), shape14_3, shape14_4, shape14_5,
+  support::reduce(a21.data(), kShape11, a20.data(), kShape1, kShape10, kShape3,
                   support::Reduce::Sum, 1.0);
 
   // xlnet.mesh:37:33 add -> grad/xlnet/xlnet_layer[0]/norm#1/gain
   MESHRT_TRACE("loop", "xlnet.mesh:37:33", "backward");
-  {
-    float *__restrict a22p = a22.data();
-    const float *__restrict a4p = a4.data();
-    const float *__restrict a21p = a21.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = a4p[i0];
-      const float s1 = a21p[i0];
-      const float s2 = (s0 + s1);
-      a22p[i0] = s2;
-    }
-  }
+  loop28(a22.data(), a4.data(), a21.data());
 
   // xlnet.mesh:37:10 mean
   MESHRT_TRACE("mean", "xlnet.mesh:37:10", "backward");
-  static const support::Shape shape16_1 = {2, 16};
-  static const support::Shape shape16_3 = {512, 32};
-  static const support::Shape shape16_4 = {32};
-  static const support::Shape shape16_5 = {1};
-  support::reduce(a23.data(), shape16_1, a24.data(), shape16_3, shape16_4, shape16_5,
+  support::reduce(a23.data(), kShape10, a24.data(), kShape3, kShape11, kShape1,
                   support::Reduce::Sum, 0.03125);
 
   // xlnet.mesh:37:10 sub
   // xlnet.mesh:37:10 square
   MESHRT_TRACE("loop", "xlnet.mesh:37:10", "backward");
-  {
-    float *__restrict a25p = a25.data();
-    const float *__restrict a24p = a24.data();
-    const float *__restrict a23p = a23.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = a24p[i0 * 32 + i1];
-        const float s1 = a23p[i0];
-        const float s2 = (s0 - s1);
-        const float s3 = s2 * s2;
-        a25p[i0 * 32 + i1] = s3;
-      }
-    }
-  }
+  loop39(a25.data(), a24.data(), a23.data());
 
   // xlnet.mesh:37:10 mean
   MESHRT_TRACE("mean", "xlnet.mesh:37:10", "backward");
-  static const support::Shape shape18_1 = {2, 16};
-  static const support::Shape shape18_3 = {512, 32};
-  static const support::Shape shape18_4 = {32};
-  static const support::Shape shape18_5 = {1};
-  support::reduce(a26.data(), shape18_1, a25.data(), shape18_3, shape18_4, shape18_5,
+  support::reduce(a26.data(), kShape10, a25.data(), kShape3, kShape11, kShape1,
                   support::Reduce::Sum, 0.03125);
 
   // xlnet.mesh:37:10 add
   // xlnet.mesh:37:10 rsqrt
   MESHRT_TRACE("loop", "xlnet.mesh:37:10", "backward");
-  {
-    float *__restrict a27p = a27.data();
-    const float *__restrict a26p = a26.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = a26p[i0];
-      const float s1 = 1e-05f;
-      const float s2 = (s0 + s1);
-      const float s3 = 1.0f / support::fsqrt(s2);
-      a27p[i0] = s3;
-    }
-  }
+  loop40(a27.data(), a26.data());
 
   // xlnet.mesh:37:33 mul
   // xlnet.mesh:37:10 mul
   MESHRT_TRACE("loop", "xlnet.mesh:37:33", "backward");
-  {
-    float *__restrict a28p = a28.data();
-    float *__restrict a29p = a29.data();
-    const float *__restrict a17p = a17.data();
-    const float *__restrict a10p = a10.data();
-    const float *__restrict a19p = a19.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = a17p[i0 * 32 + i1];
-        const float s1 = a10p[i1];
-        const float s2 = (s0 * s1);
-        const float s3 = a19p[i0 * 32 + i1];
-        const float s4 = (s2 * s3);
-        a28p[i0 * 32 + i1] = s2;
-        a29p[i0 * 32 + i1] = s4;
-      }
-    }
-  }
+  loop41(a28.data(), a29.data(), a17.data(), a10.data(), a19.data());
 
   // xlnet.mesh:37:10 mean
   MESHRT_TRACE("mean", "xlnet.mesh:37:10", "backward");
-  static const support::Shape shape21_1 = {2, 16};
-  static const support::Shape shape21_3 = {512, 32};
-  static const support::Shape shape21_4 = {32};
-  static const support::Shape shape21_5 = {1};
-  support::reduce(a30.data(), shape21_1, a29.data(), shape21_3, shape21_4, shape21_5,
+  support::reduce(a30.data(), kShape10, a29.data(), kShape3, kShape11, kShape1,
                   support::Reduce::Sum, 0.03125);
 
   // xlnet.mesh:37:10 mean
   MESHRT_TRACE("mean", "xlnet.mesh:37:10", "backward");
-  static const support::Shape shape22_1 = {2, 16};
-  static const support::Shape shape22_3 = {512, 32};
-  static const support::Shape shape22_4 = {32};
-  static const support::Shape shape22_5 = {1};
-  support::reduce(a31.data(), shape22_1, a28.data(), shape22_3, shape22_4, shape22_5,
+  support::reduce(a31.data(), kShape10, a28.data(), kShape3, kShape11, kShape1,
                   support::Reduce::Sum, 0.03125);
 
   // xlnet.mesh:37:10 mul
@@ -5500,28 +3941,7 @@ void XlnetTrain::repeated1(support::View a0, support::ConstView a1, support::Con
   // xlnet.mesh:37:10 sub
   // xlnet.mesh:37:10 mul
   MESHRT_TRACE("loop", "xlnet.mesh:37:10", "backward");
-  {
-    float *__restrict a32p = a32.data();
-    const float *__restrict a19p = a19.data();
-    const float *__restrict a30p = a30.data();
-    const float *__restrict a28p = a28.data();
-    const float *__restrict a31p = a31.data();
-    const float *__restrict a27p = a27.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = a19p[i0 * 32 + i1];
-        const float s1 = a30p[i0];
-        const float s2 = (s0 * s1);
-        const float s3 = a28p[i0 * 32 + i1];
-        const float s4 = a31p[i0];
-        const float s5 = (s3 - s4);
-        const float s6 = (s5 - s2);
-        const float s7 = a27p[i0];
-        const float s8 = (s6 * s7);
-        a32p[i0 * 32 + i1] = s8;
-      }
-    }
-  }
+  loop42(a32.data(), a19.data(), a30.data(), a28.data(), a31.data(), a27.data());
 }
 
 void XlnetTrain::repeated2(support::ConstView a0, support::ConstView a1, support::View a2,
@@ -5537,132 +3957,148 @@ void XlnetTrain::repeated2(support::ConstView a0, support::ConstView a1, support
   // xlnet.mesh:59:28 einsum
   MESHRT_TRACE("gemm", "xlnet.mesh:59:28", "forward");
   // dims: batch, length, d_model, heads, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan0(
-      {{2, 16, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan0.run(a0.data(), a1.data(), a2.data(), 1.0f, 0.0f);
+  kEinsum4.plan().run(a0.data(), a1.data(), a2.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:60:23 einsum
   MESHRT_TRACE("gemm", "xlnet.mesh:60:23", "forward");
   // dims: batch, length, d_model, heads, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan1(
-      {{2, 16, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan1.run(a0.data(), a3.data(), a4.data(), 1.0f, 0.0f);
+  kEinsum4.plan().run(a0.data(), a3.data(), a4.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:61:19 einsum -> positions
   MESHRT_TRACE("gemm", "xlnet.mesh:61:19", "forward");
   // dims: length, keys, d_model, heads, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan2(
-      {{16, 16, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan2.run(a5.data(), a6.data(), a7.data(), 1.0f, 0.0f);
+  kEinsum5.plan().run(a5.data(), a6.data(), a7.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:62:19 einsum -> h_queries
   MESHRT_TRACE("gemm", "xlnet.mesh:62:19", "forward");
   // dims: batch, length, d_model, heads, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan3(
-      {{2, 16, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan3.run(a0.data(), a8.data(), a9.data(), 1.0f, 0.0f);
+  kEinsum4.plan().run(a0.data(), a8.data(), a9.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:63:19 einsum -> g_queries
   MESHRT_TRACE("gemm", "xlnet.mesh:63:19", "forward");
   // dims: batch, length, d_model, heads, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan4(
-      {{2, 16, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan4.run(a10.data(), a8.data(), a11.data(), 1.0f, 0.0f);
+  kEinsum4.plan().run(a10.data(), a8.data(), a11.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:65:36 add
   MESHRT_TRACE("loop", "xlnet.mesh:65:36", "forward");
-  {
-    float *__restrict a13p = a13.data();
-    const float *__restrict a9p = a9.data();
-    const float *__restrict a12p = a12.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 16; ++i1) {
-        const float s0 = a9p[i0 * 16 + i1];
-        const float s1 = a12p[i1];
-        const float s2 = (s0 + s1);
-        a13p[i0 * 16 + i1] = s2;
-      }
-    }
-  }
+  loop18(a13.data(), a9.data(), a12.data());
 
   // xlnet.mesh:65:19 einsum
   MESHRT_TRACE("gemm", "xlnet.mesh:65:19", "forward");
   // dims: batch, length, heads, d_kv, keys
-  static const meshrt::kernels::EinsumPlan einsumPlan6(
-      {{2, 16, 2, 8, 16}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
-  einsumPlan6.run(a13.data(), a2.data(), a14.data(), 1.0f, 0.0f);
+  kEinsum6.plan().run(a13.data(), a2.data(), a14.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:66:38 add
   MESHRT_TRACE("loop", "xlnet.mesh:66:38", "forward");
-  {
-    float *__restrict a16p = a16.data();
-    const float *__restrict a9p = a9.data();
-    const float *__restrict a15p = a15.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 16; ++i1) {
-        const float s0 = a9p[i0 * 16 + i1];
-        const float s1 = a15p[i1];
-        const float s2 = (s0 + s1);
-        a16p[i0 * 16 + i1] = s2;
-      }
-    }
-  }
+  loop18(a16.data(), a9.data(), a15.data());
 
   // xlnet.mesh:66:21 einsum
   MESHRT_TRACE("gemm", "xlnet.mesh:66:21", "forward");
   // dims: batch, length, heads, d_kv, keys
-  static const meshrt::kernels::EinsumPlan einsumPlan8(
-      {{2, 16, 2, 8, 16}, {{{0, 1, 2, 3}, {}}, {{1, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
-  einsumPlan8.run(a16.data(), a7.data(), a17.data(), 1.0f, 0.0f);
+  kEinsum7.plan().run(a16.data(), a7.data(), a17.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:67:36 add
   MESHRT_TRACE("loop", "xlnet.mesh:67:36", "forward");
-  {
-    float *__restrict a18p = a18.data();
-    const float *__restrict a11p = a11.data();
-    const float *__restrict a12p = a12.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 16; ++i1) {
-        const float s0 = a11p[i0 * 16 + i1];
-        const float s1 = a12p[i1];
-        const float s2 = (s0 + s1);
-        a18p[i0 * 16 + i1] = s2;
-      }
-    }
-  }
+  loop18(a18.data(), a11.data(), a12.data());
 
   // xlnet.mesh:67:19 einsum
   MESHRT_TRACE("gemm", "xlnet.mesh:67:19", "forward");
   // dims: batch, length, heads, d_kv, keys
-  static const meshrt::kernels::EinsumPlan einsumPlan10(
-      {{2, 16, 2, 8, 16}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
-  einsumPlan10.run(a18.data(), a2.data(), a19.data(), 1.0f, 0.0f);
+  kEinsum6.plan().run(a18.data(), a2.data(), a19.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:68:38 add
   MESHRT_TRACE("loop", "xlnet.mesh:68:38", "forward");
-  {
-    float *__restrict a20p = a20.data();
-    const float *__restrict a11p = a11.data();
-    const float *__restrict a15p = a15.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 16; ++i1) {
-        const float s0 = a11p[i0 * 16 + i1];
-        const float s1 = a15p[i1];
-        const float s2 = (s0 + s1);
-        a20p[i0 * 16 + i1] = s2;
-      }
-    }
-  }
+  loop18(a20.data(), a11.data(), a15.data());
 
   // xlnet.mesh:68:21 einsum
   MESHRT_TRACE("gemm", "xlnet.mesh:68:21", "forward");
   // dims: batch, length, heads, d_kv, keys
-  static const meshrt::kernels::EinsumPlan einsumPlan12(
-      {{2, 16, 2, 8, 16}, {{{0, 1, 2, 3}, {}}, {{1, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
-  einsumPlan12.run(a20.data(), a7.data(), a21.data(), 1.0f, 0.0f);
+  kEinsum7.plan().run(a20.data(), a7.data(), a21.data(), 1.0f, 0.0f);
 }
 
-void XlnetTrain::repeated3(support::View a0, support::ConstView a1, support::ConstView a2,
+void XlnetTrain::repeated3(support::ConstView a0, support::ConstView a1, support::ConstView a2,
+                           support::View a3, support::View a4, support::ConstView a5,
+                           support::ConstView a6, support::View a7, support::ConstView a8,
+                           support::View a9, support::View a10, support::View a11,
+                           support::ConstView a12, support::View a13, support::ConstView a14,
+                           support::View a15, support::View a16, support::ConstView a17,
+                           support::ConstView a18, support::View a19, support::View a20,
+                           support::View a21, support::ConstView a22, support::View a23) {
+  MESHRT_TRACE_SPAN(world_);
+
+  // xlnet.mesh:68:19 add
+  // xlnet.mesh:68:97 mul -> g_logits
+  // xlnet.mesh:72:27 where
+  MESHRT_TRACE("loop", "xlnet.mesh:68:19", "forward");
+  loop12(a3.data(), a0.data(), a1.data(), a2.data());
+
+  // xlnet.mesh:72:19 softmax -> g_weights
+  MESHRT_TRACE("softmax", "xlnet.mesh:72:19", "forward");
+  support::along(a4.data(), a3.data(), kShape8, kShape9, kShape9, kShape0, kShape1, kShape1,
+                 support::Along::Softmax, 1e-05, 16, nullptr);
+
+  // xlnet.mesh:73:10 einsum -> a
+  // xlnet.mesh:73:10 einsum
+  MESHRT_TRACE("gemm", "xlnet.mesh:73:10", "forward");
+  // dims: batch, heads, length, keys, d_kv
+  kEinsum1.plan().run(a5.data(), a6.data(), a7.data(), 1.0f, 0.0f);
+
+  // xlnet.mesh:73:10 einsum -> a
+  MESHRT_TRACE("gemm", "xlnet.mesh:73:10", "forward");
+  // dims: heads, d_kv, d_model, batch, length
+  kEinsum2.plan().run(a8.data(), a7.data(), a9.data(), 1.0f, 0.0f);
+
+  // xlnet.mesh:74:10 einsum -> b
+  // xlnet.mesh:74:10 einsum
+  MESHRT_TRACE("gemm", "xlnet.mesh:74:10", "forward");
+  // dims: batch, heads, length, keys, d_kv
+  kEinsum1.plan().run(a4.data(), a6.data(), a10.data(), 1.0f, 0.0f);
+
+  // xlnet.mesh:74:10 einsum -> b
+  MESHRT_TRACE("gemm", "xlnet.mesh:74:10", "forward");
+  // dims: heads, d_kv, d_model, batch, length
+  kEinsum2.plan().run(a8.data(), a10.data(), a11.data(), 1.0f, 0.0f);
+
+  // xlnet.mesh:93:30 bucketed_all_reduce_sum -> a (2 partial sums (a, b) over model resolved
+  // together, 8.0 KiB in one buffer)
+  MESHRT_TRACE_SITE("xlnet.mesh:93:30");
+  support::allReduceBucket(group_model, {a9, a11});
+
+  // xlnet.mesh:93:23 add
+  MESHRT_TRACE("loop", "xlnet.mesh:93:23", "forward");
+  loop15(a13.data(), a12.data(), a9.data());
+
+  // xlnet.mesh:93:30 add
+  MESHRT_TRACE("loop", "xlnet.mesh:93:30", "forward");
+  loop15(a15.data(), a14.data(), a11.data());
+
+  // xlnet.mesh:37:10 layer_norm
+  MESHRT_TRACE("layer_norm", "xlnet.mesh:37:10", "forward");
+  support::along(a16.data(), a13.data(), kShape10, kShape3, kShape3, kShape11, kShape1, kShape1,
+                 support::Along::LayerNorm, 1e-05, 32, nullptr);
+
+  // xlnet.mesh:37:33 mul
+  // xlnet.mesh:37:40 add -> h1
+  MESHRT_TRACE("loop", "xlnet.mesh:37:33", "forward");
+  loop13(a19.data(), a16.data(), a17.data(), a18.data());
+
+  // xlnet.mesh:37:48 layer_norm
+  MESHRT_TRACE("layer_norm", "xlnet.mesh:37:48", "forward");
+  support::along(a20.data(), a15.data(), kShape10, kShape3, kShape3, kShape11, kShape1, kShape1,
+                 support::Along::LayerNorm, 1e-05, 32, nullptr);
+
+  // xlnet.mesh:37:71 mul
+  // xlnet.mesh:37:78 add -> g1
+  MESHRT_TRACE("loop", "xlnet.mesh:37:71", "forward");
+  loop13(a21.data(), a20.data(), a17.data(), a18.data());
+
+  // xlnet.mesh:83:22 einsum
+  MESHRT_TRACE("gemm", "xlnet.mesh:83:22", "forward");
+  // dims: batch, length, d_model, d_ff
+  kEinsum3.plan().run(a19.data(), a22.data(), a23.data(), 1.0f, 0.0f);
+}
+
+void XlnetTrain::repeated4(support::View a0, support::ConstView a1, support::ConstView a2,
                            support::View a3, support::View a4, support::View a5,
                            support::ConstView a6, support::View a7, support::View a8,
                            support::View a9, support::ConstView a10, support::View a11,
@@ -5672,125 +4108,51 @@ void XlnetTrain::repeated3(support::View a0, support::ConstView a1, support::Con
 
   // xlnet.mesh:37:78 sum -> grad/xlnet/xlnet_layer[1]/norm#1/bias
   MESHRT_TRACE("sum", "xlnet.mesh:37:78", "backward");
-  static const support::Shape shape0_1 = {32};
-  static const support::Shape shape0_3 = {1};
-  static const support::Shape shape0_4 = {2, 16};
-  static const support::Shape shape0_5 = {512, 32};
-  support::reduce(a0.data(), shape0_1, a1.data(), shape0_3, shape0_4, shape0_5,
-                  support::Reduce::Sum, 1.0);
+  support::reduce(a0.data(), kShape11, a1.data(), kShape1, kShape10, kShape3, support::Reduce::Sum,
+                  1.0);
 
   // xlnet.mesh:37:71 mul
   MESHRT_TRACE("loop", "xlnet.mesh:37:71", "backward");
-  {
-    float *__restrict a3p = a3.data();
-    const float *__restrict a1p = a1.data();
-    const float *__restrict a2p = a2.data();
-    for (int64_t i0 = 0; i0 < 1024; ++i0) {
-      const float s0 = a1p[i0];
-      const float s1 = a2p[i0];
-      const float s2 = (s0 * s1);
-      a3p[i0] = s2;
-    }
-  }
+  loop23(a3.data(), a1.data(), a2.data());
 
   // xlnet.mesh:37:71 sum -> grad/xlnet/xlnet_layer[1]/norm#1/gain
   MESHRT_TRACE("sum", "xlnet.mesh:37:71", "backward");
-  static const support::Shape shape2_1 = {32};
-  static const support::Shape shape2_3 = {1};
-  static const support::Shape shape2_4 = {2, 16};
-  static const support::Shape shape2_5 = {512, 32};
-  support::reduce(a4.data(), shape2_1, a3.data(), shape2_3, shape2_4, shape2_5,
-                  support::Reduce::Sum, 1.0);
+  support::reduce(a4.data(), kShape11, a3.data(), kShape1, kShape10, kShape3, support::Reduce::Sum,
+                  1.0);
 
   // xlnet.mesh:37:48 mean
   MESHRT_TRACE("mean", "xlnet.mesh:37:48", "backward");
-  static const support::Shape shape3_1 = {2, 16};
-  static const support::Shape shape3_3 = {512, 32};
-  static const support::Shape shape3_4 = {32};
-  static const support::Shape shape3_5 = {1};
-  support::reduce(a5.data(), shape3_1, a6.data(), shape3_3, shape3_4, shape3_5,
-                  support::Reduce::Sum, 0.03125);
+  support::reduce(a5.data(), kShape10, a6.data(), kShape3, kShape11, kShape1, support::Reduce::Sum,
+                  0.03125);
 
   // xlnet.mesh:37:48 sub
   // xlnet.mesh:37:48 square
   MESHRT_TRACE("loop", "xlnet.mesh:37:48", "backward");
-  {
-    float *__restrict a7p = a7.data();
-    const float *__restrict a6p = a6.data();
-    const float *__restrict a5p = a5.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = a6p[i0 * 32 + i1];
-        const float s1 = a5p[i0];
-        const float s2 = (s0 - s1);
-        const float s3 = s2 * s2;
-        a7p[i0 * 32 + i1] = s3;
-      }
-    }
-  }
+  loop39(a7.data(), a6.data(), a5.data());
 
   // xlnet.mesh:37:48 mean
   MESHRT_TRACE("mean", "xlnet.mesh:37:48", "backward");
-  static const support::Shape shape5_1 = {2, 16};
-  static const support::Shape shape5_3 = {512, 32};
-  static const support::Shape shape5_4 = {32};
-  static const support::Shape shape5_5 = {1};
-  support::reduce(a8.data(), shape5_1, a7.data(), shape5_3, shape5_4, shape5_5,
-                  support::Reduce::Sum, 0.03125);
+  support::reduce(a8.data(), kShape10, a7.data(), kShape3, kShape11, kShape1, support::Reduce::Sum,
+                  0.03125);
 
   // xlnet.mesh:37:48 add
   // xlnet.mesh:37:48 rsqrt
   MESHRT_TRACE("loop", "xlnet.mesh:37:48", "backward");
-  {
-    float *__restrict a9p = a9.data();
-    const float *__restrict a8p = a8.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = a8p[i0];
-      const float s1 = 1e-05f;
-      const float s2 = (s0 + s1);
-      const float s3 = 1.0f / support::fsqrt(s2);
-      a9p[i0] = s3;
-    }
-  }
+  loop40(a9.data(), a8.data());
 
   // xlnet.mesh:37:71 mul
   // xlnet.mesh:37:48 mul
   MESHRT_TRACE("loop", "xlnet.mesh:37:71", "backward");
-  {
-    float *__restrict a11p = a11.data();
-    float *__restrict a12p = a12.data();
-    const float *__restrict a1p = a1.data();
-    const float *__restrict a10p = a10.data();
-    const float *__restrict a2p = a2.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = a1p[i0 * 32 + i1];
-        const float s1 = a10p[i1];
-        const float s2 = (s0 * s1);
-        const float s3 = a2p[i0 * 32 + i1];
-        const float s4 = (s2 * s3);
-        a11p[i0 * 32 + i1] = s2;
-        a12p[i0 * 32 + i1] = s4;
-      }
-    }
-  }
+  loop41(a11.data(), a12.data(), a1.data(), a10.data(), a2.data());
 
   // xlnet.mesh:37:48 mean
   MESHRT_TRACE("mean", "xlnet.mesh:37:48", "backward");
-  static const support::Shape shape8_1 = {2, 16};
-  static const support::Shape shape8_3 = {512, 32};
-  static const support::Shape shape8_4 = {32};
-  static const support::Shape shape8_5 = {1};
-  support::reduce(a13.data(), shape8_1, a12.data(), shape8_3, shape8_4, shape8_5,
+  support::reduce(a13.data(), kShape10, a12.data(), kShape3, kShape11, kShape1,
                   support::Reduce::Sum, 0.03125);
 
   // xlnet.mesh:37:48 mean
   MESHRT_TRACE("mean", "xlnet.mesh:37:48", "backward");
-  static const support::Shape shape9_1 = {2, 16};
-  static const support::Shape shape9_3 = {512, 32};
-  static const support::Shape shape9_4 = {32};
-  static const support::Shape shape9_5 = {1};
-  support::reduce(a14.data(), shape9_1, a11.data(), shape9_3, shape9_4, shape9_5,
+  support::reduce(a14.data(), kShape10, a11.data(), kShape3, kShape11, kShape1,
                   support::Reduce::Sum, 0.03125);
 
   // xlnet.mesh:37:48 mul
@@ -5798,31 +4160,10 @@ void XlnetTrain::repeated3(support::View a0, support::ConstView a1, support::Con
   // xlnet.mesh:37:48 sub
   // xlnet.mesh:37:48 mul
   MESHRT_TRACE("loop", "xlnet.mesh:37:48", "backward");
-  {
-    float *__restrict a15p = a15.data();
-    const float *__restrict a2p = a2.data();
-    const float *__restrict a13p = a13.data();
-    const float *__restrict a11p = a11.data();
-    const float *__restrict a14p = a14.data();
-    const float *__restrict a9p = a9.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = a2p[i0 * 32 + i1];
-        const float s1 = a13p[i0];
-        const float s2 = (s0 * s1);
-        const float s3 = a11p[i0 * 32 + i1];
-        const float s4 = a14p[i0];
-        const float s5 = (s3 - s4);
-        const float s6 = (s5 - s2);
-        const float s7 = a9p[i0];
-        const float s8 = (s6 * s7);
-        a15p[i0 * 32 + i1] = s8;
-      }
-    }
-  }
+  loop42(a15.data(), a2.data(), a13.data(), a11.data(), a14.data(), a9.data());
 }
 
-void XlnetTrain::repeated4(support::View a0, support::ConstView a1, support::ConstView a2,
+void XlnetTrain::repeated5(support::View a0, support::ConstView a1, support::ConstView a2,
                            support::View a3, support::ConstView a4, support::View a5,
                            support::ConstView a6, support::View a7, support::View a8,
                            support::ConstView a9, support::View a10) {
@@ -5830,26 +4171,18 @@ void XlnetTrain::repeated4(support::View a0, support::ConstView a1, support::Con
 
   // xlnet.mesh:84:96 sum -> grad/xlnet/xlnet_layer[1]/dense_relu_dense/bo
   MESHRT_TRACE("sum", "xlnet.mesh:84:96", "backward");
-  static const support::Shape shape0_1 = {32};
-  static const support::Shape shape0_3 = {1};
-  static const support::Shape shape0_4 = {2, 16};
-  static const support::Shape shape0_5 = {512, 32};
-  support::reduce(a0.data(), shape0_1, a1.data(), shape0_3, shape0_4, shape0_5,
-                  support::Reduce::Sum, 1.0);
+  support::reduce(a0.data(), kShape11, a1.data(), kShape1, kShape10, kShape3, support::Reduce::Sum,
+                  1.0);
 
   // xlnet.mesh:84:10 einsum
   MESHRT_TRACE("gemm", "xlnet.mesh:84:10", "backward");
   // dims: batch, length, d_model, d_ff
-  static const meshrt::kernels::EinsumPlan einsumPlan1(
-      {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan1.run(a1.data(), a2.data(), a3.data(), 1.0f, 0.0f);
+  kEinsum0.plan().run(a1.data(), a2.data(), a3.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:84:10 einsum -> grad/xlnet/xlnet_layer[1]/dense_relu_dense/wo
   MESHRT_TRACE("gemm", "xlnet.mesh:84:10", "backward");
   // dims: batch, length, d_model, d_ff
-  static const meshrt::kernels::EinsumPlan einsumPlan2(
-      {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
-  einsumPlan2.run(a1.data(), a4.data(), a5.data(), 1.0f, 0.0f);
+  kEinsum9.plan().run(a1.data(), a4.data(), a5.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:84:17 square
   // xlnet.mesh:84:17 mul
@@ -5869,167 +4202,17 @@ void XlnetTrain::repeated4(support::View a0, support::ConstView a1, support::Con
   // xlnet.mesh:84:17 add
   // xlnet.mesh:84:17 mul
   MESHRT_TRACE("loop", "xlnet.mesh:84:17", "backward");
-  {
-    float *__restrict a7p = a7.data();
-    const float *__restrict a6p = a6.data();
-    const float *__restrict a3p = a3.data();
-    for (int64_t i0 = 0; i0 < 1024; ++i0) {
-      const float s0 = a6p[i0];
-      const float s1 = s0 * s0;
-      const float s2 = a6p[i0];
-      const float s3 = (s2 * s1);
-      const float s4 = 0.044715f;
-      const float s5 = (s3 * s4);
-      const float s6 = a6p[i0];
-      const float s7 = (s6 + s5);
-      const float s8 = 0.7978846f;
-      const float s9 = (s7 * s8);
-      const float s10 = support::ftanh(s9);
-      const float s11 = 1.0f;
-      const float s12 = (s10 + s11);
-      const float s13 = 0.5f;
-      const float s14 = (s12 * s13);
-      const float s15 = 0.134145f;
-      const float s16 = (s1 * s15);
-      const float s17 = 1.0f;
-      const float s18 = (s16 + s17);
-      const float s19 = s10 * s10;
-      const float s20 = 1.0f;
-      const float s21 = (s20 - s19);
-      const float s22 = a6p[i0];
-      const float s23 = (s22 * s21);
-      const float s24 = (s23 * s18);
-      const float s25 = 0.3989423f;
-      const float s26 = (s24 * s25);
-      const float s27 = (s14 + s26);
-      const float s28 = a3p[i0];
-      const float s29 = (s28 * s27);
-      a7p[i0] = s29;
-    }
-  }
+  loop27(a7.data(), a6.data(), a3.data());
 
   // xlnet.mesh:84:59 sum -> grad/xlnet/xlnet_layer[1]/dense_relu_dense/bi
   MESHRT_TRACE("sum", "xlnet.mesh:84:59", "backward");
-  static const support::Shape shape4_1 = {32};
-  static const support::Shape shape4_3 = {1};
-  static const support::Shape shape4_4 = {2, 16};
-  static const support::Shape shape4_5 = {512, 32};
-  support::reduce(a8.data(), shape4_1, a7.data(), shape4_3, shape4_4, shape4_5,
-                  support::Reduce::Sum, 1.0);
+  support::reduce(a8.data(), kShape11, a7.data(), kShape1, kShape10, kShape3, support::Reduce::Sum,
+                  1.0);
 
   // xlnet.mesh:84:22 einsum
   MESHRT_TRACE("gemm", "xlnet.mesh:84:22", "backward");
   // dims: batch, length, d_ff, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan5(
-      {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan5.run(a7.data(), a9.data(), a10.data(), 1.0f, 0.0f);
-}
-
-void XlnetTrain::repeated5(support::ConstView a0, support::ConstView a1, support::ConstView a2,
-                           support::View a3, support::View a4, support::ConstView a5,
-                           support::ConstView a6, support::View a7, support::ConstView a8,
-                           support::View a9, support::View a10, support::View a11,
-                           support::ConstView a12, support::View a13, support::ConstView a14,
-                           support::View a15) {
-  MESHRT_TRACE_SPAN(world_);
-
-  // xlnet.mesh:68:19 add
-  // xlnet.mesh:68:97 mul -> g_logits
-  // xlnet.mesh:72:27 where
-  MESHRT_TRACE("loop", "xlnet.mesh:68:19", "forward");
-  {
-    float *__restrict a3p = a3.data();
-    const float *__restrict a0p = a0.data();
-    const float *__restrict a1p = a1.data();
-    const float *__restrict a2p = a2.data();
-    for (int64_t i0 = 0; i0 < 4; ++i0) {
-      for (int64_t i1 = 0; i1 < 256; ++i1) {
-        const float s0 = a0p[i0 * 256 + i1];
-        const float s1 = a1p[i0 * 256 + i1];
-        const float s2 = (s0 + s1);
-        const float s3 = 0.35355f;
-        const float s4 = (s2 * s3);
-        const float s5 = a2p[i1];
-        const float s6 = -1000000000.0f;
-        const float s7 = (s5 != 0 ? s4 : s6);
-        a3p[i0 * 256 + i1] = s7;
-      }
-    }
-  }
-
-  // xlnet.mesh:72:19 softmax -> g_weights
-  MESHRT_TRACE("softmax", "xlnet.mesh:72:19", "forward");
-  static const support::Shape shape1_2 = {2, 2, 16};
-  static const support::Shape shape1_3 = {512, 256, 16};
-  static const support::Shape shape1_4 = {512, 256, 16};
-  static const support::Shape shape1_5 = {16};
-  static const support::Shape shape1_6 = {1};
-  static const support::Shape shape1_7 = {1};
-  support::along(a4.data(), a3.data(), shape1_2, shape1_3, shape1_4, shape1_5, shape1_6, shape1_7,
-                 support::Along::Softmax, 1e-05, 16, nullptr);
-
-  // xlnet.mesh:73:10 einsum -> a
-  // xlnet.mesh:73:10 einsum
-  MESHRT_TRACE("gemm", "xlnet.mesh:73:10", "forward");
-  // dims: batch, heads, length, keys, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan2(
-      {{2, 2, 16, 16, 8}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 1, 2, 4}, {}}});
-  einsumPlan2.run(a5.data(), a6.data(), a7.data(), 1.0f, 0.0f);
-
-  // xlnet.mesh:73:10 einsum -> a
-  MESHRT_TRACE("gemm", "xlnet.mesh:73:10", "forward");
-  // dims: heads, d_kv, d_model, batch, length
-  static const meshrt::kernels::EinsumPlan einsumPlan3(
-      {{2, 8, 32, 2, 16}, {{{0, 1, 2}, {}}, {{3, 0, 4, 1}, {}}}, {{3, 4, 2}, {}}});
-  einsumPlan3.run(a8.data(), a7.data(), a9.data(), 1.0f, 0.0f);
-
-  // xlnet.mesh:74:10 einsum -> b
-  // xlnet.mesh:74:10 einsum
-  MESHRT_TRACE("gemm", "xlnet.mesh:74:10", "forward");
-  // dims: batch, heads, length, keys, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan4(
-      {{2, 2, 16, 16, 8}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 1, 2, 4}, {}}});
-  einsumPlan4.run(a4.data(), a6.data(), a10.data(), 1.0f, 0.0f);
-
-  // xlnet.mesh:74:10 einsum -> b
-  MESHRT_TRACE("gemm", "xlnet.mesh:74:10", "forward");
-  // dims: heads, d_kv, d_model, batch, length
-  static const meshrt::kernels::EinsumPlan einsumPlan5(
-      {{2, 8, 32, 2, 16}, {{{0, 1, 2}, {}}, {{3, 0, 4, 1}, {}}}, {{3, 4, 2}, {}}});
-  einsumPlan5.run(a8.data(), a10.data(), a11.data(), 1.0f, 0.0f);
-
-  // xlnet.mesh:93:30 bucketed_all_reduce_sum -> a (2 partial sums (a, b) over model resolved
-  // together, 8.0 KiB in one buffer)
-  MESHRT_TRACE_SITE("xlnet.mesh:93:30");
-  support::allReduceBucket(group_model, {a9, a11});
-
-  // xlnet.mesh:93:23 add
-  MESHRT_TRACE("loop", "xlnet.mesh:93:23", "forward");
-  {
-    float *__restrict a13p = a13.data();
-    const float *__restrict a12p = a12.data();
-    const float *__restrict a9p = a9.data();
-    for (int64_t i0 = 0; i0 < 1024; ++i0) {
-      const float s0 = a12p[i0];
-      const float s1 = a9p[i0];
-      const float s2 = (s0 + s1);
-      a13p[i0] = s2;
-    }
-  }
-
-  // xlnet.mesh:93:30 add
-  MESHRT_TRACE("loop", "xlnet.mesh:93:30", "forward");
-  {
-    float *__restrict a15p = a15.data();
-    const float *__restrict a14p = a14.data();
-    const float *__restrict a11p = a11.data();
-    for (int64_t i0 = 0; i0 < 1024; ++i0) {
-      const float s0 = a14p[i0];
-      const float s1 = a11p[i0];
-      const float s2 = (s0 + s1);
-      a15p[i0] = s2;
-    }
-  }
+  kEinsum0.plan().run(a7.data(), a9.data(), a10.data(), 1.0f, 0.0f);
 }
 
 void XlnetTrain::repeated6(support::ConstView a0, support::ConstView a1, support::ConstView a2,
@@ -6045,143 +4228,89 @@ void XlnetTrain::repeated6(support::ConstView a0, support::ConstView a1, support
   // xlnet.mesh:72:27 where
   // xlnet.mesh:68:97 mul
   MESHRT_TRACE("loop", "xlnet.mesh:72:19", "backward");
-  {
-    float *__restrict a4p = a4.data();
-    const float *__restrict a0p = a0.data();
-    const float *__restrict a1p = a1.data();
-    const float *__restrict a2p = a2.data();
-    const float *__restrict a3p = a3.data();
-    for (int64_t i0 = 0; i0 < 4; ++i0) {
-      for (int64_t i1 = 0; i1 < 16; ++i1) {
-        for (int64_t i2 = 0; i2 < 16; ++i2) {
-          const float s0 = a0p[i0 * 256 + i1 * 16 + i2];
-          const float s1 = a1p[i0 * 16 + i1];
-          const float s2 = (s0 - s1);
-          const float s3 = a2p[i0 * 256 + i1 * 16 + i2];
-          const float s4 = (s3 * s2);
-          const float s5 = a3p[i1 * 16 + i2];
-          const float s6 = 0.0f;
-          const float s7 = (s5 != 0 ? s4 : s6);
-          const float s8 = 0.35355f;
-          const float s9 = (s7 * s8);
-          a4p[i0 * 256 + i1 * 16 + i2] = s9;
-        }
-      }
-    }
-  }
+  loop30(a4.data(), a0.data(), a1.data(), a2.data(), a3.data());
 
   // xlnet.mesh:68:21 einsum
   MESHRT_TRACE("gemm", "xlnet.mesh:68:21", "backward");
   // dims: batch, heads, length, keys, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan1(
-      {{2, 2, 16, 16, 8}, {{{0, 1, 2, 3}, {}}, {{2, 3, 1, 4}, {}}}, {{0, 2, 1, 4}, {}}});
-  einsumPlan1.run(a4.data(), a5.data(), a6.data(), 1.0f, 0.0f);
+  kEinsum16.plan().run(a4.data(), a5.data(), a6.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:68:21 einsum
   MESHRT_TRACE("gemm", "xlnet.mesh:68:21", "backward");
   // dims: batch, heads, length, keys, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan2(
-      {{2, 2, 16, 16, 8}, {{{0, 1, 2, 3}, {}}, {{0, 2, 1, 4}, {}}}, {{2, 3, 1, 4}, {}}});
-  einsumPlan2.run(a4.data(), a7.data(), a8.data(), 1.0f, 0.0f);
+  kEinsum17.plan().run(a4.data(), a7.data(), a8.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:68:38 sum -> grad/xlnet/xlnet_layer[1]/two_stream_attention/position_bias
   MESHRT_TRACE("sum", "xlnet.mesh:68:38", "backward");
-  static const support::Shape shape3_1 = {2, 8};
-  static const support::Shape shape3_3 = {8, 1};
-  static const support::Shape shape3_4 = {2, 16};
-  static const support::Shape shape3_5 = {256, 16};
-  support::reduce(a9.data(), shape3_1, a6.data(), shape3_3, shape3_4, shape3_5,
-                  support::Reduce::Sum, 1.0);
+  support::reduce(a9.data(), kShape15, a6.data(), kShape16, kShape10, kShape4, support::Reduce::Sum,
+                  1.0);
 
   // xlnet.mesh:67:19 einsum
   MESHRT_TRACE("gemm", "xlnet.mesh:67:19", "backward");
   // dims: batch, heads, length, keys, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan4(
-      {{2, 2, 16, 16, 8}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 2, 1, 4}, {}}});
-  einsumPlan4.run(a4.data(), a10.data(), a11.data(), 1.0f, 0.0f);
+  kEinsum18.plan().run(a4.data(), a10.data(), a11.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:67:19 einsum
   MESHRT_TRACE("gemm", "xlnet.mesh:67:19", "backward");
   // dims: batch, heads, length, keys, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan5(
-      {{2, 2, 16, 16, 8}, {{{0, 1, 2, 3}, {}}, {{0, 2, 1, 4}, {}}}, {{0, 3, 1, 4}, {}}});
-  einsumPlan5.run(a4.data(), a12.data(), a13.data(), 1.0f, 0.0f);
+  kEinsum14.plan().run(a4.data(), a12.data(), a13.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:67:36 add
   MESHRT_TRACE("loop", "xlnet.mesh:67:36", "backward");
-  {
-    float *__restrict a14p = a14.data();
-    const float *__restrict a6p = a6.data();
-    const float *__restrict a11p = a11.data();
-    for (int64_t i0 = 0; i0 < 512; ++i0) {
-      const float s0 = a6p[i0];
-      const float s1 = a11p[i0];
-      const float s2 = (s0 + s1);
-      a14p[i0] = s2;
-    }
-  }
+  loop29(a14.data(), a6.data(), a11.data());
 
   // xlnet.mesh:67:36 sum -> grad/xlnet/xlnet_layer[1]/two_stream_attention/content_bias
   MESHRT_TRACE("sum", "xlnet.mesh:67:36", "backward");
-  static const support::Shape shape7_1 = {2, 8};
-  static const support::Shape shape7_3 = {8, 1};
-  static const support::Shape shape7_4 = {2, 16};
-  static const support::Shape shape7_5 = {256, 16};
-  support::reduce(a15.data(), shape7_1, a11.data(), shape7_3, shape7_4, shape7_5,
+  support::reduce(a15.data(), kShape15, a11.data(), kShape16, kShape10, kShape4,
                   support::Reduce::Sum, 1.0);
 }
 
 void XlnetTrain::repeated7(support::ConstView a0, support::ConstView a1, support::View a2,
                            support::ConstView a3, support::ConstView a4, support::View a5,
                            support::ConstView a6, support::View a7, support::View a8,
-                           support::View a9) {
+                           support::View a9, support::ConstView a10, support::ConstView a11,
+                           support::View a12, support::View a13, support::View a14) {
   MESHRT_TRACE_SPAN(world_);
 
   // xlnet.mesh:83:10 einsum
   MESHRT_TRACE("gemm", "xlnet.mesh:83:10", "forward");
   // dims: batch, length, d_ff, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan0(
-      {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan0.run(a0.data(), a1.data(), a2.data(), 1.0f, 0.0f);
+  kEinsum3.plan().run(a0.data(), a1.data(), a2.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:84:22 einsum
   MESHRT_TRACE("gemm", "xlnet.mesh:84:22", "forward");
   // dims: batch, length, d_model, d_ff
-  static const meshrt::kernels::EinsumPlan einsumPlan1(
-      {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan1.run(a3.data(), a4.data(), a5.data(), 1.0f, 0.0f);
+  kEinsum3.plan().run(a3.data(), a4.data(), a5.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:84:59 add
   // xlnet.mesh:84:17 gelu
   MESHRT_TRACE("loop", "xlnet.mesh:84:59", "forward");
-  {
-    float *__restrict a7p = a7.data();
-    float *__restrict a8p = a8.data();
-    const float *__restrict a5p = a5.data();
-    const float *__restrict a6p = a6.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = a5p[i0 * 32 + i1];
-        const float s1 = a6p[i1];
-        const float s2 = (s0 + s1);
-        const float s3 = support::fgelu(s2);
-        a7p[i0 * 32 + i1] = s2;
-        a8p[i0 * 32 + i1] = s3;
-      }
-    }
-  }
+  loop22(a7.data(), a8.data(), a5.data(), a6.data());
 
   // xlnet.mesh:84:10 einsum
   MESHRT_TRACE("gemm", "xlnet.mesh:84:10", "forward");
   // dims: batch, length, d_ff, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan3(
-      {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan3.run(a8.data(), a1.data(), a9.data(), 1.0f, 0.0f);
+  kEinsum3.plan().run(a8.data(), a1.data(), a9.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:83:96 bucketed_all_reduce_sum (resolve the partial sum of %92 over model for add at
   // 83:96; merged with 1 more partial sum over model (%102): 8.0 KiB in one buffer)
   MESHRT_TRACE_SITE("xlnet.mesh:83:96");
   support::allReduceBucket(group_model, {a2, a9});
+
+  // xlnet.mesh:83:96 add -> f
+  // xlnet.mesh:95:24 add
+  MESHRT_TRACE("loop", "xlnet.mesh:83:96", "forward");
+  loop17(a12.data(), a2.data(), a10.data(), a11.data());
+
+  // xlnet.mesh:84:96 add -> e
+  // xlnet.mesh:95:32 add
+  MESHRT_TRACE("loop", "xlnet.mesh:84:96", "forward");
+  loop17(a13.data(), a9.data(), a10.data(), a3.data());
+
+  // xlnet.mesh:37:10 layer_norm
+  MESHRT_TRACE("layer_norm", "xlnet.mesh:37:10", "forward");
+  support::along(a14.data(), a12.data(), kShape10, kShape3, kShape3, kShape11, kShape1, kShape1,
+                 support::Along::LayerNorm, 1e-05, 32, nullptr);
 }
 
 void XlnetTrain::repeated8(support::ConstView a0, support::ConstView a1, support::View a2,
@@ -6193,125 +4322,43 @@ void XlnetTrain::repeated8(support::ConstView a0, support::ConstView a1, support
   // xlnet.mesh:74:10 einsum
   MESHRT_TRACE("gemm", "xlnet.mesh:74:10", "backward");
   // dims: batch, length, d_model, heads, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan0(
-      {{2, 16, 32, 2, 8}, {{{0, 1, 2}, {}}, {{3, 4, 2}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan0.run(a0.data(), a1.data(), a2.data(), 1.0f, 0.0f);
+  kEinsum12.plan().run(a0.data(), a1.data(), a2.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:74:10 einsum
   MESHRT_TRACE("gemm", "xlnet.mesh:74:10", "backward");
   // dims: batch, keys, heads, d_kv, length
-  static const meshrt::kernels::EinsumPlan einsumPlan1(
-      {{2, 16, 2, 8, 16}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 4, 1}, {}}});
-  einsumPlan1.run(a3.data(), a2.data(), a4.data(), 1.0f, 0.0f);
+  kEinsum13.plan().run(a3.data(), a2.data(), a4.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:74:10 einsum
   MESHRT_TRACE("gemm", "xlnet.mesh:74:10", "backward");
   // dims: batch, heads, length, keys, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan2(
-      {{2, 2, 16, 16, 8}, {{{0, 1, 2, 3}, {}}, {{0, 2, 1, 4}, {}}}, {{0, 3, 1, 4}, {}}});
-  einsumPlan2.run(a5.data(), a2.data(), a6.data(), 1.0f, 0.0f);
+  kEinsum14.plan().run(a5.data(), a2.data(), a6.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:74:10 einsum -> grad/xlnet/xlnet_layer[1]/two_stream_attention/o
   MESHRT_TRACE("gemm", "xlnet.mesh:74:10", "backward");
   // dims: batch, length, d_model, heads, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan3(
-      {{2, 16, 32, 2, 8}, {{{0, 1, 2}, {}}, {{0, 3, 1, 4}, {}}}, {{3, 4, 2}, {}}});
-  einsumPlan3.run(a0.data(), a7.data(), a8.data(), 1.0f, 0.0f);
+  kEinsum15.plan().run(a0.data(), a7.data(), a8.data(), 1.0f, 0.0f);
 }
 
-void XlnetTrain::repeated9(support::View a0, support::ConstView a1, support::ConstView a2,
-                           support::ConstView a3, support::View a4, support::View a5,
-                           support::ConstView a6, support::View a7) {
-  MESHRT_TRACE_SPAN(world_);
-
-  // xlnet.mesh:37:10 layer_norm
-  MESHRT_TRACE("layer_norm", "xlnet.mesh:37:10", "forward");
-  static const support::Shape shape0_2 = {2, 16};
-  static const support::Shape shape0_3 = {512, 32};
-  static const support::Shape shape0_4 = {512, 32};
-  static const support::Shape shape0_5 = {32};
-  static const support::Shape shape0_6 = {1};
-  static const support::Shape shape0_7 = {1};
-  support::along(a0.data(), a1.data(), shape0_2, shape0_3, shape0_4, shape0_5, shape0_6, shape0_7,
-                 support::Along::LayerNorm, 1e-05, 32, nullptr);
-
-  // xlnet.mesh:37:33 mul
-  // xlnet.mesh:37:40 add -> h1
-  MESHRT_TRACE("loop", "xlnet.mesh:37:33", "forward");
-  {
-    float *__restrict a4p = a4.data();
-    const float *__restrict a0p = a0.data();
-    const float *__restrict a2p = a2.data();
-    const float *__restrict a3p = a3.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = a0p[i0 * 32 + i1];
-        const float s1 = a2p[i1];
-        const float s2 = (s0 * s1);
-        const float s3 = a3p[i1];
-        const float s4 = (s2 + s3);
-        a4p[i0 * 32 + i1] = s4;
-      }
-    }
-  }
-
-  // xlnet.mesh:37:48 layer_norm
-  MESHRT_TRACE("layer_norm", "xlnet.mesh:37:48", "forward");
-  static const support::Shape shape2_2 = {2, 16};
-  static const support::Shape shape2_3 = {512, 32};
-  static const support::Shape shape2_4 = {512, 32};
-  static const support::Shape shape2_5 = {32};
-  static const support::Shape shape2_6 = {1};
-  static const support::Shape shape2_7 = {1};
-  support::along(a5.data(), a6.data(), shape2_2, shape2_3, shape2_4, shape2_5, shape2_6, shape2_7,
-                 support::Along::LayerNorm, 1e-05, 32, nullptr);
-
-  // xlnet.mesh:37:71 mul
-  // xlnet.mesh:37:78 add -> g1
-  MESHRT_TRACE("loop", "xlnet.mesh:37:71", "forward");
-  {
-    float *__restrict a7p = a7.data();
-    const float *__restrict a5p = a5.data();
-    const float *__restrict a2p = a2.data();
-    const float *__restrict a3p = a3.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = a5p[i0 * 32 + i1];
-        const float s1 = a2p[i1];
-        const float s2 = (s0 * s1);
-        const float s3 = a3p[i1];
-        const float s4 = (s2 + s3);
-        a7p[i0 * 32 + i1] = s4;
-      }
-    }
-  }
-}
-
-void XlnetTrain::repeated10(support::ConstView a0, support::ConstView a1, support::View a2,
-                            support::ConstView a3, support::ConstView a4, support::View a5,
-                            support::ConstView a6, support::ConstView a7, support::View a8) {
+void XlnetTrain::repeated9(support::ConstView a0, support::ConstView a1, support::View a2,
+                           support::ConstView a3, support::ConstView a4, support::View a5,
+                           support::ConstView a6, support::ConstView a7, support::View a8) {
   MESHRT_TRACE_SPAN(world_);
 
   // xlnet.mesh:63:19 einsum
   MESHRT_TRACE("gemm", "xlnet.mesh:63:19", "backward");
   // dims: batch, length, heads, d_kv, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan0(
-      {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
-  einsumPlan0.run(a0.data(), a1.data(), a2.data(), 1.0f, 0.0f);
+  kEinsum19.plan().run(a0.data(), a1.data(), a2.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:60:23 einsum
   MESHRT_TRACE("gemm", "xlnet.mesh:60:23", "backward");
   // dims: batch, length, heads, d_kv, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan1(
-      {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
-  einsumPlan1.run(a3.data(), a4.data(), a5.data(), 1.0f, 0.0f);
+  kEinsum19.plan().run(a3.data(), a4.data(), a5.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:59:28 einsum
   MESHRT_TRACE("gemm", "xlnet.mesh:59:28", "backward");
   // dims: batch, length, heads, d_kv, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan2(
-      {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
-  einsumPlan2.run(a6.data(), a7.data(), a8.data(), 1.0f, 0.0f);
+  kEinsum19.plan().run(a6.data(), a7.data(), a8.data(), 1.0f, 0.0f);
 }
 
 XlnetTrain::Inputs XlnetTrain::synthesizeInputs(uint64_t seed) const {
@@ -6367,109 +4414,40 @@ XlnetTrain::StepResult XlnetTrain::step(const Inputs &inputs) {
 }
 
 std::vector<std::string> XlnetTrain::paramNames() {
-  return {"xlnet/embedding",
-          "xlnet/mask_embedding",
-          "xlnet/output_bias",
-          "xlnet/xlnet_layer[0]/two_stream_attention/q",
-          "xlnet/xlnet_layer[0]/two_stream_attention/k",
-          "xlnet/xlnet_layer[0]/two_stream_attention/v",
-          "xlnet/xlnet_layer[0]/two_stream_attention/r",
-          "xlnet/xlnet_layer[0]/two_stream_attention/o",
-          "xlnet/xlnet_layer[0]/two_stream_attention/content_bias",
-          "xlnet/xlnet_layer[0]/two_stream_attention/position_bias",
-          "xlnet/xlnet_layer[0]/norm/gain",
-          "xlnet/xlnet_layer[0]/norm/bias",
-          "xlnet/xlnet_layer[0]/dense_relu_dense/wi",
-          "xlnet/xlnet_layer[0]/dense_relu_dense/bi",
-          "xlnet/xlnet_layer[0]/dense_relu_dense/wo",
-          "xlnet/xlnet_layer[0]/dense_relu_dense/bo",
-          "xlnet/xlnet_layer[0]/norm#1/gain",
-          "xlnet/xlnet_layer[0]/norm#1/bias",
-          "xlnet/xlnet_layer[1]/two_stream_attention/q",
-          "xlnet/xlnet_layer[1]/two_stream_attention/k",
-          "xlnet/xlnet_layer[1]/two_stream_attention/v",
-          "xlnet/xlnet_layer[1]/two_stream_attention/r",
-          "xlnet/xlnet_layer[1]/two_stream_attention/o",
-          "xlnet/xlnet_layer[1]/two_stream_attention/content_bias",
-          "xlnet/xlnet_layer[1]/two_stream_attention/position_bias",
-          "xlnet/xlnet_layer[1]/norm/gain",
-          "xlnet/xlnet_layer[1]/norm/bias",
-          "xlnet/xlnet_layer[1]/dense_relu_dense/wi",
-          "xlnet/xlnet_layer[1]/dense_relu_dense/bi",
-          "xlnet/xlnet_layer[1]/dense_relu_dense/wo",
-          "xlnet/xlnet_layer[1]/dense_relu_dense/bo",
-          "xlnet/xlnet_layer[1]/norm#1/gain",
-          "xlnet/xlnet_layer[1]/norm#1/bias",
-          "xlnet/embedding@m",
-          "xlnet/embedding@v",
-          "xlnet/mask_embedding@m",
-          "xlnet/mask_embedding@v",
-          "xlnet/output_bias@m",
-          "xlnet/output_bias@v",
-          "xlnet/xlnet_layer[0]/two_stream_attention/q@m",
-          "xlnet/xlnet_layer[0]/two_stream_attention/q@v",
-          "xlnet/xlnet_layer[0]/two_stream_attention/k@m",
-          "xlnet/xlnet_layer[0]/two_stream_attention/k@v",
-          "xlnet/xlnet_layer[0]/two_stream_attention/v@m",
-          "xlnet/xlnet_layer[0]/two_stream_attention/v@v",
-          "xlnet/xlnet_layer[0]/two_stream_attention/r@m",
-          "xlnet/xlnet_layer[0]/two_stream_attention/r@v",
-          "xlnet/xlnet_layer[0]/two_stream_attention/o@m",
-          "xlnet/xlnet_layer[0]/two_stream_attention/o@v",
-          "xlnet/xlnet_layer[0]/two_stream_attention/content_bias@m",
-          "xlnet/xlnet_layer[0]/two_stream_attention/content_bias@v",
-          "xlnet/xlnet_layer[0]/two_stream_attention/position_bias@m",
-          "xlnet/xlnet_layer[0]/two_stream_attention/position_bias@v",
-          "xlnet/xlnet_layer[0]/norm/gain@m",
-          "xlnet/xlnet_layer[0]/norm/gain@v",
-          "xlnet/xlnet_layer[0]/norm/bias@m",
-          "xlnet/xlnet_layer[0]/norm/bias@v",
-          "xlnet/xlnet_layer[0]/dense_relu_dense/wi@m",
-          "xlnet/xlnet_layer[0]/dense_relu_dense/wi@v",
-          "xlnet/xlnet_layer[0]/dense_relu_dense/bi@m",
-          "xlnet/xlnet_layer[0]/dense_relu_dense/bi@v",
-          "xlnet/xlnet_layer[0]/dense_relu_dense/wo@m",
-          "xlnet/xlnet_layer[0]/dense_relu_dense/wo@v",
-          "xlnet/xlnet_layer[0]/dense_relu_dense/bo@m",
-          "xlnet/xlnet_layer[0]/dense_relu_dense/bo@v",
-          "xlnet/xlnet_layer[0]/norm#1/gain@m",
-          "xlnet/xlnet_layer[0]/norm#1/gain@v",
-          "xlnet/xlnet_layer[0]/norm#1/bias@m",
-          "xlnet/xlnet_layer[0]/norm#1/bias@v",
-          "xlnet/xlnet_layer[1]/two_stream_attention/q@m",
-          "xlnet/xlnet_layer[1]/two_stream_attention/q@v",
-          "xlnet/xlnet_layer[1]/two_stream_attention/k@m",
-          "xlnet/xlnet_layer[1]/two_stream_attention/k@v",
-          "xlnet/xlnet_layer[1]/two_stream_attention/v@m",
-          "xlnet/xlnet_layer[1]/two_stream_attention/v@v",
-          "xlnet/xlnet_layer[1]/two_stream_attention/r@m",
-          "xlnet/xlnet_layer[1]/two_stream_attention/r@v",
-          "xlnet/xlnet_layer[1]/two_stream_attention/o@m",
-          "xlnet/xlnet_layer[1]/two_stream_attention/o@v",
-          "xlnet/xlnet_layer[1]/two_stream_attention/content_bias@m",
-          "xlnet/xlnet_layer[1]/two_stream_attention/content_bias@v",
-          "xlnet/xlnet_layer[1]/two_stream_attention/position_bias@m",
-          "xlnet/xlnet_layer[1]/two_stream_attention/position_bias@v",
-          "xlnet/xlnet_layer[1]/norm/gain@m",
-          "xlnet/xlnet_layer[1]/norm/gain@v",
-          "xlnet/xlnet_layer[1]/norm/bias@m",
-          "xlnet/xlnet_layer[1]/norm/bias@v",
-          "xlnet/xlnet_layer[1]/dense_relu_dense/wi@m",
-          "xlnet/xlnet_layer[1]/dense_relu_dense/wi@v",
-          "xlnet/xlnet_layer[1]/dense_relu_dense/bi@m",
-          "xlnet/xlnet_layer[1]/dense_relu_dense/bi@v",
-          "xlnet/xlnet_layer[1]/dense_relu_dense/wo@m",
-          "xlnet/xlnet_layer[1]/dense_relu_dense/wo@v",
-          "xlnet/xlnet_layer[1]/dense_relu_dense/bo@m",
-          "xlnet/xlnet_layer[1]/dense_relu_dense/bo@v",
-          "xlnet/xlnet_layer[1]/norm#1/gain@m",
-          "xlnet/xlnet_layer[1]/norm#1/gain@v",
-          "xlnet/xlnet_layer[1]/norm#1/bias@m",
-          "xlnet/xlnet_layer[1]/norm#1/bias@v"};
-}
-
-bool XlnetTrain::isOptimizerState(const std::string &path) {
-  static const std::vector<std::string> states = {
+  static constexpr const char *names[] = {
+      "xlnet/embedding",
+      "xlnet/mask_embedding",
+      "xlnet/output_bias",
+      "xlnet/xlnet_layer[0]/two_stream_attention/q",
+      "xlnet/xlnet_layer[0]/two_stream_attention/k",
+      "xlnet/xlnet_layer[0]/two_stream_attention/v",
+      "xlnet/xlnet_layer[0]/two_stream_attention/r",
+      "xlnet/xlnet_layer[0]/two_stream_attention/o",
+      "xlnet/xlnet_layer[0]/two_stream_attention/content_bias",
+      "xlnet/xlnet_layer[0]/two_stream_attention/position_bias",
+      "xlnet/xlnet_layer[0]/norm/gain",
+      "xlnet/xlnet_layer[0]/norm/bias",
+      "xlnet/xlnet_layer[0]/dense_relu_dense/wi",
+      "xlnet/xlnet_layer[0]/dense_relu_dense/bi",
+      "xlnet/xlnet_layer[0]/dense_relu_dense/wo",
+      "xlnet/xlnet_layer[0]/dense_relu_dense/bo",
+      "xlnet/xlnet_layer[0]/norm#1/gain",
+      "xlnet/xlnet_layer[0]/norm#1/bias",
+      "xlnet/xlnet_layer[1]/two_stream_attention/q",
+      "xlnet/xlnet_layer[1]/two_stream_attention/k",
+      "xlnet/xlnet_layer[1]/two_stream_attention/v",
+      "xlnet/xlnet_layer[1]/two_stream_attention/r",
+      "xlnet/xlnet_layer[1]/two_stream_attention/o",
+      "xlnet/xlnet_layer[1]/two_stream_attention/content_bias",
+      "xlnet/xlnet_layer[1]/two_stream_attention/position_bias",
+      "xlnet/xlnet_layer[1]/norm/gain",
+      "xlnet/xlnet_layer[1]/norm/bias",
+      "xlnet/xlnet_layer[1]/dense_relu_dense/wi",
+      "xlnet/xlnet_layer[1]/dense_relu_dense/bi",
+      "xlnet/xlnet_layer[1]/dense_relu_dense/wo",
+      "xlnet/xlnet_layer[1]/dense_relu_dense/bo",
+      "xlnet/xlnet_layer[1]/norm#1/gain",
+      "xlnet/xlnet_layer[1]/norm#1/bias",
       "xlnet/embedding@m",
       "xlnet/embedding@v",
       "xlnet/mask_embedding@m",
@@ -6536,160 +4514,82 @@ bool XlnetTrain::isOptimizerState(const std::string &path) {
       "xlnet/xlnet_layer[1]/norm#1/gain@v",
       "xlnet/xlnet_layer[1]/norm#1/bias@m",
       "xlnet/xlnet_layer[1]/norm#1/bias@v"};
-  return std::find(states.begin(), states.end(), path) != states.end();
+  return {std::begin(names), std::end(names)};
+}
+
+bool XlnetTrain::isOptimizerState(const std::string &path) {
+  static constexpr std::string_view states[] = {
+      "xlnet/embedding@m",
+      "xlnet/embedding@v",
+      "xlnet/mask_embedding@m",
+      "xlnet/mask_embedding@v",
+      "xlnet/output_bias@m",
+      "xlnet/output_bias@v",
+      "xlnet/xlnet_layer[0]/two_stream_attention/q@m",
+      "xlnet/xlnet_layer[0]/two_stream_attention/q@v",
+      "xlnet/xlnet_layer[0]/two_stream_attention/k@m",
+      "xlnet/xlnet_layer[0]/two_stream_attention/k@v",
+      "xlnet/xlnet_layer[0]/two_stream_attention/v@m",
+      "xlnet/xlnet_layer[0]/two_stream_attention/v@v",
+      "xlnet/xlnet_layer[0]/two_stream_attention/r@m",
+      "xlnet/xlnet_layer[0]/two_stream_attention/r@v",
+      "xlnet/xlnet_layer[0]/two_stream_attention/o@m",
+      "xlnet/xlnet_layer[0]/two_stream_attention/o@v",
+      "xlnet/xlnet_layer[0]/two_stream_attention/content_bias@m",
+      "xlnet/xlnet_layer[0]/two_stream_attention/content_bias@v",
+      "xlnet/xlnet_layer[0]/two_stream_attention/position_bias@m",
+      "xlnet/xlnet_layer[0]/two_stream_attention/position_bias@v",
+      "xlnet/xlnet_layer[0]/norm/gain@m",
+      "xlnet/xlnet_layer[0]/norm/gain@v",
+      "xlnet/xlnet_layer[0]/norm/bias@m",
+      "xlnet/xlnet_layer[0]/norm/bias@v",
+      "xlnet/xlnet_layer[0]/dense_relu_dense/wi@m",
+      "xlnet/xlnet_layer[0]/dense_relu_dense/wi@v",
+      "xlnet/xlnet_layer[0]/dense_relu_dense/bi@m",
+      "xlnet/xlnet_layer[0]/dense_relu_dense/bi@v",
+      "xlnet/xlnet_layer[0]/dense_relu_dense/wo@m",
+      "xlnet/xlnet_layer[0]/dense_relu_dense/wo@v",
+      "xlnet/xlnet_layer[0]/dense_relu_dense/bo@m",
+      "xlnet/xlnet_layer[0]/dense_relu_dense/bo@v",
+      "xlnet/xlnet_layer[0]/norm#1/gain@m",
+      "xlnet/xlnet_layer[0]/norm#1/gain@v",
+      "xlnet/xlnet_layer[0]/norm#1/bias@m",
+      "xlnet/xlnet_layer[0]/norm#1/bias@v",
+      "xlnet/xlnet_layer[1]/two_stream_attention/q@m",
+      "xlnet/xlnet_layer[1]/two_stream_attention/q@v",
+      "xlnet/xlnet_layer[1]/two_stream_attention/k@m",
+      "xlnet/xlnet_layer[1]/two_stream_attention/k@v",
+      "xlnet/xlnet_layer[1]/two_stream_attention/v@m",
+      "xlnet/xlnet_layer[1]/two_stream_attention/v@v",
+      "xlnet/xlnet_layer[1]/two_stream_attention/r@m",
+      "xlnet/xlnet_layer[1]/two_stream_attention/r@v",
+      "xlnet/xlnet_layer[1]/two_stream_attention/o@m",
+      "xlnet/xlnet_layer[1]/two_stream_attention/o@v",
+      "xlnet/xlnet_layer[1]/two_stream_attention/content_bias@m",
+      "xlnet/xlnet_layer[1]/two_stream_attention/content_bias@v",
+      "xlnet/xlnet_layer[1]/two_stream_attention/position_bias@m",
+      "xlnet/xlnet_layer[1]/two_stream_attention/position_bias@v",
+      "xlnet/xlnet_layer[1]/norm/gain@m",
+      "xlnet/xlnet_layer[1]/norm/gain@v",
+      "xlnet/xlnet_layer[1]/norm/bias@m",
+      "xlnet/xlnet_layer[1]/norm/bias@v",
+      "xlnet/xlnet_layer[1]/dense_relu_dense/wi@m",
+      "xlnet/xlnet_layer[1]/dense_relu_dense/wi@v",
+      "xlnet/xlnet_layer[1]/dense_relu_dense/bi@m",
+      "xlnet/xlnet_layer[1]/dense_relu_dense/bi@v",
+      "xlnet/xlnet_layer[1]/dense_relu_dense/wo@m",
+      "xlnet/xlnet_layer[1]/dense_relu_dense/wo@v",
+      "xlnet/xlnet_layer[1]/dense_relu_dense/bo@m",
+      "xlnet/xlnet_layer[1]/dense_relu_dense/bo@v",
+      "xlnet/xlnet_layer[1]/norm#1/gain@m",
+      "xlnet/xlnet_layer[1]/norm#1/gain@v",
+      "xlnet/xlnet_layer[1]/norm#1/bias@m",
+      "xlnet/xlnet_layer[1]/norm#1/bias@v"};
+  return std::find(std::begin(states), std::end(states), std::string_view(path)) !=
+         std::end(states);
 }
 
 std::vector<support::ParamShard> XlnetTrain::paramShards() {
-  static constexpr support::ParamSpec specs[] = {
-      {"xlnet/embedding", false, "f32", "vocab:64:32:model d_model:32:32:"},
-      {"xlnet/mask_embedding", false, "f32", "d_model:32:32:"},
-      {"xlnet/output_bias", false, "f32", "vocab:64:32:model"},
-      {"xlnet/xlnet_layer[0]/two_stream_attention/q", false, "f32",
-       "d_model:32:32: heads:4:2:model d_kv:8:8:"},
-      {"xlnet/xlnet_layer[0]/two_stream_attention/k", false, "f32",
-       "d_model:32:32: heads:4:2:model d_kv:8:8:"},
-      {"xlnet/xlnet_layer[0]/two_stream_attention/v", false, "f32",
-       "d_model:32:32: heads:4:2:model d_kv:8:8:"},
-      {"xlnet/xlnet_layer[0]/two_stream_attention/r", false, "f32",
-       "d_model:32:32: heads:4:2:model d_kv:8:8:"},
-      {"xlnet/xlnet_layer[0]/two_stream_attention/o", false, "f32",
-       "heads:4:2:model d_kv:8:8: d_model:32:32:"},
-      {"xlnet/xlnet_layer[0]/two_stream_attention/content_bias", false, "f32",
-       "heads:4:2:model d_kv:8:8:"},
-      {"xlnet/xlnet_layer[0]/two_stream_attention/position_bias", false, "f32",
-       "heads:4:2:model d_kv:8:8:"},
-      {"xlnet/xlnet_layer[0]/norm/gain", false, "f32", "d_model:32:32:"},
-      {"xlnet/xlnet_layer[0]/norm/bias", false, "f32", "d_model:32:32:"},
-      {"xlnet/xlnet_layer[0]/dense_relu_dense/wi", false, "f32", "d_model:32:32: d_ff:64:32:model"},
-      {"xlnet/xlnet_layer[0]/dense_relu_dense/bi", false, "f32", "d_ff:64:32:model"},
-      {"xlnet/xlnet_layer[0]/dense_relu_dense/wo", false, "f32", "d_ff:64:32:model d_model:32:32:"},
-      {"xlnet/xlnet_layer[0]/dense_relu_dense/bo", false, "f32", "d_model:32:32:"},
-      {"xlnet/xlnet_layer[0]/norm#1/gain", false, "f32", "d_model:32:32:"},
-      {"xlnet/xlnet_layer[0]/norm#1/bias", false, "f32", "d_model:32:32:"},
-      {"xlnet/xlnet_layer[1]/two_stream_attention/q", false, "f32",
-       "d_model:32:32: heads:4:2:model d_kv:8:8:"},
-      {"xlnet/xlnet_layer[1]/two_stream_attention/k", false, "f32",
-       "d_model:32:32: heads:4:2:model d_kv:8:8:"},
-      {"xlnet/xlnet_layer[1]/two_stream_attention/v", false, "f32",
-       "d_model:32:32: heads:4:2:model d_kv:8:8:"},
-      {"xlnet/xlnet_layer[1]/two_stream_attention/r", false, "f32",
-       "d_model:32:32: heads:4:2:model d_kv:8:8:"},
-      {"xlnet/xlnet_layer[1]/two_stream_attention/o", false, "f32",
-       "heads:4:2:model d_kv:8:8: d_model:32:32:"},
-      {"xlnet/xlnet_layer[1]/two_stream_attention/content_bias", false, "f32",
-       "heads:4:2:model d_kv:8:8:"},
-      {"xlnet/xlnet_layer[1]/two_stream_attention/position_bias", false, "f32",
-       "heads:4:2:model d_kv:8:8:"},
-      {"xlnet/xlnet_layer[1]/norm/gain", false, "f32", "d_model:32:32:"},
-      {"xlnet/xlnet_layer[1]/norm/bias", false, "f32", "d_model:32:32:"},
-      {"xlnet/xlnet_layer[1]/dense_relu_dense/wi", false, "f32", "d_model:32:32: d_ff:64:32:model"},
-      {"xlnet/xlnet_layer[1]/dense_relu_dense/bi", false, "f32", "d_ff:64:32:model"},
-      {"xlnet/xlnet_layer[1]/dense_relu_dense/wo", false, "f32", "d_ff:64:32:model d_model:32:32:"},
-      {"xlnet/xlnet_layer[1]/dense_relu_dense/bo", false, "f32", "d_model:32:32:"},
-      {"xlnet/xlnet_layer[1]/norm#1/gain", false, "f32", "d_model:32:32:"},
-      {"xlnet/xlnet_layer[1]/norm#1/bias", false, "f32", "d_model:32:32:"},
-      {"xlnet/embedding@m", true, "f32", "vocab:64:32:model d_model:32:32:"},
-      {"xlnet/embedding@v", true, "f32", "vocab:64:32:model d_model:32:32:"},
-      {"xlnet/mask_embedding@m", true, "f32", "d_model:32:32:"},
-      {"xlnet/mask_embedding@v", true, "f32", "d_model:32:32:"},
-      {"xlnet/output_bias@m", true, "f32", "vocab:64:32:model"},
-      {"xlnet/output_bias@v", true, "f32", "vocab:64:32:model"},
-      {"xlnet/xlnet_layer[0]/two_stream_attention/q@m", true, "f32",
-       "d_model:32:32: heads:4:2:model d_kv:8:8:"},
-      {"xlnet/xlnet_layer[0]/two_stream_attention/q@v", true, "f32",
-       "d_model:32:32: heads:4:2:model d_kv:8:8:"},
-      {"xlnet/xlnet_layer[0]/two_stream_attention/k@m", true, "f32",
-       "d_model:32:32: heads:4:2:model d_kv:8:8:"},
-      {"xlnet/xlnet_layer[0]/two_stream_attention/k@v", true, "f32",
-       "d_model:32:32: heads:4:2:model d_kv:8:8:"},
-      {"xlnet/xlnet_layer[0]/two_stream_attention/v@m", true, "f32",
-       "d_model:32:32: heads:4:2:model d_kv:8:8:"},
-      {"xlnet/xlnet_layer[0]/two_stream_attention/v@v", true, "f32",
-       "d_model:32:32: heads:4:2:model d_kv:8:8:"},
-      {"xlnet/xlnet_layer[0]/two_stream_attention/r@m", true, "f32",
-       "d_model:32:32: heads:4:2:model d_kv:8:8:"},
-      {"xlnet/xlnet_layer[0]/two_stream_attention/r@v", true, "f32",
-       "d_model:32:32: heads:4:2:model d_kv:8:8:"},
-      {"xlnet/xlnet_layer[0]/two_stream_attention/o@m", true, "f32",
-       "heads:4:2:model d_kv:8:8: d_model:32:32:"},
-      {"xlnet/xlnet_layer[0]/two_stream_attention/o@v", true, "f32",
-       "heads:4:2:model d_kv:8:8: d_model:32:32:"},
-      {"xlnet/xlnet_layer[0]/two_stream_attention/content_bias@m", true, "f32",
-       "heads:4:2:model d_kv:8:8:"},
-      {"xlnet/xlnet_layer[0]/two_stream_attention/content_bias@v", true, "f32",
-       "heads:4:2:model d_kv:8:8:"},
-      {"xlnet/xlnet_layer[0]/two_stream_attention/position_bias@m", true, "f32",
-       "heads:4:2:model d_kv:8:8:"},
-      {"xlnet/xlnet_layer[0]/two_stream_attention/position_bias@v", true, "f32",
-       "heads:4:2:model d_kv:8:8:"},
-      {"xlnet/xlnet_layer[0]/norm/gain@m", true, "f32", "d_model:32:32:"},
-      {"xlnet/xlnet_layer[0]/norm/gain@v", true, "f32", "d_model:32:32:"},
-      {"xlnet/xlnet_layer[0]/norm/bias@m", true, "f32", "d_model:32:32:"},
-      {"xlnet/xlnet_layer[0]/norm/bias@v", true, "f32", "d_model:32:32:"},
-      {"xlnet/xlnet_layer[0]/dense_relu_dense/wi@m", true, "f32",
-       "d_model:32:32: d_ff:64:32:model"},
-      {"xlnet/xlnet_layer[0]/dense_relu_dense/wi@v", true, "f32",
-       "d_model:32:32: d_ff:64:32:model"},
-      {"xlnet/xlnet_layer[0]/dense_relu_dense/bi@m", true, "f32", "d_ff:64:32:model"},
-      {"xlnet/xlnet_layer[0]/dense_relu_dense/bi@v", true, "f32", "d_ff:64:32:model"},
-      {"xlnet/xlnet_layer[0]/dense_relu_dense/wo@m", true, "f32",
-       "d_ff:64:32:model d_model:32:32:"},
-      {"xlnet/xlnet_layer[0]/dense_relu_dense/wo@v", true, "f32",
-       "d_ff:64:32:model d_model:32:32:"},
-      {"xlnet/xlnet_layer[0]/dense_relu_dense/bo@m", true, "f32", "d_model:32:32:"},
-      {"xlnet/xlnet_layer[0]/dense_relu_dense/bo@v", true, "f32", "d_model:32:32:"},
-      {"xlnet/xlnet_layer[0]/norm#1/gain@m", true, "f32", "d_model:32:32:"},
-      {"xlnet/xlnet_layer[0]/norm#1/gain@v", true, "f32", "d_model:32:32:"},
-      {"xlnet/xlnet_layer[0]/norm#1/bias@m", true, "f32", "d_model:32:32:"},
-      {"xlnet/xlnet_layer[0]/norm#1/bias@v", true, "f32", "d_model:32:32:"},
-      {"xlnet/xlnet_layer[1]/two_stream_attention/q@m", true, "f32",
-       "d_model:32:32: heads:4:2:model d_kv:8:8:"},
-      {"xlnet/xlnet_layer[1]/two_stream_attention/q@v", true, "f32",
-       "d_model:32:32: heads:4:2:model d_kv:8:8:"},
-      {"xlnet/xlnet_layer[1]/two_stream_attention/k@m", true, "f32",
-       "d_model:32:32: heads:4:2:model d_kv:8:8:"},
-      {"xlnet/xlnet_layer[1]/two_stream_attention/k@v", true, "f32",
-       "d_model:32:32: heads:4:2:model d_kv:8:8:"},
-      {"xlnet/xlnet_layer[1]/two_stream_attention/v@m", true, "f32",
-       "d_model:32:32: heads:4:2:model d_kv:8:8:"},
-      {"xlnet/xlnet_layer[1]/two_stream_attention/v@v", true, "f32",
-       "d_model:32:32: heads:4:2:model d_kv:8:8:"},
-      {"xlnet/xlnet_layer[1]/two_stream_attention/r@m", true, "f32",
-       "d_model:32:32: heads:4:2:model d_kv:8:8:"},
-      {"xlnet/xlnet_layer[1]/two_stream_attention/r@v", true, "f32",
-       "d_model:32:32: heads:4:2:model d_kv:8:8:"},
-      {"xlnet/xlnet_layer[1]/two_stream_attention/o@m", true, "f32",
-       "heads:4:2:model d_kv:8:8: d_model:32:32:"},
-      {"xlnet/xlnet_layer[1]/two_stream_attention/o@v", true, "f32",
-       "heads:4:2:model d_kv:8:8: d_model:32:32:"},
-      {"xlnet/xlnet_layer[1]/two_stream_attention/content_bias@m", true, "f32",
-       "heads:4:2:model d_kv:8:8:"},
-      {"xlnet/xlnet_layer[1]/two_stream_attention/content_bias@v", true, "f32",
-       "heads:4:2:model d_kv:8:8:"},
-      {"xlnet/xlnet_layer[1]/two_stream_attention/position_bias@m", true, "f32",
-       "heads:4:2:model d_kv:8:8:"},
-      {"xlnet/xlnet_layer[1]/two_stream_attention/position_bias@v", true, "f32",
-       "heads:4:2:model d_kv:8:8:"},
-      {"xlnet/xlnet_layer[1]/norm/gain@m", true, "f32", "d_model:32:32:"},
-      {"xlnet/xlnet_layer[1]/norm/gain@v", true, "f32", "d_model:32:32:"},
-      {"xlnet/xlnet_layer[1]/norm/bias@m", true, "f32", "d_model:32:32:"},
-      {"xlnet/xlnet_layer[1]/norm/bias@v", true, "f32", "d_model:32:32:"},
-      {"xlnet/xlnet_layer[1]/dense_relu_dense/wi@m", true, "f32",
-       "d_model:32:32: d_ff:64:32:model"},
-      {"xlnet/xlnet_layer[1]/dense_relu_dense/wi@v", true, "f32",
-       "d_model:32:32: d_ff:64:32:model"},
-      {"xlnet/xlnet_layer[1]/dense_relu_dense/bi@m", true, "f32", "d_ff:64:32:model"},
-      {"xlnet/xlnet_layer[1]/dense_relu_dense/bi@v", true, "f32", "d_ff:64:32:model"},
-      {"xlnet/xlnet_layer[1]/dense_relu_dense/wo@m", true, "f32",
-       "d_ff:64:32:model d_model:32:32:"},
-      {"xlnet/xlnet_layer[1]/dense_relu_dense/wo@v", true, "f32",
-       "d_ff:64:32:model d_model:32:32:"},
-      {"xlnet/xlnet_layer[1]/dense_relu_dense/bo@m", true, "f32", "d_model:32:32:"},
-      {"xlnet/xlnet_layer[1]/dense_relu_dense/bo@v", true, "f32", "d_model:32:32:"},
-      {"xlnet/xlnet_layer[1]/norm#1/gain@m", true, "f32", "d_model:32:32:"},
-      {"xlnet/xlnet_layer[1]/norm#1/gain@v", true, "f32", "d_model:32:32:"},
-      {"xlnet/xlnet_layer[1]/norm#1/bias@m", true, "f32", "d_model:32:32:"},
-      {"xlnet/xlnet_layer[1]/norm#1/bias@v", true, "f32", "d_model:32:32:"}};
   support::Buffer *const data[] = {
       &param0_xlnet_embedding,
       &param1_xlnet_mask_embedding,
@@ -6790,7 +4690,7 @@ std::vector<support::ParamShard> XlnetTrain::paramShards() {
       &param96_xlnet_xlnet_layer_1_norm_1_gain_v,
       &param97_xlnet_xlnet_layer_1_norm_1_bias_m,
       &param98_xlnet_xlnet_layer_1_norm_1_bias_v};
-  return support::paramShardsOf<support::ParamShard>(specs, data);
+  return support::paramShardsOf<support::ParamShard>(kXlnetTrainParams, data);
 }
 
 support::Tensor XlnetTrain::getParam(const std::string &path) {

@@ -48,6 +48,7 @@ using gen::DType;
 using gen::gatherShards; // host shards: the nccl backend stages host buffers
 using gen::GemmDims;
 using gen::globalBase;
+using gen::ParamInit;
 using gen::paramShardsOf;
 using gen::ParamSpec;
 using gen::product;
@@ -553,6 +554,15 @@ inline void fillParam(float* device, const meshrt::kernels::Shard& shard, uint64
   std::vector<float> host(elementsOf(shard));
   meshrt::kernels::fillParam(host.data(), shard, seed, path, init, type);
   meshrt::cuda::copyToDevice(device, host.data(), host.size() * sizeof(float));
+}
+
+/// The generated constructor's param initialization (meshc::gen::initParams), into device
+/// buffers.
+template <size_t N>
+void initParams(meshrt::Communicator& world, uint64_t seed, int stage, const ParamSpec (&specs)[N],
+                const ParamInit (&inits)[N], Buffer* const (&data)[N]) {
+  gen::initParamsWith([](auto&&... args) { meshc::cuda::fillParam(args...); }, world, seed, stage,
+                      specs, inits, data);
 }
 
 inline void fillRandomNormal(float* device, const meshrt::kernels::Shard& shard, uint64_t seed,

@@ -41,7 +41,9 @@
 #include <limits>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <new>
+#include <optional>
 #include <span>
 #include <sstream>
 #include <stdexcept>
@@ -518,19 +520,38 @@ struct ParamSpec {
   const char* stageAxis = "";
 };
 
+/// The pieces of `text` between `separator`s (none for an empty text).
+inline std::vector<std::string> splitText(std::string_view text, char separator) {
+  std::vector<std::string> parts;
+  while (!text.empty()) {
+    size_t end = std::min(text.find(separator), text.size());
+    parts.emplace_back(text.substr(0, end));
+    text.remove_prefix(std::min(end + 1, text.size()));
+  }
+  return parts;
+}
+
+/// One dim of a ParamSpec's `dims`.
+struct ParamDim {
+  std::string name;
+  int64_t global = 0, local = 0;
+  std::vector<std::string> axes;
+};
+inline std::vector<ParamDim> paramDims(const ParamSpec& spec) {
+  std::vector<ParamDim> dims;
+  for (const std::string& dim : splitText(spec.dims, ' ')) {
+    size_t a = dim.find(':'), b = dim.find(':', a + 1), c = dim.find(':', b + 1);
+    dims.push_back({dim.substr(0, a), std::stoll(dim.substr(a + 1, b - a - 1)),
+                    std::stoll(dim.substr(b + 1, c - b - 1)),
+                    splitText(std::string_view(dim).substr(c + 1), '+')});
+  }
+  return dims;
+}
+
 /// The shards `specs` describe over the buffers `data` (one per spec), as ParamShard or the
 /// CUDA support's device ParamShard.
 template <class Shard, class Storage, size_t N>
 std::vector<Shard> paramShardsOf(const ParamSpec (&specs)[N], Storage* const (&data)[N]) {
-  auto split = [](std::string_view text, char separator) {
-    std::vector<std::string> parts;
-    while (!text.empty()) {
-      size_t end = std::min(text.find(separator), text.size());
-      parts.emplace_back(text.substr(0, end));
-      text.remove_prefix(std::min(end + 1, text.size()));
-    }
-    return parts;
-  };
   std::vector<Shard> shards(N);
   for (size_t k = 0; k < N; ++k) {
     Shard& shard = shards[k];
@@ -540,15 +561,91 @@ std::vector<Shard> paramShardsOf(const ParamSpec (&specs)[N], Storage* const (&d
     shard.data = data[k];
     shard.stages = specs[k].stages;
     shard.stageAxis = specs[k].stageAxis;
-    for (const std::string& dim : split(specs[k].dims, ' ')) {
-      size_t a = dim.find(':'), b = dim.find(':', a + 1), c = dim.find(':', b + 1);
-      shard.dims.push_back(dim.substr(0, a));
-      shard.globalShape.push_back(std::stoll(dim.substr(a + 1, b - a - 1)));
-      shard.localShape.push_back(std::stoll(dim.substr(b + 1, c - b - 1)));
-      shard.axes.push_back(split(std::string_view(dim).substr(c + 1), '+'));
+    for (ParamDim& dim : paramDims(specs[k])) {
+      shard.dims.push_back(std::move(dim.name));
+      shard.globalShape.push_back(dim.global);
+      shard.localShape.push_back(dim.local);
+      shard.axes.push_back(std::move(dim.axes));
     }
   }
   return shards;
+}
+
+/// A param's initializer, as the generated constructor's table lists it (one row per row of the
+/// class's ParamSpec table): the IR initializer's kind, the param's dtype and the initializer's
+/// keyword arguments (sema gives every kind at most two; an unused slot has a null name).
+struct ParamInit {
+  const char* kind;
+  DType dtype;
+  std::pair<const char*, double> args[2];
+};
+
+/// How a generated constructor initializes one param on this rank (paramFill).
+struct ParamFill {
+  size_t count = 0;             // local elements
+  bool constant = false;        // zeros, ones, constant: `value` everywhere
+  double value = 0;             // rounded to the dtype as the interpreter does
+  meshrt::kernels::Shard shard; // else: the RNG fill of this rank's shard
+  meshrt::kernels::Init init;
+  meshrt::kernels::ValueType type = meshrt::kernels::ValueType::F32;
+};
+
+/// The fill of param `spec` on this rank, or nullopt when this rank's pipeline stage (`stage`;
+/// -1: no stages) does not hold it. Random initializers are keyed like the interpreter's, by the
+/// global index at this rank's shard, so every mesh holds the same global values.
+inline std::optional<ParamFill> paramFill(meshrt::Communicator& world, int stage,
+                                          const ParamSpec& spec, const ParamInit& init) {
+  if (stage >= 0 && spec.stages != 0 && !((spec.stages >> stage) & 1)) return std::nullopt;
+  ParamFill fill;
+  std::pair<std::string_view, double> a0{init.args[0].first ? init.args[0].first : "",
+                                         init.args[0].second},
+      a1{init.args[1].first ? init.args[1].first : "", init.args[1].second};
+  fill.init = !init.args[0].first   ? meshrt::kernels::makeInit(init.kind)
+              : !init.args[1].first ? meshrt::kernels::makeInit(init.kind, {a0})
+                                    : meshrt::kernels::makeInit(init.kind, {a0, a1});
+  fill.count = 1;
+  for (const ParamDim& dim : paramDims(spec)) {
+    fill.count *= size_t(dim.local);
+    fill.shard.globalShape.push_back(dim.global);
+    fill.shard.offset.push_back(dim.axes.empty() ? 0 : shardStart(world, dim.axes, dim.local));
+    fill.shard.localShape.push_back(dim.local);
+  }
+  using meshrt::kernels::InitKind;
+  fill.constant = fill.init.kind == InitKind::Zeros || fill.init.kind == InitKind::Ones ||
+                  fill.init.kind == InitKind::Constant;
+  fill.value = fill.init.kind == InitKind::Ones ? 1.0 : fill.init.value; // zeros: value 0
+  fill.type = init.dtype == DType::BF16  ? meshrt::kernels::ValueType::BF16
+              : init.dtype == DType::F16 ? meshrt::kernels::ValueType::F16
+              : init.dtype == DType::I32 ? meshrt::kernels::ValueType::I32
+                                         : meshrt::kernels::ValueType::F32;
+  return fill;
+}
+
+/// The generated constructor's param initialization: every param of the class's table this
+/// rank holds sized to its local shard and filled by its initializer (one loop over constant
+/// tables, which compilers build in no time, instead of a block of code per param), random ones
+/// through `fill` (meshrt::kernels::fillParam's signature; the CUDA support's uploads).
+template <class Storage, size_t N, class Fill>
+void initParamsWith(const Fill& fill, meshrt::Communicator& world, uint64_t seed, int stage,
+                    const ParamSpec (&specs)[N], const ParamInit (&inits)[N],
+                    Storage* const (&data)[N]) {
+  for (size_t k = 0; k < N; ++k) {
+    std::optional<ParamFill> param = paramFill(world, stage, specs[k], inits[k]);
+    if (!param) continue;
+    if (param->constant) {
+      data[k]->assign(param->count, roundValue(inits[k].dtype, param->value));
+    } else {
+      data[k]->resize(param->count);
+      fill(data[k]->data(), param->shard, seed, specs[k].path, param->init, param->type);
+    }
+  }
+}
+
+template <size_t N>
+void initParams(meshrt::Communicator& world, uint64_t seed, int stage, const ParamSpec (&specs)[N],
+                const ParamInit (&inits)[N], Buffer* const (&data)[N]) {
+  initParamsWith([](auto&&... args) { meshrt::kernels::fillParam(args...); }, world, seed, stage,
+                 specs, inits, data);
 }
 
 /// The global starts of `rank`'s shard of `shard`.
@@ -717,6 +814,25 @@ inline Shape concat(const Shape& a, const Shape& b) {
   return out;
 }
 } // namespace detail
+
+/// An f32 einsum of the generated code, planned on its first run (after the runner has set the
+/// thread counts its GEMM's library primitive is created for) and shared by the ranks and by
+/// every call site of the source file that computes it: one namespace-scope constant per
+/// distinct einsum (a function-local static EinsumPlan per call site cost a guard and an
+/// initializer each to compile).
+class SharedEinsum {
+public:
+  explicit SharedEinsum(meshrt::kernels::EinsumSpec spec) : spec_(std::move(spec)) {}
+  const meshrt::kernels::EinsumPlan& plan() const {
+    std::call_once(once_, [this] { plan_.emplace(spec_); });
+    return *plan_;
+  }
+
+private:
+  meshrt::kernels::EinsumSpec spec_;
+  mutable std::once_flag once_;
+  mutable std::optional<meshrt::kernels::EinsumPlan> plan_;
+};
 
 inline void einsum2(float* out, const float* a, const float* b, const GemmDims& d) {
   int64_t M = product(d.m), N = product(d.n), K = product(d.k), B = product(d.batch);
