@@ -12,12 +12,12 @@ static const support::Shape kShape2 = {1, 32, 64};
 static const support::Shape kShape3 = {0, 0, 1};
 static const support::Shape kShape4 = {32, 1, 0};
 static const support::Shape kShape5 = {1, 32};
-static const support::Shape kShape6 = {2048, 64};
-static const support::Shape kShape7 = {64};
-static const support::Shape kShape8 = {4096, 128};
-static const support::Shape kShape9 = {128};
-static const support::Shape kShape10 = {1, 4, 32};
-static const support::Shape kShape11 = {4096, 1024, 32};
+static const support::Shape kShape6 = {4096, 128};
+static const support::Shape kShape7 = {128};
+static const support::Shape kShape8 = {1, 4, 32};
+static const support::Shape kShape9 = {1024, 0, 32};
+static const support::Shape kShape10 = {2048, 64};
+static const support::Shape kShape11 = {64};
 static const support::Shape kShape12 = {1, 32, 128};
 static const support::Shape kShape13 = {};
 static const support::Shape kShape14 = {32, 1};
@@ -30,6 +30,7 @@ static const support::Shape kShape20 = {2048};
 static const support::Shape kShape21 = {128, 64};
 static const support::Shape kShape22 = {256};
 static const support::Shape kShape23 = {8192, 256};
+static const support::Shape kShape24 = {4096, 1024, 32};
 static const support::SharedEinsum
     kEinsum0({{1, 32, 64, 128}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
 static const support::SharedEinsum
@@ -99,6 +100,80 @@ static const support::SharedEinsum
 }
 
 [[gnu::noinline]] static void loop3(float *__restrict p0, const float *__restrict p1,
+                                    const float *__restrict p2) {
+  for (int64_t i0 = 0; i0 < 32; ++i0) {
+    for (int64_t i1 = 0; i1 < 32; ++i1) {
+      const float s0 = p1[i0];
+      const float s1 = s0;
+      const float s2 = p2[i1];
+      const float s3 = (s1 * s2);
+      p0[i0 * 32 + i1] = s3;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop4(float *__restrict p0, const float *__restrict p1) {
+  for (int64_t i0 = 0; i0 < 32; ++i0) {
+    for (int64_t i1 = 0; i1 < 32; ++i1) {
+      const float s0 = p1[i0 + i1 * 32];
+      const float s1 = s0;
+      const float s2 = 0.5f;
+      const float s3 = (s1 > s2 ? 1.0f : 0.0f);
+      p0[i0 * 32 + i1] = s3;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop5(float *__restrict p0, const float *__restrict p1,
+                                    const float *__restrict p2) {
+  for (int64_t i0 = 0; i0 < 32; ++i0) {
+    for (int64_t i1 = 0; i1 < 128; ++i1) {
+      const float s0 = p1[i0 * 128 + i1];
+      const float s1 = p2[i1];
+      const float s2 = (s0 + s1);
+      p0[i0 * 128 + i1] = s2;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop6(float *__restrict p0, const float *__restrict p1,
+                                    const float *__restrict p2) {
+  for (int64_t i0 = 0; i0 < 2048; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = p2[i0];
+    const float s2 = (s0 + s1);
+    p0[i0] = s2;
+  }
+}
+
+[[gnu::noinline]] static void loop7(float *__restrict p0, const float *__restrict p1,
+                                    const float *__restrict p2) {
+  for (int64_t i0 = 0; i0 < 32; ++i0) {
+    for (int64_t i1 = 0; i1 < 256; ++i1) {
+      const float s0 = p1[i0 * 256 + i1];
+      const float s1 = p2[i1];
+      const float s2 = (s0 + s1);
+      const float s3 = support::fgelu(s2);
+      p0[i0 * 256 + i1] = s3;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop8(float *__restrict p0, const float *__restrict p1,
+                                    const float *__restrict p2, const float *__restrict p3) {
+  for (int64_t i0 = 0; i0 < 32; ++i0) {
+    for (int64_t i1 = 0; i1 < 64; ++i1) {
+      const float s0 = p1[i0 * 64 + i1];
+      const float s1 = p2[i1];
+      const float s2 = (s0 + s1);
+      const float s3 = p3[i0 * 64 + i1];
+      const float s4 = (s3 + s2);
+      p0[i0 * 64 + i1] = s4;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop9(float *__restrict p0, const float *__restrict p1,
                                     const float *__restrict p2, const float *__restrict p3) {
   for (int64_t i0 = 0; i0 < 32; ++i0) {
     for (int64_t i1 = 0; i1 < 64; ++i1) {
@@ -112,94 +187,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop4(float *__restrict p0, const float *__restrict p1,
-                                    const float *__restrict p2) {
-  for (int64_t i0 = 0; i0 < 32; ++i0) {
-    for (int64_t i1 = 0; i1 < 32; ++i1) {
-      const float s0 = p1[i0];
-      const float s1 = s0;
-      const float s2 = p2[i1];
-      const float s3 = (s1 * s2);
-      p0[i0 * 32 + i1] = s3;
-    }
-  }
-}
-
-[[gnu::noinline]] static void loop5(float *__restrict p0, const float *__restrict p1) {
-  for (int64_t i0 = 0; i0 < 32; ++i0) {
-    for (int64_t i1 = 0; i1 < 32; ++i1) {
-      const float s0 = p1[i0 + i1 * 32];
-      const float s1 = s0;
-      const float s2 = 0.5f;
-      const float s3 = (s1 > s2 ? 1.0f : 0.0f);
-      p0[i0 * 32 + i1] = s3;
-    }
-  }
-}
-
-[[gnu::noinline]] static void loop6(float *__restrict p0, const float *__restrict p1,
-                                    const float *__restrict p2) {
-  for (int64_t i0 = 0; i0 < 32; ++i0) {
-    for (int64_t i1 = 0; i1 < 128; ++i1) {
-      const float s0 = p1[i0 * 128 + i1];
-      const float s1 = p2[i1];
-      const float s2 = (s0 + s1);
-      p0[i0 * 128 + i1] = s2;
-    }
-  }
-}
-
-[[gnu::noinline]] static void loop7(float *__restrict p0, const float *__restrict p1,
-                                    const float *__restrict p2) {
-  for (int64_t i0 = 0; i0 < 4; ++i0) {
-    for (int64_t i1 = 0; i1 < 1024; ++i1) {
-      const float s0 = p1[i1];
-      const float s1 = p2[i0 * 1024 + i1];
-      const float s2 = -1000000000.0f;
-      const float s3 = (s0 != 0 ? s1 : s2);
-      p0[i0 * 1024 + i1] = s3;
-    }
-  }
-}
-
-[[gnu::noinline]] static void loop8(float *__restrict p0, const float *__restrict p1,
-                                    const float *__restrict p2) {
-  for (int64_t i0 = 0; i0 < 2048; ++i0) {
-    const float s0 = p1[i0];
-    const float s1 = p2[i0];
-    const float s2 = (s0 + s1);
-    p0[i0] = s2;
-  }
-}
-
-[[gnu::noinline]] static void loop9(float *__restrict p0, const float *__restrict p1,
-                                    const float *__restrict p2) {
-  for (int64_t i0 = 0; i0 < 32; ++i0) {
-    for (int64_t i1 = 0; i1 < 256; ++i1) {
-      const float s0 = p1[i0 * 256 + i1];
-      const float s1 = p2[i1];
-      const float s2 = (s0 + s1);
-      const float s3 = support::fgelu(s2);
-      p0[i0 * 256 + i1] = s3;
-    }
-  }
-}
-
 [[gnu::noinline]] static void loop10(float *__restrict p0, const float *__restrict p1,
-                                     const float *__restrict p2, const float *__restrict p3) {
-  for (int64_t i0 = 0; i0 < 32; ++i0) {
-    for (int64_t i1 = 0; i1 < 64; ++i1) {
-      const float s0 = p1[i0 * 64 + i1];
-      const float s1 = p2[i1];
-      const float s2 = (s0 + s1);
-      const float s3 = p3[i0 * 64 + i1];
-      const float s4 = (s3 + s2);
-      p0[i0 * 64 + i1] = s4;
-    }
-  }
-}
-
-[[gnu::noinline]] static void loop11(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 4096; ++i0) {
     const float s0 = p1[i0];
@@ -209,7 +197,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop12(float *__restrict p0, float *__restrict p1,
+[[gnu::noinline]] static void loop11(float *__restrict p0, float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4) {
   for (int64_t i0 = 0; i0 < 32; ++i0) {
@@ -225,7 +213,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop13(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop12(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4, const float *__restrict p5) {
   const float r0 = p1[0];
@@ -257,7 +245,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop14(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop13(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 2048; ++i0) {
     const float s0 = p1[i0];
@@ -267,7 +255,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop15(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop14(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 32; ++i0) {
     for (int64_t i1 = 0; i1 < 64; ++i1) {
@@ -280,7 +268,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop16(float *__restrict p0, const float *__restrict p1) {
+[[gnu::noinline]] static void loop15(float *__restrict p0, const float *__restrict p1) {
   for (int64_t i0 = 0; i0 < 32; ++i0) {
     const float s0 = p1[i0];
     const float s1 = 1e-05f;
@@ -290,7 +278,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop17(float *__restrict p0, float *__restrict p1,
+[[gnu::noinline]] static void loop16(float *__restrict p0, float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4) {
   for (int64_t i0 = 0; i0 < 32; ++i0) {
@@ -306,7 +294,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop18(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop17(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4, const float *__restrict p5) {
   for (int64_t i0 = 0; i0 < 32; ++i0) {
@@ -325,13 +313,58 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop19(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop18(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 8192; ++i0) {
     const float s0 = p1[i0];
     const float s1 = p2[i0];
     const float s2 = (s0 + s1);
     p0[i0] = s2;
+  }
+}
+
+[[gnu::noinline]] static void loop19(float *__restrict p0, float *__restrict p1,
+                                     float *__restrict p2, const float *__restrict p3,
+                                     const float *__restrict p4, const float *__restrict p5,
+                                     const float *__restrict p6) {
+  const float r3 = p4[0];
+  const float r5 = p5[0];
+  const float r6 = p6[0];
+  for (int64_t i0 = 0; i0 < 8192; ++i0) {
+    const float s0 = p2[i0];
+    const float s1 = 0.01f;
+    const float s2 = (s0 * s1);
+    const float s3 = p3[i0];
+    const float s4 = s3 * s3;
+    const float s5 = 0.0009999871f;
+    const float s6 = (s4 * s5);
+    const float s7 = p0[i0];
+    const float s8 = 0.999f;
+    const float s9 = (s7 * s8);
+    const float s10 = (s9 + s6);
+    const float s11 = r3;
+    const float s12 = (s10 / s11);
+    const float s13 = support::fsqrt(s12);
+    const float s14 = 1e-08f;
+    const float s15 = (s13 + s14);
+    const float s16 = p3[i0];
+    const float s17 = 0.100000024f;
+    const float s18 = (s16 * s17);
+    const float s19 = p1[i0];
+    const float s20 = 0.9f;
+    const float s21 = (s19 * s20);
+    const float s22 = (s21 + s18);
+    const float s23 = r5;
+    const float s24 = (s22 / s23);
+    const float s25 = (s24 / s15);
+    const float s26 = (s25 + s2);
+    const float s27 = r6;
+    const float s28 = (s26 * s27);
+    const float s29 = p2[i0];
+    const float s30 = (s29 - s28);
+    p0[i0] = s10;
+    p1[i0] = s22;
+    p2[i0] = s30;
   }
 }
 
@@ -342,7 +375,7 @@ static const support::SharedEinsum
   const float r3 = p4[0];
   const float r5 = p5[0];
   const float r6 = p6[0];
-  for (int64_t i0 = 0; i0 < 8192; ++i0) {
+  for (int64_t i0 = 0; i0 < 2048; ++i0) {
     const float s0 = p2[i0];
     const float s1 = 0.01f;
     const float s2 = (s0 * s1);
@@ -387,7 +420,7 @@ static const support::SharedEinsum
   const float r3 = p4[0];
   const float r5 = p5[0];
   const float r6 = p6[0];
-  for (int64_t i0 = 0; i0 < 2048; ++i0) {
+  for (int64_t i0 = 0; i0 < 128; ++i0) {
     const float s0 = p2[i0];
     const float s1 = 0.01f;
     const float s2 = (s0 * s1);
@@ -432,7 +465,7 @@ static const support::SharedEinsum
   const float r3 = p4[0];
   const float r5 = p5[0];
   const float r6 = p6[0];
-  for (int64_t i0 = 0; i0 < 128; ++i0) {
+  for (int64_t i0 = 0; i0 < 4096; ++i0) {
     const float s0 = p2[i0];
     const float s1 = 0.01f;
     const float s2 = (s0 * s1);
@@ -477,7 +510,7 @@ static const support::SharedEinsum
   const float r3 = p4[0];
   const float r5 = p5[0];
   const float r6 = p6[0];
-  for (int64_t i0 = 0; i0 < 4096; ++i0) {
+  for (int64_t i0 = 0; i0 < 64; ++i0) {
     const float s0 = p2[i0];
     const float s1 = 0.01f;
     const float s2 = (s0 * s1);
@@ -522,7 +555,7 @@ static const support::SharedEinsum
   const float r3 = p4[0];
   const float r5 = p5[0];
   const float r6 = p6[0];
-  for (int64_t i0 = 0; i0 < 64; ++i0) {
+  for (int64_t i0 = 0; i0 < 16384; ++i0) {
     const float s0 = p2[i0];
     const float s1 = 0.01f;
     const float s2 = (s0 * s1);
@@ -567,51 +600,6 @@ static const support::SharedEinsum
   const float r3 = p4[0];
   const float r5 = p5[0];
   const float r6 = p6[0];
-  for (int64_t i0 = 0; i0 < 16384; ++i0) {
-    const float s0 = p2[i0];
-    const float s1 = 0.01f;
-    const float s2 = (s0 * s1);
-    const float s3 = p3[i0];
-    const float s4 = s3 * s3;
-    const float s5 = 0.0009999871f;
-    const float s6 = (s4 * s5);
-    const float s7 = p0[i0];
-    const float s8 = 0.999f;
-    const float s9 = (s7 * s8);
-    const float s10 = (s9 + s6);
-    const float s11 = r3;
-    const float s12 = (s10 / s11);
-    const float s13 = support::fsqrt(s12);
-    const float s14 = 1e-08f;
-    const float s15 = (s13 + s14);
-    const float s16 = p3[i0];
-    const float s17 = 0.100000024f;
-    const float s18 = (s16 * s17);
-    const float s19 = p1[i0];
-    const float s20 = 0.9f;
-    const float s21 = (s19 * s20);
-    const float s22 = (s21 + s18);
-    const float s23 = r5;
-    const float s24 = (s22 / s23);
-    const float s25 = (s24 / s15);
-    const float s26 = (s25 + s2);
-    const float s27 = r6;
-    const float s28 = (s26 * s27);
-    const float s29 = p2[i0];
-    const float s30 = (s29 - s28);
-    p0[i0] = s10;
-    p1[i0] = s22;
-    p2[i0] = s30;
-  }
-}
-
-[[gnu::noinline]] static void loop26(float *__restrict p0, float *__restrict p1,
-                                     float *__restrict p2, const float *__restrict p3,
-                                     const float *__restrict p4, const float *__restrict p5,
-                                     const float *__restrict p6) {
-  const float r3 = p4[0];
-  const float r5 = p5[0];
-  const float r6 = p6[0];
   for (int64_t i0 = 0; i0 < 256; ++i0) {
     const float s0 = p2[i0];
     const float s1 = 0.01f;
@@ -650,7 +638,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop27(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop26(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4) {
   for (int64_t i0 = 0; i0 < 4; ++i0) {
@@ -672,7 +660,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop28(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop27(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4) {
   for (int64_t i0 = 0; i0 < 2048; ++i0) {
@@ -859,7 +847,7 @@ void Mlm::computeInvariants() {
 
 Mlm::Outputs Mlm::run(const Inputs &inputs) {
   MESHRT_TRACE_RUN(world_, "mlm");
-  // Arena: 77824 bytes for 524416 bytes of temporaries (placed by liveness).
+  // Arena: 77824 bytes for 450688 bytes of temporaries (placed by liveness).
   support::checkShape("input", "tokens", inputs.tokens, {1, 32});
   support::checkShape("input", "segment_ids", inputs.segment_ids, {1, 32});
   support::checkShape("input", "padding", inputs.padding, {1, 32});
@@ -899,18 +887,13 @@ void Mlm::runPart0(const Inputs &inputs) {
   loop2(v10.data(), v7.data(), v4.data(), v9.data());
 
   // layers.mesh:24:10 layer_norm
-  MESHRT_TRACE("layer_norm", "layers.mesh:24:10", "forward");
-  support::View v13 = arena_.view(0, 2048);
-  support::along(v13.data(), v10.data(), kShape5, kShape6, kShape6, kShape7, kShape1, kShape1,
-                 support::Along::LayerNorm, 1e-05, 64, nullptr);
-
   // layers.mesh:24:33 mul
   // layers.mesh:24:40 add -> x
-  MESHRT_TRACE("loop", "layers.mesh:24:33", "forward");
+  MESHRT_TRACE("layer_norm", "layers.mesh:24:10", "forward");
   const support::Buffer &v11 = param4_bert_norm_gain;
   const support::Buffer &v12 = param5_bert_norm_bias;
   support::View v15 = arena_.view(32768, 2048);
-  loop3(v15.data(), v13.data(), v11.data(), v12.data());
+  support::layerNormAffine(v15.data(), v10.data(), 32, 64, v11.data(), v12.data(), 1e-05, 64);
 
   // bert.mesh:40:26 rename
   MESHRT_TRACE("copy", "bert.mesh:40:26", "forward");
@@ -922,7 +905,7 @@ void Mlm::runPart0(const Inputs &inputs) {
   MESHRT_TRACE("loop", "bert.mesh:40:21", "forward");
   support::View v21 = persistent_.view(320, 32);
   support::View v22 = arena_.view(49152, 1024);
-  loop4(v22.data(), v16.data(), v21.data());
+  loop3(v22.data(), v16.data(), v21.data());
 
   // 4 statements from layers.mesh:36:11 einsum -> q (1 of 2)
   MESHRT_TRACE_SITE("layers.mesh:36:11");
@@ -940,20 +923,18 @@ void Mlm::runPart0(const Inputs &inputs) {
   // layers.mesh:43:39 gt
   MESHRT_TRACE("loop", "bert.mesh:41:39", "forward");
   support::View v37 = arena_.view(73728, 1024);
-  loop5(v37.data(), v22.data());
+  loop4(v37.data(), v22.data());
 
-  // 13 statements from layers.mesh:43:25 where (1 of 2)
-  MESHRT_TRACE_SITE("layers.mesh:43:25");
-  support::View v39 = arena_.view(16384, 4096);
-  support::View v40 = arena_.view(0, 4096);
-  support::View v41 = arena_.view(16384, 2048);
+  // 10 statements from layers.mesh:43:17 softmax -> weights (1 of 2)
+  MESHRT_TRACE_SITE("layers.mesh:43:17");
+  support::View v40 = arena_.view(16384, 4096);
+  support::View v41 = arena_.view(0, 2048);
   const support::Buffer &v27 = param9_bert_encoder_layer_0_attention_w_o;
-  support::View v42 = arena_.view(0, 2048);
-  support::View v43 = arena_.view(8192, 2048);
-  support::View v46 = arena_.view(0, 2048);
+  support::View v42 = arena_.view(8192, 2048);
+  support::View v43 = arena_.view(0, 2048);
+  support::View v48 = arena_.view(65536, 2048);
   const support::Buffer &v44 = param10_bert_encoder_layer_0_norm_gain;
   const support::Buffer &v45 = param11_bert_encoder_layer_0_norm_bias;
-  support::View v48 = arena_.view(65536, 2048);
   const support::Buffer &v49 = param12_bert_encoder_layer_0_ffn_w_in;
   support::View v53 = arena_.view(0, 8192);
   const support::Buffer &v50 = param13_bert_encoder_layer_0_ffn_b_in;
@@ -962,12 +943,11 @@ void Mlm::runPart0(const Inputs &inputs) {
   support::View v57 = arena_.view(0, 2048);
   const support::Buffer &v52 = param15_bert_encoder_layer_0_ffn_b_out;
   support::View v59 = arena_.view(8192, 2048);
-  support::View v62 = arena_.view(0, 2048);
   const support::Buffer &v60 = param16_bert_encoder_layer_0_norm_1_gain;
   const support::Buffer &v61 = param17_bert_encoder_layer_0_norm_1_bias;
   support::View v64 = arena_.view(32768, 2048);
-  repeated0(v37, v33, v39, v40, v31, v41, v27, v42, v15, v43, v46, v44, v45, v48, v49, v53, v50,
-            v55, v51, v57, v52, v59, v62, v60, v61, v64);
+  repeated0(v40, v33, v37, v31, v41, v27, v42, v15, v43, v48, v44, v45, v49, v53, v50, v55, v51,
+            v57, v52, v59, v64, v60, v61);
 
   // 4 statements from layers.mesh:36:11 einsum -> q (2 of 2)
   MESHRT_TRACE_SITE("layers.mesh:36:11");
@@ -980,18 +960,16 @@ void Mlm::runPart0(const Inputs &inputs) {
   support::View v74 = arena_.view(0, 4096);
   repeated1(v64, v65, v69, v66, v70, v67, v72, v74);
 
-  // 13 statements from layers.mesh:43:25 where (2 of 2)
-  MESHRT_TRACE_SITE("layers.mesh:43:25");
-  support::View v80 = arena_.view(16384, 4096);
-  support::View v81 = arena_.view(0, 4096);
-  support::View v82 = arena_.view(16384, 2048);
+  // 10 statements from layers.mesh:43:17 softmax -> weights (2 of 2)
+  MESHRT_TRACE_SITE("layers.mesh:43:17");
+  support::View v81 = arena_.view(16384, 4096);
+  support::View v82 = arena_.view(0, 2048);
   const support::Buffer &v68 = param21_bert_encoder_layer_1_attention_w_o;
-  support::View v83 = arena_.view(0, 2048);
-  support::View v84 = arena_.view(8192, 2048);
-  support::View v87 = arena_.view(0, 2048);
+  support::View v83 = arena_.view(8192, 2048);
+  support::View v84 = arena_.view(0, 2048);
+  support::View v89 = arena_.view(65536, 2048);
   const support::Buffer &v85 = param22_bert_encoder_layer_1_norm_gain;
   const support::Buffer &v86 = param23_bert_encoder_layer_1_norm_bias;
-  support::View v89 = arena_.view(65536, 2048);
   const support::Buffer &v90 = param24_bert_encoder_layer_1_ffn_w_in;
   support::View v94 = arena_.view(0, 8192);
   const support::Buffer &v91 = param25_bert_encoder_layer_1_ffn_b_in;
@@ -1000,12 +978,11 @@ void Mlm::runPart0(const Inputs &inputs) {
   support::View v98 = arena_.view(0, 2048);
   const support::Buffer &v93 = param27_bert_encoder_layer_1_ffn_b_out;
   support::View v100 = arena_.view(8192, 2048);
-  support::View v103 = arena_.view(0, 2048);
   const support::Buffer &v101 = param28_bert_encoder_layer_1_norm_1_gain;
   const support::Buffer &v102 = param29_bert_encoder_layer_1_norm_1_bias;
   support::View v105 = arena_.view(16384, 2048);
-  repeated0(v37, v74, v80, v81, v72, v82, v68, v83, v64, v84, v87, v85, v86, v89, v90, v94, v91,
-            v96, v92, v98, v93, v100, v103, v101, v102, v105);
+  repeated0(v81, v74, v37, v72, v82, v68, v83, v64, v84, v89, v85, v86, v90, v94, v91, v96, v92,
+            v98, v93, v100, v105, v101, v102);
 
   // bert.mesh:46:10 einsum
   MESHRT_TRACE("gemm", "bert.mesh:46:10", "forward");
@@ -1017,88 +994,75 @@ void Mlm::runPart0(const Inputs &inputs) {
   MESHRT_TRACE("loop", "bert.mesh:46:58", "forward");
   const support::Buffer &v6 = param3_bert_output_bias;
   support::View v107 = arena_.view(16384, 4096);
-  loop6(v107.data(), v106.data(), v6.data());
+  loop5(v107.data(), v106.data(), v6.data());
 
   // bert.mesh:53:11 softmax -> probs
   MESHRT_TRACE("softmax", "bert.mesh:53:11", "forward");
   support::View v108 = arena_.view(0, 4096);
-  support::along(v108.data(), v107.data(), kShape5, kShape8, kShape8, kShape9, kShape1, kShape1,
+  support::along(v108.data(), v107.data(), kShape5, kShape6, kShape6, kShape7, kShape1, kShape1,
                  support::Along::Softmax, 1e-05, 128, nullptr);
 }
 
-void Mlm::repeated0(support::ConstView a0, support::ConstView a1, support::View a2,
-                    support::View a3, support::ConstView a4, support::View a5,
-                    support::ConstView a6, support::View a7, support::ConstView a8,
-                    support::View a9, support::View a10, support::ConstView a11,
-                    support::ConstView a12, support::View a13, support::ConstView a14,
-                    support::View a15, support::ConstView a16, support::View a17,
-                    support::ConstView a18, support::View a19, support::ConstView a20,
-                    support::View a21, support::View a22, support::ConstView a23,
-                    support::ConstView a24, support::View a25) {
+void Mlm::repeated0(support::View a0, support::ConstView a1, support::ConstView a2,
+                    support::ConstView a3, support::View a4, support::ConstView a5,
+                    support::View a6, support::ConstView a7, support::View a8, support::View a9,
+                    support::ConstView a10, support::ConstView a11, support::ConstView a12,
+                    support::View a13, support::ConstView a14, support::View a15,
+                    support::ConstView a16, support::View a17, support::ConstView a18,
+                    support::View a19, support::View a20, support::ConstView a21,
+                    support::ConstView a22) {
   MESHRT_TRACE_SPAN(world_);
 
-  // layers.mesh:43:25 where
-  MESHRT_TRACE("loop", "layers.mesh:43:25", "forward");
-  loop7(a2.data(), a0.data(), a1.data());
-
   // layers.mesh:43:17 softmax -> weights
+  // layers.mesh:43:25 where
   MESHRT_TRACE("softmax", "layers.mesh:43:17", "forward");
-  support::along(a3.data(), a2.data(), kShape10, kShape11, kShape11, kShape0, kShape1, kShape1,
-                 support::Along::Softmax, 1e-05, 32, nullptr);
+  support::maskedSoftmax(a0.data(), a1.data(), a2.data(), kShape8, kShape9, 32, 1, -1000000000.0);
 
   // layers.mesh:44:17 einsum -> context
   MESHRT_TRACE("gemm", "layers.mesh:44:17", "forward");
   // dims: batch, heads, seq, mem, d_head
-  kEinsum1.plan().run(a3.data(), a4.data(), a5.data(), 1.0f, 0.0f);
+  kEinsum1.plan().run(a0.data(), a3.data(), a4.data(), 1.0f, 0.0f);
 
   // layers.mesh:45:10 einsum
   MESHRT_TRACE("gemm", "layers.mesh:45:10", "forward");
   // dims: batch, seq, heads, d_head, d_model
-  kEinsum2.plan().run(a5.data(), a6.data(), a7.data(), 1.0f, 0.0f);
+  kEinsum2.plan().run(a4.data(), a5.data(), a6.data(), 1.0f, 0.0f);
 
   // bert.mesh:20:18 add
   MESHRT_TRACE("loop", "bert.mesh:20:18", "forward");
-  loop8(a9.data(), a8.data(), a7.data());
+  loop6(a8.data(), a7.data(), a6.data());
 
   // layers.mesh:24:10 layer_norm
-  MESHRT_TRACE("layer_norm", "layers.mesh:24:10", "forward");
-  support::along(a10.data(), a9.data(), kShape5, kShape6, kShape6, kShape7, kShape1, kShape1,
-                 support::Along::LayerNorm, 1e-05, 64, nullptr);
-
   // layers.mesh:24:33 mul
   // layers.mesh:24:40 add -> h
-  MESHRT_TRACE("loop", "layers.mesh:24:33", "forward");
-  loop3(a13.data(), a10.data(), a11.data(), a12.data());
+  MESHRT_TRACE("layer_norm", "layers.mesh:24:10", "forward");
+  support::layerNormAffine(a9.data(), a8.data(), 32, 64, a10.data(), a11.data(), 1e-05, 64);
 
   // layers.mesh:54:16 einsum
   MESHRT_TRACE("gemm", "layers.mesh:54:16", "forward");
   // dims: batch, seq, d_model, d_ff
-  kEinsum3.plan().run(a13.data(), a14.data(), a15.data(), 1.0f, 0.0f);
+  kEinsum3.plan().run(a9.data(), a12.data(), a13.data(), 1.0f, 0.0f);
 
   // layers.mesh:54:52 add
   // layers.mesh:54:11 gelu -> h
   MESHRT_TRACE("loop", "layers.mesh:54:52", "forward");
-  loop9(a17.data(), a15.data(), a16.data());
+  loop7(a15.data(), a13.data(), a14.data());
 
   // layers.mesh:55:10 einsum
   MESHRT_TRACE("gemm", "layers.mesh:55:10", "forward");
   // dims: batch, seq, d_ff, d_model
-  kEinsum4.plan().run(a17.data(), a18.data(), a19.data(), 1.0f, 0.0f);
+  kEinsum4.plan().run(a15.data(), a16.data(), a17.data(), 1.0f, 0.0f);
 
   // layers.mesh:55:71 add
   // bert.mesh:21:17 add
   MESHRT_TRACE("loop", "layers.mesh:55:71", "forward");
-  loop10(a21.data(), a19.data(), a20.data(), a13.data());
+  loop8(a19.data(), a17.data(), a18.data(), a9.data());
 
   // layers.mesh:24:10 layer_norm
-  MESHRT_TRACE("layer_norm", "layers.mesh:24:10", "forward");
-  support::along(a22.data(), a21.data(), kShape5, kShape6, kShape6, kShape7, kShape1, kShape1,
-                 support::Along::LayerNorm, 1e-05, 64, nullptr);
-
   // layers.mesh:24:33 mul
   // layers.mesh:24:40 add -> x
-  MESHRT_TRACE("loop", "layers.mesh:24:33", "forward");
-  loop3(a25.data(), a22.data(), a23.data(), a24.data());
+  MESHRT_TRACE("layer_norm", "layers.mesh:24:10", "forward");
+  support::layerNormAffine(a20.data(), a19.data(), 32, 64, a21.data(), a22.data(), 1e-05, 64);
 }
 
 void Mlm::repeated1(support::ConstView a0, support::ConstView a1, support::View a2,
@@ -1748,7 +1712,7 @@ void MlmTrain::computeInvariants() {
 
 MlmTrain::Outputs MlmTrain::run(const Inputs &inputs) {
   MESHRT_TRACE_RUN(world_, "mlm_train");
-  // Arena: 541248 bytes for 1755804 bytes of temporaries (placed by liveness).
+  // Arena: 541248 bytes for 1723036 bytes of temporaries (placed by liveness).
   support::checkShape("input", "tokens", inputs.tokens, {1, 32});
   support::checkShape("input", "segment_ids", inputs.segment_ids, {1, 32});
   support::checkShape("input", "padding", inputs.padding, {1, 32});
@@ -1795,7 +1759,7 @@ void MlmTrain::runPart0(const Inputs &inputs) {
   // layers.mesh:24:10 layer_norm
   MESHRT_TRACE("layer_norm", "layers.mesh:24:10", "forward");
   support::View v15 = arena_.view(499712, 2048);
-  support::along(v15.data(), v12.data(), kShape5, kShape6, kShape6, kShape7, kShape1, kShape1,
+  support::along(v15.data(), v12.data(), kShape5, kShape10, kShape10, kShape11, kShape1, kShape1,
                  support::Along::LayerNorm, 1e-05, 64, nullptr);
 
   // layers.mesh:24:33 mul
@@ -1804,7 +1768,7 @@ void MlmTrain::runPart0(const Inputs &inputs) {
   support::View v13(param4_bert_norm_gain); // updated in place
   support::View v14(param5_bert_norm_bias); // updated in place
   support::View v17 = arena_.view(507904, 2048);
-  loop3(v17.data(), v15.data(), v13.data(), v14.data());
+  loop9(v17.data(), v15.data(), v13.data(), v14.data());
 
   // bert.mesh:40:26 rename
   MESHRT_TRACE("copy", "bert.mesh:40:26", "forward");
@@ -1816,7 +1780,7 @@ void MlmTrain::runPart0(const Inputs &inputs) {
   MESHRT_TRACE("loop", "bert.mesh:40:21", "forward");
   support::View v23 = persistent_.view(320, 32);
   support::View v24 = arena_.view(16384, 1024);
-  loop4(v24.data(), v18.data(), v23.data());
+  loop3(v24.data(), v18.data(), v23.data());
 
   // 4 statements from layers.mesh:36:11 einsum -> q (1 of 2)
   MESHRT_TRACE_SITE("layers.mesh:36:11");
@@ -1834,11 +1798,10 @@ void MlmTrain::runPart0(const Inputs &inputs) {
   // layers.mesh:43:39 gt
   MESHRT_TRACE("loop", "bert.mesh:41:39", "forward");
   support::View v39 = arena_.view(532480, 1024);
-  loop5(v39.data(), v24.data());
+  loop4(v39.data(), v24.data());
 
-  // 13 statements from layers.mesh:43:25 where (1 of 2)
-  MESHRT_TRACE_SITE("layers.mesh:43:25");
-  support::View v41 = arena_.view(16384, 4096);
+  // 12 statements from layers.mesh:43:17 softmax -> weights (1 of 2)
+  MESHRT_TRACE_SITE("layers.mesh:43:17");
   support::View v42 = arena_.view(360448, 4096);
   support::View v43 = arena_.view(483328, 2048);
   support::View v29(param9_bert_encoder_layer_0_attention_w_o); // updated in place
@@ -1861,9 +1824,8 @@ void MlmTrain::runPart0(const Inputs &inputs) {
   support::View v63(param17_bert_encoder_layer_0_norm_1_bias); // updated in place
   support::View v56 = arena_.view(196608, 8192);
   support::View v66 = arena_.view(327680, 2048);
-  repeated2(v39, v35, v41, v42, v33, v43, v29, v44, v17, v45, v48, v46, v47, v50, v51, v55, v52,
-            v56, v58, v53, v59, v54, v61, v64, v62, v63, v66,
-            "bert/encoder_layer[0]/ffn/dropout#0");
+  repeated2(v42, v35, v39, v33, v43, v29, v44, v17, v45, v48, v46, v47, v50, v51, v55, v52, v56,
+            v58, v53, v59, v54, v61, v64, v62, v63, v66, "bert/encoder_layer[0]/ffn/dropout#0");
 
   // 4 statements from layers.mesh:36:11 einsum -> q (2 of 2)
   MESHRT_TRACE_SITE("layers.mesh:36:11");
@@ -1876,9 +1838,8 @@ void MlmTrain::runPart0(const Inputs &inputs) {
   support::View v76 = arena_.view(0, 4096);
   repeated4(v66, v67, v71, v68, v72, v69, v74, v76);
 
-  // 13 statements from layers.mesh:43:25 where (2 of 2)
-  MESHRT_TRACE_SITE("layers.mesh:43:25");
-  support::View v82 = arena_.view(16384, 4096);
+  // 12 statements from layers.mesh:43:17 softmax -> weights (2 of 2)
+  MESHRT_TRACE_SITE("layers.mesh:43:17");
   support::View v83 = arena_.view(294912, 4096);
   support::View v84 = arena_.view(393216, 2048);
   support::View v70(param21_bert_encoder_layer_1_attention_w_o); // updated in place
@@ -1901,8 +1862,8 @@ void MlmTrain::runPart0(const Inputs &inputs) {
   support::View v104(param29_bert_encoder_layer_1_norm_1_bias); // updated in place
   support::View v97 = arena_.view(65536, 8192);
   support::View v107 = arena_.view(131072, 2048);
-  repeated2(v39, v76, v82, v83, v74, v84, v70, v85, v66, v86, v89, v87, v88, v91, v92, v96, v93,
-            v97, v99, v94, v100, v95, v102, v105, v103, v104, v107,
+  repeated2(v83, v76, v39, v74, v84, v70, v85, v66, v86, v89, v87, v88, v91, v92, v96, v93, v97,
+            v99, v94, v100, v95, v102, v105, v103, v104, v107,
             "bert/encoder_layer[1]/ffn/dropout#0");
 
   // bert.mesh:46:10 einsum
@@ -1915,12 +1876,12 @@ void MlmTrain::runPart0(const Inputs &inputs) {
   MESHRT_TRACE("loop", "bert.mesh:46:58", "forward");
   support::View v8(param3_bert_output_bias); // updated in place
   support::View v109 = arena_.view(16384, 4096);
-  loop6(v109.data(), v108.data(), v8.data());
+  loop5(v109.data(), v108.data(), v8.data());
 
   // bert.mesh:60:14 log_softmax -> logp
   MESHRT_TRACE("log_softmax", "bert.mesh:60:14", "forward");
   support::View v110 = arena_.view(0, 4096);
-  support::along(v110.data(), v109.data(), kShape5, kShape8, kShape8, kShape9, kShape1, kShape1,
+  support::along(v110.data(), v109.data(), kShape5, kShape6, kShape6, kShape7, kShape1, kShape1,
                  support::Along::LogSoftmax, 1e-05, 128, nullptr);
 
   // bert.mesh:61:32 one_hot
@@ -1932,12 +1893,12 @@ void MlmTrain::runPart0(const Inputs &inputs) {
   // bert.mesh:61:30 mul
   MESHRT_TRACE("loop", "bert.mesh:61:30", "forward");
   support::View v112 = arena_.view(32768, 4096);
-  loop11(v112.data(), v110.data(), v111.data());
+  loop10(v112.data(), v110.data(), v111.data());
 
   // bert.mesh:61:21 sum
   MESHRT_TRACE("sum", "bert.mesh:61:21", "forward");
   support::View v113 = arena_.view(139264, 32);
-  support::reduce(v113.data(), kShape5, v112.data(), kShape8, kShape9, kShape1,
+  support::reduce(v113.data(), kShape5, v112.data(), kShape6, kShape7, kShape1,
                   support::Reduce::Sum, 1.0);
 
   // bert.mesh:62:28 mul
@@ -1948,7 +1909,7 @@ void MlmTrain::runPart0(const Inputs &inputs) {
   const support::Buffer &v3 = inputs.masked.data;
   support::View v116 = arena_.view(139392, 32);
   support::View v117 = arena_.view(32768, 32);
-  loop12(v116.data(), v117.data(), v3.data(), v2.data(), v113.data());
+  loop11(v116.data(), v117.data(), v3.data(), v2.data(), v113.data());
 
   // bert.mesh:64:14 sum
   MESHRT_TRACE("sum", "bert.mesh:64:14", "forward");
@@ -2004,7 +1965,7 @@ void MlmTrain::runPart0(const Inputs &inputs) {
   // bert.mesh:60:14 sub
   MESHRT_TRACE("loop", "bert.mesh:64:14", "backward");
   support::View v140 = arena_.view(32768, 4096);
-  loop13(v140.data(), v125.data(), v116.data(), v4.data(), v110.data(), v111.data());
+  loop12(v140.data(), v125.data(), v116.data(), v4.data(), v110.data(), v111.data());
 }
 
 void MlmTrain::runPart1(const Inputs &inputs) {
@@ -2015,7 +1976,7 @@ void MlmTrain::runPart1(const Inputs &inputs) {
   MESHRT_TRACE("sum", "bert.mesh:46:58", "backward");
   support::View v140 = arena_.view(32768, 4096);
   support::View v141 = arena_.view(538624, 128);
-  support::reduce(v141.data(), kShape9, v140.data(), kShape1, kShape5, kShape8,
+  support::reduce(v141.data(), kShape7, v140.data(), kShape1, kShape5, kShape6,
                   support::Reduce::Sum, 1.0);
 
   // bert.mesh:46:10 einsum
@@ -2035,45 +1996,45 @@ void MlmTrain::runPart1(const Inputs &inputs) {
   // layers.mesh:24:40 sum -> grad/bert/encoder_layer[1]/norm#1/bias
   MESHRT_TRACE("sum", "layers.mesh:24:40", "backward");
   support::View v144 = arena_.view(539136, 64);
-  support::reduce(v144.data(), kShape7, v142.data(), kShape1, kShape5, kShape6,
+  support::reduce(v144.data(), kShape11, v142.data(), kShape1, kShape5, kShape10,
                   support::Reduce::Sum, 1.0);
 
   // layers.mesh:24:33 mul
   MESHRT_TRACE("loop", "layers.mesh:24:33", "backward");
   support::View v105 = arena_.view(57344, 2048);
   support::View v146 = arena_.view(8192, 2048);
-  loop14(v146.data(), v142.data(), v105.data());
+  loop13(v146.data(), v142.data(), v105.data());
 
   // layers.mesh:24:33 sum -> grad/bert/encoder_layer[1]/norm#1/gain
   MESHRT_TRACE("sum", "layers.mesh:24:33", "backward");
   support::View v147 = arena_.view(539392, 64);
-  support::reduce(v147.data(), kShape7, v146.data(), kShape1, kShape5, kShape6,
+  support::reduce(v147.data(), kShape11, v146.data(), kShape1, kShape5, kShape10,
                   support::Reduce::Sum, 1.0);
 
   // layers.mesh:24:10 mean
   MESHRT_TRACE("mean", "layers.mesh:24:10", "backward");
   support::View v102 = arena_.view(49152, 2048);
   support::View v148 = arena_.view(16384, 32);
-  support::reduce(v148.data(), kShape5, v102.data(), kShape6, kShape7, kShape1,
+  support::reduce(v148.data(), kShape5, v102.data(), kShape10, kShape11, kShape1,
                   support::Reduce::Sum, 0.015625);
 
   // layers.mesh:24:10 sub
   // layers.mesh:24:10 square
   MESHRT_TRACE("loop", "layers.mesh:24:10", "backward");
   support::View v150 = arena_.view(8192, 2048);
-  loop15(v150.data(), v102.data(), v148.data());
+  loop14(v150.data(), v102.data(), v148.data());
 
   // layers.mesh:24:10 mean
   MESHRT_TRACE("mean", "layers.mesh:24:10", "backward");
   support::View v151 = arena_.view(16384, 32);
-  support::reduce(v151.data(), kShape5, v150.data(), kShape6, kShape7, kShape1,
+  support::reduce(v151.data(), kShape5, v150.data(), kShape10, kShape11, kShape1,
                   support::Reduce::Sum, 0.015625);
 
   // layers.mesh:24:10 add
   // layers.mesh:24:10 rsqrt
   MESHRT_TRACE("loop", "layers.mesh:24:10", "backward");
   support::View v154 = arena_.view(24576, 32);
-  loop16(v154.data(), v151.data());
+  loop15(v154.data(), v151.data());
 
   // layers.mesh:24:33 mul
   // layers.mesh:24:10 mul
@@ -2081,18 +2042,18 @@ void MlmTrain::runPart1(const Inputs &inputs) {
   support::View v103(param28_bert_encoder_layer_1_norm_1_gain); // updated in place
   support::View v145 = arena_.view(8192, 2048);
   support::View v155 = arena_.view(16384, 2048);
-  loop17(v145.data(), v155.data(), v142.data(), v103.data(), v105.data());
+  loop16(v145.data(), v155.data(), v142.data(), v103.data(), v105.data());
 
   // layers.mesh:24:10 mean
   MESHRT_TRACE("mean", "layers.mesh:24:10", "backward");
   support::View v156 = arena_.view(0, 32);
-  support::reduce(v156.data(), kShape5, v155.data(), kShape6, kShape7, kShape1,
+  support::reduce(v156.data(), kShape5, v155.data(), kShape10, kShape11, kShape1,
                   support::Reduce::Sum, 0.015625);
 
   // layers.mesh:24:10 mean
   MESHRT_TRACE("mean", "layers.mesh:24:10", "backward");
   support::View v158 = arena_.view(128, 32);
-  support::reduce(v158.data(), kShape5, v145.data(), kShape6, kShape7, kShape1,
+  support::reduce(v158.data(), kShape5, v145.data(), kShape10, kShape11, kShape1,
                   support::Reduce::Sum, 0.015625);
 
   // layers.mesh:24:10 mul
@@ -2101,7 +2062,7 @@ void MlmTrain::runPart1(const Inputs &inputs) {
   // layers.mesh:24:10 mul
   MESHRT_TRACE("loop", "layers.mesh:24:10", "backward");
   support::View v161 = arena_.view(409600, 2048);
-  loop18(v161.data(), v105.data(), v156.data(), v145.data(), v158.data(), v154.data());
+  loop17(v161.data(), v105.data(), v156.data(), v145.data(), v158.data(), v154.data());
 
   // 46 statements from layers.mesh:55:71 sum -> grad/bert/encoder_layer[1]/ffn/b_out (1 of 2)
   MESHRT_TRACE_SITE("layers.mesh:55:71");
@@ -2265,7 +2226,7 @@ void MlmTrain::runPart1(const Inputs &inputs) {
   const support::Buffer &v1 = inputs.segment_ids.data;
   support::View v333 = arena_.view(499712, 128);
   support::scatterAdd(v333.data(), kShape15, v331.data(), kShape16, v1.data(), kShape17, kShape5,
-                      kShape6, kShape14, 0, 0);
+                      kShape10, kShape14, 0, 0);
 
   // bert.mesh:34:76 sum -> grad/bert/position_embedding
   MESHRT_TRACE("sum", "bert.mesh:34:76", "backward");
@@ -2278,12 +2239,12 @@ void MlmTrain::runPart1(const Inputs &inputs) {
   const support::Buffer &v0 = inputs.tokens.data;
   support::View v336 = arena_.view(294912, 8192);
   support::scatterAdd(v336.data(), kShape21, v331.data(), kShape16, v0.data(), kShape17, kShape5,
-                      kShape6, kShape14, 0, 0);
+                      kShape10, kShape14, 0, 0);
 
   // bert.mesh:34:37 add -> grad/bert/token_embedding
   MESHRT_TRACE("loop", "bert.mesh:34:37", "backward");
   support::View v337 = arena_.view(327680, 8192);
-  loop19(v337.data(), v143.data(), v336.data());
+  loop18(v337.data(), v143.data(), v336.data());
 
   // bert.mesh:65:3 bucketed_all_reduce_sum -> loss (31 partial sums (loss, grad/bert/output_bias,
   // grad/bert/encoder_layer[1]/norm#1/bias, ...) over data, model resolved together, 430.0 KiB in
@@ -2376,7 +2337,7 @@ void MlmTrain::runPart1(const Inputs &inputs) {
   MESHRT_TRACE("loop", "bert.mesh:65:3", "update");
   support::View v357(param31_bert_token_embedding_v); // updated in place
   support::View v356(param30_bert_token_embedding_m); // updated in place
-  loop20(v357.data(), v356.data(), v5.data(), v337.data(), v373.data(), v371.data(), v355.data());
+  loop19(v357.data(), v356.data(), v5.data(), v337.data(), v373.data(), v371.data(), v355.data());
 }
 
 void MlmTrain::runPart2(const Inputs &inputs) {
@@ -2407,7 +2368,7 @@ void MlmTrain::runPart2(const Inputs &inputs) {
   support::View v385(param32_bert_position_embedding_m); // updated in place
   support::View v371 = arena_.view(262208, 1);
   support::View v355 = arena_.view(262144, 1);
-  loop21(v386.data(), v385.data(), v6.data(), v334.data(), v373.data(), v371.data(), v355.data());
+  loop20(v386.data(), v385.data(), v6.data(), v334.data(), v373.data(), v371.data(), v355.data());
 
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 square
@@ -2430,7 +2391,7 @@ void MlmTrain::runPart2(const Inputs &inputs) {
   support::View v333 = arena_.view(499712, 128);
   support::View v407(param35_bert_segment_embedding_v); // updated in place
   support::View v406(param34_bert_segment_embedding_m); // updated in place
-  loop22(v407.data(), v406.data(), v7.data(), v333.data(), v373.data(), v371.data(), v355.data());
+  loop21(v407.data(), v406.data(), v7.data(), v333.data(), v373.data(), v371.data(), v355.data());
 
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 square
@@ -2453,7 +2414,7 @@ void MlmTrain::runPart2(const Inputs &inputs) {
   support::View v141 = arena_.view(538624, 128);
   support::View v428(param37_bert_output_bias_v); // updated in place
   support::View v427(param36_bert_output_bias_m); // updated in place
-  loop22(v428.data(), v427.data(), v8.data(), v141.data(), v373.data(), v371.data(), v355.data());
+  loop21(v428.data(), v427.data(), v8.data(), v141.data(), v373.data(), v371.data(), v355.data());
 
   // 1 statements from bert.mesh:65:3 mul (1 of 2)
   MESHRT_TRACE_SITE("bert.mesh:65:3");
@@ -2615,7 +2576,7 @@ void MlmTrain::repeated0(
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 sub -> next/bert/encoder_layer[0]/attention/w_q
   MESHRT_TRACE("loop", "bert.mesh:65:3", "update");
-  loop23(a2.data(), a4.data(), a0.data(), a1.data(), a3.data(), a5.data(), a6.data());
+  loop22(a2.data(), a4.data(), a0.data(), a1.data(), a3.data(), a5.data(), a6.data());
 
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 square
@@ -2634,7 +2595,7 @@ void MlmTrain::repeated0(
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 sub -> next/bert/encoder_layer[0]/attention/w_k
   MESHRT_TRACE("loop", "bert.mesh:65:3", "update");
-  loop23(a9.data(), a10.data(), a7.data(), a8.data(), a3.data(), a5.data(), a6.data());
+  loop22(a9.data(), a10.data(), a7.data(), a8.data(), a3.data(), a5.data(), a6.data());
 
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 square
@@ -2653,7 +2614,7 @@ void MlmTrain::repeated0(
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 sub -> next/bert/encoder_layer[0]/attention/w_v
   MESHRT_TRACE("loop", "bert.mesh:65:3", "update");
-  loop23(a13.data(), a14.data(), a11.data(), a12.data(), a3.data(), a5.data(), a6.data());
+  loop22(a13.data(), a14.data(), a11.data(), a12.data(), a3.data(), a5.data(), a6.data());
 
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 square
@@ -2672,7 +2633,7 @@ void MlmTrain::repeated0(
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 sub -> next/bert/encoder_layer[0]/attention/w_o
   MESHRT_TRACE("loop", "bert.mesh:65:3", "update");
-  loop23(a17.data(), a18.data(), a15.data(), a16.data(), a3.data(), a5.data(), a6.data());
+  loop22(a17.data(), a18.data(), a15.data(), a16.data(), a3.data(), a5.data(), a6.data());
 
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 square
@@ -2691,7 +2652,7 @@ void MlmTrain::repeated0(
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 sub -> next/bert/encoder_layer[0]/norm/gain
   MESHRT_TRACE("loop", "bert.mesh:65:3", "update");
-  loop24(a21.data(), a22.data(), a19.data(), a20.data(), a3.data(), a5.data(), a6.data());
+  loop23(a21.data(), a22.data(), a19.data(), a20.data(), a3.data(), a5.data(), a6.data());
 
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 square
@@ -2710,7 +2671,7 @@ void MlmTrain::repeated0(
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 sub -> next/bert/encoder_layer[0]/norm/bias
   MESHRT_TRACE("loop", "bert.mesh:65:3", "update");
-  loop24(a25.data(), a26.data(), a23.data(), a24.data(), a3.data(), a5.data(), a6.data());
+  loop23(a25.data(), a26.data(), a23.data(), a24.data(), a3.data(), a5.data(), a6.data());
 
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 square
@@ -2729,7 +2690,7 @@ void MlmTrain::repeated0(
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 sub -> next/bert/encoder_layer[0]/ffn/w_in
   MESHRT_TRACE("loop", "bert.mesh:65:3", "update");
-  loop25(a29.data(), a30.data(), a27.data(), a28.data(), a3.data(), a5.data(), a6.data());
+  loop24(a29.data(), a30.data(), a27.data(), a28.data(), a3.data(), a5.data(), a6.data());
 
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 square
@@ -2748,7 +2709,7 @@ void MlmTrain::repeated0(
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 sub -> next/bert/encoder_layer[0]/ffn/b_in
   MESHRT_TRACE("loop", "bert.mesh:65:3", "update");
-  loop26(a33.data(), a34.data(), a31.data(), a32.data(), a3.data(), a5.data(), a6.data());
+  loop25(a33.data(), a34.data(), a31.data(), a32.data(), a3.data(), a5.data(), a6.data());
 
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 square
@@ -2767,7 +2728,7 @@ void MlmTrain::repeated0(
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 sub -> next/bert/encoder_layer[0]/ffn/w_out
   MESHRT_TRACE("loop", "bert.mesh:65:3", "update");
-  loop25(a37.data(), a38.data(), a35.data(), a36.data(), a3.data(), a5.data(), a6.data());
+  loop24(a37.data(), a38.data(), a35.data(), a36.data(), a3.data(), a5.data(), a6.data());
 
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 square
@@ -2786,7 +2747,7 @@ void MlmTrain::repeated0(
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 sub -> next/bert/encoder_layer[0]/ffn/b_out
   MESHRT_TRACE("loop", "bert.mesh:65:3", "update");
-  loop24(a41.data(), a42.data(), a39.data(), a40.data(), a3.data(), a5.data(), a6.data());
+  loop23(a41.data(), a42.data(), a39.data(), a40.data(), a3.data(), a5.data(), a6.data());
 
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 square
@@ -2805,7 +2766,7 @@ void MlmTrain::repeated0(
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 sub -> next/bert/encoder_layer[0]/norm#1/gain
   MESHRT_TRACE("loop", "bert.mesh:65:3", "update");
-  loop24(a45.data(), a46.data(), a43.data(), a44.data(), a3.data(), a5.data(), a6.data());
+  loop23(a45.data(), a46.data(), a43.data(), a44.data(), a3.data(), a5.data(), a6.data());
 
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 square
@@ -2824,7 +2785,7 @@ void MlmTrain::repeated0(
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 sub -> next/bert/encoder_layer[0]/norm#1/bias
   MESHRT_TRACE("loop", "bert.mesh:65:3", "update");
-  loop24(a49.data(), a50.data(), a47.data(), a48.data(), a3.data(), a5.data(), a6.data());
+  loop23(a49.data(), a50.data(), a47.data(), a48.data(), a3.data(), a5.data(), a6.data());
 }
 
 void MlmTrain::repeated1(
@@ -2850,7 +2811,7 @@ void MlmTrain::repeated1(
 
   // layers.mesh:55:71 sum -> grad/bert/encoder_layer[1]/ffn/b_out
   MESHRT_TRACE("sum", "layers.mesh:55:71", "backward");
-  support::reduce(a0.data(), kShape7, a1.data(), kShape1, kShape5, kShape6, support::Reduce::Sum,
+  support::reduce(a0.data(), kShape11, a1.data(), kShape1, kShape5, kShape10, support::Reduce::Sum,
                   1.0);
 
   // layers.mesh:55:10 einsum
@@ -2945,7 +2906,7 @@ void MlmTrain::repeated1(
 
   // layers.mesh:54:16 add
   MESHRT_TRACE("loop", "layers.mesh:54:16", "backward");
-  loop8(a11.data(), a1.data(), a10.data());
+  loop6(a11.data(), a1.data(), a10.data());
 
   // layers.mesh:54:16 einsum -> grad/bert/encoder_layer[1]/ffn/w_in
   MESHRT_TRACE("gemm", "layers.mesh:54:16", "backward");
@@ -2954,59 +2915,59 @@ void MlmTrain::repeated1(
 
   // layers.mesh:24:40 sum -> grad/bert/encoder_layer[1]/norm/bias
   MESHRT_TRACE("sum", "layers.mesh:24:40", "backward");
-  support::reduce(a14.data(), kShape7, a11.data(), kShape1, kShape5, kShape6, support::Reduce::Sum,
-                  1.0);
+  support::reduce(a14.data(), kShape11, a11.data(), kShape1, kShape5, kShape10,
+                  support::Reduce::Sum, 1.0);
 
   // layers.mesh:24:33 mul
   MESHRT_TRACE("loop", "layers.mesh:24:33", "backward");
-  loop14(a16.data(), a11.data(), a15.data());
+  loop13(a16.data(), a11.data(), a15.data());
 
   // layers.mesh:24:33 sum -> grad/bert/encoder_layer[1]/norm/gain
   MESHRT_TRACE("sum", "layers.mesh:24:33", "backward");
-  support::reduce(a17.data(), kShape7, a16.data(), kShape1, kShape5, kShape6, support::Reduce::Sum,
-                  1.0);
+  support::reduce(a17.data(), kShape11, a16.data(), kShape1, kShape5, kShape10,
+                  support::Reduce::Sum, 1.0);
 
   // layers.mesh:24:10 mean
   MESHRT_TRACE("mean", "layers.mesh:24:10", "backward");
-  support::reduce(a18.data(), kShape5, a19.data(), kShape6, kShape7, kShape1, support::Reduce::Sum,
-                  0.015625);
+  support::reduce(a18.data(), kShape5, a19.data(), kShape10, kShape11, kShape1,
+                  support::Reduce::Sum, 0.015625);
 
   // layers.mesh:24:10 sub
   // layers.mesh:24:10 square
   MESHRT_TRACE("loop", "layers.mesh:24:10", "backward");
-  loop15(a20.data(), a19.data(), a18.data());
+  loop14(a20.data(), a19.data(), a18.data());
 
   // layers.mesh:24:10 mean
   MESHRT_TRACE("mean", "layers.mesh:24:10", "backward");
-  support::reduce(a21.data(), kShape5, a20.data(), kShape6, kShape7, kShape1, support::Reduce::Sum,
-                  0.015625);
+  support::reduce(a21.data(), kShape5, a20.data(), kShape10, kShape11, kShape1,
+                  support::Reduce::Sum, 0.015625);
 
   // layers.mesh:24:10 add
   // layers.mesh:24:10 rsqrt
   MESHRT_TRACE("loop", "layers.mesh:24:10", "backward");
-  loop16(a22.data(), a21.data());
+  loop15(a22.data(), a21.data());
 
   // layers.mesh:24:33 mul
   // layers.mesh:24:10 mul
   MESHRT_TRACE("loop", "layers.mesh:24:33", "backward");
-  loop17(a24.data(), a25.data(), a11.data(), a23.data(), a15.data());
+  loop16(a24.data(), a25.data(), a11.data(), a23.data(), a15.data());
 
   // layers.mesh:24:10 mean
   MESHRT_TRACE("mean", "layers.mesh:24:10", "backward");
-  support::reduce(a26.data(), kShape5, a25.data(), kShape6, kShape7, kShape1, support::Reduce::Sum,
-                  0.015625);
+  support::reduce(a26.data(), kShape5, a25.data(), kShape10, kShape11, kShape1,
+                  support::Reduce::Sum, 0.015625);
 
   // layers.mesh:24:10 mean
   MESHRT_TRACE("mean", "layers.mesh:24:10", "backward");
-  support::reduce(a27.data(), kShape5, a24.data(), kShape6, kShape7, kShape1, support::Reduce::Sum,
-                  0.015625);
+  support::reduce(a27.data(), kShape5, a24.data(), kShape10, kShape11, kShape1,
+                  support::Reduce::Sum, 0.015625);
 
   // layers.mesh:24:10 mul
   // layers.mesh:24:10 sub
   // layers.mesh:24:10 sub
   // layers.mesh:24:10 mul
   MESHRT_TRACE("loop", "layers.mesh:24:10", "backward");
-  loop18(a28.data(), a15.data(), a26.data(), a24.data(), a27.data(), a22.data());
+  loop17(a28.data(), a15.data(), a26.data(), a24.data(), a27.data(), a22.data());
 
   // layers.mesh:45:10 einsum
   MESHRT_TRACE("gemm", "layers.mesh:45:10", "backward");
@@ -3030,19 +2991,19 @@ void MlmTrain::repeated1(
 
   // layers.mesh:43:17 mul
   MESHRT_TRACE("loop", "layers.mesh:43:17", "backward");
-  loop11(a37.data(), a34.data(), a35.data());
+  loop10(a37.data(), a34.data(), a35.data());
 
   // layers.mesh:43:17 sum
   MESHRT_TRACE("sum", "layers.mesh:43:17", "backward");
-  support::reduce(a38.data(), kShape10, a37.data(), kShape11, kShape0, kShape1,
-                  support::Reduce::Sum, 1.0);
+  support::reduce(a38.data(), kShape8, a37.data(), kShape24, kShape0, kShape1, support::Reduce::Sum,
+                  1.0);
 
   // layers.mesh:43:17 sub
   // layers.mesh:43:17 mul
   // layers.mesh:43:25 where
   // layers.mesh:41:55 mul
   MESHRT_TRACE("loop", "layers.mesh:43:17", "backward");
-  loop27(a40.data(), a34.data(), a38.data(), a35.data(), a39.data());
+  loop26(a40.data(), a34.data(), a38.data(), a35.data(), a39.data());
 
   // layers.mesh:41:16 einsum
   MESHRT_TRACE("gemm", "layers.mesh:41:16", "backward");
@@ -3083,7 +3044,7 @@ void MlmTrain::repeated1(
   // layers.mesh:38:18 add
   // layers.mesh:36:11 add
   MESHRT_TRACE("loop", "layers.mesh:39:18", "backward");
-  loop28(a54.data(), a28.data(), a46.data(), a50.data(), a53.data());
+  loop27(a54.data(), a28.data(), a46.data(), a50.data(), a53.data());
 
   // layers.mesh:36:11 einsum -> grad/bert/encoder_layer[1]/attention/w_q
   MESHRT_TRACE("gemm", "layers.mesh:36:11", "backward");
@@ -3092,110 +3053,105 @@ void MlmTrain::repeated1(
 
   // layers.mesh:24:40 sum -> grad/bert/encoder_layer[0]/norm#1/bias
   MESHRT_TRACE("sum", "layers.mesh:24:40", "backward");
-  support::reduce(a56.data(), kShape7, a54.data(), kShape1, kShape5, kShape6, support::Reduce::Sum,
-                  1.0);
+  support::reduce(a56.data(), kShape11, a54.data(), kShape1, kShape5, kShape10,
+                  support::Reduce::Sum, 1.0);
 
   // layers.mesh:24:33 mul
   MESHRT_TRACE("loop", "layers.mesh:24:33", "backward");
-  loop14(a58.data(), a54.data(), a57.data());
+  loop13(a58.data(), a54.data(), a57.data());
 
   // layers.mesh:24:33 sum -> grad/bert/encoder_layer[0]/norm#1/gain
   MESHRT_TRACE("sum", "layers.mesh:24:33", "backward");
-  support::reduce(a59.data(), kShape7, a58.data(), kShape1, kShape5, kShape6, support::Reduce::Sum,
-                  1.0);
+  support::reduce(a59.data(), kShape11, a58.data(), kShape1, kShape5, kShape10,
+                  support::Reduce::Sum, 1.0);
 
   // layers.mesh:24:10 mean
   MESHRT_TRACE("mean", "layers.mesh:24:10", "backward");
-  support::reduce(a60.data(), kShape5, a61.data(), kShape6, kShape7, kShape1, support::Reduce::Sum,
-                  0.015625);
+  support::reduce(a60.data(), kShape5, a61.data(), kShape10, kShape11, kShape1,
+                  support::Reduce::Sum, 0.015625);
 
   // layers.mesh:24:10 sub
   // layers.mesh:24:10 square
   MESHRT_TRACE("loop", "layers.mesh:24:10", "backward");
-  loop15(a62.data(), a61.data(), a60.data());
+  loop14(a62.data(), a61.data(), a60.data());
 
   // layers.mesh:24:10 mean
   MESHRT_TRACE("mean", "layers.mesh:24:10", "backward");
-  support::reduce(a63.data(), kShape5, a62.data(), kShape6, kShape7, kShape1, support::Reduce::Sum,
-                  0.015625);
+  support::reduce(a63.data(), kShape5, a62.data(), kShape10, kShape11, kShape1,
+                  support::Reduce::Sum, 0.015625);
 
   // layers.mesh:24:10 add
   // layers.mesh:24:10 rsqrt
   MESHRT_TRACE("loop", "layers.mesh:24:10", "backward");
-  loop16(a64.data(), a63.data());
+  loop15(a64.data(), a63.data());
 
   // layers.mesh:24:33 mul
   // layers.mesh:24:10 mul
   MESHRT_TRACE("loop", "layers.mesh:24:33", "backward");
-  loop17(a66.data(), a67.data(), a54.data(), a65.data(), a57.data());
+  loop16(a66.data(), a67.data(), a54.data(), a65.data(), a57.data());
 
   // layers.mesh:24:10 mean
   MESHRT_TRACE("mean", "layers.mesh:24:10", "backward");
-  support::reduce(a68.data(), kShape5, a67.data(), kShape6, kShape7, kShape1, support::Reduce::Sum,
-                  0.015625);
+  support::reduce(a68.data(), kShape5, a67.data(), kShape10, kShape11, kShape1,
+                  support::Reduce::Sum, 0.015625);
 
   // layers.mesh:24:10 mean
   MESHRT_TRACE("mean", "layers.mesh:24:10", "backward");
-  support::reduce(a69.data(), kShape5, a66.data(), kShape6, kShape7, kShape1, support::Reduce::Sum,
-                  0.015625);
+  support::reduce(a69.data(), kShape5, a66.data(), kShape10, kShape11, kShape1,
+                  support::Reduce::Sum, 0.015625);
 
   // layers.mesh:24:10 mul
   // layers.mesh:24:10 sub
   // layers.mesh:24:10 sub
   // layers.mesh:24:10 mul
   MESHRT_TRACE("loop", "layers.mesh:24:10", "backward");
-  loop18(a70.data(), a57.data(), a68.data(), a66.data(), a69.data(), a64.data());
+  loop17(a70.data(), a57.data(), a68.data(), a66.data(), a69.data(), a64.data());
 }
 
-void MlmTrain::repeated2(support::ConstView a0, support::ConstView a1, support::View a2,
-                         support::View a3, support::ConstView a4, support::View a5,
-                         support::ConstView a6, support::View a7, support::ConstView a8,
-                         support::View a9, support::View a10, support::ConstView a11,
-                         support::ConstView a12, support::View a13, support::ConstView a14,
-                         support::View a15, support::ConstView a16, support::View a17,
-                         support::View a18, support::ConstView a19, support::View a20,
-                         support::ConstView a21, support::View a22, support::View a23,
-                         support::ConstView a24, support::ConstView a25, support::View a26,
-                         const char *t0) {
+void MlmTrain::repeated2(support::View a0, support::ConstView a1, support::ConstView a2,
+                         support::ConstView a3, support::View a4, support::ConstView a5,
+                         support::View a6, support::ConstView a7, support::View a8,
+                         support::View a9, support::ConstView a10, support::ConstView a11,
+                         support::View a12, support::ConstView a13, support::View a14,
+                         support::ConstView a15, support::View a16, support::View a17,
+                         support::ConstView a18, support::View a19, support::ConstView a20,
+                         support::View a21, support::View a22, support::ConstView a23,
+                         support::ConstView a24, support::View a25, const char *t0) {
   MESHRT_TRACE_SPAN(world_);
 
-  // layers.mesh:43:25 where
-  MESHRT_TRACE("loop", "layers.mesh:43:25", "forward");
-  loop7(a2.data(), a0.data(), a1.data());
-
   // layers.mesh:43:17 softmax -> weights
+  // layers.mesh:43:25 where
   MESHRT_TRACE("softmax", "layers.mesh:43:17", "forward");
-  support::along(a3.data(), a2.data(), kShape10, kShape11, kShape11, kShape0, kShape1, kShape1,
-                 support::Along::Softmax, 1e-05, 32, nullptr);
+  support::maskedSoftmax(a0.data(), a1.data(), a2.data(), kShape8, kShape9, 32, 1, -1000000000.0);
 
   // layers.mesh:44:17 einsum -> context
   MESHRT_TRACE("gemm", "layers.mesh:44:17", "forward");
   // dims: batch, heads, seq, mem, d_head
-  kEinsum1.plan().run(a3.data(), a4.data(), a5.data(), 1.0f, 0.0f);
+  kEinsum1.plan().run(a0.data(), a3.data(), a4.data(), 1.0f, 0.0f);
 
   // layers.mesh:45:10 einsum
   MESHRT_TRACE("gemm", "layers.mesh:45:10", "forward");
   // dims: batch, seq, heads, d_head, d_model
-  kEinsum2.plan().run(a5.data(), a6.data(), a7.data(), 1.0f, 0.0f);
+  kEinsum2.plan().run(a4.data(), a5.data(), a6.data(), 1.0f, 0.0f);
 
   // bert.mesh:20:18 add
   MESHRT_TRACE("loop", "bert.mesh:20:18", "forward");
-  loop8(a9.data(), a8.data(), a7.data());
+  loop6(a8.data(), a7.data(), a6.data());
 
   // layers.mesh:24:10 layer_norm
   MESHRT_TRACE("layer_norm", "layers.mesh:24:10", "forward");
-  support::along(a10.data(), a9.data(), kShape5, kShape6, kShape6, kShape7, kShape1, kShape1,
+  support::along(a9.data(), a8.data(), kShape5, kShape10, kShape10, kShape11, kShape1, kShape1,
                  support::Along::LayerNorm, 1e-05, 64, nullptr);
 
   // layers.mesh:24:33 mul
   // layers.mesh:24:40 add -> h
   MESHRT_TRACE("loop", "layers.mesh:24:33", "forward");
-  loop3(a13.data(), a10.data(), a11.data(), a12.data());
+  loop9(a12.data(), a9.data(), a10.data(), a11.data());
 
   // layers.mesh:54:16 einsum
   MESHRT_TRACE("gemm", "layers.mesh:54:16", "forward");
   // dims: batch, seq, d_model, d_ff
-  kEinsum3.plan().run(a13.data(), a14.data(), a15.data(), 1.0f, 0.0f);
+  kEinsum3.plan().run(a12.data(), a13.data(), a14.data(), 1.0f, 0.0f);
 
   // layers.mesh:54:52 add
   // layers.mesh:54:11 gelu -> h
@@ -3204,10 +3160,10 @@ void MlmTrain::repeated2(support::ConstView a0, support::ConstView a1, support::
   {
     const auto inv0 = meshrt::stepStreamKey(seed_, t0, uint64_t(step_));
     const auto inv1 = int64_t(support::shardStart(world_, {"data", "model"}, 1) * 8192);
+    float *__restrict a16p = a16.data();
     float *__restrict a17p = a17.data();
-    float *__restrict a18p = a18.data();
+    const float *__restrict a14p = a14.data();
     const float *__restrict a15p = a15.data();
-    const float *__restrict a16p = a16.data();
     for (int64_t i0 = 0; i0 < 32; ++i0) {
       for (int64_t c1 = 0; c1 < 256; c1 += 256) {
         constexpr int64_t n1 = 256;
@@ -3217,14 +3173,14 @@ void MlmTrain::repeated2(support::ConstView a0, support::ConstView a1, support::
           meshrt::dropoutKeepMasks(inv0, uint64_t(inv1 + i0 * 256 + i1), n1, 838861u, keep4);
         }
         for (int64_t i1 = c1; i1 < c1 + n1; ++i1) {
-          const float s0 = a15p[i0 * 256 + i1];
-          const float s1 = a16p[i1];
+          const float s0 = a14p[i0 * 256 + i1];
+          const float s1 = a15p[i1];
           const float s2 = (s0 + s1);
           const float s3 = support::fgelu(s2);
           const float s4 =
               support::keepOrZero(keep4[i1 - c1], float(double(s3) * 1.1111111111111112));
-          a17p[i0 * 256 + i1] = s2;
-          a18p[i0 * 256 + i1] = s4;
+          a16p[i0 * 256 + i1] = s2;
+          a17p[i0 * 256 + i1] = s4;
         }
       }
     }
@@ -3233,22 +3189,22 @@ void MlmTrain::repeated2(support::ConstView a0, support::ConstView a1, support::
   // layers.mesh:55:10 einsum
   MESHRT_TRACE("gemm", "layers.mesh:55:10", "forward");
   // dims: batch, seq, d_ff, d_model
-  kEinsum4.plan().run(a18.data(), a19.data(), a20.data(), 1.0f, 0.0f);
+  kEinsum4.plan().run(a17.data(), a18.data(), a19.data(), 1.0f, 0.0f);
 
   // layers.mesh:55:71 add
   // bert.mesh:21:17 add
   MESHRT_TRACE("loop", "layers.mesh:55:71", "forward");
-  loop10(a22.data(), a20.data(), a21.data(), a13.data());
+  loop8(a21.data(), a19.data(), a20.data(), a12.data());
 
   // layers.mesh:24:10 layer_norm
   MESHRT_TRACE("layer_norm", "layers.mesh:24:10", "forward");
-  support::along(a23.data(), a22.data(), kShape5, kShape6, kShape6, kShape7, kShape1, kShape1,
+  support::along(a22.data(), a21.data(), kShape5, kShape10, kShape10, kShape11, kShape1, kShape1,
                  support::Along::LayerNorm, 1e-05, 64, nullptr);
 
   // layers.mesh:24:33 mul
   // layers.mesh:24:40 add -> x
   MESHRT_TRACE("loop", "layers.mesh:24:33", "forward");
-  loop3(a26.data(), a23.data(), a24.data(), a25.data());
+  loop9(a25.data(), a22.data(), a23.data(), a24.data());
 }
 
 void MlmTrain::repeated3(support::View a0, support::ConstView a1, support::View a2,
@@ -3273,7 +3229,7 @@ void MlmTrain::repeated3(support::View a0, support::ConstView a1, support::View 
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 sub -> next/bert/norm/gain
   MESHRT_TRACE("loop", "bert.mesh:65:3", "update");
-  loop24(a2.data(), a4.data(), a0.data(), a1.data(), a3.data(), a5.data(), a6.data());
+  loop23(a2.data(), a4.data(), a0.data(), a1.data(), a3.data(), a5.data(), a6.data());
 }
 
 void MlmTrain::repeated4(support::ConstView a0, support::ConstView a1, support::View a2,

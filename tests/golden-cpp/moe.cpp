@@ -9,23 +9,23 @@ namespace meshc_generated {
 static const support::Shape kShape0 = {2};
 static const support::Shape kShape1 = {1};
 static const support::Shape kShape2 = {1, 64};
-static const support::Shape kShape3 = {2048, 32};
-static const support::Shape kShape4 = {32};
-static const support::Shape kShape5 = {128, 2};
-static const support::Shape kShape6 = {1, 64, 2};
-static const support::Shape kShape7 = {64, 1, 0};
-static const support::Shape kShape8 = {0, 0, 1};
-static const support::Shape kShape9 = {1, 2};
-static const support::Shape kShape10 = {128, 1};
-static const support::Shape kShape11 = {64};
-static const support::Shape kShape12 = {1, 64, 2, 40};
-static const support::Shape kShape13 = {128, 2, 1, 0};
-static const support::Shape kShape14 = {0, 0, 0, 1};
-static const support::Shape kShape15 = {5120, 80, 40};
-static const support::Shape kShape16 = {40};
-static const support::Shape kShape17 = {};
-static const support::Shape kShape18 = {1, 64, 32};
-static const support::Shape kShape19 = {2048, 32, 1};
+static const support::Shape kShape3 = {128, 2};
+static const support::Shape kShape4 = {1, 64, 2};
+static const support::Shape kShape5 = {64, 1, 0};
+static const support::Shape kShape6 = {0, 0, 1};
+static const support::Shape kShape7 = {1, 2};
+static const support::Shape kShape8 = {128, 1};
+static const support::Shape kShape9 = {64};
+static const support::Shape kShape10 = {1, 64, 2, 40};
+static const support::Shape kShape11 = {128, 2, 1, 0};
+static const support::Shape kShape12 = {0, 0, 0, 1};
+static const support::Shape kShape13 = {5120, 80, 40};
+static const support::Shape kShape14 = {40};
+static const support::Shape kShape15 = {};
+static const support::Shape kShape16 = {1, 64, 32};
+static const support::Shape kShape17 = {2048, 32, 1};
+static const support::Shape kShape18 = {2048, 32};
+static const support::Shape kShape19 = {32};
 static const support::Shape kShape20 = {5120, 80};
 static const support::Shape kShape21 = {2, 40};
 static const support::Shape kShape22 = {40, 1};
@@ -72,20 +72,6 @@ static const support::SharedEinsum
 [[gnu::noinline]] static void loop0(float *__restrict p0, const float *__restrict p1,
                                     const float *__restrict p2, const float *__restrict p3) {
   for (int64_t i0 = 0; i0 < 64; ++i0) {
-    for (int64_t i1 = 0; i1 < 32; ++i1) {
-      const float s0 = p1[i0 * 32 + i1];
-      const float s1 = p2[i1];
-      const float s2 = (s0 * s1);
-      const float s3 = p3[i1];
-      const float s4 = (s2 + s3);
-      p0[i0 * 32 + i1] = s4;
-    }
-  }
-}
-
-[[gnu::noinline]] static void loop1(float *__restrict p0, const float *__restrict p1,
-                                    const float *__restrict p2, const float *__restrict p3) {
-  for (int64_t i0 = 0; i0 < 64; ++i0) {
     for (int64_t i1 = 0; i1 < 2; ++i1) {
       const float s0 = p1[i0 * 2 + i1];
       const float s1 = p1[i0 * 2 + i1];
@@ -102,7 +88,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop2(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop1(float *__restrict p0, const float *__restrict p1,
                                     const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 128; ++i0) {
     const float s0 = 2.0f;
@@ -114,7 +100,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop3(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop2(float *__restrict p0, const float *__restrict p1,
                                     const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 128; ++i0) {
     const float s0 = p1[i0];
@@ -124,7 +110,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop4(float *__restrict p0, const float *__restrict p1) {
+[[gnu::noinline]] static void loop3(float *__restrict p0, const float *__restrict p1) {
   for (int64_t i0 = 0; i0 < 128; ++i0) {
     const float s0 = p1[i0];
     const float s1 = support::castToI32(s0);
@@ -132,7 +118,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop5(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop4(float *__restrict p0, const float *__restrict p1,
                                     const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 128; ++i0) {
     for (int64_t i1 = 0; i1 < 40; ++i1) {
@@ -144,7 +130,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop6(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop5(float *__restrict p0, const float *__restrict p1,
                                     const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 64; ++i0) {
     for (int64_t i1 = 0; i1 < 2; ++i1) {
@@ -157,7 +143,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop7(float *__restrict p0, float *__restrict p1,
+[[gnu::noinline]] static void loop6(float *__restrict p0, float *__restrict p1,
                                     const float *__restrict p2, const float *__restrict p3) {
   for (int64_t i0 = 0; i0 < 64; ++i0) {
     const float s0 = p2[i0];
@@ -172,7 +158,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop8(float *__restrict p0, float *__restrict p1,
+[[gnu::noinline]] static void loop7(float *__restrict p0, float *__restrict p1,
                                     const float *__restrict p2, const float *__restrict p3,
                                     const float *__restrict p4, const float *__restrict p5,
                                     const float *__restrict p6, const float *__restrict p7) {
@@ -199,7 +185,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop9(float *__restrict p0, const float *__restrict p1) {
+[[gnu::noinline]] static void loop8(float *__restrict p0, const float *__restrict p1) {
   for (int64_t i0 = 0; i0 < 5120; ++i0) {
     const float s0 = p1[i0];
     const float s1 = (s0 > 0 ? s0 : 0.0f);
@@ -207,8 +193,8 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop10(float *__restrict p0, const float *__restrict p1,
-                                     const float *__restrict p2) {
+[[gnu::noinline]] static void loop9(float *__restrict p0, const float *__restrict p1,
+                                    const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 2048; ++i0) {
     const float s0 = p1[i0];
     const float s1 = p2[i0];
@@ -217,7 +203,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop11(float *__restrict p0, float *__restrict p1,
+[[gnu::noinline]] static void loop10(float *__restrict p0, float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4) {
   for (int64_t i0 = 0; i0 < 2048; ++i0) {
@@ -232,7 +218,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop12(float *__restrict p0, const float *__restrict p1) {
+[[gnu::noinline]] static void loop11(float *__restrict p0, const float *__restrict p1) {
   for (int64_t i0 = 0; i0 < 2048; ++i0) {
     const float s0 = p1[i0];
     const float s1 = 2.0f;
@@ -243,7 +229,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop13(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop12(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 64; ++i0) {
     for (int64_t i1 = 0; i1 < 32; ++i1) {
@@ -256,7 +242,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop14(float *__restrict p0, const float *__restrict p1) {
+[[gnu::noinline]] static void loop13(float *__restrict p0, const float *__restrict p1) {
   for (int64_t i0 = 0; i0 < 64; ++i0) {
     const float s0 = p1[i0];
     const float s1 = 1e-05f;
@@ -266,7 +252,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop15(float *__restrict p0, float *__restrict p1,
+[[gnu::noinline]] static void loop14(float *__restrict p0, float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4) {
   for (int64_t i0 = 0; i0 < 64; ++i0) {
@@ -282,7 +268,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop16(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop15(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4, const float *__restrict p5,
                                      const float *__restrict p6) {
@@ -304,7 +290,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop17(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop16(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 5120; ++i0) {
     const float s0 = p1[i0];
@@ -317,7 +303,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop18(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop17(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 5120; ++i0) {
     const float s0 = p1[i0];
@@ -327,7 +313,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop19(float *__restrict p0, float *__restrict p1,
+[[gnu::noinline]] static void loop18(float *__restrict p0, float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4, const float *__restrict p5,
                                      const float *__restrict p6, const float *__restrict p7) {
@@ -363,7 +349,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop20(float *__restrict p0, float *__restrict p1,
+[[gnu::noinline]] static void loop19(float *__restrict p0, float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4, const float *__restrict p5,
                                      const float *__restrict p6, const float *__restrict p7) {
@@ -393,7 +379,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop21(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop20(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3) {
   for (int64_t i0 = 0; i0 < 64; ++i0) {
     for (int64_t i1 = 0; i1 < 2; ++i1) {
@@ -407,7 +393,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop22(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop21(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3) {
   for (int64_t i0 = 0; i0 < 2048; ++i0) {
     const float s0 = p1[i0];
@@ -419,7 +405,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop23(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop22(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 2048; ++i0) {
     const float s0 = p1[i0];
@@ -429,7 +415,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop24(float *__restrict p0, float *__restrict p1,
+[[gnu::noinline]] static void loop23(float *__restrict p0, float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4, const float *__restrict p5) {
   for (int64_t i0 = 0; i0 < 64; ++i0) {
@@ -447,7 +433,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop25(float *__restrict p0, float *__restrict p1,
+[[gnu::noinline]] static void loop24(float *__restrict p0, float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4) {
   for (int64_t i0 = 0; i0 < 64; ++i0) {
@@ -468,7 +454,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop26(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop25(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 2; ++i0) {
     const float s0 = p1[i0];
@@ -478,7 +464,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop27(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop26(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3) {
   const float r1 = p2[0];
   const float r3 = p3[0];
@@ -494,7 +480,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop28(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop27(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2) {
   const float r1 = p2[0];
   for (int64_t i0 = 0; i0 < 32; ++i0) {
@@ -506,7 +492,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop29(float *__restrict p0, const float *__restrict p1) {
+[[gnu::noinline]] static void loop28(float *__restrict p0, const float *__restrict p1) {
   for (int64_t i0 = 0; i0 < 2; ++i0) {
     const float s0 = p1[i0];
     const float s1 = 1.0f / support::fsqrt(s0);
@@ -514,7 +500,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop30(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop29(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3) {
   const float r0 = p1[0];
   for (int64_t i0 = 0; i0 < 32; ++i0) {
@@ -527,7 +513,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop31(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop30(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4, const float *__restrict p5) {
   const float r3 = p4[0];
@@ -550,7 +536,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop32(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop31(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 2; ++i0) {
     for (int64_t i1 = 0; i1 < 32; ++i1) {
@@ -563,7 +549,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop33(float *__restrict p0, const float *__restrict p1) {
+[[gnu::noinline]] static void loop32(float *__restrict p0, const float *__restrict p1) {
   for (int64_t i0 = 0; i0 < 128; ++i0) {
     const float s0 = p1[i0];
     const float s1 = 1.0f / support::fsqrt(s0);
@@ -571,7 +557,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop34(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop33(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4, const float *__restrict p5) {
   const float r3 = p4[0];
@@ -596,7 +582,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop35(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop34(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 2; ++i0) {
     for (int64_t i1 = 0; i1 < 64; ++i1) {
@@ -609,7 +595,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop36(float *__restrict p0, const float *__restrict p1) {
+[[gnu::noinline]] static void loop35(float *__restrict p0, const float *__restrict p1) {
   for (int64_t i0 = 0; i0 < 64; ++i0) {
     const float s0 = p1[i0];
     const float s1 = 1.0f / support::fsqrt(s0);
@@ -617,7 +603,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop37(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop36(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4, const float *__restrict p5) {
   const float r3 = p4[0];
@@ -642,7 +628,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop38(float *__restrict p0, const float *__restrict p1) {
+[[gnu::noinline]] static void loop37(float *__restrict p0, const float *__restrict p1) {
   for (int64_t i0 = 0; i0 < 64; ++i0) {
     const float s0 = p1[i0];
     const float s1 = s0 * s0;
@@ -652,7 +638,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop39(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop38(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3) {
   const float r1 = p2[0];
   const float r3 = p3[0];
@@ -668,7 +654,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop40(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop39(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 32; ++i0) {
     for (int64_t i1 = 0; i1 < 2; ++i1) {
@@ -681,7 +667,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop41(float *__restrict p0, const float *__restrict p1) {
+[[gnu::noinline]] static void loop40(float *__restrict p0, const float *__restrict p1) {
   for (int64_t i0 = 0; i0 < 4096; ++i0) {
     const float s0 = p1[i0];
     const float s1 = s0 * s0;
@@ -691,7 +677,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop42(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop41(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3) {
   const float r1 = p2[0];
   const float r3 = p3[0];
@@ -707,7 +693,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop43(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop42(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3) {
   const float r1 = p2[0];
   const float r3 = p3[0];
@@ -723,7 +709,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop44(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop43(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 2; ++i0) {
     for (int64_t i1 = 0; i1 < 32; ++i1) {
@@ -738,7 +724,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop45(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop44(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3) {
   for (int64_t i0 = 0; i0 < 2; ++i0) {
     for (int64_t i1 = 0; i1 < 32; ++i1) {
@@ -752,7 +738,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop46(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop45(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 2; ++i0) {
     for (int64_t i1 = 0; i1 < 64; ++i1) {
@@ -767,7 +753,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop47(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop46(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3) {
   for (int64_t i0 = 0; i0 < 2; ++i0) {
     for (int64_t i1 = 0; i1 < 64; ++i1) {
@@ -781,7 +767,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop48(float *__restrict p0, float *__restrict p1,
+[[gnu::noinline]] static void loop47(float *__restrict p0, float *__restrict p1,
                                      float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4, const float *__restrict p5) {
   const float r1 = p4[0];
@@ -807,7 +793,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop49(float *__restrict p0, const float *__restrict p1) {
+[[gnu::noinline]] static void loop48(float *__restrict p0, const float *__restrict p1) {
   for (int64_t i0 = 0; i0 < 32; ++i0) {
     const float s0 = p1[i0];
     const float s1 = s0 * s0;
@@ -815,7 +801,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop50(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop49(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3) {
   const float r1 = p2[0];
   const float r2 = p3[0];
@@ -831,7 +817,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop51(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop50(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4) {
   for (int64_t i0 = 0; i0 < 64; ++i0) {
@@ -849,7 +835,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop52(float *__restrict p0, float *__restrict p1,
+[[gnu::noinline]] static void loop51(float *__restrict p0, float *__restrict p1,
                                      float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4) {
   for (int64_t i0 = 0; i0 < 64; ++i0) {
@@ -866,7 +852,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop53(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop52(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 64; ++i0) {
     const float s0 = p1[i0];
@@ -876,7 +862,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop54(float *__restrict p0, float *__restrict p1,
+[[gnu::noinline]] static void loop53(float *__restrict p0, float *__restrict p1,
                                      float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4, const float *__restrict p5,
                                      const float *__restrict p6, const float *__restrict p7) {
@@ -902,7 +888,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop55(float *__restrict p0, const float *__restrict p1) {
+[[gnu::noinline]] static void loop54(float *__restrict p0, const float *__restrict p1) {
   for (int64_t i0 = 0; i0 < 64; ++i0) {
     const float s0 = p1[i0];
     const float s1 = s0 * s0;
@@ -910,7 +896,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop56(float *__restrict p0, const float *__restrict p1) {
+[[gnu::noinline]] static void loop55(float *__restrict p0, const float *__restrict p1) {
   for (int64_t i0 = 0; i0 < 4096; ++i0) {
     const float s0 = p1[i0];
     const float s1 = s0 * s0;
@@ -989,7 +975,7 @@ void Moe::computeInvariants() {
 
 Moe::Outputs Moe::run(const Inputs &inputs) {
   MESHRT_TRACE_RUN(world_, "moe");
-  // Arena: 99584 bytes for 411664 bytes of temporaries (placed by liveness).
+  // Arena: 99584 bytes for 395280 bytes of temporaries (placed by liveness).
   support::checkShape("input", "x", inputs.x, {1, 64, 32});
   runPart0(inputs);
   support::View v128 = arena_.view(0, 2048);
@@ -1003,13 +989,12 @@ void Moe::runPart0(const Inputs &inputs) {
   (void)inputs;
   MESHRT_TRACE_SPAN(world_);
 
-  // 41 statements from moe.mesh:26:10 layer_norm (1 of 2)
+  // 40 statements from moe.mesh:26:10 layer_norm (1 of 2)
   MESHRT_TRACE_SITE("moe.mesh:26:10");
-  support::View v3 = arena_.view(0, 2048);
+  support::View v5 = arena_.view(81920, 2048);
   const support::Buffer &v0 = inputs.x.data;
   const support::Buffer &v1 = param0_norm_0_gain;
   const support::Buffer &v2 = param1_norm_0_bias;
-  support::View v5 = arena_.view(81920, 2048);
   const support::Buffer &v6 = param2_route_0_w_gate;
   support::View v7 = arena_.view(0, 128);
   support::View v8 = arena_.view(512, 128);
@@ -1048,16 +1033,15 @@ void Moe::runPart0(const Inputs &inputs) {
   support::View v61 = arena_.view(0, 2560);
   support::View v62 = arena_.view(10240, 2048);
   support::View v64 = arena_.view(81920, 2048);
-  repeated0(v3, v0, v1, v2, v5, v6, v7, v8, v11, v15, v17, v18, v19, v22, v23, v29, v30, v31, v32,
-            v33, v34, v35, v41, v42, v43, v44, v45, v46, v47, v49, v50, v40, v53, v52, v57, v58, v9,
-            v59, v60, v10, v61, v62, v64);
+  repeated0(v5, v0, v1, v2, v6, v7, v8, v11, v15, v17, v18, v19, v22, v23, v29, v30, v31, v32, v33,
+            v34, v35, v41, v42, v43, v44, v45, v46, v47, v49, v50, v40, v53, v52, v57, v58, v9, v59,
+            v60, v10, v61, v62, v64);
 
-  // 41 statements from moe.mesh:26:10 layer_norm (2 of 2)
+  // 40 statements from moe.mesh:26:10 layer_norm (2 of 2)
   MESHRT_TRACE_SITE("moe.mesh:26:10");
-  support::View v67 = arena_.view(0, 2048);
+  support::View v69 = arena_.view(90112, 2048);
   const support::Buffer &v65 = param5_norm_1_gain;
   const support::Buffer &v66 = param6_norm_1_bias;
-  support::View v69 = arena_.view(90112, 2048);
   const support::Buffer &v70 = param7_route_1_w_gate;
   support::View v71 = arena_.view(0, 128);
   support::View v72 = arena_.view(512, 128);
@@ -1095,173 +1079,169 @@ void Moe::runPart0(const Inputs &inputs) {
   support::View v125 = arena_.view(0, 2560);
   support::View v126 = arena_.view(10240, 2048);
   support::View v128 = arena_.view(0, 2048);
-  repeated0(v67, v64, v65, v66, v69, v70, v71, v72, v75, v15, v81, v82, v83, v86, v87, v93, v94,
-            v95, v96, v97, v98, v99, v105, v106, v107, v108, v109, v110, v111, v113, v114, v104,
-            v117, v116, v121, v122, v73, v123, v124, v74, v125, v126, v128);
+  repeated0(v69, v64, v65, v66, v70, v71, v72, v75, v15, v81, v82, v83, v86, v87, v93, v94, v95,
+            v96, v97, v98, v99, v105, v106, v107, v108, v109, v110, v111, v113, v114, v104, v117,
+            v116, v121, v122, v73, v123, v124, v74, v125, v126, v128);
 }
 
 void Moe::repeated0(support::View a0, support::ConstView a1, support::ConstView a2,
-                    support::ConstView a3, support::View a4, support::ConstView a5,
-                    support::View a6, support::View a7, support::View a8, support::ConstView a9,
+                    support::ConstView a3, support::ConstView a4, support::View a5,
+                    support::View a6, support::View a7, support::ConstView a8, support::View a9,
                     support::View a10, support::View a11, support::View a12, support::View a13,
                     support::View a14, support::View a15, support::View a16, support::View a17,
                     support::View a18, support::View a19, support::View a20, support::View a21,
                     support::View a22, support::View a23, support::View a24, support::View a25,
                     support::View a26, support::View a27, support::View a28, support::View a29,
                     support::View a30, support::View a31, support::View a32, support::View a33,
-                    support::View a34, support::View a35, support::ConstView a36, support::View a37,
-                    support::View a38, support::ConstView a39, support::View a40, support::View a41,
-                    support::View a42) {
+                    support::View a34, support::ConstView a35, support::View a36, support::View a37,
+                    support::ConstView a38, support::View a39, support::View a40,
+                    support::View a41) {
   MESHRT_TRACE_SPAN(world_);
 
   // moe.mesh:26:10 layer_norm
-  MESHRT_TRACE("layer_norm", "moe.mesh:26:10", "forward");
-  support::along(a0.data(), a1.data(), kShape2, kShape3, kShape3, kShape4, kShape1, kShape1,
-                 support::Along::LayerNorm, 1e-05, 32, nullptr);
-
   // moe.mesh:26:33 mul
   // moe.mesh:26:40 add -> n
-  MESHRT_TRACE("loop", "moe.mesh:26:33", "forward");
-  loop0(a4.data(), a0.data(), a2.data(), a3.data());
+  MESHRT_TRACE("layer_norm", "moe.mesh:26:10", "forward");
+  support::layerNormAffine(a0.data(), a1.data(), 64, 32, a2.data(), a3.data(), 1e-05, 32);
 
   // moe.mesh:35:23 einsum
   MESHRT_TRACE("gemm", "moe.mesh:35:23", "forward");
   // dims: groups, tokens, d_model, experts
-  kEinsum0.plan().run(a4.data(), a5.data(), a6.data(), 1.0f, 0.0f);
+  kEinsum0.plan().run(a0.data(), a4.data(), a5.data(), 1.0f, 0.0f);
 
   // moe.mesh:35:15 softmax -> gates
   MESHRT_TRACE("softmax", "moe.mesh:35:15", "forward");
-  support::along(a7.data(), a6.data(), kShape2, kShape5, kShape5, kShape0, kShape1, kShape1,
+  support::along(a6.data(), a5.data(), kShape2, kShape3, kShape3, kShape0, kShape1, kShape1,
                  support::Along::Softmax, 1e-05, 4, &group_model);
 
   // moe.mesh:43:18 max
   MESHRT_TRACE("max", "moe.mesh:43:18", "forward");
-  support::reduce(a8.data(), kShape2, a7.data(), kShape5, kShape0, kShape1, support::Reduce::Max,
+  support::reduce(a7.data(), kShape2, a6.data(), kShape3, kShape0, kShape1, support::Reduce::Max,
                   1.0);
 
   // moe.mesh:43:18 all_reduce_max (max over split dims: all-reduce of the local maxima)
   MESHRT_TRACE_SITE("moe.mesh:43:18");
-  group_model.allReduce(a8.data(), a8.size(), meshrt::ReduceOp::Max);
+  group_model.allReduce(a7.data(), a7.size(), meshrt::ReduceOp::Max);
 
   // moe.mesh:43:18 ne
   // moe.mesh:43:18 eq
   // moe.mesh:43:18 maximum
   // moe.mesh:43:18 where
   MESHRT_TRACE("loop", "moe.mesh:43:18", "forward");
-  loop1(a10.data(), a7.data(), a8.data(), a9.data());
+  loop0(a9.data(), a6.data(), a7.data(), a8.data());
 
   // moe.mesh:43:18 min
   MESHRT_TRACE("min", "moe.mesh:43:18", "forward");
-  support::reduce(a11.data(), kShape2, a10.data(), kShape5, kShape0, kShape1, support::Reduce::Min,
+  support::reduce(a10.data(), kShape2, a9.data(), kShape3, kShape0, kShape1, support::Reduce::Min,
                   1.0);
 
   // moe.mesh:43:18 all_reduce_min (min over split dims: all-reduce of the local minima)
   MESHRT_TRACE_SITE("moe.mesh:43:18");
-  group_model.allReduce(a11.data(), a11.size(), meshrt::ReduceOp::Min);
+  group_model.allReduce(a10.data(), a10.size(), meshrt::ReduceOp::Min);
 
   // moe.mesh:43:10 one_hot -> first
   MESHRT_TRACE("one_hot", "moe.mesh:43:10", "forward");
-  support::oneHot(a12.data(), kShape6, a11.data(), kShape7, kShape8,
+  support::oneHot(a11.data(), kShape4, a10.data(), kShape5, kShape6,
                   support::shardStart(world_, {"model"}, 2));
 
   // moe.mesh:51:34 mul
   // moe.mesh:51:28 sub
   MESHRT_TRACE("loop", "moe.mesh:51:34", "forward");
-  loop2(a13.data(), a12.data(), a7.data());
+  loop1(a12.data(), a11.data(), a6.data());
 
   // moe.mesh:43:18 max
   MESHRT_TRACE("max", "moe.mesh:43:18", "forward");
-  support::reduce(a14.data(), kShape2, a13.data(), kShape5, kShape0, kShape1, support::Reduce::Max,
+  support::reduce(a13.data(), kShape2, a12.data(), kShape3, kShape0, kShape1, support::Reduce::Max,
                   1.0);
 
   // moe.mesh:43:18 all_reduce_max (max over split dims: all-reduce of the local maxima)
   MESHRT_TRACE_SITE("moe.mesh:43:18");
-  group_model.allReduce(a14.data(), a14.size(), meshrt::ReduceOp::Max);
+  group_model.allReduce(a13.data(), a13.size(), meshrt::ReduceOp::Max);
 
   // moe.mesh:43:18 ne
   // moe.mesh:43:18 eq
   // moe.mesh:43:18 maximum
   // moe.mesh:43:18 where
   MESHRT_TRACE("loop", "moe.mesh:43:18", "forward");
-  loop1(a15.data(), a13.data(), a14.data(), a9.data());
+  loop0(a14.data(), a12.data(), a13.data(), a8.data());
 
   // moe.mesh:43:18 min
   MESHRT_TRACE("min", "moe.mesh:43:18", "forward");
-  support::reduce(a16.data(), kShape2, a15.data(), kShape5, kShape0, kShape1, support::Reduce::Min,
+  support::reduce(a15.data(), kShape2, a14.data(), kShape3, kShape0, kShape1, support::Reduce::Min,
                   1.0);
 
   // moe.mesh:43:18 all_reduce_min (min over split dims: all-reduce of the local minima)
   MESHRT_TRACE_SITE("moe.mesh:43:18");
-  group_model.allReduce(a16.data(), a16.size(), meshrt::ReduceOp::Min);
+  group_model.allReduce(a15.data(), a15.size(), meshrt::ReduceOp::Min);
 
   // moe.mesh:43:10 one_hot -> mask2
   MESHRT_TRACE("one_hot", "moe.mesh:43:10", "forward");
-  support::oneHot(a17.data(), kShape6, a16.data(), kShape7, kShape8,
+  support::oneHot(a16.data(), kShape4, a15.data(), kShape5, kShape6,
                   support::shardStart(world_, {"model"}, 2));
 
   // moe.mesh:64:25 mul
   MESHRT_TRACE("loop", "moe.mesh:64:25", "forward");
-  loop3(a18.data(), a7.data(), a12.data());
+  loop2(a17.data(), a6.data(), a11.data());
 
   // moe.mesh:64:15 sum -> gate1
   MESHRT_TRACE("sum", "moe.mesh:64:15", "forward");
-  support::reduce(a19.data(), kShape2, a18.data(), kShape5, kShape0, kShape1, support::Reduce::Sum,
+  support::reduce(a18.data(), kShape2, a17.data(), kShape3, kShape0, kShape1, support::Reduce::Sum,
                   1.0);
 
   // moe.mesh:65:25 mul
   MESHRT_TRACE("loop", "moe.mesh:65:25", "forward");
-  loop3(a20.data(), a7.data(), a17.data());
+  loop2(a19.data(), a6.data(), a16.data());
 
   // moe.mesh:65:15 sum -> gate2
   MESHRT_TRACE("sum", "moe.mesh:65:15", "forward");
-  support::reduce(a21.data(), kShape2, a20.data(), kShape5, kShape0, kShape1, support::Reduce::Sum,
+  support::reduce(a20.data(), kShape2, a19.data(), kShape3, kShape0, kShape1, support::Reduce::Sum,
                   1.0);
 
   // moe.mesh:66:29 bucketed_all_reduce_sum -> gate1 (resolve the partial sum of gate1 over model
   // for add at 66:29; merged with 1 more partial sum over model (gate2): 512 B in one buffer)
   MESHRT_TRACE_SITE("moe.mesh:66:29");
-  auto request0 = support::startAllReduce(group_model, {a19, a21}, meshrt::ReduceOp::Sum);
+  auto request0 = support::startAllReduce(group_model, {a18, a20}, meshrt::ReduceOp::Sum);
 
   // moe.mesh:71:19 cumsum -> position1
   MESHRT_TRACE("cumsum", "moe.mesh:71:19", "forward");
-  support::along(a22.data(), a12.data(), kShape9, kShape10, kShape10, kShape11, kShape0, kShape0,
+  support::along(a21.data(), a11.data(), kShape7, kShape8, kShape8, kShape9, kShape0, kShape0,
                  support::Along::CumsumExclusive, 1e-05, 64, nullptr);
 
   // moe.mesh:74:27 cast
   MESHRT_TRACE("loop", "moe.mesh:74:27", "forward");
-  loop4(a23.data(), a22.data());
+  loop3(a22.data(), a21.data());
 
   // moe.mesh:74:19 one_hot
   MESHRT_TRACE("one_hot", "moe.mesh:74:19", "forward");
-  support::oneHot(a24.data(), kShape12, a23.data(), kShape13, kShape14, 0);
+  support::oneHot(a23.data(), kShape10, a22.data(), kShape11, kShape12, 0);
 
   // moe.mesh:74:59 mul -> dispatch1
   MESHRT_TRACE("loop", "moe.mesh:74:59", "forward");
-  loop5(a25.data(), a24.data(), a12.data());
+  loop4(a24.data(), a23.data(), a11.data());
 
   // moe.mesh:75:15 sum -> kept1
   MESHRT_TRACE("sum", "moe.mesh:75:15", "forward");
-  support::reduce(a26.data(), kShape6, a25.data(), kShape15, kShape16, kShape1,
+  support::reduce(a25.data(), kShape4, a24.data(), kShape13, kShape14, kShape1,
                   support::Reduce::Sum, 1.0);
 
   // moe.mesh:76:19 cumsum
   MESHRT_TRACE("cumsum", "moe.mesh:76:19", "forward");
-  support::along(a27.data(), a17.data(), kShape9, kShape10, kShape10, kShape11, kShape0, kShape0,
+  support::along(a26.data(), a16.data(), kShape7, kShape8, kShape8, kShape9, kShape0, kShape0,
                  support::Along::CumsumExclusive, 1e-05, 64, nullptr);
 
   // moe.mesh:76:58 sum
   MESHRT_TRACE("sum", "moe.mesh:76:58", "forward");
-  support::reduce(a28.data(), kShape9, a26.data(), kShape10, kShape11, kShape0,
-                  support::Reduce::Sum, 1.0);
+  support::reduce(a27.data(), kShape7, a25.data(), kShape8, kShape9, kShape0, support::Reduce::Sum,
+                  1.0);
 
   // moe.mesh:76:56 add -> position2
   // moe.mesh:77:27 cast
   MESHRT_TRACE("loop", "moe.mesh:76:56", "forward");
-  loop6(a29.data(), a27.data(), a28.data());
+  loop5(a28.data(), a26.data(), a27.data());
 
   // moe.mesh:77:19 one_hot
   MESHRT_TRACE("one_hot", "moe.mesh:77:19", "forward");
-  support::oneHot(a30.data(), kShape12, a29.data(), kShape13, kShape14, 0);
+  support::oneHot(a29.data(), kShape10, a28.data(), kShape11, kShape12, 0);
 
   MESHRT_TRACE_SITE("moe.mesh:66:29");
   group_model.wait(request0);
@@ -1270,7 +1250,7 @@ void Moe::repeated0(support::View a0, support::ConstView a1, support::ConstView 
   // moe.mesh:66:15 maximum -> total
   // moe.mesh:80:36 div
   MESHRT_TRACE("loop", "moe.mesh:66:29", "forward");
-  loop7(a31.data(), a32.data(), a19.data(), a21.data());
+  loop6(a30.data(), a31.data(), a18.data(), a20.data());
 
   // moe.mesh:80:66 div
   // moe.mesh:77:59 mul -> dispatch2
@@ -1279,40 +1259,40 @@ void Moe::repeated0(support::View a0, support::ConstView a1, support::ConstView 
   // moe.mesh:80:27 mul
   // moe.mesh:80:45 add -> combine
   MESHRT_TRACE("loop", "moe.mesh:80:66", "forward");
-  loop8(a33.data(), a34.data(), a21.data(), a31.data(), a30.data(), a17.data(), a25.data(),
-        a32.data());
+  loop7(a32.data(), a33.data(), a20.data(), a30.data(), a29.data(), a16.data(), a24.data(),
+        a31.data());
 
   // moe.mesh:85:19 einsum -> expert_in
   MESHRT_TRACE("gemm", "moe.mesh:85:19", "forward");
   // dims: groups, tokens, experts, capacity, d_model
-  kEinsum1.plan().run(a33.data(), a4.data(), a35.data(), 1.0f, 0.0f);
+  kEinsum1.plan().run(a32.data(), a0.data(), a34.data(), 1.0f, 0.0f);
 
   // moe.mesh:86:21 einsum
   MESHRT_TRACE("gemm", "moe.mesh:86:21", "forward");
   // dims: experts, groups, capacity, d_model, d_ff
-  kEinsum2.plan().run(a35.data(), a36.data(), a37.data(), 1.0f, 0.0f);
+  kEinsum2.plan().run(a34.data(), a35.data(), a36.data(), 1.0f, 0.0f);
 
   // moe.mesh:86:16 relu -> hidden
   MESHRT_TRACE("loop", "moe.mesh:86:16", "forward");
-  loop9(a38.data(), a37.data());
+  loop8(a37.data(), a36.data());
 
   // moe.mesh:87:20 einsum -> expert_out
   MESHRT_TRACE("gemm", "moe.mesh:87:20", "forward");
   // dims: experts, groups, capacity, d_ff, d_model
-  kEinsum3.plan().run(a38.data(), a39.data(), a40.data(), 1.0f, 0.0f);
+  kEinsum3.plan().run(a37.data(), a38.data(), a39.data(), 1.0f, 0.0f);
 
   // moe.mesh:89:10 einsum
   MESHRT_TRACE("gemm", "moe.mesh:89:10", "forward");
   // dims: groups, tokens, experts, capacity, d_model
-  kEinsum4.plan().run(a34.data(), a40.data(), a41.data(), 1.0f, 0.0f);
+  kEinsum4.plan().run(a33.data(), a39.data(), a40.data(), 1.0f, 0.0f);
 
   // moe.mesh:110:11 all_reduce_sum (resolve the partial sum of %60 over model for add at 110:11)
   MESHRT_TRACE_SITE("moe.mesh:110:11");
-  group_model.allReduce(a41.data(), a41.size(), meshrt::ReduceOp::Sum);
+  group_model.allReduce(a40.data(), a40.size(), meshrt::ReduceOp::Sum);
 
   // moe.mesh:110:11 add -> h
   MESHRT_TRACE("loop", "moe.mesh:110:11", "forward");
-  loop10(a42.data(), a1.data(), a41.data());
+  loop9(a41.data(), a1.data(), a40.data());
 }
 
 Moe::Inputs Moe::synthesizeInputs(uint64_t seed) const {
@@ -1686,7 +1666,7 @@ void MoeTrain::runPart0(const Inputs &inputs) {
   // moe.mesh:128:11 add -> h
   MESHRT_TRACE("loop", "moe.mesh:128:11", "forward");
   support::View v85 = arena_.view(348160, 2048);
-  loop10(v85.data(), v0.data(), v83.data());
+  loop9(v85.data(), v0.data(), v83.data());
 
   // 16 statements from moe.mesh:26:10 layer_norm (2 of 2)
   MESHRT_TRACE_SITE("moe.mesh:26:10");
@@ -1779,12 +1759,12 @@ void MoeTrain::runPart0(const Inputs &inputs) {
   const support::Buffer &v1 = inputs.target.data;
   support::View v169 = arena_.view(253952, 2048);
   support::View v170 = arena_.view(313344, 2048);
-  loop11(v169.data(), v170.data(), v85.data(), v166.data(), v1.data());
+  loop10(v169.data(), v170.data(), v85.data(), v166.data(), v1.data());
 
   // moe.mesh:130:14 mean
   MESHRT_TRACE("mean", "moe.mesh:130:14", "forward");
   support::View v171 = arena_.view(245760, 1);
-  support::reduce(v171.data(), kShape17, v170.data(), kShape17, kShape18, kShape19,
+  support::reduce(v171.data(), kShape15, v170.data(), kShape15, kShape16, kShape17,
                   support::Reduce::Sum, 0.000244140625);
 
   // moe.mesh:130:39 all_reduce_sum (resolve the partial sum of %163 over data for add at 130:39)
@@ -1835,7 +1815,7 @@ void MoeTrain::runPart1(const Inputs &inputs) {
   MESHRT_TRACE("loop", "moe.mesh:130:19", "backward");
   support::View v169 = arena_.view(253952, 2048);
   support::View v183 = arena_.view(380928, 2048);
-  loop12(v183.data(), v169.data());
+  loop11(v183.data(), v169.data());
 
   // 25 statements from moe.mesh:89:10 einsum (1 of 2)
   MESHRT_TRACE_SITE("moe.mesh:89:10");
@@ -1894,26 +1874,26 @@ void MoeTrain::runPart1(const Inputs &inputs) {
   MESHRT_TRACE("mean", "moe.mesh:26:10", "backward");
   support::View v85 = arena_.view(348160, 2048);
   support::View v241 = arena_.view(139264, 64);
-  support::reduce(v241.data(), kShape2, v85.data(), kShape3, kShape4, kShape1, support::Reduce::Sum,
-                  0.03125);
+  support::reduce(v241.data(), kShape2, v85.data(), kShape18, kShape19, kShape1,
+                  support::Reduce::Sum, 0.03125);
 
   // moe.mesh:26:10 sub
   // moe.mesh:26:10 square
   MESHRT_TRACE("loop", "moe.mesh:26:10", "backward");
   support::View v243 = arena_.view(122880, 2048);
-  loop13(v243.data(), v85.data(), v241.data());
+  loop12(v243.data(), v85.data(), v241.data());
 
   // moe.mesh:26:10 mean
   MESHRT_TRACE("mean", "moe.mesh:26:10", "backward");
   support::View v244 = arena_.view(139264, 64);
-  support::reduce(v244.data(), kShape2, v243.data(), kShape3, kShape4, kShape1,
+  support::reduce(v244.data(), kShape2, v243.data(), kShape18, kShape19, kShape1,
                   support::Reduce::Sum, 0.03125);
 
   // moe.mesh:26:10 add
   // moe.mesh:26:10 rsqrt
   MESHRT_TRACE("loop", "moe.mesh:26:10", "backward");
   support::View v247 = arena_.view(151552, 64);
-  loop14(v247.data(), v244.data());
+  loop13(v247.data(), v244.data());
 
   // moe.mesh:26:33 mul
   // moe.mesh:26:10 mul
@@ -1921,18 +1901,18 @@ void MoeTrain::runPart1(const Inputs &inputs) {
   support::View v86(param6_norm_1_gain); // updated in place
   support::View v238 = arena_.view(122880, 2048);
   support::View v248 = arena_.view(139264, 2048);
-  loop15(v238.data(), v248.data(), v235.data(), v86.data(), v88.data());
+  loop14(v238.data(), v248.data(), v235.data(), v86.data(), v88.data());
 
   // moe.mesh:26:10 mean
   MESHRT_TRACE("mean", "moe.mesh:26:10", "backward");
   support::View v249 = arena_.view(131072, 64);
-  support::reduce(v249.data(), kShape2, v248.data(), kShape3, kShape4, kShape1,
+  support::reduce(v249.data(), kShape2, v248.data(), kShape18, kShape19, kShape1,
                   support::Reduce::Sum, 0.03125);
 
   // moe.mesh:26:10 mean
   MESHRT_TRACE("mean", "moe.mesh:26:10", "backward");
   support::View v251 = arena_.view(131328, 64);
-  support::reduce(v251.data(), kShape2, v238.data(), kShape3, kShape4, kShape1,
+  support::reduce(v251.data(), kShape2, v238.data(), kShape18, kShape19, kShape1,
                   support::Reduce::Sum, 0.03125);
 
   // moe.mesh:26:10 mul
@@ -1942,7 +1922,7 @@ void MoeTrain::runPart1(const Inputs &inputs) {
   // moe.mesh:26:10 add
   MESHRT_TRACE("loop", "moe.mesh:26:10", "backward");
   support::View v255 = arena_.view(143360, 2048);
-  loop16(v255.data(), v88.data(), v249.data(), v238.data(), v251.data(), v247.data(), v183.data());
+  loop15(v255.data(), v88.data(), v249.data(), v238.data(), v251.data(), v247.data(), v183.data());
 
   // 25 statements from moe.mesh:89:10 einsum (2 of 2)
   MESHRT_TRACE_SITE("moe.mesh:89:10");
@@ -2250,7 +2230,7 @@ void MoeTrain::repeated0(
   // moe.mesh:86:16 gt
   // moe.mesh:86:16 where
   MESHRT_TRACE("loop", "moe.mesh:86:16", "backward");
-  loop17(a10.data(), a9.data(), a6.data());
+  loop16(a10.data(), a9.data(), a6.data());
 
   // moe.mesh:86:21 einsum
   MESHRT_TRACE("gemm", "moe.mesh:86:21", "backward");
@@ -2269,7 +2249,7 @@ void MoeTrain::repeated0(
 
   // moe.mesh:80:57 mul
   MESHRT_TRACE("loop", "moe.mesh:80:57", "backward");
-  loop18(a18.data(), a2.data(), a17.data());
+  loop17(a18.data(), a2.data(), a17.data());
 
   // moe.mesh:80:57 sum
   MESHRT_TRACE("sum", "moe.mesh:80:57", "backward");
@@ -2278,7 +2258,7 @@ void MoeTrain::repeated0(
 
   // moe.mesh:80:27 mul
   MESHRT_TRACE("loop", "moe.mesh:80:27", "backward");
-  loop18(a21.data(), a2.data(), a20.data());
+  loop17(a21.data(), a2.data(), a20.data());
 
   // moe.mesh:80:27 sum
   MESHRT_TRACE("sum", "moe.mesh:80:27", "backward");
@@ -2304,7 +2284,7 @@ void MoeTrain::repeated0(
   // moe.mesh:80:66 div
   // moe.mesh:66:29 add
   MESHRT_TRACE("loop", "moe.mesh:80:36", "backward");
-  loop19(a27.data(), a28.data(), a23.data(), a24.data(), a22.data(), a25.data(), a19.data(),
+  loop18(a27.data(), a28.data(), a23.data(), a24.data(), a22.data(), a25.data(), a19.data(),
          a26.data());
 
   // moe.mesh:100:23 mul
@@ -2318,12 +2298,12 @@ void MoeTrain::repeated0(
   // moe.mesh:99:23 add
   // moe.mesh:35:15 mul
   MESHRT_TRACE("loop", "moe.mesh:100:23", "backward");
-  loop20(a33.data(), a34.data(), a29.data(), a27.data(), a30.data(), a28.data(), a31.data(),
+  loop19(a33.data(), a34.data(), a29.data(), a27.data(), a30.data(), a28.data(), a31.data(),
          a32.data());
 
   // moe.mesh:35:15 sum
   MESHRT_TRACE("sum", "moe.mesh:35:15", "backward");
-  support::reduce(a35.data(), kShape2, a34.data(), kShape5, kShape0, kShape1, support::Reduce::Sum,
+  support::reduce(a35.data(), kShape2, a34.data(), kShape3, kShape0, kShape1, support::Reduce::Sum,
                   1.0);
 
   // moe.mesh:35:15 all_reduce_sum (resolve the partial sum of %217 over model for sub at 35:15)
@@ -2333,7 +2313,7 @@ void MoeTrain::repeated0(
   // moe.mesh:35:15 sub
   // moe.mesh:35:15 mul
   MESHRT_TRACE("loop", "moe.mesh:35:15", "backward");
-  loop21(a36.data(), a33.data(), a35.data(), a32.data());
+  loop20(a36.data(), a33.data(), a35.data(), a32.data());
 
   // moe.mesh:35:23 einsum
   MESHRT_TRACE("gemm", "moe.mesh:35:23", "backward");
@@ -2348,7 +2328,7 @@ void MoeTrain::repeated0(
   // moe.mesh:126:34 mul
   // moe.mesh:126:34 add
   MESHRT_TRACE("loop", "moe.mesh:126:34", "backward");
-  loop22(a42.data(), a38.data(), a41.data(), a16.data());
+  loop21(a42.data(), a38.data(), a41.data(), a16.data());
 
   // moe.mesh:26:40 all_reduce_sum (resolve the partial sum of %223 over model for sum at 26:40)
   MESHRT_TRACE_SITE("moe.mesh:26:40");
@@ -2356,17 +2336,17 @@ void MoeTrain::repeated0(
 
   // moe.mesh:26:40 sum -> grad/norm[1]/bias
   MESHRT_TRACE("sum", "moe.mesh:26:40", "backward");
-  support::reduce(a43.data(), kShape4, a42.data(), kShape1, kShape2, kShape3, support::Reduce::Sum,
-                  1.0);
+  support::reduce(a43.data(), kShape19, a42.data(), kShape1, kShape2, kShape18,
+                  support::Reduce::Sum, 1.0);
 
   // moe.mesh:26:33 mul
   MESHRT_TRACE("loop", "moe.mesh:26:33", "backward");
-  loop23(a45.data(), a42.data(), a44.data());
+  loop22(a45.data(), a42.data(), a44.data());
 
   // moe.mesh:26:33 sum -> grad/norm[1]/gain
   MESHRT_TRACE("sum", "moe.mesh:26:33", "backward");
-  support::reduce(a46.data(), kShape4, a45.data(), kShape1, kShape2, kShape3, support::Reduce::Sum,
-                  1.0);
+  support::reduce(a46.data(), kShape19, a45.data(), kShape1, kShape2, kShape18,
+                  support::Reduce::Sum, 1.0);
 }
 
 void MoeTrain::repeated1(support::View a0, support::ConstView a1, support::View a2,
@@ -2380,7 +2360,7 @@ void MoeTrain::repeated1(support::View a0, support::ConstView a1, support::View 
 
   // moe.mesh:26:10 layer_norm
   MESHRT_TRACE("layer_norm", "moe.mesh:26:10", "forward");
-  support::along(a0.data(), a1.data(), kShape2, kShape3, kShape3, kShape4, kShape1, kShape1,
+  support::along(a0.data(), a1.data(), kShape2, kShape18, kShape18, kShape19, kShape1, kShape1,
                  support::Along::LayerNorm, 1e-05, 32, nullptr);
 
   // moe.mesh:126:36 random_uniform
@@ -2397,7 +2377,7 @@ void MoeTrain::repeated1(support::View a0, support::ConstView a1, support::View 
   // moe.mesh:26:40 add -> n
   // moe.mesh:126:34 mul
   MESHRT_TRACE("loop", "moe.mesh:26:33", "forward");
-  loop24(a5.data(), a6.data(), a0.data(), a3.data(), a4.data(), a2.data());
+  loop23(a5.data(), a6.data(), a0.data(), a3.data(), a4.data(), a2.data());
 
   // moe.mesh:35:23 einsum
   MESHRT_TRACE("gemm", "moe.mesh:35:23", "forward");
@@ -2406,12 +2386,12 @@ void MoeTrain::repeated1(support::View a0, support::ConstView a1, support::View 
 
   // moe.mesh:35:15 softmax -> gates
   MESHRT_TRACE("softmax", "moe.mesh:35:15", "forward");
-  support::along(a9.data(), a8.data(), kShape2, kShape5, kShape5, kShape0, kShape1, kShape1,
+  support::along(a9.data(), a8.data(), kShape2, kShape3, kShape3, kShape0, kShape1, kShape1,
                  support::Along::Softmax, 1e-05, 4, &group_model);
 
   // moe.mesh:43:18 max
   MESHRT_TRACE("max", "moe.mesh:43:18", "forward");
-  support::reduce(a10.data(), kShape2, a9.data(), kShape5, kShape0, kShape1, support::Reduce::Max,
+  support::reduce(a10.data(), kShape2, a9.data(), kShape3, kShape0, kShape1, support::Reduce::Max,
                   1.0);
 
   // moe.mesh:43:18 all_reduce_max (max over split dims: all-reduce of the local maxima)
@@ -2424,11 +2404,11 @@ void MoeTrain::repeated1(support::View a0, support::ConstView a1, support::View 
   // moe.mesh:43:18 maximum
   // moe.mesh:43:18 where
   MESHRT_TRACE("loop", "moe.mesh:43:18", "forward");
-  loop25(a12.data(), a13.data(), a9.data(), a10.data(), a11.data());
+  loop24(a12.data(), a13.data(), a9.data(), a10.data(), a11.data());
 
   // moe.mesh:43:18 min
   MESHRT_TRACE("min", "moe.mesh:43:18", "forward");
-  support::reduce(a14.data(), kShape2, a13.data(), kShape5, kShape0, kShape1, support::Reduce::Min,
+  support::reduce(a14.data(), kShape2, a13.data(), kShape3, kShape0, kShape1, support::Reduce::Min,
                   1.0);
 
   // moe.mesh:43:18 all_reduce_min (min over split dims: all-reduce of the local minima)
@@ -2437,26 +2417,26 @@ void MoeTrain::repeated1(support::View a0, support::ConstView a1, support::View 
 
   // moe.mesh:43:10 one_hot
   MESHRT_TRACE("one_hot", "moe.mesh:43:10", "forward");
-  support::oneHot(a15.data(), kShape6, a14.data(), kShape7, kShape8,
+  support::oneHot(a15.data(), kShape4, a14.data(), kShape5, kShape6,
                   support::shardStart(world_, {"model"}, 2));
 
   // moe.mesh:98:17 mean -> density
   MESHRT_TRACE("mean", "moe.mesh:98:17", "forward");
-  support::reduce(a16.data(), kShape9, a15.data(), kShape10, kShape11, kShape0,
-                  support::Reduce::Sum, 0.015625);
+  support::reduce(a16.data(), kShape7, a15.data(), kShape8, kShape9, kShape0, support::Reduce::Sum,
+                  0.015625);
 
   // moe.mesh:99:23 mean -> density_proxy
   MESHRT_TRACE("mean", "moe.mesh:99:23", "forward");
-  support::reduce(a17.data(), kShape9, a9.data(), kShape10, kShape11, kShape0, support::Reduce::Sum,
+  support::reduce(a17.data(), kShape7, a9.data(), kShape8, kShape9, kShape0, support::Reduce::Sum,
                   0.015625);
 
   // moe.mesh:100:23 mul
   MESHRT_TRACE("loop", "moe.mesh:100:23", "forward");
-  loop26(a18.data(), a16.data(), a17.data());
+  loop25(a18.data(), a16.data(), a17.data());
 
   // moe.mesh:100:10 mean
   MESHRT_TRACE("mean", "moe.mesh:100:10", "forward");
-  support::reduce(a19.data(), kShape17, a18.data(), kShape17, kShape9, kShape23,
+  support::reduce(a19.data(), kShape15, a18.data(), kShape15, kShape7, kShape23,
                   support::Reduce::Sum, 0.125);
 
   // moe.mesh:100:40 mul -> balance
@@ -2490,31 +2470,31 @@ void MoeTrain::repeated2(support::ConstView a0, support::ConstView a1, support::
   // moe.mesh:131:3 mul
   // moe.mesh:131:3 add
   MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
-  loop27(a2.data(), a0.data(), a1.data(), a3.data());
+  loop26(a2.data(), a0.data(), a1.data(), a3.data());
 
   // moe.mesh:131:3 mean
   MESHRT_TRACE("mean", "moe.mesh:131:3", "update");
-  support::reduce(a4.data(), kShape17, a2.data(), kShape17, kShape4, kShape1, support::Reduce::Sum,
+  support::reduce(a4.data(), kShape15, a2.data(), kShape15, kShape19, kShape1, support::Reduce::Sum,
                   0.03125);
 
   // moe.mesh:131:3 div
   // moe.mesh:131:3 rsqrt
   MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
-  loop28(a5.data(), a2.data(), a4.data());
+  loop27(a5.data(), a2.data(), a4.data());
 
   // moe.mesh:131:3 rsqrt
   MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
-  loop29(a7.data(), a6.data());
+  loop28(a7.data(), a6.data());
 
   // moe.mesh:131:3 div
   // moe.mesh:131:3 mul
   MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
-  loop30(a9.data(), a4.data(), a2.data(), a8.data());
+  loop29(a9.data(), a4.data(), a2.data(), a8.data());
 
   // moe.mesh:131:3 mean
   MESHRT_TRACE("mean", "moe.mesh:131:3", "update");
-  support::reduce(a10.data(), kShape17, a9.data(), kShape17, kShape4, kShape1, support::Reduce::Sum,
-                  0.03125);
+  support::reduce(a10.data(), kShape15, a9.data(), kShape15, kShape19, kShape1,
+                  support::Reduce::Sum, 0.03125);
 
   // moe.mesh:131:3 sqrt
   // moe.mesh:131:3 mul
@@ -2554,16 +2534,16 @@ void MoeTrain::repeated2(support::ConstView a0, support::ConstView a1, support::
   // moe.mesh:131:3 mul
   // moe.mesh:131:3 sub -> next/route[0]/w_gate
   MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
-  loop31(a15.data(), a14.data(), a5.data(), a7.data(), a11.data(), a13.data());
+  loop30(a15.data(), a14.data(), a5.data(), a7.data(), a11.data(), a13.data());
 
   // moe.mesh:131:3 div
   // moe.mesh:131:3 rsqrt
   MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
-  loop32(a18.data(), a16.data(), a17.data());
+  loop31(a18.data(), a16.data(), a17.data());
 
   // moe.mesh:131:3 rsqrt
   MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
-  loop33(a20.data(), a19.data());
+  loop32(a20.data(), a19.data());
 
   // moe.mesh:131:3 sqrt
   // moe.mesh:131:3 mul
@@ -2603,16 +2583,16 @@ void MoeTrain::repeated2(support::ConstView a0, support::ConstView a1, support::
   // moe.mesh:131:3 mul
   // moe.mesh:131:3 sub -> next/experts_ffn[0]/w_in
   MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
-  loop34(a26.data(), a25.data(), a18.data(), a20.data(), a22.data(), a24.data());
+  loop33(a26.data(), a25.data(), a18.data(), a20.data(), a22.data(), a24.data());
 
   // moe.mesh:131:3 div
   // moe.mesh:131:3 rsqrt
   MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
-  loop35(a29.data(), a27.data(), a28.data());
+  loop34(a29.data(), a27.data(), a28.data());
 
   // moe.mesh:131:3 rsqrt
   MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
-  loop36(a31.data(), a30.data());
+  loop35(a31.data(), a30.data());
 
   // moe.mesh:131:3 sqrt
   // moe.mesh:131:3 mul
@@ -2652,7 +2632,7 @@ void MoeTrain::repeated2(support::ConstView a0, support::ConstView a1, support::
   // moe.mesh:131:3 mul
   // moe.mesh:131:3 sub -> next/experts_ffn[0]/w_out
   MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
-  loop37(a37.data(), a36.data(), a29.data(), a31.data(), a33.data(), a35.data());
+  loop36(a37.data(), a36.data(), a29.data(), a31.data(), a33.data(), a35.data());
 }
 
 void MoeTrain::repeated3(support::ConstView a0, support::View a1, support::View a2,
@@ -2670,136 +2650,136 @@ void MoeTrain::repeated3(support::ConstView a0, support::View a1, support::View 
   // moe.mesh:131:3 square
   // moe.mesh:131:3 add
   MESHRT_TRACE("loop", "moe.mesh:131:3", "backward");
-  loop38(a1.data(), a0.data());
+  loop37(a1.data(), a0.data());
 
   // moe.mesh:131:3 mean
   MESHRT_TRACE("mean", "moe.mesh:131:3", "backward");
-  support::reduce(a2.data(), kShape4, a1.data(), kShape0, kShape0, kShape1, support::Reduce::Sum,
+  support::reduce(a2.data(), kShape19, a1.data(), kShape0, kShape0, kShape1, support::Reduce::Sum,
                   0.25);
 
   // moe.mesh:131:3 mean
   MESHRT_TRACE("mean", "moe.mesh:131:3", "backward");
-  support::reduce(a3.data(), kShape0, a1.data(), kShape1, kShape4, kShape0, support::Reduce::Sum,
+  support::reduce(a3.data(), kShape0, a1.data(), kShape1, kShape19, kShape0, support::Reduce::Sum,
                   0.03125);
 
   // moe.mesh:131:3 mul
   // moe.mesh:131:3 mul
   // moe.mesh:131:3 add
   MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
-  loop39(a5.data(), a3.data(), a4.data(), a6.data());
+  loop38(a5.data(), a3.data(), a4.data(), a6.data());
 
   // moe.mesh:131:3 square
   // moe.mesh:131:3 div
   MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
-  loop40(a7.data(), a0.data(), a5.data());
+  loop39(a7.data(), a0.data(), a5.data());
 
   // moe.mesh:131:3 mean
   MESHRT_TRACE("mean", "moe.mesh:131:3", "update");
-  support::reduce(a8.data(), kShape4, a7.data(), kShape0, kShape0, kShape1, support::Reduce::Sum,
+  support::reduce(a8.data(), kShape19, a7.data(), kShape0, kShape0, kShape1, support::Reduce::Sum,
                   0.25);
 
   // moe.mesh:131:3 square
   // moe.mesh:131:3 add
   MESHRT_TRACE("loop", "moe.mesh:131:3", "backward");
-  loop41(a10.data(), a9.data());
+  loop40(a10.data(), a9.data());
 
   // moe.mesh:131:3 mean
   MESHRT_TRACE("mean", "moe.mesh:131:3", "backward");
-  support::reduce(a11.data(), kShape24, a10.data(), kShape25, kShape11, kShape1,
+  support::reduce(a11.data(), kShape24, a10.data(), kShape25, kShape9, kShape1,
                   support::Reduce::Sum, 0.015625);
 
   // moe.mesh:131:3 mul
   // moe.mesh:131:3 mul
   // moe.mesh:131:3 add
   MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
-  loop42(a12.data(), a11.data(), a4.data(), a6.data());
+  loop41(a12.data(), a11.data(), a4.data(), a6.data());
 
   // moe.mesh:131:3 mean
   MESHRT_TRACE("mean", "moe.mesh:131:3", "backward");
-  support::reduce(a13.data(), kShape26, a10.data(), kShape27, kShape4, kShape11,
+  support::reduce(a13.data(), kShape26, a10.data(), kShape27, kShape19, kShape9,
                   support::Reduce::Sum, 0.03125);
 
   // moe.mesh:131:3 mul
   // moe.mesh:131:3 mul
   // moe.mesh:131:3 add
   MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
-  loop43(a14.data(), a13.data(), a4.data(), a6.data());
+  loop42(a14.data(), a13.data(), a4.data(), a6.data());
 
   // moe.mesh:131:3 mean
   MESHRT_TRACE("mean", "moe.mesh:131:3", "update");
-  support::reduce(a15.data(), kShape0, a12.data(), kShape4, kShape4, kShape1, support::Reduce::Sum,
-                  0.03125);
+  support::reduce(a15.data(), kShape0, a12.data(), kShape19, kShape19, kShape1,
+                  support::Reduce::Sum, 0.03125);
 
   // moe.mesh:131:3 square
   // moe.mesh:131:3 div
   MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
-  loop44(a16.data(), a9.data(), a14.data());
+  loop43(a16.data(), a9.data(), a14.data());
 
   // moe.mesh:131:3 mean
   MESHRT_TRACE("mean", "moe.mesh:131:3", "update");
-  support::reduce(a17.data(), kShape24, a16.data(), kShape25, kShape11, kShape1,
+  support::reduce(a17.data(), kShape24, a16.data(), kShape25, kShape9, kShape1,
                   support::Reduce::Sum, 0.015625);
 
   // moe.mesh:131:3 div
   // moe.mesh:131:3 mul
   MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
-  loop45(a18.data(), a15.data(), a12.data(), a17.data());
+  loop44(a18.data(), a15.data(), a12.data(), a17.data());
 
   // moe.mesh:131:3 mean
   MESHRT_TRACE("mean", "moe.mesh:131:3", "update");
-  support::reduce(a19.data(), kShape17, a18.data(), kShape17, kShape24, kShape28,
+  support::reduce(a19.data(), kShape15, a18.data(), kShape15, kShape24, kShape28,
                   support::Reduce::Sum, 0.0078125);
 
   // moe.mesh:131:3 square
   // moe.mesh:131:3 add
   MESHRT_TRACE("loop", "moe.mesh:131:3", "backward");
-  loop41(a21.data(), a20.data());
+  loop40(a21.data(), a20.data());
 
   // moe.mesh:131:3 mean
   MESHRT_TRACE("mean", "moe.mesh:131:3", "backward");
-  support::reduce(a22.data(), kShape26, a21.data(), kShape3, kShape4, kShape1, support::Reduce::Sum,
-                  0.03125);
+  support::reduce(a22.data(), kShape26, a21.data(), kShape18, kShape19, kShape1,
+                  support::Reduce::Sum, 0.03125);
 
   // moe.mesh:131:3 mul
   // moe.mesh:131:3 mul
   // moe.mesh:131:3 add
   MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
-  loop43(a23.data(), a22.data(), a4.data(), a6.data());
+  loop42(a23.data(), a22.data(), a4.data(), a6.data());
 
   // moe.mesh:131:3 mean
   MESHRT_TRACE("mean", "moe.mesh:131:3", "backward");
-  support::reduce(a24.data(), kShape24, a21.data(), kShape27, kShape11, kShape4,
+  support::reduce(a24.data(), kShape24, a21.data(), kShape27, kShape9, kShape19,
                   support::Reduce::Sum, 0.015625);
 
   // moe.mesh:131:3 mul
   // moe.mesh:131:3 mul
   // moe.mesh:131:3 add
   MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
-  loop42(a25.data(), a24.data(), a4.data(), a6.data());
+  loop41(a25.data(), a24.data(), a4.data(), a6.data());
 
   // moe.mesh:131:3 mean
   MESHRT_TRACE("mean", "moe.mesh:131:3", "update");
-  support::reduce(a26.data(), kShape0, a23.data(), kShape11, kShape11, kShape1,
-                  support::Reduce::Sum, 0.015625);
+  support::reduce(a26.data(), kShape0, a23.data(), kShape9, kShape9, kShape1, support::Reduce::Sum,
+                  0.015625);
 
   // moe.mesh:131:3 square
   // moe.mesh:131:3 div
   MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
-  loop46(a27.data(), a20.data(), a25.data());
+  loop45(a27.data(), a20.data(), a25.data());
 
   // moe.mesh:131:3 mean
   MESHRT_TRACE("mean", "moe.mesh:131:3", "update");
-  support::reduce(a28.data(), kShape26, a27.data(), kShape3, kShape4, kShape1, support::Reduce::Sum,
-                  0.03125);
+  support::reduce(a28.data(), kShape26, a27.data(), kShape18, kShape19, kShape1,
+                  support::Reduce::Sum, 0.03125);
 
   // moe.mesh:131:3 div
   // moe.mesh:131:3 mul
   MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
-  loop47(a29.data(), a26.data(), a23.data(), a28.data());
+  loop46(a29.data(), a26.data(), a23.data(), a28.data());
 
   // moe.mesh:131:3 mean
   MESHRT_TRACE("mean", "moe.mesh:131:3", "update");
-  support::reduce(a30.data(), kShape17, a29.data(), kShape17, kShape26, kShape29,
+  support::reduce(a30.data(), kShape15, a29.data(), kShape15, kShape26, kShape29,
                   support::Reduce::Sum, 0.00390625);
 }
 
@@ -2821,11 +2801,11 @@ void MoeTrain::repeated4(support::ConstView a0, support::ConstView a1, support::
   // moe.mesh:131:3 mul
   // moe.mesh:131:3 square
   MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
-  loop48(a2.data(), a4.data(), a5.data(), a0.data(), a1.data(), a3.data());
+  loop47(a2.data(), a4.data(), a5.data(), a0.data(), a1.data(), a3.data());
 
   // moe.mesh:131:3 mean
   MESHRT_TRACE("mean", "moe.mesh:131:3", "update");
-  support::reduce(a6.data(), kShape17, a5.data(), kShape17, kShape4, kShape1, support::Reduce::Sum,
+  support::reduce(a6.data(), kShape15, a5.data(), kShape15, kShape19, kShape1, support::Reduce::Sum,
                   0.03125);
 
   // moe.mesh:131:3 sqrt
@@ -2846,12 +2826,12 @@ void MoeTrain::repeated4(support::ConstView a0, support::ConstView a1, support::
 
   // moe.mesh:131:3 square
   MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
-  loop49(a9.data(), a8.data());
+  loop48(a9.data(), a8.data());
 
   // moe.mesh:131:3 mean
   MESHRT_TRACE("mean", "moe.mesh:131:3", "update");
-  support::reduce(a10.data(), kShape17, a9.data(), kShape17, kShape4, kShape1, support::Reduce::Sum,
-                  0.03125);
+  support::reduce(a10.data(), kShape15, a9.data(), kShape15, kShape19, kShape1,
+                  support::Reduce::Sum, 0.03125);
 
   // moe.mesh:131:3 sqrt
   // moe.mesh:131:3 maximum
@@ -2873,7 +2853,7 @@ void MoeTrain::repeated4(support::ConstView a0, support::ConstView a1, support::
   // moe.mesh:131:3 mul
   // moe.mesh:131:3 sub -> next/norm[0]/gain
   MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
-  loop50(a8.data(), a4.data(), a7.data(), a11.data());
+  loop49(a8.data(), a4.data(), a7.data(), a11.data());
 
   // moe.mesh:131:3 square
   // moe.mesh:131:3 add
@@ -2884,11 +2864,11 @@ void MoeTrain::repeated4(support::ConstView a0, support::ConstView a1, support::
   // moe.mesh:131:3 mul
   // moe.mesh:131:3 square
   MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
-  loop48(a13.data(), a14.data(), a15.data(), a12.data(), a1.data(), a3.data());
+  loop47(a13.data(), a14.data(), a15.data(), a12.data(), a1.data(), a3.data());
 
   // moe.mesh:131:3 mean
   MESHRT_TRACE("mean", "moe.mesh:131:3", "update");
-  support::reduce(a16.data(), kShape17, a15.data(), kShape17, kShape4, kShape1,
+  support::reduce(a16.data(), kShape15, a15.data(), kShape15, kShape19, kShape1,
                   support::Reduce::Sum, 0.03125);
 
   // moe.mesh:131:3 sqrt
@@ -2909,11 +2889,11 @@ void MoeTrain::repeated4(support::ConstView a0, support::ConstView a1, support::
 
   // moe.mesh:131:3 square
   MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
-  loop49(a19.data(), a18.data());
+  loop48(a19.data(), a18.data());
 
   // moe.mesh:131:3 mean
   MESHRT_TRACE("mean", "moe.mesh:131:3", "update");
-  support::reduce(a20.data(), kShape17, a19.data(), kShape17, kShape4, kShape1,
+  support::reduce(a20.data(), kShape15, a19.data(), kShape15, kShape19, kShape1,
                   support::Reduce::Sum, 0.03125);
 
   // moe.mesh:131:3 sqrt
@@ -2936,7 +2916,7 @@ void MoeTrain::repeated4(support::ConstView a0, support::ConstView a1, support::
   // moe.mesh:131:3 mul
   // moe.mesh:131:3 sub -> next/norm[0]/bias
   MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
-  loop50(a18.data(), a14.data(), a17.data(), a21.data());
+  loop49(a18.data(), a14.data(), a17.data(), a21.data());
 }
 
 void MoeTrain::repeated5(support::View a0, support::ConstView a1, support::ConstView a2,
@@ -2948,7 +2928,7 @@ void MoeTrain::repeated5(support::View a0, support::ConstView a1, support::Const
 
   // moe.mesh:43:18 max
   MESHRT_TRACE("max", "moe.mesh:43:18", "forward");
-  support::reduce(a0.data(), kShape2, a1.data(), kShape5, kShape0, kShape1, support::Reduce::Max,
+  support::reduce(a0.data(), kShape2, a1.data(), kShape3, kShape0, kShape1, support::Reduce::Max,
                   1.0);
 
   // moe.mesh:43:18 all_reduce_max (max over split dims: all-reduce of the local maxima)
@@ -2959,11 +2939,11 @@ void MoeTrain::repeated5(support::View a0, support::ConstView a1, support::Const
   // moe.mesh:43:18 maximum
   // moe.mesh:43:18 where
   MESHRT_TRACE("loop", "moe.mesh:43:18", "forward");
-  loop51(a4.data(), a1.data(), a0.data(), a2.data(), a3.data());
+  loop50(a4.data(), a1.data(), a0.data(), a2.data(), a3.data());
 
   // moe.mesh:43:18 min
   MESHRT_TRACE("min", "moe.mesh:43:18", "forward");
-  support::reduce(a5.data(), kShape2, a4.data(), kShape5, kShape0, kShape1, support::Reduce::Min,
+  support::reduce(a5.data(), kShape2, a4.data(), kShape3, kShape0, kShape1, support::Reduce::Min,
                   1.0);
 
   // moe.mesh:43:18 all_reduce_min (min over split dims: all-reduce of the local minima)
@@ -2972,17 +2952,17 @@ void MoeTrain::repeated5(support::View a0, support::ConstView a1, support::Const
 
   // moe.mesh:43:10 one_hot -> first
   MESHRT_TRACE("one_hot", "moe.mesh:43:10", "forward");
-  support::oneHot(a6.data(), kShape6, a5.data(), kShape7, kShape8,
+  support::oneHot(a6.data(), kShape4, a5.data(), kShape5, kShape6,
                   support::shardStart(world_, {"model"}, 2));
 
   // moe.mesh:51:34 mul
   // moe.mesh:51:28 sub
   MESHRT_TRACE("loop", "moe.mesh:51:34", "forward");
-  loop2(a7.data(), a6.data(), a1.data());
+  loop1(a7.data(), a6.data(), a1.data());
 
   // moe.mesh:43:18 max
   MESHRT_TRACE("max", "moe.mesh:43:18", "forward");
-  support::reduce(a8.data(), kShape2, a7.data(), kShape5, kShape0, kShape1, support::Reduce::Max,
+  support::reduce(a8.data(), kShape2, a7.data(), kShape3, kShape0, kShape1, support::Reduce::Max,
                   1.0);
 
   // moe.mesh:43:18 all_reduce_max (max over split dims: all-reduce of the local maxima)
@@ -2994,11 +2974,11 @@ void MoeTrain::repeated5(support::View a0, support::ConstView a1, support::Const
   // moe.mesh:43:18 maximum
   // moe.mesh:43:18 where
   MESHRT_TRACE("loop", "moe.mesh:43:18", "forward");
-  loop1(a9.data(), a7.data(), a8.data(), a3.data());
+  loop0(a9.data(), a7.data(), a8.data(), a3.data());
 
   // moe.mesh:43:18 min
   MESHRT_TRACE("min", "moe.mesh:43:18", "forward");
-  support::reduce(a10.data(), kShape2, a9.data(), kShape5, kShape0, kShape1, support::Reduce::Min,
+  support::reduce(a10.data(), kShape2, a9.data(), kShape3, kShape0, kShape1, support::Reduce::Min,
                   1.0);
 
   // moe.mesh:43:18 all_reduce_min (min over split dims: all-reduce of the local minima)
@@ -3007,25 +2987,25 @@ void MoeTrain::repeated5(support::View a0, support::ConstView a1, support::Const
 
   // moe.mesh:43:10 one_hot -> mask2
   MESHRT_TRACE("one_hot", "moe.mesh:43:10", "forward");
-  support::oneHot(a11.data(), kShape6, a10.data(), kShape7, kShape8,
+  support::oneHot(a11.data(), kShape4, a10.data(), kShape5, kShape6,
                   support::shardStart(world_, {"model"}, 2));
 
   // moe.mesh:64:25 mul
   MESHRT_TRACE("loop", "moe.mesh:64:25", "forward");
-  loop3(a12.data(), a1.data(), a6.data());
+  loop2(a12.data(), a1.data(), a6.data());
 
   // moe.mesh:64:15 sum -> gate1
   MESHRT_TRACE("sum", "moe.mesh:64:15", "forward");
-  support::reduce(a13.data(), kShape2, a12.data(), kShape5, kShape0, kShape1, support::Reduce::Sum,
+  support::reduce(a13.data(), kShape2, a12.data(), kShape3, kShape0, kShape1, support::Reduce::Sum,
                   1.0);
 
   // moe.mesh:65:25 mul
   MESHRT_TRACE("loop", "moe.mesh:65:25", "forward");
-  loop3(a14.data(), a1.data(), a11.data());
+  loop2(a14.data(), a1.data(), a11.data());
 
   // moe.mesh:65:15 sum -> gate2
   MESHRT_TRACE("sum", "moe.mesh:65:15", "forward");
-  support::reduce(a15.data(), kShape2, a14.data(), kShape5, kShape0, kShape1, support::Reduce::Sum,
+  support::reduce(a15.data(), kShape2, a14.data(), kShape3, kShape0, kShape1, support::Reduce::Sum,
                   1.0);
 }
 
@@ -3042,11 +3022,11 @@ void MoeTrain::repeated6(support::ConstView a0, support::ConstView a1, support::
   // moe.mesh:66:15 maximum -> total
   // moe.mesh:80:36 div
   MESHRT_TRACE("loop", "moe.mesh:66:29", "forward");
-  loop52(a2.data(), a3.data(), a4.data(), a0.data(), a1.data());
+  loop51(a2.data(), a3.data(), a4.data(), a0.data(), a1.data());
 
   // moe.mesh:80:66 div
   MESHRT_TRACE("loop", "moe.mesh:80:66", "forward");
-  loop53(a5.data(), a1.data(), a3.data());
+  loop52(a5.data(), a1.data(), a3.data());
 
   // moe.mesh:77:59 mul -> dispatch2
   // moe.mesh:79:28 add -> dispatch
@@ -3054,7 +3034,7 @@ void MoeTrain::repeated6(support::ConstView a0, support::ConstView a1, support::
   // moe.mesh:80:27 mul
   // moe.mesh:80:45 add -> combine
   MESHRT_TRACE("loop", "moe.mesh:77:59", "forward");
-  loop54(a9.data(), a10.data(), a11.data(), a6.data(), a7.data(), a8.data(), a5.data(), a4.data());
+  loop53(a9.data(), a10.data(), a11.data(), a6.data(), a7.data(), a8.data(), a5.data(), a4.data());
 
   // moe.mesh:85:19 einsum -> expert_in
   MESHRT_TRACE("gemm", "moe.mesh:85:19", "forward");
@@ -3068,7 +3048,7 @@ void MoeTrain::repeated6(support::ConstView a0, support::ConstView a1, support::
 
   // moe.mesh:86:16 relu -> hidden
   MESHRT_TRACE("loop", "moe.mesh:86:16", "forward");
-  loop9(a16.data(), a15.data());
+  loop8(a16.data(), a15.data());
 
   // moe.mesh:87:20 einsum -> expert_out
   MESHRT_TRACE("gemm", "moe.mesh:87:20", "forward");
@@ -3093,44 +3073,44 @@ void MoeTrain::repeated7(support::View a0, support::ConstView a1, support::View 
 
   // moe.mesh:71:19 cumsum -> position1
   MESHRT_TRACE("cumsum", "moe.mesh:71:19", "forward");
-  support::along(a0.data(), a1.data(), kShape9, kShape10, kShape10, kShape11, kShape0, kShape0,
+  support::along(a0.data(), a1.data(), kShape7, kShape8, kShape8, kShape9, kShape0, kShape0,
                  support::Along::CumsumExclusive, 1e-05, 64, nullptr);
 
   // moe.mesh:74:27 cast
   MESHRT_TRACE("loop", "moe.mesh:74:27", "forward");
-  loop4(a2.data(), a0.data());
+  loop3(a2.data(), a0.data());
 
   // moe.mesh:74:19 one_hot
   MESHRT_TRACE("one_hot", "moe.mesh:74:19", "forward");
-  support::oneHot(a3.data(), kShape12, a2.data(), kShape13, kShape14, 0);
+  support::oneHot(a3.data(), kShape10, a2.data(), kShape11, kShape12, 0);
 
   // moe.mesh:74:59 mul -> dispatch1
   MESHRT_TRACE("loop", "moe.mesh:74:59", "forward");
-  loop5(a4.data(), a3.data(), a1.data());
+  loop4(a4.data(), a3.data(), a1.data());
 
   // moe.mesh:75:15 sum -> kept1
   MESHRT_TRACE("sum", "moe.mesh:75:15", "forward");
-  support::reduce(a5.data(), kShape6, a4.data(), kShape15, kShape16, kShape1, support::Reduce::Sum,
+  support::reduce(a5.data(), kShape4, a4.data(), kShape13, kShape14, kShape1, support::Reduce::Sum,
                   1.0);
 
   // moe.mesh:76:19 cumsum
   MESHRT_TRACE("cumsum", "moe.mesh:76:19", "forward");
-  support::along(a6.data(), a7.data(), kShape9, kShape10, kShape10, kShape11, kShape0, kShape0,
+  support::along(a6.data(), a7.data(), kShape7, kShape8, kShape8, kShape9, kShape0, kShape0,
                  support::Along::CumsumExclusive, 1e-05, 64, nullptr);
 
   // moe.mesh:76:58 sum
   MESHRT_TRACE("sum", "moe.mesh:76:58", "forward");
-  support::reduce(a8.data(), kShape9, a5.data(), kShape10, kShape11, kShape0, support::Reduce::Sum,
+  support::reduce(a8.data(), kShape7, a5.data(), kShape8, kShape9, kShape0, support::Reduce::Sum,
                   1.0);
 
   // moe.mesh:76:56 add -> position2
   // moe.mesh:77:27 cast
   MESHRT_TRACE("loop", "moe.mesh:76:56", "forward");
-  loop6(a9.data(), a6.data(), a8.data());
+  loop5(a9.data(), a6.data(), a8.data());
 
   // moe.mesh:77:19 one_hot
   MESHRT_TRACE("one_hot", "moe.mesh:77:19", "forward");
-  support::oneHot(a10.data(), kShape12, a9.data(), kShape13, kShape14, 0);
+  support::oneHot(a10.data(), kShape10, a9.data(), kShape11, kShape12, 0);
 }
 
 void MoeTrain::repeated8(support::ConstView a0, support::View a1, support::View a2,
@@ -3140,29 +3120,29 @@ void MoeTrain::repeated8(support::ConstView a0, support::View a1, support::View 
 
   // moe.mesh:131:3 square
   MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
-  loop55(a1.data(), a0.data());
+  loop54(a1.data(), a0.data());
 
   // moe.mesh:131:3 mean
   MESHRT_TRACE("mean", "moe.mesh:131:3", "update");
-  support::reduce(a2.data(), kShape17, a1.data(), kShape17, kShape30, kShape23,
+  support::reduce(a2.data(), kShape15, a1.data(), kShape15, kShape30, kShape23,
                   support::Reduce::Sum, 0.0078125);
 
   // moe.mesh:131:3 square
   MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
-  loop56(a4.data(), a3.data());
+  loop55(a4.data(), a3.data());
 
   // moe.mesh:131:3 mean
   MESHRT_TRACE("mean", "moe.mesh:131:3", "update");
-  support::reduce(a5.data(), kShape17, a4.data(), kShape17, kShape31, kShape32,
+  support::reduce(a5.data(), kShape15, a4.data(), kShape15, kShape31, kShape32,
                   support::Reduce::Sum, 0.0001220703125);
 
   // moe.mesh:131:3 square
   MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
-  loop56(a7.data(), a6.data());
+  loop55(a7.data(), a6.data());
 
   // moe.mesh:131:3 mean
   MESHRT_TRACE("mean", "moe.mesh:131:3", "update");
-  support::reduce(a8.data(), kShape17, a7.data(), kShape17, kShape33, kShape19,
+  support::reduce(a8.data(), kShape15, a7.data(), kShape15, kShape33, kShape17,
                   support::Reduce::Sum, 0.0001220703125);
 }
 

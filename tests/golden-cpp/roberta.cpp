@@ -9,13 +9,13 @@ namespace meshc_generated {
 static const support::Shape kShape0 = {2, 16, 32};
 static const support::Shape kShape1 = {0, 0, 1};
 static const support::Shape kShape2 = {16, 1, 0};
-static const support::Shape kShape3 = {2, 16};
-static const support::Shape kShape4 = {512, 32};
-static const support::Shape kShape5 = {32};
+static const support::Shape kShape3 = {2, 2, 16};
+static const support::Shape kShape4 = {512, 256, 16};
+static const support::Shape kShape5 = {16};
 static const support::Shape kShape6 = {1};
-static const support::Shape kShape7 = {2, 2, 16};
-static const support::Shape kShape8 = {512, 256, 16};
-static const support::Shape kShape9 = {16};
+static const support::Shape kShape7 = {2, 16};
+static const support::Shape kShape8 = {512, 32};
+static const support::Shape kShape9 = {32};
 static const support::Shape kShape10 = {};
 static const support::Shape kShape11 = {16, 1};
 static const support::Shape kShape12 = {16, 32};
@@ -64,21 +64,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop1(float *__restrict p0, const float *__restrict p1,
-                                    const float *__restrict p2, const float *__restrict p3) {
-  for (int64_t i0 = 0; i0 < 32; ++i0) {
-    for (int64_t i1 = 0; i1 < 32; ++i1) {
-      const float s0 = p1[i0 * 32 + i1];
-      const float s1 = p2[i1];
-      const float s2 = (s0 * s1);
-      const float s3 = p3[i1];
-      const float s4 = (s2 + s3);
-      p0[i0 * 32 + i1] = s4;
-    }
-  }
-}
-
-[[gnu::noinline]] static void loop2(float *__restrict p0, const float *__restrict p1) {
+[[gnu::noinline]] static void loop1(float *__restrict p0, const float *__restrict p1) {
   for (int64_t i0 = 0; i0 < 32; ++i0) {
     for (int64_t i1 = 0; i1 < 32; ++i1) {
       const float s0 = p1[i0 + i1 * 32];
@@ -88,7 +74,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop3(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop2(float *__restrict p0, const float *__restrict p1,
                                     const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 32; ++i0) {
     for (int64_t i1 = 0; i1 < 32; ++i1) {
@@ -101,7 +87,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop4(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop3(float *__restrict p0, const float *__restrict p1,
                                     const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 32; ++i0) {
     for (int64_t i1 = 0; i1 < 32; ++i1) {
@@ -113,7 +99,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop5(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop4(float *__restrict p0, const float *__restrict p1,
                                     const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 1024; ++i0) {
     const float s0 = p1[i0];
@@ -123,7 +109,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop6(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop5(float *__restrict p0, const float *__restrict p1,
                                     const float *__restrict p2, const float *__restrict p3) {
   for (int64_t i0 = 0; i0 < 32; ++i0) {
     for (int64_t i1 = 0; i1 < 32; ++i1) {
@@ -137,7 +123,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop7(float *__restrict p0, float *__restrict p1,
+[[gnu::noinline]] static void loop6(float *__restrict p0, float *__restrict p1,
                                     const float *__restrict p2, const float *__restrict p3,
                                     const float *__restrict p4, const float *__restrict p5) {
   for (int64_t i0 = 0; i0 < 32; ++i0) {
@@ -164,6 +150,20 @@ static const support::SharedEinsum
     const float s20 = s13;
     p0[i0] = s19;
     p1[i0] = s20;
+  }
+}
+
+[[gnu::noinline]] static void loop7(float *__restrict p0, const float *__restrict p1,
+                                    const float *__restrict p2, const float *__restrict p3) {
+  for (int64_t i0 = 0; i0 < 32; ++i0) {
+    for (int64_t i1 = 0; i1 < 32; ++i1) {
+      const float s0 = p1[i0 * 32 + i1];
+      const float s1 = p2[i1];
+      const float s2 = (s0 * s1);
+      const float s3 = p3[i1];
+      const float s4 = (s2 + s3);
+      p0[i0 * 32 + i1] = s4;
+    }
   }
 }
 
@@ -728,10 +728,10 @@ Mlm::Mlm(meshrt::Communicator &world, uint64_t seed)
 
 Mlm::Outputs Mlm::run(const Inputs &inputs) {
   MESHRT_TRACE_RUN(world_, "mlm");
-  // Arena: 16384 bytes for 159744 bytes of temporaries (placed by liveness).
+  // Arena: 16384 bytes for 135168 bytes of temporaries (placed by liveness).
   support::checkShape("input", "tokens", inputs.tokens, {2, 16});
   runPart0(inputs);
-  support::View v102 = arena_.view(0, 1024);
+  support::View v102 = arena_.view(4096, 1024);
 
   Outputs outputs;
   outputs.logits = support::Tensor{{2, 16, 32}, support::Buffer(v102.begin(), v102.end())};
@@ -761,20 +761,15 @@ void Mlm::runPart0(const Inputs &inputs) {
   loop0(v6.data(), v4.data(), v2.data());
 
   // encoder_layers.mesh:19:10 layer_norm
-  MESHRT_TRACE("layer_norm", "encoder_layers.mesh:19:10", "forward");
-  support::View v9 = arena_.view(0, 1024);
-  support::along(v9.data(), v6.data(), kShape3, kShape4, kShape4, kShape5, kShape6, kShape6,
-                 support::Along::LayerNorm, 1e-12, 32, nullptr);
-
   // encoder_layers.mesh:19:46 mul
   // encoder_layers.mesh:19:53 add -> x
-  MESHRT_TRACE("loop", "encoder_layers.mesh:19:46", "forward");
+  MESHRT_TRACE("layer_norm", "encoder_layers.mesh:19:10", "forward");
   const support::Buffer &v7 = param2_roberta_norm_gain;
   const support::Buffer &v8 = param3_roberta_norm_bias;
-  support::View v11 = arena_.view(4096, 1024);
-  loop1(v11.data(), v9.data(), v7.data(), v8.data());
+  support::View v11 = arena_.view(0, 1024);
+  support::layerNormAffine(v11.data(), v6.data(), 32, 32, v7.data(), v8.data(), 1e-12, 32);
 
-  // 18 statements from encoder_layers.mesh:28:17 einsum -> queries (1 of 2)
+  // 16 statements from encoder_layers.mesh:28:17 einsum -> queries (1 of 2)
   MESHRT_TRACE_SITE("encoder_layers.mesh:28:17");
   const support::Buffer &v12 = param4_roberta_encoder_layer_0_self_attention_q;
   support::View v16 = arena_.view(8192, 512);
@@ -782,32 +777,30 @@ void Mlm::runPart0(const Inputs &inputs) {
   support::View v17 = arena_.view(10240, 512);
   const support::Buffer &v14 = param6_roberta_encoder_layer_0_self_attention_v;
   support::View v19 = arena_.view(12288, 512);
-  support::View v21 = arena_.view(0, 1024);
+  support::View v21 = arena_.view(4096, 1024);
   support::View v24 = arena_.view(8192, 1024);
   support::View v25 = arena_.view(14336, 512);
   const support::Buffer &v15 = param7_roberta_encoder_layer_0_self_attention_o;
-  support::View v26 = arena_.view(0, 1024);
+  support::View v26 = arena_.view(4096, 1024);
   support::View v28 = arena_.view(8192, 1024);
-  support::View v31 = arena_.view(0, 1024);
+  support::View v33 = arena_.view(0, 1024);
   const support::Buffer &v29 = param8_roberta_encoder_layer_0_norm_gain;
   const support::Buffer &v30 = param9_roberta_encoder_layer_0_norm_bias;
-  support::View v33 = arena_.view(4096, 1024);
   const support::Buffer &v34 = param10_roberta_encoder_layer_0_dense_relu_dense_wi;
-  support::View v38 = arena_.view(0, 1024);
+  support::View v38 = arena_.view(4096, 1024);
   const support::Buffer &v35 = param11_roberta_encoder_layer_0_dense_relu_dense_bi;
   support::View v40 = arena_.view(8192, 1024);
   const support::Buffer &v36 = param12_roberta_encoder_layer_0_dense_relu_dense_wo;
-  support::View v41 = arena_.view(0, 1024);
+  support::View v41 = arena_.view(4096, 1024);
   const support::Buffer &v37 = param13_roberta_encoder_layer_0_dense_relu_dense_bo;
   support::View v44 = arena_.view(8192, 1024);
-  support::View v47 = arena_.view(0, 1024);
   const support::Buffer &v45 = param14_roberta_encoder_layer_0_norm_1_gain;
   const support::Buffer &v46 = param15_roberta_encoder_layer_0_norm_1_bias;
-  support::View v49 = arena_.view(4096, 1024);
-  repeated0(v11, v12, v16, v13, v17, v14, v19, v21, v24, v25, v15, v26, v28, v31, v29, v30, v33,
-            v34, v38, v35, v40, v36, v41, v37, v44, v47, v45, v46, v49);
+  support::View v49 = arena_.view(0, 1024);
+  repeated0(v11, v12, v16, v13, v17, v14, v19, v21, v24, v25, v15, v26, v28, v33, v29, v30, v34,
+            v38, v35, v40, v36, v41, v37, v44, v49, v45, v46);
 
-  // 18 statements from encoder_layers.mesh:28:17 einsum -> queries (2 of 2)
+  // 16 statements from encoder_layers.mesh:28:17 einsum -> queries (2 of 2)
   MESHRT_TRACE_SITE("encoder_layers.mesh:28:17");
   const support::Buffer &v50 = param16_roberta_encoder_layer_1_self_attention_q;
   support::View v54 = arena_.view(8192, 512);
@@ -815,35 +808,33 @@ void Mlm::runPart0(const Inputs &inputs) {
   support::View v55 = arena_.view(10240, 512);
   const support::Buffer &v52 = param18_roberta_encoder_layer_1_self_attention_v;
   support::View v57 = arena_.view(12288, 512);
-  support::View v59 = arena_.view(0, 1024);
+  support::View v59 = arena_.view(4096, 1024);
   support::View v62 = arena_.view(8192, 1024);
   support::View v63 = arena_.view(14336, 512);
   const support::Buffer &v53 = param19_roberta_encoder_layer_1_self_attention_o;
-  support::View v64 = arena_.view(0, 1024);
+  support::View v64 = arena_.view(4096, 1024);
   support::View v66 = arena_.view(8192, 1024);
-  support::View v69 = arena_.view(0, 1024);
+  support::View v71 = arena_.view(0, 1024);
   const support::Buffer &v67 = param20_roberta_encoder_layer_1_norm_gain;
   const support::Buffer &v68 = param21_roberta_encoder_layer_1_norm_bias;
-  support::View v71 = arena_.view(4096, 1024);
   const support::Buffer &v72 = param22_roberta_encoder_layer_1_dense_relu_dense_wi;
-  support::View v76 = arena_.view(0, 1024);
+  support::View v76 = arena_.view(4096, 1024);
   const support::Buffer &v73 = param23_roberta_encoder_layer_1_dense_relu_dense_bi;
   support::View v78 = arena_.view(8192, 1024);
   const support::Buffer &v74 = param24_roberta_encoder_layer_1_dense_relu_dense_wo;
-  support::View v79 = arena_.view(0, 1024);
+  support::View v79 = arena_.view(4096, 1024);
   const support::Buffer &v75 = param25_roberta_encoder_layer_1_dense_relu_dense_bo;
   support::View v82 = arena_.view(8192, 1024);
-  support::View v85 = arena_.view(0, 1024);
   const support::Buffer &v83 = param26_roberta_encoder_layer_1_norm_1_gain;
   const support::Buffer &v84 = param27_roberta_encoder_layer_1_norm_1_bias;
-  support::View v87 = arena_.view(4096, 1024);
-  repeated0(v49, v50, v54, v51, v55, v52, v57, v59, v62, v63, v53, v64, v66, v69, v67, v68, v71,
-            v72, v76, v73, v78, v74, v79, v75, v82, v85, v83, v84, v87);
+  support::View v87 = arena_.view(0, 1024);
+  repeated0(v49, v50, v54, v51, v55, v52, v57, v59, v62, v63, v53, v64, v66, v71, v67, v68, v72,
+            v76, v73, v78, v74, v79, v75, v82, v87, v83, v84);
 
   // roberta.mesh:43:9 transpose
   MESHRT_TRACE("loop", "roberta.mesh:43:9", "forward");
-  support::View v90 = arena_.view(0, 1024);
-  loop2(v90.data(), v1.data());
+  support::View v90 = arena_.view(4096, 1024);
+  loop1(v90.data(), v1.data());
 
   // roberta.mesh:46:23 einsum
   MESHRT_TRACE("gemm", "roberta.mesh:46:23", "forward");
@@ -856,45 +847,40 @@ void Mlm::runPart0(const Inputs &inputs) {
   // roberta.mesh:46:18 gelu
   MESHRT_TRACE("loop", "roberta.mesh:46:64", "forward");
   const support::Buffer &v89 = param29_roberta_lm_head_dense_bias;
-  support::View v94 = arena_.view(4096, 1024);
-  loop3(v94.data(), v92.data(), v89.data());
+  support::View v94 = arena_.view(0, 1024);
+  loop2(v94.data(), v92.data(), v89.data());
 
   // encoder_layers.mesh:19:10 layer_norm
-  MESHRT_TRACE("layer_norm", "encoder_layers.mesh:19:10", "forward");
-  support::View v98 = arena_.view(8192, 1024);
-  support::along(v98.data(), v94.data(), kShape3, kShape4, kShape4, kShape5, kShape6, kShape6,
-                 support::Along::LayerNorm, 1e-12, 32, nullptr);
-
   // encoder_layers.mesh:19:46 mul
   // encoder_layers.mesh:19:53 add
-  MESHRT_TRACE("loop", "encoder_layers.mesh:19:46", "forward");
+  MESHRT_TRACE("layer_norm", "encoder_layers.mesh:19:10", "forward");
   const support::Buffer &v96 = param31_roberta_lm_head_norm_gain;
   const support::Buffer &v97 = param32_roberta_lm_head_norm_bias;
-  support::View v100 = arena_.view(4096, 1024);
-  loop1(v100.data(), v98.data(), v96.data(), v97.data());
+  support::View v100 = arena_.view(8192, 1024);
+  support::layerNormAffine(v100.data(), v94.data(), 32, 32, v96.data(), v97.data(), 1e-12, 32);
 
   // roberta.mesh:47:10 einsum
   MESHRT_TRACE("gemm", "roberta.mesh:47:10", "forward");
-  support::View v101 = arena_.view(8192, 1024);
+  support::View v101 = arena_.view(0, 1024);
   // dims: batch, length, d_model, vocab
   kEinsum0.plan().run(v100.data(), v90.data(), v101.data(), 1.0f, 0.0f);
 
   // roberta.mesh:47:57 add -> logits
   MESHRT_TRACE("loop", "roberta.mesh:47:57", "forward");
   const support::Buffer &v91 = param30_roberta_lm_head_output_bias;
-  support::View v102 = arena_.view(0, 1024);
-  loop4(v102.data(), v101.data(), v91.data());
+  support::View v102 = arena_.view(4096, 1024);
+  loop3(v102.data(), v101.data(), v91.data());
 }
 
 void Mlm::repeated0(support::ConstView a0, support::ConstView a1, support::View a2,
                     support::ConstView a3, support::View a4, support::ConstView a5,
                     support::View a6, support::View a7, support::View a8, support::View a9,
                     support::ConstView a10, support::View a11, support::View a12, support::View a13,
-                    support::ConstView a14, support::ConstView a15, support::View a16,
-                    support::ConstView a17, support::View a18, support::ConstView a19,
-                    support::View a20, support::ConstView a21, support::View a22,
-                    support::ConstView a23, support::View a24, support::View a25,
-                    support::ConstView a26, support::ConstView a27, support::View a28) {
+                    support::ConstView a14, support::ConstView a15, support::ConstView a16,
+                    support::View a17, support::ConstView a18, support::View a19,
+                    support::ConstView a20, support::View a21, support::ConstView a22,
+                    support::View a23, support::View a24, support::ConstView a25,
+                    support::ConstView a26) {
   MESHRT_TRACE_SPAN(world_);
 
   // encoder_layers.mesh:28:17 einsum -> queries
@@ -920,7 +906,7 @@ void Mlm::repeated0(support::ConstView a0, support::ConstView a1, support::View 
 
   // encoder_layers.mesh:33:17 softmax -> weights
   MESHRT_TRACE("softmax", "encoder_layers.mesh:33:17", "forward");
-  support::along(a8.data(), a7.data(), kShape7, kShape8, kShape8, kShape9, kShape6, kShape6,
+  support::along(a8.data(), a7.data(), kShape3, kShape4, kShape4, kShape5, kShape6, kShape6,
                  support::Along::Softmax, 1e-05, 16, nullptr);
 
   // encoder_layers.mesh:34:17 einsum -> context
@@ -939,52 +925,44 @@ void Mlm::repeated0(support::ConstView a0, support::ConstView a1, support::View 
 
   // roberta.mesh:22:18 add
   MESHRT_TRACE("loop", "roberta.mesh:22:18", "forward");
-  loop5(a12.data(), a0.data(), a11.data());
+  loop4(a12.data(), a0.data(), a11.data());
 
   // encoder_layers.mesh:19:10 layer_norm
-  MESHRT_TRACE("layer_norm", "encoder_layers.mesh:19:10", "forward");
-  support::along(a13.data(), a12.data(), kShape3, kShape4, kShape4, kShape5, kShape6, kShape6,
-                 support::Along::LayerNorm, 1e-12, 32, nullptr);
-
   // encoder_layers.mesh:19:46 mul
   // encoder_layers.mesh:19:53 add -> h
-  MESHRT_TRACE("loop", "encoder_layers.mesh:19:46", "forward");
-  loop1(a16.data(), a13.data(), a14.data(), a15.data());
+  MESHRT_TRACE("layer_norm", "encoder_layers.mesh:19:10", "forward");
+  support::layerNormAffine(a13.data(), a12.data(), 32, 32, a14.data(), a15.data(), 1e-12, 32);
 
   // encoder_layers.mesh:45:16 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:45:16", "forward");
   // dims: batch, length, d_model, d_ff
-  kEinsum0.plan().run(a16.data(), a17.data(), a18.data(), 1.0f, 0.0f);
+  kEinsum0.plan().run(a13.data(), a16.data(), a17.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:45:53 add
   // encoder_layers.mesh:45:11 gelu -> h
   MESHRT_TRACE("loop", "encoder_layers.mesh:45:53", "forward");
-  loop3(a20.data(), a18.data(), a19.data());
+  loop2(a19.data(), a17.data(), a18.data());
 
   // encoder_layers.mesh:46:10 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:46:10", "forward");
   // dims: batch, length, d_ff, d_model
-  kEinsum0.plan().run(a20.data(), a21.data(), a22.data(), 1.0f, 0.0f);
+  kEinsum0.plan().run(a19.data(), a20.data(), a21.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:46:50 all_reduce_sum (resolve the partial sum of %39 over model for add at
   // 46:50)
   MESHRT_TRACE_SITE("encoder_layers.mesh:46:50");
-  group_model.allReduce(a22.data(), a22.size(), meshrt::ReduceOp::Sum);
+  group_model.allReduce(a21.data(), a21.size(), meshrt::ReduceOp::Sum);
 
   // encoder_layers.mesh:46:50 add
   // roberta.mesh:23:17 add
   MESHRT_TRACE("loop", "encoder_layers.mesh:46:50", "forward");
-  loop6(a24.data(), a22.data(), a23.data(), a16.data());
+  loop5(a23.data(), a21.data(), a22.data(), a13.data());
 
   // encoder_layers.mesh:19:10 layer_norm
-  MESHRT_TRACE("layer_norm", "encoder_layers.mesh:19:10", "forward");
-  support::along(a25.data(), a24.data(), kShape3, kShape4, kShape4, kShape5, kShape6, kShape6,
-                 support::Along::LayerNorm, 1e-12, 32, nullptr);
-
   // encoder_layers.mesh:19:46 mul
   // encoder_layers.mesh:19:53 add -> x
-  MESHRT_TRACE("loop", "encoder_layers.mesh:19:46", "forward");
-  loop1(a28.data(), a25.data(), a26.data(), a27.data());
+  MESHRT_TRACE("layer_norm", "encoder_layers.mesh:19:10", "forward");
+  support::layerNormAffine(a24.data(), a23.data(), 32, 32, a25.data(), a26.data(), 1e-12, 32);
 }
 
 Mlm::Inputs Mlm::synthesizeInputs(uint64_t seed) const {
@@ -1657,7 +1635,7 @@ void MlmTrain::runPart0(const Inputs &inputs) {
   const support::Buffer &v0 = inputs.tokens.data;
   support::View v17 = arena_.view(135168, 32);
   support::View v18 = arena_.view(135296, 32);
-  loop7(v17.data(), v18.data(), v0.data(), v4.data(), v1.data(), v5.data());
+  loop6(v17.data(), v18.data(), v0.data(), v4.data(), v1.data(), v5.data());
 
   // roberta.mesh:31:40 einsum
   MESHRT_TRACE("einsum", "roberta.mesh:31:40", "forward");
@@ -1679,7 +1657,7 @@ void MlmTrain::runPart0(const Inputs &inputs) {
   // encoder_layers.mesh:19:10 layer_norm
   MESHRT_TRACE("layer_norm", "encoder_layers.mesh:19:10", "forward");
   support::View v27 = arena_.view(0, 1024);
-  support::along(v27.data(), v24.data(), kShape3, kShape4, kShape4, kShape5, kShape6, kShape6,
+  support::along(v27.data(), v24.data(), kShape7, kShape8, kShape8, kShape9, kShape6, kShape6,
                  support::Along::LayerNorm, 1e-12, 32, nullptr);
 
   // encoder_layers.mesh:19:46 mul
@@ -1688,7 +1666,7 @@ void MlmTrain::runPart0(const Inputs &inputs) {
   support::View v25(param2_roberta_norm_gain); // updated in place
   support::View v26(param3_roberta_norm_bias); // updated in place
   support::View v29 = arena_.view(8192, 1024);
-  loop1(v29.data(), v27.data(), v25.data(), v26.data());
+  loop7(v29.data(), v27.data(), v25.data(), v26.data());
 
   // 18 statements from encoder_layers.mesh:28:17 einsum -> queries (1 of 2)
   MESHRT_TRACE_SITE("encoder_layers.mesh:28:17");
@@ -1761,7 +1739,7 @@ void MlmTrain::runPart0(const Inputs &inputs) {
   // roberta.mesh:43:9 transpose
   MESHRT_TRACE("loop", "roberta.mesh:43:9", "forward");
   support::View v108 = arena_.view(86016, 1024);
-  loop2(v108.data(), v19.data());
+  loop1(v108.data(), v19.data());
 
   // roberta.mesh:46:23 einsum
   MESHRT_TRACE("gemm", "roberta.mesh:46:23", "forward");
@@ -1781,7 +1759,7 @@ void MlmTrain::runPart0(const Inputs &inputs) {
   // encoder_layers.mesh:19:10 layer_norm
   MESHRT_TRACE("layer_norm", "encoder_layers.mesh:19:10", "forward");
   support::View v116 = arena_.view(90112, 1024);
-  support::along(v116.data(), v112.data(), kShape3, kShape4, kShape4, kShape5, kShape6, kShape6,
+  support::along(v116.data(), v112.data(), kShape7, kShape8, kShape8, kShape9, kShape6, kShape6,
                  support::Along::LayerNorm, 1e-12, 32, nullptr);
 
   // encoder_layers.mesh:19:46 mul
@@ -1790,7 +1768,7 @@ void MlmTrain::runPart0(const Inputs &inputs) {
   support::View v114(param31_roberta_lm_head_norm_gain); // updated in place
   support::View v115(param32_roberta_lm_head_norm_bias); // updated in place
   support::View v118 = arena_.view(102400, 1024);
-  loop1(v118.data(), v116.data(), v114.data(), v115.data());
+  loop7(v118.data(), v116.data(), v114.data(), v115.data());
 
   // roberta.mesh:47:10 einsum
   MESHRT_TRACE("gemm", "roberta.mesh:47:10", "forward");
@@ -1802,12 +1780,12 @@ void MlmTrain::runPart0(const Inputs &inputs) {
   MESHRT_TRACE("loop", "roberta.mesh:47:57", "forward");
   support::View v109(param30_roberta_lm_head_output_bias); // updated in place
   support::View v120 = arena_.view(110592, 1024);
-  loop4(v120.data(), v119.data(), v109.data());
+  loop3(v120.data(), v119.data(), v109.data());
 
   // roberta.mesh:66:14 log_softmax -> logp
   MESHRT_TRACE("log_softmax", "roberta.mesh:66:14", "forward");
   support::View v121 = arena_.view(106496, 1024);
-  support::along(v121.data(), v120.data(), kShape3, kShape4, kShape4, kShape5, kShape6, kShape6,
+  support::along(v121.data(), v120.data(), kShape7, kShape8, kShape8, kShape9, kShape6, kShape6,
                  support::Along::LogSoftmax, 1e-05, 64, &group_model);
 
   // roberta.mesh:67:32 one_hot
@@ -1824,13 +1802,13 @@ void MlmTrain::runPart0(const Inputs &inputs) {
   // roberta.mesh:67:21 sum
   MESHRT_TRACE("sum", "roberta.mesh:67:21", "forward");
   support::View v124 = arena_.view(135424, 32);
-  support::reduce(v124.data(), kShape3, v123.data(), kShape4, kShape5, kShape6,
+  support::reduce(v124.data(), kShape7, v123.data(), kShape8, kShape9, kShape6,
                   support::Reduce::Sum, 1.0);
 
   // roberta.mesh:68:21 mean -> chosen_fraction
   MESHRT_TRACE("mean", "roberta.mesh:68:21", "forward");
   support::View v126 = arena_.view(135552, 1);
-  support::reduce(v126.data(), kShape10, v18.data(), kShape10, kShape3, kShape11,
+  support::reduce(v126.data(), kShape10, v18.data(), kShape10, kShape7, kShape11,
                   support::Reduce::Sum, 0.015625);
 
   // roberta.mesh:67:20 neg -> token_loss
@@ -1848,14 +1826,14 @@ void MlmTrain::runPart1(const Inputs &inputs) {
   MESHRT_TRACE("sum", "roberta.mesh:70:14", "forward");
   support::View v127 = arena_.view(114688, 32);
   support::View v128 = arena_.view(114816, 1);
-  support::reduce(v128.data(), kShape10, v127.data(), kShape10, kShape3, kShape11,
+  support::reduce(v128.data(), kShape10, v127.data(), kShape10, kShape7, kShape11,
                   support::Reduce::Sum, 1.0);
 
   // roberta.mesh:70:42 sum
   MESHRT_TRACE("sum", "roberta.mesh:70:42", "forward");
   support::View v18 = arena_.view(135296, 32);
   support::View v129 = arena_.view(114688, 1);
-  support::reduce(v129.data(), kShape10, v18.data(), kShape10, kShape3, kShape11,
+  support::reduce(v129.data(), kShape10, v18.data(), kShape10, kShape7, kShape11,
                   support::Reduce::Sum, 1.0);
 
   // roberta.mesh:70:54 bucketed_all_reduce_sum -> chosen_fraction (2 partial sums (chosen_fraction,
@@ -1911,7 +1889,7 @@ void MlmTrain::runPart1(const Inputs &inputs) {
   // roberta.mesh:47:57 sum -> grad/roberta/lm_head/output_bias
   MESHRT_TRACE("sum", "roberta.mesh:47:57", "backward");
   support::View v151 = arena_.view(110592, 32);
-  support::reduce(v151.data(), kShape5, v150.data(), kShape6, kShape3, kShape4,
+  support::reduce(v151.data(), kShape9, v150.data(), kShape6, kShape7, kShape8,
                   support::Reduce::Sum, 1.0);
 
   // roberta.mesh:47:10 einsum
@@ -1984,7 +1962,7 @@ void MlmTrain::runPart1(const Inputs &inputs) {
   // roberta.mesh:46:64 sum -> grad/roberta/lm_head/dense_bias
   MESHRT_TRACE("sum", "roberta.mesh:46:64", "backward");
   support::View v196 = arena_.view(98304, 32);
-  support::reduce(v196.data(), kShape5, v195.data(), kShape6, kShape3, kShape4,
+  support::reduce(v196.data(), kShape9, v195.data(), kShape6, kShape7, kShape8,
                   support::Reduce::Sum, 1.0);
 
   // roberta.mesh:46:23 einsum
@@ -2194,8 +2172,8 @@ void MlmTrain::runPart1(const Inputs &inputs) {
   MESHRT_TRACE("einsum", "roberta.mesh:31:40", "backward");
   support::View v17 = arena_.view(135168, 32);
   support::View v386 = arena_.view(0, 1024);
-  support::scatterAdd(v386.data(), kShape16, v384.data(), kShape17, v17.data(), kShape18, kShape3,
-                      kShape4, kShape11, 0, support::shardStart(world_, {"model"}, 32));
+  support::scatterAdd(v386.data(), kShape16, v384.data(), kShape17, v17.data(), kShape18, kShape7,
+                      kShape8, kShape11, 0, support::shardStart(world_, {"model"}, 32));
 
   // roberta.mesh:43:9 transpose
   // roberta.mesh:31:40 add -> grad/embedding
@@ -2745,7 +2723,7 @@ void MlmTrain::repeated1(
 
   // encoder_layers.mesh:46:50 sum -> grad/roberta/encoder_layer[1]/dense_relu_dense/bo
   MESHRT_TRACE("sum", "encoder_layers.mesh:46:50", "backward");
-  support::reduce(a0.data(), kShape5, a1.data(), kShape6, kShape3, kShape4, support::Reduce::Sum,
+  support::reduce(a0.data(), kShape9, a1.data(), kShape6, kShape7, kShape8, support::Reduce::Sum,
                   1.0);
 
   // encoder_layers.mesh:46:10 einsum
@@ -2780,7 +2758,7 @@ void MlmTrain::repeated1(
 
   // encoder_layers.mesh:45:53 sum -> grad/roberta/encoder_layer[1]/dense_relu_dense/bi
   MESHRT_TRACE("sum", "encoder_layers.mesh:45:53", "backward");
-  support::reduce(a8.data(), kShape5, a7.data(), kShape6, kShape3, kShape4, support::Reduce::Sum,
+  support::reduce(a8.data(), kShape9, a7.data(), kShape6, kShape7, kShape8, support::Reduce::Sum,
                   1.0);
 
   // encoder_layers.mesh:45:16 einsum
@@ -2795,7 +2773,7 @@ void MlmTrain::repeated1(
 
   // encoder_layers.mesh:45:16 add
   MESHRT_TRACE("loop", "encoder_layers.mesh:45:16", "backward");
-  loop5(a11.data(), a1.data(), a10.data());
+  loop4(a11.data(), a1.data(), a10.data());
 
   // encoder_layers.mesh:45:16 einsum -> grad/roberta/encoder_layer[1]/dense_relu_dense/wi
   MESHRT_TRACE("gemm", "encoder_layers.mesh:45:16", "backward");
@@ -2804,7 +2782,7 @@ void MlmTrain::repeated1(
 
   // encoder_layers.mesh:19:53 sum -> grad/roberta/encoder_layer[1]/norm/bias
   MESHRT_TRACE("sum", "encoder_layers.mesh:19:53", "backward");
-  support::reduce(a14.data(), kShape5, a11.data(), kShape6, kShape3, kShape4, support::Reduce::Sum,
+  support::reduce(a14.data(), kShape9, a11.data(), kShape6, kShape7, kShape8, support::Reduce::Sum,
                   1.0);
 
   // encoder_layers.mesh:19:46 mul
@@ -2813,12 +2791,12 @@ void MlmTrain::repeated1(
 
   // encoder_layers.mesh:19:46 sum -> grad/roberta/encoder_layer[1]/norm/gain
   MESHRT_TRACE("sum", "encoder_layers.mesh:19:46", "backward");
-  support::reduce(a17.data(), kShape5, a16.data(), kShape6, kShape3, kShape4, support::Reduce::Sum,
+  support::reduce(a17.data(), kShape9, a16.data(), kShape6, kShape7, kShape8, support::Reduce::Sum,
                   1.0);
 
   // encoder_layers.mesh:19:10 mean
   MESHRT_TRACE("mean", "encoder_layers.mesh:19:10", "backward");
-  support::reduce(a18.data(), kShape3, a19.data(), kShape4, kShape5, kShape6, support::Reduce::Sum,
+  support::reduce(a18.data(), kShape7, a19.data(), kShape8, kShape9, kShape6, support::Reduce::Sum,
                   0.03125);
 
   // encoder_layers.mesh:19:10 sub
@@ -2828,7 +2806,7 @@ void MlmTrain::repeated1(
 
   // encoder_layers.mesh:19:10 mean
   MESHRT_TRACE("mean", "encoder_layers.mesh:19:10", "backward");
-  support::reduce(a21.data(), kShape3, a20.data(), kShape4, kShape5, kShape6, support::Reduce::Sum,
+  support::reduce(a21.data(), kShape7, a20.data(), kShape8, kShape9, kShape6, support::Reduce::Sum,
                   0.03125);
 
   // encoder_layers.mesh:19:10 add
@@ -2843,12 +2821,12 @@ void MlmTrain::repeated1(
 
   // encoder_layers.mesh:19:10 mean
   MESHRT_TRACE("mean", "encoder_layers.mesh:19:10", "backward");
-  support::reduce(a26.data(), kShape3, a25.data(), kShape4, kShape5, kShape6, support::Reduce::Sum,
+  support::reduce(a26.data(), kShape7, a25.data(), kShape8, kShape9, kShape6, support::Reduce::Sum,
                   0.03125);
 
   // encoder_layers.mesh:19:10 mean
   MESHRT_TRACE("mean", "encoder_layers.mesh:19:10", "backward");
-  support::reduce(a27.data(), kShape3, a24.data(), kShape4, kShape5, kShape6, support::Reduce::Sum,
+  support::reduce(a27.data(), kShape7, a24.data(), kShape8, kShape9, kShape6, support::Reduce::Sum,
                   0.03125);
 
   // encoder_layers.mesh:19:10 mul
@@ -2884,7 +2862,7 @@ void MlmTrain::repeated1(
 
   // encoder_layers.mesh:33:17 sum
   MESHRT_TRACE("sum", "encoder_layers.mesh:33:17", "backward");
-  support::reduce(a38.data(), kShape7, a37.data(), kShape8, kShape9, kShape6, support::Reduce::Sum,
+  support::reduce(a38.data(), kShape3, a37.data(), kShape4, kShape5, kShape6, support::Reduce::Sum,
                   1.0);
 
   // encoder_layers.mesh:33:17 sub
@@ -2950,7 +2928,7 @@ void MlmTrain::repeated1(
 
   // encoder_layers.mesh:19:53 sum -> grad/roberta/encoder_layer[0]/norm#1/bias
   MESHRT_TRACE("sum", "encoder_layers.mesh:19:53", "backward");
-  support::reduce(a55.data(), kShape5, a53.data(), kShape6, kShape3, kShape4, support::Reduce::Sum,
+  support::reduce(a55.data(), kShape9, a53.data(), kShape6, kShape7, kShape8, support::Reduce::Sum,
                   1.0);
 
   // encoder_layers.mesh:19:46 mul
@@ -2959,12 +2937,12 @@ void MlmTrain::repeated1(
 
   // encoder_layers.mesh:19:46 sum -> grad/roberta/encoder_layer[0]/norm#1/gain
   MESHRT_TRACE("sum", "encoder_layers.mesh:19:46", "backward");
-  support::reduce(a58.data(), kShape5, a57.data(), kShape6, kShape3, kShape4, support::Reduce::Sum,
+  support::reduce(a58.data(), kShape9, a57.data(), kShape6, kShape7, kShape8, support::Reduce::Sum,
                   1.0);
 
   // encoder_layers.mesh:19:10 mean
   MESHRT_TRACE("mean", "encoder_layers.mesh:19:10", "backward");
-  support::reduce(a59.data(), kShape3, a60.data(), kShape4, kShape5, kShape6, support::Reduce::Sum,
+  support::reduce(a59.data(), kShape7, a60.data(), kShape8, kShape9, kShape6, support::Reduce::Sum,
                   0.03125);
 
   // encoder_layers.mesh:19:10 sub
@@ -2974,7 +2952,7 @@ void MlmTrain::repeated1(
 
   // encoder_layers.mesh:19:10 mean
   MESHRT_TRACE("mean", "encoder_layers.mesh:19:10", "backward");
-  support::reduce(a62.data(), kShape3, a61.data(), kShape4, kShape5, kShape6, support::Reduce::Sum,
+  support::reduce(a62.data(), kShape7, a61.data(), kShape8, kShape9, kShape6, support::Reduce::Sum,
                   0.03125);
 
   // encoder_layers.mesh:19:10 add
@@ -2989,12 +2967,12 @@ void MlmTrain::repeated1(
 
   // encoder_layers.mesh:19:10 mean
   MESHRT_TRACE("mean", "encoder_layers.mesh:19:10", "backward");
-  support::reduce(a67.data(), kShape3, a66.data(), kShape4, kShape5, kShape6, support::Reduce::Sum,
+  support::reduce(a67.data(), kShape7, a66.data(), kShape8, kShape9, kShape6, support::Reduce::Sum,
                   0.03125);
 
   // encoder_layers.mesh:19:10 mean
   MESHRT_TRACE("mean", "encoder_layers.mesh:19:10", "backward");
-  support::reduce(a68.data(), kShape3, a65.data(), kShape4, kShape5, kShape6, support::Reduce::Sum,
+  support::reduce(a68.data(), kShape7, a65.data(), kShape8, kShape9, kShape6, support::Reduce::Sum,
                   0.03125);
 
   // encoder_layers.mesh:19:10 mul
@@ -3040,7 +3018,7 @@ void MlmTrain::repeated2(support::ConstView a0, support::ConstView a1, support::
 
   // encoder_layers.mesh:33:17 softmax -> weights
   MESHRT_TRACE("softmax", "encoder_layers.mesh:33:17", "forward");
-  support::along(a8.data(), a7.data(), kShape7, kShape8, kShape8, kShape9, kShape6, kShape6,
+  support::along(a8.data(), a7.data(), kShape3, kShape4, kShape4, kShape5, kShape6, kShape6,
                  support::Along::Softmax, 1e-05, 16, nullptr);
 
   // encoder_layers.mesh:34:17 einsum -> context
@@ -3059,17 +3037,17 @@ void MlmTrain::repeated2(support::ConstView a0, support::ConstView a1, support::
 
   // roberta.mesh:22:18 add
   MESHRT_TRACE("loop", "roberta.mesh:22:18", "forward");
-  loop5(a12.data(), a0.data(), a11.data());
+  loop4(a12.data(), a0.data(), a11.data());
 
   // encoder_layers.mesh:19:10 layer_norm
   MESHRT_TRACE("layer_norm", "encoder_layers.mesh:19:10", "forward");
-  support::along(a13.data(), a12.data(), kShape3, kShape4, kShape4, kShape5, kShape6, kShape6,
+  support::along(a13.data(), a12.data(), kShape7, kShape8, kShape8, kShape9, kShape6, kShape6,
                  support::Along::LayerNorm, 1e-12, 32, nullptr);
 
   // encoder_layers.mesh:19:46 mul
   // encoder_layers.mesh:19:53 add -> h
   MESHRT_TRACE("loop", "encoder_layers.mesh:19:46", "forward");
-  loop1(a16.data(), a13.data(), a14.data(), a15.data());
+  loop7(a16.data(), a13.data(), a14.data(), a15.data());
 
   // encoder_layers.mesh:45:16 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:45:16", "forward");
@@ -3094,17 +3072,17 @@ void MlmTrain::repeated2(support::ConstView a0, support::ConstView a1, support::
   // encoder_layers.mesh:46:50 add
   // roberta.mesh:23:17 add
   MESHRT_TRACE("loop", "encoder_layers.mesh:46:50", "forward");
-  loop6(a25.data(), a23.data(), a24.data(), a16.data());
+  loop5(a25.data(), a23.data(), a24.data(), a16.data());
 
   // encoder_layers.mesh:19:10 layer_norm
   MESHRT_TRACE("layer_norm", "encoder_layers.mesh:19:10", "forward");
-  support::along(a26.data(), a25.data(), kShape3, kShape4, kShape4, kShape5, kShape6, kShape6,
+  support::along(a26.data(), a25.data(), kShape7, kShape8, kShape8, kShape9, kShape6, kShape6,
                  support::Along::LayerNorm, 1e-12, 32, nullptr);
 
   // encoder_layers.mesh:19:46 mul
   // encoder_layers.mesh:19:53 add -> x
   MESHRT_TRACE("loop", "encoder_layers.mesh:19:46", "forward");
-  loop1(a29.data(), a26.data(), a27.data(), a28.data());
+  loop7(a29.data(), a26.data(), a27.data(), a28.data());
 }
 
 void MlmTrain::repeated3(support::View a0, support::ConstView a1, support::View a2,
@@ -3161,7 +3139,7 @@ void MlmTrain::repeated4(support::View a0, support::ConstView a1, support::Const
 
   // encoder_layers.mesh:19:53 sum -> grad/roberta/lm_head/norm/bias
   MESHRT_TRACE("sum", "encoder_layers.mesh:19:53", "backward");
-  support::reduce(a0.data(), kShape5, a1.data(), kShape6, kShape3, kShape4, support::Reduce::Sum,
+  support::reduce(a0.data(), kShape9, a1.data(), kShape6, kShape7, kShape8, support::Reduce::Sum,
                   1.0);
 
   // encoder_layers.mesh:19:46 mul
@@ -3170,12 +3148,12 @@ void MlmTrain::repeated4(support::View a0, support::ConstView a1, support::Const
 
   // encoder_layers.mesh:19:46 sum -> grad/roberta/lm_head/norm/gain
   MESHRT_TRACE("sum", "encoder_layers.mesh:19:46", "backward");
-  support::reduce(a4.data(), kShape5, a3.data(), kShape6, kShape3, kShape4, support::Reduce::Sum,
+  support::reduce(a4.data(), kShape9, a3.data(), kShape6, kShape7, kShape8, support::Reduce::Sum,
                   1.0);
 
   // encoder_layers.mesh:19:10 mean
   MESHRT_TRACE("mean", "encoder_layers.mesh:19:10", "backward");
-  support::reduce(a5.data(), kShape3, a6.data(), kShape4, kShape5, kShape6, support::Reduce::Sum,
+  support::reduce(a5.data(), kShape7, a6.data(), kShape8, kShape9, kShape6, support::Reduce::Sum,
                   0.03125);
 
   // encoder_layers.mesh:19:10 sub
@@ -3185,7 +3163,7 @@ void MlmTrain::repeated4(support::View a0, support::ConstView a1, support::Const
 
   // encoder_layers.mesh:19:10 mean
   MESHRT_TRACE("mean", "encoder_layers.mesh:19:10", "backward");
-  support::reduce(a8.data(), kShape3, a7.data(), kShape4, kShape5, kShape6, support::Reduce::Sum,
+  support::reduce(a8.data(), kShape7, a7.data(), kShape8, kShape9, kShape6, support::Reduce::Sum,
                   0.03125);
 
   // encoder_layers.mesh:19:10 add
@@ -3200,12 +3178,12 @@ void MlmTrain::repeated4(support::View a0, support::ConstView a1, support::Const
 
   // encoder_layers.mesh:19:10 mean
   MESHRT_TRACE("mean", "encoder_layers.mesh:19:10", "backward");
-  support::reduce(a13.data(), kShape3, a12.data(), kShape4, kShape5, kShape6, support::Reduce::Sum,
+  support::reduce(a13.data(), kShape7, a12.data(), kShape8, kShape9, kShape6, support::Reduce::Sum,
                   0.03125);
 
   // encoder_layers.mesh:19:10 mean
   MESHRT_TRACE("mean", "encoder_layers.mesh:19:10", "backward");
-  support::reduce(a14.data(), kShape3, a11.data(), kShape4, kShape5, kShape6, support::Reduce::Sum,
+  support::reduce(a14.data(), kShape7, a11.data(), kShape8, kShape9, kShape6, support::Reduce::Sum,
                   0.03125);
 }
 

@@ -11,11 +11,11 @@ static const support::Shape kShape1 = {1};
 static const support::Shape kShape2 = {2, 32, 64};
 static const support::Shape kShape3 = {0, 0, 1};
 static const support::Shape kShape4 = {32, 1, 0};
-static const support::Shape kShape5 = {2, 32};
-static const support::Shape kShape6 = {2048, 64};
-static const support::Shape kShape7 = {64};
-static const support::Shape kShape8 = {2, 2, 32};
-static const support::Shape kShape9 = {2048, 1024, 32};
+static const support::Shape kShape5 = {2, 2, 32};
+static const support::Shape kShape6 = {1024, 0, 32};
+static const support::Shape kShape7 = {2, 32};
+static const support::Shape kShape8 = {2048, 64};
+static const support::Shape kShape9 = {64};
 static const support::Shape kShape10 = {1536, 48};
 static const support::Shape kShape11 = {48};
 static const support::Shape kShape12 = {2, 32, 48};
@@ -35,13 +35,14 @@ static const support::Shape kShape25 = {64, 48};
 static const support::Shape kShape26 = {48, 1};
 static const support::Shape kShape27 = {128};
 static const support::Shape kShape28 = {4096, 128};
-static const support::Shape kShape29 = {64, 2, 16};
-static const support::Shape kShape30 = {32, 16, 1};
-static const support::Shape kShape31 = {2, 16, 64};
-static const support::Shape kShape32 = {1024, 64, 1};
-static const support::Shape kShape33 = {64, 128};
-static const support::Shape kShape34 = {128, 1};
-static const support::Shape kShape35 = {128, 64};
+static const support::Shape kShape29 = {2048, 1024, 32};
+static const support::Shape kShape30 = {64, 2, 16};
+static const support::Shape kShape31 = {32, 16, 1};
+static const support::Shape kShape32 = {2, 16, 64};
+static const support::Shape kShape33 = {1024, 64, 1};
+static const support::Shape kShape34 = {64, 128};
+static const support::Shape kShape35 = {128, 1};
+static const support::Shape kShape36 = {128, 64};
 static const support::SharedEinsum
     kEinsum0({{2, 32, 64, 48}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
 static const support::SharedEinsum
@@ -113,20 +114,6 @@ static const support::SharedEinsum
 }
 
 [[gnu::noinline]] static void loop3(float *__restrict p0, const float *__restrict p1,
-                                    const float *__restrict p2, const float *__restrict p3) {
-  for (int64_t i0 = 0; i0 < 64; ++i0) {
-    for (int64_t i1 = 0; i1 < 64; ++i1) {
-      const float s0 = p1[i0 * 64 + i1];
-      const float s1 = p2[i1];
-      const float s2 = (s0 * s1);
-      const float s3 = p3[i1];
-      const float s4 = (s2 + s3);
-      p0[i0 * 64 + i1] = s4;
-    }
-  }
-}
-
-[[gnu::noinline]] static void loop4(float *__restrict p0, const float *__restrict p1,
                                     const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 2; ++i0) {
     for (int64_t i1 = 0; i1 < 32; ++i1) {
@@ -145,22 +132,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop5(float *__restrict p0, const float *__restrict p1,
-                                    const float *__restrict p2) {
-  for (int64_t i0 = 0; i0 < 2; ++i0) {
-    for (int64_t i1 = 0; i1 < 2; ++i1) {
-      for (int64_t i2 = 0; i2 < 1024; ++i2) {
-        const float s0 = p1[i0 * 1024 + i2];
-        const float s1 = p2[i0 * 2048 + i1 * 1024 + i2];
-        const float s2 = -1000000000.0f;
-        const float s3 = (s0 != 0 ? s1 : s2);
-        p0[i0 * 2048 + i1 * 1024 + i2] = s3;
-      }
-    }
-  }
-}
-
-[[gnu::noinline]] static void loop6(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop4(float *__restrict p0, const float *__restrict p1,
                                     const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 4096; ++i0) {
     const float s0 = p1[i0];
@@ -170,7 +142,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop7(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop5(float *__restrict p0, const float *__restrict p1,
                                     const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 64; ++i0) {
     for (int64_t i1 = 0; i1 < 128; ++i1) {
@@ -183,7 +155,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop8(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop6(float *__restrict p0, const float *__restrict p1,
                                     const float *__restrict p2, const float *__restrict p3) {
   for (int64_t i0 = 0; i0 < 64; ++i0) {
     for (int64_t i1 = 0; i1 < 64; ++i1) {
@@ -197,7 +169,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop9(float *__restrict p0, const float *__restrict p1) {
+[[gnu::noinline]] static void loop7(float *__restrict p0, const float *__restrict p1) {
   for (int64_t i0 = 0; i0 < 64; ++i0) {
     const float s0 = p1[i0];
     const float s1 = support::wrapI32(0.0);
@@ -207,8 +179,22 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop10(float *__restrict p0, const float *__restrict p1,
-                                     const float *__restrict p2) {
+[[gnu::noinline]] static void loop8(float *__restrict p0, const float *__restrict p1,
+                                    const float *__restrict p2, const float *__restrict p3) {
+  for (int64_t i0 = 0; i0 < 64; ++i0) {
+    for (int64_t i1 = 0; i1 < 64; ++i1) {
+      const float s0 = p1[i0 * 64 + i1];
+      const float s1 = p2[i1];
+      const float s2 = (s0 * s1);
+      const float s3 = p3[i1];
+      const float s4 = (s2 + s3);
+      p0[i0 * 64 + i1] = s4;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop9(float *__restrict p0, const float *__restrict p1,
+                                    const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 2; ++i0) {
     for (int64_t i1 = 0; i1 < 32; ++i1) {
       for (int64_t i2 = 0; i2 < 32; ++i2) {
@@ -223,7 +209,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop11(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop10(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 3072; ++i0) {
     const float s0 = p1[i0];
@@ -233,7 +219,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop12(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop11(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 64; ++i0) {
     const float s0 = p1[i0];
@@ -244,7 +230,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop13(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop12(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4, const float *__restrict p5) {
   const float r0 = p1[0];
@@ -278,7 +264,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop14(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop13(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 4096; ++i0) {
     const float s0 = p1[i0];
@@ -288,7 +274,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop15(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop14(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 64; ++i0) {
     for (int64_t i1 = 0; i1 < 64; ++i1) {
@@ -301,7 +287,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop16(float *__restrict p0, const float *__restrict p1) {
+[[gnu::noinline]] static void loop15(float *__restrict p0, const float *__restrict p1) {
   for (int64_t i0 = 0; i0 < 64; ++i0) {
     const float s0 = p1[i0];
     const float s1 = 1e-05f;
@@ -311,7 +297,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop17(float *__restrict p0, float *__restrict p1,
+[[gnu::noinline]] static void loop16(float *__restrict p0, float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4) {
   for (int64_t i0 = 0; i0 < 64; ++i0) {
@@ -327,7 +313,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop18(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop17(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4, const float *__restrict p5) {
   for (int64_t i0 = 0; i0 < 64; ++i0) {
@@ -346,7 +332,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop19(float *__restrict p0, const float *__restrict p1) {
+[[gnu::noinline]] static void loop18(float *__restrict p0, const float *__restrict p1) {
   for (int64_t i0 = 0; i0 < 3072; ++i0) {
     const float s0 = p1[i0];
     const float s1 = s0 * s0;
@@ -354,7 +340,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop20(float *__restrict p0, const float *__restrict p1) {
+[[gnu::noinline]] static void loop19(float *__restrict p0, const float *__restrict p1) {
   for (int64_t i0 = 0; i0 < 2048; ++i0) {
     const float s0 = p1[i0];
     const float s1 = s0 * s0;
@@ -362,11 +348,58 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop21(float *__restrict p0, const float *__restrict p1) {
+[[gnu::noinline]] static void loop20(float *__restrict p0, const float *__restrict p1) {
   for (int64_t i0 = 0; i0 < 64; ++i0) {
     const float s0 = p1[i0];
     const float s1 = s0 * s0;
     p0[i0] = s1;
+  }
+}
+
+[[gnu::noinline]] static void loop21(float *__restrict p0, float *__restrict p1,
+                                     float *__restrict p2, const float *__restrict p3,
+                                     const float *__restrict p4, const float *__restrict p5,
+                                     const float *__restrict p6, const float *__restrict p7) {
+  const float r2 = p4[0];
+  const float r5 = p5[0];
+  const float r6 = p6[0];
+  const float r7 = p7[0];
+  for (int64_t i0 = 0; i0 < 3072; ++i0) {
+    const float s0 = p2[i0];
+    const float s1 = 0.1f;
+    const float s2 = (s0 * s1);
+    const float s3 = p3[i0];
+    const float s4 = r2;
+    const float s5 = (s3 * s4);
+    const float s6 = 0.100000024f;
+    const float s7 = (s5 * s6);
+    const float s8 = p0[i0];
+    const float s9 = 0.9f;
+    const float s10 = (s8 * s9);
+    const float s11 = (s10 + s7);
+    const float s12 = s5 * s5;
+    const float s13 = 0.050000012f;
+    const float s14 = (s12 * s13);
+    const float s15 = p1[i0];
+    const float s16 = 0.95f;
+    const float s17 = (s15 * s16);
+    const float s18 = (s17 + s14);
+    const float s19 = r5;
+    const float s20 = (s11 / s19);
+    const float s21 = r6;
+    const float s22 = (s18 / s21);
+    const float s23 = support::fsqrt(s22);
+    const float s24 = 1e-08f;
+    const float s25 = (s23 + s24);
+    const float s26 = (s20 / s25);
+    const float s27 = (s26 + s2);
+    const float s28 = r7;
+    const float s29 = (s27 * s28);
+    const float s30 = p2[i0];
+    const float s31 = (s30 - s29);
+    p0[i0] = s11;
+    p1[i0] = s18;
+    p2[i0] = s31;
   }
 }
 
@@ -378,7 +411,7 @@ static const support::SharedEinsum
   const float r5 = p5[0];
   const float r6 = p6[0];
   const float r7 = p7[0];
-  for (int64_t i0 = 0; i0 < 3072; ++i0) {
+  for (int64_t i0 = 0; i0 < 2048; ++i0) {
     const float s0 = p2[i0];
     const float s1 = 0.1f;
     const float s2 = (s0 * s1);
@@ -425,7 +458,7 @@ static const support::SharedEinsum
   const float r5 = p5[0];
   const float r6 = p6[0];
   const float r7 = p7[0];
-  for (int64_t i0 = 0; i0 < 2048; ++i0) {
+  for (int64_t i0 = 0; i0 < 64; ++i0) {
     const float s0 = p2[i0];
     const float s1 = 0.1f;
     const float s2 = (s0 * s1);
@@ -472,7 +505,7 @@ static const support::SharedEinsum
   const float r5 = p5[0];
   const float r6 = p6[0];
   const float r7 = p7[0];
-  for (int64_t i0 = 0; i0 < 64; ++i0) {
+  for (int64_t i0 = 0; i0 < 8192; ++i0) {
     const float s0 = p2[i0];
     const float s1 = 0.1f;
     const float s2 = (s0 * s1);
@@ -519,53 +552,6 @@ static const support::SharedEinsum
   const float r5 = p5[0];
   const float r6 = p6[0];
   const float r7 = p7[0];
-  for (int64_t i0 = 0; i0 < 8192; ++i0) {
-    const float s0 = p2[i0];
-    const float s1 = 0.1f;
-    const float s2 = (s0 * s1);
-    const float s3 = p3[i0];
-    const float s4 = r2;
-    const float s5 = (s3 * s4);
-    const float s6 = 0.100000024f;
-    const float s7 = (s5 * s6);
-    const float s8 = p0[i0];
-    const float s9 = 0.9f;
-    const float s10 = (s8 * s9);
-    const float s11 = (s10 + s7);
-    const float s12 = s5 * s5;
-    const float s13 = 0.050000012f;
-    const float s14 = (s12 * s13);
-    const float s15 = p1[i0];
-    const float s16 = 0.95f;
-    const float s17 = (s15 * s16);
-    const float s18 = (s17 + s14);
-    const float s19 = r5;
-    const float s20 = (s11 / s19);
-    const float s21 = r6;
-    const float s22 = (s18 / s21);
-    const float s23 = support::fsqrt(s22);
-    const float s24 = 1e-08f;
-    const float s25 = (s23 + s24);
-    const float s26 = (s20 / s25);
-    const float s27 = (s26 + s2);
-    const float s28 = r7;
-    const float s29 = (s27 * s28);
-    const float s30 = p2[i0];
-    const float s31 = (s30 - s29);
-    p0[i0] = s11;
-    p1[i0] = s18;
-    p2[i0] = s31;
-  }
-}
-
-[[gnu::noinline]] static void loop26(float *__restrict p0, float *__restrict p1,
-                                     float *__restrict p2, const float *__restrict p3,
-                                     const float *__restrict p4, const float *__restrict p5,
-                                     const float *__restrict p6, const float *__restrict p7) {
-  const float r2 = p4[0];
-  const float r5 = p5[0];
-  const float r6 = p6[0];
-  const float r7 = p7[0];
   for (int64_t i0 = 0; i0 < 128; ++i0) {
     const float s0 = p2[i0];
     const float s1 = 0.1f;
@@ -605,7 +591,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop27(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop26(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4, const float *__restrict p5,
                                      const float *__restrict p6) {
@@ -627,7 +613,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop28(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop27(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4) {
   for (int64_t i0 = 0; i0 < 2; ++i0) {
@@ -651,7 +637,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop29(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop28(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3) {
   for (int64_t i0 = 0; i0 < 4096; ++i0) {
     const float s0 = p1[i0];
@@ -663,7 +649,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop30(float *__restrict p0, const float *__restrict p1) {
+[[gnu::noinline]] static void loop29(float *__restrict p0, const float *__restrict p1) {
   for (int64_t i0 = 0; i0 < 8192; ++i0) {
     const float s0 = p1[i0];
     const float s1 = s0 * s0;
@@ -671,7 +657,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop31(float *__restrict p0, const float *__restrict p1) {
+[[gnu::noinline]] static void loop30(float *__restrict p0, const float *__restrict p1) {
   for (int64_t i0 = 0; i0 < 128; ++i0) {
     const float s0 = p1[i0];
     const float s1 = s0 * s0;
@@ -845,10 +831,10 @@ void Lm::computeInvariants() {
 
 Lm::Outputs Lm::run(const Inputs &inputs) {
   MESHRT_TRACE_RUN(world_, "lm");
-  // Arena: 90112 bytes for 643072 bytes of temporaries (placed by liveness).
+  // Arena: 90112 bytes for 528384 bytes of temporaries (placed by liveness).
   support::checkShape("input", "tokens", inputs.tokens, {2, 32});
   runPart0(inputs);
-  support::View v107 = arena_.view(0, 3072);
+  support::View v107 = arena_.view(16384, 3072);
 
   Outputs outputs;
   outputs.logits = support::Tensor{{2, 32, 48}, support::Buffer(v107.begin(), v107.end())};
@@ -879,27 +865,22 @@ void Lm::runPart0(const Inputs &inputs) {
   loop2(v7.data(), v5.data(), v2.data());
 
   // layers.mesh:24:10 layer_norm
-  MESHRT_TRACE("layer_norm", "layers.mesh:24:10", "forward");
-  support::View v18 = arena_.view(0, 4096);
-  support::along(v18.data(), v7.data(), kShape5, kShape6, kShape6, kShape7, kShape1, kShape1,
-                 support::Along::LayerNorm, 1e-05, 64, nullptr);
-
   // layers.mesh:24:33 mul
   // layers.mesh:24:40 add -> n
-  MESHRT_TRACE("loop", "layers.mesh:24:33", "forward");
+  MESHRT_TRACE("layer_norm", "layers.mesh:24:10", "forward");
   const support::Buffer &v16 = param3_decoder_decoder_layer_0_norm_gain;
   const support::Buffer &v17 = param4_decoder_decoder_layer_0_norm_bias;
-  support::View v20 = arena_.view(32768, 4096);
-  loop3(v20.data(), v18.data(), v16.data(), v17.data());
+  support::View v20 = arena_.view(0, 4096);
+  support::layerNormAffine(v20.data(), v7.data(), 64, 64, v16.data(), v17.data(), 1e-05, 64);
 
   // 4 statements from layers.mesh:36:11 einsum -> q (1 of 2)
   MESHRT_TRACE_SITE("layers.mesh:36:11");
   const support::Buffer &v21 = param5_decoder_decoder_layer_0_attention_w_q;
-  support::View v25 = arena_.view(49152, 2048);
+  support::View v25 = arena_.view(32768, 2048);
   const support::Buffer &v22 = param6_decoder_decoder_layer_0_attention_w_k;
-  support::View v26 = arena_.view(57344, 2048);
+  support::View v26 = arena_.view(40960, 2048);
   const support::Buffer &v23 = param7_decoder_decoder_layer_0_attention_w_v;
-  support::View v28 = arena_.view(65536, 2048);
+  support::View v28 = arena_.view(49152, 2048);
   support::View v30 = arena_.view(0, 4096);
   repeated1(v20, v21, v25, v22, v26, v23, v28, v30);
 
@@ -911,20 +892,18 @@ void Lm::runPart0(const Inputs &inputs) {
   MESHRT_TRACE("loop", "transformer.mesh:38:51", "forward");
   support::View v14 = persistent_.view(4288, 1024);
   support::View v34 = arena_.view(81920, 2048);
-  loop4(v34.data(), v0.data(), v14.data());
+  loop3(v34.data(), v0.data(), v14.data());
 
-  // 15 statements from layers.mesh:43:25 where (1 of 2)
-  MESHRT_TRACE_SITE("layers.mesh:43:25");
-  support::View v36 = arena_.view(32768, 4096);
-  support::View v37 = arena_.view(0, 4096);
-  support::View v38 = arena_.view(32768, 2048);
+  // 12 statements from layers.mesh:43:17 softmax -> weights (1 of 2)
+  MESHRT_TRACE_SITE("layers.mesh:43:17");
+  support::View v37 = arena_.view(32768, 4096);
+  support::View v38 = arena_.view(57344, 2048);
   const support::Buffer &v24 = param8_decoder_decoder_layer_0_attention_w_o;
   support::View v39 = arena_.view(0, 4096);
   support::View v41 = arena_.view(65536, 4096);
-  support::View v44 = arena_.view(0, 4096);
+  support::View v46 = arena_.view(32768, 4096);
   const support::Buffer &v42 = param9_decoder_decoder_layer_0_norm_1_gain;
   const support::Buffer &v43 = param10_decoder_decoder_layer_0_norm_1_bias;
-  support::View v46 = arena_.view(32768, 4096);
   const support::Buffer &v47 = param11_decoder_decoder_layer_0_ffn_w_in;
   support::View v51 = arena_.view(0, 8192);
   const support::Buffer &v48 = param12_decoder_decoder_layer_0_ffn_b_in;
@@ -933,36 +912,33 @@ void Lm::runPart0(const Inputs &inputs) {
   support::View v55 = arena_.view(0, 4096);
   const support::Buffer &v50 = param14_decoder_decoder_layer_0_ffn_b_out;
   support::View v58 = arena_.view(16384, 4096);
-  support::View v61 = arena_.view(0, 4096);
   const support::Buffer &v59 = param15_decoder_decoder_layer_1_norm_gain;
   const support::Buffer &v60 = param16_decoder_decoder_layer_1_norm_bias;
-  support::View v63 = arena_.view(32768, 4096);
-  repeated0(v34, v30, v36, v37, v28, v38, v24, v39, v7, v41, v44, v42, v43, v46, v47, v51, v48, v53,
-            v49, v55, v50, v58, v61, v59, v60, v63);
+  support::View v63 = arena_.view(0, 4096);
+  repeated0(v37, v30, v34, v28, v38, v24, v39, v7, v41, v46, v42, v43, v47, v51, v48, v53, v49, v55,
+            v50, v58, v63, v59, v60);
 
   // 4 statements from layers.mesh:36:11 einsum -> q (2 of 2)
   MESHRT_TRACE_SITE("layers.mesh:36:11");
   const support::Buffer &v64 = param17_decoder_decoder_layer_1_attention_w_q;
-  support::View v68 = arena_.view(49152, 2048);
+  support::View v68 = arena_.view(32768, 2048);
   const support::Buffer &v65 = param18_decoder_decoder_layer_1_attention_w_k;
-  support::View v69 = arena_.view(57344, 2048);
+  support::View v69 = arena_.view(40960, 2048);
   const support::Buffer &v66 = param19_decoder_decoder_layer_1_attention_w_v;
-  support::View v71 = arena_.view(65536, 2048);
+  support::View v71 = arena_.view(49152, 2048);
   support::View v73 = arena_.view(0, 4096);
   repeated1(v63, v64, v68, v65, v69, v66, v71, v73);
 
-  // 15 statements from layers.mesh:43:25 where (2 of 2)
-  MESHRT_TRACE_SITE("layers.mesh:43:25");
-  support::View v79 = arena_.view(32768, 4096);
-  support::View v80 = arena_.view(0, 4096);
-  support::View v81 = arena_.view(32768, 2048);
+  // 12 statements from layers.mesh:43:17 softmax -> weights (2 of 2)
+  MESHRT_TRACE_SITE("layers.mesh:43:17");
+  support::View v80 = arena_.view(32768, 4096);
+  support::View v81 = arena_.view(57344, 2048);
   const support::Buffer &v67 = param20_decoder_decoder_layer_1_attention_w_o;
   support::View v82 = arena_.view(0, 4096);
   support::View v84 = arena_.view(65536, 4096);
-  support::View v87 = arena_.view(0, 4096);
+  support::View v89 = arena_.view(32768, 4096);
   const support::Buffer &v85 = param21_decoder_decoder_layer_1_norm_1_gain;
   const support::Buffer &v86 = param22_decoder_decoder_layer_1_norm_1_bias;
-  support::View v89 = arena_.view(32768, 4096);
   const support::Buffer &v90 = param23_decoder_decoder_layer_1_ffn_w_in;
   support::View v94 = arena_.view(0, 8192);
   const support::Buffer &v91 = param24_decoder_decoder_layer_1_ffn_b_in;
@@ -971,102 +947,89 @@ void Lm::runPart0(const Inputs &inputs) {
   support::View v98 = arena_.view(0, 4096);
   const support::Buffer &v93 = param26_decoder_decoder_layer_1_ffn_b_out;
   support::View v101 = arena_.view(16384, 4096);
-  support::View v104 = arena_.view(0, 4096);
   const support::Buffer &v102 = param27_decoder_norm_gain;
   const support::Buffer &v103 = param28_decoder_norm_bias;
-  support::View v106 = arena_.view(16384, 4096);
-  repeated0(v34, v73, v79, v80, v71, v81, v67, v82, v58, v84, v87, v85, v86, v89, v90, v94, v91,
-            v96, v92, v98, v93, v101, v104, v102, v103, v106);
+  support::View v106 = arena_.view(0, 4096);
+  repeated0(v80, v73, v34, v71, v81, v67, v82, v58, v84, v89, v85, v86, v90, v94, v91, v96, v92,
+            v98, v93, v101, v106, v102, v103);
 
   // transformer.mesh:43:10 einsum -> logits
   MESHRT_TRACE("gemm", "transformer.mesh:43:10", "forward");
   const support::Buffer &v3 = param2_decoder_unembed;
-  support::View v107 = arena_.view(0, 3072);
+  support::View v107 = arena_.view(16384, 3072);
   // dims: batch, seq, d_model, vocab
   kEinsum0.plan().run(v106.data(), v3.data(), v107.data(), 1.0f, 0.0f);
 }
 
-void Lm::repeated0(support::ConstView a0, support::ConstView a1, support::View a2, support::View a3,
-                   support::ConstView a4, support::View a5, support::ConstView a6, support::View a7,
-                   support::ConstView a8, support::View a9, support::View a10,
-                   support::ConstView a11, support::ConstView a12, support::View a13,
-                   support::ConstView a14, support::View a15, support::ConstView a16,
-                   support::View a17, support::ConstView a18, support::View a19,
-                   support::ConstView a20, support::View a21, support::View a22,
-                   support::ConstView a23, support::ConstView a24, support::View a25) {
+void Lm::repeated0(support::View a0, support::ConstView a1, support::ConstView a2,
+                   support::ConstView a3, support::View a4, support::ConstView a5, support::View a6,
+                   support::ConstView a7, support::View a8, support::View a9,
+                   support::ConstView a10, support::ConstView a11, support::ConstView a12,
+                   support::View a13, support::ConstView a14, support::View a15,
+                   support::ConstView a16, support::View a17, support::ConstView a18,
+                   support::View a19, support::View a20, support::ConstView a21,
+                   support::ConstView a22) {
   MESHRT_TRACE_SPAN(world_);
 
-  // layers.mesh:43:25 where
-  MESHRT_TRACE("loop", "layers.mesh:43:25", "forward");
-  loop5(a2.data(), a0.data(), a1.data());
-
   // layers.mesh:43:17 softmax -> weights
+  // layers.mesh:43:25 where
   MESHRT_TRACE("softmax", "layers.mesh:43:17", "forward");
-  support::along(a3.data(), a2.data(), kShape8, kShape9, kShape9, kShape0, kShape1, kShape1,
-                 support::Along::Softmax, 1e-05, 32, nullptr);
+  support::maskedSoftmax(a0.data(), a1.data(), a2.data(), kShape5, kShape6, 32, 1, -1000000000.0);
 
   // layers.mesh:44:17 einsum -> context
   MESHRT_TRACE("gemm", "layers.mesh:44:17", "forward");
   // dims: batch, heads, seq, mem, d_head
-  kEinsum1.plan().run(a3.data(), a4.data(), a5.data(), 1.0f, 0.0f);
+  kEinsum1.plan().run(a0.data(), a3.data(), a4.data(), 1.0f, 0.0f);
 
   // layers.mesh:45:10 einsum
   MESHRT_TRACE("gemm", "layers.mesh:45:10", "forward");
   // dims: batch, seq, heads, d_head, d_model
-  kEinsum2.plan().run(a5.data(), a6.data(), a7.data(), 1.0f, 0.0f);
+  kEinsum2.plan().run(a4.data(), a5.data(), a6.data(), 1.0f, 0.0f);
 
   // transformer.mesh:21:13 all_reduce_sum (resolve the partial sum of %38 over model for add at
   // 21:13)
   MESHRT_TRACE_SITE("transformer.mesh:21:13");
-  group_model.allReduce(a7.data(), a7.size(), meshrt::ReduceOp::Sum);
+  group_model.allReduce(a6.data(), a6.size(), meshrt::ReduceOp::Sum);
 
   // transformer.mesh:21:13 add -> h
   MESHRT_TRACE("loop", "transformer.mesh:21:13", "forward");
-  loop6(a9.data(), a8.data(), a7.data());
+  loop4(a8.data(), a7.data(), a6.data());
 
   // layers.mesh:24:10 layer_norm
-  MESHRT_TRACE("layer_norm", "layers.mesh:24:10", "forward");
-  support::along(a10.data(), a9.data(), kShape5, kShape6, kShape6, kShape7, kShape1, kShape1,
-                 support::Along::LayerNorm, 1e-05, 64, nullptr);
-
   // layers.mesh:24:33 mul
   // layers.mesh:24:40 add
-  MESHRT_TRACE("loop", "layers.mesh:24:33", "forward");
-  loop3(a13.data(), a10.data(), a11.data(), a12.data());
+  MESHRT_TRACE("layer_norm", "layers.mesh:24:10", "forward");
+  support::layerNormAffine(a9.data(), a8.data(), 64, 64, a10.data(), a11.data(), 1e-05, 64);
 
   // layers.mesh:54:16 einsum
   MESHRT_TRACE("gemm", "layers.mesh:54:16", "forward");
   // dims: batch, seq, d_model, d_ff
-  kEinsum3.plan().run(a13.data(), a14.data(), a15.data(), 1.0f, 0.0f);
+  kEinsum3.plan().run(a9.data(), a12.data(), a13.data(), 1.0f, 0.0f);
 
   // layers.mesh:54:52 add
   // layers.mesh:54:11 gelu -> h
   MESHRT_TRACE("loop", "layers.mesh:54:52", "forward");
-  loop7(a17.data(), a15.data(), a16.data());
+  loop5(a15.data(), a13.data(), a14.data());
 
   // layers.mesh:55:10 einsum
   MESHRT_TRACE("gemm", "layers.mesh:55:10", "forward");
   // dims: batch, seq, d_ff, d_model
-  kEinsum4.plan().run(a17.data(), a18.data(), a19.data(), 1.0f, 0.0f);
+  kEinsum4.plan().run(a15.data(), a16.data(), a17.data(), 1.0f, 0.0f);
 
   // layers.mesh:55:71 all_reduce_sum (resolve the partial sum of %53 over model for add at 55:71)
   MESHRT_TRACE_SITE("layers.mesh:55:71");
-  group_model.allReduce(a19.data(), a19.size(), meshrt::ReduceOp::Sum);
+  group_model.allReduce(a17.data(), a17.size(), meshrt::ReduceOp::Sum);
 
   // layers.mesh:55:71 add
   // transformer.mesh:22:12 add -> x
   MESHRT_TRACE("loop", "layers.mesh:55:71", "forward");
-  loop8(a21.data(), a19.data(), a20.data(), a9.data());
+  loop6(a19.data(), a17.data(), a18.data(), a8.data());
 
   // layers.mesh:24:10 layer_norm
-  MESHRT_TRACE("layer_norm", "layers.mesh:24:10", "forward");
-  support::along(a22.data(), a21.data(), kShape5, kShape6, kShape6, kShape7, kShape1, kShape1,
-                 support::Along::LayerNorm, 1e-05, 64, nullptr);
-
   // layers.mesh:24:33 mul
   // layers.mesh:24:40 add -> n
-  MESHRT_TRACE("loop", "layers.mesh:24:33", "forward");
-  loop3(a25.data(), a22.data(), a23.data(), a24.data());
+  MESHRT_TRACE("layer_norm", "layers.mesh:24:10", "forward");
+  support::layerNormAffine(a20.data(), a19.data(), 64, 64, a21.data(), a22.data(), 1e-05, 64);
 }
 
 void Lm::repeated1(support::ConstView a0, support::ConstView a1, support::View a2,
@@ -1649,7 +1612,7 @@ void LmTrain::computeInvariants() {
 
 LmTrain::Outputs LmTrain::run(const Inputs &inputs) {
   MESHRT_TRACE_RUN(world_, "lm_train");
-  // Arena: 536640 bytes for 2124052 bytes of temporaries (placed by liveness).
+  // Arena: 536640 bytes for 2091284 bytes of temporaries (placed by liveness).
   support::checkShape("input", "tokens", inputs.tokens, {2, 32});
   runPart0(inputs);
   runPart1(inputs);
@@ -1672,7 +1635,7 @@ void LmTrain::runPart0(const Inputs &inputs) {
   MESHRT_TRACE("shift", "transformer.mesh:54:17", "forward");
   const support::Buffer &v0 = inputs.tokens.data;
   support::View v1 = arena_.view(192512, 64);
-  support::shift(v1, v0, kShape5, 1, -1, nullptr);
+  support::shift(v1, v0, kShape7, 1, -1, nullptr);
 
   // transformer.mesh:55:36 ge
   // transformer.mesh:38:51 ge
@@ -1680,12 +1643,12 @@ void LmTrain::runPart0(const Inputs &inputs) {
   // transformer.mesh:38:39 cast
   MESHRT_TRACE("loop", "transformer.mesh:55:36", "forward");
   support::View v4 = arena_.view(16384, 64);
-  loop9(v4.data(), v0.data());
+  loop7(v4.data(), v0.data());
 
   // transformer.mesh:55:18 shift -> has_next
   MESHRT_TRACE("shift", "transformer.mesh:55:18", "forward");
   support::View v5 = arena_.view(192768, 64);
-  support::shift(v5, v4, kShape5, 1, -1, nullptr);
+  support::shift(v5, v4, kShape7, 1, -1, nullptr);
 
   // transformer.mesh:33:37 einsum
   MESHRT_TRACE("einsum", "transformer.mesh:33:37", "forward");
@@ -1708,7 +1671,7 @@ void LmTrain::runPart0(const Inputs &inputs) {
   // layers.mesh:24:10 layer_norm
   MESHRT_TRACE("layer_norm", "layers.mesh:24:10", "forward");
   support::View v23 = arena_.view(212992, 4096);
-  support::along(v23.data(), v12.data(), kShape5, kShape6, kShape6, kShape7, kShape1, kShape1,
+  support::along(v23.data(), v12.data(), kShape7, kShape8, kShape8, kShape9, kShape1, kShape1,
                  support::Along::LayerNorm, 1e-05, 64, nullptr);
 
   // layers.mesh:24:33 mul
@@ -1717,7 +1680,7 @@ void LmTrain::runPart0(const Inputs &inputs) {
   support::View v21(param3_decoder_decoder_layer_0_norm_gain); // updated in place
   support::View v22(param4_decoder_decoder_layer_0_norm_bias); // updated in place
   support::View v25 = arena_.view(229376, 4096);
-  loop3(v25.data(), v23.data(), v21.data(), v22.data());
+  loop8(v25.data(), v23.data(), v21.data(), v22.data());
 
   // 4 statements from layers.mesh:36:11 einsum -> q (1 of 2)
   MESHRT_TRACE_SITE("layers.mesh:36:11");
@@ -1736,11 +1699,10 @@ void LmTrain::runPart0(const Inputs &inputs) {
   MESHRT_TRACE("loop", "transformer.mesh:38:62", "forward");
   support::View v19 = persistent_.view(4288, 1024);
   support::View v39 = arena_.view(487424, 2048);
-  loop10(v39.data(), v4.data(), v19.data());
+  loop9(v39.data(), v4.data(), v19.data());
 
-  // 15 statements from layers.mesh:43:25 where (1 of 2)
-  MESHRT_TRACE_SITE("layers.mesh:43:25");
-  support::View v41 = arena_.view(16384, 4096);
+  // 14 statements from layers.mesh:43:17 softmax -> weights (1 of 2)
+  MESHRT_TRACE_SITE("layers.mesh:43:17");
   support::View v42 = arena_.view(245760, 4096);
   support::View v43 = arena_.view(495616, 2048);
   support::View v29(param8_decoder_decoder_layer_0_attention_w_o); // updated in place
@@ -1763,9 +1725,8 @@ void LmTrain::runPart0(const Inputs &inputs) {
   support::View v65(param16_decoder_decoder_layer_1_norm_bias); // updated in place
   support::View v57 = arena_.view(32768, 8192);
   support::View v68 = arena_.view(344064, 4096);
-  repeated3(v39, v35, v41, v42, v33, v43, v29, v44, v12, v46, v49, v47, v48, v51, v52, v56, v53,
-            v57, v59, v54, v60, v55, v63, v66, v64, v65, v68,
-            "decoder/decoder_layer[0]/ffn/dropout#0");
+  repeated3(v42, v35, v39, v33, v43, v29, v44, v12, v46, v49, v47, v48, v51, v52, v56, v53, v57,
+            v59, v54, v60, v55, v63, v66, v64, v65, v68, "decoder/decoder_layer[0]/ffn/dropout#0");
 
   // 4 statements from layers.mesh:36:11 einsum -> q (2 of 2)
   MESHRT_TRACE_SITE("layers.mesh:36:11");
@@ -1778,9 +1739,8 @@ void LmTrain::runPart0(const Inputs &inputs) {
   support::View v78 = arena_.view(0, 4096);
   repeated5(v68, v69, v73, v70, v74, v71, v76, v78);
 
-  // 15 statements from layers.mesh:43:25 where (2 of 2)
-  MESHRT_TRACE_SITE("layers.mesh:43:25");
-  support::View v84 = arena_.view(16384, 4096);
+  // 14 statements from layers.mesh:43:17 softmax -> weights (2 of 2)
+  MESHRT_TRACE_SITE("layers.mesh:43:17");
   support::View v85 = arena_.view(360448, 4096);
   support::View v86 = arena_.view(528384, 2048);
   support::View v72(param20_decoder_decoder_layer_1_attention_w_o); // updated in place
@@ -1803,8 +1763,8 @@ void LmTrain::runPart0(const Inputs &inputs) {
   support::View v108(param28_decoder_norm_bias); // updated in place
   support::View v100 = arena_.view(98304, 8192);
   support::View v111 = arena_.view(163840, 4096);
-  repeated3(v39, v78, v84, v85, v76, v86, v72, v87, v63, v89, v92, v90, v91, v94, v95, v99, v96,
-            v100, v102, v97, v103, v98, v106, v109, v107, v108, v111,
+  repeated3(v85, v78, v39, v76, v86, v72, v87, v63, v89, v92, v90, v91, v94, v95, v99, v96, v100,
+            v102, v97, v103, v98, v106, v109, v107, v108, v111,
             "decoder/decoder_layer[1]/ffn/dropout#0");
 
   // transformer.mesh:43:10 einsum
@@ -1817,7 +1777,7 @@ void LmTrain::runPart0(const Inputs &inputs) {
   // transformer.mesh:56:14 log_softmax -> logp
   MESHRT_TRACE("log_softmax", "transformer.mesh:56:14", "forward");
   support::View v113 = arena_.view(425984, 3072);
-  support::along(v113.data(), v112.data(), kShape5, kShape10, kShape10, kShape11, kShape1, kShape1,
+  support::along(v113.data(), v112.data(), kShape7, kShape10, kShape10, kShape11, kShape1, kShape1,
                  support::Along::LogSoftmax, 1e-05, 96, &group_model);
 
   // transformer.mesh:59:32 one_hot
@@ -1829,30 +1789,30 @@ void LmTrain::runPart0(const Inputs &inputs) {
   // transformer.mesh:59:30 mul
   MESHRT_TRACE("loop", "transformer.mesh:59:30", "forward");
   support::View v115 = arena_.view(438272, 3072);
-  loop11(v115.data(), v113.data(), v114.data());
+  loop10(v115.data(), v113.data(), v114.data());
 
   // transformer.mesh:59:21 sum
   MESHRT_TRACE("sum", "transformer.mesh:59:21", "forward");
   support::View v116 = arena_.view(193024, 64);
-  support::reduce(v116.data(), kShape5, v115.data(), kShape10, kShape11, kShape1,
+  support::reduce(v116.data(), kShape7, v115.data(), kShape10, kShape11, kShape1,
                   support::Reduce::Sum, 1.0);
 
   // transformer.mesh:59:20 neg -> token_loss
   // transformer.mesh:60:29 mul
   MESHRT_TRACE("loop", "transformer.mesh:59:20", "forward");
   support::View v118 = arena_.view(193280, 64);
-  loop12(v118.data(), v116.data(), v5.data());
+  loop11(v118.data(), v116.data(), v5.data());
 
   // transformer.mesh:60:14 sum
   MESHRT_TRACE("sum", "transformer.mesh:60:14", "forward");
   support::View v119 = arena_.view(193152, 1);
-  support::reduce(v119.data(), kShape13, v118.data(), kShape13, kShape5, kShape14,
+  support::reduce(v119.data(), kShape13, v118.data(), kShape13, kShape7, kShape14,
                   support::Reduce::Sum, 1.0);
 
   // transformer.mesh:60:43 local_slice -> has_next (reshard has_next for sum at 60:43)
   MESHRT_TRACE("local_slice", "transformer.mesh:60:43", "forward");
   support::View v120 = arena_.view(193024, 32);
-  support::sliceDim(v120, v5, kShape5, 1, support::blockIndex(world_, {"model"}), 2);
+  support::sliceDim(v120, v5, kShape7, 1, support::blockIndex(world_, {"model"}), 2);
 
   // transformer.mesh:60:43 sum ('seq' sliced over model: partial over data, model as its partner)
   MESHRT_TRACE("sum", "transformer.mesh:60:43", "forward");
@@ -1904,7 +1864,7 @@ void LmTrain::runPart1(const Inputs &inputs) {
   support::View v113 = arena_.view(425984, 3072);
   support::View v114 = arena_.view(180224, 3072);
   support::View v141 = arena_.view(438272, 3072);
-  loop13(v141.data(), v121.data(), v5.data(), v1.data(), v113.data(), v114.data());
+  loop12(v141.data(), v121.data(), v5.data(), v1.data(), v113.data(), v114.data());
 
   // transformer.mesh:43:10 einsum
   MESHRT_TRACE("gemm", "transformer.mesh:43:10", "backward");
@@ -1930,45 +1890,45 @@ void LmTrain::runPart1(const Inputs &inputs) {
   // layers.mesh:24:40 sum -> grad/decoder/norm/bias
   MESHRT_TRACE("sum", "layers.mesh:24:40", "backward");
   support::View v145 = arena_.view(442880, 64);
-  support::reduce(v145.data(), kShape7, v142.data(), kShape1, kShape5, kShape6,
+  support::reduce(v145.data(), kShape9, v142.data(), kShape1, kShape7, kShape8,
                   support::Reduce::Sum, 1.0);
 
   // layers.mesh:24:33 mul
   MESHRT_TRACE("loop", "layers.mesh:24:33", "backward");
   support::View v109 = arena_.view(0, 4096);
   support::View v147 = arena_.view(163840, 4096);
-  loop14(v147.data(), v142.data(), v109.data());
+  loop13(v147.data(), v142.data(), v109.data());
 
   // layers.mesh:24:33 sum -> grad/decoder/norm/gain
   MESHRT_TRACE("sum", "layers.mesh:24:33", "backward");
   support::View v148 = arena_.view(443136, 64);
-  support::reduce(v148.data(), kShape7, v147.data(), kShape1, kShape5, kShape6,
+  support::reduce(v148.data(), kShape9, v147.data(), kShape1, kShape7, kShape8,
                   support::Reduce::Sum, 1.0);
 
   // layers.mesh:24:10 mean
   MESHRT_TRACE("mean", "layers.mesh:24:10", "backward");
   support::View v106 = arena_.view(16384, 4096);
   support::View v149 = arena_.view(425984, 64);
-  support::reduce(v149.data(), kShape5, v106.data(), kShape6, kShape7, kShape1,
+  support::reduce(v149.data(), kShape7, v106.data(), kShape8, kShape9, kShape1,
                   support::Reduce::Sum, 0.015625);
 
   // layers.mesh:24:10 sub
   // layers.mesh:24:10 square
   MESHRT_TRACE("loop", "layers.mesh:24:10", "backward");
   support::View v151 = arena_.view(163840, 4096);
-  loop15(v151.data(), v106.data(), v149.data());
+  loop14(v151.data(), v106.data(), v149.data());
 
   // layers.mesh:24:10 mean
   MESHRT_TRACE("mean", "layers.mesh:24:10", "backward");
   support::View v152 = arena_.view(16384, 64);
-  support::reduce(v152.data(), kShape5, v151.data(), kShape6, kShape7, kShape1,
+  support::reduce(v152.data(), kShape7, v151.data(), kShape8, kShape9, kShape1,
                   support::Reduce::Sum, 0.015625);
 
   // layers.mesh:24:10 add
   // layers.mesh:24:10 rsqrt
   MESHRT_TRACE("loop", "layers.mesh:24:10", "backward");
   support::View v155 = arena_.view(442368, 64);
-  loop16(v155.data(), v152.data());
+  loop15(v155.data(), v152.data());
 
   // layers.mesh:24:33 mul
   // layers.mesh:24:10 mul
@@ -1976,18 +1936,18 @@ void LmTrain::runPart1(const Inputs &inputs) {
   support::View v107(param27_decoder_norm_gain); // updated in place
   support::View v146 = arena_.view(16384, 4096);
   support::View v156 = arena_.view(163840, 4096);
-  loop17(v146.data(), v156.data(), v142.data(), v107.data(), v109.data());
+  loop16(v146.data(), v156.data(), v142.data(), v107.data(), v109.data());
 
   // layers.mesh:24:10 mean
   MESHRT_TRACE("mean", "layers.mesh:24:10", "backward");
   support::View v157 = arena_.view(180224, 64);
-  support::reduce(v157.data(), kShape5, v156.data(), kShape6, kShape7, kShape1,
+  support::reduce(v157.data(), kShape7, v156.data(), kShape8, kShape9, kShape1,
                   support::Reduce::Sum, 0.015625);
 
   // layers.mesh:24:10 mean
   MESHRT_TRACE("mean", "layers.mesh:24:10", "backward");
   support::View v159 = arena_.view(163840, 64);
-  support::reduce(v159.data(), kShape5, v146.data(), kShape6, kShape7, kShape1,
+  support::reduce(v159.data(), kShape7, v146.data(), kShape8, kShape9, kShape1,
                   support::Reduce::Sum, 0.015625);
 
   // layers.mesh:24:10 mul
@@ -1996,7 +1956,7 @@ void LmTrain::runPart1(const Inputs &inputs) {
   // layers.mesh:24:10 mul
   MESHRT_TRACE("loop", "layers.mesh:24:10", "backward");
   support::View v162 = arena_.view(425984, 4096);
-  loop18(v162.data(), v109.data(), v157.data(), v146.data(), v159.data(), v155.data());
+  loop17(v162.data(), v109.data(), v157.data(), v146.data(), v159.data(), v155.data());
 
   // 49 statements from layers.mesh:55:71 sum -> grad/decoder/decoder_layer[1]/ffn/b_out (1 of 2)
   MESHRT_TRACE_SITE("layers.mesh:55:71");
@@ -2163,8 +2123,8 @@ void LmTrain::runPart1(const Inputs &inputs) {
   MESHRT_TRACE("einsum", "transformer.mesh:33:37", "backward");
   const support::Buffer &v0 = inputs.tokens.data;
   support::View v338 = arena_.view(114688, 3072);
-  support::scatterAdd(v338.data(), kShape21, v336.data(), kShape22, v0.data(), kShape23, kShape5,
-                      kShape6, kShape14, 0, support::shardStart(world_, {"model"}, 48));
+  support::scatterAdd(v338.data(), kShape21, v336.data(), kShape22, v0.data(), kShape23, kShape7,
+                      kShape8, kShape14, 0, support::shardStart(world_, {"model"}, 48));
 
   // transformer.mesh:61:3 bucketed_all_reduce_sum -> grad/decoder/unembed (29 partial sums
   // (grad/decoder/unembed, grad/decoder/norm/bias, grad/decoder/norm/gain, ...) over data resolved
@@ -2177,7 +2137,7 @@ void LmTrain::runPart1(const Inputs &inputs) {
   // transformer.mesh:61:3 square
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "backward");
   support::View v363 = arena_.view(65536, 3072);
-  loop19(v363.data(), v338.data());
+  loop18(v363.data(), v338.data());
 
   // transformer.mesh:61:3 sum
   MESHRT_TRACE("sum", "transformer.mesh:61:3", "backward");
@@ -2188,7 +2148,7 @@ void LmTrain::runPart1(const Inputs &inputs) {
   // transformer.mesh:61:3 square
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "backward");
   support::View v366 = arena_.view(65536, 2048);
-  loop20(v366.data(), v337.data());
+  loop19(v366.data(), v337.data());
 }
 
 void LmTrain::runPart2(const Inputs &inputs) {
@@ -2211,7 +2171,7 @@ void LmTrain::runPart2(const Inputs &inputs) {
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "backward");
   support::View v143 = arena_.view(450560, 3072);
   support::View v371 = arena_.view(65536, 3072);
-  loop19(v371.data(), v143.data());
+  loop18(v371.data(), v143.data());
 
   // transformer.mesh:61:3 sum
   MESHRT_TRACE("sum", "transformer.mesh:61:3", "backward");
@@ -2223,12 +2183,12 @@ void LmTrain::runPart2(const Inputs &inputs) {
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "backward");
   support::View v322 = arena_.view(127232, 64);
   support::View v375 = arena_.view(65536, 64);
-  loop21(v375.data(), v322.data());
+  loop20(v375.data(), v322.data());
 
   // transformer.mesh:61:3 local_slice (reshard %357 for sum at 61:3)
   MESHRT_TRACE("local_slice", "transformer.mesh:61:3", "backward");
   support::View v376 = arena_.view(65792, 32);
-  support::sliceDim(v376, v375, kShape7, 0, support::blockIndex(world_, {"model"}), 2);
+  support::sliceDim(v376, v375, kShape9, 0, support::blockIndex(world_, {"model"}), 2);
 
   // transformer.mesh:61:3 sum ('d_model' sliced over model: partial over model as its partner)
   MESHRT_TRACE("sum", "transformer.mesh:61:3", "backward");
@@ -2240,12 +2200,12 @@ void LmTrain::runPart2(const Inputs &inputs) {
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "backward");
   support::View v319 = arena_.view(126976, 64);
   support::View v380 = arena_.view(65536, 64);
-  loop21(v380.data(), v319.data());
+  loop20(v380.data(), v319.data());
 
   // transformer.mesh:61:3 local_slice (reshard %360 for sum at 61:3)
   MESHRT_TRACE("local_slice", "transformer.mesh:61:3", "backward");
   support::View v381 = arena_.view(65792, 32);
-  support::sliceDim(v381, v380, kShape7, 0, support::blockIndex(world_, {"model"}), 2);
+  support::sliceDim(v381, v380, kShape9, 0, support::blockIndex(world_, {"model"}), 2);
 
   // transformer.mesh:61:3 sum ('d_model' sliced over model: partial over model as its partner)
   MESHRT_TRACE("sum", "transformer.mesh:61:3", "backward");
@@ -2579,7 +2539,7 @@ void LmTrain::runPart2(const Inputs &inputs) {
   support::View v338 = arena_.view(114688, 3072);
   support::View v523(param29_decoder_token_embedding_m); // updated in place
   support::View v524(param30_decoder_token_embedding_v); // updated in place
-  loop22(v523.data(), v524.data(), v6.data(), v338.data(), v493.data(), v537.data(), v539.data(),
+  loop21(v523.data(), v524.data(), v6.data(), v338.data(), v493.data(), v537.data(), v539.data(),
          v361.data());
 
   // transformer.mesh:61:3 mul
@@ -2604,7 +2564,7 @@ void LmTrain::runPart2(const Inputs &inputs) {
   support::View v337 = arena_.view(196608, 2048);
   support::View v551(param31_decoder_position_embedding_m); // updated in place
   support::View v552(param32_decoder_position_embedding_v); // updated in place
-  loop23(v551.data(), v552.data(), v7.data(), v337.data(), v493.data(), v537.data(), v539.data(),
+  loop22(v551.data(), v552.data(), v7.data(), v337.data(), v493.data(), v537.data(), v539.data(),
          v361.data());
 
   // transformer.mesh:61:3 mul
@@ -2628,7 +2588,7 @@ void LmTrain::runPart2(const Inputs &inputs) {
   support::View v8(param2_decoder_unembed);      // updated in place
   support::View v571(param33_decoder_unembed_m); // updated in place
   support::View v572(param34_decoder_unembed_v); // updated in place
-  loop22(v571.data(), v572.data(), v8.data(), v143.data(), v493.data(), v537.data(), v539.data(),
+  loop21(v571.data(), v572.data(), v8.data(), v143.data(), v493.data(), v537.data(), v539.data(),
          v361.data());
 
   // 1 statements from transformer.mesh:61:3 mul (1 of 2)
@@ -2766,7 +2726,7 @@ void LmTrain::repeated0(
   // transformer.mesh:61:3 mul
   // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[0]/attention/w_q
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "update");
-  loop23(a3.data(), a4.data(), a0.data(), a1.data(), a2.data(), a5.data(), a6.data(), a7.data());
+  loop22(a3.data(), a4.data(), a0.data(), a1.data(), a2.data(), a5.data(), a6.data(), a7.data());
 
   // transformer.mesh:61:3 mul
   // transformer.mesh:61:3 mul
@@ -2786,7 +2746,7 @@ void LmTrain::repeated0(
   // transformer.mesh:61:3 mul
   // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[0]/attention/w_k
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "update");
-  loop23(a10.data(), a11.data(), a8.data(), a9.data(), a2.data(), a5.data(), a6.data(), a7.data());
+  loop22(a10.data(), a11.data(), a8.data(), a9.data(), a2.data(), a5.data(), a6.data(), a7.data());
 
   // transformer.mesh:61:3 mul
   // transformer.mesh:61:3 mul
@@ -2806,7 +2766,7 @@ void LmTrain::repeated0(
   // transformer.mesh:61:3 mul
   // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[0]/attention/w_v
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "update");
-  loop23(a14.data(), a15.data(), a12.data(), a13.data(), a2.data(), a5.data(), a6.data(),
+  loop22(a14.data(), a15.data(), a12.data(), a13.data(), a2.data(), a5.data(), a6.data(),
          a7.data());
 
   // transformer.mesh:61:3 mul
@@ -2827,7 +2787,7 @@ void LmTrain::repeated0(
   // transformer.mesh:61:3 mul
   // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[0]/attention/w_o
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "update");
-  loop23(a18.data(), a19.data(), a16.data(), a17.data(), a2.data(), a5.data(), a6.data(),
+  loop22(a18.data(), a19.data(), a16.data(), a17.data(), a2.data(), a5.data(), a6.data(),
          a7.data());
 
   // transformer.mesh:61:3 mul
@@ -2848,7 +2808,7 @@ void LmTrain::repeated0(
   // transformer.mesh:61:3 mul
   // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[0]/norm#1/gain
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "update");
-  loop24(a22.data(), a23.data(), a20.data(), a21.data(), a2.data(), a5.data(), a6.data(),
+  loop23(a22.data(), a23.data(), a20.data(), a21.data(), a2.data(), a5.data(), a6.data(),
          a7.data());
 
   // transformer.mesh:61:3 mul
@@ -2869,7 +2829,7 @@ void LmTrain::repeated0(
   // transformer.mesh:61:3 mul
   // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[0]/norm#1/bias
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "update");
-  loop24(a26.data(), a27.data(), a24.data(), a25.data(), a2.data(), a5.data(), a6.data(),
+  loop23(a26.data(), a27.data(), a24.data(), a25.data(), a2.data(), a5.data(), a6.data(),
          a7.data());
 
   // transformer.mesh:61:3 mul
@@ -2890,7 +2850,7 @@ void LmTrain::repeated0(
   // transformer.mesh:61:3 mul
   // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[0]/ffn/w_in
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "update");
-  loop25(a30.data(), a31.data(), a28.data(), a29.data(), a2.data(), a5.data(), a6.data(),
+  loop24(a30.data(), a31.data(), a28.data(), a29.data(), a2.data(), a5.data(), a6.data(),
          a7.data());
 
   // transformer.mesh:61:3 mul
@@ -2911,7 +2871,7 @@ void LmTrain::repeated0(
   // transformer.mesh:61:3 mul
   // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[0]/ffn/b_in
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "update");
-  loop26(a34.data(), a35.data(), a32.data(), a33.data(), a2.data(), a5.data(), a6.data(),
+  loop25(a34.data(), a35.data(), a32.data(), a33.data(), a2.data(), a5.data(), a6.data(),
          a7.data());
 
   // transformer.mesh:61:3 mul
@@ -2932,7 +2892,7 @@ void LmTrain::repeated0(
   // transformer.mesh:61:3 mul
   // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[0]/ffn/w_out
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "update");
-  loop25(a38.data(), a39.data(), a36.data(), a37.data(), a2.data(), a5.data(), a6.data(),
+  loop24(a38.data(), a39.data(), a36.data(), a37.data(), a2.data(), a5.data(), a6.data(),
          a7.data());
 
   // transformer.mesh:61:3 mul
@@ -2953,7 +2913,7 @@ void LmTrain::repeated0(
   // transformer.mesh:61:3 mul
   // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[0]/ffn/b_out
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "update");
-  loop24(a42.data(), a43.data(), a40.data(), a41.data(), a2.data(), a5.data(), a6.data(),
+  loop23(a42.data(), a43.data(), a40.data(), a41.data(), a2.data(), a5.data(), a6.data(),
          a7.data());
 
   // transformer.mesh:61:3 mul
@@ -2974,7 +2934,7 @@ void LmTrain::repeated0(
   // transformer.mesh:61:3 mul
   // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[1]/norm/gain
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "update");
-  loop24(a46.data(), a47.data(), a44.data(), a45.data(), a2.data(), a5.data(), a6.data(),
+  loop23(a46.data(), a47.data(), a44.data(), a45.data(), a2.data(), a5.data(), a6.data(),
          a7.data());
 
   // transformer.mesh:61:3 mul
@@ -2995,7 +2955,7 @@ void LmTrain::repeated0(
   // transformer.mesh:61:3 mul
   // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[1]/norm/bias
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "update");
-  loop24(a50.data(), a51.data(), a48.data(), a49.data(), a2.data(), a5.data(), a6.data(),
+  loop23(a50.data(), a51.data(), a48.data(), a49.data(), a2.data(), a5.data(), a6.data(),
          a7.data());
 }
 
@@ -3022,7 +2982,7 @@ void LmTrain::repeated1(
 
   // layers.mesh:55:71 sum -> grad/decoder/decoder_layer[1]/ffn/b_out
   MESHRT_TRACE("sum", "layers.mesh:55:71", "backward");
-  support::reduce(a0.data(), kShape7, a1.data(), kShape1, kShape5, kShape6, support::Reduce::Sum,
+  support::reduce(a0.data(), kShape9, a1.data(), kShape1, kShape7, kShape8, support::Reduce::Sum,
                   1.0);
 
   // layers.mesh:55:10 einsum
@@ -3110,7 +3070,7 @@ void LmTrain::repeated1(
 
   // layers.mesh:54:52 sum -> grad/decoder/decoder_layer[1]/ffn/b_in
   MESHRT_TRACE("sum", "layers.mesh:54:52", "backward");
-  support::reduce(a8.data(), kShape27, a7.data(), kShape1, kShape5, kShape28, support::Reduce::Sum,
+  support::reduce(a8.data(), kShape27, a7.data(), kShape1, kShape7, kShape28, support::Reduce::Sum,
                   1.0);
 
   // layers.mesh:54:16 einsum
@@ -3132,51 +3092,51 @@ void LmTrain::repeated1(
 
   // layers.mesh:24:40 sum -> grad/decoder/decoder_layer[1]/norm#1/bias
   MESHRT_TRACE("sum", "layers.mesh:24:40", "backward");
-  support::reduce(a13.data(), kShape7, a10.data(), kShape1, kShape5, kShape6, support::Reduce::Sum,
+  support::reduce(a13.data(), kShape9, a10.data(), kShape1, kShape7, kShape8, support::Reduce::Sum,
                   1.0);
 
   // layers.mesh:24:33 mul
   MESHRT_TRACE("loop", "layers.mesh:24:33", "backward");
-  loop14(a15.data(), a10.data(), a14.data());
+  loop13(a15.data(), a10.data(), a14.data());
 
   // layers.mesh:24:33 sum -> grad/decoder/decoder_layer[1]/norm#1/gain
   MESHRT_TRACE("sum", "layers.mesh:24:33", "backward");
-  support::reduce(a16.data(), kShape7, a15.data(), kShape1, kShape5, kShape6, support::Reduce::Sum,
+  support::reduce(a16.data(), kShape9, a15.data(), kShape1, kShape7, kShape8, support::Reduce::Sum,
                   1.0);
 
   // layers.mesh:24:10 mean
   MESHRT_TRACE("mean", "layers.mesh:24:10", "backward");
-  support::reduce(a17.data(), kShape5, a18.data(), kShape6, kShape7, kShape1, support::Reduce::Sum,
+  support::reduce(a17.data(), kShape7, a18.data(), kShape8, kShape9, kShape1, support::Reduce::Sum,
                   0.015625);
 
   // layers.mesh:24:10 sub
   // layers.mesh:24:10 square
   MESHRT_TRACE("loop", "layers.mesh:24:10", "backward");
-  loop15(a19.data(), a18.data(), a17.data());
+  loop14(a19.data(), a18.data(), a17.data());
 
   // layers.mesh:24:10 mean
   MESHRT_TRACE("mean", "layers.mesh:24:10", "backward");
-  support::reduce(a20.data(), kShape5, a19.data(), kShape6, kShape7, kShape1, support::Reduce::Sum,
+  support::reduce(a20.data(), kShape7, a19.data(), kShape8, kShape9, kShape1, support::Reduce::Sum,
                   0.015625);
 
   // layers.mesh:24:10 add
   // layers.mesh:24:10 rsqrt
   MESHRT_TRACE("loop", "layers.mesh:24:10", "backward");
-  loop16(a21.data(), a20.data());
+  loop15(a21.data(), a20.data());
 
   // layers.mesh:24:33 mul
   // layers.mesh:24:10 mul
   MESHRT_TRACE("loop", "layers.mesh:24:33", "backward");
-  loop17(a23.data(), a24.data(), a10.data(), a22.data(), a14.data());
+  loop16(a23.data(), a24.data(), a10.data(), a22.data(), a14.data());
 
   // layers.mesh:24:10 mean
   MESHRT_TRACE("mean", "layers.mesh:24:10", "backward");
-  support::reduce(a25.data(), kShape5, a24.data(), kShape6, kShape7, kShape1, support::Reduce::Sum,
+  support::reduce(a25.data(), kShape7, a24.data(), kShape8, kShape9, kShape1, support::Reduce::Sum,
                   0.015625);
 
   // layers.mesh:24:10 mean
   MESHRT_TRACE("mean", "layers.mesh:24:10", "backward");
-  support::reduce(a26.data(), kShape5, a23.data(), kShape6, kShape7, kShape1, support::Reduce::Sum,
+  support::reduce(a26.data(), kShape7, a23.data(), kShape8, kShape9, kShape1, support::Reduce::Sum,
                   0.015625);
 
   // layers.mesh:24:10 mul
@@ -3185,7 +3145,7 @@ void LmTrain::repeated1(
   // layers.mesh:24:10 mul
   // layers.mesh:24:10 add
   MESHRT_TRACE("loop", "layers.mesh:24:10", "backward");
-  loop27(a27.data(), a14.data(), a25.data(), a23.data(), a26.data(), a21.data(), a1.data());
+  loop26(a27.data(), a14.data(), a25.data(), a23.data(), a26.data(), a21.data(), a1.data());
 
   // layers.mesh:45:10 einsum
   MESHRT_TRACE("gemm", "layers.mesh:45:10", "backward");
@@ -3209,11 +3169,11 @@ void LmTrain::repeated1(
 
   // layers.mesh:43:17 mul
   MESHRT_TRACE("loop", "layers.mesh:43:17", "backward");
-  loop14(a36.data(), a33.data(), a34.data());
+  loop13(a36.data(), a33.data(), a34.data());
 
   // layers.mesh:43:17 sum
   MESHRT_TRACE("sum", "layers.mesh:43:17", "backward");
-  support::reduce(a37.data(), kShape8, a36.data(), kShape9, kShape0, kShape1, support::Reduce::Sum,
+  support::reduce(a37.data(), kShape5, a36.data(), kShape29, kShape0, kShape1, support::Reduce::Sum,
                   1.0);
 
   // layers.mesh:43:17 sub
@@ -3221,7 +3181,7 @@ void LmTrain::repeated1(
   // layers.mesh:43:25 where
   // layers.mesh:41:55 mul
   MESHRT_TRACE("loop", "layers.mesh:43:17", "backward");
-  loop28(a39.data(), a33.data(), a37.data(), a34.data(), a38.data());
+  loop27(a39.data(), a33.data(), a37.data(), a34.data(), a38.data());
 
   // layers.mesh:41:16 einsum
   MESHRT_TRACE("gemm", "layers.mesh:41:16", "backward");
@@ -3261,7 +3221,7 @@ void LmTrain::repeated1(
   // layers.mesh:38:18 add
   // layers.mesh:36:11 add
   MESHRT_TRACE("loop", "layers.mesh:38:18", "backward");
-  loop29(a53.data(), a45.data(), a49.data(), a52.data());
+  loop28(a53.data(), a45.data(), a49.data(), a52.data());
 
   // layers.mesh:24:40 all_reduce_sum (resolve the partial sum of %222 over model for sum at 24:40)
   MESHRT_TRACE_SITE("layers.mesh:24:40");
@@ -3277,51 +3237,51 @@ void LmTrain::repeated1(
 
   // layers.mesh:24:40 sum -> grad/decoder/decoder_layer[1]/norm/bias
   MESHRT_TRACE("sum", "layers.mesh:24:40", "backward");
-  support::reduce(a55.data(), kShape7, a53.data(), kShape1, kShape5, kShape6, support::Reduce::Sum,
+  support::reduce(a55.data(), kShape9, a53.data(), kShape1, kShape7, kShape8, support::Reduce::Sum,
                   1.0);
 
   // layers.mesh:24:33 mul
   MESHRT_TRACE("loop", "layers.mesh:24:33", "backward");
-  loop14(a57.data(), a53.data(), a56.data());
+  loop13(a57.data(), a53.data(), a56.data());
 
   // layers.mesh:24:33 sum -> grad/decoder/decoder_layer[1]/norm/gain
   MESHRT_TRACE("sum", "layers.mesh:24:33", "backward");
-  support::reduce(a58.data(), kShape7, a57.data(), kShape1, kShape5, kShape6, support::Reduce::Sum,
+  support::reduce(a58.data(), kShape9, a57.data(), kShape1, kShape7, kShape8, support::Reduce::Sum,
                   1.0);
 
   // layers.mesh:24:10 mean
   MESHRT_TRACE("mean", "layers.mesh:24:10", "backward");
-  support::reduce(a59.data(), kShape5, a60.data(), kShape6, kShape7, kShape1, support::Reduce::Sum,
+  support::reduce(a59.data(), kShape7, a60.data(), kShape8, kShape9, kShape1, support::Reduce::Sum,
                   0.015625);
 
   // layers.mesh:24:10 sub
   // layers.mesh:24:10 square
   MESHRT_TRACE("loop", "layers.mesh:24:10", "backward");
-  loop15(a61.data(), a60.data(), a59.data());
+  loop14(a61.data(), a60.data(), a59.data());
 
   // layers.mesh:24:10 mean
   MESHRT_TRACE("mean", "layers.mesh:24:10", "backward");
-  support::reduce(a62.data(), kShape5, a61.data(), kShape6, kShape7, kShape1, support::Reduce::Sum,
+  support::reduce(a62.data(), kShape7, a61.data(), kShape8, kShape9, kShape1, support::Reduce::Sum,
                   0.015625);
 
   // layers.mesh:24:10 add
   // layers.mesh:24:10 rsqrt
   MESHRT_TRACE("loop", "layers.mesh:24:10", "backward");
-  loop16(a63.data(), a62.data());
+  loop15(a63.data(), a62.data());
 
   // layers.mesh:24:33 mul
   // layers.mesh:24:10 mul
   MESHRT_TRACE("loop", "layers.mesh:24:33", "backward");
-  loop17(a65.data(), a66.data(), a53.data(), a64.data(), a56.data());
+  loop16(a65.data(), a66.data(), a53.data(), a64.data(), a56.data());
 
   // layers.mesh:24:10 mean
   MESHRT_TRACE("mean", "layers.mesh:24:10", "backward");
-  support::reduce(a67.data(), kShape5, a66.data(), kShape6, kShape7, kShape1, support::Reduce::Sum,
+  support::reduce(a67.data(), kShape7, a66.data(), kShape8, kShape9, kShape1, support::Reduce::Sum,
                   0.015625);
 
   // layers.mesh:24:10 mean
   MESHRT_TRACE("mean", "layers.mesh:24:10", "backward");
-  support::reduce(a68.data(), kShape5, a65.data(), kShape6, kShape7, kShape1, support::Reduce::Sum,
+  support::reduce(a68.data(), kShape7, a65.data(), kShape8, kShape9, kShape1, support::Reduce::Sum,
                   0.015625);
 
   // layers.mesh:24:10 mul
@@ -3330,7 +3290,7 @@ void LmTrain::repeated1(
   // layers.mesh:24:10 mul
   // layers.mesh:24:10 add
   MESHRT_TRACE("loop", "layers.mesh:24:10", "backward");
-  loop27(a69.data(), a56.data(), a67.data(), a65.data(), a68.data(), a63.data(), a27.data());
+  loop26(a69.data(), a56.data(), a67.data(), a65.data(), a68.data(), a63.data(), a27.data());
 }
 
 void LmTrain::repeated2(
@@ -3348,47 +3308,47 @@ void LmTrain::repeated2(
 
   // transformer.mesh:61:3 square
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "backward");
-  loop20(a1.data(), a0.data());
+  loop19(a1.data(), a0.data());
 
   // transformer.mesh:61:3 sum
   MESHRT_TRACE("sum", "transformer.mesh:61:3", "backward");
-  support::reduce(a2.data(), kShape13, a1.data(), kShape13, kShape29, kShape30,
+  support::reduce(a2.data(), kShape13, a1.data(), kShape13, kShape30, kShape31,
                   support::Reduce::Sum, 1.0);
 
   // transformer.mesh:61:3 square
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "backward");
-  loop20(a4.data(), a3.data());
+  loop19(a4.data(), a3.data());
 
   // transformer.mesh:61:3 sum
   MESHRT_TRACE("sum", "transformer.mesh:61:3", "backward");
-  support::reduce(a5.data(), kShape13, a4.data(), kShape13, kShape29, kShape30,
+  support::reduce(a5.data(), kShape13, a4.data(), kShape13, kShape30, kShape31,
                   support::Reduce::Sum, 1.0);
 
   // transformer.mesh:61:3 square
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "backward");
-  loop20(a7.data(), a6.data());
+  loop19(a7.data(), a6.data());
 
   // transformer.mesh:61:3 sum
   MESHRT_TRACE("sum", "transformer.mesh:61:3", "backward");
-  support::reduce(a8.data(), kShape13, a7.data(), kShape13, kShape29, kShape30,
+  support::reduce(a8.data(), kShape13, a7.data(), kShape13, kShape30, kShape31,
                   support::Reduce::Sum, 1.0);
 
   // transformer.mesh:61:3 square
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "backward");
-  loop20(a10.data(), a9.data());
+  loop19(a10.data(), a9.data());
 
   // transformer.mesh:61:3 sum
   MESHRT_TRACE("sum", "transformer.mesh:61:3", "backward");
-  support::reduce(a11.data(), kShape13, a10.data(), kShape13, kShape31, kShape32,
+  support::reduce(a11.data(), kShape13, a10.data(), kShape13, kShape32, kShape33,
                   support::Reduce::Sum, 1.0);
 
   // transformer.mesh:61:3 square
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "backward");
-  loop21(a13.data(), a12.data());
+  loop20(a13.data(), a12.data());
 
   // transformer.mesh:61:3 local_slice (reshard %375 for sum at 61:3)
   MESHRT_TRACE("local_slice", "transformer.mesh:61:3", "backward");
-  support::sliceDim(a14, a13, kShape7, 0, support::blockIndex(world_, {"model"}), 2);
+  support::sliceDim(a14, a13, kShape9, 0, support::blockIndex(world_, {"model"}), 2);
 
   // transformer.mesh:61:3 sum ('d_model' sliced over model: partial over model as its partner)
   MESHRT_TRACE("sum", "transformer.mesh:61:3", "backward");
@@ -3397,11 +3357,11 @@ void LmTrain::repeated2(
 
   // transformer.mesh:61:3 square
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "backward");
-  loop21(a17.data(), a16.data());
+  loop20(a17.data(), a16.data());
 
   // transformer.mesh:61:3 local_slice (reshard %378 for sum at 61:3)
   MESHRT_TRACE("local_slice", "transformer.mesh:61:3", "backward");
-  support::sliceDim(a18, a17, kShape7, 0, support::blockIndex(world_, {"model"}), 2);
+  support::sliceDim(a18, a17, kShape9, 0, support::blockIndex(world_, {"model"}), 2);
 
   // transformer.mesh:61:3 sum ('d_model' sliced over model: partial over model as its partner)
   MESHRT_TRACE("sum", "transformer.mesh:61:3", "backward");
@@ -3410,16 +3370,16 @@ void LmTrain::repeated2(
 
   // transformer.mesh:61:3 square
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "backward");
-  loop30(a21.data(), a20.data());
+  loop29(a21.data(), a20.data());
 
   // transformer.mesh:61:3 sum
   MESHRT_TRACE("sum", "transformer.mesh:61:3", "backward");
-  support::reduce(a22.data(), kShape13, a21.data(), kShape13, kShape33, kShape34,
+  support::reduce(a22.data(), kShape13, a21.data(), kShape13, kShape34, kShape35,
                   support::Reduce::Sum, 1.0);
 
   // transformer.mesh:61:3 square
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "backward");
-  loop31(a24.data(), a23.data());
+  loop30(a24.data(), a23.data());
 
   // transformer.mesh:61:3 sum
   MESHRT_TRACE("sum", "transformer.mesh:61:3", "backward");
@@ -3428,20 +3388,20 @@ void LmTrain::repeated2(
 
   // transformer.mesh:61:3 square
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "backward");
-  loop30(a27.data(), a26.data());
+  loop29(a27.data(), a26.data());
 
   // transformer.mesh:61:3 sum
   MESHRT_TRACE("sum", "transformer.mesh:61:3", "backward");
-  support::reduce(a28.data(), kShape13, a27.data(), kShape13, kShape35, kShape18,
+  support::reduce(a28.data(), kShape13, a27.data(), kShape13, kShape36, kShape18,
                   support::Reduce::Sum, 1.0);
 
   // transformer.mesh:61:3 square
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "backward");
-  loop21(a30.data(), a29.data());
+  loop20(a30.data(), a29.data());
 
   // transformer.mesh:61:3 local_slice (reshard %390 for sum at 61:3)
   MESHRT_TRACE("local_slice", "transformer.mesh:61:3", "backward");
-  support::sliceDim(a31, a30, kShape7, 0, support::blockIndex(world_, {"model"}), 2);
+  support::sliceDim(a31, a30, kShape9, 0, support::blockIndex(world_, {"model"}), 2);
 
   // transformer.mesh:61:3 sum ('d_model' sliced over model: partial over model as its partner)
   MESHRT_TRACE("sum", "transformer.mesh:61:3", "backward");
@@ -3450,11 +3410,11 @@ void LmTrain::repeated2(
 
   // transformer.mesh:61:3 square
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "backward");
-  loop21(a34.data(), a33.data());
+  loop20(a34.data(), a33.data());
 
   // transformer.mesh:61:3 local_slice (reshard %393 for sum at 61:3)
   MESHRT_TRACE("local_slice", "transformer.mesh:61:3", "backward");
-  support::sliceDim(a35, a34, kShape7, 0, support::blockIndex(world_, {"model"}), 2);
+  support::sliceDim(a35, a34, kShape9, 0, support::blockIndex(world_, {"model"}), 2);
 
   // transformer.mesh:61:3 sum ('d_model' sliced over model: partial over model as its partner)
   MESHRT_TRACE("sum", "transformer.mesh:61:3", "backward");
@@ -3463,11 +3423,11 @@ void LmTrain::repeated2(
 
   // transformer.mesh:61:3 square
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "backward");
-  loop21(a38.data(), a37.data());
+  loop20(a38.data(), a37.data());
 
   // transformer.mesh:61:3 local_slice (reshard %396 for sum at 61:3)
   MESHRT_TRACE("local_slice", "transformer.mesh:61:3", "backward");
-  support::sliceDim(a39, a38, kShape7, 0, support::blockIndex(world_, {"model"}), 2);
+  support::sliceDim(a39, a38, kShape9, 0, support::blockIndex(world_, {"model"}), 2);
 
   // transformer.mesh:61:3 sum ('d_model' sliced over model: partial over model as its partner)
   MESHRT_TRACE("sum", "transformer.mesh:61:3", "backward");
@@ -3475,60 +3435,55 @@ void LmTrain::repeated2(
                   support::Reduce::Sum, 1.0);
 }
 
-void LmTrain::repeated3(support::ConstView a0, support::ConstView a1, support::View a2,
-                        support::View a3, support::ConstView a4, support::View a5,
-                        support::ConstView a6, support::View a7, support::ConstView a8,
-                        support::View a9, support::View a10, support::ConstView a11,
-                        support::ConstView a12, support::View a13, support::ConstView a14,
-                        support::View a15, support::ConstView a16, support::View a17,
-                        support::View a18, support::ConstView a19, support::View a20,
-                        support::ConstView a21, support::View a22, support::View a23,
-                        support::ConstView a24, support::ConstView a25, support::View a26,
-                        const char *t0) {
+void LmTrain::repeated3(support::View a0, support::ConstView a1, support::ConstView a2,
+                        support::ConstView a3, support::View a4, support::ConstView a5,
+                        support::View a6, support::ConstView a7, support::View a8, support::View a9,
+                        support::ConstView a10, support::ConstView a11, support::View a12,
+                        support::ConstView a13, support::View a14, support::ConstView a15,
+                        support::View a16, support::View a17, support::ConstView a18,
+                        support::View a19, support::ConstView a20, support::View a21,
+                        support::View a22, support::ConstView a23, support::ConstView a24,
+                        support::View a25, const char *t0) {
   MESHRT_TRACE_SPAN(world_);
 
-  // layers.mesh:43:25 where
-  MESHRT_TRACE("loop", "layers.mesh:43:25", "forward");
-  loop5(a2.data(), a0.data(), a1.data());
-
   // layers.mesh:43:17 softmax -> weights
+  // layers.mesh:43:25 where
   MESHRT_TRACE("softmax", "layers.mesh:43:17", "forward");
-  support::along(a3.data(), a2.data(), kShape8, kShape9, kShape9, kShape0, kShape1, kShape1,
-                 support::Along::Softmax, 1e-05, 32, nullptr);
+  support::maskedSoftmax(a0.data(), a1.data(), a2.data(), kShape5, kShape6, 32, 1, -1000000000.0);
 
   // layers.mesh:44:17 einsum -> context
   MESHRT_TRACE("gemm", "layers.mesh:44:17", "forward");
   // dims: batch, heads, seq, mem, d_head
-  kEinsum1.plan().run(a3.data(), a4.data(), a5.data(), 1.0f, 0.0f);
+  kEinsum1.plan().run(a0.data(), a3.data(), a4.data(), 1.0f, 0.0f);
 
   // layers.mesh:45:10 einsum
   MESHRT_TRACE("gemm", "layers.mesh:45:10", "forward");
   // dims: batch, seq, heads, d_head, d_model
-  kEinsum2.plan().run(a5.data(), a6.data(), a7.data(), 1.0f, 0.0f);
+  kEinsum2.plan().run(a4.data(), a5.data(), a6.data(), 1.0f, 0.0f);
 
   // transformer.mesh:21:13 all_reduce_sum (resolve the partial sum of %43 over model for add at
   // 21:13)
   MESHRT_TRACE_SITE("transformer.mesh:21:13");
-  group_model.allReduce(a7.data(), a7.size(), meshrt::ReduceOp::Sum);
+  group_model.allReduce(a6.data(), a6.size(), meshrt::ReduceOp::Sum);
 
   // transformer.mesh:21:13 add -> h
   MESHRT_TRACE("loop", "transformer.mesh:21:13", "forward");
-  loop6(a9.data(), a8.data(), a7.data());
+  loop4(a8.data(), a7.data(), a6.data());
 
   // layers.mesh:24:10 layer_norm
   MESHRT_TRACE("layer_norm", "layers.mesh:24:10", "forward");
-  support::along(a10.data(), a9.data(), kShape5, kShape6, kShape6, kShape7, kShape1, kShape1,
+  support::along(a9.data(), a8.data(), kShape7, kShape8, kShape8, kShape9, kShape1, kShape1,
                  support::Along::LayerNorm, 1e-05, 64, nullptr);
 
   // layers.mesh:24:33 mul
   // layers.mesh:24:40 add
   MESHRT_TRACE("loop", "layers.mesh:24:33", "forward");
-  loop3(a13.data(), a10.data(), a11.data(), a12.data());
+  loop8(a12.data(), a9.data(), a10.data(), a11.data());
 
   // layers.mesh:54:16 einsum
   MESHRT_TRACE("gemm", "layers.mesh:54:16", "forward");
   // dims: batch, seq, d_model, d_ff
-  kEinsum3.plan().run(a13.data(), a14.data(), a15.data(), 1.0f, 0.0f);
+  kEinsum3.plan().run(a12.data(), a13.data(), a14.data(), 1.0f, 0.0f);
 
   // layers.mesh:54:52 add
   // layers.mesh:54:11 gelu -> h
@@ -3538,10 +3493,10 @@ void LmTrain::repeated3(support::ConstView a0, support::ConstView a1, support::V
     const auto inv0 = meshrt::stepStreamKey(seed_, t0, uint64_t(step_));
     const auto inv1 = int64_t(support::shardStart(world_, {"data"}, 2) * 8192 +
                               support::shardStart(world_, {"model"}, 128) * 1);
+    float *__restrict a16p = a16.data();
     float *__restrict a17p = a17.data();
-    float *__restrict a18p = a18.data();
+    const float *__restrict a14p = a14.data();
     const float *__restrict a15p = a15.data();
-    const float *__restrict a16p = a16.data();
     for (int64_t i0 = 0; i0 < 64; ++i0) {
       for (int64_t c1 = 0; c1 < 128; c1 += 128) {
         constexpr int64_t n1 = 128;
@@ -3551,14 +3506,14 @@ void LmTrain::repeated3(support::ConstView a0, support::ConstView a1, support::V
           meshrt::dropoutKeepMasks(inv0, uint64_t(inv1 + i0 * 256 + i1), n1, 838861u, keep4);
         }
         for (int64_t i1 = c1; i1 < c1 + n1; ++i1) {
-          const float s0 = a15p[i0 * 128 + i1];
-          const float s1 = a16p[i1];
+          const float s0 = a14p[i0 * 128 + i1];
+          const float s1 = a15p[i1];
           const float s2 = (s0 + s1);
           const float s3 = support::fgelu(s2);
           const float s4 =
               support::keepOrZero(keep4[i1 - c1], float(double(s3) * 1.1111111111111112));
-          a17p[i0 * 128 + i1] = s2;
-          a18p[i0 * 128 + i1] = s4;
+          a16p[i0 * 128 + i1] = s2;
+          a17p[i0 * 128 + i1] = s4;
         }
       }
     }
@@ -3567,26 +3522,26 @@ void LmTrain::repeated3(support::ConstView a0, support::ConstView a1, support::V
   // layers.mesh:55:10 einsum
   MESHRT_TRACE("gemm", "layers.mesh:55:10", "forward");
   // dims: batch, seq, d_ff, d_model
-  kEinsum4.plan().run(a18.data(), a19.data(), a20.data(), 1.0f, 0.0f);
+  kEinsum4.plan().run(a17.data(), a18.data(), a19.data(), 1.0f, 0.0f);
 
   // layers.mesh:55:71 all_reduce_sum (resolve the partial sum of %58 over model for add at 55:71)
   MESHRT_TRACE_SITE("layers.mesh:55:71");
-  group_model.allReduce(a20.data(), a20.size(), meshrt::ReduceOp::Sum);
+  group_model.allReduce(a19.data(), a19.size(), meshrt::ReduceOp::Sum);
 
   // layers.mesh:55:71 add
   // transformer.mesh:22:12 add -> x
   MESHRT_TRACE("loop", "layers.mesh:55:71", "forward");
-  loop8(a22.data(), a20.data(), a21.data(), a9.data());
+  loop6(a21.data(), a19.data(), a20.data(), a8.data());
 
   // layers.mesh:24:10 layer_norm
   MESHRT_TRACE("layer_norm", "layers.mesh:24:10", "forward");
-  support::along(a23.data(), a22.data(), kShape5, kShape6, kShape6, kShape7, kShape1, kShape1,
+  support::along(a22.data(), a21.data(), kShape7, kShape8, kShape8, kShape9, kShape1, kShape1,
                  support::Along::LayerNorm, 1e-05, 64, nullptr);
 
   // layers.mesh:24:33 mul
   // layers.mesh:24:40 add -> n
   MESHRT_TRACE("loop", "layers.mesh:24:33", "forward");
-  loop3(a26.data(), a23.data(), a24.data(), a25.data());
+  loop8(a25.data(), a22.data(), a23.data(), a24.data());
 }
 
 void LmTrain::repeated4(support::View a0, support::ConstView a1, support::ConstView a2,
@@ -3612,7 +3567,7 @@ void LmTrain::repeated4(support::View a0, support::ConstView a1, support::ConstV
   // transformer.mesh:61:3 mul
   // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[0]/norm/gain
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "update");
-  loop24(a3.data(), a4.data(), a0.data(), a1.data(), a2.data(), a5.data(), a6.data(), a7.data());
+  loop23(a3.data(), a4.data(), a0.data(), a1.data(), a2.data(), a5.data(), a6.data(), a7.data());
 }
 
 void LmTrain::repeated5(support::ConstView a0, support::ConstView a1, support::View a2,

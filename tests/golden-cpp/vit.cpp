@@ -31,16 +31,16 @@ static const support::Shape kShape21 = {192, 12};
 static const support::Shape kShape22 = {64, 2};
 static const support::Shape kShape23 = {2, 1};
 static const support::Shape kShape24 = {1, 1024};
-static const support::Shape kShape25 = {2, 17};
-static const support::Shape kShape26 = {1088, 64};
-static const support::Shape kShape27 = {64};
-static const support::Shape kShape28 = {2, 64};
-static const support::Shape kShape29 = {64, 1};
-static const support::Shape kShape30 = {1088, 1};
-static const support::Shape kShape31 = {10};
-static const support::Shape kShape32 = {2, 2, 17};
-static const support::Shape kShape33 = {578, 289, 17};
-static const support::Shape kShape34 = {17};
+static const support::Shape kShape25 = {2, 64};
+static const support::Shape kShape26 = {64, 1};
+static const support::Shape kShape27 = {1088, 1};
+static const support::Shape kShape28 = {64};
+static const support::Shape kShape29 = {10};
+static const support::Shape kShape30 = {2, 2, 17};
+static const support::Shape kShape31 = {578, 289, 17};
+static const support::Shape kShape32 = {17};
+static const support::Shape kShape33 = {2, 17};
+static const support::Shape kShape34 = {1088, 64};
 static const support::Shape kShape35 = {2, 10};
 static const support::Shape kShape36 = {1, 0};
 static const support::Shape kShape37 = {0, 1};
@@ -147,20 +147,6 @@ static const support::SharedEinsum
 }
 
 [[gnu::noinline]] static void loop5(float *__restrict p0, const float *__restrict p1,
-                                    const float *__restrict p2, const float *__restrict p3) {
-  for (int64_t i0 = 0; i0 < 34; ++i0) {
-    for (int64_t i1 = 0; i1 < 64; ++i1) {
-      const float s0 = p1[i0 * 64 + i1];
-      const float s1 = p2[i1];
-      const float s2 = (s0 * s1);
-      const float s3 = p3[i1];
-      const float s4 = (s2 + s3);
-      p0[i0 * 64 + i1] = s4;
-    }
-  }
-}
-
-[[gnu::noinline]] static void loop6(float *__restrict p0, const float *__restrict p1,
                                     const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 2; ++i0) {
     for (int64_t i1 = 0; i1 < 10; ++i1) {
@@ -172,7 +158,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop7(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop6(float *__restrict p0, const float *__restrict p1,
                                     const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 34; ++i0) {
     for (int64_t i1 = 0; i1 < 64; ++i1) {
@@ -184,7 +170,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop8(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop7(float *__restrict p0, const float *__restrict p1,
                                     const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 2176; ++i0) {
     const float s0 = p1[i0];
@@ -194,7 +180,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop9(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop8(float *__restrict p0, const float *__restrict p1,
                                     const float *__restrict p2, const float *__restrict p3) {
   for (int64_t i0 = 0; i0 < 34; ++i0) {
     for (int64_t i1 = 0; i1 < 64; ++i1) {
@@ -209,7 +195,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop10(float *__restrict p0, const float *__restrict p1) {
+[[gnu::noinline]] static void loop9(float *__restrict p0, const float *__restrict p1) {
   for (int64_t i0 = 0; i0 < 4096; ++i0) {
     const float s0 = p1[i0];
     const float s1 = support::roundValue(support::DType::BF16, double(s0));
@@ -217,7 +203,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop11(float *__restrict p0, const float *__restrict p1) {
+[[gnu::noinline]] static void loop10(float *__restrict p0, const float *__restrict p1) {
   for (int64_t i0 = 0; i0 < 2176; ++i0) {
     const float s0 = p1[i0];
     const float s1 = support::roundValue(support::DType::BF16, double(support::gelu(s0)));
@@ -225,7 +211,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop12(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop11(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 34; ++i0) {
     for (int64_t i1 = 0; i1 < 64; ++i1) {
@@ -234,6 +220,20 @@ static const support::SharedEinsum
       const float s2 = p2[i1];
       const float s3 = (s1 * s2);
       p0[i0 * 64 + i1] = s3;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop12(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2, const float *__restrict p3) {
+  for (int64_t i0 = 0; i0 < 34; ++i0) {
+    for (int64_t i1 = 0; i1 < 64; ++i1) {
+      const float s0 = p1[i0 * 64 + i1];
+      const float s1 = p2[i1];
+      const float s2 = (s0 * s1);
+      const float s3 = p3[i1];
+      const float s4 = (s2 + s3);
+      p0[i0 * 64 + i1] = s4;
     }
   }
 }
@@ -1105,10 +1105,10 @@ void Classify::computeInvariants() {
 
 Classify::Outputs Classify::run(const Inputs &inputs) {
   MESHRT_TRACE_RUN(world_, "classify");
-  // Arena: 43520 bytes for 428080 bytes of temporaries (placed by liveness).
+  // Arena: 43520 bytes for 401968 bytes of temporaries (placed by liveness).
   support::checkShape("input", "image", inputs.image, {2, 14, 14, 3});
   runPart0(inputs);
-  support::View v119 = arena_.view(0, 20);
+  support::View v119 = arena_.view(128, 20);
 
   Outputs outputs;
   outputs.probs = support::Tensor{{2, 10}, support::Buffer(v119.begin(), v119.end())};
@@ -1187,24 +1187,19 @@ void Classify::runPart0(const Inputs &inputs) {
   loop4(v21.data(), v19.data(), v2.data());
 
   // vit.mesh:36:10 layer_norm
-  MESHRT_TRACE("layer_norm", "vit.mesh:36:10", "forward");
-  support::View v26 = arena_.view(0, 2176);
-  support::along(v26.data(), v21.data(), kShape25, kShape26, kShape26, kShape27, kShape1, kShape1,
-                 support::Along::LayerNorm, 1e-06, 64, nullptr);
-
   // vit.mesh:36:45 mul
   // vit.mesh:36:52 add
-  MESHRT_TRACE("loop", "vit.mesh:36:45", "forward");
+  MESHRT_TRACE("layer_norm", "vit.mesh:36:10", "forward");
   const support::Buffer &v24 = param8_vit_encoder_layer_0_norm_gain;
   const support::Buffer &v25 = param9_vit_encoder_layer_0_norm_bias;
-  support::View v28 = arena_.view(17408, 2176);
-  loop5(v28.data(), v26.data(), v24.data(), v25.data());
+  support::View v28 = arena_.view(0, 2176);
+  support::layerNormAffine(v28.data(), v21.data(), 34, 64, v24.data(), v25.data(), 1e-06, 64);
 
-  // 25 statements from vit.mesh:59:11 einsum -> q (1 of 2)
+  // 24 statements from vit.mesh:59:11 einsum -> q (1 of 2)
   MESHRT_TRACE_SITE("vit.mesh:59:11");
   const support::Buffer &v29 = param10_vit_encoder_layer_0_attention_w_q;
   support::View v33 = arena_.view(26112, 1088);
-  support::View v34 = arena_.view(0, 2176);
+  support::View v34 = arena_.view(17408, 2176);
   const support::Buffer &v30 = param11_vit_encoder_layer_0_attention_w_k;
   support::View v35 = arena_.view(30464, 1088);
   const support::Buffer &v31 = param12_vit_encoder_layer_0_attention_w_v;
@@ -1231,19 +1226,17 @@ void Classify::runPart0(const Inputs &inputs) {
   const support::Buffer &v23 = param7_vit_encoder_layer_0_ffn_scale;
   support::View v63 = arena_.view(0, 2176);
   support::View v65 = arena_.view(8704, 2176);
-  support::View v70 = arena_.view(0, 2176);
   const support::Buffer &v68 = param20_vit_encoder_layer_1_norm_gain;
   const support::Buffer &v69 = param21_vit_encoder_layer_1_norm_bias;
-  support::View v72 = arena_.view(17408, 2176);
+  support::View v72 = arena_.view(0, 2176);
   repeated0(v28, v29, v33, v34, v30, v35, v31, v37, v38, v41, v42, v32, v43, v22, v45, v21, v47,
-            v50, v48, v49, v55, v53, v56, v57, v58, v54, v59, v60, v23, v63, v65, v70, v68, v69,
-            v72);
+            v50, v48, v49, v55, v53, v56, v57, v58, v54, v59, v60, v23, v63, v65, v72, v68, v69);
 
-  // 25 statements from vit.mesh:59:11 einsum -> q (2 of 2)
+  // 24 statements from vit.mesh:59:11 einsum -> q (2 of 2)
   MESHRT_TRACE_SITE("vit.mesh:59:11");
   const support::Buffer &v73 = param22_vit_encoder_layer_1_attention_w_q;
   support::View v77 = arena_.view(26112, 1088);
-  support::View v78 = arena_.view(0, 2176);
+  support::View v78 = arena_.view(17408, 2176);
   const support::Buffer &v74 = param23_vit_encoder_layer_1_attention_w_k;
   support::View v79 = arena_.view(30464, 1088);
   const support::Buffer &v75 = param24_vit_encoder_layer_1_attention_w_v;
@@ -1270,43 +1263,42 @@ void Classify::runPart0(const Inputs &inputs) {
   const support::Buffer &v67 = param19_vit_encoder_layer_1_ffn_scale;
   support::View v107 = arena_.view(0, 2176);
   support::View v109 = arena_.view(8704, 2176);
-  support::View v112 = arena_.view(0, 2176);
   const support::Buffer &v110 = param30_vit_norm_gain;
   const support::Buffer &v111 = param31_vit_norm_bias;
-  support::View v114 = arena_.view(8704, 2176);
+  support::View v114 = arena_.view(0, 2176);
   repeated0(v72, v73, v77, v78, v74, v79, v75, v81, v82, v85, v86, v76, v87, v66, v89, v65, v91,
-            v94, v92, v93, v99, v97, v100, v101, v102, v98, v103, v104, v67, v107, v109, v112, v110,
-            v111, v114);
+            v94, v92, v93, v99, v97, v100, v101, v102, v98, v103, v104, v67, v107, v109, v114, v110,
+            v111);
 
   // vit.mesh:99:17 slice
   MESHRT_TRACE("slice", "vit.mesh:99:17", "forward");
-  support::View v115 = arena_.slot(0, 128);
-  support::copyWindow(v115.data(), v114.data(), kShape28, kShape29, kShape30, 64, 64, 1, 17,
+  support::View v115 = arena_.slot(8704, 128);
+  support::copyWindow(v115.data(), v114.data(), kShape25, kShape26, kShape27, 64, 64, 1, 17,
                       int64_t(0));
 
   // vit.mesh:99:13 sum -> cls
   MESHRT_TRACE("sum", "vit.mesh:99:13", "forward");
-  support::View v116 = arena_.view(512, 128);
-  support::reduce(v116.data(), kShape28, v115.data(), kShape29, kShape1, kShape27,
+  support::View v116 = arena_.view(0, 128);
+  support::reduce(v116.data(), kShape25, v115.data(), kShape26, kShape1, kShape28,
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:100:10 einsum
   MESHRT_TRACE("gemm", "vit.mesh:100:10", "forward");
   const support::Buffer &v3 = param2_vit_w_head;
-  support::View v117 = arena_.view(0, 20);
+  support::View v117 = arena_.view(512, 20);
   // dims: batch, d_model, classes
   kEinsum1.plan().run(v116.data(), v3.data(), v117.data(), 1.0f, 0.0f);
 
   // vit.mesh:100:48 add
   MESHRT_TRACE("loop", "vit.mesh:100:48", "forward");
   const support::Buffer &v4 = param3_vit_b_head;
-  support::View v118 = arena_.view(128, 20);
-  loop6(v118.data(), v117.data(), v4.data());
+  support::View v118 = arena_.view(0, 20);
+  loop5(v118.data(), v117.data(), v4.data());
 
   // vit.mesh:104:11 softmax -> probs
   MESHRT_TRACE("softmax", "vit.mesh:104:11", "forward");
-  support::View v119 = arena_.view(0, 20);
-  support::along(v119.data(), v118.data(), kShape0, kShape31, kShape31, kShape31, kShape1, kShape1,
+  support::View v119 = arena_.view(128, 20);
+  support::along(v119.data(), v118.data(), kShape0, kShape29, kShape29, kShape29, kShape1, kShape1,
                  support::Along::Softmax, 1e-05, 10, nullptr);
 }
 
@@ -1321,7 +1313,7 @@ void Classify::repeated0(support::ConstView a0, support::ConstView a1, support::
                          support::View a24, support::ConstView a25, support::View a26,
                          support::View a27, support::ConstView a28, support::View a29,
                          support::View a30, support::View a31, support::ConstView a32,
-                         support::ConstView a33, support::View a34) {
+                         support::ConstView a33) {
   MESHRT_TRACE_SPAN(world_);
 
   // vit.mesh:59:11 einsum -> q
@@ -1351,7 +1343,7 @@ void Classify::repeated0(support::ConstView a0, support::ConstView a1, support::
 
   // vit.mesh:62:17 softmax -> weights
   MESHRT_TRACE("softmax", "vit.mesh:62:17", "forward");
-  support::along(a9.data(), a8.data(), kShape32, kShape33, kShape33, kShape34, kShape1, kShape1,
+  support::along(a9.data(), a8.data(), kShape30, kShape31, kShape31, kShape32, kShape1, kShape1,
                  support::Along::Softmax, 1e-05, 17, nullptr);
 
   // vit.mesh:63:17 einsum
@@ -1366,7 +1358,7 @@ void Classify::repeated0(support::ConstView a0, support::ConstView a1, support::
 
   // vit.mesh:80:55 mul
   MESHRT_TRACE("loop", "vit.mesh:80:55", "forward");
-  loop7(a14.data(), a12.data(), a13.data());
+  loop6(a14.data(), a12.data(), a13.data());
 
   // vit.mesh:80:13 all_reduce_sum (resolve the partial sum of %45 over model for add at 80:13)
   MESHRT_TRACE_SITE("vit.mesh:80:13");
@@ -1374,22 +1366,22 @@ void Classify::repeated0(support::ConstView a0, support::ConstView a1, support::
 
   // vit.mesh:80:13 add -> h
   MESHRT_TRACE("loop", "vit.mesh:80:13", "forward");
-  loop8(a16.data(), a15.data(), a14.data());
+  loop7(a16.data(), a15.data(), a14.data());
 
   // vit.mesh:36:10 layer_norm
   MESHRT_TRACE("layer_norm", "vit.mesh:36:10", "forward");
-  support::along(a17.data(), a16.data(), kShape25, kShape26, kShape26, kShape27, kShape1, kShape1,
+  support::along(a17.data(), a16.data(), kShape33, kShape34, kShape34, kShape28, kShape1, kShape1,
                  support::Along::LayerNorm, 1e-06, 64, nullptr);
 
   // vit.mesh:36:45 mul
   // vit.mesh:36:52 add
   // vit.mesh:71:23 cast
   MESHRT_TRACE("loop", "vit.mesh:36:45", "forward");
-  loop9(a20.data(), a17.data(), a18.data(), a19.data());
+  loop8(a20.data(), a17.data(), a18.data(), a19.data());
 
   // vit.mesh:71:38 cast
   MESHRT_TRACE("loop", "vit.mesh:71:38", "forward");
-  loop10(a22.data(), a21.data());
+  loop9(a22.data(), a21.data());
 
   // vit.mesh:71:16 einsum
   MESHRT_TRACE("gemm", "vit.mesh:71:16", "forward");
@@ -1414,11 +1406,11 @@ void Classify::repeated0(support::ConstView a0, support::ConstView a1, support::
 
   // vit.mesh:71:11 gelu -> h
   MESHRT_TRACE("loop", "vit.mesh:71:11", "forward");
-  loop11(a24.data(), a23.data());
+  loop10(a24.data(), a23.data());
 
   // vit.mesh:72:25 cast
   MESHRT_TRACE("loop", "vit.mesh:72:25", "forward");
-  loop10(a26.data(), a25.data());
+  loop9(a26.data(), a25.data());
 
   // vit.mesh:72:15 einsum
   MESHRT_TRACE("gemm", "vit.mesh:72:15", "forward");
@@ -1444,7 +1436,7 @@ void Classify::repeated0(support::ConstView a0, support::ConstView a1, support::
   // vit.mesh:72:10 cast
   // vit.mesh:81:48 mul
   MESHRT_TRACE("loop", "vit.mesh:72:10", "forward");
-  loop12(a29.data(), a27.data(), a28.data());
+  loop11(a29.data(), a27.data(), a28.data());
 
   // vit.mesh:81:12 all_reduce_sum (resolve the partial sum of %62 over model for add at 81:12)
   MESHRT_TRACE_SITE("vit.mesh:81:12");
@@ -1452,17 +1444,13 @@ void Classify::repeated0(support::ConstView a0, support::ConstView a1, support::
 
   // vit.mesh:81:12 add -> x
   MESHRT_TRACE("loop", "vit.mesh:81:12", "forward");
-  loop8(a30.data(), a16.data(), a29.data());
+  loop7(a30.data(), a16.data(), a29.data());
 
   // vit.mesh:36:10 layer_norm
-  MESHRT_TRACE("layer_norm", "vit.mesh:36:10", "forward");
-  support::along(a31.data(), a30.data(), kShape25, kShape26, kShape26, kShape27, kShape1, kShape1,
-                 support::Along::LayerNorm, 1e-06, 64, nullptr);
-
   // vit.mesh:36:45 mul
   // vit.mesh:36:52 add
-  MESHRT_TRACE("loop", "vit.mesh:36:45", "forward");
-  loop5(a34.data(), a31.data(), a32.data(), a33.data());
+  MESHRT_TRACE("layer_norm", "vit.mesh:36:10", "forward");
+  support::layerNormAffine(a31.data(), a30.data(), 34, 64, a32.data(), a33.data(), 1e-06, 64);
 }
 
 Classify::Inputs Classify::synthesizeInputs(uint64_t seed) const {
@@ -2152,7 +2140,7 @@ void TrainVit::runPart0(const Inputs &inputs) {
   // vit.mesh:36:10 layer_norm
   MESHRT_TRACE("layer_norm", "vit.mesh:36:10", "forward");
   support::View v27 = arena_.view(90624, 2176);
-  support::along(v27.data(), v22.data(), kShape25, kShape26, kShape26, kShape27, kShape1, kShape1,
+  support::along(v27.data(), v22.data(), kShape33, kShape34, kShape34, kShape28, kShape1, kShape1,
                  support::Along::LayerNorm, 1e-06, 64, nullptr);
 
   // vit.mesh:36:45 mul
@@ -2161,7 +2149,7 @@ void TrainVit::runPart0(const Inputs &inputs) {
   support::View v25(param8_vit_encoder_layer_0_norm_gain); // updated in place
   support::View v26(param9_vit_encoder_layer_0_norm_bias); // updated in place
   support::View v29 = arena_.view(99328, 2176);
-  loop5(v29.data(), v27.data(), v25.data(), v26.data());
+  loop12(v29.data(), v27.data(), v25.data(), v26.data());
 
   // 26 statements from vit.mesh:59:11 einsum -> q (1 of 2)
   MESHRT_TRACE_SITE("vit.mesh:59:11");
@@ -2246,13 +2234,13 @@ void TrainVit::runPart0(const Inputs &inputs) {
   // vit.mesh:99:17 slice
   MESHRT_TRACE("slice", "vit.mesh:99:17", "forward");
   support::View v116 = arena_.slot(74240, 128);
-  support::copyWindow(v116.data(), v115.data(), kShape28, kShape29, kShape30, 64, 64, 1, 17,
+  support::copyWindow(v116.data(), v115.data(), kShape25, kShape26, kShape27, 64, 64, 1, 17,
                       int64_t(0));
 
   // vit.mesh:99:13 sum -> cls
   MESHRT_TRACE("sum", "vit.mesh:99:13", "forward");
   support::View v117 = arena_.view(74752, 128);
-  support::reduce(v117.data(), kShape28, v116.data(), kShape29, kShape1, kShape27,
+  support::reduce(v117.data(), kShape25, v116.data(), kShape26, kShape1, kShape28,
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:100:10 einsum
@@ -2266,12 +2254,12 @@ void TrainVit::runPart0(const Inputs &inputs) {
   MESHRT_TRACE("loop", "vit.mesh:100:48", "forward");
   support::View v5(param3_vit_b_head); // updated in place
   support::View v119 = arena_.view(74368, 20);
-  loop6(v119.data(), v118.data(), v5.data());
+  loop5(v119.data(), v118.data(), v5.data());
 
   // vit.mesh:111:19 logsumexp
   MESHRT_TRACE("logsumexp", "vit.mesh:111:19", "forward");
   support::View v120 = arena_.view(74624, 2);
-  support::reduce(v120.data(), kShape0, v119.data(), kShape31, kShape31, kShape1,
+  support::reduce(v120.data(), kShape0, v119.data(), kShape29, kShape29, kShape1,
                   support::Reduce::LogSumExp, 1.0);
 
   // vit.mesh:111:61 one_hot
@@ -2288,7 +2276,7 @@ void TrainVit::runPart0(const Inputs &inputs) {
   // vit.mesh:111:48 sum
   MESHRT_TRACE("sum", "vit.mesh:111:48", "forward");
   support::View v123 = arena_.view(74688, 2);
-  support::reduce(v123.data(), kShape0, v122.data(), kShape31, kShape31, kShape1,
+  support::reduce(v123.data(), kShape0, v122.data(), kShape29, kShape29, kShape1,
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:111:46 sub
@@ -2323,7 +2311,7 @@ void TrainVit::runPart1(const Inputs &inputs) {
   // vit.mesh:100:48 sum -> grad/vit/b_head
   MESHRT_TRACE("sum", "vit.mesh:100:48", "backward");
   support::View v138 = arena_.view(379008, 10);
-  support::reduce(v138.data(), kShape31, v137.data(), kShape1, kShape0, kShape31,
+  support::reduce(v138.data(), kShape29, v137.data(), kShape1, kShape0, kShape29,
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:100:10 einsum
@@ -2348,13 +2336,13 @@ void TrainVit::runPart1(const Inputs &inputs) {
   // vit.mesh:99:17 pad
   MESHRT_TRACE("pad", "vit.mesh:99:17", "backward");
   support::View v142 = arena_.slot(299520, 2176);
-  support::copyWindow(v142.data(), v141.data(), kShape28, kShape30, kShape29, 64, 64, 17, 1,
+  support::copyWindow(v142.data(), v141.data(), kShape25, kShape27, kShape26, 64, 64, 17, 1,
                       int64_t(0));
 
   // vit.mesh:36:52 sum -> grad/vit/norm/bias
   MESHRT_TRACE("sum", "vit.mesh:36:52", "backward");
   support::View v143 = arena_.view(378496, 64);
-  support::reduce(v143.data(), kShape27, v142.data(), kShape1, kShape25, kShape26,
+  support::reduce(v143.data(), kShape28, v142.data(), kShape1, kShape33, kShape34,
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:36:45 mul
@@ -2366,14 +2354,14 @@ void TrainVit::runPart1(const Inputs &inputs) {
   // vit.mesh:36:45 sum -> grad/vit/norm/gain
   MESHRT_TRACE("sum", "vit.mesh:36:45", "backward");
   support::View v146 = arena_.view(378752, 64);
-  support::reduce(v146.data(), kShape27, v145.data(), kShape1, kShape25, kShape26,
+  support::reduce(v146.data(), kShape28, v145.data(), kShape1, kShape33, kShape34,
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:36:10 mean
   MESHRT_TRACE("mean", "vit.mesh:36:10", "backward");
   support::View v110 = arena_.view(273408, 2176);
   support::View v147 = arena_.view(74240, 34);
-  support::reduce(v147.data(), kShape25, v110.data(), kShape26, kShape27, kShape1,
+  support::reduce(v147.data(), kShape33, v110.data(), kShape34, kShape28, kShape1,
                   support::Reduce::Sum, 0.015625);
 
   // vit.mesh:36:10 sub
@@ -2385,7 +2373,7 @@ void TrainVit::runPart1(const Inputs &inputs) {
   // vit.mesh:36:10 mean
   MESHRT_TRACE("mean", "vit.mesh:36:10", "backward");
   support::View v150 = arena_.view(74240, 34);
-  support::reduce(v150.data(), kShape25, v149.data(), kShape26, kShape27, kShape1,
+  support::reduce(v150.data(), kShape33, v149.data(), kShape34, kShape28, kShape1,
                   support::Reduce::Sum, 0.015625);
 
   // vit.mesh:36:10 add
@@ -2405,13 +2393,13 @@ void TrainVit::runPart1(const Inputs &inputs) {
   // vit.mesh:36:10 mean
   MESHRT_TRACE("mean", "vit.mesh:36:10", "backward");
   support::View v155 = arena_.view(74240, 34);
-  support::reduce(v155.data(), kShape25, v154.data(), kShape26, kShape27, kShape1,
+  support::reduce(v155.data(), kShape33, v154.data(), kShape34, kShape28, kShape1,
                   support::Reduce::Sum, 0.015625);
 
   // vit.mesh:36:10 mean
   MESHRT_TRACE("mean", "vit.mesh:36:10", "backward");
   support::View v157 = arena_.view(74624, 34);
-  support::reduce(v157.data(), kShape25, v144.data(), kShape26, kShape27, kShape1,
+  support::reduce(v157.data(), kShape33, v144.data(), kShape34, kShape28, kShape1,
                   support::Reduce::Sum, 0.015625);
 
   // vit.mesh:36:10 mul
@@ -2652,7 +2640,7 @@ void TrainVit::runPart2(const Inputs &inputs) {
   MESHRT_TRACE("slice", "vit.mesh:93:40", "backward");
   support::View v351 = arena_.view(99328, 2176);
   support::View v354 = arena_.slot(0, 2048);
-  support::copyWindow(v354.data(), v351.data(), kShape28, kShape41, kShape42, 64, 128, 16, 17,
+  support::copyWindow(v354.data(), v351.data(), kShape25, kShape41, kShape42, 64, 128, 16, 17,
                       int64_t(-1));
 
   // vit.mesh:92:34 mul
@@ -2671,7 +2659,7 @@ void TrainVit::runPart2(const Inputs &inputs) {
   // vit.mesh:50:59 sum -> grad/vit/embed_patches/b_patch
   MESHRT_TRACE("sum", "vit.mesh:50:59", "backward");
   support::View v357 = arena_.view(98816, 64);
-  support::reduce(v357.data(), kShape27, v354.data(), kShape1, kShape44, kShape45,
+  support::reduce(v357.data(), kShape28, v354.data(), kShape1, kShape44, kShape45,
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:50:10 einsum -> grad/vit/embed_patches/w_patch
@@ -2727,7 +2715,7 @@ void TrainVit::runPart2(const Inputs &inputs) {
   // vit.mesh:112:3 sum
   MESHRT_TRACE("sum", "vit.mesh:112:3", "backward");
   support::View v384 = arena_.view(99072, 1);
-  support::reduce(v384.data(), kShape38, v383.data(), kShape38, kShape43, kShape29,
+  support::reduce(v384.data(), kShape38, v383.data(), kShape38, kShape43, kShape26,
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:112:3 square
@@ -2738,7 +2726,7 @@ void TrainVit::runPart2(const Inputs &inputs) {
   // vit.mesh:112:3 sum
   MESHRT_TRACE("sum", "vit.mesh:112:3", "backward");
   support::View v387 = arena_.view(99136, 1);
-  support::reduce(v387.data(), kShape38, v386.data(), kShape38, kShape39, kShape29,
+  support::reduce(v387.data(), kShape38, v386.data(), kShape38, kShape39, kShape26,
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:112:3 square
@@ -2760,7 +2748,7 @@ void TrainVit::runPart2(const Inputs &inputs) {
   // vit.mesh:112:3 sum
   MESHRT_TRACE("sum", "vit.mesh:112:3", "backward");
   support::View v395 = arena_.view(99264, 1);
-  support::reduce(v395.data(), kShape38, v394.data(), kShape38, kShape31, kShape1,
+  support::reduce(v395.data(), kShape38, v394.data(), kShape38, kShape29, kShape1,
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:112:3 square
@@ -2792,7 +2780,7 @@ void TrainVit::runPart2(const Inputs &inputs) {
   // vit.mesh:112:3 sum
   MESHRT_TRACE("sum", "vit.mesh:112:3", "backward");
   support::View v415 = arena_.view(99584, 1);
-  support::reduce(v415.data(), kShape38, v414.data(), kShape38, kShape27, kShape1,
+  support::reduce(v415.data(), kShape38, v414.data(), kShape38, kShape28, kShape1,
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:112:3 square
@@ -2803,7 +2791,7 @@ void TrainVit::runPart2(const Inputs &inputs) {
   // vit.mesh:112:3 sum
   MESHRT_TRACE("sum", "vit.mesh:112:3", "backward");
   support::View v419 = arena_.view(99648, 1);
-  support::reduce(v419.data(), kShape38, v418.data(), kShape38, kShape27, kShape1,
+  support::reduce(v419.data(), kShape38, v418.data(), kShape38, kShape28, kShape1,
                   support::Reduce::Sum, 1.0);
 
   // 12 statements from vit.mesh:112:3 square (1 of 2)
@@ -2885,7 +2873,7 @@ void TrainVit::runPart2(const Inputs &inputs) {
   // vit.mesh:112:3 sum
   MESHRT_TRACE("sum", "vit.mesh:112:3", "backward");
   support::View v519 = arena_.view(832, 1);
-  support::reduce(v519.data(), kShape38, v518.data(), kShape38, kShape27, kShape1,
+  support::reduce(v519.data(), kShape38, v518.data(), kShape38, kShape28, kShape1,
                   support::Reduce::Sum, 1.0);
 
   MESHRT_TRACE_SITE("vit.mesh:112:3");
@@ -3688,7 +3676,7 @@ void TrainVit::repeated1(
 
   // vit.mesh:81:48 sum -> grad/vit/encoder_layer[1]/ffn_scale
   MESHRT_TRACE("sum", "vit.mesh:81:48", "backward");
-  support::reduce(a0.data(), kShape27, a1.data(), kShape1, kShape25, kShape26, support::Reduce::Sum,
+  support::reduce(a0.data(), kShape28, a1.data(), kShape1, kShape33, kShape34, support::Reduce::Sum,
                   1.0);
 
   // vit.mesh:81:14 dropout
@@ -3838,7 +3826,7 @@ void TrainVit::repeated1(
 
   // vit.mesh:36:52 sum -> grad/vit/encoder_layer[1]/norm#1/bias
   MESHRT_TRACE("sum", "vit.mesh:36:52", "backward");
-  support::reduce(a17.data(), kShape27, a16.data(), kShape1, kShape25, kShape26,
+  support::reduce(a17.data(), kShape28, a16.data(), kShape1, kShape33, kShape34,
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:36:45 mul
@@ -3847,12 +3835,12 @@ void TrainVit::repeated1(
 
   // vit.mesh:36:45 sum -> grad/vit/encoder_layer[1]/norm#1/gain
   MESHRT_TRACE("sum", "vit.mesh:36:45", "backward");
-  support::reduce(a20.data(), kShape27, a19.data(), kShape1, kShape25, kShape26,
+  support::reduce(a20.data(), kShape28, a19.data(), kShape1, kShape33, kShape34,
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:36:10 mean
   MESHRT_TRACE("mean", "vit.mesh:36:10", "backward");
-  support::reduce(a21.data(), kShape25, a22.data(), kShape26, kShape27, kShape1,
+  support::reduce(a21.data(), kShape33, a22.data(), kShape34, kShape28, kShape1,
                   support::Reduce::Sum, 0.015625);
 
   // vit.mesh:36:10 sub
@@ -3862,7 +3850,7 @@ void TrainVit::repeated1(
 
   // vit.mesh:36:10 mean
   MESHRT_TRACE("mean", "vit.mesh:36:10", "backward");
-  support::reduce(a24.data(), kShape25, a23.data(), kShape26, kShape27, kShape1,
+  support::reduce(a24.data(), kShape33, a23.data(), kShape34, kShape28, kShape1,
                   support::Reduce::Sum, 0.015625);
 
   // vit.mesh:36:10 add
@@ -3877,12 +3865,12 @@ void TrainVit::repeated1(
 
   // vit.mesh:36:10 mean
   MESHRT_TRACE("mean", "vit.mesh:36:10", "backward");
-  support::reduce(a29.data(), kShape25, a28.data(), kShape26, kShape27, kShape1,
+  support::reduce(a29.data(), kShape33, a28.data(), kShape34, kShape28, kShape1,
                   support::Reduce::Sum, 0.015625);
 
   // vit.mesh:36:10 mean
   MESHRT_TRACE("mean", "vit.mesh:36:10", "backward");
-  support::reduce(a30.data(), kShape25, a27.data(), kShape26, kShape27, kShape1,
+  support::reduce(a30.data(), kShape33, a27.data(), kShape34, kShape28, kShape1,
                   support::Reduce::Sum, 0.015625);
 
   // vit.mesh:36:10 mul
@@ -3898,7 +3886,7 @@ void TrainVit::repeated1(
 
   // vit.mesh:80:55 sum -> grad/vit/encoder_layer[1]/attention_scale
   MESHRT_TRACE("sum", "vit.mesh:80:55", "backward");
-  support::reduce(a37.data(), kShape27, a36.data(), kShape1, kShape25, kShape26,
+  support::reduce(a37.data(), kShape28, a36.data(), kShape1, kShape33, kShape34,
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:80:15 dropout
@@ -3950,7 +3938,7 @@ void TrainVit::repeated1(
 
   // vit.mesh:62:17 sum
   MESHRT_TRACE("sum", "vit.mesh:62:17", "backward");
-  support::reduce(a48.data(), kShape32, a47.data(), kShape33, kShape34, kShape1,
+  support::reduce(a48.data(), kShape30, a47.data(), kShape31, kShape32, kShape1,
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:62:17 sub
@@ -4013,7 +4001,7 @@ void TrainVit::repeated1(
 
   // vit.mesh:36:52 sum -> grad/vit/encoder_layer[1]/norm/bias
   MESHRT_TRACE("sum", "vit.mesh:36:52", "backward");
-  support::reduce(a67.data(), kShape27, a64.data(), kShape1, kShape25, kShape26,
+  support::reduce(a67.data(), kShape28, a64.data(), kShape1, kShape33, kShape34,
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:36:45 mul
@@ -4022,12 +4010,12 @@ void TrainVit::repeated1(
 
   // vit.mesh:36:45 sum -> grad/vit/encoder_layer[1]/norm/gain
   MESHRT_TRACE("sum", "vit.mesh:36:45", "backward");
-  support::reduce(a70.data(), kShape27, a69.data(), kShape1, kShape25, kShape26,
+  support::reduce(a70.data(), kShape28, a69.data(), kShape1, kShape33, kShape34,
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:36:10 mean
   MESHRT_TRACE("mean", "vit.mesh:36:10", "backward");
-  support::reduce(a71.data(), kShape25, a72.data(), kShape26, kShape27, kShape1,
+  support::reduce(a71.data(), kShape33, a72.data(), kShape34, kShape28, kShape1,
                   support::Reduce::Sum, 0.015625);
 
   // vit.mesh:36:10 sub
@@ -4037,7 +4025,7 @@ void TrainVit::repeated1(
 
   // vit.mesh:36:10 mean
   MESHRT_TRACE("mean", "vit.mesh:36:10", "backward");
-  support::reduce(a74.data(), kShape25, a73.data(), kShape26, kShape27, kShape1,
+  support::reduce(a74.data(), kShape33, a73.data(), kShape34, kShape28, kShape1,
                   support::Reduce::Sum, 0.015625);
 
   // vit.mesh:36:10 add
@@ -4052,12 +4040,12 @@ void TrainVit::repeated1(
 
   // vit.mesh:36:10 mean
   MESHRT_TRACE("mean", "vit.mesh:36:10", "backward");
-  support::reduce(a79.data(), kShape25, a78.data(), kShape26, kShape27, kShape1,
+  support::reduce(a79.data(), kShape33, a78.data(), kShape34, kShape28, kShape1,
                   support::Reduce::Sum, 0.015625);
 
   // vit.mesh:36:10 mean
   MESHRT_TRACE("mean", "vit.mesh:36:10", "backward");
-  support::reduce(a80.data(), kShape25, a77.data(), kShape26, kShape27, kShape1,
+  support::reduce(a80.data(), kShape33, a77.data(), kShape34, kShape28, kShape1,
                   support::Reduce::Sum, 0.015625);
 }
 
@@ -4107,7 +4095,7 @@ void TrainVit::repeated2(support::ConstView a0, support::ConstView a1, support::
 
   // vit.mesh:62:17 softmax -> weights
   MESHRT_TRACE("softmax", "vit.mesh:62:17", "forward");
-  support::along(a10.data(), a9.data(), kShape32, kShape33, kShape33, kShape34, kShape1, kShape1,
+  support::along(a10.data(), a9.data(), kShape30, kShape31, kShape31, kShape32, kShape1, kShape1,
                  support::Along::Softmax, 1e-05, 17, nullptr);
 
   // vit.mesh:63:17 einsum
@@ -4154,18 +4142,18 @@ void TrainVit::repeated2(support::ConstView a0, support::ConstView a1, support::
 
   // vit.mesh:36:10 layer_norm
   MESHRT_TRACE("layer_norm", "vit.mesh:36:10", "forward");
-  support::along(a18.data(), a17.data(), kShape25, kShape26, kShape26, kShape27, kShape1, kShape1,
+  support::along(a18.data(), a17.data(), kShape33, kShape34, kShape34, kShape28, kShape1, kShape1,
                  support::Along::LayerNorm, 1e-06, 64, nullptr);
 
   // vit.mesh:36:45 mul
   // vit.mesh:36:52 add
   // vit.mesh:71:23 cast
   MESHRT_TRACE("loop", "vit.mesh:36:45", "forward");
-  loop9(a21.data(), a18.data(), a19.data(), a20.data());
+  loop8(a21.data(), a18.data(), a19.data(), a20.data());
 
   // vit.mesh:71:38 cast
   MESHRT_TRACE("loop", "vit.mesh:71:38", "forward");
-  loop10(a23.data(), a22.data());
+  loop9(a23.data(), a22.data());
 
   // vit.mesh:71:16 einsum
   MESHRT_TRACE("gemm", "vit.mesh:71:16", "forward");
@@ -4190,11 +4178,11 @@ void TrainVit::repeated2(support::ConstView a0, support::ConstView a1, support::
 
   // vit.mesh:71:11 gelu -> h
   MESHRT_TRACE("loop", "vit.mesh:71:11", "forward");
-  loop11(a25.data(), a24.data());
+  loop10(a25.data(), a24.data());
 
   // vit.mesh:72:25 cast
   MESHRT_TRACE("loop", "vit.mesh:72:25", "forward");
-  loop10(a27.data(), a26.data());
+  loop9(a27.data(), a26.data());
 
   // vit.mesh:72:15 einsum
   MESHRT_TRACE("gemm", "vit.mesh:72:15", "forward");
@@ -4253,13 +4241,13 @@ void TrainVit::repeated2(support::ConstView a0, support::ConstView a1, support::
 
   // vit.mesh:36:10 layer_norm
   MESHRT_TRACE("layer_norm", "vit.mesh:36:10", "forward");
-  support::along(a32.data(), a31.data(), kShape25, kShape26, kShape26, kShape27, kShape1, kShape1,
+  support::along(a32.data(), a31.data(), kShape33, kShape34, kShape34, kShape28, kShape1, kShape1,
                  support::Along::LayerNorm, 1e-06, 64, nullptr);
 
   // vit.mesh:36:45 mul
   // vit.mesh:36:52 add
   MESHRT_TRACE("loop", "vit.mesh:36:45", "forward");
-  loop5(a35.data(), a32.data(), a33.data(), a34.data());
+  loop12(a35.data(), a32.data(), a33.data(), a34.data());
 }
 
 void TrainVit::repeated3(support::View a0, support::ConstView a1, support::ConstView a2,
@@ -4299,7 +4287,7 @@ void TrainVit::repeated4(support::ConstView a0, support::View a1, support::View 
 
   // vit.mesh:112:3 sum
   MESHRT_TRACE("sum", "vit.mesh:112:3", "backward");
-  support::reduce(a2.data(), kShape38, a1.data(), kShape38, kShape27, kShape1, support::Reduce::Sum,
+  support::reduce(a2.data(), kShape38, a1.data(), kShape38, kShape28, kShape1, support::Reduce::Sum,
                   1.0);
 
   // vit.mesh:112:3 square
@@ -4308,7 +4296,7 @@ void TrainVit::repeated4(support::ConstView a0, support::View a1, support::View 
 
   // vit.mesh:112:3 sum
   MESHRT_TRACE("sum", "vit.mesh:112:3", "backward");
-  support::reduce(a5.data(), kShape38, a4.data(), kShape38, kShape27, kShape1, support::Reduce::Sum,
+  support::reduce(a5.data(), kShape38, a4.data(), kShape38, kShape28, kShape1, support::Reduce::Sum,
                   1.0);
 
   // vit.mesh:112:3 square
@@ -4317,7 +4305,7 @@ void TrainVit::repeated4(support::ConstView a0, support::View a1, support::View 
 
   // vit.mesh:112:3 sum
   MESHRT_TRACE("sum", "vit.mesh:112:3", "backward");
-  support::reduce(a8.data(), kShape38, a7.data(), kShape38, kShape27, kShape1, support::Reduce::Sum,
+  support::reduce(a8.data(), kShape38, a7.data(), kShape38, kShape28, kShape1, support::Reduce::Sum,
                   1.0);
 }
 
@@ -4371,7 +4359,7 @@ void TrainVit::repeated5(support::ConstView a0, support::View a1, support::View 
 
   // vit.mesh:112:3 sum
   MESHRT_TRACE("sum", "vit.mesh:112:3", "backward");
-  support::reduce(a14.data(), kShape38, a13.data(), kShape38, kShape54, kShape29,
+  support::reduce(a14.data(), kShape38, a13.data(), kShape38, kShape54, kShape26,
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:112:3 square
@@ -4380,7 +4368,7 @@ void TrainVit::repeated5(support::ConstView a0, support::View a1, support::View 
 
   // vit.mesh:112:3 sum
   MESHRT_TRACE("sum", "vit.mesh:112:3", "backward");
-  support::reduce(a17.data(), kShape38, a16.data(), kShape38, kShape54, kShape29,
+  support::reduce(a17.data(), kShape38, a16.data(), kShape38, kShape54, kShape26,
                   support::Reduce::Sum, 1.0);
 }
 

@@ -16,9 +16,9 @@ static const support::Shape kShape6 = {0, 0, 1};
 static const support::Shape kShape7 = {16, 1, 0};
 static const support::Shape kShape8 = {2, 2, 16};
 static const support::Shape kShape9 = {512, 256, 16};
-static const support::Shape kShape10 = {2, 16};
-static const support::Shape kShape11 = {32};
-static const support::Shape kShape12 = {0};
+static const support::Shape kShape10 = {0};
+static const support::Shape kShape11 = {2, 16};
+static const support::Shape kShape12 = {32};
 static const support::Shape kShape13 = {};
 static const support::Shape kShape14 = {16, 1};
 static const support::Shape kShape15 = {2, 8};
@@ -215,9 +215,9 @@ static const support::SharedEinsum
     for (int64_t i1 = 0; i1 < 32; ++i1) {
       const float s0 = p1[i0 * 32 + i1];
       const float s1 = p2[i1];
-      const float s2 = (s0 * s1);
-      const float s3 = p3[i1];
-      const float s4 = (s2 + s3);
+      const float s2 = (s0 + s1);
+      const float s3 = p3[i0 * 32 + i1];
+      const float s4 = (s3 + s2);
       p0[i0 * 32 + i1] = s4;
     }
   }
@@ -259,20 +259,6 @@ static const support::SharedEinsum
 }
 
 [[gnu::noinline]] static void loop17(float *__restrict p0, const float *__restrict p1,
-                                     const float *__restrict p2, const float *__restrict p3) {
-  for (int64_t i0 = 0; i0 < 32; ++i0) {
-    for (int64_t i1 = 0; i1 < 32; ++i1) {
-      const float s0 = p1[i0 * 32 + i1];
-      const float s1 = p2[i1];
-      const float s2 = (s0 + s1);
-      const float s3 = p3[i0 * 32 + i1];
-      const float s4 = (s3 + s2);
-      p0[i0 * 32 + i1] = s4;
-    }
-  }
-}
-
-[[gnu::noinline]] static void loop18(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 32; ++i0) {
     for (int64_t i1 = 0; i1 < 16; ++i1) {
@@ -284,7 +270,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop19(float *__restrict p0, const float *__restrict p1) {
+[[gnu::noinline]] static void loop18(float *__restrict p0, const float *__restrict p1) {
   for (int64_t i0 = 0; i0 < 16; ++i0) {
     const float s0 = p1[i0];
     const float s1 = support::wrapI32(12.0);
@@ -294,7 +280,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop20(float *__restrict p0, float *__restrict p1,
+[[gnu::noinline]] static void loop19(float *__restrict p0, float *__restrict p1,
                                      const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 32; ++i0) {
     const float s0 = p2[i0];
@@ -306,7 +292,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop21(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop20(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 32; ++i0) {
     for (int64_t i1 = 0; i1 < 32; ++i1) {
@@ -318,7 +304,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop22(float *__restrict p0, float *__restrict p1,
+[[gnu::noinline]] static void loop21(float *__restrict p0, float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3) {
   for (int64_t i0 = 0; i0 < 32; ++i0) {
     for (int64_t i1 = 0; i1 < 32; ++i1) {
@@ -328,6 +314,20 @@ static const support::SharedEinsum
       const float s3 = support::fgelu(s2);
       p0[i0 * 32 + i1] = s2;
       p1[i0 * 32 + i1] = s3;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop22(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2, const float *__restrict p3) {
+  for (int64_t i0 = 0; i0 < 32; ++i0) {
+    for (int64_t i1 = 0; i1 < 32; ++i1) {
+      const float s0 = p1[i0 * 32 + i1];
+      const float s1 = p2[i1];
+      const float s2 = (s0 * s1);
+      const float s3 = p3[i1];
+      const float s4 = (s2 + s3);
+      p0[i0 * 32 + i1] = s4;
     }
   }
 }
@@ -976,7 +976,7 @@ void Predict::computeInvariants() {
 
 Predict::Outputs Predict::run(const Inputs &inputs) {
   MESHRT_TRACE_RUN(world_, "predict");
-  // Arena: 79872 bytes for 352320 bytes of temporaries (placed by liveness).
+  // Arena: 79872 bytes for 315456 bytes of temporaries (placed by liveness).
   support::checkShape("input", "tokens", inputs.tokens, {2, 16});
   runPart0(inputs);
   runPart1(inputs);
@@ -1093,7 +1093,7 @@ void Predict::runPart0(const Inputs &inputs) {
   support::View v66 = arena_.view(61440, 256);
   loop11(v66.data(), v9.data());
 
-  // 23 statements from xlnet.mesh:68:19 add (1 of 2)
+  // 18 statements from xlnet.mesh:68:19 add (1 of 2)
   MESHRT_TRACE_SITE("xlnet.mesh:68:19");
   support::View v68 = arena_.view(32768, 1024);
   support::View v69 = arena_.view(40960, 1024);
@@ -1104,48 +1104,50 @@ void Predict::runPart0(const Inputs &inputs) {
   support::View v71 = arena_.view(36864, 1024);
   support::View v73 = arena_.view(40960, 1024);
   support::View v75 = arena_.view(32768, 1024);
-  support::View v78 = arena_.view(36864, 1024);
+  support::View v80 = arena_.view(36864, 1024);
   const support::Buffer &v76 = param10_xlnet_xlnet_layer_0_norm_gain;
   const support::Buffer &v77 = param11_xlnet_xlnet_layer_0_norm_bias;
-  support::View v80 = arena_.view(40960, 1024);
-  support::View v81 = arena_.view(36864, 1024);
-  support::View v83 = arena_.view(32768, 1024);
+  support::View v83 = arena_.view(40960, 1024);
   const support::Buffer &v84 = param12_xlnet_xlnet_layer_0_dense_relu_dense_wi;
-  support::View v88 = arena_.view(36864, 1024);
+  support::View v88 = arena_.view(32768, 1024);
   const support::Buffer &v85 = param13_xlnet_xlnet_layer_0_dense_relu_dense_bi;
   support::View v90 = arena_.view(45056, 1024);
   const support::Buffer &v86 = param14_xlnet_xlnet_layer_0_dense_relu_dense_wo;
-  support::View v91 = arena_.view(36864, 1024);
+  support::View v91 = arena_.view(32768, 1024);
   support::View v94 = arena_.view(45056, 1024);
   support::View v96 = arena_.view(49152, 1024);
   support::View v97 = arena_.view(45056, 1024);
+  repeated0(v54, v56, v66, v68, v69, v64, v41, v70_c0, v35, v70, v71_c0, v71, v24, v73, v28, v75,
+            v80, v76, v77, v83, v84, v88, v85, v90, v86, v91, v94, v96, v97);
+
+  // xlnet.mesh:83:96 add -> f
+  // xlnet.mesh:95:24 add
+  MESHRT_TRACE("loop", "xlnet.mesh:83:96", "forward");
   const support::Buffer &v87 = param15_xlnet_xlnet_layer_0_dense_relu_dense_bo;
   support::View v100 = arena_.view(49152, 1024);
-  support::View v101 = arena_.view(36864, 1024);
-  support::View v104 = arena_.view(32768, 1024);
-  repeated0(v54, v56, v66, v68, v69, v64, v41, v70_c0, v35, v70, v71_c0, v71, v24, v73, v28, v75,
-            v78, v76, v77, v80, v81, v83, v84, v88, v85, v90, v86, v91, v94, v96, v97, v87, v100,
-            v101, v104);
+  loop13(v100.data(), v91.data(), v87.data(), v80.data());
 
+  // xlnet.mesh:84:96 add -> e
+  // xlnet.mesh:95:32 add
+  MESHRT_TRACE("loop", "xlnet.mesh:84:96", "forward");
+  support::View v101 = arena_.view(32768, 1024);
+  loop13(v101.data(), v97.data(), v87.data(), v83.data());
+
+  // xlnet.mesh:37:10 layer_norm
   // xlnet.mesh:37:33 mul
   // xlnet.mesh:37:40 add -> h2
-  MESHRT_TRACE("loop", "xlnet.mesh:37:33", "forward");
+  MESHRT_TRACE("layer_norm", "xlnet.mesh:37:10", "forward");
   const support::Buffer &v102 = param16_xlnet_xlnet_layer_0_norm_1_gain;
   const support::Buffer &v103 = param17_xlnet_xlnet_layer_0_norm_1_bias;
-  support::View v106 = arena_.view(49152, 1024);
-  loop13(v106.data(), v104.data(), v102.data(), v103.data());
+  support::View v106 = arena_.view(53248, 1024);
+  support::layerNormAffine(v106.data(), v100.data(), 32, 32, v102.data(), v103.data(), 1e-05, 32);
 
   // xlnet.mesh:37:48 layer_norm
-  MESHRT_TRACE("layer_norm", "xlnet.mesh:37:48", "forward");
-  support::View v107 = arena_.view(32768, 1024);
-  support::along(v107.data(), v101.data(), kShape10, kShape3, kShape3, kShape11, kShape1, kShape1,
-                 support::Along::LayerNorm, 1e-05, 32, nullptr);
-
   // xlnet.mesh:37:71 mul
   // xlnet.mesh:37:78 add -> g2
-  MESHRT_TRACE("loop", "xlnet.mesh:37:71", "forward");
-  support::View v109 = arena_.view(53248, 1024);
-  loop13(v109.data(), v107.data(), v102.data(), v103.data());
+  MESHRT_TRACE("layer_norm", "xlnet.mesh:37:48", "forward");
+  support::View v109 = arena_.view(49152, 1024);
+  support::layerNormAffine(v109.data(), v101.data(), 32, 32, v102.data(), v103.data(), 1e-05, 32);
 
   // 13 statements from xlnet.mesh:59:28 einsum (2 of 2)
   MESHRT_TRACE_SITE("xlnet.mesh:59:28");
@@ -1184,7 +1186,7 @@ void Predict::runPart0(const Inputs &inputs) {
   support::along(v144.data(), v143.data(), kShape8, kShape9, kShape9, kShape0, kShape1, kShape1,
                  support::Along::Softmax, 1e-05, 16, nullptr);
 
-  // 23 statements from xlnet.mesh:68:19 add (2 of 2)
+  // 18 statements from xlnet.mesh:68:19 add (2 of 2)
   MESHRT_TRACE_SITE("xlnet.mesh:68:19");
   support::View v148 = arena_.view(4096, 1024);
   support::View v149 = arena_.view(8192, 1024);
@@ -1195,57 +1197,54 @@ void Predict::runPart0(const Inputs &inputs) {
   support::View v151 = arena_.view(4096, 1024);
   support::View v153 = arena_.view(8192, 1024);
   support::View v155 = arena_.view(0, 1024);
-  support::View v158 = arena_.view(4096, 1024);
+  support::View v160 = arena_.view(4096, 1024);
   const support::Buffer &v156 = param25_xlnet_xlnet_layer_1_norm_gain;
   const support::Buffer &v157 = param26_xlnet_xlnet_layer_1_norm_bias;
-  support::View v160 = arena_.view(8192, 1024);
-  support::View v161 = arena_.view(4096, 1024);
-  support::View v163 = arena_.view(0, 1024);
+  support::View v163 = arena_.view(8192, 1024);
   const support::Buffer &v164 = param27_xlnet_xlnet_layer_1_dense_relu_dense_wi;
-  support::View v168 = arena_.view(4096, 1024);
+  support::View v168 = arena_.view(0, 1024);
   const support::Buffer &v165 = param28_xlnet_xlnet_layer_1_dense_relu_dense_bi;
-  support::View v170 = arena_.view(12288, 1024);
+  support::View v170 = arena_.view(4096, 1024);
   const support::Buffer &v166 = param29_xlnet_xlnet_layer_1_dense_relu_dense_wo;
-  support::View v171 = arena_.view(4096, 1024);
-  support::View v174 = arena_.view(12288, 1024);
-  support::View v176 = arena_.view(16384, 1024);
-  support::View v177 = arena_.view(12288, 1024);
-  const support::Buffer &v167 = param30_xlnet_xlnet_layer_1_dense_relu_dense_bo;
-  support::View v180 = arena_.view(16384, 1024);
-  support::View v181 = arena_.view(4096, 1024);
-  support::View v184 = arena_.view(0, 1024);
+  support::View v171 = arena_.view(0, 1024);
+  support::View v174 = arena_.view(4096, 1024);
+  support::View v176 = arena_.view(12288, 1024);
+  support::View v177 = arena_.view(4096, 1024);
   repeated0(v134, v136, v66, v148, v149, v144, v121, v150_c0, v116, v150, v151_c0, v151, v106, v153,
-            v109, v155, v158, v156, v157, v160, v161, v163, v164, v168, v165, v170, v166, v171,
-            v174, v176, v177, v167, v180, v181, v184);
+            v109, v155, v160, v156, v157, v163, v164, v168, v165, v170, v166, v171, v174, v176,
+            v177);
+
+  // xlnet.mesh:84:96 add -> e
+  // xlnet.mesh:95:32 add
+  MESHRT_TRACE("loop", "xlnet.mesh:84:96", "forward");
+  const support::Buffer &v167 = param30_xlnet_xlnet_layer_1_dense_relu_dense_bo;
+  support::View v181 = arena_.view(0, 1024);
+  loop13(v181.data(), v177.data(), v167.data(), v163.data());
 
   // xlnet.mesh:37:48 layer_norm
-  MESHRT_TRACE("layer_norm", "xlnet.mesh:37:48", "forward");
-  support::View v187 = arena_.view(0, 1024);
-  support::along(v187.data(), v181.data(), kShape10, kShape3, kShape3, kShape11, kShape1, kShape1,
-                 support::Along::LayerNorm, 1e-05, 32, nullptr);
-
   // xlnet.mesh:37:71 mul
   // xlnet.mesh:37:78 add -> g2
-  MESHRT_TRACE("loop", "xlnet.mesh:37:71", "forward");
+  MESHRT_TRACE("layer_norm", "xlnet.mesh:37:48", "forward");
   const support::Buffer &v182 = param31_xlnet_xlnet_layer_1_norm_1_gain;
   const support::Buffer &v183 = param32_xlnet_xlnet_layer_1_norm_1_bias;
   support::View v189 = arena_.view(4096, 1024);
-  loop13(v189.data(), v187.data(), v182.data(), v183.data());
-
-  // xlnet.mesh:113:10 einsum
-  MESHRT_TRACE("gemm", "xlnet.mesh:113:10", "forward");
-  support::View v190 = arena_.view(0, 1024);
-  // dims: batch, length, d_model, vocab
-  kEinsum0.plan().run(v189.data(), v2.data(), v190.data(), 1.0f, 0.0f);
+  support::layerNormAffine(v189.data(), v181.data(), 32, 32, v182.data(), v183.data(), 1e-05, 32);
 }
 
 void Predict::runPart1(const Inputs &inputs) {
   (void)inputs;
   MESHRT_TRACE_SPAN(world_);
 
+  // xlnet.mesh:113:10 einsum
+  MESHRT_TRACE("gemm", "xlnet.mesh:113:10", "forward");
+  support::View v189 = arena_.view(4096, 1024);
+  const support::Buffer &v2 = param0_xlnet_embedding;
+  support::View v190 = arena_.view(0, 1024);
+  // dims: batch, length, d_model, vocab
+  kEinsum0.plan().run(v189.data(), v2.data(), v190.data(), 1.0f, 0.0f);
+
   // xlnet.mesh:113:55 add -> logits
   MESHRT_TRACE("loop", "xlnet.mesh:113:55", "forward");
-  support::View v190 = arena_.view(0, 1024);
   const support::Buffer &v4 = param2_xlnet_output_bias;
   support::View v191 = arena_.view(4096, 1024);
   loop14(v191.data(), v190.data(), v4.data());
@@ -1257,12 +1256,10 @@ void Predict::repeated0(support::ConstView a0, support::ConstView a1, support::C
                         support::View a9, support::View a10, support::View a11,
                         support::ConstView a12, support::View a13, support::ConstView a14,
                         support::View a15, support::View a16, support::ConstView a17,
-                        support::ConstView a18, support::View a19, support::View a20,
+                        support::ConstView a18, support::View a19, support::ConstView a20,
                         support::View a21, support::ConstView a22, support::View a23,
-                        support::ConstView a24, support::View a25, support::ConstView a26,
-                        support::View a27, support::View a28, support::View a29, support::View a30,
-                        support::ConstView a31, support::View a32, support::View a33,
-                        support::View a34) {
+                        support::ConstView a24, support::View a25, support::View a26,
+                        support::View a27, support::View a28) {
   MESHRT_TRACE_SPAN(world_);
 
   // xlnet.mesh:68:19 add
@@ -1310,74 +1307,51 @@ void Predict::repeated0(support::ConstView a0, support::ConstView a1, support::C
   loop15(a15.data(), a14.data(), a11.data());
 
   // xlnet.mesh:37:10 layer_norm
-  MESHRT_TRACE("layer_norm", "xlnet.mesh:37:10", "forward");
-  support::along(a16.data(), a13.data(), kShape10, kShape3, kShape3, kShape11, kShape1, kShape1,
-                 support::Along::LayerNorm, 1e-05, 32, nullptr);
-
   // xlnet.mesh:37:33 mul
   // xlnet.mesh:37:40 add -> h1
-  MESHRT_TRACE("loop", "xlnet.mesh:37:33", "forward");
-  loop13(a19.data(), a16.data(), a17.data(), a18.data());
+  MESHRT_TRACE("layer_norm", "xlnet.mesh:37:10", "forward");
+  support::layerNormAffine(a16.data(), a13.data(), 32, 32, a17.data(), a18.data(), 1e-05, 32);
 
   // xlnet.mesh:37:48 layer_norm
-  MESHRT_TRACE("layer_norm", "xlnet.mesh:37:48", "forward");
-  support::along(a20.data(), a15.data(), kShape10, kShape3, kShape3, kShape11, kShape1, kShape1,
-                 support::Along::LayerNorm, 1e-05, 32, nullptr);
-
   // xlnet.mesh:37:71 mul
   // xlnet.mesh:37:78 add -> g1
-  MESHRT_TRACE("loop", "xlnet.mesh:37:71", "forward");
-  loop13(a21.data(), a20.data(), a17.data(), a18.data());
+  MESHRT_TRACE("layer_norm", "xlnet.mesh:37:48", "forward");
+  support::layerNormAffine(a19.data(), a15.data(), 32, 32, a17.data(), a18.data(), 1e-05, 32);
 
   // xlnet.mesh:83:22 einsum
   MESHRT_TRACE("gemm", "xlnet.mesh:83:22", "forward");
   // dims: batch, length, d_model, d_ff
-  kEinsum3.plan().run(a19.data(), a22.data(), a23.data(), 1.0f, 0.0f);
+  kEinsum3.plan().run(a16.data(), a20.data(), a21.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:83:59 add
   // xlnet.mesh:83:17 gelu
   MESHRT_TRACE("loop", "xlnet.mesh:83:59", "forward");
-  loop16(a25.data(), a23.data(), a24.data());
+  loop16(a23.data(), a21.data(), a22.data());
 
   // xlnet.mesh:83:10 einsum
   MESHRT_TRACE("gemm", "xlnet.mesh:83:10", "forward");
   // dims: batch, length, d_ff, d_model
-  kEinsum3.plan().run(a25.data(), a26.data(), a27.data(), 1.0f, 0.0f);
+  kEinsum3.plan().run(a23.data(), a24.data(), a25.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:84:22 einsum
   MESHRT_TRACE("gemm", "xlnet.mesh:84:22", "forward");
   // dims: batch, length, d_model, d_ff
-  kEinsum3.plan().run(a21.data(), a22.data(), a28.data(), 1.0f, 0.0f);
+  kEinsum3.plan().run(a19.data(), a20.data(), a26.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:84:59 add
   // xlnet.mesh:84:17 gelu
   MESHRT_TRACE("loop", "xlnet.mesh:84:59", "forward");
-  loop16(a29.data(), a28.data(), a24.data());
+  loop16(a27.data(), a26.data(), a22.data());
 
   // xlnet.mesh:84:10 einsum
   MESHRT_TRACE("gemm", "xlnet.mesh:84:10", "forward");
   // dims: batch, length, d_ff, d_model
-  kEinsum3.plan().run(a29.data(), a26.data(), a30.data(), 1.0f, 0.0f);
+  kEinsum3.plan().run(a27.data(), a24.data(), a28.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:83:96 bucketed_all_reduce_sum (resolve the partial sum of %88 over model for add at
   // 83:96; merged with 1 more partial sum over model (%98): 8.0 KiB in one buffer)
   MESHRT_TRACE_SITE("xlnet.mesh:83:96");
-  support::allReduceBucket(group_model, {a27, a30});
-
-  // xlnet.mesh:83:96 add -> f
-  // xlnet.mesh:95:24 add
-  MESHRT_TRACE("loop", "xlnet.mesh:83:96", "forward");
-  loop17(a32.data(), a27.data(), a31.data(), a19.data());
-
-  // xlnet.mesh:84:96 add -> e
-  // xlnet.mesh:95:32 add
-  MESHRT_TRACE("loop", "xlnet.mesh:84:96", "forward");
-  loop17(a33.data(), a30.data(), a31.data(), a21.data());
-
-  // xlnet.mesh:37:10 layer_norm
-  MESHRT_TRACE("layer_norm", "xlnet.mesh:37:10", "forward");
-  support::along(a34.data(), a32.data(), kShape10, kShape3, kShape3, kShape11, kShape1, kShape1,
-                 support::Along::LayerNorm, 1e-05, 32, nullptr);
+  support::allReduceBucket(group_model, {a25, a28});
 }
 
 void Predict::repeated1(support::ConstView a0, support::ConstView a1, support::View a2,
@@ -1417,7 +1391,7 @@ void Predict::repeated1(support::ConstView a0, support::ConstView a1, support::V
 
   // xlnet.mesh:65:36 add
   MESHRT_TRACE("loop", "xlnet.mesh:65:36", "forward");
-  loop18(a13.data(), a9.data(), a12.data());
+  loop17(a13.data(), a9.data(), a12.data());
 
   // xlnet.mesh:65:19 einsum
   MESHRT_TRACE("gemm", "xlnet.mesh:65:19", "forward");
@@ -1426,7 +1400,7 @@ void Predict::repeated1(support::ConstView a0, support::ConstView a1, support::V
 
   // xlnet.mesh:66:38 add
   MESHRT_TRACE("loop", "xlnet.mesh:66:38", "forward");
-  loop18(a16.data(), a9.data(), a15.data());
+  loop17(a16.data(), a9.data(), a15.data());
 
   // xlnet.mesh:66:21 einsum
   MESHRT_TRACE("gemm", "xlnet.mesh:66:21", "forward");
@@ -1435,7 +1409,7 @@ void Predict::repeated1(support::ConstView a0, support::ConstView a1, support::V
 
   // xlnet.mesh:67:36 add
   MESHRT_TRACE("loop", "xlnet.mesh:67:36", "forward");
-  loop18(a18.data(), a11.data(), a12.data());
+  loop17(a18.data(), a11.data(), a12.data());
 
   // xlnet.mesh:67:19 einsum
   MESHRT_TRACE("gemm", "xlnet.mesh:67:19", "forward");
@@ -1444,7 +1418,7 @@ void Predict::repeated1(support::ConstView a0, support::ConstView a1, support::V
 
   // xlnet.mesh:68:38 add
   MESHRT_TRACE("loop", "xlnet.mesh:68:38", "forward");
-  loop18(a20.data(), a11.data(), a15.data());
+  loop17(a20.data(), a11.data(), a15.data());
 
   // xlnet.mesh:68:21 einsum
   MESHRT_TRACE("gemm", "xlnet.mesh:68:21", "forward");
@@ -2104,7 +2078,7 @@ void XlnetTrain::computeInvariants() {
 
 XlnetTrain::Outputs XlnetTrain::run(const Inputs &inputs) {
   MESHRT_TRACE_RUN(world_, "xlnet_train");
-  // Arena: 225792 bytes for 828572 bytes of temporaries (placed by liveness).
+  // Arena: 225792 bytes for 816284 bytes of temporaries (placed by liveness).
   support::checkShape("input", "tokens", inputs.tokens, {2, 16});
   runPart0(inputs);
   runPart1(inputs);
@@ -2141,13 +2115,13 @@ void XlnetTrain::runPart0(const Inputs &inputs) {
   // xlnet.mesh:126:14 top_k -> rank
   MESHRT_TRACE("top_k", "xlnet.mesh:126:14", "forward");
   support::View v2 = arena_.view(64, 16);
-  support::topK(v2.data(), kShape0, v1.data(), kShape12, 0, 16, 1);
+  support::topK(v2.data(), kShape0, v1.data(), kShape10, 0, 16, 1);
 
   // xlnet.mesh:127:26 ge
   // xlnet.mesh:127:16 cast -> target
   MESHRT_TRACE("loop", "xlnet.mesh:127:26", "forward");
   support::View v5 = arena_.view(225664, 16);
-  loop19(v5.data(), v2.data());
+  loop18(v5.data(), v2.data());
 
   // xlnet.mesh:104:18 rename -> key_rank
   MESHRT_TRACE("copy", "xlnet.mesh:104:18", "forward");
@@ -2202,13 +2176,13 @@ void XlnetTrain::runPart0(const Inputs &inputs) {
   MESHRT_TRACE("loop", "xlnet.mesh:109:52", "forward");
   support::View v30 = arena_.view(225280, 32);
   support::View v31 = arena_.view(225408, 32);
-  loop20(v30.data(), v31.data(), v0.data());
+  loop19(v30.data(), v31.data(), v0.data());
 
   // xlnet.mesh:109:63 mul -> g
   MESHRT_TRACE("loop", "xlnet.mesh:109:63", "forward");
   support::View v7(param1_xlnet_mask_embedding); // updated in place
   support::View v32 = arena_.view(86016, 1024);
-  loop21(v32.data(), v31.data(), v7.data());
+  loop20(v32.data(), v31.data(), v7.data());
 
   MESHRT_TRACE_SITE("xlnet.mesh:59:28");
   group_model.wait(request0);
@@ -2268,7 +2242,7 @@ void XlnetTrain::runPart0(const Inputs &inputs) {
   support::View v70 = arena_.view(224256, 256);
   loop11(v70.data(), v13.data());
 
-  // 14 statements from xlnet.mesh:68:19 add (1 of 2)
+  // 9 statements from xlnet.mesh:68:19 add (1 of 2)
   MESHRT_TRACE_SITE("xlnet.mesh:68:19");
   support::View v72 = arena_.view(49152, 1024);
   support::View v73 = arena_.view(69632, 1024);
@@ -2279,16 +2253,24 @@ void XlnetTrain::runPart0(const Inputs &inputs) {
   support::View v75 = arena_.view(53248, 1024);
   support::View v77 = arena_.view(77824, 1024);
   support::View v79 = arena_.view(90112, 1024);
+  repeated5(v58, v60, v70, v72, v73, v68, v45, v74_c0, v39, v74, v75_c0, v75, v28, v77, v32, v79);
+
+  // 4 statements from xlnet.mesh:37:10 layer_norm (1 of 2)
+  MESHRT_TRACE_SITE("xlnet.mesh:37:10");
   support::View v82 = arena_.view(94208, 1024);
   support::View v80(param10_xlnet_xlnet_layer_0_norm_gain); // updated in place
   support::View v81(param11_xlnet_xlnet_layer_0_norm_bias); // updated in place
-  support::View v84 = arena_.view(98304, 1024);
   support::View v85 = arena_.view(102400, 1024);
-  support::View v88(param12_xlnet_xlnet_layer_0_dense_relu_dense_wi); // updated in place
+  support::View v84 = arena_.view(98304, 1024);
   support::View v87 = arena_.view(106496, 1024);
+  repeated9(v82, v77, v80, v81, v84, v85, v79, v87);
+
+  // xlnet.mesh:83:22 einsum
+  MESHRT_TRACE("gemm", "xlnet.mesh:83:22", "forward");
+  support::View v88(param12_xlnet_xlnet_layer_0_dense_relu_dense_wi); // updated in place
   support::View v92 = arena_.view(49152, 1024);
-  repeated3(v58, v60, v70, v72, v73, v68, v45, v74_c0, v39, v74, v75_c0, v75, v28, v77, v32, v79,
-            v82, v80, v81, v84, v85, v87, v88, v92);
+  // dims: batch, length, d_model, d_ff
+  kEinsum3.plan().run(v84.data(), v88.data(), v92.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:83:59 add
   // xlnet.mesh:83:17 gelu
@@ -2296,53 +2278,52 @@ void XlnetTrain::runPart0(const Inputs &inputs) {
   support::View v89(param13_xlnet_xlnet_layer_0_dense_relu_dense_bi); // updated in place
   support::View v93 = arena_.view(110592, 1024);
   support::View v94 = arena_.view(114688, 1024);
-  loop22(v93.data(), v94.data(), v92.data(), v89.data());
+  loop21(v93.data(), v94.data(), v92.data(), v89.data());
 
-  // 8 statements from xlnet.mesh:83:10 einsum (1 of 2)
+  // 5 statements from xlnet.mesh:83:10 einsum (1 of 2)
   MESHRT_TRACE_SITE("xlnet.mesh:83:10");
   support::View v90(param14_xlnet_xlnet_layer_0_dense_relu_dense_wo); // updated in place
   support::View v95 = arena_.view(49152, 1024);
   support::View v98 = arena_.view(53248, 1024);
   support::View v100 = arena_.view(122880, 1024);
   support::View v101 = arena_.view(53248, 1024);
-  support::View v91(param15_xlnet_xlnet_layer_0_dense_relu_dense_bo); // updated in place
-  support::View v104 = arena_.view(126976, 1024);
   support::View v99 = arena_.view(118784, 1024);
-  support::View v105 = arena_.view(131072, 1024);
-  support::View v108 = arena_.view(135168, 1024);
-  repeated7(v94, v90, v95, v87, v88, v98, v89, v99, v100, v101, v91, v84, v104, v105, v108);
-
-  // xlnet.mesh:37:33 mul
-  // xlnet.mesh:37:40 add -> h2
-  MESHRT_TRACE("loop", "xlnet.mesh:37:33", "forward");
-  support::View v106(param16_xlnet_xlnet_layer_0_norm_1_gain); // updated in place
-  support::View v107(param17_xlnet_xlnet_layer_0_norm_1_bias); // updated in place
-  support::View v110 = arena_.view(139264, 1024);
-  loop13(v110.data(), v108.data(), v106.data(), v107.data());
-
-  // xlnet.mesh:37:48 layer_norm
-  MESHRT_TRACE("layer_norm", "xlnet.mesh:37:48", "forward");
-  support::View v111 = arena_.view(143360, 1024);
-  support::along(v111.data(), v105.data(), kShape10, kShape3, kShape3, kShape11, kShape1, kShape1,
-                 support::Along::LayerNorm, 1e-05, 32, nullptr);
+  repeated7(v94, v90, v95, v87, v88, v98, v89, v99, v100, v101);
 }
 
 void XlnetTrain::runPart1(const Inputs &inputs) {
   (void)inputs;
   MESHRT_TRACE_SPAN(world_);
 
-  // xlnet.mesh:37:71 mul
-  // xlnet.mesh:37:78 add -> g2
-  MESHRT_TRACE("loop", "xlnet.mesh:37:71", "forward");
-  support::View v111 = arena_.view(143360, 1024);
+  // xlnet.mesh:83:96 add -> f
+  // xlnet.mesh:95:24 add
+  MESHRT_TRACE("loop", "xlnet.mesh:83:96", "forward");
+  support::View v95 = arena_.view(49152, 1024);
+  support::View v91(param15_xlnet_xlnet_layer_0_dense_relu_dense_bo); // updated in place
+  support::View v84 = arena_.view(98304, 1024);
+  support::View v104 = arena_.view(126976, 1024);
+  loop13(v104.data(), v95.data(), v91.data(), v84.data());
+
+  // xlnet.mesh:84:96 add -> e
+  // xlnet.mesh:95:32 add
+  MESHRT_TRACE("loop", "xlnet.mesh:84:96", "forward");
+  support::View v101 = arena_.view(53248, 1024);
+  support::View v87 = arena_.view(106496, 1024);
+  support::View v105 = arena_.view(131072, 1024);
+  loop13(v105.data(), v101.data(), v91.data(), v87.data());
+
+  // 4 statements from xlnet.mesh:37:10 layer_norm (2 of 2)
+  MESHRT_TRACE_SITE("xlnet.mesh:37:10");
+  support::View v108 = arena_.view(135168, 1024);
   support::View v106(param16_xlnet_xlnet_layer_0_norm_1_gain); // updated in place
   support::View v107(param17_xlnet_xlnet_layer_0_norm_1_bias); // updated in place
+  support::View v111 = arena_.view(143360, 1024);
+  support::View v110 = arena_.view(139264, 1024);
   support::View v113 = arena_.view(147456, 1024);
-  loop13(v113.data(), v111.data(), v106.data(), v107.data());
+  repeated9(v108, v104, v106, v107, v110, v111, v105, v113);
 
   // 13 statements from xlnet.mesh:59:28 einsum (2 of 2)
   MESHRT_TRACE_SITE("xlnet.mesh:59:28");
-  support::View v110 = arena_.view(139264, 1024);
   support::View v117(param19_xlnet_xlnet_layer_1_two_stream_attention_k); // updated in place
   support::View v123 = arena_.view(208896, 512);
   support::View v118(param20_xlnet_xlnet_layer_1_two_stream_attention_v); // updated in place
@@ -2382,7 +2363,7 @@ void XlnetTrain::runPart1(const Inputs &inputs) {
   support::along(v148.data(), v147.data(), kShape8, kShape9, kShape9, kShape0, kShape1, kShape1,
                  support::Along::Softmax, 1e-05, 16, nullptr);
 
-  // 14 statements from xlnet.mesh:68:19 add (2 of 2)
+  // 9 statements from xlnet.mesh:68:19 add (2 of 2)
   MESHRT_TRACE_SITE("xlnet.mesh:68:19");
   support::View v70 = arena_.view(224256, 256);
   support::View v152 = arena_.view(155648, 1024);
@@ -2394,43 +2375,65 @@ void XlnetTrain::runPart1(const Inputs &inputs) {
   support::View v155 = arena_.view(155648, 1024);
   support::View v157 = arena_.view(163840, 1024);
   support::View v159 = arena_.view(151552, 1024);
-  support::View v162 = arena_.view(155648, 1024);
+  repeated5(v138, v140, v70, v152, v153, v148, v125, v154_c0, v120, v154, v155_c0, v155, v110, v157,
+            v113, v159);
+
+  // xlnet.mesh:37:10 layer_norm
+  // xlnet.mesh:37:33 mul
+  // xlnet.mesh:37:40 add -> h1
+  MESHRT_TRACE("layer_norm", "xlnet.mesh:37:10", "backward");
   support::View v160(param25_xlnet_xlnet_layer_1_norm_gain); // updated in place
   support::View v161(param26_xlnet_xlnet_layer_1_norm_bias); // updated in place
-  support::View v164 = arena_.view(163840, 1024);
-  support::View v165 = arena_.view(155648, 1024);
-  support::View v168(param27_xlnet_xlnet_layer_1_dense_relu_dense_wi); // updated in place
+  support::View v164 = arena_.view(155648, 1024);
+  support::layerNormAffine(v164.data(), v157.data(), 32, 32, v160.data(), v161.data(), 1e-05, 32);
+
+  // xlnet.mesh:37:48 layer_norm
+  MESHRT_TRACE("layer_norm", "xlnet.mesh:37:48", "forward");
+  support::View v165 = arena_.view(163840, 1024);
+  support::along(v165.data(), v159.data(), kShape11, kShape3, kShape3, kShape12, kShape1, kShape1,
+                 support::Along::LayerNorm, 1e-05, 32, nullptr);
+
+  // xlnet.mesh:37:71 mul
+  // xlnet.mesh:37:78 add -> g1
+  MESHRT_TRACE("loop", "xlnet.mesh:37:71", "forward");
   support::View v167 = arena_.view(167936, 1024);
+  loop22(v167.data(), v165.data(), v160.data(), v161.data());
+
+  // xlnet.mesh:83:22 einsum
+  MESHRT_TRACE("gemm", "xlnet.mesh:83:22", "backward");
+  support::View v168(param27_xlnet_xlnet_layer_1_dense_relu_dense_wi); // updated in place
   support::View v172 = arena_.view(172032, 1024);
-  repeated3(v138, v140, v70, v152, v153, v148, v125, v154_c0, v120, v154, v155_c0, v155, v110, v157,
-            v113, v159, v162, v160, v161, v164, v165, v167, v168, v172);
+  // dims: batch, length, d_model, d_ff
+  kEinsum3.plan().run(v164.data(), v168.data(), v172.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:83:59 add
   // xlnet.mesh:83:17 gelu
   MESHRT_TRACE("loop", "xlnet.mesh:83:59", "backward");
   support::View v169(param28_xlnet_xlnet_layer_1_dense_relu_dense_bi); // updated in place
-  support::View v174 = arena_.view(176128, 1024);
+  support::View v174 = arena_.view(155648, 1024);
   loop16(v174.data(), v172.data(), v169.data());
 
-  // 8 statements from xlnet.mesh:83:10 einsum (2 of 2)
+  // 5 statements from xlnet.mesh:83:10 einsum (2 of 2)
   MESHRT_TRACE_SITE("xlnet.mesh:83:10");
   support::View v170(param29_xlnet_xlnet_layer_1_dense_relu_dense_wo); // updated in place
   support::View v175 = arena_.view(172032, 1024);
-  support::View v178 = arena_.view(176128, 1024);
-  support::View v180 = arena_.view(184320, 1024);
-  support::View v181 = arena_.view(176128, 1024);
+  support::View v178 = arena_.view(155648, 1024);
+  support::View v180 = arena_.view(180224, 1024);
+  support::View v181 = arena_.view(155648, 1024);
+  support::View v179 = arena_.view(176128, 1024);
+  repeated7(v174, v170, v175, v167, v168, v178, v169, v179, v180, v181);
+
+  // xlnet.mesh:84:96 add -> e
+  // xlnet.mesh:95:32 add
+  MESHRT_TRACE("loop", "xlnet.mesh:84:96", "forward");
   support::View v171(param30_xlnet_xlnet_layer_1_dense_relu_dense_bo); // updated in place
-  support::View v184 = arena_.view(188416, 1024);
-  support::View v179 = arena_.view(180224, 1024);
-  support::View v185 = arena_.view(163840, 1024);
-  support::View v188 = arena_.view(172032, 1024);
-  repeated7(v174, v170, v175, v167, v168, v178, v169, v179, v180, v181, v171, v164, v184, v185,
-            v188);
+  support::View v185 = arena_.view(172032, 1024);
+  loop13(v185.data(), v181.data(), v171.data(), v167.data());
 
   // xlnet.mesh:37:48 layer_norm
   MESHRT_TRACE("layer_norm", "xlnet.mesh:37:48", "forward");
-  support::View v191 = arena_.view(172032, 1024);
-  support::along(v191.data(), v185.data(), kShape10, kShape3, kShape3, kShape11, kShape1, kShape1,
+  support::View v191 = arena_.view(155648, 1024);
+  support::along(v191.data(), v185.data(), kShape11, kShape3, kShape3, kShape12, kShape1, kShape1,
                  support::Along::LayerNorm, 1e-05, 32, nullptr);
 
   // xlnet.mesh:37:71 mul
@@ -2438,8 +2441,8 @@ void XlnetTrain::runPart1(const Inputs &inputs) {
   MESHRT_TRACE("loop", "xlnet.mesh:37:71", "forward");
   support::View v186(param31_xlnet_xlnet_layer_1_norm_1_gain); // updated in place
   support::View v187(param32_xlnet_xlnet_layer_1_norm_1_bias); // updated in place
-  support::View v193 = arena_.view(176128, 1024);
-  loop13(v193.data(), v191.data(), v186.data(), v187.data());
+  support::View v193 = arena_.view(184320, 1024);
+  loop22(v193.data(), v191.data(), v186.data(), v187.data());
 
   // xlnet.mesh:113:10 einsum
   MESHRT_TRACE("gemm", "xlnet.mesh:113:10", "forward");
@@ -2457,7 +2460,7 @@ void XlnetTrain::runPart1(const Inputs &inputs) {
   // xlnet.mesh:128:14 log_softmax -> logp
   MESHRT_TRACE("log_softmax", "xlnet.mesh:128:14", "forward");
   support::View v196 = arena_.view(188416, 1024);
-  support::along(v196.data(), v195.data(), kShape10, kShape3, kShape3, kShape11, kShape1, kShape1,
+  support::along(v196.data(), v195.data(), kShape11, kShape3, kShape3, kShape12, kShape1, kShape1,
                  support::Along::LogSoftmax, 1e-05, 64, &group_model);
 
   // xlnet.mesh:129:29 mul
@@ -2469,7 +2472,7 @@ void XlnetTrain::runPart1(const Inputs &inputs) {
   // xlnet.mesh:129:20 sum -> token_logp
   MESHRT_TRACE("sum", "xlnet.mesh:129:20", "forward");
   support::View v199 = arena_.view(225536, 32);
-  support::reduce(v199.data(), kShape10, v198.data(), kShape3, kShape11, kShape1,
+  support::reduce(v199.data(), kShape11, v198.data(), kShape3, kShape12, kShape1,
                   support::Reduce::Sum, 1.0);
 
   // xlnet.mesh:132:30 mul
@@ -2499,17 +2502,24 @@ void XlnetTrain::runPart1(const Inputs &inputs) {
   // 37:78; merged with 1 more partial sum over model (token_logp): 4.1 KiB in one buffer)
   MESHRT_TRACE_SITE("xlnet.mesh:37:78");
   support::allReduceBucket(group_model, {v229, v199});
+}
+
+void XlnetTrain::runPart2(const Inputs &inputs) {
+  (void)inputs;
+  MESHRT_TRACE_SPAN(world_);
 
   // xlnet.mesh:131:28 exp
   // xlnet.mesh:131:44 mul
   MESHRT_TRACE("loop", "xlnet.mesh:131:28", "forward");
+  support::View v199 = arena_.view(225536, 32);
+  support::View v5 = arena_.view(225664, 16);
   support::View v202 = arena_.view(188416, 32);
   loop25(v202.data(), v199.data(), v5.data());
 
   // xlnet.mesh:131:24 sum
   MESHRT_TRACE("sum", "xlnet.mesh:131:24", "forward");
   support::View v203 = arena_.view(188544, 1);
-  support::reduce(v203.data(), kShape13, v202.data(), kShape13, kShape10, kShape14,
+  support::reduce(v203.data(), kShape13, v202.data(), kShape13, kShape11, kShape14,
                   support::Reduce::Sum, 1.0);
 
   // xlnet.mesh:131:54 div -> target_probability
@@ -2532,7 +2542,7 @@ void XlnetTrain::runPart1(const Inputs &inputs) {
   // xlnet.mesh:132:15 sum
   MESHRT_TRACE("sum", "xlnet.mesh:132:15", "forward");
   support::View v207 = arena_.view(188544, 1);
-  support::reduce(v207.data(), kShape13, v206.data(), kShape13, kShape10, kShape14,
+  support::reduce(v207.data(), kShape13, v206.data(), kShape13, kShape11, kShape14,
                   support::Reduce::Sum, 1.0);
 
   // xlnet.mesh:132:14 neg
@@ -2551,19 +2561,14 @@ void XlnetTrain::runPart1(const Inputs &inputs) {
 
   // xlnet.mesh:113:55 sum -> grad/xlnet/output_bias
   MESHRT_TRACE("sum", "xlnet.mesh:113:55", "backward");
+  support::View v227 = arena_.view(192512, 1024);
   support::View v228 = arena_.view(225280, 32);
-  support::reduce(v228.data(), kShape11, v227.data(), kShape1, kShape10, kShape3,
+  support::reduce(v228.data(), kShape12, v227.data(), kShape1, kShape11, kShape3,
                   support::Reduce::Sum, 1.0);
-}
-
-void XlnetTrain::runPart2(const Inputs &inputs) {
-  (void)inputs;
-  MESHRT_TRACE_SPAN(world_);
 
   // xlnet.mesh:113:10 einsum
   MESHRT_TRACE("gemm", "xlnet.mesh:113:10", "backward");
-  support::View v227 = arena_.view(192512, 1024);
-  support::View v193 = arena_.view(176128, 1024);
+  support::View v193 = arena_.view(184320, 1024);
   support::View v230 = arena_.view(188416, 1024);
   // dims: batch, length, vocab, d_model
   kEinsum8.plan().run(v227.data(), v193.data(), v230.data(), 1.0f, 0.0f);
@@ -2571,38 +2576,38 @@ void XlnetTrain::runPart2(const Inputs &inputs) {
   // 11 statements from xlnet.mesh:37:78 sum -> grad/xlnet/xlnet_layer[1]/norm#1/bias (1 of 2)
   MESHRT_TRACE_SITE("xlnet.mesh:37:78");
   support::View v229 = arena_.view(65536, 1024);
-  support::View v191 = arena_.view(172032, 1024);
-  support::View v234 = arena_.view(176128, 1024);
+  support::View v191 = arena_.view(155648, 1024);
+  support::View v234 = arena_.view(184320, 1024);
   support::View v236 = arena_.view(192768, 32);
-  support::View v185 = arena_.view(163840, 1024);
-  support::View v238 = arena_.view(176128, 1024);
-  support::View v239 = arena_.view(163840, 32);
+  support::View v185 = arena_.view(172032, 1024);
+  support::View v238 = arena_.view(184320, 1024);
+  support::View v239 = arena_.view(172032, 32);
   support::View v242 = arena_.view(192768, 32);
   support::View v186(param31_xlnet_xlnet_layer_1_norm_1_gain); // updated in place
-  support::View v233 = arena_.view(163840, 1024);
-  support::View v243 = arena_.view(176128, 1024);
+  support::View v233 = arena_.view(172032, 1024);
+  support::View v243 = arena_.view(184320, 1024);
   support::View v244 = arena_.view(192896, 32);
-  support::View v246 = arena_.view(176128, 32);
+  support::View v246 = arena_.view(184320, 32);
   support::View v232 = arena_.view(192512, 32);
   support::View v235 = arena_.view(192640, 32);
   support::View v249 = arena_.view(65536, 1024);
-  repeated4(v232, v229, v191, v234, v235, v236, v185, v238, v239, v242, v186, v233, v243, v244,
+  repeated3(v232, v229, v191, v234, v235, v236, v185, v238, v239, v242, v186, v233, v243, v244,
             v246, v249);
 
   // 6 statements from xlnet.mesh:84:96 sum -> grad/xlnet/xlnet_layer[1]/dense_relu_dense/bo (1 of
   // 2)
   MESHRT_TRACE_SITE("xlnet.mesh:84:96");
   support::View v170(param29_xlnet_xlnet_layer_1_dense_relu_dense_wo); // updated in place
-  support::View v251 = arena_.view(163840, 1024);
-  support::View v180 = arena_.view(184320, 1024);
-  support::View v179 = arena_.view(180224, 1024);
-  support::View v274 = arena_.view(176128, 1024);
+  support::View v251 = arena_.view(155648, 1024);
+  support::View v180 = arena_.view(180224, 1024);
+  support::View v179 = arena_.view(176128, 1024);
+  support::View v274 = arena_.view(180224, 1024);
   support::View v168(param27_xlnet_xlnet_layer_1_dense_relu_dense_wi); // updated in place
-  support::View v250 = arena_.view(192768, 32);
+  support::View v250 = arena_.view(184320, 32);
   support::View v252 = arena_.view(172032, 1024);
-  support::View v275 = arena_.view(184320, 32);
-  support::View v276 = arena_.view(163840, 1024);
-  repeated5(v250, v249, v170, v251, v180, v252, v179, v274, v275, v168, v276);
+  support::View v275 = arena_.view(184448, 32);
+  support::View v276 = arena_.view(155648, 1024);
+  repeated4(v250, v249, v170, v251, v180, v252, v179, v274, v275, v168, v276);
 
   // xlnet.mesh:84:22 all_reduce_sum (resolve the partial sum of %265 over model for add at 84:22)
   MESHRT_TRACE_SITE("xlnet.mesh:84:22");
@@ -2610,19 +2615,19 @@ void XlnetTrain::runPart2(const Inputs &inputs) {
 
   // xlnet.mesh:84:22 add
   MESHRT_TRACE("loop", "xlnet.mesh:84:22", "backward");
-  support::View v278 = arena_.view(180224, 1024);
+  support::View v278 = arena_.view(176128, 1024);
   loop15(v278.data(), v249.data(), v276.data());
 
   // xlnet.mesh:84:22 einsum -> grad/xlnet/xlnet_layer[1]/dense_relu_dense/wi
   MESHRT_TRACE("gemm", "xlnet.mesh:84:22", "backward");
   support::View v167 = arena_.view(167936, 1024);
-  support::View v279 = arena_.view(163840, 1024);
+  support::View v279 = arena_.view(155648, 1024);
   // dims: batch, length, d_ff, d_model
   kEinsum9.plan().run(v274.data(), v167.data(), v279.data(), 1.0f, 0.0f);
 
   // 11 statements from xlnet.mesh:37:78 sum -> grad/xlnet/xlnet_layer[1]/norm#1/bias (2 of 2)
   MESHRT_TRACE_SITE("xlnet.mesh:37:78");
-  support::View v165 = arena_.view(155648, 1024);
+  support::View v165 = arena_.view(163840, 1024);
   support::View v282 = arena_.view(65536, 1024);
   support::View v284 = arena_.view(167936, 32);
   support::View v159 = arena_.view(151552, 1024);
@@ -2634,16 +2639,16 @@ void XlnetTrain::runPart2(const Inputs &inputs) {
   support::View v290 = arena_.view(151552, 1024);
   support::View v291 = arena_.view(168064, 32);
   support::View v293 = arena_.view(168192, 32);
-  support::View v280 = arena_.view(184448, 32);
-  support::View v283 = arena_.view(184576, 32);
+  support::View v280 = arena_.view(184576, 32);
+  support::View v283 = arena_.view(184704, 32);
   support::View v296 = arena_.view(151552, 1024);
-  repeated4(v280, v278, v165, v282, v283, v284, v159, v286, v287, v289, v160, v281, v290, v291,
+  repeated3(v280, v278, v165, v282, v283, v284, v159, v286, v287, v289, v160, v281, v290, v291,
             v293, v296);
 
   // 4 statements from xlnet.mesh:74:10 einsum (1 of 2)
   MESHRT_TRACE_SITE("xlnet.mesh:74:10");
   support::View v120(param22_xlnet_xlnet_layer_1_two_stream_attention_o); // updated in place
-  support::View v297_c0 = arena_.view(155648, 512);
+  support::View v297_c0 = arena_.view(163840, 512);
   support::View v125 = arena_.view(210944, 512);
   support::View v153 = arena_.view(159744, 1024);
   support::View v155_c0 = arena_.view(221184, 512);
@@ -2654,7 +2659,7 @@ void XlnetTrain::runPart2(const Inputs &inputs) {
 
   // xlnet.mesh:72:19 mul
   MESHRT_TRACE("loop", "xlnet.mesh:72:19", "backward");
-  support::View v300 = arena_.view(155648, 1024);
+  support::View v300 = arena_.view(163840, 1024);
   loop23(v300.data(), v297.data(), v153.data());
 
   // xlnet.mesh:72:19 sum
@@ -2666,7 +2671,7 @@ void XlnetTrain::runPart2(const Inputs &inputs) {
   // 8 statements from xlnet.mesh:72:19 sub (1 of 2)
   MESHRT_TRACE_SITE("xlnet.mesh:72:19");
   support::View v70 = arena_.view(224256, 256);
-  support::View v306 = arena_.view(155648, 1024);
+  support::View v306 = arena_.view(163840, 1024);
   support::View v127 = arena_.view(49152, 4096);
   support::View v307 = arena_.view(65536, 512);
   support::View v139 = arena_.view(215040, 512);
@@ -2674,10 +2679,10 @@ void XlnetTrain::runPart2(const Inputs &inputs) {
   support::View v310 = arena_.view(67584, 512);
   support::View v137 = arena_.view(212992, 512);
   support::View v308 = arena_.view(49152, 4096);
-  support::View v309 = arena_.view(184704, 16);
+  support::View v309 = arena_.view(184832, 16);
   support::View v311 = arena_.view(180224, 512);
   support::View v312 = arena_.view(182272, 512);
-  support::View v313 = arena_.view(184768, 16);
+  support::View v313 = arena_.view(184896, 16);
   repeated6(v297, v301, v153, v70, v306, v127, v307, v139, v308, v309, v123, v310, v137, v311, v312,
             v313);
 
@@ -2687,9 +2692,9 @@ void XlnetTrain::runPart2(const Inputs &inputs) {
   support::View v118(param20_xlnet_xlnet_layer_1_two_stream_attention_v); // updated in place
   support::View v117(param19_xlnet_xlnet_layer_1_two_stream_attention_k); // updated in place
   support::View v314 = arena_.view(65536, 1024);
-  support::View v320 = arena_.view(155648, 1024);
-  support::View v323 = arena_.view(159744, 1024);
-  repeated9(v312, v116, v314, v298, v118, v320, v311, v117, v323);
+  support::View v320 = arena_.view(159744, 1024);
+  support::View v323 = arena_.view(163840, 1024);
+  repeated10(v312, v116, v314, v298, v118, v320, v311, v117, v323);
 
   // xlnet.mesh:59:28 add
   MESHRT_TRACE("loop", "xlnet.mesh:59:28", "backward");
@@ -2703,7 +2708,7 @@ void XlnetTrain::runPart2(const Inputs &inputs) {
 
   // xlnet.mesh:63:19 add
   MESHRT_TRACE("loop", "xlnet.mesh:63:19", "backward");
-  support::View v316 = arena_.view(155648, 1024);
+  support::View v316 = arena_.view(159744, 1024);
   loop15(v316.data(), v296.data(), v314.data());
 
   // xlnet.mesh:63:19 einsum -> grad/xlnet/xlnet_layer[1]/two_stream_attention/q
@@ -2719,9 +2724,15 @@ void XlnetTrain::runPart2(const Inputs &inputs) {
   support::View v318 = arena_.view(147456, 512);
   // dims: length, keys, heads, d_kv, d_model
   kEinsum11.plan().run(v308.data(), v26.data(), v318.data(), 1.0f, 0.0f);
+}
+
+void XlnetTrain::runPart3(const Inputs &inputs) {
+  (void)inputs;
+  MESHRT_TRACE_SPAN(world_);
 
   // xlnet.mesh:60:23 einsum -> grad/xlnet/xlnet_layer[1]/two_stream_attention/v
   MESHRT_TRACE("gemm", "xlnet.mesh:60:23", "backward");
+  support::View v298 = arena_.view(176128, 512);
   support::View v110 = arena_.view(139264, 1024);
   support::View v321 = arena_.view(149504, 512);
   // dims: batch, length, heads, d_kv, d_model
@@ -2729,6 +2740,7 @@ void XlnetTrain::runPart2(const Inputs &inputs) {
 
   // xlnet.mesh:59:28 einsum -> grad/xlnet/xlnet_layer[1]/two_stream_attention/k
   MESHRT_TRACE("gemm", "xlnet.mesh:59:28", "backward");
+  support::View v311 = arena_.view(180224, 512);
   support::View v325 = arena_.view(153600, 512);
   // dims: batch, length, heads, d_kv, d_model
   kEinsum10.plan().run(v311.data(), v110.data(), v325.data(), 1.0f, 0.0f);
@@ -2736,6 +2748,7 @@ void XlnetTrain::runPart2(const Inputs &inputs) {
   // 24 statements from xlnet.mesh:37:78 sum (1 of 2)
   MESHRT_TRACE_SITE("xlnet.mesh:37:78");
   support::View v326 = arena_.view(57344, 32);
+  support::View v316 = arena_.view(159744, 1024);
   support::View v111 = arena_.view(143360, 1024);
   support::View v328 = arena_.view(49152, 1024);
   support::View v329 = arena_.view(57472, 32);
@@ -2750,6 +2763,7 @@ void XlnetTrain::runPart2(const Inputs &inputs) {
   support::View v337 = arena_.view(57728, 32);
   support::View v339 = arena_.view(57856, 32);
   support::View v344 = arena_.view(49152, 32);
+  support::View v324 = arena_.view(167936, 1024);
   support::View v108 = arena_.view(135168, 1024);
   support::View v347 = arena_.view(49152, 1024);
   support::View v348 = arena_.view(57344, 32);
@@ -2783,7 +2797,7 @@ void XlnetTrain::runPart2(const Inputs &inputs) {
   support::View v365 = arena_.view(61440, 1024);
   support::View v383 = arena_.view(127104, 32);
   support::View v384 = arena_.view(49152, 1024);
-  repeated5(v363, v342, v90, v364, v100, v365, v99, v382, v383, v88, v384);
+  repeated4(v363, v342, v90, v364, v100, v365, v99, v382, v383, v88, v384);
 
   // xlnet.mesh:83:10 einsum
   MESHRT_TRACE("gemm", "xlnet.mesh:83:10", "backward");
@@ -2818,28 +2832,19 @@ void XlnetTrain::runPart2(const Inputs &inputs) {
   support::View v412 = arena_.view(110592, 1024);
   // dims: batch, length, d_ff, d_model
   kEinsum0.plan().run(v409.data(), v88.data(), v412.data(), 1.0f, 0.0f);
-}
-
-void XlnetTrain::runPart3(const Inputs &inputs) {
-  (void)inputs;
-  MESHRT_TRACE_SPAN(world_);
 
   // xlnet.mesh:84:22 bucketed_all_reduce_sum (resolve the partial sum of %370 over model for add at
   // 84:22; merged with 1 more partial sum over model (%413): 8.0 KiB in one buffer)
   MESHRT_TRACE_SITE("xlnet.mesh:84:22");
-  support::View v384 = arena_.view(49152, 1024);
-  support::View v412 = arena_.view(110592, 1024);
   support::allReduceBucket(group_model, {v384, v412});
 
   // xlnet.mesh:84:22 add
   MESHRT_TRACE("loop", "xlnet.mesh:84:22", "backward");
-  support::View v342 = arena_.view(53248, 1024);
   support::View v386 = arena_.view(118784, 1024);
   loop15(v386.data(), v342.data(), v384.data());
 
   // xlnet.mesh:84:22 einsum
   MESHRT_TRACE("gemm", "xlnet.mesh:84:22", "backward");
-  support::View v382 = arena_.view(65536, 1024);
   support::View v87 = arena_.view(106496, 1024);
   support::View v387 = arena_.view(49152, 1024);
   // dims: batch, length, d_ff, d_model
@@ -2847,14 +2852,12 @@ void XlnetTrain::runPart3(const Inputs &inputs) {
 
   // xlnet.mesh:83:96 sum
   MESHRT_TRACE("sum", "xlnet.mesh:83:96", "backward");
-  support::View v362 = arena_.view(57344, 1024);
   support::View v388 = arena_.view(53248, 32);
-  support::reduce(v388.data(), kShape11, v362.data(), kShape1, kShape10, kShape3,
+  support::reduce(v388.data(), kShape12, v362.data(), kShape1, kShape11, kShape3,
                   support::Reduce::Sum, 1.0);
 
   // xlnet.mesh:83:96 add -> grad/xlnet/xlnet_layer[0]/dense_relu_dense/bo
   MESHRT_TRACE("loop", "xlnet.mesh:83:96", "backward");
-  support::View v363 = arena_.view(126976, 32);
   support::View v389 = arena_.view(127232, 32);
   loop28(v389.data(), v363.data(), v388.data());
 
@@ -2867,20 +2870,17 @@ void XlnetTrain::runPart3(const Inputs &inputs) {
 
   // xlnet.mesh:83:10 add -> grad/xlnet/xlnet_layer[0]/dense_relu_dense/wo
   MESHRT_TRACE("loop", "xlnet.mesh:83:10", "backward");
-  support::View v365 = arena_.view(61440, 1024);
   support::View v392 = arena_.view(106496, 1024);
   loop15(v392.data(), v365.data(), v391.data());
 
   // xlnet.mesh:83:59 sum
   MESHRT_TRACE("sum", "xlnet.mesh:83:59", "backward");
-  support::View v409 = arena_.view(122880, 1024);
   support::View v410 = arena_.view(53248, 32);
-  support::reduce(v410.data(), kShape11, v409.data(), kShape1, kShape10, kShape3,
+  support::reduce(v410.data(), kShape12, v409.data(), kShape1, kShape11, kShape3,
                   support::Reduce::Sum, 1.0);
 
   // xlnet.mesh:83:59 add -> grad/xlnet/xlnet_layer[0]/dense_relu_dense/bi
   MESHRT_TRACE("loop", "xlnet.mesh:83:59", "backward");
-  support::View v383 = arena_.view(127104, 32);
   support::View v411 = arena_.view(126976, 32);
   loop28(v411.data(), v383.data(), v410.data());
 
@@ -2969,14 +2969,22 @@ void XlnetTrain::runPart3(const Inputs &inputs) {
   support::View v457 = arena_.view(57344, 512);
   // dims: batch, heads, length, keys, d_kv
   kEinsum14.plan().run(v68.data(), v456_c0.data(), v457.data(), 1.0f, 0.0f);
+}
+
+void XlnetTrain::runPart4(const Inputs &inputs) {
+  (void)inputs;
+  MESHRT_TRACE_SPAN(world_);
 
   // xlnet.mesh:73:10 add
   MESHRT_TRACE("loop", "xlnet.mesh:73:10", "backward");
+  support::View v454 = arena_.view(53248, 512);
+  support::View v457 = arena_.view(57344, 512);
   support::View v458 = arena_.view(110592, 512);
   loop29(v458.data(), v454.data(), v457.data());
 
   // xlnet.mesh:73:10 einsum
   MESHRT_TRACE("gemm", "xlnet.mesh:73:10", "backward");
+  support::View v452 = arena_.view(102400, 1024);
   support::View v74_c0 = arena_.view(217088, 512);
   support::View v459 = arena_.view(53248, 512);
   // dims: batch, length, d_model, heads, d_kv
@@ -2984,11 +2992,14 @@ void XlnetTrain::runPart3(const Inputs &inputs) {
 
   // xlnet.mesh:73:10 add -> grad/xlnet/xlnet_layer[0]/two_stream_attention/o
   MESHRT_TRACE("loop", "xlnet.mesh:73:10", "backward");
+  support::View v455 = arena_.view(55296, 512);
   support::View v460 = arena_.view(112640, 512);
   loop29(v460.data(), v455.data(), v459.data());
 
   // xlnet.mesh:72:19 mul
   MESHRT_TRACE("loop", "xlnet.mesh:72:19", "backward");
+  support::View v453 = arena_.view(49152, 1024);
+  support::View v73 = arena_.view(69632, 1024);
   support::View v461 = arena_.view(53248, 1024);
   loop23(v461.data(), v453.data(), v73.data());
 
@@ -3000,6 +3011,8 @@ void XlnetTrain::runPart3(const Inputs &inputs) {
 
   // xlnet.mesh:69:19 mul
   MESHRT_TRACE("loop", "xlnet.mesh:69:19", "backward");
+  support::View v456 = arena_.view(65536, 1024);
+  support::View v68 = arena_.view(73728, 1024);
   support::View v466 = arena_.view(53248, 1024);
   loop23(v466.data(), v456.data(), v68.data());
 
@@ -3008,17 +3021,9 @@ void XlnetTrain::runPart3(const Inputs &inputs) {
   support::View v467 = arena_.view(118784, 64);
   support::reduce(v467.data(), kShape8, v466.data(), kShape9, kShape0, kShape1,
                   support::Reduce::Sum, 1.0);
-}
-
-void XlnetTrain::runPart4(const Inputs &inputs) {
-  (void)inputs;
-  MESHRT_TRACE_SPAN(world_);
 
   // 8 statements from xlnet.mesh:72:19 sub (2 of 2)
   MESHRT_TRACE_SITE("xlnet.mesh:72:19");
-  support::View v453 = arena_.view(49152, 1024);
-  support::View v462 = arena_.view(57344, 64);
-  support::View v73 = arena_.view(69632, 1024);
   support::View v70 = arena_.view(224256, 256);
   support::View v471 = arena_.view(77824, 1024);
   support::View v47 = arena_.view(32768, 4096);
@@ -3040,9 +3045,6 @@ void XlnetTrain::runPart4(const Inputs &inputs) {
   // xlnet.mesh:69:27 where
   // xlnet.mesh:66:97 mul
   MESHRT_TRACE("loop", "xlnet.mesh:69:19", "backward");
-  support::View v456 = arena_.view(65536, 1024);
-  support::View v467 = arena_.view(118784, 64);
-  support::View v68 = arena_.view(73728, 1024);
   support::View v65 = arena_.view(223232, 256);
   support::View v479 = arena_.view(94208, 1024);
   loop30(v479.data(), v456.data(), v467.data(), v68.data(), v65.data());
@@ -3068,7 +3070,7 @@ void XlnetTrain::runPart4(const Inputs &inputs) {
   // xlnet.mesh:66:38 sum
   MESHRT_TRACE("sum", "xlnet.mesh:66:38", "backward");
   support::View v483 = arena_.view(32768, 16);
-  support::reduce(v483.data(), kShape15, v480.data(), kShape16, kShape10, kShape4,
+  support::reduce(v483.data(), kShape15, v480.data(), kShape16, kShape11, kShape4,
                   support::Reduce::Sum, 1.0);
 
   // xlnet.mesh:66:38 add -> grad/xlnet/xlnet_layer[0]/two_stream_attention/position_bias
@@ -3102,7 +3104,7 @@ void XlnetTrain::runPart4(const Inputs &inputs) {
   // xlnet.mesh:65:36 sum
   MESHRT_TRACE("sum", "xlnet.mesh:65:36", "backward");
   support::View v489 = arena_.view(34816, 16);
-  support::reduce(v489.data(), kShape15, v485.data(), kShape16, kShape10, kShape4,
+  support::reduce(v489.data(), kShape15, v485.data(), kShape16, kShape11, kShape4,
                   support::Reduce::Sum, 1.0);
 
   // xlnet.mesh:65:36 add -> grad/xlnet/xlnet_layer[0]/two_stream_attention/content_bias
@@ -3119,13 +3121,12 @@ void XlnetTrain::runPart4(const Inputs &inputs) {
 
   // 3 statements from xlnet.mesh:63:19 einsum (2 of 2)
   MESHRT_TRACE_SITE("xlnet.mesh:63:19");
-  support::View v458 = arena_.view(110592, 512);
   support::View v37(param5_xlnet_xlnet_layer_0_two_stream_attention_v); // updated in place
   support::View v36(param4_xlnet_xlnet_layer_0_two_stream_attention_k); // updated in place
   support::View v495 = arena_.view(36864, 1024);
   support::View v502 = arena_.view(40960, 1024);
   support::View v507 = arena_.view(45056, 1024);
-  repeated9(v488, v35, v495, v458, v37, v502, v487, v36, v507);
+  repeated10(v488, v35, v495, v458, v37, v502, v487, v36, v507);
 
   // xlnet.mesh:63:19 bucketed_all_reduce_sum (resolve the partial sum of %475 over model for add at
   // 63:19; merged with 3 more partial sums over model (%496, %503, %508): 16.0 KiB in one buffer)
@@ -3167,25 +3168,30 @@ void XlnetTrain::runPart4(const Inputs &inputs) {
 
   MESHRT_TRACE_SITE("xlnet.mesh:63:19");
   group_model.wait(request1);
+}
+
+void XlnetTrain::runPart5(const Inputs &inputs) {
+  (void)inputs;
+  MESHRT_TRACE_SPAN(world_);
 
   // xlnet.mesh:62:19 add
   // xlnet.mesh:60:23 add
   // xlnet.mesh:59:28 add
   MESHRT_TRACE("loop", "xlnet.mesh:62:19", "backward");
   support::View v452 = arena_.view(102400, 1024);
+  support::View v495 = arena_.view(36864, 1024);
+  support::View v502 = arena_.view(40960, 1024);
+  support::View v507 = arena_.view(45056, 1024);
   support::View v509 = arena_.view(0, 1024);
   loop33(v509.data(), v452.data(), v495.data(), v502.data(), v507.data());
 
   // xlnet.mesh:59:28 einsum -> grad/xlnet/xlnet_layer[0]/two_stream_attention/k
   MESHRT_TRACE("gemm", "xlnet.mesh:59:28", "backward");
+  support::View v487 = arena_.view(49152, 512);
+  support::View v28 = arena_.view(81920, 1024);
   support::View v510 = arena_.view(10240, 512);
   // dims: batch, length, heads, d_kv, d_model
   kEinsum10.plan().run(v487.data(), v28.data(), v510.data(), 1.0f, 0.0f);
-}
-
-void XlnetTrain::runPart5(const Inputs &inputs) {
-  (void)inputs;
-  MESHRT_TRACE_SPAN(world_);
 
   // xlnet.mesh:63:19 add
   // xlnet.mesh:109:63 mul
@@ -3199,15 +3205,14 @@ void XlnetTrain::runPart5(const Inputs &inputs) {
   // xlnet.mesh:109:63 sum -> grad/xlnet/mask_embedding
   MESHRT_TRACE("sum", "xlnet.mesh:109:63", "backward");
   support::View v512 = arena_.view(12288, 32);
-  support::reduce(v512.data(), kShape11, v511.data(), kShape1, kShape10, kShape3,
+  support::reduce(v512.data(), kShape12, v511.data(), kShape1, kShape11, kShape3,
                   support::Reduce::Sum, 1.0);
 
   // xlnet.mesh:108:11 einsum
   MESHRT_TRACE("einsum", "xlnet.mesh:108:11", "backward");
-  support::View v509 = arena_.view(0, 1024);
   const support::Buffer &v0 = inputs.tokens.data;
   support::View v513 = arena_.view(4096, 1024);
-  support::scatterAdd(v513.data(), kShape17, v509.data(), kShape18, v0.data(), kShape19, kShape10,
+  support::scatterAdd(v513.data(), kShape17, v509.data(), kShape18, v0.data(), kShape19, kShape11,
                       kShape3, kShape14, 0, support::shardStart(world_, {"model"}, 32));
 
   // xlnet.mesh:108:11 add -> grad/xlnet/embedding
@@ -3225,15 +3230,15 @@ void XlnetTrain::runPart5(const Inputs &inputs) {
   support::View v228 = arena_.view(225280, 32);
   support::View v232 = arena_.view(192512, 32);
   support::View v235 = arena_.view(192640, 32);
-  support::View v250 = arena_.view(192768, 32);
+  support::View v250 = arena_.view(184320, 32);
   support::View v252 = arena_.view(172032, 1024);
-  support::View v275 = arena_.view(184320, 32);
-  support::View v279 = arena_.view(163840, 1024);
-  support::View v280 = arena_.view(184448, 32);
-  support::View v283 = arena_.view(184576, 32);
+  support::View v275 = arena_.view(184448, 32);
+  support::View v279 = arena_.view(155648, 1024);
+  support::View v280 = arena_.view(184576, 32);
+  support::View v283 = arena_.view(184704, 32);
   support::View v299 = arena_.view(178176, 512);
-  support::View v309 = arena_.view(184704, 16);
-  support::View v313 = arena_.view(184768, 16);
+  support::View v309 = arena_.view(184832, 16);
+  support::View v313 = arena_.view(184896, 16);
   support::View v317 = arena_.view(151552, 512);
   support::View v318 = arena_.view(147456, 512);
   support::View v321 = arena_.view(149504, 512);
@@ -3252,7 +3257,6 @@ void XlnetTrain::runPart5(const Inputs &inputs) {
   support::View v499 = arena_.view(51200, 512);
   support::View v500 = arena_.view(53248, 512);
   support::View v505 = arena_.view(8192, 512);
-  support::View v510 = arena_.view(10240, 512);
   auto request2 = support::startAllReduce(
       group_data, {v205, v210, v228, v232, v235, v250, v252, v275, v279, v280, v283, v299,
                    v309, v313, v317, v318, v321, v325, v345, v349, v389, v392, v411, v416,
@@ -3825,7 +3829,7 @@ void XlnetTrain::repeated1(support::View a0, support::ConstView a1, support::Con
 
   // xlnet.mesh:37:78 sum
   MESHRT_TRACE("sum", "xlnet.mesh:37:78", "backward");
-  support::reduce(a0.data(), kShape11, a1.data(), kShape1, kShape10, kShape3, support::Reduce::Sum,
+  support::reduce(a0.data(), kShape12, a1.data(), kShape1, kShape11, kShape3, support::Reduce::Sum,
                   1.0);
 
   // xlnet.mesh:37:71 mul
@@ -3834,12 +3838,12 @@ void XlnetTrain::repeated1(support::View a0, support::ConstView a1, support::Con
 
   // xlnet.mesh:37:71 sum
   MESHRT_TRACE("sum", "xlnet.mesh:37:71", "backward");
-  support::reduce(a4.data(), kShape11, a3.data(), kShape1, kShape10, kShape3, support::Reduce::Sum,
+  support::reduce(a4.data(), kShape12, a3.data(), kShape1, kShape11, kShape3, support::Reduce::Sum,
                   1.0);
 
   // xlnet.mesh:37:48 mean
   MESHRT_TRACE("mean", "xlnet.mesh:37:48", "backward");
-  support::reduce(a5.data(), kShape10, a6.data(), kShape3, kShape11, kShape1, support::Reduce::Sum,
+  support::reduce(a5.data(), kShape11, a6.data(), kShape3, kShape12, kShape1, support::Reduce::Sum,
                   0.03125);
 
   // xlnet.mesh:37:48 sub
@@ -3849,7 +3853,7 @@ void XlnetTrain::repeated1(support::View a0, support::ConstView a1, support::Con
 
   // xlnet.mesh:37:48 mean
   MESHRT_TRACE("mean", "xlnet.mesh:37:48", "backward");
-  support::reduce(a8.data(), kShape10, a7.data(), kShape3, kShape11, kShape1, support::Reduce::Sum,
+  support::reduce(a8.data(), kShape11, a7.data(), kShape3, kShape12, kShape1, support::Reduce::Sum,
                   0.03125);
 
   // xlnet.mesh:37:48 add
@@ -3864,12 +3868,12 @@ void XlnetTrain::repeated1(support::View a0, support::ConstView a1, support::Con
 
   // xlnet.mesh:37:48 mean
   MESHRT_TRACE("mean", "xlnet.mesh:37:48", "backward");
-  support::reduce(a13.data(), kShape10, a12.data(), kShape3, kShape11, kShape1,
+  support::reduce(a13.data(), kShape11, a12.data(), kShape3, kShape12, kShape1,
                   support::Reduce::Sum, 0.03125);
 
   // xlnet.mesh:37:48 mean
   MESHRT_TRACE("mean", "xlnet.mesh:37:48", "backward");
-  support::reduce(a14.data(), kShape10, a11.data(), kShape3, kShape11, kShape1,
+  support::reduce(a14.data(), kShape11, a11.data(), kShape3, kShape12, kShape1,
                   support::Reduce::Sum, 0.03125);
 
   // xlnet.mesh:37:48 mul
@@ -3881,7 +3885,7 @@ void XlnetTrain::repeated1(support::View a0, support::ConstView a1, support::Con
 
   // xlnet.mesh:37:40 sum
   MESHRT_TRACE("sum", "xlnet.mesh:37:40", "backward");
-  support::reduce(a16.data(), kShape11, a17.data(), kShape1, kShape10, kShape3,
+  support::reduce(a16.data(), kShape12, a17.data(), kShape1, kShape11, kShape3,
                   support::Reduce::Sum, 1.0);
 
   // xlnet.mesh:37:40 add -> grad/xlnet/xlnet_layer[0]/norm#1/bias
@@ -3894,7 +3898,7 @@ void XlnetTrain::repeated1(support::View a0, support::ConstView a1, support::Con
 
   // xlnet.mesh:37:33 sum
   MESHRT_TRACE("sum", "xlnet.mesh:37:33", "backward");
-  support::reduce(a21.data(), kShape11, a20.data(), kShape1, kShape10, kShape3,
+  support::reduce(a21.data(), kShape12, a20.data(), kShape1, kShape11, kShape3,
                   support::Reduce::Sum, 1.0);
 
   // xlnet.mesh:37:33 add -> grad/xlnet/xlnet_layer[0]/norm#1/gain
@@ -3903,7 +3907,7 @@ void XlnetTrain::repeated1(support::View a0, support::ConstView a1, support::Con
 
   // xlnet.mesh:37:10 mean
   MESHRT_TRACE("mean", "xlnet.mesh:37:10", "backward");
-  support::reduce(a23.data(), kShape10, a24.data(), kShape3, kShape11, kShape1,
+  support::reduce(a23.data(), kShape11, a24.data(), kShape3, kShape12, kShape1,
                   support::Reduce::Sum, 0.03125);
 
   // xlnet.mesh:37:10 sub
@@ -3913,7 +3917,7 @@ void XlnetTrain::repeated1(support::View a0, support::ConstView a1, support::Con
 
   // xlnet.mesh:37:10 mean
   MESHRT_TRACE("mean", "xlnet.mesh:37:10", "backward");
-  support::reduce(a26.data(), kShape10, a25.data(), kShape3, kShape11, kShape1,
+  support::reduce(a26.data(), kShape11, a25.data(), kShape3, kShape12, kShape1,
                   support::Reduce::Sum, 0.03125);
 
   // xlnet.mesh:37:10 add
@@ -3928,12 +3932,12 @@ void XlnetTrain::repeated1(support::View a0, support::ConstView a1, support::Con
 
   // xlnet.mesh:37:10 mean
   MESHRT_TRACE("mean", "xlnet.mesh:37:10", "backward");
-  support::reduce(a30.data(), kShape10, a29.data(), kShape3, kShape11, kShape1,
+  support::reduce(a30.data(), kShape11, a29.data(), kShape3, kShape12, kShape1,
                   support::Reduce::Sum, 0.03125);
 
   // xlnet.mesh:37:10 mean
   MESHRT_TRACE("mean", "xlnet.mesh:37:10", "backward");
-  support::reduce(a31.data(), kShape10, a28.data(), kShape3, kShape11, kShape1,
+  support::reduce(a31.data(), kShape11, a28.data(), kShape3, kShape12, kShape1,
                   support::Reduce::Sum, 0.03125);
 
   // xlnet.mesh:37:10 mul
@@ -3981,7 +3985,7 @@ void XlnetTrain::repeated2(support::ConstView a0, support::ConstView a1, support
 
   // xlnet.mesh:65:36 add
   MESHRT_TRACE("loop", "xlnet.mesh:65:36", "forward");
-  loop18(a13.data(), a9.data(), a12.data());
+  loop17(a13.data(), a9.data(), a12.data());
 
   // xlnet.mesh:65:19 einsum
   MESHRT_TRACE("gemm", "xlnet.mesh:65:19", "forward");
@@ -3990,7 +3994,7 @@ void XlnetTrain::repeated2(support::ConstView a0, support::ConstView a1, support
 
   // xlnet.mesh:66:38 add
   MESHRT_TRACE("loop", "xlnet.mesh:66:38", "forward");
-  loop18(a16.data(), a9.data(), a15.data());
+  loop17(a16.data(), a9.data(), a15.data());
 
   // xlnet.mesh:66:21 einsum
   MESHRT_TRACE("gemm", "xlnet.mesh:66:21", "forward");
@@ -3999,7 +4003,7 @@ void XlnetTrain::repeated2(support::ConstView a0, support::ConstView a1, support
 
   // xlnet.mesh:67:36 add
   MESHRT_TRACE("loop", "xlnet.mesh:67:36", "forward");
-  loop18(a18.data(), a11.data(), a12.data());
+  loop17(a18.data(), a11.data(), a12.data());
 
   // xlnet.mesh:67:19 einsum
   MESHRT_TRACE("gemm", "xlnet.mesh:67:19", "forward");
@@ -4008,7 +4012,7 @@ void XlnetTrain::repeated2(support::ConstView a0, support::ConstView a1, support
 
   // xlnet.mesh:68:38 add
   MESHRT_TRACE("loop", "xlnet.mesh:68:38", "forward");
-  loop18(a20.data(), a11.data(), a15.data());
+  loop17(a20.data(), a11.data(), a15.data());
 
   // xlnet.mesh:68:21 einsum
   MESHRT_TRACE("gemm", "xlnet.mesh:68:21", "forward");
@@ -4016,14 +4020,129 @@ void XlnetTrain::repeated2(support::ConstView a0, support::ConstView a1, support
   kEinsum7.plan().run(a20.data(), a7.data(), a21.data(), 1.0f, 0.0f);
 }
 
-void XlnetTrain::repeated3(support::ConstView a0, support::ConstView a1, support::ConstView a2,
+void XlnetTrain::repeated3(support::View a0, support::ConstView a1, support::ConstView a2,
+                           support::View a3, support::View a4, support::View a5,
+                           support::ConstView a6, support::View a7, support::View a8,
+                           support::View a9, support::ConstView a10, support::View a11,
+                           support::View a12, support::View a13, support::View a14,
+                           support::View a15) {
+  MESHRT_TRACE_SPAN(world_);
+
+  // xlnet.mesh:37:78 sum -> grad/xlnet/xlnet_layer[1]/norm#1/bias
+  MESHRT_TRACE("sum", "xlnet.mesh:37:78", "backward");
+  support::reduce(a0.data(), kShape12, a1.data(), kShape1, kShape11, kShape3, support::Reduce::Sum,
+                  1.0);
+
+  // xlnet.mesh:37:71 mul
+  MESHRT_TRACE("loop", "xlnet.mesh:37:71", "backward");
+  loop23(a3.data(), a1.data(), a2.data());
+
+  // xlnet.mesh:37:71 sum -> grad/xlnet/xlnet_layer[1]/norm#1/gain
+  MESHRT_TRACE("sum", "xlnet.mesh:37:71", "backward");
+  support::reduce(a4.data(), kShape12, a3.data(), kShape1, kShape11, kShape3, support::Reduce::Sum,
+                  1.0);
+
+  // xlnet.mesh:37:48 mean
+  MESHRT_TRACE("mean", "xlnet.mesh:37:48", "backward");
+  support::reduce(a5.data(), kShape11, a6.data(), kShape3, kShape12, kShape1, support::Reduce::Sum,
+                  0.03125);
+
+  // xlnet.mesh:37:48 sub
+  // xlnet.mesh:37:48 square
+  MESHRT_TRACE("loop", "xlnet.mesh:37:48", "backward");
+  loop39(a7.data(), a6.data(), a5.data());
+
+  // xlnet.mesh:37:48 mean
+  MESHRT_TRACE("mean", "xlnet.mesh:37:48", "backward");
+  support::reduce(a8.data(), kShape11, a7.data(), kShape3, kShape12, kShape1, support::Reduce::Sum,
+                  0.03125);
+
+  // xlnet.mesh:37:48 add
+  // xlnet.mesh:37:48 rsqrt
+  MESHRT_TRACE("loop", "xlnet.mesh:37:48", "backward");
+  loop40(a9.data(), a8.data());
+
+  // xlnet.mesh:37:71 mul
+  // xlnet.mesh:37:48 mul
+  MESHRT_TRACE("loop", "xlnet.mesh:37:71", "backward");
+  loop41(a11.data(), a12.data(), a1.data(), a10.data(), a2.data());
+
+  // xlnet.mesh:37:48 mean
+  MESHRT_TRACE("mean", "xlnet.mesh:37:48", "backward");
+  support::reduce(a13.data(), kShape11, a12.data(), kShape3, kShape12, kShape1,
+                  support::Reduce::Sum, 0.03125);
+
+  // xlnet.mesh:37:48 mean
+  MESHRT_TRACE("mean", "xlnet.mesh:37:48", "backward");
+  support::reduce(a14.data(), kShape11, a11.data(), kShape3, kShape12, kShape1,
+                  support::Reduce::Sum, 0.03125);
+
+  // xlnet.mesh:37:48 mul
+  // xlnet.mesh:37:48 sub
+  // xlnet.mesh:37:48 sub
+  // xlnet.mesh:37:48 mul
+  MESHRT_TRACE("loop", "xlnet.mesh:37:48", "backward");
+  loop42(a15.data(), a2.data(), a13.data(), a11.data(), a14.data(), a9.data());
+}
+
+void XlnetTrain::repeated4(support::View a0, support::ConstView a1, support::ConstView a2,
+                           support::View a3, support::ConstView a4, support::View a5,
+                           support::ConstView a6, support::View a7, support::View a8,
+                           support::ConstView a9, support::View a10) {
+  MESHRT_TRACE_SPAN(world_);
+
+  // xlnet.mesh:84:96 sum -> grad/xlnet/xlnet_layer[1]/dense_relu_dense/bo
+  MESHRT_TRACE("sum", "xlnet.mesh:84:96", "backward");
+  support::reduce(a0.data(), kShape12, a1.data(), kShape1, kShape11, kShape3, support::Reduce::Sum,
+                  1.0);
+
+  // xlnet.mesh:84:10 einsum
+  MESHRT_TRACE("gemm", "xlnet.mesh:84:10", "backward");
+  // dims: batch, length, d_model, d_ff
+  kEinsum0.plan().run(a1.data(), a2.data(), a3.data(), 1.0f, 0.0f);
+
+  // xlnet.mesh:84:10 einsum -> grad/xlnet/xlnet_layer[1]/dense_relu_dense/wo
+  MESHRT_TRACE("gemm", "xlnet.mesh:84:10", "backward");
+  // dims: batch, length, d_model, d_ff
+  kEinsum9.plan().run(a1.data(), a4.data(), a5.data(), 1.0f, 0.0f);
+
+  // xlnet.mesh:84:17 square
+  // xlnet.mesh:84:17 mul
+  // xlnet.mesh:84:17 mul
+  // xlnet.mesh:84:17 add
+  // xlnet.mesh:84:17 mul
+  // xlnet.mesh:84:17 tanh
+  // xlnet.mesh:84:17 add
+  // xlnet.mesh:84:17 mul
+  // xlnet.mesh:84:17 mul
+  // xlnet.mesh:84:17 add
+  // xlnet.mesh:84:17 square
+  // xlnet.mesh:84:17 sub
+  // xlnet.mesh:84:17 mul
+  // xlnet.mesh:84:17 mul
+  // xlnet.mesh:84:17 mul
+  // xlnet.mesh:84:17 add
+  // xlnet.mesh:84:17 mul
+  MESHRT_TRACE("loop", "xlnet.mesh:84:17", "backward");
+  loop27(a7.data(), a6.data(), a3.data());
+
+  // xlnet.mesh:84:59 sum -> grad/xlnet/xlnet_layer[1]/dense_relu_dense/bi
+  MESHRT_TRACE("sum", "xlnet.mesh:84:59", "backward");
+  support::reduce(a8.data(), kShape12, a7.data(), kShape1, kShape11, kShape3, support::Reduce::Sum,
+                  1.0);
+
+  // xlnet.mesh:84:22 einsum
+  MESHRT_TRACE("gemm", "xlnet.mesh:84:22", "backward");
+  // dims: batch, length, d_ff, d_model
+  kEinsum0.plan().run(a7.data(), a9.data(), a10.data(), 1.0f, 0.0f);
+}
+
+void XlnetTrain::repeated5(support::ConstView a0, support::ConstView a1, support::ConstView a2,
                            support::View a3, support::View a4, support::ConstView a5,
                            support::ConstView a6, support::View a7, support::ConstView a8,
                            support::View a9, support::View a10, support::View a11,
                            support::ConstView a12, support::View a13, support::ConstView a14,
-                           support::View a15, support::View a16, support::ConstView a17,
-                           support::ConstView a18, support::View a19, support::View a20,
-                           support::View a21, support::ConstView a22, support::View a23) {
+                           support::View a15) {
   MESHRT_TRACE_SPAN(world_);
 
   // xlnet.mesh:68:19 add
@@ -4071,148 +4190,6 @@ void XlnetTrain::repeated3(support::ConstView a0, support::ConstView a1, support
   // xlnet.mesh:93:30 add
   MESHRT_TRACE("loop", "xlnet.mesh:93:30", "forward");
   loop15(a15.data(), a14.data(), a11.data());
-
-  // xlnet.mesh:37:10 layer_norm
-  MESHRT_TRACE("layer_norm", "xlnet.mesh:37:10", "forward");
-  support::along(a16.data(), a13.data(), kShape10, kShape3, kShape3, kShape11, kShape1, kShape1,
-                 support::Along::LayerNorm, 1e-05, 32, nullptr);
-
-  // xlnet.mesh:37:33 mul
-  // xlnet.mesh:37:40 add -> h1
-  MESHRT_TRACE("loop", "xlnet.mesh:37:33", "forward");
-  loop13(a19.data(), a16.data(), a17.data(), a18.data());
-
-  // xlnet.mesh:37:48 layer_norm
-  MESHRT_TRACE("layer_norm", "xlnet.mesh:37:48", "forward");
-  support::along(a20.data(), a15.data(), kShape10, kShape3, kShape3, kShape11, kShape1, kShape1,
-                 support::Along::LayerNorm, 1e-05, 32, nullptr);
-
-  // xlnet.mesh:37:71 mul
-  // xlnet.mesh:37:78 add -> g1
-  MESHRT_TRACE("loop", "xlnet.mesh:37:71", "forward");
-  loop13(a21.data(), a20.data(), a17.data(), a18.data());
-
-  // xlnet.mesh:83:22 einsum
-  MESHRT_TRACE("gemm", "xlnet.mesh:83:22", "forward");
-  // dims: batch, length, d_model, d_ff
-  kEinsum3.plan().run(a19.data(), a22.data(), a23.data(), 1.0f, 0.0f);
-}
-
-void XlnetTrain::repeated4(support::View a0, support::ConstView a1, support::ConstView a2,
-                           support::View a3, support::View a4, support::View a5,
-                           support::ConstView a6, support::View a7, support::View a8,
-                           support::View a9, support::ConstView a10, support::View a11,
-                           support::View a12, support::View a13, support::View a14,
-                           support::View a15) {
-  MESHRT_TRACE_SPAN(world_);
-
-  // xlnet.mesh:37:78 sum -> grad/xlnet/xlnet_layer[1]/norm#1/bias
-  MESHRT_TRACE("sum", "xlnet.mesh:37:78", "backward");
-  support::reduce(a0.data(), kShape11, a1.data(), kShape1, kShape10, kShape3, support::Reduce::Sum,
-                  1.0);
-
-  // xlnet.mesh:37:71 mul
-  MESHRT_TRACE("loop", "xlnet.mesh:37:71", "backward");
-  loop23(a3.data(), a1.data(), a2.data());
-
-  // xlnet.mesh:37:71 sum -> grad/xlnet/xlnet_layer[1]/norm#1/gain
-  MESHRT_TRACE("sum", "xlnet.mesh:37:71", "backward");
-  support::reduce(a4.data(), kShape11, a3.data(), kShape1, kShape10, kShape3, support::Reduce::Sum,
-                  1.0);
-
-  // xlnet.mesh:37:48 mean
-  MESHRT_TRACE("mean", "xlnet.mesh:37:48", "backward");
-  support::reduce(a5.data(), kShape10, a6.data(), kShape3, kShape11, kShape1, support::Reduce::Sum,
-                  0.03125);
-
-  // xlnet.mesh:37:48 sub
-  // xlnet.mesh:37:48 square
-  MESHRT_TRACE("loop", "xlnet.mesh:37:48", "backward");
-  loop39(a7.data(), a6.data(), a5.data());
-
-  // xlnet.mesh:37:48 mean
-  MESHRT_TRACE("mean", "xlnet.mesh:37:48", "backward");
-  support::reduce(a8.data(), kShape10, a7.data(), kShape3, kShape11, kShape1, support::Reduce::Sum,
-                  0.03125);
-
-  // xlnet.mesh:37:48 add
-  // xlnet.mesh:37:48 rsqrt
-  MESHRT_TRACE("loop", "xlnet.mesh:37:48", "backward");
-  loop40(a9.data(), a8.data());
-
-  // xlnet.mesh:37:71 mul
-  // xlnet.mesh:37:48 mul
-  MESHRT_TRACE("loop", "xlnet.mesh:37:71", "backward");
-  loop41(a11.data(), a12.data(), a1.data(), a10.data(), a2.data());
-
-  // xlnet.mesh:37:48 mean
-  MESHRT_TRACE("mean", "xlnet.mesh:37:48", "backward");
-  support::reduce(a13.data(), kShape10, a12.data(), kShape3, kShape11, kShape1,
-                  support::Reduce::Sum, 0.03125);
-
-  // xlnet.mesh:37:48 mean
-  MESHRT_TRACE("mean", "xlnet.mesh:37:48", "backward");
-  support::reduce(a14.data(), kShape10, a11.data(), kShape3, kShape11, kShape1,
-                  support::Reduce::Sum, 0.03125);
-
-  // xlnet.mesh:37:48 mul
-  // xlnet.mesh:37:48 sub
-  // xlnet.mesh:37:48 sub
-  // xlnet.mesh:37:48 mul
-  MESHRT_TRACE("loop", "xlnet.mesh:37:48", "backward");
-  loop42(a15.data(), a2.data(), a13.data(), a11.data(), a14.data(), a9.data());
-}
-
-void XlnetTrain::repeated5(support::View a0, support::ConstView a1, support::ConstView a2,
-                           support::View a3, support::ConstView a4, support::View a5,
-                           support::ConstView a6, support::View a7, support::View a8,
-                           support::ConstView a9, support::View a10) {
-  MESHRT_TRACE_SPAN(world_);
-
-  // xlnet.mesh:84:96 sum -> grad/xlnet/xlnet_layer[1]/dense_relu_dense/bo
-  MESHRT_TRACE("sum", "xlnet.mesh:84:96", "backward");
-  support::reduce(a0.data(), kShape11, a1.data(), kShape1, kShape10, kShape3, support::Reduce::Sum,
-                  1.0);
-
-  // xlnet.mesh:84:10 einsum
-  MESHRT_TRACE("gemm", "xlnet.mesh:84:10", "backward");
-  // dims: batch, length, d_model, d_ff
-  kEinsum0.plan().run(a1.data(), a2.data(), a3.data(), 1.0f, 0.0f);
-
-  // xlnet.mesh:84:10 einsum -> grad/xlnet/xlnet_layer[1]/dense_relu_dense/wo
-  MESHRT_TRACE("gemm", "xlnet.mesh:84:10", "backward");
-  // dims: batch, length, d_model, d_ff
-  kEinsum9.plan().run(a1.data(), a4.data(), a5.data(), 1.0f, 0.0f);
-
-  // xlnet.mesh:84:17 square
-  // xlnet.mesh:84:17 mul
-  // xlnet.mesh:84:17 mul
-  // xlnet.mesh:84:17 add
-  // xlnet.mesh:84:17 mul
-  // xlnet.mesh:84:17 tanh
-  // xlnet.mesh:84:17 add
-  // xlnet.mesh:84:17 mul
-  // xlnet.mesh:84:17 mul
-  // xlnet.mesh:84:17 add
-  // xlnet.mesh:84:17 square
-  // xlnet.mesh:84:17 sub
-  // xlnet.mesh:84:17 mul
-  // xlnet.mesh:84:17 mul
-  // xlnet.mesh:84:17 mul
-  // xlnet.mesh:84:17 add
-  // xlnet.mesh:84:17 mul
-  MESHRT_TRACE("loop", "xlnet.mesh:84:17", "backward");
-  loop27(a7.data(), a6.data(), a3.data());
-
-  // xlnet.mesh:84:59 sum -> grad/xlnet/xlnet_layer[1]/dense_relu_dense/bi
-  MESHRT_TRACE("sum", "xlnet.mesh:84:59", "backward");
-  support::reduce(a8.data(), kShape11, a7.data(), kShape1, kShape10, kShape3, support::Reduce::Sum,
-                  1.0);
-
-  // xlnet.mesh:84:22 einsum
-  MESHRT_TRACE("gemm", "xlnet.mesh:84:22", "backward");
-  // dims: batch, length, d_ff, d_model
-  kEinsum0.plan().run(a7.data(), a9.data(), a10.data(), 1.0f, 0.0f);
 }
 
 void XlnetTrain::repeated6(support::ConstView a0, support::ConstView a1, support::ConstView a2,
@@ -4242,7 +4219,7 @@ void XlnetTrain::repeated6(support::ConstView a0, support::ConstView a1, support
 
   // xlnet.mesh:68:38 sum -> grad/xlnet/xlnet_layer[1]/two_stream_attention/position_bias
   MESHRT_TRACE("sum", "xlnet.mesh:68:38", "backward");
-  support::reduce(a9.data(), kShape15, a6.data(), kShape16, kShape10, kShape4, support::Reduce::Sum,
+  support::reduce(a9.data(), kShape15, a6.data(), kShape16, kShape11, kShape4, support::Reduce::Sum,
                   1.0);
 
   // xlnet.mesh:67:19 einsum
@@ -4261,15 +4238,14 @@ void XlnetTrain::repeated6(support::ConstView a0, support::ConstView a1, support
 
   // xlnet.mesh:67:36 sum -> grad/xlnet/xlnet_layer[1]/two_stream_attention/content_bias
   MESHRT_TRACE("sum", "xlnet.mesh:67:36", "backward");
-  support::reduce(a15.data(), kShape15, a11.data(), kShape16, kShape10, kShape4,
+  support::reduce(a15.data(), kShape15, a11.data(), kShape16, kShape11, kShape4,
                   support::Reduce::Sum, 1.0);
 }
 
 void XlnetTrain::repeated7(support::ConstView a0, support::ConstView a1, support::View a2,
                            support::ConstView a3, support::ConstView a4, support::View a5,
                            support::ConstView a6, support::View a7, support::View a8,
-                           support::View a9, support::ConstView a10, support::ConstView a11,
-                           support::View a12, support::View a13, support::View a14) {
+                           support::View a9) {
   MESHRT_TRACE_SPAN(world_);
 
   // xlnet.mesh:83:10 einsum
@@ -4285,7 +4261,7 @@ void XlnetTrain::repeated7(support::ConstView a0, support::ConstView a1, support
   // xlnet.mesh:84:59 add
   // xlnet.mesh:84:17 gelu
   MESHRT_TRACE("loop", "xlnet.mesh:84:59", "forward");
-  loop22(a7.data(), a8.data(), a5.data(), a6.data());
+  loop21(a7.data(), a8.data(), a5.data(), a6.data());
 
   // xlnet.mesh:84:10 einsum
   MESHRT_TRACE("gemm", "xlnet.mesh:84:10", "forward");
@@ -4296,21 +4272,6 @@ void XlnetTrain::repeated7(support::ConstView a0, support::ConstView a1, support
   // 83:96; merged with 1 more partial sum over model (%102): 8.0 KiB in one buffer)
   MESHRT_TRACE_SITE("xlnet.mesh:83:96");
   support::allReduceBucket(group_model, {a2, a9});
-
-  // xlnet.mesh:83:96 add -> f
-  // xlnet.mesh:95:24 add
-  MESHRT_TRACE("loop", "xlnet.mesh:83:96", "forward");
-  loop17(a12.data(), a2.data(), a10.data(), a11.data());
-
-  // xlnet.mesh:84:96 add -> e
-  // xlnet.mesh:95:32 add
-  MESHRT_TRACE("loop", "xlnet.mesh:84:96", "forward");
-  loop17(a13.data(), a9.data(), a10.data(), a3.data());
-
-  // xlnet.mesh:37:10 layer_norm
-  MESHRT_TRACE("layer_norm", "xlnet.mesh:37:10", "forward");
-  support::along(a14.data(), a12.data(), kShape10, kShape3, kShape3, kShape11, kShape1, kShape1,
-                 support::Along::LayerNorm, 1e-05, 32, nullptr);
 }
 
 void XlnetTrain::repeated8(support::ConstView a0, support::ConstView a1, support::View a2,
@@ -4340,9 +4301,35 @@ void XlnetTrain::repeated8(support::ConstView a0, support::ConstView a1, support
   kEinsum15.plan().run(a0.data(), a7.data(), a8.data(), 1.0f, 0.0f);
 }
 
-void XlnetTrain::repeated9(support::ConstView a0, support::ConstView a1, support::View a2,
-                           support::ConstView a3, support::ConstView a4, support::View a5,
-                           support::ConstView a6, support::ConstView a7, support::View a8) {
+void XlnetTrain::repeated9(support::View a0, support::ConstView a1, support::ConstView a2,
+                           support::ConstView a3, support::View a4, support::View a5,
+                           support::ConstView a6, support::View a7) {
+  MESHRT_TRACE_SPAN(world_);
+
+  // xlnet.mesh:37:10 layer_norm
+  MESHRT_TRACE("layer_norm", "xlnet.mesh:37:10", "forward");
+  support::along(a0.data(), a1.data(), kShape11, kShape3, kShape3, kShape12, kShape1, kShape1,
+                 support::Along::LayerNorm, 1e-05, 32, nullptr);
+
+  // xlnet.mesh:37:33 mul
+  // xlnet.mesh:37:40 add -> h1
+  MESHRT_TRACE("loop", "xlnet.mesh:37:33", "forward");
+  loop22(a4.data(), a0.data(), a2.data(), a3.data());
+
+  // xlnet.mesh:37:48 layer_norm
+  MESHRT_TRACE("layer_norm", "xlnet.mesh:37:48", "forward");
+  support::along(a5.data(), a6.data(), kShape11, kShape3, kShape3, kShape12, kShape1, kShape1,
+                 support::Along::LayerNorm, 1e-05, 32, nullptr);
+
+  // xlnet.mesh:37:71 mul
+  // xlnet.mesh:37:78 add -> g1
+  MESHRT_TRACE("loop", "xlnet.mesh:37:71", "forward");
+  loop22(a7.data(), a5.data(), a2.data(), a3.data());
+}
+
+void XlnetTrain::repeated10(support::ConstView a0, support::ConstView a1, support::View a2,
+                            support::ConstView a3, support::ConstView a4, support::View a5,
+                            support::ConstView a6, support::ConstView a7, support::View a8) {
   MESHRT_TRACE_SPAN(world_);
 
   // xlnet.mesh:63:19 einsum
