@@ -409,14 +409,7 @@ train t(x: f32[r, c]) {{
 }}
 )",
                                      optimizer);
-    std::optional<SourceSet> set = loadSourcesFromBuffer(source, "t.mesh", trained.diag);
-    REQUIRE(set);
-    std::optional<ir::Module> module = analyze(*set, trained.diag);
-    trained.errorStream.flush();
-    INFO(trained.errors);
-    REQUIRE(module);
-    ir::Function fn = module->functions.at(0);
-    REQUIRE(train::lowerTraining(fn, trained.diag));
+    ir::Function fn = lowered(source, trained);
     for (const ir::ParamUpdate& update : fn.updates)
       CHECK(fn.typeOf(update.value) == fn.params[update.param].type);
     interp::TensorMap inputs{{"x", interp::synthesizeInput(fn.inputs[0], 1)}}, state;
