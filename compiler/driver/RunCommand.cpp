@@ -331,24 +331,12 @@ std::string runtimeStamp(const std::vector<std::string>& includeDirs,
   return stamp;
 }
 
-/// What every generated C++ translation unit includes first (the emitter's header and runner),
-/// precompiled once per compiler, flags and runtime headers into the cache and included first
-/// (-include) by each build, which would otherwise parse it again: about a second of every build.
-/// tests/e2e's generated_prelude.h is the same list for the e2e cases.
-constexpr const char* kPrelude = R"(// meshc run's precompiled prelude (RunCommand.cpp).
-#include "meshc/GeneratedSupport.h"
-#include "meshrt/Launch.h"
-
-#include <algorithm>
-#include <chrono>
-#include <cmath>
-#include <cstdint>
-#include <cstdio>
-#include <cstdlib>
-#include <exception>
-#include <string>
-#include <vector>
-)";
+/// The prelude every generated C++ translation unit includes first (meshc/GeneratedPrelude.h,
+/// the list tests/e2e precompiles too), precompiled once per compiler, flags and runtime headers
+/// into the cache and included first (-include) by each build, which would otherwise parse it
+/// again: about a second of every build.
+constexpr const char* kPrelude = "// meshc run's precompiled prelude (RunCommand.cpp).\n"
+                                 "#include \"meshc/GeneratedPrelude.h\"\n";
 
 /// The prelude to include first in a build with `flags` (the compiler and every flag that
 /// reaches the compilation, include directories but no program's own), precompiled into the
