@@ -1,6 +1,7 @@
 #include "driver/PlanPipeline.h"
 
 #include "driver/Driver.h"
+#include "driver/PlaceRest.h"
 #include "driver/StageMemory.h"
 #include "planner/PipelineModel.h"
 #include "planner/PlanReport.h"
@@ -155,56 +156,6 @@ double boundaryBytes(const ir::Function& fn, const std::string& dim,
   return bytes;
 }
 
-/// Where the rest's params, gradients and optimizer state live (PipelineShape::restParams,
-/// restOptimizer), weighed by bytes per device, as split-stages places them: a param on the
-/// stages whose forward statements read it, the rest's statements before the repeat's layers
-/// (the embedding) running on the first stage and those after them on the last; its optimizer
-/// state where its update runs, the first of those stages.
-void placeRest(const ir::Function& fn, const plan::SpmdFunction& spmd, plan::PipelineShape& shape) {
-  auto inLayer = [&](const ir::Op& op) {
-    for (uint32_t call = op.loc.call; call > 0 && call <= fn.calls.size();
-         call = fn.calls[call - 1].parent)
-      if (llvm::StringRef(fn.calls[call - 1].path).contains('[')) return true;
-    return false;
-  };
-  size_t forwardEnd = fn.train ? size_t(fn.values[fn.train->loss].definingOp) + 1 : fn.ops.size();
-  size_t firstLayer = fn.ops.size(), lastLayer = 0;
-  for (size_t k = 0; k < forwardEnd && k < fn.ops.size(); ++k)
-    if (inLayer(fn.ops[k])) {
-      firstLayer = std::min(firstLayer, k);
-      lastLayer = k;
-    }
-  if (firstLayer == fn.ops.size()) return;
-  // Per value: 1 read before the layers, 2 after them, 4 by a layer.
-  std::map<ir::ValueId, int> readers;
-  for (size_t k = 0; k < forwardEnd && k < fn.ops.size(); ++k)
-    for (ir::ValueId operand : fn.ops[k].operands)
-      readers[operand] |= inLayer(fn.ops[k]) ? 4 : k < firstLayer ? 1 : k > lastLayer ? 2 : 0;
-  std::map<std::string, int> placed; // weight path -> its readers
-  for (const ir::ParamInfo& param : fn.params)
-    if (param.role != ir::ParamRole::OptimizerState) placed[param.path] = readers[param.value];
-  double weights[3] = {0, 0, 0}, slots[3] = {0, 0, 0}; // first, last, all
-  for (const ir::ParamInfo& param : fn.params) {
-    std::string weight = param.path.substr(0, param.path.find('@'));
-    int where = placed.count(weight) ? placed[weight] : readers[param.value];
-    if (where & 4) continue;     // a layer's
-    if (!(where & 3)) where = 2; // read nowhere in forward: with the head
-    double bytes = double(plan::localBytes(
-        param.type, plan::tensorLayoutOf(param.type, spmd.layout, spmd.mesh), spmd.mesh));
-    bool slot = param.role == ir::ParamRole::OptimizerState;
-    double* sums = slot ? slots : weights;
-    sums[2] += bytes;
-    if (where & 1) sums[0] += bytes;
-    if ((where & 2) && !(slot && (where & 1))) sums[1] += bytes;
-  }
-  if (weights[2] > 0) shape.restParams = {weights[0] / weights[2], weights[1] / weights[2]};
-  if (slots[2] > 0) shape.restOptimizer = {slots[0] / slots[2], slots[1] / slots[2]};
-  // Optimizers whose state the plan counts per weight (no slot params): with the weight, on the
-  // first of its stages.
-  else if (weights[2] > 0)
-    shape.restOptimizer = {weights[0] / weights[2], (weights[2] - weights[0]) / weights[2]};
-}
-
 struct Candidate {
   int64_t microbatches = 1;
   plan::StageWork layer, rest;
@@ -287,7 +238,7 @@ std::optional<Candidate> evaluate(const ir::Module& module, const ir::DimLayout&
   shape.microbatches = count;
   shape.schedule = schedule;
   candidate.boundaryBytes = innerFn ? boundaryBytes(*innerFn, stage.dim, plans[0]->spmd) : 0;
-  if (innerFn) placeRest(*innerFn, plans[0]->spmd, shape);
+  if (innerFn) placeRest(*innerFn, plans[0]->spmd, accumulates, shape);
   shape.boundaryBytes = candidate.boundaryBytes;
   shape.link = plan::linkFor(machine, plan::Mesh{module.mesh}, {stage.axes.front()});
   candidate.prediction = plan::predictPipeline(candidate.layer, candidate.rest, shape);

@@ -119,7 +119,7 @@ PipelinePrediction predictPipeline(const StageWork& layer, const StageWork& rest
       for (auto [held, ofRest, share] :
            {std::tuple{&work.memory.paramBytes, rest.memory.paramBytes, more(shape.restParams)},
             std::tuple{&work.memory.gradientBytes, rest.memory.gradientBytes,
-                       more(shape.restParams)},
+                       more(shape.restOptimizer)},
             std::tuple{&work.memory.optimizerBytes, rest.memory.optimizerBytes,
                        more(shape.restOptimizer)}})
         *held = std::max(0.0, *held + share * ofRest);
@@ -131,10 +131,23 @@ PipelinePrediction predictPipeline(const StageWork& layer, const StageWork& rest
     // soon as the last stage has one, so stage s holds at most p - s microbatches.
     stage.inFlight = shape.schedule == PipelineSchedule::GPipe ? m : std::min(m, p - s);
     stage.memory = work.memory;
-    stage.memory.peakActivationBytes *= double(stage.inFlight);
+    const PipelineShape::StagePeaks& peaks = shape.stagePeaks;
+    if (p > 1 && peaks.first >= 0) {
+      // One layer and one microbatch at the stage's peak (a recomputed layer's working set
+      // included: the one-layer plan recomputes it), the other layers' and microbatches' kept
+      // values beside it.
+      double kept = peaks.layerKept, n = double(stage.layerCount);
+      double restKept = (s == 0 ? peaks.firstKept : 0) + (s == p - 1 ? peaks.lastKept : 0);
+      stage.memory.peakActivationBytes = (s == 0 ? peaks.first : s == p - 1 ? peaks.last
+                                                                            : peaks.middle) +
+                                         (n - 1) * kept +
+                                         double(stage.inFlight - 1) * (n * kept + restKept);
+    } else {
+      stage.memory.peakActivationBytes *= double(stage.inFlight);
+    }
     // The layer being recomputed: on the stage of the rest, one microbatch's rest activations
     // are freed (its backward through the rest ran) before its layers are recomputed.
-    if (shape.recomputeWorkingBytes > 0)
+    if (shape.recomputeWorkingBytes > 0 && !(p > 1 && peaks.first >= 0))
       stage.memory.peakActivationBytes +=
           std::max(0.0, shape.recomputeWorkingBytes -
                             (stage.holdsRest ? rest.memory.peakActivationBytes : 0));

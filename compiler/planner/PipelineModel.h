@@ -56,12 +56,24 @@ struct PipelineShape {
   /// the last, a tied embedding on both), its gradient with it, its optimizer state on the first
   /// of them (where its update runs). Each is the share of the rest's bytes held by the first
   /// and by the last stage (a param both hold counts in each, so they may add up to more than 1).
-  /// The rest's activations and time stay on the last stage. One stage holds the rest whole.
+  /// The rest's time stays on the last stage. One stage holds the rest whole.
   struct RestShare {
     double first = 0, last = 1;
   };
-  RestShare restParams;    // params and their gradients
-  RestShare restOptimizer; // optimizer state
+  RestShare restParams;    // params
+  RestShare restOptimizer; // optimizer state and gradient accumulators (where the update runs)
+  /// Activations per device as the code places the rest (driver/PlaceRest.h): the one-layer
+  /// plan's peak live bytes of one microbatch restricted to what a first, a middle and a last
+  /// stage hold (its layer's values; the rest's before the layers on the first, after them on
+  /// the last; a value sent on both), and the rest's values kept from forward to backward per
+  /// microbatch on the first and on the last stage, and the layer's. A stage of n layers holding k microbatches
+  /// adds n - 1 layers' and k - 1 microbatches' kept values to its peak. Unset (first < 0): the
+  /// rest's activations stay whole on the last stage (rest.memory).
+  struct StagePeaks {
+    double first = -1, middle = 0, last = 0;
+    double firstKept = 0, lastKept = 0, layerKept = 0;
+  };
+  StagePeaks stagePeaks;
 };
 
 struct StagePrediction {

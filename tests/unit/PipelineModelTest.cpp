@@ -115,12 +115,14 @@ TEST_CASE("the rest's params live where the code holds them: first, last or both
   CHECK(placed.stages[0].memory.paramBytes == Approx(20 + 25));
   CHECK(placed.stages[0].memory.total() == Approx(20 + 100));
   CHECK(placed.stages[1].memory.total() == Approx(20 + 300 + 50));
-  // Tied: the whole rest is one param both stages hold, its optimizer state on the first.
+  // Tied: the whole rest is one param both stages hold, its optimizer state and gradient
+  // accumulator on the first, where its update runs (split-stages sums the last stage's part of
+  // the gradient into the first's accumulator).
   split.restParams = {1, 1};
   split.restOptimizer = {1, 0};
   PipelinePrediction tied = predictPipeline(layer, rest, split);
   CHECK(tied.stages[0].memory.total() == Approx(20 + 400));
-  CHECK(tied.stages[1].memory.total() == Approx(20 + 200 + 50));
+  CHECK(tied.stages[1].memory.total() == Approx(20 + 100 + 50));
   // One stage holds the rest once, whatever the shares.
   PipelinePrediction one = predictPipeline(layer, rest, [&] {
     PipelineShape s = split;
@@ -128,4 +130,28 @@ TEST_CASE("the rest's params live where the code holds them: first, last or both
     return s;
   }());
   CHECK(one.stages[0].memory.total() == Approx(40 + 400 + 50));
+}
+
+TEST_CASE("activations per stage from the stage peaks: one layer at the peak, the rest kept") {
+  // A layer keeps 10 bytes per microbatch; a first stage's peak (its layer and the embedding's
+  // backward) 100, a middle one's 30, a last one's (the head) 70; the rest keeps 5 on the first
+  // and 20 on the last per microbatch.
+  StageWork layer = work(1, 1, 999), rest = work(0, 0, 999);
+  PipelineShape split = shape(6, 3, 4);
+  split.schedule = PipelineSchedule::OneFOneB;
+  split.stagePeaks = {100, 30, 70, 5, 20, 10};
+  PipelinePrediction p = predictPipeline(layer, rest, split);
+  REQUIRE(p.stages.size() == 3);
+  // 1F1B: stage s holds min(m, p - s) = 3, 2, 1 microbatches, 2 layers each.
+  CHECK(p.stages[0].memory.peakActivationBytes == Approx(100 + 10 + 2 * (20 + 5)));
+  CHECK(p.stages[1].memory.peakActivationBytes == Approx(30 + 10 + 1 * 20));
+  CHECK(p.stages[2].memory.peakActivationBytes == Approx(70 + 10));
+  // GPipe: every stage holds all 4.
+  split.schedule = PipelineSchedule::GPipe;
+  PipelinePrediction g = predictPipeline(layer, rest, split);
+  CHECK(g.stages[2].memory.peakActivationBytes == Approx(70 + 10 + 3 * (20 + 20)));
+  // Unset peaks: the plans' figures, the rest's on the last stage, times the microbatches held.
+  split.stagePeaks = {};
+  PipelinePrediction old = predictPipeline(layer, rest, split);
+  CHECK(old.stages[1].memory.peakActivationBytes == Approx(4 * 2 * 999));
 }
