@@ -168,42 +168,39 @@ private:
     }
     // What reads nothing stage-bound runs on the parts that read its result (back to front: the
     // readers first); read by none (a scalar of the update), everywhere.
+    std::vector<std::vector<size_t>> readers(fn.values.size());
+    for (size_t k = 0; k < n; ++k)
+      for (ir::ValueId operand : fn.ops[k].operands)
+        if (readers[operand].empty() || readers[operand].back() != k)
+          readers[operand].push_back(k);
     for (size_t k = n; k-- > 0;) {
       if (!pending[k]) continue;
       int part = 0;
-      for (size_t r = k + 1; r < n; ++r)
-        if (llvm::is_contained(fn.ops[r].operands, fn.ops[k].result)) part |= partOf[r];
+      for (size_t r : readers[fn.ops[k].result])
+        part |= partOf[r];
       place(k, part ? part : kLayer);
     }
 
-    // The plan's liveness (SpmdLowering's: from the op to its last reader, outputs and updates
-    // to the end, params apart) per stage kind.
+    // The plan's liveness (SpmdLowering's: from the op to its last reader, outputs to the end)
+    // per stage kind, without what the code keeps in no buffer of its own.
     std::vector<size_t> lastUse(fn.values.size(), 0);
     std::vector<std::vector<ir::ValueId>> freesAt(n + 1);
-    for (size_t k = 0; k < n; ++k)
-      for (ir::ValueId operand : fn.ops[k].operands)
-        lastUse[operand] = k;
+    for (size_t v = 0; v < fn.values.size(); ++v)
+      if (!readers[v].empty()) lastUse[v] = readers[v].back();
     for (const ir::OutputInfo& output : fn.outputs)
       lastUse[output.value] = n;
     // A param's new value is written into its storage (write-updates-in-place): no bytes of
     // its own, as a param's. An elementwise value that one elementwise op reads is computed in
     // that op's loop (fuse-loops): no buffer either.
     std::vector<bool> counted(fn.values.size(), true);
-    std::vector<int> readCount(fn.values.size(), 0);
-    std::vector<bool> elementwiseReader(fn.values.size(), true);
-    for (const ir::Op& op : fn.ops)
-      for (ir::ValueId operand : op.operands) {
-        ++readCount[operand];
-        elementwiseReader[operand] =
-            elementwiseReader[operand] && ir::opTraits(op.kind).isElementwise();
-      }
     for (const ir::ParamUpdate& write : fn.updates)
       counted[write.value] = false;
     for (size_t v = 0; v < fn.values.size(); ++v) {
       const ir::Op& def = fn.ops[fn.values[v].definingOp];
-      if (def.kind == ir::OpKind::Param ||
-          (ir::opTraits(def.kind).isElementwise() && readCount[v] == 1 && elementwiseReader[v]))
-        counted[v] = false;
+      bool fused = ir::opTraits(def.kind).isElementwise() && readers[v].size() == 1 &&
+                   llvm::count(fn.ops[readers[v].front()].operands, ir::ValueId(v)) == 1 &&
+                   ir::opTraits(fn.ops[readers[v].front()].kind).isElementwise();
+      if (def.kind == ir::OpKind::Param || fused) counted[v] = false;
     }
     // Accumulating over microbatches, a weight's gradient is added to its accumulator (the
     // plan's gradient bytes) as it is made: the update reads the accumulator.
@@ -211,13 +208,14 @@ private:
       for (size_t v = 0; v < fn.values.size(); ++v) {
         if (!llvm::StringRef(fn.values[v].name).startswith("grad/")) continue;
         size_t last = fn.values[v].definingOp;
-        for (size_t k = last; k <= loopEnd; ++k)
-          if (llvm::is_contained(fn.ops[k].operands, ir::ValueId(v))) last = k;
+        for (size_t k : readers[v])
+          if (k <= loopEnd) last = std::max(last, k);
         lastUse[v] = last;
       }
     }
     for (size_t v = 0; v < fn.values.size(); ++v)
-      if (counted[v]) freesAt[std::max<size_t>(lastUse[v], fn.values[v].definingOp)].push_back(ir::ValueId(v));
+      if (counted[v])
+        freesAt[std::max<size_t>(lastUse[v], fn.values[v].definingOp)].push_back(ir::ValueId(v));
     const int sets[3] = {kPre | kLayer, kLayer, kLayer | kPost}; // first, middle, last stage
     double live[3] = {0, 0, 0}, peak[3] = {0, 0, 0};
     plan::PipelineShape::StagePeaks& peaks = shape.stagePeaks;
@@ -247,13 +245,6 @@ private:
           if (held[v] & kPost) peaks.lastKept += bytes;
         }
     }
-    if (getenv("MESHC_DEBUG_REST"))
-      for (size_t k = 0; k < n; ++k)
-        if (counted[fn.ops[k].result])
-          fprintf(stderr, "%zu %s part=%d held=%d phase=%d bytes=%.0f last=%zu %s\n", k,
-                  fn.values[fn.ops[k].result].name.c_str(), partOf[k], held[fn.ops[k].result],
-                  int(phases[k]), bytesOf(fn.typeOf(fn.ops[k].result)), lastUse[fn.ops[k].result],
-                  fn.ops[k].loc.call ? fn.calls[fn.ops[k].loc.call - 1].path.c_str() : "");
     peaks.first = peak[0];
     peaks.middle = peak[1];
     peaks.last = peak[2];
@@ -265,7 +256,7 @@ private:
   plan::PipelineShape& shape;
   std::vector<plan::Phase> phases;
   size_t forwardEnd = 0;
-  size_t loopEnd = 0; // the last op making a weight's gradient
+  size_t loopEnd = 0;                   // the last op making a weight's gradient
   std::map<ir::ValueId, int> paramPart; // where each param's update runs
   std::vector<int> partOf;              // per op
   std::vector<int> held;                // per value: the parts holding it

@@ -138,8 +138,9 @@ PipelinePrediction predictPipeline(const StageWork& layer, const StageWork& rest
       // values beside it.
       double kept = peaks.layerKept, n = double(stage.layerCount);
       double restKept = (s == 0 ? peaks.firstKept : 0) + (s == p - 1 ? peaks.lastKept : 0);
-      stage.memory.peakActivationBytes = (s == 0 ? peaks.first : s == p - 1 ? peaks.last
-                                                                            : peaks.middle) +
+      stage.memory.peakActivationBytes = (s == 0       ? peaks.first
+                                          : s == p - 1 ? peaks.last
+                                                       : peaks.middle) +
                                          (n - 1) * kept +
                                          double(stage.inFlight - 1) * (n * kept + restKept);
     } else {

@@ -66,9 +66,10 @@ struct PipelineShape {
   /// plan's peak live bytes of one microbatch restricted to what a first, a middle and a last
   /// stage hold (its layer's values; the rest's before the layers on the first, after them on
   /// the last; a value sent on both), and the rest's values kept from forward to backward per
-  /// microbatch on the first and on the last stage, and the layer's. A stage of n layers holding k microbatches
-  /// adds n - 1 layers' and k - 1 microbatches' kept values to its peak. Unset (first < 0): the
-  /// rest's activations stay whole on the last stage (rest.memory).
+  /// microbatch on the first and on the last stage, and the layer's (its values the code keeps:
+  /// fused chains left out, so not the plans' difference). A stage of n layers holding k
+  /// microbatches adds n - 1 layers' and k - 1 microbatches' kept values to its peak. Unset
+  /// (first < 0): the rest's activations stay whole on the last stage (rest.memory).
   struct StagePeaks {
     double first = -1, middle = 0, last = 0;
     double firstKept = 0, lastKept = 0, layerKept = 0;
