@@ -163,6 +163,7 @@ struct Candidate {
   plan::PlannedFunction onePlan; // the plan at one layer (its layout and mesh are the stage's)
   double boundaryBytes = 0;
   double recomputeWorkingBytes = 0;   // with --recompute: one layer's whole activations
+  double layerKeptBytes = 0;          // what a layer keeps per microbatch in flight (the model's)
   std::vector<std::string> recompute; // the defs recomputed (given, or chosen to fit)
   bool recomputeChosen = false;       // by the planner, not --recompute
   /// The generated code's bytes per stage (StageMemory.h), for the candidate reported; empty
@@ -242,6 +243,9 @@ std::optional<Candidate> evaluate(const ir::Module& module, const ir::DimLayout&
   shape.boundaryBytes = candidate.boundaryBytes;
   shape.link = plan::linkFor(machine, plan::Mesh{module.mesh}, {stage.axes.front()});
   candidate.prediction = plan::predictPipeline(candidate.layer, candidate.rest, shape);
+  candidate.layerKeptBytes = shape.stagePeaks.first >= 0 && shape.stages > 1
+                                 ? shape.stagePeaks.layerKept
+                                 : candidate.layer.memory.peakActivationBytes;
   candidate.onePlan = std::move(*plans[0]);
   return candidate;
 }
@@ -312,18 +316,17 @@ void printText(const ir::Function& fn, const ir::Module& module, const ir::DimLa
                         s < p.stages.size() ? bytesString(p.stages[s].memory.total()) : "-");
   }
   os << fmt::format("  one layer: forward {}, backward {}, {} collective{} per microbatch; "
-                    "params {}, activations {} per microbatch\n",
+                    "params {}, activations {} kept per microbatch\n",
                     secondsString(c.layer.forwardSeconds), secondsString(c.layer.backwardSeconds),
                     c.layer.collectives, c.layer.collectives == 1 ? "" : "s",
-                    bytesString(c.layer.memory.paramBytes),
-                    bytesString(c.layer.memory.peakActivationBytes));
+                    bytesString(c.layer.memory.paramBytes), bytesString(c.layerKeptBytes));
   if (c.recomputeWorkingBytes > 0)
     os << fmt::format(
         "  recompute {}{}: a layer keeps {} per microbatch in flight; the layer "
         "being recomputed holds {} more, once per stage\n",
         llvm::join(c.recompute, ", "),
         c.recomputeChosen ? " (chosen: faster than the counts that fit without it)" : "",
-        bytesString(c.layer.memory.peakActivationBytes), bytesString(c.recomputeWorkingBytes));
+        bytesString(c.layerKeptBytes), bytesString(c.recomputeWorkingBytes));
   if (stages > 1)
     os << fmt::format("  boundary: {} per device per microbatch each way, {} per transfer\n",
                       bytesString(c.boundaryBytes), secondsString(p.p2pSeconds));
