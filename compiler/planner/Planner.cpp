@@ -367,10 +367,19 @@ planZeroCandidates(const ir::Module& module, const Machine& machine, const Plann
         if (!plans || plans->empty()) return std::nullopt;
         return std::move(plans->front());
       });
-  if (stage0.plan && zeroStages == std::vector<int>{0} && !keepGoing)
-    return std::vector<PlannedFunction>{std::move(*stage0.plan)};
-  return zeroCandidatesOf(module, stage0.reordered ? &*stage0.reordered : fn, machine, options,
-                          zeroStages, keepGoing, diag);
+  const ir::Function* ordered = stage0.reordered ? &*stage0.reordered : fn;
+  if (!stage0.plan || zeroStages.empty() || zeroStages.front() > 0)
+    return zeroCandidatesOf(module, ordered, machine, options, zeroStages, keepGoing, diag);
+  // Stage 0 is the plan just made (not planned again); the stages after it in its order.
+  std::vector<PlannedFunction> plans{std::move(*stage0.plan)};
+  if ((keepGoing && !keepGoing(plans.front())) || zeroStages.size() == 1) return plans;
+  std::optional<std::vector<PlannedFunction>> more =
+      zeroCandidatesOf(module, ordered, machine, options,
+                       std::vector<int>(zeroStages.begin() + 1, zeroStages.end()), keepGoing, diag);
+  if (!more) return std::nullopt;
+  plans.insert(plans.end(), std::make_move_iterator(more->begin()),
+               std::make_move_iterator(more->end()));
+  return plans;
 }
 
 std::optional<std::vector<PlannedFunction>>

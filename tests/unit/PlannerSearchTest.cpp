@@ -8,6 +8,7 @@
 #include "planner/Planner.h"
 #include "sema/Sema.h"
 #include "train/Optimizer.h"
+#include "train/OrderFactoredSums.h"
 
 #include <catch2/catch.hpp>
 #include <fmt/format.h>
@@ -813,4 +814,47 @@ TEST_CASE("every example's train step stays in dependency order after merging") 
       CHECK(fn.ops[i - 1].result == op.result);
     }
   }
+}
+
+TEST_CASE("planZeroCandidates of an Adafactor block: stage 0 as planned alone, then the ZeRO "
+          "stages in order") {
+  // Adafactor's sums are ordered for stage 0's layout (planInFactoredOrder); its plan is that
+  // stage's candidate (it was planned a second time before), and the ZeRO stages follow in the
+  // same order, `keepGoing` seeing each.
+  SemaOptions options;
+  options.mesh = {{"data", 2}, {"model", 2}};
+  Compiled compiled(std::string(MESHC_SOURCE_DIR) + "/dsl-examples/moe.mesh", options);
+  REQUIRE(compiled.module);
+  for (ir::Function& fn : compiled.module->functions)
+    REQUIRE(train::lowerTraining(fn, compiled.diag, train::pinnedDims(*compiled.module)));
+  REQUIRE_FALSE(train::factoredSumOrder(compiled.fn("moe_train")).empty());
+  PlannerOptions plannerOptions;
+  plannerOptions.machine = "8xh100";
+  Machine h100 = machine("8xh100");
+  auto alone = planZeroCandidates(*compiled.module, h100, plannerOptions, "moe_train", {0},
+                                  nullptr, compiled.diag);
+  REQUIRE(alone);
+  REQUIRE(alone->size() == 1);
+  std::vector<int> seen;
+  auto keepGoing = [&](PlannedFunction& plan) {
+    seen.push_back(plan.zero ? plan.zero->stage : 0);
+    return true;
+  };
+  auto all = planZeroCandidates(*compiled.module, h100, plannerOptions, "moe_train", {0, 3, 1},
+                                keepGoing, compiled.diag);
+  REQUIRE(all);
+  REQUIRE(all->size() == 3);
+  CHECK(seen == std::vector<int>{0, 3, 1});
+  CHECK(all->front().spmd.summary.stepSeconds == alone->front().spmd.summary.stepSeconds);
+  CHECK(all->front().spmd.memory.total() == alone->front().spmd.memory.total());
+  CHECK(all->front().spmd.layout.axes == alone->front().spmd.layout.axes);
+  CHECK(all->front().spmd.ops.size() == alone->front().spmd.ops.size());
+  CHECK((*all)[1].zero->stage == 3);
+  CHECK((*all)[2].zero->stage == 1);
+  CHECK((*all)[1].spmd.memory.total() < all->front().spmd.memory.total());
+  // Stopped after stage 0: one plan.
+  auto first = planZeroCandidates(*compiled.module, h100, plannerOptions, "moe_train", {0, 3},
+                                  [](PlannedFunction&) { return false; }, compiled.diag);
+  REQUIRE(first);
+  CHECK(first->size() == 1);
 }
