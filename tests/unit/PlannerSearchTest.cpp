@@ -831,8 +831,8 @@ TEST_CASE("planZeroCandidates of an Adafactor block: stage 0 as planned alone, t
   PlannerOptions plannerOptions;
   plannerOptions.machine = "8xh100";
   Machine h100 = machine("8xh100");
-  auto alone = planZeroCandidates(*compiled.module, h100, plannerOptions, "moe_train", {0},
-                                  nullptr, compiled.diag);
+  auto alone = planZeroCandidates(*compiled.module, h100, plannerOptions, "moe_train", {0}, nullptr,
+                                  compiled.diag);
   REQUIRE(alone);
   REQUIRE(alone->size() == 1);
   std::vector<int> seen;
@@ -853,8 +853,9 @@ TEST_CASE("planZeroCandidates of an Adafactor block: stage 0 as planned alone, t
   CHECK((*all)[2].zero->stage == 1);
   CHECK((*all)[1].spmd.memory.total() < all->front().spmd.memory.total());
   // Stopped after stage 0: one plan.
-  auto first = planZeroCandidates(*compiled.module, h100, plannerOptions, "moe_train", {0, 3},
-                                  [](PlannedFunction&) { return false; }, compiled.diag);
+  auto first = planZeroCandidates(
+      *compiled.module, h100, plannerOptions, "moe_train", {0, 3},
+      [](PlannedFunction&) { return false; }, compiled.diag);
   REQUIRE(first);
   CHECK(first->size() == 1);
 }
