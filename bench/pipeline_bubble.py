@@ -8,6 +8,8 @@ microbatches of the same size (the batch is m times it), side by side:
   - sequential: [stage=1], the same microbatches on one rank, every layer in turn.
 A stage does 1/p of the sequential rank's per-microbatch work, so with no bubble the pipelined
 step would take T_seq / p; the measured bubble is the idle share 1 - T_seq / (p T_pipe). The
+last column is the same share of the pipeline model's predicted steps (plan-json's step_seconds
+of both contenders), which counts its stages' own times where the formula assumes equal ones. The
 once-per-step update is kept small against the microbatches' work (the sizes below). Every
 contender runs one thread per rank (OMP_NUM_THREADS=1), pinned to the same p cores, and they
 alternate round by round (bench/benchlib.py). Not a test: timing on this shared machine drifts,
@@ -16,7 +18,9 @@ so it prints what it measured.
 usage: bench/pipeline_bubble.py [--build-dir build] [--stages 2] [--counts 1,2,4,8]
        [--rounds 5] [--steps 5]"""
 import argparse
+import json
 import os
+import subprocess
 
 import benchlib
 
@@ -44,8 +48,15 @@ def main():
                                              f"--microbatches=batch={m}",
                                              "--pipeline-schedule", "gpipe"]
         contenders = []
+        modelled = {}
         for name, stages in (("pipelined", p), ("sequential", 1)):
             meshc_args = common + ["--mesh", f"stage={stages}", "--layout", "layers: stage"]
+            # The pipeline model's step for the same options (its stages' own forward and
+            # backward times, so an imbalance between them shows in its bubble too).
+            plan = subprocess.run([benchlib.meshc_path(args.build_dir), benchlib.TRANSFORMER,
+                                   "--emit=plan-json", *meshc_args], check=True,
+                                  capture_output=True, text=True).stdout
+            modelled[name] = json.loads(plan)[0]["pipeline"]["step_seconds"] * 1e3
             binary = benchlib.build_server(args.build_dir, os.path.join(work, f"{name}-m{m}"),
                                            meshc_args, "LmTrain")
             contenders.append(benchlib.Contender(name, benchlib.pin(p) + [binary], env, work))
@@ -53,15 +64,17 @@ def main():
         results = benchlib.alternate(contenders, args.rounds, args.steps)
         timed = {n: v[0] for n, v in results.items() if isinstance(v, tuple)}
         if len(timed) < 2:
-            rows.append((m, "failed", "", "", "", ""))
+            rows.append((m, "failed", "", "", "", "", ""))
             continue
         measured = 1 - timed["sequential"] / (p * timed["pipelined"])
         predicted = (p - 1) / (m + p - 1)
+        model = 1 - modelled["sequential"] / (p * modelled["pipelined"])
         rows.append((m, f"{timed['pipelined']:.1f}", f"{timed['sequential']:.1f}",
                      f"{measured:.3f}", f"{predicted:.3f}",
-                     f"{measured / predicted:.2f}" if predicted else ""))
+                     f"{measured / predicted:.2f}" if predicted else "", f"{model:.3f}"))
     benchlib.print_table(rows, ("m", "pipelined ms", "sequential ms", "bubble measured",
-                                "bubble predicted", "measured/predicted"))
+                                "bubble predicted", "measured/predicted",
+                                "model's bubble"))
     print("goal: measured/predicted within 0.8-1.2 (issue 14)")
 
 
