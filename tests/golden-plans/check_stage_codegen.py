@@ -19,8 +19,9 @@ checked on `meshc --emit=kernels`, `--emit=cpp` and `--emit=plan`:
   byte, what the generated class allocates on that stage's ranks: kStageArenaBytes[s] +
   kPersistentBytes + the params and optimizer state its ParamSpecs hold on s, for the plan's
   3 + 1 split and a pinned 2 + 2, with the embedding tied and untied, and on the transformer's
-  [stage=2, data=2] under GPipe; under 1F1B stage s keeps min(m, p - s) copies of a kept
-  activation (fewer bytes on the first stage than GPipe's m), and the pipeline model places the
+  [stage=2, data=2] under GPipe and under 1F1B with the layer recomputed; under 1F1B stage s
+  keeps min(m, p - s) copies of a kept activation (fewer bytes on the first stage than GPipe's
+  m), and the pipeline model places the
   rest's params as the code does (the embedding on the first stage, a tied one on both), and its
   activations and gradients per stage are the code's arena within 15%.
 """
@@ -185,6 +186,10 @@ def check_stage_memory(binary, transformer, tied):
          ["--function", "lm_train", "--dim", "batch=8", "--dim", "layers=4", "--mesh",
           "stage=2,data=2", "--layout", "batch: data, layers: stage", "--microbatches=batch=4",
           "--pipeline-schedule=gpipe"], [2, 2]),
+        ("transformer [stage=2, data=2], 1f1b, recompute", transformer,
+         ["--function", "lm_train", "--dim", "batch=8", "--dim", "layers=4", "--mesh",
+          "stage=2,data=2", "--layout", "batch: data, layers: stage", "--microbatches=batch=4",
+          "--recompute=decoder_layer"], [2, 2]),
     ]
     figures = {}
     for what, source_file, args, split in cases:
