@@ -171,8 +171,7 @@ private:
     std::vector<std::vector<size_t>> readers(fn.values.size());
     for (size_t k = 0; k < n; ++k)
       for (ir::ValueId operand : fn.ops[k].operands)
-        if (readers[operand].empty() || readers[operand].back() != k)
-          readers[operand].push_back(k);
+        if (readers[operand].empty() || readers[operand].back() != k) readers[operand].push_back(k);
     for (size_t k = n; k-- > 0;) {
       if (!pending[k]) continue;
       int part = 0;

@@ -321,12 +321,12 @@ void printText(const ir::Function& fn, const ir::Module& module, const ir::DimLa
                     c.layer.collectives, c.layer.collectives == 1 ? "" : "s",
                     bytesString(c.layer.memory.paramBytes), bytesString(c.layerKeptBytes));
   if (c.recomputeWorkingBytes > 0)
-    os << fmt::format(
-        "  recompute {}{}: a layer keeps {} per microbatch in flight; the layer "
-        "being recomputed holds {} more, once per stage\n",
-        llvm::join(c.recompute, ", "),
-        c.recomputeChosen ? " (chosen: faster than the counts that fit without it)" : "",
-        bytesString(c.layerKeptBytes), bytesString(c.recomputeWorkingBytes));
+    os << fmt::format("  recompute {}{}: a layer keeps {} per microbatch in flight; the layer "
+                      "being recomputed holds {} more, once per stage\n",
+                      llvm::join(c.recompute, ", "),
+                      c.recomputeChosen ? " (chosen: faster than the counts that fit without it)"
+                                        : "",
+                      bytesString(c.layerKeptBytes), bytesString(c.recomputeWorkingBytes));
   if (stages > 1)
     os << fmt::format("  boundary: {} per device per microbatch each way, {} per transfer\n",
                       bytesString(c.boundaryBytes), secondsString(p.p2pSeconds));
