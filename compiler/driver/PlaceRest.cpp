@@ -100,9 +100,9 @@ private:
     return part;
   }
 
-  /// The part op `k` of the rest runs in from the parts of what it reads (0: reads nothing
-  /// stage-bound): forward on the latest, backward and update on the earliest (split-stages'
-  /// rule: values flow to later stages in forward, to earlier ones in backward).
+  /// The part forward or backward op `k` of the rest runs in from the parts of what it reads
+  /// (0: reads nothing stage-bound): forward on the latest, backward on the earliest
+  /// (split-stages' rule: values flow to later stages in forward, to earlier ones in backward).
   int partFromReads(size_t k) const {
     int sides = 0;
     for (ir::ValueId operand : fn.ops[k].operands)
