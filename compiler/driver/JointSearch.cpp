@@ -293,7 +293,7 @@ private:
     std::string what = fmt::format("{} stages over '{}'{}", split.stages, split.stageAxis,
                                    zero > 0 ? fmt::format(" with ZeRO stage {}", zero) : "");
     if (!searchPipeline(staged.module, staged.stage, staged.options, fn, /*tryRecompute=*/true,
-                        quiet_, argv0_, choice) ||
+                        quiet_, argv0_, choice, &unzeroed_) ||
         !choice) {
       report.notTried.push_back(what + ": cannot be planned");
       return std::nullopt;
@@ -400,6 +400,8 @@ private:
   const char* argv0_;
   DiagEngine quiet_;
   bool stages_;
+  /// The stage splits' plans without ZeRO, which their retries with ZeRO stages reuse.
+  UnzeroedPlans unzeroed_;
 };
 
 double secondsSince(std::chrono::steady_clock::time_point start) {

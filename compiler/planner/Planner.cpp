@@ -373,6 +373,13 @@ planZeroCandidates(const ir::Module& module, const Machine& machine, const Plann
                           zeroStages, keepGoing, diag);
 }
 
+bool applyZeroStage(const ir::Module& module, const ir::Function& fn, const Machine& machine,
+                    int stage, PlannedFunction& plan, DiagEngine& diag) {
+  // The layout planLayout passes applyZero is the one the plan was lowered under.
+  Layout layout = plan.spmd.layout;
+  return applyZero(module, fn, meshOf(module), machine, layout, stage, plan, diag);
+}
+
 std::optional<std::vector<PlannedFunction>>
 planModule(const ir::Module& module, const PlannerOptions& options, DiagEngine& diag) {
   llvm::Expected<Machine> machine = loadMachine(options.machine);
