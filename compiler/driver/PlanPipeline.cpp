@@ -229,8 +229,8 @@ using PlainPlans = std::map<std::pair<int64_t, int>, plan::PlannedFunction>;
 /// The key of an inner plan's options in UnzeroedPlans: every option innerOptions sets or
 /// passes on that the plan depends on, but the ZeRO stage.
 std::string unzeroedKey(const PipelineOptions& options) {
-  return fmt::format("{}\n{}\n{}\n{}\n{}\n{}\n{}\n{}\n{}\n{}", options.input,
-                     options.mesh, options.layout, fmt::join(options.dims, ","),
+  return fmt::format("{}\n{}\n{}\n{}\n{}\n{}\n{}\n{}\n{}\n{}", options.input, options.mesh,
+                     options.layout, fmt::join(options.dims, ","),
                      fmt::join(options.recompute, ","), fmt::join(options.functions, ","),
                      options.machine, options.stageCopies, options.memoryBudget,
                      options.injectFault);
@@ -269,7 +269,8 @@ bool planInner(const PipelineOptions& options, UnzeroedPlans* unzeroed, DiagEngi
   if (!loaded || !lowerTraining(*loaded, diag, options.verifyEach)) return false;
   planned = planModule(*loaded, options, diag);
   if (!planned) return false;
-  if (unzeroed && zero == 0) unzeroed->byOptions.try_emplace(key, UnzeroedPlans::Entry{*loaded, *planned});
+  if (unzeroed && zero == 0)
+    unzeroed->byOptions.try_emplace(key, UnzeroedPlans::Entry{*loaded, *planned});
   return true;
 }
 
@@ -300,8 +301,7 @@ std::optional<Candidate> evaluate(const ir::Module& module, const ir::DimLayout&
       if (!withRecompute) options.recompute.clear();
       std::optional<ir::Module> loaded;
       std::optional<PlannedModule> planned;
-      if (!planInner(options, unzeroed, diag, argv0, loaded, planned) ||
-          planned->plans.size() != 1)
+      if (!planInner(options, unzeroed, diag, argv0, loaded, planned) || planned->plans.size() != 1)
         return std::nullopt;
       if (!withRecompute && plainPlanMemo)
         plainPlanMemo->try_emplace({count, layers}, planned->plans.front());

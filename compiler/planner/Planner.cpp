@@ -323,8 +323,11 @@ zeroCandidatesOf(const ir::Module& module, const ir::Function* fn, const Machine
   std::vector<PlannedFunction> candidates;
   for (int stage : zeroStages) {
     if (stage <= 0) {
+      // Whether a layout fits is all this asks (a failure is quiet): proven none, it stops.
+      SearchOptions fittingOptions = searchOptions;
+      fittingOptions.exactNeed = false;
       std::optional<SearchResult> fitting = searchLayout(evaluator, module, *fn, mesh, machine,
-                                                         pinned, toSearch, searchOptions, quiet);
+                                                         pinned, toSearch, fittingOptions, quiet);
       std::optional<PlannedFunction> plan = fitting           ? lowered(*fitting)
                                             : fastestLayout() ? fastestPlan
                                                               : std::nullopt;
