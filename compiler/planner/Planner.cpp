@@ -122,8 +122,12 @@ std::optional<PlannedFunction> planLayout(const ir::Module& module, const ir::Fu
   std::optional<PlanEvaluator> evaluator;
   if (!toSearch.empty() || options.memoryBudgetBytes > 0) {
     evaluator.emplace(module, fn, mesh, machine);
+    // With ZeRO to fall back on, a failure is quiet (an error is reported by a search of its
+    // own below): whether a layout fits is all this search is asked.
+    SearchOptions firstOptions = searchOptions;
+    firstOptions.exactNeed = !zeroMayFit;
     std::optional<SearchResult> search =
-        searchLayout(*evaluator, module, fn, mesh, machine, pinned, toSearch, searchOptions,
+        searchLayout(*evaluator, module, fn, mesh, machine, pinned, toSearch, firstOptions,
                      zeroMayFit ? quiet : diag);
     if (!search && zeroMayFit) { // the fastest layout whatever its memory, then ZeRO
       overBudget = true;
