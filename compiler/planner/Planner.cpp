@@ -70,19 +70,25 @@ bool pinnedFits(const ir::Module& module, const Mesh& mesh, const Layout& pinned
 }
 
 /// Replaces `plan`'s SPMD function (lowered from `fn` under `layout`) by its ZeRO form and
-/// reports both; a function with nothing to shard (a program) keeps its plan.
+/// reports both; a function with nothing to shard (a program) keeps its plan. With `unzeroed`,
+/// that is the SPMD function without ZeRO and `plan`'s own is empty (a plan copied without the
+/// ops the ZeRO form replaces; given `unzeroed` when it is kept).
 bool applyZero(const ir::Module& module, const ir::Function& fn, const Mesh& mesh,
                const Machine& machine, const Layout& layout, int stage, PlannedFunction& plan,
-               DiagEngine& diag) {
+               DiagEngine& diag, const SpmdFunction* unzeroed = nullptr) {
+  const SpmdFunction& before = unzeroed ? *unzeroed : plan.spmd;
   std::optional<ZeroRewrite> rewrite = rewriteForZero(fn, mesh, layout, stage);
-  if (!rewrite) return true;
+  if (!rewrite) {
+    if (unzeroed) plan.spmd = *unzeroed;
+    return true;
+  }
   std::optional<SpmdFunction> spmd =
       lowerToSpmd(module, rewrite->fn, mesh, rewrite->layout, machine, diag);
   if (!spmd) return false;
   restoreZeroDims(*spmd, *rewrite, layout);
   ZeroReport& report = rewrite->report;
-  report.totalBefore = plan.spmd.memory.total();
-  report.stepBefore = plan.spmd.summary.stepSeconds;
+  report.totalBefore = before.memory.total();
+  report.stepBefore = before.summary.stepSeconds;
   report.totalAfter = spmd->memory.total();
   report.stepAfter = spmd->summary.stepSeconds;
   plan.spmd = std::move(*spmd);
@@ -343,8 +349,14 @@ zeroCandidatesOf(const ir::Module& module, const ir::Function* fn, const Machine
     }
     if (!ir::hasOptimizerUpdates(*fn)) continue;
     if (!fastestLayout()) return std::nullopt;
-    PlannedFunction candidate = *fastestPlan;
-    if (!applyZero(module, *fn, mesh, machine, fastest->layout, stage, candidate, diag))
+    // The plan but its SPMD function (tens of thousands of ops at 96 layers), which the ZeRO
+    // form replaces.
+    PlannedFunction candidate;
+    SpmdFunction unzeroed = std::move(fastestPlan->spmd);
+    candidate = *fastestPlan;
+    fastestPlan->spmd = std::move(unzeroed);
+    if (!applyZero(module, *fn, mesh, machine, fastest->layout, stage, candidate, diag,
+                   &fastestPlan->spmd))
       return std::nullopt;
     if (candidate.zero) candidate.zero->chosen = true;
     bool goOn = !keepGoing || keepGoing(candidate);
