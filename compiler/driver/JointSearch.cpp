@@ -125,7 +125,8 @@ std::vector<plan::JointCandidate> stageSplits(const ir::Module& module, const ir
   return splits;
 }
 
-/// `module` with `split`'s stages: its mesh with the stage axis, its layout with `dim` over it.
+/// `module` with `split`'s stages: its mesh with the stage axis, its layout with `dim` over it;
+/// no functions yet (the stage plans load their own; the split chosen gets `fn`).
 ir::Module stagedModule(const ir::Module& module, const ir::Function& fn,
                         const plan::JointCandidate& split, const std::string& dim,
                         ir::DimLayout& stage) {
@@ -133,7 +134,6 @@ ir::Module stagedModule(const ir::Module& module, const ir::Function& fn,
   staged.meshName = module.meshName;
   staged.dims = module.dims;
   staged.autoLayout = module.autoLayout;
-  staged.functions = {fn}; // the only one planned: the stage plans load their own
   for (const ir::MeshAxis& axis : module.mesh) {
     if (axis.name != split.splitAxis) {
       staged.mesh.push_back(axis);
@@ -293,7 +293,7 @@ private:
     std::string what = fmt::format("{} stages over '{}'{}", split.stages, split.stageAxis,
                                    zero > 0 ? fmt::format(" with ZeRO stage {}", zero) : "");
     if (!searchPipeline(staged.module, staged.stage, staged.options, fn, /*tryRecompute=*/true,
-                        quiet_, argv0_, choice) ||
+                        quiet_, argv0_, choice, &unzeroed_) ||
         !choice) {
       report.notTried.push_back(what + ": cannot be planned");
       return std::nullopt;
@@ -323,6 +323,8 @@ private:
             ? ""
             : fmt::format("{}={}", report.microbatchDim, choice->microbatches);
     staged.options.recompute = choice->recompute;
+    // The only function planned (a copy of the whole block: made for the best split only).
+    staged.module.functions = {fn};
     planned.stages = std::move(staged);
     best = std::move(planned);
     report.chosen = int(index);
@@ -400,6 +402,8 @@ private:
   const char* argv0_;
   DiagEngine quiet_;
   bool stages_;
+  /// The stage splits' plans without ZeRO, which their retries with ZeRO stages reuse.
+  UnzeroedPlans unzeroed_;
 };
 
 double secondsSince(std::chrono::steady_clock::time_point start) {

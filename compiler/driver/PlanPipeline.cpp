@@ -5,7 +5,9 @@
 #include "driver/StageMemory.h"
 #include "planner/PipelineModel.h"
 #include "planner/PlanReport.h"
+#include "planner/Planner.h"
 #include "planner/Reshard.h"
+#include "train/OrderFactoredSums.h"
 #include "train/Recompute.h"
 
 #include <fmt/format.h>
@@ -176,6 +178,54 @@ struct Candidate {
 /// plans).
 using PlainPlans = std::map<std::pair<int64_t, int>, plan::PlannedFunction>;
 
+/// The key of an inner plan's options in UnzeroedPlans: every option innerOptions sets or
+/// passes on that the plan depends on, but the ZeRO stage.
+std::string unzeroedKey(const PipelineOptions& options) {
+  return fmt::format("{}\n{}\n{}\n{}\n{}\n{}\n{}\n{}\n{}\n{}", options.input, options.mesh,
+                     options.layout, fmt::join(options.dims, ","),
+                     fmt::join(options.recompute, ","), fmt::join(options.functions, ","),
+                     options.machine, options.stageCopies, options.memoryBudget,
+                     options.injectFault);
+}
+
+/// The inner plan of `options` (one function): loaded, trained and planned, or, with a ZeRO
+/// stage, the plan without it from `unzeroed` with the stage applied, as planModule would plan
+/// it (UnzeroedPlans); a plan without ZeRO is kept there. Adafactor's blocks, whose sums'
+/// order follows the plan (planner/Planner.cpp, planInFactoredOrder), are always planned.
+bool planInner(const PipelineOptions& options, UnzeroedPlans* unzeroed, DiagEngine& diag,
+               const char* argv0, std::optional<ir::Module>& loaded,
+               std::optional<PlannedModule>& planned) {
+  int zero = 0;
+  if (!options.zero.empty() && llvm::StringRef(options.zero).trim().getAsInteger(10, zero))
+    zero = -1; // planModule reports it
+  std::string key = unzeroed ? unzeroedKey(options) : "";
+  if (unzeroed && zero > 0 && zero <= 3)
+    if (auto known = unzeroed->byOptions.find(key); known != unzeroed->byOptions.end()) {
+      const ir::Module& module = known->second.module;
+      const PlannedModule& plain = known->second.planned;
+      const ir::Function* fn =
+          plain.plans.size() == 1 ? module.findFunction(plain.plans.front().spmd.name) : nullptr;
+      if (fn && train::factoredSumOrder(*fn).empty()) {
+        PlannedModule derived{plain.machine, plain.plans, std::nullopt};
+        if (!plan::applyZeroStage(module, *fn, derived.machine, zero, derived.plans.front(),
+                                  diag) ||
+            !finishPlans(derived.plans, options))
+          return false;
+        loaded = module;
+        planned = std::move(derived);
+        return true;
+      }
+    }
+  std::vector<std::string> files;
+  loaded = loadModule(options, diag, argv0, files);
+  if (!loaded || !lowerTraining(*loaded, diag, options.verifyEach)) return false;
+  planned = planModule(*loaded, options, diag);
+  if (!planned) return false;
+  if (unzeroed && zero == 0)
+    unzeroed->byOptions.try_emplace(key, UnzeroedPlans::Entry{*loaded, *planned});
+  return true;
+}
+
 /// Plans `fn` at one and two layers for `count` microbatches and composes the stages; the plans
 /// without recomputation come from `plainPlans` when it has them, and are kept there.
 std::optional<Candidate> evaluate(const ir::Module& module, const ir::DimLayout& stage,
@@ -183,7 +233,8 @@ std::optional<Candidate> evaluate(const ir::Module& module, const ir::DimLayout&
                                   const Microbatching& micro, int64_t count,
                                   plan::PipelineSchedule schedule, const plan::Machine& machine,
                                   DiagEngine& diag, const char* argv0,
-                                  PlainPlans* plainPlanMemo = nullptr) {
+                                  PlainPlans* plainPlanMemo = nullptr,
+                                  UnzeroedPlans* unzeroed = nullptr) {
   // Plans of the step at one and two layers, with the recomputation asked for (`given`) or
   // without any (`plain`).
   bool recomputes = !given.recompute.empty();
@@ -200,11 +251,10 @@ std::optional<Candidate> evaluate(const ir::Module& module, const ir::DimLayout&
         }
       PipelineOptions options = innerOptions(module, stage, given, fn, micro, count, layers);
       if (!withRecompute) options.recompute.clear();
-      std::vector<std::string> files;
-      std::optional<ir::Module> loaded = loadModule(options, diag, argv0, files);
-      if (!loaded || !lowerTraining(*loaded, diag, options.verifyEach)) return std::nullopt;
-      std::optional<PlannedModule> planned = planModule(*loaded, options, diag);
-      if (!planned || planned->plans.size() != 1) return std::nullopt;
+      std::optional<ir::Module> loaded;
+      std::optional<PlannedModule> planned;
+      if (!planInner(options, unzeroed, diag, argv0, loaded, planned) || planned->plans.size() != 1)
+        return std::nullopt;
       if (!withRecompute && plainPlanMemo)
         plainPlanMemo->try_emplace({count, layers}, planned->plans.front());
       (withRecompute || !recomputes ? plans : plainPlans)[layers - 1] =
@@ -466,7 +516,8 @@ std::optional<Candidate> searchCandidates(const ir::Module& module, const ir::Di
                                           plan::PipelineSchedule schedule,
                                           const plan::Machine& machine, double budget,
                                           bool tryRecompute, DiagEngine& diag, const char* argv0,
-                                          std::optional<PipelineChoice>& smallest, bool& ok) {
+                                          std::optional<PipelineChoice>& smallest, bool& ok,
+                                          UnzeroedPlans* unzeroed = nullptr) {
   ok = true;
   // The microbatch counts to try: the one asked for, or (auto) every divisor of the dim.
   std::vector<int64_t> counts = {micro.dim.empty() ? 1 : micro.count};
@@ -498,8 +549,9 @@ std::optional<Candidate> searchCandidates(const ir::Module& module, const ir::Di
             split = plan::splitFactor(plan::Mesh{module.mesh}, entry.axes);
         if (size % split != 0) continue;
       }
-      std::optional<Candidate> candidate = evaluate(module, stage, given, fn, micro, count,
-                                                    schedule, machine, diag, argv0, &plainPlans);
+      std::optional<Candidate> candidate =
+          evaluate(module, stage, given, fn, micro, count, schedule, machine, diag, argv0,
+                   &plainPlans, unzeroed);
       if (!candidate) {
         ok = false;
         return std::nullopt;
@@ -542,7 +594,8 @@ plannedStageSplit(const ir::Module& module, const ir::DimLayout& stage,
 
 bool searchPipeline(const ir::Module& module, const ir::DimLayout& stage,
                     const PipelineOptions& options, const ir::Function& fn, bool tryRecompute,
-                    DiagEngine& diag, const char* argv0, std::optional<PipelineChoice>& choice) {
+                    DiagEngine& diag, const char* argv0, std::optional<PipelineChoice>& choice,
+                    UnzeroedPlans* unzeroed) {
   Microbatching micro;
   plan::PipelineSchedule schedule;
   double budget = 0;
@@ -551,7 +604,7 @@ bool searchPipeline(const ir::Module& module, const ir::DimLayout& stage,
   bool ok = true;
   std::optional<Candidate> best =
       searchCandidates(module, stage, options, fn, micro, schedule, *machine, budget, tryRecompute,
-                       diag, argv0, choice, ok);
+                       diag, argv0, choice, ok, unzeroed);
   if (best) choice = choiceOf(*best, best->recompute, budget);
   return ok;
 }

@@ -42,12 +42,27 @@ struct PipelineChoice {
   bool fits = false;
 };
 
+/// The plans of one and two layers that searchPipeline made without ZeRO, by their options
+/// (mesh, layout, dims, recompute): a later search of the same stage layout with a ZeRO stage
+/// (the joint search's retry of a split that does not fit) applies the stage to them rather than
+/// planning them again. The inner plans' budget is unbounded, so planModule with --zero searches
+/// and lowers the same layout as without and then applies the stage: the same plans.
+struct UnzeroedPlans {
+  struct Entry {
+    ir::Module module; // loaded and trained
+    PlannedModule planned;
+  };
+  std::map<std::string, Entry> byOptions;
+};
+
 /// planPipelines' search for `fn` without the report (for the joint search, JointSearch.h):
 /// `choice` is the fastest pipeline that fits the budget, else the one that needs the least
 /// memory (nullopt: none was planned); the repeated layer is recomputed only with
-/// `tryRecompute`. False after an error reported through `diag`.
+/// `tryRecompute`. `unzeroed` (when given) keeps the plans without ZeRO and serves those with.
+/// False after an error reported through `diag`.
 bool searchPipeline(const ir::Module& module, const ir::DimLayout& stageLayout,
                     const PipelineOptions& options, const ir::Function& fn, bool tryRecompute,
-                    DiagEngine& diag, const char* argv0, std::optional<PipelineChoice>& choice);
+                    DiagEngine& diag, const char* argv0, std::optional<PipelineChoice>& choice,
+                    UnzeroedPlans* unzeroed = nullptr);
 
 } // namespace meshc

@@ -16,6 +16,10 @@ namespace meshc::plan {
 struct SearchOptions {
   double memoryBudgetBytes = 0;   // 0: the machine's memory per device
   size_t exactLimit = 20'000'000; // candidate layouts beyond which the heuristic is used
+  /// When no layout fits, the error names the smallest need, exact when the search was
+  /// exhaustive. Without (a caller that only asks whether one fits), the search stops at once
+  /// when PlanEvaluator::memoryLowerBound is over the budget and names that bound instead.
+  bool exactNeed = true;
 };
 
 struct SearchResult {

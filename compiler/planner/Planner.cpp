@@ -70,19 +70,25 @@ bool pinnedFits(const ir::Module& module, const Mesh& mesh, const Layout& pinned
 }
 
 /// Replaces `plan`'s SPMD function (lowered from `fn` under `layout`) by its ZeRO form and
-/// reports both; a function with nothing to shard (a program) keeps its plan.
+/// reports both; a function with nothing to shard (a program) keeps its plan. With `unzeroed`,
+/// that is the SPMD function without ZeRO and `plan`'s own is empty (a plan copied without the
+/// ops the ZeRO form replaces; given `unzeroed` when it is kept).
 bool applyZero(const ir::Module& module, const ir::Function& fn, const Mesh& mesh,
                const Machine& machine, const Layout& layout, int stage, PlannedFunction& plan,
-               DiagEngine& diag) {
+               DiagEngine& diag, const SpmdFunction* unzeroed = nullptr) {
+  const SpmdFunction& before = unzeroed ? *unzeroed : plan.spmd;
   std::optional<ZeroRewrite> rewrite = rewriteForZero(fn, mesh, layout, stage);
-  if (!rewrite) return true;
+  if (!rewrite) {
+    if (unzeroed) plan.spmd = *unzeroed;
+    return true;
+  }
   std::optional<SpmdFunction> spmd =
       lowerToSpmd(module, rewrite->fn, mesh, rewrite->layout, machine, diag);
   if (!spmd) return false;
   restoreZeroDims(*spmd, *rewrite, layout);
   ZeroReport& report = rewrite->report;
-  report.totalBefore = plan.spmd.memory.total();
-  report.stepBefore = plan.spmd.summary.stepSeconds;
+  report.totalBefore = before.memory.total();
+  report.stepBefore = before.summary.stepSeconds;
   report.totalAfter = spmd->memory.total();
   report.stepAfter = spmd->summary.stepSeconds;
   plan.spmd = std::move(*spmd);
@@ -122,8 +128,12 @@ std::optional<PlannedFunction> planLayout(const ir::Module& module, const ir::Fu
   std::optional<PlanEvaluator> evaluator;
   if (!toSearch.empty() || options.memoryBudgetBytes > 0) {
     evaluator.emplace(module, fn, mesh, machine);
+    // With ZeRO to fall back on, a failure is quiet (an error is reported by a search of its
+    // own below): whether a layout fits is all this search is asked.
+    SearchOptions firstOptions = searchOptions;
+    firstOptions.exactNeed = !zeroMayFit;
     std::optional<SearchResult> search =
-        searchLayout(*evaluator, module, fn, mesh, machine, pinned, toSearch, searchOptions,
+        searchLayout(*evaluator, module, fn, mesh, machine, pinned, toSearch, firstOptions,
                      zeroMayFit ? quiet : diag);
     if (!search && zeroMayFit) { // the fastest layout whatever its memory, then ZeRO
       overBudget = true;
@@ -323,8 +333,11 @@ zeroCandidatesOf(const ir::Module& module, const ir::Function* fn, const Machine
   std::vector<PlannedFunction> candidates;
   for (int stage : zeroStages) {
     if (stage <= 0) {
+      // Whether a layout fits is all this asks (a failure is quiet): proven none, it stops.
+      SearchOptions fittingOptions = searchOptions;
+      fittingOptions.exactNeed = false;
       std::optional<SearchResult> fitting = searchLayout(evaluator, module, *fn, mesh, machine,
-                                                         pinned, toSearch, searchOptions, quiet);
+                                                         pinned, toSearch, fittingOptions, quiet);
       std::optional<PlannedFunction> plan = fitting           ? lowered(*fitting)
                                             : fastestLayout() ? fastestPlan
                                                               : std::nullopt;
@@ -336,8 +349,14 @@ zeroCandidatesOf(const ir::Module& module, const ir::Function* fn, const Machine
     }
     if (!ir::hasOptimizerUpdates(*fn)) continue;
     if (!fastestLayout()) return std::nullopt;
-    PlannedFunction candidate = *fastestPlan;
-    if (!applyZero(module, *fn, mesh, machine, fastest->layout, stage, candidate, diag))
+    // The plan but its SPMD function (tens of thousands of ops at 96 layers), which the ZeRO
+    // form replaces.
+    PlannedFunction candidate;
+    SpmdFunction unzeroed = std::move(fastestPlan->spmd);
+    candidate = *fastestPlan;
+    fastestPlan->spmd = std::move(unzeroed);
+    if (!applyZero(module, *fn, mesh, machine, fastest->layout, stage, candidate, diag,
+                   &fastestPlan->spmd))
       return std::nullopt;
     if (candidate.zero) candidate.zero->chosen = true;
     bool goOn = !keepGoing || keepGoing(candidate);
@@ -380,6 +399,13 @@ planZeroCandidates(const ir::Module& module, const Machine& machine, const Plann
   plans.insert(plans.end(), std::make_move_iterator(more->begin()),
                std::make_move_iterator(more->end()));
   return plans;
+}
+
+bool applyZeroStage(const ir::Module& module, const ir::Function& fn, const Machine& machine,
+                    int stage, PlannedFunction& plan, DiagEngine& diag) {
+  // The layout planLayout passes applyZero is the one the plan was lowered under.
+  Layout layout = plan.spmd.layout;
+  return applyZero(module, fn, meshOf(module), machine, layout, stage, plan, diag);
 }
 
 std::optional<std::vector<PlannedFunction>>

@@ -47,6 +47,14 @@ planZeroCandidates(const ir::Module& module, const Machine& machine, const Plann
                    const std::string& function, const std::vector<int>& zeroStages,
                    const std::function<bool(PlannedFunction&)>& keepGoing, DiagEngine& diag);
 
+/// `plan`, train block `fn` of `module` planned on the module's mesh without ZeRO, made what
+/// planModule makes of it with ZeRO stage `stage` (1-3; PlannerOptions::zeroStage) when its
+/// layout fits the budget: the ZeRO rewrite of its layout, lowered and reported. For a caller that
+/// keeps plans without ZeRO to derive the stages from (driver/PlanPipeline.cpp). False after an
+/// error reported through `diag`.
+bool applyZeroStage(const ir::Module& module, const ir::Function& fn, const Machine& machine,
+                    int stage, PlannedFunction& plan, DiagEngine& diag);
+
 /// The same, loading options.machine first (an unknown machine is reported as an error).
 std::optional<std::vector<PlannedFunction>>
 planModule(const ir::Module& module, const PlannerOptions& options, DiagEngine& diag);

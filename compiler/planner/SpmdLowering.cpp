@@ -1100,6 +1100,7 @@ struct PlanEvaluator::Impl {
                                   const std::vector<size_t>& irOpEnd, SpmdFunction* out);
   double lowerBound(const Layout& partial, const std::vector<std::string>& assignedDims,
                     double cutoff);
+  double memoryLowerBound() const;
 
   const ir::Module& module_;
   const ir::Function& fn_;
@@ -2495,6 +2496,49 @@ MemoryEstimate PlanEvaluator::memory(const Layout& layout) {
     return infinite;
   }
   return result.memory;
+}
+
+double PlanEvaluator::memoryLowerBound() {
+  return impl_->memoryLowerBound();
+}
+
+double PlanEvaluator::Impl::memoryLowerBound() const {
+  const Impl& impl = *this;
+  const ir::Function& fn = impl.fn_;
+  // The fewest bytes of a tensor on one device: its dims' splits each divide their sizes
+  // (maxSplit_) and use distinct axes, so together at most the mesh's devices.
+  double devices = static_cast<double>(std::max<int64_t>(impl.mesh_.numDevices(), 1));
+  auto least = [&](const ir::TensorType& type) {
+    double split = 1;
+    for (const ir::Dim& dim : type.dims)
+      split *= static_cast<double>(impl.maxSplit_[size_t(impl.dimIndex_.at(dim.name))]);
+    return static_cast<double>(type.numElements() * dtypeBytes(type.dtype)) /
+           std::min(split, devices);
+  };
+  // The terms run() sums (its memory estimate), each at its least.
+  OptimizerModel optimizer = optimizerModel(fn);
+  double params = 0;
+  for (const ir::ParamInfo& param : fn.params) {
+    uint32_t op = fn.values[param.value].definingOp;
+    if (op >= fn.ops.size() || fn.ops[op].kind != OpKind::Param) continue; // never materialized
+    double bytes = least(param.type);
+    params += bytes;
+    if (impl.modelBackward_ && param.trainable && param.role != ir::ParamRole::OptimizerState)
+      params += (1 + optimizer.stateFactor) * bytes; // its gradient and optimizer state
+  }
+  double live = 0, peak = 0, sum = 0;
+  for (uint32_t i = 0; i < fn.ops.size(); ++i) {
+    const ir::Op& op = fn.ops[i];
+    double bytes = least(fn.typeOf(op.result));
+    if (op.kind != OpKind::Param) {
+      live += bytes;
+      sum += bytes;
+    }
+    peak = std::max(peak, live);
+    for (ir::ValueId dead : impl.freesAt_[i])
+      live -= least(fn.typeOf(dead));
+  }
+  return params + (impl.modelBackward_ ? sum : peak);
 }
 
 const std::vector<std::string>& PlanEvaluator::relevantDims() const {

@@ -41,6 +41,11 @@ public:
   double stepSeconds(const Layout& layout, double cutoff = std::numeric_limits<double>::infinity(),
                      bool complete = false);
   MemoryEstimate memory(const Layout& layout);
+  /// Bytes per device that memory(layout).total() is at least for every legal layout: each
+  /// tensor split as far as its dims' sizes and the mesh's devices allow, in the params,
+  /// optimizer state and gradients and in the activations live at once in the op order (no
+  /// reshard temporaries). When it is over a budget no layout fits.
+  double memoryLowerBound();
   /// lowerToSpmd(module, fn, mesh, layout, machine, diag) with this evaluator's memo tables (a
   /// search's final layout is lowered without building them again).
   std::optional<SpmdFunction> lower(const Layout& layout, DiagEngine& diag);

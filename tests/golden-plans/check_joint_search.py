@@ -193,6 +193,31 @@ def stages_zero_case(binary, example):
             c["fits"] for c in staged if c["stageAxis"] == axis and c["zeroStage"] < rows[-1]),
                f"2 stages over '{axis}': ZeRO stages {rows} in order, up to the first that fits",
                proc)
+    # A ZeRO row's plans are the same split's plans without ZeRO with the stage applied
+    # (PlanPipeline.h, UnzeroedPlans): each must be what planning its stage layout with that
+    # ZeRO stage, microbatch count and recomputation from scratch predicts.
+    base = args[:-4]  # without --layout auto and the budget
+    for row in staged:
+        if row["zeroStage"] == 0:
+            continue
+        mesh = []
+        for name, size in (("data", 2), ("model", 2)):
+            if name == row["splitAxis"] and row["stageAxis"] != name:
+                mesh += [f"stage={row['stages']}", f"{name}={size // row['stages']}"]
+            else:
+                mesh.append(f"{name}={size}")
+        direct = meshc(binary, example, "--emit=plan-json", *base, "--layout",
+                       f"layers: [{row['stageAxis']}], auto", "--mesh", ",".join(mesh),
+                       "--zero", str(row["zeroStage"]), "--microbatches",
+                       f"batch={row['microbatches']}", "--memory-budget", "1e30",
+                       *(["--recompute", row["recompute"]] if row["recompute"] else []))
+        expect(direct.returncode == 0, f"the row {row} planned directly", direct)
+        p = json.loads(direct.stdout)[0]["pipeline"]
+        expect(abs(p["step_seconds"] - row["stepSeconds"]) <= 1e-8 * row["stepSeconds"] and
+               abs(p["peak_memory_bytes"] - row["memoryBytes"]) <= 1e-8 * row["memoryBytes"],
+               f"{row['stages']} stages over '{row['stageAxis']}' with ZeRO stage "
+               f"{row['zeroStage']}: the row is the stage layout's plan ({p['step_seconds']} s, "
+               f"{p['peak_memory_bytes']} bytes)", direct)
 
 
 def gpt3_case(binary, example):

@@ -316,6 +316,37 @@ double smallestLegalMemory(const ir::Function& fn, const Mesh& mesh, PlanEvaluat
   }
 }
 
+/// PlanEvaluator::memoryLowerBound of `fn` is at most the smallest memory of its legal layouts
+/// over `dims`, and a search that need not name the smallest need (SearchOptions::exactNeed,
+/// which may stop at that bound) finds what one that must finds, under budgets on both sides of
+/// the bound and of the smallest need.
+void checkMemoryLowerBound(const ir::Module& module, const ir::Function& fn,
+                           const std::vector<std::string>& dims, const Machine& gpu,
+                           DiagEngine& diag) {
+  Mesh mesh = meshOf(module);
+  PlanEvaluator evaluator(module, fn, mesh, gpu);
+  double bound = evaluator.memoryLowerBound();
+  double smallest = smallestLegalMemory(fn, mesh, evaluator, dims);
+  INFO("bound " << bound << ", smallest " << smallest);
+  CHECK(bound > 0);
+  CHECK(bound <= smallest);
+  for (double budget : {bound * (1 - 1e-9), bound, smallest * (1 - 1e-9), smallest}) {
+    SearchOptions options;
+    options.memoryBudgetBytes = budget;
+    std::optional<SearchResult> exact =
+        searchLayout(module, fn, mesh, gpu, Layout{}, dims, options, diag);
+    options.exactNeed = false;
+    std::optional<SearchResult> quick =
+        searchLayout(module, fn, mesh, gpu, Layout{}, dims, options, diag);
+    CHECK(exact.has_value() == (budget >= smallest));
+    REQUIRE(quick.has_value() == exact.has_value());
+    if (budget < bound) CHECK_FALSE(quick);
+    if (!exact) continue;
+    CHECK(quick->layout == exact->layout);
+    CHECK(quick->stepSeconds == exact->stepSeconds);
+  }
+}
+
 TEST_CASE("the search respects the memory budget, exactly") {
   Machine gpu = machine("8xh100");
   for (unsigned seed = 300; seed < 310; ++seed) {
@@ -358,6 +389,29 @@ TEST_CASE("the search respects the memory budget, exactly") {
     compiled.errorStream.flush();
     CHECK(compiled.errors.find(fmt::format("(the smallest needs {})", bytesString(smallest))) !=
           std::string::npos);
+    checkMemoryLowerBound(*compiled.module, fn, dims, gpu, compiled.diag);
+  }
+}
+
+TEST_CASE("no layout of a train block needs less than the memory lower bound") {
+  Machine gpu = machine("8xh100");
+  // Before and after the training phase (backward modelled, then planned: its gradients and
+  // optimizer state are params and activations of the step). Generated programs: "the search
+  // respects the memory budget, exactly".
+  for (bool trained : {false, true}) {
+    INFO("trained " << trained);
+    SemaOptions options;
+    options.dimSizes = {{"batch", 4},  {"seq", 8},   {"mem", 8},    {"d_model", 16}, {"heads", 2},
+                        {"d_head", 8}, {"d_ff", 32}, {"vocab", 64}, {"layers", 2}};
+    options.mesh = std::vector<ir::MeshAxis>{{"data", 2}, {"model", 2}};
+    Compiled compiled(kTransformer, options);
+    INFO(compiled.errors);
+    REQUIRE(compiled.module);
+    if (trained)
+      for (ir::Function& fn : compiled.module->functions)
+        REQUIRE(train::lowerTraining(fn, compiled.diag));
+    checkMemoryLowerBound(*compiled.module, compiled.fn("lm_train"),
+                          {"batch", "d_model", "heads", "d_ff", "vocab"}, gpu, compiled.diag);
   }
 }
 
