@@ -196,7 +196,7 @@ def stages_zero_case(binary, example):
     # A ZeRO row's plans are the same split's plans without ZeRO with the stage applied
     # (PlanPipeline.h, UnzeroedPlans): each must be what planning its stage layout with that
     # ZeRO stage, microbatch count and recomputation from scratch predicts.
-    base = args[:-4]  # without --layout auto and the budget
+    base, layout = args[:-4], args[-3]  # without the layout and the budget; the layout's pins
     for row in staged:
         if row["zeroStage"] == 0:
             continue
@@ -207,7 +207,7 @@ def stages_zero_case(binary, example):
             else:
                 mesh.append(f"{name}={size}")
         direct = meshc(binary, example, "--emit=plan-json", *base, "--layout",
-                       f"layers: [{row['stageAxis']}], auto", "--mesh", ",".join(mesh),
+                       f"layers: [{row['stageAxis']}], {layout}", "--mesh", ",".join(mesh),
                        "--zero", str(row["zeroStage"]), "--microbatches",
                        f"batch={row['microbatches']}", "--memory-budget", "1e30",
                        *(["--recompute", row["recompute"]] if row["recompute"] else []))
