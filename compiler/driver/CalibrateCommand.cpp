@@ -313,13 +313,14 @@ int calibrateCommand(const char* argv0) {
 
   // Loops and kernels: the probe's rates as the machine's fields (CostModel.h, loopShareSeconds
   // and rowKernelSeconds); a transcendental element in simple FLOPs at the vector rate.
-  double vectorFlops = 0, transcendentalFlops = 0, randomFlops = 0, loopLatency = 0,
-         softmaxElement = 0, layerNormElement = 0, reduceElement = 0;
+  double vectorFlops = 0, transcendentalFlops = 0, randomFlops = 0, normalFlops = 0,
+         loopLatency = 0, softmaxElement = 0, layerNormElement = 0, reduceElement = 0;
   if (const llvm::json::Object* loops = report->getObject("loops")) {
     vectorFlops = loops->getNumber("vector_flops").getValueOr(0);
     transcendentalFlops =
         loops->getNumber("transcendental_element_seconds").getValueOr(0) * vectorFlops;
     randomFlops = loops->getNumber("dropout_element_seconds").getValueOr(0) * vectorFlops;
+    normalFlops = loops->getNumber("normal_element_seconds").getValueOr(0) * vectorFlops;
     loopLatency = loops->getNumber("call_seconds").getValueOr(0);
     softmaxElement = loops->getNumber("softmax_element_seconds").getValueOr(0);
     layerNormElement = loops->getNumber("layer_norm_element_seconds").getValueOr(0);
@@ -357,6 +358,7 @@ int calibrateCommand(const char* argv0) {
       {"vector_flops", vectorFlops},
       {"transcendental_flops", transcendentalFlops},
       {"random_flops", randomFlops},
+      {"normal_flops", normalFlops},
       {"loop_latency_seconds", loopLatency},
       {"softmax_element_seconds", softmaxElement},
       {"layer_norm_element_seconds", layerNormElement},
@@ -422,12 +424,13 @@ int calibrateCommand(const char* argv0) {
                     cacheBytes / 1024, cacheBandwidth / 1e9, gemmLatency * 1e6, gemmFit.shapeDim,
                     syncSeconds * 1e6, std::max(0.0, sharedSyncSeconds) * 1e6));
   if (vectorFlops > 0)
-    stage(
-        fmt::format("loops {:.1f} GFLOP/s, transcendental {:.1f} FLOPs, random {:.1f} FLOPs, call "
-                    "{:.3f} us; per element: "
-                    "softmax {:.2f} ns, layer_norm {:.2f} ns, sum {:.2f} ns",
-                    vectorFlops / 1e9, transcendentalFlops, randomFlops, loopLatency * 1e6,
-                    softmaxElement * 1e9, layerNormElement * 1e9, reduceElement * 1e9));
+    stage(fmt::format(
+        "loops {:.1f} GFLOP/s, transcendental {:.1f} FLOPs, random {:.1f} FLOPs, normal "
+        "{:.1f} FLOPs, call "
+        "{:.3f} us; per element: "
+        "softmax {:.2f} ns, layer_norm {:.2f} ns, sum {:.2f} ns",
+        vectorFlops / 1e9, transcendentalFlops, randomFlops, normalFlops, loopLatency * 1e6,
+        softmaxElement * 1e9, layerNormElement * 1e9, reduceElement * 1e9));
   return kExitOk;
 }
 

@@ -148,6 +148,7 @@ llvm::Expected<Machine> parseMachine(llvm::StringRef json, llvm::StringRef sourc
   machine.vectorFlops = reader.number("vector_flops", false, 0);
   machine.transcendentalFlops = reader.number("transcendental_flops", false, 0);
   machine.randomFlops = reader.number("random_flops", false, 0);
+  machine.normalFlops = reader.number("normal_flops", false, 0);
   machine.loopLatencySeconds = reader.number("loop_latency_seconds", false, 0);
   machine.softmaxElementSeconds = reader.number("softmax_element_seconds", false, 0);
   machine.layerNormElementSeconds = reader.number("layer_norm_element_seconds", false, 0);

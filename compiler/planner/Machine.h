@@ -59,6 +59,7 @@ struct Machine {
   double vectorFlops = 0;
   double transcendentalFlops = 0;
   double randomFlops = 0; // one element of dropout or a random fill, in simple FLOPs (0: 10)
+  double normalFlops = 0; // one element of random_normal's fill (Box-Muller; 0: randomFlops)
   double loopLatencySeconds = 0;
   double softmaxElementSeconds = 0;   // softmax, log_softmax, logsumexp: per operand element
   double layerNormElementSeconds = 0; // layer_norm: per operand element

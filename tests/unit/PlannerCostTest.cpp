@@ -614,3 +614,38 @@ program noisy(x: f32[n, d]) -> (y: f32[n, d]) {
   }
   CHECK(checked == 2);
 }
+
+TEST_CASE("lowering: random_normal at the machine's normal_flops, uniform at random_flops",
+          "[cost][lowering]") {
+  Analyzed program(R"(
+mesh m[x = 1]
+dim n = 64
+dim d = 32
+program noisy(x: f32[n, d]) -> (y: f32[n, d]) {
+  y = x * uniform(f32[n, d]) + normal(f32[n, d])
+}
+)");
+  std::string json = kLoopsJson;
+  json.insert(json.find("\"random_flops\""), "\"normal_flops\": 400, ");
+  Machine withNormal = parsed(json.c_str());
+  REQUIRE(withNormal.normalFlops == Approx(400));
+  CHECK(parsed(kLoopsJson).normalFlops == 0); // absent: normal fills cost random_flops
+  const double elements = 64 * 32, bytes = 4 * elements;
+  for (bool normalGiven : {false, true}) {
+    std::optional<SpmdFunction> spmd =
+        lowerToSpmd(*program.module, program.fn("noisy"), meshOf({{"x", 1}}), Layout{},
+                    normalGiven ? withNormal : parsed(kLoopsJson), program.diag);
+    REQUIRE(spmd);
+    int checked = 0;
+    for (const SpmdOp& op : spmd->ops) {
+      if (op.kind != SpmdOp::Kind::Compute) continue;
+      double perElement = op.computeKind == ir::OpKind::RandomNormal && normalGiven ? 400 : 50;
+      if (op.computeKind == ir::OpKind::RandomUniform ||
+          op.computeKind == ir::OpKind::RandomNormal) {
+        CHECK(op.seconds == Approx(std::max(perElement * elements / 1e8, bytes / 1e10) + 1e-6));
+        ++checked;
+      }
+    }
+    CHECK(checked == 2);
+  }
+}

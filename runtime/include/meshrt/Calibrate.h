@@ -9,7 +9,8 @@
 //    "gemm_small": [{"m": 32, ..., "seconds": ...}, ...],
 //    "collectives": [{"kind": "all_reduce", "bytes": 4, "seconds": ...}, ...],
 //    "loops": {"vector_flops": ..., "transcendental_element_seconds": ...,
-//              "dropout_element_seconds": ..., "call_seconds": ..., "softmax_element_seconds": ...,
+//              "dropout_element_seconds": ..., "normal_element_seconds": ..., "call_seconds": ...,
+//              "softmax_element_seconds": ...,
 //              "layer_norm_element_seconds":
 //              ..., "reduce_element_seconds": ...},
 //    "oversubscribed": {"ranks": 4, "work_seconds": ..., "iteration_seconds": ...,
@@ -24,6 +25,7 @@
 #include "meshrt/Random.h"
 #include "meshrt/Threads.h"
 #include "meshrt/kernels/Einsum.h"
+#include "meshrt/kernels/Fill.h"
 #include "meshrt/kernels/MathF32.h"
 #include "meshrt/kernels/Reduce.h"
 
@@ -244,8 +246,9 @@ struct LoopRates {
   double vectorFlops = 0;                  // simple FLOPs per second of a fused loop
   double transcendentalElementSeconds = 0; // one exp / log / tanh / sigmoid / gelu element
   double dropoutElementSeconds = 0;        // one element of a fused dropout (its Philox word)
-  double callSeconds = 0;                  // a kernel call or loop nest over a few elements
-  double softmaxElementSeconds = 0;        // softmax and log_softmax along the last dim
+  double normalElementSeconds = 0;  // one element of random_normal's fill (Box-Muller, doubles)
+  double callSeconds = 0;           // a kernel call or loop nest over a few elements
+  double softmaxElementSeconds = 0; // softmax and log_softmax along the last dim
   double layerNormElementSeconds = 0;
   double reduceElementSeconds = 0; // sum along the last dim
 };
@@ -323,6 +326,16 @@ inline LoopRates loopRates(int repetitions) {
                                               }
                                             }) /
                                 double(elements);
+  // random_normal as generated code calls it (the runtime's fill: a Box-Muller pair per two
+  // elements, log, sqrt and sin/cos in double), far dearer than a dropout's word per element.
+  kernels::Dims whole{int64_t(elements)};
+  rates.normalElementSeconds =
+      bestSeconds(repetitions,
+                  [&] {
+                    kernels::fillRandomNormal(out.data(), kernels::Shard{whole, {0}, whole}, 1,
+                                              "normal#0#0", 0.0, 1.0);
+                  }) /
+      double(elements);
   // A kernel call on a [4, 4] tensor: the fixed cost of an op group.
   rates.callSeconds = bestSeconds(repetitions, [&] {
     kernels::reduce(kernels::ReduceKind::Sum, x.data(), kernels::Dims{4, 4}, kernels::axis(1),
@@ -492,6 +505,7 @@ inline int probeMain(int argc, char** argv) {
              ", \"loops\": {\"vector_flops\": " + number(loops.vectorFlops) +
              ", \"transcendental_element_seconds\": " + number(loops.transcendentalElementSeconds) +
              ", \"dropout_element_seconds\": " + number(loops.dropoutElementSeconds) +
+             ", \"normal_element_seconds\": " + number(loops.normalElementSeconds) +
              ", \"call_seconds\": " + number(loops.callSeconds) +
              ", \"softmax_element_seconds\": " + number(loops.softmaxElementSeconds) +
              ", \"layer_norm_element_seconds\": " + number(loops.layerNormElementSeconds) +
