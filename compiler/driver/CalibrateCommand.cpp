@@ -189,12 +189,15 @@ GemmFit fitGemmShape(const llvm::json::Array& small, double peak) {
 
 /// What one collective costs on top of alpha when thread ranks outnumber the cores: an
 /// iteration of the probe (a loop, then a 4-byte all-reduce) less the loop's share of the cores
-/// (its time alone times ranks / cores) and the all-reduce's 2 alpha.
-double oversubscribedSync(const llvm::json::Object& over, int64_t cores, double alpha) {
+/// (its time alone times ranks / cores) and the all-reduce's 2 alpha. `iterationKey` names the
+/// iteration: "iteration_seconds" (groups spanning the cores) or "shared_iteration_seconds"
+/// (each group on one core); -1 when the probe did not measure it.
+double oversubscribedSync(const llvm::json::Object& over, const char* iterationKey, int64_t cores,
+                          double alpha) {
   double ranks = over.getNumber("ranks").getValueOr(0);
   double work = over.getNumber("work_seconds").getValueOr(0);
-  double iteration = over.getNumber("iteration_seconds").getValueOr(0);
-  if (ranks <= static_cast<double>(cores) || iteration <= 0) return 0;
+  double iteration = over.getNumber(iterationKey).getValueOr(0);
+  if (ranks <= static_cast<double>(cores) || iteration <= 0) return -1;
   return std::max(0.0, iteration - work * ranks / static_cast<double>(cores) - 2 * alpha);
 }
 
@@ -300,19 +303,24 @@ int calibrateCommand(const char* argv0) {
   if (const llvm::json::Array* small = report->getArray("gemm_small"))
     gemmFit = fitGemmShape(*small, peak);
   double gemmLatency = gemmFit.latencySeconds;
-  double syncSeconds = 0;
-  if (const llvm::json::Object* over = report->getObject("oversubscribed"))
-    syncSeconds = oversubscribedSync(*over, cores, link.alphaSeconds);
+  double syncSeconds = 0, sharedSyncSeconds = -1;
+  if (const llvm::json::Object* over = report->getObject("oversubscribed")) {
+    syncSeconds =
+        std::max(0.0, oversubscribedSync(*over, "iteration_seconds", cores, link.alphaSeconds));
+    sharedSyncSeconds =
+        oversubscribedSync(*over, "shared_iteration_seconds", cores, link.alphaSeconds);
+  }
 
   // Loops and kernels: the probe's rates as the machine's fields (CostModel.h, loopShareSeconds
   // and rowKernelSeconds); a transcendental element in simple FLOPs at the vector rate.
-  double vectorFlops = 0, transcendentalFlops = 0, randomFlops = 0, loopLatency = 0,
-         softmaxElement = 0, layerNormElement = 0, reduceElement = 0;
+  double vectorFlops = 0, transcendentalFlops = 0, randomFlops = 0, normalFlops = 0,
+         loopLatency = 0, softmaxElement = 0, layerNormElement = 0, reduceElement = 0;
   if (const llvm::json::Object* loops = report->getObject("loops")) {
     vectorFlops = loops->getNumber("vector_flops").getValueOr(0);
     transcendentalFlops =
         loops->getNumber("transcendental_element_seconds").getValueOr(0) * vectorFlops;
     randomFlops = loops->getNumber("dropout_element_seconds").getValueOr(0) * vectorFlops;
+    normalFlops = loops->getNumber("normal_element_seconds").getValueOr(0) * vectorFlops;
     loopLatency = loops->getNumber("call_seconds").getValueOr(0);
     softmaxElement = loops->getNumber("softmax_element_seconds").getValueOr(0);
     layerNormElement = loops->getNumber("layer_norm_element_seconds").getValueOr(0);
@@ -350,6 +358,7 @@ int calibrateCommand(const char* argv0) {
       {"vector_flops", vectorFlops},
       {"transcendental_flops", transcendentalFlops},
       {"random_flops", randomFlops},
+      {"normal_flops", normalFlops},
       {"loop_latency_seconds", loopLatency},
       {"softmax_element_seconds", softmaxElement},
       {"layer_norm_element_seconds", layerNormElement},
@@ -381,7 +390,9 @@ int calibrateCommand(const char* argv0) {
                  "from 4 B on {} ranks fitted to the alpha-beta formulas (the worst sample is "
                  "{:.2f}x off the fit), and on the threads backend {} thread ranks (twice the "
                  "cores) each looping then all-reducing 4 B: the iteration less the loop's share "
-                 "of the cores and 2 alpha is oversubscribed_sync_seconds; loops and kernels on "
+                 "of the cores and 2 alpha is oversubscribed_sync_seconds, and the same with "
+                 "each all-reduce over the two ranks one core holds is "
+                 "shared_core_sync_seconds; loops and kernels on "
                  "64 KiB arrays (in the cache): vector_flops from a fused loop of 8 adds and "
                  "multiplies per element, transcendental_flops the mean time per element of exp, "
                  "log, tanh, sigmoid and gelu (meshrt's f32 ones) at that rate, random_flops a "
@@ -394,6 +405,7 @@ int calibrateCommand(const char* argv0) {
   // The cores the ranks of this host share (ranks beyond them take turns: the cost model's
   // oversubscription); GPUs run one rank per device.
   if (!onGpus) machine["cores"] = cores;
+  if (sharedSyncSeconds >= 0) machine["shared_core_sync_seconds"] = sharedSyncSeconds;
   std::string text = llvm::formatv("{0:2}", llvm::json::Value(std::move(machine))).str() + "\n";
   // What `--machine` reads back must parse: the same reader checks it before it is written.
   if (llvm::Expected<plan::Machine> check = plan::parseMachine(text, "calibrated"); !check)
@@ -408,16 +420,17 @@ int calibrateCommand(const char* argv0) {
   stage(fmt::format("peak {:.1f} GFLOP/s, bandwidth {:.1f} GB/s, alpha {:.2f} us, link {:.1f} GB/s",
                     peak / 1e9, bandwidth / 1e9, link.alphaSeconds * 1e6, link.bandwidth / 1e9));
   stage(fmt::format("cache {:.0f} KiB at {:.1f} GB/s, GEMM latency {:.2f} us and shape dim {:.1f}, "
-                    "oversubscribed sync {:.2f} us",
+                    "oversubscribed sync {:.2f} us ({:.2f} us on one core)",
                     cacheBytes / 1024, cacheBandwidth / 1e9, gemmLatency * 1e6, gemmFit.shapeDim,
-                    syncSeconds * 1e6));
+                    syncSeconds * 1e6, std::max(0.0, sharedSyncSeconds) * 1e6));
   if (vectorFlops > 0)
-    stage(
-        fmt::format("loops {:.1f} GFLOP/s, transcendental {:.1f} FLOPs, random {:.1f} FLOPs, call "
-                    "{:.3f} us; per element: "
-                    "softmax {:.2f} ns, layer_norm {:.2f} ns, sum {:.2f} ns",
-                    vectorFlops / 1e9, transcendentalFlops, randomFlops, loopLatency * 1e6,
-                    softmaxElement * 1e9, layerNormElement * 1e9, reduceElement * 1e9));
+    stage(fmt::format(
+        "loops {:.1f} GFLOP/s, transcendental {:.1f} FLOPs, random {:.1f} FLOPs, normal "
+        "{:.1f} FLOPs, call "
+        "{:.3f} us; per element: "
+        "softmax {:.2f} ns, layer_norm {:.2f} ns, sum {:.2f} ns",
+        vectorFlops / 1e9, transcendentalFlops, randomFlops, normalFlops, loopLatency * 1e6,
+        softmaxElement * 1e9, layerNormElement * 1e9, reduceElement * 1e9));
   return kExitOk;
 }
 

@@ -88,8 +88,19 @@ double oversubscription(const Machine& machine, const Mesh& mesh) {
   return std::max(1.0, ranks / static_cast<double>(std::max<int64_t>(machine.numDevices, 1)));
 }
 
-double oversubscribedSyncSeconds(const Machine& machine, const Mesh& mesh) {
-  return oversubscription(machine, mesh) > 1 ? machine.oversubscribedSyncSeconds : 0;
+double oversubscribedSyncSeconds(const Machine& machine, const Mesh& mesh, const AxisList& axes) {
+  double k = oversubscription(machine, mesh);
+  if (k <= 1) return 0;
+  if (machine.cores <= 0) return machine.oversubscribedSyncSeconds;
+  // meshrt's rankCores: rank r of all the meshes' ranks runs on core r x cores / ranks. Stage s
+  // of a pipeline (meshCopies) holds ranks s N .. s N + N - 1.
+  int64_t perMesh = mesh.numDevices(), copies = std::max<int64_t>(machine.meshCopies, 1);
+  int64_t ranks = perMesh * copies;
+  for (int64_t copy = 0; copy < copies; ++copy) {
+    auto coreOf = [&](int64_t rank) { return (copy * perMesh + rank) * machine.cores / ranks; };
+    if (groupSpans(mesh, axes, coreOf)) return machine.oversubscribedSyncSeconds;
+  }
+  return machine.sharedCoreSyncSeconds;
 }
 
 double collectiveSeconds(const Machine& machine, const Mesh& mesh, const Collective& collective) {
@@ -104,7 +115,7 @@ double collectiveSeconds(const Machine& machine, const Mesh& mesh, const Collect
   if (machine.cores > 0) b *= oversubscription(machine, mesh);
   double n = static_cast<double>(collective.bytes);
   double fraction = (p - 1) / p;
-  double sync = oversubscribedSyncSeconds(machine, mesh);
+  double sync = oversubscribedSyncSeconds(machine, mesh, collective.axes);
   switch (collective.kind) {
   case CollectiveKind::AllReduceSum:
   case CollectiveKind::AllReduceMax:
@@ -130,7 +141,7 @@ double mergeableLatencySeconds(const Machine& machine, const Mesh& mesh,
        collective.kind != CollectiveKind::BucketedAllReduceSum) ||
       splitFactor(mesh, collective.axes) <= 1)
     return 0;
-  return oversubscribedSyncSeconds(machine, mesh) +
+  return oversubscribedSyncSeconds(machine, mesh, collective.axes) +
          2 * linkFor(machine, mesh, collective.axes).alphaSeconds;
 }
 

@@ -65,12 +65,15 @@ double kernelCallSeconds(const Machine& machine, double flops, double bytes);
 /// devices). Compute times are multiplied by it (the ranks sharing a core serialise their work).
 double oversubscription(const Machine& machine, const Mesh& mesh);
 
-/// What each collective of an oversubscribed mesh pays on top of alpha-beta (a peer that is not
-/// running must be scheduled before the group can pass): the machine's
-/// oversubscribed_sync_seconds when oversubscription(machine, mesh) > 1, else 0. Not scaled by
-/// the ranks per core: generated programs measured the same sync at 4 ranks per core as at 2
-/// (docs/planner.md, "Fidelity, fourth pass").
-double oversubscribedSyncSeconds(const Machine& machine, const Mesh& mesh);
+/// What each collective over `axes` of an oversubscribed mesh pays on top of alpha-beta: 0 when
+/// oversubscription(machine, mesh) <= 1; on a CPU machine (cores > 0) whose every group of the
+/// collective lies on one core (meshrt's consecutive blocks of ranks per core),
+/// shared_core_sync_seconds: the ranks hand the core to each other and none idles; otherwise
+/// oversubscribed_sync_seconds, what a collective costs when a peer on another core must be
+/// woken before the group can pass. Not scaled by the ranks per core: generated programs
+/// measured the same sync at 4 ranks per core as at 2 (docs/planner.md, "Fidelity, fifth pass");
+/// the group's span is what moves it ("Fidelity, sixth pass").
+double oversubscribedSyncSeconds(const Machine& machine, const Mesh& mesh, const AxisList& axes);
 
 /// Alpha-beta time of one collective over its axes on `machine`:
 ///   allgather, reduce-scatter: a + b (p-1)/p n;  allreduce: 2a + 2b (p-1)/p n;

@@ -141,11 +141,14 @@ llvm::Expected<Machine> parseMachine(llvm::StringRef json, llvm::StringRef sourc
   machine.cacheBandwidth = reader.number("cache_bandwidth", false, 0);
   machine.gemmLatencySeconds = reader.number("gemm_latency_seconds", false, 0);
   machine.oversubscribedSyncSeconds = reader.number("oversubscribed_sync_seconds", false, 0);
+  machine.sharedCoreSyncSeconds =
+      reader.number("shared_core_sync_seconds", false, machine.oversubscribedSyncSeconds);
   machine.cores = reader.count("cores", false, 0);
   machine.gemmShapeDim = reader.number("gemm_shape_dim", false, 0);
   machine.vectorFlops = reader.number("vector_flops", false, 0);
   machine.transcendentalFlops = reader.number("transcendental_flops", false, 0);
   machine.randomFlops = reader.number("random_flops", false, 0);
+  machine.normalFlops = reader.number("normal_flops", false, 0);
   machine.loopLatencySeconds = reader.number("loop_latency_seconds", false, 0);
   machine.softmaxElementSeconds = reader.number("softmax_element_seconds", false, 0);
   machine.layerNormElementSeconds = reader.number("layer_norm_element_seconds", false, 0);
@@ -186,23 +189,28 @@ llvm::Expected<Machine> loadMachine(const std::string& nameOrPath) {
 
 const Link& linkFor(const Machine& machine, const Mesh& mesh, const AxisList& axes) {
   if (machine.devicesPerNode >= machine.numDevices || axes.empty()) return machine.intra;
-  // Row-major ranks: the stride of axis i is the product of the sizes of the axes after it.
-  // A group (the ranks that differ only in `axes`) spans nodes when some member lies on another
-  // node than the group's first rank. Ranks beyond the machine wrap around (oversubscription).
+  // Ranks beyond the machine wrap around (oversubscription).
+  auto nodeOf = [&](int64_t rank) { return (rank % machine.numDevices) / machine.devicesPerNode; };
+  return groupSpans(mesh, axes, nodeOf) ? machine.inter : machine.intra;
+}
+
+bool groupSpans(const Mesh& mesh, const AxisList& axes,
+                llvm::function_ref<int64_t(int64_t)> placeOf) {
+  // Row-major ranks: the stride of axis i is the product of the sizes of the axes after it. A
+  // group spans places when some member lies elsewhere than the group's first rank.
   int64_t numRanks = mesh.numDevices();
   std::vector<int64_t> strides(mesh.axes.size(), 1);
   for (int i = static_cast<int>(mesh.axes.size()) - 2; i >= 0; --i)
     strides[i] = strides[i + 1] * mesh.axes[i + 1].size;
-  auto nodeOf = [&](int64_t rank) { return (rank % machine.numDevices) / machine.devicesPerNode; };
   for (int64_t rank = 0; rank < numRanks; ++rank) {
     int64_t base = rank;
     for (const std::string& axis : axes) {
       int index = mesh.axisIndex(axis);
       if (index >= 0) base -= (rank / strides[index] % mesh.axes[index].size) * strides[index];
     }
-    if (nodeOf(rank) != nodeOf(base)) return machine.inter;
+    if (placeOf(rank) != placeOf(base)) return true;
   }
-  return machine.intra;
+  return false;
 }
 
 } // namespace meshc::plan

@@ -4,6 +4,7 @@
 
 #include "planner/Layout.h"
 
+#include <llvm/ADT/STLFunctionalExtras.h>
 #include <llvm/Support/Error.h>
 
 #include <string>
@@ -34,11 +35,15 @@ struct Machine {
   // Measured refinements (docs/planner.md, "Cost model"; 0: not modelled). An op whose bytes fit
   // in `cacheBytes` streams at `cacheBandwidth` instead of `memoryBandwidth`; every GEMM pays
   // `gemmLatencySeconds` on top of its roofline; every collective of a mesh with more ranks than
-  // cores pays `oversubscribedSyncSeconds` on top of alpha-beta.
+  // cores pays `oversubscribedSyncSeconds` on top of alpha-beta, or `sharedCoreSyncSeconds` when
+  // each of its groups lies on one core (a hand-over between the ranks taking turns there: no
+  // core idles until a peer elsewhere is woken). A description without shared_core_sync_seconds
+  // charges every collective the oversubscribed sync, as before.
   double cacheBytes = 0;
   double cacheBandwidth = 0;
   double gemmLatencySeconds = 0;
   double oversubscribedSyncSeconds = 0;
+  double sharedCoreSyncSeconds = 0;
   // The cores a CPU machine's ranks (threads or processes) run on, `meshc calibrate`'s count;
   // more ranks than cores take turns on them (CostModel.h, oversubscription). 0: not a CPU
   // description (GPUs: one rank per device), the ranks share the `numDevices` devices.
@@ -54,6 +59,7 @@ struct Machine {
   double vectorFlops = 0;
   double transcendentalFlops = 0;
   double randomFlops = 0; // one element of dropout or a random fill, in simple FLOPs (0: 10)
+  double normalFlops = 0; // one element of random_normal's fill (Box-Muller; 0: randomFlops)
   double loopLatencySeconds = 0;
   double softmaxElementSeconds = 0;   // softmax, log_softmax, logsumexp: per operand element
   double layerNormElementSeconds = 0; // layer_norm: per operand element
@@ -75,5 +81,10 @@ llvm::Expected<Machine> parseMachine(llvm::StringRef json, llvm::StringRef sourc
 /// The link a collective over `axes` of `mesh` uses on `machine` (inter-node when the ranks of
 /// one group lie on different nodes, given row-major rank numbering).
 const Link& linkFor(const Machine& machine, const Mesh& mesh, const AxisList& axes);
+
+/// Whether some group of a collective over `axes` (the ranks of `mesh` that differ only in those
+/// axes, numbered row-major) has members at two places, `placeOf(rank)` (a node, a core).
+bool groupSpans(const Mesh& mesh, const AxisList& axes,
+                llvm::function_ref<int64_t(int64_t)> placeOf);
 
 } // namespace meshc::plan

@@ -796,7 +796,10 @@ private:
                                           dtypeBytes(fn_.typeOf(op.result).dtype));
     bool random = op.kind == OpKind::Dropout || op.kind == OpKind::RandomNormal ||
                   op.kind == OpKind::RandomUniform || op.kind == OpKind::RandomInt;
-    double flops = random && machine_.randomFlops > 0 ? elements * machine_.randomFlops : out.flops;
+    double perRandom = op.kind == OpKind::RandomNormal && machine_.normalFlops > 0
+                           ? machine_.normalFlops
+                           : machine_.randomFlops;
+    double flops = random && perRandom > 0 ? elements * perRandom : out.flops;
     if (loopRole_.loop) {
       bool transcendental = isTranscendental(op.kind);
       return loopShareSeconds(machine_, transcendental ? elements : flops,

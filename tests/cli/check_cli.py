@@ -642,10 +642,12 @@ def calibrate():
         expect(machine.get("cores") == usable == machine["devices"],
                f"the cores are recorded: {machine.get('cores')} (affinity mask {usable})")
         # The refinements (docs/planner.md): a cache level faster than memory or none, a GEMM's
-        # fixed cost and the oversubscribed sync, all measured (>= 0) and announced.
+        # fixed cost and the oversubscribed syncs (groups spanning cores, groups on one), all
+        # measured (>= 0) and announced.
         expect(all(machine[key] >= 0 for key in ["cache_bytes", "cache_bandwidth",
                                                   "gemm_latency_seconds",
-                                                  "oversubscribed_sync_seconds"]),
+                                                  "oversubscribed_sync_seconds",
+                                                  "shared_core_sync_seconds"]),
                f"the refinements are written: {machine}")
         expect(machine["cache_bandwidth"] == 0 or
                (machine["cache_bandwidth"] > machine["memory_bandwidth"] and

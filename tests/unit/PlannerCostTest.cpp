@@ -162,8 +162,8 @@ TEST_CASE("cost model: oversubscribed ranks pay a sync per collective", "[cost]"
   Mesh fits = meshOf({{"x", 4}}), over = meshOf({{"x", 8}});
   CHECK(oversubscription(m, fits) == 1);
   CHECK(oversubscription(m, over) == 2);
-  CHECK(oversubscribedSyncSeconds(m, fits) == 0);
-  CHECK(oversubscribedSyncSeconds(m, over) == Approx(1e-4));
+  CHECK(oversubscribedSyncSeconds(m, fits, {"x"}) == 0);
+  CHECK(oversubscribedSyncSeconds(m, over, {"x"}) == Approx(1e-4));
   // 2a + 2 (p-1)/p n b, plus the sync only when oversubscribed.
   CHECK(collectiveSeconds(m, fits, allReduce(4000)) == Approx(2e-6 + 2 * 0.75 * 4e-6));
   CHECK(collectiveSeconds(m, over, allReduce(4000)) == Approx(1e-4 + 2e-6 + 2 * 0.875 * 4e-6));
@@ -196,9 +196,9 @@ TEST_CASE("cost model: ranks beyond the cores take turns on them", "[cost]") {
   CHECK(oversubscription(m, twoByTwo) == 2);
   CHECK(oversubscription(m, twoByFour) == 4);
   // The sync is the same at 2 and 4 ranks per core, nothing without oversubscription.
-  CHECK(oversubscribedSyncSeconds(m, meshOf({{"x", 2}})) == 0);
-  CHECK(oversubscribedSyncSeconds(m, twoByTwo) == Approx(1e-4));
-  CHECK(oversubscribedSyncSeconds(m, twoByFour) == Approx(1e-4));
+  CHECK(oversubscribedSyncSeconds(m, meshOf({{"x", 2}}), {"x"}) == 0);
+  CHECK(oversubscribedSyncSeconds(m, twoByTwo, {"x", "y"}) == Approx(1e-4));
+  CHECK(oversubscribedSyncSeconds(m, twoByFour, {"x", "y"}) == Approx(1e-4));
   // An all-reduce of 4000 B over y: the ranks' threads move the bytes, so b is taken k times.
   Collective overY = allReduce(4000);
   overY.axes = {"y"};
@@ -223,6 +223,41 @@ TEST_CASE("cost model: ranks beyond the cores take turns on them", "[cost]") {
       "m.json");
   REQUIRE_FALSE(static_cast<bool>(zero));
   CHECK(llvm::toString(zero.takeError()) == "m.json: field 'cores' must be a positive integer");
+}
+
+TEST_CASE("cost model: a group on one core pays the shared-core sync", "[cost]") {
+  // Ranks 0-1 | 2-3 on the cores of [x = 2, y = 2]; 0-3 | 4-7 on those of [x = 2, y = 4].
+  Machine m = parsed(kTwoCoresJson);
+  CHECK(m.sharedCoreSyncSeconds == Approx(1e-4)); // absent: as every collective before
+  m.sharedCoreSyncSeconds = 5e-6;
+  Mesh twoByTwo = meshOf({{"x", 2}, {"y", 2}}), twoByFour = meshOf({{"x", 2}, {"y", 4}});
+  CHECK(oversubscribedSyncSeconds(m, twoByTwo, {"y"}) == Approx(5e-6));
+  CHECK(oversubscribedSyncSeconds(m, twoByFour, {"y"}) == Approx(5e-6));
+  CHECK(oversubscribedSyncSeconds(m, twoByTwo, {"x"}) == Approx(1e-4)); // ranks 0 and 2
+  CHECK(oversubscribedSyncSeconds(m, twoByFour, {"x", "y"}) == Approx(1e-4));
+  CHECK(oversubscribedSyncSeconds(m, meshOf({{"x", 2}}), {"x"}) == 0); // a core each
+  Collective overY = allReduce(4000);
+  overY.axes = {"y"};
+  CHECK(collectiveSeconds(m, twoByTwo, overY) == Approx(5e-6 + 2e-6 + 2 * 0.5 * 4e-6 * 2));
+  CHECK(mergeableLatencySeconds(m, twoByFour, overY) == Approx(5e-6 + 2e-6));
+  // Pipeline stages (meshCopies) are consecutive blocks of ranks: two [y = 2] stages are ranks
+  // 0-1 (core 0) and 2-3 (core 1); of three, the second is ranks 2 (core 0) and 3 (core 1).
+  m.meshCopies = 2;
+  CHECK(oversubscribedSyncSeconds(m, meshOf({{"y", 2}}), {"y"}) == Approx(5e-6));
+  m.meshCopies = 3;
+  CHECK(oversubscribedSyncSeconds(m, meshOf({{"y", 2}}), {"y"}) == Approx(1e-4));
+  m.meshCopies = 1;
+  // [y = 3] on 2 cores: ranks 0-1 on core 0, rank 2 on core 1.
+  CHECK(oversubscribedSyncSeconds(m, meshOf({{"y", 3}}), {"y"}) == Approx(1e-4));
+  // GPU descriptions (no cores) keep one sync for every collective.
+  Machine devicesOnly = m;
+  devicesOnly.cores = 0;
+  CHECK(oversubscribedSyncSeconds(devicesOnly, twoByFour, {"y"}) == Approx(1e-4));
+  Machine read = parsed(R"({
+    "name": "two-cores", "devices": 2, "cores": 2, "peak_flops": 1e9, "memory_bandwidth": 1e9,
+    "memory_bytes": 1e9, "oversubscribed_sync_seconds": 1e-4, "shared_core_sync_seconds": 3e-6,
+    "intra": {"name": "threads", "alpha_seconds": 1e-6, "bandwidth": 1e9}})");
+  CHECK(read.sharedCoreSyncSeconds == Approx(3e-6));
 }
 
 TEST_CASE("lowering: 8 ranks on 2 cores, exact compute and collective seconds",
@@ -578,4 +613,39 @@ program noisy(x: f32[n, d]) -> (y: f32[n, d]) {
     }
   }
   CHECK(checked == 2);
+}
+
+TEST_CASE("lowering: random_normal at the machine's normal_flops, uniform at random_flops",
+          "[cost][lowering]") {
+  Analyzed program(R"(
+mesh m[x = 1]
+dim n = 64
+dim d = 32
+program noisy(x: f32[n, d]) -> (y: f32[n, d]) {
+  y = x * uniform(f32[n, d]) + normal(f32[n, d])
+}
+)");
+  std::string json = kLoopsJson;
+  json.insert(json.find("\"random_flops\""), "\"normal_flops\": 400, ");
+  Machine withNormal = parsed(json.c_str());
+  REQUIRE(withNormal.normalFlops == Approx(400));
+  CHECK(parsed(kLoopsJson).normalFlops == 0); // absent: normal fills cost random_flops
+  const double elements = 64 * 32, bytes = 4 * elements;
+  for (bool normalGiven : {false, true}) {
+    std::optional<SpmdFunction> spmd =
+        lowerToSpmd(*program.module, program.fn("noisy"), meshOf({{"x", 1}}), Layout{},
+                    normalGiven ? withNormal : parsed(kLoopsJson), program.diag);
+    REQUIRE(spmd);
+    int checked = 0;
+    for (const SpmdOp& op : spmd->ops) {
+      if (op.kind != SpmdOp::Kind::Compute) continue;
+      double perElement = op.computeKind == ir::OpKind::RandomNormal && normalGiven ? 400 : 50;
+      if (op.computeKind == ir::OpKind::RandomUniform ||
+          op.computeKind == ir::OpKind::RandomNormal) {
+        CHECK(op.seconds == Approx(std::max(perElement * elements / 1e8, bytes / 1e10) + 1e-6));
+        ++checked;
+      }
+    }
+    CHECK(checked == 2);
+  }
 }

@@ -9,10 +9,12 @@
 //    "gemm_small": [{"m": 32, ..., "seconds": ...}, ...],
 //    "collectives": [{"kind": "all_reduce", "bytes": 4, "seconds": ...}, ...],
 //    "loops": {"vector_flops": ..., "transcendental_element_seconds": ...,
-//              "dropout_element_seconds": ..., "call_seconds": ..., "softmax_element_seconds": ...,
+//              "dropout_element_seconds": ..., "normal_element_seconds": ..., "call_seconds": ...,
+//              "softmax_element_seconds": ...,
 //              "layer_norm_element_seconds":
 //              ..., "reduce_element_seconds": ...},
-//    "oversubscribed": {"ranks": 4, "work_seconds": ..., "iteration_seconds": ...}}
+//    "oversubscribed": {"ranks": 4, "work_seconds": ..., "iteration_seconds": ...,
+//                       "shared_iteration_seconds": ...}}
 // (the last on the threads backend only).
 // GEMM and bandwidth run on one rank with one thread (a device of the machine description is a
 // rank); each time is the best of several repetitions (the machine may be shared), collectives
@@ -23,6 +25,7 @@
 #include "meshrt/Random.h"
 #include "meshrt/Threads.h"
 #include "meshrt/kernels/Einsum.h"
+#include "meshrt/kernels/Fill.h"
 #include "meshrt/kernels/MathF32.h"
 #include "meshrt/kernels/Reduce.h"
 
@@ -136,11 +139,13 @@ inline size_t cacheBytesPerCore() {
 
 /// Ranks that outnumber the cores (threads): each iteration is an in-cache loop of `elements`
 /// then a 4-byte all-reduce. Reports the loop's time alone on one thread (best) and an
-/// iteration's (median); without a cost of synchronizing, the iteration would take the loop's
-/// time times ranks / cores.
+/// iteration's (median) twice: all-reducing over every rank (the groups span the cores) and,
+/// the ranks being [cores, 2], over the second axis (each group is the two ranks one core holds:
+/// meshrt's consecutive blocks). Without a cost of synchronizing, an iteration would take the
+/// loop's time times ranks / cores.
 struct OversubscribedTime {
   int ranks = 0;
-  double workSeconds = 0, iterationSeconds = 0;
+  double workSeconds = 0, iterationSeconds = 0, sharedIterationSeconds = 0;
 };
 
 inline double streamLoopSeconds(std::vector<float>& a, const std::vector<float>& b, float s) {
@@ -150,6 +155,37 @@ inline double streamLoopSeconds(std::vector<float>& a, const std::vector<float>&
   for (size_t i = 0; i < a.size(); ++i)
     out[i] = x[i] + s * out[i];
   return secondsSince(start);
+}
+
+/// Rank 0's median iteration (the loop over `elements`, then an all-reduce over `axes`, the
+/// world when empty) on `mesh`.
+inline double oversubscribedIterationSeconds(const LaunchOptions& options, const Mesh& mesh,
+                                             const std::vector<std::string>& axes, size_t elements,
+                                             int iterations) {
+  double median = 0;
+  launch(mesh, options, [&](Communicator& world) {
+    Communicator& comm = axes.empty() ? world : world.subgroup(axes);
+    std::vector<float> a(elements, 1.0f), b(elements, 2.0f);
+    float value = 1;
+    std::vector<double> samples;
+    world.barrier();
+    // Rank 0's time from one all-reduce's return to the next: the all-reduce holds every rank
+    // of its group, and the groups run alike, so that is the world's iteration, without one
+    // collective more to measure it.
+    Clock::time_point start = Clock::now();
+    for (int r = 0; r <= iterations; ++r) {
+      streamLoopSeconds(a, b, 1e-6f);
+      comm.allReduce(&value, 1, ReduceOp::Sum);
+      Clock::time_point now = Clock::now();
+      if (r > 0) samples.push_back(std::chrono::duration<double>(now - start).count());
+      start = now; // r = 0: first touches
+    }
+    world.barrier(); // no group leaves while another still loops
+    if (world.rank() != 0) return;
+    std::nth_element(samples.begin(), samples.begin() + samples.size() / 2, samples.end());
+    median = samples[samples.size() / 2];
+  });
+  return median;
 }
 
 inline OversubscribedTime oversubscribedTime(const LaunchOptions& options, int ranks,
@@ -167,25 +203,11 @@ inline OversubscribedTime oversubscribedTime(const LaunchOptions& options, int r
       best = std::min(best, streamLoopSeconds(a, b, 1e-6f));
     result.workSeconds = best;
   }
-  launch(Mesh({{"x", ranks}}), options, [&](Communicator& comm) {
-    std::vector<float> a(elements, 1.0f), b(elements, 2.0f);
-    float value = 1;
-    std::vector<double> samples;
-    comm.barrier();
-    // Rank 0's time from one all-reduce's return to the next: the all-reduce holds every rank,
-    // so that is the world's iteration, without one collective more to measure it.
-    Clock::time_point start = Clock::now();
-    for (int r = 0; r <= iterations; ++r) {
-      streamLoopSeconds(a, b, 1e-6f);
-      comm.allReduce(&value, 1, ReduceOp::Sum);
-      Clock::time_point now = Clock::now();
-      if (r > 0) samples.push_back(std::chrono::duration<double>(now - start).count());
-      start = now; // r = 0: first touches
-    }
-    if (comm.rank() != 0) return;
-    std::nth_element(samples.begin(), samples.begin() + samples.size() / 2, samples.end());
-    result.iterationSeconds = samples[samples.size() / 2];
-  });
+  result.iterationSeconds =
+      oversubscribedIterationSeconds(options, Mesh({{"x", ranks}}), {}, elements, iterations);
+  if (ranks % 2 == 0)
+    result.sharedIterationSeconds = oversubscribedIterationSeconds(
+        options, Mesh({{"core", ranks / 2}, {"shared", 2}}), {"shared"}, elements, iterations);
   return result;
 }
 
@@ -224,8 +246,9 @@ struct LoopRates {
   double vectorFlops = 0;                  // simple FLOPs per second of a fused loop
   double transcendentalElementSeconds = 0; // one exp / log / tanh / sigmoid / gelu element
   double dropoutElementSeconds = 0;        // one element of a fused dropout (its Philox word)
-  double callSeconds = 0;                  // a kernel call or loop nest over a few elements
-  double softmaxElementSeconds = 0;        // softmax and log_softmax along the last dim
+  double normalElementSeconds = 0;  // one element of random_normal's fill (Box-Muller, doubles)
+  double callSeconds = 0;           // a kernel call or loop nest over a few elements
+  double softmaxElementSeconds = 0; // softmax and log_softmax along the last dim
   double layerNormElementSeconds = 0;
   double reduceElementSeconds = 0; // sum along the last dim
 };
@@ -303,6 +326,16 @@ inline LoopRates loopRates(int repetitions) {
                                               }
                                             }) /
                                 double(elements);
+  // random_normal as generated code calls it (the runtime's fill: a Box-Muller pair per two
+  // elements, log, sqrt and sin/cos in double), far dearer than a dropout's word per element.
+  kernels::Dims whole{int64_t(elements)};
+  rates.normalElementSeconds =
+      bestSeconds(repetitions,
+                  [&] {
+                    kernels::fillRandomNormal(out.data(), kernels::Shard{whole, {0}, whole}, 1,
+                                              "normal#0#0", 0.0, 1.0);
+                  }) /
+      double(elements);
   // A kernel call on a [4, 4] tensor: the fixed cost of an op group.
   rates.callSeconds = bestSeconds(repetitions, [&] {
     kernels::reduce(kernels::ReduceKind::Sum, x.data(), kernels::Dims{4, 4}, kernels::axis(1),
@@ -472,6 +505,7 @@ inline int probeMain(int argc, char** argv) {
              ", \"loops\": {\"vector_flops\": " + number(loops.vectorFlops) +
              ", \"transcendental_element_seconds\": " + number(loops.transcendentalElementSeconds) +
              ", \"dropout_element_seconds\": " + number(loops.dropoutElementSeconds) +
+             ", \"normal_element_seconds\": " + number(loops.normalElementSeconds) +
              ", \"call_seconds\": " + number(loops.callSeconds) +
              ", \"softmax_element_seconds\": " + number(loops.softmaxElementSeconds) +
              ", \"layer_norm_element_seconds\": " + number(loops.layerNormElementSeconds) +
@@ -483,7 +517,8 @@ inline int probeMain(int argc, char** argv) {
     OversubscribedTime over = oversubscribedTime(options, 2 * cores, quick ? 100 : 1000);
     report += ", \"oversubscribed\": {\"ranks\": " + std::to_string(over.ranks) +
               ", \"work_seconds\": " + number(over.workSeconds) +
-              ", \"iteration_seconds\": " + number(over.iterationSeconds) + "}";
+              ", \"iteration_seconds\": " + number(over.iterationSeconds) +
+              ", \"shared_iteration_seconds\": " + number(over.sharedIterationSeconds) + "}";
   }
   if (first) std::fputs((report + "}\n").c_str(), stdout);
   return 0;
