@@ -15,8 +15,8 @@ runtime headers, alternated with today's per example and flag set, and prints bo
 
 --cmake-prefix PREFIX: instead, builds each example's generated library through the installed
 package's meshc_add_program (PREFIX: a `cmake --install` of meshc, e.g. the consumer tests'
-build/tests/consumer-prefix; Ninja, -O2, one job) with its precompiled prelude and without it
-(-DCMAKE_DISABLE_PRECOMPILE_HEADERS=ON), alternated for --rounds rounds: the CPU seconds of a
+build/tests/consumer-prefix; Ninja, -O2, one job) with PRECOMPILE_PRELUDE and without it
+(the same, with -DCMAKE_DISABLE_PRECOMPILE_HEADERS=ON), alternated for --rounds rounds: the CPU seconds of a
 build from scratch (meshc, the prelude's PCH where used, the generated source) and of the rebuild
 after the .mesh file is touched (meshc and the generated source), the median over rounds."""
 import argparse
@@ -43,9 +43,9 @@ def build_config(build_dir):
     return cxx, [d for d in includes + [blas] if d]
 
 
-def cpu_seconds(command):
+def cpu_seconds(command, quiet=False):
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    subprocess.run(command, check=True)
+    subprocess.run(command, check=True, stdout=subprocess.DEVNULL if quiet else None)
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
@@ -73,7 +73,7 @@ def cmake_build_seconds(prefix, example, work, precompiled, layout):
         f.write("cmake_minimum_required(VERSION 3.20)\nproject(build_time LANGUAGES CXX)\n"
                 "find_package(meshc CONFIG REQUIRED)\n"
                 f'meshc_add_program(model SOURCES {example}.mesh MESH "data=2,model=2"'
-                f"{layout_option})\n")
+                f"{layout_option} PRECOMPILE_PRELUDE)\n")
     build = os.path.join(work, "build-pch" if precompiled else "build-plain")
     shutil.rmtree(build, ignore_errors=True)
     disable = "OFF" if precompiled else "ON"
@@ -82,9 +82,9 @@ def cmake_build_seconds(prefix, example, work, precompiled, layout):
                     f"-DCMAKE_DISABLE_PRECOMPILE_HEADERS={disable}"],
                    check=True, capture_output=True)
     target = ["cmake", "--build", build, "--target", "model", "--", "-j1"]
-    scratch = cpu_seconds(target)
+    scratch = cpu_seconds(target, quiet=True)
     os.utime(os.path.join(project, example + ".mesh"))
-    rebuild = cpu_seconds(target)
+    rebuild = cpu_seconds(target, quiet=True)
     return scratch, rebuild
 
 
