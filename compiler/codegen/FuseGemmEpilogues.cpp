@@ -65,26 +65,17 @@ std::optional<Epilogue> epilogueOf(const KernelFunction& fn, const Gemm& gemm, c
 void fuseGemmEpilogues(KernelFunction& fn) {
   std::vector<std::vector<size_t>> readers = readerLists(fn.body, fn.buffers.size());
   std::vector<int> writers = fn.writerCounts();
-  std::vector<Stmt> body;
-  for (size_t k = 0; k < fn.body.size(); ++k) {
-    Stmt& stmt = fn.body[k];
-    Gemm* gemm = std::get_if<Gemm>(&stmt.node);
-    const Loop* next = k + 1 < fn.body.size() ? std::get_if<Loop>(&fn.body[k + 1].node) : nullptr;
-    if (gemm && next && samePlace(stmt, fn.body[k + 1]) &&
-        passedOnly(fn, readers, writers, gemm->out, k + 1)) {
-      if (std::optional<Epilogue> epilogue = epilogueOf(fn, *gemm, *next)) {
-        gemm->out = epilogue->out;
-        gemm->bias = epilogue->bias;
-        gemm->gelu = epilogue->gelu;
-        llvm::append_range(stmt.sources, fn.body[k + 1].sources);
-        body.push_back(std::move(stmt));
-        ++k;
-        continue;
-      }
-    }
-    body.push_back(std::move(stmt));
-  }
-  fn.body = std::move(body);
+  fuseAdjacent(fn, [&](size_t k, Stmt& first, Stmt& second) {
+    Gemm* gemm = std::get_if<Gemm>(&first.node);
+    const Loop* loop = std::get_if<Loop>(&second.node);
+    if (!gemm || !loop || !passedOnly(fn, readers, writers, gemm->out, k + 1)) return false;
+    std::optional<Epilogue> epilogue = epilogueOf(fn, *gemm, *loop);
+    if (!epilogue) return false;
+    gemm->out = epilogue->out;
+    gemm->bias = epilogue->bias;
+    gemm->gelu = epilogue->gelu;
+    return true;
+  });
 }
 
 } // namespace meshc::kir

@@ -1,8 +1,6 @@
 // Pass fuse-row-kernels (FuseRowKernels.h).
 #include "codegen/FuseRowKernels.h"
 
-#include <llvm/ADT/STLExtras.h>
-
 #include <optional>
 
 namespace meshc::kir {
@@ -126,34 +124,23 @@ std::optional<Call> maskedSoftmax(const KernelFunction& fn, const Loop& loop, co
 void fuseRowKernels(KernelFunction& fn) {
   std::vector<std::vector<size_t>> readers = readerLists(fn.body, fn.buffers.size());
   std::vector<int> writers = fn.writerCounts();
-  std::vector<Stmt> body;
-  for (size_t k = 0; k < fn.body.size(); ++k) {
-    Stmt& stmt = fn.body[k];
-    if (k + 1 < fn.body.size() && samePlace(stmt, fn.body[k + 1])) {
-      Stmt& next = fn.body[k + 1];
-      const Call* call = std::get_if<Call>(&stmt.node);
-      const Loop* loop = std::get_if<Loop>(&stmt.node);
-      const Call* nextCall = std::get_if<Call>(&next.node);
-      const Loop* nextLoop = std::get_if<Loop>(&next.node);
-      std::optional<Call> fused;
-      if (call && nextLoop && passedOnly(fn, readers, writers, call->out, k + 1))
-        fused = layerNormAffine(fn, *call, *nextLoop);
-      else if (loop && nextCall && loop->stores.size() == 1 &&
-               passedOnly(fn, readers, writers, loop->stores[0].at.buffer, k + 1))
-        fused = maskedSoftmax(fn, *loop, *nextCall);
-      if (fused) {
-        // The row kernel's sources first: traces name the statement by its op.
-        if (loop) std::swap(stmt.sources, next.sources);
-        stmt.node = std::move(*fused);
-        llvm::append_range(stmt.sources, next.sources);
-        body.push_back(std::move(stmt));
-        ++k;
-        continue;
-      }
-    }
-    body.push_back(std::move(stmt));
-  }
-  fn.body = std::move(body);
+  fuseAdjacent(fn, [&](size_t k, Stmt& first, Stmt& second) {
+    const Call* call = std::get_if<Call>(&first.node);
+    const Loop* loop = std::get_if<Loop>(&first.node);
+    const Call* nextCall = std::get_if<Call>(&second.node);
+    const Loop* nextLoop = std::get_if<Loop>(&second.node);
+    std::optional<Call> fused;
+    if (call && nextLoop && passedOnly(fn, readers, writers, call->out, k + 1))
+      fused = layerNormAffine(fn, *call, *nextLoop);
+    else if (loop && nextCall && loop->stores.size() == 1 &&
+             passedOnly(fn, readers, writers, loop->stores[0].at.buffer, k + 1))
+      fused = maskedSoftmax(fn, *loop, *nextCall);
+    if (!fused) return false;
+    // The row kernel's sources first: traces name the statement by its op.
+    if (loop) std::swap(first.sources, second.sources);
+    first.node = std::move(*fused);
+    return true;
+  });
 }
 
 } // namespace meshc::kir

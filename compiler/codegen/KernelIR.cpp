@@ -188,6 +188,23 @@ bool passedOnly(const KernelFunction& fn, const std::vector<std::vector<size_t>>
          !fn.isResult(id) && fn.buffers[size_t(id)].storage == Storage::Arena;
 }
 
+void fuseAdjacent(KernelFunction& fn,
+                  const std::function<bool(size_t k, Stmt& first, Stmt& second)>& fuse) {
+  std::vector<Stmt> body;
+  for (size_t k = 0; k < fn.body.size(); ++k) {
+    Stmt& stmt = fn.body[k];
+    if (k + 1 < fn.body.size() && samePlace(stmt, fn.body[k + 1]) &&
+        fuse(k, stmt, fn.body[k + 1])) {
+      llvm::append_range(stmt.sources, fn.body[k + 1].sources);
+      body.push_back(std::move(stmt));
+      ++k;
+      continue;
+    }
+    body.push_back(std::move(stmt));
+  }
+  fn.body = std::move(body);
+}
+
 bool samePlace(const Stmt& a, const Stmt& b) {
   return a.perMicrobatch == b.perMicrobatch && a.recomputed == b.recomputed && a.stage == b.stage &&
          a.stageMask == b.stageMask && a.microbatchLoop == b.microbatchLoop;

@@ -362,6 +362,13 @@ struct KernelFunction {
 bool passedOnly(const KernelFunction& function, const std::vector<std::vector<size_t>>& readers,
                 const std::vector<int>& writers, BufferId id, size_t reader);
 
+/// Joins adjacent statements of run()'s body: for each two in the same place (samePlace),
+/// `fuse(k, first, second)` (k: the first's index) may rewrite `first` to do both and return
+/// true; `second` is then dropped, its sources appended to the first's, and the statement after
+/// it is tried with the joined one's successor.
+void fuseAdjacent(KernelFunction& function,
+                  const std::function<bool(size_t k, Stmt& first, Stmt& second)>& fuse);
+
 /// Calls `visit(BufferId&)` on every buffer reference of `stmt` (reads, writes and arguments), in
 /// order. A template: renaming buffers (replaceBuffer) runs it over whole bodies.
 template <class Visit> void forEachBuffer(Stmt& stmt, Visit&& visit) {
