@@ -11,9 +11,17 @@ dsl-examples/*.mesh) [--before REV]
 
 --before REV: also compiles the code generated at git revision REV (its tests/golden-cpp: every
 example at [2,2] with its own layout, as this bench plans it) against that revision's support and
-runtime headers, alternated with today's per example and flag set, and prints both."""
+runtime headers, alternated with today's per example and flag set, and prints both.
+
+--cmake-prefix PREFIX: instead, builds each example's generated library through the installed
+package's meshc_add_program (PREFIX: a `cmake --install` of meshc, e.g. the consumer tests'
+build/tests/consumer-prefix; Ninja, -O2, one job) with PRECOMPILE_PRELUDE and without it
+(the same, with -DCMAKE_DISABLE_PRECOMPILE_HEADERS=ON), alternated for --rounds rounds: the CPU seconds of a
+build from scratch (meshc, the prelude's PCH where used, the generated source) and of the rebuild
+after the .mesh file is touched (meshc and the generated source), the median over rounds."""
 import argparse
 import os
+import statistics
 import re
 import resource
 import shutil
@@ -35,9 +43,9 @@ def build_config(build_dir):
     return cxx, [d for d in includes + [blas] if d]
 
 
-def cpu_seconds(command):
+def cpu_seconds(command, quiet=False):
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    subprocess.run(command, check=True)
+    subprocess.run(command, check=True, stdout=subprocess.DEVNULL if quiet else None)
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
@@ -52,6 +60,52 @@ def compile_seconds(cxx, flags, includes, example, base):
     for directory in includes:
         command += ["-I", directory]
     return cpu_seconds(command + [unity, "-o", base + ".o"])
+
+
+def cmake_build_seconds(prefix, example, work, precompiled, layout):
+    """CPU seconds of building `example`'s meshc_add_program library from scratch, then of the
+    rebuild after its .mesh file is touched."""
+    project = os.path.join(work, "project")
+    if not os.path.exists(project):
+        shutil.copytree(os.path.join(ROOT, "dsl-examples"), project)
+    layout_option = ' LAYOUT "auto"' if layout == "auto" else ""
+    with open(os.path.join(project, "CMakeLists.txt"), "w") as f:
+        f.write("cmake_minimum_required(VERSION 3.20)\nproject(build_time LANGUAGES CXX)\n"
+                "find_package(meshc CONFIG REQUIRED)\n"
+                f'meshc_add_program(model SOURCES {example}.mesh MESH "data=2,model=2"'
+                f"{layout_option} PRECOMPILE_PRELUDE)\n")
+    build = os.path.join(work, "build-pch" if precompiled else "build-plain")
+    shutil.rmtree(build, ignore_errors=True)
+    disable = "OFF" if precompiled else "ON"
+    subprocess.run(["cmake", "-G", "Ninja", "-S", project, "-B", build,
+                    f"-DCMAKE_PREFIX_PATH={prefix}", "-DCMAKE_CXX_FLAGS=-O2", "-Wno-dev",
+                    f"-DCMAKE_DISABLE_PRECOMPILE_HEADERS={disable}"],
+                   check=True, capture_output=True)
+    target = ["cmake", "--build", build, "--target", "model", "--", "-j1"]
+    scratch = cpu_seconds(target, quiet=True)
+    os.utime(os.path.join(project, example + ".mesh"))
+    rebuild = cpu_seconds(target, quiet=True)
+    return scratch, rebuild
+
+
+def cmake_table(prefix, examples, rounds):
+    """--cmake-prefix: the CMake function's builds with and without the precompiled prelude."""
+    print(f"{'example':14} {'scratch s pch':>14} {'scratch s plain':>16} {'rebuild s pch':>14} "
+          f"{'rebuild s plain':>16}   (CPU seconds, median of {rounds} rounds)")
+    meshc = os.path.join(prefix, "bin", "meshc")
+    for example in examples:
+        source = os.path.join(ROOT, "dsl-examples", example + ".mesh")
+        own = subprocess.run([meshc, source, "--mesh", "data=2,model=2", "--emit=plan"],
+                             capture_output=True).returncode == 0
+        times = {True: [], False: []}
+        with tempfile.TemporaryDirectory() as work:
+            for r in range(rounds):
+                for precompiled in ((True, False) if r % 2 == 0 else (False, True)):
+                    times[precompiled].append(cmake_build_seconds(
+                        prefix, example, work, precompiled, "own" if own else "auto"))
+        median = lambda precompiled, i: statistics.median(t[i] for t in times[precompiled])
+        print(f"{example:14} {median(True, 0):14.1f} {median(False, 0):16.1f} "
+              f"{median(True, 1):14.1f} {median(False, 1):16.1f}", flush=True)
 
 
 def checkout_before(revision, work):
@@ -73,7 +127,12 @@ def main():
                    for name in os.listdir(os.path.join(ROOT, "dsl-examples")) if name.endswith(".mesh"))
     parser.add_argument("--examples", default=",".join(every))
     parser.add_argument("--before", help="git revision to compare with (its goldens and headers)")
+    parser.add_argument("--cmake-prefix", help="an installed meshc: time its CMake function")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds of --cmake-prefix")
     args = parser.parse_args()
+    if args.cmake_prefix:
+        cmake_table(os.path.abspath(args.cmake_prefix), args.examples.split(","), args.rounds)
+        return 0
     meshc = os.path.join(args.build_dir, "compiler", "tools", "meshc")
     cxx, includes = build_config(args.build_dir)
     columns = [name + " s" for name in FLAGS]

@@ -156,6 +156,10 @@ public:
                                                  fmt::join(operands, ", "), list(gemm.outDims))) +
                          ".plan()";
       std::string out = fmt::format("// dims: {}\n", fmt::join(gemm.dims, ", "));
+      if (gemm.bias != kir::kNoBuffer) // the bias and GELU as the GEMM's post-ops
+        return out + fmt::format("{}.runBiasActivation({}, {}, {}.data(), {}.data(), {});\n", plan,
+                                 pointers[0], pointers[1], name(gemm.bias), name(gemm.out),
+                                 gemm.gelu ? "true" : "false");
       std::string tail = fmt::format("{}.data(), {}, {}", name(gemm.out), floatLiteral(gemm.alpha),
                                      floatLiteral(gemm.beta));
       if (gemm.operands.size() == 2)

@@ -75,6 +75,9 @@ public:
     if (gemm.alpha != 1)
       out +=
           fmt::format("support::scaleValues({}, {});\n", name(gemm.out), floatLiteral(gemm.alpha));
+    if (gemm.bias != kir::kNoBuffer)
+      out += fmt::format("support::biasActivation({}, {}, {});\n", name(gemm.out), name(gemm.bias),
+                         gemm.gelu ? "true" : "false");
     return out;
   }
 

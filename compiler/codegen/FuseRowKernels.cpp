@@ -1,8 +1,6 @@
 // Pass fuse-row-kernels (FuseRowKernels.h).
 #include "codegen/FuseRowKernels.h"
 
-#include <llvm/ADT/STLExtras.h>
-
 #include <optional>
 
 namespace meshc::kir {
@@ -47,13 +45,6 @@ bool allF32(const KernelFunction& fn, const Loop& loop) {
   for (const Scalar& scalar : loop.body)
     if (scalar.dtype != DType::F32) return false;
   return fn.buffers[size_t(loop.stores[0].at.buffer)].dtype == DType::F32;
-}
-
-/// Along the row only: stride 1 on the last loop dim, 0 on the others (a gain or a bias).
-bool alongRow(const Access& access) {
-  for (size_t d = 0; d + 1 < access.strides.size(); ++d)
-    if (access.strides[d] != 0) return false;
-  return !access.strides.empty() && access.strides.back() == 1;
 }
 
 /// layer_norm into `normalized`, then `loop` = normalized * gain + bias along the row, storing
@@ -128,51 +119,28 @@ std::optional<Call> maskedSoftmax(const KernelFunction& fn, const Loop& loop, co
               .reads = {x.buffer, mask.buffer}};
 }
 
-/// Whether the two statements run in the same place (microbatch loop, stage, recomputation).
-bool samePlace(const Stmt& a, const Stmt& b) {
-  return a.perMicrobatch == b.perMicrobatch && a.recomputed == b.recomputed && a.stage == b.stage &&
-         a.stageMask == b.stageMask && a.microbatchLoop == b.microbatchLoop;
-}
-
 } // namespace
 
 void fuseRowKernels(KernelFunction& fn) {
   std::vector<std::vector<size_t>> readers = readerLists(fn.body, fn.buffers.size());
   std::vector<int> writers = fn.writerCounts();
-  // The value passed between the two dies there: read by the second statement alone, written
-  // by the first alone, and not a result.
-  auto passedOnly = [&](BufferId id, size_t reader) {
-    return readers[size_t(id)] == std::vector<size_t>{reader} && writers[size_t(id)] == 1 &&
-           !fn.isResult(id) && fn.buffers[size_t(id)].storage == Storage::Arena;
-  };
-  std::vector<Stmt> body;
-  for (size_t k = 0; k < fn.body.size(); ++k) {
-    Stmt& stmt = fn.body[k];
-    if (k + 1 < fn.body.size() && samePlace(stmt, fn.body[k + 1])) {
-      Stmt& next = fn.body[k + 1];
-      const Call* call = std::get_if<Call>(&stmt.node);
-      const Loop* loop = std::get_if<Loop>(&stmt.node);
-      const Call* nextCall = std::get_if<Call>(&next.node);
-      const Loop* nextLoop = std::get_if<Loop>(&next.node);
-      std::optional<Call> fused;
-      if (call && nextLoop && passedOnly(call->out, k + 1))
-        fused = layerNormAffine(fn, *call, *nextLoop);
-      else if (loop && nextCall && loop->stores.size() == 1 &&
-               passedOnly(loop->stores[0].at.buffer, k + 1))
-        fused = maskedSoftmax(fn, *loop, *nextCall);
-      if (fused) {
-        // The row kernel's sources first: traces name the statement by its op.
-        if (loop) std::swap(stmt.sources, next.sources);
-        stmt.node = std::move(*fused);
-        llvm::append_range(stmt.sources, next.sources);
-        body.push_back(std::move(stmt));
-        ++k;
-        continue;
-      }
-    }
-    body.push_back(std::move(stmt));
-  }
-  fn.body = std::move(body);
+  fuseAdjacent(fn, [&](size_t k, Stmt& first, Stmt& second) {
+    const Call* call = std::get_if<Call>(&first.node);
+    const Loop* loop = std::get_if<Loop>(&first.node);
+    const Call* nextCall = std::get_if<Call>(&second.node);
+    const Loop* nextLoop = std::get_if<Loop>(&second.node);
+    std::optional<Call> fused;
+    if (call && nextLoop && passedOnly(fn, readers, writers, call->out, k + 1))
+      fused = layerNormAffine(fn, *call, *nextLoop);
+    else if (loop && nextCall && loop->stores.size() == 1 &&
+             passedOnly(fn, readers, writers, loop->stores[0].at.buffer, k + 1))
+      fused = maskedSoftmax(fn, *loop, *nextCall);
+    if (!fused) return false;
+    // The row kernel's sources first: traces name the statement by its op.
+    if (loop) std::swap(first.sources, second.sources);
+    first.node = std::move(*fused);
+    return true;
+  });
 }
 
 } // namespace meshc::kir

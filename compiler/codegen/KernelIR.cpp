@@ -62,6 +62,7 @@ std::vector<BufferId> readsOf(const Stmt& stmt) {
     std::vector<BufferId> operator()(const Gemm& gemm) const {
       std::vector<BufferId> reads = gemm.operands;
       if (gemm.beta != 0) reads.push_back(gemm.out);
+      if (gemm.bias != kNoBuffer) reads.push_back(gemm.bias);
       return reads;
     }
     std::vector<BufferId> operator()(const Call& call) const { return call.reads; }
@@ -179,6 +180,40 @@ bool isPure(const Stmt& stmt) {
         (arg.kind == Arg::Kind::Text && arg.text == "seed_") || readsMicrobatch(arg))
       return false; // the seed changes on load(); streams keyed by step change every step
   return true;
+}
+
+bool passedOnly(const KernelFunction& fn, const std::vector<std::vector<size_t>>& readers,
+                const std::vector<int>& writers, BufferId id, size_t reader) {
+  return readers[size_t(id)] == std::vector<size_t>{reader} && writers[size_t(id)] == 1 &&
+         !fn.isResult(id) && fn.buffers[size_t(id)].storage == Storage::Arena;
+}
+
+void fuseAdjacent(KernelFunction& fn,
+                  const std::function<bool(size_t k, Stmt& first, Stmt& second)>& fuse) {
+  std::vector<Stmt> body;
+  for (size_t k = 0; k < fn.body.size(); ++k) {
+    Stmt& stmt = fn.body[k];
+    if (k + 1 < fn.body.size() && samePlace(stmt, fn.body[k + 1]) &&
+        fuse(k, stmt, fn.body[k + 1])) {
+      llvm::append_range(stmt.sources, fn.body[k + 1].sources);
+      body.push_back(std::move(stmt));
+      ++k;
+      continue;
+    }
+    body.push_back(std::move(stmt));
+  }
+  fn.body = std::move(body);
+}
+
+bool samePlace(const Stmt& a, const Stmt& b) {
+  return a.perMicrobatch == b.perMicrobatch && a.recomputed == b.recomputed && a.stage == b.stage &&
+         a.stageMask == b.stageMask && a.microbatchLoop == b.microbatchLoop;
+}
+
+bool alongRow(const Access& access) {
+  for (size_t d = 0; d + 1 < access.strides.size(); ++d)
+    if (access.strides[d] != 0) return false;
+  return !access.strides.empty() && access.strides.back() == 1;
 }
 
 bool readsMicrobatch(const Arg& arg) {
@@ -447,10 +482,15 @@ private:
       operands.push_back(name(gemm.operands[k]) + named(gemm.operandDims[k]));
     for (size_t d = 0; d < gemm.dims.size(); ++d)
       sizes.push_back(fmt::format("{}={}", gemm.dims[d], gemm.sizes[d]));
-    out += fmt::format("  gemm {}{} = {} * einsum({}){} : {} ({})\n", name(gemm.out),
-                       named(gemm.outDims), gemm.alpha, fmt::join(operands, ", "),
-                       gemm.beta != 0 ? fmt::format(" + {} * {}", gemm.beta, name(gemm.out)) : "",
-                       ir::dtypeName(gemm.dtype), fmt::join(sizes, " "));
+    std::string value =
+        fmt::format("{} * einsum({}){}{}", gemm.alpha, fmt::join(operands, ", "),
+                    gemm.beta != 0 ? fmt::format(" + {} * {}", gemm.beta, name(gemm.out)) : "",
+                    gemm.bias != kNoBuffer ? fmt::format(" + {}[{}]", name(gemm.bias),
+                                                         gemm.dims[size_t(gemm.outDims.back())])
+                                           : "");
+    out += fmt::format("  gemm {}{} = {} : {} ({})\n", name(gemm.out), named(gemm.outDims),
+                       gemm.gelu ? "gelu(" + value + ")" : value, ir::dtypeName(gemm.dtype),
+                       fmt::join(sizes, " "));
   }
 
   void print(const Call& call, const Stmt& stmt) {

@@ -154,6 +154,11 @@ struct Gemm {
   std::vector<int64_t> outDims;
   double alpha = 1, beta = 0;
   DType dtype = DType::F32;
+  /// An epilogue (fuse-gemm-epilogues; only with alpha 1 and beta 0, f32): out = f(einsum +
+  /// bias), `bias` one value per index of the last out dim, f GELU (tanh form) when `gelu`, else
+  /// the identity.
+  BufferId bias = kNoBuffer;
+  bool gelu = false;
   bool operator==(const Gemm&) const = default;
 };
 
@@ -259,6 +264,11 @@ void replaceBufferFrom(KernelFunction& function, size_t first, BufferId from, Bu
 /// Whether `stmt` may be merged with an identical one or moved: a loop, a GEMM, or a kernel
 /// that is pure (KernelCalls.def) and not keyed by the seed, the train step or the microbatch.
 bool isPure(const Stmt& stmt);
+/// Whether two statements run in the same place (microbatch loop, stage, recomputation): what
+/// the fusions of a kernel with the loop next to it require.
+bool samePlace(const Stmt& a, const Stmt& b);
+/// Along a row only: stride 1 on the last loop dim, 0 on the others (a gain or a bias).
+bool alongRow(const Access& access);
 
 /// A mesh axis name no mesh has, standing in Arg::names and Arg::starts for the microbatch
 /// loop's index: a dim split over `{axes..., kMicrobatchAxis}` with local size s starts at
@@ -346,6 +356,19 @@ struct KernelFunction {
   }
 };
 
+/// Whether arena buffer `id` only passes a value from its one writer to statement `reader` of
+/// run()'s body (`readers`: readerLists of the body; `writers`: writerCounts): it dies there, so
+/// the two statements may become one.
+bool passedOnly(const KernelFunction& function, const std::vector<std::vector<size_t>>& readers,
+                const std::vector<int>& writers, BufferId id, size_t reader);
+
+/// Joins adjacent statements of run()'s body: for each two in the same place (samePlace),
+/// `fuse(k, first, second)` (k: the first's index) may rewrite `first` to do both and return
+/// true; `second` is then dropped, its sources appended to the first's, and the statement after
+/// it is tried with the joined one's successor.
+void fuseAdjacent(KernelFunction& function,
+                  const std::function<bool(size_t k, Stmt& first, Stmt& second)>& fuse);
+
 /// Calls `visit(BufferId&)` on every buffer reference of `stmt` (reads, writes and arguments), in
 /// order. A template: renaming buffers (replaceBuffer) runs it over whole bodies.
 template <class Visit> void forEachBuffer(Stmt& stmt, Visit&& visit) {
@@ -361,6 +384,7 @@ template <class Visit> void forEachBuffer(Stmt& stmt, Visit&& visit) {
       for (BufferId& id : gemm.operands)
         apply(id);
       apply(gemm.out);
+      if (gemm.bias != kNoBuffer) apply(gemm.bias);
     }
     void operator()(Call& call) const {
       if (call.out != kNoBuffer) apply(call.out);

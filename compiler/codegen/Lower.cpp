@@ -5,6 +5,7 @@
 #include "codegen/EliminateCommonSubexpressions.h"
 #include "codegen/EliminateDeadCode.h"
 #include "codegen/FoldConstants.h"
+#include "codegen/FuseGemmEpilogues.h"
 #include "codegen/FuseLoops.h"
 #include "codegen/FuseRowKernels.h"
 #include "codegen/GatherOneHotProducts.h"
@@ -46,6 +47,9 @@ const std::vector<KernelPass>& kernelPasses() {
       {"fuse-row-kernels",
        "layer_norm with its gain and bias, a mask loop with the softmax after it: one row kernel",
        fuseRowKernels},
+      {"fuse-gemm-epilogues",
+       "a bias add along the last dim and GELU after a GEMM: the GEMM's post-ops",
+       fuseGemmEpilogues},
       {"write-updates-in-place",
        "optimizer updates stored straight into their params when nothing reads the old value after",
        writeUpdatesInPlace},

@@ -228,6 +228,11 @@ private:
           fail(where, fmt::format("GEMM operand {} does not match its buffer", k));
       if (!valid(gemm->out) || elements(gemm->outDims) != fn.buffers[size_t(gemm->out)].elements)
         fail(where, "GEMM result does not match its buffer");
+      if ((gemm->bias != kNoBuffer || gemm->gelu) &&
+          (gemm->alpha != 1 || gemm->beta != 0 || gemm->dtype != DType::F32 ||
+           gemm->outDims.empty() || !valid(gemm->bias) || gemm->bias == gemm->out ||
+           fn.buffers[size_t(gemm->bias)].elements != elements({gemm->outDims.back()})))
+        fail(where, "a GEMM epilogue without alpha 1, beta 0, f32 and a bias along its last dim");
     } else if (const Collective* c = std::get_if<Collective>(&stmt.node)) {
       if (c->axes.empty() || c->buffers.empty()) fail(where, "a collective over nothing");
       if (c->phase == Collective::Phase::Start) {

@@ -84,6 +84,12 @@ def compare_with_interpreter(prefix, work, source, mesh):
 
 def run_consumer(prefix, work, generator):
     source, build = configure(prefix, work, generator)
+    # PRECOMPILE_PRELUDE: the library's precompiled prelude (GCC's .gch, Clang's .pch).
+    pch = os.path.join(build, "CMakeFiles", "consumer_model.dir")
+    if not any(name.startswith("cmake_pch.hxx.") and name.endswith("ch")
+               for _, _, names in os.walk(pch) for name in names):
+        sys.exit(f"FAIL: PRECOMPILE_PRELUDE left no precompiled header under {pch}")
+    print("ok: the generated code's prelude is precompiled")
     print(run([os.path.join(build, "consumer"), os.path.join(work, "actual")]).stdout, end="")
     compare_with_interpreter(prefix, work, source, "data=2,model=2")
     return source, build

@@ -108,31 +108,6 @@ static const support::SharedEinsum
 
 [[gnu::noinline]] static void loop2(float *__restrict p0, const float *__restrict p1,
                                     const float *__restrict p2) {
-  for (int64_t i0 = 0; i0 < 32; ++i0) {
-    for (int64_t i1 = 0; i1 < 16; ++i1) {
-      const float s0 = p1[i0 * 16 + i1];
-      const float s1 = p2[i1];
-      const float s2 = (s0 + s1);
-      const float s3 = support::fgelu(s2);
-      p0[i0 * 16 + i1] = s3;
-    }
-  }
-}
-
-[[gnu::noinline]] static void loop3(float *__restrict p0, const float *__restrict p1,
-                                    const float *__restrict p2) {
-  for (int64_t i0 = 0; i0 < 32; ++i0) {
-    for (int64_t i1 = 0; i1 < 32; ++i1) {
-      const float s0 = p1[i0 * 32 + i1];
-      const float s1 = p2[i1];
-      const float s2 = (s0 + s1);
-      p0[i0 * 32 + i1] = s2;
-    }
-  }
-}
-
-[[gnu::noinline]] static void loop4(float *__restrict p0, const float *__restrict p1,
-                                    const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 2; ++i0) {
     for (int64_t i1 = 0; i1 < 32; ++i1) {
       const float s0 = p1[i0 * 32 + i1];
@@ -144,7 +119,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop5(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop3(float *__restrict p0, const float *__restrict p1,
                                     const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 1024; ++i0) {
     const float s0 = p1[i0];
@@ -154,20 +129,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop6(float *__restrict p0, const float *__restrict p1,
-                                    const float *__restrict p2) {
-  for (int64_t i0 = 0; i0 < 32; ++i0) {
-    for (int64_t i1 = 0; i1 < 32; ++i1) {
-      const float s0 = p1[i0 * 32 + i1];
-      const float s1 = p2[i1];
-      const float s2 = (s0 + s1);
-      const float s3 = support::fgelu(s2);
-      p0[i0 * 32 + i1] = s3;
-    }
-  }
-}
-
-[[gnu::noinline]] static void loop7(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop4(float *__restrict p0, const float *__restrict p1,
                                     const float *__restrict p2, const float *__restrict p3) {
   for (int64_t i0 = 0; i0 < 32; ++i0) {
     for (int64_t i1 = 0; i1 < 32; ++i1) {
@@ -181,7 +143,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop8(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop5(float *__restrict p0, const float *__restrict p1,
                                     const float *__restrict p2, const float *__restrict p3) {
   for (int64_t i0 = 0; i0 < 32; ++i0) {
     for (int64_t i1 = 0; i1 < 16; ++i1) {
@@ -195,7 +157,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop9(float *__restrict p0, float *__restrict p1,
+[[gnu::noinline]] static void loop6(float *__restrict p0, float *__restrict p1,
                                     const float *__restrict p2, const float *__restrict p3) {
   for (int64_t i0 = 0; i0 < 32; ++i0) {
     for (int64_t i1 = 0; i1 < 16; ++i1) {
@@ -209,8 +171,8 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop10(float *__restrict p0, const float *__restrict p1,
-                                     const float *__restrict p2) {
+[[gnu::noinline]] static void loop7(float *__restrict p0, const float *__restrict p1,
+                                    const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 1024; ++i0) {
     const float s0 = p1[i0];
     const float s1 = p2[i0];
@@ -219,8 +181,8 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop11(float *__restrict p0, float *__restrict p1,
-                                     const float *__restrict p2, const float *__restrict p3) {
+[[gnu::noinline]] static void loop8(float *__restrict p0, float *__restrict p1,
+                                    const float *__restrict p2, const float *__restrict p3) {
   for (int64_t i0 = 0; i0 < 32; ++i0) {
     const float s0 = p2[i0];
     const float s1 = s0;
@@ -232,8 +194,8 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop12(float *__restrict p0, const float *__restrict p1,
-                                     const float *__restrict p2) {
+[[gnu::noinline]] static void loop9(float *__restrict p0, const float *__restrict p1,
+                                    const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 4; ++i0) {
     const float s0 = p1[i0];
     const float s1 = p2[i0];
@@ -242,7 +204,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop13(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop10(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3) {
   for (int64_t i0 = 0; i0 < 2; ++i0) {
     for (int64_t i1 = 0; i1 < 2; ++i1) {
@@ -257,7 +219,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop14(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop11(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3) {
   for (int64_t i0 = 0; i0 < 2; ++i0) {
     for (int64_t i1 = 0; i1 < 2; ++i1) {
@@ -283,7 +245,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop15(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop12(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4, const float *__restrict p5) {
   const float r0 = p1[0];
@@ -317,7 +279,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop16(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop13(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 64; ++i0) {
     const float s0 = p1[i0];
@@ -330,7 +292,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop17(float *__restrict p0, const float *__restrict p1) {
+[[gnu::noinline]] static void loop14(float *__restrict p0, const float *__restrict p1) {
   for (int64_t i0 = 0; i0 < 64; ++i0) {
     const float s0 = p1[i0];
     const float s1 = s0;
@@ -338,7 +300,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop18(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop15(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4, const float *__restrict p5,
                                      const float *__restrict p6) {
@@ -387,7 +349,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop19(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop16(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3) {
   for (int64_t i0 = 0; i0 < 32; ++i0) {
     const float s0 = p1[i0];
@@ -399,7 +361,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop20(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop17(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3) {
   for (int64_t i0 = 0; i0 < 1024; ++i0) {
     const float s0 = p1[i0];
@@ -411,7 +373,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop21(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop18(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 1024; ++i0) {
     const float s0 = p1[i0];
@@ -448,7 +410,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop22(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop19(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3) {
   for (int64_t i0 = 0; i0 < 512; ++i0) {
     const float s0 = p1[i0];
@@ -460,7 +422,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop23(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop20(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3) {
   for (int64_t i0 = 0; i0 < 64; ++i0) {
     for (int64_t i1 = 0; i1 < 16; ++i1) {
@@ -476,7 +438,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop24(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop21(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4) {
   for (int64_t i0 = 0; i0 < 1024; ++i0) {
@@ -491,7 +453,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop25(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop22(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4, const float *__restrict p5) {
   for (int64_t i0 = 0; i0 < 32; ++i0) {
@@ -510,7 +472,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop26(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop23(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 32; ++i0) {
     for (int64_t i1 = 0; i1 < 16; ++i1) {
@@ -523,7 +485,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop27(float *__restrict p0, float *__restrict p1,
+[[gnu::noinline]] static void loop24(float *__restrict p0, float *__restrict p1,
                                      float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4, const float *__restrict p5,
                                      const float *__restrict p6) {
@@ -568,7 +530,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop28(float *__restrict p0, float *__restrict p1,
+[[gnu::noinline]] static void loop25(float *__restrict p0, float *__restrict p1,
                                      float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4, const float *__restrict p5,
                                      const float *__restrict p6) {
@@ -613,7 +575,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop29(float *__restrict p0, float *__restrict p1,
+[[gnu::noinline]] static void loop26(float *__restrict p0, float *__restrict p1,
                                      float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4, const float *__restrict p5,
                                      const float *__restrict p6) {
@@ -658,7 +620,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop30(float *__restrict p0, float *__restrict p1,
+[[gnu::noinline]] static void loop27(float *__restrict p0, float *__restrict p1,
                                      float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4, const float *__restrict p5,
                                      const float *__restrict p6) {
@@ -703,7 +665,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop31(float *__restrict p0, float *__restrict p1,
+[[gnu::noinline]] static void loop28(float *__restrict p0, float *__restrict p1,
                                      float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4, const float *__restrict p5,
                                      const float *__restrict p6) {
@@ -748,7 +710,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop32(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop29(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 32; ++i0) {
     for (int64_t i1 = 0; i1 < 32; ++i1) {
@@ -761,7 +723,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop33(float *__restrict p0, const float *__restrict p1) {
+[[gnu::noinline]] static void loop30(float *__restrict p0, const float *__restrict p1) {
   for (int64_t i0 = 0; i0 < 32; ++i0) {
     const float s0 = p1[i0];
     const float s1 = 1e-12f;
@@ -771,7 +733,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop34(float *__restrict p0, float *__restrict p1,
+[[gnu::noinline]] static void loop31(float *__restrict p0, float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4) {
   for (int64_t i0 = 0; i0 < 32; ++i0) {
@@ -787,7 +749,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop35(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop32(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4, const float *__restrict p5) {
   for (int64_t i0 = 0; i0 < 32; ++i0) {
@@ -806,7 +768,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop36(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop33(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3) {
   for (int64_t i0 = 0; i0 < 32; ++i0) {
     for (int64_t i1 = 0; i1 < 32; ++i1) {
@@ -820,7 +782,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop37(float *__restrict p0, float *__restrict p1,
+[[gnu::noinline]] static void loop34(float *__restrict p0, float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3) {
   for (int64_t i0 = 0; i0 < 32; ++i0) {
     for (int64_t i1 = 0; i1 < 32; ++i1) {
@@ -834,7 +796,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop38(float *__restrict p0, float *__restrict p1,
+[[gnu::noinline]] static void loop35(float *__restrict p0, float *__restrict p1,
                                      float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4, const float *__restrict p5,
                                      const float *__restrict p6) {
@@ -879,7 +841,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop39(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop36(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 512; ++i0) {
     const float s0 = p1[i0];
@@ -889,7 +851,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop40(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop37(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 32; ++i0) {
     for (int64_t i1 = 0; i1 < 16; ++i1) {
@@ -902,7 +864,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop41(float *__restrict p0, float *__restrict p1,
+[[gnu::noinline]] static void loop38(float *__restrict p0, float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4) {
   for (int64_t i0 = 0; i0 < 32; ++i0) {
@@ -1053,11 +1015,11 @@ Albert::Albert(meshrt::Communicator &world, uint64_t seed)
 
 Albert::Outputs Albert::run(const Inputs &inputs) {
   MESHRT_TRACE_RUN(world_, "albert");
-  // Arena: 16384 bytes for 177184 bytes of temporaries (placed by liveness).
+  // Arena: 16384 bytes for 158752 bytes of temporaries (placed by liveness).
   support::checkShape("input", "tokens", inputs.tokens, {2, 16});
   support::checkShape("input", "segment_ids", inputs.segment_ids, {2, 16});
   runPart0(inputs);
-  support::View v124 = arena_.view(8192, 1024);
+  support::View v124 = arena_.view(4096, 1024);
   support::View v131 = arena_.view(0, 4);
 
   Outputs outputs;
@@ -1115,7 +1077,7 @@ void Albert::runPart0(const Inputs &inputs) {
   // dims: batch, length, d_embed, d_model
   kEinsum0.plan().run(v16.data(), v7.data(), v17.data(), 1.0f, 0.0f);
 
-  // 16 statements from encoder_layers.mesh:28:17 einsum -> queries (1 of 3)
+  // 15 statements from encoder_layers.mesh:28:17 einsum -> queries (1 of 3)
   MESHRT_TRACE_SITE("encoder_layers.mesh:28:17");
   const support::Buffer &v18 = param6_encoder_albert_layer_self_attention_q;
   support::View v22 = arena_.view(8192, 512);
@@ -1133,20 +1095,19 @@ void Albert::runPart0(const Inputs &inputs) {
   const support::Buffer &v35 = param10_encoder_albert_layer_norm_gain;
   const support::Buffer &v36 = param11_encoder_albert_layer_norm_bias;
   const support::Buffer &v40 = param12_encoder_albert_layer_dense_relu_dense_wi;
-  support::View v44 = arena_.view(4096, 1024);
+  support::View v46 = arena_.view(4096, 1024);
   const support::Buffer &v41 = param13_encoder_albert_layer_dense_relu_dense_bi;
-  support::View v46 = arena_.view(8192, 1024);
   const support::Buffer &v42 = param14_encoder_albert_layer_dense_relu_dense_wo;
-  support::View v47 = arena_.view(4096, 1024);
+  support::View v47 = arena_.view(8192, 1024);
   const support::Buffer &v43 = param15_encoder_albert_layer_dense_relu_dense_bo;
-  support::View v50 = arena_.view(8192, 1024);
+  support::View v50 = arena_.view(4096, 1024);
   const support::Buffer &v51 = param16_encoder_albert_layer_norm_1_gain;
   const support::Buffer &v52 = param17_encoder_albert_layer_norm_1_bias;
   support::View v55 = arena_.view(0, 1024);
   repeated0(v17, v18, v22, v19, v23, v20, v25, v27, v30, v31, v21, v32, v34, v39, v35, v36, v40,
-            v44, v41, v46, v42, v47, v43, v50, v55, v51, v52);
+            v46, v41, v42, v47, v43, v50, v55, v51, v52);
 
-  // 16 statements from encoder_layers.mesh:28:17 einsum -> queries (2 of 3)
+  // 15 statements from encoder_layers.mesh:28:17 einsum -> queries (2 of 3)
   MESHRT_TRACE_SITE("encoder_layers.mesh:28:17");
   support::View v56 = arena_.view(8192, 512);
   support::View v57 = arena_.view(10240, 512);
@@ -1157,15 +1118,14 @@ void Albert::runPart0(const Inputs &inputs) {
   support::View v66 = arena_.view(4096, 1024);
   support::View v68 = arena_.view(8192, 1024);
   support::View v71 = arena_.view(0, 1024);
-  support::View v72 = arena_.view(4096, 1024);
-  support::View v74 = arena_.view(8192, 1024);
-  support::View v75 = arena_.view(4096, 1024);
-  support::View v78 = arena_.view(8192, 1024);
+  support::View v74 = arena_.view(4096, 1024);
+  support::View v75 = arena_.view(8192, 1024);
+  support::View v78 = arena_.view(4096, 1024);
   support::View v81 = arena_.view(0, 1024);
   repeated0(v55, v18, v56, v19, v57, v20, v59, v61, v64, v65, v21, v66, v68, v71, v35, v36, v40,
-            v72, v41, v74, v42, v75, v43, v78, v81, v51, v52);
+            v74, v41, v42, v75, v43, v78, v81, v51, v52);
 
-  // 16 statements from encoder_layers.mesh:28:17 einsum -> queries (3 of 3)
+  // 15 statements from encoder_layers.mesh:28:17 einsum -> queries (3 of 3)
   MESHRT_TRACE_SITE("encoder_layers.mesh:28:17");
   support::View v82 = arena_.view(8192, 512);
   support::View v83 = arena_.view(10240, 512);
@@ -1176,13 +1136,12 @@ void Albert::runPart0(const Inputs &inputs) {
   support::View v92 = arena_.view(4096, 1024);
   support::View v94 = arena_.view(8192, 1024);
   support::View v97 = arena_.view(0, 1024);
-  support::View v98 = arena_.view(4096, 1024);
-  support::View v100 = arena_.view(8192, 1024);
-  support::View v101 = arena_.view(4096, 1024);
-  support::View v104 = arena_.view(8192, 1024);
+  support::View v100 = arena_.view(4096, 1024);
+  support::View v101 = arena_.view(8192, 1024);
+  support::View v104 = arena_.view(4096, 1024);
   support::View v107 = arena_.view(0, 1024);
   repeated0(v81, v18, v82, v19, v83, v20, v85, v87, v90, v91, v21, v92, v94, v97, v35, v36, v40,
-            v98, v41, v100, v42, v101, v43, v104, v107, v51, v52);
+            v100, v41, v42, v101, v43, v104, v107, v51, v52);
 
   // albert.mesh:71:9 transpose
   MESHRT_TRACE("loop", "albert.mesh:71:9", "forward");
@@ -1190,18 +1149,14 @@ void Albert::runPart0(const Inputs &inputs) {
   loop1(v112.data(), v2.data());
 
   // albert.mesh:76:16 einsum
-  MESHRT_TRACE("gemm", "albert.mesh:76:16", "forward");
-  const support::Buffer &v108 = param18_heads_transform;
-  support::View v117 = arena_.view(4096, 512);
-  // dims: batch, length, d_model, d_embed
-  kEinsum1.plan().run(v107.data(), v108.data(), v117.data(), 1.0f, 0.0f);
-
   // albert.mesh:76:63 add
   // albert.mesh:76:11 gelu -> t
-  MESHRT_TRACE("loop", "albert.mesh:76:63", "forward");
+  MESHRT_TRACE("gemm", "albert.mesh:76:16", "forward");
+  const support::Buffer &v108 = param18_heads_transform;
   const support::Buffer &v109 = param19_heads_transform_bias;
-  support::View v119 = arena_.view(6144, 512);
-  loop2(v119.data(), v117.data(), v109.data());
+  support::View v119 = arena_.view(4096, 512);
+  // dims: batch, length, d_model, d_embed
+  kEinsum1.plan().runBiasActivation(v107.data(), v108.data(), v109.data(), v119.data(), true);
 
   // albert.mesh:77:7 layer_norm
   // albert.mesh:77:43 mul
@@ -1213,20 +1168,16 @@ void Albert::runPart0(const Inputs &inputs) {
   support::layerNormAffine(v122.data(), v119.data(), 32, 16, v110.data(), v111.data(), 1e-12, 16);
 
   // albert.mesh:78:20 einsum
-  MESHRT_TRACE("gemm", "albert.mesh:78:20", "forward");
-  support::View v123 = arena_.view(4096, 1024);
-  // dims: batch, length, d_embed, vocab
-  kEinsum0.plan().run(v122.data(), v112.data(), v123.data(), 1.0f, 0.0f);
-
   // albert.mesh:78:61 add -> mlm_logits
-  MESHRT_TRACE("loop", "albert.mesh:78:61", "forward");
+  MESHRT_TRACE("gemm", "albert.mesh:78:20", "forward");
   const support::Buffer &v113 = param22_heads_output_bias;
-  support::View v124 = arena_.view(8192, 1024);
-  loop3(v124.data(), v123.data(), v113.data());
+  support::View v124 = arena_.view(4096, 1024);
+  // dims: batch, length, d_embed, vocab
+  kEinsum0.plan().runBiasActivation(v122.data(), v112.data(), v113.data(), v124.data(), false);
 
   // albert.mesh:79:17 slice
   MESHRT_TRACE("slice", "albert.mesh:79:17", "forward");
-  support::View v125 = arena_.slot(4096, 64);
+  support::View v125 = arena_.slot(8192, 64);
   support::copyWindow(v125.data(), v107.data(), kShape3, kShape4, kShape5, 32, 32, 1, 16,
                       int64_t(0));
 
@@ -1248,7 +1199,7 @@ void Albert::runPart0(const Inputs &inputs) {
   MESHRT_TRACE("loop", "albert.mesh:80:57", "forward");
   const support::Buffer &v115 = param24_heads_pooler_bias;
   support::View v129 = arena_.view(0, 64);
-  loop4(v129.data(), v127.data(), v115.data());
+  loop2(v129.data(), v127.data(), v115.data());
 
   // albert.mesh:81:22 einsum -> sop_logits
   MESHRT_TRACE("gemm", "albert.mesh:81:22", "forward");
@@ -1270,9 +1221,9 @@ void Albert::repeated0(support::ConstView a0, support::ConstView a1, support::Vi
                        support::ConstView a10, support::View a11, support::View a12,
                        support::View a13, support::ConstView a14, support::ConstView a15,
                        support::ConstView a16, support::View a17, support::ConstView a18,
-                       support::View a19, support::ConstView a20, support::View a21,
-                       support::ConstView a22, support::View a23, support::View a24,
-                       support::ConstView a25, support::ConstView a26) {
+                       support::ConstView a19, support::View a20, support::ConstView a21,
+                       support::View a22, support::View a23, support::ConstView a24,
+                       support::ConstView a25) {
   MESHRT_TRACE_SPAN(world_);
 
   // encoder_layers.mesh:28:17 einsum -> queries
@@ -1317,7 +1268,7 @@ void Albert::repeated0(support::ConstView a0, support::ConstView a1, support::Vi
 
   // albert.mesh:34:18 add
   MESHRT_TRACE("loop", "albert.mesh:34:18", "forward");
-  loop5(a12.data(), a0.data(), a11.data());
+  loop3(a12.data(), a0.data(), a11.data());
 
   // encoder_layers.mesh:19:10 layer_norm
   // encoder_layers.mesh:19:46 mul
@@ -1326,35 +1277,32 @@ void Albert::repeated0(support::ConstView a0, support::ConstView a1, support::Vi
   support::layerNormAffine(a13.data(), a12.data(), 32, 32, a14.data(), a15.data(), 1e-12, 32);
 
   // encoder_layers.mesh:45:16 einsum
-  MESHRT_TRACE("gemm", "encoder_layers.mesh:45:16", "forward");
-  // dims: batch, length, d_model, d_ff
-  kEinsum8.plan().run(a13.data(), a16.data(), a17.data(), 1.0f, 0.0f);
-
   // encoder_layers.mesh:45:53 add
   // encoder_layers.mesh:45:11 gelu -> h
-  MESHRT_TRACE("loop", "encoder_layers.mesh:45:53", "forward");
-  loop6(a19.data(), a17.data(), a18.data());
+  MESHRT_TRACE("gemm", "encoder_layers.mesh:45:16", "forward");
+  // dims: batch, length, d_model, d_ff
+  kEinsum8.plan().runBiasActivation(a13.data(), a16.data(), a18.data(), a17.data(), true);
 
   // encoder_layers.mesh:46:10 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:46:10", "forward");
   // dims: batch, length, d_ff, d_model
-  kEinsum8.plan().run(a19.data(), a20.data(), a21.data(), 1.0f, 0.0f);
+  kEinsum8.plan().run(a17.data(), a19.data(), a20.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:46:50 all_reduce_sum (resolve the partial sum of %45 over model for add at
   // 46:50)
   MESHRT_TRACE_SITE("encoder_layers.mesh:46:50");
-  group_model.allReduce(a21.data(), a21.size(), meshrt::ReduceOp::Sum);
+  group_model.allReduce(a20.data(), a20.size(), meshrt::ReduceOp::Sum);
 
   // encoder_layers.mesh:46:50 add
   // albert.mesh:35:17 add
   MESHRT_TRACE("loop", "encoder_layers.mesh:46:50", "forward");
-  loop7(a23.data(), a21.data(), a22.data(), a13.data());
+  loop4(a22.data(), a20.data(), a21.data(), a13.data());
 
   // encoder_layers.mesh:19:10 layer_norm
   // encoder_layers.mesh:19:46 mul
   // encoder_layers.mesh:19:53 add -> h
   MESHRT_TRACE("layer_norm", "encoder_layers.mesh:19:10", "forward");
-  support::layerNormAffine(a24.data(), a23.data(), 32, 32, a25.data(), a26.data(), 1e-12, 32);
+  support::layerNormAffine(a23.data(), a22.data(), 32, 32, a24.data(), a25.data(), 1e-12, 32);
 }
 
 Albert::Inputs Albert::synthesizeInputs(uint64_t seed) const {
@@ -1875,7 +1823,7 @@ AlbertTrain::AlbertTrain(meshrt::Communicator &world, uint64_t seed)
 
 AlbertTrain::Outputs AlbertTrain::run(const Inputs &inputs) {
   MESHRT_TRACE_RUN(world_, "albert_train");
-  // Arena: 172800 bytes for 648420 bytes of temporaries (placed by liveness).
+  // Arena: 172800 bytes for 644324 bytes of temporaries (placed by liveness).
   support::checkShape("input", "tokens", inputs.tokens, {2, 16});
   support::checkShape("input", "segment_ids", inputs.segment_ids, {2, 16});
   support::checkShape("input", "masked", inputs.masked, {2, 16});
@@ -1948,7 +1896,7 @@ void AlbertTrain::runPart0(const Inputs &inputs) {
   support::View v8(param3_encoder_embed_gain); // updated in place
   support::View v9(param4_encoder_embed_bias); // updated in place
   support::View v19 = arena_.view(135168, 512);
-  loop8(v19.data(), v17.data(), v8.data(), v9.data());
+  loop5(v19.data(), v17.data(), v8.data(), v9.data());
 
   // albert.mesh:51:10 einsum -> h
   MESHRT_TRACE("gemm", "albert.mesh:51:10", "forward");
@@ -2053,7 +2001,7 @@ void AlbertTrain::runPart0(const Inputs &inputs) {
   support::View v112(param19_heads_transform_bias); // updated in place
   support::View v121 = arena_.view(129024, 512);
   support::View v122 = arena_.view(161792, 512);
-  loop9(v121.data(), v122.data(), v120.data(), v112.data());
+  loop6(v121.data(), v122.data(), v120.data(), v112.data());
 
   // albert.mesh:77:7 layer_norm
   MESHRT_TRACE("layer_norm", "albert.mesh:77:7", "forward");
@@ -2067,23 +2015,19 @@ void AlbertTrain::runPart0(const Inputs &inputs) {
   support::View v113(param20_heads_gain); // updated in place
   support::View v114(param21_heads_bias); // updated in place
   support::View v125 = arena_.view(165888, 512);
-  loop8(v125.data(), v123.data(), v113.data(), v114.data());
+  loop5(v125.data(), v123.data(), v113.data(), v114.data());
 
   // albert.mesh:78:20 einsum
-  MESHRT_TRACE("gemm", "albert.mesh:78:20", "forward");
-  support::View v126 = arena_.view(114688, 1024);
-  // dims: batch, length, d_embed, vocab
-  kEinsum0.plan().run(v125.data(), v115.data(), v126.data(), 1.0f, 0.0f);
-
   // albert.mesh:78:61 add -> mlm_logits
-  MESHRT_TRACE("loop", "albert.mesh:78:61", "forward");
+  MESHRT_TRACE("gemm", "albert.mesh:78:20", "forward");
   support::View v116(param22_heads_output_bias); // updated in place
-  support::View v127 = arena_.view(118784, 1024);
-  loop3(v127.data(), v126.data(), v116.data());
+  support::View v127 = arena_.view(114688, 1024);
+  // dims: batch, length, d_embed, vocab
+  kEinsum0.plan().runBiasActivation(v125.data(), v115.data(), v116.data(), v127.data(), false);
 
   // albert.mesh:79:17 slice
   MESHRT_TRACE("slice", "albert.mesh:79:17", "forward");
-  support::View v128 = arena_.slot(114688, 64);
+  support::View v128 = arena_.slot(118784, 64);
   support::copyWindow(v128.data(), v110.data(), kShape3, kShape4, kShape5, 32, 32, 1, 16,
                       int64_t(0));
 
@@ -2096,7 +2040,7 @@ void AlbertTrain::runPart0(const Inputs &inputs) {
   // albert.mesh:80:21 einsum
   MESHRT_TRACE("gemm", "albert.mesh:80:21", "forward");
   support::View v117(param23_heads_pooler); // updated in place
-  support::View v130 = arena_.view(114688, 64);
+  support::View v130 = arena_.view(118784, 64);
   // dims: batch, d_model, d_out
   kEinsum2.plan().run(v129.data(), v117.data(), v130.data(), 1.0f, 0.0f);
 
@@ -2105,7 +2049,7 @@ void AlbertTrain::runPart0(const Inputs &inputs) {
   MESHRT_TRACE("loop", "albert.mesh:80:57", "forward");
   support::View v118(param24_heads_pooler_bias); // updated in place
   support::View v132 = arena_.view(168192, 64);
-  loop4(v132.data(), v130.data(), v118.data());
+  loop2(v132.data(), v130.data(), v118.data());
 
   // albert.mesh:81:22 einsum -> sop_logits
   MESHRT_TRACE("gemm", "albert.mesh:81:22", "forward");
@@ -2116,27 +2060,28 @@ void AlbertTrain::runPart0(const Inputs &inputs) {
 
   // albert.mesh:103:25 log_softmax
   MESHRT_TRACE("log_softmax", "albert.mesh:103:25", "forward");
-  support::View v135 = arena_.view(114688, 1024);
+  support::View v135 = arena_.view(118784, 1024);
   support::along(v135.data(), v127.data(), kShape12, kShape14, kShape14, kShape7, kShape6, kShape6,
                  support::Along::LogSoftmax, 1e-05, 64, &group_model);
+
+  // albert.mesh:103:58 one_hot
+  MESHRT_TRACE("one_hot", "albert.mesh:103:58", "forward");
+  const support::Buffer &v3 = inputs.targets.data;
+  support::View v136 = arena_.view(114688, 1024);
+  support::oneHot(v136.data(), kShape15, v3.data(), kShape2, kShape1,
+                  support::shardStart(world_, {"model"}, 32));
 }
 
 void AlbertTrain::runPart1(const Inputs &inputs) {
   (void)inputs;
   MESHRT_TRACE_SPAN(world_);
 
-  // albert.mesh:103:58 one_hot
-  MESHRT_TRACE("one_hot", "albert.mesh:103:58", "forward");
-  const support::Buffer &v3 = inputs.targets.data;
-  support::View v136 = arena_.view(118784, 1024);
-  support::oneHot(v136.data(), kShape15, v3.data(), kShape2, kShape1,
-                  support::shardStart(world_, {"model"}, 32));
-
   // albert.mesh:103:56 mul
   MESHRT_TRACE("loop", "albert.mesh:103:56", "forward");
-  support::View v135 = arena_.view(114688, 1024);
+  support::View v135 = arena_.view(118784, 1024);
+  support::View v136 = arena_.view(114688, 1024);
   support::View v137 = arena_.view(122880, 1024);
-  loop10(v137.data(), v135.data(), v136.data());
+  loop7(v137.data(), v135.data(), v136.data());
 
   // albert.mesh:103:21 sum
   MESHRT_TRACE("sum", "albert.mesh:103:21", "forward");
@@ -2151,7 +2096,7 @@ void AlbertTrain::runPart1(const Inputs &inputs) {
   const support::Buffer &v2 = inputs.masked.data;
   support::View v134 = arena_.view(168448, 32);
   support::View v140 = arena_.view(122880, 32);
-  loop11(v134.data(), v140.data(), v2.data(), v138.data());
+  loop8(v134.data(), v140.data(), v2.data(), v138.data());
 
   // albert.mesh:105:14 sum
   MESHRT_TRACE("sum", "albert.mesh:105:14", "forward");
@@ -2181,7 +2126,7 @@ void AlbertTrain::runPart1(const Inputs &inputs) {
   // albert.mesh:107:56 mul
   MESHRT_TRACE("loop", "albert.mesh:107:56", "forward");
   support::View v149 = arena_.view(123008, 4);
-  loop12(v149.data(), v148.data(), v147.data());
+  loop9(v149.data(), v148.data(), v147.data());
 
   // albert.mesh:107:20 sum
   MESHRT_TRACE("sum", "albert.mesh:107:20", "forward");
@@ -2217,7 +2162,7 @@ void AlbertTrain::runPart1(const Inputs &inputs) {
   // albert.mesh:108:76 mul
   MESHRT_TRACE("loop", "albert.mesh:108:43", "forward");
   support::View v156 = arena_.view(123008, 4);
-  loop13(v156.data(), v133.data(), v153.data(), v147.data());
+  loop10(v156.data(), v133.data(), v153.data(), v147.data());
 
   // albert.mesh:108:23 sum
   MESHRT_TRACE("sum", "albert.mesh:108:23", "forward");
@@ -2285,7 +2230,7 @@ void AlbertTrain::runPart1(const Inputs &inputs) {
   // albert.mesh:107:24 sub
   MESHRT_TRACE("loop", "albert.mesh:107:24", "backward");
   support::View v178 = arena_.view(168576, 4);
-  loop14(v178.data(), v4.data(), v148.data(), v147.data());
+  loop11(v178.data(), v4.data(), v148.data(), v147.data());
 
   // albert.mesh:105:39 div
   // albert.mesh:105:14 broadcast
@@ -2302,8 +2247,9 @@ void AlbertTrain::runPart1(const Inputs &inputs) {
   // albert.mesh:103:56 mul
   // albert.mesh:103:25 sub
   MESHRT_TRACE("loop", "albert.mesh:105:39", "backward");
+  const support::Buffer &v3 = inputs.targets.data;
   support::View v193 = arena_.view(122880, 1024);
-  loop15(v193.data(), v145.data(), v134.data(), v3.data(), v135.data(), v136.data());
+  loop12(v193.data(), v145.data(), v134.data(), v3.data(), v135.data(), v136.data());
 
   // albert.mesh:81:22 einsum
   MESHRT_TRACE("gemm", "albert.mesh:81:22", "backward");
@@ -2318,23 +2264,22 @@ void AlbertTrain::runPart1(const Inputs &inputs) {
   support::View v195 = arena_.view(172032, 64);
   // dims: batch, orders, d_out
   kEinsum10.plan().run(v178.data(), v132.data(), v195.data(), 1.0f, 0.0f);
+
+  // albert.mesh:80:16 square
+  // albert.mesh:80:16 sub
+  // albert.mesh:80:16 mul
+  MESHRT_TRACE("loop", "albert.mesh:80:16", "backward");
+  support::View v198 = arena_.view(118784, 64);
+  loop13(v198.data(), v132.data(), v194.data());
 }
 
 void AlbertTrain::runPart2(const Inputs &inputs) {
   (void)inputs;
   MESHRT_TRACE_SPAN(world_);
 
-  // albert.mesh:80:16 square
-  // albert.mesh:80:16 sub
-  // albert.mesh:80:16 mul
-  MESHRT_TRACE("loop", "albert.mesh:80:16", "backward");
-  support::View v132 = arena_.view(168192, 64);
-  support::View v194 = arena_.view(114688, 64);
-  support::View v198 = arena_.view(118784, 64);
-  loop16(v198.data(), v132.data(), v194.data());
-
   // albert.mesh:80:57 sum -> grad/heads/pooler_bias
   MESHRT_TRACE("sum", "albert.mesh:80:57", "backward");
+  support::View v198 = arena_.view(118784, 64);
   support::View v199 = arena_.view(172288, 32);
   support::reduce(v199.data(), kShape7, v198.data(), kShape6, kShape8, kShape7,
                   support::Reduce::Sum, 1.0);
@@ -2356,7 +2301,7 @@ void AlbertTrain::runPart2(const Inputs &inputs) {
   // albert.mesh:79:13 broadcast
   MESHRT_TRACE("loop", "albert.mesh:79:13", "backward");
   support::View v202 = arena_.view(167936, 64);
-  loop17(v202.data(), v200.data());
+  loop14(v202.data(), v200.data());
 
   // albert.mesh:79:17 pad
   MESHRT_TRACE("pad", "albert.mesh:79:17", "backward");
@@ -2435,7 +2380,7 @@ void AlbertTrain::runPart2(const Inputs &inputs) {
   MESHRT_TRACE("loop", "albert.mesh:76:11", "backward");
   support::View v121 = arena_.view(129024, 512);
   support::View v247 = arena_.view(161792, 512);
-  loop18(v247.data(), v121.data(), v123.data(), v220.data(), v209.data(), v222.data(), v218.data());
+  loop15(v247.data(), v121.data(), v123.data(), v220.data(), v209.data(), v222.data(), v218.data());
 
   // albert.mesh:76:63 sum -> grad/heads/transform_bias
   MESHRT_TRACE("sum", "albert.mesh:76:63", "backward");
@@ -2453,7 +2398,7 @@ void AlbertTrain::runPart2(const Inputs &inputs) {
   // albert.mesh:76:16 add
   MESHRT_TRACE("loop", "albert.mesh:76:16", "backward");
   support::View v250 = arena_.view(126976, 1024);
-  loop5(v250.data(), v203.data(), v249.data());
+  loop3(v250.data(), v203.data(), v249.data());
 
   // albert.mesh:76:16 einsum -> grad/heads/transform
   MESHRT_TRACE("gemm", "albert.mesh:76:16", "backward");
@@ -2644,34 +2589,34 @@ void AlbertTrain::runPart2(const Inputs &inputs) {
   // encoder_layers.mesh:46:50 add -> grad/encoder/albert_layer/dense_relu_dense/bo
   MESHRT_TRACE("loop", "encoder_layers.mesh:46:50", "backward");
   support::View v453 = arena_.view(43136, 32);
-  loop19(v453.data(), v270.data(), v356.data(), v452.data());
+  loop16(v453.data(), v270.data(), v356.data(), v452.data());
 
   // encoder_layers.mesh:46:10 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:46:10", "backward");
   support::View v454 = arena_.view(20480, 1024);
   // dims: batch, length, d_model, d_ff
   kEinsum17.plan().run(v451.data(), v45.data(), v454.data(), 1.0f, 0.0f);
+
+  // encoder_layers.mesh:46:10 einsum
+  MESHRT_TRACE("gemm", "encoder_layers.mesh:46:10", "backward");
+  support::View v49 = arena_.view(28672, 1024);
+  support::View v455 = arena_.view(32768, 1024);
+  // dims: batch, length, d_model, d_ff
+  kEinsum18.plan().run(v451.data(), v49.data(), v455.data(), 1.0f, 0.0f);
 }
 
 void AlbertTrain::runPart3(const Inputs &inputs) {
   (void)inputs;
   MESHRT_TRACE_SPAN(world_);
 
-  // encoder_layers.mesh:46:10 einsum
-  MESHRT_TRACE("gemm", "encoder_layers.mesh:46:10", "backward");
-  support::View v451 = arena_.view(36864, 1024);
-  support::View v49 = arena_.view(28672, 1024);
-  support::View v455 = arena_.view(32768, 1024);
-  // dims: batch, length, d_model, d_ff
-  kEinsum18.plan().run(v451.data(), v49.data(), v455.data(), 1.0f, 0.0f);
-
   // encoder_layers.mesh:46:10 add
   // encoder_layers.mesh:46:10 add -> grad/encoder/albert_layer/dense_relu_dense/wo
   MESHRT_TRACE("loop", "encoder_layers.mesh:46:10", "backward");
   support::View v272 = arena_.view(106496, 1024);
   support::View v359 = arena_.view(69632, 1024);
+  support::View v455 = arena_.view(32768, 1024);
   support::View v456 = arena_.view(28672, 1024);
-  loop20(v456.data(), v272.data(), v359.data(), v455.data());
+  loop17(v456.data(), v272.data(), v359.data(), v455.data());
 
   // encoder_layers.mesh:45:11 square
   // encoder_layers.mesh:45:11 mul
@@ -2694,7 +2639,7 @@ void AlbertTrain::runPart3(const Inputs &inputs) {
   support::View v48 = arena_.view(24576, 1024);
   support::View v454 = arena_.view(20480, 1024);
   support::View v473 = arena_.view(32768, 1024);
-  loop21(v473.data(), v48.data(), v454.data());
+  loop18(v473.data(), v48.data(), v454.data());
 
   // encoder_layers.mesh:45:53 sum
   MESHRT_TRACE("sum", "encoder_layers.mesh:45:53", "backward");
@@ -2708,7 +2653,7 @@ void AlbertTrain::runPart3(const Inputs &inputs) {
   support::View v290 = arena_.view(121216, 32);
   support::View v378 = arena_.view(80256, 32);
   support::View v475 = arena_.view(43392, 32);
-  loop19(v475.data(), v290.data(), v378.data(), v474.data());
+  loop16(v475.data(), v290.data(), v378.data(), v474.data());
 
   // encoder_layers.mesh:45:16 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:45:16", "backward");
@@ -2724,8 +2669,9 @@ void AlbertTrain::runPart3(const Inputs &inputs) {
 
   // encoder_layers.mesh:45:16 add
   MESHRT_TRACE("loop", "encoder_layers.mesh:45:16", "backward");
+  support::View v451 = arena_.view(36864, 1024);
   support::View v478 = arena_.view(24576, 1024);
-  loop5(v478.data(), v451.data(), v476.data());
+  loop3(v478.data(), v451.data(), v476.data());
 
   // encoder_layers.mesh:45:16 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:45:16", "backward");
@@ -2740,7 +2686,7 @@ void AlbertTrain::runPart3(const Inputs &inputs) {
   support::View v294 = arena_.view(94208, 1024);
   support::View v383 = arena_.view(57344, 1024);
   support::View v480 = arena_.view(16384, 1024);
-  loop20(v480.data(), v294.data(), v383.data(), v479.data());
+  loop17(v480.data(), v294.data(), v383.data(), v479.data());
 
   // encoder_layers.mesh:19:53 sum
   MESHRT_TRACE("sum", "encoder_layers.mesh:19:53", "backward");
@@ -2793,7 +2739,7 @@ void AlbertTrain::runPart3(const Inputs &inputs) {
   support::View v313 = arena_.view(102400, 512);
   support::View v405 = arena_.view(65536, 512);
   support::View v502 = arena_.view(32768, 512);
-  loop22(v502.data(), v313.data(), v405.data(), v501.data());
+  loop19(v502.data(), v313.data(), v405.data(), v501.data());
 
   // encoder_layers.mesh:34:17 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:34:17", "backward");
@@ -2812,7 +2758,7 @@ void AlbertTrain::runPart3(const Inputs &inputs) {
   // encoder_layers.mesh:33:17 mul
   MESHRT_TRACE("loop", "encoder_layers.mesh:33:17", "backward");
   support::View v505 = arena_.view(12288, 1024);
-  loop10(v505.data(), v503.data(), v33.data());
+  loop7(v505.data(), v503.data(), v33.data());
 
   // encoder_layers.mesh:33:17 sum
   MESHRT_TRACE("sum", "encoder_layers.mesh:33:17", "backward");
@@ -2825,7 +2771,7 @@ void AlbertTrain::runPart3(const Inputs &inputs) {
   // encoder_layers.mesh:32:77 mul
   MESHRT_TRACE("loop", "encoder_layers.mesh:33:17", "backward");
   support::View v509 = arena_.view(12288, 1024);
-  loop23(v509.data(), v503.data(), v506.data(), v33.data());
+  loop20(v509.data(), v503.data(), v506.data(), v33.data());
 
   // encoder_layers.mesh:32:16 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:32:16", "backward");
@@ -2854,19 +2800,18 @@ void AlbertTrain::runPart3(const Inputs &inputs) {
   support::View v519 = arena_.view(8192, 1024);
   // dims: batch, length, heads, d_kv, d_model
   kEinsum23.plan().run(v511.data(), v22.data(), v519.data(), 1.0f, 0.0f);
+
+  // encoder_layers.mesh:28:17 einsum
+  MESHRT_TRACE("gemm", "encoder_layers.mesh:28:17", "backward");
+  support::View v21(param6_encoder_albert_layer_self_attention_q); // updated in place
+  support::View v524 = arena_.view(12288, 1024);
+  // dims: batch, length, heads, d_kv, d_model
+  kEinsum23.plan().run(v510.data(), v21.data(), v524.data(), 1.0f, 0.0f);
 }
 
 void AlbertTrain::runPart4(const Inputs &inputs) {
   (void)inputs;
   MESHRT_TRACE_SPAN(world_);
-
-  // encoder_layers.mesh:28:17 einsum
-  MESHRT_TRACE("gemm", "encoder_layers.mesh:28:17", "backward");
-  support::View v510 = arena_.view(34816, 512);
-  support::View v21(param6_encoder_albert_layer_self_attention_q); // updated in place
-  support::View v524 = arena_.view(12288, 1024);
-  // dims: batch, length, heads, d_kv, d_model
-  kEinsum23.plan().run(v510.data(), v21.data(), v524.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:30:23 bucketed_all_reduce_sum (resolve the partial sum of %493 over model
   // for add at 30:23; merged with 2 more partial sums over model (%520, %525): 12.0 KiB in one
@@ -2874,6 +2819,7 @@ void AlbertTrain::runPart4(const Inputs &inputs) {
   MESHRT_TRACE_SITE("encoder_layers.mesh:30:23");
   support::View v513 = arena_.view(4096, 1024);
   support::View v519 = arena_.view(8192, 1024);
+  support::View v524 = arena_.view(12288, 1024);
   auto request4 = support::startAllReduce(group_model, {v513, v519, v524}, meshrt::ReduceOp::Sum);
 
   // encoder_layers.mesh:30:23 einsum
@@ -2890,7 +2836,7 @@ void AlbertTrain::runPart4(const Inputs &inputs) {
   support::View v327 = arena_.view(110592, 512);
   support::View v420 = arena_.view(73728, 512);
   support::View v517 = arena_.view(38912, 512);
-  loop22(v517.data(), v327.data(), v420.data(), v516.data());
+  loop19(v517.data(), v327.data(), v420.data(), v516.data());
 
   // encoder_layers.mesh:29:21 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:29:21", "backward");
@@ -2905,7 +2851,7 @@ void AlbertTrain::runPart4(const Inputs &inputs) {
   support::View v332 = arena_.view(112640, 512);
   support::View v426 = arena_.view(75776, 512);
   support::View v523 = arena_.view(36864, 512);
-  loop22(v523.data(), v332.data(), v426.data(), v522.data());
+  loop19(v523.data(), v332.data(), v426.data(), v522.data());
 
   MESHRT_TRACE_SITE("encoder_layers.mesh:30:23");
   group_model.wait(request4);
@@ -2916,10 +2862,11 @@ void AlbertTrain::runPart4(const Inputs &inputs) {
   MESHRT_TRACE("loop", "encoder_layers.mesh:30:23", "backward");
   support::View v499 = arena_.view(20480, 1024);
   support::View v526 = arena_.view(24576, 1024);
-  loop24(v526.data(), v499.data(), v513.data(), v519.data(), v524.data());
+  loop21(v526.data(), v499.data(), v513.data(), v519.data(), v524.data());
 
   // encoder_layers.mesh:28:17 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:28:17", "backward");
+  support::View v510 = arena_.view(34816, 512);
   support::View v527 = arena_.view(4096, 512);
   // dims: batch, length, heads, d_kv, d_model
   kEinsum24.plan().run(v510.data(), v20.data(), v527.data(), 1.0f, 0.0f);
@@ -2930,7 +2877,7 @@ void AlbertTrain::runPart4(const Inputs &inputs) {
   support::View v336 = arena_.view(77824, 512);
   support::View v431 = arena_.view(40960, 512);
   support::View v528 = arena_.view(0, 512);
-  loop22(v528.data(), v336.data(), v431.data(), v527.data());
+  loop19(v528.data(), v336.data(), v431.data(), v527.data());
 
   // albert.mesh:51:10 einsum
   MESHRT_TRACE("gemm", "albert.mesh:51:10", "backward");
@@ -2970,7 +2917,7 @@ void AlbertTrain::runPart4(const Inputs &inputs) {
   // albert.mesh:50:7 mul
   MESHRT_TRACE("loop", "albert.mesh:50:7", "backward");
   support::View v547 = arena_.view(2048, 512);
-  loop25(v547.data(), v17.data(), v542.data(), v532.data(), v544.data(), v540.data());
+  loop22(v547.data(), v17.data(), v542.data(), v532.data(), v544.data(), v540.data());
 
   // albert.mesh:49:54 einsum -> grad/encoder/embed/segment_table
   MESHRT_TRACE("einsum", "albert.mesh:49:54", "backward");
@@ -2997,7 +2944,7 @@ void AlbertTrain::runPart4(const Inputs &inputs) {
   MESHRT_TRACE("loop", "albert.mesh:71:9", "backward");
   support::View v206 = arena_.view(169984, 512);
   support::View v552 = arena_.view(2048, 512);
-  loop26(v552.data(), v206.data(), v551.data());
+  loop23(v552.data(), v206.data(), v551.data());
 
   // albert.mesh:109:3 bucketed_all_reduce_sum -> grad/heads/classifier (26 partial sums
   // (grad/heads/classifier, grad/heads/pooler_bias, grad/heads/pooler, ...) over data resolved
@@ -3106,7 +3053,7 @@ void AlbertTrain::runPart4(const Inputs &inputs) {
   support::View v5(param0_embedding);      // updated in place
   support::View v571(param27_embedding_v); // updated in place
   support::View v570(param26_embedding_m); // updated in place
-  loop27(v571.data(), v570.data(), v5.data(), v552.data(), v587.data(), v585.data(), v569.data());
+  loop24(v571.data(), v570.data(), v5.data(), v552.data(), v587.data(), v585.data(), v569.data());
 
   // albert.mesh:109:3 mul
   // albert.mesh:109:3 square
@@ -3128,7 +3075,7 @@ void AlbertTrain::runPart4(const Inputs &inputs) {
   support::View v6(param1_encoder_embed_positions);      // updated in place
   support::View v600(param29_encoder_embed_positions_v); // updated in place
   support::View v599(param28_encoder_embed_positions_m); // updated in place
-  loop28(v600.data(), v599.data(), v6.data(), v550.data(), v587.data(), v585.data(), v569.data());
+  loop25(v600.data(), v599.data(), v6.data(), v550.data(), v587.data(), v585.data(), v569.data());
 
   // albert.mesh:109:3 mul
   // albert.mesh:109:3 square
@@ -3150,30 +3097,28 @@ void AlbertTrain::runPart4(const Inputs &inputs) {
   support::View v7(param2_encoder_embed_segment_table);      // updated in place
   support::View v621(param31_encoder_embed_segment_table_v); // updated in place
   support::View v620(param30_encoder_embed_segment_table_m); // updated in place
-  loop29(v621.data(), v620.data(), v7.data(), v549.data(), v587.data(), v585.data(), v569.data());
+  loop26(v621.data(), v620.data(), v7.data(), v549.data(), v587.data(), v585.data(), v569.data());
+
+  // 1 statements from albert.mesh:109:3 mul (1 of 5)
+  MESHRT_TRACE_SITE("albert.mesh:109:3");
+  support::View v642(param33_encoder_embed_gain_v); // updated in place
+  support::View v641(param32_encoder_embed_gain_m); // updated in place
+  repeated3(v8, v534, v642, v587, v641, v585, v569);
 }
 
 void AlbertTrain::runPart5(const Inputs &inputs) {
   (void)inputs;
   MESHRT_TRACE_SPAN(world_);
 
-  // 1 statements from albert.mesh:109:3 mul (1 of 5)
-  MESHRT_TRACE_SITE("albert.mesh:109:3");
-  support::View v8(param3_encoder_embed_gain); // updated in place
-  support::View v534 = arena_.view(10560, 16);
-  support::View v642(param33_encoder_embed_gain_v); // updated in place
-  support::View v587 = arena_.view(6272, 1);
-  support::View v641(param32_encoder_embed_gain_m); // updated in place
-  support::View v585 = arena_.view(6208, 1);
-  support::View v569 = arena_.view(6144, 1);
-  repeated3(v8, v534, v642, v587, v641, v585, v569);
-
   // 1 statements from albert.mesh:109:3 mul (2 of 5)
   MESHRT_TRACE_SITE("albert.mesh:109:3");
   support::View v9(param4_encoder_embed_bias); // updated in place
   support::View v531 = arena_.view(10496, 16);
   support::View v663(param35_encoder_embed_bias_v); // updated in place
+  support::View v587 = arena_.view(6272, 1);
   support::View v662(param34_encoder_embed_bias_m); // updated in place
+  support::View v585 = arena_.view(6208, 1);
+  support::View v569 = arena_.view(6144, 1);
   repeated3(v9, v531, v663, v587, v662, v585, v569);
 
   // albert.mesh:109:3 mul
@@ -3197,7 +3142,7 @@ void AlbertTrain::runPart5(const Inputs &inputs) {
   support::View v530 = arena_.view(4096, 512);
   support::View v684(param37_encoder_embed_projection_v); // updated in place
   support::View v683(param36_encoder_embed_projection_m); // updated in place
-  loop27(v684.data(), v683.data(), v10.data(), v530.data(), v587.data(), v585.data(), v569.data());
+  loop24(v684.data(), v683.data(), v10.data(), v530.data(), v587.data(), v585.data(), v569.data());
 
   // 1 statements from albert.mesh:109:3 mul (1 of 3)
   MESHRT_TRACE_SITE("albert.mesh:109:3");
@@ -3244,7 +3189,7 @@ void AlbertTrain::runPart5(const Inputs &inputs) {
   support::View v502 = arena_.view(32768, 512);
   support::View v768(param45_encoder_albert_layer_self_attention_o_v); // updated in place
   support::View v767(param44_encoder_albert_layer_self_attention_o_m); // updated in place
-  loop27(v768.data(), v767.data(), v24.data(), v502.data(), v587.data(), v585.data(), v569.data());
+  loop24(v768.data(), v767.data(), v24.data(), v502.data(), v587.data(), v585.data(), v569.data());
 
   // 1 statements from albert.mesh:109:3 mul (1 of 5)
   MESHRT_TRACE_SITE("albert.mesh:109:3");
@@ -3283,7 +3228,7 @@ void AlbertTrain::runPart5(const Inputs &inputs) {
   support::View v480 = arena_.view(16384, 1024);
   support::View v831(param51_encoder_albert_layer_dense_relu_dense_wi_v); // updated in place
   support::View v830(param50_encoder_albert_layer_dense_relu_dense_wi_m); // updated in place
-  loop30(v831.data(), v830.data(), v43.data(), v480.data(), v587.data(), v585.data(), v569.data());
+  loop27(v831.data(), v830.data(), v43.data(), v480.data(), v587.data(), v585.data(), v569.data());
 
   // albert.mesh:109:3 mul
   // albert.mesh:109:3 square
@@ -3306,7 +3251,7 @@ void AlbertTrain::runPart5(const Inputs &inputs) {
   support::View v475 = arena_.view(43392, 32);
   support::View v852(param53_encoder_albert_layer_dense_relu_dense_bi_v); // updated in place
   support::View v851(param52_encoder_albert_layer_dense_relu_dense_bi_m); // updated in place
-  loop29(v852.data(), v851.data(), v44.data(), v475.data(), v587.data(), v585.data(), v569.data());
+  loop26(v852.data(), v851.data(), v44.data(), v475.data(), v587.data(), v585.data(), v569.data());
 
   // albert.mesh:109:3 mul
   // albert.mesh:109:3 square
@@ -3329,7 +3274,7 @@ void AlbertTrain::runPart5(const Inputs &inputs) {
   support::View v456 = arena_.view(28672, 1024);
   support::View v873(param55_encoder_albert_layer_dense_relu_dense_wo_v); // updated in place
   support::View v872(param54_encoder_albert_layer_dense_relu_dense_wo_m); // updated in place
-  loop30(v873.data(), v872.data(), v45.data(), v456.data(), v587.data(), v585.data(), v569.data());
+  loop27(v873.data(), v872.data(), v45.data(), v456.data(), v587.data(), v585.data(), v569.data());
 
   // 1 statements from albert.mesh:109:3 mul (3 of 5)
   MESHRT_TRACE_SITE("albert.mesh:109:3");
@@ -3376,7 +3321,7 @@ void AlbertTrain::runPart5(const Inputs &inputs) {
   support::View v251 = arena_.view(118784, 512);
   support::View v957(param63_heads_transform_v); // updated in place
   support::View v956(param62_heads_transform_m); // updated in place
-  loop27(v957.data(), v956.data(), v111.data(), v251.data(), v587.data(), v585.data(), v569.data());
+  loop24(v957.data(), v956.data(), v111.data(), v251.data(), v587.data(), v585.data(), v569.data());
 
   // 1 statements from albert.mesh:109:3 mul (3 of 5)
   MESHRT_TRACE_SITE("albert.mesh:109:3");
@@ -3423,7 +3368,7 @@ void AlbertTrain::runPart5(const Inputs &inputs) {
   support::View v204 = arena_.view(172416, 32);
   support::View v1041(param71_heads_output_bias_v); // updated in place
   support::View v1040(param70_heads_output_bias_m); // updated in place
-  loop29(v1041.data(), v1040.data(), v116.data(), v204.data(), v587.data(), v585.data(),
+  loop26(v1041.data(), v1040.data(), v116.data(), v204.data(), v587.data(), v585.data(),
          v569.data());
 
   // albert.mesh:109:3 mul
@@ -3447,7 +3392,7 @@ void AlbertTrain::runPart5(const Inputs &inputs) {
   support::View v201 = arena_.view(114688, 1024);
   support::View v1062(param73_heads_pooler_v); // updated in place
   support::View v1061(param72_heads_pooler_m); // updated in place
-  loop30(v1062.data(), v1061.data(), v117.data(), v201.data(), v587.data(), v585.data(),
+  loop27(v1062.data(), v1061.data(), v117.data(), v201.data(), v587.data(), v585.data(),
          v569.data());
 
   // albert.mesh:109:3 mul
@@ -3471,7 +3416,7 @@ void AlbertTrain::runPart5(const Inputs &inputs) {
   support::View v199 = arena_.view(172288, 32);
   support::View v1083(param75_heads_pooler_bias_v); // updated in place
   support::View v1082(param74_heads_pooler_bias_m); // updated in place
-  loop29(v1083.data(), v1082.data(), v118.data(), v199.data(), v587.data(), v585.data(),
+  loop26(v1083.data(), v1082.data(), v118.data(), v199.data(), v587.data(), v585.data(),
          v569.data());
 
   // albert.mesh:109:3 mul
@@ -3495,7 +3440,7 @@ void AlbertTrain::runPart5(const Inputs &inputs) {
   support::View v195 = arena_.view(172032, 64);
   support::View v1104(param77_heads_classifier_v); // updated in place
   support::View v1103(param76_heads_classifier_m); // updated in place
-  loop31(v1104.data(), v1103.data(), v119.data(), v195.data(), v587.data(), v585.data(),
+  loop28(v1104.data(), v1103.data(), v119.data(), v195.data(), v587.data(), v585.data(),
          v569.data());
 }
 
@@ -3521,7 +3466,7 @@ void AlbertTrain::repeated0(
 
   // encoder_layers.mesh:19:46 mul
   MESHRT_TRACE("loop", "encoder_layers.mesh:19:46", "backward");
-  loop10(a2.data(), a0.data(), a1.data());
+  loop7(a2.data(), a0.data(), a1.data());
 
   // encoder_layers.mesh:19:46 sum
   MESHRT_TRACE("sum", "encoder_layers.mesh:19:46", "backward");
@@ -3536,7 +3481,7 @@ void AlbertTrain::repeated0(
   // encoder_layers.mesh:19:10 sub
   // encoder_layers.mesh:19:10 square
   MESHRT_TRACE("loop", "encoder_layers.mesh:19:10", "backward");
-  loop32(a6.data(), a5.data(), a4.data());
+  loop29(a6.data(), a5.data(), a4.data());
 
   // encoder_layers.mesh:19:10 mean
   MESHRT_TRACE("mean", "encoder_layers.mesh:19:10", "backward");
@@ -3546,12 +3491,12 @@ void AlbertTrain::repeated0(
   // encoder_layers.mesh:19:10 add
   // encoder_layers.mesh:19:10 rsqrt
   MESHRT_TRACE("loop", "encoder_layers.mesh:19:10", "backward");
-  loop33(a8.data(), a7.data());
+  loop30(a8.data(), a7.data());
 
   // encoder_layers.mesh:19:46 mul
   // encoder_layers.mesh:19:10 mul
   MESHRT_TRACE("loop", "encoder_layers.mesh:19:46", "backward");
-  loop34(a10.data(), a11.data(), a0.data(), a9.data(), a1.data());
+  loop31(a10.data(), a11.data(), a0.data(), a9.data(), a1.data());
 
   // encoder_layers.mesh:19:10 mean
   MESHRT_TRACE("mean", "encoder_layers.mesh:19:10", "backward");
@@ -3568,7 +3513,7 @@ void AlbertTrain::repeated0(
   // encoder_layers.mesh:19:10 sub
   // encoder_layers.mesh:19:10 mul
   MESHRT_TRACE("loop", "encoder_layers.mesh:19:10", "backward");
-  loop35(a14.data(), a1.data(), a12.data(), a10.data(), a13.data(), a8.data());
+  loop32(a14.data(), a1.data(), a12.data(), a10.data(), a13.data(), a8.data());
 
   // encoder_layers.mesh:46:50 sum
   MESHRT_TRACE("sum", "encoder_layers.mesh:46:50", "backward");
@@ -3603,7 +3548,7 @@ void AlbertTrain::repeated0(
   // encoder_layers.mesh:45:11 add
   // encoder_layers.mesh:45:11 mul
   MESHRT_TRACE("loop", "encoder_layers.mesh:45:11", "backward");
-  loop21(a21.data(), a20.data(), a17.data());
+  loop18(a21.data(), a20.data(), a17.data());
 
   // encoder_layers.mesh:45:53 sum
   MESHRT_TRACE("sum", "encoder_layers.mesh:45:53", "backward");
@@ -3622,7 +3567,7 @@ void AlbertTrain::repeated0(
 
   // encoder_layers.mesh:45:16 add
   MESHRT_TRACE("loop", "encoder_layers.mesh:45:16", "backward");
-  loop5(a25.data(), a14.data(), a24.data());
+  loop3(a25.data(), a14.data(), a24.data());
 
   // encoder_layers.mesh:45:16 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:45:16", "backward");
@@ -3636,7 +3581,7 @@ void AlbertTrain::repeated0(
 
   // encoder_layers.mesh:19:46 mul
   MESHRT_TRACE("loop", "encoder_layers.mesh:19:46", "backward");
-  loop10(a30.data(), a25.data(), a29.data());
+  loop7(a30.data(), a25.data(), a29.data());
 
   // encoder_layers.mesh:19:46 sum
   MESHRT_TRACE("sum", "encoder_layers.mesh:19:46", "backward");
@@ -3651,7 +3596,7 @@ void AlbertTrain::repeated0(
   // encoder_layers.mesh:19:10 sub
   // encoder_layers.mesh:19:10 square
   MESHRT_TRACE("loop", "encoder_layers.mesh:19:10", "backward");
-  loop32(a34.data(), a33.data(), a32.data());
+  loop29(a34.data(), a33.data(), a32.data());
 
   // encoder_layers.mesh:19:10 mean
   MESHRT_TRACE("mean", "encoder_layers.mesh:19:10", "backward");
@@ -3661,12 +3606,12 @@ void AlbertTrain::repeated0(
   // encoder_layers.mesh:19:10 add
   // encoder_layers.mesh:19:10 rsqrt
   MESHRT_TRACE("loop", "encoder_layers.mesh:19:10", "backward");
-  loop33(a36.data(), a35.data());
+  loop30(a36.data(), a35.data());
 
   // encoder_layers.mesh:19:46 mul
   // encoder_layers.mesh:19:10 mul
   MESHRT_TRACE("loop", "encoder_layers.mesh:19:46", "backward");
-  loop34(a38.data(), a39.data(), a25.data(), a37.data(), a29.data());
+  loop31(a38.data(), a39.data(), a25.data(), a37.data(), a29.data());
 
   // encoder_layers.mesh:19:10 mean
   MESHRT_TRACE("mean", "encoder_layers.mesh:19:10", "backward");
@@ -3683,7 +3628,7 @@ void AlbertTrain::repeated0(
   // encoder_layers.mesh:19:10 sub
   // encoder_layers.mesh:19:10 mul
   MESHRT_TRACE("loop", "encoder_layers.mesh:19:10", "backward");
-  loop35(a42.data(), a29.data(), a40.data(), a38.data(), a41.data(), a36.data());
+  loop32(a42.data(), a29.data(), a40.data(), a38.data(), a41.data(), a36.data());
 
   // encoder_layers.mesh:35:10 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:35:10", "backward");
@@ -3707,7 +3652,7 @@ void AlbertTrain::repeated0(
 
   // encoder_layers.mesh:33:17 mul
   MESHRT_TRACE("loop", "encoder_layers.mesh:33:17", "backward");
-  loop10(a51.data(), a48.data(), a49.data());
+  loop7(a51.data(), a48.data(), a49.data());
 
   // encoder_layers.mesh:33:17 sum
   MESHRT_TRACE("sum", "encoder_layers.mesh:33:17", "backward");
@@ -3718,7 +3663,7 @@ void AlbertTrain::repeated0(
   // encoder_layers.mesh:33:17 mul
   // encoder_layers.mesh:32:77 mul
   MESHRT_TRACE("loop", "encoder_layers.mesh:33:17", "backward");
-  loop23(a53.data(), a48.data(), a52.data(), a49.data());
+  loop20(a53.data(), a48.data(), a52.data(), a49.data());
 
   // encoder_layers.mesh:32:16 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:32:16", "backward");
@@ -3768,7 +3713,7 @@ void AlbertTrain::repeated0(
   // encoder_layers.mesh:29:21 add
   // encoder_layers.mesh:28:17 add
   MESHRT_TRACE("loop", "encoder_layers.mesh:30:23", "backward");
-  loop24(a67.data(), a42.data(), a59.data(), a61.data(), a63.data());
+  loop21(a67.data(), a42.data(), a59.data(), a61.data(), a63.data());
 
   // encoder_layers.mesh:28:17 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:28:17", "backward");
@@ -3835,7 +3780,7 @@ void AlbertTrain::repeated1(support::ConstView a0, support::ConstView a1, suppor
 
   // albert.mesh:34:18 add
   MESHRT_TRACE("loop", "albert.mesh:34:18", "forward");
-  loop5(a12.data(), a0.data(), a11.data());
+  loop3(a12.data(), a0.data(), a11.data());
 
   // encoder_layers.mesh:19:10 layer_norm
   MESHRT_TRACE("layer_norm", "encoder_layers.mesh:19:10", "forward");
@@ -3845,7 +3790,7 @@ void AlbertTrain::repeated1(support::ConstView a0, support::ConstView a1, suppor
   // encoder_layers.mesh:19:46 mul
   // encoder_layers.mesh:19:53 add -> h
   MESHRT_TRACE("loop", "encoder_layers.mesh:19:46", "forward");
-  loop36(a16.data(), a13.data(), a14.data(), a15.data());
+  loop33(a16.data(), a13.data(), a14.data(), a15.data());
 
   // encoder_layers.mesh:45:16 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:45:16", "forward");
@@ -3855,7 +3800,7 @@ void AlbertTrain::repeated1(support::ConstView a0, support::ConstView a1, suppor
   // encoder_layers.mesh:45:53 add
   // encoder_layers.mesh:45:11 gelu -> h
   MESHRT_TRACE("loop", "encoder_layers.mesh:45:53", "forward");
-  loop37(a20.data(), a21.data(), a18.data(), a19.data());
+  loop34(a20.data(), a21.data(), a18.data(), a19.data());
 
   // encoder_layers.mesh:46:10 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:46:10", "forward");
@@ -3870,7 +3815,7 @@ void AlbertTrain::repeated1(support::ConstView a0, support::ConstView a1, suppor
   // encoder_layers.mesh:46:50 add
   // albert.mesh:35:17 add
   MESHRT_TRACE("loop", "encoder_layers.mesh:46:50", "forward");
-  loop7(a25.data(), a23.data(), a24.data(), a16.data());
+  loop4(a25.data(), a23.data(), a24.data(), a16.data());
 
   // encoder_layers.mesh:19:10 layer_norm
   MESHRT_TRACE("layer_norm", "encoder_layers.mesh:19:10", "forward");
@@ -3880,7 +3825,7 @@ void AlbertTrain::repeated1(support::ConstView a0, support::ConstView a1, suppor
   // encoder_layers.mesh:19:46 mul
   // encoder_layers.mesh:19:53 add -> h
   MESHRT_TRACE("loop", "encoder_layers.mesh:19:46", "forward");
-  loop36(a29.data(), a26.data(), a27.data(), a28.data());
+  loop33(a29.data(), a26.data(), a27.data(), a28.data());
 }
 
 void AlbertTrain::repeated2(support::ConstView a0, support::ConstView a1, support::ConstView a2,
@@ -3896,11 +3841,11 @@ void AlbertTrain::repeated2(support::ConstView a0, support::ConstView a1, suppor
   // encoder_layers.mesh:19:53 add
   // encoder_layers.mesh:19:53 add -> grad/encoder/albert_layer/norm#1/bias
   MESHRT_TRACE("loop", "encoder_layers.mesh:19:53", "backward");
-  loop19(a3.data(), a0.data(), a1.data(), a2.data());
+  loop16(a3.data(), a0.data(), a1.data(), a2.data());
 
   // encoder_layers.mesh:19:46 mul
   MESHRT_TRACE("loop", "encoder_layers.mesh:19:46", "backward");
-  loop10(a6.data(), a4.data(), a5.data());
+  loop7(a6.data(), a4.data(), a5.data());
 
   // encoder_layers.mesh:19:46 sum
   MESHRT_TRACE("sum", "encoder_layers.mesh:19:46", "backward");
@@ -3910,7 +3855,7 @@ void AlbertTrain::repeated2(support::ConstView a0, support::ConstView a1, suppor
   // encoder_layers.mesh:19:46 add
   // encoder_layers.mesh:19:46 add -> grad/encoder/albert_layer/norm#1/gain
   MESHRT_TRACE("loop", "encoder_layers.mesh:19:46", "backward");
-  loop19(a10.data(), a8.data(), a9.data(), a7.data());
+  loop16(a10.data(), a8.data(), a9.data(), a7.data());
 
   // encoder_layers.mesh:19:10 mean
   MESHRT_TRACE("mean", "encoder_layers.mesh:19:10", "backward");
@@ -3920,7 +3865,7 @@ void AlbertTrain::repeated2(support::ConstView a0, support::ConstView a1, suppor
   // encoder_layers.mesh:19:10 sub
   // encoder_layers.mesh:19:10 square
   MESHRT_TRACE("loop", "encoder_layers.mesh:19:10", "backward");
-  loop32(a13.data(), a12.data(), a11.data());
+  loop29(a13.data(), a12.data(), a11.data());
 
   // encoder_layers.mesh:19:10 mean
   MESHRT_TRACE("mean", "encoder_layers.mesh:19:10", "backward");
@@ -3930,12 +3875,12 @@ void AlbertTrain::repeated2(support::ConstView a0, support::ConstView a1, suppor
   // encoder_layers.mesh:19:10 add
   // encoder_layers.mesh:19:10 rsqrt
   MESHRT_TRACE("loop", "encoder_layers.mesh:19:10", "backward");
-  loop33(a15.data(), a14.data());
+  loop30(a15.data(), a14.data());
 
   // encoder_layers.mesh:19:46 mul
   // encoder_layers.mesh:19:10 mul
   MESHRT_TRACE("loop", "encoder_layers.mesh:19:46", "backward");
-  loop34(a17.data(), a18.data(), a4.data(), a16.data(), a5.data());
+  loop31(a17.data(), a18.data(), a4.data(), a16.data(), a5.data());
 
   // encoder_layers.mesh:19:10 mean
   MESHRT_TRACE("mean", "encoder_layers.mesh:19:10", "backward");
@@ -3952,7 +3897,7 @@ void AlbertTrain::repeated2(support::ConstView a0, support::ConstView a1, suppor
   // encoder_layers.mesh:19:10 sub
   // encoder_layers.mesh:19:10 mul
   MESHRT_TRACE("loop", "encoder_layers.mesh:19:10", "backward");
-  loop35(a21.data(), a5.data(), a19.data(), a17.data(), a20.data(), a15.data());
+  loop32(a21.data(), a5.data(), a19.data(), a17.data(), a20.data(), a15.data());
 }
 
 void AlbertTrain::repeated3(support::View a0, support::ConstView a1, support::View a2,
@@ -3977,7 +3922,7 @@ void AlbertTrain::repeated3(support::View a0, support::ConstView a1, support::Vi
   // albert.mesh:109:3 mul
   // albert.mesh:109:3 sub -> next/encoder/embed/gain
   MESHRT_TRACE("loop", "albert.mesh:109:3", "update");
-  loop38(a2.data(), a4.data(), a0.data(), a1.data(), a3.data(), a5.data(), a6.data());
+  loop35(a2.data(), a4.data(), a0.data(), a1.data(), a3.data(), a5.data(), a6.data());
 }
 
 void AlbertTrain::repeated4(support::View a0, support::ConstView a1, support::View a2,
@@ -4002,7 +3947,7 @@ void AlbertTrain::repeated4(support::View a0, support::ConstView a1, support::Vi
   // albert.mesh:109:3 mul
   // albert.mesh:109:3 sub -> next/encoder/albert_layer/norm/gain
   MESHRT_TRACE("loop", "albert.mesh:109:3", "update");
-  loop29(a2.data(), a4.data(), a0.data(), a1.data(), a3.data(), a5.data(), a6.data());
+  loop26(a2.data(), a4.data(), a0.data(), a1.data(), a3.data(), a5.data(), a6.data());
 }
 
 void AlbertTrain::repeated5(support::View a0, support::ConstView a1, support::View a2,
@@ -4027,7 +3972,7 @@ void AlbertTrain::repeated5(support::View a0, support::ConstView a1, support::Vi
   // albert.mesh:109:3 mul
   // albert.mesh:109:3 sub -> next/encoder/albert_layer/self_attention/q
   MESHRT_TRACE("loop", "albert.mesh:109:3", "update");
-  loop27(a2.data(), a4.data(), a0.data(), a1.data(), a3.data(), a5.data(), a6.data());
+  loop24(a2.data(), a4.data(), a0.data(), a1.data(), a3.data(), a5.data(), a6.data());
 }
 
 void AlbertTrain::repeated6(support::View a0, support::ConstView a1, support::ConstView a2,
@@ -4044,7 +3989,7 @@ void AlbertTrain::repeated6(support::View a0, support::ConstView a1, support::Co
 
   // albert.mesh:77:43 mul
   MESHRT_TRACE("loop", "albert.mesh:77:43", "backward");
-  loop39(a3.data(), a1.data(), a2.data());
+  loop36(a3.data(), a1.data(), a2.data());
 
   // albert.mesh:77:43 sum -> grad/heads/gain
   MESHRT_TRACE("sum", "albert.mesh:77:43", "backward");
@@ -4059,7 +4004,7 @@ void AlbertTrain::repeated6(support::View a0, support::ConstView a1, support::Co
   // albert.mesh:77:7 sub
   // albert.mesh:77:7 square
   MESHRT_TRACE("loop", "albert.mesh:77:7", "backward");
-  loop40(a7.data(), a6.data(), a5.data());
+  loop37(a7.data(), a6.data(), a5.data());
 
   // albert.mesh:77:7 mean
   MESHRT_TRACE("mean", "albert.mesh:77:7", "backward");
@@ -4069,12 +4014,12 @@ void AlbertTrain::repeated6(support::View a0, support::ConstView a1, support::Co
   // albert.mesh:77:7 add
   // albert.mesh:77:7 rsqrt
   MESHRT_TRACE("loop", "albert.mesh:77:7", "backward");
-  loop33(a9.data(), a8.data());
+  loop30(a9.data(), a8.data());
 
   // albert.mesh:77:43 mul
   // albert.mesh:77:7 mul
   MESHRT_TRACE("loop", "albert.mesh:77:43", "backward");
-  loop41(a11.data(), a12.data(), a1.data(), a10.data(), a2.data());
+  loop38(a11.data(), a12.data(), a1.data(), a10.data(), a2.data());
 
   // albert.mesh:77:7 mean
   MESHRT_TRACE("mean", "albert.mesh:77:7", "backward");

@@ -126,18 +126,6 @@ static const support::SharedEinsum
 
 [[gnu::noinline]] static void loop5(float *__restrict p0, const float *__restrict p1,
                                     const float *__restrict p2) {
-  for (int64_t i0 = 0; i0 < 32; ++i0) {
-    for (int64_t i1 = 0; i1 < 128; ++i1) {
-      const float s0 = p1[i0 * 128 + i1];
-      const float s1 = p2[i1];
-      const float s2 = (s0 + s1);
-      p0[i0 * 128 + i1] = s2;
-    }
-  }
-}
-
-[[gnu::noinline]] static void loop6(float *__restrict p0, const float *__restrict p1,
-                                    const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 2048; ++i0) {
     const float s0 = p1[i0];
     const float s1 = p2[i0];
@@ -146,20 +134,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop7(float *__restrict p0, const float *__restrict p1,
-                                    const float *__restrict p2) {
-  for (int64_t i0 = 0; i0 < 32; ++i0) {
-    for (int64_t i1 = 0; i1 < 256; ++i1) {
-      const float s0 = p1[i0 * 256 + i1];
-      const float s1 = p2[i1];
-      const float s2 = (s0 + s1);
-      const float s3 = support::fgelu(s2);
-      p0[i0 * 256 + i1] = s3;
-    }
-  }
-}
-
-[[gnu::noinline]] static void loop8(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop6(float *__restrict p0, const float *__restrict p1,
                                     const float *__restrict p2, const float *__restrict p3) {
   for (int64_t i0 = 0; i0 < 32; ++i0) {
     for (int64_t i1 = 0; i1 < 64; ++i1) {
@@ -173,7 +148,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop9(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop7(float *__restrict p0, const float *__restrict p1,
                                     const float *__restrict p2, const float *__restrict p3) {
   for (int64_t i0 = 0; i0 < 32; ++i0) {
     for (int64_t i1 = 0; i1 < 64; ++i1) {
@@ -187,8 +162,8 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop10(float *__restrict p0, const float *__restrict p1,
-                                     const float *__restrict p2) {
+[[gnu::noinline]] static void loop8(float *__restrict p0, const float *__restrict p1,
+                                    const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 4096; ++i0) {
     const float s0 = p1[i0];
     const float s1 = p2[i0];
@@ -197,9 +172,9 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop11(float *__restrict p0, float *__restrict p1,
-                                     const float *__restrict p2, const float *__restrict p3,
-                                     const float *__restrict p4) {
+[[gnu::noinline]] static void loop9(float *__restrict p0, float *__restrict p1,
+                                    const float *__restrict p2, const float *__restrict p3,
+                                    const float *__restrict p4) {
   for (int64_t i0 = 0; i0 < 32; ++i0) {
     const float s0 = p2[i0];
     const float s1 = p3[i0];
@@ -213,7 +188,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop12(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop10(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4, const float *__restrict p5) {
   const float r0 = p1[0];
@@ -245,7 +220,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop13(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop11(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 2048; ++i0) {
     const float s0 = p1[i0];
@@ -255,7 +230,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop14(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop12(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 32; ++i0) {
     for (int64_t i1 = 0; i1 < 64; ++i1) {
@@ -268,7 +243,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop15(float *__restrict p0, const float *__restrict p1) {
+[[gnu::noinline]] static void loop13(float *__restrict p0, const float *__restrict p1) {
   for (int64_t i0 = 0; i0 < 32; ++i0) {
     const float s0 = p1[i0];
     const float s1 = 1e-05f;
@@ -278,7 +253,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop16(float *__restrict p0, float *__restrict p1,
+[[gnu::noinline]] static void loop14(float *__restrict p0, float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4) {
   for (int64_t i0 = 0; i0 < 32; ++i0) {
@@ -294,7 +269,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop17(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop15(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4, const float *__restrict p5) {
   for (int64_t i0 = 0; i0 < 32; ++i0) {
@@ -313,7 +288,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop18(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop16(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 8192; ++i0) {
     const float s0 = p1[i0];
@@ -323,7 +298,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop19(float *__restrict p0, float *__restrict p1,
+[[gnu::noinline]] static void loop17(float *__restrict p0, float *__restrict p1,
                                      float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4, const float *__restrict p5,
                                      const float *__restrict p6) {
@@ -368,7 +343,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop20(float *__restrict p0, float *__restrict p1,
+[[gnu::noinline]] static void loop18(float *__restrict p0, float *__restrict p1,
                                      float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4, const float *__restrict p5,
                                      const float *__restrict p6) {
@@ -413,7 +388,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop21(float *__restrict p0, float *__restrict p1,
+[[gnu::noinline]] static void loop19(float *__restrict p0, float *__restrict p1,
                                      float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4, const float *__restrict p5,
                                      const float *__restrict p6) {
@@ -458,7 +433,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop22(float *__restrict p0, float *__restrict p1,
+[[gnu::noinline]] static void loop20(float *__restrict p0, float *__restrict p1,
                                      float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4, const float *__restrict p5,
                                      const float *__restrict p6) {
@@ -503,7 +478,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop23(float *__restrict p0, float *__restrict p1,
+[[gnu::noinline]] static void loop21(float *__restrict p0, float *__restrict p1,
                                      float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4, const float *__restrict p5,
                                      const float *__restrict p6) {
@@ -548,7 +523,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop24(float *__restrict p0, float *__restrict p1,
+[[gnu::noinline]] static void loop22(float *__restrict p0, float *__restrict p1,
                                      float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4, const float *__restrict p5,
                                      const float *__restrict p6) {
@@ -593,7 +568,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop25(float *__restrict p0, float *__restrict p1,
+[[gnu::noinline]] static void loop23(float *__restrict p0, float *__restrict p1,
                                      float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4, const float *__restrict p5,
                                      const float *__restrict p6) {
@@ -638,7 +613,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop26(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop24(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4) {
   for (int64_t i0 = 0; i0 < 4; ++i0) {
@@ -660,7 +635,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop27(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop25(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4) {
   for (int64_t i0 = 0; i0 < 2048; ++i0) {
@@ -847,13 +822,13 @@ void Mlm::computeInvariants() {
 
 Mlm::Outputs Mlm::run(const Inputs &inputs) {
   MESHRT_TRACE_RUN(world_, "mlm");
-  // Arena: 77824 bytes for 450688 bytes of temporaries (placed by liveness).
+  // Arena: 57344 bytes for 368768 bytes of temporaries (placed by liveness).
   support::checkShape("input", "tokens", inputs.tokens, {1, 32});
   support::checkShape("input", "segment_ids", inputs.segment_ids, {1, 32});
   support::checkShape("input", "padding", inputs.padding, {1, 32});
   runPart0(inputs);
-  support::View v107 = arena_.view(16384, 4096);
-  support::View v108 = arena_.view(0, 4096);
+  support::View v107 = arena_.view(0, 4096);
+  support::View v108 = arena_.view(16384, 4096);
 
   Outputs outputs;
   outputs.logits = support::Tensor{{1, 32, 128}, support::Buffer(v107.begin(), v107.end())};
@@ -922,32 +897,31 @@ void Mlm::runPart0(const Inputs &inputs) {
   // layers.mesh:43:39 gt
   // layers.mesh:43:39 gt
   MESHRT_TRACE("loop", "bert.mesh:41:39", "forward");
-  support::View v37 = arena_.view(73728, 1024);
+  support::View v37 = arena_.view(53248, 1024);
   loop4(v37.data(), v22.data());
 
-  // 10 statements from layers.mesh:43:17 softmax -> weights (1 of 2)
+  // 9 statements from layers.mesh:43:17 softmax -> weights (1 of 2)
   MESHRT_TRACE_SITE("layers.mesh:43:17");
   support::View v40 = arena_.view(16384, 4096);
   support::View v41 = arena_.view(0, 2048);
   const support::Buffer &v27 = param9_bert_encoder_layer_0_attention_w_o;
   support::View v42 = arena_.view(8192, 2048);
   support::View v43 = arena_.view(0, 2048);
-  support::View v48 = arena_.view(65536, 2048);
+  support::View v48 = arena_.view(32768, 2048);
   const support::Buffer &v44 = param10_bert_encoder_layer_0_norm_gain;
   const support::Buffer &v45 = param11_bert_encoder_layer_0_norm_bias;
   const support::Buffer &v49 = param12_bert_encoder_layer_0_ffn_w_in;
-  support::View v53 = arena_.view(0, 8192);
+  support::View v55 = arena_.view(0, 8192);
   const support::Buffer &v50 = param13_bert_encoder_layer_0_ffn_b_in;
-  support::View v55 = arena_.view(32768, 8192);
   const support::Buffer &v51 = param14_bert_encoder_layer_0_ffn_w_out;
-  support::View v57 = arena_.view(0, 2048);
+  support::View v57 = arena_.view(40960, 2048);
   const support::Buffer &v52 = param15_bert_encoder_layer_0_ffn_b_out;
-  support::View v59 = arena_.view(8192, 2048);
+  support::View v59 = arena_.view(0, 2048);
   const support::Buffer &v60 = param16_bert_encoder_layer_0_norm_1_gain;
   const support::Buffer &v61 = param17_bert_encoder_layer_0_norm_1_bias;
   support::View v64 = arena_.view(32768, 2048);
-  repeated0(v40, v33, v37, v31, v41, v27, v42, v15, v43, v48, v44, v45, v49, v53, v50, v55, v51,
-            v57, v52, v59, v64, v60, v61);
+  repeated0(v40, v33, v37, v31, v41, v27, v42, v15, v43, v48, v44, v45, v49, v55, v50, v51, v57,
+            v52, v59, v64, v60, v61);
 
   // 4 statements from layers.mesh:36:11 einsum -> q (2 of 2)
   MESHRT_TRACE_SITE("layers.mesh:36:11");
@@ -960,45 +934,40 @@ void Mlm::runPart0(const Inputs &inputs) {
   support::View v74 = arena_.view(0, 4096);
   repeated1(v64, v65, v69, v66, v70, v67, v72, v74);
 
-  // 10 statements from layers.mesh:43:17 softmax -> weights (2 of 2)
+  // 9 statements from layers.mesh:43:17 softmax -> weights (2 of 2)
   MESHRT_TRACE_SITE("layers.mesh:43:17");
   support::View v81 = arena_.view(16384, 4096);
   support::View v82 = arena_.view(0, 2048);
   const support::Buffer &v68 = param21_bert_encoder_layer_1_attention_w_o;
   support::View v83 = arena_.view(8192, 2048);
   support::View v84 = arena_.view(0, 2048);
-  support::View v89 = arena_.view(65536, 2048);
+  support::View v89 = arena_.view(32768, 2048);
   const support::Buffer &v85 = param22_bert_encoder_layer_1_norm_gain;
   const support::Buffer &v86 = param23_bert_encoder_layer_1_norm_bias;
   const support::Buffer &v90 = param24_bert_encoder_layer_1_ffn_w_in;
-  support::View v94 = arena_.view(0, 8192);
+  support::View v96 = arena_.view(0, 8192);
   const support::Buffer &v91 = param25_bert_encoder_layer_1_ffn_b_in;
-  support::View v96 = arena_.view(32768, 8192);
   const support::Buffer &v92 = param26_bert_encoder_layer_1_ffn_w_out;
-  support::View v98 = arena_.view(0, 2048);
+  support::View v98 = arena_.view(40960, 2048);
   const support::Buffer &v93 = param27_bert_encoder_layer_1_ffn_b_out;
-  support::View v100 = arena_.view(8192, 2048);
+  support::View v100 = arena_.view(0, 2048);
   const support::Buffer &v101 = param28_bert_encoder_layer_1_norm_1_gain;
   const support::Buffer &v102 = param29_bert_encoder_layer_1_norm_1_bias;
   support::View v105 = arena_.view(16384, 2048);
-  repeated0(v81, v74, v37, v72, v82, v68, v83, v64, v84, v89, v85, v86, v90, v94, v91, v96, v92,
-            v98, v93, v100, v105, v101, v102);
+  repeated0(v81, v74, v37, v72, v82, v68, v83, v64, v84, v89, v85, v86, v90, v96, v91, v92, v98,
+            v93, v100, v105, v101, v102);
 
   // bert.mesh:46:10 einsum
-  MESHRT_TRACE("gemm", "bert.mesh:46:10", "forward");
-  support::View v106 = arena_.view(0, 4096);
-  // dims: batch, seq, d_model, vocab
-  kEinsum0.plan().run(v105.data(), v3.data(), v106.data(), 1.0f, 0.0f);
-
   // bert.mesh:46:58 add -> logits
-  MESHRT_TRACE("loop", "bert.mesh:46:58", "forward");
+  MESHRT_TRACE("gemm", "bert.mesh:46:10", "forward");
   const support::Buffer &v6 = param3_bert_output_bias;
-  support::View v107 = arena_.view(16384, 4096);
-  loop5(v107.data(), v106.data(), v6.data());
+  support::View v107 = arena_.view(0, 4096);
+  // dims: batch, seq, d_model, vocab
+  kEinsum0.plan().runBiasActivation(v105.data(), v3.data(), v6.data(), v107.data(), false);
 
   // bert.mesh:53:11 softmax -> probs
   MESHRT_TRACE("softmax", "bert.mesh:53:11", "forward");
-  support::View v108 = arena_.view(0, 4096);
+  support::View v108 = arena_.view(16384, 4096);
   support::along(v108.data(), v107.data(), kShape5, kShape6, kShape6, kShape7, kShape1, kShape1,
                  support::Along::Softmax, 1e-05, 128, nullptr);
 }
@@ -1007,10 +976,9 @@ void Mlm::repeated0(support::View a0, support::ConstView a1, support::ConstView 
                     support::ConstView a3, support::View a4, support::ConstView a5,
                     support::View a6, support::ConstView a7, support::View a8, support::View a9,
                     support::ConstView a10, support::ConstView a11, support::ConstView a12,
-                    support::View a13, support::ConstView a14, support::View a15,
-                    support::ConstView a16, support::View a17, support::ConstView a18,
-                    support::View a19, support::View a20, support::ConstView a21,
-                    support::ConstView a22) {
+                    support::View a13, support::ConstView a14, support::ConstView a15,
+                    support::View a16, support::ConstView a17, support::View a18, support::View a19,
+                    support::ConstView a20, support::ConstView a21) {
   MESHRT_TRACE_SPAN(world_);
 
   // layers.mesh:43:17 softmax -> weights
@@ -1030,7 +998,7 @@ void Mlm::repeated0(support::View a0, support::ConstView a1, support::ConstView 
 
   // bert.mesh:20:18 add
   MESHRT_TRACE("loop", "bert.mesh:20:18", "forward");
-  loop6(a8.data(), a7.data(), a6.data());
+  loop5(a8.data(), a7.data(), a6.data());
 
   // layers.mesh:24:10 layer_norm
   // layers.mesh:24:33 mul
@@ -1039,30 +1007,27 @@ void Mlm::repeated0(support::View a0, support::ConstView a1, support::ConstView 
   support::layerNormAffine(a9.data(), a8.data(), 32, 64, a10.data(), a11.data(), 1e-05, 64);
 
   // layers.mesh:54:16 einsum
-  MESHRT_TRACE("gemm", "layers.mesh:54:16", "forward");
-  // dims: batch, seq, d_model, d_ff
-  kEinsum3.plan().run(a9.data(), a12.data(), a13.data(), 1.0f, 0.0f);
-
   // layers.mesh:54:52 add
   // layers.mesh:54:11 gelu -> h
-  MESHRT_TRACE("loop", "layers.mesh:54:52", "forward");
-  loop7(a15.data(), a13.data(), a14.data());
+  MESHRT_TRACE("gemm", "layers.mesh:54:16", "forward");
+  // dims: batch, seq, d_model, d_ff
+  kEinsum3.plan().runBiasActivation(a9.data(), a12.data(), a14.data(), a13.data(), true);
 
   // layers.mesh:55:10 einsum
   MESHRT_TRACE("gemm", "layers.mesh:55:10", "forward");
   // dims: batch, seq, d_ff, d_model
-  kEinsum4.plan().run(a15.data(), a16.data(), a17.data(), 1.0f, 0.0f);
+  kEinsum4.plan().run(a13.data(), a15.data(), a16.data(), 1.0f, 0.0f);
 
   // layers.mesh:55:71 add
   // bert.mesh:21:17 add
   MESHRT_TRACE("loop", "layers.mesh:55:71", "forward");
-  loop8(a19.data(), a17.data(), a18.data(), a9.data());
+  loop6(a18.data(), a16.data(), a17.data(), a9.data());
 
   // layers.mesh:24:10 layer_norm
   // layers.mesh:24:33 mul
   // layers.mesh:24:40 add -> x
   MESHRT_TRACE("layer_norm", "layers.mesh:24:10", "forward");
-  support::layerNormAffine(a20.data(), a19.data(), 32, 64, a21.data(), a22.data(), 1e-05, 64);
+  support::layerNormAffine(a19.data(), a18.data(), 32, 64, a20.data(), a21.data(), 1e-05, 64);
 }
 
 void Mlm::repeated1(support::ConstView a0, support::ConstView a1, support::View a2,
@@ -1712,7 +1677,7 @@ void MlmTrain::computeInvariants() {
 
 MlmTrain::Outputs MlmTrain::run(const Inputs &inputs) {
   MESHRT_TRACE_RUN(world_, "mlm_train");
-  // Arena: 541248 bytes for 1723036 bytes of temporaries (placed by liveness).
+  // Arena: 541248 bytes for 1706652 bytes of temporaries (placed by liveness).
   support::checkShape("input", "tokens", inputs.tokens, {1, 32});
   support::checkShape("input", "segment_ids", inputs.segment_ids, {1, 32});
   support::checkShape("input", "padding", inputs.padding, {1, 32});
@@ -1768,7 +1733,7 @@ void MlmTrain::runPart0(const Inputs &inputs) {
   support::View v13(param4_bert_norm_gain); // updated in place
   support::View v14(param5_bert_norm_bias); // updated in place
   support::View v17 = arena_.view(507904, 2048);
-  loop9(v17.data(), v15.data(), v13.data(), v14.data());
+  loop7(v17.data(), v15.data(), v13.data(), v14.data());
 
   // bert.mesh:40:26 rename
   MESHRT_TRACE("copy", "bert.mesh:40:26", "forward");
@@ -1867,33 +1832,29 @@ void MlmTrain::runPart0(const Inputs &inputs) {
             "bert/encoder_layer[1]/ffn/dropout#0");
 
   // bert.mesh:46:10 einsum
-  MESHRT_TRACE("gemm", "bert.mesh:46:10", "forward");
-  support::View v108 = arena_.view(0, 4096);
-  // dims: batch, seq, d_model, vocab
-  kEinsum0.plan().run(v107.data(), v5.data(), v108.data(), 1.0f, 0.0f);
-
   // bert.mesh:46:58 add
-  MESHRT_TRACE("loop", "bert.mesh:46:58", "forward");
+  MESHRT_TRACE("gemm", "bert.mesh:46:10", "forward");
   support::View v8(param3_bert_output_bias); // updated in place
-  support::View v109 = arena_.view(16384, 4096);
-  loop5(v109.data(), v108.data(), v8.data());
+  support::View v109 = arena_.view(0, 4096);
+  // dims: batch, seq, d_model, vocab
+  kEinsum0.plan().runBiasActivation(v107.data(), v5.data(), v8.data(), v109.data(), false);
 
   // bert.mesh:60:14 log_softmax -> logp
   MESHRT_TRACE("log_softmax", "bert.mesh:60:14", "forward");
-  support::View v110 = arena_.view(0, 4096);
+  support::View v110 = arena_.view(16384, 4096);
   support::along(v110.data(), v109.data(), kShape5, kShape6, kShape6, kShape7, kShape1, kShape1,
                  support::Along::LogSoftmax, 1e-05, 128, nullptr);
 
   // bert.mesh:61:32 one_hot
   MESHRT_TRACE("one_hot", "bert.mesh:61:32", "forward");
   const support::Buffer &v4 = inputs.targets.data;
-  support::View v111 = arena_.view(16384, 4096);
+  support::View v111 = arena_.view(0, 4096);
   support::oneHot(v111.data(), kShape12, v4.data(), kShape4, kShape3, 0);
 
   // bert.mesh:61:30 mul
   MESHRT_TRACE("loop", "bert.mesh:61:30", "forward");
   support::View v112 = arena_.view(32768, 4096);
-  loop10(v112.data(), v110.data(), v111.data());
+  loop8(v112.data(), v110.data(), v111.data());
 
   // bert.mesh:61:21 sum
   MESHRT_TRACE("sum", "bert.mesh:61:21", "forward");
@@ -1909,7 +1870,7 @@ void MlmTrain::runPart0(const Inputs &inputs) {
   const support::Buffer &v3 = inputs.masked.data;
   support::View v116 = arena_.view(139392, 32);
   support::View v117 = arena_.view(32768, 32);
-  loop11(v116.data(), v117.data(), v3.data(), v2.data(), v113.data());
+  loop9(v116.data(), v117.data(), v3.data(), v2.data(), v113.data());
 
   // bert.mesh:64:14 sum
   MESHRT_TRACE("sum", "bert.mesh:64:14", "forward");
@@ -1965,22 +1926,22 @@ void MlmTrain::runPart0(const Inputs &inputs) {
   // bert.mesh:60:14 sub
   MESHRT_TRACE("loop", "bert.mesh:64:14", "backward");
   support::View v140 = arena_.view(32768, 4096);
-  loop12(v140.data(), v125.data(), v116.data(), v4.data(), v110.data(), v111.data());
+  loop10(v140.data(), v125.data(), v116.data(), v4.data(), v110.data(), v111.data());
+
+  // bert.mesh:46:58 sum -> grad/bert/output_bias
+  MESHRT_TRACE("sum", "bert.mesh:46:58", "backward");
+  support::View v141 = arena_.view(538624, 128);
+  support::reduce(v141.data(), kShape7, v140.data(), kShape1, kShape5, kShape6,
+                  support::Reduce::Sum, 1.0);
 }
 
 void MlmTrain::runPart1(const Inputs &inputs) {
   (void)inputs;
   MESHRT_TRACE_SPAN(world_);
 
-  // bert.mesh:46:58 sum -> grad/bert/output_bias
-  MESHRT_TRACE("sum", "bert.mesh:46:58", "backward");
-  support::View v140 = arena_.view(32768, 4096);
-  support::View v141 = arena_.view(538624, 128);
-  support::reduce(v141.data(), kShape7, v140.data(), kShape1, kShape5, kShape6,
-                  support::Reduce::Sum, 1.0);
-
   // bert.mesh:46:10 einsum
   MESHRT_TRACE("gemm", "bert.mesh:46:10", "backward");
+  support::View v140 = arena_.view(32768, 4096);
   support::View v5(param0_bert_token_embedding); // updated in place
   support::View v142 = arena_.view(0, 2048);
   // dims: batch, seq, vocab, d_model
@@ -2003,7 +1964,7 @@ void MlmTrain::runPart1(const Inputs &inputs) {
   MESHRT_TRACE("loop", "layers.mesh:24:33", "backward");
   support::View v105 = arena_.view(57344, 2048);
   support::View v146 = arena_.view(8192, 2048);
-  loop13(v146.data(), v142.data(), v105.data());
+  loop11(v146.data(), v142.data(), v105.data());
 
   // layers.mesh:24:33 sum -> grad/bert/encoder_layer[1]/norm#1/gain
   MESHRT_TRACE("sum", "layers.mesh:24:33", "backward");
@@ -2022,7 +1983,7 @@ void MlmTrain::runPart1(const Inputs &inputs) {
   // layers.mesh:24:10 square
   MESHRT_TRACE("loop", "layers.mesh:24:10", "backward");
   support::View v150 = arena_.view(8192, 2048);
-  loop14(v150.data(), v102.data(), v148.data());
+  loop12(v150.data(), v102.data(), v148.data());
 
   // layers.mesh:24:10 mean
   MESHRT_TRACE("mean", "layers.mesh:24:10", "backward");
@@ -2034,7 +1995,7 @@ void MlmTrain::runPart1(const Inputs &inputs) {
   // layers.mesh:24:10 rsqrt
   MESHRT_TRACE("loop", "layers.mesh:24:10", "backward");
   support::View v154 = arena_.view(24576, 32);
-  loop15(v154.data(), v151.data());
+  loop13(v154.data(), v151.data());
 
   // layers.mesh:24:33 mul
   // layers.mesh:24:10 mul
@@ -2042,7 +2003,7 @@ void MlmTrain::runPart1(const Inputs &inputs) {
   support::View v103(param28_bert_encoder_layer_1_norm_1_gain); // updated in place
   support::View v145 = arena_.view(8192, 2048);
   support::View v155 = arena_.view(16384, 2048);
-  loop16(v145.data(), v155.data(), v142.data(), v103.data(), v105.data());
+  loop14(v145.data(), v155.data(), v142.data(), v103.data(), v105.data());
 
   // layers.mesh:24:10 mean
   MESHRT_TRACE("mean", "layers.mesh:24:10", "backward");
@@ -2062,7 +2023,7 @@ void MlmTrain::runPart1(const Inputs &inputs) {
   // layers.mesh:24:10 mul
   MESHRT_TRACE("loop", "layers.mesh:24:10", "backward");
   support::View v161 = arena_.view(409600, 2048);
-  loop17(v161.data(), v105.data(), v156.data(), v145.data(), v158.data(), v154.data());
+  loop15(v161.data(), v105.data(), v156.data(), v145.data(), v158.data(), v154.data());
 
   // 46 statements from layers.mesh:55:71 sum -> grad/bert/encoder_layer[1]/ffn/b_out (1 of 2)
   MESHRT_TRACE_SITE("layers.mesh:55:71");
@@ -2244,13 +2205,14 @@ void MlmTrain::runPart1(const Inputs &inputs) {
   // bert.mesh:34:37 add -> grad/bert/token_embedding
   MESHRT_TRACE("loop", "bert.mesh:34:37", "backward");
   support::View v337 = arena_.view(327680, 8192);
-  loop18(v337.data(), v143.data(), v336.data());
+  loop16(v337.data(), v143.data(), v336.data());
 
   // bert.mesh:65:3 bucketed_all_reduce_sum -> loss (31 partial sums (loss, grad/bert/output_bias,
   // grad/bert/encoder_layer[1]/norm#1/bias, ...) over data, model resolved together, 430.0 KiB in
   // one buffer)
   MESHRT_TRACE_SITE("bert.mesh:65:3");
   support::View v123 = arena_.view(541184, 1);
+  support::View v141 = arena_.view(538624, 128);
   auto request0 = support::startAllReduce(
       group_data_model, {v123, v141, v144, v147, v162, v164, v188, v191, v192, v195, v210,
                          v225, v229, v232, v233, v236, v250, v252, v271, v274, v275, v278,
@@ -2337,7 +2299,29 @@ void MlmTrain::runPart1(const Inputs &inputs) {
   MESHRT_TRACE("loop", "bert.mesh:65:3", "update");
   support::View v357(param31_bert_token_embedding_v); // updated in place
   support::View v356(param30_bert_token_embedding_m); // updated in place
-  loop19(v357.data(), v356.data(), v5.data(), v337.data(), v373.data(), v371.data(), v355.data());
+  loop17(v357.data(), v356.data(), v5.data(), v337.data(), v373.data(), v371.data(), v355.data());
+
+  // bert.mesh:65:3 mul
+  // bert.mesh:65:3 square
+  // bert.mesh:65:3 mul
+  // bert.mesh:65:3 mul
+  // bert.mesh:65:3 add
+  // bert.mesh:65:3 div
+  // bert.mesh:65:3 sqrt
+  // bert.mesh:65:3 add
+  // bert.mesh:65:3 mul
+  // bert.mesh:65:3 mul
+  // bert.mesh:65:3 add
+  // bert.mesh:65:3 div
+  // bert.mesh:65:3 div
+  // bert.mesh:65:3 add
+  // bert.mesh:65:3 mul
+  // bert.mesh:65:3 sub -> next/bert/position_embedding
+  MESHRT_TRACE("loop", "bert.mesh:65:3", "update");
+  support::View v6(param1_bert_position_embedding);      // updated in place
+  support::View v386(param33_bert_position_embedding_v); // updated in place
+  support::View v385(param32_bert_position_embedding_m); // updated in place
+  loop18(v386.data(), v385.data(), v6.data(), v334.data(), v373.data(), v371.data(), v355.data());
 }
 
 void MlmTrain::runPart2(const Inputs &inputs) {
@@ -2359,39 +2343,16 @@ void MlmTrain::runPart2(const Inputs &inputs) {
   // bert.mesh:65:3 div
   // bert.mesh:65:3 add
   // bert.mesh:65:3 mul
-  // bert.mesh:65:3 sub -> next/bert/position_embedding
-  MESHRT_TRACE("loop", "bert.mesh:65:3", "update");
-  support::View v6(param1_bert_position_embedding); // updated in place
-  support::View v334 = arena_.view(491520, 2048);
-  support::View v386(param33_bert_position_embedding_v); // updated in place
-  support::View v373 = arena_.view(262272, 1);
-  support::View v385(param32_bert_position_embedding_m); // updated in place
-  support::View v371 = arena_.view(262208, 1);
-  support::View v355 = arena_.view(262144, 1);
-  loop20(v386.data(), v385.data(), v6.data(), v334.data(), v373.data(), v371.data(), v355.data());
-
-  // bert.mesh:65:3 mul
-  // bert.mesh:65:3 square
-  // bert.mesh:65:3 mul
-  // bert.mesh:65:3 mul
-  // bert.mesh:65:3 add
-  // bert.mesh:65:3 div
-  // bert.mesh:65:3 sqrt
-  // bert.mesh:65:3 add
-  // bert.mesh:65:3 mul
-  // bert.mesh:65:3 mul
-  // bert.mesh:65:3 add
-  // bert.mesh:65:3 div
-  // bert.mesh:65:3 div
-  // bert.mesh:65:3 add
-  // bert.mesh:65:3 mul
   // bert.mesh:65:3 sub -> next/bert/segment_embedding
   MESHRT_TRACE("loop", "bert.mesh:65:3", "update");
   support::View v7(param2_bert_segment_embedding); // updated in place
   support::View v333 = arena_.view(499712, 128);
   support::View v407(param35_bert_segment_embedding_v); // updated in place
+  support::View v373 = arena_.view(262272, 1);
   support::View v406(param34_bert_segment_embedding_m); // updated in place
-  loop21(v407.data(), v406.data(), v7.data(), v333.data(), v373.data(), v371.data(), v355.data());
+  support::View v371 = arena_.view(262208, 1);
+  support::View v355 = arena_.view(262144, 1);
+  loop19(v407.data(), v406.data(), v7.data(), v333.data(), v373.data(), v371.data(), v355.data());
 
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 square
@@ -2414,7 +2375,7 @@ void MlmTrain::runPart2(const Inputs &inputs) {
   support::View v141 = arena_.view(538624, 128);
   support::View v428(param37_bert_output_bias_v); // updated in place
   support::View v427(param36_bert_output_bias_m); // updated in place
-  loop21(v428.data(), v427.data(), v8.data(), v141.data(), v373.data(), v371.data(), v355.data());
+  loop19(v428.data(), v427.data(), v8.data(), v141.data(), v373.data(), v371.data(), v355.data());
 
   // 1 statements from bert.mesh:65:3 mul (1 of 2)
   MESHRT_TRACE_SITE("bert.mesh:65:3");
@@ -2576,7 +2537,7 @@ void MlmTrain::repeated0(
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 sub -> next/bert/encoder_layer[0]/attention/w_q
   MESHRT_TRACE("loop", "bert.mesh:65:3", "update");
-  loop22(a2.data(), a4.data(), a0.data(), a1.data(), a3.data(), a5.data(), a6.data());
+  loop20(a2.data(), a4.data(), a0.data(), a1.data(), a3.data(), a5.data(), a6.data());
 
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 square
@@ -2595,7 +2556,7 @@ void MlmTrain::repeated0(
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 sub -> next/bert/encoder_layer[0]/attention/w_k
   MESHRT_TRACE("loop", "bert.mesh:65:3", "update");
-  loop22(a9.data(), a10.data(), a7.data(), a8.data(), a3.data(), a5.data(), a6.data());
+  loop20(a9.data(), a10.data(), a7.data(), a8.data(), a3.data(), a5.data(), a6.data());
 
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 square
@@ -2614,7 +2575,7 @@ void MlmTrain::repeated0(
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 sub -> next/bert/encoder_layer[0]/attention/w_v
   MESHRT_TRACE("loop", "bert.mesh:65:3", "update");
-  loop22(a13.data(), a14.data(), a11.data(), a12.data(), a3.data(), a5.data(), a6.data());
+  loop20(a13.data(), a14.data(), a11.data(), a12.data(), a3.data(), a5.data(), a6.data());
 
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 square
@@ -2633,7 +2594,7 @@ void MlmTrain::repeated0(
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 sub -> next/bert/encoder_layer[0]/attention/w_o
   MESHRT_TRACE("loop", "bert.mesh:65:3", "update");
-  loop22(a17.data(), a18.data(), a15.data(), a16.data(), a3.data(), a5.data(), a6.data());
+  loop20(a17.data(), a18.data(), a15.data(), a16.data(), a3.data(), a5.data(), a6.data());
 
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 square
@@ -2652,7 +2613,7 @@ void MlmTrain::repeated0(
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 sub -> next/bert/encoder_layer[0]/norm/gain
   MESHRT_TRACE("loop", "bert.mesh:65:3", "update");
-  loop23(a21.data(), a22.data(), a19.data(), a20.data(), a3.data(), a5.data(), a6.data());
+  loop21(a21.data(), a22.data(), a19.data(), a20.data(), a3.data(), a5.data(), a6.data());
 
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 square
@@ -2671,7 +2632,7 @@ void MlmTrain::repeated0(
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 sub -> next/bert/encoder_layer[0]/norm/bias
   MESHRT_TRACE("loop", "bert.mesh:65:3", "update");
-  loop23(a25.data(), a26.data(), a23.data(), a24.data(), a3.data(), a5.data(), a6.data());
+  loop21(a25.data(), a26.data(), a23.data(), a24.data(), a3.data(), a5.data(), a6.data());
 
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 square
@@ -2690,7 +2651,7 @@ void MlmTrain::repeated0(
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 sub -> next/bert/encoder_layer[0]/ffn/w_in
   MESHRT_TRACE("loop", "bert.mesh:65:3", "update");
-  loop24(a29.data(), a30.data(), a27.data(), a28.data(), a3.data(), a5.data(), a6.data());
+  loop22(a29.data(), a30.data(), a27.data(), a28.data(), a3.data(), a5.data(), a6.data());
 
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 square
@@ -2709,7 +2670,7 @@ void MlmTrain::repeated0(
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 sub -> next/bert/encoder_layer[0]/ffn/b_in
   MESHRT_TRACE("loop", "bert.mesh:65:3", "update");
-  loop25(a33.data(), a34.data(), a31.data(), a32.data(), a3.data(), a5.data(), a6.data());
+  loop23(a33.data(), a34.data(), a31.data(), a32.data(), a3.data(), a5.data(), a6.data());
 
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 square
@@ -2728,7 +2689,7 @@ void MlmTrain::repeated0(
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 sub -> next/bert/encoder_layer[0]/ffn/w_out
   MESHRT_TRACE("loop", "bert.mesh:65:3", "update");
-  loop24(a37.data(), a38.data(), a35.data(), a36.data(), a3.data(), a5.data(), a6.data());
+  loop22(a37.data(), a38.data(), a35.data(), a36.data(), a3.data(), a5.data(), a6.data());
 
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 square
@@ -2747,7 +2708,7 @@ void MlmTrain::repeated0(
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 sub -> next/bert/encoder_layer[0]/ffn/b_out
   MESHRT_TRACE("loop", "bert.mesh:65:3", "update");
-  loop23(a41.data(), a42.data(), a39.data(), a40.data(), a3.data(), a5.data(), a6.data());
+  loop21(a41.data(), a42.data(), a39.data(), a40.data(), a3.data(), a5.data(), a6.data());
 
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 square
@@ -2766,7 +2727,7 @@ void MlmTrain::repeated0(
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 sub -> next/bert/encoder_layer[0]/norm#1/gain
   MESHRT_TRACE("loop", "bert.mesh:65:3", "update");
-  loop23(a45.data(), a46.data(), a43.data(), a44.data(), a3.data(), a5.data(), a6.data());
+  loop21(a45.data(), a46.data(), a43.data(), a44.data(), a3.data(), a5.data(), a6.data());
 
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 square
@@ -2785,7 +2746,7 @@ void MlmTrain::repeated0(
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 sub -> next/bert/encoder_layer[0]/norm#1/bias
   MESHRT_TRACE("loop", "bert.mesh:65:3", "update");
-  loop23(a49.data(), a50.data(), a47.data(), a48.data(), a3.data(), a5.data(), a6.data());
+  loop21(a49.data(), a50.data(), a47.data(), a48.data(), a3.data(), a5.data(), a6.data());
 }
 
 void MlmTrain::repeated1(
@@ -2906,7 +2867,7 @@ void MlmTrain::repeated1(
 
   // layers.mesh:54:16 add
   MESHRT_TRACE("loop", "layers.mesh:54:16", "backward");
-  loop6(a11.data(), a1.data(), a10.data());
+  loop5(a11.data(), a1.data(), a10.data());
 
   // layers.mesh:54:16 einsum -> grad/bert/encoder_layer[1]/ffn/w_in
   MESHRT_TRACE("gemm", "layers.mesh:54:16", "backward");
@@ -2920,7 +2881,7 @@ void MlmTrain::repeated1(
 
   // layers.mesh:24:33 mul
   MESHRT_TRACE("loop", "layers.mesh:24:33", "backward");
-  loop13(a16.data(), a11.data(), a15.data());
+  loop11(a16.data(), a11.data(), a15.data());
 
   // layers.mesh:24:33 sum -> grad/bert/encoder_layer[1]/norm/gain
   MESHRT_TRACE("sum", "layers.mesh:24:33", "backward");
@@ -2935,7 +2896,7 @@ void MlmTrain::repeated1(
   // layers.mesh:24:10 sub
   // layers.mesh:24:10 square
   MESHRT_TRACE("loop", "layers.mesh:24:10", "backward");
-  loop14(a20.data(), a19.data(), a18.data());
+  loop12(a20.data(), a19.data(), a18.data());
 
   // layers.mesh:24:10 mean
   MESHRT_TRACE("mean", "layers.mesh:24:10", "backward");
@@ -2945,12 +2906,12 @@ void MlmTrain::repeated1(
   // layers.mesh:24:10 add
   // layers.mesh:24:10 rsqrt
   MESHRT_TRACE("loop", "layers.mesh:24:10", "backward");
-  loop15(a22.data(), a21.data());
+  loop13(a22.data(), a21.data());
 
   // layers.mesh:24:33 mul
   // layers.mesh:24:10 mul
   MESHRT_TRACE("loop", "layers.mesh:24:33", "backward");
-  loop16(a24.data(), a25.data(), a11.data(), a23.data(), a15.data());
+  loop14(a24.data(), a25.data(), a11.data(), a23.data(), a15.data());
 
   // layers.mesh:24:10 mean
   MESHRT_TRACE("mean", "layers.mesh:24:10", "backward");
@@ -2967,7 +2928,7 @@ void MlmTrain::repeated1(
   // layers.mesh:24:10 sub
   // layers.mesh:24:10 mul
   MESHRT_TRACE("loop", "layers.mesh:24:10", "backward");
-  loop17(a28.data(), a15.data(), a26.data(), a24.data(), a27.data(), a22.data());
+  loop15(a28.data(), a15.data(), a26.data(), a24.data(), a27.data(), a22.data());
 
   // layers.mesh:45:10 einsum
   MESHRT_TRACE("gemm", "layers.mesh:45:10", "backward");
@@ -2991,7 +2952,7 @@ void MlmTrain::repeated1(
 
   // layers.mesh:43:17 mul
   MESHRT_TRACE("loop", "layers.mesh:43:17", "backward");
-  loop10(a37.data(), a34.data(), a35.data());
+  loop8(a37.data(), a34.data(), a35.data());
 
   // layers.mesh:43:17 sum
   MESHRT_TRACE("sum", "layers.mesh:43:17", "backward");
@@ -3003,7 +2964,7 @@ void MlmTrain::repeated1(
   // layers.mesh:43:25 where
   // layers.mesh:41:55 mul
   MESHRT_TRACE("loop", "layers.mesh:43:17", "backward");
-  loop26(a40.data(), a34.data(), a38.data(), a35.data(), a39.data());
+  loop24(a40.data(), a34.data(), a38.data(), a35.data(), a39.data());
 
   // layers.mesh:41:16 einsum
   MESHRT_TRACE("gemm", "layers.mesh:41:16", "backward");
@@ -3044,7 +3005,7 @@ void MlmTrain::repeated1(
   // layers.mesh:38:18 add
   // layers.mesh:36:11 add
   MESHRT_TRACE("loop", "layers.mesh:39:18", "backward");
-  loop27(a54.data(), a28.data(), a46.data(), a50.data(), a53.data());
+  loop25(a54.data(), a28.data(), a46.data(), a50.data(), a53.data());
 
   // layers.mesh:36:11 einsum -> grad/bert/encoder_layer[1]/attention/w_q
   MESHRT_TRACE("gemm", "layers.mesh:36:11", "backward");
@@ -3058,7 +3019,7 @@ void MlmTrain::repeated1(
 
   // layers.mesh:24:33 mul
   MESHRT_TRACE("loop", "layers.mesh:24:33", "backward");
-  loop13(a58.data(), a54.data(), a57.data());
+  loop11(a58.data(), a54.data(), a57.data());
 
   // layers.mesh:24:33 sum -> grad/bert/encoder_layer[0]/norm#1/gain
   MESHRT_TRACE("sum", "layers.mesh:24:33", "backward");
@@ -3073,7 +3034,7 @@ void MlmTrain::repeated1(
   // layers.mesh:24:10 sub
   // layers.mesh:24:10 square
   MESHRT_TRACE("loop", "layers.mesh:24:10", "backward");
-  loop14(a62.data(), a61.data(), a60.data());
+  loop12(a62.data(), a61.data(), a60.data());
 
   // layers.mesh:24:10 mean
   MESHRT_TRACE("mean", "layers.mesh:24:10", "backward");
@@ -3083,12 +3044,12 @@ void MlmTrain::repeated1(
   // layers.mesh:24:10 add
   // layers.mesh:24:10 rsqrt
   MESHRT_TRACE("loop", "layers.mesh:24:10", "backward");
-  loop15(a64.data(), a63.data());
+  loop13(a64.data(), a63.data());
 
   // layers.mesh:24:33 mul
   // layers.mesh:24:10 mul
   MESHRT_TRACE("loop", "layers.mesh:24:33", "backward");
-  loop16(a66.data(), a67.data(), a54.data(), a65.data(), a57.data());
+  loop14(a66.data(), a67.data(), a54.data(), a65.data(), a57.data());
 
   // layers.mesh:24:10 mean
   MESHRT_TRACE("mean", "layers.mesh:24:10", "backward");
@@ -3105,7 +3066,7 @@ void MlmTrain::repeated1(
   // layers.mesh:24:10 sub
   // layers.mesh:24:10 mul
   MESHRT_TRACE("loop", "layers.mesh:24:10", "backward");
-  loop17(a70.data(), a57.data(), a68.data(), a66.data(), a69.data(), a64.data());
+  loop15(a70.data(), a57.data(), a68.data(), a66.data(), a69.data(), a64.data());
 }
 
 void MlmTrain::repeated2(support::View a0, support::ConstView a1, support::ConstView a2,
@@ -3136,7 +3097,7 @@ void MlmTrain::repeated2(support::View a0, support::ConstView a1, support::Const
 
   // bert.mesh:20:18 add
   MESHRT_TRACE("loop", "bert.mesh:20:18", "forward");
-  loop6(a8.data(), a7.data(), a6.data());
+  loop5(a8.data(), a7.data(), a6.data());
 
   // layers.mesh:24:10 layer_norm
   MESHRT_TRACE("layer_norm", "layers.mesh:24:10", "forward");
@@ -3146,7 +3107,7 @@ void MlmTrain::repeated2(support::View a0, support::ConstView a1, support::Const
   // layers.mesh:24:33 mul
   // layers.mesh:24:40 add -> h
   MESHRT_TRACE("loop", "layers.mesh:24:33", "forward");
-  loop9(a12.data(), a9.data(), a10.data(), a11.data());
+  loop7(a12.data(), a9.data(), a10.data(), a11.data());
 
   // layers.mesh:54:16 einsum
   MESHRT_TRACE("gemm", "layers.mesh:54:16", "forward");
@@ -3194,7 +3155,7 @@ void MlmTrain::repeated2(support::View a0, support::ConstView a1, support::Const
   // layers.mesh:55:71 add
   // bert.mesh:21:17 add
   MESHRT_TRACE("loop", "layers.mesh:55:71", "forward");
-  loop8(a21.data(), a19.data(), a20.data(), a12.data());
+  loop6(a21.data(), a19.data(), a20.data(), a12.data());
 
   // layers.mesh:24:10 layer_norm
   MESHRT_TRACE("layer_norm", "layers.mesh:24:10", "forward");
@@ -3204,7 +3165,7 @@ void MlmTrain::repeated2(support::View a0, support::ConstView a1, support::Const
   // layers.mesh:24:33 mul
   // layers.mesh:24:40 add -> x
   MESHRT_TRACE("loop", "layers.mesh:24:33", "forward");
-  loop9(a25.data(), a22.data(), a23.data(), a24.data());
+  loop7(a25.data(), a22.data(), a23.data(), a24.data());
 }
 
 void MlmTrain::repeated3(support::View a0, support::ConstView a1, support::View a2,
@@ -3229,7 +3190,7 @@ void MlmTrain::repeated3(support::View a0, support::ConstView a1, support::View 
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 sub -> next/bert/norm/gain
   MESHRT_TRACE("loop", "bert.mesh:65:3", "update");
-  loop23(a2.data(), a4.data(), a0.data(), a1.data(), a3.data(), a5.data(), a6.data());
+  loop21(a2.data(), a4.data(), a0.data(), a1.data(), a3.data(), a5.data(), a6.data());
 }
 
 void MlmTrain::repeated4(support::ConstView a0, support::ConstView a1, support::View a2,

@@ -45,9 +45,9 @@ public:
   Outputs run(const Inputs &inputs);
 
   /// The bytes of this object's arena: run()'s temporaries share it, placed by liveness.
-  static constexpr size_t kArenaBytes = 77824;
+  static constexpr size_t kArenaBytes = 57344;
   /// The bytes of all of run()'s temporaries together (one buffer each).
-  static constexpr size_t kTemporaryBytes = 450688;
+  static constexpr size_t kTemporaryBytes = 368768;
   /// The bytes of the values computed once, in the constructor (constants, masks).
   static constexpr size_t kPersistentBytes = 640;
 
@@ -93,9 +93,9 @@ public:
                  support::ConstView a3, support::View a4, support::ConstView a5, support::View a6,
                  support::ConstView a7, support::View a8, support::View a9, support::ConstView a10,
                  support::ConstView a11, support::ConstView a12, support::View a13,
-                 support::ConstView a14, support::View a15, support::ConstView a16,
-                 support::View a17, support::ConstView a18, support::View a19, support::View a20,
-                 support::ConstView a21, support::ConstView a22);
+                 support::ConstView a14, support::ConstView a15, support::View a16,
+                 support::ConstView a17, support::View a18, support::View a19,
+                 support::ConstView a20, support::ConstView a21);
   void repeated1(support::ConstView a0, support::ConstView a1, support::View a2,
                  support::ConstView a3, support::View a4, support::ConstView a5, support::View a6,
                  support::View a7);
@@ -210,7 +210,7 @@ public:
   /// The bytes of this object's arena: run()'s temporaries share it, placed by liveness.
   static constexpr size_t kArenaBytes = 541248;
   /// The bytes of all of run()'s temporaries together (one buffer each).
-  static constexpr size_t kTemporaryBytes = 1723036;
+  static constexpr size_t kTemporaryBytes = 1706652;
   /// The bytes of the values computed once, in the constructor (constants, masks).
   static constexpr size_t kPersistentBytes = 1792;
 

@@ -76,31 +76,6 @@ static const support::SharedEinsum
 
 [[gnu::noinline]] static void loop2(float *__restrict p0, const float *__restrict p1,
                                     const float *__restrict p2) {
-  for (int64_t i0 = 0; i0 < 32; ++i0) {
-    for (int64_t i1 = 0; i1 < 32; ++i1) {
-      const float s0 = p1[i0 * 32 + i1];
-      const float s1 = p2[i1];
-      const float s2 = (s0 + s1);
-      const float s3 = support::fgelu(s2);
-      p0[i0 * 32 + i1] = s3;
-    }
-  }
-}
-
-[[gnu::noinline]] static void loop3(float *__restrict p0, const float *__restrict p1,
-                                    const float *__restrict p2) {
-  for (int64_t i0 = 0; i0 < 32; ++i0) {
-    for (int64_t i1 = 0; i1 < 32; ++i1) {
-      const float s0 = p1[i0 * 32 + i1];
-      const float s1 = p2[i1];
-      const float s2 = (s0 + s1);
-      p0[i0 * 32 + i1] = s2;
-    }
-  }
-}
-
-[[gnu::noinline]] static void loop4(float *__restrict p0, const float *__restrict p1,
-                                    const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 1024; ++i0) {
     const float s0 = p1[i0];
     const float s1 = p2[i0];
@@ -109,7 +84,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop5(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop3(float *__restrict p0, const float *__restrict p1,
                                     const float *__restrict p2, const float *__restrict p3) {
   for (int64_t i0 = 0; i0 < 32; ++i0) {
     for (int64_t i1 = 0; i1 < 32; ++i1) {
@@ -123,7 +98,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop6(float *__restrict p0, float *__restrict p1,
+[[gnu::noinline]] static void loop4(float *__restrict p0, float *__restrict p1,
                                     const float *__restrict p2, const float *__restrict p3,
                                     const float *__restrict p4, const float *__restrict p5) {
   for (int64_t i0 = 0; i0 < 32; ++i0) {
@@ -153,7 +128,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop7(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop5(float *__restrict p0, const float *__restrict p1,
                                     const float *__restrict p2, const float *__restrict p3) {
   for (int64_t i0 = 0; i0 < 32; ++i0) {
     for (int64_t i1 = 0; i1 < 32; ++i1) {
@@ -167,7 +142,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop8(float *__restrict p0, float *__restrict p1,
+[[gnu::noinline]] static void loop6(float *__restrict p0, float *__restrict p1,
                                     const float *__restrict p2, const float *__restrict p3) {
   for (int64_t i0 = 0; i0 < 32; ++i0) {
     for (int64_t i1 = 0; i1 < 32; ++i1) {
@@ -181,7 +156,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop9(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop7(float *__restrict p0, const float *__restrict p1,
                                     const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 1024; ++i0) {
     const float s0 = p1[i0];
@@ -191,8 +166,8 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop10(float *__restrict p0, const float *__restrict p1,
-                                     const float *__restrict p2) {
+[[gnu::noinline]] static void loop8(float *__restrict p0, const float *__restrict p1,
+                                    const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 32; ++i0) {
     const float s0 = p1[i0];
     const float s1 = -s0;
@@ -202,9 +177,9 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop11(float *__restrict p0, const float *__restrict p1,
-                                     const float *__restrict p2, const float *__restrict p3,
-                                     const float *__restrict p4, const float *__restrict p5) {
+[[gnu::noinline]] static void loop9(float *__restrict p0, const float *__restrict p1,
+                                    const float *__restrict p2, const float *__restrict p3,
+                                    const float *__restrict p4, const float *__restrict p5) {
   const float r0 = p1[0];
   for (int64_t i0 = 0; i0 < 32; ++i0) {
     for (int64_t i1 = 0; i1 < 32; ++i1) {
@@ -236,7 +211,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop12(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop10(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4, const float *__restrict p5,
                                      const float *__restrict p6) {
@@ -285,7 +260,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop13(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop11(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4, const float *__restrict p5) {
   for (int64_t i0 = 0; i0 < 32; ++i0) {
@@ -304,7 +279,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop14(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop12(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 32; ++i0) {
     for (int64_t i1 = 0; i1 < 32; ++i1) {
@@ -317,7 +292,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop15(float *__restrict p0, float *__restrict p1,
+[[gnu::noinline]] static void loop13(float *__restrict p0, float *__restrict p1,
                                      float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4, const float *__restrict p5,
                                      const float *__restrict p6) {
@@ -362,7 +337,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop16(float *__restrict p0, float *__restrict p1,
+[[gnu::noinline]] static void loop14(float *__restrict p0, float *__restrict p1,
                                      float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4, const float *__restrict p5,
                                      const float *__restrict p6) {
@@ -407,7 +382,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop17(float *__restrict p0, float *__restrict p1,
+[[gnu::noinline]] static void loop15(float *__restrict p0, float *__restrict p1,
                                      float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4, const float *__restrict p5,
                                      const float *__restrict p6) {
@@ -452,7 +427,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop18(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop16(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 1024; ++i0) {
     const float s0 = p1[i0];
@@ -489,7 +464,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop19(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop17(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 32; ++i0) {
     for (int64_t i1 = 0; i1 < 32; ++i1) {
@@ -502,7 +477,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop20(float *__restrict p0, const float *__restrict p1) {
+[[gnu::noinline]] static void loop18(float *__restrict p0, const float *__restrict p1) {
   for (int64_t i0 = 0; i0 < 32; ++i0) {
     const float s0 = p1[i0];
     const float s1 = 1e-12f;
@@ -512,7 +487,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop21(float *__restrict p0, float *__restrict p1,
+[[gnu::noinline]] static void loop19(float *__restrict p0, float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4) {
   for (int64_t i0 = 0; i0 < 32; ++i0) {
@@ -528,7 +503,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop22(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop20(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3) {
   for (int64_t i0 = 0; i0 < 64; ++i0) {
     for (int64_t i1 = 0; i1 < 16; ++i1) {
@@ -544,7 +519,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop23(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop21(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4) {
   for (int64_t i0 = 0; i0 < 1024; ++i0) {
@@ -728,10 +703,10 @@ Mlm::Mlm(meshrt::Communicator &world, uint64_t seed)
 
 Mlm::Outputs Mlm::run(const Inputs &inputs) {
   MESHRT_TRACE_RUN(world_, "mlm");
-  // Arena: 16384 bytes for 135168 bytes of temporaries (placed by liveness).
+  // Arena: 16384 bytes for 118784 bytes of temporaries (placed by liveness).
   support::checkShape("input", "tokens", inputs.tokens, {2, 16});
   runPart0(inputs);
-  support::View v102 = arena_.view(4096, 1024);
+  support::View v102 = arena_.view(8192, 1024);
 
   Outputs outputs;
   outputs.logits = support::Tensor{{2, 16, 32}, support::Buffer(v102.begin(), v102.end())};
@@ -769,7 +744,7 @@ void Mlm::runPart0(const Inputs &inputs) {
   support::View v11 = arena_.view(0, 1024);
   support::layerNormAffine(v11.data(), v6.data(), 32, 32, v7.data(), v8.data(), 1e-12, 32);
 
-  // 16 statements from encoder_layers.mesh:28:17 einsum -> queries (1 of 2)
+  // 15 statements from encoder_layers.mesh:28:17 einsum -> queries (1 of 2)
   MESHRT_TRACE_SITE("encoder_layers.mesh:28:17");
   const support::Buffer &v12 = param4_roberta_encoder_layer_0_self_attention_q;
   support::View v16 = arena_.view(8192, 512);
@@ -787,20 +762,19 @@ void Mlm::runPart0(const Inputs &inputs) {
   const support::Buffer &v29 = param8_roberta_encoder_layer_0_norm_gain;
   const support::Buffer &v30 = param9_roberta_encoder_layer_0_norm_bias;
   const support::Buffer &v34 = param10_roberta_encoder_layer_0_dense_relu_dense_wi;
-  support::View v38 = arena_.view(4096, 1024);
+  support::View v40 = arena_.view(4096, 1024);
   const support::Buffer &v35 = param11_roberta_encoder_layer_0_dense_relu_dense_bi;
-  support::View v40 = arena_.view(8192, 1024);
   const support::Buffer &v36 = param12_roberta_encoder_layer_0_dense_relu_dense_wo;
-  support::View v41 = arena_.view(4096, 1024);
+  support::View v41 = arena_.view(8192, 1024);
   const support::Buffer &v37 = param13_roberta_encoder_layer_0_dense_relu_dense_bo;
-  support::View v44 = arena_.view(8192, 1024);
+  support::View v44 = arena_.view(4096, 1024);
   const support::Buffer &v45 = param14_roberta_encoder_layer_0_norm_1_gain;
   const support::Buffer &v46 = param15_roberta_encoder_layer_0_norm_1_bias;
   support::View v49 = arena_.view(0, 1024);
   repeated0(v11, v12, v16, v13, v17, v14, v19, v21, v24, v25, v15, v26, v28, v33, v29, v30, v34,
-            v38, v35, v40, v36, v41, v37, v44, v49, v45, v46);
+            v40, v35, v36, v41, v37, v44, v49, v45, v46);
 
-  // 16 statements from encoder_layers.mesh:28:17 einsum -> queries (2 of 2)
+  // 15 statements from encoder_layers.mesh:28:17 einsum -> queries (2 of 2)
   MESHRT_TRACE_SITE("encoder_layers.mesh:28:17");
   const support::Buffer &v50 = param16_roberta_encoder_layer_1_self_attention_q;
   support::View v54 = arena_.view(8192, 512);
@@ -818,18 +792,17 @@ void Mlm::runPart0(const Inputs &inputs) {
   const support::Buffer &v67 = param20_roberta_encoder_layer_1_norm_gain;
   const support::Buffer &v68 = param21_roberta_encoder_layer_1_norm_bias;
   const support::Buffer &v72 = param22_roberta_encoder_layer_1_dense_relu_dense_wi;
-  support::View v76 = arena_.view(4096, 1024);
+  support::View v78 = arena_.view(4096, 1024);
   const support::Buffer &v73 = param23_roberta_encoder_layer_1_dense_relu_dense_bi;
-  support::View v78 = arena_.view(8192, 1024);
   const support::Buffer &v74 = param24_roberta_encoder_layer_1_dense_relu_dense_wo;
-  support::View v79 = arena_.view(4096, 1024);
+  support::View v79 = arena_.view(8192, 1024);
   const support::Buffer &v75 = param25_roberta_encoder_layer_1_dense_relu_dense_bo;
-  support::View v82 = arena_.view(8192, 1024);
+  support::View v82 = arena_.view(4096, 1024);
   const support::Buffer &v83 = param26_roberta_encoder_layer_1_norm_1_gain;
   const support::Buffer &v84 = param27_roberta_encoder_layer_1_norm_1_bias;
   support::View v87 = arena_.view(0, 1024);
   repeated0(v49, v50, v54, v51, v55, v52, v57, v59, v62, v63, v53, v64, v66, v71, v67, v68, v72,
-            v76, v73, v78, v74, v79, v75, v82, v87, v83, v84);
+            v78, v73, v74, v79, v75, v82, v87, v83, v84);
 
   // roberta.mesh:43:9 transpose
   MESHRT_TRACE("loop", "roberta.mesh:43:9", "forward");
@@ -837,18 +810,14 @@ void Mlm::runPart0(const Inputs &inputs) {
   loop1(v90.data(), v1.data());
 
   // roberta.mesh:46:23 einsum
-  MESHRT_TRACE("gemm", "roberta.mesh:46:23", "forward");
-  const support::Buffer &v88 = param28_roberta_lm_head_dense;
-  support::View v92 = arena_.view(8192, 1024);
-  // dims: batch, length, d_model, d_out
-  kEinsum0.plan().run(v87.data(), v88.data(), v92.data(), 1.0f, 0.0f);
-
   // roberta.mesh:46:64 add
   // roberta.mesh:46:18 gelu
-  MESHRT_TRACE("loop", "roberta.mesh:46:64", "forward");
+  MESHRT_TRACE("gemm", "roberta.mesh:46:23", "forward");
+  const support::Buffer &v88 = param28_roberta_lm_head_dense;
   const support::Buffer &v89 = param29_roberta_lm_head_dense_bias;
-  support::View v94 = arena_.view(0, 1024);
-  loop2(v94.data(), v92.data(), v89.data());
+  support::View v94 = arena_.view(8192, 1024);
+  // dims: batch, length, d_model, d_out
+  kEinsum0.plan().runBiasActivation(v87.data(), v88.data(), v89.data(), v94.data(), true);
 
   // encoder_layers.mesh:19:10 layer_norm
   // encoder_layers.mesh:19:46 mul
@@ -856,20 +825,16 @@ void Mlm::runPart0(const Inputs &inputs) {
   MESHRT_TRACE("layer_norm", "encoder_layers.mesh:19:10", "forward");
   const support::Buffer &v96 = param31_roberta_lm_head_norm_gain;
   const support::Buffer &v97 = param32_roberta_lm_head_norm_bias;
-  support::View v100 = arena_.view(8192, 1024);
+  support::View v100 = arena_.view(0, 1024);
   support::layerNormAffine(v100.data(), v94.data(), 32, 32, v96.data(), v97.data(), 1e-12, 32);
 
   // roberta.mesh:47:10 einsum
-  MESHRT_TRACE("gemm", "roberta.mesh:47:10", "forward");
-  support::View v101 = arena_.view(0, 1024);
-  // dims: batch, length, d_model, vocab
-  kEinsum0.plan().run(v100.data(), v90.data(), v101.data(), 1.0f, 0.0f);
-
   // roberta.mesh:47:57 add -> logits
-  MESHRT_TRACE("loop", "roberta.mesh:47:57", "forward");
+  MESHRT_TRACE("gemm", "roberta.mesh:47:10", "forward");
   const support::Buffer &v91 = param30_roberta_lm_head_output_bias;
-  support::View v102 = arena_.view(4096, 1024);
-  loop3(v102.data(), v101.data(), v91.data());
+  support::View v102 = arena_.view(8192, 1024);
+  // dims: batch, length, d_model, vocab
+  kEinsum0.plan().runBiasActivation(v100.data(), v90.data(), v91.data(), v102.data(), false);
 }
 
 void Mlm::repeated0(support::ConstView a0, support::ConstView a1, support::View a2,
@@ -877,10 +842,9 @@ void Mlm::repeated0(support::ConstView a0, support::ConstView a1, support::View 
                     support::View a6, support::View a7, support::View a8, support::View a9,
                     support::ConstView a10, support::View a11, support::View a12, support::View a13,
                     support::ConstView a14, support::ConstView a15, support::ConstView a16,
-                    support::View a17, support::ConstView a18, support::View a19,
-                    support::ConstView a20, support::View a21, support::ConstView a22,
-                    support::View a23, support::View a24, support::ConstView a25,
-                    support::ConstView a26) {
+                    support::View a17, support::ConstView a18, support::ConstView a19,
+                    support::View a20, support::ConstView a21, support::View a22, support::View a23,
+                    support::ConstView a24, support::ConstView a25) {
   MESHRT_TRACE_SPAN(world_);
 
   // encoder_layers.mesh:28:17 einsum -> queries
@@ -925,7 +889,7 @@ void Mlm::repeated0(support::ConstView a0, support::ConstView a1, support::View 
 
   // roberta.mesh:22:18 add
   MESHRT_TRACE("loop", "roberta.mesh:22:18", "forward");
-  loop4(a12.data(), a0.data(), a11.data());
+  loop2(a12.data(), a0.data(), a11.data());
 
   // encoder_layers.mesh:19:10 layer_norm
   // encoder_layers.mesh:19:46 mul
@@ -934,35 +898,32 @@ void Mlm::repeated0(support::ConstView a0, support::ConstView a1, support::View 
   support::layerNormAffine(a13.data(), a12.data(), 32, 32, a14.data(), a15.data(), 1e-12, 32);
 
   // encoder_layers.mesh:45:16 einsum
-  MESHRT_TRACE("gemm", "encoder_layers.mesh:45:16", "forward");
-  // dims: batch, length, d_model, d_ff
-  kEinsum0.plan().run(a13.data(), a16.data(), a17.data(), 1.0f, 0.0f);
-
   // encoder_layers.mesh:45:53 add
   // encoder_layers.mesh:45:11 gelu -> h
-  MESHRT_TRACE("loop", "encoder_layers.mesh:45:53", "forward");
-  loop2(a19.data(), a17.data(), a18.data());
+  MESHRT_TRACE("gemm", "encoder_layers.mesh:45:16", "forward");
+  // dims: batch, length, d_model, d_ff
+  kEinsum0.plan().runBiasActivation(a13.data(), a16.data(), a18.data(), a17.data(), true);
 
   // encoder_layers.mesh:46:10 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:46:10", "forward");
   // dims: batch, length, d_ff, d_model
-  kEinsum0.plan().run(a19.data(), a20.data(), a21.data(), 1.0f, 0.0f);
+  kEinsum0.plan().run(a17.data(), a19.data(), a20.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:46:50 all_reduce_sum (resolve the partial sum of %39 over model for add at
   // 46:50)
   MESHRT_TRACE_SITE("encoder_layers.mesh:46:50");
-  group_model.allReduce(a21.data(), a21.size(), meshrt::ReduceOp::Sum);
+  group_model.allReduce(a20.data(), a20.size(), meshrt::ReduceOp::Sum);
 
   // encoder_layers.mesh:46:50 add
   // roberta.mesh:23:17 add
   MESHRT_TRACE("loop", "encoder_layers.mesh:46:50", "forward");
-  loop5(a23.data(), a21.data(), a22.data(), a13.data());
+  loop3(a22.data(), a20.data(), a21.data(), a13.data());
 
   // encoder_layers.mesh:19:10 layer_norm
   // encoder_layers.mesh:19:46 mul
   // encoder_layers.mesh:19:53 add -> x
   MESHRT_TRACE("layer_norm", "encoder_layers.mesh:19:10", "forward");
-  support::layerNormAffine(a24.data(), a23.data(), 32, 32, a25.data(), a26.data(), 1e-12, 32);
+  support::layerNormAffine(a23.data(), a22.data(), 32, 32, a24.data(), a25.data(), 1e-12, 32);
 }
 
 Mlm::Inputs Mlm::synthesizeInputs(uint64_t seed) const {
@@ -1569,7 +1530,7 @@ MlmTrain::MlmTrain(meshrt::Communicator &world, uint64_t seed)
 
 MlmTrain::Outputs MlmTrain::run(const Inputs &inputs) {
   MESHRT_TRACE_RUN(world_, "mlm_train");
-  // Arena: 135616 bytes for 484768 bytes of temporaries (placed by liveness).
+  // Arena: 135616 bytes for 480672 bytes of temporaries (placed by liveness).
   support::checkShape("input", "tokens", inputs.tokens, {2, 16});
   runPart0(inputs);
   runPart1(inputs);
@@ -1635,7 +1596,7 @@ void MlmTrain::runPart0(const Inputs &inputs) {
   const support::Buffer &v0 = inputs.tokens.data;
   support::View v17 = arena_.view(135168, 32);
   support::View v18 = arena_.view(135296, 32);
-  loop6(v17.data(), v18.data(), v0.data(), v4.data(), v1.data(), v5.data());
+  loop4(v17.data(), v18.data(), v0.data(), v4.data(), v1.data(), v5.data());
 
   // roberta.mesh:31:40 einsum
   MESHRT_TRACE("einsum", "roberta.mesh:31:40", "forward");
@@ -1666,7 +1627,7 @@ void MlmTrain::runPart0(const Inputs &inputs) {
   support::View v25(param2_roberta_norm_gain); // updated in place
   support::View v26(param3_roberta_norm_bias); // updated in place
   support::View v29 = arena_.view(8192, 1024);
-  loop7(v29.data(), v27.data(), v25.data(), v26.data());
+  loop5(v29.data(), v27.data(), v25.data(), v26.data());
 
   // 18 statements from encoder_layers.mesh:28:17 einsum -> queries (1 of 2)
   MESHRT_TRACE_SITE("encoder_layers.mesh:28:17");
@@ -1754,7 +1715,7 @@ void MlmTrain::runPart0(const Inputs &inputs) {
   support::View v107(param29_roberta_lm_head_dense_bias); // updated in place
   support::View v111 = arena_.view(94208, 1024);
   support::View v112 = arena_.view(98304, 1024);
-  loop8(v111.data(), v112.data(), v110.data(), v107.data());
+  loop6(v111.data(), v112.data(), v110.data(), v107.data());
 
   // encoder_layers.mesh:19:10 layer_norm
   MESHRT_TRACE("layer_norm", "encoder_layers.mesh:19:10", "forward");
@@ -1768,36 +1729,32 @@ void MlmTrain::runPart0(const Inputs &inputs) {
   support::View v114(param31_roberta_lm_head_norm_gain); // updated in place
   support::View v115(param32_roberta_lm_head_norm_bias); // updated in place
   support::View v118 = arena_.view(102400, 1024);
-  loop7(v118.data(), v116.data(), v114.data(), v115.data());
+  loop5(v118.data(), v116.data(), v114.data(), v115.data());
 
   // roberta.mesh:47:10 einsum
-  MESHRT_TRACE("gemm", "roberta.mesh:47:10", "forward");
-  support::View v119 = arena_.view(106496, 1024);
-  // dims: batch, length, d_model, vocab
-  kEinsum0.plan().run(v118.data(), v108.data(), v119.data(), 1.0f, 0.0f);
-
   // roberta.mesh:47:57 add
-  MESHRT_TRACE("loop", "roberta.mesh:47:57", "forward");
+  MESHRT_TRACE("gemm", "roberta.mesh:47:10", "forward");
   support::View v109(param30_roberta_lm_head_output_bias); // updated in place
-  support::View v120 = arena_.view(110592, 1024);
-  loop3(v120.data(), v119.data(), v109.data());
+  support::View v120 = arena_.view(106496, 1024);
+  // dims: batch, length, d_model, vocab
+  kEinsum0.plan().runBiasActivation(v118.data(), v108.data(), v109.data(), v120.data(), false);
 
   // roberta.mesh:66:14 log_softmax -> logp
   MESHRT_TRACE("log_softmax", "roberta.mesh:66:14", "forward");
-  support::View v121 = arena_.view(106496, 1024);
+  support::View v121 = arena_.view(110592, 1024);
   support::along(v121.data(), v120.data(), kShape7, kShape8, kShape8, kShape9, kShape6, kShape6,
                  support::Along::LogSoftmax, 1e-05, 64, &group_model);
 
   // roberta.mesh:67:32 one_hot
   MESHRT_TRACE("one_hot", "roberta.mesh:67:32", "forward");
-  support::View v122 = arena_.view(110592, 1024);
+  support::View v122 = arena_.view(106496, 1024);
   support::oneHot(v122.data(), kShape0, v0.data(), kShape2, kShape1,
                   support::shardStart(world_, {"model"}, 32));
 
   // roberta.mesh:67:30 mul
   MESHRT_TRACE("loop", "roberta.mesh:67:30", "forward");
   support::View v123 = arena_.view(114688, 1024);
-  loop9(v123.data(), v121.data(), v122.data());
+  loop7(v123.data(), v121.data(), v122.data());
 
   // roberta.mesh:67:21 sum
   MESHRT_TRACE("sum", "roberta.mesh:67:21", "forward");
@@ -1815,19 +1772,18 @@ void MlmTrain::runPart0(const Inputs &inputs) {
   // roberta.mesh:70:29 mul
   MESHRT_TRACE("loop", "roberta.mesh:67:20", "forward");
   support::View v127 = arena_.view(114688, 32);
-  loop10(v127.data(), v124.data(), v18.data());
+  loop8(v127.data(), v124.data(), v18.data());
+
+  // roberta.mesh:70:14 sum
+  MESHRT_TRACE("sum", "roberta.mesh:70:14", "forward");
+  support::View v128 = arena_.view(114816, 1);
+  support::reduce(v128.data(), kShape10, v127.data(), kShape10, kShape7, kShape11,
+                  support::Reduce::Sum, 1.0);
 }
 
 void MlmTrain::runPart1(const Inputs &inputs) {
   (void)inputs;
   MESHRT_TRACE_SPAN(world_);
-
-  // roberta.mesh:70:14 sum
-  MESHRT_TRACE("sum", "roberta.mesh:70:14", "forward");
-  support::View v127 = arena_.view(114688, 32);
-  support::View v128 = arena_.view(114816, 1);
-  support::reduce(v128.data(), kShape10, v127.data(), kShape10, kShape7, kShape11,
-                  support::Reduce::Sum, 1.0);
 
   // roberta.mesh:70:42 sum
   MESHRT_TRACE("sum", "roberta.mesh:70:42", "forward");
@@ -1845,6 +1801,7 @@ void MlmTrain::runPart1(const Inputs &inputs) {
   // roberta.mesh:70:54 add
   // roberta.mesh:70:39 div -> loss
   MESHRT_TRACE("loop", "roberta.mesh:70:54", "forward");
+  support::View v128 = arena_.view(114816, 1);
   support::View v132 = arena_.view(135424, 1);
   support::View v133 = arena_.view(135488, 1);
   {
@@ -1881,10 +1838,10 @@ void MlmTrain::runPart1(const Inputs &inputs) {
   // roberta.mesh:66:14 sub
   MESHRT_TRACE("loop", "roberta.mesh:70:39", "backward");
   const support::Buffer &v0 = inputs.tokens.data;
-  support::View v121 = arena_.view(106496, 1024);
-  support::View v122 = arena_.view(110592, 1024);
+  support::View v121 = arena_.view(110592, 1024);
+  support::View v122 = arena_.view(106496, 1024);
   support::View v150 = arena_.view(114688, 1024);
-  loop11(v150.data(), v132.data(), v18.data(), v0.data(), v121.data(), v122.data());
+  loop9(v150.data(), v132.data(), v18.data(), v0.data(), v121.data(), v122.data());
 
   // roberta.mesh:47:57 sum -> grad/roberta/lm_head/output_bias
   MESHRT_TRACE("sum", "roberta.mesh:47:57", "backward");
@@ -1957,7 +1914,7 @@ void MlmTrain::runPart1(const Inputs &inputs) {
   MESHRT_TRACE("loop", "roberta.mesh:46:18", "backward");
   support::View v111 = arena_.view(94208, 1024);
   support::View v195 = arena_.view(102400, 1024);
-  loop12(v195.data(), v111.data(), v116.data(), v167.data(), v156.data(), v169.data(), v165.data());
+  loop10(v195.data(), v111.data(), v116.data(), v167.data(), v156.data(), v169.data(), v165.data());
 
   // roberta.mesh:46:64 sum -> grad/roberta/lm_head/dense_bias
   MESHRT_TRACE("sum", "roberta.mesh:46:64", "backward");
@@ -2004,7 +1961,7 @@ void MlmTrain::runPart1(const Inputs &inputs) {
   // encoder_layers.mesh:19:10 mul
   MESHRT_TRACE("loop", "encoder_layers.mesh:19:10", "backward");
   support::View v216 = arena_.view(81920, 1024);
-  loop13(v216.data(), v103.data(), v211.data(), v201.data(), v213.data(), v209.data());
+  loop11(v216.data(), v103.data(), v211.data(), v201.data(), v213.data(), v209.data());
 
   // 49 statements from encoder_layers.mesh:46:50 sum ->
   // grad/roberta/encoder_layer[1]/dense_relu_dense/bo (1 of 2)
@@ -2179,7 +2136,7 @@ void MlmTrain::runPart1(const Inputs &inputs) {
   // roberta.mesh:31:40 add -> grad/embedding
   MESHRT_TRACE("loop", "roberta.mesh:43:9", "backward");
   support::View v387 = arena_.view(4096, 1024);
-  loop14(v387.data(), v153.data(), v386.data());
+  loop12(v387.data(), v153.data(), v386.data());
 
   // roberta.mesh:71:3 bucketed_all_reduce_sum -> grad/roberta/lm_head/output_bias (33 partial sums
   // (grad/roberta/lm_head/output_bias, grad/roberta/lm_head/norm/bias,
@@ -2272,7 +2229,7 @@ void MlmTrain::runPart1(const Inputs &inputs) {
   support::View v19(param0_embedding);     // updated in place
   support::View v406(param34_embedding_v); // updated in place
   support::View v405(param33_embedding_m); // updated in place
-  loop15(v406.data(), v405.data(), v19.data(), v387.data(), v422.data(), v420.data(), v404.data());
+  loop13(v406.data(), v405.data(), v19.data(), v387.data(), v422.data(), v420.data(), v404.data());
 
   // roberta.mesh:71:3 mul
   // roberta.mesh:71:3 square
@@ -2294,7 +2251,7 @@ void MlmTrain::runPart1(const Inputs &inputs) {
   support::View v20(param1_roberta_positions);     // updated in place
   support::View v435(param36_roberta_positions_v); // updated in place
   support::View v434(param35_roberta_positions_m); // updated in place
-  loop16(v435.data(), v434.data(), v20.data(), v385.data(), v422.data(), v420.data(), v404.data());
+  loop14(v435.data(), v434.data(), v20.data(), v385.data(), v422.data(), v420.data(), v404.data());
 
   // 2 statements from roberta.mesh:71:3 mul (1 of 2)
   MESHRT_TRACE_SITE("roberta.mesh:71:3");
@@ -2394,7 +2351,7 @@ void MlmTrain::runPart1(const Inputs &inputs) {
   MESHRT_TRACE("loop", "roberta.mesh:71:3", "update");
   support::View v1002(param90_roberta_lm_head_dense_v); // updated in place
   support::View v1001(param89_roberta_lm_head_dense_m); // updated in place
-  loop15(v1002.data(), v1001.data(), v106.data(), v198.data(), v422.data(), v420.data(),
+  loop13(v1002.data(), v1001.data(), v106.data(), v198.data(), v422.data(), v420.data(),
          v404.data());
 
   // roberta.mesh:71:3 mul
@@ -2417,7 +2374,7 @@ void MlmTrain::runPart1(const Inputs &inputs) {
   support::View v107(param29_roberta_lm_head_dense_bias);    // updated in place
   support::View v1023(param92_roberta_lm_head_dense_bias_v); // updated in place
   support::View v1022(param91_roberta_lm_head_dense_bias_m); // updated in place
-  loop17(v1023.data(), v1022.data(), v107.data(), v196.data(), v422.data(), v420.data(),
+  loop15(v1023.data(), v1022.data(), v107.data(), v196.data(), v422.data(), v420.data(),
          v404.data());
 
   // roberta.mesh:71:3 mul
@@ -2440,7 +2397,7 @@ void MlmTrain::runPart1(const Inputs &inputs) {
   support::View v109(param30_roberta_lm_head_output_bias);    // updated in place
   support::View v1044(param94_roberta_lm_head_output_bias_v); // updated in place
   support::View v1043(param93_roberta_lm_head_output_bias_m); // updated in place
-  loop17(v1044.data(), v1043.data(), v109.data(), v151.data(), v422.data(), v420.data(),
+  loop15(v1044.data(), v1043.data(), v109.data(), v151.data(), v422.data(), v420.data(),
          v404.data());
 
   // 2 statements from roberta.mesh:71:3 mul (2 of 2)
@@ -2489,7 +2446,7 @@ void MlmTrain::repeated0(
   // roberta.mesh:71:3 mul
   // roberta.mesh:71:3 sub -> next/roberta/encoder_layer[0]/self_attention/q
   MESHRT_TRACE("loop", "roberta.mesh:71:3", "update");
-  loop16(a2.data(), a4.data(), a0.data(), a1.data(), a3.data(), a5.data(), a6.data());
+  loop14(a2.data(), a4.data(), a0.data(), a1.data(), a3.data(), a5.data(), a6.data());
 
   // roberta.mesh:71:3 mul
   // roberta.mesh:71:3 square
@@ -2508,7 +2465,7 @@ void MlmTrain::repeated0(
   // roberta.mesh:71:3 mul
   // roberta.mesh:71:3 sub -> next/roberta/encoder_layer[0]/self_attention/k
   MESHRT_TRACE("loop", "roberta.mesh:71:3", "update");
-  loop16(a9.data(), a10.data(), a7.data(), a8.data(), a3.data(), a5.data(), a6.data());
+  loop14(a9.data(), a10.data(), a7.data(), a8.data(), a3.data(), a5.data(), a6.data());
 
   // roberta.mesh:71:3 mul
   // roberta.mesh:71:3 square
@@ -2527,7 +2484,7 @@ void MlmTrain::repeated0(
   // roberta.mesh:71:3 mul
   // roberta.mesh:71:3 sub -> next/roberta/encoder_layer[0]/self_attention/v
   MESHRT_TRACE("loop", "roberta.mesh:71:3", "update");
-  loop16(a13.data(), a14.data(), a11.data(), a12.data(), a3.data(), a5.data(), a6.data());
+  loop14(a13.data(), a14.data(), a11.data(), a12.data(), a3.data(), a5.data(), a6.data());
 
   // roberta.mesh:71:3 mul
   // roberta.mesh:71:3 square
@@ -2546,7 +2503,7 @@ void MlmTrain::repeated0(
   // roberta.mesh:71:3 mul
   // roberta.mesh:71:3 sub -> next/roberta/encoder_layer[0]/self_attention/o
   MESHRT_TRACE("loop", "roberta.mesh:71:3", "update");
-  loop16(a17.data(), a18.data(), a15.data(), a16.data(), a3.data(), a5.data(), a6.data());
+  loop14(a17.data(), a18.data(), a15.data(), a16.data(), a3.data(), a5.data(), a6.data());
 
   // roberta.mesh:71:3 mul
   // roberta.mesh:71:3 square
@@ -2565,7 +2522,7 @@ void MlmTrain::repeated0(
   // roberta.mesh:71:3 mul
   // roberta.mesh:71:3 sub -> next/roberta/encoder_layer[0]/norm/gain
   MESHRT_TRACE("loop", "roberta.mesh:71:3", "update");
-  loop17(a21.data(), a22.data(), a19.data(), a20.data(), a3.data(), a5.data(), a6.data());
+  loop15(a21.data(), a22.data(), a19.data(), a20.data(), a3.data(), a5.data(), a6.data());
 
   // roberta.mesh:71:3 mul
   // roberta.mesh:71:3 square
@@ -2584,7 +2541,7 @@ void MlmTrain::repeated0(
   // roberta.mesh:71:3 mul
   // roberta.mesh:71:3 sub -> next/roberta/encoder_layer[0]/norm/bias
   MESHRT_TRACE("loop", "roberta.mesh:71:3", "update");
-  loop17(a25.data(), a26.data(), a23.data(), a24.data(), a3.data(), a5.data(), a6.data());
+  loop15(a25.data(), a26.data(), a23.data(), a24.data(), a3.data(), a5.data(), a6.data());
 
   // roberta.mesh:71:3 mul
   // roberta.mesh:71:3 square
@@ -2603,7 +2560,7 @@ void MlmTrain::repeated0(
   // roberta.mesh:71:3 mul
   // roberta.mesh:71:3 sub -> next/roberta/encoder_layer[0]/dense_relu_dense/wi
   MESHRT_TRACE("loop", "roberta.mesh:71:3", "update");
-  loop15(a29.data(), a30.data(), a27.data(), a28.data(), a3.data(), a5.data(), a6.data());
+  loop13(a29.data(), a30.data(), a27.data(), a28.data(), a3.data(), a5.data(), a6.data());
 
   // roberta.mesh:71:3 mul
   // roberta.mesh:71:3 square
@@ -2622,7 +2579,7 @@ void MlmTrain::repeated0(
   // roberta.mesh:71:3 mul
   // roberta.mesh:71:3 sub -> next/roberta/encoder_layer[0]/dense_relu_dense/bi
   MESHRT_TRACE("loop", "roberta.mesh:71:3", "update");
-  loop17(a33.data(), a34.data(), a31.data(), a32.data(), a3.data(), a5.data(), a6.data());
+  loop15(a33.data(), a34.data(), a31.data(), a32.data(), a3.data(), a5.data(), a6.data());
 
   // roberta.mesh:71:3 mul
   // roberta.mesh:71:3 square
@@ -2641,7 +2598,7 @@ void MlmTrain::repeated0(
   // roberta.mesh:71:3 mul
   // roberta.mesh:71:3 sub -> next/roberta/encoder_layer[0]/dense_relu_dense/wo
   MESHRT_TRACE("loop", "roberta.mesh:71:3", "update");
-  loop15(a37.data(), a38.data(), a35.data(), a36.data(), a3.data(), a5.data(), a6.data());
+  loop13(a37.data(), a38.data(), a35.data(), a36.data(), a3.data(), a5.data(), a6.data());
 
   // roberta.mesh:71:3 mul
   // roberta.mesh:71:3 square
@@ -2660,7 +2617,7 @@ void MlmTrain::repeated0(
   // roberta.mesh:71:3 mul
   // roberta.mesh:71:3 sub -> next/roberta/encoder_layer[0]/dense_relu_dense/bo
   MESHRT_TRACE("loop", "roberta.mesh:71:3", "update");
-  loop17(a41.data(), a42.data(), a39.data(), a40.data(), a3.data(), a5.data(), a6.data());
+  loop15(a41.data(), a42.data(), a39.data(), a40.data(), a3.data(), a5.data(), a6.data());
 
   // roberta.mesh:71:3 mul
   // roberta.mesh:71:3 square
@@ -2679,7 +2636,7 @@ void MlmTrain::repeated0(
   // roberta.mesh:71:3 mul
   // roberta.mesh:71:3 sub -> next/roberta/encoder_layer[0]/norm#1/gain
   MESHRT_TRACE("loop", "roberta.mesh:71:3", "update");
-  loop17(a45.data(), a46.data(), a43.data(), a44.data(), a3.data(), a5.data(), a6.data());
+  loop15(a45.data(), a46.data(), a43.data(), a44.data(), a3.data(), a5.data(), a6.data());
 
   // roberta.mesh:71:3 mul
   // roberta.mesh:71:3 square
@@ -2698,7 +2655,7 @@ void MlmTrain::repeated0(
   // roberta.mesh:71:3 mul
   // roberta.mesh:71:3 sub -> next/roberta/encoder_layer[0]/norm#1/bias
   MESHRT_TRACE("loop", "roberta.mesh:71:3", "update");
-  loop17(a49.data(), a50.data(), a47.data(), a48.data(), a3.data(), a5.data(), a6.data());
+  loop15(a49.data(), a50.data(), a47.data(), a48.data(), a3.data(), a5.data(), a6.data());
 }
 
 void MlmTrain::repeated1(
@@ -2754,7 +2711,7 @@ void MlmTrain::repeated1(
   // encoder_layers.mesh:45:11 add
   // encoder_layers.mesh:45:11 mul
   MESHRT_TRACE("loop", "encoder_layers.mesh:45:11", "backward");
-  loop18(a7.data(), a6.data(), a3.data());
+  loop16(a7.data(), a6.data(), a3.data());
 
   // encoder_layers.mesh:45:53 sum -> grad/roberta/encoder_layer[1]/dense_relu_dense/bi
   MESHRT_TRACE("sum", "encoder_layers.mesh:45:53", "backward");
@@ -2773,7 +2730,7 @@ void MlmTrain::repeated1(
 
   // encoder_layers.mesh:45:16 add
   MESHRT_TRACE("loop", "encoder_layers.mesh:45:16", "backward");
-  loop4(a11.data(), a1.data(), a10.data());
+  loop2(a11.data(), a1.data(), a10.data());
 
   // encoder_layers.mesh:45:16 einsum -> grad/roberta/encoder_layer[1]/dense_relu_dense/wi
   MESHRT_TRACE("gemm", "encoder_layers.mesh:45:16", "backward");
@@ -2787,7 +2744,7 @@ void MlmTrain::repeated1(
 
   // encoder_layers.mesh:19:46 mul
   MESHRT_TRACE("loop", "encoder_layers.mesh:19:46", "backward");
-  loop9(a16.data(), a11.data(), a15.data());
+  loop7(a16.data(), a11.data(), a15.data());
 
   // encoder_layers.mesh:19:46 sum -> grad/roberta/encoder_layer[1]/norm/gain
   MESHRT_TRACE("sum", "encoder_layers.mesh:19:46", "backward");
@@ -2802,7 +2759,7 @@ void MlmTrain::repeated1(
   // encoder_layers.mesh:19:10 sub
   // encoder_layers.mesh:19:10 square
   MESHRT_TRACE("loop", "encoder_layers.mesh:19:10", "backward");
-  loop19(a20.data(), a19.data(), a18.data());
+  loop17(a20.data(), a19.data(), a18.data());
 
   // encoder_layers.mesh:19:10 mean
   MESHRT_TRACE("mean", "encoder_layers.mesh:19:10", "backward");
@@ -2812,12 +2769,12 @@ void MlmTrain::repeated1(
   // encoder_layers.mesh:19:10 add
   // encoder_layers.mesh:19:10 rsqrt
   MESHRT_TRACE("loop", "encoder_layers.mesh:19:10", "backward");
-  loop20(a22.data(), a21.data());
+  loop18(a22.data(), a21.data());
 
   // encoder_layers.mesh:19:46 mul
   // encoder_layers.mesh:19:10 mul
   MESHRT_TRACE("loop", "encoder_layers.mesh:19:46", "backward");
-  loop21(a24.data(), a25.data(), a11.data(), a23.data(), a15.data());
+  loop19(a24.data(), a25.data(), a11.data(), a23.data(), a15.data());
 
   // encoder_layers.mesh:19:10 mean
   MESHRT_TRACE("mean", "encoder_layers.mesh:19:10", "backward");
@@ -2834,7 +2791,7 @@ void MlmTrain::repeated1(
   // encoder_layers.mesh:19:10 sub
   // encoder_layers.mesh:19:10 mul
   MESHRT_TRACE("loop", "encoder_layers.mesh:19:10", "backward");
-  loop13(a28.data(), a15.data(), a26.data(), a24.data(), a27.data(), a22.data());
+  loop11(a28.data(), a15.data(), a26.data(), a24.data(), a27.data(), a22.data());
 
   // encoder_layers.mesh:35:10 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:35:10", "backward");
@@ -2858,7 +2815,7 @@ void MlmTrain::repeated1(
 
   // encoder_layers.mesh:33:17 mul
   MESHRT_TRACE("loop", "encoder_layers.mesh:33:17", "backward");
-  loop9(a37.data(), a34.data(), a35.data());
+  loop7(a37.data(), a34.data(), a35.data());
 
   // encoder_layers.mesh:33:17 sum
   MESHRT_TRACE("sum", "encoder_layers.mesh:33:17", "backward");
@@ -2869,7 +2826,7 @@ void MlmTrain::repeated1(
   // encoder_layers.mesh:33:17 mul
   // encoder_layers.mesh:32:77 mul
   MESHRT_TRACE("loop", "encoder_layers.mesh:33:17", "backward");
-  loop22(a39.data(), a34.data(), a38.data(), a35.data());
+  loop20(a39.data(), a34.data(), a38.data(), a35.data());
 
   // encoder_layers.mesh:32:16 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:32:16", "backward");
@@ -2919,7 +2876,7 @@ void MlmTrain::repeated1(
   // encoder_layers.mesh:29:21 add
   // encoder_layers.mesh:28:17 add
   MESHRT_TRACE("loop", "encoder_layers.mesh:30:23", "backward");
-  loop23(a53.data(), a28.data(), a45.data(), a47.data(), a49.data());
+  loop21(a53.data(), a28.data(), a45.data(), a47.data(), a49.data());
 
   // encoder_layers.mesh:28:17 einsum -> grad/roberta/encoder_layer[1]/self_attention/q
   MESHRT_TRACE("gemm", "encoder_layers.mesh:28:17", "backward");
@@ -2933,7 +2890,7 @@ void MlmTrain::repeated1(
 
   // encoder_layers.mesh:19:46 mul
   MESHRT_TRACE("loop", "encoder_layers.mesh:19:46", "backward");
-  loop9(a57.data(), a53.data(), a56.data());
+  loop7(a57.data(), a53.data(), a56.data());
 
   // encoder_layers.mesh:19:46 sum -> grad/roberta/encoder_layer[0]/norm#1/gain
   MESHRT_TRACE("sum", "encoder_layers.mesh:19:46", "backward");
@@ -2948,7 +2905,7 @@ void MlmTrain::repeated1(
   // encoder_layers.mesh:19:10 sub
   // encoder_layers.mesh:19:10 square
   MESHRT_TRACE("loop", "encoder_layers.mesh:19:10", "backward");
-  loop19(a61.data(), a60.data(), a59.data());
+  loop17(a61.data(), a60.data(), a59.data());
 
   // encoder_layers.mesh:19:10 mean
   MESHRT_TRACE("mean", "encoder_layers.mesh:19:10", "backward");
@@ -2958,12 +2915,12 @@ void MlmTrain::repeated1(
   // encoder_layers.mesh:19:10 add
   // encoder_layers.mesh:19:10 rsqrt
   MESHRT_TRACE("loop", "encoder_layers.mesh:19:10", "backward");
-  loop20(a63.data(), a62.data());
+  loop18(a63.data(), a62.data());
 
   // encoder_layers.mesh:19:46 mul
   // encoder_layers.mesh:19:10 mul
   MESHRT_TRACE("loop", "encoder_layers.mesh:19:46", "backward");
-  loop21(a65.data(), a66.data(), a53.data(), a64.data(), a56.data());
+  loop19(a65.data(), a66.data(), a53.data(), a64.data(), a56.data());
 
   // encoder_layers.mesh:19:10 mean
   MESHRT_TRACE("mean", "encoder_layers.mesh:19:10", "backward");
@@ -2980,7 +2937,7 @@ void MlmTrain::repeated1(
   // encoder_layers.mesh:19:10 sub
   // encoder_layers.mesh:19:10 mul
   MESHRT_TRACE("loop", "encoder_layers.mesh:19:10", "backward");
-  loop13(a69.data(), a56.data(), a67.data(), a65.data(), a68.data(), a63.data());
+  loop11(a69.data(), a56.data(), a67.data(), a65.data(), a68.data(), a63.data());
 }
 
 void MlmTrain::repeated2(support::ConstView a0, support::ConstView a1, support::View a2,
@@ -3037,7 +2994,7 @@ void MlmTrain::repeated2(support::ConstView a0, support::ConstView a1, support::
 
   // roberta.mesh:22:18 add
   MESHRT_TRACE("loop", "roberta.mesh:22:18", "forward");
-  loop4(a12.data(), a0.data(), a11.data());
+  loop2(a12.data(), a0.data(), a11.data());
 
   // encoder_layers.mesh:19:10 layer_norm
   MESHRT_TRACE("layer_norm", "encoder_layers.mesh:19:10", "forward");
@@ -3047,7 +3004,7 @@ void MlmTrain::repeated2(support::ConstView a0, support::ConstView a1, support::
   // encoder_layers.mesh:19:46 mul
   // encoder_layers.mesh:19:53 add -> h
   MESHRT_TRACE("loop", "encoder_layers.mesh:19:46", "forward");
-  loop7(a16.data(), a13.data(), a14.data(), a15.data());
+  loop5(a16.data(), a13.data(), a14.data(), a15.data());
 
   // encoder_layers.mesh:45:16 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:45:16", "forward");
@@ -3057,7 +3014,7 @@ void MlmTrain::repeated2(support::ConstView a0, support::ConstView a1, support::
   // encoder_layers.mesh:45:53 add
   // encoder_layers.mesh:45:11 gelu -> h
   MESHRT_TRACE("loop", "encoder_layers.mesh:45:53", "forward");
-  loop8(a20.data(), a21.data(), a18.data(), a19.data());
+  loop6(a20.data(), a21.data(), a18.data(), a19.data());
 
   // encoder_layers.mesh:46:10 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:46:10", "forward");
@@ -3072,7 +3029,7 @@ void MlmTrain::repeated2(support::ConstView a0, support::ConstView a1, support::
   // encoder_layers.mesh:46:50 add
   // roberta.mesh:23:17 add
   MESHRT_TRACE("loop", "encoder_layers.mesh:46:50", "forward");
-  loop5(a25.data(), a23.data(), a24.data(), a16.data());
+  loop3(a25.data(), a23.data(), a24.data(), a16.data());
 
   // encoder_layers.mesh:19:10 layer_norm
   MESHRT_TRACE("layer_norm", "encoder_layers.mesh:19:10", "forward");
@@ -3082,7 +3039,7 @@ void MlmTrain::repeated2(support::ConstView a0, support::ConstView a1, support::
   // encoder_layers.mesh:19:46 mul
   // encoder_layers.mesh:19:53 add -> x
   MESHRT_TRACE("loop", "encoder_layers.mesh:19:46", "forward");
-  loop7(a29.data(), a26.data(), a27.data(), a28.data());
+  loop5(a29.data(), a26.data(), a27.data(), a28.data());
 }
 
 void MlmTrain::repeated3(support::View a0, support::ConstView a1, support::View a2,
@@ -3108,7 +3065,7 @@ void MlmTrain::repeated3(support::View a0, support::ConstView a1, support::View 
   // roberta.mesh:71:3 mul
   // roberta.mesh:71:3 sub -> next/roberta/norm/gain
   MESHRT_TRACE("loop", "roberta.mesh:71:3", "update");
-  loop17(a2.data(), a4.data(), a0.data(), a1.data(), a3.data(), a5.data(), a6.data());
+  loop15(a2.data(), a4.data(), a0.data(), a1.data(), a3.data(), a5.data(), a6.data());
 
   // roberta.mesh:71:3 mul
   // roberta.mesh:71:3 square
@@ -3127,7 +3084,7 @@ void MlmTrain::repeated3(support::View a0, support::ConstView a1, support::View 
   // roberta.mesh:71:3 mul
   // roberta.mesh:71:3 sub -> next/roberta/norm/bias
   MESHRT_TRACE("loop", "roberta.mesh:71:3", "update");
-  loop17(a9.data(), a10.data(), a7.data(), a8.data(), a3.data(), a5.data(), a6.data());
+  loop15(a9.data(), a10.data(), a7.data(), a8.data(), a3.data(), a5.data(), a6.data());
 }
 
 void MlmTrain::repeated4(support::View a0, support::ConstView a1, support::ConstView a2,
@@ -3144,7 +3101,7 @@ void MlmTrain::repeated4(support::View a0, support::ConstView a1, support::Const
 
   // encoder_layers.mesh:19:46 mul
   MESHRT_TRACE("loop", "encoder_layers.mesh:19:46", "backward");
-  loop9(a3.data(), a1.data(), a2.data());
+  loop7(a3.data(), a1.data(), a2.data());
 
   // encoder_layers.mesh:19:46 sum -> grad/roberta/lm_head/norm/gain
   MESHRT_TRACE("sum", "encoder_layers.mesh:19:46", "backward");
@@ -3159,7 +3116,7 @@ void MlmTrain::repeated4(support::View a0, support::ConstView a1, support::Const
   // encoder_layers.mesh:19:10 sub
   // encoder_layers.mesh:19:10 square
   MESHRT_TRACE("loop", "encoder_layers.mesh:19:10", "backward");
-  loop19(a7.data(), a6.data(), a5.data());
+  loop17(a7.data(), a6.data(), a5.data());
 
   // encoder_layers.mesh:19:10 mean
   MESHRT_TRACE("mean", "encoder_layers.mesh:19:10", "backward");
@@ -3169,12 +3126,12 @@ void MlmTrain::repeated4(support::View a0, support::ConstView a1, support::Const
   // encoder_layers.mesh:19:10 add
   // encoder_layers.mesh:19:10 rsqrt
   MESHRT_TRACE("loop", "encoder_layers.mesh:19:10", "backward");
-  loop20(a9.data(), a8.data());
+  loop18(a9.data(), a8.data());
 
   // encoder_layers.mesh:19:46 mul
   // encoder_layers.mesh:19:10 mul
   MESHRT_TRACE("loop", "encoder_layers.mesh:19:46", "backward");
-  loop21(a11.data(), a12.data(), a1.data(), a10.data(), a2.data());
+  loop19(a11.data(), a12.data(), a1.data(), a10.data(), a2.data());
 
   // encoder_layers.mesh:19:10 mean
   MESHRT_TRACE("mean", "encoder_layers.mesh:19:10", "backward");

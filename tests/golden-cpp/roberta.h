@@ -44,7 +44,7 @@ public:
   /// The bytes of this object's arena: run()'s temporaries share it, placed by liveness.
   static constexpr size_t kArenaBytes = 16384;
   /// The bytes of all of run()'s temporaries together (one buffer each).
-  static constexpr size_t kTemporaryBytes = 135168;
+  static constexpr size_t kTemporaryBytes = 118784;
   /// The bytes of the values computed once, in the constructor (constants, masks).
   static constexpr size_t kPersistentBytes = 64;
 
@@ -91,9 +91,9 @@ public:
                  support::View a7, support::View a8, support::View a9, support::ConstView a10,
                  support::View a11, support::View a12, support::View a13, support::ConstView a14,
                  support::ConstView a15, support::ConstView a16, support::View a17,
-                 support::ConstView a18, support::View a19, support::ConstView a20,
-                 support::View a21, support::ConstView a22, support::View a23, support::View a24,
-                 support::ConstView a25, support::ConstView a26);
+                 support::ConstView a18, support::ConstView a19, support::View a20,
+                 support::ConstView a21, support::View a22, support::View a23,
+                 support::ConstView a24, support::ConstView a25);
 
 private:
   meshrt::Communicator &world_;
@@ -210,7 +210,7 @@ public:
   /// The bytes of this object's arena: run()'s temporaries share it, placed by liveness.
   static constexpr size_t kArenaBytes = 135616;
   /// The bytes of all of run()'s temporaries together (one buffer each).
-  static constexpr size_t kTemporaryBytes = 484768;
+  static constexpr size_t kTemporaryBytes = 480672;
   /// The bytes of the values computed once, in the constructor (constants, masks).
   static constexpr size_t kPersistentBytes = 1472;
 

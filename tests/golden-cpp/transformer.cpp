@@ -143,19 +143,6 @@ static const support::SharedEinsum
 }
 
 [[gnu::noinline]] static void loop5(float *__restrict p0, const float *__restrict p1,
-                                    const float *__restrict p2) {
-  for (int64_t i0 = 0; i0 < 64; ++i0) {
-    for (int64_t i1 = 0; i1 < 128; ++i1) {
-      const float s0 = p1[i0 * 128 + i1];
-      const float s1 = p2[i1];
-      const float s2 = (s0 + s1);
-      const float s3 = support::fgelu(s2);
-      p0[i0 * 128 + i1] = s3;
-    }
-  }
-}
-
-[[gnu::noinline]] static void loop6(float *__restrict p0, const float *__restrict p1,
                                     const float *__restrict p2, const float *__restrict p3) {
   for (int64_t i0 = 0; i0 < 64; ++i0) {
     for (int64_t i1 = 0; i1 < 64; ++i1) {
@@ -169,7 +156,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop7(float *__restrict p0, const float *__restrict p1) {
+[[gnu::noinline]] static void loop6(float *__restrict p0, const float *__restrict p1) {
   for (int64_t i0 = 0; i0 < 64; ++i0) {
     const float s0 = p1[i0];
     const float s1 = support::wrapI32(0.0);
@@ -179,7 +166,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop8(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop7(float *__restrict p0, const float *__restrict p1,
                                     const float *__restrict p2, const float *__restrict p3) {
   for (int64_t i0 = 0; i0 < 64; ++i0) {
     for (int64_t i1 = 0; i1 < 64; ++i1) {
@@ -193,7 +180,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop9(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop8(float *__restrict p0, const float *__restrict p1,
                                     const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 2; ++i0) {
     for (int64_t i1 = 0; i1 < 32; ++i1) {
@@ -209,8 +196,8 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop10(float *__restrict p0, const float *__restrict p1,
-                                     const float *__restrict p2) {
+[[gnu::noinline]] static void loop9(float *__restrict p0, const float *__restrict p1,
+                                    const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 3072; ++i0) {
     const float s0 = p1[i0];
     const float s1 = p2[i0];
@@ -219,7 +206,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop11(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop10(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 64; ++i0) {
     const float s0 = p1[i0];
@@ -230,7 +217,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop12(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop11(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4, const float *__restrict p5) {
   const float r0 = p1[0];
@@ -264,7 +251,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop13(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop12(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 4096; ++i0) {
     const float s0 = p1[i0];
@@ -274,7 +261,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop14(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop13(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 64; ++i0) {
     for (int64_t i1 = 0; i1 < 64; ++i1) {
@@ -287,7 +274,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop15(float *__restrict p0, const float *__restrict p1) {
+[[gnu::noinline]] static void loop14(float *__restrict p0, const float *__restrict p1) {
   for (int64_t i0 = 0; i0 < 64; ++i0) {
     const float s0 = p1[i0];
     const float s1 = 1e-05f;
@@ -297,7 +284,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop16(float *__restrict p0, float *__restrict p1,
+[[gnu::noinline]] static void loop15(float *__restrict p0, float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4) {
   for (int64_t i0 = 0; i0 < 64; ++i0) {
@@ -313,7 +300,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop17(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop16(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4, const float *__restrict p5) {
   for (int64_t i0 = 0; i0 < 64; ++i0) {
@@ -332,7 +319,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop18(float *__restrict p0, const float *__restrict p1) {
+[[gnu::noinline]] static void loop17(float *__restrict p0, const float *__restrict p1) {
   for (int64_t i0 = 0; i0 < 3072; ++i0) {
     const float s0 = p1[i0];
     const float s1 = s0 * s0;
@@ -340,7 +327,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop19(float *__restrict p0, const float *__restrict p1) {
+[[gnu::noinline]] static void loop18(float *__restrict p0, const float *__restrict p1) {
   for (int64_t i0 = 0; i0 < 2048; ++i0) {
     const float s0 = p1[i0];
     const float s1 = s0 * s0;
@@ -348,11 +335,58 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop20(float *__restrict p0, const float *__restrict p1) {
+[[gnu::noinline]] static void loop19(float *__restrict p0, const float *__restrict p1) {
   for (int64_t i0 = 0; i0 < 64; ++i0) {
     const float s0 = p1[i0];
     const float s1 = s0 * s0;
     p0[i0] = s1;
+  }
+}
+
+[[gnu::noinline]] static void loop20(float *__restrict p0, float *__restrict p1,
+                                     float *__restrict p2, const float *__restrict p3,
+                                     const float *__restrict p4, const float *__restrict p5,
+                                     const float *__restrict p6, const float *__restrict p7) {
+  const float r2 = p4[0];
+  const float r5 = p5[0];
+  const float r6 = p6[0];
+  const float r7 = p7[0];
+  for (int64_t i0 = 0; i0 < 3072; ++i0) {
+    const float s0 = p2[i0];
+    const float s1 = 0.1f;
+    const float s2 = (s0 * s1);
+    const float s3 = p3[i0];
+    const float s4 = r2;
+    const float s5 = (s3 * s4);
+    const float s6 = 0.100000024f;
+    const float s7 = (s5 * s6);
+    const float s8 = p0[i0];
+    const float s9 = 0.9f;
+    const float s10 = (s8 * s9);
+    const float s11 = (s10 + s7);
+    const float s12 = s5 * s5;
+    const float s13 = 0.050000012f;
+    const float s14 = (s12 * s13);
+    const float s15 = p1[i0];
+    const float s16 = 0.95f;
+    const float s17 = (s15 * s16);
+    const float s18 = (s17 + s14);
+    const float s19 = r5;
+    const float s20 = (s11 / s19);
+    const float s21 = r6;
+    const float s22 = (s18 / s21);
+    const float s23 = support::fsqrt(s22);
+    const float s24 = 1e-08f;
+    const float s25 = (s23 + s24);
+    const float s26 = (s20 / s25);
+    const float s27 = (s26 + s2);
+    const float s28 = r7;
+    const float s29 = (s27 * s28);
+    const float s30 = p2[i0];
+    const float s31 = (s30 - s29);
+    p0[i0] = s11;
+    p1[i0] = s18;
+    p2[i0] = s31;
   }
 }
 
@@ -364,7 +398,7 @@ static const support::SharedEinsum
   const float r5 = p5[0];
   const float r6 = p6[0];
   const float r7 = p7[0];
-  for (int64_t i0 = 0; i0 < 3072; ++i0) {
+  for (int64_t i0 = 0; i0 < 2048; ++i0) {
     const float s0 = p2[i0];
     const float s1 = 0.1f;
     const float s2 = (s0 * s1);
@@ -411,7 +445,7 @@ static const support::SharedEinsum
   const float r5 = p5[0];
   const float r6 = p6[0];
   const float r7 = p7[0];
-  for (int64_t i0 = 0; i0 < 2048; ++i0) {
+  for (int64_t i0 = 0; i0 < 64; ++i0) {
     const float s0 = p2[i0];
     const float s1 = 0.1f;
     const float s2 = (s0 * s1);
@@ -458,7 +492,7 @@ static const support::SharedEinsum
   const float r5 = p5[0];
   const float r6 = p6[0];
   const float r7 = p7[0];
-  for (int64_t i0 = 0; i0 < 64; ++i0) {
+  for (int64_t i0 = 0; i0 < 8192; ++i0) {
     const float s0 = p2[i0];
     const float s1 = 0.1f;
     const float s2 = (s0 * s1);
@@ -505,53 +539,6 @@ static const support::SharedEinsum
   const float r5 = p5[0];
   const float r6 = p6[0];
   const float r7 = p7[0];
-  for (int64_t i0 = 0; i0 < 8192; ++i0) {
-    const float s0 = p2[i0];
-    const float s1 = 0.1f;
-    const float s2 = (s0 * s1);
-    const float s3 = p3[i0];
-    const float s4 = r2;
-    const float s5 = (s3 * s4);
-    const float s6 = 0.100000024f;
-    const float s7 = (s5 * s6);
-    const float s8 = p0[i0];
-    const float s9 = 0.9f;
-    const float s10 = (s8 * s9);
-    const float s11 = (s10 + s7);
-    const float s12 = s5 * s5;
-    const float s13 = 0.050000012f;
-    const float s14 = (s12 * s13);
-    const float s15 = p1[i0];
-    const float s16 = 0.95f;
-    const float s17 = (s15 * s16);
-    const float s18 = (s17 + s14);
-    const float s19 = r5;
-    const float s20 = (s11 / s19);
-    const float s21 = r6;
-    const float s22 = (s18 / s21);
-    const float s23 = support::fsqrt(s22);
-    const float s24 = 1e-08f;
-    const float s25 = (s23 + s24);
-    const float s26 = (s20 / s25);
-    const float s27 = (s26 + s2);
-    const float s28 = r7;
-    const float s29 = (s27 * s28);
-    const float s30 = p2[i0];
-    const float s31 = (s30 - s29);
-    p0[i0] = s11;
-    p1[i0] = s18;
-    p2[i0] = s31;
-  }
-}
-
-[[gnu::noinline]] static void loop25(float *__restrict p0, float *__restrict p1,
-                                     float *__restrict p2, const float *__restrict p3,
-                                     const float *__restrict p4, const float *__restrict p5,
-                                     const float *__restrict p6, const float *__restrict p7) {
-  const float r2 = p4[0];
-  const float r5 = p5[0];
-  const float r6 = p6[0];
-  const float r7 = p7[0];
   for (int64_t i0 = 0; i0 < 128; ++i0) {
     const float s0 = p2[i0];
     const float s1 = 0.1f;
@@ -591,7 +578,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop26(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop25(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4, const float *__restrict p5,
                                      const float *__restrict p6) {
@@ -613,7 +600,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop27(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop26(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4) {
   for (int64_t i0 = 0; i0 < 2; ++i0) {
@@ -637,7 +624,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop28(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop27(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3) {
   for (int64_t i0 = 0; i0 < 4096; ++i0) {
     const float s0 = p1[i0];
@@ -649,7 +636,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop29(float *__restrict p0, const float *__restrict p1) {
+[[gnu::noinline]] static void loop28(float *__restrict p0, const float *__restrict p1) {
   for (int64_t i0 = 0; i0 < 8192; ++i0) {
     const float s0 = p1[i0];
     const float s1 = s0 * s0;
@@ -657,7 +644,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop30(float *__restrict p0, const float *__restrict p1) {
+[[gnu::noinline]] static void loop29(float *__restrict p0, const float *__restrict p1) {
   for (int64_t i0 = 0; i0 < 128; ++i0) {
     const float s0 = p1[i0];
     const float s1 = s0 * s0;
@@ -831,10 +818,10 @@ void Lm::computeInvariants() {
 
 Lm::Outputs Lm::run(const Inputs &inputs) {
   MESHRT_TRACE_RUN(world_, "lm");
-  // Arena: 90112 bytes for 528384 bytes of temporaries (placed by liveness).
+  // Arena: 73728 bytes for 462848 bytes of temporaries (placed by liveness).
   support::checkShape("input", "tokens", inputs.tokens, {2, 32});
   runPart0(inputs);
-  support::View v107 = arena_.view(16384, 3072);
+  support::View v107 = arena_.view(0, 3072);
 
   Outputs outputs;
   outputs.logits = support::Tensor{{2, 32, 48}, support::Buffer(v107.begin(), v107.end())};
@@ -891,32 +878,31 @@ void Lm::runPart0(const Inputs &inputs) {
   // layers.mesh:43:39 gt
   MESHRT_TRACE("loop", "transformer.mesh:38:51", "forward");
   support::View v14 = persistent_.view(4288, 1024);
-  support::View v34 = arena_.view(81920, 2048);
+  support::View v34 = arena_.view(65536, 2048);
   loop3(v34.data(), v0.data(), v14.data());
 
-  // 12 statements from layers.mesh:43:17 softmax -> weights (1 of 2)
+  // 11 statements from layers.mesh:43:17 softmax -> weights (1 of 2)
   MESHRT_TRACE_SITE("layers.mesh:43:17");
   support::View v37 = arena_.view(32768, 4096);
   support::View v38 = arena_.view(57344, 2048);
   const support::Buffer &v24 = param8_decoder_decoder_layer_0_attention_w_o;
   support::View v39 = arena_.view(0, 4096);
-  support::View v41 = arena_.view(65536, 4096);
-  support::View v46 = arena_.view(32768, 4096);
+  support::View v41 = arena_.view(32768, 4096);
+  support::View v46 = arena_.view(49152, 4096);
   const support::Buffer &v42 = param9_decoder_decoder_layer_0_norm_1_gain;
   const support::Buffer &v43 = param10_decoder_decoder_layer_0_norm_1_bias;
   const support::Buffer &v47 = param11_decoder_decoder_layer_0_ffn_w_in;
-  support::View v51 = arena_.view(0, 8192);
+  support::View v53 = arena_.view(0, 8192);
   const support::Buffer &v48 = param12_decoder_decoder_layer_0_ffn_b_in;
-  support::View v53 = arena_.view(32768, 8192);
   const support::Buffer &v49 = param13_decoder_decoder_layer_0_ffn_w_out;
-  support::View v55 = arena_.view(0, 4096);
+  support::View v55 = arena_.view(49152, 4096);
   const support::Buffer &v50 = param14_decoder_decoder_layer_0_ffn_b_out;
-  support::View v58 = arena_.view(16384, 4096);
+  support::View v58 = arena_.view(0, 4096);
   const support::Buffer &v59 = param15_decoder_decoder_layer_1_norm_gain;
   const support::Buffer &v60 = param16_decoder_decoder_layer_1_norm_bias;
-  support::View v63 = arena_.view(0, 4096);
-  repeated0(v37, v30, v34, v28, v38, v24, v39, v7, v41, v46, v42, v43, v47, v51, v48, v53, v49, v55,
-            v50, v58, v63, v59, v60);
+  support::View v63 = arena_.view(16384, 4096);
+  repeated0(v37, v30, v34, v28, v38, v24, v39, v7, v41, v46, v42, v43, v47, v53, v48, v49, v55, v50,
+            v58, v63, v59, v60);
 
   // 4 statements from layers.mesh:36:11 einsum -> q (2 of 2)
   MESHRT_TRACE_SITE("layers.mesh:36:11");
@@ -926,37 +912,36 @@ void Lm::runPart0(const Inputs &inputs) {
   support::View v69 = arena_.view(40960, 2048);
   const support::Buffer &v66 = param19_decoder_decoder_layer_1_attention_w_v;
   support::View v71 = arena_.view(49152, 2048);
-  support::View v73 = arena_.view(0, 4096);
+  support::View v73 = arena_.view(16384, 4096);
   repeated1(v63, v64, v68, v65, v69, v66, v71, v73);
 
-  // 12 statements from layers.mesh:43:17 softmax -> weights (2 of 2)
+  // 11 statements from layers.mesh:43:17 softmax -> weights (2 of 2)
   MESHRT_TRACE_SITE("layers.mesh:43:17");
   support::View v80 = arena_.view(32768, 4096);
   support::View v81 = arena_.view(57344, 2048);
   const support::Buffer &v67 = param20_decoder_decoder_layer_1_attention_w_o;
-  support::View v82 = arena_.view(0, 4096);
-  support::View v84 = arena_.view(65536, 4096);
-  support::View v89 = arena_.view(32768, 4096);
+  support::View v82 = arena_.view(16384, 4096);
+  support::View v84 = arena_.view(32768, 4096);
+  support::View v89 = arena_.view(49152, 4096);
   const support::Buffer &v85 = param21_decoder_decoder_layer_1_norm_1_gain;
   const support::Buffer &v86 = param22_decoder_decoder_layer_1_norm_1_bias;
   const support::Buffer &v90 = param23_decoder_decoder_layer_1_ffn_w_in;
-  support::View v94 = arena_.view(0, 8192);
+  support::View v96 = arena_.view(0, 8192);
   const support::Buffer &v91 = param24_decoder_decoder_layer_1_ffn_b_in;
-  support::View v96 = arena_.view(32768, 8192);
   const support::Buffer &v92 = param25_decoder_decoder_layer_1_ffn_w_out;
-  support::View v98 = arena_.view(0, 4096);
+  support::View v98 = arena_.view(49152, 4096);
   const support::Buffer &v93 = param26_decoder_decoder_layer_1_ffn_b_out;
-  support::View v101 = arena_.view(16384, 4096);
+  support::View v101 = arena_.view(0, 4096);
   const support::Buffer &v102 = param27_decoder_norm_gain;
   const support::Buffer &v103 = param28_decoder_norm_bias;
-  support::View v106 = arena_.view(0, 4096);
-  repeated0(v80, v73, v34, v71, v81, v67, v82, v58, v84, v89, v85, v86, v90, v94, v91, v96, v92,
-            v98, v93, v101, v106, v102, v103);
+  support::View v106 = arena_.view(16384, 4096);
+  repeated0(v80, v73, v34, v71, v81, v67, v82, v58, v84, v89, v85, v86, v90, v96, v91, v92, v98,
+            v93, v101, v106, v102, v103);
 
   // transformer.mesh:43:10 einsum -> logits
   MESHRT_TRACE("gemm", "transformer.mesh:43:10", "forward");
   const support::Buffer &v3 = param2_decoder_unembed;
-  support::View v107 = arena_.view(16384, 3072);
+  support::View v107 = arena_.view(0, 3072);
   // dims: batch, seq, d_model, vocab
   kEinsum0.plan().run(v106.data(), v3.data(), v107.data(), 1.0f, 0.0f);
 }
@@ -965,10 +950,9 @@ void Lm::repeated0(support::View a0, support::ConstView a1, support::ConstView a
                    support::ConstView a3, support::View a4, support::ConstView a5, support::View a6,
                    support::ConstView a7, support::View a8, support::View a9,
                    support::ConstView a10, support::ConstView a11, support::ConstView a12,
-                   support::View a13, support::ConstView a14, support::View a15,
-                   support::ConstView a16, support::View a17, support::ConstView a18,
-                   support::View a19, support::View a20, support::ConstView a21,
-                   support::ConstView a22) {
+                   support::View a13, support::ConstView a14, support::ConstView a15,
+                   support::View a16, support::ConstView a17, support::View a18, support::View a19,
+                   support::ConstView a20, support::ConstView a21) {
   MESHRT_TRACE_SPAN(world_);
 
   // layers.mesh:43:17 softmax -> weights
@@ -1002,34 +986,31 @@ void Lm::repeated0(support::View a0, support::ConstView a1, support::ConstView a
   support::layerNormAffine(a9.data(), a8.data(), 64, 64, a10.data(), a11.data(), 1e-05, 64);
 
   // layers.mesh:54:16 einsum
-  MESHRT_TRACE("gemm", "layers.mesh:54:16", "forward");
-  // dims: batch, seq, d_model, d_ff
-  kEinsum3.plan().run(a9.data(), a12.data(), a13.data(), 1.0f, 0.0f);
-
   // layers.mesh:54:52 add
   // layers.mesh:54:11 gelu -> h
-  MESHRT_TRACE("loop", "layers.mesh:54:52", "forward");
-  loop5(a15.data(), a13.data(), a14.data());
+  MESHRT_TRACE("gemm", "layers.mesh:54:16", "forward");
+  // dims: batch, seq, d_model, d_ff
+  kEinsum3.plan().runBiasActivation(a9.data(), a12.data(), a14.data(), a13.data(), true);
 
   // layers.mesh:55:10 einsum
   MESHRT_TRACE("gemm", "layers.mesh:55:10", "forward");
   // dims: batch, seq, d_ff, d_model
-  kEinsum4.plan().run(a15.data(), a16.data(), a17.data(), 1.0f, 0.0f);
+  kEinsum4.plan().run(a13.data(), a15.data(), a16.data(), 1.0f, 0.0f);
 
   // layers.mesh:55:71 all_reduce_sum (resolve the partial sum of %53 over model for add at 55:71)
   MESHRT_TRACE_SITE("layers.mesh:55:71");
-  group_model.allReduce(a17.data(), a17.size(), meshrt::ReduceOp::Sum);
+  group_model.allReduce(a16.data(), a16.size(), meshrt::ReduceOp::Sum);
 
   // layers.mesh:55:71 add
   // transformer.mesh:22:12 add -> x
   MESHRT_TRACE("loop", "layers.mesh:55:71", "forward");
-  loop6(a19.data(), a17.data(), a18.data(), a8.data());
+  loop5(a18.data(), a16.data(), a17.data(), a8.data());
 
   // layers.mesh:24:10 layer_norm
   // layers.mesh:24:33 mul
   // layers.mesh:24:40 add -> n
   MESHRT_TRACE("layer_norm", "layers.mesh:24:10", "forward");
-  support::layerNormAffine(a20.data(), a19.data(), 64, 64, a21.data(), a22.data(), 1e-05, 64);
+  support::layerNormAffine(a19.data(), a18.data(), 64, 64, a20.data(), a21.data(), 1e-05, 64);
 }
 
 void Lm::repeated1(support::ConstView a0, support::ConstView a1, support::View a2,
@@ -1643,7 +1624,7 @@ void LmTrain::runPart0(const Inputs &inputs) {
   // transformer.mesh:38:39 cast
   MESHRT_TRACE("loop", "transformer.mesh:55:36", "forward");
   support::View v4 = arena_.view(16384, 64);
-  loop7(v4.data(), v0.data());
+  loop6(v4.data(), v0.data());
 
   // transformer.mesh:55:18 shift -> has_next
   MESHRT_TRACE("shift", "transformer.mesh:55:18", "forward");
@@ -1680,7 +1661,7 @@ void LmTrain::runPart0(const Inputs &inputs) {
   support::View v21(param3_decoder_decoder_layer_0_norm_gain); // updated in place
   support::View v22(param4_decoder_decoder_layer_0_norm_bias); // updated in place
   support::View v25 = arena_.view(229376, 4096);
-  loop8(v25.data(), v23.data(), v21.data(), v22.data());
+  loop7(v25.data(), v23.data(), v21.data(), v22.data());
 
   // 4 statements from layers.mesh:36:11 einsum -> q (1 of 2)
   MESHRT_TRACE_SITE("layers.mesh:36:11");
@@ -1699,7 +1680,7 @@ void LmTrain::runPart0(const Inputs &inputs) {
   MESHRT_TRACE("loop", "transformer.mesh:38:62", "forward");
   support::View v19 = persistent_.view(4288, 1024);
   support::View v39 = arena_.view(487424, 2048);
-  loop9(v39.data(), v4.data(), v19.data());
+  loop8(v39.data(), v4.data(), v19.data());
 
   // 14 statements from layers.mesh:43:17 softmax -> weights (1 of 2)
   MESHRT_TRACE_SITE("layers.mesh:43:17");
@@ -1789,7 +1770,7 @@ void LmTrain::runPart0(const Inputs &inputs) {
   // transformer.mesh:59:30 mul
   MESHRT_TRACE("loop", "transformer.mesh:59:30", "forward");
   support::View v115 = arena_.view(438272, 3072);
-  loop10(v115.data(), v113.data(), v114.data());
+  loop9(v115.data(), v113.data(), v114.data());
 
   // transformer.mesh:59:21 sum
   MESHRT_TRACE("sum", "transformer.mesh:59:21", "forward");
@@ -1801,7 +1782,7 @@ void LmTrain::runPart0(const Inputs &inputs) {
   // transformer.mesh:60:29 mul
   MESHRT_TRACE("loop", "transformer.mesh:59:20", "forward");
   support::View v118 = arena_.view(193280, 64);
-  loop11(v118.data(), v116.data(), v5.data());
+  loop10(v118.data(), v116.data(), v5.data());
 
   // transformer.mesh:60:14 sum
   MESHRT_TRACE("sum", "transformer.mesh:60:14", "forward");
@@ -1864,7 +1845,7 @@ void LmTrain::runPart1(const Inputs &inputs) {
   support::View v113 = arena_.view(425984, 3072);
   support::View v114 = arena_.view(180224, 3072);
   support::View v141 = arena_.view(438272, 3072);
-  loop12(v141.data(), v121.data(), v5.data(), v1.data(), v113.data(), v114.data());
+  loop11(v141.data(), v121.data(), v5.data(), v1.data(), v113.data(), v114.data());
 
   // transformer.mesh:43:10 einsum
   MESHRT_TRACE("gemm", "transformer.mesh:43:10", "backward");
@@ -1897,7 +1878,7 @@ void LmTrain::runPart1(const Inputs &inputs) {
   MESHRT_TRACE("loop", "layers.mesh:24:33", "backward");
   support::View v109 = arena_.view(0, 4096);
   support::View v147 = arena_.view(163840, 4096);
-  loop13(v147.data(), v142.data(), v109.data());
+  loop12(v147.data(), v142.data(), v109.data());
 
   // layers.mesh:24:33 sum -> grad/decoder/norm/gain
   MESHRT_TRACE("sum", "layers.mesh:24:33", "backward");
@@ -1916,7 +1897,7 @@ void LmTrain::runPart1(const Inputs &inputs) {
   // layers.mesh:24:10 square
   MESHRT_TRACE("loop", "layers.mesh:24:10", "backward");
   support::View v151 = arena_.view(163840, 4096);
-  loop14(v151.data(), v106.data(), v149.data());
+  loop13(v151.data(), v106.data(), v149.data());
 
   // layers.mesh:24:10 mean
   MESHRT_TRACE("mean", "layers.mesh:24:10", "backward");
@@ -1928,7 +1909,7 @@ void LmTrain::runPart1(const Inputs &inputs) {
   // layers.mesh:24:10 rsqrt
   MESHRT_TRACE("loop", "layers.mesh:24:10", "backward");
   support::View v155 = arena_.view(442368, 64);
-  loop15(v155.data(), v152.data());
+  loop14(v155.data(), v152.data());
 
   // layers.mesh:24:33 mul
   // layers.mesh:24:10 mul
@@ -1936,7 +1917,7 @@ void LmTrain::runPart1(const Inputs &inputs) {
   support::View v107(param27_decoder_norm_gain); // updated in place
   support::View v146 = arena_.view(16384, 4096);
   support::View v156 = arena_.view(163840, 4096);
-  loop16(v146.data(), v156.data(), v142.data(), v107.data(), v109.data());
+  loop15(v146.data(), v156.data(), v142.data(), v107.data(), v109.data());
 
   // layers.mesh:24:10 mean
   MESHRT_TRACE("mean", "layers.mesh:24:10", "backward");
@@ -1956,7 +1937,7 @@ void LmTrain::runPart1(const Inputs &inputs) {
   // layers.mesh:24:10 mul
   MESHRT_TRACE("loop", "layers.mesh:24:10", "backward");
   support::View v162 = arena_.view(425984, 4096);
-  loop17(v162.data(), v109.data(), v157.data(), v146.data(), v159.data(), v155.data());
+  loop16(v162.data(), v109.data(), v157.data(), v146.data(), v159.data(), v155.data());
 
   // 49 statements from layers.mesh:55:71 sum -> grad/decoder/decoder_layer[1]/ffn/b_out (1 of 2)
   MESHRT_TRACE_SITE("layers.mesh:55:71");
@@ -2137,7 +2118,7 @@ void LmTrain::runPart1(const Inputs &inputs) {
   // transformer.mesh:61:3 square
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "backward");
   support::View v363 = arena_.view(65536, 3072);
-  loop18(v363.data(), v338.data());
+  loop17(v363.data(), v338.data());
 
   // transformer.mesh:61:3 sum
   MESHRT_TRACE("sum", "transformer.mesh:61:3", "backward");
@@ -2148,7 +2129,7 @@ void LmTrain::runPart1(const Inputs &inputs) {
   // transformer.mesh:61:3 square
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "backward");
   support::View v366 = arena_.view(65536, 2048);
-  loop19(v366.data(), v337.data());
+  loop18(v366.data(), v337.data());
 }
 
 void LmTrain::runPart2(const Inputs &inputs) {
@@ -2171,7 +2152,7 @@ void LmTrain::runPart2(const Inputs &inputs) {
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "backward");
   support::View v143 = arena_.view(450560, 3072);
   support::View v371 = arena_.view(65536, 3072);
-  loop18(v371.data(), v143.data());
+  loop17(v371.data(), v143.data());
 
   // transformer.mesh:61:3 sum
   MESHRT_TRACE("sum", "transformer.mesh:61:3", "backward");
@@ -2183,7 +2164,7 @@ void LmTrain::runPart2(const Inputs &inputs) {
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "backward");
   support::View v322 = arena_.view(127232, 64);
   support::View v375 = arena_.view(65536, 64);
-  loop20(v375.data(), v322.data());
+  loop19(v375.data(), v322.data());
 
   // transformer.mesh:61:3 local_slice (reshard %357 for sum at 61:3)
   MESHRT_TRACE("local_slice", "transformer.mesh:61:3", "backward");
@@ -2200,7 +2181,7 @@ void LmTrain::runPart2(const Inputs &inputs) {
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "backward");
   support::View v319 = arena_.view(126976, 64);
   support::View v380 = arena_.view(65536, 64);
-  loop20(v380.data(), v319.data());
+  loop19(v380.data(), v319.data());
 
   // transformer.mesh:61:3 local_slice (reshard %360 for sum at 61:3)
   MESHRT_TRACE("local_slice", "transformer.mesh:61:3", "backward");
@@ -2539,7 +2520,7 @@ void LmTrain::runPart2(const Inputs &inputs) {
   support::View v338 = arena_.view(114688, 3072);
   support::View v523(param29_decoder_token_embedding_m); // updated in place
   support::View v524(param30_decoder_token_embedding_v); // updated in place
-  loop21(v523.data(), v524.data(), v6.data(), v338.data(), v493.data(), v537.data(), v539.data(),
+  loop20(v523.data(), v524.data(), v6.data(), v338.data(), v493.data(), v537.data(), v539.data(),
          v361.data());
 
   // transformer.mesh:61:3 mul
@@ -2564,7 +2545,7 @@ void LmTrain::runPart2(const Inputs &inputs) {
   support::View v337 = arena_.view(196608, 2048);
   support::View v551(param31_decoder_position_embedding_m); // updated in place
   support::View v552(param32_decoder_position_embedding_v); // updated in place
-  loop22(v551.data(), v552.data(), v7.data(), v337.data(), v493.data(), v537.data(), v539.data(),
+  loop21(v551.data(), v552.data(), v7.data(), v337.data(), v493.data(), v537.data(), v539.data(),
          v361.data());
 
   // transformer.mesh:61:3 mul
@@ -2588,7 +2569,7 @@ void LmTrain::runPart2(const Inputs &inputs) {
   support::View v8(param2_decoder_unembed);      // updated in place
   support::View v571(param33_decoder_unembed_m); // updated in place
   support::View v572(param34_decoder_unembed_v); // updated in place
-  loop21(v571.data(), v572.data(), v8.data(), v143.data(), v493.data(), v537.data(), v539.data(),
+  loop20(v571.data(), v572.data(), v8.data(), v143.data(), v493.data(), v537.data(), v539.data(),
          v361.data());
 
   // 1 statements from transformer.mesh:61:3 mul (1 of 2)
@@ -2726,7 +2707,7 @@ void LmTrain::repeated0(
   // transformer.mesh:61:3 mul
   // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[0]/attention/w_q
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "update");
-  loop22(a3.data(), a4.data(), a0.data(), a1.data(), a2.data(), a5.data(), a6.data(), a7.data());
+  loop21(a3.data(), a4.data(), a0.data(), a1.data(), a2.data(), a5.data(), a6.data(), a7.data());
 
   // transformer.mesh:61:3 mul
   // transformer.mesh:61:3 mul
@@ -2746,7 +2727,7 @@ void LmTrain::repeated0(
   // transformer.mesh:61:3 mul
   // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[0]/attention/w_k
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "update");
-  loop22(a10.data(), a11.data(), a8.data(), a9.data(), a2.data(), a5.data(), a6.data(), a7.data());
+  loop21(a10.data(), a11.data(), a8.data(), a9.data(), a2.data(), a5.data(), a6.data(), a7.data());
 
   // transformer.mesh:61:3 mul
   // transformer.mesh:61:3 mul
@@ -2766,7 +2747,7 @@ void LmTrain::repeated0(
   // transformer.mesh:61:3 mul
   // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[0]/attention/w_v
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "update");
-  loop22(a14.data(), a15.data(), a12.data(), a13.data(), a2.data(), a5.data(), a6.data(),
+  loop21(a14.data(), a15.data(), a12.data(), a13.data(), a2.data(), a5.data(), a6.data(),
          a7.data());
 
   // transformer.mesh:61:3 mul
@@ -2787,7 +2768,7 @@ void LmTrain::repeated0(
   // transformer.mesh:61:3 mul
   // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[0]/attention/w_o
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "update");
-  loop22(a18.data(), a19.data(), a16.data(), a17.data(), a2.data(), a5.data(), a6.data(),
+  loop21(a18.data(), a19.data(), a16.data(), a17.data(), a2.data(), a5.data(), a6.data(),
          a7.data());
 
   // transformer.mesh:61:3 mul
@@ -2808,7 +2789,7 @@ void LmTrain::repeated0(
   // transformer.mesh:61:3 mul
   // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[0]/norm#1/gain
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "update");
-  loop23(a22.data(), a23.data(), a20.data(), a21.data(), a2.data(), a5.data(), a6.data(),
+  loop22(a22.data(), a23.data(), a20.data(), a21.data(), a2.data(), a5.data(), a6.data(),
          a7.data());
 
   // transformer.mesh:61:3 mul
@@ -2829,7 +2810,7 @@ void LmTrain::repeated0(
   // transformer.mesh:61:3 mul
   // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[0]/norm#1/bias
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "update");
-  loop23(a26.data(), a27.data(), a24.data(), a25.data(), a2.data(), a5.data(), a6.data(),
+  loop22(a26.data(), a27.data(), a24.data(), a25.data(), a2.data(), a5.data(), a6.data(),
          a7.data());
 
   // transformer.mesh:61:3 mul
@@ -2850,7 +2831,7 @@ void LmTrain::repeated0(
   // transformer.mesh:61:3 mul
   // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[0]/ffn/w_in
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "update");
-  loop24(a30.data(), a31.data(), a28.data(), a29.data(), a2.data(), a5.data(), a6.data(),
+  loop23(a30.data(), a31.data(), a28.data(), a29.data(), a2.data(), a5.data(), a6.data(),
          a7.data());
 
   // transformer.mesh:61:3 mul
@@ -2871,7 +2852,7 @@ void LmTrain::repeated0(
   // transformer.mesh:61:3 mul
   // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[0]/ffn/b_in
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "update");
-  loop25(a34.data(), a35.data(), a32.data(), a33.data(), a2.data(), a5.data(), a6.data(),
+  loop24(a34.data(), a35.data(), a32.data(), a33.data(), a2.data(), a5.data(), a6.data(),
          a7.data());
 
   // transformer.mesh:61:3 mul
@@ -2892,7 +2873,7 @@ void LmTrain::repeated0(
   // transformer.mesh:61:3 mul
   // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[0]/ffn/w_out
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "update");
-  loop24(a38.data(), a39.data(), a36.data(), a37.data(), a2.data(), a5.data(), a6.data(),
+  loop23(a38.data(), a39.data(), a36.data(), a37.data(), a2.data(), a5.data(), a6.data(),
          a7.data());
 
   // transformer.mesh:61:3 mul
@@ -2913,7 +2894,7 @@ void LmTrain::repeated0(
   // transformer.mesh:61:3 mul
   // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[0]/ffn/b_out
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "update");
-  loop23(a42.data(), a43.data(), a40.data(), a41.data(), a2.data(), a5.data(), a6.data(),
+  loop22(a42.data(), a43.data(), a40.data(), a41.data(), a2.data(), a5.data(), a6.data(),
          a7.data());
 
   // transformer.mesh:61:3 mul
@@ -2934,7 +2915,7 @@ void LmTrain::repeated0(
   // transformer.mesh:61:3 mul
   // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[1]/norm/gain
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "update");
-  loop23(a46.data(), a47.data(), a44.data(), a45.data(), a2.data(), a5.data(), a6.data(),
+  loop22(a46.data(), a47.data(), a44.data(), a45.data(), a2.data(), a5.data(), a6.data(),
          a7.data());
 
   // transformer.mesh:61:3 mul
@@ -2955,7 +2936,7 @@ void LmTrain::repeated0(
   // transformer.mesh:61:3 mul
   // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[1]/norm/bias
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "update");
-  loop23(a50.data(), a51.data(), a48.data(), a49.data(), a2.data(), a5.data(), a6.data(),
+  loop22(a50.data(), a51.data(), a48.data(), a49.data(), a2.data(), a5.data(), a6.data(),
          a7.data());
 }
 
@@ -3097,7 +3078,7 @@ void LmTrain::repeated1(
 
   // layers.mesh:24:33 mul
   MESHRT_TRACE("loop", "layers.mesh:24:33", "backward");
-  loop13(a15.data(), a10.data(), a14.data());
+  loop12(a15.data(), a10.data(), a14.data());
 
   // layers.mesh:24:33 sum -> grad/decoder/decoder_layer[1]/norm#1/gain
   MESHRT_TRACE("sum", "layers.mesh:24:33", "backward");
@@ -3112,7 +3093,7 @@ void LmTrain::repeated1(
   // layers.mesh:24:10 sub
   // layers.mesh:24:10 square
   MESHRT_TRACE("loop", "layers.mesh:24:10", "backward");
-  loop14(a19.data(), a18.data(), a17.data());
+  loop13(a19.data(), a18.data(), a17.data());
 
   // layers.mesh:24:10 mean
   MESHRT_TRACE("mean", "layers.mesh:24:10", "backward");
@@ -3122,12 +3103,12 @@ void LmTrain::repeated1(
   // layers.mesh:24:10 add
   // layers.mesh:24:10 rsqrt
   MESHRT_TRACE("loop", "layers.mesh:24:10", "backward");
-  loop15(a21.data(), a20.data());
+  loop14(a21.data(), a20.data());
 
   // layers.mesh:24:33 mul
   // layers.mesh:24:10 mul
   MESHRT_TRACE("loop", "layers.mesh:24:33", "backward");
-  loop16(a23.data(), a24.data(), a10.data(), a22.data(), a14.data());
+  loop15(a23.data(), a24.data(), a10.data(), a22.data(), a14.data());
 
   // layers.mesh:24:10 mean
   MESHRT_TRACE("mean", "layers.mesh:24:10", "backward");
@@ -3145,7 +3126,7 @@ void LmTrain::repeated1(
   // layers.mesh:24:10 mul
   // layers.mesh:24:10 add
   MESHRT_TRACE("loop", "layers.mesh:24:10", "backward");
-  loop26(a27.data(), a14.data(), a25.data(), a23.data(), a26.data(), a21.data(), a1.data());
+  loop25(a27.data(), a14.data(), a25.data(), a23.data(), a26.data(), a21.data(), a1.data());
 
   // layers.mesh:45:10 einsum
   MESHRT_TRACE("gemm", "layers.mesh:45:10", "backward");
@@ -3169,7 +3150,7 @@ void LmTrain::repeated1(
 
   // layers.mesh:43:17 mul
   MESHRT_TRACE("loop", "layers.mesh:43:17", "backward");
-  loop13(a36.data(), a33.data(), a34.data());
+  loop12(a36.data(), a33.data(), a34.data());
 
   // layers.mesh:43:17 sum
   MESHRT_TRACE("sum", "layers.mesh:43:17", "backward");
@@ -3181,7 +3162,7 @@ void LmTrain::repeated1(
   // layers.mesh:43:25 where
   // layers.mesh:41:55 mul
   MESHRT_TRACE("loop", "layers.mesh:43:17", "backward");
-  loop27(a39.data(), a33.data(), a37.data(), a34.data(), a38.data());
+  loop26(a39.data(), a33.data(), a37.data(), a34.data(), a38.data());
 
   // layers.mesh:41:16 einsum
   MESHRT_TRACE("gemm", "layers.mesh:41:16", "backward");
@@ -3221,7 +3202,7 @@ void LmTrain::repeated1(
   // layers.mesh:38:18 add
   // layers.mesh:36:11 add
   MESHRT_TRACE("loop", "layers.mesh:38:18", "backward");
-  loop28(a53.data(), a45.data(), a49.data(), a52.data());
+  loop27(a53.data(), a45.data(), a49.data(), a52.data());
 
   // layers.mesh:24:40 all_reduce_sum (resolve the partial sum of %222 over model for sum at 24:40)
   MESHRT_TRACE_SITE("layers.mesh:24:40");
@@ -3242,7 +3223,7 @@ void LmTrain::repeated1(
 
   // layers.mesh:24:33 mul
   MESHRT_TRACE("loop", "layers.mesh:24:33", "backward");
-  loop13(a57.data(), a53.data(), a56.data());
+  loop12(a57.data(), a53.data(), a56.data());
 
   // layers.mesh:24:33 sum -> grad/decoder/decoder_layer[1]/norm/gain
   MESHRT_TRACE("sum", "layers.mesh:24:33", "backward");
@@ -3257,7 +3238,7 @@ void LmTrain::repeated1(
   // layers.mesh:24:10 sub
   // layers.mesh:24:10 square
   MESHRT_TRACE("loop", "layers.mesh:24:10", "backward");
-  loop14(a61.data(), a60.data(), a59.data());
+  loop13(a61.data(), a60.data(), a59.data());
 
   // layers.mesh:24:10 mean
   MESHRT_TRACE("mean", "layers.mesh:24:10", "backward");
@@ -3267,12 +3248,12 @@ void LmTrain::repeated1(
   // layers.mesh:24:10 add
   // layers.mesh:24:10 rsqrt
   MESHRT_TRACE("loop", "layers.mesh:24:10", "backward");
-  loop15(a63.data(), a62.data());
+  loop14(a63.data(), a62.data());
 
   // layers.mesh:24:33 mul
   // layers.mesh:24:10 mul
   MESHRT_TRACE("loop", "layers.mesh:24:33", "backward");
-  loop16(a65.data(), a66.data(), a53.data(), a64.data(), a56.data());
+  loop15(a65.data(), a66.data(), a53.data(), a64.data(), a56.data());
 
   // layers.mesh:24:10 mean
   MESHRT_TRACE("mean", "layers.mesh:24:10", "backward");
@@ -3290,7 +3271,7 @@ void LmTrain::repeated1(
   // layers.mesh:24:10 mul
   // layers.mesh:24:10 add
   MESHRT_TRACE("loop", "layers.mesh:24:10", "backward");
-  loop26(a69.data(), a56.data(), a67.data(), a65.data(), a68.data(), a63.data(), a27.data());
+  loop25(a69.data(), a56.data(), a67.data(), a65.data(), a68.data(), a63.data(), a27.data());
 }
 
 void LmTrain::repeated2(
@@ -3308,7 +3289,7 @@ void LmTrain::repeated2(
 
   // transformer.mesh:61:3 square
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "backward");
-  loop19(a1.data(), a0.data());
+  loop18(a1.data(), a0.data());
 
   // transformer.mesh:61:3 sum
   MESHRT_TRACE("sum", "transformer.mesh:61:3", "backward");
@@ -3317,7 +3298,7 @@ void LmTrain::repeated2(
 
   // transformer.mesh:61:3 square
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "backward");
-  loop19(a4.data(), a3.data());
+  loop18(a4.data(), a3.data());
 
   // transformer.mesh:61:3 sum
   MESHRT_TRACE("sum", "transformer.mesh:61:3", "backward");
@@ -3326,7 +3307,7 @@ void LmTrain::repeated2(
 
   // transformer.mesh:61:3 square
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "backward");
-  loop19(a7.data(), a6.data());
+  loop18(a7.data(), a6.data());
 
   // transformer.mesh:61:3 sum
   MESHRT_TRACE("sum", "transformer.mesh:61:3", "backward");
@@ -3335,7 +3316,7 @@ void LmTrain::repeated2(
 
   // transformer.mesh:61:3 square
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "backward");
-  loop19(a10.data(), a9.data());
+  loop18(a10.data(), a9.data());
 
   // transformer.mesh:61:3 sum
   MESHRT_TRACE("sum", "transformer.mesh:61:3", "backward");
@@ -3344,7 +3325,7 @@ void LmTrain::repeated2(
 
   // transformer.mesh:61:3 square
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "backward");
-  loop20(a13.data(), a12.data());
+  loop19(a13.data(), a12.data());
 
   // transformer.mesh:61:3 local_slice (reshard %375 for sum at 61:3)
   MESHRT_TRACE("local_slice", "transformer.mesh:61:3", "backward");
@@ -3357,7 +3338,7 @@ void LmTrain::repeated2(
 
   // transformer.mesh:61:3 square
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "backward");
-  loop20(a17.data(), a16.data());
+  loop19(a17.data(), a16.data());
 
   // transformer.mesh:61:3 local_slice (reshard %378 for sum at 61:3)
   MESHRT_TRACE("local_slice", "transformer.mesh:61:3", "backward");
@@ -3370,7 +3351,7 @@ void LmTrain::repeated2(
 
   // transformer.mesh:61:3 square
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "backward");
-  loop29(a21.data(), a20.data());
+  loop28(a21.data(), a20.data());
 
   // transformer.mesh:61:3 sum
   MESHRT_TRACE("sum", "transformer.mesh:61:3", "backward");
@@ -3379,7 +3360,7 @@ void LmTrain::repeated2(
 
   // transformer.mesh:61:3 square
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "backward");
-  loop30(a24.data(), a23.data());
+  loop29(a24.data(), a23.data());
 
   // transformer.mesh:61:3 sum
   MESHRT_TRACE("sum", "transformer.mesh:61:3", "backward");
@@ -3388,7 +3369,7 @@ void LmTrain::repeated2(
 
   // transformer.mesh:61:3 square
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "backward");
-  loop29(a27.data(), a26.data());
+  loop28(a27.data(), a26.data());
 
   // transformer.mesh:61:3 sum
   MESHRT_TRACE("sum", "transformer.mesh:61:3", "backward");
@@ -3397,7 +3378,7 @@ void LmTrain::repeated2(
 
   // transformer.mesh:61:3 square
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "backward");
-  loop20(a30.data(), a29.data());
+  loop19(a30.data(), a29.data());
 
   // transformer.mesh:61:3 local_slice (reshard %390 for sum at 61:3)
   MESHRT_TRACE("local_slice", "transformer.mesh:61:3", "backward");
@@ -3410,7 +3391,7 @@ void LmTrain::repeated2(
 
   // transformer.mesh:61:3 square
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "backward");
-  loop20(a34.data(), a33.data());
+  loop19(a34.data(), a33.data());
 
   // transformer.mesh:61:3 local_slice (reshard %393 for sum at 61:3)
   MESHRT_TRACE("local_slice", "transformer.mesh:61:3", "backward");
@@ -3423,7 +3404,7 @@ void LmTrain::repeated2(
 
   // transformer.mesh:61:3 square
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "backward");
-  loop20(a38.data(), a37.data());
+  loop19(a38.data(), a37.data());
 
   // transformer.mesh:61:3 local_slice (reshard %396 for sum at 61:3)
   MESHRT_TRACE("local_slice", "transformer.mesh:61:3", "backward");
@@ -3478,7 +3459,7 @@ void LmTrain::repeated3(support::View a0, support::ConstView a1, support::ConstV
   // layers.mesh:24:33 mul
   // layers.mesh:24:40 add
   MESHRT_TRACE("loop", "layers.mesh:24:33", "forward");
-  loop8(a12.data(), a9.data(), a10.data(), a11.data());
+  loop7(a12.data(), a9.data(), a10.data(), a11.data());
 
   // layers.mesh:54:16 einsum
   MESHRT_TRACE("gemm", "layers.mesh:54:16", "forward");
@@ -3531,7 +3512,7 @@ void LmTrain::repeated3(support::View a0, support::ConstView a1, support::ConstV
   // layers.mesh:55:71 add
   // transformer.mesh:22:12 add -> x
   MESHRT_TRACE("loop", "layers.mesh:55:71", "forward");
-  loop6(a21.data(), a19.data(), a20.data(), a8.data());
+  loop5(a21.data(), a19.data(), a20.data(), a8.data());
 
   // layers.mesh:24:10 layer_norm
   MESHRT_TRACE("layer_norm", "layers.mesh:24:10", "forward");
@@ -3541,7 +3522,7 @@ void LmTrain::repeated3(support::View a0, support::ConstView a1, support::ConstV
   // layers.mesh:24:33 mul
   // layers.mesh:24:40 add -> n
   MESHRT_TRACE("loop", "layers.mesh:24:33", "forward");
-  loop8(a25.data(), a22.data(), a23.data(), a24.data());
+  loop7(a25.data(), a22.data(), a23.data(), a24.data());
 }
 
 void LmTrain::repeated4(support::View a0, support::ConstView a1, support::ConstView a2,
@@ -3567,7 +3548,7 @@ void LmTrain::repeated4(support::View a0, support::ConstView a1, support::ConstV
   // transformer.mesh:61:3 mul
   // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[0]/norm/gain
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "update");
-  loop23(a3.data(), a4.data(), a0.data(), a1.data(), a2.data(), a5.data(), a6.data(), a7.data());
+  loop22(a3.data(), a4.data(), a0.data(), a1.data(), a2.data(), a5.data(), a6.data(), a7.data());
 }
 
 void LmTrain::repeated5(support::ConstView a0, support::ConstView a1, support::View a2,

@@ -111,18 +111,6 @@ static const support::SharedEinsum
 
 [[gnu::noinline]] static void loop2(float *__restrict p0, const float *__restrict p1,
                                     const float *__restrict p2) {
-  for (int64_t i0 = 0; i0 < 32; ++i0) {
-    for (int64_t i1 = 0; i1 < 64; ++i1) {
-      const float s0 = p1[i0 * 64 + i1];
-      const float s1 = p2[i1];
-      const float s2 = (s0 + s1);
-      p0[i0 * 64 + i1] = s2;
-    }
-  }
-}
-
-[[gnu::noinline]] static void loop3(float *__restrict p0, const float *__restrict p1,
-                                    const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 64; ++i0) {
     for (int64_t i1 = 0; i1 < 2; ++i1) {
       const float s0 = p1[i0];
@@ -133,7 +121,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop4(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop3(float *__restrict p0, const float *__restrict p1,
                                     const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 2; ++i0) {
     for (int64_t i1 = 0; i1 < 1088; ++i1) {
@@ -146,19 +134,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop5(float *__restrict p0, const float *__restrict p1,
-                                    const float *__restrict p2) {
-  for (int64_t i0 = 0; i0 < 2; ++i0) {
-    for (int64_t i1 = 0; i1 < 10; ++i1) {
-      const float s0 = p1[i0 * 10 + i1];
-      const float s1 = p2[i1];
-      const float s2 = (s0 + s1);
-      p0[i0 * 10 + i1] = s2;
-    }
-  }
-}
-
-[[gnu::noinline]] static void loop6(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop4(float *__restrict p0, const float *__restrict p1,
                                     const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 34; ++i0) {
     for (int64_t i1 = 0; i1 < 64; ++i1) {
@@ -170,7 +146,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop7(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop5(float *__restrict p0, const float *__restrict p1,
                                     const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 2176; ++i0) {
     const float s0 = p1[i0];
@@ -180,7 +156,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop8(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop6(float *__restrict p0, const float *__restrict p1,
                                     const float *__restrict p2, const float *__restrict p3) {
   for (int64_t i0 = 0; i0 < 34; ++i0) {
     for (int64_t i1 = 0; i1 < 64; ++i1) {
@@ -195,7 +171,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop9(float *__restrict p0, const float *__restrict p1) {
+[[gnu::noinline]] static void loop7(float *__restrict p0, const float *__restrict p1) {
   for (int64_t i0 = 0; i0 < 4096; ++i0) {
     const float s0 = p1[i0];
     const float s1 = support::roundValue(support::DType::BF16, double(s0));
@@ -203,7 +179,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop10(float *__restrict p0, const float *__restrict p1) {
+[[gnu::noinline]] static void loop8(float *__restrict p0, const float *__restrict p1) {
   for (int64_t i0 = 0; i0 < 2176; ++i0) {
     const float s0 = p1[i0];
     const float s1 = support::roundValue(support::DType::BF16, double(support::gelu(s0)));
@@ -211,8 +187,8 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop11(float *__restrict p0, const float *__restrict p1,
-                                     const float *__restrict p2) {
+[[gnu::noinline]] static void loop9(float *__restrict p0, const float *__restrict p1,
+                                    const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 34; ++i0) {
     for (int64_t i1 = 0; i1 < 64; ++i1) {
       const float s0 = p1[i0 * 64 + i1];
@@ -224,7 +200,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop12(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop10(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3) {
   for (int64_t i0 = 0; i0 < 34; ++i0) {
     for (int64_t i1 = 0; i1 < 64; ++i1) {
@@ -238,7 +214,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop13(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop11(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 20; ++i0) {
     const float s0 = p1[i0];
@@ -248,7 +224,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop14(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop12(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 2; ++i0) {
     const float s0 = p1[i0];
@@ -258,7 +234,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop15(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop13(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3) {
   for (int64_t i0 = 0; i0 < 2; ++i0) {
     for (int64_t i1 = 0; i1 < 10; ++i1) {
@@ -277,7 +253,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop16(float *__restrict p0, const float *__restrict p1) {
+[[gnu::noinline]] static void loop14(float *__restrict p0, const float *__restrict p1) {
   for (int64_t i0 = 0; i0 < 128; ++i0) {
     const float s0 = p1[i0];
     const float s1 = s0;
@@ -285,7 +261,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop17(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop15(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 2176; ++i0) {
     const float s0 = p1[i0];
@@ -295,7 +271,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop18(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop16(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 34; ++i0) {
     for (int64_t i1 = 0; i1 < 64; ++i1) {
@@ -308,7 +284,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop19(float *__restrict p0, const float *__restrict p1) {
+[[gnu::noinline]] static void loop17(float *__restrict p0, const float *__restrict p1) {
   for (int64_t i0 = 0; i0 < 34; ++i0) {
     const float s0 = p1[i0];
     const float s1 = 1e-06f;
@@ -318,7 +294,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop20(float *__restrict p0, float *__restrict p1,
+[[gnu::noinline]] static void loop18(float *__restrict p0, float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4) {
   for (int64_t i0 = 0; i0 < 34; ++i0) {
@@ -334,7 +310,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop21(float *__restrict p0, float *__restrict p1,
+[[gnu::noinline]] static void loop19(float *__restrict p0, float *__restrict p1,
                                      float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4, const float *__restrict p5,
                                      const float *__restrict p6, const float *__restrict p7,
@@ -361,7 +337,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop22(float *__restrict p0, float *__restrict p1,
+[[gnu::noinline]] static void loop20(float *__restrict p0, float *__restrict p1,
                                      float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4, const float *__restrict p5,
                                      const float *__restrict p6, const float *__restrict p7,
@@ -391,7 +367,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop23(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop21(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4, const float *__restrict p5,
                                      const float *__restrict p6) {
@@ -416,7 +392,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop24(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop22(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 64; ++i0) {
     for (int64_t i1 = 0; i1 < 2; ++i1) {
@@ -428,7 +404,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop25(float *__restrict p0, const float *__restrict p1) {
+[[gnu::noinline]] static void loop23(float *__restrict p0, const float *__restrict p1) {
   for (int64_t i0 = 0; i0 < 64; ++i0) {
     const float s0 = p1[i0];
     const float s1 = s0 * s0;
@@ -436,7 +412,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop26(float *__restrict p0, const float *__restrict p1) {
+[[gnu::noinline]] static void loop24(float *__restrict p0, const float *__restrict p1) {
   for (int64_t i0 = 0; i0 < 1088; ++i0) {
     const float s0 = p1[i0];
     const float s1 = s0 * s0;
@@ -444,7 +420,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop27(float *__restrict p0, const float *__restrict p1) {
+[[gnu::noinline]] static void loop25(float *__restrict p0, const float *__restrict p1) {
   for (int64_t i0 = 0; i0 < 640; ++i0) {
     const float s0 = p1[i0];
     const float s1 = s0 * s0;
@@ -452,7 +428,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop28(float *__restrict p0, const float *__restrict p1) {
+[[gnu::noinline]] static void loop26(float *__restrict p0, const float *__restrict p1) {
   for (int64_t i0 = 0; i0 < 10; ++i0) {
     const float s0 = p1[i0];
     const float s1 = s0 * s0;
@@ -460,11 +436,105 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop29(float *__restrict p0, const float *__restrict p1) {
+[[gnu::noinline]] static void loop27(float *__restrict p0, const float *__restrict p1) {
   for (int64_t i0 = 0; i0 < 3072; ++i0) {
     const float s0 = p1[i0];
     const float s1 = s0 * s0;
     p0[i0] = s1;
+  }
+}
+
+[[gnu::noinline]] static void loop28(float *__restrict p0, float *__restrict p1,
+                                     float *__restrict p2, const float *__restrict p3,
+                                     const float *__restrict p4, const float *__restrict p5,
+                                     const float *__restrict p6, const float *__restrict p7) {
+  const float r2 = p4[0];
+  const float r5 = p5[0];
+  const float r6 = p6[0];
+  const float r7 = p7[0];
+  for (int64_t i0 = 0; i0 < 64; ++i0) {
+    const float s0 = p2[i0];
+    const float s1 = 0.05f;
+    const float s2 = (s0 * s1);
+    const float s3 = p3[i0];
+    const float s4 = r2;
+    const float s5 = (s3 * s4);
+    const float s6 = 0.100000024f;
+    const float s7 = (s5 * s6);
+    const float s8 = p0[i0];
+    const float s9 = 0.9f;
+    const float s10 = (s8 * s9);
+    const float s11 = (s10 + s7);
+    const float s12 = s5 * s5;
+    const float s13 = 0.0009999871f;
+    const float s14 = (s12 * s13);
+    const float s15 = p1[i0];
+    const float s16 = 0.999f;
+    const float s17 = (s15 * s16);
+    const float s18 = (s17 + s14);
+    const float s19 = r5;
+    const float s20 = (s11 / s19);
+    const float s21 = r6;
+    const float s22 = (s18 / s21);
+    const float s23 = support::fsqrt(s22);
+    const float s24 = 1e-08f;
+    const float s25 = (s23 + s24);
+    const float s26 = (s20 / s25);
+    const float s27 = (s26 + s2);
+    const float s28 = r7;
+    const float s29 = (s27 * s28);
+    const float s30 = p2[i0];
+    const float s31 = (s30 - s29);
+    p0[i0] = s11;
+    p1[i0] = s18;
+    p2[i0] = s31;
+  }
+}
+
+[[gnu::noinline]] static void loop29(float *__restrict p0, float *__restrict p1,
+                                     float *__restrict p2, const float *__restrict p3,
+                                     const float *__restrict p4, const float *__restrict p5,
+                                     const float *__restrict p6, const float *__restrict p7) {
+  const float r2 = p4[0];
+  const float r5 = p5[0];
+  const float r6 = p6[0];
+  const float r7 = p7[0];
+  for (int64_t i0 = 0; i0 < 1088; ++i0) {
+    const float s0 = p2[i0];
+    const float s1 = 0.05f;
+    const float s2 = (s0 * s1);
+    const float s3 = p3[i0];
+    const float s4 = r2;
+    const float s5 = (s3 * s4);
+    const float s6 = 0.100000024f;
+    const float s7 = (s5 * s6);
+    const float s8 = p0[i0];
+    const float s9 = 0.9f;
+    const float s10 = (s8 * s9);
+    const float s11 = (s10 + s7);
+    const float s12 = s5 * s5;
+    const float s13 = 0.0009999871f;
+    const float s14 = (s12 * s13);
+    const float s15 = p1[i0];
+    const float s16 = 0.999f;
+    const float s17 = (s15 * s16);
+    const float s18 = (s17 + s14);
+    const float s19 = r5;
+    const float s20 = (s11 / s19);
+    const float s21 = r6;
+    const float s22 = (s18 / s21);
+    const float s23 = support::fsqrt(s22);
+    const float s24 = 1e-08f;
+    const float s25 = (s23 + s24);
+    const float s26 = (s20 / s25);
+    const float s27 = (s26 + s2);
+    const float s28 = r7;
+    const float s29 = (s27 * s28);
+    const float s30 = p2[i0];
+    const float s31 = (s30 - s29);
+    p0[i0] = s11;
+    p1[i0] = s18;
+    p2[i0] = s31;
   }
 }
 
@@ -476,7 +546,7 @@ static const support::SharedEinsum
   const float r5 = p5[0];
   const float r6 = p6[0];
   const float r7 = p7[0];
-  for (int64_t i0 = 0; i0 < 64; ++i0) {
+  for (int64_t i0 = 0; i0 < 640; ++i0) {
     const float s0 = p2[i0];
     const float s1 = 0.05f;
     const float s2 = (s0 * s1);
@@ -523,7 +593,7 @@ static const support::SharedEinsum
   const float r5 = p5[0];
   const float r6 = p6[0];
   const float r7 = p7[0];
-  for (int64_t i0 = 0; i0 < 1088; ++i0) {
+  for (int64_t i0 = 0; i0 < 10; ++i0) {
     const float s0 = p2[i0];
     const float s1 = 0.05f;
     const float s2 = (s0 * s1);
@@ -570,7 +640,7 @@ static const support::SharedEinsum
   const float r5 = p5[0];
   const float r6 = p6[0];
   const float r7 = p7[0];
-  for (int64_t i0 = 0; i0 < 640; ++i0) {
+  for (int64_t i0 = 0; i0 < 3072; ++i0) {
     const float s0 = p2[i0];
     const float s1 = 0.05f;
     const float s2 = (s0 * s1);
@@ -617,7 +687,7 @@ static const support::SharedEinsum
   const float r5 = p5[0];
   const float r6 = p6[0];
   const float r7 = p7[0];
-  for (int64_t i0 = 0; i0 < 10; ++i0) {
+  for (int64_t i0 = 0; i0 < 2048; ++i0) {
     const float s0 = p2[i0];
     const float s1 = 0.05f;
     const float s2 = (s0 * s1);
@@ -664,100 +734,6 @@ static const support::SharedEinsum
   const float r5 = p5[0];
   const float r6 = p6[0];
   const float r7 = p7[0];
-  for (int64_t i0 = 0; i0 < 3072; ++i0) {
-    const float s0 = p2[i0];
-    const float s1 = 0.05f;
-    const float s2 = (s0 * s1);
-    const float s3 = p3[i0];
-    const float s4 = r2;
-    const float s5 = (s3 * s4);
-    const float s6 = 0.100000024f;
-    const float s7 = (s5 * s6);
-    const float s8 = p0[i0];
-    const float s9 = 0.9f;
-    const float s10 = (s8 * s9);
-    const float s11 = (s10 + s7);
-    const float s12 = s5 * s5;
-    const float s13 = 0.0009999871f;
-    const float s14 = (s12 * s13);
-    const float s15 = p1[i0];
-    const float s16 = 0.999f;
-    const float s17 = (s15 * s16);
-    const float s18 = (s17 + s14);
-    const float s19 = r5;
-    const float s20 = (s11 / s19);
-    const float s21 = r6;
-    const float s22 = (s18 / s21);
-    const float s23 = support::fsqrt(s22);
-    const float s24 = 1e-08f;
-    const float s25 = (s23 + s24);
-    const float s26 = (s20 / s25);
-    const float s27 = (s26 + s2);
-    const float s28 = r7;
-    const float s29 = (s27 * s28);
-    const float s30 = p2[i0];
-    const float s31 = (s30 - s29);
-    p0[i0] = s11;
-    p1[i0] = s18;
-    p2[i0] = s31;
-  }
-}
-
-[[gnu::noinline]] static void loop35(float *__restrict p0, float *__restrict p1,
-                                     float *__restrict p2, const float *__restrict p3,
-                                     const float *__restrict p4, const float *__restrict p5,
-                                     const float *__restrict p6, const float *__restrict p7) {
-  const float r2 = p4[0];
-  const float r5 = p5[0];
-  const float r6 = p6[0];
-  const float r7 = p7[0];
-  for (int64_t i0 = 0; i0 < 2048; ++i0) {
-    const float s0 = p2[i0];
-    const float s1 = 0.05f;
-    const float s2 = (s0 * s1);
-    const float s3 = p3[i0];
-    const float s4 = r2;
-    const float s5 = (s3 * s4);
-    const float s6 = 0.100000024f;
-    const float s7 = (s5 * s6);
-    const float s8 = p0[i0];
-    const float s9 = 0.9f;
-    const float s10 = (s8 * s9);
-    const float s11 = (s10 + s7);
-    const float s12 = s5 * s5;
-    const float s13 = 0.0009999871f;
-    const float s14 = (s12 * s13);
-    const float s15 = p1[i0];
-    const float s16 = 0.999f;
-    const float s17 = (s15 * s16);
-    const float s18 = (s17 + s14);
-    const float s19 = r5;
-    const float s20 = (s11 / s19);
-    const float s21 = r6;
-    const float s22 = (s18 / s21);
-    const float s23 = support::fsqrt(s22);
-    const float s24 = 1e-08f;
-    const float s25 = (s23 + s24);
-    const float s26 = (s20 / s25);
-    const float s27 = (s26 + s2);
-    const float s28 = r7;
-    const float s29 = (s27 * s28);
-    const float s30 = p2[i0];
-    const float s31 = (s30 - s29);
-    p0[i0] = s11;
-    p1[i0] = s18;
-    p2[i0] = s31;
-  }
-}
-
-[[gnu::noinline]] static void loop36(float *__restrict p0, float *__restrict p1,
-                                     float *__restrict p2, const float *__restrict p3,
-                                     const float *__restrict p4, const float *__restrict p5,
-                                     const float *__restrict p6, const float *__restrict p7) {
-  const float r2 = p4[0];
-  const float r5 = p5[0];
-  const float r6 = p6[0];
-  const float r7 = p7[0];
   for (int64_t i0 = 0; i0 < 4096; ++i0) {
     const float s0 = p2[i0];
     const float s1 = 0.05f;
@@ -797,7 +773,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop37(float *__restrict p0, const float *__restrict p1) {
+[[gnu::noinline]] static void loop35(float *__restrict p0, const float *__restrict p1) {
   for (int64_t i0 = 0; i0 < 4096; ++i0) {
     const float s0 = p1[i0];
     const float s1 = s0;
@@ -805,7 +781,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop38(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop36(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 2176; ++i0) {
     const float s0 = p1[i0];
@@ -851,7 +827,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop39(float *__restrict p0, const float *__restrict p1) {
+[[gnu::noinline]] static void loop37(float *__restrict p0, const float *__restrict p1) {
   for (int64_t i0 = 0; i0 < 2176; ++i0) {
     const float s0 = p1[i0];
     const float s1 = s0;
@@ -859,7 +835,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop40(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop38(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 1156; ++i0) {
     const float s0 = p1[i0];
@@ -869,7 +845,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop41(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop39(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3) {
   for (int64_t i0 = 0; i0 < 68; ++i0) {
     for (int64_t i1 = 0; i1 < 17; ++i1) {
@@ -885,7 +861,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop42(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop40(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3) {
   for (int64_t i0 = 0; i0 < 2176; ++i0) {
     const float s0 = p1[i0];
@@ -897,7 +873,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop43(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop41(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3) {
   for (int64_t i0 = 0; i0 < 34; ++i0) {
     for (int64_t i1 = 0; i1 < 64; ++i1) {
@@ -911,7 +887,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop44(float *__restrict p0, const float *__restrict p1) {
+[[gnu::noinline]] static void loop42(float *__restrict p0, const float *__restrict p1) {
   for (int64_t i0 = 0; i0 < 2048; ++i0) {
     const float s0 = p1[i0];
     const float s1 = s0 * s0;
@@ -919,7 +895,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop45(float *__restrict p0, const float *__restrict p1) {
+[[gnu::noinline]] static void loop43(float *__restrict p0, const float *__restrict p1) {
   for (int64_t i0 = 0; i0 < 4096; ++i0) {
     const float s0 = p1[i0];
     const float s1 = s0 * s0;
@@ -1105,10 +1081,10 @@ void Classify::computeInvariants() {
 
 Classify::Outputs Classify::run(const Inputs &inputs) {
   MESHRT_TRACE_RUN(world_, "classify");
-  // Arena: 43520 bytes for 401968 bytes of temporaries (placed by liveness).
+  // Arena: 43520 bytes for 393696 bytes of temporaries (placed by liveness).
   support::checkShape("input", "image", inputs.image, {2, 14, 14, 3});
   runPart0(inputs);
-  support::View v119 = arena_.view(128, 20);
+  support::View v119 = arena_.view(0, 20);
 
   Outputs outputs;
   outputs.probs = support::Tensor{{2, 10}, support::Buffer(v119.begin(), v119.end())};
@@ -1144,29 +1120,25 @@ void Classify::runPart0(const Inputs &inputs) {
 
   // vit.mesh:48:14 reshape -> flat
   MESHRT_TRACE("reshape", "vit.mesh:48:14", "forward");
-  support::View v11 = arena_.view(8192, 1536);
+  support::View v11 = arena_.view(16896, 1536);
   support::reshape(v11.data(), kShape17, v10.data(), kShape18, kShape19, kShape20, kShape21,
                    int64_t(0));
 
   // vit.mesh:50:10 einsum
+  // vit.mesh:50:59 add -> patch_embeddings
   MESHRT_TRACE("gemm", "vit.mesh:50:10", "forward");
   const support::Buffer &v5 = param4_vit_embed_patches_w_patch;
-  support::View v12 = arena_.view(0, 2048);
-  // dims: batch, patches, pixel_row, pixel_col, channels, d_model
-  kEinsum0.plan().run(v11.data(), v5.data(), v12.data(), 1.0f, 0.0f);
-
-  // vit.mesh:50:59 add -> patch_embeddings
-  MESHRT_TRACE("loop", "vit.mesh:50:59", "forward");
   const support::Buffer &v6 = param5_vit_embed_patches_b_patch;
   support::View v13 = arena_.view(8704, 2048);
-  loop2(v13.data(), v12.data(), v6.data());
+  // dims: batch, patches, pixel_row, pixel_col, channels, d_model
+  kEinsum0.plan().runBiasActivation(v11.data(), v5.data(), v6.data(), v13.data(), false);
 
   // vit.mesh:92:34 mul -> class_tokens
   MESHRT_TRACE("loop", "vit.mesh:92:34", "forward");
   const support::Buffer &v1 = param0_vit_class_token;
   support::View v17 = persistent_.view(192, 2);
   support::View v18 = arena_.view(16896, 128);
-  loop3(v18.data(), v1.data(), v17.data());
+  loop2(v18.data(), v1.data(), v17.data());
 
   // vit.mesh:93:40 concat
   MESHRT_TRACE("concat", "vit.mesh:93:40", "forward");
@@ -1184,7 +1156,7 @@ void Classify::runPart0(const Inputs &inputs) {
   MESHRT_TRACE("loop", "vit.mesh:94:40", "forward");
   const support::Buffer &v2 = param1_vit_position_embedding;
   support::View v21 = arena_.view(8704, 2176);
-  loop4(v21.data(), v19.data(), v2.data());
+  loop3(v21.data(), v19.data(), v2.data());
 
   // vit.mesh:36:10 layer_norm
   // vit.mesh:36:45 mul
@@ -1283,21 +1255,17 @@ void Classify::runPart0(const Inputs &inputs) {
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:100:10 einsum
+  // vit.mesh:100:48 add
   MESHRT_TRACE("gemm", "vit.mesh:100:10", "forward");
   const support::Buffer &v3 = param2_vit_w_head;
-  support::View v117 = arena_.view(512, 20);
-  // dims: batch, d_model, classes
-  kEinsum1.plan().run(v116.data(), v3.data(), v117.data(), 1.0f, 0.0f);
-
-  // vit.mesh:100:48 add
-  MESHRT_TRACE("loop", "vit.mesh:100:48", "forward");
   const support::Buffer &v4 = param3_vit_b_head;
-  support::View v118 = arena_.view(0, 20);
-  loop5(v118.data(), v117.data(), v4.data());
+  support::View v118 = arena_.view(512, 20);
+  // dims: batch, d_model, classes
+  kEinsum1.plan().runBiasActivation(v116.data(), v3.data(), v4.data(), v118.data(), false);
 
   // vit.mesh:104:11 softmax -> probs
   MESHRT_TRACE("softmax", "vit.mesh:104:11", "forward");
-  support::View v119 = arena_.view(128, 20);
+  support::View v119 = arena_.view(0, 20);
   support::along(v119.data(), v118.data(), kShape0, kShape29, kShape29, kShape29, kShape1, kShape1,
                  support::Along::Softmax, 1e-05, 10, nullptr);
 }
@@ -1358,7 +1326,7 @@ void Classify::repeated0(support::ConstView a0, support::ConstView a1, support::
 
   // vit.mesh:80:55 mul
   MESHRT_TRACE("loop", "vit.mesh:80:55", "forward");
-  loop6(a14.data(), a12.data(), a13.data());
+  loop4(a14.data(), a12.data(), a13.data());
 
   // vit.mesh:80:13 all_reduce_sum (resolve the partial sum of %45 over model for add at 80:13)
   MESHRT_TRACE_SITE("vit.mesh:80:13");
@@ -1366,7 +1334,7 @@ void Classify::repeated0(support::ConstView a0, support::ConstView a1, support::
 
   // vit.mesh:80:13 add -> h
   MESHRT_TRACE("loop", "vit.mesh:80:13", "forward");
-  loop7(a16.data(), a15.data(), a14.data());
+  loop5(a16.data(), a15.data(), a14.data());
 
   // vit.mesh:36:10 layer_norm
   MESHRT_TRACE("layer_norm", "vit.mesh:36:10", "forward");
@@ -1377,11 +1345,11 @@ void Classify::repeated0(support::ConstView a0, support::ConstView a1, support::
   // vit.mesh:36:52 add
   // vit.mesh:71:23 cast
   MESHRT_TRACE("loop", "vit.mesh:36:45", "forward");
-  loop8(a20.data(), a17.data(), a18.data(), a19.data());
+  loop6(a20.data(), a17.data(), a18.data(), a19.data());
 
   // vit.mesh:71:38 cast
   MESHRT_TRACE("loop", "vit.mesh:71:38", "forward");
-  loop9(a22.data(), a21.data());
+  loop7(a22.data(), a21.data());
 
   // vit.mesh:71:16 einsum
   MESHRT_TRACE("gemm", "vit.mesh:71:16", "forward");
@@ -1406,11 +1374,11 @@ void Classify::repeated0(support::ConstView a0, support::ConstView a1, support::
 
   // vit.mesh:71:11 gelu -> h
   MESHRT_TRACE("loop", "vit.mesh:71:11", "forward");
-  loop10(a24.data(), a23.data());
+  loop8(a24.data(), a23.data());
 
   // vit.mesh:72:25 cast
   MESHRT_TRACE("loop", "vit.mesh:72:25", "forward");
-  loop9(a26.data(), a25.data());
+  loop7(a26.data(), a25.data());
 
   // vit.mesh:72:15 einsum
   MESHRT_TRACE("gemm", "vit.mesh:72:15", "forward");
@@ -1436,7 +1404,7 @@ void Classify::repeated0(support::ConstView a0, support::ConstView a1, support::
   // vit.mesh:72:10 cast
   // vit.mesh:81:48 mul
   MESHRT_TRACE("loop", "vit.mesh:72:10", "forward");
-  loop11(a29.data(), a27.data(), a28.data());
+  loop9(a29.data(), a27.data(), a28.data());
 
   // vit.mesh:81:12 all_reduce_sum (resolve the partial sum of %62 over model for add at 81:12)
   MESHRT_TRACE_SITE("vit.mesh:81:12");
@@ -1444,7 +1412,7 @@ void Classify::repeated0(support::ConstView a0, support::ConstView a1, support::
 
   // vit.mesh:81:12 add -> x
   MESHRT_TRACE("loop", "vit.mesh:81:12", "forward");
-  loop7(a30.data(), a16.data(), a29.data());
+  loop5(a30.data(), a16.data(), a29.data());
 
   // vit.mesh:36:10 layer_norm
   // vit.mesh:36:45 mul
@@ -2049,7 +2017,7 @@ void TrainVit::computeInvariants() {
 
 TrainVit::Outputs TrainVit::run(const Inputs &inputs) {
   MESHRT_TRACE_RUN(world_, "train_vit");
-  // Arena: 379136 bytes for 1366932 bytes of temporaries (placed by liveness).
+  // Arena: 379136 bytes for 1358660 bytes of temporaries (placed by liveness).
   support::checkShape("input", "image", inputs.image, {2, 14, 14, 3});
   support::checkShape("input", "labels", inputs.labels, {2});
   runPart0(inputs);
@@ -2100,24 +2068,20 @@ void TrainVit::runPart0(const Inputs &inputs) {
                    int64_t(0));
 
   // vit.mesh:50:10 einsum
+  // vit.mesh:50:59 add -> patch_embeddings
   MESHRT_TRACE("gemm", "vit.mesh:50:10", "forward");
   support::View v6(param4_vit_embed_patches_w_patch); // updated in place
-  support::View v13 = arena_.view(0, 2048);
-  // dims: batch, patches, pixel_row, pixel_col, channels, d_model
-  kEinsum0.plan().run(v12.data(), v6.data(), v13.data(), 1.0f, 0.0f);
-
-  // vit.mesh:50:59 add -> patch_embeddings
-  MESHRT_TRACE("loop", "vit.mesh:50:59", "forward");
   support::View v7(param5_vit_embed_patches_b_patch); // updated in place
   support::View v14 = arena_.view(8704, 2048);
-  loop2(v14.data(), v13.data(), v7.data());
+  // dims: batch, patches, pixel_row, pixel_col, channels, d_model
+  kEinsum0.plan().runBiasActivation(v12.data(), v6.data(), v7.data(), v14.data(), false);
 
   // vit.mesh:92:34 mul -> class_tokens
   MESHRT_TRACE("loop", "vit.mesh:92:34", "forward");
   support::View v2(param0_vit_class_token); // updated in place
   support::View v18 = persistent_.view(192, 2);
   support::View v19 = arena_.view(16896, 128);
-  loop3(v19.data(), v2.data(), v18.data());
+  loop2(v19.data(), v2.data(), v18.data());
 
   // vit.mesh:93:40 concat
   MESHRT_TRACE("concat", "vit.mesh:93:40", "forward");
@@ -2135,7 +2099,7 @@ void TrainVit::runPart0(const Inputs &inputs) {
   MESHRT_TRACE("loop", "vit.mesh:94:40", "forward");
   support::View v3(param1_vit_position_embedding); // updated in place
   support::View v22 = arena_.view(81920, 2176);
-  loop4(v22.data(), v20.data(), v3.data());
+  loop3(v22.data(), v20.data(), v3.data());
 
   // vit.mesh:36:10 layer_norm
   MESHRT_TRACE("layer_norm", "vit.mesh:36:10", "forward");
@@ -2149,7 +2113,7 @@ void TrainVit::runPart0(const Inputs &inputs) {
   support::View v25(param8_vit_encoder_layer_0_norm_gain); // updated in place
   support::View v26(param9_vit_encoder_layer_0_norm_bias); // updated in place
   support::View v29 = arena_.view(99328, 2176);
-  loop12(v29.data(), v27.data(), v25.data(), v26.data());
+  loop10(v29.data(), v27.data(), v25.data(), v26.data());
 
   // 26 statements from vit.mesh:59:11 einsum -> q (1 of 2)
   MESHRT_TRACE_SITE("vit.mesh:59:11");
@@ -2244,17 +2208,13 @@ void TrainVit::runPart0(const Inputs &inputs) {
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:100:10 einsum
+  // vit.mesh:100:48 add -> logits
   MESHRT_TRACE("gemm", "vit.mesh:100:10", "forward");
   support::View v4(param2_vit_w_head); // updated in place
-  support::View v118 = arena_.view(74240, 20);
-  // dims: batch, d_model, classes
-  kEinsum1.plan().run(v117.data(), v4.data(), v118.data(), 1.0f, 0.0f);
-
-  // vit.mesh:100:48 add -> logits
-  MESHRT_TRACE("loop", "vit.mesh:100:48", "forward");
   support::View v5(param3_vit_b_head); // updated in place
-  support::View v119 = arena_.view(74368, 20);
-  loop5(v119.data(), v118.data(), v5.data());
+  support::View v119 = arena_.view(74240, 20);
+  // dims: batch, d_model, classes
+  kEinsum1.plan().runBiasActivation(v117.data(), v4.data(), v5.data(), v119.data(), false);
 
   // vit.mesh:111:19 logsumexp
   MESHRT_TRACE("logsumexp", "vit.mesh:111:19", "forward");
@@ -2265,13 +2225,13 @@ void TrainVit::runPart0(const Inputs &inputs) {
   // vit.mesh:111:61 one_hot
   MESHRT_TRACE("one_hot", "vit.mesh:111:61", "forward");
   const support::Buffer &v1 = inputs.labels.data;
-  support::View v121 = arena_.view(74240, 20);
+  support::View v121 = arena_.view(74368, 20);
   support::oneHot(v121.data(), kShape35, v1.data(), kShape36, kShape37, 0);
 
   // vit.mesh:111:59 mul
   MESHRT_TRACE("loop", "vit.mesh:111:59", "forward");
   support::View v122 = arena_.view(74496, 20);
-  loop13(v122.data(), v119.data(), v121.data());
+  loop11(v122.data(), v119.data(), v121.data());
 
   // vit.mesh:111:48 sum
   MESHRT_TRACE("sum", "vit.mesh:111:48", "forward");
@@ -2282,16 +2242,10 @@ void TrainVit::runPart0(const Inputs &inputs) {
   // vit.mesh:111:46 sub
   MESHRT_TRACE("loop", "vit.mesh:111:46", "forward");
   support::View v124 = arena_.view(74496, 2);
-  loop14(v124.data(), v120.data(), v123.data());
-}
-
-void TrainVit::runPart1(const Inputs &inputs) {
-  (void)inputs;
-  MESHRT_TRACE_SPAN(world_);
+  loop12(v124.data(), v120.data(), v123.data());
 
   // vit.mesh:111:14 mean -> loss
   MESHRT_TRACE("mean", "vit.mesh:111:14", "forward");
-  support::View v124 = arena_.view(74496, 2);
   support::View v125 = arena_.view(379072, 1);
   support::reduce(v125.data(), kShape38, v124.data(), kShape38, kShape0, kShape1,
                   support::Reduce::Sum, 0.25);
@@ -2302,14 +2256,17 @@ void TrainVit::runPart1(const Inputs &inputs) {
   // vit.mesh:111:59 mul
   // vit.mesh:111:19 add
   MESHRT_TRACE("loop", "vit.mesh:111:19", "backward");
-  support::View v119 = arena_.view(74368, 20);
-  support::View v120 = arena_.view(74624, 2);
-  support::View v121 = arena_.view(74240, 20);
   support::View v137 = arena_.view(75264, 20);
-  loop15(v137.data(), v119.data(), v120.data(), v121.data());
+  loop13(v137.data(), v119.data(), v120.data(), v121.data());
+}
+
+void TrainVit::runPart1(const Inputs &inputs) {
+  (void)inputs;
+  MESHRT_TRACE_SPAN(world_);
 
   // vit.mesh:100:48 sum -> grad/vit/b_head
   MESHRT_TRACE("sum", "vit.mesh:100:48", "backward");
+  support::View v137 = arena_.view(75264, 20);
   support::View v138 = arena_.view(379008, 10);
   support::reduce(v138.data(), kShape29, v137.data(), kShape1, kShape0, kShape29,
                   support::Reduce::Sum, 1.0);
@@ -2331,7 +2288,7 @@ void TrainVit::runPart1(const Inputs &inputs) {
   // vit.mesh:99:13 broadcast
   MESHRT_TRACE("loop", "vit.mesh:99:13", "backward");
   support::View v141 = arena_.view(74752, 128);
-  loop16(v141.data(), v139.data());
+  loop14(v141.data(), v139.data());
 
   // vit.mesh:99:17 pad
   MESHRT_TRACE("pad", "vit.mesh:99:17", "backward");
@@ -2349,7 +2306,7 @@ void TrainVit::runPart1(const Inputs &inputs) {
   MESHRT_TRACE("loop", "vit.mesh:36:45", "backward");
   support::View v113 = arena_.view(290816, 2176);
   support::View v145 = arena_.view(308224, 2176);
-  loop17(v145.data(), v142.data(), v113.data());
+  loop15(v145.data(), v142.data(), v113.data());
 
   // vit.mesh:36:45 sum -> grad/vit/norm/gain
   MESHRT_TRACE("sum", "vit.mesh:36:45", "backward");
@@ -2368,7 +2325,7 @@ void TrainVit::runPart1(const Inputs &inputs) {
   // vit.mesh:36:10 square
   MESHRT_TRACE("loop", "vit.mesh:36:10", "backward");
   support::View v149 = arena_.view(308224, 2176);
-  loop18(v149.data(), v110.data(), v147.data());
+  loop16(v149.data(), v110.data(), v147.data());
 
   // vit.mesh:36:10 mean
   MESHRT_TRACE("mean", "vit.mesh:36:10", "backward");
@@ -2380,7 +2337,7 @@ void TrainVit::runPart1(const Inputs &inputs) {
   // vit.mesh:36:10 rsqrt
   MESHRT_TRACE("loop", "vit.mesh:36:10", "backward");
   support::View v153 = arena_.view(74432, 34);
-  loop19(v153.data(), v150.data());
+  loop17(v153.data(), v150.data());
 
   // vit.mesh:36:45 mul
   // vit.mesh:36:10 mul
@@ -2388,7 +2345,7 @@ void TrainVit::runPart1(const Inputs &inputs) {
   support::View v111(param30_vit_norm_gain); // updated in place
   support::View v144 = arena_.view(273408, 2176);
   support::View v154 = arena_.view(308224, 2176);
-  loop20(v144.data(), v154.data(), v142.data(), v111.data(), v113.data());
+  loop18(v144.data(), v154.data(), v142.data(), v111.data(), v113.data());
 
   // vit.mesh:36:10 mean
   MESHRT_TRACE("mean", "vit.mesh:36:10", "backward");
@@ -2414,7 +2371,7 @@ void TrainVit::runPart1(const Inputs &inputs) {
   support::View v160 = arena_.view(299520, 2176);
   support::View v161 = arena_.view(308224, 2176);
   support::View v162 = arena_.view(316928, 2176);
-  loop21(v160.data(), v161.data(), v162.data(), v113.data(), v155.data(), v144.data(), v157.data(),
+  loop19(v160.data(), v161.data(), v162.data(), v113.data(), v155.data(), v144.data(), v157.data(),
          v153.data(), v68.data(), v107.data());
 
   // 56 statements from vit.mesh:81:48 sum -> grad/vit/encoder_layer[1]/ffn_scale (1 of 2)
@@ -2518,7 +2475,7 @@ void TrainVit::runPart1(const Inputs &inputs) {
   support::View v258 = arena_.view(203776, 2176);
   support::View v259 = arena_.view(212480, 2176);
   support::View v260 = arena_.view(221184, 2176);
-  loop22(v258.data(), v259.data(), v260.data(), v71.data(), v252.data(), v242.data(), v254.data(),
+  loop20(v258.data(), v259.data(), v260.data(), v71.data(), v252.data(), v242.data(), v254.data(),
          v250.data(), v214.data(), v24.data(), v63.data());
 
   // 56 statements from vit.mesh:81:48 sum -> grad/vit/encoder_layer[1]/ffn_scale (2 of 2)
@@ -2617,7 +2574,7 @@ void TrainVit::runPart1(const Inputs &inputs) {
   // vit.mesh:93:40 transpose
   MESHRT_TRACE("loop", "vit.mesh:36:10", "backward");
   support::View v351 = arena_.view(99328, 2176);
-  loop23(v351.data(), v27.data(), v344.data(), v334.data(), v346.data(), v342.data(), v306.data());
+  loop21(v351.data(), v27.data(), v344.data(), v334.data(), v346.data(), v342.data(), v306.data());
 
   // vit.mesh:94:40 sum -> grad/vit/position_embedding
   MESHRT_TRACE("sum", "vit.mesh:94:40", "backward");
@@ -2630,34 +2587,34 @@ void TrainVit::runPart1(const Inputs &inputs) {
   support::View v353 = arena_.slot(8192, 128);
   support::copyWindow(v353.data(), v351.data(), kShape22, kShape23, kShape23, 128, 128, 1, 17,
                       int64_t(0));
-}
-
-void TrainVit::runPart2(const Inputs &inputs) {
-  (void)inputs;
-  MESHRT_TRACE_SPAN(world_);
 
   // vit.mesh:93:40 slice
   MESHRT_TRACE("slice", "vit.mesh:93:40", "backward");
-  support::View v351 = arena_.view(99328, 2176);
   support::View v354 = arena_.slot(0, 2048);
   support::copyWindow(v354.data(), v351.data(), kShape25, kShape41, kShape42, 64, 128, 16, 17,
                       int64_t(-1));
 
   // vit.mesh:92:34 mul
   MESHRT_TRACE("loop", "vit.mesh:92:34", "backward");
-  support::View v353 = arena_.view(8192, 128);
   support::View v18 = persistent_.view(192, 2);
   support::View v355 = arena_.view(8704, 128);
-  loop24(v355.data(), v353.data(), v18.data());
+  loop22(v355.data(), v353.data(), v18.data());
+}
+
+void TrainVit::runPart2(const Inputs &inputs) {
+  (void)inputs;
+  MESHRT_TRACE_SPAN(world_);
 
   // vit.mesh:92:34 sum -> grad/vit/class_token
   MESHRT_TRACE("sum", "vit.mesh:92:34", "backward");
+  support::View v355 = arena_.view(8704, 128);
   support::View v356 = arena_.view(98560, 64);
   support::reduce(v356.data(), kShape43, v355.data(), kShape40, kShape0, kShape1,
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:50:59 sum -> grad/vit/embed_patches/b_patch
   MESHRT_TRACE("sum", "vit.mesh:50:59", "backward");
+  support::View v354 = arena_.view(0, 2048);
   support::View v357 = arena_.view(98816, 64);
   support::reduce(v357.data(), kShape28, v354.data(), kShape1, kShape44, kShape45,
                   support::Reduce::Sum, 1.0);
@@ -2710,7 +2667,7 @@ void TrainVit::runPart2(const Inputs &inputs) {
   // vit.mesh:112:3 square
   MESHRT_TRACE("loop", "vit.mesh:112:3", "backward");
   support::View v383 = arena_.view(0, 64);
-  loop25(v383.data(), v356.data());
+  loop23(v383.data(), v356.data());
 
   // vit.mesh:112:3 sum
   MESHRT_TRACE("sum", "vit.mesh:112:3", "backward");
@@ -2721,7 +2678,7 @@ void TrainVit::runPart2(const Inputs &inputs) {
   // vit.mesh:112:3 square
   MESHRT_TRACE("loop", "vit.mesh:112:3", "backward");
   support::View v386 = arena_.view(0, 1088);
-  loop26(v386.data(), v352.data());
+  loop24(v386.data(), v352.data());
 
   // vit.mesh:112:3 sum
   MESHRT_TRACE("sum", "vit.mesh:112:3", "backward");
@@ -2732,7 +2689,7 @@ void TrainVit::runPart2(const Inputs &inputs) {
   // vit.mesh:112:3 square
   MESHRT_TRACE("loop", "vit.mesh:112:3", "backward");
   support::View v390 = arena_.view(0, 640);
-  loop27(v390.data(), v140.data());
+  loop25(v390.data(), v140.data());
 
   // vit.mesh:112:3 sum
   MESHRT_TRACE("sum", "vit.mesh:112:3", "backward");
@@ -2743,7 +2700,7 @@ void TrainVit::runPart2(const Inputs &inputs) {
   // vit.mesh:112:3 square
   MESHRT_TRACE("loop", "vit.mesh:112:3", "backward");
   support::View v394 = arena_.view(0, 10);
-  loop28(v394.data(), v138.data());
+  loop26(v394.data(), v138.data());
 
   // vit.mesh:112:3 sum
   MESHRT_TRACE("sum", "vit.mesh:112:3", "backward");
@@ -2754,7 +2711,7 @@ void TrainVit::runPart2(const Inputs &inputs) {
   // vit.mesh:112:3 square
   MESHRT_TRACE("loop", "vit.mesh:112:3", "backward");
   support::View v398 = arena_.view(0, 3072);
-  loop29(v398.data(), v358.data());
+  loop27(v398.data(), v358.data());
 
   // vit.mesh:112:3 sum
   MESHRT_TRACE("sum", "vit.mesh:112:3", "backward");
@@ -2775,7 +2732,7 @@ void TrainVit::runPart2(const Inputs &inputs) {
   // vit.mesh:112:3 square
   MESHRT_TRACE("loop", "vit.mesh:112:3", "backward");
   support::View v414 = arena_.view(0, 64);
-  loop25(v414.data(), v336.data());
+  loop23(v414.data(), v336.data());
 
   // vit.mesh:112:3 sum
   MESHRT_TRACE("sum", "vit.mesh:112:3", "backward");
@@ -2786,7 +2743,7 @@ void TrainVit::runPart2(const Inputs &inputs) {
   // vit.mesh:112:3 square
   MESHRT_TRACE("loop", "vit.mesh:112:3", "backward");
   support::View v418 = arena_.view(0, 64);
-  loop25(v418.data(), v333.data());
+  loop23(v418.data(), v333.data());
 
   // vit.mesh:112:3 sum
   MESHRT_TRACE("sum", "vit.mesh:112:3", "backward");
@@ -2868,7 +2825,7 @@ void TrainVit::runPart2(const Inputs &inputs) {
   // vit.mesh:112:3 square
   MESHRT_TRACE("loop", "vit.mesh:112:3", "backward");
   support::View v518 = arena_.view(0, 64);
-  loop25(v518.data(), v143.data());
+  loop23(v518.data(), v143.data());
 
   // vit.mesh:112:3 sum
   MESHRT_TRACE("sum", "vit.mesh:112:3", "backward");
@@ -3145,7 +3102,7 @@ void TrainVit::runPart3(const Inputs &inputs) {
   support::View v356 = arena_.view(98560, 64);
   support::View v556(param32_vit_class_token_m); // updated in place
   support::View v557(param33_vit_class_token_v); // updated in place
-  loop30(v556.data(), v557.data(), v2.data(), v356.data(), v523.data(), v570.data(), v572.data(),
+  loop28(v556.data(), v557.data(), v2.data(), v356.data(), v523.data(), v570.data(), v572.data(),
          v381.data());
 
   // vit.mesh:112:3 mul
@@ -3170,7 +3127,7 @@ void TrainVit::runPart3(const Inputs &inputs) {
   support::View v352 = arena_.view(94208, 1088);
   support::View v584(param34_vit_position_embedding_m); // updated in place
   support::View v585(param35_vit_position_embedding_v); // updated in place
-  loop31(v584.data(), v585.data(), v3.data(), v352.data(), v523.data(), v570.data(), v572.data(),
+  loop29(v584.data(), v585.data(), v3.data(), v352.data(), v523.data(), v570.data(), v572.data(),
          v381.data());
 
   // vit.mesh:112:3 mul
@@ -3195,7 +3152,7 @@ void TrainVit::runPart3(const Inputs &inputs) {
   support::View v140 = arena_.view(375936, 640);
   support::View v604(param36_vit_w_head_m); // updated in place
   support::View v605(param37_vit_w_head_v); // updated in place
-  loop32(v604.data(), v605.data(), v4.data(), v140.data(), v523.data(), v570.data(), v572.data(),
+  loop30(v604.data(), v605.data(), v4.data(), v140.data(), v523.data(), v570.data(), v572.data(),
          v381.data());
 
   // vit.mesh:112:3 mul
@@ -3220,7 +3177,7 @@ void TrainVit::runPart3(const Inputs &inputs) {
   support::View v138 = arena_.view(379008, 10);
   support::View v624(param38_vit_b_head_m); // updated in place
   support::View v625(param39_vit_b_head_v); // updated in place
-  loop33(v624.data(), v625.data(), v5.data(), v138.data(), v523.data(), v570.data(), v572.data(),
+  loop31(v624.data(), v625.data(), v5.data(), v138.data(), v523.data(), v570.data(), v572.data(),
          v381.data());
 
   // vit.mesh:112:3 mul
@@ -3245,7 +3202,7 @@ void TrainVit::runPart3(const Inputs &inputs) {
   support::View v358 = arena_.view(81920, 3072);
   support::View v644(param40_vit_embed_patches_w_patch_m); // updated in place
   support::View v645(param41_vit_embed_patches_w_patch_v); // updated in place
-  loop34(v644.data(), v645.data(), v6.data(), v358.data(), v523.data(), v570.data(), v572.data(),
+  loop32(v644.data(), v645.data(), v6.data(), v358.data(), v523.data(), v570.data(), v572.data(),
          v381.data());
 
   // 1 statements from vit.mesh:112:3 mul (1 of 3)
@@ -3417,7 +3374,7 @@ void TrainVit::repeated0(
   // vit.mesh:112:3 mul
   // vit.mesh:112:3 sub -> next/vit/encoder_layer[0]/norm/gain
   MESHRT_TRACE("loop", "vit.mesh:112:3", "update");
-  loop30(a3.data(), a4.data(), a0.data(), a1.data(), a2.data(), a5.data(), a6.data(), a7.data());
+  loop28(a3.data(), a4.data(), a0.data(), a1.data(), a2.data(), a5.data(), a6.data(), a7.data());
 
   // vit.mesh:112:3 mul
   // vit.mesh:112:3 mul
@@ -3437,7 +3394,7 @@ void TrainVit::repeated0(
   // vit.mesh:112:3 mul
   // vit.mesh:112:3 sub -> next/vit/encoder_layer[0]/norm/bias
   MESHRT_TRACE("loop", "vit.mesh:112:3", "update");
-  loop30(a10.data(), a11.data(), a8.data(), a9.data(), a2.data(), a5.data(), a6.data(), a7.data());
+  loop28(a10.data(), a11.data(), a8.data(), a9.data(), a2.data(), a5.data(), a6.data(), a7.data());
 
   // vit.mesh:112:3 mul
   // vit.mesh:112:3 mul
@@ -3457,7 +3414,7 @@ void TrainVit::repeated0(
   // vit.mesh:112:3 mul
   // vit.mesh:112:3 sub -> next/vit/encoder_layer[0]/attention/w_q
   MESHRT_TRACE("loop", "vit.mesh:112:3", "update");
-  loop35(a14.data(), a15.data(), a12.data(), a13.data(), a2.data(), a5.data(), a6.data(),
+  loop33(a14.data(), a15.data(), a12.data(), a13.data(), a2.data(), a5.data(), a6.data(),
          a7.data());
 
   // vit.mesh:112:3 mul
@@ -3478,7 +3435,7 @@ void TrainVit::repeated0(
   // vit.mesh:112:3 mul
   // vit.mesh:112:3 sub -> next/vit/encoder_layer[0]/attention/w_k
   MESHRT_TRACE("loop", "vit.mesh:112:3", "update");
-  loop35(a18.data(), a19.data(), a16.data(), a17.data(), a2.data(), a5.data(), a6.data(),
+  loop33(a18.data(), a19.data(), a16.data(), a17.data(), a2.data(), a5.data(), a6.data(),
          a7.data());
 
   // vit.mesh:112:3 mul
@@ -3499,7 +3456,7 @@ void TrainVit::repeated0(
   // vit.mesh:112:3 mul
   // vit.mesh:112:3 sub -> next/vit/encoder_layer[0]/attention/w_v
   MESHRT_TRACE("loop", "vit.mesh:112:3", "update");
-  loop35(a22.data(), a23.data(), a20.data(), a21.data(), a2.data(), a5.data(), a6.data(),
+  loop33(a22.data(), a23.data(), a20.data(), a21.data(), a2.data(), a5.data(), a6.data(),
          a7.data());
 
   // vit.mesh:112:3 mul
@@ -3520,7 +3477,7 @@ void TrainVit::repeated0(
   // vit.mesh:112:3 mul
   // vit.mesh:112:3 sub -> next/vit/encoder_layer[0]/attention/w_o
   MESHRT_TRACE("loop", "vit.mesh:112:3", "update");
-  loop35(a26.data(), a27.data(), a24.data(), a25.data(), a2.data(), a5.data(), a6.data(),
+  loop33(a26.data(), a27.data(), a24.data(), a25.data(), a2.data(), a5.data(), a6.data(),
          a7.data());
 
   // vit.mesh:112:3 mul
@@ -3541,7 +3498,7 @@ void TrainVit::repeated0(
   // vit.mesh:112:3 mul
   // vit.mesh:112:3 sub -> next/vit/encoder_layer[0]/norm#1/gain
   MESHRT_TRACE("loop", "vit.mesh:112:3", "update");
-  loop30(a30.data(), a31.data(), a28.data(), a29.data(), a2.data(), a5.data(), a6.data(),
+  loop28(a30.data(), a31.data(), a28.data(), a29.data(), a2.data(), a5.data(), a6.data(),
          a7.data());
 
   // vit.mesh:112:3 mul
@@ -3562,7 +3519,7 @@ void TrainVit::repeated0(
   // vit.mesh:112:3 mul
   // vit.mesh:112:3 sub -> next/vit/encoder_layer[0]/norm#1/bias
   MESHRT_TRACE("loop", "vit.mesh:112:3", "update");
-  loop30(a34.data(), a35.data(), a32.data(), a33.data(), a2.data(), a5.data(), a6.data(),
+  loop28(a34.data(), a35.data(), a32.data(), a33.data(), a2.data(), a5.data(), a6.data(),
          a7.data());
 
   // vit.mesh:112:3 mul
@@ -3583,7 +3540,7 @@ void TrainVit::repeated0(
   // vit.mesh:112:3 mul
   // vit.mesh:112:3 sub -> next/vit/encoder_layer[0]/ffn/w_in
   MESHRT_TRACE("loop", "vit.mesh:112:3", "update");
-  loop36(a38.data(), a39.data(), a36.data(), a37.data(), a2.data(), a5.data(), a6.data(),
+  loop34(a38.data(), a39.data(), a36.data(), a37.data(), a2.data(), a5.data(), a6.data(),
          a7.data());
 
   // vit.mesh:112:3 mul
@@ -3604,7 +3561,7 @@ void TrainVit::repeated0(
   // vit.mesh:112:3 mul
   // vit.mesh:112:3 sub -> next/vit/encoder_layer[0]/ffn/w_out
   MESHRT_TRACE("loop", "vit.mesh:112:3", "update");
-  loop36(a42.data(), a43.data(), a40.data(), a41.data(), a2.data(), a5.data(), a6.data(),
+  loop34(a42.data(), a43.data(), a40.data(), a41.data(), a2.data(), a5.data(), a6.data(),
          a7.data());
 
   // vit.mesh:112:3 mul
@@ -3625,7 +3582,7 @@ void TrainVit::repeated0(
   // vit.mesh:112:3 mul
   // vit.mesh:112:3 sub -> next/vit/encoder_layer[1]/attention_scale
   MESHRT_TRACE("loop", "vit.mesh:112:3", "update");
-  loop30(a46.data(), a47.data(), a44.data(), a45.data(), a2.data(), a5.data(), a6.data(),
+  loop28(a46.data(), a47.data(), a44.data(), a45.data(), a2.data(), a5.data(), a6.data(),
          a7.data());
 
   // vit.mesh:112:3 mul
@@ -3646,7 +3603,7 @@ void TrainVit::repeated0(
   // vit.mesh:112:3 mul
   // vit.mesh:112:3 sub -> next/vit/encoder_layer[1]/ffn_scale
   MESHRT_TRACE("loop", "vit.mesh:112:3", "update");
-  loop30(a50.data(), a51.data(), a48.data(), a49.data(), a2.data(), a5.data(), a6.data(),
+  loop28(a50.data(), a51.data(), a48.data(), a49.data(), a2.data(), a5.data(), a6.data(),
          a7.data());
 }
 
@@ -3748,7 +3705,7 @@ void TrainVit::repeated1(
 
   // vit.mesh:72:25 cast -> grad/vit/encoder_layer[1]/ffn/w_out
   MESHRT_TRACE("loop", "vit.mesh:72:25", "backward");
-  loop37(a8.data(), a7.data());
+  loop35(a8.data(), a7.data());
 
   // vit.mesh:71:11 square
   // vit.mesh:71:11 mul
@@ -3768,7 +3725,7 @@ void TrainVit::repeated1(
   // vit.mesh:71:11 add
   // vit.mesh:71:11 mul
   MESHRT_TRACE("loop", "vit.mesh:71:11", "backward");
-  loop38(a10.data(), a9.data(), a5.data());
+  loop36(a10.data(), a9.data(), a5.data());
 
   // vit.mesh:71:16 einsum
   MESHRT_TRACE("gemm", "vit.mesh:71:16", "backward");
@@ -3814,11 +3771,11 @@ void TrainVit::repeated1(
 
   // vit.mesh:71:38 cast -> grad/vit/encoder_layer[1]/ffn/w_in
   MESHRT_TRACE("loop", "vit.mesh:71:38", "backward");
-  loop37(a15.data(), a14.data());
+  loop35(a15.data(), a14.data());
 
   // vit.mesh:71:23 cast
   MESHRT_TRACE("loop", "vit.mesh:71:23", "backward");
-  loop39(a16.data(), a12.data());
+  loop37(a16.data(), a12.data());
 
   // vit.mesh:36:52 all_reduce_sum (resolve the partial sum of %191 over model for sum at 36:52)
   MESHRT_TRACE_SITE("vit.mesh:36:52");
@@ -3831,7 +3788,7 @@ void TrainVit::repeated1(
 
   // vit.mesh:36:45 mul
   MESHRT_TRACE("loop", "vit.mesh:36:45", "backward");
-  loop17(a19.data(), a16.data(), a18.data());
+  loop15(a19.data(), a16.data(), a18.data());
 
   // vit.mesh:36:45 sum -> grad/vit/encoder_layer[1]/norm#1/gain
   MESHRT_TRACE("sum", "vit.mesh:36:45", "backward");
@@ -3846,7 +3803,7 @@ void TrainVit::repeated1(
   // vit.mesh:36:10 sub
   // vit.mesh:36:10 square
   MESHRT_TRACE("loop", "vit.mesh:36:10", "backward");
-  loop18(a23.data(), a22.data(), a21.data());
+  loop16(a23.data(), a22.data(), a21.data());
 
   // vit.mesh:36:10 mean
   MESHRT_TRACE("mean", "vit.mesh:36:10", "backward");
@@ -3856,12 +3813,12 @@ void TrainVit::repeated1(
   // vit.mesh:36:10 add
   // vit.mesh:36:10 rsqrt
   MESHRT_TRACE("loop", "vit.mesh:36:10", "backward");
-  loop19(a25.data(), a24.data());
+  loop17(a25.data(), a24.data());
 
   // vit.mesh:36:45 mul
   // vit.mesh:36:10 mul
   MESHRT_TRACE("loop", "vit.mesh:36:45", "backward");
-  loop20(a27.data(), a28.data(), a16.data(), a26.data(), a18.data());
+  loop18(a27.data(), a28.data(), a16.data(), a26.data(), a18.data());
 
   // vit.mesh:36:10 mean
   MESHRT_TRACE("mean", "vit.mesh:36:10", "backward");
@@ -3881,7 +3838,7 @@ void TrainVit::repeated1(
   // vit.mesh:80:55 mul
   // vit.mesh:80:55 mul
   MESHRT_TRACE("loop", "vit.mesh:36:10", "backward");
-  loop22(a34.data(), a35.data(), a36.data(), a18.data(), a29.data(), a27.data(), a30.data(),
+  loop20(a34.data(), a35.data(), a36.data(), a18.data(), a29.data(), a27.data(), a30.data(),
          a25.data(), a31.data(), a32.data(), a33.data());
 
   // vit.mesh:80:55 sum -> grad/vit/encoder_layer[1]/attention_scale
@@ -3934,7 +3891,7 @@ void TrainVit::repeated1(
 
   // vit.mesh:62:17 mul
   MESHRT_TRACE("loop", "vit.mesh:62:17", "backward");
-  loop40(a47.data(), a44.data(), a45.data());
+  loop38(a47.data(), a44.data(), a45.data());
 
   // vit.mesh:62:17 sum
   MESHRT_TRACE("sum", "vit.mesh:62:17", "backward");
@@ -3945,7 +3902,7 @@ void TrainVit::repeated1(
   // vit.mesh:62:17 mul
   // vit.mesh:62:67 mul
   MESHRT_TRACE("loop", "vit.mesh:62:17", "backward");
-  loop41(a49.data(), a44.data(), a48.data(), a45.data());
+  loop39(a49.data(), a44.data(), a48.data(), a45.data());
 
   // vit.mesh:62:25 einsum
   MESHRT_TRACE("gemm", "vit.mesh:62:25", "backward");
@@ -3985,7 +3942,7 @@ void TrainVit::repeated1(
   // vit.mesh:60:18 add
   // vit.mesh:59:11 add
   MESHRT_TRACE("loop", "vit.mesh:60:18", "backward");
-  loop42(a64.data(), a55.data(), a59.data(), a63.data());
+  loop40(a64.data(), a55.data(), a59.data(), a63.data());
 
   // vit.mesh:36:52 all_reduce_sum (resolve the partial sum of %233 over model for sum at 36:52)
   MESHRT_TRACE_SITE("vit.mesh:36:52");
@@ -4006,7 +3963,7 @@ void TrainVit::repeated1(
 
   // vit.mesh:36:45 mul
   MESHRT_TRACE("loop", "vit.mesh:36:45", "backward");
-  loop17(a69.data(), a64.data(), a68.data());
+  loop15(a69.data(), a64.data(), a68.data());
 
   // vit.mesh:36:45 sum -> grad/vit/encoder_layer[1]/norm/gain
   MESHRT_TRACE("sum", "vit.mesh:36:45", "backward");
@@ -4021,7 +3978,7 @@ void TrainVit::repeated1(
   // vit.mesh:36:10 sub
   // vit.mesh:36:10 square
   MESHRT_TRACE("loop", "vit.mesh:36:10", "backward");
-  loop18(a73.data(), a72.data(), a71.data());
+  loop16(a73.data(), a72.data(), a71.data());
 
   // vit.mesh:36:10 mean
   MESHRT_TRACE("mean", "vit.mesh:36:10", "backward");
@@ -4031,12 +3988,12 @@ void TrainVit::repeated1(
   // vit.mesh:36:10 add
   // vit.mesh:36:10 rsqrt
   MESHRT_TRACE("loop", "vit.mesh:36:10", "backward");
-  loop19(a75.data(), a74.data());
+  loop17(a75.data(), a74.data());
 
   // vit.mesh:36:45 mul
   // vit.mesh:36:10 mul
   MESHRT_TRACE("loop", "vit.mesh:36:45", "backward");
-  loop20(a77.data(), a78.data(), a64.data(), a76.data(), a68.data());
+  loop18(a77.data(), a78.data(), a64.data(), a76.data(), a68.data());
 
   // vit.mesh:36:10 mean
   MESHRT_TRACE("mean", "vit.mesh:36:10", "backward");
@@ -4138,7 +4095,7 @@ void TrainVit::repeated2(support::ConstView a0, support::ConstView a1, support::
   // vit.mesh:80:55 mul
   // vit.mesh:80:13 add -> h
   MESHRT_TRACE("loop", "vit.mesh:80:55", "forward");
-  loop43(a17.data(), a14.data(), a15.data(), a16.data());
+  loop41(a17.data(), a14.data(), a15.data(), a16.data());
 
   // vit.mesh:36:10 layer_norm
   MESHRT_TRACE("layer_norm", "vit.mesh:36:10", "forward");
@@ -4149,11 +4106,11 @@ void TrainVit::repeated2(support::ConstView a0, support::ConstView a1, support::
   // vit.mesh:36:52 add
   // vit.mesh:71:23 cast
   MESHRT_TRACE("loop", "vit.mesh:36:45", "forward");
-  loop8(a21.data(), a18.data(), a19.data(), a20.data());
+  loop6(a21.data(), a18.data(), a19.data(), a20.data());
 
   // vit.mesh:71:38 cast
   MESHRT_TRACE("loop", "vit.mesh:71:38", "forward");
-  loop9(a23.data(), a22.data());
+  loop7(a23.data(), a22.data());
 
   // vit.mesh:71:16 einsum
   MESHRT_TRACE("gemm", "vit.mesh:71:16", "forward");
@@ -4178,11 +4135,11 @@ void TrainVit::repeated2(support::ConstView a0, support::ConstView a1, support::
 
   // vit.mesh:71:11 gelu -> h
   MESHRT_TRACE("loop", "vit.mesh:71:11", "forward");
-  loop10(a25.data(), a24.data());
+  loop8(a25.data(), a24.data());
 
   // vit.mesh:72:25 cast
   MESHRT_TRACE("loop", "vit.mesh:72:25", "forward");
-  loop9(a27.data(), a26.data());
+  loop7(a27.data(), a26.data());
 
   // vit.mesh:72:15 einsum
   MESHRT_TRACE("gemm", "vit.mesh:72:15", "forward");
@@ -4237,7 +4194,7 @@ void TrainVit::repeated2(support::ConstView a0, support::ConstView a1, support::
   // vit.mesh:81:48 mul
   // vit.mesh:81:12 add -> x
   MESHRT_TRACE("loop", "vit.mesh:81:48", "forward");
-  loop43(a31.data(), a29.data(), a30.data(), a17.data());
+  loop41(a31.data(), a29.data(), a30.data(), a17.data());
 
   // vit.mesh:36:10 layer_norm
   MESHRT_TRACE("layer_norm", "vit.mesh:36:10", "forward");
@@ -4247,7 +4204,7 @@ void TrainVit::repeated2(support::ConstView a0, support::ConstView a1, support::
   // vit.mesh:36:45 mul
   // vit.mesh:36:52 add
   MESHRT_TRACE("loop", "vit.mesh:36:45", "forward");
-  loop12(a35.data(), a32.data(), a33.data(), a34.data());
+  loop10(a35.data(), a32.data(), a33.data(), a34.data());
 }
 
 void TrainVit::repeated3(support::View a0, support::ConstView a1, support::ConstView a2,
@@ -4273,7 +4230,7 @@ void TrainVit::repeated3(support::View a0, support::ConstView a1, support::Const
   // vit.mesh:112:3 mul
   // vit.mesh:112:3 sub -> next/vit/embed_patches/b_patch
   MESHRT_TRACE("loop", "vit.mesh:112:3", "update");
-  loop30(a3.data(), a4.data(), a0.data(), a1.data(), a2.data(), a5.data(), a6.data(), a7.data());
+  loop28(a3.data(), a4.data(), a0.data(), a1.data(), a2.data(), a5.data(), a6.data(), a7.data());
 }
 
 void TrainVit::repeated4(support::ConstView a0, support::View a1, support::View a2,
@@ -4283,7 +4240,7 @@ void TrainVit::repeated4(support::ConstView a0, support::View a1, support::View 
 
   // vit.mesh:112:3 square
   MESHRT_TRACE("loop", "vit.mesh:112:3", "backward");
-  loop25(a1.data(), a0.data());
+  loop23(a1.data(), a0.data());
 
   // vit.mesh:112:3 sum
   MESHRT_TRACE("sum", "vit.mesh:112:3", "backward");
@@ -4292,7 +4249,7 @@ void TrainVit::repeated4(support::ConstView a0, support::View a1, support::View 
 
   // vit.mesh:112:3 square
   MESHRT_TRACE("loop", "vit.mesh:112:3", "backward");
-  loop25(a4.data(), a3.data());
+  loop23(a4.data(), a3.data());
 
   // vit.mesh:112:3 sum
   MESHRT_TRACE("sum", "vit.mesh:112:3", "backward");
@@ -4301,7 +4258,7 @@ void TrainVit::repeated4(support::ConstView a0, support::View a1, support::View 
 
   // vit.mesh:112:3 square
   MESHRT_TRACE("loop", "vit.mesh:112:3", "backward");
-  loop25(a7.data(), a6.data());
+  loop23(a7.data(), a6.data());
 
   // vit.mesh:112:3 sum
   MESHRT_TRACE("sum", "vit.mesh:112:3", "backward");
@@ -4319,7 +4276,7 @@ void TrainVit::repeated5(support::ConstView a0, support::View a1, support::View 
 
   // vit.mesh:112:3 square
   MESHRT_TRACE("loop", "vit.mesh:112:3", "backward");
-  loop44(a1.data(), a0.data());
+  loop42(a1.data(), a0.data());
 
   // vit.mesh:112:3 sum
   MESHRT_TRACE("sum", "vit.mesh:112:3", "backward");
@@ -4328,7 +4285,7 @@ void TrainVit::repeated5(support::ConstView a0, support::View a1, support::View 
 
   // vit.mesh:112:3 square
   MESHRT_TRACE("loop", "vit.mesh:112:3", "backward");
-  loop44(a4.data(), a3.data());
+  loop42(a4.data(), a3.data());
 
   // vit.mesh:112:3 sum
   MESHRT_TRACE("sum", "vit.mesh:112:3", "backward");
@@ -4337,7 +4294,7 @@ void TrainVit::repeated5(support::ConstView a0, support::View a1, support::View 
 
   // vit.mesh:112:3 square
   MESHRT_TRACE("loop", "vit.mesh:112:3", "backward");
-  loop44(a7.data(), a6.data());
+  loop42(a7.data(), a6.data());
 
   // vit.mesh:112:3 sum
   MESHRT_TRACE("sum", "vit.mesh:112:3", "backward");
@@ -4346,7 +4303,7 @@ void TrainVit::repeated5(support::ConstView a0, support::View a1, support::View 
 
   // vit.mesh:112:3 square
   MESHRT_TRACE("loop", "vit.mesh:112:3", "backward");
-  loop44(a10.data(), a9.data());
+  loop42(a10.data(), a9.data());
 
   // vit.mesh:112:3 sum
   MESHRT_TRACE("sum", "vit.mesh:112:3", "backward");
@@ -4355,7 +4312,7 @@ void TrainVit::repeated5(support::ConstView a0, support::View a1, support::View 
 
   // vit.mesh:112:3 square
   MESHRT_TRACE("loop", "vit.mesh:112:3", "backward");
-  loop45(a13.data(), a12.data());
+  loop43(a13.data(), a12.data());
 
   // vit.mesh:112:3 sum
   MESHRT_TRACE("sum", "vit.mesh:112:3", "backward");
@@ -4364,7 +4321,7 @@ void TrainVit::repeated5(support::ConstView a0, support::View a1, support::View 
 
   // vit.mesh:112:3 square
   MESHRT_TRACE("loop", "vit.mesh:112:3", "backward");
-  loop45(a16.data(), a15.data());
+  loop43(a16.data(), a15.data());
 
   // vit.mesh:112:3 sum
   MESHRT_TRACE("sum", "vit.mesh:112:3", "backward");

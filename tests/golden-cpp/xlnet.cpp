@@ -225,18 +225,6 @@ static const support::SharedEinsum
 
 [[gnu::noinline]] static void loop14(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2) {
-  for (int64_t i0 = 0; i0 < 32; ++i0) {
-    for (int64_t i1 = 0; i1 < 32; ++i1) {
-      const float s0 = p1[i0 * 32 + i1];
-      const float s1 = p2[i1];
-      const float s2 = (s0 + s1);
-      p0[i0 * 32 + i1] = s2;
-    }
-  }
-}
-
-[[gnu::noinline]] static void loop15(float *__restrict p0, const float *__restrict p1,
-                                     const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 1024; ++i0) {
     const float s0 = p1[i0];
     const float s1 = p2[i0];
@@ -245,20 +233,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop16(float *__restrict p0, const float *__restrict p1,
-                                     const float *__restrict p2) {
-  for (int64_t i0 = 0; i0 < 32; ++i0) {
-    for (int64_t i1 = 0; i1 < 32; ++i1) {
-      const float s0 = p1[i0 * 32 + i1];
-      const float s1 = p2[i1];
-      const float s2 = (s0 + s1);
-      const float s3 = support::fgelu(s2);
-      p0[i0 * 32 + i1] = s3;
-    }
-  }
-}
-
-[[gnu::noinline]] static void loop17(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop15(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 32; ++i0) {
     for (int64_t i1 = 0; i1 < 16; ++i1) {
@@ -270,7 +245,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop18(float *__restrict p0, const float *__restrict p1) {
+[[gnu::noinline]] static void loop16(float *__restrict p0, const float *__restrict p1) {
   for (int64_t i0 = 0; i0 < 16; ++i0) {
     const float s0 = p1[i0];
     const float s1 = support::wrapI32(12.0);
@@ -280,7 +255,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop19(float *__restrict p0, float *__restrict p1,
+[[gnu::noinline]] static void loop17(float *__restrict p0, float *__restrict p1,
                                      const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 32; ++i0) {
     const float s0 = p2[i0];
@@ -292,7 +267,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop20(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop18(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 32; ++i0) {
     for (int64_t i1 = 0; i1 < 32; ++i1) {
@@ -304,7 +279,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop21(float *__restrict p0, float *__restrict p1,
+[[gnu::noinline]] static void loop19(float *__restrict p0, float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3) {
   for (int64_t i0 = 0; i0 < 32; ++i0) {
     for (int64_t i1 = 0; i1 < 32; ++i1) {
@@ -318,7 +293,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop22(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop20(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3) {
   for (int64_t i0 = 0; i0 < 32; ++i0) {
     for (int64_t i1 = 0; i1 < 32; ++i1) {
@@ -332,7 +307,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop23(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop21(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 1024; ++i0) {
     const float s0 = p1[i0];
@@ -342,7 +317,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop24(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop22(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4, const float *__restrict p5) {
   for (int64_t i0 = 0; i0 < 2; ++i0) {
@@ -371,7 +346,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop25(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop23(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 2; ++i0) {
     for (int64_t i1 = 0; i1 < 16; ++i1) {
@@ -384,7 +359,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop26(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop24(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 2; ++i0) {
     for (int64_t i1 = 0; i1 < 16; ++i1) {
@@ -396,7 +371,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop27(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop25(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 1024; ++i0) {
     const float s0 = p1[i0];
@@ -433,7 +408,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop28(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop26(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 32; ++i0) {
     const float s0 = p1[i0];
@@ -443,7 +418,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop29(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop27(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 512; ++i0) {
     const float s0 = p1[i0];
@@ -453,7 +428,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop30(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop28(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4) {
   for (int64_t i0 = 0; i0 < 4; ++i0) {
@@ -475,7 +450,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop31(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop29(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 4096; ++i0) {
     const float s0 = p1[i0];
@@ -485,7 +460,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop32(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop30(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 16; ++i0) {
     const float s0 = p1[i0];
@@ -495,7 +470,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop33(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop31(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4) {
   for (int64_t i0 = 0; i0 < 1024; ++i0) {
@@ -510,7 +485,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop34(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop32(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3) {
   for (int64_t i0 = 0; i0 < 32; ++i0) {
     for (int64_t i1 = 0; i1 < 32; ++i1) {
@@ -524,7 +499,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop35(float *__restrict p0, float *__restrict p1,
+[[gnu::noinline]] static void loop33(float *__restrict p0, float *__restrict p1,
                                      float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4, const float *__restrict p5,
                                      const float *__restrict p6) {
@@ -532,6 +507,96 @@ static const support::SharedEinsum
   const float r5 = p5[0];
   const float r6 = p6[0];
   for (int64_t i0 = 0; i0 < 1024; ++i0) {
+    const float s0 = p2[i0];
+    const float s1 = 0.01f;
+    const float s2 = (s0 * s1);
+    const float s3 = p3[i0];
+    const float s4 = s3 * s3;
+    const float s5 = 0.0009999871f;
+    const float s6 = (s4 * s5);
+    const float s7 = p0[i0];
+    const float s8 = 0.999f;
+    const float s9 = (s7 * s8);
+    const float s10 = (s9 + s6);
+    const float s11 = r3;
+    const float s12 = (s10 / s11);
+    const float s13 = support::fsqrt(s12);
+    const float s14 = 1e-08f;
+    const float s15 = (s13 + s14);
+    const float s16 = p3[i0];
+    const float s17 = 0.100000024f;
+    const float s18 = (s16 * s17);
+    const float s19 = p1[i0];
+    const float s20 = 0.9f;
+    const float s21 = (s19 * s20);
+    const float s22 = (s21 + s18);
+    const float s23 = r5;
+    const float s24 = (s22 / s23);
+    const float s25 = (s24 / s15);
+    const float s26 = (s25 + s2);
+    const float s27 = r6;
+    const float s28 = (s26 * s27);
+    const float s29 = p2[i0];
+    const float s30 = (s29 - s28);
+    p0[i0] = s10;
+    p1[i0] = s22;
+    p2[i0] = s30;
+  }
+}
+
+[[gnu::noinline]] static void loop34(float *__restrict p0, float *__restrict p1,
+                                     float *__restrict p2, const float *__restrict p3,
+                                     const float *__restrict p4, const float *__restrict p5,
+                                     const float *__restrict p6) {
+  const float r3 = p4[0];
+  const float r5 = p5[0];
+  const float r6 = p6[0];
+  for (int64_t i0 = 0; i0 < 32; ++i0) {
+    const float s0 = p2[i0];
+    const float s1 = 0.01f;
+    const float s2 = (s0 * s1);
+    const float s3 = p3[i0];
+    const float s4 = s3 * s3;
+    const float s5 = 0.0009999871f;
+    const float s6 = (s4 * s5);
+    const float s7 = p0[i0];
+    const float s8 = 0.999f;
+    const float s9 = (s7 * s8);
+    const float s10 = (s9 + s6);
+    const float s11 = r3;
+    const float s12 = (s10 / s11);
+    const float s13 = support::fsqrt(s12);
+    const float s14 = 1e-08f;
+    const float s15 = (s13 + s14);
+    const float s16 = p3[i0];
+    const float s17 = 0.100000024f;
+    const float s18 = (s16 * s17);
+    const float s19 = p1[i0];
+    const float s20 = 0.9f;
+    const float s21 = (s19 * s20);
+    const float s22 = (s21 + s18);
+    const float s23 = r5;
+    const float s24 = (s22 / s23);
+    const float s25 = (s24 / s15);
+    const float s26 = (s25 + s2);
+    const float s27 = r6;
+    const float s28 = (s26 * s27);
+    const float s29 = p2[i0];
+    const float s30 = (s29 - s28);
+    p0[i0] = s10;
+    p1[i0] = s22;
+    p2[i0] = s30;
+  }
+}
+
+[[gnu::noinline]] static void loop35(float *__restrict p0, float *__restrict p1,
+                                     float *__restrict p2, const float *__restrict p3,
+                                     const float *__restrict p4, const float *__restrict p5,
+                                     const float *__restrict p6) {
+  const float r3 = p4[0];
+  const float r5 = p5[0];
+  const float r6 = p6[0];
+  for (int64_t i0 = 0; i0 < 512; ++i0) {
     const float s0 = p2[i0];
     const float s1 = 0.01f;
     const float s2 = (s0 * s1);
@@ -576,96 +641,6 @@ static const support::SharedEinsum
   const float r3 = p4[0];
   const float r5 = p5[0];
   const float r6 = p6[0];
-  for (int64_t i0 = 0; i0 < 32; ++i0) {
-    const float s0 = p2[i0];
-    const float s1 = 0.01f;
-    const float s2 = (s0 * s1);
-    const float s3 = p3[i0];
-    const float s4 = s3 * s3;
-    const float s5 = 0.0009999871f;
-    const float s6 = (s4 * s5);
-    const float s7 = p0[i0];
-    const float s8 = 0.999f;
-    const float s9 = (s7 * s8);
-    const float s10 = (s9 + s6);
-    const float s11 = r3;
-    const float s12 = (s10 / s11);
-    const float s13 = support::fsqrt(s12);
-    const float s14 = 1e-08f;
-    const float s15 = (s13 + s14);
-    const float s16 = p3[i0];
-    const float s17 = 0.100000024f;
-    const float s18 = (s16 * s17);
-    const float s19 = p1[i0];
-    const float s20 = 0.9f;
-    const float s21 = (s19 * s20);
-    const float s22 = (s21 + s18);
-    const float s23 = r5;
-    const float s24 = (s22 / s23);
-    const float s25 = (s24 / s15);
-    const float s26 = (s25 + s2);
-    const float s27 = r6;
-    const float s28 = (s26 * s27);
-    const float s29 = p2[i0];
-    const float s30 = (s29 - s28);
-    p0[i0] = s10;
-    p1[i0] = s22;
-    p2[i0] = s30;
-  }
-}
-
-[[gnu::noinline]] static void loop37(float *__restrict p0, float *__restrict p1,
-                                     float *__restrict p2, const float *__restrict p3,
-                                     const float *__restrict p4, const float *__restrict p5,
-                                     const float *__restrict p6) {
-  const float r3 = p4[0];
-  const float r5 = p5[0];
-  const float r6 = p6[0];
-  for (int64_t i0 = 0; i0 < 512; ++i0) {
-    const float s0 = p2[i0];
-    const float s1 = 0.01f;
-    const float s2 = (s0 * s1);
-    const float s3 = p3[i0];
-    const float s4 = s3 * s3;
-    const float s5 = 0.0009999871f;
-    const float s6 = (s4 * s5);
-    const float s7 = p0[i0];
-    const float s8 = 0.999f;
-    const float s9 = (s7 * s8);
-    const float s10 = (s9 + s6);
-    const float s11 = r3;
-    const float s12 = (s10 / s11);
-    const float s13 = support::fsqrt(s12);
-    const float s14 = 1e-08f;
-    const float s15 = (s13 + s14);
-    const float s16 = p3[i0];
-    const float s17 = 0.100000024f;
-    const float s18 = (s16 * s17);
-    const float s19 = p1[i0];
-    const float s20 = 0.9f;
-    const float s21 = (s19 * s20);
-    const float s22 = (s21 + s18);
-    const float s23 = r5;
-    const float s24 = (s22 / s23);
-    const float s25 = (s24 / s15);
-    const float s26 = (s25 + s2);
-    const float s27 = r6;
-    const float s28 = (s26 * s27);
-    const float s29 = p2[i0];
-    const float s30 = (s29 - s28);
-    p0[i0] = s10;
-    p1[i0] = s22;
-    p2[i0] = s30;
-  }
-}
-
-[[gnu::noinline]] static void loop38(float *__restrict p0, float *__restrict p1,
-                                     float *__restrict p2, const float *__restrict p3,
-                                     const float *__restrict p4, const float *__restrict p5,
-                                     const float *__restrict p6) {
-  const float r3 = p4[0];
-  const float r5 = p5[0];
-  const float r6 = p6[0];
   for (int64_t i0 = 0; i0 < 16; ++i0) {
     const float s0 = p2[i0];
     const float s1 = 0.01f;
@@ -704,7 +679,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop39(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop37(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 32; ++i0) {
     for (int64_t i1 = 0; i1 < 32; ++i1) {
@@ -717,7 +692,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop40(float *__restrict p0, const float *__restrict p1) {
+[[gnu::noinline]] static void loop38(float *__restrict p0, const float *__restrict p1) {
   for (int64_t i0 = 0; i0 < 32; ++i0) {
     const float s0 = p1[i0];
     const float s1 = 1e-05f;
@@ -727,7 +702,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop41(float *__restrict p0, float *__restrict p1,
+[[gnu::noinline]] static void loop39(float *__restrict p0, float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4) {
   for (int64_t i0 = 0; i0 < 32; ++i0) {
@@ -743,7 +718,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop42(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop40(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4, const float *__restrict p5) {
   for (int64_t i0 = 0; i0 < 32; ++i0) {
@@ -976,11 +951,11 @@ void Predict::computeInvariants() {
 
 Predict::Outputs Predict::run(const Inputs &inputs) {
   MESHRT_TRACE_RUN(world_, "predict");
-  // Arena: 79872 bytes for 315456 bytes of temporaries (placed by liveness).
+  // Arena: 79872 bytes for 294976 bytes of temporaries (placed by liveness).
   support::checkShape("input", "tokens", inputs.tokens, {2, 16});
   runPart0(inputs);
   runPart1(inputs);
-  support::View v191 = arena_.view(4096, 1024);
+  support::View v191 = arena_.view(0, 1024);
 
   Outputs outputs;
   outputs.logits = support::Tensor{{2, 16, 32}, support::Buffer(v191.begin(), v191.end())};
@@ -1093,7 +1068,7 @@ void Predict::runPart0(const Inputs &inputs) {
   support::View v66 = arena_.view(61440, 256);
   loop11(v66.data(), v9.data());
 
-  // 18 statements from xlnet.mesh:68:19 add (1 of 2)
+  // 16 statements from xlnet.mesh:68:19 add (1 of 2)
   MESHRT_TRACE_SITE("xlnet.mesh:68:19");
   support::View v68 = arena_.view(32768, 1024);
   support::View v69 = arena_.view(40960, 1024);
@@ -1109,28 +1084,26 @@ void Predict::runPart0(const Inputs &inputs) {
   const support::Buffer &v77 = param11_xlnet_xlnet_layer_0_norm_bias;
   support::View v83 = arena_.view(40960, 1024);
   const support::Buffer &v84 = param12_xlnet_xlnet_layer_0_dense_relu_dense_wi;
-  support::View v88 = arena_.view(32768, 1024);
+  support::View v90 = arena_.view(32768, 1024);
   const support::Buffer &v85 = param13_xlnet_xlnet_layer_0_dense_relu_dense_bi;
-  support::View v90 = arena_.view(45056, 1024);
   const support::Buffer &v86 = param14_xlnet_xlnet_layer_0_dense_relu_dense_wo;
-  support::View v91 = arena_.view(32768, 1024);
-  support::View v94 = arena_.view(45056, 1024);
-  support::View v96 = arena_.view(49152, 1024);
-  support::View v97 = arena_.view(45056, 1024);
+  support::View v91 = arena_.view(45056, 1024);
+  support::View v96 = arena_.view(32768, 1024);
+  support::View v97 = arena_.view(49152, 1024);
   repeated0(v54, v56, v66, v68, v69, v64, v41, v70_c0, v35, v70, v71_c0, v71, v24, v73, v28, v75,
-            v80, v76, v77, v83, v84, v88, v85, v90, v86, v91, v94, v96, v97);
+            v80, v76, v77, v83, v84, v90, v85, v86, v91, v96, v97);
 
   // xlnet.mesh:83:96 add -> f
   // xlnet.mesh:95:24 add
   MESHRT_TRACE("loop", "xlnet.mesh:83:96", "forward");
   const support::Buffer &v87 = param15_xlnet_xlnet_layer_0_dense_relu_dense_bo;
-  support::View v100 = arena_.view(49152, 1024);
+  support::View v100 = arena_.view(32768, 1024);
   loop13(v100.data(), v91.data(), v87.data(), v80.data());
 
   // xlnet.mesh:84:96 add -> e
   // xlnet.mesh:95:32 add
   MESHRT_TRACE("loop", "xlnet.mesh:84:96", "forward");
-  support::View v101 = arena_.view(32768, 1024);
+  support::View v101 = arena_.view(36864, 1024);
   loop13(v101.data(), v97.data(), v87.data(), v83.data());
 
   // xlnet.mesh:37:10 layer_norm
@@ -1139,14 +1112,14 @@ void Predict::runPart0(const Inputs &inputs) {
   MESHRT_TRACE("layer_norm", "xlnet.mesh:37:10", "forward");
   const support::Buffer &v102 = param16_xlnet_xlnet_layer_0_norm_1_gain;
   const support::Buffer &v103 = param17_xlnet_xlnet_layer_0_norm_1_bias;
-  support::View v106 = arena_.view(53248, 1024);
+  support::View v106 = arena_.view(49152, 1024);
   support::layerNormAffine(v106.data(), v100.data(), 32, 32, v102.data(), v103.data(), 1e-05, 32);
 
   // xlnet.mesh:37:48 layer_norm
   // xlnet.mesh:37:71 mul
   // xlnet.mesh:37:78 add -> g2
   MESHRT_TRACE("layer_norm", "xlnet.mesh:37:48", "forward");
-  support::View v109 = arena_.view(49152, 1024);
+  support::View v109 = arena_.view(53248, 1024);
   support::layerNormAffine(v109.data(), v101.data(), 32, 32, v102.data(), v103.data(), 1e-05, 32);
 
   // 13 statements from xlnet.mesh:59:28 einsum (2 of 2)
@@ -1186,7 +1159,7 @@ void Predict::runPart0(const Inputs &inputs) {
   support::along(v144.data(), v143.data(), kShape8, kShape9, kShape9, kShape0, kShape1, kShape1,
                  support::Along::Softmax, 1e-05, 16, nullptr);
 
-  // 18 statements from xlnet.mesh:68:19 add (2 of 2)
+  // 16 statements from xlnet.mesh:68:19 add (2 of 2)
   MESHRT_TRACE_SITE("xlnet.mesh:68:19");
   support::View v148 = arena_.view(4096, 1024);
   support::View v149 = arena_.view(8192, 1024);
@@ -1202,17 +1175,14 @@ void Predict::runPart0(const Inputs &inputs) {
   const support::Buffer &v157 = param26_xlnet_xlnet_layer_1_norm_bias;
   support::View v163 = arena_.view(8192, 1024);
   const support::Buffer &v164 = param27_xlnet_xlnet_layer_1_dense_relu_dense_wi;
-  support::View v168 = arena_.view(0, 1024);
+  support::View v170 = arena_.view(0, 1024);
   const support::Buffer &v165 = param28_xlnet_xlnet_layer_1_dense_relu_dense_bi;
-  support::View v170 = arena_.view(4096, 1024);
   const support::Buffer &v166 = param29_xlnet_xlnet_layer_1_dense_relu_dense_wo;
-  support::View v171 = arena_.view(0, 1024);
-  support::View v174 = arena_.view(4096, 1024);
-  support::View v176 = arena_.view(12288, 1024);
-  support::View v177 = arena_.view(4096, 1024);
+  support::View v171 = arena_.view(4096, 1024);
+  support::View v176 = arena_.view(0, 1024);
+  support::View v177 = arena_.view(12288, 1024);
   repeated0(v134, v136, v66, v148, v149, v144, v121, v150_c0, v116, v150, v151_c0, v151, v106, v153,
-            v109, v155, v160, v156, v157, v163, v164, v168, v165, v170, v166, v171, v174, v176,
-            v177);
+            v109, v155, v160, v156, v157, v163, v164, v170, v165, v166, v171, v176, v177);
 
   // xlnet.mesh:84:96 add -> e
   // xlnet.mesh:95:32 add
@@ -1236,18 +1206,14 @@ void Predict::runPart1(const Inputs &inputs) {
   MESHRT_TRACE_SPAN(world_);
 
   // xlnet.mesh:113:10 einsum
+  // xlnet.mesh:113:55 add -> logits
   MESHRT_TRACE("gemm", "xlnet.mesh:113:10", "forward");
   support::View v189 = arena_.view(4096, 1024);
   const support::Buffer &v2 = param0_xlnet_embedding;
-  support::View v190 = arena_.view(0, 1024);
-  // dims: batch, length, d_model, vocab
-  kEinsum0.plan().run(v189.data(), v2.data(), v190.data(), 1.0f, 0.0f);
-
-  // xlnet.mesh:113:55 add -> logits
-  MESHRT_TRACE("loop", "xlnet.mesh:113:55", "forward");
   const support::Buffer &v4 = param2_xlnet_output_bias;
-  support::View v191 = arena_.view(4096, 1024);
-  loop14(v191.data(), v190.data(), v4.data());
+  support::View v191 = arena_.view(0, 1024);
+  // dims: batch, length, d_model, vocab
+  kEinsum0.plan().runBiasActivation(v189.data(), v2.data(), v4.data(), v191.data(), false);
 }
 
 void Predict::repeated0(support::ConstView a0, support::ConstView a1, support::ConstView a2,
@@ -1257,9 +1223,8 @@ void Predict::repeated0(support::ConstView a0, support::ConstView a1, support::C
                         support::ConstView a12, support::View a13, support::ConstView a14,
                         support::View a15, support::View a16, support::ConstView a17,
                         support::ConstView a18, support::View a19, support::ConstView a20,
-                        support::View a21, support::ConstView a22, support::View a23,
-                        support::ConstView a24, support::View a25, support::View a26,
-                        support::View a27, support::View a28) {
+                        support::View a21, support::ConstView a22, support::ConstView a23,
+                        support::View a24, support::View a25, support::View a26) {
   MESHRT_TRACE_SPAN(world_);
 
   // xlnet.mesh:68:19 add
@@ -1300,11 +1265,11 @@ void Predict::repeated0(support::ConstView a0, support::ConstView a1, support::C
 
   // xlnet.mesh:93:23 add
   MESHRT_TRACE("loop", "xlnet.mesh:93:23", "forward");
-  loop15(a13.data(), a12.data(), a9.data());
+  loop14(a13.data(), a12.data(), a9.data());
 
   // xlnet.mesh:93:30 add
   MESHRT_TRACE("loop", "xlnet.mesh:93:30", "forward");
-  loop15(a15.data(), a14.data(), a11.data());
+  loop14(a15.data(), a14.data(), a11.data());
 
   // xlnet.mesh:37:10 layer_norm
   // xlnet.mesh:37:33 mul
@@ -1319,39 +1284,33 @@ void Predict::repeated0(support::ConstView a0, support::ConstView a1, support::C
   support::layerNormAffine(a19.data(), a15.data(), 32, 32, a17.data(), a18.data(), 1e-05, 32);
 
   // xlnet.mesh:83:22 einsum
-  MESHRT_TRACE("gemm", "xlnet.mesh:83:22", "forward");
-  // dims: batch, length, d_model, d_ff
-  kEinsum3.plan().run(a16.data(), a20.data(), a21.data(), 1.0f, 0.0f);
-
   // xlnet.mesh:83:59 add
   // xlnet.mesh:83:17 gelu
-  MESHRT_TRACE("loop", "xlnet.mesh:83:59", "forward");
-  loop16(a23.data(), a21.data(), a22.data());
+  MESHRT_TRACE("gemm", "xlnet.mesh:83:22", "forward");
+  // dims: batch, length, d_model, d_ff
+  kEinsum3.plan().runBiasActivation(a16.data(), a20.data(), a22.data(), a21.data(), true);
 
   // xlnet.mesh:83:10 einsum
   MESHRT_TRACE("gemm", "xlnet.mesh:83:10", "forward");
   // dims: batch, length, d_ff, d_model
-  kEinsum3.plan().run(a23.data(), a24.data(), a25.data(), 1.0f, 0.0f);
+  kEinsum3.plan().run(a21.data(), a23.data(), a24.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:84:22 einsum
-  MESHRT_TRACE("gemm", "xlnet.mesh:84:22", "forward");
-  // dims: batch, length, d_model, d_ff
-  kEinsum3.plan().run(a19.data(), a20.data(), a26.data(), 1.0f, 0.0f);
-
   // xlnet.mesh:84:59 add
   // xlnet.mesh:84:17 gelu
-  MESHRT_TRACE("loop", "xlnet.mesh:84:59", "forward");
-  loop16(a27.data(), a26.data(), a22.data());
+  MESHRT_TRACE("gemm", "xlnet.mesh:84:22", "forward");
+  // dims: batch, length, d_model, d_ff
+  kEinsum3.plan().runBiasActivation(a19.data(), a20.data(), a22.data(), a25.data(), true);
 
   // xlnet.mesh:84:10 einsum
   MESHRT_TRACE("gemm", "xlnet.mesh:84:10", "forward");
   // dims: batch, length, d_ff, d_model
-  kEinsum3.plan().run(a27.data(), a24.data(), a28.data(), 1.0f, 0.0f);
+  kEinsum3.plan().run(a25.data(), a23.data(), a26.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:83:96 bucketed_all_reduce_sum (resolve the partial sum of %88 over model for add at
   // 83:96; merged with 1 more partial sum over model (%98): 8.0 KiB in one buffer)
   MESHRT_TRACE_SITE("xlnet.mesh:83:96");
-  support::allReduceBucket(group_model, {a25, a28});
+  support::allReduceBucket(group_model, {a24, a26});
 }
 
 void Predict::repeated1(support::ConstView a0, support::ConstView a1, support::View a2,
@@ -1391,7 +1350,7 @@ void Predict::repeated1(support::ConstView a0, support::ConstView a1, support::V
 
   // xlnet.mesh:65:36 add
   MESHRT_TRACE("loop", "xlnet.mesh:65:36", "forward");
-  loop17(a13.data(), a9.data(), a12.data());
+  loop15(a13.data(), a9.data(), a12.data());
 
   // xlnet.mesh:65:19 einsum
   MESHRT_TRACE("gemm", "xlnet.mesh:65:19", "forward");
@@ -1400,7 +1359,7 @@ void Predict::repeated1(support::ConstView a0, support::ConstView a1, support::V
 
   // xlnet.mesh:66:38 add
   MESHRT_TRACE("loop", "xlnet.mesh:66:38", "forward");
-  loop17(a16.data(), a9.data(), a15.data());
+  loop15(a16.data(), a9.data(), a15.data());
 
   // xlnet.mesh:66:21 einsum
   MESHRT_TRACE("gemm", "xlnet.mesh:66:21", "forward");
@@ -1409,7 +1368,7 @@ void Predict::repeated1(support::ConstView a0, support::ConstView a1, support::V
 
   // xlnet.mesh:67:36 add
   MESHRT_TRACE("loop", "xlnet.mesh:67:36", "forward");
-  loop17(a18.data(), a11.data(), a12.data());
+  loop15(a18.data(), a11.data(), a12.data());
 
   // xlnet.mesh:67:19 einsum
   MESHRT_TRACE("gemm", "xlnet.mesh:67:19", "forward");
@@ -1418,7 +1377,7 @@ void Predict::repeated1(support::ConstView a0, support::ConstView a1, support::V
 
   // xlnet.mesh:68:38 add
   MESHRT_TRACE("loop", "xlnet.mesh:68:38", "forward");
-  loop17(a20.data(), a11.data(), a15.data());
+  loop15(a20.data(), a11.data(), a15.data());
 
   // xlnet.mesh:68:21 einsum
   MESHRT_TRACE("gemm", "xlnet.mesh:68:21", "forward");
@@ -2078,7 +2037,7 @@ void XlnetTrain::computeInvariants() {
 
 XlnetTrain::Outputs XlnetTrain::run(const Inputs &inputs) {
   MESHRT_TRACE_RUN(world_, "xlnet_train");
-  // Arena: 225792 bytes for 816284 bytes of temporaries (placed by liveness).
+  // Arena: 225792 bytes for 808092 bytes of temporaries (placed by liveness).
   support::checkShape("input", "tokens", inputs.tokens, {2, 16});
   runPart0(inputs);
   runPart1(inputs);
@@ -2121,7 +2080,7 @@ void XlnetTrain::runPart0(const Inputs &inputs) {
   // xlnet.mesh:127:16 cast -> target
   MESHRT_TRACE("loop", "xlnet.mesh:127:26", "forward");
   support::View v5 = arena_.view(225664, 16);
-  loop18(v5.data(), v2.data());
+  loop16(v5.data(), v2.data());
 
   // xlnet.mesh:104:18 rename -> key_rank
   MESHRT_TRACE("copy", "xlnet.mesh:104:18", "forward");
@@ -2176,13 +2135,13 @@ void XlnetTrain::runPart0(const Inputs &inputs) {
   MESHRT_TRACE("loop", "xlnet.mesh:109:52", "forward");
   support::View v30 = arena_.view(225280, 32);
   support::View v31 = arena_.view(225408, 32);
-  loop19(v30.data(), v31.data(), v0.data());
+  loop17(v30.data(), v31.data(), v0.data());
 
   // xlnet.mesh:109:63 mul -> g
   MESHRT_TRACE("loop", "xlnet.mesh:109:63", "forward");
   support::View v7(param1_xlnet_mask_embedding); // updated in place
   support::View v32 = arena_.view(86016, 1024);
-  loop20(v32.data(), v31.data(), v7.data());
+  loop18(v32.data(), v31.data(), v7.data());
 
   MESHRT_TRACE_SITE("xlnet.mesh:59:28");
   group_model.wait(request0);
@@ -2278,7 +2237,7 @@ void XlnetTrain::runPart0(const Inputs &inputs) {
   support::View v89(param13_xlnet_xlnet_layer_0_dense_relu_dense_bi); // updated in place
   support::View v93 = arena_.view(110592, 1024);
   support::View v94 = arena_.view(114688, 1024);
-  loop21(v93.data(), v94.data(), v92.data(), v89.data());
+  loop19(v93.data(), v94.data(), v92.data(), v89.data());
 
   // 5 statements from xlnet.mesh:83:10 einsum (1 of 2)
   MESHRT_TRACE_SITE("xlnet.mesh:83:10");
@@ -2397,29 +2356,25 @@ void XlnetTrain::runPart1(const Inputs &inputs) {
   // xlnet.mesh:37:78 add -> g1
   MESHRT_TRACE("loop", "xlnet.mesh:37:71", "forward");
   support::View v167 = arena_.view(167936, 1024);
-  loop22(v167.data(), v165.data(), v160.data(), v161.data());
+  loop20(v167.data(), v165.data(), v160.data(), v161.data());
 
   // xlnet.mesh:83:22 einsum
-  MESHRT_TRACE("gemm", "xlnet.mesh:83:22", "backward");
-  support::View v168(param27_xlnet_xlnet_layer_1_dense_relu_dense_wi); // updated in place
-  support::View v172 = arena_.view(172032, 1024);
-  // dims: batch, length, d_model, d_ff
-  kEinsum3.plan().run(v164.data(), v168.data(), v172.data(), 1.0f, 0.0f);
-
   // xlnet.mesh:83:59 add
   // xlnet.mesh:83:17 gelu
-  MESHRT_TRACE("loop", "xlnet.mesh:83:59", "backward");
+  MESHRT_TRACE("gemm", "xlnet.mesh:83:22", "backward");
+  support::View v168(param27_xlnet_xlnet_layer_1_dense_relu_dense_wi); // updated in place
   support::View v169(param28_xlnet_xlnet_layer_1_dense_relu_dense_bi); // updated in place
-  support::View v174 = arena_.view(155648, 1024);
-  loop16(v174.data(), v172.data(), v169.data());
+  support::View v174 = arena_.view(172032, 1024);
+  // dims: batch, length, d_model, d_ff
+  kEinsum3.plan().runBiasActivation(v164.data(), v168.data(), v169.data(), v174.data(), true);
 
   // 5 statements from xlnet.mesh:83:10 einsum (2 of 2)
   MESHRT_TRACE_SITE("xlnet.mesh:83:10");
   support::View v170(param29_xlnet_xlnet_layer_1_dense_relu_dense_wo); // updated in place
-  support::View v175 = arena_.view(172032, 1024);
-  support::View v178 = arena_.view(155648, 1024);
+  support::View v175 = arena_.view(155648, 1024);
+  support::View v178 = arena_.view(172032, 1024);
   support::View v180 = arena_.view(180224, 1024);
-  support::View v181 = arena_.view(155648, 1024);
+  support::View v181 = arena_.view(172032, 1024);
   support::View v179 = arena_.view(176128, 1024);
   repeated7(v174, v170, v175, v167, v168, v178, v169, v179, v180, v181);
 
@@ -2427,12 +2382,12 @@ void XlnetTrain::runPart1(const Inputs &inputs) {
   // xlnet.mesh:95:32 add
   MESHRT_TRACE("loop", "xlnet.mesh:84:96", "forward");
   support::View v171(param30_xlnet_xlnet_layer_1_dense_relu_dense_bo); // updated in place
-  support::View v185 = arena_.view(172032, 1024);
+  support::View v185 = arena_.view(155648, 1024);
   loop13(v185.data(), v181.data(), v171.data(), v167.data());
 
   // xlnet.mesh:37:48 layer_norm
   MESHRT_TRACE("layer_norm", "xlnet.mesh:37:48", "forward");
-  support::View v191 = arena_.view(155648, 1024);
+  support::View v191 = arena_.view(172032, 1024);
   support::along(v191.data(), v185.data(), kShape11, kShape3, kShape3, kShape12, kShape1, kShape1,
                  support::Along::LayerNorm, 1e-05, 32, nullptr);
 
@@ -2442,32 +2397,28 @@ void XlnetTrain::runPart1(const Inputs &inputs) {
   support::View v186(param31_xlnet_xlnet_layer_1_norm_1_gain); // updated in place
   support::View v187(param32_xlnet_xlnet_layer_1_norm_1_bias); // updated in place
   support::View v193 = arena_.view(184320, 1024);
-  loop22(v193.data(), v191.data(), v186.data(), v187.data());
+  loop20(v193.data(), v191.data(), v186.data(), v187.data());
 
   // xlnet.mesh:113:10 einsum
-  MESHRT_TRACE("gemm", "xlnet.mesh:113:10", "forward");
-  support::View v6(param0_xlnet_embedding); // updated in place
-  support::View v194 = arena_.view(188416, 1024);
-  // dims: batch, length, d_model, vocab
-  kEinsum0.plan().run(v193.data(), v6.data(), v194.data(), 1.0f, 0.0f);
-
   // xlnet.mesh:113:55 add
-  MESHRT_TRACE("loop", "xlnet.mesh:113:55", "forward");
+  MESHRT_TRACE("gemm", "xlnet.mesh:113:10", "forward");
+  support::View v6(param0_xlnet_embedding);   // updated in place
   support::View v8(param2_xlnet_output_bias); // updated in place
-  support::View v195 = arena_.view(192512, 1024);
-  loop14(v195.data(), v194.data(), v8.data());
+  support::View v195 = arena_.view(188416, 1024);
+  // dims: batch, length, d_model, vocab
+  kEinsum0.plan().runBiasActivation(v193.data(), v6.data(), v8.data(), v195.data(), false);
 
   // xlnet.mesh:128:14 log_softmax -> logp
   MESHRT_TRACE("log_softmax", "xlnet.mesh:128:14", "forward");
-  support::View v196 = arena_.view(188416, 1024);
+  support::View v196 = arena_.view(192512, 1024);
   support::along(v196.data(), v195.data(), kShape11, kShape3, kShape3, kShape12, kShape1, kShape1,
                  support::Along::LogSoftmax, 1e-05, 64, &group_model);
 
   // xlnet.mesh:129:29 mul
   MESHRT_TRACE("loop", "xlnet.mesh:129:29", "forward");
   support::View v27 = arena_.view(65536, 1024);
-  support::View v198 = arena_.view(192512, 1024);
-  loop23(v198.data(), v196.data(), v27.data());
+  support::View v198 = arena_.view(188416, 1024);
+  loop21(v198.data(), v196.data(), v27.data());
 
   // xlnet.mesh:129:20 sum -> token_logp
   MESHRT_TRACE("sum", "xlnet.mesh:129:20", "forward");
@@ -2489,8 +2440,8 @@ void XlnetTrain::runPart1(const Inputs &inputs) {
   support::View v5 = arena_.view(225664, 16);
   const support::Buffer &v0 = inputs.tokens.data;
   support::View v30 = arena_.view(225280, 32);
-  support::View v227 = arena_.view(192512, 1024);
-  loop24(v227.data(), v5.data(), v0.data(), v30.data(), v196.data(), v27.data());
+  support::View v227 = arena_.view(188416, 1024);
+  loop22(v227.data(), v5.data(), v0.data(), v30.data(), v196.data(), v27.data());
 
   // xlnet.mesh:113:10 einsum
   MESHRT_TRACE("gemm", "xlnet.mesh:113:10", "backward");
@@ -2502,28 +2453,27 @@ void XlnetTrain::runPart1(const Inputs &inputs) {
   // 37:78; merged with 1 more partial sum over model (token_logp): 4.1 KiB in one buffer)
   MESHRT_TRACE_SITE("xlnet.mesh:37:78");
   support::allReduceBucket(group_model, {v229, v199});
+
+  // xlnet.mesh:131:28 exp
+  // xlnet.mesh:131:44 mul
+  MESHRT_TRACE("loop", "xlnet.mesh:131:28", "forward");
+  support::View v202 = arena_.view(192512, 32);
+  loop23(v202.data(), v199.data(), v5.data());
+
+  // xlnet.mesh:131:24 sum
+  MESHRT_TRACE("sum", "xlnet.mesh:131:24", "forward");
+  support::View v203 = arena_.view(192640, 1);
+  support::reduce(v203.data(), kShape13, v202.data(), kShape13, kShape11, kShape14,
+                  support::Reduce::Sum, 1.0);
 }
 
 void XlnetTrain::runPart2(const Inputs &inputs) {
   (void)inputs;
   MESHRT_TRACE_SPAN(world_);
 
-  // xlnet.mesh:131:28 exp
-  // xlnet.mesh:131:44 mul
-  MESHRT_TRACE("loop", "xlnet.mesh:131:28", "forward");
-  support::View v199 = arena_.view(225536, 32);
-  support::View v5 = arena_.view(225664, 16);
-  support::View v202 = arena_.view(188416, 32);
-  loop25(v202.data(), v199.data(), v5.data());
-
-  // xlnet.mesh:131:24 sum
-  MESHRT_TRACE("sum", "xlnet.mesh:131:24", "forward");
-  support::View v203 = arena_.view(188544, 1);
-  support::reduce(v203.data(), kShape13, v202.data(), kShape13, kShape11, kShape14,
-                  support::Reduce::Sum, 1.0);
-
   // xlnet.mesh:131:54 div -> target_probability
   MESHRT_TRACE("loop", "xlnet.mesh:131:54", "forward");
+  support::View v203 = arena_.view(192640, 1);
   support::View v205 = arena_.view(225728, 1);
   {
     float *__restrict v205p = v205.data();
@@ -2536,12 +2486,14 @@ void XlnetTrain::runPart2(const Inputs &inputs) {
 
   // xlnet.mesh:132:30 mul
   MESHRT_TRACE("loop", "xlnet.mesh:132:30", "forward");
-  support::View v206 = arena_.view(188416, 32);
-  loop26(v206.data(), v199.data(), v5.data());
+  support::View v199 = arena_.view(225536, 32);
+  support::View v5 = arena_.view(225664, 16);
+  support::View v206 = arena_.view(192512, 32);
+  loop24(v206.data(), v199.data(), v5.data());
 
   // xlnet.mesh:132:15 sum
   MESHRT_TRACE("sum", "xlnet.mesh:132:15", "forward");
-  support::View v207 = arena_.view(188544, 1);
+  support::View v207 = arena_.view(192640, 1);
   support::reduce(v207.data(), kShape13, v206.data(), kShape13, kShape11, kShape14,
                   support::Reduce::Sum, 1.0);
 
@@ -2561,7 +2513,7 @@ void XlnetTrain::runPart2(const Inputs &inputs) {
 
   // xlnet.mesh:113:55 sum -> grad/xlnet/output_bias
   MESHRT_TRACE("sum", "xlnet.mesh:113:55", "backward");
-  support::View v227 = arena_.view(192512, 1024);
+  support::View v227 = arena_.view(188416, 1024);
   support::View v228 = arena_.view(225280, 32);
   support::reduce(v228.data(), kShape12, v227.data(), kShape1, kShape11, kShape3,
                   support::Reduce::Sum, 1.0);
@@ -2569,27 +2521,27 @@ void XlnetTrain::runPart2(const Inputs &inputs) {
   // xlnet.mesh:113:10 einsum
   MESHRT_TRACE("gemm", "xlnet.mesh:113:10", "backward");
   support::View v193 = arena_.view(184320, 1024);
-  support::View v230 = arena_.view(188416, 1024);
+  support::View v230 = arena_.view(192512, 1024);
   // dims: batch, length, vocab, d_model
   kEinsum8.plan().run(v227.data(), v193.data(), v230.data(), 1.0f, 0.0f);
 
   // 11 statements from xlnet.mesh:37:78 sum -> grad/xlnet/xlnet_layer[1]/norm#1/bias (1 of 2)
   MESHRT_TRACE_SITE("xlnet.mesh:37:78");
   support::View v229 = arena_.view(65536, 1024);
-  support::View v191 = arena_.view(155648, 1024);
+  support::View v191 = arena_.view(172032, 1024);
   support::View v234 = arena_.view(184320, 1024);
-  support::View v236 = arena_.view(192768, 32);
-  support::View v185 = arena_.view(172032, 1024);
+  support::View v236 = arena_.view(188672, 32);
+  support::View v185 = arena_.view(155648, 1024);
   support::View v238 = arena_.view(184320, 1024);
-  support::View v239 = arena_.view(172032, 32);
-  support::View v242 = arena_.view(192768, 32);
+  support::View v239 = arena_.view(155648, 32);
+  support::View v242 = arena_.view(188672, 32);
   support::View v186(param31_xlnet_xlnet_layer_1_norm_1_gain); // updated in place
-  support::View v233 = arena_.view(172032, 1024);
+  support::View v233 = arena_.view(155648, 1024);
   support::View v243 = arena_.view(184320, 1024);
-  support::View v244 = arena_.view(192896, 32);
+  support::View v244 = arena_.view(188800, 32);
   support::View v246 = arena_.view(184320, 32);
-  support::View v232 = arena_.view(192512, 32);
-  support::View v235 = arena_.view(192640, 32);
+  support::View v232 = arena_.view(188416, 32);
+  support::View v235 = arena_.view(188544, 32);
   support::View v249 = arena_.view(65536, 1024);
   repeated3(v232, v229, v191, v234, v235, v236, v185, v238, v239, v242, v186, v233, v243, v244,
             v246, v249);
@@ -2616,7 +2568,7 @@ void XlnetTrain::runPart2(const Inputs &inputs) {
   // xlnet.mesh:84:22 add
   MESHRT_TRACE("loop", "xlnet.mesh:84:22", "backward");
   support::View v278 = arena_.view(176128, 1024);
-  loop15(v278.data(), v249.data(), v276.data());
+  loop14(v278.data(), v249.data(), v276.data());
 
   // xlnet.mesh:84:22 einsum -> grad/xlnet/xlnet_layer[1]/dense_relu_dense/wi
   MESHRT_TRACE("gemm", "xlnet.mesh:84:22", "backward");
@@ -2660,7 +2612,7 @@ void XlnetTrain::runPart2(const Inputs &inputs) {
   // xlnet.mesh:72:19 mul
   MESHRT_TRACE("loop", "xlnet.mesh:72:19", "backward");
   support::View v300 = arena_.view(163840, 1024);
-  loop23(v300.data(), v297.data(), v153.data());
+  loop21(v300.data(), v297.data(), v153.data());
 
   // xlnet.mesh:72:19 sum
   MESHRT_TRACE("sum", "xlnet.mesh:72:19", "backward");
@@ -2699,7 +2651,7 @@ void XlnetTrain::runPart2(const Inputs &inputs) {
   // xlnet.mesh:59:28 add
   MESHRT_TRACE("loop", "xlnet.mesh:59:28", "backward");
   support::View v324 = arena_.view(167936, 1024);
-  loop15(v324.data(), v320.data(), v323.data());
+  loop14(v324.data(), v320.data(), v323.data());
 
   // xlnet.mesh:63:19 bucketed_all_reduce_sum (resolve the partial sum of %302 over model for add at
   // 63:19; merged with 1 more partial sum over model (%343): 8.0 KiB in one buffer)
@@ -2709,7 +2661,7 @@ void XlnetTrain::runPart2(const Inputs &inputs) {
   // xlnet.mesh:63:19 add
   MESHRT_TRACE("loop", "xlnet.mesh:63:19", "backward");
   support::View v316 = arena_.view(159744, 1024);
-  loop15(v316.data(), v296.data(), v314.data());
+  loop14(v316.data(), v296.data(), v314.data());
 
   // xlnet.mesh:63:19 einsum -> grad/xlnet/xlnet_layer[1]/two_stream_attention/q
   MESHRT_TRACE("gemm", "xlnet.mesh:63:19", "backward");
@@ -2724,15 +2676,9 @@ void XlnetTrain::runPart2(const Inputs &inputs) {
   support::View v318 = arena_.view(147456, 512);
   // dims: length, keys, heads, d_kv, d_model
   kEinsum11.plan().run(v308.data(), v26.data(), v318.data(), 1.0f, 0.0f);
-}
-
-void XlnetTrain::runPart3(const Inputs &inputs) {
-  (void)inputs;
-  MESHRT_TRACE_SPAN(world_);
 
   // xlnet.mesh:60:23 einsum -> grad/xlnet/xlnet_layer[1]/two_stream_attention/v
   MESHRT_TRACE("gemm", "xlnet.mesh:60:23", "backward");
-  support::View v298 = arena_.view(176128, 512);
   support::View v110 = arena_.view(139264, 1024);
   support::View v321 = arena_.view(149504, 512);
   // dims: batch, length, heads, d_kv, d_model
@@ -2740,10 +2686,14 @@ void XlnetTrain::runPart3(const Inputs &inputs) {
 
   // xlnet.mesh:59:28 einsum -> grad/xlnet/xlnet_layer[1]/two_stream_attention/k
   MESHRT_TRACE("gemm", "xlnet.mesh:59:28", "backward");
-  support::View v311 = arena_.view(180224, 512);
   support::View v325 = arena_.view(153600, 512);
   // dims: batch, length, heads, d_kv, d_model
   kEinsum10.plan().run(v311.data(), v110.data(), v325.data(), 1.0f, 0.0f);
+}
+
+void XlnetTrain::runPart3(const Inputs &inputs) {
+  (void)inputs;
+  MESHRT_TRACE_SPAN(world_);
 
   // 24 statements from xlnet.mesh:37:78 sum (1 of 2)
   MESHRT_TRACE_SITE("xlnet.mesh:37:78");
@@ -2825,7 +2775,7 @@ void XlnetTrain::runPart3(const Inputs &inputs) {
   MESHRT_TRACE("loop", "xlnet.mesh:83:17", "backward");
   support::View v93 = arena_.view(110592, 1024);
   support::View v409 = arena_.view(122880, 1024);
-  loop27(v409.data(), v93.data(), v390.data());
+  loop25(v409.data(), v93.data(), v390.data());
 
   // xlnet.mesh:83:22 einsum
   MESHRT_TRACE("gemm", "xlnet.mesh:83:22", "backward");
@@ -2841,7 +2791,7 @@ void XlnetTrain::runPart3(const Inputs &inputs) {
   // xlnet.mesh:84:22 add
   MESHRT_TRACE("loop", "xlnet.mesh:84:22", "backward");
   support::View v386 = arena_.view(118784, 1024);
-  loop15(v386.data(), v342.data(), v384.data());
+  loop14(v386.data(), v342.data(), v384.data());
 
   // xlnet.mesh:84:22 einsum
   MESHRT_TRACE("gemm", "xlnet.mesh:84:22", "backward");
@@ -2859,7 +2809,7 @@ void XlnetTrain::runPart3(const Inputs &inputs) {
   // xlnet.mesh:83:96 add -> grad/xlnet/xlnet_layer[0]/dense_relu_dense/bo
   MESHRT_TRACE("loop", "xlnet.mesh:83:96", "backward");
   support::View v389 = arena_.view(127232, 32);
-  loop28(v389.data(), v363.data(), v388.data());
+  loop26(v389.data(), v363.data(), v388.data());
 
   // xlnet.mesh:83:10 einsum
   MESHRT_TRACE("gemm", "xlnet.mesh:83:10", "backward");
@@ -2871,7 +2821,7 @@ void XlnetTrain::runPart3(const Inputs &inputs) {
   // xlnet.mesh:83:10 add -> grad/xlnet/xlnet_layer[0]/dense_relu_dense/wo
   MESHRT_TRACE("loop", "xlnet.mesh:83:10", "backward");
   support::View v392 = arena_.view(106496, 1024);
-  loop15(v392.data(), v365.data(), v391.data());
+  loop14(v392.data(), v365.data(), v391.data());
 
   // xlnet.mesh:83:59 sum
   MESHRT_TRACE("sum", "xlnet.mesh:83:59", "backward");
@@ -2882,12 +2832,12 @@ void XlnetTrain::runPart3(const Inputs &inputs) {
   // xlnet.mesh:83:59 add -> grad/xlnet/xlnet_layer[0]/dense_relu_dense/bi
   MESHRT_TRACE("loop", "xlnet.mesh:83:59", "backward");
   support::View v411 = arena_.view(126976, 32);
-  loop28(v411.data(), v383.data(), v410.data());
+  loop26(v411.data(), v383.data(), v410.data());
 
   // xlnet.mesh:83:22 add
   MESHRT_TRACE("loop", "xlnet.mesh:83:22", "backward");
   support::View v414 = arena_.view(53248, 1024);
-  loop15(v414.data(), v362.data(), v412.data());
+  loop14(v414.data(), v362.data(), v412.data());
 
   // xlnet.mesh:83:22 einsum
   MESHRT_TRACE("gemm", "xlnet.mesh:83:22", "backward");
@@ -2899,7 +2849,7 @@ void XlnetTrain::runPart3(const Inputs &inputs) {
   // xlnet.mesh:83:22 add -> grad/xlnet/xlnet_layer[0]/dense_relu_dense/wi
   MESHRT_TRACE("loop", "xlnet.mesh:83:22", "backward");
   support::View v416 = arena_.view(98304, 1024);
-  loop15(v416.data(), v387.data(), v415.data());
+  loop14(v416.data(), v387.data(), v415.data());
 
   // 24 statements from xlnet.mesh:37:78 sum (2 of 2)
   MESHRT_TRACE_SITE("xlnet.mesh:37:78");
@@ -2969,39 +2919,37 @@ void XlnetTrain::runPart3(const Inputs &inputs) {
   support::View v457 = arena_.view(57344, 512);
   // dims: batch, heads, length, keys, d_kv
   kEinsum14.plan().run(v68.data(), v456_c0.data(), v457.data(), 1.0f, 0.0f);
+
+  // xlnet.mesh:73:10 add
+  MESHRT_TRACE("loop", "xlnet.mesh:73:10", "backward");
+  support::View v458 = arena_.view(110592, 512);
+  loop27(v458.data(), v454.data(), v457.data());
+
+  // xlnet.mesh:73:10 einsum
+  MESHRT_TRACE("gemm", "xlnet.mesh:73:10", "backward");
+  support::View v74_c0 = arena_.view(217088, 512);
+  support::View v459 = arena_.view(53248, 512);
+  // dims: batch, length, d_model, heads, d_kv
+  kEinsum15.plan().run(v452.data(), v74_c0.data(), v459.data(), 1.0f, 0.0f);
 }
 
 void XlnetTrain::runPart4(const Inputs &inputs) {
   (void)inputs;
   MESHRT_TRACE_SPAN(world_);
 
-  // xlnet.mesh:73:10 add
-  MESHRT_TRACE("loop", "xlnet.mesh:73:10", "backward");
-  support::View v454 = arena_.view(53248, 512);
-  support::View v457 = arena_.view(57344, 512);
-  support::View v458 = arena_.view(110592, 512);
-  loop29(v458.data(), v454.data(), v457.data());
-
-  // xlnet.mesh:73:10 einsum
-  MESHRT_TRACE("gemm", "xlnet.mesh:73:10", "backward");
-  support::View v452 = arena_.view(102400, 1024);
-  support::View v74_c0 = arena_.view(217088, 512);
-  support::View v459 = arena_.view(53248, 512);
-  // dims: batch, length, d_model, heads, d_kv
-  kEinsum15.plan().run(v452.data(), v74_c0.data(), v459.data(), 1.0f, 0.0f);
-
   // xlnet.mesh:73:10 add -> grad/xlnet/xlnet_layer[0]/two_stream_attention/o
   MESHRT_TRACE("loop", "xlnet.mesh:73:10", "backward");
   support::View v455 = arena_.view(55296, 512);
+  support::View v459 = arena_.view(53248, 512);
   support::View v460 = arena_.view(112640, 512);
-  loop29(v460.data(), v455.data(), v459.data());
+  loop27(v460.data(), v455.data(), v459.data());
 
   // xlnet.mesh:72:19 mul
   MESHRT_TRACE("loop", "xlnet.mesh:72:19", "backward");
   support::View v453 = arena_.view(49152, 1024);
   support::View v73 = arena_.view(69632, 1024);
   support::View v461 = arena_.view(53248, 1024);
-  loop23(v461.data(), v453.data(), v73.data());
+  loop21(v461.data(), v453.data(), v73.data());
 
   // xlnet.mesh:72:19 sum
   MESHRT_TRACE("sum", "xlnet.mesh:72:19", "backward");
@@ -3014,7 +2962,7 @@ void XlnetTrain::runPart4(const Inputs &inputs) {
   support::View v456 = arena_.view(65536, 1024);
   support::View v68 = arena_.view(73728, 1024);
   support::View v466 = arena_.view(53248, 1024);
-  loop23(v466.data(), v456.data(), v68.data());
+  loop21(v466.data(), v456.data(), v68.data());
 
   // xlnet.mesh:69:19 sum
   MESHRT_TRACE("sum", "xlnet.mesh:69:19", "backward");
@@ -3047,7 +2995,7 @@ void XlnetTrain::runPart4(const Inputs &inputs) {
   MESHRT_TRACE("loop", "xlnet.mesh:69:19", "backward");
   support::View v65 = arena_.view(223232, 256);
   support::View v479 = arena_.view(94208, 1024);
-  loop30(v479.data(), v456.data(), v467.data(), v68.data(), v65.data());
+  loop28(v479.data(), v456.data(), v467.data(), v68.data(), v65.data());
 
   // xlnet.mesh:66:21 einsum
   MESHRT_TRACE("gemm", "xlnet.mesh:66:21", "backward");
@@ -3065,7 +3013,7 @@ void XlnetTrain::runPart4(const Inputs &inputs) {
   // xlnet.mesh:66:21 add
   MESHRT_TRACE("loop", "xlnet.mesh:66:21", "backward");
   support::View v482 = arena_.view(65536, 4096);
-  loop31(v482.data(), v473.data(), v481.data());
+  loop29(v482.data(), v473.data(), v481.data());
 
   // xlnet.mesh:66:38 sum
   MESHRT_TRACE("sum", "xlnet.mesh:66:38", "backward");
@@ -3076,7 +3024,7 @@ void XlnetTrain::runPart4(const Inputs &inputs) {
   // xlnet.mesh:66:38 add -> grad/xlnet/xlnet_layer[0]/two_stream_attention/position_bias
   MESHRT_TRACE("loop", "xlnet.mesh:66:38", "backward");
   support::View v484 = arena_.view(57344, 16);
-  loop32(v484.data(), v474.data(), v483.data());
+  loop30(v484.data(), v474.data(), v483.data());
 
   // xlnet.mesh:65:19 einsum
   MESHRT_TRACE("gemm", "xlnet.mesh:65:19", "backward");
@@ -3094,12 +3042,12 @@ void XlnetTrain::runPart4(const Inputs &inputs) {
   // xlnet.mesh:65:19 add
   MESHRT_TRACE("loop", "xlnet.mesh:65:19", "backward");
   support::View v487 = arena_.view(49152, 512);
-  loop29(v487.data(), v476.data(), v486.data());
+  loop27(v487.data(), v476.data(), v486.data());
 
   // xlnet.mesh:65:36 add
   MESHRT_TRACE("loop", "xlnet.mesh:65:36", "backward");
   support::View v488 = arena_.view(51200, 512);
-  loop29(v488.data(), v480.data(), v485.data());
+  loop27(v488.data(), v480.data(), v485.data());
 
   // xlnet.mesh:65:36 sum
   MESHRT_TRACE("sum", "xlnet.mesh:65:36", "backward");
@@ -3110,7 +3058,7 @@ void XlnetTrain::runPart4(const Inputs &inputs) {
   // xlnet.mesh:65:36 add -> grad/xlnet/xlnet_layer[0]/two_stream_attention/content_bias
   MESHRT_TRACE("loop", "xlnet.mesh:65:36", "backward");
   support::View v490 = arena_.view(57408, 16);
-  loop32(v490.data(), v478.data(), v489.data());
+  loop30(v490.data(), v478.data(), v489.data());
 
   // xlnet.mesh:63:19 einsum
   MESHRT_TRACE("gemm", "xlnet.mesh:63:19", "backward");
@@ -3121,6 +3069,7 @@ void XlnetTrain::runPart4(const Inputs &inputs) {
 
   // 3 statements from xlnet.mesh:63:19 einsum (2 of 2)
   MESHRT_TRACE_SITE("xlnet.mesh:63:19");
+  support::View v458 = arena_.view(110592, 512);
   support::View v37(param5_xlnet_xlnet_layer_0_two_stream_attention_v); // updated in place
   support::View v36(param4_xlnet_xlnet_layer_0_two_stream_attention_k); // updated in place
   support::View v495 = arena_.view(36864, 1024);
@@ -3151,7 +3100,7 @@ void XlnetTrain::runPart4(const Inputs &inputs) {
   // xlnet.mesh:62:19 add -> grad/xlnet/xlnet_layer[0]/two_stream_attention/q
   MESHRT_TRACE("loop", "xlnet.mesh:62:19", "backward");
   support::View v499 = arena_.view(51200, 512);
-  loop29(v499.data(), v494.data(), v498.data());
+  loop27(v499.data(), v494.data(), v498.data());
 
   // xlnet.mesh:61:19 einsum -> grad/xlnet/xlnet_layer[0]/two_stream_attention/r
   MESHRT_TRACE("gemm", "xlnet.mesh:61:19", "backward");
@@ -3183,7 +3132,7 @@ void XlnetTrain::runPart5(const Inputs &inputs) {
   support::View v502 = arena_.view(40960, 1024);
   support::View v507 = arena_.view(45056, 1024);
   support::View v509 = arena_.view(0, 1024);
-  loop33(v509.data(), v452.data(), v495.data(), v502.data(), v507.data());
+  loop31(v509.data(), v452.data(), v495.data(), v502.data(), v507.data());
 
   // xlnet.mesh:59:28 einsum -> grad/xlnet/xlnet_layer[0]/two_stream_attention/k
   MESHRT_TRACE("gemm", "xlnet.mesh:59:28", "backward");
@@ -3200,7 +3149,7 @@ void XlnetTrain::runPart5(const Inputs &inputs) {
   support::View v491 = arena_.view(32768, 1024);
   support::View v31 = arena_.view(225408, 32);
   support::View v511 = arena_.view(4096, 1024);
-  loop34(v511.data(), v433.data(), v491.data(), v31.data());
+  loop32(v511.data(), v433.data(), v491.data(), v31.data());
 
   // xlnet.mesh:109:63 sum -> grad/xlnet/mask_embedding
   MESHRT_TRACE("sum", "xlnet.mesh:109:63", "backward");
@@ -3217,9 +3166,9 @@ void XlnetTrain::runPart5(const Inputs &inputs) {
 
   // xlnet.mesh:108:11 add -> grad/xlnet/embedding
   MESHRT_TRACE("loop", "xlnet.mesh:108:11", "backward");
-  support::View v230 = arena_.view(188416, 1024);
+  support::View v230 = arena_.view(192512, 1024);
   support::View v514 = arena_.view(0, 1024);
-  loop15(v514.data(), v230.data(), v513.data());
+  loop14(v514.data(), v230.data(), v513.data());
 
   // xlnet.mesh:133:3 bucketed_all_reduce_sum -> target_probability (35 partial sums
   // (target_probability, loss, grad/xlnet/output_bias, ...) over data resolved together, 42.0 KiB
@@ -3228,8 +3177,8 @@ void XlnetTrain::runPart5(const Inputs &inputs) {
   support::View v205 = arena_.view(225728, 1);
   support::View v210 = arena_.view(225536, 1);
   support::View v228 = arena_.view(225280, 32);
-  support::View v232 = arena_.view(192512, 32);
-  support::View v235 = arena_.view(192640, 32);
+  support::View v232 = arena_.view(188416, 32);
+  support::View v235 = arena_.view(188544, 32);
   support::View v250 = arena_.view(184320, 32);
   support::View v252 = arena_.view(172032, 1024);
   support::View v275 = arena_.view(184448, 32);
@@ -3344,7 +3293,7 @@ void XlnetTrain::runPart5(const Inputs &inputs) {
   support::View v6(param0_xlnet_embedding);      // updated in place
   support::View v533(param34_xlnet_embedding_v); // updated in place
   support::View v532(param33_xlnet_embedding_m); // updated in place
-  loop35(v533.data(), v532.data(), v6.data(), v514.data(), v549.data(), v547.data(), v531.data());
+  loop33(v533.data(), v532.data(), v6.data(), v514.data(), v549.data(), v547.data(), v531.data());
 
   // xlnet.mesh:133:3 mul
   // xlnet.mesh:133:3 square
@@ -3366,7 +3315,7 @@ void XlnetTrain::runPart5(const Inputs &inputs) {
   support::View v7(param1_xlnet_mask_embedding);      // updated in place
   support::View v562(param36_xlnet_mask_embedding_v); // updated in place
   support::View v561(param35_xlnet_mask_embedding_m); // updated in place
-  loop36(v562.data(), v561.data(), v7.data(), v512.data(), v549.data(), v547.data(), v531.data());
+  loop34(v562.data(), v561.data(), v7.data(), v512.data(), v549.data(), v547.data(), v531.data());
 
   // xlnet.mesh:133:3 mul
   // xlnet.mesh:133:3 square
@@ -3388,7 +3337,7 @@ void XlnetTrain::runPart5(const Inputs &inputs) {
   support::View v8(param2_xlnet_output_bias);      // updated in place
   support::View v583(param38_xlnet_output_bias_v); // updated in place
   support::View v582(param37_xlnet_output_bias_m); // updated in place
-  loop36(v583.data(), v582.data(), v8.data(), v228.data(), v549.data(), v547.data(), v531.data());
+  loop34(v583.data(), v582.data(), v8.data(), v228.data(), v549.data(), v547.data(), v531.data());
 
   // 15 statements from xlnet.mesh:133:3 mul (1 of 2)
   MESHRT_TRACE_SITE("xlnet.mesh:133:3");
@@ -3545,7 +3494,7 @@ void XlnetTrain::repeated0(
   // xlnet.mesh:133:3 mul
   // xlnet.mesh:133:3 sub -> next/xlnet/xlnet_layer[0]/two_stream_attention/q
   MESHRT_TRACE("loop", "xlnet.mesh:133:3", "update");
-  loop37(a2.data(), a4.data(), a0.data(), a1.data(), a3.data(), a5.data(), a6.data());
+  loop35(a2.data(), a4.data(), a0.data(), a1.data(), a3.data(), a5.data(), a6.data());
 
   // xlnet.mesh:133:3 mul
   // xlnet.mesh:133:3 square
@@ -3564,7 +3513,7 @@ void XlnetTrain::repeated0(
   // xlnet.mesh:133:3 mul
   // xlnet.mesh:133:3 sub -> next/xlnet/xlnet_layer[0]/two_stream_attention/k
   MESHRT_TRACE("loop", "xlnet.mesh:133:3", "update");
-  loop37(a9.data(), a10.data(), a7.data(), a8.data(), a3.data(), a5.data(), a6.data());
+  loop35(a9.data(), a10.data(), a7.data(), a8.data(), a3.data(), a5.data(), a6.data());
 
   // xlnet.mesh:133:3 mul
   // xlnet.mesh:133:3 square
@@ -3583,7 +3532,7 @@ void XlnetTrain::repeated0(
   // xlnet.mesh:133:3 mul
   // xlnet.mesh:133:3 sub -> next/xlnet/xlnet_layer[0]/two_stream_attention/v
   MESHRT_TRACE("loop", "xlnet.mesh:133:3", "update");
-  loop37(a13.data(), a14.data(), a11.data(), a12.data(), a3.data(), a5.data(), a6.data());
+  loop35(a13.data(), a14.data(), a11.data(), a12.data(), a3.data(), a5.data(), a6.data());
 
   // xlnet.mesh:133:3 mul
   // xlnet.mesh:133:3 square
@@ -3602,7 +3551,7 @@ void XlnetTrain::repeated0(
   // xlnet.mesh:133:3 mul
   // xlnet.mesh:133:3 sub -> next/xlnet/xlnet_layer[0]/two_stream_attention/r
   MESHRT_TRACE("loop", "xlnet.mesh:133:3", "update");
-  loop37(a17.data(), a18.data(), a15.data(), a16.data(), a3.data(), a5.data(), a6.data());
+  loop35(a17.data(), a18.data(), a15.data(), a16.data(), a3.data(), a5.data(), a6.data());
 
   // xlnet.mesh:133:3 mul
   // xlnet.mesh:133:3 square
@@ -3621,7 +3570,7 @@ void XlnetTrain::repeated0(
   // xlnet.mesh:133:3 mul
   // xlnet.mesh:133:3 sub -> next/xlnet/xlnet_layer[0]/two_stream_attention/o
   MESHRT_TRACE("loop", "xlnet.mesh:133:3", "update");
-  loop37(a21.data(), a22.data(), a19.data(), a20.data(), a3.data(), a5.data(), a6.data());
+  loop35(a21.data(), a22.data(), a19.data(), a20.data(), a3.data(), a5.data(), a6.data());
 
   // xlnet.mesh:133:3 mul
   // xlnet.mesh:133:3 square
@@ -3640,7 +3589,7 @@ void XlnetTrain::repeated0(
   // xlnet.mesh:133:3 mul
   // xlnet.mesh:133:3 sub -> next/xlnet/xlnet_layer[0]/two_stream_attention/content_bias
   MESHRT_TRACE("loop", "xlnet.mesh:133:3", "update");
-  loop38(a25.data(), a26.data(), a23.data(), a24.data(), a3.data(), a5.data(), a6.data());
+  loop36(a25.data(), a26.data(), a23.data(), a24.data(), a3.data(), a5.data(), a6.data());
 
   // xlnet.mesh:133:3 mul
   // xlnet.mesh:133:3 square
@@ -3659,7 +3608,7 @@ void XlnetTrain::repeated0(
   // xlnet.mesh:133:3 mul
   // xlnet.mesh:133:3 sub -> next/xlnet/xlnet_layer[0]/two_stream_attention/position_bias
   MESHRT_TRACE("loop", "xlnet.mesh:133:3", "update");
-  loop38(a29.data(), a30.data(), a27.data(), a28.data(), a3.data(), a5.data(), a6.data());
+  loop36(a29.data(), a30.data(), a27.data(), a28.data(), a3.data(), a5.data(), a6.data());
 
   // xlnet.mesh:133:3 mul
   // xlnet.mesh:133:3 square
@@ -3678,7 +3627,7 @@ void XlnetTrain::repeated0(
   // xlnet.mesh:133:3 mul
   // xlnet.mesh:133:3 sub -> next/xlnet/xlnet_layer[0]/norm/gain
   MESHRT_TRACE("loop", "xlnet.mesh:133:3", "update");
-  loop36(a33.data(), a34.data(), a31.data(), a32.data(), a3.data(), a5.data(), a6.data());
+  loop34(a33.data(), a34.data(), a31.data(), a32.data(), a3.data(), a5.data(), a6.data());
 
   // xlnet.mesh:133:3 mul
   // xlnet.mesh:133:3 square
@@ -3697,7 +3646,7 @@ void XlnetTrain::repeated0(
   // xlnet.mesh:133:3 mul
   // xlnet.mesh:133:3 sub -> next/xlnet/xlnet_layer[0]/norm/bias
   MESHRT_TRACE("loop", "xlnet.mesh:133:3", "update");
-  loop36(a37.data(), a38.data(), a35.data(), a36.data(), a3.data(), a5.data(), a6.data());
+  loop34(a37.data(), a38.data(), a35.data(), a36.data(), a3.data(), a5.data(), a6.data());
 
   // xlnet.mesh:133:3 mul
   // xlnet.mesh:133:3 square
@@ -3716,7 +3665,7 @@ void XlnetTrain::repeated0(
   // xlnet.mesh:133:3 mul
   // xlnet.mesh:133:3 sub -> next/xlnet/xlnet_layer[0]/dense_relu_dense/wi
   MESHRT_TRACE("loop", "xlnet.mesh:133:3", "update");
-  loop35(a41.data(), a42.data(), a39.data(), a40.data(), a3.data(), a5.data(), a6.data());
+  loop33(a41.data(), a42.data(), a39.data(), a40.data(), a3.data(), a5.data(), a6.data());
 
   // xlnet.mesh:133:3 mul
   // xlnet.mesh:133:3 square
@@ -3735,7 +3684,7 @@ void XlnetTrain::repeated0(
   // xlnet.mesh:133:3 mul
   // xlnet.mesh:133:3 sub -> next/xlnet/xlnet_layer[0]/dense_relu_dense/bi
   MESHRT_TRACE("loop", "xlnet.mesh:133:3", "update");
-  loop36(a45.data(), a46.data(), a43.data(), a44.data(), a3.data(), a5.data(), a6.data());
+  loop34(a45.data(), a46.data(), a43.data(), a44.data(), a3.data(), a5.data(), a6.data());
 
   // xlnet.mesh:133:3 mul
   // xlnet.mesh:133:3 square
@@ -3754,7 +3703,7 @@ void XlnetTrain::repeated0(
   // xlnet.mesh:133:3 mul
   // xlnet.mesh:133:3 sub -> next/xlnet/xlnet_layer[0]/dense_relu_dense/wo
   MESHRT_TRACE("loop", "xlnet.mesh:133:3", "update");
-  loop35(a49.data(), a50.data(), a47.data(), a48.data(), a3.data(), a5.data(), a6.data());
+  loop33(a49.data(), a50.data(), a47.data(), a48.data(), a3.data(), a5.data(), a6.data());
 
   // xlnet.mesh:133:3 mul
   // xlnet.mesh:133:3 square
@@ -3773,7 +3722,7 @@ void XlnetTrain::repeated0(
   // xlnet.mesh:133:3 mul
   // xlnet.mesh:133:3 sub -> next/xlnet/xlnet_layer[0]/dense_relu_dense/bo
   MESHRT_TRACE("loop", "xlnet.mesh:133:3", "update");
-  loop36(a53.data(), a54.data(), a51.data(), a52.data(), a3.data(), a5.data(), a6.data());
+  loop34(a53.data(), a54.data(), a51.data(), a52.data(), a3.data(), a5.data(), a6.data());
 
   // xlnet.mesh:133:3 mul
   // xlnet.mesh:133:3 square
@@ -3792,7 +3741,7 @@ void XlnetTrain::repeated0(
   // xlnet.mesh:133:3 mul
   // xlnet.mesh:133:3 sub -> next/xlnet/xlnet_layer[0]/norm#1/gain
   MESHRT_TRACE("loop", "xlnet.mesh:133:3", "update");
-  loop36(a57.data(), a58.data(), a55.data(), a56.data(), a3.data(), a5.data(), a6.data());
+  loop34(a57.data(), a58.data(), a55.data(), a56.data(), a3.data(), a5.data(), a6.data());
 
   // xlnet.mesh:133:3 mul
   // xlnet.mesh:133:3 square
@@ -3811,7 +3760,7 @@ void XlnetTrain::repeated0(
   // xlnet.mesh:133:3 mul
   // xlnet.mesh:133:3 sub -> next/xlnet/xlnet_layer[0]/norm#1/bias
   MESHRT_TRACE("loop", "xlnet.mesh:133:3", "update");
-  loop36(a61.data(), a62.data(), a59.data(), a60.data(), a3.data(), a5.data(), a6.data());
+  loop34(a61.data(), a62.data(), a59.data(), a60.data(), a3.data(), a5.data(), a6.data());
 }
 
 void XlnetTrain::repeated1(support::View a0, support::ConstView a1, support::ConstView a2,
@@ -3834,7 +3783,7 @@ void XlnetTrain::repeated1(support::View a0, support::ConstView a1, support::Con
 
   // xlnet.mesh:37:71 mul
   MESHRT_TRACE("loop", "xlnet.mesh:37:71", "backward");
-  loop23(a3.data(), a1.data(), a2.data());
+  loop21(a3.data(), a1.data(), a2.data());
 
   // xlnet.mesh:37:71 sum
   MESHRT_TRACE("sum", "xlnet.mesh:37:71", "backward");
@@ -3849,7 +3798,7 @@ void XlnetTrain::repeated1(support::View a0, support::ConstView a1, support::Con
   // xlnet.mesh:37:48 sub
   // xlnet.mesh:37:48 square
   MESHRT_TRACE("loop", "xlnet.mesh:37:48", "backward");
-  loop39(a7.data(), a6.data(), a5.data());
+  loop37(a7.data(), a6.data(), a5.data());
 
   // xlnet.mesh:37:48 mean
   MESHRT_TRACE("mean", "xlnet.mesh:37:48", "backward");
@@ -3859,12 +3808,12 @@ void XlnetTrain::repeated1(support::View a0, support::ConstView a1, support::Con
   // xlnet.mesh:37:48 add
   // xlnet.mesh:37:48 rsqrt
   MESHRT_TRACE("loop", "xlnet.mesh:37:48", "backward");
-  loop40(a9.data(), a8.data());
+  loop38(a9.data(), a8.data());
 
   // xlnet.mesh:37:71 mul
   // xlnet.mesh:37:48 mul
   MESHRT_TRACE("loop", "xlnet.mesh:37:71", "backward");
-  loop41(a11.data(), a12.data(), a1.data(), a10.data(), a2.data());
+  loop39(a11.data(), a12.data(), a1.data(), a10.data(), a2.data());
 
   // xlnet.mesh:37:48 mean
   MESHRT_TRACE("mean", "xlnet.mesh:37:48", "backward");
@@ -3881,7 +3830,7 @@ void XlnetTrain::repeated1(support::View a0, support::ConstView a1, support::Con
   // xlnet.mesh:37:48 sub
   // xlnet.mesh:37:48 mul
   MESHRT_TRACE("loop", "xlnet.mesh:37:48", "backward");
-  loop42(a15.data(), a2.data(), a13.data(), a11.data(), a14.data(), a9.data());
+  loop40(a15.data(), a2.data(), a13.data(), a11.data(), a14.data(), a9.data());
 
   // xlnet.mesh:37:40 sum
   MESHRT_TRACE("sum", "xlnet.mesh:37:40", "backward");
@@ -3890,11 +3839,11 @@ void XlnetTrain::repeated1(support::View a0, support::ConstView a1, support::Con
 
   // xlnet.mesh:37:40 add -> grad/xlnet/xlnet_layer[0]/norm#1/bias
   MESHRT_TRACE("loop", "xlnet.mesh:37:40", "backward");
-  loop28(a18.data(), a0.data(), a16.data());
+  loop26(a18.data(), a0.data(), a16.data());
 
   // xlnet.mesh:37:33 mul
   MESHRT_TRACE("loop", "xlnet.mesh:37:33", "backward");
-  loop23(a20.data(), a17.data(), a19.data());
+  loop21(a20.data(), a17.data(), a19.data());
 
   // xlnet.mesh:37:33 sum
   MESHRT_TRACE("sum", "xlnet.mesh:37:33", "backward");
@@ -3903,7 +3852,7 @@ void XlnetTrain::repeated1(support::View a0, support::ConstView a1, support::Con
 
   // xlnet.mesh:37:33 add -> grad/xlnet/xlnet_layer[0]/norm#1/gain
   MESHRT_TRACE("loop", "xlnet.mesh:37:33", "backward");
-  loop28(a22.data(), a4.data(), a21.data());
+  loop26(a22.data(), a4.data(), a21.data());
 
   // xlnet.mesh:37:10 mean
   MESHRT_TRACE("mean", "xlnet.mesh:37:10", "backward");
@@ -3913,7 +3862,7 @@ void XlnetTrain::repeated1(support::View a0, support::ConstView a1, support::Con
   // xlnet.mesh:37:10 sub
   // xlnet.mesh:37:10 square
   MESHRT_TRACE("loop", "xlnet.mesh:37:10", "backward");
-  loop39(a25.data(), a24.data(), a23.data());
+  loop37(a25.data(), a24.data(), a23.data());
 
   // xlnet.mesh:37:10 mean
   MESHRT_TRACE("mean", "xlnet.mesh:37:10", "backward");
@@ -3923,12 +3872,12 @@ void XlnetTrain::repeated1(support::View a0, support::ConstView a1, support::Con
   // xlnet.mesh:37:10 add
   // xlnet.mesh:37:10 rsqrt
   MESHRT_TRACE("loop", "xlnet.mesh:37:10", "backward");
-  loop40(a27.data(), a26.data());
+  loop38(a27.data(), a26.data());
 
   // xlnet.mesh:37:33 mul
   // xlnet.mesh:37:10 mul
   MESHRT_TRACE("loop", "xlnet.mesh:37:33", "backward");
-  loop41(a28.data(), a29.data(), a17.data(), a10.data(), a19.data());
+  loop39(a28.data(), a29.data(), a17.data(), a10.data(), a19.data());
 
   // xlnet.mesh:37:10 mean
   MESHRT_TRACE("mean", "xlnet.mesh:37:10", "backward");
@@ -3945,7 +3894,7 @@ void XlnetTrain::repeated1(support::View a0, support::ConstView a1, support::Con
   // xlnet.mesh:37:10 sub
   // xlnet.mesh:37:10 mul
   MESHRT_TRACE("loop", "xlnet.mesh:37:10", "backward");
-  loop42(a32.data(), a19.data(), a30.data(), a28.data(), a31.data(), a27.data());
+  loop40(a32.data(), a19.data(), a30.data(), a28.data(), a31.data(), a27.data());
 }
 
 void XlnetTrain::repeated2(support::ConstView a0, support::ConstView a1, support::View a2,
@@ -3985,7 +3934,7 @@ void XlnetTrain::repeated2(support::ConstView a0, support::ConstView a1, support
 
   // xlnet.mesh:65:36 add
   MESHRT_TRACE("loop", "xlnet.mesh:65:36", "forward");
-  loop17(a13.data(), a9.data(), a12.data());
+  loop15(a13.data(), a9.data(), a12.data());
 
   // xlnet.mesh:65:19 einsum
   MESHRT_TRACE("gemm", "xlnet.mesh:65:19", "forward");
@@ -3994,7 +3943,7 @@ void XlnetTrain::repeated2(support::ConstView a0, support::ConstView a1, support
 
   // xlnet.mesh:66:38 add
   MESHRT_TRACE("loop", "xlnet.mesh:66:38", "forward");
-  loop17(a16.data(), a9.data(), a15.data());
+  loop15(a16.data(), a9.data(), a15.data());
 
   // xlnet.mesh:66:21 einsum
   MESHRT_TRACE("gemm", "xlnet.mesh:66:21", "forward");
@@ -4003,7 +3952,7 @@ void XlnetTrain::repeated2(support::ConstView a0, support::ConstView a1, support
 
   // xlnet.mesh:67:36 add
   MESHRT_TRACE("loop", "xlnet.mesh:67:36", "forward");
-  loop17(a18.data(), a11.data(), a12.data());
+  loop15(a18.data(), a11.data(), a12.data());
 
   // xlnet.mesh:67:19 einsum
   MESHRT_TRACE("gemm", "xlnet.mesh:67:19", "forward");
@@ -4012,7 +3961,7 @@ void XlnetTrain::repeated2(support::ConstView a0, support::ConstView a1, support
 
   // xlnet.mesh:68:38 add
   MESHRT_TRACE("loop", "xlnet.mesh:68:38", "forward");
-  loop17(a20.data(), a11.data(), a15.data());
+  loop15(a20.data(), a11.data(), a15.data());
 
   // xlnet.mesh:68:21 einsum
   MESHRT_TRACE("gemm", "xlnet.mesh:68:21", "forward");
@@ -4035,7 +3984,7 @@ void XlnetTrain::repeated3(support::View a0, support::ConstView a1, support::Con
 
   // xlnet.mesh:37:71 mul
   MESHRT_TRACE("loop", "xlnet.mesh:37:71", "backward");
-  loop23(a3.data(), a1.data(), a2.data());
+  loop21(a3.data(), a1.data(), a2.data());
 
   // xlnet.mesh:37:71 sum -> grad/xlnet/xlnet_layer[1]/norm#1/gain
   MESHRT_TRACE("sum", "xlnet.mesh:37:71", "backward");
@@ -4050,7 +3999,7 @@ void XlnetTrain::repeated3(support::View a0, support::ConstView a1, support::Con
   // xlnet.mesh:37:48 sub
   // xlnet.mesh:37:48 square
   MESHRT_TRACE("loop", "xlnet.mesh:37:48", "backward");
-  loop39(a7.data(), a6.data(), a5.data());
+  loop37(a7.data(), a6.data(), a5.data());
 
   // xlnet.mesh:37:48 mean
   MESHRT_TRACE("mean", "xlnet.mesh:37:48", "backward");
@@ -4060,12 +4009,12 @@ void XlnetTrain::repeated3(support::View a0, support::ConstView a1, support::Con
   // xlnet.mesh:37:48 add
   // xlnet.mesh:37:48 rsqrt
   MESHRT_TRACE("loop", "xlnet.mesh:37:48", "backward");
-  loop40(a9.data(), a8.data());
+  loop38(a9.data(), a8.data());
 
   // xlnet.mesh:37:71 mul
   // xlnet.mesh:37:48 mul
   MESHRT_TRACE("loop", "xlnet.mesh:37:71", "backward");
-  loop41(a11.data(), a12.data(), a1.data(), a10.data(), a2.data());
+  loop39(a11.data(), a12.data(), a1.data(), a10.data(), a2.data());
 
   // xlnet.mesh:37:48 mean
   MESHRT_TRACE("mean", "xlnet.mesh:37:48", "backward");
@@ -4082,7 +4031,7 @@ void XlnetTrain::repeated3(support::View a0, support::ConstView a1, support::Con
   // xlnet.mesh:37:48 sub
   // xlnet.mesh:37:48 mul
   MESHRT_TRACE("loop", "xlnet.mesh:37:48", "backward");
-  loop42(a15.data(), a2.data(), a13.data(), a11.data(), a14.data(), a9.data());
+  loop40(a15.data(), a2.data(), a13.data(), a11.data(), a14.data(), a9.data());
 }
 
 void XlnetTrain::repeated4(support::View a0, support::ConstView a1, support::ConstView a2,
@@ -4124,7 +4073,7 @@ void XlnetTrain::repeated4(support::View a0, support::ConstView a1, support::Con
   // xlnet.mesh:84:17 add
   // xlnet.mesh:84:17 mul
   MESHRT_TRACE("loop", "xlnet.mesh:84:17", "backward");
-  loop27(a7.data(), a6.data(), a3.data());
+  loop25(a7.data(), a6.data(), a3.data());
 
   // xlnet.mesh:84:59 sum -> grad/xlnet/xlnet_layer[1]/dense_relu_dense/bi
   MESHRT_TRACE("sum", "xlnet.mesh:84:59", "backward");
@@ -4185,11 +4134,11 @@ void XlnetTrain::repeated5(support::ConstView a0, support::ConstView a1, support
 
   // xlnet.mesh:93:23 add
   MESHRT_TRACE("loop", "xlnet.mesh:93:23", "forward");
-  loop15(a13.data(), a12.data(), a9.data());
+  loop14(a13.data(), a12.data(), a9.data());
 
   // xlnet.mesh:93:30 add
   MESHRT_TRACE("loop", "xlnet.mesh:93:30", "forward");
-  loop15(a15.data(), a14.data(), a11.data());
+  loop14(a15.data(), a14.data(), a11.data());
 }
 
 void XlnetTrain::repeated6(support::ConstView a0, support::ConstView a1, support::ConstView a2,
@@ -4205,7 +4154,7 @@ void XlnetTrain::repeated6(support::ConstView a0, support::ConstView a1, support
   // xlnet.mesh:72:27 where
   // xlnet.mesh:68:97 mul
   MESHRT_TRACE("loop", "xlnet.mesh:72:19", "backward");
-  loop30(a4.data(), a0.data(), a1.data(), a2.data(), a3.data());
+  loop28(a4.data(), a0.data(), a1.data(), a2.data(), a3.data());
 
   // xlnet.mesh:68:21 einsum
   MESHRT_TRACE("gemm", "xlnet.mesh:68:21", "backward");
@@ -4234,7 +4183,7 @@ void XlnetTrain::repeated6(support::ConstView a0, support::ConstView a1, support
 
   // xlnet.mesh:67:36 add
   MESHRT_TRACE("loop", "xlnet.mesh:67:36", "backward");
-  loop29(a14.data(), a6.data(), a11.data());
+  loop27(a14.data(), a6.data(), a11.data());
 
   // xlnet.mesh:67:36 sum -> grad/xlnet/xlnet_layer[1]/two_stream_attention/content_bias
   MESHRT_TRACE("sum", "xlnet.mesh:67:36", "backward");
@@ -4261,7 +4210,7 @@ void XlnetTrain::repeated7(support::ConstView a0, support::ConstView a1, support
   // xlnet.mesh:84:59 add
   // xlnet.mesh:84:17 gelu
   MESHRT_TRACE("loop", "xlnet.mesh:84:59", "forward");
-  loop21(a7.data(), a8.data(), a5.data(), a6.data());
+  loop19(a7.data(), a8.data(), a5.data(), a6.data());
 
   // xlnet.mesh:84:10 einsum
   MESHRT_TRACE("gemm", "xlnet.mesh:84:10", "forward");
@@ -4314,7 +4263,7 @@ void XlnetTrain::repeated9(support::View a0, support::ConstView a1, support::Con
   // xlnet.mesh:37:33 mul
   // xlnet.mesh:37:40 add -> h1
   MESHRT_TRACE("loop", "xlnet.mesh:37:33", "forward");
-  loop22(a4.data(), a0.data(), a2.data(), a3.data());
+  loop20(a4.data(), a0.data(), a2.data(), a3.data());
 
   // xlnet.mesh:37:48 layer_norm
   MESHRT_TRACE("layer_norm", "xlnet.mesh:37:48", "forward");
@@ -4324,7 +4273,7 @@ void XlnetTrain::repeated9(support::View a0, support::ConstView a1, support::Con
   // xlnet.mesh:37:71 mul
   // xlnet.mesh:37:78 add -> g1
   MESHRT_TRACE("loop", "xlnet.mesh:37:71", "forward");
-  loop22(a7.data(), a5.data(), a2.data(), a3.data());
+  loop20(a7.data(), a5.data(), a2.data(), a3.data());
 }
 
 void XlnetTrain::repeated10(support::ConstView a0, support::ConstView a1, support::View a2,

@@ -44,7 +44,7 @@ public:
   /// The bytes of this object's arena: run()'s temporaries share it, placed by liveness.
   static constexpr size_t kArenaBytes = 79872;
   /// The bytes of all of run()'s temporaries together (one buffer each).
-  static constexpr size_t kTemporaryBytes = 315456;
+  static constexpr size_t kTemporaryBytes = 294976;
   /// The bytes of the values computed once, in the constructor (constants, masks).
   static constexpr size_t kPersistentBytes = 51776;
 
@@ -94,8 +94,7 @@ public:
                  support::ConstView a14, support::View a15, support::View a16,
                  support::ConstView a17, support::ConstView a18, support::View a19,
                  support::ConstView a20, support::View a21, support::ConstView a22,
-                 support::View a23, support::ConstView a24, support::View a25, support::View a26,
-                 support::View a27, support::View a28);
+                 support::ConstView a23, support::View a24, support::View a25, support::View a26);
   void repeated1(support::ConstView a0, support::ConstView a1, support::View a2,
                  support::ConstView a3, support::View a4, support::ConstView a5,
                  support::ConstView a6, support::View a7, support::ConstView a8, support::View a9,
@@ -233,7 +232,7 @@ public:
   /// The bytes of this object's arena: run()'s temporaries share it, placed by liveness.
   static constexpr size_t kArenaBytes = 225792;
   /// The bytes of all of run()'s temporaries together (one buffer each).
-  static constexpr size_t kTemporaryBytes = 816284;
+  static constexpr size_t kTemporaryBytes = 808092;
   /// The bytes of the values computed once, in the constructor (constants, masks).
   static constexpr size_t kPersistentBytes = 53248;
 

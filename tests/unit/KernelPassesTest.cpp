@@ -5,6 +5,7 @@
 #include "codegen/EliminateCommonSubexpressions.h"
 #include "codegen/EliminateDeadCode.h"
 #include "codegen/FoldConstants.h"
+#include "codegen/FuseGemmEpilogues.h"
 #include "codegen/FuseLoops.h"
 #include "codegen/FuseRowKernels.h"
 #include "codegen/GatherOneHotProducts.h"
@@ -535,6 +536,111 @@ TEST_CASE("fuse-row-kernels: layer_norm with its gain and bias, a mask with its 
     REQUIRE(b.fn.body.size() == before.size());
     for (size_t k = 0; k < before.size(); ++k)
       CHECK(b.fn.body[k].node == before[k].node);
+  }
+}
+
+namespace {
+
+/// y[r, c] = [gelu](product[r, c] + bias[c]) over rows x cols (bias read with `biasStrides`).
+Stmt biasLoop(BufferId y, BufferId product, BufferId bias, int64_t rows, int64_t cols, bool gelu,
+              Shape biasStrides = {0, 1}) {
+  Loop loop;
+  loop.dims = {"r", "c"};
+  loop.extents = {rows, cols};
+  loop.reads = {Access{product, {cols, 1}}, Access{bias, std::move(biasStrides)}};
+  loop.body = {Scalar{.kind = Scalar::Kind::Load, .read = 0},
+               Scalar{.kind = Scalar::Kind::Load, .read = 1},
+               Scalar{.kind = Scalar::Kind::Compute, .op = ir::OpKind::Add, .args = {1, 0}}};
+  if (gelu)
+    loop.body.push_back(Scalar{.kind = Scalar::Kind::Compute, .op = ir::OpKind::Gelu, .args = {2}});
+  loop.stores = {Store{Access{y, {cols, 1}}, int(loop.body.size() - 1)}};
+  return Stmt{.node = std::move(loop), .sources = {"t.mesh:2:1 add"}};
+}
+
+} // namespace
+
+TEST_CASE("fuse-gemm-epilogues: a bias along the last dim and GELU become the GEMM's") {
+  SECTION("gelu(x . w + bias) and x . w + bias: one GEMM each") {
+    for (bool gelu : {true, false}) {
+      Builder b;
+      BufferId x = b.buffer(12, Storage::Input), w = b.buffer(32, Storage::Param),
+               bias = b.buffer(8, Storage::Param), product = b.buffer(24), y = b.buffer(24);
+      b.gemm(product, x, w, 3, 4, 8);
+      b.fn.body.back().sources = {"t.mesh:1:1 einsum"};
+      b.fn.body.push_back(biasLoop(y, product, bias, 3, 8, gelu));
+      b.fn.outputs = {y};
+      REQUIRE(verifyKernels(b.fn).empty());
+      fuseGemmEpilogues(b.fn);
+      REQUIRE(verifyKernels(b.fn).empty());
+      REQUIRE(b.fn.body.size() == 1);
+      const Gemm& gemm = std::get<Gemm>(b.fn.body[0].node);
+      CHECK(gemm.out == y);
+      CHECK(gemm.operands == std::vector<BufferId>{x, w});
+      CHECK(gemm.bias == bias);
+      CHECK(gemm.gelu == gelu);
+      CHECK(b.fn.body[0].sources ==
+            std::vector<std::string>{"t.mesh:1:1 einsum", "t.mesh:2:1 add"});
+      CHECK(readsOf(b.fn.body[0]) == std::vector<BufferId>{x, w, bias});
+    }
+  }
+  SECTION("not fused: the product read again, a bias across rows, a scaled GEMM, more work in "
+          "the loop, a loop over other points") {
+    Builder b;
+    BufferId x = b.buffer(12, Storage::Input), w = b.buffer(32, Storage::Param),
+             bias = b.buffer(8, Storage::Param), wide = b.buffer(24, Storage::Param);
+    auto add = [&](bool keepProduct) {
+      BufferId product = b.buffer(24), y = b.buffer(24);
+      b.gemm(product, x, w, 3, 4, 8);
+      if (keepProduct) b.fn.outputs.push_back(product);
+      b.fn.outputs.push_back(y);
+      return std::pair{product, y};
+    };
+    // The product is also an output.
+    auto [p1, y1] = add(true);
+    b.fn.body.push_back(biasLoop(y1, p1, bias, 3, 8, true));
+    // A bias that differs per row.
+    auto [p2, y2] = add(false);
+    b.fn.body.push_back(biasLoop(y2, p2, wide, 3, 8, true, {8, 1}));
+    // alpha 0.5 (a folded scale).
+    auto [p3, y3] = add(false);
+    std::get<Gemm>(b.fn.body.back().node).alpha = 0.5;
+    b.fn.body.push_back(biasLoop(y3, p3, bias, 3, 8, true));
+    // gelu(product + bias) * 2.
+    auto [p4, y4] = add(false);
+    b.fn.body.push_back(biasLoop(y4, p4, bias, 3, 8, true));
+    Loop& scaled = std::get<Loop>(b.fn.body.back().node);
+    scaled.body.push_back(Scalar{.kind = Scalar::Kind::Const, .value = 2});
+    scaled.body.push_back(
+        Scalar{.kind = Scalar::Kind::Compute, .op = ir::OpKind::Mul, .args = {3, 4}});
+    scaled.stores[0].value = 5;
+    // The loop walks the product transposed ([c, r]).
+    auto [p5, y5] = add(false);
+    Stmt transposed = biasLoop(y5, p5, bias, 8, 3, true, {1, 0});
+    std::get<Loop>(transposed.node).reads[0].strides = {1, 8};
+    b.fn.body.push_back(std::move(transposed));
+    REQUIRE(verifyKernels(b.fn).empty());
+    std::vector<Stmt> before = b.fn.body;
+    fuseGemmEpilogues(b.fn);
+    REQUIRE(b.fn.body.size() == before.size());
+    for (size_t k = 0; k < before.size(); ++k)
+      CHECK(b.fn.body[k].node == before[k].node);
+  }
+  SECTION("the verifier rejects an epilogue with alpha other than 1 or a bias of another size") {
+    Builder b;
+    BufferId x = b.buffer(12, Storage::Input), w = b.buffer(32, Storage::Param),
+             bias = b.buffer(8, Storage::Param), wide = b.buffer(24, Storage::Param),
+             y = b.buffer(24);
+    b.gemm(y, x, w, 3, 4, 8);
+    b.fn.outputs = {y};
+    Gemm& gemm = std::get<Gemm>(b.fn.body.back().node);
+    gemm.bias = bias;
+    gemm.gelu = true;
+    CHECK(verifyKernels(b.fn).empty());
+    gemm.alpha = 0.5;
+    CHECK(!verifyKernels(b.fn).empty());
+    gemm.alpha = 1;
+    gemm.bias = wide;
+    CHECK(!verifyKernels(b.fn).empty());
   }
 }
 

@@ -366,6 +366,53 @@ TEST_CASE("einsum: the transformer's GEMMs and their backward transposes, one ma
   }
 }
 
+TEST_CASE("einsum: a bias along the last dim and GELU after the GEMM, fused or not", "[kernels]") {
+  // out = gelu(einsum + bias[last dim]): oneDNN's bias and eltwise post-ops where the plan is one
+  // matmul whose columns are the last dim (ffn in, the batched values), one pass over the output
+  // otherwise (a swapped GEMM, a last dim merged into wider columns). Either way it must be the
+  // einsum, then the bias, then GELU's tanh form.
+  struct Case {
+    std::string name;
+    EinsumSpec spec;
+  };
+  std::vector<Case> cases = {
+      {"ffn in", spec({2, 6, 8, 12}, {{0, 1, 2}, {2, 3}}, {0, 1, 3})},
+      {"values", spec({2, 2, 6, 6, 4}, {{0, 1, 2, 3}, {0, 3, 1, 4}}, {0, 2, 1, 4})},
+      {"swapped", spec({13, 7, 9}, {{0, 1}, {1, 2}}, {2, 0})},
+      {"merged columns", spec({2, 6, 8, 3, 4}, {{0, 1, 2}, {2, 3, 4}}, {0, 1, 3, 4})},
+  };
+  auto gelu = [](double x) {
+    return 0.5 * x * (1 + std::tanh(0.79788456080286535588 * (x + 0.044715 * x * x * x)));
+  };
+  for (const Case& c : cases) {
+    INFO(c.name);
+    const EinsumPlan plan(c.spec);
+    auto data = randomOperands(c.spec, 23);
+    int64_t lane = c.spec.sizes[size_t(c.spec.out.dims.back())];
+    std::vector<float> bias = randomFloats(size_t(lane), 24);
+    size_t count = size_t(countOf(c.spec, c.spec.out.dims));
+    std::vector<float> product(count);
+    plan.run(data[0].data(), data[1].data(), product.data());
+    for (bool withGelu : {false, true}) {
+      std::vector<double> expected;
+      for (size_t i = 0; i < count; ++i) {
+        double x = double(product[i]) + double(bias[i % size_t(lane)]);
+        expected.push_back(withGelu ? gelu(x) : x);
+      }
+      std::vector<float> out(count, kNaN); // written, never read
+      plan.runBiasActivation(data[0].data(), data[1].data(), bias.data(), out.data(), withGelu);
+      checkClose(out, expected, 2e-5, 2e-5);
+    }
+  }
+  // The output must be dense: a strided one is refused.
+  EinsumSpec strided = spec({2, 3, 4}, {{0, 1}, {1, 2}}, {0, 2});
+  strided.out.strides = {8, 1};
+  std::vector<float> a(6, 1), b(12, 1), bias(4, 0), out(16);
+  CHECK_THROWS_AS(
+      EinsumPlan(strided).runBiasActivation(a.data(), b.data(), bias.data(), out.data(), true),
+      std::invalid_argument);
+}
+
 TEST_CASE("einsum: one plan runs concurrently with alpha and beta, matmul batches included",
           "[kernels]") {
   // Rank threads share a static plan; each accumulates into its own output with its own alpha.

@@ -15,6 +15,7 @@
 #include <map>
 #include <stdexcept>
 #include <tuple>
+#include <unordered_map>
 
 namespace meshrt::kernels::detail {
 namespace {
@@ -72,43 +73,52 @@ DnnlGemm::DnnlGemm(const std::vector<int64_t>& batchSizes, const EinsumPlan::Mat
   aDesc_ = describeMatrix(batchSizes_, a_);
   bDesc_ = describeMatrix(batchSizes_, b_);
   cDesc_ = describeMatrix(batchSizes_, c_);
-  try {
-    auto first = create(useBlasThreadCount(), false);
-    const std::string& name = first->implementation;
-    // The reference implementation is a scalar loop: the sgemm loop is far faster.
-    if (name.rfind("ref", 0) == 0) return;
-    variants_.push_back(first);
-    useMatmul_ = true;
-    implementation_ = "matmul " + name;
-  } catch (const dnnl::error&) {
-    // A layout oneDNN's matmul rejects: the sgemm loop takes any strides.
-  }
+  // A bias along c's columns: 1 on every batch dim and the rows.
+  dnnl::memory::dims biasDims(batchSizes_.size(), 1), biasStrides(batchSizes_.size(), c_.cols);
+  biasDims.insert(biasDims.end(), {1, c_.cols});
+  biasStrides.insert(biasStrides.end(), {c_.cols, 1});
+  biasDesc_ = dnnl::memory::desc(biasDims, Type::f32, biasStrides);
+  auto first = create(useBlasThreadCount(), Epilogue::None);
+  if (!first->usable) return; // the sgemm loop takes any strides, and is far faster than ref
+  variants_.push_back(first);
+  useMatmul_ = true;
+  implementation_ = "matmul " + first->implementation;
 }
 
 std::string DnnlGemm::describe() const {
   return implementation_;
 }
 
-std::shared_ptr<const DnnlGemm::Variant> DnnlGemm::create(int threads, bool accumulate) const {
+std::shared_ptr<const DnnlGemm::Variant> DnnlGemm::create(int threads, Epilogue epilogue) const {
   dnnl::primitive_attr attr;
   // A scratchpad per call (from the calling thread's buffer) keeps concurrent runs apart.
   attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
   attr.set_output_scales(0, {DNNL_RUNTIME_F32_VAL});
-  if (accumulate) {
-    dnnl::post_ops ops;
-    ops.append_sum(1.0f);
-    attr.set_post_ops(ops);
+  dnnl::post_ops ops;
+  if (epilogue == Epilogue::Accumulate) ops.append_sum(1.0f);
+  if (epilogue == Epilogue::BiasGelu)
+    ops.append_eltwise(1.0f, dnnl::algorithm::eltwise_gelu_tanh, 0.0f, 0.0f);
+  attr.set_post_ops(ops);
+  bool bias = epilogue == Epilogue::Bias || epilogue == Epilogue::BiasGelu;
+  try {
+    dnnl::matmul::primitive_desc pd(bias ? dnnl::matmul::desc(aDesc_, bDesc_, biasDesc_, cDesc_)
+                                         : dnnl::matmul::desc(aDesc_, bDesc_, cDesc_),
+                                    attr, cpuEngine());
+    std::string name = pd.impl_info_str();
+    // The reference implementation is a scalar loop: not worth its post-ops.
+    return std::make_shared<const Variant>(Variant{threads, epilogue, name.rfind("ref", 0) != 0,
+                                                   dnnl::matmul(pd), pd.scratchpad_desc(), name});
+  } catch (const dnnl::error&) {
+    // A layout or post-op oneDNN's matmul rejects.
+    return std::make_shared<const Variant>(Variant{threads, epilogue, false, {}, {}, ""});
   }
-  dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(aDesc_, bDesc_, cDesc_), attr, cpuEngine());
-  return std::make_shared<const Variant>(
-      Variant{threads, accumulate, dnnl::matmul(pd), pd.scratchpad_desc(), pd.impl_info_str()});
 }
 
-std::shared_ptr<const DnnlGemm::Variant> DnnlGemm::variant(int threads, bool accumulate) const {
+std::shared_ptr<const DnnlGemm::Variant> DnnlGemm::variant(int threads, Epilogue epilogue) const {
   std::lock_guard<std::mutex> lock(mutex_);
   for (const auto& v : variants_)
-    if (v->threads == threads && v->accumulate == accumulate) return v;
-  variants_.push_back(create(threads, accumulate));
+    if (v->threads == threads && v->epilogue == epilogue) return v;
+  variants_.push_back(create(threads, epilogue));
   return variants_.back();
 }
 
@@ -129,10 +139,23 @@ void DnnlGemm::run(const float* a, const float* b, float* c, float alpha, float 
   }
   bool accumulate = beta != 0;
   if (accumulate && beta != 1) scaleOutput(c, beta);
-  // The calling thread's memory objects for this plan and variant, made once: a call then only
-  // points them at this call's buffers (creating five dnnl::memory per call cost allocations
-  // and a lock on the plan, which the ranks of a threads world share).
-  Bound& bound = boundFor(threads, accumulate);
+  execute(boundFor(threads, accumulate ? Epilogue::Accumulate : Epilogue::None), a, b, nullptr, c,
+          alpha);
+}
+
+bool DnnlGemm::runBiasActivation(const float* a, const float* b, const float* bias, float* c,
+                                 bool gelu) const {
+  if (!useMatmul_) return false;
+  Bound& bound = boundFor(useBlasThreadCount(), gelu ? Epilogue::BiasGelu : Epilogue::Bias);
+  if (!bound.usable) return false;
+  execute(bound, a, b, bias, c, 1.0f);
+  return true;
+}
+
+void DnnlGemm::execute(Bound& bound, const float* a, const float* b, const float* bias, float* c,
+                       float alpha) const {
+  // The calling thread's memory objects for this plan and variant, made once: a call only
+  // points them at this call's buffers.
   bound.a.set_data_handle(const_cast<float*>(a));
   bound.b.set_data_handle(const_cast<float*>(b));
   bound.c.set_data_handle(c);
@@ -140,30 +163,44 @@ void DnnlGemm::run(const float* a, const float* b, float* c, float alpha, float 
   thread_local std::vector<char> scratch; // one per thread, as large as its largest plan's
   scratch.resize(std::max<size_t>(scratch.size(), bound.scratchBytes));
   bound.scratch.set_data_handle(scratch.data());
-  bound.primitive.execute(bound.stream, {{DNNL_ARG_SRC, bound.a},
-                                         {DNNL_ARG_WEIGHTS, bound.b},
-                                         {DNNL_ARG_DST, bound.c},
-                                         {DNNL_ARG_ATTR_OUTPUT_SCALES, bound.scale},
-                                         {DNNL_ARG_SCRATCHPAD, bound.scratch}});
+  std::unordered_map<int, dnnl::memory> args{{DNNL_ARG_SRC, bound.a},
+                                             {DNNL_ARG_WEIGHTS, bound.b},
+                                             {DNNL_ARG_DST, bound.c},
+                                             {DNNL_ARG_ATTR_OUTPUT_SCALES, bound.scale},
+                                             {DNNL_ARG_SCRATCHPAD, bound.scratch}};
+  if (bias) {
+    bound.bias.set_data_handle(const_cast<float*>(bias));
+    args.emplace(DNNL_ARG_BIAS, bound.bias);
+  }
+  bound.primitive.execute(bound.stream, args);
   bound.stream.wait();
 }
 
-DnnlGemm::Bound& DnnlGemm::boundFor(int threads, bool accumulate) const {
+DnnlGemm::Bound& DnnlGemm::boundFor(int threads, Epilogue epilogue) const {
   // Keyed by the plan's serial number, never reused (an address may be, by a later plan). A
   // thread that has run many plans starts over, so that dead plans' primitives are let go.
+  // Creating five dnnl::memory per call cost allocations and a lock on the plan, which the
+  // ranks of a threads world share: each thread keeps its own.
   constexpr size_t kMaxBound = 256;
-  thread_local std::map<std::tuple<uint64_t, int, bool>, std::unique_ptr<Bound>> cache;
-  if (cache.size() >= kMaxBound && !cache.count({serial_, threads, accumulate})) cache.clear();
-  std::unique_ptr<Bound>& slot = cache[{serial_, threads, accumulate}];
+  using Key = std::tuple<uint64_t, int, Epilogue>;
+  thread_local std::map<Key, std::unique_ptr<Bound>> cache;
+  Key key{serial_, threads, epilogue};
+  if (cache.size() >= kMaxBound && !cache.count(key)) cache.clear();
+  std::unique_ptr<Bound>& slot = cache[key];
   if (slot) return *slot;
-  std::shared_ptr<const Variant> v = variant(threads, accumulate);
+  std::shared_ptr<const Variant> v = variant(threads, epilogue);
+  if (!v->usable) {
+    slot = std::make_unique<Bound>();
+    return *slot;
+  }
   const dnnl::engine& engine = cpuEngine();
   slot = std::make_unique<Bound>(
-      Bound{v->primitive, threadStream(), dnnl::memory(aDesc_, engine, DNNL_MEMORY_NONE),
+      Bound{true, v->primitive, threadStream(), dnnl::memory(aDesc_, engine, DNNL_MEMORY_NONE),
             dnnl::memory(bDesc_, engine, DNNL_MEMORY_NONE),
             dnnl::memory(cDesc_, engine, DNNL_MEMORY_NONE),
             dnnl::memory({{1}, Type::f32, Tag::x}, engine),
-            dnnl::memory(v->scratchpad, engine, DNNL_MEMORY_NONE), v->scratchpad.get_size()});
+            dnnl::memory(v->scratchpad, engine, DNNL_MEMORY_NONE),
+            dnnl::memory(biasDesc_, engine, DNNL_MEMORY_NONE), v->scratchpad.get_size()});
   return *slot;
 }
 

@@ -28,38 +28,51 @@ public:
            const EinsumPlan::Matrix& b, const EinsumPlan::Matrix& c);
 
   void run(const float* a, const float* b, float* c, float alpha, float beta) const;
+  /// c = f(a . b + bias[col]), bias one value per column of c, f the identity or (gelu) GELU in
+  /// its tanh form: oneDNN's bias and eltwise post-op, applied while a tile of c is in registers.
+  /// False (and c untouched) where this GEMM has no such matmul (the sgemm loop, or oneDNN
+  /// offers only its reference implementation with the post-ops).
+  bool runBiasActivation(const float* a, const float* b, const float* bias, float* c,
+                         bool gelu) const;
   /// "matmul <oneDNN implementation>" or "sgemm loop".
   std::string describe() const;
 
 private:
+  /// What a primitive adds to alpha * a.b: nothing, c (a sum post-op: beta = 1), or a bias
+  /// along c's columns and then an activation.
+  enum class Epilogue { None, Accumulate, Bias, BiasGelu };
   struct Variant {
     int threads;
-    bool accumulate; // a sum post-op: c = alpha * a.b + c
+    Epilogue epilogue;
+    bool usable; // false: oneDNN offers only its reference matmul (or none) for it
     dnnl::matmul primitive;
     dnnl::memory::desc scratchpad;
     std::string implementation; // oneDNN's name for what it chose, e.g. "brg:avx512_core"
   };
   /// The primitive for this thread count (oneDNN fixes a primitive's thread count when it is
-  /// created) and accumulation, created on first use.
-  std::shared_ptr<const Variant> variant(int threads, bool accumulate) const;
-  std::shared_ptr<const Variant> create(int threads, bool accumulate) const;
+  /// created) and epilogue, created on first use.
+  std::shared_ptr<const Variant> variant(int threads, Epilogue epilogue) const;
+  std::shared_ptr<const Variant> create(int threads, Epilogue epilogue) const;
   /// A variant bound to one thread: its stream, and memory objects that each call points at
   /// its operands and the thread's scratchpad (alpha's has a buffer of its own).
   struct Bound {
+    bool usable = false; // the variant's
     dnnl::matmul primitive;
     dnnl::stream stream;
-    dnnl::memory a, b, c, scale, scratch;
-    size_t scratchBytes;
+    dnnl::memory a, b, c, scale, scratch, bias;
+    size_t scratchBytes = 0;
   };
   /// The calling thread's Bound for this plan and variant, made on first use.
-  Bound& boundFor(int threads, bool accumulate) const;
+  Bound& boundFor(int threads, Epilogue epilogue) const;
+  void execute(Bound& bound, const float* a, const float* b, const float* bias, float* c,
+               float alpha) const;
   void runSgemmLoop(const float* a, const float* b, float* c, float alpha, float beta) const;
   /// c *= beta over c's walk (beta other than 0 and 1 before an accumulating matmul).
   void scaleOutput(float* c, float beta) const;
 
   std::vector<int64_t> batchSizes_;
   EinsumPlan::Matrix a_, b_, c_;
-  dnnl::memory::desc aDesc_, bDesc_, cDesc_;
+  dnnl::memory::desc aDesc_, bDesc_, cDesc_, biasDesc_;
   bool useMatmul_ = false;
   uint64_t serial_; // unique per plan: the key of its threads' Bound caches
   std::string implementation_;

@@ -5,6 +5,7 @@
 #include "DnnlGemm.h"
 
 #include "meshrt/kernels/Index.h"
+#include "meshrt/kernels/MathF32.h"
 #include "meshrt/kernels/Reduce.h"
 
 #include <cblas.h>
@@ -332,6 +333,32 @@ std::string EinsumPlan::gemmImplementation() const {
 void EinsumPlan::run(const float* a, const float* b, float* out, float alpha, float beta) const {
   const float* operands[2] = {a, b};
   run(operands, out, alpha, beta);
+}
+
+void EinsumPlan::runBiasActivation(const float* a, const float* b, const float* bias, float* out,
+                                   bool gelu) const {
+  if (!spec_.out.strides.empty() || spec_.out.dims.empty())
+    throw std::invalid_argument(
+        "EinsumPlan::runBiasActivation: the output must be dense, with dims");
+  int lastDim = spec_.out.dims.back();
+  // One matmul writing `out` itself, its columns the last dim alone (unit stride).
+  if (gemm.enabled && !gemm.swapped && !gemm.a.pack && !gemm.b.pack && !gemm.c.pack &&
+      !gemm.c.transpose && gemm.c.colDims == std::vector<int>{lastDim} &&
+      gemm.library->runBiasActivation(a, b, bias, out, gelu))
+    return;
+  run(a, b, out);
+  int64_t lane = spec_.sizes[size_t(lastDim)], total = 1;
+  for (int id : spec_.out.dims)
+    total *= spec_.sizes[size_t(id)];
+  for (int64_t row = 0; row < total; row += lane) {
+    float* __restrict values = out + row;
+    if (gelu)
+      for (int64_t j = 0; j < lane; ++j)
+        values[j] = f32::gelu(values[j] + bias[j]);
+    else
+      for (int64_t j = 0; j < lane; ++j)
+        values[j] += bias[j];
+  }
 }
 
 void EinsumPlan::run(const float* const* operands, float* out, float alpha, float beta) const {

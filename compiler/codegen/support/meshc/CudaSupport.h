@@ -602,6 +602,16 @@ inline void einsum2(float* out, const float* a, const float* b, const GemmDims& 
 inline void scaleValues(View out, float alpha) {
   forEachIndex(out.size(), [=] __device__(int64_t i) { out[size_t(i)] *= alpha; });
 }
+
+/// out = f(out + bias[i mod bias's size]), f GELU or the identity: a GEMM's fused bias and
+/// activation (fuse-gemm-epilogues), after cuBLAS.
+inline void biasActivation(View out, ConstView bias, bool gelu) {
+  size_t lane = bias.size();
+  forEachIndex(out.size(), [=] __device__(int64_t i) {
+    float value = out[size_t(i)] + bias[size_t(i) % lane];
+    out[size_t(i)] = gelu ? fgelu(value) : value;
+  });
+}
 #endif
 
 inline void einsum2Double(float* out, const float* a, const float* b, const GemmDims& d) {

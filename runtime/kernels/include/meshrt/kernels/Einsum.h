@@ -52,6 +52,13 @@ public:
   /// threads with OpenBLAS's thread count (setBlasThreads), per calling thread.
   void run(const float* const* operands, float* out, float alpha = 1.0f, float beta = 0.0f) const;
   void run(const float* a, const float* b, float* out, float alpha = 1.0f, float beta = 0.0f) const;
+  /// out = f(einsum(a, b) + bias), `bias` one value per index of the output's last dim (the
+  /// output dense row-major), f the identity or, with `gelu`, MathF32.h's GELU (tanh form).
+  /// Where the GEMM is one oneDNN matmul whose columns are that last dim, the bias and GELU are
+  /// its post-ops, applied while a tile is in registers (no second pass over `out`); otherwise
+  /// the einsum runs, then one pass over `out`.
+  void runBiasActivation(const float* a, const float* b, const float* bias, float* out,
+                         bool gelu) const;
 
   /// How it runs, e.g. "gemm batch=4 m=128 n=64 k=32 a=N b=T" (+ " pack-a" ...), "reduce"
   /// (one operand), "presum(a) + <main plan>" (a dim only one operand has is summed first), or
