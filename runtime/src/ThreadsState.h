@@ -56,22 +56,24 @@ inline void futexWakeAll(std::atomic<uint32_t>& word) {
           nullptr, 0);
 }
 
-/// With more ranks than usable cores, the core each world rank's thread keeps to, or -1 (no
-/// more ranks than cores, or MESHRT_PIN_RANKS=0): the ranks in consecutive blocks, so that ranks
-/// that differ only in the innermost mesh axes (the tensor-parallel groups, which communicate
-/// most) share a core. Two ranks of one group on two cores, each shared with a rank of another
-/// group, leave a core idle whenever both of its ranks wait for peers on the other one; on one
-/// core, a rank that waits hands the core to the peer it waits for.
+/// With at least as many ranks as usable cores, the core each world rank's thread keeps to, or
+/// -1 (fewer ranks than cores, or MESHRT_PIN_RANKS=0): the ranks in consecutive blocks, so that
+/// ranks that differ only in the innermost mesh axes (the tensor-parallel groups, which
+/// communicate most) share a core. Two ranks of one group on two cores, each shared with a rank
+/// of another group, leave a core idle whenever both of its ranks wait for peers on the other
+/// one; on one core, a rank that waits hands the core to the peer it waits for. As many ranks as
+/// cores get one core each: left free, their blocking collectives at times waited about 0.6 ms
+/// each, as if the scheduler had put two of them on one core (docs/runtime.md, "The barrier").
 inline std::vector<int> rankCores(int ranks) {
   cpu_set_t cpus;
   const char* pin = std::getenv("MESHRT_PIN_RANKS");
-  if ((pin && std::string(pin) == "0") || sched_getaffinity(0, sizeof(cpus), &cpus) != 0)
+  if ((pin && std::string(pin) == "0") || sched_getaffinity(getpid(), sizeof(cpus), &cpus) != 0)
     return std::vector<int>(size_t(ranks), -1);
   std::vector<int> usable;
   for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu)
     if (CPU_ISSET(cpu, &cpus)) usable.push_back(cpu);
   std::vector<int> cores(size_t(ranks), -1);
-  if (int(usable.size()) >= ranks) return cores;
+  if (int(usable.size()) > ranks) return cores;
   for (int rank = 0; rank < ranks; ++rank)
     cores[size_t(rank)] = usable[size_t(int64_t(rank) * int64_t(usable.size()) / ranks)];
   return cores;

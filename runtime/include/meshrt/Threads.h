@@ -12,6 +12,7 @@
 #include <vector>
 
 #include <sched.h>
+#include <unistd.h>
 
 namespace meshrt {
 
@@ -48,9 +49,11 @@ void runThreads(const Mesh& mesh, const std::function<void(Communicator&)>& prog
 
 /// The cores this process may run on: its affinity mask (e.g. under taskset), at least 1. The
 /// threads backend pins ranks by it, and `meshc calibrate` records it as the machine's cores.
+/// The main thread's mask (getpid()), not the caller's: a rank thread is pinned to one core.
 inline int usableCores() {
   cpu_set_t cpus;
-  if (sched_getaffinity(0, sizeof(cpus), &cpus) == 0) return std::max(1, CPU_COUNT(&cpus));
+  if (sched_getaffinity(getpid(), sizeof(cpus), &cpus) == 0)
+    return std::max(1, CPU_COUNT(&cpus));
   return int(std::max(1u, std::thread::hardware_concurrency()));
 }
 
