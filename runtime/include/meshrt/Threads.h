@@ -52,8 +52,7 @@ void runThreads(const Mesh& mesh, const std::function<void(Communicator&)>& prog
 /// The main thread's mask (getpid()), not the caller's: a rank thread is pinned to one core.
 inline int usableCores() {
   cpu_set_t cpus;
-  if (sched_getaffinity(getpid(), sizeof(cpus), &cpus) == 0)
-    return std::max(1, CPU_COUNT(&cpus));
+  if (sched_getaffinity(getpid(), sizeof(cpus), &cpus) == 0) return std::max(1, CPU_COUNT(&cpus));
   return int(std::max(1u, std::thread::hardware_concurrency()));
 }
 
