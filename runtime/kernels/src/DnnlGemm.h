@@ -45,6 +45,7 @@ private:
     int threads;
     Epilogue epilogue;
     bool usable; // false: oneDNN offers only its reference matmul (or none) for it
+    bool scaled; // alpha a runtime output scale (not under a bias epilogue: alpha 1)
     dnnl::matmul primitive;
     dnnl::memory::desc scratchpad;
     std::string implementation; // oneDNN's name for what it chose, e.g. "brg:avx512_core"
@@ -57,6 +58,7 @@ private:
   /// its operands and the thread's scratchpad (alpha's has a buffer of its own).
   struct Bound {
     bool usable = false; // the variant's
+    bool scaled = false; // the variant's
     dnnl::matmul primitive;
     dnnl::stream stream;
     dnnl::memory a, b, c, scale, scratch, bias;
