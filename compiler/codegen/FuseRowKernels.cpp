@@ -119,6 +119,77 @@ std::optional<Call> maskedSoftmax(const KernelFunction& fn, const Loop& loop, co
               .reads = {x.buffer, mask.buffer}};
 }
 
+/// `loop` = a sum of two or three loads (t0 + t1, or t0 + (t1 + t2) with the operands of each
+/// add in either order), every term's row contiguous, stored densely into the buffer `norm` (a
+/// layerNormAffine) then normalizes: one addLayerNormAffine call that stores the sum too.
+std::optional<Call> addLayerNormAffine(const KernelFunction& fn, const Loop& loop,
+                                       const Call& norm) {
+  if (norm.callee != Callee::LayerNormAffine || norm.args.size() != 8 || loop.stores.size() != 1 ||
+      loop.extents.empty() || !allF32(fn, loop))
+    return std::nullopt;
+  const Store& store = loop.stores[0];
+  BufferId sum = store.at.buffer, out = norm.out;
+  Shape outer = loop.extents;
+  int64_t size = outer.back();
+  outer.pop_back();
+  int64_t rows = 1;
+  for (int64_t extent : outer)
+    rows *= extent;
+  if (norm.args[1].buffer != sum || store.at.strides != rowMajorStrides(loop.extents) ||
+      int64_t(norm.args[3].value) != size || int64_t(norm.args[2].value) != rows)
+    return std::nullopt;
+  // The add tree: every scalar of the body is one of its loads or adds.
+  auto isAdd = [&](int index) {
+    const Scalar& scalar = loop.body[size_t(index)];
+    return scalar.kind == Scalar::Kind::Compute && scalar.op == ir::OpKind::Add &&
+           scalar.args.size() == 2;
+  };
+  if (!isAdd(store.value)) return std::nullopt;
+  const Scalar& root = loop.body[size_t(store.value)];
+  std::vector<int> terms; // loads, in the kernel's order: t0 + t1, or t0 + (t1 + t2)
+  for (int first : root.args) {
+    int second = root.args[0] == first ? root.args[1] : root.args[0];
+    if (!loadOf(loop, first)) continue;
+    if (loadOf(loop, second)) {
+      terms = {first, second};
+      break;
+    }
+    const Scalar& inner = loop.body[size_t(second)];
+    if (isAdd(second) && loadOf(loop, inner.args[0]) && loadOf(loop, inner.args[1])) {
+      terms = {first, inner.args[0], inner.args[1]};
+      break;
+    }
+  }
+  if (terms.empty() || loop.body.size() != 2 * terms.size() - 1) return std::nullopt;
+  std::vector<Arg> args = {data(out),     data(sum),    Arg{.kind = Arg::Kind::Ints, .ints = outer},
+                           integer(size), norm.args[4], norm.args[5],
+                           norm.args[6],  norm.args[7]};
+  std::vector<BufferId> reads;
+  for (int term : terms) {
+    const Access& access = readOf(loop, term);
+    // Each term's row walks its buffer contiguously, and no term is a buffer the kernel
+    // writes: it computes a row's sum and normalizes it before the next row's.
+    if (access.strides.back() != 1 || access.buffer == sum || access.buffer == out)
+      return std::nullopt;
+    Shape termOuter = access.strides;
+    termOuter.pop_back();
+    args.push_back(data(access.buffer));
+    args.push_back(Arg{.kind = Arg::Kind::Ints, .ints = termOuter});
+    reads.push_back(access.buffer);
+  }
+  if (terms.size() == 2) { // no third term
+    args.push_back(Arg{.kind = Arg::Kind::Text, .text = "nullptr"});
+    args.push_back(Arg{.kind = Arg::Kind::Ints, .ints = {}});
+  }
+  reads.push_back(norm.args[4].buffer);
+  reads.push_back(norm.args[5].buffer);
+  return Call{.callee = Callee::AddLayerNormAffine,
+              .args = std::move(args),
+              .out = out,
+              .reads = std::move(reads),
+              .alsoWrites = {sum}};
+}
+
 } // namespace
 
 void fuseRowKernels(KernelFunction& fn) {
@@ -138,6 +209,18 @@ void fuseRowKernels(KernelFunction& fn) {
     if (!fused) return false;
     // The row kernel's sources first: traces name the statement by its op.
     if (loop) std::swap(first.sources, second.sources);
+    first.node = std::move(*fused);
+    return true;
+  });
+  // Then the sum before a layerNormAffine formed above (the residual add before a pre-norm
+  // layer's norm), which stays stored: the next residual add reads it.
+  fuseAdjacent(fn, [&](size_t, Stmt& first, Stmt& second) {
+    const Loop* loop = std::get_if<Loop>(&first.node);
+    const Call* norm = std::get_if<Call>(&second.node);
+    if (!loop || !norm) return false;
+    std::optional<Call> fused = addLayerNormAffine(fn, *loop, *norm);
+    if (!fused) return false;
+    std::swap(first.sources, second.sources);
     first.node = std::move(*fused);
     return true;
   });

@@ -83,8 +83,10 @@ std::vector<BufferId> writesOf(const Stmt& stmt) {
     }
     std::vector<BufferId> operator()(const Gemm& gemm) const { return {gemm.out}; }
     std::vector<BufferId> operator()(const Call& call) const {
-      if (call.out != kNoBuffer) return {call.out};
-      return call.reads; // in place
+      if (call.out == kNoBuffer) return call.reads; // in place
+      std::vector<BufferId> writes{call.out};
+      writes.insert(writes.end(), call.alsoWrites.begin(), call.alsoWrites.end());
+      return writes;
     }
     std::vector<BufferId> operator()(const Collective& c) const {
       if (c.phase == Collective::Phase::Start) return {}; // the Wait completes the writes

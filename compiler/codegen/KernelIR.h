@@ -184,6 +184,9 @@ struct Call {
   std::vector<Arg> args;
   BufferId out = kNoBuffer;    // the buffer it writes (kNoBuffer: in place on `reads`)
   std::vector<BufferId> reads; // the buffers it reads (and, for in-place kernels, writes)
+  /// Buffers it writes besides `out`: a fused kernel that also stores the value it computed
+  /// on the way (addLayerNormAffine's sum, read again later as the residual).
+  std::vector<BufferId> alsoWrites;
   bool operator==(const Call&) const = default;
 };
 
@@ -388,6 +391,8 @@ template <class Visit> void forEachBuffer(Stmt& stmt, Visit&& visit) {
     }
     void operator()(Call& call) const {
       if (call.out != kNoBuffer) apply(call.out);
+      for (BufferId& id : call.alsoWrites)
+        apply(id);
       for (BufferId& id : call.reads)
         apply(id);
       for (Arg& arg : call.args)

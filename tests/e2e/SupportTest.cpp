@@ -231,6 +231,42 @@ TEST_CASE("fused row kernels compute what the row kernel and the loop next to it
                                 size);
     requireClose(fused, expected, 1e-6f);
   }
+  SECTION("addLayerNormAffine: a sum of rows stored, then layerNormAffine of it") {
+    // [a=2, b=3, lane=37]: prev dense, partial dense, a bias along the row (three terms); then
+    // an embedding plus a position row broadcast over a (two terms).
+    const Shape outer = {2, 3};
+    const int64_t rows = 6, size = 37;
+    Buffer prev = randomBuffer(size_t(rows * size), 31), partial = randomBuffer(prev.size(), 32),
+           rowBias = randomBuffer(size, 33), position = randomBuffer(size_t(3 * size), 34),
+           gain = randomBuffer(size, 35), bias = randomBuffer(size, 36);
+    for (int64_t i = 0; i < size; ++i)
+      prev[size_t(size + i)] += 3000.0f; // a row far from zero
+    Buffer expectedSum(prev.size()), expected(prev.size()), sum(prev.size()), fused(prev.size());
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t i = 0; i < size; ++i) {
+        size_t at = size_t(r * size + i);
+        expectedSum[at] = prev[at] + (partial[at] + rowBias[size_t(i)]);
+      }
+    meshc::gen::layerNormAffine(expected.data(), expectedSum.data(), rows, size, gain.data(),
+                                bias.data(), 1e-5, size);
+    meshc::gen::addLayerNormAffine(fused.data(), sum.data(), outer, size, gain.data(), bias.data(),
+                                   1e-5, size, prev.data(), {3 * size, size}, partial.data(),
+                                   {3 * size, size}, rowBias.data(), {0, 0});
+    CHECK(sum == expectedSum); // the loop's own additions, in its order
+    CHECK(fused == expected);
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t i = 0; i < size; ++i) {
+        size_t at = size_t(r * size + i);
+        expectedSum[at] = partial[at] + position[size_t((r % 3) * size + i)];
+      }
+    meshc::gen::layerNormAffine(expected.data(), expectedSum.data(), rows, size, gain.data(),
+                                bias.data(), 1e-5, size);
+    meshc::gen::addLayerNormAffine(fused.data(), sum.data(), outer, size, gain.data(), bias.data(),
+                                   1e-5, size, partial.data(), {3 * size, size}, position.data(),
+                                   {0, size}, nullptr, {});
+    CHECK(sum == expectedSum);
+    CHECK(fused == expected);
+  }
   SECTION("maskedSoftmax: where(mask, x, fill), then softmax along the row") {
     // [a=2, b=3, lane=8]; the mask [a, lane] is broadcast over b (stride 0); row 4 entirely
     // masked (every element the fill: uniform weights), and a fill of -inf in a second pass.
@@ -310,14 +346,22 @@ TEST_CASE("reduce sums any lane: dense runs, bias-gradient rows and strided lane
     std::function<double(int64_t)> expected; // per output, in row-major order
   };
   std::vector<Case> cases = {
-      {"last dim (a dense run per output)", {4, 6}, {30, 5}, {5}, {1},
+      {"last dim (a dense run per output)",
+       {4, 6},
+       {30, 5},
+       {5},
+       {1},
        [&](int64_t o) {
          double sum = 0;
          for (int64_t k = 0; k < 5; ++k)
            sum += at(o / 6, o % 6, k);
          return sum;
        }},
-      {"two outer dims (bias gradient rows)", {5}, {1}, {4, 6}, {30, 5},
+      {"two outer dims (bias gradient rows)",
+       {5},
+       {1},
+       {4, 6},
+       {30, 5},
        [&](int64_t o) {
          double sum = 0;
          for (int64_t i = 0; i < 4; ++i)
@@ -325,14 +369,22 @@ TEST_CASE("reduce sums any lane: dense runs, bias-gradient rows and strided lane
              sum += at(i, j, o);
          return sum;
        }},
-      {"the middle dim (strided)", {4, 5}, {30, 1}, {6}, {5},
+      {"the middle dim (strided)",
+       {4, 5},
+       {30, 1},
+       {6},
+       {5},
        [&](int64_t o) {
          double sum = 0;
          for (int64_t j = 0; j < 6; ++j)
            sum += at(o / 5, j, o % 5);
          return sum;
        }},
-      {"everything", {}, {}, {4, 6, 5}, {30, 5, 1},
+      {"everything",
+       {},
+       {},
+       {4, 6, 5},
+       {30, 5, 1},
        [&](int64_t) {
          double sum = 0;
          for (float v : x)

@@ -9,28 +9,29 @@ namespace meshc_generated {
 static const support::Shape kShape0 = {2, 16, 16};
 static const support::Shape kShape1 = {0, 0, 1};
 static const support::Shape kShape2 = {16, 1, 0};
-static const support::Shape kShape3 = {2, 32};
-static const support::Shape kShape4 = {32, 1};
-static const support::Shape kShape5 = {512, 1};
-static const support::Shape kShape6 = {1};
-static const support::Shape kShape7 = {32};
-static const support::Shape kShape8 = {2};
-static const support::Shape kShape9 = {2, 2, 16};
-static const support::Shape kShape10 = {512, 256, 16};
-static const support::Shape kShape11 = {16};
-static const support::Shape kShape12 = {2, 16};
-static const support::Shape kShape13 = {256, 16};
-static const support::Shape kShape14 = {512, 32};
-static const support::Shape kShape15 = {2, 16, 32};
+static const support::Shape kShape3 = {2, 16};
+static const support::Shape kShape4 = {256, 16};
+static const support::Shape kShape5 = {0, 16};
+static const support::Shape kShape6 = {2, 32};
+static const support::Shape kShape7 = {32, 1};
+static const support::Shape kShape8 = {512, 1};
+static const support::Shape kShape9 = {1};
+static const support::Shape kShape10 = {32};
+static const support::Shape kShape11 = {2};
+static const support::Shape kShape12 = {2, 2, 16};
+static const support::Shape kShape13 = {512, 256, 16};
+static const support::Shape kShape14 = {16};
+static const support::Shape kShape15 = {512, 32};
 static const support::Shape kShape16 = {};
-static const support::Shape kShape17 = {16, 1};
-static const support::Shape kShape18 = {2, 2};
-static const support::Shape kShape19 = {1, 0};
-static const support::Shape kShape20 = {0, 1};
-static const support::Shape kShape21 = {0, 0};
-static const support::Shape kShape22 = {16, 16};
-static const support::Shape kShape23 = {256};
-static const support::Shape kShape24 = {32, 16};
+static const support::Shape kShape17 = {0, 0};
+static const support::Shape kShape18 = {2, 16, 32};
+static const support::Shape kShape19 = {16, 1};
+static const support::Shape kShape20 = {2, 2};
+static const support::Shape kShape21 = {1, 0};
+static const support::Shape kShape22 = {0, 1};
+static const support::Shape kShape23 = {16, 16};
+static const support::Shape kShape24 = {256};
+static const support::Shape kShape25 = {32, 16};
 static const support::SharedEinsum
     kEinsum0({{2, 16, 16, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
 static const support::SharedEinsum
@@ -82,7 +83,30 @@ static const support::SharedEinsum
 static const support::SharedEinsum
     kEinsum24({{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
 
-[[gnu::noinline]] static void loop0(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop0(float *__restrict p0, const float *__restrict p1) {
+  for (int64_t i0 = 0; i0 < 16; ++i0) {
+    for (int64_t i1 = 0; i1 < 32; ++i1) {
+      const float s0 = p1[i0 + i1 * 16];
+      const float s1 = s0;
+      p0[i0 * 32 + i1] = s1;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop1(float *__restrict p0, const float *__restrict p1,
+                                    const float *__restrict p2) {
+  for (int64_t i0 = 0; i0 < 2; ++i0) {
+    for (int64_t i1 = 0; i1 < 32; ++i1) {
+      const float s0 = p1[i0 * 32 + i1];
+      const float s1 = p2[i1];
+      const float s2 = (s0 + s1);
+      const float s3 = support::ftanh(s2);
+      p0[i0 * 32 + i1] = s3;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop2(float *__restrict p0, const float *__restrict p1,
                                     const float *__restrict p2, const float *__restrict p3) {
   for (int64_t i0 = 0; i0 < 2; ++i0) {
     for (int64_t i1 = 0; i1 < 256; ++i1) {
@@ -96,54 +120,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop1(float *__restrict p0, const float *__restrict p1) {
-  for (int64_t i0 = 0; i0 < 16; ++i0) {
-    for (int64_t i1 = 0; i1 < 32; ++i1) {
-      const float s0 = p1[i0 + i1 * 16];
-      const float s1 = s0;
-      p0[i0 * 32 + i1] = s1;
-    }
-  }
-}
-
-[[gnu::noinline]] static void loop2(float *__restrict p0, const float *__restrict p1,
-                                    const float *__restrict p2) {
-  for (int64_t i0 = 0; i0 < 2; ++i0) {
-    for (int64_t i1 = 0; i1 < 32; ++i1) {
-      const float s0 = p1[i0 * 32 + i1];
-      const float s1 = p2[i1];
-      const float s2 = (s0 + s1);
-      const float s3 = support::ftanh(s2);
-      p0[i0 * 32 + i1] = s3;
-    }
-  }
-}
-
 [[gnu::noinline]] static void loop3(float *__restrict p0, const float *__restrict p1,
-                                    const float *__restrict p2) {
-  for (int64_t i0 = 0; i0 < 1024; ++i0) {
-    const float s0 = p1[i0];
-    const float s1 = p2[i0];
-    const float s2 = (s0 + s1);
-    p0[i0] = s2;
-  }
-}
-
-[[gnu::noinline]] static void loop4(float *__restrict p0, const float *__restrict p1,
-                                    const float *__restrict p2, const float *__restrict p3) {
-  for (int64_t i0 = 0; i0 < 32; ++i0) {
-    for (int64_t i1 = 0; i1 < 32; ++i1) {
-      const float s0 = p1[i0 * 32 + i1];
-      const float s1 = p2[i1];
-      const float s2 = (s0 + s1);
-      const float s3 = p3[i0 * 32 + i1];
-      const float s4 = (s3 + s2);
-      p0[i0 * 32 + i1] = s4;
-    }
-  }
-}
-
-[[gnu::noinline]] static void loop5(float *__restrict p0, const float *__restrict p1,
                                     const float *__restrict p2, const float *__restrict p3) {
   for (int64_t i0 = 0; i0 < 32; ++i0) {
     for (int64_t i1 = 0; i1 < 16; ++i1) {
@@ -157,7 +134,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop6(float *__restrict p0, float *__restrict p1,
+[[gnu::noinline]] static void loop4(float *__restrict p0, float *__restrict p1,
                                     const float *__restrict p2, const float *__restrict p3) {
   for (int64_t i0 = 0; i0 < 32; ++i0) {
     for (int64_t i1 = 0; i1 < 16; ++i1) {
@@ -171,7 +148,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop7(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop5(float *__restrict p0, const float *__restrict p1,
                                     const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 1024; ++i0) {
     const float s0 = p1[i0];
@@ -181,7 +158,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop8(float *__restrict p0, float *__restrict p1,
+[[gnu::noinline]] static void loop6(float *__restrict p0, float *__restrict p1,
                                     const float *__restrict p2, const float *__restrict p3) {
   for (int64_t i0 = 0; i0 < 32; ++i0) {
     const float s0 = p2[i0];
@@ -194,7 +171,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop9(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop7(float *__restrict p0, const float *__restrict p1,
                                     const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 4; ++i0) {
     const float s0 = p1[i0];
@@ -204,8 +181,8 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop10(float *__restrict p0, const float *__restrict p1,
-                                     const float *__restrict p2, const float *__restrict p3) {
+[[gnu::noinline]] static void loop8(float *__restrict p0, const float *__restrict p1,
+                                    const float *__restrict p2, const float *__restrict p3) {
   for (int64_t i0 = 0; i0 < 2; ++i0) {
     for (int64_t i1 = 0; i1 < 2; ++i1) {
       const float s0 = p1[i0 * 2 + i1];
@@ -219,8 +196,8 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop11(float *__restrict p0, const float *__restrict p1,
-                                     const float *__restrict p2, const float *__restrict p3) {
+[[gnu::noinline]] static void loop9(float *__restrict p0, const float *__restrict p1,
+                                    const float *__restrict p2, const float *__restrict p3) {
   for (int64_t i0 = 0; i0 < 2; ++i0) {
     for (int64_t i1 = 0; i1 < 2; ++i1) {
       const float s0 = p1[i0];
@@ -245,7 +222,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop12(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop10(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4, const float *__restrict p5) {
   const float r0 = p1[0];
@@ -279,7 +256,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop13(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop11(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 64; ++i0) {
     const float s0 = p1[i0];
@@ -292,7 +269,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop14(float *__restrict p0, const float *__restrict p1) {
+[[gnu::noinline]] static void loop12(float *__restrict p0, const float *__restrict p1) {
   for (int64_t i0 = 0; i0 < 64; ++i0) {
     const float s0 = p1[i0];
     const float s1 = s0;
@@ -300,7 +277,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop15(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop13(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4, const float *__restrict p5,
                                      const float *__restrict p6) {
@@ -349,7 +326,17 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop16(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop14(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2) {
+  for (int64_t i0 = 0; i0 < 1024; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = p2[i0];
+    const float s2 = (s0 + s1);
+    p0[i0] = s2;
+  }
+}
+
+[[gnu::noinline]] static void loop15(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3) {
   for (int64_t i0 = 0; i0 < 32; ++i0) {
     const float s0 = p1[i0];
@@ -361,7 +348,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop17(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop16(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3) {
   for (int64_t i0 = 0; i0 < 1024; ++i0) {
     const float s0 = p1[i0];
@@ -373,7 +360,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop18(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop17(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 1024; ++i0) {
     const float s0 = p1[i0];
@@ -410,7 +397,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop19(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop18(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3) {
   for (int64_t i0 = 0; i0 < 512; ++i0) {
     const float s0 = p1[i0];
@@ -422,7 +409,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop20(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop19(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3) {
   for (int64_t i0 = 0; i0 < 64; ++i0) {
     for (int64_t i1 = 0; i1 < 16; ++i1) {
@@ -438,7 +425,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop21(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop20(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4) {
   for (int64_t i0 = 0; i0 < 1024; ++i0) {
@@ -453,7 +440,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop22(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop21(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4, const float *__restrict p5) {
   for (int64_t i0 = 0; i0 < 32; ++i0) {
@@ -472,7 +459,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop23(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop22(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 32; ++i0) {
     for (int64_t i1 = 0; i1 < 16; ++i1) {
@@ -485,7 +472,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop24(float *__restrict p0, float *__restrict p1,
+[[gnu::noinline]] static void loop23(float *__restrict p0, float *__restrict p1,
                                      float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4, const float *__restrict p5,
                                      const float *__restrict p6) {
@@ -530,7 +517,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop25(float *__restrict p0, float *__restrict p1,
+[[gnu::noinline]] static void loop24(float *__restrict p0, float *__restrict p1,
                                      float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4, const float *__restrict p5,
                                      const float *__restrict p6) {
@@ -575,7 +562,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop26(float *__restrict p0, float *__restrict p1,
+[[gnu::noinline]] static void loop25(float *__restrict p0, float *__restrict p1,
                                      float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4, const float *__restrict p5,
                                      const float *__restrict p6) {
@@ -620,7 +607,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop27(float *__restrict p0, float *__restrict p1,
+[[gnu::noinline]] static void loop26(float *__restrict p0, float *__restrict p1,
                                      float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4, const float *__restrict p5,
                                      const float *__restrict p6) {
@@ -665,7 +652,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop28(float *__restrict p0, float *__restrict p1,
+[[gnu::noinline]] static void loop27(float *__restrict p0, float *__restrict p1,
                                      float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4, const float *__restrict p5,
                                      const float *__restrict p6) {
@@ -710,7 +697,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop29(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop28(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 32; ++i0) {
     for (int64_t i1 = 0; i1 < 32; ++i1) {
@@ -723,7 +710,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop30(float *__restrict p0, const float *__restrict p1) {
+[[gnu::noinline]] static void loop29(float *__restrict p0, const float *__restrict p1) {
   for (int64_t i0 = 0; i0 < 32; ++i0) {
     const float s0 = p1[i0];
     const float s1 = 1e-12f;
@@ -733,7 +720,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop31(float *__restrict p0, float *__restrict p1,
+[[gnu::noinline]] static void loop30(float *__restrict p0, float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4) {
   for (int64_t i0 = 0; i0 < 32; ++i0) {
@@ -749,7 +736,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop32(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop31(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4, const float *__restrict p5) {
   for (int64_t i0 = 0; i0 < 32; ++i0) {
@@ -768,7 +755,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop33(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop32(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3) {
   for (int64_t i0 = 0; i0 < 32; ++i0) {
     for (int64_t i1 = 0; i1 < 32; ++i1) {
@@ -782,7 +769,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop34(float *__restrict p0, float *__restrict p1,
+[[gnu::noinline]] static void loop33(float *__restrict p0, float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3) {
   for (int64_t i0 = 0; i0 < 32; ++i0) {
     for (int64_t i1 = 0; i1 < 32; ++i1) {
@@ -792,6 +779,20 @@ static const support::SharedEinsum
       const float s3 = support::fgelu(s2);
       p0[i0 * 32 + i1] = s2;
       p1[i0 * 32 + i1] = s3;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop34(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2, const float *__restrict p3) {
+  for (int64_t i0 = 0; i0 < 32; ++i0) {
+    for (int64_t i1 = 0; i1 < 32; ++i1) {
+      const float s0 = p1[i0 * 32 + i1];
+      const float s1 = p2[i1];
+      const float s2 = (s0 + s1);
+      const float s3 = p3[i0 * 32 + i1];
+      const float s4 = (s3 + s2);
+      p0[i0 * 32 + i1] = s4;
     }
   }
 }
@@ -1019,8 +1020,8 @@ Albert::Outputs Albert::run(const Inputs &inputs) {
   support::checkShape("input", "tokens", inputs.tokens, {2, 16});
   support::checkShape("input", "segment_ids", inputs.segment_ids, {2, 16});
   runPart0(inputs);
-  support::View v124 = arena_.view(4096, 1024);
-  support::View v131 = arena_.view(0, 4);
+  support::View v124 = arena_.view(0, 1024);
+  support::View v131 = arena_.view(4160, 4);
 
   Outputs outputs;
   outputs.mlm_logits = support::Tensor{{2, 16, 32}, support::Buffer(v124.begin(), v124.end())};
@@ -1054,21 +1055,19 @@ void Albert::runPart0(const Inputs &inputs) {
   MESHRT_TRACE_SITE("albert.mesh:49:40");
   group_model.wait(request0);
 
-  // albert.mesh:49:40 add
-  // albert.mesh:49:52 add -> e
-  MESHRT_TRACE("loop", "albert.mesh:49:40", "forward");
-  const support::Buffer &v3 = param1_encoder_embed_positions;
-  support::View v13 = arena_.view(4096, 512);
-  loop0(v13.data(), v9.data(), v3.data(), v12.data());
-
   // albert.mesh:50:7 layer_norm
   // albert.mesh:50:43 mul
   // albert.mesh:50:50 add -> e
+  // albert.mesh:49:40 add
+  // albert.mesh:49:52 add -> e
   MESHRT_TRACE("layer_norm", "albert.mesh:50:7", "forward");
+  const support::Buffer &v3 = param1_encoder_embed_positions;
   const support::Buffer &v5 = param3_encoder_embed_gain;
   const support::Buffer &v6 = param4_encoder_embed_bias;
   support::View v16 = arena_.view(6144, 512);
-  support::layerNormAffine(v16.data(), v13.data(), 32, 16, v5.data(), v6.data(), 1e-12, 16);
+  support::View v13 = arena_.view(4096, 512);
+  support::addLayerNormAffine(v16.data(), v13.data(), kShape3, 16, v5.data(), v6.data(), 1e-12, 16,
+                              v12.data(), kShape4, v9.data(), kShape4, v3.data(), kShape5);
 
   // albert.mesh:51:10 einsum -> h
   MESHRT_TRACE("gemm", "albert.mesh:51:10", "forward");
@@ -1077,7 +1076,7 @@ void Albert::runPart0(const Inputs &inputs) {
   // dims: batch, length, d_embed, d_model
   kEinsum0.plan().run(v16.data(), v7.data(), v17.data(), 1.0f, 0.0f);
 
-  // 15 statements from encoder_layers.mesh:28:17 einsum -> queries (1 of 3)
+  // 13 statements from encoder_layers.mesh:28:17 einsum -> queries (1 of 3)
   MESHRT_TRACE_SITE("encoder_layers.mesh:28:17");
   const support::Buffer &v18 = param6_encoder_albert_layer_self_attention_q;
   support::View v22 = arena_.view(8192, 512);
@@ -1090,63 +1089,63 @@ void Albert::runPart0(const Inputs &inputs) {
   support::View v31 = arena_.view(14336, 512);
   const support::Buffer &v21 = param9_encoder_albert_layer_self_attention_o;
   support::View v32 = arena_.view(4096, 1024);
-  support::View v34 = arena_.view(8192, 1024);
-  support::View v39 = arena_.view(0, 1024);
+  support::View v39 = arena_.view(12288, 1024);
   const support::Buffer &v35 = param10_encoder_albert_layer_norm_gain;
   const support::Buffer &v36 = param11_encoder_albert_layer_norm_bias;
   const support::Buffer &v40 = param12_encoder_albert_layer_dense_relu_dense_wi;
-  support::View v46 = arena_.view(4096, 1024);
+  support::View v46 = arena_.view(0, 1024);
   const support::Buffer &v41 = param13_encoder_albert_layer_dense_relu_dense_bi;
   const support::Buffer &v42 = param14_encoder_albert_layer_dense_relu_dense_wo;
-  support::View v47 = arena_.view(8192, 1024);
+  support::View v47 = arena_.view(4096, 1024);
   const support::Buffer &v43 = param15_encoder_albert_layer_dense_relu_dense_bo;
-  support::View v50 = arena_.view(4096, 1024);
   const support::Buffer &v51 = param16_encoder_albert_layer_norm_1_gain;
   const support::Buffer &v52 = param17_encoder_albert_layer_norm_1_bias;
-  support::View v55 = arena_.view(0, 1024);
-  repeated0(v17, v18, v22, v19, v23, v20, v25, v27, v30, v31, v21, v32, v34, v39, v35, v36, v40,
-            v46, v41, v42, v47, v43, v50, v55, v51, v52);
+  support::View v34 = arena_.view(8192, 1024);
+  support::View v55 = arena_.view(8192, 1024);
+  support::View v50 = arena_.view(0, 1024);
+  repeated0(v17, v18, v22, v19, v23, v20, v25, v27, v30, v31, v21, v32, v39, v34, v35, v36, v40,
+            v46, v41, v42, v47, v55, v50, v43, v51, v52);
 
-  // 15 statements from encoder_layers.mesh:28:17 einsum -> queries (2 of 3)
+  // 13 statements from encoder_layers.mesh:28:17 einsum -> queries (2 of 3)
   MESHRT_TRACE_SITE("encoder_layers.mesh:28:17");
-  support::View v56 = arena_.view(8192, 512);
-  support::View v57 = arena_.view(10240, 512);
+  support::View v56 = arena_.view(4096, 512);
+  support::View v57 = arena_.view(6144, 512);
   support::View v59 = arena_.view(12288, 512);
-  support::View v61 = arena_.view(4096, 1024);
-  support::View v64 = arena_.view(8192, 1024);
+  support::View v61 = arena_.view(0, 1024);
+  support::View v64 = arena_.view(4096, 1024);
   support::View v65 = arena_.view(14336, 512);
-  support::View v66 = arena_.view(4096, 1024);
-  support::View v68 = arena_.view(8192, 1024);
-  support::View v71 = arena_.view(0, 1024);
-  support::View v74 = arena_.view(4096, 1024);
-  support::View v75 = arena_.view(8192, 1024);
-  support::View v78 = arena_.view(4096, 1024);
-  support::View v81 = arena_.view(0, 1024);
-  repeated0(v55, v18, v56, v19, v57, v20, v59, v61, v64, v65, v21, v66, v68, v71, v35, v36, v40,
-            v74, v41, v42, v75, v43, v78, v81, v51, v52);
+  support::View v66 = arena_.view(0, 1024);
+  support::View v71 = arena_.view(12288, 1024);
+  support::View v74 = arena_.view(0, 1024);
+  support::View v75 = arena_.view(4096, 1024);
+  support::View v68 = arena_.view(4096, 1024);
+  support::View v81 = arena_.view(8192, 1024);
+  support::View v78 = arena_.view(0, 1024);
+  repeated0(v55, v18, v56, v19, v57, v20, v59, v61, v64, v65, v21, v66, v71, v68, v35, v36, v40,
+            v74, v41, v42, v75, v81, v78, v43, v51, v52);
 
-  // 15 statements from encoder_layers.mesh:28:17 einsum -> queries (3 of 3)
+  // 13 statements from encoder_layers.mesh:28:17 einsum -> queries (3 of 3)
   MESHRT_TRACE_SITE("encoder_layers.mesh:28:17");
-  support::View v82 = arena_.view(8192, 512);
-  support::View v83 = arena_.view(10240, 512);
+  support::View v82 = arena_.view(4096, 512);
+  support::View v83 = arena_.view(6144, 512);
   support::View v85 = arena_.view(12288, 512);
-  support::View v87 = arena_.view(4096, 1024);
-  support::View v90 = arena_.view(8192, 1024);
+  support::View v87 = arena_.view(0, 1024);
+  support::View v90 = arena_.view(4096, 1024);
   support::View v91 = arena_.view(14336, 512);
-  support::View v92 = arena_.view(4096, 1024);
-  support::View v94 = arena_.view(8192, 1024);
-  support::View v97 = arena_.view(0, 1024);
-  support::View v100 = arena_.view(4096, 1024);
-  support::View v101 = arena_.view(8192, 1024);
-  support::View v104 = arena_.view(4096, 1024);
-  support::View v107 = arena_.view(0, 1024);
-  repeated0(v81, v18, v82, v19, v83, v20, v85, v87, v90, v91, v21, v92, v94, v97, v35, v36, v40,
-            v100, v41, v42, v101, v43, v104, v107, v51, v52);
+  support::View v92 = arena_.view(0, 1024);
+  support::View v97 = arena_.view(12288, 1024);
+  support::View v100 = arena_.view(0, 1024);
+  support::View v101 = arena_.view(4096, 1024);
+  support::View v94 = arena_.view(4096, 1024);
+  support::View v107 = arena_.view(8192, 1024);
+  support::View v104 = arena_.view(0, 1024);
+  repeated0(v81, v18, v82, v19, v83, v20, v85, v87, v90, v91, v21, v92, v97, v94, v35, v36, v40,
+            v100, v41, v42, v101, v107, v104, v43, v51, v52);
 
   // albert.mesh:71:9 transpose
   MESHRT_TRACE("loop", "albert.mesh:71:9", "forward");
-  support::View v112 = arena_.view(8192, 512);
-  loop1(v112.data(), v2.data());
+  support::View v112 = arena_.view(4096, 512);
+  loop0(v112.data(), v2.data());
 
   // albert.mesh:76:16 einsum
   // albert.mesh:76:63 add
@@ -1154,7 +1153,7 @@ void Albert::runPart0(const Inputs &inputs) {
   MESHRT_TRACE("gemm", "albert.mesh:76:16", "forward");
   const support::Buffer &v108 = param18_heads_transform;
   const support::Buffer &v109 = param19_heads_transform_bias;
-  support::View v119 = arena_.view(4096, 512);
+  support::View v119 = arena_.view(0, 512);
   // dims: batch, length, d_model, d_embed
   kEinsum1.plan().runBiasActivation(v107.data(), v108.data(), v109.data(), v119.data(), true);
 
@@ -1164,33 +1163,33 @@ void Albert::runPart0(const Inputs &inputs) {
   MESHRT_TRACE("layer_norm", "albert.mesh:77:7", "forward");
   const support::Buffer &v110 = param20_heads_gain;
   const support::Buffer &v111 = param21_heads_bias;
-  support::View v122 = arena_.view(10240, 512);
+  support::View v122 = arena_.view(6144, 512);
   support::layerNormAffine(v122.data(), v119.data(), 32, 16, v110.data(), v111.data(), 1e-12, 16);
 
   // albert.mesh:78:20 einsum
   // albert.mesh:78:61 add -> mlm_logits
   MESHRT_TRACE("gemm", "albert.mesh:78:20", "forward");
   const support::Buffer &v113 = param22_heads_output_bias;
-  support::View v124 = arena_.view(4096, 1024);
+  support::View v124 = arena_.view(0, 1024);
   // dims: batch, length, d_embed, vocab
   kEinsum0.plan().runBiasActivation(v122.data(), v112.data(), v113.data(), v124.data(), false);
 
   // albert.mesh:79:17 slice
   MESHRT_TRACE("slice", "albert.mesh:79:17", "forward");
-  support::View v125 = arena_.slot(8192, 64);
-  support::copyWindow(v125.data(), v107.data(), kShape3, kShape4, kShape5, 32, 32, 1, 16,
+  support::View v125 = arena_.slot(4096, 64);
+  support::copyWindow(v125.data(), v107.data(), kShape6, kShape7, kShape8, 32, 32, 1, 16,
                       int64_t(0));
 
   // albert.mesh:79:13 sum -> cls
   MESHRT_TRACE("sum", "albert.mesh:79:13", "forward");
-  support::View v126 = arena_.view(0, 64);
-  support::reduce(v126.data(), kShape3, v125.data(), kShape4, kShape6, kShape7,
+  support::View v126 = arena_.view(4352, 64);
+  support::reduce(v126.data(), kShape6, v125.data(), kShape7, kShape9, kShape10,
                   support::Reduce::Sum, 1.0);
 
   // albert.mesh:80:21 einsum
   MESHRT_TRACE("gemm", "albert.mesh:80:21", "forward");
   const support::Buffer &v114 = param23_heads_pooler;
-  support::View v127 = arena_.view(256, 64);
+  support::View v127 = arena_.view(4096, 64);
   // dims: batch, d_model, d_out
   kEinsum2.plan().run(v126.data(), v114.data(), v127.data(), 1.0f, 0.0f);
 
@@ -1198,20 +1197,20 @@ void Albert::runPart0(const Inputs &inputs) {
   // albert.mesh:80:16 tanh -> pooled
   MESHRT_TRACE("loop", "albert.mesh:80:57", "forward");
   const support::Buffer &v115 = param24_heads_pooler_bias;
-  support::View v129 = arena_.view(0, 64);
-  loop2(v129.data(), v127.data(), v115.data());
+  support::View v129 = arena_.view(4352, 64);
+  loop1(v129.data(), v127.data(), v115.data());
 
   // albert.mesh:81:22 einsum -> sop_logits
   MESHRT_TRACE("gemm", "albert.mesh:81:22", "forward");
   const support::Buffer &v116 = param25_heads_classifier;
-  support::View v130 = arena_.view(256, 4);
+  support::View v130 = arena_.view(4096, 4);
   // dims: batch, d_out, orders
   kEinsum3.plan().run(v129.data(), v116.data(), v130.data(), 1.0f, 0.0f);
 
   // albert.mesh:89:15 softmax -> sop_probs
   MESHRT_TRACE("softmax", "albert.mesh:89:15", "forward");
-  support::View v131 = arena_.view(0, 4);
-  support::along(v131.data(), v130.data(), kShape8, kShape8, kShape8, kShape8, kShape6, kShape6,
+  support::View v131 = arena_.view(4160, 4);
+  support::along(v131.data(), v130.data(), kShape11, kShape11, kShape11, kShape11, kShape9, kShape9,
                  support::Along::Softmax, 1e-05, 2, nullptr);
 }
 
@@ -1221,8 +1220,8 @@ void Albert::repeated0(support::ConstView a0, support::ConstView a1, support::Vi
                        support::ConstView a10, support::View a11, support::View a12,
                        support::View a13, support::ConstView a14, support::ConstView a15,
                        support::ConstView a16, support::View a17, support::ConstView a18,
-                       support::ConstView a19, support::View a20, support::ConstView a21,
-                       support::View a22, support::View a23, support::ConstView a24,
+                       support::ConstView a19, support::View a20, support::View a21,
+                       support::View a22, support::ConstView a23, support::ConstView a24,
                        support::ConstView a25) {
   MESHRT_TRACE_SPAN(world_);
 
@@ -1249,7 +1248,7 @@ void Albert::repeated0(support::ConstView a0, support::ConstView a1, support::Vi
 
   // encoder_layers.mesh:33:17 softmax -> weights
   MESHRT_TRACE("softmax", "encoder_layers.mesh:33:17", "forward");
-  support::along(a8.data(), a7.data(), kShape9, kShape10, kShape10, kShape11, kShape6, kShape6,
+  support::along(a8.data(), a7.data(), kShape12, kShape13, kShape13, kShape14, kShape9, kShape9,
                  support::Along::Softmax, 1e-05, 16, nullptr);
 
   // encoder_layers.mesh:34:17 einsum -> context
@@ -1266,22 +1265,20 @@ void Albert::repeated0(support::ConstView a0, support::ConstView a1, support::Vi
   MESHRT_TRACE_SITE("albert.mesh:34:18");
   group_model.allReduce(a11.data(), a11.size(), meshrt::ReduceOp::Sum);
 
-  // albert.mesh:34:18 add
-  MESHRT_TRACE("loop", "albert.mesh:34:18", "forward");
-  loop3(a12.data(), a0.data(), a11.data());
-
   // encoder_layers.mesh:19:10 layer_norm
   // encoder_layers.mesh:19:46 mul
   // encoder_layers.mesh:19:53 add -> h
+  // albert.mesh:34:18 add
   MESHRT_TRACE("layer_norm", "encoder_layers.mesh:19:10", "forward");
-  support::layerNormAffine(a13.data(), a12.data(), 32, 32, a14.data(), a15.data(), 1e-12, 32);
+  support::addLayerNormAffine(a12.data(), a13.data(), kShape3, 32, a14.data(), a15.data(), 1e-12,
+                              32, a0.data(), kShape15, a11.data(), kShape15, nullptr, kShape16);
 
   // encoder_layers.mesh:45:16 einsum
   // encoder_layers.mesh:45:53 add
   // encoder_layers.mesh:45:11 gelu -> h
   MESHRT_TRACE("gemm", "encoder_layers.mesh:45:16", "forward");
   // dims: batch, length, d_model, d_ff
-  kEinsum8.plan().runBiasActivation(a13.data(), a16.data(), a18.data(), a17.data(), true);
+  kEinsum8.plan().runBiasActivation(a12.data(), a16.data(), a18.data(), a17.data(), true);
 
   // encoder_layers.mesh:46:10 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:46:10", "forward");
@@ -1293,16 +1290,14 @@ void Albert::repeated0(support::ConstView a0, support::ConstView a1, support::Vi
   MESHRT_TRACE_SITE("encoder_layers.mesh:46:50");
   group_model.allReduce(a20.data(), a20.size(), meshrt::ReduceOp::Sum);
 
-  // encoder_layers.mesh:46:50 add
-  // albert.mesh:35:17 add
-  MESHRT_TRACE("loop", "encoder_layers.mesh:46:50", "forward");
-  loop4(a22.data(), a20.data(), a21.data(), a13.data());
-
   // encoder_layers.mesh:19:10 layer_norm
   // encoder_layers.mesh:19:46 mul
   // encoder_layers.mesh:19:53 add -> h
+  // encoder_layers.mesh:46:50 add
+  // albert.mesh:35:17 add
   MESHRT_TRACE("layer_norm", "encoder_layers.mesh:19:10", "forward");
-  support::layerNormAffine(a23.data(), a22.data(), 32, 32, a24.data(), a25.data(), 1e-12, 32);
+  support::addLayerNormAffine(a21.data(), a22.data(), kShape3, 32, a24.data(), a25.data(), 1e-12,
+                              32, a12.data(), kShape15, a20.data(), kShape15, a23.data(), kShape17);
 }
 
 Albert::Inputs Albert::synthesizeInputs(uint64_t seed) const {
@@ -1882,12 +1877,12 @@ void AlbertTrain::runPart0(const Inputs &inputs) {
   MESHRT_TRACE("loop", "albert.mesh:49:40", "forward");
   support::View v6(param1_encoder_embed_positions); // updated in place
   support::View v16 = arena_.view(131072, 512);
-  loop0(v16.data(), v12.data(), v6.data(), v15.data());
+  loop2(v16.data(), v12.data(), v6.data(), v15.data());
 
   // albert.mesh:50:7 layer_norm
   MESHRT_TRACE("layer_norm", "albert.mesh:50:7", "forward");
   support::View v17 = arena_.view(133120, 512);
-  support::along(v17.data(), v16.data(), kShape12, kShape13, kShape13, kShape11, kShape6, kShape6,
+  support::along(v17.data(), v16.data(), kShape3, kShape4, kShape4, kShape14, kShape9, kShape9,
                  support::Along::LayerNorm, 1e-12, 16, nullptr);
 
   // albert.mesh:50:43 mul
@@ -1896,7 +1891,7 @@ void AlbertTrain::runPart0(const Inputs &inputs) {
   support::View v8(param3_encoder_embed_gain); // updated in place
   support::View v9(param4_encoder_embed_bias); // updated in place
   support::View v19 = arena_.view(135168, 512);
-  loop5(v19.data(), v17.data(), v8.data(), v9.data());
+  loop3(v19.data(), v17.data(), v8.data(), v9.data());
 
   // albert.mesh:51:10 einsum -> h
   MESHRT_TRACE("gemm", "albert.mesh:51:10", "forward");
@@ -1986,7 +1981,7 @@ void AlbertTrain::runPart0(const Inputs &inputs) {
   // albert.mesh:71:9 transpose
   MESHRT_TRACE("loop", "albert.mesh:71:9", "forward");
   support::View v115 = arena_.view(126976, 512);
-  loop1(v115.data(), v5.data());
+  loop0(v115.data(), v5.data());
 
   // albert.mesh:76:16 einsum
   MESHRT_TRACE("gemm", "albert.mesh:76:16", "forward");
@@ -2001,12 +1996,12 @@ void AlbertTrain::runPart0(const Inputs &inputs) {
   support::View v112(param19_heads_transform_bias); // updated in place
   support::View v121 = arena_.view(129024, 512);
   support::View v122 = arena_.view(161792, 512);
-  loop6(v121.data(), v122.data(), v120.data(), v112.data());
+  loop4(v121.data(), v122.data(), v120.data(), v112.data());
 
   // albert.mesh:77:7 layer_norm
   MESHRT_TRACE("layer_norm", "albert.mesh:77:7", "forward");
   support::View v123 = arena_.view(163840, 512);
-  support::along(v123.data(), v122.data(), kShape12, kShape13, kShape13, kShape11, kShape6, kShape6,
+  support::along(v123.data(), v122.data(), kShape3, kShape4, kShape4, kShape14, kShape9, kShape9,
                  support::Along::LayerNorm, 1e-12, 16, nullptr);
 
   // albert.mesh:77:43 mul
@@ -2015,7 +2010,7 @@ void AlbertTrain::runPart0(const Inputs &inputs) {
   support::View v113(param20_heads_gain); // updated in place
   support::View v114(param21_heads_bias); // updated in place
   support::View v125 = arena_.view(165888, 512);
-  loop5(v125.data(), v123.data(), v113.data(), v114.data());
+  loop3(v125.data(), v123.data(), v113.data(), v114.data());
 
   // albert.mesh:78:20 einsum
   // albert.mesh:78:61 add -> mlm_logits
@@ -2028,13 +2023,13 @@ void AlbertTrain::runPart0(const Inputs &inputs) {
   // albert.mesh:79:17 slice
   MESHRT_TRACE("slice", "albert.mesh:79:17", "forward");
   support::View v128 = arena_.slot(118784, 64);
-  support::copyWindow(v128.data(), v110.data(), kShape3, kShape4, kShape5, 32, 32, 1, 16,
+  support::copyWindow(v128.data(), v110.data(), kShape6, kShape7, kShape8, 32, 32, 1, 16,
                       int64_t(0));
 
   // albert.mesh:79:13 sum -> cls
   MESHRT_TRACE("sum", "albert.mesh:79:13", "forward");
   support::View v129 = arena_.view(167936, 64);
-  support::reduce(v129.data(), kShape3, v128.data(), kShape4, kShape6, kShape7,
+  support::reduce(v129.data(), kShape6, v128.data(), kShape7, kShape9, kShape10,
                   support::Reduce::Sum, 1.0);
 
   // albert.mesh:80:21 einsum
@@ -2049,7 +2044,7 @@ void AlbertTrain::runPart0(const Inputs &inputs) {
   MESHRT_TRACE("loop", "albert.mesh:80:57", "forward");
   support::View v118(param24_heads_pooler_bias); // updated in place
   support::View v132 = arena_.view(168192, 64);
-  loop2(v132.data(), v130.data(), v118.data());
+  loop1(v132.data(), v130.data(), v118.data());
 
   // albert.mesh:81:22 einsum -> sop_logits
   MESHRT_TRACE("gemm", "albert.mesh:81:22", "forward");
@@ -2061,14 +2056,14 @@ void AlbertTrain::runPart0(const Inputs &inputs) {
   // albert.mesh:103:25 log_softmax
   MESHRT_TRACE("log_softmax", "albert.mesh:103:25", "forward");
   support::View v135 = arena_.view(118784, 1024);
-  support::along(v135.data(), v127.data(), kShape12, kShape14, kShape14, kShape7, kShape6, kShape6,
+  support::along(v135.data(), v127.data(), kShape3, kShape15, kShape15, kShape10, kShape9, kShape9,
                  support::Along::LogSoftmax, 1e-05, 64, &group_model);
 
   // albert.mesh:103:58 one_hot
   MESHRT_TRACE("one_hot", "albert.mesh:103:58", "forward");
   const support::Buffer &v3 = inputs.targets.data;
   support::View v136 = arena_.view(114688, 1024);
-  support::oneHot(v136.data(), kShape15, v3.data(), kShape2, kShape1,
+  support::oneHot(v136.data(), kShape18, v3.data(), kShape2, kShape1,
                   support::shardStart(world_, {"model"}, 32));
 }
 
@@ -2081,12 +2076,12 @@ void AlbertTrain::runPart1(const Inputs &inputs) {
   support::View v135 = arena_.view(118784, 1024);
   support::View v136 = arena_.view(114688, 1024);
   support::View v137 = arena_.view(122880, 1024);
-  loop7(v137.data(), v135.data(), v136.data());
+  loop5(v137.data(), v135.data(), v136.data());
 
   // albert.mesh:103:21 sum
   MESHRT_TRACE("sum", "albert.mesh:103:21", "forward");
   support::View v138 = arena_.view(168576, 32);
-  support::reduce(v138.data(), kShape12, v137.data(), kShape14, kShape7, kShape6,
+  support::reduce(v138.data(), kShape3, v137.data(), kShape15, kShape10, kShape9,
                   support::Reduce::Sum, 1.0);
 
   // albert.mesh:102:16 cast -> weight
@@ -2096,48 +2091,48 @@ void AlbertTrain::runPart1(const Inputs &inputs) {
   const support::Buffer &v2 = inputs.masked.data;
   support::View v134 = arena_.view(168448, 32);
   support::View v140 = arena_.view(122880, 32);
-  loop8(v134.data(), v140.data(), v2.data(), v138.data());
+  loop6(v134.data(), v140.data(), v2.data(), v138.data());
 
   // albert.mesh:105:14 sum
   MESHRT_TRACE("sum", "albert.mesh:105:14", "forward");
   support::View v141 = arena_.view(123136, 1);
-  support::reduce(v141.data(), kShape16, v140.data(), kShape16, kShape12, kShape17,
+  support::reduce(v141.data(), kShape16, v140.data(), kShape16, kShape3, kShape19,
                   support::Reduce::Sum, 1.0);
 
   // albert.mesh:105:42 sum
   MESHRT_TRACE("sum", "albert.mesh:105:42", "forward");
   support::View v142 = arena_.view(123200, 1);
-  support::reduce(v142.data(), kShape16, v134.data(), kShape16, kShape12, kShape17,
+  support::reduce(v142.data(), kShape16, v134.data(), kShape16, kShape3, kShape19,
                   support::Reduce::Sum, 1.0);
 
   // albert.mesh:106:15 one_hot -> truth
   MESHRT_TRACE("one_hot", "albert.mesh:106:15", "forward");
   const support::Buffer &v4 = inputs.order.data;
   support::View v147 = arena_.view(122880, 4);
-  support::oneHot(v147.data(), kShape18, v4.data(), kShape19, kShape20, 0);
+  support::oneHot(v147.data(), kShape20, v4.data(), kShape21, kShape22, 0);
 
   // albert.mesh:107:24 log_softmax
   MESHRT_TRACE("log_softmax", "albert.mesh:107:24", "forward");
   support::View v133 = arena_.view(168704, 4);
   support::View v148 = arena_.view(122944, 4);
-  support::along(v148.data(), v133.data(), kShape8, kShape8, kShape8, kShape8, kShape6, kShape6,
+  support::along(v148.data(), v133.data(), kShape11, kShape11, kShape11, kShape11, kShape9, kShape9,
                  support::Along::LogSoftmax, 1e-05, 2, nullptr);
 
   // albert.mesh:107:56 mul
   MESHRT_TRACE("loop", "albert.mesh:107:56", "forward");
   support::View v149 = arena_.view(123008, 4);
-  loop9(v149.data(), v148.data(), v147.data());
+  loop7(v149.data(), v148.data(), v147.data());
 
   // albert.mesh:107:20 sum
   MESHRT_TRACE("sum", "albert.mesh:107:20", "forward");
   support::View v150 = arena_.view(123072, 2);
-  support::reduce(v150.data(), kShape8, v149.data(), kShape8, kShape8, kShape6,
+  support::reduce(v150.data(), kShape11, v149.data(), kShape11, kShape11, kShape9,
                   support::Reduce::Sum, 1.0);
 
   // albert.mesh:107:15 mean
   MESHRT_TRACE("mean", "albert.mesh:107:15", "forward");
   support::View v151 = arena_.view(123008, 1);
-  support::reduce(v151.data(), kShape16, v150.data(), kShape16, kShape8, kShape6,
+  support::reduce(v151.data(), kShape16, v150.data(), kShape16, kShape11, kShape9,
                   support::Reduce::Sum, 0.25);
 
   // albert.mesh:107:14 neg -> sop_loss
@@ -2154,7 +2149,7 @@ void AlbertTrain::runPart1(const Inputs &inputs) {
   // albert.mesh:108:46 max
   MESHRT_TRACE("max", "albert.mesh:108:46", "forward");
   support::View v153 = arena_.view(123072, 2);
-  support::reduce(v153.data(), kShape8, v133.data(), kShape8, kShape8, kShape6,
+  support::reduce(v153.data(), kShape11, v133.data(), kShape11, kShape11, kShape9,
                   support::Reduce::Max, 1.0);
 
   // albert.mesh:108:43 ge
@@ -2162,18 +2157,18 @@ void AlbertTrain::runPart1(const Inputs &inputs) {
   // albert.mesh:108:76 mul
   MESHRT_TRACE("loop", "albert.mesh:108:43", "forward");
   support::View v156 = arena_.view(123008, 4);
-  loop10(v156.data(), v133.data(), v153.data(), v147.data());
+  loop8(v156.data(), v133.data(), v153.data(), v147.data());
 
   // albert.mesh:108:23 sum
   MESHRT_TRACE("sum", "albert.mesh:108:23", "forward");
   support::View v157 = arena_.view(123072, 2);
-  support::reduce(v157.data(), kShape8, v156.data(), kShape8, kShape8, kShape6,
+  support::reduce(v157.data(), kShape11, v156.data(), kShape11, kShape11, kShape9,
                   support::Reduce::Sum, 1.0);
 
   // albert.mesh:108:18 mean -> sop_accuracy
   MESHRT_TRACE("mean", "albert.mesh:108:18", "forward");
   support::View v158 = arena_.view(172608, 1);
-  support::reduce(v158.data(), kShape16, v157.data(), kShape16, kShape8, kShape6,
+  support::reduce(v158.data(), kShape16, v157.data(), kShape16, kShape11, kShape9,
                   support::Reduce::Sum, 0.25);
 
   // albert.mesh:100:43 bucketed_all_reduce_sum -> sop_loss (2 partial sums (sop_loss, sop_accuracy)
@@ -2230,7 +2225,7 @@ void AlbertTrain::runPart1(const Inputs &inputs) {
   // albert.mesh:107:24 sub
   MESHRT_TRACE("loop", "albert.mesh:107:24", "backward");
   support::View v178 = arena_.view(168576, 4);
-  loop11(v178.data(), v4.data(), v148.data(), v147.data());
+  loop9(v178.data(), v4.data(), v148.data(), v147.data());
 
   // albert.mesh:105:39 div
   // albert.mesh:105:14 broadcast
@@ -2249,7 +2244,7 @@ void AlbertTrain::runPart1(const Inputs &inputs) {
   MESHRT_TRACE("loop", "albert.mesh:105:39", "backward");
   const support::Buffer &v3 = inputs.targets.data;
   support::View v193 = arena_.view(122880, 1024);
-  loop12(v193.data(), v145.data(), v134.data(), v3.data(), v135.data(), v136.data());
+  loop10(v193.data(), v145.data(), v134.data(), v3.data(), v135.data(), v136.data());
 
   // albert.mesh:81:22 einsum
   MESHRT_TRACE("gemm", "albert.mesh:81:22", "backward");
@@ -2270,7 +2265,7 @@ void AlbertTrain::runPart1(const Inputs &inputs) {
   // albert.mesh:80:16 mul
   MESHRT_TRACE("loop", "albert.mesh:80:16", "backward");
   support::View v198 = arena_.view(118784, 64);
-  loop13(v198.data(), v132.data(), v194.data());
+  loop11(v198.data(), v132.data(), v194.data());
 }
 
 void AlbertTrain::runPart2(const Inputs &inputs) {
@@ -2281,7 +2276,7 @@ void AlbertTrain::runPart2(const Inputs &inputs) {
   MESHRT_TRACE("sum", "albert.mesh:80:57", "backward");
   support::View v198 = arena_.view(118784, 64);
   support::View v199 = arena_.view(172288, 32);
-  support::reduce(v199.data(), kShape7, v198.data(), kShape6, kShape8, kShape7,
+  support::reduce(v199.data(), kShape10, v198.data(), kShape9, kShape11, kShape10,
                   support::Reduce::Sum, 1.0);
 
   // albert.mesh:80:21 einsum
@@ -2301,19 +2296,19 @@ void AlbertTrain::runPart2(const Inputs &inputs) {
   // albert.mesh:79:13 broadcast
   MESHRT_TRACE("loop", "albert.mesh:79:13", "backward");
   support::View v202 = arena_.view(167936, 64);
-  loop14(v202.data(), v200.data());
+  loop12(v202.data(), v200.data());
 
   // albert.mesh:79:17 pad
   MESHRT_TRACE("pad", "albert.mesh:79:17", "backward");
   support::View v203 = arena_.slot(118784, 1024);
-  support::copyWindow(v203.data(), v202.data(), kShape3, kShape5, kShape4, 32, 32, 16, 1,
+  support::copyWindow(v203.data(), v202.data(), kShape6, kShape8, kShape7, 32, 32, 16, 1,
                       int64_t(0));
 
   // albert.mesh:78:61 sum -> grad/heads/output_bias
   MESHRT_TRACE("sum", "albert.mesh:78:61", "backward");
   support::View v193 = arena_.view(122880, 1024);
   support::View v204 = arena_.view(172416, 32);
-  support::reduce(v204.data(), kShape7, v193.data(), kShape6, kShape12, kShape14,
+  support::reduce(v204.data(), kShape10, v193.data(), kShape9, kShape3, kShape15,
                   support::Reduce::Sum, 1.0);
 
   // albert.mesh:78:20 einsum
@@ -2380,12 +2375,12 @@ void AlbertTrain::runPart2(const Inputs &inputs) {
   MESHRT_TRACE("loop", "albert.mesh:76:11", "backward");
   support::View v121 = arena_.view(129024, 512);
   support::View v247 = arena_.view(161792, 512);
-  loop15(v247.data(), v121.data(), v123.data(), v220.data(), v209.data(), v222.data(), v218.data());
+  loop13(v247.data(), v121.data(), v123.data(), v220.data(), v209.data(), v222.data(), v218.data());
 
   // albert.mesh:76:63 sum -> grad/heads/transform_bias
   MESHRT_TRACE("sum", "albert.mesh:76:63", "backward");
   support::View v248 = arena_.view(163840, 16);
-  support::reduce(v248.data(), kShape11, v247.data(), kShape6, kShape12, kShape13,
+  support::reduce(v248.data(), kShape14, v247.data(), kShape9, kShape3, kShape4,
                   support::Reduce::Sum, 1.0);
 
   // albert.mesh:76:16 einsum
@@ -2398,7 +2393,7 @@ void AlbertTrain::runPart2(const Inputs &inputs) {
   // albert.mesh:76:16 add
   MESHRT_TRACE("loop", "albert.mesh:76:16", "backward");
   support::View v250 = arena_.view(126976, 1024);
-  loop3(v250.data(), v203.data(), v249.data());
+  loop14(v250.data(), v203.data(), v249.data());
 
   // albert.mesh:76:16 einsum -> grad/heads/transform
   MESHRT_TRACE("gemm", "albert.mesh:76:16", "backward");
@@ -2410,7 +2405,7 @@ void AlbertTrain::runPart2(const Inputs &inputs) {
   // encoder_layers.mesh:19:53 sum
   MESHRT_TRACE("sum", "encoder_layers.mesh:19:53", "backward");
   support::View v253 = arena_.view(120832, 32);
-  support::reduce(v253.data(), kShape7, v250.data(), kShape6, kShape12, kShape14,
+  support::reduce(v253.data(), kShape10, v250.data(), kShape9, kShape3, kShape15,
                   support::Reduce::Sum, 1.0);
 
   // 49 statements from encoder_layers.mesh:19:46 mul (1 of 2)
@@ -2582,14 +2577,14 @@ void AlbertTrain::runPart2(const Inputs &inputs) {
   // encoder_layers.mesh:46:50 sum
   MESHRT_TRACE("sum", "encoder_layers.mesh:46:50", "backward");
   support::View v452 = arena_.view(20480, 32);
-  support::reduce(v452.data(), kShape7, v451.data(), kShape6, kShape12, kShape14,
+  support::reduce(v452.data(), kShape10, v451.data(), kShape9, kShape3, kShape15,
                   support::Reduce::Sum, 1.0);
 
   // encoder_layers.mesh:46:50 add
   // encoder_layers.mesh:46:50 add -> grad/encoder/albert_layer/dense_relu_dense/bo
   MESHRT_TRACE("loop", "encoder_layers.mesh:46:50", "backward");
   support::View v453 = arena_.view(43136, 32);
-  loop16(v453.data(), v270.data(), v356.data(), v452.data());
+  loop15(v453.data(), v270.data(), v356.data(), v452.data());
 
   // encoder_layers.mesh:46:10 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:46:10", "backward");
@@ -2616,7 +2611,7 @@ void AlbertTrain::runPart3(const Inputs &inputs) {
   support::View v359 = arena_.view(69632, 1024);
   support::View v455 = arena_.view(32768, 1024);
   support::View v456 = arena_.view(28672, 1024);
-  loop17(v456.data(), v272.data(), v359.data(), v455.data());
+  loop16(v456.data(), v272.data(), v359.data(), v455.data());
 
   // encoder_layers.mesh:45:11 square
   // encoder_layers.mesh:45:11 mul
@@ -2639,12 +2634,12 @@ void AlbertTrain::runPart3(const Inputs &inputs) {
   support::View v48 = arena_.view(24576, 1024);
   support::View v454 = arena_.view(20480, 1024);
   support::View v473 = arena_.view(32768, 1024);
-  loop18(v473.data(), v48.data(), v454.data());
+  loop17(v473.data(), v48.data(), v454.data());
 
   // encoder_layers.mesh:45:53 sum
   MESHRT_TRACE("sum", "encoder_layers.mesh:45:53", "backward");
   support::View v474 = arena_.view(20480, 32);
-  support::reduce(v474.data(), kShape7, v473.data(), kShape6, kShape12, kShape14,
+  support::reduce(v474.data(), kShape10, v473.data(), kShape9, kShape3, kShape15,
                   support::Reduce::Sum, 1.0);
 
   // encoder_layers.mesh:45:53 add
@@ -2653,7 +2648,7 @@ void AlbertTrain::runPart3(const Inputs &inputs) {
   support::View v290 = arena_.view(121216, 32);
   support::View v378 = arena_.view(80256, 32);
   support::View v475 = arena_.view(43392, 32);
-  loop16(v475.data(), v290.data(), v378.data(), v474.data());
+  loop15(v475.data(), v290.data(), v378.data(), v474.data());
 
   // encoder_layers.mesh:45:16 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:45:16", "backward");
@@ -2671,7 +2666,7 @@ void AlbertTrain::runPart3(const Inputs &inputs) {
   MESHRT_TRACE("loop", "encoder_layers.mesh:45:16", "backward");
   support::View v451 = arena_.view(36864, 1024);
   support::View v478 = arena_.view(24576, 1024);
-  loop3(v478.data(), v451.data(), v476.data());
+  loop14(v478.data(), v451.data(), v476.data());
 
   // encoder_layers.mesh:45:16 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:45:16", "backward");
@@ -2686,12 +2681,12 @@ void AlbertTrain::runPart3(const Inputs &inputs) {
   support::View v294 = arena_.view(94208, 1024);
   support::View v383 = arena_.view(57344, 1024);
   support::View v480 = arena_.view(16384, 1024);
-  loop17(v480.data(), v294.data(), v383.data(), v479.data());
+  loop16(v480.data(), v294.data(), v383.data(), v479.data());
 
   // encoder_layers.mesh:19:53 sum
   MESHRT_TRACE("sum", "encoder_layers.mesh:19:53", "backward");
   support::View v481 = arena_.view(20480, 32);
-  support::reduce(v481.data(), kShape7, v478.data(), kShape6, kShape12, kShape14,
+  support::reduce(v481.data(), kShape10, v478.data(), kShape9, kShape3, kShape15,
                   support::Reduce::Sum, 1.0);
 
   // 12 statements from encoder_layers.mesh:19:53 add (2 of 2)
@@ -2739,7 +2734,7 @@ void AlbertTrain::runPart3(const Inputs &inputs) {
   support::View v313 = arena_.view(102400, 512);
   support::View v405 = arena_.view(65536, 512);
   support::View v502 = arena_.view(32768, 512);
-  loop19(v502.data(), v313.data(), v405.data(), v501.data());
+  loop18(v502.data(), v313.data(), v405.data(), v501.data());
 
   // encoder_layers.mesh:34:17 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:34:17", "backward");
@@ -2758,12 +2753,12 @@ void AlbertTrain::runPart3(const Inputs &inputs) {
   // encoder_layers.mesh:33:17 mul
   MESHRT_TRACE("loop", "encoder_layers.mesh:33:17", "backward");
   support::View v505 = arena_.view(12288, 1024);
-  loop7(v505.data(), v503.data(), v33.data());
+  loop5(v505.data(), v503.data(), v33.data());
 
   // encoder_layers.mesh:33:17 sum
   MESHRT_TRACE("sum", "encoder_layers.mesh:33:17", "backward");
   support::View v506 = arena_.view(26624, 64);
-  support::reduce(v506.data(), kShape9, v505.data(), kShape10, kShape11, kShape6,
+  support::reduce(v506.data(), kShape12, v505.data(), kShape13, kShape14, kShape9,
                   support::Reduce::Sum, 1.0);
 
   // encoder_layers.mesh:33:17 sub
@@ -2771,7 +2766,7 @@ void AlbertTrain::runPart3(const Inputs &inputs) {
   // encoder_layers.mesh:32:77 mul
   MESHRT_TRACE("loop", "encoder_layers.mesh:33:17", "backward");
   support::View v509 = arena_.view(12288, 1024);
-  loop20(v509.data(), v503.data(), v506.data(), v33.data());
+  loop19(v509.data(), v503.data(), v506.data(), v33.data());
 
   // encoder_layers.mesh:32:16 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:32:16", "backward");
@@ -2836,7 +2831,7 @@ void AlbertTrain::runPart4(const Inputs &inputs) {
   support::View v327 = arena_.view(110592, 512);
   support::View v420 = arena_.view(73728, 512);
   support::View v517 = arena_.view(38912, 512);
-  loop19(v517.data(), v327.data(), v420.data(), v516.data());
+  loop18(v517.data(), v327.data(), v420.data(), v516.data());
 
   // encoder_layers.mesh:29:21 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:29:21", "backward");
@@ -2851,7 +2846,7 @@ void AlbertTrain::runPart4(const Inputs &inputs) {
   support::View v332 = arena_.view(112640, 512);
   support::View v426 = arena_.view(75776, 512);
   support::View v523 = arena_.view(36864, 512);
-  loop19(v523.data(), v332.data(), v426.data(), v522.data());
+  loop18(v523.data(), v332.data(), v426.data(), v522.data());
 
   MESHRT_TRACE_SITE("encoder_layers.mesh:30:23");
   group_model.wait(request4);
@@ -2862,7 +2857,7 @@ void AlbertTrain::runPart4(const Inputs &inputs) {
   MESHRT_TRACE("loop", "encoder_layers.mesh:30:23", "backward");
   support::View v499 = arena_.view(20480, 1024);
   support::View v526 = arena_.view(24576, 1024);
-  loop21(v526.data(), v499.data(), v513.data(), v519.data(), v524.data());
+  loop20(v526.data(), v499.data(), v513.data(), v519.data(), v524.data());
 
   // encoder_layers.mesh:28:17 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:28:17", "backward");
@@ -2877,7 +2872,7 @@ void AlbertTrain::runPart4(const Inputs &inputs) {
   support::View v336 = arena_.view(77824, 512);
   support::View v431 = arena_.view(40960, 512);
   support::View v528 = arena_.view(0, 512);
-  loop19(v528.data(), v336.data(), v431.data(), v527.data());
+  loop18(v528.data(), v336.data(), v431.data(), v527.data());
 
   // albert.mesh:51:10 einsum
   MESHRT_TRACE("gemm", "albert.mesh:51:10", "backward");
@@ -2917,34 +2912,34 @@ void AlbertTrain::runPart4(const Inputs &inputs) {
   // albert.mesh:50:7 mul
   MESHRT_TRACE("loop", "albert.mesh:50:7", "backward");
   support::View v547 = arena_.view(2048, 512);
-  loop22(v547.data(), v17.data(), v542.data(), v532.data(), v544.data(), v540.data());
+  loop21(v547.data(), v17.data(), v542.data(), v532.data(), v544.data(), v540.data());
 
   // albert.mesh:49:54 einsum -> grad/encoder/embed/segment_table
   MESHRT_TRACE("einsum", "albert.mesh:49:54", "backward");
   const support::Buffer &v1 = inputs.segment_ids.data;
   support::View v549 = arena_.view(9216, 32);
-  support::scatterAdd(v549.data(), kShape12, v547.data(), kShape20, v1.data(), kShape21, kShape12,
-                      kShape13, kShape17, 0, 0);
+  support::scatterAdd(v549.data(), kShape3, v547.data(), kShape22, v1.data(), kShape17, kShape3,
+                      kShape4, kShape19, 0, 0);
 
   // albert.mesh:49:40 sum -> grad/encoder/embed/positions
   MESHRT_TRACE("sum", "albert.mesh:49:40", "backward");
   support::View v550 = arena_.view(8192, 256);
-  support::reduce(v550.data(), kShape22, v547.data(), kShape17, kShape8, kShape23,
+  support::reduce(v550.data(), kShape23, v547.data(), kShape19, kShape11, kShape24,
                   support::Reduce::Sum, 1.0);
 
   // albert.mesh:48:40 einsum
   MESHRT_TRACE("einsum", "albert.mesh:48:40", "backward");
   const support::Buffer &v0 = inputs.tokens.data;
   support::View v551 = arena_.view(6144, 512);
-  support::scatterAdd(v551.data(), kShape24, v547.data(), kShape20, v0.data(), kShape21, kShape12,
-                      kShape13, kShape17, 0, support::shardStart(world_, {"model"}, 32));
+  support::scatterAdd(v551.data(), kShape25, v547.data(), kShape22, v0.data(), kShape17, kShape3,
+                      kShape4, kShape19, 0, support::shardStart(world_, {"model"}, 32));
 
   // albert.mesh:71:9 transpose
   // albert.mesh:48:40 add -> grad/embedding
   MESHRT_TRACE("loop", "albert.mesh:71:9", "backward");
   support::View v206 = arena_.view(169984, 512);
   support::View v552 = arena_.view(2048, 512);
-  loop23(v552.data(), v206.data(), v551.data());
+  loop22(v552.data(), v206.data(), v551.data());
 
   // albert.mesh:109:3 bucketed_all_reduce_sum -> grad/heads/classifier (26 partial sums
   // (grad/heads/classifier, grad/heads/pooler_bias, grad/heads/pooler, ...) over data resolved
@@ -3053,7 +3048,7 @@ void AlbertTrain::runPart4(const Inputs &inputs) {
   support::View v5(param0_embedding);      // updated in place
   support::View v571(param27_embedding_v); // updated in place
   support::View v570(param26_embedding_m); // updated in place
-  loop24(v571.data(), v570.data(), v5.data(), v552.data(), v587.data(), v585.data(), v569.data());
+  loop23(v571.data(), v570.data(), v5.data(), v552.data(), v587.data(), v585.data(), v569.data());
 
   // albert.mesh:109:3 mul
   // albert.mesh:109:3 square
@@ -3075,7 +3070,7 @@ void AlbertTrain::runPart4(const Inputs &inputs) {
   support::View v6(param1_encoder_embed_positions);      // updated in place
   support::View v600(param29_encoder_embed_positions_v); // updated in place
   support::View v599(param28_encoder_embed_positions_m); // updated in place
-  loop25(v600.data(), v599.data(), v6.data(), v550.data(), v587.data(), v585.data(), v569.data());
+  loop24(v600.data(), v599.data(), v6.data(), v550.data(), v587.data(), v585.data(), v569.data());
 
   // albert.mesh:109:3 mul
   // albert.mesh:109:3 square
@@ -3097,7 +3092,7 @@ void AlbertTrain::runPart4(const Inputs &inputs) {
   support::View v7(param2_encoder_embed_segment_table);      // updated in place
   support::View v621(param31_encoder_embed_segment_table_v); // updated in place
   support::View v620(param30_encoder_embed_segment_table_m); // updated in place
-  loop26(v621.data(), v620.data(), v7.data(), v549.data(), v587.data(), v585.data(), v569.data());
+  loop25(v621.data(), v620.data(), v7.data(), v549.data(), v587.data(), v585.data(), v569.data());
 
   // 1 statements from albert.mesh:109:3 mul (1 of 5)
   MESHRT_TRACE_SITE("albert.mesh:109:3");
@@ -3142,7 +3137,7 @@ void AlbertTrain::runPart5(const Inputs &inputs) {
   support::View v530 = arena_.view(4096, 512);
   support::View v684(param37_encoder_embed_projection_v); // updated in place
   support::View v683(param36_encoder_embed_projection_m); // updated in place
-  loop24(v684.data(), v683.data(), v10.data(), v530.data(), v587.data(), v585.data(), v569.data());
+  loop23(v684.data(), v683.data(), v10.data(), v530.data(), v587.data(), v585.data(), v569.data());
 
   // 1 statements from albert.mesh:109:3 mul (1 of 3)
   MESHRT_TRACE_SITE("albert.mesh:109:3");
@@ -3189,7 +3184,7 @@ void AlbertTrain::runPart5(const Inputs &inputs) {
   support::View v502 = arena_.view(32768, 512);
   support::View v768(param45_encoder_albert_layer_self_attention_o_v); // updated in place
   support::View v767(param44_encoder_albert_layer_self_attention_o_m); // updated in place
-  loop24(v768.data(), v767.data(), v24.data(), v502.data(), v587.data(), v585.data(), v569.data());
+  loop23(v768.data(), v767.data(), v24.data(), v502.data(), v587.data(), v585.data(), v569.data());
 
   // 1 statements from albert.mesh:109:3 mul (1 of 5)
   MESHRT_TRACE_SITE("albert.mesh:109:3");
@@ -3228,7 +3223,7 @@ void AlbertTrain::runPart5(const Inputs &inputs) {
   support::View v480 = arena_.view(16384, 1024);
   support::View v831(param51_encoder_albert_layer_dense_relu_dense_wi_v); // updated in place
   support::View v830(param50_encoder_albert_layer_dense_relu_dense_wi_m); // updated in place
-  loop27(v831.data(), v830.data(), v43.data(), v480.data(), v587.data(), v585.data(), v569.data());
+  loop26(v831.data(), v830.data(), v43.data(), v480.data(), v587.data(), v585.data(), v569.data());
 
   // albert.mesh:109:3 mul
   // albert.mesh:109:3 square
@@ -3251,7 +3246,7 @@ void AlbertTrain::runPart5(const Inputs &inputs) {
   support::View v475 = arena_.view(43392, 32);
   support::View v852(param53_encoder_albert_layer_dense_relu_dense_bi_v); // updated in place
   support::View v851(param52_encoder_albert_layer_dense_relu_dense_bi_m); // updated in place
-  loop26(v852.data(), v851.data(), v44.data(), v475.data(), v587.data(), v585.data(), v569.data());
+  loop25(v852.data(), v851.data(), v44.data(), v475.data(), v587.data(), v585.data(), v569.data());
 
   // albert.mesh:109:3 mul
   // albert.mesh:109:3 square
@@ -3274,7 +3269,7 @@ void AlbertTrain::runPart5(const Inputs &inputs) {
   support::View v456 = arena_.view(28672, 1024);
   support::View v873(param55_encoder_albert_layer_dense_relu_dense_wo_v); // updated in place
   support::View v872(param54_encoder_albert_layer_dense_relu_dense_wo_m); // updated in place
-  loop27(v873.data(), v872.data(), v45.data(), v456.data(), v587.data(), v585.data(), v569.data());
+  loop26(v873.data(), v872.data(), v45.data(), v456.data(), v587.data(), v585.data(), v569.data());
 
   // 1 statements from albert.mesh:109:3 mul (3 of 5)
   MESHRT_TRACE_SITE("albert.mesh:109:3");
@@ -3321,7 +3316,7 @@ void AlbertTrain::runPart5(const Inputs &inputs) {
   support::View v251 = arena_.view(118784, 512);
   support::View v957(param63_heads_transform_v); // updated in place
   support::View v956(param62_heads_transform_m); // updated in place
-  loop24(v957.data(), v956.data(), v111.data(), v251.data(), v587.data(), v585.data(), v569.data());
+  loop23(v957.data(), v956.data(), v111.data(), v251.data(), v587.data(), v585.data(), v569.data());
 
   // 1 statements from albert.mesh:109:3 mul (3 of 5)
   MESHRT_TRACE_SITE("albert.mesh:109:3");
@@ -3368,7 +3363,7 @@ void AlbertTrain::runPart5(const Inputs &inputs) {
   support::View v204 = arena_.view(172416, 32);
   support::View v1041(param71_heads_output_bias_v); // updated in place
   support::View v1040(param70_heads_output_bias_m); // updated in place
-  loop26(v1041.data(), v1040.data(), v116.data(), v204.data(), v587.data(), v585.data(),
+  loop25(v1041.data(), v1040.data(), v116.data(), v204.data(), v587.data(), v585.data(),
          v569.data());
 
   // albert.mesh:109:3 mul
@@ -3392,7 +3387,7 @@ void AlbertTrain::runPart5(const Inputs &inputs) {
   support::View v201 = arena_.view(114688, 1024);
   support::View v1062(param73_heads_pooler_v); // updated in place
   support::View v1061(param72_heads_pooler_m); // updated in place
-  loop27(v1062.data(), v1061.data(), v117.data(), v201.data(), v587.data(), v585.data(),
+  loop26(v1062.data(), v1061.data(), v117.data(), v201.data(), v587.data(), v585.data(),
          v569.data());
 
   // albert.mesh:109:3 mul
@@ -3416,7 +3411,7 @@ void AlbertTrain::runPart5(const Inputs &inputs) {
   support::View v199 = arena_.view(172288, 32);
   support::View v1083(param75_heads_pooler_bias_v); // updated in place
   support::View v1082(param74_heads_pooler_bias_m); // updated in place
-  loop26(v1083.data(), v1082.data(), v118.data(), v199.data(), v587.data(), v585.data(),
+  loop25(v1083.data(), v1082.data(), v118.data(), v199.data(), v587.data(), v585.data(),
          v569.data());
 
   // albert.mesh:109:3 mul
@@ -3440,7 +3435,7 @@ void AlbertTrain::runPart5(const Inputs &inputs) {
   support::View v195 = arena_.view(172032, 64);
   support::View v1104(param77_heads_classifier_v); // updated in place
   support::View v1103(param76_heads_classifier_m); // updated in place
-  loop28(v1104.data(), v1103.data(), v119.data(), v195.data(), v587.data(), v585.data(),
+  loop27(v1104.data(), v1103.data(), v119.data(), v195.data(), v587.data(), v585.data(),
          v569.data());
 }
 
@@ -3466,46 +3461,46 @@ void AlbertTrain::repeated0(
 
   // encoder_layers.mesh:19:46 mul
   MESHRT_TRACE("loop", "encoder_layers.mesh:19:46", "backward");
-  loop7(a2.data(), a0.data(), a1.data());
+  loop5(a2.data(), a0.data(), a1.data());
 
   // encoder_layers.mesh:19:46 sum
   MESHRT_TRACE("sum", "encoder_layers.mesh:19:46", "backward");
-  support::reduce(a3.data(), kShape7, a2.data(), kShape6, kShape12, kShape14, support::Reduce::Sum,
+  support::reduce(a3.data(), kShape10, a2.data(), kShape9, kShape3, kShape15, support::Reduce::Sum,
                   1.0);
 
   // encoder_layers.mesh:19:10 mean
   MESHRT_TRACE("mean", "encoder_layers.mesh:19:10", "backward");
-  support::reduce(a4.data(), kShape12, a5.data(), kShape14, kShape7, kShape6, support::Reduce::Sum,
+  support::reduce(a4.data(), kShape3, a5.data(), kShape15, kShape10, kShape9, support::Reduce::Sum,
                   0.03125);
 
   // encoder_layers.mesh:19:10 sub
   // encoder_layers.mesh:19:10 square
   MESHRT_TRACE("loop", "encoder_layers.mesh:19:10", "backward");
-  loop29(a6.data(), a5.data(), a4.data());
+  loop28(a6.data(), a5.data(), a4.data());
 
   // encoder_layers.mesh:19:10 mean
   MESHRT_TRACE("mean", "encoder_layers.mesh:19:10", "backward");
-  support::reduce(a7.data(), kShape12, a6.data(), kShape14, kShape7, kShape6, support::Reduce::Sum,
+  support::reduce(a7.data(), kShape3, a6.data(), kShape15, kShape10, kShape9, support::Reduce::Sum,
                   0.03125);
 
   // encoder_layers.mesh:19:10 add
   // encoder_layers.mesh:19:10 rsqrt
   MESHRT_TRACE("loop", "encoder_layers.mesh:19:10", "backward");
-  loop30(a8.data(), a7.data());
+  loop29(a8.data(), a7.data());
 
   // encoder_layers.mesh:19:46 mul
   // encoder_layers.mesh:19:10 mul
   MESHRT_TRACE("loop", "encoder_layers.mesh:19:46", "backward");
-  loop31(a10.data(), a11.data(), a0.data(), a9.data(), a1.data());
+  loop30(a10.data(), a11.data(), a0.data(), a9.data(), a1.data());
 
   // encoder_layers.mesh:19:10 mean
   MESHRT_TRACE("mean", "encoder_layers.mesh:19:10", "backward");
-  support::reduce(a12.data(), kShape12, a11.data(), kShape14, kShape7, kShape6,
+  support::reduce(a12.data(), kShape3, a11.data(), kShape15, kShape10, kShape9,
                   support::Reduce::Sum, 0.03125);
 
   // encoder_layers.mesh:19:10 mean
   MESHRT_TRACE("mean", "encoder_layers.mesh:19:10", "backward");
-  support::reduce(a13.data(), kShape12, a10.data(), kShape14, kShape7, kShape6,
+  support::reduce(a13.data(), kShape3, a10.data(), kShape15, kShape10, kShape9,
                   support::Reduce::Sum, 0.03125);
 
   // encoder_layers.mesh:19:10 mul
@@ -3513,11 +3508,11 @@ void AlbertTrain::repeated0(
   // encoder_layers.mesh:19:10 sub
   // encoder_layers.mesh:19:10 mul
   MESHRT_TRACE("loop", "encoder_layers.mesh:19:10", "backward");
-  loop32(a14.data(), a1.data(), a12.data(), a10.data(), a13.data(), a8.data());
+  loop31(a14.data(), a1.data(), a12.data(), a10.data(), a13.data(), a8.data());
 
   // encoder_layers.mesh:46:50 sum
   MESHRT_TRACE("sum", "encoder_layers.mesh:46:50", "backward");
-  support::reduce(a15.data(), kShape7, a14.data(), kShape6, kShape12, kShape14,
+  support::reduce(a15.data(), kShape10, a14.data(), kShape9, kShape3, kShape15,
                   support::Reduce::Sum, 1.0);
 
   // encoder_layers.mesh:46:10 einsum
@@ -3548,11 +3543,11 @@ void AlbertTrain::repeated0(
   // encoder_layers.mesh:45:11 add
   // encoder_layers.mesh:45:11 mul
   MESHRT_TRACE("loop", "encoder_layers.mesh:45:11", "backward");
-  loop18(a21.data(), a20.data(), a17.data());
+  loop17(a21.data(), a20.data(), a17.data());
 
   // encoder_layers.mesh:45:53 sum
   MESHRT_TRACE("sum", "encoder_layers.mesh:45:53", "backward");
-  support::reduce(a22.data(), kShape7, a21.data(), kShape6, kShape12, kShape14,
+  support::reduce(a22.data(), kShape10, a21.data(), kShape9, kShape3, kShape15,
                   support::Reduce::Sum, 1.0);
 
   // encoder_layers.mesh:45:16 einsum
@@ -3567,7 +3562,7 @@ void AlbertTrain::repeated0(
 
   // encoder_layers.mesh:45:16 add
   MESHRT_TRACE("loop", "encoder_layers.mesh:45:16", "backward");
-  loop3(a25.data(), a14.data(), a24.data());
+  loop14(a25.data(), a14.data(), a24.data());
 
   // encoder_layers.mesh:45:16 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:45:16", "backward");
@@ -3576,51 +3571,51 @@ void AlbertTrain::repeated0(
 
   // encoder_layers.mesh:19:53 sum
   MESHRT_TRACE("sum", "encoder_layers.mesh:19:53", "backward");
-  support::reduce(a28.data(), kShape7, a25.data(), kShape6, kShape12, kShape14,
+  support::reduce(a28.data(), kShape10, a25.data(), kShape9, kShape3, kShape15,
                   support::Reduce::Sum, 1.0);
 
   // encoder_layers.mesh:19:46 mul
   MESHRT_TRACE("loop", "encoder_layers.mesh:19:46", "backward");
-  loop7(a30.data(), a25.data(), a29.data());
+  loop5(a30.data(), a25.data(), a29.data());
 
   // encoder_layers.mesh:19:46 sum
   MESHRT_TRACE("sum", "encoder_layers.mesh:19:46", "backward");
-  support::reduce(a31.data(), kShape7, a30.data(), kShape6, kShape12, kShape14,
+  support::reduce(a31.data(), kShape10, a30.data(), kShape9, kShape3, kShape15,
                   support::Reduce::Sum, 1.0);
 
   // encoder_layers.mesh:19:10 mean
   MESHRT_TRACE("mean", "encoder_layers.mesh:19:10", "backward");
-  support::reduce(a32.data(), kShape12, a33.data(), kShape14, kShape7, kShape6,
+  support::reduce(a32.data(), kShape3, a33.data(), kShape15, kShape10, kShape9,
                   support::Reduce::Sum, 0.03125);
 
   // encoder_layers.mesh:19:10 sub
   // encoder_layers.mesh:19:10 square
   MESHRT_TRACE("loop", "encoder_layers.mesh:19:10", "backward");
-  loop29(a34.data(), a33.data(), a32.data());
+  loop28(a34.data(), a33.data(), a32.data());
 
   // encoder_layers.mesh:19:10 mean
   MESHRT_TRACE("mean", "encoder_layers.mesh:19:10", "backward");
-  support::reduce(a35.data(), kShape12, a34.data(), kShape14, kShape7, kShape6,
+  support::reduce(a35.data(), kShape3, a34.data(), kShape15, kShape10, kShape9,
                   support::Reduce::Sum, 0.03125);
 
   // encoder_layers.mesh:19:10 add
   // encoder_layers.mesh:19:10 rsqrt
   MESHRT_TRACE("loop", "encoder_layers.mesh:19:10", "backward");
-  loop30(a36.data(), a35.data());
+  loop29(a36.data(), a35.data());
 
   // encoder_layers.mesh:19:46 mul
   // encoder_layers.mesh:19:10 mul
   MESHRT_TRACE("loop", "encoder_layers.mesh:19:46", "backward");
-  loop31(a38.data(), a39.data(), a25.data(), a37.data(), a29.data());
+  loop30(a38.data(), a39.data(), a25.data(), a37.data(), a29.data());
 
   // encoder_layers.mesh:19:10 mean
   MESHRT_TRACE("mean", "encoder_layers.mesh:19:10", "backward");
-  support::reduce(a40.data(), kShape12, a39.data(), kShape14, kShape7, kShape6,
+  support::reduce(a40.data(), kShape3, a39.data(), kShape15, kShape10, kShape9,
                   support::Reduce::Sum, 0.03125);
 
   // encoder_layers.mesh:19:10 mean
   MESHRT_TRACE("mean", "encoder_layers.mesh:19:10", "backward");
-  support::reduce(a41.data(), kShape12, a38.data(), kShape14, kShape7, kShape6,
+  support::reduce(a41.data(), kShape3, a38.data(), kShape15, kShape10, kShape9,
                   support::Reduce::Sum, 0.03125);
 
   // encoder_layers.mesh:19:10 mul
@@ -3628,7 +3623,7 @@ void AlbertTrain::repeated0(
   // encoder_layers.mesh:19:10 sub
   // encoder_layers.mesh:19:10 mul
   MESHRT_TRACE("loop", "encoder_layers.mesh:19:10", "backward");
-  loop32(a42.data(), a29.data(), a40.data(), a38.data(), a41.data(), a36.data());
+  loop31(a42.data(), a29.data(), a40.data(), a38.data(), a41.data(), a36.data());
 
   // encoder_layers.mesh:35:10 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:35:10", "backward");
@@ -3652,18 +3647,18 @@ void AlbertTrain::repeated0(
 
   // encoder_layers.mesh:33:17 mul
   MESHRT_TRACE("loop", "encoder_layers.mesh:33:17", "backward");
-  loop7(a51.data(), a48.data(), a49.data());
+  loop5(a51.data(), a48.data(), a49.data());
 
   // encoder_layers.mesh:33:17 sum
   MESHRT_TRACE("sum", "encoder_layers.mesh:33:17", "backward");
-  support::reduce(a52.data(), kShape9, a51.data(), kShape10, kShape11, kShape6,
+  support::reduce(a52.data(), kShape12, a51.data(), kShape13, kShape14, kShape9,
                   support::Reduce::Sum, 1.0);
 
   // encoder_layers.mesh:33:17 sub
   // encoder_layers.mesh:33:17 mul
   // encoder_layers.mesh:32:77 mul
   MESHRT_TRACE("loop", "encoder_layers.mesh:33:17", "backward");
-  loop20(a53.data(), a48.data(), a52.data(), a49.data());
+  loop19(a53.data(), a48.data(), a52.data(), a49.data());
 
   // encoder_layers.mesh:32:16 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:32:16", "backward");
@@ -3713,7 +3708,7 @@ void AlbertTrain::repeated0(
   // encoder_layers.mesh:29:21 add
   // encoder_layers.mesh:28:17 add
   MESHRT_TRACE("loop", "encoder_layers.mesh:30:23", "backward");
-  loop21(a67.data(), a42.data(), a59.data(), a61.data(), a63.data());
+  loop20(a67.data(), a42.data(), a59.data(), a61.data(), a63.data());
 
   // encoder_layers.mesh:28:17 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:28:17", "backward");
@@ -3722,7 +3717,7 @@ void AlbertTrain::repeated0(
 
   // encoder_layers.mesh:19:53 sum
   MESHRT_TRACE("sum", "encoder_layers.mesh:19:53", "backward");
-  support::reduce(a69.data(), kShape7, a67.data(), kShape6, kShape12, kShape14,
+  support::reduce(a69.data(), kShape10, a67.data(), kShape9, kShape3, kShape15,
                   support::Reduce::Sum, 1.0);
 }
 
@@ -3761,7 +3756,7 @@ void AlbertTrain::repeated1(support::ConstView a0, support::ConstView a1, suppor
 
   // encoder_layers.mesh:33:17 softmax -> weights
   MESHRT_TRACE("softmax", "encoder_layers.mesh:33:17", "forward");
-  support::along(a8.data(), a7.data(), kShape9, kShape10, kShape10, kShape11, kShape6, kShape6,
+  support::along(a8.data(), a7.data(), kShape12, kShape13, kShape13, kShape14, kShape9, kShape9,
                  support::Along::Softmax, 1e-05, 16, nullptr);
 
   // encoder_layers.mesh:34:17 einsum -> context
@@ -3780,17 +3775,17 @@ void AlbertTrain::repeated1(support::ConstView a0, support::ConstView a1, suppor
 
   // albert.mesh:34:18 add
   MESHRT_TRACE("loop", "albert.mesh:34:18", "forward");
-  loop3(a12.data(), a0.data(), a11.data());
+  loop14(a12.data(), a0.data(), a11.data());
 
   // encoder_layers.mesh:19:10 layer_norm
   MESHRT_TRACE("layer_norm", "encoder_layers.mesh:19:10", "forward");
-  support::along(a13.data(), a12.data(), kShape12, kShape14, kShape14, kShape7, kShape6, kShape6,
+  support::along(a13.data(), a12.data(), kShape3, kShape15, kShape15, kShape10, kShape9, kShape9,
                  support::Along::LayerNorm, 1e-12, 32, nullptr);
 
   // encoder_layers.mesh:19:46 mul
   // encoder_layers.mesh:19:53 add -> h
   MESHRT_TRACE("loop", "encoder_layers.mesh:19:46", "forward");
-  loop33(a16.data(), a13.data(), a14.data(), a15.data());
+  loop32(a16.data(), a13.data(), a14.data(), a15.data());
 
   // encoder_layers.mesh:45:16 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:45:16", "forward");
@@ -3800,7 +3795,7 @@ void AlbertTrain::repeated1(support::ConstView a0, support::ConstView a1, suppor
   // encoder_layers.mesh:45:53 add
   // encoder_layers.mesh:45:11 gelu -> h
   MESHRT_TRACE("loop", "encoder_layers.mesh:45:53", "forward");
-  loop34(a20.data(), a21.data(), a18.data(), a19.data());
+  loop33(a20.data(), a21.data(), a18.data(), a19.data());
 
   // encoder_layers.mesh:46:10 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:46:10", "forward");
@@ -3815,17 +3810,17 @@ void AlbertTrain::repeated1(support::ConstView a0, support::ConstView a1, suppor
   // encoder_layers.mesh:46:50 add
   // albert.mesh:35:17 add
   MESHRT_TRACE("loop", "encoder_layers.mesh:46:50", "forward");
-  loop4(a25.data(), a23.data(), a24.data(), a16.data());
+  loop34(a25.data(), a23.data(), a24.data(), a16.data());
 
   // encoder_layers.mesh:19:10 layer_norm
   MESHRT_TRACE("layer_norm", "encoder_layers.mesh:19:10", "forward");
-  support::along(a26.data(), a25.data(), kShape12, kShape14, kShape14, kShape7, kShape6, kShape6,
+  support::along(a26.data(), a25.data(), kShape3, kShape15, kShape15, kShape10, kShape9, kShape9,
                  support::Along::LayerNorm, 1e-12, 32, nullptr);
 
   // encoder_layers.mesh:19:46 mul
   // encoder_layers.mesh:19:53 add -> h
   MESHRT_TRACE("loop", "encoder_layers.mesh:19:46", "forward");
-  loop33(a29.data(), a26.data(), a27.data(), a28.data());
+  loop32(a29.data(), a26.data(), a27.data(), a28.data());
 }
 
 void AlbertTrain::repeated2(support::ConstView a0, support::ConstView a1, support::ConstView a2,
@@ -3841,55 +3836,55 @@ void AlbertTrain::repeated2(support::ConstView a0, support::ConstView a1, suppor
   // encoder_layers.mesh:19:53 add
   // encoder_layers.mesh:19:53 add -> grad/encoder/albert_layer/norm#1/bias
   MESHRT_TRACE("loop", "encoder_layers.mesh:19:53", "backward");
-  loop16(a3.data(), a0.data(), a1.data(), a2.data());
+  loop15(a3.data(), a0.data(), a1.data(), a2.data());
 
   // encoder_layers.mesh:19:46 mul
   MESHRT_TRACE("loop", "encoder_layers.mesh:19:46", "backward");
-  loop7(a6.data(), a4.data(), a5.data());
+  loop5(a6.data(), a4.data(), a5.data());
 
   // encoder_layers.mesh:19:46 sum
   MESHRT_TRACE("sum", "encoder_layers.mesh:19:46", "backward");
-  support::reduce(a7.data(), kShape7, a6.data(), kShape6, kShape12, kShape14, support::Reduce::Sum,
+  support::reduce(a7.data(), kShape10, a6.data(), kShape9, kShape3, kShape15, support::Reduce::Sum,
                   1.0);
 
   // encoder_layers.mesh:19:46 add
   // encoder_layers.mesh:19:46 add -> grad/encoder/albert_layer/norm#1/gain
   MESHRT_TRACE("loop", "encoder_layers.mesh:19:46", "backward");
-  loop16(a10.data(), a8.data(), a9.data(), a7.data());
+  loop15(a10.data(), a8.data(), a9.data(), a7.data());
 
   // encoder_layers.mesh:19:10 mean
   MESHRT_TRACE("mean", "encoder_layers.mesh:19:10", "backward");
-  support::reduce(a11.data(), kShape12, a12.data(), kShape14, kShape7, kShape6,
+  support::reduce(a11.data(), kShape3, a12.data(), kShape15, kShape10, kShape9,
                   support::Reduce::Sum, 0.03125);
 
   // encoder_layers.mesh:19:10 sub
   // encoder_layers.mesh:19:10 square
   MESHRT_TRACE("loop", "encoder_layers.mesh:19:10", "backward");
-  loop29(a13.data(), a12.data(), a11.data());
+  loop28(a13.data(), a12.data(), a11.data());
 
   // encoder_layers.mesh:19:10 mean
   MESHRT_TRACE("mean", "encoder_layers.mesh:19:10", "backward");
-  support::reduce(a14.data(), kShape12, a13.data(), kShape14, kShape7, kShape6,
+  support::reduce(a14.data(), kShape3, a13.data(), kShape15, kShape10, kShape9,
                   support::Reduce::Sum, 0.03125);
 
   // encoder_layers.mesh:19:10 add
   // encoder_layers.mesh:19:10 rsqrt
   MESHRT_TRACE("loop", "encoder_layers.mesh:19:10", "backward");
-  loop30(a15.data(), a14.data());
+  loop29(a15.data(), a14.data());
 
   // encoder_layers.mesh:19:46 mul
   // encoder_layers.mesh:19:10 mul
   MESHRT_TRACE("loop", "encoder_layers.mesh:19:46", "backward");
-  loop31(a17.data(), a18.data(), a4.data(), a16.data(), a5.data());
+  loop30(a17.data(), a18.data(), a4.data(), a16.data(), a5.data());
 
   // encoder_layers.mesh:19:10 mean
   MESHRT_TRACE("mean", "encoder_layers.mesh:19:10", "backward");
-  support::reduce(a19.data(), kShape12, a18.data(), kShape14, kShape7, kShape6,
+  support::reduce(a19.data(), kShape3, a18.data(), kShape15, kShape10, kShape9,
                   support::Reduce::Sum, 0.03125);
 
   // encoder_layers.mesh:19:10 mean
   MESHRT_TRACE("mean", "encoder_layers.mesh:19:10", "backward");
-  support::reduce(a20.data(), kShape12, a17.data(), kShape14, kShape7, kShape6,
+  support::reduce(a20.data(), kShape3, a17.data(), kShape15, kShape10, kShape9,
                   support::Reduce::Sum, 0.03125);
 
   // encoder_layers.mesh:19:10 mul
@@ -3897,7 +3892,7 @@ void AlbertTrain::repeated2(support::ConstView a0, support::ConstView a1, suppor
   // encoder_layers.mesh:19:10 sub
   // encoder_layers.mesh:19:10 mul
   MESHRT_TRACE("loop", "encoder_layers.mesh:19:10", "backward");
-  loop32(a21.data(), a5.data(), a19.data(), a17.data(), a20.data(), a15.data());
+  loop31(a21.data(), a5.data(), a19.data(), a17.data(), a20.data(), a15.data());
 }
 
 void AlbertTrain::repeated3(support::View a0, support::ConstView a1, support::View a2,
@@ -3947,7 +3942,7 @@ void AlbertTrain::repeated4(support::View a0, support::ConstView a1, support::Vi
   // albert.mesh:109:3 mul
   // albert.mesh:109:3 sub -> next/encoder/albert_layer/norm/gain
   MESHRT_TRACE("loop", "albert.mesh:109:3", "update");
-  loop26(a2.data(), a4.data(), a0.data(), a1.data(), a3.data(), a5.data(), a6.data());
+  loop25(a2.data(), a4.data(), a0.data(), a1.data(), a3.data(), a5.data(), a6.data());
 }
 
 void AlbertTrain::repeated5(support::View a0, support::ConstView a1, support::View a2,
@@ -3972,7 +3967,7 @@ void AlbertTrain::repeated5(support::View a0, support::ConstView a1, support::Vi
   // albert.mesh:109:3 mul
   // albert.mesh:109:3 sub -> next/encoder/albert_layer/self_attention/q
   MESHRT_TRACE("loop", "albert.mesh:109:3", "update");
-  loop24(a2.data(), a4.data(), a0.data(), a1.data(), a3.data(), a5.data(), a6.data());
+  loop23(a2.data(), a4.data(), a0.data(), a1.data(), a3.data(), a5.data(), a6.data());
 }
 
 void AlbertTrain::repeated6(support::View a0, support::ConstView a1, support::ConstView a2,
@@ -3984,7 +3979,7 @@ void AlbertTrain::repeated6(support::View a0, support::ConstView a1, support::Co
 
   // albert.mesh:77:50 sum -> grad/heads/bias
   MESHRT_TRACE("sum", "albert.mesh:77:50", "backward");
-  support::reduce(a0.data(), kShape11, a1.data(), kShape6, kShape12, kShape13, support::Reduce::Sum,
+  support::reduce(a0.data(), kShape14, a1.data(), kShape9, kShape3, kShape4, support::Reduce::Sum,
                   1.0);
 
   // albert.mesh:77:43 mul
@@ -3993,12 +3988,12 @@ void AlbertTrain::repeated6(support::View a0, support::ConstView a1, support::Co
 
   // albert.mesh:77:43 sum -> grad/heads/gain
   MESHRT_TRACE("sum", "albert.mesh:77:43", "backward");
-  support::reduce(a4.data(), kShape11, a3.data(), kShape6, kShape12, kShape13, support::Reduce::Sum,
+  support::reduce(a4.data(), kShape14, a3.data(), kShape9, kShape3, kShape4, support::Reduce::Sum,
                   1.0);
 
   // albert.mesh:77:7 mean
   MESHRT_TRACE("mean", "albert.mesh:77:7", "backward");
-  support::reduce(a5.data(), kShape12, a6.data(), kShape13, kShape11, kShape6, support::Reduce::Sum,
+  support::reduce(a5.data(), kShape3, a6.data(), kShape4, kShape14, kShape9, support::Reduce::Sum,
                   0.0625);
 
   // albert.mesh:77:7 sub
@@ -4008,13 +4003,13 @@ void AlbertTrain::repeated6(support::View a0, support::ConstView a1, support::Co
 
   // albert.mesh:77:7 mean
   MESHRT_TRACE("mean", "albert.mesh:77:7", "backward");
-  support::reduce(a8.data(), kShape12, a7.data(), kShape13, kShape11, kShape6, support::Reduce::Sum,
+  support::reduce(a8.data(), kShape3, a7.data(), kShape4, kShape14, kShape9, support::Reduce::Sum,
                   0.0625);
 
   // albert.mesh:77:7 add
   // albert.mesh:77:7 rsqrt
   MESHRT_TRACE("loop", "albert.mesh:77:7", "backward");
-  loop30(a9.data(), a8.data());
+  loop29(a9.data(), a8.data());
 
   // albert.mesh:77:43 mul
   // albert.mesh:77:7 mul
@@ -4023,13 +4018,13 @@ void AlbertTrain::repeated6(support::View a0, support::ConstView a1, support::Co
 
   // albert.mesh:77:7 mean
   MESHRT_TRACE("mean", "albert.mesh:77:7", "backward");
-  support::reduce(a13.data(), kShape12, a12.data(), kShape13, kShape11, kShape6,
-                  support::Reduce::Sum, 0.0625);
+  support::reduce(a13.data(), kShape3, a12.data(), kShape4, kShape14, kShape9, support::Reduce::Sum,
+                  0.0625);
 
   // albert.mesh:77:7 mean
   MESHRT_TRACE("mean", "albert.mesh:77:7", "backward");
-  support::reduce(a14.data(), kShape12, a11.data(), kShape13, kShape11, kShape6,
-                  support::Reduce::Sum, 0.0625);
+  support::reduce(a14.data(), kShape3, a11.data(), kShape4, kShape14, kShape9, support::Reduce::Sum,
+                  0.0625);
 }
 
 AlbertTrain::Inputs AlbertTrain::synthesizeInputs(uint64_t seed) const {

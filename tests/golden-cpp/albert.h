@@ -94,7 +94,7 @@ public:
                  support::View a11, support::View a12, support::View a13, support::ConstView a14,
                  support::ConstView a15, support::ConstView a16, support::View a17,
                  support::ConstView a18, support::ConstView a19, support::View a20,
-                 support::ConstView a21, support::View a22, support::View a23,
+                 support::View a21, support::View a22, support::ConstView a23,
                  support::ConstView a24, support::ConstView a25);
 
 private:

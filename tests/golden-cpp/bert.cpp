@@ -12,25 +12,26 @@ static const support::Shape kShape2 = {1, 32, 64};
 static const support::Shape kShape3 = {0, 0, 1};
 static const support::Shape kShape4 = {32, 1, 0};
 static const support::Shape kShape5 = {1, 32};
-static const support::Shape kShape6 = {4096, 128};
-static const support::Shape kShape7 = {128};
-static const support::Shape kShape8 = {1, 4, 32};
-static const support::Shape kShape9 = {1024, 0, 32};
-static const support::Shape kShape10 = {2048, 64};
-static const support::Shape kShape11 = {64};
-static const support::Shape kShape12 = {1, 32, 128};
-static const support::Shape kShape13 = {};
-static const support::Shape kShape14 = {32, 1};
-static const support::Shape kShape15 = {2, 64};
-static const support::Shape kShape16 = {0, 1};
-static const support::Shape kShape17 = {0, 0};
-static const support::Shape kShape18 = {32, 64};
-static const support::Shape kShape19 = {64, 1};
-static const support::Shape kShape20 = {2048};
-static const support::Shape kShape21 = {128, 64};
-static const support::Shape kShape22 = {256};
-static const support::Shape kShape23 = {8192, 256};
-static const support::Shape kShape24 = {4096, 1024, 32};
+static const support::Shape kShape6 = {2048, 64};
+static const support::Shape kShape7 = {0, 64};
+static const support::Shape kShape8 = {4096, 128};
+static const support::Shape kShape9 = {128};
+static const support::Shape kShape10 = {1, 4, 32};
+static const support::Shape kShape11 = {1024, 0, 32};
+static const support::Shape kShape12 = {};
+static const support::Shape kShape13 = {0, 0};
+static const support::Shape kShape14 = {64};
+static const support::Shape kShape15 = {1, 32, 128};
+static const support::Shape kShape16 = {32, 1};
+static const support::Shape kShape17 = {2, 64};
+static const support::Shape kShape18 = {0, 1};
+static const support::Shape kShape19 = {32, 64};
+static const support::Shape kShape20 = {64, 1};
+static const support::Shape kShape21 = {2048};
+static const support::Shape kShape22 = {128, 64};
+static const support::Shape kShape23 = {256};
+static const support::Shape kShape24 = {8192, 256};
+static const support::Shape kShape25 = {4096, 1024, 32};
 static const support::SharedEinsum
     kEinsum0({{1, 32, 64, 128}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
 static const support::SharedEinsum
@@ -88,18 +89,6 @@ static const support::SharedEinsum
 }
 
 [[gnu::noinline]] static void loop2(float *__restrict p0, const float *__restrict p1,
-                                    const float *__restrict p2, const float *__restrict p3) {
-  for (int64_t i0 = 0; i0 < 2048; ++i0) {
-    const float s0 = p1[i0];
-    const float s1 = p2[i0];
-    const float s2 = (s0 + s1);
-    const float s3 = p3[i0];
-    const float s4 = (s2 + s3);
-    p0[i0] = s4;
-  }
-}
-
-[[gnu::noinline]] static void loop3(float *__restrict p0, const float *__restrict p1,
                                     const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 32; ++i0) {
     for (int64_t i1 = 0; i1 < 32; ++i1) {
@@ -112,7 +101,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop4(float *__restrict p0, const float *__restrict p1) {
+[[gnu::noinline]] static void loop3(float *__restrict p0, const float *__restrict p1) {
   for (int64_t i0 = 0; i0 < 32; ++i0) {
     for (int64_t i1 = 0; i1 < 32; ++i1) {
       const float s0 = p1[i0 + i1 * 32];
@@ -124,31 +113,19 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop5(float *__restrict p0, const float *__restrict p1,
-                                    const float *__restrict p2) {
+[[gnu::noinline]] static void loop4(float *__restrict p0, const float *__restrict p1,
+                                    const float *__restrict p2, const float *__restrict p3) {
   for (int64_t i0 = 0; i0 < 2048; ++i0) {
     const float s0 = p1[i0];
     const float s1 = p2[i0];
     const float s2 = (s0 + s1);
-    p0[i0] = s2;
+    const float s3 = p3[i0];
+    const float s4 = (s2 + s3);
+    p0[i0] = s4;
   }
 }
 
-[[gnu::noinline]] static void loop6(float *__restrict p0, const float *__restrict p1,
-                                    const float *__restrict p2, const float *__restrict p3) {
-  for (int64_t i0 = 0; i0 < 32; ++i0) {
-    for (int64_t i1 = 0; i1 < 64; ++i1) {
-      const float s0 = p1[i0 * 64 + i1];
-      const float s1 = p2[i1];
-      const float s2 = (s0 + s1);
-      const float s3 = p3[i0 * 64 + i1];
-      const float s4 = (s3 + s2);
-      p0[i0 * 64 + i1] = s4;
-    }
-  }
-}
-
-[[gnu::noinline]] static void loop7(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop5(float *__restrict p0, const float *__restrict p1,
                                     const float *__restrict p2, const float *__restrict p3) {
   for (int64_t i0 = 0; i0 < 32; ++i0) {
     for (int64_t i1 = 0; i1 < 64; ++i1) {
@@ -162,7 +139,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop8(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop6(float *__restrict p0, const float *__restrict p1,
                                     const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 4096; ++i0) {
     const float s0 = p1[i0];
@@ -172,7 +149,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop9(float *__restrict p0, float *__restrict p1,
+[[gnu::noinline]] static void loop7(float *__restrict p0, float *__restrict p1,
                                     const float *__restrict p2, const float *__restrict p3,
                                     const float *__restrict p4) {
   for (int64_t i0 = 0; i0 < 32; ++i0) {
@@ -188,9 +165,9 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop10(float *__restrict p0, const float *__restrict p1,
-                                     const float *__restrict p2, const float *__restrict p3,
-                                     const float *__restrict p4, const float *__restrict p5) {
+[[gnu::noinline]] static void loop8(float *__restrict p0, const float *__restrict p1,
+                                    const float *__restrict p2, const float *__restrict p3,
+                                    const float *__restrict p4, const float *__restrict p5) {
   const float r0 = p1[0];
   for (int64_t i0 = 0; i0 < 32; ++i0) {
     for (int64_t i1 = 0; i1 < 128; ++i1) {
@@ -220,8 +197,8 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop11(float *__restrict p0, const float *__restrict p1,
-                                     const float *__restrict p2) {
+[[gnu::noinline]] static void loop9(float *__restrict p0, const float *__restrict p1,
+                                    const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 2048; ++i0) {
     const float s0 = p1[i0];
     const float s1 = p2[i0];
@@ -230,7 +207,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop12(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop10(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 32; ++i0) {
     for (int64_t i1 = 0; i1 < 64; ++i1) {
@@ -243,7 +220,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop13(float *__restrict p0, const float *__restrict p1) {
+[[gnu::noinline]] static void loop11(float *__restrict p0, const float *__restrict p1) {
   for (int64_t i0 = 0; i0 < 32; ++i0) {
     const float s0 = p1[i0];
     const float s1 = 1e-05f;
@@ -253,7 +230,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop14(float *__restrict p0, float *__restrict p1,
+[[gnu::noinline]] static void loop12(float *__restrict p0, float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4) {
   for (int64_t i0 = 0; i0 < 32; ++i0) {
@@ -269,7 +246,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop15(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop13(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4, const float *__restrict p5) {
   for (int64_t i0 = 0; i0 < 32; ++i0) {
@@ -288,7 +265,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop16(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop14(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 8192; ++i0) {
     const float s0 = p1[i0];
@@ -298,7 +275,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop17(float *__restrict p0, float *__restrict p1,
+[[gnu::noinline]] static void loop15(float *__restrict p0, float *__restrict p1,
                                      float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4, const float *__restrict p5,
                                      const float *__restrict p6) {
@@ -343,7 +320,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop18(float *__restrict p0, float *__restrict p1,
+[[gnu::noinline]] static void loop16(float *__restrict p0, float *__restrict p1,
                                      float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4, const float *__restrict p5,
                                      const float *__restrict p6) {
@@ -388,7 +365,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop19(float *__restrict p0, float *__restrict p1,
+[[gnu::noinline]] static void loop17(float *__restrict p0, float *__restrict p1,
                                      float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4, const float *__restrict p5,
                                      const float *__restrict p6) {
@@ -433,7 +410,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop20(float *__restrict p0, float *__restrict p1,
+[[gnu::noinline]] static void loop18(float *__restrict p0, float *__restrict p1,
                                      float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4, const float *__restrict p5,
                                      const float *__restrict p6) {
@@ -478,7 +455,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop21(float *__restrict p0, float *__restrict p1,
+[[gnu::noinline]] static void loop19(float *__restrict p0, float *__restrict p1,
                                      float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4, const float *__restrict p5,
                                      const float *__restrict p6) {
@@ -523,7 +500,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop22(float *__restrict p0, float *__restrict p1,
+[[gnu::noinline]] static void loop20(float *__restrict p0, float *__restrict p1,
                                      float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4, const float *__restrict p5,
                                      const float *__restrict p6) {
@@ -568,7 +545,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop23(float *__restrict p0, float *__restrict p1,
+[[gnu::noinline]] static void loop21(float *__restrict p0, float *__restrict p1,
                                      float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4, const float *__restrict p5,
                                      const float *__restrict p6) {
@@ -613,7 +590,17 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop24(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop22(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2) {
+  for (int64_t i0 = 0; i0 < 2048; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = p2[i0];
+    const float s2 = (s0 + s1);
+    p0[i0] = s2;
+  }
+}
+
+[[gnu::noinline]] static void loop23(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4) {
   for (int64_t i0 = 0; i0 < 4; ++i0) {
@@ -635,7 +622,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop25(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop24(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4) {
   for (int64_t i0 = 0; i0 < 2048; ++i0) {
@@ -647,6 +634,20 @@ static const support::SharedEinsum
     const float s5 = p4[i0];
     const float s6 = (s4 + s5);
     p0[i0] = s6;
+  }
+}
+
+[[gnu::noinline]] static void loop25(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2, const float *__restrict p3) {
+  for (int64_t i0 = 0; i0 < 32; ++i0) {
+    for (int64_t i1 = 0; i1 < 64; ++i1) {
+      const float s0 = p1[i0 * 64 + i1];
+      const float s1 = p2[i1];
+      const float s2 = (s0 + s1);
+      const float s3 = p3[i0 * 64 + i1];
+      const float s4 = (s3 + s2);
+      p0[i0 * 64 + i1] = s4;
+    }
   }
 }
 
@@ -822,7 +823,7 @@ void Mlm::computeInvariants() {
 
 Mlm::Outputs Mlm::run(const Inputs &inputs) {
   MESHRT_TRACE_RUN(world_, "mlm");
-  // Arena: 57344 bytes for 368768 bytes of temporaries (placed by liveness).
+  // Arena: 61440 bytes for 368768 bytes of temporaries (placed by liveness).
   support::checkShape("input", "tokens", inputs.tokens, {1, 32});
   support::checkShape("input", "segment_ids", inputs.segment_ids, {1, 32});
   support::checkShape("input", "padding", inputs.padding, {1, 32});
@@ -854,21 +855,19 @@ void Mlm::runPart0(const Inputs &inputs) {
   support::View v9 = arena_.view(8192, 2048);
   support::gather(v9.data(), kShape2, v5.data(), kShape3, v1.data(), kShape4, 2, 64, 0);
 
-  // bert.mesh:34:76 add
-  // bert.mesh:35:37 add -> x
-  MESHRT_TRACE("loop", "bert.mesh:34:76", "forward");
-  const support::Buffer &v4 = param1_bert_position_embedding;
-  support::View v10 = arena_.view(16384, 2048);
-  loop2(v10.data(), v7.data(), v4.data(), v9.data());
-
   // layers.mesh:24:10 layer_norm
   // layers.mesh:24:33 mul
   // layers.mesh:24:40 add -> x
+  // bert.mesh:34:76 add
+  // bert.mesh:35:37 add -> x
   MESHRT_TRACE("layer_norm", "layers.mesh:24:10", "forward");
+  const support::Buffer &v4 = param1_bert_position_embedding;
   const support::Buffer &v11 = param4_bert_norm_gain;
   const support::Buffer &v12 = param5_bert_norm_bias;
   support::View v15 = arena_.view(32768, 2048);
-  support::layerNormAffine(v15.data(), v10.data(), 32, 64, v11.data(), v12.data(), 1e-05, 64);
+  support::View v10 = arena_.view(16384, 2048);
+  support::addLayerNormAffine(v15.data(), v10.data(), kShape5, 64, v11.data(), v12.data(), 1e-05,
+                              64, v9.data(), kShape6, v7.data(), kShape6, v4.data(), kShape7);
 
   // bert.mesh:40:26 rename
   MESHRT_TRACE("copy", "bert.mesh:40:26", "forward");
@@ -880,7 +879,7 @@ void Mlm::runPart0(const Inputs &inputs) {
   MESHRT_TRACE("loop", "bert.mesh:40:21", "forward");
   support::View v21 = persistent_.view(320, 32);
   support::View v22 = arena_.view(49152, 1024);
-  loop3(v22.data(), v16.data(), v21.data());
+  loop2(v22.data(), v16.data(), v21.data());
 
   // 4 statements from layers.mesh:36:11 einsum -> q (1 of 2)
   MESHRT_TRACE_SITE("layers.mesh:36:11");
@@ -897,31 +896,31 @@ void Mlm::runPart0(const Inputs &inputs) {
   // layers.mesh:43:39 gt
   // layers.mesh:43:39 gt
   MESHRT_TRACE("loop", "bert.mesh:41:39", "forward");
-  support::View v37 = arena_.view(53248, 1024);
-  loop4(v37.data(), v22.data());
+  support::View v37 = arena_.view(57344, 1024);
+  loop3(v37.data(), v22.data());
 
-  // 9 statements from layers.mesh:43:17 softmax -> weights (1 of 2)
+  // 7 statements from layers.mesh:43:17 softmax -> weights (1 of 2)
   MESHRT_TRACE_SITE("layers.mesh:43:17");
   support::View v40 = arena_.view(16384, 4096);
   support::View v41 = arena_.view(0, 2048);
   const support::Buffer &v27 = param9_bert_encoder_layer_0_attention_w_o;
   support::View v42 = arena_.view(8192, 2048);
-  support::View v43 = arena_.view(0, 2048);
-  support::View v48 = arena_.view(32768, 2048);
+  support::View v48 = arena_.view(40960, 2048);
   const support::Buffer &v44 = param10_bert_encoder_layer_0_norm_gain;
   const support::Buffer &v45 = param11_bert_encoder_layer_0_norm_bias;
   const support::Buffer &v49 = param12_bert_encoder_layer_0_ffn_w_in;
   support::View v55 = arena_.view(0, 8192);
   const support::Buffer &v50 = param13_bert_encoder_layer_0_ffn_b_in;
   const support::Buffer &v51 = param14_bert_encoder_layer_0_ffn_w_out;
-  support::View v57 = arena_.view(40960, 2048);
+  support::View v57 = arena_.view(32768, 2048);
   const support::Buffer &v52 = param15_bert_encoder_layer_0_ffn_b_out;
-  support::View v59 = arena_.view(0, 2048);
   const support::Buffer &v60 = param16_bert_encoder_layer_0_norm_1_gain;
   const support::Buffer &v61 = param17_bert_encoder_layer_0_norm_1_bias;
-  support::View v64 = arena_.view(32768, 2048);
-  repeated0(v40, v33, v37, v31, v41, v27, v42, v15, v43, v48, v44, v45, v49, v55, v50, v51, v57,
-            v52, v59, v64, v60, v61);
+  support::View v43 = arena_.view(0, 2048);
+  support::View v64 = arena_.view(49152, 2048);
+  support::View v59 = arena_.view(0, 2048);
+  repeated0(v40, v33, v37, v31, v41, v27, v42, v48, v43, v15, v44, v45, v49, v55, v50, v51, v57,
+            v64, v59, v52, v60, v61);
 
   // 4 statements from layers.mesh:36:11 einsum -> q (2 of 2)
   MESHRT_TRACE_SITE("layers.mesh:36:11");
@@ -930,17 +929,16 @@ void Mlm::runPart0(const Inputs &inputs) {
   const support::Buffer &v66 = param19_bert_encoder_layer_1_attention_w_k;
   support::View v70 = arena_.view(24576, 2048);
   const support::Buffer &v67 = param20_bert_encoder_layer_1_attention_w_v;
-  support::View v72 = arena_.view(40960, 2048);
+  support::View v72 = arena_.view(32768, 2048);
   support::View v74 = arena_.view(0, 4096);
   repeated1(v64, v65, v69, v66, v70, v67, v72, v74);
 
-  // 9 statements from layers.mesh:43:17 softmax -> weights (2 of 2)
+  // 7 statements from layers.mesh:43:17 softmax -> weights (2 of 2)
   MESHRT_TRACE_SITE("layers.mesh:43:17");
   support::View v81 = arena_.view(16384, 4096);
   support::View v82 = arena_.view(0, 2048);
   const support::Buffer &v68 = param21_bert_encoder_layer_1_attention_w_o;
   support::View v83 = arena_.view(8192, 2048);
-  support::View v84 = arena_.view(0, 2048);
   support::View v89 = arena_.view(32768, 2048);
   const support::Buffer &v85 = param22_bert_encoder_layer_1_norm_gain;
   const support::Buffer &v86 = param23_bert_encoder_layer_1_norm_bias;
@@ -950,12 +948,13 @@ void Mlm::runPart0(const Inputs &inputs) {
   const support::Buffer &v92 = param26_bert_encoder_layer_1_ffn_w_out;
   support::View v98 = arena_.view(40960, 2048);
   const support::Buffer &v93 = param27_bert_encoder_layer_1_ffn_b_out;
-  support::View v100 = arena_.view(0, 2048);
   const support::Buffer &v101 = param28_bert_encoder_layer_1_norm_1_gain;
   const support::Buffer &v102 = param29_bert_encoder_layer_1_norm_1_bias;
+  support::View v84 = arena_.view(0, 2048);
   support::View v105 = arena_.view(16384, 2048);
-  repeated0(v81, v74, v37, v72, v82, v68, v83, v64, v84, v89, v85, v86, v90, v96, v91, v92, v98,
-            v93, v100, v105, v101, v102);
+  support::View v100 = arena_.view(0, 2048);
+  repeated0(v81, v74, v37, v72, v82, v68, v83, v89, v84, v64, v85, v86, v90, v96, v91, v92, v98,
+            v105, v100, v93, v101, v102);
 
   // bert.mesh:46:10 einsum
   // bert.mesh:46:58 add -> logits
@@ -968,23 +967,23 @@ void Mlm::runPart0(const Inputs &inputs) {
   // bert.mesh:53:11 softmax -> probs
   MESHRT_TRACE("softmax", "bert.mesh:53:11", "forward");
   support::View v108 = arena_.view(16384, 4096);
-  support::along(v108.data(), v107.data(), kShape5, kShape6, kShape6, kShape7, kShape1, kShape1,
+  support::along(v108.data(), v107.data(), kShape5, kShape8, kShape8, kShape9, kShape1, kShape1,
                  support::Along::Softmax, 1e-05, 128, nullptr);
 }
 
 void Mlm::repeated0(support::View a0, support::ConstView a1, support::ConstView a2,
                     support::ConstView a3, support::View a4, support::ConstView a5,
-                    support::View a6, support::ConstView a7, support::View a8, support::View a9,
+                    support::View a6, support::View a7, support::View a8, support::ConstView a9,
                     support::ConstView a10, support::ConstView a11, support::ConstView a12,
                     support::View a13, support::ConstView a14, support::ConstView a15,
-                    support::View a16, support::ConstView a17, support::View a18, support::View a19,
+                    support::View a16, support::View a17, support::View a18, support::ConstView a19,
                     support::ConstView a20, support::ConstView a21) {
   MESHRT_TRACE_SPAN(world_);
 
   // layers.mesh:43:17 softmax -> weights
   // layers.mesh:43:25 where
   MESHRT_TRACE("softmax", "layers.mesh:43:17", "forward");
-  support::maskedSoftmax(a0.data(), a1.data(), a2.data(), kShape8, kShape9, 32, 1, -1000000000.0);
+  support::maskedSoftmax(a0.data(), a1.data(), a2.data(), kShape10, kShape11, 32, 1, -1000000000.0);
 
   // layers.mesh:44:17 einsum -> context
   MESHRT_TRACE("gemm", "layers.mesh:44:17", "forward");
@@ -996,38 +995,34 @@ void Mlm::repeated0(support::View a0, support::ConstView a1, support::ConstView 
   // dims: batch, seq, heads, d_head, d_model
   kEinsum2.plan().run(a4.data(), a5.data(), a6.data(), 1.0f, 0.0f);
 
-  // bert.mesh:20:18 add
-  MESHRT_TRACE("loop", "bert.mesh:20:18", "forward");
-  loop5(a8.data(), a7.data(), a6.data());
-
   // layers.mesh:24:10 layer_norm
   // layers.mesh:24:33 mul
   // layers.mesh:24:40 add -> h
+  // bert.mesh:20:18 add
   MESHRT_TRACE("layer_norm", "layers.mesh:24:10", "forward");
-  support::layerNormAffine(a9.data(), a8.data(), 32, 64, a10.data(), a11.data(), 1e-05, 64);
+  support::addLayerNormAffine(a7.data(), a8.data(), kShape5, 64, a10.data(), a11.data(), 1e-05, 64,
+                              a9.data(), kShape6, a6.data(), kShape6, nullptr, kShape12);
 
   // layers.mesh:54:16 einsum
   // layers.mesh:54:52 add
   // layers.mesh:54:11 gelu -> h
   MESHRT_TRACE("gemm", "layers.mesh:54:16", "forward");
   // dims: batch, seq, d_model, d_ff
-  kEinsum3.plan().runBiasActivation(a9.data(), a12.data(), a14.data(), a13.data(), true);
+  kEinsum3.plan().runBiasActivation(a7.data(), a12.data(), a14.data(), a13.data(), true);
 
   // layers.mesh:55:10 einsum
   MESHRT_TRACE("gemm", "layers.mesh:55:10", "forward");
   // dims: batch, seq, d_ff, d_model
   kEinsum4.plan().run(a13.data(), a15.data(), a16.data(), 1.0f, 0.0f);
 
-  // layers.mesh:55:71 add
-  // bert.mesh:21:17 add
-  MESHRT_TRACE("loop", "layers.mesh:55:71", "forward");
-  loop6(a18.data(), a16.data(), a17.data(), a9.data());
-
   // layers.mesh:24:10 layer_norm
   // layers.mesh:24:33 mul
   // layers.mesh:24:40 add -> x
+  // layers.mesh:55:71 add
+  // bert.mesh:21:17 add
   MESHRT_TRACE("layer_norm", "layers.mesh:24:10", "forward");
-  support::layerNormAffine(a19.data(), a18.data(), 32, 64, a20.data(), a21.data(), 1e-05, 64);
+  support::addLayerNormAffine(a17.data(), a18.data(), kShape5, 64, a20.data(), a21.data(), 1e-05,
+                              64, a7.data(), kShape6, a16.data(), kShape6, a19.data(), kShape13);
 }
 
 void Mlm::repeated1(support::ConstView a0, support::ConstView a1, support::View a2,
@@ -1719,12 +1714,12 @@ void MlmTrain::runPart0(const Inputs &inputs) {
   MESHRT_TRACE("loop", "bert.mesh:34:76", "forward");
   support::View v6(param1_bert_position_embedding); // updated in place
   support::View v12 = arena_.view(491520, 2048);
-  loop2(v12.data(), v9.data(), v6.data(), v11.data());
+  loop4(v12.data(), v9.data(), v6.data(), v11.data());
 
   // layers.mesh:24:10 layer_norm
   MESHRT_TRACE("layer_norm", "layers.mesh:24:10", "forward");
   support::View v15 = arena_.view(499712, 2048);
-  support::along(v15.data(), v12.data(), kShape5, kShape10, kShape10, kShape11, kShape1, kShape1,
+  support::along(v15.data(), v12.data(), kShape5, kShape6, kShape6, kShape14, kShape1, kShape1,
                  support::Along::LayerNorm, 1e-05, 64, nullptr);
 
   // layers.mesh:24:33 mul
@@ -1733,7 +1728,7 @@ void MlmTrain::runPart0(const Inputs &inputs) {
   support::View v13(param4_bert_norm_gain); // updated in place
   support::View v14(param5_bert_norm_bias); // updated in place
   support::View v17 = arena_.view(507904, 2048);
-  loop7(v17.data(), v15.data(), v13.data(), v14.data());
+  loop5(v17.data(), v15.data(), v13.data(), v14.data());
 
   // bert.mesh:40:26 rename
   MESHRT_TRACE("copy", "bert.mesh:40:26", "forward");
@@ -1745,7 +1740,7 @@ void MlmTrain::runPart0(const Inputs &inputs) {
   MESHRT_TRACE("loop", "bert.mesh:40:21", "forward");
   support::View v23 = persistent_.view(320, 32);
   support::View v24 = arena_.view(16384, 1024);
-  loop3(v24.data(), v18.data(), v23.data());
+  loop2(v24.data(), v18.data(), v23.data());
 
   // 4 statements from layers.mesh:36:11 einsum -> q (1 of 2)
   MESHRT_TRACE_SITE("layers.mesh:36:11");
@@ -1763,7 +1758,7 @@ void MlmTrain::runPart0(const Inputs &inputs) {
   // layers.mesh:43:39 gt
   MESHRT_TRACE("loop", "bert.mesh:41:39", "forward");
   support::View v39 = arena_.view(532480, 1024);
-  loop4(v39.data(), v24.data());
+  loop3(v39.data(), v24.data());
 
   // 12 statements from layers.mesh:43:17 softmax -> weights (1 of 2)
   MESHRT_TRACE_SITE("layers.mesh:43:17");
@@ -1842,24 +1837,24 @@ void MlmTrain::runPart0(const Inputs &inputs) {
   // bert.mesh:60:14 log_softmax -> logp
   MESHRT_TRACE("log_softmax", "bert.mesh:60:14", "forward");
   support::View v110 = arena_.view(16384, 4096);
-  support::along(v110.data(), v109.data(), kShape5, kShape6, kShape6, kShape7, kShape1, kShape1,
+  support::along(v110.data(), v109.data(), kShape5, kShape8, kShape8, kShape9, kShape1, kShape1,
                  support::Along::LogSoftmax, 1e-05, 128, nullptr);
 
   // bert.mesh:61:32 one_hot
   MESHRT_TRACE("one_hot", "bert.mesh:61:32", "forward");
   const support::Buffer &v4 = inputs.targets.data;
   support::View v111 = arena_.view(0, 4096);
-  support::oneHot(v111.data(), kShape12, v4.data(), kShape4, kShape3, 0);
+  support::oneHot(v111.data(), kShape15, v4.data(), kShape4, kShape3, 0);
 
   // bert.mesh:61:30 mul
   MESHRT_TRACE("loop", "bert.mesh:61:30", "forward");
   support::View v112 = arena_.view(32768, 4096);
-  loop8(v112.data(), v110.data(), v111.data());
+  loop6(v112.data(), v110.data(), v111.data());
 
   // bert.mesh:61:21 sum
   MESHRT_TRACE("sum", "bert.mesh:61:21", "forward");
   support::View v113 = arena_.view(139264, 32);
-  support::reduce(v113.data(), kShape5, v112.data(), kShape6, kShape7, kShape1,
+  support::reduce(v113.data(), kShape5, v112.data(), kShape8, kShape9, kShape1,
                   support::Reduce::Sum, 1.0);
 
   // bert.mesh:62:28 mul
@@ -1870,18 +1865,18 @@ void MlmTrain::runPart0(const Inputs &inputs) {
   const support::Buffer &v3 = inputs.masked.data;
   support::View v116 = arena_.view(139392, 32);
   support::View v117 = arena_.view(32768, 32);
-  loop9(v116.data(), v117.data(), v3.data(), v2.data(), v113.data());
+  loop7(v116.data(), v117.data(), v3.data(), v2.data(), v113.data());
 
   // bert.mesh:64:14 sum
   MESHRT_TRACE("sum", "bert.mesh:64:14", "forward");
   support::View v118 = arena_.view(32896, 1);
-  support::reduce(v118.data(), kShape13, v117.data(), kShape13, kShape5, kShape14,
+  support::reduce(v118.data(), kShape12, v117.data(), kShape12, kShape5, kShape16,
                   support::Reduce::Sum, 1.0);
 
   // bert.mesh:64:42 sum
   MESHRT_TRACE("sum", "bert.mesh:64:42", "forward");
   support::View v119 = arena_.view(32768, 1);
-  support::reduce(v119.data(), kShape13, v116.data(), kShape13, kShape5, kShape14,
+  support::reduce(v119.data(), kShape12, v116.data(), kShape12, kShape5, kShape16,
                   support::Reduce::Sum, 1.0);
 
   // bert.mesh:64:54 all_reduce_sum (resolve the partial sum of %119 over data, model for add at
@@ -1926,12 +1921,12 @@ void MlmTrain::runPart0(const Inputs &inputs) {
   // bert.mesh:60:14 sub
   MESHRT_TRACE("loop", "bert.mesh:64:14", "backward");
   support::View v140 = arena_.view(32768, 4096);
-  loop10(v140.data(), v125.data(), v116.data(), v4.data(), v110.data(), v111.data());
+  loop8(v140.data(), v125.data(), v116.data(), v4.data(), v110.data(), v111.data());
 
   // bert.mesh:46:58 sum -> grad/bert/output_bias
   MESHRT_TRACE("sum", "bert.mesh:46:58", "backward");
   support::View v141 = arena_.view(538624, 128);
-  support::reduce(v141.data(), kShape7, v140.data(), kShape1, kShape5, kShape6,
+  support::reduce(v141.data(), kShape9, v140.data(), kShape1, kShape5, kShape8,
                   support::Reduce::Sum, 1.0);
 }
 
@@ -1957,45 +1952,45 @@ void MlmTrain::runPart1(const Inputs &inputs) {
   // layers.mesh:24:40 sum -> grad/bert/encoder_layer[1]/norm#1/bias
   MESHRT_TRACE("sum", "layers.mesh:24:40", "backward");
   support::View v144 = arena_.view(539136, 64);
-  support::reduce(v144.data(), kShape11, v142.data(), kShape1, kShape5, kShape10,
+  support::reduce(v144.data(), kShape14, v142.data(), kShape1, kShape5, kShape6,
                   support::Reduce::Sum, 1.0);
 
   // layers.mesh:24:33 mul
   MESHRT_TRACE("loop", "layers.mesh:24:33", "backward");
   support::View v105 = arena_.view(57344, 2048);
   support::View v146 = arena_.view(8192, 2048);
-  loop11(v146.data(), v142.data(), v105.data());
+  loop9(v146.data(), v142.data(), v105.data());
 
   // layers.mesh:24:33 sum -> grad/bert/encoder_layer[1]/norm#1/gain
   MESHRT_TRACE("sum", "layers.mesh:24:33", "backward");
   support::View v147 = arena_.view(539392, 64);
-  support::reduce(v147.data(), kShape11, v146.data(), kShape1, kShape5, kShape10,
+  support::reduce(v147.data(), kShape14, v146.data(), kShape1, kShape5, kShape6,
                   support::Reduce::Sum, 1.0);
 
   // layers.mesh:24:10 mean
   MESHRT_TRACE("mean", "layers.mesh:24:10", "backward");
   support::View v102 = arena_.view(49152, 2048);
   support::View v148 = arena_.view(16384, 32);
-  support::reduce(v148.data(), kShape5, v102.data(), kShape10, kShape11, kShape1,
+  support::reduce(v148.data(), kShape5, v102.data(), kShape6, kShape14, kShape1,
                   support::Reduce::Sum, 0.015625);
 
   // layers.mesh:24:10 sub
   // layers.mesh:24:10 square
   MESHRT_TRACE("loop", "layers.mesh:24:10", "backward");
   support::View v150 = arena_.view(8192, 2048);
-  loop12(v150.data(), v102.data(), v148.data());
+  loop10(v150.data(), v102.data(), v148.data());
 
   // layers.mesh:24:10 mean
   MESHRT_TRACE("mean", "layers.mesh:24:10", "backward");
   support::View v151 = arena_.view(16384, 32);
-  support::reduce(v151.data(), kShape5, v150.data(), kShape10, kShape11, kShape1,
+  support::reduce(v151.data(), kShape5, v150.data(), kShape6, kShape14, kShape1,
                   support::Reduce::Sum, 0.015625);
 
   // layers.mesh:24:10 add
   // layers.mesh:24:10 rsqrt
   MESHRT_TRACE("loop", "layers.mesh:24:10", "backward");
   support::View v154 = arena_.view(24576, 32);
-  loop13(v154.data(), v151.data());
+  loop11(v154.data(), v151.data());
 
   // layers.mesh:24:33 mul
   // layers.mesh:24:10 mul
@@ -2003,18 +1998,18 @@ void MlmTrain::runPart1(const Inputs &inputs) {
   support::View v103(param28_bert_encoder_layer_1_norm_1_gain); // updated in place
   support::View v145 = arena_.view(8192, 2048);
   support::View v155 = arena_.view(16384, 2048);
-  loop14(v145.data(), v155.data(), v142.data(), v103.data(), v105.data());
+  loop12(v145.data(), v155.data(), v142.data(), v103.data(), v105.data());
 
   // layers.mesh:24:10 mean
   MESHRT_TRACE("mean", "layers.mesh:24:10", "backward");
   support::View v156 = arena_.view(0, 32);
-  support::reduce(v156.data(), kShape5, v155.data(), kShape10, kShape11, kShape1,
+  support::reduce(v156.data(), kShape5, v155.data(), kShape6, kShape14, kShape1,
                   support::Reduce::Sum, 0.015625);
 
   // layers.mesh:24:10 mean
   MESHRT_TRACE("mean", "layers.mesh:24:10", "backward");
   support::View v158 = arena_.view(128, 32);
-  support::reduce(v158.data(), kShape5, v145.data(), kShape10, kShape11, kShape1,
+  support::reduce(v158.data(), kShape5, v145.data(), kShape6, kShape14, kShape1,
                   support::Reduce::Sum, 0.015625);
 
   // layers.mesh:24:10 mul
@@ -2023,7 +2018,7 @@ void MlmTrain::runPart1(const Inputs &inputs) {
   // layers.mesh:24:10 mul
   MESHRT_TRACE("loop", "layers.mesh:24:10", "backward");
   support::View v161 = arena_.view(409600, 2048);
-  loop15(v161.data(), v105.data(), v156.data(), v145.data(), v158.data(), v154.data());
+  loop13(v161.data(), v105.data(), v156.data(), v145.data(), v158.data(), v154.data());
 
   // 46 statements from layers.mesh:55:71 sum -> grad/bert/encoder_layer[1]/ffn/b_out (1 of 2)
   MESHRT_TRACE_SITE("layers.mesh:55:71");
@@ -2186,26 +2181,26 @@ void MlmTrain::runPart1(const Inputs &inputs) {
   MESHRT_TRACE("einsum", "bert.mesh:35:39", "backward");
   const support::Buffer &v1 = inputs.segment_ids.data;
   support::View v333 = arena_.view(499712, 128);
-  support::scatterAdd(v333.data(), kShape15, v331.data(), kShape16, v1.data(), kShape17, kShape5,
-                      kShape10, kShape14, 0, 0);
+  support::scatterAdd(v333.data(), kShape17, v331.data(), kShape18, v1.data(), kShape13, kShape5,
+                      kShape6, kShape16, 0, 0);
 
   // bert.mesh:34:76 sum -> grad/bert/position_embedding
   MESHRT_TRACE("sum", "bert.mesh:34:76", "backward");
   support::View v334 = arena_.view(491520, 2048);
-  support::reduce(v334.data(), kShape18, v331.data(), kShape19, kShape1, kShape20,
+  support::reduce(v334.data(), kShape19, v331.data(), kShape20, kShape1, kShape21,
                   support::Reduce::Sum, 1.0);
 
   // bert.mesh:34:37 einsum
   MESHRT_TRACE("einsum", "bert.mesh:34:37", "backward");
   const support::Buffer &v0 = inputs.tokens.data;
   support::View v336 = arena_.view(294912, 8192);
-  support::scatterAdd(v336.data(), kShape21, v331.data(), kShape16, v0.data(), kShape17, kShape5,
-                      kShape10, kShape14, 0, 0);
+  support::scatterAdd(v336.data(), kShape22, v331.data(), kShape18, v0.data(), kShape13, kShape5,
+                      kShape6, kShape16, 0, 0);
 
   // bert.mesh:34:37 add -> grad/bert/token_embedding
   MESHRT_TRACE("loop", "bert.mesh:34:37", "backward");
   support::View v337 = arena_.view(327680, 8192);
-  loop16(v337.data(), v143.data(), v336.data());
+  loop14(v337.data(), v143.data(), v336.data());
 
   // bert.mesh:65:3 bucketed_all_reduce_sum -> loss (31 partial sums (loss, grad/bert/output_bias,
   // grad/bert/encoder_layer[1]/norm#1/bias, ...) over data, model resolved together, 430.0 KiB in
@@ -2299,7 +2294,7 @@ void MlmTrain::runPart1(const Inputs &inputs) {
   MESHRT_TRACE("loop", "bert.mesh:65:3", "update");
   support::View v357(param31_bert_token_embedding_v); // updated in place
   support::View v356(param30_bert_token_embedding_m); // updated in place
-  loop17(v357.data(), v356.data(), v5.data(), v337.data(), v373.data(), v371.data(), v355.data());
+  loop15(v357.data(), v356.data(), v5.data(), v337.data(), v373.data(), v371.data(), v355.data());
 
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 square
@@ -2321,7 +2316,7 @@ void MlmTrain::runPart1(const Inputs &inputs) {
   support::View v6(param1_bert_position_embedding);      // updated in place
   support::View v386(param33_bert_position_embedding_v); // updated in place
   support::View v385(param32_bert_position_embedding_m); // updated in place
-  loop18(v386.data(), v385.data(), v6.data(), v334.data(), v373.data(), v371.data(), v355.data());
+  loop16(v386.data(), v385.data(), v6.data(), v334.data(), v373.data(), v371.data(), v355.data());
 }
 
 void MlmTrain::runPart2(const Inputs &inputs) {
@@ -2352,7 +2347,7 @@ void MlmTrain::runPart2(const Inputs &inputs) {
   support::View v406(param34_bert_segment_embedding_m); // updated in place
   support::View v371 = arena_.view(262208, 1);
   support::View v355 = arena_.view(262144, 1);
-  loop19(v407.data(), v406.data(), v7.data(), v333.data(), v373.data(), v371.data(), v355.data());
+  loop17(v407.data(), v406.data(), v7.data(), v333.data(), v373.data(), v371.data(), v355.data());
 
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 square
@@ -2375,7 +2370,7 @@ void MlmTrain::runPart2(const Inputs &inputs) {
   support::View v141 = arena_.view(538624, 128);
   support::View v428(param37_bert_output_bias_v); // updated in place
   support::View v427(param36_bert_output_bias_m); // updated in place
-  loop19(v428.data(), v427.data(), v8.data(), v141.data(), v373.data(), v371.data(), v355.data());
+  loop17(v428.data(), v427.data(), v8.data(), v141.data(), v373.data(), v371.data(), v355.data());
 
   // 1 statements from bert.mesh:65:3 mul (1 of 2)
   MESHRT_TRACE_SITE("bert.mesh:65:3");
@@ -2537,7 +2532,7 @@ void MlmTrain::repeated0(
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 sub -> next/bert/encoder_layer[0]/attention/w_q
   MESHRT_TRACE("loop", "bert.mesh:65:3", "update");
-  loop20(a2.data(), a4.data(), a0.data(), a1.data(), a3.data(), a5.data(), a6.data());
+  loop18(a2.data(), a4.data(), a0.data(), a1.data(), a3.data(), a5.data(), a6.data());
 
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 square
@@ -2556,7 +2551,7 @@ void MlmTrain::repeated0(
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 sub -> next/bert/encoder_layer[0]/attention/w_k
   MESHRT_TRACE("loop", "bert.mesh:65:3", "update");
-  loop20(a9.data(), a10.data(), a7.data(), a8.data(), a3.data(), a5.data(), a6.data());
+  loop18(a9.data(), a10.data(), a7.data(), a8.data(), a3.data(), a5.data(), a6.data());
 
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 square
@@ -2575,7 +2570,7 @@ void MlmTrain::repeated0(
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 sub -> next/bert/encoder_layer[0]/attention/w_v
   MESHRT_TRACE("loop", "bert.mesh:65:3", "update");
-  loop20(a13.data(), a14.data(), a11.data(), a12.data(), a3.data(), a5.data(), a6.data());
+  loop18(a13.data(), a14.data(), a11.data(), a12.data(), a3.data(), a5.data(), a6.data());
 
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 square
@@ -2594,7 +2589,7 @@ void MlmTrain::repeated0(
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 sub -> next/bert/encoder_layer[0]/attention/w_o
   MESHRT_TRACE("loop", "bert.mesh:65:3", "update");
-  loop20(a17.data(), a18.data(), a15.data(), a16.data(), a3.data(), a5.data(), a6.data());
+  loop18(a17.data(), a18.data(), a15.data(), a16.data(), a3.data(), a5.data(), a6.data());
 
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 square
@@ -2613,7 +2608,7 @@ void MlmTrain::repeated0(
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 sub -> next/bert/encoder_layer[0]/norm/gain
   MESHRT_TRACE("loop", "bert.mesh:65:3", "update");
-  loop21(a21.data(), a22.data(), a19.data(), a20.data(), a3.data(), a5.data(), a6.data());
+  loop19(a21.data(), a22.data(), a19.data(), a20.data(), a3.data(), a5.data(), a6.data());
 
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 square
@@ -2632,7 +2627,7 @@ void MlmTrain::repeated0(
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 sub -> next/bert/encoder_layer[0]/norm/bias
   MESHRT_TRACE("loop", "bert.mesh:65:3", "update");
-  loop21(a25.data(), a26.data(), a23.data(), a24.data(), a3.data(), a5.data(), a6.data());
+  loop19(a25.data(), a26.data(), a23.data(), a24.data(), a3.data(), a5.data(), a6.data());
 
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 square
@@ -2651,7 +2646,7 @@ void MlmTrain::repeated0(
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 sub -> next/bert/encoder_layer[0]/ffn/w_in
   MESHRT_TRACE("loop", "bert.mesh:65:3", "update");
-  loop22(a29.data(), a30.data(), a27.data(), a28.data(), a3.data(), a5.data(), a6.data());
+  loop20(a29.data(), a30.data(), a27.data(), a28.data(), a3.data(), a5.data(), a6.data());
 
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 square
@@ -2670,7 +2665,7 @@ void MlmTrain::repeated0(
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 sub -> next/bert/encoder_layer[0]/ffn/b_in
   MESHRT_TRACE("loop", "bert.mesh:65:3", "update");
-  loop23(a33.data(), a34.data(), a31.data(), a32.data(), a3.data(), a5.data(), a6.data());
+  loop21(a33.data(), a34.data(), a31.data(), a32.data(), a3.data(), a5.data(), a6.data());
 
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 square
@@ -2689,7 +2684,7 @@ void MlmTrain::repeated0(
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 sub -> next/bert/encoder_layer[0]/ffn/w_out
   MESHRT_TRACE("loop", "bert.mesh:65:3", "update");
-  loop22(a37.data(), a38.data(), a35.data(), a36.data(), a3.data(), a5.data(), a6.data());
+  loop20(a37.data(), a38.data(), a35.data(), a36.data(), a3.data(), a5.data(), a6.data());
 
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 square
@@ -2708,7 +2703,7 @@ void MlmTrain::repeated0(
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 sub -> next/bert/encoder_layer[0]/ffn/b_out
   MESHRT_TRACE("loop", "bert.mesh:65:3", "update");
-  loop21(a41.data(), a42.data(), a39.data(), a40.data(), a3.data(), a5.data(), a6.data());
+  loop19(a41.data(), a42.data(), a39.data(), a40.data(), a3.data(), a5.data(), a6.data());
 
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 square
@@ -2727,7 +2722,7 @@ void MlmTrain::repeated0(
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 sub -> next/bert/encoder_layer[0]/norm#1/gain
   MESHRT_TRACE("loop", "bert.mesh:65:3", "update");
-  loop21(a45.data(), a46.data(), a43.data(), a44.data(), a3.data(), a5.data(), a6.data());
+  loop19(a45.data(), a46.data(), a43.data(), a44.data(), a3.data(), a5.data(), a6.data());
 
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 square
@@ -2746,7 +2741,7 @@ void MlmTrain::repeated0(
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 sub -> next/bert/encoder_layer[0]/norm#1/bias
   MESHRT_TRACE("loop", "bert.mesh:65:3", "update");
-  loop21(a49.data(), a50.data(), a47.data(), a48.data(), a3.data(), a5.data(), a6.data());
+  loop19(a49.data(), a50.data(), a47.data(), a48.data(), a3.data(), a5.data(), a6.data());
 }
 
 void MlmTrain::repeated1(
@@ -2772,7 +2767,7 @@ void MlmTrain::repeated1(
 
   // layers.mesh:55:71 sum -> grad/bert/encoder_layer[1]/ffn/b_out
   MESHRT_TRACE("sum", "layers.mesh:55:71", "backward");
-  support::reduce(a0.data(), kShape11, a1.data(), kShape1, kShape5, kShape10, support::Reduce::Sum,
+  support::reduce(a0.data(), kShape14, a1.data(), kShape1, kShape5, kShape6, support::Reduce::Sum,
                   1.0);
 
   // layers.mesh:55:10 einsum
@@ -2857,7 +2852,7 @@ void MlmTrain::repeated1(
 
   // layers.mesh:54:52 sum -> grad/bert/encoder_layer[1]/ffn/b_in
   MESHRT_TRACE("sum", "layers.mesh:54:52", "backward");
-  support::reduce(a8.data(), kShape22, a7.data(), kShape1, kShape5, kShape23, support::Reduce::Sum,
+  support::reduce(a8.data(), kShape23, a7.data(), kShape1, kShape5, kShape24, support::Reduce::Sum,
                   1.0);
 
   // layers.mesh:54:16 einsum
@@ -2867,7 +2862,7 @@ void MlmTrain::repeated1(
 
   // layers.mesh:54:16 add
   MESHRT_TRACE("loop", "layers.mesh:54:16", "backward");
-  loop5(a11.data(), a1.data(), a10.data());
+  loop22(a11.data(), a1.data(), a10.data());
 
   // layers.mesh:54:16 einsum -> grad/bert/encoder_layer[1]/ffn/w_in
   MESHRT_TRACE("gemm", "layers.mesh:54:16", "backward");
@@ -2876,59 +2871,59 @@ void MlmTrain::repeated1(
 
   // layers.mesh:24:40 sum -> grad/bert/encoder_layer[1]/norm/bias
   MESHRT_TRACE("sum", "layers.mesh:24:40", "backward");
-  support::reduce(a14.data(), kShape11, a11.data(), kShape1, kShape5, kShape10,
-                  support::Reduce::Sum, 1.0);
+  support::reduce(a14.data(), kShape14, a11.data(), kShape1, kShape5, kShape6, support::Reduce::Sum,
+                  1.0);
 
   // layers.mesh:24:33 mul
   MESHRT_TRACE("loop", "layers.mesh:24:33", "backward");
-  loop11(a16.data(), a11.data(), a15.data());
+  loop9(a16.data(), a11.data(), a15.data());
 
   // layers.mesh:24:33 sum -> grad/bert/encoder_layer[1]/norm/gain
   MESHRT_TRACE("sum", "layers.mesh:24:33", "backward");
-  support::reduce(a17.data(), kShape11, a16.data(), kShape1, kShape5, kShape10,
-                  support::Reduce::Sum, 1.0);
+  support::reduce(a17.data(), kShape14, a16.data(), kShape1, kShape5, kShape6, support::Reduce::Sum,
+                  1.0);
 
   // layers.mesh:24:10 mean
   MESHRT_TRACE("mean", "layers.mesh:24:10", "backward");
-  support::reduce(a18.data(), kShape5, a19.data(), kShape10, kShape11, kShape1,
-                  support::Reduce::Sum, 0.015625);
+  support::reduce(a18.data(), kShape5, a19.data(), kShape6, kShape14, kShape1, support::Reduce::Sum,
+                  0.015625);
 
   // layers.mesh:24:10 sub
   // layers.mesh:24:10 square
   MESHRT_TRACE("loop", "layers.mesh:24:10", "backward");
-  loop12(a20.data(), a19.data(), a18.data());
+  loop10(a20.data(), a19.data(), a18.data());
 
   // layers.mesh:24:10 mean
   MESHRT_TRACE("mean", "layers.mesh:24:10", "backward");
-  support::reduce(a21.data(), kShape5, a20.data(), kShape10, kShape11, kShape1,
-                  support::Reduce::Sum, 0.015625);
+  support::reduce(a21.data(), kShape5, a20.data(), kShape6, kShape14, kShape1, support::Reduce::Sum,
+                  0.015625);
 
   // layers.mesh:24:10 add
   // layers.mesh:24:10 rsqrt
   MESHRT_TRACE("loop", "layers.mesh:24:10", "backward");
-  loop13(a22.data(), a21.data());
+  loop11(a22.data(), a21.data());
 
   // layers.mesh:24:33 mul
   // layers.mesh:24:10 mul
   MESHRT_TRACE("loop", "layers.mesh:24:33", "backward");
-  loop14(a24.data(), a25.data(), a11.data(), a23.data(), a15.data());
+  loop12(a24.data(), a25.data(), a11.data(), a23.data(), a15.data());
 
   // layers.mesh:24:10 mean
   MESHRT_TRACE("mean", "layers.mesh:24:10", "backward");
-  support::reduce(a26.data(), kShape5, a25.data(), kShape10, kShape11, kShape1,
-                  support::Reduce::Sum, 0.015625);
+  support::reduce(a26.data(), kShape5, a25.data(), kShape6, kShape14, kShape1, support::Reduce::Sum,
+                  0.015625);
 
   // layers.mesh:24:10 mean
   MESHRT_TRACE("mean", "layers.mesh:24:10", "backward");
-  support::reduce(a27.data(), kShape5, a24.data(), kShape10, kShape11, kShape1,
-                  support::Reduce::Sum, 0.015625);
+  support::reduce(a27.data(), kShape5, a24.data(), kShape6, kShape14, kShape1, support::Reduce::Sum,
+                  0.015625);
 
   // layers.mesh:24:10 mul
   // layers.mesh:24:10 sub
   // layers.mesh:24:10 sub
   // layers.mesh:24:10 mul
   MESHRT_TRACE("loop", "layers.mesh:24:10", "backward");
-  loop15(a28.data(), a15.data(), a26.data(), a24.data(), a27.data(), a22.data());
+  loop13(a28.data(), a15.data(), a26.data(), a24.data(), a27.data(), a22.data());
 
   // layers.mesh:45:10 einsum
   MESHRT_TRACE("gemm", "layers.mesh:45:10", "backward");
@@ -2952,19 +2947,19 @@ void MlmTrain::repeated1(
 
   // layers.mesh:43:17 mul
   MESHRT_TRACE("loop", "layers.mesh:43:17", "backward");
-  loop8(a37.data(), a34.data(), a35.data());
+  loop6(a37.data(), a34.data(), a35.data());
 
   // layers.mesh:43:17 sum
   MESHRT_TRACE("sum", "layers.mesh:43:17", "backward");
-  support::reduce(a38.data(), kShape8, a37.data(), kShape24, kShape0, kShape1, support::Reduce::Sum,
-                  1.0);
+  support::reduce(a38.data(), kShape10, a37.data(), kShape25, kShape0, kShape1,
+                  support::Reduce::Sum, 1.0);
 
   // layers.mesh:43:17 sub
   // layers.mesh:43:17 mul
   // layers.mesh:43:25 where
   // layers.mesh:41:55 mul
   MESHRT_TRACE("loop", "layers.mesh:43:17", "backward");
-  loop24(a40.data(), a34.data(), a38.data(), a35.data(), a39.data());
+  loop23(a40.data(), a34.data(), a38.data(), a35.data(), a39.data());
 
   // layers.mesh:41:16 einsum
   MESHRT_TRACE("gemm", "layers.mesh:41:16", "backward");
@@ -3005,7 +3000,7 @@ void MlmTrain::repeated1(
   // layers.mesh:38:18 add
   // layers.mesh:36:11 add
   MESHRT_TRACE("loop", "layers.mesh:39:18", "backward");
-  loop25(a54.data(), a28.data(), a46.data(), a50.data(), a53.data());
+  loop24(a54.data(), a28.data(), a46.data(), a50.data(), a53.data());
 
   // layers.mesh:36:11 einsum -> grad/bert/encoder_layer[1]/attention/w_q
   MESHRT_TRACE("gemm", "layers.mesh:36:11", "backward");
@@ -3014,59 +3009,59 @@ void MlmTrain::repeated1(
 
   // layers.mesh:24:40 sum -> grad/bert/encoder_layer[0]/norm#1/bias
   MESHRT_TRACE("sum", "layers.mesh:24:40", "backward");
-  support::reduce(a56.data(), kShape11, a54.data(), kShape1, kShape5, kShape10,
-                  support::Reduce::Sum, 1.0);
+  support::reduce(a56.data(), kShape14, a54.data(), kShape1, kShape5, kShape6, support::Reduce::Sum,
+                  1.0);
 
   // layers.mesh:24:33 mul
   MESHRT_TRACE("loop", "layers.mesh:24:33", "backward");
-  loop11(a58.data(), a54.data(), a57.data());
+  loop9(a58.data(), a54.data(), a57.data());
 
   // layers.mesh:24:33 sum -> grad/bert/encoder_layer[0]/norm#1/gain
   MESHRT_TRACE("sum", "layers.mesh:24:33", "backward");
-  support::reduce(a59.data(), kShape11, a58.data(), kShape1, kShape5, kShape10,
-                  support::Reduce::Sum, 1.0);
+  support::reduce(a59.data(), kShape14, a58.data(), kShape1, kShape5, kShape6, support::Reduce::Sum,
+                  1.0);
 
   // layers.mesh:24:10 mean
   MESHRT_TRACE("mean", "layers.mesh:24:10", "backward");
-  support::reduce(a60.data(), kShape5, a61.data(), kShape10, kShape11, kShape1,
-                  support::Reduce::Sum, 0.015625);
+  support::reduce(a60.data(), kShape5, a61.data(), kShape6, kShape14, kShape1, support::Reduce::Sum,
+                  0.015625);
 
   // layers.mesh:24:10 sub
   // layers.mesh:24:10 square
   MESHRT_TRACE("loop", "layers.mesh:24:10", "backward");
-  loop12(a62.data(), a61.data(), a60.data());
+  loop10(a62.data(), a61.data(), a60.data());
 
   // layers.mesh:24:10 mean
   MESHRT_TRACE("mean", "layers.mesh:24:10", "backward");
-  support::reduce(a63.data(), kShape5, a62.data(), kShape10, kShape11, kShape1,
-                  support::Reduce::Sum, 0.015625);
+  support::reduce(a63.data(), kShape5, a62.data(), kShape6, kShape14, kShape1, support::Reduce::Sum,
+                  0.015625);
 
   // layers.mesh:24:10 add
   // layers.mesh:24:10 rsqrt
   MESHRT_TRACE("loop", "layers.mesh:24:10", "backward");
-  loop13(a64.data(), a63.data());
+  loop11(a64.data(), a63.data());
 
   // layers.mesh:24:33 mul
   // layers.mesh:24:10 mul
   MESHRT_TRACE("loop", "layers.mesh:24:33", "backward");
-  loop14(a66.data(), a67.data(), a54.data(), a65.data(), a57.data());
+  loop12(a66.data(), a67.data(), a54.data(), a65.data(), a57.data());
 
   // layers.mesh:24:10 mean
   MESHRT_TRACE("mean", "layers.mesh:24:10", "backward");
-  support::reduce(a68.data(), kShape5, a67.data(), kShape10, kShape11, kShape1,
-                  support::Reduce::Sum, 0.015625);
+  support::reduce(a68.data(), kShape5, a67.data(), kShape6, kShape14, kShape1, support::Reduce::Sum,
+                  0.015625);
 
   // layers.mesh:24:10 mean
   MESHRT_TRACE("mean", "layers.mesh:24:10", "backward");
-  support::reduce(a69.data(), kShape5, a66.data(), kShape10, kShape11, kShape1,
-                  support::Reduce::Sum, 0.015625);
+  support::reduce(a69.data(), kShape5, a66.data(), kShape6, kShape14, kShape1, support::Reduce::Sum,
+                  0.015625);
 
   // layers.mesh:24:10 mul
   // layers.mesh:24:10 sub
   // layers.mesh:24:10 sub
   // layers.mesh:24:10 mul
   MESHRT_TRACE("loop", "layers.mesh:24:10", "backward");
-  loop15(a70.data(), a57.data(), a68.data(), a66.data(), a69.data(), a64.data());
+  loop13(a70.data(), a57.data(), a68.data(), a66.data(), a69.data(), a64.data());
 }
 
 void MlmTrain::repeated2(support::View a0, support::ConstView a1, support::ConstView a2,
@@ -3083,7 +3078,7 @@ void MlmTrain::repeated2(support::View a0, support::ConstView a1, support::Const
   // layers.mesh:43:17 softmax -> weights
   // layers.mesh:43:25 where
   MESHRT_TRACE("softmax", "layers.mesh:43:17", "forward");
-  support::maskedSoftmax(a0.data(), a1.data(), a2.data(), kShape8, kShape9, 32, 1, -1000000000.0);
+  support::maskedSoftmax(a0.data(), a1.data(), a2.data(), kShape10, kShape11, 32, 1, -1000000000.0);
 
   // layers.mesh:44:17 einsum -> context
   MESHRT_TRACE("gemm", "layers.mesh:44:17", "forward");
@@ -3097,17 +3092,17 @@ void MlmTrain::repeated2(support::View a0, support::ConstView a1, support::Const
 
   // bert.mesh:20:18 add
   MESHRT_TRACE("loop", "bert.mesh:20:18", "forward");
-  loop5(a8.data(), a7.data(), a6.data());
+  loop22(a8.data(), a7.data(), a6.data());
 
   // layers.mesh:24:10 layer_norm
   MESHRT_TRACE("layer_norm", "layers.mesh:24:10", "forward");
-  support::along(a9.data(), a8.data(), kShape5, kShape10, kShape10, kShape11, kShape1, kShape1,
+  support::along(a9.data(), a8.data(), kShape5, kShape6, kShape6, kShape14, kShape1, kShape1,
                  support::Along::LayerNorm, 1e-05, 64, nullptr);
 
   // layers.mesh:24:33 mul
   // layers.mesh:24:40 add -> h
   MESHRT_TRACE("loop", "layers.mesh:24:33", "forward");
-  loop7(a12.data(), a9.data(), a10.data(), a11.data());
+  loop5(a12.data(), a9.data(), a10.data(), a11.data());
 
   // layers.mesh:54:16 einsum
   MESHRT_TRACE("gemm", "layers.mesh:54:16", "forward");
@@ -3155,17 +3150,17 @@ void MlmTrain::repeated2(support::View a0, support::ConstView a1, support::Const
   // layers.mesh:55:71 add
   // bert.mesh:21:17 add
   MESHRT_TRACE("loop", "layers.mesh:55:71", "forward");
-  loop6(a21.data(), a19.data(), a20.data(), a12.data());
+  loop25(a21.data(), a19.data(), a20.data(), a12.data());
 
   // layers.mesh:24:10 layer_norm
   MESHRT_TRACE("layer_norm", "layers.mesh:24:10", "forward");
-  support::along(a22.data(), a21.data(), kShape5, kShape10, kShape10, kShape11, kShape1, kShape1,
+  support::along(a22.data(), a21.data(), kShape5, kShape6, kShape6, kShape14, kShape1, kShape1,
                  support::Along::LayerNorm, 1e-05, 64, nullptr);
 
   // layers.mesh:24:33 mul
   // layers.mesh:24:40 add -> x
   MESHRT_TRACE("loop", "layers.mesh:24:33", "forward");
-  loop7(a25.data(), a22.data(), a23.data(), a24.data());
+  loop5(a25.data(), a22.data(), a23.data(), a24.data());
 }
 
 void MlmTrain::repeated3(support::View a0, support::ConstView a1, support::View a2,
@@ -3190,7 +3185,7 @@ void MlmTrain::repeated3(support::View a0, support::ConstView a1, support::View 
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 sub -> next/bert/norm/gain
   MESHRT_TRACE("loop", "bert.mesh:65:3", "update");
-  loop21(a2.data(), a4.data(), a0.data(), a1.data(), a3.data(), a5.data(), a6.data());
+  loop19(a2.data(), a4.data(), a0.data(), a1.data(), a3.data(), a5.data(), a6.data());
 }
 
 void MlmTrain::repeated4(support::ConstView a0, support::ConstView a1, support::View a2,

@@ -9,22 +9,22 @@ namespace meshc_generated {
 static const support::Shape kShape0 = {2};
 static const support::Shape kShape1 = {1};
 static const support::Shape kShape2 = {1, 64};
-static const support::Shape kShape3 = {128, 2};
-static const support::Shape kShape4 = {1, 64, 2};
-static const support::Shape kShape5 = {64, 1, 0};
-static const support::Shape kShape6 = {0, 0, 1};
-static const support::Shape kShape7 = {1, 2};
-static const support::Shape kShape8 = {128, 1};
-static const support::Shape kShape9 = {64};
-static const support::Shape kShape10 = {1, 64, 2, 40};
-static const support::Shape kShape11 = {128, 2, 1, 0};
-static const support::Shape kShape12 = {0, 0, 0, 1};
-static const support::Shape kShape13 = {5120, 80, 40};
-static const support::Shape kShape14 = {40};
-static const support::Shape kShape15 = {};
-static const support::Shape kShape16 = {1, 64, 32};
-static const support::Shape kShape17 = {2048, 32, 1};
-static const support::Shape kShape18 = {2048, 32};
+static const support::Shape kShape3 = {2048, 32};
+static const support::Shape kShape4 = {};
+static const support::Shape kShape5 = {128, 2};
+static const support::Shape kShape6 = {1, 64, 2};
+static const support::Shape kShape7 = {64, 1, 0};
+static const support::Shape kShape8 = {0, 0, 1};
+static const support::Shape kShape9 = {1, 2};
+static const support::Shape kShape10 = {128, 1};
+static const support::Shape kShape11 = {64};
+static const support::Shape kShape12 = {1, 64, 2, 40};
+static const support::Shape kShape13 = {128, 2, 1, 0};
+static const support::Shape kShape14 = {0, 0, 0, 1};
+static const support::Shape kShape15 = {5120, 80, 40};
+static const support::Shape kShape16 = {40};
+static const support::Shape kShape17 = {1, 64, 32};
+static const support::Shape kShape18 = {2048, 32, 1};
 static const support::Shape kShape19 = {32};
 static const support::Shape kShape20 = {5120, 80};
 static const support::Shape kShape21 = {2, 40};
@@ -70,6 +70,16 @@ static const support::SharedEinsum
     kEinsum13({{1, 64, 2, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
 
 [[gnu::noinline]] static void loop0(float *__restrict p0, const float *__restrict p1,
+                                    const float *__restrict p2) {
+  for (int64_t i0 = 0; i0 < 2048; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = p2[i0];
+    const float s2 = (s0 + s1);
+    p0[i0] = s2;
+  }
+}
+
+[[gnu::noinline]] static void loop1(float *__restrict p0, const float *__restrict p1,
                                     const float *__restrict p2, const float *__restrict p3) {
   for (int64_t i0 = 0; i0 < 64; ++i0) {
     for (int64_t i1 = 0; i1 < 2; ++i1) {
@@ -88,7 +98,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop1(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop2(float *__restrict p0, const float *__restrict p1,
                                     const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 128; ++i0) {
     const float s0 = 2.0f;
@@ -100,7 +110,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop2(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop3(float *__restrict p0, const float *__restrict p1,
                                     const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 128; ++i0) {
     const float s0 = p1[i0];
@@ -110,7 +120,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop3(float *__restrict p0, const float *__restrict p1) {
+[[gnu::noinline]] static void loop4(float *__restrict p0, const float *__restrict p1) {
   for (int64_t i0 = 0; i0 < 128; ++i0) {
     const float s0 = p1[i0];
     const float s1 = support::castToI32(s0);
@@ -118,7 +128,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop4(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop5(float *__restrict p0, const float *__restrict p1,
                                     const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 128; ++i0) {
     for (int64_t i1 = 0; i1 < 40; ++i1) {
@@ -130,7 +140,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop5(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop6(float *__restrict p0, const float *__restrict p1,
                                     const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 64; ++i0) {
     for (int64_t i1 = 0; i1 < 2; ++i1) {
@@ -143,7 +153,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop6(float *__restrict p0, float *__restrict p1,
+[[gnu::noinline]] static void loop7(float *__restrict p0, float *__restrict p1,
                                     const float *__restrict p2, const float *__restrict p3) {
   for (int64_t i0 = 0; i0 < 64; ++i0) {
     const float s0 = p2[i0];
@@ -158,7 +168,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop7(float *__restrict p0, float *__restrict p1,
+[[gnu::noinline]] static void loop8(float *__restrict p0, float *__restrict p1,
                                     const float *__restrict p2, const float *__restrict p3,
                                     const float *__restrict p4, const float *__restrict p5,
                                     const float *__restrict p6, const float *__restrict p7) {
@@ -185,21 +195,11 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop8(float *__restrict p0, const float *__restrict p1) {
+[[gnu::noinline]] static void loop9(float *__restrict p0, const float *__restrict p1) {
   for (int64_t i0 = 0; i0 < 5120; ++i0) {
     const float s0 = p1[i0];
     const float s1 = (s0 > 0 ? s0 : 0.0f);
     p0[i0] = s1;
-  }
-}
-
-[[gnu::noinline]] static void loop9(float *__restrict p0, const float *__restrict p1,
-                                    const float *__restrict p2) {
-  for (int64_t i0 = 0; i0 < 2048; ++i0) {
-    const float s0 = p1[i0];
-    const float s1 = p2[i0];
-    const float s2 = (s0 + s1);
-    p0[i0] = s2;
   }
 }
 
@@ -989,12 +989,18 @@ void Moe::runPart0(const Inputs &inputs) {
   (void)inputs;
   MESHRT_TRACE_SPAN(world_);
 
-  // 40 statements from moe.mesh:26:10 layer_norm (1 of 2)
-  MESHRT_TRACE_SITE("moe.mesh:26:10");
-  support::View v5 = arena_.view(81920, 2048);
+  // moe.mesh:26:10 layer_norm
+  // moe.mesh:26:33 mul
+  // moe.mesh:26:40 add -> n
+  MESHRT_TRACE("layer_norm", "moe.mesh:26:10", "forward");
   const support::Buffer &v0 = inputs.x.data;
   const support::Buffer &v1 = param0_norm_0_gain;
   const support::Buffer &v2 = param1_norm_0_bias;
+  support::View v5 = arena_.view(81920, 2048);
+  support::layerNormAffine(v5.data(), v0.data(), 64, 32, v1.data(), v2.data(), 1e-05, 32);
+
+  // 38 statements from moe.mesh:35:23 einsum (1 of 2)
+  MESHRT_TRACE_SITE("moe.mesh:35:23");
   const support::Buffer &v6 = param2_route_0_w_gate;
   support::View v7 = arena_.view(0, 128);
   support::View v8 = arena_.view(512, 128);
@@ -1032,16 +1038,24 @@ void Moe::runPart0(const Inputs &inputs) {
   const support::Buffer &v10 = param4_experts_ffn_0_w_out;
   support::View v61 = arena_.view(0, 2560);
   support::View v62 = arena_.view(10240, 2048);
-  support::View v64 = arena_.view(81920, 2048);
-  repeated0(v5, v0, v1, v2, v6, v7, v8, v11, v15, v17, v18, v19, v22, v23, v29, v30, v31, v32, v33,
-            v34, v35, v41, v42, v43, v44, v45, v46, v47, v49, v50, v40, v53, v52, v57, v58, v9, v59,
-            v60, v10, v61, v62, v64);
+  repeated0(v5, v6, v7, v8, v11, v15, v17, v18, v19, v22, v23, v29, v30, v31, v32, v33, v34, v35,
+            v41, v42, v43, v44, v45, v46, v47, v49, v50, v40, v53, v52, v57, v58, v9, v59, v60, v10,
+            v61, v62);
 
-  // 40 statements from moe.mesh:26:10 layer_norm (2 of 2)
-  MESHRT_TRACE_SITE("moe.mesh:26:10");
-  support::View v69 = arena_.view(90112, 2048);
+  // moe.mesh:26:10 layer_norm
+  // moe.mesh:26:33 mul
+  // moe.mesh:26:40 add -> n
+  // moe.mesh:110:11 add -> h
+  MESHRT_TRACE("layer_norm", "moe.mesh:26:10", "forward");
   const support::Buffer &v65 = param5_norm_1_gain;
   const support::Buffer &v66 = param6_norm_1_bias;
+  support::View v69 = arena_.view(90112, 2048);
+  support::View v64 = arena_.view(81920, 2048);
+  support::addLayerNormAffine(v69.data(), v64.data(), kShape2, 32, v65.data(), v66.data(), 1e-05,
+                              32, v0.data(), kShape3, v62.data(), kShape3, nullptr, kShape4);
+
+  // 38 statements from moe.mesh:35:23 einsum (2 of 2)
+  MESHRT_TRACE_SITE("moe.mesh:35:23");
   const support::Buffer &v70 = param7_route_1_w_gate;
   support::View v71 = arena_.view(0, 128);
   support::View v72 = arena_.view(512, 128);
@@ -1078,170 +1092,166 @@ void Moe::runPart0(const Inputs &inputs) {
   const support::Buffer &v74 = param9_experts_ffn_1_w_out;
   support::View v125 = arena_.view(0, 2560);
   support::View v126 = arena_.view(10240, 2048);
+  repeated0(v69, v70, v71, v72, v75, v15, v81, v82, v83, v86, v87, v93, v94, v95, v96, v97, v98,
+            v99, v105, v106, v107, v108, v109, v110, v111, v113, v114, v104, v117, v116, v121, v122,
+            v73, v123, v124, v74, v125, v126);
+
+  // moe.mesh:110:11 add -> h
+  MESHRT_TRACE("loop", "moe.mesh:110:11", "forward");
   support::View v128 = arena_.view(0, 2048);
-  repeated0(v69, v64, v65, v66, v70, v71, v72, v75, v15, v81, v82, v83, v86, v87, v93, v94, v95,
-            v96, v97, v98, v99, v105, v106, v107, v108, v109, v110, v111, v113, v114, v104, v117,
-            v116, v121, v122, v73, v123, v124, v74, v125, v126, v128);
+  loop0(v128.data(), v64.data(), v126.data());
 }
 
-void Moe::repeated0(support::View a0, support::ConstView a1, support::ConstView a2,
-                    support::ConstView a3, support::ConstView a4, support::View a5,
-                    support::View a6, support::View a7, support::ConstView a8, support::View a9,
-                    support::View a10, support::View a11, support::View a12, support::View a13,
-                    support::View a14, support::View a15, support::View a16, support::View a17,
-                    support::View a18, support::View a19, support::View a20, support::View a21,
-                    support::View a22, support::View a23, support::View a24, support::View a25,
-                    support::View a26, support::View a27, support::View a28, support::View a29,
-                    support::View a30, support::View a31, support::View a32, support::View a33,
-                    support::View a34, support::ConstView a35, support::View a36, support::View a37,
-                    support::ConstView a38, support::View a39, support::View a40,
-                    support::View a41) {
+void Moe::repeated0(support::ConstView a0, support::ConstView a1, support::View a2,
+                    support::View a3, support::View a4, support::ConstView a5, support::View a6,
+                    support::View a7, support::View a8, support::View a9, support::View a10,
+                    support::View a11, support::View a12, support::View a13, support::View a14,
+                    support::View a15, support::View a16, support::View a17, support::View a18,
+                    support::View a19, support::View a20, support::View a21, support::View a22,
+                    support::View a23, support::View a24, support::View a25, support::View a26,
+                    support::View a27, support::View a28, support::View a29, support::View a30,
+                    support::View a31, support::ConstView a32, support::View a33, support::View a34,
+                    support::ConstView a35, support::View a36, support::View a37) {
   MESHRT_TRACE_SPAN(world_);
-
-  // moe.mesh:26:10 layer_norm
-  // moe.mesh:26:33 mul
-  // moe.mesh:26:40 add -> n
-  MESHRT_TRACE("layer_norm", "moe.mesh:26:10", "forward");
-  support::layerNormAffine(a0.data(), a1.data(), 64, 32, a2.data(), a3.data(), 1e-05, 32);
 
   // moe.mesh:35:23 einsum
   MESHRT_TRACE("gemm", "moe.mesh:35:23", "forward");
   // dims: groups, tokens, d_model, experts
-  kEinsum0.plan().run(a0.data(), a4.data(), a5.data(), 1.0f, 0.0f);
+  kEinsum0.plan().run(a0.data(), a1.data(), a2.data(), 1.0f, 0.0f);
 
   // moe.mesh:35:15 softmax -> gates
   MESHRT_TRACE("softmax", "moe.mesh:35:15", "forward");
-  support::along(a6.data(), a5.data(), kShape2, kShape3, kShape3, kShape0, kShape1, kShape1,
+  support::along(a3.data(), a2.data(), kShape2, kShape5, kShape5, kShape0, kShape1, kShape1,
                  support::Along::Softmax, 1e-05, 4, &group_model);
 
   // moe.mesh:43:18 max
   MESHRT_TRACE("max", "moe.mesh:43:18", "forward");
-  support::reduce(a7.data(), kShape2, a6.data(), kShape3, kShape0, kShape1, support::Reduce::Max,
+  support::reduce(a4.data(), kShape2, a3.data(), kShape5, kShape0, kShape1, support::Reduce::Max,
                   1.0);
 
   // moe.mesh:43:18 all_reduce_max (max over split dims: all-reduce of the local maxima)
   MESHRT_TRACE_SITE("moe.mesh:43:18");
-  group_model.allReduce(a7.data(), a7.size(), meshrt::ReduceOp::Max);
+  group_model.allReduce(a4.data(), a4.size(), meshrt::ReduceOp::Max);
 
   // moe.mesh:43:18 ne
   // moe.mesh:43:18 eq
   // moe.mesh:43:18 maximum
   // moe.mesh:43:18 where
   MESHRT_TRACE("loop", "moe.mesh:43:18", "forward");
-  loop0(a9.data(), a6.data(), a7.data(), a8.data());
+  loop1(a6.data(), a3.data(), a4.data(), a5.data());
 
   // moe.mesh:43:18 min
   MESHRT_TRACE("min", "moe.mesh:43:18", "forward");
-  support::reduce(a10.data(), kShape2, a9.data(), kShape3, kShape0, kShape1, support::Reduce::Min,
+  support::reduce(a7.data(), kShape2, a6.data(), kShape5, kShape0, kShape1, support::Reduce::Min,
                   1.0);
 
   // moe.mesh:43:18 all_reduce_min (min over split dims: all-reduce of the local minima)
   MESHRT_TRACE_SITE("moe.mesh:43:18");
-  group_model.allReduce(a10.data(), a10.size(), meshrt::ReduceOp::Min);
+  group_model.allReduce(a7.data(), a7.size(), meshrt::ReduceOp::Min);
 
   // moe.mesh:43:10 one_hot -> first
   MESHRT_TRACE("one_hot", "moe.mesh:43:10", "forward");
-  support::oneHot(a11.data(), kShape4, a10.data(), kShape5, kShape6,
+  support::oneHot(a8.data(), kShape6, a7.data(), kShape7, kShape8,
                   support::shardStart(world_, {"model"}, 2));
 
   // moe.mesh:51:34 mul
   // moe.mesh:51:28 sub
   MESHRT_TRACE("loop", "moe.mesh:51:34", "forward");
-  loop1(a12.data(), a11.data(), a6.data());
+  loop2(a9.data(), a8.data(), a3.data());
 
   // moe.mesh:43:18 max
   MESHRT_TRACE("max", "moe.mesh:43:18", "forward");
-  support::reduce(a13.data(), kShape2, a12.data(), kShape3, kShape0, kShape1, support::Reduce::Max,
+  support::reduce(a10.data(), kShape2, a9.data(), kShape5, kShape0, kShape1, support::Reduce::Max,
                   1.0);
 
   // moe.mesh:43:18 all_reduce_max (max over split dims: all-reduce of the local maxima)
   MESHRT_TRACE_SITE("moe.mesh:43:18");
-  group_model.allReduce(a13.data(), a13.size(), meshrt::ReduceOp::Max);
+  group_model.allReduce(a10.data(), a10.size(), meshrt::ReduceOp::Max);
 
   // moe.mesh:43:18 ne
   // moe.mesh:43:18 eq
   // moe.mesh:43:18 maximum
   // moe.mesh:43:18 where
   MESHRT_TRACE("loop", "moe.mesh:43:18", "forward");
-  loop0(a14.data(), a12.data(), a13.data(), a8.data());
+  loop1(a11.data(), a9.data(), a10.data(), a5.data());
 
   // moe.mesh:43:18 min
   MESHRT_TRACE("min", "moe.mesh:43:18", "forward");
-  support::reduce(a15.data(), kShape2, a14.data(), kShape3, kShape0, kShape1, support::Reduce::Min,
+  support::reduce(a12.data(), kShape2, a11.data(), kShape5, kShape0, kShape1, support::Reduce::Min,
                   1.0);
 
   // moe.mesh:43:18 all_reduce_min (min over split dims: all-reduce of the local minima)
   MESHRT_TRACE_SITE("moe.mesh:43:18");
-  group_model.allReduce(a15.data(), a15.size(), meshrt::ReduceOp::Min);
+  group_model.allReduce(a12.data(), a12.size(), meshrt::ReduceOp::Min);
 
   // moe.mesh:43:10 one_hot -> mask2
   MESHRT_TRACE("one_hot", "moe.mesh:43:10", "forward");
-  support::oneHot(a16.data(), kShape4, a15.data(), kShape5, kShape6,
+  support::oneHot(a13.data(), kShape6, a12.data(), kShape7, kShape8,
                   support::shardStart(world_, {"model"}, 2));
 
   // moe.mesh:64:25 mul
   MESHRT_TRACE("loop", "moe.mesh:64:25", "forward");
-  loop2(a17.data(), a6.data(), a11.data());
+  loop3(a14.data(), a3.data(), a8.data());
 
   // moe.mesh:64:15 sum -> gate1
   MESHRT_TRACE("sum", "moe.mesh:64:15", "forward");
-  support::reduce(a18.data(), kShape2, a17.data(), kShape3, kShape0, kShape1, support::Reduce::Sum,
+  support::reduce(a15.data(), kShape2, a14.data(), kShape5, kShape0, kShape1, support::Reduce::Sum,
                   1.0);
 
   // moe.mesh:65:25 mul
   MESHRT_TRACE("loop", "moe.mesh:65:25", "forward");
-  loop2(a19.data(), a6.data(), a16.data());
+  loop3(a16.data(), a3.data(), a13.data());
 
   // moe.mesh:65:15 sum -> gate2
   MESHRT_TRACE("sum", "moe.mesh:65:15", "forward");
-  support::reduce(a20.data(), kShape2, a19.data(), kShape3, kShape0, kShape1, support::Reduce::Sum,
+  support::reduce(a17.data(), kShape2, a16.data(), kShape5, kShape0, kShape1, support::Reduce::Sum,
                   1.0);
 
   // moe.mesh:66:29 bucketed_all_reduce_sum -> gate1 (resolve the partial sum of gate1 over model
   // for add at 66:29; merged with 1 more partial sum over model (gate2): 512 B in one buffer)
   MESHRT_TRACE_SITE("moe.mesh:66:29");
-  auto request0 = support::startAllReduce(group_model, {a18, a20}, meshrt::ReduceOp::Sum);
+  auto request0 = support::startAllReduce(group_model, {a15, a17}, meshrt::ReduceOp::Sum);
 
   // moe.mesh:71:19 cumsum -> position1
   MESHRT_TRACE("cumsum", "moe.mesh:71:19", "forward");
-  support::along(a21.data(), a11.data(), kShape7, kShape8, kShape8, kShape9, kShape0, kShape0,
+  support::along(a18.data(), a8.data(), kShape9, kShape10, kShape10, kShape11, kShape0, kShape0,
                  support::Along::CumsumExclusive, 1e-05, 64, nullptr);
 
   // moe.mesh:74:27 cast
   MESHRT_TRACE("loop", "moe.mesh:74:27", "forward");
-  loop3(a22.data(), a21.data());
+  loop4(a19.data(), a18.data());
 
   // moe.mesh:74:19 one_hot
   MESHRT_TRACE("one_hot", "moe.mesh:74:19", "forward");
-  support::oneHot(a23.data(), kShape10, a22.data(), kShape11, kShape12, 0);
+  support::oneHot(a20.data(), kShape12, a19.data(), kShape13, kShape14, 0);
 
   // moe.mesh:74:59 mul -> dispatch1
   MESHRT_TRACE("loop", "moe.mesh:74:59", "forward");
-  loop4(a24.data(), a23.data(), a11.data());
+  loop5(a21.data(), a20.data(), a8.data());
 
   // moe.mesh:75:15 sum -> kept1
   MESHRT_TRACE("sum", "moe.mesh:75:15", "forward");
-  support::reduce(a25.data(), kShape4, a24.data(), kShape13, kShape14, kShape1,
+  support::reduce(a22.data(), kShape6, a21.data(), kShape15, kShape16, kShape1,
                   support::Reduce::Sum, 1.0);
 
   // moe.mesh:76:19 cumsum
   MESHRT_TRACE("cumsum", "moe.mesh:76:19", "forward");
-  support::along(a26.data(), a16.data(), kShape7, kShape8, kShape8, kShape9, kShape0, kShape0,
+  support::along(a23.data(), a13.data(), kShape9, kShape10, kShape10, kShape11, kShape0, kShape0,
                  support::Along::CumsumExclusive, 1e-05, 64, nullptr);
 
   // moe.mesh:76:58 sum
   MESHRT_TRACE("sum", "moe.mesh:76:58", "forward");
-  support::reduce(a27.data(), kShape7, a25.data(), kShape8, kShape9, kShape0, support::Reduce::Sum,
-                  1.0);
+  support::reduce(a24.data(), kShape9, a22.data(), kShape10, kShape11, kShape0,
+                  support::Reduce::Sum, 1.0);
 
   // moe.mesh:76:56 add -> position2
   // moe.mesh:77:27 cast
   MESHRT_TRACE("loop", "moe.mesh:76:56", "forward");
-  loop5(a28.data(), a26.data(), a27.data());
+  loop6(a25.data(), a23.data(), a24.data());
 
   // moe.mesh:77:19 one_hot
   MESHRT_TRACE("one_hot", "moe.mesh:77:19", "forward");
-  support::oneHot(a29.data(), kShape10, a28.data(), kShape11, kShape12, 0);
+  support::oneHot(a26.data(), kShape12, a25.data(), kShape13, kShape14, 0);
 
   MESHRT_TRACE_SITE("moe.mesh:66:29");
   group_model.wait(request0);
@@ -1250,7 +1260,7 @@ void Moe::repeated0(support::View a0, support::ConstView a1, support::ConstView 
   // moe.mesh:66:15 maximum -> total
   // moe.mesh:80:36 div
   MESHRT_TRACE("loop", "moe.mesh:66:29", "forward");
-  loop6(a30.data(), a31.data(), a18.data(), a20.data());
+  loop7(a27.data(), a28.data(), a15.data(), a17.data());
 
   // moe.mesh:80:66 div
   // moe.mesh:77:59 mul -> dispatch2
@@ -1259,40 +1269,36 @@ void Moe::repeated0(support::View a0, support::ConstView a1, support::ConstView 
   // moe.mesh:80:27 mul
   // moe.mesh:80:45 add -> combine
   MESHRT_TRACE("loop", "moe.mesh:80:66", "forward");
-  loop7(a32.data(), a33.data(), a20.data(), a30.data(), a29.data(), a16.data(), a24.data(),
-        a31.data());
+  loop8(a29.data(), a30.data(), a17.data(), a27.data(), a26.data(), a13.data(), a21.data(),
+        a28.data());
 
   // moe.mesh:85:19 einsum -> expert_in
   MESHRT_TRACE("gemm", "moe.mesh:85:19", "forward");
   // dims: groups, tokens, experts, capacity, d_model
-  kEinsum1.plan().run(a32.data(), a0.data(), a34.data(), 1.0f, 0.0f);
+  kEinsum1.plan().run(a29.data(), a0.data(), a31.data(), 1.0f, 0.0f);
 
   // moe.mesh:86:21 einsum
   MESHRT_TRACE("gemm", "moe.mesh:86:21", "forward");
   // dims: experts, groups, capacity, d_model, d_ff
-  kEinsum2.plan().run(a34.data(), a35.data(), a36.data(), 1.0f, 0.0f);
+  kEinsum2.plan().run(a31.data(), a32.data(), a33.data(), 1.0f, 0.0f);
 
   // moe.mesh:86:16 relu -> hidden
   MESHRT_TRACE("loop", "moe.mesh:86:16", "forward");
-  loop8(a37.data(), a36.data());
+  loop9(a34.data(), a33.data());
 
   // moe.mesh:87:20 einsum -> expert_out
   MESHRT_TRACE("gemm", "moe.mesh:87:20", "forward");
   // dims: experts, groups, capacity, d_ff, d_model
-  kEinsum3.plan().run(a37.data(), a38.data(), a39.data(), 1.0f, 0.0f);
+  kEinsum3.plan().run(a34.data(), a35.data(), a36.data(), 1.0f, 0.0f);
 
   // moe.mesh:89:10 einsum
   MESHRT_TRACE("gemm", "moe.mesh:89:10", "forward");
   // dims: groups, tokens, experts, capacity, d_model
-  kEinsum4.plan().run(a33.data(), a39.data(), a40.data(), 1.0f, 0.0f);
+  kEinsum4.plan().run(a30.data(), a36.data(), a37.data(), 1.0f, 0.0f);
 
   // moe.mesh:110:11 all_reduce_sum (resolve the partial sum of %60 over model for add at 110:11)
   MESHRT_TRACE_SITE("moe.mesh:110:11");
-  group_model.allReduce(a40.data(), a40.size(), meshrt::ReduceOp::Sum);
-
-  // moe.mesh:110:11 add -> h
-  MESHRT_TRACE("loop", "moe.mesh:110:11", "forward");
-  loop9(a41.data(), a1.data(), a40.data());
+  group_model.allReduce(a37.data(), a37.size(), meshrt::ReduceOp::Sum);
 }
 
 Moe::Inputs Moe::synthesizeInputs(uint64_t seed) const {
@@ -1666,7 +1672,7 @@ void MoeTrain::runPart0(const Inputs &inputs) {
   // moe.mesh:128:11 add -> h
   MESHRT_TRACE("loop", "moe.mesh:128:11", "forward");
   support::View v85 = arena_.view(348160, 2048);
-  loop9(v85.data(), v0.data(), v83.data());
+  loop0(v85.data(), v0.data(), v83.data());
 
   // 16 statements from moe.mesh:26:10 layer_norm (2 of 2)
   MESHRT_TRACE_SITE("moe.mesh:26:10");
@@ -1764,7 +1770,7 @@ void MoeTrain::runPart0(const Inputs &inputs) {
   // moe.mesh:130:14 mean
   MESHRT_TRACE("mean", "moe.mesh:130:14", "forward");
   support::View v171 = arena_.view(245760, 1);
-  support::reduce(v171.data(), kShape15, v170.data(), kShape15, kShape16, kShape17,
+  support::reduce(v171.data(), kShape4, v170.data(), kShape4, kShape17, kShape18,
                   support::Reduce::Sum, 0.000244140625);
 
   // moe.mesh:130:39 all_reduce_sum (resolve the partial sum of %163 over data for add at 130:39)
@@ -1874,7 +1880,7 @@ void MoeTrain::runPart1(const Inputs &inputs) {
   MESHRT_TRACE("mean", "moe.mesh:26:10", "backward");
   support::View v85 = arena_.view(348160, 2048);
   support::View v241 = arena_.view(139264, 64);
-  support::reduce(v241.data(), kShape2, v85.data(), kShape18, kShape19, kShape1,
+  support::reduce(v241.data(), kShape2, v85.data(), kShape3, kShape19, kShape1,
                   support::Reduce::Sum, 0.03125);
 
   // moe.mesh:26:10 sub
@@ -1886,7 +1892,7 @@ void MoeTrain::runPart1(const Inputs &inputs) {
   // moe.mesh:26:10 mean
   MESHRT_TRACE("mean", "moe.mesh:26:10", "backward");
   support::View v244 = arena_.view(139264, 64);
-  support::reduce(v244.data(), kShape2, v243.data(), kShape18, kShape19, kShape1,
+  support::reduce(v244.data(), kShape2, v243.data(), kShape3, kShape19, kShape1,
                   support::Reduce::Sum, 0.03125);
 
   // moe.mesh:26:10 add
@@ -1906,13 +1912,13 @@ void MoeTrain::runPart1(const Inputs &inputs) {
   // moe.mesh:26:10 mean
   MESHRT_TRACE("mean", "moe.mesh:26:10", "backward");
   support::View v249 = arena_.view(131072, 64);
-  support::reduce(v249.data(), kShape2, v248.data(), kShape18, kShape19, kShape1,
+  support::reduce(v249.data(), kShape2, v248.data(), kShape3, kShape19, kShape1,
                   support::Reduce::Sum, 0.03125);
 
   // moe.mesh:26:10 mean
   MESHRT_TRACE("mean", "moe.mesh:26:10", "backward");
   support::View v251 = arena_.view(131328, 64);
-  support::reduce(v251.data(), kShape2, v238.data(), kShape18, kShape19, kShape1,
+  support::reduce(v251.data(), kShape2, v238.data(), kShape3, kShape19, kShape1,
                   support::Reduce::Sum, 0.03125);
 
   // moe.mesh:26:10 mul
@@ -2303,7 +2309,7 @@ void MoeTrain::repeated0(
 
   // moe.mesh:35:15 sum
   MESHRT_TRACE("sum", "moe.mesh:35:15", "backward");
-  support::reduce(a35.data(), kShape2, a34.data(), kShape3, kShape0, kShape1, support::Reduce::Sum,
+  support::reduce(a35.data(), kShape2, a34.data(), kShape5, kShape0, kShape1, support::Reduce::Sum,
                   1.0);
 
   // moe.mesh:35:15 all_reduce_sum (resolve the partial sum of %217 over model for sub at 35:15)
@@ -2336,8 +2342,8 @@ void MoeTrain::repeated0(
 
   // moe.mesh:26:40 sum -> grad/norm[1]/bias
   MESHRT_TRACE("sum", "moe.mesh:26:40", "backward");
-  support::reduce(a43.data(), kShape19, a42.data(), kShape1, kShape2, kShape18,
-                  support::Reduce::Sum, 1.0);
+  support::reduce(a43.data(), kShape19, a42.data(), kShape1, kShape2, kShape3, support::Reduce::Sum,
+                  1.0);
 
   // moe.mesh:26:33 mul
   MESHRT_TRACE("loop", "moe.mesh:26:33", "backward");
@@ -2345,8 +2351,8 @@ void MoeTrain::repeated0(
 
   // moe.mesh:26:33 sum -> grad/norm[1]/gain
   MESHRT_TRACE("sum", "moe.mesh:26:33", "backward");
-  support::reduce(a46.data(), kShape19, a45.data(), kShape1, kShape2, kShape18,
-                  support::Reduce::Sum, 1.0);
+  support::reduce(a46.data(), kShape19, a45.data(), kShape1, kShape2, kShape3, support::Reduce::Sum,
+                  1.0);
 }
 
 void MoeTrain::repeated1(support::View a0, support::ConstView a1, support::View a2,
@@ -2360,7 +2366,7 @@ void MoeTrain::repeated1(support::View a0, support::ConstView a1, support::View 
 
   // moe.mesh:26:10 layer_norm
   MESHRT_TRACE("layer_norm", "moe.mesh:26:10", "forward");
-  support::along(a0.data(), a1.data(), kShape2, kShape18, kShape18, kShape19, kShape1, kShape1,
+  support::along(a0.data(), a1.data(), kShape2, kShape3, kShape3, kShape19, kShape1, kShape1,
                  support::Along::LayerNorm, 1e-05, 32, nullptr);
 
   // moe.mesh:126:36 random_uniform
@@ -2386,12 +2392,12 @@ void MoeTrain::repeated1(support::View a0, support::ConstView a1, support::View 
 
   // moe.mesh:35:15 softmax -> gates
   MESHRT_TRACE("softmax", "moe.mesh:35:15", "forward");
-  support::along(a9.data(), a8.data(), kShape2, kShape3, kShape3, kShape0, kShape1, kShape1,
+  support::along(a9.data(), a8.data(), kShape2, kShape5, kShape5, kShape0, kShape1, kShape1,
                  support::Along::Softmax, 1e-05, 4, &group_model);
 
   // moe.mesh:43:18 max
   MESHRT_TRACE("max", "moe.mesh:43:18", "forward");
-  support::reduce(a10.data(), kShape2, a9.data(), kShape3, kShape0, kShape1, support::Reduce::Max,
+  support::reduce(a10.data(), kShape2, a9.data(), kShape5, kShape0, kShape1, support::Reduce::Max,
                   1.0);
 
   // moe.mesh:43:18 all_reduce_max (max over split dims: all-reduce of the local maxima)
@@ -2408,7 +2414,7 @@ void MoeTrain::repeated1(support::View a0, support::ConstView a1, support::View 
 
   // moe.mesh:43:18 min
   MESHRT_TRACE("min", "moe.mesh:43:18", "forward");
-  support::reduce(a14.data(), kShape2, a13.data(), kShape3, kShape0, kShape1, support::Reduce::Min,
+  support::reduce(a14.data(), kShape2, a13.data(), kShape5, kShape0, kShape1, support::Reduce::Min,
                   1.0);
 
   // moe.mesh:43:18 all_reduce_min (min over split dims: all-reduce of the local minima)
@@ -2417,17 +2423,17 @@ void MoeTrain::repeated1(support::View a0, support::ConstView a1, support::View 
 
   // moe.mesh:43:10 one_hot
   MESHRT_TRACE("one_hot", "moe.mesh:43:10", "forward");
-  support::oneHot(a15.data(), kShape4, a14.data(), kShape5, kShape6,
+  support::oneHot(a15.data(), kShape6, a14.data(), kShape7, kShape8,
                   support::shardStart(world_, {"model"}, 2));
 
   // moe.mesh:98:17 mean -> density
   MESHRT_TRACE("mean", "moe.mesh:98:17", "forward");
-  support::reduce(a16.data(), kShape7, a15.data(), kShape8, kShape9, kShape0, support::Reduce::Sum,
-                  0.015625);
+  support::reduce(a16.data(), kShape9, a15.data(), kShape10, kShape11, kShape0,
+                  support::Reduce::Sum, 0.015625);
 
   // moe.mesh:99:23 mean -> density_proxy
   MESHRT_TRACE("mean", "moe.mesh:99:23", "forward");
-  support::reduce(a17.data(), kShape7, a9.data(), kShape8, kShape9, kShape0, support::Reduce::Sum,
+  support::reduce(a17.data(), kShape9, a9.data(), kShape10, kShape11, kShape0, support::Reduce::Sum,
                   0.015625);
 
   // moe.mesh:100:23 mul
@@ -2436,8 +2442,8 @@ void MoeTrain::repeated1(support::View a0, support::ConstView a1, support::View 
 
   // moe.mesh:100:10 mean
   MESHRT_TRACE("mean", "moe.mesh:100:10", "forward");
-  support::reduce(a19.data(), kShape15, a18.data(), kShape15, kShape7, kShape23,
-                  support::Reduce::Sum, 0.125);
+  support::reduce(a19.data(), kShape4, a18.data(), kShape4, kShape9, kShape23, support::Reduce::Sum,
+                  0.125);
 
   // moe.mesh:100:40 mul -> balance
   MESHRT_TRACE("loop", "moe.mesh:100:40", "forward");
@@ -2474,7 +2480,7 @@ void MoeTrain::repeated2(support::ConstView a0, support::ConstView a1, support::
 
   // moe.mesh:131:3 mean
   MESHRT_TRACE("mean", "moe.mesh:131:3", "update");
-  support::reduce(a4.data(), kShape15, a2.data(), kShape15, kShape19, kShape1, support::Reduce::Sum,
+  support::reduce(a4.data(), kShape4, a2.data(), kShape4, kShape19, kShape1, support::Reduce::Sum,
                   0.03125);
 
   // moe.mesh:131:3 div
@@ -2493,8 +2499,8 @@ void MoeTrain::repeated2(support::ConstView a0, support::ConstView a1, support::
 
   // moe.mesh:131:3 mean
   MESHRT_TRACE("mean", "moe.mesh:131:3", "update");
-  support::reduce(a10.data(), kShape15, a9.data(), kShape15, kShape19, kShape1,
-                  support::Reduce::Sum, 0.03125);
+  support::reduce(a10.data(), kShape4, a9.data(), kShape4, kShape19, kShape1, support::Reduce::Sum,
+                  0.03125);
 
   // moe.mesh:131:3 sqrt
   // moe.mesh:131:3 mul
@@ -2685,7 +2691,7 @@ void MoeTrain::repeated3(support::ConstView a0, support::View a1, support::View 
 
   // moe.mesh:131:3 mean
   MESHRT_TRACE("mean", "moe.mesh:131:3", "backward");
-  support::reduce(a11.data(), kShape24, a10.data(), kShape25, kShape9, kShape1,
+  support::reduce(a11.data(), kShape24, a10.data(), kShape25, kShape11, kShape1,
                   support::Reduce::Sum, 0.015625);
 
   // moe.mesh:131:3 mul
@@ -2696,7 +2702,7 @@ void MoeTrain::repeated3(support::ConstView a0, support::View a1, support::View 
 
   // moe.mesh:131:3 mean
   MESHRT_TRACE("mean", "moe.mesh:131:3", "backward");
-  support::reduce(a13.data(), kShape26, a10.data(), kShape27, kShape19, kShape9,
+  support::reduce(a13.data(), kShape26, a10.data(), kShape27, kShape19, kShape11,
                   support::Reduce::Sum, 0.03125);
 
   // moe.mesh:131:3 mul
@@ -2717,7 +2723,7 @@ void MoeTrain::repeated3(support::ConstView a0, support::View a1, support::View 
 
   // moe.mesh:131:3 mean
   MESHRT_TRACE("mean", "moe.mesh:131:3", "update");
-  support::reduce(a17.data(), kShape24, a16.data(), kShape25, kShape9, kShape1,
+  support::reduce(a17.data(), kShape24, a16.data(), kShape25, kShape11, kShape1,
                   support::Reduce::Sum, 0.015625);
 
   // moe.mesh:131:3 div
@@ -2727,7 +2733,7 @@ void MoeTrain::repeated3(support::ConstView a0, support::View a1, support::View 
 
   // moe.mesh:131:3 mean
   MESHRT_TRACE("mean", "moe.mesh:131:3", "update");
-  support::reduce(a19.data(), kShape15, a18.data(), kShape15, kShape24, kShape28,
+  support::reduce(a19.data(), kShape4, a18.data(), kShape4, kShape24, kShape28,
                   support::Reduce::Sum, 0.0078125);
 
   // moe.mesh:131:3 square
@@ -2737,7 +2743,7 @@ void MoeTrain::repeated3(support::ConstView a0, support::View a1, support::View 
 
   // moe.mesh:131:3 mean
   MESHRT_TRACE("mean", "moe.mesh:131:3", "backward");
-  support::reduce(a22.data(), kShape26, a21.data(), kShape18, kShape19, kShape1,
+  support::reduce(a22.data(), kShape26, a21.data(), kShape3, kShape19, kShape1,
                   support::Reduce::Sum, 0.03125);
 
   // moe.mesh:131:3 mul
@@ -2748,7 +2754,7 @@ void MoeTrain::repeated3(support::ConstView a0, support::View a1, support::View 
 
   // moe.mesh:131:3 mean
   MESHRT_TRACE("mean", "moe.mesh:131:3", "backward");
-  support::reduce(a24.data(), kShape24, a21.data(), kShape27, kShape9, kShape19,
+  support::reduce(a24.data(), kShape24, a21.data(), kShape27, kShape11, kShape19,
                   support::Reduce::Sum, 0.015625);
 
   // moe.mesh:131:3 mul
@@ -2759,8 +2765,8 @@ void MoeTrain::repeated3(support::ConstView a0, support::View a1, support::View 
 
   // moe.mesh:131:3 mean
   MESHRT_TRACE("mean", "moe.mesh:131:3", "update");
-  support::reduce(a26.data(), kShape0, a23.data(), kShape9, kShape9, kShape1, support::Reduce::Sum,
-                  0.015625);
+  support::reduce(a26.data(), kShape0, a23.data(), kShape11, kShape11, kShape1,
+                  support::Reduce::Sum, 0.015625);
 
   // moe.mesh:131:3 square
   // moe.mesh:131:3 div
@@ -2769,7 +2775,7 @@ void MoeTrain::repeated3(support::ConstView a0, support::View a1, support::View 
 
   // moe.mesh:131:3 mean
   MESHRT_TRACE("mean", "moe.mesh:131:3", "update");
-  support::reduce(a28.data(), kShape26, a27.data(), kShape18, kShape19, kShape1,
+  support::reduce(a28.data(), kShape26, a27.data(), kShape3, kShape19, kShape1,
                   support::Reduce::Sum, 0.03125);
 
   // moe.mesh:131:3 div
@@ -2779,7 +2785,7 @@ void MoeTrain::repeated3(support::ConstView a0, support::View a1, support::View 
 
   // moe.mesh:131:3 mean
   MESHRT_TRACE("mean", "moe.mesh:131:3", "update");
-  support::reduce(a30.data(), kShape15, a29.data(), kShape15, kShape26, kShape29,
+  support::reduce(a30.data(), kShape4, a29.data(), kShape4, kShape26, kShape29,
                   support::Reduce::Sum, 0.00390625);
 }
 
@@ -2805,7 +2811,7 @@ void MoeTrain::repeated4(support::ConstView a0, support::ConstView a1, support::
 
   // moe.mesh:131:3 mean
   MESHRT_TRACE("mean", "moe.mesh:131:3", "update");
-  support::reduce(a6.data(), kShape15, a5.data(), kShape15, kShape19, kShape1, support::Reduce::Sum,
+  support::reduce(a6.data(), kShape4, a5.data(), kShape4, kShape19, kShape1, support::Reduce::Sum,
                   0.03125);
 
   // moe.mesh:131:3 sqrt
@@ -2830,8 +2836,8 @@ void MoeTrain::repeated4(support::ConstView a0, support::ConstView a1, support::
 
   // moe.mesh:131:3 mean
   MESHRT_TRACE("mean", "moe.mesh:131:3", "update");
-  support::reduce(a10.data(), kShape15, a9.data(), kShape15, kShape19, kShape1,
-                  support::Reduce::Sum, 0.03125);
+  support::reduce(a10.data(), kShape4, a9.data(), kShape4, kShape19, kShape1, support::Reduce::Sum,
+                  0.03125);
 
   // moe.mesh:131:3 sqrt
   // moe.mesh:131:3 maximum
@@ -2868,8 +2874,8 @@ void MoeTrain::repeated4(support::ConstView a0, support::ConstView a1, support::
 
   // moe.mesh:131:3 mean
   MESHRT_TRACE("mean", "moe.mesh:131:3", "update");
-  support::reduce(a16.data(), kShape15, a15.data(), kShape15, kShape19, kShape1,
-                  support::Reduce::Sum, 0.03125);
+  support::reduce(a16.data(), kShape4, a15.data(), kShape4, kShape19, kShape1, support::Reduce::Sum,
+                  0.03125);
 
   // moe.mesh:131:3 sqrt
   // moe.mesh:131:3 mul
@@ -2893,8 +2899,8 @@ void MoeTrain::repeated4(support::ConstView a0, support::ConstView a1, support::
 
   // moe.mesh:131:3 mean
   MESHRT_TRACE("mean", "moe.mesh:131:3", "update");
-  support::reduce(a20.data(), kShape15, a19.data(), kShape15, kShape19, kShape1,
-                  support::Reduce::Sum, 0.03125);
+  support::reduce(a20.data(), kShape4, a19.data(), kShape4, kShape19, kShape1, support::Reduce::Sum,
+                  0.03125);
 
   // moe.mesh:131:3 sqrt
   // moe.mesh:131:3 maximum
@@ -2928,7 +2934,7 @@ void MoeTrain::repeated5(support::View a0, support::ConstView a1, support::Const
 
   // moe.mesh:43:18 max
   MESHRT_TRACE("max", "moe.mesh:43:18", "forward");
-  support::reduce(a0.data(), kShape2, a1.data(), kShape3, kShape0, kShape1, support::Reduce::Max,
+  support::reduce(a0.data(), kShape2, a1.data(), kShape5, kShape0, kShape1, support::Reduce::Max,
                   1.0);
 
   // moe.mesh:43:18 all_reduce_max (max over split dims: all-reduce of the local maxima)
@@ -2943,7 +2949,7 @@ void MoeTrain::repeated5(support::View a0, support::ConstView a1, support::Const
 
   // moe.mesh:43:18 min
   MESHRT_TRACE("min", "moe.mesh:43:18", "forward");
-  support::reduce(a5.data(), kShape2, a4.data(), kShape3, kShape0, kShape1, support::Reduce::Min,
+  support::reduce(a5.data(), kShape2, a4.data(), kShape5, kShape0, kShape1, support::Reduce::Min,
                   1.0);
 
   // moe.mesh:43:18 all_reduce_min (min over split dims: all-reduce of the local minima)
@@ -2952,17 +2958,17 @@ void MoeTrain::repeated5(support::View a0, support::ConstView a1, support::Const
 
   // moe.mesh:43:10 one_hot -> first
   MESHRT_TRACE("one_hot", "moe.mesh:43:10", "forward");
-  support::oneHot(a6.data(), kShape4, a5.data(), kShape5, kShape6,
+  support::oneHot(a6.data(), kShape6, a5.data(), kShape7, kShape8,
                   support::shardStart(world_, {"model"}, 2));
 
   // moe.mesh:51:34 mul
   // moe.mesh:51:28 sub
   MESHRT_TRACE("loop", "moe.mesh:51:34", "forward");
-  loop1(a7.data(), a6.data(), a1.data());
+  loop2(a7.data(), a6.data(), a1.data());
 
   // moe.mesh:43:18 max
   MESHRT_TRACE("max", "moe.mesh:43:18", "forward");
-  support::reduce(a8.data(), kShape2, a7.data(), kShape3, kShape0, kShape1, support::Reduce::Max,
+  support::reduce(a8.data(), kShape2, a7.data(), kShape5, kShape0, kShape1, support::Reduce::Max,
                   1.0);
 
   // moe.mesh:43:18 all_reduce_max (max over split dims: all-reduce of the local maxima)
@@ -2974,11 +2980,11 @@ void MoeTrain::repeated5(support::View a0, support::ConstView a1, support::Const
   // moe.mesh:43:18 maximum
   // moe.mesh:43:18 where
   MESHRT_TRACE("loop", "moe.mesh:43:18", "forward");
-  loop0(a9.data(), a7.data(), a8.data(), a3.data());
+  loop1(a9.data(), a7.data(), a8.data(), a3.data());
 
   // moe.mesh:43:18 min
   MESHRT_TRACE("min", "moe.mesh:43:18", "forward");
-  support::reduce(a10.data(), kShape2, a9.data(), kShape3, kShape0, kShape1, support::Reduce::Min,
+  support::reduce(a10.data(), kShape2, a9.data(), kShape5, kShape0, kShape1, support::Reduce::Min,
                   1.0);
 
   // moe.mesh:43:18 all_reduce_min (min over split dims: all-reduce of the local minima)
@@ -2987,25 +2993,25 @@ void MoeTrain::repeated5(support::View a0, support::ConstView a1, support::Const
 
   // moe.mesh:43:10 one_hot -> mask2
   MESHRT_TRACE("one_hot", "moe.mesh:43:10", "forward");
-  support::oneHot(a11.data(), kShape4, a10.data(), kShape5, kShape6,
+  support::oneHot(a11.data(), kShape6, a10.data(), kShape7, kShape8,
                   support::shardStart(world_, {"model"}, 2));
 
   // moe.mesh:64:25 mul
   MESHRT_TRACE("loop", "moe.mesh:64:25", "forward");
-  loop2(a12.data(), a1.data(), a6.data());
+  loop3(a12.data(), a1.data(), a6.data());
 
   // moe.mesh:64:15 sum -> gate1
   MESHRT_TRACE("sum", "moe.mesh:64:15", "forward");
-  support::reduce(a13.data(), kShape2, a12.data(), kShape3, kShape0, kShape1, support::Reduce::Sum,
+  support::reduce(a13.data(), kShape2, a12.data(), kShape5, kShape0, kShape1, support::Reduce::Sum,
                   1.0);
 
   // moe.mesh:65:25 mul
   MESHRT_TRACE("loop", "moe.mesh:65:25", "forward");
-  loop2(a14.data(), a1.data(), a11.data());
+  loop3(a14.data(), a1.data(), a11.data());
 
   // moe.mesh:65:15 sum -> gate2
   MESHRT_TRACE("sum", "moe.mesh:65:15", "forward");
-  support::reduce(a15.data(), kShape2, a14.data(), kShape3, kShape0, kShape1, support::Reduce::Sum,
+  support::reduce(a15.data(), kShape2, a14.data(), kShape5, kShape0, kShape1, support::Reduce::Sum,
                   1.0);
 }
 
@@ -3048,7 +3054,7 @@ void MoeTrain::repeated6(support::ConstView a0, support::ConstView a1, support::
 
   // moe.mesh:86:16 relu -> hidden
   MESHRT_TRACE("loop", "moe.mesh:86:16", "forward");
-  loop8(a16.data(), a15.data());
+  loop9(a16.data(), a15.data());
 
   // moe.mesh:87:20 einsum -> expert_out
   MESHRT_TRACE("gemm", "moe.mesh:87:20", "forward");
@@ -3073,44 +3079,44 @@ void MoeTrain::repeated7(support::View a0, support::ConstView a1, support::View 
 
   // moe.mesh:71:19 cumsum -> position1
   MESHRT_TRACE("cumsum", "moe.mesh:71:19", "forward");
-  support::along(a0.data(), a1.data(), kShape7, kShape8, kShape8, kShape9, kShape0, kShape0,
+  support::along(a0.data(), a1.data(), kShape9, kShape10, kShape10, kShape11, kShape0, kShape0,
                  support::Along::CumsumExclusive, 1e-05, 64, nullptr);
 
   // moe.mesh:74:27 cast
   MESHRT_TRACE("loop", "moe.mesh:74:27", "forward");
-  loop3(a2.data(), a0.data());
+  loop4(a2.data(), a0.data());
 
   // moe.mesh:74:19 one_hot
   MESHRT_TRACE("one_hot", "moe.mesh:74:19", "forward");
-  support::oneHot(a3.data(), kShape10, a2.data(), kShape11, kShape12, 0);
+  support::oneHot(a3.data(), kShape12, a2.data(), kShape13, kShape14, 0);
 
   // moe.mesh:74:59 mul -> dispatch1
   MESHRT_TRACE("loop", "moe.mesh:74:59", "forward");
-  loop4(a4.data(), a3.data(), a1.data());
+  loop5(a4.data(), a3.data(), a1.data());
 
   // moe.mesh:75:15 sum -> kept1
   MESHRT_TRACE("sum", "moe.mesh:75:15", "forward");
-  support::reduce(a5.data(), kShape4, a4.data(), kShape13, kShape14, kShape1, support::Reduce::Sum,
+  support::reduce(a5.data(), kShape6, a4.data(), kShape15, kShape16, kShape1, support::Reduce::Sum,
                   1.0);
 
   // moe.mesh:76:19 cumsum
   MESHRT_TRACE("cumsum", "moe.mesh:76:19", "forward");
-  support::along(a6.data(), a7.data(), kShape7, kShape8, kShape8, kShape9, kShape0, kShape0,
+  support::along(a6.data(), a7.data(), kShape9, kShape10, kShape10, kShape11, kShape0, kShape0,
                  support::Along::CumsumExclusive, 1e-05, 64, nullptr);
 
   // moe.mesh:76:58 sum
   MESHRT_TRACE("sum", "moe.mesh:76:58", "forward");
-  support::reduce(a8.data(), kShape7, a5.data(), kShape8, kShape9, kShape0, support::Reduce::Sum,
+  support::reduce(a8.data(), kShape9, a5.data(), kShape10, kShape11, kShape0, support::Reduce::Sum,
                   1.0);
 
   // moe.mesh:76:56 add -> position2
   // moe.mesh:77:27 cast
   MESHRT_TRACE("loop", "moe.mesh:76:56", "forward");
-  loop5(a9.data(), a6.data(), a8.data());
+  loop6(a9.data(), a6.data(), a8.data());
 
   // moe.mesh:77:19 one_hot
   MESHRT_TRACE("one_hot", "moe.mesh:77:19", "forward");
-  support::oneHot(a10.data(), kShape10, a9.data(), kShape11, kShape12, 0);
+  support::oneHot(a10.data(), kShape12, a9.data(), kShape13, kShape14, 0);
 }
 
 void MoeTrain::repeated8(support::ConstView a0, support::View a1, support::View a2,
@@ -3124,8 +3130,8 @@ void MoeTrain::repeated8(support::ConstView a0, support::View a1, support::View 
 
   // moe.mesh:131:3 mean
   MESHRT_TRACE("mean", "moe.mesh:131:3", "update");
-  support::reduce(a2.data(), kShape15, a1.data(), kShape15, kShape30, kShape23,
-                  support::Reduce::Sum, 0.0078125);
+  support::reduce(a2.data(), kShape4, a1.data(), kShape4, kShape30, kShape23, support::Reduce::Sum,
+                  0.0078125);
 
   // moe.mesh:131:3 square
   MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
@@ -3133,8 +3139,8 @@ void MoeTrain::repeated8(support::ConstView a0, support::View a1, support::View 
 
   // moe.mesh:131:3 mean
   MESHRT_TRACE("mean", "moe.mesh:131:3", "update");
-  support::reduce(a5.data(), kShape15, a4.data(), kShape15, kShape31, kShape32,
-                  support::Reduce::Sum, 0.0001220703125);
+  support::reduce(a5.data(), kShape4, a4.data(), kShape4, kShape31, kShape32, support::Reduce::Sum,
+                  0.0001220703125);
 
   // moe.mesh:131:3 square
   MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
@@ -3142,8 +3148,8 @@ void MoeTrain::repeated8(support::ConstView a0, support::View a1, support::View 
 
   // moe.mesh:131:3 mean
   MESHRT_TRACE("mean", "moe.mesh:131:3", "update");
-  support::reduce(a8.data(), kShape15, a7.data(), kShape15, kShape33, kShape17,
-                  support::Reduce::Sum, 0.0001220703125);
+  support::reduce(a8.data(), kShape4, a7.data(), kShape4, kShape33, kShape18, support::Reduce::Sum,
+                  0.0001220703125);
 }
 
 MoeTrain::Inputs MoeTrain::synthesizeInputs(uint64_t seed) const {

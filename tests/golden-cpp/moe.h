@@ -86,17 +86,16 @@ public:
   /// run()'s statements, in parts (run() calls them in order).
   void runPart0(const Inputs &inputs);
   /// Code that repeats in run() (the layers of a `repeat`), called once per repetition.
-  void repeated0(support::View a0, support::ConstView a1, support::ConstView a2,
-                 support::ConstView a3, support::ConstView a4, support::View a5, support::View a6,
-                 support::View a7, support::ConstView a8, support::View a9, support::View a10,
-                 support::View a11, support::View a12, support::View a13, support::View a14,
-                 support::View a15, support::View a16, support::View a17, support::View a18,
-                 support::View a19, support::View a20, support::View a21, support::View a22,
-                 support::View a23, support::View a24, support::View a25, support::View a26,
-                 support::View a27, support::View a28, support::View a29, support::View a30,
-                 support::View a31, support::View a32, support::View a33, support::View a34,
-                 support::ConstView a35, support::View a36, support::View a37,
-                 support::ConstView a38, support::View a39, support::View a40, support::View a41);
+  void repeated0(support::ConstView a0, support::ConstView a1, support::View a2, support::View a3,
+                 support::View a4, support::ConstView a5, support::View a6, support::View a7,
+                 support::View a8, support::View a9, support::View a10, support::View a11,
+                 support::View a12, support::View a13, support::View a14, support::View a15,
+                 support::View a16, support::View a17, support::View a18, support::View a19,
+                 support::View a20, support::View a21, support::View a22, support::View a23,
+                 support::View a24, support::View a25, support::View a26, support::View a27,
+                 support::View a28, support::View a29, support::View a30, support::View a31,
+                 support::ConstView a32, support::View a33, support::View a34,
+                 support::ConstView a35, support::View a36, support::View a37);
   /// Computes the values run() reads that never change (the constructor calls it).
   void computeInvariants();
 

@@ -10,30 +10,31 @@ static const support::Shape kShape0 = {128};
 static const support::Shape kShape1 = {1};
 static const support::Shape kShape2 = {16};
 static const support::Shape kShape3 = {32};
-static const support::Shape kShape4 = {1, 128, 1};
-static const support::Shape kShape5 = {2048, 16, 16};
-static const support::Shape kShape6 = {8192, 64, 64};
-static const support::Shape kShape7 = {64};
-static const support::Shape kShape8 = {1, 1};
-static const support::Shape kShape9 = {8192, 64};
-static const support::Shape kShape10 = {128, 64};
-static const support::Shape kShape11 = {64, 1};
-static const support::Shape kShape12 = {1, 1, 64};
-static const support::Shape kShape13 = {8192, 64, 1};
-static const support::Shape kShape14 = {1, 128, 32};
-static const support::Shape kShape15 = {0, 0, 1};
-static const support::Shape kShape16 = {128, 1, 0};
-static const support::Shape kShape17 = {1, 1, 64, 16};
-static const support::Shape kShape18 = {131072, 1024, 16, 1};
-static const support::Shape kShape19 = {1024};
-static const support::Shape kShape20 = {1, 128};
-static const support::Shape kShape21 = {4096, 32};
-static const support::Shape kShape22 = {1, 128, 64};
-static const support::Shape kShape23 = {};
-static const support::Shape kShape24 = {128, 1};
-static const support::Shape kShape25 = {64, 32};
-static const support::Shape kShape26 = {0, 1};
-static const support::Shape kShape27 = {0, 0};
+static const support::Shape kShape4 = {1, 128};
+static const support::Shape kShape5 = {4096, 32};
+static const support::Shape kShape6 = {0, 32};
+static const support::Shape kShape7 = {};
+static const support::Shape kShape8 = {1, 128, 1};
+static const support::Shape kShape9 = {2048, 16, 16};
+static const support::Shape kShape10 = {8192, 64, 64};
+static const support::Shape kShape11 = {64};
+static const support::Shape kShape12 = {1, 1};
+static const support::Shape kShape13 = {8192, 64};
+static const support::Shape kShape14 = {128, 64};
+static const support::Shape kShape15 = {64, 1};
+static const support::Shape kShape16 = {1, 1, 64};
+static const support::Shape kShape17 = {8192, 64, 1};
+static const support::Shape kShape18 = {1, 128, 32};
+static const support::Shape kShape19 = {0, 0, 1};
+static const support::Shape kShape20 = {128, 1, 0};
+static const support::Shape kShape21 = {1, 1, 64, 16};
+static const support::Shape kShape22 = {131072, 1024, 16, 1};
+static const support::Shape kShape23 = {1024};
+static const support::Shape kShape24 = {1, 128, 64};
+static const support::Shape kShape25 = {128, 1};
+static const support::Shape kShape26 = {64, 32};
+static const support::Shape kShape27 = {0, 1};
+static const support::Shape kShape28 = {0, 0};
 static const support::SharedEinsum
     kEinsum0({{1, 128, 32, 1, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
 static const support::SharedEinsum
@@ -158,17 +159,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop7(float *__restrict p0, const float *__restrict p1,
-                                    const float *__restrict p2) {
-  for (int64_t i0 = 0; i0 < 4096; ++i0) {
-    const float s0 = p1[i0];
-    const float s1 = p2[i0];
-    const float s2 = (s0 + s1);
-    p0[i0] = s2;
-  }
-}
-
-[[gnu::noinline]] static void loop8(float *__restrict p0, const float *__restrict p1) {
+[[gnu::noinline]] static void loop7(float *__restrict p0, const float *__restrict p1) {
   for (int64_t i0 = 0; i0 < 2048; ++i0) {
     const float s0 = p1[i0];
     const float s1 = s0 * s0;
@@ -176,7 +167,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop9(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop8(float *__restrict p0, const float *__restrict p1,
                                     const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 128; ++i0) {
     for (int64_t i1 = 0; i1 < 64; ++i1) {
@@ -190,8 +181,8 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop10(float *__restrict p0, const float *__restrict p1,
-                                     const float *__restrict p2) {
+[[gnu::noinline]] static void loop9(float *__restrict p0, const float *__restrict p1,
+                                    const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 128; ++i0) {
     for (int64_t i1 = 0; i1 < 64; ++i1) {
       const float s0 = p1[i0];
@@ -206,7 +197,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop11(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop10(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2) {
   const float r0 = p1[0];
   for (int64_t i0 = 0; i0 < 8192; ++i0) {
@@ -221,7 +212,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop12(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop11(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 128; ++i0) {
     for (int64_t i1 = 0; i1 < 16; ++i1) {
@@ -233,7 +224,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop13(float *__restrict p0, const float *__restrict p1) {
+[[gnu::noinline]] static void loop12(float *__restrict p0, const float *__restrict p1) {
   for (int64_t i0 = 0; i0 < 16384; ++i0) {
     const float s0 = p1[i0];
     const float s1 = support::fgelu(s0);
@@ -241,13 +232,23 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop14(float *__restrict p0, const float *__restrict p1) {
+[[gnu::noinline]] static void loop13(float *__restrict p0, const float *__restrict p1) {
   for (int64_t i0 = 0; i0 < 128; ++i0) {
     const float s0 = p1[i0];
     const float s1 = support::wrapI32(0.0);
     const float s2 = (s0 >= s1 ? 1.0f : 0.0f);
     const float s3 = s2;
     p0[i0] = s3;
+  }
+}
+
+[[gnu::noinline]] static void loop14(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2) {
+  for (int64_t i0 = 0; i0 < 4096; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = p2[i0];
+    const float s2 = (s0 + s1);
+    p0[i0] = s2;
   }
 }
 
@@ -911,7 +912,7 @@ Encode::Outputs Encode::run(const Inputs &inputs) {
   // Arena: 147456 bytes for 1028616 bytes of temporaries (placed by liveness).
   support::checkShape("input", "x", inputs.x, {1, 128, 32});
   runPart0(inputs);
-  support::View v137 = arena_.view(0, 4096);
+  support::View v137 = arena_.view(32768, 4096);
 
   Outputs outputs;
   outputs.y = support::Tensor{{1, 128, 32}, support::Buffer(v137.begin(), v137.end())};
@@ -933,22 +934,20 @@ void Encode::runPart0(const Inputs &inputs) {
   support::View v10 = persistent_.view(17728, 2048);
   support::copyWindow(v11.data(), v10.data(), kShape0, kShape3, kShape2, 1, 1, 32, 16, int64_t(16));
 
-  // performer.mesh:122:39 add -> h
-  MESHRT_TRACE("loop", "performer.mesh:122:39", "forward");
-  const support::Buffer &v0 = inputs.x.data;
-  support::View v12 = arena_.view(98304, 4096);
-  loop7(v12.data(), v0.data(), v11.data());
-
   // performer.mesh:29:10 layer_norm
   // performer.mesh:29:33 mul
   // performer.mesh:29:40 add -> n
+  // performer.mesh:122:39 add -> h
   MESHRT_TRACE("layer_norm", "performer.mesh:29:10", "forward");
+  const support::Buffer &v0 = inputs.x.data;
   const support::Buffer &v14 = param1_encoder_layer_0_norm_gain;
   const support::Buffer &v15 = param2_encoder_layer_0_norm_bias;
   support::View v18 = arena_.view(114688, 4096);
-  support::layerNormAffine(v18.data(), v12.data(), 128, 32, v14.data(), v15.data(), 1e-05, 32);
+  support::View v12 = arena_.view(98304, 4096);
+  support::addLayerNormAffine(v18.data(), v12.data(), kShape4, 32, v14.data(), v15.data(), 1e-05,
+                              32, v0.data(), kShape5, v11.data(), kShape6, nullptr, kShape7);
 
-  // 29 statements from performer.mesh:45:10 einsum (1 of 2)
+  // 27 statements from performer.mesh:45:10 einsum (1 of 2)
   MESHRT_TRACE_SITE("performer.mesh:45:10");
   const support::Buffer &v19 = param3_encoder_layer_0_heads_in_w;
   support::View v20 = arena_.view(32768, 2048);
@@ -976,8 +975,8 @@ void Encode::runPart0(const Inputs &inputs) {
   support::View v57 = arena_.view(16384, 2048);
   const support::Buffer &v58 = param6_encoder_layer_0_heads_out_w;
   support::View v59 = arena_.view(0, 4096);
-  support::View v61 = arena_.view(131072, 4096);
   support::View v66 = arena_.view(65536, 4096);
+  support::View v61 = arena_.view(131072, 4096);
   const support::Buffer &v62 = param7_encoder_layer_0_norm_1_gain;
   const support::Buffer &v63 = param8_encoder_layer_0_norm_1_bias;
   const support::Buffer &v67 = param9_encoder_layer_0_ffn_w_in;
@@ -985,15 +984,15 @@ void Encode::runPart0(const Inputs &inputs) {
   support::View v70 = arena_.view(65536, 16384);
   const support::Buffer &v68 = param10_encoder_layer_0_ffn_w_out;
   support::View v71 = arena_.view(0, 4096);
-  support::View v72 = arena_.view(98304, 4096);
   const support::Buffer &v74 = param12_encoder_layer_1_norm_gain;
   const support::Buffer &v75 = param13_encoder_layer_1_norm_bias;
   support::View v78 = arena_.view(114688, 4096);
+  support::View v72 = arena_.view(98304, 4096);
   repeated0(v18, v19, v20, v13, v23, v24, v25, v28, v29, v34, v35, v36, v39, v40, v41, v44, v45,
-            v50, v51, v52, v53, v54, v55, v56, v57, v58, v59, v12, v61, v66, v62, v63, v67, v69,
-            v70, v68, v71, v72, v78, v74, v75);
+            v50, v51, v52, v53, v54, v55, v56, v57, v58, v59, v66, v61, v12, v62, v63, v67, v69,
+            v70, v68, v71, v78, v72, v74, v75);
 
-  // 29 statements from performer.mesh:45:10 einsum (2 of 2)
+  // 27 statements from performer.mesh:45:10 einsum (2 of 2)
   MESHRT_TRACE_SITE("performer.mesh:45:10");
   const support::Buffer &v79 = param14_encoder_layer_1_heads_in_w;
   support::View v80 = arena_.view(32768, 2048);
@@ -1021,8 +1020,8 @@ void Encode::runPart0(const Inputs &inputs) {
   support::View v117 = arena_.view(16384, 2048);
   const support::Buffer &v118 = param17_encoder_layer_1_heads_out_w;
   support::View v119 = arena_.view(0, 4096);
-  support::View v121 = arena_.view(131072, 4096);
   support::View v126 = arena_.view(65536, 4096);
+  support::View v121 = arena_.view(131072, 4096);
   const support::Buffer &v122 = param18_encoder_layer_1_norm_1_gain;
   const support::Buffer &v123 = param19_encoder_layer_1_norm_1_bias;
   const support::Buffer &v127 = param20_encoder_layer_1_ffn_w_in;
@@ -1030,13 +1029,13 @@ void Encode::runPart0(const Inputs &inputs) {
   support::View v130 = arena_.view(65536, 16384);
   const support::Buffer &v128 = param21_encoder_layer_1_ffn_w_out;
   support::View v131 = arena_.view(0, 4096);
-  support::View v132 = arena_.view(16384, 4096);
   const support::Buffer &v133 = param22_norm_gain;
   const support::Buffer &v134 = param23_norm_bias;
-  support::View v137 = arena_.view(0, 4096);
+  support::View v137 = arena_.view(32768, 4096);
+  support::View v132 = arena_.view(16384, 4096);
   repeated0(v78, v79, v80, v73, v83, v84, v85, v88, v89, v94, v95, v96, v99, v100, v101, v104, v105,
-            v110, v111, v112, v113, v114, v115, v116, v117, v118, v119, v72, v121, v126, v122, v123,
-            v127, v129, v130, v128, v131, v132, v137, v133, v134);
+            v110, v111, v112, v113, v114, v115, v116, v117, v118, v119, v126, v121, v72, v122, v123,
+            v127, v129, v130, v128, v131, v137, v132, v133, v134);
 }
 
 void Encode::repeated0(support::ConstView a0, support::ConstView a1, support::View a2,
@@ -1046,8 +1045,8 @@ void Encode::repeated0(support::ConstView a0, support::ConstView a1, support::Vi
                        support::View a15, support::View a16, support::View a17,
                        support::ConstView a18, support::View a19, support::View a20,
                        support::View a21, support::View a22, support::View a23, support::View a24,
-                       support::ConstView a25, support::View a26, support::ConstView a27,
-                       support::View a28, support::View a29, support::ConstView a30,
+                       support::ConstView a25, support::View a26, support::View a27,
+                       support::View a28, support::ConstView a29, support::ConstView a30,
                        support::ConstView a31, support::ConstView a32, support::View a33,
                        support::View a34, support::ConstView a35, support::View a36,
                        support::View a37, support::View a38, support::ConstView a39,
@@ -1067,21 +1066,21 @@ void Encode::repeated0(support::ConstView a0, support::ConstView a1, support::Vi
 
   // performer.mesh:57:65 square
   MESHRT_TRACE("loop", "performer.mesh:57:65", "forward");
-  loop8(a5.data(), a2.data());
+  loop7(a5.data(), a2.data());
 
   // performer.mesh:57:61 sum
   MESHRT_TRACE("sum", "performer.mesh:57:61", "forward");
-  support::reduce(a6.data(), kShape4, a5.data(), kShape5, kShape2, kShape1, support::Reduce::Sum,
+  support::reduce(a6.data(), kShape8, a5.data(), kShape9, kShape2, kShape1, support::Reduce::Sum,
                   1.0);
 
   // performer.mesh:57:89 mul
   // performer.mesh:57:59 sub -> logits
   MESHRT_TRACE("loop", "performer.mesh:57:89", "forward");
-  loop9(a7.data(), a6.data(), a4.data());
+  loop8(a7.data(), a6.data(), a4.data());
 
   // performer.mesh:66:37 max
   MESHRT_TRACE("max", "performer.mesh:66:37", "forward");
-  support::reduce(a8.data(), kShape4, a7.data(), kShape6, kShape7, kShape1, support::Reduce::Max,
+  support::reduce(a8.data(), kShape8, a7.data(), kShape10, kShape11, kShape1, support::Reduce::Max,
                   1.0);
 
   // performer.mesh:66:23 stop_gradient
@@ -1089,7 +1088,7 @@ void Encode::repeated0(support::ConstView a0, support::ConstView a1, support::Vi
   // performer.mesh:66:10 exp
   // performer.mesh:66:61 mul -> qf
   MESHRT_TRACE("loop", "performer.mesh:66:23", "forward");
-  loop10(a9.data(), a8.data(), a7.data());
+  loop9(a9.data(), a8.data(), a7.data());
 
   // performer.mesh:45:10 einsum
   // performer.mesh:56:18 mul -> scaled
@@ -1104,21 +1103,21 @@ void Encode::repeated0(support::ConstView a0, support::ConstView a1, support::Vi
 
   // performer.mesh:57:65 square
   MESHRT_TRACE("loop", "performer.mesh:57:65", "forward");
-  loop8(a13.data(), a11.data());
+  loop7(a13.data(), a11.data());
 
   // performer.mesh:57:61 sum
   MESHRT_TRACE("sum", "performer.mesh:57:61", "forward");
-  support::reduce(a14.data(), kShape4, a13.data(), kShape5, kShape2, kShape1, support::Reduce::Sum,
+  support::reduce(a14.data(), kShape8, a13.data(), kShape9, kShape2, kShape1, support::Reduce::Sum,
                   1.0);
 
   // performer.mesh:57:89 mul
   // performer.mesh:57:59 sub -> logits
   MESHRT_TRACE("loop", "performer.mesh:57:89", "forward");
-  loop9(a15.data(), a14.data(), a12.data());
+  loop8(a15.data(), a14.data(), a12.data());
 
   // performer.mesh:71:37 max
   MESHRT_TRACE("max", "performer.mesh:71:37", "forward");
-  support::reduce(a16.data(), kShape8, a15.data(), kShape9, kShape10, kShape11,
+  support::reduce(a16.data(), kShape12, a15.data(), kShape13, kShape14, kShape15,
                   support::Reduce::Max, 1.0);
 
   // performer.mesh:71:23 stop_gradient
@@ -1126,7 +1125,7 @@ void Encode::repeated0(support::ConstView a0, support::ConstView a1, support::Vi
   // performer.mesh:71:10 exp
   // performer.mesh:71:66 mul -> kf
   MESHRT_TRACE("loop", "performer.mesh:71:23", "forward");
-  loop11(a17.data(), a16.data(), a15.data());
+  loop10(a17.data(), a16.data(), a15.data());
 
   // performer.mesh:45:10 einsum
   MESHRT_TRACE("gemm", "performer.mesh:45:10", "forward");
@@ -1145,7 +1144,7 @@ void Encode::repeated0(support::ConstView a0, support::ConstView a1, support::Vi
 
   // performer.mesh:79:31 sum
   MESHRT_TRACE("sum", "performer.mesh:79:31", "forward");
-  support::reduce(a22.data(), kShape12, a17.data(), kShape13, kShape0, kShape7,
+  support::reduce(a22.data(), kShape16, a17.data(), kShape17, kShape0, kShape11,
                   support::Reduce::Sum, 1.0);
 
   // performer.mesh:79:20 einsum -> normalizer
@@ -1155,7 +1154,7 @@ void Encode::repeated0(support::ConstView a0, support::ConstView a1, support::Vi
 
   // performer.mesh:80:20 div
   MESHRT_TRACE("loop", "performer.mesh:80:20", "forward");
-  loop12(a24.data(), a21.data(), a23.data());
+  loop11(a24.data(), a21.data(), a23.data());
 
   // performer.mesh:50:10 einsum
   MESHRT_TRACE("gemm", "performer.mesh:50:10", "forward");
@@ -1167,39 +1166,35 @@ void Encode::repeated0(support::ConstView a0, support::ConstView a1, support::Vi
   MESHRT_TRACE_SITE("performer.mesh:107:13");
   group_model.allReduce(a26.data(), a26.size(), meshrt::ReduceOp::Sum);
 
-  // performer.mesh:107:13 add -> h
-  MESHRT_TRACE("loop", "performer.mesh:107:13", "forward");
-  loop7(a28.data(), a27.data(), a26.data());
-
   // performer.mesh:29:10 layer_norm
   // performer.mesh:29:33 mul
   // performer.mesh:29:40 add
+  // performer.mesh:107:13 add -> h
   MESHRT_TRACE("layer_norm", "performer.mesh:29:10", "forward");
-  support::layerNormAffine(a29.data(), a28.data(), 128, 32, a30.data(), a31.data(), 1e-05, 32);
+  support::addLayerNormAffine(a27.data(), a28.data(), kShape4, 32, a30.data(), a31.data(), 1e-05,
+                              32, a29.data(), kShape5, a26.data(), kShape5, nullptr, kShape7);
 
   // performer.mesh:96:22 einsum
   MESHRT_TRACE("gemm", "performer.mesh:96:22", "forward");
   // dims: batch, seq, d_model, d_ff
-  kEinsum6.plan().run(a29.data(), a32.data(), a33.data(), 1.0f, 0.0f);
+  kEinsum6.plan().run(a27.data(), a32.data(), a33.data(), 1.0f, 0.0f);
 
   // performer.mesh:96:17 gelu
   MESHRT_TRACE("loop", "performer.mesh:96:17", "forward");
-  loop13(a34.data(), a33.data());
+  loop12(a34.data(), a33.data());
 
   // performer.mesh:96:10 einsum
   MESHRT_TRACE("gemm", "performer.mesh:96:10", "forward");
   // dims: batch, seq, d_ff, d_model
   kEinsum7.plan().run(a34.data(), a35.data(), a36.data(), 1.0f, 0.0f);
 
-  // performer.mesh:108:12 add -> h
-  MESHRT_TRACE("loop", "performer.mesh:108:12", "forward");
-  loop7(a37.data(), a28.data(), a36.data());
-
   // performer.mesh:29:10 layer_norm
   // performer.mesh:29:33 mul
   // performer.mesh:29:40 add -> n
+  // performer.mesh:108:12 add -> h
   MESHRT_TRACE("layer_norm", "performer.mesh:29:10", "forward");
-  support::layerNormAffine(a38.data(), a37.data(), 128, 32, a39.data(), a40.data(), 1e-05, 32);
+  support::addLayerNormAffine(a37.data(), a38.data(), kShape4, 32, a39.data(), a40.data(), 1e-05,
+                              32, a28.data(), kShape5, a36.data(), kShape5, nullptr, kShape7);
 }
 
 Encode::Inputs Encode::synthesizeInputs(uint64_t seed) const {
@@ -1523,7 +1518,7 @@ void Lm::runPart0(const Inputs &inputs) {
   const support::Buffer &v1 = param0_causal_lm_embedding;
   const support::Buffer &v0 = inputs.tokens.data;
   support::View v3 = arena_.view(0, 4096);
-  support::gather(v3.data(), kShape14, v1.data(), kShape15, v0.data(), kShape16, 64, 32, 0);
+  support::gather(v3.data(), kShape18, v1.data(), kShape19, v0.data(), kShape20, 64, 32, 0);
 
   // performer.mesh:38:10 concat
   MESHRT_TRACE("concat", "performer.mesh:38:10", "forward");
@@ -1536,21 +1531,19 @@ void Lm::runPart0(const Inputs &inputs) {
   support::View v13 = persistent_.view(17728, 2048);
   support::copyWindow(v14.data(), v13.data(), kShape0, kShape3, kShape2, 1, 1, 32, 16, int64_t(16));
 
-  // performer.mesh:133:70 add -> h
-  MESHRT_TRACE("loop", "performer.mesh:133:70", "forward");
-  support::View v15 = arena_.view(1114112, 4096);
-  loop7(v15.data(), v3.data(), v14.data());
-
   // performer.mesh:29:10 layer_norm
   // performer.mesh:29:33 mul
   // performer.mesh:29:40 add -> n
+  // performer.mesh:133:70 add -> h
   MESHRT_TRACE("layer_norm", "performer.mesh:29:10", "forward");
   const support::Buffer &v17 = param3_causal_lm_decoder_layer_0_norm_gain;
   const support::Buffer &v18 = param4_causal_lm_decoder_layer_0_norm_bias;
   support::View v21 = arena_.view(65536, 4096);
-  support::layerNormAffine(v21.data(), v15.data(), 128, 32, v17.data(), v18.data(), 1e-05, 32);
+  support::View v15 = arena_.view(1114112, 4096);
+  support::addLayerNormAffine(v21.data(), v15.data(), kShape4, 32, v17.data(), v18.data(), 1e-05,
+                              32, v3.data(), kShape5, v14.data(), kShape6, nullptr, kShape7);
 
-  // 30 statements from performer.mesh:45:10 einsum (1 of 2)
+  // 28 statements from performer.mesh:45:10 einsum (1 of 2)
   MESHRT_TRACE_SITE("performer.mesh:45:10");
   const support::Buffer &v22 = param5_causal_lm_decoder_layer_0_heads_in_w;
   support::View v23 = arena_.view(32768, 2048);
@@ -1579,8 +1572,8 @@ void Lm::runPart0(const Inputs &inputs) {
   support::View v61 = arena_.view(16384, 2048);
   const support::Buffer &v62 = param8_causal_lm_decoder_layer_0_heads_out_w;
   support::View v63 = arena_.view(0, 4096);
-  support::View v65 = arena_.view(131072, 4096);
   support::View v70 = arena_.view(65536, 4096);
+  support::View v65 = arena_.view(131072, 4096);
   const support::Buffer &v66 = param9_causal_lm_decoder_layer_0_norm_1_gain;
   const support::Buffer &v67 = param10_causal_lm_decoder_layer_0_norm_1_bias;
   const support::Buffer &v71 = param11_causal_lm_decoder_layer_0_ffn_w_in;
@@ -1588,15 +1581,15 @@ void Lm::runPart0(const Inputs &inputs) {
   support::View v74 = arena_.view(65536, 16384);
   const support::Buffer &v72 = param12_causal_lm_decoder_layer_0_ffn_w_out;
   support::View v75 = arena_.view(0, 4096);
-  support::View v76 = arena_.view(1114112, 4096);
   const support::Buffer &v78 = param14_causal_lm_decoder_layer_1_norm_gain;
   const support::Buffer &v79 = param15_causal_lm_decoder_layer_1_norm_bias;
   support::View v82 = arena_.view(65536, 4096);
+  support::View v76 = arena_.view(1114112, 4096);
   repeated0(v21, v22, v23, v16, v26, v27, v28, v31, v32, v37, v38, v39, v42, v43, v44, v47, v48,
-            v53, v54, v55, v56, v57, v58, v59, v60, v61, v62, v63, v15, v65, v70, v66, v67, v71,
-            v73, v74, v72, v75, v76, v82, v78, v79);
+            v53, v54, v55, v56, v57, v58, v59, v60, v61, v62, v63, v70, v65, v15, v66, v67, v71,
+            v73, v74, v72, v75, v82, v76, v78, v79);
 
-  // 30 statements from performer.mesh:45:10 einsum (2 of 2)
+  // 28 statements from performer.mesh:45:10 einsum (2 of 2)
   MESHRT_TRACE_SITE("performer.mesh:45:10");
   const support::Buffer &v83 = param16_causal_lm_decoder_layer_1_heads_in_w;
   support::View v84 = arena_.view(32768, 2048);
@@ -1625,8 +1618,8 @@ void Lm::runPart0(const Inputs &inputs) {
   support::View v122 = arena_.view(16384, 2048);
   const support::Buffer &v123 = param19_causal_lm_decoder_layer_1_heads_out_w;
   support::View v124 = arena_.view(0, 4096);
-  support::View v126 = arena_.view(131072, 4096);
   support::View v131 = arena_.view(65536, 4096);
+  support::View v126 = arena_.view(131072, 4096);
   const support::Buffer &v127 = param20_causal_lm_decoder_layer_1_norm_1_gain;
   const support::Buffer &v128 = param21_causal_lm_decoder_layer_1_norm_1_bias;
   const support::Buffer &v132 = param22_causal_lm_decoder_layer_1_ffn_w_in;
@@ -1634,13 +1627,13 @@ void Lm::runPart0(const Inputs &inputs) {
   support::View v135 = arena_.view(65536, 16384);
   const support::Buffer &v133 = param23_causal_lm_decoder_layer_1_ffn_w_out;
   support::View v136 = arena_.view(0, 4096);
-  support::View v137 = arena_.view(16384, 4096);
   const support::Buffer &v138 = param24_causal_lm_norm_gain;
   const support::Buffer &v139 = param25_causal_lm_norm_bias;
   support::View v142 = arena_.view(32768, 4096);
+  support::View v137 = arena_.view(16384, 4096);
   repeated0(v82, v83, v84, v77, v87, v88, v89, v92, v93, v98, v99, v100, v103, v104, v105, v108,
-            v109, v114, v115, v116, v117, v118, v119, v120, v121, v122, v123, v124, v76, v126, v131,
-            v127, v128, v132, v134, v135, v133, v136, v137, v142, v138, v139);
+            v109, v114, v115, v116, v117, v118, v119, v120, v121, v122, v123, v124, v131, v126, v76,
+            v127, v128, v132, v134, v135, v133, v136, v142, v137, v138, v139);
 
   // performer.mesh:137:10 einsum -> logits
   MESHRT_TRACE("gemm", "performer.mesh:137:10", "forward");
@@ -1657,7 +1650,7 @@ void Lm::repeated0(support::ConstView a0, support::ConstView a1, support::View a
                    support::View a15, support::View a16, support::View a17, support::ConstView a18,
                    support::View a19, support::View a20, support::View a21, support::View a22,
                    support::View a23, support::View a24, support::View a25, support::ConstView a26,
-                   support::View a27, support::ConstView a28, support::View a29, support::View a30,
+                   support::View a27, support::View a28, support::View a29, support::ConstView a30,
                    support::ConstView a31, support::ConstView a32, support::ConstView a33,
                    support::View a34, support::View a35, support::ConstView a36, support::View a37,
                    support::View a38, support::View a39, support::ConstView a40,
@@ -1677,21 +1670,21 @@ void Lm::repeated0(support::ConstView a0, support::ConstView a1, support::View a
 
   // performer.mesh:57:65 square
   MESHRT_TRACE("loop", "performer.mesh:57:65", "forward");
-  loop8(a5.data(), a2.data());
+  loop7(a5.data(), a2.data());
 
   // performer.mesh:57:61 sum
   MESHRT_TRACE("sum", "performer.mesh:57:61", "forward");
-  support::reduce(a6.data(), kShape4, a5.data(), kShape5, kShape2, kShape1, support::Reduce::Sum,
+  support::reduce(a6.data(), kShape8, a5.data(), kShape9, kShape2, kShape1, support::Reduce::Sum,
                   1.0);
 
   // performer.mesh:57:89 mul
   // performer.mesh:57:59 sub -> logits
   MESHRT_TRACE("loop", "performer.mesh:57:89", "forward");
-  loop9(a7.data(), a6.data(), a4.data());
+  loop8(a7.data(), a6.data(), a4.data());
 
   // performer.mesh:66:37 max
   MESHRT_TRACE("max", "performer.mesh:66:37", "forward");
-  support::reduce(a8.data(), kShape4, a7.data(), kShape6, kShape7, kShape1, support::Reduce::Max,
+  support::reduce(a8.data(), kShape8, a7.data(), kShape10, kShape11, kShape1, support::Reduce::Max,
                   1.0);
 
   // performer.mesh:66:23 stop_gradient
@@ -1699,7 +1692,7 @@ void Lm::repeated0(support::ConstView a0, support::ConstView a1, support::View a
   // performer.mesh:66:10 exp
   // performer.mesh:66:61 mul -> qf
   MESHRT_TRACE("loop", "performer.mesh:66:23", "forward");
-  loop10(a9.data(), a8.data(), a7.data());
+  loop9(a9.data(), a8.data(), a7.data());
 
   // performer.mesh:45:10 einsum
   // performer.mesh:56:18 mul -> scaled
@@ -1714,21 +1707,21 @@ void Lm::repeated0(support::ConstView a0, support::ConstView a1, support::View a
 
   // performer.mesh:57:65 square
   MESHRT_TRACE("loop", "performer.mesh:57:65", "forward");
-  loop8(a13.data(), a11.data());
+  loop7(a13.data(), a11.data());
 
   // performer.mesh:57:61 sum
   MESHRT_TRACE("sum", "performer.mesh:57:61", "forward");
-  support::reduce(a14.data(), kShape4, a13.data(), kShape5, kShape2, kShape1, support::Reduce::Sum,
+  support::reduce(a14.data(), kShape8, a13.data(), kShape9, kShape2, kShape1, support::Reduce::Sum,
                   1.0);
 
   // performer.mesh:57:89 mul
   // performer.mesh:57:59 sub -> logits
   MESHRT_TRACE("loop", "performer.mesh:57:89", "forward");
-  loop9(a15.data(), a14.data(), a12.data());
+  loop8(a15.data(), a14.data(), a12.data());
 
   // performer.mesh:71:37 max
   MESHRT_TRACE("max", "performer.mesh:71:37", "forward");
-  support::reduce(a16.data(), kShape8, a15.data(), kShape9, kShape10, kShape11,
+  support::reduce(a16.data(), kShape12, a15.data(), kShape13, kShape14, kShape15,
                   support::Reduce::Max, 1.0);
 
   // performer.mesh:71:23 stop_gradient
@@ -1736,7 +1729,7 @@ void Lm::repeated0(support::ConstView a0, support::ConstView a1, support::View a
   // performer.mesh:71:10 exp
   // performer.mesh:71:66 mul -> kf
   MESHRT_TRACE("loop", "performer.mesh:71:23", "forward");
-  loop11(a17.data(), a16.data(), a15.data());
+  loop10(a17.data(), a16.data(), a15.data());
 
   // performer.mesh:45:10 einsum
   MESHRT_TRACE("gemm", "performer.mesh:45:10", "forward");
@@ -1750,7 +1743,7 @@ void Lm::repeated0(support::ConstView a0, support::ConstView a1, support::View a
 
   // performer.mesh:87:12 cumsum -> kv
   MESHRT_TRACE("cumsum", "performer.mesh:87:12", "forward");
-  support::along(a21.data(), a20.data(), kShape17, kShape18, kShape18, kShape0, kShape19, kShape19,
+  support::along(a21.data(), a20.data(), kShape21, kShape22, kShape22, kShape0, kShape23, kShape23,
                  support::Along::Cumsum, 1e-05, 128, nullptr);
 
   // performer.mesh:88:19 einsum -> numerator
@@ -1760,7 +1753,7 @@ void Lm::repeated0(support::ConstView a0, support::ConstView a1, support::View a
 
   // performer.mesh:89:31 cumsum
   MESHRT_TRACE("cumsum", "performer.mesh:89:31", "forward");
-  support::along(a23.data(), a17.data(), kShape12, kShape13, kShape13, kShape0, kShape7, kShape7,
+  support::along(a23.data(), a17.data(), kShape16, kShape17, kShape17, kShape0, kShape11, kShape11,
                  support::Along::Cumsum, 1e-05, 128, nullptr);
 
   // performer.mesh:89:20 einsum -> normalizer
@@ -1770,7 +1763,7 @@ void Lm::repeated0(support::ConstView a0, support::ConstView a1, support::View a
 
   // performer.mesh:90:20 div
   MESHRT_TRACE("loop", "performer.mesh:90:20", "forward");
-  loop12(a25.data(), a22.data(), a24.data());
+  loop11(a25.data(), a22.data(), a24.data());
 
   // performer.mesh:50:10 einsum
   MESHRT_TRACE("gemm", "performer.mesh:50:10", "forward");
@@ -1782,39 +1775,35 @@ void Lm::repeated0(support::ConstView a0, support::ConstView a1, support::View a
   MESHRT_TRACE_SITE("performer.mesh:116:13");
   group_model.allReduce(a27.data(), a27.size(), meshrt::ReduceOp::Sum);
 
-  // performer.mesh:116:13 add -> h
-  MESHRT_TRACE("loop", "performer.mesh:116:13", "forward");
-  loop7(a29.data(), a28.data(), a27.data());
-
   // performer.mesh:29:10 layer_norm
   // performer.mesh:29:33 mul
   // performer.mesh:29:40 add
+  // performer.mesh:116:13 add -> h
   MESHRT_TRACE("layer_norm", "performer.mesh:29:10", "forward");
-  support::layerNormAffine(a30.data(), a29.data(), 128, 32, a31.data(), a32.data(), 1e-05, 32);
+  support::addLayerNormAffine(a28.data(), a29.data(), kShape4, 32, a31.data(), a32.data(), 1e-05,
+                              32, a30.data(), kShape5, a27.data(), kShape5, nullptr, kShape7);
 
   // performer.mesh:96:22 einsum
   MESHRT_TRACE("gemm", "performer.mesh:96:22", "forward");
   // dims: batch, seq, d_model, d_ff
-  kEinsum6.plan().run(a30.data(), a33.data(), a34.data(), 1.0f, 0.0f);
+  kEinsum6.plan().run(a28.data(), a33.data(), a34.data(), 1.0f, 0.0f);
 
   // performer.mesh:96:17 gelu
   MESHRT_TRACE("loop", "performer.mesh:96:17", "forward");
-  loop13(a35.data(), a34.data());
+  loop12(a35.data(), a34.data());
 
   // performer.mesh:96:10 einsum
   MESHRT_TRACE("gemm", "performer.mesh:96:10", "forward");
   // dims: batch, seq, d_ff, d_model
   kEinsum7.plan().run(a35.data(), a36.data(), a37.data(), 1.0f, 0.0f);
 
-  // performer.mesh:117:12 add -> h
-  MESHRT_TRACE("loop", "performer.mesh:117:12", "forward");
-  loop7(a38.data(), a29.data(), a37.data());
-
   // performer.mesh:29:10 layer_norm
   // performer.mesh:29:33 mul
   // performer.mesh:29:40 add -> n
+  // performer.mesh:117:12 add -> h
   MESHRT_TRACE("layer_norm", "performer.mesh:29:10", "forward");
-  support::layerNormAffine(a39.data(), a38.data(), 128, 32, a40.data(), a41.data(), 1e-05, 32);
+  support::addLayerNormAffine(a38.data(), a39.data(), kShape4, 32, a40.data(), a41.data(), 1e-05,
+                              32, a29.data(), kShape5, a37.data(), kShape5, nullptr, kShape7);
 }
 
 Lm::Inputs Lm::synthesizeInputs(uint64_t seed) const {
@@ -2355,24 +2344,24 @@ void LmTrain::runPart0(const Inputs &inputs) {
   MESHRT_TRACE("shift", "performer.mesh:147:17", "forward");
   const support::Buffer &v0 = inputs.tokens.data;
   support::View v1 = arena_.view(1998848, 128);
-  support::shift(v1, v0, kShape20, 1, -1, nullptr);
+  support::shift(v1, v0, kShape4, 1, -1, nullptr);
 
   // performer.mesh:148:36 ge
   // performer.mesh:148:24 cast
   MESHRT_TRACE("loop", "performer.mesh:148:36", "forward");
   support::View v4 = arena_.view(0, 128);
-  loop14(v4.data(), v0.data());
+  loop13(v4.data(), v0.data());
 
   // performer.mesh:148:18 shift -> has_next
   MESHRT_TRACE("shift", "performer.mesh:148:18", "forward");
   support::View v5 = arena_.view(1999360, 128);
-  support::shift(v5, v4, kShape20, 1, -1, nullptr);
+  support::shift(v5, v4, kShape4, 1, -1, nullptr);
 
   // performer.mesh:133:37 gather
   MESHRT_TRACE("gather", "performer.mesh:133:37", "forward");
   support::View v6(param0_causal_lm_embedding); // updated in place
   support::View v8 = arena_.view(0, 4096);
-  support::gather(v8.data(), kShape14, v6.data(), kShape15, v0.data(), kShape16, 64, 32, 0);
+  support::gather(v8.data(), kShape18, v6.data(), kShape19, v0.data(), kShape20, 64, 32, 0);
 
   // performer.mesh:38:10 concat
   MESHRT_TRACE("concat", "performer.mesh:38:10", "forward");
@@ -2388,12 +2377,12 @@ void LmTrain::runPart0(const Inputs &inputs) {
   // performer.mesh:133:70 add -> h
   MESHRT_TRACE("loop", "performer.mesh:133:70", "forward");
   support::View v20 = arena_.view(2097152, 4096);
-  loop7(v20.data(), v8.data(), v19.data());
+  loop14(v20.data(), v8.data(), v19.data());
 
   // performer.mesh:29:10 layer_norm
   MESHRT_TRACE("layer_norm", "performer.mesh:29:10", "forward");
   support::View v24 = arena_.view(2113536, 4096);
-  support::along(v24.data(), v20.data(), kShape20, kShape21, kShape21, kShape3, kShape1, kShape1,
+  support::along(v24.data(), v20.data(), kShape4, kShape5, kShape5, kShape3, kShape1, kShape1,
                  support::Along::LayerNorm, 1e-05, 32, nullptr);
 
   // performer.mesh:29:33 mul
@@ -2515,13 +2504,13 @@ void LmTrain::runPart0(const Inputs &inputs) {
   // performer.mesh:149:25 log_softmax
   MESHRT_TRACE("log_softmax", "performer.mesh:149:25", "forward");
   support::View v149 = arena_.view(163840, 8192);
-  support::along(v149.data(), v148.data(), kShape20, kShape9, kShape9, kShape7, kShape1, kShape1,
+  support::along(v149.data(), v148.data(), kShape4, kShape13, kShape13, kShape11, kShape1, kShape1,
                  support::Along::LogSoftmax, 1e-05, 64, nullptr);
 
   // performer.mesh:149:65 one_hot
   MESHRT_TRACE("one_hot", "performer.mesh:149:65", "forward");
   support::View v150 = arena_.view(131072, 8192);
-  support::oneHot(v150.data(), kShape22, v1.data(), kShape16, kShape15, 0);
+  support::oneHot(v150.data(), kShape24, v1.data(), kShape20, kShape19, 0);
 
   // performer.mesh:149:63 mul
   MESHRT_TRACE("loop", "performer.mesh:149:63", "forward");
@@ -2531,7 +2520,7 @@ void LmTrain::runPart0(const Inputs &inputs) {
   // performer.mesh:149:21 sum
   MESHRT_TRACE("sum", "performer.mesh:149:21", "forward");
   support::View v152 = arena_.view(369152, 128);
-  support::reduce(v152.data(), kShape20, v151.data(), kShape9, kShape7, kShape1,
+  support::reduce(v152.data(), kShape4, v151.data(), kShape13, kShape11, kShape1,
                   support::Reduce::Sum, 1.0);
 
   // performer.mesh:149:20 neg -> token_loss
@@ -2543,14 +2532,14 @@ void LmTrain::runPart0(const Inputs &inputs) {
   // performer.mesh:150:14 sum
   MESHRT_TRACE("sum", "performer.mesh:150:14", "forward");
   support::View v155 = arena_.view(229888, 1);
-  support::reduce(v155.data(), kShape23, v154.data(), kShape23, kShape20, kShape24,
+  support::reduce(v155.data(), kShape7, v154.data(), kShape7, kShape4, kShape25,
                   support::Reduce::Sum, 1.0);
 
   // performer.mesh:150:43 sum
   MESHRT_TRACE("sum", "performer.mesh:150:43", "forward");
   support::View v156 = arena_.view(369152, 1);
-  support::reduce(v156.data(), kShape23, v5.data(), kShape23, kShape20, kShape24,
-                  support::Reduce::Sum, 1.0);
+  support::reduce(v156.data(), kShape7, v5.data(), kShape7, kShape4, kShape25, support::Reduce::Sum,
+                  1.0);
 
   // performer.mesh:150:41 bucketed_all_reduce_sum (2 partial sums (%153, %154) over data resolved
   // together, 8 B in one buffer)
@@ -2609,7 +2598,7 @@ void LmTrain::runPart1(const Inputs &inputs) {
   MESHRT_TRACE("sum", "performer.mesh:29:40", "backward");
   support::View v177 = arena_.view(131072, 4096);
   support::View v179 = arena_.view(2370304, 32);
-  support::reduce(v179.data(), kShape3, v177.data(), kShape1, kShape20, kShape21,
+  support::reduce(v179.data(), kShape3, v177.data(), kShape1, kShape4, kShape5,
                   support::Reduce::Sum, 1.0);
 
   // performer.mesh:29:33 mul
@@ -2621,14 +2610,14 @@ void LmTrain::runPart1(const Inputs &inputs) {
   // performer.mesh:29:33 sum -> grad/causal_lm/norm/gain
   MESHRT_TRACE("sum", "performer.mesh:29:33", "backward");
   support::View v182 = arena_.view(2370432, 32);
-  support::reduce(v182.data(), kShape3, v181.data(), kShape1, kShape20, kShape21,
+  support::reduce(v182.data(), kShape3, v181.data(), kShape1, kShape4, kShape5,
                   support::Reduce::Sum, 1.0);
 
   // performer.mesh:29:10 mean
   MESHRT_TRACE("mean", "performer.mesh:29:10", "backward");
   support::View v142 = arena_.view(311296, 4096);
   support::View v183 = arena_.view(163840, 128);
-  support::reduce(v183.data(), kShape20, v142.data(), kShape21, kShape3, kShape1,
+  support::reduce(v183.data(), kShape4, v142.data(), kShape5, kShape3, kShape1,
                   support::Reduce::Sum, 0.03125);
 
   // performer.mesh:29:10 sub
@@ -2640,7 +2629,7 @@ void LmTrain::runPart1(const Inputs &inputs) {
   // performer.mesh:29:10 mean
   MESHRT_TRACE("mean", "performer.mesh:29:10", "backward");
   support::View v186 = arena_.view(163840, 128);
-  support::reduce(v186.data(), kShape20, v185.data(), kShape21, kShape3, kShape1,
+  support::reduce(v186.data(), kShape4, v185.data(), kShape5, kShape3, kShape1,
                   support::Reduce::Sum, 0.03125);
 
   // performer.mesh:29:10 add
@@ -2660,13 +2649,13 @@ void LmTrain::runPart1(const Inputs &inputs) {
   // performer.mesh:29:10 mean
   MESHRT_TRACE("mean", "performer.mesh:29:10", "backward");
   support::View v191 = arena_.view(131072, 128);
-  support::reduce(v191.data(), kShape20, v190.data(), kShape21, kShape3, kShape1,
+  support::reduce(v191.data(), kShape4, v190.data(), kShape5, kShape3, kShape1,
                   support::Reduce::Sum, 0.03125);
 
   // performer.mesh:29:10 mean
   MESHRT_TRACE("mean", "performer.mesh:29:10", "backward");
   support::View v193 = arena_.view(131584, 128);
-  support::reduce(v193.data(), kShape20, v180.data(), kShape21, kShape3, kShape1,
+  support::reduce(v193.data(), kShape4, v180.data(), kShape5, kShape3, kShape1,
                   support::Reduce::Sum, 0.03125);
 
   // performer.mesh:29:10 mul
@@ -2880,8 +2869,8 @@ void LmTrain::runPart1(const Inputs &inputs) {
   MESHRT_TRACE("einsum", "performer.mesh:133:37", "backward");
   const support::Buffer &v0 = inputs.tokens.data;
   support::View v426 = arena_.view(0, 2048);
-  support::scatterAdd(v426.data(), kShape25, v424.data(), kShape26, v0.data(), kShape27, kShape20,
-                      kShape21, kShape24, 0, 0);
+  support::scatterAdd(v426.data(), kShape26, v424.data(), kShape27, v0.data(), kShape28, kShape4,
+                      kShape5, kShape25, 0, 0);
 
   // performer.mesh:151:3 bucketed_all_reduce_sum -> grad/causal_lm/unembed (24 partial sums
   // (grad/causal_lm/unembed, grad/causal_lm/norm/bias, grad/causal_lm/norm/gain, ...) over data
@@ -3130,7 +3119,7 @@ void LmTrain::repeated0(
 
   // performer.mesh:29:40 sum -> grad/causal_lm/decoder_layer[1]/norm#1/bias
   MESHRT_TRACE("sum", "performer.mesh:29:40", "backward");
-  support::reduce(a11.data(), kShape3, a8.data(), kShape1, kShape20, kShape21, support::Reduce::Sum,
+  support::reduce(a11.data(), kShape3, a8.data(), kShape1, kShape4, kShape5, support::Reduce::Sum,
                   1.0);
 
   // performer.mesh:29:33 mul
@@ -3139,13 +3128,13 @@ void LmTrain::repeated0(
 
   // performer.mesh:29:33 sum -> grad/causal_lm/decoder_layer[1]/norm#1/gain
   MESHRT_TRACE("sum", "performer.mesh:29:33", "backward");
-  support::reduce(a14.data(), kShape3, a13.data(), kShape1, kShape20, kShape21,
-                  support::Reduce::Sum, 1.0);
+  support::reduce(a14.data(), kShape3, a13.data(), kShape1, kShape4, kShape5, support::Reduce::Sum,
+                  1.0);
 
   // performer.mesh:29:10 mean
   MESHRT_TRACE("mean", "performer.mesh:29:10", "backward");
-  support::reduce(a15.data(), kShape20, a16.data(), kShape21, kShape3, kShape1,
-                  support::Reduce::Sum, 0.03125);
+  support::reduce(a15.data(), kShape4, a16.data(), kShape5, kShape3, kShape1, support::Reduce::Sum,
+                  0.03125);
 
   // performer.mesh:29:10 sub
   // performer.mesh:29:10 square
@@ -3154,8 +3143,8 @@ void LmTrain::repeated0(
 
   // performer.mesh:29:10 mean
   MESHRT_TRACE("mean", "performer.mesh:29:10", "backward");
-  support::reduce(a18.data(), kShape20, a17.data(), kShape21, kShape3, kShape1,
-                  support::Reduce::Sum, 0.03125);
+  support::reduce(a18.data(), kShape4, a17.data(), kShape5, kShape3, kShape1, support::Reduce::Sum,
+                  0.03125);
 
   // performer.mesh:29:10 add
   // performer.mesh:29:10 rsqrt
@@ -3169,13 +3158,13 @@ void LmTrain::repeated0(
 
   // performer.mesh:29:10 mean
   MESHRT_TRACE("mean", "performer.mesh:29:10", "backward");
-  support::reduce(a23.data(), kShape20, a22.data(), kShape21, kShape3, kShape1,
-                  support::Reduce::Sum, 0.03125);
+  support::reduce(a23.data(), kShape4, a22.data(), kShape5, kShape3, kShape1, support::Reduce::Sum,
+                  0.03125);
 
   // performer.mesh:29:10 mean
   MESHRT_TRACE("mean", "performer.mesh:29:10", "backward");
-  support::reduce(a24.data(), kShape20, a21.data(), kShape21, kShape3, kShape1,
-                  support::Reduce::Sum, 0.03125);
+  support::reduce(a24.data(), kShape4, a21.data(), kShape5, kShape3, kShape1, support::Reduce::Sum,
+                  0.03125);
 
   // performer.mesh:29:10 mul
   // performer.mesh:29:10 sub
@@ -3197,7 +3186,7 @@ void LmTrain::repeated0(
 
   // performer.mesh:90:20 div
   MESHRT_TRACE("loop", "performer.mesh:90:20", "backward");
-  loop12(a31.data(), a27.data(), a30.data());
+  loop11(a31.data(), a27.data(), a30.data());
 
   // performer.mesh:90:20 div
   // performer.mesh:90:20 mul
@@ -3207,7 +3196,7 @@ void LmTrain::repeated0(
 
   // performer.mesh:90:20 sum
   MESHRT_TRACE("sum", "performer.mesh:90:20", "backward");
-  support::reduce(a33.data(), kShape4, a32.data(), kShape5, kShape2, kShape1, support::Reduce::Sum,
+  support::reduce(a33.data(), kShape8, a32.data(), kShape9, kShape2, kShape1, support::Reduce::Sum,
                   1.0);
 
   // performer.mesh:89:20 einsum
@@ -3222,12 +3211,12 @@ void LmTrain::repeated0(
 
   // performer.mesh:89:31 sum
   MESHRT_TRACE("sum", "performer.mesh:89:31", "backward");
-  support::reduce(a38.data(), kShape12, a37.data(), kShape13, kShape0, kShape7,
+  support::reduce(a38.data(), kShape16, a37.data(), kShape17, kShape0, kShape11,
                   support::Reduce::Sum, 1.0);
 
   // performer.mesh:89:31 cumsum
   MESHRT_TRACE("cumsum", "performer.mesh:89:31", "backward");
-  support::along(a39.data(), a37.data(), kShape12, kShape13, kShape13, kShape0, kShape7, kShape7,
+  support::along(a39.data(), a37.data(), kShape16, kShape17, kShape17, kShape0, kShape11, kShape11,
                  support::Along::CumsumExclusive, 1e-05, 128, nullptr);
 
   // performer.mesh:88:19 einsum
@@ -3242,12 +3231,12 @@ void LmTrain::repeated0(
 
   // performer.mesh:87:12 sum
   MESHRT_TRACE("sum", "performer.mesh:87:12", "backward");
-  support::reduce(a43.data(), kShape17, a42.data(), kShape18, kShape0, kShape19,
+  support::reduce(a43.data(), kShape21, a42.data(), kShape22, kShape0, kShape23,
                   support::Reduce::Sum, 1.0);
 
   // performer.mesh:87:12 cumsum
   MESHRT_TRACE("cumsum", "performer.mesh:87:12", "backward");
-  support::along(a44.data(), a42.data(), kShape17, kShape18, kShape18, kShape0, kShape19, kShape19,
+  support::along(a44.data(), a42.data(), kShape21, kShape22, kShape22, kShape0, kShape23, kShape23,
                  support::Along::CumsumExclusive, 1e-05, 128, nullptr);
 
   // performer.mesh:87:12 broadcast
@@ -3303,8 +3292,8 @@ void LmTrain::repeated0(
 
   // performer.mesh:57:59 sum
   MESHRT_TRACE("sum", "performer.mesh:57:59", "backward");
-  support::reduce(a57.data(), kShape4, a56.data(), kShape6, kShape7, kShape1, support::Reduce::Sum,
-                  1.0);
+  support::reduce(a57.data(), kShape8, a56.data(), kShape10, kShape11, kShape1,
+                  support::Reduce::Sum, 1.0);
 
   // performer.mesh:57:10 einsum
   MESHRT_TRACE("gemm", "performer.mesh:57:10", "backward");
@@ -3339,8 +3328,8 @@ void LmTrain::repeated0(
 
   // performer.mesh:57:59 sum
   MESHRT_TRACE("sum", "performer.mesh:57:59", "backward");
-  support::reduce(a68.data(), kShape4, a67.data(), kShape6, kShape7, kShape1, support::Reduce::Sum,
-                  1.0);
+  support::reduce(a68.data(), kShape8, a67.data(), kShape10, kShape11, kShape1,
+                  support::Reduce::Sum, 1.0);
 
   // performer.mesh:57:10 einsum
   MESHRT_TRACE("gemm", "performer.mesh:57:10", "backward");
@@ -3381,8 +3370,8 @@ void LmTrain::repeated0(
 
   // performer.mesh:29:40 sum -> grad/causal_lm/decoder_layer[1]/norm/bias
   MESHRT_TRACE("sum", "performer.mesh:29:40", "backward");
-  support::reduce(a76.data(), kShape3, a74.data(), kShape1, kShape20, kShape21,
-                  support::Reduce::Sum, 1.0);
+  support::reduce(a76.data(), kShape3, a74.data(), kShape1, kShape4, kShape5, support::Reduce::Sum,
+                  1.0);
 
   // performer.mesh:29:33 mul
   MESHRT_TRACE("loop", "performer.mesh:29:33", "backward");
@@ -3390,13 +3379,13 @@ void LmTrain::repeated0(
 
   // performer.mesh:29:33 sum -> grad/causal_lm/decoder_layer[1]/norm/gain
   MESHRT_TRACE("sum", "performer.mesh:29:33", "backward");
-  support::reduce(a79.data(), kShape3, a78.data(), kShape1, kShape20, kShape21,
-                  support::Reduce::Sum, 1.0);
+  support::reduce(a79.data(), kShape3, a78.data(), kShape1, kShape4, kShape5, support::Reduce::Sum,
+                  1.0);
 
   // performer.mesh:29:10 mean
   MESHRT_TRACE("mean", "performer.mesh:29:10", "backward");
-  support::reduce(a80.data(), kShape20, a81.data(), kShape21, kShape3, kShape1,
-                  support::Reduce::Sum, 0.03125);
+  support::reduce(a80.data(), kShape4, a81.data(), kShape5, kShape3, kShape1, support::Reduce::Sum,
+                  0.03125);
 
   // performer.mesh:29:10 sub
   // performer.mesh:29:10 square
@@ -3405,8 +3394,8 @@ void LmTrain::repeated0(
 
   // performer.mesh:29:10 mean
   MESHRT_TRACE("mean", "performer.mesh:29:10", "backward");
-  support::reduce(a83.data(), kShape20, a82.data(), kShape21, kShape3, kShape1,
-                  support::Reduce::Sum, 0.03125);
+  support::reduce(a83.data(), kShape4, a82.data(), kShape5, kShape3, kShape1, support::Reduce::Sum,
+                  0.03125);
 
   // performer.mesh:29:10 add
   // performer.mesh:29:10 rsqrt
@@ -3420,13 +3409,13 @@ void LmTrain::repeated0(
 
   // performer.mesh:29:10 mean
   MESHRT_TRACE("mean", "performer.mesh:29:10", "backward");
-  support::reduce(a88.data(), kShape20, a87.data(), kShape21, kShape3, kShape1,
-                  support::Reduce::Sum, 0.03125);
+  support::reduce(a88.data(), kShape4, a87.data(), kShape5, kShape3, kShape1, support::Reduce::Sum,
+                  0.03125);
 
   // performer.mesh:29:10 mean
   MESHRT_TRACE("mean", "performer.mesh:29:10", "backward");
-  support::reduce(a89.data(), kShape20, a86.data(), kShape21, kShape3, kShape1,
-                  support::Reduce::Sum, 0.03125);
+  support::reduce(a89.data(), kShape4, a86.data(), kShape5, kShape3, kShape1, support::Reduce::Sum,
+                  0.03125);
 
   // performer.mesh:29:10 mul
   // performer.mesh:29:10 sub
@@ -3671,21 +3660,21 @@ void LmTrain::repeated2(support::ConstView a0, support::ConstView a1, support::V
 
   // performer.mesh:57:65 square
   MESHRT_TRACE("loop", "performer.mesh:57:65", "forward");
-  loop8(a5.data(), a2.data());
+  loop7(a5.data(), a2.data());
 
   // performer.mesh:57:61 sum
   MESHRT_TRACE("sum", "performer.mesh:57:61", "forward");
-  support::reduce(a6.data(), kShape4, a5.data(), kShape5, kShape2, kShape1, support::Reduce::Sum,
+  support::reduce(a6.data(), kShape8, a5.data(), kShape9, kShape2, kShape1, support::Reduce::Sum,
                   1.0);
 
   // performer.mesh:57:89 mul
   // performer.mesh:57:59 sub -> logits
   MESHRT_TRACE("loop", "performer.mesh:57:89", "forward");
-  loop9(a7.data(), a6.data(), a4.data());
+  loop8(a7.data(), a6.data(), a4.data());
 
   // performer.mesh:66:37 max
   MESHRT_TRACE("max", "performer.mesh:66:37", "forward");
-  support::reduce(a8.data(), kShape4, a7.data(), kShape6, kShape7, kShape1, support::Reduce::Max,
+  support::reduce(a8.data(), kShape8, a7.data(), kShape10, kShape11, kShape1, support::Reduce::Max,
                   1.0);
 
   // performer.mesh:66:23 stop_gradient
@@ -3708,21 +3697,21 @@ void LmTrain::repeated2(support::ConstView a0, support::ConstView a1, support::V
 
   // performer.mesh:57:65 square
   MESHRT_TRACE("loop", "performer.mesh:57:65", "forward");
-  loop8(a14.data(), a12.data());
+  loop7(a14.data(), a12.data());
 
   // performer.mesh:57:61 sum
   MESHRT_TRACE("sum", "performer.mesh:57:61", "forward");
-  support::reduce(a15.data(), kShape4, a14.data(), kShape5, kShape2, kShape1, support::Reduce::Sum,
+  support::reduce(a15.data(), kShape8, a14.data(), kShape9, kShape2, kShape1, support::Reduce::Sum,
                   1.0);
 
   // performer.mesh:57:89 mul
   // performer.mesh:57:59 sub -> logits
   MESHRT_TRACE("loop", "performer.mesh:57:89", "forward");
-  loop9(a16.data(), a15.data(), a13.data());
+  loop8(a16.data(), a15.data(), a13.data());
 
   // performer.mesh:71:37 max
   MESHRT_TRACE("max", "performer.mesh:71:37", "forward");
-  support::reduce(a17.data(), kShape8, a16.data(), kShape9, kShape10, kShape11,
+  support::reduce(a17.data(), kShape12, a16.data(), kShape13, kShape14, kShape15,
                   support::Reduce::Max, 1.0);
 
   // performer.mesh:71:23 stop_gradient
@@ -3744,7 +3733,7 @@ void LmTrain::repeated2(support::ConstView a0, support::ConstView a1, support::V
 
   // performer.mesh:87:12 cumsum -> kv
   MESHRT_TRACE("cumsum", "performer.mesh:87:12", "forward");
-  support::along(a23.data(), a22.data(), kShape17, kShape18, kShape18, kShape0, kShape19, kShape19,
+  support::along(a23.data(), a22.data(), kShape21, kShape22, kShape22, kShape0, kShape23, kShape23,
                  support::Along::Cumsum, 1e-05, 128, nullptr);
 
   // performer.mesh:88:19 einsum -> numerator
@@ -3754,7 +3743,7 @@ void LmTrain::repeated2(support::ConstView a0, support::ConstView a1, support::V
 
   // performer.mesh:89:31 cumsum
   MESHRT_TRACE("cumsum", "performer.mesh:89:31", "forward");
-  support::along(a25.data(), a19.data(), kShape12, kShape13, kShape13, kShape0, kShape7, kShape7,
+  support::along(a25.data(), a19.data(), kShape16, kShape17, kShape17, kShape0, kShape11, kShape11,
                  support::Along::Cumsum, 1e-05, 128, nullptr);
 
   // performer.mesh:89:20 einsum -> normalizer
@@ -3764,7 +3753,7 @@ void LmTrain::repeated2(support::ConstView a0, support::ConstView a1, support::V
 
   // performer.mesh:90:20 div
   MESHRT_TRACE("loop", "performer.mesh:90:20", "forward");
-  loop12(a27.data(), a24.data(), a26.data());
+  loop11(a27.data(), a24.data(), a26.data());
 
   // performer.mesh:50:10 einsum
   MESHRT_TRACE("gemm", "performer.mesh:50:10", "forward");
@@ -3778,11 +3767,11 @@ void LmTrain::repeated2(support::ConstView a0, support::ConstView a1, support::V
 
   // performer.mesh:116:13 add -> h
   MESHRT_TRACE("loop", "performer.mesh:116:13", "forward");
-  loop7(a31.data(), a30.data(), a29.data());
+  loop14(a31.data(), a30.data(), a29.data());
 
   // performer.mesh:29:10 layer_norm
   MESHRT_TRACE("layer_norm", "performer.mesh:29:10", "forward");
-  support::along(a32.data(), a31.data(), kShape20, kShape21, kShape21, kShape3, kShape1, kShape1,
+  support::along(a32.data(), a31.data(), kShape4, kShape5, kShape5, kShape3, kShape1, kShape1,
                  support::Along::LayerNorm, 1e-05, 32, nullptr);
 
   // performer.mesh:29:33 mul
@@ -3797,7 +3786,7 @@ void LmTrain::repeated2(support::ConstView a0, support::ConstView a1, support::V
 
   // performer.mesh:96:17 gelu
   MESHRT_TRACE("loop", "performer.mesh:96:17", "forward");
-  loop13(a38.data(), a37.data());
+  loop12(a38.data(), a37.data());
 
   // performer.mesh:96:10 einsum
   MESHRT_TRACE("gemm", "performer.mesh:96:10", "forward");
@@ -3806,11 +3795,11 @@ void LmTrain::repeated2(support::ConstView a0, support::ConstView a1, support::V
 
   // performer.mesh:117:12 add -> h
   MESHRT_TRACE("loop", "performer.mesh:117:12", "forward");
-  loop7(a41.data(), a31.data(), a40.data());
+  loop14(a41.data(), a31.data(), a40.data());
 
   // performer.mesh:29:10 layer_norm
   MESHRT_TRACE("layer_norm", "performer.mesh:29:10", "forward");
-  support::along(a42.data(), a41.data(), kShape20, kShape21, kShape21, kShape3, kShape1, kShape1,
+  support::along(a42.data(), a41.data(), kShape4, kShape5, kShape5, kShape3, kShape1, kShape1,
                  support::Along::LayerNorm, 1e-05, 32, nullptr);
 
   // performer.mesh:29:33 mul

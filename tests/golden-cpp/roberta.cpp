@@ -9,22 +9,23 @@ namespace meshc_generated {
 static const support::Shape kShape0 = {2, 16, 32};
 static const support::Shape kShape1 = {0, 0, 1};
 static const support::Shape kShape2 = {16, 1, 0};
-static const support::Shape kShape3 = {2, 2, 16};
-static const support::Shape kShape4 = {512, 256, 16};
-static const support::Shape kShape5 = {16};
-static const support::Shape kShape6 = {1};
-static const support::Shape kShape7 = {2, 16};
-static const support::Shape kShape8 = {512, 32};
-static const support::Shape kShape9 = {32};
-static const support::Shape kShape10 = {};
-static const support::Shape kShape11 = {16, 1};
-static const support::Shape kShape12 = {16, 32};
-static const support::Shape kShape13 = {32, 1};
-static const support::Shape kShape14 = {2};
-static const support::Shape kShape15 = {512};
-static const support::Shape kShape16 = {32, 32};
-static const support::Shape kShape17 = {0, 1};
-static const support::Shape kShape18 = {0, 0};
+static const support::Shape kShape3 = {2, 16};
+static const support::Shape kShape4 = {512, 32};
+static const support::Shape kShape5 = {0, 32};
+static const support::Shape kShape6 = {};
+static const support::Shape kShape7 = {2, 2, 16};
+static const support::Shape kShape8 = {512, 256, 16};
+static const support::Shape kShape9 = {16};
+static const support::Shape kShape10 = {1};
+static const support::Shape kShape11 = {0, 0};
+static const support::Shape kShape12 = {32};
+static const support::Shape kShape13 = {16, 1};
+static const support::Shape kShape14 = {16, 32};
+static const support::Shape kShape15 = {32, 1};
+static const support::Shape kShape16 = {2};
+static const support::Shape kShape17 = {512};
+static const support::Shape kShape18 = {32, 32};
+static const support::Shape kShape19 = {0, 1};
 static const support::SharedEinsum
     kEinsum0({{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
 static const support::SharedEinsum
@@ -52,19 +53,7 @@ static const support::SharedEinsum
 static const support::SharedEinsum
     kEinsum12({{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
 
-[[gnu::noinline]] static void loop0(float *__restrict p0, const float *__restrict p1,
-                                    const float *__restrict p2) {
-  for (int64_t i0 = 0; i0 < 2; ++i0) {
-    for (int64_t i1 = 0; i1 < 512; ++i1) {
-      const float s0 = p1[i0 * 512 + i1];
-      const float s1 = p2[i1];
-      const float s2 = (s0 + s1);
-      p0[i0 * 512 + i1] = s2;
-    }
-  }
-}
-
-[[gnu::noinline]] static void loop1(float *__restrict p0, const float *__restrict p1) {
+[[gnu::noinline]] static void loop0(float *__restrict p0, const float *__restrict p1) {
   for (int64_t i0 = 0; i0 < 32; ++i0) {
     for (int64_t i1 = 0; i1 < 32; ++i1) {
       const float s0 = p1[i0 + i1 * 32];
@@ -74,31 +63,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop2(float *__restrict p0, const float *__restrict p1,
-                                    const float *__restrict p2) {
-  for (int64_t i0 = 0; i0 < 1024; ++i0) {
-    const float s0 = p1[i0];
-    const float s1 = p2[i0];
-    const float s2 = (s0 + s1);
-    p0[i0] = s2;
-  }
-}
-
-[[gnu::noinline]] static void loop3(float *__restrict p0, const float *__restrict p1,
-                                    const float *__restrict p2, const float *__restrict p3) {
-  for (int64_t i0 = 0; i0 < 32; ++i0) {
-    for (int64_t i1 = 0; i1 < 32; ++i1) {
-      const float s0 = p1[i0 * 32 + i1];
-      const float s1 = p2[i1];
-      const float s2 = (s0 + s1);
-      const float s3 = p3[i0 * 32 + i1];
-      const float s4 = (s3 + s2);
-      p0[i0 * 32 + i1] = s4;
-    }
-  }
-}
-
-[[gnu::noinline]] static void loop4(float *__restrict p0, float *__restrict p1,
+[[gnu::noinline]] static void loop1(float *__restrict p0, float *__restrict p1,
                                     const float *__restrict p2, const float *__restrict p3,
                                     const float *__restrict p4, const float *__restrict p5) {
   for (int64_t i0 = 0; i0 < 32; ++i0) {
@@ -128,7 +93,19 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop5(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop2(float *__restrict p0, const float *__restrict p1,
+                                    const float *__restrict p2) {
+  for (int64_t i0 = 0; i0 < 2; ++i0) {
+    for (int64_t i1 = 0; i1 < 512; ++i1) {
+      const float s0 = p1[i0 * 512 + i1];
+      const float s1 = p2[i1];
+      const float s2 = (s0 + s1);
+      p0[i0 * 512 + i1] = s2;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop3(float *__restrict p0, const float *__restrict p1,
                                     const float *__restrict p2, const float *__restrict p3) {
   for (int64_t i0 = 0; i0 < 32; ++i0) {
     for (int64_t i1 = 0; i1 < 32; ++i1) {
@@ -142,7 +119,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop6(float *__restrict p0, float *__restrict p1,
+[[gnu::noinline]] static void loop4(float *__restrict p0, float *__restrict p1,
                                     const float *__restrict p2, const float *__restrict p3) {
   for (int64_t i0 = 0; i0 < 32; ++i0) {
     for (int64_t i1 = 0; i1 < 32; ++i1) {
@@ -156,7 +133,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop7(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop5(float *__restrict p0, const float *__restrict p1,
                                     const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 1024; ++i0) {
     const float s0 = p1[i0];
@@ -166,7 +143,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop8(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop6(float *__restrict p0, const float *__restrict p1,
                                     const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 32; ++i0) {
     const float s0 = p1[i0];
@@ -177,7 +154,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop9(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop7(float *__restrict p0, const float *__restrict p1,
                                     const float *__restrict p2, const float *__restrict p3,
                                     const float *__restrict p4, const float *__restrict p5) {
   const float r0 = p1[0];
@@ -211,10 +188,10 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop10(float *__restrict p0, const float *__restrict p1,
-                                     const float *__restrict p2, const float *__restrict p3,
-                                     const float *__restrict p4, const float *__restrict p5,
-                                     const float *__restrict p6) {
+[[gnu::noinline]] static void loop8(float *__restrict p0, const float *__restrict p1,
+                                    const float *__restrict p2, const float *__restrict p3,
+                                    const float *__restrict p4, const float *__restrict p5,
+                                    const float *__restrict p6) {
   for (int64_t i0 = 0; i0 < 32; ++i0) {
     for (int64_t i1 = 0; i1 < 32; ++i1) {
       const float s0 = p1[i0 * 32 + i1];
@@ -260,9 +237,9 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop11(float *__restrict p0, const float *__restrict p1,
-                                     const float *__restrict p2, const float *__restrict p3,
-                                     const float *__restrict p4, const float *__restrict p5) {
+[[gnu::noinline]] static void loop9(float *__restrict p0, const float *__restrict p1,
+                                    const float *__restrict p2, const float *__restrict p3,
+                                    const float *__restrict p4, const float *__restrict p5) {
   for (int64_t i0 = 0; i0 < 32; ++i0) {
     for (int64_t i1 = 0; i1 < 32; ++i1) {
       const float s0 = p1[i0 * 32 + i1];
@@ -279,7 +256,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop12(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop10(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 32; ++i0) {
     for (int64_t i1 = 0; i1 < 32; ++i1) {
@@ -292,7 +269,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop13(float *__restrict p0, float *__restrict p1,
+[[gnu::noinline]] static void loop11(float *__restrict p0, float *__restrict p1,
                                      float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4, const float *__restrict p5,
                                      const float *__restrict p6) {
@@ -337,7 +314,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop14(float *__restrict p0, float *__restrict p1,
+[[gnu::noinline]] static void loop12(float *__restrict p0, float *__restrict p1,
                                      float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4, const float *__restrict p5,
                                      const float *__restrict p6) {
@@ -382,7 +359,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop15(float *__restrict p0, float *__restrict p1,
+[[gnu::noinline]] static void loop13(float *__restrict p0, float *__restrict p1,
                                      float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4, const float *__restrict p5,
                                      const float *__restrict p6) {
@@ -427,7 +404,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop16(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop14(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 1024; ++i0) {
     const float s0 = p1[i0];
@@ -464,7 +441,17 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop17(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop15(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2) {
+  for (int64_t i0 = 0; i0 < 1024; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = p2[i0];
+    const float s2 = (s0 + s1);
+    p0[i0] = s2;
+  }
+}
+
+[[gnu::noinline]] static void loop16(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 32; ++i0) {
     for (int64_t i1 = 0; i1 < 32; ++i1) {
@@ -477,7 +464,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop18(float *__restrict p0, const float *__restrict p1) {
+[[gnu::noinline]] static void loop17(float *__restrict p0, const float *__restrict p1) {
   for (int64_t i0 = 0; i0 < 32; ++i0) {
     const float s0 = p1[i0];
     const float s1 = 1e-12f;
@@ -487,7 +474,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop19(float *__restrict p0, float *__restrict p1,
+[[gnu::noinline]] static void loop18(float *__restrict p0, float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4) {
   for (int64_t i0 = 0; i0 < 32; ++i0) {
@@ -503,7 +490,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop20(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop19(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3) {
   for (int64_t i0 = 0; i0 < 64; ++i0) {
     for (int64_t i1 = 0; i1 < 16; ++i1) {
@@ -519,7 +506,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop21(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop20(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4) {
   for (int64_t i0 = 0; i0 < 1024; ++i0) {
@@ -531,6 +518,20 @@ static const support::SharedEinsum
     const float s5 = p4[i0];
     const float s6 = (s4 + s5);
     p0[i0] = s6;
+  }
+}
+
+[[gnu::noinline]] static void loop21(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2, const float *__restrict p3) {
+  for (int64_t i0 = 0; i0 < 32; ++i0) {
+    for (int64_t i1 = 0; i1 < 32; ++i1) {
+      const float s0 = p1[i0 * 32 + i1];
+      const float s1 = p2[i1];
+      const float s2 = (s0 + s1);
+      const float s3 = p3[i0 * 32 + i1];
+      const float s4 = (s3 + s2);
+      p0[i0 * 32 + i1] = s4;
+    }
   }
 }
 
@@ -706,7 +707,7 @@ Mlm::Outputs Mlm::run(const Inputs &inputs) {
   // Arena: 16384 bytes for 118784 bytes of temporaries (placed by liveness).
   support::checkShape("input", "tokens", inputs.tokens, {2, 16});
   runPart0(inputs);
-  support::View v102 = arena_.view(8192, 1024);
+  support::View v102 = arena_.view(4096, 1024);
 
   Outputs outputs;
   outputs.logits = support::Tensor{{2, 16, 32}, support::Buffer(v102.begin(), v102.end())};
@@ -729,85 +730,83 @@ void Mlm::runPart0(const Inputs &inputs) {
   MESHRT_TRACE_SITE("roberta.mesh:32:40");
   group_model.allReduce(v4.data(), v4.size(), meshrt::ReduceOp::Sum);
 
-  // roberta.mesh:32:40 add -> x
-  MESHRT_TRACE("loop", "roberta.mesh:32:40", "forward");
-  const support::Buffer &v2 = param1_roberta_positions;
-  support::View v6 = arena_.view(4096, 1024);
-  loop0(v6.data(), v4.data(), v2.data());
-
   // encoder_layers.mesh:19:10 layer_norm
   // encoder_layers.mesh:19:46 mul
   // encoder_layers.mesh:19:53 add -> x
+  // roberta.mesh:32:40 add -> x
   MESHRT_TRACE("layer_norm", "encoder_layers.mesh:19:10", "forward");
+  const support::Buffer &v2 = param1_roberta_positions;
   const support::Buffer &v7 = param2_roberta_norm_gain;
   const support::Buffer &v8 = param3_roberta_norm_bias;
-  support::View v11 = arena_.view(0, 1024);
-  support::layerNormAffine(v11.data(), v6.data(), 32, 32, v7.data(), v8.data(), 1e-12, 32);
+  support::View v11 = arena_.view(8192, 1024);
+  support::View v6 = arena_.view(4096, 1024);
+  support::addLayerNormAffine(v11.data(), v6.data(), kShape3, 32, v7.data(), v8.data(), 1e-12, 32,
+                              v4.data(), kShape4, v2.data(), kShape5, nullptr, kShape6);
 
-  // 15 statements from encoder_layers.mesh:28:17 einsum -> queries (1 of 2)
+  // 13 statements from encoder_layers.mesh:28:17 einsum -> queries (1 of 2)
   MESHRT_TRACE_SITE("encoder_layers.mesh:28:17");
   const support::Buffer &v12 = param4_roberta_encoder_layer_0_self_attention_q;
-  support::View v16 = arena_.view(8192, 512);
+  support::View v16 = arena_.view(4096, 512);
   const support::Buffer &v13 = param5_roberta_encoder_layer_0_self_attention_k;
-  support::View v17 = arena_.view(10240, 512);
+  support::View v17 = arena_.view(6144, 512);
   const support::Buffer &v14 = param6_roberta_encoder_layer_0_self_attention_v;
   support::View v19 = arena_.view(12288, 512);
-  support::View v21 = arena_.view(4096, 1024);
-  support::View v24 = arena_.view(8192, 1024);
+  support::View v21 = arena_.view(0, 1024);
+  support::View v24 = arena_.view(4096, 1024);
   support::View v25 = arena_.view(14336, 512);
   const support::Buffer &v15 = param7_roberta_encoder_layer_0_self_attention_o;
-  support::View v26 = arena_.view(4096, 1024);
-  support::View v28 = arena_.view(8192, 1024);
-  support::View v33 = arena_.view(0, 1024);
+  support::View v26 = arena_.view(0, 1024);
+  support::View v33 = arena_.view(12288, 1024);
   const support::Buffer &v29 = param8_roberta_encoder_layer_0_norm_gain;
   const support::Buffer &v30 = param9_roberta_encoder_layer_0_norm_bias;
   const support::Buffer &v34 = param10_roberta_encoder_layer_0_dense_relu_dense_wi;
-  support::View v40 = arena_.view(4096, 1024);
+  support::View v40 = arena_.view(0, 1024);
   const support::Buffer &v35 = param11_roberta_encoder_layer_0_dense_relu_dense_bi;
   const support::Buffer &v36 = param12_roberta_encoder_layer_0_dense_relu_dense_wo;
-  support::View v41 = arena_.view(8192, 1024);
+  support::View v41 = arena_.view(4096, 1024);
   const support::Buffer &v37 = param13_roberta_encoder_layer_0_dense_relu_dense_bo;
-  support::View v44 = arena_.view(4096, 1024);
   const support::Buffer &v45 = param14_roberta_encoder_layer_0_norm_1_gain;
   const support::Buffer &v46 = param15_roberta_encoder_layer_0_norm_1_bias;
-  support::View v49 = arena_.view(0, 1024);
-  repeated0(v11, v12, v16, v13, v17, v14, v19, v21, v24, v25, v15, v26, v28, v33, v29, v30, v34,
-            v40, v35, v36, v41, v37, v44, v49, v45, v46);
+  support::View v28 = arena_.view(4096, 1024);
+  support::View v49 = arena_.view(8192, 1024);
+  support::View v44 = arena_.view(0, 1024);
+  repeated0(v11, v12, v16, v13, v17, v14, v19, v21, v24, v25, v15, v26, v33, v28, v29, v30, v34,
+            v40, v35, v36, v41, v49, v44, v37, v45, v46);
 
-  // 15 statements from encoder_layers.mesh:28:17 einsum -> queries (2 of 2)
+  // 13 statements from encoder_layers.mesh:28:17 einsum -> queries (2 of 2)
   MESHRT_TRACE_SITE("encoder_layers.mesh:28:17");
   const support::Buffer &v50 = param16_roberta_encoder_layer_1_self_attention_q;
-  support::View v54 = arena_.view(8192, 512);
+  support::View v54 = arena_.view(4096, 512);
   const support::Buffer &v51 = param17_roberta_encoder_layer_1_self_attention_k;
-  support::View v55 = arena_.view(10240, 512);
+  support::View v55 = arena_.view(6144, 512);
   const support::Buffer &v52 = param18_roberta_encoder_layer_1_self_attention_v;
   support::View v57 = arena_.view(12288, 512);
-  support::View v59 = arena_.view(4096, 1024);
-  support::View v62 = arena_.view(8192, 1024);
+  support::View v59 = arena_.view(0, 1024);
+  support::View v62 = arena_.view(4096, 1024);
   support::View v63 = arena_.view(14336, 512);
   const support::Buffer &v53 = param19_roberta_encoder_layer_1_self_attention_o;
-  support::View v64 = arena_.view(4096, 1024);
-  support::View v66 = arena_.view(8192, 1024);
-  support::View v71 = arena_.view(0, 1024);
+  support::View v64 = arena_.view(0, 1024);
+  support::View v71 = arena_.view(12288, 1024);
   const support::Buffer &v67 = param20_roberta_encoder_layer_1_norm_gain;
   const support::Buffer &v68 = param21_roberta_encoder_layer_1_norm_bias;
   const support::Buffer &v72 = param22_roberta_encoder_layer_1_dense_relu_dense_wi;
-  support::View v78 = arena_.view(4096, 1024);
+  support::View v78 = arena_.view(0, 1024);
   const support::Buffer &v73 = param23_roberta_encoder_layer_1_dense_relu_dense_bi;
   const support::Buffer &v74 = param24_roberta_encoder_layer_1_dense_relu_dense_wo;
-  support::View v79 = arena_.view(8192, 1024);
+  support::View v79 = arena_.view(4096, 1024);
   const support::Buffer &v75 = param25_roberta_encoder_layer_1_dense_relu_dense_bo;
-  support::View v82 = arena_.view(4096, 1024);
   const support::Buffer &v83 = param26_roberta_encoder_layer_1_norm_1_gain;
   const support::Buffer &v84 = param27_roberta_encoder_layer_1_norm_1_bias;
-  support::View v87 = arena_.view(0, 1024);
-  repeated0(v49, v50, v54, v51, v55, v52, v57, v59, v62, v63, v53, v64, v66, v71, v67, v68, v72,
-            v78, v73, v74, v79, v75, v82, v87, v83, v84);
+  support::View v66 = arena_.view(4096, 1024);
+  support::View v87 = arena_.view(8192, 1024);
+  support::View v82 = arena_.view(0, 1024);
+  repeated0(v49, v50, v54, v51, v55, v52, v57, v59, v62, v63, v53, v64, v71, v66, v67, v68, v72,
+            v78, v73, v74, v79, v87, v82, v75, v83, v84);
 
   // roberta.mesh:43:9 transpose
   MESHRT_TRACE("loop", "roberta.mesh:43:9", "forward");
-  support::View v90 = arena_.view(4096, 1024);
-  loop1(v90.data(), v1.data());
+  support::View v90 = arena_.view(0, 1024);
+  loop0(v90.data(), v1.data());
 
   // roberta.mesh:46:23 einsum
   // roberta.mesh:46:64 add
@@ -815,7 +814,7 @@ void Mlm::runPart0(const Inputs &inputs) {
   MESHRT_TRACE("gemm", "roberta.mesh:46:23", "forward");
   const support::Buffer &v88 = param28_roberta_lm_head_dense;
   const support::Buffer &v89 = param29_roberta_lm_head_dense_bias;
-  support::View v94 = arena_.view(8192, 1024);
+  support::View v94 = arena_.view(4096, 1024);
   // dims: batch, length, d_model, d_out
   kEinsum0.plan().runBiasActivation(v87.data(), v88.data(), v89.data(), v94.data(), true);
 
@@ -825,14 +824,14 @@ void Mlm::runPart0(const Inputs &inputs) {
   MESHRT_TRACE("layer_norm", "encoder_layers.mesh:19:10", "forward");
   const support::Buffer &v96 = param31_roberta_lm_head_norm_gain;
   const support::Buffer &v97 = param32_roberta_lm_head_norm_bias;
-  support::View v100 = arena_.view(0, 1024);
+  support::View v100 = arena_.view(8192, 1024);
   support::layerNormAffine(v100.data(), v94.data(), 32, 32, v96.data(), v97.data(), 1e-12, 32);
 
   // roberta.mesh:47:10 einsum
   // roberta.mesh:47:57 add -> logits
   MESHRT_TRACE("gemm", "roberta.mesh:47:10", "forward");
   const support::Buffer &v91 = param30_roberta_lm_head_output_bias;
-  support::View v102 = arena_.view(8192, 1024);
+  support::View v102 = arena_.view(4096, 1024);
   // dims: batch, length, d_model, vocab
   kEinsum0.plan().runBiasActivation(v100.data(), v90.data(), v91.data(), v102.data(), false);
 }
@@ -843,7 +842,7 @@ void Mlm::repeated0(support::ConstView a0, support::ConstView a1, support::View 
                     support::ConstView a10, support::View a11, support::View a12, support::View a13,
                     support::ConstView a14, support::ConstView a15, support::ConstView a16,
                     support::View a17, support::ConstView a18, support::ConstView a19,
-                    support::View a20, support::ConstView a21, support::View a22, support::View a23,
+                    support::View a20, support::View a21, support::View a22, support::ConstView a23,
                     support::ConstView a24, support::ConstView a25) {
   MESHRT_TRACE_SPAN(world_);
 
@@ -870,7 +869,7 @@ void Mlm::repeated0(support::ConstView a0, support::ConstView a1, support::View 
 
   // encoder_layers.mesh:33:17 softmax -> weights
   MESHRT_TRACE("softmax", "encoder_layers.mesh:33:17", "forward");
-  support::along(a8.data(), a7.data(), kShape3, kShape4, kShape4, kShape5, kShape6, kShape6,
+  support::along(a8.data(), a7.data(), kShape7, kShape8, kShape8, kShape9, kShape10, kShape10,
                  support::Along::Softmax, 1e-05, 16, nullptr);
 
   // encoder_layers.mesh:34:17 einsum -> context
@@ -887,22 +886,20 @@ void Mlm::repeated0(support::ConstView a0, support::ConstView a1, support::View 
   MESHRT_TRACE_SITE("roberta.mesh:22:18");
   group_model.allReduce(a11.data(), a11.size(), meshrt::ReduceOp::Sum);
 
-  // roberta.mesh:22:18 add
-  MESHRT_TRACE("loop", "roberta.mesh:22:18", "forward");
-  loop2(a12.data(), a0.data(), a11.data());
-
   // encoder_layers.mesh:19:10 layer_norm
   // encoder_layers.mesh:19:46 mul
   // encoder_layers.mesh:19:53 add -> h
+  // roberta.mesh:22:18 add
   MESHRT_TRACE("layer_norm", "encoder_layers.mesh:19:10", "forward");
-  support::layerNormAffine(a13.data(), a12.data(), 32, 32, a14.data(), a15.data(), 1e-12, 32);
+  support::addLayerNormAffine(a12.data(), a13.data(), kShape3, 32, a14.data(), a15.data(), 1e-12,
+                              32, a0.data(), kShape4, a11.data(), kShape4, nullptr, kShape6);
 
   // encoder_layers.mesh:45:16 einsum
   // encoder_layers.mesh:45:53 add
   // encoder_layers.mesh:45:11 gelu -> h
   MESHRT_TRACE("gemm", "encoder_layers.mesh:45:16", "forward");
   // dims: batch, length, d_model, d_ff
-  kEinsum0.plan().runBiasActivation(a13.data(), a16.data(), a18.data(), a17.data(), true);
+  kEinsum0.plan().runBiasActivation(a12.data(), a16.data(), a18.data(), a17.data(), true);
 
   // encoder_layers.mesh:46:10 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:46:10", "forward");
@@ -914,16 +911,14 @@ void Mlm::repeated0(support::ConstView a0, support::ConstView a1, support::View 
   MESHRT_TRACE_SITE("encoder_layers.mesh:46:50");
   group_model.allReduce(a20.data(), a20.size(), meshrt::ReduceOp::Sum);
 
-  // encoder_layers.mesh:46:50 add
-  // roberta.mesh:23:17 add
-  MESHRT_TRACE("loop", "encoder_layers.mesh:46:50", "forward");
-  loop3(a22.data(), a20.data(), a21.data(), a13.data());
-
   // encoder_layers.mesh:19:10 layer_norm
   // encoder_layers.mesh:19:46 mul
   // encoder_layers.mesh:19:53 add -> x
+  // encoder_layers.mesh:46:50 add
+  // roberta.mesh:23:17 add
   MESHRT_TRACE("layer_norm", "encoder_layers.mesh:19:10", "forward");
-  support::layerNormAffine(a23.data(), a22.data(), 32, 32, a24.data(), a25.data(), 1e-12, 32);
+  support::addLayerNormAffine(a21.data(), a22.data(), kShape3, 32, a24.data(), a25.data(), 1e-12,
+                              32, a12.data(), kShape4, a20.data(), kShape4, a23.data(), kShape11);
 }
 
 Mlm::Inputs Mlm::synthesizeInputs(uint64_t seed) const {
@@ -1596,7 +1591,7 @@ void MlmTrain::runPart0(const Inputs &inputs) {
   const support::Buffer &v0 = inputs.tokens.data;
   support::View v17 = arena_.view(135168, 32);
   support::View v18 = arena_.view(135296, 32);
-  loop4(v17.data(), v18.data(), v0.data(), v4.data(), v1.data(), v5.data());
+  loop1(v17.data(), v18.data(), v0.data(), v4.data(), v1.data(), v5.data());
 
   // roberta.mesh:31:40 einsum
   MESHRT_TRACE("einsum", "roberta.mesh:31:40", "forward");
@@ -1613,12 +1608,12 @@ void MlmTrain::runPart0(const Inputs &inputs) {
   MESHRT_TRACE("loop", "roberta.mesh:32:40", "forward");
   support::View v20(param1_roberta_positions); // updated in place
   support::View v24 = arena_.view(4096, 1024);
-  loop0(v24.data(), v22.data(), v20.data());
+  loop2(v24.data(), v22.data(), v20.data());
 
   // encoder_layers.mesh:19:10 layer_norm
   MESHRT_TRACE("layer_norm", "encoder_layers.mesh:19:10", "forward");
   support::View v27 = arena_.view(0, 1024);
-  support::along(v27.data(), v24.data(), kShape7, kShape8, kShape8, kShape9, kShape6, kShape6,
+  support::along(v27.data(), v24.data(), kShape3, kShape4, kShape4, kShape12, kShape10, kShape10,
                  support::Along::LayerNorm, 1e-12, 32, nullptr);
 
   // encoder_layers.mesh:19:46 mul
@@ -1627,7 +1622,7 @@ void MlmTrain::runPart0(const Inputs &inputs) {
   support::View v25(param2_roberta_norm_gain); // updated in place
   support::View v26(param3_roberta_norm_bias); // updated in place
   support::View v29 = arena_.view(8192, 1024);
-  loop5(v29.data(), v27.data(), v25.data(), v26.data());
+  loop3(v29.data(), v27.data(), v25.data(), v26.data());
 
   // 18 statements from encoder_layers.mesh:28:17 einsum -> queries (1 of 2)
   MESHRT_TRACE_SITE("encoder_layers.mesh:28:17");
@@ -1700,7 +1695,7 @@ void MlmTrain::runPart0(const Inputs &inputs) {
   // roberta.mesh:43:9 transpose
   MESHRT_TRACE("loop", "roberta.mesh:43:9", "forward");
   support::View v108 = arena_.view(86016, 1024);
-  loop1(v108.data(), v19.data());
+  loop0(v108.data(), v19.data());
 
   // roberta.mesh:46:23 einsum
   MESHRT_TRACE("gemm", "roberta.mesh:46:23", "forward");
@@ -1715,12 +1710,12 @@ void MlmTrain::runPart0(const Inputs &inputs) {
   support::View v107(param29_roberta_lm_head_dense_bias); // updated in place
   support::View v111 = arena_.view(94208, 1024);
   support::View v112 = arena_.view(98304, 1024);
-  loop6(v111.data(), v112.data(), v110.data(), v107.data());
+  loop4(v111.data(), v112.data(), v110.data(), v107.data());
 
   // encoder_layers.mesh:19:10 layer_norm
   MESHRT_TRACE("layer_norm", "encoder_layers.mesh:19:10", "forward");
   support::View v116 = arena_.view(90112, 1024);
-  support::along(v116.data(), v112.data(), kShape7, kShape8, kShape8, kShape9, kShape6, kShape6,
+  support::along(v116.data(), v112.data(), kShape3, kShape4, kShape4, kShape12, kShape10, kShape10,
                  support::Along::LayerNorm, 1e-12, 32, nullptr);
 
   // encoder_layers.mesh:19:46 mul
@@ -1729,7 +1724,7 @@ void MlmTrain::runPart0(const Inputs &inputs) {
   support::View v114(param31_roberta_lm_head_norm_gain); // updated in place
   support::View v115(param32_roberta_lm_head_norm_bias); // updated in place
   support::View v118 = arena_.view(102400, 1024);
-  loop5(v118.data(), v116.data(), v114.data(), v115.data());
+  loop3(v118.data(), v116.data(), v114.data(), v115.data());
 
   // roberta.mesh:47:10 einsum
   // roberta.mesh:47:57 add
@@ -1742,7 +1737,7 @@ void MlmTrain::runPart0(const Inputs &inputs) {
   // roberta.mesh:66:14 log_softmax -> logp
   MESHRT_TRACE("log_softmax", "roberta.mesh:66:14", "forward");
   support::View v121 = arena_.view(110592, 1024);
-  support::along(v121.data(), v120.data(), kShape7, kShape8, kShape8, kShape9, kShape6, kShape6,
+  support::along(v121.data(), v120.data(), kShape3, kShape4, kShape4, kShape12, kShape10, kShape10,
                  support::Along::LogSoftmax, 1e-05, 64, &group_model);
 
   // roberta.mesh:67:32 one_hot
@@ -1754,30 +1749,30 @@ void MlmTrain::runPart0(const Inputs &inputs) {
   // roberta.mesh:67:30 mul
   MESHRT_TRACE("loop", "roberta.mesh:67:30", "forward");
   support::View v123 = arena_.view(114688, 1024);
-  loop7(v123.data(), v121.data(), v122.data());
+  loop5(v123.data(), v121.data(), v122.data());
 
   // roberta.mesh:67:21 sum
   MESHRT_TRACE("sum", "roberta.mesh:67:21", "forward");
   support::View v124 = arena_.view(135424, 32);
-  support::reduce(v124.data(), kShape7, v123.data(), kShape8, kShape9, kShape6,
+  support::reduce(v124.data(), kShape3, v123.data(), kShape4, kShape12, kShape10,
                   support::Reduce::Sum, 1.0);
 
   // roberta.mesh:68:21 mean -> chosen_fraction
   MESHRT_TRACE("mean", "roberta.mesh:68:21", "forward");
   support::View v126 = arena_.view(135552, 1);
-  support::reduce(v126.data(), kShape10, v18.data(), kShape10, kShape7, kShape11,
+  support::reduce(v126.data(), kShape6, v18.data(), kShape6, kShape3, kShape13,
                   support::Reduce::Sum, 0.015625);
 
   // roberta.mesh:67:20 neg -> token_loss
   // roberta.mesh:70:29 mul
   MESHRT_TRACE("loop", "roberta.mesh:67:20", "forward");
   support::View v127 = arena_.view(114688, 32);
-  loop8(v127.data(), v124.data(), v18.data());
+  loop6(v127.data(), v124.data(), v18.data());
 
   // roberta.mesh:70:14 sum
   MESHRT_TRACE("sum", "roberta.mesh:70:14", "forward");
   support::View v128 = arena_.view(114816, 1);
-  support::reduce(v128.data(), kShape10, v127.data(), kShape10, kShape7, kShape11,
+  support::reduce(v128.data(), kShape6, v127.data(), kShape6, kShape3, kShape13,
                   support::Reduce::Sum, 1.0);
 }
 
@@ -1789,7 +1784,7 @@ void MlmTrain::runPart1(const Inputs &inputs) {
   MESHRT_TRACE("sum", "roberta.mesh:70:42", "forward");
   support::View v18 = arena_.view(135296, 32);
   support::View v129 = arena_.view(114688, 1);
-  support::reduce(v129.data(), kShape10, v18.data(), kShape10, kShape7, kShape11,
+  support::reduce(v129.data(), kShape6, v18.data(), kShape6, kShape3, kShape13,
                   support::Reduce::Sum, 1.0);
 
   // roberta.mesh:70:54 bucketed_all_reduce_sum -> chosen_fraction (2 partial sums (chosen_fraction,
@@ -1841,12 +1836,12 @@ void MlmTrain::runPart1(const Inputs &inputs) {
   support::View v121 = arena_.view(110592, 1024);
   support::View v122 = arena_.view(106496, 1024);
   support::View v150 = arena_.view(114688, 1024);
-  loop9(v150.data(), v132.data(), v18.data(), v0.data(), v121.data(), v122.data());
+  loop7(v150.data(), v132.data(), v18.data(), v0.data(), v121.data(), v122.data());
 
   // roberta.mesh:47:57 sum -> grad/roberta/lm_head/output_bias
   MESHRT_TRACE("sum", "roberta.mesh:47:57", "backward");
   support::View v151 = arena_.view(110592, 32);
-  support::reduce(v151.data(), kShape9, v150.data(), kShape6, kShape7, kShape8,
+  support::reduce(v151.data(), kShape12, v150.data(), kShape10, kShape3, kShape4,
                   support::Reduce::Sum, 1.0);
 
   // roberta.mesh:47:10 einsum
@@ -1914,12 +1909,12 @@ void MlmTrain::runPart1(const Inputs &inputs) {
   MESHRT_TRACE("loop", "roberta.mesh:46:18", "backward");
   support::View v111 = arena_.view(94208, 1024);
   support::View v195 = arena_.view(102400, 1024);
-  loop10(v195.data(), v111.data(), v116.data(), v167.data(), v156.data(), v169.data(), v165.data());
+  loop8(v195.data(), v111.data(), v116.data(), v167.data(), v156.data(), v169.data(), v165.data());
 
   // roberta.mesh:46:64 sum -> grad/roberta/lm_head/dense_bias
   MESHRT_TRACE("sum", "roberta.mesh:46:64", "backward");
   support::View v196 = arena_.view(98304, 32);
-  support::reduce(v196.data(), kShape9, v195.data(), kShape6, kShape7, kShape8,
+  support::reduce(v196.data(), kShape12, v195.data(), kShape10, kShape3, kShape4,
                   support::Reduce::Sum, 1.0);
 
   // roberta.mesh:46:23 einsum
@@ -1961,7 +1956,7 @@ void MlmTrain::runPart1(const Inputs &inputs) {
   // encoder_layers.mesh:19:10 mul
   MESHRT_TRACE("loop", "encoder_layers.mesh:19:10", "backward");
   support::View v216 = arena_.view(81920, 1024);
-  loop11(v216.data(), v103.data(), v211.data(), v201.data(), v213.data(), v209.data());
+  loop9(v216.data(), v103.data(), v211.data(), v201.data(), v213.data(), v209.data());
 
   // 49 statements from encoder_layers.mesh:46:50 sum ->
   // grad/roberta/encoder_layer[1]/dense_relu_dense/bo (1 of 2)
@@ -2122,21 +2117,21 @@ void MlmTrain::runPart1(const Inputs &inputs) {
   // roberta.mesh:32:40 sum -> grad/roberta/positions
   MESHRT_TRACE("sum", "roberta.mesh:32:40", "backward");
   support::View v385 = arena_.view(14336, 512);
-  support::reduce(v385.data(), kShape12, v384.data(), kShape13, kShape14, kShape15,
+  support::reduce(v385.data(), kShape14, v384.data(), kShape15, kShape16, kShape17,
                   support::Reduce::Sum, 1.0);
 
   // roberta.mesh:31:40 einsum
   MESHRT_TRACE("einsum", "roberta.mesh:31:40", "backward");
   support::View v17 = arena_.view(135168, 32);
   support::View v386 = arena_.view(0, 1024);
-  support::scatterAdd(v386.data(), kShape16, v384.data(), kShape17, v17.data(), kShape18, kShape7,
-                      kShape8, kShape11, 0, support::shardStart(world_, {"model"}, 32));
+  support::scatterAdd(v386.data(), kShape18, v384.data(), kShape19, v17.data(), kShape11, kShape3,
+                      kShape4, kShape13, 0, support::shardStart(world_, {"model"}, 32));
 
   // roberta.mesh:43:9 transpose
   // roberta.mesh:31:40 add -> grad/embedding
   MESHRT_TRACE("loop", "roberta.mesh:43:9", "backward");
   support::View v387 = arena_.view(4096, 1024);
-  loop12(v387.data(), v153.data(), v386.data());
+  loop10(v387.data(), v153.data(), v386.data());
 
   // roberta.mesh:71:3 bucketed_all_reduce_sum -> grad/roberta/lm_head/output_bias (33 partial sums
   // (grad/roberta/lm_head/output_bias, grad/roberta/lm_head/norm/bias,
@@ -2229,7 +2224,7 @@ void MlmTrain::runPart1(const Inputs &inputs) {
   support::View v19(param0_embedding);     // updated in place
   support::View v406(param34_embedding_v); // updated in place
   support::View v405(param33_embedding_m); // updated in place
-  loop13(v406.data(), v405.data(), v19.data(), v387.data(), v422.data(), v420.data(), v404.data());
+  loop11(v406.data(), v405.data(), v19.data(), v387.data(), v422.data(), v420.data(), v404.data());
 
   // roberta.mesh:71:3 mul
   // roberta.mesh:71:3 square
@@ -2251,7 +2246,7 @@ void MlmTrain::runPart1(const Inputs &inputs) {
   support::View v20(param1_roberta_positions);     // updated in place
   support::View v435(param36_roberta_positions_v); // updated in place
   support::View v434(param35_roberta_positions_m); // updated in place
-  loop14(v435.data(), v434.data(), v20.data(), v385.data(), v422.data(), v420.data(), v404.data());
+  loop12(v435.data(), v434.data(), v20.data(), v385.data(), v422.data(), v420.data(), v404.data());
 
   // 2 statements from roberta.mesh:71:3 mul (1 of 2)
   MESHRT_TRACE_SITE("roberta.mesh:71:3");
@@ -2351,7 +2346,7 @@ void MlmTrain::runPart1(const Inputs &inputs) {
   MESHRT_TRACE("loop", "roberta.mesh:71:3", "update");
   support::View v1002(param90_roberta_lm_head_dense_v); // updated in place
   support::View v1001(param89_roberta_lm_head_dense_m); // updated in place
-  loop13(v1002.data(), v1001.data(), v106.data(), v198.data(), v422.data(), v420.data(),
+  loop11(v1002.data(), v1001.data(), v106.data(), v198.data(), v422.data(), v420.data(),
          v404.data());
 
   // roberta.mesh:71:3 mul
@@ -2374,7 +2369,7 @@ void MlmTrain::runPart1(const Inputs &inputs) {
   support::View v107(param29_roberta_lm_head_dense_bias);    // updated in place
   support::View v1023(param92_roberta_lm_head_dense_bias_v); // updated in place
   support::View v1022(param91_roberta_lm_head_dense_bias_m); // updated in place
-  loop15(v1023.data(), v1022.data(), v107.data(), v196.data(), v422.data(), v420.data(),
+  loop13(v1023.data(), v1022.data(), v107.data(), v196.data(), v422.data(), v420.data(),
          v404.data());
 
   // roberta.mesh:71:3 mul
@@ -2397,7 +2392,7 @@ void MlmTrain::runPart1(const Inputs &inputs) {
   support::View v109(param30_roberta_lm_head_output_bias);    // updated in place
   support::View v1044(param94_roberta_lm_head_output_bias_v); // updated in place
   support::View v1043(param93_roberta_lm_head_output_bias_m); // updated in place
-  loop15(v1044.data(), v1043.data(), v109.data(), v151.data(), v422.data(), v420.data(),
+  loop13(v1044.data(), v1043.data(), v109.data(), v151.data(), v422.data(), v420.data(),
          v404.data());
 
   // 2 statements from roberta.mesh:71:3 mul (2 of 2)
@@ -2446,7 +2441,7 @@ void MlmTrain::repeated0(
   // roberta.mesh:71:3 mul
   // roberta.mesh:71:3 sub -> next/roberta/encoder_layer[0]/self_attention/q
   MESHRT_TRACE("loop", "roberta.mesh:71:3", "update");
-  loop14(a2.data(), a4.data(), a0.data(), a1.data(), a3.data(), a5.data(), a6.data());
+  loop12(a2.data(), a4.data(), a0.data(), a1.data(), a3.data(), a5.data(), a6.data());
 
   // roberta.mesh:71:3 mul
   // roberta.mesh:71:3 square
@@ -2465,7 +2460,7 @@ void MlmTrain::repeated0(
   // roberta.mesh:71:3 mul
   // roberta.mesh:71:3 sub -> next/roberta/encoder_layer[0]/self_attention/k
   MESHRT_TRACE("loop", "roberta.mesh:71:3", "update");
-  loop14(a9.data(), a10.data(), a7.data(), a8.data(), a3.data(), a5.data(), a6.data());
+  loop12(a9.data(), a10.data(), a7.data(), a8.data(), a3.data(), a5.data(), a6.data());
 
   // roberta.mesh:71:3 mul
   // roberta.mesh:71:3 square
@@ -2484,7 +2479,7 @@ void MlmTrain::repeated0(
   // roberta.mesh:71:3 mul
   // roberta.mesh:71:3 sub -> next/roberta/encoder_layer[0]/self_attention/v
   MESHRT_TRACE("loop", "roberta.mesh:71:3", "update");
-  loop14(a13.data(), a14.data(), a11.data(), a12.data(), a3.data(), a5.data(), a6.data());
+  loop12(a13.data(), a14.data(), a11.data(), a12.data(), a3.data(), a5.data(), a6.data());
 
   // roberta.mesh:71:3 mul
   // roberta.mesh:71:3 square
@@ -2503,7 +2498,7 @@ void MlmTrain::repeated0(
   // roberta.mesh:71:3 mul
   // roberta.mesh:71:3 sub -> next/roberta/encoder_layer[0]/self_attention/o
   MESHRT_TRACE("loop", "roberta.mesh:71:3", "update");
-  loop14(a17.data(), a18.data(), a15.data(), a16.data(), a3.data(), a5.data(), a6.data());
+  loop12(a17.data(), a18.data(), a15.data(), a16.data(), a3.data(), a5.data(), a6.data());
 
   // roberta.mesh:71:3 mul
   // roberta.mesh:71:3 square
@@ -2522,7 +2517,7 @@ void MlmTrain::repeated0(
   // roberta.mesh:71:3 mul
   // roberta.mesh:71:3 sub -> next/roberta/encoder_layer[0]/norm/gain
   MESHRT_TRACE("loop", "roberta.mesh:71:3", "update");
-  loop15(a21.data(), a22.data(), a19.data(), a20.data(), a3.data(), a5.data(), a6.data());
+  loop13(a21.data(), a22.data(), a19.data(), a20.data(), a3.data(), a5.data(), a6.data());
 
   // roberta.mesh:71:3 mul
   // roberta.mesh:71:3 square
@@ -2541,7 +2536,7 @@ void MlmTrain::repeated0(
   // roberta.mesh:71:3 mul
   // roberta.mesh:71:3 sub -> next/roberta/encoder_layer[0]/norm/bias
   MESHRT_TRACE("loop", "roberta.mesh:71:3", "update");
-  loop15(a25.data(), a26.data(), a23.data(), a24.data(), a3.data(), a5.data(), a6.data());
+  loop13(a25.data(), a26.data(), a23.data(), a24.data(), a3.data(), a5.data(), a6.data());
 
   // roberta.mesh:71:3 mul
   // roberta.mesh:71:3 square
@@ -2560,7 +2555,7 @@ void MlmTrain::repeated0(
   // roberta.mesh:71:3 mul
   // roberta.mesh:71:3 sub -> next/roberta/encoder_layer[0]/dense_relu_dense/wi
   MESHRT_TRACE("loop", "roberta.mesh:71:3", "update");
-  loop13(a29.data(), a30.data(), a27.data(), a28.data(), a3.data(), a5.data(), a6.data());
+  loop11(a29.data(), a30.data(), a27.data(), a28.data(), a3.data(), a5.data(), a6.data());
 
   // roberta.mesh:71:3 mul
   // roberta.mesh:71:3 square
@@ -2579,7 +2574,7 @@ void MlmTrain::repeated0(
   // roberta.mesh:71:3 mul
   // roberta.mesh:71:3 sub -> next/roberta/encoder_layer[0]/dense_relu_dense/bi
   MESHRT_TRACE("loop", "roberta.mesh:71:3", "update");
-  loop15(a33.data(), a34.data(), a31.data(), a32.data(), a3.data(), a5.data(), a6.data());
+  loop13(a33.data(), a34.data(), a31.data(), a32.data(), a3.data(), a5.data(), a6.data());
 
   // roberta.mesh:71:3 mul
   // roberta.mesh:71:3 square
@@ -2598,7 +2593,7 @@ void MlmTrain::repeated0(
   // roberta.mesh:71:3 mul
   // roberta.mesh:71:3 sub -> next/roberta/encoder_layer[0]/dense_relu_dense/wo
   MESHRT_TRACE("loop", "roberta.mesh:71:3", "update");
-  loop13(a37.data(), a38.data(), a35.data(), a36.data(), a3.data(), a5.data(), a6.data());
+  loop11(a37.data(), a38.data(), a35.data(), a36.data(), a3.data(), a5.data(), a6.data());
 
   // roberta.mesh:71:3 mul
   // roberta.mesh:71:3 square
@@ -2617,7 +2612,7 @@ void MlmTrain::repeated0(
   // roberta.mesh:71:3 mul
   // roberta.mesh:71:3 sub -> next/roberta/encoder_layer[0]/dense_relu_dense/bo
   MESHRT_TRACE("loop", "roberta.mesh:71:3", "update");
-  loop15(a41.data(), a42.data(), a39.data(), a40.data(), a3.data(), a5.data(), a6.data());
+  loop13(a41.data(), a42.data(), a39.data(), a40.data(), a3.data(), a5.data(), a6.data());
 
   // roberta.mesh:71:3 mul
   // roberta.mesh:71:3 square
@@ -2636,7 +2631,7 @@ void MlmTrain::repeated0(
   // roberta.mesh:71:3 mul
   // roberta.mesh:71:3 sub -> next/roberta/encoder_layer[0]/norm#1/gain
   MESHRT_TRACE("loop", "roberta.mesh:71:3", "update");
-  loop15(a45.data(), a46.data(), a43.data(), a44.data(), a3.data(), a5.data(), a6.data());
+  loop13(a45.data(), a46.data(), a43.data(), a44.data(), a3.data(), a5.data(), a6.data());
 
   // roberta.mesh:71:3 mul
   // roberta.mesh:71:3 square
@@ -2655,7 +2650,7 @@ void MlmTrain::repeated0(
   // roberta.mesh:71:3 mul
   // roberta.mesh:71:3 sub -> next/roberta/encoder_layer[0]/norm#1/bias
   MESHRT_TRACE("loop", "roberta.mesh:71:3", "update");
-  loop15(a49.data(), a50.data(), a47.data(), a48.data(), a3.data(), a5.data(), a6.data());
+  loop13(a49.data(), a50.data(), a47.data(), a48.data(), a3.data(), a5.data(), a6.data());
 }
 
 void MlmTrain::repeated1(
@@ -2680,7 +2675,7 @@ void MlmTrain::repeated1(
 
   // encoder_layers.mesh:46:50 sum -> grad/roberta/encoder_layer[1]/dense_relu_dense/bo
   MESHRT_TRACE("sum", "encoder_layers.mesh:46:50", "backward");
-  support::reduce(a0.data(), kShape9, a1.data(), kShape6, kShape7, kShape8, support::Reduce::Sum,
+  support::reduce(a0.data(), kShape12, a1.data(), kShape10, kShape3, kShape4, support::Reduce::Sum,
                   1.0);
 
   // encoder_layers.mesh:46:10 einsum
@@ -2711,11 +2706,11 @@ void MlmTrain::repeated1(
   // encoder_layers.mesh:45:11 add
   // encoder_layers.mesh:45:11 mul
   MESHRT_TRACE("loop", "encoder_layers.mesh:45:11", "backward");
-  loop16(a7.data(), a6.data(), a3.data());
+  loop14(a7.data(), a6.data(), a3.data());
 
   // encoder_layers.mesh:45:53 sum -> grad/roberta/encoder_layer[1]/dense_relu_dense/bi
   MESHRT_TRACE("sum", "encoder_layers.mesh:45:53", "backward");
-  support::reduce(a8.data(), kShape9, a7.data(), kShape6, kShape7, kShape8, support::Reduce::Sum,
+  support::reduce(a8.data(), kShape12, a7.data(), kShape10, kShape3, kShape4, support::Reduce::Sum,
                   1.0);
 
   // encoder_layers.mesh:45:16 einsum
@@ -2730,7 +2725,7 @@ void MlmTrain::repeated1(
 
   // encoder_layers.mesh:45:16 add
   MESHRT_TRACE("loop", "encoder_layers.mesh:45:16", "backward");
-  loop2(a11.data(), a1.data(), a10.data());
+  loop15(a11.data(), a1.data(), a10.data());
 
   // encoder_layers.mesh:45:16 einsum -> grad/roberta/encoder_layer[1]/dense_relu_dense/wi
   MESHRT_TRACE("gemm", "encoder_layers.mesh:45:16", "backward");
@@ -2739,59 +2734,59 @@ void MlmTrain::repeated1(
 
   // encoder_layers.mesh:19:53 sum -> grad/roberta/encoder_layer[1]/norm/bias
   MESHRT_TRACE("sum", "encoder_layers.mesh:19:53", "backward");
-  support::reduce(a14.data(), kShape9, a11.data(), kShape6, kShape7, kShape8, support::Reduce::Sum,
-                  1.0);
+  support::reduce(a14.data(), kShape12, a11.data(), kShape10, kShape3, kShape4,
+                  support::Reduce::Sum, 1.0);
 
   // encoder_layers.mesh:19:46 mul
   MESHRT_TRACE("loop", "encoder_layers.mesh:19:46", "backward");
-  loop7(a16.data(), a11.data(), a15.data());
+  loop5(a16.data(), a11.data(), a15.data());
 
   // encoder_layers.mesh:19:46 sum -> grad/roberta/encoder_layer[1]/norm/gain
   MESHRT_TRACE("sum", "encoder_layers.mesh:19:46", "backward");
-  support::reduce(a17.data(), kShape9, a16.data(), kShape6, kShape7, kShape8, support::Reduce::Sum,
-                  1.0);
+  support::reduce(a17.data(), kShape12, a16.data(), kShape10, kShape3, kShape4,
+                  support::Reduce::Sum, 1.0);
 
   // encoder_layers.mesh:19:10 mean
   MESHRT_TRACE("mean", "encoder_layers.mesh:19:10", "backward");
-  support::reduce(a18.data(), kShape7, a19.data(), kShape8, kShape9, kShape6, support::Reduce::Sum,
-                  0.03125);
+  support::reduce(a18.data(), kShape3, a19.data(), kShape4, kShape12, kShape10,
+                  support::Reduce::Sum, 0.03125);
 
   // encoder_layers.mesh:19:10 sub
   // encoder_layers.mesh:19:10 square
   MESHRT_TRACE("loop", "encoder_layers.mesh:19:10", "backward");
-  loop17(a20.data(), a19.data(), a18.data());
+  loop16(a20.data(), a19.data(), a18.data());
 
   // encoder_layers.mesh:19:10 mean
   MESHRT_TRACE("mean", "encoder_layers.mesh:19:10", "backward");
-  support::reduce(a21.data(), kShape7, a20.data(), kShape8, kShape9, kShape6, support::Reduce::Sum,
-                  0.03125);
+  support::reduce(a21.data(), kShape3, a20.data(), kShape4, kShape12, kShape10,
+                  support::Reduce::Sum, 0.03125);
 
   // encoder_layers.mesh:19:10 add
   // encoder_layers.mesh:19:10 rsqrt
   MESHRT_TRACE("loop", "encoder_layers.mesh:19:10", "backward");
-  loop18(a22.data(), a21.data());
+  loop17(a22.data(), a21.data());
 
   // encoder_layers.mesh:19:46 mul
   // encoder_layers.mesh:19:10 mul
   MESHRT_TRACE("loop", "encoder_layers.mesh:19:46", "backward");
-  loop19(a24.data(), a25.data(), a11.data(), a23.data(), a15.data());
+  loop18(a24.data(), a25.data(), a11.data(), a23.data(), a15.data());
 
   // encoder_layers.mesh:19:10 mean
   MESHRT_TRACE("mean", "encoder_layers.mesh:19:10", "backward");
-  support::reduce(a26.data(), kShape7, a25.data(), kShape8, kShape9, kShape6, support::Reduce::Sum,
-                  0.03125);
+  support::reduce(a26.data(), kShape3, a25.data(), kShape4, kShape12, kShape10,
+                  support::Reduce::Sum, 0.03125);
 
   // encoder_layers.mesh:19:10 mean
   MESHRT_TRACE("mean", "encoder_layers.mesh:19:10", "backward");
-  support::reduce(a27.data(), kShape7, a24.data(), kShape8, kShape9, kShape6, support::Reduce::Sum,
-                  0.03125);
+  support::reduce(a27.data(), kShape3, a24.data(), kShape4, kShape12, kShape10,
+                  support::Reduce::Sum, 0.03125);
 
   // encoder_layers.mesh:19:10 mul
   // encoder_layers.mesh:19:10 sub
   // encoder_layers.mesh:19:10 sub
   // encoder_layers.mesh:19:10 mul
   MESHRT_TRACE("loop", "encoder_layers.mesh:19:10", "backward");
-  loop11(a28.data(), a15.data(), a26.data(), a24.data(), a27.data(), a22.data());
+  loop9(a28.data(), a15.data(), a26.data(), a24.data(), a27.data(), a22.data());
 
   // encoder_layers.mesh:35:10 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:35:10", "backward");
@@ -2815,18 +2810,18 @@ void MlmTrain::repeated1(
 
   // encoder_layers.mesh:33:17 mul
   MESHRT_TRACE("loop", "encoder_layers.mesh:33:17", "backward");
-  loop7(a37.data(), a34.data(), a35.data());
+  loop5(a37.data(), a34.data(), a35.data());
 
   // encoder_layers.mesh:33:17 sum
   MESHRT_TRACE("sum", "encoder_layers.mesh:33:17", "backward");
-  support::reduce(a38.data(), kShape3, a37.data(), kShape4, kShape5, kShape6, support::Reduce::Sum,
+  support::reduce(a38.data(), kShape7, a37.data(), kShape8, kShape9, kShape10, support::Reduce::Sum,
                   1.0);
 
   // encoder_layers.mesh:33:17 sub
   // encoder_layers.mesh:33:17 mul
   // encoder_layers.mesh:32:77 mul
   MESHRT_TRACE("loop", "encoder_layers.mesh:33:17", "backward");
-  loop20(a39.data(), a34.data(), a38.data(), a35.data());
+  loop19(a39.data(), a34.data(), a38.data(), a35.data());
 
   // encoder_layers.mesh:32:16 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:32:16", "backward");
@@ -2876,7 +2871,7 @@ void MlmTrain::repeated1(
   // encoder_layers.mesh:29:21 add
   // encoder_layers.mesh:28:17 add
   MESHRT_TRACE("loop", "encoder_layers.mesh:30:23", "backward");
-  loop21(a53.data(), a28.data(), a45.data(), a47.data(), a49.data());
+  loop20(a53.data(), a28.data(), a45.data(), a47.data(), a49.data());
 
   // encoder_layers.mesh:28:17 einsum -> grad/roberta/encoder_layer[1]/self_attention/q
   MESHRT_TRACE("gemm", "encoder_layers.mesh:28:17", "backward");
@@ -2885,59 +2880,59 @@ void MlmTrain::repeated1(
 
   // encoder_layers.mesh:19:53 sum -> grad/roberta/encoder_layer[0]/norm#1/bias
   MESHRT_TRACE("sum", "encoder_layers.mesh:19:53", "backward");
-  support::reduce(a55.data(), kShape9, a53.data(), kShape6, kShape7, kShape8, support::Reduce::Sum,
-                  1.0);
+  support::reduce(a55.data(), kShape12, a53.data(), kShape10, kShape3, kShape4,
+                  support::Reduce::Sum, 1.0);
 
   // encoder_layers.mesh:19:46 mul
   MESHRT_TRACE("loop", "encoder_layers.mesh:19:46", "backward");
-  loop7(a57.data(), a53.data(), a56.data());
+  loop5(a57.data(), a53.data(), a56.data());
 
   // encoder_layers.mesh:19:46 sum -> grad/roberta/encoder_layer[0]/norm#1/gain
   MESHRT_TRACE("sum", "encoder_layers.mesh:19:46", "backward");
-  support::reduce(a58.data(), kShape9, a57.data(), kShape6, kShape7, kShape8, support::Reduce::Sum,
-                  1.0);
+  support::reduce(a58.data(), kShape12, a57.data(), kShape10, kShape3, kShape4,
+                  support::Reduce::Sum, 1.0);
 
   // encoder_layers.mesh:19:10 mean
   MESHRT_TRACE("mean", "encoder_layers.mesh:19:10", "backward");
-  support::reduce(a59.data(), kShape7, a60.data(), kShape8, kShape9, kShape6, support::Reduce::Sum,
-                  0.03125);
+  support::reduce(a59.data(), kShape3, a60.data(), kShape4, kShape12, kShape10,
+                  support::Reduce::Sum, 0.03125);
 
   // encoder_layers.mesh:19:10 sub
   // encoder_layers.mesh:19:10 square
   MESHRT_TRACE("loop", "encoder_layers.mesh:19:10", "backward");
-  loop17(a61.data(), a60.data(), a59.data());
+  loop16(a61.data(), a60.data(), a59.data());
 
   // encoder_layers.mesh:19:10 mean
   MESHRT_TRACE("mean", "encoder_layers.mesh:19:10", "backward");
-  support::reduce(a62.data(), kShape7, a61.data(), kShape8, kShape9, kShape6, support::Reduce::Sum,
-                  0.03125);
+  support::reduce(a62.data(), kShape3, a61.data(), kShape4, kShape12, kShape10,
+                  support::Reduce::Sum, 0.03125);
 
   // encoder_layers.mesh:19:10 add
   // encoder_layers.mesh:19:10 rsqrt
   MESHRT_TRACE("loop", "encoder_layers.mesh:19:10", "backward");
-  loop18(a63.data(), a62.data());
+  loop17(a63.data(), a62.data());
 
   // encoder_layers.mesh:19:46 mul
   // encoder_layers.mesh:19:10 mul
   MESHRT_TRACE("loop", "encoder_layers.mesh:19:46", "backward");
-  loop19(a65.data(), a66.data(), a53.data(), a64.data(), a56.data());
+  loop18(a65.data(), a66.data(), a53.data(), a64.data(), a56.data());
 
   // encoder_layers.mesh:19:10 mean
   MESHRT_TRACE("mean", "encoder_layers.mesh:19:10", "backward");
-  support::reduce(a67.data(), kShape7, a66.data(), kShape8, kShape9, kShape6, support::Reduce::Sum,
-                  0.03125);
+  support::reduce(a67.data(), kShape3, a66.data(), kShape4, kShape12, kShape10,
+                  support::Reduce::Sum, 0.03125);
 
   // encoder_layers.mesh:19:10 mean
   MESHRT_TRACE("mean", "encoder_layers.mesh:19:10", "backward");
-  support::reduce(a68.data(), kShape7, a65.data(), kShape8, kShape9, kShape6, support::Reduce::Sum,
-                  0.03125);
+  support::reduce(a68.data(), kShape3, a65.data(), kShape4, kShape12, kShape10,
+                  support::Reduce::Sum, 0.03125);
 
   // encoder_layers.mesh:19:10 mul
   // encoder_layers.mesh:19:10 sub
   // encoder_layers.mesh:19:10 sub
   // encoder_layers.mesh:19:10 mul
   MESHRT_TRACE("loop", "encoder_layers.mesh:19:10", "backward");
-  loop11(a69.data(), a56.data(), a67.data(), a65.data(), a68.data(), a63.data());
+  loop9(a69.data(), a56.data(), a67.data(), a65.data(), a68.data(), a63.data());
 }
 
 void MlmTrain::repeated2(support::ConstView a0, support::ConstView a1, support::View a2,
@@ -2975,7 +2970,7 @@ void MlmTrain::repeated2(support::ConstView a0, support::ConstView a1, support::
 
   // encoder_layers.mesh:33:17 softmax -> weights
   MESHRT_TRACE("softmax", "encoder_layers.mesh:33:17", "forward");
-  support::along(a8.data(), a7.data(), kShape3, kShape4, kShape4, kShape5, kShape6, kShape6,
+  support::along(a8.data(), a7.data(), kShape7, kShape8, kShape8, kShape9, kShape10, kShape10,
                  support::Along::Softmax, 1e-05, 16, nullptr);
 
   // encoder_layers.mesh:34:17 einsum -> context
@@ -2994,17 +2989,17 @@ void MlmTrain::repeated2(support::ConstView a0, support::ConstView a1, support::
 
   // roberta.mesh:22:18 add
   MESHRT_TRACE("loop", "roberta.mesh:22:18", "forward");
-  loop2(a12.data(), a0.data(), a11.data());
+  loop15(a12.data(), a0.data(), a11.data());
 
   // encoder_layers.mesh:19:10 layer_norm
   MESHRT_TRACE("layer_norm", "encoder_layers.mesh:19:10", "forward");
-  support::along(a13.data(), a12.data(), kShape7, kShape8, kShape8, kShape9, kShape6, kShape6,
+  support::along(a13.data(), a12.data(), kShape3, kShape4, kShape4, kShape12, kShape10, kShape10,
                  support::Along::LayerNorm, 1e-12, 32, nullptr);
 
   // encoder_layers.mesh:19:46 mul
   // encoder_layers.mesh:19:53 add -> h
   MESHRT_TRACE("loop", "encoder_layers.mesh:19:46", "forward");
-  loop5(a16.data(), a13.data(), a14.data(), a15.data());
+  loop3(a16.data(), a13.data(), a14.data(), a15.data());
 
   // encoder_layers.mesh:45:16 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:45:16", "forward");
@@ -3014,7 +3009,7 @@ void MlmTrain::repeated2(support::ConstView a0, support::ConstView a1, support::
   // encoder_layers.mesh:45:53 add
   // encoder_layers.mesh:45:11 gelu -> h
   MESHRT_TRACE("loop", "encoder_layers.mesh:45:53", "forward");
-  loop6(a20.data(), a21.data(), a18.data(), a19.data());
+  loop4(a20.data(), a21.data(), a18.data(), a19.data());
 
   // encoder_layers.mesh:46:10 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:46:10", "forward");
@@ -3029,17 +3024,17 @@ void MlmTrain::repeated2(support::ConstView a0, support::ConstView a1, support::
   // encoder_layers.mesh:46:50 add
   // roberta.mesh:23:17 add
   MESHRT_TRACE("loop", "encoder_layers.mesh:46:50", "forward");
-  loop3(a25.data(), a23.data(), a24.data(), a16.data());
+  loop21(a25.data(), a23.data(), a24.data(), a16.data());
 
   // encoder_layers.mesh:19:10 layer_norm
   MESHRT_TRACE("layer_norm", "encoder_layers.mesh:19:10", "forward");
-  support::along(a26.data(), a25.data(), kShape7, kShape8, kShape8, kShape9, kShape6, kShape6,
+  support::along(a26.data(), a25.data(), kShape3, kShape4, kShape4, kShape12, kShape10, kShape10,
                  support::Along::LayerNorm, 1e-12, 32, nullptr);
 
   // encoder_layers.mesh:19:46 mul
   // encoder_layers.mesh:19:53 add -> x
   MESHRT_TRACE("loop", "encoder_layers.mesh:19:46", "forward");
-  loop5(a29.data(), a26.data(), a27.data(), a28.data());
+  loop3(a29.data(), a26.data(), a27.data(), a28.data());
 }
 
 void MlmTrain::repeated3(support::View a0, support::ConstView a1, support::View a2,
@@ -3065,7 +3060,7 @@ void MlmTrain::repeated3(support::View a0, support::ConstView a1, support::View 
   // roberta.mesh:71:3 mul
   // roberta.mesh:71:3 sub -> next/roberta/norm/gain
   MESHRT_TRACE("loop", "roberta.mesh:71:3", "update");
-  loop15(a2.data(), a4.data(), a0.data(), a1.data(), a3.data(), a5.data(), a6.data());
+  loop13(a2.data(), a4.data(), a0.data(), a1.data(), a3.data(), a5.data(), a6.data());
 
   // roberta.mesh:71:3 mul
   // roberta.mesh:71:3 square
@@ -3084,7 +3079,7 @@ void MlmTrain::repeated3(support::View a0, support::ConstView a1, support::View 
   // roberta.mesh:71:3 mul
   // roberta.mesh:71:3 sub -> next/roberta/norm/bias
   MESHRT_TRACE("loop", "roberta.mesh:71:3", "update");
-  loop15(a9.data(), a10.data(), a7.data(), a8.data(), a3.data(), a5.data(), a6.data());
+  loop13(a9.data(), a10.data(), a7.data(), a8.data(), a3.data(), a5.data(), a6.data());
 }
 
 void MlmTrain::repeated4(support::View a0, support::ConstView a1, support::ConstView a2,
@@ -3096,52 +3091,52 @@ void MlmTrain::repeated4(support::View a0, support::ConstView a1, support::Const
 
   // encoder_layers.mesh:19:53 sum -> grad/roberta/lm_head/norm/bias
   MESHRT_TRACE("sum", "encoder_layers.mesh:19:53", "backward");
-  support::reduce(a0.data(), kShape9, a1.data(), kShape6, kShape7, kShape8, support::Reduce::Sum,
+  support::reduce(a0.data(), kShape12, a1.data(), kShape10, kShape3, kShape4, support::Reduce::Sum,
                   1.0);
 
   // encoder_layers.mesh:19:46 mul
   MESHRT_TRACE("loop", "encoder_layers.mesh:19:46", "backward");
-  loop7(a3.data(), a1.data(), a2.data());
+  loop5(a3.data(), a1.data(), a2.data());
 
   // encoder_layers.mesh:19:46 sum -> grad/roberta/lm_head/norm/gain
   MESHRT_TRACE("sum", "encoder_layers.mesh:19:46", "backward");
-  support::reduce(a4.data(), kShape9, a3.data(), kShape6, kShape7, kShape8, support::Reduce::Sum,
+  support::reduce(a4.data(), kShape12, a3.data(), kShape10, kShape3, kShape4, support::Reduce::Sum,
                   1.0);
 
   // encoder_layers.mesh:19:10 mean
   MESHRT_TRACE("mean", "encoder_layers.mesh:19:10", "backward");
-  support::reduce(a5.data(), kShape7, a6.data(), kShape8, kShape9, kShape6, support::Reduce::Sum,
+  support::reduce(a5.data(), kShape3, a6.data(), kShape4, kShape12, kShape10, support::Reduce::Sum,
                   0.03125);
 
   // encoder_layers.mesh:19:10 sub
   // encoder_layers.mesh:19:10 square
   MESHRT_TRACE("loop", "encoder_layers.mesh:19:10", "backward");
-  loop17(a7.data(), a6.data(), a5.data());
+  loop16(a7.data(), a6.data(), a5.data());
 
   // encoder_layers.mesh:19:10 mean
   MESHRT_TRACE("mean", "encoder_layers.mesh:19:10", "backward");
-  support::reduce(a8.data(), kShape7, a7.data(), kShape8, kShape9, kShape6, support::Reduce::Sum,
+  support::reduce(a8.data(), kShape3, a7.data(), kShape4, kShape12, kShape10, support::Reduce::Sum,
                   0.03125);
 
   // encoder_layers.mesh:19:10 add
   // encoder_layers.mesh:19:10 rsqrt
   MESHRT_TRACE("loop", "encoder_layers.mesh:19:10", "backward");
-  loop18(a9.data(), a8.data());
+  loop17(a9.data(), a8.data());
 
   // encoder_layers.mesh:19:46 mul
   // encoder_layers.mesh:19:10 mul
   MESHRT_TRACE("loop", "encoder_layers.mesh:19:46", "backward");
-  loop19(a11.data(), a12.data(), a1.data(), a10.data(), a2.data());
+  loop18(a11.data(), a12.data(), a1.data(), a10.data(), a2.data());
 
   // encoder_layers.mesh:19:10 mean
   MESHRT_TRACE("mean", "encoder_layers.mesh:19:10", "backward");
-  support::reduce(a13.data(), kShape7, a12.data(), kShape8, kShape9, kShape6, support::Reduce::Sum,
-                  0.03125);
+  support::reduce(a13.data(), kShape3, a12.data(), kShape4, kShape12, kShape10,
+                  support::Reduce::Sum, 0.03125);
 
   // encoder_layers.mesh:19:10 mean
   MESHRT_TRACE("mean", "encoder_layers.mesh:19:10", "backward");
-  support::reduce(a14.data(), kShape7, a11.data(), kShape8, kShape9, kShape6, support::Reduce::Sum,
-                  0.03125);
+  support::reduce(a14.data(), kShape3, a11.data(), kShape4, kShape12, kShape10,
+                  support::Reduce::Sum, 0.03125);
 }
 
 MlmTrain::Inputs MlmTrain::synthesizeInputs(uint64_t seed) const {

@@ -11,38 +11,39 @@ static const support::Shape kShape1 = {1};
 static const support::Shape kShape2 = {2, 32, 64};
 static const support::Shape kShape3 = {0, 0, 1};
 static const support::Shape kShape4 = {32, 1, 0};
-static const support::Shape kShape5 = {2, 2, 32};
-static const support::Shape kShape6 = {1024, 0, 32};
-static const support::Shape kShape7 = {2, 32};
-static const support::Shape kShape8 = {2048, 64};
-static const support::Shape kShape9 = {64};
-static const support::Shape kShape10 = {1536, 48};
-static const support::Shape kShape11 = {48};
-static const support::Shape kShape12 = {2, 32, 48};
-static const support::Shape kShape13 = {};
-static const support::Shape kShape14 = {32, 1};
-static const support::Shape kShape15 = {2, 16};
-static const support::Shape kShape16 = {16, 1};
-static const support::Shape kShape17 = {32, 64};
-static const support::Shape kShape18 = {64, 1};
-static const support::Shape kShape19 = {2};
-static const support::Shape kShape20 = {2048};
-static const support::Shape kShape21 = {48, 64};
-static const support::Shape kShape22 = {0, 1};
-static const support::Shape kShape23 = {0, 0};
-static const support::Shape kShape24 = {16, 64};
-static const support::Shape kShape25 = {64, 48};
-static const support::Shape kShape26 = {48, 1};
-static const support::Shape kShape27 = {128};
-static const support::Shape kShape28 = {4096, 128};
-static const support::Shape kShape29 = {2048, 1024, 32};
-static const support::Shape kShape30 = {64, 2, 16};
-static const support::Shape kShape31 = {32, 16, 1};
-static const support::Shape kShape32 = {2, 16, 64};
-static const support::Shape kShape33 = {1024, 64, 1};
-static const support::Shape kShape34 = {64, 128};
-static const support::Shape kShape35 = {128, 1};
-static const support::Shape kShape36 = {128, 64};
+static const support::Shape kShape5 = {2, 32};
+static const support::Shape kShape6 = {2048, 64};
+static const support::Shape kShape7 = {0, 64};
+static const support::Shape kShape8 = {};
+static const support::Shape kShape9 = {2, 2, 32};
+static const support::Shape kShape10 = {1024, 0, 32};
+static const support::Shape kShape11 = {0, 0};
+static const support::Shape kShape12 = {64};
+static const support::Shape kShape13 = {1536, 48};
+static const support::Shape kShape14 = {48};
+static const support::Shape kShape15 = {2, 32, 48};
+static const support::Shape kShape16 = {32, 1};
+static const support::Shape kShape17 = {2, 16};
+static const support::Shape kShape18 = {16, 1};
+static const support::Shape kShape19 = {32, 64};
+static const support::Shape kShape20 = {64, 1};
+static const support::Shape kShape21 = {2};
+static const support::Shape kShape22 = {2048};
+static const support::Shape kShape23 = {48, 64};
+static const support::Shape kShape24 = {0, 1};
+static const support::Shape kShape25 = {16, 64};
+static const support::Shape kShape26 = {64, 48};
+static const support::Shape kShape27 = {48, 1};
+static const support::Shape kShape28 = {128};
+static const support::Shape kShape29 = {4096, 128};
+static const support::Shape kShape30 = {2048, 1024, 32};
+static const support::Shape kShape31 = {64, 2, 16};
+static const support::Shape kShape32 = {32, 16, 1};
+static const support::Shape kShape33 = {2, 16, 64};
+static const support::Shape kShape34 = {1024, 64, 1};
+static const support::Shape kShape35 = {64, 128};
+static const support::Shape kShape36 = {128, 1};
+static const support::Shape kShape37 = {128, 64};
 static const support::SharedEinsum
     kEinsum0({{2, 32, 64, 48}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
 static const support::SharedEinsum
@@ -104,18 +105,6 @@ static const support::SharedEinsum
 [[gnu::noinline]] static void loop2(float *__restrict p0, const float *__restrict p1,
                                     const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 2; ++i0) {
-    for (int64_t i1 = 0; i1 < 2048; ++i1) {
-      const float s0 = p1[i0 * 2048 + i1];
-      const float s1 = p2[i1];
-      const float s2 = (s0 + s1);
-      p0[i0 * 2048 + i1] = s2;
-    }
-  }
-}
-
-[[gnu::noinline]] static void loop3(float *__restrict p0, const float *__restrict p1,
-                                    const float *__restrict p2) {
-  for (int64_t i0 = 0; i0 < 2; ++i0) {
     for (int64_t i1 = 0; i1 < 32; ++i1) {
       for (int64_t i2 = 0; i2 < 32; ++i2) {
         const float s0 = p1[i0 * 32 + i1];
@@ -132,31 +121,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop4(float *__restrict p0, const float *__restrict p1,
-                                    const float *__restrict p2) {
-  for (int64_t i0 = 0; i0 < 4096; ++i0) {
-    const float s0 = p1[i0];
-    const float s1 = p2[i0];
-    const float s2 = (s0 + s1);
-    p0[i0] = s2;
-  }
-}
-
-[[gnu::noinline]] static void loop5(float *__restrict p0, const float *__restrict p1,
-                                    const float *__restrict p2, const float *__restrict p3) {
-  for (int64_t i0 = 0; i0 < 64; ++i0) {
-    for (int64_t i1 = 0; i1 < 64; ++i1) {
-      const float s0 = p1[i0 * 64 + i1];
-      const float s1 = p2[i1];
-      const float s2 = (s0 + s1);
-      const float s3 = p3[i0 * 64 + i1];
-      const float s4 = (s3 + s2);
-      p0[i0 * 64 + i1] = s4;
-    }
-  }
-}
-
-[[gnu::noinline]] static void loop6(float *__restrict p0, const float *__restrict p1) {
+[[gnu::noinline]] static void loop3(float *__restrict p0, const float *__restrict p1) {
   for (int64_t i0 = 0; i0 < 64; ++i0) {
     const float s0 = p1[i0];
     const float s1 = support::wrapI32(0.0);
@@ -166,7 +131,19 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop7(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop4(float *__restrict p0, const float *__restrict p1,
+                                    const float *__restrict p2) {
+  for (int64_t i0 = 0; i0 < 2; ++i0) {
+    for (int64_t i1 = 0; i1 < 2048; ++i1) {
+      const float s0 = p1[i0 * 2048 + i1];
+      const float s1 = p2[i1];
+      const float s2 = (s0 + s1);
+      p0[i0 * 2048 + i1] = s2;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop5(float *__restrict p0, const float *__restrict p1,
                                     const float *__restrict p2, const float *__restrict p3) {
   for (int64_t i0 = 0; i0 < 64; ++i0) {
     for (int64_t i1 = 0; i1 < 64; ++i1) {
@@ -180,7 +157,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop8(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop6(float *__restrict p0, const float *__restrict p1,
                                     const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 2; ++i0) {
     for (int64_t i1 = 0; i1 < 32; ++i1) {
@@ -196,7 +173,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop9(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop7(float *__restrict p0, const float *__restrict p1,
                                     const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 3072; ++i0) {
     const float s0 = p1[i0];
@@ -206,8 +183,8 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop10(float *__restrict p0, const float *__restrict p1,
-                                     const float *__restrict p2) {
+[[gnu::noinline]] static void loop8(float *__restrict p0, const float *__restrict p1,
+                                    const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 64; ++i0) {
     const float s0 = p1[i0];
     const float s1 = -s0;
@@ -217,9 +194,9 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop11(float *__restrict p0, const float *__restrict p1,
-                                     const float *__restrict p2, const float *__restrict p3,
-                                     const float *__restrict p4, const float *__restrict p5) {
+[[gnu::noinline]] static void loop9(float *__restrict p0, const float *__restrict p1,
+                                    const float *__restrict p2, const float *__restrict p3,
+                                    const float *__restrict p4, const float *__restrict p5) {
   const float r0 = p1[0];
   for (int64_t i0 = 0; i0 < 64; ++i0) {
     for (int64_t i1 = 0; i1 < 48; ++i1) {
@@ -251,7 +228,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop12(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop10(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 4096; ++i0) {
     const float s0 = p1[i0];
@@ -261,7 +238,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop13(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop11(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 64; ++i0) {
     for (int64_t i1 = 0; i1 < 64; ++i1) {
@@ -274,7 +251,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop14(float *__restrict p0, const float *__restrict p1) {
+[[gnu::noinline]] static void loop12(float *__restrict p0, const float *__restrict p1) {
   for (int64_t i0 = 0; i0 < 64; ++i0) {
     const float s0 = p1[i0];
     const float s1 = 1e-05f;
@@ -284,7 +261,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop15(float *__restrict p0, float *__restrict p1,
+[[gnu::noinline]] static void loop13(float *__restrict p0, float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4) {
   for (int64_t i0 = 0; i0 < 64; ++i0) {
@@ -300,7 +277,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop16(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop14(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4, const float *__restrict p5) {
   for (int64_t i0 = 0; i0 < 64; ++i0) {
@@ -319,7 +296,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop17(float *__restrict p0, const float *__restrict p1) {
+[[gnu::noinline]] static void loop15(float *__restrict p0, const float *__restrict p1) {
   for (int64_t i0 = 0; i0 < 3072; ++i0) {
     const float s0 = p1[i0];
     const float s1 = s0 * s0;
@@ -327,7 +304,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop18(float *__restrict p0, const float *__restrict p1) {
+[[gnu::noinline]] static void loop16(float *__restrict p0, const float *__restrict p1) {
   for (int64_t i0 = 0; i0 < 2048; ++i0) {
     const float s0 = p1[i0];
     const float s1 = s0 * s0;
@@ -335,11 +312,105 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop19(float *__restrict p0, const float *__restrict p1) {
+[[gnu::noinline]] static void loop17(float *__restrict p0, const float *__restrict p1) {
   for (int64_t i0 = 0; i0 < 64; ++i0) {
     const float s0 = p1[i0];
     const float s1 = s0 * s0;
     p0[i0] = s1;
+  }
+}
+
+[[gnu::noinline]] static void loop18(float *__restrict p0, float *__restrict p1,
+                                     float *__restrict p2, const float *__restrict p3,
+                                     const float *__restrict p4, const float *__restrict p5,
+                                     const float *__restrict p6, const float *__restrict p7) {
+  const float r2 = p4[0];
+  const float r5 = p5[0];
+  const float r6 = p6[0];
+  const float r7 = p7[0];
+  for (int64_t i0 = 0; i0 < 3072; ++i0) {
+    const float s0 = p2[i0];
+    const float s1 = 0.1f;
+    const float s2 = (s0 * s1);
+    const float s3 = p3[i0];
+    const float s4 = r2;
+    const float s5 = (s3 * s4);
+    const float s6 = 0.100000024f;
+    const float s7 = (s5 * s6);
+    const float s8 = p0[i0];
+    const float s9 = 0.9f;
+    const float s10 = (s8 * s9);
+    const float s11 = (s10 + s7);
+    const float s12 = s5 * s5;
+    const float s13 = 0.050000012f;
+    const float s14 = (s12 * s13);
+    const float s15 = p1[i0];
+    const float s16 = 0.95f;
+    const float s17 = (s15 * s16);
+    const float s18 = (s17 + s14);
+    const float s19 = r5;
+    const float s20 = (s11 / s19);
+    const float s21 = r6;
+    const float s22 = (s18 / s21);
+    const float s23 = support::fsqrt(s22);
+    const float s24 = 1e-08f;
+    const float s25 = (s23 + s24);
+    const float s26 = (s20 / s25);
+    const float s27 = (s26 + s2);
+    const float s28 = r7;
+    const float s29 = (s27 * s28);
+    const float s30 = p2[i0];
+    const float s31 = (s30 - s29);
+    p0[i0] = s11;
+    p1[i0] = s18;
+    p2[i0] = s31;
+  }
+}
+
+[[gnu::noinline]] static void loop19(float *__restrict p0, float *__restrict p1,
+                                     float *__restrict p2, const float *__restrict p3,
+                                     const float *__restrict p4, const float *__restrict p5,
+                                     const float *__restrict p6, const float *__restrict p7) {
+  const float r2 = p4[0];
+  const float r5 = p5[0];
+  const float r6 = p6[0];
+  const float r7 = p7[0];
+  for (int64_t i0 = 0; i0 < 2048; ++i0) {
+    const float s0 = p2[i0];
+    const float s1 = 0.1f;
+    const float s2 = (s0 * s1);
+    const float s3 = p3[i0];
+    const float s4 = r2;
+    const float s5 = (s3 * s4);
+    const float s6 = 0.100000024f;
+    const float s7 = (s5 * s6);
+    const float s8 = p0[i0];
+    const float s9 = 0.9f;
+    const float s10 = (s8 * s9);
+    const float s11 = (s10 + s7);
+    const float s12 = s5 * s5;
+    const float s13 = 0.050000012f;
+    const float s14 = (s12 * s13);
+    const float s15 = p1[i0];
+    const float s16 = 0.95f;
+    const float s17 = (s15 * s16);
+    const float s18 = (s17 + s14);
+    const float s19 = r5;
+    const float s20 = (s11 / s19);
+    const float s21 = r6;
+    const float s22 = (s18 / s21);
+    const float s23 = support::fsqrt(s22);
+    const float s24 = 1e-08f;
+    const float s25 = (s23 + s24);
+    const float s26 = (s20 / s25);
+    const float s27 = (s26 + s2);
+    const float s28 = r7;
+    const float s29 = (s27 * s28);
+    const float s30 = p2[i0];
+    const float s31 = (s30 - s29);
+    p0[i0] = s11;
+    p1[i0] = s18;
+    p2[i0] = s31;
   }
 }
 
@@ -351,7 +422,7 @@ static const support::SharedEinsum
   const float r5 = p5[0];
   const float r6 = p6[0];
   const float r7 = p7[0];
-  for (int64_t i0 = 0; i0 < 3072; ++i0) {
+  for (int64_t i0 = 0; i0 < 64; ++i0) {
     const float s0 = p2[i0];
     const float s1 = 0.1f;
     const float s2 = (s0 * s1);
@@ -398,7 +469,7 @@ static const support::SharedEinsum
   const float r5 = p5[0];
   const float r6 = p6[0];
   const float r7 = p7[0];
-  for (int64_t i0 = 0; i0 < 2048; ++i0) {
+  for (int64_t i0 = 0; i0 < 8192; ++i0) {
     const float s0 = p2[i0];
     const float s1 = 0.1f;
     const float s2 = (s0 * s1);
@@ -445,100 +516,6 @@ static const support::SharedEinsum
   const float r5 = p5[0];
   const float r6 = p6[0];
   const float r7 = p7[0];
-  for (int64_t i0 = 0; i0 < 64; ++i0) {
-    const float s0 = p2[i0];
-    const float s1 = 0.1f;
-    const float s2 = (s0 * s1);
-    const float s3 = p3[i0];
-    const float s4 = r2;
-    const float s5 = (s3 * s4);
-    const float s6 = 0.100000024f;
-    const float s7 = (s5 * s6);
-    const float s8 = p0[i0];
-    const float s9 = 0.9f;
-    const float s10 = (s8 * s9);
-    const float s11 = (s10 + s7);
-    const float s12 = s5 * s5;
-    const float s13 = 0.050000012f;
-    const float s14 = (s12 * s13);
-    const float s15 = p1[i0];
-    const float s16 = 0.95f;
-    const float s17 = (s15 * s16);
-    const float s18 = (s17 + s14);
-    const float s19 = r5;
-    const float s20 = (s11 / s19);
-    const float s21 = r6;
-    const float s22 = (s18 / s21);
-    const float s23 = support::fsqrt(s22);
-    const float s24 = 1e-08f;
-    const float s25 = (s23 + s24);
-    const float s26 = (s20 / s25);
-    const float s27 = (s26 + s2);
-    const float s28 = r7;
-    const float s29 = (s27 * s28);
-    const float s30 = p2[i0];
-    const float s31 = (s30 - s29);
-    p0[i0] = s11;
-    p1[i0] = s18;
-    p2[i0] = s31;
-  }
-}
-
-[[gnu::noinline]] static void loop23(float *__restrict p0, float *__restrict p1,
-                                     float *__restrict p2, const float *__restrict p3,
-                                     const float *__restrict p4, const float *__restrict p5,
-                                     const float *__restrict p6, const float *__restrict p7) {
-  const float r2 = p4[0];
-  const float r5 = p5[0];
-  const float r6 = p6[0];
-  const float r7 = p7[0];
-  for (int64_t i0 = 0; i0 < 8192; ++i0) {
-    const float s0 = p2[i0];
-    const float s1 = 0.1f;
-    const float s2 = (s0 * s1);
-    const float s3 = p3[i0];
-    const float s4 = r2;
-    const float s5 = (s3 * s4);
-    const float s6 = 0.100000024f;
-    const float s7 = (s5 * s6);
-    const float s8 = p0[i0];
-    const float s9 = 0.9f;
-    const float s10 = (s8 * s9);
-    const float s11 = (s10 + s7);
-    const float s12 = s5 * s5;
-    const float s13 = 0.050000012f;
-    const float s14 = (s12 * s13);
-    const float s15 = p1[i0];
-    const float s16 = 0.95f;
-    const float s17 = (s15 * s16);
-    const float s18 = (s17 + s14);
-    const float s19 = r5;
-    const float s20 = (s11 / s19);
-    const float s21 = r6;
-    const float s22 = (s18 / s21);
-    const float s23 = support::fsqrt(s22);
-    const float s24 = 1e-08f;
-    const float s25 = (s23 + s24);
-    const float s26 = (s20 / s25);
-    const float s27 = (s26 + s2);
-    const float s28 = r7;
-    const float s29 = (s27 * s28);
-    const float s30 = p2[i0];
-    const float s31 = (s30 - s29);
-    p0[i0] = s11;
-    p1[i0] = s18;
-    p2[i0] = s31;
-  }
-}
-
-[[gnu::noinline]] static void loop24(float *__restrict p0, float *__restrict p1,
-                                     float *__restrict p2, const float *__restrict p3,
-                                     const float *__restrict p4, const float *__restrict p5,
-                                     const float *__restrict p6, const float *__restrict p7) {
-  const float r2 = p4[0];
-  const float r5 = p5[0];
-  const float r6 = p6[0];
-  const float r7 = p7[0];
   for (int64_t i0 = 0; i0 < 128; ++i0) {
     const float s0 = p2[i0];
     const float s1 = 0.1f;
@@ -578,7 +555,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop25(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop23(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4, const float *__restrict p5,
                                      const float *__restrict p6) {
@@ -600,7 +577,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop26(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop24(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4) {
   for (int64_t i0 = 0; i0 < 2; ++i0) {
@@ -624,7 +601,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop27(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop25(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3) {
   for (int64_t i0 = 0; i0 < 4096; ++i0) {
     const float s0 = p1[i0];
@@ -636,7 +613,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop28(float *__restrict p0, const float *__restrict p1) {
+[[gnu::noinline]] static void loop26(float *__restrict p0, const float *__restrict p1) {
   for (int64_t i0 = 0; i0 < 8192; ++i0) {
     const float s0 = p1[i0];
     const float s1 = s0 * s0;
@@ -644,11 +621,35 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop29(float *__restrict p0, const float *__restrict p1) {
+[[gnu::noinline]] static void loop27(float *__restrict p0, const float *__restrict p1) {
   for (int64_t i0 = 0; i0 < 128; ++i0) {
     const float s0 = p1[i0];
     const float s1 = s0 * s0;
     p0[i0] = s1;
+  }
+}
+
+[[gnu::noinline]] static void loop28(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2) {
+  for (int64_t i0 = 0; i0 < 4096; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = p2[i0];
+    const float s2 = (s0 + s1);
+    p0[i0] = s2;
+  }
+}
+
+[[gnu::noinline]] static void loop29(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2, const float *__restrict p3) {
+  for (int64_t i0 = 0; i0 < 64; ++i0) {
+    for (int64_t i1 = 0; i1 < 64; ++i1) {
+      const float s0 = p1[i0 * 64 + i1];
+      const float s1 = p2[i1];
+      const float s2 = (s0 + s1);
+      const float s3 = p3[i0 * 64 + i1];
+      const float s4 = (s3 + s2);
+      p0[i0 * 64 + i1] = s4;
+    }
   }
 }
 
@@ -818,7 +819,7 @@ void Lm::computeInvariants() {
 
 Lm::Outputs Lm::run(const Inputs &inputs) {
   MESHRT_TRACE_RUN(world_, "lm");
-  // Arena: 73728 bytes for 462848 bytes of temporaries (placed by liveness).
+  // Arena: 81920 bytes for 462848 bytes of temporaries (placed by liveness).
   support::checkShape("input", "tokens", inputs.tokens, {2, 32});
   runPart0(inputs);
   support::View v107 = arena_.view(0, 3072);
@@ -845,29 +846,27 @@ void Lm::runPart0(const Inputs &inputs) {
   MESHRT_TRACE_SITE("transformer.mesh:34:37");
   group_model.allReduce(v5.data(), v5.size(), meshrt::ReduceOp::Sum);
 
-  // transformer.mesh:34:37 add -> x
-  MESHRT_TRACE("loop", "transformer.mesh:34:37", "forward");
-  const support::Buffer &v2 = param1_decoder_position_embedding;
-  support::View v7 = arena_.view(16384, 4096);
-  loop2(v7.data(), v5.data(), v2.data());
-
   // layers.mesh:24:10 layer_norm
   // layers.mesh:24:33 mul
   // layers.mesh:24:40 add -> n
+  // transformer.mesh:34:37 add -> x
   MESHRT_TRACE("layer_norm", "layers.mesh:24:10", "forward");
+  const support::Buffer &v2 = param1_decoder_position_embedding;
   const support::Buffer &v16 = param3_decoder_decoder_layer_0_norm_gain;
   const support::Buffer &v17 = param4_decoder_decoder_layer_0_norm_bias;
-  support::View v20 = arena_.view(0, 4096);
-  support::layerNormAffine(v20.data(), v7.data(), 64, 64, v16.data(), v17.data(), 1e-05, 64);
+  support::View v20 = arena_.view(32768, 4096);
+  support::View v7 = arena_.view(16384, 4096);
+  support::addLayerNormAffine(v20.data(), v7.data(), kShape5, 64, v16.data(), v17.data(), 1e-05, 64,
+                              v5.data(), kShape6, v2.data(), kShape7, nullptr, kShape8);
 
   // 4 statements from layers.mesh:36:11 einsum -> q (1 of 2)
   MESHRT_TRACE_SITE("layers.mesh:36:11");
   const support::Buffer &v21 = param5_decoder_decoder_layer_0_attention_w_q;
-  support::View v25 = arena_.view(32768, 2048);
+  support::View v25 = arena_.view(49152, 2048);
   const support::Buffer &v22 = param6_decoder_decoder_layer_0_attention_w_k;
-  support::View v26 = arena_.view(40960, 2048);
+  support::View v26 = arena_.view(57344, 2048);
   const support::Buffer &v23 = param7_decoder_decoder_layer_0_attention_w_v;
-  support::View v28 = arena_.view(49152, 2048);
+  support::View v28 = arena_.view(65536, 2048);
   support::View v30 = arena_.view(0, 4096);
   repeated1(v20, v21, v25, v22, v26, v23, v28, v30);
 
@@ -878,17 +877,17 @@ void Lm::runPart0(const Inputs &inputs) {
   // layers.mesh:43:39 gt
   MESHRT_TRACE("loop", "transformer.mesh:38:51", "forward");
   support::View v14 = persistent_.view(4288, 1024);
-  support::View v34 = arena_.view(65536, 2048);
-  loop3(v34.data(), v0.data(), v14.data());
+  support::View v34 = arena_.view(73728, 2048);
+  loop2(v34.data(), v0.data(), v14.data());
 
-  // 11 statements from layers.mesh:43:17 softmax -> weights (1 of 2)
+  // 9 statements from layers.mesh:43:17 softmax -> weights (1 of 2)
   MESHRT_TRACE_SITE("layers.mesh:43:17");
   support::View v37 = arena_.view(32768, 4096);
-  support::View v38 = arena_.view(57344, 2048);
+  support::View v38 = arena_.view(49152, 2048);
   const support::Buffer &v24 = param8_decoder_decoder_layer_0_attention_w_o;
   support::View v39 = arena_.view(0, 4096);
-  support::View v41 = arena_.view(32768, 4096);
   support::View v46 = arena_.view(49152, 4096);
+  support::View v41 = arena_.view(32768, 4096);
   const support::Buffer &v42 = param9_decoder_decoder_layer_0_norm_1_gain;
   const support::Buffer &v43 = param10_decoder_decoder_layer_0_norm_1_bias;
   const support::Buffer &v47 = param11_decoder_decoder_layer_0_ffn_w_in;
@@ -897,12 +896,12 @@ void Lm::runPart0(const Inputs &inputs) {
   const support::Buffer &v49 = param13_decoder_decoder_layer_0_ffn_w_out;
   support::View v55 = arena_.view(49152, 4096);
   const support::Buffer &v50 = param14_decoder_decoder_layer_0_ffn_b_out;
-  support::View v58 = arena_.view(0, 4096);
   const support::Buffer &v59 = param15_decoder_decoder_layer_1_norm_gain;
   const support::Buffer &v60 = param16_decoder_decoder_layer_1_norm_bias;
   support::View v63 = arena_.view(16384, 4096);
-  repeated0(v37, v30, v34, v28, v38, v24, v39, v7, v41, v46, v42, v43, v47, v53, v48, v49, v55, v50,
-            v58, v63, v59, v60);
+  support::View v58 = arena_.view(0, 4096);
+  repeated0(v37, v30, v34, v28, v38, v24, v39, v46, v41, v7, v42, v43, v47, v53, v48, v49, v55, v63,
+            v58, v50, v59, v60);
 
   // 4 statements from layers.mesh:36:11 einsum -> q (2 of 2)
   MESHRT_TRACE_SITE("layers.mesh:36:11");
@@ -915,14 +914,14 @@ void Lm::runPart0(const Inputs &inputs) {
   support::View v73 = arena_.view(16384, 4096);
   repeated1(v63, v64, v68, v65, v69, v66, v71, v73);
 
-  // 11 statements from layers.mesh:43:17 softmax -> weights (2 of 2)
+  // 9 statements from layers.mesh:43:17 softmax -> weights (2 of 2)
   MESHRT_TRACE_SITE("layers.mesh:43:17");
   support::View v80 = arena_.view(32768, 4096);
   support::View v81 = arena_.view(57344, 2048);
   const support::Buffer &v67 = param20_decoder_decoder_layer_1_attention_w_o;
   support::View v82 = arena_.view(16384, 4096);
-  support::View v84 = arena_.view(32768, 4096);
   support::View v89 = arena_.view(49152, 4096);
+  support::View v84 = arena_.view(32768, 4096);
   const support::Buffer &v85 = param21_decoder_decoder_layer_1_norm_1_gain;
   const support::Buffer &v86 = param22_decoder_decoder_layer_1_norm_1_bias;
   const support::Buffer &v90 = param23_decoder_decoder_layer_1_ffn_w_in;
@@ -931,12 +930,12 @@ void Lm::runPart0(const Inputs &inputs) {
   const support::Buffer &v92 = param25_decoder_decoder_layer_1_ffn_w_out;
   support::View v98 = arena_.view(49152, 4096);
   const support::Buffer &v93 = param26_decoder_decoder_layer_1_ffn_b_out;
-  support::View v101 = arena_.view(0, 4096);
   const support::Buffer &v102 = param27_decoder_norm_gain;
   const support::Buffer &v103 = param28_decoder_norm_bias;
   support::View v106 = arena_.view(16384, 4096);
-  repeated0(v80, v73, v34, v71, v81, v67, v82, v58, v84, v89, v85, v86, v90, v96, v91, v92, v98,
-            v93, v101, v106, v102, v103);
+  support::View v101 = arena_.view(0, 4096);
+  repeated0(v80, v73, v34, v71, v81, v67, v82, v89, v84, v58, v85, v86, v90, v96, v91, v92, v98,
+            v106, v101, v93, v102, v103);
 
   // transformer.mesh:43:10 einsum -> logits
   MESHRT_TRACE("gemm", "transformer.mesh:43:10", "forward");
@@ -948,17 +947,17 @@ void Lm::runPart0(const Inputs &inputs) {
 
 void Lm::repeated0(support::View a0, support::ConstView a1, support::ConstView a2,
                    support::ConstView a3, support::View a4, support::ConstView a5, support::View a6,
-                   support::ConstView a7, support::View a8, support::View a9,
+                   support::View a7, support::View a8, support::ConstView a9,
                    support::ConstView a10, support::ConstView a11, support::ConstView a12,
                    support::View a13, support::ConstView a14, support::ConstView a15,
-                   support::View a16, support::ConstView a17, support::View a18, support::View a19,
+                   support::View a16, support::View a17, support::View a18, support::ConstView a19,
                    support::ConstView a20, support::ConstView a21) {
   MESHRT_TRACE_SPAN(world_);
 
   // layers.mesh:43:17 softmax -> weights
   // layers.mesh:43:25 where
   MESHRT_TRACE("softmax", "layers.mesh:43:17", "forward");
-  support::maskedSoftmax(a0.data(), a1.data(), a2.data(), kShape5, kShape6, 32, 1, -1000000000.0);
+  support::maskedSoftmax(a0.data(), a1.data(), a2.data(), kShape9, kShape10, 32, 1, -1000000000.0);
 
   // layers.mesh:44:17 einsum -> context
   MESHRT_TRACE("gemm", "layers.mesh:44:17", "forward");
@@ -975,22 +974,20 @@ void Lm::repeated0(support::View a0, support::ConstView a1, support::ConstView a
   MESHRT_TRACE_SITE("transformer.mesh:21:13");
   group_model.allReduce(a6.data(), a6.size(), meshrt::ReduceOp::Sum);
 
-  // transformer.mesh:21:13 add -> h
-  MESHRT_TRACE("loop", "transformer.mesh:21:13", "forward");
-  loop4(a8.data(), a7.data(), a6.data());
-
   // layers.mesh:24:10 layer_norm
   // layers.mesh:24:33 mul
   // layers.mesh:24:40 add
+  // transformer.mesh:21:13 add -> h
   MESHRT_TRACE("layer_norm", "layers.mesh:24:10", "forward");
-  support::layerNormAffine(a9.data(), a8.data(), 64, 64, a10.data(), a11.data(), 1e-05, 64);
+  support::addLayerNormAffine(a7.data(), a8.data(), kShape5, 64, a10.data(), a11.data(), 1e-05, 64,
+                              a9.data(), kShape6, a6.data(), kShape6, nullptr, kShape8);
 
   // layers.mesh:54:16 einsum
   // layers.mesh:54:52 add
   // layers.mesh:54:11 gelu -> h
   MESHRT_TRACE("gemm", "layers.mesh:54:16", "forward");
   // dims: batch, seq, d_model, d_ff
-  kEinsum3.plan().runBiasActivation(a9.data(), a12.data(), a14.data(), a13.data(), true);
+  kEinsum3.plan().runBiasActivation(a7.data(), a12.data(), a14.data(), a13.data(), true);
 
   // layers.mesh:55:10 einsum
   MESHRT_TRACE("gemm", "layers.mesh:55:10", "forward");
@@ -1001,16 +998,14 @@ void Lm::repeated0(support::View a0, support::ConstView a1, support::ConstView a
   MESHRT_TRACE_SITE("layers.mesh:55:71");
   group_model.allReduce(a16.data(), a16.size(), meshrt::ReduceOp::Sum);
 
-  // layers.mesh:55:71 add
-  // transformer.mesh:22:12 add -> x
-  MESHRT_TRACE("loop", "layers.mesh:55:71", "forward");
-  loop5(a18.data(), a16.data(), a17.data(), a8.data());
-
   // layers.mesh:24:10 layer_norm
   // layers.mesh:24:33 mul
   // layers.mesh:24:40 add -> n
+  // layers.mesh:55:71 add
+  // transformer.mesh:22:12 add -> x
   MESHRT_TRACE("layer_norm", "layers.mesh:24:10", "forward");
-  support::layerNormAffine(a19.data(), a18.data(), 64, 64, a20.data(), a21.data(), 1e-05, 64);
+  support::addLayerNormAffine(a17.data(), a18.data(), kShape5, 64, a20.data(), a21.data(), 1e-05,
+                              64, a8.data(), kShape6, a16.data(), kShape6, a19.data(), kShape11);
 }
 
 void Lm::repeated1(support::ConstView a0, support::ConstView a1, support::View a2,
@@ -1616,7 +1611,7 @@ void LmTrain::runPart0(const Inputs &inputs) {
   MESHRT_TRACE("shift", "transformer.mesh:54:17", "forward");
   const support::Buffer &v0 = inputs.tokens.data;
   support::View v1 = arena_.view(192512, 64);
-  support::shift(v1, v0, kShape7, 1, -1, nullptr);
+  support::shift(v1, v0, kShape5, 1, -1, nullptr);
 
   // transformer.mesh:55:36 ge
   // transformer.mesh:38:51 ge
@@ -1624,12 +1619,12 @@ void LmTrain::runPart0(const Inputs &inputs) {
   // transformer.mesh:38:39 cast
   MESHRT_TRACE("loop", "transformer.mesh:55:36", "forward");
   support::View v4 = arena_.view(16384, 64);
-  loop6(v4.data(), v0.data());
+  loop3(v4.data(), v0.data());
 
   // transformer.mesh:55:18 shift -> has_next
   MESHRT_TRACE("shift", "transformer.mesh:55:18", "forward");
   support::View v5 = arena_.view(192768, 64);
-  support::shift(v5, v4, kShape7, 1, -1, nullptr);
+  support::shift(v5, v4, kShape5, 1, -1, nullptr);
 
   // transformer.mesh:33:37 einsum
   MESHRT_TRACE("einsum", "transformer.mesh:33:37", "forward");
@@ -1647,12 +1642,12 @@ void LmTrain::runPart0(const Inputs &inputs) {
   MESHRT_TRACE("loop", "transformer.mesh:34:37", "forward");
   support::View v7(param1_decoder_position_embedding); // updated in place
   support::View v12 = arena_.view(196608, 4096);
-  loop2(v12.data(), v10.data(), v7.data());
+  loop4(v12.data(), v10.data(), v7.data());
 
   // layers.mesh:24:10 layer_norm
   MESHRT_TRACE("layer_norm", "layers.mesh:24:10", "forward");
   support::View v23 = arena_.view(212992, 4096);
-  support::along(v23.data(), v12.data(), kShape7, kShape8, kShape8, kShape9, kShape1, kShape1,
+  support::along(v23.data(), v12.data(), kShape5, kShape6, kShape6, kShape12, kShape1, kShape1,
                  support::Along::LayerNorm, 1e-05, 64, nullptr);
 
   // layers.mesh:24:33 mul
@@ -1661,7 +1656,7 @@ void LmTrain::runPart0(const Inputs &inputs) {
   support::View v21(param3_decoder_decoder_layer_0_norm_gain); // updated in place
   support::View v22(param4_decoder_decoder_layer_0_norm_bias); // updated in place
   support::View v25 = arena_.view(229376, 4096);
-  loop7(v25.data(), v23.data(), v21.data(), v22.data());
+  loop5(v25.data(), v23.data(), v21.data(), v22.data());
 
   // 4 statements from layers.mesh:36:11 einsum -> q (1 of 2)
   MESHRT_TRACE_SITE("layers.mesh:36:11");
@@ -1680,7 +1675,7 @@ void LmTrain::runPart0(const Inputs &inputs) {
   MESHRT_TRACE("loop", "transformer.mesh:38:62", "forward");
   support::View v19 = persistent_.view(4288, 1024);
   support::View v39 = arena_.view(487424, 2048);
-  loop8(v39.data(), v4.data(), v19.data());
+  loop6(v39.data(), v4.data(), v19.data());
 
   // 14 statements from layers.mesh:43:17 softmax -> weights (1 of 2)
   MESHRT_TRACE_SITE("layers.mesh:43:17");
@@ -1758,47 +1753,47 @@ void LmTrain::runPart0(const Inputs &inputs) {
   // transformer.mesh:56:14 log_softmax -> logp
   MESHRT_TRACE("log_softmax", "transformer.mesh:56:14", "forward");
   support::View v113 = arena_.view(425984, 3072);
-  support::along(v113.data(), v112.data(), kShape7, kShape10, kShape10, kShape11, kShape1, kShape1,
+  support::along(v113.data(), v112.data(), kShape5, kShape13, kShape13, kShape14, kShape1, kShape1,
                  support::Along::LogSoftmax, 1e-05, 96, &group_model);
 
   // transformer.mesh:59:32 one_hot
   MESHRT_TRACE("one_hot", "transformer.mesh:59:32", "forward");
   support::View v114 = arena_.view(180224, 3072);
-  support::oneHot(v114.data(), kShape12, v1.data(), kShape4, kShape3,
+  support::oneHot(v114.data(), kShape15, v1.data(), kShape4, kShape3,
                   support::shardStart(world_, {"model"}, 48));
 
   // transformer.mesh:59:30 mul
   MESHRT_TRACE("loop", "transformer.mesh:59:30", "forward");
   support::View v115 = arena_.view(438272, 3072);
-  loop9(v115.data(), v113.data(), v114.data());
+  loop7(v115.data(), v113.data(), v114.data());
 
   // transformer.mesh:59:21 sum
   MESHRT_TRACE("sum", "transformer.mesh:59:21", "forward");
   support::View v116 = arena_.view(193024, 64);
-  support::reduce(v116.data(), kShape7, v115.data(), kShape10, kShape11, kShape1,
+  support::reduce(v116.data(), kShape5, v115.data(), kShape13, kShape14, kShape1,
                   support::Reduce::Sum, 1.0);
 
   // transformer.mesh:59:20 neg -> token_loss
   // transformer.mesh:60:29 mul
   MESHRT_TRACE("loop", "transformer.mesh:59:20", "forward");
   support::View v118 = arena_.view(193280, 64);
-  loop10(v118.data(), v116.data(), v5.data());
+  loop8(v118.data(), v116.data(), v5.data());
 
   // transformer.mesh:60:14 sum
   MESHRT_TRACE("sum", "transformer.mesh:60:14", "forward");
   support::View v119 = arena_.view(193152, 1);
-  support::reduce(v119.data(), kShape13, v118.data(), kShape13, kShape7, kShape14,
+  support::reduce(v119.data(), kShape8, v118.data(), kShape8, kShape5, kShape16,
                   support::Reduce::Sum, 1.0);
 
   // transformer.mesh:60:43 local_slice -> has_next (reshard has_next for sum at 60:43)
   MESHRT_TRACE("local_slice", "transformer.mesh:60:43", "forward");
   support::View v120 = arena_.view(193024, 32);
-  support::sliceDim(v120, v5, kShape7, 1, support::blockIndex(world_, {"model"}), 2);
+  support::sliceDim(v120, v5, kShape5, 1, support::blockIndex(world_, {"model"}), 2);
 
   // transformer.mesh:60:43 sum ('seq' sliced over model: partial over data, model as its partner)
   MESHRT_TRACE("sum", "transformer.mesh:60:43", "forward");
   support::View v121 = arena_.view(193216, 1);
-  support::reduce(v121.data(), kShape13, v120.data(), kShape13, kShape15, kShape16,
+  support::reduce(v121.data(), kShape8, v120.data(), kShape8, kShape17, kShape18,
                   support::Reduce::Sum, 1.0);
 
   // transformer.mesh:60:41 bucketed_all_reduce_sum (2 partial sums (%114, %115) over data, model
@@ -1845,7 +1840,7 @@ void LmTrain::runPart1(const Inputs &inputs) {
   support::View v113 = arena_.view(425984, 3072);
   support::View v114 = arena_.view(180224, 3072);
   support::View v141 = arena_.view(438272, 3072);
-  loop11(v141.data(), v121.data(), v5.data(), v1.data(), v113.data(), v114.data());
+  loop9(v141.data(), v121.data(), v5.data(), v1.data(), v113.data(), v114.data());
 
   // transformer.mesh:43:10 einsum
   MESHRT_TRACE("gemm", "transformer.mesh:43:10", "backward");
@@ -1871,45 +1866,45 @@ void LmTrain::runPart1(const Inputs &inputs) {
   // layers.mesh:24:40 sum -> grad/decoder/norm/bias
   MESHRT_TRACE("sum", "layers.mesh:24:40", "backward");
   support::View v145 = arena_.view(442880, 64);
-  support::reduce(v145.data(), kShape9, v142.data(), kShape1, kShape7, kShape8,
+  support::reduce(v145.data(), kShape12, v142.data(), kShape1, kShape5, kShape6,
                   support::Reduce::Sum, 1.0);
 
   // layers.mesh:24:33 mul
   MESHRT_TRACE("loop", "layers.mesh:24:33", "backward");
   support::View v109 = arena_.view(0, 4096);
   support::View v147 = arena_.view(163840, 4096);
-  loop12(v147.data(), v142.data(), v109.data());
+  loop10(v147.data(), v142.data(), v109.data());
 
   // layers.mesh:24:33 sum -> grad/decoder/norm/gain
   MESHRT_TRACE("sum", "layers.mesh:24:33", "backward");
   support::View v148 = arena_.view(443136, 64);
-  support::reduce(v148.data(), kShape9, v147.data(), kShape1, kShape7, kShape8,
+  support::reduce(v148.data(), kShape12, v147.data(), kShape1, kShape5, kShape6,
                   support::Reduce::Sum, 1.0);
 
   // layers.mesh:24:10 mean
   MESHRT_TRACE("mean", "layers.mesh:24:10", "backward");
   support::View v106 = arena_.view(16384, 4096);
   support::View v149 = arena_.view(425984, 64);
-  support::reduce(v149.data(), kShape7, v106.data(), kShape8, kShape9, kShape1,
+  support::reduce(v149.data(), kShape5, v106.data(), kShape6, kShape12, kShape1,
                   support::Reduce::Sum, 0.015625);
 
   // layers.mesh:24:10 sub
   // layers.mesh:24:10 square
   MESHRT_TRACE("loop", "layers.mesh:24:10", "backward");
   support::View v151 = arena_.view(163840, 4096);
-  loop13(v151.data(), v106.data(), v149.data());
+  loop11(v151.data(), v106.data(), v149.data());
 
   // layers.mesh:24:10 mean
   MESHRT_TRACE("mean", "layers.mesh:24:10", "backward");
   support::View v152 = arena_.view(16384, 64);
-  support::reduce(v152.data(), kShape7, v151.data(), kShape8, kShape9, kShape1,
+  support::reduce(v152.data(), kShape5, v151.data(), kShape6, kShape12, kShape1,
                   support::Reduce::Sum, 0.015625);
 
   // layers.mesh:24:10 add
   // layers.mesh:24:10 rsqrt
   MESHRT_TRACE("loop", "layers.mesh:24:10", "backward");
   support::View v155 = arena_.view(442368, 64);
-  loop14(v155.data(), v152.data());
+  loop12(v155.data(), v152.data());
 
   // layers.mesh:24:33 mul
   // layers.mesh:24:10 mul
@@ -1917,18 +1912,18 @@ void LmTrain::runPart1(const Inputs &inputs) {
   support::View v107(param27_decoder_norm_gain); // updated in place
   support::View v146 = arena_.view(16384, 4096);
   support::View v156 = arena_.view(163840, 4096);
-  loop15(v146.data(), v156.data(), v142.data(), v107.data(), v109.data());
+  loop13(v146.data(), v156.data(), v142.data(), v107.data(), v109.data());
 
   // layers.mesh:24:10 mean
   MESHRT_TRACE("mean", "layers.mesh:24:10", "backward");
   support::View v157 = arena_.view(180224, 64);
-  support::reduce(v157.data(), kShape7, v156.data(), kShape8, kShape9, kShape1,
+  support::reduce(v157.data(), kShape5, v156.data(), kShape6, kShape12, kShape1,
                   support::Reduce::Sum, 0.015625);
 
   // layers.mesh:24:10 mean
   MESHRT_TRACE("mean", "layers.mesh:24:10", "backward");
   support::View v159 = arena_.view(163840, 64);
-  support::reduce(v159.data(), kShape7, v146.data(), kShape8, kShape9, kShape1,
+  support::reduce(v159.data(), kShape5, v146.data(), kShape6, kShape12, kShape1,
                   support::Reduce::Sum, 0.015625);
 
   // layers.mesh:24:10 mul
@@ -1937,7 +1932,7 @@ void LmTrain::runPart1(const Inputs &inputs) {
   // layers.mesh:24:10 mul
   MESHRT_TRACE("loop", "layers.mesh:24:10", "backward");
   support::View v162 = arena_.view(425984, 4096);
-  loop16(v162.data(), v109.data(), v157.data(), v146.data(), v159.data(), v155.data());
+  loop14(v162.data(), v109.data(), v157.data(), v146.data(), v159.data(), v155.data());
 
   // 49 statements from layers.mesh:55:71 sum -> grad/decoder/decoder_layer[1]/ffn/b_out (1 of 2)
   MESHRT_TRACE_SITE("layers.mesh:55:71");
@@ -2097,15 +2092,15 @@ void LmTrain::runPart1(const Inputs &inputs) {
   // transformer.mesh:34:37 sum -> grad/decoder/position_embedding
   MESHRT_TRACE("sum", "transformer.mesh:34:37", "backward");
   support::View v337 = arena_.view(196608, 2048);
-  support::reduce(v337.data(), kShape17, v336.data(), kShape18, kShape19, kShape20,
+  support::reduce(v337.data(), kShape19, v336.data(), kShape20, kShape21, kShape22,
                   support::Reduce::Sum, 1.0);
 
   // transformer.mesh:33:37 einsum -> grad/decoder/token_embedding
   MESHRT_TRACE("einsum", "transformer.mesh:33:37", "backward");
   const support::Buffer &v0 = inputs.tokens.data;
   support::View v338 = arena_.view(114688, 3072);
-  support::scatterAdd(v338.data(), kShape21, v336.data(), kShape22, v0.data(), kShape23, kShape7,
-                      kShape8, kShape14, 0, support::shardStart(world_, {"model"}, 48));
+  support::scatterAdd(v338.data(), kShape23, v336.data(), kShape24, v0.data(), kShape11, kShape5,
+                      kShape6, kShape16, 0, support::shardStart(world_, {"model"}, 48));
 
   // transformer.mesh:61:3 bucketed_all_reduce_sum -> grad/decoder/unembed (29 partial sums
   // (grad/decoder/unembed, grad/decoder/norm/bias, grad/decoder/norm/gain, ...) over data resolved
@@ -2118,18 +2113,18 @@ void LmTrain::runPart1(const Inputs &inputs) {
   // transformer.mesh:61:3 square
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "backward");
   support::View v363 = arena_.view(65536, 3072);
-  loop17(v363.data(), v338.data());
+  loop15(v363.data(), v338.data());
 
   // transformer.mesh:61:3 sum
   MESHRT_TRACE("sum", "transformer.mesh:61:3", "backward");
   support::View v364 = arena_.view(98304, 1);
-  support::reduce(v364.data(), kShape13, v363.data(), kShape13, kShape21, kShape18,
+  support::reduce(v364.data(), kShape8, v363.data(), kShape8, kShape23, kShape20,
                   support::Reduce::Sum, 1.0);
 
   // transformer.mesh:61:3 square
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "backward");
   support::View v366 = arena_.view(65536, 2048);
-  loop18(v366.data(), v337.data());
+  loop16(v366.data(), v337.data());
 }
 
 void LmTrain::runPart2(const Inputs &inputs) {
@@ -2140,58 +2135,58 @@ void LmTrain::runPart2(const Inputs &inputs) {
   MESHRT_TRACE("local_slice", "transformer.mesh:61:3", "backward");
   support::View v366 = arena_.view(65536, 2048);
   support::View v367 = arena_.view(73728, 1024);
-  support::sliceDim(v367, v366, kShape17, 0, support::blockIndex(world_, {"model"}), 2);
+  support::sliceDim(v367, v366, kShape19, 0, support::blockIndex(world_, {"model"}), 2);
 
   // transformer.mesh:61:3 sum ('seq' sliced over model: partial over model as its partner)
   MESHRT_TRACE("sum", "transformer.mesh:61:3", "backward");
   support::View v368 = arena_.view(98368, 1);
-  support::reduce(v368.data(), kShape13, v367.data(), kShape13, kShape24, kShape18,
+  support::reduce(v368.data(), kShape8, v367.data(), kShape8, kShape25, kShape20,
                   support::Reduce::Sum, 1.0);
 
   // transformer.mesh:61:3 square
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "backward");
   support::View v143 = arena_.view(450560, 3072);
   support::View v371 = arena_.view(65536, 3072);
-  loop17(v371.data(), v143.data());
+  loop15(v371.data(), v143.data());
 
   // transformer.mesh:61:3 sum
   MESHRT_TRACE("sum", "transformer.mesh:61:3", "backward");
   support::View v372 = arena_.view(98432, 1);
-  support::reduce(v372.data(), kShape13, v371.data(), kShape13, kShape25, kShape26,
+  support::reduce(v372.data(), kShape8, v371.data(), kShape8, kShape26, kShape27,
                   support::Reduce::Sum, 1.0);
 
   // transformer.mesh:61:3 square
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "backward");
   support::View v322 = arena_.view(127232, 64);
   support::View v375 = arena_.view(65536, 64);
-  loop19(v375.data(), v322.data());
+  loop17(v375.data(), v322.data());
 
   // transformer.mesh:61:3 local_slice (reshard %357 for sum at 61:3)
   MESHRT_TRACE("local_slice", "transformer.mesh:61:3", "backward");
   support::View v376 = arena_.view(65792, 32);
-  support::sliceDim(v376, v375, kShape9, 0, support::blockIndex(world_, {"model"}), 2);
+  support::sliceDim(v376, v375, kShape12, 0, support::blockIndex(world_, {"model"}), 2);
 
   // transformer.mesh:61:3 sum ('d_model' sliced over model: partial over model as its partner)
   MESHRT_TRACE("sum", "transformer.mesh:61:3", "backward");
   support::View v377 = arena_.view(98496, 1);
-  support::reduce(v377.data(), kShape13, v376.data(), kShape13, kShape0, kShape1,
+  support::reduce(v377.data(), kShape8, v376.data(), kShape8, kShape0, kShape1,
                   support::Reduce::Sum, 1.0);
 
   // transformer.mesh:61:3 square
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "backward");
   support::View v319 = arena_.view(126976, 64);
   support::View v380 = arena_.view(65536, 64);
-  loop19(v380.data(), v319.data());
+  loop17(v380.data(), v319.data());
 
   // transformer.mesh:61:3 local_slice (reshard %360 for sum at 61:3)
   MESHRT_TRACE("local_slice", "transformer.mesh:61:3", "backward");
   support::View v381 = arena_.view(65792, 32);
-  support::sliceDim(v381, v380, kShape9, 0, support::blockIndex(world_, {"model"}), 2);
+  support::sliceDim(v381, v380, kShape12, 0, support::blockIndex(world_, {"model"}), 2);
 
   // transformer.mesh:61:3 sum ('d_model' sliced over model: partial over model as its partner)
   MESHRT_TRACE("sum", "transformer.mesh:61:3", "backward");
   support::View v382 = arena_.view(98560, 1);
-  support::reduce(v382.data(), kShape13, v381.data(), kShape13, kShape0, kShape1,
+  support::reduce(v382.data(), kShape8, v381.data(), kShape8, kShape0, kShape1,
                   support::Reduce::Sum, 1.0);
 
   // 29 statements from transformer.mesh:61:3 square (1 of 2)
@@ -2520,7 +2515,7 @@ void LmTrain::runPart2(const Inputs &inputs) {
   support::View v338 = arena_.view(114688, 3072);
   support::View v523(param29_decoder_token_embedding_m); // updated in place
   support::View v524(param30_decoder_token_embedding_v); // updated in place
-  loop20(v523.data(), v524.data(), v6.data(), v338.data(), v493.data(), v537.data(), v539.data(),
+  loop18(v523.data(), v524.data(), v6.data(), v338.data(), v493.data(), v537.data(), v539.data(),
          v361.data());
 
   // transformer.mesh:61:3 mul
@@ -2545,7 +2540,7 @@ void LmTrain::runPart2(const Inputs &inputs) {
   support::View v337 = arena_.view(196608, 2048);
   support::View v551(param31_decoder_position_embedding_m); // updated in place
   support::View v552(param32_decoder_position_embedding_v); // updated in place
-  loop21(v551.data(), v552.data(), v7.data(), v337.data(), v493.data(), v537.data(), v539.data(),
+  loop19(v551.data(), v552.data(), v7.data(), v337.data(), v493.data(), v537.data(), v539.data(),
          v361.data());
 
   // transformer.mesh:61:3 mul
@@ -2569,7 +2564,7 @@ void LmTrain::runPart2(const Inputs &inputs) {
   support::View v8(param2_decoder_unembed);      // updated in place
   support::View v571(param33_decoder_unembed_m); // updated in place
   support::View v572(param34_decoder_unembed_v); // updated in place
-  loop20(v571.data(), v572.data(), v8.data(), v143.data(), v493.data(), v537.data(), v539.data(),
+  loop18(v571.data(), v572.data(), v8.data(), v143.data(), v493.data(), v537.data(), v539.data(),
          v361.data());
 
   // 1 statements from transformer.mesh:61:3 mul (1 of 2)
@@ -2707,7 +2702,7 @@ void LmTrain::repeated0(
   // transformer.mesh:61:3 mul
   // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[0]/attention/w_q
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "update");
-  loop21(a3.data(), a4.data(), a0.data(), a1.data(), a2.data(), a5.data(), a6.data(), a7.data());
+  loop19(a3.data(), a4.data(), a0.data(), a1.data(), a2.data(), a5.data(), a6.data(), a7.data());
 
   // transformer.mesh:61:3 mul
   // transformer.mesh:61:3 mul
@@ -2727,7 +2722,7 @@ void LmTrain::repeated0(
   // transformer.mesh:61:3 mul
   // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[0]/attention/w_k
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "update");
-  loop21(a10.data(), a11.data(), a8.data(), a9.data(), a2.data(), a5.data(), a6.data(), a7.data());
+  loop19(a10.data(), a11.data(), a8.data(), a9.data(), a2.data(), a5.data(), a6.data(), a7.data());
 
   // transformer.mesh:61:3 mul
   // transformer.mesh:61:3 mul
@@ -2747,7 +2742,7 @@ void LmTrain::repeated0(
   // transformer.mesh:61:3 mul
   // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[0]/attention/w_v
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "update");
-  loop21(a14.data(), a15.data(), a12.data(), a13.data(), a2.data(), a5.data(), a6.data(),
+  loop19(a14.data(), a15.data(), a12.data(), a13.data(), a2.data(), a5.data(), a6.data(),
          a7.data());
 
   // transformer.mesh:61:3 mul
@@ -2768,7 +2763,7 @@ void LmTrain::repeated0(
   // transformer.mesh:61:3 mul
   // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[0]/attention/w_o
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "update");
-  loop21(a18.data(), a19.data(), a16.data(), a17.data(), a2.data(), a5.data(), a6.data(),
+  loop19(a18.data(), a19.data(), a16.data(), a17.data(), a2.data(), a5.data(), a6.data(),
          a7.data());
 
   // transformer.mesh:61:3 mul
@@ -2789,7 +2784,7 @@ void LmTrain::repeated0(
   // transformer.mesh:61:3 mul
   // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[0]/norm#1/gain
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "update");
-  loop22(a22.data(), a23.data(), a20.data(), a21.data(), a2.data(), a5.data(), a6.data(),
+  loop20(a22.data(), a23.data(), a20.data(), a21.data(), a2.data(), a5.data(), a6.data(),
          a7.data());
 
   // transformer.mesh:61:3 mul
@@ -2810,7 +2805,7 @@ void LmTrain::repeated0(
   // transformer.mesh:61:3 mul
   // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[0]/norm#1/bias
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "update");
-  loop22(a26.data(), a27.data(), a24.data(), a25.data(), a2.data(), a5.data(), a6.data(),
+  loop20(a26.data(), a27.data(), a24.data(), a25.data(), a2.data(), a5.data(), a6.data(),
          a7.data());
 
   // transformer.mesh:61:3 mul
@@ -2831,7 +2826,7 @@ void LmTrain::repeated0(
   // transformer.mesh:61:3 mul
   // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[0]/ffn/w_in
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "update");
-  loop23(a30.data(), a31.data(), a28.data(), a29.data(), a2.data(), a5.data(), a6.data(),
+  loop21(a30.data(), a31.data(), a28.data(), a29.data(), a2.data(), a5.data(), a6.data(),
          a7.data());
 
   // transformer.mesh:61:3 mul
@@ -2852,7 +2847,7 @@ void LmTrain::repeated0(
   // transformer.mesh:61:3 mul
   // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[0]/ffn/b_in
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "update");
-  loop24(a34.data(), a35.data(), a32.data(), a33.data(), a2.data(), a5.data(), a6.data(),
+  loop22(a34.data(), a35.data(), a32.data(), a33.data(), a2.data(), a5.data(), a6.data(),
          a7.data());
 
   // transformer.mesh:61:3 mul
@@ -2873,7 +2868,7 @@ void LmTrain::repeated0(
   // transformer.mesh:61:3 mul
   // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[0]/ffn/w_out
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "update");
-  loop23(a38.data(), a39.data(), a36.data(), a37.data(), a2.data(), a5.data(), a6.data(),
+  loop21(a38.data(), a39.data(), a36.data(), a37.data(), a2.data(), a5.data(), a6.data(),
          a7.data());
 
   // transformer.mesh:61:3 mul
@@ -2894,7 +2889,7 @@ void LmTrain::repeated0(
   // transformer.mesh:61:3 mul
   // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[0]/ffn/b_out
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "update");
-  loop22(a42.data(), a43.data(), a40.data(), a41.data(), a2.data(), a5.data(), a6.data(),
+  loop20(a42.data(), a43.data(), a40.data(), a41.data(), a2.data(), a5.data(), a6.data(),
          a7.data());
 
   // transformer.mesh:61:3 mul
@@ -2915,7 +2910,7 @@ void LmTrain::repeated0(
   // transformer.mesh:61:3 mul
   // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[1]/norm/gain
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "update");
-  loop22(a46.data(), a47.data(), a44.data(), a45.data(), a2.data(), a5.data(), a6.data(),
+  loop20(a46.data(), a47.data(), a44.data(), a45.data(), a2.data(), a5.data(), a6.data(),
          a7.data());
 
   // transformer.mesh:61:3 mul
@@ -2936,7 +2931,7 @@ void LmTrain::repeated0(
   // transformer.mesh:61:3 mul
   // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[1]/norm/bias
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "update");
-  loop22(a50.data(), a51.data(), a48.data(), a49.data(), a2.data(), a5.data(), a6.data(),
+  loop20(a50.data(), a51.data(), a48.data(), a49.data(), a2.data(), a5.data(), a6.data(),
          a7.data());
 }
 
@@ -2963,7 +2958,7 @@ void LmTrain::repeated1(
 
   // layers.mesh:55:71 sum -> grad/decoder/decoder_layer[1]/ffn/b_out
   MESHRT_TRACE("sum", "layers.mesh:55:71", "backward");
-  support::reduce(a0.data(), kShape9, a1.data(), kShape1, kShape7, kShape8, support::Reduce::Sum,
+  support::reduce(a0.data(), kShape12, a1.data(), kShape1, kShape5, kShape6, support::Reduce::Sum,
                   1.0);
 
   // layers.mesh:55:10 einsum
@@ -3051,7 +3046,7 @@ void LmTrain::repeated1(
 
   // layers.mesh:54:52 sum -> grad/decoder/decoder_layer[1]/ffn/b_in
   MESHRT_TRACE("sum", "layers.mesh:54:52", "backward");
-  support::reduce(a8.data(), kShape27, a7.data(), kShape1, kShape7, kShape28, support::Reduce::Sum,
+  support::reduce(a8.data(), kShape28, a7.data(), kShape1, kShape5, kShape29, support::Reduce::Sum,
                   1.0);
 
   // layers.mesh:54:16 einsum
@@ -3073,51 +3068,51 @@ void LmTrain::repeated1(
 
   // layers.mesh:24:40 sum -> grad/decoder/decoder_layer[1]/norm#1/bias
   MESHRT_TRACE("sum", "layers.mesh:24:40", "backward");
-  support::reduce(a13.data(), kShape9, a10.data(), kShape1, kShape7, kShape8, support::Reduce::Sum,
+  support::reduce(a13.data(), kShape12, a10.data(), kShape1, kShape5, kShape6, support::Reduce::Sum,
                   1.0);
 
   // layers.mesh:24:33 mul
   MESHRT_TRACE("loop", "layers.mesh:24:33", "backward");
-  loop12(a15.data(), a10.data(), a14.data());
+  loop10(a15.data(), a10.data(), a14.data());
 
   // layers.mesh:24:33 sum -> grad/decoder/decoder_layer[1]/norm#1/gain
   MESHRT_TRACE("sum", "layers.mesh:24:33", "backward");
-  support::reduce(a16.data(), kShape9, a15.data(), kShape1, kShape7, kShape8, support::Reduce::Sum,
+  support::reduce(a16.data(), kShape12, a15.data(), kShape1, kShape5, kShape6, support::Reduce::Sum,
                   1.0);
 
   // layers.mesh:24:10 mean
   MESHRT_TRACE("mean", "layers.mesh:24:10", "backward");
-  support::reduce(a17.data(), kShape7, a18.data(), kShape8, kShape9, kShape1, support::Reduce::Sum,
+  support::reduce(a17.data(), kShape5, a18.data(), kShape6, kShape12, kShape1, support::Reduce::Sum,
                   0.015625);
 
   // layers.mesh:24:10 sub
   // layers.mesh:24:10 square
   MESHRT_TRACE("loop", "layers.mesh:24:10", "backward");
-  loop13(a19.data(), a18.data(), a17.data());
+  loop11(a19.data(), a18.data(), a17.data());
 
   // layers.mesh:24:10 mean
   MESHRT_TRACE("mean", "layers.mesh:24:10", "backward");
-  support::reduce(a20.data(), kShape7, a19.data(), kShape8, kShape9, kShape1, support::Reduce::Sum,
+  support::reduce(a20.data(), kShape5, a19.data(), kShape6, kShape12, kShape1, support::Reduce::Sum,
                   0.015625);
 
   // layers.mesh:24:10 add
   // layers.mesh:24:10 rsqrt
   MESHRT_TRACE("loop", "layers.mesh:24:10", "backward");
-  loop14(a21.data(), a20.data());
+  loop12(a21.data(), a20.data());
 
   // layers.mesh:24:33 mul
   // layers.mesh:24:10 mul
   MESHRT_TRACE("loop", "layers.mesh:24:33", "backward");
-  loop15(a23.data(), a24.data(), a10.data(), a22.data(), a14.data());
+  loop13(a23.data(), a24.data(), a10.data(), a22.data(), a14.data());
 
   // layers.mesh:24:10 mean
   MESHRT_TRACE("mean", "layers.mesh:24:10", "backward");
-  support::reduce(a25.data(), kShape7, a24.data(), kShape8, kShape9, kShape1, support::Reduce::Sum,
+  support::reduce(a25.data(), kShape5, a24.data(), kShape6, kShape12, kShape1, support::Reduce::Sum,
                   0.015625);
 
   // layers.mesh:24:10 mean
   MESHRT_TRACE("mean", "layers.mesh:24:10", "backward");
-  support::reduce(a26.data(), kShape7, a23.data(), kShape8, kShape9, kShape1, support::Reduce::Sum,
+  support::reduce(a26.data(), kShape5, a23.data(), kShape6, kShape12, kShape1, support::Reduce::Sum,
                   0.015625);
 
   // layers.mesh:24:10 mul
@@ -3126,7 +3121,7 @@ void LmTrain::repeated1(
   // layers.mesh:24:10 mul
   // layers.mesh:24:10 add
   MESHRT_TRACE("loop", "layers.mesh:24:10", "backward");
-  loop25(a27.data(), a14.data(), a25.data(), a23.data(), a26.data(), a21.data(), a1.data());
+  loop23(a27.data(), a14.data(), a25.data(), a23.data(), a26.data(), a21.data(), a1.data());
 
   // layers.mesh:45:10 einsum
   MESHRT_TRACE("gemm", "layers.mesh:45:10", "backward");
@@ -3150,11 +3145,11 @@ void LmTrain::repeated1(
 
   // layers.mesh:43:17 mul
   MESHRT_TRACE("loop", "layers.mesh:43:17", "backward");
-  loop12(a36.data(), a33.data(), a34.data());
+  loop10(a36.data(), a33.data(), a34.data());
 
   // layers.mesh:43:17 sum
   MESHRT_TRACE("sum", "layers.mesh:43:17", "backward");
-  support::reduce(a37.data(), kShape5, a36.data(), kShape29, kShape0, kShape1, support::Reduce::Sum,
+  support::reduce(a37.data(), kShape9, a36.data(), kShape30, kShape0, kShape1, support::Reduce::Sum,
                   1.0);
 
   // layers.mesh:43:17 sub
@@ -3162,7 +3157,7 @@ void LmTrain::repeated1(
   // layers.mesh:43:25 where
   // layers.mesh:41:55 mul
   MESHRT_TRACE("loop", "layers.mesh:43:17", "backward");
-  loop26(a39.data(), a33.data(), a37.data(), a34.data(), a38.data());
+  loop24(a39.data(), a33.data(), a37.data(), a34.data(), a38.data());
 
   // layers.mesh:41:16 einsum
   MESHRT_TRACE("gemm", "layers.mesh:41:16", "backward");
@@ -3202,7 +3197,7 @@ void LmTrain::repeated1(
   // layers.mesh:38:18 add
   // layers.mesh:36:11 add
   MESHRT_TRACE("loop", "layers.mesh:38:18", "backward");
-  loop27(a53.data(), a45.data(), a49.data(), a52.data());
+  loop25(a53.data(), a45.data(), a49.data(), a52.data());
 
   // layers.mesh:24:40 all_reduce_sum (resolve the partial sum of %222 over model for sum at 24:40)
   MESHRT_TRACE_SITE("layers.mesh:24:40");
@@ -3218,51 +3213,51 @@ void LmTrain::repeated1(
 
   // layers.mesh:24:40 sum -> grad/decoder/decoder_layer[1]/norm/bias
   MESHRT_TRACE("sum", "layers.mesh:24:40", "backward");
-  support::reduce(a55.data(), kShape9, a53.data(), kShape1, kShape7, kShape8, support::Reduce::Sum,
+  support::reduce(a55.data(), kShape12, a53.data(), kShape1, kShape5, kShape6, support::Reduce::Sum,
                   1.0);
 
   // layers.mesh:24:33 mul
   MESHRT_TRACE("loop", "layers.mesh:24:33", "backward");
-  loop12(a57.data(), a53.data(), a56.data());
+  loop10(a57.data(), a53.data(), a56.data());
 
   // layers.mesh:24:33 sum -> grad/decoder/decoder_layer[1]/norm/gain
   MESHRT_TRACE("sum", "layers.mesh:24:33", "backward");
-  support::reduce(a58.data(), kShape9, a57.data(), kShape1, kShape7, kShape8, support::Reduce::Sum,
+  support::reduce(a58.data(), kShape12, a57.data(), kShape1, kShape5, kShape6, support::Reduce::Sum,
                   1.0);
 
   // layers.mesh:24:10 mean
   MESHRT_TRACE("mean", "layers.mesh:24:10", "backward");
-  support::reduce(a59.data(), kShape7, a60.data(), kShape8, kShape9, kShape1, support::Reduce::Sum,
+  support::reduce(a59.data(), kShape5, a60.data(), kShape6, kShape12, kShape1, support::Reduce::Sum,
                   0.015625);
 
   // layers.mesh:24:10 sub
   // layers.mesh:24:10 square
   MESHRT_TRACE("loop", "layers.mesh:24:10", "backward");
-  loop13(a61.data(), a60.data(), a59.data());
+  loop11(a61.data(), a60.data(), a59.data());
 
   // layers.mesh:24:10 mean
   MESHRT_TRACE("mean", "layers.mesh:24:10", "backward");
-  support::reduce(a62.data(), kShape7, a61.data(), kShape8, kShape9, kShape1, support::Reduce::Sum,
+  support::reduce(a62.data(), kShape5, a61.data(), kShape6, kShape12, kShape1, support::Reduce::Sum,
                   0.015625);
 
   // layers.mesh:24:10 add
   // layers.mesh:24:10 rsqrt
   MESHRT_TRACE("loop", "layers.mesh:24:10", "backward");
-  loop14(a63.data(), a62.data());
+  loop12(a63.data(), a62.data());
 
   // layers.mesh:24:33 mul
   // layers.mesh:24:10 mul
   MESHRT_TRACE("loop", "layers.mesh:24:33", "backward");
-  loop15(a65.data(), a66.data(), a53.data(), a64.data(), a56.data());
+  loop13(a65.data(), a66.data(), a53.data(), a64.data(), a56.data());
 
   // layers.mesh:24:10 mean
   MESHRT_TRACE("mean", "layers.mesh:24:10", "backward");
-  support::reduce(a67.data(), kShape7, a66.data(), kShape8, kShape9, kShape1, support::Reduce::Sum,
+  support::reduce(a67.data(), kShape5, a66.data(), kShape6, kShape12, kShape1, support::Reduce::Sum,
                   0.015625);
 
   // layers.mesh:24:10 mean
   MESHRT_TRACE("mean", "layers.mesh:24:10", "backward");
-  support::reduce(a68.data(), kShape7, a65.data(), kShape8, kShape9, kShape1, support::Reduce::Sum,
+  support::reduce(a68.data(), kShape5, a65.data(), kShape6, kShape12, kShape1, support::Reduce::Sum,
                   0.015625);
 
   // layers.mesh:24:10 mul
@@ -3271,7 +3266,7 @@ void LmTrain::repeated1(
   // layers.mesh:24:10 mul
   // layers.mesh:24:10 add
   MESHRT_TRACE("loop", "layers.mesh:24:10", "backward");
-  loop25(a69.data(), a56.data(), a67.data(), a65.data(), a68.data(), a63.data(), a27.data());
+  loop23(a69.data(), a56.data(), a67.data(), a65.data(), a68.data(), a63.data(), a27.data());
 }
 
 void LmTrain::repeated2(
@@ -3289,131 +3284,131 @@ void LmTrain::repeated2(
 
   // transformer.mesh:61:3 square
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "backward");
-  loop18(a1.data(), a0.data());
+  loop16(a1.data(), a0.data());
 
   // transformer.mesh:61:3 sum
   MESHRT_TRACE("sum", "transformer.mesh:61:3", "backward");
-  support::reduce(a2.data(), kShape13, a1.data(), kShape13, kShape30, kShape31,
+  support::reduce(a2.data(), kShape8, a1.data(), kShape8, kShape31, kShape32, support::Reduce::Sum,
+                  1.0);
+
+  // transformer.mesh:61:3 square
+  MESHRT_TRACE("loop", "transformer.mesh:61:3", "backward");
+  loop16(a4.data(), a3.data());
+
+  // transformer.mesh:61:3 sum
+  MESHRT_TRACE("sum", "transformer.mesh:61:3", "backward");
+  support::reduce(a5.data(), kShape8, a4.data(), kShape8, kShape31, kShape32, support::Reduce::Sum,
+                  1.0);
+
+  // transformer.mesh:61:3 square
+  MESHRT_TRACE("loop", "transformer.mesh:61:3", "backward");
+  loop16(a7.data(), a6.data());
+
+  // transformer.mesh:61:3 sum
+  MESHRT_TRACE("sum", "transformer.mesh:61:3", "backward");
+  support::reduce(a8.data(), kShape8, a7.data(), kShape8, kShape31, kShape32, support::Reduce::Sum,
+                  1.0);
+
+  // transformer.mesh:61:3 square
+  MESHRT_TRACE("loop", "transformer.mesh:61:3", "backward");
+  loop16(a10.data(), a9.data());
+
+  // transformer.mesh:61:3 sum
+  MESHRT_TRACE("sum", "transformer.mesh:61:3", "backward");
+  support::reduce(a11.data(), kShape8, a10.data(), kShape8, kShape33, kShape34,
                   support::Reduce::Sum, 1.0);
 
   // transformer.mesh:61:3 square
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "backward");
-  loop18(a4.data(), a3.data());
-
-  // transformer.mesh:61:3 sum
-  MESHRT_TRACE("sum", "transformer.mesh:61:3", "backward");
-  support::reduce(a5.data(), kShape13, a4.data(), kShape13, kShape30, kShape31,
-                  support::Reduce::Sum, 1.0);
-
-  // transformer.mesh:61:3 square
-  MESHRT_TRACE("loop", "transformer.mesh:61:3", "backward");
-  loop18(a7.data(), a6.data());
-
-  // transformer.mesh:61:3 sum
-  MESHRT_TRACE("sum", "transformer.mesh:61:3", "backward");
-  support::reduce(a8.data(), kShape13, a7.data(), kShape13, kShape30, kShape31,
-                  support::Reduce::Sum, 1.0);
-
-  // transformer.mesh:61:3 square
-  MESHRT_TRACE("loop", "transformer.mesh:61:3", "backward");
-  loop18(a10.data(), a9.data());
-
-  // transformer.mesh:61:3 sum
-  MESHRT_TRACE("sum", "transformer.mesh:61:3", "backward");
-  support::reduce(a11.data(), kShape13, a10.data(), kShape13, kShape32, kShape33,
-                  support::Reduce::Sum, 1.0);
-
-  // transformer.mesh:61:3 square
-  MESHRT_TRACE("loop", "transformer.mesh:61:3", "backward");
-  loop19(a13.data(), a12.data());
+  loop17(a13.data(), a12.data());
 
   // transformer.mesh:61:3 local_slice (reshard %375 for sum at 61:3)
   MESHRT_TRACE("local_slice", "transformer.mesh:61:3", "backward");
-  support::sliceDim(a14, a13, kShape9, 0, support::blockIndex(world_, {"model"}), 2);
+  support::sliceDim(a14, a13, kShape12, 0, support::blockIndex(world_, {"model"}), 2);
 
   // transformer.mesh:61:3 sum ('d_model' sliced over model: partial over model as its partner)
   MESHRT_TRACE("sum", "transformer.mesh:61:3", "backward");
-  support::reduce(a15.data(), kShape13, a14.data(), kShape13, kShape0, kShape1,
-                  support::Reduce::Sum, 1.0);
+  support::reduce(a15.data(), kShape8, a14.data(), kShape8, kShape0, kShape1, support::Reduce::Sum,
+                  1.0);
 
   // transformer.mesh:61:3 square
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "backward");
-  loop19(a17.data(), a16.data());
+  loop17(a17.data(), a16.data());
 
   // transformer.mesh:61:3 local_slice (reshard %378 for sum at 61:3)
   MESHRT_TRACE("local_slice", "transformer.mesh:61:3", "backward");
-  support::sliceDim(a18, a17, kShape9, 0, support::blockIndex(world_, {"model"}), 2);
+  support::sliceDim(a18, a17, kShape12, 0, support::blockIndex(world_, {"model"}), 2);
 
   // transformer.mesh:61:3 sum ('d_model' sliced over model: partial over model as its partner)
   MESHRT_TRACE("sum", "transformer.mesh:61:3", "backward");
-  support::reduce(a19.data(), kShape13, a18.data(), kShape13, kShape0, kShape1,
-                  support::Reduce::Sum, 1.0);
+  support::reduce(a19.data(), kShape8, a18.data(), kShape8, kShape0, kShape1, support::Reduce::Sum,
+                  1.0);
 
   // transformer.mesh:61:3 square
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "backward");
-  loop28(a21.data(), a20.data());
+  loop26(a21.data(), a20.data());
 
   // transformer.mesh:61:3 sum
   MESHRT_TRACE("sum", "transformer.mesh:61:3", "backward");
-  support::reduce(a22.data(), kShape13, a21.data(), kShape13, kShape34, kShape35,
+  support::reduce(a22.data(), kShape8, a21.data(), kShape8, kShape35, kShape36,
                   support::Reduce::Sum, 1.0);
 
   // transformer.mesh:61:3 square
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "backward");
-  loop29(a24.data(), a23.data());
+  loop27(a24.data(), a23.data());
 
   // transformer.mesh:61:3 sum
   MESHRT_TRACE("sum", "transformer.mesh:61:3", "backward");
-  support::reduce(a25.data(), kShape13, a24.data(), kShape13, kShape27, kShape1,
-                  support::Reduce::Sum, 1.0);
+  support::reduce(a25.data(), kShape8, a24.data(), kShape8, kShape28, kShape1, support::Reduce::Sum,
+                  1.0);
 
   // transformer.mesh:61:3 square
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "backward");
-  loop28(a27.data(), a26.data());
+  loop26(a27.data(), a26.data());
 
   // transformer.mesh:61:3 sum
   MESHRT_TRACE("sum", "transformer.mesh:61:3", "backward");
-  support::reduce(a28.data(), kShape13, a27.data(), kShape13, kShape36, kShape18,
+  support::reduce(a28.data(), kShape8, a27.data(), kShape8, kShape37, kShape20,
                   support::Reduce::Sum, 1.0);
 
   // transformer.mesh:61:3 square
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "backward");
-  loop19(a30.data(), a29.data());
+  loop17(a30.data(), a29.data());
 
   // transformer.mesh:61:3 local_slice (reshard %390 for sum at 61:3)
   MESHRT_TRACE("local_slice", "transformer.mesh:61:3", "backward");
-  support::sliceDim(a31, a30, kShape9, 0, support::blockIndex(world_, {"model"}), 2);
+  support::sliceDim(a31, a30, kShape12, 0, support::blockIndex(world_, {"model"}), 2);
 
   // transformer.mesh:61:3 sum ('d_model' sliced over model: partial over model as its partner)
   MESHRT_TRACE("sum", "transformer.mesh:61:3", "backward");
-  support::reduce(a32.data(), kShape13, a31.data(), kShape13, kShape0, kShape1,
-                  support::Reduce::Sum, 1.0);
+  support::reduce(a32.data(), kShape8, a31.data(), kShape8, kShape0, kShape1, support::Reduce::Sum,
+                  1.0);
 
   // transformer.mesh:61:3 square
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "backward");
-  loop19(a34.data(), a33.data());
+  loop17(a34.data(), a33.data());
 
   // transformer.mesh:61:3 local_slice (reshard %393 for sum at 61:3)
   MESHRT_TRACE("local_slice", "transformer.mesh:61:3", "backward");
-  support::sliceDim(a35, a34, kShape9, 0, support::blockIndex(world_, {"model"}), 2);
+  support::sliceDim(a35, a34, kShape12, 0, support::blockIndex(world_, {"model"}), 2);
 
   // transformer.mesh:61:3 sum ('d_model' sliced over model: partial over model as its partner)
   MESHRT_TRACE("sum", "transformer.mesh:61:3", "backward");
-  support::reduce(a36.data(), kShape13, a35.data(), kShape13, kShape0, kShape1,
-                  support::Reduce::Sum, 1.0);
+  support::reduce(a36.data(), kShape8, a35.data(), kShape8, kShape0, kShape1, support::Reduce::Sum,
+                  1.0);
 
   // transformer.mesh:61:3 square
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "backward");
-  loop19(a38.data(), a37.data());
+  loop17(a38.data(), a37.data());
 
   // transformer.mesh:61:3 local_slice (reshard %396 for sum at 61:3)
   MESHRT_TRACE("local_slice", "transformer.mesh:61:3", "backward");
-  support::sliceDim(a39, a38, kShape9, 0, support::blockIndex(world_, {"model"}), 2);
+  support::sliceDim(a39, a38, kShape12, 0, support::blockIndex(world_, {"model"}), 2);
 
   // transformer.mesh:61:3 sum ('d_model' sliced over model: partial over model as its partner)
   MESHRT_TRACE("sum", "transformer.mesh:61:3", "backward");
-  support::reduce(a40.data(), kShape13, a39.data(), kShape13, kShape0, kShape1,
-                  support::Reduce::Sum, 1.0);
+  support::reduce(a40.data(), kShape8, a39.data(), kShape8, kShape0, kShape1, support::Reduce::Sum,
+                  1.0);
 }
 
 void LmTrain::repeated3(support::View a0, support::ConstView a1, support::ConstView a2,
@@ -3430,7 +3425,7 @@ void LmTrain::repeated3(support::View a0, support::ConstView a1, support::ConstV
   // layers.mesh:43:17 softmax -> weights
   // layers.mesh:43:25 where
   MESHRT_TRACE("softmax", "layers.mesh:43:17", "forward");
-  support::maskedSoftmax(a0.data(), a1.data(), a2.data(), kShape5, kShape6, 32, 1, -1000000000.0);
+  support::maskedSoftmax(a0.data(), a1.data(), a2.data(), kShape9, kShape10, 32, 1, -1000000000.0);
 
   // layers.mesh:44:17 einsum -> context
   MESHRT_TRACE("gemm", "layers.mesh:44:17", "forward");
@@ -3449,17 +3444,17 @@ void LmTrain::repeated3(support::View a0, support::ConstView a1, support::ConstV
 
   // transformer.mesh:21:13 add -> h
   MESHRT_TRACE("loop", "transformer.mesh:21:13", "forward");
-  loop4(a8.data(), a7.data(), a6.data());
+  loop28(a8.data(), a7.data(), a6.data());
 
   // layers.mesh:24:10 layer_norm
   MESHRT_TRACE("layer_norm", "layers.mesh:24:10", "forward");
-  support::along(a9.data(), a8.data(), kShape7, kShape8, kShape8, kShape9, kShape1, kShape1,
+  support::along(a9.data(), a8.data(), kShape5, kShape6, kShape6, kShape12, kShape1, kShape1,
                  support::Along::LayerNorm, 1e-05, 64, nullptr);
 
   // layers.mesh:24:33 mul
   // layers.mesh:24:40 add
   MESHRT_TRACE("loop", "layers.mesh:24:33", "forward");
-  loop7(a12.data(), a9.data(), a10.data(), a11.data());
+  loop5(a12.data(), a9.data(), a10.data(), a11.data());
 
   // layers.mesh:54:16 einsum
   MESHRT_TRACE("gemm", "layers.mesh:54:16", "forward");
@@ -3512,17 +3507,17 @@ void LmTrain::repeated3(support::View a0, support::ConstView a1, support::ConstV
   // layers.mesh:55:71 add
   // transformer.mesh:22:12 add -> x
   MESHRT_TRACE("loop", "layers.mesh:55:71", "forward");
-  loop5(a21.data(), a19.data(), a20.data(), a8.data());
+  loop29(a21.data(), a19.data(), a20.data(), a8.data());
 
   // layers.mesh:24:10 layer_norm
   MESHRT_TRACE("layer_norm", "layers.mesh:24:10", "forward");
-  support::along(a22.data(), a21.data(), kShape7, kShape8, kShape8, kShape9, kShape1, kShape1,
+  support::along(a22.data(), a21.data(), kShape5, kShape6, kShape6, kShape12, kShape1, kShape1,
                  support::Along::LayerNorm, 1e-05, 64, nullptr);
 
   // layers.mesh:24:33 mul
   // layers.mesh:24:40 add -> n
   MESHRT_TRACE("loop", "layers.mesh:24:33", "forward");
-  loop7(a25.data(), a22.data(), a23.data(), a24.data());
+  loop5(a25.data(), a22.data(), a23.data(), a24.data());
 }
 
 void LmTrain::repeated4(support::View a0, support::ConstView a1, support::ConstView a2,
@@ -3548,7 +3543,7 @@ void LmTrain::repeated4(support::View a0, support::ConstView a1, support::ConstV
   // transformer.mesh:61:3 mul
   // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[0]/norm/gain
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "update");
-  loop22(a3.data(), a4.data(), a0.data(), a1.data(), a2.data(), a5.data(), a6.data(), a7.data());
+  loop20(a3.data(), a4.data(), a0.data(), a1.data(), a2.data(), a5.data(), a6.data(), a7.data());
 }
 
 void LmTrain::repeated5(support::ConstView a0, support::ConstView a1, support::View a2,

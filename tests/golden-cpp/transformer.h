@@ -42,7 +42,7 @@ public:
   Outputs run(const Inputs &inputs);
 
   /// The bytes of this object's arena: run()'s temporaries share it, placed by liveness.
-  static constexpr size_t kArenaBytes = 73728;
+  static constexpr size_t kArenaBytes = 81920;
   /// The bytes of all of run()'s temporaries together (one buffer each).
   static constexpr size_t kTemporaryBytes = 462848;
   /// The bytes of the values computed once, in the constructor (constants, masks).
@@ -88,10 +88,10 @@ public:
   /// Code that repeats in run() (the layers of a `repeat`), called once per repetition.
   void repeated0(support::View a0, support::ConstView a1, support::ConstView a2,
                  support::ConstView a3, support::View a4, support::ConstView a5, support::View a6,
-                 support::ConstView a7, support::View a8, support::View a9, support::ConstView a10,
+                 support::View a7, support::View a8, support::ConstView a9, support::ConstView a10,
                  support::ConstView a11, support::ConstView a12, support::View a13,
                  support::ConstView a14, support::ConstView a15, support::View a16,
-                 support::ConstView a17, support::View a18, support::View a19,
+                 support::View a17, support::View a18, support::ConstView a19,
                  support::ConstView a20, support::ConstView a21);
   void repeated1(support::ConstView a0, support::ConstView a1, support::View a2,
                  support::ConstView a3, support::View a4, support::ConstView a5, support::View a6,

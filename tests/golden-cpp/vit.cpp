@@ -41,10 +41,10 @@ static const support::Shape kShape31 = {578, 289, 17};
 static const support::Shape kShape32 = {17};
 static const support::Shape kShape33 = {2, 17};
 static const support::Shape kShape34 = {1088, 64};
-static const support::Shape kShape35 = {2, 10};
-static const support::Shape kShape36 = {1, 0};
-static const support::Shape kShape37 = {0, 1};
-static const support::Shape kShape38 = {};
+static const support::Shape kShape35 = {};
+static const support::Shape kShape36 = {2, 10};
+static const support::Shape kShape37 = {1, 0};
+static const support::Shape kShape38 = {0, 1};
 static const support::Shape kShape39 = {17, 64};
 static const support::Shape kShape40 = {128, 2};
 static const support::Shape kShape41 = {1024, 1};
@@ -1084,7 +1084,7 @@ Classify::Outputs Classify::run(const Inputs &inputs) {
   // Arena: 43520 bytes for 393696 bytes of temporaries (placed by liveness).
   support::checkShape("input", "image", inputs.image, {2, 14, 14, 3});
   runPart0(inputs);
-  support::View v119 = arena_.view(0, 20);
+  support::View v119 = arena_.view(128, 20);
 
   Outputs outputs;
   outputs.probs = support::Tensor{{2, 10}, support::Buffer(v119.begin(), v119.end())};
@@ -1167,7 +1167,7 @@ void Classify::runPart0(const Inputs &inputs) {
   support::View v28 = arena_.view(0, 2176);
   support::layerNormAffine(v28.data(), v21.data(), 34, 64, v24.data(), v25.data(), 1e-06, 64);
 
-  // 24 statements from vit.mesh:59:11 einsum -> q (1 of 2)
+  // 23 statements from vit.mesh:59:11 einsum -> q (1 of 2)
   MESHRT_TRACE_SITE("vit.mesh:59:11");
   const support::Buffer &v29 = param10_vit_encoder_layer_0_attention_w_q;
   support::View v33 = arena_.view(26112, 1088);
@@ -1197,18 +1197,18 @@ void Classify::runPart0(const Inputs &inputs) {
   support::View v60 = arena_.view(34816, 2176);
   const support::Buffer &v23 = param7_vit_encoder_layer_0_ffn_scale;
   support::View v63 = arena_.view(0, 2176);
-  support::View v65 = arena_.view(8704, 2176);
   const support::Buffer &v68 = param20_vit_encoder_layer_1_norm_gain;
   const support::Buffer &v69 = param21_vit_encoder_layer_1_norm_bias;
-  support::View v72 = arena_.view(0, 2176);
+  support::View v72 = arena_.view(17408, 2176);
+  support::View v65 = arena_.view(8704, 2176);
   repeated0(v28, v29, v33, v34, v30, v35, v31, v37, v38, v41, v42, v32, v43, v22, v45, v21, v47,
-            v50, v48, v49, v55, v53, v56, v57, v58, v54, v59, v60, v23, v63, v65, v72, v68, v69);
+            v50, v48, v49, v55, v53, v56, v57, v58, v54, v59, v60, v23, v63, v72, v65, v68, v69);
 
-  // 24 statements from vit.mesh:59:11 einsum -> q (2 of 2)
+  // 23 statements from vit.mesh:59:11 einsum -> q (2 of 2)
   MESHRT_TRACE_SITE("vit.mesh:59:11");
   const support::Buffer &v73 = param22_vit_encoder_layer_1_attention_w_q;
   support::View v77 = arena_.view(26112, 1088);
-  support::View v78 = arena_.view(17408, 2176);
+  support::View v78 = arena_.view(0, 2176);
   const support::Buffer &v74 = param23_vit_encoder_layer_1_attention_w_k;
   support::View v79 = arena_.view(30464, 1088);
   const support::Buffer &v75 = param24_vit_encoder_layer_1_attention_w_v;
@@ -1234,23 +1234,23 @@ void Classify::runPart0(const Inputs &inputs) {
   support::View v104 = arena_.view(34816, 2176);
   const support::Buffer &v67 = param19_vit_encoder_layer_1_ffn_scale;
   support::View v107 = arena_.view(0, 2176);
-  support::View v109 = arena_.view(8704, 2176);
   const support::Buffer &v110 = param30_vit_norm_gain;
   const support::Buffer &v111 = param31_vit_norm_bias;
-  support::View v114 = arena_.view(0, 2176);
+  support::View v114 = arena_.view(17408, 2176);
+  support::View v109 = arena_.view(8704, 2176);
   repeated0(v72, v73, v77, v78, v74, v79, v75, v81, v82, v85, v86, v76, v87, v66, v89, v65, v91,
-            v94, v92, v93, v99, v97, v100, v101, v102, v98, v103, v104, v67, v107, v109, v114, v110,
+            v94, v92, v93, v99, v97, v100, v101, v102, v98, v103, v104, v67, v107, v114, v109, v110,
             v111);
 
   // vit.mesh:99:17 slice
   MESHRT_TRACE("slice", "vit.mesh:99:17", "forward");
-  support::View v115 = arena_.slot(8704, 128);
+  support::View v115 = arena_.slot(0, 128);
   support::copyWindow(v115.data(), v114.data(), kShape25, kShape26, kShape27, 64, 64, 1, 17,
                       int64_t(0));
 
   // vit.mesh:99:13 sum -> cls
   MESHRT_TRACE("sum", "vit.mesh:99:13", "forward");
-  support::View v116 = arena_.view(0, 128);
+  support::View v116 = arena_.view(512, 128);
   support::reduce(v116.data(), kShape25, v115.data(), kShape26, kShape1, kShape28,
                   support::Reduce::Sum, 1.0);
 
@@ -1259,13 +1259,13 @@ void Classify::runPart0(const Inputs &inputs) {
   MESHRT_TRACE("gemm", "vit.mesh:100:10", "forward");
   const support::Buffer &v3 = param2_vit_w_head;
   const support::Buffer &v4 = param3_vit_b_head;
-  support::View v118 = arena_.view(512, 20);
+  support::View v118 = arena_.view(0, 20);
   // dims: batch, d_model, classes
   kEinsum1.plan().runBiasActivation(v116.data(), v3.data(), v4.data(), v118.data(), false);
 
   // vit.mesh:104:11 softmax -> probs
   MESHRT_TRACE("softmax", "vit.mesh:104:11", "forward");
-  support::View v119 = arena_.view(0, 20);
+  support::View v119 = arena_.view(128, 20);
   support::along(v119.data(), v118.data(), kShape0, kShape29, kShape29, kShape29, kShape1, kShape1,
                  support::Along::Softmax, 1e-05, 10, nullptr);
 }
@@ -1410,15 +1410,13 @@ void Classify::repeated0(support::ConstView a0, support::ConstView a1, support::
   MESHRT_TRACE_SITE("vit.mesh:81:12");
   group_model.allReduce(a29.data(), a29.size(), meshrt::ReduceOp::Sum);
 
-  // vit.mesh:81:12 add -> x
-  MESHRT_TRACE("loop", "vit.mesh:81:12", "forward");
-  loop5(a30.data(), a16.data(), a29.data());
-
   // vit.mesh:36:10 layer_norm
   // vit.mesh:36:45 mul
   // vit.mesh:36:52 add
+  // vit.mesh:81:12 add -> x
   MESHRT_TRACE("layer_norm", "vit.mesh:36:10", "forward");
-  support::layerNormAffine(a31.data(), a30.data(), 34, 64, a32.data(), a33.data(), 1e-06, 64);
+  support::addLayerNormAffine(a30.data(), a31.data(), kShape33, 64, a32.data(), a33.data(), 1e-06,
+                              64, a16.data(), kShape34, a29.data(), kShape34, nullptr, kShape35);
 }
 
 Classify::Inputs Classify::synthesizeInputs(uint64_t seed) const {
@@ -2226,7 +2224,7 @@ void TrainVit::runPart0(const Inputs &inputs) {
   MESHRT_TRACE("one_hot", "vit.mesh:111:61", "forward");
   const support::Buffer &v1 = inputs.labels.data;
   support::View v121 = arena_.view(74368, 20);
-  support::oneHot(v121.data(), kShape35, v1.data(), kShape36, kShape37, 0);
+  support::oneHot(v121.data(), kShape36, v1.data(), kShape37, kShape38, 0);
 
   // vit.mesh:111:59 mul
   MESHRT_TRACE("loop", "vit.mesh:111:59", "forward");
@@ -2247,7 +2245,7 @@ void TrainVit::runPart0(const Inputs &inputs) {
   // vit.mesh:111:14 mean -> loss
   MESHRT_TRACE("mean", "vit.mesh:111:14", "forward");
   support::View v125 = arena_.view(379072, 1);
-  support::reduce(v125.data(), kShape38, v124.data(), kShape38, kShape0, kShape1,
+  support::reduce(v125.data(), kShape35, v124.data(), kShape35, kShape0, kShape1,
                   support::Reduce::Sum, 0.25);
 
   // vit.mesh:111:19 sub
@@ -2672,7 +2670,7 @@ void TrainVit::runPart2(const Inputs &inputs) {
   // vit.mesh:112:3 sum
   MESHRT_TRACE("sum", "vit.mesh:112:3", "backward");
   support::View v384 = arena_.view(99072, 1);
-  support::reduce(v384.data(), kShape38, v383.data(), kShape38, kShape43, kShape26,
+  support::reduce(v384.data(), kShape35, v383.data(), kShape35, kShape43, kShape26,
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:112:3 square
@@ -2683,7 +2681,7 @@ void TrainVit::runPart2(const Inputs &inputs) {
   // vit.mesh:112:3 sum
   MESHRT_TRACE("sum", "vit.mesh:112:3", "backward");
   support::View v387 = arena_.view(99136, 1);
-  support::reduce(v387.data(), kShape38, v386.data(), kShape38, kShape39, kShape26,
+  support::reduce(v387.data(), kShape35, v386.data(), kShape35, kShape39, kShape26,
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:112:3 square
@@ -2694,7 +2692,7 @@ void TrainVit::runPart2(const Inputs &inputs) {
   // vit.mesh:112:3 sum
   MESHRT_TRACE("sum", "vit.mesh:112:3", "backward");
   support::View v391 = arena_.view(99200, 1);
-  support::reduce(v391.data(), kShape38, v390.data(), kShape38, kShape46, kShape47,
+  support::reduce(v391.data(), kShape35, v390.data(), kShape35, kShape46, kShape47,
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:112:3 square
@@ -2705,7 +2703,7 @@ void TrainVit::runPart2(const Inputs &inputs) {
   // vit.mesh:112:3 sum
   MESHRT_TRACE("sum", "vit.mesh:112:3", "backward");
   support::View v395 = arena_.view(99264, 1);
-  support::reduce(v395.data(), kShape38, v394.data(), kShape38, kShape29, kShape1,
+  support::reduce(v395.data(), kShape35, v394.data(), kShape35, kShape29, kShape1,
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:112:3 square
@@ -2716,7 +2714,7 @@ void TrainVit::runPart2(const Inputs &inputs) {
   // vit.mesh:112:3 sum
   MESHRT_TRACE("sum", "vit.mesh:112:3", "backward");
   support::View v399 = arena_.view(99328, 1);
-  support::reduce(v399.data(), kShape38, v398.data(), kShape38, kShape48, kShape49,
+  support::reduce(v399.data(), kShape35, v398.data(), kShape35, kShape48, kShape49,
                   support::Reduce::Sum, 1.0);
 
   // 6 statements from vit.mesh:112:3 square (1 of 4)
@@ -2737,7 +2735,7 @@ void TrainVit::runPart2(const Inputs &inputs) {
   // vit.mesh:112:3 sum
   MESHRT_TRACE("sum", "vit.mesh:112:3", "backward");
   support::View v415 = arena_.view(99584, 1);
-  support::reduce(v415.data(), kShape38, v414.data(), kShape38, kShape28, kShape1,
+  support::reduce(v415.data(), kShape35, v414.data(), kShape35, kShape28, kShape1,
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:112:3 square
@@ -2748,7 +2746,7 @@ void TrainVit::runPart2(const Inputs &inputs) {
   // vit.mesh:112:3 sum
   MESHRT_TRACE("sum", "vit.mesh:112:3", "backward");
   support::View v419 = arena_.view(99648, 1);
-  support::reduce(v419.data(), kShape38, v418.data(), kShape38, kShape28, kShape1,
+  support::reduce(v419.data(), kShape35, v418.data(), kShape35, kShape28, kShape1,
                   support::Reduce::Sum, 1.0);
 
   // 12 statements from vit.mesh:112:3 square (1 of 2)
@@ -2830,7 +2828,7 @@ void TrainVit::runPart2(const Inputs &inputs) {
   // vit.mesh:112:3 sum
   MESHRT_TRACE("sum", "vit.mesh:112:3", "backward");
   support::View v519 = arena_.view(832, 1);
-  support::reduce(v519.data(), kShape38, v518.data(), kShape38, kShape28, kShape1,
+  support::reduce(v519.data(), kShape35, v518.data(), kShape35, kShape28, kShape1,
                   support::Reduce::Sum, 1.0);
 
   MESHRT_TRACE_SITE("vit.mesh:112:3");
@@ -4244,7 +4242,7 @@ void TrainVit::repeated4(support::ConstView a0, support::View a1, support::View 
 
   // vit.mesh:112:3 sum
   MESHRT_TRACE("sum", "vit.mesh:112:3", "backward");
-  support::reduce(a2.data(), kShape38, a1.data(), kShape38, kShape28, kShape1, support::Reduce::Sum,
+  support::reduce(a2.data(), kShape35, a1.data(), kShape35, kShape28, kShape1, support::Reduce::Sum,
                   1.0);
 
   // vit.mesh:112:3 square
@@ -4253,7 +4251,7 @@ void TrainVit::repeated4(support::ConstView a0, support::View a1, support::View 
 
   // vit.mesh:112:3 sum
   MESHRT_TRACE("sum", "vit.mesh:112:3", "backward");
-  support::reduce(a5.data(), kShape38, a4.data(), kShape38, kShape28, kShape1, support::Reduce::Sum,
+  support::reduce(a5.data(), kShape35, a4.data(), kShape35, kShape28, kShape1, support::Reduce::Sum,
                   1.0);
 
   // vit.mesh:112:3 square
@@ -4262,7 +4260,7 @@ void TrainVit::repeated4(support::ConstView a0, support::View a1, support::View 
 
   // vit.mesh:112:3 sum
   MESHRT_TRACE("sum", "vit.mesh:112:3", "backward");
-  support::reduce(a8.data(), kShape38, a7.data(), kShape38, kShape28, kShape1, support::Reduce::Sum,
+  support::reduce(a8.data(), kShape35, a7.data(), kShape35, kShape28, kShape1, support::Reduce::Sum,
                   1.0);
 }
 
@@ -4280,7 +4278,7 @@ void TrainVit::repeated5(support::ConstView a0, support::View a1, support::View 
 
   // vit.mesh:112:3 sum
   MESHRT_TRACE("sum", "vit.mesh:112:3", "backward");
-  support::reduce(a2.data(), kShape38, a1.data(), kShape38, kShape50, kShape51,
+  support::reduce(a2.data(), kShape35, a1.data(), kShape35, kShape50, kShape51,
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:112:3 square
@@ -4289,7 +4287,7 @@ void TrainVit::repeated5(support::ConstView a0, support::View a1, support::View 
 
   // vit.mesh:112:3 sum
   MESHRT_TRACE("sum", "vit.mesh:112:3", "backward");
-  support::reduce(a5.data(), kShape38, a4.data(), kShape38, kShape50, kShape51,
+  support::reduce(a5.data(), kShape35, a4.data(), kShape35, kShape50, kShape51,
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:112:3 square
@@ -4298,7 +4296,7 @@ void TrainVit::repeated5(support::ConstView a0, support::View a1, support::View 
 
   // vit.mesh:112:3 sum
   MESHRT_TRACE("sum", "vit.mesh:112:3", "backward");
-  support::reduce(a8.data(), kShape38, a7.data(), kShape38, kShape50, kShape51,
+  support::reduce(a8.data(), kShape35, a7.data(), kShape35, kShape50, kShape51,
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:112:3 square
@@ -4307,7 +4305,7 @@ void TrainVit::repeated5(support::ConstView a0, support::View a1, support::View 
 
   // vit.mesh:112:3 sum
   MESHRT_TRACE("sum", "vit.mesh:112:3", "backward");
-  support::reduce(a11.data(), kShape38, a10.data(), kShape38, kShape52, kShape53,
+  support::reduce(a11.data(), kShape35, a10.data(), kShape35, kShape52, kShape53,
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:112:3 square
@@ -4316,7 +4314,7 @@ void TrainVit::repeated5(support::ConstView a0, support::View a1, support::View 
 
   // vit.mesh:112:3 sum
   MESHRT_TRACE("sum", "vit.mesh:112:3", "backward");
-  support::reduce(a14.data(), kShape38, a13.data(), kShape38, kShape54, kShape26,
+  support::reduce(a14.data(), kShape35, a13.data(), kShape35, kShape54, kShape26,
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:112:3 square
@@ -4325,7 +4323,7 @@ void TrainVit::repeated5(support::ConstView a0, support::View a1, support::View 
 
   // vit.mesh:112:3 sum
   MESHRT_TRACE("sum", "vit.mesh:112:3", "backward");
-  support::reduce(a17.data(), kShape38, a16.data(), kShape38, kShape54, kShape26,
+  support::reduce(a17.data(), kShape35, a16.data(), kShape35, kShape54, kShape26,
                   support::Reduce::Sum, 1.0);
 }
 

@@ -541,6 +541,135 @@ TEST_CASE("fuse-row-kernels: layer_norm with its gain and bias, a mask with its 
 
 namespace {
 
+/// sum = terms[0] + (terms[1] + terms[2]) (or terms[0] + terms[1]) over [a, b, size], each term
+/// read with its strides; `op` the outer operation (Add, or anything else for a loop that is not
+/// a sum).
+Stmt sumLoop(BufferId sum, std::vector<Access> terms, int64_t a, int64_t b, int64_t size,
+             ir::OpKind op = ir::OpKind::Add) {
+  Loop loop{.dims = {"a", "b", "i"}, .extents = {a, b, size}};
+  loop.reads = terms;
+  for (size_t t = 0; t < terms.size(); ++t)
+    loop.body.push_back(Scalar{.kind = Scalar::Kind::Load, .read = int(t)});
+  if (terms.size() == 3) {
+    loop.body.push_back(
+        Scalar{.kind = Scalar::Kind::Compute, .op = ir::OpKind::Add, .args = {1, 2}});
+    loop.body.push_back(Scalar{.kind = Scalar::Kind::Compute, .op = op, .args = {3, 0}});
+  } else {
+    loop.body.push_back(Scalar{.kind = Scalar::Kind::Compute, .op = op, .args = {1, 0}});
+  }
+  loop.stores = {Store{Access{sum, {b * size, size, 1}}, int(loop.body.size() - 1)}};
+  return Stmt{.node = std::move(loop), .sources = {"t.mesh:4:1 add"}};
+}
+
+} // namespace
+
+TEST_CASE("fuse-row-kernels: the residual add before a layerNormAffine") {
+  SECTION("prev + (partial + bias along the row), then layer_norm * gain + bias: one "
+          "addLayerNormAffine that stores the sum too") {
+    Builder b;
+    BufferId prev = b.buffer(48, Storage::Input), partial = b.buffer(48, Storage::Input),
+             rowBias = b.buffer(8, Storage::Param), gain = b.buffer(8, Storage::Param),
+             bias = b.buffer(8, Storage::Param), sum = b.buffer(48), normalized = b.buffer(48),
+             y = b.buffer(48);
+    b.fn.body.push_back(sumLoop(
+        sum, {Access{prev, {24, 8, 1}}, Access{partial, {24, 8, 1}}, Access{rowBias, {0, 0, 1}}}, 2,
+        3, 8));
+    b.fn.body.push_back(alongRows(normalized, sum, 6, 8, "Along::LayerNorm"));
+    b.fn.body.push_back(affineLoop(y, normalized, gain, bias, 6, 8));
+    b.fn.outputs = {y, sum}; // the sum is read again (the next residual add)
+    REQUIRE(verifyKernels(b.fn).empty());
+    fuseRowKernels(b.fn);
+    REQUIRE(verifyKernels(b.fn).empty());
+    REQUIRE(b.fn.body.size() == 1);
+    const Call& call = std::get<Call>(b.fn.body[0].node);
+    CHECK(call.callee == Callee::AddLayerNormAffine);
+    CHECK(call.out == y);
+    CHECK(call.alsoWrites == std::vector<BufferId>{sum});
+    CHECK(writesOf(b.fn.body[0]) == std::vector<BufferId>{y, sum});
+    CHECK(call.reads == std::vector<BufferId>{prev, partial, rowBias, gain, bias});
+    REQUIRE(call.args.size() == 14);
+    CHECK(call.args[0].buffer == y);
+    CHECK(call.args[1].buffer == sum);
+    CHECK(call.args[2].ints == Shape{2, 3}); // outer
+    CHECK(call.args[3].value == 8);          // size
+    CHECK(call.args[4].buffer == gain);
+    CHECK(call.args[5].buffer == bias);
+    CHECK(call.args[6].value == 1e-5);
+    CHECK(call.args[7].value == 8);     // the lane's global count
+    CHECK(call.args[8].buffer == prev); // prev + (partial + rowBias), the loop's order
+    CHECK(call.args[9].ints == Shape{24, 8});
+    CHECK(call.args[10].buffer == partial);
+    CHECK(call.args[11].ints == Shape{24, 8});
+    CHECK(call.args[12].buffer == rowBias);
+    CHECK(call.args[13].ints == Shape{0, 0});
+    CHECK(b.fn.body[0].sources ==
+          std::vector<std::string>{"t.mesh:1:1 layer_norm", "t.mesh:2:1 mul", "t.mesh:4:1 add"});
+  }
+  SECTION("two terms, one broadcast over the outer dim (a position embedding)") {
+    Builder b;
+    BufferId tokens = b.buffer(48, Storage::Input), position = b.buffer(24, Storage::Param),
+             gain = b.buffer(8, Storage::Param), bias = b.buffer(8, Storage::Param),
+             sum = b.buffer(48), normalized = b.buffer(48), y = b.buffer(48);
+    b.fn.body.push_back(
+        sumLoop(sum, {Access{tokens, {24, 8, 1}}, Access{position, {0, 8, 1}}}, 2, 3, 8));
+    b.fn.body.push_back(alongRows(normalized, sum, 6, 8, "Along::LayerNorm"));
+    b.fn.body.push_back(affineLoop(y, normalized, gain, bias, 6, 8));
+    b.fn.outputs = {y, sum};
+    fuseRowKernels(b.fn);
+    REQUIRE(verifyKernels(b.fn).empty());
+    REQUIRE(b.fn.body.size() == 1);
+    const Call& call = std::get<Call>(b.fn.body[0].node);
+    CHECK(call.callee == Callee::AddLayerNormAffine);
+    CHECK(call.reads == std::vector<BufferId>{position, tokens, gain, bias});
+    CHECK(call.args[8].buffer == position); // the add's operands in its order
+    CHECK(call.args[9].ints == Shape{0, 8});
+    CHECK(call.args[10].buffer == tokens);
+    CHECK(call.args[11].ints == Shape{24, 8});
+    CHECK(call.args[12].kind == Arg::Kind::Text); // no third term
+    CHECK(call.args[12].text == "nullptr");
+    CHECK(call.args[13].ints == Shape{});
+  }
+  SECTION("not fused: a product instead of a sum, a term read across its row, a sum that is "
+          "not the norm's input, a norm without its gain and bias") {
+    Builder b;
+    BufferId x = b.buffer(48, Storage::Input), w = b.buffer(48, Storage::Input),
+             gain = b.buffer(8, Storage::Param), bias = b.buffer(8, Storage::Param);
+    std::vector<BufferId> outputs;
+    auto block = [&](Stmt loop, BufferId sum, BufferId normIn, bool affine) {
+      BufferId normalized = b.buffer(48), y = b.buffer(48);
+      b.fn.body.push_back(std::move(loop));
+      b.fn.body.push_back(alongRows(normalized, normIn, 6, 8, "Along::LayerNorm"));
+      if (affine) b.fn.body.push_back(affineLoop(y, normalized, gain, bias, 6, 8));
+      outputs.insert(outputs.end(), {sum, affine ? y : normalized});
+    };
+    BufferId product = b.buffer(48), across = b.buffer(48), other = b.buffer(48),
+             plain = b.buffer(48);
+    block(
+        sumLoop(product, {Access{x, {24, 8, 1}}, Access{w, {24, 8, 1}}}, 2, 3, 8, ir::OpKind::Mul),
+        product, product, true);
+    // w read with its row across the outer dim (element i of row (a, b) at a*24 + i*3 + b).
+    block(sumLoop(across, {Access{x, {24, 8, 1}}, Access{w, {24, 1, 3}}}, 2, 3, 8), across, across,
+          true);
+    // The norm reads x, not the sum.
+    block(sumLoop(other, {Access{x, {24, 8, 1}}, Access{w, {24, 8, 1}}}, 2, 3, 8), other, x, true);
+    // layer_norm alone (no layerNormAffine to join).
+    block(sumLoop(plain, {Access{x, {24, 8, 1}}, Access{w, {24, 8, 1}}}, 2, 3, 8), plain, plain,
+          false);
+    b.fn.outputs = outputs;
+    REQUIRE(verifyKernels(b.fn).empty());
+    fuseRowKernels(b.fn);
+    REQUIRE(verifyKernels(b.fn).empty());
+    for (const Stmt& stmt : b.fn.body) {
+      const Call* call = std::get_if<Call>(&stmt.node);
+      CHECK((!call || call->callee != Callee::AddLayerNormAffine));
+    }
+    // Each block's norm still fuses with its gain and bias (where it has them).
+    CHECK(b.fn.body.size() == 8);
+  }
+}
+
+namespace {
+
 /// y[r, c] = [gelu](product[r, c] + bias[c]) over rows x cols (bias read with `biasStrides`).
 Stmt biasLoop(BufferId y, BufferId product, BufferId bias, int64_t rows, int64_t cols, bool gelu,
               Shape biasStrides = {0, 1}) {

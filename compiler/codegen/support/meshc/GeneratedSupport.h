@@ -1210,6 +1210,29 @@ inline void layerNormRow(float* y, const float* x, int64_t size, double count, d
     y[i] = ((x[i] - meanHigh) - meanLow) * scale;
 }
 
+namespace detail {
+
+/// layerNormRow of a row whose mean is given, times `gain` plus `bias` in the same pass as the
+/// normalization (the same f32 operations as layerNormRow and then the affine loop).
+inline void layerNormAffineRow(float* y, const float* x, int64_t size, double mean, double count,
+                               double eps, const float* gain, const float* bias) {
+  float meanHigh = float(mean), meanLow = float(mean - double(meanHigh));
+  double variance = sumLanes(x, size,
+                             [meanHigh, meanLow](float v) {
+                               float centered = (v - meanHigh) - meanLow;
+                               return centered * centered;
+                             }) /
+                    count;
+  float scale = float(1 / std::sqrt(variance + eps));
+  for (int64_t i = 0; i < size; ++i) {
+    float normalized = ((x[i] - meanHigh) - meanLow) * scale;
+    float scaled = normalized * gain[i];
+    y[i] = scaled + bias[i];
+  }
+}
+
+} // namespace detail
+
 /// along() over whole rows of `size` contiguous elements starting at each base, one row kernel
 /// per kind (softmaxRow, layerNormRow; log_softmax's sums of exponentials in double).
 inline void alongContiguous(float* out, const float* in, int64_t rows, const RowBase& inBase,
@@ -1266,12 +1289,70 @@ inline void alongContiguous(float* out, const float* in, int64_t rows, const Row
 #pragma omp parallel for schedule(static) if (parallel)
 #endif
   for (int64_t r = 0; r < rows; ++r) {
-    float* y = out + r * size;
-    layerNormRow(y, in + r * size, size, double(globalLaneCount), eps);
-    for (int64_t i = 0; i < size; ++i) {
-      float scaled = y[i] * gain[i];
-      y[i] = scaled + bias[i];
+    const float* x = in + r * size;
+    double count = double(globalLaneCount);
+    detail::layerNormAffineRow(out + r * size, x, size, detail::sumRun(x, size) / count, count, eps,
+                               gain, bias);
+  }
+}
+
+/// sum = t0 + t1, or t0 + (t1 + t2) when t2 is not null, over rows of `size` contiguous elements
+/// (`sum` and `out` dense, one row apart; term k's row r starts at r's index over `outer` times
+/// `tkOuter`: dense, or broadcast where a stride is 0), stored; then layerNormAffine of each
+/// row of the sum into `out` while the row is in L1 (fuse-row-kernels: the residual add before
+/// a pre-norm layer's norm was a loop, a second pass over memory, of its own). The terms are
+/// added in the loop's order, so `sum` is what the loop stored.
+[[gnu::noinline]] inline void addLayerNormAffine(float* out, float* sum, const Shape& outer,
+                                                 int64_t size, const float* gain, const float* bias,
+                                                 double eps, int64_t globalLaneCount,
+                                                 const float* t0, const Shape& t0Outer,
+                                                 const float* t1, const Shape& t1Outer,
+                                                 const float* t2, const Shape& t2Outer) {
+  int64_t rows = product(outer);
+  [[maybe_unused]] bool parallel = rows > 1 && rows * size >= detail::kParallelPoints;
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static) if (parallel)
+#endif
+  for (int64_t r = 0; r < rows; ++r) {
+    int64_t base0 = 0, base1 = 0, base2 = 0;
+    for (size_t d = outer.size(), rest = size_t(r); d-- > 0;) {
+      auto index = int64_t(rest % size_t(outer[d]));
+      base0 += index * t0Outer[d];
+      base1 += index * t1Outer[d];
+      if (t2) base2 += index * t2Outer[d];
+      rest /= size_t(outer[d]);
     }
+    float* __restrict x = sum + r * size;
+    const float* __restrict a = t0 + base0;
+    const float* __restrict b = t1 + base1;
+    // The sum, stored and summed for the mean in the same pass: sumRun's eight double
+    // accumulators in its order, so the mean is layerNormRow's to the bit.
+    double partial[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    auto addRow = [&](auto term) {
+      int64_t i = 0;
+      for (; i + 8 <= size; i += 8)
+        for (int j = 0; j < 8; ++j) {
+          float v = term(i + j);
+          x[i + j] = v;
+          partial[j] += double(v);
+        }
+      for (; i < size; ++i) {
+        float v = term(i);
+        x[i] = v;
+        partial[i % 8] += double(v);
+      }
+    };
+    if (t2) {
+      const float* __restrict c = t2 + base2;
+      addRow([&](int64_t i) { return a[i] + (b[i] + c[i]); });
+    } else {
+      addRow([&](int64_t i) { return a[i] + b[i]; });
+    }
+    double mean = (((partial[0] + partial[1]) + (partial[2] + partial[3])) +
+                   ((partial[4] + partial[5]) + (partial[6] + partial[7]))) /
+                  double(globalLaneCount);
+    detail::layerNormAffineRow(out + r * size, x, size, mean, double(globalLaneCount), eps, gain,
+                               bias);
   }
 }
 
