@@ -689,6 +689,15 @@ inline void layerNormAffine(float* out, const float* in, int64_t rows, int64_t s
   });
 }
 
+/// addLayerNormAffine's walk of its terms' rows, as its device lambda captures it: a struct at
+/// namespace scope (a type local to a function cannot be captured; with four local std::arrays
+/// captured instead, nvcc 13.0's host pass rejected maskedSoftmax's std::array after it).
+struct TermRows {
+  static constexpr size_t kMaxDims = 8;
+  int64_t sizes[kMaxDims];
+  int64_t strides[3][kMaxDims];
+};
+
 /// sum = t0 + t1 (+ t2, added to t1 first) over dense rows, each term's row at its index over
 /// `outer` times its outer strides, then layerNormAffine of the sum into `out` (meshc::gen's
 /// addLayerNormAffine; here one elementwise launch and layerNormAffine).
@@ -697,14 +706,14 @@ inline void addLayerNormAffine(float* out, float* sum, const Shape& outer, int64
                                int64_t globalLaneCount, const float* t0, const Shape& t0Outer,
                                const float* t1, const Shape& t1Outer, const float* t2,
                                const Shape& t2Outer) {
-  constexpr size_t kMaxDims = 8;
-  if (outer.size() > kMaxDims) throw std::logic_error("addLayerNormAffine: more than 8 outer dims");
-  std::array<int64_t, kMaxDims> sizes{}, strides0{}, strides1{}, strides2{};
+  if (outer.size() > TermRows::kMaxDims)
+    throw std::logic_error("addLayerNormAffine: more than 8 outer dims");
+  TermRows walk{};
   for (size_t d = 0; d < outer.size(); ++d) {
-    sizes[d] = outer[d];
-    strides0[d] = t0Outer[d];
-    strides1[d] = t1Outer[d];
-    strides2[d] = t2 ? t2Outer[d] : 0;
+    walk.sizes[d] = outer[d];
+    walk.strides[0][d] = t0Outer[d];
+    walk.strides[1][d] = t1Outer[d];
+    walk.strides[2][d] = t2 ? t2Outer[d] : 0;
   }
   int dims = int(outer.size());
   int64_t rows = product(outer);
@@ -712,11 +721,11 @@ inline void addLayerNormAffine(float* out, float* sum, const Shape& outer, int64
     int64_t rest = i / size, lane = i % size;
     int64_t at0 = lane, at1 = lane, at2 = lane;
     for (int d = dims; d-- > 0;) {
-      int64_t index = rest % sizes[size_t(d)];
-      at0 += index * strides0[size_t(d)];
-      at1 += index * strides1[size_t(d)];
-      at2 += index * strides2[size_t(d)];
-      rest /= sizes[size_t(d)];
+      int64_t index = rest % walk.sizes[d];
+      at0 += index * walk.strides[0][d];
+      at1 += index * walk.strides[1][d];
+      at2 += index * walk.strides[2][d];
+      rest /= walk.sizes[d];
     }
     sum[i] = t2 ? t0[at0] + (t1[at1] + t2[at2]) : t0[at0] + t1[at1];
   });
