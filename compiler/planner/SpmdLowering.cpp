@@ -1280,8 +1280,8 @@ private:
     for (const auto& [name, value] : op.attrs) {
       if (name == "path" || name == "stream" || name == "name" || name == "index" ||
           name == "value" || name == "rate" || name == "eps" || name == "mean" ||
-          name == "stddev" || name == "min" || name == "max")
-        continue; // cannot change the cost
+          name == "stddev" || name == "min" || name == "max" || name == ir::kRecomputeAttr)
+        continue; // cannot change the cost (a recomputing copy costs as its original)
       key += "|" + name + "=";
       if (const auto* list = std::get_if<std::vector<std::string>>(&value))
         key += fmt::format("{}", fmt::join(*list, ","));
