@@ -6,7 +6,9 @@
 // lower bounds of partial layouts), and what the lowering's own summary says. On the 48-layer
 // transformer train block (all layers alike) and on T5 and XLNet (encoder and decoder layers,
 // relative attention: layers that are not all alike), and on a machine of several nodes, where a
-// collective's latency depends on its axes (the reshard memo keeps each step's).
+// collective's latency depends on its axes (the reshard memo keeps each step's). The shared
+// evaluator also replays copies of repeated segments (a layer, its backward, its updates) from
+// memoized walks; the fresh ones walk every op (setReplaySegments(false)).
 #include "CompiledSource.h"
 #include "planner/LayoutSearch.h"
 #include "planner/RepeatedSegments.h"
