@@ -59,13 +59,13 @@ void AllReduceChains::write(ir::ValueId result) {
   std::fill_n(reading_.begin(), groups_.size(), 0);
 }
 
-double AllReduceChains::latencySeconds() const {
+double AllReduceChains::latencySeconds(const Depths& longest) const {
   // Summed in the order of the groups' axes, not of their numbers (which follow the paths this
   // evaluator met first): any evaluator gives the same bits for a walk, whatever it walked
   // before (on a machine of several nodes the groups' latencies differ).
   double seconds = 0;
   for (size_t g : byAxes_)
-    seconds += latency_[g] * longest_[g];
+    seconds += latency_[g] * longest[g];
   for (const auto& [axes, index] : uncountedIndex_)
     if (uncountedSeen_[index]) seconds += uncountedLatency_[index];
   return seconds;

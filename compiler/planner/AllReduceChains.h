@@ -17,6 +17,11 @@ namespace meshc::plan {
 
 class AllReduceChains {
 public:
+  /// Every group of a mesh of up to four axes; more are counted once, as if all merged.
+  static constexpr size_t kMaxGroups = 16;
+  /// Per group: a chain length.
+  using Depths = std::array<uint16_t, kMaxGroups>;
+
   AllReduceChains(const Machine& machine, const Mesh& mesh, size_t numValues);
   /// Starts a new walk (the values' depths are written before they are read: not cleared).
   void reset();
@@ -30,12 +35,22 @@ public:
   void write(ir::ValueId result);
   /// The latency every completion pays at least: per group, its latency per link of its
   /// longest chain.
-  double latencySeconds() const;
+  double latencySeconds() const { return latencySeconds(longest_); }
+  /// latencySeconds() had the longest chains been `longest`.
+  double latencySeconds(const Depths& longest) const;
+
+  // For a walk that replays a memoized stretch of ops (PlanEvaluator's repeated segments)
+  // instead of reading and writing through read() and write().
+  /// The groups numbered so far (read() and write() touch only these).
+  size_t groupCount() const { return groups_.size(); }
+  /// Whether some path had a group past kMaxGroups (counted per walk, not per chain).
+  bool hasUncountedGroups() const { return !uncountedLatency_.empty(); }
+  const Depths& depthsOf(ir::ValueId value) const { return depthOf_[value]; }
+  void setDepths(ir::ValueId value, const Depths& depths) { depthOf_[value] = depths; }
+  const Depths& longest() const { return longest_; }
+  void setLongest(const Depths& longest) { longest_ = longest; }
 
 private:
-  /// Every group of a mesh of up to four axes; more are counted once, as if all merged.
-  static constexpr size_t kMaxGroups = 16;
-  using Depths = std::array<uint16_t, kMaxGroups>;
   struct PathGroups {
     uint32_t mask = 0;
     std::vector<size_t> uncounted; // into uncountedLatency_

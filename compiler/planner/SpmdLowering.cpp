@@ -13,6 +13,7 @@
 #include "planner/MergeCollectives.h"
 #include "planner/OpKeyTable.h"
 #include "planner/PlanReport.h"
+#include "planner/RepeatedSegments.h"
 #include "planner/Reshard.h"
 #include "planner/TrainPhases.h"
 
@@ -1084,6 +1085,7 @@ struct PlanEvaluator::Impl {
     prepareBound();
     for (uint32_t i = 0; i < fn.ops.size(); ++i) // after findPartners: its dims are final
       opKeys_.add(fn.ops[i].operands, involved_[i], fn.ops[i].result);
+    findSegments();
   }
 
   /// The walk over the ops. Without `out`, it stops as soon as what it has summed is a lower
@@ -1163,6 +1165,90 @@ struct PlanEvaluator::Impl {
   EvalResult lastResult_;
   SpmdFunction scratch_; // evaluate()'s lowering, to merge
 
+  // Repeated segments (RepeatedSegments.h): a walk without an SPMD function to write replays a
+  // copy of a repeated op sequence (a layer, its backward, its updates) from a memoized walk of
+  // a copy alike, when what the copy reads from before it is in the same states: a search of N
+  // identical layers then costs one layer's walk per distinct state and O(N) bookkeeping.
+  /// A reference from a copy to a value: >= 0, the op (from the copy's begin) that makes it;
+  /// < 0, the copy's external -(ref + 1).
+  using SegmentRef = int64_t;
+  /// max(constant, depth of external e + w, ...): a chain depth after a copy as a function of its
+  /// externals' depths (a dependent all-reduce adds one per link; AllReduceChains).
+  struct MaxPlus {
+    int constant = -1; // -1: none
+    std::vector<std::pair<uint32_t, uint16_t>> terms;
+  };
+  /// One walk of a copy: what it added to the walk's sums, in order (the bits of the sums, which
+  /// decide what the search lowers, depend on it), and what it left for the ops after it.
+  struct SegmentWalk {
+    size_t groups = 0; // the chains' groups when it was walked
+    /// The reshards of externals it asked for first, each with whether it was done before.
+    std::vector<std::tuple<uint32_t, int, bool>> externalReshards;
+    std::vector<double> opSums; // per op: compute seconds, global FLOPs, ideal seconds
+    std::vector<double> communication, mergeable;         // in the order added
+    std::vector<uint32_t> communicationEnd, mergeableEnd; // per op
+    std::vector<int> exportStates;                        // per export (SegmentKind::exports)
+    std::vector<int64_t> exportBytes;
+    std::vector<std::pair<uint32_t, int>> exportReshards; // (export, state)
+    std::vector<MaxPlus> exportDepths;                    // per export, per group
+    std::vector<MaxPlus> longest;                         // per group
+    std::vector<std::pair<SegmentRef, uint64_t>> gradientAxes;
+    struct Candidate {
+      SegmentRef value = 0;
+      uint32_t neededAt = 0; // from the copy's begin
+      Collective collective;
+      double seconds = 0;
+    };
+    std::vector<Candidate> candidates;
+    double liveDelta = 0, activationDelta = 0;
+    double peakOffset = -kInfinity; // the largest live + temporary, less live before it
+  };
+  struct SegmentKind {
+    uint32_t numOps = 0;
+    std::vector<int> dims;         // the dims whose axes its ops' plans read
+    std::vector<uint32_t> exports; // ops (from the copy's begin) whose results are read after it
+    /// By the dims' axes, then the externals' states.
+    std::unordered_map<std::vector<int>, std::vector<SegmentWalk>, VectorHash> walks;
+  };
+  struct SegmentCopy {
+    uint32_t begin = 0, end = 0;
+    int kind = 0;
+    std::vector<ir::ValueId> externals; // values from before it that it reads, first read first
+  };
+  /// What a walk of a copy records while it walks it op by op.
+  struct SegmentRecorder {
+    const SegmentCopy* copy = nullptr;
+    SegmentWalk walk;
+    std::vector<std::pair<ir::ValueId, uint32_t>> reads; // (value, all-reduce groups), in order
+    std::vector<uint32_t> readsEnd;                      // per op
+    std::vector<std::pair<ir::ValueId, int>> reshardsAsked;
+    std::vector<std::pair<ir::ValueId, int>> reshardsDone;
+    std::vector<std::pair<ir::ValueId, uint64_t>> gradientAxes;
+    size_t candidatesBegin = 0;
+    double liveBefore = 0, activationBefore = 0, peak = -kInfinity;
+  };
+  /// The sums a walk keeps, which a replayed copy adds to.
+  struct WalkSums {
+    double forwardCompute = 0, forwardCommunication = 0, globalFlops = 0, idealSeconds = 0;
+    double live = 0, peakLive = 0, activationSum = 0;
+  };
+  bool replaySegments_ = true;
+  std::vector<SegmentCopy> segments_; // in op order; only kinds with several copies
+  std::vector<SegmentKind> segmentKinds_;
+  size_t segmentMemoBytes_ = 0;
+  std::vector<int> segmentKey_; // scratch
+  void findSegments();
+  /// The memoized walk of `copy` that this walk would repeat, or null.
+  const SegmentWalk* memoizedWalk(const SegmentCopy& copy, const std::vector<int>& dimAxesIds);
+  /// Replays `walk` of `copy`; false (nothing done) when the walk might stop inside it (a sum so
+  /// far above `stopAbove` at one of its checks), which only walking its ops can tell.
+  bool replaySegment(const SegmentCopy& copy, const SegmentWalk& walk, WalkSums& sums,
+                     double& mergeableLatency, double stopAbove,
+                     std::vector<BucketCandidate>& candidates);
+  /// Files what `recorder` saw in its copy's kind's memo (segmentKey_ is its key).
+  void finishRecording(SegmentRecorder& recorder, const WalkSums& sums,
+                       const std::vector<BucketCandidate>& candidates);
+
 private:
   void prepareBound();
   void findPartners();
@@ -1194,8 +1280,8 @@ private:
     for (const auto& [name, value] : op.attrs) {
       if (name == "path" || name == "stream" || name == "name" || name == "index" ||
           name == "value" || name == "rate" || name == "eps" || name == "mean" ||
-          name == "stddev" || name == "min" || name == "max")
-        continue; // cannot change the cost
+          name == "stddev" || name == "min" || name == "max" || name == ir::kRecomputeAttr)
+        continue; // cannot change the cost (a recomputing copy costs as its original)
       key += "|" + name + "=";
       if (const auto* list = std::get_if<std::vector<std::string>>(&value))
         key += fmt::format("{}", fmt::join(*list, ","));
@@ -1454,6 +1540,307 @@ const OpPlan& PlanEvaluator::Impl::planOf(uint32_t i, const std::vector<int>& di
   return *planned;
 }
 
+namespace {
+
+/// Repeated segments shorter than this are walked op by op: replaying a copy costs a lookup of
+/// its key (its dims' axes and its externals' states).
+constexpr size_t kMinSegmentOps = 16;
+/// The memoized walks' size past which they are dropped (a search meets thousands of layouts).
+constexpr size_t kMaxSegmentMemoBytes = size_t{256} << 20;
+/// Walks kept per key (they differ in which of the externals' reshards were done before).
+constexpr size_t kMaxWalksPerKey = 8;
+
+} // namespace
+
+void PlanEvaluator::Impl::findSegments() {
+  // Ops alike: the same static key (kind, attributes that matter, types) in the same phase.
+  size_t numOps = fn_.ops.size();
+  std::map<std::pair<int, int>, int> signatureIds;
+  std::vector<int> signature(numOps);
+  for (size_t i = 0; i < numOps; ++i)
+    signature[i] = signatureIds
+                       .try_emplace({staticIds_[i], static_cast<int>(phases_[i])},
+                                    static_cast<int>(signatureIds.size()))
+                       .first->second;
+  std::vector<OpSegment> found = findRepeatedSegments(signature, kMinSegmentOps);
+  if (found.empty()) return;
+  // The last op that reads each value's state: as an operand, or as a sum's partner (planOf).
+  std::vector<int64_t> lastRead(lastUse_.begin(), lastUse_.end());
+  for (size_t i = 0; i < numOps; ++i)
+    if (partner_[i] >= 0)
+      lastRead[partner_[i]] = std::max(lastRead[partner_[i]], static_cast<int64_t>(i));
+  auto exported = [&](uint32_t i, uint32_t end) {
+    return lastRead[opKeys_.result(i)] >= end || fn_.ops[i].kind == OpKind::Param;
+  };
+  // Copies are of one kind when everything a walk reads of their ops is the same, their values
+  // named relative to the copy: the ops' static keys, which operands they read (of the copy, or
+  // which of its externals), how those are shared, the dims their plans read, what dies where,
+  // and which results are read after the copy.
+  std::vector<int> externalIndex(fn_.values.size(), -1);
+  std::map<std::vector<int64_t>, int> kindOf;
+  std::vector<SegmentCopy> copies;
+  std::vector<int> copiesOfKind;
+  std::vector<int64_t> code;
+  for (const OpSegment& segment : found) {
+    SegmentCopy copy{segment.begin, segment.end, -1, {}};
+    auto ref = [&](ir::ValueId value) -> SegmentRef {
+      uint32_t def = fn_.values[value].definingOp;
+      if (def >= copy.begin) return def - copy.begin;
+      int& index = externalIndex[value];
+      if (index < 0) {
+        index = static_cast<int>(copy.externals.size());
+        copy.externals.push_back(value);
+      }
+      return -(SegmentRef{index} + 1);
+    };
+    code.clear();
+    for (uint32_t i = copy.begin; i < copy.end; ++i) {
+      code.push_back(signature[i]);
+      code.push_back(readsShared_[i]);
+      std::span<const ir::ValueId> operands = opKeys_.operands(i);
+      code.push_back(static_cast<int64_t>(operands.size()));
+      for (ir::ValueId operand : operands) {
+        code.push_back(ref(operand));
+        code.push_back(sharedOf_[operand] >= 0 ? shared_[sharedOf_[operand]].signature : -1);
+        code.push_back(trainable_[operand]);
+      }
+      code.push_back(partner_[i] >= 0 ? ref(static_cast<ir::ValueId>(partner_[i]))
+                                      : std::numeric_limits<int64_t>::min());
+      std::span<const ir::ValueId> dims = opKeys_.dims(i);
+      code.push_back(static_cast<int64_t>(dims.size()));
+      code.insert(code.end(), dims.begin(), dims.end());
+      code.push_back(static_cast<int64_t>(freesAt_[i].size()));
+      for (ir::ValueId dead : freesAt_[i])
+        code.push_back(ref(dead));
+      code.push_back(exported(i, copy.end));
+    }
+    for (ir::ValueId external : copy.externals)
+      externalIndex[external] = -1;
+    auto [it, added] = kindOf.try_emplace(code, static_cast<int>(copiesOfKind.size()));
+    if (added) copiesOfKind.push_back(0);
+    ++copiesOfKind[it->second];
+    copy.kind = it->second;
+    copies.push_back(std::move(copy));
+  }
+  // A kind with one copy is walked op by op.
+  std::vector<int> kindIndex(copiesOfKind.size(), -1);
+  for (SegmentCopy& copy : copies) {
+    if (copiesOfKind[copy.kind] < 2) continue;
+    int& index = kindIndex[copy.kind];
+    if (index < 0) {
+      index = static_cast<int>(segmentKinds_.size());
+      SegmentKind kind;
+      kind.numOps = copy.end - copy.begin;
+      std::set<int> dims;
+      for (uint32_t i = copy.begin; i < copy.end; ++i) {
+        for (ir::ValueId dim : opKeys_.dims(i))
+          dims.insert(static_cast<int>(dim));
+        if (exported(i, copy.end)) kind.exports.push_back(i - copy.begin);
+      }
+      kind.dims.assign(dims.begin(), dims.end());
+      segmentKinds_.push_back(std::move(kind));
+    }
+    copy.kind = index;
+    segments_.push_back(std::move(copy));
+  }
+}
+
+const PlanEvaluator::Impl::SegmentWalk*
+PlanEvaluator::Impl::memoizedWalk(const SegmentCopy& copy, const std::vector<int>& dimAxesIds) {
+  SegmentKind& kind = segmentKinds_[copy.kind];
+  std::vector<int>& key = segmentKey_;
+  key.clear();
+  for (int dim : kind.dims)
+    key.push_back(dimAxesIds[dim]);
+  for (ir::ValueId external : copy.externals)
+    key.push_back(walk_.stateOf[external]);
+  auto found = kind.walks.find(key);
+  if (found == kind.walks.end()) return nullptr;
+  for (const SegmentWalk& walk : found->second) {
+    if (walk.groups != chains_.groupCount()) continue;
+    bool same = std::all_of(
+        walk.externalReshards.begin(), walk.externalReshards.end(), [&](const auto& asked) {
+          const auto& [external, state, done] = asked;
+          return (walk_.reshardedTo(copy.externals[external], state) != nullptr) == done;
+        });
+    if (same) return &walk;
+  }
+  return nullptr;
+}
+
+bool PlanEvaluator::Impl::replaySegment(const SegmentCopy& copy, const SegmentWalk& walk,
+                                        WalkSums& sums, double& mergeableLatency, double stopAbove,
+                                        std::vector<BucketCandidate>& candidates) {
+  const SegmentKind& kind = segmentKinds_[copy.kind];
+  AllReduceChains& chains = chains_;
+  size_t groups = walk.groups;
+  auto depthOf = [&](const MaxPlus& depth, size_t group) {
+    int result = depth.constant;
+    for (const auto& [external, weight] : depth.terms)
+      result = std::max(result, chains.depthsOf(copy.externals[external])[group] + int{weight});
+    return result;
+  };
+  AllReduceChains::Depths longest = chains.longest();
+  for (size_t g = 0; g < groups; ++g)
+    longest[g] = static_cast<uint16_t>(std::max<int>(longest[g], depthOf(walk.longest[g], g)));
+  // The sums, added in the order the walk added them. At each of the walk's checks (run()), the
+  // sum so far with the chains' latency at the copy's end, which is at least the latency there:
+  // when none is above `stopAbove`, the walk does not stop inside the copy.
+  double compute = sums.forwardCompute, communication = sums.forwardCommunication;
+  double flops = sums.globalFlops, ideal = sums.idealSeconds, mergeable = mergeableLatency;
+  bool checks = stopAbove < kInfinity;
+  double chainsAtEnd = checks ? chains.latencySeconds(longest) : 0;
+  uint32_t c = 0, m = 0;
+  for (uint32_t t = 0; t < kind.numOps; ++t) {
+    for (; c < walk.communicationEnd[t]; ++c)
+      communication += walk.communication[c];
+    for (; m < walk.mergeableEnd[t]; ++m)
+      mergeable += walk.mergeable[m];
+    compute += walk.opSums[3 * t];
+    flops += walk.opSums[3 * t + 1];
+    ideal += walk.opSums[3 * t + 2];
+    if (checks && (copy.begin + t) % 16 == 0) {
+      double soFar = (modelBackward_ ? 3 : 1) * compute + (modelBackward_ ? 2 : 1) * communication -
+                     mergeable + chainsAtEnd;
+      if (soFar > stopAbove) return false;
+    }
+  }
+  sums.forwardCompute = compute;
+  sums.forwardCommunication = communication;
+  sums.globalFlops = flops;
+  sums.idealSeconds = ideal;
+  mergeableLatency = mergeable;
+  for (size_t x = 0; x < kind.exports.size(); ++x) {
+    ir::ValueId value = opKeys_.result(copy.begin + kind.exports[x]);
+    walk_.stateOf[value] = walk.exportStates[x];
+    walk_.bytesOf[value] = walk.exportBytes[x];
+    AllReduceChains::Depths depths{};
+    for (size_t g = 0; g < groups; ++g)
+      depths[g] = static_cast<uint16_t>(depthOf(walk.exportDepths[x * groups + g], g));
+    chains.setDepths(value, depths);
+  }
+  chains.setLongest(longest);
+  for (const auto& [external, state, done] : walk.externalReshards)
+    if (!done) walk_.addReshard(copy.externals[external], state, 0);
+  for (const auto& [x, state] : walk.exportReshards)
+    walk_.addReshard(opKeys_.result(copy.begin + kind.exports[x]), state, 0);
+  auto valueOf = [&](SegmentRef ref) {
+    return ref >= 0 ? opKeys_.result(copy.begin + static_cast<uint32_t>(ref))
+                    : copy.externals[static_cast<size_t>(-ref - 1)];
+  };
+  for (const auto& [ref, axes] : walk.gradientAxes)
+    walk_.gradientAxes[valueOf(ref)] |= axes;
+  for (const SegmentWalk::Candidate& candidate : walk.candidates) {
+    ir::ValueId value = valueOf(candidate.value);
+    candidates.push_back({value, fn_.values[value].definingOp, copy.begin + candidate.neededAt,
+                          candidate.collective, candidate.seconds, 0});
+  }
+  // Bytes are whole numbers, exact in doubles: live and the peak add up in any order.
+  sums.peakLive = std::max(sums.peakLive, sums.live + walk.peakOffset);
+  sums.live += walk.liveDelta;
+  sums.activationSum += walk.activationDelta;
+  return true;
+}
+
+void PlanEvaluator::Impl::finishRecording(SegmentRecorder& recorder, const WalkSums& sums,
+                                          const std::vector<BucketCandidate>& candidates) {
+  const SegmentCopy& copy = *recorder.copy;
+  SegmentKind& kind = segmentKinds_[copy.kind];
+  SegmentWalk& walk = recorder.walk;
+  if (chains_.hasUncountedGroups()) return;
+  size_t groups = walk.groups = chains_.groupCount();
+  size_t numExternals = copy.externals.size();
+  auto refOf = [&](ir::ValueId value) -> SegmentRef {
+    uint32_t def = fn_.values[value].definingOp;
+    if (def >= copy.begin) return def - copy.begin;
+    auto external = std::find(copy.externals.begin(), copy.externals.end(), value);
+    return -(external - copy.externals.begin()) - 1;
+  };
+  // The chains (AllReduceChains): each op's result depth per group as a function of the
+  // externals' depths, from the reads of the walk (an op's reading starts at 0 per group).
+  size_t width = numExternals + 1; // the externals' weights, then the constant
+  std::vector<int> depth(size_t{kind.numOps} * groups * width, -1);
+  std::vector<int> longest(groups * width, -1), reading(groups * width);
+  size_t r = 0;
+  for (uint32_t t = 0; t < kind.numOps; ++t) {
+    std::fill(reading.begin(), reading.end(), -1);
+    for (size_t g = 0; g < groups; ++g)
+      reading[g * width + numExternals] = 0;
+    for (; r < recorder.readsEnd[t]; ++r) {
+      auto [value, mask] = recorder.reads[r];
+      SegmentRef ref = refOf(value);
+      for (size_t g = 0; g < groups; ++g) {
+        int bit = static_cast<int>((mask >> g) & 1);
+        int* into = &reading[g * width];
+        int* most = &longest[g * width];
+        if (ref < 0) {
+          size_t e = static_cast<size_t>(-ref - 1);
+          into[e] = std::max(into[e], bit);
+          most[e] = std::max(most[e], bit);
+          continue;
+        }
+        const int* from = &depth[(static_cast<size_t>(ref) * groups + g) * width];
+        for (size_t e = 0; e < width; ++e)
+          if (from[e] >= 0) {
+            into[e] = std::max(into[e], from[e] + bit);
+            most[e] = std::max(most[e], from[e] + bit);
+          }
+      }
+    }
+    std::copy(reading.begin(), reading.end(), depth.begin() + size_t{t} * groups * width);
+  }
+  auto maxPlusOf = [&](const int* row) {
+    MaxPlus result;
+    result.constant = row[numExternals];
+    for (size_t e = 0; e < numExternals; ++e)
+      if (row[e] >= 0)
+        result.terms.emplace_back(static_cast<uint32_t>(e), static_cast<uint16_t>(row[e]));
+    return result;
+  };
+  std::vector<int> exportOf(kind.numOps, -1);
+  for (size_t x = 0; x < kind.exports.size(); ++x) {
+    uint32_t t = kind.exports[x];
+    exportOf[t] = static_cast<int>(x);
+    ir::ValueId value = opKeys_.result(copy.begin + t);
+    walk.exportStates.push_back(walk_.stateOf[value]);
+    walk.exportBytes.push_back(walk_.bytesOf[value]);
+    for (size_t g = 0; g < groups; ++g)
+      walk.exportDepths.push_back(maxPlusOf(&depth[(size_t{t} * groups + g) * width]));
+  }
+  for (size_t g = 0; g < groups; ++g)
+    walk.longest.push_back(maxPlusOf(&longest[g * width]));
+  for (const auto& [value, state] : recorder.reshardsDone) {
+    SegmentRef ref = refOf(value);
+    if (ref >= 0 && exportOf[ref] >= 0)
+      walk.exportReshards.emplace_back(static_cast<uint32_t>(exportOf[ref]), state);
+  }
+  for (const auto& [value, axes] : recorder.gradientAxes)
+    walk.gradientAxes.emplace_back(refOf(value), axes);
+  for (size_t c = recorder.candidatesBegin; c < candidates.size(); ++c)
+    walk.candidates.push_back({refOf(candidates[c].value), candidates[c].needed - copy.begin,
+                               candidates[c].collective, candidates[c].seconds});
+  walk.liveDelta = sums.live - recorder.liveBefore;
+  walk.activationDelta = sums.activationSum - recorder.activationBefore;
+  walk.peakOffset = recorder.peak - recorder.liveBefore;
+
+  size_t bytes =
+      sizeof(SegmentWalk) + segmentKey_.size() * sizeof(int) +
+      sizeof(double) * (walk.opSums.size() + walk.communication.size() + walk.mergeable.size()) +
+      sizeof(uint32_t) * 2 * kind.numOps +
+      (sizeof(MaxPlus) + 2 * numExternals) * (walk.exportDepths.size() + groups) +
+      sizeof(SegmentWalk::Candidate) * walk.candidates.size();
+  if (segmentMemoBytes_ + bytes > kMaxSegmentMemoBytes) {
+    for (SegmentKind& other : segmentKinds_)
+      other.walks.clear();
+    segmentMemoBytes_ = 0;
+  }
+  std::vector<SegmentWalk>& walks = kind.walks[segmentKey_];
+  std::erase_if(walks, [&](const SegmentWalk& other) { return other.groups != groups; });
+  if (walks.size() >= kMaxWalksPerKey) return;
+  walks.push_back(std::move(walk));
+  segmentMemoBytes_ += bytes;
+}
+
 EvalResult PlanEvaluator::Impl::run(const Layout& layout, SpmdFunction* out, double stopAbove) {
   EvalResult result;
   // The layout itself: known axes, each at most once per dim.
@@ -1499,8 +1886,12 @@ EvalResult PlanEvaluator::Impl::run(const Layout& layout, SpmdFunction* out, dou
   std::map<ir::ValueId, SpmdValueId> spmdSources;           // inputs and params
   std::vector<size_t> irOpEnd(out ? fn_.ops.size() : 0, 0); // per IR op: its SPMD ops' end
 
-  double forwardCompute = 0, forwardCommunication = 0, globalFlops = 0, idealSeconds = 0;
-  double live = 0, peakLive = 0, activationSum = 0;
+  WalkSums sums;
+  double &forwardCompute = sums.forwardCompute, &forwardCommunication = sums.forwardCommunication;
+  double &globalFlops = sums.globalFlops, &idealSeconds = sums.idealSeconds;
+  double &live = sums.live, &peakLive = sums.peakLive, &activationSum = sums.activationSum;
+  // The copy of a repeated segment this walk walks op by op to memoize it (findSegments).
+  SegmentRecorder* recorder = nullptr;
 
   auto newValue = [&](const ir::TensorType& type, const TensorLayout& state,
                       const std::string& name) {
@@ -1532,19 +1923,43 @@ EvalResult PlanEvaluator::Impl::run(const Layout& layout, SpmdFunction* out, dou
     if (stateOf[value] == want) {
       if (spmdId && out) *spmdId = spmdOf[value];
       chains.read(value, 0);
+      if (recorder) recorder->reads.emplace_back(value, 0);
       return 0;
     }
     const ReshardEntry& entry = reshardEntry(value, stateOf[value], want);
     const std::optional<ReshardPath>& path = entry.path;
     if (!path) return -1;
-    chains.read(value, chains.groupsOf(*path));
-    if (const SpmdValueId* done = walk_.reshardedTo(value, want)) {
+    uint32_t groups = chains.groupsOf(*path);
+    chains.read(value, groups);
+    const SpmdValueId* done = walk_.reshardedTo(value, want);
+    if (recorder) {
+      recorder->reads.emplace_back(value, groups);
+      std::pair<ir::ValueId, int> asked{value, want};
+      if (std::find(recorder->reshardsAsked.begin(), recorder->reshardsAsked.end(), asked) ==
+          recorder->reshardsAsked.end()) {
+        recorder->reshardsAsked.push_back(asked);
+        if (fn_.values[value].definingOp < recorder->copy->begin) {
+          auto external =
+              std::find(recorder->copy->externals.begin(), recorder->copy->externals.end(), value);
+          recorder->walk.externalReshards.emplace_back(
+              static_cast<uint32_t>(external - recorder->copy->externals.begin()), want,
+              done != nullptr);
+        }
+      }
+    }
+    if (done) {
       if (spmdId && out) *spmdId = *done;
       return 0;
     }
     forwardCommunication += path->seconds;
     for (double latency : entry.mergeableSeconds)
       result.mergeableLatency += latency;
+    if (recorder) {
+      recorder->walk.communication.push_back(path->seconds);
+      recorder->walk.mergeable.insert(recorder->walk.mergeable.end(),
+                                      entry.mergeableSeconds.begin(), entry.mergeableSeconds.end());
+      recorder->reshardsDone.push_back({value, want});
+    }
     double temporary = 0;
     SpmdValueId current = out ? spmdOf[value] : 0;
     uint32_t producer = fn_.values[value].definingOp;
@@ -1576,7 +1991,8 @@ EvalResult PlanEvaluator::Impl::run(const Layout& layout, SpmdFunction* out, dou
     return temporary;
   };
 
-  for (uint32_t i = 0; i < fn_.ops.size(); ++i) {
+  // One op; false when the walk ends there (an illegal layout, or past `stopAbove`).
+  auto walkOp = [&](uint32_t i) -> bool {
     const ir::Op& op = fn_.ops[i];
     const OpPlan& plan = planOf(i, dimAxesIds, stateOf, rules);
     // The walk reads the plan's copy in opKeys_ (in op order), the rest only when lowering.
@@ -1584,13 +2000,13 @@ EvalResult PlanEvaluator::Impl::run(const Layout& layout, SpmdFunction* out, dou
     std::span<const int> required = opKeys_.required(i);
     if (!cost.divisible) {
       result.ok = false;
-      if (!out) return result;
+      if (!out) return false;
       if (notDivisibleReported.insert(plan.badDim).second)
         result.problems.push_back(
             {LayoutProblem::Kind::NotDivisible, plan.badDim, plan.badAxes, i, true});
       stateOf[op.result] = internState(
           TensorLayout{std::vector<AxisList>(fn_.typeOf(op.result).dims.size()), {}, false});
-      continue;
+      return true;
     }
 
     double temporary = 0;
@@ -1615,11 +2031,14 @@ EvalResult PlanEvaluator::Impl::run(const Layout& layout, SpmdFunction* out, dou
           bringTo(operand, required[k], reason, op.loc, i, i, out ? &operandIds[k] : nullptr);
       if (made < 0) {
         result.ok = false;
-        if (!out) return result;
+        if (!out) return false;
         made = 0;
       }
       temporary += made;
-      if (trainable_[operand]) gradientAxes[operand] |= cost.usedAxes;
+      if (trainable_[operand]) {
+        gradientAxes[operand] |= cost.usedAxes;
+        if (recorder) recorder->gradientAxes.emplace_back(operand, cost.usedAxes);
+      }
     }
     forwardCompute += cost.computeSeconds;
     forwardCommunication += cost.postSeconds;
@@ -1633,6 +2052,16 @@ EvalResult PlanEvaluator::Impl::run(const Layout& layout, SpmdFunction* out, dou
       activationSum += static_cast<double>(cost.resultBytes);
     }
     peakLive = std::max(peakLive, live + temporary);
+    if (recorder) {
+      SegmentWalk& walk = recorder->walk;
+      walk.opSums.insert(walk.opSums.end(),
+                         {cost.computeSeconds, cost.globalFlops, cost.idealSeconds});
+      walk.communication.push_back(cost.postSeconds);
+      walk.communicationEnd.push_back(static_cast<uint32_t>(walk.communication.size()));
+      walk.mergeableEnd.push_back(static_cast<uint32_t>(walk.mergeable.size()));
+      recorder->readsEnd.push_back(static_cast<uint32_t>(recorder->reads.size()));
+      recorder->peak = std::max(recorder->peak, live + temporary);
+    }
     // Every term summed so far only grows (a path costs at least the latencies merging may
     // save), so this is a lower bound of the step time; most candidates of a search pass
     // their cutoff within the first layers.
@@ -1643,13 +2072,13 @@ EvalResult PlanEvaluator::Impl::run(const Layout& layout, SpmdFunction* out, dou
       if (soFar > stopAbove) {
         result.summary.stepSeconds = soFar;
         result.exact = result.complete = false;
-        return result;
+        return false;
       }
     }
     for (ir::ValueId dead : freesAt_[i])
       live -= static_cast<double>(bytesOf[dead]);
 
-    if (!out) continue;
+    if (!out) return true;
     SpmdOp spmdOp;
     spmdOp.kind = SpmdOp::Kind::Compute;
     spmdOp.computeKind = op.kind;
@@ -1684,6 +2113,38 @@ EvalResult PlanEvaluator::Impl::run(const Layout& layout, SpmdFunction* out, dou
       out->replications.push_back({op.loc, drop.dim, drop.axes, drop.reason});
     if (op.kind == OpKind::Input || op.kind == OpKind::Param)
       spmdSources[op.result] = spmdOp.result;
+    return true;
+  };
+  // Copies of repeated segments are replayed from a memoized walk of a copy alike (findSegments)
+  // when they can be, else walked op by op and memoized; a walk that writes an SPMD function
+  // walks every op.
+  bool memoize = !out && replaySegments_ && !segments_.empty() && !chains.hasUncountedGroups();
+  std::optional<SegmentRecorder> recording;
+  size_t nextCopy = 0;
+  for (uint32_t i = 0; i < fn_.ops.size();) {
+    if (memoize && nextCopy < segments_.size() && segments_[nextCopy].begin == i) {
+      const SegmentCopy& copy = segments_[nextCopy++];
+      const SegmentWalk* walk = memoizedWalk(copy, dimAxesIds);
+      if (walk &&
+          replaySegment(copy, *walk, sums, result.mergeableLatency, stopAbove, candidates)) {
+        i = copy.end;
+        continue;
+      }
+      if (!walk) {
+        recording.emplace();
+        recorder = &*recording;
+        recorder->copy = &copy;
+        recorder->candidatesBegin = candidates.size();
+        recorder->liveBefore = live;
+        recorder->activationBefore = activationSum;
+      }
+    }
+    if (!walkOp(i)) return result;
+    ++i;
+    if (recorder && i == recorder->copy->end) {
+      finishRecording(*recorder, sums, candidates);
+      recorder = nullptr;
+    }
   }
   if (!result.ok) return result;
   if (out) {
@@ -2542,6 +3003,10 @@ double PlanEvaluator::Impl::memoryLowerBound() const {
       live -= least(fn.typeOf(dead));
   }
   return params + (impl.modelBackward_ ? sum : peak);
+}
+
+void PlanEvaluator::setReplaySegments(bool replay) {
+  impl_->replaySegments_ = replay;
 }
 
 const std::vector<std::string>& PlanEvaluator::relevantDims() const {

@@ -49,6 +49,10 @@ public:
   /// lowerToSpmd(module, fn, mesh, layout, machine, diag) with this evaluator's memo tables (a
   /// search's final layout is lowered without building them again).
   std::optional<SpmdFunction> lower(const Layout& layout, DiagEngine& diag);
+  /// Whether a walk replays a copy of a repeated op sequence (a layer, its backward, its
+  /// updates) from a memoized walk of one alike (on by default); off, it walks every op. The
+  /// results are the same bit for bit (tests compare).
+  void setReplaySegments(bool replay);
   /// The dims whose layout can change the cost (the search enumerates only these).
   const std::vector<std::string>& relevantDims() const;
   /// A lower bound of stepSeconds over all layouts that agree with `partial` on the dims it

@@ -6,9 +6,12 @@
 // lower bounds of partial layouts), and what the lowering's own summary says. On the 48-layer
 // transformer train block (all layers alike) and on T5 and XLNet (encoder and decoder layers,
 // relative attention: layers that are not all alike), and on a machine of several nodes, where a
-// collective's latency depends on its axes (the reshard memo keeps each step's).
+// collective's latency depends on its axes (the reshard memo keeps each step's). The shared
+// evaluator also replays copies of repeated segments (a layer, its backward, its updates) from
+// memoized walks; the fresh ones walk every op (setReplaySegments(false)).
 #include "CompiledSource.h"
 #include "planner/LayoutSearch.h"
+#include "planner/RepeatedSegments.h"
 #include "train/Optimizer.h"
 
 #include <catch2/catch.hpp>
@@ -89,8 +92,16 @@ void checkAgainstFreshEvaluators(const Case& c, size_t steps) {
     // First with a cutoff below the cost (as the search asks): a bound above the cutoff, the
     // same from either evaluator. (Asked again, the shared one reuses what it knows of the
     // layout, which may be more: so once per layout, before the exact cost.)
-    PlanEvaluator fresh(*compiled.module, *fn, mesh, h100);
-    double exact = PlanEvaluator(*compiled.module, *fn, mesh, h100).stepSeconds(layout);
+    // Fresh evaluators walk every op; the shared one replays the copies of repeated segments
+    // (a layer, its backward, its updates) from memoized walks of copies alike.
+    auto freshEvaluator = [&] {
+      auto evaluator = std::make_unique<PlanEvaluator>(*compiled.module, *fn, mesh, h100);
+      evaluator->setReplaySegments(false);
+      return evaluator;
+    };
+    std::unique_ptr<PlanEvaluator> freshOwner = freshEvaluator();
+    PlanEvaluator& fresh = *freshOwner;
+    double exact = freshEvaluator()->stepSeconds(layout);
     double cutoff = (step % 2 ? 0.5 : 0.9) * exact;
     double cut = fresh.stepSeconds(layout, cutoff);
     double sharedCut = shared.stepSeconds(layout, cutoff);
@@ -99,11 +110,13 @@ void checkAgainstFreshEvaluators(const Case& c, size_t steps) {
     if (std::isfinite(exact)) CHECK((cut > cutoff && cut <= exact * (1 + 1e-12)));
     // Asked for a complete walk (as a search without an incumbent asks, its memory next): a
     // bound above the cutoff, never above the cost, and the memory without another walk.
-    PlanEvaluator freshComplete(*compiled.module, *fn, mesh, h100);
-    double whole = freshComplete.stepSeconds(layout, cutoff, /*complete=*/true);
+    std::unique_ptr<PlanEvaluator> freshComplete = freshEvaluator();
+    double whole = freshComplete->stepSeconds(layout, cutoff, /*complete=*/true);
+    CHECK(same(whole, PlanEvaluator(*compiled.module, *fn, mesh, h100)
+                          .stepSeconds(layout, cutoff, /*complete=*/true)));
     if (std::isfinite(exact)) {
       CHECK((whole > cutoff && whole <= exact * (1 + 1e-12)));
-      CHECK(freshComplete.memory(layout).total() ==
+      CHECK(freshComplete->memory(layout).total() ==
             PlanEvaluator(*compiled.module, *fn, mesh, h100).memory(layout).total());
     } else {
       CHECK(std::isinf(whole));
@@ -141,13 +154,11 @@ void checkAgainstFreshEvaluators(const Case& c, size_t steps) {
     Layout partial;
     for (const std::string& dim : assigned)
       if (layout.axes.count(dim)) partial.axes[dim] = layout.axes.at(dim);
-    PlanEvaluator freshBound(*compiled.module, *fn, mesh, h100);
-    double bound = freshBound.lowerBound(partial, assigned);
+    double bound = freshEvaluator()->lowerBound(partial, assigned);
     CHECK(same(shared.lowerBound(partial, assigned), bound));
     if (k < dims.size()) { // and stopped early at a cutoff, as the branch and bound asks
-      PlanEvaluator freshCutBound(*compiled.module, *fn, mesh, h100);
       CHECK(same(shared.lowerBound(partial, assigned, bound / 2),
-                 freshCutBound.lowerBound(partial, assigned, bound / 2)));
+                 freshEvaluator()->lowerBound(partial, assigned, bound / 2)));
     }
     ++compared;
   }
@@ -178,4 +189,30 @@ TEST_CASE("memo tables change nothing: on nodes of 8 devices, [data=8, model=8] 
                                {{"data", 8}, {"model", 8}},
                                "h100-cluster"},
                               24);
+}
+
+TEST_CASE("repeated segments: the longest run of copies from each position") {
+  // A head, three copies of a 20-op layer (an op kind recurring inside it), a tail; then a run
+  // of 4-op copies, too short to memoize.
+  std::vector<int> layer;
+  for (int i = 0; i < 20; ++i)
+    layer.push_back(i % 7 == 3 ? 100 : i);
+  std::vector<int> ops = {50, 51};
+  for (int copy = 0; copy < 3; ++copy)
+    ops.insert(ops.end(), layer.begin(), layer.end());
+  ops.push_back(52);
+  for (int copy = 0; copy < 5; ++copy)
+    ops.insert(ops.end(), {60, 61, 62, 63});
+  std::vector<OpSegment> found = findRepeatedSegments(ops, 16);
+  REQUIRE(found.size() == 3);
+  for (uint32_t copy = 0; copy < 3; ++copy) {
+    CHECK(found[copy].begin == 2 + 20 * copy);
+    CHECK(found[copy].end == 22 + 20 * copy);
+  }
+  // Two layers are one copy of a run only when the run of single layers is shorter: the
+  // shortest period wins a tie.
+  std::vector<int> even(ops.begin() + 2, ops.begin() + 62);
+  even.insert(even.end(), layer.begin(), layer.end());
+  CHECK(findRepeatedSegments(even, 16).size() == 4);
+  CHECK(findRepeatedSegments(ops, 4).size() == 3 + 5);
 }
