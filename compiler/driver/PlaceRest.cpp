@@ -40,6 +40,7 @@ public:
       if (llvm::StringRef(fn.values[fn.ops[k].result].name).startswith("grad/")) loopEnd = k;
     placeParams(firstLayer, lastLayer);
     placeActivations();
+    placeTime();
   }
 
 private:
@@ -247,6 +248,42 @@ private:
     peaks.first = peak[0];
     peaks.middle = peak[1];
     peaks.last = peak[2];
+  }
+
+  /// PipelineShape::restForward, restBackward and restOnce: the plan's seconds of the rest's ops
+  /// (each SPMD op by the IR op it comes from) on the parts placeActivations runs them in, as
+  /// shares of the rest's seconds per phase. The phases are the pipeline's (PlanPipeline.cpp's
+  /// workOf): forward and backward per microbatch, the weights' gradient reductions (backward
+  /// collectives of `grad/` values) and the update once per step.
+  void placeTime() {
+    auto isGradient = [&](plan::SpmdValueId id) {
+      return llvm::StringRef(spmd.values[id].name).startswith("grad/");
+    };
+    // Per phase (forward, backward, once): seconds on the first stage only, on the last only,
+    // on every stage, and in all (an op on both end stages counts once there).
+    double first[3] = {0, 0, 0}, last[3] = {0, 0, 0}, every[3] = {0, 0, 0}, all[3] = {0, 0, 0};
+    for (const plan::SpmdOp& op : spmd.ops) {
+      if (op.seconds <= 0 || op.sourceOp >= fn.ops.size() || inLayer(fn.ops[op.sourceOp])) continue;
+      int phase = op.phase == plan::Phase::Forward ? 0
+                  : op.phase == plan::Phase::Update || (op.kind == plan::SpmdOp::Kind::Collective &&
+                                                        llvm::any_of(op.operands, isGradient))
+                      ? 2
+                      : 1;
+      int part = partOf[op.sourceOp];
+      all[phase] += op.seconds;
+      if (!part || (part & kLayer)) { // what every stage computes for itself
+        every[phase] += op.seconds;
+        continue;
+      }
+      if (part & kPre) first[phase] += op.seconds;
+      if (part & kPost) last[phase] += op.seconds;
+    }
+    plan::PipelineShape::RestTime* times[3] = {&shape.restForward, &shape.restBackward,
+                                               &shape.restOnce};
+    for (int phase = 0; phase < 3; ++phase)
+      if (all[phase] > 0)
+        *times[phase] = {first[phase] / all[phase], last[phase] / all[phase],
+                         every[phase] / all[phase]};
   }
 
   const ir::Function& fn;

@@ -10,11 +10,13 @@
 
 namespace meshc {
 
-/// Fills `shape`'s restParams, restOptimizer and stagePeaks from `fn` (the step at one layer) and
-/// its plan `spmd`:
+/// Fills `shape`'s restParams, restOptimizer, restForward, restBackward, restOnce and stagePeaks
+/// from `fn` (the step at one layer) and its plan `spmd`:
 /// - a param on the stages whose forward statements read it (the embedding on the first, the
 ///   head on the last, a tied embedding on both), its gradient accumulator and optimizer state
 ///   where its update runs, the first of them;
+/// - time: the plan's seconds of the rest's ops on the stages that run them (restForward,
+///   restBackward, restOnce), as the activations below place the ops;
 /// - activations: the plan's liveness (each value from its op to its last reader, in op order, as
 ///   the planner counts it) restricted to the values a first, middle and last stage hold. A
 ///   forward op of the rest runs where its stage-bound operands are (after the layers: on the

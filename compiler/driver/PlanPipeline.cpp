@@ -329,8 +329,9 @@ void printText(const ir::Function& fn, const ir::Module& module, const ir::DimLa
                                               }),
                               ", "));
   os << fmt::format("  layers   {} = {}, consecutive layers per stage{}, the rest (the ops "
-                    "outside the repeat: embedding, head, loss) on the last, its params "
-                    "where the code holds them\n",
+                    "outside the repeat: embedding, head, loss) where the code runs it (the "
+                    "embedding on the first stage, the head and the loss on the last), its "
+                    "params where the code holds them\n",
                     stage.dim, module.dims.at(stage.dim),
                     stage.split.empty() ? ""
                                         : fmt::format(" as the layout pins them ({})",
@@ -346,14 +347,15 @@ void printText(const ir::Function& fn, const ir::Module& module, const ir::DimLa
   for (const auto& [dim, list] : inner.layout.axes)
     os << fmt::format("  {:<10} {}\n", dim, axesText(list));
   os << fmt::format("\nstages (per device; forward and backward per microbatch)\n");
-  os << fmt::format("  {:<22} {:>11} {:>11} {:>11} {:>9} {:>11}\n", "stage", "forward", "backward",
-                    "once/step", "in flight", "memory");
+  // `of rest`: the part of forward + backward that is the rest's ops run on the stage.
+  os << fmt::format("  {:<22} {:>11} {:>11} {:>11} {:>11} {:>9} {:>11}\n", "stage", "forward",
+                    "backward", "of rest", "once/step", "in flight", "memory");
   for (size_t s = 0; s < p.stages.size(); ++s) {
     const plan::StagePrediction& st = p.stages[s];
-    os << fmt::format("  {:<22} {:>11} {:>11} {:>11} {:>9} {:>11}\n",
+    os << fmt::format("  {:<22} {:>11} {:>11} {:>11} {:>11} {:>9} {:>11}\n",
                       fmt::format("{} ({})", s, layersText(st)), secondsString(st.forwardSeconds),
-                      secondsString(st.backwardSeconds), secondsString(st.onceSeconds), st.inFlight,
-                      bytesString(st.memory.total()));
+                      secondsString(st.backwardSeconds), secondsString(st.restSeconds),
+                      secondsString(st.onceSeconds), st.inFlight, bytesString(st.memory.total()));
   }
   if (!c.code.empty()) {
     // What the generated code holds: its own liveness (plan-buffers), its own placement.
@@ -416,11 +418,12 @@ void printJson(const ir::Function& fn, const ir::DimLayout& stage, const Candida
             : "";
     stages.push_back(fmt::format(
         "{{\"first_layer\": {}, \"layers\": {}, \"holds_rest\": {}, \"forward_seconds\": {:.9g}, "
-        "\"backward_seconds\": {:.9g}, \"once_seconds\": {:.9g}, \"in_flight\": {}, "
+        "\"backward_seconds\": {:.9g}, \"rest_seconds\": {:.9g}, \"once_seconds\": {:.9g}, "
+        "\"in_flight\": {}, "
         "\"memory_bytes\": {:.9g}, \"param_bytes\": {:.9g}, \"optimizer_bytes\": {:.9g}, "
         "\"gradient_bytes\": {:.9g}, \"activation_bytes\": {:.9g}{}}}",
-        s.firstLayer, s.layerCount, s.holdsRest, s.forwardSeconds, s.backwardSeconds, s.onceSeconds,
-        s.inFlight, s.memory.total(), s.memory.paramBytes, s.memory.optimizerBytes,
+        s.firstLayer, s.layerCount, s.holdsRest, s.forwardSeconds, s.backwardSeconds, s.restSeconds,
+        s.onceSeconds, s.inFlight, s.memory.total(), s.memory.paramBytes, s.memory.optimizerBytes,
         s.memory.gradientBytes, s.memory.peakActivationBytes, code));
   }
   os << fmt::format(
