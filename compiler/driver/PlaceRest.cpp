@@ -253,8 +253,11 @@ private:
   /// PipelineShape::restForward, restBackward and restOnce: the plan's seconds of the rest's ops
   /// (each SPMD op by the IR op it comes from) on the parts placeActivations runs them in, as
   /// shares of the rest's seconds per phase. The phases are the pipeline's (PlanPipeline.cpp's
-  /// workOf): forward and backward per microbatch, the weights' gradient reductions (backward
-  /// collectives of `grad/` values) and the update once per step.
+  /// workOf): forward and backward per microbatch; the weights' gradient reductions (backward
+  /// collectives of `grad/` values) and the update (accumulating: all after the microbatch loop)
+  /// once per step. A layer's ops are the layer's, and so is the update of a layer's weight
+  /// (placed with the layer), though outside the repeat: the plans' difference counts it per
+  /// layer.
   void placeTime() {
     auto isGradient = [&](plan::SpmdValueId id) {
       return llvm::StringRef(spmd.values[id].name).startswith("grad/");
@@ -263,15 +266,16 @@ private:
     // on every stage, and in all (an op on both end stages counts once there).
     double first[3] = {0, 0, 0}, last[3] = {0, 0, 0}, every[3] = {0, 0, 0}, all[3] = {0, 0, 0};
     for (const plan::SpmdOp& op : spmd.ops) {
-      if (op.seconds <= 0 || op.sourceOp >= fn.ops.size() || inLayer(fn.ops[op.sourceOp])) continue;
-      int phase = op.phase == plan::Phase::Forward ? 0
-                  : op.phase == plan::Phase::Update || (op.kind == plan::SpmdOp::Kind::Collective &&
-                                                        llvm::any_of(op.operands, isGradient))
-                      ? 2
-                      : 1;
-      int part = partOf[op.sourceOp];
+      size_t k = op.sourceOp;
+      if (op.seconds <= 0 || k >= fn.ops.size() || inLayer(fn.ops[k])) continue;
+      int part = partOf[k];
+      if (inUpdate(k) && (part & kLayer)) continue; // a layer's weight's update
+      bool once =
+          op.phase == plan::Phase::Update || (accumulates && k > loopEnd) ||
+          (op.kind == plan::SpmdOp::Kind::Collective && llvm::any_of(op.operands, isGradient));
+      int phase = once ? 2 : op.phase == plan::Phase::Forward ? 0 : 1;
       all[phase] += op.seconds;
-      if (!part || (part & kLayer)) { // what every stage computes for itself
+      if (!part || (part & kLayer)) { // what every stage computes for itself (a mask)
         every[phase] += op.seconds;
         continue;
       }

@@ -110,15 +110,24 @@ PipelineOptions innerOptions(const ir::Module& module, const ir::DimLayout& stag
 
 /// A plan's work per phase: the reductions of the weights' gradients (backward collectives of
 /// values autodiff names `grad/<path>`) run once per step on the accumulated gradients, the rest
-/// of forward and backward once per microbatch.
+/// of forward and backward once per microbatch. Accumulating, what comes after the last op
+/// making a weight's gradient (the global norm's sums of squares, the clipping) runs after the
+/// microbatch loop, once per step too, with the update.
 plan::StageWork workOf(const plan::SpmdFunction& spmd, bool accumulates) {
   auto isGradient = [&](plan::SpmdValueId id) {
     return llvm::StringRef(spmd.values[id].name).startswith("grad/");
   };
+  uint32_t loopEnd = 0; // the last IR op making a weight's gradient
+  for (const plan::SpmdOp& op : spmd.ops)
+    if (op.kind == plan::SpmdOp::Kind::Compute && isGradient(op.result))
+      loopEnd = std::max(loopEnd, op.sourceOp);
   plan::StageWork work;
   for (const plan::SpmdOp& op : spmd.ops) {
     bool collective = op.kind == plan::SpmdOp::Kind::Collective;
-    switch (op.phase) {
+    plan::Phase phase = op.phase;
+    if (accumulates && phase == plan::Phase::Backward && op.sourceOp > loopEnd)
+      phase = plan::Phase::Update;
+    switch (phase) {
     case plan::Phase::Forward:
       work.forwardSeconds += op.seconds;
       work.collectives += collective && op.seconds > 0;
@@ -354,7 +363,8 @@ void printText(const ir::Function& fn, const ir::Module& module, const ir::DimLa
     const plan::StagePrediction& st = p.stages[s];
     os << fmt::format("  {:<22} {:>11} {:>11} {:>11} {:>11} {:>9} {:>11}\n",
                       fmt::format("{} ({})", s, layersText(st)), secondsString(st.forwardSeconds),
-                      secondsString(st.backwardSeconds), secondsString(st.restSeconds),
+                      secondsString(st.backwardSeconds),
+                      secondsString(st.restForwardSeconds + st.restBackwardSeconds),
                       secondsString(st.onceSeconds), st.inFlight, bytesString(st.memory.total()));
   }
   if (!c.code.empty()) {
@@ -418,13 +428,15 @@ void printJson(const ir::Function& fn, const ir::DimLayout& stage, const Candida
             : "";
     stages.push_back(fmt::format(
         "{{\"first_layer\": {}, \"layers\": {}, \"holds_rest\": {}, \"forward_seconds\": {:.9g}, "
-        "\"backward_seconds\": {:.9g}, \"rest_seconds\": {:.9g}, \"once_seconds\": {:.9g}, "
+        "\"backward_seconds\": {:.9g}, \"rest_forward_seconds\": {:.9g}, "
+        "\"rest_backward_seconds\": {:.9g}, \"once_seconds\": {:.9g}, "
         "\"in_flight\": {}, "
         "\"memory_bytes\": {:.9g}, \"param_bytes\": {:.9g}, \"optimizer_bytes\": {:.9g}, "
         "\"gradient_bytes\": {:.9g}, \"activation_bytes\": {:.9g}{}}}",
-        s.firstLayer, s.layerCount, s.holdsRest, s.forwardSeconds, s.backwardSeconds, s.restSeconds,
-        s.onceSeconds, s.inFlight, s.memory.total(), s.memory.paramBytes, s.memory.optimizerBytes,
-        s.memory.gradientBytes, s.memory.peakActivationBytes, code));
+        s.firstLayer, s.layerCount, s.holdsRest, s.forwardSeconds, s.backwardSeconds,
+        s.restForwardSeconds, s.restBackwardSeconds, s.onceSeconds, s.inFlight, s.memory.total(),
+        s.memory.paramBytes, s.memory.optimizerBytes, s.memory.gradientBytes,
+        s.memory.peakActivationBytes, code));
   }
   os << fmt::format(
       "{{\"function\": \"{}\", \"pipeline\": {{\"dim\": \"{}\", \"axis\": \"{}\", \"schedule\": "

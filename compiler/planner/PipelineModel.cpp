@@ -131,10 +131,10 @@ PipelinePrediction predictPipeline(const StageWork& layer, const StageWork& rest
     }
     // Time: the stage's layers and its share of the rest (where the code runs the rest's ops).
     StageWork layers = layer.times(double(stage.layerCount));
-    stage.restSeconds = restSlotOf(rest, shape.restForward, shape.restBackward, s, p);
-    stage.forwardSeconds = layers.forwardSeconds + rest.forwardSeconds * shape.restForward.of(s, p);
-    stage.backwardSeconds =
-        layers.backwardSeconds + rest.backwardSeconds * shape.restBackward.of(s, p);
+    stage.restForwardSeconds = rest.forwardSeconds * shape.restForward.of(s, p);
+    stage.restBackwardSeconds = rest.backwardSeconds * shape.restBackward.of(s, p);
+    stage.forwardSeconds = layers.forwardSeconds + stage.restForwardSeconds;
+    stage.backwardSeconds = layers.backwardSeconds + stage.restBackwardSeconds;
     stage.onceSeconds = layers.gradientSyncSeconds + layers.updateSeconds +
                         (rest.gradientSyncSeconds + rest.updateSeconds) * shape.restOnce.of(s, p);
     // GPipe keeps every microbatch's activations until its backward; 1F1B starts backward as

@@ -95,13 +95,13 @@ struct PipelineShape {
 
 struct StagePrediction {
   int64_t firstLayer = 0, layerCount = 0;
-  bool holdsRest = false;     // the last stage: the ops after the layers (head, loss) live here
-  double restSeconds = 0;     // the rest's forward + backward of one microbatch run here
-  double forwardSeconds = 0;  // one microbatch
-  double backwardSeconds = 0; // one microbatch
-  double onceSeconds = 0;     // gradient reductions and update, once per step
-  int64_t inFlight = 0;       // microbatches whose activations the stage holds at once
-  MemoryEstimate memory;      // activations: inFlight microbatches' worth
+  bool holdsRest = false; // the last stage: the ops after the layers (head, loss) live here
+  double restForwardSeconds = 0, restBackwardSeconds = 0; // of the rest run here, per microbatch
+  double forwardSeconds = 0;                              // one microbatch
+  double backwardSeconds = 0;                             // one microbatch
+  double onceSeconds = 0; // gradient reductions and update, once per step
+  int64_t inFlight = 0;   // microbatches whose activations the stage holds at once
+  MemoryEstimate memory;  // activations: inFlight microbatches' worth
 };
 
 struct PipelinePrediction {

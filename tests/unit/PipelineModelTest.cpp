@@ -64,11 +64,13 @@ TEST_CASE("the rest's time counts on the stages that run it, and the split balan
   REQUIRE(p.stages.size() == 2);
   CHECK(p.stages[0].forwardSeconds == Approx(4 + 2));
   CHECK(p.stages[0].backwardSeconds == Approx(8 + 4));
-  CHECK(p.stages[0].restSeconds == Approx(2 + 4));
+  CHECK(p.stages[0].restForwardSeconds == Approx(2));
+  CHECK(p.stages[0].restBackwardSeconds == Approx(4));
   CHECK(p.stages[0].onceSeconds == Approx(2));
   CHECK(p.stages[1].forwardSeconds == Approx(4 + 3));
   CHECK(p.stages[1].backwardSeconds == Approx(8 + 4));
-  CHECK(p.stages[1].restSeconds == Approx(3 + 4));
+  CHECK(p.stages[1].restForwardSeconds == Approx(3));
+  CHECK(p.stages[1].restBackwardSeconds == Approx(4));
   CHECK(p.stages[1].onceSeconds == Approx(10));
   CHECK(p.slotSeconds == Approx(19));
   CHECK(p.stepSeconds == Approx(5 * 19 + 10));
@@ -76,7 +78,8 @@ TEST_CASE("the rest's time counts on the stages that run it, and the split balan
   s.stages = 3;
   s.layers = 9;
   PipelinePrediction three = predictPipeline(layer, rest, s);
-  CHECK(three.stages[1].restSeconds == Approx(1));
+  CHECK(three.stages[1].restForwardSeconds == Approx(1));
+  CHECK(three.stages[1].restBackwardSeconds == 0);
   // The rest costs a whole layer on each end stage (3 per microbatch): 10 layers on 4 stages
   // go 2 + 3 + 3 + 2, where the same rest all on the last stage gives 3 + 3 + 3 + 1 (the first
   // test case).
