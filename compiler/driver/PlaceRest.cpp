@@ -2,6 +2,7 @@
 #include "driver/PlaceRest.h"
 
 #include "ir/OpTraits.h"
+#include "planner/Microbatching.h"
 #include "planner/Reshard.h"
 #include "planner/TrainPhases.h"
 
@@ -10,6 +11,7 @@
 
 #include <algorithm>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -265,14 +267,15 @@ private:
     // Per phase (forward, backward, once): seconds on the first stage only, on the last only,
     // on every stage, and in all (an op on both end stages counts once there).
     double first[3] = {0, 0, 0}, last[3] = {0, 0, 0}, every[3] = {0, 0, 0}, all[3] = {0, 0, 0};
-    for (const plan::SpmdOp& op : spmd.ops) {
+    std::vector<bool> onceOps = oncePerStep(spmd, accumulates);
+    for (size_t i = 0; i < spmd.ops.size(); ++i) {
+      const plan::SpmdOp& op = spmd.ops[i];
       size_t k = op.sourceOp;
       if (op.seconds <= 0 || k >= fn.ops.size() || inLayer(fn.ops[k])) continue;
       int part = partOf[k];
       if (inUpdate(k) && (part & kLayer)) continue; // a layer's weight's update
-      bool once =
-          op.phase == plan::Phase::Update || (accumulates && k > loopEnd) ||
-          (op.kind == plan::SpmdOp::Kind::Collective && llvm::any_of(op.operands, isGradient));
+      bool once = onceOps[i] || (op.kind == plan::SpmdOp::Kind::Collective &&
+                                 llvm::any_of(op.operands, isGradient));
       int phase = once ? 2 : op.phase == plan::Phase::Forward ? 0 : 1;
       all[phase] += op.seconds;
       if (!part || (part & kLayer)) { // what every stage computes for itself (a mask)
@@ -304,6 +307,21 @@ private:
 };
 
 } // namespace
+
+std::vector<bool> oncePerStep(const plan::SpmdFunction& spmd, bool accumulates) {
+  std::vector<bool> once(spmd.ops.size(), false);
+  std::optional<plan::MicrobatchSchedule> schedule;
+  if (accumulates) {
+    if (auto scheduled = plan::scheduleMicrobatches(spmd))
+      schedule = std::move(*scheduled);
+    else
+      llvm::consumeError(scheduled.takeError());
+  }
+  for (size_t i = 0; i < spmd.ops.size(); ++i)
+    once[i] = spmd.ops[i].phase == plan::Phase::Update ||
+              (schedule && (!schedule->perMicrobatch[i] || schedule->afterLoop[i]));
+  return once;
+}
 
 void placeRest(const ir::Function& fn, const plan::SpmdFunction& spmd, bool accumulates,
                plan::PipelineShape& shape) {

@@ -23,6 +23,12 @@ namespace meshc {
 ///   last stage), a backward op on the earliest of them (the embedding's gradient, which reads
 ///   the first layer's, on the first), an op reading none on the stages that read its result;
 ///   a value read on another stage is held there too (it is sent).
+/// Per op of `spmd`: whether it runs once per step, after the microbatch loop, when the step
+/// accumulates over microbatches (plan::scheduleMicrobatches: the update, the global norm's sums
+/// and the all-reduces of accumulated values, as codegen/FormMicrobatchLoop.h places them);
+/// without accumulation (or a step that cannot be microbatched) the update's ops.
+std::vector<bool> oncePerStep(const plan::SpmdFunction& spmd, bool accumulates);
+
 void placeRest(const ir::Function& fn, const plan::SpmdFunction& spmd, bool accumulates,
                plan::PipelineShape& shape);
 

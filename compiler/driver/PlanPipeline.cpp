@@ -110,22 +110,21 @@ PipelineOptions innerOptions(const ir::Module& module, const ir::DimLayout& stag
 
 /// A plan's work per phase: the reductions of the weights' gradients (backward collectives of
 /// values autodiff names `grad/<path>`) run once per step on the accumulated gradients, the rest
-/// of forward and backward once per microbatch. Accumulating, what comes after the last op
-/// making a weight's gradient (the global norm's sums of squares, the clipping) runs after the
-/// microbatch loop, once per step too, with the update.
+/// of forward and backward once per microbatch. Accumulating, what the generated code runs after
+/// the microbatch loop (oncePerStep, PlaceRest.h: the global norm's sums of squares, the
+/// clipping, the all-reduces of accumulated values) is once per step too, with the update.
 plan::StageWork workOf(const plan::SpmdFunction& spmd, bool accumulates) {
   auto isGradient = [&](plan::SpmdValueId id) {
     return llvm::StringRef(spmd.values[id].name).startswith("grad/");
   };
-  uint32_t loopEnd = 0; // the last IR op making a weight's gradient
-  for (const plan::SpmdOp& op : spmd.ops)
-    if (op.kind == plan::SpmdOp::Kind::Compute && isGradient(op.result))
-      loopEnd = std::max(loopEnd, op.sourceOp);
+  std::vector<bool> once = oncePerStep(spmd, accumulates);
   plan::StageWork work;
-  for (const plan::SpmdOp& op : spmd.ops) {
+  for (size_t i = 0; i < spmd.ops.size(); ++i) {
+    const plan::SpmdOp& op = spmd.ops[i];
     bool collective = op.kind == plan::SpmdOp::Kind::Collective;
     plan::Phase phase = op.phase;
-    if (accumulates && phase == plan::Phase::Backward && op.sourceOp > loopEnd)
+    if (once[i] && phase != plan::Phase::Update &&
+        !(collective && llvm::any_of(op.operands, isGradient)))
       phase = plan::Phase::Update;
     switch (phase) {
     case plan::Phase::Forward:
