@@ -260,6 +260,40 @@ private:
   /// once per step. A layer's ops are the layer's, and so is the update of a layer's weight
   /// (placed with the layer), though outside the repeat: the plans' difference counts it per
   /// layer.
+  /// The forward ops outside the layers that make the first layer's carried input (a value of
+  /// the repeat's carried type that a layer reads: the embedding), with what only they need.
+  /// They read nothing stage-bound, so they run on the stages that read their result, which is
+  /// the first layer's, on the first stage (split-stages); placeActivations, whose one layer
+  /// stands for every stage's, places them with the layer. A value the layers read that is not
+  /// carried (the attention mask) every stage computes.
+  std::vector<bool> firstLayerInputOps() const {
+    std::vector<bool> marked(fn.ops.size(), false);
+    std::vector<bool> readByLayer(fn.values.size(), false);
+    for (const ir::Op& op : fn.ops)
+      if (inLayer(op))
+        for (ir::ValueId operand : op.operands)
+          readByLayer[operand] = true;
+    std::vector<ir::ValueId> work;
+    for (size_t k = 0; k < forwardEnd && k < fn.ops.size(); ++k) {
+      ir::ValueId result = fn.ops[k].result;
+      if (inLayer(fn.ops[k]) || !readByLayer[result]) continue;
+      for (const ir::RepeatInfo& repeat : fn.repeats)
+        if (llvm::is_contained(repeat.carried, fn.typeOf(result))) work.push_back(result);
+    }
+    while (!work.empty()) {
+      ir::ValueId value = work.back();
+      work.pop_back();
+      size_t def = fn.values[value].definingOp;
+      if (def >= forwardEnd || marked[def] || inLayer(fn.ops[def]) || partOf[def] != kLayer ||
+          fn.ops[def].kind == ir::OpKind::Param)
+        continue;
+      marked[def] = true;
+      for (ir::ValueId operand : fn.ops[def].operands)
+        work.push_back(operand);
+    }
+    return marked;
+  }
+
   void placeTime() {
     auto isGradient = [&](plan::SpmdValueId id) {
       return llvm::StringRef(spmd.values[id].name).startswith("grad/");
@@ -268,6 +302,7 @@ private:
     // on every stage, and in all (an op on both end stages counts once there).
     double first[3] = {0, 0, 0}, last[3] = {0, 0, 0}, every[3] = {0, 0, 0}, all[3] = {0, 0, 0};
     std::vector<bool> onceOps = oncePerStep(spmd, accumulates);
+    std::vector<bool> embedding = firstLayerInputOps();
     for (size_t i = 0; i < spmd.ops.size(); ++i) {
       const plan::SpmdOp& op = spmd.ops[i];
       size_t k = op.sourceOp;
@@ -278,6 +313,10 @@ private:
                                  llvm::any_of(op.operands, isGradient));
       int phase = once ? 2 : op.phase == plan::Phase::Forward ? 0 : 1;
       all[phase] += op.seconds;
+      if (embedding[k]) {
+        first[phase] += op.seconds;
+        continue;
+      }
       if (!part || (part & kLayer)) { // what every stage computes for itself (a mask)
         every[phase] += op.seconds;
         continue;
