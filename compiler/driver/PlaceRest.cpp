@@ -252,14 +252,6 @@ private:
     peaks.last = peak[2];
   }
 
-  /// PipelineShape::restForward, restBackward and restOnce: the plan's seconds of the rest's ops
-  /// (each SPMD op by the IR op it comes from) on the parts placeActivations runs them in, as
-  /// shares of the rest's seconds per phase. The phases are the pipeline's (PlanPipeline.cpp's
-  /// workOf): forward and backward per microbatch; the weights' gradient reductions (backward
-  /// collectives of `grad/` values) and the update (accumulating: all after the microbatch loop)
-  /// once per step. A layer's ops are the layer's, and so is the update of a layer's weight
-  /// (placed with the layer), though outside the repeat: the plans' difference counts it per
-  /// layer.
   /// The forward ops outside the layers that make the first layer's carried input (a value of
   /// the repeat's carried type that a layer reads: the embedding), with what only they need.
   /// They read nothing stage-bound, so they run on the stages that read their result, which is
@@ -294,6 +286,14 @@ private:
     return marked;
   }
 
+  /// PipelineShape::restForward, restBackward and restOnce: the plan's seconds of the rest's ops
+  /// (each SPMD op by the IR op it comes from) on the parts placeActivations runs them in, as
+  /// shares of the rest's seconds per phase. The phases are the pipeline's (PlanPipeline.cpp's
+  /// workOf): forward and backward per microbatch; the weights' gradient reductions (backward
+  /// collectives of `grad/` values) and the update (accumulating: all after the microbatch loop)
+  /// once per step. A layer's ops are the layer's, and so is the update of a layer's weight
+  /// (placed with the layer), though outside the repeat: the plans' difference counts it per
+  /// layer. The embedding (firstLayerInputOps) runs on the first stage.
   void placeTime() {
     auto isGradient = [&](plan::SpmdValueId id) {
       return llvm::StringRef(spmd.values[id].name).startswith("grad/");
