@@ -15,8 +15,16 @@ contender runs one thread per rank (OMP_NUM_THREADS=1), pinned to the same p cor
 alternate round by round (bench/benchlib.py). Not a test: timing on this shared machine drifts,
 so it prints what it measured.
 
+--realtime runs every contender under SCHED_FIFO (`chrt -f 1`), so that the other load of a
+shared machine (builds, other benchmarks) cannot take a stage thread's core while it computes or
+delay its wake-up; under a load average of 5-8 a one-rank step took 1100 ms plain, 340 ms at
+nice -20 and 150 ms so. The kernel's real-time throttling (by default 95% of each second) may
+stall a step now and then; the median of a round's steps leaves it out. --layers sets the
+repeat's count (default 4); --work puts the generated servers elsewhere than the build
+directory (another build's meshc, e.g. a before/after).
+
 usage: bench/pipeline_bubble.py [--build-dir build] [--stages 2] [--counts 1,2,4,8]
-       [--rounds 5] [--steps 5]"""
+       [--rounds 5] [--steps 5] [--layers 4] [--realtime] [--work DIR]"""
 import argparse
 import json
 import os
@@ -36,14 +44,18 @@ def main():
     parser.add_argument("--counts", default="1,2,4,8")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--layers", type=int, default=SIZES["layers"])
+    parser.add_argument("--realtime", action="store_true")
+    parser.add_argument("--work", default="")
     args = parser.parse_args()
     p = args.stages
     counts = [int(c) for c in args.counts.split(",")]
-    work = os.path.join(args.build_dir, "bench-pipeline-bubble")
+    work = args.work or os.path.join(args.build_dir, "bench-pipeline-bubble")
+    realtime = ["chrt", "-f", "1"] if args.realtime else []
     env = dict(os.environ, OMP_NUM_THREADS="1")
     rows = []
     for m in counts:
-        sizes = dict(SIZES, batch=MICROBATCH * m)
+        sizes = dict(SIZES, batch=MICROBATCH * m, layers=args.layers)
         common = benchlib.dim_args(sizes) + ["--function", "lm_train",
                                              f"--microbatches=batch={m}",
                                              "--pipeline-schedule", "gpipe"]
@@ -59,8 +71,9 @@ def main():
             modelled[name] = json.loads(plan)[0]["pipeline"]["step_seconds"] * 1e3
             binary = benchlib.build_server(args.build_dir, os.path.join(work, f"{name}-m{m}"),
                                            meshc_args, "LmTrain")
-            contenders.append(benchlib.Contender(name, benchlib.pin(p) + [binary], env, work))
-        print(f"m = {m} microbatches of {MICROBATCH} rows, {p} stages:")
+            contenders.append(benchlib.Contender(name, realtime + benchlib.pin(p) + [binary], env,
+                                                 work))
+        print(f"m = {m} microbatches of {MICROBATCH} rows, {p} stages, {args.layers} layers:")
         results = benchlib.alternate(contenders, args.rounds, args.steps)
         timed = {n: v[0] for n, v in results.items() if isinstance(v, tuple)}
         if len(timed) < 2:

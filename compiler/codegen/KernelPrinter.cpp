@@ -595,6 +595,13 @@ std::string StatementPrinter::traceProbe(const kir::Stmt& stmt) {
   if (std::holds_alternative<kir::Collective>(stmt.node) ||
       std::holds_alternative<kir::Invoke>(stmt.node))
     return fmt::format("MESHRT_TRACE_SITE(\"{}\");\n", where);
+  // A stage transfer is communication only: meshrt records its send or recv (named by what it
+  // carries, "to the stages that read x"); an op group around it would count the wait twice.
+  if (const auto* call = std::get_if<kir::Call>(&stmt.node);
+      call && (call->callee == kir::Callee::StageTransfer ||
+               call->callee == kir::Callee::StageTransferStarted))
+    return fmt::format("MESHRT_TRACE_SITE(\"{}\");\n",
+                       stmt.sources.empty() ? "" : stmt.sources.front());
   std::string kind = std::holds_alternative<kir::Loop>(stmt.node)   ? "loop"
                      : std::holds_alternative<kir::Gemm>(stmt.node) ? "gemm"
                      : std::holds_alternative<kir::Copy>(stmt.node) ? "copy"

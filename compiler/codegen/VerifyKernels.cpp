@@ -113,8 +113,9 @@ private:
         return fmt::format("run[{}]: a statement of microbatch loop {} after loop {}", k + 1,
                            fn.body[k + 1].microbatchLoop, fn.body[k].microbatchLoop);
     // 1F1B (ScheduleMicrobatches.h): messages between two stages have no tags, so each
-    // direction may carry one loop's values only: activations forward, gradients back.
-    for (size_t k = begin; k < end; ++k) {
+    // direction may carry one loop's values only: activations forward, gradients back. (Under
+    // GPipe every stage runs the loops in the same order, so messages match in that order.)
+    for (size_t k = begin; fn.stages.oneFOneB && k < end; ++k) {
       const Call* call = std::get_if<Call>(&fn.body[k].node);
       if (!call || call->callee != Callee::StageTransferStarted || call->args.size() < 4) continue;
       auto from = uint64_t(call->args[2].value), to = uint64_t(call->args[3].value);

@@ -2,6 +2,7 @@
 #include "driver/PlaceRest.h"
 
 #include "ir/OpTraits.h"
+#include "planner/Microbatching.h"
 #include "planner/Reshard.h"
 #include "planner/TrainPhases.h"
 
@@ -10,6 +11,7 @@
 
 #include <algorithm>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -40,6 +42,7 @@ public:
       if (llvm::StringRef(fn.values[fn.ops[k].result].name).startswith("grad/")) loopEnd = k;
     placeParams(firstLayer, lastLayer);
     placeActivations();
+    placeTime();
   }
 
 private:
@@ -249,6 +252,86 @@ private:
     peaks.last = peak[2];
   }
 
+  /// The forward ops outside the layers that make the first layer's carried input (a value of
+  /// the repeat's carried type that a layer reads: the embedding), with what only they need.
+  /// They read nothing stage-bound, so they run on the stages that read their result, which is
+  /// the first layer's, on the first stage (split-stages); placeActivations, whose one layer
+  /// stands for every stage's, places them with the layer. A value the layers read that is not
+  /// carried (the attention mask) every stage computes.
+  std::vector<bool> firstLayerInputOps() const {
+    std::vector<bool> marked(fn.ops.size(), false);
+    std::vector<bool> readByLayer(fn.values.size(), false);
+    for (const ir::Op& op : fn.ops)
+      if (inLayer(op))
+        for (ir::ValueId operand : op.operands)
+          readByLayer[operand] = true;
+    std::vector<ir::ValueId> work;
+    for (size_t k = 0; k < forwardEnd && k < fn.ops.size(); ++k) {
+      ir::ValueId result = fn.ops[k].result;
+      if (inLayer(fn.ops[k]) || !readByLayer[result]) continue;
+      for (const ir::RepeatInfo& repeat : fn.repeats)
+        if (llvm::is_contained(repeat.carried, fn.typeOf(result))) work.push_back(result);
+    }
+    while (!work.empty()) {
+      ir::ValueId value = work.back();
+      work.pop_back();
+      size_t def = fn.values[value].definingOp;
+      if (def >= forwardEnd || marked[def] || inLayer(fn.ops[def]) || partOf[def] != kLayer ||
+          fn.ops[def].kind == ir::OpKind::Param)
+        continue;
+      marked[def] = true;
+      for (ir::ValueId operand : fn.ops[def].operands)
+        work.push_back(operand);
+    }
+    return marked;
+  }
+
+  /// PipelineShape::restForward, restBackward and restOnce: the plan's seconds of the rest's ops
+  /// (each SPMD op by the IR op it comes from) on the parts placeActivations runs them in, as
+  /// shares of the rest's seconds per phase. The phases are the pipeline's (PlanPipeline.cpp's
+  /// workOf): forward and backward per microbatch; the weights' gradient reductions (backward
+  /// collectives of `grad/` values) and the update (accumulating: all after the microbatch loop)
+  /// once per step. A layer's ops are the layer's, and so is the update of a layer's weight
+  /// (placed with the layer), though outside the repeat: the plans' difference counts it per
+  /// layer. The embedding (firstLayerInputOps) runs on the first stage.
+  void placeTime() {
+    auto isGradient = [&](plan::SpmdValueId id) {
+      return llvm::StringRef(spmd.values[id].name).startswith("grad/");
+    };
+    // Per phase (forward, backward, once): seconds on the first stage only, on the last only,
+    // on every stage, and in all (an op on both end stages counts once there).
+    double first[3] = {0, 0, 0}, last[3] = {0, 0, 0}, every[3] = {0, 0, 0}, all[3] = {0, 0, 0};
+    std::vector<bool> onceOps = oncePerStep(spmd, accumulates);
+    std::vector<bool> embedding = firstLayerInputOps();
+    for (size_t i = 0; i < spmd.ops.size(); ++i) {
+      const plan::SpmdOp& op = spmd.ops[i];
+      size_t k = op.sourceOp;
+      if (op.seconds <= 0 || k >= fn.ops.size() || inLayer(fn.ops[k])) continue;
+      int part = partOf[k];
+      if (inUpdate(k) && (part & kLayer)) continue; // a layer's weight's update
+      bool once = onceOps[i] || (op.kind == plan::SpmdOp::Kind::Collective &&
+                                 llvm::any_of(op.operands, isGradient));
+      int phase = once ? 2 : op.phase == plan::Phase::Forward ? 0 : 1;
+      all[phase] += op.seconds;
+      if (embedding[k]) {
+        first[phase] += op.seconds;
+        continue;
+      }
+      if (!part || (part & kLayer)) { // what every stage computes for itself (a mask)
+        every[phase] += op.seconds;
+        continue;
+      }
+      if (part & kPre) first[phase] += op.seconds;
+      if (part & kPost) last[phase] += op.seconds;
+    }
+    plan::PipelineShape::RestTime* times[3] = {&shape.restForward, &shape.restBackward,
+                                               &shape.restOnce};
+    for (int phase = 0; phase < 3; ++phase)
+      if (all[phase] > 0)
+        *times[phase] = {first[phase] / all[phase], last[phase] / all[phase],
+                         every[phase] / all[phase]};
+  }
+
   const ir::Function& fn;
   const plan::SpmdFunction& spmd;
   bool accumulates;
@@ -263,6 +346,21 @@ private:
 };
 
 } // namespace
+
+std::vector<bool> oncePerStep(const plan::SpmdFunction& spmd, bool accumulates) {
+  std::vector<bool> once(spmd.ops.size(), false);
+  std::optional<plan::MicrobatchSchedule> schedule;
+  if (accumulates) {
+    if (auto scheduled = plan::scheduleMicrobatches(spmd))
+      schedule = std::move(*scheduled);
+    else
+      llvm::consumeError(scheduled.takeError());
+  }
+  for (size_t i = 0; i < spmd.ops.size(); ++i)
+    once[i] = spmd.ops[i].phase == plan::Phase::Update ||
+              (schedule && (!schedule->perMicrobatch[i] || schedule->afterLoop[i]));
+  return once;
+}
 
 void placeRest(const ir::Function& fn, const plan::SpmdFunction& spmd, bool accumulates,
                plan::PipelineShape& shape) {

@@ -110,15 +110,23 @@ PipelineOptions innerOptions(const ir::Module& module, const ir::DimLayout& stag
 
 /// A plan's work per phase: the reductions of the weights' gradients (backward collectives of
 /// values autodiff names `grad/<path>`) run once per step on the accumulated gradients, the rest
-/// of forward and backward once per microbatch.
+/// of forward and backward once per microbatch. Accumulating, what the generated code runs after
+/// the microbatch loop (oncePerStep, PlaceRest.h: the global norm's sums of squares, the
+/// clipping, the all-reduces of accumulated values) is once per step too, with the update.
 plan::StageWork workOf(const plan::SpmdFunction& spmd, bool accumulates) {
   auto isGradient = [&](plan::SpmdValueId id) {
     return llvm::StringRef(spmd.values[id].name).startswith("grad/");
   };
+  std::vector<bool> once = oncePerStep(spmd, accumulates);
   plan::StageWork work;
-  for (const plan::SpmdOp& op : spmd.ops) {
+  for (size_t i = 0; i < spmd.ops.size(); ++i) {
+    const plan::SpmdOp& op = spmd.ops[i];
     bool collective = op.kind == plan::SpmdOp::Kind::Collective;
-    switch (op.phase) {
+    plan::Phase phase = op.phase;
+    if (once[i] && phase != plan::Phase::Update &&
+        !(collective && llvm::any_of(op.operands, isGradient)))
+      phase = plan::Phase::Update;
+    switch (phase) {
     case plan::Phase::Forward:
       work.forwardSeconds += op.seconds;
       work.collectives += collective && op.seconds > 0;
@@ -329,8 +337,9 @@ void printText(const ir::Function& fn, const ir::Module& module, const ir::DimLa
                                               }),
                               ", "));
   os << fmt::format("  layers   {} = {}, consecutive layers per stage{}, the rest (the ops "
-                    "outside the repeat: embedding, head, loss) on the last, its params "
-                    "where the code holds them\n",
+                    "outside the repeat: embedding, head, loss) where the code runs it (the "
+                    "embedding on the first stage, the head and the loss on the last), its "
+                    "params where the code holds them\n",
                     stage.dim, module.dims.at(stage.dim),
                     stage.split.empty() ? ""
                                         : fmt::format(" as the layout pins them ({})",
@@ -346,14 +355,16 @@ void printText(const ir::Function& fn, const ir::Module& module, const ir::DimLa
   for (const auto& [dim, list] : inner.layout.axes)
     os << fmt::format("  {:<10} {}\n", dim, axesText(list));
   os << fmt::format("\nstages (per device; forward and backward per microbatch)\n");
-  os << fmt::format("  {:<22} {:>11} {:>11} {:>11} {:>9} {:>11}\n", "stage", "forward", "backward",
-                    "once/step", "in flight", "memory");
+  // `of rest`: the part of forward + backward that is the rest's ops run on the stage.
+  os << fmt::format("  {:<22} {:>11} {:>11} {:>11} {:>11} {:>9} {:>11}\n", "stage", "forward",
+                    "backward", "of rest", "once/step", "in flight", "memory");
   for (size_t s = 0; s < p.stages.size(); ++s) {
     const plan::StagePrediction& st = p.stages[s];
-    os << fmt::format("  {:<22} {:>11} {:>11} {:>11} {:>9} {:>11}\n",
+    os << fmt::format("  {:<22} {:>11} {:>11} {:>11} {:>11} {:>9} {:>11}\n",
                       fmt::format("{} ({})", s, layersText(st)), secondsString(st.forwardSeconds),
-                      secondsString(st.backwardSeconds), secondsString(st.onceSeconds), st.inFlight,
-                      bytesString(st.memory.total()));
+                      secondsString(st.backwardSeconds),
+                      secondsString(st.restForwardSeconds + st.restBackwardSeconds),
+                      secondsString(st.onceSeconds), st.inFlight, bytesString(st.memory.total()));
   }
   if (!c.code.empty()) {
     // What the generated code holds: its own liveness (plan-buffers), its own placement.
@@ -416,12 +427,15 @@ void printJson(const ir::Function& fn, const ir::DimLayout& stage, const Candida
             : "";
     stages.push_back(fmt::format(
         "{{\"first_layer\": {}, \"layers\": {}, \"holds_rest\": {}, \"forward_seconds\": {:.9g}, "
-        "\"backward_seconds\": {:.9g}, \"once_seconds\": {:.9g}, \"in_flight\": {}, "
+        "\"backward_seconds\": {:.9g}, \"rest_forward_seconds\": {:.9g}, "
+        "\"rest_backward_seconds\": {:.9g}, \"once_seconds\": {:.9g}, "
+        "\"in_flight\": {}, "
         "\"memory_bytes\": {:.9g}, \"param_bytes\": {:.9g}, \"optimizer_bytes\": {:.9g}, "
         "\"gradient_bytes\": {:.9g}, \"activation_bytes\": {:.9g}{}}}",
-        s.firstLayer, s.layerCount, s.holdsRest, s.forwardSeconds, s.backwardSeconds, s.onceSeconds,
-        s.inFlight, s.memory.total(), s.memory.paramBytes, s.memory.optimizerBytes,
-        s.memory.gradientBytes, s.memory.peakActivationBytes, code));
+        s.firstLayer, s.layerCount, s.holdsRest, s.forwardSeconds, s.backwardSeconds,
+        s.restForwardSeconds, s.restBackwardSeconds, s.onceSeconds, s.inFlight, s.memory.total(),
+        s.memory.paramBytes, s.memory.optimizerBytes, s.memory.gradientBytes,
+        s.memory.peakActivationBytes, code));
   }
   os << fmt::format(
       "{{\"function\": \"{}\", \"pipeline\": {{\"dim\": \"{}\", \"axis\": \"{}\", \"schedule\": "

@@ -36,10 +36,10 @@ StageWork combine(const StageWork& a, const StageWork& b, double sign) {
   return result;
 }
 
-double slotOf(const StageWork& layer, const StageWork& rest, int64_t count, bool holdsRest) {
-  double seconds = double(count) * (layer.forwardSeconds + layer.backwardSeconds);
-  if (holdsRest) seconds += rest.forwardSeconds + rest.backwardSeconds;
-  return seconds;
+/// The rest's forward and backward of one microbatch on stage `s` of `p`.
+double restSlotOf(const StageWork& rest, const PipelineShape::RestTime& forward,
+                  const PipelineShape::RestTime& backward, int64_t s, int64_t p) {
+  return rest.forwardSeconds * forward.of(s, p) + rest.backwardSeconds * backward.of(s, p);
 }
 
 } // namespace
@@ -64,21 +64,24 @@ StageWork StageWork::times(double factor) const {
 }
 
 std::vector<int64_t> balanceLayers(const StageWork& layer, const StageWork& rest, int64_t layers,
-                                   int64_t stages) {
+                                   int64_t stages, const PipelineShape::RestTime& forward,
+                                   const PipelineShape::RestTime& backward) {
   std::vector<int64_t> counts(size_t(std::max<int64_t>(stages, 1)), 0);
   if (stages <= 1) {
     counts[0] = layers;
     return counts;
   }
   // Every stage holds at least one layer; each further layer goes to the stage whose slot grows
-  // least (the last stage also runs the rest). Greedy on identical layers is optimal: it keeps
-  // the largest slot minimal one layer at a time.
+  // least (each stage also runs its share of the rest: the embedding on the first, the head and
+  // the loss on the last). Greedy on identical layers is optimal: it keeps the largest slot
+  // minimal one layer at a time.
   std::fill(counts.begin(), counts.end(), 1);
   for (int64_t placed = stages; placed < layers; ++placed) {
     size_t best = 0;
     double bestSlot = 0;
     for (size_t s = 0; s < counts.size(); ++s) {
-      double slot = slotOf(layer, rest, counts[s] + 1, s + 1 == counts.size());
+      double slot = double(counts[s] + 1) * (layer.forwardSeconds + layer.backwardSeconds) +
+                    restSlotOf(rest, forward, backward, int64_t(s), stages);
       if (s == 0 || slot < bestSlot) {
         best = s;
         bestSlot = slot;
@@ -94,7 +97,9 @@ PipelinePrediction predictPipeline(const StageWork& layer, const StageWork& rest
   PipelinePrediction prediction;
   int64_t p = std::max<int64_t>(shape.stages, 1), m = std::max<int64_t>(shape.microbatches, 1);
   std::vector<int64_t> counts =
-      shape.pinnedSplit.empty() ? balanceLayers(layer, rest, shape.layers, p) : shape.pinnedSplit;
+      shape.pinnedSplit.empty()
+          ? balanceLayers(layer, rest, shape.layers, p, shape.restForward, shape.restBackward)
+          : shape.pinnedSplit;
   if (p > 1)
     prediction.p2pSeconds =
         shape.link.alphaSeconds + (shape.link.bandwidthBytesPerS > 0
@@ -124,9 +129,14 @@ PipelinePrediction predictPipeline(const StageWork& layer, const StageWork& rest
                        more(shape.restOptimizer)}})
         *held = std::max(0.0, *held + share * ofRest);
     }
-    stage.forwardSeconds = work.forwardSeconds;
-    stage.backwardSeconds = work.backwardSeconds;
-    stage.onceSeconds = work.gradientSyncSeconds + work.updateSeconds;
+    // Time: the stage's layers and its share of the rest (where the code runs the rest's ops).
+    StageWork layers = layer.times(double(stage.layerCount));
+    stage.restForwardSeconds = rest.forwardSeconds * shape.restForward.of(s, p);
+    stage.restBackwardSeconds = rest.backwardSeconds * shape.restBackward.of(s, p);
+    stage.forwardSeconds = layers.forwardSeconds + stage.restForwardSeconds;
+    stage.backwardSeconds = layers.backwardSeconds + stage.restBackwardSeconds;
+    stage.onceSeconds = layers.gradientSyncSeconds + layers.updateSeconds +
+                        (rest.gradientSyncSeconds + rest.updateSeconds) * shape.restOnce.of(s, p);
     // GPipe keeps every microbatch's activations until its backward; 1F1B starts backward as
     // soon as the last stage has one, so stage s holds at most p - s microbatches.
     stage.inFlight = shape.schedule == PipelineSchedule::GPipe ? m : std::min(m, p - s);

@@ -56,12 +56,28 @@ struct PipelineShape {
   /// the last, a tied embedding on both), its gradient with it, its optimizer state on the first
   /// of them (where its update runs). Each is the share of the rest's bytes held by the first
   /// and by the last stage (a param both hold counts in each, so they may add up to more than 1).
-  /// The rest's time stays on the last stage. One stage holds the rest whole.
+  /// One stage holds the rest whole.
   struct RestShare {
     double first = 0, last = 1;
   };
   RestShare restParams;    // params
   RestShare restOptimizer; // optimizer state and gradient accumulators (where the update runs)
+  /// Where the rest's time runs, as the code places its ops (driver/PlaceRest.h): the share of
+  /// the rest's seconds spent by ops that run on the first stage only (the embedding's forward
+  /// and backward, its update), on the last only (the final norm, the head, the loss, their
+  /// updates) and on every stage (what each stage computes for itself: a mask built from the
+  /// batch, the global norm's scalars). Stage s runs its share, first + last + every for one
+  /// stage, which holds the rest whole. The default puts all of it on the last stage.
+  struct RestTime {
+    double first = 0, last = 1, every = 0;
+    /// Stage `s`'s share of `p` stages.
+    double of(int64_t s, int64_t p) const {
+      if (p <= 1) return 1;
+      return (s == 0 ? first : 0) + (s == p - 1 ? last : 0) + every;
+    }
+  };
+  RestTime restForward, restBackward; // per microbatch
+  RestTime restOnce;                  // the gradients' reductions and the update, once per step
   /// Activations per device as the code places the rest (driver/PlaceRest.h): the one-layer
   /// plan's peak live bytes of one microbatch restricted to what a first, a middle and a last
   /// stage hold (its layer's values; the rest's before the layers on the first, after them on
@@ -79,12 +95,13 @@ struct PipelineShape {
 
 struct StagePrediction {
   int64_t firstLayer = 0, layerCount = 0;
-  bool holdsRest = false;     // the ops outside the layers (embedding, head, loss) live here
-  double forwardSeconds = 0;  // one microbatch
-  double backwardSeconds = 0; // one microbatch
-  double onceSeconds = 0;     // gradient reductions and update, once per step
-  int64_t inFlight = 0;       // microbatches whose activations the stage holds at once
-  MemoryEstimate memory;      // activations: inFlight microbatches' worth
+  bool holdsRest = false; // the last stage: the ops after the layers (head, loss) live here
+  double restForwardSeconds = 0, restBackwardSeconds = 0; // of the rest run here, per microbatch
+  double forwardSeconds = 0;                              // one microbatch
+  double backwardSeconds = 0;                             // one microbatch
+  double onceSeconds = 0; // gradient reductions and update, once per step
+  int64_t inFlight = 0;   // microbatches whose activations the stage holds at once
+  MemoryEstimate memory;  // activations: inFlight microbatches' worth
 };
 
 struct PipelinePrediction {
@@ -99,9 +116,11 @@ struct PipelinePrediction {
 
 /// Splits `layers` over `stages` (consecutive, at least one layer each) so that the slowest stage's
 /// forward + backward of a microbatch is as small as it can be; `rest` (the ops outside the layers)
-/// runs on the last stage. Returns the layer count of each stage.
+/// runs where `forward` and `backward` place it (by default on the last stage). Returns the layer
+/// count of each stage.
 std::vector<int64_t> balanceLayers(const StageWork& layer, const StageWork& rest, int64_t layers,
-                                   int64_t stages);
+                                   int64_t stages, const PipelineShape::RestTime& forward = {},
+                                   const PipelineShape::RestTime& backward = {});
 
 /// The step's prediction: the per-stage split from balanceLayers (or the pinned one), then the
 /// schedule's timeline.

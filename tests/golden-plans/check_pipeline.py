@@ -114,11 +114,39 @@ def main():
                                                                              "layers: []")
     shared = pipeline(binary, example, "--mesh", "stage=4", "--layout", "layers: stage", "--dim",
                       "layers=8", "--dim", "batch=16", "--microbatches", "batch=4")["stages"][1]
-    expect(close(shared["forward_seconds"], 2 * shared["layers"] * alone, 3e-3),
-           "4 one-rank stages on 2 cores: a stage's forward = 2 x its layers x one layer alone",
-           f"{shared['forward_seconds']} vs 2 x {shared['layers']} x {alone}")
+    # A middle stage also runs what every stage computes for itself (the attention mask built
+    # from the batch): its share of the rest, which the code runs there too.
+    expect(shared["rest_forward_seconds"] > 0 and
+           close(shared["forward_seconds"] - shared["rest_forward_seconds"],
+                 2 * shared["layers"] * alone, 3e-3),
+           "4 one-rank stages on 2 cores: a stage's forward = 2 x its layers x one layer alone "
+           "+ its part of the rest",
+           f"{shared['forward_seconds']} - {shared['rest_forward_seconds']} vs 2 x "
+           f"{shared['layers']} x {alone}")
+    # The rest's time on the stages that run it (driver/PlaceRest.cpp): the embedding's forward
+    # and backward on the first stage, the head's and the loss's on the last, the attention mask
+    # built from the batch on every stage; a middle stage runs no backward of the rest.
+    four = pipeline(binary, example, "--mesh", "stage=4", "--layout", "layers: stage", "--dim",
+                    "layers=8", "--dim", "batch=16", "--microbatches", "batch=4")["stages"]
+    first, middle, second, last = four
+    expect(middle["rest_backward_seconds"] == 0 == second["rest_backward_seconds"] and
+           middle["rest_forward_seconds"] == second["rest_forward_seconds"] > 0,
+           "[stage=4]: a middle stage runs the mask of the rest, no backward of it",
+           str([(s["rest_forward_seconds"], s["rest_backward_seconds"]) for s in four]))
+    expect(first["rest_forward_seconds"] > middle["rest_forward_seconds"] and
+           first["rest_backward_seconds"] > 0 and
+           last["rest_forward_seconds"] > first["rest_forward_seconds"] and
+           last["rest_backward_seconds"] > first["rest_backward_seconds"],
+           "[stage=4]: the embedding's time on the first stage, the head's and the loss's (more) "
+           "on the last", str([(s["rest_forward_seconds"], s["rest_backward_seconds"])
+                               for s in four]))
+    for s in four:
+        expect(close(s["forward_seconds"] - s["rest_forward_seconds"],
+                     middle["forward_seconds"] - middle["rest_forward_seconds"]),
+               "[stage=4]: every stage's forward is its 2 layers' plus its part of the rest")
     # The report prints 4 significant figures: their difference is known to about 2e-3.
-    expect(close(stage1["forward_seconds"], stage1["layers"] * layer, 3e-3),
+    expect(close(stage1["forward_seconds"] - stage1["rest_forward_seconds"],
+                 stage1["layers"] * layer, 3e-3),
            "a middle stage's forward = its layers x (plan at 2 layers - plan at 1 layer)",
            f"{stage1['forward_seconds']} vs {stage1['layers']} x {layer}")
 

@@ -1099,8 +1099,10 @@ TEST_CASE("schedule-microbatches: GPipe's two loops, kept activations copied per
     CHECK(t.b.fn.buffers[size_t(t.bOut)].copies == (oneFOneB ? 1 : 2));
     CHECK(t.b.fn.buffers[size_t(t.gb)].copies == 1);  // the backwards' own
     CHECK(t.b.fn.buffers[size_t(t.acc)].copies == 1); // shared with the update
-    CHECK(t.calls(Callee::StageTransferStarted).size() == (oneFOneB ? 2u : 0u));
-    CHECK(t.calls(Callee::WaitStageSends).size() == (oneFOneB ? 1u : 0u));
+    // Either schedule starts the loops' sends and waits for them after the loops.
+    CHECK(t.calls(Callee::StageTransferStarted).size() == 2u);
+    CHECK(t.calls(Callee::StageTransfer).empty());
+    CHECK(t.calls(Callee::WaitStageSends).size() == 1u);
     planBuffers(t.b.fn);
     REQUIRE(verifyKernels(t.b.fn) == "");
     if (!oneFOneB) continue;

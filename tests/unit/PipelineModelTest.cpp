@@ -40,6 +40,57 @@ TEST_CASE("identical layers split evenly; the rest goes to the last stage") {
   CHECK(counts == std::vector<int64_t>{3, 3, 3, 1});
 }
 
+TEST_CASE("the rest's time counts on the stages that run it, and the split balances it") {
+  // A layer: 1 + 2 per microbatch; the rest: 4 + 8, of whose forward a quarter runs on the
+  // first stage (the embedding), half on the last (the head, the loss) and a quarter on every
+  // stage (a mask from the batch); of its backward half on the first and half on the last; its
+  // once-per-step work (10 + 2) a sixth on the first, the rest on the last.
+  StageWork layer = work(1, 2, 0), rest = work(4, 8, 0);
+  rest.gradientSyncSeconds = 10;
+  rest.updateSeconds = 2;
+  PipelineShape s = shape(8, 2, 4);
+  s.restForward = {0.25, 0.5, 0.25};
+  s.restBackward = {0.5, 0.5, 0};
+  s.restOnce = {1.0 / 6, 5.0 / 6, 0};
+  CHECK(s.restForward.of(0, 2) == 0.5);
+  CHECK(s.restForward.of(1, 2) == 0.75);
+  CHECK(s.restForward.of(1, 3) == 0.25);
+  CHECK(s.restForward.of(0, 1) == 1);
+  // Stage 0 runs 2 + 4 of the rest per microbatch, stage 1 runs 3 + 4: 4 + 4 layers give slots
+  // of 12 + 6 and 12 + 7, and moving a layer (3) would only swap the larger one: 4 + 4.
+  CHECK(balanceLayers(layer, rest, 8, 2, s.restForward, s.restBackward) ==
+        std::vector<int64_t>{4, 4});
+  PipelinePrediction p = predictPipeline(layer, rest, s);
+  REQUIRE(p.stages.size() == 2);
+  CHECK(p.stages[0].forwardSeconds == Approx(4 + 2));
+  CHECK(p.stages[0].backwardSeconds == Approx(8 + 4));
+  CHECK(p.stages[0].restForwardSeconds == Approx(2));
+  CHECK(p.stages[0].restBackwardSeconds == Approx(4));
+  CHECK(p.stages[0].onceSeconds == Approx(2));
+  CHECK(p.stages[1].forwardSeconds == Approx(4 + 3));
+  CHECK(p.stages[1].backwardSeconds == Approx(8 + 4));
+  CHECK(p.stages[1].restForwardSeconds == Approx(3));
+  CHECK(p.stages[1].restBackwardSeconds == Approx(4));
+  CHECK(p.stages[1].onceSeconds == Approx(10));
+  CHECK(p.slotSeconds == Approx(19));
+  CHECK(p.stepSeconds == Approx(5 * 19 + 10));
+  // A middle stage runs only what every stage computes: a quarter of the rest's forward.
+  s.stages = 3;
+  s.layers = 9;
+  PipelinePrediction three = predictPipeline(layer, rest, s);
+  CHECK(three.stages[1].restForwardSeconds == Approx(1));
+  CHECK(three.stages[1].restBackwardSeconds == 0);
+  // The rest costs a whole layer on each end stage (3 per microbatch): 10 layers on 4 stages
+  // go 2 + 3 + 3 + 2, where the same rest all on the last stage gives 3 + 3 + 3 + 1 (the first
+  // test case).
+  StageWork ends = work(2, 4, 0);
+  PipelineShape shared = shape(10, 4, 1);
+  shared.restForward = shared.restBackward = {0.5, 0.5, 0};
+  CHECK(balanceLayers(layer, ends, 10, 4, shared.restForward, shared.restBackward) ==
+        std::vector<int64_t>{2, 3, 3, 2});
+  CHECK(predictPipeline(layer, ends, shared).slotSeconds == Approx(9));
+}
+
 TEST_CASE("the bubble is (p - 1) / (m + p - 1) and the step (m + p - 1) slots") {
   StageWork layer = work(1e-3, 2e-3, 0), none;
   for (int64_t m : {1, 4, 16})
