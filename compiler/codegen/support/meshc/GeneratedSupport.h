@@ -49,6 +49,7 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include <unistd.h>
@@ -1302,6 +1303,76 @@ inline void alongContiguous(float* out, const float* in, int64_t rows, const Row
   }
 }
 
+namespace detail {
+/// Whether the lanes of a cumsum (`outer` sizes at `outerStrides`, one lane dim of `length` at
+/// `laneStride`) tile one dense row-major box: then the dims above the lane form `above` blocks
+/// and those below it one dense run of `inner` (= laneStride) elements.
+inline bool cumsumBox(const Shape& outer, const Shape& outerStrides, int64_t length,
+                      int64_t laneStride, int64_t& above, int64_t& inner) {
+  std::vector<std::pair<int64_t, int64_t>> dims; // (stride, size), sizes > 1
+  for (size_t d = 0; d < outer.size(); ++d)
+    if (outer[d] != 1) dims.emplace_back(outerStrides[d], outer[d]);
+  if (length != 1) dims.emplace_back(laneStride, length);
+  std::sort(dims.begin(), dims.end());
+  int64_t expected = 1;
+  for (auto [stride, size] : dims) {
+    if (stride != expected) return false;
+    expected *= size;
+  }
+  inner = length == 1 ? expected : laneStride;
+  above = expected / (inner * length);
+  return true;
+}
+
+/// Cumsum of the lanes of a dense [above, length, inner] box, in double as the generic path
+/// (each lane summed in the same order, so the same values): a lane position at a time over
+/// `inner` neighbouring lanes, a contiguous run the compiler vectorizes. The generic path
+/// walked one lane at a time, `inner` floats apart: with performer's lanes 8 KiB apart every
+/// element touched another page (12.8 ns per element, 13 of its 15 ms per step).
+inline void cumsumBox(float* out, const float* in, int64_t above, int64_t length, int64_t inner,
+                      bool exclusive, meshrt::Communicator* group) {
+  size_t lanes = size_t(above * inner);
+  thread_local std::vector<double> carry;
+  carry.assign(lanes, 0.0);
+  if (group) {
+    // The lanes' totals, then the sum of the lower blocks' (the ranks before this one).
+    thread_local std::vector<double> totals, all;
+    totals.assign(lanes, 0.0);
+    for (int64_t a = 0; a < above; ++a)
+      for (int64_t j = 0; j < length; ++j) {
+        const float* x = in + (a * length + j) * inner;
+        double* total = totals.data() + a * inner;
+        for (int64_t i = 0; i < inner; ++i)
+          total[i] += x[i];
+      }
+    all.resize(lanes * size_t(group->size()));
+    group->allGather(totals.data(), all.data(), lanes);
+    for (int peer = 0; peer < group->rank(); ++peer)
+      for (size_t r = 0; r < lanes; ++r)
+        carry[r] += all[size_t(peer) * lanes + r];
+  }
+  for (int64_t a = 0; a < above; ++a) {
+    double* sum = carry.data() + a * inner;
+    for (int64_t j = 0; j < length; ++j) {
+      const float* x = in + (a * length + j) * inner;
+      float* y = out + (a * length + j) * inner;
+      if (exclusive) {
+        for (int64_t i = 0; i < inner; ++i) {
+          double value = x[i];
+          y[i] = float(sum[i]);
+          sum[i] += value;
+        }
+      } else {
+        for (int64_t i = 0; i < inner; ++i) {
+          sum[i] += x[i];
+          y[i] = float(sum[i]);
+        }
+      }
+    }
+  }
+}
+} // namespace detail
+
 /// Lanes: `outer` sizes with strides `inOuter`/`outOuter`; lane points `lane` with strides
 /// `inLane`/`outLane`. `globalLaneCount`: the lane's global element count (layer_norm).
 inline void along(float* out, const float* in, const Shape& outer, const Shape& inOuter,
@@ -1322,6 +1393,13 @@ inline void along(float* out, const float* in, const Shape& outer, const Shape& 
     std::vector<int64_t> inBase = offsetsOf(outer, inOuter), outBase = offsetsOf(outer, outOuter);
     alongContiguous(out, in, rows, RowBase{0, &inBase}, RowBase{0, &outBase}, lane[0], kind, eps,
                     globalLaneCount);
+    return;
+  }
+  int64_t above = 0, inner = 0;
+  if ((kind == Along::Cumsum || kind == Along::CumsumExclusive) && lane.size() == 1 &&
+      inOuter == outOuter && inLane == outLane &&
+      detail::cumsumBox(outer, inOuter, lane[0], inLane[0], above, inner)) {
+    detail::cumsumBox(out, in, above, lane[0], inner, kind == Along::CumsumExclusive, group);
     return;
   }
   std::vector<int64_t> inBase = offsetsOf(outer, inOuter), outBase = offsetsOf(outer, outOuter);
