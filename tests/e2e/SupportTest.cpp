@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <functional>
 #include <limits>
@@ -310,14 +311,22 @@ TEST_CASE("reduce sums any lane: dense runs, bias-gradient rows and strided lane
     std::function<double(int64_t)> expected; // per output, in row-major order
   };
   std::vector<Case> cases = {
-      {"last dim (a dense run per output)", {4, 6}, {30, 5}, {5}, {1},
+      {"last dim (a dense run per output)",
+       {4, 6},
+       {30, 5},
+       {5},
+       {1},
        [&](int64_t o) {
          double sum = 0;
          for (int64_t k = 0; k < 5; ++k)
            sum += at(o / 6, o % 6, k);
          return sum;
        }},
-      {"two outer dims (bias gradient rows)", {5}, {1}, {4, 6}, {30, 5},
+      {"two outer dims (bias gradient rows)",
+       {5},
+       {1},
+       {4, 6},
+       {30, 5},
        [&](int64_t o) {
          double sum = 0;
          for (int64_t i = 0; i < 4; ++i)
@@ -325,14 +334,22 @@ TEST_CASE("reduce sums any lane: dense runs, bias-gradient rows and strided lane
              sum += at(i, j, o);
          return sum;
        }},
-      {"the middle dim (strided)", {4, 5}, {30, 1}, {6}, {5},
+      {"the middle dim (strided)",
+       {4, 5},
+       {30, 1},
+       {6},
+       {5},
        [&](int64_t o) {
          double sum = 0;
          for (int64_t j = 0; j < 6; ++j)
            sum += at(o / 5, j, o % 5);
          return sum;
        }},
-      {"everything", {}, {}, {4, 6, 5}, {30, 5, 1},
+      {"everything",
+       {},
+       {},
+       {4, 6, 5},
+       {30, 5, 1},
        [&](int64_t) {
          double sum = 0;
          for (float v : x)
@@ -438,6 +455,56 @@ TEST_CASE("a tensor header declaring more values than the file holds is an error
   path = tensorFile("negative", "tensor t f32 1 -1\n", {1});
   CHECK_THROWS_WITH(meshc::gen::readTensors(path), Catch::Contains("is not a tensor file"));
   std::filesystem::remove(path);
+}
+
+TEST_CASE("bf16 and f16 rounding on the bits agrees with ilogb, ldexp and nearbyint",
+          "[codegen][support]") {
+  // The interpreter's definition (compiler/interp/Interpreter.cpp), which roundToFormat
+  // computed until it was rewritten branch-free for the vectorized loops.
+  auto reference = [](double x, int mantissaBits, int minExponent, double maxFinite) {
+    if (x == 0 || !std::isfinite(x)) return x;
+    int exponent = std::max(std::ilogb(x), minExponent);
+    double quantum = std::ldexp(1.0, exponent - mantissaBits);
+    double rounded = std::nearbyint(x / quantum) * quantum;
+    if (std::fabs(rounded) > maxFinite) return std::copysign(double(INFINITY), x);
+    return rounded;
+  };
+  struct Format {
+    int mantissaBits, minExponent;
+    double maxFinite;
+  };
+  std::mt19937_64 rng(7);
+  for (Format f : {Format{7, -126, 0x1.FEp127}, Format{10, -14, 65504.0}}) {
+    std::vector<double> values = {0.0,         -0.0,         INFINITY,        -INFINITY, NAN,
+                                  f.maxFinite, -f.maxFinite, 2 * f.maxFinite, 1e300,     5e-324};
+    std::uniform_int_distribution<int> exponent(f.minExponent - f.mantissaBits - 3,
+                                                int(std::ilogb(f.maxFinite)) + 2);
+    for (int i = 0; i < 200000; ++i) {
+      // A random mantissa at a random exponent of the format's range and past its ends; every
+      // fourth one an exact tie (the bit below the kept ones set, nothing after it).
+      uint64_t bits = rng() & 0x000FFFFFFFFFFFFFull;
+      if (i % 4 == 0) {
+        int shift = 52 - f.mantissaBits;
+        bits = (bits & ~((uint64_t(1) << shift) - 1)) | (uint64_t(1) << (shift - 1));
+      }
+      double mantissa;
+      bits |= 0x3FF0000000000000ull;
+      std::memcpy(&mantissa, &bits, 8);
+      double x = std::ldexp(mantissa, exponent(rng));
+      values.push_back(i % 2 ? x : -x);
+    }
+    for (double x : values) {
+      double expected = reference(x, f.mantissaBits, f.minExponent, f.maxFinite);
+      double actual = meshc::gen::roundToFormat(x, f.mantissaBits, f.minExponent, f.maxFinite);
+      INFO("x = " << x << " (" << f.mantissaBits << " bits)");
+      if (std::isnan(expected)) {
+        CHECK(std::isnan(actual));
+        continue;
+      }
+      CHECK(actual == expected);
+      CHECK(std::signbit(actual) == std::signbit(expected));
+    }
+  }
 }
 
 TEST_CASE("the i32 cast holds the interpreter's value in both targets' support function",
