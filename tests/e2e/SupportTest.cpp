@@ -457,6 +457,45 @@ TEST_CASE("a tensor header declaring more values than the file holds is an error
   std::filesystem::remove(path);
 }
 
+TEST_CASE("cumsum and sum over a middle dim of a dense box: the same values as the lane walk",
+          "[codegen][support]") {
+  // [a=3, j=5, i=4] along j: the box path; the same lanes through a permuted view
+  // ([i, a, j] strides), which is no box, take the table walk. Both sum in double in j order.
+  const Shape outer = {3, 4}, boxStrides = {20, 1}, lane = {5}, boxLane = {4};
+  Buffer in = randomBuffer(60, 31);
+  for (auto kind : {meshc::gen::Along::Cumsum, meshc::gen::Along::CumsumExclusive}) {
+    Buffer box(60), walked(60, 0.0f);
+    meshc::gen::along(box.data(), in.data(), outer, boxStrides, boxStrides, lane, boxLane, boxLane,
+                      kind, 0, 5, nullptr);
+    for (int64_t a = 0; a < 3; ++a)
+      for (int64_t i = 0; i < 4; ++i) {
+        double sum = 0;
+        for (int64_t j = 0; j < 5; ++j) {
+          int64_t at = a * 20 + j * 4 + i;
+          if (kind == meshc::gen::Along::CumsumExclusive) {
+            walked[size_t(at)] = float(sum);
+            sum += in[size_t(at)];
+          } else {
+            sum += in[size_t(at)];
+            walked[size_t(at)] = float(sum);
+          }
+        }
+      }
+    CHECK(box == walked);
+  }
+  Buffer sums(12), expected(12);
+  meshc::gen::reduce(sums.data(), outer, in.data(), boxStrides, lane, boxLane,
+                     meshc::gen::Reduce::Sum, 0.5);
+  for (int64_t a = 0; a < 3; ++a)
+    for (int64_t i = 0; i < 4; ++i) {
+      double sum = 0;
+      for (int64_t j = 0; j < 5; ++j)
+        sum += in[size_t(a * 20 + j * 4 + i)];
+      expected[size_t(a * 4 + i)] = float(sum * 0.5);
+    }
+  CHECK(sums == expected);
+}
+
 TEST_CASE("bf16 and f16 rounding on the bits agrees with ilogb, ldexp and nearbyint",
           "[codegen][support]") {
   // The interpreter's definition (compiler/interp/Interpreter.cpp), which roundToFormat

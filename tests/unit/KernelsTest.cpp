@@ -229,6 +229,10 @@ TEST_CASE("einsum: batches of outer products, GEMVs and dot products run as loop
   // N = 1 with the batch innermost in the output (packed out): x[b, s, f] w[b, f] -> [s, b].
   EinsumSpec column = spec({2, 3, 5}, {{0, 1, 2}, {0, 2}}, {1, 0});
   CHECK(checkEinsum(column, randomOperands(column, 24)).find(" loops") != std::string::npos);
+  // One column per batch whose rows are contiguous in a and out: a[b, s, f, d] w[b, s, f] ->
+  // [b, s, d] (d the rows, f the terms), run as its transpose.
+  EinsumSpec column2 = spec({2, 3, 5, 4}, {{0, 1, 2, 3}, {0, 1, 2}}, {0, 1, 3});
+  CHECK(checkEinsum(column2, randomOperands(column2, 26)).find(" loops") != std::string::npos);
   // One batch stays a library GEMM (one call).
   EinsumSpec single = spec({5, 4}, {{0}, {1}}, {0, 1});
   CHECK(checkEinsum(single, randomOperands(single, 25)) == "gemm batch=1 m=5 n=4 k=1 a=N b=N");

@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 namespace meshrt::kernels {
 namespace {
@@ -254,15 +255,29 @@ MESHRT_VECTOR_CLONES
 void degenerateBatches(const EinsumPlan::Matrix& ma, const EinsumPlan::Matrix& mb,
                        const EinsumPlan::Matrix& mc, const int64_t* batchOffsets, int64_t batches,
                        const float* a, const float* b, float* c, float alpha, float beta) {
-  const int64_t m = mc.rows, n = mc.cols, k = ma.cols;
-  const int64_t aRow = ma.rowStride, aCol = ma.colStride, bRow = mb.rowStride, bCol = mb.colStride,
-                cRow = mc.rowStride, cCol = mc.colStride;
+  int64_t m = mc.rows, n = mc.cols, k = ma.cols;
+  int64_t aRow = ma.rowStride, aCol = ma.colStride, bRow = mb.rowStride, bCol = mb.colStride,
+          cRow = mc.rowStride, cCol = mc.colStride;
+  // One column of c whose rows are contiguous, as a's: computed as its transpose c^T = b^T a^T,
+  // one row, so that the rows below apply (performer's backward: 16 strided dot products of 64
+  // terms per batch became one contiguous pass per term).
+  const bool transposed = n == 1 && m > 1 && aRow == 1 && cRow == 1;
+  if (transposed) {
+    std::swap(m, n);
+    int64_t newARow = bCol, newACol = bRow, newBRow = aCol, newBCol = aRow;
+    aRow = newARow;
+    aCol = newACol;
+    bRow = newBRow;
+    bCol = newBCol;
+    cCol = cRow;
+    cRow = 0;
+  }
   // Rows of b and c contiguous: each row of c is a sum of rows of b (one for an outer
   // product), accumulated in contiguous lanes the compiler vectorizes.
   const bool rows = bCol == 1 && cCol == 1 && n > 1;
   for (int64_t batch = 0; batch < batches; ++batch) {
-    const float* A = a + batchOffsets[3 * batch];
-    const float* B = b + batchOffsets[3 * batch + 1];
+    const float* A = (transposed ? b : a) + batchOffsets[3 * batch + (transposed ? 1 : 0)];
+    const float* B = (transposed ? a : b) + batchOffsets[3 * batch + (transposed ? 0 : 1)];
     float* C = c + batchOffsets[3 * batch + 2];
     for (int64_t i = 0; i < m; ++i) {
       if (rows && k == 1) {

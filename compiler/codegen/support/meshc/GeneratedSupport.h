@@ -1122,6 +1122,25 @@ inline float maxRun(const float* x, int64_t count) {
 /// Points from which a reduction or a row op is split over OpenMP's threads.
 constexpr int64_t kParallelPoints = 1 << 15;
 
+/// Whether the lanes of a cumsum (`outer` sizes at `outerStrides`, one lane dim of `length` at
+/// `laneStride`) tile one dense row-major box: then the dims above the lane form `above` blocks
+/// and those below it one dense run of `inner` (= laneStride) elements.
+inline bool cumsumBox(const Shape& outer, const Shape& outerStrides, int64_t length,
+                      int64_t laneStride, int64_t& above, int64_t& inner) {
+  std::vector<std::pair<int64_t, int64_t>> dims; // (stride, size), sizes > 1
+  for (size_t d = 0; d < outer.size(); ++d)
+    if (outer[d] != 1) dims.emplace_back(outerStrides[d], outer[d]);
+  if (length != 1) dims.emplace_back(laneStride, length);
+  std::sort(dims.begin(), dims.end());
+  int64_t expected = 1;
+  for (auto [stride, size] : dims) {
+    if (stride != expected) return false;
+    expected *= size;
+  }
+  inner = length == 1 ? expected : laneStride;
+  above = expected / (inner * length);
+  return true;
+}
 } // namespace detail
 
 inline void reduce(float* out, const Shape& outSizes, const float* in, const Shape& inOuter,
@@ -1164,6 +1183,25 @@ inline void reduce(float* out, const Shape& outSizes, const float* in, const Sha
       }
       for (int64_t o = 0; o < count; ++o)
         out[first + o] = float(sums[o] * scale);
+    }
+    return;
+  }
+  // A sum over one middle dim of a dense box whose outputs keep the box's order (a cumsum's
+  // gradient, performer.mesh:87: out[a, i] = sum_j in[a, j, i]): a lane position at a time over
+  // the contiguous run of outputs below it, each output summed in the same order as below.
+  int64_t above = 0, inner = 0;
+  if (kind == Reduce::Sum && lane.size() == 1 && std::is_sorted(inOuter.rbegin(), inOuter.rend()) &&
+      detail::cumsumBox(outSizes, inOuter, lane[0], laneStrides[0], above, inner)) {
+    thread_local std::vector<double> sums;
+    for (int64_t a = 0; a < above; ++a) {
+      sums.assign(size_t(inner), 0.0);
+      for (int64_t j = 0; j < lane[0]; ++j) {
+        const float* x = in + (a * lane[0] + j) * inner;
+        for (int64_t i = 0; i < inner; ++i)
+          sums[size_t(i)] += double(x[i]);
+      }
+      for (int64_t i = 0; i < inner; ++i)
+        out[a * inner + i] = float(sums[size_t(i)] * scale);
     }
     return;
   }
@@ -1374,26 +1412,6 @@ inline void alongContiguous(float* out, const float* in, int64_t rows, const Row
 }
 
 namespace detail {
-/// Whether the lanes of a cumsum (`outer` sizes at `outerStrides`, one lane dim of `length` at
-/// `laneStride`) tile one dense row-major box: then the dims above the lane form `above` blocks
-/// and those below it one dense run of `inner` (= laneStride) elements.
-inline bool cumsumBox(const Shape& outer, const Shape& outerStrides, int64_t length,
-                      int64_t laneStride, int64_t& above, int64_t& inner) {
-  std::vector<std::pair<int64_t, int64_t>> dims; // (stride, size), sizes > 1
-  for (size_t d = 0; d < outer.size(); ++d)
-    if (outer[d] != 1) dims.emplace_back(outerStrides[d], outer[d]);
-  if (length != 1) dims.emplace_back(laneStride, length);
-  std::sort(dims.begin(), dims.end());
-  int64_t expected = 1;
-  for (auto [stride, size] : dims) {
-    if (stride != expected) return false;
-    expected *= size;
-  }
-  inner = length == 1 ? expected : laneStride;
-  above = expected / (inner * length);
-  return true;
-}
-
 /// Cumsum of the lanes of a dense [above, length, inner] box, in double as the generic path
 /// (each lane summed in the same order, so the same values): a lane position at a time over
 /// `inner` neighbouring lanes, a contiguous run the compiler vectorizes. The generic path
