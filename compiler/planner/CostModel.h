@@ -21,7 +21,9 @@ double computeSeconds(const Machine& machine, double flops, double bytes, ir::DT
 /// plus the machine's fixed cost per call, which small GEMMs do not amortize. With the machine's
 /// gemm_shape_dim and the GEMM's smallest of m, n and k per batch element (`smallestDim`, 0:
 /// unknown), its FLOPs run at peak / (1 + gemmShapeDim / smallestDim): small GEMMs reach less of
-/// the peak than the large ones that measured it.
+/// the peak than the large ones that measured it. A bf16/f16 GEMM on a CPU machine without
+/// peak_flops_bf16 is priced as the C++ target runs it, in double (2x the FLOP time, plus a
+/// pass converting the operands and the result).
 double gemmSeconds(const Machine& machine, double flops, double bytes, ir::DType dtype,
                    double smallestDim = 0);
 

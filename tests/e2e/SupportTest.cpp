@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <functional>
 #include <limits>
@@ -490,6 +491,95 @@ TEST_CASE("a tensor header declaring more values than the file holds is an error
   path = tensorFile("negative", "tensor t f32 1 -1\n", {1});
   CHECK_THROWS_WITH(meshc::gen::readTensors(path), Catch::Contains("is not a tensor file"));
   std::filesystem::remove(path);
+}
+
+TEST_CASE("cumsum and sum over a middle dim of a dense box: the same values as the lane walk",
+          "[codegen][support]") {
+  // [a=3, j=5, i=4] along j: the box path; the same lanes through a permuted view
+  // ([i, a, j] strides), which is no box, take the table walk. Both sum in double in j order.
+  const Shape outer = {3, 4}, boxStrides = {20, 1}, lane = {5}, boxLane = {4};
+  Buffer in = randomBuffer(60, 31);
+  for (auto kind : {meshc::gen::Along::Cumsum, meshc::gen::Along::CumsumExclusive}) {
+    Buffer box(60), walked(60, 0.0f);
+    meshc::gen::along(box.data(), in.data(), outer, boxStrides, boxStrides, lane, boxLane, boxLane,
+                      kind, 0, 5, nullptr);
+    for (int64_t a = 0; a < 3; ++a)
+      for (int64_t i = 0; i < 4; ++i) {
+        double sum = 0;
+        for (int64_t j = 0; j < 5; ++j) {
+          int64_t at = a * 20 + j * 4 + i;
+          if (kind == meshc::gen::Along::CumsumExclusive) {
+            walked[size_t(at)] = float(sum);
+            sum += in[size_t(at)];
+          } else {
+            sum += in[size_t(at)];
+            walked[size_t(at)] = float(sum);
+          }
+        }
+      }
+    CHECK(box == walked);
+  }
+  Buffer sums(12), expected(12);
+  meshc::gen::reduce(sums.data(), outer, in.data(), boxStrides, lane, boxLane,
+                     meshc::gen::Reduce::Sum, 0.5);
+  for (int64_t a = 0; a < 3; ++a)
+    for (int64_t i = 0; i < 4; ++i) {
+      double sum = 0;
+      for (int64_t j = 0; j < 5; ++j)
+        sum += in[size_t(a * 20 + j * 4 + i)];
+      expected[size_t(a * 4 + i)] = float(sum * 0.5);
+    }
+  CHECK(sums == expected);
+}
+
+TEST_CASE("bf16 and f16 rounding on the bits agrees with ilogb, ldexp and nearbyint",
+          "[codegen][support]") {
+  // The interpreter's definition (compiler/interp/Interpreter.cpp), which roundToFormat
+  // computed until it was rewritten branch-free for the vectorized loops.
+  auto reference = [](double x, int mantissaBits, int minExponent, double maxFinite) {
+    if (x == 0 || !std::isfinite(x)) return x;
+    int exponent = std::max(std::ilogb(x), minExponent);
+    double quantum = std::ldexp(1.0, exponent - mantissaBits);
+    double rounded = std::nearbyint(x / quantum) * quantum;
+    if (std::fabs(rounded) > maxFinite) return std::copysign(double(INFINITY), x);
+    return rounded;
+  };
+  struct Format {
+    int mantissaBits, minExponent;
+    double maxFinite;
+  };
+  std::mt19937_64 rng(7);
+  for (Format f : {Format{7, -126, 0x1.FEp127}, Format{10, -14, 65504.0}}) {
+    std::vector<double> values = {0.0,         -0.0,         INFINITY,        -INFINITY, NAN,
+                                  f.maxFinite, -f.maxFinite, 2 * f.maxFinite, 1e300,     5e-324};
+    std::uniform_int_distribution<int> exponent(f.minExponent - f.mantissaBits - 3,
+                                                int(std::ilogb(f.maxFinite)) + 2);
+    for (int i = 0; i < 200000; ++i) {
+      // A random mantissa at a random exponent of the format's range and past its ends; every
+      // fourth one an exact tie (the bit below the kept ones set, nothing after it).
+      uint64_t bits = rng() & 0x000FFFFFFFFFFFFFull;
+      if (i % 4 == 0) {
+        int shift = 52 - f.mantissaBits;
+        bits = (bits & ~((uint64_t(1) << shift) - 1)) | (uint64_t(1) << (shift - 1));
+      }
+      double mantissa;
+      bits |= 0x3FF0000000000000ull;
+      std::memcpy(&mantissa, &bits, 8);
+      double x = std::ldexp(mantissa, exponent(rng));
+      values.push_back(i % 2 ? x : -x);
+    }
+    for (double x : values) {
+      double expected = reference(x, f.mantissaBits, f.minExponent, f.maxFinite);
+      double actual = meshc::gen::roundToFormat(x, f.mantissaBits, f.minExponent, f.maxFinite);
+      INFO("x = " << x << " (" << f.mantissaBits << " bits)");
+      if (std::isnan(expected)) {
+        CHECK(std::isnan(actual));
+        continue;
+      }
+      CHECK(actual == expected);
+      CHECK(std::signbit(actual) == std::signbit(expected));
+    }
+  }
 }
 
 TEST_CASE("the i32 cast holds the interpreter's value in both targets' support function",

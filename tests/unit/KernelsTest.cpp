@@ -212,6 +212,32 @@ TEST_CASE("einsum: batch dims loop around the GEMM, in any position", "[kernels]
         "gemm batch=3 m=4 n=6 k=5 a=N b=N pack-a pack-b");
 }
 
+TEST_CASE("einsum: batches of outer products, GEMVs and dot products run as loops", "[kernels]") {
+  // performer's FAVOR+ einsums, smaller: b=0, s=1, f=2, d=3.
+  // kf[b, s, f] v[b, s, d] -> [b, s, f, d]: K = 1.
+  EinsumSpec outer = spec({2, 3, 5, 4}, {{0, 1, 2}, {0, 1, 3}}, {0, 1, 2, 3});
+  CHECK(checkEinsum(outer, randomOperands(outer, 20)) == "gemm batch=6 m=5 n=4 k=1 a=N b=N loops");
+  // qf[b, s, f] kv[b, s, f, d] -> [b, s, d]: M = 1, b's rows contiguous.
+  EinsumSpec gemv = spec({2, 3, 5, 4}, {{0, 1, 2}, {0, 1, 2, 3}}, {0, 1, 3});
+  CHECK(checkEinsum(gemv, randomOperands(gemv, 21)) == "gemm batch=6 m=1 n=4 k=5 a=N b=N loops");
+  // The same with kv stored [b, s, d, f]: dot products along f.
+  EinsumSpec gemvT = spec({2, 3, 5, 4}, {{0, 1, 2}, {0, 1, 3, 2}}, {0, 1, 3});
+  CHECK(checkEinsum(gemvT, randomOperands(gemvT, 22)) == "gemm batch=6 m=1 n=4 k=5 a=N b=T loops");
+  // qf[b, s, f] ks[b, s, f] -> [b, s]: M = N = 1, 19 terms (past the 8 partial sums).
+  EinsumSpec dots = spec({2, 3, 19}, {{0, 1, 2}, {0, 1, 2}}, {0, 1});
+  CHECK(checkEinsum(dots, randomOperands(dots, 23)) == "gemm batch=6 m=1 n=1 k=19 a=N b=N loops");
+  // N = 1 with the batch innermost in the output (packed out): x[b, s, f] w[b, f] -> [s, b].
+  EinsumSpec column = spec({2, 3, 5}, {{0, 1, 2}, {0, 2}}, {1, 0});
+  CHECK(checkEinsum(column, randomOperands(column, 24)).find(" loops") != std::string::npos);
+  // One column per batch whose rows are contiguous in a and out: a[b, s, f, d] w[b, s, f] ->
+  // [b, s, d] (d the rows, f the terms), run as its transpose.
+  EinsumSpec column2 = spec({2, 3, 5, 4}, {{0, 1, 2, 3}, {0, 1, 2}}, {0, 1, 3});
+  CHECK(checkEinsum(column2, randomOperands(column2, 26)).find(" loops") != std::string::npos);
+  // One batch stays a library GEMM (one call).
+  EinsumSpec single = spec({5, 4}, {{0}, {1}}, {0, 1});
+  CHECK(checkEinsum(single, randomOperands(single, 25)) == "gemm batch=1 m=5 n=4 k=1 a=N b=N");
+}
+
 TEST_CASE("einsum: multi-dim M, N and K collapse; interleaved ones are packed", "[kernels]") {
   // x[b, s, d] w[d, f] -> y[b, s, f]: M = (b, s) collapses.
   EinsumSpec dense = spec({2, 3, 4, 5}, {{0, 1, 2}, {2, 3}}, {0, 1, 3});

@@ -410,6 +410,22 @@ TEST_CASE("cost model: a GEMM's efficiency by its smallest dim", "[cost]") {
   CHECK(m.gemmShapeDim == Approx(16));
 }
 
+TEST_CASE("cost model: a bf16 GEMM on a CPU without a bf16 rate runs in double", "[cost]") {
+  Machine m = parsed(kLoopsJson);
+  // The C++ target's einsum2Double: 2000 FLOPs (1 + 16/64 for its shape) at half the f32 rate,
+  // the call, and one pass over 3x the 100 bytes (cached, 10 GB/s) closing its own loop.
+  double inDouble = 2 * 2.5e-6 + 5e-6 + (300 / 1e10 + 1e-6);
+  CHECK(gemmSeconds(m, 2e3, 100, ir::DType::BF16, 64) == Approx(inDouble));
+  CHECK(gemmSeconds(m, 2e3, 100, ir::DType::F16, 64) == Approx(inDouble));
+  CHECK(gemmSeconds(m, 2e3, 100, ir::DType::F32, 64) == Approx(2.5e-6 + 5e-6));
+  // A machine with a bf16 rate (a GPU's tensor cores) runs it at that rate.
+  Machine tensorCores = m;
+  tensorCores.peakFlopsBf16 = 4e9;
+  CHECK(gemmSeconds(tensorCores, 2e3, 100, ir::DType::BF16, 64) == Approx(2.5e-6 / 4 + 5e-6));
+  // Without loop rates (a roofline machine) the dtype changes nothing.
+  CHECK(gemmSeconds(parsed(kRefinedJson), 2e3, 100, ir::DType::BF16, 16) == Approx(2e-6 + 5e-6));
+}
+
 TEST_CASE("cost model: row-wise kernels run at their measured rate per element", "[cost]") {
   Machine m = parsed(kLoopsJson);
   // 1000 elements: softmax 10 us, layer_norm 20 us, a reduction 2 us; plus the call.

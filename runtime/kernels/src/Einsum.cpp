@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 namespace meshrt::kernels {
 namespace {
@@ -216,7 +217,146 @@ void pack(const float* source, const EinsumPlan::Matrix& m, std::vector<float>& 
                   [&](int64_t o, int64_t i) { target[o] = source[i]; });
 }
 
+/// sum over i < count of x[i * xStride] * y[i * yStride], in f32: 8 partial sums over
+/// contiguous operands, so that the compiler vectorizes without reassociating one chain.
+[[gnu::always_inline]] inline float dot(const float* x, int64_t xStride, const float* y,
+                                        int64_t yStride, int64_t count) {
+  if (xStride == 1 && yStride == 1) {
+    float partial[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    int64_t i = 0;
+    for (; i + 8 <= count; i += 8)
+      for (int j = 0; j < 8; ++j)
+        partial[j] += x[i + j] * y[i + j];
+    float sum = 0;
+    for (; i < count; ++i)
+      sum += x[i] * y[i];
+    for (float value : partial)
+      sum += value;
+    return sum;
+  }
+  float sum = 0;
+  for (int64_t i = 0; i < count; ++i)
+    sum += x[i * xStride] * y[i * yStride];
+  return sum;
+}
+
+// The library builds for any x86-64 (SSE2); these loops are the kernel's whole cost, so they are
+// compiled for AVX2 and AVX-512 too and the loader picks the one this CPU runs (an ifunc).
+#if defined(__x86_64__) && defined(__linux__) && defined(__GNUC__)
+#define MESHRT_VECTOR_CLONES [[gnu::target_clones("avx512f", "avx2", "default")]]
+#else
+#define MESHRT_VECTOR_CLONES
+#endif
+
+/// c[batch] = alpha * a[batch] . b[batch] + beta * c[batch] for GEMMs of one row, one column or
+/// one term (EinsumPlan::degenerateBatched), every matrix walked by its rowStride and colStride
+/// (packed ones included, see makePacked) from its batch's offset (a, b, c per batch), in f32.
+MESHRT_VECTOR_CLONES
+void degenerateBatches(const EinsumPlan::Matrix& ma, const EinsumPlan::Matrix& mb,
+                       const EinsumPlan::Matrix& mc, const int64_t* batchOffsets, int64_t batches,
+                       const float* a, const float* b, float* c, float alpha, float beta) {
+  int64_t m = mc.rows, n = mc.cols, k = ma.cols;
+  int64_t aRow = ma.rowStride, aCol = ma.colStride, bRow = mb.rowStride, bCol = mb.colStride,
+          cRow = mc.rowStride, cCol = mc.colStride;
+  // One column of c whose rows are contiguous, as a's: computed as its transpose c^T = b^T a^T,
+  // one row, so that the rows below apply (performer's backward: 16 strided dot products of 64
+  // terms per batch became one contiguous pass per term).
+  const bool transposed = n == 1 && m > 1 && aRow == 1 && cRow == 1;
+  if (transposed) {
+    std::swap(m, n);
+    int64_t newARow = bCol, newACol = bRow, newBRow = aCol, newBCol = aRow;
+    aRow = newARow;
+    aCol = newACol;
+    bRow = newBRow;
+    bCol = newBCol;
+    cCol = cRow;
+    cRow = 0;
+  }
+  // Rows of b and c contiguous: each row of c is a sum of rows of b (one for an outer
+  // product), accumulated in contiguous lanes the compiler vectorizes.
+  const bool rows = bCol == 1 && cCol == 1 && n > 1;
+  for (int64_t batch = 0; batch < batches; ++batch) {
+    const float* A = (transposed ? b : a) + batchOffsets[3 * batch + (transposed ? 1 : 0)];
+    const float* B = (transposed ? a : b) + batchOffsets[3 * batch + (transposed ? 0 : 1)];
+    float* C = c + batchOffsets[3 * batch + 2];
+    for (int64_t i = 0; i < m; ++i) {
+      if (rows && k == 1) {
+        // An outer product's row: one scaled copy of b's row.
+        float* __restrict row = C + i * cRow;
+        const float* __restrict source = B;
+        float scale = alpha * A[i * aRow];
+        if (beta == 0)
+          for (int64_t j = 0; j < n; ++j)
+            row[j] = scale * source[j];
+        else
+          for (int64_t j = 0; j < n; ++j)
+            row[j] = scale * source[j] + beta * row[j];
+        continue;
+      }
+      if (rows) {
+        // 16 columns at a time in an accumulator of fixed width, which stays in registers (a
+        // loop over a runtime n reloading the row from memory per term ran 6x slower).
+        for (int64_t j0 = 0; j0 < n; j0 += 16) {
+          int64_t width = std::min<int64_t>(16, n - j0);
+          float acc[16] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+          const float* column = B + j0;
+          if (width == 16) {
+            for (int64_t kk = 0; kk < k; ++kk) {
+              float scale = A[i * aRow + kk * aCol];
+              const float* next = column + kk * bRow;
+              for (int j = 0; j < 16; ++j)
+                acc[j] += scale * next[j];
+            }
+          } else {
+            for (int64_t kk = 0; kk < k; ++kk) {
+              float scale = A[i * aRow + kk * aCol];
+              const float* next = column + kk * bRow;
+              for (int64_t j = 0; j < width; ++j)
+                acc[j] += scale * next[j];
+            }
+          }
+          float* row = C + i * cRow + j0;
+          if (beta == 0)
+            for (int64_t j = 0; j < width; ++j)
+              row[j] = alpha * acc[j];
+          else
+            for (int64_t j = 0; j < width; ++j)
+              row[j] = alpha * acc[j] + beta * row[j];
+        }
+        continue;
+      }
+      for (int64_t j = 0; j < n; ++j) {
+        float value = alpha * dot(A + i * aRow, aCol, B + j * bCol, bRow, k);
+        float& target = C[i * cRow + j * cCol];
+        target = beta == 0 ? value : value + beta * target;
+      }
+    }
+  }
+}
+
 } // namespace
+
+bool EinsumPlan::degenerateBatched() const {
+  int64_t batch = 1;
+  for (int64_t size : gemm.batchSizes)
+    batch *= size;
+  return batch > 1 && std::min({gemm.c.rows, gemm.c.cols, gemm.a.cols}) == 1;
+}
+
+void EinsumPlan::runDegenerateBatched(const float* a, const float* b, float* c, float alpha,
+                                      float beta) const {
+  // Each batch's offsets into a, b and c, then the loops.
+  thread_local std::vector<int64_t> offsets;
+  offsets.clear();
+  forEachIndex<3>(
+      toDims(gemm.batchSizes),
+      {toDims(gemm.a.batchStrides), toDims(gemm.b.batchStrides), toDims(gemm.c.batchStrides)},
+      [&](int64_t aBase, int64_t bBase, int64_t cBase) {
+        offsets.insert(offsets.end(), {aBase, bBase, cBase});
+      });
+  degenerateBatches(gemm.a, gemm.b, gemm.c, offsets.data(), int64_t(offsets.size() / 3), a, b, c,
+                    alpha, beta);
+}
 
 EinsumPlan::EinsumPlan(EinsumSpec spec) : spec_(std::move(spec)) {
   if (spec_.operands.empty()) throw std::invalid_argument("einsum: no operands");
@@ -322,6 +462,7 @@ std::string EinsumPlan::describe() const {
   if (gemm.a.pack) text += gemm.swapped ? " pack-b" : " pack-a";
   if (gemm.b.pack) text += gemm.swapped ? " pack-a" : " pack-b";
   if (gemm.c.pack) text += " pack-out";
+  if (degenerateBatched()) text += " loops";
   return text;
 }
 
@@ -432,12 +573,22 @@ void EinsumPlan::runGemm(const float* a, const float* b, float* out, float alpha
     pack(second, mb, packedB);
     second = packedB.data();
   }
+  // Batches of outer products, GEMVs or dot products: a library call per batch costs more than
+  // the arithmetic (oneDNN's batched matmul took 0.2-0.4 us per batch of performer's FAVOR+
+  // einsums, 7-30x the loops below).
+  bool loops = degenerateBatched();
   if (!mc.pack) {
-    gemm.library->run(first, second, out, alpha, beta);
+    if (loops)
+      runDegenerateBatched(first, second, out, alpha, beta);
+    else
+      gemm.library->run(first, second, out, alpha, beta);
     return;
   }
   packedC.resize(size_t(batch * m * n));
-  gemm.library->run(first, second, packedC.data(), alpha, 0.0f);
+  if (loops)
+    runDegenerateBatched(first, second, packedC.data(), alpha, 0.0f);
+  else
+    gemm.library->run(first, second, packedC.data(), alpha, 0.0f);
   const float* packed = packedC.data();
   Dims dense = rowMajorStrides(outShape);
   if (beta != 0)

@@ -92,6 +92,13 @@ public:
 
 private:
   void runGemm(const float* a, const float* b, float* out, float alpha, float beta) const;
+  /// Whether the GEMM is a batch (more than one) of outer products (K = 1), GEMVs (M or N = 1)
+  /// or dot products: runDegenerateBatched's loops instead of the library.
+  bool degenerateBatched() const;
+  /// c[batch] = alpha * a[batch] . b[batch] + beta * c[batch] over the (packed) matrices'
+  /// strides, in f32 loops.
+  void runDegenerateBatched(const float* a, const float* b, float* c, float alpha,
+                            float beta) const;
   void runGeneric(const float* const* operands, float* out, float alpha, float beta) const;
   void planReduce();
   void planPresum();
