@@ -108,7 +108,11 @@ bool isLinearUnary(const ir::Function& fn, const ir::Op& op) {
 /// The phase of every op of a train step (docs/planner.md): forward is what the outputs (the
 /// loss) depend on; of the rest, update is the optimizer: the step counter and what it feeds, and
 /// the elementwise ops that read a param (or an update op) directly and have the param's type (a
-/// new weight, a new moment); everything else computes gradients (backward).
+/// new weight, a new moment); everything else computes gradients (backward). A recomputed
+/// forward op (ir::kRecomputeAttr, train/Recompute.h) is backward: it runs in the backward pass,
+/// once per microbatch, and the loss does not read it. It is never update, though a copy of a
+/// cast of a weight reads the param and has its type; counted as update, it and every backward
+/// op it feeds would be charged once per step instead of once per microbatch.
 std::vector<Phase> opPhases(const ir::Function& fn) {
   std::vector<Phase> phases(fn.ops.size(), Phase::Forward);
   if (fn.kind != ir::Function::Kind::Train || !ir::hasOptimizerUpdates(fn)) return phases;
@@ -133,6 +137,10 @@ std::vector<Phase> opPhases(const ir::Function& fn) {
   for (size_t i = 0; i < fn.ops.size(); ++i) {
     const ir::Op& op = fn.ops[i];
     if (forward[i]) continue;
+    if (op.attr(ir::kRecomputeAttr)) {
+      phases[i] = Phase::Backward;
+      continue;
+    }
     bool update = op.kind == OpKind::TrainStep;
     for (ir::ValueId operand : op.operands) {
       uint32_t producer = fn.values[operand].definingOp;
