@@ -158,6 +158,11 @@ private:
     open = -1;
   }
 
+  /// Whether unit `u` is an op of the forward pass. A backward all-reduce never joins a forward
+  /// group: it would move its cone into the forward pass, and a recomputed layer's copies
+  /// (train/Recompute.h) would then run in forward and live until backward, as kept activations.
+  bool inForward(size_t u) const { return fn_.ops[units_[u].first].phase == Phase::Forward; }
+
   /// Before unit `reader` reads the group's results: later all-reduces of its kind join when
   /// the ops they need can run now, then the group closes.
   void flush(size_t group, size_t reader) {
@@ -166,7 +171,8 @@ private:
          ++it) {
       size_t candidate = *it;
       if (state_[candidate] != State::Unplaced ||
-          groups_[group].bytes + units_[candidate].bytes > kBucketBytes)
+          groups_[group].bytes + units_[candidate].bytes > kBucketBytes ||
+          inForward(groups_[group].members.front()) != inForward(candidate))
         continue;
       std::vector<size_t> cone;
       if (!coneOf(candidate, cone)) continue;
