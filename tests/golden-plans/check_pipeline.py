@@ -208,6 +208,47 @@ def main():
            "four stages with --recompute: less memory, a longer step",
            f"{recomputed['peak_memory_bytes']} vs {kept['peak_memory_bytes']}")
 
+    # Recomputation adds to the backward, per microbatch: bench/megatron_1t.mesh at small sizes
+    # (bf16 compute from f32 master weights: the copies include the weights' casts, which the
+    # planner once took for the update, so that every gradient they fed was charged once per
+    # step and a stage's backward came out near zero). Each stage's backward grows by its
+    # layers' recomputed forward (positive, at most a layer's forward, the same per layer on
+    # every stage), its forward and once-per-step work stay, its activations shrink.
+    megatron = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bench",
+                            "megatron_1t.mesh")
+    small = ["--mesh", "stage=4,data=2,model=2", "--microbatches", "batch=4"]
+    for dim, size in [("layers", 8), ("batch", 16), ("d_model", 256), ("heads", 4),
+                      ("d_head", 64), ("d_ff", 1024), ("vocab", 512), ("seq", 128),
+                      ("mem", 128)]:
+        small += ["--dim", f"{dim}={size}"]
+    mixed = {}
+    for extra in ([], ["--recompute=decoder_layer"]):
+        proc = subprocess.run([binary, megatron, "--emit=plan-json", *small, *extra],
+                              capture_output=True, text=True, timeout=300)
+        expect(proc.returncode == 0, f"megatron_1t.mesh at small sizes {' '.join(extra)}",
+               proc.stderr)
+        mixed[bool(extra)] = json.loads(proc.stdout)[0]["pipeline"]
+    plain, recomputed = mixed[False], mixed[True]
+    per_layer = []
+    for a, b in zip(plain["stages"], recomputed["stages"]):
+        expect(a["layers"] == b["layers"] and close(a["once_seconds"], b["once_seconds"], 1e-9)
+               and close(a["forward_seconds"], b["forward_seconds"], 0.01)
+               and b["activation_bytes"] < a["activation_bytes"],
+               f"bf16 with --recompute, stage of layers {a['first_layer']}+: the same split, "
+               "forward and once-per-step work, fewer activations", f"{a}\n{b}")
+        added = (b["backward_seconds"] - a["backward_seconds"]) / a["layers"]
+        expect(0 < added <= 1.01 * a["forward_seconds"] / a["layers"],
+               f"bf16 with --recompute, stage of layers {a['first_layer']}+: the backward grows "
+               f"by at most a forward per layer ({added:.6g} s)", f"{a}\n{b}")
+        per_layer.append(added)
+    expect(max(per_layer) <= 1.01 * min(per_layer),
+           "bf16 with --recompute: the same recomputed time per layer on every stage",
+           str(per_layer))
+    expect(recomputed["step_seconds"] > plain["step_seconds"] and
+           recomputed["peak_memory_bytes"] < plain["peak_memory_bytes"],
+           "bf16 with --recompute: a longer step, less memory",
+           f"{recomputed['step_seconds']} vs {plain['step_seconds']}")
+
     # Code generation takes the stage layout (tests/e2e: e2e.train.stages.*; tests/cuda), with
     # --recompute too (the recomputed layer's forward runs again in its stage's backward).
     cpp = subprocess.run([binary, example, "--emit=cpp", "--function", "lm_train", *base],
