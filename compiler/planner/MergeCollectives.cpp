@@ -124,6 +124,18 @@ private:
       for (SpmdValueId value : writes)
         producer_[value] = static_cast<int>(u);
     }
+    // Units lowered from a recomputed copy: the IR ops whose SPMD compute op carries the
+    // attribute, and every op lowered from them (the collectives resolving their results).
+    std::vector<size_t> copySources;
+    for (const SpmdOp& op : fn_.ops)
+      for (const auto& attr : op.attrs)
+        if (attr.first == ir::kRecomputeAttr) copySources.push_back(op.sourceOp);
+    std::sort(copySources.begin(), copySources.end());
+    recomputed_.assign(units_.size(), 0);
+    for (size_t u = 0; u < units_.size(); ++u)
+      for (size_t i = units_[u].first; i < units_[u].end; ++i)
+        if (std::binary_search(copySources.begin(), copySources.end(), fn_.ops[i].sourceOp))
+          recomputed_[u] = 1;
     state_.assign(units_.size(), State::Unplaced);
     groupOf_.assign(units_.size(), -1);
     visited_.assign(units_.size(), 0);
@@ -158,9 +170,9 @@ private:
     open = -1;
   }
 
-  /// Whether unit `u` is an op of the forward pass. A backward all-reduce never joins a forward
-  /// group: it would move its cone into the forward pass, and a recomputed layer's copies
-  /// (train/Recompute.h) would then run in forward and live until backward, as kept activations.
+  /// Whether unit `u` is an op of the forward pass. An all-reduce lowered from a recomputed
+  /// layer's copies (train/Recompute.h), or needing them, never joins a forward group: the
+  /// copies would move into the forward pass and live until backward, as kept activations.
   bool inForward(size_t u) const { return fn_.ops[units_[u].first].phase == Phase::Forward; }
 
   /// Before unit `reader` reads the group's results: later all-reduces of its kind join when
@@ -171,11 +183,15 @@ private:
          ++it) {
       size_t candidate = *it;
       if (state_[candidate] != State::Unplaced ||
-          groups_[group].bytes + units_[candidate].bytes > kBucketBytes ||
-          inForward(groups_[group].members.front()) != inForward(candidate))
+          groups_[group].bytes + units_[candidate].bytes > kBucketBytes)
         continue;
       std::vector<size_t> cone;
       if (!coneOf(candidate, cone)) continue;
+      bool forwardGroup = inForward(groups_[group].members.front());
+      if (forwardGroup &&
+          (recomputed_[candidate] ||
+           std::any_of(cone.begin(), cone.end(), [&](size_t u) { return recomputed_[u] != 0; })))
+        continue;
       std::sort(cone.begin(), cone.end());
       for (size_t u : cone)
         place(u);
@@ -295,7 +311,8 @@ private:
   SpmdFunction& fn_;
   const Machine& machine_;
   std::vector<Unit> units_;
-  std::vector<int> producer_; // per value: its unit
+  std::vector<int> producer_;    // per value: its unit
+  std::vector<char> recomputed_; // per unit: lowered from a recomputed copy
   std::vector<State> state_;
   std::vector<int> groupOf_;
   std::vector<uint32_t> visited_;
