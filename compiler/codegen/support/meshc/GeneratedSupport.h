@@ -1301,20 +1301,30 @@ inline void softmaxRow(float* y, const float* x, int64_t size) {
     y[i] = y[i] * inverse;
 }
 
+namespace detail {
+
+/// 1 / sqrt(variance + eps) of a row whose mean is meanHigh + meanLow: the centered second
+/// moment in f32 lanes (sumLanes: its terms are the deviations themselves), then one f32 scale.
+inline float inverseDeviation(const float* x, int64_t size, float meanHigh, float meanLow,
+                              double count, double eps) {
+  double variance = sumLanes(x, size,
+                             [meanHigh, meanLow](float v) {
+                               float centered = (v - meanHigh) - meanLow;
+                               return centered * centered;
+                             }) /
+                    count;
+  return float(1 / std::sqrt(variance + eps));
+}
+
+} // namespace detail
+
 /// Layer norm (without gain and bias) of one contiguous row over `count` global elements: the
 /// mean summed in double (a row far from zero would lose its deviations to an f32 sum), kept as
-/// two floats so that x - mean loses nothing to its rounding; the centered second moment in
-/// f32 lanes (sumLanes: its terms are the deviations themselves); then one f32 scale.
+/// two floats so that x - mean loses nothing to its rounding; then the inverse deviation.
 inline void layerNormRow(float* y, const float* x, int64_t size, double count, double eps) {
   double mean = detail::sumRun(x, size) / count;
   float meanHigh = float(mean), meanLow = float(mean - double(meanHigh));
-  double variance = detail::sumLanes(x, size,
-                                     [meanHigh, meanLow](float v) {
-                                       float centered = (v - meanHigh) - meanLow;
-                                       return centered * centered;
-                                     }) /
-                    count;
-  float scale = float(1 / std::sqrt(variance + eps));
+  float scale = detail::inverseDeviation(x, size, meanHigh, meanLow, count, eps);
   for (int64_t i = 0; i < size; ++i)
     y[i] = ((x[i] - meanHigh) - meanLow) * scale;
 }
@@ -1326,13 +1336,7 @@ namespace detail {
 inline void layerNormAffineRow(float* y, const float* x, int64_t size, double mean, double count,
                                double eps, const float* gain, const float* bias) {
   float meanHigh = float(mean), meanLow = float(mean - double(meanHigh));
-  double variance = sumLanes(x, size,
-                             [meanHigh, meanLow](float v) {
-                               float centered = (v - meanHigh) - meanLow;
-                               return centered * centered;
-                             }) /
-                    count;
-  float scale = float(1 / std::sqrt(variance + eps));
+  float scale = inverseDeviation(x, size, meanHigh, meanLow, count, eps);
   for (int64_t i = 0; i < size; ++i) {
     float normalized = ((x[i] - meanHigh) - meanLow) * scale;
     float scaled = normalized * gain[i];
