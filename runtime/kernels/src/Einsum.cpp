@@ -241,8 +241,18 @@ void pack(const float* source, const EinsumPlan::Matrix& m, std::vector<float>& 
 }
 
 // The library builds for any x86-64 (SSE2); these loops are the kernel's whole cost, so they are
-// compiled for AVX2 and AVX-512 too and the loader picks the one this CPU runs (an ifunc).
-#if defined(__x86_64__) && defined(__linux__) && defined(__GNUC__)
+// compiled for AVX2 and AVX-512 too and the loader picks the one this CPU runs (an ifunc). Not in
+// sanitizer builds: the ifunc's resolver runs while the loader relocates, before the sanitizer's
+// runtime has started, and instrumented it crashes there (TSan's __tsan_func_entry).
+#if defined(__has_feature)
+#if __has_feature(thread_sanitizer) || __has_feature(address_sanitizer)
+#define MESHRT_SANITIZED 1
+#endif
+#endif
+#if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
+#define MESHRT_SANITIZED 1
+#endif
+#if defined(__x86_64__) && defined(__linux__) && defined(__GNUC__) && !defined(MESHRT_SANITIZED)
 #define MESHRT_VECTOR_CLONES [[gnu::target_clones("avx512f", "avx2", "default")]]
 #else
 #define MESHRT_VECTOR_CLONES
