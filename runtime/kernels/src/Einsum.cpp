@@ -274,11 +274,8 @@ void degenerateBatches(const EinsumPlan::Matrix& ma, const EinsumPlan::Matrix& m
   const bool transposed = n == 1 && m > 1 && aRow == 1 && cRow == 1;
   if (transposed) {
     std::swap(m, n);
-    int64_t newARow = bCol, newACol = bRow, newBRow = aCol, newBCol = aRow;
-    aRow = newARow;
-    aCol = newACol;
-    bRow = newBRow;
-    bCol = newBCol;
+    std::swap(aRow, bCol); // a^T's rows are b's columns, and b^T's rows a's columns
+    std::swap(aCol, bRow);
     cCol = cRow;
     cRow = 0;
   }
