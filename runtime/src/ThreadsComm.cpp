@@ -499,6 +499,9 @@ private:
     for (int q = 0; q < size(); ++q) {
       if (group_.slots[q].arrivals.load(std::memory_order_relaxed) >= arrival) continue;
       int worldRank = group_.worldRanks[q];
+      // A peer whose deadline passed at the same moment withdraws its arrival before it records
+      // the failure: it is here, not missing.
+      if (world_.waitsAt(worldRank, Waiting{&group_, false, arrival})) continue;
       missing.push_back(worldRank);
       if (world_.exited[worldRank].load(std::memory_order_acquire))
         exited += (exited.empty() ? "" : ", ") + std::to_string(worldRank);

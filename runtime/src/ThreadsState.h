@@ -265,6 +265,15 @@ public:
   void clearWaiting(int worldRank) {
     waiting_[size_t(worldRank)].group.store(nullptr, std::memory_order_release);
   }
+  /// Whether `worldRank` still publishes that it waits as `where` says: a peer that arrived at
+  /// the same barrier and is withdrawing its arrival after its own timeout (not a missing rank).
+  bool waitsAt(int worldRank, const Waiting& where) const {
+    const WaitSlot& slot = waiting_[size_t(worldRank)];
+    return slot.group.load(std::memory_order_acquire) == where.group &&
+           slot.started.load(std::memory_order_relaxed) == where.started &&
+           slot.mark.load(std::memory_order_relaxed) == where.mark &&
+           slot.peer.load(std::memory_order_relaxed) == where.peer;
+  }
 
   /// The ranks that really hold up a wait for the world ranks `missing`: a missing rank that is
   /// itself waiting in another collective stands for the ranks it waits for, transitively, so

@@ -9,6 +9,7 @@
 #include "meshrt/Threads.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -732,18 +733,25 @@ TEST_CASE("initParams fills each rank's block of the whole tensor, only on its s
   Buffer whole(12);
   meshrt::kernels::fillParam(whole.data(), meshrt::kernels::wholeTensor({4, 3}), 7, "w",
                              meshrt::kernels::makeInit("normal", {{"mean", 0.5}, {"stddev", 2.0}}));
+  // Per rank: w, b, late, then late again without stages (checked on the main thread:
+  // Catch's assertions are not thread-safe).
+  std::vector<std::array<Buffer, 4>> held(2);
   onRanks(2, [&](meshrt::Communicator& world) {
-    Buffer w, b, late;
-    Buffer* const data[] = {&w, &b, &late};
+    std::array<Buffer, 4>& mine = held[size_t(world.rank())];
+    Buffer* const data[] = {&mine[0], &mine[1], &mine[2]};
     meshc::gen::initParams(world, 7, world.rank(), specs, inits, data);
-    CHECK(w == blockOf(whole, {4, 3}, 0, world.rank(), 2));
+    // Without stages (-1) every rank holds every param.
+    Buffer w2, b2;
+    Buffer* const data2[] = {&w2, &b2, &mine[3]};
+    meshc::gen::initParams(world, 7, -1, specs, inits, data2);
+  });
+  for (int rank = 0; rank < 2; ++rank) {
+    INFO("rank " << rank);
+    const auto& [w, b, late, late2] = held[size_t(rank)];
+    CHECK(w == blockOf(whole, {4, 3}, 0, rank, 2));
     CHECK(b == Buffer(5, meshc::gen::roundValue(meshc::gen::DType::BF16, 1.3)));
     CHECK(b[0] != 1.3f); // rounded to bf16
-    CHECK(late == (world.rank() == 1 ? Buffer{1.0f, 1.0f} : Buffer{}));
-    // Without stages (-1) every rank holds every param.
-    Buffer w2, b2, late2;
-    Buffer* const data2[] = {&w2, &b2, &late2};
-    meshc::gen::initParams(world, 7, -1, specs, inits, data2);
+    CHECK(late == (rank == 1 ? Buffer{1.0f, 1.0f} : Buffer{}));
     CHECK(late2 == Buffer{1.0f, 1.0f});
-  });
+  }
 }
