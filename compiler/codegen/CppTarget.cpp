@@ -152,10 +152,19 @@ public:
         operands.push_back(fmt::format("{{{}, {{}}}}", list(gemm.operandDims[k])));
         pointers.push_back(name(gemm.operands[k]) + ".data()");
       }
-      std::string plan = file.einsum(fmt::format("{{{}, {{{}}}, {{{}, {{}}}}}}", list(gemm.sizes),
-                                                 fmt::join(operands, ", "), list(gemm.outDims))) +
-                         ".plan()";
+      std::string spec = fmt::format("{{{}, {{{}}}, {{{}, {{}}}}}}", list(gemm.sizes),
+                                     fmt::join(operands, ", "), list(gemm.outDims));
       std::string out = fmt::format("// dims: {}\n", fmt::join(gemm.dims, ", "));
+      if (gemm.causal.kind != kir::Gemm::Causal::Kind::None) {
+        // Over the lower triangle of key blocks (causal-attention-blocks).
+        bool scores = gemm.causal.kind == kir::Gemm::Causal::Kind::Scores;
+        std::string causal = file.causalEinsum(fmt::format(
+            "{}, {}, {}, {}, {}, {}", spec, gemm.causal.row, gemm.causal.col, gemm.causal.block,
+            scores ? -1 : gemm.causal.weights, floatLiteral(scores ? gemm.causal.fill : 0.0)));
+        return out + fmt::format("{}.run({}, {}, {}.data(), {});\n", causal, pointers[0],
+                                 pointers[1], name(gemm.out), floatLiteral(gemm.alpha));
+      }
+      std::string plan = file.einsum(spec) + ".plan()";
       if (gemm.bias != kir::kNoBuffer) // the bias and GELU as the GEMM's post-ops
         return out + fmt::format("{}.runBiasActivation({}, {}, {}.data(), {}.data(), {});\n", plan,
                                  pointers[0], pointers[1], name(gemm.bias), name(gemm.out),

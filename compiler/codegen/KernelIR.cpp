@@ -490,9 +490,21 @@ private:
                     gemm.bias != kNoBuffer ? fmt::format(" + {}[{}]", name(gemm.bias),
                                                          gemm.dims[size_t(gemm.outDims.back())])
                                            : "");
-    out += fmt::format("  gemm {}{} = {} : {} ({})\n", name(gemm.out), named(gemm.outDims),
+    std::string causal;
+    auto dim = [&](int64_t d) {
+      return d >= 0 && size_t(d) < gemm.dims.size() ? gemm.dims[size_t(d)] : "?";
+    };
+    if (gemm.causal.kind == Gemm::Causal::Kind::Scores)
+      causal =
+          fmt::format(" causal scores (rows {}, cols {}, block {}, fill {})", dim(gemm.causal.row),
+                      dim(gemm.causal.col), gemm.causal.block, gemm.causal.fill);
+    else if (gemm.causal.kind == Gemm::Causal::Kind::Context)
+      causal = fmt::format(" causal context (rows {}, cols {}, block {}, weights operand {})",
+                           dim(gemm.causal.row), dim(gemm.causal.col), gemm.causal.block,
+                           gemm.causal.weights);
+    out += fmt::format("  gemm {}{} = {} : {} ({}){}\n", name(gemm.out), named(gemm.outDims),
                        gemm.gelu ? "gelu(" + value + ")" : value, ir::dtypeName(gemm.dtype),
-                       fmt::join(sizes, " "));
+                       fmt::join(sizes, " "), causal);
   }
 
   void print(const Call& call, const Stmt& stmt) {

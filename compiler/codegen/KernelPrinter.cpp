@@ -731,13 +731,21 @@ std::string FileScope::einsum(const std::string& spec) {
   return fmt::format("kEinsum{}", it->second);
 }
 
+std::string FileScope::causalEinsum(const std::string& args) {
+  auto [it, added] = causalIndex.try_emplace(args, causals.size());
+  if (added) causals.push_back(args);
+  return fmt::format("kCausal{}", it->second);
+}
+
 std::string FileScope::definitions() const {
   std::string out;
   for (size_t k = 0; k < shapes.size(); ++k)
     out += fmt::format("static const support::Shape kShape{} = {};\n", k, list(shapes[k]));
   for (size_t k = 0; k < einsums.size(); ++k)
     out += fmt::format("static const support::SharedEinsum kEinsum{}({});\n", k, einsums[k]);
-  if ((!shapes.empty() || !einsums.empty()) && !functions.empty()) out += "\n";
+  for (size_t k = 0; k < causals.size(); ++k)
+    out += fmt::format("static const support::CausalEinsum kCausal{}({});\n", k, causals[k]);
+  if ((!shapes.empty() || !einsums.empty() || !causals.empty()) && !functions.empty()) out += "\n";
   // Not inlined: each copy would be compiled again, which is what outlining saves.
   for (size_t k = 0; k < functions.size(); ++k)
     out += fmt::format("[[gnu::noinline]] static void loop{}({}) {{\n{}}}\n\n", k,

@@ -79,6 +79,9 @@ public:
   /// The einsum of `spec` (meshrt::kernels::EinsumSpec's initializer) as a
   /// `support::SharedEinsum` ("kEinsum2"), added when new.
   std::string einsum(const std::string& spec);
+  /// A causal attention GEMM (Gemm::Causal) of `args` (support::CausalEinsum's constructor
+  /// arguments) as a `support::CausalEinsum` ("kCausal0"), added when new.
+  std::string causalEinsum(const std::string& args);
   /// The function `static void <name>(<parameters>) {<body>}` ("loop3"), added when no
   /// function of the same parameters and body is there yet.
   std::string function(const std::string& parameters, const std::string& body);
@@ -90,6 +93,8 @@ private:
   std::vector<kir::Shape> shapes;
   std::map<std::string, size_t> einsumIndex;
   std::vector<std::string> einsums;
+  std::map<std::string, size_t> causalIndex;
+  std::vector<std::string> causals;
   std::map<std::pair<std::string, std::string>, size_t> functionIndex;
   std::vector<std::pair<std::string, std::string>> functions; // parameters, body
 };

@@ -1,6 +1,7 @@
 // The code generation pipeline (Lower.h): the one place that lists the kernel passes in order.
 #include "codegen/Lower.h"
 
+#include "codegen/CausalAttentionBlocks.h"
 #include "codegen/ContractPairwise.h"
 #include "codegen/EliminateCommonSubexpressions.h"
 #include "codegen/EliminateDeadCode.h"
@@ -50,6 +51,9 @@ const std::vector<KernelPass>& kernelPasses() {
       {"fuse-gemm-epilogues",
        "a bias add along the last dim and GELU after a GEMM: the GEMM's post-ops",
        fuseGemmEpilogues},
+      {"causal-attention-blocks",
+       "causal attention's scores and probs . v GEMMs over the lower triangle of key blocks",
+       causalAttentionBlocks},
       {"write-updates-in-place",
        "optimizer updates stored straight into their params when nothing reads the old value after",
        writeUpdatesInPlace},

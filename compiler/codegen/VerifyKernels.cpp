@@ -234,6 +234,24 @@ private:
            gemm->outDims.empty() || !valid(gemm->bias) || gemm->bias == gemm->out ||
            fn.buffers[size_t(gemm->bias)].elements != elements({gemm->outDims.back()})))
         fail(where, "a GEMM epilogue without alpha 1, beta 0, f32 and a bias along its last dim");
+      if (gemm->causal.kind != Gemm::Causal::Kind::None) {
+        const Gemm::Causal& c = gemm->causal;
+        auto has = [&](const std::vector<int64_t>& dims, int64_t d) {
+          return std::find(dims.begin(), dims.end(), d) != dims.end();
+        };
+        bool scores = c.kind == Gemm::Causal::Kind::Scores;
+        bool shaped = c.row >= 0 && size_t(c.row) < gemm->sizes.size() && c.col >= 0 &&
+                      size_t(c.col) < gemm->sizes.size() && c.row != c.col && c.block > 0 &&
+                      gemm->sizes[size_t(c.row)] == gemm->sizes[size_t(c.col)] &&
+                      gemm->sizes[size_t(c.row)] % c.block == 0 && gemm->operands.size() == 2 &&
+                      gemm->beta == 0 && gemm->bias == kNoBuffer && gemm->dtype == DType::F32 &&
+                      has(gemm->outDims, c.row) && has(gemm->outDims, c.col) == scores &&
+                      (scores || (c.weights >= 0 && c.weights < 2 &&
+                                  has(gemm->operandDims[size_t(c.weights)], c.row) &&
+                                  has(gemm->operandDims[size_t(c.weights)], c.col)));
+        if (!shaped)
+          fail(where, "a causal GEMM whose rows, cols, block or weights do not fit its dims");
+      }
     } else if (const Collective* c = std::get_if<Collective>(&stmt.node)) {
       if (c->axes.empty() || c->buffers.empty()) fail(where, "a collective over nothing");
       if (c->phase == Collective::Phase::Start) {

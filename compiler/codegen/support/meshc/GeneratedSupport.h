@@ -875,6 +875,166 @@ private:
   mutable std::optional<meshrt::kernels::EinsumPlan> plan_;
 };
 
+/// A causal attention GEMM of the generated code (Gemm::Causal, causal-attention-blocks): the
+/// f32 einsum `spec` (dense operands) over the lower triangle of `block` x `block` tiles of the
+/// query dim `row` and the key dim `col`, as one EinsumPlan per block over the operands' own
+/// strides (built on first use, shared as SharedEinsum's).
+/// `weights` < 0 (the scores): `col` is an output dim; key block j is taken against the query
+/// rows from j * block on (fewer, taller GEMMs than row blocks: oneDNN's kernels are faster on
+/// tall blocks; bench/README.md), and the entries above the blocks' diagonal are written as
+/// `fill` (the masked softmax that alone reads them puts its fill there anyway).
+/// `weights` >= 0 (probs . v): `col` is contracted with that operand, a softmax's result whose
+/// entries above the diagonal are zero unless a whole row was masked; query block i is taken
+/// against the key positions below (i + 1) * block when its weights above are all zero, against
+/// every key position otherwise (so the result is the whole einsum's, up to the order of the
+/// sums).
+class CausalEinsum {
+public:
+  CausalEinsum(meshrt::kernels::EinsumSpec spec, int row, int col, int64_t block, int weights,
+               float fill)
+      : spec_(std::move(spec)), row_(row), col_(col), block_(block), weights_(weights),
+        fill_(fill) {}
+
+  void run(const float* a, const float* b, float* out, float alpha) const {
+    std::call_once(once_, [this] { plan(); });
+    size_t blocks = blocks_.size();
+    // Context: the query blocks with a nonzero weight above the diagonal (a wholly masked row).
+    thread_local std::vector<char> whole;
+    whole.assign(blocks, 0);
+    if (weights_ >= 0)
+      forSegments(size_t(weights_), weights_ ? b : a,
+                  [&](const float* x, int64_t n, int64_t stride, int64_t i) {
+                    if (whole[size_t(i)]) return;
+                    // Any nonzero bit pattern (-0 too: then every key, as exact), one OR
+                    // per element (a contiguous run vectorizes).
+                    uint32_t bits = 0;
+                    auto word = [](const float* at) {
+                      uint32_t u;
+                      std::memcpy(&u, at, sizeof u);
+                      return u;
+                    };
+                    if (stride == 1)
+                      for (int64_t c = 0; c < n; ++c)
+                        bits |= word(x + c);
+                    else
+                      for (int64_t c = 0; c < n; ++c)
+                        bits |= word(x + c * stride);
+                    if (bits) whole[size_t(i)] = 1;
+                  });
+    for (size_t i = 0; i < blocks; ++i) {
+      // Scores: the key blocks write disjoint columns; context: disjoint query rows.
+      const Block& blk = blocks_[i];
+      const auto& plan = whole[i] ? *blk.whole : blk.lower;
+      plan.run(a + blk.offsets[0], b + blk.offsets[1], out + blk.offsets[2], alpha, 0.0f);
+    }
+    if (weights_ < 0)
+      forSegments(2, out, [&](const float* x, int64_t n, int64_t stride, int64_t) {
+        float* y = const_cast<float*>(x);
+        if (stride == 1) {
+          std::fill_n(y, n, fill_);
+          return;
+        }
+        for (int64_t c = 0; c < n; ++c)
+          y[c * stride] = fill_;
+      });
+  }
+
+private:
+  /// One block's GEMM (scores: a key block's column of the triangle; context: a query block's
+  /// row of it, and `whole`, the same rows against every key position).
+  struct Block {
+    meshrt::kernels::EinsumPlan lower;
+    std::optional<meshrt::kernels::EinsumPlan> whole;
+    int64_t offsets[3] = {0, 0, 0};
+  };
+
+  /// Dense strides of operand k (2: the output) over the full sizes.
+  Shape denseStrides(size_t k) const {
+    const std::vector<int>& dims = k < 2 ? spec_.operands[k].dims : spec_.out.dims;
+    Shape strides(dims.size(), 1);
+    for (size_t d = dims.size(); d-- > 1;)
+      strides[d - 1] = strides[d] * spec_.sizes[size_t(dims[d])];
+    return strides;
+  }
+  int64_t strideOf(size_t k, int dim) const {
+    const std::vector<int>& dims = k < 2 ? spec_.operands[k].dims : spec_.out.dims;
+    Shape strides = denseStrides(k);
+    for (size_t d = 0; d < dims.size(); ++d)
+      if (dims[d] == dim) return strides[d];
+    return 0;
+  }
+
+  /// Calls visit(start, count, col stride, query block) for the part above the blocks'
+  /// diagonal of every line along `col` of operand k (2: the output) at `base`: the key
+  /// positions from the end of the line's query block on.
+  template <class Visit> void forSegments(size_t k, const float* base, Visit visit) const {
+    const std::vector<int>& dims = k < 2 ? spec_.operands[k].dims : spec_.out.dims;
+    Shape strides = denseStrides(k), extents, walk;
+    int64_t colStride = 0;
+    size_t rowAt = 0;
+    for (size_t d = 0; d < dims.size(); ++d) {
+      if (dims[d] == col_) {
+        colStride = strides[d];
+        continue;
+      }
+      if (dims[d] == row_) rowAt = extents.size();
+      extents.push_back(spec_.sizes[size_t(dims[d])]);
+      walk.push_back(strides[d]);
+    }
+    // An odometer over the other dims (no division per line).
+    Shape index(extents.size(), 0);
+    int64_t lines = product(extents), offset = 0;
+    for (int64_t line = 0; line < lines; ++line) {
+      int64_t block = index[rowAt] / block_, from = (block + 1) * block_;
+      if (from < size_) visit(base + offset + from * colStride, size_ - from, colStride, block);
+      for (size_t d = extents.size(); d-- > 0;) {
+        offset += walk[d];
+        if (++index[d] < extents[d]) break;
+        offset -= walk[d] * extents[d];
+        index[d] = 0;
+      }
+    }
+  }
+
+  void plan() const {
+    size_ = spec_.sizes[size_t(row_)];
+    auto blockSpec = [&](int64_t rows, int64_t cols) {
+      meshrt::kernels::EinsumSpec spec = spec_;
+      spec.sizes[size_t(row_)] = rows;
+      spec.sizes[size_t(col_)] = cols;
+      for (size_t k = 0; k < 2; ++k)
+        spec.operands[k].strides = denseStrides(k);
+      spec.out.strides = denseStrides(2);
+      return spec;
+    };
+    for (int64_t i = 0; i * block_ < size_; ++i) {
+      int64_t start = i * block_;
+      if (weights_ < 0) { // key block i against the query rows from its start on
+        Block blk{meshrt::kernels::EinsumPlan(blockSpec(size_ - start, block_)), std::nullopt, {}};
+        for (size_t k = 0; k < 3; ++k)
+          blk.offsets[k] = start * (strideOf(k, row_) + strideOf(k, col_));
+        blocks_.push_back(std::move(blk));
+        continue;
+      }
+      // query block i against the keys below its end (or all of them)
+      Block blk{meshrt::kernels::EinsumPlan(blockSpec(block_, start + block_)), std::nullopt, {}};
+      blk.whole.emplace(blockSpec(block_, size_));
+      for (size_t k = 0; k < 3; ++k)
+        blk.offsets[k] = start * strideOf(k, row_);
+      blocks_.push_back(std::move(blk));
+    }
+  }
+
+  meshrt::kernels::EinsumSpec spec_;
+  int row_, col_;
+  int64_t block_;
+  int weights_;
+  float fill_;
+  mutable std::once_flag once_;
+  mutable std::vector<Block> blocks_;
+  mutable int64_t size_ = 0;
+};
+
 inline void einsum2(float* out, const float* a, const float* b, const GemmDims& d) {
   int64_t M = product(d.m), N = product(d.n), K = product(d.k), B = product(d.batch);
   if (M == 0 || N == 0 || B == 0) return;
