@@ -755,3 +755,51 @@ TEST_CASE("initParams fills each rank's block of the whole tensor, only on its s
     CHECK(late2 == Buffer{1.0f, 1.0f});
   }
 }
+
+TEST_CASE("CausalEinsum: the attention GEMMs over the lower triangle of blocks, as the whole "
+          "einsum where it is read",
+          "[codegen][support]") {
+  // [batch 2, heads 2, seq = mem = 96 (3 blocks of 32), d_head 8]; the layouts of
+  // causal-attention-blocks' GEMMs in lm: q[b,s,h,e] . k[b,m,h,e] -> scores[b,h,s,m], then
+  // weights[b,h,s,m] . v[b,m,h,e] -> context[b,s,h,e].
+  const int64_t batch = 2, heads = 2, size = 96, dHead = 8, block = 32;
+  Buffer q = randomBuffer(size_t(batch * size * heads * dHead), 41), k = randomBuffer(q.size(), 42),
+         v = randomBuffer(q.size(), 43),
+         weights = randomBuffer(size_t(batch * heads * size * size), 44);
+  auto keyOf = [&](size_t i) { return int64_t(i) % size; };
+  auto queryOf = [&](size_t i) { return int64_t(i) / size % size; };
+  for (size_t i = 0; i < weights.size(); ++i)
+    if (keyOf(i) > queryOf(i)) weights[i] = 0; // a causal softmax's zeros
+  meshrt::kernels::EinsumSpec scores{{batch, heads, size, dHead, size},
+                                     {{{0, 2, 1, 3}, {}}, {{0, 4, 1, 3}, {}}},
+                                     {{0, 1, 2, 4}, {}}};
+  meshrt::kernels::EinsumSpec context{{batch, heads, size, size, dHead},
+                                      {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}},
+                                      {{0, 2, 1, 4}, {}}};
+  SECTION("scores: the einsum's values in the blocks on and below the diagonal, the fill above") {
+    Buffer expected(weights.size()), blocked(weights.size(), 7.0f);
+    meshrt::kernels::EinsumPlan(scores).run(q.data(), k.data(), expected.data(), 0.125f);
+    meshc::gen::CausalEinsum(scores, 2, 4, block, -1, -1e9f)
+        .run(q.data(), k.data(), blocked.data(), 0.125f);
+    for (size_t i = 0; i < blocked.size(); ++i) {
+      INFO("element " << i << ": query " << queryOf(i) << ", key " << keyOf(i));
+      if (keyOf(i) / block > queryOf(i) / block)
+        REQUIRE(blocked[i] == -1e9f);
+      else
+        REQUIRE(blocked[i] == Approx(expected[i]).margin(1e-5).epsilon(1e-5));
+    }
+  }
+  SECTION("context: the whole einsum, also where a row's weights above the diagonal are not "
+          "zero (a wholly masked row's are uniform)") {
+    meshc::gen::CausalEinsum causal(context, 2, 3, block, 0, 0.0f);
+    for (bool masked : {false, true}) {
+      INFO("a wholly masked row: " << masked);
+      if (masked) // query 40 of batch 1, head 0 (block 1): uniform weights
+        std::fill_n(weights.begin() + ((1 * heads + 0) * size + 40) * size, size, 1.0f / size);
+      Buffer expected(q.size()), blocked(q.size(), 7.0f);
+      meshrt::kernels::EinsumPlan(context).run(weights.data(), v.data(), expected.data());
+      causal.run(weights.data(), v.data(), blocked.data(), 1.0f);
+      requireClose(blocked, expected);
+    }
+  }
+}

@@ -1,6 +1,7 @@
 // The kernel IR's passes and verifier on small hand-built functions: each pass's rewrite where
 // it applies, its refusal where it would change the result, and the verifier's checks. (That the
 // rewritten programs still compute the interpreter's values is tested end to end: tests/e2e.)
+#include "codegen/CausalAttentionBlocks.h"
 #include "codegen/ContractPairwise.h"
 #include "codegen/EliminateCommonSubexpressions.h"
 #include "codegen/EliminateDeadCode.h"
@@ -770,6 +771,189 @@ TEST_CASE("fuse-gemm-epilogues: a bias along the last dim and GELU become the GE
     gemm.alpha = 1;
     gemm.bias = wide;
     CHECK(!verifyKernels(b.fn).empty());
+  }
+}
+
+namespace {
+
+/// Causal attention as lowering and the passes before causal-attention-blocks leave it, over
+/// [batch 1, heads 2, seq = mem = `size`, d_head 4]: in the constructor an iota of the
+/// positions and `causal` = cast(pos[s] `compare` pos[m]) (Ge: the causal mask, key m <= query
+/// s); in run() mask = cast(tokens >= 0) * causal > 0.5 (`rawFactor`: an f32 input times causal
+/// instead, which may be inf or NaN), scores = 0.125 * q . k, weights = maskedSoftmax(scores,
+/// mask), context = weights . v.
+struct Attention {
+  Builder b;
+  BufferId pos, causal, tokens, mask, q, k, v, scores, weights, context;
+  size_t scoresGemm = 0, softmax = 0, contextGemm = 0;
+
+  explicit Attention(int64_t size, ir::OpKind compare = ir::OpKind::Ge, bool rawFactor = false) {
+    const int64_t heads = 2, dHead = 4;
+    pos = b.buffer(size, Storage::Persistent);
+    causal = b.buffer(size * size, Storage::Persistent);
+    tokens = b.buffer(size, Storage::Input);
+    mask = b.buffer(size * size);
+    q = b.buffer(size * heads * dHead, Storage::Input);
+    k = b.buffer(size * heads * dHead, Storage::Input);
+    v = b.buffer(size * heads * dHead, Storage::Input);
+    scores = b.buffer(heads * size * size);
+    weights = b.buffer(heads * size * size);
+    context = b.buffer(size * heads * dHead);
+    b.fn.buffers[size_t(pos)].dtype = b.fn.buffers[size_t(tokens)].dtype =
+        b.fn.buffers[size_t(mask)].dtype = DType::I32;
+    if (rawFactor) b.fn.buffers[size_t(tokens)].dtype = DType::F32;
+    b.fn.init.push_back(
+        Stmt{.node = Call{.callee = Callee::Iota,
+                          .args = {Arg{.kind = Arg::Kind::Data, .buffer = pos}, intsArg({size}),
+                                   intsArg({1}), Arg{.kind = Arg::Kind::Int, .value = 0}},
+                          .out = pos}});
+    Loop triangle{.dims = {"seq", "mem"}, .extents = {size, size}};
+    triangle.reads = {Access{pos, {1, 0}}, Access{pos, {0, 1}}};
+    triangle.body = {
+        Scalar{.kind = Scalar::Kind::Load, .read = 0, .dtype = DType::I32},
+        Scalar{.kind = Scalar::Kind::Load, .read = 1, .dtype = DType::I32},
+        Scalar{.kind = Scalar::Kind::Compute, .op = compare, .args = {0, 1}, .dtype = DType::I32},
+        Scalar{.kind = Scalar::Kind::Compute, .op = ir::OpKind::Cast, .args = {2}}};
+    triangle.stores = {Store{Access{causal, {size, 1}}, 3}};
+    b.fn.init.push_back(Stmt{.node = std::move(triangle)});
+
+    Loop masking{.dims = {"seq", "mem"}, .extents = {size, size}};
+    masking.reads = {Access{tokens, {1, 0}}, Access{causal, {size, 1}}};
+    DType tokenType = rawFactor ? DType::F32 : DType::I32;
+    masking.body = {Scalar{.kind = Scalar::Kind::Load, .read = 0, .dtype = tokenType},
+                    Scalar{.kind = Scalar::Kind::Const, .value = 0, .dtype = tokenType},
+                    Scalar{.kind = Scalar::Kind::Compute,
+                           .op = ir::OpKind::Ge,
+                           .args = {0, 1},
+                           .dtype = DType::I32},
+                    Scalar{.kind = Scalar::Kind::Compute, .op = ir::OpKind::Cast, .args = {2}},
+                    Scalar{.kind = Scalar::Kind::Load, .read = 1},
+                    Scalar{.kind = Scalar::Kind::Compute,
+                           .op = ir::OpKind::Mul,
+                           .args = {rawFactor ? 0 : 3, 4}},
+                    Scalar{.kind = Scalar::Kind::Const, .value = 0.5},
+                    Scalar{.kind = Scalar::Kind::Compute,
+                           .op = ir::OpKind::Gt,
+                           .args = {5, 6},
+                           .dtype = DType::I32}};
+    masking.stores = {Store{Access{mask, {size, 1}}, 7}};
+    b.fn.body.push_back(Stmt{.node = std::move(masking)});
+
+    // dims b=0 h=1 s=2 e=3 m=4: q[b,s,h,e] . k[b,m,h,e] -> scores[b,h,s,m]
+    scoresGemm = b.fn.body.size();
+    b.fn.body.push_back(Stmt{.node = Gemm{.dims = {"batch", "heads", "seq", "d_head", "mem"},
+                                          .sizes = {1, heads, size, dHead, size},
+                                          .operands = {q, k},
+                                          .operandDims = {{0, 2, 1, 3}, {0, 4, 1, 3}},
+                                          .out = scores,
+                                          .outDims = {0, 1, 2, 4},
+                                          .alpha = 0.125}});
+    softmax = b.fn.body.size();
+    b.fn.body.push_back(Stmt{
+        .node =
+            Call{.callee = Callee::MaskedSoftmax,
+                 .args = {Arg{.kind = Arg::Kind::Data, .buffer = weights},
+                          Arg{.kind = Arg::Kind::Data, .buffer = scores},
+                          Arg{.kind = Arg::Kind::Data, .buffer = mask}, intsArg({1, heads, size}),
+                          intsArg({0, 0, size}), Arg{.kind = Arg::Kind::Int, .value = double(size)},
+                          Arg{.kind = Arg::Kind::Int, .value = 1},
+                          Arg{.kind = Arg::Kind::Real, .value = -1e9}},
+                 .out = weights,
+                 .reads = {scores, mask}}});
+    // dims b=0 h=1 s=2 m=3 e=4: weights[b,h,s,m] . v[b,m,h,e] -> context[b,s,h,e]
+    contextGemm = b.fn.body.size();
+    b.fn.body.push_back(Stmt{.node = Gemm{.dims = {"batch", "heads", "seq", "mem", "d_head"},
+                                          .sizes = {1, heads, size, size, dHead},
+                                          .operands = {weights, v},
+                                          .operandDims = {{0, 1, 2, 3}, {0, 3, 1, 4}},
+                                          .out = context,
+                                          .outDims = {0, 2, 1, 4}}});
+    b.fn.outputs = {context};
+  }
+  const Gemm& gemm(size_t index) const { return std::get<Gemm>(b.fn.body[index].node); }
+};
+
+} // namespace
+
+TEST_CASE("causal-attention-blocks: the scores and probs . v GEMMs of a causal mask in blocks") {
+  SECTION("the causal mask: both GEMMs over the lower triangle of 32-position blocks") {
+    Attention a(64);
+    REQUIRE(verifyKernels(a.b.fn).empty());
+    causalAttentionBlocks(a.b.fn);
+    REQUIRE(verifyKernels(a.b.fn).empty());
+    const Gemm::Causal& scores = a.gemm(a.scoresGemm).causal;
+    CHECK(scores.kind == Gemm::Causal::Kind::Scores);
+    CHECK(scores.row == 2); // seq
+    CHECK(scores.col == 4); // mem
+    CHECK(scores.block == 32);
+    CHECK(scores.fill == -1e9);
+    const Gemm::Causal& context = a.gemm(a.contextGemm).causal;
+    CHECK(context.kind == Gemm::Causal::Kind::Context);
+    CHECK(context.row == 2); // seq
+    CHECK(context.col == 3); // mem, contracted
+    CHECK(context.block == 32);
+    CHECK(context.weights == 0);
+    // Everything else as it was.
+    Attention plain(64);
+    for (size_t k = 0; k < a.b.fn.body.size(); ++k)
+      if (k != a.scoresGemm && k != a.contextGemm)
+        CHECK(a.b.fn.body[k].node == plain.b.fn.body[k].node);
+  }
+  SECTION("i <= j, i < j and i > j: the mirrored masks, and a strict causal one") {
+    for (auto [compare, fires] :
+         {std::pair{ir::OpKind::Le, false}, std::pair{ir::OpKind::Lt, false},
+          std::pair{ir::OpKind::Gt, true}}) {
+      Attention a(64, compare);
+      causalAttentionBlocks(a.b.fn);
+      CHECK((a.gemm(a.scoresGemm).causal.kind == Gemm::Causal::Kind::Scores) == fires);
+      CHECK((a.gemm(a.contextGemm).causal.kind == Gemm::Causal::Kind::Context) == fires);
+    }
+  }
+  SECTION("not blocked: seq not a multiple of the block or one block only, a factor that may be "
+          "inf, a mask not built from positions, scores read again") {
+    auto unchanged = [](Attention& a) {
+      std::vector<Stmt> before = a.b.fn.body;
+      causalAttentionBlocks(a.b.fn);
+      REQUIRE(a.b.fn.body.size() == before.size());
+      for (size_t k = 0; k < before.size(); ++k)
+        CHECK(a.b.fn.body[k].node == before[k].node);
+    };
+    Attention ragged(48), single(32), raw(64, ir::OpKind::Ge, /*rawFactor=*/true);
+    unchanged(ragged);
+    unchanged(single);
+    unchanged(raw);
+    // The mask an input: nothing known of it.
+    Attention input(64);
+    input.b.fn.buffers[size_t(input.mask)].storage = Storage::Input;
+    input.b.fn.buffers[size_t(input.mask)].index = 1;
+    input.b.fn.body.erase(input.b.fn.body.begin());
+    --input.scoresGemm, --input.softmax, --input.contextGemm;
+    unchanged(input);
+    // The causal triangle written twice: its second writer may change it.
+    Attention twice(64);
+    twice.b.fn.init.push_back(twice.b.fn.init.back());
+    unchanged(twice);
+    // The scores also an output: their entries above the diagonal are needed.
+    Attention kept(64);
+    kept.b.fn.outputs.push_back(kept.scores);
+    causalAttentionBlocks(kept.b.fn);
+    CHECK(kept.gemm(kept.scoresGemm).causal.kind == Gemm::Causal::Kind::None);
+    CHECK(kept.gemm(kept.contextGemm).causal.kind == Gemm::Causal::Kind::Context);
+  }
+  SECTION("the verifier rejects a causal GEMM whose dims do not fit") {
+    Attention a(64);
+    causalAttentionBlocks(a.b.fn);
+    REQUIRE(verifyKernels(a.b.fn).empty());
+    Gemm& scores = std::get<Gemm>(a.b.fn.body[a.scoresGemm].node);
+    scores.causal.block = 48; // 64 is no multiple of it
+    CHECK(!verifyKernels(a.b.fn).empty());
+    scores.causal.block = 32;
+    scores.causal.col = 3; // d_head: not the key dim's size
+    CHECK(!verifyKernels(a.b.fn).empty());
+    scores.causal.col = 4;
+    Gemm& context = std::get<Gemm>(a.b.fn.body[a.contextGemm].node);
+    context.causal.weights = 1; // v has no query dim
+    CHECK(!verifyKernels(a.b.fn).empty());
   }
 }
 
