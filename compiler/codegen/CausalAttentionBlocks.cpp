@@ -6,6 +6,7 @@
 #include <cmath>
 #include <map>
 #include <optional>
+#include <set>
 
 namespace meshc::kir {
 namespace {
@@ -97,7 +98,9 @@ private:
   Value load(const Loop& loop, const Scalar& scalar) const {
     const Access& access = loop.reads[size_t(scalar.read)];
     Value result;
-    result.finite = scalar.dtype == DType::I32; // i32 values are exact integers
+    // i32 values are exact integers; a buffer of finite values (cast(tokens >= 0) of a train
+    // step, stored once for two readers) reads back finite.
+    result.finite = scalar.dtype == DType::I32 || finite.count(access.buffer);
     if (const Triangle* t = triangle(access.buffer)) {
       if (auto dims = matchTriangle(*t, loop.extents, access.strides)) {
         result = zeroAbove(dims->first, dims->second);
@@ -187,10 +190,12 @@ private:
     Shape dense = rowMajorStrides(loop.extents);
     for (const Store& store : loop.stores) {
       const Value& value = values[size_t(store.value)];
-      if (value.kind != Value::Kind::ZeroAbove || store.at.strides != dense ||
-          !onlyWriter(store.at.buffer) ||
+      // Only a buffer this loop writes whole, alone, point for point, holds what it stores.
+      if (store.at.strides != dense || !onlyWriter(store.at.buffer) ||
           fn.buffers[size_t(store.at.buffer)].elements != elements(loop.extents))
         continue;
+      if (value.finite) finite.insert(store.at.buffer);
+      if (value.kind != Value::Kind::ZeroAbove) continue;
       Triangle triangle;
       for (size_t d = 0; d < loop.extents.size(); ++d) {
         if (loop.extents[d] == 1) continue;
@@ -209,6 +214,7 @@ private:
   std::vector<int> writers;
   std::map<BufferId, int64_t> iotas; // buffer -> its length
   std::map<BufferId, Triangle> triangles;
+  std::set<BufferId> finite; // every element finite
 };
 
 /// A GEMM the pass may take in blocks: f32, two operands, beta 0, no epilogue, not yet marked.

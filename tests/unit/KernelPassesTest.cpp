@@ -893,6 +893,21 @@ TEST_CASE("causal-attention-blocks: the scores and probs . v GEMMs of a causal m
     CHECK(context.col == 3); // mem, contracted
     CHECK(context.block == 32);
     CHECK(context.weights == 0);
+    // A train step's: cast(tokens >= 0) stored into an f32 buffer of its own first (finite).
+    Attention stored(64);
+    BufferId valid = stored.b.buffer(64);
+    Loop& masking = std::get<Loop>(stored.b.fn.body[0].node);
+    Loop cast{.dims = {"seq"}, .extents = {64}, .reads = {Access{stored.tokens, {1}}}};
+    cast.body = {masking.body[0], masking.body[1], masking.body[2], masking.body[3]};
+    cast.stores = {Store{Access{valid, {1}}, 3}};
+    masking.reads[0] = Access{valid, {1, 0}};
+    masking.body[0].dtype = DType::F32;
+    masking.body[5].args = {0, 4};
+    stored.b.fn.body.insert(stored.b.fn.body.begin(), Stmt{.node = std::move(cast)});
+    REQUIRE(verifyKernels(stored.b.fn).empty());
+    causalAttentionBlocks(stored.b.fn);
+    CHECK(std::get<Gemm>(stored.b.fn.body[stored.scoresGemm + 1].node).causal.kind ==
+          Gemm::Causal::Kind::Scores);
     // Everything else as it was.
     Attention plain(64);
     for (size_t k = 0; k < a.b.fn.body.size(); ++k)
