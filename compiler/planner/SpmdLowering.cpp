@@ -1034,14 +1034,22 @@ struct PlanEvaluator::Impl {
         chains_(machine_, mesh_, fn.values.size()), boundStateOf_(fn.values.size(), -1),
         walk_(fn.values.size()) {
     oversubscription_ = oversubscription(machine, mesh);
+    // Per type: its dims' indices (an op's involved dims, below, without hashing their names).
+    std::vector<std::vector<int>> dimsOfType;
     for (const ir::Value& value : fn.values) {
-      typeIds_.push_back(internType(value.type));
-      for (const ir::Dim& dim : value.type.dims)
-        if (dimIndex_.try_emplace(dim.name, static_cast<int>(dimNames_.size())).second) {
+      int typeId = internType(value.type);
+      typeIds_.push_back(typeId);
+      if (static_cast<size_t>(typeId) < dimsOfType.size()) continue; // its dims are known
+      std::vector<int>& dims = dimsOfType.emplace_back();
+      for (const ir::Dim& dim : value.type.dims) {
+        auto [it, added] = dimIndex_.try_emplace(dim.name, static_cast<int>(dimNames_.size()));
+        if (added) {
           dimNames_.push_back(dim.name);
           dimSizes_.push_back(dim.size);
           if (dim.size > 1) relevantDims_.push_back(dim.name);
         }
+        dims.push_back(it->second);
+      }
     }
     lastUse_.assign(fn.values.size(), -1);
     freesAt_.resize(fn.ops.size() + 1);
@@ -1053,11 +1061,9 @@ struct PlanEvaluator::Impl {
       staticIds_.push_back(internStatic(op, loopRoles_[i]));
       std::vector<int> involved;
       auto addDims = [&](ir::ValueId value) {
-        for (const ir::Dim& dim : fn.typeOf(value).dims) {
-          int index = dimIndex_.at(dim.name);
+        for (int index : dimsOfType[static_cast<size_t>(typeIds_[value])])
           if (std::find(involved.begin(), involved.end(), index) == involved.end())
             involved.push_back(index);
-        }
       };
       for (ir::ValueId operand : op.operands)
         addDims(operand);
@@ -1070,11 +1076,11 @@ struct PlanEvaluator::Impl {
       lastUse_[update.value] = static_cast<int>(fn.ops.size());
     modelBackward_ = fn.kind == ir::Function::Kind::Train && !ir::hasOptimizerUpdates(fn);
     readers_.assign(fn.values.size(), 0);
-    for (const ir::Op& op : fn.ops) {
-      std::set<ir::ValueId> distinct(op.operands.begin(), op.operands.end());
-      for (ir::ValueId operand : distinct)
-        ++readers_[operand];
-    }
+    for (const ir::Op& op : fn.ops)
+      for (size_t k = 0; k < op.operands.size(); ++k) // each distinct operand once
+        if (std::find(op.operands.begin(), op.operands.begin() + static_cast<std::ptrdiff_t>(k),
+                      op.operands[k]) == op.operands.begin() + static_cast<std::ptrdiff_t>(k))
+          ++readers_[op.operands[k]];
     phases_ = opPhases(fn);
     readersOf_.resize(fn.values.size());
     for (uint32_t j = 0; j < fn.ops.size(); ++j)
@@ -2085,7 +2091,7 @@ EvalResult PlanEvaluator::Impl::run(const Layout& layout, SpmdFunction* out, dou
     SpmdOp spmdOp;
     spmdOp.kind = SpmdOp::Kind::Compute;
     spmdOp.computeKind = op.kind;
-    spmdOp.operands = operandIds;
+    spmdOp.operands = std::move(operandIds);
     spmdOp.result = newValue(fn_.typeOf(op.result), plan.result, fn_.values[op.result].name);
     if (describe_) spmdOp.attrs = op.attrs;
     if (describe_) spmdOp.loc = op.loc;
