@@ -1101,7 +1101,7 @@ struct PlanEvaluator::Impl {
       opKeys_.add(fn.ops[i].operands, involved_[i], fn.ops[i].result);
     // The lower bound's terms and the repeated segments are made when a search first needs
     // them: an engine that only lowers (lowerToSpmd: the ZeRO forms, the final plans of
-    // tests) never reads them, and at 96 layers they were half of its construction.
+    // tests) never reads them, and at 96 layers they were a third of its construction.
   }
 
   /// The walk over the ops. Without `out`, it stops as soon as what it has summed is a lower
