@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <map>
+#include <span>
 
 namespace meshc::plan {
 
@@ -21,8 +22,8 @@ namespace {
 /// An op with the in-place collectives that follow it (the op's own communication, which code
 /// generation absorbs into it: they never move apart).
 struct Unit {
-  size_t first = 0, end = 0; // its ops: [first, end)
-  std::vector<SpmdValueId> reads;
+  size_t first = 0, end = 0;           // its ops: [first, end)
+  size_t readsBegin = 0, readsEnd = 0; // the values it reads: Merger::reads_[begin, end)
   int key = -1; // a mergeable all-reduce: its axes and dtype, interned; -1 otherwise
   int64_t bytes = 0;
 };
@@ -60,7 +61,7 @@ public:
     buildUnits();
     for (size_t u = 0; u < units_.size(); ++u) {
       if (state_[u] != State::Unplaced) continue;
-      for (SpmdValueId value : units_[u].reads)
+      for (SpmdValueId value : readsOf(u))
         if (int group = pendingGroupOf(value); group >= 0) flush(static_cast<size_t>(group), u);
       if (units_[u].key < 0) {
         place(u);
@@ -84,7 +85,7 @@ private:
 
   void buildUnits() {
     std::map<std::pair<AxisList, ir::DType>, int> keys;
-    std::vector<int> unitOf(fn_.values.size(), -1); // the unit that writes each value
+    units_.reserve(fn_.ops.size());
     for (size_t i = 0; i < fn_.ops.size(); ++i) {
       const SpmdOp& op = fn_.ops[i];
       bool follower = !units_.empty() && op.kind == SpmdOp::Kind::Collective &&
@@ -108,19 +109,23 @@ private:
       units_.push_back(std::move(unit));
     }
     producer_.assign(fn_.values.size(), -1);
+    std::vector<SpmdValueId> writes; // per unit, reused (an exact costing has 40,000 units)
     for (size_t u = 0; u < units_.size(); ++u) {
       Unit& unit = units_[u];
-      std::vector<SpmdValueId> writes;
+      writes.clear();
       for (size_t i = unit.first; i < unit.end; ++i) {
         const SpmdOp& op = fn_.ops[i];
         writes.push_back(op.result);
         writes.insert(writes.end(), op.results.begin(), op.results.end());
       }
+      unit.readsBegin = reads_.size();
       for (size_t i = unit.first; i < unit.end; ++i)
         for (SpmdValueId operand : fn_.ops[i].operands)
           if (std::find(writes.begin(), writes.end(), operand) == writes.end() &&
-              std::find(unit.reads.begin(), unit.reads.end(), operand) == unit.reads.end())
-            unit.reads.push_back(operand);
+              std::find(reads_.begin() + static_cast<std::ptrdiff_t>(unit.readsBegin), reads_.end(),
+                        operand) == reads_.end())
+            reads_.push_back(operand);
+      unit.readsEnd = reads_.size();
       for (SpmdValueId value : writes)
         producer_[value] = static_cast<int>(u);
     }
@@ -143,6 +148,10 @@ private:
     byKey_.resize(keys.size());
     for (size_t u = 0; u < units_.size(); ++u)
       if (units_[u].key >= 0) byKey_[units_[u].key].push_back(u);
+  }
+
+  std::span<const SpmdValueId> readsOf(size_t u) const {
+    return {reads_.data() + units_[u].readsBegin, units_[u].readsEnd - units_[u].readsBegin};
   }
 
   int pendingGroupOf(SpmdValueId value) const {
@@ -208,7 +217,7 @@ private:
     while (!work.empty()) {
       size_t u = work.back();
       work.pop_back();
-      for (SpmdValueId value : units_[u].reads) {
+      for (SpmdValueId value : readsOf(u)) {
         int p = producer_[value];
         if (p < 0 || visited_[p] == stamp_) continue;
         visited_[p] = stamp_;
@@ -311,8 +320,9 @@ private:
   SpmdFunction& fn_;
   const Machine& machine_;
   std::vector<Unit> units_;
-  std::vector<int> producer_;    // per value: its unit
-  std::vector<char> recomputed_; // per unit: lowered from a recomputed copy
+  std::vector<SpmdValueId> reads_; // the units' reads, one after the other (Unit::readsBegin)
+  std::vector<int> producer_;      // per value: its unit
+  std::vector<char> recomputed_;   // per unit: lowered from a recomputed copy
   std::vector<State> state_;
   std::vector<int> groupOf_;
   std::vector<uint32_t> visited_;

@@ -261,51 +261,61 @@ std::optional<ReshardPath> planReshard(const ir::TensorType& type, const TensorL
     double seconds = 0;
     size_t steps = 0;
     bool done = false;
-    std::optional<TensorLayout> previous;
+    int64_t previous = -1; // the state it was reached from (an index into `states`)
     ReshardStep step;
   };
-  std::map<TensorLayout, Reached> reached;
-  using Entry = std::tuple<double, size_t, uint64_t, TensorLayout>;
+  // The states reached, each once, named by an index in the queue and the back links (copying
+  // a layout per queue entry and per link was most of a search's time).
+  std::map<TensorLayout, size_t> indexOf;
+  std::vector<const TensorLayout*> states; // indexOf's keys, which stay put
+  std::vector<Reached> reached;
+  auto indexFor = [&](const TensorLayout& state) -> std::pair<size_t, bool> {
+    auto [it, inserted] = indexOf.try_emplace(state, states.size());
+    if (inserted) {
+      states.push_back(&it->first);
+      reached.emplace_back();
+    }
+    return {it->second, inserted};
+  };
+  // Ordered by time, then steps, then the order queued (unique: the index never decides).
+  using Entry = std::tuple<double, size_t, uint64_t, size_t>;
   std::priority_queue<Entry, std::vector<Entry>, std::greater<Entry>> queue;
   uint64_t order = 0;
-  reached[from] = Reached{};
-  queue.emplace(0.0, 0, order++, from);
+  queue.emplace(0.0, 0, order++, indexFor(from).first);
   ReshardGraph graph(type, mesh, machine);
 
   while (!queue.empty()) {
     if (reached.size() > kMaxStates) return fallbackPath(type, from, to, mesh, machine);
-    TensorLayout state = std::get<3>(queue.top());
+    size_t index = std::get<3>(queue.top());
     queue.pop();
-    Reached& here = reached[state];
-    if (here.done) continue;
-    here.done = true;
+    if (reached[index].done) continue;
+    reached[index].done = true;
     // The best path found, which a near-tie with fewer steps may have replaced after this
     // entry was queued.
-    double seconds = here.seconds;
-    size_t steps = here.steps;
+    double seconds = reached[index].seconds;
+    size_t steps = reached[index].steps;
+    const TensorLayout& state = *states[index];
     if (state == to) {
       ReshardPath path;
       path.seconds = seconds;
-      for (const TensorLayout* at = &state; reached[*at].previous;) {
-        Reached& node = reached[*at];
-        path.steps.push_back(node.step);
-        at = &*node.previous;
-      }
+      for (int64_t at = static_cast<int64_t>(index); reached[size_t(at)].previous >= 0;
+           at = reached[size_t(at)].previous)
+        path.steps.push_back(reached[size_t(at)].step);
       std::reverse(path.steps.begin(), path.steps.end());
       return path;
     }
     graph.forEachEdge(state, [&](Collective collective, const TensorLayout& next,
                                  double edgeSeconds) {
       double total = seconds + edgeSeconds;
-      auto [it, inserted] = reached.try_emplace(next);
-      Reached& there = it->second;
+      auto [nextIndex, inserted] = indexFor(next);
+      Reached& there = reached[nextIndex];
       if (!inserted && (there.done || !betterPath(total, steps + 1, there.seconds, there.steps)))
         return;
       there.seconds = total;
       there.steps = steps + 1;
-      there.previous = state;
+      there.previous = static_cast<int64_t>(index);
       there.step = ReshardStep{std::move(collective), next, edgeSeconds};
-      queue.emplace(total, steps + 1, order++, next);
+      queue.emplace(total, steps + 1, order++, nextIndex);
     });
   }
   return std::nullopt;

@@ -15,6 +15,7 @@
 #include "planner/PlanReport.h"
 #include "planner/RepeatedSegments.h"
 #include "planner/Reshard.h"
+#include "planner/ReshardMemo.h"
 #include "planner/TrainPhases.h"
 
 #include "ir/OpTraits.h"
@@ -1033,14 +1034,22 @@ struct PlanEvaluator::Impl {
         chains_(machine_, mesh_, fn.values.size()), boundStateOf_(fn.values.size(), -1),
         walk_(fn.values.size()) {
     oversubscription_ = oversubscription(machine, mesh);
+    // Per type: its dims' indices (an op's involved dims, below, without hashing their names).
+    std::vector<std::vector<int>> dimsOfType;
     for (const ir::Value& value : fn.values) {
-      typeIds_.push_back(internType(value.type));
-      for (const ir::Dim& dim : value.type.dims)
-        if (dimIndex_.try_emplace(dim.name, static_cast<int>(dimNames_.size())).second) {
+      int typeId = internType(value.type);
+      typeIds_.push_back(typeId);
+      if (static_cast<size_t>(typeId) < dimsOfType.size()) continue; // its dims are known
+      std::vector<int>& dims = dimsOfType.emplace_back();
+      for (const ir::Dim& dim : value.type.dims) {
+        auto [it, added] = dimIndex_.try_emplace(dim.name, static_cast<int>(dimNames_.size()));
+        if (added) {
           dimNames_.push_back(dim.name);
           dimSizes_.push_back(dim.size);
           if (dim.size > 1) relevantDims_.push_back(dim.name);
         }
+        dims.push_back(it->second);
+      }
     }
     lastUse_.assign(fn.values.size(), -1);
     freesAt_.resize(fn.ops.size() + 1);
@@ -1052,11 +1061,9 @@ struct PlanEvaluator::Impl {
       staticIds_.push_back(internStatic(op, loopRoles_[i]));
       std::vector<int> involved;
       auto addDims = [&](ir::ValueId value) {
-        for (const ir::Dim& dim : fn.typeOf(value).dims) {
-          int index = dimIndex_.at(dim.name);
+        for (int index : dimsOfType[static_cast<size_t>(typeIds_[value])])
           if (std::find(involved.begin(), involved.end(), index) == involved.end())
             involved.push_back(index);
-        }
       };
       for (ir::ValueId operand : op.operands)
         addDims(operand);
@@ -1069,11 +1076,11 @@ struct PlanEvaluator::Impl {
       lastUse_[update.value] = static_cast<int>(fn.ops.size());
     modelBackward_ = fn.kind == ir::Function::Kind::Train && !ir::hasOptimizerUpdates(fn);
     readers_.assign(fn.values.size(), 0);
-    for (const ir::Op& op : fn.ops) {
-      std::set<ir::ValueId> distinct(op.operands.begin(), op.operands.end());
-      for (ir::ValueId operand : distinct)
-        ++readers_[operand];
-    }
+    for (const ir::Op& op : fn.ops)
+      for (size_t k = 0; k < op.operands.size(); ++k) // each distinct operand once
+        if (std::find(op.operands.begin(), op.operands.begin() + static_cast<std::ptrdiff_t>(k),
+                      op.operands[k]) == op.operands.begin() + static_cast<std::ptrdiff_t>(k))
+          ++readers_[op.operands[k]];
     phases_ = opPhases(fn);
     readersOf_.resize(fn.values.size());
     for (uint32_t j = 0; j < fn.ops.size(); ++j)
@@ -1090,10 +1097,11 @@ struct PlanEvaluator::Impl {
       if (param.trainable && modelBackward_) trainable_[param.value] = true;
     for (int64_t size : dimSizes_)
       maxSplit_.push_back(maxDivisorSplit(size));
-    prepareBound();
     for (uint32_t i = 0; i < fn.ops.size(); ++i) // after findPartners: its dims are final
       opKeys_.add(fn.ops[i].operands, involved_[i], fn.ops[i].result);
-    findSegments();
+    // The lower bound's terms and the repeated segments are made when a search first needs
+    // them: an engine that only lowers (lowerToSpmd: the ZeRO forms, the final plans of
+    // tests) never reads them, and at 96 layers they were a third of its construction.
   }
 
   /// The walk over the ops. Without `out`, it stops as soon as what it has summed is a lower
@@ -1241,6 +1249,7 @@ struct PlanEvaluator::Impl {
     double live = 0, peakLive = 0, activationSum = 0;
   };
   bool replaySegments_ = true;
+  bool segmentsFound_ = false;        // findSegments() ran (on the first walk that may replay)
   std::vector<SegmentCopy> segments_; // in op order; only kinds with several copies
   std::vector<SegmentKind> segmentKinds_;
   size_t segmentMemoBytes_ = 0;
@@ -1278,7 +1287,8 @@ private:
       key += '=';
       key += std::to_string(dim.size);
     }
-    auto [it, inserted] = typeIdOf_.try_emplace(std::move(key), static_cast<int>(typeIdOf_.size()));
+    auto [it, inserted] = typeIdOf_.try_emplace(key, static_cast<int>(typeIdOf_.size()));
+    if (inserted) typeKeys_.push_back(std::move(key));
     return it->second;
   }
 
@@ -1354,29 +1364,17 @@ private:
     return best;
   }
 
-  /// A reshard path with what every walk that takes it reads of its steps, computed once: each
-  /// step's mergeable latency (mergeableLatencySeconds: on a machine of several nodes it scans
-  /// every rank) and the local bytes of its result.
-  struct ReshardEntry {
-    std::optional<ReshardPath> path;
-    std::vector<double> mergeableSeconds, stepBytes; // per step
-  };
+  /// The reshard entries (ReshardMemo.h): this evaluator's by its interned ids, the process's
+  /// (shared with every evaluator on the same machine and mesh) on a miss.
   const ReshardEntry& reshardEntry(ir::ValueId value, int from, int to) {
     auto key = std::make_tuple(typeIds_[value], from, to);
     auto it = reshardMemo_.find(key);
     if (it == reshardMemo_.end()) {
-      ReshardEntry entry;
-      entry.path = planReshard(fn_.typeOf(value), states_[from], states_[to], mesh_, machine_);
-      if (entry.path)
-        for (const ReshardStep& step : entry.path->steps) {
-          entry.mergeableSeconds.push_back(
-              mergeableLatencySeconds(machine_, mesh_, step.collective));
-          entry.stepBytes.push_back(
-              static_cast<double>(localBytes(fn_.typeOf(value), step.after, mesh_)));
-        }
-      it = reshardMemo_.emplace(key, std::move(entry)).first;
+      const ReshardEntry& entry = sharedReshards_.entry(
+          typeKeys_[size_t(typeIds_[value])], fn_.typeOf(value), states_[from], states_[to]);
+      it = reshardMemo_.emplace(key, &entry).first;
     }
-    return it->second;
+    return *it->second;
   }
   const std::optional<ReshardPath>& reshard(ir::ValueId value, int from, int to) {
     return reshardEntry(value, from, to).path;
@@ -1384,6 +1382,7 @@ private:
 
   std::vector<int> typeIds_;
   std::unordered_map<std::string, int> typeIdOf_;
+  std::vector<std::string> typeKeys_; // per type id: its key in typeIdOf_
   std::unordered_map<std::string, int> staticIdOf_;
   std::vector<int> staticIds_;
   std::vector<LoopRole> loopRoles_; // per op (LoopNests.h)
@@ -1415,6 +1414,7 @@ private:
   /// The layout-independent parts of an op's cost on a machine that models loops (BoundTerm).
   void boundLoopTerms(const ir::Op& op, const LoopRole& role, BoundTerm& term) const;
   std::vector<int> boundTermOf_; // per op: its term, -1 when free
+  bool boundPrepared_ = false;   // prepareBound() ran (on the first partial layout's bound)
   /// What the bound knows with a set of dims assigned (one set per level of the search): the
   /// ops it costs exactly (their dims assigned, their operands known), in order, and the
   /// others' terms with how many ops have each.
@@ -1433,7 +1433,8 @@ private:
   std::unordered_map<std::vector<int>, OpPlan, VectorHash> opMemo_;
   OpKeyTable<OpPlan, OpCost> opKeys_; // per op: what its key reads, and its last key
   std::vector<int> key_;              // scratch for planOf
-  std::map<std::tuple<int, int, int>, ReshardEntry> reshardMemo_; // by (type, from, to)
+  std::map<std::tuple<int, int, int>, const ReshardEntry*> reshardMemo_; // by (type, from, to)
+  ReshardMemo sharedReshards_{machine_, mesh_};
 };
 
 namespace {
@@ -2090,7 +2091,7 @@ EvalResult PlanEvaluator::Impl::run(const Layout& layout, SpmdFunction* out, dou
     SpmdOp spmdOp;
     spmdOp.kind = SpmdOp::Kind::Compute;
     spmdOp.computeKind = op.kind;
-    spmdOp.operands = operandIds;
+    spmdOp.operands = std::move(operandIds);
     spmdOp.result = newValue(fn_.typeOf(op.result), plan.result, fn_.values[op.result].name);
     if (describe_) spmdOp.attrs = op.attrs;
     if (describe_) spmdOp.loc = op.loc;
@@ -2126,6 +2127,10 @@ EvalResult PlanEvaluator::Impl::run(const Layout& layout, SpmdFunction* out, dou
   // Copies of repeated segments are replayed from a memoized walk of a copy alike (findSegments)
   // when they can be, else walked op by op and memoized; a walk that writes an SPMD function
   // walks every op.
+  if (!out && replaySegments_ && !segmentsFound_) {
+    findSegments();
+    segmentsFound_ = true;
+  }
   bool memoize = !out && replaySegments_ && !segments_.empty() && !chains.hasUncountedGroups();
   std::optional<SegmentRecorder> recording;
   size_t nextCopy = 0;
@@ -2503,6 +2508,10 @@ double PlanEvaluator::Impl::lowerBound(const Layout& partial,
     return seconds;
   };
   double passes = modelBackward_ ? 3 : 1, communicationPasses = modelBackward_ ? 2 : 1;
+  if (!boundPrepared_) {
+    prepareBound();
+    boundPrepared_ = true;
+  }
   const BoundLevel& level = boundLevel(assigned);
   for (const auto& [termIndex, count] : level.unknownTerms) {
     const BoundTerm& term = boundTerms_[termIndex];

@@ -12,6 +12,7 @@
 #include "CompiledSource.h"
 #include "planner/LayoutSearch.h"
 #include "planner/RepeatedSegments.h"
+#include "planner/ReshardMemo.h"
 #include "train/Optimizer.h"
 
 #include <catch2/catch.hpp>
@@ -215,4 +216,43 @@ TEST_CASE("repeated segments: the longest run of copies from each position") {
   even.insert(even.end(), layer.begin(), layer.end());
   CHECK(findRepeatedSegments(even, 16).size() == 4);
   CHECK(findRepeatedSegments(ops, 4).size() == 3 + 5);
+}
+
+TEST_CASE("reshard memo: shared by equal machines and meshes, never by different ones") {
+  // Every evaluator of a process on one machine and mesh shares the reshard paths
+  // (ReshardMemo.h); a machine that differs in one number (here the inter-node latency, which
+  // the `data` axis's all-reduce pays on h100-cluster) or another mesh gets its own, equal to
+  // planReshard's.
+  Machine cluster = machine("h100-cluster");
+  Mesh mesh{{{"data", 8}, {"model", 8}}};
+  ir::TensorType type;
+  type.dims = {{"batch", 64}, {"d", 4096}};
+  TensorLayout from{{{}, {"model"}}, {"data"}, false}; // a partial sum over `data`
+  TensorLayout to{{{}, {"model"}}, {}, false};
+  const std::string key = "f32,batch=64,d=4096";
+  ReshardMemo first(cluster, mesh);
+  Machine copy = cluster;
+  ReshardMemo second(copy, mesh);
+  const ReshardEntry& entry = first.entry(key, type, from, to);
+  REQUIRE(entry.path);
+  std::optional<ReshardPath> direct = planReshard(type, from, to, mesh, cluster);
+  REQUIRE(direct);
+  CHECK(entry.path->seconds == direct->seconds);
+  CHECK(entry.path->steps.size() == direct->steps.size());
+  CHECK(entry.mergeableSeconds.size() == direct->steps.size());
+  CHECK(&second.entry(key, type, from, to) == &entry);
+
+  Machine slower = cluster;
+  slower.inter.alphaSeconds *= 10;
+  const ReshardEntry& other = ReshardMemo(slower, mesh).entry(key, type, from, to);
+  CHECK(&other != &entry);
+  REQUIRE(other.path);
+  CHECK(other.path->seconds == planReshard(type, from, to, mesh, slower)->seconds);
+  CHECK(other.path->seconds > entry.path->seconds);
+
+  Mesh wider{{{"data", 16}, {"model", 4}}};
+  const ReshardEntry& elsewhere = ReshardMemo(cluster, wider).entry(key, type, from, to);
+  CHECK(&elsewhere != &entry);
+  REQUIRE(elsewhere.path);
+  CHECK(elsewhere.path->seconds == planReshard(type, from, to, wider, cluster)->seconds);
 }
