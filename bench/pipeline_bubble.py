@@ -21,10 +21,13 @@ delay its wake-up; under a load average of 5-8 a one-rank step took 1100 ms plai
 nice -20 and 150 ms so. The kernel's real-time throttling (by default 95% of each second) may
 stall a step now and then; the median of a round's steps leaves it out. --layers sets the
 repeat's count (default 4); --work puts the generated servers elsewhere than the build
-directory (another build's meshc, e.g. a before/after).
+directory (another build's meshc, e.g. a before/after). --variant VAR=VALUE[,VAR=VALUE] adds a
+third contender, the pipelined server run with those environment variables (e.g.
+MESHRT_YIELD_US=0, the runtime's waits before session 15), alternated with the other two and
+measured against the same one-rank step (its rows say `m (variant)`).
 
 usage: bench/pipeline_bubble.py [--build-dir build] [--stages 2] [--counts 1,2,4,8]
-       [--rounds 5] [--steps 5] [--layers 4] [--realtime] [--work DIR]"""
+       [--rounds 5] [--steps 5] [--layers 4] [--realtime] [--work DIR] [--variant VAR=VALUE]"""
 import argparse
 import json
 import os
@@ -47,12 +50,14 @@ def main():
     parser.add_argument("--layers", type=int, default=SIZES["layers"])
     parser.add_argument("--realtime", action="store_true")
     parser.add_argument("--work", default="")
+    parser.add_argument("--variant", default="")
     args = parser.parse_args()
     p = args.stages
     counts = [int(c) for c in args.counts.split(",")]
     work = args.work or os.path.join(args.build_dir, "bench-pipeline-bubble")
     realtime = ["chrt", "-f", "1"] if args.realtime else []
     env = dict(os.environ, OMP_NUM_THREADS="1")
+    variant = dict(item.split("=", 1) for item in args.variant.split(",") if item)
     rows = []
     for m in counts:
         sizes = dict(SIZES, batch=MICROBATCH * m, layers=args.layers)
@@ -73,18 +78,24 @@ def main():
                                            meshc_args, "LmTrain")
             contenders.append(benchlib.Contender(name, realtime + benchlib.pin(p) + [binary], env,
                                                  work))
+            if name == "pipelined" and variant:
+                contenders.append(benchlib.Contender("variant", contenders[-1].argv,
+                                                     dict(env, **variant), work))
         print(f"m = {m} microbatches of {MICROBATCH} rows, {p} stages, {args.layers} layers:")
         results = benchlib.alternate(contenders, args.rounds, args.steps)
         timed = {n: v[0] for n, v in results.items() if isinstance(v, tuple)}
-        if len(timed) < 2:
-            rows.append((m, "failed", "", "", "", "", ""))
-            continue
-        measured = 1 - timed["sequential"] / (p * timed["pipelined"])
         predicted = (p - 1) / (m + p - 1)
         model = 1 - modelled["sequential"] / (p * modelled["pipelined"])
-        rows.append((m, f"{timed['pipelined']:.1f}", f"{timed['sequential']:.1f}",
-                     f"{measured:.3f}", f"{predicted:.3f}",
-                     f"{measured / predicted:.2f}" if predicted else "", f"{model:.3f}"))
+        for name, label in (("pipelined", m), ("variant", f"{m} ({args.variant})")):
+            if name == "variant" and not variant:
+                continue
+            if name not in timed or "sequential" not in timed:
+                rows.append((label, "failed", "", "", "", "", ""))
+                continue
+            measured = 1 - timed["sequential"] / (p * timed[name])
+            rows.append((label, f"{timed[name]:.1f}", f"{timed['sequential']:.1f}",
+                         f"{measured:.3f}", f"{predicted:.3f}",
+                         f"{measured / predicted:.2f}" if predicted else "", f"{model:.3f}"))
     benchlib.print_table(rows, ("m", "pipelined ms", "sequential ms", "bubble measured",
                                 "bubble predicted", "measured/predicted",
                                 "model's bubble"))

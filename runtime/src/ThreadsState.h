@@ -43,6 +43,23 @@ inline void cpuRelax() {
 #endif
 }
 
+/// How long a waiter with a core of its own yields before it sleeps: MESHRT_YIELD_US
+/// (microseconds), else 20 ms. A rank that sleeps hands its core to the kernel; on an otherwise
+/// idle virtual machine the hypervisor then halts the vCPU, and waking it again took about 0.6 ms
+/// per wait (docs/runtime.md, "The barrier"), against a few microseconds for a rank that kept
+/// yielding. A pipeline stage waits a slot or more for its neighbour several times a step (the
+/// fill, the turn from forwards to backwards, the drain), so the budget is of that order; on a
+/// loaded machine a yielding rank gives its core to whatever else is runnable, as a sleeping
+/// one would.
+inline std::chrono::microseconds yieldBudget() {
+  if (const char* text = std::getenv("MESHRT_YIELD_US"); text && *text) {
+    char* end = nullptr;
+    long long value = std::strtoll(text, &end, 10);
+    if (end && *end == '\0' && value >= 0) return std::chrono::microseconds(value);
+  }
+  return std::chrono::milliseconds(20);
+}
+
 inline void futexWait(std::atomic<uint32_t>& word, uint32_t expected,
                       std::chrono::nanoseconds wait) {
   static_assert(sizeof(std::atomic<uint32_t>) == sizeof(uint32_t));
@@ -186,6 +203,15 @@ public:
     bool oversubscribed = mesh.size() > usableCores();
     spins = oversubscribed ? 4 : 200;
     yields = oversubscribed ? 0 : 50;
+    yieldFor = oversubscribed ? std::chrono::microseconds(0) : yieldBudget();
+  }
+
+  /// Whether a waiter that began yielding at `since` and has yielded `yielded` times yields
+  /// again rather than sleep on its futex: the first `yields` times, then while `yieldFor` has
+  /// not passed.
+  bool keepYielding(int yielded, Clock::time_point since) const {
+    if (yielded < yields) return true;
+    return yieldFor.count() > 0 && Clock::now() - since < yieldFor;
   }
 
   /// The group over world axes `axes` (in that order) that holds `worldRank`.
@@ -322,8 +348,11 @@ public:
   const std::chrono::milliseconds timeout;
   std::atomic<bool> failed{false};
   std::unique_ptr<std::atomic<bool>[]> exited;
-  /// How long a barrier waiter spins, then yields, before it sleeps on the futex.
+  /// How long a waiter (barrier, started collective, point to point) spins, then yields, before
+  /// it sleeps on the futex: `spins` pauses, then at least `yields` yields and, with a core per
+  /// rank, yields for `yieldFor` (keepYielding).
   int spins = 200, yields = 50;
+  std::chrono::microseconds yieldFor{0};
 
 private:
   static bool hasArrived(const GroupState& group, size_t q, const Waiting& where) {
