@@ -44,20 +44,21 @@ inline void cpuRelax() {
 }
 
 /// How long a waiter with a core of its own yields before it sleeps: MESHRT_YIELD_US
-/// (microseconds), else 20 ms. A rank that sleeps hands its core to the kernel; on an otherwise
-/// idle virtual machine the hypervisor then halts the vCPU, and waking it again took about 0.6 ms
-/// per wait (docs/runtime.md, "The barrier"), against a few microseconds for a rank that kept
-/// yielding. A pipeline stage waits a slot or more for its neighbour several times a step (the
-/// fill, the turn from forwards to backwards, the drain), so the budget is of that order; on a
-/// loaded machine a yielding rank gives its core to whatever else is runnable, as a sleeping
-/// one would.
+/// (microseconds), else 50 ms. A rank that sleeps leaves its core idle, and a virtual machine's
+/// idle vCPU halts (on the development machine at once: cpuidle's haltpoll without polling), so
+/// the wake-up that ends the wait first has to get the vCPU running again on the host, where a
+/// yielding rank sees its peer's progress within microseconds. A pipeline stage waits for its
+/// neighbour several times a step (the fill, the turn from forwards to backwards, the closing
+/// all-reduce), up to about 20-30 ms in bench/pipeline_bubble.py's step, hence the budget. On a
+/// loaded machine a yielding rank hands its core to whatever else is runnable, as a sleeping
+/// one would (docs/runtime.md, "The barrier").
 inline std::chrono::microseconds yieldBudget() {
   if (const char* text = std::getenv("MESHRT_YIELD_US"); text && *text) {
     char* end = nullptr;
     long long value = std::strtoll(text, &end, 10);
     if (end && *end == '\0' && value >= 0) return std::chrono::microseconds(value);
   }
-  return std::chrono::milliseconds(20);
+  return std::chrono::milliseconds(50);
 }
 
 inline void futexWait(std::atomic<uint32_t>& word, uint32_t expected,
