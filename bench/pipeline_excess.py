@@ -20,7 +20,9 @@ add up to it:
   - transfers: T_pipe - R. The copies, and every wait that lasts longer than its dependency:
     a rank woken late from a futex sleep, a rank whose core was taken.
 Also per step: the transfers' lateness (the receiver's recv end minus the later of its start and
-the sender's post), summed. --variant VAR=VALUE[,...] traces the pipelined step a second time
+the sender's post), summed; and the waits on the critical path (the replay again with every
+wait that really waited ending 1 ms late, less the replay: how many wake-ups the step pays in
+turn, so that a wake-up latency w costs about w times that). --variant VAR=VALUE[,...] traces the pipelined step a second time
 under those environment variables (e.g. MESHRT_YIELD_US=0). Not a test: timing; the trace adds
 about 0.1 us per op to every contender alike.
 
@@ -69,10 +71,12 @@ def is_compute(event):
     return event["cat"] not in ("p2p", "collective") and event["args"].get("kind") != "step's"
 
 
-def replay(step):
+def replay(step, wake=0.0):
     """The step's time with each rank's measured compute between its transfers and free
     transfers: a recv waits for the peer's matching send (in order), a blocking all-reduce for
-    every rank's arrival. Started all-reduces and waits are free."""
+    every rank's arrival. Started all-reduces and waits are free. A rank that had to wait
+    resumes `wake` ms after its dependency (a wake-up's cost), so (replay(s, 1) - replay(s)) / 1
+    counts the waits on the step's critical path."""
     ranks = sorted(step)
     program = {}
     for r in ranks:
@@ -110,7 +114,8 @@ def replay(step):
                     peer = ranks[1 - ranks.index(r)] if len(ranks) == 2 else None
                     if peer is None or taken[r] >= len(sent[peer]):
                         break
-                    clock[r] = max(clock[r], sent[peer][taken[r]])
+                    if sent[peer][taken[r]] > clock[r]:
+                        clock[r] = sent[peer][taken[r]] + wake
                     taken[r] += 1
                 elif kind == "allReduce":
                     n = passed[r]
@@ -118,7 +123,8 @@ def replay(step):
                         reduces[r].append(clock[r])
                     if any(len(reduces[q]) <= n for q in ranks):
                         break
-                    clock[r] = max(reduces[q][n] for q in ranks)
+                    last = max(reduces[q][n] for q in ranks)
+                    clock[r] = last + wake if last > reduces[r][n] else last
                     passed[r] += 1
                 at[r] += 1
                 moved = True
@@ -187,12 +193,15 @@ def main():
             replays = [x for x in (replay(s) for s in steps) if x is not None]
             r_med = statistics.median(replays) if replays else float("nan")
             late = statistics.median(lateness(s) for s in steps)
+            waits = [(replay(s, 1.0) - x) for s, x in zip(steps, (replay(s) for s in steps))
+                     if x is not None]
+            critical = statistics.median(waits) if waits else float("nan")
             bubble = 1 - t_seq / (p * t_pipe)
             predicted = (p - 1) / (m + p - 1)
             rows.append((m if name == "pipelined" else f"{m} ({name})", f"{t_seq:.1f}",
                          f"{t_pipe:.1f}", f"{t_f:.1f}", f"{t_pipe - t_f:+.1f}",
                          f"{(c_pipe - c_seq) * factor:+.1f}", f"{r_med - c_pipe * factor:+.1f}",
-                         f"{t_pipe - r_med:+.1f}", f"{late:.2f}",
+                         f"{t_pipe - r_med:+.1f}", f"{late:.2f}", f"{critical:.1f}",
                          f"{bubble / predicted:.2f}" if predicted else ""))
             print(f"m = {m} {name}: C_seq {c_seq:.1f} ms, C_pipe {c_pipe:.1f} ms "
                   f"(per stage: " + ", ".join(
@@ -201,6 +210,7 @@ def main():
                   flush=True)
     benchlib.print_table(rows, ("m", "T_seq ms", "T_pipe ms", "formula ms", "excess ms",
                                 "compute", "schedule", "transfers", "lateness ms",
+                                "critical waits",
                                 "measured/predicted"))
     print("excess = compute + schedule + transfers (ms per step, medians; see the docstring)")
 
