@@ -61,6 +61,19 @@ inline std::chrono::microseconds yieldBudget() {
   return std::chrono::milliseconds(50);
 }
 
+/// Whether the calling thread runs under SCHED_FIFO or SCHED_RR (e.g. `chrt -f`), read once per
+/// thread. Such a thread does not yield beyond the first few times: its yields give the core to
+/// no ordinary task, so a long yield loop starves the rest of its core and, at 100% of a core,
+/// runs into the kernel's real-time throttling (by default 50 ms of each second), which
+/// bench/pipeline_bubble.py --realtime measured as a 7% longer pipelined step at m = 8.
+inline bool realTimeThread() {
+  thread_local const bool realTime = [] {
+    int policy = sched_getscheduler(0);
+    return policy == SCHED_FIFO || policy == SCHED_RR;
+  }();
+  return realTime;
+}
+
 inline void futexWait(std::atomic<uint32_t>& word, uint32_t expected,
                       std::chrono::nanoseconds wait) {
   static_assert(sizeof(std::atomic<uint32_t>) == sizeof(uint32_t));
@@ -209,10 +222,10 @@ public:
 
   /// Whether a waiter that began yielding at `since` and has yielded `yielded` times yields
   /// again rather than sleep on its futex: the first `yields` times, then while `yieldFor` has
-  /// not passed.
+  /// not passed, unless the thread runs under a real-time policy (realTimeThread).
   bool keepYielding(int yielded, Clock::time_point since) const {
     if (yielded < yields) return true;
-    return yieldFor.count() > 0 && Clock::now() - since < yieldFor;
+    return yieldFor.count() > 0 && !realTimeThread() && Clock::now() - since < yieldFor;
   }
 
   /// The group over world axes `axes` (in that order) that holds `worldRank`.
