@@ -65,7 +65,8 @@ inline std::chrono::microseconds yieldBudget() {
 /// thread. Such a thread does not yield beyond the first few times: its yields give the core to
 /// no ordinary task, so a long yield loop starves the rest of its core and, at 100% of a core,
 /// runs into the kernel's real-time throttling (by default 50 ms of each second), which
-/// bench/pipeline_bubble.py --realtime measured as a 7% longer pipelined step at m = 8.
+/// bench/pipeline_bubble.py's servers under chrt measured as 6-7% longer pipelined steps at
+/// m = 8 (docs/runtime.md, "The barrier").
 inline bool realTimeThread() {
   thread_local const bool realTime = [] {
     int policy = sched_getscheduler(0);
