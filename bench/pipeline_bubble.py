@@ -20,7 +20,9 @@ shared machine (builds, other benchmarks) cannot take a stage thread's core whil
 delay its wake-up; under a load average of 5-8 a one-rank step took 1100 ms plain, 340 ms at
 nice -20 and 150 ms so. The kernel's real-time throttling (by default 95% of each second) may
 stall a step now and then; the median of a round's steps leaves it out. --layers sets the
-repeat's count (default 4); --work puts the generated servers elsewhere than the build
+repeat's count (default 4). Under --realtime the ranks keep the runtime's short waits (no
+MESHRT_YIELD_US budget for real-time threads, docs/runtime.md "The barrier"); on a quiet machine
+run without it. --work puts the generated servers elsewhere than the build
 directory (another build's meshc, e.g. a before/after). --variant VAR=VALUE[,VAR=VALUE] adds a
 third contender, the pipelined server run with those environment variables (e.g.
 MESHRT_YIELD_US=0, the runtime's waits before session 15), alternated with the other two and
