@@ -4,8 +4,9 @@
 
 For each microbatch count m, bench/pipeline_bubble.py's two contenders (the same sizes: the
 pipelined step on [stage=p], GPipe, and the same microbatches on one rank) are traced
-(MESHRT_TRACE) over --steps steps after their two warm-up steps, under --realtime as
-pipeline_bubble.py runs them, pinned to the same p cores. With T_seq the one-rank step and T_pipe
+(MESHRT_TRACE) over --steps steps after their two warm-up steps, pinned to the same p cores
+(and with --realtime under SCHED_FIFO, as pipeline_bubble.py --realtime runs them; real-time
+ranks keep the runtime's short waits, so on a quiet machine run without it). With T_seq the one-rank step and T_pipe
 the pipelined one (each step's slowest rank; medians over the steps), the formula's pipelined
 step is T_f = T_seq (m + p - 1) / (p m), and the excess T_pipe - T_f splits into three terms that
 add up to it:
