@@ -20,12 +20,11 @@ shared machine (builds, other benchmarks) cannot take a stage thread's core whil
 delay its wake-up; under a load average of 5-8 a one-rank step took 1100 ms plain, 340 ms at
 nice -20 and 150 ms so. The kernel's real-time throttling (by default 95% of each second) may
 stall a step now and then; the median of a round's steps leaves it out. --layers sets the
-repeat's count (default 4). Under --realtime the ranks keep the runtime's short waits (no
-MESHRT_YIELD_US budget for real-time threads, docs/runtime.md "The barrier"); on a quiet machine
-run without it. --work puts the generated servers elsewhere than the build
+repeat's count (default 4). Under --realtime the ranks keep the runtime's short waits even with
+MESHRT_YIELD_US set (docs/runtime.md "The barrier"); to compare waits, run without it. --work puts the generated servers elsewhere than the build
 directory (another build's meshc, e.g. a before/after). --variant VAR=VALUE[,VAR=VALUE] adds a
 third contender, the pipelined server run with those environment variables (e.g.
-MESHRT_YIELD_US=0, the runtime's waits before session 15), alternated with the other two and
+MESHRT_YIELD_US=50000, ranks that yield up to 50 ms before they sleep), alternated with the others and
 measured against the same one-rank step (its rows say `m (variant)`). --busy-baseline adds a
 fourth contender, the one-rank step on core 0 while copies of it step on cores 1..p-1 for the
 whole measure: the pipelined step's stages all compute beside busy cores, the plain one-rank

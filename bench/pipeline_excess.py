@@ -24,7 +24,7 @@ Also per step: the transfers' lateness (the receiver's recv end minus the later 
 the sender's post), summed; and the waits on the critical path (the replay again with every
 wait that really waited ending 1 ms late, less the replay: how many wake-ups the step pays in
 turn, so that a wake-up latency w costs about w times that). --variant VAR=VALUE[,...] traces the pipelined step a second time
-under those environment variables (e.g. MESHRT_YIELD_US=0). Not a test: timing; the trace adds
+under those environment variables (e.g. MESHRT_YIELD_US=50000). Not a test: timing; the trace adds
 about 0.1 us per op to every contender alike.
 
 usage: bench/pipeline_excess.py [--build-dir build] [--stages 2] [--counts 1,4] [--layers 8]

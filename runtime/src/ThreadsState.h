@@ -43,22 +43,22 @@ inline void cpuRelax() {
 #endif
 }
 
-/// How long a waiter with a core of its own yields before it sleeps: MESHRT_YIELD_US
-/// (microseconds), else 50 ms. A rank that sleeps leaves its core idle, and a virtual machine's
-/// idle vCPU halts (on the development machine at once: cpuidle's haltpoll without polling), so
-/// the wake-up that ends the wait first has to get the vCPU running again on the host, where a
-/// yielding rank sees its peer's progress within microseconds. A pipeline stage waits for its
-/// neighbour several times a step (the fill, the turn from forwards to backwards, the closing
-/// all-reduce), up to about 20-30 ms in bench/pipeline_bubble.py's step, hence the budget. On a
-/// loaded machine a yielding rank hands its core to whatever else is runnable, as a sleeping
-/// one would (docs/runtime.md, "The barrier").
+/// How long a waiter with a core of its own yields (beyond the first `yields`) before it sleeps:
+/// MESHRT_YIELD_US (microseconds), else 0, off. A rank that sleeps leaves its core idle, and a
+/// virtual machine's idle vCPU halts (on the development machine at once: cpuidle's haltpoll
+/// without polling), so the wake-up that ends the wait first has to get the vCPU running again on
+/// the host, where a yielding rank sees its peer's progress within microseconds. A pipeline stage
+/// waits for its neighbour several times a step (the fill, the turn from forwards to backwards, the
+/// closing all-reduce), up to about 20-30 ms in bench/pipeline_bubble.py's step: a budget of that
+/// order keeps its vCPU up through them. Off by default until a quiet machine shows that it pays
+/// (docs/runtime.md, "The barrier": session 15's one partly quiet run did not).
 inline std::chrono::microseconds yieldBudget() {
   if (const char* text = std::getenv("MESHRT_YIELD_US"); text && *text) {
     char* end = nullptr;
     long long value = std::strtoll(text, &end, 10);
     if (end && *end == '\0' && value >= 0) return std::chrono::microseconds(value);
   }
-  return std::chrono::milliseconds(50);
+  return std::chrono::microseconds(0);
 }
 
 /// Whether the calling thread runs under SCHED_FIFO or SCHED_RR (e.g. `chrt -f`), read once per
