@@ -51,7 +51,9 @@ inline void cpuRelax() {
 /// waits for its neighbour several times a step (the fill, the turn from forwards to backwards, the
 /// closing all-reduce), up to about 20-30 ms in bench/pipeline_bubble.py's step: a budget of that
 /// order keeps its vCPU up through them. Off by default until a quiet machine shows that it pays
-/// (docs/runtime.md, "The barrier": session 15's one partly quiet run did not).
+/// (docs/runtime.md, "The barrier": session 15's one partly quiet run did not), and because with
+/// another job on the core now and then it costs: a yielding rank accrues CPU time, so the job
+/// keeps the core when the message arrives, where a woken rank would preempt it.
 inline std::chrono::microseconds yieldBudget() {
   if (const char* text = std::getenv("MESHRT_YIELD_US"); text && *text) {
     char* end = nullptr;
