@@ -20,21 +20,88 @@ shared machine (builds, other benchmarks) cannot take a stage thread's core whil
 delay its wake-up; under a load average of 5-8 a one-rank step took 1100 ms plain, 340 ms at
 nice -20 and 150 ms so. The kernel's real-time throttling (by default 95% of each second) may
 stall a step now and then; the median of a round's steps leaves it out. --layers sets the
-repeat's count (default 4); --work puts the generated servers elsewhere than the build
-directory (another build's meshc, e.g. a before/after).
+repeat's count (default 4). Under --realtime the ranks keep the runtime's short waits even with
+MESHRT_YIELD_US set (docs/runtime.md "The barrier"); to compare waits, run without it. --work puts the generated servers elsewhere than the build
+directory (another build's meshc, e.g. a before/after). --variant VAR=VALUE[,VAR=VALUE] adds a
+third contender, the pipelined server run with those environment variables (e.g.
+MESHRT_YIELD_US=50000, ranks that yield up to 50 ms before they sleep), alternated with the others and
+measured against the same one-rank step (its rows say `m (variant)`). --busy-baseline adds a
+fourth contender, the one-rank step on core 0 while copies of it step on cores 1..p-1 for the
+whole measure: the pipelined step's stages all compute beside busy cores, the plain one-rank
+step beside idle ones (on a quiet machine), so anything the cores share (caches, memory
+bandwidth, the host's clock boost) favours the baseline; its last two columns are the same
+measured bubble, 1 - T_seq / (p T_pipe), with this contender's T_seq, and its ratio.
 
 usage: bench/pipeline_bubble.py [--build-dir build] [--stages 2] [--counts 1,2,4,8]
-       [--rounds 5] [--steps 5] [--layers 4] [--realtime] [--work DIR]"""
+       [--rounds 5] [--steps 5] [--layers 4] [--realtime] [--work DIR] [--variant VAR=VALUE]
+       [--busy-baseline]"""
 import argparse
 import json
 import os
 import subprocess
+import threading
+import time
 
 import benchlib
 
 SIZES = {"seq": 64, "mem": 64, "d_model": 128, "heads": 4, "d_head": 32, "d_ff": 512,
          "vocab": 64, "layers": 4}
 MICROBATCH = 4  # rows of one microbatch
+
+
+class BesideBusyCores(benchlib.Contender):
+    """The one-rank server on core 0, timed while copies of it step on cores 1..p-1 (each a
+    server of its own, stepping one step at a time from a thread of this script)."""
+
+    def __init__(self, name, prefix, binary, env, log_dir, p):
+        super().__init__(name, prefix + ["taskset", "-c", "0", binary], env, log_dir)
+        self.neighbours = [benchlib.Contender(f"{name}-neighbour{core}",
+                                              prefix + ["taskset", "-c", str(core), binary], env,
+                                              log_dir) for core in range(1, p)]
+        self.busy, self.stop = threading.Event(), threading.Event()
+        self.idle = [threading.Event() for _ in self.neighbours]
+        self.threads = []
+
+    def start(self):
+        if not super().start():
+            return False
+        for neighbour, idle in zip(self.neighbours, self.idle):
+            if not neighbour.start():
+                self.error = neighbour.error
+                return False
+            thread = threading.Thread(target=self.keep_stepping, args=(neighbour, idle))
+            thread.start()
+            self.threads.append(thread)
+        return True
+
+    def keep_stepping(self, neighbour, idle):
+        while not self.stop.is_set():
+            if self.busy.is_set():
+                idle.clear()
+                neighbour.measure(1)
+            else:
+                idle.set()
+                time.sleep(0.005)
+        idle.set()
+
+    def measure(self, steps):
+        self.busy.set()
+        time.sleep(0.05)  # the neighbours are stepping before the timed steps start
+        try:
+            return super().measure(steps)
+        finally:
+            # No neighbour step may overlap the next contender's measure.
+            self.busy.clear()
+            for idle in self.idle:
+                idle.wait()
+
+    def close(self):
+        self.stop.set()
+        for thread in self.threads:
+            thread.join()
+        for neighbour in self.neighbours:
+            neighbour.close()
+        super().close()
 
 
 def main():
@@ -47,12 +114,15 @@ def main():
     parser.add_argument("--layers", type=int, default=SIZES["layers"])
     parser.add_argument("--realtime", action="store_true")
     parser.add_argument("--work", default="")
+    parser.add_argument("--variant", default="")
+    parser.add_argument("--busy-baseline", action="store_true")
     args = parser.parse_args()
     p = args.stages
     counts = [int(c) for c in args.counts.split(",")]
     work = args.work or os.path.join(args.build_dir, "bench-pipeline-bubble")
     realtime = ["chrt", "-f", "1"] if args.realtime else []
     env = dict(os.environ, OMP_NUM_THREADS="1")
+    variant = dict(item.split("=", 1) for item in args.variant.split(",") if item)
     rows = []
     for m in counts:
         sizes = dict(SIZES, batch=MICROBATCH * m, layers=args.layers)
@@ -73,21 +143,40 @@ def main():
                                            meshc_args, "LmTrain")
             contenders.append(benchlib.Contender(name, realtime + benchlib.pin(p) + [binary], env,
                                                  work))
+            if name == "pipelined" and variant:
+                contenders.append(benchlib.Contender("variant", contenders[-1].argv,
+                                                     dict(env, **variant), work))
+            if name == "sequential" and args.busy_baseline:
+                contenders.append(BesideBusyCores("beside busy cores", realtime, binary, env,
+                                                  work, p))
         print(f"m = {m} microbatches of {MICROBATCH} rows, {p} stages, {args.layers} layers:")
         results = benchlib.alternate(contenders, args.rounds, args.steps)
         timed = {n: v[0] for n, v in results.items() if isinstance(v, tuple)}
-        if len(timed) < 2:
-            rows.append((m, "failed", "", "", "", "", ""))
-            continue
-        measured = 1 - timed["sequential"] / (p * timed["pipelined"])
         predicted = (p - 1) / (m + p - 1)
         model = 1 - modelled["sequential"] / (p * modelled["pipelined"])
-        rows.append((m, f"{timed['pipelined']:.1f}", f"{timed['sequential']:.1f}",
-                     f"{measured:.3f}", f"{predicted:.3f}",
-                     f"{measured / predicted:.2f}" if predicted else "", f"{model:.3f}"))
-    benchlib.print_table(rows, ("m", "pipelined ms", "sequential ms", "bubble measured",
-                                "bubble predicted", "measured/predicted",
-                                "model's bubble"))
+        for name, label in (("pipelined", m), ("variant", f"{m} ({args.variant})")):
+            if name == "variant" and not variant:
+                continue
+            if name not in timed or "sequential" not in timed:
+                rows.append((label, "failed", "", "", "", "", "")
+                            + (("", "", "") if args.busy_baseline else ()))
+                continue
+            measured = 1 - timed["sequential"] / (p * timed[name])
+            row = (label, f"{timed[name]:.1f}", f"{timed['sequential']:.1f}",
+                   f"{measured:.3f}", f"{predicted:.3f}",
+                   f"{measured / predicted:.2f}" if predicted else "", f"{model:.3f}")
+            if args.busy_baseline:
+                busy = timed.get("beside busy cores")
+                beside = 1 - busy / (p * timed[name]) if busy else None
+                row += (f"{busy:.1f}" if busy else "failed",
+                        f"{beside:.3f}" if busy else "",
+                        f"{beside / predicted:.2f}" if busy and predicted else "")
+            rows.append(row)
+    header = ("m", "pipelined ms", "sequential ms", "bubble measured", "bubble predicted",
+              "measured/predicted", "model's bubble")
+    if args.busy_baseline:
+        header += ("sequential beside busy ms", "bubble vs it", "its measured/predicted")
+    benchlib.print_table(rows, header)
     print("goal: measured/predicted within 0.8-1.2 (issue 14)")
 
 

@@ -350,8 +350,12 @@ template <class Done, class Check> void AsyncQueue::sleepUntil(Done done, Check 
     if (done()) return;
     cpuRelax();
   }
-  for (int yield = 0; yield < world_.yields; ++yield) {
+  Clock::time_point yielding = Clock::now();
+  for (int yield = 0; world_.keepYielding(yield, yielding); ++yield) {
     if (done()) return;
+    // Yielding may last a pipeline slot (WorldState::yieldFor): the work the peers may be
+    // waiting for progresses meanwhile, as between sleeps.
+    if (whileWaiting_) whileWaiting_();
     sched_yield();
   }
   for (;;) {

@@ -36,8 +36,8 @@ using AsyncErrorFn = std::function<CommError(const CallRecord&, const std::strin
 
 class AsyncQueue {
 public:
-  /// `whileWaiting` runs between sleeps while this queue waits for its peers (the rank's other
-  /// work in flight, which those peers may be waiting for: its started recvs); it must not
+  /// `whileWaiting` runs between yields and sleeps while this queue waits for its peers (the rank's
+  /// other work in flight, which those peers may be waiting for: its started recvs); it must not
   /// progress this queue.
   AsyncQueue(WorldState& world, GroupState& group, int groupRank, AsyncErrorFn error,
              std::function<void()> whileWaiting = {});

@@ -470,7 +470,8 @@ private:
       if (passed()) return;
       cpuRelax();
     }
-    for (int yield = 0; yield < world_.yields; ++yield) {
+    Clock::time_point yielding = Clock::now();
+    for (int yield = 0; world_.keepYielding(yield, yielding); ++yield) {
       if (passed()) return;
       if (entry && world_.failed.load(std::memory_order_relaxed)) break;
       sched_yield();

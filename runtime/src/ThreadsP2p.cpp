@@ -51,7 +51,7 @@ void PeerQueue::wait(uint64_t id) {
   where.group = &group_;
   where.peer = worldRankOf(peerOf(op));
   WaitingScope waiting(world_, worldRankOf(groupRank_), where);
-  Clock::time_point deadline = Clock::now() + world_.timeout;
+  Clock::time_point deadline = Clock::now() + world_.timeout, yielding;
   for (int round = 0;; ++round) {
     progress();
     if (op.done) break;
@@ -60,7 +60,8 @@ void PeerQueue::wait(uint64_t id) {
       continue;
     }
     if (whileWaiting_) whileWaiting_();
-    if (round < world_.spins + world_.yields) {
+    if (round == world_.spins) yielding = Clock::now();
+    if (world_.keepYielding(round - world_.spins, yielding)) {
       sched_yield();
       continue;
     }

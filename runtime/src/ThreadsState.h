@@ -43,6 +43,40 @@ inline void cpuRelax() {
 #endif
 }
 
+/// How long a waiter with a core of its own yields (beyond the first `yields`) before it sleeps:
+/// MESHRT_YIELD_US (microseconds), else 0, off. A rank that sleeps leaves its core idle, and a
+/// virtual machine's idle vCPU halts (on the development machine at once: cpuidle's haltpoll
+/// without polling), so the wake-up that ends the wait first has to get the vCPU running again on
+/// the host, where a yielding rank sees its peer's progress within microseconds. A pipeline stage
+/// waits for its neighbour several times a step (the fill, the turn from forwards to backwards, the
+/// closing all-reduce), up to about 20-30 ms in bench/pipeline_bubble.py's step: a budget of that
+/// order keeps its vCPU up through them. Off by default until a quiet machine shows that it pays
+/// (docs/runtime.md, "The barrier": session 15's one partly quiet run did not), and because with
+/// another job on the core now and then it costs: a yielding rank accrues CPU time, so the job
+/// keeps the core when the message arrives, where a woken rank would preempt it.
+inline std::chrono::microseconds yieldBudget() {
+  if (const char* text = std::getenv("MESHRT_YIELD_US"); text && *text) {
+    char* end = nullptr;
+    long long value = std::strtoll(text, &end, 10);
+    if (end && *end == '\0' && value >= 0) return std::chrono::microseconds(value);
+  }
+  return std::chrono::microseconds(0);
+}
+
+/// Whether the calling thread runs under SCHED_FIFO or SCHED_RR (e.g. `chrt -f`), read once per
+/// thread. Such a thread does not yield beyond the first few times: its yields give the core to
+/// no ordinary task, so a long yield loop starves the rest of its core and, at 100% of a core,
+/// runs into the kernel's real-time throttling (by default 50 ms of each second), which
+/// bench/pipeline_bubble.py's servers under chrt measured as 6-7% longer pipelined steps at
+/// m = 8 (docs/runtime.md, "The barrier").
+inline bool realTimeThread() {
+  thread_local const bool realTime = [] {
+    int policy = sched_getscheduler(0);
+    return policy == SCHED_FIFO || policy == SCHED_RR;
+  }();
+  return realTime;
+}
+
 inline void futexWait(std::atomic<uint32_t>& word, uint32_t expected,
                       std::chrono::nanoseconds wait) {
   static_assert(sizeof(std::atomic<uint32_t>) == sizeof(uint32_t));
@@ -186,6 +220,15 @@ public:
     bool oversubscribed = mesh.size() > usableCores();
     spins = oversubscribed ? 4 : 200;
     yields = oversubscribed ? 0 : 50;
+    yieldFor = oversubscribed ? std::chrono::microseconds(0) : yieldBudget();
+  }
+
+  /// Whether a waiter that began yielding at `since` and has yielded `yielded` times yields
+  /// again rather than sleep on its futex: the first `yields` times, then while `yieldFor` has
+  /// not passed, unless the thread runs under a real-time policy (realTimeThread).
+  bool keepYielding(int yielded, Clock::time_point since) const {
+    if (yielded < yields) return true;
+    return yieldFor.count() > 0 && !realTimeThread() && Clock::now() - since < yieldFor;
   }
 
   /// The group over world axes `axes` (in that order) that holds `worldRank`.
@@ -322,8 +365,11 @@ public:
   const std::chrono::milliseconds timeout;
   std::atomic<bool> failed{false};
   std::unique_ptr<std::atomic<bool>[]> exited;
-  /// How long a barrier waiter spins, then yields, before it sleeps on the futex.
+  /// How long a waiter (barrier, started collective, point to point) spins, then yields, before
+  /// it sleeps on the futex: `spins` pauses, then at least `yields` yields and, with a core per
+  /// rank, yields for `yieldFor` (keepYielding).
   int spins = 200, yields = 50;
+  std::chrono::microseconds yieldFor{0};
 
 private:
   static bool hasArrived(const GroupState& group, size_t q, const Waiting& where) {

@@ -4,7 +4,10 @@
 // test()), waits that keep the rank's other started work moving, a subgroup, every dtype; and the
 // errors: mismatched counts and dtypes on both ranks, a peer out of range or this rank itself, a
 // sender that never sends (naming both ranks, and the rank that really holds it up), a receiver
-// that never receives, a peer that finished the program.
+// that never receives, a peer that finished the program. And the waits' strategy: how long a rank
+// with a core of its own yields before it sleeps (MESHRT_YIELD_US), and an exchange that is the
+// same whether its waits yield or sleep.
+#include "ThreadsState.h"
 #include "meshrt/Threads.h"
 
 #include <catch2/catch.hpp>
@@ -12,8 +15,11 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <cstdlib>
 #include <mutex>
 #include <numeric>
+#include <optional>
+#include <string>
 #include <thread>
 
 using namespace meshrt;
@@ -346,4 +352,126 @@ TEST_CASE("a send nobody receives fails after the timeout; a finished peer fails
                  Catch::Contains("group rank 0 (world rank 0) finished the program without "
                                  "sending to it"));
   CHECK(finished.rankSeconds[1] < 10);
+}
+
+namespace {
+
+/// Sets an environment variable for a scope (the runtime reads MESHRT_YIELD_US when a world
+/// starts), restoring its former value.
+class ScopedEnv {
+public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old;
+    if (value)
+      ::setenv(name, value, 1);
+    else
+      ::unsetenv(name);
+  }
+  ~ScopedEnv() {
+    if (old_)
+      ::setenv(name_, old_->c_str(), 1);
+    else
+      ::unsetenv(name_);
+  }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+private:
+  const char* name_;
+  std::optional<std::string> old_;
+};
+
+} // namespace
+
+TEST_CASE("a waiter with a core of its own yields for MESHRT_YIELD_US, then sleeps",
+          "[runtime][p2p][wait]") {
+  using detail::WorldState;
+  {
+    ScopedEnv unset("MESHRT_YIELD_US", nullptr);
+    CHECK(detail::yieldBudget() == std::chrono::microseconds(0));
+  }
+  {
+    ScopedEnv set("MESHRT_YIELD_US", "1500");
+    CHECK(detail::yieldBudget() == std::chrono::microseconds(1500));
+    // One rank per core at most: the budget applies. More ranks than cores: no yields at all
+    // (a yielding rank would keep its core from the peer it waits for).
+    WorldState own(Mesh::parse("x=1"), 1s);
+    CHECK(own.yieldFor == std::chrono::microseconds(1500));
+    WorldState crowded(Mesh({{"x", usableCores() + 1}}), 1s);
+    CHECK(crowded.yieldFor == std::chrono::microseconds(0));
+    CHECK(crowded.yields == 0);
+    CHECK_FALSE(crowded.keepYielding(0, detail::Clock::now()));
+  }
+  for (const char* ignored : {"", "-5", "12ms", "x"}) {
+    ScopedEnv set("MESHRT_YIELD_US", ignored);
+    INFO("MESHRT_YIELD_US='" << ignored << "'");
+    CHECK(detail::yieldBudget() == std::chrono::microseconds(0));
+  }
+  {
+    ScopedEnv off("MESHRT_YIELD_US", "0");
+    CHECK(detail::yieldBudget() == std::chrono::microseconds(0));
+  }
+  // The first `yields` always; then only within the budget, counted from the first yield.
+  WorldState world(Mesh::parse("x=1"), 1s);
+  world.yields = 3;
+  world.yieldFor = std::chrono::hours(1);
+  auto now = detail::Clock::now();
+  CHECK(world.keepYielding(0, now - std::chrono::hours(2)));
+  CHECK(world.keepYielding(2, now - std::chrono::hours(2)));
+  // A real-time thread (chrt) yields only the first `yields` times; the tests run as ordinary
+  // threads, but say so either way.
+  CHECK(world.keepYielding(3, now) == !detail::realTimeThread());
+  CHECK_FALSE(world.keepYielding(3, now - std::chrono::hours(2)));
+  world.yieldFor = std::chrono::microseconds(0);
+  CHECK_FALSE(world.keepYielding(3, now));
+}
+
+TEST_CASE("a two-stage GPipe exchange completes alike whether its waits yield or sleep",
+          "[runtime][p2p][wait]") {
+  // A budget no wait here reaches (the waits only yield), and none (they sleep after the few
+  // yields): blocking and started sends and recvs, a blocking and a started all-reduce, with the
+  // first stage late on purpose so that the second's waits get past their spins.
+  for (const char* budget : {"3600000000", "0"}) {
+    ScopedEnv set("MESHRT_YIELD_US", budget);
+    RankLog log;
+    const int microbatches = 4;
+    const size_t count = 257;
+    runThreads(Mesh::parse("stage=2"), [&](Communicator& world) {
+      int r = world.rank();
+      std::vector<std::vector<float>> activations(microbatches, std::vector<float>(count));
+      std::vector<Request> sends;
+      for (int mb = 0; mb < microbatches; ++mb) {
+        if (r == 0) {
+          std::this_thread::sleep_for(2ms);
+          activations[size_t(mb)] = messageOf<float>(0, mb, count);
+          sends.push_back(world.startSend(activations[size_t(mb)].data(), count, 1));
+        } else {
+          world.recv(activations[size_t(mb)].data(), count, 0);
+          log.expect(activations[size_t(mb)] == messageOf<float>(0, mb, count), r,
+                     "forward activations of microbatch " + std::to_string(mb));
+        }
+      }
+      std::vector<float> gradient(count);
+      for (int mb = microbatches - 1; mb >= 0; --mb) {
+        if (r == 1) {
+          gradient = messageOf<float>(1, mb, count);
+          world.send(gradient.data(), count, 0);
+        } else {
+          std::this_thread::sleep_for(1ms);
+          world.recv(gradient.data(), count, 1);
+          log.expect(gradient == messageOf<float>(1, mb, count), r,
+                     "backward gradients of microbatch " + std::to_string(mb));
+        }
+      }
+      for (Request& send : sends)
+        world.wait(send);
+      std::vector<float> norm{float(r + 1)}, loss{float(10 * (r + 1))};
+      Request started = world.startAllReduce(loss.data(), 1);
+      world.allReduce(norm.data(), 1);
+      world.wait(started);
+      log.expect(norm[0] == 3.0f && loss[0] == 30.0f, r, "the all-reduces");
+    });
+    INFO("MESHRT_YIELD_US=" << budget);
+    log.check();
+  }
 }
