@@ -2093,7 +2093,10 @@ EvalResult PlanEvaluator::Impl::run(const Layout& layout, SpmdFunction* out, dou
     spmdOp.computeKind = op.kind;
     spmdOp.operands = std::move(operandIds);
     spmdOp.result = newValue(fn_.typeOf(op.result), plan.result, fn_.values[op.result].name);
-    if (describe_) spmdOp.attrs = op.attrs;
+    if (describe_)
+      spmdOp.attrs = op.attrs;
+    else if (const ir::AttrValue* copy = op.attr(ir::kRecomputeAttr))
+      spmdOp.attrs.emplace_back(ir::kRecomputeAttr, *copy); // the merge reads it (exact costing)
     if (describe_) spmdOp.loc = op.loc;
     spmdOp.sourceOp = i;
     spmdOp.flops = plan.flops;

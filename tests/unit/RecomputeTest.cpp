@@ -10,9 +10,11 @@
 #include "codegen/EliminateCommonSubexpressions.h"
 #include "codegen/Lower.h"
 #include "interp/Interpreter.h"
+#include "planner/Machine.h"
 #include "planner/Planner.h"
 #include "planner/RecomputeReport.h"
 #include "planner/Reshard.h"
+#include "planner/SpmdLowering.h"
 
 #include <catch2/catch.hpp>
 #include <llvm/ADT/STLExtras.h>
@@ -352,4 +354,32 @@ TEST_CASE("recomputed copies are backward: the backward grows by exactly their t
   CHECK(seconds(after.spmd, plan::Phase::Backward) ==
         Approx(seconds(before.spmd, plan::Phase::Backward) + summary[0].seconds).epsilon(1e-12));
   CHECK(after.spmd.memory.peakActivationBytes < before.spmd.memory.peakActivationBytes);
+}
+
+TEST_CASE("the search's exact costing merges a recomputed layer's all-reduces as the plan does") {
+  // d split over `model`: each layer's first einsum (over d) is a partial sum that gelu needs
+  // resolved, by a forward all-reduce and again by one in its recomputed copy. The plan's merge
+  // keeps the copy's out of forward buckets (MergeCollectives.cpp); the evaluator's exact costing,
+  // which lowers without describing the ops, must see the copies too, or it prices another merge
+  // than the one the plan then reports.
+  std::string text = source(true);
+  text.replace(text.find("mesh grid[data = 2]"), 19, "mesh grid[data = 2, model = 2]");
+  text.replace(text.find("layout batch: data"), 18, "layout batch: data, d: model");
+  text.replace(text.find("dropout(h, rate = 0.25)"), 23, "h");
+  Trained recomputed(text);
+  std::optional<std::vector<plan::PlannedFunction>> plans =
+      plan::planModule(recomputed.module, plan::PlannerOptions{}, recomputed.compiled.diag);
+  REQUIRE(plans);
+  const plan::SpmdFunction& spmd = plans->front().spmd;
+  // The case this checks: all-reduces lowered from the copies exist.
+  std::set<size_t> copySources;
+  for (size_t i = 0; i < recomputed.fn().ops.size(); ++i)
+    if (isCopy(recomputed.fn().ops[i])) copySources.insert(i);
+  CHECK(llvm::any_of(spmd.ops, [&](const plan::SpmdOp& op) {
+    return op.kind == plan::SpmdOp::Kind::Collective && copySources.count(op.sourceOp);
+  }));
+  llvm::Expected<plan::Machine> cpu = plan::loadMachine("cpu");
+  REQUIRE(static_cast<bool>(cpu));
+  plan::PlanEvaluator evaluator(recomputed.module, recomputed.fn(), spmd.mesh, *cpu);
+  CHECK(evaluator.stepSeconds(spmd.layout) == Approx(spmd.summary.stepSeconds).epsilon(1e-12));
 }
