@@ -17,6 +17,7 @@ struct Link {
   std::string name;
   double alphaSeconds = 0;       // per-message latency of one step
   double bandwidthBytesPerS = 0; // per-device unidirectional bandwidth (the alpha-beta 1/beta)
+  bool operator==(const Link&) const = default;
 };
 
 struct Machine {
@@ -66,6 +67,8 @@ struct Machine {
   double reduceElementSeconds = 0;    // sum, mean, max, min: per operand element
   Link intra;                         // inside a node
   Link inter;                         // between nodes (unused when devicesPerNode >= numDevices)
+  /// Every field equal (ReshardMemo shares paths between equal machines only).
+  bool operator==(const Machine&) const = default;
 };
 
 /// Names of the built-in machines ("cpu", "8xh100", "8xh200", "h100-cluster", "a100-cluster",

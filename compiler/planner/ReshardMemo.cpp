@@ -3,12 +3,12 @@
 
 #include "planner/CostModel.h"
 
-#include <fmt/format.h>
-
+#include <algorithm>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <tuple>
+#include <vector>
 
 namespace meshc::plan {
 
@@ -20,36 +20,13 @@ struct ReshardMemo::Context {
 
 namespace {
 
-/// Machine's fields, in order: a field added to Machine changes its size, and this assertion
-/// asks for it in machineKey too (a memo shared by two machines that differ in it would be wrong).
-struct MachineFields {
-  std::string name, description;
-  int64_t numDevices, devicesPerNode, meshCopies;
-  double peakFlops, peakFlopsBf16, memoryBandwidth, memoryBytes, cacheBytes, cacheBandwidth,
-      gemmLatencySeconds, oversubscribedSyncSeconds, sharedCoreSyncSeconds;
-  int64_t cores;
-  double gemmShapeDim, vectorFlops, transcendentalFlops, randomFlops, normalFlops,
-      loopLatencySeconds, softmaxElementSeconds, layerNormElementSeconds, reduceElementSeconds;
-  Link intra, inter;
-};
-static_assert(sizeof(MachineFields) == sizeof(Machine),
-              "a Machine field is missing from machineKey");
-
-/// Every field of the machine and the mesh, the numbers exactly (fmt's shortest round trip).
-std::string contextKey(const Machine& m, const Mesh& mesh) {
-  std::string key = fmt::format(
-      "{}\n{}\n{} {} {}\n{} {} {} {} {} {} {} {} {}\n{}\n{} {} {} {} {} {} {} {} {}\n{} {} {}\n{} "
-      "{} {}\n",
-      m.name, m.description, m.numDevices, m.devicesPerNode, m.meshCopies, m.peakFlops,
-      m.peakFlopsBf16, m.memoryBandwidth, m.memoryBytes, m.cacheBytes, m.cacheBandwidth,
-      m.gemmLatencySeconds, m.oversubscribedSyncSeconds, m.sharedCoreSyncSeconds, m.cores,
-      m.gemmShapeDim, m.vectorFlops, m.transcendentalFlops, m.randomFlops, m.normalFlops,
-      m.loopLatencySeconds, m.softmaxElementSeconds, m.layerNormElementSeconds,
-      m.reduceElementSeconds, m.intra.name, m.intra.alphaSeconds, m.intra.bandwidthBytesPerS,
-      m.inter.name, m.inter.alphaSeconds, m.inter.bandwidthBytesPerS);
-  for (const ir::MeshAxis& axis : mesh.axes)
-    key += fmt::format("{}={},", axis.name, axis.size);
-  return key;
+/// Whether two meshes have the same axes, names and sizes in order.
+bool sameMesh(const Mesh& a, const Mesh& b) {
+  return a.axes.size() == b.axes.size() &&
+         std::equal(a.axes.begin(), a.axes.end(), b.axes.begin(),
+                    [](const ir::MeshAxis& x, const ir::MeshAxis& y) {
+                      return x.name == y.name && x.size == y.size;
+                    });
 }
 
 std::mutex& memoMutex() {
@@ -62,12 +39,15 @@ std::mutex& memoMutex() {
 ReshardMemo::ReshardMemo(const Machine& machine, const Mesh& mesh) {
   // The contexts are few (one per machine and mesh planned on) and never freed: entries handed
   // out stay valid for every evaluator.
-  static std::map<std::string, std::unique_ptr<Context>> contexts;
-  std::string key = contextKey(machine, mesh);
+  static std::vector<std::unique_ptr<Context>> contexts;
   std::lock_guard<std::mutex> lock(memoMutex());
-  std::unique_ptr<Context>& context = contexts[key];
-  if (!context) context.reset(new Context{machine, mesh, {}});
-  context_ = context.get();
+  for (const std::unique_ptr<Context>& context : contexts)
+    if (context->machine == machine && sameMesh(context->mesh, mesh)) {
+      context_ = context.get();
+      return;
+    }
+  contexts.push_back(std::unique_ptr<Context>(new Context{machine, mesh, {}}));
+  context_ = contexts.back().get();
 }
 
 const ReshardEntry& ReshardMemo::entry(const std::string& typeKey, const ir::TensorType& type,
