@@ -277,8 +277,7 @@ int planOrPipeline(const ir::Module& module, const PipelineOptions& options, Dia
   if (!jointSearchApplies(module, options)) return planAndPrint(module, options, diag, os, argv0);
   // The joint search may choose stages, reported as a stage layout's plan is.
   std::optional<JointStages> staged;
-  std::optional<PlannedModule> planned =
-      planJointly(module, options, diag, argv0, &staged);
+  std::optional<PlannedModule> planned = planJointly(module, options, diag, argv0, &staged);
   if (!planned) return kExitInputError;
   if (staged)
     return planPipelines(staged->module, staged->stage, staged->options, diag, argv0, json, os,
@@ -342,6 +341,7 @@ int runMeshc(int argc, char** argv) {
                                     "meshc: a compiler for named-dim tensor programs on meshes\n");
   if (runCommandChosen()) return runCommand(argv[0]);
   if (calibrateCommandChosen()) return calibrateCommand(argv[0]);
+  if (buildPreludeCommandChosen()) return buildPreludeCommand(argv[0]);
   if (writeDepfile && outputPath == "-" && !depfilePath.getNumOccurrences()) {
     llvm::WithColor::error(llvm::errs(), "meshc") << "-MD needs -o <output> or -MF <depfile>\n";
     return kExitInputError;

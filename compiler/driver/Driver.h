@@ -16,6 +16,11 @@ bool runCommandChosen();
 void hideUnrelatedRunOptions();
 int runCommand(const char* argv0);
 
+/// `meshc build-prelude DIR` (RunCommand.cpp): precompiles `meshc run`'s prelude into DIR, for
+/// this meshc's build (target meshc_prelude). Whether it was chosen, and the command.
+bool buildPreludeCommandChosen();
+int buildPreludeCommand(const char* argv0);
+
 /// `meshc calibrate` (CalibrateCommand.cpp), the same three.
 bool calibrateCommandChosen();
 void hideUnrelatedCalibrateOptions();

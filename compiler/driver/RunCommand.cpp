@@ -127,11 +127,12 @@ cl::opt<std::string> runCxx("cxx",
                             cl::desc("The C++ compiler (default: $MESHC_CXX, else the one "
                                      "meshc was built with)"),
                             cl::value_desc("path"), cl::sub(runSubcommand), cl::cat(runCategory));
+/// The default --opt: the one `meshc build-prelude` precompiles the prelude with.
+constexpr const char* kDefaultOpt = "-O3 -march=native";
 cl::opt<std::string> runOpt("opt",
                             cl::desc("The optimization flags of the build, separated by spaces "
                                      "(default \"-O3 -march=native\": the binary runs here)"),
-                            cl::init("-O3 -march=native"), cl::sub(runSubcommand),
-                            cl::cat(runCategory));
+                            cl::init(kDefaultOpt), cl::sub(runSubcommand), cl::cat(runCategory));
 cl::opt<std::string> runCacheDir("cache-dir",
                                  cl::desc("Where generated code and binaries are kept (default: "
                                           "$MESHC_CACHE_DIR or ~/.cache/meshc)"),
@@ -162,6 +163,12 @@ cl::opt<std::string> runPipelineSchedule(
     cl::value_desc("schedule"), cl::init("1f1b"), cl::sub(runSubcommand), cl::cat(runCategory));
 cl::opt<bool> runNoPlan("no-plan", cl::desc("Do not print the plan"), cl::sub(runSubcommand),
                         cl::cat(runCategory));
+
+cl::SubCommand preludeSubcommand("build-prelude",
+                                 "precompile the prelude of `meshc run`'s C++ builds into a "
+                                 "directory (this meshc's build runs it: target meshc_prelude)");
+cl::opt<std::string> preludeDir(cl::Positional, cl::desc("<dir>"), cl::Required,
+                                cl::sub(preludeSubcommand));
 
 using Clock = std::chrono::steady_clock;
 
@@ -332,42 +339,74 @@ std::string runtimeStamp(const std::vector<std::string>& includeDirs,
 }
 
 /// The prelude every generated C++ translation unit includes first (meshc/GeneratedPrelude.h,
-/// the list tests/e2e precompiles too), precompiled once per compiler, flags and runtime headers
-/// into the cache and included first (-include) by each build, which would otherwise parse it
-/// again: about a second of every build.
+/// the list tests/e2e precompiles too): this meshc's build precompiles it (`meshc build-prelude`,
+/// target meshc_prelude) with exactly the flags of a C++ build at the default --opt, and each
+/// such build includes it first (-include) instead of parsing the headers again.
 constexpr const char* kPrelude = "// meshc run's precompiled prelude (RunCommand.cpp).\n"
                                  "#include \"meshc/GeneratedPrelude.h\"\n";
 
-/// The prelude to include first in a build with `flags` (the compiler and every flag that
-/// reaches the compilation, include directories but no program's own), precompiled into the
-/// cache when it is not there yet; "" when it cannot be built (the build then parses the headers
-/// itself). The compiler reads the precompiled form only when it fits the flags, else the text.
-std::string precompiledPrelude(const std::vector<std::string>& flags,
-                               const std::vector<std::string>& includeDirs,
-                               const std::string& cacheDir) {
-  std::string key = llvm::join(flags, " ") + runtimeStamp(includeDirs, {});
-  std::string dir =
-      pathIn(pathIn(cacheDir, "prelude"), fmt::format("{:016x}", llvm::xxHash64(key)));
-  std::string header = pathIn(dir, "prelude.h"), precompiled = header + ".gch";
-  if (llvm::sys::fs::exists(precompiled)) return header;
-  if (llvm::sys::fs::create_directories(dir)) return "";
-  // Each part is written under a name of its own, then renamed: concurrent runs may build it.
-  std::string suffix = fmt::format(".{}.tmp", ::getpid());
+/// The compiler and the flags of building generated code (C++, or CUDA with nvcc) with
+/// optimization flags `opt`: every flag but the program's own include directories, its sources
+/// and the libraries.
+std::vector<std::string> buildFlags(const Toolchain& toolchain, bool onGpus, llvm::StringRef opt) {
+  std::vector<std::string> build = {onGpus ? toolchain.cuda->nvcc : toolchain.cxx};
+  for (llvm::StringRef flag : llvm::split(opt, ' '))
+    if (!flag.empty() && !(onGpus && flag.startswith("-march"))) build.push_back(flag.str());
+  // Generated code never reads errno: without it the compiler vectorizes sqrt in fused loops.
+  build.insert(build.end(), {"-std=c++20", "-w"});
+  if (!onGpus) build.push_back("-fno-math-errno");
+  if (!onGpus)
+    build.insert(build.end(), toolchain.sanitizeFlags.begin(), toolchain.sanitizeFlags.end());
+  if (onGpus) {
+    std::vector<std::string> cudaOptions = cudaCompileOptions(*toolchain.cuda);
+    build.insert(build.end(), cudaOptions.begin(), cudaOptions.end());
+  }
+  for (const std::string& dir : toolchain.includeDirs)
+    build.insert(build.end(), {"-I", dir});
+  return build;
+}
+
+/// The flags the prelude of a C++ build with `flags` is compiled with: those and the compile
+/// flags among the libraries (OpenMP's -fopenmp defines _OPENMP, which the support header reads).
+std::vector<std::string> preludeFlags(std::vector<std::string> flags,
+                                      const std::vector<std::string>& libraries) {
+  for (const std::string& library : libraries)
+    if (llvm::StringRef(library).startswith("-f")) flags.push_back(library);
+  return flags;
+}
+
+/// What a precompiled prelude is good for: the flags it was compiled with and the runtime
+/// headers (their paths, times and sizes) it was compiled from.
+std::string preludeKey(const std::vector<std::string>& flags,
+                       const std::vector<std::string>& includeDirs) {
+  return llvm::join(flags, " ") + "\n" + runtimeStamp(includeDirs, {}) + "\n";
+}
+
+/// The prelude header to include first (-include) in a C++ build with prelude flags `flags`:
+/// the build tree's (Toolchain::preludeDir) when its key says it was compiled with exactly these
+/// flags from the runtime headers as they are now; "" otherwise (another --opt or compiler, a
+/// header changed since, an installed meshc, no such file): the build parses the headers.
+std::string precompiledPrelude(const Toolchain& toolchain, const std::vector<std::string>& flags) {
+  if (toolchain.preludeDir.empty()) return "";
+  std::string header = pathIn(toolchain.preludeDir, "prelude.h");
+  if (!llvm::sys::fs::exists(header + ".gch") ||
+      readFile(pathIn(toolchain.preludeDir, "prelude.key")) !=
+          preludeKey(flags, toolchain.includeDirs))
+    return "";
+  return header;
+}
+
+/// Writes `contents` to `path` through a file of its own, renamed: a concurrent reader sees the
+/// old file or the new one.
+bool writeAtomically(const std::string& path, llvm::StringRef contents) {
+  std::string partial = fmt::format("{}.{}.tmp", path, ::getpid());
   {
     std::error_code ec;
-    llvm::raw_fd_ostream out(header + suffix, ec);
-    if (ec) return "";
-    out << kPrelude;
+    llvm::raw_fd_ostream out(partial, ec);
+    if (ec) return false;
+    out << contents;
   }
-  if (llvm::sys::fs::rename(header + suffix, header)) return "";
-  std::vector<std::string> command = flags;
-  command.insert(command.end(), {"-x", "c++-header", header, "-o", precompiled + suffix});
-  std::string error, log = precompiled + suffix + ".log";
-  bool built = execute(command, log, log, error) == 0 &&
-               !llvm::sys::fs::rename(precompiled + suffix, precompiled);
-  llvm::sys::fs::remove(log);
-  llvm::sys::fs::remove(precompiled + suffix);
-  return built ? header : "";
+  return !llvm::sys::fs::rename(partial, path);
 }
 
 /// The number of ranks of the (overridden) mesh.
@@ -387,6 +426,42 @@ bool runCommandChosen() {
 
 void hideUnrelatedRunOptions() {
   cl::HideUnrelatedOptions(runCategory, runSubcommand);
+}
+
+bool buildPreludeCommandChosen() {
+  return bool(preludeSubcommand);
+}
+
+int buildPreludeCommand(const char* argv0) {
+  Toolchain toolchain = findToolchain(argv0);
+  std::vector<std::string> flags =
+      preludeFlags(buildFlags(toolchain, /*onGpus=*/false, kDefaultOpt), toolchain.libraries);
+  std::string dir = preludeDir, header = pathIn(dir, "prelude.h"), key = pathIn(dir, "prelude.key");
+  // The key goes first and comes back last: no meshc takes a half-written .gch for a good one.
+  llvm::sys::fs::remove(key);
+  if (std::error_code ec = llvm::sys::fs::create_directories(dir))
+    return fail(kExitInternalError, fmt::format("cannot create '{}': {}", dir, ec.message()));
+  if (!writeAtomically(header, kPrelude))
+    return fail(kExitInternalError, fmt::format("cannot write '{}'", header));
+  std::string partial = fmt::format("{}.gch.{}.tmp", header, ::getpid()), log = partial + ".log";
+  std::vector<std::string> command = flags;
+  command.insert(command.end(), {"-x", "c++-header", header, "-o", partial});
+  std::string error;
+  int rc = execute(command, log, log, error);
+  std::string output = readFile(log);
+  llvm::sys::fs::remove(log);
+  if (rc != 0) {
+    llvm::sys::fs::remove(partial);
+    return fail(kExitInternalError,
+                fmt::format("the C++ compiler failed on the prelude ({})\n  command: {}\n{}",
+                            rc < 0 ? error : fmt::format("exit status {}", rc),
+                            llvm::join(command, " "), output));
+  }
+  if (std::error_code ec = llvm::sys::fs::rename(partial, header + ".gch"))
+    return fail(kExitInternalError, fmt::format("cannot write '{}.gch': {}", header, ec.message()));
+  if (!writeAtomically(key, preludeKey(flags, toolchain.includeDirs)))
+    return fail(kExitInternalError, fmt::format("cannot write '{}'", key));
+  return kExitOk;
 }
 
 int runCommand(const char* argv0) {
@@ -459,27 +534,9 @@ int runCommand(const char* argv0) {
   // 2. build, unless the cache has a binary of the same code, flags and user headers.
   start = Clock::now();
   std::string mainDir = llvm::sys::path::parent_path(absoluteInput).str();
-  std::vector<std::string> build = {onGpus ? toolchain.cuda->nvcc : toolchain.cxx};
-  for (llvm::StringRef flag : llvm::split(runOpt, ' '))
-    if (!flag.empty() && !(onGpus && flag.startswith("-march"))) build.push_back(flag.str());
-  // Generated code never reads errno: without it the compiler vectorizes sqrt in fused loops.
-  build.insert(build.end(), {"-std=c++20", "-w"});
-  if (!onGpus) build.push_back("-fno-math-errno");
-  if (!onGpus)
-    build.insert(build.end(), toolchain.sanitizeFlags.begin(), toolchain.sanitizeFlags.end());
-  std::vector<std::string> libraries = toolchain.libraries;
-  if (onGpus) {
-    std::vector<std::string> cudaOptions = cudaCompileOptions(*toolchain.cuda);
-    build.insert(build.end(), cudaOptions.begin(), cudaOptions.end());
-    libraries = cudaLinkLibraries(toolchain);
-  }
-  for (const std::string& dir : toolchain.includeDirs)
-    build.insert(build.end(), {"-I", dir});
-  // The compile flags among the libraries (OpenMP's -fopenmp defines _OPENMP, which the
-  // support header reads), for the prelude.
-  std::vector<std::string> prelude = build;
-  for (const std::string& library : libraries)
-    if (llvm::StringRef(library).startswith("-f")) prelude.push_back(library);
+  std::vector<std::string> build = buildFlags(toolchain, onGpus, runOpt);
+  std::vector<std::string> libraries = onGpus ? cudaLinkLibraries(toolchain) : toolchain.libraries;
+  std::string prelude = onGpus ? "" : precompiledPrelude(toolchain, preludeFlags(build, libraries));
   build.insert(build.end(), {"-I", workDir, "-I", mainDir});
   std::string unity = base + ".unity" + source;
   std::string buildKey = llvm::join(build, " ") + llvm::join(libraries, " ");
@@ -494,7 +551,8 @@ int runCommand(const char* argv0) {
   std::string binary = fmt::format("{}-{:016x}.bin", base, llvm::xxHash64(buildKey));
   bool cached = llvm::sys::fs::exists(binary);
   stage(cached ? std::string("building: the cache has this binary")
-               : fmt::format("building the generated code ({})", build.front()));
+               : fmt::format("building the generated code ({}{})", build.front(),
+                             prelude.empty() ? "" : ", with the precompiled prelude"));
   if (!cached) {
     {
       std::error_code ec;
@@ -504,10 +562,7 @@ int runCommand(const char* argv0) {
           << "\"\n";
     }
     std::string partial = binary + ".tmp", log = base + ".build.log";
-    if (!onGpus)
-      if (std::string header = precompiledPrelude(prelude, toolchain.includeDirs, cacheDir);
-          !header.empty())
-        build.insert(build.end(), {"-include", header});
+    if (!prelude.empty()) build.insert(build.end(), {"-include", prelude});
     build.insert(build.end(), {unity, "-o", partial});
     build.insert(build.end(), libraries.begin(), libraries.end());
     build.push_back("-lpthread");

@@ -64,7 +64,10 @@ Toolchain findToolchain(const char* argv0) {
   } else {
     toolchain.includeDirs = splitList(MESHC_BUILD_INCLUDE_DIRS);
     toolchain.libraries = splitList(MESHC_BUILD_LIBRARIES);
+    toolchain.preludeDir = MESHC_BUILD_PRELUDE_DIR;
   }
+  if (llvm::Optional<std::string> dir = llvm::sys::Process::GetEnv("MESHC_PRELUDE_DIR"))
+    toolchain.preludeDir = *dir;
   if (!llvm::StringRef(MESHC_NVCC).empty()) {
     CudaToolchain cuda;
     cuda.nvcc = MESHC_NVCC;

@@ -28,6 +28,10 @@ struct Toolchain {
   std::vector<std::string> includeDirs;
   std::vector<std::string> libraries; // link order: kernels, runtime, OpenBLAS
   std::string clangResourceDir;
+  // Where this meshc's build precompiled the prelude of `meshc run`'s C++ builds (prelude.h,
+  // prelude.h.gch, prelude.key: the target meshc_prelude); $MESHC_PRELUDE_DIR replaces it. Empty
+  // for an installed meshc, whose builds parse the prelude.
+  std::string preludeDir;
   bool installed = false;
   std::optional<CudaToolchain> cuda; // absent: meshc was built without CUDA
 };
