@@ -493,17 +493,13 @@ llvm::Error FunctionEmitter::emit() {
   }
   if (!outputsFirst) s += outputs;
   s += "return outputs;\n}\n\n";
-  // The bodies' probes end explicitly, not by a destructor (meshrt/Trace.h, Probes): a local
-  // with one costs every call in the body an exception cleanup path to compile. The bodies are
-  // straight-line code with no return, so their last statement runs whenever the body completes.
   for (size_t k = 0; k < parts.size(); ++k)
     s += fmt::format("void {}::runPart{}(const Inputs& inputs) {{\n(void)inputs;\n"
-                     "MESHRT_TRACE_BODY(world_);\n{}MESHRT_TRACE_BODY_END();\n}}\n\n",
+                     "MESHRT_TRACE_SPAN(world_);\n{}}}\n\n",
                      name, k, parts[k]);
   for (size_t k = 0; k < subroutineSignatures.size(); ++k)
-    s += fmt::format(
-        "void {}::{} {{\nMESHRT_TRACE_BODY(world_);\n{}MESHRT_TRACE_BODY_END();\n}}\n\n", name,
-        subroutineSignatures[k], subroutineBodies[k]);
+    s += fmt::format("void {}::{} {{\nMESHRT_TRACE_SPAN(world_);\n{}}}\n\n", name,
+                     subroutineSignatures[k], subroutineBodies[k]);
   emitHelpers(s);
   s += checkpointDefinitions;
   return llvm::Error::success();

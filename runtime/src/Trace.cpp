@@ -204,14 +204,14 @@ void sync() noexcept {
   if (tSyncHook) tSyncHook();
 }
 
-// --- Probes ---------------------------------------------------------------------------------------
+// --- Span ---------------------------------------------------------------------------------------
 
-void Probes::close(int64_t now) {
+void Span::close(int64_t now) {
   if (kind_) record(*world_, kind_, where_, phase_, start_, now, 0);
   kind_ = nullptr;
 }
 
-void Probes::nextSlow(const char* kind, const char* where, const char* phase) {
+void Span::nextSlow(const char* kind, const char* where, const char* phase) {
   sync();
   int64_t now = nowNs();
   close(now);
@@ -222,13 +222,13 @@ void Probes::nextSlow(const char* kind, const char* where, const char* phase) {
   setSite(where);
 }
 
-void Probes::siteSlow(const char* where) {
+void Span::siteSlow(const char* where) {
   sync();
   close(nowNs());
   setSite(where);
 }
 
-void Probes::endSlow() {
+void Span::end() {
   sync();
   close(nowNs());
   setSite(previousSite_);

@@ -1031,7 +1031,7 @@ Albert::Outputs Albert::run(const Inputs &inputs) {
 
 void Albert::runPart0(const Inputs &inputs) {
   (void)inputs;
-  MESHRT_TRACE_BODY(world_);
+  MESHRT_TRACE_SPAN(world_);
 
   // albert.mesh:48:40 einsum
   MESHRT_TRACE("einsum", "albert.mesh:48:40", "forward");
@@ -1212,7 +1212,6 @@ void Albert::runPart0(const Inputs &inputs) {
   support::View v131 = arena_.view(4160, 4);
   support::along(v131.data(), v130.data(), kShape11, kShape11, kShape11, kShape11, kShape9, kShape9,
                  support::Along::Softmax, 1e-05, 2, nullptr);
-  MESHRT_TRACE_BODY_END();
 }
 
 void Albert::repeated0(support::ConstView a0, support::ConstView a1, support::View a2,
@@ -1224,7 +1223,7 @@ void Albert::repeated0(support::ConstView a0, support::ConstView a1, support::Vi
                        support::ConstView a19, support::View a20, support::View a21,
                        support::View a22, support::ConstView a23, support::ConstView a24,
                        support::ConstView a25) {
-  MESHRT_TRACE_BODY(world_);
+  MESHRT_TRACE_SPAN(world_);
 
   // encoder_layers.mesh:28:17 einsum -> queries
   MESHRT_TRACE("gemm", "encoder_layers.mesh:28:17", "forward");
@@ -1299,7 +1298,6 @@ void Albert::repeated0(support::ConstView a0, support::ConstView a1, support::Vi
   MESHRT_TRACE("layer_norm", "encoder_layers.mesh:19:10", "forward");
   support::addLayerNormAffine(a21.data(), a22.data(), kShape3, 32, a24.data(), a25.data(), 1e-12,
                               32, a12.data(), kShape15, a20.data(), kShape15, a23.data(), kShape17);
-  MESHRT_TRACE_BODY_END();
 }
 
 Albert::Inputs Albert::synthesizeInputs(uint64_t seed) const {
@@ -1850,7 +1848,7 @@ AlbertTrain::Outputs AlbertTrain::run(const Inputs &inputs) {
 
 void AlbertTrain::runPart0(const Inputs &inputs) {
   (void)inputs;
-  MESHRT_TRACE_BODY(world_);
+  MESHRT_TRACE_SPAN(world_);
 
   // albert.mesh:48:40 einsum
   MESHRT_TRACE("einsum", "albert.mesh:48:40", "forward");
@@ -2067,12 +2065,11 @@ void AlbertTrain::runPart0(const Inputs &inputs) {
   support::View v136 = arena_.view(114688, 1024);
   support::oneHot(v136.data(), kShape18, v3.data(), kShape2, kShape1,
                   support::shardStart(world_, {"model"}, 32));
-  MESHRT_TRACE_BODY_END();
 }
 
 void AlbertTrain::runPart1(const Inputs &inputs) {
   (void)inputs;
-  MESHRT_TRACE_BODY(world_);
+  MESHRT_TRACE_SPAN(world_);
 
   // albert.mesh:103:56 mul
   MESHRT_TRACE("loop", "albert.mesh:103:56", "forward");
@@ -2269,12 +2266,11 @@ void AlbertTrain::runPart1(const Inputs &inputs) {
   MESHRT_TRACE("loop", "albert.mesh:80:16", "backward");
   support::View v198 = arena_.view(118784, 64);
   loop11(v198.data(), v132.data(), v194.data());
-  MESHRT_TRACE_BODY_END();
 }
 
 void AlbertTrain::runPart2(const Inputs &inputs) {
   (void)inputs;
-  MESHRT_TRACE_BODY(world_);
+  MESHRT_TRACE_SPAN(world_);
 
   // albert.mesh:80:57 sum -> grad/heads/pooler_bias
   MESHRT_TRACE("sum", "albert.mesh:80:57", "backward");
@@ -2602,12 +2598,11 @@ void AlbertTrain::runPart2(const Inputs &inputs) {
   support::View v455 = arena_.view(32768, 1024);
   // dims: batch, length, d_model, d_ff
   kEinsum18.plan().run(v451.data(), v49.data(), v455.data(), 1.0f, 0.0f);
-  MESHRT_TRACE_BODY_END();
 }
 
 void AlbertTrain::runPart3(const Inputs &inputs) {
   (void)inputs;
-  MESHRT_TRACE_BODY(world_);
+  MESHRT_TRACE_SPAN(world_);
 
   // encoder_layers.mesh:46:10 add
   // encoder_layers.mesh:46:10 add -> grad/encoder/albert_layer/dense_relu_dense/wo
@@ -2807,12 +2802,11 @@ void AlbertTrain::runPart3(const Inputs &inputs) {
   support::View v524 = arena_.view(12288, 1024);
   // dims: batch, length, heads, d_kv, d_model
   kEinsum23.plan().run(v510.data(), v21.data(), v524.data(), 1.0f, 0.0f);
-  MESHRT_TRACE_BODY_END();
 }
 
 void AlbertTrain::runPart4(const Inputs &inputs) {
   (void)inputs;
-  MESHRT_TRACE_BODY(world_);
+  MESHRT_TRACE_SPAN(world_);
 
   // encoder_layers.mesh:30:23 bucketed_all_reduce_sum (resolve the partial sum of %493 over model
   // for add at 30:23; merged with 2 more partial sums over model (%520, %525): 12.0 KiB in one
@@ -3105,12 +3099,11 @@ void AlbertTrain::runPart4(const Inputs &inputs) {
   support::View v642(param33_encoder_embed_gain_v); // updated in place
   support::View v641(param32_encoder_embed_gain_m); // updated in place
   repeated3(v8, v534, v642, v587, v641, v585, v569);
-  MESHRT_TRACE_BODY_END();
 }
 
 void AlbertTrain::runPart5(const Inputs &inputs) {
   (void)inputs;
-  MESHRT_TRACE_BODY(world_);
+  MESHRT_TRACE_SPAN(world_);
 
   // 1 statements from albert.mesh:109:3 mul (2 of 5)
   MESHRT_TRACE_SITE("albert.mesh:109:3");
@@ -3444,7 +3437,6 @@ void AlbertTrain::runPart5(const Inputs &inputs) {
   support::View v1103(param76_heads_classifier_m); // updated in place
   loop27(v1104.data(), v1103.data(), v119.data(), v195.data(), v587.data(), v585.data(),
          v569.data());
-  MESHRT_TRACE_BODY_END();
 }
 
 void AlbertTrain::repeated0(
@@ -3465,7 +3457,7 @@ void AlbertTrain::repeated0(
     support::View a57, support::ConstView a58, support::View a59, support::ConstView a60,
     support::View a61, support::ConstView a62, support::View a63, support::ConstView a64,
     support::View a65, support::View a66, support::View a67, support::View a68, support::View a69) {
-  MESHRT_TRACE_BODY(world_);
+  MESHRT_TRACE_SPAN(world_);
 
   // encoder_layers.mesh:19:46 mul
   MESHRT_TRACE("loop", "encoder_layers.mesh:19:46", "backward");
@@ -3727,7 +3719,6 @@ void AlbertTrain::repeated0(
   MESHRT_TRACE("sum", "encoder_layers.mesh:19:53", "backward");
   support::reduce(a69.data(), kShape10, a67.data(), kShape9, kShape3, kShape15,
                   support::Reduce::Sum, 1.0);
-  MESHRT_TRACE_BODY_END();
 }
 
 void AlbertTrain::repeated1(support::ConstView a0, support::ConstView a1, support::View a2,
@@ -3740,7 +3731,7 @@ void AlbertTrain::repeated1(support::ConstView a0, support::ConstView a1, suppor
                             support::ConstView a22, support::View a23, support::ConstView a24,
                             support::View a25, support::View a26, support::ConstView a27,
                             support::ConstView a28, support::View a29) {
-  MESHRT_TRACE_BODY(world_);
+  MESHRT_TRACE_SPAN(world_);
 
   // encoder_layers.mesh:28:17 einsum -> queries
   MESHRT_TRACE("gemm", "encoder_layers.mesh:28:17", "forward");
@@ -3830,7 +3821,6 @@ void AlbertTrain::repeated1(support::ConstView a0, support::ConstView a1, suppor
   // encoder_layers.mesh:19:53 add -> h
   MESHRT_TRACE("loop", "encoder_layers.mesh:19:46", "forward");
   loop32(a29.data(), a26.data(), a27.data(), a28.data());
-  MESHRT_TRACE_BODY_END();
 }
 
 void AlbertTrain::repeated2(support::ConstView a0, support::ConstView a1, support::ConstView a2,
@@ -3841,7 +3831,7 @@ void AlbertTrain::repeated2(support::ConstView a0, support::ConstView a1, suppor
                             support::View a15, support::ConstView a16, support::View a17,
                             support::View a18, support::View a19, support::View a20,
                             support::View a21) {
-  MESHRT_TRACE_BODY(world_);
+  MESHRT_TRACE_SPAN(world_);
 
   // encoder_layers.mesh:19:53 add
   // encoder_layers.mesh:19:53 add -> grad/encoder/albert_layer/norm#1/bias
@@ -3903,13 +3893,12 @@ void AlbertTrain::repeated2(support::ConstView a0, support::ConstView a1, suppor
   // encoder_layers.mesh:19:10 mul
   MESHRT_TRACE("loop", "encoder_layers.mesh:19:10", "backward");
   loop31(a21.data(), a5.data(), a19.data(), a17.data(), a20.data(), a15.data());
-  MESHRT_TRACE_BODY_END();
 }
 
 void AlbertTrain::repeated3(support::View a0, support::ConstView a1, support::View a2,
                             support::ConstView a3, support::View a4, support::ConstView a5,
                             support::ConstView a6) {
-  MESHRT_TRACE_BODY(world_);
+  MESHRT_TRACE_SPAN(world_);
 
   // albert.mesh:109:3 mul
   // albert.mesh:109:3 square
@@ -3929,13 +3918,12 @@ void AlbertTrain::repeated3(support::View a0, support::ConstView a1, support::Vi
   // albert.mesh:109:3 sub -> next/encoder/embed/gain
   MESHRT_TRACE("loop", "albert.mesh:109:3", "update");
   loop35(a2.data(), a4.data(), a0.data(), a1.data(), a3.data(), a5.data(), a6.data());
-  MESHRT_TRACE_BODY_END();
 }
 
 void AlbertTrain::repeated4(support::View a0, support::ConstView a1, support::View a2,
                             support::ConstView a3, support::View a4, support::ConstView a5,
                             support::ConstView a6) {
-  MESHRT_TRACE_BODY(world_);
+  MESHRT_TRACE_SPAN(world_);
 
   // albert.mesh:109:3 mul
   // albert.mesh:109:3 square
@@ -3955,13 +3943,12 @@ void AlbertTrain::repeated4(support::View a0, support::ConstView a1, support::Vi
   // albert.mesh:109:3 sub -> next/encoder/albert_layer/norm/gain
   MESHRT_TRACE("loop", "albert.mesh:109:3", "update");
   loop25(a2.data(), a4.data(), a0.data(), a1.data(), a3.data(), a5.data(), a6.data());
-  MESHRT_TRACE_BODY_END();
 }
 
 void AlbertTrain::repeated5(support::View a0, support::ConstView a1, support::View a2,
                             support::ConstView a3, support::View a4, support::ConstView a5,
                             support::ConstView a6) {
-  MESHRT_TRACE_BODY(world_);
+  MESHRT_TRACE_SPAN(world_);
 
   // albert.mesh:109:3 mul
   // albert.mesh:109:3 square
@@ -3981,7 +3968,6 @@ void AlbertTrain::repeated5(support::View a0, support::ConstView a1, support::Vi
   // albert.mesh:109:3 sub -> next/encoder/albert_layer/self_attention/q
   MESHRT_TRACE("loop", "albert.mesh:109:3", "update");
   loop23(a2.data(), a4.data(), a0.data(), a1.data(), a3.data(), a5.data(), a6.data());
-  MESHRT_TRACE_BODY_END();
 }
 
 void AlbertTrain::repeated6(support::View a0, support::ConstView a1, support::ConstView a2,
@@ -3989,7 +3975,7 @@ void AlbertTrain::repeated6(support::View a0, support::ConstView a1, support::Co
                             support::ConstView a6, support::View a7, support::View a8,
                             support::View a9, support::ConstView a10, support::View a11,
                             support::View a12, support::View a13, support::View a14) {
-  MESHRT_TRACE_BODY(world_);
+  MESHRT_TRACE_SPAN(world_);
 
   // albert.mesh:77:50 sum -> grad/heads/bias
   MESHRT_TRACE("sum", "albert.mesh:77:50", "backward");
@@ -4039,7 +4025,6 @@ void AlbertTrain::repeated6(support::View a0, support::ConstView a1, support::Co
   MESHRT_TRACE("mean", "albert.mesh:77:7", "backward");
   support::reduce(a14.data(), kShape3, a11.data(), kShape4, kShape14, kShape9, support::Reduce::Sum,
                   0.0625);
-  MESHRT_TRACE_BODY_END();
 }
 
 AlbertTrain::Inputs AlbertTrain::synthesizeInputs(uint64_t seed) const {

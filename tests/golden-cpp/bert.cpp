@@ -839,7 +839,7 @@ Mlm::Outputs Mlm::run(const Inputs &inputs) {
 
 void Mlm::runPart0(const Inputs &inputs) {
   (void)inputs;
-  MESHRT_TRACE_BODY(world_);
+  MESHRT_TRACE_SPAN(world_);
 
   // bert.mesh:34:37 gather
   MESHRT_TRACE("gather", "bert.mesh:34:37", "forward");
@@ -969,7 +969,6 @@ void Mlm::runPart0(const Inputs &inputs) {
   support::View v108 = arena_.view(16384, 4096);
   support::along(v108.data(), v107.data(), kShape5, kShape8, kShape8, kShape9, kShape1, kShape1,
                  support::Along::Softmax, 1e-05, 128, nullptr);
-  MESHRT_TRACE_BODY_END();
 }
 
 void Mlm::repeated0(support::View a0, support::ConstView a1, support::ConstView a2,
@@ -979,7 +978,7 @@ void Mlm::repeated0(support::View a0, support::ConstView a1, support::ConstView 
                     support::View a13, support::ConstView a14, support::ConstView a15,
                     support::View a16, support::View a17, support::View a18, support::ConstView a19,
                     support::ConstView a20, support::ConstView a21) {
-  MESHRT_TRACE_BODY(world_);
+  MESHRT_TRACE_SPAN(world_);
 
   // layers.mesh:43:17 softmax -> weights
   // layers.mesh:43:25 where
@@ -1024,13 +1023,12 @@ void Mlm::repeated0(support::View a0, support::ConstView a1, support::ConstView 
   MESHRT_TRACE("layer_norm", "layers.mesh:24:10", "forward");
   support::addLayerNormAffine(a17.data(), a18.data(), kShape5, 64, a20.data(), a21.data(), 1e-05,
                               64, a7.data(), kShape6, a16.data(), kShape6, a19.data(), kShape13);
-  MESHRT_TRACE_BODY_END();
 }
 
 void Mlm::repeated1(support::ConstView a0, support::ConstView a1, support::View a2,
                     support::ConstView a3, support::View a4, support::ConstView a5,
                     support::View a6, support::View a7) {
-  MESHRT_TRACE_BODY(world_);
+  MESHRT_TRACE_SPAN(world_);
 
   // layers.mesh:36:11 einsum -> q
   MESHRT_TRACE("gemm", "layers.mesh:36:11", "forward");
@@ -1052,7 +1050,6 @@ void Mlm::repeated1(support::ConstView a0, support::ConstView a1, support::View 
   MESHRT_TRACE("gemm", "layers.mesh:41:16", "forward");
   // dims: batch, seq, heads, d_head, mem
   kEinsum6.plan().run(a2.data(), a4.data(), a7.data(), 0.25f, 0.0f);
-  MESHRT_TRACE_BODY_END();
 }
 
 Mlm::Inputs Mlm::synthesizeInputs(uint64_t seed) const {
@@ -1696,7 +1693,7 @@ MlmTrain::Outputs MlmTrain::run(const Inputs &inputs) {
 
 void MlmTrain::runPart0(const Inputs &inputs) {
   (void)inputs;
-  MESHRT_TRACE_BODY(world_);
+  MESHRT_TRACE_SPAN(world_);
 
   // bert.mesh:34:37 gather
   MESHRT_TRACE("gather", "bert.mesh:34:37", "forward");
@@ -1931,12 +1928,11 @@ void MlmTrain::runPart0(const Inputs &inputs) {
   support::View v141 = arena_.view(538624, 128);
   support::reduce(v141.data(), kShape9, v140.data(), kShape1, kShape5, kShape8,
                   support::Reduce::Sum, 1.0);
-  MESHRT_TRACE_BODY_END();
 }
 
 void MlmTrain::runPart1(const Inputs &inputs) {
   (void)inputs;
-  MESHRT_TRACE_BODY(world_);
+  MESHRT_TRACE_SPAN(world_);
 
   // bert.mesh:46:10 einsum
   MESHRT_TRACE("gemm", "bert.mesh:46:10", "backward");
@@ -2321,12 +2317,11 @@ void MlmTrain::runPart1(const Inputs &inputs) {
   support::View v386(param33_bert_position_embedding_v); // updated in place
   support::View v385(param32_bert_position_embedding_m); // updated in place
   loop16(v386.data(), v385.data(), v6.data(), v334.data(), v373.data(), v371.data(), v355.data());
-  MESHRT_TRACE_BODY_END();
 }
 
 void MlmTrain::runPart2(const Inputs &inputs) {
   (void)inputs;
-  MESHRT_TRACE_BODY(world_);
+  MESHRT_TRACE_SPAN(world_);
 
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 square
@@ -2502,7 +2497,6 @@ void MlmTrain::runPart2(const Inputs &inputs) {
             v70, v210, v806, v805, v87, v195, v827, v826, v88, v192, v848, v847, v92, v191, v869,
             v868, v93, v188, v890, v889, v94, v164, v911, v910, v95, v162, v932, v931, v103, v147,
             v953, v952, v104, v144, v974, v973);
-  MESHRT_TRACE_BODY_END();
 }
 
 void MlmTrain::repeated0(
@@ -2519,7 +2513,7 @@ void MlmTrain::repeated0(
     support::ConstView a40, support::View a41, support::View a42, support::View a43,
     support::ConstView a44, support::View a45, support::View a46, support::View a47,
     support::ConstView a48, support::View a49, support::View a50) {
-  MESHRT_TRACE_BODY(world_);
+  MESHRT_TRACE_SPAN(world_);
 
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 square
@@ -2748,7 +2742,6 @@ void MlmTrain::repeated0(
   // bert.mesh:65:3 sub -> next/bert/encoder_layer[0]/norm#1/bias
   MESHRT_TRACE("loop", "bert.mesh:65:3", "update");
   loop19(a49.data(), a50.data(), a47.data(), a48.data(), a3.data(), a5.data(), a6.data());
-  MESHRT_TRACE_BODY_END();
 }
 
 void MlmTrain::repeated1(
@@ -2770,7 +2763,7 @@ void MlmTrain::repeated1(
     support::ConstView a61, support::View a62, support::View a63, support::View a64,
     support::ConstView a65, support::View a66, support::View a67, support::View a68,
     support::View a69, support::View a70, const char *t0) {
-  MESHRT_TRACE_BODY(world_);
+  MESHRT_TRACE_SPAN(world_);
 
   // layers.mesh:55:71 sum -> grad/bert/encoder_layer[1]/ffn/b_out
   MESHRT_TRACE("sum", "layers.mesh:55:71", "backward");
@@ -3069,7 +3062,6 @@ void MlmTrain::repeated1(
   // layers.mesh:24:10 mul
   MESHRT_TRACE("loop", "layers.mesh:24:10", "backward");
   loop13(a70.data(), a57.data(), a68.data(), a66.data(), a69.data(), a64.data());
-  MESHRT_TRACE_BODY_END();
 }
 
 void MlmTrain::repeated2(support::View a0, support::ConstView a1, support::ConstView a2,
@@ -3081,7 +3073,7 @@ void MlmTrain::repeated2(support::View a0, support::ConstView a1, support::Const
                          support::ConstView a18, support::View a19, support::ConstView a20,
                          support::View a21, support::View a22, support::ConstView a23,
                          support::ConstView a24, support::View a25, const char *t0) {
-  MESHRT_TRACE_BODY(world_);
+  MESHRT_TRACE_SPAN(world_);
 
   // layers.mesh:43:17 softmax -> weights
   // layers.mesh:43:25 where
@@ -3169,13 +3161,12 @@ void MlmTrain::repeated2(support::View a0, support::ConstView a1, support::Const
   // layers.mesh:24:40 add -> x
   MESHRT_TRACE("loop", "layers.mesh:24:33", "forward");
   loop5(a25.data(), a22.data(), a23.data(), a24.data());
-  MESHRT_TRACE_BODY_END();
 }
 
 void MlmTrain::repeated3(support::View a0, support::ConstView a1, support::View a2,
                          support::ConstView a3, support::View a4, support::ConstView a5,
                          support::ConstView a6) {
-  MESHRT_TRACE_BODY(world_);
+  MESHRT_TRACE_SPAN(world_);
 
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 square
@@ -3195,13 +3186,12 @@ void MlmTrain::repeated3(support::View a0, support::ConstView a1, support::View 
   // bert.mesh:65:3 sub -> next/bert/norm/gain
   MESHRT_TRACE("loop", "bert.mesh:65:3", "update");
   loop19(a2.data(), a4.data(), a0.data(), a1.data(), a3.data(), a5.data(), a6.data());
-  MESHRT_TRACE_BODY_END();
 }
 
 void MlmTrain::repeated4(support::ConstView a0, support::ConstView a1, support::View a2,
                          support::ConstView a3, support::View a4, support::ConstView a5,
                          support::View a6, support::View a7) {
-  MESHRT_TRACE_BODY(world_);
+  MESHRT_TRACE_SPAN(world_);
 
   // layers.mesh:36:11 einsum -> q
   MESHRT_TRACE("gemm", "layers.mesh:36:11", "forward");
@@ -3223,7 +3213,6 @@ void MlmTrain::repeated4(support::ConstView a0, support::ConstView a1, support::
   MESHRT_TRACE("gemm", "layers.mesh:41:16", "forward");
   // dims: batch, seq, heads, d_head, mem
   kEinsum6.plan().run(a2.data(), a4.data(), a7.data(), 0.25f, 0.0f);
-  MESHRT_TRACE_BODY_END();
 }
 
 MlmTrain::Inputs MlmTrain::synthesizeInputs(uint64_t seed) const {

@@ -188,7 +188,7 @@ Mlp::Outputs Mlp::run(const Inputs &inputs) {
 
 void Mlp::runPart0(const Inputs &inputs) {
   (void)inputs;
-  MESHRT_TRACE_BODY(world_);
+  MESHRT_TRACE_SPAN(world_);
 
   // mlp.mesh:27:16 einsum
   MESHRT_TRACE("gemm", "mlp.mesh:27:16", "forward");
@@ -220,7 +220,6 @@ void Mlp::runPart0(const Inputs &inputs) {
   MESHRT_TRACE("loop", "mlp.mesh:34:9", "forward");
   support::View v10 = arena_.view(4096, 1024);
   loop1(v10.data(), v0.data(), v8.data());
-  MESHRT_TRACE_BODY_END();
 }
 
 Mlp::Inputs Mlp::synthesizeInputs(uint64_t seed) const {
@@ -367,7 +366,7 @@ MlpTrain::Outputs MlpTrain::run(const Inputs &inputs) {
 
 void MlpTrain::runPart0(const Inputs &inputs) {
   (void)inputs;
-  MESHRT_TRACE_BODY(world_);
+  MESHRT_TRACE_SPAN(world_);
 
   // mlp.mesh:40:19 random_normal
   MESHRT_TRACE("random_normal", "mlp.mesh:40:19", "forward");
@@ -618,12 +617,11 @@ void MlpTrain::runPart0(const Inputs &inputs) {
     const float s4 = (s2 + s3);
     v60p[0] = s4;
   }
-  MESHRT_TRACE_BODY_END();
 }
 
 void MlpTrain::runPart1(const Inputs &inputs) {
   (void)inputs;
-  MESHRT_TRACE_BODY(world_);
+  MESHRT_TRACE_SPAN(world_);
 
   // mlp.mesh:42:3 all_reduce_sum (resolve the partial sum of %56 over model for sqrt at 42:3)
   MESHRT_TRACE_SITE("mlp.mesh:42:3");
@@ -686,7 +684,6 @@ void MlpTrain::runPart1(const Inputs &inputs) {
   support::View v83(param5_ffn_w_out_momentum); // updated in place
   support::View v6(param2_ffn_w_out);           // updated in place
   loop6(v83.data(), v6.data(), v25.data(), v64.data(), v49.data());
-  MESHRT_TRACE_BODY_END();
 }
 
 MlpTrain::Inputs MlpTrain::synthesizeInputs(uint64_t seed) const {

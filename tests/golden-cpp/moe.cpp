@@ -987,7 +987,7 @@ Moe::Outputs Moe::run(const Inputs &inputs) {
 
 void Moe::runPart0(const Inputs &inputs) {
   (void)inputs;
-  MESHRT_TRACE_BODY(world_);
+  MESHRT_TRACE_SPAN(world_);
 
   // moe.mesh:26:10 layer_norm
   // moe.mesh:26:33 mul
@@ -1100,7 +1100,6 @@ void Moe::runPart0(const Inputs &inputs) {
   MESHRT_TRACE("loop", "moe.mesh:110:11", "forward");
   support::View v128 = arena_.view(0, 2048);
   loop0(v128.data(), v64.data(), v126.data());
-  MESHRT_TRACE_BODY_END();
 }
 
 void Moe::repeated0(support::ConstView a0, support::ConstView a1, support::View a2,
@@ -1113,7 +1112,7 @@ void Moe::repeated0(support::ConstView a0, support::ConstView a1, support::View 
                     support::View a27, support::View a28, support::View a29, support::View a30,
                     support::View a31, support::ConstView a32, support::View a33, support::View a34,
                     support::ConstView a35, support::View a36, support::View a37) {
-  MESHRT_TRACE_BODY(world_);
+  MESHRT_TRACE_SPAN(world_);
 
   // moe.mesh:35:23 einsum
   MESHRT_TRACE("gemm", "moe.mesh:35:23", "forward");
@@ -1300,7 +1299,6 @@ void Moe::repeated0(support::ConstView a0, support::ConstView a1, support::View 
   // moe.mesh:110:11 all_reduce_sum (resolve the partial sum of %60 over model for add at 110:11)
   MESHRT_TRACE_SITE("moe.mesh:110:11");
   group_model.allReduce(a37.data(), a37.size(), meshrt::ReduceOp::Sum);
-  MESHRT_TRACE_BODY_END();
 }
 
 Moe::Inputs Moe::synthesizeInputs(uint64_t seed) const {
@@ -1556,7 +1554,7 @@ MoeTrain::Outputs MoeTrain::run(const Inputs &inputs) {
 
 void MoeTrain::runPart0(const Inputs &inputs) {
   (void)inputs;
-  MESHRT_TRACE_BODY(world_);
+  MESHRT_TRACE_SPAN(world_);
 
   // 16 statements from moe.mesh:26:10 layer_norm (1 of 2)
   MESHRT_TRACE_SITE("moe.mesh:26:10");
@@ -1812,12 +1810,11 @@ void MoeTrain::runPart0(const Inputs &inputs) {
     const float s8 = (s7 + s6);
     v175p[0] = s8;
   }
-  MESHRT_TRACE_BODY_END();
 }
 
 void MoeTrain::runPart1(const Inputs &inputs) {
   (void)inputs;
-  MESHRT_TRACE_BODY(world_);
+  MESHRT_TRACE_SPAN(world_);
 
   // moe.mesh:130:19 mul
   // moe.mesh:130:19 mul
@@ -2199,7 +2196,6 @@ void MoeTrain::runPart1(const Inputs &inputs) {
   repeated2(v536, v321, v534, v315, v547, v549, v535, v550, v555, v558, v559, v562, v565, v569,
             v233, v93, v575, v587, v589, v576, v590, v598, v602, v605, v609, v192, v113, v615, v627,
             v629, v616, v630, v638, v642, v645, v649, v187, v114);
-  MESHRT_TRACE_BODY_END();
 }
 
 void MoeTrain::repeated0(
@@ -2215,7 +2211,7 @@ void MoeTrain::repeated0(
     support::View a36, support::ConstView a37, support::View a38, support::ConstView a39,
     support::View a40, support::ConstView a41, support::View a42, support::View a43,
     support::ConstView a44, support::View a45, support::View a46) {
-  MESHRT_TRACE_BODY(world_);
+  MESHRT_TRACE_SPAN(world_);
 
   // moe.mesh:89:10 einsum
   MESHRT_TRACE("gemm", "moe.mesh:89:10", "backward");
@@ -2357,7 +2353,6 @@ void MoeTrain::repeated0(
   MESHRT_TRACE("sum", "moe.mesh:26:33", "backward");
   support::reduce(a46.data(), kShape19, a45.data(), kShape1, kShape2, kShape3, support::Reduce::Sum,
                   1.0);
-  MESHRT_TRACE_BODY_END();
 }
 
 void MoeTrain::repeated1(support::View a0, support::ConstView a1, support::View a2,
@@ -2367,7 +2362,7 @@ void MoeTrain::repeated1(support::View a0, support::ConstView a1, support::View 
                          support::View a12, support::View a13, support::View a14, support::View a15,
                          support::View a16, support::View a17, support::View a18, support::View a19,
                          support::View a20, const char *t0) {
-  MESHRT_TRACE_BODY(world_);
+  MESHRT_TRACE_SPAN(world_);
 
   // moe.mesh:26:10 layer_norm
   MESHRT_TRACE("layer_norm", "moe.mesh:26:10", "forward");
@@ -2460,7 +2455,6 @@ void MoeTrain::repeated1(support::View a0, support::ConstView a1, support::View 
     const float s2 = (s0 * s1);
     a20p[0] = s2;
   }
-  MESHRT_TRACE_BODY_END();
 }
 
 void MoeTrain::repeated2(support::ConstView a0, support::ConstView a1, support::View a2,
@@ -2476,7 +2470,7 @@ void MoeTrain::repeated2(support::ConstView a0, support::ConstView a1, support::
                          support::ConstView a30, support::View a31, support::ConstView a32,
                          support::View a33, support::ConstView a34, support::View a35,
                          support::ConstView a36, support::View a37) {
-  MESHRT_TRACE_BODY(world_);
+  MESHRT_TRACE_SPAN(world_);
 
   // moe.mesh:131:3 mul
   // moe.mesh:131:3 mul
@@ -2645,7 +2639,6 @@ void MoeTrain::repeated2(support::ConstView a0, support::ConstView a1, support::
   // moe.mesh:131:3 sub -> next/experts_ffn[0]/w_out
   MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
   loop36(a37.data(), a36.data(), a29.data(), a31.data(), a33.data(), a35.data());
-  MESHRT_TRACE_BODY_END();
 }
 
 void MoeTrain::repeated3(support::ConstView a0, support::View a1, support::View a2,
@@ -2658,7 +2651,7 @@ void MoeTrain::repeated3(support::ConstView a0, support::View a1, support::View 
                          support::View a23, support::View a24, support::View a25, support::View a26,
                          support::View a27, support::View a28, support::View a29,
                          support::View a30) {
-  MESHRT_TRACE_BODY(world_);
+  MESHRT_TRACE_SPAN(world_);
 
   // moe.mesh:131:3 square
   // moe.mesh:131:3 add
@@ -2794,7 +2787,6 @@ void MoeTrain::repeated3(support::ConstView a0, support::View a1, support::View 
   MESHRT_TRACE("mean", "moe.mesh:131:3", "update");
   support::reduce(a30.data(), kShape4, a29.data(), kShape4, kShape26, kShape29,
                   support::Reduce::Sum, 0.00390625);
-  MESHRT_TRACE_BODY_END();
 }
 
 void MoeTrain::repeated4(support::ConstView a0, support::ConstView a1, support::View a2,
@@ -2804,7 +2796,7 @@ void MoeTrain::repeated4(support::ConstView a0, support::ConstView a1, support::
                          support::View a13, support::View a14, support::View a15, support::View a16,
                          support::View a17, support::View a18, support::View a19, support::View a20,
                          support::View a21) {
-  MESHRT_TRACE_BODY(world_);
+  MESHRT_TRACE_SPAN(world_);
 
   // moe.mesh:131:3 square
   // moe.mesh:131:3 add
@@ -2931,7 +2923,6 @@ void MoeTrain::repeated4(support::ConstView a0, support::ConstView a1, support::
   // moe.mesh:131:3 sub -> next/norm[0]/bias
   MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
   loop49(a18.data(), a14.data(), a17.data(), a21.data());
-  MESHRT_TRACE_BODY_END();
 }
 
 void MoeTrain::repeated5(support::View a0, support::ConstView a1, support::ConstView a2,
@@ -2939,7 +2930,7 @@ void MoeTrain::repeated5(support::View a0, support::ConstView a1, support::Const
                          support::View a6, support::View a7, support::View a8, support::View a9,
                          support::View a10, support::View a11, support::View a12, support::View a13,
                          support::View a14, support::View a15) {
-  MESHRT_TRACE_BODY(world_);
+  MESHRT_TRACE_SPAN(world_);
 
   // moe.mesh:43:18 max
   MESHRT_TRACE("max", "moe.mesh:43:18", "forward");
@@ -3022,7 +3013,6 @@ void MoeTrain::repeated5(support::View a0, support::ConstView a1, support::Const
   MESHRT_TRACE("sum", "moe.mesh:65:15", "forward");
   support::reduce(a15.data(), kShape2, a14.data(), kShape5, kShape0, kShape1, support::Reduce::Sum,
                   1.0);
-  MESHRT_TRACE_BODY_END();
 }
 
 void MoeTrain::repeated6(support::ConstView a0, support::ConstView a1, support::View a2,
@@ -3032,7 +3022,7 @@ void MoeTrain::repeated6(support::ConstView a0, support::ConstView a1, support::
                          support::ConstView a12, support::View a13, support::ConstView a14,
                          support::View a15, support::View a16, support::ConstView a17,
                          support::View a18, support::View a19) {
-  MESHRT_TRACE_BODY(world_);
+  MESHRT_TRACE_SPAN(world_);
 
   // moe.mesh:66:29 add
   // moe.mesh:66:15 maximum -> total
@@ -3079,14 +3069,13 @@ void MoeTrain::repeated6(support::ConstView a0, support::ConstView a1, support::
   // moe.mesh:128:11 all_reduce_sum (resolve the partial sum of %80 over model for add at 128:11)
   MESHRT_TRACE_SITE("moe.mesh:128:11");
   group_model.allReduce(a19.data(), a19.size(), meshrt::ReduceOp::Sum);
-  MESHRT_TRACE_BODY_END();
 }
 
 void MoeTrain::repeated7(support::View a0, support::ConstView a1, support::View a2,
                          support::View a3, support::View a4, support::View a5, support::View a6,
                          support::ConstView a7, support::View a8, support::View a9,
                          support::View a10) {
-  MESHRT_TRACE_BODY(world_);
+  MESHRT_TRACE_SPAN(world_);
 
   // moe.mesh:71:19 cumsum -> position1
   MESHRT_TRACE("cumsum", "moe.mesh:71:19", "forward");
@@ -3128,13 +3117,12 @@ void MoeTrain::repeated7(support::View a0, support::ConstView a1, support::View 
   // moe.mesh:77:19 one_hot
   MESHRT_TRACE("one_hot", "moe.mesh:77:19", "forward");
   support::oneHot(a10.data(), kShape12, a9.data(), kShape13, kShape14, 0);
-  MESHRT_TRACE_BODY_END();
 }
 
 void MoeTrain::repeated8(support::ConstView a0, support::View a1, support::View a2,
                          support::ConstView a3, support::View a4, support::View a5,
                          support::ConstView a6, support::View a7, support::View a8) {
-  MESHRT_TRACE_BODY(world_);
+  MESHRT_TRACE_SPAN(world_);
 
   // moe.mesh:131:3 square
   MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
@@ -3162,7 +3150,6 @@ void MoeTrain::repeated8(support::ConstView a0, support::View a1, support::View 
   MESHRT_TRACE("mean", "moe.mesh:131:3", "update");
   support::reduce(a8.data(), kShape4, a7.data(), kShape4, kShape33, kShape18, support::Reduce::Sum,
                   0.0001220703125);
-  MESHRT_TRACE_BODY_END();
 }
 
 MoeTrain::Inputs MoeTrain::synthesizeInputs(uint64_t seed) const {

@@ -921,7 +921,7 @@ Encode::Outputs Encode::run(const Inputs &inputs) {
 
 void Encode::runPart0(const Inputs &inputs) {
   (void)inputs;
-  MESHRT_TRACE_BODY(world_);
+  MESHRT_TRACE_SPAN(world_);
 
   // performer.mesh:38:10 concat
   MESHRT_TRACE("concat", "performer.mesh:38:10", "forward");
@@ -1036,7 +1036,6 @@ void Encode::runPart0(const Inputs &inputs) {
   repeated0(v78, v79, v80, v73, v83, v84, v85, v88, v89, v94, v95, v96, v99, v100, v101, v104, v105,
             v110, v111, v112, v113, v114, v115, v116, v117, v118, v119, v126, v121, v72, v122, v123,
             v127, v129, v130, v128, v131, v137, v132, v133, v134);
-  MESHRT_TRACE_BODY_END();
 }
 
 void Encode::repeated0(support::ConstView a0, support::ConstView a1, support::View a2,
@@ -1052,7 +1051,7 @@ void Encode::repeated0(support::ConstView a0, support::ConstView a1, support::Vi
                        support::View a34, support::ConstView a35, support::View a36,
                        support::View a37, support::View a38, support::ConstView a39,
                        support::ConstView a40) {
-  MESHRT_TRACE_BODY(world_);
+  MESHRT_TRACE_SPAN(world_);
 
   // performer.mesh:45:10 einsum
   // performer.mesh:56:18 mul -> scaled
@@ -1196,7 +1195,6 @@ void Encode::repeated0(support::ConstView a0, support::ConstView a1, support::Vi
   MESHRT_TRACE("layer_norm", "performer.mesh:29:10", "forward");
   support::addLayerNormAffine(a37.data(), a38.data(), kShape4, 32, a39.data(), a40.data(), 1e-05,
                               32, a28.data(), kShape5, a36.data(), kShape5, nullptr, kShape7);
-  MESHRT_TRACE_BODY_END();
 }
 
 Encode::Inputs Encode::synthesizeInputs(uint64_t seed) const {
@@ -1513,7 +1511,7 @@ Lm::Outputs Lm::run(const Inputs &inputs) {
 
 void Lm::runPart0(const Inputs &inputs) {
   (void)inputs;
-  MESHRT_TRACE_BODY(world_);
+  MESHRT_TRACE_SPAN(world_);
 
   // performer.mesh:133:37 gather
   MESHRT_TRACE("gather", "performer.mesh:133:37", "forward");
@@ -1643,7 +1641,6 @@ void Lm::runPart0(const Inputs &inputs) {
   support::View v143 = arena_.view(0, 8192);
   // dims: batch, seq, d_model, vocab
   kEinsum8.plan().run(v142.data(), v2.data(), v143.data(), 1.0f, 0.0f);
-  MESHRT_TRACE_BODY_END();
 }
 
 void Lm::repeated0(support::ConstView a0, support::ConstView a1, support::View a2,
@@ -1658,7 +1655,7 @@ void Lm::repeated0(support::ConstView a0, support::ConstView a1, support::View a
                    support::View a34, support::View a35, support::ConstView a36, support::View a37,
                    support::View a38, support::View a39, support::ConstView a40,
                    support::ConstView a41) {
-  MESHRT_TRACE_BODY(world_);
+  MESHRT_TRACE_SPAN(world_);
 
   // performer.mesh:45:10 einsum
   // performer.mesh:56:18 mul -> scaled
@@ -1807,7 +1804,6 @@ void Lm::repeated0(support::ConstView a0, support::ConstView a1, support::View a
   MESHRT_TRACE("layer_norm", "performer.mesh:29:10", "forward");
   support::addLayerNormAffine(a38.data(), a39.data(), kShape4, 32, a40.data(), a41.data(), 1e-05,
                               32, a29.data(), kShape5, a37.data(), kShape5, nullptr, kShape7);
-  MESHRT_TRACE_BODY_END();
 }
 
 Lm::Inputs Lm::synthesizeInputs(uint64_t seed) const {
@@ -2342,7 +2338,7 @@ LmTrain::Outputs LmTrain::run(const Inputs &inputs) {
 
 void LmTrain::runPart0(const Inputs &inputs) {
   (void)inputs;
-  MESHRT_TRACE_BODY(world_);
+  MESHRT_TRACE_SPAN(world_);
 
   // performer.mesh:147:17 shift -> targets
   MESHRT_TRACE("shift", "performer.mesh:147:17", "forward");
@@ -2592,12 +2588,11 @@ void LmTrain::runPart0(const Inputs &inputs) {
   support::View v178 = arena_.view(2351104, 2048);
   // dims: batch, seq, vocab, d_model
   kEinsum13.plan().run(v176.data(), v147.data(), v178.data(), 1.0f, 0.0f);
-  MESHRT_TRACE_BODY_END();
 }
 
 void LmTrain::runPart1(const Inputs &inputs) {
   (void)inputs;
-  MESHRT_TRACE_BODY(world_);
+  MESHRT_TRACE_SPAN(world_);
 
   // performer.mesh:29:40 sum -> grad/causal_lm/norm/bias
   MESHRT_TRACE("sum", "performer.mesh:29:40", "backward");
@@ -3054,7 +3049,6 @@ void LmTrain::runPart1(const Inputs &inputs) {
   repeated1(v88, v294, v745, v460, v744, v458, v442, v104, v280, v766, v765, v120, v265, v787, v786,
             v128, v242, v808, v807, v132, v226, v829, v828, v133, v223, v850, v849, v137, v222,
             v871, v870, v138, v198, v892, v891, v143, v182, v913, v912, v144, v179, v934, v933);
-  MESHRT_TRACE_BODY_END();
 }
 
 void LmTrain::repeated0(
@@ -3081,7 +3075,7 @@ void LmTrain::repeated0(
     support::View a80, support::ConstView a81, support::View a82, support::View a83,
     support::View a84, support::ConstView a85, support::View a86, support::View a87,
     support::View a88, support::View a89, support::View a90) {
-  MESHRT_TRACE_BODY(world_);
+  MESHRT_TRACE_SPAN(world_);
 
   // performer.mesh:96:10 einsum
   MESHRT_TRACE("gemm", "performer.mesh:96:10", "backward");
@@ -3430,7 +3424,6 @@ void LmTrain::repeated0(
   // performer.mesh:29:10 add
   MESHRT_TRACE("loop", "performer.mesh:29:10", "backward");
   loop26(a90.data(), a77.data(), a88.data(), a86.data(), a89.data(), a84.data(), a25.data());
-  MESHRT_TRACE_BODY_END();
 }
 
 void LmTrain::repeated1(
@@ -3445,7 +3438,7 @@ void LmTrain::repeated1(
     support::ConstView a32, support::View a33, support::View a34, support::View a35,
     support::ConstView a36, support::View a37, support::View a38, support::View a39,
     support::ConstView a40, support::View a41, support::View a42) {
-  MESHRT_TRACE_BODY(world_);
+  MESHRT_TRACE_SPAN(world_);
 
   // performer.mesh:151:3 mul
   // performer.mesh:151:3 square
@@ -3636,7 +3629,6 @@ void LmTrain::repeated1(
   // performer.mesh:151:3 sub -> next/causal_lm/decoder_layer[1]/norm/bias
   MESHRT_TRACE("loop", "performer.mesh:151:3", "update");
   loop33(a41.data(), a42.data(), a39.data(), a40.data(), a3.data(), a5.data(), a6.data());
-  MESHRT_TRACE_BODY_END();
 }
 
 void LmTrain::repeated2(support::ConstView a0, support::ConstView a1, support::View a2,
@@ -3653,7 +3645,7 @@ void LmTrain::repeated2(support::ConstView a0, support::ConstView a1, support::V
                         support::View a37, support::View a38, support::ConstView a39,
                         support::View a40, support::View a41, support::View a42,
                         support::ConstView a43, support::ConstView a44, support::View a45) {
-  MESHRT_TRACE_BODY(world_);
+  MESHRT_TRACE_SPAN(world_);
 
   // performer.mesh:45:10 einsum
   // performer.mesh:56:18 mul -> scaled
@@ -3814,13 +3806,12 @@ void LmTrain::repeated2(support::ConstView a0, support::ConstView a1, support::V
   // performer.mesh:29:40 add -> n
   MESHRT_TRACE("loop", "performer.mesh:29:33", "forward");
   loop15(a45.data(), a42.data(), a43.data(), a44.data());
-  MESHRT_TRACE_BODY_END();
 }
 
 void LmTrain::repeated3(support::View a0, support::ConstView a1, support::View a2,
                         support::ConstView a3, support::View a4, support::ConstView a5,
                         support::ConstView a6) {
-  MESHRT_TRACE_BODY(world_);
+  MESHRT_TRACE_SPAN(world_);
 
   // performer.mesh:151:3 mul
   // performer.mesh:151:3 square
@@ -3840,7 +3831,6 @@ void LmTrain::repeated3(support::View a0, support::ConstView a1, support::View a
   // performer.mesh:151:3 sub -> next/causal_lm/decoder_layer[0]/norm/gain
   MESHRT_TRACE("loop", "performer.mesh:151:3", "update");
   loop33(a2.data(), a4.data(), a0.data(), a1.data(), a3.data(), a5.data(), a6.data());
-  MESHRT_TRACE_BODY_END();
 }
 
 LmTrain::Inputs LmTrain::synthesizeInputs(uint64_t seed) const {

@@ -716,7 +716,7 @@ Mlm::Outputs Mlm::run(const Inputs &inputs) {
 
 void Mlm::runPart0(const Inputs &inputs) {
   (void)inputs;
-  MESHRT_TRACE_BODY(world_);
+  MESHRT_TRACE_SPAN(world_);
 
   // roberta.mesh:31:40 einsum
   MESHRT_TRACE("einsum", "roberta.mesh:31:40", "forward");
@@ -834,7 +834,6 @@ void Mlm::runPart0(const Inputs &inputs) {
   support::View v102 = arena_.view(4096, 1024);
   // dims: batch, length, d_model, vocab
   kEinsum0.plan().runBiasActivation(v100.data(), v90.data(), v91.data(), v102.data(), false);
-  MESHRT_TRACE_BODY_END();
 }
 
 void Mlm::repeated0(support::ConstView a0, support::ConstView a1, support::View a2,
@@ -845,7 +844,7 @@ void Mlm::repeated0(support::ConstView a0, support::ConstView a1, support::View 
                     support::View a17, support::ConstView a18, support::ConstView a19,
                     support::View a20, support::View a21, support::View a22, support::ConstView a23,
                     support::ConstView a24, support::ConstView a25) {
-  MESHRT_TRACE_BODY(world_);
+  MESHRT_TRACE_SPAN(world_);
 
   // encoder_layers.mesh:28:17 einsum -> queries
   MESHRT_TRACE("gemm", "encoder_layers.mesh:28:17", "forward");
@@ -920,7 +919,6 @@ void Mlm::repeated0(support::ConstView a0, support::ConstView a1, support::View 
   MESHRT_TRACE("layer_norm", "encoder_layers.mesh:19:10", "forward");
   support::addLayerNormAffine(a21.data(), a22.data(), kShape3, 32, a24.data(), a25.data(), 1e-12,
                               32, a12.data(), kShape4, a20.data(), kShape4, a23.data(), kShape11);
-  MESHRT_TRACE_BODY_END();
 }
 
 Mlm::Inputs Mlm::synthesizeInputs(uint64_t seed) const {
@@ -1545,7 +1543,7 @@ MlmTrain::Outputs MlmTrain::run(const Inputs &inputs) {
 
 void MlmTrain::runPart0(const Inputs &inputs) {
   (void)inputs;
-  MESHRT_TRACE_BODY(world_);
+  MESHRT_TRACE_SPAN(world_);
 
   // roberta.mesh:59:16 random_uniform
   MESHRT_TRACE("random_uniform", "roberta.mesh:59:16", "forward");
@@ -1776,12 +1774,11 @@ void MlmTrain::runPart0(const Inputs &inputs) {
   support::View v128 = arena_.view(114816, 1);
   support::reduce(v128.data(), kShape6, v127.data(), kShape6, kShape3, kShape13,
                   support::Reduce::Sum, 1.0);
-  MESHRT_TRACE_BODY_END();
 }
 
 void MlmTrain::runPart1(const Inputs &inputs) {
   (void)inputs;
-  MESHRT_TRACE_BODY(world_);
+  MESHRT_TRACE_SPAN(world_);
 
   // roberta.mesh:70:42 sum
   MESHRT_TRACE("sum", "roberta.mesh:70:42", "forward");
@@ -2409,7 +2406,6 @@ void MlmTrain::runPart1(const Inputs &inputs) {
 
   MESHRT_TRACE_SITE("roberta.mesh:71:3");
   group_data_model.wait(request0);
-  MESHRT_TRACE_BODY_END();
 }
 
 void MlmTrain::repeated0(
@@ -2426,7 +2422,7 @@ void MlmTrain::repeated0(
     support::ConstView a40, support::View a41, support::View a42, support::View a43,
     support::ConstView a44, support::View a45, support::View a46, support::View a47,
     support::ConstView a48, support::View a49, support::View a50) {
-  MESHRT_TRACE_BODY(world_);
+  MESHRT_TRACE_SPAN(world_);
 
   // roberta.mesh:71:3 mul
   // roberta.mesh:71:3 square
@@ -2655,7 +2651,6 @@ void MlmTrain::repeated0(
   // roberta.mesh:71:3 sub -> next/roberta/encoder_layer[0]/norm#1/bias
   MESHRT_TRACE("loop", "roberta.mesh:71:3", "update");
   loop13(a49.data(), a50.data(), a47.data(), a48.data(), a3.data(), a5.data(), a6.data());
-  MESHRT_TRACE_BODY_END();
 }
 
 void MlmTrain::repeated1(
@@ -2676,7 +2671,7 @@ void MlmTrain::repeated1(
     support::View a57, support::View a58, support::View a59, support::ConstView a60,
     support::View a61, support::View a62, support::View a63, support::ConstView a64,
     support::View a65, support::View a66, support::View a67, support::View a68, support::View a69) {
-  MESHRT_TRACE_BODY(world_);
+  MESHRT_TRACE_SPAN(world_);
 
   // encoder_layers.mesh:46:50 sum -> grad/roberta/encoder_layer[1]/dense_relu_dense/bo
   MESHRT_TRACE("sum", "encoder_layers.mesh:46:50", "backward");
@@ -2938,7 +2933,6 @@ void MlmTrain::repeated1(
   // encoder_layers.mesh:19:10 mul
   MESHRT_TRACE("loop", "encoder_layers.mesh:19:10", "backward");
   loop9(a69.data(), a56.data(), a67.data(), a65.data(), a68.data(), a63.data());
-  MESHRT_TRACE_BODY_END();
 }
 
 void MlmTrain::repeated2(support::ConstView a0, support::ConstView a1, support::View a2,
@@ -2951,7 +2945,7 @@ void MlmTrain::repeated2(support::ConstView a0, support::ConstView a1, support::
                          support::ConstView a22, support::View a23, support::ConstView a24,
                          support::View a25, support::View a26, support::ConstView a27,
                          support::ConstView a28, support::View a29) {
-  MESHRT_TRACE_BODY(world_);
+  MESHRT_TRACE_SPAN(world_);
 
   // encoder_layers.mesh:28:17 einsum -> queries
   MESHRT_TRACE("gemm", "encoder_layers.mesh:28:17", "forward");
@@ -3041,14 +3035,13 @@ void MlmTrain::repeated2(support::ConstView a0, support::ConstView a1, support::
   // encoder_layers.mesh:19:53 add -> x
   MESHRT_TRACE("loop", "encoder_layers.mesh:19:46", "forward");
   loop3(a29.data(), a26.data(), a27.data(), a28.data());
-  MESHRT_TRACE_BODY_END();
 }
 
 void MlmTrain::repeated3(support::View a0, support::ConstView a1, support::View a2,
                          support::ConstView a3, support::View a4, support::ConstView a5,
                          support::ConstView a6, support::View a7, support::ConstView a8,
                          support::View a9, support::View a10) {
-  MESHRT_TRACE_BODY(world_);
+  MESHRT_TRACE_SPAN(world_);
 
   // roberta.mesh:71:3 mul
   // roberta.mesh:71:3 square
@@ -3087,7 +3080,6 @@ void MlmTrain::repeated3(support::View a0, support::ConstView a1, support::View 
   // roberta.mesh:71:3 sub -> next/roberta/norm/bias
   MESHRT_TRACE("loop", "roberta.mesh:71:3", "update");
   loop13(a9.data(), a10.data(), a7.data(), a8.data(), a3.data(), a5.data(), a6.data());
-  MESHRT_TRACE_BODY_END();
 }
 
 void MlmTrain::repeated4(support::View a0, support::ConstView a1, support::ConstView a2,
@@ -3095,7 +3087,7 @@ void MlmTrain::repeated4(support::View a0, support::ConstView a1, support::Const
                          support::ConstView a6, support::View a7, support::View a8,
                          support::View a9, support::ConstView a10, support::View a11,
                          support::View a12, support::View a13, support::View a14) {
-  MESHRT_TRACE_BODY(world_);
+  MESHRT_TRACE_SPAN(world_);
 
   // encoder_layers.mesh:19:53 sum -> grad/roberta/lm_head/norm/bias
   MESHRT_TRACE("sum", "encoder_layers.mesh:19:53", "backward");
@@ -3145,7 +3137,6 @@ void MlmTrain::repeated4(support::View a0, support::ConstView a1, support::Const
   MESHRT_TRACE("mean", "encoder_layers.mesh:19:10", "backward");
   support::reduce(a14.data(), kShape3, a11.data(), kShape4, kShape12, kShape10,
                   support::Reduce::Sum, 0.03125);
-  MESHRT_TRACE_BODY_END();
 }
 
 MlmTrain::Inputs MlmTrain::synthesizeInputs(uint64_t seed) const {

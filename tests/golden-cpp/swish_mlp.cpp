@@ -88,7 +88,7 @@ SwishMlp::Outputs SwishMlp::run(const Inputs &inputs) {
 
 void SwishMlp::runPart0(const Inputs &inputs) {
   (void)inputs;
-  MESHRT_TRACE_BODY(world_);
+  MESHRT_TRACE_SPAN(world_);
 
   // swish_mlp.mesh:23:17 einsum
   MESHRT_TRACE("gemm", "swish_mlp.mesh:23:17", "forward");
@@ -122,7 +122,6 @@ void SwishMlp::runPart0(const Inputs &inputs) {
   const support::Buffer &v1 = param0_limit;
   support::View v11 = arena_.view(4096, 1024);
   loop1(v11.data(), v0.data(), v8.data(), v1.data());
-  MESHRT_TRACE_BODY_END();
 }
 
 SwishMlp::Inputs SwishMlp::synthesizeInputs(uint64_t seed) const {

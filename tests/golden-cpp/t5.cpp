@@ -1968,7 +1968,7 @@ Translate::Outputs Translate::run(const Inputs &inputs) {
 
 void Translate::runPart0(const Inputs &inputs) {
   (void)inputs;
-  MESHRT_TRACE_BODY(world_);
+  MESHRT_TRACE_SPAN(world_);
 
   // t5.mesh:56:10 gather
   MESHRT_TRACE("gather", "t5.mesh:56:10", "forward");
@@ -2210,12 +2210,11 @@ void Translate::runPart0(const Inputs &inputs) {
   repeated0(v172, v194, v196, v198, v199, v202, v197, v204, v205, v209, v122, v206, v210, v207,
             v212, v214, v169, v215, v216, v217_c0, v208, v217, v219, v221, v222, v225, v220, v227,
             v228, v230, v231, v229, v232, v234, v236, v237, v240);
-  MESHRT_TRACE_BODY_END();
 }
 
 void Translate::runPart1(const Inputs &inputs) {
   (void)inputs;
-  MESHRT_TRACE_BODY(world_);
+  MESHRT_TRACE_SPAN(world_);
 
   // 9 statements from t5.mesh:40:12 mul (2 of 2)
   MESHRT_TRACE_SITE("t5.mesh:40:12");
@@ -2328,7 +2327,6 @@ void Translate::runPart1(const Inputs &inputs) {
   // minima)
   MESHRT_TRACE_SITE("t5.mesh:133:17");
   group_model.allReduce(v314.data(), v314.size(), meshrt::ReduceOp::Min);
-  MESHRT_TRACE_BODY_END();
 }
 
 void Translate::repeated0(
@@ -2341,7 +2339,7 @@ void Translate::repeated0(
     support::View a24, support::View a25, support::ConstView a26, support::View a27,
     support::ConstView a28, support::View a29, support::View a30, support::ConstView a31,
     support::View a32, support::View a33, support::View a34, support::View a35, support::View a36) {
-  MESHRT_TRACE_BODY(world_);
+  MESHRT_TRACE_SPAN(world_);
 
   // t5.mesh:121:11 add -> x
   // t5.mesh:40:25 square
@@ -2458,7 +2456,6 @@ void Translate::repeated0(
   // t5.mesh:40:14 rsqrt
   MESHRT_TRACE("loop", "t5.mesh:40:45", "forward");
   loop44(a36.data(), a35.data());
-  MESHRT_TRACE_BODY_END();
 }
 
 void Translate::repeated1(support::ConstView a0, support::ConstView a1, support::View a2,
@@ -2468,7 +2465,7 @@ void Translate::repeated1(support::ConstView a0, support::ConstView a1, support:
                           support::View a12, support::View a13, support::View a14,
                           support::View a15, support::View a16, support::ConstView a17,
                           support::View a18) {
-  MESHRT_TRACE_BODY(world_);
+  MESHRT_TRACE_SPAN(world_);
 
   // t5.mesh:104:11 add -> x
   // t5.mesh:40:25 square
@@ -2527,7 +2524,6 @@ void Translate::repeated1(support::ConstView a0, support::ConstView a1, support:
   // t5.mesh:40:53 mul -> n
   MESHRT_TRACE("loop", "t5.mesh:40:12", "forward");
   loop41(a18.data(), a13.data(), a16.data(), a17.data());
-  MESHRT_TRACE_BODY_END();
 }
 
 void Translate::repeated2(support::ConstView a0, support::ConstView a1, support::ConstView a2,
@@ -2536,7 +2532,7 @@ void Translate::repeated2(support::ConstView a0, support::ConstView a1, support:
                           support::View a9, support::View a10, support::ConstView a11,
                           support::View a12, support::View a13, support::View a14,
                           support::ConstView a15, support::View a16) {
-  MESHRT_TRACE_BODY(world_);
+  MESHRT_TRACE_SPAN(world_);
 
   // t5.mesh:40:12 mul
   // t5.mesh:40:53 mul -> n
@@ -2581,7 +2577,6 @@ void Translate::repeated2(support::ConstView a0, support::ConstView a1, support:
   MESHRT_TRACE("gemm", "t5.mesh:85:10", "forward");
   // dims: heads, d_kv, d_model, batch, targets
   kEinsum5.plan().run(a15.data(), a14.data(), a16.data(), 1.0f, 0.0f);
-  MESHRT_TRACE_BODY_END();
 }
 
 void Translate::repeated3(support::ConstView a0, support::ConstView a1, support::View a2,
@@ -2589,7 +2584,7 @@ void Translate::repeated3(support::ConstView a0, support::ConstView a1, support:
                           support::View a6, support::View a7, support::ConstView a8,
                           support::View a9, support::View a10, support::View a11,
                           support::ConstView a12, support::View a13) {
-  MESHRT_TRACE_BODY(world_);
+  MESHRT_TRACE_SPAN(world_);
 
   // t5.mesh:80:17 einsum -> queries
   MESHRT_TRACE("gemm", "t5.mesh:80:17", "forward");
@@ -2629,7 +2624,6 @@ void Translate::repeated3(support::ConstView a0, support::ConstView a1, support:
   MESHRT_TRACE("gemm", "t5.mesh:85:10", "forward");
   // dims: heads, d_kv, d_model, batch, inputs
   kEinsum11.plan().run(a12.data(), a11.data(), a13.data(), 1.0f, 0.0f);
-  MESHRT_TRACE_BODY_END();
 }
 
 Translate::Inputs Translate::synthesizeInputs(uint64_t seed) const {
@@ -3774,7 +3768,7 @@ T5Train::Outputs T5Train::run(const Inputs &inputs) {
 
 void T5Train::runPart0(const Inputs &inputs) {
   (void)inputs;
-  MESHRT_TRACE_BODY(world_);
+  MESHRT_TRACE_SPAN(world_);
 
   // t5.mesh:56:10 gather
   MESHRT_TRACE("gather", "t5.mesh:56:10", "forward");
@@ -4024,12 +4018,11 @@ void T5Train::runPart0(const Inputs &inputs) {
   MESHRT_TRACE("loop", "t5.mesh:40:25", "forward");
   support::View v175 = arena_.view(20480, 512);
   loop43(v175.data(), v172.data());
-  MESHRT_TRACE_BODY_END();
 }
 
 void T5Train::runPart1(const Inputs &inputs) {
   (void)inputs;
-  MESHRT_TRACE_BODY(world_);
+  MESHRT_TRACE_SPAN(world_);
 
   // t5.mesh:40:20 mean
   MESHRT_TRACE("mean", "t5.mesh:40:20", "forward");
@@ -4329,12 +4322,11 @@ void T5Train::runPart1(const Inputs &inputs) {
   support::View v313 = arena_.view(194560, 1);
   support::reduce(v313.data(), kShape21, v312.data(), kShape21, kShape9, kShape26,
                   support::Reduce::Sum, 0.03125);
-  MESHRT_TRACE_BODY_END();
 }
 
 void T5Train::runPart2(const Inputs &inputs) {
   (void)inputs;
-  MESHRT_TRACE_BODY(world_);
+  MESHRT_TRACE_SPAN(world_);
 
   // t5.mesh:151:15 mean
   MESHRT_TRACE("mean", "t5.mesh:151:15", "forward");
@@ -4613,12 +4605,11 @@ void T5Train::runPart2(const Inputs &inputs) {
 
   MESHRT_TRACE_SITE("t5.mesh:40:53");
   group_model.wait(request4);
-  MESHRT_TRACE_BODY_END();
 }
 
 void T5Train::runPart3(const Inputs &inputs) {
   (void)inputs;
-  MESHRT_TRACE_BODY(world_);
+  MESHRT_TRACE_SPAN(world_);
 
   // 21 statements from t5.mesh:40:53 mul (2 of 2)
   MESHRT_TRACE_SITE("t5.mesh:40:53");
@@ -4886,12 +4877,11 @@ void T5Train::runPart3(const Inputs &inputs) {
   support::View v633 = arena_.view(28672, 1024);
   // dims: batch, inputs, d_ff, d_model
   kEinsum17.plan().run(v632.data(), v70.data(), v633.data(), 1.0f, 0.0f);
-  MESHRT_TRACE_BODY_END();
 }
 
 void T5Train::runPart4(const Inputs &inputs) {
   (void)inputs;
-  MESHRT_TRACE_BODY(world_);
+  MESHRT_TRACE_SPAN(world_);
 
   // t5.mesh:40:53 all_reduce_sum (resolve the partial sum of %610 over model for mul at 40:53)
   MESHRT_TRACE_SITE("t5.mesh:40:53");
@@ -5351,12 +5341,11 @@ void T5Train::runPart4(const Inputs &inputs) {
   support::View v1417 = arena_.view(68544, 8);
   support::reduce(v1417.data(), kShape2, v1414.data(), kShape3, kShape3, kShape1,
                   support::Reduce::Sum, 0.25);
-  MESHRT_TRACE_BODY_END();
 }
 
 void T5Train::runPart5(const Inputs &inputs) {
   (void)inputs;
-  MESHRT_TRACE_BODY(world_);
+  MESHRT_TRACE_SPAN(world_);
 
   // 4 statements from t5.mesh:152:3 mean (2 of 2)
   MESHRT_TRACE_SITE("t5.mesh:152:3");
@@ -6210,7 +6199,6 @@ void T5Train::runPart5(const Inputs &inputs) {
             v710, v2376, v360, v289, v2382, v2395, v2398, v2389, v2383, v2399, v2404, v2407, v2408,
             v2411, v2414, v2418, v355, v290, v339, v2424, v2430, v2431, v2432, v2435, v296, v2437,
             v2438, v2441);
-  MESHRT_TRACE_BODY_END();
 }
 
 void T5Train::repeated0(
@@ -6258,7 +6246,7 @@ void T5Train::repeated0(
     support::View a166, support::ConstView a167, support::View a168, support::View a169,
     support::View a170, support::View a171, support::View a172, support::View a173,
     support::View a174, support::View a175, support::View a176) {
-  MESHRT_TRACE_BODY(world_);
+  MESHRT_TRACE_SPAN(world_);
 
   // t5.mesh:152:3 square
   // t5.mesh:152:3 add
@@ -7127,7 +7115,6 @@ void T5Train::repeated0(
   // t5.mesh:152:3 sub -> next/encoder/rms_norm#1[1]/scale
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   loop82(a173.data(), a169.data(), a172.data(), a176.data());
-  MESHRT_TRACE_BODY_END();
 }
 
 void T5Train::repeated1(
@@ -7151,7 +7138,7 @@ void T5Train::repeated1(
     support::View a74, support::View a75, support::View a76, support::View a77, support::View a78,
     support::ConstView a79, support::View a80, support::View a81, support::View a82,
     support::View a83, support::View a84, support::View a85, support::View a86) {
-  MESHRT_TRACE_BODY(world_);
+  MESHRT_TRACE_SPAN(world_);
 
   // t5.mesh:152:3 square
   // t5.mesh:152:3 add
@@ -7539,7 +7526,6 @@ void T5Train::repeated1(
   MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   support::reduce(a86.data(), kShape4, a85.data(), kShape1, kShape4, kShape4, support::Reduce::Sum,
                   0.015625);
-  MESHRT_TRACE_BODY_END();
 }
 
 void T5Train::repeated2(support::ConstView a0, support::View a1, support::View a2, support::View a3,
@@ -7557,7 +7543,7 @@ void T5Train::repeated2(support::ConstView a0, support::View a1, support::View a
                         support::View a42, support::View a43, support::ConstView a44,
                         support::View a45, support::View a46, support::View a47, support::View a48,
                         support::View a49, support::View a50, support::View a51) {
-  MESHRT_TRACE_BODY(world_);
+  MESHRT_TRACE_SPAN(world_);
 
   // t5.mesh:152:3 square
   // t5.mesh:152:3 add
@@ -7785,7 +7771,6 @@ void T5Train::repeated2(support::ConstView a0, support::View a1, support::View a
   MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   support::reduce(a51.data(), kShape4, a50.data(), kShape1, kShape4, kShape4, support::Reduce::Sum,
                   0.015625);
-  MESHRT_TRACE_BODY_END();
 }
 
 void T5Train::repeated3(
@@ -7803,7 +7788,7 @@ void T5Train::repeated3(
     support::View a44, support::ConstView a45, support::ConstView a46, support::View a47,
     support::ConstView a48, support::View a49, support::ConstView a50, support::View a51,
     support::ConstView a52, support::View a53, support::ConstView a54, support::View a55) {
-  MESHRT_TRACE_BODY(world_);
+  MESHRT_TRACE_SPAN(world_);
 
   // t5.mesh:152:3 div
   // t5.mesh:152:3 rsqrt
@@ -8043,7 +8028,6 @@ void T5Train::repeated3(
   // t5.mesh:152:3 sub -> next/decoder/attention[0]/o
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   loop89(a55.data(), a54.data(), a47.data(), a49.data(), a51.data(), a53.data());
-  MESHRT_TRACE_BODY_END();
 }
 
 void T5Train::repeated4(
@@ -8060,7 +8044,7 @@ void T5Train::repeated4(
     support::View a40, support::View a41, support::ConstView a42, support::ConstView a43,
     support::ConstView a44, support::View a45, support::View a46, support::View a47,
     support::View a48) {
-  MESHRT_TRACE_BODY(world_);
+  MESHRT_TRACE_SPAN(world_);
 
   // t5.mesh:40:53 mul
   MESHRT_TRACE("loop", "t5.mesh:40:53", "backward");
@@ -8219,7 +8203,6 @@ void T5Train::repeated4(
   // t5.mesh:40:25 add
   MESHRT_TRACE("loop", "t5.mesh:40:25", "backward");
   loop65(a48.data(), a44.data(), a43.data(), a47.data(), a45.data());
-  MESHRT_TRACE_BODY_END();
 }
 
 void T5Train::repeated5(
@@ -8235,7 +8218,7 @@ void T5Train::repeated5(
     support::View a36, support::ConstView a37, support::View a38, support::ConstView a39,
     support::View a40, support::ConstView a41, support::View a42, support::ConstView a43,
     support::View a44, support::ConstView a45, support::View a46) {
-  MESHRT_TRACE_BODY(world_);
+  MESHRT_TRACE_SPAN(world_);
 
   // t5.mesh:40:12 sum
   MESHRT_TRACE("sum", "t5.mesh:40:12", "backward");
@@ -8378,7 +8361,6 @@ void T5Train::repeated5(
   MESHRT_TRACE("gemm", "t5.mesh:81:21", "backward");
   // dims: batch, inputs, heads, d_kv, d_model
   kEinsum24.plan().run(a40.data(), a45.data(), a46.data(), 1.0f, 0.0f);
-  MESHRT_TRACE_BODY_END();
 }
 
 void T5Train::repeated6(
@@ -8392,7 +8374,7 @@ void T5Train::repeated6(
     support::View a28, support::ConstView a29, support::View a30, support::ConstView a31,
     support::View a32, support::View a33, support::View a34, support::View a35, support::View a36,
     support::View a37, support::View a38, support::View a39, support::View a40) {
-  MESHRT_TRACE_BODY(world_);
+  MESHRT_TRACE_SPAN(world_);
 
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 mul
@@ -8591,7 +8573,6 @@ void T5Train::repeated6(
   // t5.mesh:152:3 sub -> next/encoder/rms_norm/scale
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   loop82(a37.data(), a33.data(), a36.data(), a40.data());
-  MESHRT_TRACE_BODY_END();
 }
 
 void T5Train::repeated7(support::ConstView a0, support::ConstView a1, support::View a2,
@@ -8607,7 +8588,7 @@ void T5Train::repeated7(support::ConstView a0, support::ConstView a1, support::V
                         support::ConstView a30, support::View a31, support::ConstView a32,
                         support::View a33, support::View a34, support::ConstView a35,
                         support::View a36, support::View a37) {
-  MESHRT_TRACE_BODY(world_);
+  MESHRT_TRACE_SPAN(world_);
 
   // t5.mesh:40:53 mul
   MESHRT_TRACE("loop", "t5.mesh:40:53", "backward");
@@ -8721,7 +8702,6 @@ void T5Train::repeated7(support::ConstView a0, support::ConstView a1, support::V
   // t5.mesh:80:17 add
   MESHRT_TRACE("loop", "t5.mesh:81:21", "backward");
   loop106(a37.data(), a29.data(), a33.data(), a36.data());
-  MESHRT_TRACE_BODY_END();
 }
 
 void T5Train::repeated8(support::ConstView a0, support::ConstView a1, support::View a2,
@@ -8737,7 +8717,7 @@ void T5Train::repeated8(support::ConstView a0, support::ConstView a1, support::V
                         support::View a32, support::ConstView a33, support::View a34,
                         support::View a35, support::View a36, support::View a37,
                         support::View a38) {
-  MESHRT_TRACE_BODY(world_);
+  MESHRT_TRACE_SPAN(world_);
 
   // t5.mesh:121:11 add -> x
   // t5.mesh:40:25 square
@@ -8855,7 +8835,6 @@ void T5Train::repeated8(support::ConstView a0, support::ConstView a1, support::V
   // t5.mesh:40:14 rsqrt
   MESHRT_TRACE("loop", "t5.mesh:40:45", "forward");
   loop44(a38.data(), a37.data());
-  MESHRT_TRACE_BODY_END();
 }
 
 void T5Train::repeated9(support::ConstView a0, support::View a1, support::View a2,
@@ -8868,7 +8847,7 @@ void T5Train::repeated9(support::ConstView a0, support::View a1, support::View a
                         support::ConstView a21, support::View a22, support::View a23,
                         support::ConstView a24, support::View a25, support::View a26,
                         support::ConstView a27, support::View a28, support::View a29) {
-  MESHRT_TRACE_BODY(world_);
+  MESHRT_TRACE_SPAN(world_);
 
   // t5.mesh:152:3 square
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
@@ -8959,7 +8938,6 @@ void T5Train::repeated9(support::ConstView a0, support::View a1, support::View a
   MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   support::reduce(a29.data(), kShape21, a28.data(), kShape21, kShape24, kShape25,
                   support::Reduce::Sum, 0.00048828125);
-  MESHRT_TRACE_BODY_END();
 }
 
 void T5Train::repeated10(support::ConstView a0, support::ConstView a1, support::View a2,
@@ -8969,7 +8947,7 @@ void T5Train::repeated10(support::ConstView a0, support::ConstView a1, support::
                          support::ConstView a12, support::View a13, support::View a14,
                          support::View a15, support::View a16, support::View a17,
                          support::ConstView a18, support::View a19, support::View a20) {
-  MESHRT_TRACE_BODY(world_);
+  MESHRT_TRACE_SPAN(world_);
 
   // t5.mesh:104:11 add -> x
   // t5.mesh:40:25 square
@@ -9028,7 +9006,6 @@ void T5Train::repeated10(support::ConstView a0, support::ConstView a1, support::
   // t5.mesh:40:53 mul -> n
   MESHRT_TRACE("loop", "t5.mesh:40:12", "forward");
   loop57(a19.data(), a20.data(), a14.data(), a17.data(), a18.data());
-  MESHRT_TRACE_BODY_END();
 }
 
 void T5Train::repeated11(support::ConstView a0, support::ConstView a1, support::View a2,
@@ -9037,7 +9014,7 @@ void T5Train::repeated11(support::ConstView a0, support::ConstView a1, support::
                          support::View a9, support::View a10, support::View a11,
                          support::ConstView a12, support::ConstView a13, support::View a14,
                          support::ConstView a15, support::View a16) {
-  MESHRT_TRACE_BODY(world_);
+  MESHRT_TRACE_SPAN(world_);
 
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 mul
@@ -9109,7 +9086,6 @@ void T5Train::repeated11(support::ConstView a0, support::ConstView a1, support::
   // t5.mesh:152:3 sub -> next/encoder/relative_bias/table
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   loop112(a16.data(), a15.data(), a5.data(), a7.data(), a11.data(), a14.data());
-  MESHRT_TRACE_BODY_END();
 }
 
 void T5Train::repeated12(support::ConstView a0, support::ConstView a1, support::ConstView a2,
@@ -9118,7 +9094,7 @@ void T5Train::repeated12(support::ConstView a0, support::ConstView a1, support::
                          support::ConstView a9, support::View a10, support::View a11,
                          support::ConstView a12, support::View a13, support::View a14,
                          support::View a15, support::ConstView a16, support::View a17) {
-  MESHRT_TRACE_BODY(world_);
+  MESHRT_TRACE_SPAN(world_);
 
   // t5.mesh:40:12 mul
   // t5.mesh:40:53 mul -> n
@@ -9164,14 +9140,13 @@ void T5Train::repeated12(support::ConstView a0, support::ConstView a1, support::
   MESHRT_TRACE("gemm", "t5.mesh:85:10", "forward");
   // dims: heads, d_kv, d_model, batch, targets
   kEinsum5.plan().run(a16.data(), a15.data(), a17.data(), 1.0f, 0.0f);
-  MESHRT_TRACE_BODY_END();
 }
 
 void T5Train::repeated13(support::ConstView a0, support::ConstView a1, support::View a2,
                          support::ConstView a3, support::View a4, support::View a5,
                          support::View a6, support::View a7, support::View a8, support::View a9,
                          support::View a10, support::ConstView a11, support::View a12) {
-  MESHRT_TRACE_BODY(world_);
+  MESHRT_TRACE_SPAN(world_);
 
   // t5.mesh:152:3 square
   // t5.mesh:152:3 add
@@ -9236,7 +9211,6 @@ void T5Train::repeated13(support::ConstView a0, support::ConstView a1, support::
   // t5.mesh:152:3 sub -> next/decoder/rms_norm[0]/scale
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   loop82(a8.data(), a4.data(), a7.data(), a12.data());
-  MESHRT_TRACE_BODY_END();
 }
 
 void T5Train::repeated14(support::ConstView a0, support::View a1, support::View a2,
@@ -9245,7 +9219,7 @@ void T5Train::repeated14(support::ConstView a0, support::View a1, support::View 
                          support::ConstView a9, support::View a10, support::View a11,
                          support::ConstView a12, support::View a13, support::View a14,
                          support::ConstView a15, support::View a16, support::View a17) {
-  MESHRT_TRACE_BODY(world_);
+  MESHRT_TRACE_SPAN(world_);
 
   // t5.mesh:152:3 square
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
@@ -9300,7 +9274,6 @@ void T5Train::repeated14(support::ConstView a0, support::View a1, support::View 
   MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   support::reduce(a17.data(), kShape21, a16.data(), kShape21, kShape24, kShape25,
                   support::Reduce::Sum, 0.00048828125);
-  MESHRT_TRACE_BODY_END();
 }
 
 void T5Train::repeated15(support::ConstView a0, support::ConstView a1, support::View a2,
@@ -9308,7 +9281,7 @@ void T5Train::repeated15(support::ConstView a0, support::ConstView a1, support::
                          support::View a6, support::View a7, support::ConstView a8,
                          support::View a9, support::View a10, support::View a11,
                          support::ConstView a12, support::View a13) {
-  MESHRT_TRACE_BODY(world_);
+  MESHRT_TRACE_SPAN(world_);
 
   // t5.mesh:80:17 einsum -> queries
   MESHRT_TRACE("gemm", "t5.mesh:80:17", "forward");
@@ -9349,13 +9322,12 @@ void T5Train::repeated15(support::ConstView a0, support::ConstView a1, support::
   MESHRT_TRACE("gemm", "t5.mesh:85:10", "forward");
   // dims: heads, d_kv, d_model, batch, inputs
   kEinsum11.plan().run(a12.data(), a11.data(), a13.data(), 1.0f, 0.0f);
-  MESHRT_TRACE_BODY_END();
 }
 
 void T5Train::repeated16(support::View a0, support::ConstView a1, support::ConstView a2,
                          support::View a3, support::ConstView a4, support::ConstView a5,
                          support::View a6, support::View a7) {
-  MESHRT_TRACE_BODY(world_);
+  MESHRT_TRACE_SPAN(world_);
 
   // t5.mesh:152:3 mean
   MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
@@ -9377,14 +9349,13 @@ void T5Train::repeated16(support::View a0, support::ConstView a1, support::Const
   MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   support::reduce(a7.data(), kShape2, a6.data(), kShape3, kShape3, kShape1, support::Reduce::Sum,
                   0.25);
-  MESHRT_TRACE_BODY_END();
 }
 
 void T5Train::repeated17(support::ConstView a0, support::ConstView a1, support::View a2,
                          support::View a3, support::ConstView a4, support::ConstView a5,
                          support::ConstView a6, support::ConstView a7, support::View a8,
                          support::View a9) {
-  MESHRT_TRACE_BODY(world_);
+  MESHRT_TRACE_SPAN(world_);
 
   // t5.mesh:40:53 mul
   MESHRT_TRACE("loop", "t5.mesh:40:53", "backward");
@@ -9401,7 +9372,6 @@ void T5Train::repeated17(support::ConstView a0, support::ConstView a1, support::
   // t5.mesh:40:12 mul
   MESHRT_TRACE("loop", "t5.mesh:40:53", "backward");
   loop102(a8.data(), a9.data(), a0.data(), a4.data(), a5.data(), a6.data(), a7.data());
-  MESHRT_TRACE_BODY_END();
 }
 
 T5Train::Inputs T5Train::synthesizeInputs(uint64_t seed) const {

@@ -831,7 +831,7 @@ Lm::Outputs Lm::run(const Inputs &inputs) {
 
 void Lm::runPart0(const Inputs &inputs) {
   (void)inputs;
-  MESHRT_TRACE_BODY(world_);
+  MESHRT_TRACE_SPAN(world_);
 
   // transformer.mesh:33:37 einsum
   MESHRT_TRACE("einsum", "transformer.mesh:33:37", "forward");
@@ -943,7 +943,6 @@ void Lm::runPart0(const Inputs &inputs) {
   support::View v107 = arena_.view(0, 3072);
   // dims: batch, seq, d_model, vocab
   kEinsum0.plan().run(v106.data(), v3.data(), v107.data(), 1.0f, 0.0f);
-  MESHRT_TRACE_BODY_END();
 }
 
 void Lm::repeated0(support::View a0, support::ConstView a1, support::ConstView a2,
@@ -953,7 +952,7 @@ void Lm::repeated0(support::View a0, support::ConstView a1, support::ConstView a
                    support::View a13, support::ConstView a14, support::ConstView a15,
                    support::View a16, support::View a17, support::View a18, support::ConstView a19,
                    support::ConstView a20, support::ConstView a21) {
-  MESHRT_TRACE_BODY(world_);
+  MESHRT_TRACE_SPAN(world_);
 
   // layers.mesh:43:17 softmax -> weights
   // layers.mesh:43:25 where
@@ -1007,13 +1006,12 @@ void Lm::repeated0(support::View a0, support::ConstView a1, support::ConstView a
   MESHRT_TRACE("layer_norm", "layers.mesh:24:10", "forward");
   support::addLayerNormAffine(a17.data(), a18.data(), kShape5, 64, a20.data(), a21.data(), 1e-05,
                               64, a8.data(), kShape6, a16.data(), kShape6, a19.data(), kShape11);
-  MESHRT_TRACE_BODY_END();
 }
 
 void Lm::repeated1(support::ConstView a0, support::ConstView a1, support::View a2,
                    support::ConstView a3, support::View a4, support::ConstView a5, support::View a6,
                    support::View a7) {
-  MESHRT_TRACE_BODY(world_);
+  MESHRT_TRACE_SPAN(world_);
 
   // layers.mesh:36:11 einsum -> q
   MESHRT_TRACE("gemm", "layers.mesh:36:11", "forward");
@@ -1035,7 +1033,6 @@ void Lm::repeated1(support::ConstView a0, support::ConstView a1, support::View a
   MESHRT_TRACE("gemm", "layers.mesh:41:16", "forward");
   // dims: batch, seq, heads, d_head, mem
   kEinsum6.plan().run(a2.data(), a4.data(), a7.data(), 0.25f, 0.0f);
-  MESHRT_TRACE_BODY_END();
 }
 
 Lm::Inputs Lm::synthesizeInputs(uint64_t seed) const {
@@ -1608,7 +1605,7 @@ LmTrain::Outputs LmTrain::run(const Inputs &inputs) {
 
 void LmTrain::runPart0(const Inputs &inputs) {
   (void)inputs;
-  MESHRT_TRACE_BODY(world_);
+  MESHRT_TRACE_SPAN(world_);
 
   // transformer.mesh:54:17 shift -> targets
   MESHRT_TRACE("shift", "transformer.mesh:54:17", "forward");
@@ -1816,12 +1813,11 @@ void LmTrain::runPart0(const Inputs &inputs) {
     const float s2 = (s0 / s1);
     v124p[0] = s2;
   }
-  MESHRT_TRACE_BODY_END();
 }
 
 void LmTrain::runPart1(const Inputs &inputs) {
   (void)inputs;
-  MESHRT_TRACE_BODY(world_);
+  MESHRT_TRACE_SPAN(world_);
 
   // transformer.mesh:60:41 div
   // transformer.mesh:60:14 broadcast
@@ -2129,12 +2125,11 @@ void LmTrain::runPart1(const Inputs &inputs) {
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "backward");
   support::View v366 = arena_.view(65536, 2048);
   loop16(v366.data(), v337.data());
-  MESHRT_TRACE_BODY_END();
 }
 
 void LmTrain::runPart2(const Inputs &inputs) {
   (void)inputs;
-  MESHRT_TRACE_BODY(world_);
+  MESHRT_TRACE_SPAN(world_);
 
   // transformer.mesh:61:3 local_slice (reshard %351 for sum at 61:3)
   MESHRT_TRACE("local_slice", "transformer.mesh:61:3", "backward");
@@ -2671,7 +2666,6 @@ void LmTrain::runPart2(const Inputs &inputs) {
             v912, v72, v212, v931, v932, v90, v196, v951, v952, v91, v193, v971, v972, v95, v191,
             v991, v992, v96, v189, v1011, v1012, v97, v165, v1031, v1032, v98, v163, v1051, v1052,
             v107, v148, v1071, v1072, v108, v145, v1091, v1092);
-  MESHRT_TRACE_BODY_END();
 }
 
 void LmTrain::repeated0(
@@ -2688,7 +2682,7 @@ void LmTrain::repeated0(
     support::View a40, support::ConstView a41, support::View a42, support::View a43,
     support::View a44, support::ConstView a45, support::View a46, support::View a47,
     support::View a48, support::ConstView a49, support::View a50, support::View a51) {
-  MESHRT_TRACE_BODY(world_);
+  MESHRT_TRACE_SPAN(world_);
 
   // transformer.mesh:61:3 mul
   // transformer.mesh:61:3 mul
@@ -2939,7 +2933,6 @@ void LmTrain::repeated0(
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "update");
   loop20(a50.data(), a51.data(), a48.data(), a49.data(), a2.data(), a5.data(), a6.data(),
          a7.data());
-  MESHRT_TRACE_BODY_END();
 }
 
 void LmTrain::repeated1(
@@ -2961,7 +2954,7 @@ void LmTrain::repeated1(
     support::ConstView a60, support::View a61, support::View a62, support::View a63,
     support::ConstView a64, support::View a65, support::View a66, support::View a67,
     support::View a68, support::View a69, const char *t0) {
-  MESHRT_TRACE_BODY(world_);
+  MESHRT_TRACE_SPAN(world_);
 
   // layers.mesh:55:71 sum -> grad/decoder/decoder_layer[1]/ffn/b_out
   MESHRT_TRACE("sum", "layers.mesh:55:71", "backward");
@@ -3274,7 +3267,6 @@ void LmTrain::repeated1(
   // layers.mesh:24:10 add
   MESHRT_TRACE("loop", "layers.mesh:24:10", "backward");
   loop23(a69.data(), a56.data(), a67.data(), a65.data(), a68.data(), a63.data(), a27.data());
-  MESHRT_TRACE_BODY_END();
 }
 
 void LmTrain::repeated2(
@@ -3288,7 +3280,7 @@ void LmTrain::repeated2(
     support::ConstView a29, support::View a30, support::View a31, support::View a32,
     support::ConstView a33, support::View a34, support::View a35, support::View a36,
     support::ConstView a37, support::View a38, support::View a39, support::View a40) {
-  MESHRT_TRACE_BODY(world_);
+  MESHRT_TRACE_SPAN(world_);
 
   // transformer.mesh:61:3 square
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "backward");
@@ -3417,7 +3409,6 @@ void LmTrain::repeated2(
   MESHRT_TRACE("sum", "transformer.mesh:61:3", "backward");
   support::reduce(a40.data(), kShape8, a39.data(), kShape8, kShape0, kShape1, support::Reduce::Sum,
                   1.0);
-  MESHRT_TRACE_BODY_END();
 }
 
 void LmTrain::repeated3(support::View a0, support::ConstView a1, support::ConstView a2,
@@ -3429,7 +3420,7 @@ void LmTrain::repeated3(support::View a0, support::ConstView a1, support::ConstV
                         support::View a19, support::ConstView a20, support::View a21,
                         support::View a22, support::ConstView a23, support::ConstView a24,
                         support::View a25, const char *t0) {
-  MESHRT_TRACE_BODY(world_);
+  MESHRT_TRACE_SPAN(world_);
 
   // layers.mesh:43:17 softmax -> weights
   // layers.mesh:43:25 where
@@ -3527,13 +3518,12 @@ void LmTrain::repeated3(support::View a0, support::ConstView a1, support::ConstV
   // layers.mesh:24:40 add -> n
   MESHRT_TRACE("loop", "layers.mesh:24:33", "forward");
   loop5(a25.data(), a22.data(), a23.data(), a24.data());
-  MESHRT_TRACE_BODY_END();
 }
 
 void LmTrain::repeated4(support::View a0, support::ConstView a1, support::ConstView a2,
                         support::View a3, support::View a4, support::ConstView a5,
                         support::ConstView a6, support::ConstView a7) {
-  MESHRT_TRACE_BODY(world_);
+  MESHRT_TRACE_SPAN(world_);
 
   // transformer.mesh:61:3 mul
   // transformer.mesh:61:3 mul
@@ -3554,13 +3544,12 @@ void LmTrain::repeated4(support::View a0, support::ConstView a1, support::ConstV
   // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[0]/norm/gain
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "update");
   loop20(a3.data(), a4.data(), a0.data(), a1.data(), a2.data(), a5.data(), a6.data(), a7.data());
-  MESHRT_TRACE_BODY_END();
 }
 
 void LmTrain::repeated5(support::ConstView a0, support::ConstView a1, support::View a2,
                         support::ConstView a3, support::View a4, support::ConstView a5,
                         support::View a6, support::View a7) {
-  MESHRT_TRACE_BODY(world_);
+  MESHRT_TRACE_SPAN(world_);
 
   // layers.mesh:36:11 einsum -> q
   MESHRT_TRACE("gemm", "layers.mesh:36:11", "forward");
@@ -3582,7 +3571,6 @@ void LmTrain::repeated5(support::ConstView a0, support::ConstView a1, support::V
   MESHRT_TRACE("gemm", "layers.mesh:41:16", "forward");
   // dims: batch, seq, heads, d_head, mem
   kEinsum6.plan().run(a2.data(), a4.data(), a7.data(), 0.25f, 0.0f);
-  MESHRT_TRACE_BODY_END();
 }
 
 LmTrain::Inputs LmTrain::synthesizeInputs(uint64_t seed) const {

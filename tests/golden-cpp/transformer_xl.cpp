@@ -1131,7 +1131,7 @@ XlTrain::Outputs XlTrain::run(const Inputs &inputs) {
 
 void XlTrain::runPart0(const Inputs &inputs) {
   (void)inputs;
-  MESHRT_TRACE_BODY(world_);
+  MESHRT_TRACE_SPAN(world_);
 
   // transformer_xl.mesh:97:17 shift -> targets
   MESHRT_TRACE("shift", "transformer_xl.mesh:97:17", "forward");
@@ -1379,12 +1379,11 @@ void XlTrain::runPart0(const Inputs &inputs) {
 
   MESHRT_TRACE_SITE("transformer_xl.mesh:32:40");
   group_model.wait(request0);
-  MESHRT_TRACE_BODY_END();
 }
 
 void XlTrain::runPart1(const Inputs &inputs) {
   (void)inputs;
-  MESHRT_TRACE_BODY(world_);
+  MESHRT_TRACE_SPAN(world_);
 
   // 55 statements from transformer_xl.mesh:32:40 sum -> grad/decoder/xl_layer[1]/norm#1/bias (1 of
   // 2)
@@ -1981,7 +1980,6 @@ void XlTrain::runPart1(const Inputs &inputs) {
             v801, v79, v216, v820, v821, v80, v202, v840, v841, v81, v215, v860, v861, v82, v211,
             v880, v881, v106, v186, v900, v901, v107, v183, v920, v921, v111, v182, v940, v941,
             v112, v175, v960, v961, v118, v159, v980, v981, v119, v156, v1000, v1001);
-  MESHRT_TRACE_BODY_END();
 }
 
 void XlTrain::repeated0(
@@ -1999,7 +1997,7 @@ void XlTrain::repeated0(
     support::View a44, support::ConstView a45, support::View a46, support::View a47,
     support::View a48, support::ConstView a49, support::View a50, support::View a51,
     support::View a52, support::ConstView a53, support::View a54, support::View a55) {
-  MESHRT_TRACE_BODY(world_);
+  MESHRT_TRACE_SPAN(world_);
 
   // transformer_xl.mesh:101:3 mul
   // transformer_xl.mesh:101:3 mul
@@ -2271,7 +2269,6 @@ void XlTrain::repeated0(
   MESHRT_TRACE("loop", "transformer_xl.mesh:101:3", "update");
   loop19(a54.data(), a55.data(), a52.data(), a53.data(), a2.data(), a5.data(), a6.data(),
          a7.data());
-  MESHRT_TRACE_BODY_END();
 }
 
 void XlTrain::repeated1(
@@ -2295,7 +2292,7 @@ void XlTrain::repeated1(
     support::View a70, support::ConstView a71, support::View a72, support::View a73,
     support::View a74, support::ConstView a75, support::View a76, support::View a77,
     support::ConstView a78, support::View a79, support::View a80) {
-  MESHRT_TRACE_BODY(world_);
+  MESHRT_TRACE_SPAN(world_);
 
   // transformer_xl.mesh:32:40 sum -> grad/decoder/xl_layer[1]/norm#1/bias
   MESHRT_TRACE("sum", "transformer_xl.mesh:32:40", "backward");
@@ -2571,7 +2568,6 @@ void XlTrain::repeated1(
   // transformer_xl.mesh:55:17 add
   MESHRT_TRACE("loop", "transformer_xl.mesh:56:17", "backward");
   loop28(a80.data(), a41.data(), a76.data(), a77.data());
-  MESHRT_TRACE_BODY_END();
 }
 
 void XlTrain::repeated2(
@@ -2585,7 +2581,7 @@ void XlTrain::repeated2(
     support::ConstView a28, support::View a29, support::ConstView a30, support::View a31,
     support::View a32, support::ConstView a33, support::View a34, support::View a35,
     support::View a36, support::ConstView a37, support::ConstView a38, support::View a39) {
-  MESHRT_TRACE_BODY(world_);
+  MESHRT_TRACE_SPAN(world_);
 
   // transformer_xl.mesh:79:17 rename
   MESHRT_TRACE("copy", "transformer_xl.mesh:79:17", "forward");
@@ -2713,7 +2709,6 @@ void XlTrain::repeated2(
   // transformer_xl.mesh:32:40 add -> x
   MESHRT_TRACE("loop", "transformer_xl.mesh:32:33", "forward");
   loop31(a39.data(), a36.data(), a37.data(), a38.data());
-  MESHRT_TRACE_BODY_END();
 }
 
 void XlTrain::repeated3(
@@ -2728,7 +2723,7 @@ void XlTrain::repeated3(
     support::View a33, support::View a34, support::ConstView a35, support::View a36,
     support::View a37, support::View a38, support::ConstView a39, support::View a40,
     support::View a41, support::View a42) {
-  MESHRT_TRACE_BODY(world_);
+  MESHRT_TRACE_SPAN(world_);
 
   // transformer_xl.mesh:101:3 square
   MESHRT_TRACE("loop", "transformer_xl.mesh:101:3", "backward");
@@ -2862,7 +2857,6 @@ void XlTrain::repeated3(
   MESHRT_TRACE("sum", "transformer_xl.mesh:101:3", "backward");
   support::reduce(a42.data(), kShape12, a41.data(), kShape12, kShape2, kShape1,
                   support::Reduce::Sum, 1.0);
-  MESHRT_TRACE_BODY_END();
 }
 
 XlTrain::Inputs XlTrain::synthesizeInputs(uint64_t seed) const {

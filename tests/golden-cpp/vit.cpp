@@ -1093,7 +1093,7 @@ Classify::Outputs Classify::run(const Inputs &inputs) {
 
 void Classify::runPart0(const Inputs &inputs) {
   (void)inputs;
-  MESHRT_TRACE_BODY(world_);
+  MESHRT_TRACE_SPAN(world_);
 
   // vit.mesh:44:20 pad
   MESHRT_TRACE("pad", "vit.mesh:44:20", "forward");
@@ -1268,7 +1268,6 @@ void Classify::runPart0(const Inputs &inputs) {
   support::View v119 = arena_.view(128, 20);
   support::along(v119.data(), v118.data(), kShape0, kShape29, kShape29, kShape29, kShape1, kShape1,
                  support::Along::Softmax, 1e-05, 10, nullptr);
-  MESHRT_TRACE_BODY_END();
 }
 
 void Classify::repeated0(support::ConstView a0, support::ConstView a1, support::View a2,
@@ -1283,7 +1282,7 @@ void Classify::repeated0(support::ConstView a0, support::ConstView a1, support::
                          support::View a27, support::ConstView a28, support::View a29,
                          support::View a30, support::View a31, support::ConstView a32,
                          support::ConstView a33) {
-  MESHRT_TRACE_BODY(world_);
+  MESHRT_TRACE_SPAN(world_);
 
   // vit.mesh:59:11 einsum -> q
   MESHRT_TRACE("gemm", "vit.mesh:59:11", "forward");
@@ -1418,7 +1417,6 @@ void Classify::repeated0(support::ConstView a0, support::ConstView a1, support::
   MESHRT_TRACE("layer_norm", "vit.mesh:36:10", "forward");
   support::addLayerNormAffine(a30.data(), a31.data(), kShape33, 64, a32.data(), a33.data(), 1e-06,
                               64, a16.data(), kShape34, a29.data(), kShape34, nullptr, kShape35);
-  MESHRT_TRACE_BODY_END();
 }
 
 Classify::Inputs Classify::synthesizeInputs(uint64_t seed) const {
@@ -2036,7 +2034,7 @@ TrainVit::Outputs TrainVit::run(const Inputs &inputs) {
 
 void TrainVit::runPart0(const Inputs &inputs) {
   (void)inputs;
-  MESHRT_TRACE_BODY(world_);
+  MESHRT_TRACE_SPAN(world_);
 
   // vit.mesh:44:20 pad
   MESHRT_TRACE("pad", "vit.mesh:44:20", "forward");
@@ -2258,12 +2256,11 @@ void TrainVit::runPart0(const Inputs &inputs) {
   MESHRT_TRACE("loop", "vit.mesh:111:19", "backward");
   support::View v137 = arena_.view(75264, 20);
   loop13(v137.data(), v119.data(), v120.data(), v121.data());
-  MESHRT_TRACE_BODY_END();
 }
 
 void TrainVit::runPart1(const Inputs &inputs) {
   (void)inputs;
-  MESHRT_TRACE_BODY(world_);
+  MESHRT_TRACE_SPAN(world_);
 
   // vit.mesh:100:48 sum -> grad/vit/b_head
   MESHRT_TRACE("sum", "vit.mesh:100:48", "backward");
@@ -2600,12 +2597,11 @@ void TrainVit::runPart1(const Inputs &inputs) {
   support::View v18 = persistent_.view(192, 2);
   support::View v355 = arena_.view(8704, 128);
   loop22(v355.data(), v353.data(), v18.data());
-  MESHRT_TRACE_BODY_END();
 }
 
 void TrainVit::runPart2(const Inputs &inputs) {
   (void)inputs;
-  MESHRT_TRACE_BODY(world_);
+  MESHRT_TRACE_SPAN(world_);
 
   // vit.mesh:92:34 sum -> grad/vit/class_token
   MESHRT_TRACE("sum", "vit.mesh:92:34", "backward");
@@ -2837,12 +2833,11 @@ void TrainVit::runPart2(const Inputs &inputs) {
 
   MESHRT_TRACE_SITE("vit.mesh:112:3");
   group_model.wait(request2);
-  MESHRT_TRACE_BODY_END();
 }
 
 void TrainVit::runPart3(const Inputs &inputs) {
   (void)inputs;
-  MESHRT_TRACE_BODY(world_);
+  MESHRT_TRACE_SPAN(world_);
 
   // vit.mesh:112:3 add
   // vit.mesh:112:3 add
@@ -3341,7 +3336,6 @@ void TrainVit::runPart3(const Inputs &inputs) {
             v1005, v75, v234, v1024, v1025, v76, v231, v1044, v1045, v77, v220, v1064, v1065, v93,
             v200, v1084, v1085, v94, v197, v1104, v1105, v98, v194, v1124, v1125, v99, v168, v1144,
             v1145, v111, v146, v1164, v1165, v112, v143, v1184, v1185);
-  MESHRT_TRACE_BODY_END();
 }
 
 void TrainVit::repeated0(
@@ -3358,7 +3352,7 @@ void TrainVit::repeated0(
     support::View a40, support::ConstView a41, support::View a42, support::View a43,
     support::View a44, support::ConstView a45, support::View a46, support::View a47,
     support::View a48, support::ConstView a49, support::View a50, support::View a51) {
-  MESHRT_TRACE_BODY(world_);
+  MESHRT_TRACE_SPAN(world_);
 
   // vit.mesh:112:3 mul
   // vit.mesh:112:3 mul
@@ -3609,7 +3603,6 @@ void TrainVit::repeated0(
   MESHRT_TRACE("loop", "vit.mesh:112:3", "update");
   loop28(a50.data(), a51.data(), a48.data(), a49.data(), a2.data(), a5.data(), a6.data(),
          a7.data());
-  MESHRT_TRACE_BODY_END();
 }
 
 void TrainVit::repeated1(
@@ -3634,7 +3627,7 @@ void TrainVit::repeated1(
     support::ConstView a72, support::View a73, support::View a74, support::View a75,
     support::ConstView a76, support::View a77, support::View a78, support::View a79,
     support::View a80, const char *t0, const char *t1) {
-  MESHRT_TRACE_BODY(world_);
+  MESHRT_TRACE_SPAN(world_);
 
   // vit.mesh:81:48 sum -> grad/vit/encoder_layer[1]/ffn_scale
   MESHRT_TRACE("sum", "vit.mesh:81:48", "backward");
@@ -4009,7 +4002,6 @@ void TrainVit::repeated1(
   MESHRT_TRACE("mean", "vit.mesh:36:10", "backward");
   support::reduce(a80.data(), kShape33, a77.data(), kShape34, kShape28, kShape1,
                   support::Reduce::Sum, 0.015625);
-  MESHRT_TRACE_BODY_END();
 }
 
 void TrainVit::repeated2(support::ConstView a0, support::ConstView a1, support::View a2,
@@ -4025,7 +4017,7 @@ void TrainVit::repeated2(support::ConstView a0, support::ConstView a1, support::
                          support::ConstView a30, support::View a31, support::View a32,
                          support::ConstView a33, support::ConstView a34, support::View a35,
                          const char *t0, const char *t1) {
-  MESHRT_TRACE_BODY(world_);
+  MESHRT_TRACE_SPAN(world_);
 
   // vit.mesh:59:11 einsum -> q
   MESHRT_TRACE("gemm", "vit.mesh:59:11", "forward");
@@ -4211,13 +4203,12 @@ void TrainVit::repeated2(support::ConstView a0, support::ConstView a1, support::
   // vit.mesh:36:52 add
   MESHRT_TRACE("loop", "vit.mesh:36:45", "forward");
   loop10(a35.data(), a32.data(), a33.data(), a34.data());
-  MESHRT_TRACE_BODY_END();
 }
 
 void TrainVit::repeated3(support::View a0, support::ConstView a1, support::ConstView a2,
                          support::View a3, support::View a4, support::ConstView a5,
                          support::ConstView a6, support::ConstView a7) {
-  MESHRT_TRACE_BODY(world_);
+  MESHRT_TRACE_SPAN(world_);
 
   // vit.mesh:112:3 mul
   // vit.mesh:112:3 mul
@@ -4238,13 +4229,12 @@ void TrainVit::repeated3(support::View a0, support::ConstView a1, support::Const
   // vit.mesh:112:3 sub -> next/vit/embed_patches/b_patch
   MESHRT_TRACE("loop", "vit.mesh:112:3", "update");
   loop28(a3.data(), a4.data(), a0.data(), a1.data(), a2.data(), a5.data(), a6.data(), a7.data());
-  MESHRT_TRACE_BODY_END();
 }
 
 void TrainVit::repeated4(support::ConstView a0, support::View a1, support::View a2,
                          support::ConstView a3, support::View a4, support::View a5,
                          support::ConstView a6, support::View a7, support::View a8) {
-  MESHRT_TRACE_BODY(world_);
+  MESHRT_TRACE_SPAN(world_);
 
   // vit.mesh:112:3 square
   MESHRT_TRACE("loop", "vit.mesh:112:3", "backward");
@@ -4272,7 +4262,6 @@ void TrainVit::repeated4(support::ConstView a0, support::View a1, support::View 
   MESHRT_TRACE("sum", "vit.mesh:112:3", "backward");
   support::reduce(a8.data(), kShape35, a7.data(), kShape35, kShape28, kShape1, support::Reduce::Sum,
                   1.0);
-  MESHRT_TRACE_BODY_END();
 }
 
 void TrainVit::repeated5(support::ConstView a0, support::View a1, support::View a2,
@@ -4281,7 +4270,7 @@ void TrainVit::repeated5(support::ConstView a0, support::View a1, support::View 
                          support::ConstView a9, support::View a10, support::View a11,
                          support::ConstView a12, support::View a13, support::View a14,
                          support::ConstView a15, support::View a16, support::View a17) {
-  MESHRT_TRACE_BODY(world_);
+  MESHRT_TRACE_SPAN(world_);
 
   // vit.mesh:112:3 square
   MESHRT_TRACE("loop", "vit.mesh:112:3", "backward");
@@ -4336,7 +4325,6 @@ void TrainVit::repeated5(support::ConstView a0, support::View a1, support::View 
   MESHRT_TRACE("sum", "vit.mesh:112:3", "backward");
   support::reduce(a17.data(), kShape35, a16.data(), kShape35, kShape54, kShape26,
                   support::Reduce::Sum, 1.0);
-  MESHRT_TRACE_BODY_END();
 }
 
 TrainVit::Inputs TrainVit::synthesizeInputs(uint64_t seed) const {

@@ -964,7 +964,7 @@ Predict::Outputs Predict::run(const Inputs &inputs) {
 
 void Predict::runPart0(const Inputs &inputs) {
   (void)inputs;
-  MESHRT_TRACE_BODY(world_);
+  MESHRT_TRACE_SPAN(world_);
 
   // xlnet.mesh:104:18 rename -> key_rank
   MESHRT_TRACE("copy", "xlnet.mesh:104:18", "forward");
@@ -1199,12 +1199,11 @@ void Predict::runPart0(const Inputs &inputs) {
   const support::Buffer &v183 = param32_xlnet_xlnet_layer_1_norm_1_bias;
   support::View v189 = arena_.view(4096, 1024);
   support::layerNormAffine(v189.data(), v181.data(), 32, 32, v182.data(), v183.data(), 1e-05, 32);
-  MESHRT_TRACE_BODY_END();
 }
 
 void Predict::runPart1(const Inputs &inputs) {
   (void)inputs;
-  MESHRT_TRACE_BODY(world_);
+  MESHRT_TRACE_SPAN(world_);
 
   // xlnet.mesh:113:10 einsum
   // xlnet.mesh:113:55 add -> logits
@@ -1215,7 +1214,6 @@ void Predict::runPart1(const Inputs &inputs) {
   support::View v191 = arena_.view(0, 1024);
   // dims: batch, length, d_model, vocab
   kEinsum0.plan().runBiasActivation(v189.data(), v2.data(), v4.data(), v191.data(), false);
-  MESHRT_TRACE_BODY_END();
 }
 
 void Predict::repeated0(support::ConstView a0, support::ConstView a1, support::ConstView a2,
@@ -1227,7 +1225,7 @@ void Predict::repeated0(support::ConstView a0, support::ConstView a1, support::C
                         support::ConstView a18, support::View a19, support::ConstView a20,
                         support::View a21, support::ConstView a22, support::ConstView a23,
                         support::View a24, support::View a25, support::View a26) {
-  MESHRT_TRACE_BODY(world_);
+  MESHRT_TRACE_SPAN(world_);
 
   // xlnet.mesh:68:19 add
   // xlnet.mesh:68:97 mul -> g_logits
@@ -1313,7 +1311,6 @@ void Predict::repeated0(support::ConstView a0, support::ConstView a1, support::C
   // 83:96; merged with 1 more partial sum over model (%98): 8.0 KiB in one buffer)
   MESHRT_TRACE_SITE("xlnet.mesh:83:96");
   support::allReduceBucket(group_model, {a24, a26});
-  MESHRT_TRACE_BODY_END();
 }
 
 void Predict::repeated1(support::ConstView a0, support::ConstView a1, support::View a2,
@@ -1324,7 +1321,7 @@ void Predict::repeated1(support::ConstView a0, support::ConstView a1, support::V
                         support::ConstView a15, support::View a16, support::View a17,
                         support::View a18, support::View a19, support::View a20,
                         support::View a21) {
-  MESHRT_TRACE_BODY(world_);
+  MESHRT_TRACE_SPAN(world_);
 
   // xlnet.mesh:59:28 einsum
   MESHRT_TRACE("gemm", "xlnet.mesh:59:28", "forward");
@@ -1386,7 +1383,6 @@ void Predict::repeated1(support::ConstView a0, support::ConstView a1, support::V
   MESHRT_TRACE("gemm", "xlnet.mesh:68:21", "forward");
   // dims: batch, length, heads, d_kv, keys
   kEinsum7.plan().run(a20.data(), a7.data(), a21.data(), 1.0f, 0.0f);
-  MESHRT_TRACE_BODY_END();
 }
 
 Predict::Inputs Predict::synthesizeInputs(uint64_t seed) const {
@@ -2063,7 +2059,7 @@ XlnetTrain::Outputs XlnetTrain::run(const Inputs &inputs) {
 
 void XlnetTrain::runPart0(const Inputs &inputs) {
   (void)inputs;
-  MESHRT_TRACE_BODY(world_);
+  MESHRT_TRACE_SPAN(world_);
 
   // xlnet.mesh:126:14 random_uniform
   MESHRT_TRACE("random_uniform", "xlnet.mesh:126:14", "forward");
@@ -2252,12 +2248,11 @@ void XlnetTrain::runPart0(const Inputs &inputs) {
   support::View v101 = arena_.view(53248, 1024);
   support::View v99 = arena_.view(118784, 1024);
   repeated7(v94, v90, v95, v87, v88, v98, v89, v99, v100, v101);
-  MESHRT_TRACE_BODY_END();
 }
 
 void XlnetTrain::runPart1(const Inputs &inputs) {
   (void)inputs;
-  MESHRT_TRACE_BODY(world_);
+  MESHRT_TRACE_SPAN(world_);
 
   // xlnet.mesh:83:96 add -> f
   // xlnet.mesh:95:24 add
@@ -2470,12 +2465,11 @@ void XlnetTrain::runPart1(const Inputs &inputs) {
   support::View v203 = arena_.view(192640, 1);
   support::reduce(v203.data(), kShape13, v202.data(), kShape13, kShape11, kShape14,
                   support::Reduce::Sum, 1.0);
-  MESHRT_TRACE_BODY_END();
 }
 
 void XlnetTrain::runPart2(const Inputs &inputs) {
   (void)inputs;
-  MESHRT_TRACE_BODY(world_);
+  MESHRT_TRACE_SPAN(world_);
 
   // xlnet.mesh:131:54 div -> target_probability
   MESHRT_TRACE("loop", "xlnet.mesh:131:54", "forward");
@@ -2695,12 +2689,11 @@ void XlnetTrain::runPart2(const Inputs &inputs) {
   support::View v325 = arena_.view(153600, 512);
   // dims: batch, length, heads, d_kv, d_model
   kEinsum10.plan().run(v311.data(), v110.data(), v325.data(), 1.0f, 0.0f);
-  MESHRT_TRACE_BODY_END();
 }
 
 void XlnetTrain::runPart3(const Inputs &inputs) {
   (void)inputs;
-  MESHRT_TRACE_BODY(world_);
+  MESHRT_TRACE_SPAN(world_);
 
   // 24 statements from xlnet.mesh:37:78 sum (1 of 2)
   MESHRT_TRACE_SITE("xlnet.mesh:37:78");
@@ -2938,12 +2931,11 @@ void XlnetTrain::runPart3(const Inputs &inputs) {
   support::View v459 = arena_.view(53248, 512);
   // dims: batch, length, d_model, heads, d_kv
   kEinsum15.plan().run(v452.data(), v74_c0.data(), v459.data(), 1.0f, 0.0f);
-  MESHRT_TRACE_BODY_END();
 }
 
 void XlnetTrain::runPart4(const Inputs &inputs) {
   (void)inputs;
-  MESHRT_TRACE_BODY(world_);
+  MESHRT_TRACE_SPAN(world_);
 
   // xlnet.mesh:73:10 add -> grad/xlnet/xlnet_layer[0]/two_stream_attention/o
   MESHRT_TRACE("loop", "xlnet.mesh:73:10", "backward");
@@ -3125,12 +3117,11 @@ void XlnetTrain::runPart4(const Inputs &inputs) {
 
   MESHRT_TRACE_SITE("xlnet.mesh:63:19");
   group_model.wait(request1);
-  MESHRT_TRACE_BODY_END();
 }
 
 void XlnetTrain::runPart5(const Inputs &inputs) {
   (void)inputs;
-  MESHRT_TRACE_BODY(world_);
+  MESHRT_TRACE_SPAN(world_);
 
   // xlnet.mesh:62:19 add
   // xlnet.mesh:60:23 add
@@ -3465,7 +3456,6 @@ void XlnetTrain::runPart5(const Inputs &inputs) {
             v309, v1045, v1044, v160, v283, v1066, v1065, v161, v280, v1087, v1086, v168, v279,
             v1108, v1107, v169, v275, v1129, v1128, v170, v252, v1150, v1149, v171, v250, v1171,
             v1170, v186, v235, v1192, v1191, v187, v232, v1213, v1212);
-  MESHRT_TRACE_BODY_END();
 }
 
 void XlnetTrain::repeated0(
@@ -3485,7 +3475,7 @@ void XlnetTrain::repeated0(
     support::ConstView a52, support::View a53, support::View a54, support::View a55,
     support::ConstView a56, support::View a57, support::View a58, support::View a59,
     support::ConstView a60, support::View a61, support::View a62) {
-  MESHRT_TRACE_BODY(world_);
+  MESHRT_TRACE_SPAN(world_);
 
   // xlnet.mesh:133:3 mul
   // xlnet.mesh:133:3 square
@@ -3771,7 +3761,6 @@ void XlnetTrain::repeated0(
   // xlnet.mesh:133:3 sub -> next/xlnet/xlnet_layer[0]/norm#1/bias
   MESHRT_TRACE("loop", "xlnet.mesh:133:3", "update");
   loop34(a61.data(), a62.data(), a59.data(), a60.data(), a3.data(), a5.data(), a6.data());
-  MESHRT_TRACE_BODY_END();
 }
 
 void XlnetTrain::repeated1(support::View a0, support::ConstView a1, support::ConstView a2,
@@ -3785,7 +3774,7 @@ void XlnetTrain::repeated1(support::View a0, support::ConstView a1, support::Con
                            support::ConstView a24, support::View a25, support::View a26,
                            support::View a27, support::View a28, support::View a29,
                            support::View a30, support::View a31, support::View a32) {
-  MESHRT_TRACE_BODY(world_);
+  MESHRT_TRACE_SPAN(world_);
 
   // xlnet.mesh:37:78 sum
   MESHRT_TRACE("sum", "xlnet.mesh:37:78", "backward");
@@ -3906,7 +3895,6 @@ void XlnetTrain::repeated1(support::View a0, support::ConstView a1, support::Con
   // xlnet.mesh:37:10 mul
   MESHRT_TRACE("loop", "xlnet.mesh:37:10", "backward");
   loop40(a32.data(), a19.data(), a30.data(), a28.data(), a31.data(), a27.data());
-  MESHRT_TRACE_BODY_END();
 }
 
 void XlnetTrain::repeated2(support::ConstView a0, support::ConstView a1, support::View a2,
@@ -3917,7 +3905,7 @@ void XlnetTrain::repeated2(support::ConstView a0, support::ConstView a1, support
                            support::ConstView a15, support::View a16, support::View a17,
                            support::View a18, support::View a19, support::View a20,
                            support::View a21) {
-  MESHRT_TRACE_BODY(world_);
+  MESHRT_TRACE_SPAN(world_);
 
   // xlnet.mesh:59:28 einsum
   MESHRT_TRACE("gemm", "xlnet.mesh:59:28", "forward");
@@ -3979,7 +3967,6 @@ void XlnetTrain::repeated2(support::ConstView a0, support::ConstView a1, support
   MESHRT_TRACE("gemm", "xlnet.mesh:68:21", "forward");
   // dims: batch, length, heads, d_kv, keys
   kEinsum7.plan().run(a20.data(), a7.data(), a21.data(), 1.0f, 0.0f);
-  MESHRT_TRACE_BODY_END();
 }
 
 void XlnetTrain::repeated3(support::View a0, support::ConstView a1, support::ConstView a2,
@@ -3988,7 +3975,7 @@ void XlnetTrain::repeated3(support::View a0, support::ConstView a1, support::Con
                            support::View a9, support::ConstView a10, support::View a11,
                            support::View a12, support::View a13, support::View a14,
                            support::View a15) {
-  MESHRT_TRACE_BODY(world_);
+  MESHRT_TRACE_SPAN(world_);
 
   // xlnet.mesh:37:78 sum -> grad/xlnet/xlnet_layer[1]/norm#1/bias
   MESHRT_TRACE("sum", "xlnet.mesh:37:78", "backward");
@@ -4045,14 +4032,13 @@ void XlnetTrain::repeated3(support::View a0, support::ConstView a1, support::Con
   // xlnet.mesh:37:48 mul
   MESHRT_TRACE("loop", "xlnet.mesh:37:48", "backward");
   loop40(a15.data(), a2.data(), a13.data(), a11.data(), a14.data(), a9.data());
-  MESHRT_TRACE_BODY_END();
 }
 
 void XlnetTrain::repeated4(support::View a0, support::ConstView a1, support::ConstView a2,
                            support::View a3, support::ConstView a4, support::View a5,
                            support::ConstView a6, support::View a7, support::View a8,
                            support::ConstView a9, support::View a10) {
-  MESHRT_TRACE_BODY(world_);
+  MESHRT_TRACE_SPAN(world_);
 
   // xlnet.mesh:84:96 sum -> grad/xlnet/xlnet_layer[1]/dense_relu_dense/bo
   MESHRT_TRACE("sum", "xlnet.mesh:84:96", "backward");
@@ -4098,7 +4084,6 @@ void XlnetTrain::repeated4(support::View a0, support::ConstView a1, support::Con
   MESHRT_TRACE("gemm", "xlnet.mesh:84:22", "backward");
   // dims: batch, length, d_ff, d_model
   kEinsum0.plan().run(a7.data(), a9.data(), a10.data(), 1.0f, 0.0f);
-  MESHRT_TRACE_BODY_END();
 }
 
 void XlnetTrain::repeated5(support::ConstView a0, support::ConstView a1, support::ConstView a2,
@@ -4107,7 +4092,7 @@ void XlnetTrain::repeated5(support::ConstView a0, support::ConstView a1, support
                            support::View a9, support::View a10, support::View a11,
                            support::ConstView a12, support::View a13, support::ConstView a14,
                            support::View a15) {
-  MESHRT_TRACE_BODY(world_);
+  MESHRT_TRACE_SPAN(world_);
 
   // xlnet.mesh:68:19 add
   // xlnet.mesh:68:97 mul -> g_logits
@@ -4154,7 +4139,6 @@ void XlnetTrain::repeated5(support::ConstView a0, support::ConstView a1, support
   // xlnet.mesh:93:30 add
   MESHRT_TRACE("loop", "xlnet.mesh:93:30", "forward");
   loop14(a15.data(), a14.data(), a11.data());
-  MESHRT_TRACE_BODY_END();
 }
 
 void XlnetTrain::repeated6(support::ConstView a0, support::ConstView a1, support::ConstView a2,
@@ -4163,7 +4147,7 @@ void XlnetTrain::repeated6(support::ConstView a0, support::ConstView a1, support
                            support::View a9, support::ConstView a10, support::View a11,
                            support::ConstView a12, support::View a13, support::View a14,
                            support::View a15) {
-  MESHRT_TRACE_BODY(world_);
+  MESHRT_TRACE_SPAN(world_);
 
   // xlnet.mesh:72:19 sub
   // xlnet.mesh:72:19 mul
@@ -4205,14 +4189,13 @@ void XlnetTrain::repeated6(support::ConstView a0, support::ConstView a1, support
   MESHRT_TRACE("sum", "xlnet.mesh:67:36", "backward");
   support::reduce(a15.data(), kShape15, a11.data(), kShape16, kShape11, kShape4,
                   support::Reduce::Sum, 1.0);
-  MESHRT_TRACE_BODY_END();
 }
 
 void XlnetTrain::repeated7(support::ConstView a0, support::ConstView a1, support::View a2,
                            support::ConstView a3, support::ConstView a4, support::View a5,
                            support::ConstView a6, support::View a7, support::View a8,
                            support::View a9) {
-  MESHRT_TRACE_BODY(world_);
+  MESHRT_TRACE_SPAN(world_);
 
   // xlnet.mesh:83:10 einsum
   MESHRT_TRACE("gemm", "xlnet.mesh:83:10", "forward");
@@ -4238,13 +4221,12 @@ void XlnetTrain::repeated7(support::ConstView a0, support::ConstView a1, support
   // 83:96; merged with 1 more partial sum over model (%102): 8.0 KiB in one buffer)
   MESHRT_TRACE_SITE("xlnet.mesh:83:96");
   support::allReduceBucket(group_model, {a2, a9});
-  MESHRT_TRACE_BODY_END();
 }
 
 void XlnetTrain::repeated8(support::ConstView a0, support::ConstView a1, support::View a2,
                            support::ConstView a3, support::View a4, support::ConstView a5,
                            support::View a6, support::ConstView a7, support::View a8) {
-  MESHRT_TRACE_BODY(world_);
+  MESHRT_TRACE_SPAN(world_);
 
   // xlnet.mesh:74:10 einsum
   // xlnet.mesh:74:10 einsum
@@ -4266,13 +4248,12 @@ void XlnetTrain::repeated8(support::ConstView a0, support::ConstView a1, support
   MESHRT_TRACE("gemm", "xlnet.mesh:74:10", "backward");
   // dims: batch, length, d_model, heads, d_kv
   kEinsum15.plan().run(a0.data(), a7.data(), a8.data(), 1.0f, 0.0f);
-  MESHRT_TRACE_BODY_END();
 }
 
 void XlnetTrain::repeated9(support::View a0, support::ConstView a1, support::ConstView a2,
                            support::ConstView a3, support::View a4, support::View a5,
                            support::ConstView a6, support::View a7) {
-  MESHRT_TRACE_BODY(world_);
+  MESHRT_TRACE_SPAN(world_);
 
   // xlnet.mesh:37:10 layer_norm
   MESHRT_TRACE("layer_norm", "xlnet.mesh:37:10", "forward");
@@ -4293,13 +4274,12 @@ void XlnetTrain::repeated9(support::View a0, support::ConstView a1, support::Con
   // xlnet.mesh:37:78 add -> g1
   MESHRT_TRACE("loop", "xlnet.mesh:37:71", "forward");
   loop20(a7.data(), a5.data(), a2.data(), a3.data());
-  MESHRT_TRACE_BODY_END();
 }
 
 void XlnetTrain::repeated10(support::ConstView a0, support::ConstView a1, support::View a2,
                             support::ConstView a3, support::ConstView a4, support::View a5,
                             support::ConstView a6, support::ConstView a7, support::View a8) {
-  MESHRT_TRACE_BODY(world_);
+  MESHRT_TRACE_SPAN(world_);
 
   // xlnet.mesh:63:19 einsum
   MESHRT_TRACE("gemm", "xlnet.mesh:63:19", "backward");
@@ -4315,7 +4295,6 @@ void XlnetTrain::repeated10(support::ConstView a0, support::ConstView a1, suppor
   MESHRT_TRACE("gemm", "xlnet.mesh:59:28", "backward");
   // dims: batch, length, heads, d_kv, d_model
   kEinsum19.plan().run(a6.data(), a7.data(), a8.data(), 1.0f, 0.0f);
-  MESHRT_TRACE_BODY_END();
 }
 
 XlnetTrain::Inputs XlnetTrain::synthesizeInputs(uint64_t seed) const {

@@ -58,19 +58,17 @@ void sync() noexcept;
 
 /// The op groups of one generated function body: next() closes the running event and opens one
 /// for the next group; site() closes it and names the collective that follows (meshrt records
-/// that); end() closes the last. Trivially destructible on purpose: generated bodies declare one
-/// (MESHRT_TRACE_BODY) and call end() as their last statement (MESHRT_TRACE_BODY_END), because a
-/// local with a destructor gives every call of a body of hundreds of op groups an exception
-/// cleanup path, which took about 3 of t5's 17 compiler seconds (bench/README.md, "Build time of
-/// the generated code"). The price: a body left by an exception while tracing loses its last
-/// event and does not restore the site it found.
-class Probes {
+/// that); the destructor closes the last.
+class Span {
 public:
-  explicit Probes(const Communicator& world) noexcept : world_(&world), on_(gRecorder != nullptr) {
+  explicit Span(const Communicator& world) noexcept : world_(&world), on_(gRecorder != nullptr) {
     if (on_) previousSite_ = currentSite();
   }
-  Probes(const Probes&) = delete;
-  Probes& operator=(const Probes&) = delete;
+  ~Span() {
+    if (on_) end();
+  }
+  Span(const Span&) = delete;
+  Span& operator=(const Span&) = delete;
 
   void next(const char* kind, const char* where, const char* phase) {
     if (on_) nextSlow(kind, where, phase);
@@ -78,19 +76,12 @@ public:
   void site(const char* where) {
     if (on_) siteSlow(where);
   }
-  /// Closes the last event and restores the site the body found; later probes record nothing.
-  void end() {
-    if (on_) {
-      endSlow();
-      on_ = false;
-    }
-  }
 
 private:
   void nextSlow(const char* kind, const char* where, const char* phase);
   void siteSlow(const char* where);
   void close(int64_t now);
-  void endSlow();
+  void end();
 
   const Communicator* world_;
   bool on_;
@@ -99,13 +90,6 @@ private:
   const char* where_ = nullptr;
   const char* phase_ = nullptr;
   int64_t start_ = 0;
-};
-
-/// Probes that end when they go out of scope (MESHRT_TRACE_SPAN), for hand-written code.
-class Span : public Probes {
-public:
-  using Probes::Probes;
-  ~Span() { end(); }
 };
 
 /// One event around a region: a collective (meshrt), a run or a train step (runners).
@@ -138,24 +122,18 @@ private:
 
 } // namespace meshrt::trace
 
-/// The probes generated code prints: Probes named trace_ per function body (MESHRT_TRACE_BODY,
-/// ended by MESHRT_TRACE_BODY_END as the body's last statement), then one line per op group or
-/// collective; a Scope around each run(). Hand-written code uses MESHRT_TRACE_SPAN (a Span, ended
-/// by its destructor) instead of the pair. MESHRT_TRACE_PROBES_OFF compiles them out
+/// The probes generated code prints: a Span named trace_ per function body, then one line per
+/// op group or collective; a Scope around each run(). MESHRT_TRACE_PROBES_OFF compiles them out
 /// (bench/trace_cost.py measures what they cost when tracing is off).
 #ifdef MESHRT_TRACE_PROBES_OFF
 #define MESHRT_TRACE_RUN(world, function) ((void)0)
 #define MESHRT_TRACE_SPAN(world) ((void)0)
-#define MESHRT_TRACE_BODY(world) ((void)0)
-#define MESHRT_TRACE_BODY_END() ((void)0)
 #define MESHRT_TRACE(kind, where, phase) ((void)0)
 #define MESHRT_TRACE_SITE(where) ((void)0)
 #else
 #define MESHRT_TRACE_RUN(world, function)                                                          \
   ::meshrt::trace::Scope traceRun_(world, "run", "run", 0, function)
 #define MESHRT_TRACE_SPAN(world) ::meshrt::trace::Span trace_(world)
-#define MESHRT_TRACE_BODY(world) ::meshrt::trace::Probes trace_(world)
-#define MESHRT_TRACE_BODY_END() trace_.end()
 #define MESHRT_TRACE(kind, where, phase) trace_.next(kind, where, phase)
 #define MESHRT_TRACE_SITE(where) trace_.site(where)
 #endif
