@@ -1,10 +1,13 @@
 #!/usr/bin/env python3
 """Build time of the generated code: every example's program and train block planned for
 [data=2, model=2] (its own layout, or `auto` where it does not fit), emitted with the runner as
-`meshc run` builds it (one translation unit), compiled with -O2 (the CMake function's default
-build type) and with `-O3 -march=native -fno-math-errno` (`meshc run`). Not a test: it prints
-the generated lines and the compiler's CPU seconds (user + system of the child, which a loaded
-machine inflates far less than wall time), per example and flag set.
+`meshc run` builds it (one translation unit), compiled three ways: with -O2 (the CMake function's
+default build type), with `-O3 -march=native -fno-math-errno` (`meshc run`'s optimization flags,
+parsing every header), and as `meshc run` really compiles it ("run": its exact flags, -fopenmp
+included, and its precompiled prelude, made first by `meshc build-prelude` as the target
+meshc_prelude makes it; that one-off build's CPU seconds are printed on their own line). Not a
+test: it prints the generated lines and the compiler's CPU seconds (user + system of the child,
+which a loaded machine inflates far less than wall time), per example and flag set.
 
 usage: bench/build_time.py [--build-dir build] [--examples mlp,transformer,...] (default: every
 dsl-examples/*.mesh) [--before REV]
@@ -52,14 +55,32 @@ def cpu_seconds(command, quiet=False):
 
 def compile_seconds(cxx, flags, includes, example, base):
     """CPU seconds of compiling base.cpp with its runner as one TU."""
+    command = [cxx, *flags, "-std=c++20", "-w"]
+    for directory in includes:
+        command += ["-I", directory]
+    return compile_unity(command, example, base)
+
+
+def compile_unity(command, example, base):
+    """CPU seconds of `command` (the compiler and its flags) on base.cpp with its runner as one
+    TU, as `meshc run` writes it."""
     unity = base + ".unity.cpp"
     with open(unity, "w") as f:
         f.write(f'#include "{example}.cpp"\n#include "{example}.main.cpp"\n')
-    command = [cxx, *flags, "-std=c++20", "-w", "-c", "-I", os.path.dirname(base),
-               "-I", os.path.join(ROOT, "dsl-examples")]
-    for directory in includes:
-        command += ["-I", directory]
-    return cpu_seconds(command + [unity, "-o", base + ".o"])
+    return cpu_seconds(command + ["-I", os.path.dirname(base), "-I",
+                                  os.path.join(ROOT, "dsl-examples"), "-c", unity,
+                                  "-o", base + ".o"])
+
+
+def build_prelude(meshc, work):
+    """`meshc build-prelude` into work/prelude, as the target meshc_prelude builds it: its CPU
+    seconds, and the command of a build as `meshc run` compiles (its flags, from the key file,
+    and -include of the precompiled prelude)."""
+    directory = os.path.join(work, "prelude")
+    seconds = cpu_seconds([meshc, "build-prelude", directory])
+    with open(os.path.join(directory, "prelude.key")) as f:
+        flags = f.readline().split()
+    return seconds, flags + ["-include", os.path.join(directory, "prelude.h")]
 
 
 def cmake_build_seconds(prefix, example, work, precompiled, layout):
@@ -138,8 +159,11 @@ def main():
     columns = [name + " s" for name in FLAGS]
     if args.before:
         columns = [f"{column} {when}" for column in columns for when in ("before", "after")]
-    print(f"{'example':14} {'layout':6} {'lines':>7} " + " ".join(f"{c:>17}" for c in columns))
+    columns.append("run s")
     with tempfile.TemporaryDirectory() as work:
+        prelude_seconds, run_command = build_prelude(meshc, work)
+        print(f"meshc build-prelude (once per meshc build): {prelude_seconds:.1f} s")
+        print(f"{'example':14} {'layout':6} {'lines':>7} " + " ".join(f"{c:>17}" for c in columns))
         before = checkout_before(args.before, work) if args.before else None
         old_includes = [d.replace(ROOT, before) if before and d.startswith(ROOT) else d
                         for d in includes]
@@ -169,6 +193,7 @@ def main():
                            if old_base else None)
                     row += f" {old:17.1f}" if old is not None else f" {'-':>17}"
                 row += f" {compile_seconds(cxx, flags, includes, example, base):17.1f}"
+            row += f" {compile_unity(run_command, example, base):17.1f}"
             print(row, flush=True)
     return 0
 

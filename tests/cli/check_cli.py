@@ -308,6 +308,45 @@ def run_installed():
                    f"a newer {os.path.basename(changed)} in the prefix builds anew", rebuilt)
 
 
+def run_precompiled_prelude():
+    """A C++ build of `meshc run` at the default --opt includes the prelude this meshc's build
+    precompiled (target meshc_prelude, in ALL); it builds without it, with no error, when the
+    flags differ (another --opt), when the file is missing, or when the key says it was made with
+    other flags ($MESHC_PRELUDE_DIR names another directory)."""
+    used = "with the precompiled prelude"
+    args = [MLP, "--mesh", "data=2", "--layout", "batch:data", "--function", "mlp", "--no-plan"]
+    with tempfile.TemporaryDirectory() as tmp:
+        def run(*extra, cache, prelude_dir=None):
+            env = dict(os.environ)
+            env.pop("MESHC_PRELUDE_DIR", None)
+            if prelude_dir is not None:
+                env["MESHC_PRELUDE_DIR"] = prelude_dir
+            return subprocess.run([MESHC, "run", *args, *extra, "--cache-dir",
+                                   os.path.join(tmp, cache)],
+                                  capture_output=True, text=True, timeout=600, env=env)
+
+        proc = run(cache="default")
+        expect(proc.returncode == 0 and used in proc.stderr,
+               "the default flags build with the build tree's precompiled prelude (is the "
+               "target meshc_prelude built?)", proc)
+        proc = run("--opt=-O0", cache="O0")
+        expect(proc.returncode == 0 and "building the generated code" in proc.stderr and
+               used not in proc.stderr, "other flags build without it", proc)
+        proc = run(cache="missing", prelude_dir=os.path.join(tmp, "no-such-dir"))
+        expect(proc.returncode == 0 and used not in proc.stderr,
+               "a missing precompiled prelude: a plain build, no error", proc)
+        other = os.path.join(tmp, "other")
+        os.makedirs(other)
+        for name, text in [("prelude.h", '#include "meshc/GeneratedPrelude.h"\n'),
+                           ("prelude.h.gch", "not a precompiled header"),
+                           ("prelude.key", "c++ -O1 (other flags)\n")]:
+            with open(os.path.join(other, name), "w") as f:
+                f.write(text)
+        proc = run(cache="other", prelude_dir=other)
+        expect(proc.returncode == 0 and used not in proc.stderr,
+               "a precompiled prelude made with other flags is not used", proc)
+
+
 def run_omp_wait_policy():
     """OpenMP waits by sleeping in what `meshc run` runs and in the generated runner started by
     hand (it sets OMP_WAIT_POLICY=passive and starts itself again), unless the user set the
@@ -710,7 +749,7 @@ def calibrate_nccl():
         expect("cores" not in machine, "GPU descriptions record no cores (one rank per device)")
 
 
-CASES = {f.__name__: f for f in [calibrate, calibrate_nccl, version, help_only_meshc_options, exit_codes,
+CASES = {f.__name__: f for f in [run_precompiled_prelude, calibrate, calibrate_nccl, version, help_only_meshc_options, exit_codes,
                                  output_file_and_no_partial_output, depfile,
                                  ir_input_and_stages, every_option, emit_cpp_unwritable,
                                  depfile_user_headers, run_check, run_installed, run_omp_wait_policy, run_check_path_dtypes,
