@@ -141,10 +141,26 @@ def dim_args(sizes):
     return [f"--dim={name}={size}" for name, size in sizes.items()]
 
 
+def precompiled_prelude(build_dir, flags):
+    """-include of meshc run's precompiled prelude (the target meshc_prelude's
+    <build>/compiler/prelude) when its key file says it was made with `flags` (the compiler and
+    its flags, in any order), else [] (the build parses the headers)."""
+    directory = os.path.abspath(os.path.join(build_dir, "compiler", "prelude"))
+    try:
+        with open(os.path.join(directory, "prelude.key")) as f:
+            made_with = f.readline().split()
+    except OSError:
+        return []
+    if sorted(made_with) != sorted(flags) or not os.path.exists(
+            os.path.join(directory, "prelude.h.gch")):
+        return []
+    return ["-include", os.path.join(directory, "prelude.h")]
+
+
 def build_server(build_dir, work, meshc_args, class_name, extra_flags=()):
     """meshc --emit=cpp, then the class's timing server built as `meshc run` builds its runner
-    (-O3 -march=native -fno-math-errno, the same include directories and libraries), plus
-    `extra_flags`."""
+    (-O3 -march=native -fno-math-errno, the same include directories and libraries, and its
+    precompiled prelude when `extra_flags` is empty), plus `extra_flags`."""
     os.makedirs(work, exist_ok=True)
     base = os.path.join(work, "lm")
     subprocess.run([meshc_path(build_dir), TRANSFORMER, "--emit=cpp", "-o", base] + meshc_args,
@@ -155,10 +171,13 @@ def build_server(build_dir, work, meshc_args, class_name, extra_flags=()):
                 + SERVER_MAIN.replace("@HEADER@", "lm.h").replace("@CLASS@", class_name))
     binary = source[:-4]
     cxx, includes, libraries = build_config(build_dir)
-    command = [cxx, "-O3", "-march=native", "-fno-math-errno", "-std=c++20", "-w", "-I", work]
-    command += list(extra_flags)
+    command = [cxx, "-O3", "-march=native", "-fno-math-errno", "-std=c++20", "-w"]
     for include in includes:
         command += ["-I", include]
+    if not extra_flags:
+        command += precompiled_prelude(
+            build_dir, command + [flag for flag in libraries if flag.startswith("-f")])
+    command += ["-I", work] + list(extra_flags)
     subprocess.run(command + [source, "-o", binary] + libraries + ["-lpthread"], check=True)
     return binary
 
