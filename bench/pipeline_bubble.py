@@ -116,6 +116,7 @@ def main():
     parser.add_argument("--work", default="")
     parser.add_argument("--variant", default="")
     parser.add_argument("--busy-baseline", action="store_true")
+    parser.add_argument("--schedule", default="gpipe", choices=("gpipe", "1f1b"))
     args = parser.parse_args()
     p = args.stages
     counts = [int(c) for c in args.counts.split(",")]
@@ -123,14 +124,15 @@ def main():
     realtime = ["chrt", "-f", "1"] if args.realtime else []
     env = dict(os.environ, OMP_NUM_THREADS="1")
     variant = dict(item.split("=", 1) for item in args.variant.split(",") if item)
-    rows = []
+    # Every count's contenders alternate in one loop (round r times all of them, m = 1 to 8,
+    # before round r + 1): measured one count after the other, a drift of the machine's speed
+    # over the run (other jobs, the host) would show up as a trend over m.
+    contenders, modelled = [], {}
     for m in counts:
         sizes = dict(SIZES, batch=MICROBATCH * m, layers=args.layers)
         common = benchlib.dim_args(sizes) + ["--function", "lm_train",
                                              f"--microbatches=batch={m}",
-                                             "--pipeline-schedule", "gpipe"]
-        contenders = []
-        modelled = {}
+                                             "--pipeline-schedule", args.schedule]
         for name, stages in (("pipelined", p), ("sequential", 1)):
             meshc_args = common + ["--mesh", f"stage={stages}", "--layout", "layers: stage"]
             # The pipeline model's step for the same options (its stages' own forward and
@@ -138,22 +140,27 @@ def main():
             plan = subprocess.run([benchlib.meshc_path(args.build_dir), benchlib.TRANSFORMER,
                                    "--emit=plan-json", *meshc_args], check=True,
                                   capture_output=True, text=True).stdout
-            modelled[name] = json.loads(plan)[0]["pipeline"]["step_seconds"] * 1e3
+            modelled[(m, name)] = json.loads(plan)[0]["pipeline"]["step_seconds"] * 1e3
             binary = benchlib.build_server(args.build_dir, os.path.join(work, f"{name}-m{m}"),
                                            meshc_args, "LmTrain")
-            contenders.append(benchlib.Contender(name, realtime + benchlib.pin(p) + [binary], env,
+            contenders.append(benchlib.Contender(f"m{m} {name}",
+                                                 realtime + benchlib.pin(p) + [binary], env,
                                                  work))
             if name == "pipelined" and variant:
-                contenders.append(benchlib.Contender("variant", contenders[-1].argv,
+                contenders.append(benchlib.Contender(f"m{m} variant", contenders[-1].argv,
                                                      dict(env, **variant), work))
             if name == "sequential" and args.busy_baseline:
-                contenders.append(BesideBusyCores("beside busy cores", realtime, binary, env,
-                                                  work, p))
-        print(f"m = {m} microbatches of {MICROBATCH} rows, {p} stages, {args.layers} layers:")
-        results = benchlib.alternate(contenders, args.rounds, args.steps)
-        timed = {n: v[0] for n, v in results.items() if isinstance(v, tuple)}
+                contenders.append(BesideBusyCores(f"m{m} beside busy cores", realtime, binary,
+                                                  env, work, p))
+    print(f"m = {args.counts} microbatches of {MICROBATCH} rows, {p} stages, {args.layers} "
+          f"layers, {args.schedule}, all alternated:")
+    results = benchlib.alternate(contenders, args.rounds, args.steps)
+    rows = []
+    for m in counts:
+        timed = {n.split(" ", 1)[1]: v[0] for n, v in results.items()
+                 if n.startswith(f"m{m} ") and isinstance(v, tuple)}
         predicted = (p - 1) / (m + p - 1)
-        model = 1 - modelled["sequential"] / (p * modelled["pipelined"])
+        model = 1 - modelled[(m, "sequential")] / (p * modelled[(m, "pipelined")])
         for name, label in (("pipelined", m), ("variant", f"{m} ({args.variant})")):
             if name == "variant" and not variant:
                 continue
