@@ -31,10 +31,20 @@ whole measure: the pipelined step's stages all compute beside busy cores, the pl
 step beside idle ones (on a quiet machine), so anything the cores share (caches, memory
 bandwidth, the host's clock boost) favours the baseline; its last two columns are the same
 measured bubble, 1 - T_seq / (p T_pipe), with this contender's T_seq, and its ratio.
+--one-core-baseline adds the pipelined server itself with every rank on core 0: the same
+program (the pipeline's schedule, its transfers, and its memory: a GPipe stage keeps all m
+microbatches' activations until its backwards, where the one-rank step accumulates gradients
+microbatch by microbatch and keeps one), whose stages take turns on one core and so never leave
+it idle; its T is the pipeline's work W, and 1 - W / (p T_pipe) is the idle share of the
+pipelined step alone (docs/runtime.md, the GPipe bubble). --schedule 1f1b measures the 1F1B
+step instead (the same formula: 1F1B reorders GPipe's work, not its bubble).
+
+Every count's contenders alternate in one loop (round r times all of them before round r + 1),
+so that a drift of the machine's speed over the run does not show up as a trend over m.
 
 usage: bench/pipeline_bubble.py [--build-dir build] [--stages 2] [--counts 1,2,4,8]
        [--rounds 5] [--steps 5] [--layers 4] [--realtime] [--work DIR] [--variant VAR=VALUE]
-       [--busy-baseline]"""
+       [--busy-baseline] [--one-core-baseline] [--schedule gpipe|1f1b]"""
 import argparse
 import json
 import os
@@ -117,6 +127,7 @@ def main():
     parser.add_argument("--variant", default="")
     parser.add_argument("--busy-baseline", action="store_true")
     parser.add_argument("--schedule", default="gpipe", choices=("gpipe", "1f1b"))
+    parser.add_argument("--one-core-baseline", action="store_true")
     args = parser.parse_args()
     p = args.stages
     counts = [int(c) for c in args.counts.split(",")]
@@ -146,8 +157,15 @@ def main():
             contenders.append(benchlib.Contender(f"m{m} {name}",
                                                  realtime + benchlib.pin(p) + [binary], env,
                                                  work))
+            if name == "pipelined" and args.one_core_baseline:
+                # The same server, every rank on core 0 (rankCores pins them there): the
+                # pipeline's own work, memory footprint included, with no idle time.
+                contenders.append(benchlib.Contender(f"m{m} one core",
+                                                     realtime + ["taskset", "-c", "0", binary],
+                                                     env, work))
             if name == "pipelined" and variant:
-                contenders.append(benchlib.Contender(f"m{m} variant", contenders[-1].argv,
+                contenders.append(benchlib.Contender(f"m{m} variant",
+                                                     realtime + benchlib.pin(p) + [binary],
                                                      dict(env, **variant), work))
             if name == "sequential" and args.busy_baseline:
                 contenders.append(BesideBusyCores(f"m{m} beside busy cores", realtime, binary,
@@ -166,7 +184,8 @@ def main():
                 continue
             if name not in timed or "sequential" not in timed:
                 rows.append((label, "failed", "", "", "", "", "")
-                            + (("", "", "") if args.busy_baseline else ()))
+                            + (("", "", "") if args.busy_baseline else ())
+                            + (("", "", "") if args.one_core_baseline else ()))
                 continue
             measured = 1 - timed["sequential"] / (p * timed[name])
             row = (label, f"{timed[name]:.1f}", f"{timed['sequential']:.1f}",
@@ -178,11 +197,18 @@ def main():
                 row += (f"{busy:.1f}" if busy else "failed",
                         f"{beside:.3f}" if busy else "",
                         f"{beside / predicted:.2f}" if busy and predicted else "")
+            if args.one_core_baseline:
+                serial = timed.get("one core")
+                idle = 1 - serial / (p * timed[name]) if serial else None
+                row += (f"{serial:.1f}" if serial else "failed", f"{idle:.3f}" if serial else "",
+                        f"{idle / predicted:.2f}" if serial and predicted else "")
             rows.append(row)
     header = ("m", "pipelined ms", "sequential ms", "bubble measured", "bubble predicted",
               "measured/predicted", "model's bubble")
     if args.busy_baseline:
         header += ("sequential beside busy ms", "bubble vs it", "its measured/predicted")
+    if args.one_core_baseline:
+        header += ("pipelined on one core ms", "bubble vs one core", "its ratio")
     benchlib.print_table(rows, header)
     print("goal: measured/predicted within 0.8-1.2 (issue 14)")
 
