@@ -114,6 +114,17 @@ class BesideBusyCores(benchlib.Contender):
         super().close()
 
 
+def spread(per_round, m, name, baseline, p, predicted):
+    """The least and the greatest measured/predicted of single rounds (each round's pipelined
+    and baseline steps, timed minutes apart at most): how far one round's figure moves, against
+    the goal's band (at m = 4 a pipelined step 5% longer than the formula's already leaves it)."""
+    ratios = sorted((1 - base / (p * pipe)) / predicted
+                    for pipe, base in zip(per_round.get(f"m{m} {name}", []),
+                                          per_round.get(f"m{m} {baseline}", []))
+                    if pipe and base)
+    return f"{ratios[0]:.2f}-{ratios[-1]:.2f}" if ratios and predicted else ""
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--build-dir", default=os.path.join(benchlib.ROOT, "build"))
@@ -172,7 +183,8 @@ def main():
                                                   env, work, p))
     print(f"m = {args.counts} microbatches of {MICROBATCH} rows, {p} stages, {args.layers} "
           f"layers, {args.schedule}, all alternated:")
-    results = benchlib.alternate(contenders, args.rounds, args.steps)
+    per_round = {}
+    results = benchlib.alternate(contenders, args.rounds, args.steps, per_round=per_round)
     rows = []
     for m in counts:
         timed = {n.split(" ", 1)[1]: v[0] for n, v in results.items()
@@ -183,32 +195,37 @@ def main():
             if name == "variant" and not variant:
                 continue
             if name not in timed or "sequential" not in timed:
-                rows.append((label, "failed", "", "", "", "", "")
-                            + (("", "", "") if args.busy_baseline else ())
-                            + (("", "", "") if args.one_core_baseline else ()))
+                rows.append((label, "failed", "", "", "", "", "", "")
+                            + (("", "", "", "") if args.busy_baseline else ())
+                            + (("", "", "", "") if args.one_core_baseline else ()))
                 continue
             measured = 1 - timed["sequential"] / (p * timed[name])
             row = (label, f"{timed[name]:.1f}", f"{timed['sequential']:.1f}",
                    f"{measured:.3f}", f"{predicted:.3f}",
-                   f"{measured / predicted:.2f}" if predicted else "", f"{model:.3f}")
+                   f"{measured / predicted:.2f}" if predicted else "", f"{model:.3f}",
+                   spread(per_round, m, name, "sequential", p, predicted))
             if args.busy_baseline:
                 busy = timed.get("beside busy cores")
                 beside = 1 - busy / (p * timed[name]) if busy else None
                 row += (f"{busy:.1f}" if busy else "failed",
                         f"{beside:.3f}" if busy else "",
-                        f"{beside / predicted:.2f}" if busy and predicted else "")
+                        f"{beside / predicted:.2f}" if busy and predicted else "",
+                        spread(per_round, m, name, "beside busy cores", p, predicted))
             if args.one_core_baseline:
                 serial = timed.get("one core")
                 idle = 1 - serial / (p * timed[name]) if serial else None
                 row += (f"{serial:.1f}" if serial else "failed", f"{idle:.3f}" if serial else "",
-                        f"{idle / predicted:.2f}" if serial and predicted else "")
+                        f"{idle / predicted:.2f}" if serial and predicted else "",
+                        spread(per_round, m, name, "one core", p, predicted))
             rows.append(row)
     header = ("m", "pipelined ms", "sequential ms", "bubble measured", "bubble predicted",
-              "measured/predicted", "model's bubble")
+              "measured/predicted", "model's bubble", "rounds' ratios")
     if args.busy_baseline:
-        header += ("sequential beside busy ms", "bubble vs it", "its measured/predicted")
+        header += ("sequential beside busy ms", "bubble vs it", "its measured/predicted",
+                   "rounds' ratios")
     if args.one_core_baseline:
-        header += ("pipelined on one core ms", "bubble vs one core", "its ratio")
+        header += ("pipelined on one core ms", "bubble vs one core", "its ratio",
+                   "rounds' ratios")
     benchlib.print_table(rows, header)
     print("goal: measured/predicted within 0.8-1.2 (issue 14)")
 
