@@ -231,14 +231,16 @@ class Contender:
             self.stderr.close()
 
 
-def alternate(contenders, rounds, steps, log=print):
+def alternate(contenders, rounds, steps, log=print, per_round=None):
     """Starts every contender, then `rounds` rounds, each timing every contender once (the order
     rotates each round). Returns {name: (median over rounds of the per-round median ms, first
-    loss, last loss)}; a contender that failed gets its error text instead."""
+    loss, last loss)}; a contender that failed gets its error text instead. `per_round`, if
+    given, receives {name: [each round's median ms]} (None for a round it failed)."""
     for contender in contenders:
         log(f"  starting {contender.name} ...")
         contender.start()
     samples = {c.name: [] for c in contenders}
+    rounds_ms = {c.name: [None] * rounds for c in contenders}
     losses = {}
     for r in range(rounds):
         order = contenders[r % len(contenders):] + contenders[:r % len(contenders)]
@@ -246,9 +248,12 @@ def alternate(contenders, rounds, steps, log=print):
             result = contender.measure(steps)
             if result:
                 samples[contender.name].append(result[0])
+                rounds_ms[contender.name][r] = result[0]
                 losses[contender.name] = result[1:]
         log("  round {}: {}".format(r + 1, ", ".join(
             f"{c.name} {samples[c.name][-1]:.1f} ms" for c in contenders if samples[c.name])))
+    if per_round is not None:
+        per_round.update(rounds_ms)
     results = {}
     for contender in contenders:
         contender.close()

@@ -31,10 +31,23 @@ whole measure: the pipelined step's stages all compute beside busy cores, the pl
 step beside idle ones (on a quiet machine), so anything the cores share (caches, memory
 bandwidth, the host's clock boost) favours the baseline; its last two columns are the same
 measured bubble, 1 - T_seq / (p T_pipe), with this contender's T_seq, and its ratio.
+--one-core-baseline adds the pipelined server itself with every rank on core 0: the same
+program (the pipeline's schedule, its transfers, and its memory: a GPipe stage keeps all m
+microbatches' activations until its backwards, where the one-rank step accumulates gradients
+microbatch by microbatch and keeps one), whose stages take turns on one core and so never leave
+it idle; its T is the pipeline's work W, and 1 - W / (p T_pipe) is the idle share of the
+pipelined step alone (docs/runtime.md, the GPipe bubble). --schedule 1f1b measures the 1F1B
+step instead (the same formula: 1F1B reorders GPipe's work, not its bubble).
+
+Every count's contenders alternate in one loop (round r times all of them before round r + 1),
+so that a drift of the machine's speed over the run does not show up as a trend over m. Each
+ratio comes with its range over single rounds (`rounds' ratios`): the goal's band is narrow at
+large m (at m = 8, measured/predicted 1.2 is a pipelined step 2.6% longer than the formula's),
+and where a run's range is wider than the band, the run does not decide the goal.
 
 usage: bench/pipeline_bubble.py [--build-dir build] [--stages 2] [--counts 1,2,4,8]
        [--rounds 5] [--steps 5] [--layers 4] [--realtime] [--work DIR] [--variant VAR=VALUE]
-       [--busy-baseline]"""
+       [--busy-baseline] [--one-core-baseline] [--schedule gpipe|1f1b]"""
 import argparse
 import json
 import os
@@ -104,6 +117,17 @@ class BesideBusyCores(benchlib.Contender):
         super().close()
 
 
+def spread(per_round, m, name, baseline, p, predicted):
+    """The least and the greatest measured/predicted of single rounds (each round's pipelined
+    and baseline steps, timed minutes apart at most): how far one round's figure moves, against
+    the goal's band (at m = 4 a pipelined step 5% longer than the formula's already leaves it)."""
+    ratios = sorted((1 - base / (p * pipe)) / predicted
+                    for pipe, base in zip(per_round.get(f"m{m} {name}", []),
+                                          per_round.get(f"m{m} {baseline}", []))
+                    if pipe and base)
+    return f"{ratios[0]:.2f}-{ratios[-1]:.2f}" if ratios and predicted else ""
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--build-dir", default=os.path.join(benchlib.ROOT, "build"))
@@ -116,6 +140,8 @@ def main():
     parser.add_argument("--work", default="")
     parser.add_argument("--variant", default="")
     parser.add_argument("--busy-baseline", action="store_true")
+    parser.add_argument("--schedule", default="gpipe", choices=("gpipe", "1f1b"))
+    parser.add_argument("--one-core-baseline", action="store_true")
     args = parser.parse_args()
     p = args.stages
     counts = [int(c) for c in args.counts.split(",")]
@@ -123,14 +149,15 @@ def main():
     realtime = ["chrt", "-f", "1"] if args.realtime else []
     env = dict(os.environ, OMP_NUM_THREADS="1")
     variant = dict(item.split("=", 1) for item in args.variant.split(",") if item)
-    rows = []
+    # Every count's contenders alternate in one loop (round r times all of them, m = 1 to 8,
+    # before round r + 1): measured one count after the other, a drift of the machine's speed
+    # over the run (other jobs, the host) would show up as a trend over m.
+    contenders, modelled = [], {}
     for m in counts:
         sizes = dict(SIZES, batch=MICROBATCH * m, layers=args.layers)
         common = benchlib.dim_args(sizes) + ["--function", "lm_train",
                                              f"--microbatches=batch={m}",
-                                             "--pipeline-schedule", "gpipe"]
-        contenders = []
-        modelled = {}
+                                             "--pipeline-schedule", args.schedule]
         for name, stages in (("pipelined", p), ("sequential", 1)):
             meshc_args = common + ["--mesh", f"stage={stages}", "--layout", "layers: stage"]
             # The pipeline model's step for the same options (its stages' own forward and
@@ -138,44 +165,70 @@ def main():
             plan = subprocess.run([benchlib.meshc_path(args.build_dir), benchlib.TRANSFORMER,
                                    "--emit=plan-json", *meshc_args], check=True,
                                   capture_output=True, text=True).stdout
-            modelled[name] = json.loads(plan)[0]["pipeline"]["step_seconds"] * 1e3
+            modelled[(m, name)] = json.loads(plan)[0]["pipeline"]["step_seconds"] * 1e3
             binary = benchlib.build_server(args.build_dir, os.path.join(work, f"{name}-m{m}"),
                                            meshc_args, "LmTrain")
-            contenders.append(benchlib.Contender(name, realtime + benchlib.pin(p) + [binary], env,
+            contenders.append(benchlib.Contender(f"m{m} {name}",
+                                                 realtime + benchlib.pin(p) + [binary], env,
                                                  work))
+            if name == "pipelined" and args.one_core_baseline:
+                # The same server, every rank on core 0 (rankCores pins them there): the
+                # pipeline's own work, memory footprint included, with no idle time.
+                contenders.append(benchlib.Contender(f"m{m} one core",
+                                                     realtime + ["taskset", "-c", "0", binary],
+                                                     env, work))
             if name == "pipelined" and variant:
-                contenders.append(benchlib.Contender("variant", contenders[-1].argv,
+                contenders.append(benchlib.Contender(f"m{m} variant",
+                                                     realtime + benchlib.pin(p) + [binary],
                                                      dict(env, **variant), work))
             if name == "sequential" and args.busy_baseline:
-                contenders.append(BesideBusyCores("beside busy cores", realtime, binary, env,
-                                                  work, p))
-        print(f"m = {m} microbatches of {MICROBATCH} rows, {p} stages, {args.layers} layers:")
-        results = benchlib.alternate(contenders, args.rounds, args.steps)
-        timed = {n: v[0] for n, v in results.items() if isinstance(v, tuple)}
+                contenders.append(BesideBusyCores(f"m{m} beside busy cores", realtime, binary,
+                                                  env, work, p))
+    print(f"m = {args.counts} microbatches of {MICROBATCH} rows, {p} stages, {args.layers} "
+          f"layers, {args.schedule}, all alternated:")
+    per_round = {}
+    results = benchlib.alternate(contenders, args.rounds, args.steps, per_round=per_round)
+    rows = []
+    for m in counts:
+        timed = {n.split(" ", 1)[1]: v[0] for n, v in results.items()
+                 if n.startswith(f"m{m} ") and isinstance(v, tuple)}
         predicted = (p - 1) / (m + p - 1)
-        model = 1 - modelled["sequential"] / (p * modelled["pipelined"])
+        model = 1 - modelled[(m, "sequential")] / (p * modelled[(m, "pipelined")])
         for name, label in (("pipelined", m), ("variant", f"{m} ({args.variant})")):
             if name == "variant" and not variant:
                 continue
             if name not in timed or "sequential" not in timed:
-                rows.append((label, "failed", "", "", "", "", "")
-                            + (("", "", "") if args.busy_baseline else ()))
+                rows.append((label, "failed", "", "", "", "", "", "")
+                            + (("", "", "", "") if args.busy_baseline else ())
+                            + (("", "", "", "") if args.one_core_baseline else ()))
                 continue
             measured = 1 - timed["sequential"] / (p * timed[name])
             row = (label, f"{timed[name]:.1f}", f"{timed['sequential']:.1f}",
                    f"{measured:.3f}", f"{predicted:.3f}",
-                   f"{measured / predicted:.2f}" if predicted else "", f"{model:.3f}")
+                   f"{measured / predicted:.2f}" if predicted else "", f"{model:.3f}",
+                   spread(per_round, m, name, "sequential", p, predicted))
             if args.busy_baseline:
                 busy = timed.get("beside busy cores")
                 beside = 1 - busy / (p * timed[name]) if busy else None
                 row += (f"{busy:.1f}" if busy else "failed",
                         f"{beside:.3f}" if busy else "",
-                        f"{beside / predicted:.2f}" if busy and predicted else "")
+                        f"{beside / predicted:.2f}" if busy and predicted else "",
+                        spread(per_round, m, name, "beside busy cores", p, predicted))
+            if args.one_core_baseline:
+                serial = timed.get("one core")
+                idle = 1 - serial / (p * timed[name]) if serial else None
+                row += (f"{serial:.1f}" if serial else "failed", f"{idle:.3f}" if serial else "",
+                        f"{idle / predicted:.2f}" if serial and predicted else "",
+                        spread(per_round, m, name, "one core", p, predicted))
             rows.append(row)
     header = ("m", "pipelined ms", "sequential ms", "bubble measured", "bubble predicted",
-              "measured/predicted", "model's bubble")
+              "measured/predicted", "model's bubble", "rounds' ratios")
     if args.busy_baseline:
-        header += ("sequential beside busy ms", "bubble vs it", "its measured/predicted")
+        header += ("sequential beside busy ms", "bubble vs it", "its measured/predicted",
+                   "rounds' ratios")
+    if args.one_core_baseline:
+        header += ("pipelined on one core ms", "bubble vs one core", "its ratio",
+                   "rounds' ratios")
     benchlib.print_table(rows, header)
     print("goal: measured/predicted within 0.8-1.2 (issue 14)")
 
