@@ -1185,6 +1185,16 @@ struct PlanEvaluator::Impl {
   std::optional<Layout> lastLayout_;
   EvalResult lastResult_;
   SpmdFunction scratch_; // evaluate()'s lowering, to merge
+  /// The operand lists of scratch_'s last ops, which the next exact costing's ops take over.
+  std::vector<std::vector<SpmdValueId>> spareOperands_;
+  /// An operand list of `size` zeros, reusing a spare one's memory when there is one.
+  std::vector<SpmdValueId> operandBuffer(size_t size) {
+    if (spareOperands_.empty()) return std::vector<SpmdValueId>(size, 0);
+    std::vector<SpmdValueId> buffer = std::move(spareOperands_.back());
+    spareOperands_.pop_back();
+    buffer.assign(size, 0);
+    return buffer;
+  }
 
   // Repeated segments (RepeatedSegments.h): a walk without an SPMD function to write replays a
   // copy of a repeated op sequence (a layer, its backward, its updates) from a memoized walk of
@@ -1998,7 +2008,8 @@ EvalResult PlanEvaluator::Impl::run(const Layout& layout, SpmdFunction* out, dou
       SpmdOp op;
       op.kind = SpmdOp::Kind::Collective;
       op.collective = step.collective;
-      op.operands = {current};
+      op.operands = operandBuffer(1);
+      op.operands[0] = current;
       op.result = newValue(fn_.typeOf(value), step.after, fn_.values[value].name);
       if (describe_) op.loc = loc;
       op.sourceOp = opIndex;
@@ -2034,7 +2045,8 @@ EvalResult PlanEvaluator::Impl::run(const Layout& layout, SpmdFunction* out, dou
 
     double temporary = 0;
     std::span<const ir::ValueId> operands = opKeys_.operands(i);
-    std::vector<SpmdValueId> operandIds(out ? operands.size() : 0, 0);
+    std::vector<SpmdValueId> operandIds =
+        out ? operandBuffer(operands.size()) : std::vector<SpmdValueId>{};
     for (size_t k = 0; k < operands.size(); ++k) {
       ir::ValueId operand = operands[k];
       const TensorLayout& from = states_[stateOf[operand]];
@@ -2125,7 +2137,8 @@ EvalResult PlanEvaluator::Impl::run(const Layout& layout, SpmdFunction* out, dou
       SpmdOp collective;
       collective.kind = SpmdOp::Kind::Collective;
       collective.collective = post.collective;
-      collective.operands = {spmdOf[op.result]};
+      collective.operands = operandBuffer(1);
+      collective.operands[0] = spmdOf[op.result];
       collective.result = spmdOf[op.result];
       if (describe_) collective.loc = op.loc;
       collective.sourceOp = i;
@@ -2338,6 +2351,10 @@ EvalResult PlanEvaluator::Impl::evaluate(const Layout& layout, double cutoff, bo
   // layers) keep their memory from one exact costing to the next.
   std::vector<SpmdOp> ops = std::move(scratch_.ops);
   std::vector<SpmdValue> values = std::move(scratch_.values);
+  // So do its ops' operand lists (one per op: tens of thousands allocated and freed per exact
+  // costing otherwise).
+  for (SpmdOp& op : ops)
+    if (op.operands.capacity() > 0) spareOperands_.push_back(std::move(op.operands));
   ops.clear();
   values.clear();
   scratch_ = SpmdFunction{};
