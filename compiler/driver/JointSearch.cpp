@@ -6,7 +6,6 @@
 #include "driver/PlanPipeline.h"
 #include "planner/Microbatching.h"
 #include "planner/Planner.h"
-#include "planner/SpmdLowering.h"
 #include "train/Recompute.h"
 
 #include <fmt/format.h>
@@ -436,8 +435,6 @@ bool jointSearchApplies(const ir::Module& module, const PipelineOptions& options
 std::optional<PlannedModule> planJointly(const ir::Module& module, const PipelineOptions& options,
                                          DiagEngine& diag, const char* argv0,
                                          std::optional<JointStages>* staged) {
-  // Its combinations and stage splits build hundreds of evaluators of alike blocks.
-  plan::OpPlanSharingScope sharing(true);
   PipelineOptions plain = options;
   plain.jointSearch = false;
   llvm::Expected<plan::Machine> machine = plan::loadMachine(options.machine);

@@ -7,7 +7,6 @@
 #include "planner/PlanReport.h"
 #include "planner/Planner.h"
 #include "planner/Reshard.h"
-#include "planner/SpmdLowering.h"
 #include "train/OrderFactoredSums.h"
 #include "train/Recompute.h"
 
@@ -611,9 +610,6 @@ bool searchPipeline(const ir::Module& module, const ir::DimLayout& stage,
                     const PipelineOptions& options, const ir::Function& fn, bool tryRecompute,
                     DiagEngine& diag, const char* argv0, std::optional<PipelineChoice>& choice,
                     UnzeroedPlans* unzeroed) {
-  // Its candidates plan one- and two-layer blocks, with and without recomputation, per
-  // microbatch count: evaluators of alike ops on one stage mesh.
-  plan::OpPlanSharingScope sharing(true);
   Microbatching micro;
   plan::PipelineSchedule schedule;
   double budget = 0;
@@ -633,7 +629,6 @@ constexpr size_t kMaxOpsToLower = 4000;
 int planPipelines(const ir::Module& module, const ir::DimLayout& stage,
                   const PipelineOptions& options, DiagEngine& diag, const char* argv0, bool json,
                   llvm::raw_ostream& os, const plan::JointSearchReport* joint) {
-  plan::OpPlanSharingScope sharing(true); // as searchPipeline
   Microbatching micro;
   plan::PipelineSchedule schedule;
   double budget = 0;

@@ -1039,7 +1039,7 @@ bool planReadsAttr(const std::string& name) {
            name == "stddev" || name == "min" || name == "max" || name == ir::kRecomputeAttr);
 }
 
-std::atomic<bool> opPlanSharing{false};
+std::atomic<bool> opPlanSharing{true};
 
 /// Op plans shared by every evaluator of the process on one machine and mesh, by content
 /// (PlanEvaluator::Impl::sharedKeyOf): a joint search builds hundreds of evaluators whose ops
@@ -3240,10 +3240,6 @@ double PlanEvaluator::Impl::memoryLowerBound() const {
 
 void setOpPlanSharing(bool share) {
   opPlanSharing = share;
-}
-
-bool opPlanSharingOn() {
-  return opPlanSharing;
 }
 
 void PlanEvaluator::setReplaySegments(bool replay) {

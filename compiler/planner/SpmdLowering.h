@@ -23,27 +23,11 @@ std::optional<SpmdFunction> lowerToSpmd(const ir::Module& module, const ir::Func
                                         const Machine& machine, DiagEngine& diag);
 
 /// Whether evaluators built from now on share their ops' plans with every other evaluator of the
-/// process on an equal machine and mesh: an op planned in the same states by another evaluator
-/// (the same kind, attributes, types, operand layouts and dims' axes) takes that plan instead of
-/// planning it again. Off (the default), each evaluator plans its ops itself; the plans are the
-/// same (tests compare). Sharing pays where many evaluators plan alike blocks (the joint search,
-/// the pipeline search); a lone search pays for filling the table and finds nothing in it.
+/// process on an equal machine and mesh (on by default): an op planned in the same states by
+/// another evaluator (the same kind, attributes, types, operand layouts and dims' axes) takes
+/// that plan instead of planning it again. Off, each evaluator plans its ops itself; the plans
+/// are the same (tests compare).
 void setOpPlanSharing(bool share);
-bool opPlanSharingOn();
-
-/// setOpPlanSharing(share) for a scope; the setting before it is restored after.
-class OpPlanSharingScope {
-public:
-  explicit OpPlanSharingScope(bool share) : previous_(opPlanSharingOn()) {
-    setOpPlanSharing(share);
-  }
-  ~OpPlanSharingScope() { setOpPlanSharing(previous_); }
-  OpPlanSharingScope(const OpPlanSharingScope&) = delete;
-  OpPlanSharingScope& operator=(const OpPlanSharingScope&) = delete;
-
-private:
-  bool previous_;
-};
 
 /// Fast cost evaluation for the layout search: the predicted step time and memory of `fn` under
 /// a layout, equal to what lowerToSpmd's summary would say, with per-op results memoized by the

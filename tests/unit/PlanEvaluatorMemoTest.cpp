@@ -50,8 +50,10 @@ bool same(double a, double b) {
 /// An evaluator that plans every op itself (no plan from the process's table).
 std::unique_ptr<PlanEvaluator> unshared(const ir::Module& module, const ir::Function& fn,
                                         const Mesh& mesh, const Machine& machine) {
-  OpPlanSharingScope off(false);
-  return std::make_unique<PlanEvaluator>(module, fn, mesh, machine);
+  setOpPlanSharing(false);
+  auto evaluator = std::make_unique<PlanEvaluator>(module, fn, mesh, machine);
+  setOpPlanSharing(true);
+  return evaluator;
 }
 
 void checkAgainstFreshEvaluators(const Case& c, size_t steps) {
@@ -73,10 +75,8 @@ void checkAgainstFreshEvaluators(const Case& c, size_t steps) {
   mesh.axes = c.mesh;
   Machine h100 = machine(c.machine);
 
-  setOpPlanSharing(true);
   PlanEvaluator shared(*compiled.module, *fn, mesh, h100);
   PlanEvaluator second(*compiled.module, *fn, mesh, h100); // takes the plans `shared` made
-  setOpPlanSharing(false);
   std::vector<std::string> dims = shared.relevantDims();
   std::map<std::string, int64_t> sizes(compiled.module->dims.begin(), compiled.module->dims.end());
   for (const ir::Value& value : fn->values)
@@ -144,8 +144,10 @@ void checkAgainstFreshEvaluators(const Case& c, size_t steps) {
       CHECK(shared.memory(layout).total() == fresh.memory(layout).total());
       // The plan itself: the lowering's summary and memory.
       DiagEngine& diag = compiled.diag;
+      setOpPlanSharing(false);
       std::optional<SpmdFunction> spmd =
-          lowerToSpmd(*compiled.module, *fn, mesh, layout, h100, diag); // sharing is off
+          lowerToSpmd(*compiled.module, *fn, mesh, layout, h100, diag);
+      setOpPlanSharing(true);
       REQUIRE(spmd);
       CHECK(spmd->summary.stepSeconds == seconds);
       CHECK(spmd->memory.total() == shared.memory(layout).total());
