@@ -23,13 +23,10 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <compare>
 #include <limits>
 #include <map>
-#include <memory>
-#include <mutex>
 #include <optional>
 #include <set>
 #include <unordered_map>
@@ -1030,74 +1027,6 @@ struct EvalResult {
 
 } // namespace
 
-/// Whether an op attribute can change its plan. The others (names, paths, a random op's or a
-/// constant's parameters, a recomputing copy's call path) cannot change the cost: a recomputing
-/// copy costs as its original.
-bool planReadsAttr(const std::string& name) {
-  return !(name == "path" || name == "stream" || name == "name" || name == "index" ||
-           name == "value" || name == "rate" || name == "eps" || name == "mean" ||
-           name == "stddev" || name == "min" || name == "max" || name == ir::kRecomputeAttr);
-}
-
-std::atomic<bool> opPlanSharing{true};
-
-/// Op plans shared by every evaluator of the process on one machine and mesh, by content
-/// (PlanEvaluator::Impl::sharedKeyOf): a joint search builds hundreds of evaluators whose ops
-/// are planned in the same states again (at 8 layers of the GPT-3-shaped train block, about
-/// 207,000 plans made by the evaluators' own memos were about 68,000 distinct ones). Keys are
-/// made of ids this table gives to content (an op's kind, attributes and types; a layout; a
-/// list of axes; a dim's name), which each evaluator looks up once per op, state, axes and dim.
-/// Thread-safe; the plans live as long as the process, without their evaluator's interned ids.
-class SharedOpPlans {
-public:
-  static SharedOpPlans* forContext(const Machine& machine, const Mesh& mesh) {
-    static std::mutex registryMutex;
-    static std::vector<std::unique_ptr<SharedOpPlans>> registry;
-    std::lock_guard<std::mutex> lock(registryMutex);
-    for (const std::unique_ptr<SharedOpPlans>& known : registry)
-      if (known->machine_ == machine && sameAxes(known->mesh_, mesh)) return known.get();
-    registry.push_back(std::unique_ptr<SharedOpPlans>(new SharedOpPlans(machine, mesh)));
-    return registry.back().get();
-  }
-  int opId(const std::string& content) { return idOf(ops_, content); }
-  int stateId(const TensorLayout& layout) { return idOf(states_, layout); }
-  int axesId(const AxisList& axes) { return idOf(axes_, axes); }
-  int dimId(const std::string& name) { return idOf(dims_, name); }
-  /// Copies the plan of `key` into `plan`; false when none is known.
-  bool find(const std::vector<int>& key, OpPlan& plan) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    auto known = plans_.find(key);
-    if (known == plans_.end()) return false;
-    plan = known->second;
-    return true;
-  }
-  void add(const std::vector<int>& key, const OpPlan& plan) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    plans_.try_emplace(key, plan);
-  }
-
-private:
-  SharedOpPlans(const Machine& machine, const Mesh& mesh) : machine_(machine), mesh_(mesh) {}
-  static bool sameAxes(const Mesh& a, const Mesh& b) {
-    return a.axes.size() == b.axes.size() &&
-           std::equal(a.axes.begin(), a.axes.end(), b.axes.begin(),
-                      [](const ir::MeshAxis& x, const ir::MeshAxis& y) {
-                        return x.name == y.name && x.size == y.size;
-                      });
-  }
-  template <typename Key> int idOf(std::map<Key, int>& ids, const Key& key) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    return ids.try_emplace(key, static_cast<int>(ids.size())).first->second;
-  }
-  Machine machine_;
-  Mesh mesh_;
-  std::mutex mutex_;
-  std::map<std::string, int> ops_, dims_;
-  std::map<TensorLayout, int> states_;
-  std::map<AxisList, int> axes_;
-  std::unordered_map<std::vector<int>, OpPlan, VectorHash> plans_;
-};
-
 /// The engine behind lowerToSpmd and PlanEvaluator.
 struct PlanEvaluator::Impl {
   Impl(const ir::Module& module, const ir::Function& fn, const Mesh& mesh, const Machine& machine)
@@ -1105,7 +1034,6 @@ struct PlanEvaluator::Impl {
         chains_(machine_, mesh_, fn.values.size()), boundStateOf_(fn.values.size(), -1),
         walk_(fn.values.size()) {
     oversubscription_ = oversubscription(machine, mesh);
-    if (opPlanSharing) sharedPlans_ = SharedOpPlans::forContext(machine_, mesh_);
     // Per type: its dims' indices (an op's involved dims, below, without hashing their names).
     std::vector<std::vector<int>> dimsOfType;
     for (const ir::Value& value : fn.values) {
@@ -1383,7 +1311,10 @@ private:
     std::string key = opSpelling(op.kind);
     if (modelsLoops(machine_)) key += fmt::format("|loop{}", role.code());
     for (const auto& [name, value] : op.attrs) {
-      if (!planReadsAttr(name)) continue;
+      if (name == "path" || name == "stream" || name == "name" || name == "index" ||
+          name == "value" || name == "rate" || name == "eps" || name == "mean" ||
+          name == "stddev" || name == "min" || name == "max" || name == ir::kRecomputeAttr)
+        continue; // cannot change the cost (a recomputing copy costs as its original)
       key += "|" + name + "=";
       if (const auto* list = std::get_if<std::vector<std::string>>(&value))
         key += fmt::format("{}", fmt::join(*list, ","));
@@ -1416,7 +1347,6 @@ private:
 
   int internAxes(const AxisList& axes) {
     auto [it, inserted] = axesIdOf_.try_emplace(axes, static_cast<int>(axesIdOf_.size()));
-    if (inserted) axesById_.push_back(&it->first);
     return it->second;
   }
 
@@ -1526,27 +1456,6 @@ private:
   /// planOf's key: written in keyScratch_ (sized for the longest key once: no resizing per op),
   /// copied into key_ only to look up or file a plan when it is not the op's last.
   std::vector<int> keyScratch_, key_;
-  /// The process's op plans for this machine and mesh (null: not shared, setShareOpPlans), and
-  /// planOf's scratch for their key.
-  SharedOpPlans* sharedPlans_ = nullptr;
-  std::vector<int> sharedKey_;
-  std::vector<const AxisList*> axesById_; // internAxes' lists by id (axesIdOf_'s keys)
-  /// The shared table's ids of this evaluator's ops (their content: sharedOpContent), states,
-  /// axes lists and dims; -1 until first asked.
-  std::vector<int> sharedOp_, sharedState_, sharedAxes_, sharedDim_;
-  template <typename Make> int sharedId(std::vector<int>& ids, size_t index, Make make) {
-    if (index >= ids.size()) ids.resize(index + 1, -1);
-    if (ids[index] < 0) ids[index] = make();
-    return ids[index];
-  }
-  /// What OpRules::plan reads of op i but its operands' states and its dims' axes: its kind,
-  /// the attributes that can change a plan, its operands' and result's types, its loop role and
-  /// phase, and whether the function is a program.
-  std::string sharedOpContent(uint32_t i) const;
-  /// sharedKey_ for op i: everything OpRules::plan reads, in the shared table's ids.
-  void sharedKeyOf(uint32_t i, const std::vector<int>& stateOf, int eagerMask,
-                   const std::set<std::string>& partnerAxes, bool partnerIsDiv,
-                   const std::vector<int>& dimAxesIds);
   std::map<std::tuple<int, int, int>, const ReshardEntry*> reshardMemo_; // by (type, from, to)
   ReshardMemo sharedReshards_{machine_, mesh_};
 };
@@ -1652,22 +1561,10 @@ const OpPlan& PlanEvaluator::Impl::planOf(uint32_t i, const std::vector<int>& di
     partnerAxes = states_[partnerState].partialAxes;
   else if (laterSum_[i] >= 0)
     partnerAxes = rules.reducedAxesOf(fn_.ops[laterSum_[i]]);
-  bool partnerIsDiv = soleConsumer_[i] >= 0 && fn_.ops[soleConsumer_[i]].kind == OpKind::Div;
-  // Another evaluator of this machine and mesh may have planned the same op in the same states
-  // (the one- and two-layer blocks of a stage split, with and without recomputation; a joint
-  // search's combinations): the plan is a function of what the content key names.
-  OpPlan plan;
-  bool shared = false;
-  if (sharedPlans_) {
-    sharedKeyOf(i, stateOf, eagerMask, partnerAxes, partnerIsDiv, dimAxesIds);
-    shared = sharedPlans_->find(sharedKey_, plan);
-  }
-  if (!shared) {
-    rules.setPartner(std::move(partnerAxes), partnerIsDiv);
-    rules.setLoopRole(loopRoles_[i]);
-    plan = rules.plan(op, operandStates);
-    if (sharedPlans_) sharedPlans_->add(sharedKey_, plan);
-  }
+  rules.setPartner(std::move(partnerAxes),
+                   soleConsumer_[i] >= 0 && fn_.ops[soleConsumer_[i]].kind == OpKind::Div);
+  rules.setLoopRole(loopRoles_[i]);
+  OpPlan plan = rules.plan(op, operandStates);
   for (const TensorLayout& required : plan.required)
     plan.requiredIds.push_back(internState(required));
   plan.resultId = internState(plan.result);
@@ -1675,78 +1572,6 @@ const OpPlan& PlanEvaluator::Impl::planOf(uint32_t i, const std::vector<int>& di
   const OpPlan* planned = &opMemo_.emplace(key_, std::move(plan)).first->second;
   opKeys_.setLast(i, key_.data(), planned, OpCost(*planned), planned->requiredIds);
   return *planned;
-}
-
-std::string PlanEvaluator::Impl::sharedOpContent(uint32_t i) const {
-  const ir::Op& op = fn_.ops[i];
-  std::string key;
-  // Every name and free text is length-prefixed, so that no two contents read alike.
-  auto text = [&](std::string_view value) {
-    key += std::to_string(value.size());
-    key += ':';
-    key += value;
-  };
-  auto number = [&](int64_t value) {
-    key += std::to_string(value);
-    key += ';';
-  };
-  text(opSpelling(op.kind));
-  number(fn_.kind == ir::Function::Kind::Program);
-  number(loopRoles_[i].code());
-  number(static_cast<int64_t>(phases_[i]));
-  for (const auto& [name, value] : op.attrs) {
-    if (!planReadsAttr(name)) continue;
-    text(name);
-    if (const auto* list = std::get_if<std::vector<std::string>>(&value)) {
-      key += 'l';
-      number(static_cast<int64_t>(list->size()));
-      for (const std::string& entry : *list)
-        text(entry);
-    } else if (const auto* string = std::get_if<std::string>(&value)) {
-      key += 's';
-      text(*string);
-    } else if (const auto* integer = std::get_if<int64_t>(&value)) {
-      key += 'i';
-      number(*integer);
-    } else if (const auto* real = std::get_if<double>(&value)) {
-      key += 'd';
-      text(fmt::format("{}", *real));
-    } else { // an attribute kind added later: this op's plans are never shared
-      key += '?';
-      text(fmt::format("{}/{}", static_cast<const void*>(this), i));
-    }
-  }
-  number(static_cast<int64_t>(op.operands.size()));
-  for (ir::ValueId operand : op.operands)
-    text(typeKeys_[static_cast<size_t>(typeIds_[operand])]);
-  text(typeKeys_[static_cast<size_t>(typeIds_[op.result])]);
-  return key;
-}
-
-void PlanEvaluator::Impl::sharedKeyOf(uint32_t i, const std::vector<int>& stateOf, int eagerMask,
-                                      const std::set<std::string>& partnerAxes, bool partnerIsDiv,
-                                      const std::vector<int>& dimAxesIds) {
-  SharedOpPlans& table = *sharedPlans_;
-  std::vector<int>& key = sharedKey_;
-  key.clear();
-  key.push_back(sharedId(sharedOp_, i, [&] { return table.opId(sharedOpContent(i)); }));
-  key.push_back(eagerMask);
-  key.push_back(table.axesId(AxisList(partnerAxes.begin(), partnerAxes.end())));
-  key.push_back(partnerIsDiv);
-  for (ir::ValueId operand : opKeys_.operands(i)) {
-    auto state = static_cast<size_t>(stateOf[operand]);
-    key.push_back(sharedId(sharedState_, state, [&] { return table.stateId(states_[state]); }));
-  }
-  // The axes of every dim the plan reads (its operands' and result's, its partner's), by name.
-  for (ir::ValueId dim : opKeys_.dims(i)) {
-    key.push_back(sharedId(sharedDim_, dim, [&] { return table.dimId(dimNames_[dim]); }));
-    key.push_back(static_cast<int>(dimSizes_[dim] >> 31)); // its size, in two halves
-    key.push_back(static_cast<int>(dimSizes_[dim] & 0x7fffffff));
-    int id = dimAxesIds[dim];
-    key.push_back(id < 0 ? -1 : sharedId(sharedAxes_, static_cast<size_t>(id), [&] {
-      return table.axesId(*axesById_[static_cast<size_t>(id)]);
-    }));
-  }
 }
 
 namespace {
@@ -3236,10 +3061,6 @@ double PlanEvaluator::Impl::memoryLowerBound() const {
       live -= least(fn.typeOf(dead));
   }
   return params + (impl.modelBackward_ ? sum : peak);
-}
-
-void setOpPlanSharing(bool share) {
-  opPlanSharing = share;
 }
 
 void PlanEvaluator::setReplaySegments(bool replay) {

@@ -22,13 +22,6 @@ std::optional<SpmdFunction> lowerToSpmd(const ir::Module& module, const ir::Func
                                         const Mesh& mesh, const Layout& layout,
                                         const Machine& machine, DiagEngine& diag);
 
-/// Whether evaluators built from now on share their ops' plans with every other evaluator of the
-/// process on an equal machine and mesh (on by default): an op planned in the same states by
-/// another evaluator (the same kind, attributes, types, operand layouts and dims' axes) takes
-/// that plan instead of planning it again. Off, each evaluator plans its ops itself; the plans
-/// are the same (tests compare).
-void setOpPlanSharing(bool share);
-
 /// Fast cost evaluation for the layout search: the predicted step time and memory of `fn` under
 /// a layout, equal to what lowerToSpmd's summary would say, with per-op results memoized by the
 /// layouts of the dims each op depends on (identical layers cost one evaluation).

@@ -8,10 +8,7 @@
 // relative attention: layers that are not all alike), and on a machine of several nodes, where a
 // collective's latency depends on its axes (the reshard memo keeps each step's). The shared
 // evaluator also replays copies of repeated segments (a layer, its backward, its updates) from
-// memoized walks; the fresh ones walk every op (setReplaySegments(false)). The shared evaluator,
-// and a second one built next to it, take their ops' plans from the process's table of op plans
-// (setOpPlanSharing: the second finds there what the first planned); the fresh ones, and the
-// lowerings they are compared with, plan every op themselves.
+// memoized walks; the fresh ones walk every op (setReplaySegments(false)).
 #include "CompiledSource.h"
 #include "planner/LayoutSearch.h"
 #include "planner/RepeatedSegments.h"
@@ -47,15 +44,6 @@ bool same(double a, double b) {
   return a == b || (std::isinf(a) && std::isinf(b));
 }
 
-/// An evaluator that plans every op itself (no plan from the process's table).
-std::unique_ptr<PlanEvaluator> unshared(const ir::Module& module, const ir::Function& fn,
-                                        const Mesh& mesh, const Machine& machine) {
-  setOpPlanSharing(false);
-  auto evaluator = std::make_unique<PlanEvaluator>(module, fn, mesh, machine);
-  setOpPlanSharing(true);
-  return evaluator;
-}
-
 void checkAgainstFreshEvaluators(const Case& c, size_t steps) {
   SemaOptions options;
   options.dimSizes = c.dims;
@@ -76,7 +64,6 @@ void checkAgainstFreshEvaluators(const Case& c, size_t steps) {
   Machine h100 = machine(c.machine);
 
   PlanEvaluator shared(*compiled.module, *fn, mesh, h100);
-  PlanEvaluator second(*compiled.module, *fn, mesh, h100); // takes the plans `shared` made
   std::vector<std::string> dims = shared.relevantDims();
   std::map<std::string, int64_t> sizes(compiled.module->dims.begin(), compiled.module->dims.end());
   for (const ir::Value& value : fn->values)
@@ -109,7 +96,7 @@ void checkAgainstFreshEvaluators(const Case& c, size_t steps) {
     // Fresh evaluators walk every op; the shared one replays the copies of repeated segments
     // (a layer, its backward, its updates) from memoized walks of copies alike.
     auto freshEvaluator = [&] {
-      auto evaluator = unshared(*compiled.module, *fn, mesh, h100);
+      auto evaluator = std::make_unique<PlanEvaluator>(*compiled.module, *fn, mesh, h100);
       evaluator->setReplaySegments(false);
       return evaluator;
     };
@@ -126,28 +113,25 @@ void checkAgainstFreshEvaluators(const Case& c, size_t steps) {
     // bound above the cutoff, never above the cost, and the memory without another walk.
     std::unique_ptr<PlanEvaluator> freshComplete = freshEvaluator();
     double whole = freshComplete->stepSeconds(layout, cutoff, /*complete=*/true);
-    CHECK(same(whole, unshared(*compiled.module, *fn, mesh, h100)
-                          ->stepSeconds(layout, cutoff, /*complete=*/true)));
+    CHECK(same(whole, PlanEvaluator(*compiled.module, *fn, mesh, h100)
+                          .stepSeconds(layout, cutoff, /*complete=*/true)));
     if (std::isfinite(exact)) {
       CHECK((whole > cutoff && whole <= exact * (1 + 1e-12)));
       CHECK(freshComplete->memory(layout).total() ==
-            unshared(*compiled.module, *fn, mesh, h100)->memory(layout).total());
+            PlanEvaluator(*compiled.module, *fn, mesh, h100).memory(layout).total());
     } else {
       CHECK(std::isinf(whole));
     }
     double seconds = fresh.stepSeconds(layout);
     CHECK(same(seconds, exact));
     CHECK(same(shared.stepSeconds(layout), seconds));
-    CHECK(same(second.stepSeconds(layout), seconds));
     if (std::isfinite(seconds)) {
       ++finite;
       CHECK(shared.memory(layout).total() == fresh.memory(layout).total());
       // The plan itself: the lowering's summary and memory.
       DiagEngine& diag = compiled.diag;
-      setOpPlanSharing(false);
       std::optional<SpmdFunction> spmd =
           lowerToSpmd(*compiled.module, *fn, mesh, layout, h100, diag);
-      setOpPlanSharing(true);
       REQUIRE(spmd);
       CHECK(spmd->summary.stepSeconds == seconds);
       CHECK(spmd->memory.total() == shared.memory(layout).total());
@@ -173,7 +157,6 @@ void checkAgainstFreshEvaluators(const Case& c, size_t steps) {
       if (layout.axes.count(dim)) partial.axes[dim] = layout.axes.at(dim);
     double bound = freshEvaluator()->lowerBound(partial, assigned);
     CHECK(same(shared.lowerBound(partial, assigned), bound));
-    CHECK(same(second.lowerBound(partial, assigned), bound));
     if (k < dims.size()) { // and stopped early at a cutoff, as the branch and bound asks
       CHECK(same(shared.lowerBound(partial, assigned, bound / 2),
                  freshEvaluator()->lowerBound(partial, assigned, bound / 2)));
