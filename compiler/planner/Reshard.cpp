@@ -262,7 +262,10 @@ std::optional<ReshardPath> planReshard(const ir::TensorType& type, const TensorL
     size_t steps = 0;
     bool done = false;
     int64_t previous = -1; // the state it was reached from (an index into `states`)
-    ReshardStep step;
+    /// The step from there, without its layout after (the state itself: copied into the path
+    /// only when one is returned, not each time a better way to a state is found).
+    Collective collective;
+    double stepSeconds = 0;
   };
   // The states reached, each once, named by an index in the queue and the back links (copying
   // a layout per queue entry and per link was most of a search's time).
@@ -299,8 +302,10 @@ std::optional<ReshardPath> planReshard(const ir::TensorType& type, const TensorL
       ReshardPath path;
       path.seconds = seconds;
       for (int64_t at = static_cast<int64_t>(index); reached[size_t(at)].previous >= 0;
-           at = reached[size_t(at)].previous)
-        path.steps.push_back(reached[size_t(at)].step);
+           at = reached[size_t(at)].previous) {
+        const Reached& link = reached[size_t(at)];
+        path.steps.push_back(ReshardStep{link.collective, *states[size_t(at)], link.stepSeconds});
+      }
       std::reverse(path.steps.begin(), path.steps.end());
       return path;
     }
@@ -314,7 +319,8 @@ std::optional<ReshardPath> planReshard(const ir::TensorType& type, const TensorL
       there.seconds = total;
       there.steps = steps + 1;
       there.previous = static_cast<int64_t>(index);
-      there.step = ReshardStep{std::move(collective), next, edgeSeconds};
+      there.collective = std::move(collective);
+      there.stepSeconds = edgeSeconds;
       queue.emplace(total, steps + 1, order++, nextIndex);
     });
   }

@@ -1097,8 +1097,12 @@ struct PlanEvaluator::Impl {
       if (param.trainable && modelBackward_) trainable_[param.value] = true;
     for (int64_t size : dimSizes_)
       maxSplit_.push_back(maxDivisorSplit(size));
-    for (uint32_t i = 0; i < fn.ops.size(); ++i) // after findPartners: its dims are final
+    size_t longestKey = 0;
+    for (uint32_t i = 0; i < fn.ops.size(); ++i) { // after findPartners: its dims are final
       opKeys_.add(fn.ops[i].operands, involved_[i], fn.ops[i].result);
+      longestKey = std::max(longestKey, opKeys_.keySize(i));
+    }
+    keyScratch_.assign(longestKey, 0);
     // The lower bound's terms and the repeated segments are made when a search first needs
     // them: an engine that only lowers (lowerToSpmd: the ZeRO forms, the final plans of
     // tests) never reads them, and at 96 layers they were a third of its construction.
@@ -1146,6 +1150,7 @@ struct PlanEvaluator::Impl {
   /// bound's operand states.
   AllReduceChains chains_;
   std::vector<int> boundStateOf_;
+  std::vector<char> boundNamed_; // per dim: named among a bound's assigned dims
   class WalkScratch {
   public:
     explicit WalkScratch(size_t numValues)
@@ -1180,6 +1185,16 @@ struct PlanEvaluator::Impl {
   std::optional<Layout> lastLayout_;
   EvalResult lastResult_;
   SpmdFunction scratch_; // evaluate()'s lowering, to merge
+  /// The operand lists of scratch_'s last ops, which the next exact costing's ops take over.
+  std::vector<std::vector<SpmdValueId>> spareOperands_;
+  /// An operand list of `size` zeros, reusing a spare one's memory when there is one.
+  std::vector<SpmdValueId> operandBuffer(size_t size) {
+    if (spareOperands_.empty()) return std::vector<SpmdValueId>(size, 0);
+    std::vector<SpmdValueId> buffer = std::move(spareOperands_.back());
+    spareOperands_.pop_back();
+    buffer.assign(size, 0);
+    return buffer;
+  }
 
   // Repeated segments (RepeatedSegments.h): a walk without an SPMD function to write replays a
   // copy of a repeated op sequence (a layer, its backward, its updates) from a memoized walk of
@@ -1323,7 +1338,10 @@ private:
 
   int internState(const TensorLayout& layout) {
     auto [it, inserted] = stateIdOf_.try_emplace(layout, static_cast<int>(states_.size()));
-    if (inserted) states_.push_back(layout);
+    if (inserted) {
+      states_.push_back(layout);
+      partialSumState_.push_back(!layout.partialAxes.empty() && !layout.partialIsMax);
+    }
     return it->second;
   }
 
@@ -1428,11 +1446,16 @@ private:
   std::vector<std::pair<double, std::vector<int>>> optimizerTerms_;
 
   std::vector<TensorLayout> states_;
+  /// Per state: whether it is a partial sum (not a max), which resolveOnce asks of every operand
+  /// of an op that reads a shared partial, on every walk.
+  std::vector<char> partialSumState_;
   std::map<TensorLayout, int> stateIdOf_;
   std::map<AxisList, int> axesIdOf_;
   std::unordered_map<std::vector<int>, OpPlan, VectorHash> opMemo_;
   OpKeyTable<OpPlan, OpCost> opKeys_; // per op: what its key reads, and its last key
-  std::vector<int> key_;              // scratch for planOf
+  /// planOf's key: written in keyScratch_ (sized for the longest key once: no resizing per op),
+  /// copied into key_ only to look up or file a plan when it is not the op's last.
+  std::vector<int> keyScratch_, key_;
   std::map<std::tuple<int, int, int>, const ReshardEntry*> reshardMemo_; // by (type, from, to)
   ReshardMemo sharedReshards_{machine_, mesh_};
 };
@@ -1486,8 +1509,8 @@ const OpPlan& PlanEvaluator::Impl::planOf(uint32_t i, const std::vector<int>& di
                                           const std::vector<int>& stateOf, OpRules& rules) {
   const ir::Op& op = fn_.ops[i];
   std::span<const ir::ValueId> operands = opKeys_.operands(i);
-  key_.resize(opKeys_.keySize(i));
-  int* key = key_.data();
+  size_t keySize = opKeys_.keySize(i);
+  int* key = keyScratch_.data();
   key[0] = staticIds_[i];
   key[1] = static_cast<int>(phases_[i]);
   // A partial sum that several ops read is resolved where it is first read, and every reader
@@ -1496,8 +1519,9 @@ const OpPlan& PlanEvaluator::Impl::planOf(uint32_t i, const std::vector<int>& di
   // for each; a norm's input gradient read only by its gain's and bias's gradients stays lazy
   // (they are summed before they are resolved). A partial read once stays lazy.
   int eagerMask = 0;
-  for (size_t k = 0; readsShared_[i] && k < operands.size() && k < 30; ++k)
-    if (resolveOnce(operands[k], stateOf[operands[k]])) eagerMask |= 1 << k;
+  if (readsShared_[i])
+    for (size_t k = 0; k < operands.size() && k < 30; ++k)
+      if (resolveOnce(operands[k], stateOf[operands[k]])) eagerMask |= 1 << k;
   key[2] = eagerMask;
   int partnerState = partner_[i] >= 0 ? stateOf[partner_[i]] : -1;
   key[3] = partnerState; // a later sum's axes come from dims in involved_
@@ -1509,6 +1533,7 @@ const OpPlan& PlanEvaluator::Impl::planOf(uint32_t i, const std::vector<int>& di
   // Neighbouring layouts of a search mostly give an op the same key as last time: compared
   // first, before hashing.
   if (const OpPlan* last = opKeys_.lastPlan(i, key)) return *last;
+  key_.assign(key, key + keySize);
   auto memo = opMemo_.find(key_);
   if (memo != opMemo_.end()) {
     // The map's nodes stay put.
@@ -1855,12 +1880,11 @@ EvalResult PlanEvaluator::Impl::run(const Layout& layout, SpmdFunction* out, dou
   // The layout itself: known axes, each at most once per dim.
   for (const std::string& dim : dimNames_) {
     const AxisList& axes = layout.of(dim);
-    std::set<std::string> seen;
-    for (const std::string& axis : axes) {
-      if (mesh_.axisIndex(axis) < 0)
-        result.problems.push_back({LayoutProblem::Kind::UnknownAxis, dim, {axis}});
-      else if (!seen.insert(axis).second)
-        result.problems.push_back({LayoutProblem::Kind::AxisTwice, dim, {axis}});
+    for (auto axis = axes.begin(); axis != axes.end(); ++axis) {
+      if (mesh_.axisIndex(*axis) < 0)
+        result.problems.push_back({LayoutProblem::Kind::UnknownAxis, dim, {*axis}});
+      else if (std::find(axes.begin(), axis, *axis) != axis) // listed before (a few axes at most)
+        result.problems.push_back({LayoutProblem::Kind::AxisTwice, dim, {*axis}});
     }
   }
   if (!result.problems.empty()) {
@@ -1984,7 +2008,8 @@ EvalResult PlanEvaluator::Impl::run(const Layout& layout, SpmdFunction* out, dou
       SpmdOp op;
       op.kind = SpmdOp::Kind::Collective;
       op.collective = step.collective;
-      op.operands = {current};
+      op.operands = operandBuffer(1);
+      op.operands[0] = current;
       op.result = newValue(fn_.typeOf(value), step.after, fn_.values[value].name);
       if (describe_) op.loc = loc;
       op.sourceOp = opIndex;
@@ -2020,7 +2045,8 @@ EvalResult PlanEvaluator::Impl::run(const Layout& layout, SpmdFunction* out, dou
 
     double temporary = 0;
     std::span<const ir::ValueId> operands = opKeys_.operands(i);
-    std::vector<SpmdValueId> operandIds(out ? operands.size() : 0, 0);
+    std::vector<SpmdValueId> operandIds =
+        out ? operandBuffer(operands.size()) : std::vector<SpmdValueId>{};
     for (size_t k = 0; k < operands.size(); ++k) {
       ir::ValueId operand = operands[k];
       const TensorLayout& from = states_[stateOf[operand]];
@@ -2111,7 +2137,8 @@ EvalResult PlanEvaluator::Impl::run(const Layout& layout, SpmdFunction* out, dou
       SpmdOp collective;
       collective.kind = SpmdOp::Kind::Collective;
       collective.collective = post.collective;
-      collective.operands = {spmdOf[op.result]};
+      collective.operands = operandBuffer(1);
+      collective.operands[0] = spmdOf[op.result];
       collective.result = spmdOf[op.result];
       if (describe_) collective.loc = op.loc;
       collective.sourceOp = i;
@@ -2324,6 +2351,10 @@ EvalResult PlanEvaluator::Impl::evaluate(const Layout& layout, double cutoff, bo
   // layers) keep their memory from one exact costing to the next.
   std::vector<SpmdOp> ops = std::move(scratch_.ops);
   std::vector<SpmdValue> values = std::move(scratch_.values);
+  // So do its ops' operand lists (one per op: tens of thousands allocated and freed per exact
+  // costing otherwise).
+  for (SpmdOp& op : ops)
+    if (op.operands.capacity() > 0) spareOperands_.push_back(std::move(op.operands));
   ops.clear();
   values.clear();
   scratch_ = SpmdFunction{};
@@ -2451,9 +2482,17 @@ double PlanEvaluator::Impl::lowerBound(const Layout& partial,
   // pay their latency once per group of axes, as if all merged (MergeCollectives.h); a sum whose
   // partner is not known is not known either (widenToPartner). With every dim that matters
   // assigned, the bound is the cost itself.
-  if (std::all_of(relevantDims_.begin(), relevantDims_.end(), [&](const std::string& dim) {
-        return std::find(assignedDims.begin(), assignedDims.end(), dim) != assignedDims.end();
-      })) {
+  // The relevant dims are those of size > 1 (relevantDims_), found by index, not by comparing
+  // every relevant name with every assigned one (a search asks tens of thousands of bounds).
+  std::vector<char>& named = boundNamed_;
+  named.assign(dimNames_.size(), 0);
+  for (const std::string& dim : assignedDims)
+    if (auto it = dimIndex_.find(dim); it != dimIndex_.end())
+      named[static_cast<size_t>(it->second)] = 1;
+  bool allRelevant = true;
+  for (size_t d = 0; d < dimNames_.size() && allRelevant; ++d)
+    allRelevant = dimSizes_[d] <= 1 || named[d];
+  if (allRelevant) {
     const EvalResult& result = resultFor(partial, cutoff);
     return result.ok ? result.summary.stepSeconds : kInfinity;
   }
@@ -2474,9 +2513,9 @@ double PlanEvaluator::Impl::lowerBound(const Layout& partial,
     auto it = dimIndex_.find(dim);
     if (it == dimIndex_.end()) continue;
     const AxisList& axes = partial.of(dim);
-    std::set<std::string> seen;
-    for (const std::string& axis : axes)
-      if (mesh_.axisIndex(axis) < 0 || !seen.insert(axis).second) return kInfinity;
+    for (auto axis = axes.begin(); axis != axes.end(); ++axis)
+      if (mesh_.axisIndex(*axis) < 0 || std::find(axes.begin(), axis, *axis) != axis)
+        return kInfinity;
     assigned[it->second] = true;
     dimAxesIds[it->second] = internAxes(axes);
     split[it->second] = static_cast<double>(std::max<int64_t>(splitFactor(mesh_, axes), 1));
@@ -2641,8 +2680,7 @@ void PlanEvaluator::Impl::prepareSharedPartials() {
 }
 
 bool PlanEvaluator::Impl::resolveOnce(ir::ValueId value, int stateId) {
-  if (sharedOf_[value] < 0 || stateId < 0) return false;
-  if (states_[stateId].partialAxes.empty() || states_[stateId].partialIsMax) return false;
+  if (sharedOf_[value] < 0 || stateId < 0 || !partialSumState_[stateId]) return false;
   const SharedPartial& shared = shared_[sharedOf_[value]];
   if (shared.resolvedAnyway) return true;
   uint64_t key = uint64_t(uint32_t(shared.signature)) << 32 | uint32_t(stateId);
