@@ -207,19 +207,17 @@ def main():
                    f"{measured:.3f}", f"{predicted:.3f}",
                    f"{measured / predicted:.2f}" if predicted else "", f"{model:.3f}",
                    spread(per_round, m, name, "sequential", p, predicted))
-            if args.busy_baseline:
-                busy = timed.get("beside busy cores")
-                beside = 1 - busy / (p * timed[name]) if busy else None
-                row += (f"{busy:.1f}" if busy else "failed",
-                        f"{beside:.3f}" if busy else "",
-                        f"{beside / predicted:.2f}" if busy and predicted else "",
-                        spread(per_round, m, name, "beside busy cores", p, predicted))
-            if args.one_core_baseline:
-                serial = timed.get("one core")
-                idle = 1 - serial / (p * timed[name]) if serial else None
-                row += (f"{serial:.1f}" if serial else "failed", f"{idle:.3f}" if serial else "",
-                        f"{idle / predicted:.2f}" if serial and predicted else "",
-                        spread(per_round, m, name, "one core", p, predicted))
+            # Each further baseline: its step, the bubble against it, that bubble's ratio to the
+            # formula and the ratio's range over single rounds.
+            for baseline, wanted in (("beside busy cores", args.busy_baseline),
+                                     ("one core", args.one_core_baseline)):
+                if not wanted:
+                    continue
+                base = timed.get(baseline)
+                bubble = 1 - base / (p * timed[name]) if base else None
+                row += (f"{base:.1f}" if base else "failed", f"{bubble:.3f}" if base else "",
+                        f"{bubble / predicted:.2f}" if base and predicted else "",
+                        spread(per_round, m, name, baseline, p, predicted))
             rows.append(row)
     header = ("m", "pipelined ms", "sequential ms", "bubble measured", "bubble predicted",
               "measured/predicted", "model's bubble", "rounds' ratios")
