@@ -187,6 +187,20 @@ GemmFit fitGemmShape(const llvm::json::Array& small, double peak) {
   return fit;
 }
 
+/// The fixed cost of each matrix after the first of a batched GEMM (the cost model's
+/// gemm_batch_seconds): the probe's batch of small matrices less what gemmSeconds charges it
+/// without the term (each matrix's FLOPs at the shape's rate, one call's latency), per matrix
+/// after the first; >= 0.
+double gemmBatchSeconds(const llvm::json::Object& batched, double peak, const GemmFit& fit) {
+  double batch = batched.getNumber("batch").getValueOr(0), m = batched.getNumber("m").getValueOr(0),
+         n = batched.getNumber("n").getValueOr(0), k = batched.getNumber("k").getValueOr(0);
+  double seconds = batched.getNumber("seconds").getValueOr(0);
+  double smallest = std::min({m, n, k});
+  if (batch <= 1 || smallest <= 0 || seconds <= 0 || peak <= 0) return 0;
+  double flopSeconds = batch * 2 * m * n * k / peak * (1 + fit.shapeDim / smallest);
+  return std::max(0.0, (seconds - flopSeconds - fit.latencySeconds) / (batch - 1));
+}
+
 /// What one collective costs on top of alpha when thread ranks outnumber the cores: an
 /// iteration of the probe (a loop, then a 4-byte all-reduce) less the loop's share of the cores
 /// (its time alone times ranks / cores) and the all-reduce's 2 alpha. `iterationKey` names the
@@ -303,6 +317,9 @@ int calibrateCommand(const char* argv0) {
   if (const llvm::json::Array* small = report->getArray("gemm_small"))
     gemmFit = fitGemmShape(*small, peak);
   double gemmLatency = gemmFit.latencySeconds;
+  double gemmBatch = 0;
+  if (const llvm::json::Object* batched = report->getObject("gemm_batched"))
+    gemmBatch = gemmBatchSeconds(*batched, peak, gemmFit);
   double syncSeconds = 0, sharedSyncSeconds = -1;
   if (const llvm::json::Object* over = report->getObject("oversubscribed")) {
     syncSeconds =
@@ -354,6 +371,7 @@ int calibrateCommand(const char* argv0) {
       {"cache_bandwidth", cacheBandwidth},
       {"gemm_latency_seconds", gemmLatency},
       {"gemm_shape_dim", gemmFit.shapeDim},
+      {"gemm_batch_seconds", gemmBatch},
       {"oversubscribed_sync_seconds", syncSeconds},
       {"vector_flops", vectorFlops},
       {"transcendental_flops", transcendentalFlops},
@@ -385,7 +403,9 @@ int calibrateCommand(const char* argv0) {
                  "and written per second), an update-like fused loop (AdamW: 4 arrays read, 3 "
                  "written) over arrays filling half of the last-level cache's share per core "
                  "(cache_bandwidth), GEMMs of 16^3 to 128^3 fitted to "
-                 "flops / peak (1 + gemm_shape_dim / size) + gemm_latency_seconds, all-reduce, "
+                 "flops / peak (1 + gemm_shape_dim / size) + gemm_latency_seconds, a batch of "
+                 "16 GEMMs of 16 x 16 x 8 (attention's layout, the batch between rows and terms) "
+                 "less that per matrix after the first (gemm_batch_seconds), all-reduce, "
                  "reduce-scatter and all-gather "
                  "from 4 B on {} ranks fitted to the alpha-beta formulas (the worst sample is "
                  "{:.2f}x off the fit), and on the threads backend {} thread ranks (twice the "
@@ -419,10 +439,11 @@ int calibrateCommand(const char* argv0) {
   out.keep();
   stage(fmt::format("peak {:.1f} GFLOP/s, bandwidth {:.1f} GB/s, alpha {:.2f} us, link {:.1f} GB/s",
                     peak / 1e9, bandwidth / 1e9, link.alphaSeconds * 1e6, link.bandwidth / 1e9));
-  stage(fmt::format("cache {:.0f} KiB at {:.1f} GB/s, GEMM latency {:.2f} us and shape dim {:.1f}, "
+  stage(fmt::format("cache {:.0f} KiB at {:.1f} GB/s, GEMM latency {:.2f} us, shape dim {:.1f} "
+                    "and {:.2f} us per batched matrix, "
                     "oversubscribed sync {:.2f} us ({:.2f} us on one core)",
                     cacheBytes / 1024, cacheBandwidth / 1e9, gemmLatency * 1e6, gemmFit.shapeDim,
-                    syncSeconds * 1e6, std::max(0.0, sharedSyncSeconds) * 1e6));
+                    gemmBatch * 1e6, syncSeconds * 1e6, std::max(0.0, sharedSyncSeconds) * 1e6));
   if (vectorFlops > 0)
     stage(fmt::format(
         "loops {:.1f} GFLOP/s, transcendental {:.1f} FLOPs, random {:.1f} FLOPs, normal "

@@ -64,11 +64,12 @@ private:
       for (int64_t d : right)
         if (!contains(left, d) && needed(d)) step.dims.push_back(d);
     }
-    double points = 1, m = 1, n = 1, k = 1;
+    double points = 1, m = 1, n = 1, k = 1, batches = 1;
     auto visit = [&](int64_t d, bool inLeft, bool inRight) {
       double size = double(sizes_[size_t(d)]);
       points *= size;
       bool kept = contains(step.dims, d);
+      if (inLeft && inRight && kept) batches *= size;
       if (inLeft && inRight && !kept) k *= size;
       if (inLeft && !inRight && kept) m *= size;
       if (inRight && !inLeft && kept) n *= size;
@@ -79,6 +80,7 @@ private:
       if (!contains(left, d)) visit(d, false, true);
     step.flops = 2 * points;
     step.smallest = std::min({m, n, k});
+    step.batches = batches;
     step.elements = elementsOf(step.dims);
     step.leftElements = elementsOf(left);
     step.rightElements = elementsOf(right);

@@ -21,6 +21,7 @@ struct ContractionStep {
   std::vector<int64_t> dims;  // the result's dims in storage order (last step: the output's)
   double flops = 0;           // 2 x the product of the sizes of every dim of both terms
   double smallest = 1;        // the GEMM's smallest of m, n and k per batch element
+  double batches = 1;         // its batch: the product of the dims of both terms and the result
   int64_t elements = 1;       // the result's elements
   int64_t leftElements = 1, rightElements = 1; // the terms'
 };

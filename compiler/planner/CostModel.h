@@ -23,9 +23,12 @@ double computeSeconds(const Machine& machine, double flops, double bytes, ir::DT
 /// unknown), its FLOPs run at peak / (1 + gemmShapeDim / smallestDim): small GEMMs reach less of
 /// the peak than the large ones that measured it. A bf16/f16 GEMM on a CPU machine without
 /// peak_flops_bf16 is priced as the C++ target runs it, in double (2x the FLOP time, plus a
-/// pass converting the operands and the result).
+/// pass converting the operands and the result). A batch of `batches` matrices, none of m, n
+/// and k of 1 (`smallestDim` > 1), pays machine.gemmBatchSeconds for each matrix after the
+/// first: the library sets each one up (batches of outer products, GEMVs and dot products run as
+/// meshrt's loops, Einsum.cpp degenerateBatched, and pay nothing more).
 double gemmSeconds(const Machine& machine, double flops, double bytes, ir::DType dtype,
-                   double smallestDim = 0);
+                   double smallestDim = 0, double batches = 1);
 
 /// An einsum that code generation contracts pairwise (Contraction.h: three or more operands, or
 /// an output dim no operand has): each step a GEMM (gemmSeconds, its terms' and result's bytes),

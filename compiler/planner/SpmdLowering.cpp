@@ -777,15 +777,18 @@ private:
     }
   }
 
-  /// The smallest of a two-operand einsum's GEMM dims per batch element, from the local sizes
-  /// of its dims: m (dims of the first operand and the result only), n (the second's and the
-  /// result's) and k (both operands', summed); dims of all three are the batch.
-  double smallestGemmDim(const ir::Op& op,
-                         const std::map<std::string, std::pair<int64_t, int64_t>>& sizes) const {
+  /// A two-operand einsum's GEMM shape from the local sizes of its dims: the smallest of m
+  /// (dims of the first operand and the result only), n (the second's and the result's) and k
+  /// (both operands', summed), per batch element, and the batch (dims of all three).
+  struct GemmShape {
+    double smallest = 0, batches = 1;
+  };
+  GemmShape gemmShape(const ir::Op& op,
+                      const std::map<std::string, std::pair<int64_t, int64_t>>& sizes) const {
     const ir::TensorType& a = fn_.typeOf(op.operands[0]);
     const ir::TensorType& b = fn_.typeOf(op.operands[1]);
     const ir::TensorType& result = fn_.typeOf(op.result);
-    double m = 1, n = 1, k = 1;
+    double m = 1, n = 1, k = 1, batches = 1;
     for (const auto& [name, size] : sizes) {
       bool inA = a.hasDim(name), inB = b.hasDim(name), inResult = result.hasDim(name);
       double local = static_cast<double>(size.second);
@@ -795,8 +798,10 @@ private:
         m *= local;
       else if (inB && !inA && inResult)
         n *= local;
+      else if (inA && inB && inResult)
+        batches *= local;
     }
-    return std::min({m, n, k});
+    return {std::min({m, n, k}), batches};
   }
 
   /// An op other than a GEMM as the generated code runs it (machines that model loops): a share
@@ -852,7 +857,7 @@ private:
 
     ir::DType dtype = resultType.dtype;
     double localElements = 1, globalElements = 1;
-    double gemmSmallest = 0;                // a two-operand einsum's smallest of m, n and k
+    GemmShape gemmDims;                     // a two-operand einsum's GEMM shape
     std::optional<Contraction> contraction; // an einsum that codegen contracts pairwise
     switch (op.kind) {
     case OpKind::Input:
@@ -878,7 +883,7 @@ private:
       }
       out.globalFlops = op.operands.size() > 1 ? 2.0 * globalElements : globalElements;
       out.flops = op.operands.size() > 1 ? 2.0 * localElements : localElements;
-      if (op.operands.size() == 2) gemmSmallest = smallestGemmDim(op, sizes);
+      if (op.operands.size() == 2) gemmDims = gemmShape(op, sizes);
       if (op.operands.size() >= 2) {
         // What codegen's contract-pairwise pass runs: a chain of GEMMs (Contraction.h). An
         // output dim no operand has takes its size from the result.
@@ -959,7 +964,8 @@ private:
                                   static_cast<double>(localBytes(resultType, out.result, mesh_) /
                                                       dtypeBytes(resultType.dtype)),
                                   dtype)
-         : gemm  ? gemmSeconds(machine_, out.flops, out.bytes, dtype, gemmSmallest)
+         : gemm  ? gemmSeconds(machine_, out.flops, out.bytes, dtype, gemmDims.smallest,
+                               gemmDims.batches)
          : loops ? kernelSeconds(op, out)
                  : computeSeconds(machine_, out.flops, out.bytes, dtype)) *
         oversubscription_;

@@ -685,6 +685,7 @@ def calibrate():
         # measured (>= 0) and announced.
         expect(all(machine[key] >= 0 for key in ["cache_bytes", "cache_bandwidth",
                                                   "gemm_latency_seconds",
+                                                  "gemm_batch_seconds",
                                                   "oversubscribed_sync_seconds",
                                                   "shared_core_sync_seconds"]),
                f"the refinements are written: {machine}")

@@ -410,6 +410,68 @@ TEST_CASE("cost model: a GEMM's efficiency by its smallest dim", "[cost]") {
   CHECK(m.gemmShapeDim == Approx(16));
 }
 
+TEST_CASE("cost model: a batched GEMM pays the machine's cost per matrix", "[cost]") {
+  Machine m = parsed(kLoopsJson);
+  CHECK(m.gemmBatchSeconds == 0); // absent: batches cost as before
+  CHECK(gemmSeconds(m, 2e3, 100, ir::DType::F32, 64, 16) == Approx(2.5e-6 + 5e-6));
+  m.gemmBatchSeconds = 1e-6;
+  // 16 matrices of smallest dim 64 (2000 FLOPs in all): the FLOPs at 1 / (1 + 16/64) of the
+  // peak, one call, and 15 matrices after the first at 1 us each.
+  CHECK(gemmSeconds(m, 2e3, 100, ir::DType::F32, 64, 16) == Approx(2.5e-6 + 5e-6 + 15e-6));
+  CHECK(gemmSeconds(m, 2e3, 100, ir::DType::F32, 64, 1) == Approx(2.5e-6 + 5e-6));
+  CHECK(gemmSeconds(m, 2e3, 100, ir::DType::F32, 64) == Approx(2.5e-6 + 5e-6));
+  // A batch of outer products, GEMVs or dot products (a dim of 1) runs as meshrt's loops.
+  CHECK(gemmSeconds(m, 2e3, 100, ir::DType::F32, 1, 16) == Approx(2e-6 * 17 + 5e-6));
+  Machine read = parsed(R"({
+    "name": "b", "devices": 1, "peak_flops": 1e9, "memory_bandwidth": 1e9, "memory_bytes": 1e9,
+    "gemm_batch_seconds": 4e-7, "intra": {"name": "l", "alpha_seconds": 0, "bandwidth": 1}
+  })");
+  CHECK(read.gemmBatchSeconds == Approx(4e-7));
+}
+
+TEST_CASE("lowering: attention's batched GEMMs pay per local matrix", "[cost][lowering]") {
+  // Scores over [batch, heads]: 4 x 2 matrices of 8 x 8 x 4, split over `a` by batch.
+  Analyzed program(R"(
+mesh m[a = 2]
+dim batch = 4
+dim heads = 2
+dim q = 8
+dim k = 8
+dim e = 4
+program scores(x: f32[batch, q, heads, e], y: f32[batch, k, heads, e]) -> (s: f32[batch, heads, q, k]) {
+  s = einsum(x, y -> batch, heads, q, k)
+}
+)");
+  const ir::Function& fn = program.fn("scores");
+  Machine m = parsed(kLoopsJson);
+  auto einsumSeconds = [&](const Machine& machine, int64_t ranks) {
+    Layout layout;
+    layout.axes["batch"] = {"a"};
+    std::optional<SpmdFunction> spmd =
+        lowerToSpmd(*program.module, fn, meshOf({{"a", ranks}}), layout, machine, program.diag);
+    REQUIRE(spmd);
+    for (const SpmdOp& op : spmd->ops)
+      if (op.kind == SpmdOp::Kind::Compute && op.computeKind == ir::OpKind::Einsum)
+        return op.seconds;
+    FAIL("no einsum");
+    return 0.0;
+  };
+  Machine batched = m;
+  batched.gemmBatchSeconds = 1e-6;
+  // One rank: 8 matrices (7 after the first); two ranks: 4 each (3).
+  CHECK(einsumSeconds(batched, 1) == Approx(einsumSeconds(m, 1) + 7e-6));
+  CHECK(einsumSeconds(batched, 2) == Approx(einsumSeconds(m, 2) + 3e-6));
+  // The search's lower bound stays a bound.
+  std::vector<std::string> dims = {"batch", "heads", "q", "k", "e"};
+  Mesh mesh = meshOf({{"a", 2}});
+  SearchResult oracle = bruteForceLayout(*program.module, fn, mesh, batched, Layout{}, dims, {});
+  std::optional<SearchResult> found =
+      searchLayout(*program.module, fn, mesh, batched, Layout{}, dims, {}, program.diag);
+  REQUIRE(found);
+  CHECK(found->exact);
+  CHECK(found->stepSeconds == Approx(oracle.stepSeconds).epsilon(1e-9));
+}
+
 TEST_CASE("cost model: a bf16 GEMM on a CPU without a bf16 rate runs in double", "[cost]") {
   Machine m = parsed(kLoopsJson);
   // The C++ target's einsum2Double: 2000 FLOPs (1 + 16/64 for its shape) at half the f32 rate,

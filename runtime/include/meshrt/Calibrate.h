@@ -7,6 +7,7 @@
 //    "gemm": [{"m": 1024, "n": 1024, "k": 1024, "flops_per_s": ...}, ...],
 //    "stream_bytes_per_s": ..., "cache_bytes": ..., "cache_stream_bytes_per_s": ...,
 //    "gemm_small": [{"m": 32, ..., "seconds": ...}, ...],
+//    "gemm_batched": {"batch": 16, "m": 16, "n": 16, "k": 8, "seconds": ...},
 //    "collectives": [{"kind": "all_reduce", "bytes": 4, "seconds": ...}, ...],
 //    "loops": {"vector_flops": ..., "transcendental_element_seconds": ...,
 //              "dropout_element_seconds": ..., "normal_element_seconds": ..., "call_seconds": ...,
@@ -68,6 +69,23 @@ inline double gemmFlopsPerSecond(int64_t m, int64_t n, int64_t k, int repetition
     best = std::min(best, secondsSince(start));
   }
   return 2.0 * double(m) * double(n) * double(k) / best;
+}
+
+/// Best time of a batched GEMM as attention runs it: out[batch, m, n] = a[m, batch, k] .
+/// b[n, batch, k] (the batch, e.g. heads, between the rows and the terms, as in [seq, heads,
+/// d_head]), through the einsum generated code calls, on one thread. Against gemmSeconds' one
+/// matrix it shows what the library pays per matrix of a batch.
+inline double batchedGemmSeconds(int64_t batch, int64_t m, int64_t n, int64_t k, int repetitions) {
+  kernels::EinsumPlan plan({{batch, m, n, k}, {{{1, 0, 3}}, {{2, 0, 3}}}, {{0, 1, 2}}});
+  std::vector<float> a(batch * m * k, 0.5f), b(batch * k * n, 0.25f), out(batch * m * n);
+  plan.run(a.data(), b.data(), out.data()); // warm-up: the library's first call sets up
+  double best = 1e30;
+  for (int r = 0; r < repetitions; ++r) {
+    Clock::time_point start = Clock::now();
+    plan.run(a.data(), b.data(), out.data());
+    best = std::min(best, secondsSince(start));
+  }
+  return best;
 }
 
 /// Best rate (bytes read and written per second) of the elementwise loop generated code runs
@@ -491,6 +509,13 @@ inline int probeMain(int argc, char** argv) {
       double seconds = gemmSeconds(size, quick ? 20 : 100);
       gemmSmall += (gemmSmall.empty() ? "" : ", ") + gemmJson(size, "seconds", seconds);
     }
+    // Attention's shape in the examples: 16 heads' (or batch x heads') matrices of 16 x 16 x 8.
+    constexpr int64_t kBatch = 16, kRows = 16, kCols = 16, kTerms = 8;
+    double batched = batchedGemmSeconds(kBatch, kRows, kCols, kTerms, quick ? 20 : 200);
+    std::string gemmBatched =
+        "{\"batch\": " + std::to_string(kBatch) + ", \"m\": " + std::to_string(kRows) +
+        ", \"n\": " + std::to_string(kCols) + ", \"k\": " + std::to_string(kTerms) +
+        ", \"seconds\": " + number(batched) + "}";
     LoopRates loops = loopRates(quick ? 20 : 200);
     std::string collectives = collectivesJson(times);
     long pages = sysconf(_SC_PHYS_PAGES), pageSize = sysconf(_SC_PAGE_SIZE);
@@ -501,8 +526,8 @@ inline int probeMain(int argc, char** argv) {
              gemm + "], \"stream_bytes_per_s\": " + number(stream) +
              ", \"cache_bytes\": " + std::to_string(cacheBytes) +
              ", \"cache_stream_bytes_per_s\": " + number(cacheStream) + ", \"gemm_small\": [" +
-             gemmSmall + "], \"collectives\": [" + collectives + "]" +
-             ", \"loops\": {\"vector_flops\": " + number(loops.vectorFlops) +
+             gemmSmall + "], \"gemm_batched\": " + gemmBatched + ", \"collectives\": [" +
+             collectives + "]" + ", \"loops\": {\"vector_flops\": " + number(loops.vectorFlops) +
              ", \"transcendental_element_seconds\": " + number(loops.transcendentalElementSeconds) +
              ", \"dropout_element_seconds\": " + number(loops.dropoutElementSeconds) +
              ", \"normal_element_seconds\": " + number(loops.normalElementSeconds) +
