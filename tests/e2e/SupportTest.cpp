@@ -661,6 +661,38 @@ TEST_CASE("dropout keeps exactly meshrt::dropoutKeep's elements on any shard",
     }
 }
 
+TEST_CASE("oneHot sets each id's position, on any shard and with the one-hot dim anywhere",
+          "[codegen][support]") {
+  // ids [2, 3, 4] (whole numbers in and out of range, a fraction, NaN, infinities) one-hot over
+  // a dim of 6 in every position of the output, for the shards starting at 0 and 3 of a dim of
+  // 9, and a position stride of 2; each against the definition, element by element.
+  Buffer ids = {0,   1,        2,         3, 4, 5, 6, 7, 8, 9, -1, 2.5f,
+                NAN, INFINITY, -INFINITY, 3, 3, 3, 0, 5, 8, 1, 4,  2};
+  const Shape idSizes = {2, 3, 4};
+  for (size_t dim = 0; dim <= 3; ++dim)
+    for (int64_t start : {0, 3})
+      for (int64_t stride : {1, 2}) {
+        Shape outSizes = idSizes, idStrides = {12, 4, 1}, positions(4, 0);
+        outSizes.insert(outSizes.begin() + long(dim), 6);
+        idStrides.insert(idStrides.begin() + long(dim), 0);
+        positions[dim] = stride;
+        Buffer out(size_t(meshc::gen::product(outSizes)), NAN), want(out.size());
+        meshc::gen::oneHot(out.data(), outSizes, ids.data(), idStrides, positions, start);
+        Shape outStrides = meshc::gen::rowMajorStrides(outSizes);
+        for (int64_t flat = 0; flat < int64_t(want.size()); ++flat) {
+          int64_t idOffset = 0, position = start;
+          for (size_t d = 0; d < 4; ++d) {
+            int64_t index = flat / outStrides[d] % outSizes[d];
+            idOffset += index * idStrides[d];
+            position += index * positions[d];
+          }
+          want[size_t(flat)] = ids[size_t(idOffset)] == float(position) ? 1.0f : 0.0f;
+        }
+        INFO("one-hot dim " << dim << ", start " << start << ", stride " << stride);
+        requireClose(out, want, 0);
+      }
+}
+
 TEST_CASE("gather and scatterAdd compute the einsums of a one-hot tensor", "[codegen][support]") {
   // ids [2, 3] over a vocab block [1, 5) of a global vocab of 8 (ids outside it select nothing);
   // the one-hot tensor [2, 3, v=4] times a table [v, d=5] (gather), and a gradient [2, 3, d]
