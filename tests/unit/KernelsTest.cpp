@@ -233,6 +233,19 @@ TEST_CASE("einsum: batches of outer products, GEMVs and dot products run as loop
   // [b, s, d] (d the rows, f the terms), run as its transpose.
   EinsumSpec column2 = spec({2, 3, 5, 4}, {{0, 1, 2, 3}, {0, 1, 2}}, {0, 1, 3});
   CHECK(checkEinsum(column2, randomOperands(column2, 26)).find(" loops") != std::string::npos);
+  // Contiguous dots with the term counts fixed at compile time (8, 16, 32, 64) and one that is
+  // not (24), as performer's backward: grad[b, s, d] kv[b, s, f, d] -> [b, s, f] (M = 1, b's
+  // columns contiguous) and kv[b, s, f, d] v[b, s, d] -> [b, s, f] (N = 1, a's rows contiguous:
+  // its dots run along f with the operands traded).
+  for (int64_t terms : {8, 16, 24, 32, 64}) {
+    INFO(terms << " terms");
+    EinsumSpec rowDots = spec({2, 3, 5, terms}, {{0, 1, 3}, {0, 1, 2, 3}}, {0, 1, 2});
+    CHECK(checkEinsum(rowDots, randomOperands(rowDots, 27)) ==
+          "gemm batch=6 m=1 n=5 k=" + std::to_string(terms) + " a=N b=T loops");
+    EinsumSpec columnDots = spec({2, 3, 5, terms}, {{0, 1, 2, 3}, {0, 1, 3}}, {0, 1, 2});
+    CHECK(checkEinsum(columnDots, randomOperands(columnDots, 28)) ==
+          "gemm batch=6 m=5 n=1 k=" + std::to_string(terms) + " a=N b=N loops");
+  }
   // One batch stays a library GEMM (one call).
   EinsumSpec single = spec({5, 4}, {{0}, {1}}, {0, 1});
   CHECK(checkEinsum(single, randomOperands(single, 25)) == "gemm batch=1 m=5 n=4 k=1 a=N b=N");
