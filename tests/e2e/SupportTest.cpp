@@ -193,6 +193,20 @@ TEST_CASE("ops along a split dim match the whole lane", "[codegen][support]") {
     for (int r = 0; r < ranks; ++r)
       requireClose(outs[size_t(r)], blockOf(expected, sizes, 1, r, ranks), 1e-5f);
   }
+  SECTION("a group of one rank is the whole lane, the same path") {
+    // On [1] (the lane's axes of size 1) the generated code still passes the group: it must
+    // take the whole lane's contiguous rows, not the strided walk with an all-gather.
+    for (Along kind : {Along::Softmax, Along::LogSoftmax, Along::LayerNorm, Along::Cumsum,
+                       Along::CumsumExclusive}) {
+      INFO("along kind " << int(kind));
+      Buffer out(global.size());
+      onRanks(1, [&](meshrt::Communicator& world) {
+        meshc::gen::along(out.data(), global.data(), {3}, {8}, {8}, {8}, {1}, {1}, kind, 1e-5, 8,
+                          &world);
+      });
+      requireClose(out, alongWhole(global, kind), 0);
+    }
+  }
   SECTION("logsumexp over a split dim") {
     Buffer expected(3);
     meshc::gen::reduce(expected.data(), {3}, global.data(), {8}, {8}, {1},

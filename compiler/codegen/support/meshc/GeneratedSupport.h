@@ -1712,6 +1712,10 @@ inline void along(float* out, const float* in, const Shape& outer, const Shape& 
                   const Shape& outOuter, const Shape& lane, const Shape& inLane,
                   const Shape& outLane, Along kind, double eps, int64_t globalLaneCount,
                   meshrt::Communicator* group) {
+  // A group of one rank (the lane's axes of size 1, e.g. `vocab: model` on [1]) splits nothing:
+  // the lane is whole, and the contiguous rows below apply (a log_softmax over vocab = 64 took
+  // the strided per-element walk at 8 ns an element on [1], 2x the row kernel).
+  if (group && group->size() <= 1) group = nullptr;
   // A whole unit-stride lane (the usual softmax and layer_norm over the innermost dim): rows
   // of contiguous elements, walked directly so that the compiler vectorizes them; rows one
   // lane apart (the usual layout) need no table of their offsets.
