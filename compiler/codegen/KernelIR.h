@@ -163,7 +163,9 @@ struct Gemm {
   /// of `block`, block i only against the positions below (i + 1) * block along dims[col] (the
   /// key positions), the lower triangle of blocks. `Scores`: col is an out dim whose entries
   /// above the blocks' diagonal only a masked softmax reads, which replaces them (the mask is
-  /// zero there), so they are left out of the GEMM and written as `fill`. `Context`: col is
+  /// zero there), so they are left out of the GEMM and written as `fill`, or not written at all
+  /// when `fillAbove` is false (the softmax is a causalMaskedSoftmax, which never reads them).
+  /// `Context`: col is
   /// contracted with operand `weights` (that softmax's result), which is zero above the
   /// diagonal unless a whole row was masked: a row block whose weights are all zero there
   /// skips those positions, any other takes them all (checked at run time, so the result is
@@ -173,8 +175,9 @@ struct Gemm {
     Kind kind = Kind::None;
     int64_t row = -1, col = -1; // indices into dims
     int64_t block = 0;
-    int64_t weights = -1; // Context: the operand whose zeros above the diagonal are checked
-    double fill = 0;      // Scores: the value written above the blocks' diagonal
+    int64_t weights = -1;  // Context: the operand whose zeros above the diagonal are checked
+    double fill = 0;       // Scores: the value written above the blocks' diagonal
+    bool fillAbove = true; // Scores: whether it is written (false: nothing reads it)
     bool operator==(const Causal&) const = default;
   };
   Causal causal;
