@@ -137,9 +137,14 @@ int main() {
       bestMicroseconds([&] { causalScores.run(q.data(), k.data(), blocked.data(), 0.125f); }),
       bestMicroseconds(
           [&] { causalContext.run(weights.data(), v.data(), blockedContext.data(), 1.0f); }));
-  meshc::gen::CausalEinsum unfilledScores(scoresSpec, 2, 4, 32, -1, -1e9f, /*fillAbove=*/false);
+  meshc::gen::CausalEinsum unfilledScores(scoresSpec, 2, 4, 32, -1, -1e9f, /*fillAbove=*/false),
+      uniformContext(contextSpec, 2, 3, 32, 0, 0.0f, true, /*uniformTails=*/true);
   std::printf("%-44s %10.1f\n", "CausalEinsum scores, above unwritten", bestMicroseconds([&] {
                 unfilledScores.run(q.data(), k.data(), blocked.data(), 0.125f);
+              }));
+  std::printf("%-44s %10s %10.1f\n", "CausalEinsum context, one check per row", "",
+              bestMicroseconds([&] {
+                uniformContext.run(weights.data(), v.data(), blockedContext.data(), 1.0f);
               }));
 
   // The softmax between them: where(mask, scores, -1e9) along the keys, the causal mask

@@ -302,7 +302,8 @@ void causalAttentionBlocks(KernelFunction& fn) {
                                     .row = query,
                                     .col = key,
                                     .block = kCausalBlock,
-                                    .weights = int64_t(p)};
+                                    .weights = int64_t(p),
+                                    .uniformTails = true};
         break;
       }
     }

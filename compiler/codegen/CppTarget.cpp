@@ -161,7 +161,9 @@ public:
         std::string causal = file.causalEinsum(fmt::format(
             "{}, {}, {}, {}, {}, {}{}", spec, gemm.causal.row, gemm.causal.col, gemm.causal.block,
             scores ? -1 : gemm.causal.weights, floatLiteral(scores ? gemm.causal.fill : 0.0),
-            scores && !gemm.causal.fillAbove ? ", false" : ""));
+            scores && !gemm.causal.fillAbove      ? ", false"
+            : !scores && gemm.causal.uniformTails ? ", true, true"
+                                                  : ""));
         return out + fmt::format("{}.run({}, {}, {}.data(), {});\n", causal, pointers[0],
                                  pointers[1], name(gemm.out), floatLiteral(gemm.alpha));
       }

@@ -178,6 +178,10 @@ struct Gemm {
     int64_t weights = -1;  // Context: the operand whose zeros above the diagonal are checked
     double fill = 0;       // Scores: the value written above the blocks' diagonal
     bool fillAbove = true; // Scores: whether it is written (false: nothing reads it)
+    /// Context: the weights are a causalMaskedSoftmax's, whose entries past each row's prefix
+    /// are all equal (zero unless the row fell back), so one entry per row past its block's
+    /// diagonal tells whether that row's weights there are all zero.
+    bool uniformTails = false;
     bool operator==(const Causal&) const = default;
   };
   Causal causal;

@@ -843,15 +843,20 @@ TEST_CASE("CausalEinsum: the attention GEMMs over the lower triangle of blocks, 
   }
   SECTION("context: the whole einsum, also where a row's weights above the diagonal are not "
           "zero (a wholly masked row's are uniform)") {
-    meshc::gen::CausalEinsum causal(context, 2, 3, block, 0, 0.0f);
+    // uniformTails: the weights' entries past each row's diagonal block all equal (a
+    // causalMaskedSoftmax's, as these are), so one per row is checked.
+    meshc::gen::CausalEinsum causal(context, 2, 3, block, 0, 0.0f),
+        uniform(context, 2, 3, block, 0, 0.0f, true, /*uniformTails=*/true);
     for (bool masked : {false, true}) {
       INFO("a wholly masked row: " << masked);
       if (masked) // query 40 of batch 1, head 0 (block 1): uniform weights
         std::fill_n(weights.begin() + ((1 * heads + 0) * size + 40) * size, size, 1.0f / size);
-      Buffer expected(q.size()), blocked(q.size(), 7.0f);
+      Buffer expected(q.size()), blocked(q.size(), 7.0f), checkedOnce(q.size(), 7.0f);
       meshrt::kernels::EinsumPlan(context).run(weights.data(), v.data(), expected.data());
       causal.run(weights.data(), v.data(), blocked.data(), 1.0f);
+      uniform.run(weights.data(), v.data(), checkedOnce.data(), 1.0f);
       requireClose(blocked, expected);
+      requireClose(checkedOnce, expected);
     }
   }
 }

@@ -899,6 +899,7 @@ TEST_CASE("causal-attention-blocks: the scores and probs . v GEMMs of a causal m
     CHECK(context.col == 3); // mem, contracted
     CHECK(context.block == 32);
     CHECK(context.weights == 0);
+    CHECK(context.uniformTails); // the weights are the causalMaskedSoftmax's
     // A train step's: cast(tokens >= 0) stored into an f32 buffer of its own first (finite).
     Attention stored(64);
     BufferId valid = stored.b.buffer(64);

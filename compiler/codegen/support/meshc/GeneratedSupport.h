@@ -888,13 +888,14 @@ private:
 /// entries above the diagonal are zero unless a whole row was masked; query block i is taken
 /// against the key positions below (i + 1) * block when its weights above are all zero, against
 /// every key position otherwise (so the result is the whole einsum's, up to the order of the
-/// sums).
+/// sums). With `uniformTails` (the weights are a causalMaskedSoftmax's: past each row's prefix,
+/// which ends within its block, its entries are all equal) one entry per row tells that.
 class CausalEinsum {
 public:
   CausalEinsum(meshrt::kernels::EinsumSpec spec, int row, int col, int64_t block, int weights,
-               float fill, bool fillAbove = true)
+               float fill, bool fillAbove = true, bool uniformTails = false)
       : spec_(std::move(spec)), row_(row), col_(col), block_(block), weights_(weights), fill_(fill),
-        fillAbove_(fillAbove) {}
+        fillAbove_(fillAbove), uniformTails_(uniformTails) {}
 
   void run(const float* a, const float* b, float* out, float alpha) const {
     std::call_once(once_, [this] { plan(); });
@@ -906,6 +907,7 @@ public:
       forSegments(size_t(weights_), weights_ ? b : a,
                   [&](const float* x, int64_t n, int64_t stride, int64_t i) {
                     if (whole[size_t(i)]) return;
+                    if (uniformTails_) n = 1; // the rest of the row's tail equals its first
                     // Any nonzero bit pattern (-0 too: then every key, as exact), one OR
                     // per element (a contiguous run vectorizes).
                     uint32_t bits = 0;
@@ -1031,7 +1033,7 @@ private:
   int64_t block_;
   int weights_;
   float fill_;
-  bool fillAbove_;
+  bool fillAbove_, uniformTails_;
   mutable std::once_flag once_;
   mutable std::vector<Block> blocks_;
   mutable int64_t size_ = 0;
