@@ -165,11 +165,10 @@ struct Gemm {
   /// above the blocks' diagonal only a masked softmax reads, which replaces them (the mask is
   /// zero there), so they are left out of the GEMM and written as `fill`, or not written at all
   /// when `fillAbove` is false (the softmax is a causalMaskedSoftmax, which never reads them).
-  /// `Context`: col is
-  /// contracted with operand `weights` (that softmax's result), which is zero above the
-  /// diagonal unless a whole row was masked: a row block whose weights are all zero there
-  /// skips those positions, any other takes them all (checked at run time, so the result is
-  /// the full einsum's). A target may ignore it and compute the whole einsum.
+  /// `Context`: col is contracted with operand `weights` (that softmax's result), which is zero
+  /// above the diagonal unless a whole row was masked: a row block whose weights are all zero
+  /// there skips those positions, any other takes them all (checked at run time, so the result
+  /// is the full einsum's). A target may ignore it and compute the whole einsum.
   struct Causal {
     enum class Kind { None, Scores, Context };
     Kind kind = Kind::None;
