@@ -2,15 +2,20 @@
 // (batch 4, heads 2, seq = mem = 128, d_head 64): the whole einsum through EinsumPlan, each way
 // of splitting the lower triangle of blocks into GEMMs (query-row blocks or key-column blocks,
 // 16, 32 and 64 positions), and support::CausalEinsum (causal-attention-blocks' split, with its
-// fill and its run-time check), whose values are checked against the whole einsum first. One
-// thread; the best of 300 calls each (docs/codegen.md, bench/README.md).
+// fill and its run-time check), whose values are checked against the whole einsum first; then the
+// masked softmax between them, over whole rows and over each row's keys (causalMaskedSoftmax).
+// One thread; the best of 300 calls each (docs/codegen.md, bench/README.md).
 //
 //   OMP_NUM_THREADS=1 taskset -c 1 build/bench/bench_causal_blocks
+// The softmax calls below pass literal sizes, as the generated code does; GCC 12 propagates them
+// into the row kernels' tail loops and warns of iterations that cannot happen there.
+#pragma GCC diagnostic ignored "-Waggressive-loop-optimizations"
 #include "meshc/GeneratedSupport.h"
 
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <random>
 
 namespace {
@@ -135,5 +140,41 @@ int main() {
       bestMicroseconds([&] { causalScores.run(q.data(), k.data(), blocked.data(), 0.125f); }),
       bestMicroseconds(
           [&] { causalContext.run(weights.data(), v.data(), blockedContext.data(), 1.0f); }));
+  meshc::gen::CausalEinsum unfilledScores(scoresSpec, 2, 4, 32, -1, -1e9f, /*fillAbove=*/false),
+      uniformContext(contextSpec, 2, 3, 32, 0, 0.0f, true, /*uniformTails=*/true);
+  std::printf("%-44s %10.1f\n", "CausalEinsum scores, above unwritten", bestMicroseconds([&] {
+                unfilledScores.run(q.data(), k.data(), blocked.data(), 0.125f);
+              }));
+  std::printf("%-44s %10s %10.1f\n", "CausalEinsum context, one check per row", "",
+              bestMicroseconds([&] {
+                uniformContext.run(weights.data(), v.data(), blockedContext.data(), 1.0f);
+              }));
+
+  // The softmax between them: where(mask, scores, -1e9) along the keys, the causal mask
+  // [batch, seq, mem] broadcast over the heads (lm's `allowed > 0.5`); maskedSoftmax over whole
+  // rows against causalMaskedSoftmax over each row's prefix (the same values to the bit).
+  std::vector<float> mask(size_t(kBatch * kSize * kSize)), probs(weights.size()),
+      causalProbs(weights.size());
+  for (size_t i = 0; i < mask.size(); ++i)
+    mask[i] = int64_t(i) % kSize <= int64_t(i) / kSize % kSize ? 1.0f : 0.0f;
+  causalScores.run(q.data(), k.data(), blocked.data(), 0.125f);
+  const meshc::gen::Shape outer = {kBatch, kHeads, kSize}, maskOuter = {kSize * kSize, 0, kSize};
+  meshc::gen::maskedSoftmax(probs.data(), blocked.data(), mask.data(), outer, maskOuter, kSize, 1,
+                            -1e9f);
+  meshc::gen::causalMaskedSoftmax(causalProbs.data(), blocked.data(), mask.data(), outer, maskOuter,
+                                  kSize, 1, -1e9f, 2);
+  std::printf("causalMaskedSoftmax against maskedSoftmax: %s\n",
+              std::memcmp(probs.data(), causalProbs.data(), probs.size() * sizeof(float)) == 0
+                  ? "the same bits"
+                  : "DIFFERENT");
+  std::printf("%-44s %10s\n", "softmax rows (best of 300, one thread)", "us");
+  std::printf("%-44s %10.1f\n", "maskedSoftmax (whole rows)", bestMicroseconds([&] {
+                meshc::gen::maskedSoftmax(probs.data(), blocked.data(), mask.data(), outer,
+                                          maskOuter, kSize, 1, -1e9f);
+              }));
+  std::printf("%-44s %10.1f\n", "causalMaskedSoftmax (each row's prefix)", bestMicroseconds([&] {
+                meshc::gen::causalMaskedSoftmax(causalProbs.data(), blocked.data(), mask.data(),
+                                                outer, maskOuter, kSize, 1, -1e9f, 2);
+              }));
   return 0;
 }

@@ -241,7 +241,7 @@ void causalAttentionBlocks(KernelFunction& fn) {
   std::vector<std::vector<size_t>> readers = readerLists(fn.body, fn.buffers.size());
   std::vector<int> writers = fn.writerCounts();
   for (size_t k = 0; k < fn.body.size(); ++k) {
-    const Call* softmax = std::get_if<Call>(&fn.body[k].node);
+    Call* softmax = std::get_if<Call>(&fn.body[k].node);
     if (!softmax || softmax->callee != Callee::MaskedSoftmax || softmax->args.size() != 8) continue;
     // maskedSoftmax(out, in, mask, outer, maskOuter, size, maskLane, fill): the mask as an
     // access over [outer..., size].
@@ -259,6 +259,10 @@ void causalAttentionBlocks(KernelFunction& fn) {
       continue;
     size_t row = size_t(dims->first);
     BufferId scores = softmax->args[1].buffer, weights = softmax->out;
+    // The softmax over the keys each row sees: where(mask, x, fill) is the fill past the query
+    // position whatever the scores there, so they are never read.
+    softmax->callee = Callee::CausalMaskedSoftmax;
+    softmax->args.push_back(Arg{.kind = Arg::Kind::Int, .value = double(row)});
 
     // The scores: written by a GEMM for this softmax alone, densely over [outer..., size].
     if (writers[size_t(scores)] == 1 && readers[size_t(scores)] == std::vector<size_t>{k} &&
@@ -272,7 +276,8 @@ void causalAttentionBlocks(KernelFunction& fn) {
                                       .row = gemm->outDims[row],
                                       .col = gemm->outDims.back(),
                                       .block = kCausalBlock,
-                                      .fill = softmax->args[7].value};
+                                      .fill = softmax->args[7].value,
+                                      .fillAbove = false};
         break;
       }
 
@@ -297,7 +302,8 @@ void causalAttentionBlocks(KernelFunction& fn) {
                                     .row = query,
                                     .col = key,
                                     .block = kCausalBlock,
-                                    .weights = int64_t(p)};
+                                    .weights = int64_t(p),
+                                    .uniformTails = true};
         break;
       }
     }

@@ -1,10 +1,12 @@
-// Pass causal-attention-blocks: causal attention's two GEMMs over the lower triangle of blocks.
-// A maskedSoftmax whose mask is provably zero wherever the key position exceeds the query
-// position (the causal mask: a comparison of two iotas, cast, multiplied by finite values or
-// compared with a non-negative threshold, through loops and persistent buffers) reads scores
-// that a GEMM writes for it alone: that GEMM computes each block of query rows only against the
-// key blocks up to its own (Gemm::Causal::Scores; the entries above are written as the fill,
-// which the softmax would put there anyway). A GEMM that contracts the key positions of that
+// Pass causal-attention-blocks: causal attention's two GEMMs over the lower triangle of blocks,
+// and its softmax over the keys each row sees. A maskedSoftmax whose mask is provably zero
+// wherever the key position exceeds the query position (the causal mask: a comparison of two
+// iotas, cast, multiplied by finite values or compared with a non-negative threshold, through
+// loops and persistent buffers) becomes a causalMaskedSoftmax (row q reads its scores only up to
+// key q, rounded up to 16, and writes zeros past them when that is exact: the same values). If
+// it reads scores that a GEMM writes for it alone, that GEMM computes each block of query rows
+// only against the key blocks up to its own (Gemm::Causal::Scores, the entries above left
+// unwritten: the softmax never reads them). A GEMM that contracts the key positions of that
 // softmax's result with another operand (probs . v) is marked Gemm::Causal::Context: a row block
 // whose weights above the diagonal are all zero skips them (checked at run time: a wholly masked
 // row's weights are uniform). Only for f32 GEMMs of two operands with beta 0 and no epilogue,

@@ -159,8 +159,11 @@ public:
         // Over the lower triangle of key blocks (causal-attention-blocks).
         bool scores = gemm.causal.kind == kir::Gemm::Causal::Kind::Scores;
         std::string causal = file.causalEinsum(fmt::format(
-            "{}, {}, {}, {}, {}, {}", spec, gemm.causal.row, gemm.causal.col, gemm.causal.block,
-            scores ? -1 : gemm.causal.weights, floatLiteral(scores ? gemm.causal.fill : 0.0)));
+            "{}, {}, {}, {}, {}, {}{}", spec, gemm.causal.row, gemm.causal.col, gemm.causal.block,
+            scores ? -1 : gemm.causal.weights, floatLiteral(scores ? gemm.causal.fill : 0.0),
+            scores && !gemm.causal.fillAbove      ? ", false"
+            : !scores && gemm.causal.uniformTails ? ", true, true"
+                                                  : ""));
         return out + fmt::format("{}.run({}, {}, {}.data(), {});\n", causal, pointers[0],
                                  pointers[1], name(gemm.out), floatLiteral(gemm.alpha));
       }

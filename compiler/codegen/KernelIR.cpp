@@ -495,13 +495,14 @@ private:
       return d >= 0 && size_t(d) < gemm.dims.size() ? gemm.dims[size_t(d)] : "?";
     };
     if (gemm.causal.kind == Gemm::Causal::Kind::Scores)
-      causal =
-          fmt::format(" causal scores (rows {}, cols {}, block {}, fill {})", dim(gemm.causal.row),
-                      dim(gemm.causal.col), gemm.causal.block, gemm.causal.fill);
+      causal = fmt::format(" causal scores (rows {}, cols {}, block {}, {})", dim(gemm.causal.row),
+                           dim(gemm.causal.col), gemm.causal.block,
+                           gemm.causal.fillAbove ? fmt::format("fill {}", gemm.causal.fill)
+                                                 : std::string("unwritten above"));
     else if (gemm.causal.kind == Gemm::Causal::Kind::Context)
-      causal = fmt::format(" causal context (rows {}, cols {}, block {}, weights operand {})",
+      causal = fmt::format(" causal context (rows {}, cols {}, block {}, weights operand {}{})",
                            dim(gemm.causal.row), dim(gemm.causal.col), gemm.causal.block,
-                           gemm.causal.weights);
+                           gemm.causal.weights, gemm.causal.uniformTails ? ", uniform tails" : "");
     out += fmt::format("  gemm {}{} = {} : {} ({}){}\n", name(gemm.out), named(gemm.outDims),
                        gemm.gelu ? "gelu(" + value + ")" : value, ir::dtypeName(gemm.dtype),
                        fmt::join(sizes, " "), causal);

@@ -163,18 +163,24 @@ struct Gemm {
   /// of `block`, block i only against the positions below (i + 1) * block along dims[col] (the
   /// key positions), the lower triangle of blocks. `Scores`: col is an out dim whose entries
   /// above the blocks' diagonal only a masked softmax reads, which replaces them (the mask is
-  /// zero there), so they are left out of the GEMM and written as `fill`. `Context`: col is
-  /// contracted with operand `weights` (that softmax's result), which is zero above the
-  /// diagonal unless a whole row was masked: a row block whose weights are all zero there
-  /// skips those positions, any other takes them all (checked at run time, so the result is
-  /// the full einsum's). A target may ignore it and compute the whole einsum.
+  /// zero there), so they are left out of the GEMM and written as `fill`, or not written at all
+  /// when `fillAbove` is false (the softmax is a causalMaskedSoftmax, which never reads them).
+  /// `Context`: col is contracted with operand `weights` (that softmax's result), which is zero
+  /// above the diagonal unless a whole row was masked: a row block whose weights are all zero
+  /// there skips those positions, any other takes them all (checked at run time, so the result
+  /// is the full einsum's). A target may ignore it and compute the whole einsum.
   struct Causal {
     enum class Kind { None, Scores, Context };
     Kind kind = Kind::None;
     int64_t row = -1, col = -1; // indices into dims
     int64_t block = 0;
-    int64_t weights = -1; // Context: the operand whose zeros above the diagonal are checked
-    double fill = 0;      // Scores: the value written above the blocks' diagonal
+    int64_t weights = -1;  // Context: the operand whose zeros above the diagonal are checked
+    double fill = 0;       // Scores: the value written above the blocks' diagonal
+    bool fillAbove = true; // Scores: whether it is written (false: nothing reads it)
+    /// Context: the weights are a causalMaskedSoftmax's, whose entries past each row's prefix
+    /// are all equal (zero unless the row fell back), so one entry per row past its block's
+    /// diagonal tells whether that row's weights there are all zero.
+    bool uniformTails = false;
     bool operator==(const Causal&) const = default;
   };
   Causal causal;

@@ -311,6 +311,45 @@ TEST_CASE("fused row kernels compute what the row kernel and the loop next to it
       CHECK(fused[size_t(3 * size + 2)] == 1.0f); // the one unmasked element of a masked row
     }
   }
+  SECTION("causalMaskedSoftmax: maskedSoftmax's values to the bit, its scores read only up to "
+          "each row's query position") {
+    // [batch 2, heads 2, seq = mem = 40] (a prefix of 16 or 32 keys, or the whole row, which
+    // 40 is no multiple of 16), the mask [batch, seq, mem] causal and broadcast over the heads:
+    // scores above the diagonal are NaN (causalMaskedSoftmax must not read them, maskedSoftmax
+    // replaces them by the fill). Batch 1's query 5 wholly masked (uniform weights over every
+    // key: the fallback to the whole row), query 9 of batch 0 with one more key masked, a NaN
+    // score in one row and an inf in another (NaN rows, as the whole row's); then a fill close to
+    // the scores (e^(fill - max) not 0: every row falls back) and a fill of -inf.
+    const int64_t batch = 2, heads = 2, size = 40;
+    const Shape outer = {batch, heads, size}, maskOuter = {size * size, 0, size};
+    Buffer x = randomBuffer(size_t(batch * heads * size * size), 22);
+    Buffer mask(size_t(batch * size * size));
+    for (int64_t b = 0; b < batch; ++b)
+      for (int64_t s = 0; s < size; ++s)
+        for (int64_t m = 0; m < size; ++m)
+          mask[size_t((b * size + s) * size + m)] = m <= s ? 1.0f : 0.0f;
+    std::fill_n(mask.begin() + (size + 5) * size, size, 0.0f); // batch 1, query 5
+    mask[size_t(9 * size + 3)] = 0;                            // batch 0, query 9, key 3
+    for (size_t i = 0; i < x.size(); ++i)
+      if (int64_t(i) % size > int64_t(i) / size % size) x[i] = NAN;
+    x[size_t((1 * size + 20) * size + 7)] = NAN;      // batch 0, head 1, query 20
+    x[size_t((2 * size + 30) * size + 2)] = INFINITY; // batch 1, head 0, query 30
+    for (float fill : {-1e9f, -3.0f, -INFINITY}) {
+      INFO("fill " << fill);
+      Buffer expected(x.size()), causal(x.size(), 7.0f);
+      meshc::gen::maskedSoftmax(expected.data(), x.data(), mask.data(), outer, maskOuter, size, 1,
+                                fill);
+      meshc::gen::causalMaskedSoftmax(causal.data(), x.data(), mask.data(), outer, maskOuter, size,
+                                      1, fill, 2);
+      CHECK(std::memcmp(causal.data(), expected.data(), x.size() * sizeof(float)) == 0);
+      CHECK(std::isnan(causal[size_t((1 * size + 20) * size + 7)]));
+      if (fill == -1e9f) {
+        CHECK(std::isnan(causal[size_t((1 * size + 20) * size + 30)]));   // past the query too
+        CHECK(causal[size_t((0 * size + 10) * size + 39)] == 0.0f);       // past the query: 0
+        CHECK(causal[size_t((2 * size + 5) * size + 39)] == 1.0f / size); // wholly masked
+      }
+    }
+  }
 }
 
 TEST_CASE("softmax along a split dim: one all-gather of the blocks' statistics, any maxima",
@@ -835,17 +874,35 @@ TEST_CASE("CausalEinsum: the attention GEMMs over the lower triangle of blocks, 
         REQUIRE(blocked[i] == Approx(expected[i]).margin(1e-5).epsilon(1e-5));
     }
   }
+  SECTION("scores for a causalMaskedSoftmax: the entries above the blocks' diagonal unwritten") {
+    Buffer expected(weights.size()), blocked(weights.size(), 7.0f);
+    meshrt::kernels::EinsumPlan(scores).run(q.data(), k.data(), expected.data(), 0.125f);
+    meshc::gen::CausalEinsum(scores, 2, 4, block, -1, -1e9f, /*fillAbove=*/false)
+        .run(q.data(), k.data(), blocked.data(), 0.125f);
+    for (size_t i = 0; i < blocked.size(); ++i) {
+      INFO("element " << i << ": query " << queryOf(i) << ", key " << keyOf(i));
+      if (keyOf(i) / block > queryOf(i) / block)
+        REQUIRE(blocked[i] == 7.0f);
+      else
+        REQUIRE(blocked[i] == Approx(expected[i]).margin(1e-5).epsilon(1e-5));
+    }
+  }
   SECTION("context: the whole einsum, also where a row's weights above the diagonal are not "
           "zero (a wholly masked row's are uniform)") {
-    meshc::gen::CausalEinsum causal(context, 2, 3, block, 0, 0.0f);
+    // uniformTails: the weights' entries past each row's diagonal block all equal (a
+    // causalMaskedSoftmax's, as these are), so one per row is checked.
+    meshc::gen::CausalEinsum causal(context, 2, 3, block, 0, 0.0f),
+        uniform(context, 2, 3, block, 0, 0.0f, true, /*uniformTails=*/true);
     for (bool masked : {false, true}) {
       INFO("a wholly masked row: " << masked);
       if (masked) // query 40 of batch 1, head 0 (block 1): uniform weights
         std::fill_n(weights.begin() + ((1 * heads + 0) * size + 40) * size, size, 1.0f / size);
-      Buffer expected(q.size()), blocked(q.size(), 7.0f);
+      Buffer expected(q.size()), blocked(q.size(), 7.0f), checkedOnce(q.size(), 7.0f);
       meshrt::kernels::EinsumPlan(context).run(weights.data(), v.data(), expected.data());
       causal.run(weights.data(), v.data(), blocked.data(), 1.0f);
+      uniform.run(weights.data(), v.data(), checkedOnce.data(), 1.0f);
       requireClose(blocked, expected);
+      requireClose(checkedOnce, expected);
     }
   }
 }

@@ -887,12 +887,19 @@ TEST_CASE("causal-attention-blocks: the scores and probs . v GEMMs of a causal m
     CHECK(scores.col == 4); // mem
     CHECK(scores.block == 32);
     CHECK(scores.fill == -1e9);
+    CHECK(!scores.fillAbove); // the softmax reads none of it
+    // The softmax over the keys each row sees: its query position is outer dim 2 (seq).
+    const Call& softmax = std::get<Call>(a.b.fn.body[a.softmax].node);
+    CHECK(softmax.callee == Callee::CausalMaskedSoftmax);
+    REQUIRE(softmax.args.size() == 9);
+    CHECK(softmax.args[8].value == 2);
     const Gemm::Causal& context = a.gemm(a.contextGemm).causal;
     CHECK(context.kind == Gemm::Causal::Kind::Context);
     CHECK(context.row == 2); // seq
     CHECK(context.col == 3); // mem, contracted
     CHECK(context.block == 32);
     CHECK(context.weights == 0);
+    CHECK(context.uniformTails); // the weights are the causalMaskedSoftmax's
     // A train step's: cast(tokens >= 0) stored into an f32 buffer of its own first (finite).
     Attention stored(64);
     BufferId valid = stored.b.buffer(64);
@@ -910,6 +917,9 @@ TEST_CASE("causal-attention-blocks: the scores and probs . v GEMMs of a causal m
           Gemm::Causal::Kind::Scores);
     // Everything else as it was.
     Attention plain(64);
+    Call& plainSoftmax = std::get<Call>(plain.b.fn.body[plain.softmax].node);
+    plainSoftmax.callee = Callee::CausalMaskedSoftmax;
+    plainSoftmax.args.push_back(Arg{.kind = Arg::Kind::Int, .value = 2});
     for (size_t k = 0; k < a.b.fn.body.size(); ++k)
       if (k != a.scoresGemm && k != a.contextGemm)
         CHECK(a.b.fn.body[k].node == plain.b.fn.body[k].node);
@@ -922,6 +932,8 @@ TEST_CASE("causal-attention-blocks: the scores and probs . v GEMMs of a causal m
       causalAttentionBlocks(a.b.fn);
       CHECK((a.gemm(a.scoresGemm).causal.kind == Gemm::Causal::Kind::Scores) == fires);
       CHECK((a.gemm(a.contextGemm).causal.kind == Gemm::Causal::Kind::Context) == fires);
+      CHECK((std::get<Call>(a.b.fn.body[a.softmax].node).callee == Callee::CausalMaskedSoftmax) ==
+            fires);
     }
   }
   SECTION("not blocked: seq not a multiple of the block or one block only, a factor that may be "

@@ -758,6 +758,15 @@ inline void maskedSoftmax(float* out, const float* in, const float* mask, const 
   meshc::cuda::along(out, where, {rows}, {size}, {size}, {size}, {1}, {1}, Along::Softmax, 0.0,
                      size, nullptr);
 }
+
+/// meshc::gen's causalMaskedSoftmax: the same values as maskedSoftmax, which this target
+/// computes over whole rows (the CUDA target computes causal attention's scores whole, so every
+/// score it would read is written).
+inline void causalMaskedSoftmax(float* out, const float* in, const float* mask, const Shape& outer,
+                                const Shape& maskOuter, int64_t size, int64_t maskLane, float fill,
+                                int64_t /*queryDim*/) {
+  maskedSoftmax(out, in, mask, outer, maskOuter, size, maskLane, fill);
+}
 #endif // __CUDACC__
 
 //===------------------------------------------------------------------------------------------===//

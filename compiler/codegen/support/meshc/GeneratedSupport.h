@@ -882,18 +882,20 @@ private:
 /// `weights` < 0 (the scores): `col` is an output dim; key block j is taken against the query
 /// rows from j * block on (fewer, taller GEMMs than row blocks: oneDNN's kernels are faster on
 /// tall blocks; bench/README.md), and the entries above the blocks' diagonal are written as
-/// `fill` (the masked softmax that alone reads them puts its fill there anyway).
+/// `fill` (the masked softmax that alone reads them puts its fill there anyway), or left as they
+/// are when `fillAbove` is false (the softmax is a causalMaskedSoftmax, which never reads them).
 /// `weights` >= 0 (probs . v): `col` is contracted with that operand, a softmax's result whose
 /// entries above the diagonal are zero unless a whole row was masked; query block i is taken
 /// against the key positions below (i + 1) * block when its weights above are all zero, against
 /// every key position otherwise (so the result is the whole einsum's, up to the order of the
-/// sums).
+/// sums). With `uniformTails` (the weights are a causalMaskedSoftmax's: past each row's prefix,
+/// which ends within its block, its entries are all equal) one entry per row tells that.
 class CausalEinsum {
 public:
   CausalEinsum(meshrt::kernels::EinsumSpec spec, int row, int col, int64_t block, int weights,
-               float fill)
-      : spec_(std::move(spec)), row_(row), col_(col), block_(block), weights_(weights),
-        fill_(fill) {}
+               float fill, bool fillAbove = true, bool uniformTails = false)
+      : spec_(std::move(spec)), row_(row), col_(col), block_(block), weights_(weights), fill_(fill),
+        fillAbove_(fillAbove), uniformTails_(uniformTails) {}
 
   void run(const float* a, const float* b, float* out, float alpha) const {
     std::call_once(once_, [this] { plan(); });
@@ -905,6 +907,7 @@ public:
       forSegments(size_t(weights_), weights_ ? b : a,
                   [&](const float* x, int64_t n, int64_t stride, int64_t i) {
                     if (whole[size_t(i)]) return;
+                    if (uniformTails_) n = 1; // the rest of the row's tail equals its first
                     // Any nonzero bit pattern (-0 too: then every key, as exact), one OR
                     // per element (a contiguous run vectorizes).
                     uint32_t bits = 0;
@@ -927,7 +930,7 @@ public:
       const auto& plan = whole[i] ? *blk.whole : blk.lower;
       plan.run(a + blk.offsets[0], b + blk.offsets[1], out + blk.offsets[2], alpha, 0.0f);
     }
-    if (weights_ < 0)
+    if (weights_ < 0 && fillAbove_)
       forSegments(2, out, [&](const float* x, int64_t n, int64_t stride, int64_t) {
         float* y = const_cast<float*>(x);
         if (stride == 1) {
@@ -1030,6 +1033,7 @@ private:
   int64_t block_;
   int weights_;
   float fill_;
+  bool fillAbove_, uniformTails_;
   mutable std::once_flag once_;
   mutable std::vector<Block> blocks_;
   mutable int64_t size_ = 0;
@@ -1268,6 +1272,22 @@ inline float maxRun(const float* x, int64_t count) {
   float partial[16];
   std::fill(partial, partial + 16, -INFINITY);
   int64_t i = 0;
+#if defined(__AVX512F__) && !defined(__CUDACC__)
+  // One 16-lane vector (GCC's vector extension; lane j takes the elements i + j as below, so
+  // the result is the same): GCC does not vectorize the loop below (a conditional on floats is
+  // no MAX_EXPR without -ffinite-math-only), which ran scalar at 0.27 ns per element, a fifth
+  // of a 128-key softmax row's time. Only with AVX-512: for SSE2 or AVX2 GCC lowers a 64-byte
+  // vector's conditional to ~7x slower code than the scalar loop.
+  using Float16 = float __attribute__((vector_size(64)));
+  Float16 lanes;
+  std::memcpy(&lanes, partial, sizeof lanes);
+  for (; i + 16 <= count; i += 16) {
+    Float16 v;
+    std::memcpy(&v, x + i, sizeof v);
+    lanes = v > lanes ? v : lanes;
+  }
+  std::memcpy(partial, &lanes, sizeof partial);
+#endif
   for (; i + 16 <= count; i += 16)
     for (int j = 0; j < 16; ++j)
       partial[j] = x[i + j] > partial[j] ? x[i + j] : partial[j];
@@ -1653,6 +1673,61 @@ inline void alongContiguous(float* out, const float* in, int64_t rows, const Row
     for (int64_t i = 0; i < size; ++i)
       y[i] = m[i * maskLane] != 0 ? x[i] : fill;
     softmaxRow(y, y, size);
+  }
+}
+
+/// maskedSoftmax of causal attention's scores, over the keys a row can see: the mask is known
+/// zero (causal-attention-blocks proved it) wherever the key position, the lane, exceeds the
+/// query position, the index of outer dim `queryDim`. Row q reads its scores and mask over the
+/// keys [0, q] rounded up to 16 (the prefix; where(mask, x, fill) is fill past it whatever x
+/// is, so the scores there are never read and need not be written) and writes zeros past it
+/// when e^(fill - max) is 0 in f32 (fill - max < -104: with fill -1e9, any row with a finite
+/// unmasked score): then every term past the prefix was an exact 0 in the whole row's max,
+/// exponentials, sum (adding 0 to sumLanes' lanes changes no bit) and scaling, so the values are
+/// maskedSoftmax's to the bit. Otherwise (a wholly masked row, a fill near the scores) the row
+/// is maskedSoftmax's, its tail the fill. Causal attention's rows see half their keys on average.
+[[gnu::noinline]] inline void causalMaskedSoftmax(float* out, const float* in, const float* mask,
+                                                  const Shape& outer, const Shape& maskOuter,
+                                                  int64_t size, int64_t maskLane, float fill,
+                                                  int64_t queryDim) {
+  int64_t rows = product(outer);
+  [[maybe_unused]] bool parallel = rows > 1 && rows * size >= detail::kParallelPoints;
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static) if (parallel)
+#endif
+  for (int64_t r = 0; r < rows; ++r) {
+    int64_t maskBase = 0, query = 0;
+    for (size_t d = outer.size(), rest = size_t(r); d-- > 0;) {
+      auto index = int64_t(rest % size_t(outer[d]));
+      maskBase += index * maskOuter[d];
+      if (int64_t(d) == queryDim) query = index;
+      rest /= size_t(outer[d]);
+    }
+    const float* x = in + r * size;
+    const float* m = mask + maskBase;
+    float* y = out + r * size;
+    // A multiple of sumLanes' 16 lanes, so that the prefix's terms take the lanes they take in
+    // the whole row.
+    int64_t prefix = std::min(size, (query + 16) / 16 * 16);
+    for (int64_t i = 0; i < prefix; ++i)
+      y[i] = m[i * maskLane] != 0 ? x[i] : fill;
+    float max = detail::maxRun(y, prefix);
+    if (prefix < size) max = fill > max ? fill : max;
+    if (!std::isfinite(max)) max = 0.0f;
+    if (prefix < size && meshrt::kernels::f32::exp(fill - max) != 0.0f) {
+      for (int64_t i = prefix; i < size; ++i)
+        y[i] = fill;
+      softmaxRow(y, y, size);
+      continue;
+    }
+    for (int64_t i = 0; i < prefix; ++i)
+      y[i] = meshrt::kernels::f32::exp(y[i] - max);
+    double sum = detail::sumLanes(y, prefix, [](float v) { return v; });
+    float inverse = float(1 / sum);
+    for (int64_t i = 0; i < prefix; ++i)
+      y[i] = y[i] * inverse;
+    for (int64_t i = prefix; i < size; ++i)
+      y[i] = 0.0f * inverse; // e^(fill - max) = 0, scaled: 0, or NaN where the sum is
   }
 }
 
