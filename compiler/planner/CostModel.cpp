@@ -40,7 +40,7 @@ double gemmSeconds(const Machine& machine, double flops, double bytes, ir::DType
                    machine.gemmLatencySeconds;
   if (inDouble) seconds += loopShareSeconds(machine, 0, 0, 3 * bytes, /*closesNest=*/true);
   // A batched GEMM of real matrices: oneDNN's batched matmul sets each one up (meshrt's
-  // DnnlGemm; about 0.3 us a matrix of attention's 16 x 16 x 8 here, 6x its FLOP time).
+  // DnnlGemm; about 0.4 us a matrix of attention's 16 x 16 x 8 here, 8x its FLOP time).
   if (batches > 1 && smallestDim > 1) seconds += (batches - 1) * machine.gemmBatchSeconds;
   return seconds;
 }
