@@ -703,8 +703,12 @@ inline Shape shardStartsOf(const meshrt::Mesh& mesh, int rank, const ParamShard&
 inline std::vector<meshrt::CheckpointTensor> checkpointTensors(std::vector<ParamShard>& shards) {
   std::vector<meshrt::CheckpointTensor> tensors;
   for (ParamShard& shard : shards) {
-    meshrt::CheckpointTensor tensor{shard.path, shard.dtype,        meshrt::DType::F32,
-                                    {},         shard.data->data(), shard.data->size()};
+    meshrt::CheckpointTensor tensor;
+    tensor.name = shard.path;
+    tensor.dtype = shard.dtype;
+    tensor.storage = meshrt::DType::F32;
+    tensor.data = shard.data->data();
+    tensor.count = shard.data->size();
     for (size_t d = 0; d < shard.dims.size(); ++d)
       tensor.dims.push_back({shard.dims[d], shard.globalShape[d], shard.axes[d]});
     tensor.heldAxis = shard.stageAxis;

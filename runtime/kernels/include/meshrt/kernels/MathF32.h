@@ -123,7 +123,8 @@ MESHRT_HD_INLINE float exp(float x) {
   // result takes a microcode assist (~150 cycles). A softmax over masked scores (-1e9 in half
   // of the causal attention's lanes) ran 3.9x slower for it (bench_mathf32's "exp masked").
   bool over = x > kMax, under = x < kMin, nan = x != x;
-  float clamped = select(over, kMax, select(under, 0.0f, x));
+  // nan takes the e^0 path too (its int conversion in pow2 would be undefined), then passes.
+  float clamped = select(over, kMax, select(under | nan, 0.0f, x));
   float result = expScaled(clamped, 0.0f);
   result = select(over, kInf, result);
   result = select(under, 0.0f, result);
@@ -202,7 +203,8 @@ MESHRT_HD_INLINE float gelu(float x) {
   float bounded = detail::select(x > 20.0f, 20.0f, detail::select(x < -20.0f, -20.0f, x));
   float t = bounded * (kTwoSqrt2OverPi + kCubic * (bounded * bounded));
   float magnitude = detail::absolute(t);
-  magnitude = detail::select(magnitude > 200.0f, 200.0f, magnitude); // e^-200 is 0 in f32
+  // e^-200 is 0 in f32; a nan x takes 200 too (finite steps; x * inverse stays nan).
+  magnitude = detail::select(!(magnitude <= 200.0f), 200.0f, magnitude);
   // e^{-|2u|} kept scaled by 2^64 so that it stays normal where x e^{2u} (x up to ~ -10) is
   // still a normal f32.
   float scaledE = detail::expScaled(-magnitude, 64.0f);
@@ -277,7 +279,7 @@ MESHRT_HD_INLINE float pow(float x, float y) {
   float a = absolute(x);
   // y's parity: |y| >= 2^24 is an even integer (whole = 0); below, the int conversion is exact.
   float ay = absolute(y);
-  bool big = ay >= 0x1p24f;
+  bool big = !(ay < 0x1p24f); // nan too: its int conversion would be undefined
   int32_t whole = int32_t(select(big, 0.0f, y));
   bool integer = big | (float(whole) == y);
   // log2|x|: |x| = m 2^e with m in [sqrt(0.5), sqrt(2)) split in f32 as log does, then the
@@ -304,7 +306,8 @@ MESHRT_HD_INLINE float pow(float x, float y) {
   double t = double(y) * (e + s * series * kTwoOverLn2);
   // 2^t = 2^n e^{f ln2}, n = round(t), |f| <= 0.5; clamped to +-160, where the f32 result
   // overflows to inf or underflows to 0 by itself.
-  double clampedT = select(t > 160.0, 160.0, select(t < -160.0, -160.0, t));
+  // (a nan t, from a nan x or y, takes 160: the result is set to nan below).
+  double clampedT = select(!(t <= 160.0), 160.0, select(t < -160.0, -160.0, t));
   constexpr double kShift = 0x1.8p52;
   double n = (clampedT + kShift) - kShift;
   double f = (clampedT - n) * 0.6931471805599453; // ln 2
