@@ -15,6 +15,11 @@ the source and the runner as one translation unit, compiled and linked by one co
 command) and "N jobs wall s" (`meshc run -j N`, N the cores this process may run on, or
 --jobs: the source split into N parts, each part and the runner compiled concurrently, then
 linked). Each is the median of --wall-rounds runs (default 1). --no-wall skips them.
+On a machine other work keeps busy, parallel jobs find no idle core and the wall columns say
+little; the "path" columns give the wall time those builds take when each job has a core of its
+own, from CPU seconds (which load inflates far less): "1 job path s", the one-TU compile and the
+link; "N jobs path s", every TU of the split build compiled alone (CPU seconds), then scheduled
+as meshc run runs them (in order, each on the first free job), plus the link.
 
 usage: bench/build_time.py [--build-dir build] [--examples mlp,transformer,...] (default: every
 dsl-examples/*.mesh) [--before REV]
@@ -41,6 +46,48 @@ import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FLAGS = {"-O2": ["-O2"], "-O3 native": ["-O3", "-march=native", "-fno-math-errno"]}
+
+
+def link_libraries(build_dir):
+    """What `meshc run` links generated code with (Toolchain.cpp's order), from
+    MeshcBuildConfig.h."""
+    path = os.path.join(build_dir, "compiler", "driver", "include", "driver", "MeshcBuildConfig.h")
+    text = open(path).read()
+    value = lambda name: [v for v in re.search(rf'{name} "([^"]*)"', text).group(1).split(";") if v]
+    return (value("MESHC_BUILD_LIBRARIES") + value("MESHC_BLAS_LIBRARY") +
+            value("MESHC_DNNL_LIBRARIES") + ["-lpthread"])
+
+
+def critical_paths(meshc, source, layout, jobs, run_command, libraries, work):
+    """The wall seconds of meshc run's builds when each job has a core of its own: (one job: the
+    one-TU compile and the link; `jobs` jobs: each TU of the split build timed alone in CPU
+    seconds and list-scheduled in meshc run's order, then the link)."""
+    directory = os.path.join(work, f"split-{os.path.basename(source)}")
+    os.makedirs(directory, exist_ok=True)
+    example = os.path.splitext(os.path.basename(source))[0]
+    base = os.path.join(directory, example)
+    emit = [meshc, source, "--mesh", "data=2,model=2", "--emit=cpp", "--cpp-runner"] + (
+        ["--layout", "auto"] if layout == "auto" else [])
+    subprocess.run(emit + ["-o", base, "--source-parts", str(jobs)], check=True,
+                   capture_output=True)
+    parts = [base + ".cpp"] + [f"{base}.part{k}.cpp" for k in range(2, jobs + 1)]
+    units = [p for p in parts if "#include" in open(p).read()] + [base + ".main.cpp"]
+    include = ["-I", directory, "-I", os.path.join(ROOT, "dsl-examples")]
+    seconds = [cpu_seconds(run_command + include + ["-c", unit, "-o", unit + ".o"])
+               for unit in units]
+    link = cpu_seconds(run_command + [unit + ".o" for unit in units] + ["-o", base + ".bin"] +
+                       libraries)
+    free = [0.0] * jobs
+    for cost in seconds:  # each TU on the first free job, in order
+        k = free.index(min(free))
+        free[k] += cost
+    unity_base = os.path.join(directory, "one", example)
+    os.makedirs(os.path.dirname(unity_base), exist_ok=True)
+    subprocess.run(emit + ["-o", unity_base], check=True, capture_output=True)
+    one = compile_unity(run_command, example, unity_base)
+    one_link = cpu_seconds(run_command + [unity_base + ".o", "-o", unity_base + ".bin"] +
+                           libraries)
+    return one + one_link, max(free) + link
 
 
 def build_config(build_dir):
@@ -186,7 +233,8 @@ def main():
         columns = [f"{column} {when}" for column in columns for when in ("before", "after")]
     columns.append("run s")
     if not args.no_wall:
-        columns += ["1 job wall s", f"{args.jobs} jobs wall s"]
+        columns += ["1 job wall s", f"{args.jobs} jobs wall s", "1 job path s",
+                    f"{args.jobs} jobs path s"]
     with tempfile.TemporaryDirectory() as work:
         prelude_seconds, run_command = build_prelude(meshc, work)
         print(f"meshc build-prelude (once per meshc build): {prelude_seconds:.1f} s")
@@ -227,6 +275,9 @@ def main():
                     for jobs in ((1, args.jobs) if r % 2 == 0 else (args.jobs, 1)):
                         walls[jobs].append(run_build_wall(meshc, source, layout, jobs))
                 row += "".join(f" {statistics.median(walls[jobs]):17.1f}" for jobs in walls)
+                paths = critical_paths(meshc, source, layout, args.jobs, run_command,
+                                       link_libraries(args.build_dir), work)
+                row += "".join(f" {path:17.1f}" for path in paths)
             print(row, flush=True)
     return 0
 
