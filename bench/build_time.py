@@ -9,6 +9,18 @@ meshc_prelude makes it; that one-off build's CPU seconds are printed on their ow
 test: it prints the generated lines and the compiler's CPU seconds (user + system of the child,
 which a loaded machine inflates far less than wall time), per example and flag set.
 
+Then the user-facing figure, the WALL seconds of the build `meshc run` does (its own "build"
+timing, from a fresh cache each time), two ways, alternated: "1 job wall s" (`meshc run -j 1`:
+the source and the runner as one translation unit, compiled and linked by one compiler
+command) and "N jobs wall s" (`meshc run -j N`, N the cores this process may run on, or
+--jobs: the source split into N parts, each part and the runner compiled concurrently, then
+linked). Each is the median of --wall-rounds runs (default 1). --no-wall skips them.
+On a machine other work keeps busy, parallel jobs find no idle core and the wall columns say
+little; the "path" columns give the wall time those builds take when each job has a core of its
+own, from CPU seconds (which load inflates far less): "1 job path s", the one-TU compile and the
+link; "N jobs path s", every TU of the split build compiled alone (CPU seconds), then scheduled
+as meshc run runs them (in order, each on the first free job), plus the link.
+
 usage: bench/build_time.py [--build-dir build] [--examples mlp,transformer,...] (default: every
 dsl-examples/*.mesh) [--before REV]
 
@@ -34,6 +46,48 @@ import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FLAGS = {"-O2": ["-O2"], "-O3 native": ["-O3", "-march=native", "-fno-math-errno"]}
+
+
+def link_libraries(build_dir):
+    """What `meshc run` links generated code with (Toolchain.cpp's order), from
+    MeshcBuildConfig.h."""
+    path = os.path.join(build_dir, "compiler", "driver", "include", "driver", "MeshcBuildConfig.h")
+    text = open(path).read()
+    value = lambda name: [v for v in re.search(rf'{name} "([^"]*)"', text).group(1).split(";") if v]
+    return (value("MESHC_BUILD_LIBRARIES") + value("MESHC_BLAS_LIBRARY") +
+            value("MESHC_DNNL_LIBRARIES") + ["-lpthread"])
+
+
+def critical_paths(meshc, source, layout, jobs, run_command, libraries, work):
+    """The wall seconds of meshc run's builds when each job has a core of its own: (one job: the
+    one-TU compile and the link; `jobs` jobs: each TU of the split build timed alone in CPU
+    seconds and list-scheduled in meshc run's order, then the link)."""
+    directory = os.path.join(work, f"split-{os.path.basename(source)}")
+    os.makedirs(directory, exist_ok=True)
+    example = os.path.splitext(os.path.basename(source))[0]
+    base = os.path.join(directory, example)
+    emit = [meshc, source, "--mesh", "data=2,model=2", "--emit=cpp", "--cpp-runner"] + (
+        ["--layout", "auto"] if layout == "auto" else [])
+    subprocess.run(emit + ["-o", base, "--source-parts", str(jobs)], check=True,
+                   capture_output=True)
+    parts = [base + ".cpp"] + [f"{base}.part{k}.cpp" for k in range(2, jobs + 1)]
+    units = [p for p in parts if "#include" in open(p).read()] + [base + ".main.cpp"]
+    include = ["-I", directory, "-I", os.path.join(ROOT, "dsl-examples")]
+    seconds = [cpu_seconds(run_command + include + ["-c", unit, "-o", unit + ".o"])
+               for unit in units]
+    link = cpu_seconds(run_command + [unit + ".o" for unit in units] + ["-o", base + ".bin"] +
+                       libraries)
+    free = [0.0] * jobs
+    for cost in seconds:  # each TU on the first free job, in order
+        k = free.index(min(free))
+        free[k] += cost
+    unity_base = os.path.join(directory, "one", example)
+    os.makedirs(os.path.dirname(unity_base), exist_ok=True)
+    subprocess.run(emit + ["-o", unity_base], check=True, capture_output=True)
+    one = compile_unity(run_command, example, unity_base)
+    one_link = cpu_seconds(run_command + [unity_base + ".o", "-o", unity_base + ".bin"] +
+                           libraries)
+    return one + one_link, max(free) + link
 
 
 def build_config(build_dir):
@@ -129,6 +183,19 @@ def cmake_table(prefix, examples, rounds):
               f"{median(True, 1):14.1f} {median(False, 1):16.1f}", flush=True)
 
 
+def run_build_wall(meshc, source, layout, jobs):
+    """The wall seconds of the build `meshc run -j jobs` does from a fresh cache (its printed
+    "build" timing: the compiles and the link)."""
+    with tempfile.TemporaryDirectory() as cache:
+        command = [meshc, "run", source, "--mesh", "data=2,model=2", "--no-plan", "-j",
+                   str(jobs), "--cache-dir", cache]
+        if layout == "auto":
+            command += ["--layout", "auto"]
+        proc = subprocess.run(command, capture_output=True, text=True, check=True)
+    return float(re.search(r"meshc run: compile [0-9.]+ s, build ([0-9.]+) s", proc.stdout)
+                 .group(1))
+
+
 def checkout_before(revision, work):
     """REV's goldens (the generated code) and support/runtime headers, under work/before."""
     before = os.path.join(work, "before")
@@ -150,6 +217,11 @@ def main():
     parser.add_argument("--before", help="git revision to compare with (its goldens and headers)")
     parser.add_argument("--cmake-prefix", help="an installed meshc: time its CMake function")
     parser.add_argument("--rounds", type=int, default=3, help="rounds of --cmake-prefix")
+    parser.add_argument("--jobs", type=int, default=len(os.sched_getaffinity(0)),
+                        help="meshc run -j N of the split build's wall column (default: cores)")
+    parser.add_argument("--wall-rounds", type=int, default=1,
+                        help="rounds of the wall columns (median; alternated)")
+    parser.add_argument("--no-wall", action="store_true", help="skip the wall columns")
     args = parser.parse_args()
     if args.cmake_prefix:
         cmake_table(os.path.abspath(args.cmake_prefix), args.examples.split(","), args.rounds)
@@ -160,6 +232,9 @@ def main():
     if args.before:
         columns = [f"{column} {when}" for column in columns for when in ("before", "after")]
     columns.append("run s")
+    if not args.no_wall:
+        columns += ["1 job wall s", f"{args.jobs} jobs wall s", "1 job path s",
+                    f"{args.jobs} jobs path s"]
     with tempfile.TemporaryDirectory() as work:
         prelude_seconds, run_command = build_prelude(meshc, work)
         print(f"meshc build-prelude (once per meshc build): {prelude_seconds:.1f} s")
@@ -194,6 +269,15 @@ def main():
                     row += f" {old:17.1f}" if old is not None else f" {'-':>17}"
                 row += f" {compile_seconds(cxx, flags, includes, example, base):17.1f}"
             row += f" {compile_unity(run_command, example, base):17.1f}"
+            if not args.no_wall:
+                walls = {1: [], args.jobs: []}
+                for r in range(args.wall_rounds):
+                    for jobs in ((1, args.jobs) if r % 2 == 0 else (args.jobs, 1)):
+                        walls[jobs].append(run_build_wall(meshc, source, layout, jobs))
+                row += "".join(f" {statistics.median(walls[jobs]):17.1f}" for jobs in walls)
+                paths = critical_paths(meshc, source, layout, args.jobs, run_command,
+                                       link_libraries(args.build_dir), work)
+                row += "".join(f" {path:17.1f}" for path in paths)
             print(row, flush=True)
     return 0
 

@@ -1,11 +1,17 @@
 # meshc_add_program(<target> SOURCES <main.mesh> [<imported.mesh>...]
 #                   [MESH "data=2,model=4"] [LAYOUT "batch:data;d_ff:model"] [MACHINE <name|file>]
 #                   [BACKEND cpu|cuda] [CUDA_MATH fp32|tf32|bf16] [HEADERS <user header>...]
-#                   [FUNCTION <name>...] [DIMS <name=size>...] [PRECOMPILE_PRELUDE])
+#                   [FUNCTION <name>...] [DIMS <name=size>...] [PRECOMPILE_PRELUDE]
+#                   [SOURCE_PARTS <n>])
 #
 # Compiles <main.mesh> with meshc into <target>.meshc/<stem>.h and <stem>.cpp in the current
 # binary directory (one custom command, in the manner of Halide's add_halide_library and
 # protobuf_generate) and adds the static library <target> holding the generated classes. The
+# source is split into SOURCE_PARTS files (default 4; meshc --source-parts): <stem>.cpp,
+# <stem>.part2.cpp ... and the header they share, <stem>.parts.h, all sources of the library, so
+# that the build compiles them in parallel. meshc fills only the parts the code's size pays for
+# (about 64 KB of source each); the others hold a comment and compile to nothing. SOURCE_PARTS 1
+# writes the one <stem>.cpp. The
 # library carries the generated header's directory as its include directory and links
 # meshc::runtime (meshrt, its kernels and OpenBLAS). meshc writes a depfile (-MD -MF) listing
 # every imported .mesh file and user C++ header, so Ninja and Makefiles regenerate the code when
@@ -34,7 +40,7 @@
 include_guard(GLOBAL)
 
 function(meshc_add_program target)
-  cmake_parse_arguments(ARG "PRECOMPILE_PRELUDE" "MESH;LAYOUT;MACHINE;BACKEND;CUDA_MATH"
+  cmake_parse_arguments(ARG "PRECOMPILE_PRELUDE" "MESH;LAYOUT;MACHINE;BACKEND;CUDA_MATH;SOURCE_PARTS"
                         "SOURCES;HEADERS;FUNCTION;DIMS" ${ARGN})
   if(ARG_UNPARSED_ARGUMENTS)
     message(FATAL_ERROR "meshc_add_program(${target}): unknown arguments ${ARG_UNPARSED_ARGUMENTS}")
@@ -104,6 +110,24 @@ function(meshc_add_program target)
   endif()
 
   set(sources "${base}${source_suffix}" "${base}.h")
+  # The source's parts (the CUDA source is one file).
+  if(NOT DEFINED ARG_SOURCE_PARTS)
+    set(ARG_SOURCE_PARTS 4)
+  endif()
+  if(NOT ARG_SOURCE_PARTS MATCHES "^[1-9][0-9]*$")
+    message(FATAL_ERROR "meshc_add_program(${target}): SOURCE_PARTS must be a positive number, "
+                        "not '${ARG_SOURCE_PARTS}'")
+  endif()
+  if(ARG_BACKEND STREQUAL "cuda")
+    set(ARG_SOURCE_PARTS 1)
+  endif()
+  if(ARG_SOURCE_PARTS GREATER 1)
+    list(APPEND options --source-parts ${ARG_SOURCE_PARTS})
+    foreach(part RANGE 2 ${ARG_SOURCE_PARTS})
+      list(APPEND sources "${base}.part${part}${source_suffix}")
+    endforeach()
+    list(APPEND sources "${base}.parts.h")
+  endif()
   file(MAKE_DIRECTORY "${out_dir}")
   # The depfile names <base>.cpp (<base>.cu for cuda) as its target: the first output.
   add_custom_command(

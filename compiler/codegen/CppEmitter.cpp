@@ -14,8 +14,11 @@
 #include <fmt/format.h>
 #include <llvm/ADT/STLExtras.h>
 
+#include <algorithm>
 #include <cassert>
 #include <deque>
+#include <numeric>
+#include <optional>
 #include <set>
 
 namespace meshc::codegen {
@@ -113,7 +116,17 @@ public:
   llvm::Error emit();
 
   std::string declaration; // into the header
-  std::string definition;  // into the source
+  // The definitions, into the source: `head` (the constructor, run() and what comes before
+  // it), `pieces` (each a run() part or a subroutine), then `tail` (the other members). A split
+  // source (CppOptions::sourceParts) keeps head and tail together and spreads the pieces.
+  std::string head, tail;
+  std::vector<std::string> pieces;
+  std::string definition() const {
+    std::string out = head;
+    for (const std::string& piece : pieces)
+      out += piece;
+    return out + tail;
+  }
   const std::string name;
 
   /// The runner's part for this function: runs it through meshrt::launch and records outputs.
@@ -426,7 +439,7 @@ llvm::Error FunctionEmitter::emit() {
   h += "};\n\n";
 
   // Definitions.
-  std::string& s = definition;
+  std::string& s = head;
   s += fmt::format("//===--- {} `{}` ---===//\n\n", kindWord, fn.name);
   {
     std::vector<std::string> axes;
@@ -494,14 +507,14 @@ llvm::Error FunctionEmitter::emit() {
   if (!outputsFirst) s += outputs;
   s += "return outputs;\n}\n\n";
   for (size_t k = 0; k < parts.size(); ++k)
-    s += fmt::format("void {}::runPart{}(const Inputs& inputs) {{\n(void)inputs;\n"
-                     "MESHRT_TRACE_SPAN(world_);\n{}}}\n\n",
-                     name, k, parts[k]);
+    pieces.push_back(fmt::format("void {}::runPart{}(const Inputs& inputs) {{\n(void)inputs;\n"
+                                 "MESHRT_TRACE_SPAN(world_);\n{}}}\n\n",
+                                 name, k, parts[k]));
   for (size_t k = 0; k < subroutineSignatures.size(); ++k)
-    s += fmt::format("void {}::{} {{\nMESHRT_TRACE_SPAN(world_);\n{}}}\n\n", name,
-                     subroutineSignatures[k], subroutineBodies[k]);
-  emitHelpers(s);
-  s += checkpointDefinitions;
+    pieces.push_back(fmt::format("void {}::{} {{\nMESHRT_TRACE_SPAN(world_);\n{}}}\n\n", name,
+                                 subroutineSignatures[k], subroutineBodies[k]));
+  emitHelpers(tail);
+  tail += checkpointDefinitions;
   return llvm::Error::success();
 }
 
@@ -867,6 +880,67 @@ std::string formatCpp(const std::string& code, const std::string& fileName) {
   return *formatted;
 }
 
+/// The definitions of a source split into parts (CppOptions::sourceParts).
+struct SplitSource {
+  struct Part {
+    std::string fileScope; // in the file scope's namespace (FileScope::declarations)
+    std::string classes;   // the classes' members
+  };
+  std::vector<Part> parts;
+};
+
+/// The definitions of `scope` and `emitters` spread over as many of `wanted` parts as the code's
+/// size pays for (kMinPartBytes each), balanced by size: whole pieces (a loop nest, a run()
+/// part, a subroutine, the rest of a class) go, largest first, to the part holding the least
+/// so far, and each part keeps its pieces in the one-file order. Nothing when that is one part.
+std::optional<SplitSource>
+splitSource(const FileScope& scope, const std::vector<std::unique_ptr<FunctionEmitter>>& emitters,
+            size_t wanted) {
+  struct Piece {
+    std::string text;
+    bool fileScope;
+  };
+  std::vector<Piece> pieces;
+  // The constants first, in the first part (no initializer reads another part's).
+  pieces.push_back({scope.constantDefinitions(), true});
+  // Every class's members but run()'s parts and the subroutines, together and in the first
+  // part: a class's read the namespace-scope table of its params (paramSpecs), and all call the
+  // same support functions (checkpoints, gathers, shape checks), which every translation unit
+  // calling one compiles again.
+  std::string members;
+  for (const auto& emitter : emitters)
+    members += emitter->head + emitter->tail;
+  pieces.push_back({members, false});
+  for (size_t k = 0; k < scope.functionCount(); ++k)
+    pieces.push_back({scope.functionDefinition(k), true});
+  for (const auto& emitter : emitters)
+    for (const std::string& piece : emitter->pieces)
+      pieces.push_back({piece, false});
+  const size_t pinned = 2; // the constants and the members: in the first part
+  size_t bytes = 0;
+  for (const Piece& piece : pieces)
+    bytes += piece.text.size();
+  size_t parts = std::min(wanted, std::max<size_t>(1, bytes / kMinPartBytes));
+  if (parts <= 1) return std::nullopt;
+  std::vector<size_t> order(pieces.size()), partOf(pieces.size()), load(parts, 0);
+  std::iota(order.begin(), order.end(), size_t(0));
+  std::stable_sort(order.begin() + pinned, order.end(), [&](size_t a, size_t b) {
+    return pieces[a].text.size() > pieces[b].text.size();
+  });
+  for (size_t k : order) {
+    size_t part =
+        k < pinned ? 0 : size_t(std::min_element(load.begin(), load.end()) - load.begin());
+    partOf[k] = part;
+    load[part] += pieces[k].text.size();
+  }
+  SplitSource split;
+  split.parts.resize(parts);
+  for (size_t k = 0; k < pieces.size(); ++k)
+    (pieces[k].fileScope ? split.parts[partOf[k]].fileScope : split.parts[partOf[k]].classes) +=
+        pieces[k].text;
+  return split;
+}
+
 } // namespace
 
 llvm::Expected<CppOutput> emitCpp(const ir::Module& module,
@@ -915,23 +989,66 @@ llvm::Expected<CppOutput> emitWithTarget(const ir::Module& module,
     h += emitter->declaration;
   h += fmt::format("}} // namespace {}\n", options.cppNamespace);
 
-  std::string& s = output.source;
-  s += fmt::format("// Generated by meshc from {}: {}. Do not edit.\n", file, target.description());
-  s += fmt::format("#include \"{}\"\n\n", options.headerInclude);
   // The headers of the user's functions (`call` ops), relative to the main .mesh file's directory.
+  std::string includes;
   std::set<std::string> userHeaders;
   for (const ir::Function& irFn : module.functions)
     for (const ir::Op& op : irFn.ops)
       if (op.kind == OpKind::Call && userHeaders.insert(op.string("header")).second)
-        s += fmt::format("#include \"{}\"\n", op.string("header"));
-  s += "#include <cmath>\n\n";
-  s += fmt::format("namespace {} {{\n\n", options.cppNamespace);
-  if (std::string definitions = scope.definitions(); !definitions.empty())
-    s += "// The shapes the kernel calls take and the loop nests the classes share.\n" +
-         definitions + "\n";
-  for (const auto& emitter : emitters)
-    s += emitter->definition;
-  s += fmt::format("}} // namespace {}\n", options.cppNamespace);
+        includes += fmt::format("#include \"{}\"\n", op.string("header"));
+  includes += "#include <cmath>\n\n";
+  if (std::optional<SplitSource> split = splitSource(scope, emitters, options.sourceParts)) {
+    // The parts' shared header: the includes, and what the file scope defines once for all the
+    // parts, in a namespace of this model's own (two models' parts may be linked together).
+    std::string detail =
+        identifier(llvm::StringRef(options.headerInclude).rsplit('.').first.str()) + "_parts";
+    std::string& p = output.partsHeader;
+    p += fmt::format("// Generated by meshc from {}: what the {} parts of the source of {} share. "
+                     "Do not edit.\n#pragma once\n\n#include \"{}\"\n\n",
+                     file, split->parts.size(), options.headerInclude, options.headerInclude);
+    p += includes + fmt::format("namespace {} {{\n\n", options.cppNamespace);
+    p += fmt::format("/// The shapes the kernel calls take and the loop nests the classes share, "
+                     "each defined in one part.\nnamespace {0} {{\n{1}}} // namespace {0}\n"
+                     "using namespace {0};\n\n",
+                     detail, scope.declarations());
+    p += fmt::format("}} // namespace {}\n", options.cppNamespace);
+    for (size_t k = 0; k < split->parts.size(); ++k) {
+      std::string part = fmt::format(
+          "// Generated by meshc from {}: {}; part {} of {} of the source of {}. Do not edit.\n"
+          "#include \"{}\"\n\nnamespace {} {{\n\n",
+          file, target.description(), k + 1, split->parts.size(), options.headerInclude,
+          options.partsHeaderInclude, options.cppNamespace);
+      if (!split->parts[k].fileScope.empty())
+        part += fmt::format("namespace {0} {{\n\n{1}}} // namespace {0}\n\n", detail,
+                            split->parts[k].fileScope);
+      part += split->parts[k].classes + fmt::format("}} // namespace {}\n", options.cppNamespace);
+      (k == 0 ? output.source : output.moreSources.emplace_back()) = std::move(part);
+    }
+  } else {
+    std::string& s = output.source;
+    s += fmt::format("// Generated by meshc from {}: {}. Do not edit.\n", file,
+                     target.description());
+    s += fmt::format("#include \"{}\"\n\n", options.headerInclude);
+    s += includes;
+    s += fmt::format("namespace {} {{\n\n", options.cppNamespace);
+    if (std::string definitions = scope.definitions(); !definitions.empty())
+      s += "// The shapes the kernel calls take and the loop nests the classes share.\n" +
+           definitions + "\n";
+    for (const auto& emitter : emitters)
+      s += emitter->definition();
+    s += fmt::format("}} // namespace {}\n", options.cppNamespace);
+  }
+  // The parts that the code's size does not pay for (CppOptions::sourceParts).
+  for (size_t k = output.moreSources.size() + 1; k < options.sourceParts; ++k)
+    output.moreSources.push_back(fmt::format(
+        "// Generated by meshc from {}: part {} of the source of {}: empty (the code is too "
+        "small to split this far).\n",
+        file, k + 1, options.headerInclude));
+  if (options.sourceParts > 1 && output.partsHeader.empty())
+    output.partsHeader = fmt::format(
+        "// Generated by meshc from {}: the source of {} is one file (too small to split); "
+        "nothing to share.\n#pragma once\n",
+        file, options.headerInclude);
 
   if (options.runner) {
     std::string& r = output.runner;
@@ -1004,6 +1121,9 @@ llvm::Expected<CppOutput> emitWithTarget(const ir::Module& module,
   if (options.runner) output.runner = formatCpp(output.runner, "runner.cpp");
   output.header = formatCpp(output.header, "generated.h");
   output.source = formatCpp(output.source, "generated.cpp");
+  output.partsHeader = formatCpp(output.partsHeader, "generated.parts.h");
+  for (std::string& part : output.moreSources)
+    part = formatCpp(part, "generated.cpp");
   return output;
 }
 

@@ -28,12 +28,29 @@ struct CppOptions {
   bool runner = false;
   /// Kernel passes to skip (codegen/Lower.h), to measure what each gives.
   std::vector<std::string> disabledPasses;
+  /// Into how many source files to split the definitions (1: one), so that a build compiles
+  /// them in parallel. The first is CppOutput::source, the others CppOutput::moreSources; with
+  /// more than one, each includes the parts' header (CppOutput::partsHeader, included as
+  /// `partsHeaderInclude`), which declares what they share. Only as many parts as the code's
+  /// size pays for are used (kMinPartBytes each, the fixed cost of a translation unit): the rest
+  /// are files with a comment only, so that the set of files is known before the code is.
+  size_t sourceParts = 1;
+  std::string partsHeaderInclude = "generated.parts.h";
 };
+
+/// The least source text a part of a split source holds (CppOptions::sourceParts): below it,
+/// a part's own compile costs more than it takes off the others' (bench/README.md, "Build time
+/// of the generated code").
+constexpr size_t kMinPartBytes = 64 * 1024;
 
 struct CppOutput {
   std::string header;
   std::string source;
   std::string runner; // empty unless CppOptions::runner
+  /// With CppOptions::sourceParts > 1: the parts after the first (sourceParts - 1 files) and
+  /// the header they share.
+  std::vector<std::string> moreSources;
+  std::string partsHeader;
 };
 
 /// Emits the classes of every planned function of `module`, formatted by clang-format (LLVM

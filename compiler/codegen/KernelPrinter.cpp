@@ -753,6 +753,36 @@ std::string FileScope::definitions() const {
   return out;
 }
 
+std::string FileScope::declarations() const {
+  std::string out;
+  for (size_t k = 0; k < shapes.size(); ++k)
+    out += fmt::format("extern const support::Shape kShape{};\n", k);
+  for (size_t k = 0; k < einsums.size(); ++k)
+    out += fmt::format("extern const support::SharedEinsum kEinsum{};\n", k);
+  for (size_t k = 0; k < causals.size(); ++k)
+    out += fmt::format("extern const support::CausalEinsum kCausal{};\n", k);
+  for (size_t k = 0; k < functions.size(); ++k)
+    out += fmt::format("void loop{}({});\n", k, functions[k].first);
+  return out;
+}
+
+std::string FileScope::constantDefinitions() const {
+  // The declarations (declarations(), in the parts' header) give these external linkage.
+  std::string out;
+  for (size_t k = 0; k < shapes.size(); ++k)
+    out += fmt::format("const support::Shape kShape{} = {};\n", k, list(shapes[k]));
+  for (size_t k = 0; k < einsums.size(); ++k)
+    out += fmt::format("const support::SharedEinsum kEinsum{}({});\n", k, einsums[k]);
+  for (size_t k = 0; k < causals.size(); ++k)
+    out += fmt::format("const support::CausalEinsum kCausal{}({});\n", k, causals[k]);
+  return out;
+}
+
+std::string FileScope::functionDefinition(size_t k) const {
+  return fmt::format("[[gnu::noinline]] void loop{}({}) {{\n{}}}\n\n", k, functions[k].first,
+                     functions[k].second);
+}
+
 std::string StatementPrinter::collective(const kir::Collective& c) {
   groups.insert(c.axes);
   std::string group = groupMember(c.axes);

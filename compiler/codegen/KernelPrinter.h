@@ -88,6 +88,16 @@ public:
   /// The definitions, in order of first use: shapes, einsums, then functions.
   std::string definitions() const;
 
+  // A source split into several files (CppOptions::sourceParts): the same names, declared in
+  // the parts' shared header and defined once, with external linkage, in one of the parts.
+  /// `extern` declarations of the shapes and einsums and the functions' prototypes.
+  std::string declarations() const;
+  /// The shapes' and einsums' definitions (for the first part).
+  std::string constantDefinitions() const;
+  size_t functionCount() const { return functions.size(); }
+  /// Function k's definition (external linkage: the other parts call it).
+  std::string functionDefinition(size_t k) const;
+
 private:
   std::map<kir::Shape, size_t> shapeIndex;
   std::vector<kir::Shape> shapes;

@@ -96,6 +96,13 @@ llvm::cl::opt<bool> cppRunner(
                    "the threads backend and writes the gathered outputs (--emit=cuda: "
                    "<o>.main.cu, on the nccl backend, one GPU per rank)"),
     llvm::cl::init(false), llvm::cl::cat(meshcCategory));
+llvm::cl::opt<unsigned> sourceParts(
+    "source-parts",
+    llvm::cl::desc("With --emit=cpp -o <o>: split the source into N files that compile in "
+                   "parallel: <o>.cpp, <o>.part2.cpp ... <o>.part<N>.cpp and the header they "
+                   "share, <o>.parts.h; parts the code is too small for hold a comment only "
+                   "(default 1: <o>.cpp alone)"),
+    llvm::cl::value_desc("N"), llvm::cl::init(1), llvm::cl::cat(meshcCategory));
 llvm::cl::opt<std::string> cudaMath(
     "cuda-math",
     llvm::cl::desc("With --emit=cuda, the einsum precision: fp32 (strict, default), tf32 (TF32 "
@@ -218,9 +225,10 @@ PipelineOptions pipelineOptions() {
 int printPlanned(const ir::Module& module, const PlannedModule& planned, llvm::raw_ostream& os) {
   std::vector<std::string> disabled(disabledPasses.begin(), disabledPasses.end());
   if (emitStage == Emit::Cpp || emitStage == Emit::Cuda)
-    return writeGeneratedCode(
-        module, planned,
-        GenerateOptions{outputPath, cppRunner, emitStage == Emit::Cuda, cudaMath, disabled}, os);
+    return writeGeneratedCode(module, planned,
+                              GenerateOptions{outputPath, cppRunner, emitStage == Emit::Cuda,
+                                              cudaMath, disabled, sourceParts},
+                              os);
   if (emitStage == Emit::Kernels) {
     llvm::Expected<kir::KernelModule> kernels =
         kir::lowerModule(planned.codeModuleOr(module), planned.plans, kir::LowerOptions{disabled});

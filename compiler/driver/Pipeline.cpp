@@ -278,6 +278,17 @@ bool checkKernelPasses(const std::vector<std::string>& disabledPasses) {
   return true;
 }
 
+std::vector<std::string> sourcePartPaths(const std::string& base, size_t parts) {
+  std::vector<std::string> paths = {base + ".cpp"};
+  for (size_t k = 2; k <= parts; ++k)
+    paths.push_back(fmt::format("{}.part{}.cpp", base, k));
+  return paths;
+}
+
+std::string partsHeaderPath(const std::string& base) {
+  return base + ".parts.h";
+}
+
 int writeGeneratedCode(const ir::Module& loaded, const PlannedModule& planned,
                        const GenerateOptions& given, llvm::raw_ostream& os) {
   const ir::Module& module = planned.codeModuleOr(loaded);
@@ -289,7 +300,12 @@ int writeGeneratedCode(const ir::Module& loaded, const PlannedModule& planned,
   options.runner = given.runner;
   options.cppNamespace = "meshc_generated";
   options.disabledPasses = given.disabledPasses;
+  options.sourceParts = std::max<size_t>(1, given.sourceParts);
+  options.partsHeaderInclude = llvm::sys::path::filename(partsHeaderPath(base)).str();
   bool cuda = given.cuda; // <o>.cu and <o>.main.cu, retargeted to the GPU
+  if (cuda && options.sourceParts > 1)
+    return optionError("--source-parts splits C++ (--emit=cpp); the CUDA source is one file"),
+           kExitInputError;
   if (cuda && !codegen::isCudaMathMode(given.cudaMath))
     return optionError("--cuda-math must be fp32, tf32 or bf16, not '" + given.cudaMath + "'"),
            kExitInputError;
@@ -302,6 +318,12 @@ int writeGeneratedCode(const ir::Module& loaded, const PlannedModule& planned,
   }
   std::vector<std::pair<std::string, const std::string*>> files = {
       {base + ".h", &output->header}, {base + (cuda ? ".cu" : ".cpp"), &output->source}};
+  if (options.sourceParts > 1) {
+    std::vector<std::string> paths = sourcePartPaths(base, options.sourceParts);
+    for (size_t k = 1; k < paths.size(); ++k)
+      files.push_back({paths[k], &output->moreSources[k - 1]});
+    files.push_back({partsHeaderPath(base), &output->partsHeader});
+  }
   if (given.runner) files.push_back({base + (cuda ? ".main.cu" : ".main.cpp"), &output->runner});
   if (given.base == "-") {
     for (const auto& [path, text] : files)

@@ -112,7 +112,14 @@ struct GenerateOptions {
   bool cuda = false;
   std::string cudaMath = "fp32";
   std::vector<std::string> disabledPasses;
+  /// C++ only: the source split into this many files (codegen::CppOptions::sourceParts):
+  /// <base>.cpp, <base>.part2.cpp ... <base>.part<N>.cpp and their header <base>.parts.h.
+  size_t sourceParts = 1;
 };
+/// The source files (and the parts' header) writeGeneratedCode writes for `base` split into
+/// `parts` parts, as GenerateOptions::sourceParts names them; <base>.cpp first.
+std::vector<std::string> sourcePartPaths(const std::string& base, size_t parts);
+std::string partsHeaderPath(const std::string& base);
 /// Whether every name of --disable-kernel-pass (meshc's, or meshc run's) is a kernel pass; an
 /// option error listing the passes for the first that is not.
 bool checkKernelPasses(const std::vector<std::string>& disabledPasses);

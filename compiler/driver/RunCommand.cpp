@@ -133,6 +133,13 @@ cl::opt<std::string> runOpt("opt",
                             cl::desc("The optimization flags of the build, separated by spaces "
                                      "(default \"-O3 -march=native\": the binary runs here)"),
                             cl::init(kDefaultOpt), cl::sub(runSubcommand), cl::cat(runCategory));
+cl::opt<unsigned> runJobs("j",
+                          cl::desc("Compile jobs of the C++ build, and parts of its source "
+                                   "(default: $MESHC_BUILD_JOBS, else the cores this process may "
+                                   "run on)"),
+                          cl::value_desc("N"), cl::sub(runSubcommand), cl::cat(runCategory));
+cl::alias runJobsLong("jobs", cl::desc("Alias for -j"), cl::aliasopt(runJobs),
+                      cl::cat(runCategory));
 cl::opt<std::string> runCacheDir("cache-dir",
                                  cl::desc("Where generated code and binaries are kept (default: "
                                           "$MESHC_CACHE_DIR or ~/.cache/meshc)"),
@@ -409,6 +416,71 @@ bool writeAtomically(const std::string& path, llvm::StringRef contents) {
   return !llvm::sys::fs::rename(partial, path);
 }
 
+/// The compile jobs of a C++ build: -j, else $MESHC_BUILD_JOBS, else the usable cores.
+unsigned buildJobs() {
+  if (runJobs.getNumOccurrences() && runJobs > 0) return runJobs;
+  if (auto env = llvm::sys::Process::GetEnv("MESHC_BUILD_JOBS")) {
+    unsigned jobs = 0;
+    if (!llvm::StringRef(*env).getAsInteger(10, jobs) && jobs > 0) return jobs;
+  }
+  return usableCores();
+}
+
+/// Builds `binary` from the C++ translation units `units`: each compiled with `build` (the
+/// compiler and its flags; `-include prelude` first unless "") into an object, `jobs` at a
+/// time, then linked with `libraries`. kExitOk, or kExitInternalError after printing the first
+/// failing command and its output.
+int buildUnits(std::vector<std::string> build, const std::string& prelude,
+               const std::vector<std::string>& units, const std::vector<std::string>& libraries,
+               const std::string& binary, const std::string& base, unsigned jobs) {
+  std::vector<std::string> compile = build;
+  if (!prelude.empty()) compile.insert(compile.end(), {"-include", prelude});
+  std::vector<std::vector<std::string>> commands;
+  std::vector<std::string> logs, objects;
+  for (size_t k = 0; k < units.size(); ++k) {
+    // Objects named by the binary (its hash): concurrent builds of other code never share one.
+    objects.push_back(fmt::format("{}.{}.o", binary, k));
+    logs.push_back(fmt::format("{}.build.{}.log", base, k));
+    commands.push_back(compile);
+    commands.back().insert(commands.back().end(), {"-c", units[k], "-o", objects.back()});
+  }
+  std::string partial = binary + ".tmp";
+  std::vector<std::string> link = build;
+  link.insert(link.end(), objects.begin(), objects.end());
+  link.insert(link.end(), {"-o", partial});
+  link.insert(link.end(), libraries.begin(), libraries.end());
+  link.push_back("-lpthread");
+  commands.push_back(link);
+  logs.push_back(base + ".build.log");
+  auto removeObjects = [&] {
+    for (const std::string& object : objects)
+      llvm::sys::fs::remove(object);
+  };
+  auto failed = [&](size_t k, int rc, const std::string& error) {
+    removeObjects();
+    std::string output = readFile(logs[k]);
+    if (output.size() > 8000) output = "...\n" + output.substr(output.size() - 8000);
+    return fail(kExitInternalError,
+                fmt::format("the C++ compiler failed on the generated code ({}){}\n  command: "
+                            "{}\n{}",
+                            rc < 0 ? error : fmt::format("exit status {}", rc),
+                            rc < 0 ? "" : "; its output (also in " + logs[k] + "):",
+                            llvm::join(commands[k], " "), output));
+  };
+  std::vector<std::string> errors;
+  std::vector<int> status =
+      executeParallel({commands.begin(), commands.end() - 1}, logs, jobs, errors);
+  for (size_t k = 0; k < status.size(); ++k)
+    if (status[k] != 0) return failed(k, status[k], errors[k]);
+  std::string error;
+  int rc = execute(link, logs.back(), logs.back(), error);
+  removeObjects();
+  if (rc != 0) return failed(commands.size() - 1, rc, error);
+  if (std::error_code ec = llvm::sys::fs::rename(partial, binary))
+    return fail(kExitInternalError, fmt::format("cannot write '{}': {}", binary, ec.message()));
+  return kExitOk;
+}
+
 /// The number of ranks of the (overridden) mesh.
 int64_t rankCount(const PlannedModule& planned) {
   int64_t ranks = 1;
@@ -522,11 +594,17 @@ int runCommand(const char* argv0) {
   }
   std::string base = pathIn(workDir, stem);
   std::string source = onGpus ? ".cu" : ".cpp";
+  // With several compile jobs, the C++ source in as many parts (those its size pays for hold
+  // code), each compiled on its own, in parallel, as is the runner. With one job, and for CUDA,
+  // one translation unit of the source and the runner (two would parse the prelude twice).
+  unsigned jobs = buildJobs();
+  bool split = !onGpus && jobs > 1;
   GenerateOptions generate{base,
                            /*runner=*/true,
                            onGpus,
                            runCudaMath,
-                           {runDisabledPasses.begin(), runDisabledPasses.end()}};
+                           {runDisabledPasses.begin(), runDisabledPasses.end()},
+                           split ? size_t(jobs) : 1};
   if (int status = writeGeneratedCode(*module, *planned, generate, llvm::outs()); status != kExitOk)
     return status;
   double compileSeconds = secondsSince(start);
@@ -538,22 +616,46 @@ int runCommand(const char* argv0) {
   std::vector<std::string> libraries = onGpus ? cudaLinkLibraries(toolchain) : toolchain.libraries;
   std::string prelude = onGpus ? "" : precompiledPrelude(toolchain, preludeFlags(build, libraries));
   build.insert(build.end(), {"-I", workDir, "-I", mainDir});
-  std::string unity = base + ".unity" + source;
+  // Split: the translation units are the source's parts that hold code (a part without any
+  // holds a comment only, no #include), then the runner.
+  std::vector<std::string> units;
+  if (split) {
+    for (const std::string& part : sourcePartPaths(base, generate.sourceParts))
+      if (llvm::StringRef(readFile(part)).contains("#include")) units.push_back(part);
+    units.push_back(base + ".main.cpp");
+  }
   std::string buildKey = llvm::join(build, " ") + llvm::join(libraries, " ");
-  for (const std::string& suffix : {std::string(".h"), source, ".main" + source})
-    buildKey += readFile(base + suffix);
+  std::vector<std::string> generated = {base + ".h", base + ".main" + source};
+  if (!split)
+    generated.push_back(base + source);
+  else
+    generated.insert(generated.end(), units.begin(), units.end() - 1);
+  if (split) generated.push_back(partsHeaderPath(base));
+  for (const std::string& file : generated)
+    buildKey += readFile(file);
   // So is the runtime it links, as installed now (a rebuilt meshrt must not run an old binary).
   buildKey += runtimeStamp(toolchain.includeDirs, libraries);
   // The user headers the generated code includes are part of what it builds.
-  for (llvm::StringRef line : llvm::split(readFile(base + source), '\n'))
-    if (line.consume_front("#include \"") && line.consume_back("\""))
-      buildKey += readFile(llvm::sys::path::is_absolute(line) ? line.str() : pathIn(mainDir, line));
+  for (const std::string& file : generated)
+    for (llvm::StringRef line : llvm::split(readFile(file), '\n'))
+      if (line.consume_front("#include \"") && line.consume_back("\""))
+        buildKey +=
+            readFile(llvm::sys::path::is_absolute(line) ? line.str() : pathIn(mainDir, line));
   std::string binary = fmt::format("{}-{:016x}.bin", base, llvm::xxHash64(buildKey));
   bool cached = llvm::sys::fs::exists(binary);
-  stage(cached ? std::string("building: the cache has this binary")
-               : fmt::format("building the generated code ({}{})", build.front(),
-                             prelude.empty() ? "" : ", with the precompiled prelude"));
-  if (!cached) {
+  stage(cached   ? std::string("building: the cache has this binary")
+        : !split ? fmt::format("building the generated code ({}{})", build.front(),
+                               prelude.empty() ? "" : ", with the precompiled prelude")
+                 : fmt::format("building the generated code ({}, {} files in {} job{}{})",
+                               build.front(), units.size(), std::min<size_t>(jobs, units.size()),
+                               std::min<size_t>(jobs, units.size()) == 1 ? "" : "s",
+                               prelude.empty() ? "" : ", with the precompiled prelude"));
+  if (!cached && split) {
+    if (int status = buildUnits(build, prelude, units, libraries, binary, base, jobs);
+        status != kExitOk)
+      return status;
+  } else if (!cached) {
+    std::string unity = base + ".unity" + source;
     {
       std::error_code ec;
       llvm::raw_fd_ostream out(unity, ec);

@@ -13,7 +13,12 @@
 
 #include <fmt/format.h>
 
+#include <sched.h>
 #include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <thread>
 
 extern char** environ;
 
@@ -150,6 +155,34 @@ int execute(const std::vector<std::string>& args, const std::string& stdoutFile,
   return llvm::sys::ExecuteAndWait(
       *program, argv, extraEnv ? llvm::Optional<llvm::ArrayRef<llvm::StringRef>>(env) : llvm::None,
       redirects, 0, 0, &error);
+}
+
+std::vector<int> executeParallel(const std::vector<std::vector<std::string>>& commands,
+                                 const std::vector<std::string>& logs, unsigned jobs,
+                                 std::vector<std::string>& errors) {
+  llvm::outs().flush(); // execute() flushes too: before the threads, so that none races on it
+  llvm::errs().flush();
+  std::vector<int> status(commands.size(), -1);
+  errors.assign(commands.size(), "");
+  std::atomic<size_t> next{0};
+  auto worker = [&] {
+    for (size_t k = next++; k < commands.size(); k = next++)
+      status[k] = execute(commands[k], logs[k], logs[k], errors[k]);
+  };
+  std::vector<std::thread> workers;
+  for (unsigned j = 1; j < std::min<size_t>(std::max(jobs, 1u), commands.size()); ++j)
+    workers.emplace_back(worker);
+  worker();
+  for (std::thread& thread : workers)
+    thread.join();
+  return status;
+}
+
+unsigned usableCores() {
+  cpu_set_t set;
+  if (::sched_getaffinity(0, sizeof(set), &set) == 0 && CPU_COUNT(&set) > 0)
+    return unsigned(CPU_COUNT(&set));
+  return std::max(1u, std::thread::hardware_concurrency());
 }
 
 std::string cacheDirectory() {

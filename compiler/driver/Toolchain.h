@@ -61,6 +61,16 @@ int execute(const std::vector<std::string>& args, const std::string& stdoutFile,
             const std::string& stderrFile, std::string& error,
             const std::vector<std::string>* extraEnv = nullptr);
 
+/// Runs `commands` (each as execute() runs one, its stdout and stderr both to its `logs` entry)
+/// with at most `jobs` of them at a time, each started as soon as a slot is free, in order.
+/// Returns per command its exit status (-1: could not start, with errors[k] set).
+std::vector<int> executeParallel(const std::vector<std::vector<std::string>>& commands,
+                                 const std::vector<std::string>& logs, unsigned jobs,
+                                 std::vector<std::string>& errors);
+
+/// The cores this process may run on (its affinity mask; at least 1).
+unsigned usableCores();
+
 /// The file's contents, or "" when it cannot be read.
 std::string readFile(const std::string& path);
 

@@ -530,9 +530,10 @@ def run_codegen_options():
     option error naming the passes."""
     with tempfile.TemporaryDirectory() as cache:
         def generated(*args):
-            """The C++ `meshc run` wrote with `args` (its build stopped by --cxx false)."""
+            """The C++ `meshc run` wrote with `args` (its build stopped by --cxx false; one job,
+            so one source file, as --emit=cpp writes it)."""
             before = set(glob.glob(os.path.join(cache, "run", "*", "*.cpp")))
-            proc = run_command(*args, "--no-plan", "--cxx", "false", cache=cache)
+            proc = run_command(*args, "--no-plan", "--cxx", "false", "-j", "1", cache=cache)
             expect(proc.returncode == 2 and "the C++ compiler failed" in proc.stderr,
                    f"meshc run {args} writes its code, then its build stops", proc)
             new = [path for path in set(glob.glob(os.path.join(cache, "run", "*", "*.cpp"))) - before
@@ -572,6 +573,60 @@ def run_codegen_options():
                "--disable-kernel-pass: no kernel pass named 'nosuch'" in unknown.stderr and
                "fuse-loops" in unknown.stderr and "compiling" not in unknown.stderr,
                "an unknown pass is an option error listing the passes", unknown)
+
+
+def run_split_build():
+    """--emit=cpp --source-parts N writes the source as N files and the header they share (the
+    parts its size does not pay for hold a comment only; a small program stays one file, as
+    without the option); `meshc run -j 2` builds such parts in parallel, and its binary computes
+    what the one-file build's (-j 1) computes, bit for bit, and what the interpreter does."""
+    with tempfile.TemporaryDirectory() as out:
+        os.makedirs(os.path.join(out, "split"))
+        os.makedirs(os.path.join(out, "one"))
+        proc = meshc(TRANSFORMER, "--emit=cpp", "--source-parts", "3", "-o",
+                     os.path.join(out, "split", "transformer"))
+        expect(proc.returncode == 0, "meshc --emit=cpp --source-parts 3", proc)
+        files = sorted(os.listdir(os.path.join(out, "split")))
+        expect(files == ["transformer.cpp", "transformer.h", "transformer.part2.cpp",
+                         "transformer.part3.cpp", "transformer.parts.h"],
+               f"<o>.cpp, <o>.part2.cpp, <o>.part3.cpp, <o>.parts.h beside <o>.h: {files}")
+        read = lambda *path: open(os.path.join(out, *path)).read()
+        parts = [read("split", name) for name in
+                 ("transformer.cpp", "transformer.part2.cpp", "transformer.part3.cpp")]
+        expect(all('#include "transformer.parts.h"' in part for part in parts[:2]),
+               "the parts with code include the header they share")
+        expect("#include" not in parts[2] and "too small" in parts[2],
+               "transformer's code pays for two parts: the third is a comment")
+        expect("namespace transformer_parts" in read("split", "transformer.parts.h"),
+               "the shared constants and loop nests are in a namespace of the model's own")
+        proc = meshc(TRANSFORMER, "--emit=cpp", "-o", os.path.join(out, "one", "transformer"))
+        expect(proc.returncode == 0 and read("one", "transformer.h") ==
+               read("split", "transformer.h"), "the split keeps the header as it is", proc)
+        for options in (["--source-parts", "2"], []):
+            os.makedirs(os.path.join(out, f"mlp{len(options)}"))
+            proc = meshc(MLP, "--emit=cpp", *options, "-o",
+                         os.path.join(out, f"mlp{len(options)}", "mlp"))
+            expect(proc.returncode == 0, f"meshc --emit=cpp {options} on mlp", proc)
+        expect(read("mlp2", "mlp.cpp") == read("mlp0", "mlp.cpp") and
+               "#include" not in read("mlp2", "mlp.part2.cpp"),
+               "mlp is too small to split: <o>.cpp as without --source-parts, part 2 a comment")
+        proc = meshc(TRANSFORMER, "--emit=cuda", "--source-parts", "2", "-o",
+                     os.path.join(out, "cuda"))
+        expect(proc.returncode == 1 and "--source-parts" in proc.stderr,
+               "the CUDA source stays one file", proc)
+    with tempfile.TemporaryDirectory() as cache:
+        actual = {}
+        for jobs in ("2", "1"):
+            proc = run_command(TRANSFORMER, "--mesh", "data=2,model=2", "--check", "--no-plan",
+                               "-j", jobs, cache=os.path.join(cache, jobs))
+            expect(proc.returncode == 0, f"meshc run -j {jobs} --check matches the interpreter",
+                   proc)
+            expect(("3 files in 2 jobs" in proc.stderr) == (jobs == "2"),
+                   "-j 2 builds the two parts and the runner in two jobs; -j 1 one file", proc)
+            [path] = glob.glob(os.path.join(cache, jobs, "run", "*", "transformer.actual"))
+            actual[jobs] = open(path, "rb").read()
+        expect(actual["1"] == actual["2"], "the split build's outputs are the one-file build's, "
+               "bit for bit")
 
 
 def run_errors():
@@ -755,7 +810,7 @@ CASES = {f.__name__: f for f in [run_precompiled_prelude, calibrate, calibrate_n
                                  ir_input_and_stages, every_option, emit_cpp_unwritable,
                                  depfile_user_headers, run_check, run_installed, run_omp_wait_policy, run_check_path_dtypes,
                                  run_user_kernels, run_data,
-                                 run_train_data, run_fixed_batch, run_errors, run_codegen_options, run_nccl, run_help, verify_each, recompute]}
+                                 run_train_data, run_fixed_batch, run_errors, run_codegen_options, run_split_build, run_nccl, run_help, verify_each, recompute]}
 
 if __name__ == "__main__":
     MESHC = sys.argv[1]

@@ -90,6 +90,17 @@ def run_consumer(prefix, work, generator):
                for _, _, names in os.walk(pch) for name in names):
         sys.exit(f"FAIL: PRECOMPILE_PRELUDE left no precompiled header under {pch}")
     print("ok: the generated code's prelude is precompiled")
+    # SOURCE_PARTS 2: both parts of the source and their header are generated and compiled.
+    generated = os.path.join(build, "consumer_model.meshc")
+    for name in ["model.cpp", "model.part2.cpp", "model.parts.h"]:
+        if not os.path.exists(os.path.join(generated, name)):
+            sys.exit(f"FAIL: SOURCE_PARTS 2 generated no {name} under {generated}")
+    objects = [name for _, _, names in os.walk(pch) for name in names
+               if name.startswith("model.") and name.endswith(".o")]
+    if sorted(objects) != ["model.cpp.o", "model.part2.cpp.o"]:
+        sys.exit(f"FAIL: SOURCE_PARTS 2: the library compiles model.cpp and model.part2.cpp, "
+                 f"not {objects}")
+    print("ok: the source's two parts are generated and compiled")
     print(run([os.path.join(build, "consumer"), os.path.join(work, "actual")]).stdout, end="")
     compare_with_interpreter(prefix, work, source, "data=2,model=2")
     return source, build
