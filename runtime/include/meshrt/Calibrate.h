@@ -56,19 +56,27 @@ inline std::string number(double value) {
   return text;
 }
 
-/// Best GEMM rate (FLOP/s) of out[m, n] = a[m, k] . b[k, n] through the einsum generated code
-/// calls, on one thread.
-inline double gemmFlopsPerSecond(int64_t m, int64_t n, int64_t k, int repetitions) {
-  kernels::EinsumPlan plan({{m, n, k}, {{{0, 2}}, {{2, 1}}}, {{0, 1}}});
-  std::vector<float> a(m * k, 0.5f), b(k * n, 0.25f), out(m * n);
-  plan.run(a.data(), b.data(), out.data()); // warm-up: the library's first call sets up
+/// The best of `repetitions` timed runs of `plan` on these operands, after a warm-up run (the
+/// library's first call sets up).
+inline double bestRunSeconds(const kernels::EinsumPlan& plan, const std::vector<float>& a,
+                             const std::vector<float>& b, std::vector<float>& out,
+                             int repetitions) {
+  plan.run(a.data(), b.data(), out.data());
   double best = 1e30;
   for (int r = 0; r < repetitions; ++r) {
     Clock::time_point start = Clock::now();
     plan.run(a.data(), b.data(), out.data());
     best = std::min(best, secondsSince(start));
   }
-  return 2.0 * double(m) * double(n) * double(k) / best;
+  return best;
+}
+
+/// Best GEMM rate (FLOP/s) of out[m, n] = a[m, k] . b[k, n] through the einsum generated code
+/// calls, on one thread.
+inline double gemmFlopsPerSecond(int64_t m, int64_t n, int64_t k, int repetitions) {
+  kernels::EinsumPlan plan({{m, n, k}, {{{0, 2}}, {{2, 1}}}, {{0, 1}}});
+  std::vector<float> a(m * k, 0.5f), b(k * n, 0.25f), out(m * n);
+  return 2.0 * double(m) * double(n) * double(k) / bestRunSeconds(plan, a, b, out, repetitions);
 }
 
 /// Best time of a batched GEMM as attention runs it: out[batch, m, n] = a[m, batch, k] .
@@ -78,14 +86,7 @@ inline double gemmFlopsPerSecond(int64_t m, int64_t n, int64_t k, int repetition
 inline double batchedGemmSeconds(int64_t batch, int64_t m, int64_t n, int64_t k, int repetitions) {
   kernels::EinsumPlan plan({{batch, m, n, k}, {{{1, 0, 3}}, {{2, 0, 3}}}, {{0, 1, 2}}});
   std::vector<float> a(batch * m * k, 0.5f), b(batch * k * n, 0.25f), out(batch * m * n);
-  plan.run(a.data(), b.data(), out.data()); // warm-up: the library's first call sets up
-  double best = 1e30;
-  for (int r = 0; r < repetitions; ++r) {
-    Clock::time_point start = Clock::now();
-    plan.run(a.data(), b.data(), out.data());
-    best = std::min(best, secondsSince(start));
-  }
-  return best;
+  return bestRunSeconds(plan, a, b, out, repetitions);
 }
 
 /// Best rate (bytes read and written per second) of the elementwise loop generated code runs
