@@ -1593,6 +1593,25 @@ inline void alongContiguous(float* out, const float* in, int64_t rows, const Row
   }
 }
 
+namespace detail {
+/// The offset of row r of the row kernels: r's index over `outer` (row-major) times `strides`.
+inline int64_t rowBase(const Shape& outer, const Shape& strides, int64_t r) {
+  int64_t base = 0;
+  for (size_t d = outer.size(), rest = size_t(r); d-- > 0;) {
+    base += int64_t(rest % size_t(outer[d])) * strides[d];
+    rest /= size_t(outer[d]);
+  }
+  return base;
+}
+/// Row r's index along outer dim `dim`.
+inline int64_t outerIndex(const Shape& outer, int64_t r, size_t dim) {
+  size_t rest = size_t(r);
+  for (size_t d = outer.size() - 1; d > dim; --d)
+    rest /= size_t(outer[d]);
+  return int64_t(rest % size_t(outer[dim]));
+}
+} // namespace detail
+
 /// sum = t0 + t1, or t0 + (t1 + t2) when t2 is not null, over rows of `size` contiguous elements
 /// (`sum` and `out` dense, one row apart; term k's row r starts at r's index over `outer` times
 /// `tkOuter`: dense, or broadcast where a stride is 0), stored; then layerNormAffine of each
@@ -1611,14 +1630,8 @@ inline void alongContiguous(float* out, const float* in, int64_t rows, const Row
 #pragma omp parallel for schedule(static) if (parallel)
 #endif
   for (int64_t r = 0; r < rows; ++r) {
-    int64_t base0 = 0, base1 = 0, base2 = 0;
-    for (size_t d = outer.size(), rest = size_t(r); d-- > 0;) {
-      auto index = int64_t(rest % size_t(outer[d]));
-      base0 += index * t0Outer[d];
-      base1 += index * t1Outer[d];
-      if (t2) base2 += index * t2Outer[d];
-      rest /= size_t(outer[d]);
-    }
+    int64_t base0 = detail::rowBase(outer, t0Outer, r), base1 = detail::rowBase(outer, t1Outer, r);
+    int64_t base2 = t2 ? detail::rowBase(outer, t2Outer, r) : 0;
     float* __restrict x = sum + r * size;
     const float* __restrict a = t0 + base0;
     const float* __restrict b = t1 + base1;
@@ -1666,11 +1679,7 @@ inline void alongContiguous(float* out, const float* in, int64_t rows, const Row
 #pragma omp parallel for schedule(static) if (parallel)
 #endif
   for (int64_t r = 0; r < rows; ++r) {
-    int64_t maskBase = 0;
-    for (size_t d = outer.size(), rest = size_t(r); d-- > 0;) {
-      maskBase += int64_t(rest % size_t(outer[d])) * maskOuter[d];
-      rest /= size_t(outer[d]);
-    }
+    int64_t maskBase = detail::rowBase(outer, maskOuter, r);
     const float* x = in + r * size;
     const float* m = mask + maskBase;
     float* y = out + r * size;
@@ -1700,13 +1709,8 @@ inline void alongContiguous(float* out, const float* in, int64_t rows, const Row
 #pragma omp parallel for schedule(static) if (parallel)
 #endif
   for (int64_t r = 0; r < rows; ++r) {
-    int64_t maskBase = 0, query = 0;
-    for (size_t d = outer.size(), rest = size_t(r); d-- > 0;) {
-      auto index = int64_t(rest % size_t(outer[d]));
-      maskBase += index * maskOuter[d];
-      if (int64_t(d) == queryDim) query = index;
-      rest /= size_t(outer[d]);
-    }
+    int64_t maskBase = detail::rowBase(outer, maskOuter, r);
+    int64_t query = detail::outerIndex(outer, r, size_t(queryDim));
     const float* x = in + r * size;
     const float* m = mask + maskBase;
     float* y = out + r * size;
