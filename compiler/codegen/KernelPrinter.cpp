@@ -737,14 +737,19 @@ std::string FileScope::causalEinsum(const std::string& args) {
   return fmt::format("kCausal{}", it->second);
 }
 
-std::string FileScope::definitions() const {
+std::string FileScope::constants(const char* linkage) const {
   std::string out;
   for (size_t k = 0; k < shapes.size(); ++k)
-    out += fmt::format("static const support::Shape kShape{} = {};\n", k, list(shapes[k]));
+    out += fmt::format("{}const support::Shape kShape{} = {};\n", linkage, k, list(shapes[k]));
   for (size_t k = 0; k < einsums.size(); ++k)
-    out += fmt::format("static const support::SharedEinsum kEinsum{}({});\n", k, einsums[k]);
+    out += fmt::format("{}const support::SharedEinsum kEinsum{}({});\n", linkage, k, einsums[k]);
   for (size_t k = 0; k < causals.size(); ++k)
-    out += fmt::format("static const support::CausalEinsum kCausal{}({});\n", k, causals[k]);
+    out += fmt::format("{}const support::CausalEinsum kCausal{}({});\n", linkage, k, causals[k]);
+  return out;
+}
+
+std::string FileScope::definitions() const {
+  std::string out = constants("static ");
   if ((!shapes.empty() || !einsums.empty() || !causals.empty()) && !functions.empty()) out += "\n";
   // Not inlined: each copy would be compiled again, which is what outlining saves.
   for (size_t k = 0; k < functions.size(); ++k)
@@ -768,14 +773,7 @@ std::string FileScope::declarations() const {
 
 std::string FileScope::constantDefinitions() const {
   // The declarations (declarations(), in the parts' header) give these external linkage.
-  std::string out;
-  for (size_t k = 0; k < shapes.size(); ++k)
-    out += fmt::format("const support::Shape kShape{} = {};\n", k, list(shapes[k]));
-  for (size_t k = 0; k < einsums.size(); ++k)
-    out += fmt::format("const support::SharedEinsum kEinsum{}({});\n", k, einsums[k]);
-  for (size_t k = 0; k < causals.size(); ++k)
-    out += fmt::format("const support::CausalEinsum kCausal{}({});\n", k, causals[k]);
-  return out;
+  return constants("");
 }
 
 std::string FileScope::functionDefinition(size_t k) const {

@@ -99,6 +99,9 @@ public:
   std::string functionDefinition(size_t k) const;
 
 private:
+  /// The shapes' and einsums' definitions, each line starting with `linkage` ("static " or "").
+  std::string constants(const char* linkage) const;
+
   std::map<kir::Shape, size_t> shapeIndex;
   std::vector<kir::Shape> shapes;
   std::map<std::string, size_t> einsumIndex;
