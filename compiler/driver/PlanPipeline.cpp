@@ -235,15 +235,15 @@ bool planInner(const PipelineOptions& options, UnzeroedPlans* unzeroed, DiagEngi
 }
 
 /// Plans `fn` at one and two layers for `count` microbatches and composes the stages; the plans
-/// without recomputation come from `plainPlans` when it has them, and are kept there.
-std::optional<Candidate> evaluate(const ir::Module& module, const ir::DimLayout& stage,
-                                  const PipelineOptions& given, const ir::Function& fn,
-                                  const Microbatching& micro, int64_t count,
-                                  plan::PipelineSchedule schedule, const plan::Machine& machine,
-                                  DiagEngine& diag, const char* argv0,
-                                  PlainPlans* plainPlanMemo = nullptr,
-                                  UnzeroedPlans* unzeroed = nullptr,
-                                  std::optional<plan::Layout>* searchStart = nullptr) {
+/// without recomputation come from `plainPlans` when it has them, and are kept there. Each plan's
+/// layout search starts from `searchStart` (when given), which then becomes its layout: the
+/// plans of one stage mesh are alike, and the plans do not depend on where a search starts.
+std::optional<Candidate>
+evaluate(const ir::Module& module, const ir::DimLayout& stage, const PipelineOptions& given,
+         const ir::Function& fn, const Microbatching& micro, int64_t count,
+         plan::PipelineSchedule schedule, const plan::Machine& machine, DiagEngine& diag,
+         const char* argv0, PlainPlans* plainPlanMemo = nullptr, UnzeroedPlans* unzeroed = nullptr,
+         std::optional<plan::Layout>* searchStart = nullptr) {
   // Plans of the step at one and two layers, with the recomputation asked for (`given`) or
   // without any (`plain`).
   bool recomputes = !given.recompute.empty();
