@@ -182,6 +182,10 @@ public:
     }
     if (report.microbatchDim.empty())
       report.notTried.push_back("microbatches: no dim is in every input and in no param");
+    // The combinations are one block at other microbatch sizes, recomputed or not: each one's
+    // search starts where the one before ended (the plain plan's fastest layout first).
+    searchStart_.reset();
+    if (!plain.empty() && plain.front().search) searchStart_ = plain.front().search->layout;
     std::optional<Planned> best;
     int64_t plainFitsAt = std::numeric_limits<int64_t>::max();
     for (const std::string& recompute : recomputes) {
@@ -373,6 +377,7 @@ private:
     plan::PlannerOptions plannerOptions;
     plannerOptions.machine = options_.machine;
     plannerOptions.memoryBudgetBytes = budget_;
+    plannerOptions.searchStart = searchStart_;
     // Each plan microbatched as it comes, so that the ZeRO stages (in decreasing order) stop
     // at the first whose step, accumulators included, is over the budget.
     // A plan that cannot be microbatched keeps microbatching.count 1 and is left out.
@@ -388,6 +393,7 @@ private:
         *trained, machine_, plannerOptions, fn.name, zeroStages, microbatch, quiet_);
     std::vector<Planned> result;
     if (!plans) return result;
+    if (!plans->empty() && plans->front().search) searchStart_ = plans->front().search->layout;
     for (plan::PlannedFunction& plan : *plans)
       if (count == 1 || plan.spmd.microbatching.count == count)
         result.push_back(plannedOf(std::move(plan), recompute, count, trained));
@@ -404,6 +410,8 @@ private:
   bool stages_;
   /// The stage splits' plans without ZeRO, which their retries with ZeRO stages reuse.
   UnzeroedPlans unzeroed_;
+  /// The layout the last combination's search found, where the next one's starts.
+  std::optional<plan::Layout> searchStart_;
 };
 
 double secondsSince(std::chrono::steady_clock::time_point start) {

@@ -236,6 +236,7 @@ std::optional<PlannedModule> planModule(const ir::Module& module, const Pipeline
     return std::nullopt;
   }
   options.devices = given.devices;
+  options.searchStart = given.searchStart;
   if (!given.zero.empty()) {
     llvm::StringRef stage = llvm::StringRef(given.zero).trim();
     if (stage.getAsInteger(10, options.zeroStage) || options.zeroStage < 0 ||

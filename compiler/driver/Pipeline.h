@@ -51,6 +51,10 @@ struct PipelineOptions {
   /// Planning one pipeline stage's mesh: the stages whose meshes share the machine's devices
   /// (plan::Machine::meshCopies); 1 otherwise.
   int64_t stageCopies = 1;
+  /// Where the layout search starts (plan::PlannerOptions::searchStart): set by the pipeline
+  /// search for the plans of one stage, which are alike; no option sets it, and the plans do not
+  /// depend on it.
+  std::optional<plan::Layout> searchStart;
   // The interpreter (interpretModule):
   uint64_t seed = 0;
   int64_t steps = 0;                  // > 0: train blocks take this many steps

@@ -235,14 +235,15 @@ bool planInner(const PipelineOptions& options, UnzeroedPlans* unzeroed, DiagEngi
 }
 
 /// Plans `fn` at one and two layers for `count` microbatches and composes the stages; the plans
-/// without recomputation come from `plainPlans` when it has them, and are kept there.
-std::optional<Candidate> evaluate(const ir::Module& module, const ir::DimLayout& stage,
-                                  const PipelineOptions& given, const ir::Function& fn,
-                                  const Microbatching& micro, int64_t count,
-                                  plan::PipelineSchedule schedule, const plan::Machine& machine,
-                                  DiagEngine& diag, const char* argv0,
-                                  PlainPlans* plainPlanMemo = nullptr,
-                                  UnzeroedPlans* unzeroed = nullptr) {
+/// without recomputation come from `plainPlans` when it has them, and are kept there. Each plan's
+/// layout search starts from `searchStart` (when given), which then becomes its layout: the
+/// plans of one stage mesh are alike, and the plans do not depend on where a search starts.
+std::optional<Candidate>
+evaluate(const ir::Module& module, const ir::DimLayout& stage, const PipelineOptions& given,
+         const ir::Function& fn, const Microbatching& micro, int64_t count,
+         plan::PipelineSchedule schedule, const plan::Machine& machine, DiagEngine& diag,
+         const char* argv0, PlainPlans* plainPlanMemo = nullptr, UnzeroedPlans* unzeroed = nullptr,
+         std::optional<plan::Layout>* searchStart = nullptr) {
   // Plans of the step at one and two layers, with the recomputation asked for (`given`) or
   // without any (`plain`).
   bool recomputes = !given.recompute.empty();
@@ -259,10 +260,14 @@ std::optional<Candidate> evaluate(const ir::Module& module, const ir::DimLayout&
         }
       PipelineOptions options = innerOptions(module, stage, given, fn, micro, count, layers);
       if (!withRecompute) options.recompute.clear();
+      if (searchStart) options.searchStart = *searchStart;
       std::optional<ir::Module> loaded;
       std::optional<PlannedModule> planned;
       if (!planInner(options, unzeroed, diag, argv0, loaded, planned) || planned->plans.size() != 1)
         return std::nullopt;
+      // The next plan (one layer more, another microbatch count) starts its search here.
+      if (searchStart && planned->plans.front().search)
+        *searchStart = planned->plans.front().search->layout;
       if (!withRecompute && plainPlanMemo)
         plainPlanMemo->try_emplace({count, layers}, planned->plans.front());
       (withRecompute || !recomputes ? plans : plainPlans)[layers - 1] =
@@ -543,6 +548,7 @@ std::optional<Candidate> searchCandidates(const ir::Module& module, const ir::Di
   std::optional<Candidate> best;
   smallest.reset();
   PlainPlans plainPlans;
+  std::optional<plan::Layout> searchStart; // the last plan's layout (evaluate)
   PipelineOptions given = options;
   double fastest = std::numeric_limits<double>::infinity();
   std::string layerDef =
@@ -565,7 +571,7 @@ std::optional<Candidate> searchCandidates(const ir::Module& module, const ir::Di
       }
       std::optional<Candidate> candidate =
           evaluate(module, stage, given, fn, micro, count, schedule, machine, diag, argv0,
-                   &plainPlans, unzeroed);
+                   &plainPlans, unzeroed, &searchStart);
       if (!candidate) {
         ok = false;
         return std::nullopt;

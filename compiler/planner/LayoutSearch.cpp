@@ -148,6 +148,23 @@ struct SearchSpace {
     }
   }
 
+  /// The choice closest to `layout`: each searched dim takes its axes there when they are one of
+  /// its options and legal with the dims before it, else replicated.
+  std::vector<int> choiceOf(const Layout& layout) const {
+    std::vector<int> choice(dims.size(), -1);
+    for (size_t i = 0; i < dims.size(); ++i) {
+      choice[i] = 0;
+      auto it = layout.axes.find(dims[i]);
+      if (it == layout.axes.end()) continue;
+      for (size_t o = 0; o < options[i].size(); ++o)
+        if (options[i][o] == it->second && legal(i, o, choice)) {
+          choice[i] = static_cast<int>(o);
+          break;
+        }
+    }
+    return choice;
+  }
+
   Layout layoutOf(const std::vector<int>& choice) const {
     Layout layout = base;
     for (size_t i = 0; i < dims.size(); ++i)
@@ -163,10 +180,10 @@ public:
       : space_(space), eval_(evaluator), budget_(budget) {}
 
   /// Exact: branch and bound in the search order, its incumbent seeded by a coordinate descent
-  /// from the replicated layout.
-  /// Returns false when it ran out of work before proving its layout optimal.
-  bool exact() {
-    descend(std::vector<int>(space_.dims.size(), 0));
+  /// from `start` (SearchOptions::start). Returns false when it ran out of work before proving
+  /// its layout optimal.
+  bool exact(std::vector<int> start) {
+    descend(std::move(start));
     std::vector<int> choice(space_.dims.size(), -1);
     branch(0, choice);
     return !aborted_;
@@ -427,7 +444,8 @@ std::optional<SearchResult> searchLayout(PlanEvaluator& evaluator, const ir::Mod
   LayoutSearcher searcher(space, evaluator, budget);
   bool exact = space.legalCount(options.exactLimit) <= options.exactLimit;
   if (exact)
-    exact = searcher.exact();
+    exact = searcher.exact(options.start ? space.choiceOf(*options.start)
+                                         : std::vector<int>(space.dims.size(), 0));
   else
     searcher.heuristic();
   if (!searcher.found()) {

@@ -20,6 +20,14 @@ struct SearchOptions {
   /// exhaustive. Without (a caller that only asks whether one fits), the search stops at once
   /// when PlanEvaluator::memoryLowerBound is over the budget and names that bound instead.
   bool exactNeed = true;
+  /// Where the exact search's coordinate descent starts (its dims' axes; a dim it leaves out or
+  /// gives an option the space does not have, or one that clashes with the dims before it, is
+  /// replicated); nullopt: the replicated layout. The descent only seeds the branch and bound's
+  /// incumbent, so the layout found is the same from any start: a caller that knows a similar
+  /// function's layout (the same block at another microbatch count, with one layer more)
+  /// passes it, and the search lowers fewer layouts on its way to the best (each layout the
+  /// descent takes is costed exactly). The heuristic search ignores it.
+  std::optional<Layout> start;
 };
 
 struct SearchResult {

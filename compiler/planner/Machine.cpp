@@ -1,5 +1,6 @@
 #include "planner/Machine.h"
 
+#include <llvm/ADT/SmallVector.h>
 #include <llvm/Support/JSON.h>
 #include <llvm/Support/MemoryBuffer.h>
 
@@ -203,12 +204,17 @@ bool groupSpans(const Mesh& mesh, const AxisList& axes,
   std::vector<int64_t> strides(mesh.axes.size(), 1);
   for (int i = static_cast<int>(mesh.axes.size()) - 2; i >= 0; --i)
     strides[i] = strides[i + 1] * mesh.axes[i + 1].size;
+  // The group's axes found in the mesh once, not once per rank (every collective a search costs
+  // asks, and the ranks are 64 on h100-cluster): (stride, size) of each.
+  llvm::SmallVector<std::pair<int64_t, int64_t>, 4> members;
+  for (const std::string& axis : axes) {
+    int index = mesh.axisIndex(axis);
+    if (index >= 0) members.emplace_back(strides[index], mesh.axes[index].size);
+  }
   for (int64_t rank = 0; rank < numRanks; ++rank) {
     int64_t base = rank;
-    for (const std::string& axis : axes) {
-      int index = mesh.axisIndex(axis);
-      if (index >= 0) base -= (rank / strides[index] % mesh.axes[index].size) * strides[index];
-    }
+    for (const auto& [stride, size] : members)
+      base -= (rank / stride % size) * stride;
     if (placeOf(rank) != placeOf(base)) return true;
   }
   return false;

@@ -114,6 +114,7 @@ std::optional<PlannedFunction> planLayout(const ir::Module& module, const ir::Fu
   SearchOptions searchOptions;
   searchOptions.memoryBudgetBytes = options.memoryBudgetBytes;
   searchOptions.exactLimit = options.exactLimit;
+  searchOptions.start = options.searchStart;
   PlannedFunction plan = emptyPlan(pinned, options.memoryBudgetBytes > 0 ? options.memoryBudgetBytes
                                                                          : machine.memoryBytes);
   Layout layout = pinned;
@@ -308,6 +309,7 @@ zeroCandidatesOf(const ir::Module& module, const ir::Function* fn, const Machine
   searchOptions.memoryBudgetBytes =
       options.memoryBudgetBytes > 0 ? options.memoryBudgetBytes : machine.memoryBytes;
   searchOptions.exactLimit = options.exactLimit;
+  searchOptions.start = options.searchStart;
   DiagEngine quiet(diag.sources(), llvm::nulls());
   PlanEvaluator evaluator(module, *fn, mesh, machine);
   auto lowered = [&](const SearchResult& search) -> std::optional<PlannedFunction> {
@@ -336,6 +338,9 @@ zeroCandidatesOf(const ir::Module& module, const ir::Function* fn, const Machine
       // Whether a layout fits is all this asks (a failure is quiet): proven none, it stops.
       SearchOptions fittingOptions = searchOptions;
       fittingOptions.exactNeed = false;
+      // The fastest layout, when searched already, is the nearest start (it fits, or the
+      // descent walks from it into the budget).
+      if (fastest) fittingOptions.start = fastest->layout;
       std::optional<SearchResult> fitting = searchLayout(evaluator, module, *fn, mesh, machine,
                                                          pinned, toSearch, fittingOptions, quiet);
       std::optional<PlannedFunction> plan = fitting           ? lowered(*fitting)

@@ -23,6 +23,9 @@ struct PlannerOptions {
   int64_t devices = 0;
   /// 1-3: ZeRO stage of train blocks (docs/planner.md, "ZeRO"); 0: none.
   int zeroStage = 0;
+  /// Where the layout searches' descent starts (SearchOptions::start): a similar function's
+  /// layout, which the caller passes to make the search cheaper; the plan is the same.
+  std::optional<Layout> searchStart;
 };
 
 /// Plans every selected function of `module` on `machine`. Errors (an impossible memory budget,
