@@ -10,6 +10,7 @@
 #include <llvm/ADT/STLExtras.h>
 #include <llvm/ADT/StringRef.h>
 
+#include <algorithm>
 #include <cmath>
 
 namespace meshc::codegen {
@@ -182,8 +183,105 @@ bool isComparison(OpKind kind) {
 
 } // namespace
 
+std::vector<std::optional<IntegerRange>> integerRanges(const kir::Loop& loop) {
+  std::vector<std::optional<IntegerRange>> ranges(loop.body.size());
+  auto of = [&](int arg) -> std::optional<IntegerRange> {
+    return arg >= 0 && size_t(arg) < ranges.size() ? ranges[size_t(arg)] : std::nullopt;
+  };
+  for (size_t k = 0; k < loop.body.size(); ++k) {
+    const Scalar& s = loop.body[k];
+    std::optional<IntegerRange>& r = ranges[k];
+    if (s.kind == Scalar::Kind::Const) {
+      // As printed: support::wrapI32 of an integral literal in range is the literal.
+      if (s.dtype == DType::I32 && s.value == std::trunc(s.value) && std::fabs(s.value) < 0x1p31)
+        r = IntegerRange{s.value, s.value};
+      continue;
+    }
+    if (s.kind != Scalar::Kind::Compute) continue; // loads: any i32; dropout, step: floats
+    if (isComparison(s.op) && ir::opTraits(s.op).result == ir::ResultRule::Compare) {
+      r = IntegerRange{0, 1};
+      continue;
+    }
+    if (s.dtype != DType::I32) continue;
+    std::vector<IntegerRange> a;
+    for (int arg : s.args) {
+      if (std::optional<IntegerRange> ra = of(arg))
+        a.push_back(*ra);
+      else
+        break;
+    }
+    auto corners = [](double x0, double x1, double y0, double y1) {
+      double c[] = {x0 * y0, x0 * y1, x1 * y0, x1 * y1};
+      return IntegerRange{*std::min_element(c, c + 4), *std::max_element(c, c + 4)};
+    };
+    switch (s.op) {
+    case OpKind::Cast: // i32 to i32 (from a float the cast truncates: any i32)
+    case OpKind::StopGradient:
+    case OpKind::Transpose:
+    case OpKind::Broadcast:
+      if (a.size() == 1 && loop.body[size_t(s.args[0])].dtype == DType::I32) r = a[0];
+      break;
+    case OpKind::Neg:
+      if (a.size() == 1) r = IntegerRange{-a[0].hi, -a[0].lo};
+      break;
+    case OpKind::Abs:
+      if (a.size() == 1)
+        r = IntegerRange{
+            a[0].lo <= 0 && a[0].hi >= 0 ? 0 : std::min(std::fabs(a[0].lo), std::fabs(a[0].hi)),
+            std::max(std::fabs(a[0].lo), std::fabs(a[0].hi))};
+      break;
+    case OpKind::Add:
+      if (a.size() == 2) r = IntegerRange{a[0].lo + a[1].lo, a[0].hi + a[1].hi};
+      break;
+    case OpKind::Sub:
+      if (a.size() == 2) r = IntegerRange{a[0].lo - a[1].hi, a[0].hi - a[1].lo};
+      break;
+    case OpKind::Mul:
+      if (a.size() == 2) r = corners(a[0].lo, a[0].hi, a[1].lo, a[1].hi);
+      break;
+    case OpKind::Maximum:
+      if (a.size() == 2) r = IntegerRange{std::max(a[0].lo, a[1].lo), std::max(a[0].hi, a[1].hi)};
+      break;
+    case OpKind::Minimum:
+      if (a.size() == 2) r = IntegerRange{std::min(a[0].lo, a[1].lo), std::min(a[0].hi, a[1].hi)};
+      break;
+    case OpKind::Where: // the condition's range does not matter
+      if (s.args.size() == 3 && of(s.args[1]) && of(s.args[2]))
+        r = IntegerRange{std::min(of(s.args[1])->lo, of(s.args[2])->lo),
+                         std::max(of(s.args[1])->hi, of(s.args[2])->hi)};
+      break;
+    default:
+      break;
+    }
+    // Only ranges whose every integer a float holds exactly are of use (exactInF32).
+    if (r && (r->lo < -0x1p24 || r->hi > 0x1p24)) r.reset();
+  }
+  return ranges;
+}
+
 std::string scalarExpression(const Scalar& s, const std::vector<std::string>& args,
-                             const std::vector<DType>& argTypes) {
+                             const std::vector<DType>& argTypes, bool exactInF32) {
+  if (exactInF32 && s.kind == Scalar::Kind::Compute && s.dtype == DType::I32 &&
+      !isComparison(s.op)) {
+    switch (s.op) {
+    case OpKind::Neg:
+    case OpKind::Mul:
+      // + 0.0f turns f32's -0 (of -0 or 0 * -3) into the 0 an integer is.
+      return fmt::format("({} + 0.0f)", computeExpr(s, args, argTypes, true));
+    case OpKind::Add:
+    case OpKind::Sub:
+    case OpKind::Abs:
+    case OpKind::Maximum:
+    case OpKind::Minimum:
+    case OpKind::Cast:
+    case OpKind::StopGradient:
+    case OpKind::Transpose:
+    case OpKind::Broadcast:
+      return computeExpr(s, args, argTypes, true);
+    default:
+      break;
+    }
+  }
   switch (s.kind) {
   case Scalar::Kind::Load:
   case Scalar::Kind::Dropout:
@@ -281,6 +379,7 @@ std::string loopBody(const kir::Loop& loop, const CollapsedLoop& collapsed,
                      const ElementText& element, const ElementText& store,
                      const ElementText& keepMask) {
   std::string body;
+  std::vector<std::optional<IntegerRange>> ranges = integerRanges(loop);
   for (size_t k = 0; k < loop.body.size(); ++k) {
     const Scalar& s = loop.body[k];
     std::string expr;
@@ -305,7 +404,7 @@ std::string loopBody(const kir::Loop& loop, const CollapsedLoop& collapsed,
         args.push_back(fmt::format("s{}", a));
         types.push_back(loop.body[size_t(a)].dtype);
       }
-      expr = scalarExpression(s, args, types);
+      expr = scalarExpression(s, args, types, ranges[k].has_value());
     }
     body += fmt::format("const float s{} = {};\n", k, expr);
   }

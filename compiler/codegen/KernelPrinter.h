@@ -8,6 +8,7 @@
 
 #include <functional>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -42,9 +43,22 @@ std::string loopBody(const kir::Loop& loop, const CollapsedLoop& collapsed,
 /// capture it by value), else "".
 std::string stepDeclaration(const kir::Loop& loop);
 
+/// The integers an i32 scalar of a loop body can hold, when its operands bound them: i32
+/// literals, comparisons (0 or 1) and the sums, differences, products, negations, absolute
+/// values, maxima, minima and selects of such values. Kept only when every integer in the range
+/// is exact in f32 (|x| <= 2^24).
+struct IntegerRange {
+  double lo = 0, hi = 0;
+};
+std::vector<std::optional<IntegerRange>> integerRanges(const kir::Loop& loop);
+
 /// The C++ expression of one scalar of a loop body over its argument scalars' names.
+/// `exactInF32`: the scalar is an i32 whose operands and result are integers f32 holds exactly
+/// (integerRanges), so the interpreter's i32 arithmetic (in double, then wrapped) is f32's:
+/// printed without support::wrapI32, whose branches keep the C++ compiler from vectorizing the
+/// loop (the loss gradient's `one_hot` mask products).
 std::string scalarExpression(const kir::Scalar& scalar, const std::vector<std::string>& args,
-                             const std::vector<ir::DType>& argTypes);
+                             const std::vector<ir::DType>& argTypes, bool exactInF32 = false);
 
 /// A two-operand GEMM's dims as meshc::gen::GemmDims' designated initializer ("{.batch = ...}"),
 /// or "" when it is not a GEMM (a dim summed within one operand, or another operand count).

@@ -182,7 +182,7 @@ static const support::SharedEinsum
       const float s8 = p3[i0];
       const float s9 = support::wrapI32(0.0);
       const float s10 = (s8 >= s9 ? 1.0f : 0.0f);
-      const float s11 = support::wrapI32(double((double(s10) * double(s7))));
+      const float s11 = ((s10 * s7) + 0.0f);
       const float s12 = s11;
       const float s13 = (s4 * s12);
       const float s14 = p4[i0 * 128 + i1];

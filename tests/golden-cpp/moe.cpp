@@ -89,7 +89,7 @@ static const support::SharedEinsum
       const float s3 = p1[i0 * 2 + i1];
       const float s4 = p2[i0];
       const float s5 = (s3 == s4 ? 1.0f : 0.0f);
-      const float s6 = support::wrapI32(double(support::maximum(s5, s2)));
+      const float s6 = support::maximum(s5, s2);
       const float s7 = p3[i1];
       const float s8 = support::wrapI32(4.0);
       const float s9 = (s6 != 0 ? s7 : s8);
@@ -444,7 +444,7 @@ static const support::SharedEinsum
       const float s3 = p2[i0 * 2 + i1];
       const float s4 = p3[i0];
       const float s5 = (s3 == s4 ? 1.0f : 0.0f);
-      const float s6 = support::wrapI32(double(support::maximum(s5, s2)));
+      const float s6 = support::maximum(s5, s2);
       const float s7 = p4[i1];
       const float s8 = support::wrapI32(4.0);
       const float s9 = (s6 != 0 ? s7 : s8);

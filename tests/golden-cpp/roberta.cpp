@@ -81,8 +81,8 @@ static const support::SharedEinsum
     const float s11 = p4[i0];
     const float s12 = 0.15f;
     const float s13 = (s11 < s12 ? 1.0f : 0.0f);
-    const float s14 = support::wrapI32(double((double(s13) * double(s10))));
-    const float s15 = support::wrapI32(double((double(s13) * double(s7))));
+    const float s14 = ((s13 * s10) + 0.0f);
+    const float s15 = ((s13 * s7) + 0.0f);
     const float s16 = p5[i0];
     const float s17 = p2[i0];
     const float s18 = (s15 != 0 ? s16 : s17);
@@ -173,7 +173,7 @@ static const support::SharedEinsum
       const float s10 = p3[i0];
       const float s11 = support::wrapI32(0.0);
       const float s12 = (s10 >= s11 ? 1.0f : 0.0f);
-      const float s13 = support::wrapI32(double((double(s12) * double(s9))));
+      const float s13 = ((s12 * s9) + 0.0f);
       const float s14 = s13;
       const float s15 = (s6 * s14);
       const float s16 = p4[i0 * 32 + i1];

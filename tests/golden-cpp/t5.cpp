@@ -579,7 +579,7 @@ static const support::SharedEinsum
       const float s3 = p1[i0 * 32 + i1];
       const float s4 = p2[i0];
       const float s5 = (s3 == s4 ? 1.0f : 0.0f);
-      const float s6 = support::wrapI32(double(support::maximum(s5, s2)));
+      const float s6 = support::maximum(s5, s2);
       const float s7 = p3[i1];
       const float s8 = support::wrapI32(64.0);
       const float s9 = (s6 != 0 ? s7 : s8);
@@ -740,7 +740,7 @@ static const support::SharedEinsum
       const float s3 = p1[i0];
       const float s4 = support::wrapI32(0.0);
       const float s5 = (s3 >= s4 ? 1.0f : 0.0f);
-      const float s6 = support::wrapI32(double((double(s5) * double(s2))));
+      const float s6 = ((s5 * s2) + 0.0f);
       const float s7 = s6;
       const float s8 = -0.03125f;
       const float s9 = (s8 * s7);

@@ -246,6 +246,14 @@ TEST_CASE("einsum: batches of outer products, GEMVs and dot products run as loop
     CHECK(checkEinsum(columnDots, randomOperands(columnDots, 28)) ==
           "gemm batch=6 m=5 n=1 k=" + std::to_string(terms) + " a=N b=N loops");
   }
+  // Outer products with the row widths fixed at compile time (8, 16, 32, 64) and one that is
+  // not (12), as performer's K'_l (x) V_l: kf[b, s, f] v[b, s, d] -> [b, s, f, d].
+  for (int64_t width : {8, 12, 16, 32, 64}) {
+    INFO(width << " columns");
+    EinsumSpec rows = spec({2, 3, 5, width}, {{0, 1, 2}, {0, 1, 3}}, {0, 1, 2, 3});
+    CHECK(checkEinsum(rows, randomOperands(rows, 29)) ==
+          "gemm batch=6 m=5 n=" + std::to_string(width) + " k=1 a=N b=N loops");
+  }
   // One batch stays a library GEMM (one call).
   EinsumSpec single = spec({5, 4}, {{0}, {1}}, {0, 1});
   CHECK(checkEinsum(single, randomOperands(single, 25)) == "gemm batch=1 m=5 n=4 k=1 a=N b=N");

@@ -88,6 +88,9 @@ public:
     std::vector<int64_t> batchSizes;
     Matrix a, b, c; // operand a or b as given (swapped: exchanged), and the output
     std::shared_ptr<const detail::DnnlGemm> library; // built once, shared by copies
+    // Batches of outer products, GEMVs or dot products (runDegenerateBatched): a's, b's and c's
+    // offsets per batch, three a batch.
+    std::vector<int64_t> batchOffsets;
   };
 
 private:
