@@ -6,8 +6,8 @@ Many cases generate the same code: the MPI and traced runs of a threads case, an
 own layout is the one `layout auto` chooses. Compiling it is most of a case's time, so a binary
 goes into a cache shared by the cases (`<workdir>/../bincache`), keyed by the sha256 of the
 generated sources, the build command with the case's own directory written as `<workdir>`, and
-the project's runtime headers and libraries by modification time; a case with the same key links
-the cached binary instead of building it again."""
+the project's runtime headers, libraries and precompiled prelude by modification time; a case
+with the same key links the cached binary instead of building it again."""
 import hashlib
 import os
 import shutil
@@ -19,10 +19,10 @@ from checked_run import run
 GENERATED = (".h", ".cpp", ".main.cpp")
 
 
-def _runtime_files(includes, libs):
-    """What a binary links besides its sources: the project's headers and the libraries (system
-    headers do not change between cases)."""
-    files = [lib for lib in libs if os.path.exists(lib)]
+def _runtime_files(includes, inputs):
+    """What a binary is built from besides its sources: the project's headers and `inputs` (the
+    libraries, the precompiled prelude); system headers do not change between cases."""
+    files = [path for path in inputs if os.path.exists(path)]
     for inc in includes:
         if not inc.startswith("/usr"):
             for root, _, names in sorted(os.walk(inc)):
@@ -64,16 +64,21 @@ def build_generated(args, unity, binary, workdir, sources, opt="-O1", extra=(),
     command = ([args.cxx, opt, *args.cxx_flag, "-std=c++20", "-w", "-I", workdir, *extra]
                + [flag for inc in includes for flag in ("-I", inc)] + prelude
                + [unity, "-o", binary] + args.lib + ["-lpthread"])
-    return build_once(command, binary, workdir, [unity] + list(sources), includes, args.lib)
+    # A prelude precompiled before a runtime header changed is stale until its target rebuilds
+    # it: its .gch belongs in the key, or a binary built against it would outlive the rebuild.
+    precompiled = [args.prelude, args.prelude + ".gch"] if prelude else []
+    return build_once(command, binary, workdir, [unity] + list(sources), includes,
+                      list(args.lib) + precompiled)
 
 
-def build_once(command, binary, workdir, sources, includes, libs):
+def build_once(command, binary, workdir, sources, includes, inputs):
     """Runs `command`, the compile and link of `sources` (every file the translation unit reads
     besides the runtime) into `binary`, unless the cache holds a binary of the same key: then
-    `binary` is that one. Returns True when it was reused."""
+    `binary` is that one. `inputs` are the other files it reads that the key covers by
+    modification time (libraries, a precompiled prelude). Returns True when it was reused."""
     cache = os.path.join(os.path.dirname(os.path.abspath(workdir)), "bincache")
     os.makedirs(cache, exist_ok=True)
-    runtime = _runtime_files(includes, libs)
+    runtime = _runtime_files(includes, inputs)
     _forget_stale(cache, runtime)
     cached = os.path.join(cache, _key(command, os.path.abspath(workdir), sources, runtime))
     # The binary may be a link to a cached one: a new build must not write through it.
