@@ -11,6 +11,7 @@
 #include "planner/CostModel.h"
 #include "planner/LoopNests.h"
 #include "planner/MergeCollectives.h"
+#include "planner/SequenceParallel.h"
 #include "planner/OpKeyTable.h"
 #include "planner/PlanReport.h"
 #include "planner/RepeatedSegments.h"
@@ -2372,6 +2373,8 @@ EvalResult PlanEvaluator::Impl::evaluate(const Layout& layout, double cutoff, bo
   result = run(layout, &scratch);
   describe_ = true;
   scratch.summary = result.summary;
+  // As lowerWith: the row-split regions first (they change which all-reduces remain to merge).
+  splitRowsOfPartialSums(scratch, machine_);
   mergedSummary(scratch, machine_);
   result.summary = scratch.summary;
   return result;
@@ -2945,6 +2948,7 @@ std::optional<SpmdFunction> lowerWith(PlanEvaluator::Impl& engine, const ir::Mod
   out.machineName = machine.name;
   EvalResult result = engine.run(layout, &out);
   if (result.ok) {
+    splitRowsOfPartialSums(out, machine);
     mergeAllReduces(out, machine);
     return out;
   }
