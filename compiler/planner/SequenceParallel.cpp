@@ -171,9 +171,11 @@ private:
       std::vector<std::string> reduced = reducedDims(op);
       if (std::find(reduced.begin(), reduced.end(), region.dim) != reduced.end()) ok = false;
       for (SpmdValueId operand : op.operands)
-        if (regionOfValue(operand) < 0 &&
-            (fn_.values[operand].globalType.findDim(region.dim) >= 0 ||
-             !fn_.values[operand].layout.partialAxes.empty()))
+        if (regionOfValue(operand) < 0 && !fn_.values[operand].layout.partialAxes.empty())
+          ok = false;
+        else if (regionOfValue(operand) < 0 &&
+                 fn_.values[operand].globalType.findDim(region.dim) >= 0 &&
+                 !sliceable(operand, region))
           ok = false;
       if (index + 1 < fn_.ops.size()) {
         const SpmdOp& next = fn_.ops[index + 1];
@@ -190,6 +192,21 @@ private:
         parents_[size_t(r)] = static_cast<size_t>(joined);
     regions_[size_t(joined)].ops.push_back(index);
     regionOf_[op.result] = joined;
+    for (SpmdValueId operand : op.operands)
+      if (regionOfValue(operand) < 0 && fn_.values[operand].globalType.findDim(region.dim) >= 0)
+        sliceReads_.push_back({operand, index});
+  }
+
+  /// Whether a whole value outside the regions (the residual stream before the first partial
+  /// sum, e.g. an embedding that is not one) can join `region` by a local slice of its rows:
+  /// the row dim as the region has it and the region's axes unused by the value.
+  bool sliceable(SpmdValueId id, const Region& region) const {
+    const SpmdValue& value = fn_.values[id];
+    if (!hasRow(id, region)) return false;
+    for (const AxisList& axes : value.layout.dimAxes)
+      for (const std::string& axis : region.axes)
+        if (std::find(axes.begin(), axes.end(), axis) != axes.end()) return false;
+    return true;
   }
 
   void findRegions() {
@@ -237,6 +254,12 @@ private:
     return c;
   }
 
+  const SpmdOp* producer(SpmdValueId id) const {
+    for (const SpmdOp& op : fn_.ops)
+      if (op.result == id) return &op;
+    return nullptr;
+  }
+
   /// Predicted seconds saved by region r's split form (negative: it costs more).
   double gainOf(size_t r) {
     const Region& region = regions_[r];
@@ -275,7 +298,8 @@ private:
         gather.collective = gatherOf(region, id);
         gather.operands = {id};
         gather.result = it->second;
-        const SpmdOp* at = reader < fn_.ops.size() ? &fn_.ops[reader] : nullptr;
+        // An output's gather takes the location of the op that made the value.
+        const SpmdOp* at = reader < fn_.ops.size() ? &fn_.ops[reader] : producer(id);
         gather.loc = at ? at->loc : ir::Location{};
         gather.sourceOp = at ? at->sourceOp : 0;
         gather.phase = at ? at->phase : Phase::Forward;
@@ -293,6 +317,41 @@ private:
     }
     for (auto& [name, id] : fn_.outputs)
       if (auto it = gatheredOf.find(id); it != gatheredOf.end()) id = it->second;
+    // The local slices of whole values that row-split ops read, before their first such reader.
+    std::map<std::pair<SpmdValueId, int>, SpmdValueId> slicedOf;
+    for (const auto& [id, reader] : sliceReads_) {
+      int r = regionOfValue(fn_.ops[reader].result);
+      if (r < 0 || !apply[size_t(r)]) continue;
+      const Region& region = regions_[size_t(r)];
+      auto [it, fresh] =
+          slicedOf.emplace(std::pair{id, r}, static_cast<SpmdValueId>(fn_.values.size()));
+      if (fresh) {
+        SpmdValue sliced = fn_.values[id];
+        int at = sliced.globalType.findDim(region.dim);
+        AxisList& axes = sliced.layout.dimAxes[size_t(at)];
+        axes.insert(axes.end(), region.axes.begin(), region.axes.end());
+        sliced.localType.dims[size_t(at)].size /= region.group;
+        SpmdOp slice;
+        slice.kind = SpmdOp::Kind::Collective;
+        slice.collective.kind = CollectiveKind::LocalSlice;
+        slice.collective.axes = region.axes;
+        slice.collective.dim = region.dim;
+        slice.collective.groupSize = region.group;
+        slice.collective.bytes = localBytes(sliced.globalType, sliced.layout, fn_.mesh);
+        fn_.values.push_back(std::move(sliced));
+        slice.operands = {id};
+        slice.result = it->second;
+        slice.loc = fn_.ops[reader].loc;
+        slice.sourceOp = fn_.ops[reader].sourceOp;
+        slice.phase = fn_.ops[reader].phase;
+        slice.note = fmt::format("sequence parallelism: this rank's rows of %{} for the row-split "
+                                 "region",
+                                 id);
+        before.emplace(reader, std::move(slice));
+      }
+      for (SpmdValueId& operand : fn_.ops[reader].operands)
+        if (operand == id) operand = it->second;
+    }
 
     for (size_t r = 0; r < regions_.size(); ++r) {
       if (!apply[r]) continue;
@@ -343,6 +402,8 @@ private:
   std::vector<size_t> parents_;
   /// Reads of region values that need them whole: (value, reading op; ops.size(): an output).
   std::vector<std::pair<SpmdValueId, size_t>> wholeReads_;
+  /// Reads of whole values outside the regions by row-split ops: (value, reading op).
+  std::vector<std::pair<SpmdValueId, size_t>> sliceReads_;
   double communicationDelta_ = 0, computeSaved_ = 0;
 };
 
@@ -351,7 +412,8 @@ private:
 double splitRowsOfPartialSums(SpmdFunction& fn, const Machine& machine) {
   // Train steps keep the all-reduce form: their backward reads the forward's values whole.
   if (fn.summary.includesBackward || !fn.updates.empty() || fn.stages.count > 1) return 0;
-  return RowSplitter(fn, machine).run();
+  double saved = RowSplitter(fn, machine).run();
+  return saved;
 }
 
 } // namespace meshc::plan

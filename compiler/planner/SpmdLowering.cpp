@@ -11,12 +11,12 @@
 #include "planner/CostModel.h"
 #include "planner/LoopNests.h"
 #include "planner/MergeCollectives.h"
-#include "planner/SequenceParallel.h"
 #include "planner/OpKeyTable.h"
 #include "planner/PlanReport.h"
 #include "planner/RepeatedSegments.h"
 #include "planner/Reshard.h"
 #include "planner/ReshardMemo.h"
+#include "planner/SequenceParallel.h"
 #include "planner/TrainPhases.h"
 
 #include "ir/OpTraits.h"
@@ -1933,13 +1933,16 @@ EvalResult PlanEvaluator::Impl::run(const Layout& layout, SpmdFunction* out, dou
   // The copy of a repeated segment this walk walks op by op to memoize it (findSegments).
   SegmentRecorder* recorder = nullptr;
 
+  bool rowSplitCosting = fn_.kind != ir::Function::Kind::Train;
   auto newValue = [&](const ir::TensorType& type, const TensorLayout& state,
                       const std::string& name) {
     SpmdValue value;
     // The merge behind evaluate() reads only the values' dtypes (MergeCollectives.cpp): an
     // exact costing makes a value per op and reshard, and copying each one's dims and layout
-    // was most of its allocations. Types, layouts, shapes and names are for lowering.
-    if (describe_) {
+    // was most of its allocations. Types, layouts, shapes and names are for lowering, and for
+    // the row split of a program's partial sums (SequenceParallel.h), which the exact costing
+    // runs too.
+    if (describe_ || rowSplitCosting) {
       value.globalType = type;
       value.localType = localType(type, state, mesh_);
       value.name = name;
@@ -2126,7 +2129,7 @@ EvalResult PlanEvaluator::Impl::run(const Layout& layout, SpmdFunction* out, dou
     spmdOp.computeKind = op.kind;
     spmdOp.operands = std::move(operandIds);
     spmdOp.result = newValue(fn_.typeOf(op.result), plan.result, fn_.values[op.result].name);
-    if (describe_)
+    if (describe_ || rowSplitCosting)
       spmdOp.attrs = op.attrs;
     else if (const ir::AttrValue* copy = op.attr(ir::kRecomputeAttr))
       spmdOp.attrs.emplace_back(ir::kRecomputeAttr, *copy); // the merge reads it (exact costing)
@@ -2343,13 +2346,16 @@ EvalResult PlanEvaluator::Impl::run(const Layout& layout, SpmdFunction* out, dou
 }
 
 EvalResult PlanEvaluator::Impl::evaluate(const Layout& layout, double cutoff, bool complete) {
-  EvalResult result = run(layout, nullptr, complete ? kInfinity : cutoff);
+  // A program's row split (SequenceParallel.h) may save more than any partial sum of its ops
+  // shows: programs are always costed whole and exactly.
+  bool rowSplit = fn_.kind != ir::Function::Kind::Train;
+  EvalResult result = run(layout, nullptr, complete || rowSplit ? kInfinity : cutoff);
   if (!result.ok || !result.complete) return result;
   // Lowering and merging cost far more than run() alone; a layout that loses even if the merge
   // saved every latency it can is not worth them (most candidates of a search).
   double bound = result.summary.stepSeconds + result.bucketingSaved - result.mergeableLatency +
                  result.chainLatency;
-  if (bound > cutoff) {
+  if (bound > cutoff && !rowSplit) {
     result.summary.stepSeconds = bound;
     result.exact = false;
     return result;
