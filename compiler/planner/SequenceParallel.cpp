@@ -21,9 +21,9 @@ namespace {
 
 using ir::OpKind;
 
-/// Ops that compute each row of their result from the same row of their operands, so that
-/// they run unchanged on a share of the rows (when their reduced dims are not the row dim).
-bool isRowWise(OpKind kind) {
+} // namespace
+
+bool isRowWiseKind(OpKind kind) {
   switch (kind) {
   case OpKind::Neg:
   case OpKind::Abs:
@@ -55,6 +55,8 @@ bool isRowWise(OpKind kind) {
     return false;
   }
 }
+
+namespace {
 
 std::vector<std::string> reducedDims(const SpmdOp& op) {
   for (const auto& [name, value] : op.attrs)
@@ -151,7 +153,7 @@ private:
   void visitCompute(size_t index) {
     const SpmdOp& op = fn_.ops[index];
     int joined = -1;
-    bool any = false, ok = isRowWise(op.computeKind);
+    bool any = false, ok = isRowWiseKind(op.computeKind);
     for (SpmdValueId operand : op.operands) {
       int r = regionOfValue(operand);
       if (r < 0) continue;

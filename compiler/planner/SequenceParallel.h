@@ -11,6 +11,11 @@
 
 namespace meshc::plan {
 
+/// Whether ops of this kind compute each row of their result from the same rows of their
+/// operands (the kinds a region may hold; `layer_norm`, `sum` and `mean` when they do not reduce
+/// over the row dim). The evaluator's bounds count these ops' time as what the rewrite may save.
+bool isRowWiseKind(ir::OpKind kind);
+
 /// Rewrites every region of row-wise ops fed by resolving all-reduce-sums into the
 /// reduce-scatter / row-split / all-gather form when the cost model prices that form lower
 /// (the reduce-scatter and the all-gathers against the all-reduces, plus the row-wise ops' time
