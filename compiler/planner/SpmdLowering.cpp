@@ -16,6 +16,7 @@
 #include "planner/RepeatedSegments.h"
 #include "planner/Reshard.h"
 #include "planner/ReshardMemo.h"
+#include "planner/SequenceParallel.h"
 #include "planner/TrainPhases.h"
 
 #include "ir/OpTraits.h"
@@ -1025,6 +1026,9 @@ struct EvalResult {
   double mergeableLatency = 0, chainLatency = 0;
   /// What the gradient bucketing saved (already off the summary's step time).
   double bucketingSaved = 0;
+  /// Programs: at most what the row split of SequenceParallel.h can save (the row-wise ops'
+  /// compute and half the communication: a reduce-scatter costs at least half its all-reduce).
+  double rowSplitPotential = 0;
   /// False when summary.stepSeconds is only a lower bound (the merge was not run).
   bool exact = true;
   /// False when the walk stopped early: the bound is partial and the memory unknown.
@@ -1040,6 +1044,7 @@ struct PlanEvaluator::Impl {
         chains_(machine_, mesh_, fn.values.size()), boundStateOf_(fn.values.size(), -1),
         walk_(fn.values.size()) {
     oversubscription_ = oversubscription(machine, mesh);
+    rowSplitBound_ = fn.kind != ir::Function::Kind::Train;
     // Per type: its dims' indices (an op's involved dims, below, without hashing their names).
     std::vector<std::vector<int>> dimsOfType;
     for (const ir::Value& value : fn.values) {
@@ -1187,6 +1192,10 @@ struct PlanEvaluator::Impl {
   } walk_;
   /// Whether run() writes its notes (evaluate() lowers without them: no one reads them).
   bool describe_ = true;
+  /// A program: splitRowsOfPartialSums (SequenceParallel.h) may rewrite its plan, so the
+  /// values keep what it reads even in an exact costing, and the bounds leave room for what it
+  /// may save (WalkSums::rowWiseCompute, EvalResult::rowSplitPotential).
+  bool rowSplitBound_ = false;
   // Last evaluation, so that stepSeconds() and memory() of one layout evaluate once.
   std::optional<Layout> lastLayout_;
   EvalResult lastResult_;
@@ -1222,6 +1231,7 @@ struct PlanEvaluator::Impl {
     /// The reshards of externals it asked for first, each with whether it was done before.
     std::vector<std::tuple<uint32_t, int, bool>> externalReshards;
     std::vector<double> opSums; // per op: compute seconds, global FLOPs, ideal seconds
+    double rowWiseCompute = 0;  // the copy's row-wise ops' compute (WalkSums::rowWiseCompute)
     std::vector<double> communication, mergeable;         // in the order added
     std::vector<uint32_t> communicationEnd, mergeableEnd; // per op
     std::vector<int> exportStates;                        // per export (SegmentKind::exports)
@@ -1268,6 +1278,7 @@ struct PlanEvaluator::Impl {
   struct WalkSums {
     double forwardCompute = 0, forwardCommunication = 0, globalFlops = 0, idealSeconds = 0;
     double live = 0, peakLive = 0, activationSum = 0;
+    double rowWiseCompute = 0; // programs: the compute of row-wise ops (isRowWiseKind)
   };
   bool replaySegments_ = true;
   bool segmentsFound_ = false;        // findSegments() ran (on the first walk that may replay)
@@ -1742,9 +1753,13 @@ bool PlanEvaluator::Impl::replaySegment(const SegmentCopy& copy, const SegmentWa
     if (checks && (copy.begin + t) % 16 == 0) {
       double soFar = (modelBackward_ ? 3 : 1) * compute + (modelBackward_ ? 2 : 1) * communication -
                      mergeable + chainsAtEnd;
+      // A program's row split may save the row-wise compute (all of this copy's, at most) and
+      // half the communication.
+      if (rowSplitBound_) soFar -= sums.rowWiseCompute + walk.rowWiseCompute + 0.5 * communication;
       if (soFar > stopAbove) return false;
     }
   }
+  sums.rowWiseCompute += walk.rowWiseCompute;
   sums.forwardCompute = compute;
   sums.forwardCommunication = communication;
   sums.globalFlops = flops;
@@ -1937,8 +1952,10 @@ EvalResult PlanEvaluator::Impl::run(const Layout& layout, SpmdFunction* out, dou
     SpmdValue value;
     // The merge behind evaluate() reads only the values' dtypes (MergeCollectives.cpp): an
     // exact costing makes a value per op and reshard, and copying each one's dims and layout
-    // was most of its allocations. Types, layouts, shapes and names are for lowering.
-    if (describe_) {
+    // was most of its allocations. Types, layouts, shapes and names are for lowering, and for
+    // the row split of a program's partial sums (SequenceParallel.h), which the exact costing
+    // runs too.
+    if (describe_ || rowSplitBound_) {
       value.globalType = type;
       value.localType = localType(type, state, mesh_);
       value.name = name;
@@ -2082,6 +2099,10 @@ EvalResult PlanEvaluator::Impl::run(const Layout& layout, SpmdFunction* out, dou
       }
     }
     forwardCompute += cost.computeSeconds;
+    if (rowSplitBound_ && isRowWiseKind(op.kind)) {
+      sums.rowWiseCompute += cost.computeSeconds;
+      if (recorder) recorder->walk.rowWiseCompute += cost.computeSeconds;
+    }
     forwardCommunication += cost.postSeconds;
     globalFlops += cost.globalFlops;
     idealSeconds += cost.idealSeconds;
@@ -2110,6 +2131,7 @@ EvalResult PlanEvaluator::Impl::run(const Layout& layout, SpmdFunction* out, dou
       double soFar = (modelBackward_ ? 3 : 1) * forwardCompute +
                      (modelBackward_ ? 2 : 1) * forwardCommunication - result.mergeableLatency +
                      chains.latencySeconds();
+      if (rowSplitBound_) soFar -= sums.rowWiseCompute + 0.5 * forwardCommunication;
       if (soFar > stopAbove) {
         result.summary.stepSeconds = soFar;
         result.exact = result.complete = false;
@@ -2125,7 +2147,7 @@ EvalResult PlanEvaluator::Impl::run(const Layout& layout, SpmdFunction* out, dou
     spmdOp.computeKind = op.kind;
     spmdOp.operands = std::move(operandIds);
     spmdOp.result = newValue(fn_.typeOf(op.result), plan.result, fn_.values[op.result].name);
-    if (describe_)
+    if (describe_ || rowSplitBound_)
       spmdOp.attrs = op.attrs;
     else if (const ir::AttrValue* copy = op.attr(ir::kRecomputeAttr))
       spmdOp.attrs.emplace_back(ir::kRecomputeAttr, *copy); // the merge reads it (exact costing)
@@ -2334,6 +2356,8 @@ EvalResult PlanEvaluator::Impl::run(const Layout& layout, SpmdFunction* out, dou
       std::min<int64_t>(mesh_.numDevices(), std::max<int64_t>(machine_.numDevices, 1)));
   summary.utilization =
       summary.stepSeconds > 0 ? passes * idealSeconds / (devices * summary.stepSeconds) : 0;
+  if (rowSplitBound_)
+    result.rowSplitPotential = sums.rowWiseCompute + 0.5 * summary.communicationSeconds;
   if (out) {
     out->memory = memory;
     out->summary = summary;
@@ -2347,7 +2371,7 @@ EvalResult PlanEvaluator::Impl::evaluate(const Layout& layout, double cutoff, bo
   // Lowering and merging cost far more than run() alone; a layout that loses even if the merge
   // saved every latency it can is not worth them (most candidates of a search).
   double bound = result.summary.stepSeconds + result.bucketingSaved - result.mergeableLatency +
-                 result.chainLatency;
+                 result.chainLatency - result.rowSplitPotential;
   if (bound > cutoff) {
     result.summary.stepSeconds = bound;
     result.exact = false;
@@ -2372,6 +2396,8 @@ EvalResult PlanEvaluator::Impl::evaluate(const Layout& layout, double cutoff, bo
   result = run(layout, &scratch);
   describe_ = true;
   scratch.summary = result.summary;
+  // As lowerWith: the row-split regions first (they change which all-reduces remain to merge).
+  splitRowsOfPartialSums(scratch, machine_);
   mergedSummary(scratch, machine_);
   result.summary = scratch.summary;
   return result;
@@ -2572,11 +2598,15 @@ double PlanEvaluator::Impl::lowerBound(const Layout& partial,
       seconds = std::max(seconds, term.elementSeconds / splitOf(term.elementDims));
     compute += count * (seconds + term.fixedSeconds) * oversubscription_;
   }
+  // A program's row split (SequenceParallel.h) may save up to its known row-wise ops' compute
+  // and half the communication: a bound that holds with it leaves that out.
+  double rowWise = 0;
+  auto rowSplitSaving = [&] { return rowSplitBound_ ? rowWise + 0.5 * communication : 0.0; };
   for (size_t n = 0; n < level.knownOps.size(); ++n) {
     // Every term only grows: past the cutoff, the sum so far is bound enough.
     if (n % 16 == 0) {
-      double soFar =
-          passes * compute + communicationPasses * communication + chains.latencySeconds();
+      double soFar = passes * compute + communicationPasses * communication +
+                     chains.latencySeconds() - rowSplitSaving();
       if (soFar > cutoff) return soFar;
     }
     uint32_t i = level.knownOps[n];
@@ -2588,6 +2618,7 @@ double PlanEvaluator::Impl::lowerBound(const Layout& partial,
     for (size_t k = 0; k < operands.size(); ++k)
       communication += reshardCost(operands[k], required[k]);
     compute += cost.computeSeconds;
+    if (rowSplitBound_ && isRowWiseKind(fn_.ops[i].kind)) rowWise += cost.computeSeconds;
     communication += cost.postSeconds;
     ir::ValueId result = opKeys_.result(i);
     stateOf[result] = cost.resultId;
@@ -2601,7 +2632,8 @@ double PlanEvaluator::Impl::lowerBound(const Layout& partial,
       continue;
     communication += reshardCost(output.value, internState(tensorLayoutOf(type, partial, mesh_)));
   }
-  double bound = passes * compute + communicationPasses * communication + chains.latencySeconds();
+  double bound = passes * compute + communicationPasses * communication + chains.latencySeconds() -
+                 rowSplitSaving();
   for (const auto& [globalBytes, dims] : optimizerTerms_)
     bound += globalBytes / splitOf(dims) / machine_.memoryBandwidth * oversubscription_;
   return bound;
@@ -2945,6 +2977,7 @@ std::optional<SpmdFunction> lowerWith(PlanEvaluator::Impl& engine, const ir::Mod
   out.machineName = machine.name;
   EvalResult result = engine.run(layout, &out);
   if (result.ok) {
+    splitRowsOfPartialSums(out, machine);
     mergeAllReduces(out, machine);
     return out;
   }

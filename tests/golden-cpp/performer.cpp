@@ -30,9 +30,9 @@ static const support::Shape kShape20 = {128, 1, 0};
 static const support::Shape kShape21 = {1, 1, 64, 16};
 static const support::Shape kShape22 = {131072, 1024, 16, 1};
 static const support::Shape kShape23 = {1024};
-static const support::Shape kShape24 = {1, 128, 64};
-static const support::Shape kShape25 = {128, 1};
-static const support::Shape kShape26 = {64, 32};
+static const support::Shape kShape24 = {128, 1};
+static const support::Shape kShape25 = {1, 64};
+static const support::Shape kShape26 = {32, 32};
 static const support::Shape kShape27 = {0, 1};
 static const support::Shape kShape28 = {0, 0};
 static const support::SharedEinsum
@@ -48,31 +48,31 @@ static const support::SharedEinsum
 static const support::SharedEinsum
     kEinsum5({{1, 128, 1, 16, 32}, {{{0, 1, 2, 3}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 4}, {}}});
 static const support::SharedEinsum
-    kEinsum6({{1, 128, 32, 128}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
+    kEinsum6({{1, 128, 32, 64}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
 static const support::SharedEinsum
-    kEinsum7({{1, 128, 128, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-static const support::SharedEinsum
-    kEinsum8({{1, 128, 32, 64}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-static const support::SharedEinsum kEinsum9({{1, 128, 1, 64, 16},
+    kEinsum7({{1, 128, 64, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
+static const support::SharedEinsum kEinsum8({{1, 128, 1, 64, 16},
                                              {{{0, 1, 2, 3}, {}}, {{0, 1, 2, 4}, {}}},
                                              {{0, 1, 2, 3, 4}, {}}});
-static const support::SharedEinsum kEinsum10({{1, 128, 1, 64, 16},
-                                              {{{0, 1, 2, 3}, {}}, {{0, 1, 2, 3, 4}, {}}},
-                                              {{0, 1, 2, 4}, {}}});
+static const support::SharedEinsum kEinsum9({{1, 128, 1, 64, 16},
+                                             {{{0, 1, 2, 3}, {}}, {{0, 1, 2, 3, 4}, {}}},
+                                             {{0, 1, 2, 4}, {}}});
 static const support::SharedEinsum
-    kEinsum11({{1, 128, 1, 64}, {{{0, 1, 2, 3}, {}}, {{0, 1, 2, 3}, {}}}, {{0, 1, 2}, {}}});
+    kEinsum10({{1, 128, 1, 64}, {{{0, 1, 2, 3}, {}}, {{0, 1, 2, 3}, {}}}, {{0, 1, 2}, {}}});
 static const support::SharedEinsum
-    kEinsum12({{1, 128, 64, 32}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
+    kEinsum11({{1, 128, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
 static const support::SharedEinsum
-    kEinsum13({{1, 128, 64, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
+    kEinsum12({{1, 128, 32, 32}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
 static const support::SharedEinsum
-    kEinsum14({{1, 128, 32, 128}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
+    kEinsum13({{1, 128, 32, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
 static const support::SharedEinsum
-    kEinsum15({{1, 128, 32, 128}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
+    kEinsum14({{1, 128, 32, 64}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
 static const support::SharedEinsum
-    kEinsum16({{1, 128, 128, 32}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
+    kEinsum15({{1, 128, 32, 64}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
 static const support::SharedEinsum
-    kEinsum17({{1, 128, 128, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
+    kEinsum16({{1, 128, 64, 32}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
+static const support::SharedEinsum
+    kEinsum17({{1, 128, 64, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
 static const support::SharedEinsum
     kEinsum18({{1, 128, 32, 1, 16}, {{{0, 1, 2}, {}}, {{3, 4, 2}, {}}}, {{0, 1, 3, 4}, {}}});
 static const support::SharedEinsum
@@ -225,7 +225,7 @@ static const support::SharedEinsum
 }
 
 [[gnu::noinline]] static void loop12(float *__restrict p0, const float *__restrict p1) {
-  for (int64_t i0 = 0; i0 < 16384; ++i0) {
+  for (int64_t i0 = 0; i0 < 8192; ++i0) {
     const float s0 = p1[i0];
     const float s1 = support::fgelu(s0);
     p0[i0] = s1;
@@ -268,7 +268,7 @@ static const support::SharedEinsum
 
 [[gnu::noinline]] static void loop16(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2) {
-  for (int64_t i0 = 0; i0 < 8192; ++i0) {
+  for (int64_t i0 = 0; i0 < 4096; ++i0) {
     const float s0 = p1[i0];
     const float s1 = p2[i0];
     const float s2 = (s0 * s1);
@@ -292,7 +292,7 @@ static const support::SharedEinsum
                                      const float *__restrict p4, const float *__restrict p5) {
   const float r0 = p1[0];
   for (int64_t i0 = 0; i0 < 128; ++i0) {
-    for (int64_t i1 = 0; i1 < 64; ++i1) {
+    for (int64_t i1 = 0; i1 < 32; ++i1) {
       const float s0 = 1.0f;
       const float s1 = r0;
       const float s2 = (s0 / s1);
@@ -309,29 +309,19 @@ static const support::SharedEinsum
       const float s13 = ((s12 * s9) + 0.0f);
       const float s14 = s13;
       const float s15 = (s6 * s14);
-      const float s16 = p4[i0 * 64 + i1];
+      const float s16 = p4[i0 * 32 + i1];
       const float s17 = support::fexp(s16);
       const float s18 = (s17 * s15);
       const float s19 = s6;
-      const float s20 = p5[i0 * 64 + i1];
+      const float s20 = p5[i0 * 32 + i1];
       const float s21 = (s19 * s20);
       const float s22 = (s21 - s18);
-      p0[i0 * 64 + i1] = s22;
+      p0[i0 * 32 + i1] = s22;
     }
   }
 }
 
 [[gnu::noinline]] static void loop19(float *__restrict p0, const float *__restrict p1,
-                                     const float *__restrict p2) {
-  for (int64_t i0 = 0; i0 < 4096; ++i0) {
-    const float s0 = p1[i0];
-    const float s1 = p2[i0];
-    const float s2 = (s0 * s1);
-    p0[i0] = s2;
-  }
-}
-
-[[gnu::noinline]] static void loop20(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 128; ++i0) {
     for (int64_t i1 = 0; i1 < 32; ++i1) {
@@ -344,7 +334,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop21(float *__restrict p0, const float *__restrict p1) {
+[[gnu::noinline]] static void loop20(float *__restrict p0, const float *__restrict p1) {
   for (int64_t i0 = 0; i0 < 128; ++i0) {
     const float s0 = p1[i0];
     const float s1 = 1e-05f;
@@ -354,7 +344,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop22(float *__restrict p0, float *__restrict p1,
+[[gnu::noinline]] static void loop21(float *__restrict p0, float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4) {
   for (int64_t i0 = 0; i0 < 128; ++i0) {
@@ -370,7 +360,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop23(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop22(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4, const float *__restrict p5) {
   for (int64_t i0 = 0; i0 < 128; ++i0) {
@@ -389,14 +379,14 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop24(float *__restrict p0, float *__restrict p1,
+[[gnu::noinline]] static void loop23(float *__restrict p0, float *__restrict p1,
                                      float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4, const float *__restrict p5,
                                      const float *__restrict p6) {
   const float r3 = p4[0];
   const float r5 = p5[0];
   const float r6 = p6[0];
-  for (int64_t i0 = 0; i0 < 2048; ++i0) {
+  for (int64_t i0 = 0; i0 < 1024; ++i0) {
     const float s0 = p2[i0];
     const float s1 = 0.01f;
     const float s2 = (s0 * s1);
@@ -434,9 +424,9 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop25(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop24(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2) {
-  for (int64_t i0 = 0; i0 < 16384; ++i0) {
+  for (int64_t i0 = 0; i0 < 8192; ++i0) {
     const float s0 = p1[i0];
     const float s1 = s0 * s0;
     const float s2 = p1[i0];
@@ -471,7 +461,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop26(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop25(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4, const float *__restrict p5,
                                      const float *__restrict p6) {
@@ -493,7 +483,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop27(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop26(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3) {
   for (int64_t i0 = 0; i0 < 128; ++i0) {
     for (int64_t i1 = 0; i1 < 16; ++i1) {
@@ -508,7 +498,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop28(float *__restrict p0, float *__restrict p1,
+[[gnu::noinline]] static void loop27(float *__restrict p0, float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4, const float *__restrict p5) {
   for (int64_t i0 = 0; i0 < 128; ++i0) {
@@ -530,7 +520,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop29(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop28(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3) {
   for (int64_t i0 = 0; i0 < 128; ++i0) {
     for (int64_t i1 = 0; i1 < 16; ++i1) {
@@ -551,7 +541,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop30(float *__restrict p0, float *__restrict p1,
+[[gnu::noinline]] static void loop29(float *__restrict p0, float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4) {
   for (int64_t i0 = 0; i0 < 8192; ++i0) {
@@ -568,7 +558,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop31(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop30(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3) {
   for (int64_t i0 = 0; i0 < 4096; ++i0) {
     const float s0 = p1[i0];
@@ -580,7 +570,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop32(float *__restrict p0, float *__restrict p1,
+[[gnu::noinline]] static void loop31(float *__restrict p0, float *__restrict p1,
                                      float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4, const float *__restrict p5,
                                      const float *__restrict p6) {
@@ -625,7 +615,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop33(float *__restrict p0, float *__restrict p1,
+[[gnu::noinline]] static void loop32(float *__restrict p0, float *__restrict p1,
                                      float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4, const float *__restrict p5,
                                      const float *__restrict p6) {
@@ -670,14 +660,14 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop34(float *__restrict p0, float *__restrict p1,
+[[gnu::noinline]] static void loop33(float *__restrict p0, float *__restrict p1,
                                      float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4, const float *__restrict p5,
                                      const float *__restrict p6) {
   const float r3 = p4[0];
   const float r5 = p5[0];
   const float r6 = p6[0];
-  for (int64_t i0 = 0; i0 < 4096; ++i0) {
+  for (int64_t i0 = 0; i0 < 2048; ++i0) {
     const float s0 = p2[i0];
     const float s1 = 0.01f;
     const float s2 = (s0 * s1);
@@ -715,7 +705,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop35(float *__restrict p0, float *__restrict p1,
+[[gnu::noinline]] static void loop34(float *__restrict p0, float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3) {
   for (int64_t i0 = 0; i0 < 128; ++i0) {
     for (int64_t i1 = 0; i1 < 64; ++i1) {
@@ -732,7 +722,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop36(float *__restrict p0, float *__restrict p1,
+[[gnu::noinline]] static void loop35(float *__restrict p0, float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3) {
   const float r0 = p2[0];
   for (int64_t i0 = 0; i0 < 8192; ++i0) {
@@ -772,8 +762,8 @@ static constexpr support::ParamSpec kEncodeParams[] = {
     {"encoder_layer[0]/heads_out/w", false, "f32", "heads:2:1:model d_head:16:16: d_model:32:32:"},
     {"encoder_layer[0]/norm#1/gain", false, "f32", "d_model:32:32:"},
     {"encoder_layer[0]/norm#1/bias", false, "f32", "d_model:32:32:"},
-    {"encoder_layer[0]/ffn/w_in", false, "f32", "d_model:32:32: d_ff:128:128:"},
-    {"encoder_layer[0]/ffn/w_out", false, "f32", "d_ff:128:128: d_model:32:32:"},
+    {"encoder_layer[0]/ffn/w_in", false, "f32", "d_model:32:32: d_ff:128:64:model"},
+    {"encoder_layer[0]/ffn/w_out", false, "f32", "d_ff:128:64:model d_model:32:32:"},
     {"encoder_layer[1]/random_features", false, "f32", "features:64:64: d_head:16:16:"},
     {"encoder_layer[1]/norm/gain", false, "f32", "d_model:32:32:"},
     {"encoder_layer[1]/norm/bias", false, "f32", "d_model:32:32:"},
@@ -783,8 +773,8 @@ static constexpr support::ParamSpec kEncodeParams[] = {
     {"encoder_layer[1]/heads_out/w", false, "f32", "heads:2:1:model d_head:16:16: d_model:32:32:"},
     {"encoder_layer[1]/norm#1/gain", false, "f32", "d_model:32:32:"},
     {"encoder_layer[1]/norm#1/bias", false, "f32", "d_model:32:32:"},
-    {"encoder_layer[1]/ffn/w_in", false, "f32", "d_model:32:32: d_ff:128:128:"},
-    {"encoder_layer[1]/ffn/w_out", false, "f32", "d_ff:128:128: d_model:32:32:"},
+    {"encoder_layer[1]/ffn/w_in", false, "f32", "d_model:32:32: d_ff:128:64:model"},
+    {"encoder_layer[1]/ffn/w_out", false, "f32", "d_ff:128:64:model d_model:32:32:"},
     {"norm/gain", false, "f32", "d_model:32:32:"},
     {"norm/bias", false, "f32", "d_model:32:32:"}};
 
@@ -909,13 +899,13 @@ void Encode::computeInvariants() {
 
 Encode::Outputs Encode::run(const Inputs &inputs) {
   MESHRT_TRACE_RUN(world_, "encode");
-  // Arena: 147456 bytes for 1028616 bytes of temporaries (placed by liveness).
+  // Arena: 131584 bytes for 897544 bytes of temporaries (placed by liveness).
   support::checkShape("input", "x", inputs.x, {1, 128, 32});
   runPart0(inputs);
-  support::View v137 = arena_.view(32768, 4096);
+  support::View v139 = arena_.view(32768, 4096);
 
   Outputs outputs;
-  outputs.y = support::Tensor{{1, 128, 32}, support::Buffer(v137.begin(), v137.end())};
+  outputs.y = support::Tensor{{1, 128, 32}, support::Buffer(v139.begin(), v139.end())};
   return outputs;
 }
 
@@ -947,7 +937,7 @@ void Encode::runPart0(const Inputs &inputs) {
   support::addLayerNormAffine(v18.data(), v12.data(), kShape4, 32, v14.data(), v15.data(), 1e-05,
                               32, v0.data(), kShape5, v11.data(), kShape6, nullptr, kShape7);
 
-  // 27 statements from performer.mesh:45:10 einsum (1 of 2)
+  // 28 statements from performer.mesh:45:10 einsum (1 of 2)
   MESHRT_TRACE_SITE("performer.mesh:45:10");
   const support::Buffer &v19 = param3_encoder_layer_0_heads_in_w;
   support::View v20 = arena_.view(32768, 2048);
@@ -975,67 +965,67 @@ void Encode::runPart0(const Inputs &inputs) {
   support::View v57 = arena_.view(16384, 2048);
   const support::Buffer &v58 = param6_encoder_layer_0_heads_out_w;
   support::View v59 = arena_.view(0, 4096);
-  support::View v66 = arena_.view(65536, 4096);
-  support::View v61 = arena_.view(131072, 4096);
+  support::View v66 = arena_.view(32768, 4096);
+  support::View v61 = arena_.view(65536, 4096);
   const support::Buffer &v62 = param7_encoder_layer_0_norm_1_gain;
   const support::Buffer &v63 = param8_encoder_layer_0_norm_1_bias;
   const support::Buffer &v67 = param9_encoder_layer_0_ffn_w_in;
-  support::View v69 = arena_.view(0, 16384);
-  support::View v70 = arena_.view(65536, 16384);
+  support::View v69 = arena_.view(0, 8192);
+  support::View v70 = arena_.view(32768, 8192);
   const support::Buffer &v68 = param10_encoder_layer_0_ffn_w_out;
   support::View v71 = arena_.view(0, 4096);
-  const support::Buffer &v74 = param12_encoder_layer_1_norm_gain;
-  const support::Buffer &v75 = param13_encoder_layer_1_norm_bias;
-  support::View v78 = arena_.view(114688, 4096);
-  support::View v72 = arena_.view(98304, 4096);
+  const support::Buffer &v75 = param12_encoder_layer_1_norm_gain;
+  const support::Buffer &v76 = param13_encoder_layer_1_norm_bias;
+  support::View v79 = arena_.view(114688, 4096);
+  support::View v73 = arena_.view(98304, 4096);
   repeated0(v18, v19, v20, v13, v23, v24, v25, v28, v29, v34, v35, v36, v39, v40, v41, v44, v45,
             v50, v51, v52, v53, v54, v55, v56, v57, v58, v59, v66, v61, v12, v62, v63, v67, v69,
-            v70, v68, v71, v78, v72, v74, v75);
+            v70, v68, v71, v79, v73, v75, v76);
 
-  // 27 statements from performer.mesh:45:10 einsum (2 of 2)
+  // 28 statements from performer.mesh:45:10 einsum (2 of 2)
   MESHRT_TRACE_SITE("performer.mesh:45:10");
-  const support::Buffer &v79 = param14_encoder_layer_1_heads_in_w;
-  support::View v80 = arena_.view(32768, 2048);
-  const support::Buffer &v73 = param11_encoder_layer_1_random_features;
-  support::View v83 = arena_.view(0, 8192);
-  support::View v84 = arena_.view(40960, 2048);
-  support::View v85 = arena_.view(65536, 128);
-  support::View v88 = arena_.view(32768, 8192);
-  support::View v89 = arena_.view(65536, 128);
-  support::View v94 = arena_.view(0, 8192);
-  const support::Buffer &v95 = param15_encoder_layer_1_heads_in_1_w;
-  support::View v96 = arena_.view(65536, 2048);
-  support::View v99 = arena_.view(32768, 8192);
-  support::View v100 = arena_.view(73728, 2048);
-  support::View v101 = arena_.view(131072, 128);
-  support::View v104 = arena_.view(65536, 8192);
-  support::View v105 = arena_.view(131072, 1);
-  support::View v110 = arena_.view(32768, 8192);
-  const support::Buffer &v111 = param16_encoder_layer_1_heads_in_2_w;
-  support::View v112 = arena_.view(65536, 2048);
-  support::View v113 = arena_.view(73728, 1024);
-  support::View v114 = arena_.view(65536, 2048);
-  support::View v115 = arena_.view(73728, 64);
-  support::View v116 = arena_.view(32768, 128);
-  support::View v117 = arena_.view(16384, 2048);
-  const support::Buffer &v118 = param17_encoder_layer_1_heads_out_w;
-  support::View v119 = arena_.view(0, 4096);
-  support::View v126 = arena_.view(65536, 4096);
-  support::View v121 = arena_.view(131072, 4096);
-  const support::Buffer &v122 = param18_encoder_layer_1_norm_1_gain;
-  const support::Buffer &v123 = param19_encoder_layer_1_norm_1_bias;
-  const support::Buffer &v127 = param20_encoder_layer_1_ffn_w_in;
-  support::View v129 = arena_.view(0, 16384);
-  support::View v130 = arena_.view(65536, 16384);
-  const support::Buffer &v128 = param21_encoder_layer_1_ffn_w_out;
-  support::View v131 = arena_.view(0, 4096);
-  const support::Buffer &v133 = param22_norm_gain;
-  const support::Buffer &v134 = param23_norm_bias;
-  support::View v137 = arena_.view(32768, 4096);
-  support::View v132 = arena_.view(16384, 4096);
-  repeated0(v78, v79, v80, v73, v83, v84, v85, v88, v89, v94, v95, v96, v99, v100, v101, v104, v105,
-            v110, v111, v112, v113, v114, v115, v116, v117, v118, v119, v126, v121, v72, v122, v123,
-            v127, v129, v130, v128, v131, v137, v132, v133, v134);
+  const support::Buffer &v80 = param14_encoder_layer_1_heads_in_w;
+  support::View v81 = arena_.view(32768, 2048);
+  const support::Buffer &v74 = param11_encoder_layer_1_random_features;
+  support::View v84 = arena_.view(0, 8192);
+  support::View v85 = arena_.view(40960, 2048);
+  support::View v86 = arena_.view(65536, 128);
+  support::View v89 = arena_.view(32768, 8192);
+  support::View v90 = arena_.view(65536, 128);
+  support::View v95 = arena_.view(0, 8192);
+  const support::Buffer &v96 = param15_encoder_layer_1_heads_in_1_w;
+  support::View v97 = arena_.view(65536, 2048);
+  support::View v100 = arena_.view(32768, 8192);
+  support::View v101 = arena_.view(73728, 2048);
+  support::View v102 = arena_.view(131072, 128);
+  support::View v105 = arena_.view(65536, 8192);
+  support::View v106 = arena_.view(131072, 1);
+  support::View v111 = arena_.view(32768, 8192);
+  const support::Buffer &v112 = param16_encoder_layer_1_heads_in_2_w;
+  support::View v113 = arena_.view(65536, 2048);
+  support::View v114 = arena_.view(73728, 1024);
+  support::View v115 = arena_.view(65536, 2048);
+  support::View v116 = arena_.view(73728, 64);
+  support::View v117 = arena_.view(32768, 128);
+  support::View v118 = arena_.view(16384, 2048);
+  const support::Buffer &v119 = param17_encoder_layer_1_heads_out_w;
+  support::View v120 = arena_.view(0, 4096);
+  support::View v127 = arena_.view(32768, 4096);
+  support::View v122 = arena_.view(65536, 4096);
+  const support::Buffer &v123 = param18_encoder_layer_1_norm_1_gain;
+  const support::Buffer &v124 = param19_encoder_layer_1_norm_1_bias;
+  const support::Buffer &v128 = param20_encoder_layer_1_ffn_w_in;
+  support::View v130 = arena_.view(0, 8192);
+  support::View v131 = arena_.view(32768, 8192);
+  const support::Buffer &v129 = param21_encoder_layer_1_ffn_w_out;
+  support::View v132 = arena_.view(0, 4096);
+  const support::Buffer &v135 = param22_norm_gain;
+  const support::Buffer &v136 = param23_norm_bias;
+  support::View v139 = arena_.view(32768, 4096);
+  support::View v134 = arena_.view(16384, 4096);
+  repeated0(v79, v80, v81, v74, v84, v85, v86, v89, v90, v95, v96, v97, v100, v101, v102, v105,
+            v106, v111, v112, v113, v114, v115, v116, v117, v118, v119, v120, v127, v122, v73, v123,
+            v124, v128, v130, v131, v129, v132, v139, v134, v135, v136);
 }
 
 void Encode::repeated0(support::ConstView a0, support::ConstView a1, support::View a2,
@@ -1187,6 +1177,11 @@ void Encode::repeated0(support::ConstView a0, support::ConstView a1, support::Vi
   MESHRT_TRACE("gemm", "performer.mesh:96:10", "forward");
   // dims: batch, seq, d_ff, d_model
   kEinsum7.plan().run(a34.data(), a35.data(), a36.data(), 1.0f, 0.0f);
+
+  // performer.mesh:108:12 all_reduce_sum (resolve the partial sum of %70 over model for add at
+  // 108:12)
+  MESHRT_TRACE_SITE("performer.mesh:108:12");
+  group_model.allReduce(a36.data(), a36.size(), meshrt::ReduceOp::Sum);
 
   // performer.mesh:29:10 layer_norm
   // performer.mesh:29:33 mul
@@ -1352,8 +1347,8 @@ static constexpr support::ParamSpec kLmParams[] = {
      "heads:2:1:model d_head:16:16: d_model:32:32:"},
     {"causal_lm/decoder_layer[0]/norm#1/gain", false, "f32", "d_model:32:32:"},
     {"causal_lm/decoder_layer[0]/norm#1/bias", false, "f32", "d_model:32:32:"},
-    {"causal_lm/decoder_layer[0]/ffn/w_in", false, "f32", "d_model:32:32: d_ff:128:128:"},
-    {"causal_lm/decoder_layer[0]/ffn/w_out", false, "f32", "d_ff:128:128: d_model:32:32:"},
+    {"causal_lm/decoder_layer[0]/ffn/w_in", false, "f32", "d_model:32:32: d_ff:128:64:model"},
+    {"causal_lm/decoder_layer[0]/ffn/w_out", false, "f32", "d_ff:128:64:model d_model:32:32:"},
     {"causal_lm/decoder_layer[1]/random_features", false, "f32", "features:64:64: d_head:16:16:"},
     {"causal_lm/decoder_layer[1]/norm/gain", false, "f32", "d_model:32:32:"},
     {"causal_lm/decoder_layer[1]/norm/bias", false, "f32", "d_model:32:32:"},
@@ -1367,8 +1362,8 @@ static constexpr support::ParamSpec kLmParams[] = {
      "heads:2:1:model d_head:16:16: d_model:32:32:"},
     {"causal_lm/decoder_layer[1]/norm#1/gain", false, "f32", "d_model:32:32:"},
     {"causal_lm/decoder_layer[1]/norm#1/bias", false, "f32", "d_model:32:32:"},
-    {"causal_lm/decoder_layer[1]/ffn/w_in", false, "f32", "d_model:32:32: d_ff:128:128:"},
-    {"causal_lm/decoder_layer[1]/ffn/w_out", false, "f32", "d_ff:128:128: d_model:32:32:"},
+    {"causal_lm/decoder_layer[1]/ffn/w_in", false, "f32", "d_model:32:32: d_ff:128:64:model"},
+    {"causal_lm/decoder_layer[1]/ffn/w_out", false, "f32", "d_ff:128:64:model d_model:32:32:"},
     {"causal_lm/norm/gain", false, "f32", "d_model:32:32:"},
     {"causal_lm/norm/bias", false, "f32", "d_model:32:32:"}};
 
@@ -1499,13 +1494,13 @@ void Lm::computeInvariants() {
 
 Lm::Outputs Lm::run(const Inputs &inputs) {
   MESHRT_TRACE_RUN(world_, "lm");
-  // Arena: 1130496 bytes for 3231752 bytes of temporaries (placed by liveness).
+  // Arena: 1130496 bytes for 3100680 bytes of temporaries (placed by liveness).
   support::checkShape("input", "tokens", inputs.tokens, {1, 128});
   runPart0(inputs);
-  support::View v143 = arena_.view(0, 8192);
+  support::View v145 = arena_.view(0, 8192);
 
   Outputs outputs;
-  outputs.logits = support::Tensor{{1, 128, 64}, support::Buffer(v143.begin(), v143.end())};
+  outputs.logits = support::Tensor{{1, 128, 64}, support::Buffer(v145.begin(), v145.end())};
   return outputs;
 }
 
@@ -1543,7 +1538,7 @@ void Lm::runPart0(const Inputs &inputs) {
   support::addLayerNormAffine(v21.data(), v15.data(), kShape4, 32, v17.data(), v18.data(), 1e-05,
                               32, v3.data(), kShape5, v14.data(), kShape6, nullptr, kShape7);
 
-  // 28 statements from performer.mesh:45:10 einsum (1 of 2)
+  // 29 statements from performer.mesh:45:10 einsum (1 of 2)
   MESHRT_TRACE_SITE("performer.mesh:45:10");
   const support::Buffer &v22 = param5_causal_lm_decoder_layer_0_heads_in_w;
   support::View v23 = arena_.view(32768, 2048);
@@ -1572,75 +1567,75 @@ void Lm::runPart0(const Inputs &inputs) {
   support::View v61 = arena_.view(16384, 2048);
   const support::Buffer &v62 = param8_causal_lm_decoder_layer_0_heads_out_w;
   support::View v63 = arena_.view(0, 4096);
-  support::View v70 = arena_.view(65536, 4096);
-  support::View v65 = arena_.view(131072, 4096);
+  support::View v70 = arena_.view(32768, 4096);
+  support::View v65 = arena_.view(65536, 4096);
   const support::Buffer &v66 = param9_causal_lm_decoder_layer_0_norm_1_gain;
   const support::Buffer &v67 = param10_causal_lm_decoder_layer_0_norm_1_bias;
   const support::Buffer &v71 = param11_causal_lm_decoder_layer_0_ffn_w_in;
-  support::View v73 = arena_.view(0, 16384);
-  support::View v74 = arena_.view(65536, 16384);
+  support::View v73 = arena_.view(0, 8192);
+  support::View v74 = arena_.view(32768, 8192);
   const support::Buffer &v72 = param12_causal_lm_decoder_layer_0_ffn_w_out;
   support::View v75 = arena_.view(0, 4096);
-  const support::Buffer &v78 = param14_causal_lm_decoder_layer_1_norm_gain;
-  const support::Buffer &v79 = param15_causal_lm_decoder_layer_1_norm_bias;
-  support::View v82 = arena_.view(65536, 4096);
-  support::View v76 = arena_.view(1114112, 4096);
+  const support::Buffer &v79 = param14_causal_lm_decoder_layer_1_norm_gain;
+  const support::Buffer &v80 = param15_causal_lm_decoder_layer_1_norm_bias;
+  support::View v83 = arena_.view(81920, 4096);
+  support::View v77 = arena_.view(1114112, 4096);
   repeated0(v21, v22, v23, v16, v26, v27, v28, v31, v32, v37, v38, v39, v42, v43, v44, v47, v48,
             v53, v54, v55, v56, v57, v58, v59, v60, v61, v62, v63, v70, v65, v15, v66, v67, v71,
-            v73, v74, v72, v75, v82, v76, v78, v79);
+            v73, v74, v72, v75, v83, v77, v79, v80);
 
-  // 28 statements from performer.mesh:45:10 einsum (2 of 2)
+  // 29 statements from performer.mesh:45:10 einsum (2 of 2)
   MESHRT_TRACE_SITE("performer.mesh:45:10");
-  const support::Buffer &v83 = param16_causal_lm_decoder_layer_1_heads_in_w;
-  support::View v84 = arena_.view(32768, 2048);
-  const support::Buffer &v77 = param13_causal_lm_decoder_layer_1_random_features;
-  support::View v87 = arena_.view(0, 8192);
-  support::View v88 = arena_.view(40960, 2048);
-  support::View v89 = arena_.view(81920, 128);
-  support::View v92 = arena_.view(32768, 8192);
-  support::View v93 = arena_.view(0, 128);
-  support::View v98 = arena_.view(1048576, 8192);
-  const support::Buffer &v99 = param17_causal_lm_decoder_layer_1_heads_in_1_w;
-  support::View v100 = arena_.view(32768, 2048);
-  support::View v103 = arena_.view(0, 8192);
-  support::View v104 = arena_.view(40960, 2048);
-  support::View v105 = arena_.view(81920, 128);
-  support::View v108 = arena_.view(32768, 8192);
-  support::View v109 = arena_.view(0, 1);
-  support::View v114 = arena_.view(1081344, 8192);
-  const support::Buffer &v115 = param18_causal_lm_decoder_layer_1_heads_in_2_w;
-  support::View v116 = arena_.view(524288, 2048);
-  support::View v117 = arena_.view(0, 131072);
-  support::View v118 = arena_.view(524288, 131072);
-  support::View v119 = arena_.view(32768, 2048);
-  support::View v120 = arena_.view(0, 8192);
-  support::View v121 = arena_.view(40960, 128);
-  support::View v122 = arena_.view(16384, 2048);
-  const support::Buffer &v123 = param19_causal_lm_decoder_layer_1_heads_out_w;
-  support::View v124 = arena_.view(0, 4096);
-  support::View v131 = arena_.view(65536, 4096);
-  support::View v126 = arena_.view(131072, 4096);
-  const support::Buffer &v127 = param20_causal_lm_decoder_layer_1_norm_1_gain;
-  const support::Buffer &v128 = param21_causal_lm_decoder_layer_1_norm_1_bias;
-  const support::Buffer &v132 = param22_causal_lm_decoder_layer_1_ffn_w_in;
-  support::View v134 = arena_.view(0, 16384);
-  support::View v135 = arena_.view(65536, 16384);
-  const support::Buffer &v133 = param23_causal_lm_decoder_layer_1_ffn_w_out;
-  support::View v136 = arena_.view(0, 4096);
-  const support::Buffer &v138 = param24_causal_lm_norm_gain;
-  const support::Buffer &v139 = param25_causal_lm_norm_bias;
-  support::View v142 = arena_.view(32768, 4096);
-  support::View v137 = arena_.view(16384, 4096);
-  repeated0(v82, v83, v84, v77, v87, v88, v89, v92, v93, v98, v99, v100, v103, v104, v105, v108,
-            v109, v114, v115, v116, v117, v118, v119, v120, v121, v122, v123, v124, v131, v126, v76,
-            v127, v128, v132, v134, v135, v133, v136, v142, v137, v138, v139);
+  const support::Buffer &v84 = param16_causal_lm_decoder_layer_1_heads_in_w;
+  support::View v85 = arena_.view(32768, 2048);
+  const support::Buffer &v78 = param13_causal_lm_decoder_layer_1_random_features;
+  support::View v88 = arena_.view(0, 8192);
+  support::View v89 = arena_.view(40960, 2048);
+  support::View v90 = arena_.view(65536, 128);
+  support::View v93 = arena_.view(32768, 8192);
+  support::View v94 = arena_.view(0, 128);
+  support::View v99 = arena_.view(1048576, 8192);
+  const support::Buffer &v100 = param17_causal_lm_decoder_layer_1_heads_in_1_w;
+  support::View v101 = arena_.view(32768, 2048);
+  support::View v104 = arena_.view(0, 8192);
+  support::View v105 = arena_.view(40960, 2048);
+  support::View v106 = arena_.view(65536, 128);
+  support::View v109 = arena_.view(32768, 8192);
+  support::View v110 = arena_.view(0, 1);
+  support::View v115 = arena_.view(1081344, 8192);
+  const support::Buffer &v116 = param18_causal_lm_decoder_layer_1_heads_in_2_w;
+  support::View v117 = arena_.view(524288, 2048);
+  support::View v118 = arena_.view(0, 131072);
+  support::View v119 = arena_.view(524288, 131072);
+  support::View v120 = arena_.view(32768, 2048);
+  support::View v121 = arena_.view(0, 8192);
+  support::View v122 = arena_.view(40960, 128);
+  support::View v123 = arena_.view(16384, 2048);
+  const support::Buffer &v124 = param19_causal_lm_decoder_layer_1_heads_out_w;
+  support::View v125 = arena_.view(0, 4096);
+  support::View v132 = arena_.view(32768, 4096);
+  support::View v127 = arena_.view(65536, 4096);
+  const support::Buffer &v128 = param20_causal_lm_decoder_layer_1_norm_1_gain;
+  const support::Buffer &v129 = param21_causal_lm_decoder_layer_1_norm_1_bias;
+  const support::Buffer &v133 = param22_causal_lm_decoder_layer_1_ffn_w_in;
+  support::View v135 = arena_.view(0, 8192);
+  support::View v136 = arena_.view(32768, 8192);
+  const support::Buffer &v134 = param23_causal_lm_decoder_layer_1_ffn_w_out;
+  support::View v137 = arena_.view(0, 4096);
+  const support::Buffer &v140 = param24_causal_lm_norm_gain;
+  const support::Buffer &v141 = param25_causal_lm_norm_bias;
+  support::View v144 = arena_.view(32768, 4096);
+  support::View v139 = arena_.view(16384, 4096);
+  repeated0(v83, v84, v85, v78, v88, v89, v90, v93, v94, v99, v100, v101, v104, v105, v106, v109,
+            v110, v115, v116, v117, v118, v119, v120, v121, v122, v123, v124, v125, v132, v127, v77,
+            v128, v129, v133, v135, v136, v134, v137, v144, v139, v140, v141);
 
   // performer.mesh:137:10 einsum -> logits
   MESHRT_TRACE("gemm", "performer.mesh:137:10", "forward");
   const support::Buffer &v2 = param1_causal_lm_unembed;
-  support::View v143 = arena_.view(0, 8192);
+  support::View v145 = arena_.view(0, 8192);
   // dims: batch, seq, d_model, vocab
-  kEinsum8.plan().run(v142.data(), v2.data(), v143.data(), 1.0f, 0.0f);
+  kEinsum6.plan().run(v144.data(), v2.data(), v145.data(), 1.0f, 0.0f);
 }
 
 void Lm::repeated0(support::ConstView a0, support::ConstView a1, support::View a2,
@@ -1739,7 +1734,7 @@ void Lm::repeated0(support::ConstView a0, support::ConstView a1, support::View a
   // performer.mesh:87:19 einsum
   MESHRT_TRACE("gemm", "performer.mesh:87:19", "forward");
   // dims: batch, seq, heads, features, d_head
-  kEinsum9.plan().run(a17.data(), a19.data(), a20.data(), 1.0f, 0.0f);
+  kEinsum8.plan().run(a17.data(), a19.data(), a20.data(), 1.0f, 0.0f);
 
   // performer.mesh:87:12 cumsum -> kv
   MESHRT_TRACE("cumsum", "performer.mesh:87:12", "forward");
@@ -1749,7 +1744,7 @@ void Lm::repeated0(support::ConstView a0, support::ConstView a1, support::View a
   // performer.mesh:88:19 einsum -> numerator
   MESHRT_TRACE("gemm", "performer.mesh:88:19", "forward");
   // dims: batch, seq, heads, features, d_head
-  kEinsum10.plan().run(a9.data(), a21.data(), a22.data(), 1.0f, 0.0f);
+  kEinsum9.plan().run(a9.data(), a21.data(), a22.data(), 1.0f, 0.0f);
 
   // performer.mesh:89:31 cumsum
   MESHRT_TRACE("cumsum", "performer.mesh:89:31", "forward");
@@ -1759,7 +1754,7 @@ void Lm::repeated0(support::ConstView a0, support::ConstView a1, support::View a
   // performer.mesh:89:20 einsum -> normalizer
   MESHRT_TRACE("gemm", "performer.mesh:89:20", "forward");
   // dims: batch, seq, heads, features
-  kEinsum11.plan().run(a9.data(), a23.data(), a24.data(), 1.0f, 0.0f);
+  kEinsum10.plan().run(a9.data(), a23.data(), a24.data(), 1.0f, 0.0f);
 
   // performer.mesh:90:20 div
   MESHRT_TRACE("loop", "performer.mesh:90:20", "forward");
@@ -1796,6 +1791,11 @@ void Lm::repeated0(support::ConstView a0, support::ConstView a1, support::View a
   MESHRT_TRACE("gemm", "performer.mesh:96:10", "forward");
   // dims: batch, seq, d_ff, d_model
   kEinsum7.plan().run(a35.data(), a36.data(), a37.data(), 1.0f, 0.0f);
+
+  // performer.mesh:117:12 all_reduce_sum (resolve the partial sum of %74 over model for add at
+  // 117:12)
+  MESHRT_TRACE_SITE("performer.mesh:117:12");
+  group_model.allReduce(a37.data(), a37.size(), meshrt::ReduceOp::Sum);
 
   // performer.mesh:29:10 layer_norm
   // performer.mesh:29:33 mul
@@ -1951,8 +1951,8 @@ support::Shape LmTrain::inputShape(const std::string &name) {
 
 /// `lm_train`'s params: paths, dims and layouts (its constructor and paramShards() read it).
 static constexpr support::ParamSpec kLmTrainParams[] = {
-    {"causal_lm/embedding", false, "f32", "vocab:64:64: d_model:32:32:"},
-    {"causal_lm/unembed", false, "f32", "d_model:32:32: vocab:64:64:"},
+    {"causal_lm/embedding", false, "f32", "vocab:64:32:model d_model:32:32:"},
+    {"causal_lm/unembed", false, "f32", "d_model:32:32: vocab:64:32:model"},
     {"causal_lm/decoder_layer[0]/random_features", false, "f32", "features:64:64: d_head:16:16:"},
     {"causal_lm/decoder_layer[0]/norm/gain", false, "f32", "d_model:32:32:"},
     {"causal_lm/decoder_layer[0]/norm/bias", false, "f32", "d_model:32:32:"},
@@ -1966,8 +1966,8 @@ static constexpr support::ParamSpec kLmTrainParams[] = {
      "heads:2:1:model d_head:16:16: d_model:32:32:"},
     {"causal_lm/decoder_layer[0]/norm#1/gain", false, "f32", "d_model:32:32:"},
     {"causal_lm/decoder_layer[0]/norm#1/bias", false, "f32", "d_model:32:32:"},
-    {"causal_lm/decoder_layer[0]/ffn/w_in", false, "f32", "d_model:32:32: d_ff:128:128:"},
-    {"causal_lm/decoder_layer[0]/ffn/w_out", false, "f32", "d_ff:128:128: d_model:32:32:"},
+    {"causal_lm/decoder_layer[0]/ffn/w_in", false, "f32", "d_model:32:32: d_ff:128:64:model"},
+    {"causal_lm/decoder_layer[0]/ffn/w_out", false, "f32", "d_ff:128:64:model d_model:32:32:"},
     {"causal_lm/decoder_layer[1]/random_features", false, "f32", "features:64:64: d_head:16:16:"},
     {"causal_lm/decoder_layer[1]/norm/gain", false, "f32", "d_model:32:32:"},
     {"causal_lm/decoder_layer[1]/norm/bias", false, "f32", "d_model:32:32:"},
@@ -1981,14 +1981,14 @@ static constexpr support::ParamSpec kLmTrainParams[] = {
      "heads:2:1:model d_head:16:16: d_model:32:32:"},
     {"causal_lm/decoder_layer[1]/norm#1/gain", false, "f32", "d_model:32:32:"},
     {"causal_lm/decoder_layer[1]/norm#1/bias", false, "f32", "d_model:32:32:"},
-    {"causal_lm/decoder_layer[1]/ffn/w_in", false, "f32", "d_model:32:32: d_ff:128:128:"},
-    {"causal_lm/decoder_layer[1]/ffn/w_out", false, "f32", "d_ff:128:128: d_model:32:32:"},
+    {"causal_lm/decoder_layer[1]/ffn/w_in", false, "f32", "d_model:32:32: d_ff:128:64:model"},
+    {"causal_lm/decoder_layer[1]/ffn/w_out", false, "f32", "d_ff:128:64:model d_model:32:32:"},
     {"causal_lm/norm/gain", false, "f32", "d_model:32:32:"},
     {"causal_lm/norm/bias", false, "f32", "d_model:32:32:"},
-    {"causal_lm/embedding@m", true, "f32", "vocab:64:64: d_model:32:32:"},
-    {"causal_lm/embedding@v", true, "f32", "vocab:64:64: d_model:32:32:"},
-    {"causal_lm/unembed@m", true, "f32", "d_model:32:32: vocab:64:64:"},
-    {"causal_lm/unembed@v", true, "f32", "d_model:32:32: vocab:64:64:"},
+    {"causal_lm/embedding@m", true, "f32", "vocab:64:32:model d_model:32:32:"},
+    {"causal_lm/embedding@v", true, "f32", "vocab:64:32:model d_model:32:32:"},
+    {"causal_lm/unembed@m", true, "f32", "d_model:32:32: vocab:64:32:model"},
+    {"causal_lm/unembed@v", true, "f32", "d_model:32:32: vocab:64:32:model"},
     {"causal_lm/decoder_layer[0]/norm/gain@m", true, "f32", "d_model:32:32:"},
     {"causal_lm/decoder_layer[0]/norm/gain@v", true, "f32", "d_model:32:32:"},
     {"causal_lm/decoder_layer[0]/norm/bias@m", true, "f32", "d_model:32:32:"},
@@ -2013,10 +2013,10 @@ static constexpr support::ParamSpec kLmTrainParams[] = {
     {"causal_lm/decoder_layer[0]/norm#1/gain@v", true, "f32", "d_model:32:32:"},
     {"causal_lm/decoder_layer[0]/norm#1/bias@m", true, "f32", "d_model:32:32:"},
     {"causal_lm/decoder_layer[0]/norm#1/bias@v", true, "f32", "d_model:32:32:"},
-    {"causal_lm/decoder_layer[0]/ffn/w_in@m", true, "f32", "d_model:32:32: d_ff:128:128:"},
-    {"causal_lm/decoder_layer[0]/ffn/w_in@v", true, "f32", "d_model:32:32: d_ff:128:128:"},
-    {"causal_lm/decoder_layer[0]/ffn/w_out@m", true, "f32", "d_ff:128:128: d_model:32:32:"},
-    {"causal_lm/decoder_layer[0]/ffn/w_out@v", true, "f32", "d_ff:128:128: d_model:32:32:"},
+    {"causal_lm/decoder_layer[0]/ffn/w_in@m", true, "f32", "d_model:32:32: d_ff:128:64:model"},
+    {"causal_lm/decoder_layer[0]/ffn/w_in@v", true, "f32", "d_model:32:32: d_ff:128:64:model"},
+    {"causal_lm/decoder_layer[0]/ffn/w_out@m", true, "f32", "d_ff:128:64:model d_model:32:32:"},
+    {"causal_lm/decoder_layer[0]/ffn/w_out@v", true, "f32", "d_ff:128:64:model d_model:32:32:"},
     {"causal_lm/decoder_layer[1]/norm/gain@m", true, "f32", "d_model:32:32:"},
     {"causal_lm/decoder_layer[1]/norm/gain@v", true, "f32", "d_model:32:32:"},
     {"causal_lm/decoder_layer[1]/norm/bias@m", true, "f32", "d_model:32:32:"},
@@ -2041,10 +2041,10 @@ static constexpr support::ParamSpec kLmTrainParams[] = {
     {"causal_lm/decoder_layer[1]/norm#1/gain@v", true, "f32", "d_model:32:32:"},
     {"causal_lm/decoder_layer[1]/norm#1/bias@m", true, "f32", "d_model:32:32:"},
     {"causal_lm/decoder_layer[1]/norm#1/bias@v", true, "f32", "d_model:32:32:"},
-    {"causal_lm/decoder_layer[1]/ffn/w_in@m", true, "f32", "d_model:32:32: d_ff:128:128:"},
-    {"causal_lm/decoder_layer[1]/ffn/w_in@v", true, "f32", "d_model:32:32: d_ff:128:128:"},
-    {"causal_lm/decoder_layer[1]/ffn/w_out@m", true, "f32", "d_ff:128:128: d_model:32:32:"},
-    {"causal_lm/decoder_layer[1]/ffn/w_out@v", true, "f32", "d_ff:128:128: d_model:32:32:"},
+    {"causal_lm/decoder_layer[1]/ffn/w_in@m", true, "f32", "d_model:32:32: d_ff:128:64:model"},
+    {"causal_lm/decoder_layer[1]/ffn/w_in@v", true, "f32", "d_model:32:32: d_ff:128:64:model"},
+    {"causal_lm/decoder_layer[1]/ffn/w_out@m", true, "f32", "d_ff:128:64:model d_model:32:32:"},
+    {"causal_lm/decoder_layer[1]/ffn/w_out@v", true, "f32", "d_ff:128:64:model d_model:32:32:"},
     {"causal_lm/norm/gain@m", true, "f32", "d_model:32:32:"},
     {"causal_lm/norm/gain@v", true, "f32", "d_model:32:32:"},
     {"causal_lm/norm/bias@m", true, "f32", "d_model:32:32:"},
@@ -2053,6 +2053,7 @@ static constexpr support::ParamSpec kLmTrainParams[] = {
 LmTrain::LmTrain(meshrt::Communicator &world, uint64_t seed)
     : world_(support::checkedWorld(world, mesh(), "lm_train")), seed_(seed),
       group_data(world_.subgroup(std::vector<std::string>{"data"})),
+      group_data_model(world_.subgroup(std::vector<std::string>{"data", "model"})),
       group_model(world_.subgroup(std::vector<std::string>{"model"})) {
   static constexpr support::ParamInit inits[] = {
       // causal_lm/embedding (performer.mesh:131)
@@ -2322,17 +2323,18 @@ void LmTrain::computeInvariants() {
 
 LmTrain::Outputs LmTrain::run(const Inputs &inputs) {
   MESHRT_TRACE_RUN(world_, "lm_train");
-  // Arena: 2370880 bytes for 8421152 bytes of temporaries (placed by liveness).
+  // Arena: 2284864 bytes for 8036384 bytes of temporaries (placed by liveness).
   support::checkShape("input", "tokens", inputs.tokens, {1, 128});
   runPart0(inputs);
   runPart1(inputs);
-  support::View v159 = arena_.view(2370816, 1);
+  runPart2(inputs);
+  support::View v163 = arena_.view(2284800, 1);
 
   // The step's updates.
   ++step_;
 
   Outputs outputs;
-  outputs.loss = support::Tensor{{}, support::Buffer(v159.begin(), v159.end())};
+  outputs.loss = support::Tensor{{}, support::Buffer(v163.begin(), v163.end())};
   return outputs;
 }
 
@@ -2343,7 +2345,7 @@ void LmTrain::runPart0(const Inputs &inputs) {
   // performer.mesh:147:17 shift -> targets
   MESHRT_TRACE("shift", "performer.mesh:147:17", "forward");
   const support::Buffer &v0 = inputs.tokens.data;
-  support::View v1 = arena_.view(1998848, 128);
+  support::View v1 = arena_.view(1933312, 128);
   support::shift(v1, v0, kShape4, 1, -1, nullptr);
 
   // performer.mesh:148:36 ge
@@ -2354,14 +2356,20 @@ void LmTrain::runPart0(const Inputs &inputs) {
 
   // performer.mesh:148:18 shift -> has_next
   MESHRT_TRACE("shift", "performer.mesh:148:18", "forward");
-  support::View v5 = arena_.view(1999360, 128);
+  support::View v5 = arena_.view(1933824, 128);
   support::shift(v5, v4, kShape4, 1, -1, nullptr);
 
-  // performer.mesh:133:37 gather
+  // performer.mesh:133:37 gather (masked local gather: partial sum over model)
   MESHRT_TRACE("gather", "performer.mesh:133:37", "forward");
   support::View v6(param0_causal_lm_embedding); // updated in place
   support::View v8 = arena_.view(0, 4096);
-  support::gather(v8.data(), kShape18, v6.data(), kShape19, v0.data(), kShape20, 64, 32, 0);
+  support::gather(v8.data(), kShape18, v6.data(), kShape19, v0.data(), kShape20, 32, 32,
+                  support::shardStart(world_, {"model"}, 32));
+
+  // performer.mesh:133:70 all_reduce_sum (resolve the partial sum of %8 over model for add at
+  // 133:70)
+  MESHRT_TRACE_SITE("performer.mesh:133:70");
+  auto request0 = support::startAllReduce(group_model, {v8}, meshrt::ReduceOp::Sum);
 
   // performer.mesh:38:10 concat
   MESHRT_TRACE("concat", "performer.mesh:38:10", "forward");
@@ -2374,190 +2382,204 @@ void LmTrain::runPart0(const Inputs &inputs) {
   support::View v18 = persistent_.view(17792, 2048);
   support::copyWindow(v19.data(), v18.data(), kShape0, kShape3, kShape2, 1, 1, 32, 16, int64_t(16));
 
+  MESHRT_TRACE_SITE("performer.mesh:133:70");
+  group_model.wait(request0);
+
   // performer.mesh:133:70 add -> h
   MESHRT_TRACE("loop", "performer.mesh:133:70", "forward");
-  support::View v20 = arena_.view(2097152, 4096);
-  loop14(v20.data(), v8.data(), v19.data());
+  support::View v21 = arena_.view(2031616, 4096);
+  loop14(v21.data(), v8.data(), v19.data());
 
   // performer.mesh:29:10 layer_norm
   MESHRT_TRACE("layer_norm", "performer.mesh:29:10", "forward");
-  support::View v24 = arena_.view(2113536, 4096);
-  support::along(v24.data(), v20.data(), kShape4, kShape5, kShape5, kShape3, kShape1, kShape1,
+  support::View v25 = arena_.view(2048000, 4096);
+  support::along(v25.data(), v21.data(), kShape4, kShape5, kShape5, kShape3, kShape1, kShape1,
                  support::Along::LayerNorm, 1e-05, 32, nullptr);
 
   // performer.mesh:29:33 mul
   // performer.mesh:29:40 add -> n
   MESHRT_TRACE("loop", "performer.mesh:29:33", "forward");
-  support::View v22(param3_causal_lm_decoder_layer_0_norm_gain); // updated in place
-  support::View v23(param4_causal_lm_decoder_layer_0_norm_bias); // updated in place
-  support::View v26 = arena_.view(2129920, 4096);
-  loop15(v26.data(), v24.data(), v22.data(), v23.data());
+  support::View v23(param3_causal_lm_decoder_layer_0_norm_gain); // updated in place
+  support::View v24(param4_causal_lm_decoder_layer_0_norm_bias); // updated in place
+  support::View v27 = arena_.view(2064384, 4096);
+  loop15(v27.data(), v25.data(), v23.data(), v24.data());
 
-  // 32 statements from performer.mesh:45:10 einsum (1 of 2)
+  // 33 statements from performer.mesh:45:10 einsum (1 of 2)
   MESHRT_TRACE_SITE("performer.mesh:45:10");
-  support::View v27(param5_causal_lm_decoder_layer_0_heads_in_w); // updated in place
-  support::View v28 = arena_.view(2293760, 2048);
-  const support::Buffer &v21 = param2_causal_lm_decoder_layer_0_random_features;
-  support::View v31 = arena_.view(0, 8192);
-  support::View v32 = arena_.view(32768, 2048);
-  support::View v33 = arena_.view(65536, 128);
-  support::View v36 = arena_.view(32768, 8192);
-  support::View v37 = arena_.view(0, 128);
-  support::View v42 = arena_.view(1736704, 8192);
-  support::View v43(param6_causal_lm_decoder_layer_0_heads_in_1_w); // updated in place
-  support::View v44 = arena_.view(2301952, 2048);
-  support::View v47 = arena_.view(0, 8192);
-  support::View v48 = arena_.view(32768, 2048);
-  support::View v49 = arena_.view(65536, 128);
-  support::View v52 = arena_.view(32768, 8192);
-  support::View v53 = arena_.view(0, 1);
-  support::View v58 = arena_.view(1802240, 8192);
-  support::View v59(param7_causal_lm_decoder_layer_0_heads_in_2_w); // updated in place
-  support::View v60 = arena_.view(2310144, 2048);
-  support::View v61 = arena_.view(0, 131072);
-  support::View v62 = arena_.view(524288, 131072);
-  support::View v63 = arena_.view(0, 2048);
-  support::View v64 = arena_.view(1835008, 8192);
-  support::View v65 = arena_.view(2369536, 128);
-  support::View v66 = arena_.view(2318336, 2048);
-  support::View v67(param8_causal_lm_decoder_layer_0_heads_out_w); // updated in place
-  support::View v68 = arena_.view(0, 4096);
-  support::View v70 = arena_.view(2146304, 4096);
-  support::View v73 = arena_.view(2162688, 4096);
-  support::View v71(param9_causal_lm_decoder_layer_0_norm_1_gain);  // updated in place
-  support::View v72(param10_causal_lm_decoder_layer_0_norm_1_bias); // updated in place
-  support::View v75 = arena_.view(2179072, 4096);
-  support::View v76(param11_causal_lm_decoder_layer_0_ffn_w_in); // updated in place
-  support::View v78 = arena_.view(1572864, 16384);
-  support::View v79 = arena_.view(1638400, 16384);
-  support::View v77(param12_causal_lm_decoder_layer_0_ffn_w_out); // updated in place
-  support::View v80 = arena_.view(0, 4096);
-  support::View v81 = arena_.view(2195456, 4096);
-  support::View v85 = arena_.view(2211840, 4096);
-  support::View v83(param14_causal_lm_decoder_layer_1_norm_gain); // updated in place
-  support::View v84(param15_causal_lm_decoder_layer_1_norm_bias); // updated in place
-  support::View v40 = arena_.view(1703936, 8192);
-  support::View v56 = arena_.view(1769472, 8192);
-  support::View v87 = arena_.view(2228224, 4096);
-  repeated2(v26, v27, v28, v21, v31, v32, v33, v36, v37, v40, v42, v43, v44, v47, v48, v49, v52,
-            v53, v56, v58, v59, v60, v61, v62, v63, v64, v65, v66, v67, v68, v20, v70, v73, v71,
-            v72, v75, v76, v78, v79, v77, v80, v81, v85, v83, v84, v87);
+  support::View v28(param5_causal_lm_decoder_layer_0_heads_in_w); // updated in place
+  support::View v29 = arena_.view(2195456, 2048);
+  const support::Buffer &v22 = param2_causal_lm_decoder_layer_0_random_features;
+  support::View v32 = arena_.view(0, 8192);
+  support::View v33 = arena_.view(32768, 2048);
+  support::View v34 = arena_.view(65536, 128);
+  support::View v37 = arena_.view(32768, 8192);
+  support::View v38 = arena_.view(0, 128);
+  support::View v43 = arena_.view(1605632, 8192);
+  support::View v44(param6_causal_lm_decoder_layer_0_heads_in_1_w); // updated in place
+  support::View v45 = arena_.view(2203648, 2048);
+  support::View v48 = arena_.view(0, 8192);
+  support::View v49 = arena_.view(32768, 2048);
+  support::View v50 = arena_.view(65536, 128);
+  support::View v53 = arena_.view(32768, 8192);
+  support::View v54 = arena_.view(0, 1);
+  support::View v59 = arena_.view(1671168, 8192);
+  support::View v60(param7_causal_lm_decoder_layer_0_heads_in_2_w); // updated in place
+  support::View v61 = arena_.view(2211840, 2048);
+  support::View v62 = arena_.view(0, 131072);
+  support::View v63 = arena_.view(524288, 131072);
+  support::View v64 = arena_.view(0, 2048);
+  support::View v65 = arena_.view(1703936, 8192);
+  support::View v66 = arena_.view(2283520, 128);
+  support::View v67 = arena_.view(2220032, 2048);
+  support::View v68(param8_causal_lm_decoder_layer_0_heads_out_w); // updated in place
+  support::View v69 = arena_.view(0, 4096);
+  support::View v71 = arena_.view(2080768, 4096);
+  support::View v74 = arena_.view(2097152, 4096);
+  support::View v72(param9_causal_lm_decoder_layer_0_norm_1_gain);  // updated in place
+  support::View v73(param10_causal_lm_decoder_layer_0_norm_1_bias); // updated in place
+  support::View v76 = arena_.view(2113536, 4096);
+  support::View v77(param11_causal_lm_decoder_layer_0_ffn_w_in); // updated in place
+  support::View v79 = arena_.view(1736704, 8192);
+  support::View v80 = arena_.view(1769472, 8192);
+  support::View v78(param12_causal_lm_decoder_layer_0_ffn_w_out); // updated in place
+  support::View v81 = arena_.view(0, 4096);
+  support::View v83 = arena_.view(2129920, 4096);
+  support::View v87 = arena_.view(2146304, 4096);
+  support::View v85(param14_causal_lm_decoder_layer_1_norm_gain); // updated in place
+  support::View v86(param15_causal_lm_decoder_layer_1_norm_bias); // updated in place
+  support::View v41 = arena_.view(1572864, 8192);
+  support::View v57 = arena_.view(1638400, 8192);
+  support::View v89 = arena_.view(2162688, 4096);
+  repeated2(v27, v28, v29, v22, v32, v33, v34, v37, v38, v41, v43, v44, v45, v48, v49, v50, v53,
+            v54, v57, v59, v60, v61, v62, v63, v64, v65, v66, v67, v68, v69, v21, v71, v74, v72,
+            v73, v76, v77, v79, v80, v78, v81, v83, v87, v85, v86, v89);
 
-  // 32 statements from performer.mesh:45:10 einsum (2 of 2)
+  // 33 statements from performer.mesh:45:10 einsum (2 of 2)
   MESHRT_TRACE_SITE("performer.mesh:45:10");
-  support::View v88(param16_causal_lm_decoder_layer_1_heads_in_w); // updated in place
-  support::View v89 = arena_.view(2326528, 2048);
-  const support::Buffer &v82 = param13_causal_lm_decoder_layer_1_random_features;
-  support::View v92 = arena_.view(0, 8192);
-  support::View v93 = arena_.view(32768, 2048);
-  support::View v94 = arena_.view(65536, 128);
-  support::View v97 = arena_.view(32768, 8192);
-  support::View v98 = arena_.view(0, 128);
-  support::View v103 = arena_.view(1900544, 8192);
-  support::View v104(param17_causal_lm_decoder_layer_1_heads_in_1_w); // updated in place
-  support::View v105 = arena_.view(2334720, 2048);
-  support::View v108 = arena_.view(0, 8192);
-  support::View v109 = arena_.view(32768, 2048);
-  support::View v110 = arena_.view(65536, 128);
-  support::View v113 = arena_.view(32768, 8192);
-  support::View v114 = arena_.view(0, 1);
-  support::View v119 = arena_.view(1966080, 8192);
-  support::View v120(param18_causal_lm_decoder_layer_1_heads_in_2_w); // updated in place
-  support::View v121 = arena_.view(2342912, 2048);
-  support::View v122 = arena_.view(0, 131072);
-  support::View v123 = arena_.view(1048576, 131072);
-  support::View v124 = arena_.view(0, 2048);
-  support::View v125 = arena_.view(196608, 8192);
-  support::View v126 = arena_.view(368640, 128);
-  support::View v127 = arena_.view(360448, 2048);
-  support::View v128(param19_causal_lm_decoder_layer_1_heads_out_w); // updated in place
-  support::View v129 = arena_.view(0, 4096);
-  support::View v131 = arena_.view(262144, 4096);
-  support::View v134 = arena_.view(278528, 4096);
-  support::View v132(param20_causal_lm_decoder_layer_1_norm_1_gain); // updated in place
-  support::View v133(param21_causal_lm_decoder_layer_1_norm_1_bias); // updated in place
-  support::View v136 = arena_.view(294912, 4096);
-  support::View v137(param22_causal_lm_decoder_layer_1_ffn_w_in); // updated in place
-  support::View v139 = arena_.view(0, 16384);
-  support::View v140 = arena_.view(65536, 16384);
-  support::View v138(param23_causal_lm_decoder_layer_1_ffn_w_out); // updated in place
-  support::View v141 = arena_.view(131072, 4096);
-  support::View v142 = arena_.view(311296, 4096);
-  support::View v145 = arena_.view(327680, 4096);
-  support::View v143(param24_causal_lm_norm_gain); // updated in place
-  support::View v144(param25_causal_lm_norm_bias); // updated in place
-  support::View v101 = arena_.view(1867776, 8192);
-  support::View v117 = arena_.view(1933312, 8192);
-  support::View v147 = arena_.view(344064, 4096);
-  repeated2(v87, v88, v89, v82, v92, v93, v94, v97, v98, v101, v103, v104, v105, v108, v109, v110,
-            v113, v114, v117, v119, v120, v121, v122, v123, v124, v125, v126, v127, v128, v129, v81,
-            v131, v134, v132, v133, v136, v137, v139, v140, v138, v141, v142, v145, v143, v144,
-            v147);
+  support::View v90(param16_causal_lm_decoder_layer_1_heads_in_w); // updated in place
+  support::View v91 = arena_.view(2228224, 2048);
+  const support::Buffer &v84 = param13_causal_lm_decoder_layer_1_random_features;
+  support::View v94 = arena_.view(0, 8192);
+  support::View v95 = arena_.view(32768, 2048);
+  support::View v96 = arena_.view(65536, 128);
+  support::View v99 = arena_.view(32768, 8192);
+  support::View v100 = arena_.view(0, 128);
+  support::View v105 = arena_.view(1835008, 8192);
+  support::View v106(param17_causal_lm_decoder_layer_1_heads_in_1_w); // updated in place
+  support::View v107 = arena_.view(2236416, 2048);
+  support::View v110 = arena_.view(0, 8192);
+  support::View v111 = arena_.view(32768, 2048);
+  support::View v112 = arena_.view(65536, 128);
+  support::View v115 = arena_.view(32768, 8192);
+  support::View v116 = arena_.view(0, 1);
+  support::View v121 = arena_.view(1900544, 8192);
+  support::View v122(param18_causal_lm_decoder_layer_1_heads_in_2_w); // updated in place
+  support::View v123 = arena_.view(2244608, 2048);
+  support::View v124 = arena_.view(0, 131072);
+  support::View v125 = arena_.view(1048576, 131072);
+  support::View v126 = arena_.view(32768, 2048);
+  support::View v127 = arena_.view(0, 8192);
+  support::View v128 = arena_.view(253952, 128);
+  support::View v129 = arena_.view(245760, 2048);
+  support::View v130(param19_causal_lm_decoder_layer_1_heads_out_w); // updated in place
+  support::View v131 = arena_.view(32768, 4096);
+  support::View v133 = arena_.view(131072, 4096);
+  support::View v136 = arena_.view(147456, 4096);
+  support::View v134(param20_causal_lm_decoder_layer_1_norm_1_gain); // updated in place
+  support::View v135(param21_causal_lm_decoder_layer_1_norm_1_bias); // updated in place
+  support::View v138 = arena_.view(163840, 4096);
+  support::View v139(param22_causal_lm_decoder_layer_1_ffn_w_in); // updated in place
+  support::View v141 = arena_.view(32768, 8192);
+  support::View v142 = arena_.view(65536, 8192);
+  support::View v140(param23_causal_lm_decoder_layer_1_ffn_w_out); // updated in place
+  support::View v143 = arena_.view(98304, 4096);
+  support::View v145 = arena_.view(114688, 4096);
+  support::View v148 = arena_.view(98304, 4096);
+  support::View v146(param24_causal_lm_norm_gain); // updated in place
+  support::View v147(param25_causal_lm_norm_bias); // updated in place
+  support::View v103 = arena_.view(1802240, 8192);
+  support::View v119 = arena_.view(1867776, 8192);
+  support::View v150 = arena_.view(180224, 4096);
+  repeated2(v89, v90, v91, v84, v94, v95, v96, v99, v100, v103, v105, v106, v107, v110, v111, v112,
+            v115, v116, v119, v121, v122, v123, v124, v125, v126, v127, v128, v129, v130, v131, v83,
+            v133, v136, v134, v135, v138, v139, v141, v142, v140, v143, v145, v148, v146, v147,
+            v150);
 
   // performer.mesh:137:10 einsum
   MESHRT_TRACE("gemm", "performer.mesh:137:10", "forward");
   support::View v7(param1_causal_lm_unembed); // updated in place
-  support::View v148 = arena_.view(131072, 8192);
+  support::View v151 = arena_.view(196608, 4096);
   // dims: batch, seq, d_model, vocab
-  kEinsum8.plan().run(v147.data(), v7.data(), v148.data(), 1.0f, 0.0f);
+  kEinsum11.plan().run(v150.data(), v7.data(), v151.data(), 1.0f, 0.0f);
 
   // performer.mesh:149:25 log_softmax
   MESHRT_TRACE("log_softmax", "performer.mesh:149:25", "forward");
-  support::View v149 = arena_.view(163840, 8192);
-  support::along(v149.data(), v148.data(), kShape4, kShape13, kShape13, kShape11, kShape1, kShape1,
-                 support::Along::LogSoftmax, 1e-05, 64, nullptr);
+  support::View v152 = arena_.view(212992, 4096);
+  support::along(v152.data(), v151.data(), kShape4, kShape5, kShape5, kShape3, kShape1, kShape1,
+                 support::Along::LogSoftmax, 1e-05, 64, &group_model);
 
   // performer.mesh:149:65 one_hot
   MESHRT_TRACE("one_hot", "performer.mesh:149:65", "forward");
-  support::View v150 = arena_.view(131072, 8192);
-  support::oneHot(v150.data(), kShape24, v1.data(), kShape20, kShape19, 0);
+  support::View v153 = arena_.view(196608, 4096);
+  support::oneHot(v153.data(), kShape18, v1.data(), kShape20, kShape19,
+                  support::shardStart(world_, {"model"}, 32));
 
   // performer.mesh:149:63 mul
   MESHRT_TRACE("loop", "performer.mesh:149:63", "forward");
-  support::View v151 = arena_.view(229376, 8192);
-  loop16(v151.data(), v149.data(), v150.data());
+  support::View v154 = arena_.view(229376, 4096);
+  loop16(v154.data(), v152.data(), v153.data());
 
   // performer.mesh:149:21 sum
   MESHRT_TRACE("sum", "performer.mesh:149:21", "forward");
-  support::View v152 = arena_.view(369152, 128);
-  support::reduce(v152.data(), kShape4, v151.data(), kShape13, kShape11, kShape1,
+  support::View v155 = arena_.view(254464, 128);
+  support::reduce(v155.data(), kShape4, v154.data(), kShape5, kShape3, kShape1,
                   support::Reduce::Sum, 1.0);
 
   // performer.mesh:149:20 neg -> token_loss
   // performer.mesh:150:29 mul
   MESHRT_TRACE("loop", "performer.mesh:149:20", "forward");
-  support::View v154 = arena_.view(229376, 128);
-  loop17(v154.data(), v152.data(), v5.data());
+  support::View v157 = arena_.view(229376, 128);
+  loop17(v157.data(), v155.data(), v5.data());
 
   // performer.mesh:150:14 sum
   MESHRT_TRACE("sum", "performer.mesh:150:14", "forward");
-  support::View v155 = arena_.view(229888, 1);
-  support::reduce(v155.data(), kShape7, v154.data(), kShape7, kShape4, kShape25,
+  support::View v158 = arena_.view(229888, 1);
+  support::reduce(v158.data(), kShape7, v157.data(), kShape7, kShape4, kShape24,
                   support::Reduce::Sum, 1.0);
 
-  // performer.mesh:150:43 sum
-  MESHRT_TRACE("sum", "performer.mesh:150:43", "forward");
-  support::View v156 = arena_.view(369152, 1);
-  support::reduce(v156.data(), kShape7, v5.data(), kShape7, kShape4, kShape25, support::Reduce::Sum,
-                  1.0);
+  // performer.mesh:150:43 local_slice -> has_next (reshard has_next for sum at 150:43)
+  MESHRT_TRACE("local_slice", "performer.mesh:150:43", "forward");
+  support::View v159 = arena_.view(229376, 64);
+  support::sliceDim(v159, v5, kShape4, 1, support::blockIndex(world_, {"model"}), 2);
 
-  // performer.mesh:150:41 bucketed_all_reduce_sum (2 partial sums (%153, %154) over data resolved
-  // together, 8 B in one buffer)
+  // performer.mesh:150:43 sum ('seq' sliced over model: partial over data, model as its partner)
+  MESHRT_TRACE("sum", "performer.mesh:150:43", "forward");
+  support::View v160 = arena_.view(254464, 1);
+  support::reduce(v160.data(), kShape7, v159.data(), kShape7, kShape25, kShape15,
+                  support::Reduce::Sum, 1.0);
+
+  // performer.mesh:150:41 bucketed_all_reduce_sum (2 partial sums (%153, %154) over data, model
+  // resolved together, 8 B in one buffer)
   MESHRT_TRACE_SITE("performer.mesh:150:41");
-  support::allReduceBucket(group_data, {v155, v156});
+  support::allReduceBucket(group_data_model, {v158, v160});
 
   // performer.mesh:150:41 div -> loss
   MESHRT_TRACE("loop", "performer.mesh:150:41", "forward");
-  support::View v159 = arena_.view(2370816, 1);
+  support::View v163 = arena_.view(2284800, 1);
   {
-    float *__restrict v159p = v159.data();
-    const float *__restrict v155p = v155.data();
-    const float *__restrict v156p = v156.data();
-    const float s0 = v155p[0];
-    const float s1 = v156p[0];
+    float *__restrict v163p = v163.data();
+    const float *__restrict v158p = v158.data();
+    const float *__restrict v160p = v160.data();
+    const float s0 = v158p[0];
+    const float s1 = v160p[0];
     const float s2 = (s0 / s1);
-    v159p[0] = s2;
+    v163p[0] = s2;
   }
+}
+
+void LmTrain::runPart1(const Inputs &inputs) {
+  (void)inputs;
+  MESHRT_TRACE_SPAN(world_);
 
   // performer.mesh:150:41 div
   // performer.mesh:150:14 broadcast
@@ -2574,88 +2596,97 @@ void LmTrain::runPart0(const Inputs &inputs) {
   // performer.mesh:149:63 mul
   // performer.mesh:149:25 sub
   MESHRT_TRACE("loop", "performer.mesh:150:41", "backward");
-  support::View v176 = arena_.view(229376, 8192);
-  loop18(v176.data(), v156.data(), v5.data(), v1.data(), v149.data(), v150.data());
+  support::View v160 = arena_.view(254464, 1);
+  support::View v5 = arena_.view(1933824, 128);
+  support::View v1 = arena_.view(1933312, 128);
+  support::View v152 = arena_.view(212992, 4096);
+  support::View v153 = arena_.view(196608, 4096);
+  support::View v180 = arena_.view(229376, 4096);
+  loop18(v180.data(), v160.data(), v5.data(), v1.data(), v152.data(), v153.data());
 
   // performer.mesh:137:10 einsum
   MESHRT_TRACE("gemm", "performer.mesh:137:10", "backward");
-  support::View v177 = arena_.view(131072, 4096);
+  support::View v7(param1_causal_lm_unembed); // updated in place
+  support::View v181 = arena_.view(196608, 4096);
   // dims: batch, seq, vocab, d_model
-  kEinsum12.plan().run(v176.data(), v7.data(), v177.data(), 1.0f, 0.0f);
+  kEinsum12.plan().run(v180.data(), v7.data(), v181.data(), 1.0f, 0.0f);
+
+  // performer.mesh:29:40 all_reduce_sum (resolve the partial sum of %173 over model for sum at
+  // 29:40)
+  MESHRT_TRACE_SITE("performer.mesh:29:40");
+  auto request1 = support::startAllReduce(group_model, {v181}, meshrt::ReduceOp::Sum);
 
   // performer.mesh:137:10 einsum -> grad/causal_lm/unembed
   MESHRT_TRACE("gemm", "performer.mesh:137:10", "backward");
-  support::View v178 = arena_.view(2351104, 2048);
+  support::View v150 = arena_.view(180224, 4096);
+  support::View v182 = arena_.view(2277376, 1024);
   // dims: batch, seq, vocab, d_model
-  kEinsum13.plan().run(v176.data(), v147.data(), v178.data(), 1.0f, 0.0f);
-}
+  kEinsum13.plan().run(v180.data(), v150.data(), v182.data(), 1.0f, 0.0f);
 
-void LmTrain::runPart1(const Inputs &inputs) {
-  (void)inputs;
-  MESHRT_TRACE_SPAN(world_);
+  MESHRT_TRACE_SITE("performer.mesh:29:40");
+  group_model.wait(request1);
 
   // performer.mesh:29:40 sum -> grad/causal_lm/norm/bias
   MESHRT_TRACE("sum", "performer.mesh:29:40", "backward");
-  support::View v177 = arena_.view(131072, 4096);
-  support::View v179 = arena_.view(2370304, 32);
-  support::reduce(v179.data(), kShape3, v177.data(), kShape1, kShape4, kShape5,
+  support::View v184 = arena_.view(2284288, 32);
+  support::reduce(v184.data(), kShape3, v181.data(), kShape1, kShape4, kShape5,
                   support::Reduce::Sum, 1.0);
 
   // performer.mesh:29:33 mul
   MESHRT_TRACE("loop", "performer.mesh:29:33", "backward");
-  support::View v145 = arena_.view(327680, 4096);
-  support::View v181 = arena_.view(147456, 4096);
-  loop19(v181.data(), v177.data(), v145.data());
+  support::View v148 = arena_.view(98304, 4096);
+  support::View v186 = arena_.view(180224, 4096);
+  loop16(v186.data(), v181.data(), v148.data());
 
   // performer.mesh:29:33 sum -> grad/causal_lm/norm/gain
   MESHRT_TRACE("sum", "performer.mesh:29:33", "backward");
-  support::View v182 = arena_.view(2370432, 32);
-  support::reduce(v182.data(), kShape3, v181.data(), kShape1, kShape4, kShape5,
+  support::View v187 = arena_.view(2284416, 32);
+  support::reduce(v187.data(), kShape3, v186.data(), kShape1, kShape4, kShape5,
                   support::Reduce::Sum, 1.0);
 
   // performer.mesh:29:10 mean
   MESHRT_TRACE("mean", "performer.mesh:29:10", "backward");
-  support::View v142 = arena_.view(311296, 4096);
-  support::View v183 = arena_.view(163840, 128);
-  support::reduce(v183.data(), kShape4, v142.data(), kShape5, kShape3, kShape1,
+  support::View v145 = arena_.view(114688, 4096);
+  support::View v188 = arena_.view(212992, 128);
+  support::reduce(v188.data(), kShape4, v145.data(), kShape5, kShape3, kShape1,
                   support::Reduce::Sum, 0.03125);
 
   // performer.mesh:29:10 sub
   // performer.mesh:29:10 square
   MESHRT_TRACE("loop", "performer.mesh:29:10", "backward");
-  support::View v185 = arena_.view(147456, 4096);
-  loop20(v185.data(), v142.data(), v183.data());
+  support::View v190 = arena_.view(180224, 4096);
+  loop19(v190.data(), v145.data(), v188.data());
 
   // performer.mesh:29:10 mean
   MESHRT_TRACE("mean", "performer.mesh:29:10", "backward");
-  support::View v186 = arena_.view(163840, 128);
-  support::reduce(v186.data(), kShape4, v185.data(), kShape5, kShape3, kShape1,
+  support::View v191 = arena_.view(114688, 128);
+  support::reduce(v191.data(), kShape4, v190.data(), kShape5, kShape3, kShape1,
                   support::Reduce::Sum, 0.03125);
 
   // performer.mesh:29:10 add
   // performer.mesh:29:10 rsqrt
   MESHRT_TRACE("loop", "performer.mesh:29:10", "backward");
-  support::View v189 = arena_.view(180224, 128);
-  loop21(v189.data(), v186.data());
+  support::View v194 = arena_.view(212992, 128);
+  loop20(v194.data(), v191.data());
 
   // performer.mesh:29:33 mul
   // performer.mesh:29:10 mul
   MESHRT_TRACE("loop", "performer.mesh:29:33", "backward");
-  support::View v143(param24_causal_lm_norm_gain); // updated in place
-  support::View v180 = arena_.view(147456, 4096);
-  support::View v190 = arena_.view(163840, 4096);
-  loop22(v180.data(), v190.data(), v177.data(), v143.data(), v145.data());
+  support::View v146(param24_causal_lm_norm_gain); // updated in place
+  support::View v185 = arena_.view(114688, 4096);
+  support::View v195 = arena_.view(180224, 4096);
+  loop21(v185.data(), v195.data(), v181.data(), v146.data(), v148.data());
 
   // performer.mesh:29:10 mean
   MESHRT_TRACE("mean", "performer.mesh:29:10", "backward");
-  support::View v191 = arena_.view(131072, 128);
-  support::reduce(v191.data(), kShape4, v190.data(), kShape5, kShape3, kShape1,
+  support::View v196 = arena_.view(196608, 128);
+  support::reduce(v196.data(), kShape4, v195.data(), kShape5, kShape3, kShape1,
                   support::Reduce::Sum, 0.03125);
 
   // performer.mesh:29:10 mean
   MESHRT_TRACE("mean", "performer.mesh:29:10", "backward");
-  support::View v193 = arena_.view(131584, 128);
-  support::reduce(v193.data(), kShape4, v180.data(), kShape5, kShape3, kShape1,
+  support::View v198 = arena_.view(197120, 128);
+  support::reduce(v198.data(), kShape4, v185.data(), kShape5, kShape3, kShape1,
                   support::Reduce::Sum, 0.03125);
 
   // performer.mesh:29:10 mul
@@ -2663,223 +2694,222 @@ void LmTrain::runPart1(const Inputs &inputs) {
   // performer.mesh:29:10 sub
   // performer.mesh:29:10 mul
   MESHRT_TRACE("loop", "performer.mesh:29:10", "backward");
-  support::View v196 = arena_.view(229376, 4096);
-  loop23(v196.data(), v145.data(), v191.data(), v180.data(), v193.data(), v189.data());
+  support::View v201 = arena_.view(180224, 4096);
+  loop22(v201.data(), v148.data(), v196.data(), v185.data(), v198.data(), v194.data());
 
-  // 60 statements from performer.mesh:96:10 einsum (1 of 2)
+  // 62 statements from performer.mesh:96:10 einsum (1 of 2)
   MESHRT_TRACE_SITE("performer.mesh:96:10");
-  support::View v138(param23_causal_lm_decoder_layer_1_ffn_w_out); // updated in place
-  support::View v197 = arena_.view(131072, 16384);
-  support::View v140 = arena_.view(65536, 16384);
-  support::View v139 = arena_.view(0, 16384);
-  support::View v220 = arena_.view(65536, 16384);
-  support::View v137(param22_causal_lm_decoder_layer_1_ffn_w_in); // updated in place
-  support::View v221 = arena_.view(0, 4096);
-  support::View v136 = arena_.view(294912, 4096);
-  support::View v134 = arena_.view(278528, 4096);
-  support::View v225 = arena_.view(16384, 4096);
-  support::View v227 = arena_.view(32768, 128);
-  support::View v131 = arena_.view(262144, 4096);
-  support::View v229 = arena_.view(16384, 4096);
-  support::View v230 = arena_.view(32768, 128);
-  support::View v232 = arena_.view(49152, 128);
-  support::View v132(param20_causal_lm_decoder_layer_1_norm_1_gain); // updated in place
-  support::View v224 = arena_.view(16384, 4096);
-  support::View v233 = arena_.view(32768, 4096);
-  support::View v234 = arena_.view(0, 128);
-  support::View v236 = arena_.view(512, 128);
-  support::View v240 = arena_.view(2277376, 4096);
-  support::View v128(param19_causal_lm_decoder_layer_1_heads_out_w); // updated in place
-  support::View v241 = arena_.view(0, 2048);
-  support::View v127 = arena_.view(360448, 2048);
-  support::View v126 = arena_.view(368640, 128);
-  support::View v243 = arena_.view(2359296, 2048);
-  support::View v246 = arena_.view(8192, 2048);
-  support::View v247 = arena_.view(32768, 128);
-  support::View v125 = arena_.view(196608, 8192);
-  support::View v248 = arena_.view(1998848, 8192);
-  support::View v103 = arena_.view(1900544, 8192);
-  support::View v249 = arena_.view(0, 8192);
-  support::View v250 = arena_.view(2370048, 64);
-  support::View v252 = arena_.view(2031616, 8192);
-  support::View v123 = arena_.view(1048576, 131072);
-  support::View v254 = arena_.view(2064384, 8192);
-  support::View v256 = arena_.view(0, 131072);
-  support::View v257 = arena_.view(1900544, 1024);
-  support::View v259 = arena_.view(1048576, 131072);
-  support::View v260 = arena_.view(0, 131072);
-  support::View v121 = arena_.view(2342912, 2048);
-  support::View v261 = arena_.view(1048576, 8192);
-  support::View v119 = arena_.view(1966080, 8192);
-  support::View v263 = arena_.view(1081344, 2048);
-  support::View v120(param18_causal_lm_decoder_layer_1_heads_in_2_w); // updated in place
-  support::View v264 = arena_.view(65536, 4096);
-  support::View v87 = arena_.view(2228224, 4096);
-  support::View v117 = arena_.view(1933312, 8192);
-  support::View v267 = arena_.view(0, 8192);
-  support::View v268 = arena_.view(32768, 8192);
-  support::View v269 = arena_.view(81920, 128);
-  const support::Buffer &v82 = param13_causal_lm_decoder_layer_1_random_features;
-  support::View v275 = arena_.view(32768, 2048);
-  support::View v105 = arena_.view(2334720, 2048);
-  support::View v277 = arena_.view(0, 2048);
-  support::View v104(param17_causal_lm_decoder_layer_1_heads_in_1_w); // updated in place
-  support::View v278 = arena_.view(81920, 4096);
-  support::View v101 = arena_.view(1867776, 8192);
-  support::View v282 = arena_.view(0, 8192);
-  support::View v283 = arena_.view(32768, 8192);
-  support::View v284 = arena_.view(98304, 128);
-  support::View v289 = arena_.view(32768, 2048);
-  support::View v89 = arena_.view(2326528, 2048);
-  support::View v291 = arena_.view(40960, 2048);
-  support::View v88(param16_causal_lm_decoder_layer_1_heads_in_w); // updated in place
-  support::View v292 = arena_.view(0, 4096);
-  support::View v293 = arena_.view(16384, 4096);
-  support::View v85 = arena_.view(2211840, 4096);
+  support::View v140(param23_causal_lm_decoder_layer_1_ffn_w_out); // updated in place
+  support::View v202 = arena_.view(98304, 8192);
+  support::View v142 = arena_.view(65536, 8192);
+  support::View v141 = arena_.view(32768, 8192);
+  support::View v225 = arena_.view(65536, 8192);
+  support::View v139(param22_causal_lm_decoder_layer_1_ffn_w_in); // updated in place
+  support::View v226 = arena_.view(32768, 4096);
+  support::View v138 = arena_.view(163840, 4096);
+  support::View v136 = arena_.view(147456, 4096);
+  support::View v231 = arena_.view(49152, 4096);
+  support::View v233 = arena_.view(65536, 128);
+  support::View v133 = arena_.view(131072, 4096);
+  support::View v235 = arena_.view(49152, 4096);
+  support::View v236 = arena_.view(65536, 128);
+  support::View v238 = arena_.view(81920, 128);
+  support::View v134(param20_causal_lm_decoder_layer_1_norm_1_gain); // updated in place
+  support::View v230 = arena_.view(49152, 4096);
+  support::View v239 = arena_.view(65536, 4096);
+  support::View v240 = arena_.view(32768, 128);
+  support::View v242 = arena_.view(33280, 128);
+  support::View v246 = arena_.view(2179072, 4096);
+  support::View v130(param19_causal_lm_decoder_layer_1_heads_out_w); // updated in place
+  support::View v247 = arena_.view(32768, 2048);
+  support::View v129 = arena_.view(245760, 2048);
+  support::View v128 = arena_.view(253952, 128);
+  support::View v249 = arena_.view(2269184, 2048);
+  support::View v252 = arena_.view(40960, 2048);
+  support::View v253 = arena_.view(32768, 128);
+  support::View v127 = arena_.view(0, 8192);
+  support::View v254 = arena_.view(1933312, 8192);
+  support::View v105 = arena_.view(1835008, 8192);
+  support::View v255 = arena_.view(0, 8192);
+  support::View v256 = arena_.view(2284032, 64);
+  support::View v258 = arena_.view(1966080, 8192);
+  support::View v125 = arena_.view(1048576, 131072);
+  support::View v260 = arena_.view(1998848, 8192);
+  support::View v262 = arena_.view(0, 131072);
+  support::View v263 = arena_.view(1835008, 1024);
+  support::View v265 = arena_.view(1048576, 131072);
+  support::View v266 = arena_.view(0, 131072);
+  support::View v123 = arena_.view(2244608, 2048);
+  support::View v267 = arena_.view(1048576, 8192);
+  support::View v121 = arena_.view(1900544, 8192);
+  support::View v269 = arena_.view(1081344, 2048);
+  support::View v122(param18_causal_lm_decoder_layer_1_heads_in_2_w); // updated in place
+  support::View v270 = arena_.view(65536, 4096);
+  support::View v89 = arena_.view(2162688, 4096);
+  support::View v119 = arena_.view(1867776, 8192);
+  support::View v273 = arena_.view(0, 8192);
+  support::View v274 = arena_.view(32768, 8192);
+  support::View v275 = arena_.view(81920, 128);
+  const support::Buffer &v84 = param13_causal_lm_decoder_layer_1_random_features;
+  support::View v281 = arena_.view(32768, 2048);
+  support::View v107 = arena_.view(2236416, 2048);
+  support::View v283 = arena_.view(0, 2048);
+  support::View v106(param17_causal_lm_decoder_layer_1_heads_in_1_w); // updated in place
+  support::View v284 = arena_.view(81920, 4096);
+  support::View v103 = arena_.view(1802240, 8192);
+  support::View v288 = arena_.view(0, 8192);
+  support::View v289 = arena_.view(32768, 8192);
+  support::View v290 = arena_.view(98304, 128);
+  support::View v295 = arena_.view(32768, 2048);
+  support::View v91 = arena_.view(2228224, 2048);
+  support::View v297 = arena_.view(40960, 2048);
+  support::View v90(param16_causal_lm_decoder_layer_1_heads_in_w); // updated in place
   support::View v298 = arena_.view(0, 4096);
-  support::View v300 = arena_.view(32768, 128);
-  support::View v81 = arena_.view(2195456, 4096);
-  support::View v302 = arena_.view(0, 4096);
-  support::View v303 = arena_.view(32768, 128);
-  support::View v305 = arena_.view(49152, 128);
-  support::View v83(param14_causal_lm_decoder_layer_1_norm_gain); // updated in place
-  support::View v297 = arena_.view(0, 4096);
-  support::View v306 = arena_.view(32768, 4096);
-  support::View v307 = arena_.view(16384, 128);
-  support::View v309 = arena_.view(16896, 128);
-  support::View v198 = arena_.view(2244608, 4096);
-  support::View v222 = arena_.view(2260992, 4096);
-  support::View v223 = arena_.view(2370560, 32);
-  support::View v226 = arena_.view(2370688, 32);
-  support::View v242 = arena_.view(2367488, 512);
-  support::View v265 = arena_.view(1204224, 512);
-  support::View v280 = arena_.view(1206272, 512);
-  support::View v294 = arena_.view(1208320, 512);
-  support::View v296 = arena_.view(1212672, 32);
-  support::View v299 = arena_.view(1212800, 32);
-  support::View v313 = arena_.view(131072, 4096);
-  repeated0(v196, v138, v197, v140, v198, v139, v220, v137, v221, v136, v222, v223, v134, v225,
-            v226, v227, v131, v229, v230, v232, v132, v224, v233, v234, v236, v240, v128, v241,
-            v127, v242, v126, v243, v246, v247, v125, v248, v103, v249, v250, v252, v123, v254,
-            v256, v257, v259, v260, v121, v261, v119, v263, v120, v264, v87, v265, v117, v267, v268,
-            v269, v82, v275, v105, v277, v104, v278, v280, v101, v282, v283, v284, v289, v89, v291,
-            v88, v292, v293, v294, v296, v85, v298, v299, v300, v81, v302, v303, v305, v83, v297,
-            v306, v307, v309, v313);
+  support::View v299 = arena_.view(16384, 4096);
+  support::View v87 = arena_.view(2146304, 4096);
+  support::View v304 = arena_.view(0, 4096);
+  support::View v306 = arena_.view(32768, 128);
+  support::View v83 = arena_.view(2129920, 4096);
+  support::View v308 = arena_.view(0, 4096);
+  support::View v309 = arena_.view(32768, 128);
+  support::View v311 = arena_.view(49152, 128);
+  support::View v85(param14_causal_lm_decoder_layer_1_norm_gain); // updated in place
+  support::View v303 = arena_.view(0, 4096);
+  support::View v312 = arena_.view(32768, 4096);
+  support::View v313 = arena_.view(16384, 128);
+  support::View v315 = arena_.view(16896, 128);
+  support::View v203 = arena_.view(2252800, 2048);
+  support::View v227 = arena_.view(2260992, 2048);
+  support::View v229 = arena_.view(2284544, 32);
+  support::View v232 = arena_.view(2284672, 32);
+  support::View v248 = arena_.view(2281472, 512);
+  support::View v271 = arena_.view(1187840, 512);
+  support::View v286 = arena_.view(1189888, 512);
+  support::View v300 = arena_.view(1191936, 512);
+  support::View v302 = arena_.view(1196288, 32);
+  support::View v305 = arena_.view(1196416, 32);
+  support::View v319 = arena_.view(65536, 4096);
+  repeated0(v201, v140, v202, v142, v203, v141, v225, v139, v226, v138, v227, v229, v136, v231,
+            v232, v233, v133, v235, v236, v238, v134, v230, v239, v240, v242, v246, v130, v247,
+            v129, v248, v128, v249, v252, v253, v127, v254, v105, v255, v256, v258, v125, v260,
+            v262, v263, v265, v266, v123, v267, v121, v269, v122, v270, v89, v271, v119, v273, v274,
+            v275, v84, v281, v107, v283, v106, v284, v286, v103, v288, v289, v290, v295, v91, v297,
+            v90, v298, v299, v300, v302, v87, v304, v305, v306, v83, v308, v309, v311, v85, v303,
+            v312, v313, v315, v319);
 
-  // 60 statements from performer.mesh:96:10 einsum (2 of 2)
+  // 62 statements from performer.mesh:96:10 einsum (2 of 2)
   MESHRT_TRACE_SITE("performer.mesh:96:10");
-  support::View v77(param12_causal_lm_decoder_layer_0_ffn_w_out); // updated in place
-  support::View v314 = arena_.view(0, 16384);
-  support::View v79 = arena_.view(1638400, 16384);
-  support::View v78 = arena_.view(1572864, 16384);
-  support::View v332 = arena_.view(65536, 16384);
-  support::View v76(param11_causal_lm_decoder_layer_0_ffn_w_in); // updated in place
-  support::View v333 = arena_.view(0, 4096);
-  support::View v75 = arena_.view(2179072, 4096);
-  support::View v73 = arena_.view(2162688, 4096);
-  support::View v337 = arena_.view(16384, 4096);
-  support::View v339 = arena_.view(32768, 128);
-  support::View v70 = arena_.view(2146304, 4096);
-  support::View v341 = arena_.view(16384, 4096);
-  support::View v342 = arena_.view(32768, 128);
-  support::View v344 = arena_.view(49152, 128);
-  support::View v71(param9_causal_lm_decoder_layer_0_norm_1_gain); // updated in place
-  support::View v336 = arena_.view(16384, 4096);
-  support::View v345 = arena_.view(32768, 4096);
-  support::View v346 = arena_.view(0, 128);
-  support::View v348 = arena_.view(512, 128);
-  support::View v352 = arena_.view(1179648, 4096);
-  support::View v67(param8_causal_lm_decoder_layer_0_heads_out_w); // updated in place
-  support::View v353 = arena_.view(0, 2048);
-  support::View v66 = arena_.view(2318336, 2048);
-  support::View v65 = arena_.view(2369536, 128);
-  support::View v355 = arena_.view(1196032, 2048);
-  support::View v358 = arena_.view(8192, 2048);
-  support::View v359 = arena_.view(32768, 128);
-  support::View v64 = arena_.view(1835008, 8192);
-  support::View v360 = arena_.view(1048576, 8192);
-  support::View v42 = arena_.view(1736704, 8192);
-  support::View v361 = arena_.view(0, 8192);
-  support::View v362 = arena_.view(1212416, 64);
-  support::View v364 = arena_.view(1081344, 8192);
-  support::View v62 = arena_.view(524288, 131072);
-  support::View v366 = arena_.view(1114112, 8192);
-  support::View v368 = arena_.view(0, 131072);
-  support::View v369 = arena_.view(1196032, 1024);
-  support::View v371 = arena_.view(524288, 131072);
-  support::View v372 = arena_.view(0, 131072);
-  support::View v60 = arena_.view(2310144, 2048);
-  support::View v373 = arena_.view(524288, 8192);
-  support::View v58 = arena_.view(1802240, 8192);
-  support::View v375 = arena_.view(557056, 2048);
-  support::View v59(param7_causal_lm_decoder_layer_0_heads_in_2_w); // updated in place
-  support::View v376 = arena_.view(65536, 4096);
-  support::View v26 = arena_.view(2129920, 4096);
-  support::View v56 = arena_.view(1769472, 8192);
-  support::View v379 = arena_.view(0, 8192);
-  support::View v380 = arena_.view(32768, 8192);
-  support::View v381 = arena_.view(81920, 128);
-  const support::Buffer &v21 = param2_causal_lm_decoder_layer_0_random_features;
-  support::View v386 = arena_.view(32768, 2048);
-  support::View v44 = arena_.view(2301952, 2048);
-  support::View v388 = arena_.view(0, 2048);
-  support::View v43(param6_causal_lm_decoder_layer_0_heads_in_1_w); // updated in place
-  support::View v389 = arena_.view(81920, 4096);
-  support::View v40 = arena_.view(1703936, 8192);
-  support::View v393 = arena_.view(0, 8192);
-  support::View v394 = arena_.view(32768, 8192);
-  support::View v395 = arena_.view(102400, 128);
-  support::View v400 = arena_.view(32768, 2048);
-  support::View v28 = arena_.view(2293760, 2048);
-  support::View v402 = arena_.view(40960, 2048);
-  support::View v27(param5_causal_lm_decoder_layer_0_heads_in_w); // updated in place
-  support::View v403 = arena_.view(0, 4096);
-  support::View v404 = arena_.view(16384, 4096);
-  support::View v24 = arena_.view(2113536, 4096);
-  support::View v409 = arena_.view(0, 4096);
-  support::View v411 = arena_.view(32768, 128);
-  support::View v20 = arena_.view(2097152, 4096);
-  support::View v413 = arena_.view(0, 4096);
-  support::View v414 = arena_.view(32768, 128);
-  support::View v416 = arena_.view(51200, 128);
-  support::View v22(param3_causal_lm_decoder_layer_0_norm_gain); // updated in place
-  support::View v408 = arena_.view(0, 4096);
-  support::View v417 = arena_.view(32768, 4096);
-  support::View v418 = arena_.view(51712, 128);
-  support::View v420 = arena_.view(32768, 128);
-  support::View v315 = arena_.view(1146880, 4096);
-  support::View v334 = arena_.view(1163264, 4096);
-  support::View v335 = arena_.view(1212928, 32);
-  support::View v338 = arena_.view(1213056, 32);
-  support::View v354 = arena_.view(1210368, 512);
-  support::View v377 = arena_.view(98304, 512);
-  support::View v391 = arena_.view(100352, 512);
-  support::View v405 = arena_.view(49152, 512);
-  support::View v407 = arena_.view(52224, 32);
-  support::View v410 = arena_.view(52352, 32);
-  support::View v424 = arena_.view(16384, 4096);
-  repeated0(v313, v77, v314, v79, v315, v78, v332, v76, v333, v75, v334, v335, v73, v337, v338,
-            v339, v70, v341, v342, v344, v71, v336, v345, v346, v348, v352, v67, v353, v66, v354,
-            v65, v355, v358, v359, v64, v360, v42, v361, v362, v364, v62, v366, v368, v369, v371,
-            v372, v60, v373, v58, v375, v59, v376, v26, v377, v56, v379, v380, v381, v21, v386, v44,
-            v388, v43, v389, v391, v40, v393, v394, v395, v400, v28, v402, v27, v403, v404, v405,
-            v407, v24, v409, v410, v411, v20, v413, v414, v416, v22, v408, v417, v418, v420, v424);
+  support::View v78(param12_causal_lm_decoder_layer_0_ffn_w_out); // updated in place
+  support::View v320 = arena_.view(0, 8192);
+  support::View v80 = arena_.view(1769472, 8192);
+  support::View v79 = arena_.view(1736704, 8192);
+  support::View v338 = arena_.view(32768, 8192);
+  support::View v77(param11_causal_lm_decoder_layer_0_ffn_w_in); // updated in place
+  support::View v339 = arena_.view(0, 4096);
+  support::View v76 = arena_.view(2113536, 4096);
+  support::View v74 = arena_.view(2097152, 4096);
+  support::View v344 = arena_.view(16384, 4096);
+  support::View v346 = arena_.view(32768, 128);
+  support::View v71 = arena_.view(2080768, 4096);
+  support::View v348 = arena_.view(16384, 4096);
+  support::View v349 = arena_.view(32768, 128);
+  support::View v351 = arena_.view(49152, 128);
+  support::View v72(param9_causal_lm_decoder_layer_0_norm_1_gain); // updated in place
+  support::View v343 = arena_.view(16384, 4096);
+  support::View v352 = arena_.view(32768, 4096);
+  support::View v353 = arena_.view(0, 128);
+  support::View v355 = arena_.view(512, 128);
+  support::View v359 = arena_.view(1146880, 4096);
+  support::View v68(param8_causal_lm_decoder_layer_0_heads_out_w); // updated in place
+  support::View v360 = arena_.view(0, 2048);
+  support::View v67 = arena_.view(2220032, 2048);
+  support::View v66 = arena_.view(2283520, 128);
+  support::View v362 = arena_.view(1179648, 2048);
+  support::View v365 = arena_.view(8192, 2048);
+  support::View v366 = arena_.view(32768, 128);
+  support::View v65 = arena_.view(1703936, 8192);
+  support::View v367 = arena_.view(1048576, 8192);
+  support::View v43 = arena_.view(1605632, 8192);
+  support::View v368 = arena_.view(0, 8192);
+  support::View v369 = arena_.view(1196032, 64);
+  support::View v371 = arena_.view(1081344, 8192);
+  support::View v63 = arena_.view(524288, 131072);
+  support::View v373 = arena_.view(1114112, 8192);
+  support::View v375 = arena_.view(0, 131072);
+  support::View v376 = arena_.view(1179648, 1024);
+  support::View v378 = arena_.view(524288, 131072);
+  support::View v379 = arena_.view(0, 131072);
+  support::View v61 = arena_.view(2211840, 2048);
+  support::View v380 = arena_.view(524288, 8192);
+  support::View v59 = arena_.view(1671168, 8192);
+  support::View v382 = arena_.view(557056, 2048);
+  support::View v60(param7_causal_lm_decoder_layer_0_heads_in_2_w); // updated in place
+  support::View v383 = arena_.view(65536, 4096);
+  support::View v27 = arena_.view(2064384, 4096);
+  support::View v57 = arena_.view(1638400, 8192);
+  support::View v386 = arena_.view(0, 8192);
+  support::View v387 = arena_.view(32768, 8192);
+  support::View v388 = arena_.view(81920, 128);
+  const support::Buffer &v22 = param2_causal_lm_decoder_layer_0_random_features;
+  support::View v393 = arena_.view(32768, 2048);
+  support::View v45 = arena_.view(2203648, 2048);
+  support::View v395 = arena_.view(0, 2048);
+  support::View v44(param6_causal_lm_decoder_layer_0_heads_in_1_w); // updated in place
+  support::View v396 = arena_.view(81920, 4096);
+  support::View v41 = arena_.view(1572864, 8192);
+  support::View v400 = arena_.view(0, 8192);
+  support::View v401 = arena_.view(32768, 8192);
+  support::View v402 = arena_.view(102400, 128);
+  support::View v407 = arena_.view(32768, 2048);
+  support::View v29 = arena_.view(2195456, 2048);
+  support::View v409 = arena_.view(40960, 2048);
+  support::View v28(param5_causal_lm_decoder_layer_0_heads_in_w); // updated in place
+  support::View v410 = arena_.view(0, 4096);
+  support::View v411 = arena_.view(16384, 4096);
+  support::View v25 = arena_.view(2048000, 4096);
+  support::View v416 = arena_.view(0, 4096);
+  support::View v418 = arena_.view(32768, 128);
+  support::View v21 = arena_.view(2031616, 4096);
+  support::View v420 = arena_.view(0, 4096);
+  support::View v421 = arena_.view(32768, 128);
+  support::View v423 = arena_.view(51200, 128);
+  support::View v23(param3_causal_lm_decoder_layer_0_norm_gain); // updated in place
+  support::View v415 = arena_.view(0, 4096);
+  support::View v424 = arena_.view(32768, 4096);
+  support::View v425 = arena_.view(51712, 128);
+  support::View v427 = arena_.view(32768, 128);
+  support::View v321 = arena_.view(1163264, 2048);
+  support::View v340 = arena_.view(1171456, 2048);
+  support::View v342 = arena_.view(1196544, 32);
+  support::View v345 = arena_.view(1196672, 32);
+  support::View v361 = arena_.view(1193984, 512);
+  support::View v384 = arena_.view(98304, 512);
+  support::View v398 = arena_.view(100352, 512);
+  support::View v412 = arena_.view(49152, 512);
+  support::View v414 = arena_.view(52224, 32);
+  support::View v417 = arena_.view(52352, 32);
+  support::View v431 = arena_.view(16384, 4096);
+  repeated0(v319, v78, v320, v80, v321, v79, v338, v77, v339, v76, v340, v342, v74, v344, v345,
+            v346, v71, v348, v349, v351, v72, v343, v352, v353, v355, v359, v68, v360, v67, v361,
+            v66, v362, v365, v366, v65, v367, v43, v368, v369, v371, v63, v373, v375, v376, v378,
+            v379, v61, v380, v59, v382, v60, v383, v27, v384, v57, v386, v387, v388, v22, v393, v45,
+            v395, v44, v396, v398, v41, v400, v401, v402, v407, v29, v409, v28, v410, v411, v412,
+            v414, v25, v416, v417, v418, v21, v420, v421, v423, v23, v415, v424, v425, v427, v431);
 
   // performer.mesh:133:37 einsum -> grad/causal_lm/embedding
   MESHRT_TRACE("einsum", "performer.mesh:133:37", "backward");
   const support::Buffer &v0 = inputs.tokens.data;
-  support::View v426 = arena_.view(0, 2048);
-  support::scatterAdd(v426.data(), kShape26, v424.data(), kShape27, v0.data(), kShape28, kShape4,
-                      kShape5, kShape25, 0, 0);
+  support::View v433 = arena_.view(0, 1024);
+  support::scatterAdd(v433.data(), kShape26, v431.data(), kShape27, v0.data(), kShape28, kShape4,
+                      kShape5, kShape24, 0, support::shardStart(world_, {"model"}, 32));
 
   // performer.mesh:151:3 bucketed_all_reduce_sum -> grad/causal_lm/unembed (24 partial sums
   // (grad/causal_lm/unembed, grad/causal_lm/norm/bias, grad/causal_lm/norm/gain, ...) over data
-  // resolved together, 97.2 KiB in one buffer)
+  // resolved together, 57.2 KiB in one buffer)
   MESHRT_TRACE_SITE("performer.mesh:151:3");
-  support::View v178 = arena_.view(2351104, 2048);
-  auto request2 = support::startAllReduce(
-      group_data, {v178, v179, v182, v198, v222, v223, v226, v242, v265, v280, v294, v296,
-                   v299, v315, v334, v335, v338, v354, v377, v391, v405, v407, v410, v426},
+  auto request6 = support::startAllReduce(
+      group_data, {v182, v184, v187, v203, v227, v229, v232, v248, v271, v286, v300, v302,
+                   v305, v321, v340, v342, v345, v361, v384, v398, v412, v414, v417, v433},
       meshrt::ReduceOp::Sum);
 
   // performer.mesh:151:3 step
@@ -2898,14 +2928,14 @@ void LmTrain::runPart1(const Inputs &inputs) {
   // performer.mesh:151:3 pow
   // performer.mesh:151:3 sub
   MESHRT_TRACE("loop", "performer.mesh:151:3", "update");
-  support::View v442 = arena_.view(8192, 1);
-  support::View v458 = arena_.view(8256, 1);
-  support::View v460 = arena_.view(8320, 1);
+  support::View v449 = arena_.view(4096, 1);
+  support::View v465 = arena_.view(4160, 1);
+  support::View v467 = arena_.view(4224, 1);
   {
     const float stepValue = float(step_);
-    float *__restrict v442p = v442.data();
-    float *__restrict v458p = v458.data();
-    float *__restrict v460p = v460.data();
+    float *__restrict v449p = v449.data();
+    float *__restrict v465p = v465.data();
+    float *__restrict v467p = v467.data();
     const float s0 = stepValue;
     const float s1 = 1.0f;
     const float s2 = (s0 + s1);
@@ -2929,13 +2959,13 @@ void LmTrain::runPart1(const Inputs &inputs) {
     const float s20 = support::fpow(s19, s2);
     const float s21 = 1.0f;
     const float s22 = (s21 - s20);
-    v442p[0] = s14;
-    v458p[0] = s18;
-    v460p[0] = s22;
+    v449p[0] = s14;
+    v465p[0] = s18;
+    v467p[0] = s22;
   }
 
   MESHRT_TRACE_SITE("performer.mesh:151:3");
-  group_data.wait(request2);
+  group_data.wait(request6);
 
   // performer.mesh:151:3 mul
   // performer.mesh:151:3 square
@@ -2955,9 +2985,9 @@ void LmTrain::runPart1(const Inputs &inputs) {
   // performer.mesh:151:3 sub -> next/causal_lm/embedding
   MESHRT_TRACE("loop", "performer.mesh:151:3", "update");
   support::View v6(param0_causal_lm_embedding);      // updated in place
-  support::View v444(param27_causal_lm_embedding_v); // updated in place
-  support::View v443(param26_causal_lm_embedding_m); // updated in place
-  loop24(v444.data(), v443.data(), v6.data(), v426.data(), v460.data(), v458.data(), v442.data());
+  support::View v451(param27_causal_lm_embedding_v); // updated in place
+  support::View v450(param26_causal_lm_embedding_m); // updated in place
+  loop23(v451.data(), v450.data(), v6.data(), v433.data(), v467.data(), v465.data(), v449.data());
 
   // performer.mesh:151:3 mul
   // performer.mesh:151:3 square
@@ -2976,79 +3006,125 @@ void LmTrain::runPart1(const Inputs &inputs) {
   // performer.mesh:151:3 mul
   // performer.mesh:151:3 sub -> next/causal_lm/unembed
   MESHRT_TRACE("loop", "performer.mesh:151:3", "update");
-  support::View v7(param1_causal_lm_unembed);      // updated in place
-  support::View v472(param29_causal_lm_unembed_v); // updated in place
-  support::View v471(param28_causal_lm_unembed_m); // updated in place
-  loop24(v472.data(), v471.data(), v7.data(), v178.data(), v460.data(), v458.data(), v442.data());
+  support::View v479(param29_causal_lm_unembed_v); // updated in place
+  support::View v478(param28_causal_lm_unembed_m); // updated in place
+  loop23(v479.data(), v478.data(), v7.data(), v182.data(), v467.data(), v465.data(), v449.data());
+}
+
+void LmTrain::runPart2(const Inputs &inputs) {
+  (void)inputs;
+  MESHRT_TRACE_SPAN(world_);
 
   // 1 statements from performer.mesh:151:3 mul (1 of 2)
   MESHRT_TRACE_SITE("performer.mesh:151:3");
-  support::View v493(param31_causal_lm_decoder_layer_0_norm_gain_v); // updated in place
-  support::View v492(param30_causal_lm_decoder_layer_0_norm_gain_m); // updated in place
-  repeated3(v22, v410, v493, v460, v492, v458, v442);
+  support::View v23(param3_causal_lm_decoder_layer_0_norm_gain); // updated in place
+  support::View v417 = arena_.view(52352, 32);
+  support::View v500(param31_causal_lm_decoder_layer_0_norm_gain_v); // updated in place
+  support::View v467 = arena_.view(4224, 1);
+  support::View v499(param30_causal_lm_decoder_layer_0_norm_gain_m); // updated in place
+  support::View v465 = arena_.view(4160, 1);
+  support::View v449 = arena_.view(4096, 1);
+  repeated3(v23, v417, v500, v467, v499, v465, v449);
 
   // 1 statements from performer.mesh:151:3 mul (2 of 2)
   MESHRT_TRACE_SITE("performer.mesh:151:3");
-  support::View v23(param4_causal_lm_decoder_layer_0_norm_bias);     // updated in place
-  support::View v514(param33_causal_lm_decoder_layer_0_norm_bias_v); // updated in place
-  support::View v513(param32_causal_lm_decoder_layer_0_norm_bias_m); // updated in place
-  repeated3(v23, v407, v514, v460, v513, v458, v442);
+  support::View v24(param4_causal_lm_decoder_layer_0_norm_bias); // updated in place
+  support::View v414 = arena_.view(52224, 32);
+  support::View v521(param33_causal_lm_decoder_layer_0_norm_bias_v); // updated in place
+  support::View v520(param32_causal_lm_decoder_layer_0_norm_bias_m); // updated in place
+  repeated3(v24, v414, v521, v467, v520, v465, v449);
 
   // 10 statements from performer.mesh:151:3 mul (1 of 2)
   MESHRT_TRACE_SITE("performer.mesh:151:3");
-  support::View v535(param35_causal_lm_decoder_layer_0_heads_in_w_v);   // updated in place
-  support::View v534(param34_causal_lm_decoder_layer_0_heads_in_w_m);   // updated in place
-  support::View v556(param37_causal_lm_decoder_layer_0_heads_in_1_w_v); // updated in place
-  support::View v555(param36_causal_lm_decoder_layer_0_heads_in_1_w_m); // updated in place
-  support::View v577(param39_causal_lm_decoder_layer_0_heads_in_2_w_v); // updated in place
-  support::View v576(param38_causal_lm_decoder_layer_0_heads_in_2_w_m); // updated in place
-  support::View v598(param41_causal_lm_decoder_layer_0_heads_out_w_v);  // updated in place
-  support::View v597(param40_causal_lm_decoder_layer_0_heads_out_w_m);  // updated in place
-  support::View v619(param43_causal_lm_decoder_layer_0_norm_1_gain_v);  // updated in place
-  support::View v618(param42_causal_lm_decoder_layer_0_norm_1_gain_m);  // updated in place
-  support::View v72(param10_causal_lm_decoder_layer_0_norm_1_bias);     // updated in place
-  support::View v640(param45_causal_lm_decoder_layer_0_norm_1_bias_v);  // updated in place
-  support::View v639(param44_causal_lm_decoder_layer_0_norm_1_bias_m);  // updated in place
-  support::View v661(param47_causal_lm_decoder_layer_0_ffn_w_in_v);     // updated in place
-  support::View v660(param46_causal_lm_decoder_layer_0_ffn_w_in_m);     // updated in place
-  support::View v682(param49_causal_lm_decoder_layer_0_ffn_w_out_v);    // updated in place
-  support::View v681(param48_causal_lm_decoder_layer_0_ffn_w_out_m);    // updated in place
-  support::View v703(param51_causal_lm_decoder_layer_1_norm_gain_v);    // updated in place
-  support::View v702(param50_causal_lm_decoder_layer_1_norm_gain_m);    // updated in place
-  support::View v84(param15_causal_lm_decoder_layer_1_norm_bias);       // updated in place
-  support::View v724(param53_causal_lm_decoder_layer_1_norm_bias_v);    // updated in place
-  support::View v723(param52_causal_lm_decoder_layer_1_norm_bias_m);    // updated in place
-  repeated1(v27, v405, v535, v460, v534, v458, v442, v43, v391, v556, v555, v59, v377, v577, v576,
-            v67, v354, v598, v597, v71, v338, v619, v618, v72, v335, v640, v639, v76, v334, v661,
-            v660, v77, v315, v682, v681, v83, v299, v703, v702, v84, v296, v724, v723);
+  support::View v28(param5_causal_lm_decoder_layer_0_heads_in_w); // updated in place
+  support::View v412 = arena_.view(49152, 512);
+  support::View v542(param35_causal_lm_decoder_layer_0_heads_in_w_v); // updated in place
+  support::View v541(param34_causal_lm_decoder_layer_0_heads_in_w_m); // updated in place
+  support::View v44(param6_causal_lm_decoder_layer_0_heads_in_1_w);   // updated in place
+  support::View v398 = arena_.view(100352, 512);
+  support::View v563(param37_causal_lm_decoder_layer_0_heads_in_1_w_v); // updated in place
+  support::View v562(param36_causal_lm_decoder_layer_0_heads_in_1_w_m); // updated in place
+  support::View v60(param7_causal_lm_decoder_layer_0_heads_in_2_w);     // updated in place
+  support::View v384 = arena_.view(98304, 512);
+  support::View v584(param39_causal_lm_decoder_layer_0_heads_in_2_w_v); // updated in place
+  support::View v583(param38_causal_lm_decoder_layer_0_heads_in_2_w_m); // updated in place
+  support::View v68(param8_causal_lm_decoder_layer_0_heads_out_w);      // updated in place
+  support::View v361 = arena_.view(1193984, 512);
+  support::View v605(param41_causal_lm_decoder_layer_0_heads_out_w_v); // updated in place
+  support::View v604(param40_causal_lm_decoder_layer_0_heads_out_w_m); // updated in place
+  support::View v72(param9_causal_lm_decoder_layer_0_norm_1_gain);     // updated in place
+  support::View v345 = arena_.view(1196672, 32);
+  support::View v626(param43_causal_lm_decoder_layer_0_norm_1_gain_v); // updated in place
+  support::View v625(param42_causal_lm_decoder_layer_0_norm_1_gain_m); // updated in place
+  support::View v73(param10_causal_lm_decoder_layer_0_norm_1_bias);    // updated in place
+  support::View v342 = arena_.view(1196544, 32);
+  support::View v647(param45_causal_lm_decoder_layer_0_norm_1_bias_v); // updated in place
+  support::View v646(param44_causal_lm_decoder_layer_0_norm_1_bias_m); // updated in place
+  support::View v77(param11_causal_lm_decoder_layer_0_ffn_w_in);       // updated in place
+  support::View v340 = arena_.view(1171456, 2048);
+  support::View v668(param47_causal_lm_decoder_layer_0_ffn_w_in_v); // updated in place
+  support::View v667(param46_causal_lm_decoder_layer_0_ffn_w_in_m); // updated in place
+  support::View v78(param12_causal_lm_decoder_layer_0_ffn_w_out);   // updated in place
+  support::View v321 = arena_.view(1163264, 2048);
+  support::View v689(param49_causal_lm_decoder_layer_0_ffn_w_out_v); // updated in place
+  support::View v688(param48_causal_lm_decoder_layer_0_ffn_w_out_m); // updated in place
+  support::View v85(param14_causal_lm_decoder_layer_1_norm_gain);    // updated in place
+  support::View v305 = arena_.view(1196416, 32);
+  support::View v710(param51_causal_lm_decoder_layer_1_norm_gain_v); // updated in place
+  support::View v709(param50_causal_lm_decoder_layer_1_norm_gain_m); // updated in place
+  support::View v86(param15_causal_lm_decoder_layer_1_norm_bias);    // updated in place
+  support::View v302 = arena_.view(1196288, 32);
+  support::View v731(param53_causal_lm_decoder_layer_1_norm_bias_v); // updated in place
+  support::View v730(param52_causal_lm_decoder_layer_1_norm_bias_m); // updated in place
+  repeated1(v28, v412, v542, v467, v541, v465, v449, v44, v398, v563, v562, v60, v384, v584, v583,
+            v68, v361, v605, v604, v72, v345, v626, v625, v73, v342, v647, v646, v77, v340, v668,
+            v667, v78, v321, v689, v688, v85, v305, v710, v709, v86, v302, v731, v730);
 
   // 10 statements from performer.mesh:151:3 mul (2 of 2)
   MESHRT_TRACE_SITE("performer.mesh:151:3");
-  support::View v745(param55_causal_lm_decoder_layer_1_heads_in_w_v);   // updated in place
-  support::View v744(param54_causal_lm_decoder_layer_1_heads_in_w_m);   // updated in place
-  support::View v766(param57_causal_lm_decoder_layer_1_heads_in_1_w_v); // updated in place
-  support::View v765(param56_causal_lm_decoder_layer_1_heads_in_1_w_m); // updated in place
-  support::View v787(param59_causal_lm_decoder_layer_1_heads_in_2_w_v); // updated in place
-  support::View v786(param58_causal_lm_decoder_layer_1_heads_in_2_w_m); // updated in place
-  support::View v808(param61_causal_lm_decoder_layer_1_heads_out_w_v);  // updated in place
-  support::View v807(param60_causal_lm_decoder_layer_1_heads_out_w_m);  // updated in place
-  support::View v829(param63_causal_lm_decoder_layer_1_norm_1_gain_v);  // updated in place
-  support::View v828(param62_causal_lm_decoder_layer_1_norm_1_gain_m);  // updated in place
-  support::View v133(param21_causal_lm_decoder_layer_1_norm_1_bias);    // updated in place
-  support::View v850(param65_causal_lm_decoder_layer_1_norm_1_bias_v);  // updated in place
-  support::View v849(param64_causal_lm_decoder_layer_1_norm_1_bias_m);  // updated in place
-  support::View v871(param67_causal_lm_decoder_layer_1_ffn_w_in_v);     // updated in place
-  support::View v870(param66_causal_lm_decoder_layer_1_ffn_w_in_m);     // updated in place
-  support::View v892(param69_causal_lm_decoder_layer_1_ffn_w_out_v);    // updated in place
-  support::View v891(param68_causal_lm_decoder_layer_1_ffn_w_out_m);    // updated in place
-  support::View v913(param71_causal_lm_norm_gain_v);                    // updated in place
-  support::View v912(param70_causal_lm_norm_gain_m);                    // updated in place
-  support::View v144(param25_causal_lm_norm_bias);                      // updated in place
-  support::View v934(param73_causal_lm_norm_bias_v);                    // updated in place
-  support::View v933(param72_causal_lm_norm_bias_m);                    // updated in place
-  repeated1(v88, v294, v745, v460, v744, v458, v442, v104, v280, v766, v765, v120, v265, v787, v786,
-            v128, v242, v808, v807, v132, v226, v829, v828, v133, v223, v850, v849, v137, v222,
-            v871, v870, v138, v198, v892, v891, v143, v182, v913, v912, v144, v179, v934, v933);
+  support::View v90(param16_causal_lm_decoder_layer_1_heads_in_w); // updated in place
+  support::View v300 = arena_.view(1191936, 512);
+  support::View v752(param55_causal_lm_decoder_layer_1_heads_in_w_v); // updated in place
+  support::View v751(param54_causal_lm_decoder_layer_1_heads_in_w_m); // updated in place
+  support::View v106(param17_causal_lm_decoder_layer_1_heads_in_1_w); // updated in place
+  support::View v286 = arena_.view(1189888, 512);
+  support::View v773(param57_causal_lm_decoder_layer_1_heads_in_1_w_v); // updated in place
+  support::View v772(param56_causal_lm_decoder_layer_1_heads_in_1_w_m); // updated in place
+  support::View v122(param18_causal_lm_decoder_layer_1_heads_in_2_w);   // updated in place
+  support::View v271 = arena_.view(1187840, 512);
+  support::View v794(param59_causal_lm_decoder_layer_1_heads_in_2_w_v); // updated in place
+  support::View v793(param58_causal_lm_decoder_layer_1_heads_in_2_w_m); // updated in place
+  support::View v130(param19_causal_lm_decoder_layer_1_heads_out_w);    // updated in place
+  support::View v248 = arena_.view(2281472, 512);
+  support::View v815(param61_causal_lm_decoder_layer_1_heads_out_w_v); // updated in place
+  support::View v814(param60_causal_lm_decoder_layer_1_heads_out_w_m); // updated in place
+  support::View v134(param20_causal_lm_decoder_layer_1_norm_1_gain);   // updated in place
+  support::View v232 = arena_.view(2284672, 32);
+  support::View v836(param63_causal_lm_decoder_layer_1_norm_1_gain_v); // updated in place
+  support::View v835(param62_causal_lm_decoder_layer_1_norm_1_gain_m); // updated in place
+  support::View v135(param21_causal_lm_decoder_layer_1_norm_1_bias);   // updated in place
+  support::View v229 = arena_.view(2284544, 32);
+  support::View v857(param65_causal_lm_decoder_layer_1_norm_1_bias_v); // updated in place
+  support::View v856(param64_causal_lm_decoder_layer_1_norm_1_bias_m); // updated in place
+  support::View v139(param22_causal_lm_decoder_layer_1_ffn_w_in);      // updated in place
+  support::View v227 = arena_.view(2260992, 2048);
+  support::View v878(param67_causal_lm_decoder_layer_1_ffn_w_in_v); // updated in place
+  support::View v877(param66_causal_lm_decoder_layer_1_ffn_w_in_m); // updated in place
+  support::View v140(param23_causal_lm_decoder_layer_1_ffn_w_out);  // updated in place
+  support::View v203 = arena_.view(2252800, 2048);
+  support::View v899(param69_causal_lm_decoder_layer_1_ffn_w_out_v); // updated in place
+  support::View v898(param68_causal_lm_decoder_layer_1_ffn_w_out_m); // updated in place
+  support::View v146(param24_causal_lm_norm_gain);                   // updated in place
+  support::View v187 = arena_.view(2284416, 32);
+  support::View v920(param71_causal_lm_norm_gain_v); // updated in place
+  support::View v919(param70_causal_lm_norm_gain_m); // updated in place
+  support::View v147(param25_causal_lm_norm_bias);   // updated in place
+  support::View v184 = arena_.view(2284288, 32);
+  support::View v941(param73_causal_lm_norm_bias_v); // updated in place
+  support::View v940(param72_causal_lm_norm_bias_m); // updated in place
+  repeated1(v90, v300, v752, v467, v751, v465, v449, v106, v286, v773, v772, v122, v271, v794, v793,
+            v130, v248, v815, v814, v134, v232, v836, v835, v135, v229, v857, v856, v139, v227,
+            v878, v877, v140, v203, v899, v898, v146, v187, v920, v919, v147, v184, v941, v940);
 }
 
 void LmTrain::repeated0(
@@ -3105,17 +3181,25 @@ void LmTrain::repeated0(
   // performer.mesh:96:17 add
   // performer.mesh:96:17 mul
   MESHRT_TRACE("loop", "performer.mesh:96:17", "backward");
-  loop25(a6.data(), a5.data(), a2.data());
+  loop24(a6.data(), a5.data(), a2.data());
 
   // performer.mesh:96:22 einsum
   MESHRT_TRACE("gemm", "performer.mesh:96:22", "backward");
   // dims: batch, seq, d_ff, d_model
   kEinsum16.plan().run(a6.data(), a7.data(), a8.data(), 1.0f, 0.0f);
 
+  // performer.mesh:29:40 all_reduce_sum (resolve the partial sum of %217 over model for sum at
+  // 29:40)
+  MESHRT_TRACE_SITE("performer.mesh:29:40");
+  auto request2 = support::startAllReduce(group_model, {a8}, meshrt::ReduceOp::Sum);
+
   // performer.mesh:96:22 einsum -> grad/causal_lm/decoder_layer[1]/ffn/w_in
   MESHRT_TRACE("gemm", "performer.mesh:96:22", "backward");
   // dims: batch, seq, d_ff, d_model
   kEinsum17.plan().run(a6.data(), a9.data(), a10.data(), 1.0f, 0.0f);
+
+  MESHRT_TRACE_SITE("performer.mesh:29:40");
+  group_model.wait(request2);
 
   // performer.mesh:29:40 sum -> grad/causal_lm/decoder_layer[1]/norm#1/bias
   MESHRT_TRACE("sum", "performer.mesh:29:40", "backward");
@@ -3124,7 +3208,7 @@ void LmTrain::repeated0(
 
   // performer.mesh:29:33 mul
   MESHRT_TRACE("loop", "performer.mesh:29:33", "backward");
-  loop19(a13.data(), a8.data(), a12.data());
+  loop16(a13.data(), a8.data(), a12.data());
 
   // performer.mesh:29:33 sum -> grad/causal_lm/decoder_layer[1]/norm#1/gain
   MESHRT_TRACE("sum", "performer.mesh:29:33", "backward");
@@ -3139,7 +3223,7 @@ void LmTrain::repeated0(
   // performer.mesh:29:10 sub
   // performer.mesh:29:10 square
   MESHRT_TRACE("loop", "performer.mesh:29:10", "backward");
-  loop20(a17.data(), a16.data(), a15.data());
+  loop19(a17.data(), a16.data(), a15.data());
 
   // performer.mesh:29:10 mean
   MESHRT_TRACE("mean", "performer.mesh:29:10", "backward");
@@ -3149,12 +3233,12 @@ void LmTrain::repeated0(
   // performer.mesh:29:10 add
   // performer.mesh:29:10 rsqrt
   MESHRT_TRACE("loop", "performer.mesh:29:10", "backward");
-  loop21(a19.data(), a18.data());
+  loop20(a19.data(), a18.data());
 
   // performer.mesh:29:33 mul
   // performer.mesh:29:10 mul
   MESHRT_TRACE("loop", "performer.mesh:29:33", "backward");
-  loop22(a21.data(), a22.data(), a8.data(), a20.data(), a12.data());
+  loop21(a21.data(), a22.data(), a8.data(), a20.data(), a12.data());
 
   // performer.mesh:29:10 mean
   MESHRT_TRACE("mean", "performer.mesh:29:10", "backward");
@@ -3172,7 +3256,7 @@ void LmTrain::repeated0(
   // performer.mesh:29:10 mul
   // performer.mesh:29:10 add
   MESHRT_TRACE("loop", "performer.mesh:29:10", "backward");
-  loop26(a25.data(), a12.data(), a23.data(), a21.data(), a24.data(), a19.data(), a0.data());
+  loop25(a25.data(), a12.data(), a23.data(), a21.data(), a24.data(), a19.data(), a0.data());
 
   // performer.mesh:50:10 einsum
   MESHRT_TRACE("gemm", "performer.mesh:50:10", "backward");
@@ -3192,7 +3276,7 @@ void LmTrain::repeated0(
   // performer.mesh:90:20 mul
   // performer.mesh:90:20 neg
   MESHRT_TRACE("loop", "performer.mesh:90:20", "backward");
-  loop27(a32.data(), a28.data(), a30.data(), a27.data());
+  loop26(a32.data(), a28.data(), a30.data(), a27.data());
 
   // performer.mesh:90:20 sum
   MESHRT_TRACE("sum", "performer.mesh:90:20", "backward");
@@ -3288,7 +3372,7 @@ void LmTrain::repeated0(
   // performer.mesh:71:10 mul
   // performer.mesh:57:59 neg
   MESHRT_TRACE("loop", "performer.mesh:89:31", "backward");
-  loop28(a55.data(), a56.data(), a38.data(), a39.data(), a47.data(), a54.data());
+  loop27(a55.data(), a56.data(), a38.data(), a39.data(), a47.data(), a54.data());
 
   // performer.mesh:57:59 sum
   MESHRT_TRACE("sum", "performer.mesh:57:59", "backward");
@@ -3307,7 +3391,7 @@ void LmTrain::repeated0(
   // performer.mesh:57:10 add
   // performer.mesh:56:18 mul
   MESHRT_TRACE("loop", "performer.mesh:57:65", "backward");
-  loop29(a61.data(), a60.data(), a57.data(), a59.data());
+  loop28(a61.data(), a60.data(), a57.data(), a59.data());
 
   // performer.mesh:45:10 einsum
   MESHRT_TRACE("gemm", "performer.mesh:45:10", "backward");
@@ -3324,7 +3408,7 @@ void LmTrain::repeated0(
   // performer.mesh:66:10 mul
   // performer.mesh:57:59 neg
   MESHRT_TRACE("loop", "performer.mesh:88:19", "backward");
-  loop30(a66.data(), a67.data(), a35.data(), a41.data(), a65.data());
+  loop29(a66.data(), a67.data(), a35.data(), a41.data(), a65.data());
 
   // performer.mesh:57:59 sum
   MESHRT_TRACE("sum", "performer.mesh:57:59", "backward");
@@ -3343,7 +3427,7 @@ void LmTrain::repeated0(
   // performer.mesh:57:10 add
   // performer.mesh:56:18 mul
   MESHRT_TRACE("loop", "performer.mesh:57:65", "backward");
-  loop29(a71.data(), a70.data(), a68.data(), a69.data());
+  loop28(a71.data(), a70.data(), a68.data(), a69.data());
 
   // performer.mesh:45:10 einsum
   MESHRT_TRACE("gemm", "performer.mesh:45:10", "backward");
@@ -3353,12 +3437,12 @@ void LmTrain::repeated0(
   // performer.mesh:45:10 add
   // performer.mesh:45:10 add
   MESHRT_TRACE("loop", "performer.mesh:45:10", "backward");
-  loop31(a74.data(), a51.data(), a63.data(), a73.data());
+  loop30(a74.data(), a51.data(), a63.data(), a73.data());
 
   // performer.mesh:29:40 all_reduce_sum (resolve the partial sum of %289 over model for sum at
   // 29:40)
   MESHRT_TRACE_SITE("performer.mesh:29:40");
-  auto request0 = support::startAllReduce(group_model, {a74}, meshrt::ReduceOp::Sum);
+  auto request3 = support::startAllReduce(group_model, {a74}, meshrt::ReduceOp::Sum);
 
   // performer.mesh:45:10 einsum -> grad/causal_lm/decoder_layer[1]/heads_in/w
   MESHRT_TRACE("gemm", "performer.mesh:45:10", "backward");
@@ -3366,7 +3450,7 @@ void LmTrain::repeated0(
   kEinsum26.plan().run(a71.data(), a52.data(), a75.data(), 1.0f, 0.0f);
 
   MESHRT_TRACE_SITE("performer.mesh:29:40");
-  group_model.wait(request0);
+  group_model.wait(request3);
 
   // performer.mesh:29:40 sum -> grad/causal_lm/decoder_layer[1]/norm/bias
   MESHRT_TRACE("sum", "performer.mesh:29:40", "backward");
@@ -3375,7 +3459,7 @@ void LmTrain::repeated0(
 
   // performer.mesh:29:33 mul
   MESHRT_TRACE("loop", "performer.mesh:29:33", "backward");
-  loop19(a78.data(), a74.data(), a77.data());
+  loop16(a78.data(), a74.data(), a77.data());
 
   // performer.mesh:29:33 sum -> grad/causal_lm/decoder_layer[1]/norm/gain
   MESHRT_TRACE("sum", "performer.mesh:29:33", "backward");
@@ -3390,7 +3474,7 @@ void LmTrain::repeated0(
   // performer.mesh:29:10 sub
   // performer.mesh:29:10 square
   MESHRT_TRACE("loop", "performer.mesh:29:10", "backward");
-  loop20(a82.data(), a81.data(), a80.data());
+  loop19(a82.data(), a81.data(), a80.data());
 
   // performer.mesh:29:10 mean
   MESHRT_TRACE("mean", "performer.mesh:29:10", "backward");
@@ -3400,12 +3484,12 @@ void LmTrain::repeated0(
   // performer.mesh:29:10 add
   // performer.mesh:29:10 rsqrt
   MESHRT_TRACE("loop", "performer.mesh:29:10", "backward");
-  loop21(a84.data(), a83.data());
+  loop20(a84.data(), a83.data());
 
   // performer.mesh:29:33 mul
   // performer.mesh:29:10 mul
   MESHRT_TRACE("loop", "performer.mesh:29:33", "backward");
-  loop22(a86.data(), a87.data(), a74.data(), a85.data(), a77.data());
+  loop21(a86.data(), a87.data(), a74.data(), a85.data(), a77.data());
 
   // performer.mesh:29:10 mean
   MESHRT_TRACE("mean", "performer.mesh:29:10", "backward");
@@ -3423,7 +3507,7 @@ void LmTrain::repeated0(
   // performer.mesh:29:10 mul
   // performer.mesh:29:10 add
   MESHRT_TRACE("loop", "performer.mesh:29:10", "backward");
-  loop26(a90.data(), a77.data(), a88.data(), a86.data(), a89.data(), a84.data(), a25.data());
+  loop25(a90.data(), a77.data(), a88.data(), a86.data(), a89.data(), a84.data(), a25.data());
 }
 
 void LmTrain::repeated1(
@@ -3457,7 +3541,7 @@ void LmTrain::repeated1(
   // performer.mesh:151:3 mul
   // performer.mesh:151:3 sub -> next/causal_lm/decoder_layer[0]/heads_in/w
   MESHRT_TRACE("loop", "performer.mesh:151:3", "update");
-  loop32(a2.data(), a4.data(), a0.data(), a1.data(), a3.data(), a5.data(), a6.data());
+  loop31(a2.data(), a4.data(), a0.data(), a1.data(), a3.data(), a5.data(), a6.data());
 
   // performer.mesh:151:3 mul
   // performer.mesh:151:3 square
@@ -3476,7 +3560,7 @@ void LmTrain::repeated1(
   // performer.mesh:151:3 mul
   // performer.mesh:151:3 sub -> next/causal_lm/decoder_layer[0]/heads_in#1/w
   MESHRT_TRACE("loop", "performer.mesh:151:3", "update");
-  loop32(a9.data(), a10.data(), a7.data(), a8.data(), a3.data(), a5.data(), a6.data());
+  loop31(a9.data(), a10.data(), a7.data(), a8.data(), a3.data(), a5.data(), a6.data());
 
   // performer.mesh:151:3 mul
   // performer.mesh:151:3 square
@@ -3495,7 +3579,7 @@ void LmTrain::repeated1(
   // performer.mesh:151:3 mul
   // performer.mesh:151:3 sub -> next/causal_lm/decoder_layer[0]/heads_in#2/w
   MESHRT_TRACE("loop", "performer.mesh:151:3", "update");
-  loop32(a13.data(), a14.data(), a11.data(), a12.data(), a3.data(), a5.data(), a6.data());
+  loop31(a13.data(), a14.data(), a11.data(), a12.data(), a3.data(), a5.data(), a6.data());
 
   // performer.mesh:151:3 mul
   // performer.mesh:151:3 square
@@ -3514,7 +3598,7 @@ void LmTrain::repeated1(
   // performer.mesh:151:3 mul
   // performer.mesh:151:3 sub -> next/causal_lm/decoder_layer[0]/heads_out/w
   MESHRT_TRACE("loop", "performer.mesh:151:3", "update");
-  loop32(a17.data(), a18.data(), a15.data(), a16.data(), a3.data(), a5.data(), a6.data());
+  loop31(a17.data(), a18.data(), a15.data(), a16.data(), a3.data(), a5.data(), a6.data());
 
   // performer.mesh:151:3 mul
   // performer.mesh:151:3 square
@@ -3533,7 +3617,7 @@ void LmTrain::repeated1(
   // performer.mesh:151:3 mul
   // performer.mesh:151:3 sub -> next/causal_lm/decoder_layer[0]/norm#1/gain
   MESHRT_TRACE("loop", "performer.mesh:151:3", "update");
-  loop33(a21.data(), a22.data(), a19.data(), a20.data(), a3.data(), a5.data(), a6.data());
+  loop32(a21.data(), a22.data(), a19.data(), a20.data(), a3.data(), a5.data(), a6.data());
 
   // performer.mesh:151:3 mul
   // performer.mesh:151:3 square
@@ -3552,7 +3636,7 @@ void LmTrain::repeated1(
   // performer.mesh:151:3 mul
   // performer.mesh:151:3 sub -> next/causal_lm/decoder_layer[0]/norm#1/bias
   MESHRT_TRACE("loop", "performer.mesh:151:3", "update");
-  loop33(a25.data(), a26.data(), a23.data(), a24.data(), a3.data(), a5.data(), a6.data());
+  loop32(a25.data(), a26.data(), a23.data(), a24.data(), a3.data(), a5.data(), a6.data());
 
   // performer.mesh:151:3 mul
   // performer.mesh:151:3 square
@@ -3571,7 +3655,7 @@ void LmTrain::repeated1(
   // performer.mesh:151:3 mul
   // performer.mesh:151:3 sub -> next/causal_lm/decoder_layer[0]/ffn/w_in
   MESHRT_TRACE("loop", "performer.mesh:151:3", "update");
-  loop34(a29.data(), a30.data(), a27.data(), a28.data(), a3.data(), a5.data(), a6.data());
+  loop33(a29.data(), a30.data(), a27.data(), a28.data(), a3.data(), a5.data(), a6.data());
 
   // performer.mesh:151:3 mul
   // performer.mesh:151:3 square
@@ -3590,7 +3674,7 @@ void LmTrain::repeated1(
   // performer.mesh:151:3 mul
   // performer.mesh:151:3 sub -> next/causal_lm/decoder_layer[0]/ffn/w_out
   MESHRT_TRACE("loop", "performer.mesh:151:3", "update");
-  loop34(a33.data(), a34.data(), a31.data(), a32.data(), a3.data(), a5.data(), a6.data());
+  loop33(a33.data(), a34.data(), a31.data(), a32.data(), a3.data(), a5.data(), a6.data());
 
   // performer.mesh:151:3 mul
   // performer.mesh:151:3 square
@@ -3609,7 +3693,7 @@ void LmTrain::repeated1(
   // performer.mesh:151:3 mul
   // performer.mesh:151:3 sub -> next/causal_lm/decoder_layer[1]/norm/gain
   MESHRT_TRACE("loop", "performer.mesh:151:3", "update");
-  loop33(a37.data(), a38.data(), a35.data(), a36.data(), a3.data(), a5.data(), a6.data());
+  loop32(a37.data(), a38.data(), a35.data(), a36.data(), a3.data(), a5.data(), a6.data());
 
   // performer.mesh:151:3 mul
   // performer.mesh:151:3 square
@@ -3628,7 +3712,7 @@ void LmTrain::repeated1(
   // performer.mesh:151:3 mul
   // performer.mesh:151:3 sub -> next/causal_lm/decoder_layer[1]/norm/bias
   MESHRT_TRACE("loop", "performer.mesh:151:3", "update");
-  loop33(a41.data(), a42.data(), a39.data(), a40.data(), a3.data(), a5.data(), a6.data());
+  loop32(a41.data(), a42.data(), a39.data(), a40.data(), a3.data(), a5.data(), a6.data());
 }
 
 void LmTrain::repeated2(support::ConstView a0, support::ConstView a1, support::View a2,
@@ -3682,7 +3766,7 @@ void LmTrain::repeated2(support::ConstView a0, support::ConstView a1, support::V
   // performer.mesh:66:10 exp
   // performer.mesh:66:61 mul -> qf
   MESHRT_TRACE("loop", "performer.mesh:66:23", "forward");
-  loop35(a9.data(), a10.data(), a8.data(), a7.data());
+  loop34(a9.data(), a10.data(), a8.data(), a7.data());
 
   // performer.mesh:45:10 einsum
   // performer.mesh:56:18 mul -> scaled
@@ -3719,7 +3803,7 @@ void LmTrain::repeated2(support::ConstView a0, support::ConstView a1, support::V
   // performer.mesh:71:10 exp
   // performer.mesh:71:66 mul -> kf
   MESHRT_TRACE("loop", "performer.mesh:71:23", "forward");
-  loop36(a18.data(), a19.data(), a17.data(), a16.data());
+  loop35(a18.data(), a19.data(), a17.data(), a16.data());
 
   // performer.mesh:45:10 einsum
   MESHRT_TRACE("gemm", "performer.mesh:45:10", "forward");
@@ -3729,7 +3813,7 @@ void LmTrain::repeated2(support::ConstView a0, support::ConstView a1, support::V
   // performer.mesh:87:19 einsum
   MESHRT_TRACE("gemm", "performer.mesh:87:19", "forward");
   // dims: batch, seq, heads, features, d_head
-  kEinsum9.plan().run(a19.data(), a21.data(), a22.data(), 1.0f, 0.0f);
+  kEinsum8.plan().run(a19.data(), a21.data(), a22.data(), 1.0f, 0.0f);
 
   // performer.mesh:87:12 cumsum -> kv
   MESHRT_TRACE("cumsum", "performer.mesh:87:12", "forward");
@@ -3739,7 +3823,7 @@ void LmTrain::repeated2(support::ConstView a0, support::ConstView a1, support::V
   // performer.mesh:88:19 einsum -> numerator
   MESHRT_TRACE("gemm", "performer.mesh:88:19", "forward");
   // dims: batch, seq, heads, features, d_head
-  kEinsum10.plan().run(a10.data(), a23.data(), a24.data(), 1.0f, 0.0f);
+  kEinsum9.plan().run(a10.data(), a23.data(), a24.data(), 1.0f, 0.0f);
 
   // performer.mesh:89:31 cumsum
   MESHRT_TRACE("cumsum", "performer.mesh:89:31", "forward");
@@ -3749,7 +3833,7 @@ void LmTrain::repeated2(support::ConstView a0, support::ConstView a1, support::V
   // performer.mesh:89:20 einsum -> normalizer
   MESHRT_TRACE("gemm", "performer.mesh:89:20", "forward");
   // dims: batch, seq, heads, features
-  kEinsum11.plan().run(a10.data(), a25.data(), a26.data(), 1.0f, 0.0f);
+  kEinsum10.plan().run(a10.data(), a25.data(), a26.data(), 1.0f, 0.0f);
 
   // performer.mesh:90:20 div
   MESHRT_TRACE("loop", "performer.mesh:90:20", "forward");
@@ -3793,6 +3877,11 @@ void LmTrain::repeated2(support::ConstView a0, support::ConstView a1, support::V
   // dims: batch, seq, d_ff, d_model
   kEinsum7.plan().run(a38.data(), a39.data(), a40.data(), 1.0f, 0.0f);
 
+  // performer.mesh:117:12 all_reduce_sum (resolve the partial sum of %79 over model for add at
+  // 117:12)
+  MESHRT_TRACE_SITE("performer.mesh:117:12");
+  group_model.allReduce(a40.data(), a40.size(), meshrt::ReduceOp::Sum);
+
   // performer.mesh:117:12 add -> h
   MESHRT_TRACE("loop", "performer.mesh:117:12", "forward");
   loop14(a41.data(), a31.data(), a40.data());
@@ -3830,7 +3919,7 @@ void LmTrain::repeated3(support::View a0, support::ConstView a1, support::View a
   // performer.mesh:151:3 mul
   // performer.mesh:151:3 sub -> next/causal_lm/decoder_layer[0]/norm/gain
   MESHRT_TRACE("loop", "performer.mesh:151:3", "update");
-  loop33(a2.data(), a4.data(), a0.data(), a1.data(), a3.data(), a5.data(), a6.data());
+  loop32(a2.data(), a4.data(), a0.data(), a1.data(), a3.data(), a5.data(), a6.data());
 }
 
 LmTrain::Inputs LmTrain::synthesizeInputs(uint64_t seed) const {

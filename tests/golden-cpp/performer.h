@@ -13,7 +13,7 @@ namespace meshc_generated {
 namespace support = meshc::gen;
 
 /// The program `encode` of performer.mesh, planned for the mesh [data=2, model=2] with layout
-/// batch: [data], heads: [model].
+/// batch: [data], d_ff: [model], heads: [model].
 class Encode {
 public:
   /// This rank's local shards of the inputs (row-major over the local shape).
@@ -42,9 +42,9 @@ public:
   Outputs run(const Inputs &inputs);
 
   /// The bytes of this object's arena: run()'s temporaries share it, placed by liveness.
-  static constexpr size_t kArenaBytes = 147456;
+  static constexpr size_t kArenaBytes = 131584;
   /// The bytes of all of run()'s temporaries together (one buffer each).
-  static constexpr size_t kTemporaryBytes = 1028616;
+  static constexpr size_t kTemporaryBytes = 897544;
   /// The bytes of the values computed once, in the constructor (constants, masks).
   static constexpr size_t kPersistentBytes = 26048;
 
@@ -124,10 +124,10 @@ private:
       param7_encoder_layer_0_norm_1_gain; // encoder_layer[0]/norm#1/gain: [d_model] local {32}
   support::Buffer
       param8_encoder_layer_0_norm_1_bias; // encoder_layer[0]/norm#1/bias: [d_model] local {32}
-  support::Buffer
-      param9_encoder_layer_0_ffn_w_in; // encoder_layer[0]/ffn/w_in: [d_model, d_ff] local {32, 128}
-  support::Buffer param10_encoder_layer_0_ffn_w_out; // encoder_layer[0]/ffn/w_out: [d_ff, d_model]
-                                                     // local {128, 32}
+  support::Buffer param9_encoder_layer_0_ffn_w_in;   // encoder_layer[0]/ffn/w_in: [d_model,
+                                                     // d_ff:[model]] local {32, 64}
+  support::Buffer param10_encoder_layer_0_ffn_w_out; // encoder_layer[0]/ffn/w_out: [d_ff:[model],
+                                                     // d_model] local {64, 32}
   support::Buffer param11_encoder_layer_1_random_features; // encoder_layer[1]/random_features:
                                                            // [features, d_head] local {64, 16}
   support::Buffer
@@ -147,10 +147,10 @@ private:
       param18_encoder_layer_1_norm_1_gain; // encoder_layer[1]/norm#1/gain: [d_model] local {32}
   support::Buffer
       param19_encoder_layer_1_norm_1_bias; // encoder_layer[1]/norm#1/bias: [d_model] local {32}
-  support::Buffer param20_encoder_layer_1_ffn_w_in;  // encoder_layer[1]/ffn/w_in: [d_model, d_ff]
-                                                     // local {32, 128}
-  support::Buffer param21_encoder_layer_1_ffn_w_out; // encoder_layer[1]/ffn/w_out: [d_ff, d_model]
-                                                     // local {128, 32}
+  support::Buffer param20_encoder_layer_1_ffn_w_in;  // encoder_layer[1]/ffn/w_in: [d_model,
+                                                     // d_ff:[model]] local {32, 64}
+  support::Buffer param21_encoder_layer_1_ffn_w_out; // encoder_layer[1]/ffn/w_out: [d_ff:[model],
+                                                     // d_model] local {64, 32}
   support::Buffer param22_norm_gain;                 // norm/gain: [d_model] local {32}
   support::Buffer param23_norm_bias;                 // norm/bias: [d_model] local {32}
   support::Arena arena_{kArenaBytes};                // run()'s temporaries
@@ -158,7 +158,7 @@ private:
 };
 
 /// The program `lm` of performer.mesh, planned for the mesh [data=2, model=2] with layout batch:
-/// [data], heads: [model].
+/// [data], d_ff: [model], heads: [model].
 class Lm {
 public:
   /// This rank's local shards of the inputs (row-major over the local shape).
@@ -189,7 +189,7 @@ public:
   /// The bytes of this object's arena: run()'s temporaries share it, placed by liveness.
   static constexpr size_t kArenaBytes = 1130496;
   /// The bytes of all of run()'s temporaries together (one buffer each).
-  static constexpr size_t kTemporaryBytes = 3231752;
+  static constexpr size_t kTemporaryBytes = 3100680;
   /// The bytes of the values computed once, in the constructor (constants, masks).
   static constexpr size_t kPersistentBytes = 26048;
 
@@ -276,10 +276,12 @@ private:
                                                                 // [d_model] local {32}
   support::Buffer param10_causal_lm_decoder_layer_0_norm_1_bias; // causal_lm/decoder_layer[0]/norm#1/bias:
                                                                  // [d_model] local {32}
-  support::Buffer param11_causal_lm_decoder_layer_0_ffn_w_in; // causal_lm/decoder_layer[0]/ffn/w_in:
-                                                              // [d_model, d_ff] local {32, 128}
-  support::Buffer param12_causal_lm_decoder_layer_0_ffn_w_out; // causal_lm/decoder_layer[0]/ffn/w_out:
-                                                               // [d_ff, d_model] local {128, 32}
+  support::Buffer
+      param11_causal_lm_decoder_layer_0_ffn_w_in; // causal_lm/decoder_layer[0]/ffn/w_in: [d_model,
+                                                  // d_ff:[model]] local {32, 64}
+  support::Buffer
+      param12_causal_lm_decoder_layer_0_ffn_w_out; // causal_lm/decoder_layer[0]/ffn/w_out:
+                                                   // [d_ff:[model], d_model] local {64, 32}
   support::Buffer
       param13_causal_lm_decoder_layer_1_random_features; // causal_lm/decoder_layer[1]/random_features:
                                                          // [features, d_head] local {64, 16}
@@ -303,18 +305,20 @@ private:
                                                                  // [d_model] local {32}
   support::Buffer param21_causal_lm_decoder_layer_1_norm_1_bias; // causal_lm/decoder_layer[1]/norm#1/bias:
                                                                  // [d_model] local {32}
-  support::Buffer param22_causal_lm_decoder_layer_1_ffn_w_in; // causal_lm/decoder_layer[1]/ffn/w_in:
-                                                              // [d_model, d_ff] local {32, 128}
-  support::Buffer param23_causal_lm_decoder_layer_1_ffn_w_out; // causal_lm/decoder_layer[1]/ffn/w_out:
-                                                               // [d_ff, d_model] local {128, 32}
-  support::Buffer param24_causal_lm_norm_gain;  // causal_lm/norm/gain: [d_model] local {32}
-  support::Buffer param25_causal_lm_norm_bias;  // causal_lm/norm/bias: [d_model] local {32}
-  support::Arena arena_{kArenaBytes};           // run()'s temporaries
-  support::Arena persistent_{kPersistentBytes}; // computed in the constructor
+  support::Buffer
+      param22_causal_lm_decoder_layer_1_ffn_w_in; // causal_lm/decoder_layer[1]/ffn/w_in: [d_model,
+                                                  // d_ff:[model]] local {32, 64}
+  support::Buffer
+      param23_causal_lm_decoder_layer_1_ffn_w_out; // causal_lm/decoder_layer[1]/ffn/w_out:
+                                                   // [d_ff:[model], d_model] local {64, 32}
+  support::Buffer param24_causal_lm_norm_gain;     // causal_lm/norm/gain: [d_model] local {32}
+  support::Buffer param25_causal_lm_norm_bias;     // causal_lm/norm/bias: [d_model] local {32}
+  support::Arena arena_{kArenaBytes};              // run()'s temporaries
+  support::Arena persistent_{kPersistentBytes};    // computed in the constructor
 };
 
 /// The train block `lm_train` of performer.mesh, planned for the mesh [data=2, model=2] with layout
-/// batch: [data], heads: [model].
+/// batch: [data], d_ff: [model], heads: [model], vocab: [model].
 class LmTrain {
 public:
   /// This rank's local shards of the inputs (row-major over the local shape).
@@ -343,9 +347,9 @@ public:
   Outputs run(const Inputs &inputs);
 
   /// The bytes of this object's arena: run()'s temporaries share it, placed by liveness.
-  static constexpr size_t kArenaBytes = 2370880;
+  static constexpr size_t kArenaBytes = 2284864;
   /// The bytes of all of run()'s temporaries together (one buffer each).
-  static constexpr size_t kTemporaryBytes = 8421152;
+  static constexpr size_t kTemporaryBytes = 8036384;
   /// The bytes of the values computed once, in the constructor (constants, masks).
   static constexpr size_t kPersistentBytes = 27200;
 
@@ -396,6 +400,7 @@ public:
   /// run()'s statements, in parts (run() calls them in order).
   void runPart0(const Inputs &inputs);
   void runPart1(const Inputs &inputs);
+  void runPart2(const Inputs &inputs);
   /// Code that repeats in run() (the layers of a `repeat`), called once per repetition.
   void repeated0(support::ConstView a0, support::ConstView a1, support::View a2,
                  support::ConstView a3, support::View a4, support::ConstView a5, support::View a6,
@@ -455,11 +460,13 @@ private:
   meshrt::Communicator &world_;
   uint64_t seed_;
   int64_t step_ = 0;
-  meshrt::Communicator &group_data;  // the ranks along data
-  meshrt::Communicator &group_model; // the ranks along model
+  meshrt::Communicator &group_data;       // the ranks along data
+  meshrt::Communicator &group_data_model; // the ranks along data, model
+  meshrt::Communicator &group_model;      // the ranks along model
   support::Buffer
-      param0_causal_lm_embedding;           // causal_lm/embedding: [vocab, d_model] local {64, 32}
-  support::Buffer param1_causal_lm_unembed; // causal_lm/unembed: [d_model, vocab] local {32, 64}
+      param0_causal_lm_embedding; // causal_lm/embedding: [vocab:[model], d_model] local {32, 32}
+  support::Buffer
+      param1_causal_lm_unembed; // causal_lm/unembed: [d_model, vocab:[model]] local {32, 32}
   support::Buffer
       param2_causal_lm_decoder_layer_0_random_features; // causal_lm/decoder_layer[0]/random_features:
                                                         // [features, d_head] local {64, 16}
@@ -483,10 +490,12 @@ private:
                                                                 // [d_model] local {32}
   support::Buffer param10_causal_lm_decoder_layer_0_norm_1_bias; // causal_lm/decoder_layer[0]/norm#1/bias:
                                                                  // [d_model] local {32}
-  support::Buffer param11_causal_lm_decoder_layer_0_ffn_w_in; // causal_lm/decoder_layer[0]/ffn/w_in:
-                                                              // [d_model, d_ff] local {32, 128}
-  support::Buffer param12_causal_lm_decoder_layer_0_ffn_w_out; // causal_lm/decoder_layer[0]/ffn/w_out:
-                                                               // [d_ff, d_model] local {128, 32}
+  support::Buffer
+      param11_causal_lm_decoder_layer_0_ffn_w_in; // causal_lm/decoder_layer[0]/ffn/w_in: [d_model,
+                                                  // d_ff:[model]] local {32, 64}
+  support::Buffer
+      param12_causal_lm_decoder_layer_0_ffn_w_out; // causal_lm/decoder_layer[0]/ffn/w_out:
+                                                   // [d_ff:[model], d_model] local {64, 32}
   support::Buffer
       param13_causal_lm_decoder_layer_1_random_features; // causal_lm/decoder_layer[1]/random_features:
                                                          // [features, d_head] local {64, 16}
@@ -510,20 +519,22 @@ private:
                                                                  // [d_model] local {32}
   support::Buffer param21_causal_lm_decoder_layer_1_norm_1_bias; // causal_lm/decoder_layer[1]/norm#1/bias:
                                                                  // [d_model] local {32}
-  support::Buffer param22_causal_lm_decoder_layer_1_ffn_w_in; // causal_lm/decoder_layer[1]/ffn/w_in:
-                                                              // [d_model, d_ff] local {32, 128}
-  support::Buffer param23_causal_lm_decoder_layer_1_ffn_w_out; // causal_lm/decoder_layer[1]/ffn/w_out:
-                                                               // [d_ff, d_model] local {128, 32}
-  support::Buffer param24_causal_lm_norm_gain; // causal_lm/norm/gain: [d_model] local {32}
-  support::Buffer param25_causal_lm_norm_bias; // causal_lm/norm/bias: [d_model] local {32}
   support::Buffer
-      param26_causal_lm_embedding_m; // causal_lm/embedding@m: [vocab, d_model] local {64, 32}
+      param22_causal_lm_decoder_layer_1_ffn_w_in; // causal_lm/decoder_layer[1]/ffn/w_in: [d_model,
+                                                  // d_ff:[model]] local {32, 64}
   support::Buffer
-      param27_causal_lm_embedding_v; // causal_lm/embedding@v: [vocab, d_model] local {64, 32}
+      param23_causal_lm_decoder_layer_1_ffn_w_out; // causal_lm/decoder_layer[1]/ffn/w_out:
+                                                   // [d_ff:[model], d_model] local {64, 32}
+  support::Buffer param24_causal_lm_norm_gain;     // causal_lm/norm/gain: [d_model] local {32}
+  support::Buffer param25_causal_lm_norm_bias;     // causal_lm/norm/bias: [d_model] local {32}
+  support::Buffer param26_causal_lm_embedding_m; // causal_lm/embedding@m: [vocab:[model], d_model]
+                                                 // local {32, 32}
+  support::Buffer param27_causal_lm_embedding_v; // causal_lm/embedding@v: [vocab:[model], d_model]
+                                                 // local {32, 32}
   support::Buffer
-      param28_causal_lm_unembed_m; // causal_lm/unembed@m: [d_model, vocab] local {32, 64}
+      param28_causal_lm_unembed_m; // causal_lm/unembed@m: [d_model, vocab:[model]] local {32, 32}
   support::Buffer
-      param29_causal_lm_unembed_v; // causal_lm/unembed@v: [d_model, vocab] local {32, 64}
+      param29_causal_lm_unembed_v; // causal_lm/unembed@v: [d_model, vocab:[model]] local {32, 32}
   support::Buffer param30_causal_lm_decoder_layer_0_norm_gain_m; // causal_lm/decoder_layer[0]/norm/gain@m:
                                                                  // [d_model] local {32}
   support::Buffer param31_causal_lm_decoder_layer_0_norm_gain_v; // causal_lm/decoder_layer[0]/norm/gain@v:
@@ -564,14 +575,18 @@ private:
                                                                    // [d_model] local {32}
   support::Buffer param45_causal_lm_decoder_layer_0_norm_1_bias_v; // causal_lm/decoder_layer[0]/norm#1/bias@v:
                                                                    // [d_model] local {32}
-  support::Buffer param46_causal_lm_decoder_layer_0_ffn_w_in_m; // causal_lm/decoder_layer[0]/ffn/w_in@m:
-                                                                // [d_model, d_ff] local {32, 128}
-  support::Buffer param47_causal_lm_decoder_layer_0_ffn_w_in_v; // causal_lm/decoder_layer[0]/ffn/w_in@v:
-                                                                // [d_model, d_ff] local {32, 128}
-  support::Buffer param48_causal_lm_decoder_layer_0_ffn_w_out_m; // causal_lm/decoder_layer[0]/ffn/w_out@m:
-                                                                 // [d_ff, d_model] local {128, 32}
-  support::Buffer param49_causal_lm_decoder_layer_0_ffn_w_out_v; // causal_lm/decoder_layer[0]/ffn/w_out@v:
-                                                                 // [d_ff, d_model] local {128, 32}
+  support::Buffer
+      param46_causal_lm_decoder_layer_0_ffn_w_in_m; // causal_lm/decoder_layer[0]/ffn/w_in@m:
+                                                    // [d_model, d_ff:[model]] local {32, 64}
+  support::Buffer
+      param47_causal_lm_decoder_layer_0_ffn_w_in_v; // causal_lm/decoder_layer[0]/ffn/w_in@v:
+                                                    // [d_model, d_ff:[model]] local {32, 64}
+  support::Buffer
+      param48_causal_lm_decoder_layer_0_ffn_w_out_m; // causal_lm/decoder_layer[0]/ffn/w_out@m:
+                                                     // [d_ff:[model], d_model] local {64, 32}
+  support::Buffer
+      param49_causal_lm_decoder_layer_0_ffn_w_out_v; // causal_lm/decoder_layer[0]/ffn/w_out@v:
+                                                     // [d_ff:[model], d_model] local {64, 32}
   support::Buffer param50_causal_lm_decoder_layer_1_norm_gain_m; // causal_lm/decoder_layer[1]/norm/gain@m:
                                                                  // [d_model] local {32}
   support::Buffer param51_causal_lm_decoder_layer_1_norm_gain_v; // causal_lm/decoder_layer[1]/norm/gain@v:
@@ -612,20 +627,24 @@ private:
                                                                    // [d_model] local {32}
   support::Buffer param65_causal_lm_decoder_layer_1_norm_1_bias_v; // causal_lm/decoder_layer[1]/norm#1/bias@v:
                                                                    // [d_model] local {32}
-  support::Buffer param66_causal_lm_decoder_layer_1_ffn_w_in_m; // causal_lm/decoder_layer[1]/ffn/w_in@m:
-                                                                // [d_model, d_ff] local {32, 128}
-  support::Buffer param67_causal_lm_decoder_layer_1_ffn_w_in_v; // causal_lm/decoder_layer[1]/ffn/w_in@v:
-                                                                // [d_model, d_ff] local {32, 128}
-  support::Buffer param68_causal_lm_decoder_layer_1_ffn_w_out_m; // causal_lm/decoder_layer[1]/ffn/w_out@m:
-                                                                 // [d_ff, d_model] local {128, 32}
-  support::Buffer param69_causal_lm_decoder_layer_1_ffn_w_out_v; // causal_lm/decoder_layer[1]/ffn/w_out@v:
-                                                                 // [d_ff, d_model] local {128, 32}
-  support::Buffer param70_causal_lm_norm_gain_m; // causal_lm/norm/gain@m: [d_model] local {32}
-  support::Buffer param71_causal_lm_norm_gain_v; // causal_lm/norm/gain@v: [d_model] local {32}
-  support::Buffer param72_causal_lm_norm_bias_m; // causal_lm/norm/bias@m: [d_model] local {32}
-  support::Buffer param73_causal_lm_norm_bias_v; // causal_lm/norm/bias@v: [d_model] local {32}
-  support::Arena arena_{kArenaBytes};            // run()'s temporaries
-  support::Arena persistent_{kPersistentBytes};  // computed in the constructor
+  support::Buffer
+      param66_causal_lm_decoder_layer_1_ffn_w_in_m; // causal_lm/decoder_layer[1]/ffn/w_in@m:
+                                                    // [d_model, d_ff:[model]] local {32, 64}
+  support::Buffer
+      param67_causal_lm_decoder_layer_1_ffn_w_in_v; // causal_lm/decoder_layer[1]/ffn/w_in@v:
+                                                    // [d_model, d_ff:[model]] local {32, 64}
+  support::Buffer
+      param68_causal_lm_decoder_layer_1_ffn_w_out_m; // causal_lm/decoder_layer[1]/ffn/w_out@m:
+                                                     // [d_ff:[model], d_model] local {64, 32}
+  support::Buffer
+      param69_causal_lm_decoder_layer_1_ffn_w_out_v; // causal_lm/decoder_layer[1]/ffn/w_out@v:
+                                                     // [d_ff:[model], d_model] local {64, 32}
+  support::Buffer param70_causal_lm_norm_gain_m;     // causal_lm/norm/gain@m: [d_model] local {32}
+  support::Buffer param71_causal_lm_norm_gain_v;     // causal_lm/norm/gain@v: [d_model] local {32}
+  support::Buffer param72_causal_lm_norm_bias_m;     // causal_lm/norm/bias@m: [d_model] local {32}
+  support::Buffer param73_causal_lm_norm_bias_v;     // causal_lm/norm/bias@v: [d_model] local {32}
+  support::Arena arena_{kArenaBytes};                // run()'s temporaries
+  support::Arena persistent_{kPersistentBytes};      // computed in the constructor
 };
 
 } // namespace meshc_generated

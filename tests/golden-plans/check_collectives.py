@@ -29,6 +29,13 @@ adafactor_both <meshc> <moe.mesh>: moe_train on [2, 2] with `d_model: data, d_ff
     factored dims of the experts' w_in and w_out split: the sums run over rows first, 16
     collectives (17 with columns first); the update then takes two rounds after the statistics
     (docs/planner.md, "Merged all-reduces").
+lm <meshc> <transformer.mesh>: transformer.mesh's lm forward on [data=2, model=2] at the sizes
+    of bench/lm_sharded.py, on the cpu machine: sequence parallelism (planner/SequenceParallel.h).
+    Each of the 5 partial sums over model (the embedding's, 2 per layer) is a reduce-scatter of
+    the batch rows (batch/2 = 4 rows per data rank, 2 per model rank), the residual adds and layer
+    norms run on the rank's 2 rows, and 5 all-gathers bring a norm's rows back for the einsums
+    reading it (each layer's attention and FFN, the unembedding); the train step keeps the
+    all-reduces (lm_train above).
 t5_8xh100 <meshc> <t5.mesh>: t5_train on --machine 8xh100 [data=2, model=2] issues exactly the
     collectives it issues on cpu (23: 8 forward and 7 backward Megatron all-reduces over model,
     the relative position bias's all-gather, 6 buckets over model, one gradient bucket over
@@ -92,6 +99,19 @@ def lm_train(meshc, example):
               if c["operandShape"] == "f32[]" and c["bytes"] == 4 * len(c["operands"])]
     expect((len(step["collectives"]), len(scalar)), (14, 2),
            "lm_train's collectives and scalar ones (issue 12: at most JAX's 14, 2 scalar)")
+
+
+def lm(meshc, example):
+    dims = [f"--dim={name}={size}" for name, size in BENCH_SIZES.items()]
+    forward = plan(meshc, example, "--mesh", "data=2,model=2", "--function", "lm", *dims)["lm"]
+    activation = 4 * 128 * 256 * 4  # f32[batch=8/2, seq, d_model]: the bytes before scattering
+    layers = BENCH_SIZES["layers"]
+    pair = [("reduce_scatter", ["model"], activation), ("all_gather", ["model"], activation)]
+    expect(summary(forward, "forward"), pair * (1 + 2 * layers), "lm's forward collectives")
+    expect({c["dim"] for c in forward["collectives"]}, {"batch"}, "the rows split")
+    scattered = [c["resultShape"] for c in forward["collectives"] if c["kind"] == "reduce_scatter"]
+    expect(scattered, ["f32[batch=2, seq=128, d_model=256]"] * (1 + 2 * layers),
+           "each rank's rows after a reduce-scatter")
 
 
 def adafactor(meshc, example, *options):
@@ -179,6 +199,6 @@ def t5_8xh100(meshc, example):
 
 if __name__ == "__main__":
     {"lm_train": lm_train, "adafactor": adafactor, "adafactor_auto": adafactor_auto,
-     "adafactor_both": adafactor_both, "t5_8xh100": t5_8xh100}[sys.argv[1]](sys.argv[2],
+     "adafactor_both": adafactor_both, "t5_8xh100": t5_8xh100, "lm": lm}[sys.argv[1]](sys.argv[2],
                                                                            sys.argv[3])
     print("ok")

@@ -3,10 +3,12 @@
 `meshc --emit=plan-json` on the 8xh100 machine:
 
 decoder <meshc> <rmsnorm_decoder.mesh>: the bias-free pre-RMS-norm decoder (rms_lm) on its own
-    [data=1, model=4] mesh issues as many forward all-reduces as its layer_norm twin (ln_lm):
+    [data=1, model=4] mesh resolves as many forward partial sums as its layer_norm twin (ln_lm):
     Megatron's 2 per layer plus one for the final norm, each of one [batch, seq, d_model]
     activation. Resolving the residual stream once per norm for the mean square and again for
-    the scaled value would be twice as many.
+    the scaled value would be twice as many. Under sequence parallelism (SequenceParallel.h)
+    each is a reduce-scatter of the batch rows (the norms and residual adds run on a quarter of
+    them) and one all-gather brings each norm's rows back for the einsums that read it.
 bias <meshc> <megatron_block.mesh>: a Megatron block trained on an input activation: its first
     norm's output gradient, a partial sum over `model` read only by the gain's and bias's
     gradients, is summed before it is resolved: one all-reduce of 2 x 32 KiB over [data, model]
@@ -40,7 +42,8 @@ def decoder(meshc, example):
     functions = plan(meshc, example, "--function", "rms_lm", "--function", "ln_lm")
     activation = 4 * 8 * 32 * 4  # f32[batch=4, seq=8, d_model=32], replicated over model
     layers = 2
-    expected = [("all_reduce_sum", ["model"], activation)] * (2 * layers + 1)
+    expected = [("reduce_scatter", ["model"], activation),
+                ("all_gather", ["model"], activation)] * (2 * layers + 1)
     expect(summary(functions["ln_lm"], "forward"), expected, "ln_lm's forward collectives")
     expect(summary(functions["rms_lm"], "forward"), expected,
            "rms_lm's forward collectives (as many as its layer_norm twin's)")

@@ -104,6 +104,15 @@ std::vector<std::vector<const SpmdOp*>> collectivesPerLayer(const ir::Function& 
   return out;
 }
 
+/// The collectives that resolve a partial sum (all-reduces, or reduce-scatters under sequence
+/// parallelism), without the all-gathers that bring split rows back.
+std::vector<const SpmdOp*> resolving(const std::vector<const SpmdOp*>& ops) {
+  std::vector<const SpmdOp*> out;
+  for (const SpmdOp* op : ops)
+    if (op->collective.kind != CollectiveKind::AllGather) out.push_back(op);
+  return out;
+}
+
 int count(const std::vector<const SpmdOp*>& ops, CollectiveKind kind) {
   return static_cast<int>(std::count_if(
       ops.begin(), ops.end(), [&](const SpmdOp* op) { return op->collective.kind == kind; }));
@@ -425,19 +434,23 @@ program mlp(x: f32[batch, d_model]) -> (y: f32[batch, d_model]) {
   CHECK(fn.values[fn.inputs[0]].localType.dims[0].size == 4);
   CHECK(fn.values[fn.params[0]].localType.dims[1].size == 16);
   std::vector<const SpmdOp*> comm = collectives(fn);
-  // The partial sum survives `* 2.0` (linear) and is resolved once, for the add.
-  REQUIRE(comm.size() == 1);
-  CHECK(comm[0]->collective.kind == CollectiveKind::AllReduceSum);
+  // The partial sum survives `* 2.0` (linear) and is resolved once, for the add: by a
+  // reduce-scatter of the rows (sequence parallelism, SequenceParallel.h: the add runs on a
+  // quarter of them), the output gathered back. Priced as an all-reduce's bytes and latencies
+  // (2a + 2b (p-1)/p n either way on this GPU machine), less three quarters of the add.
+  REQUIRE(comm.size() == 2);
+  CHECK(comm[0]->collective.kind == CollectiveKind::ReduceScatter);
   CHECK(comm[0]->collective.axes == AxisList{"model"});
   CHECK(comm[0]->collective.bytes == 4 * 32 * 4);
   CHECK(comm[0]->loc.line == 14);
+  CHECK(comm[1]->collective.kind == CollectiveKind::AllGather);
   const SpmdOp* mul = nullptr;
   for (const SpmdOp& op : fn.ops)
     if (op.kind == SpmdOp::Kind::Compute && op.computeKind == ir::OpKind::Mul) mul = &op;
   REQUIRE(mul);
   CHECK(fn.values[mul->result].layout.partialAxes == std::set<std::string>{"model"});
   CHECK(fn.replications.empty());
-  CHECK(fn.summary.communicationSeconds == Approx(comm[0]->seconds));
+  CHECK(fn.summary.communicationSeconds == Approx(comm[0]->seconds + comm[1]->seconds));
   CHECK(fn.summary.stepSeconds ==
         Approx(fn.summary.computeSeconds + fn.summary.communicationSeconds));
   CHECK(fn.summary.totalFlops > 2.0 * 8 * 32 * 64 * 2);
@@ -657,7 +670,7 @@ TEST_CASE("lowering: a split that does not divide is a located error", "[lowerin
   CHECK(a.takeErrors().find("error: unknown mesh axis 'rows'") != std::string::npos);
 }
 
-TEST_CASE("Megatron rediscovered: 2 all-reduces per layer on [model=4]", "[megatron]") {
+TEST_CASE("Megatron rediscovered: 2 partial sums resolved per layer on [model=4]", "[megatron]") {
   Analyzed a(examplePath("transformer.mesh"), true);
   REQUIRE(a.module);
   const ir::Function& lm = a.fn("lm");
@@ -669,16 +682,23 @@ TEST_CASE("Megatron rediscovered: 2 all-reduces per layer on [model=4]", "[megat
   REQUIRE(fn);
   CHECK(fn->replications.empty());
   auto perLayer = collectivesPerLayer(lm, *fn, 2);
-  for (const auto& layer : perLayer) {
+  for (const auto& all : perLayer) {
+    std::vector<const SpmdOp*> layer = resolving(all);
     REQUIRE(layer.size() == 2);
-    CHECK(count(layer, CollectiveKind::AllReduceSum) == 2);
+    // Sequence parallelism (SequenceParallel.h): the row-wise adds and norms between them run
+    // on a quarter of the rows, so the partial sums are reduce-scattered, not all-reduced.
+    CHECK(count(layer, CollectiveKind::ReduceScatter) == 2);
     // One after the attention output projection, one after the FFN's second matmul.
     CHECK(layer[0]->loc.line == 21); // h = x + attention(...)  (transformer.mesh:21)
     CHECK(layer[1]->loc.line == 55); // einsum(...) + b_out     (layers.mesh:55)
-    for (const SpmdOp* op : layer)
+    for (const SpmdOp* op : all)
       CHECK(op->collective.axes == AxisList{"model"});
   }
-  CHECK(collectives(*fn).size() == 4); // nothing outside the layers (vocab replicated)
+  // Nothing else resolves a partial sum (vocab replicated); the all-gathers bring the rows back
+  // for the einsums reading a norm: both FFNs', the second attention's and the unembedding's
+  // (the first attention reads the replicated embedding's norm).
+  CHECK(resolving(collectives(*fn)).size() == 4);
+  CHECK(count(collectives(*fn), CollectiveKind::AllGather) == 4);
 }
 
 TEST_CASE("Mesh-TensorFlow's layout on [data=2, model=4]", "[megatron]") {
@@ -690,17 +710,20 @@ TEST_CASE("Mesh-TensorFlow's layout on [data=2, model=4]", "[megatron]") {
   std::optional<SpmdFunction> fn = lowerToSpmd(*a.module, lm, meshOf({{"data", 2}, {"model", 4}}),
                                                layout, machine("8xh200"), a.diag);
   REQUIRE(fn);
-  for (const auto& layer : collectivesPerLayer(lm, *fn, 2)) {
+  for (const auto& all : collectivesPerLayer(lm, *fn, 2)) {
+    std::vector<const SpmdOp*> layer = resolving(all);
     REQUIRE(layer.size() == 2);
-    CHECK(count(layer, CollectiveKind::AllReduceSum) == 2);
-    for (const SpmdOp* op : layer) {
+    CHECK(count(layer, CollectiveKind::ReduceScatter) == 2); // sequence parallelism
+    for (const SpmdOp* op : all) {
       CHECK(op->collective.axes == AxisList{"model"});
       CHECK(op->collective.bytes == 2 * 32 * 64 * 4); // [batch/2, seq, d_model] in f32
+      // batch/2 does not divide by 4: the rows split are the sequence's.
+      CHECK(op->collective.dim == "seq");
     }
   }
   // Outside the layers: the embedding's one_hot x table over the split vocab is a partial sum,
   // resolved for the position embedding's add; the logits stay split over vocab.
-  CHECK(collectives(*fn).size() == 5);
+  CHECK(resolving(collectives(*fn)).size() == 5);
   CHECK(fn->values[fn->outputs[0].second].localType.dims[0].size == 2);
   CHECK(fn->values[fn->outputs[0].second].localType.dims[2].size == 24);
 }

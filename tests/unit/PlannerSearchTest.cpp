@@ -567,17 +567,24 @@ TEST_CASE("Mesh-TensorFlow's layout on [data=2, model=4] has the expected collec
   const PlannedFunction& plan = plans->front();
   CHECK_FALSE(plan.search);
   CHECK(plan.spmd.layout.of("batch") == AxisList{"data"});
-  std::vector<const SpmdOp*> inLayers = collectivesIn(plan.spmd, "layers.mesh");
-  INFO(describe(collectives(plan.spmd)));
+  std::vector<const SpmdOp*> all = collectives(plan.spmd);
+  INFO(describe(all));
   // Per layer: attention output projection and ffn output each resolve a partial sum over
-  // `model`; batch over `data` needs nothing in the forward pass.
-  CHECK(inLayers.size() == 2 * 2);
-  for (const SpmdOp* op : inLayers) {
-    CHECK(op->collective.kind == CollectiveKind::AllReduceSum);
+  // `model`, by a reduce-scatter of the sequence (sequence parallelism: the residual adds and
+  // norms run on a quarter of the rows; batch/2 does not divide by 4); batch over `data` needs
+  // nothing in the forward pass. All-gathers bring the rows back for the einsums reading a
+  // norm: both FFNs', the second attention's and the unembedding's (vocab is replicated here:
+  // the embedding and unembedding need no other communication).
+  int scatters = 0, gathers = 0;
+  for (const SpmdOp* op : all) {
     CHECK(op->collective.axes == AxisList{"model"});
+    CHECK(op->collective.dim == "seq");
+    scatters += op->collective.kind == CollectiveKind::ReduceScatter;
+    gathers += op->collective.kind == CollectiveKind::AllGather;
   }
-  // vocab is replicated here: the embedding and unembedding need no communication either.
-  CHECK(collectives(plan.spmd).size() == inLayers.size());
+  CHECK(scatters == 2 * 2);
+  CHECK(gathers == 4);
+  CHECK(all.size() == 8);
 }
 
 TEST_CASE("the reports show the plan's facts") {

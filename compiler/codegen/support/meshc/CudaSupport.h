@@ -778,6 +778,10 @@ inline void allGatherDim(View out, ConstView in, const Shape& inSizes, size_t di
                          meshrt::Communicator& group) {
   gen::DimView dims = gen::dimView(inSizes, dimIndex);
   int64_t ranks = group.size();
+  if (dims.outer == 1) { // a major-most dim: the blocks are already in rank order
+    group.allGather(in.data(), out.data(), in.size());
+    return;
+  }
   meshrt::cuda::Scratch chunks(in.size() * size_t(ranks) * sizeof(float));
   group.allGather(in.data(), chunks.as<float>(), in.size());
   for (int64_t i = 0; i < ranks; ++i)
@@ -789,6 +793,10 @@ inline void reduceScatterDim(View out, ConstView in, const Shape& inSizes, size_
                              meshrt::Communicator& group) {
   gen::DimView dims = gen::dimView(inSizes, dimIndex);
   int64_t ranks = group.size(), block = dims.size / ranks;
+  if (dims.outer == 1) {
+    group.reduceScatter(in.data(), out.data(), out.size());
+    return;
+  }
   meshrt::cuda::Scratch chunks(in.size() * sizeof(float));
   for (int64_t i = 0; i < ranks; ++i)
     copyRowsBlock(chunks.as<float>() + i * int64_t(out.size()), block, 0, in.data(), dims.size,

@@ -2213,6 +2213,11 @@ inline void allGatherDim(View out, ConstView in, const Shape& inSizes, size_t di
                          meshrt::Communicator& group) {
   DimView view = dimView(inSizes, dimIndex);
   int64_t ranks = group.size();
+  // A major-most dim (sequence parallelism's rows): the blocks are already in rank order.
+  if (view.outer == 1) {
+    group.allGather(in.data(), out.data(), in.size());
+    return;
+  }
   Buffer chunks(in.size() * size_t(ranks));
   group.allGather(in.data(), chunks.data(), in.size());
   for (int64_t i = 0; i < ranks; ++i)
@@ -2226,6 +2231,10 @@ inline void reduceScatterDim(View out, ConstView in, const Shape& inSizes, size_
                              meshrt::Communicator& group) {
   DimView view = dimView(inSizes, dimIndex);
   int64_t ranks = group.size(), block = view.size / ranks;
+  if (view.outer == 1) {
+    group.reduceScatter(in.data(), out.data(), out.size());
+    return;
+  }
   Buffer chunks(in.size());
   for (int64_t i = 0; i < ranks; ++i)
     copyRowsBlock(chunks.data() + i * int64_t(out.size()), block, 0, in.data(), view.size,
