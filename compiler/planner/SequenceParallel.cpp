@@ -6,10 +6,12 @@
 // once, right before its first such reader.
 #include "planner/SequenceParallel.h"
 
+#include "ir/OpTraits.h"
 #include "planner/CostModel.h"
 #include "planner/Reshard.h"
 
 #include <fmt/format.h>
+#include <llvm/ADT/StringExtras.h>
 
 #include <algorithm>
 #include <map>
@@ -17,43 +19,18 @@
 
 namespace meshc::plan {
 
-namespace {
-
-using ir::OpKind;
-
-} // namespace
-
-bool isRowWiseKind(OpKind kind) {
-  switch (kind) {
-  case OpKind::Neg:
-  case OpKind::Abs:
-  case OpKind::Exp:
-  case OpKind::Log:
-  case OpKind::Sqrt:
-  case OpKind::Rsqrt:
-  case OpKind::Square:
-  case OpKind::Tanh:
-  case OpKind::Sigmoid:
-  case OpKind::Relu:
-  case OpKind::Gelu:
-  case OpKind::StopGradient:
-  case OpKind::Cast:
-  case OpKind::Add:
-  case OpKind::Sub:
-  case OpKind::Mul:
-  case OpKind::Div:
-  case OpKind::Maximum:
-  case OpKind::Minimum:
-  case OpKind::Broadcast:
-  case OpKind::LayerNorm:
-  case OpKind::ReduceSum:
-  case OpKind::ReduceMean:
-    return true;
-  default:
-    // Dropout and the RNG ops draw by global element index, softmax-like ops along one dim
-    // could take the row dim: kept whole rather than checked.
-    return false;
-  }
+bool isRowWiseKind(ir::OpKind kind) {
+  const ir::OpTraits& traits = ir::opTraits(kind);
+  // An elementwise op keeps every named index. A transpose does too, but it reorders the local
+  // buffer, so that a row split of its operand is not one of its result: kept whole.
+  if (traits.isElementwise()) return traits.result != ir::ResultRule::Permute;
+  // The ops that act along their [dims] (the reductions, layer_norm) keep the other dims' index;
+  // the walk checks that the row dim is not among them. Softmax-like ops act along one [dim]
+  // and dropout draws by global index: kept whole.
+  for (llvm::StringRef attr :
+       llvm::split(llvm::StringRef(traits.attrs.data(), traits.attrs.size()), ' '))
+    if (attr == "dims") return true;
+  return false;
 }
 
 namespace {

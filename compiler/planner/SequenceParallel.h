@@ -12,8 +12,10 @@
 namespace meshc::plan {
 
 /// Whether ops of this kind compute each row of their result from the same rows of their
-/// operands (the kinds a region may hold; `layer_norm`, `sum` and `mean` when they do not reduce
-/// over the row dim). The evaluator's bounds count these ops' time as what the rewrite may save.
+/// operands (the kinds a region may hold), read from the op traits table: the elementwise ops
+/// but transposes, and the ops that act along their [dims] (the reductions, `layer_norm`) when
+/// those do not include the row dim. The evaluator's bounds count these ops' time as what the
+/// rewrite may save.
 bool isRowWiseKind(ir::OpKind kind);
 
 /// Rewrites every region of row-wise ops fed by resolving all-reduce-sums into the
