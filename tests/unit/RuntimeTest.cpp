@@ -415,32 +415,35 @@ void arriveAfterAFailure() {
 FailureRun runFailing(const Mesh& mesh, std::chrono::milliseconds timeout,
                       const std::function<void(Communicator&)>& program) {
   rankFailures.store(0);
-  FailureRun run;
-  run.rankErrors.resize(mesh.size());
-  run.rankSeconds.resize(mesh.size(), -1);
+  // The ranks own what they write (the state, the program, the start), as runThreads' own state
+  // is: a rank that runThreads abandons (it did not return within the timeout of the failure,
+  // as on a machine loaded enough) may still write after this function has returned.
+  auto run = std::make_shared<FailureRun>();
+  run->rankErrors.resize(mesh.size());
+  run->rankSeconds.resize(mesh.size(), -1);
   auto start = std::chrono::steady_clock::now();
   try {
     runThreads(
         mesh,
-        [&](Communicator& world) {
+        [run, start, program](Communicator& world) {
           try {
             program(world);
           } catch (const CommError& error) {
             rankFailures.fetch_add(1);
-            run.rankErrors[world.worldRank()] = error.what();
-            run.rankSeconds[world.worldRank()] =
+            run->rankErrors[world.worldRank()] = error.what();
+            run->rankSeconds[world.worldRank()] =
                 std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
             throw;
           }
         },
         ThreadsOptions{timeout});
   } catch (const CommError& error) {
-    run.thrown = error.what();
-    run.thrownIsCommError = true;
+    run->thrown = error.what();
+    run->thrownIsCommError = true;
   } catch (const std::exception& error) {
-    run.thrown = error.what();
+    run->thrown = error.what();
   }
-  return run;
+  return *run;
 }
 
 } // namespace
