@@ -52,21 +52,15 @@ std::vector<ir::Dim> dimsExcept(const TensorType& type, const std::vector<std::s
   return kept;
 }
 
-const ir::AttrValue* findAttr(const SpmdOp& op, const std::string& name) {
-  for (const auto& [key, value] : op.attrs)
-    if (key == name) return &value;
-  return nullptr;
-}
-
 double numberAttr(const SpmdOp& op, const std::string& name, double fallback) {
-  const ir::AttrValue* value = findAttr(op, name);
+  const ir::AttrValue* value = op.attr(name);
   if (value && std::holds_alternative<double>(*value)) return std::get<double>(*value);
   if (value && std::holds_alternative<int64_t>(*value)) return double(std::get<int64_t>(*value));
   return fallback;
 }
 
 std::string stringAttr(const SpmdOp& op, const std::string& name) {
-  const ir::AttrValue* value = findAttr(op, name);
+  const ir::AttrValue* value = op.attr(name);
   if (value && std::holds_alternative<std::string>(*value)) return std::get<std::string>(*value);
   if (value && std::holds_alternative<std::vector<std::string>>(*value)) {
     const auto& names = std::get<std::vector<std::string>>(*value);
@@ -76,7 +70,7 @@ std::string stringAttr(const SpmdOp& op, const std::string& name) {
 }
 
 std::vector<std::string> namesAttr(const SpmdOp& op, const std::string& name) {
-  const ir::AttrValue* value = findAttr(op, name);
+  const ir::AttrValue* value = op.attr(name);
   if (value && std::holds_alternative<std::vector<std::string>>(*value))
     return std::get<std::vector<std::string>>(*value);
   if (value && std::holds_alternative<std::string>(*value)) return {std::get<std::string>(*value)};
@@ -278,7 +272,7 @@ private:
   void emit(Stmt stmt) {
     stmt.sources.push_back(source(fn.ops[current]));
     stmt.phase = fn.ops[current].phase;
-    stmt.recomputed = findAttr(fn.ops[current], ir::kRecomputeAttr) != nullptr;
+    stmt.recomputed = fn.ops[current].attr(ir::kRecomputeAttr) != nullptr;
     if (!opStages.empty()) stmt.stage = opStages[current];
     out.body.push_back(std::move(stmt));
     opOf.push_back(current);

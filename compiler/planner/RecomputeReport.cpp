@@ -16,9 +16,8 @@ std::vector<RecomputeSummary> summarizeRecompute(const SpmdFunction& fn) {
   // compute, and the collectives that resolve or reshard its result) belongs to the copy.
   std::map<uint32_t, std::string> pathOfSource;
   for (const SpmdOp& op : fn.ops)
-    for (const auto& [name, value] : op.attrs)
-      if (name == ir::kRecomputeAttr)
-        if (const auto* path = std::get_if<std::string>(&value)) pathOfSource[op.sourceOp] = *path;
+    if (const ir::AttrValue* value = op.attr(ir::kRecomputeAttr))
+      if (const auto* path = std::get_if<std::string>(value)) pathOfSource[op.sourceOp] = *path;
   if (pathOfSource.empty()) return {};
   std::vector<const std::string*> producerPath(fn.values.size(), nullptr);
   std::map<std::string, RecomputeSummary> byDef;

@@ -36,9 +36,8 @@ bool isRowWiseKind(ir::OpKind kind) {
 namespace {
 
 std::vector<std::string> reducedDims(const SpmdOp& op) {
-  for (const auto& [name, value] : op.attrs)
-    if (name == "dims")
-      if (const auto* dims = std::get_if<std::vector<std::string>>(&value)) return *dims;
+  if (const ir::AttrValue* value = op.attr("dims"))
+    if (const auto* dims = std::get_if<std::vector<std::string>>(value)) return *dims;
   return {};
 }
 

@@ -10,6 +10,7 @@
 
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace meshc::plan {
@@ -76,6 +77,13 @@ struct SpmdOp {
   Phase phase = Phase::Forward;
   /// BucketedAllReduceSum: the resolved value of each operand, in order (results[0] == result).
   std::vector<SpmdValueId> results;
+
+  /// The attribute `name` (copied from the IR op), or null.
+  const ir::AttrValue* attr(std::string_view name) const {
+    for (const auto& [key, value] : attrs)
+      if (key == name) return &value;
+    return nullptr;
+  }
 };
 
 /// A place where the plan had to replicate a dim the layout splits (e.g. an axis used twice by
