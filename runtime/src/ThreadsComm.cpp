@@ -586,8 +586,9 @@ void runThreads(const Mesh& mesh, const std::function<void(Communicator&)>& prog
       world.markExited(worldRank);
   }
   // Joining a rank that never gets back into meshrt (stuck in a loop or a wait of its own) would
-  // freeze the process: once the world has failed, a rank gets the timeout to return, then it is
-  // abandoned (its thread detached) and the caller gets an AbandonedRanksError.
+  // freeze the process: once the world has failed, a rank gets the exit grace (the timeout, at
+  // least 2 s) to return, then it is abandoned (its thread detached) and the caller gets an
+  // AbandonedRanksError.
   std::vector<int> stuck = world.awaitExits();
   for (size_t rank = 0; rank < threads.size(); ++rank) {
     if (std::find(stuck.begin(), stuck.end(), int(rank)) != stuck.end())
@@ -605,7 +606,7 @@ void runThreads(const Mesh& mesh, const std::function<void(Communicator&)>& prog
     ranks += (ranks.empty() ? "" : ", ") + std::to_string(rank);
   std::ostringstream message;
   message << "meshrt: world rank(s) " << ranks << " did not return within "
-          << double(world.timeout.count()) / 1000
+          << double(world.exitGrace.count()) / 1000
           << " s of the failure below (stuck outside meshrt: MESHRT_TIMEOUT_S sets the limit); "
              "their threads are abandoned, so the process must end: "
           << world.failure();

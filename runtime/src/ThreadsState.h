@@ -212,6 +212,7 @@ class WorldState {
 public:
   WorldState(Mesh worldMesh, std::chrono::milliseconds waitLimit)
       : mesh(std::move(worldMesh)), timeout(waitLimit),
+        exitGrace(std::max(waitLimit, kMinExitGrace)),
         exited(std::make_unique<std::atomic<bool>[]>(mesh.size())),
         waiting_(std::make_unique<WaitSlot[]>(size_t(mesh.size()))) {
     // With more ranks than cores, a spinning or yielding rank takes the core from the peer it
@@ -276,9 +277,9 @@ public:
     wakeAll();
   }
 
-  /// Blocks until every rank has exited, or until the world has failed and `timeout` more has
+  /// Blocks until every rank has exited, or until the world has failed and `exitGrace` more has
   /// passed; returns the ranks that have not exited (empty when all have). A rank that does not
-  /// get back into meshrt (where it would see the failure) within the timeout is stuck.
+  /// get back into meshrt (where it would see the failure) within the grace is stuck.
   std::vector<int> awaitExits() {
     std::unique_lock<std::mutex> lock(mutex_);
     auto notExited = [&] {
@@ -290,7 +291,7 @@ public:
     while (true) {
       std::vector<int> ranks = notExited();
       if (ranks.empty()) return ranks;
-      if (firstError_ && Clock::now() >= failedAt_ + timeout) return ranks;
+      if (firstError_ && Clock::now() >= failedAt_ + exitGrace) return ranks;
       // Woken by every exit and failure; the bounded wait covers the end of the grace period.
       changed_.wait_for(lock, std::chrono::milliseconds(50));
     }
@@ -363,6 +364,11 @@ public:
 
   const Mesh mesh;
   const std::chrono::milliseconds timeout;
+  /// How long ranks get to return once the world has failed before they are abandoned: the
+  /// timeout, but never less than kMinExitGrace. A short test timeout (300 ms) must not abandon
+  /// a rank that is merely descheduled on a loaded machine (abandoning forces the process to end).
+  static constexpr std::chrono::milliseconds kMinExitGrace{2000};
+  const std::chrono::milliseconds exitGrace;
   std::atomic<bool> failed{false};
   std::unique_ptr<std::atomic<bool>[]> exited;
   /// How long a waiter (barrier, started collective, point to point) spins, then yields, before

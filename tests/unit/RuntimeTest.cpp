@@ -416,7 +416,7 @@ FailureRun runFailing(const Mesh& mesh, std::chrono::milliseconds timeout,
                       const std::function<void(Communicator&)>& program) {
   rankFailures.store(0);
   // The ranks own what they write (the state, the program, the start), as runThreads' own state
-  // is: a rank that runThreads abandons (it did not return within the timeout of the failure,
+  // is: a rank that runThreads abandons (it did not return within the exit grace after the failure,
   // as on a machine loaded enough) may still write after this function has returned.
   auto run = std::make_shared<FailureRun>();
   run->rankErrors.resize(mesh.size());
@@ -903,9 +903,10 @@ TEST_CASE("a rank that throws with a request in flight still completes it", "[ru
 
 TEST_CASE("a rank stuck outside meshrt is abandoned after the timeout, never a frozen process",
           "[runtime]") {
-  // Rank 2 never gets back into meshrt: the others time out, and runThreads returns one timeout
-  // later (instead of joining rank 2 forever), naming it and the first failure. The stuck rank
-  // touches only what it owns (runThreads keeps its copy of the program alive).
+  // Rank 2 never gets back into meshrt: the others time out, and runThreads returns the exit
+  // grace later (the timeout, but at least 2 s, so that a rank merely descheduled on a loaded
+  // machine is not abandoned; instead of joining rank 2 forever), naming it and the first failure.
+  // The stuck rank touches only what it owns (runThreads keeps its copy of the program alive).
   auto release = std::make_shared<std::atomic<bool>>(false);
   auto released = std::make_shared<std::atomic<bool>>(false);
   std::string thrown;
@@ -932,10 +933,10 @@ TEST_CASE("a rank stuck outside meshrt is abandoned after the timeout, never a f
   double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   release->store(true);
   CHECK(abandoned == std::vector<int>{2});
-  CHECK_THAT(thrown, Catch::StartsWith("meshrt: world rank(s) 2 did not return within 0.3 s") &&
+  CHECK_THAT(thrown, Catch::StartsWith("meshrt: world rank(s) 2 did not return within 2 s") &&
                          Catch::Contains("abandoned") &&
                          Catch::Contains("waiting for world rank(s) 2 (MESHRT_TIMEOUT_S"));
-  CHECK(seconds >= 0.59); // the timeout, then as long again for the stuck rank to return
+  CHECK(seconds >= 2.29); // the timeout, then the 2 s grace for the stuck rank to return
   // The abandoned thread ends on its own once released.
   while (!released->load())
     std::this_thread::sleep_for(1ms);

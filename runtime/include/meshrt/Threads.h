@@ -22,10 +22,11 @@ struct ThreadsOptions {
   std::chrono::milliseconds timeout = defaultTimeout();
 };
 
-/// What runThreads throws when ranks did not return within the timeout after the world failed
-/// (stuck outside meshrt, where they never see the failure). Their threads were detached and
-/// may still run the program, so the caller must end the process without returning into code
-/// or data they use: launch() prints the message and ends the process with std::_Exit(1).
+/// What runThreads throws when ranks did not return within the exit grace (the timeout, at least
+/// 2 s) after the world failed (stuck outside meshrt, where they never see the failure). Their
+/// threads were detached and may still run the program, so the caller must end the process without
+/// returning into code or data they use: launch() prints the message and ends the process with
+/// std::_Exit(1).
 class AbandonedRanksError : public CommError {
 public:
   AbandonedRanksError(std::vector<int> ranks, const std::string& message)
