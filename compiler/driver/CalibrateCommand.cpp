@@ -221,8 +221,9 @@ double oversubscribedSync(const llvm::json::Object& over, const char* iterationK
 double syncPerRank(const llvm::json::Object& over, int64_t cores, double alpha) {
   const llvm::json::Object* more = over.getObject("more");
   if (!more || cores <= 0) return 0;
-  double extraRanks = (more->getNumber("ranks").getValueOr(0) - over.getNumber("ranks").getValueOr(0)) /
-                      static_cast<double>(cores);
+  double extraRanks =
+      (more->getNumber("ranks").getValueOr(0) - over.getNumber("ranks").getValueOr(0)) /
+      static_cast<double>(cores);
   if (extraRanks <= 0) return 0;
   double slopes = 0;
   int measured = 0;
@@ -444,8 +445,7 @@ int calibrateCommand(const char* argv0) {
                  "dropout's time per element at that rate, loop_latency_seconds a kernel "
                  "call on [4, 4], and per element of [128, 128] along the last dim softmax and "
                  "log_softmax (their mean), layer_norm and sum; no bf16 hardware assumed",
-                 command, gemmTable, int(calibrateRanks), link.worstRatio, 2 * cores,
-                 4 * cores)},
+                 command, gemmTable, int(calibrateRanks), link.worstRatio, 2 * cores, 4 * cores)},
   };
   // The cores the ranks of this host share (ranks beyond them take turns: the cost model's
   // oversubscription); GPUs run one rank per device.

@@ -288,8 +288,7 @@ TEST_CASE("cost model: the sync grows with the ranks a core holds", "[cost]") {
   CHECK(oversubscribedSyncSeconds(m, twoByFour, {"x"}) == Approx(4e-5 + 2e-5));
   Collective overY = allReduce(4000);
   overY.axes = {"y"};
-  CHECK(collectiveSeconds(m, twoByFour, overY) ==
-        Approx(8e-6 + 2e-5 + 2e-6 + 2 * 0.75 * 4e-6 * 4));
+  CHECK(collectiveSeconds(m, twoByFour, overY) == Approx(8e-6 + 2e-5 + 2e-6 + 2 * 0.75 * 4e-6 * 4));
   CHECK(mergeableLatencySeconds(m, twoByFour, overY) == Approx(8e-6 + 2e-5 + 2e-6));
   // [y = 3] on 2 cores holds 2 ranks on core 0: no more than 2 per core.
   CHECK(oversubscribedSyncSeconds(m, meshOf({{"y", 3}}), {"y"}) == Approx(4e-5));

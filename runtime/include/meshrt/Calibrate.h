@@ -228,9 +228,9 @@ inline OversubscribedTime oversubscribedTime(const LaunchOptions& options, int r
       oversubscribedIterationSeconds(options, Mesh({{"x", ranks}}), {}, elements, iterations);
   int cores = usableCores();
   if (ranks % cores == 0)
-    result.sharedIterationSeconds = oversubscribedIterationSeconds(
-        options, Mesh({{"core", cores}, {"shared", ranks / cores}}), {"shared"}, elements,
-        iterations);
+    result.sharedIterationSeconds =
+        oversubscribedIterationSeconds(options, Mesh({{"core", cores}, {"shared", ranks / cores}}),
+                                       {"shared"}, elements, iterations);
   return result;
 }
 
@@ -552,8 +552,9 @@ inline int probeMain(int argc, char** argv) {
              ", \"shared_iteration_seconds\": " + number(over.sharedIterationSeconds);
     };
     int iterations = quick ? 100 : 1000;
-    report += ", \"oversubscribed\": {" + fields(oversubscribedTime(options, 2 * cores, iterations)) +
-              ", \"more\": {" + fields(oversubscribedTime(options, 4 * cores, iterations)) + "}}";
+    report += ", \"oversubscribed\": {" +
+              fields(oversubscribedTime(options, 2 * cores, iterations)) + ", \"more\": {" +
+              fields(oversubscribedTime(options, 4 * cores, iterations)) + "}}";
   }
   if (first) std::fputs((report + "}\n").c_str(), stdout);
   return 0;
