@@ -215,6 +215,28 @@ double oversubscribedSync(const llvm::json::Object& over, const char* iterationK
   return std::max(0.0, iteration - work * ranks / static_cast<double>(cores) - 2 * alpha);
 }
 
+/// How much a collective's sync grows per rank a core holds (oversubscribed_sync_rank_seconds):
+/// the probe at 2 ranks per core (`over`) against the same at 4 (`over.more`), the mean of the
+/// two slopes (groups spanning the cores, groups on one); 0 when the probe did not measure it.
+double syncPerRank(const llvm::json::Object& over, int64_t cores, double alpha) {
+  const llvm::json::Object* more = over.getObject("more");
+  if (!more || cores <= 0) return 0;
+  double extraRanks =
+      (more->getNumber("ranks").getValueOr(0) - over.getNumber("ranks").getValueOr(0)) /
+      static_cast<double>(cores);
+  if (extraRanks <= 0) return 0;
+  double slopes = 0;
+  int measured = 0;
+  for (const char* key : {"iteration_seconds", "shared_iteration_seconds"}) {
+    double fewer = oversubscribedSync(over, key, cores, alpha);
+    double many = oversubscribedSync(*more, key, cores, alpha);
+    if (fewer < 0 || many < 0) continue;
+    slopes += (many - fewer) / extraRanks;
+    ++measured;
+  }
+  return measured ? std::max(0.0, slopes / measured) : 0;
+}
+
 } // namespace
 
 bool calibrateCommandChosen() {
@@ -320,12 +342,13 @@ int calibrateCommand(const char* argv0) {
   double gemmBatch = 0;
   if (const llvm::json::Object* batched = report->getObject("gemm_batched"))
     gemmBatch = gemmBatchSeconds(*batched, peak, gemmFit);
-  double syncSeconds = 0, sharedSyncSeconds = -1;
+  double syncSeconds = 0, sharedSyncSeconds = -1, syncRankSeconds = 0;
   if (const llvm::json::Object* over = report->getObject("oversubscribed")) {
     syncSeconds =
         std::max(0.0, oversubscribedSync(*over, "iteration_seconds", cores, link.alphaSeconds));
     sharedSyncSeconds =
         oversubscribedSync(*over, "shared_iteration_seconds", cores, link.alphaSeconds);
+    syncRankSeconds = syncPerRank(*over, cores, link.alphaSeconds);
   }
 
   // Loops and kernels: the probe's rates as the machine's fields (CostModel.h, loopShareSeconds
@@ -412,7 +435,9 @@ int calibrateCommand(const char* argv0) {
                  "cores) each looping then all-reducing 4 B: the iteration less the loop's share "
                  "of the cores and 2 alpha is oversubscribed_sync_seconds, and the same with "
                  "each all-reduce over the two ranks one core holds is "
-                 "shared_core_sync_seconds; loops and kernels on "
+                 "shared_core_sync_seconds; both again with {} thread ranks (four per core): "
+                 "how much they grow per rank a core holds is "
+                 "oversubscribed_sync_rank_seconds (the mean of the two); loops and kernels on "
                  "64 KiB arrays (in the cache): vector_flops from a fused loop of 8 adds and "
                  "multiplies per element, transcendental_flops the mean time per element of exp, "
                  "log, tanh, sigmoid and gelu (meshrt's f32 ones) at that rate, random_flops a "
@@ -420,12 +445,13 @@ int calibrateCommand(const char* argv0) {
                  "dropout's time per element at that rate, loop_latency_seconds a kernel "
                  "call on [4, 4], and per element of [128, 128] along the last dim softmax and "
                  "log_softmax (their mean), layer_norm and sum; no bf16 hardware assumed",
-                 command, gemmTable, int(calibrateRanks), link.worstRatio, 2 * cores)},
+                 command, gemmTable, int(calibrateRanks), link.worstRatio, 2 * cores, 4 * cores)},
   };
   // The cores the ranks of this host share (ranks beyond them take turns: the cost model's
   // oversubscription); GPUs run one rank per device.
   if (!onGpus) machine["cores"] = cores;
   if (sharedSyncSeconds >= 0) machine["shared_core_sync_seconds"] = sharedSyncSeconds;
+  if (!onGpus) machine["oversubscribed_sync_rank_seconds"] = syncRankSeconds;
   std::string text = llvm::formatv("{0:2}", llvm::json::Value(std::move(machine))).str() + "\n";
   // What `--machine` reads back must parse: the same reader checks it before it is written.
   if (llvm::Expected<plan::Machine> check = plan::parseMachine(text, "calibrated"); !check)
@@ -441,9 +467,11 @@ int calibrateCommand(const char* argv0) {
                     peak / 1e9, bandwidth / 1e9, link.alphaSeconds * 1e6, link.bandwidth / 1e9));
   stage(fmt::format("cache {:.0f} KiB at {:.1f} GB/s, GEMM latency {:.2f} us, shape dim {:.1f} "
                     "and {:.2f} us per batched matrix, "
-                    "oversubscribed sync {:.2f} us ({:.2f} us on one core)",
+                    "oversubscribed sync {:.2f} us ({:.2f} us on one core; {:.2f} us more per "
+                    "rank a core holds beyond 2)",
                     cacheBytes / 1024, cacheBandwidth / 1e9, gemmLatency * 1e6, gemmFit.shapeDim,
-                    gemmBatch * 1e6, syncSeconds * 1e6, std::max(0.0, sharedSyncSeconds) * 1e6));
+                    gemmBatch * 1e6, syncSeconds * 1e6, std::max(0.0, sharedSyncSeconds) * 1e6,
+                    syncRankSeconds * 1e6));
   if (vectorFlops > 0)
     stage(fmt::format(
         "loops {:.1f} GFLOP/s, transcendental {:.1f} FLOPs, random {:.1f} FLOPs, normal "

@@ -106,16 +106,20 @@ double oversubscription(const Machine& machine, const Mesh& mesh) {
 double oversubscribedSyncSeconds(const Machine& machine, const Mesh& mesh, const AxisList& axes) {
   double k = oversubscription(machine, mesh);
   if (k <= 1) return 0;
-  if (machine.cores <= 0) return machine.oversubscribedSyncSeconds;
+  // Every barrier of the collective waits until each rank a core holds has run once more: one
+  // hand-over of the core per rank, so the sync grows with the ranks per core (calibrated at 2
+  // and 4 per core; "Fidelity, tenth pass").
+  double perRank = std::max(0.0, k - 2) * machine.oversubscribedSyncRankSeconds;
+  if (machine.cores <= 0) return machine.oversubscribedSyncSeconds + perRank;
   // meshrt's rankCores: rank r of all the meshes' ranks runs on core r x cores / ranks. Stage s
   // of a pipeline (meshCopies) holds ranks s N .. s N + N - 1.
   int64_t perMesh = mesh.numDevices(), copies = std::max<int64_t>(machine.meshCopies, 1);
   int64_t ranks = perMesh * copies;
   for (int64_t copy = 0; copy < copies; ++copy) {
     auto coreOf = [&](int64_t rank) { return (copy * perMesh + rank) * machine.cores / ranks; };
-    if (groupSpans(mesh, axes, coreOf)) return machine.oversubscribedSyncSeconds;
+    if (groupSpans(mesh, axes, coreOf)) return machine.oversubscribedSyncSeconds + perRank;
   }
-  return machine.sharedCoreSyncSeconds;
+  return machine.sharedCoreSyncSeconds + perRank;
 }
 
 double collectiveSeconds(const Machine& machine, const Mesh& mesh, const Collective& collective) {

@@ -75,9 +75,10 @@ double oversubscription(const Machine& machine, const Mesh& mesh);
 /// collective lies on one core (meshrt's consecutive blocks of ranks per core),
 /// shared_core_sync_seconds: the ranks hand the core to each other and none idles; otherwise
 /// oversubscribed_sync_seconds, what a collective costs when a peer on another core must be
-/// woken before the group can pass. Not scaled by the ranks per core: generated programs
-/// measured the same sync at 4 ranks per core as at 2 (docs/planner.md, "Fidelity, fifth pass");
-/// the group's span is what moves it ("Fidelity, sixth pass").
+/// woken before the group can pass ("Fidelity, sixth pass"). Either grows by
+/// oversubscribed_sync_rank_seconds per rank a core holds beyond 2, (k - 2) x that: at each
+/// barrier every rank of a core must run once more ("Fidelity, tenth pass"; 0 in descriptions
+/// without the field, whose sync is the same at any ranks per core).
 double oversubscribedSyncSeconds(const Machine& machine, const Mesh& mesh, const AxisList& axes);
 
 /// Alpha-beta time of one collective over its axes on `machine`:

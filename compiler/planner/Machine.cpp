@@ -144,6 +144,8 @@ llvm::Expected<Machine> parseMachine(llvm::StringRef json, llvm::StringRef sourc
   machine.oversubscribedSyncSeconds = reader.number("oversubscribed_sync_seconds", false, 0);
   machine.sharedCoreSyncSeconds =
       reader.number("shared_core_sync_seconds", false, machine.oversubscribedSyncSeconds);
+  machine.oversubscribedSyncRankSeconds =
+      reader.number("oversubscribed_sync_rank_seconds", false, 0);
   machine.cores = reader.count("cores", false, 0);
   machine.gemmShapeDim = reader.number("gemm_shape_dim", false, 0);
   machine.gemmBatchSeconds = reader.number("gemm_batch_seconds", false, 0);

@@ -39,12 +39,15 @@ struct Machine {
   // cores pays `oversubscribedSyncSeconds` on top of alpha-beta, or `sharedCoreSyncSeconds` when
   // each of its groups lies on one core (a hand-over between the ranks taking turns there: no
   // core idles until a peer elsewhere is woken). A description without shared_core_sync_seconds
-  // charges every collective the oversubscribed sync, as before.
+  // charges every collective the oversubscribed sync, as before. Both grow by
+  // `oversubscribedSyncRankSeconds` per rank a core holds beyond 2: at a barrier every rank of a
+  // core must run once more before the group passes (0: the same sync at any ranks per core).
   double cacheBytes = 0;
   double cacheBandwidth = 0;
   double gemmLatencySeconds = 0;
   double oversubscribedSyncSeconds = 0;
   double sharedCoreSyncSeconds = 0;
+  double oversubscribedSyncRankSeconds = 0;
   // The cores a CPU machine's ranks (threads or processes) run on, `meshc calibrate`'s count;
   // more ranks than cores take turns on them (CostModel.h, oversubscription). 0: not a CPU
   // description (GPUs: one rank per device), the ranks share the `numDevices` devices.

@@ -742,13 +742,18 @@ def calibrate():
                                                   "gemm_latency_seconds",
                                                   "gemm_batch_seconds",
                                                   "oversubscribed_sync_seconds",
-                                                  "shared_core_sync_seconds"]),
+                                                  "shared_core_sync_seconds",
+                                                  "oversubscribed_sync_rank_seconds"]),
                f"the refinements are written: {machine}")
         expect(machine["cache_bandwidth"] == 0 or
                (machine["cache_bandwidth"] > machine["memory_bandwidth"] and
                 machine["cache_bytes"] > 0), f"a cache level is faster than memory: {machine}")
         expect("meshc calibrate: cache" in proc.stderr, "calibrate announces the refinements",
                proc)
+        # The sync's growth per rank a core holds: the probe ran at 4 ranks per core as well.
+        expect("more per rank a core holds" in proc.stderr and
+               f"with {4 * usable} thread ranks (four per core)" in machine["notes"],
+               "calibrate measures the sync at 4 ranks per core", proc)
         # Loops and kernels (docs/planner.md, "Loops and kernels"): measured rates, all > 0.
         expect(all(machine[key] > 0 for key in ["vector_flops", "transcendental_flops",
                                                  "loop_latency_seconds",

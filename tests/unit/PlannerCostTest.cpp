@@ -268,6 +268,36 @@ TEST_CASE("cost model: a group on one core pays the shared-core sync", "[cost]")
     "memory_bytes": 1e9, "oversubscribed_sync_seconds": 1e-4, "shared_core_sync_seconds": 3e-6,
     "intra": {"name": "threads", "alpha_seconds": 1e-6, "bandwidth": 1e9}})");
   CHECK(read.sharedCoreSyncSeconds == Approx(3e-6));
+  CHECK(read.oversubscribedSyncRankSeconds == 0); // absent: the same sync at any ranks per core
+}
+
+TEST_CASE("cost model: the sync grows with the ranks a core holds", "[cost]") {
+  Machine m = parsed(R"({
+    "name": "two-cores", "devices": 2, "cores": 2, "peak_flops": 1e9, "memory_bandwidth": 1e9,
+    "memory_bytes": 1e9, "oversubscribed_sync_seconds": 4e-5, "shared_core_sync_seconds": 8e-6,
+    "oversubscribed_sync_rank_seconds": 1e-5,
+    "intra": {"name": "threads", "alpha_seconds": 1e-6, "bandwidth": 1e9}})");
+  CHECK(m.oversubscribedSyncRankSeconds == Approx(1e-5));
+  // 2 ranks per core: the calibrated figures as they are.
+  Mesh twoByTwo = meshOf({{"x", 2}, {"y", 2}});
+  CHECK(oversubscribedSyncSeconds(m, twoByTwo, {"y"}) == Approx(8e-6));
+  CHECK(oversubscribedSyncSeconds(m, twoByTwo, {"x"}) == Approx(4e-5));
+  // 4 per core ([2, 4]: ranks 0-3 | 4-7): two ranks more to hand the core to at each barrier.
+  Mesh twoByFour = meshOf({{"x", 2}, {"y", 4}});
+  CHECK(oversubscribedSyncSeconds(m, twoByFour, {"y"}) == Approx(8e-6 + 2e-5));
+  CHECK(oversubscribedSyncSeconds(m, twoByFour, {"x"}) == Approx(4e-5 + 2e-5));
+  Collective overY = allReduce(4000);
+  overY.axes = {"y"};
+  CHECK(collectiveSeconds(m, twoByFour, overY) == Approx(8e-6 + 2e-5 + 2e-6 + 2 * 0.75 * 4e-6 * 4));
+  CHECK(mergeableLatencySeconds(m, twoByFour, overY) == Approx(8e-6 + 2e-5 + 2e-6));
+  // [y = 3] on 2 cores holds 2 ranks on core 0: no more than 2 per core.
+  CHECK(oversubscribedSyncSeconds(m, meshOf({{"y", 3}}), {"y"}) == Approx(4e-5));
+  // One rank per core: no sync at all.
+  CHECK(oversubscribedSyncSeconds(m, meshOf({{"y", 2}}), {"y"}) == 0);
+  // A GPU description (no cores) scales by ranks / devices as well.
+  Machine devicesOnly = m;
+  devicesOnly.cores = 0;
+  CHECK(oversubscribedSyncSeconds(devicesOnly, twoByFour, {"y"}) == Approx(4e-5 + 2e-5));
 }
 
 TEST_CASE("lowering: 8 ranks on 2 cores, exact compute and collective seconds",

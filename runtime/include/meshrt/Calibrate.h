@@ -15,8 +15,10 @@
 //              "layer_norm_element_seconds":
 //              ..., "reduce_element_seconds": ...},
 //    "oversubscribed": {"ranks": 4, "work_seconds": ..., "iteration_seconds": ...,
-//                       "shared_iteration_seconds": ...}}
-// (the last on the threads backend only).
+//                       "shared_iteration_seconds": ...,
+//                       "more": {"ranks": 8, "work_seconds": ..., "iteration_seconds": ...,
+//                                "shared_iteration_seconds": ...}}}
+// (the last on the threads backend only; "more": four ranks per core instead of two).
 // GEMM and bandwidth run on one rank with one thread (a device of the machine description is a
 // rank); each time is the best of several repetitions (the machine may be shared), collectives
 // the median over repetitions of the slowest rank's time.
@@ -159,9 +161,9 @@ inline size_t cacheBytesPerCore() {
 /// Ranks that outnumber the cores (threads): each iteration is an in-cache loop of `elements`
 /// then a 4-byte all-reduce. Reports the loop's time alone on one thread (best) and an
 /// iteration's (median) twice: all-reducing over every rank (the groups span the cores) and,
-/// the ranks being [cores, 2], over the second axis (each group is the two ranks one core holds:
-/// meshrt's consecutive blocks). Without a cost of synchronizing, an iteration would take the
-/// loop's time times ranks / cores.
+/// the ranks being [cores, ranks / cores], over the second axis (each group is the ranks one
+/// core holds: meshrt's consecutive blocks). Without a cost of synchronizing, an iteration
+/// would take the loop's time times ranks / cores.
 struct OversubscribedTime {
   int ranks = 0;
   double workSeconds = 0, iterationSeconds = 0, sharedIterationSeconds = 0;
@@ -224,9 +226,11 @@ inline OversubscribedTime oversubscribedTime(const LaunchOptions& options, int r
   }
   result.iterationSeconds =
       oversubscribedIterationSeconds(options, Mesh({{"x", ranks}}), {}, elements, iterations);
-  if (ranks % 2 == 0)
-    result.sharedIterationSeconds = oversubscribedIterationSeconds(
-        options, Mesh({{"core", ranks / 2}, {"shared", 2}}), {"shared"}, elements, iterations);
+  int cores = usableCores();
+  if (ranks % cores == 0)
+    result.sharedIterationSeconds =
+        oversubscribedIterationSeconds(options, Mesh({{"core", cores}, {"shared", ranks / cores}}),
+                                       {"shared"}, elements, iterations);
   return result;
 }
 
@@ -540,11 +544,17 @@ inline int probeMain(int argc, char** argv) {
   // Twice as many thread ranks as cores, after the main measurements (their threads are gone).
   if (first && options.backend == Backend::Threads) {
     int cores = usableCores();
-    OversubscribedTime over = oversubscribedTime(options, 2 * cores, quick ? 100 : 1000);
-    report += ", \"oversubscribed\": {\"ranks\": " + std::to_string(over.ranks) +
-              ", \"work_seconds\": " + number(over.workSeconds) +
-              ", \"iteration_seconds\": " + number(over.iterationSeconds) +
-              ", \"shared_iteration_seconds\": " + number(over.sharedIterationSeconds) + "}";
+    // Two and four ranks per core: what a collective's sync grows by per rank a core holds.
+    auto fields = [](const OversubscribedTime& over) {
+      return "\"ranks\": " + std::to_string(over.ranks) +
+             ", \"work_seconds\": " + number(over.workSeconds) +
+             ", \"iteration_seconds\": " + number(over.iterationSeconds) +
+             ", \"shared_iteration_seconds\": " + number(over.sharedIterationSeconds);
+    };
+    int iterations = quick ? 100 : 1000;
+    report += ", \"oversubscribed\": {" +
+              fields(oversubscribedTime(options, 2 * cores, iterations)) + ", \"more\": {" +
+              fields(oversubscribedTime(options, 4 * cores, iterations)) + "}}";
   }
   if (first) std::fputs((report + "}\n").c_str(), stdout);
   return 0;
