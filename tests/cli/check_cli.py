@@ -523,6 +523,35 @@ def run_fixed_batch():
     expect(bad.returncode == 1 and "--batch" in bad.stderr, "an unknown --batch is refused", bad)
 
 
+def run_runner_checkpoint():
+    """The generated runner's --save and --load: a run saved after 2 steps and resumed for 2 more
+    prints the losses of steps 2 and 3 of an uninterrupted 4-step run, bit for bit, also when the
+    resumed runner is given another seed (load restores the saved seed, which keys the synthetic
+    batches as well as the params and random ops)."""
+    with tempfile.TemporaryDirectory() as cache:
+        proc = run_command(MLP, "--function", "mlp_train", "--mesh", "data=2", "--layout",
+                           "batch:data", "--steps", "1", "--no-plan", cache=cache)
+        expect(proc.returncode == 0, "meshc run builds the runner", proc)
+        binary = next(os.path.join(top, name) for top, _, names in os.walk(cache)
+                      for name in names if name.endswith(".bin"))
+        out, ckpt = os.path.join(cache, "outputs"), os.path.join(cache, "ckpt")
+
+        def runner(*args):
+            done = subprocess.run([binary, out, *args], capture_output=True, text=True,
+                                  timeout=600)
+            expect(done.returncode == 0, f"the runner runs: {args}", done)
+            return losses_of(done.stdout)
+
+        whole = runner("0", "--steps", "4")
+        first = runner("0", "--steps", "2", "--save", ckpt)
+        expect(len(whole) == 4 and first == whole[:2], f"the saving run's losses {first} are the "
+               f"first two of {whole}")
+        for seed in ["0", "7"]:
+            resumed = runner(seed, "--steps", "2", "--load", ckpt)
+            expect(resumed == whole[2:], f"resumed with seed {seed}: losses {resumed}, "
+                   f"uninterrupted {whole[2:]}")
+
+
 def run_codegen_options():
     """`meshc run` takes the code generator's options of `meshc --emit=cpp`
     (--disable-kernel-pass, --recompute, --pipeline-schedule): its generated code is what the
@@ -810,7 +839,7 @@ CASES = {f.__name__: f for f in [run_precompiled_prelude, calibrate, calibrate_n
                                  ir_input_and_stages, every_option, emit_cpp_unwritable,
                                  depfile_user_headers, run_check, run_installed, run_omp_wait_policy, run_check_path_dtypes,
                                  run_user_kernels, run_data,
-                                 run_train_data, run_fixed_batch, run_errors, run_codegen_options, run_split_build, run_nccl, run_help, verify_each, recompute]}
+                                 run_train_data, run_fixed_batch, run_runner_checkpoint, run_errors, run_codegen_options, run_split_build, run_nccl, run_help, verify_each, recompute]}
 
 if __name__ == "__main__":
     MESHC = sys.argv[1]
