@@ -452,6 +452,7 @@ bool trainFunction(const PipelineOptions& options, const ir::Function& fn, llvm:
     opts.seed = options.seed;
     opts.step = uint64_t(step);
     opts.userFunctions = userFunctions;
+    opts.roundToDtype = options.roundToDtype;
     interp::TensorMap inputs;
     if (!inputsOfStep(options, fn, givenInputs, step, inputs)) return false;
     interp::TensorMap outputs;
@@ -526,6 +527,7 @@ bool interpretModule(const ir::Module& module, const PipelineOptions& options,
     opts.seed = options.seed;
     opts.training = fn.kind == ir::Function::Kind::Train; // dropout is active in train blocks
     opts.userFunctions = &*userFunctions;
+    opts.roundToDtype = options.roundToDtype;
     interp::TensorMap inputs;
     if (!inputsOfStep(options, fn, givenInputs, 0, inputs)) return false;
     auto start = std::chrono::steady_clock::now();

@@ -523,6 +523,34 @@ def run_fixed_batch():
     expect(bad.returncode == 1 and "--batch" in bad.stderr, "an unknown --batch is refused", bad)
 
 
+def run_check_noise():
+    """--check tells rounding noise from mismatches. tests/cli/noise_gradient.mesh's `b_k` has a
+    gradient that is zero in exact arithmetic (softmax ignores it), so after 5 adamw steps it is
+    rounding noise that differs between the run and the interpreter by more than the bound; the
+    interpreter in double differs from the rounded one just as much, so it is reported as noise,
+    not a mismatch. Under a --tol too tight for the ordinary weight `w`, `w` still fails: the
+    probe holds the oracle to the default bound, at which it determines `w`."""
+    noise_mesh = os.path.join(ROOT, "tests", "cli", "noise_gradient.mesh")
+    ratio = lambda text, name: float(re.search(
+        rf"  (?:ok  |FAIL|noise) {re.escape(name)} .*?error/tolerance ([0-9.e+-]+)", text).group(1))
+    with tempfile.TemporaryDirectory() as cache:
+        proc = run_command(noise_mesh, "--steps", "5", "--check", "--no-plan", cache=cache)
+        expect(proc.returncode == 0, "the noise alone is no mismatch", proc)
+        for tensor in ["b_k", "b_k@m", "b_k@v"]:
+            name = "noise_train.param." + tensor
+            expect(f"  noise {name} " in proc.stdout and ratio(proc.stdout, name) > 1,
+                   f"{name}: over the bound, reported as noise", proc)
+        expect("  ok   noise_train.param.w " in proc.stdout and
+               "  ok   noise_train.loss " in proc.stdout and "note: 3 tensor(s) are rounding noise"
+               in proc.stdout, "the loss and w are held to the bound and pass", proc)
+        tight = run_command(noise_mesh, "--steps", "5", "--check", "--no-plan", "--tol", "1e-9",
+                            cache=cache)
+        expect(tight.returncode == 2 and "  FAIL noise_train.param.w " in tight.stdout and
+               "  noise noise_train.param.b_k " in tight.stdout and
+               "the outputs differ from the reference interpreter's" in tight.stderr,
+               "a tensor the oracle determines fails a tighter --tol", tight)
+
+
 def run_runner_checkpoint():
     """The generated runner's --save and --load: a run saved after 2 steps and resumed for 2 more
     prints the losses of steps 2 and 3 of an uninterrupted 4-step run, bit for bit, also when the
@@ -839,7 +867,7 @@ CASES = {f.__name__: f for f in [run_precompiled_prelude, calibrate, calibrate_n
                                  ir_input_and_stages, every_option, emit_cpp_unwritable,
                                  depfile_user_headers, run_check, run_installed, run_omp_wait_policy, run_check_path_dtypes,
                                  run_user_kernels, run_data,
-                                 run_train_data, run_fixed_batch, run_runner_checkpoint, run_errors, run_codegen_options, run_split_build, run_nccl, run_help, verify_each, recompute]}
+                                 run_train_data, run_fixed_batch, run_check_noise, run_runner_checkpoint, run_errors, run_codegen_options, run_split_build, run_nccl, run_help, verify_each, recompute]}
 
 if __name__ == "__main__":
     MESHC = sys.argv[1]
