@@ -129,6 +129,7 @@ bool semaOptions(const PipelineOptions& given, SemaOptions& options) {
   }
   if (!given.layout.empty()) options.layout = given.layout;
   options.recompute = given.recompute;
+  options.functions = given.functions;
   return true;
 }
 

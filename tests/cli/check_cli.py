@@ -696,6 +696,13 @@ def run_errors():
                bad.stdout, "an input error exits 1 with the diagnostic", bad)
         option = run_command(MLP, "--mesh", "data=two", cache=cache)
         expect(option.returncode == 1 and "--mesh" in option.stderr, "a bad --mesh", option)
+        # A misspelt --function (or a def's name) selected nothing and succeeded, having run
+        # and checked nothing.
+        typo = run_command(MLP, "--function", "mlp_trian", "--check", cache=cache)
+        expect(typo.returncode == 1 and "--function names 'mlp_trian', which is not a program or "
+               "train block (the file has mlp, mlp_train)" in typo.stderr and
+               "running" not in typo.stderr, "an unknown --function exits 1 naming the choices",
+               typo)
         nocxx = run_command(MLP, "--function", "mlp", "--no-plan", "--cxx",
                             "/nonexistent/c++", cache=cache)
         expect(nocxx.returncode == 2 and "/nonexistent/c++" in nocxx.stderr,
