@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -21,8 +22,9 @@ namespace meshc {
 
 /// What the comparison needs besides the two files.
 struct CheckRule {
-  int64_t steps = 0;                                // optimizer updates the values went through
-  std::optional<double> f32Rtol;                    // --tol
+  int64_t steps = 0;             // optimizer updates the values of `trained`'s tensors went through
+  std::set<std::string> trained; // the train blocks (programs take no steps)
+  std::optional<double> f32Rtol; // --tol
   std::map<std::string, std::string> computeDtypes; // per tensor, its path dtype
 };
 

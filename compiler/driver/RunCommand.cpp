@@ -699,7 +699,9 @@ int runCommand(const char* argv0) {
       llvm::raw_fd_ostream(log, ec) << summaryStream.str();
     }
     if (!interpreted) return kExitInputError;
-    CheckRule rule{runSteps, std::nullopt, toleranceDtypes(*module)};
+    CheckRule rule{runSteps, {}, std::nullopt, toleranceDtypes(*module)};
+    for (const ir::Function& fn : module->functions)
+      if (fn.kind == ir::Function::Kind::Train) rule.trained.insert(fn.name);
     if (runTolerance.getNumOccurrences()) rule.f32Rtol = runTolerance;
     auto checks = compareOutputFiles(actual, expected, rule);
     if (!checks)

@@ -264,6 +264,14 @@ def run_check():
                             "--no-plan", cache=cache)
         expect(again.returncode == 0 and "(cached)" in again.stdout and
                "plan of" not in again.stdout, "the second run reuses the binary", again)
+        # --steps widens the bound of what trained (1 + steps) only: the program's outputs,
+        # computed once from the initial params, keep the one-step rtol.
+        steps = run_command(MLP, "--mesh", "data=2,model=2", "--check", "--steps", "3",
+                            "--no-plan", cache=cache)
+        expect(steps.returncode == 0 and "ok   mlp.y f32[32, 64]: error/tolerance" in steps.stdout
+               and re.search(r"ok   mlp\.y .*\(rtol 6\.1e-05,", steps.stdout) and
+               re.search(r"ok   mlp_train\.loss .*\(rtol 0\.000244,", steps.stdout),
+               "--steps 3: the program at rtol 6.1e-05, the train block at 4 times it", steps)
         other = run_command(MLP, "--mesh", "data=4", "--layout", "batch:data", "--function",
                             "mlp", "--no-plan", "--seed", "3", cache=cache)
         expect(other.returncode == 0 and "4 ranks" in other.stdout and
