@@ -149,6 +149,14 @@ cl::opt<std::string> runTrace("trace",
                               cl::desc("Write a Chrome trace (Perfetto, chrome://tracing) of "
                                        "every rank's op groups and collectives to <file>"),
                               cl::value_desc("file"), cl::sub(runSubcommand), cl::cat(runCategory));
+cl::opt<std::string> runSave("save",
+                             cl::desc("The runner saves each program's and train block's "
+                                      "checkpoint under <dir>/<name> at the end"),
+                             cl::value_desc("dir"), cl::sub(runSubcommand), cl::cat(runCategory));
+cl::opt<std::string> runLoad("load",
+                             cl::desc("The runner loads each program's and train block's "
+                                      "checkpoint from <dir>/<name> first (not with --check)"),
+                             cl::value_desc("dir"), cl::sub(runSubcommand), cl::cat(runCategory));
 cl::opt<bool> runProfile("profile",
                          cl::desc("Trace the run and print the predicted and measured time per "
                                   "source line and collective, and by phase (docs/tool.md)"),
@@ -501,6 +509,10 @@ int runCommand(const char* argv0) {
   if (runProcesses && !onGpus)
     return fail(kExitInputError, "--processes is an option of --backend nccl (--backend mpi "
                                  "runs a process per rank already)");
+  // The interpreter starts from the initial params: a loaded run has nothing to be checked by.
+  if (runLoad.getNumOccurrences() && runCheck)
+    return fail(kExitInputError, "--check compares with the interpreter from the initial params, "
+                                 "so it cannot check a run that --load starts from a checkpoint");
   if (!checkKernelPasses({runDisabledPasses.begin(), runDisabledPasses.end()}))
     return kExitInputError;
   if (onGpus && !toolchain.cuda)
@@ -624,6 +636,12 @@ int runCommand(const char* argv0) {
   if (runData.getNumOccurrences()) run.push_back(dataPath);
   if (runSteps > 0) run.insert(run.end(), {"--steps", std::to_string(runSteps)});
   if (runSteps > 0 && runBatch == BatchMode::Fixed) run.push_back("--fixed-batch");
+  for (auto [option, dir] : {std::pair{"--load", &runLoad}, std::pair{"--save", &runSave}})
+    if (dir->getNumOccurrences()) {
+      llvm::SmallString<256> absolute(dir->getValue());
+      llvm::sys::fs::make_absolute(absolute);
+      run.insert(run.end(), {option, absolute.str().str()});
+    }
   // --profile traces into the work directory unless --trace names the file.
   std::string tracePath;
   if (runTrace.getNumOccurrences()) {

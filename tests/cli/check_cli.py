@@ -560,32 +560,33 @@ def run_check_noise():
 
 
 def run_runner_checkpoint():
-    """The generated runner's --save and --load: a run saved after 2 steps and resumed for 2 more
-    prints the losses of steps 2 and 3 of an uninterrupted 4-step run, bit for bit, also when the
-    resumed runner is given another seed (load restores the saved seed, which keys the synthetic
-    batches as well as the params and random ops)."""
+    """meshc run --save / --load (the generated runner's options): a run saved after 2 steps and
+    resumed for 2 more prints the losses of steps 2 and 3 of an uninterrupted 4-step run, bit for
+    bit, also when the resumed run is given another --seed (load restores the saved seed, which
+    keys the synthetic batches as well as the params and random ops). --check cannot check a
+    loaded run (the interpreter starts from the initial params): an error."""
     with tempfile.TemporaryDirectory() as cache:
-        proc = run_command(MLP, "--function", "mlp_train", "--mesh", "data=2", "--layout",
-                           "batch:data", "--steps", "1", "--no-plan", cache=cache)
-        expect(proc.returncode == 0, "meshc run builds the runner", proc)
-        binary = next(os.path.join(top, name) for top, _, names in os.walk(cache)
-                      for name in names if name.endswith(".bin"))
-        out, ckpt = os.path.join(cache, "outputs"), os.path.join(cache, "ckpt")
+        ckpt = os.path.join(cache, "ckpt")
 
-        def runner(*args):
-            done = subprocess.run([binary, out, *args], capture_output=True, text=True,
-                                  timeout=600)
-            expect(done.returncode == 0, f"the runner runs: {args}", done)
+        def train(*args):
+            done = run_command(MLP, "--function", "mlp_train", "--mesh", "data=2", "--layout",
+                               "batch:data", "--no-plan", *args, cache=cache)
+            expect(done.returncode == 0, f"meshc run {args}", done)
             return losses_of(done.stdout)
 
-        whole = runner("0", "--steps", "4")
-        first = runner("0", "--steps", "2", "--save", ckpt)
+        whole = train("--steps", "4")
+        first = train("--steps", "2", "--save", ckpt)
         expect(len(whole) == 4 and first == whole[:2], f"the saving run's losses {first} are the "
                f"first two of {whole}")
+        expect(os.path.exists(os.path.join(ckpt, "mlp_train", "latest")), "--save wrote it")
         for seed in ["0", "7"]:
-            resumed = runner(seed, "--steps", "2", "--load", ckpt)
+            resumed = train("--steps", "2", "--load", ckpt, "--seed", seed)
             expect(resumed == whole[2:], f"resumed with seed {seed}: losses {resumed}, "
                    f"uninterrupted {whole[2:]}")
+        checked = run_command(MLP, "--function", "mlp_train", "--steps", "2", "--load", ckpt,
+                              "--check", cache=cache)
+        expect(checked.returncode == 1 and "cannot check a run that --load starts" in
+               checked.stderr, "--load with --check is refused", checked)
 
 
 def run_codegen_options():
