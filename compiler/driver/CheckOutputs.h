@@ -33,6 +33,7 @@ struct TensorCheck {
   std::string name, dtype;
   std::vector<int64_t> shape;
   bool missing = false; // absent from the run's outputs, or of another shape
+  bool finite = true;   // no NaN or infinity on either side
   interp::Comparison run;
   /// For a failing tensor: the interpreter in double against the interpreter rounded.
   std::optional<interp::Comparison> oracle;
@@ -48,7 +49,8 @@ std::optional<std::vector<TensorCheck>> compareOutputFiles(const std::string& ac
 
 /// Fills `oracle` of each failing check from `unroundedPath`, the interpreter's outputs computed
 /// in double, against `expectedPath` under the default bound (without --tol); false when a file
-/// is malformed.
+/// is malformed. Not where either holds a NaN or an infinity: an f32 overflow that double does
+/// not have is no noise.
 bool probeOracle(std::vector<TensorCheck>& checks, const std::string& unroundedPath,
                  const std::string& expectedPath, const CheckRule& rule);
 
