@@ -129,7 +129,6 @@ bool semaOptions(const PipelineOptions& given, SemaOptions& options) {
   }
   if (!given.layout.empty()) options.layout = given.layout;
   options.recompute = given.recompute;
-  options.functions = given.functions;
   return true;
 }
 
@@ -140,6 +139,26 @@ bool reportVerifierErrors(const std::vector<ir::VerifierError>& errors, const ch
     llvm::WithColor::error(llvm::errs(), "meshc")
         << "internal compiler error: IR verifier after " << phase << ": " << error.format() << "\n";
   return errors.empty();
+}
+
+/// --function names programs or train blocks of the module: a name that is neither (a typo, a
+/// def) would select nothing, and the command would succeed having done nothing.
+std::optional<ir::Module> checkSelection(std::optional<ir::Module> module,
+                                         const PipelineOptions& given, DiagEngine& diag) {
+  if (!module) return module;
+  std::vector<std::string> names;
+  for (const ir::Function& fn : module->functions)
+    names.push_back(fn.name);
+  bool ok = true;
+  for (const std::string& name : given.functions)
+    if (!llvm::is_contained(names, name)) {
+      diag.report(llvm::SMLoc(), Diag::ErrUnknownFunctionOption, name,
+                  names.empty() ? std::string(": there are none")
+                                : fmt::format(" (the file has {})", fmt::join(names, ", ")));
+      ok = false;
+    }
+  if (!ok) return std::nullopt;
+  return module;
 }
 
 } // namespace
@@ -161,7 +180,7 @@ std::optional<ir::Module> loadModule(const PipelineOptions& given, DiagEngine& d
     }
     if (given.verifyEach && !reportVerifierErrors(ir::verifyModule(*module), "reading IR"))
       return std::nullopt;
-    return std::move(*module);
+    return checkSelection(std::move(*module), given, diag);
   }
   std::optional<SourceSet> files = loadSources(given.input, diag);
   if (!files) return std::nullopt;
@@ -182,7 +201,7 @@ std::optional<ir::Module> loadModule(const PipelineOptions& given, DiagEngine& d
   std::optional<ir::Module> module = analyze(*files, diag, options);
   if (module && given.verifyEach && !reportVerifierErrors(ir::verifyModule(*module), "sema"))
     return std::nullopt;
-  return module;
+  return checkSelection(std::move(module), given, diag);
 }
 
 bool lowerTraining(ir::Module& module, DiagEngine& diag, bool verify) {

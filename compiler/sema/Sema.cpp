@@ -1036,17 +1036,6 @@ void ModuleLowerer::applyOptions() {
     else
       reporter_.report(llvm::SMLoc(), Diag::ErrRecomputeUnknownDef, name);
   }
-  std::vector<std::string> selectable;
-  for (const ast::Decl* decl : functions_)
-    selectable.push_back(decl->kind == ast::Decl::Kind::Program
-                             ? static_cast<const ast::ProgramDecl*>(decl)->name.name
-                             : static_cast<const ast::TrainDecl*>(decl)->name.name);
-  for (const std::string& name : options_.functions)
-    if (!llvm::is_contained(selectable, name))
-      reporter_.report(llvm::SMLoc(), Diag::ErrUnknownFunctionOption, name,
-                       selectable.empty()
-                           ? std::string(": there are none")
-                           : fmt::format(" (the file has {})", fmt::join(selectable, ", ")));
   if (options_.mesh) {
     globals_.hasMesh = true;
     if (globals_.meshName.empty()) globals_.meshName = "mesh";

@@ -36,9 +36,6 @@ struct SemaOptions {
   /// Defs whose calls in train blocks recompute their activations in backward, as if declared
   /// `recompute def` (meshc --recompute); naming no def, or one no train block calls, is an error.
   std::vector<std::string> recompute;
-  /// The programs and train blocks selected (meshc --function); naming anything else is an
-  /// error, which would otherwise select nothing and succeed.
-  std::vector<std::string> functions;
   /// Checks each `extern def` against its C++ header, reporting through the DiagEngine; returns
   /// false when it does not match. Unset: extern defs are taken on trust (unit tests).
   std::function<bool(const ExternFunction&, DiagEngine&)> checkExtern = nullptr;
