@@ -28,6 +28,7 @@ COVERED_ELSEWHERE = {
     "ErrUnknownDimOption": "cli.unknown_dim_option",
     "ErrDuplicateAxisOption": "cli.duplicate_axis_option",
     "ErrRecomputeUnknownDef": "cli.recompute",
+    "ErrUnknownFunctionOption": "cli.unknown_function_option, cli.run_errors",
     # `call` ops come from user kernels, which .mesh sources cannot declare yet on this branch.
     "ErrNoGradient": "unit.test_autodiff",
 }

@@ -377,6 +377,8 @@ llvm::Error FunctionEmitter::emit() {
          "int64_t stepCount() const { return step_; }\n"
          "void setStepCount(int64_t step) { step_ = step; }\n\n";
   }
+  h += "/// The seed: keys the params' initial values and the random ops; load() restores the "
+       "saved one.\nuint64_t seed() const { return seed_; }\n\n";
   h += "/// Every param's path: weights, consts and optimizer state (`<weight>@<slot>`), in "
        "declaration order.\nstatic std::vector<std::string> paramNames();\n"
        "/// Whether `path` is a slot of optimizer state (not a weight of the model).\n"
@@ -721,7 +723,9 @@ void FunctionEmitter::emitCheckpointApi(std::string& h, std::string& s) const {
 // The runner runs on the host on every target: its own values are meshc::gen's host types.
 std::string FunctionEmitter::inputsOfStep(const std::string& step) const {
   std::string s =
-      fmt::format("auto inputs = program.synthesizeInputs(seed + uint64_t({}));\n", step);
+      // program.seed(), not the command line's: after --load, the saved run's seed, so a resumed
+      // run trains on the batches the uninterrupted one would have.
+      fmt::format("auto inputs = program.synthesizeInputs(program.seed() + uint64_t({}));\n", step);
   for (const ir::InputInfo& input : irFn.inputs)
     s += fmt::format("if (auto given = givenInputs.find({0}); given != givenInputs.end())\n"
                      "inputs.{1} = {2}::scatterInput(world, {3}, meshc::gen::batchOfStep({0}, "

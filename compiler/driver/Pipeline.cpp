@@ -141,6 +141,26 @@ bool reportVerifierErrors(const std::vector<ir::VerifierError>& errors, const ch
   return errors.empty();
 }
 
+/// --function names programs or train blocks of the module: a name that is neither (a typo, a
+/// def) would select nothing, and the command would succeed having done nothing.
+std::optional<ir::Module> checkSelection(std::optional<ir::Module> module,
+                                         const PipelineOptions& given, DiagEngine& diag) {
+  if (!module) return module;
+  std::vector<std::string> names;
+  for (const ir::Function& fn : module->functions)
+    names.push_back(fn.name);
+  bool ok = true;
+  for (const std::string& name : given.functions)
+    if (!llvm::is_contained(names, name)) {
+      diag.report(llvm::SMLoc(), Diag::ErrUnknownFunctionOption, name,
+                  names.empty() ? std::string(": there are none")
+                                : fmt::format(" (the file has {})", fmt::join(names, ", ")));
+      ok = false;
+    }
+  if (!ok) return std::nullopt;
+  return module;
+}
+
 } // namespace
 
 std::optional<ir::Module> loadModule(const PipelineOptions& given, DiagEngine& diag,
@@ -160,7 +180,7 @@ std::optional<ir::Module> loadModule(const PipelineOptions& given, DiagEngine& d
     }
     if (given.verifyEach && !reportVerifierErrors(ir::verifyModule(*module), "reading IR"))
       return std::nullopt;
-    return std::move(*module);
+    return checkSelection(std::move(*module), given, diag);
   }
   std::optional<SourceSet> files = loadSources(given.input, diag);
   if (!files) return std::nullopt;
@@ -181,7 +201,7 @@ std::optional<ir::Module> loadModule(const PipelineOptions& given, DiagEngine& d
   std::optional<ir::Module> module = analyze(*files, diag, options);
   if (module && given.verifyEach && !reportVerifierErrors(ir::verifyModule(*module), "sema"))
     return std::nullopt;
-  return module;
+  return checkSelection(std::move(module), given, diag);
 }
 
 bool lowerTraining(ir::Module& module, DiagEngine& diag, bool verify) {
@@ -452,6 +472,7 @@ bool trainFunction(const PipelineOptions& options, const ir::Function& fn, llvm:
     opts.seed = options.seed;
     opts.step = uint64_t(step);
     opts.userFunctions = userFunctions;
+    opts.roundToDtype = options.roundToDtype;
     interp::TensorMap inputs;
     if (!inputsOfStep(options, fn, givenInputs, step, inputs)) return false;
     interp::TensorMap outputs;
@@ -526,6 +547,7 @@ bool interpretModule(const ir::Module& module, const PipelineOptions& options,
     opts.seed = options.seed;
     opts.training = fn.kind == ir::Function::Kind::Train; // dropout is active in train blocks
     opts.userFunctions = &*userFunctions;
+    opts.roundToDtype = options.roundToDtype;
     interp::TensorMap inputs;
     if (!inputsOfStep(options, fn, givenInputs, 0, inputs)) return false;
     auto start = std::chrono::steady_clock::now();

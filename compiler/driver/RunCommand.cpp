@@ -6,13 +6,13 @@
 // timings of each step. With `--backend nccl` the program is compiled to CUDA (`--emit=cuda`)
 // and built with nvcc instead, and runs on one GPU per rank (all in one process, or with
 // `--processes` one process per GPU under mpirun).
+#include "driver/CheckOutputs.h"
 #include "driver/Driver.h"
 #include "driver/Pipeline.h"
 #include "driver/Profile.h"
 #include "driver/Toolchain.h"
 #include "interp/DtypePaths.h"
 #include "interp/Tolerance.h"
-#include "meshc/TensorFile.h"
 #include "planner/PlanReport.h"
 
 #include <fmt/format.h>
@@ -149,6 +149,14 @@ cl::opt<std::string> runTrace("trace",
                               cl::desc("Write a Chrome trace (Perfetto, chrome://tracing) of "
                                        "every rank's op groups and collectives to <file>"),
                               cl::value_desc("file"), cl::sub(runSubcommand), cl::cat(runCategory));
+cl::opt<std::string> runSave("save",
+                             cl::desc("The runner saves each program's and train block's "
+                                      "checkpoint under <dir>/<name> at the end"),
+                             cl::value_desc("dir"), cl::sub(runSubcommand), cl::cat(runCategory));
+cl::opt<std::string> runLoad("load",
+                             cl::desc("The runner loads each program's and train block's "
+                                      "checkpoint from <dir>/<name> first (not with --check)"),
+                             cl::value_desc("dir"), cl::sub(runSubcommand), cl::cat(runCategory));
 cl::opt<bool> runProfile("profile",
                          cl::desc("Trace the run and print the predicted and measured time per "
                                   "source line and collective, and by phase (docs/tool.md)"),
@@ -238,31 +246,6 @@ std::string workKey(const PipelineOptions& options) {
   return llvm::join(parts, "\n");
 }
 
-/// A tensor of the runner's / interpreter's output files: "tensor <name> <dtype> <rank>
-/// <sizes...>\n" then prod(sizes) little-endian float64s.
-struct OutputTensor {
-  std::string dtype;
-  std::vector<int64_t> shape;
-  std::vector<double> values;
-};
-
-bool readOutputs(const std::string& path, std::map<std::string, OutputTensor>& tensors) {
-  std::string data = readFile(path);
-  try {
-    for (const meshc::gen::TensorFileEntry& entry : meshc::gen::parseTensorFile(data, path)) {
-      OutputTensor& tensor = tensors[entry.name];
-      tensor.dtype = entry.dtype;
-      tensor.shape = entry.shape;
-      tensor.values.resize(entry.count());
-      for (size_t i = 0; i < entry.count(); ++i)
-        tensor.values[i] = entry.value(i);
-    }
-  } catch (const std::runtime_error&) {
-    return false;
-  }
-  return true;
-}
-
 /// Per compared tensor, the dtype whose rounding it carries: the coarsest float dtype on any path
 /// into it (interp/DtypePaths.h), or bf16 / f16 for every float tensor when the CUDA einsums run
 /// in bf16 / tf32 (tf32 keeps f16's 10 mantissa bits).
@@ -276,48 +259,6 @@ std::map<std::string, std::string> toleranceDtypes(const ir::Module& module) {
     for (const auto& [name, dtype] : interp::pathDtypes(fn))
       dtypes[name] = interp::toleranceDtype(dtype, cudaMath);
   return dtypes;
-}
-
-/// tests/e2e/compare_outputs.py's rule (interp/Tolerance.h): every element within
-/// atol + rtol |expected|; NaN and infinities must match exactly.
-bool compareOutputs(const std::string& actualPath, const std::string& expectedPath,
-                    const std::map<std::string, std::string>& computeDtypes) {
-  std::map<std::string, OutputTensor> actual, expected;
-  if (!readOutputs(actualPath, actual) || !readOutputs(expectedPath, expected)) {
-    fail(kExitInternalError,
-         "malformed output files '" + actualPath + "' / '" + expectedPath + "'");
-    return false;
-  }
-  std::optional<double> f32Rtol;
-  if (runTolerance.getNumOccurrences()) f32Rtol = runTolerance;
-  std::vector<double> floats;
-  for (const auto& [name, tensor] : expected)
-    if (interp::unitRoundoff(tensor.dtype))
-      floats.insert(floats.end(), tensor.values.begin(), tensor.values.end());
-  double typicalScale = interp::rootMeanSquare(floats);
-  bool ok = true;
-  for (const auto& [name, want] : expected) {
-    auto got = actual.find(name);
-    if (got == actual.end() || got->second.shape != want.shape) {
-      llvm::outs() << "  FAIL " << name << ": missing or of another shape in the run's outputs\n";
-      ok = false;
-      continue;
-    }
-    auto compute = computeDtypes.find(name);
-    interp::Comparison c = interp::compareWithTolerance(
-        got->second.values, want.values, want.dtype, runSteps,
-        compute == computeDtypes.end() ? "" : compute->second, typicalScale, f32Rtol);
-    ok = ok && c.pass;
-    llvm::outs() << fmt::format("  {} {} {}[{}]: error/tolerance {:.3g} (rtol {:.3g}, atol "
-                                "{:.3g}; passes from rtol {:.3g})",
-                                c.pass ? "ok  " : "FAIL", name, want.dtype,
-                                fmt::join(want.shape, ", "), c.ratio, c.rtol, c.atol, c.neededRtol);
-    if (c.ratio > 0)
-      llvm::outs() << fmt::format("; worst at [{}]: {:.9g} vs {:.9g}", c.worstIndex, c.worstActual,
-                                  c.worstExpected);
-    llvm::outs() << "\n";
-  }
-  return ok;
 }
 
 /// The modification times and sizes of the runtime's headers (`meshrt/`, `meshc/` under its
@@ -568,6 +509,10 @@ int runCommand(const char* argv0) {
   if (runProcesses && !onGpus)
     return fail(kExitInputError, "--processes is an option of --backend nccl (--backend mpi "
                                  "runs a process per rank already)");
+  // The interpreter starts from the initial params: a loaded run has nothing to be checked by.
+  if (runLoad.getNumOccurrences() && runCheck)
+    return fail(kExitInputError, "--check compares with the interpreter from the initial params, "
+                                 "so it cannot check a run that --load starts from a checkpoint");
   if (!checkKernelPasses({runDisabledPasses.begin(), runDisabledPasses.end()}))
     return kExitInputError;
   if (onGpus && !toolchain.cuda)
@@ -691,6 +636,12 @@ int runCommand(const char* argv0) {
   if (runData.getNumOccurrences()) run.push_back(dataPath);
   if (runSteps > 0) run.insert(run.end(), {"--steps", std::to_string(runSteps)});
   if (runSteps > 0 && runBatch == BatchMode::Fixed) run.push_back("--fixed-batch");
+  for (auto [option, dir] : {std::pair{"--load", &runLoad}, std::pair{"--save", &runSave}})
+    if (dir->getNumOccurrences()) {
+      llvm::SmallString<256> absolute(dir->getValue());
+      llvm::sys::fs::make_absolute(absolute);
+      run.insert(run.end(), {option, absolute.str().str()});
+    }
   // --profile traces into the work directory unless --trace names the file.
   std::string tracePath;
   if (runTrace.getNumOccurrences()) {
@@ -766,9 +717,27 @@ int runCommand(const char* argv0) {
       llvm::raw_fd_ostream(log, ec) << summaryStream.str();
     }
     if (!interpreted) return kExitInputError;
+    CheckRule rule{runSteps, {}, std::nullopt, toleranceDtypes(*module)};
+    for (const ir::Function& fn : module->functions)
+      if (fn.kind == ir::Function::Kind::Train) rule.trained.insert(fn.name);
+    if (runTolerance.getNumOccurrences()) rule.f32Rtol = runTolerance;
+    auto checks = compareOutputFiles(actual, expected, rule);
+    if (!checks)
+      return fail(kExitInternalError,
+                  "malformed output files '" + actual + "' / '" + expected + "'");
+    if (llvm::any_of(*checks, [](const TensorCheck& c) { return !c.pass(); })) {
+      // Is a failing tensor determined by the program at all? The interpreter in double says.
+      check.roundToDtype = false;
+      check.dumpOutputsFile = base + ".expected-double";
+      std::string unrounded;
+      llvm::raw_string_ostream ignored(unrounded);
+      if (!interpretModule(*module, check, ignored, argv0) ||
+          !probeOracle(*checks, check.dumpOutputsFile, expected, rule))
+        return fail(kExitInternalError, "the interpreter in double failed");
+    }
     checkSeconds = secondsSince(start);
     llvm::outs() << "check against the reference interpreter:\n";
-    matches = compareOutputs(actual, expected, toleranceDtypes(*module));
+    matches = printChecks(*checks, llvm::outs());
   }
   llvm::outs() << fmt::format("meshc run: compile {:.2f} s, build {:.2f} s{}, run {:.2f} s",
                               compileSeconds, buildSeconds, cached ? " (cached)" : "", runSeconds);

@@ -1138,7 +1138,11 @@ FunctionLowerer::lowerOptimizer(const ast::CallExpr& call) {
   if (name == "sgd")
     specific = {{"momentum", 0}, {"nesterov", 0}};
   else if (name == "adamw")
-    specific = {{"beta1", 0.9}, {"beta2", 0.999}, {"eps", 1e-8}, {"weight_decay", 0.01}};
+    specific = {{"beta1", 0.9},
+                {"beta2", 0.999},
+                {"eps", 1e-8},
+                {"weight_decay", 0.01},
+                {"decay_min_rank", 0}};
   else if (name == "adafactor")
     specific = {
         {"decay_rate", 0.8}, {"beta1", 0}, {"clip_threshold", 1}, {"eps1", 1e-30}, {"eps2", 1e-3}};
@@ -1185,9 +1189,13 @@ FunctionLowerer::lowerOptimizer(const ast::CallExpr& call) {
   std::vector<std::pair<std::string, ir::AttrValue>> options;
   options.emplace_back("lr", *lr);
   for (const auto& [key, fallback] : specific) {
-    bool integer = std::string(key) == "nesterov";
+    bool integer = std::string(key) == "nesterov" || std::string(key) == "decay_min_rank";
     std::optional<double> value = numberArg(kw, key, fallback, integer, name);
     if (!value) return std::nullopt;
+    if (std::string(key) == "decay_min_rank" && *value < 0) {
+      error(kw.at(key)->value->loc, Diag::ErrArgRange, "'decay_min_rank'", name, ">= 0", *value);
+      return std::nullopt;
+    }
     if (integer)
       options.emplace_back(key, static_cast<int64_t>(*value));
     else

@@ -173,7 +173,10 @@ ValueId OptimizerLowering::adamw(size_t w, ValueId weight, ValueId g, ValueId lr
   ValueId correct2 = b.cast(biasCorrection(beta2, t), dtype);
   ValueId mHat = b.div(nextM, correct1), vHat = b.div(nextV, correct2);
   ValueId direction = b.div(mHat, b.add(b.unary(OpKind::Sqrt, vHat), eps));
-  if (decay != 0) direction = b.add(direction, b.mul(weight, decay));
+  // decay_min_rank = 2 leaves biases and norm gains undecayed, as GPT-2's and LLaMA's training
+  // (nanoGPT decays the weights of 2 dims or more only).
+  if (decay != 0 && double(b.type(weight).dims.size()) >= option("decay_min_rank", 0))
+    direction = b.add(direction, b.mul(weight, decay));
   return b.sub(weight, b.mul(direction, lr));
 }
 

@@ -264,6 +264,14 @@ def run_check():
                             "--no-plan", cache=cache)
         expect(again.returncode == 0 and "(cached)" in again.stdout and
                "plan of" not in again.stdout, "the second run reuses the binary", again)
+        # --steps widens the bound of what trained (1 + steps) only: the program's outputs,
+        # computed once from the initial params, keep the one-step rtol.
+        steps = run_command(MLP, "--mesh", "data=2,model=2", "--check", "--steps", "3",
+                            "--no-plan", cache=cache)
+        expect(steps.returncode == 0 and "ok   mlp.y f32[32, 64]: error/tolerance" in steps.stdout
+               and re.search(r"ok   mlp\.y .*\(rtol 6\.1e-05,", steps.stdout) and
+               re.search(r"ok   mlp_train\.loss .*\(rtol 0\.000244,", steps.stdout),
+               "--steps 3: the program at rtol 6.1e-05, the train block at 4 times it", steps)
         other = run_command(MLP, "--mesh", "data=4", "--layout", "batch:data", "--function",
                             "mlp", "--no-plan", "--seed", "3", cache=cache)
         expect(other.returncode == 0 and "4 ranks" in other.stdout and
@@ -523,6 +531,64 @@ def run_fixed_batch():
     expect(bad.returncode == 1 and "--batch" in bad.stderr, "an unknown --batch is refused", bad)
 
 
+def run_check_noise():
+    """--check tells rounding noise from mismatches. tests/cli/noise_gradient.mesh's `b_k` has a
+    gradient that is zero in exact arithmetic (softmax ignores it), so after 5 adamw steps it is
+    rounding noise that differs between the run and the interpreter by more than the bound; the
+    interpreter in double differs from the rounded one just as much, so it is reported as noise,
+    not a mismatch. Under a --tol too tight for the ordinary weight `w`, `w` still fails: the
+    probe holds the oracle to the default bound, at which it determines `w`."""
+    noise_mesh = os.path.join(ROOT, "tests", "cli", "noise_gradient.mesh")
+    ratio = lambda text, name: float(re.search(
+        rf"  (?:ok  |FAIL|noise) {re.escape(name)} .*?error/tolerance ([0-9.e+-]+)", text).group(1))
+    with tempfile.TemporaryDirectory() as cache:
+        proc = run_command(noise_mesh, "--steps", "5", "--check", "--no-plan", cache=cache)
+        expect(proc.returncode == 0, "the noise alone is no mismatch", proc)
+        for tensor in ["b_k", "b_k@m", "b_k@v"]:
+            name = "noise_train.param." + tensor
+            expect(f"  noise {name} " in proc.stdout and ratio(proc.stdout, name) > 1,
+                   f"{name}: over the bound, reported as noise", proc)
+        expect("  ok   noise_train.param.w " in proc.stdout and
+               "  ok   noise_train.loss " in proc.stdout and "note: 3 tensor(s) are rounding noise"
+               in proc.stdout, "the loss and w are held to the bound and pass", proc)
+        tight = run_command(noise_mesh, "--steps", "5", "--check", "--no-plan", "--tol", "1e-9",
+                            cache=cache)
+        expect(tight.returncode == 2 and "  FAIL noise_train.param.w " in tight.stdout and
+               "  noise noise_train.param.b_k " in tight.stdout and
+               "the outputs differ from the reference interpreter's" in tight.stderr,
+               "a tensor the oracle determines fails a tighter --tol", tight)
+
+
+def run_runner_checkpoint():
+    """meshc run --save / --load (the generated runner's options): a run saved after 2 steps and
+    resumed for 2 more prints the losses of steps 2 and 3 of an uninterrupted 4-step run, bit for
+    bit, also when the resumed run is given another --seed (load restores the saved seed, which
+    keys the synthetic batches as well as the params and random ops). --check cannot check a
+    loaded run (the interpreter starts from the initial params): an error."""
+    with tempfile.TemporaryDirectory() as cache:
+        ckpt = os.path.join(cache, "ckpt")
+
+        def train(*args):
+            done = run_command(MLP, "--function", "mlp_train", "--mesh", "data=2", "--layout",
+                               "batch:data", "--no-plan", *args, cache=cache)
+            expect(done.returncode == 0, f"meshc run {args}", done)
+            return losses_of(done.stdout)
+
+        whole = train("--steps", "4")
+        first = train("--steps", "2", "--save", ckpt)
+        expect(len(whole) == 4 and first == whole[:2], f"the saving run's losses {first} are the "
+               f"first two of {whole}")
+        expect(os.path.exists(os.path.join(ckpt, "mlp_train", "latest")), "--save wrote it")
+        for seed in ["0", "7"]:
+            resumed = train("--steps", "2", "--load", ckpt, "--seed", seed)
+            expect(resumed == whole[2:], f"resumed with seed {seed}: losses {resumed}, "
+                   f"uninterrupted {whole[2:]}")
+        checked = run_command(MLP, "--function", "mlp_train", "--steps", "2", "--load", ckpt,
+                              "--check", cache=cache)
+        expect(checked.returncode == 1 and "cannot check a run that --load starts" in
+               checked.stderr, "--load with --check is refused", checked)
+
+
 def run_codegen_options():
     """`meshc run` takes the code generator's options of `meshc --emit=cpp`
     (--disable-kernel-pass, --recompute, --pipeline-schedule): its generated code is what the
@@ -639,6 +705,13 @@ def run_errors():
                bad.stdout, "an input error exits 1 with the diagnostic", bad)
         option = run_command(MLP, "--mesh", "data=two", cache=cache)
         expect(option.returncode == 1 and "--mesh" in option.stderr, "a bad --mesh", option)
+        # A misspelt --function (or a def's name) selected nothing and succeeded, having run
+        # and checked nothing.
+        typo = run_command(MLP, "--function", "mlp_trian", "--check", cache=cache)
+        expect(typo.returncode == 1 and "--function names 'mlp_trian', which is not a program or "
+               "train block (the file has mlp, mlp_train)" in typo.stderr and
+               "running" not in typo.stderr, "an unknown --function exits 1 naming the choices",
+               typo)
         nocxx = run_command(MLP, "--function", "mlp", "--no-plan", "--cxx",
                             "/nonexistent/c++", cache=cache)
         expect(nocxx.returncode == 2 and "/nonexistent/c++" in nocxx.stderr,
@@ -815,7 +888,7 @@ CASES = {f.__name__: f for f in [run_precompiled_prelude, calibrate, calibrate_n
                                  ir_input_and_stages, every_option, emit_cpp_unwritable,
                                  depfile_user_headers, run_check, run_installed, run_omp_wait_policy, run_check_path_dtypes,
                                  run_user_kernels, run_data,
-                                 run_train_data, run_fixed_batch, run_errors, run_codegen_options, run_split_build, run_nccl, run_help, verify_each, recompute]}
+                                 run_train_data, run_fixed_batch, run_check_noise, run_runner_checkpoint, run_errors, run_codegen_options, run_split_build, run_nccl, run_help, verify_each, recompute]}
 
 if __name__ == "__main__":
     MESHC = sys.argv[1]

@@ -84,7 +84,7 @@ int main(int argc, char **argv) {
         Mlp program(world, seed);
         if (!loadDir.empty())
           program.load(loadDir + "/mlp");
-        auto inputs = program.synthesizeInputs(seed + uint64_t(0));
+        auto inputs = program.synthesizeInputs(program.seed() + uint64_t(0));
         if (auto given = givenInputs.find("mlp.x"); given != givenInputs.end())
           inputs.x = Mlp::scatterInput(
               world, "x", meshc::gen::batchOfStep("mlp.x", given->second, Mlp::inputShape("x"), 0));
@@ -130,7 +130,7 @@ int main(int argc, char **argv) {
                             : "each on a new batch (step s's: synthetic from seed + s, or batch s "
                               "mod k of the data file; --fixed-batch repeats step 0's)");
           for (int64_t first = program.stepCount(), s = first; s < first + steps; ++s) {
-            auto inputs = program.synthesizeInputs(seed + uint64_t(fixedBatch ? 0 : s));
+            auto inputs = program.synthesizeInputs(program.seed() + uint64_t(fixedBatch ? 0 : s));
             if (auto given = givenInputs.find("mlp_train.x"); given != givenInputs.end())
               inputs.x = MlpTrain::scatterInput(
                   world, "x",
@@ -158,7 +158,7 @@ int main(int argc, char **argv) {
             program.save(saveDir + "/mlp_train");
           return;
         }
-        auto inputs = program.synthesizeInputs(seed + uint64_t(0));
+        auto inputs = program.synthesizeInputs(program.seed() + uint64_t(0));
         if (auto given = givenInputs.find("mlp_train.x"); given != givenInputs.end())
           inputs.x = MlpTrain::scatterInput(
               world, "x",

@@ -84,7 +84,7 @@ int main(int argc, char **argv) {
         Encode program(world, seed);
         if (!loadDir.empty())
           program.load(loadDir + "/encode");
-        auto inputs = program.synthesizeInputs(seed + uint64_t(0));
+        auto inputs = program.synthesizeInputs(program.seed() + uint64_t(0));
         if (auto given = givenInputs.find("encode.x"); given != givenInputs.end())
           inputs.x = Encode::scatterInput(
               world, "x",
@@ -122,7 +122,7 @@ int main(int argc, char **argv) {
         Lm program(world, seed);
         if (!loadDir.empty())
           program.load(loadDir + "/lm");
-        auto inputs = program.synthesizeInputs(seed + uint64_t(0));
+        auto inputs = program.synthesizeInputs(program.seed() + uint64_t(0));
         if (auto given = givenInputs.find("lm.tokens"); given != givenInputs.end())
           inputs.tokens = Lm::scatterInput(
               world, "tokens",
@@ -169,7 +169,7 @@ int main(int argc, char **argv) {
                             : "each on a new batch (step s's: synthetic from seed + s, or batch s "
                               "mod k of the data file; --fixed-batch repeats step 0's)");
           for (int64_t first = program.stepCount(), s = first; s < first + steps; ++s) {
-            auto inputs = program.synthesizeInputs(seed + uint64_t(fixedBatch ? 0 : s));
+            auto inputs = program.synthesizeInputs(program.seed() + uint64_t(fixedBatch ? 0 : s));
             if (auto given = givenInputs.find("lm_train.tokens"); given != givenInputs.end())
               inputs.tokens = LmTrain::scatterInput(
                   world, "tokens",
@@ -192,7 +192,7 @@ int main(int argc, char **argv) {
             program.save(saveDir + "/lm_train");
           return;
         }
-        auto inputs = program.synthesizeInputs(seed + uint64_t(0));
+        auto inputs = program.synthesizeInputs(program.seed() + uint64_t(0));
         if (auto given = givenInputs.find("lm_train.tokens"); given != givenInputs.end())
           inputs.tokens =
               LmTrain::scatterInput(world, "tokens",

@@ -84,7 +84,7 @@ int main(int argc, char **argv) {
         Mlm program(world, seed);
         if (!loadDir.empty())
           program.load(loadDir + "/mlm");
-        auto inputs = program.synthesizeInputs(seed + uint64_t(0));
+        auto inputs = program.synthesizeInputs(program.seed() + uint64_t(0));
         if (auto given = givenInputs.find("mlm.tokens"); given != givenInputs.end())
           inputs.tokens = Mlm::scatterInput(
               world, "tokens",
@@ -131,7 +131,7 @@ int main(int argc, char **argv) {
                             : "each on a new batch (step s's: synthetic from seed + s, or batch s "
                               "mod k of the data file; --fixed-batch repeats step 0's)");
           for (int64_t first = program.stepCount(), s = first; s < first + steps; ++s) {
-            auto inputs = program.synthesizeInputs(seed + uint64_t(fixedBatch ? 0 : s));
+            auto inputs = program.synthesizeInputs(program.seed() + uint64_t(fixedBatch ? 0 : s));
             if (auto given = givenInputs.find("mlm_train.tokens"); given != givenInputs.end())
               inputs.tokens = MlmTrain::scatterInput(
                   world, "tokens",
@@ -157,7 +157,7 @@ int main(int argc, char **argv) {
             program.save(saveDir + "/mlm_train");
           return;
         }
-        auto inputs = program.synthesizeInputs(seed + uint64_t(0));
+        auto inputs = program.synthesizeInputs(program.seed() + uint64_t(0));
         if (auto given = givenInputs.find("mlm_train.tokens"); given != givenInputs.end())
           inputs.tokens =
               MlmTrain::scatterInput(world, "tokens",

@@ -48,6 +48,9 @@ public:
   /// The bytes of the values computed once, in the constructor (constants, masks).
   static constexpr size_t kPersistentBytes = 0;
 
+  /// The seed: keys the params' initial values and the random ops; load() restores the saved one.
+  uint64_t seed() const { return seed_; }
+
   /// Every param's path: weights, consts and optimizer state (`<weight>@<slot>`), in declaration
   /// order.
   static std::vector<std::string> paramNames();

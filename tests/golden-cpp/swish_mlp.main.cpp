@@ -84,7 +84,7 @@ int main(int argc, char **argv) {
         SwishMlp program(world, seed);
         if (!loadDir.empty())
           program.load(loadDir + "/swish_mlp");
-        auto inputs = program.synthesizeInputs(seed + uint64_t(0));
+        auto inputs = program.synthesizeInputs(program.seed() + uint64_t(0));
         if (auto given = givenInputs.find("swish_mlp.x"); given != givenInputs.end())
           inputs.x = SwishMlp::scatterInput(
               world, "x",

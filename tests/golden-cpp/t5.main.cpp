@@ -84,7 +84,7 @@ int main(int argc, char **argv) {
         Translate program(world, seed);
         if (!loadDir.empty())
           program.load(loadDir + "/translate");
-        auto inputs = program.synthesizeInputs(seed + uint64_t(0));
+        auto inputs = program.synthesizeInputs(program.seed() + uint64_t(0));
         if (auto given = givenInputs.find("translate.input_ids"); given != givenInputs.end())
           inputs.input_ids = Translate::scatterInput(
               world, "input_ids",
@@ -134,7 +134,7 @@ int main(int argc, char **argv) {
             PositionBuckets program(world, seed);
             if (!loadDir.empty())
               program.load(loadDir + "/position_buckets");
-            auto inputs = program.synthesizeInputs(seed + uint64_t(0));
+            auto inputs = program.synthesizeInputs(program.seed() + uint64_t(0));
             auto outputs = program.run(inputs);
             std::vector<double> runs(kTimedRuns);
             for (int i = 0; i < kTimedRuns; ++i) {
@@ -185,7 +185,7 @@ int main(int argc, char **argv) {
                             : "each on a new batch (step s's: synthetic from seed + s, or batch s "
                               "mod k of the data file; --fixed-batch repeats step 0's)");
           for (int64_t first = program.stepCount(), s = first; s < first + steps; ++s) {
-            auto inputs = program.synthesizeInputs(seed + uint64_t(fixedBatch ? 0 : s));
+            auto inputs = program.synthesizeInputs(program.seed() + uint64_t(fixedBatch ? 0 : s));
             if (auto given = givenInputs.find("t5_train.input_ids"); given != givenInputs.end())
               inputs.input_ids = T5Train::scatterInput(
                   world, "input_ids",
@@ -217,7 +217,7 @@ int main(int argc, char **argv) {
             program.save(saveDir + "/t5_train");
           return;
         }
-        auto inputs = program.synthesizeInputs(seed + uint64_t(0));
+        auto inputs = program.synthesizeInputs(program.seed() + uint64_t(0));
         if (auto given = givenInputs.find("t5_train.input_ids"); given != givenInputs.end())
           inputs.input_ids =
               T5Train::scatterInput(world, "input_ids",

@@ -48,6 +48,9 @@ public:
   /// The bytes of the values computed once, in the constructor (constants, masks).
   static constexpr size_t kPersistentBytes = 8576;
 
+  /// The seed: keys the params' initial values and the random ops; load() restores the saved one.
+  uint64_t seed() const { return seed_; }
+
   /// Every param's path: weights, consts and optimizer state (`<weight>@<slot>`), in declaration
   /// order.
   static std::vector<std::string> paramNames();
@@ -219,6 +222,9 @@ public:
   /// optimizer, its learning-rate schedule).
   int64_t stepCount() const { return step_; }
   void setStepCount(int64_t step) { step_ = step; }
+
+  /// The seed: keys the params' initial values and the random ops; load() restores the saved one.
+  uint64_t seed() const { return seed_; }
 
   /// Every param's path: weights, consts and optimizer state (`<weight>@<slot>`), in declaration
   /// order.

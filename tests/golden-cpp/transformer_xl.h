@@ -57,6 +57,9 @@ public:
   int64_t stepCount() const { return step_; }
   void setStepCount(int64_t step) { step_ = step; }
 
+  /// The seed: keys the params' initial values and the random ops; load() restores the saved one.
+  uint64_t seed() const { return seed_; }
+
   /// Every param's path: weights, consts and optimizer state (`<weight>@<slot>`), in declaration
   /// order.
   static std::vector<std::string> paramNames();

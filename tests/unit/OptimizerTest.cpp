@@ -97,6 +97,7 @@ void referenceStep(const Options& o, std::vector<RefParam>& params, int64_t s) {
     } else if (o.optimizer == "adamw") {
       double b1 = o.get("beta1", 0.9), b2 = o.get("beta2", 0.999), eps = o.get("eps", 1e-8),
              wd = o.get("weight_decay", 0.01);
+      if ((p.rows > 0 ? 2 : 1) < o.get("decay_min_rank", 0)) wd = 0;
       std::vector<double>&m = slot("m"), &v = slot("v");
       for (size_t i = 0; i < n; ++i) {
         m[i] = b1 * m[i] + (1 - b1) * g[i];
@@ -275,6 +276,11 @@ TEST_CASE("adamw: bias correction and decoupled weight decay match the reference
   compareWithReference(
       {"adamw", {{"lr", 0.02}, {"beta1", 0.8}, {"beta2", 0.95}, {"weight_decay", 0.1}}, "constant"},
       3);
+  // Weight decay for the rank-2 w only (the rank-1 bias undecayed), then for neither.
+  compareWithReference(
+      {"adamw", {{"lr", 0.02}, {"weight_decay", 0.5}, {"decay_min_rank", 2}}, "constant"}, 3);
+  compareWithReference(
+      {"adamw", {{"lr", 0.02}, {"weight_decay", 0.5}, {"decay_min_rank", 3}}, "constant"}, 3);
 }
 
 TEST_CASE("adafactor: factored (rank 2) and unfactored (rank 1) moments, clipping, momentum",
