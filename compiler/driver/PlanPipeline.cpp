@@ -19,6 +19,7 @@
 #include <cmath>
 #include <limits>
 #include <map>
+#include <memory>
 #include <utility>
 
 namespace meshc {
@@ -170,7 +171,8 @@ struct Candidate {
   int64_t microbatches = 1;
   plan::StageWork layer, rest;
   plan::PipelinePrediction prediction;
-  plan::PlannedFunction onePlan; // the plan at one layer (its layout and mesh are the stage's)
+  /// The plan at one layer (its layout and mesh are the stage's).
+  std::shared_ptr<const plan::PlannedFunction> onePlan;
   double boundaryBytes = 0;
   double recomputeWorkingBytes = 0;   // with --recompute: one layer's whole activations
   double layerKeptBytes = 0;          // what a layer keeps per microbatch in flight (the model's)
@@ -181,10 +183,14 @@ struct Candidate {
   std::vector<StageCodeMemory> code;
 };
 
+/// A plan of planInner's, held with the PlannedModule it is in (shared by the searches and the
+/// stores below rather than copied).
+using SharedPlan = std::shared_ptr<const plan::PlannedFunction>;
+
 /// The plans without recomputation already made, by (microbatches, layers): a search that
 /// tries recomputation after the plain counts needs them again (the same options, the same
 /// plans).
-using PlainPlans = std::map<std::pair<int64_t, int>, plan::PlannedFunction>;
+using PlainPlans = std::map<std::pair<int64_t, int>, SharedPlan>;
 
 /// The key of an inner plan's options in UnzeroedPlans: every option innerOptions sets or
 /// passes on that the plan depends on, but the ZeRO stage.
@@ -201,16 +207,16 @@ std::string unzeroedKey(const PipelineOptions& options) {
 /// it (UnzeroedPlans); a plan without ZeRO is kept there. Adafactor's blocks, whose sums'
 /// order follows the plan (planner/Planner.cpp, planInFactoredOrder), are always planned.
 bool planInner(const PipelineOptions& options, UnzeroedPlans* unzeroed, DiagEngine& diag,
-               const char* argv0, std::optional<ir::Module>& loaded,
-               std::optional<PlannedModule>& planned) {
+               const char* argv0, std::shared_ptr<const ir::Module>& loaded,
+               std::shared_ptr<const PlannedModule>& planned) {
   int zero = 0;
   if (!options.zero.empty() && llvm::StringRef(options.zero).trim().getAsInteger(10, zero))
     zero = -1; // planModule reports it
   std::string key = unzeroed ? unzeroedKey(options) : "";
   if (unzeroed && zero > 0 && zero <= 3)
     if (auto known = unzeroed->byOptions.find(key); known != unzeroed->byOptions.end()) {
-      const ir::Module& module = known->second.module;
-      const PlannedModule& plain = known->second.planned;
+      const ir::Module& module = *known->second.module;
+      const PlannedModule& plain = *known->second.planned;
       const ir::Function* fn =
           plain.plans.size() == 1 ? module.findFunction(plain.plans.front().spmd.name) : nullptr;
       if (fn && train::factoredSumOrder(*fn).empty()) {
@@ -219,18 +225,20 @@ bool planInner(const PipelineOptions& options, UnzeroedPlans* unzeroed, DiagEngi
                                   diag) ||
             !finishPlans(derived.plans, options))
           return false;
-        loaded = module;
-        planned = std::move(derived);
+        loaded = known->second.module;
+        planned = std::make_shared<const PlannedModule>(std::move(derived));
         return true;
       }
     }
   std::vector<std::string> files;
-  loaded = loadModule(options, diag, argv0, files);
-  if (!loaded || !lowerTraining(*loaded, diag, options.verifyEach)) return false;
-  planned = planModule(*loaded, options, diag);
-  if (!planned) return false;
+  std::optional<ir::Module> module = loadModule(options, diag, argv0, files);
+  if (!module || !lowerTraining(*module, diag, options.verifyEach)) return false;
+  std::optional<PlannedModule> plans = planModule(*module, options, diag);
+  if (!plans) return false;
+  loaded = std::make_shared<const ir::Module>(std::move(*module));
+  planned = std::make_shared<const PlannedModule>(std::move(*plans));
   if (unzeroed && zero == 0)
-    unzeroed->byOptions.try_emplace(key, UnzeroedPlans::Entry{*loaded, *planned});
+    unzeroed->byOptions.try_emplace(key, UnzeroedPlans::Entry{loaded, planned});
   return true;
 }
 
@@ -247,8 +255,8 @@ evaluate(const ir::Module& module, const ir::DimLayout& stage, const PipelineOpt
   // Plans of the step at one and two layers, with the recomputation asked for (`given`) or
   // without any (`plain`).
   bool recomputes = !given.recompute.empty();
-  std::optional<plan::PlannedFunction> plans[2], plainPlans[2];
-  std::optional<ir::Module> inner[2];
+  SharedPlan plans[2], plainPlans[2];
+  std::shared_ptr<const ir::Module> inner[2];
   for (bool withRecompute : recomputes ? std::vector<bool>{true, false} : std::vector<bool>{false})
     for (int layers : {1, 2}) {
       // Only the plain plans of a recomputing candidate are taken from the memo: the others
@@ -261,17 +269,15 @@ evaluate(const ir::Module& module, const ir::DimLayout& stage, const PipelineOpt
       PipelineOptions options = innerOptions(module, stage, given, fn, micro, count, layers);
       if (!withRecompute) options.recompute.clear();
       if (searchStart) options.searchStart = *searchStart;
-      std::optional<ir::Module> loaded;
-      std::optional<PlannedModule> planned;
+      std::shared_ptr<const ir::Module> loaded;
+      std::shared_ptr<const PlannedModule> planned;
       if (!planInner(options, unzeroed, diag, argv0, loaded, planned) || planned->plans.size() != 1)
         return std::nullopt;
+      SharedPlan plan(planned, &planned->plans.front());
       // The next plan (one layer more, another microbatch count) starts its search here.
-      if (searchStart && planned->plans.front().search)
-        *searchStart = planned->plans.front().search->layout;
-      if (!withRecompute && plainPlanMemo)
-        plainPlanMemo->try_emplace({count, layers}, planned->plans.front());
-      (withRecompute || !recomputes ? plans : plainPlans)[layers - 1] =
-          std::move(planned->plans.front());
+      if (searchStart && plan->search) *searchStart = plan->search->layout;
+      if (!withRecompute && plainPlanMemo) plainPlanMemo->try_emplace({count, layers}, plan);
+      (withRecompute || !recomputes ? plans : plainPlans)[layers - 1] = plan;
       if (withRecompute || !recomputes) inner[layers - 1] = std::move(loaded);
     }
   const ir::Function* innerFn = inner[0]->findFunction(fn.name);
@@ -309,7 +315,7 @@ evaluate(const ir::Module& module, const ir::DimLayout& stage, const PipelineOpt
   candidate.layerKeptBytes = shape.stagePeaks.first >= 0 && shape.stages > 1
                                  ? shape.stagePeaks.layerKept
                                  : candidate.layer.memory.peakActivationBytes;
-  candidate.onePlan = std::move(*plans[0]);
+  candidate.onePlan = std::move(plans[0]);
   return candidate;
 }
 
@@ -326,7 +332,7 @@ void printText(const ir::Function& fn, const ir::Module& module, const ir::DimLa
   using plan::bytesString;
   using plan::secondsString;
   const plan::PipelinePrediction& p = c.prediction;
-  const plan::SpmdFunction& inner = c.onePlan.spmd;
+  const plan::SpmdFunction& inner = c.onePlan->spmd;
   int64_t stages = int64_t(p.stages.size()), devices = stages * inner.mesh.numDevices();
   os << fmt::format("plan of {} {} (pipeline stages)\n",
                     fn.kind == ir::Function::Kind::Train ? "train" : "program", fn.name);
@@ -456,7 +462,7 @@ void printJson(const ir::Function& fn, const ir::DimLayout& stage, const Candida
           llvm::map_range(c.recompute, [](const std::string& def) { return "\"" + def + "\""; }),
           ", "),
       c.recomputeChosen, c.recomputeWorkingBytes,
-      int64_t(p.stages.size()) * c.onePlan.spmd.mesh.numDevices(), llvm::join(stages, ", "),
+      int64_t(p.stages.size()) * c.onePlan->spmd.mesh.numDevices(), llvm::join(stages, ", "),
       joint ? ", \"jointSearch\": " + plan::jointSearchJson(*joint) : std::string());
 }
 

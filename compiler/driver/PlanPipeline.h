@@ -10,6 +10,7 @@
 #include "planner/JointSearchReport.h"
 
 #include <map>
+#include <memory>
 
 namespace meshc {
 
@@ -46,11 +47,12 @@ struct PipelineChoice {
 /// (mesh, layout, dims, recompute): a later search of the same stage layout with a ZeRO stage
 /// (the joint search's retry of a split that does not fit) applies the stage to them rather than
 /// planning them again. The inner plans' budget is unbounded, so planModule with --zero searches
-/// and lowers the same layout as without and then applies the stage: the same plans.
+/// and lowers the same layout as without and then applies the stage: the same plans. They are
+/// shared with the search that made them, not copied (most are never retried).
 struct UnzeroedPlans {
   struct Entry {
-    ir::Module module; // loaded and trained
-    PlannedModule planned;
+    std::shared_ptr<const ir::Module> module; // loaded and trained
+    std::shared_ptr<const PlannedModule> planned;
   };
   std::map<std::string, Entry> byOptions;
 };

@@ -55,13 +55,22 @@ bool dimsWithin(const ir::TensorType& part, const ir::TensorType& whole) {
 
 } // namespace
 
-std::vector<LoopRole> loopRoles(const ir::Function& fn) {
-  std::vector<LoopRole> roles(fn.ops.size());
-  // Per value: the ops reading it, in order (each once), and whether it leaves the function.
+std::vector<std::vector<uint32_t>> valueReaders(const ir::Function& fn) {
   std::vector<std::vector<uint32_t>> readers(fn.values.size());
   for (uint32_t j = 0; j < fn.ops.size(); ++j)
     for (ir::ValueId operand : fn.ops[j].operands)
       if (readers[operand].empty() || readers[operand].back() != j) readers[operand].push_back(j);
+  return readers;
+}
+
+std::vector<LoopRole> loopRoles(const ir::Function& fn) {
+  return loopRoles(fn, valueReaders(fn));
+}
+
+std::vector<LoopRole> loopRoles(const ir::Function& fn,
+                                const std::vector<std::vector<uint32_t>>& readers) {
+  std::vector<LoopRole> roles(fn.ops.size());
+  // Per value: whether it leaves the function.
   std::vector<bool> leaves(fn.values.size(), false);
   for (const ir::OutputInfo& output : fn.outputs)
     leaves[output.value] = true;

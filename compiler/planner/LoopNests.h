@@ -39,5 +39,11 @@ bool isTranscendental(ir::OpKind kind);
 /// no dropout) and read by nothing else (recomputed per point). Fusion is transitive: a nest is
 /// the chain of such producers ending at an op that closes it.
 std::vector<LoopRole> loopRoles(const ir::Function& fn);
+/// The same with `readers`, valueReaders(fn), which the caller has already (the evaluator).
+std::vector<LoopRole> loopRoles(const ir::Function& fn,
+                                const std::vector<std::vector<uint32_t>>& readers);
+
+/// Per value of `fn`, the ops reading it, in op order, each once.
+std::vector<std::vector<uint32_t>> valueReaders(const ir::Function& fn);
 
 } // namespace meshc::plan

@@ -10,6 +10,7 @@
 #include <llvm/ADT/STLExtras.h>
 
 #include <algorithm>
+#include <iterator>
 #include <set>
 
 namespace meshc::plan {
@@ -243,15 +244,30 @@ SpmdOp bucketPart(const SpmdFunction& fn, const SpmdOp& bucket, const std::vecto
 
 size_t splitBucketsAtLoop(SpmdFunction& fn, const Machine& machine) {
   std::vector<bool> needed = neededByLoop(fn);
-  std::vector<SpmdOp> ops;
-  ops.reserve(fn.ops.size());
-  size_t split = 0;
-  for (SpmdOp& op : fn.ops) {
-    std::vector<size_t> loop, update;
+  std::vector<size_t> loop, update;
+  // Whether `op` is a bucket with members on both sides of the loop (their indices in loop and
+  // update).
+  auto straddles = [&](const SpmdOp& op) {
+    loop.clear();
+    update.clear();
     if (isBucket(op))
       for (size_t k = 0; k < op.results.size(); ++k)
         (needed[op.results[k]] ? loop : update).push_back(k);
-    if (loop.empty() || update.empty()) {
+    return !loop.empty() && !update.empty();
+  };
+  // The ops before the first bucket split stay where they are, and a plan with none is left as
+  // it is (each microbatched plan moved all its ops, tens of thousands at 96 layers, into a new
+  // array).
+  size_t first = 0;
+  while (first < fn.ops.size() && !straddles(fn.ops[first]))
+    ++first;
+  if (first == fn.ops.size()) return 0;
+  std::vector<SpmdOp> ops;
+  ops.reserve(fn.ops.size() - first + 1);
+  size_t split = 0;
+  for (size_t i = first; i < fn.ops.size(); ++i) {
+    SpmdOp& op = fn.ops[i];
+    if (!straddles(op)) {
       ops.push_back(std::move(op));
       continue;
     }
@@ -270,7 +286,9 @@ size_t splitBucketsAtLoop(SpmdFunction& fn, const Machine& machine) {
     ops.push_back(std::move(after));
     ++split;
   }
-  fn.ops = std::move(ops);
+  fn.ops.erase(fn.ops.begin() + static_cast<std::ptrdiff_t>(first), fn.ops.end());
+  fn.ops.insert(fn.ops.end(), std::make_move_iterator(ops.begin()),
+                std::make_move_iterator(ops.end()));
   return split;
 }
 

@@ -1064,7 +1064,8 @@ struct PlanEvaluator::Impl {
     }
     lastUse_.assign(fn.values.size(), -1);
     freesAt_.resize(fn.ops.size() + 1);
-    loopRoles_ = loopRoles(fn);
+    readersOf_ = valueReaders(fn);
+    loopRoles_ = loopRoles(fn, readersOf_);
     for (size_t i = 0; i < fn.ops.size(); ++i) {
       const ir::Op& op = fn.ops[i];
       for (ir::ValueId operand : op.operands)
@@ -1093,11 +1094,6 @@ struct PlanEvaluator::Impl {
                       op.operands[k]) == op.operands.begin() + static_cast<std::ptrdiff_t>(k))
           ++readers_[op.operands[k]];
     phases_ = opPhases(fn);
-    readersOf_.resize(fn.values.size());
-    for (uint32_t j = 0; j < fn.ops.size(); ++j)
-      for (ir::ValueId operand : fn.ops[j].operands)
-        if (readersOf_[operand].empty() || readersOf_[operand].back() != j)
-          readersOf_[operand].push_back(j);
     findPartners();
     prepareSharedPartials();
     for (size_t v = 0; v < fn.values.size(); ++v)

@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <limits>
 #include <map>
 #include <set>
 #include <string_view>
@@ -386,7 +387,10 @@ void restoreZeroDims(SpmdFunction& spmd, ZeroRewrite& rewrite, const Layout& ori
   std::map<std::string, std::string> dimOf; // second name -> the weight's dim
   for (const auto& [name, axes] : rewrite.layout.axes)
     if (!original.axes.count(name)) dimOf[name] = name.substr(0, name.find("@zero."));
+  // A name without '@' is no second name (or maps to itself): not looked up (every dim of
+  // every value is restored, tens of thousands of values at 96 layers).
   auto restore = [&](std::string& dim) {
+    if (dim.find('@') == std::string::npos) return;
     auto it = dimOf.find(dim);
     if (it != dimOf.end()) dim = it->second;
   };
@@ -396,19 +400,30 @@ void restoreZeroDims(SpmdFunction& spmd, ZeroRewrite& rewrite, const Layout& ori
     for (ir::Dim& dim : value.localType.dims)
       restore(dim.name);
   }
+  // Per op of rewrite.fn: a crossing rename, a copy before one, or neither.
+  constexpr char kOther = 0, kRename = 1, kIdentity = 2;
+  std::vector<char> role(rewrite.fn.ops.size(), kOther);
+  for (uint32_t op : rewrite.renameOps)
+    role[op] = kRename;
+  for (uint32_t op : rewrite.identityOps)
+    role[op] = kIdentity;
+  auto roleOf = [&](uint32_t sourceOp) { return sourceOp < role.size() ? role[sourceOp] : kOther; };
   // The crossing renames are identities now: their readers read their operands. The
-  // collectives made for them are ZeRO's.
-  std::map<SpmdValueId, SpmdValueId> replaced;
-  std::vector<SpmdOp> kept;
+  // collectives made for them are ZeRO's. The ops kept are compacted in place.
+  constexpr SpmdValueId kNotReplaced = std::numeric_limits<SpmdValueId>::max();
+  std::vector<SpmdValueId> replacedBy(spmd.values.size(), kNotReplaced);
+  auto replace = [&](SpmdValueId id, SpmdValueId by) {
+    if (id >= replacedBy.size()) replacedBy.resize(id + 1, kNotReplaced);
+    replacedBy[id] = by;
+  };
   ZeroReport& report = rewrite.report;
-  for (SpmdOp& op : spmd.ops) {
-    bool crossing = rewrite.renameOps.count(op.sourceOp) > 0;
-    if (op.kind == SpmdOp::Kind::Compute && rewrite.identityOps.count(op.sourceOp)) {
-      replaced[op.result] = op.operands[0];
-      continue;
-    }
-    if (crossing && op.kind == SpmdOp::Kind::Compute) {
-      replaced[op.result] = op.operands[0];
+  size_t kept = 0;
+  for (size_t i = 0; i < spmd.ops.size(); ++i) {
+    SpmdOp& op = spmd.ops[i];
+    char source = roleOf(op.sourceOp);
+    bool crossing = source == kRename;
+    if (op.kind == SpmdOp::Kind::Compute && (source == kIdentity || crossing)) {
+      replace(op.result, op.operands[0]);
       continue;
     }
     if (crossing && op.collective.kind == CollectiveKind::ReduceScatter) {
@@ -432,20 +447,21 @@ void restoreZeroDims(SpmdFunction& spmd, ZeroRewrite& rewrite, const Layout& ori
         for (std::string& name : *names)
           restore(name);
     }
-    kept.push_back(std::move(op));
+    if (kept != i) spmd.ops[kept] = std::move(op);
+    ++kept;
   }
+  spmd.ops.erase(spmd.ops.begin() + static_cast<std::ptrdiff_t>(kept), spmd.ops.end());
   auto resolve = [&](SpmdValueId id) {
-    for (auto it = replaced.find(id); it != replaced.end(); it = replaced.find(id))
-      id = it->second;
+    while (id < replacedBy.size() && replacedBy[id] != kNotReplaced)
+      id = replacedBy[id];
     return id;
   };
-  for (SpmdOp& op : kept) {
+  for (SpmdOp& op : spmd.ops) {
     for (SpmdValueId& operand : op.operands)
       operand = resolve(operand);
     for (SpmdValueId& result : op.results)
       result = resolve(result);
   }
-  spmd.ops = std::move(kept);
   for (auto& [name, id] : spmd.outputs)
     id = resolve(id);
   for (auto& [param, id] : spmd.updates)
