@@ -143,10 +143,13 @@ public:
   std::string gemm(const kir::Gemm& gemm, const kir::KernelFunction& fn,
                    FileScope& file) const override {
     auto name = [&](kir::BufferId buffer) { return fn.buffers[size_t(buffer)].name; };
-    if (gemm.dtype == ir::DType::F32) {
+    if (ir::isFloat(gemm.dtype)) {
       // meshrt's kernels: classified once (on first use, shared by the ranks and the call
       // sites of the same einsum: they have the same local shapes), then GEMMs with transposes
-      // folded in.
+      // folded in. A bf16/f16 GEMM runs in f32 too (the products of narrow operands are exact
+      // in f32; the sum is rounded to the dtype by the call lowering adds after it): where the
+      // f32 sum lands across a rounding boundary from the interpreter's double one, the result
+      // is one narrow ulp off, inside the rule (docs/architecture.md, "bf16 / f16").
       std::vector<std::string> operands, pointers;
       for (size_t k = 0; k < gemm.operands.size(); ++k) {
         operands.push_back(fmt::format("{{{}, {{}}}}", list(gemm.operandDims[k])));

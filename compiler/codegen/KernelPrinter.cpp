@@ -53,8 +53,8 @@ std::string floatLiteral(double value) {
 
 namespace {
 
-/// The op in f32 (`f32`) or, for the narrow and integer dtypes, in double as the interpreter
-/// computes it (rounded once by the caller).
+/// The op in f32 (`f32`: the float dtypes, a narrow one rounded once by the caller) or, for the
+/// integer dtype, in double as the interpreter computes it (wrapped by the caller).
 std::string computeExpr(const Scalar& s, const std::vector<std::string>& a,
                         const std::vector<DType>& types, bool f32) {
   auto d = [&](size_t i) { return f32 ? a[i] : fmt::format("double({})", a[i]); };
@@ -310,11 +310,10 @@ std::string scalarExpression(const Scalar& s, const std::vector<std::string>& ar
   case DType::F32:
     if (s.op == OpKind::Call) return fmt::format("float({})", computeExpr(s, args, argTypes, true));
     return computeExpr(s, args, argTypes, true);
-  case DType::BF16:
+  case DType::BF16: // computed in f32 (vectorized), rounded once to the dtype
+    return fmt::format("support::roundBF16({})", computeExpr(s, args, argTypes, true));
   case DType::F16:
-    // Rounded once, from double, as the interpreter does.
-    return fmt::format("support::roundValue({}, double({}))", dtypeEnum(s.dtype),
-                       computeExpr(s, args, argTypes, false));
+    return fmt::format("support::roundF16({})", computeExpr(s, args, argTypes, true));
   case DType::I32:
     return fmt::format("support::wrapI32(double({}))", computeExpr(s, args, argTypes, false));
   }

@@ -29,16 +29,13 @@ double gemmSeconds(const Machine& machine, double flops, double bytes, ir::DType
   double slowdown =
       machine.gemmShapeDim > 0 && smallestDim > 0 ? 1 + machine.gemmShapeDim / smallestDim : 1;
   // A CPU (its loops described) without a bf16 rate runs a bf16/f16 GEMM as the C++ target
-  // prints it, in double (support::einsum2Double: the operands copied into doubles, cblas_dgemm,
-  // the result rounded to the dtype): twice the FLOP time of f32, whose peak was measured, with
-  // half the lanes per instruction, plus a pass over the copies (a float read and a double
-  // written per element: 3x the bytes). ViT's bf16 feed-forward, 68 x 64 x 128 here: sgemm
-  // 11 us, dgemm 21 us, einsum2Double 30 us.
-  bool inDouble = (dtype == ir::DType::BF16 || dtype == ir::DType::F16) &&
-                  machine.peakFlopsBf16 <= 0 && modelsLoops(machine);
-  double seconds = computeSeconds(machine, flops * slowdown * (inDouble ? 2 : 1), bytes, dtype) +
-                   machine.gemmLatencySeconds;
-  if (inDouble) seconds += loopShareSeconds(machine, 0, 0, 3 * bytes, /*closesNest=*/true);
+  // prints it: the f32 GEMM (the narrow operands' products are exact in f32), then a pass that
+  // rounds the result to the dtype (support::roundBufferBF16), charged at the GEMM's bytes.
+  bool narrowOnCpu = (dtype == ir::DType::BF16 || dtype == ir::DType::F16) &&
+                     machine.peakFlopsBf16 <= 0 && modelsLoops(machine);
+  double seconds =
+      computeSeconds(machine, flops * slowdown, bytes, dtype) + machine.gemmLatencySeconds;
+  if (narrowOnCpu) seconds += loopShareSeconds(machine, 0, 0, bytes, /*closesNest=*/true);
   // A batched GEMM of real matrices: oneDNN's batched matmul sets each one up (meshrt's
   // DnnlGemm; about 0.4 us a matrix of attention's 16 x 16 x 8 here, 8x its FLOP time).
   if (batches > 1 && smallestDim > 1) seconds += (batches - 1) * machine.gemmBatchSeconds;

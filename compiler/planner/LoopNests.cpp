@@ -34,6 +34,19 @@ bool isTranscendental(OpKind kind) {
   }
 }
 
+double roundingFlops(ir::DType dtype) {
+  switch (dtype) {
+  case ir::DType::BF16:
+    return 8;
+  case ir::DType::F16:
+    return 14;
+  case ir::DType::F32:
+  case ir::DType::I32:
+    return 0;
+  }
+  return 0;
+}
+
 namespace {
 
 constexpr size_t kMaxOperands = 28; // operands past it are counted as read from memory

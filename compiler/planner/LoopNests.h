@@ -33,6 +33,10 @@ bool isLoopOp(const ir::Function& fn, const ir::Op& op);
 /// instructions.
 bool isTranscendental(ir::OpKind kind);
 
+/// The vector instructions a fused loop spends rounding one element of `dtype` after computing
+/// it in f32 (the C++ target's support::roundBF16: 8; roundF16: 14; none for f32 and i32).
+double roundingFlops(ir::DType dtype);
+
 /// Every op's role, by fuse-loops' rule: a loop nest fuses into the loop nest of its first
 /// reader when that reader is a loop over the same dims (the producer's result stays stored when
 /// something else reads it too), or over more dims when the producer is cheap (no transcendental,

@@ -818,7 +818,8 @@ private:
     double flops = random && perRandom > 0 ? elements * perRandom : out.flops;
     if (loopRole_.loop) {
       bool transcendental = isTranscendental(op.kind);
-      return loopShareSeconds(machine_, transcendental ? elements : flops,
+      double rounding = elements * roundingFlops(fn_.typeOf(op.result).dtype);
+      return loopShareSeconds(machine_, (transcendental ? elements : flops) + rounding,
                               transcendental ? elements : 0, out.bytes, loopRole_.closesNest());
     }
     auto operandElements = [&] {
@@ -2923,10 +2924,11 @@ void PlanEvaluator::Impl::boundLoopTerms(const ir::Op& op, const LoopRole& role,
   const ir::TensorType& result = fn_.typeOf(op.result);
   double resultElements = static_cast<double>(result.numElements());
   if (role.loop) { // loopShareSeconds at the result's elements (transcendental, random: dearer)
-    double perElement = isTranscendental(op.kind) ? 1 + machine_.transcendentalFlops
-                        : op.kind == OpKind::Dropout && machine_.randomFlops > 0
-                            ? machine_.randomFlops
-                            : 0;
+    double perElement =
+        (isTranscendental(op.kind)                                ? 1 + machine_.transcendentalFlops
+         : op.kind == OpKind::Dropout && machine_.randomFlops > 0 ? machine_.randomFlops
+                                                                  : 0) +
+        roundingFlops(result.dtype);
     term.fixedSeconds = role.closesNest() ? machine_.loopLatencySeconds : 0;
     term.elementSeconds = perElement * resultElements / machine_.vectorFlops;
     term.elementDims = dimsOf(result);

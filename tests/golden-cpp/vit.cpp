@@ -74,23 +74,29 @@ static const support::SharedEinsum
 static const support::SharedEinsum
     kEinsum5({{2, 17, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 4}, {}}});
 static const support::SharedEinsum
-    kEinsum6({{2, 10, 64}, {{{0, 1}, {}}, {{2, 1}, {}}}, {{0, 2}, {}}});
+    kEinsum6({{2, 17, 64, 64}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
 static const support::SharedEinsum
-    kEinsum7({{2, 10, 64}, {{{0, 1}, {}}, {{0, 2}, {}}}, {{2, 1}, {}}});
+    kEinsum7({{2, 10, 64}, {{{0, 1}, {}}, {{2, 1}, {}}}, {{0, 2}, {}}});
 static const support::SharedEinsum
-    kEinsum8({{2, 16, 64, 4, 4, 3}, {{{0, 1, 2}, {}}, {{0, 1, 3, 4, 5}, {}}}, {{3, 4, 5, 2}, {}}});
+    kEinsum8({{2, 10, 64}, {{{0, 1}, {}}, {{0, 2}, {}}}, {{2, 1}, {}}});
 static const support::SharedEinsum
-    kEinsum9({{2, 17, 64, 2, 16}, {{{0, 1, 2}, {}}, {{3, 4, 2}, {}}}, {{0, 1, 3, 4}, {}}});
+    kEinsum9({{2, 16, 64, 4, 4, 3}, {{{0, 1, 2}, {}}, {{0, 1, 3, 4, 5}, {}}}, {{3, 4, 5, 2}, {}}});
 static const support::SharedEinsum
-    kEinsum10({{2, 17, 64, 2, 16}, {{{0, 1, 2}, {}}, {{0, 1, 3, 4}, {}}}, {{3, 4, 2}, {}}});
+    kEinsum10({{2, 17, 64, 64}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
 static const support::SharedEinsum
-    kEinsum11({{2, 17, 2, 16, 17}, {{{0, 1, 2, 3}, {}}, {{0, 2, 1, 4}, {}}}, {{0, 4, 2, 3}, {}}});
+    kEinsum11({{2, 17, 64, 64}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
 static const support::SharedEinsum
-    kEinsum12({{2, 2, 17, 17, 16}, {{{0, 1, 2, 3}, {}}, {{0, 2, 1, 4}, {}}}, {{0, 3, 1, 4}, {}}});
+    kEinsum12({{2, 17, 64, 2, 16}, {{{0, 1, 2}, {}}, {{3, 4, 2}, {}}}, {{0, 1, 3, 4}, {}}});
 static const support::SharedEinsum
-    kEinsum13({{2, 17, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
+    kEinsum13({{2, 17, 64, 2, 16}, {{{0, 1, 2}, {}}, {{0, 1, 3, 4}, {}}}, {{3, 4, 2}, {}}});
 static const support::SharedEinsum
-    kEinsum14({{2, 17, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
+    kEinsum14({{2, 17, 2, 16, 17}, {{{0, 1, 2, 3}, {}}, {{0, 2, 1, 4}, {}}}, {{0, 4, 2, 3}, {}}});
+static const support::SharedEinsum
+    kEinsum15({{2, 2, 17, 17, 16}, {{{0, 1, 2, 3}, {}}, {{0, 2, 1, 4}, {}}}, {{0, 3, 1, 4}, {}}});
+static const support::SharedEinsum
+    kEinsum16({{2, 17, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
+static const support::SharedEinsum
+    kEinsum17({{2, 17, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
 
 [[gnu::noinline]] static void loop0(float *__restrict p0, const float *__restrict p1) {
   for (int64_t i0 = 0; i0 < 2; ++i0) {
@@ -165,7 +171,7 @@ static const support::SharedEinsum
       const float s2 = (s0 * s1);
       const float s3 = p3[i1];
       const float s4 = (s2 + s3);
-      const float s5 = support::roundValue(support::DType::BF16, double(s4));
+      const float s5 = support::roundBF16(s4);
       p0[i0 * 64 + i1] = s5;
     }
   }
@@ -174,7 +180,7 @@ static const support::SharedEinsum
 [[gnu::noinline]] static void loop7(float *__restrict p0, const float *__restrict p1) {
   for (int64_t i0 = 0; i0 < 4096; ++i0) {
     const float s0 = p1[i0];
-    const float s1 = support::roundValue(support::DType::BF16, double(s0));
+    const float s1 = support::roundBF16(s0);
     p0[i0] = s1;
   }
 }
@@ -182,7 +188,7 @@ static const support::SharedEinsum
 [[gnu::noinline]] static void loop8(float *__restrict p0, const float *__restrict p1) {
   for (int64_t i0 = 0; i0 < 2176; ++i0) {
     const float s0 = p1[i0];
-    const float s1 = support::roundValue(support::DType::BF16, double(support::gelu(s0)));
+    const float s1 = support::roundBF16(support::fgelu(s0));
     p0[i0] = s1;
   }
 }
@@ -785,44 +791,35 @@ static const support::SharedEinsum
                                      const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 2176; ++i0) {
     const float s0 = p1[i0];
-    const float s1 = support::roundValue(support::DType::BF16, double(double(s0) * double(s0)));
+    const float s1 = support::roundBF16(s0 * s0);
     const float s2 = p1[i0];
-    const float s3 = support::roundValue(support::DType::BF16, double((double(s2) * double(s1))));
+    const float s3 = support::roundBF16((s2 * s1));
     const float s4 = support::roundValue(support::DType::BF16, 0.044677734375);
-    const float s5 = support::roundValue(support::DType::BF16, double((double(s3) * double(s4))));
+    const float s5 = support::roundBF16((s3 * s4));
     const float s6 = p1[i0];
-    const float s7 = support::roundValue(support::DType::BF16, double((double(s6) + double(s5))));
+    const float s7 = support::roundBF16((s6 + s5));
     const float s8 = support::roundValue(support::DType::BF16, 0.796875);
-    const float s9 = support::roundValue(support::DType::BF16, double((double(s7) * double(s8))));
-    const float s10 = support::roundValue(support::DType::BF16, double(std::tanh(double(s9))));
+    const float s9 = support::roundBF16((s7 * s8));
+    const float s10 = support::roundBF16(support::ftanh(s9));
     const float s11 = support::roundValue(support::DType::BF16, 1.0);
-    const float s12 =
-        support::roundValue(support::DType::BF16, double((double(s10) + double(s11))));
+    const float s12 = support::roundBF16((s10 + s11));
     const float s13 = support::roundValue(support::DType::BF16, 0.5);
-    const float s14 =
-        support::roundValue(support::DType::BF16, double((double(s12) * double(s13))));
+    const float s14 = support::roundBF16((s12 * s13));
     const float s15 = support::roundValue(support::DType::BF16, 0.1337890625);
-    const float s16 = support::roundValue(support::DType::BF16, double((double(s1) * double(s15))));
+    const float s16 = support::roundBF16((s1 * s15));
     const float s17 = support::roundValue(support::DType::BF16, 1.0);
-    const float s18 =
-        support::roundValue(support::DType::BF16, double((double(s16) + double(s17))));
-    const float s19 = support::roundValue(support::DType::BF16, double(double(s10) * double(s10)));
+    const float s18 = support::roundBF16((s16 + s17));
+    const float s19 = support::roundBF16(s10 * s10);
     const float s20 = support::roundValue(support::DType::BF16, 1.0);
-    const float s21 =
-        support::roundValue(support::DType::BF16, double((double(s20) - double(s19))));
+    const float s21 = support::roundBF16((s20 - s19));
     const float s22 = p1[i0];
-    const float s23 =
-        support::roundValue(support::DType::BF16, double((double(s22) * double(s21))));
-    const float s24 =
-        support::roundValue(support::DType::BF16, double((double(s23) * double(s18))));
+    const float s23 = support::roundBF16((s22 * s21));
+    const float s24 = support::roundBF16((s23 * s18));
     const float s25 = support::roundValue(support::DType::BF16, 0.3984375);
-    const float s26 =
-        support::roundValue(support::DType::BF16, double((double(s24) * double(s25))));
-    const float s27 =
-        support::roundValue(support::DType::BF16, double((double(s14) + double(s26))));
+    const float s26 = support::roundBF16((s24 * s25));
+    const float s27 = support::roundBF16((s14 + s26));
     const float s28 = p2[i0];
-    const float s29 =
-        support::roundValue(support::DType::BF16, double((double(s28) * double(s27))));
+    const float s29 = support::roundBF16((s28 * s27));
     p0[i0] = s29;
   }
 }
@@ -1353,20 +1350,8 @@ void Classify::repeated0(support::ConstView a0, support::ConstView a1, support::
 
   // vit.mesh:71:16 einsum
   MESHRT_TRACE("gemm", "vit.mesh:71:16", "forward");
-  support::einsum2Double(a23.data(), a20.data(), a22.data(),
-                         {.batch = {},
-                          .m = {2, 17},
-                          .n = {64},
-                          .k = {64},
-                          .aBatch = {},
-                          .aM = {1088, 64},
-                          .aK = {1},
-                          .bBatch = {},
-                          .bK = {64},
-                          .bN = {1},
-                          .outBatch = {},
-                          .outM = {1088, 64},
-                          .outN = {1}});
+  // dims: batch, tokens, d_model, d_ff
+  kEinsum6.plan().run(a20.data(), a22.data(), a23.data(), 1.0f, 0.0f);
 
   // vit.mesh:71:16 einsum
   MESHRT_TRACE("einsum", "vit.mesh:71:16", "forward");
@@ -1382,20 +1367,8 @@ void Classify::repeated0(support::ConstView a0, support::ConstView a1, support::
 
   // vit.mesh:72:15 einsum
   MESHRT_TRACE("gemm", "vit.mesh:72:15", "forward");
-  support::einsum2Double(a27.data(), a24.data(), a26.data(),
-                         {.batch = {},
-                          .m = {2, 17},
-                          .n = {64},
-                          .k = {64},
-                          .aBatch = {},
-                          .aM = {1088, 64},
-                          .aK = {1},
-                          .bBatch = {},
-                          .bK = {64},
-                          .bN = {1},
-                          .outBatch = {},
-                          .outM = {1088, 64},
-                          .outN = {1}});
+  // dims: batch, tokens, d_ff, d_model
+  kEinsum6.plan().run(a24.data(), a26.data(), a27.data(), 1.0f, 0.0f);
 
   // vit.mesh:72:15 einsum
   MESHRT_TRACE("einsum", "vit.mesh:72:15", "forward");
@@ -2274,14 +2247,14 @@ void TrainVit::runPart1(const Inputs &inputs) {
   support::View v4(param2_vit_w_head); // updated in place
   support::View v139 = arena_.view(74240, 128);
   // dims: batch, classes, d_model
-  kEinsum6.plan().run(v137.data(), v4.data(), v139.data(), 1.0f, 0.0f);
+  kEinsum7.plan().run(v137.data(), v4.data(), v139.data(), 1.0f, 0.0f);
 
   // vit.mesh:100:10 einsum -> grad/vit/w_head
   MESHRT_TRACE("gemm", "vit.mesh:100:10", "backward");
   support::View v117 = arena_.view(74752, 128);
   support::View v140 = arena_.view(375936, 640);
   // dims: batch, classes, d_model
-  kEinsum7.plan().run(v137.data(), v117.data(), v140.data(), 1.0f, 0.0f);
+  kEinsum8.plan().run(v137.data(), v117.data(), v140.data(), 1.0f, 0.0f);
 
   // vit.mesh:99:13 broadcast
   MESHRT_TRACE("loop", "vit.mesh:99:13", "backward");
@@ -2622,7 +2595,7 @@ void TrainVit::runPart2(const Inputs &inputs) {
   support::View v12 = arena_.view(325632, 1536);
   support::View v358 = arena_.view(81920, 3072);
   // dims: batch, patches, d_model, pixel_row, pixel_col, channels
-  kEinsum8.plan().run(v354.data(), v12.data(), v358.data(), 1.0f, 0.0f);
+  kEinsum9.plan().run(v354.data(), v12.data(), v358.data(), 1.0f, 0.0f);
 
   // vit.mesh:112:3 bucketed_all_reduce_sum -> loss (33 partial sums (loss, grad/vit/b_head,
   // grad/vit/w_head, ...) over data resolved together, 150.8 KiB in one buffer)
@@ -3653,7 +3626,7 @@ void TrainVit::repeated1(
         const float s0 = a2p[i0];
         const float s1 =
             support::keepOrZero(keep1[i0 - c0], float(double(s0) * 1.1111111111111112));
-        const float s2 = support::roundValue(support::DType::BF16, double(s1));
+        const float s2 = support::roundBF16(s1);
         a3p[i0] = s2;
       }
     }
@@ -3661,20 +3634,8 @@ void TrainVit::repeated1(
 
   // vit.mesh:72:15 einsum
   MESHRT_TRACE("gemm", "vit.mesh:72:15", "backward");
-  support::einsum2Double(a5.data(), a3.data(), a4.data(),
-                         {.batch = {},
-                          .m = {2, 17},
-                          .n = {64},
-                          .k = {64},
-                          .aBatch = {},
-                          .aM = {1088, 64},
-                          .aK = {1},
-                          .bBatch = {},
-                          .bK = {1},
-                          .bN = {64},
-                          .outBatch = {},
-                          .outM = {1088, 64},
-                          .outN = {1}});
+  // dims: batch, tokens, d_model, d_ff
+  kEinsum10.plan().run(a3.data(), a4.data(), a5.data(), 1.0f, 0.0f);
 
   // vit.mesh:72:15 einsum
   MESHRT_TRACE("einsum", "vit.mesh:72:15", "backward");
@@ -3682,20 +3643,8 @@ void TrainVit::repeated1(
 
   // vit.mesh:72:15 einsum
   MESHRT_TRACE("gemm", "vit.mesh:72:15", "backward");
-  support::einsum2Double(a7.data(), a3.data(), a6.data(),
-                         {.batch = {},
-                          .m = {64},
-                          .n = {64},
-                          .k = {2, 17},
-                          .aBatch = {},
-                          .aM = {1},
-                          .aK = {1088, 64},
-                          .bBatch = {},
-                          .bK = {1088, 64},
-                          .bN = {1},
-                          .outBatch = {},
-                          .outM = {1},
-                          .outN = {64}});
+  // dims: batch, tokens, d_model, d_ff
+  kEinsum11.plan().run(a3.data(), a6.data(), a7.data(), 1.0f, 0.0f);
 
   // vit.mesh:72:15 einsum
   MESHRT_TRACE("einsum", "vit.mesh:72:15", "backward");
@@ -3727,20 +3676,8 @@ void TrainVit::repeated1(
 
   // vit.mesh:71:16 einsum
   MESHRT_TRACE("gemm", "vit.mesh:71:16", "backward");
-  support::einsum2Double(a12.data(), a10.data(), a11.data(),
-                         {.batch = {},
-                          .m = {2, 17},
-                          .n = {64},
-                          .k = {64},
-                          .aBatch = {},
-                          .aM = {1088, 64},
-                          .aK = {1},
-                          .bBatch = {},
-                          .bK = {1},
-                          .bN = {64},
-                          .outBatch = {},
-                          .outM = {1088, 64},
-                          .outN = {1}});
+  // dims: batch, tokens, d_ff, d_model
+  kEinsum10.plan().run(a10.data(), a11.data(), a12.data(), 1.0f, 0.0f);
 
   // vit.mesh:71:16 einsum
   MESHRT_TRACE("einsum", "vit.mesh:71:16", "backward");
@@ -3748,20 +3685,8 @@ void TrainVit::repeated1(
 
   // vit.mesh:71:16 einsum
   MESHRT_TRACE("gemm", "vit.mesh:71:16", "backward");
-  support::einsum2Double(a14.data(), a10.data(), a13.data(),
-                         {.batch = {},
-                          .m = {64},
-                          .n = {64},
-                          .k = {2, 17},
-                          .aBatch = {},
-                          .aM = {1},
-                          .aK = {1088, 64},
-                          .bBatch = {},
-                          .bK = {1088, 64},
-                          .bN = {1},
-                          .outBatch = {},
-                          .outM = {1},
-                          .outN = {64}});
+  // dims: batch, tokens, d_ff, d_model
+  kEinsum11.plan().run(a10.data(), a13.data(), a14.data(), 1.0f, 0.0f);
 
   // vit.mesh:71:16 einsum
   MESHRT_TRACE("einsum", "vit.mesh:71:16", "backward");
@@ -3870,12 +3795,12 @@ void TrainVit::repeated1(
   // vit.mesh:63:10 einsum
   MESHRT_TRACE("gemm", "vit.mesh:63:10", "backward");
   // dims: batch, tokens, d_model, heads, d_head
-  kEinsum9.plan().run(a38.data(), a39.data(), a40.data(), 1.0f, 0.0f);
+  kEinsum12.plan().run(a38.data(), a39.data(), a40.data(), 1.0f, 0.0f);
 
   // vit.mesh:63:10 einsum -> grad/vit/encoder_layer[1]/attention/w_o
   MESHRT_TRACE("gemm", "vit.mesh:63:10", "backward");
   // dims: batch, tokens, d_model, heads, d_head
-  kEinsum10.plan().run(a38.data(), a41.data(), a42.data(), 1.0f, 0.0f);
+  kEinsum13.plan().run(a38.data(), a41.data(), a42.data(), 1.0f, 0.0f);
 
   // vit.mesh:63:17 einsum
   MESHRT_TRACE("gemm", "vit.mesh:63:17", "backward");
@@ -3885,7 +3810,7 @@ void TrainVit::repeated1(
   // vit.mesh:63:17 einsum
   MESHRT_TRACE("gemm", "vit.mesh:63:17", "backward");
   // dims: batch, tokens, heads, d_head, mem
-  kEinsum11.plan().run(a40.data(), a45.data(), a46.data(), 1.0f, 0.0f);
+  kEinsum14.plan().run(a40.data(), a45.data(), a46.data(), 1.0f, 0.0f);
 
   // vit.mesh:62:17 mul
   MESHRT_TRACE("loop", "vit.mesh:62:17", "backward");
@@ -3910,32 +3835,32 @@ void TrainVit::repeated1(
   // vit.mesh:62:25 einsum
   MESHRT_TRACE("gemm", "vit.mesh:62:25", "backward");
   // dims: batch, heads, tokens, mem, d_head
-  kEinsum12.plan().run(a49.data(), a52.data(), a53.data(), 1.0f, 0.0f);
+  kEinsum15.plan().run(a49.data(), a52.data(), a53.data(), 1.0f, 0.0f);
 
   // vit.mesh:61:11 einsum
   MESHRT_TRACE("gemm", "vit.mesh:61:11", "backward");
   // dims: batch, mem, heads, d_head, d_model
-  kEinsum13.plan().run(a46.data(), a54.data(), a55.data(), 1.0f, 0.0f);
+  kEinsum16.plan().run(a46.data(), a54.data(), a55.data(), 1.0f, 0.0f);
 
   // vit.mesh:61:11 einsum -> grad/vit/encoder_layer[1]/attention/w_v
   MESHRT_TRACE("gemm", "vit.mesh:61:11", "backward");
   // dims: batch, mem, heads, d_head, d_model
-  kEinsum14.plan().run(a46.data(), a56.data(), a57.data(), 1.0f, 0.0f);
+  kEinsum17.plan().run(a46.data(), a56.data(), a57.data(), 1.0f, 0.0f);
 
   // vit.mesh:60:11 einsum
   MESHRT_TRACE("gemm", "vit.mesh:60:11", "backward");
   // dims: batch, mem, heads, d_head, d_model
-  kEinsum13.plan().run(a53.data(), a58.data(), a59.data(), 1.0f, 0.0f);
+  kEinsum16.plan().run(a53.data(), a58.data(), a59.data(), 1.0f, 0.0f);
 
   // vit.mesh:60:11 einsum -> grad/vit/encoder_layer[1]/attention/w_k
   MESHRT_TRACE("gemm", "vit.mesh:60:11", "backward");
   // dims: batch, mem, heads, d_head, d_model
-  kEinsum14.plan().run(a53.data(), a60.data(), a61.data(), 1.0f, 0.0f);
+  kEinsum17.plan().run(a53.data(), a60.data(), a61.data(), 1.0f, 0.0f);
 
   // vit.mesh:59:11 einsum
   MESHRT_TRACE("gemm", "vit.mesh:59:11", "backward");
   // dims: batch, tokens, heads, d_head, d_model
-  kEinsum13.plan().run(a51.data(), a62.data(), a63.data(), 1.0f, 0.0f);
+  kEinsum16.plan().run(a51.data(), a62.data(), a63.data(), 1.0f, 0.0f);
 
   // vit.mesh:60:18 add
   // vit.mesh:59:11 add
@@ -3949,7 +3874,7 @@ void TrainVit::repeated1(
   // vit.mesh:59:11 einsum -> grad/vit/encoder_layer[1]/attention/w_q
   MESHRT_TRACE("gemm", "vit.mesh:59:11", "backward");
   // dims: batch, tokens, heads, d_head, d_model
-  kEinsum14.plan().run(a51.data(), a65.data(), a66.data(), 1.0f, 0.0f);
+  kEinsum17.plan().run(a51.data(), a65.data(), a66.data(), 1.0f, 0.0f);
 
   MESHRT_TRACE_SITE("vit.mesh:36:52");
   group_model.wait(request0);
@@ -4112,20 +4037,8 @@ void TrainVit::repeated2(support::ConstView a0, support::ConstView a1, support::
 
   // vit.mesh:71:16 einsum
   MESHRT_TRACE("gemm", "vit.mesh:71:16", "forward");
-  support::einsum2Double(a24.data(), a21.data(), a23.data(),
-                         {.batch = {},
-                          .m = {2, 17},
-                          .n = {64},
-                          .k = {64},
-                          .aBatch = {},
-                          .aM = {1088, 64},
-                          .aK = {1},
-                          .bBatch = {},
-                          .bK = {64},
-                          .bN = {1},
-                          .outBatch = {},
-                          .outM = {1088, 64},
-                          .outN = {1}});
+  // dims: batch, tokens, d_model, d_ff
+  kEinsum6.plan().run(a21.data(), a23.data(), a24.data(), 1.0f, 0.0f);
 
   // vit.mesh:71:16 einsum
   MESHRT_TRACE("einsum", "vit.mesh:71:16", "forward");
@@ -4141,20 +4054,8 @@ void TrainVit::repeated2(support::ConstView a0, support::ConstView a1, support::
 
   // vit.mesh:72:15 einsum
   MESHRT_TRACE("gemm", "vit.mesh:72:15", "forward");
-  support::einsum2Double(a28.data(), a25.data(), a27.data(),
-                         {.batch = {},
-                          .m = {2, 17},
-                          .n = {64},
-                          .k = {64},
-                          .aBatch = {},
-                          .aM = {1088, 64},
-                          .aK = {1},
-                          .bBatch = {},
-                          .bK = {64},
-                          .bN = {1},
-                          .outBatch = {},
-                          .outM = {1088, 64},
-                          .outN = {1}});
+  // dims: batch, tokens, d_ff, d_model
+  kEinsum6.plan().run(a25.data(), a27.data(), a28.data(), 1.0f, 0.0f);
 
   // vit.mesh:72:15 einsum
   MESHRT_TRACE("einsum", "vit.mesh:72:15", "forward");

@@ -517,15 +517,17 @@ program scores(x: f32[batch, q, heads, e], y: f32[batch, k, heads, e]) -> (s: f3
   CHECK(found->stepSeconds == Approx(oracle.stepSeconds).epsilon(1e-9));
 }
 
-TEST_CASE("cost model: a bf16 GEMM on a CPU without a bf16 rate runs in double", "[cost]") {
+TEST_CASE("cost model: a bf16 GEMM on a CPU without a bf16 rate runs in f32, then rounds",
+          "[cost]") {
   Machine m = parsed(kLoopsJson);
-  // The C++ target's einsum2Double: 2000 FLOPs (1 + 16/64 for its shape) at half the f32 rate,
-  // the call, and one pass over 3x the 100 bytes (cached, 10 GB/s) closing its own loop.
-  double inDouble = 2 * 2.5e-6 + 5e-6 + (300 / 1e10 + 1e-6);
-  CHECK(gemmSeconds(m, 2e3, 100, ir::DType::BF16, 64) == Approx(inDouble));
-  CHECK(gemmSeconds(m, 2e3, 100, ir::DType::F16, 64) == Approx(inDouble));
-  CHECK(gemmSeconds(m, 2e3, 100, ir::DType::F32, 64) == Approx(2.5e-6 + 5e-6));
-  // A machine with a bf16 rate (a GPU's tensor cores) runs it at that rate.
+  // The C++ target's f32 GEMM: 2000 FLOPs (1 + 16/64 for its shape) at the f32 rate and the
+  // call, then the pass rounding its result to the dtype over the 100 bytes (cached, 10 GB/s)
+  // closing its own loop.
+  double f32Gemm = 2.5e-6 + 5e-6;
+  CHECK(gemmSeconds(m, 2e3, 100, ir::DType::BF16, 64) == Approx(f32Gemm + 100 / 1e10 + 1e-6));
+  CHECK(gemmSeconds(m, 2e3, 100, ir::DType::F16, 64) == Approx(f32Gemm + 100 / 1e10 + 1e-6));
+  CHECK(gemmSeconds(m, 2e3, 100, ir::DType::F32, 64) == Approx(f32Gemm));
+  // A machine with a bf16 rate (a GPU's tensor cores) runs it at that rate, unrounded after.
   Machine tensorCores = m;
   tensorCores.peakFlopsBf16 = 4e9;
   CHECK(gemmSeconds(tensorCores, 2e3, 100, ir::DType::BF16, 64) == Approx(2.5e-6 / 4 + 5e-6));
@@ -623,6 +625,35 @@ TEST_CASE("lowering: a fused chain is charged once, kernels at their rates", "[c
   for (const SpmdOp& op : old->ops)
     if (op.kind == SpmdOp::Kind::Compute && op.computeKind == ir::OpKind::Mul)
       CHECK(op.seconds == Approx(std::max(elements / 1e9, 2 * bytes / 1e10)));
+}
+
+TEST_CASE("lowering: a bf16 loop pays the rounding of every result", "[cost][lowering]") {
+  // kChainProgram's first two ops in bf16: computed in f32 and each result rounded to bf16
+  // (support::roundBF16: 8 vector instructions an element) in the same fused nest.
+  Analyzed program(R"(
+mesh m[x = 1]
+dim n = 64
+dim d = 32
+program chain(x: bf16[n, d]) -> (y: bf16[n, d]) {
+  let a = x * 2.0
+  y = exp(a)
+}
+)");
+  Machine m = parsed(kLoopsJson);
+  std::optional<SpmdFunction> spmd = lowerToSpmd(*program.module, program.fn("chain"),
+                                                 meshOf({{"x", 1}}), Layout{}, m, program.diag);
+  REQUIRE(spmd);
+  const double elements = 64 * 32, bytes = 2 * elements;
+  CHECK(roundingFlops(ir::DType::BF16) == 8);
+  CHECK(roundingFlops(ir::DType::F16) == 14);
+  CHECK(roundingFlops(ir::DType::F32) == 0);
+  for (const SpmdOp& op : spmd->ops) {
+    if (op.kind != SpmdOp::Kind::Compute) continue;
+    if (op.computeKind == ir::OpKind::Mul) // 1 FLOP and the rounding, the result kept in the nest
+      CHECK(op.seconds == Approx(std::max(9 * elements / 1e8, bytes / 1e10)));
+    if (op.computeKind == ir::OpKind::Exp) // one exp (21 FLOPs) and the rounding, stored
+      CHECK(op.seconds == Approx(std::max(29 * elements / 1e8, bytes / 1e10) + 1e-6));
+  }
 }
 
 TEST_CASE("search: the lower bound stays a bound when loops and kernels are priced",

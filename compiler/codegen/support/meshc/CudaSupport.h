@@ -84,6 +84,8 @@ using gen::maximum;
 using gen::minimum;
 using gen::modI32;
 using gen::powI32;
+using gen::roundBF16;
+using gen::roundF16;
 using gen::roundValue;
 using gen::sigmoid;
 using gen::wrapI32;
