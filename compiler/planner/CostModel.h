@@ -58,7 +58,8 @@ enum class RowKernel { Softmax, LayerNorm, Reduce };
 /// element (softmax_element_seconds, ...), at least the bytes at streamBandwidth, plus the
 /// call's fixed cost: max(elements x perElement, bytes / streamBandwidth(bytes)) +
 /// loopLatencySeconds.
-double rowKernelSeconds(const Machine& machine, RowKernel kernel, double elements, double bytes);
+double rowKernelSeconds(const Machine& machine, RowKernel kernel, double elements, double bytes,
+                        double rows = 0);
 
 /// Any other kernel call (one_hot, gather, a copy, a random fill, ...): the roofline of its
 /// FLOPs at the vector rate and its bytes, plus the call's fixed cost.
