@@ -9,6 +9,7 @@ alternated round by round; when auto finds the own layout there is nothing to ra
 
     python3 bench/fidelity.py [--build-dir build] [--machine M.json] [--only mlp,transformer]
                               [--meshes 1,2,2x2,2x4] [--rounds 3] [--quick] [--no-auto]
+                              [--old-meshc OLD_MESHC [--old-machine OLD.json]]
 
 The summary counts the rows within 25% and gives the median |measured / predicted - 1| of each
 column. Without --machine, `meshc calibrate` (--quick with --quick) first writes a calibrated description
@@ -140,6 +141,9 @@ def main():
                         help="calibrate with --quick, 2 rounds, meshes 1 and 2x2 only")
     parser.add_argument("--old-meshc", help="also the predictions of this meshc (before/after "
                         "tables; own layouts only)")
+    parser.add_argument("--old-machine", help="the machine description --old-meshc plans for "
+                        "(default: --machine's; a term new in the new file then stays out of "
+                        "the old column)")
     parser.add_argument("--no-auto", action="store_true",
                         help="the own layout only (no rank agreement)")
     args = parser.parse_args()
@@ -190,7 +194,7 @@ def main():
                     plan(meshc, path, fn, mesh, machine, v)
                 if args.old_meshc and not own.problem:
                     old = Variant("old", [])
-                    plan(args.old_meshc, path, fn, mesh, machine, old)
+                    plan(args.old_meshc, path, fn, mesh, args.old_machine or machine, old)
                     own.old_predicted = old.predicted
                 if auto and own.layout is not None and auto.layout == own.layout:
                     auto.problem = "same layout as own"

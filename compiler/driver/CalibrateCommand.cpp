@@ -354,7 +354,8 @@ int calibrateCommand(const char* argv0) {
   // Loops and kernels: the probe's rates as the machine's fields (CostModel.h, loopShareSeconds
   // and rowKernelSeconds); a transcendental element in simple FLOPs at the vector rate.
   double vectorFlops = 0, transcendentalFlops = 0, randomFlops = 0, normalFlops = 0,
-         loopLatency = 0, softmaxElement = 0, layerNormElement = 0, reduceElement = 0;
+         loopLatency = 0, softmaxElement = 0, softmaxRow = 0, layerNormElement = 0,
+         reduceElement = 0;
   if (const llvm::json::Object* loops = report->getObject("loops")) {
     vectorFlops = loops->getNumber("vector_flops").getValueOr(0);
     transcendentalFlops =
@@ -363,6 +364,7 @@ int calibrateCommand(const char* argv0) {
     normalFlops = loops->getNumber("normal_element_seconds").getValueOr(0) * vectorFlops;
     loopLatency = loops->getNumber("call_seconds").getValueOr(0);
     softmaxElement = loops->getNumber("softmax_element_seconds").getValueOr(0);
+    softmaxRow = loops->getNumber("softmax_row_seconds").getValueOr(0);
     layerNormElement = loops->getNumber("layer_norm_element_seconds").getValueOr(0);
     reduceElement = loops->getNumber("reduce_element_seconds").getValueOr(0);
   }
@@ -402,6 +404,7 @@ int calibrateCommand(const char* argv0) {
       {"normal_flops", normalFlops},
       {"loop_latency_seconds", loopLatency},
       {"softmax_element_seconds", softmaxElement},
+      {"softmax_row_seconds", softmaxRow},
       {"layer_norm_element_seconds", layerNormElement},
       {"reduce_element_seconds", reduceElement},
       {"intra", llvm::json::Object{{"name", std::string(calibrateBackend)},
@@ -444,7 +447,9 @@ int calibrateCommand(const char* argv0) {
                  "fused "
                  "dropout's time per element at that rate, loop_latency_seconds a kernel "
                  "call on [4, 4], and per element of [128, 128] along the last dim softmax and "
-                 "log_softmax (their mean), layer_norm and sum; no bf16 hardware assumed",
+                 "log_softmax (their mean; with generated code's row kernels, fitted over rows "
+                 "of 16 and 128 to softmax_row_seconds per row plus softmax_element_seconds), "
+                 "layer_norm and sum; no bf16 hardware assumed",
                  command, gemmTable, int(calibrateRanks), link.worstRatio, 2 * cores, 4 * cores)},
   };
   // The cores the ranks of this host share (ranks beyond them take turns: the cost model's

@@ -80,11 +80,16 @@ double loopShareSeconds(const Machine& machine, double flops, double transcenden
          (closesNest ? machine.loopLatencySeconds : 0);
 }
 
-double rowKernelSeconds(const Machine& machine, RowKernel kernel, double elements, double bytes) {
+double rowKernelSeconds(const Machine& machine, RowKernel kernel, double elements, double bytes,
+                        double rows) {
   double perElement = kernel == RowKernel::Softmax     ? machine.softmaxElementSeconds
                       : kernel == RowKernel::LayerNorm ? machine.layerNormElementSeconds
                                                        : machine.reduceElementSeconds;
-  return std::max(elements * perElement, memorySeconds(machine, bytes)) +
+  // Generated code's softmax row kernel (GeneratedSupport.h, softmaxRow) pays a fixed cost per
+  // row (its max, sum and scale passes each start over), which short rows (attention's 17
+  // keys) do not amortize ("Fidelity, eleventh pass").
+  double perRows = kernel == RowKernel::Softmax ? rows * machine.softmaxRowSeconds : 0;
+  return std::max(elements * perElement + perRows, memorySeconds(machine, bytes)) +
          machine.loopLatencySeconds;
 }
 

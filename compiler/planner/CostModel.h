@@ -56,9 +56,10 @@ enum class RowKernel { Softmax, LayerNorm, Reduce };
 
 /// One call of a row-wise kernel over `elements` operand elements: its measured time per
 /// element (softmax_element_seconds, ...), at least the bytes at streamBandwidth, plus the
-/// call's fixed cost: max(elements x perElement, bytes / streamBandwidth(bytes)) +
-/// loopLatencySeconds.
-double rowKernelSeconds(const Machine& machine, RowKernel kernel, double elements, double bytes);
+/// call's fixed cost: max(elements x perElement [+ rows x softmax_row_seconds for softmax],
+/// bytes / streamBandwidth(bytes)) + loopLatencySeconds.
+double rowKernelSeconds(const Machine& machine, RowKernel kernel, double elements, double bytes,
+                        double rows = 0);
 
 /// Any other kernel call (one_hot, gather, a copy, a random fill, ...): the roofline of its
 /// FLOPs at the vector rate and its bytes, plus the call's fixed cost.

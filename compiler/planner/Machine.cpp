@@ -155,6 +155,7 @@ llvm::Expected<Machine> parseMachine(llvm::StringRef json, llvm::StringRef sourc
   machine.normalFlops = reader.number("normal_flops", false, 0);
   machine.loopLatencySeconds = reader.number("loop_latency_seconds", false, 0);
   machine.softmaxElementSeconds = reader.number("softmax_element_seconds", false, 0);
+  machine.softmaxRowSeconds = reader.number("softmax_row_seconds", false, 0);
   machine.layerNormElementSeconds = reader.number("layer_norm_element_seconds", false, 0);
   machine.reduceElementSeconds = reader.number("reduce_element_seconds", false, 0);
   reader.string("notes", false); // free text: sources and assumptions

@@ -71,6 +71,7 @@ struct Machine {
   double normalFlops = 0; // one element of random_normal's fill (Box-Muller; 0: randomFlops)
   double loopLatencySeconds = 0;
   double softmaxElementSeconds = 0;   // softmax, log_softmax, logsumexp: per operand element
+  double softmaxRowSeconds = 0;       // softmax, log_softmax, logsumexp: per row (0: none)
   double layerNormElementSeconds = 0; // layer_norm: per operand element
   double reduceElementSeconds = 0;    // sum, mean, max, min: per operand element
   Link intra;                         // inside a node

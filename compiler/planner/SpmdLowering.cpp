@@ -805,6 +805,17 @@ private:
     return {std::min({m, n, k}), batches};
   }
 
+  /// The rows a softmax-like kernel walks: the result's elements over the lane's local size
+  /// (logsumexp's result is one element per row).
+  double softmaxRows(const ir::Op& op, const OpPlan& out, double elements) const {
+    if (op.kind == OpKind::LogSumExp) return elements;
+    const ir::TensorType& type = fn_.typeOf(op.result);
+    int index = type.findDim(op.string("dim"));
+    if (index < 0) return elements;
+    int64_t lane = type.dims[index].size / splitFactor(mesh_, out.result.dimAxes[index]);
+    return elements / static_cast<double>(std::max<int64_t>(lane, 1));
+  }
+
   /// An op other than a GEMM as the generated code runs it (machines that model loops): a share
   /// of a fused loop nest, a row-wise kernel, or another kernel call (CostModel.h).
   double kernelSeconds(const ir::Op& op, const OpPlan& out) const {
@@ -830,7 +841,8 @@ private:
     case OpKind::Softmax:
     case OpKind::LogSoftmax:
     case OpKind::LogSumExp:
-      return rowKernelSeconds(machine_, RowKernel::Softmax, operandElements(), out.bytes);
+      return rowKernelSeconds(machine_, RowKernel::Softmax, operandElements(), out.bytes,
+                              softmaxRows(op, out, elements));
     case OpKind::LayerNorm:
       return rowKernelSeconds(machine_, RowKernel::LayerNorm, operandElements(), out.bytes);
     case OpKind::ReduceSum:

@@ -656,6 +656,45 @@ program chain(x: bf16[n, d]) -> (y: bf16[n, d]) {
   }
 }
 
+TEST_CASE("lowering: a softmax pays softmax_row_seconds per local row", "[cost][lowering]") {
+  // kChainProgram's softmax of c[n = 64, d = 32] along d: 64 rows of 32.
+  Analyzed program(kChainProgram);
+  Machine m = parsed(kLoopsJson);
+  m.softmaxRowSeconds = 1e-7;
+  auto softmaxSeconds = [&](const Machine& machine, const Mesh& mesh, const Layout& layout) {
+    std::optional<SpmdFunction> spmd =
+        lowerToSpmd(*program.module, program.fn("chain"), mesh, layout, machine, program.diag);
+    REQUIRE(spmd);
+    for (const SpmdOp& op : spmd->ops)
+      if (op.kind == SpmdOp::Kind::Compute && op.computeKind == ir::OpKind::Softmax)
+        return op.seconds;
+    FAIL("no softmax");
+    return 0.0;
+  };
+  const double elements = 64 * 32;
+  // 10 ns per element, 100 ns per row, the call.
+  CHECK(softmaxSeconds(m, meshOf({{"x", 1}}), Layout{}) ==
+        Approx(elements * 1e-8 + 64 * 1e-7 + 1e-6));
+  // n split over x = 2: 32 local rows of 32; d split instead: 64 local rows of 16 (each rank
+  // walks every row, half as long).
+  Layout byRows, byLanes;
+  byRows.axes["n"] = {"x"};
+  byLanes.axes["d"] = {"x"};
+  CHECK(softmaxSeconds(m, meshOf({{"x", 2}}), byRows) ==
+        Approx(elements / 2 * 1e-8 + 32 * 1e-7 + 1e-6));
+  CHECK(softmaxSeconds(m, meshOf({{"x", 2}}), byLanes) ==
+        Approx(elements / 2 * 1e-8 + 64 * 1e-7 + 1e-6));
+  // Absent from the file: 0, the per-element price alone (as before the field).
+  CHECK(parsed(kLoopsJson).softmaxRowSeconds == 0);
+  CHECK(softmaxSeconds(parsed(kLoopsJson), meshOf({{"x", 1}}), Layout{}) ==
+        Approx(elements * 1e-8 + 1e-6));
+  CHECK(parsed(R"({
+  "name": "rows", "devices": 1, "peak_flops": 1e9, "memory_bandwidth": 1e9, "memory_bytes": 1e9,
+  "softmax_row_seconds": 3e-8, "intra": {"name": "link", "alpha_seconds": 1e-6, "bandwidth": 1e9}
+})")
+            .softmaxRowSeconds == Approx(3e-8));
+}
+
 TEST_CASE("search: the lower bound stays a bound when loops and kernels are priced",
           "[cost][search]") {
   // Every dim searched on [a=2, b=2]: the search (pruned by its lower bound, which now counts

@@ -11,7 +11,7 @@
 //    "collectives": [{"kind": "all_reduce", "bytes": 4, "seconds": ...}, ...],
 //    "loops": {"vector_flops": ..., "transcendental_element_seconds": ...,
 //              "dropout_element_seconds": ..., "normal_element_seconds": ..., "call_seconds": ...,
-//              "softmax_element_seconds": ...,
+//              "softmax_element_seconds": ..., "softmax_row_seconds": ...,
 //              "layer_norm_element_seconds":
 //              ..., "reduce_element_seconds": ...},
 //    "oversubscribed": {"ranks": 4, "work_seconds": ..., "iteration_seconds": ...,
@@ -31,6 +31,10 @@
 #include "meshrt/kernels/Fill.h"
 #include "meshrt/kernels/MathF32.h"
 #include "meshrt/kernels/Reduce.h"
+
+#if __has_include("meshc/GeneratedSupport.h")
+#include "meshc/GeneratedSupport.h" // generated code's row kernels, as it calls them
+#endif
 
 #include <algorithm>
 #include <chrono>
@@ -272,6 +276,7 @@ struct LoopRates {
   double normalElementSeconds = 0;  // one element of random_normal's fill (Box-Muller, doubles)
   double callSeconds = 0;           // a kernel call or loop nest over a few elements
   double softmaxElementSeconds = 0; // softmax and log_softmax along the last dim
+  double softmaxRowSeconds = 0;     // ... their fixed cost per row (generated code's kernels)
   double layerNormElementSeconds = 0;
   double reduceElementSeconds = 0; // sum along the last dim
 };
@@ -372,6 +377,27 @@ inline LoopRates loopRates(int repetitions) {
   double logSoftmax =
       bestSeconds(repetitions, [&] { kernels::logSoftmax(x.data(), out.data(), shape, 1); });
   rates.softmaxElementSeconds = (softmax + logSoftmax) / 2 / rowElements;
+#if __has_include("meshc/GeneratedSupport.h")
+  // Generated code calls its own row kernels (meshc::gen::alongContiguous), not meshrt's: a
+  // fixed cost per row and a smaller one per element (rows of 17 cost 4x rows of 128 per
+  // element). Both from rows of 16 and of 128 over the same elements, softmax and log_softmax
+  // (their mean): time = rows x softmaxRowSeconds + elements x softmaxElementSeconds.
+  auto generatedRows = [&](int64_t size) {
+    int64_t rows = int64_t(elements) / size;
+    meshc::gen::RowBase base{size, nullptr};
+    auto timed = [&](meshc::gen::Along kind) {
+      return bestSeconds(repetitions, [&] {
+        meshc::gen::alongContiguous(out.data(), x.data(), rows, base, base, size, kind, 1e-5, size);
+      });
+    };
+    return (timed(meshc::gen::Along::Softmax) + timed(meshc::gen::Along::LogSoftmax)) / 2;
+  };
+  const double shortRows = double(elements) / 16, longRows = double(elements) / 128;
+  double shortTime = generatedRows(16), longTime = generatedRows(128);
+  rates.softmaxRowSeconds = std::max(0.0, (shortTime - longTime) / (shortRows - longRows));
+  rates.softmaxElementSeconds =
+      std::max(0.0, (longTime - longRows * rates.softmaxRowSeconds) / double(elements));
+#endif
   rates.layerNormElementSeconds =
       bestSeconds(
           repetitions,
@@ -538,6 +564,7 @@ inline int probeMain(int argc, char** argv) {
              ", \"normal_element_seconds\": " + number(loops.normalElementSeconds) +
              ", \"call_seconds\": " + number(loops.callSeconds) +
              ", \"softmax_element_seconds\": " + number(loops.softmaxElementSeconds) +
+             ", \"softmax_row_seconds\": " + number(loops.softmaxRowSeconds) +
              ", \"layer_norm_element_seconds\": " + number(loops.layerNormElementSeconds) +
              ", \"reduce_element_seconds\": " + number(loops.reduceElementSeconds) + "}";
   });
