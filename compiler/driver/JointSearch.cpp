@@ -409,7 +409,8 @@ private:
   const char* argv0_;
   DiagEngine quiet_;
   bool stages_;
-  /// The stage splits' plans without ZeRO, which their retries with ZeRO stages reuse.
+  /// The stage splits' plans without ZeRO, which their retries with ZeRO stages and the chosen
+  /// split's report (JointStages::plans) reuse.
   std::shared_ptr<UnzeroedPlans> unzeroed_ = std::make_shared<UnzeroedPlans>();
   /// The layout the last combination's search found, where the next one's starts.
   std::optional<plan::Layout> searchStart_;
