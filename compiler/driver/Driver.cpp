@@ -289,7 +289,7 @@ int planOrPipeline(const ir::Module& module, const PipelineOptions& options, Dia
   if (!planned) return kExitInputError;
   if (staged)
     return planPipelines(staged->module, staged->stage, staged->options, diag, argv0, json, os,
-                         &staged->report);
+                         &staged->report, staged->plans.get());
   return printPlanned(module, *planned, os);
 }
 

@@ -297,7 +297,7 @@ private:
     std::string what = fmt::format("{} stages over '{}'{}", split.stages, split.stageAxis,
                                    zero > 0 ? fmt::format(" with ZeRO stage {}", zero) : "");
     if (!searchPipeline(staged.module, staged.stage, staged.options, fn, /*tryRecompute=*/true,
-                        quiet_, argv0_, choice, &unzeroed_) ||
+                        quiet_, argv0_, choice, unzeroed_.get()) ||
         !choice) {
       report.notTried.push_back(what + ": cannot be planned");
       return std::nullopt;
@@ -327,6 +327,7 @@ private:
             ? ""
             : fmt::format("{}={}", report.microbatchDim, choice->microbatches);
     staged.options.recompute = choice->recompute;
+    staged.plans = unzeroed_;
     // The only function planned (a copy of the whole block: made for the best split only).
     staged.module.functions = {fn};
     planned.stages = std::move(staged);
@@ -408,8 +409,9 @@ private:
   const char* argv0_;
   DiagEngine quiet_;
   bool stages_;
-  /// The stage splits' plans without ZeRO, which their retries with ZeRO stages reuse.
-  UnzeroedPlans unzeroed_;
+  /// The stage splits' plans without ZeRO, which their retries with ZeRO stages and the chosen
+  /// split's report (JointStages::plans) reuse.
+  std::shared_ptr<UnzeroedPlans> unzeroed_ = std::make_shared<UnzeroedPlans>();
   /// The layout the last combination's search found, where the next one's starts.
   std::optional<plan::Layout> searchStart_;
 };

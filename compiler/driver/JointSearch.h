@@ -11,7 +11,11 @@
 #include "driver/Pipeline.h"
 #include "planner/JointSearchReport.h"
 
+#include <memory>
+
 namespace meshc {
+
+struct UnzeroedPlans;
 
 /// Whether planModule hands `module` to planJointly: a train block is selected and nothing pins
 /// the combination.
@@ -25,6 +29,9 @@ struct JointStages {
   PipelineOptions options;
   ir::DimLayout stage;
   plan::JointSearchReport report;
+  /// The stage splits' plans without ZeRO: the report's search of the split chosen finds its
+  /// plans there rather than planning them again.
+  std::shared_ptr<UnzeroedPlans> plans;
 };
 
 /// planModule's work then: the selected functions planned as usual, and each train block that

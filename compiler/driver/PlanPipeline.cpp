@@ -202,10 +202,11 @@ std::string unzeroedKey(const PipelineOptions& options) {
                      options.injectFault);
 }
 
-/// The inner plan of `options` (one function): loaded, trained and planned, or, with a ZeRO
-/// stage, the plan without it from `unzeroed` with the stage applied, as planModule would plan
-/// it (UnzeroedPlans); a plan without ZeRO is kept there. Adafactor's blocks, whose sums'
-/// order follows the plan (planner/Planner.cpp, planInFactoredOrder), are always planned.
+/// The inner plan of `options` (one function): loaded, trained and planned, or taken from
+/// `unzeroed` (UnzeroedPlans): as it is without ZeRO, else with the stage applied, as
+/// planModule would plan it; a plan without ZeRO is kept there. With a ZeRO stage, Adafactor's
+/// blocks, whose sums' order follows the plan (planner/Planner.cpp, planInFactoredOrder), are
+/// planned again.
 bool planInner(const PipelineOptions& options, UnzeroedPlans* unzeroed, DiagEngine& diag,
                const char* argv0, std::shared_ptr<const ir::Module>& loaded,
                std::shared_ptr<const PlannedModule>& planned) {
@@ -213,8 +214,13 @@ bool planInner(const PipelineOptions& options, UnzeroedPlans* unzeroed, DiagEngi
   if (!options.zero.empty() && llvm::StringRef(options.zero).trim().getAsInteger(10, zero))
     zero = -1; // planModule reports it
   std::string key = unzeroed ? unzeroedKey(options) : "";
-  if (unzeroed && zero > 0 && zero <= 3)
+  if (unzeroed && zero >= 0 && zero <= 3)
     if (auto known = unzeroed->byOptions.find(key); known != unzeroed->byOptions.end()) {
+      if (zero == 0) { // the same options planned already
+        loaded = known->second.module;
+        planned = known->second.planned;
+        return true;
+      }
       const ir::Module& module = *known->second.module;
       const PlannedModule& plain = *known->second.planned;
       const ir::Function* fn =
@@ -640,7 +646,8 @@ constexpr size_t kMaxOpsToLower = 4000;
 
 int planPipelines(const ir::Module& module, const ir::DimLayout& stage,
                   const PipelineOptions& options, DiagEngine& diag, const char* argv0, bool json,
-                  llvm::raw_ostream& os, const plan::JointSearchReport* joint) {
+                  llvm::raw_ostream& os, const plan::JointSearchReport* joint,
+                  UnzeroedPlans* plans) {
   Microbatching micro;
   plan::PipelineSchedule schedule;
   double budget = 0;
@@ -653,7 +660,7 @@ int planPipelines(const ir::Module& module, const ir::DimLayout& stage,
     bool ok = true;
     std::optional<Candidate> best =
         searchCandidates(module, stage, options, *fn, micro, schedule, *machine, budget,
-                         /*tryRecompute=*/true, diag, argv0, smallest, ok);
+                         /*tryRecompute=*/true, diag, argv0, smallest, ok, plans);
     if (!ok) return kExitInputError;
     if (!best) {
       diag.report(fn->loc.loc, Diag::ErrPipelineOverBudget,

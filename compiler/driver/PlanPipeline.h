@@ -27,12 +27,29 @@ std::optional<std::map<std::string, std::vector<int64_t>>>
 plannedStageSplit(const ir::Module& module, const ir::DimLayout& stageLayout,
                   const PipelineOptions& options, DiagEngine& diag, const char* argv0);
 
+/// The plans of one and two layers that searchPipeline made without ZeRO, by their options
+/// (mesh, layout, dims, recompute): a later search of the same stage layout with a ZeRO stage
+/// (the joint search's retry of a split that does not fit) applies the stage to them rather than
+/// planning them again, and the report of the split the joint search chose takes them as they
+/// are. The inner plans' budget is unbounded, so planModule with --zero searches and lowers the
+/// same layout as without and then applies the stage: the same plans. They are shared with the
+/// search that made them, not copied (most are never retried).
+struct UnzeroedPlans {
+  struct Entry {
+    std::shared_ptr<const ir::Module> module; // loaded and trained
+    std::shared_ptr<const PlannedModule> planned;
+  };
+  std::map<std::string, Entry> byOptions;
+};
+
 /// --emit=plan (or plan-json with `json`) of every selected function of a module whose layout
 /// asks for stages; `joint` (when given) is the joint search that chose the stages, reported
-/// with the plan. Returns the exit status.
+/// with the plan, and `plans` the inner plans that search made (planned again otherwise).
+/// Returns the exit status.
 int planPipelines(const ir::Module& module, const ir::DimLayout& stageLayout,
                   const PipelineOptions& options, DiagEngine& diag, const char* argv0, bool json,
-                  llvm::raw_ostream& os, const plan::JointSearchReport* joint = nullptr);
+                  llvm::raw_ostream& os, const plan::JointSearchReport* joint = nullptr,
+                  UnzeroedPlans* plans = nullptr);
 
 /// A pipeline planPipelines considers for a function: its microbatch count, recomputed defs,
 /// predicted step, memory at the fullest stage, and whether that fits the budget.
@@ -41,20 +58,6 @@ struct PipelineChoice {
   std::vector<std::string> recompute;
   double stepSeconds = 0, memoryBytes = 0;
   bool fits = false;
-};
-
-/// The plans of one and two layers that searchPipeline made without ZeRO, by their options
-/// (mesh, layout, dims, recompute): a later search of the same stage layout with a ZeRO stage
-/// (the joint search's retry of a split that does not fit) applies the stage to them rather than
-/// planning them again. The inner plans' budget is unbounded, so planModule with --zero searches
-/// and lowers the same layout as without and then applies the stage: the same plans. They are
-/// shared with the search that made them, not copied (most are never retried).
-struct UnzeroedPlans {
-  struct Entry {
-    std::shared_ptr<const ir::Module> module; // loaded and trained
-    std::shared_ptr<const PlannedModule> planned;
-  };
-  std::map<std::string, Entry> byOptions;
 };
 
 /// planPipelines' search for `fn` without the report (for the joint search, JointSearch.h):
