@@ -14,10 +14,14 @@ double streamBandwidth(const Machine& machine, double bytes) {
   return machine.memoryBandwidth;
 }
 
+/// bf16 and f16: the dtypes a machine's bf16 rate applies to, and a CPU rounds to after f32.
+static bool isNarrowFloat(ir::DType dtype) {
+  return dtype == ir::DType::BF16 || dtype == ir::DType::F16;
+}
+
 double computeSeconds(const Machine& machine, double flops, double bytes, ir::DType dtype) {
   double peak = machine.peakFlops;
-  if ((dtype == ir::DType::BF16 || dtype == ir::DType::F16) && machine.peakFlopsBf16 > 0)
-    peak = machine.peakFlopsBf16;
+  if (isNarrowFloat(dtype) && machine.peakFlopsBf16 > 0) peak = machine.peakFlopsBf16;
   double flopSeconds = peak > 0 ? flops / peak : 0;
   double bandwidth = streamBandwidth(machine, bytes);
   double memorySeconds = bandwidth > 0 ? bytes / bandwidth : 0;
@@ -31,8 +35,7 @@ double gemmSeconds(const Machine& machine, double flops, double bytes, ir::DType
   // A CPU (its loops described) without a bf16 rate runs a bf16/f16 GEMM as the C++ target
   // prints it: the f32 GEMM (the narrow operands' products are exact in f32), then a pass that
   // rounds the result to the dtype (support::roundBufferBF16), charged at the GEMM's bytes.
-  bool narrowOnCpu = (dtype == ir::DType::BF16 || dtype == ir::DType::F16) &&
-                     machine.peakFlopsBf16 <= 0 && modelsLoops(machine);
+  bool narrowOnCpu = isNarrowFloat(dtype) && machine.peakFlopsBf16 <= 0 && modelsLoops(machine);
   double seconds =
       computeSeconds(machine, flops * slowdown, bytes, dtype) + machine.gemmLatencySeconds;
   if (narrowOnCpu) seconds += loopShareSeconds(machine, 0, 0, bytes, /*closesNest=*/true);
