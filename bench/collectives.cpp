@@ -12,6 +12,7 @@
 // of a gradient bucket plus a fixed amount of compute, written three ways: blocking (allReduce,
 // then compute), started (startAllReduce, compute, wait) and started with test() between slices
 // of the compute; the three alternate round by round.
+#include "ListOptions.h"
 #include "meshrt/Threads.h"
 
 #include <algorithm>
@@ -195,17 +196,6 @@ std::string selfDirectory() {
   return self.substr(0, self.rfind('/'));
 }
 
-std::vector<long long> parseList(const char* text) {
-  std::vector<long long> values;
-  for (const char* cursor = text; *cursor;) {
-    char* end = nullptr;
-    values.push_back(std::strtoll(cursor, &end, 10));
-    if (end == cursor) throw std::invalid_argument(std::string("cannot parse list '") + text + "'");
-    cursor = *end == ',' ? end + 1 : end;
-  }
-  return values;
-}
-
 Options parseOptions(int argc, char** argv) {
   Options options;
   for (size_t bytes = 1024; bytes <= (size_t(64) << 20); bytes *= 4)
@@ -215,15 +205,8 @@ Options parseOptions(int argc, char** argv) {
   for (int arg = 1; arg < argc; arg += 2) {
     std::string name = argv[arg];
     const char* value = arg + 1 < argc ? argv[arg + 1] : "";
-    if (name == "--ranks") {
-      options.ranks.clear();
-      for (long long ranks : parseList(value))
-        options.ranks.push_back(int(ranks));
-    } else if (name == "--sizes") {
-      options.sizes.clear();
-      for (long long bytes : parseList(value))
-        options.sizes.push_back(size_t(bytes));
-    } else if (name == "--repeats") {
+    if (bench::parseRanksOrSizes(name, value, options.ranks, options.sizes)) continue;
+    if (name == "--repeats") {
       options.repeats = std::max(1, std::atoi(value));
     } else if (name == "--rounds") {
       options.rounds = std::max(1, std::atoi(value));

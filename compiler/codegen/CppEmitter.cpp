@@ -827,8 +827,11 @@ std::string FunctionEmitter::runnerBody() const {
   std::string s;
   std::string kindWord = fn.kind == ir::Function::Kind::Train ? "train" : "program";
   // One warm-up run, then kTimedRuns timed ones; the time of a run is its slowest rank's (a max
-  // all-reduce, so that it also holds when the ranks are processes).
-  s += fmt::format("{{\n// {} {}\nstd::vector<double> milliseconds;\nconst char* backend = "
+  // all-reduce, so that it also holds when the ranks are processes), and its span, from the first
+  // rank's start to the last rank's end (the threads backend's ranks share one clock): a rank
+  // that shares its core starts its clock only once the core is its own, so with no collective
+  // between them the slowest rank leaves out its core-mates' work.
+  s += fmt::format("{{\n// {} {}\nstd::vector<double> milliseconds, spans;\nconst char* backend = "
                    "\"\";\n",
                    kindWord, fn.name);
   s += fmt::format("lead = {}({}::mesh(), launchOptions, [&](meshrt::Communicator& "
@@ -847,12 +850,18 @@ std::string FunctionEmitter::runnerBody() const {
   // A train step's outputs are step 0's (the first run); later runs are timed only.
   s += inputsOfStep("0") + "auto outputs = program.run(inputs);\n";
   s += fmt::format(
-      "std::vector<double> runs(kTimedRuns);\nfor (int i = 0; i < kTimedRuns; ++i) "
+      "std::vector<double> runs(kTimedRuns), ends(2 * kTimedRuns);\nusing Ms = "
+      "std::chrono::duration<double, std::milli>;\nfor (int i = 0; i < kTimedRuns; ++i) "
       "{{\nworld.barrier();\nauto start = std::chrono::steady_clock::now();\n"
-      "{}program.run(inputs);\nruns[size_t(i)] = std::chrono::duration<double, "
-      "std::milli>(std::chrono::steady_clock::now() - start).count();\n}}\n"
+      "{}program.run(inputs);\nauto end = std::chrono::steady_clock::now();\n"
+      "runs[size_t(i)] = Ms(end - start).count();\n"
+      "ends[size_t(2 * i)] = -Ms(start.time_since_epoch()).count();\n"
+      "ends[size_t(2 * i + 1)] = Ms(end.time_since_epoch()).count();\n}}\n"
       "world.allReduce(runs.data(), runs.size(), meshrt::ReduceOp::Max);\n"
-      "if (world.rank() == 0) {{\nmilliseconds = runs;\nbackend = world.backend();\n}}\n",
+      "world.allReduce(ends.data(), ends.size(), meshrt::ReduceOp::Max);\n"
+      "if (world.rank() == 0) {{\nmilliseconds = runs;\nbackend = world.backend();\n"
+      "for (int i = 0; i < kTimedRuns; ++i)\nspans.push_back(ends[size_t(2 * i)] + "
+      "ends[size_t(2 * i + 1)]);\n}}\n",
       hasUpdates() ? "" : "outputs = ");
   for (const auto& [outName, id] : fn.outputs) {
     std::string field = identifier(outName), gathered = "gathered_" + field;
@@ -865,7 +874,7 @@ std::string FunctionEmitter::runnerBody() const {
   }
   s += fmt::format("if (!saveDir.empty()) program.save(saveDir + {});\n", checkpointDir);
   s += "});\n";
-  s += fmt::format("if (lead{}) report({}, {}::mesh().size(), backend, milliseconds);\n}}\n",
+  s += fmt::format("if (lead{}) report({}, {}::mesh().size(), backend, milliseconds, spans);\n}}\n",
                    hasUpdates() ? " && steps == 0" : "", quote(kindWord + " " + fn.name), name);
   return s;
 }
@@ -1075,12 +1084,17 @@ llvm::Expected<CppOutput> emitWithTarget(const ir::Module& module,
     r += "struct Result {\nstd::string name, dtype;\nmeshc::gen::Shape shape;\nmeshc::gen::Buffer "
          "data;\n};\n\n";
     r += "constexpr int kTimedRuns = 5;\n\n"
-         "/// Prints the median and best of the timed runs (each: its slowest rank).\n"
-         "void report(const char* what, int ranks, const char* backend, std::vector<double> runs) "
-         "{\nstd::sort(runs.begin(), runs.end());\n"
+         "/// Prints the median and best of the timed runs (each: its slowest rank) and, on the "
+         "threads backend\n/// with several ranks, of their spans (the first rank's start to the "
+         "last rank's end).\n"
+         "void report(const char* what, int ranks, const char* backend, std::vector<double> runs, "
+         "std::vector<double> spans) {\nstd::sort(runs.begin(), runs.end());\n"
          "std::printf(\"%s: %d ranks, run %.3f ms median, %.3f ms best of %d (slowest rank; "
          "after a warm-up run; %s backend)\\n\", what, ranks, runs[runs.size() / 2], "
-         "runs.front(), kTimedRuns, backend);\n}\n\n";
+         "runs.front(), kTimedRuns, backend);\nif (ranks == 1 || std::string(backend) != "
+         "\"threads\") return;\nstd::sort(spans.begin(), spans.end());\n"
+         "std::printf(\"%s: span %.3f ms median, %.3f ms best (the first rank's start to the last "
+         "rank's end)\\n\", what, spans[spans.size() / 2], spans.front());\n}\n\n";
     // Under MPI every process runs main; only the one holding world rank 0 (`lead`) reports and
     // writes the outputs.
     r +=

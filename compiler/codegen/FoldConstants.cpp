@@ -1,7 +1,7 @@
 // Pass fold-constants (FoldConstants.h).
 #include "codegen/FoldConstants.h"
 
-#include "interp/Interpreter.h"
+#include "interp/ScalarMath.h"
 
 #include <llvm/ADT/STLExtras.h>
 

@@ -11,7 +11,7 @@
 
 #include "codegen/FormMicrobatchLoop.h"
 #include "codegen/SplitStages.h"
-#include "interp/Interpreter.h"
+#include "interp/ScalarMath.h"
 
 #include <fmt/format.h>
 #include <llvm/ADT/STLExtras.h>

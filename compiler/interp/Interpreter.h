@@ -61,10 +61,4 @@ llvm::Expected<double> trainStep(const ir::Function& fn, const TensorMap& inputs
                                  const Options& opts, TensorMap& state,
                                  TensorMap* outputs = nullptr);
 
-/// One point of the elementwise op `kind`: `args` (each already of its dtype `argTypes`), the
-/// result rounded to `result`, exactly as run() computes it. The code generator folds constants
-/// with it. nullopt for an op that is not elementwise or is the user's function.
-std::optional<double> evaluateElementwise(ir::OpKind kind, const std::vector<double>& args,
-                                          const std::vector<ir::DType>& argTypes, ir::DType result);
-
 } // namespace meshc::interp

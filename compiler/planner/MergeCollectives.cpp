@@ -12,6 +12,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <limits>
 #include <map>
 #include <span>
 
@@ -110,6 +111,10 @@ private:
     }
     producer_.assign(fn_.values.size(), -1);
     std::vector<SpmdValueId> writes; // per unit, reused (an exact costing has 40,000 units)
+    // Per value: the last unit that wrote it, and that read it (a bucket of hundreds of
+    // members was a search of its writes and reads per operand).
+    constexpr size_t kNone = std::numeric_limits<size_t>::max();
+    std::vector<size_t> writtenBy(fn_.values.size(), kNone), readBy(fn_.values.size(), kNone);
     for (size_t u = 0; u < units_.size(); ++u) {
       Unit& unit = units_[u];
       writes.clear();
@@ -118,13 +123,15 @@ private:
         writes.push_back(op.result);
         writes.insert(writes.end(), op.results.begin(), op.results.end());
       }
+      for (SpmdValueId value : writes)
+        writtenBy[value] = u;
       unit.readsBegin = reads_.size();
       for (size_t i = unit.first; i < unit.end; ++i)
         for (SpmdValueId operand : fn_.ops[i].operands)
-          if (std::find(writes.begin(), writes.end(), operand) == writes.end() &&
-              std::find(reads_.begin() + static_cast<std::ptrdiff_t>(unit.readsBegin), reads_.end(),
-                        operand) == reads_.end())
+          if (writtenBy[operand] != u && readBy[operand] != u) {
+            readBy[operand] = u;
             reads_.push_back(operand);
+          }
       unit.readsEnd = reads_.size();
       for (SpmdValueId value : writes)
         producer_[value] = static_cast<int>(u);
@@ -148,6 +155,14 @@ private:
     byKey_.resize(keys.size());
     for (size_t u = 0; u < units_.size(); ++u)
       if (units_[u].key >= 0) byKey_[units_[u].key].push_back(u);
+    smallestFrom_.resize(keys.size());
+    for (size_t key = 0; key < keys.size(); ++key) {
+      const std::vector<size_t>& sameKey = byKey_[key];
+      std::vector<int64_t>& smallest = smallestFrom_[key];
+      smallest.assign(sameKey.size() + 1, std::numeric_limits<int64_t>::max());
+      for (size_t k = sameKey.size(); k-- > 0;)
+        smallest[k] = std::min(smallest[k + 1], units_[sameKey[k]].bytes);
+    }
   }
 
   std::span<const SpmdValueId> readsOf(size_t u) const {
@@ -188,13 +203,18 @@ private:
   /// the ops they need can run now, then the group closes.
   void flush(size_t group, size_t reader) {
     const std::vector<size_t>& sameKey = byKey_[groups_[group].key];
+    const std::vector<int64_t>& smallest = smallestFrom_[groups_[group].key];
     for (auto it = std::upper_bound(sameKey.begin(), sameKey.end(), reader); it != sameKey.end();
          ++it) {
+      // No later one fits: the scan would only pass them by.
+      if (groups_[group].bytes + smallest[static_cast<size_t>(it - sameKey.begin())] > kBucketBytes)
+        break;
       size_t candidate = *it;
       if (state_[candidate] != State::Unplaced ||
           groups_[group].bytes + units_[candidate].bytes > kBucketBytes)
         continue;
-      std::vector<size_t> cone;
+      std::vector<size_t>& cone = cone_;
+      cone.clear();
       if (!coneOf(candidate, cone)) continue;
       bool forwardGroup = inForward(groups_[group].members.front());
       if (forwardGroup &&
@@ -213,7 +233,8 @@ private:
   /// pending result or is itself a mergeable all-reduce (it would run alone).
   bool coneOf(size_t target, std::vector<size_t>& cone) {
     ++stamp_;
-    std::vector<size_t> work{target};
+    std::vector<size_t>& work = work_;
+    work.assign(1, target);
     while (!work.empty()) {
       size_t u = work.back();
       work.pop_back();
@@ -259,8 +280,8 @@ private:
     return saved;
   }
 
+  /// The bucketed all-reduce of a group of two or more.
   SpmdOp mergedOp(const Group& group, double& saved) const {
-    if (group.members.size() == 1) return fn_.ops[units_[group.members.front()].first];
     std::vector<size_t> members = membersLargestFirst(group);
     size_t largest = members.front();
     SpmdOp op = fn_.ops[units_[largest].first];
@@ -298,8 +319,15 @@ private:
   double rewrite() {
     double saved = 0;
     std::vector<std::pair<size_t, SpmdOp>> inserted; // (units scheduled before it, op)
-    for (size_t group : closed_)
-      inserted.emplace_back(groups_[group].position, mergedOp(groups_[group], saved));
+    inserted.reserve(closed_.size());
+    for (size_t group : closed_) {
+      const Group& closed = groups_[group];
+      // A group of one is its op, moved (no other group reads it, nor is it placed itself).
+      if (closed.members.size() == 1)
+        inserted.emplace_back(closed.position, std::move(fn_.ops[units_[closed.members[0]].first]));
+      else
+        inserted.emplace_back(closed.position, mergedOp(closed, saved));
+    }
     std::stable_sort(inserted.begin(), inserted.end(),
                      [](const auto& a, const auto& b) { return a.first < b.first; });
     std::vector<SpmdOp> ops;
@@ -330,8 +358,11 @@ private:
   std::vector<Group> groups_;
   std::vector<int> openGroup_;             // per key
   std::vector<std::vector<size_t>> byKey_; // per key: its units, in order
-  std::vector<size_t> order_;              // the units placed, in their new order
-  std::vector<size_t> closed_;             // groups, in the order they closed
+  std::vector<size_t> cone_, work_;        // flush's and coneOf's scratch (flushes ask thousands)
+  /// Per key, per position in byKey_: the fewest bytes of a unit from there on.
+  std::vector<std::vector<int64_t>> smallestFrom_;
+  std::vector<size_t> order_;  // the units placed, in their new order
+  std::vector<size_t> closed_; // groups, in the order they closed
 };
 
 } // namespace

@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <iterator>
 #include <set>
+#include <span>
 
 namespace meshc::plan {
 namespace {
@@ -33,19 +34,42 @@ bool drawsRandom(const SpmdOp& op) {
           op.computeKind == ir::OpKind::Dropout);
 }
 
-std::vector<SpmdValueId> resultsOf(const SpmdOp& op) {
-  return op.results.empty() ? std::vector<SpmdValueId>{op.result} : op.results;
+/// The values `op` writes (a view: asked for every op of every microbatched plan).
+std::span<const SpmdValueId> resultsOf(const SpmdOp& op) {
+  return op.results.empty() ? std::span<const SpmdValueId>(&op.result, 1)
+                            : std::span<const SpmdValueId>(op.results);
 }
+
+/// Per value, the ops that write it, in op order (in-place ops, a lane op's collectives, write
+/// their operand): one array and offsets rather than an array per value.
+class Producers {
+public:
+  explicit Producers(const SpmdFunction& fn) : begin_(fn.values.size() + 1, 0) {
+    for (const SpmdOp& op : fn.ops)
+      for (SpmdValueId id : resultsOf(op))
+        ++begin_[id + 1];
+    for (size_t v = 0; v + 1 < begin_.size(); ++v)
+      begin_[v + 1] += begin_[v];
+    ops_.resize(begin_.back());
+    std::vector<size_t> next(begin_.begin(), begin_.end() - 1);
+    for (size_t i = 0; i < fn.ops.size(); ++i)
+      for (SpmdValueId id : resultsOf(fn.ops[i]))
+        ops_[next[id]++] = i;
+  }
+  std::span<const size_t> of(SpmdValueId id) const {
+    return std::span<const size_t>(ops_).subspan(begin_[id], begin_[id + 1] - begin_[id]);
+  }
+  bool empty(SpmdValueId id) const { return begin_[id] == begin_[id + 1]; }
+
+private:
+  std::vector<size_t> begin_, ops_;
+};
 
 } // namespace
 
 llvm::Expected<MicrobatchSchedule> scheduleMicrobatches(const SpmdFunction& fn) {
   size_t ops = fn.ops.size(), values = fn.values.size();
-  // Every op that writes a value: in-place ops (a lane op's collectives) write their operand.
-  std::vector<std::vector<size_t>> producers(values);
-  for (size_t i = 0; i < ops; ++i)
-    for (SpmdValueId id : resultsOf(fn.ops[i]))
-      producers[id].push_back(i);
+  Producers producers(fn);
 
   // What depends on the batch: the inputs and the random draws (keyed by the batch's elements).
   std::vector<bool> fromBatch(values, false);
@@ -97,7 +121,7 @@ llvm::Expected<MicrobatchSchedule> scheduleMicrobatches(const SpmdFunction& fn) 
   while (!work.empty()) {
     SpmdValueId value = work.back();
     work.pop_back();
-    for (size_t index : producers[value]) {
+    for (size_t index : producers.of(value)) {
       if (schedule.perMicrobatch[index]) continue;
       schedule.perMicrobatch[index] = true;
       for (SpmdValueId operand : fn.ops[index].operands)
@@ -113,7 +137,7 @@ llvm::Expected<MicrobatchSchedule> scheduleMicrobatches(const SpmdFunction& fn) 
   while (!work.empty()) {
     SpmdValueId value = work.back();
     work.pop_back();
-    for (size_t index : producers[value]) {
+    for (size_t index : producers.of(value)) {
       if (schedule.perMicrobatch[index] || update[index]) continue;
       update[index] = true;
       for (SpmdValueId operand : fn.ops[index].operands)
@@ -130,7 +154,7 @@ llvm::Expected<MicrobatchSchedule> scheduleMicrobatches(const SpmdFunction& fn) 
         afterLoop[id] = true;
   }
   auto computedInLoop = [&](SpmdValueId id) {
-    return llvm::any_of(producers[id], [&](size_t i) { return schedule.perMicrobatch[i]; });
+    return llvm::any_of(producers.of(id), [&](size_t i) { return schedule.perMicrobatch[i]; });
   };
 
   // Values of the loop read after it: by an op of the update, an update or the caller.
@@ -154,7 +178,7 @@ llvm::Expected<MicrobatchSchedule> scheduleMicrobatches(const SpmdFunction& fn) 
   for (SpmdValueId id = 0; id < values; ++id) {
     if (!readAfter[id] || !fromBatch[id]) continue; // a batch-independent value is the same
     bool inLoop = computedInLoop(id);
-    if (!producers[id].empty() && !inLoop) continue; // computed by the update itself
+    if (!producers.empty(id) && !inLoop) continue; // computed by the update itself
     if (!inLoop || (!gradient[id] && !outputs.count(id)))
       return refuse(fn, fmt::format("the update reads '{}', which is computed from the batch "
                                     "and is no gradient",
@@ -171,7 +195,7 @@ llvm::Expected<MicrobatchSchedule> scheduleMicrobatches(const SpmdFunction& fn) 
         (op.collective.kind != CollectiveKind::AllReduceSum &&
          op.collective.kind != CollectiveKind::BucketedAllReduceSum))
       continue;
-    std::vector<SpmdValueId> results = resultsOf(op);
+    std::span<const SpmdValueId> results = resultsOf(op);
     schedule.afterLoop[i] = llvm::all_of(
         results, [&](SpmdValueId id) { return !readInLoop[id] && accumulated.count(id); });
   }
@@ -188,10 +212,7 @@ bool isBucket(const SpmdOp& op) {
 /// Per value: whether the loop needs it, i.e. the outputs or a raw gradient depend on it. A
 /// bucket's result depends on its own operand only (the members are independent sums).
 std::vector<bool> neededByLoop(const SpmdFunction& fn) {
-  std::vector<std::vector<size_t>> producers(fn.values.size());
-  for (size_t i = 0; i < fn.ops.size(); ++i)
-    for (SpmdValueId id : resultsOf(fn.ops[i]))
-      producers[id].push_back(i);
+  Producers producers(fn);
   std::vector<bool> needed(fn.values.size(), false);
   std::vector<SpmdValueId> work;
   auto need = [&](SpmdValueId id) {
@@ -204,7 +225,7 @@ std::vector<bool> neededByLoop(const SpmdFunction& fn) {
   while (!work.empty()) {
     SpmdValueId value = work.back();
     work.pop_back();
-    for (size_t index : producers[value]) {
+    for (size_t index : producers.of(value)) {
       const SpmdOp& op = fn.ops[index];
       if (!isBucket(op)) {
         for (SpmdValueId operand : op.operands)

@@ -84,27 +84,39 @@ private:
   ValueId copy(ValueId value, const ir::Location& loc);
   ValueId gradientShard(ValueId oldGradient, const ir::Location& loc);
   void emit(uint32_t index);
+  /// The name `value` (a new id) carries, or null.
+  const ShardName* shardOf(ValueId value) const {
+    return value < shardOf_.size() ? shardOf_[value] : nullptr;
+  }
+  void setShard(ValueId value, const ShardName* name) {
+    if (value >= shardOf_.size()) shardOf_.resize(value + 1, nullptr);
+    shardOf_[value] = name;
+  }
 
   const ir::Function& fn_;
   const Mesh& mesh_;
   const Layout& layout_;
   int stage_;
   ir::Function out_;
-  std::vector<ValueId> newOf_;                // old value -> new value
-  std::map<ValueId, ShardName> shardOf_;      // new value -> the name its dim carries
+  std::vector<ValueId> newOf_; // old value -> new value
+  // Per value, arrays rather than maps: every op of a 96-layer block (a hundred thousand) looks
+  // its operands up. The names point into paramShard_ (a map: its entries stay put).
+  std::vector<const ShardName*> shardOf_;     // new value -> the name its dim carries, or null
   std::map<size_t, ShardName> paramShard_;    // sharded weights and their states
-  std::map<ValueId, ShardName> gradientOf_;   // old gradient value -> its weight's name
+  std::vector<const ShardName*> gradientOf_;  // old value -> its weight's name (gradients)
   std::map<ValueId, ValueId> gradientShards_; // old gradient -> new sharded copy
   std::map<ValueId, ValueId> weightSlices_;   // new weight (stage 1, 2) -> its shard
   std::vector<bool> updateOps_;               // the optimizer's ops of sharded weights
-  std::map<ValueId, size_t> paramOfValue_;    // old param value -> param index
-  std::set<uint32_t> renameOps_;              // indices in out_ of the crossing renames
-  std::set<uint32_t> identityOps_;            // and of the copies before them
+  std::vector<int64_t> paramOfValue_;         // old value -> param index (-1: no param)
+  std::vector<uint32_t> renameOps_;           // indices in out_ of the crossing renames
+  std::vector<uint32_t> identityOps_;         // and of the copies before them
 };
 
 void Rewriter::chooseShards(ZeroRewrite& out) {
+  paramOfValue_.assign(fn_.values.size(), -1);
+  gradientOf_.assign(fn_.values.size(), nullptr);
   for (size_t p = 0; p < fn_.params.size(); ++p)
-    paramOfValue_[fn_.params[p].value] = p;
+    paramOfValue_[fn_.params[p].value] = static_cast<int64_t>(p);
   std::set<size_t> updated;
   for (const ir::ParamUpdate& update : fn_.updates)
     updated.insert(update.param);
@@ -164,7 +176,7 @@ void Rewriter::chooseShards(ZeroRewrite& out) {
       axes.insert(axes.end(), weight.axes.begin(), weight.axes.end());
       out.layout.axes[name.zero] = axes;
       paramShard_[p] = name;
-      gradientOf_[*gradient] = name;
+      gradientOf_[*gradient] = &paramShard_.at(p);
       if (auto states = statesOf.find(param.path); states != statesOf.end())
         for (size_t s : states->second)
           if (fn_.params[s].type.hasDim(weight.dim)) paramShard_[s] = name;
@@ -177,9 +189,9 @@ void Rewriter::chooseShards(ZeroRewrite& out) {
 /// gradients, the params and the forward pass (none of which it includes).
 void Rewriter::markUpdateOps() {
   std::vector<Phase> phases = trainStepPhases(fn_);
-  std::set<ValueId> stops;
+  std::vector<char> stops(fn_.values.size(), 0);
   for (ValueId v = 0; v < fn_.values.size(); ++v)
-    if (fn_.values[v].name.rfind("grad/", 0) == 0) stops.insert(v);
+    stops[v] = fn_.values[v].name.rfind("grad/", 0) == 0;
   updateOps_.assign(fn_.ops.size(), false);
   std::vector<ValueId> work;
   for (const ir::ParamUpdate& update : fn_.updates)
@@ -188,7 +200,7 @@ void Rewriter::markUpdateOps() {
     ValueId value = work.back();
     work.pop_back();
     uint32_t index = fn_.values[value].definingOp;
-    if (stops.count(value) || phases[index] == Phase::Forward || updateOps_[index] ||
+    if (stops[value] || phases[index] == Phase::Forward || updateOps_[index] ||
         fn_.ops[index].kind == OpKind::Param)
       continue;
     updateOps_[index] = true;
@@ -204,7 +216,7 @@ ValueId Rewriter::rename(ValueId value, const std::string& from, const std::stri
   op.operands = {value};
   op.attrs = {{"from", std::vector<std::string>{from}}, {"to", std::vector<std::string>{to}}};
   op.loc = loc;
-  renameOps_.insert(static_cast<uint32_t>(out_.ops.size()));
+  renameOps_.push_back(static_cast<uint32_t>(out_.ops.size()));
   return out_.addOp(std::move(op), renamedType(out_.typeOf(value), from, to),
                     out_.values[value].name);
 }
@@ -214,29 +226,27 @@ ValueId Rewriter::copy(ValueId value, const ir::Location& loc) {
   op.kind = OpKind::Einsum; // of one operand into its own dims: the identity
   op.operands = {value};
   op.loc = loc;
-  identityOps_.insert(static_cast<uint32_t>(out_.ops.size()));
+  identityOps_.push_back(static_cast<uint32_t>(out_.ops.size()));
   ValueId result = out_.addOp(std::move(op), out_.typeOf(value), out_.values[value].name);
-  shardOf_[result] = shardOf_.at(value);
+  setShard(result, shardOf(value));
   return result;
 }
 
 ValueId Rewriter::convert(ValueId value, const ShardName* name, const ir::Location& loc) {
-  auto current = shardOf_.find(value);
-  if (current != shardOf_.end()) {
-    if (name && current->second == *name) return value;
-    ShardName had = current->second;
-    value = rename(value, had.zero, had.dim, loc); // back to the weight's dim
+  if (const ShardName* current = shardOf(value)) {
+    if (name && *current == *name) return value;
+    value = rename(value, current->zero, current->dim, loc); // back to the weight's dim
   }
   if (!name || !out_.typeOf(value).hasDim(name->dim)) return value;
   ValueId renamed = rename(value, name->dim, name->zero, loc);
-  shardOf_[renamed] = *name;
+  setShard(renamed, name);
   return renamed;
 }
 
 ValueId Rewriter::gradientShard(ValueId oldGradient, const ir::Location& loc) {
   auto done = gradientShards_.find(oldGradient);
   if (done != gradientShards_.end()) return done->second;
-  ValueId shard = convert(newOf_[oldGradient], &gradientOf_.at(oldGradient), loc);
+  ValueId shard = convert(newOf_[oldGradient], gradientOf_[oldGradient], loc);
   gradientShards_[oldGradient] = shard;
   return shard;
 }
@@ -247,7 +257,7 @@ void Rewriter::emit(uint32_t index) {
   const ir::TensorType& oldType = fn_.typeOf(op.result);
   const std::string& valueName = fn_.values[op.result].name;
   if (op.kind == OpKind::Param) {
-    size_t p = paramOfValue_.at(op.result);
+    size_t p = static_cast<size_t>(paramOfValue_[op.result]);
     auto shard = paramShard_.find(p);
     bool sharded = shard != paramShard_.end() &&
                    (fn_.params[p].role == ir::ParamRole::OptimizerState || stage_ == 3);
@@ -255,7 +265,7 @@ void Rewriter::emit(uint32_t index) {
         sharded ? renamedType(oldType, shard->second.dim, shard->second.zero) : oldType;
     newOf_[op.result] = out_.addOp(std::move(op), type, valueName);
     if (sharded) {
-      shardOf_[newOf_[oldResult]] = shard->second;
+      setShard(newOf_[oldResult], &shard->second);
       out_.params[p].type = type;
     }
     return;
@@ -265,19 +275,17 @@ void Rewriter::emit(uint32_t index) {
   for (ValueId old : op.operands) {
     ValueId value = newOf_[old];
     if (updateOps_[index]) {
-      if (gradientOf_.count(old)) value = gradientShard(old, op.loc);
-      auto param = paramOfValue_.find(old);
-      if (stage_ < 3 && param != paramOfValue_.end() && paramShard_.count(param->second) &&
-          fn_.params[param->second].role == ir::ParamRole::Weight) {
+      if (gradientOf_[old]) value = gradientShard(old, op.loc);
+      int64_t param = paramOfValue_[old];
+      auto shard = param >= 0 ? paramShard_.find(static_cast<size_t>(param)) : paramShard_.end();
+      if (stage_ < 3 && shard != paramShard_.end() &&
+          fn_.params[static_cast<size_t>(param)].role == ir::ParamRole::Weight) {
         auto slice = weightSlices_.find(value);
         if (slice == weightSlices_.end())
-          slice =
-              weightSlices_.emplace(value, convert(value, &paramShard_.at(param->second), op.loc))
-                  .first;
+          slice = weightSlices_.emplace(value, convert(value, &shard->second, op.loc)).first;
         value = slice->second;
       }
-      auto shard = shardOf_.find(value);
-      if (!target && shard != shardOf_.end()) target = &shard->second;
+      if (!target) target = shardOf(value);
     }
     operands.push_back(value);
   }
@@ -285,7 +293,7 @@ void Rewriter::emit(uint32_t index) {
   // each op reading it (the gathered copy lives only for that op).
   std::map<ValueId, ValueId> converted;
   for (ValueId& value : operands) {
-    if (!target && !shardOf_.count(value)) continue;
+    if (!target && !shardOf(value)) continue;
     auto done = converted.find(value);
     if (done == converted.end()) {
       ValueId from = value;
@@ -297,7 +305,7 @@ void Rewriter::emit(uint32_t index) {
     }
     value = done->second;
   }
-  op.operands = operands;
+  op.operands = std::move(operands);
   ir::TensorType type = oldType;
   if (target && type.hasDim(target->dim)) {
     type = renamedType(type, target->dim, target->zero);
@@ -307,9 +315,9 @@ void Rewriter::emit(uint32_t index) {
   }
   ValueId result = out_.addOp(std::move(op), type, valueName);
   newOf_[oldResult] = result;
-  if (target && type.hasDim(target->zero)) shardOf_[result] = *target;
+  if (target && type.hasDim(target->zero)) setShard(result, target);
   // Stage 2 and 3 reduce-scatter a gradient as soon as it is complete: no full copy is kept.
-  if (stage_ >= 2 && gradientOf_.count(oldResult)) gradientShard(oldResult, fn_.ops[index].loc);
+  if (stage_ >= 2 && gradientOf_[oldResult]) gradientShard(oldResult, fn_.ops[index].loc);
 }
 
 std::optional<ZeroRewrite> Rewriter::run() {
@@ -326,6 +334,11 @@ std::optional<ZeroRewrite> Rewriter::run() {
   out_.params = fn_.params;
   out_.train = fn_.train;
   newOf_.assign(fn_.values.size(), 0);
+  // The renames and copies add a few ops per weight: room for them up front (no regrowth of
+  // a hundred thousand ops).
+  out_.ops.reserve(fn_.ops.size() + 4 * fn_.params.size());
+  out_.values.reserve(fn_.values.size() + 4 * fn_.params.size());
+  shardOf_.reserve(fn_.values.size() + 4 * fn_.params.size());
   for (uint32_t i = 0; i < fn_.ops.size(); ++i)
     emit(i);
   out_.inputs = fn_.inputs;
@@ -339,15 +352,12 @@ std::optional<ZeroRewrite> Rewriter::run() {
         {output.name, convert(newOf_[output.value], nullptr, output.loc), output.loc});
   for (const ir::ParamUpdate& update : fn_.updates) {
     ValueId param = out_.params[update.param].value;
-    auto shard = shardOf_.find(param);
-    out_.updates.push_back(
-        {update.param,
-         convert(newOf_[update.value], shard != shardOf_.end() ? &shard->second : nullptr,
-                 out_.params[update.param].loc)});
+    out_.updates.push_back({update.param, convert(newOf_[update.value], shardOf(param),
+                                                  out_.params[update.param].loc)});
   }
   result.fn = std::move(out_);
-  result.renameOps = renameOps_;
-  result.identityOps = identityOps_;
+  result.renameOps = std::move(renameOps_);
+  result.identityOps = std::move(identityOps_);
 
   // Memory of the weights, their gradients and their state, before and after.
   for (size_t p = 0; p < fn_.params.size(); ++p) {

@@ -16,7 +16,6 @@
 #include <llvm/Support/raw_ostream.h>
 
 #include <optional>
-#include <set>
 #include <string>
 #include <vector>
 
@@ -55,8 +54,8 @@ struct ZeroRewrite {
   ir::Function fn;
   Layout layout;
   ZeroReport report; // weights and memory filled; the rest by restoreZeroDims and the planner
-  std::set<uint32_t> renameOps;   // indices in fn of the renames between the two names
-  std::set<uint32_t> identityOps; // and of the copies of stage-3 weights before them
+  std::vector<uint32_t> renameOps;   // indices in fn of the renames between the two names
+  std::vector<uint32_t> identityOps; // and of the copies of stage-3 weights before them
 };
 
 /// Rewrites `fn` (a train block after the training phase) for ZeRO `stage` (1-3) under `layout`

@@ -1,6 +1,6 @@
 // Internal to sema: the global symbol tables and the worker that lowers one program, train
-// block or def (for checking) to an ir::Function. Sema.cpp holds declarations, scopes and
-// statements; Builtins.cpp holds the per-builtin checks and lowering.
+// block or def (for checking) to an ir::Function. FunctionLowerer.cpp holds scopes, statements
+// and expressions; Builtins.cpp the per-builtin checks and lowering; Sema.cpp the module level.
 #pragma once
 
 #include "diag/Diagnostics.h"

@@ -65,14 +65,13 @@ uint64_t AsyncQueue::start(const CallRecord& record, const Segment<void>* inputs
   mine.record = record;
   mine.inputs.assign(inputs, inputs + numInputs);
   mine.outputs.assign(outputs, outputs + numOutputs);
-  mine.copied.store(0, std::memory_order_relaxed);
   mine.published.store(sequence, std::memory_order_release);
   Local& request = local(sequence);
   request.sequence = sequence;
   request.phase = Phase::Arriving;
   request.failure = nullptr;
-  arrive(sequence);
-  notify();
+  // Only the last arrival lets the waiters go on: the earlier ones wake nobody.
+  if (count(group_.gates[sequence % kRing], sequence)) notify();
   progress();
   return sequence;
 }
@@ -140,45 +139,13 @@ bool AsyncQueue::advance(Local& request, bool block) {
   if (request.phase == Phase::Reducing) {
     phaseA(sequence);
     mine.reduced.store(sequence, std::memory_order_release);
-    notify();
-    bool copies = readersOfOutputs(mine.record) > 0;
-    request.copiedFrom.assign(size_t(p), copies ? 0 : 1);
-    request.copiedFrom[size_t(groupRank_)] = 1;
-    request.copiesLeft = copies ? p - 1 : 0;
-    request.phase = Phase::Copying;
-  }
-  if (request.phase == Phase::Copying) {
-    auto readyPeer = [&] {
-      for (int q = 0; q < p; ++q)
-        if (!request.copiedFrom[size_t(q)] &&
-            slot(q, sequence).reduced.load(std::memory_order_acquire) >= sequence)
-          return true;
-      return false;
-    };
-    while (request.copiesLeft > 0) {
-      bool copied = false;
-      for (int q = 0; q < p; ++q) {
-        if (request.copiedFrom[size_t(q)] ||
-            slot(q, sequence).reduced.load(std::memory_order_acquire) < sequence)
-          continue;
-        phaseB(sequence, q);
-        slot(q, sequence).copied.fetch_add(1, std::memory_order_acq_rel);
-        request.copiedFrom[size_t(q)] = 1;
-        --request.copiesLeft;
-        copied = true;
-      }
-      if (copied) notify();
-      if (request.copiesLeft == 0) break;
-      if (!block) return false;
-      // The peers have all arrived: they do their phase A at their next entry into meshrt.
-      sleepUntil(readyPeer, [] { return false; });
-    }
+    // Only the last rank's stamp lets the drains go on: the earlier ones wake nobody.
+    if (count(group_.doneGates[sequence % kRing], sequence)) notify();
     request.phase = Phase::Draining;
   }
   if (request.phase == Phase::Draining) {
-    uint32_t readers = uint32_t(readersOfOutputs(mine.record));
+    // Every peer has read this rank's inputs and written its chunks into this rank's outputs.
     auto drained = [&] {
-      if (mine.copied.load(std::memory_order_acquire) < readers) return false;
       for (int q = 0; q < p; ++q)
         if (slot(q, sequence).reduced.load(std::memory_order_acquire) < sequence) return false;
       return true;
@@ -245,13 +212,20 @@ void AsyncQueue::phaseA(uint64_t sequence) {
   inputs_.resize(size_t(p));
   switch (record.collective()) {
   case Collective::AllReduce: {
+    // This rank's chunk, reduced from every input into its output, then written into every
+    // peer's output (in place is safe: only this rank reads or writes that chunk anywhere).
     auto [first, last] = chunkOf(count, elementSize, p, groupRank_);
     bool streaming = (last - first) * elementSize >= kStreamingBytes;
     forPieces(mine.outputs, first, last, [&](size_t k, size_t offset, size_t length) {
       for (int q = 0; q < p; ++q)
         inputs_[size_t(q)] = at(slot(q, sequence).inputs[k], offset, elementSize);
-      detail::reduce(record.type(), ReduceOp(record.op), at(mine.outputs[k], offset, elementSize),
-                     inputs_.data(), p, length, streaming);
+      char* reduced = at(mine.outputs[k], offset, elementSize);
+      detail::reduce(record.type(), ReduceOp(record.op), reduced, inputs_.data(), p, length,
+                     streaming);
+      for (int q = 0; q < p; ++q)
+        if (q != groupRank_)
+          detail::copy(at(slot(q, sequence).outputs[k], offset, elementSize), reduced,
+                       length * elementSize, streaming);
     });
     break;
   }
@@ -261,48 +235,27 @@ void AsyncQueue::phaseA(uint64_t sequence) {
     detail::reduce(record.type(), ReduceOp(record.op), mine.outputs[0].data, inputs_.data(), p,
                    count, count * elementSize >= kStreamingBytes);
     break;
-  case Collective::AllGather: {
-    char* own = at(mine.outputs[0], size_t(groupRank_) * count, elementSize);
-    if (own != mine.inputs[0].data && count)
-      std::memcpy(own, mine.inputs[0].data, count * elementSize);
+  case Collective::AllGather:
+    // This rank's input, written into its place in every output (its own included).
+    for (int q = 0; q < p && count; ++q) {
+      char* place = at(slot(q, sequence).outputs[0], size_t(groupRank_) * count, elementSize);
+      if (place != mine.inputs[0].data)
+        std::memcpy(place, mine.inputs[0].data, count * elementSize);
+    }
     break;
-  }
   default:
     break;
   }
 }
 
-void AsyncQueue::phaseB(uint64_t sequence, int peer) {
-  const AsyncSlot& mine = slot(groupRank_, sequence);
-  const AsyncSlot& from = slot(peer, sequence);
-  size_t elementSize = dtypeSize(mine.record.type()), count = size_t(mine.record.count);
-  if (mine.record.collective() == Collective::AllReduce) {
-    auto [first, last] = chunkOf(count, elementSize, size(), peer);
-    bool streaming = (last - first) * elementSize >= kStreamingBytes;
-    forPieces(mine.outputs, first, last, [&](size_t k, size_t offset, size_t length) {
-      detail::copy(at(mine.outputs[k], offset, elementSize),
-                   at(from.outputs[k], offset, elementSize), length * elementSize, streaming);
-    });
-  } else if (mine.record.collective() == Collective::AllGather && count) {
-    std::memcpy(at(mine.outputs[0], size_t(peer) * count, elementSize), from.inputs[0].data,
-                count * elementSize);
-  }
-}
-
-int AsyncQueue::readersOfOutputs(const CallRecord& record) const {
-  // The all-reduce's peers copy this rank's reduced chunk; the all-gather's copy its input.
-  return record.collective() == Collective::ReduceScatter ? 0 : size() - 1;
-}
-
-void AsyncQueue::arrive(uint64_t sequence) {
-  std::atomic<uint64_t>& gate = group_.gates[sequence % kRing];
+bool AsyncQueue::count(std::atomic<uint64_t>& gate, uint64_t sequence) {
   uint64_t current = gate.load(std::memory_order_acquire);
   for (;;) {
-    // The gate still holds the slot's previous sequence (all arrived, or none yet): start anew.
+    // The gate still holds the slot's previous sequence (all counted, or none yet): start anew.
     uint64_t next = current >> kCountBits == sequence ? current + 1 : sequence << kCountBits | 1;
     if (gate.compare_exchange_weak(current, next, std::memory_order_acq_rel,
                                    std::memory_order_acquire))
-      return;
+      return next == (sequence << kCountBits | uint64_t(size()));
   }
 }
 

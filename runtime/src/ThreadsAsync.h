@@ -11,13 +11,17 @@
 // A request of sequence s (the s-th started on the group by every rank) goes through:
 //  arrival   the rank publishes its call in its slot s % kRing and counts itself in the group's
 //            gate for s; once all have arrived each rank checks that all made the same call;
-//  phase A   the rank's own work that reads the peers' inputs: an all-reduce or reduce-scatter
-//            reduces its chunk from every input (into its output); then it stamps `reduced`;
-//  phase B   it copies from each peer once that peer's `reduced` says its chunk is ready (the
-//            all-reduce's other chunks, the all-gather's inputs), counting itself in the peer's
-//            `copied`;
-//  drain     it is complete once every peer has done phase A (nobody reads its inputs any more)
-//            and every reader of phase B has copied its output.
+//  phase A   the rank's own work on the peers' buffers: an all-reduce reduces its chunk from
+//            every input into its output and writes it into every peer's output, a
+//            reduce-scatter reduces its chunk from every input, an all-gather writes its input
+//            into every output; then it stamps `reduced` and counts itself in the group's done
+//            gate for s;
+//  drain     it is complete once every peer has done phase A (nobody reads its inputs or
+//            writes its outputs any more).
+// Two meetings, as a blocking collective's two barriers: peers write into one another's outputs
+// rather than read from them, so no third one waits for the readers. Only the last rank of a
+// gate wakes the sleepers: an arrival or a stamp before it lets none of them go on, and with
+// several ranks on a core every needless wake-up is a hand-over of that core.
 // Only arrival can fail (a peer missing past the timeout, exited, or the world failed): a rank
 // withdraws from the gate unless everyone has arrived, so either all ranks go on to the data
 // phases or none does. After arrival every rank completes them, at its wait or when its Request
@@ -64,12 +68,10 @@ public:
   uint64_t completed() const { return completed_; }
 
 private:
-  enum class Phase { Arriving, Reducing, Copying, Draining, Done };
+  enum class Phase { Arriving, Reducing, Draining, Done };
   struct Local {
     uint64_t sequence = 0;
     Phase phase = Phase::Done;
-    std::vector<char> copiedFrom; // phase B: peers copied from
-    int copiesLeft = 0;
     std::exception_ptr failure;
   };
 
@@ -87,9 +89,8 @@ private:
   void awaitArrival(Local& request);
   void checkAgreement(const Local& request) const;
   void phaseA(uint64_t sequence);
-  void phaseB(uint64_t sequence, int peer);
-  int readersOfOutputs(const CallRecord& record) const;
-  void arrive(uint64_t sequence);
+  /// Counts this rank in `gate` for `sequence`; true when it was the last of the group.
+  bool count(std::atomic<uint64_t>& gate, uint64_t sequence);
   bool withdraw(uint64_t sequence);
   bool allArrived(uint64_t sequence) const;
   std::string whyGiveUp(uint64_t sequence, Clock::time_point deadline) const;

@@ -140,7 +140,6 @@ struct alignas(kCacheLine) AsyncSlot {
   std::vector<Segment<void>> inputs, outputs; // the logical buffers, as pieces
   std::atomic<uint64_t> published{0};         // = its sequence once record and pieces are set
   std::atomic<uint64_t> reduced{0};           // >= its sequence once this rank's phase A is done
-  std::atomic<uint32_t> copied{0};            // peers done reading this rank's outputs (phase B)
 };
 
 struct alignas(kCacheLine) Slot {
@@ -182,10 +181,13 @@ struct GroupState {
   alignas(kCacheLine) std::atomic<uint64_t> barrier{0};
   /// The barrier's generation again, as the 32-bit word the waiters sleep on with futex.
   alignas(kCacheLine) std::atomic<uint32_t> generation{0};
-  /// Started collectives (ThreadsAsync.cpp): kRing slots per rank, kRing arrival gates.
+  /// Started collectives (ThreadsAsync.cpp): kRing slots per rank, kRing arrival gates and
+  /// kRing gates of phase A done.
   std::unique_ptr<AsyncSlot[]> asyncSlots{new AsyncSlot[worldRanks.size() * kRing]};
   std::unique_ptr<std::atomic<uint64_t>[]> gates { new std::atomic<uint64_t>[ kRing ]() };
-  /// Bumped whenever a rank publishes progress on a started collective; waiters sleep on it.
+  std::unique_ptr<std::atomic<uint64_t>[]> doneGates { new std::atomic<uint64_t>[ kRing ]() };
+  /// Bumped when a started collective's gate fills (all arrived, all done phase A); waiters
+  /// sleep on it.
   alignas(kCacheLine) std::atomic<uint32_t> asyncEvents{0};
   std::atomic<uint32_t> asyncSleepers{0};
   /// Point-to-point (ThreadsP2p.cpp): one mailbox per receiver, and the word its waiters sleep on

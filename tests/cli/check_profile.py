@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """`meshc run --profile` and `meshc run --trace` (docs/tool.md): the profile's table has its
 columns, a row per planned collective whose count matches what every rank issued, op-group rows
-named by .mesh lines, and totals by phase; --trace writes the Chrome trace where it is told.
-Timings are not asserted. Usage: check_profile.py <meshc> <case>"""
+named by .mesh lines, and totals by phase; --trace writes the Chrome trace where it is told; the
+runner's span holds its slowest rank's time. Timings are not asserted otherwise.
+Usage: check_profile.py <meshc> <case>"""
 import collections
 import json
 import os
@@ -96,7 +97,28 @@ def run_trace():
                "one track per rank of [data=2]")
 
 
-CASES = {f.__name__: f for f in [run_profile, run_trace]}
+def run_span():
+    """The runner's span (the first rank's start to the last rank's end) holds every rank's run, so
+    it is at least the slowest rank's time, run by run; it is printed only for several ranks."""
+    with tempfile.TemporaryDirectory() as cache:
+        for mesh, ranks in [("data=2,model=2", 4), ("data=1,model=1", 1)]:
+            proc = meshc("run", MLP, "--function", "mlp", "--mesh", mesh, "--no-plan",
+                         "--cache-dir", cache, "--opt=-O1")
+            expect(proc.returncode == 0, "meshc run " + mesh, proc)
+            run = re.search(
+                rf"program mlp: {ranks} ranks, run ([\d.]+) ms median, ([\d.]+) ms best",
+                proc.stdout)
+            span = re.search(r"program mlp: span ([\d.]+) ms median, ([\d.]+) ms best", proc.stdout)
+            expect(run is not None, "the runner prints its runs on " + mesh, proc)
+            if ranks == 1:
+                expect(span is None, "no span for one rank", proc)
+                continue
+            expect(span is not None, "the runner prints the span on " + mesh, proc)
+            expect(all(float(s) >= float(r) for s, r in zip(span.groups(), run.groups())),
+                   "span median and best >= the slowest rank's", proc)
+
+
+CASES = {f.__name__: f for f in [run_profile, run_trace, run_span]}
 
 def meshc(*args):
     return check_cli.meshc(*args)

@@ -460,6 +460,40 @@ TEST_CASE("reduce sums any lane: dense runs, bias-gradient rows and strided lane
   }
 }
 
+TEST_CASE("reduce max over contiguous runs: the largest element, NaN propagated",
+          "[codegen][support]") {
+  // [3, 5, 40] row-major (40: two 16-lane vectors and a tail). Max over the last dim (one run
+  // per output) and over dims 0 and 2 (three runs per output, dim 1 kept between them).
+  Buffer x = randomBuffer(600, 12);
+  auto at = [&](int64_t i, int64_t j, int64_t k) { return x[size_t((i * 5 + j) * 40 + k)]; };
+  auto check = [&](bool withNan) {
+    INFO((withNan ? "a NaN at [1, 2, 37]" : "no NaN"));
+    if (withNan) x[size_t((1 * 5 + 2) * 40 + 37)] = NAN;
+    Buffer last(15, 0.0f), outer(5, 0.0f);
+    meshc::gen::reduce(last.data(), {3, 5}, x.data(), {200, 40}, {40}, {1}, meshc::gen::Reduce::Max,
+                       1.0);
+    meshc::gen::reduce(outer.data(), {5}, x.data(), {40}, {3, 40}, {200, 1},
+                       meshc::gen::Reduce::Max, 1.0);
+    for (int64_t i = 0; i < 3; ++i)
+      for (int64_t j = 0; j < 5; ++j) {
+        float want = -INFINITY;
+        for (int64_t k = 0; k < 40; ++k)
+          want = std::isnan(at(i, j, k)) || std::isnan(want) ? NAN : std::max(want, at(i, j, k));
+        float got = last[size_t(i * 5 + j)];
+        CHECK((std::isnan(want) ? std::isnan(got) : got == want));
+      }
+    for (int64_t j = 0; j < 5; ++j) {
+      float want = -INFINITY;
+      for (int64_t i = 0; i < 3; ++i)
+        for (int64_t k = 0; k < 40; ++k)
+          want = std::isnan(at(i, j, k)) || std::isnan(want) ? NAN : std::max(want, at(i, j, k));
+      CHECK((std::isnan(want) ? std::isnan(outer[size_t(j)]) : outer[size_t(j)] == want));
+    }
+  };
+  check(false);
+  check(true);
+}
+
 TEST_CASE("shift along a split dim exchanges halos and whole shards", "[codegen][support]") {
   const int ranks = 4;
   const Shape sizes = {2, 12, 3}; // shift dim 1: 3 rows per rank

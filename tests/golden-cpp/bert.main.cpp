@@ -29,12 +29,20 @@ struct Result {
 
 constexpr int kTimedRuns = 5;
 
-/// Prints the median and best of the timed runs (each: its slowest rank).
-void report(const char *what, int ranks, const char *backend, std::vector<double> runs) {
+/// Prints the median and best of the timed runs (each: its slowest rank) and, on the threads
+/// backend with several ranks, of their spans (the first rank's start to the last rank's end).
+void report(const char *what, int ranks, const char *backend, std::vector<double> runs,
+            std::vector<double> spans) {
   std::sort(runs.begin(), runs.end());
   std::printf("%s: %d ranks, run %.3f ms median, %.3f ms best of %d (slowest rank; after a warm-up "
               "run; %s backend)\n",
               what, ranks, runs[runs.size() / 2], runs.front(), kTimedRuns, backend);
+  if (ranks == 1 || std::string(backend) != "threads")
+    return;
+  std::sort(spans.begin(), spans.end());
+  std::printf(
+      "%s: span %.3f ms median, %.3f ms best (the first rank's start to the last rank's end)\n",
+      what, spans[spans.size() / 2], spans.front());
 }
 
 int main(int argc, char **argv) {
@@ -78,7 +86,7 @@ int main(int argc, char **argv) {
                               : std::map<std::string, meshc::gen::Tensor>();
     {
       // program mlm
-      std::vector<double> milliseconds;
+      std::vector<double> milliseconds, spans;
       const char *backend = "";
       lead = meshrt::launch(Mlm::mesh(), launchOptions, [&](meshrt::Communicator &world) {
         Mlm program(world, seed);
@@ -99,19 +107,24 @@ int main(int argc, char **argv) {
               world, "padding",
               meshc::gen::batchOfStep("mlm.padding", given->second, Mlm::inputShape("padding"), 0));
         auto outputs = program.run(inputs);
-        std::vector<double> runs(kTimedRuns);
+        std::vector<double> runs(kTimedRuns), ends(2 * kTimedRuns);
+        using Ms = std::chrono::duration<double, std::milli>;
         for (int i = 0; i < kTimedRuns; ++i) {
           world.barrier();
           auto start = std::chrono::steady_clock::now();
           outputs = program.run(inputs);
-          runs[size_t(i)] =
-              std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
-                  .count();
+          auto end = std::chrono::steady_clock::now();
+          runs[size_t(i)] = Ms(end - start).count();
+          ends[size_t(2 * i)] = -Ms(start.time_since_epoch()).count();
+          ends[size_t(2 * i + 1)] = Ms(end.time_since_epoch()).count();
         }
         world.allReduce(runs.data(), runs.size(), meshrt::ReduceOp::Max);
+        world.allReduce(ends.data(), ends.size(), meshrt::ReduceOp::Max);
         if (world.rank() == 0) {
           milliseconds = runs;
           backend = world.backend();
+          for (int i = 0; i < kTimedRuns; ++i)
+            spans.push_back(ends[size_t(2 * i)] + ends[size_t(2 * i + 1)]);
         }
         auto gathered_logits = Mlm::gatherOutput(world, "logits", outputs.logits);
         if (world.rank() == 0)
@@ -125,11 +138,11 @@ int main(int argc, char **argv) {
           program.save(saveDir + "/mlm");
       });
       if (lead)
-        report("program mlm", Mlm::mesh().size(), backend, milliseconds);
+        report("program mlm", Mlm::mesh().size(), backend, milliseconds, spans);
     }
     {
       // train mlm_train
-      std::vector<double> milliseconds;
+      std::vector<double> milliseconds, spans;
       const char *backend = "";
       lead = meshrt::launch(MlmTrain::mesh(), launchOptions, [&](meshrt::Communicator &world) {
         MlmTrain program(world, seed);
@@ -214,19 +227,24 @@ int main(int argc, char **argv) {
                                      meshc::gen::batchOfStep("mlm_train.targets", given->second,
                                                              MlmTrain::inputShape("targets"), 0));
         auto outputs = program.run(inputs);
-        std::vector<double> runs(kTimedRuns);
+        std::vector<double> runs(kTimedRuns), ends(2 * kTimedRuns);
+        using Ms = std::chrono::duration<double, std::milli>;
         for (int i = 0; i < kTimedRuns; ++i) {
           world.barrier();
           auto start = std::chrono::steady_clock::now();
           program.run(inputs);
-          runs[size_t(i)] =
-              std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
-                  .count();
+          auto end = std::chrono::steady_clock::now();
+          runs[size_t(i)] = Ms(end - start).count();
+          ends[size_t(2 * i)] = -Ms(start.time_since_epoch()).count();
+          ends[size_t(2 * i + 1)] = Ms(end.time_since_epoch()).count();
         }
         world.allReduce(runs.data(), runs.size(), meshrt::ReduceOp::Max);
+        world.allReduce(ends.data(), ends.size(), meshrt::ReduceOp::Max);
         if (world.rank() == 0) {
           milliseconds = runs;
           backend = world.backend();
+          for (int i = 0; i < kTimedRuns; ++i)
+            spans.push_back(ends[size_t(2 * i)] + ends[size_t(2 * i + 1)]);
         }
         auto gathered_loss = MlmTrain::gatherOutput(world, "loss", outputs.loss);
         if (world.rank() == 0)
@@ -236,7 +254,7 @@ int main(int argc, char **argv) {
           program.save(saveDir + "/mlm_train");
       });
       if (lead && steps == 0)
-        report("train mlm_train", MlmTrain::mesh().size(), backend, milliseconds);
+        report("train mlm_train", MlmTrain::mesh().size(), backend, milliseconds, spans);
     }
   } catch (const std::exception &error) {
     std::fprintf(stderr, "error: %s\n", error.what());

@@ -29,12 +29,20 @@ struct Result {
 
 constexpr int kTimedRuns = 5;
 
-/// Prints the median and best of the timed runs (each: its slowest rank).
-void report(const char *what, int ranks, const char *backend, std::vector<double> runs) {
+/// Prints the median and best of the timed runs (each: its slowest rank) and, on the threads
+/// backend with several ranks, of their spans (the first rank's start to the last rank's end).
+void report(const char *what, int ranks, const char *backend, std::vector<double> runs,
+            std::vector<double> spans) {
   std::sort(runs.begin(), runs.end());
   std::printf("%s: %d ranks, run %.3f ms median, %.3f ms best of %d (slowest rank; after a warm-up "
               "run; %s backend)\n",
               what, ranks, runs[runs.size() / 2], runs.front(), kTimedRuns, backend);
+  if (ranks == 1 || std::string(backend) != "threads")
+    return;
+  std::sort(spans.begin(), spans.end());
+  std::printf(
+      "%s: span %.3f ms median, %.3f ms best (the first rank's start to the last rank's end)\n",
+      what, spans[spans.size() / 2], spans.front());
 }
 
 int main(int argc, char **argv) {
@@ -78,7 +86,7 @@ int main(int argc, char **argv) {
                               : std::map<std::string, meshc::gen::Tensor>();
     {
       // program translate
-      std::vector<double> milliseconds;
+      std::vector<double> milliseconds, spans;
       const char *backend = "";
       lead = meshrt::launch(Translate::mesh(), launchOptions, [&](meshrt::Communicator &world) {
         Translate program(world, seed);
@@ -96,19 +104,24 @@ int main(int argc, char **argv) {
               meshc::gen::batchOfStep("translate.target_ids", given->second,
                                       Translate::inputShape("target_ids"), 0));
         auto outputs = program.run(inputs);
-        std::vector<double> runs(kTimedRuns);
+        std::vector<double> runs(kTimedRuns), ends(2 * kTimedRuns);
+        using Ms = std::chrono::duration<double, std::milli>;
         for (int i = 0; i < kTimedRuns; ++i) {
           world.barrier();
           auto start = std::chrono::steady_clock::now();
           outputs = program.run(inputs);
-          runs[size_t(i)] =
-              std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
-                  .count();
+          auto end = std::chrono::steady_clock::now();
+          runs[size_t(i)] = Ms(end - start).count();
+          ends[size_t(2 * i)] = -Ms(start.time_since_epoch()).count();
+          ends[size_t(2 * i + 1)] = Ms(end.time_since_epoch()).count();
         }
         world.allReduce(runs.data(), runs.size(), meshrt::ReduceOp::Max);
+        world.allReduce(ends.data(), ends.size(), meshrt::ReduceOp::Max);
         if (world.rank() == 0) {
           milliseconds = runs;
           backend = world.backend();
+          for (int i = 0; i < kTimedRuns; ++i)
+            spans.push_back(ends[size_t(2 * i)] + ends[size_t(2 * i + 1)]);
         }
         auto gathered_logits = Translate::gatherOutput(world, "logits", outputs.logits);
         if (world.rank() == 0)
@@ -123,11 +136,11 @@ int main(int argc, char **argv) {
           program.save(saveDir + "/translate");
       });
       if (lead)
-        report("program translate", Translate::mesh().size(), backend, milliseconds);
+        report("program translate", Translate::mesh().size(), backend, milliseconds, spans);
     }
     {
       // program position_buckets
-      std::vector<double> milliseconds;
+      std::vector<double> milliseconds, spans;
       const char *backend = "";
       lead =
           meshrt::launch(PositionBuckets::mesh(), launchOptions, [&](meshrt::Communicator &world) {
@@ -136,19 +149,24 @@ int main(int argc, char **argv) {
               program.load(loadDir + "/position_buckets");
             auto inputs = program.synthesizeInputs(program.seed() + uint64_t(0));
             auto outputs = program.run(inputs);
-            std::vector<double> runs(kTimedRuns);
+            std::vector<double> runs(kTimedRuns), ends(2 * kTimedRuns);
+            using Ms = std::chrono::duration<double, std::milli>;
             for (int i = 0; i < kTimedRuns; ++i) {
               world.barrier();
               auto start = std::chrono::steady_clock::now();
               outputs = program.run(inputs);
-              runs[size_t(i)] = std::chrono::duration<double, std::milli>(
-                                    std::chrono::steady_clock::now() - start)
-                                    .count();
+              auto end = std::chrono::steady_clock::now();
+              runs[size_t(i)] = Ms(end - start).count();
+              ends[size_t(2 * i)] = -Ms(start.time_since_epoch()).count();
+              ends[size_t(2 * i + 1)] = Ms(end.time_since_epoch()).count();
             }
             world.allReduce(runs.data(), runs.size(), meshrt::ReduceOp::Max);
+            world.allReduce(ends.data(), ends.size(), meshrt::ReduceOp::Max);
             if (world.rank() == 0) {
               milliseconds = runs;
               backend = world.backend();
+              for (int i = 0; i < kTimedRuns; ++i)
+                spans.push_back(ends[size_t(2 * i)] + ends[size_t(2 * i + 1)]);
             }
             auto gathered_encoder =
                 PositionBuckets::gatherOutput(world, "encoder", outputs.encoder);
@@ -166,11 +184,12 @@ int main(int argc, char **argv) {
               program.save(saveDir + "/position_buckets");
           });
       if (lead)
-        report("program position_buckets", PositionBuckets::mesh().size(), backend, milliseconds);
+        report("program position_buckets", PositionBuckets::mesh().size(), backend, milliseconds,
+               spans);
     }
     {
       // train t5_train
-      std::vector<double> milliseconds;
+      std::vector<double> milliseconds, spans;
       const char *backend = "";
       lead = meshrt::launch(T5Train::mesh(), launchOptions, [&](meshrt::Communicator &world) {
         T5Train program(world, seed);
@@ -229,19 +248,24 @@ int main(int argc, char **argv) {
                                     meshc::gen::batchOfStep("t5_train.target_ids", given->second,
                                                             T5Train::inputShape("target_ids"), 0));
         auto outputs = program.run(inputs);
-        std::vector<double> runs(kTimedRuns);
+        std::vector<double> runs(kTimedRuns), ends(2 * kTimedRuns);
+        using Ms = std::chrono::duration<double, std::milli>;
         for (int i = 0; i < kTimedRuns; ++i) {
           world.barrier();
           auto start = std::chrono::steady_clock::now();
           program.run(inputs);
-          runs[size_t(i)] =
-              std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
-                  .count();
+          auto end = std::chrono::steady_clock::now();
+          runs[size_t(i)] = Ms(end - start).count();
+          ends[size_t(2 * i)] = -Ms(start.time_since_epoch()).count();
+          ends[size_t(2 * i + 1)] = Ms(end.time_since_epoch()).count();
         }
         world.allReduce(runs.data(), runs.size(), meshrt::ReduceOp::Max);
+        world.allReduce(ends.data(), ends.size(), meshrt::ReduceOp::Max);
         if (world.rank() == 0) {
           milliseconds = runs;
           backend = world.backend();
+          for (int i = 0; i < kTimedRuns; ++i)
+            spans.push_back(ends[size_t(2 * i)] + ends[size_t(2 * i + 1)]);
         }
         auto gathered_loss = T5Train::gatherOutput(world, "loss", outputs.loss);
         if (world.rank() == 0)
@@ -257,7 +281,7 @@ int main(int argc, char **argv) {
           program.save(saveDir + "/t5_train");
       });
       if (lead && steps == 0)
-        report("train t5_train", T5Train::mesh().size(), backend, milliseconds);
+        report("train t5_train", T5Train::mesh().size(), backend, milliseconds, spans);
     }
   } catch (const std::exception &error) {
     std::fprintf(stderr, "error: %s\n", error.what());

@@ -29,12 +29,20 @@ struct Result {
 
 constexpr int kTimedRuns = 5;
 
-/// Prints the median and best of the timed runs (each: its slowest rank).
-void report(const char *what, int ranks, const char *backend, std::vector<double> runs) {
+/// Prints the median and best of the timed runs (each: its slowest rank) and, on the threads
+/// backend with several ranks, of their spans (the first rank's start to the last rank's end).
+void report(const char *what, int ranks, const char *backend, std::vector<double> runs,
+            std::vector<double> spans) {
   std::sort(runs.begin(), runs.end());
   std::printf("%s: %d ranks, run %.3f ms median, %.3f ms best of %d (slowest rank; after a warm-up "
               "run; %s backend)\n",
               what, ranks, runs[runs.size() / 2], runs.front(), kTimedRuns, backend);
+  if (ranks == 1 || std::string(backend) != "threads")
+    return;
+  std::sort(spans.begin(), spans.end());
+  std::printf(
+      "%s: span %.3f ms median, %.3f ms best (the first rank's start to the last rank's end)\n",
+      what, spans[spans.size() / 2], spans.front());
 }
 
 int main(int argc, char **argv) {
@@ -78,7 +86,7 @@ int main(int argc, char **argv) {
                               : std::map<std::string, meshc::gen::Tensor>();
     {
       // program predict
-      std::vector<double> milliseconds;
+      std::vector<double> milliseconds, spans;
       const char *backend = "";
       lead = meshrt::launch(Predict::mesh(), launchOptions, [&](meshrt::Communicator &world) {
         Predict program(world, seed);
@@ -91,19 +99,24 @@ int main(int argc, char **argv) {
                                     meshc::gen::batchOfStep("predict.tokens", given->second,
                                                             Predict::inputShape("tokens"), 0));
         auto outputs = program.run(inputs);
-        std::vector<double> runs(kTimedRuns);
+        std::vector<double> runs(kTimedRuns), ends(2 * kTimedRuns);
+        using Ms = std::chrono::duration<double, std::milli>;
         for (int i = 0; i < kTimedRuns; ++i) {
           world.barrier();
           auto start = std::chrono::steady_clock::now();
           outputs = program.run(inputs);
-          runs[size_t(i)] =
-              std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
-                  .count();
+          auto end = std::chrono::steady_clock::now();
+          runs[size_t(i)] = Ms(end - start).count();
+          ends[size_t(2 * i)] = -Ms(start.time_since_epoch()).count();
+          ends[size_t(2 * i + 1)] = Ms(end.time_since_epoch()).count();
         }
         world.allReduce(runs.data(), runs.size(), meshrt::ReduceOp::Max);
+        world.allReduce(ends.data(), ends.size(), meshrt::ReduceOp::Max);
         if (world.rank() == 0) {
           milliseconds = runs;
           backend = world.backend();
+          for (int i = 0; i < kTimedRuns; ++i)
+            spans.push_back(ends[size_t(2 * i)] + ends[size_t(2 * i + 1)]);
         }
         auto gathered_logits = Predict::gatherOutput(world, "logits", outputs.logits);
         if (world.rank() == 0)
@@ -113,11 +126,11 @@ int main(int argc, char **argv) {
           program.save(saveDir + "/predict");
       });
       if (lead)
-        report("program predict", Predict::mesh().size(), backend, milliseconds);
+        report("program predict", Predict::mesh().size(), backend, milliseconds, spans);
     }
     {
       // train xlnet_train
-      std::vector<double> milliseconds;
+      std::vector<double> milliseconds, spans;
       const char *backend = "";
       lead = meshrt::launch(XlnetTrain::mesh(), launchOptions, [&](meshrt::Communicator &world) {
         XlnetTrain program(world, seed);
@@ -166,19 +179,24 @@ int main(int argc, char **argv) {
               meshc::gen::batchOfStep("xlnet_train.tokens", given->second,
                                       XlnetTrain::inputShape("tokens"), 0));
         auto outputs = program.run(inputs);
-        std::vector<double> runs(kTimedRuns);
+        std::vector<double> runs(kTimedRuns), ends(2 * kTimedRuns);
+        using Ms = std::chrono::duration<double, std::milli>;
         for (int i = 0; i < kTimedRuns; ++i) {
           world.barrier();
           auto start = std::chrono::steady_clock::now();
           program.run(inputs);
-          runs[size_t(i)] =
-              std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
-                  .count();
+          auto end = std::chrono::steady_clock::now();
+          runs[size_t(i)] = Ms(end - start).count();
+          ends[size_t(2 * i)] = -Ms(start.time_since_epoch()).count();
+          ends[size_t(2 * i + 1)] = Ms(end.time_since_epoch()).count();
         }
         world.allReduce(runs.data(), runs.size(), meshrt::ReduceOp::Max);
+        world.allReduce(ends.data(), ends.size(), meshrt::ReduceOp::Max);
         if (world.rank() == 0) {
           milliseconds = runs;
           backend = world.backend();
+          for (int i = 0; i < kTimedRuns; ++i)
+            spans.push_back(ends[size_t(2 * i)] + ends[size_t(2 * i + 1)]);
         }
         auto gathered_loss = XlnetTrain::gatherOutput(world, "loss", outputs.loss);
         if (world.rank() == 0)
@@ -194,7 +212,7 @@ int main(int argc, char **argv) {
           program.save(saveDir + "/xlnet_train");
       });
       if (lead && steps == 0)
-        report("train xlnet_train", XlnetTrain::mesh().size(), backend, milliseconds);
+        report("train xlnet_train", XlnetTrain::mesh().size(), backend, milliseconds, spans);
     }
   } catch (const std::exception &error) {
     std::fprintf(stderr, "error: %s\n", error.what());

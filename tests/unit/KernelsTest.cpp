@@ -254,6 +254,17 @@ TEST_CASE("einsum: batches of outer products, GEMVs and dot products run as loop
     CHECK(checkEinsum(rows, randomOperands(rows, 29)) ==
           "gemm batch=6 m=5 n=" + std::to_string(width) + " k=1 a=N b=N loops");
   }
+  // Rows of sums with the widths fixed at compile time (16, 32) and one that is not (12), terms
+  // a multiple of the four accumulators' turn (64) or not (5, 67), as performer's Q' (K'^T V):
+  // qf[b, s, f] kv[b, s, f, d] -> [b, s, d].
+  for (int64_t width : {12, 16, 32})
+    for (int64_t terms : {5, 64, 67}) {
+      INFO(width << " columns, " << terms << " terms");
+      EinsumSpec sums = spec({2, 3, terms, width}, {{0, 1, 2}, {0, 1, 2, 3}}, {0, 1, 3});
+      CHECK(checkEinsum(sums, randomOperands(sums, 30)) ==
+            "gemm batch=6 m=1 n=" + std::to_string(width) + " k=" + std::to_string(terms) +
+                " a=N b=N loops");
+    }
   // One batch stays a library GEMM (one call).
   EinsumSpec single = spec({5, 4}, {{0}, {1}}, {0, 1});
   CHECK(checkEinsum(single, randomOperands(single, 25)) == "gemm batch=1 m=5 n=4 k=1 a=N b=N");

@@ -10,6 +10,7 @@
 // evaluator also replays copies of repeated segments (a layer, its backward, its updates) from
 // memoized walks; the fresh ones walk every op (setReplaySegments(false)).
 #include "CompiledSource.h"
+#include "planner/InternCache.h"
 #include "planner/LayoutSearch.h"
 #include "planner/RepeatedSegments.h"
 #include "planner/ReshardMemo.h"
@@ -160,6 +161,17 @@ void checkAgainstFreshEvaluators(const Case& c, size_t steps) {
     if (k < dims.size()) { // and stopped early at a cutoff, as the branch and bound asks
       CHECK(same(shared.lowerBound(partial, assigned, bound / 2),
                  freshEvaluator()->lowerBound(partial, assigned, bound / 2)));
+      // A walk stopped at a cutoff (by what it summed, plus the rooflines of the known ops it
+      // has not walked) cuts exactly where the whole walk does, and stays a lower bound: the
+      // branch and bound cuts the same subtrees. Cutoffs on both sides of the bound, and close.
+      if (std::isfinite(bound) && bound > 0) {
+        for (double factor : {0.3, 0.9, 0.999999, 1.000001, 1.1}) {
+          double at = bound * factor;
+          double stopped = shared.lowerBound(partial, assigned, at);
+          CHECK((stopped > at) == (bound > at));
+          CHECK(stopped <= bound * (1 + 1e-12));
+        }
+      }
     }
     ++compared;
   }
@@ -255,4 +267,41 @@ TEST_CASE("reshard memo: shared by equal machines and meshes, never by different
   CHECK(&elsewhere != &entry);
   REQUIRE(elsewhere.path);
   CHECK(elsewhere.path->seconds == planReshard(type, from, to, wider, cluster)->seconds);
+}
+
+TEST_CASE("intern cache: ids only for items its comparison finds equal, collisions kept apart") {
+  // The evaluator interns types and ops by key strings behind this cache (InternCache.h): an
+  // item is served an id only when it compares equal to one seen with the same hash, so two
+  // items whose hashes collide keep their own ids, and an item unlike every one seen is none's.
+  std::vector<std::string> items = {"a", "b", "c"};
+  InternCache<size_t> cache;
+  auto find = [&](uint64_t hash, const std::string& item) {
+    return cache.find(hash, [&](size_t seen) { return items[seen] == item; });
+  };
+  CHECK(find(7, "a") == -1);
+  cache.add(7, 0, 10);
+  cache.add(7, 1, 11); // the same hash: a collision
+  cache.add(8, 2, 12);
+  CHECK(find(7, "a") == 10);
+  CHECK(find(7, "b") == 11);
+  CHECK(find(7, "c") == -1); // its hash is 8
+  CHECK(find(8, "c") == 12);
+  CHECK(find(9, "a") == -1);
+
+  // Equal types hash alike. The comparison of attributes is at least as strict as the keys:
+  // -0 and 0, which the keys print apart, differ; so do 1 and 1.0, which they print alike (on
+  // a miss the key string decides, so stricter is safe).
+  ir::TensorType x{ir::DType::F32, {{"batch", 8}, {"d", 16}}};
+  ir::TensorType y = x;
+  CHECK(typeHash(x) == typeHash(y));
+  y.dims[1].size = 32;
+  CHECK(typeHash(x) != typeHash(y));
+  CHECK(sameAttrValue(ir::AttrValue{0.5}, ir::AttrValue{0.5}));
+  CHECK(attrValueHash(ir::AttrValue{0.5}) == attrValueHash(ir::AttrValue{0.5}));
+  CHECK_FALSE(sameAttrValue(ir::AttrValue{0.0}, ir::AttrValue{-0.0}));
+  CHECK_FALSE(sameAttrValue(ir::AttrValue{int64_t{1}}, ir::AttrValue{1.0}));
+  CHECK(sameAttrValue(ir::AttrValue{std::vector<std::string>{"i", "j"}},
+                      ir::AttrValue{std::vector<std::string>{"i", "j"}}));
+  CHECK_FALSE(sameAttrValue(ir::AttrValue{std::vector<std::string>{"i,j"}},
+                            ir::AttrValue{std::vector<std::string>{"i", "j"}}));
 }

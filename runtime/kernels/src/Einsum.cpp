@@ -11,6 +11,7 @@
 #include <cblas.h>
 
 #include <algorithm>
+#include <cstring>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -414,6 +415,62 @@ void outerProducts(int64_t m, int64_t n, int64_t aRow, int64_t cRow, int aSlot,
   }
 }
 
+/// 16 f32 lanes as GCC's vector type: accumulators of this type stay in registers (as arrays,
+/// -O2 kept them in memory).
+typedef float Lanes16 __attribute__((vector_size(16 * sizeof(float))));
+
+/// A row of c as a sum of k rows of b, c[i, :] = alpha sum_t a[i, t] b[t, :] (+ beta c[i, :]),
+/// 16 x `Vectors` columns in four accumulators that take the terms in turn: with one, each
+/// term's multiply-add waited for the last one's (performer's Q' (K'^T V), 256 rows of 64 terms
+/// a layer: 36 us a call, about 2.2 ns a term; now 9.6 us).
+template <int Vectors>
+[[gnu::always_inline]] inline void rowSumRows(int64_t m, int64_t k, const float* A, int64_t aRow,
+                                              int64_t aCol, const float* B, int64_t bRow, float* C,
+                                              int64_t cRow, float alpha, float beta) {
+  constexpr int Terms = 4;
+  for (int64_t i = 0; i < m; ++i) {
+    Lanes16 acc[Terms][Vectors] = {}, next;
+    const float* scales = A + i * aRow;
+    int64_t t = 0;
+    for (; t + Terms <= k; t += Terms)
+      for (int term = 0; term < Terms; ++term)
+        for (int v = 0; v < Vectors; ++v) {
+          std::memcpy(&next, B + (t + term) * bRow + 16 * v, sizeof next);
+          acc[term][v] += scales[(t + term) * aCol] * next;
+        }
+    for (; t < k; ++t)
+      for (int v = 0; v < Vectors; ++v) {
+        std::memcpy(&next, B + t * bRow + 16 * v, sizeof next);
+        acc[0][v] += scales[t * aCol] * next;
+      }
+    float* __restrict row = C + i * cRow;
+    for (int v = 0; v < Vectors; ++v) {
+      Lanes16 sum = (acc[0][v] + acc[1][v]) + (acc[2][v] + acc[3][v]);
+      for (int j = 0; j < 16; ++j)
+        row[16 * v + j] = beta == 0 ? alpha * sum[j] : alpha * sum[j] + beta * row[16 * v + j];
+    }
+  }
+}
+
+/// Batches of rowSumRows (degenerateBatches' `rows` with several terms) for the common widths;
+/// false for any other width.
+MESHRT_VECTOR_CLONES
+bool rowSums(int64_t m, int64_t n, int64_t k, int64_t aRow, int64_t aCol, int64_t bRow,
+             int64_t cRow, int aSlot, const int64_t* batchOffsets, int64_t batches, const float* a,
+             const float* b, float* c, float alpha, float beta) {
+  if (n != 16 && n != 32) return false;
+  for (int64_t batch = 0; batch < batches; ++batch) {
+    const float* A = a + batchOffsets[3 * batch + aSlot];
+    const float* B = b + batchOffsets[3 * batch + 1 - aSlot];
+    float* C = c + batchOffsets[3 * batch + 2];
+    if (n == 16)
+      rowSumRows<1>(m, k, A, aRow, aCol, B, bRow, C, cRow, alpha, beta);
+    else
+      rowSumRows<2>(m, k, A, aRow, aCol, B, bRow, C, cRow, alpha, beta);
+  }
+  return true;
+}
+
 /// c[batch] = alpha * a[batch] . b[batch] + beta * c[batch] for GEMMs of one row, one column or
 /// one term (EinsumPlan::degenerateBatched), every matrix walked by its rowStride and colStride
 /// (packed ones included, see makePacked) from its batch's offset (a, b, c per batch), in f32.
@@ -448,6 +505,9 @@ void degenerateBatches(const EinsumPlan::Matrix& ma, const EinsumPlan::Matrix& m
                   transposed ? a : b, c, alpha, beta);
     return;
   }
+  if (rows && rowSums(m, n, k, aRow, aCol, bRow, cRow, transposed ? 1 : 0, batchOffsets, batches,
+                      transposed ? b : a, transposed ? a : b, c, alpha, beta))
+    return;
   for (int64_t batch = 0; batch < batches; ++batch) {
     const float* A = (transposed ? b : a) + batchOffsets[3 * batch + (transposed ? 1 : 0)];
     const float* B = (transposed ? a : b) + batchOffsets[3 * batch + (transposed ? 0 : 1)];

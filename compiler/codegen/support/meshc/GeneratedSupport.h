@@ -1303,6 +1303,21 @@ inline float maxRun(const float* x, int64_t count) {
   return max;
 }
 
+/// The largest element of runs of `count` elements at `starts` from `x`, or a NaN if any is
+/// one (the reduction's max propagates NaNs, which maxRun passes over).
+inline float maxOfRuns(const float* x, const std::vector<int64_t>& starts, int64_t count) {
+  float max = -INFINITY;
+  bool nan = false;
+  for (int64_t start : starts) {
+    const float* run = x + start;
+    float runMax = maxRun(run, count);
+    max = runMax > max ? runMax : max;
+    for (int64_t i = 0; i < count; ++i)
+      nan |= run[i] != run[i];
+  }
+  return nan ? NAN : max;
+}
+
 /// Points from which a reduction or a row op is split over OpenMP's threads.
 constexpr int64_t kParallelPoints = 1 << 15;
 
@@ -1419,6 +1434,18 @@ inline void reduce(float* out, const Shape& outSizes, const float* in, const Sha
     }
     for (size_t o = 0; o < bases.size(); ++o)
       out[o] = float(sums[o] * scale);
+    return;
+  }
+  if (kind == Reduce::Max && !lane.empty() && laneStrides.back() == 1) {
+    // A max over lanes whose last dim is one contiguous run: maxRun's lanes per run (one
+    // compare after another through the offsets table took 0.5-0.7 ns an element, performer's
+    // max over features and over (seq, features)).
+    std::vector<int64_t> runs = offsetsOf(Shape(lane.begin(), lane.end() - 1),
+                                          Shape(laneStrides.begin(), laneStrides.end() - 1));
+    forEach<2>(outSizes, {rowMajorStrides(outSizes), inOuter}, {0, 0},
+               [&](const std::array<int64_t, 2>& at) {
+                 out[at[0]] = detail::maxOfRuns(in + at[1], runs, lane.back());
+               });
     return;
   }
   forEach<2>(outSizes, {rowMajorStrides(outSizes), inOuter}, {0, 0},
