@@ -79,7 +79,7 @@ else
 fi
 
 # 2. Unit tests (the NCCL one runs real collectives when GPUs are present).
-step "unit: NCCL backend collectives" timeout 120 "$BUILD/tests/cuda/test_nccl_comm" -s
+step "unit: NCCL backend collectives" timeout 120 "$BUILD/tests/cuda/test_nccl_comm"
 step "unit: lane math" timeout 60 "$BUILD/tests/cuda/test_cuda_rowmath"
 step "device support functions vs the CPU's" timeout 120 "$BUILD/tests/cuda/gpu_support_check"
 if [ -n "$BUNDLE" ]; then

@@ -33,6 +33,18 @@ const char* mathModeName(MathMode mode) {
   return "fp32";
 }
 
+cublasComputeType_t computeTypeOf(MathMode mode) {
+  switch (mode) {
+  case MathMode::FP32:
+    return CUBLAS_COMPUTE_32F;
+  case MathMode::TF32:
+    return CUBLAS_COMPUTE_32F_FAST_TF32;
+  case MathMode::BF16:
+    return CUBLAS_COMPUTE_32F_FAST_16BF;
+  }
+  return CUBLAS_COMPUTE_32F;
+}
+
 namespace {
 thread_local const Context* currentContext = nullptr;
 

@@ -460,10 +460,32 @@ void einsum2(float* out, const float* a, const float* b, const Gemm& d, bool acc
       outBox = makeBox(mn, concat(d.outM, d.outN));
   std::vector<int64_t> aBatch = offsetsOf(d.batch, d.aBatch), bBatch = offsetsOf(d.batch, d.bBatch),
                        outBatch = offsetsOf(d.batch, d.outBatch);
-  Scratch batchTables(3 * size_t(B) * sizeof(int64_t));
-  const int64_t* aBatchDevice = upload(batchTables, aBatch, 0);
-  const int64_t* bBatchDevice = upload(batchTables, bBatch, size_t(B));
-  const int64_t* outBatchDevice = upload(batchTables, outBatch, 2 * size_t(B));
+  // fp32 in and out. An operand is used in place when its (m, k) / (k, n) dims are one
+  // row-major matrix in either order and its batch dims one stride; else packed densely. The
+  // precision mode is cuBLAS's compute type alone: TF32 and BF16 round the fp32 operands inside
+  // the tensor-core GEMM (CUBLAS_COMPUTE_32F_FAST_TF32 / _16BF), so no mode packs an operand that
+  // fp32 would read in place (packing both operands to bf16 first made the einsum up to 5.9x
+  // slower than cuBLAS's GEMM on an H200).
+  int64_t mUnit, kUnitA, kUnitB, nUnit, outMUnit, outNUnit, aStride, bStride, outStride;
+  bool batchFlat = flatStride(d.batch, d.aBatch, aStride) &&
+                   flatStride(d.batch, d.bBatch, bStride) &&
+                   flatStride(d.batch, d.outBatch, outStride);
+  bool aDirect =
+      batchFlat && flatStride(d.m, d.aM, mUnit) && flatStride(d.k, d.aK, kUnitA) &&
+      ((kUnitA == 1 && (M == 1 || mUnit >= K)) || (mUnit == 1 && (K == 1 || kUnitA >= M)));
+  bool bDirect =
+      batchFlat && flatStride(d.k, d.bK, kUnitB) && flatStride(d.n, d.bN, nUnit) &&
+      ((nUnit == 1 && (K == 1 || kUnitB >= N)) || (kUnitB == 1 && (N == 1 || nUnit >= K)));
+  bool outDirect = batchFlat && flatStride(d.m, d.outM, outMUnit) &&
+                   flatStride(d.n, d.outN, outNUnit) && outNUnit == 1 && (M == 1 || outMUnit >= N);
+
+  // The batch offset tables feed the pack and unpack kernels alone: a GEMM that reads and writes
+  // everything in place uploads none (an allocation and a host-to-device copy per call).
+  bool packs = K == 0 || accumulateInDouble || !(aDirect && bDirect && outDirect);
+  Scratch batchTables(packs ? 3 * size_t(B) * sizeof(int64_t) : 0);
+  const int64_t* aBatchDevice = packs ? upload(batchTables, aBatch, 0) : nullptr;
+  const int64_t* bBatchDevice = packs ? upload(batchTables, bBatch, size_t(B)) : nullptr;
+  const int64_t* outBatchDevice = packs ? upload(batchTables, outBatch, 2 * size_t(B)) : nullptr;
   cublasHandle_t handle = context.cublas();
   int blocksA = blocksFor(M * K * B), blocksB = blocksFor(K * N * B),
       blocksC = blocksFor(M * N * B);
@@ -499,22 +521,6 @@ void einsum2(float* out, const float* a, const float* b, const Gemm& d, bool acc
     return;
   }
 
-  // fp32 in and out. An operand is used in place when its (m, k) / (k, n) dims are one
-  // row-major matrix in either order and its batch dims one stride; else packed densely.
-  bool bf16 = context.math == MathMode::BF16;
-  int64_t mUnit, kUnitA, kUnitB, nUnit, outMUnit, outNUnit, aStride, bStride, outStride;
-  bool batchFlat = flatStride(d.batch, d.aBatch, aStride) &&
-                   flatStride(d.batch, d.bBatch, bStride) &&
-                   flatStride(d.batch, d.outBatch, outStride);
-  bool aDirect =
-      !bf16 && batchFlat && flatStride(d.m, d.aM, mUnit) && flatStride(d.k, d.aK, kUnitA) &&
-      ((kUnitA == 1 && (M == 1 || mUnit >= K)) || (mUnit == 1 && (K == 1 || kUnitA >= M)));
-  bool bDirect =
-      !bf16 && batchFlat && flatStride(d.k, d.bK, kUnitB) && flatStride(d.n, d.bN, nUnit) &&
-      ((nUnit == 1 && (K == 1 || kUnitB >= N)) || (kUnitB == 1 && (N == 1 || nUnit >= K)));
-  bool outDirect = batchFlat && flatStride(d.m, d.outM, outMUnit) &&
-                   flatStride(d.n, d.outN, outNUnit) && outNUnit == 1 && (M == 1 || outMUnit >= N);
-
   // Row-major op(A) [M, K]: NoTrans with lda (row stride), or stored [K, M] (Trans).
   cublasOperation_t opA = CUBLAS_OP_N, opB = CUBLAS_OP_N;
   int64_t lda = K, ldb = N, ldc = N;
@@ -522,9 +528,8 @@ void einsum2(float* out, const float* a, const float* b, const Gemm& d, bool acc
   const void* aPtr = a;
   const void* bPtr = b;
   void* cPtr = out;
-  size_t elementBytes = bf16 ? sizeof(__nv_bfloat16) : sizeof(float);
-  Scratch aPacked(aDirect ? 0 : size_t(M * K * B) * elementBytes),
-      bPacked(bDirect ? 0 : size_t(K * N * B) * elementBytes),
+  Scratch aPacked(aDirect ? 0 : size_t(M * K * B) * sizeof(float)),
+      bPacked(bDirect ? 0 : size_t(K * N * B) * sizeof(float)),
       cPacked(outDirect ? 0 : size_t(M * N * B) * sizeof(float));
   if (aDirect) {
     if (kUnitA == 1 && (M == 1 || mUnit >= K)) {
@@ -535,12 +540,8 @@ void einsum2(float* out, const float* a, const float* b, const Gemm& d, bool acc
     }
     strideA = aStride * (B > 1);
   } else {
-    if (bf16)
-      packKernel<__nv_bfloat16>
-          <<<blocksA, kThreads, 0, stream>>>(aPacked.as<__nv_bfloat16>(), a, aBox, aBatchDevice, B);
-    else
-      packKernel<float>
-          <<<blocksA, kThreads, 0, stream>>>(aPacked.as<float>(), a, aBox, aBatchDevice, B);
+    packKernel<float>
+        <<<blocksA, kThreads, 0, stream>>>(aPacked.as<float>(), a, aBox, aBatchDevice, B);
     launched("einsum pack kernel");
     aPtr = aPacked.get();
   }
@@ -553,12 +554,8 @@ void einsum2(float* out, const float* a, const float* b, const Gemm& d, bool acc
     }
     strideB = bStride * (B > 1);
   } else {
-    if (bf16)
-      packKernel<__nv_bfloat16>
-          <<<blocksB, kThreads, 0, stream>>>(bPacked.as<__nv_bfloat16>(), b, bBox, bBatchDevice, B);
-    else
-      packKernel<float>
-          <<<blocksB, kThreads, 0, stream>>>(bPacked.as<float>(), b, bBox, bBatchDevice, B);
+    packKernel<float>
+        <<<blocksB, kThreads, 0, stream>>>(bPacked.as<float>(), b, bBox, bBatchDevice, B);
     launched("einsum pack kernel");
     bPtr = bPacked.get();
   }
@@ -570,13 +567,12 @@ void einsum2(float* out, const float* a, const float* b, const Gemm& d, bool acc
   }
   // Packed operands and outputs are dense per batch, so the batch stride is the matrix size;
   // direct ones have a flat batch stride (batchFlat), so one strided-batched call does all.
-  cudaDataType_t inType = bf16 ? CUDA_R_16BF : CUDA_R_32F;
-  cublasComputeType_t compute =
-      context.math == MathMode::TF32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+  cublasComputeType_t compute = computeTypeOf(context.math);
   float one = 1, zero = 0;
   // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: swap the operands.
   checkCublas(cublasGemmStridedBatchedEx(handle, opB, opA, int(N), int(M), int(K), &one, bPtr,
-                                         inType, int(ldb), strideB, aPtr, inType, int(lda), strideA,
+                                         CUDA_R_32F, int(ldb), strideB, aPtr, CUDA_R_32F, int(lda),
+                                         strideA,
                                          &zero, cPtr, CUDA_R_32F, int(ldc), strideC, int(B),
                                          compute, CUBLAS_GEMM_DEFAULT),
               "cublasGemmStridedBatchedEx");

@@ -30,10 +30,13 @@ void checkCublas(cublasStatus_t status, const char* what);
 /// The precision of einsum's GEMMs (cuBLAS compute type), see docs/cuda.md:
 /// FP32: strict fp32 (CUBLAS_COMPUTE_32F, no tensor-core rounding), the default;
 /// TF32: fp32 in and out, TF32 tensor cores (CUBLAS_COMPUTE_32F_FAST_TF32);
-/// BF16: mixed precision: operands rounded to bf16 for the GEMM (tensor cores), fp32
-///       accumulation and result; parameters (master weights) and all other ops stay fp32.
+/// BF16: mixed precision: operands rounded to bf16 inside the GEMM (tensor cores,
+///       CUBLAS_COMPUTE_32F_FAST_16BF), fp32 accumulation and result; parameters (master
+///       weights) and all other ops stay fp32.
 enum class MathMode { FP32, TF32, BF16 };
 const char* mathModeName(MathMode mode);
+/// The cuBLAS compute type of a mode's fp32-in, fp32-out GEMMs.
+cublasComputeType_t computeTypeOf(MathMode mode);
 
 /// One rank's device state. Generated code makes it current (Scope) in its constructor and in
 /// run(); the support functions and this library use current().
