@@ -572,9 +572,8 @@ void einsum2(float* out, const float* a, const float* b, const Gemm& d, bool acc
   // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: swap the operands.
   checkCublas(cublasGemmStridedBatchedEx(handle, opB, opA, int(N), int(M), int(K), &one, bPtr,
                                          CUDA_R_32F, int(ldb), strideB, aPtr, CUDA_R_32F, int(lda),
-                                         strideA,
-                                         &zero, cPtr, CUDA_R_32F, int(ldc), strideC, int(B),
-                                         compute, CUBLAS_GEMM_DEFAULT),
+                                         strideA, &zero, cPtr, CUDA_R_32F, int(ldc), strideC,
+                                         int(B), compute, CUBLAS_GEMM_DEFAULT),
               "cublasGemmStridedBatchedEx");
   if (!outDirect) {
     unpackKernel<float>
