@@ -113,6 +113,12 @@ llvm::cl::opt<std::string> givenInputsPath(
     llvm::cl::desc("With --emit=run, read inputs from <file> (the runner's binary format, "
                    "tensors named <function>.<input>); inputs it lacks are synthesized"),
     llvm::cl::value_desc("file"), llvm::cl::cat(meshcCategory));
+llvm::cl::opt<bool> interpInDouble(
+    "interp-in-double",
+    llvm::cl::desc("With --emit=run, keep every float in double instead of rounding each op's "
+                   "result to its dtype: how far the oracle's own rounding moves each output "
+                   "(the tolerance rule's probe of ill-conditioned elements)"),
+    llvm::cl::init(false), llvm::cl::cat(meshcCategory));
 llvm::cl::opt<std::string> dumpOutputs(
     "dump-outputs",
     llvm::cl::desc("With --emit=run, also write every output to <file> in the generated "
@@ -211,6 +217,7 @@ PipelineOptions pipelineOptions() {
   options.batch = trainBatch;
   options.inputsFile = givenInputsPath;
   options.dumpOutputsFile = dumpOutputs;
+  options.roundToDtype = !interpInDouble;
   options.verifyEach = verifyEach;
   options.injectFault = injectFault;
   options.zero = zeroStage;

@@ -61,7 +61,7 @@ struct PipelineOptions {
   BatchMode batch = BatchMode::Fresh; // what --steps train on
   std::string inputsFile;             // tensors named <function>.<input>; the rest synthesized
   std::string dumpOutputsFile;        // "": no dump
-  bool roundToDtype = true;           // false: floats stay in double (meshc run --check's probe)
+  bool roundToDtype = true;           // false: floats stay in double (--interp-in-double)
 };
 
 /// `--batch=fresh|fixed`, the option of `meshc --emit=run` and `meshc run`: what `--steps` trains

@@ -732,7 +732,7 @@ int runCommand(const char* argv0) {
       std::string unrounded;
       llvm::raw_string_ostream ignored(unrounded);
       if (!interpretModule(*module, check, ignored, argv0) ||
-          !probeOracle(*checks, check.dumpOutputsFile, expected, rule))
+          !probeOracle(*checks, actual, expected, check.dumpOutputsFile, rule))
         return fail(kExitInternalError, "the interpreter in double failed");
     }
     checkSeconds = secondsSince(start);

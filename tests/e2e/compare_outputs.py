@@ -5,7 +5,7 @@
 
 Each element must satisfy tolerance.py's rule |a - e| <= atol + rtol |e| (rtol per dtype and per
 tensor's path dtype, atol = rtol times the expected tensor's RMS). Usage: compare_outputs.py ACTUAL
-EXPECTED [--path-dtypes FILE] [--compute-dtype bf16|f16] [--steps N]: FILE is what
+EXPECTED [--path-dtypes FILE] [--compute-dtype bf16|f16] [--steps N] [--unrounded U]: FILE is what
 `meshc --emit=tolerance-dtypes` prints for the program; --compute-dtype coarsens every tensor
 (e.g. einsums run in bf16 by --cuda-math). Exit status 0 when every tensor of EXPECTED is in
 ACTUAL with the same shape and passes."""
@@ -41,12 +41,15 @@ def read_outputs(path):
 
 
 def compare_files(actual_path, expected_path, steps=0, path_dtypes=None, both_approximate=False,
-                  compute_dtype=None, verdicts=None):
-    """Prints one line per tensor of EXPECTED; returns whether all pass. path_dtypes: tensor name
-    -> the coarsest float dtype on any path into it (tolerance.path_dtypes_of); compute_dtype:
-    coarsens every tensor; verdicts, a list, gets (name, tolerance.Verdict) per tensor."""
+                  compute_dtype=None, verdicts=None, unrounded_path=None):
+    """Prints one line per tensor of EXPECTED (`ok`, `FAIL`, or `noise`: passing only by its
+    ill-conditioned elements); returns whether all pass. path_dtypes: tensor name -> the
+    coarsest float dtype on any path into it (tolerance.path_dtypes_of); compute_dtype: coarsens
+    every tensor; verdicts, a list, gets (name, tolerance.Verdict) per tensor; unrounded_path:
+    the interpreter's outputs computed in double (tolerance.py's ill-conditioned elements)."""
     path_dtypes = path_dtypes or {}
     actual, expected = read_outputs(actual_path), read_outputs(expected_path)
+    unrounded = read_outputs(unrounded_path) if unrounded_path else {}
     file_rms = typical_scale(expected)
     ok = True
     for name, (dtype, shape, want) in expected.items():
@@ -60,11 +63,15 @@ def compare_files(actual_path, expected_path, steps=0, path_dtypes=None, both_ap
             ok = False
             continue
         path = coarsest_dtype([path_dtypes.get(name), compute_dtype])
-        verdict = compare_values(got, want, dtype, steps, path, both_approximate, file_rms)
+        in_double = unrounded.get(name)
+        in_double = in_double[2] if in_double and in_double[1] == shape else None
+        verdict = compare_values(got, want, dtype, steps, path, both_approximate, file_rms,
+                                 in_double)
         ok = ok and verdict.ok
         if verdicts is not None:
             verdicts.append((name, verdict))
-        print(f"{'ok  ' if verdict.ok else 'FAIL'} {name} {dtype}{shape}: {verdict.describe()}")
+        label = ("FAIL" if not verdict.ok else "noise" if verdict.ill_conditioned else "ok  ")
+        print(f"{label} {name} {dtype}{shape}: {verdict.describe()}")
     return ok
 
 
@@ -77,13 +84,15 @@ def main():
     parser.add_argument("--path-dtypes", help="a file: `meshc --emit=tolerance-dtypes`'s output")
     parser.add_argument("--compute-dtype", choices=["bf16", "f16"],
                         help="a dtype whose rounding every tensor carries")
+    parser.add_argument("--unrounded", help="the interpreter's outputs computed in double "
+                        "(meshc --emit=run --interp-in-double): ill-conditioned elements")
     args = parser.parse_args()
     path_dtypes = {}
     if args.path_dtypes:
         with open(args.path_dtypes) as f:
             path_dtypes = json.load(f)
     ok = compare_files(args.actual, args.expected, args.steps, path_dtypes,
-                       compute_dtype=args.compute_dtype)
+                       compute_dtype=args.compute_dtype, unrounded_path=args.unrounded)
     return 0 if ok else 1
 
 

@@ -101,11 +101,11 @@ class Comparisons:
                 print(f"  step {step}: {g:.9g} vs {w:.9g}")
         return ok
 
-    def files(self, actual, expected, steps, both_approximate, what):
+    def files(self, actual, expected, steps, both_approximate, what, unrounded=None):
         print(f"--- {what}: final loss and params after {steps} steps")
         verdicts = []
         ok = compare_files(actual, expected, steps, self.path_dtypes, both_approximate,
-                           verdicts=verdicts)
+                           verdicts=verdicts, unrounded_path=unrounded)
         self.verdicts += [(f"{what}: {name}", verdict) for name, verdict in verdicts]
         return ok
 
@@ -207,11 +207,20 @@ def main():
     k = str(args.interp_steps)
     actual, expected = binary + f".steps{k}", binary + f".interp{k}"
     generated = series_of(run(command + [actual, args.seed, "--steps", k]))
-    interpreted = series_of(run([args.meshc, args.example, "--emit=run", "--steps", k, "--seed",
-                                 args.seed, "--dump-outputs", expected] + overrides))
+    interpret = [args.meshc, args.example, "--emit=run", "--steps", k, "--seed", args.seed]
+    interpreted = series_of(run(interpret + ["--dump-outputs", expected] + overrides))
     what = f"generated [{mesh}] vs the interpreter"
     ok = compared.series(generated, interpreted, False, what) and ok
-    ok = compared.files(actual, expected, args.interp_steps, False, what) and ok
+    files_ok = compared.files(actual, expected, args.interp_steps, False, what)
+    if not files_ok:
+        # Are the elements over the bound determined by the program at all? The interpreter in
+        # double says how far its own rounding moves each (tolerance.py's ill-conditioned ones).
+        unrounded = expected + "-double"
+        run(interpret + ["--interp-in-double", "--dump-outputs", unrounded] + overrides)
+        files_ok = compared.files(actual, expected, args.interp_steps, False,
+                                  f"{what}, the interpreter in double for ill-conditioned "
+                                  "elements", unrounded)
+    ok = files_ok and ok
     if args.inject_fault:
         what, verdict = compared.worst()
         caught = "caught" if not ok else "NOT caught"

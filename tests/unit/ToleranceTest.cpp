@@ -100,3 +100,33 @@ TEST_CASE("bf16 programs and training steps widen the bound as stated", "[tolera
   CHECK(compareWithTolerance(actual, expected, "f32", steps).pass);
   CHECK_FALSE(compareWithTolerance(actual, expected, "f32", steps - 1).pass);
 }
+
+TEST_CASE("ill-conditioned elements are held to R times the oracle's own rounding movement",
+          "[tolerance]") {
+  // Element 0 is near adamw's eps regime: the interpreter in double differs from the rounded one
+  // by d = 1e-6 there, so R d = 1024e-6 is its allowance; element 1 is well conditioned (the
+  // double run agrees with the rounded one to 1e-12).
+  std::vector<double> expected = {1e-3, 1.0}, unrounded = {1e-3 + 1e-6, 1.0 + 1e-12};
+  std::vector<double> actual = {1e-3 + 5e-4, 1.0};
+  Comparison plain = compareWithTolerance(actual, expected, "f32");
+  CHECK_FALSE(plain.pass);
+  Comparison probed =
+      compareWithTolerance(actual, expected, "f32", 0, "", 0, std::nullopt, &unrounded);
+  CHECK(probed.pass);
+  CHECK(probed.illConditioned == 1);
+  CHECK(probed.illConditionedRatio == Approx(5e-4 / 1024e-6));
+  CHECK(probed.ratio == Approx(plain.ratio)); // the rule's own ratio is still reported
+  // Beyond R d it fails: the oracle's movement excuses that much and no more.
+  actual[0] = 1e-3 + 2e-3;
+  CHECK_FALSE(
+      compareWithTolerance(actual, expected, "f32", 0, "", 0, std::nullopt, &unrounded).pass);
+  // A well-conditioned element gets nothing from the probe: an error over its bound fails.
+  actual = {1e-3, 1.0 + 1e-3};
+  CHECK_FALSE(
+      compareWithTolerance(actual, expected, "f32", 0, "", 0, std::nullopt, &unrounded).pass);
+  // Under a tighter --tol the same ill-conditioned element still passes within R d (R and the
+  // gate are the default rule's), while the well-conditioned one is held to --tol.
+  actual = {1e-3 + 5e-4, 1.0 + 1e-9};
+  CHECK(compareWithTolerance(actual, expected, "f32", 0, "", 0, 1e-4, &unrounded).pass);
+  CHECK_FALSE(compareWithTolerance(actual, expected, "f32", 0, "", 0, 1e-12, &unrounded).pass);
+}
