@@ -654,8 +654,10 @@ private:
   /// Per state: whether it is a partial sum (not a max), which resolveOnce asks of every operand
   /// of an op that reads a shared partial, on every walk.
   std::vector<char> partialSumState_;
-  std::map<TensorLayout, int> stateIdOf_;
-  std::map<AxisList, int> axesIdOf_;
+  /// The ids are given in the order first seen, so hashed tables give the same ids an ordered
+  /// map did (and every memo keyed by them the same keys), without its comparisons.
+  std::unordered_map<TensorLayout, int, TensorLayoutHash> stateIdOf_;
+  std::unordered_map<AxisList, int, AxisListHash> axesIdOf_;
   std::unordered_map<std::vector<int>, OpPlan, VectorHash> opMemo_;
   OpKeyTable<OpPlan, OpCost> opKeys_; // per op: what its key reads, and its last key
   /// planOf's key: written in keyScratch_ (sized for the longest key once: no resizing per op),
