@@ -70,9 +70,11 @@ std::vector<Phase> opPhases(const ir::Function& fn) {
     for (ir::ValueId operand : fn.ops[index].operands)
       work.push_back(operand);
   }
-  std::set<ir::ValueId> paramValues;
+  // Per value, not a set: every operand of every backward and update op asks (each evaluator
+  // and each lowering finds the phases).
+  std::vector<char> paramValues(fn.values.size(), 0);
   for (const ir::ParamInfo& param : fn.params)
-    paramValues.insert(param.value);
+    paramValues[param.value] = 1;
   for (size_t i = 0; i < fn.ops.size(); ++i) {
     const ir::Op& op = fn.ops[i];
     if (forward[i]) continue;
@@ -84,7 +86,7 @@ std::vector<Phase> opPhases(const ir::Function& fn) {
     for (ir::ValueId operand : op.operands) {
       uint32_t producer = fn.values[operand].definingOp;
       if (!forward[producer] && phases[producer] == Phase::Update) update = true;
-      if (paramValues.count(operand) && op.kind != OpKind::Einsum &&
+      if (paramValues[operand] && op.kind != OpKind::Einsum &&
           fn.typeOf(op.result).dims == fn.typeOf(operand).dims)
         update = true;
     }
@@ -233,7 +235,10 @@ struct PlanEvaluator::Impl {
       if (param.trainable && modelBackward_) trainable_[param.value] = true;
     for (int64_t size : dimSizes_)
       maxSplit_.push_back(maxDivisorSplit(size));
-    size_t longestKey = 0;
+    size_t longestKey = 0, inputs = 0;
+    for (uint32_t i = 0; i < fn.ops.size(); ++i)
+      inputs += fn.ops[i].operands.size() + involved_[i].size();
+    opKeys_.reserve(fn.ops.size(), inputs);
     for (uint32_t i = 0; i < fn.ops.size(); ++i) { // after findPartners: its dims are final
       opKeys_.add(fn.ops[i].operands, involved_[i], fn.ops[i].result);
       longestKey = std::max(longestKey, opKeys_.keySize(i));
@@ -456,10 +461,21 @@ private:
   }
 
   /// Attributes that cannot change an op's cost (a recomputing copy costs as its original).
+  /// By length first: every attribute of every op of every engine built asks, twice.
   static bool costless(const std::string& name) {
-    return name == "path" || name == "stream" || name == "name" || name == "index" ||
-           name == "value" || name == "rate" || name == "eps" || name == "mean" ||
-           name == "stddev" || name == "min" || name == "max" || name == ir::kRecomputeAttr;
+    static_assert(std::char_traits<char>::length(ir::kRecomputeAttr) > 6, "the default case");
+    switch (name.size()) {
+    case 3:
+      return name == "eps" || name == "min" || name == "max";
+    case 4:
+      return name == "path" || name == "name" || name == "rate" || name == "mean";
+    case 5:
+      return name == "index" || name == "value";
+    case 6:
+      return name == "stream" || name == "stddev";
+    default:
+      return name == ir::kRecomputeAttr;
+    }
   }
 
   /// A hash of what internStatic's key says of `op`.
