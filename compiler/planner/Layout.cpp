@@ -13,6 +13,39 @@ const AxisList& Layout::of(const std::string& dim) const {
   return it == axes.end() ? kReplicated : it->second;
 }
 
+namespace {
+
+/// FNV-1a over the bytes of `text`, and a separator, into `hash`.
+void mixString(size_t& hash, const std::string& text) {
+  for (char c : text)
+    hash = (hash ^ static_cast<unsigned char>(c)) * 1099511628211ull;
+  hash = (hash ^ 0xffu) * 1099511628211ull;
+}
+
+void mixAxes(size_t& hash, const AxisList& axes) {
+  for (const std::string& axis : axes)
+    mixString(hash, axis);
+  hash = (hash ^ 0xfeu) * 1099511628211ull; // where the list ends: [a][b] is not [a, b][]
+}
+
+} // namespace
+
+size_t AxisListHash::operator()(const AxisList& axes) const {
+  size_t hash = 1469598103934665603ull;
+  mixAxes(hash, axes);
+  return hash;
+}
+
+size_t TensorLayoutHash::operator()(const TensorLayout& layout) const {
+  size_t hash = 1469598103934665603ull;
+  for (const AxisList& axes : layout.dimAxes)
+    mixAxes(hash, axes);
+  hash = (hash ^ 0xfdu) * 1099511628211ull;
+  for (const std::string& axis : layout.partialAxes)
+    mixString(hash, axis);
+  return (hash ^ (layout.partialIsMax ? 1u : 2u)) * 1099511628211ull;
+}
+
 bool TensorLayout::operator<(const TensorLayout& other) const {
   return std::tie(dimAxes, partialAxes, partialIsMax) <
          std::tie(other.dimAxes, other.partialAxes, other.partialIsMax);

@@ -35,6 +35,15 @@ struct TensorLayout {
   bool operator<(const TensorLayout& other) const;
 };
 
+/// Hashes for the tables that intern layouts (the engine's states, planReshard's states): an
+/// ordered map compared whole layouts, axis name by axis name, a dozen times per lookup.
+struct AxisListHash {
+  size_t operator()(const AxisList& axes) const;
+};
+struct TensorLayoutHash {
+  size_t operator()(const TensorLayout& layout) const;
+};
+
 /// The mesh: axes in order, major first; rank r has coordinates in row-major order.
 struct Mesh {
   std::vector<ir::MeshAxis> axes;

@@ -194,9 +194,25 @@ llvm::Expected<Machine> loadMachine(const std::string& nameOrPath) {
 
 const Link& linkFor(const Machine& machine, const Mesh& mesh, const AxisList& axes) {
   if (machine.devicesPerNode >= machine.numDevices || axes.empty()) return machine.intra;
+  // Every collective a search costs asks (planReshard's edges: a quarter of its time went to
+  // walking the 64 ranks of h100-cluster), about a few axis lists of one mesh: the answers are
+  // kept by all that decides them, the machine's devices and node size, the mesh's axis sizes
+  // and the group's axes' indices.
+  llvm::SmallVector<int64_t, 12> key{machine.numDevices, machine.devicesPerNode};
+  for (const ir::MeshAxis& axis : mesh.axes)
+    key.push_back(axis.size);
+  key.push_back(-2); // the sizes end: -1 is an unknown axis's index
+  for (const std::string& axis : axes)
+    key.push_back(mesh.axisIndex(axis));
+  thread_local std::vector<std::pair<llvm::SmallVector<int64_t, 12>, bool>> known;
+  for (const auto& [seen, spans] : known)
+    if (seen == key) return spans ? machine.inter : machine.intra;
   // Ranks beyond the machine wrap around (oversubscription).
   auto nodeOf = [&](int64_t rank) { return (rank % machine.numDevices) / machine.devicesPerNode; };
-  return groupSpans(mesh, axes, nodeOf) ? machine.inter : machine.intra;
+  bool spans = groupSpans(mesh, axes, nodeOf);
+  if (known.size() >= 64) known.clear(); // a few meshes at a time: no need to keep them all
+  known.emplace_back(std::move(key), spans);
+  return spans ? machine.inter : machine.intra;
 }
 
 bool groupSpans(const Mesh& mesh, const AxisList& axes,

@@ -21,6 +21,17 @@ public:
   /// eager mask, partner state).
   static constexpr size_t kFixedEntries = 4;
 
+  /// Room for `ops` ops reading `inputs` operands and dims in all (add() then never moves the
+  /// arrays).
+  void reserve(size_t ops, size_t inputs) {
+    entries_.reserve(ops);
+    lastPlans_.reserve(ops);
+    lastCosts_.reserve(ops);
+    inputs_.reserve(inputs);
+    lastRequired_.reserve(inputs);
+    lastKeys_.reserve(kFixedEntries * ops + inputs);
+  }
+
   /// Appends the next op: the values it reads and the dims whose axes its plan depends on.
   void add(const std::vector<ir::ValueId>& operands, const std::vector<int>& dims,
            ir::ValueId result) {

@@ -4,6 +4,7 @@
 #include <map>
 #include <queue>
 #include <tuple>
+#include <unordered_map>
 
 namespace meshc::plan {
 
@@ -269,8 +270,8 @@ std::optional<ReshardPath> planReshard(const ir::TensorType& type, const TensorL
   };
   // The states reached, each once, named by an index in the queue and the back links (copying
   // a layout per queue entry and per link was most of a search's time).
-  std::map<TensorLayout, size_t> indexOf;
-  std::vector<const TensorLayout*> states; // indexOf's keys, which stay put
+  std::unordered_map<TensorLayout, size_t, TensorLayoutHash> indexOf; // indices in first-seen order
+  std::vector<const TensorLayout*> states; // indexOf's keys, which stay put (its nodes do)
   std::vector<Reached> reached;
   auto indexFor = [&](const TensorLayout& state) -> std::pair<size_t, bool> {
     auto [it, inserted] = indexOf.try_emplace(state, states.size());

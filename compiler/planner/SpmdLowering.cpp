@@ -70,9 +70,11 @@ std::vector<Phase> opPhases(const ir::Function& fn) {
     for (ir::ValueId operand : fn.ops[index].operands)
       work.push_back(operand);
   }
-  std::set<ir::ValueId> paramValues;
+  // Per value, not a set: every operand of every backward and update op asks (each evaluator
+  // and each lowering finds the phases).
+  std::vector<char> paramValues(fn.values.size(), 0);
   for (const ir::ParamInfo& param : fn.params)
-    paramValues.insert(param.value);
+    paramValues[param.value] = 1;
   for (size_t i = 0; i < fn.ops.size(); ++i) {
     const ir::Op& op = fn.ops[i];
     if (forward[i]) continue;
@@ -84,7 +86,7 @@ std::vector<Phase> opPhases(const ir::Function& fn) {
     for (ir::ValueId operand : op.operands) {
       uint32_t producer = fn.values[operand].definingOp;
       if (!forward[producer] && phases[producer] == Phase::Update) update = true;
-      if (paramValues.count(operand) && op.kind != OpKind::Einsum &&
+      if (paramValues[operand] && op.kind != OpKind::Einsum &&
           fn.typeOf(op.result).dims == fn.typeOf(operand).dims)
         update = true;
     }
@@ -228,12 +230,15 @@ struct PlanEvaluator::Impl {
     for (size_t v = 0; v < fn.values.size(); ++v)
       if (lastUse_[v] >= 0 && fn.ops[fn.values[v].definingOp].kind != OpKind::Param)
         freesAt_[lastUse_[v]].push_back(static_cast<ir::ValueId>(v));
-    trainable_.assign(fn.values.size(), false);
+    trainable_.assign(fn.values.size(), 0);
     for (const ir::ParamInfo& param : fn.params)
-      if (param.trainable && modelBackward_) trainable_[param.value] = true;
+      if (param.trainable && modelBackward_) trainable_[param.value] = 1;
     for (int64_t size : dimSizes_)
       maxSplit_.push_back(maxDivisorSplit(size));
-    size_t longestKey = 0;
+    size_t longestKey = 0, inputs = 0;
+    for (uint32_t i = 0; i < fn.ops.size(); ++i)
+      inputs += fn.ops[i].operands.size() + involved_[i].size();
+    opKeys_.reserve(fn.ops.size(), inputs);
     for (uint32_t i = 0; i < fn.ops.size(); ++i) { // after findPartners: its dims are final
       opKeys_.add(fn.ops[i].operands, involved_[i], fn.ops[i].result);
       longestKey = std::max(longestKey, opKeys_.keySize(i));
@@ -456,10 +461,21 @@ private:
   }
 
   /// Attributes that cannot change an op's cost (a recomputing copy costs as its original).
+  /// By length first: every attribute of every op of every engine built asks, twice.
   static bool costless(const std::string& name) {
-    return name == "path" || name == "stream" || name == "name" || name == "index" ||
-           name == "value" || name == "rate" || name == "eps" || name == "mean" ||
-           name == "stddev" || name == "min" || name == "max" || name == ir::kRecomputeAttr;
+    static_assert(std::char_traits<char>::length(ir::kRecomputeAttr) > 6, "the default case");
+    switch (name.size()) {
+    case 3:
+      return name == "eps" || name == "min" || name == "max";
+    case 4:
+      return name == "path" || name == "name" || name == "rate" || name == "mean";
+    case 5:
+      return name == "index" || name == "value";
+    case 6:
+      return name == "stream" || name == "stddev";
+    default:
+      return name == ir::kRecomputeAttr;
+    }
   }
 
   /// A hash of what internStatic's key says of `op`.
@@ -564,7 +580,9 @@ private:
   };
   std::vector<int> sharedOf_; // per value: its SharedPartial, -1 when read by one op at most
   std::vector<SharedPartial> shared_;
-  std::vector<bool> readsShared_; // per IR op: some operand has a SharedPartial
+  // Bytes, not std::vector<bool>: planOf and the walks read these per op and operand, and the
+  // bit vector's indexing was not inlined (1.6% of the instructions at 8 layers).
+  std::vector<char> readsShared_; // per IR op: some operand has a SharedPartial
   /// By signature, then state: 1 eager, 0 lazy, -1 not known yet (asked for every operand of an
   /// op reading a shared partial, on every walk: an array, not a hash table).
   std::vector<std::vector<int8_t>> resolveOnceMemo_;
@@ -611,7 +629,7 @@ private:
   std::vector<std::vector<int>> involved_;
   std::vector<int> lastUse_;
   std::vector<std::vector<ir::ValueId>> freesAt_;
-  std::vector<bool> trainable_; // per value: a trainable param
+  std::vector<char> trainable_; // per value: a trainable param (bytes: as readsShared_)
   // Precomputed terms of the lower bound: an op's tensors (global bytes, dims), FLOPs and dims;
   // the ops of repeated layers share one.
   struct BoundTerm {
@@ -654,8 +672,10 @@ private:
   /// Per state: whether it is a partial sum (not a max), which resolveOnce asks of every operand
   /// of an op that reads a shared partial, on every walk.
   std::vector<char> partialSumState_;
-  std::map<TensorLayout, int> stateIdOf_;
-  std::map<AxisList, int> axesIdOf_;
+  /// The ids are given in the order first seen, so hashed tables give the same ids an ordered
+  /// map did (and every memo keyed by them the same keys), without its comparisons.
+  std::unordered_map<TensorLayout, int, TensorLayoutHash> stateIdOf_;
+  std::unordered_map<AxisList, int, AxisListHash> axesIdOf_;
   std::unordered_map<std::vector<int>, OpPlan, VectorHash> opMemo_;
   OpKeyTable<OpPlan, OpCost> opKeys_; // per op: what its key reads, and its last key
   /// planOf's key: written in keyScratch_ (sized for the longest key once: no resizing per op),
@@ -1919,10 +1939,10 @@ void PlanEvaluator::Impl::prepareSharedPartials() {
     sharedOf_[v] = static_cast<int>(shared_.size());
     shared_.push_back(std::move(shared));
   }
-  readsShared_.assign(fn_.ops.size(), false);
+  readsShared_.assign(fn_.ops.size(), 0);
   for (uint32_t i = 0; i < fn_.ops.size(); ++i)
     for (ir::ValueId operand : fn_.ops[i].operands)
-      if (sharedOf_[operand] >= 0) readsShared_[i] = true;
+      if (sharedOf_[operand] >= 0) readsShared_[i] = 1;
 }
 
 bool PlanEvaluator::Impl::resolveOnce(ir::ValueId value, int stateId) {

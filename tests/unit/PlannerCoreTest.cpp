@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <random>
+#include <unordered_map>
 
 using namespace meshc;
 using namespace meshc::plan;
@@ -246,6 +247,68 @@ TEST_CASE("machines: collectives over axes that span nodes use the inter-node li
   CHECK(linkFor(cluster, mesh, {"node", "gpu"}).name == "infiniband");
   // A mesh of 8 ranks fits in one node.
   CHECK(linkFor(cluster, meshOf({{"data", 2}, {"model", 4}}), {"data"}).name == "nvlink");
+}
+
+TEST_CASE("machines: linkFor's remembered answers follow the mesh and the machine", "[machine]") {
+  // linkFor keeps its answers by the mesh's axis sizes and the axes' indices: meshes whose
+  // names agree but whose sizes do not, asked in turn, each get their own.
+  Machine cluster = machine("h100-cluster");
+  Mesh wide = meshOf({{"data", 8}, {"model", 8}}), narrow = meshOf({{"data", 16}, {"model", 4}});
+  Mesh swapped = meshOf({{"model", 8}, {"data", 8}});
+  for (int round = 0; round < 3; ++round) {
+    CHECK(linkFor(cluster, wide, {"model"}).name == "nvlink");
+    CHECK(linkFor(cluster, wide, {"data"}).name == "infiniband");
+    CHECK(linkFor(cluster, narrow, {"model"}).name == "nvlink");
+    CHECK(linkFor(cluster, narrow, {"data"}).name == "infiniband");
+    CHECK(linkFor(cluster, swapped, {"model"}).name == "infiniband");
+    CHECK(linkFor(cluster, swapped, {"data"}).name == "nvlink");
+    CHECK(linkFor(cluster, wide, {"model", "data"}).name == "infiniband");
+    // Another node size: every group of 8 spans two nodes of 4.
+    Machine small = cluster;
+    small.devicesPerNode = 4;
+    CHECK(linkFor(small, wide, {"model"}).name == "infiniband");
+    CHECK(linkFor(small, narrow, {"model"}).name == "nvlink");
+  }
+  // Past the answers it keeps (64), still right.
+  for (int64_t size = 2; size <= 80; ++size)
+    CHECK(linkFor(cluster, meshOf({{"data", size}, {"model", 8}}), {"model"}).name == "nvlink");
+  CHECK(linkFor(cluster, wide, {"data"}).name == "infiniband");
+}
+
+TEST_CASE("layouts: the interning hashes agree with equality", "[layout]") {
+  TensorLayoutHash hash;
+  AxisListHash axesHash;
+  TensorLayout a = split({{"data"}, {"model"}}, {"stage"});
+  TensorLayout same = split({{"data"}, {"model"}}, {"stage"});
+  CHECK(hash(a) == hash(same));
+  CHECK(axesHash({"data", "model"}) == axesHash(AxisList{"data", "model"}));
+  // Layouts that differ only in where a dim's list ends, in the partial axes or in the kind of
+  // partial, are different keys; the hashes tell these apart (a collision would only cost a
+  // comparison, but none of these should meet).
+  std::vector<TensorLayout> distinct = {
+      split({{"data", "model"}, {}}), split({{"data"}, {"model"}}),
+      split({{}, {"data", "model"}}), split({{"data"}, {}}, {"model"}),
+      split({{"data"}, {}}),          split({{"datamodel"}, {}})};
+  TensorLayout max = split({{"data"}, {}}, {"model"});
+  max.partialIsMax = true;
+  distinct.push_back(max);
+  for (size_t i = 0; i < distinct.size(); ++i)
+    for (size_t j = i + 1; j < distinct.size(); ++j) {
+      CHECK_FALSE(distinct[i] == distinct[j]);
+      CHECK(hash(distinct[i]) != hash(distinct[j]));
+    }
+  CHECK(axesHash({"data", "model"}) != axesHash({"model", "data"}));
+  CHECK(axesHash({"datamodel"}) != axesHash({"data", "model"}));
+  // As the interning tables use them: ids in the order first seen, the same layout the same id.
+  std::unordered_map<TensorLayout, int, TensorLayoutHash> ids;
+  for (const TensorLayout& layout : distinct)
+    ids.try_emplace(layout, static_cast<int>(ids.size()));
+  ids.try_emplace(a, static_cast<int>(ids.size()));
+  auto [known, inserted] = ids.try_emplace(same, static_cast<int>(ids.size()));
+  CHECK_FALSE(inserted);
+  CHECK(known->second == static_cast<int>(distinct.size()));
+  for (size_t i = 0; i < distinct.size(); ++i)
+    CHECK(ids.at(distinct[i]) == static_cast<int>(i));
 }
 
 TEST_CASE("cost model: alpha-beta and roofline against hand-computed numbers", "[cost]") {
