@@ -5,7 +5,9 @@
 
 namespace meshc::plan {
 
+namespace {
 using ir::OpKind;
+} // namespace
 
 double PlanEvaluator::Impl::lowerBound(const Layout& partial,
                                        const std::vector<std::string>& assignedDims,
