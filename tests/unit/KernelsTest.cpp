@@ -117,7 +117,8 @@ std::vector<int64_t> sizesOf(const EinsumSpec& spec, const std::vector<int>& ids
 /// Runs `spec` through the kernel (dense operands, or the given strided buffers) and the
 /// interpreter (on the dense data) and compares.
 std::string checkEinsum(const EinsumSpec& spec, const std::vector<std::vector<float>>& dense,
-                        const std::vector<std::vector<float>>* strided = nullptr) {
+                        const std::vector<std::vector<float>>* strided = nullptr,
+                        double absolute = 1e-5) {
   EinsumPlan plan(spec);
   std::vector<Tensor> operands;
   std::vector<const float*> pointers;
@@ -133,7 +134,7 @@ std::string checkEinsum(const EinsumSpec& spec, const std::vector<std::vector<fl
   // beta = 0 writes without reading: nan in the output must not leak (BLAS semantics).
   std::vector<float> out(size_t(resultType.numElements()), kNaN);
   plan.run(pointers.data(), out.data());
-  checkClose(out, expected.data, 1e-5, 1e-5);
+  checkClose(out, expected.data, 1e-5, absolute);
   // out = alpha * einsum + beta * out: beta = 1 adds onto what is there, alpha scales.
   plan.run(pointers.data(), out.data(), 2.0f, 1.0f);
   std::vector<double> tripled, scaled, alphaOnly;
@@ -142,13 +143,13 @@ std::string checkEinsum(const EinsumSpec& spec, const std::vector<std::vector<fl
     scaled.push_back(0.5 * x - 2 * 3 * x);
     alphaOnly.push_back(-0.25 * x);
   }
-  checkClose(out, tripled, 1e-5, 1e-5);
+  checkClose(out, tripled, 1e-5, absolute);
   // Any other beta scales what is there.
   plan.run(pointers.data(), out.data(), 0.5f, -2.0f);
-  checkClose(out, scaled, 1e-5, 1e-5);
+  checkClose(out, scaled, 1e-5, absolute);
   // alpha alone (the attention scale folded in), beta = 0 again.
   plan.run(pointers.data(), out.data(), -0.25f);
-  checkClose(out, alphaOnly, 1e-5, 1e-5);
+  checkClose(out, alphaOnly, 1e-5, absolute);
   return plan.describe();
 }
 
@@ -417,10 +418,39 @@ TEST_CASE("einsum: the transformer's GEMMs and their backward transposes, one ma
       {"dk", spec({2, 2, 6, 6, 4}, {{0, 1, 2, 3}, {0, 2, 1, 4}}, {0, 3, 1, 4}),
        "gemm batch=4 m=6 n=4 k=6 a=T b=N"},
   };
+  // Each one oneDNN matmul (not its sgemm loop) where oneDNN runs it.
+  const GemmLibrary initial = gemmLibrary();
+  setGemmLibrary(GemmLibrary::OneDnn);
   for (const Case& c : cases) {
     INFO(c.name);
     CHECK(checkEinsum(c.spec, randomOperands(c.spec, 21)) == c.plan);
     CHECK(EinsumPlan(c.spec).gemmImplementation().rfind("matmul ", 0) == 0);
+  }
+  setGemmLibrary(initial);
+}
+
+/// runBiasActivation against the plan's own einsum, then the bias, then GELU's tanh form in
+/// double (with and without GELU): the fused post-ops and the separate pass must both be that.
+void checkBiasActivation(const EinsumSpec& spec, uint32_t seed) {
+  auto gelu = [](double x) {
+    return 0.5 * x * (1 + std::tanh(0.79788456080286535588 * (x + 0.044715 * x * x * x)));
+  };
+  const EinsumPlan plan(spec);
+  auto data = randomOperands(spec, seed);
+  int64_t lane = spec.sizes[size_t(spec.out.dims.back())];
+  std::vector<float> bias = randomFloats(size_t(lane), seed + 1);
+  size_t count = size_t(countOf(spec, spec.out.dims));
+  std::vector<float> product(count);
+  plan.run(data[0].data(), data[1].data(), product.data());
+  for (bool withGelu : {false, true}) {
+    std::vector<double> expected;
+    for (size_t i = 0; i < count; ++i) {
+      double x = double(product[i]) + double(bias[i % size_t(lane)]);
+      expected.push_back(withGelu ? gelu(x) : x);
+    }
+    std::vector<float> out(count, kNaN); // written, never read
+    plan.runBiasActivation(data[0].data(), data[1].data(), bias.data(), out.data(), withGelu);
+    checkClose(out, expected, 2e-5, 2e-5);
   }
 }
 
@@ -439,28 +469,9 @@ TEST_CASE("einsum: a bias along the last dim and GELU after the GEMM, fused or n
       {"swapped", spec({13, 7, 9}, {{0, 1}, {1, 2}}, {2, 0})},
       {"merged columns", spec({2, 6, 8, 3, 4}, {{0, 1, 2}, {2, 3, 4}}, {0, 1, 3, 4})},
   };
-  auto gelu = [](double x) {
-    return 0.5 * x * (1 + std::tanh(0.79788456080286535588 * (x + 0.044715 * x * x * x)));
-  };
   for (const Case& c : cases) {
     INFO(c.name);
-    const EinsumPlan plan(c.spec);
-    auto data = randomOperands(c.spec, 23);
-    int64_t lane = c.spec.sizes[size_t(c.spec.out.dims.back())];
-    std::vector<float> bias = randomFloats(size_t(lane), 24);
-    size_t count = size_t(countOf(c.spec, c.spec.out.dims));
-    std::vector<float> product(count);
-    plan.run(data[0].data(), data[1].data(), product.data());
-    for (bool withGelu : {false, true}) {
-      std::vector<double> expected;
-      for (size_t i = 0; i < count; ++i) {
-        double x = double(product[i]) + double(bias[i % size_t(lane)]);
-        expected.push_back(withGelu ? gelu(x) : x);
-      }
-      std::vector<float> out(count, kNaN); // written, never read
-      plan.runBiasActivation(data[0].data(), data[1].data(), bias.data(), out.data(), withGelu);
-      checkClose(out, expected, 2e-5, 2e-5);
-    }
+    checkBiasActivation(c.spec, 23);
   }
   // The output must be dense: a strided one is refused.
   EinsumSpec strided = spec({2, 3, 4}, {{0, 1}, {1, 2}}, {0, 2});
@@ -469,6 +480,44 @@ TEST_CASE("einsum: a bias along the last dim and GELU after the GEMM, fused or n
   CHECK_THROWS_AS(
       EinsumPlan(strided).runBiasActivation(a.data(), b.data(), bias.data(), out.data(), true),
       std::invalid_argument);
+}
+
+TEST_CASE("einsum: oneDNN, OpenBLAS or the measured choice between them, the same results",
+          "[kernels]") {
+  // GemmLibrary: oneDNN's matmul, a cblas_sgemm per batch, or whichever of the two this machine
+  // runs faster, measured on the first call. The shapes are of 4 MFLOP and up, the least that is
+  // measured: a plain GEMM, a transposed a (a weight gradient), a batch (attention scores).
+  const GemmLibrary initial = gemmLibrary();
+  struct Case {
+    std::string name;
+    EinsumSpec spec;
+  };
+  std::vector<Case> cases = {
+      {"ffn in", spec({4, 32, 128, 160}, {{0, 1, 2}, {2, 3}}, {0, 1, 3})},
+      {"dW", spec({4, 32, 128, 160}, {{0, 1, 2}, {0, 1, 3}}, {2, 3})},
+      {"scores", spec({4, 64, 2, 64, 64}, {{0, 1, 2, 3}, {0, 4, 2, 3}}, {0, 2, 1, 4})},
+  };
+  for (GemmLibrary library : {GemmLibrary::OneDnn, GemmLibrary::OpenBlas, GemmLibrary::Measured}) {
+    setGemmLibrary(library);
+    for (const Case& c : cases) {
+      INFO(c.name << ", library " << int(library));
+      auto data = randomOperands(c.spec, 31);
+      // K = 64 or 128 terms of |a b| ~ 1 (both uniform on [-2, 2]): a blocked f32 sum errs by
+      // up to about 2 u sum |a b| ~ 2 u K (u = 2^-24; 1.7 u K seen), which the default 1e-5 does
+      // not cover, and checkEinsum's alpha = 2, beta = 1 step triples it: 16 u K.
+      checkEinsum(c.spec, data, nullptr, 16 * 128 * 0x1p-24);
+      checkBiasActivation(c.spec, 32);
+      const EinsumPlan plan(c.spec);
+      std::vector<float> out(size_t(countOf(c.spec, c.spec.out.dims)));
+      plan.run(data[0].data(), data[1].data(), out.data());
+      std::string path = plan.gemmImplementation();
+      bool oneDnn = path.rfind("matmul ", 0) == 0, openBlas = path == "cblas_sgemm loop";
+      if (library == GemmLibrary::OneDnn) CHECK(oneDnn);
+      if (library == GemmLibrary::OpenBlas) CHECK(openBlas);
+      if (library == GemmLibrary::Measured) CHECK((oneDnn || openBlas));
+    }
+  }
+  setGemmLibrary(initial);
 }
 
 TEST_CASE("einsum: one plan runs concurrently with alpha and beta, matmul batches included",

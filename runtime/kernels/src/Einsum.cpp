@@ -1,8 +1,10 @@
-// Einsum: classification into a (batched) GEMM at plan time, oneDNN at run time (DnnlGemm.cpp),
+// Einsum: classification into a (batched) GEMM at plan time, oneDNN or OpenBLAS at run time
+// (LibraryGemm.cpp),
 // and the generic strided loop for everything a GEMM cannot express.
 #include "meshrt/kernels/Einsum.h"
 
-#include "DnnlGemm.h"
+#include "LibraryGemm.h"
+#include "VectorClones.h"
 
 #include "meshrt/kernels/Index.h"
 #include "meshrt/kernels/MathF32.h"
@@ -188,7 +190,7 @@ bool GemmBuilder::build(EinsumPlan::Gemm& gemm) {
   }
   if (gemm.a.pack) makePacked(gemm.a, gemm.batchSizes);
   if (gemm.b.pack) makePacked(gemm.b, gemm.batchSizes);
-  gemm.library = std::make_shared<const detail::DnnlGemm>(gemm.batchSizes, gemm.a, gemm.b, gemm.c);
+  gemm.library = std::make_shared<const detail::LibraryGemm>(gemm.batchSizes, gemm.a, gemm.b, gemm.c);
   gemm.enabled = true;
   return true;
 }
@@ -241,23 +243,7 @@ void pack(const float* source, const EinsumPlan::Matrix& m, std::vector<float>& 
   return sum;
 }
 
-// The library builds for any x86-64 (SSE2); these loops are the kernel's whole cost, so they are
-// compiled for AVX2 and AVX-512 too and the loader picks the one this CPU runs (an ifunc). Not in
-// sanitizer builds: the ifunc's resolver runs while the loader relocates, before the sanitizer's
-// runtime has started, and instrumented it crashes there (TSan's __tsan_func_entry).
-#if defined(__has_feature)
-#if __has_feature(thread_sanitizer) || __has_feature(address_sanitizer)
-#define MESHRT_SANITIZED 1
-#endif
-#endif
-#if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
-#define MESHRT_SANITIZED 1
-#endif
-#if defined(__x86_64__) && defined(__linux__) && defined(__GNUC__) && !defined(MESHRT_SANITIZED)
-#define MESHRT_VECTOR_CLONES [[gnu::target_clones("avx512f", "avx2", "default")]]
-#else
-#define MESHRT_VECTOR_CLONES
-#endif
+// These loops are the kernel's whole cost: compiled for AVX2 and AVX-512 too (VectorClones.h).
 
 /// sum over t < k of x[t] y[t], both contiguous, in f32: 8 lanes, then halved (a tree three adds
 /// deep, where a sum of the lanes one after another is eight). `Terms` > 0 fixes k at compile
@@ -709,18 +695,10 @@ void EinsumPlan::runBiasActivation(const float* a, const float* b, const float* 
       gemm.library->runBiasActivation(a, b, bias, out, gelu))
     return;
   run(a, b, out);
-  int64_t lane = spec_.sizes[size_t(lastDim)], total = 1;
+  int64_t total = 1;
   for (int id : spec_.out.dims)
     total *= spec_.sizes[size_t(id)];
-  for (int64_t row = 0; row < total; row += lane) {
-    float* __restrict values = out + row;
-    if (gelu)
-      for (int64_t j = 0; j < lane; ++j)
-        values[j] = f32::gelu(values[j] + bias[j]);
-    else
-      for (int64_t j = 0; j < lane; ++j)
-        values[j] += bias[j];
-  }
+  detail::addBiasActivation(out, total, spec_.sizes[size_t(lastDim)], bias, gelu);
 }
 
 void EinsumPlan::run(const float* const* operands, float* out, float alpha, float beta) const {

@@ -27,7 +27,7 @@
 namespace meshrt::kernels {
 
 namespace detail {
-class DnnlGemm;
+class LibraryGemm;
 } // namespace detail
 
 struct EinsumOperand {
@@ -54,9 +54,9 @@ public:
   void run(const float* a, const float* b, float* out, float alpha = 1.0f, float beta = 0.0f) const;
   /// out = f(einsum(a, b) + bias), `bias` one value per index of the output's last dim (the
   /// output dense row-major), f the identity or, with `gelu`, MathF32.h's GELU (tanh form).
-  /// Where the GEMM is one oneDNN matmul whose columns are that last dim, the bias and GELU are
-  /// its post-ops, applied while a tile is in registers (no second pass over `out`); otherwise
-  /// the einsum runs, then one pass over `out`.
+  /// Where the GEMM is one oneDNN matmul whose columns are that last dim and its post-ops are
+  /// the faster form here (GemmLibrary), the bias and GELU are applied while a tile is in
+  /// registers (no second pass over `out`); otherwise the einsum runs, then one pass over `out`.
   void runBiasActivation(const float* a, const float* b, const float* bias, float* out,
                          bool gelu) const;
 
@@ -87,7 +87,7 @@ public:
     std::vector<int> batchDims;
     std::vector<int64_t> batchSizes;
     Matrix a, b, c; // operand a or b as given (swapped: exchanged), and the output
-    std::shared_ptr<const detail::DnnlGemm> library; // built once, shared by copies
+    std::shared_ptr<const detail::LibraryGemm> library; // built once, shared by copies
     // Batches of outer products, GEMVs or dot products (runDegenerateBatched): a's, b's and c's
     // offsets per batch, three a batch.
     std::vector<int64_t> batchOffsets;
@@ -126,6 +126,17 @@ void einsum(const float* a, const float* b, float* out, const EinsumSpec& spec, 
             float beta = 0.0f);
 void einsum(std::initializer_list<const float*> operands, float* out, const EinsumSpec& spec,
             float alpha = 1.0f, float beta = 0.0f);
+
+/// Which library runs the einsums' GEMMs. Measured (the default): a GEMM of at least 4 MFLOP
+/// times oneDNN against OpenBLAS on its first call (with a bias epilogue, oneDNN's fused
+/// post-ops against the plain GEMM then one pass) and keeps the faster for the process, per
+/// shape and BLAS thread count; smaller ones run oneDNN. No library wins on every CPU
+/// (bench/README.md, "Kernels"). A measured choice can differ between runs where two are close,
+/// and with it the last bits of a result; OneDnn or OpenBlas fix it. The environment's
+/// MESHRT_GEMM_LIBRARY (onednn, openblas or measured) sets the initial value.
+enum class GemmLibrary { Measured, OneDnn, OpenBlas };
+void setGemmLibrary(GemmLibrary library);
+GemmLibrary gemmLibrary();
 
 /// The BLAS thread count for this process (set 1 when ranks are threads sharing the cores):
 /// OpenBLAS's, which the einsum's oneDNN GEMMs follow too (see EinsumPlan::run).

@@ -1,0 +1,226 @@
+// EinsumPlan's GEMM: oneDNN or OpenBLAS by measurement, per shape, once per process
+// (LibraryGemm.h says why). A measurement times both on the call's own operands into a scratch
+// output, warm-up first, then alternated rounds, best of each; OpenBLAS is taken only when it is
+// clearly faster (kMargin), so that a near tie keeps oneDNN, whose matmul also fuses epilogues.
+#include "LibraryGemm.h"
+
+#include "VectorClones.h"
+
+#include "meshrt/kernels/Index.h"
+#include "meshrt/kernels/MathF32.h"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <ctime>
+#include <limits>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <stdexcept>
+
+namespace meshrt {
+namespace kernels {
+namespace {
+
+/// Below this a GEMM is not worth measuring (a few microseconds): oneDNN runs it, as it did
+/// before the choice existed.
+constexpr int64_t kMeasureFlops = int64_t(1) << 22;
+/// OpenBLAS (or the plain GEMM then a pass) must take less than this share of the other's time.
+constexpr double kMargin = 0.95;
+
+GemmLibrary libraryFromEnvironment() {
+  const char* text = std::getenv("MESHRT_GEMM_LIBRARY");
+  std::string name = text ? text : "";
+  if (name.empty() || name == "measured") return GemmLibrary::Measured;
+  if (name == "onednn") return GemmLibrary::OneDnn;
+  if (name == "openblas") return GemmLibrary::OpenBlas;
+  throw std::invalid_argument("meshrt: MESHRT_GEMM_LIBRARY='" + name +
+                              "': expected onednn, openblas or measured");
+}
+
+std::atomic<GemmLibrary>& libraryChoice() {
+  static std::atomic<GemmLibrary> choice{libraryFromEnvironment()};
+  return choice;
+}
+
+/// Seconds `fn` takes: the calling thread's CPU time when it computes alone (other processes
+/// and rank threads on the same core do not count), wall time when library threads help.
+template <class Fn> double secondsOf(int threads, Fn&& fn) {
+  if (threads > 1) {
+    auto start = std::chrono::steady_clock::now();
+    fn();
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  }
+  timespec start{}, end{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &start);
+  fn();
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &end);
+  return double(end.tv_sec - start.tv_sec) + 1e-9 * double(end.tv_nsec - start.tv_nsec);
+}
+
+/// Times two contenders alternately: one warm-up each (primitive creation, JIT, first touches),
+/// then rounds (one when a call is long: the first call pays the measurement); true when the
+/// second's best is under kMargin of the first's.
+template <class First, class Second>
+bool secondClearlyFaster(int threads, First&& first, Second&& second) {
+  double warm = secondsOf(threads, first);
+  secondsOf(threads, second);
+  int rounds = warm > 0.02 ? 1 : 3;
+  double best[2] = {std::numeric_limits<double>::infinity(),
+                    std::numeric_limits<double>::infinity()};
+  for (int round = 0; round < rounds; ++round) {
+    best[0] = std::min(best[0], secondsOf(threads, first));
+    best[1] = std::min(best[1], secondsOf(threads, second));
+  }
+  return best[1] < kMargin * best[0];
+}
+
+/// The process's choices by shape; an entry is measured once, by the first thread to need it
+/// (rank threads of the same layer wait for it rather than measure beside it).
+struct Choice {
+  std::once_flag once;
+  bool value = false;
+};
+
+Choice& choiceFor(const std::vector<int64_t>& key) {
+  static std::mutex mutex;
+  static std::map<std::vector<int64_t>, std::unique_ptr<Choice>> table;
+  std::lock_guard<std::mutex> lock(mutex);
+  std::unique_ptr<Choice>& slot = table[key];
+  if (!slot) slot = std::make_unique<Choice>();
+  return *slot;
+}
+
+void appendMatrix(std::vector<int64_t>& key, const EinsumPlan::Matrix& m) {
+  key.insert(key.end(), {m.rows, m.cols, m.ld, m.transpose ? 1 : 0});
+  key.insert(key.end(), m.batchStrides.begin(), m.batchStrides.end());
+}
+
+} // namespace
+
+void setGemmLibrary(GemmLibrary library) {
+  libraryChoice().store(library);
+}
+
+GemmLibrary gemmLibrary() {
+  return libraryChoice().load();
+}
+
+namespace detail {
+
+MESHRT_VECTOR_CLONES
+void addBiasActivation(float* out, int64_t count, int64_t lane, const float* bias, bool gelu) {
+  for (int64_t row = 0; row < count; row += lane) {
+    float* __restrict values = out + row;
+    if (gelu)
+      for (int64_t j = 0; j < lane; ++j)
+        values[j] = f32::gelu(values[j] + bias[j]);
+    else
+      for (int64_t j = 0; j < lane; ++j)
+        values[j] += bias[j];
+  }
+}
+
+LibraryGemm::LibraryGemm(const std::vector<int64_t>& batchSizes, const EinsumPlan::Matrix& a,
+                         const EinsumPlan::Matrix& b, const EinsumPlan::Matrix& c)
+    : batchSizes_(batchSizes), a_(a), b_(b), c_(c), oneDnn_(batchSizes, a, b, c) {
+  int64_t batch = 1;
+  cSpan_ = (c.rows - 1) * c.ld + c.cols; // c is never transposed
+  for (size_t i = 0; i < batchSizes.size(); ++i) {
+    batch *= batchSizes[i];
+    cSpan_ += (batchSizes[i] - 1) * c.batchStrides[i];
+  }
+  flops_ = 2 * batch * c.rows * c.cols * a.cols;
+}
+
+std::string LibraryGemm::describe() const {
+  GemmLibrary library = gemmLibrary();
+  bool openBlas = library == GemmLibrary::OpenBlas ||
+                  (library == GemmLibrary::Measured &&
+                   cached_[int(Use::Plain)].load(std::memory_order_relaxed) % 2 == 1);
+  return openBlas ? "cblas_sgemm loop" : oneDnn_.describe();
+}
+
+std::vector<int64_t> LibraryGemm::key(Use use, int threads) const {
+  std::vector<int64_t> key{int64_t(use), threads};
+  key.insert(key.end(), batchSizes_.begin(), batchSizes_.end());
+  for (const EinsumPlan::Matrix* m : {&a_, &b_, &c_})
+    appendMatrix(key, *m);
+  return key;
+}
+
+bool LibraryGemm::choose(Use use, const float* a, const float* b, const float* bias) const {
+  // First, whatever runs: oneDNN's OpenMP threads follow the BLAS count on every thread.
+  int threads = useBlasThreadCount();
+  switch (gemmLibrary()) {
+  case GemmLibrary::OneDnn:
+    return use != Use::Plain;
+  case GemmLibrary::OpenBlas:
+    return use == Use::Plain;
+  case GemmLibrary::Measured:
+    break;
+  }
+  if (flops_ < kMeasureFlops) return use != Use::Plain;
+  std::atomic<int64_t>& cached = cached_[int(use)];
+  int64_t known = cached.load(std::memory_order_relaxed);
+  if (known != 0 && known / 2 == threads) return known % 2 == 1;
+  Choice& choice = choiceFor(key(use, threads));
+  std::call_once(choice.once, [&] { choice.value = measure(use, a, b, bias); });
+  cached.store(2 * threads + (choice.value ? 1 : 0), std::memory_order_relaxed);
+  return choice.value;
+}
+
+bool LibraryGemm::measure(Use use, const float* a, const float* b, const float* bias) const {
+  // The plain GEMM's choice first: its measurement uses the same scratch.
+  if (use != Use::Plain) choose(Use::Plain, a, b, nullptr);
+  thread_local std::vector<float> scratch;
+  scratch.resize(std::max<size_t>(scratch.size(), size_t(cSpan_)));
+  float* out = scratch.data();
+  int threads = useBlasThreadCount();
+  if (use == Use::Plain)
+    return secondClearlyFaster(
+        threads, [&] { oneDnn_.run(a, b, out, 1.0f, 0.0f); },
+        [&] { runOpenBlas(a, b, out, 1.0f, 0.0f); });
+  bool gelu = use == Use::BiasGelu;
+  if (!oneDnn_.runBiasActivation(a, b, bias, out, gelu)) return false; // no fused form
+  return !secondClearlyFaster(
+      threads, [&] { oneDnn_.runBiasActivation(a, b, bias, out, gelu); },
+      [&] {
+        run(a, b, out, 1.0f, 0.0f);
+        addBiasActivation(out, cSpan_, c_.cols, bias, gelu);
+      });
+}
+
+void LibraryGemm::run(const float* a, const float* b, float* c, float alpha, float beta) const {
+  if (choose(Use::Plain, a, b, nullptr))
+    runOpenBlas(a, b, c, alpha, beta);
+  else
+    oneDnn_.run(a, b, c, alpha, beta);
+}
+
+bool LibraryGemm::runBiasActivation(const float* a, const float* b, const float* bias, float* c,
+                                    bool gelu) const {
+  return choose(gelu ? Use::BiasGelu : Use::Bias, a, b, bias) &&
+         oneDnn_.runBiasActivation(a, b, bias, c, gelu);
+}
+
+void LibraryGemm::runOpenBlas(const float* a, const float* b, float* c, float alpha,
+                              float beta) const {
+  int64_t m = c_.rows, n = c_.cols, k = a_.cols;
+  auto transA = a_.transpose ? CblasTrans : CblasNoTrans;
+  auto transB = b_.transpose ? CblasTrans : CblasNoTrans;
+  forEachIndex<3>(Dims(batchSizes_),
+                  {Dims(a_.batchStrides), Dims(b_.batchStrides), Dims(c_.batchStrides)},
+                  [&](int64_t offsetA, int64_t offsetB, int64_t offsetC) {
+                    cblas_sgemm(CblasRowMajor, transA, transB, blasint(m), blasint(n),
+                                blasint(k), alpha, a + offsetA, blasint(a_.ld), b + offsetB,
+                                blasint(b_.ld), beta, c + offsetC, blasint(c_.ld));
+                  });
+}
+
+} // namespace detail
+} // namespace kernels
+} // namespace meshrt

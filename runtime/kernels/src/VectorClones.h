@@ -1,0 +1,20 @@
+// MESHRT_VECTOR_CLONES: a hot loop compiled for AVX-512 and AVX2 besides the library's x86-64
+// (SSE2) baseline, the loader picking the one this CPU runs (an ifunc). Not in sanitizer builds:
+// the ifunc's resolver runs while the loader relocates, before the sanitizer's runtime has
+// started, and instrumented it crashes there (TSan's __tsan_func_entry). Internal to
+// meshrt_kernels.
+#pragma once
+
+#if defined(__has_feature)
+#if __has_feature(thread_sanitizer) || __has_feature(address_sanitizer)
+#define MESHRT_SANITIZED 1
+#endif
+#endif
+#if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
+#define MESHRT_SANITIZED 1
+#endif
+#if defined(__x86_64__) && defined(__linux__) && defined(__GNUC__) && !defined(MESHRT_SANITIZED)
+#define MESHRT_VECTOR_CLONES [[gnu::target_clones("avx512f", "avx2", "default")]]
+#else
+#define MESHRT_VECTOR_CLONES
+#endif
