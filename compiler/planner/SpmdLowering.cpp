@@ -1156,6 +1156,10 @@ void PlanEvaluator::setReplaySegments(bool replay) {
   impl_->replaySegments_ = replay;
 }
 
+size_t PlanEvaluator::boundCopiesReplayed() const {
+  return impl_->boundCopiesReplayed_;
+}
+
 const std::vector<std::string>& PlanEvaluator::relevantDims() const {
   return impl_->relevantDims_;
 }

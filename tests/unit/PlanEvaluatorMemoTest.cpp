@@ -204,6 +204,68 @@ TEST_CASE("memo tables change nothing: on nodes of 8 devices, [data=8, model=8] 
                               24);
 }
 
+TEST_CASE("lower bounds replay the known ops of repeated layers, bit for bit") {
+  // A partial layout's bound walks the ops it knows (their dims assigned, their operands known):
+  // in a deep train block mostly each layer's params and their updates, alike in every layer.
+  // Walked once per state of what they read and replayed in the copies alike, they add the same
+  // terms in the same order: every bound, whatever its cutoff, is the bits a walk of every op
+  // gives, and the same at a cutoff as asked (the branch and bound cuts the same subtrees).
+  SemaOptions options;
+  options.dimSizes = {{"layers", 6}, {"batch", 16}, {"seq", 64}, {"mem", 64}};
+  options.mesh = {{"data", 8}, {"model", 8}};
+  options.layout = "auto";
+  testing::CompiledSource compiled(std::string(MESHC_SOURCE_DIR) + "/dsl-examples/transformer.mesh",
+                                   options);
+  INFO(compiled.errors);
+  REQUIRE(compiled.module);
+  ir::Function* fn = nullptr;
+  for (ir::Function& f : compiled.module->functions)
+    if (f.name == "lm_train") fn = &f;
+  REQUIRE(fn);
+  REQUIRE(train::lowerTraining(*fn, compiled.diag));
+  Mesh mesh;
+  mesh.axes = *options.mesh;
+  Machine cluster = machine("h100-cluster"); // `data` spans nodes: chains of two latencies
+  PlanEvaluator shared(*compiled.module, *fn, mesh, cluster);
+  std::vector<std::string> dims = shared.relevantDims();
+  std::map<std::string, int64_t> sizes(compiled.module->dims.begin(), compiled.module->dims.end());
+  for (const ir::Value& value : fn->values)
+    for (const ir::Dim& dim : value.type.dims)
+      sizes[dim.name] = dim.size;
+  std::mt19937 rng(20261204);
+  size_t cut = 0, kept = 0;
+  for (int step = 0; step < 60; ++step) {
+    // The first k dims assigned, as a level of the branch and bound; k < all (else it is the
+    // layout's cost).
+    size_t k = 1 + rng() % (dims.size() - 1);
+    std::vector<std::string> assigned(dims.begin(), dims.begin() + static_cast<long>(k));
+    Layout partial;
+    for (const std::string& dim : assigned) {
+      std::vector<AxisList> choices = layoutOptions(sizes[dim], mesh);
+      AxisList axes = choices[rng() % choices.size()];
+      if (!axes.empty()) partial.axes[dim] = axes;
+    }
+    PlanEvaluator fresh(*compiled.module, *fn, mesh, cluster);
+    fresh.setReplaySegments(false);
+    double whole = fresh.lowerBound(partial, assigned);
+    INFO(fmt::format("step {}: {} dims assigned, bound {:.17g}", step, k, whole));
+    CHECK(same(shared.lowerBound(partial, assigned), whole));
+    if (!std::isfinite(whole) || whole <= 0) continue;
+    for (double factor : {0.3, 0.9, 0.999999, 1.000001, 1.1}) {
+      double at = whole * factor;
+      double stopped = shared.lowerBound(partial, assigned, at);
+      CHECK(same(stopped, fresh.lowerBound(partial, assigned, at)));
+      CHECK((stopped > at) == (whole > at));
+      (stopped > at ? cut : kept) += 1;
+    }
+    CHECK(fresh.boundCopiesReplayed() == 0);
+  }
+  // The layers' known ops were replayed, and the cutoffs cut some bounds and kept others.
+  CHECK(shared.boundCopiesReplayed() > 100);
+  CHECK(cut > 0);
+  CHECK(kept > 0);
+}
+
 TEST_CASE("repeated segments: the longest run of copies from each position") {
   // A head, three copies of a 20-op layer (an op kind recurring inside it), a tail; then a run
   // of 4-op copies, too short to memoize.
