@@ -129,17 +129,7 @@ double PlanEvaluator::Impl::lowerBound(const Layout& partial,
     boundPrepared_ = true;
   }
   const BoundLevel& level = boundLevel(assigned);
-  // A term's roofline: what an op of it costs at least, with the dims' splits known or at most.
-  auto termSeconds = [&](const BoundTerm& term) {
-    double bytes = 0;
-    for (const auto& [globalBytes, dims] : term.tensors)
-      bytes += globalBytes / (term.anySplit ? devices : splitOf(dims));
-    double flops = term.einsumFlops / splitOf(term.involved);
-    double seconds = computeSeconds(machine_, flops, bytes, term.dtype);
-    if (term.elementSeconds > 0)
-      seconds = std::max(seconds, term.elementSeconds / splitOf(term.elementDims));
-    return seconds + term.fixedSeconds;
-  };
+  auto termSeconds = [&](const BoundTerm& term) { return boundTermSeconds(term, split); };
   for (const auto& [termIndex, count] : level.unknownTerms)
     compute += count * termSeconds(boundTerms_[termIndex]) * oversubscription_;
   // The known ops not walked yet cost at least their rooflines too (their dims are assigned:
@@ -270,6 +260,45 @@ double PlanEvaluator::Impl::lowerBound(const Layout& partial,
   for (const auto& [globalBytes, dims] : optimizerTerms_)
     bound += globalBytes / splitOf(dims) / machine_.memoryBandwidth * oversubscription_;
   return bound;
+}
+
+double PlanEvaluator::Impl::boundTermSeconds(const BoundTerm& term,
+                                             const std::vector<double>& split) const {
+  // What an op of the term costs at least, with the dims' splits known or at most.
+  double devices = static_cast<double>(mesh_.numDevices());
+  auto splitOf = [&](const std::vector<int>& dims) {
+    double product = 1;
+    for (int d : dims)
+      product *= split[size_t(d)];
+    return std::min(product, devices);
+  };
+  double bytes = 0;
+  for (const auto& [globalBytes, dims] : term.tensors)
+    bytes += globalBytes / (term.anySplit ? devices : splitOf(dims));
+  double flops = term.einsumFlops / splitOf(term.involved);
+  double seconds = computeSeconds(machine_, flops, bytes, term.dtype);
+  if (term.elementSeconds > 0)
+    seconds = std::max(seconds, term.elementSeconds / splitOf(term.elementDims));
+  return seconds + term.fixedSeconds;
+}
+
+double PlanEvaluator::Impl::walkRooflines(const Layout& layout) {
+  if (!boundPrepared_) {
+    prepareBound();
+    boundPrepared_ = true;
+  }
+  std::vector<double> split(dimNames_.size(), 1);
+  for (size_t d = 0; d < dimNames_.size(); ++d)
+    split[d] =
+        static_cast<double>(std::max<int64_t>(splitFactor(mesh_, layout.of(dimNames_[d])), 1));
+  double passes = modelBackward_ ? 3 : 1, total = 0;
+  walkRoofline_.resize(boundTerms_.size());
+  for (const auto& [term, count] : walkTermCounts_) {
+    walkRoofline_[size_t(term)] =
+        passes * boundTermSeconds(boundTerms_[size_t(term)], split) * oversubscription_;
+    total += count * walkRoofline_[size_t(term)];
+  }
+  return total;
 }
 
 const PlanEvaluator::Impl::BoundLevel&
@@ -474,6 +503,16 @@ void PlanEvaluator::Impl::prepareBound() {
     if (inserted) boundTerms_.push_back(std::move(term));
     boundTermOf_[i] = known->second = it->second;
   }
+  // A layout's walk counts the rooflines of the ops it has not walked yet as the bound does
+  // its known ops' (run(); not a program's row-wise ops: the row split may save them).
+  walkTermOf_.assign(fn_.ops.size(), -1);
+  std::map<int, double> counts;
+  for (uint32_t i = 0; i < fn_.ops.size(); ++i)
+    if (boundTermOf_[i] >= 0 && !(rowSplitBound_ && isRowWiseKind(fn_.ops[i].kind))) {
+      walkTermOf_[i] = boundTermOf_[i];
+      ++counts[boundTermOf_[i]];
+    }
+  walkTermCounts_.assign(counts.begin(), counts.end());
   if (modelBackward_) {
     OptimizerModel optimizer = optimizerModel(fn_);
     for (const ir::ParamInfo& param : fn_.params)

@@ -274,10 +274,11 @@ struct PlanEvaluator::Impl {
   /// The memoized walk of `copy` that this walk would repeat, or null.
   const SegmentWalk* memoizedWalk(const SegmentCopy& copy, const std::vector<int>& dimAxesIds);
   /// Replays `walk` of `copy`; false (nothing done) when the walk might stop inside it (a sum so
-  /// far above `stopAbove` at one of its checks), which only walking its ops can tell.
+  /// far, with `rooflinesLeft` less `slack`, above `stopAbove` at one of its checks), which only
+  /// walking its ops can tell. `rooflinesLeft` loses the copy's ops' rooflines (run()).
   bool replaySegment(const SegmentCopy& copy, const SegmentWalk& walk, WalkSums& sums,
-                     double& mergeableLatency, double stopAbove,
-                     std::vector<BucketCandidate>& candidates);
+                     double& mergeableLatency, double stopAbove, double& rooflinesLeft,
+                     double slack, std::vector<BucketCandidate>& candidates);
   /// Files what `recorder` saw in its copy's kind's memo (segmentKey_ is its key).
   void finishRecording(SegmentRecorder& recorder, const WalkSums& sums,
                        const std::vector<BucketCandidate>& candidates);
@@ -504,7 +505,16 @@ private:
   /// The layout-independent parts of an op's cost on a machine that models loops (BoundTerm).
   void boundLoopTerms(const ir::Op& op, const LoopRole& role, BoundTerm& term) const;
   std::vector<int> boundTermOf_; // per op: its term, -1 when free
-  bool boundPrepared_ = false;   // prepareBound() ran (on the first partial layout's bound)
+  /// A term's roofline with the dims split by `split` (per dim: its split, or at most).
+  double boundTermSeconds(const BoundTerm& term, const std::vector<double>& split) const;
+  // A walk stopped at a cutoff (run()) counts the rooflines of the ops it has not walked yet.
+  std::vector<int> walkTermOf_; // per op: its term when its compute counts there, else -1
+  std::vector<std::pair<int, double>> walkTermCounts_; // those terms, with their counts
+  std::vector<double> walkRoofline_;                   // per term: at the walk's layout
+  /// Fills walkRoofline_ for `layout`; returns the rooflines of all ops (prepares the bound's
+  /// terms the first time).
+  double walkRooflines(const Layout& layout);
+  bool boundPrepared_ = false; // prepareBound() ran (on the first partial layout's bound)
   /// What the bound knows with a set of dims assigned (one set per level of the search): the
   /// ops it costs exactly (their dims assigned, their operands known), in order, and the
   /// others' terms with how many ops have each.

@@ -204,7 +204,7 @@ TEST_CASE("memo tables change nothing: on nodes of 8 devices, [data=8, model=8] 
                               24);
 }
 
-TEST_CASE("lower bounds replay the known ops of repeated layers, bit for bit") {
+TEST_CASE("lower bounds replay the known ops of repeated layers; walks stop by rooflines") {
   // A partial layout's bound walks the ops it knows (their dims assigned, their operands known):
   // in a deep train block mostly each layer's params and their updates, alike in every layer.
   // Walked once per state of what they read and replayed in the copies alike, they add the same
@@ -264,6 +264,37 @@ TEST_CASE("lower bounds replay the known ops of repeated layers, bit for bit") {
   CHECK(shared.boundCopiesReplayed() > 100);
   CHECK(cut > 0);
   CHECK(kept > 0);
+
+  // A whole layout's walk at a cutoff counts the rooflines of the ops it has not walked yet, as
+  // the bound does its known ops': it stops sooner, but only where the whole walk passes the
+  // cutoff too, with a bound never above the cost (cutoffs on both sides of it, and close).
+  size_t stopped = 0, costed = 0;
+  for (int step = 0; step < 30; ++step) {
+    Layout layout;
+    for (const std::string& dim : dims) {
+      std::vector<AxisList> choices = layoutOptions(sizes[dim], mesh);
+      AxisList axes = choices[rng() % choices.size()];
+      if (!axes.empty()) layout.axes[dim] = axes;
+    }
+    double exact = PlanEvaluator(*compiled.module, *fn, mesh, cluster).stepSeconds(layout);
+    INFO(fmt::format("layout {}: {:.17g}", step, exact));
+    if (!std::isfinite(exact)) continue;
+    for (double factor : {0.5, 0.9, 0.999999, 1.000001, 1.1}) {
+      double at = exact * factor;
+      PlanEvaluator fresh(*compiled.module, *fn, mesh, cluster);
+      fresh.setReplaySegments(false);
+      double seconds = fresh.stepSeconds(layout, at);
+      CHECK((seconds > at) == (exact > at));
+      CHECK(seconds <= exact * (1 + 1e-12));
+      // The shared evaluator replays layers (and may reuse its last walk of the layout).
+      double replayed = shared.stepSeconds(layout, at);
+      CHECK((replayed > at) == (exact > at));
+      CHECK(replayed <= exact * (1 + 1e-12));
+      (seconds < exact ? stopped : costed) += 1;
+    }
+  }
+  CHECK(stopped > 0);
+  CHECK(costed > 0);
 }
 
 TEST_CASE("repeated segments: the longest run of copies from each position") {
