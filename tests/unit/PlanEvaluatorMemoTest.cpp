@@ -45,6 +45,15 @@ bool same(double a, double b) {
   return a == b || (std::isinf(a) && std::isinf(b));
 }
 
+/// Every dim's size: the module's, and those of the function's values.
+std::map<std::string, int64_t> dimSizes(const ir::Module& module, const ir::Function& fn) {
+  std::map<std::string, int64_t> sizes(module.dims.begin(), module.dims.end());
+  for (const ir::Value& value : fn.values)
+    for (const ir::Dim& dim : value.type.dims)
+      sizes[dim.name] = dim.size;
+  return sizes;
+}
+
 void checkAgainstFreshEvaluators(const Case& c, size_t steps) {
   SemaOptions options;
   options.dimSizes = c.dims;
@@ -66,10 +75,7 @@ void checkAgainstFreshEvaluators(const Case& c, size_t steps) {
 
   PlanEvaluator shared(*compiled.module, *fn, mesh, h100);
   std::vector<std::string> dims = shared.relevantDims();
-  std::map<std::string, int64_t> sizes(compiled.module->dims.begin(), compiled.module->dims.end());
-  for (const ir::Value& value : fn->values)
-    for (const ir::Dim& dim : value.type.dims)
-      sizes[dim.name] = dim.size;
+  std::map<std::string, int64_t> sizes = dimSizes(*compiled.module, *fn);
   // A random walk: each step moves one or two dims to another option, as the search's descent
   // and its branch and bound do; illegal layouts (an axis twice in a tensor) included.
   std::mt19937 rng(20261202);
@@ -228,10 +234,7 @@ TEST_CASE("lower bounds replay the known ops of repeated layers; walks stop by r
   Machine cluster = machine("h100-cluster"); // `data` spans nodes: chains of two latencies
   PlanEvaluator shared(*compiled.module, *fn, mesh, cluster);
   std::vector<std::string> dims = shared.relevantDims();
-  std::map<std::string, int64_t> sizes(compiled.module->dims.begin(), compiled.module->dims.end());
-  for (const ir::Value& value : fn->values)
-    for (const ir::Dim& dim : value.type.dims)
-      sizes[dim.name] = dim.size;
+  std::map<std::string, int64_t> sizes = dimSizes(*compiled.module, *fn);
   std::mt19937 rng(20261204);
   size_t cut = 0, kept = 0;
   for (int step = 0; step < 60; ++step) {
