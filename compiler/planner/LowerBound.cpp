@@ -154,7 +154,7 @@ double PlanEvaluator::Impl::lowerBound(const Layout& partial,
   // Copies of repeated segments are replayed when a walk of a copy alike is known (the same
   // dims' axes, the same states of what they read, the same reshards of those done before),
   // else walked op by op and kept.
-  bool replay = !level.spans.empty() && !chains.hasUncountedGroups();
+  bool replay = replaySegments_ && !level.spans.empty() && !chains.hasUncountedGroups();
   size_t nextSpan = 0;
   for (size_t n = 0; n < level.knownOps.size(); ++n) {
     if (replay && nextSpan < level.spans.size() && level.spans[nextSpan].begin == n) {
