@@ -3,10 +3,19 @@
 // prepared once (the ops of repeated layers share one) and the ops whose layouts are known.
 #include "planner/PlanEvaluatorImpl.h"
 
+#include <optional>
+#include <set>
+
 namespace meshc::plan {
 
 namespace {
 using ir::OpKind;
+/// Copies with fewer known ops than this are walked op by op (a replay looks up its key).
+constexpr size_t kMinBoundCopyOps = 4;
+/// The bound's memoized copies' size past which they are dropped, and walks kept per key (they
+/// differ in which of the externals' reshards were done before).
+constexpr size_t kMaxBoundCopyBytes = size_t{64} << 20;
+constexpr size_t kMaxBoundWalksPerKey = 8;
 } // namespace
 
 double PlanEvaluator::Impl::lowerBound(const Layout& partial,
@@ -73,6 +82,16 @@ double PlanEvaluator::Impl::lowerBound(const Layout& partial,
   // The all-reduce-sums' latencies: what the longest chains of dependent ones pay at least.
   AllReduceChains& chains = chains_;
   chains.reset();
+  // A copy of a repeated segment walked op by op to be replayed (BoundCopyKind): what it adds,
+  // and whether it stays off the all-reduce chains.
+  struct Recorder {
+    const BoundLevel::Span* span = nullptr;
+    std::vector<int> key;
+    BoundCopyWalk walk;
+    std::vector<std::pair<ir::ValueId, int>> asked, done;
+    bool offChains = true;
+  };
+  std::optional<Recorder> recording;
   auto reshardCost = [&](ir::ValueId value, int want) {
     if (stateOf[value] == want) {
       chains.read(value, 0);
@@ -80,8 +99,24 @@ double PlanEvaluator::Impl::lowerBound(const Layout& partial,
     }
     const ReshardEntry& entry = reshardEntry(value, stateOf[value], want);
     if (!entry.path) return kInfinity;
-    chains.read(value, chains.groupsOf(*entry.path));
-    if (walk_.reshardedTo(value, want)) return 0.0;
+    uint32_t groups = chains.groupsOf(*entry.path);
+    chains.read(value, groups);
+    bool done = walk_.reshardedTo(value, want) != nullptr;
+    if (recording) {
+      if (groups != 0) recording->offChains = false;
+      const SegmentCopy& copy = segments_[recording->span->copy];
+      std::pair<ir::ValueId, int> asked{value, want};
+      if (fn_.values[value].definingOp < copy.begin &&
+          std::find(recording->asked.begin(), recording->asked.end(), asked) ==
+              recording->asked.end()) {
+        recording->asked.push_back(asked);
+        auto external = std::find(copy.externals.begin(), copy.externals.end(), value);
+        recording->walk.externalReshards.emplace_back(
+            static_cast<uint32_t>(external - copy.externals.begin()), want, done);
+      }
+      if (!done) recording->done.push_back(asked);
+    }
+    if (done) return 0.0;
     walk_.addReshard(value, want, 0);
     double seconds = entry.path->seconds;
     for (double latency : entry.mergeableSeconds)
@@ -94,17 +129,7 @@ double PlanEvaluator::Impl::lowerBound(const Layout& partial,
     boundPrepared_ = true;
   }
   const BoundLevel& level = boundLevel(assigned);
-  // A term's roofline: what an op of it costs at least, with the dims' splits known or at most.
-  auto termSeconds = [&](const BoundTerm& term) {
-    double bytes = 0;
-    for (const auto& [globalBytes, dims] : term.tensors)
-      bytes += globalBytes / (term.anySplit ? devices : splitOf(dims));
-    double flops = term.einsumFlops / splitOf(term.involved);
-    double seconds = computeSeconds(machine_, flops, bytes, term.dtype);
-    if (term.elementSeconds > 0)
-      seconds = std::max(seconds, term.elementSeconds / splitOf(term.elementDims));
-    return seconds + term.fixedSeconds;
-  };
+  auto termSeconds = [&](const BoundTerm& term) { return boundTermSeconds(term, split); };
   for (const auto& [termIndex, count] : level.unknownTerms)
     compute += count * termSeconds(boundTerms_[termIndex]) * oversubscription_;
   // The known ops not walked yet cost at least their rooflines too (their dims are assigned:
@@ -126,7 +151,67 @@ double PlanEvaluator::Impl::lowerBound(const Layout& partial,
   // and half the communication: a bound that holds with it leaves that out.
   double rowWise = 0;
   auto rowSplitSaving = [&] { return rowSplitBound_ ? rowWise + 0.5 * communication : 0.0; };
+  // Copies of repeated segments are replayed when a walk of a copy alike is known (the same
+  // dims' axes, the same states of what they read, the same reshards of those done before),
+  // else walked op by op and kept.
+  bool replay = replaySegments_ && !level.spans.empty() && !chains.hasUncountedGroups();
+  size_t nextSpan = 0;
   for (size_t n = 0; n < level.knownOps.size(); ++n) {
+    if (replay && nextSpan < level.spans.size() && level.spans[nextSpan].begin == n) {
+      const BoundLevel::Span& span = level.spans[nextSpan++];
+      const SegmentCopy& copy = segments_[span.copy];
+      BoundCopyKind& kind = boundCopyKinds_[size_t(span.kind)];
+      if (offChains(copy, kind)) {
+        std::vector<int> key;
+        key.reserve(segmentKinds_[size_t(kind.kind)].dims.size() + kind.reads.size());
+        for (int dim : segmentKinds_[size_t(kind.kind)].dims)
+          key.push_back(dimAxesIds[size_t(dim)]);
+        for (uint32_t read : kind.reads)
+          key.push_back(stateOf[copy.externals[read]]);
+        const BoundCopyWalk* known = nullptr;
+        if (auto found = kind.walks.find(key); found != kind.walks.end())
+          for (const BoundCopyWalk& walk : found->second)
+            if (std::all_of(walk.externalReshards.begin(), walk.externalReshards.end(),
+                            [&](const auto& asked) {
+                              const auto& [external, state, done] = asked;
+                              return (walk_.reshardedTo(copy.externals[external], state) !=
+                                      nullptr) == done;
+                            })) {
+              known = &walk;
+              break;
+            }
+        if (known) {
+          // The walk's sums and checks, term for term.
+          size_t c = 0;
+          for (size_t j = 0; j < kind.ops.size(); ++j, ++n) {
+            if (n % 16 == 0) {
+              double soFar =
+                  passes * compute + communicationPasses * communication + chains.latencySeconds();
+              if (soFar + rooflinesLeft - slack > cutoff) return soFar + rooflinesLeft - slack;
+            }
+            if (int term = level.countedTerm[n]; term >= 0) rooflinesLeft -= rooflineOf[term];
+            for (; c < known->communicationEnd[j]; ++c)
+              communication += known->communication[c];
+            compute += known->compute[j];
+          }
+          --n; // the loop's increment
+          for (size_t x = 0; x < kind.exports.size(); ++x) {
+            ir::ValueId value = opKeys_.result(copy.begin + kind.ops[kind.exports[x]]);
+            stateOf[value] = known->exportStates[x];
+            chains.setDepths(value, AllReduceChains::Depths{});
+          }
+          for (const auto& [external, state, done] : known->externalReshards)
+            if (!done) walk_.addReshard(copy.externals[external], state, 0);
+          for (const auto& [x, state] : known->exportReshards)
+            walk_.addReshard(opKeys_.result(copy.begin + kind.ops[kind.exports[x]]), state, 0);
+          ++boundCopiesReplayed_;
+          continue;
+        }
+        recording.emplace();
+        recording->span = &span;
+        recording->key = std::move(key);
+      }
+    }
     // Every term only grows: past the cutoff, the sum so far is bound enough.
     if (n % 16 == 0) {
       double soFar = passes * compute + communicationPasses * communication +
@@ -140,14 +225,27 @@ double PlanEvaluator::Impl::lowerBound(const Layout& partial,
     if (!cost.divisible) return kInfinity; // every completion has this split
     std::span<const ir::ValueId> operands = opKeys_.operands(i);
     std::span<const int> required = opKeys_.required(i);
-    for (size_t k = 0; k < operands.size(); ++k)
-      communication += reshardCost(operands[k], required[k]);
+    for (size_t k = 0; k < operands.size(); ++k) {
+      double seconds = reshardCost(operands[k], required[k]);
+      communication += seconds;
+      if (recording && seconds != 0) recording->walk.communication.push_back(seconds);
+    }
     compute += cost.computeSeconds;
     if (rowSplitBound_ && isRowWiseKind(fn_.ops[i].kind)) rowWise += cost.computeSeconds;
     communication += cost.postSeconds;
     ir::ValueId result = opKeys_.result(i);
     stateOf[result] = cost.resultId;
     chains.write(result);
+    if (!recording) continue;
+    BoundCopyWalk& walk = recording->walk;
+    if (cost.postSeconds != 0) walk.communication.push_back(cost.postSeconds);
+    walk.communicationEnd.push_back(static_cast<uint32_t>(walk.communication.size()));
+    walk.compute.push_back(cost.computeSeconds);
+    if (n + 1 == recording->span->end) {
+      finishBoundCopy(*recording->span, std::move(recording->key), std::move(walk), recording->done,
+                      recording->offChains);
+      recording.reset();
+    }
   }
   for (const ir::OutputInfo& output : fn_.outputs) {
     const ir::TensorType& type = fn_.typeOf(output.value);
@@ -162,6 +260,45 @@ double PlanEvaluator::Impl::lowerBound(const Layout& partial,
   for (const auto& [globalBytes, dims] : optimizerTerms_)
     bound += globalBytes / splitOf(dims) / machine_.memoryBandwidth * oversubscription_;
   return bound;
+}
+
+double PlanEvaluator::Impl::boundTermSeconds(const BoundTerm& term,
+                                             const std::vector<double>& split) const {
+  // What an op of the term costs at least, with the dims' splits known or at most.
+  double devices = static_cast<double>(mesh_.numDevices());
+  auto splitOf = [&](const std::vector<int>& dims) {
+    double product = 1;
+    for (int d : dims)
+      product *= split[size_t(d)];
+    return std::min(product, devices);
+  };
+  double bytes = 0;
+  for (const auto& [globalBytes, dims] : term.tensors)
+    bytes += globalBytes / (term.anySplit ? devices : splitOf(dims));
+  double flops = term.einsumFlops / splitOf(term.involved);
+  double seconds = computeSeconds(machine_, flops, bytes, term.dtype);
+  if (term.elementSeconds > 0)
+    seconds = std::max(seconds, term.elementSeconds / splitOf(term.elementDims));
+  return seconds + term.fixedSeconds;
+}
+
+double PlanEvaluator::Impl::walkRooflines(const Layout& layout) {
+  if (!boundPrepared_) {
+    prepareBound();
+    boundPrepared_ = true;
+  }
+  std::vector<double> split(dimNames_.size(), 1);
+  for (size_t d = 0; d < dimNames_.size(); ++d)
+    split[d] =
+        static_cast<double>(std::max<int64_t>(splitFactor(mesh_, layout.of(dimNames_[d])), 1));
+  double passes = modelBackward_ ? 3 : 1, total = 0;
+  walkRoofline_.resize(boundTerms_.size());
+  for (const auto& [term, count] : walkTermCounts_) {
+    walkRoofline_[size_t(term)] =
+        passes * boundTermSeconds(boundTerms_[size_t(term)], split) * oversubscription_;
+    total += count * walkRoofline_[size_t(term)];
+  }
+  return total;
 }
 
 const PlanEvaluator::Impl::BoundLevel&
@@ -209,7 +346,95 @@ PlanEvaluator::Impl::boundLevel(const std::vector<bool>& assigned) {
     if (term >= 0) ++knownCounts[term];
   }
   level.knownTerms.assign(knownCounts.begin(), knownCounts.end());
+  // The known ops of each copy of a repeated segment: a run of knownOps (the copy's ops are
+  // consecutive). A program's bound sums its row-wise compute per op: none there.
+  if (!replaySegments_ || rowSplitBound_) return level;
+  if (!segmentsFound_) {
+    findSegments();
+    segmentsFound_ = true;
+  }
+  size_t n = 0;
+  for (uint32_t c = 0; c < segments_.size(); ++c) {
+    const SegmentCopy& copy = segments_[c];
+    while (n < level.knownOps.size() && level.knownOps[n] < copy.begin)
+      ++n;
+    size_t begin = n;
+    std::vector<uint32_t> ops;
+    for (; n < level.knownOps.size() && level.knownOps[n] < copy.end; ++n)
+      ops.push_back(level.knownOps[n] - copy.begin);
+    if (ops.size() < kMinBoundCopyOps) continue;
+    level.spans.push_back({static_cast<uint32_t>(begin), static_cast<uint32_t>(n), c,
+                           boundCopyKind(copy, std::move(ops))});
+  }
   return level;
+}
+
+int PlanEvaluator::Impl::boundCopyKind(const SegmentCopy& copy, std::vector<uint32_t> ops) {
+  auto [it, inserted] = boundCopyKindOf_.try_emplace({copy.kind, ops}, 0);
+  if (!inserted) return it->second;
+  it->second = static_cast<int>(boundCopyKinds_.size());
+  BoundCopyKind kind;
+  kind.kind = copy.kind;
+  // Alike copies name their externals alike (findSegments): the first copy's indices serve all.
+  std::set<uint32_t> reads;
+  auto read = [&](int64_t value) {
+    if (value < 0 || fn_.values[size_t(value)].definingOp >= copy.begin) return;
+    auto external = std::find(copy.externals.begin(), copy.externals.end(), value);
+    reads.insert(static_cast<uint32_t>(external - copy.externals.begin()));
+  };
+  const std::vector<uint32_t>& exported = segmentKinds_[size_t(copy.kind)].exports;
+  for (size_t j = 0; j < ops.size(); ++j) {
+    uint32_t i = copy.begin + ops[j];
+    for (ir::ValueId operand : opKeys_.operands(i))
+      read(operand);
+    read(partner_[i]);
+    if (std::binary_search(exported.begin(), exported.end(), ops[j]))
+      kind.exports.push_back(static_cast<uint32_t>(j));
+  }
+  kind.reads.assign(reads.begin(), reads.end());
+  kind.ops = std::move(ops);
+  boundCopyKinds_.push_back(std::move(kind));
+  return it->second;
+}
+
+bool PlanEvaluator::Impl::offChains(const SegmentCopy& copy, const BoundCopyKind& kind) const {
+  size_t groups = chains_.groupCount();
+  for (uint32_t read : kind.reads) {
+    const AllReduceChains::Depths& depths = chains_.depthsOf(copy.externals[read]);
+    if (std::any_of(depths.begin(), depths.begin() + static_cast<long>(groups),
+                    [](uint16_t depth) { return depth != 0; }))
+      return false;
+  }
+  return true;
+}
+
+void PlanEvaluator::Impl::finishBoundCopy(const BoundLevel::Span& span, std::vector<int> key,
+                                          BoundCopyWalk walk,
+                                          const std::vector<std::pair<ir::ValueId, int>>& done,
+                                          bool readsOffChains) {
+  const SegmentCopy& copy = segments_[span.copy];
+  BoundCopyKind& kind = boundCopyKinds_[size_t(span.kind)];
+  // Its exports' chains are empty only if nothing it read was on one.
+  if (!readsOffChains || !offChains(copy, kind) || chains_.hasUncountedGroups()) return;
+  for (size_t x = 0; x < kind.exports.size(); ++x)
+    walk.exportStates.push_back(
+        boundStateOf_[opKeys_.result(copy.begin + kind.ops[kind.exports[x]])]);
+  for (const auto& [value, state] : done)
+    for (size_t x = 0; x < kind.exports.size(); ++x)
+      if (opKeys_.result(copy.begin + kind.ops[kind.exports[x]]) == value)
+        walk.exportReshards.emplace_back(static_cast<uint32_t>(x), state);
+  size_t bytes = sizeof(BoundCopyWalk) + sizeof(int) * key.size() +
+                 sizeof(double) * (walk.compute.size() + walk.communication.size()) +
+                 sizeof(uint32_t) * walk.communicationEnd.size();
+  if (boundCopyBytes_ + bytes > kMaxBoundCopyBytes) {
+    for (BoundCopyKind& other : boundCopyKinds_)
+      other.walks.clear();
+    boundCopyBytes_ = 0;
+  }
+  std::vector<BoundCopyWalk>& walks = kind.walks[std::move(key)];
+  if (walks.size() >= kMaxBoundWalksPerKey) return;
+  walks.push_back(std::move(walk));
+  boundCopyBytes_ += bytes;
 }
 
 void PlanEvaluator::Impl::prepareBound() {
@@ -278,6 +503,16 @@ void PlanEvaluator::Impl::prepareBound() {
     if (inserted) boundTerms_.push_back(std::move(term));
     boundTermOf_[i] = known->second = it->second;
   }
+  // A layout's walk counts the rooflines of the ops it has not walked yet as the bound does
+  // its known ops' (run(); not a program's row-wise ops: the row split may save them).
+  walkTermOf_.assign(fn_.ops.size(), -1);
+  std::map<int, double> counts;
+  for (uint32_t i = 0; i < fn_.ops.size(); ++i)
+    if (boundTermOf_[i] >= 0 && !(rowSplitBound_ && isRowWiseKind(fn_.ops[i].kind))) {
+      walkTermOf_[i] = boundTermOf_[i];
+      ++counts[boundTermOf_[i]];
+    }
+  walkTermCounts_.assign(counts.begin(), counts.end());
   if (modelBackward_) {
     OptimizerModel optimizer = optimizerModel(fn_);
     for (const ir::ParamInfo& param : fn_.params)

@@ -264,6 +264,7 @@ struct PlanEvaluator::Impl {
     double rowWiseCompute = 0; // programs: the compute of row-wise ops (isRowWiseKind)
   };
   bool replaySegments_ = true;
+  size_t boundCopiesReplayed_ = 0;    // lowerBound's replays (BoundCopyKind), counted for the tests
   bool segmentsFound_ = false;        // findSegments() ran (on the first walk that may replay)
   std::vector<SegmentCopy> segments_; // in op order; only kinds with several copies
   std::vector<SegmentKind> segmentKinds_;
@@ -273,10 +274,11 @@ struct PlanEvaluator::Impl {
   /// The memoized walk of `copy` that this walk would repeat, or null.
   const SegmentWalk* memoizedWalk(const SegmentCopy& copy, const std::vector<int>& dimAxesIds);
   /// Replays `walk` of `copy`; false (nothing done) when the walk might stop inside it (a sum so
-  /// far above `stopAbove` at one of its checks), which only walking its ops can tell.
+  /// far, with `rooflinesLeft` less `slack`, above `stopAbove` at one of its checks), which only
+  /// walking its ops can tell. `rooflinesLeft` loses the copy's ops' rooflines (run()).
   bool replaySegment(const SegmentCopy& copy, const SegmentWalk& walk, WalkSums& sums,
-                     double& mergeableLatency, double stopAbove,
-                     std::vector<BucketCandidate>& candidates);
+                     double& mergeableLatency, double stopAbove, double& rooflinesLeft,
+                     double slack, std::vector<BucketCandidate>& candidates);
   /// Files what `recorder` saw in its copy's kind's memo (segmentKey_ is its key).
   void finishRecording(SegmentRecorder& recorder, const WalkSums& sums,
                        const std::vector<BucketCandidate>& candidates);
@@ -503,7 +505,16 @@ private:
   /// The layout-independent parts of an op's cost on a machine that models loops (BoundTerm).
   void boundLoopTerms(const ir::Op& op, const LoopRole& role, BoundTerm& term) const;
   std::vector<int> boundTermOf_; // per op: its term, -1 when free
-  bool boundPrepared_ = false;   // prepareBound() ran (on the first partial layout's bound)
+  /// A term's roofline with the dims split by `split` (per dim: its split, or at most).
+  double boundTermSeconds(const BoundTerm& term, const std::vector<double>& split) const;
+  // A walk stopped at a cutoff (run()) counts the rooflines of the ops it has not walked yet.
+  std::vector<int> walkTermOf_; // per op: its term when its compute counts there, else -1
+  std::vector<std::pair<int, double>> walkTermCounts_; // those terms, with their counts
+  std::vector<double> walkRoofline_;                   // per term: at the walk's layout
+  /// Fills walkRoofline_ for `layout`; returns the rooflines of all ops (prepares the bound's
+  /// terms the first time).
+  double walkRooflines(const Layout& layout);
+  bool boundPrepared_ = false; // prepareBound() ran (on the first partial layout's bound)
   /// What the bound knows with a set of dims assigned (one set per level of the search): the
   /// ops it costs exactly (their dims assigned, their operands known), in order, and the
   /// others' terms with how many ops have each.
@@ -515,10 +526,54 @@ private:
     /// not row-wise: the row split may save it), else -1; and those terms with their counts.
     std::vector<int> countedTerm;
     std::vector<std::pair<int, double>> knownTerms;
+    /// The known ops of copies of repeated segments, as runs of knownOps: [begin, end), the
+    /// copy (segments_) and its BoundCopyKind. In op order; none in a program (its row split's
+    /// saving is summed per op).
+    struct Span {
+      uint32_t begin = 0, end = 0, copy = 0;
+      int kind = 0;
+    };
+    std::vector<Span> spans;
   };
   std::vector<double> boundRoofline_; // lowerBound's scratch, per term
   std::map<std::vector<bool>, BoundLevel> boundLevels_;
   const BoundLevel& boundLevel(const std::vector<bool>& assigned);
+  // The bound's repeated copies (docs/planner.md, session 23): at a level, the known ops of the
+  // copies of a repeated segment (a layer's params and their updates, at 96 layers nearly all
+  // the ops a bound walks) are walked once per state of what they read and replayed in the
+  // copies alike, adding the same terms in the same order as the walk does (the same bits).
+  // Only copies whose all-reduce chains stay empty are replayed (none of their reads is
+  // resharded by a mergeable all-reduce, none of their externals is on a chain): what they leave
+  // for the chains is then nothing.
+  /// One walk of a BoundCopyKind's ops.
+  struct BoundCopyWalk {
+    /// The reshards of externals it asked for first, each with whether it was done before.
+    std::vector<std::tuple<uint32_t, int, bool>> externalReshards;
+    std::vector<double> compute;                          // per op: its compute seconds
+    std::vector<double> communication;                    // the nonzero terms it added, in order
+    std::vector<uint32_t> communicationEnd;               // per op
+    std::vector<int> exportStates;                        // per export (BoundCopyKind::exports)
+    std::vector<std::pair<uint32_t, int>> exportReshards; // (export, state)
+  };
+  /// The known ops of a segment kind's copies at some level: alike copies, alike walks.
+  struct BoundCopyKind {
+    int kind = 0;                  // into segmentKinds_
+    std::vector<uint32_t> ops;     // from the copy's begin
+    std::vector<uint32_t> reads;   // the externals they read (operands and partners)
+    std::vector<uint32_t> exports; // indices into ops: results read after the copy
+    /// By the segment kind's dims' axes, then the states of `reads`.
+    std::unordered_map<std::vector<int>, std::vector<BoundCopyWalk>, VectorHash> walks;
+  };
+  std::vector<BoundCopyKind> boundCopyKinds_;
+  std::map<std::pair<int, std::vector<uint32_t>>, int> boundCopyKindOf_;
+  size_t boundCopyBytes_ = 0;
+  /// The BoundCopyKind of `copy`'s known ops `ops`, made when new.
+  int boundCopyKind(const SegmentCopy& copy, std::vector<uint32_t> ops);
+  /// Whether `copy`'s externals that `kind` reads are on no all-reduce chain.
+  bool offChains(const SegmentCopy& copy, const BoundCopyKind& kind) const;
+  /// Files a walk of `span`'s copy (`done`: the reshards it made) when it stayed off the chains.
+  void finishBoundCopy(const BoundLevel::Span& span, std::vector<int> key, BoundCopyWalk walk,
+                       const std::vector<std::pair<ir::ValueId, int>>& done, bool readsOffChains);
   std::vector<std::pair<double, std::vector<int>>> optimizerTerms_;
 
   std::vector<TensorLayout> states_;

@@ -137,6 +137,7 @@ PlanEvaluator::Impl::memoizedWalk(const SegmentCopy& copy, const std::vector<int
 
 bool PlanEvaluator::Impl::replaySegment(const SegmentCopy& copy, const SegmentWalk& walk,
                                         WalkSums& sums, double& mergeableLatency, double stopAbove,
+                                        double& rooflinesLeft, double slack,
                                         std::vector<BucketCandidate>& candidates) {
   const SegmentKind& kind = segmentKinds_[copy.kind];
   AllReduceChains& chains = chains_;
@@ -158,6 +159,7 @@ bool PlanEvaluator::Impl::replaySegment(const SegmentCopy& copy, const SegmentWa
   bool checks = stopAbove < kInfinity;
   double chainsAtEnd = checks ? chains.latencySeconds(longest) : 0;
   uint32_t c = 0, m = 0;
+  double left = rooflinesLeft; // the rooflines of the ops not walked yet, as run() counts them
   for (uint32_t t = 0; t < kind.numOps; ++t) {
     for (; c < walk.communicationEnd[t]; ++c)
       communication += walk.communication[c];
@@ -166,15 +168,18 @@ bool PlanEvaluator::Impl::replaySegment(const SegmentCopy& copy, const SegmentWa
     compute += walk.opSums[3 * t];
     flops += walk.opSums[3 * t + 1];
     ideal += walk.opSums[3 * t + 2];
-    if (checks && (copy.begin + t) % 16 == 0) {
+    if (!checks) continue;
+    if (int term = walkTermOf_[copy.begin + t]; term >= 0) left -= walkRoofline_[size_t(term)];
+    if ((copy.begin + t) % 16 == 0) {
       double soFar = (modelBackward_ ? 3 : 1) * compute + (modelBackward_ ? 2 : 1) * communication -
                      mergeable + chainsAtEnd;
       // A program's row split may save the row-wise compute (all of this copy's, at most) and
       // half the communication.
       if (rowSplitBound_) soFar -= sums.rowWiseCompute + walk.rowWiseCompute + 0.5 * communication;
-      if (soFar > stopAbove) return false;
+      if (soFar + left - slack > stopAbove) return false;
     }
   }
+  rooflinesLeft = left;
   sums.rowWiseCompute += walk.rowWiseCompute;
   sums.forwardCompute = compute;
   sums.forwardCommunication = communication;

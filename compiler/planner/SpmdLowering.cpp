@@ -323,6 +323,14 @@ EvalResult PlanEvaluator::Impl::run(const Layout& layout, SpmdFunction* out, dou
   double &live = sums.live, &peakLive = sums.peakLive, &activationSum = sums.activationSum;
   // The copy of a repeated segment this walk walks op by op to memoize it (findSegments).
   SegmentRecorder* recorder = nullptr;
+  // A walk that may stop at a cutoff adds the rooflines of the ops it has not walked yet (each
+  // at most the op's compute, as in the lower bound) to what it has summed: it stops as soon as
+  // both pass the cutoff, not only what it has summed. The rooflines left are a sum less what
+  // was walked, which rounds: `slack` (far above that rounding, far below any cost the cutoff
+  // tells apart) keeps it from stopping where the whole walk would not pass the cutoff.
+  bool rooflines = !out && stopAbove < kInfinity;
+  double rooflinesLeft = rooflines ? walkRooflines(layout) : 0;
+  double slack = 1e-6 * rooflinesLeft;
 
   auto newValue = [&](const ir::TensorType& type, const TensorLayout& state,
                       const std::string& name) {
@@ -502,15 +510,19 @@ EvalResult PlanEvaluator::Impl::run(const Layout& layout, SpmdFunction* out, dou
       recorder->peak = std::max(recorder->peak, live + temporary);
     }
     // Every term summed so far only grows (a path costs at least the latencies merging may
-    // save), so this is a lower bound of the step time; most candidates of a search pass
-    // their cutoff within the first layers.
+    // save), and the ops not walked yet cost at least their rooflines, so this is a lower
+    // bound of the step time; most candidates of a search pass their cutoff within the first
+    // layers.
+    if (rooflines) {
+      if (int term = walkTermOf_[i]; term >= 0) rooflinesLeft -= walkRoofline_[size_t(term)];
+    }
     if (!out && i % 16 == 0) {
       double soFar = (modelBackward_ ? 3 : 1) * forwardCompute +
                      (modelBackward_ ? 2 : 1) * forwardCommunication - result.mergeableLatency +
                      chains.latencySeconds();
       if (rowSplitBound_) soFar -= sums.rowWiseCompute + 0.5 * forwardCommunication;
-      if (soFar > stopAbove) {
-        result.summary.stepSeconds = soFar;
+      if (soFar + rooflinesLeft - slack > stopAbove) {
+        result.summary.stepSeconds = soFar + rooflinesLeft - slack;
         result.exact = result.complete = false;
         return false;
       }
@@ -573,8 +585,8 @@ EvalResult PlanEvaluator::Impl::run(const Layout& layout, SpmdFunction* out, dou
     if (memoize && nextCopy < segments_.size() && segments_[nextCopy].begin == i) {
       const SegmentCopy& copy = segments_[nextCopy++];
       const SegmentWalk* walk = memoizedWalk(copy, dimAxesIds);
-      if (walk &&
-          replaySegment(copy, *walk, sums, result.mergeableLatency, stopAbove, candidates)) {
+      if (walk && replaySegment(copy, *walk, sums, result.mergeableLatency, stopAbove,
+                                rooflinesLeft, slack, candidates)) {
         i = copy.end;
         continue;
       }
@@ -1154,6 +1166,10 @@ double PlanEvaluator::memoryLowerBound() {
 
 void PlanEvaluator::setReplaySegments(bool replay) {
   impl_->replaySegments_ = replay;
+}
+
+size_t PlanEvaluator::boundCopiesReplayed() const {
+  return impl_->boundCopiesReplayed_;
 }
 
 const std::vector<std::string>& PlanEvaluator::relevantDims() const {

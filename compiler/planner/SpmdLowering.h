@@ -50,9 +50,12 @@ public:
   /// search's final layout is lowered without building them again).
   std::optional<SpmdFunction> lower(const Layout& layout, DiagEngine& diag);
   /// Whether a walk replays a copy of a repeated op sequence (a layer, its backward, its
-  /// updates) from a memoized walk of one alike (on by default); off, it walks every op. The
-  /// results are the same bit for bit (tests compare).
+  /// updates) from a memoized walk of one alike (on by default), and a lower bound the known
+  /// ops of such a copy; off, both walk every op. The results are the same bit for bit (tests
+  /// compare).
   void setReplaySegments(bool replay);
+  /// How many copies' known ops the lower bounds have replayed so far (for the tests).
+  size_t boundCopiesReplayed() const;
   /// The dims whose layout can change the cost (the search enumerates only these).
   const std::vector<std::string>& relevantDims() const;
   /// A lower bound of stepSeconds over all layouts that agree with `partial` on the dims it

@@ -45,6 +45,15 @@ bool same(double a, double b) {
   return a == b || (std::isinf(a) && std::isinf(b));
 }
 
+/// Every dim's size: the module's, and those of the function's values.
+std::map<std::string, int64_t> dimSizes(const ir::Module& module, const ir::Function& fn) {
+  std::map<std::string, int64_t> sizes(module.dims.begin(), module.dims.end());
+  for (const ir::Value& value : fn.values)
+    for (const ir::Dim& dim : value.type.dims)
+      sizes[dim.name] = dim.size;
+  return sizes;
+}
+
 void checkAgainstFreshEvaluators(const Case& c, size_t steps) {
   SemaOptions options;
   options.dimSizes = c.dims;
@@ -66,10 +75,7 @@ void checkAgainstFreshEvaluators(const Case& c, size_t steps) {
 
   PlanEvaluator shared(*compiled.module, *fn, mesh, h100);
   std::vector<std::string> dims = shared.relevantDims();
-  std::map<std::string, int64_t> sizes(compiled.module->dims.begin(), compiled.module->dims.end());
-  for (const ir::Value& value : fn->values)
-    for (const ir::Dim& dim : value.type.dims)
-      sizes[dim.name] = dim.size;
+  std::map<std::string, int64_t> sizes = dimSizes(*compiled.module, *fn);
   // A random walk: each step moves one or two dims to another option, as the search's descent
   // and its branch and bound do; illegal layouts (an axis twice in a tensor) included.
   std::mt19937 rng(20261202);
@@ -202,6 +208,96 @@ TEST_CASE("memo tables change nothing: on nodes of 8 devices, [data=8, model=8] 
                                {{"data", 8}, {"model", 8}},
                                "h100-cluster"},
                               24);
+}
+
+TEST_CASE("lower bounds replay the known ops of repeated layers; walks stop by rooflines") {
+  // A partial layout's bound walks the ops it knows (their dims assigned, their operands known):
+  // in a deep train block mostly each layer's params and their updates, alike in every layer.
+  // Walked once per state of what they read and replayed in the copies alike, they add the same
+  // terms in the same order: every bound, whatever its cutoff, is the bits a walk of every op
+  // gives, and the same at a cutoff as asked (the branch and bound cuts the same subtrees).
+  SemaOptions options;
+  options.dimSizes = {{"layers", 6}, {"batch", 16}, {"seq", 64}, {"mem", 64}};
+  options.mesh = {{"data", 8}, {"model", 8}};
+  options.layout = "auto";
+  testing::CompiledSource compiled(std::string(MESHC_SOURCE_DIR) + "/dsl-examples/transformer.mesh",
+                                   options);
+  INFO(compiled.errors);
+  REQUIRE(compiled.module);
+  ir::Function* fn = nullptr;
+  for (ir::Function& f : compiled.module->functions)
+    if (f.name == "lm_train") fn = &f;
+  REQUIRE(fn);
+  REQUIRE(train::lowerTraining(*fn, compiled.diag));
+  Mesh mesh;
+  mesh.axes = *options.mesh;
+  Machine cluster = machine("h100-cluster"); // `data` spans nodes: chains of two latencies
+  PlanEvaluator shared(*compiled.module, *fn, mesh, cluster);
+  std::vector<std::string> dims = shared.relevantDims();
+  std::map<std::string, int64_t> sizes = dimSizes(*compiled.module, *fn);
+  std::mt19937 rng(20261204);
+  size_t cut = 0, kept = 0;
+  for (int step = 0; step < 60; ++step) {
+    // The first k dims assigned, as a level of the branch and bound; k < all (else it is the
+    // layout's cost).
+    size_t k = 1 + rng() % (dims.size() - 1);
+    std::vector<std::string> assigned(dims.begin(), dims.begin() + static_cast<long>(k));
+    Layout partial;
+    for (const std::string& dim : assigned) {
+      std::vector<AxisList> choices = layoutOptions(sizes[dim], mesh);
+      AxisList axes = choices[rng() % choices.size()];
+      if (!axes.empty()) partial.axes[dim] = axes;
+    }
+    PlanEvaluator fresh(*compiled.module, *fn, mesh, cluster);
+    fresh.setReplaySegments(false);
+    double whole = fresh.lowerBound(partial, assigned);
+    INFO(fmt::format("step {}: {} dims assigned, bound {:.17g}", step, k, whole));
+    CHECK(same(shared.lowerBound(partial, assigned), whole));
+    if (!std::isfinite(whole) || whole <= 0) continue;
+    for (double factor : {0.3, 0.9, 0.999999, 1.000001, 1.1}) {
+      double at = whole * factor;
+      double stopped = shared.lowerBound(partial, assigned, at);
+      CHECK(same(stopped, fresh.lowerBound(partial, assigned, at)));
+      CHECK((stopped > at) == (whole > at));
+      (stopped > at ? cut : kept) += 1;
+    }
+    CHECK(fresh.boundCopiesReplayed() == 0);
+  }
+  // The layers' known ops were replayed, and the cutoffs cut some bounds and kept others.
+  CHECK(shared.boundCopiesReplayed() > 100);
+  CHECK(cut > 0);
+  CHECK(kept > 0);
+
+  // A whole layout's walk at a cutoff counts the rooflines of the ops it has not walked yet, as
+  // the bound does its known ops': it stops sooner, but only where the whole walk passes the
+  // cutoff too, with a bound never above the cost (cutoffs on both sides of it, and close).
+  size_t stopped = 0, costed = 0;
+  for (int step = 0; step < 30; ++step) {
+    Layout layout;
+    for (const std::string& dim : dims) {
+      std::vector<AxisList> choices = layoutOptions(sizes[dim], mesh);
+      AxisList axes = choices[rng() % choices.size()];
+      if (!axes.empty()) layout.axes[dim] = axes;
+    }
+    double exact = PlanEvaluator(*compiled.module, *fn, mesh, cluster).stepSeconds(layout);
+    INFO(fmt::format("layout {}: {:.17g}", step, exact));
+    if (!std::isfinite(exact)) continue;
+    for (double factor : {0.5, 0.9, 0.999999, 1.000001, 1.1}) {
+      double at = exact * factor;
+      PlanEvaluator fresh(*compiled.module, *fn, mesh, cluster);
+      fresh.setReplaySegments(false);
+      double seconds = fresh.stepSeconds(layout, at);
+      CHECK((seconds > at) == (exact > at));
+      CHECK(seconds <= exact * (1 + 1e-12));
+      // The shared evaluator replays layers (and may reuse its last walk of the layout).
+      double replayed = shared.stepSeconds(layout, at);
+      CHECK((replayed > at) == (exact > at));
+      CHECK(replayed <= exact * (1 + 1e-12));
+      (seconds < exact ? stopped : costed) += 1;
+    }
+  }
+  CHECK(stopped > 0);
+  CHECK(costed > 0);
 }
 
 TEST_CASE("repeated segments: the longest run of copies from each position") {
