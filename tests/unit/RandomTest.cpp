@@ -247,10 +247,11 @@ TEST_CASE("the vectorizable dropout test keeps exactly the elements dropoutKeep 
       REQUIRE(dropoutKeepMask(key, index, threshold) == (dropoutKeep(key, index, rate) ? ~0u : 0u));
     }
   }
-  // Masks drawn a run at a time (one call per four elements) from starts and lengths that cut
-  // calls anywhere: the same bits as the per-element test.
+  // Masks drawn a run at a time (one call per four elements, eight calls at once) from starts and
+  // lengths that cut calls and groups anywhere, one across the carry into the block counter's
+  // high word (block 2^32 - 3 on): the same bits as the per-element test.
   uint32_t threshold = dropoutThreshold(0.3);
-  for (uint64_t first : {0ull, 1ull, 2ull, 3ull, 6ull, 0xfffffffdull})
+  for (uint64_t first : {0ull, 1ull, 2ull, 3ull, 6ull, 0xfffffffdull, 0x3fffffff4ull})
     for (int64_t count : {0, 1, 2, 3, 5, 9, 64, 1027}) {
       INFO("first " << first << " count " << count);
       std::vector<uint32_t> masks(size_t(count) + 1, 12345u);
