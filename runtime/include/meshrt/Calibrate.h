@@ -337,23 +337,31 @@ inline LoopRates loopRates(int repetitions) {
        perElement([](float v) { return kernels::f32::sigmoid(v); }) +
        perElement([](float v) { return kernels::f32::gelu(v); })) /
       5;
-  // Dropout as generated loops do it: a keep mask per element from its Philox word.
+  // Dropout as generated loops do it (docs/codegen.md): the keep masks of a run of up to 1024
+  // points drawn first (dropoutKeepMasks: a Philox call per four points, eight calls at once),
+  // then the loop over the run. Until session 23 this probe drew a whole Philox call per
+  // element, which no generated loop does (4-6 times the cost the planner then charged).
   const uint32_t threshold = dropoutThreshold(0.1);
-  rates.dropoutElementSeconds = bestSeconds(repetitions,
-                                            [&] {
-                                              float* __restrict o = out.data();
-                                              const float* __restrict a = x.data();
-                                              for (size_t i = 0; i < elements; ++i) {
-                                                uint32_t mask =
-                                                    dropoutKeepMask(0x1234u, i, threshold);
-                                                uint32_t bits;
-                                                float value = a[i] * 1.1111112f;
-                                                std::memcpy(&bits, &value, sizeof bits);
-                                                bits &= mask;
-                                                std::memcpy(&o[i], &bits, sizeof bits);
-                                              }
-                                            }) /
-                                double(elements);
+  rates.dropoutElementSeconds =
+      bestSeconds(repetitions,
+                  [&] {
+                    constexpr size_t kRun = 1024;
+                    for (size_t start = 0; start < elements; start += kRun) {
+                      size_t count = std::min(kRun, elements - start);
+                      uint32_t keep[kRun];
+                      dropoutKeepMasks(0x1234u, start, int64_t(count), threshold, keep);
+                      float* __restrict o = out.data() + start;
+                      const float* __restrict a = x.data() + start;
+                      for (size_t i = 0; i < count; ++i) {
+                        uint32_t bits;
+                        float value = a[i] * 1.1111112f;
+                        std::memcpy(&bits, &value, sizeof bits);
+                        bits &= keep[i];
+                        std::memcpy(&o[i], &bits, sizeof bits);
+                      }
+                    }
+                  }) /
+      double(elements);
   // random_normal as generated code calls it (the runtime's fill: a Box-Muller pair per two
   // elements, log, sqrt and sin/cos in double), far dearer than a dropout's word per element.
   kernels::Dims whole{int64_t(elements)};
