@@ -1,6 +1,5 @@
 // Einsum: classification into a (batched) GEMM at plan time, oneDNN or OpenBLAS at run time
-// (LibraryGemm.cpp),
-// and the generic strided loop for everything a GEMM cannot express.
+// (LibraryGemm.cpp), and the generic strided loop for everything a GEMM cannot express.
 #include "meshrt/kernels/Einsum.h"
 
 #include "LibraryGemm.h"
@@ -190,7 +189,8 @@ bool GemmBuilder::build(EinsumPlan::Gemm& gemm) {
   }
   if (gemm.a.pack) makePacked(gemm.a, gemm.batchSizes);
   if (gemm.b.pack) makePacked(gemm.b, gemm.batchSizes);
-  gemm.library = std::make_shared<const detail::LibraryGemm>(gemm.batchSizes, gemm.a, gemm.b, gemm.c);
+  gemm.library =
+      std::make_shared<const detail::LibraryGemm>(gemm.batchSizes, gemm.a, gemm.b, gemm.c);
   gemm.enabled = true;
   return true;
 }

@@ -215,9 +215,9 @@ void LibraryGemm::runOpenBlas(const float* a, const float* b, float* c, float al
   forEachIndex<3>(Dims(batchSizes_),
                   {Dims(a_.batchStrides), Dims(b_.batchStrides), Dims(c_.batchStrides)},
                   [&](int64_t offsetA, int64_t offsetB, int64_t offsetC) {
-                    cblas_sgemm(CblasRowMajor, transA, transB, blasint(m), blasint(n),
-                                blasint(k), alpha, a + offsetA, blasint(a_.ld), b + offsetB,
-                                blasint(b_.ld), beta, c + offsetC, blasint(c_.ld));
+                    cblas_sgemm(CblasRowMajor, transA, transB, blasint(m), blasint(n), blasint(k),
+                                alpha, a + offsetA, blasint(a_.ld), b + offsetB, blasint(b_.ld),
+                                beta, c + offsetC, blasint(c_.ld));
                   });
 }
 

@@ -1,10 +1,10 @@
 // MESHRT_VECTOR_CLONES: a hot loop compiled for x86-64-v4 (AVX-512) and x86-64-v3 (AVX2 and
 // FMA) besides the library's x86-64 (SSE2) baseline, the loader picking the one this CPU runs
 // (an ifunc). The levels, not "avx512f" and "avx2": those enable no FMA, and MathF32's
-// polynomials then take a multiply and an add per term (the GELU pass 419 against 336 us). Not in sanitizer builds:
-// the ifunc's resolver runs while the loader relocates, before the sanitizer's runtime has
-// started, and instrumented it crashes there (TSan's __tsan_func_entry). Internal to
-// meshrt_kernels.
+// polynomials then take a multiply and an add per term (the GELU pass 419 against 336 us). Not
+// in sanitizer builds: the ifunc's resolver runs while the loader relocates, before the
+// sanitizer's runtime has started, and instrumented it crashes there (TSan's
+// __tsan_func_entry). Internal to meshrt_kernels.
 #pragma once
 
 #if defined(__has_feature)
