@@ -124,10 +124,7 @@ double PlanEvaluator::Impl::lowerBound(const Layout& partial,
     return seconds;
   };
   double passes = modelBackward_ ? 3 : 1, communicationPasses = modelBackward_ ? 2 : 1;
-  if (!boundPrepared_) {
-    prepareBound();
-    boundPrepared_ = true;
-  }
+  prepareBound();
   const BoundLevel& level = boundLevel(assigned);
   auto termSeconds = [&](const BoundTerm& term) { return boundTermSeconds(term, split); };
   for (const auto& [termIndex, count] : level.unknownTerms)
@@ -151,6 +148,13 @@ double PlanEvaluator::Impl::lowerBound(const Layout& partial,
   // and half the communication: a bound that holds with it leaves that out.
   double rowWise = 0;
   auto rowSplitSaving = [&] { return rowSplitBound_ ? rowWise + 0.5 * communication : 0.0; };
+  // Every term only grows: past the cutoff, the sum so far with the rooflines left is bound
+  // enough (a replayed copy makes the same checks: no row split saving there, none replays).
+  auto sumSoFar = [&] {
+    double soFar = passes * compute + communicationPasses * communication +
+                   chains.latencySeconds() - rowSplitSaving();
+    return soFar + rooflinesLeft - slack;
+  };
   // Copies of repeated segments are replayed when a walk of a copy alike is known (the same
   // dims' axes, the same states of what they read, the same reshards of those done before),
   // else walked op by op and kept.
@@ -184,11 +188,8 @@ double PlanEvaluator::Impl::lowerBound(const Layout& partial,
           // The walk's sums and checks, term for term.
           size_t c = 0;
           for (size_t j = 0; j < kind.ops.size(); ++j, ++n) {
-            if (n % 16 == 0) {
-              double soFar =
-                  passes * compute + communicationPasses * communication + chains.latencySeconds();
-              if (soFar + rooflinesLeft - slack > cutoff) return soFar + rooflinesLeft - slack;
-            }
+            if (n % 16 == 0)
+              if (double atLeast = sumSoFar(); atLeast > cutoff) return atLeast;
             if (int term = level.countedTerm[n]; term >= 0) rooflinesLeft -= rooflineOf[term];
             for (; c < known->communicationEnd[j]; ++c)
               communication += known->communication[c];
@@ -212,12 +213,8 @@ double PlanEvaluator::Impl::lowerBound(const Layout& partial,
         recording->key = std::move(key);
       }
     }
-    // Every term only grows: past the cutoff, the sum so far is bound enough.
-    if (n % 16 == 0) {
-      double soFar = passes * compute + communicationPasses * communication +
-                     chains.latencySeconds() - rowSplitSaving();
-      if (soFar + rooflinesLeft - slack > cutoff) return soFar + rooflinesLeft - slack;
-    }
+    if (n % 16 == 0)
+      if (double atLeast = sumSoFar(); atLeast > cutoff) return atLeast;
     uint32_t i = level.knownOps[n];
     if (int term = level.countedTerm[n]; term >= 0) rooflinesLeft -= rooflineOf[term];
     planOf(i, dimAxesIds, stateOf, rules);
@@ -283,10 +280,7 @@ double PlanEvaluator::Impl::boundTermSeconds(const BoundTerm& term,
 }
 
 double PlanEvaluator::Impl::walkRooflines(const Layout& layout) {
-  if (!boundPrepared_) {
-    prepareBound();
-    boundPrepared_ = true;
-  }
+  prepareBound();
   std::vector<double> split(dimNames_.size(), 1);
   for (size_t d = 0; d < dimNames_.size(); ++d)
     split[d] =
@@ -438,6 +432,8 @@ void PlanEvaluator::Impl::finishBoundCopy(const BoundLevel::Span& span, std::vec
 }
 
 void PlanEvaluator::Impl::prepareBound() {
+  if (boundPrepared_) return;
+  boundPrepared_ = true;
   auto dimsOf = [&](const ir::TensorType& type) {
     std::vector<int> dims;
     for (const ir::Dim& dim : type.dims)

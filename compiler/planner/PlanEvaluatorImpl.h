@@ -284,6 +284,7 @@ struct PlanEvaluator::Impl {
                        const std::vector<BucketCandidate>& candidates);
 
 private:
+  /// The bound's per-op terms (boundTermOf_ ...), made on the first call; later calls return.
   void prepareBound();
   void findPartners();
   /// The rule's plan of op i given its operands' states and the dims' axes (memoized).
