@@ -72,10 +72,15 @@ public:
     if (parallel) out += "#pragma omp parallel\n{\n";
     std::vector<std::string> parameters, arguments;
     for (kir::BufferId id : buffers) {
-      std::string declaration = fmt::format(
-          "{}float* __restrict {}", llvm::is_contained(stored, id) ? "" : "const ", pointer(id));
+      // A keep mask's bytes through a byte pointer into its float slots (Buffer::keepMask).
+      const kir::Buffer& buffer = fn.buffers[size_t(id)];
+      std::string type = fmt::format("{}{}", llvm::is_contained(stored, id) ? "" : "const ",
+                                     buffer.keepMask ? "uint8_t" : "float");
+      std::string declaration = fmt::format("{}* __restrict {}", type, pointer(id));
       parameters.push_back(declaration);
-      arguments.push_back(fn.buffers[size_t(id)].name + ".data()");
+      arguments.push_back(buffer.keepMask
+                              ? fmt::format("reinterpret_cast<{}*>({}.data())", type, buffer.name)
+                              : buffer.name + ".data()");
       if (!outlined) out += fmt::format("{} = {};\n", declaration, arguments.back());
     }
     // A read that no loop moves (a scalar: AdamW's step size and bias corrections) is loaded

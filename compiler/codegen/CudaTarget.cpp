@@ -49,14 +49,20 @@ public:
                          rest, collapsed.extents[d]);
       rest = fmt::format("rest{}", d);
     }
+    // A keep mask's bytes through a byte pointer into its float slots (Buffer::keepMask).
+    auto element = [&](kir::BufferId id, const char* type, const std::string& offset) {
+      const kir::Buffer& buffer = fn.buffers[size_t(id)];
+      return buffer.keepMask
+                 ? fmt::format("reinterpret_cast<{}*>({}.data())[{}]", type, buffer.name, offset)
+                 : fmt::format("{}[{}]", buffer.name, offset);
+    };
     out += loopBody(
         loop, collapsed,
         [&](size_t read, const std::string& offset) {
-          return fmt::format("{}[{}]", fn.buffers[size_t(loop.reads[read].buffer)].name, offset);
+          return element(loop.reads[read].buffer, "const uint8_t", offset);
         },
         [&](size_t store, const std::string& offset) {
-          return fmt::format("{}[{}]", fn.buffers[size_t(loop.stores[store].at.buffer)].name,
-                             offset);
+          return element(loop.stores[store].at.buffer, "uint8_t", offset);
         });
     return out + "});\n}\n";
   }

@@ -194,7 +194,8 @@ private:
       if (copy.kind == Scalar::Kind::Load)
         copy.read = readIndex(consumer.reads[size_t(scalar.read)].buffer,
                               consumer.reads[size_t(scalar.read)].strides);
-      if (copy.kind == Scalar::Kind::Dropout) copy.read += int(producer.invariants.size());
+      if (copy.kind == Scalar::Kind::Dropout && copy.read >= 0)
+        copy.read += int(producer.invariants.size());
       for (int& arg : copy.args)
         arg = consumerIndex[size_t(arg)];
       consumerIndex[k] = int(merged.body.size());

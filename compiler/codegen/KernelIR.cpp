@@ -361,7 +361,8 @@ public:
       if (buffer.storage == Storage::Arena && buffer.offset < 0 && fn.arenaBytes > 0)
         continue; // fused away: never stored
       out += fmt::format("  {} = {} {}[{}]", buffer.name, storageName(buffer.storage),
-                         ir::dtypeName(buffer.dtype), buffer.elements);
+                         buffer.keepMask ? "u8" : ir::dtypeName(buffer.dtype),
+                         accessibleElements(buffer));
       if (buffer.index >= 0) out += fmt::format(" #{}", buffer.index);
       if (buffer.offset >= 0) out += fmt::format(" @{}", buffer.offset);
       if (buffer.stages != 0) out += fmt::format(" on stages {:#x}", buffer.stages);
@@ -446,9 +447,12 @@ private:
         text = "step";
         break;
       case Scalar::Kind::Dropout:
-        text = fmt::format("dropout %{} rate {} key {} index {} + i.{}",
-                           s.args.empty() ? -1 : s.args[0], s.value, argumentAt(loop, s.read),
-                           argumentAt(loop, s.read + 1), ints(s.strides));
+        if (s.args.size() == 2) // its mask kept by an earlier loop
+          text = fmt::format("dropout %{} rate {} kept %{}", s.args[0], s.value, s.args[1]);
+        else
+          text = fmt::format("dropout %{} rate {} key {} index {} + i.{}",
+                             s.args.empty() ? -1 : s.args[0], s.value, argumentAt(loop, s.read),
+                             argumentAt(loop, s.read + 1), ints(s.strides));
         break;
       case Scalar::Kind::Compute: {
         std::vector<std::string> args;
@@ -462,8 +466,8 @@ private:
       out += fmt::format("    %{} = {} : {}\n", k, text, ir::dtypeName(s.dtype));
     }
     for (const Store& store : loop.stores)
-      out += fmt::format("    store {}{} = %{}\n", name(store.at.buffer), ints(store.at.strides),
-                         store.value);
+      out += fmt::format("    store {}{} = {}%{}\n", name(store.at.buffer), ints(store.at.strides),
+                         store.keepBit ? "keep " : "", store.value);
   }
 
   std::string argumentAt(const Loop& loop, int index) const {

@@ -49,7 +49,16 @@ struct Buffer {
   /// Pipeline stages: the stages whose ranks touch it (Arena: they alone hold its bytes, the
   /// arena of a stage is sized for its own buffers), one bit each; 0: every rank. planBuffers.
   uint64_t stages = 0;
+  /// A dropout's keep mask (keep-dropout-masks): one byte per point, 0 or 1, packed four to a
+  /// float slot, so it lives in the arena as any buffer (`elements` counts the slots) while
+  /// loop accesses count bytes. Only loops touch it: keep stores write it, loads read 0 or 1.
+  bool keepMask = false;
 };
+
+/// The elements a loop access may reach: bytes of a keep mask, else floats.
+inline int64_t accessibleElements(const Buffer& buffer) {
+  return buffer.keepMask ? buffer.elements * int64_t(sizeof(float)) : buffer.elements;
+}
 
 /// One argument of a kernel call; the printers spell each kind for their target.
 struct Arg {
@@ -105,7 +114,9 @@ struct Scalar {
     Step,    // the train step counter (steps taken before this one), as f32
     Dropout, // args[0] kept with probability 1 - `value` (the rate) and scaled by 1 / (1 - rate),
              // by the layout-invariant RNG: key loop.invariants[read] (a stream key), global
-             // index loop.invariants[read + 1] (a global base) + sum of index * `strides`
+             // index loop.invariants[read + 1] (a global base) + sum of index * `strides`; or,
+             // with args[1], kept where that scalar (a load of a keep mask) is 1: the mask an
+             // earlier loop drew at the same global indices (keep-dropout-masks)
   };
   Kind kind = Kind::Const;
   ir::OpKind op = ir::OpKind::Add;
@@ -118,10 +129,12 @@ struct Scalar {
   bool operator==(const Scalar&) const = default;
 };
 
-/// One result of a loop: the scalar `value` stored at `at` (rounded to the buffer's dtype).
+/// One result of a loop: the scalar `value` stored at `at` (rounded to the buffer's dtype), or,
+/// `keepBit`, the keep bit (1 kept, 0 dropped) of the Dropout scalar `value`, into a keep mask.
 struct Store {
   Access at;
   int value = -1;
+  bool keepBit = false;
   bool operator==(const Store&) const = default;
 };
 

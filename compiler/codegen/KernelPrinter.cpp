@@ -334,8 +334,9 @@ CollapsedLoop collapseLoop(const kir::Loop& loop) {
   for (const kir::Store& store : loop.stores)
     c.stores.push_back(store.at.strides);
   for (const Scalar& scalar : loop.body)
-    c.scalars.push_back(scalar.kind == Scalar::Kind::Dropout ? scalar.strides
-                                                             : kir::Shape(loop.extents.size(), 0));
+    c.scalars.push_back(scalar.kind == Scalar::Kind::Dropout && scalar.read >= 0
+                            ? scalar.strides // its global index: the points' RNG draws
+                            : kir::Shape(loop.extents.size(), 0));
   for (kir::Shape& s : c.reads)
     all.push_back(&s);
   for (kir::Shape& s : c.stores)
@@ -388,13 +389,17 @@ std::string loopBody(const kir::Loop& loop, const CollapsedLoop& collapsed,
       // As the dropout kernel: keep ? x * (1 / (1 - rate)) in double, rounded once : 0.
       double scale = s.value < 1 ? 1 / (1 - s.value) : 0.0;
       // The keep test in integers (meshrt::dropoutThreshold) and the scaled value computed
-      // either way (no floating-point op under a branch): the loop vectorizes.
-      std::string mask = keepMask ? keepMask(k, offsetExpression(collapsed.scalars[k])) : "";
+      // either way (no floating-point op under a branch): the loop vectorizes. A kept mask's
+      // byte (0 or 1) becomes the same all-ones or zero word.
+      std::string mask = s.args.size() == 2 ? fmt::format("uint32_t(-int32_t(s{}))", s.args[1])
+                         : keepMask         ? keepMask(k, offsetExpression(collapsed.scalars[k]))
+                                            : "";
       if (mask.empty())
         mask = fmt::format("meshrt::dropoutKeepMask(inv{}, uint64_t(inv{} + {}), {}u)", s.read,
                            s.read + 1, offsetExpression(collapsed.scalars[k]),
                            meshrt::dropoutThreshold(s.value));
-      expr = fmt::format("support::keepOrZero({}, float(double(s{}) * {}))", mask, s.args[0],
+      body += fmt::format("const uint32_t m{} = {};\n", k, mask);
+      expr = fmt::format("support::keepOrZero(m{}, float(double(s{}) * {}))", k, s.args[0],
                          doubleLiteral(scale));
     } else {
       std::vector<std::string> args;
@@ -408,8 +413,9 @@ std::string loopBody(const kir::Loop& loop, const CollapsedLoop& collapsed,
     body += fmt::format("const float s{} = {};\n", k, expr);
   }
   for (size_t j = 0; j < loop.stores.size(); ++j)
-    body += fmt::format("{} = s{};\n", store(j, offsetExpression(collapsed.stores[j])),
-                        loop.stores[j].value);
+    body += fmt::format("{} = {}{}{};\n", store(j, offsetExpression(collapsed.stores[j])),
+                        loop.stores[j].keepBit ? "uint8_t(m" : "s", loop.stores[j].value,
+                        loop.stores[j].keepBit ? " & 1u)" : "");
   return body;
 }
 

@@ -29,11 +29,13 @@ CollapsedLoop collapseLoop(const kir::Loop& loop);
 /// `i0 * 128 + i1` over the loop indices i0, i1, ... ("0" when every stride is 0).
 std::string offsetExpression(const kir::Shape& strides);
 
-/// A loop body: one `const float sK = ...;` per scalar (a load reads `element(read, offset)`),
-/// then the stores (`element` of `store(store, offset)` = the scalar).
+/// A loop body: one `const float sK = ...;` per scalar (a load reads `element(read, offset)`;
+/// a dropout's keep word is `mK` before it), then the stores (`element` of `store(store,
+/// offset)` = the scalar, or a keep store's byte). A keep mask's element (Buffer::keepMask) must
+/// be spelled as a byte by `element` and `store`.
 /// `keepMask(k, offset)`, when given and not empty, spells dropout scalar k's keep mask (a
 /// target that draws the masks of a run of points before the loop body); else each point draws
-/// its own.
+/// its own, or reads the kept one.
 using ElementText = std::function<std::string(size_t, const std::string&)>;
 std::string loopBody(const kir::Loop& loop, const CollapsedLoop& collapsed,
                      const ElementText& element, const ElementText& store,

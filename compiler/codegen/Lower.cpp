@@ -11,6 +11,7 @@
 #include "codegen/FuseRowKernels.h"
 #include "codegen/GatherOneHotProducts.h"
 #include "codegen/HoistInvariants.h"
+#include "codegen/KeepDropoutMasks.h"
 #include "codegen/LowerToKernels.h"
 #include "codegen/OutlineRepeatedCode.h"
 #include "codegen/PlanBuffers.h"
@@ -60,6 +61,9 @@ const std::vector<KernelPass>& kernelPasses() {
        writeUpdatesInPlace},
       {"eliminate-dead-code", "pure statements and stores whose results nobody reads go away",
        eliminateDeadCode},
+      {"keep-dropout-masks",
+       "a dropout redrawing an earlier loop's mask (backward's) reads it as bytes that loop stores",
+       keepDropoutMasks},
       {"split-stages",
        "pipeline stages: each statement on the stages of its layers, values crossing a stage "
        "boundary sent point to point, accumulated gradients all-reduced over the stage axis",

@@ -10,6 +10,7 @@
 
 #include <map>
 #include <set>
+#include <tuple>
 #include <unordered_map>
 
 namespace meshc::kir {
@@ -69,13 +70,13 @@ private:
   };
 
   /// classes[k]: equal for statements that are the same code up to renaming their buffers (of
-  /// the same sizes and dtypes), their collective requests and their RNG streams. Calls of
-  /// subroutines are never repeated.
+  /// the same sizes and dtypes, keep masks for keep masks), their collective requests and their RNG
+  /// streams. Calls of subroutines are never repeated.
   void classify() {
     classes.assign(fn.body.size(), 0);
     struct Skeleton {
       Stmt stmt;
-      std::vector<std::pair<int64_t, DType>> buffers;
+      std::vector<std::tuple<int64_t, DType, bool>> buffers;
     };
     std::vector<Skeleton> representatives;
     std::unordered_multimap<size_t, int> byHash;
@@ -97,7 +98,7 @@ private:
       size_t hash = stmt.node.index() * 1000003u + order.size();
       for (BufferId id : order) {
         const Buffer& buffer = fn.buffers[size_t(id)];
-        skeleton.buffers.push_back({buffer.elements, buffer.dtype});
+        skeleton.buffers.push_back({buffer.elements, buffer.dtype, buffer.keepMask});
         hash = hash * 31 + size_t(buffer.elements);
       }
       int found = -1;
@@ -238,7 +239,8 @@ private:
                                                    .elements = buffer.elements,
                                                    .dtype = buffer.dtype,
                                                    .storage = Storage::Argument,
-                                                   .index = int64_t(k)}));
+                                                   .index = int64_t(k),
+                                                   .keepMask = buffer.keepMask}));
     }
     std::vector<bool> read(order.size(), false), written(order.size(), false);
     for (size_t t = 0; t < length; ++t) {

@@ -42,8 +42,8 @@ public:
   }
 
 private:
-  /// Subroutines refer only to their own parameters; calls pass one buffer of the same size
-  /// and dtype per parameter, and nothing outside run() calls them.
+  /// Subroutines refer only to their own parameters; calls pass one buffer of the same size,
+  /// dtype and kind (keep mask or not) per parameter, and nothing outside run() calls them.
   std::string subroutines() const {
     for (size_t s = 0; s < fn.subroutines.size(); ++s) {
       const Subroutine& sub = fn.subroutines[s];
@@ -78,7 +78,8 @@ private:
         const Buffer& parameter = fn.buffers[size_t(sub.parameters[a])];
         if (!valid(id) || fn.buffers[size_t(id)].storage == Storage::Argument ||
             fn.buffers[size_t(id)].elements != parameter.elements ||
-            fn.buffers[size_t(id)].dtype != parameter.dtype)
+            fn.buffers[size_t(id)].dtype != parameter.dtype ||
+            fn.buffers[size_t(id)].keepMask != parameter.keepMask)
           return fmt::format("run[{}]: argument {} of {} does not match its parameter", k, a,
                              sub.name);
       }
@@ -182,13 +183,31 @@ private:
       if (extents[d] <= 0 || access.strides[d] < 0) return fail(where, "a bad extent or stride");
       last += (extents[d] - 1) * access.strides[d];
     }
-    if (last >= fn.buffers[size_t(access.buffer)].elements)
-      fail(where, fmt::format("reaches element {} of {}, which has {}", last,
-                              fn.buffers[size_t(access.buffer)].name,
-                              fn.buffers[size_t(access.buffer)].elements));
+    const Buffer& buffer = fn.buffers[size_t(access.buffer)];
+    if (last >= accessibleElements(buffer))
+      fail(where, fmt::format("reaches element {} of {}, which has {}", last, buffer.name,
+                              accessibleElements(buffer)));
+  }
+
+  /// Whether scalar `arg` of `loop`, used by scalar k, loads a keep mask.
+  bool loadsKeepMask(const Loop& loop, int arg, size_t k) const {
+    if (arg < 0 || size_t(arg) >= k || loop.body[size_t(arg)].kind != Scalar::Kind::Load)
+      return false;
+    int read = loop.body[size_t(arg)].read;
+    return read >= 0 && size_t(read) < loop.reads.size() &&
+           valid(loop.reads[size_t(read)].buffer) &&
+           fn.buffers[size_t(loop.reads[size_t(read)].buffer)].keepMask;
   }
 
   void statement(const Stmt& stmt, const std::string& where, bool init) {
+    // A keep mask's bytes mean nothing to a GEMM, a kernel, a collective or a copy.
+    if (!std::holds_alternative<Loop>(stmt.node) && !std::holds_alternative<Invoke>(stmt.node))
+      for (const std::vector<BufferId>& ids : {readsOf(stmt), writesOf(stmt)})
+        for (BufferId id : ids)
+          if (valid(id) && fn.buffers[size_t(id)].keepMask)
+            fail(where,
+                 fmt::format("a statement other than a loop or call touches the keep mask {}",
+                             fn.buffers[size_t(id)].name));
     if (const Loop* loop = std::get_if<Loop>(&stmt.node)) {
       if (loop->stores.empty()) fail(where, "a loop that stores nothing");
       for (const Access& access : loop->reads)
@@ -197,6 +216,12 @@ private:
         bounds(store.at, loop->extents, where);
         if (store.value < 0 || size_t(store.value) >= loop->body.size())
           fail(where, "a store of a scalar that does not exist");
+        else if (valid(store.at.buffer) &&
+                 (store.keepBit != fn.buffers[size_t(store.at.buffer)].keepMask ||
+                  (store.keepBit && loop->body[size_t(store.value)].kind != Scalar::Kind::Dropout)))
+          fail(where, fmt::format("a store into {} that is not a dropout's keep bit into a "
+                                  "keep mask",
+                                  fn.buffers[size_t(store.at.buffer)].name));
       }
       for (size_t k = 0; k < loop->body.size(); ++k) {
         const Scalar& s = loop->body[k];
@@ -207,9 +232,14 @@ private:
             fail(where, fmt::format("scalar %{} uses %{}, not defined before it", k, arg));
         if (s.kind == Scalar::Kind::Step && init)
           fail(where, "the step counter in the constructor");
-        if (s.kind == Scalar::Kind::Dropout &&
-            (s.args.size() != 1 || s.read < 0 || size_t(s.read) + 1 >= loop->invariants.size() ||
-             s.strides.size() != loop->extents.size()))
+        if (s.kind == Scalar::Kind::Dropout && s.args.size() == 2 &&
+            !loadsKeepMask(*loop, s.args[1], k))
+          fail(where, fmt::format("dropout scalar %{} keeps by %{}, not a load of a keep mask", k,
+                                  s.args[1]));
+        else if (s.kind == Scalar::Kind::Dropout && s.args.size() != 2 &&
+                 (s.args.size() != 1 || s.read < 0 ||
+                  size_t(s.read) + 1 >= loop->invariants.size() ||
+                  s.strides.size() != loop->extents.size()))
           fail(where, fmt::format("dropout scalar %{} without its key, base or strides", k));
       }
     } else if (const Gemm* gemm = std::get_if<Gemm>(&stmt.node)) {

@@ -639,6 +639,23 @@ def run_codegen_options():
                "--disable-kernel-pass: no kernel pass named 'nosuch'" in unknown.stderr and
                "fuse-loops" in unknown.stderr and "compiling" not in unknown.stderr,
                "an unknown pass is an option error listing the passes", unknown)
+    # keep-dropout-masks: backward reads the forward's keep bits instead of drawing them again,
+    # the same bits, so the train step's outputs are the same, bit for bit.
+    actual, code = {}, {}
+    for options in ([], ["--disable-kernel-pass", "keep-dropout-masks"]):
+        with tempfile.TemporaryDirectory() as cache:
+            proc = run_command(TRANSFORMER, "--function", "lm_train", "--mesh", "data=2,model=2",
+                               "--check", "--no-plan", *options, cache=cache)
+            expect(proc.returncode == 0, f"lm_train {options} matches the interpreter", proc)
+            [path] = glob.glob(os.path.join(cache, "run", "*", "transformer.actual"))
+            actual[len(options)] = open(path, "rb").read()
+            code[len(options)] = "".join(
+                open(source).read() for source in
+                glob.glob(os.path.join(cache, "run", "*", "transformer*.cpp")))
+    expect("uint8_t(m" in code[0] and "uint8_t(m" not in code[2],
+           "the forward stores keep bits only with keep-dropout-masks")
+    expect(actual[0] == actual[2], "lm_train keeping the dropout masks computes what it does "
+           "drawing them again, bit for bit")
 
 
 def run_split_build():

@@ -591,6 +591,46 @@ static const support::SharedEinsum
 }
 
 [[gnu::noinline]] static void loop22(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2, const uint8_t *__restrict p3) {
+  for (int64_t i0 = 0; i0 < 8192; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = s0 * s0;
+    const float s2 = p1[i0];
+    const float s3 = (s2 * s1);
+    const float s4 = 0.044715f;
+    const float s5 = (s3 * s4);
+    const float s6 = p1[i0];
+    const float s7 = (s6 + s5);
+    const float s8 = 0.7978846f;
+    const float s9 = (s7 * s8);
+    const float s10 = support::ftanh(s9);
+    const float s11 = 1.0f;
+    const float s12 = (s10 + s11);
+    const float s13 = 0.5f;
+    const float s14 = (s12 * s13);
+    const float s15 = 0.134145f;
+    const float s16 = (s1 * s15);
+    const float s17 = 1.0f;
+    const float s18 = (s16 + s17);
+    const float s19 = s10 * s10;
+    const float s20 = 1.0f;
+    const float s21 = (s20 - s19);
+    const float s22 = p1[i0];
+    const float s23 = (s22 * s21);
+    const float s24 = (s23 * s18);
+    const float s25 = 0.3989423f;
+    const float s26 = (s24 * s25);
+    const float s27 = (s14 + s26);
+    const float s28 = p2[i0];
+    const float s29 = p3[i0];
+    const uint32_t m30 = uint32_t(-int32_t(s29));
+    const float s30 = support::keepOrZero(m30, float(double(s28) * 1.1111111111111112));
+    const float s31 = (s30 * s27);
+    p0[i0] = s31;
+  }
+}
+
+[[gnu::noinline]] static void loop23(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 2048; ++i0) {
     const float s0 = p1[i0];
@@ -600,7 +640,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop23(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop24(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4) {
   for (int64_t i0 = 0; i0 < 4; ++i0) {
@@ -622,7 +662,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop24(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop25(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4) {
   for (int64_t i0 = 0; i0 < 2048; ++i0) {
@@ -637,7 +677,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop25(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop26(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3) {
   for (int64_t i0 = 0; i0 < 32; ++i0) {
     for (int64_t i1 = 0; i1 < 64; ++i1) {
@@ -1672,7 +1712,7 @@ void MlmTrain::computeInvariants() {
 
 MlmTrain::Outputs MlmTrain::run(const Inputs &inputs) {
   MESHRT_TRACE_RUN(world_, "mlm_train");
-  // Arena: 541248 bytes for 1706652 bytes of temporaries (placed by liveness).
+  // Arena: 548416 bytes for 1723036 bytes of temporaries (placed by liveness).
   support::checkShape("input", "tokens", inputs.tokens, {1, 32});
   support::checkShape("input", "segment_ids", inputs.segment_ids, {1, 32});
   support::checkShape("input", "padding", inputs.padding, {1, 32});
@@ -1681,7 +1721,7 @@ MlmTrain::Outputs MlmTrain::run(const Inputs &inputs) {
   runPart0(inputs);
   runPart1(inputs);
   runPart2(inputs);
-  support::View v123 = arena_.view(541184, 1);
+  support::View v123 = arena_.view(548352, 1);
 
   // The step's updates.
   ++step_;
@@ -1757,7 +1797,7 @@ void MlmTrain::runPart0(const Inputs &inputs) {
   // layers.mesh:43:39 gt
   // layers.mesh:43:39 gt
   MESHRT_TRACE("loop", "bert.mesh:41:39", "forward");
-  support::View v39 = arena_.view(532480, 1024);
+  support::View v39 = arena_.view(540672, 1024);
   loop3(v39.data(), v24.data());
 
   // 12 statements from layers.mesh:43:17 softmax -> weights (1 of 2)
@@ -1783,9 +1823,11 @@ void MlmTrain::runPart0(const Inputs &inputs) {
   support::View v62(param16_bert_encoder_layer_0_norm_1_gain); // updated in place
   support::View v63(param17_bert_encoder_layer_0_norm_1_bias); // updated in place
   support::View v56 = arena_.view(196608, 8192);
+  support::View keep_v956 = arena_.view(532480, 2048);
   support::View v66 = arena_.view(327680, 2048);
   repeated2(v42, v35, v39, v33, v43, v29, v44, v17, v45, v48, v46, v47, v50, v51, v55, v52, v56,
-            v58, v53, v59, v54, v61, v64, v62, v63, v66, "bert/encoder_layer[0]/ffn/dropout#0");
+            v58, keep_v956, v53, v59, v54, v61, v64, v62, v63, v66,
+            "bert/encoder_layer[0]/ffn/dropout#0");
 
   // 4 statements from layers.mesh:36:11 einsum -> q (2 of 2)
   MESHRT_TRACE_SITE("layers.mesh:36:11");
@@ -1821,9 +1863,10 @@ void MlmTrain::runPart0(const Inputs &inputs) {
   support::View v103(param28_bert_encoder_layer_1_norm_1_gain); // updated in place
   support::View v104(param29_bert_encoder_layer_1_norm_1_bias); // updated in place
   support::View v97 = arena_.view(65536, 8192);
+  support::View keep_v955 = arena_.view(417792, 2048);
   support::View v107 = arena_.view(131072, 2048);
   repeated2(v83, v76, v39, v74, v84, v70, v85, v66, v86, v89, v87, v88, v91, v92, v96, v93, v97,
-            v99, v94, v100, v95, v102, v105, v103, v104, v107,
+            v99, keep_v955, v94, v100, v95, v102, v105, v103, v104, v107,
             "bert/encoder_layer[1]/ffn/dropout#0");
 
   // bert.mesh:46:10 einsum
@@ -1888,7 +1931,7 @@ void MlmTrain::runPart0(const Inputs &inputs) {
   // bert.mesh:64:39 div -> loss
   // bert.mesh:64:39 div
   MESHRT_TRACE("loop", "bert.mesh:64:54", "backward");
-  support::View v123 = arena_.view(541184, 1);
+  support::View v123 = arena_.view(548352, 1);
   support::View v125 = arena_.view(139264, 1);
   {
     float *__restrict v123p = v123.data();
@@ -1925,7 +1968,7 @@ void MlmTrain::runPart0(const Inputs &inputs) {
 
   // bert.mesh:46:58 sum -> grad/bert/output_bias
   MESHRT_TRACE("sum", "bert.mesh:46:58", "backward");
-  support::View v141 = arena_.view(538624, 128);
+  support::View v141 = arena_.view(545792, 128);
   support::reduce(v141.data(), kShape9, v140.data(), kShape1, kShape5, kShape8,
                   support::Reduce::Sum, 1.0);
 }
@@ -1951,7 +1994,7 @@ void MlmTrain::runPart1(const Inputs &inputs) {
 
   // layers.mesh:24:40 sum -> grad/bert/encoder_layer[1]/norm#1/bias
   MESHRT_TRACE("sum", "layers.mesh:24:40", "backward");
-  support::View v144 = arena_.view(539136, 64);
+  support::View v144 = arena_.view(546304, 64);
   support::reduce(v144.data(), kShape14, v142.data(), kShape1, kShape5, kShape6,
                   support::Reduce::Sum, 1.0);
 
@@ -1963,7 +2006,7 @@ void MlmTrain::runPart1(const Inputs &inputs) {
 
   // layers.mesh:24:33 sum -> grad/bert/encoder_layer[1]/norm#1/gain
   MESHRT_TRACE("sum", "layers.mesh:24:33", "backward");
-  support::View v147 = arena_.view(539392, 64);
+  support::View v147 = arena_.view(546560, 64);
   support::reduce(v147.data(), kShape14, v146.data(), kShape1, kShape5, kShape6,
                   support::Reduce::Sum, 1.0);
 
@@ -2026,6 +2069,7 @@ void MlmTrain::runPart1(const Inputs &inputs) {
   support::View v163 = arena_.view(131072, 8192);
   support::View v99 = arena_.view(98304, 8192);
   support::View v97 = arena_.view(65536, 8192);
+  support::View keep_v955 = arena_.view(417792, 2048);
   support::View v187 = arena_.view(163840, 8192);
   support::View v92(param24_bert_encoder_layer_1_ffn_w_in); // updated in place
   support::View v189 = arena_.view(65536, 2048);
@@ -2053,7 +2097,7 @@ void MlmTrain::runPart1(const Inputs &inputs) {
   support::View v212 = arena_.view(172032, 2048);
   support::View v213 = arena_.view(147456, 4096);
   support::View v214 = arena_.view(180224, 128);
-  support::View v39 = arena_.view(532480, 1024);
+  support::View v39 = arena_.view(540672, 1024);
   support::View v219 = arena_.view(147456, 4096);
   support::View v72 = arena_.view(344064, 2048);
   support::View v220 = arena_.view(131072, 2048);
@@ -2079,25 +2123,24 @@ void MlmTrain::runPart1(const Inputs &inputs) {
   support::View v243 = arena_.view(139264, 2048);
   support::View v244 = arena_.view(147584, 32);
   support::View v246 = arena_.view(139264, 32);
-  support::View v162 = arena_.view(539648, 64);
+  support::View v162 = arena_.view(546816, 64);
   support::View v164 = arena_.view(0, 16384);
-  support::View v188 = arena_.view(536576, 256);
+  support::View v188 = arena_.view(544768, 256);
   support::View v191 = arena_.view(65536, 16384);
-  support::View v192 = arena_.view(539904, 64);
-  support::View v195 = arena_.view(540160, 64);
+  support::View v192 = arena_.view(547072, 64);
+  support::View v195 = arena_.view(547328, 64);
   support::View v210 = arena_.view(376832, 4096);
   support::View v225 = arena_.view(393216, 4096);
   support::View v229 = arena_.view(409600, 4096);
   support::View v232 = arena_.view(425984, 4096);
-  support::View v233 = arena_.view(540416, 64);
-  support::View v236 = arena_.view(540672, 64);
+  support::View v233 = arena_.view(547584, 64);
+  support::View v236 = arena_.view(547840, 64);
   support::View v249 = arena_.view(524288, 2048);
-  repeated1(v162, v161, v94, v163, v99, v164, v97, v187, v188, v92, v189, v190, v91, v191, v192,
-            v89, v194, v195, v196, v86, v198, v199, v201, v87, v193, v202, v203, v205, v208, v70,
-            v209, v84, v210, v74, v211, v83, v212, v213, v214, v39, v219, v72, v220, v71, v221, v69,
-            v223, v66, v225, v68, v227, v229, v67, v230, v231, v232, v233, v64, v235, v236, v237,
-            v61, v239, v240, v242, v62, v234, v243, v244, v246, v249,
-            "bert/encoder_layer[1]/ffn/dropout#0");
+  repeated1(v162, v161, v94, v163, v99, v164, v97, keep_v955, v187, v188, v92, v189, v190, v91,
+            v191, v192, v89, v194, v195, v196, v86, v198, v199, v201, v87, v193, v202, v203, v205,
+            v208, v70, v209, v84, v210, v74, v211, v83, v212, v213, v214, v39, v219, v72, v220, v71,
+            v221, v69, v223, v66, v225, v68, v227, v229, v67, v230, v231, v232, v233, v64, v235,
+            v236, v237, v61, v239, v240, v242, v62, v234, v243, v244, v246, v249);
 
   // 46 statements from layers.mesh:55:71 sum -> grad/bert/encoder_layer[1]/ffn/b_out (2 of 2)
   MESHRT_TRACE_SITE("layers.mesh:55:71");
@@ -2105,6 +2148,7 @@ void MlmTrain::runPart1(const Inputs &inputs) {
   support::View v251 = arena_.view(294912, 8192);
   support::View v58 = arena_.view(229376, 8192);
   support::View v56 = arena_.view(196608, 8192);
+  support::View keep_v956 = arena_.view(532480, 2048);
   support::View v270 = arena_.view(327680, 8192);
   support::View v51(param12_bert_encoder_layer_0_ffn_w_in); // updated in place
   support::View v272 = arena_.view(196608, 2048);
@@ -2157,9 +2201,9 @@ void MlmTrain::runPart1(const Inputs &inputs) {
   support::View v325 = arena_.view(303104, 2048);
   support::View v326 = arena_.view(311424, 32);
   support::View v328 = arena_.view(303104, 32);
-  support::View v250 = arena_.view(540928, 64);
+  support::View v250 = arena_.view(548096, 64);
   support::View v252 = arena_.view(131072, 16384);
-  support::View v271 = arena_.view(537600, 256);
+  support::View v271 = arena_.view(532480, 256);
   support::View v274 = arena_.view(196608, 16384);
   support::View v275 = arena_.view(516096, 64);
   support::View v278 = arena_.view(516352, 64);
@@ -2170,12 +2214,11 @@ void MlmTrain::runPart1(const Inputs &inputs) {
   support::View v315 = arena_.view(507904, 64);
   support::View v318 = arena_.view(508160, 64);
   support::View v331 = arena_.view(327680, 2048);
-  repeated1(v250, v249, v53, v251, v58, v252, v56, v270, v271, v51, v272, v273, v50, v274, v275,
-            v48, v277, v278, v279, v45, v281, v282, v284, v46, v276, v285, v286, v288, v291, v29,
-            v292, v43, v293, v33, v294, v42, v295, v296, v297, v39, v301, v31, v302, v30, v303, v28,
-            v305, v17, v307, v27, v309, v311, v26, v312, v313, v314, v315, v15, v317, v318, v319,
-            v12, v321, v322, v324, v13, v316, v325, v326, v328, v331,
-            "bert/encoder_layer[0]/ffn/dropout#0");
+  repeated1(v250, v249, v53, v251, v58, v252, v56, keep_v956, v270, v271, v51, v272, v273, v50,
+            v274, v275, v48, v277, v278, v279, v45, v281, v282, v284, v46, v276, v285, v286, v288,
+            v291, v29, v292, v43, v293, v33, v294, v42, v295, v296, v297, v39, v301, v31, v302, v30,
+            v303, v28, v305, v17, v307, v27, v309, v311, v26, v312, v313, v314, v315, v15, v317,
+            v318, v319, v12, v321, v322, v324, v13, v316, v325, v326, v328, v331);
 
   // bert.mesh:35:39 einsum -> grad/bert/segment_embedding
   MESHRT_TRACE("einsum", "bert.mesh:35:39", "backward");
@@ -2206,8 +2249,8 @@ void MlmTrain::runPart1(const Inputs &inputs) {
   // grad/bert/encoder_layer[1]/norm#1/bias, ...) over data, model resolved together, 430.0 KiB in
   // one buffer)
   MESHRT_TRACE_SITE("bert.mesh:65:3");
-  support::View v123 = arena_.view(541184, 1);
-  support::View v141 = arena_.view(538624, 128);
+  support::View v123 = arena_.view(548352, 1);
+  support::View v141 = arena_.view(545792, 128);
   auto request0 = support::startAllReduce(
       group_data_model, {v123, v141, v144, v147, v162, v164, v188, v191, v192, v195, v210,
                          v225, v229, v232, v233, v236, v250, v252, v271, v274, v275, v278,
@@ -2367,7 +2410,7 @@ void MlmTrain::runPart2(const Inputs &inputs) {
   // bert.mesh:65:3 sub -> next/bert/output_bias
   MESHRT_TRACE("loop", "bert.mesh:65:3", "update");
   support::View v8(param3_bert_output_bias); // updated in place
-  support::View v141 = arena_.view(538624, 128);
+  support::View v141 = arena_.view(545792, 128);
   support::View v428(param37_bert_output_bias_v); // updated in place
   support::View v427(param36_bert_output_bias_m); // updated in place
   loop17(v428.data(), v427.data(), v8.data(), v141.data(), v373.data(), v371.data(), v355.data());
@@ -2419,7 +2462,7 @@ void MlmTrain::runPart2(const Inputs &inputs) {
   support::View v617(param55_bert_encoder_layer_0_ffn_w_in_v); // updated in place
   support::View v616(param54_bert_encoder_layer_0_ffn_w_in_m); // updated in place
   support::View v52(param13_bert_encoder_layer_0_ffn_b_in);    // updated in place
-  support::View v271 = arena_.view(537600, 256);
+  support::View v271 = arena_.view(532480, 256);
   support::View v638(param57_bert_encoder_layer_0_ffn_b_in_v); // updated in place
   support::View v637(param56_bert_encoder_layer_0_ffn_b_in_m); // updated in place
   support::View v53(param14_bert_encoder_layer_0_ffn_w_out);   // updated in place
@@ -2427,15 +2470,15 @@ void MlmTrain::runPart2(const Inputs &inputs) {
   support::View v659(param59_bert_encoder_layer_0_ffn_w_out_v); // updated in place
   support::View v658(param58_bert_encoder_layer_0_ffn_w_out_m); // updated in place
   support::View v54(param15_bert_encoder_layer_0_ffn_b_out);    // updated in place
-  support::View v250 = arena_.view(540928, 64);
+  support::View v250 = arena_.view(548096, 64);
   support::View v680(param61_bert_encoder_layer_0_ffn_b_out_v); // updated in place
   support::View v679(param60_bert_encoder_layer_0_ffn_b_out_m); // updated in place
   support::View v62(param16_bert_encoder_layer_0_norm_1_gain);  // updated in place
-  support::View v236 = arena_.view(540672, 64);
+  support::View v236 = arena_.view(547840, 64);
   support::View v701(param63_bert_encoder_layer_0_norm_1_gain_v); // updated in place
   support::View v700(param62_bert_encoder_layer_0_norm_1_gain_m); // updated in place
   support::View v63(param17_bert_encoder_layer_0_norm_1_bias);    // updated in place
-  support::View v233 = arena_.view(540416, 64);
+  support::View v233 = arena_.view(547584, 64);
   support::View v722(param65_bert_encoder_layer_0_norm_1_bias_v); // updated in place
   support::View v721(param64_bert_encoder_layer_0_norm_1_bias_m); // updated in place
   repeated0(v26, v314, v491, v373, v490, v371, v355, v27, v311, v512, v511, v28, v307, v533, v532,
@@ -2462,11 +2505,11 @@ void MlmTrain::runPart2(const Inputs &inputs) {
   support::View v806(param73_bert_encoder_layer_1_attention_w_o_v); // updated in place
   support::View v805(param72_bert_encoder_layer_1_attention_w_o_m); // updated in place
   support::View v87(param22_bert_encoder_layer_1_norm_gain);        // updated in place
-  support::View v195 = arena_.view(540160, 64);
+  support::View v195 = arena_.view(547328, 64);
   support::View v827(param75_bert_encoder_layer_1_norm_gain_v); // updated in place
   support::View v826(param74_bert_encoder_layer_1_norm_gain_m); // updated in place
   support::View v88(param23_bert_encoder_layer_1_norm_bias);    // updated in place
-  support::View v192 = arena_.view(539904, 64);
+  support::View v192 = arena_.view(547072, 64);
   support::View v848(param77_bert_encoder_layer_1_norm_bias_v); // updated in place
   support::View v847(param76_bert_encoder_layer_1_norm_bias_m); // updated in place
   support::View v92(param24_bert_encoder_layer_1_ffn_w_in);     // updated in place
@@ -2474,7 +2517,7 @@ void MlmTrain::runPart2(const Inputs &inputs) {
   support::View v869(param79_bert_encoder_layer_1_ffn_w_in_v); // updated in place
   support::View v868(param78_bert_encoder_layer_1_ffn_w_in_m); // updated in place
   support::View v93(param25_bert_encoder_layer_1_ffn_b_in);    // updated in place
-  support::View v188 = arena_.view(536576, 256);
+  support::View v188 = arena_.view(544768, 256);
   support::View v890(param81_bert_encoder_layer_1_ffn_b_in_v); // updated in place
   support::View v889(param80_bert_encoder_layer_1_ffn_b_in_m); // updated in place
   support::View v94(param26_bert_encoder_layer_1_ffn_w_out);   // updated in place
@@ -2482,15 +2525,15 @@ void MlmTrain::runPart2(const Inputs &inputs) {
   support::View v911(param83_bert_encoder_layer_1_ffn_w_out_v); // updated in place
   support::View v910(param82_bert_encoder_layer_1_ffn_w_out_m); // updated in place
   support::View v95(param27_bert_encoder_layer_1_ffn_b_out);    // updated in place
-  support::View v162 = arena_.view(539648, 64);
+  support::View v162 = arena_.view(546816, 64);
   support::View v932(param85_bert_encoder_layer_1_ffn_b_out_v); // updated in place
   support::View v931(param84_bert_encoder_layer_1_ffn_b_out_m); // updated in place
   support::View v103(param28_bert_encoder_layer_1_norm_1_gain); // updated in place
-  support::View v147 = arena_.view(539392, 64);
+  support::View v147 = arena_.view(546560, 64);
   support::View v953(param87_bert_encoder_layer_1_norm_1_gain_v); // updated in place
   support::View v952(param86_bert_encoder_layer_1_norm_1_gain_m); // updated in place
   support::View v104(param29_bert_encoder_layer_1_norm_1_bias);   // updated in place
-  support::View v144 = arena_.view(539136, 64);
+  support::View v144 = arena_.view(546304, 64);
   support::View v974(param89_bert_encoder_layer_1_norm_1_bias_v); // updated in place
   support::View v973(param88_bert_encoder_layer_1_norm_1_bias_m); // updated in place
   repeated0(v67, v232, v743, v373, v742, v371, v355, v68, v229, v764, v763, v69, v225, v785, v784,
@@ -2746,23 +2789,23 @@ void MlmTrain::repeated0(
 
 void MlmTrain::repeated1(
     support::View a0, support::ConstView a1, support::ConstView a2, support::View a3,
-    support::ConstView a4, support::View a5, support::ConstView a6, support::View a7,
-    support::View a8, support::ConstView a9, support::View a10, support::View a11,
-    support::ConstView a12, support::View a13, support::View a14, support::ConstView a15,
-    support::View a16, support::View a17, support::View a18, support::ConstView a19,
-    support::View a20, support::View a21, support::View a22, support::ConstView a23,
-    support::View a24, support::View a25, support::View a26, support::View a27, support::View a28,
-    support::ConstView a29, support::View a30, support::ConstView a31, support::View a32,
-    support::ConstView a33, support::View a34, support::ConstView a35, support::View a36,
-    support::View a37, support::View a38, support::ConstView a39, support::View a40,
-    support::ConstView a41, support::View a42, support::ConstView a43, support::View a44,
-    support::ConstView a45, support::View a46, support::ConstView a47, support::View a48,
-    support::ConstView a49, support::View a50, support::View a51, support::ConstView a52,
-    support::View a53, support::View a54, support::View a55, support::View a56,
-    support::ConstView a57, support::View a58, support::View a59, support::View a60,
-    support::ConstView a61, support::View a62, support::View a63, support::View a64,
-    support::ConstView a65, support::View a66, support::View a67, support::View a68,
-    support::View a69, support::View a70, const char *t0) {
+    support::ConstView a4, support::View a5, support::ConstView a6, support::ConstView a7,
+    support::View a8, support::View a9, support::ConstView a10, support::View a11,
+    support::View a12, support::ConstView a13, support::View a14, support::View a15,
+    support::ConstView a16, support::View a17, support::View a18, support::View a19,
+    support::ConstView a20, support::View a21, support::View a22, support::View a23,
+    support::ConstView a24, support::View a25, support::View a26, support::View a27,
+    support::View a28, support::View a29, support::ConstView a30, support::View a31,
+    support::ConstView a32, support::View a33, support::ConstView a34, support::View a35,
+    support::ConstView a36, support::View a37, support::View a38, support::View a39,
+    support::ConstView a40, support::View a41, support::ConstView a42, support::View a43,
+    support::ConstView a44, support::View a45, support::ConstView a46, support::View a47,
+    support::ConstView a48, support::View a49, support::ConstView a50, support::View a51,
+    support::View a52, support::ConstView a53, support::View a54, support::View a55,
+    support::View a56, support::View a57, support::ConstView a58, support::View a59,
+    support::View a60, support::View a61, support::ConstView a62, support::View a63,
+    support::View a64, support::View a65, support::ConstView a66, support::View a67,
+    support::View a68, support::View a69, support::View a70, support::View a71) {
   MESHRT_TRACE_SPAN(world_);
 
   // layers.mesh:55:71 sum -> grad/bert/encoder_layer[1]/ffn/b_out
@@ -2799,123 +2842,74 @@ void MlmTrain::repeated1(
   // layers.mesh:55:17 dropout
   // layers.mesh:54:11 mul
   MESHRT_TRACE("loop", "layers.mesh:54:11", "backward");
-  {
-    const auto inv0 = meshrt::stepStreamKey(seed_, t0, uint64_t(step_));
-    const auto inv1 = int64_t(support::shardStart(world_, {"data", "model"}, 1) * 8192);
-    float *__restrict a7p = a7.data();
-    const float *__restrict a6p = a6.data();
-    const float *__restrict a3p = a3.data();
-    for (int64_t c0 = 0; c0 < 8192; c0 += 1024) {
-      constexpr int64_t n0 = 1024;
-      uint32_t keep29[1024];
-      {
-        const int64_t i0 = c0;
-        meshrt::dropoutKeepMasks(inv0, uint64_t(inv1 + i0), n0, 838861u, keep29);
-      }
-      for (int64_t i0 = c0; i0 < c0 + n0; ++i0) {
-        const float s0 = a6p[i0];
-        const float s1 = s0 * s0;
-        const float s2 = a6p[i0];
-        const float s3 = (s2 * s1);
-        const float s4 = 0.044715f;
-        const float s5 = (s3 * s4);
-        const float s6 = a6p[i0];
-        const float s7 = (s6 + s5);
-        const float s8 = 0.7978846f;
-        const float s9 = (s7 * s8);
-        const float s10 = support::ftanh(s9);
-        const float s11 = 1.0f;
-        const float s12 = (s10 + s11);
-        const float s13 = 0.5f;
-        const float s14 = (s12 * s13);
-        const float s15 = 0.134145f;
-        const float s16 = (s1 * s15);
-        const float s17 = 1.0f;
-        const float s18 = (s16 + s17);
-        const float s19 = s10 * s10;
-        const float s20 = 1.0f;
-        const float s21 = (s20 - s19);
-        const float s22 = a6p[i0];
-        const float s23 = (s22 * s21);
-        const float s24 = (s23 * s18);
-        const float s25 = 0.3989423f;
-        const float s26 = (s24 * s25);
-        const float s27 = (s14 + s26);
-        const float s28 = a3p[i0];
-        const float s29 =
-            support::keepOrZero(keep29[i0 - c0], float(double(s28) * 1.1111111111111112));
-        const float s30 = (s29 * s27);
-        a7p[i0] = s30;
-      }
-    }
-  }
+  loop22(a8.data(), a6.data(), a3.data(), reinterpret_cast<const uint8_t *>(a7.data()));
 
   // layers.mesh:54:52 sum -> grad/bert/encoder_layer[1]/ffn/b_in
   MESHRT_TRACE("sum", "layers.mesh:54:52", "backward");
-  support::reduce(a8.data(), kShape23, a7.data(), kShape1, kShape5, kShape24, support::Reduce::Sum,
+  support::reduce(a9.data(), kShape23, a8.data(), kShape1, kShape5, kShape24, support::Reduce::Sum,
                   1.0);
 
   // layers.mesh:54:16 einsum
   MESHRT_TRACE("gemm", "layers.mesh:54:16", "backward");
   // dims: batch, seq, d_ff, d_model
-  kEinsum11.plan().run(a7.data(), a9.data(), a10.data(), 1.0f, 0.0f);
+  kEinsum11.plan().run(a8.data(), a10.data(), a11.data(), 1.0f, 0.0f);
 
   // layers.mesh:54:16 add
   MESHRT_TRACE("loop", "layers.mesh:54:16", "backward");
-  loop22(a11.data(), a1.data(), a10.data());
+  loop23(a12.data(), a1.data(), a11.data());
 
   // layers.mesh:54:16 einsum -> grad/bert/encoder_layer[1]/ffn/w_in
   MESHRT_TRACE("gemm", "layers.mesh:54:16", "backward");
   // dims: batch, seq, d_ff, d_model
-  kEinsum12.plan().run(a7.data(), a12.data(), a13.data(), 1.0f, 0.0f);
+  kEinsum12.plan().run(a8.data(), a13.data(), a14.data(), 1.0f, 0.0f);
 
   // layers.mesh:24:40 sum -> grad/bert/encoder_layer[1]/norm/bias
   MESHRT_TRACE("sum", "layers.mesh:24:40", "backward");
-  support::reduce(a14.data(), kShape14, a11.data(), kShape1, kShape5, kShape6, support::Reduce::Sum,
+  support::reduce(a15.data(), kShape14, a12.data(), kShape1, kShape5, kShape6, support::Reduce::Sum,
                   1.0);
 
   // layers.mesh:24:33 mul
   MESHRT_TRACE("loop", "layers.mesh:24:33", "backward");
-  loop9(a16.data(), a11.data(), a15.data());
+  loop9(a17.data(), a12.data(), a16.data());
 
   // layers.mesh:24:33 sum -> grad/bert/encoder_layer[1]/norm/gain
   MESHRT_TRACE("sum", "layers.mesh:24:33", "backward");
-  support::reduce(a17.data(), kShape14, a16.data(), kShape1, kShape5, kShape6, support::Reduce::Sum,
+  support::reduce(a18.data(), kShape14, a17.data(), kShape1, kShape5, kShape6, support::Reduce::Sum,
                   1.0);
 
   // layers.mesh:24:10 mean
   MESHRT_TRACE("mean", "layers.mesh:24:10", "backward");
-  support::reduce(a18.data(), kShape5, a19.data(), kShape6, kShape14, kShape1, support::Reduce::Sum,
+  support::reduce(a19.data(), kShape5, a20.data(), kShape6, kShape14, kShape1, support::Reduce::Sum,
                   0.015625);
 
   // layers.mesh:24:10 sub
   // layers.mesh:24:10 square
   MESHRT_TRACE("loop", "layers.mesh:24:10", "backward");
-  loop10(a20.data(), a19.data(), a18.data());
+  loop10(a21.data(), a20.data(), a19.data());
 
   // layers.mesh:24:10 mean
   MESHRT_TRACE("mean", "layers.mesh:24:10", "backward");
-  support::reduce(a21.data(), kShape5, a20.data(), kShape6, kShape14, kShape1, support::Reduce::Sum,
+  support::reduce(a22.data(), kShape5, a21.data(), kShape6, kShape14, kShape1, support::Reduce::Sum,
                   0.015625);
 
   // layers.mesh:24:10 add
   // layers.mesh:24:10 rsqrt
   MESHRT_TRACE("loop", "layers.mesh:24:10", "backward");
-  loop11(a22.data(), a21.data());
+  loop11(a23.data(), a22.data());
 
   // layers.mesh:24:33 mul
   // layers.mesh:24:10 mul
   MESHRT_TRACE("loop", "layers.mesh:24:33", "backward");
-  loop12(a24.data(), a25.data(), a11.data(), a23.data(), a15.data());
+  loop12(a25.data(), a26.data(), a12.data(), a24.data(), a16.data());
 
   // layers.mesh:24:10 mean
   MESHRT_TRACE("mean", "layers.mesh:24:10", "backward");
-  support::reduce(a26.data(), kShape5, a25.data(), kShape6, kShape14, kShape1, support::Reduce::Sum,
+  support::reduce(a27.data(), kShape5, a26.data(), kShape6, kShape14, kShape1, support::Reduce::Sum,
                   0.015625);
 
   // layers.mesh:24:10 mean
   MESHRT_TRACE("mean", "layers.mesh:24:10", "backward");
-  support::reduce(a27.data(), kShape5, a24.data(), kShape6, kShape14, kShape1, support::Reduce::Sum,
+  support::reduce(a28.data(), kShape5, a25.data(), kShape6, kShape14, kShape1, support::Reduce::Sum,
                   0.015625);
 
   // layers.mesh:24:10 mul
@@ -2923,35 +2917,35 @@ void MlmTrain::repeated1(
   // layers.mesh:24:10 sub
   // layers.mesh:24:10 mul
   MESHRT_TRACE("loop", "layers.mesh:24:10", "backward");
-  loop13(a28.data(), a15.data(), a26.data(), a24.data(), a27.data(), a22.data());
+  loop13(a29.data(), a16.data(), a27.data(), a25.data(), a28.data(), a23.data());
 
   // layers.mesh:45:10 einsum
   MESHRT_TRACE("gemm", "layers.mesh:45:10", "backward");
   // dims: batch, seq, d_model, heads, d_head
-  kEinsum13.plan().run(a28.data(), a29.data(), a30.data(), 1.0f, 0.0f);
+  kEinsum13.plan().run(a29.data(), a30.data(), a31.data(), 1.0f, 0.0f);
 
   // layers.mesh:45:10 einsum -> grad/bert/encoder_layer[1]/attention/w_o
   MESHRT_TRACE("gemm", "layers.mesh:45:10", "backward");
   // dims: batch, seq, d_model, heads, d_head
-  kEinsum14.plan().run(a28.data(), a31.data(), a32.data(), 1.0f, 0.0f);
+  kEinsum14.plan().run(a29.data(), a32.data(), a33.data(), 1.0f, 0.0f);
 
   // layers.mesh:44:17 einsum
   MESHRT_TRACE("gemm", "layers.mesh:44:17", "backward");
   // dims: batch, seq, heads, d_head, mem
-  kEinsum6.plan().run(a30.data(), a33.data(), a34.data(), 1.0f, 0.0f);
+  kEinsum6.plan().run(a31.data(), a34.data(), a35.data(), 1.0f, 0.0f);
 
   // layers.mesh:44:17 einsum
   MESHRT_TRACE("gemm", "layers.mesh:44:17", "backward");
   // dims: batch, seq, heads, d_head, mem
-  kEinsum15.plan().run(a30.data(), a35.data(), a36.data(), 1.0f, 0.0f);
+  kEinsum15.plan().run(a31.data(), a36.data(), a37.data(), 1.0f, 0.0f);
 
   // layers.mesh:43:17 mul
   MESHRT_TRACE("loop", "layers.mesh:43:17", "backward");
-  loop6(a37.data(), a34.data(), a35.data());
+  loop6(a38.data(), a35.data(), a36.data());
 
   // layers.mesh:43:17 sum
   MESHRT_TRACE("sum", "layers.mesh:43:17", "backward");
-  support::reduce(a38.data(), kShape10, a37.data(), kShape25, kShape0, kShape1,
+  support::reduce(a39.data(), kShape10, a38.data(), kShape25, kShape0, kShape1,
                   support::Reduce::Sum, 1.0);
 
   // layers.mesh:43:17 sub
@@ -2959,101 +2953,101 @@ void MlmTrain::repeated1(
   // layers.mesh:43:25 where
   // layers.mesh:41:55 mul
   MESHRT_TRACE("loop", "layers.mesh:43:17", "backward");
-  loop23(a40.data(), a34.data(), a38.data(), a35.data(), a39.data());
+  loop24(a41.data(), a35.data(), a39.data(), a36.data(), a40.data());
 
   // layers.mesh:41:16 einsum
   MESHRT_TRACE("gemm", "layers.mesh:41:16", "backward");
   // dims: batch, heads, seq, mem, d_head
-  kEinsum1.plan().run(a40.data(), a41.data(), a42.data(), 1.0f, 0.0f);
+  kEinsum1.plan().run(a41.data(), a42.data(), a43.data(), 1.0f, 0.0f);
 
   // layers.mesh:41:16 einsum
   MESHRT_TRACE("gemm", "layers.mesh:41:16", "backward");
   // dims: batch, heads, seq, mem, d_head
-  kEinsum16.plan().run(a40.data(), a43.data(), a44.data(), 1.0f, 0.0f);
+  kEinsum16.plan().run(a41.data(), a44.data(), a45.data(), 1.0f, 0.0f);
 
   // layers.mesh:39:18 einsum
   MESHRT_TRACE("gemm", "layers.mesh:39:18", "backward");
   // dims: batch, seq, heads, d_head, d_model
-  kEinsum17.plan().run(a36.data(), a45.data(), a46.data(), 1.0f, 0.0f);
+  kEinsum17.plan().run(a37.data(), a46.data(), a47.data(), 1.0f, 0.0f);
 
   // layers.mesh:39:18 einsum -> grad/bert/encoder_layer[1]/attention/w_v
   MESHRT_TRACE("gemm", "layers.mesh:39:18", "backward");
   // dims: batch, seq, heads, d_head, d_model
-  kEinsum18.plan().run(a36.data(), a47.data(), a48.data(), 1.0f, 0.0f);
+  kEinsum18.plan().run(a37.data(), a48.data(), a49.data(), 1.0f, 0.0f);
 
   // layers.mesh:38:18 einsum
   MESHRT_TRACE("gemm", "layers.mesh:38:18", "backward");
   // dims: batch, seq, heads, d_head, d_model
-  kEinsum17.plan().run(a44.data(), a49.data(), a50.data(), 1.0f, 0.0f);
+  kEinsum17.plan().run(a45.data(), a50.data(), a51.data(), 1.0f, 0.0f);
 
   // layers.mesh:38:18 einsum -> grad/bert/encoder_layer[1]/attention/w_k
   MESHRT_TRACE("gemm", "layers.mesh:38:18", "backward");
   // dims: batch, seq, heads, d_head, d_model
-  kEinsum18.plan().run(a44.data(), a47.data(), a51.data(), 1.0f, 0.0f);
+  kEinsum18.plan().run(a45.data(), a48.data(), a52.data(), 1.0f, 0.0f);
 
   // layers.mesh:36:11 einsum
   MESHRT_TRACE("gemm", "layers.mesh:36:11", "backward");
   // dims: batch, seq, heads, d_head, d_model
-  kEinsum17.plan().run(a42.data(), a52.data(), a53.data(), 1.0f, 0.0f);
+  kEinsum17.plan().run(a43.data(), a53.data(), a54.data(), 1.0f, 0.0f);
 
   // layers.mesh:39:18 add
   // layers.mesh:38:18 add
   // layers.mesh:36:11 add
   MESHRT_TRACE("loop", "layers.mesh:39:18", "backward");
-  loop24(a54.data(), a28.data(), a46.data(), a50.data(), a53.data());
+  loop25(a55.data(), a29.data(), a47.data(), a51.data(), a54.data());
 
   // layers.mesh:36:11 einsum -> grad/bert/encoder_layer[1]/attention/w_q
   MESHRT_TRACE("gemm", "layers.mesh:36:11", "backward");
   // dims: batch, seq, heads, d_head, d_model
-  kEinsum18.plan().run(a42.data(), a47.data(), a55.data(), 1.0f, 0.0f);
+  kEinsum18.plan().run(a43.data(), a48.data(), a56.data(), 1.0f, 0.0f);
 
   // layers.mesh:24:40 sum -> grad/bert/encoder_layer[0]/norm#1/bias
   MESHRT_TRACE("sum", "layers.mesh:24:40", "backward");
-  support::reduce(a56.data(), kShape14, a54.data(), kShape1, kShape5, kShape6, support::Reduce::Sum,
+  support::reduce(a57.data(), kShape14, a55.data(), kShape1, kShape5, kShape6, support::Reduce::Sum,
                   1.0);
 
   // layers.mesh:24:33 mul
   MESHRT_TRACE("loop", "layers.mesh:24:33", "backward");
-  loop9(a58.data(), a54.data(), a57.data());
+  loop9(a59.data(), a55.data(), a58.data());
 
   // layers.mesh:24:33 sum -> grad/bert/encoder_layer[0]/norm#1/gain
   MESHRT_TRACE("sum", "layers.mesh:24:33", "backward");
-  support::reduce(a59.data(), kShape14, a58.data(), kShape1, kShape5, kShape6, support::Reduce::Sum,
+  support::reduce(a60.data(), kShape14, a59.data(), kShape1, kShape5, kShape6, support::Reduce::Sum,
                   1.0);
 
   // layers.mesh:24:10 mean
   MESHRT_TRACE("mean", "layers.mesh:24:10", "backward");
-  support::reduce(a60.data(), kShape5, a61.data(), kShape6, kShape14, kShape1, support::Reduce::Sum,
+  support::reduce(a61.data(), kShape5, a62.data(), kShape6, kShape14, kShape1, support::Reduce::Sum,
                   0.015625);
 
   // layers.mesh:24:10 sub
   // layers.mesh:24:10 square
   MESHRT_TRACE("loop", "layers.mesh:24:10", "backward");
-  loop10(a62.data(), a61.data(), a60.data());
+  loop10(a63.data(), a62.data(), a61.data());
 
   // layers.mesh:24:10 mean
   MESHRT_TRACE("mean", "layers.mesh:24:10", "backward");
-  support::reduce(a63.data(), kShape5, a62.data(), kShape6, kShape14, kShape1, support::Reduce::Sum,
+  support::reduce(a64.data(), kShape5, a63.data(), kShape6, kShape14, kShape1, support::Reduce::Sum,
                   0.015625);
 
   // layers.mesh:24:10 add
   // layers.mesh:24:10 rsqrt
   MESHRT_TRACE("loop", "layers.mesh:24:10", "backward");
-  loop11(a64.data(), a63.data());
+  loop11(a65.data(), a64.data());
 
   // layers.mesh:24:33 mul
   // layers.mesh:24:10 mul
   MESHRT_TRACE("loop", "layers.mesh:24:33", "backward");
-  loop12(a66.data(), a67.data(), a54.data(), a65.data(), a57.data());
+  loop12(a67.data(), a68.data(), a55.data(), a66.data(), a58.data());
 
   // layers.mesh:24:10 mean
   MESHRT_TRACE("mean", "layers.mesh:24:10", "backward");
-  support::reduce(a68.data(), kShape5, a67.data(), kShape6, kShape14, kShape1, support::Reduce::Sum,
+  support::reduce(a69.data(), kShape5, a68.data(), kShape6, kShape14, kShape1, support::Reduce::Sum,
                   0.015625);
 
   // layers.mesh:24:10 mean
   MESHRT_TRACE("mean", "layers.mesh:24:10", "backward");
-  support::reduce(a69.data(), kShape5, a66.data(), kShape6, kShape14, kShape1, support::Reduce::Sum,
+  support::reduce(a70.data(), kShape5, a67.data(), kShape6, kShape14, kShape1, support::Reduce::Sum,
                   0.015625);
 
   // layers.mesh:24:10 mul
@@ -3061,7 +3055,7 @@ void MlmTrain::repeated1(
   // layers.mesh:24:10 sub
   // layers.mesh:24:10 mul
   MESHRT_TRACE("loop", "layers.mesh:24:10", "backward");
-  loop13(a70.data(), a57.data(), a68.data(), a66.data(), a69.data(), a64.data());
+  loop13(a71.data(), a58.data(), a69.data(), a67.data(), a70.data(), a65.data());
 }
 
 void MlmTrain::repeated2(support::View a0, support::ConstView a1, support::ConstView a2,
@@ -3070,9 +3064,10 @@ void MlmTrain::repeated2(support::View a0, support::ConstView a1, support::Const
                          support::View a9, support::ConstView a10, support::ConstView a11,
                          support::View a12, support::ConstView a13, support::View a14,
                          support::ConstView a15, support::View a16, support::View a17,
-                         support::ConstView a18, support::View a19, support::ConstView a20,
-                         support::View a21, support::View a22, support::ConstView a23,
-                         support::ConstView a24, support::View a25, const char *t0) {
+                         support::View a18, support::ConstView a19, support::View a20,
+                         support::ConstView a21, support::View a22, support::View a23,
+                         support::ConstView a24, support::ConstView a25, support::View a26,
+                         const char *t0) {
   MESHRT_TRACE_SPAN(world_);
 
   // layers.mesh:43:17 softmax -> weights
@@ -3092,7 +3087,7 @@ void MlmTrain::repeated2(support::View a0, support::ConstView a1, support::Const
 
   // bert.mesh:20:18 add
   MESHRT_TRACE("loop", "bert.mesh:20:18", "forward");
-  loop22(a8.data(), a7.data(), a6.data());
+  loop23(a8.data(), a7.data(), a6.data());
 
   // layers.mesh:24:10 layer_norm
   MESHRT_TRACE("layer_norm", "layers.mesh:24:10", "forward");
@@ -3118,6 +3113,7 @@ void MlmTrain::repeated2(support::View a0, support::ConstView a1, support::Const
     const auto inv1 = int64_t(support::shardStart(world_, {"data", "model"}, 1) * 8192);
     float *__restrict a16p = a16.data();
     float *__restrict a17p = a17.data();
+    uint8_t *__restrict a18p = reinterpret_cast<uint8_t *>(a18.data());
     const float *__restrict a14p = a14.data();
     const float *__restrict a15p = a15.data();
     for (int64_t i0 = 0; i0 < 32; ++i0) {
@@ -3133,10 +3129,11 @@ void MlmTrain::repeated2(support::View a0, support::ConstView a1, support::Const
           const float s1 = a15p[i1];
           const float s2 = (s0 + s1);
           const float s3 = support::fgelu(s2);
-          const float s4 =
-              support::keepOrZero(keep4[i1 - c1], float(double(s3) * 1.1111111111111112));
+          const uint32_t m4 = keep4[i1 - c1];
+          const float s4 = support::keepOrZero(m4, float(double(s3) * 1.1111111111111112));
           a16p[i0 * 256 + i1] = s2;
           a17p[i0 * 256 + i1] = s4;
+          a18p[i0 * 256 + i1] = uint8_t(m4 & 1u);
         }
       }
     }
@@ -3145,22 +3142,22 @@ void MlmTrain::repeated2(support::View a0, support::ConstView a1, support::Const
   // layers.mesh:55:10 einsum
   MESHRT_TRACE("gemm", "layers.mesh:55:10", "forward");
   // dims: batch, seq, d_ff, d_model
-  kEinsum4.plan().run(a17.data(), a18.data(), a19.data(), 1.0f, 0.0f);
+  kEinsum4.plan().run(a17.data(), a19.data(), a20.data(), 1.0f, 0.0f);
 
   // layers.mesh:55:71 add
   // bert.mesh:21:17 add
   MESHRT_TRACE("loop", "layers.mesh:55:71", "forward");
-  loop25(a21.data(), a19.data(), a20.data(), a12.data());
+  loop26(a22.data(), a20.data(), a21.data(), a12.data());
 
   // layers.mesh:24:10 layer_norm
   MESHRT_TRACE("layer_norm", "layers.mesh:24:10", "forward");
-  support::along(a22.data(), a21.data(), kShape5, kShape6, kShape6, kShape14, kShape1, kShape1,
+  support::along(a23.data(), a22.data(), kShape5, kShape6, kShape6, kShape14, kShape1, kShape1,
                  support::Along::LayerNorm, 1e-05, 64, nullptr);
 
   // layers.mesh:24:33 mul
   // layers.mesh:24:40 add -> x
   MESHRT_TRACE("loop", "layers.mesh:24:33", "forward");
-  loop5(a25.data(), a22.data(), a23.data(), a24.data());
+  loop5(a26.data(), a23.data(), a24.data(), a25.data());
 }
 
 void MlmTrain::repeated3(support::View a0, support::ConstView a1, support::View a2,

@@ -75,7 +75,23 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop4(float *__restrict p0, const float *__restrict p1) {
+[[gnu::noinline]] static void loop4(float *__restrict p0, const float *__restrict p1,
+                                    const float *__restrict p2, const uint8_t *__restrict p3) {
+  for (int64_t i0 = 0; i0 < 2048; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = p3[i0];
+    const uint32_t m2 = uint32_t(-int32_t(s1));
+    const float s2 = support::keepOrZero(m2, float(double(s0) * 1.1111111111111112));
+    const float s3 = p2[i0];
+    const float s4 = 0.0f;
+    const float s5 = (s3 > s4 ? 1.0f : 0.0f);
+    const float s6 = 0.0f;
+    const float s7 = (s5 != 0 ? s2 : s6);
+    p0[i0] = s7;
+  }
+}
+
+[[gnu::noinline]] static void loop5(float *__restrict p0, const float *__restrict p1) {
   for (int64_t i0 = 0; i0 < 8192; ++i0) {
     const float s0 = p1[i0];
     const float s1 = s0 * s0;
@@ -83,7 +99,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop5(float *__restrict p0, const float *__restrict p1) {
+[[gnu::noinline]] static void loop6(float *__restrict p0, const float *__restrict p1) {
   for (int64_t i0 = 0; i0 < 128; ++i0) {
     const float s0 = p1[i0];
     const float s1 = s0 * s0;
@@ -91,7 +107,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop6(float *__restrict p0, float *__restrict p1,
+[[gnu::noinline]] static void loop7(float *__restrict p0, float *__restrict p1,
                                     const float *__restrict p2, const float *__restrict p3,
                                     const float *__restrict p4) {
   const float r1 = p3[0];
@@ -116,7 +132,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop7(float *__restrict p0, float *__restrict p1,
+[[gnu::noinline]] static void loop8(float *__restrict p0, float *__restrict p1,
                                     const float *__restrict p2, const float *__restrict p3,
                                     const float *__restrict p4) {
   const float r1 = p3[0];
@@ -349,7 +365,7 @@ MlpTrain::MlpTrain(meshrt::Communicator &world, uint64_t seed)
 
 MlpTrain::Outputs MlpTrain::run(const Inputs &inputs) {
   MESHRT_TRACE_RUN(world_, "mlp_train");
-  // Arena: 99136 bytes for 197660 bytes of temporaries (placed by liveness).
+  // Arena: 99136 bytes for 199708 bytes of temporaries (placed by liveness).
   support::checkShape("input", "x", inputs.x, {16, 64});
   support::checkShape("input", "target", inputs.target, {16, 64});
   runPart0(inputs);
@@ -399,12 +415,14 @@ void MlpTrain::runPart0(const Inputs &inputs) {
   support::View v5(param1_ffn_b_in); // updated in place
   support::View v8 = arena_.view(32768, 2048);
   support::View v10 = arena_.view(40960, 2048);
+  support::View keep_v85 = arena_.view(61440, 512);
   {
     const auto inv0 = meshrt::stepStreamKey(seed_, "ffn/dropout#0", uint64_t(step_));
     const auto inv1 = int64_t(support::shardStart(world_, {"data"}, 16) * 256 +
                               support::shardStart(world_, {"model"}, 128) * 1);
     float *__restrict v8p = v8.data();
     float *__restrict v10p = v10.data();
+    uint8_t *__restrict keep_v85p = reinterpret_cast<uint8_t *>(keep_v85.data());
     const float *__restrict v7p = v7.data();
     const float *__restrict v5p = v5.data();
     for (int64_t i0 = 0; i0 < 16; ++i0) {
@@ -420,10 +438,11 @@ void MlpTrain::runPart0(const Inputs &inputs) {
           const float s1 = v5p[i1];
           const float s2 = (s0 + s1);
           const float s3 = (s2 > 0 ? s2 : 0.0f);
-          const float s4 =
-              support::keepOrZero(keep4[i1 - c1], float(double(s3) * 1.1111111111111112));
+          const uint32_t m4 = keep4[i1 - c1];
+          const float s4 = support::keepOrZero(m4, float(double(s3) * 1.1111111111111112));
           v8p[i0 * 128 + i1] = s2;
           v10p[i0 * 128 + i1] = s4;
+          keep_v85p[i0 * 128 + i1] = uint8_t(m4 & 1u);
         }
       }
     }
@@ -478,35 +497,7 @@ void MlpTrain::runPart0(const Inputs &inputs) {
   // mlp.mesh:27:11 where
   MESHRT_TRACE("loop", "mlp.mesh:29:17", "backward");
   support::View v29 = arena_.view(65536, 2048);
-  {
-    const auto inv0 = meshrt::stepStreamKey(seed_, "ffn/dropout#0", uint64_t(step_));
-    const auto inv1 = int64_t(support::shardStart(world_, {"data"}, 16) * 256 +
-                              support::shardStart(world_, {"model"}, 128) * 1);
-    float *__restrict v29p = v29.data();
-    const float *__restrict v24p = v24.data();
-    const float *__restrict v8p = v8.data();
-    for (int64_t i0 = 0; i0 < 16; ++i0) {
-      for (int64_t c1 = 0; c1 < 128; c1 += 128) {
-        constexpr int64_t n1 = 128;
-        uint32_t keep1[128];
-        {
-          const int64_t i1 = c1;
-          meshrt::dropoutKeepMasks(inv0, uint64_t(inv1 + i0 * 256 + i1), n1, 838861u, keep1);
-        }
-        for (int64_t i1 = c1; i1 < c1 + n1; ++i1) {
-          const float s0 = v24p[i0 * 128 + i1];
-          const float s1 =
-              support::keepOrZero(keep1[i1 - c1], float(double(s0) * 1.1111111111111112));
-          const float s2 = v8p[i0 * 128 + i1];
-          const float s3 = 0.0f;
-          const float s4 = (s2 > s3 ? 1.0f : 0.0f);
-          const float s5 = 0.0f;
-          const float s6 = (s4 != 0 ? s1 : s5);
-          v29p[i0 * 128 + i1] = s6;
-        }
-      }
-    }
-  }
+  loop4(v29.data(), v24.data(), v8.data(), reinterpret_cast<const uint8_t *>(keep_v85.data()));
 
   // mlp.mesh:27:47 sum -> grad/ffn/b_in
   MESHRT_TRACE("sum", "mlp.mesh:27:47", "backward");
@@ -571,7 +562,7 @@ void MlpTrain::runPart0(const Inputs &inputs) {
   // mlp.mesh:42:3 square
   MESHRT_TRACE("loop", "mlp.mesh:42:3", "backward");
   support::View v51 = arena_.view(65536, 8192);
-  loop4(v51.data(), v31.data());
+  loop5(v51.data(), v31.data());
 
   // mlp.mesh:42:3 sum
   MESHRT_TRACE("sum", "mlp.mesh:42:3", "backward");
@@ -582,7 +573,7 @@ void MlpTrain::runPart0(const Inputs &inputs) {
   // mlp.mesh:42:3 square
   MESHRT_TRACE("loop", "mlp.mesh:42:3", "backward");
   support::View v54 = arena_.view(65536, 128);
-  loop5(v54.data(), v30.data());
+  loop6(v54.data(), v30.data());
 
   // mlp.mesh:42:3 sum
   MESHRT_TRACE("sum", "mlp.mesh:42:3", "backward");
@@ -593,7 +584,7 @@ void MlpTrain::runPart0(const Inputs &inputs) {
   // mlp.mesh:42:3 square
   MESHRT_TRACE("loop", "mlp.mesh:42:3", "backward");
   support::View v58 = arena_.view(65536, 8192);
-  loop4(v58.data(), v25.data());
+  loop5(v58.data(), v25.data());
 
   // mlp.mesh:42:3 sum
   MESHRT_TRACE("sum", "mlp.mesh:42:3", "backward");
@@ -657,7 +648,7 @@ void MlpTrain::runPart1(const Inputs &inputs) {
   support::View v68(param3_ffn_w_in_momentum); // updated in place
   support::View v49 = arena_.view(98880, 1);
   support::View v4(param0_ffn_w_in); // updated in place
-  loop6(v68.data(), v4.data(), v31.data(), v64.data(), v49.data());
+  loop7(v68.data(), v4.data(), v31.data(), v64.data(), v49.data());
 
   // mlp.mesh:42:3 mul
   // mlp.mesh:42:3 mul
@@ -670,7 +661,7 @@ void MlpTrain::runPart1(const Inputs &inputs) {
   support::View v30 = arena_.view(98304, 128);
   support::View v76(param4_ffn_b_in_momentum); // updated in place
   support::View v5(param1_ffn_b_in);           // updated in place
-  loop7(v76.data(), v5.data(), v30.data(), v64.data(), v49.data());
+  loop8(v76.data(), v5.data(), v30.data(), v64.data(), v49.data());
 
   // mlp.mesh:42:3 mul
   // mlp.mesh:42:3 mul
@@ -683,7 +674,7 @@ void MlpTrain::runPart1(const Inputs &inputs) {
   support::View v25 = arena_.view(0, 8192);
   support::View v83(param5_ffn_w_out_momentum); // updated in place
   support::View v6(param2_ffn_w_out);           // updated in place
-  loop6(v83.data(), v6.data(), v25.data(), v64.data(), v49.data());
+  loop7(v83.data(), v6.data(), v25.data(), v64.data(), v49.data());
 }
 
 MlpTrain::Inputs MlpTrain::synthesizeInputs(uint64_t seed) const {

@@ -556,6 +556,46 @@ static const support::SharedEinsum
 }
 
 [[gnu::noinline]] static void loop23(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2, const uint8_t *__restrict p3) {
+  for (int64_t i0 = 0; i0 < 8192; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = s0 * s0;
+    const float s2 = p1[i0];
+    const float s3 = (s2 * s1);
+    const float s4 = 0.044715f;
+    const float s5 = (s3 * s4);
+    const float s6 = p1[i0];
+    const float s7 = (s6 + s5);
+    const float s8 = 0.7978846f;
+    const float s9 = (s7 * s8);
+    const float s10 = support::ftanh(s9);
+    const float s11 = 1.0f;
+    const float s12 = (s10 + s11);
+    const float s13 = 0.5f;
+    const float s14 = (s12 * s13);
+    const float s15 = 0.134145f;
+    const float s16 = (s1 * s15);
+    const float s17 = 1.0f;
+    const float s18 = (s16 + s17);
+    const float s19 = s10 * s10;
+    const float s20 = 1.0f;
+    const float s21 = (s20 - s19);
+    const float s22 = p1[i0];
+    const float s23 = (s22 * s21);
+    const float s24 = (s23 * s18);
+    const float s25 = 0.3989423f;
+    const float s26 = (s24 * s25);
+    const float s27 = (s14 + s26);
+    const float s28 = p2[i0];
+    const float s29 = p3[i0];
+    const uint32_t m30 = uint32_t(-int32_t(s29));
+    const float s30 = support::keepOrZero(m30, float(double(s28) * 1.1111111111111112));
+    const float s31 = (s30 * s27);
+    p0[i0] = s31;
+  }
+}
+
+[[gnu::noinline]] static void loop24(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4, const float *__restrict p5,
                                      const float *__restrict p6) {
@@ -577,7 +617,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop24(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop25(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4) {
   for (int64_t i0 = 0; i0 < 2; ++i0) {
@@ -601,7 +641,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop25(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop26(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3) {
   for (int64_t i0 = 0; i0 < 4096; ++i0) {
     const float s0 = p1[i0];
@@ -613,7 +653,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop26(float *__restrict p0, const float *__restrict p1) {
+[[gnu::noinline]] static void loop27(float *__restrict p0, const float *__restrict p1) {
   for (int64_t i0 = 0; i0 < 8192; ++i0) {
     const float s0 = p1[i0];
     const float s1 = s0 * s0;
@@ -621,7 +661,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop27(float *__restrict p0, const float *__restrict p1) {
+[[gnu::noinline]] static void loop28(float *__restrict p0, const float *__restrict p1) {
   for (int64_t i0 = 0; i0 < 128; ++i0) {
     const float s0 = p1[i0];
     const float s1 = s0 * s0;
@@ -629,7 +669,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop28(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop29(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 4096; ++i0) {
     const float s0 = p1[i0];
@@ -639,7 +679,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop29(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop30(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3) {
   for (int64_t i0 = 0; i0 < 64; ++i0) {
     for (int64_t i1 = 0; i1 < 64; ++i1) {
@@ -1588,12 +1628,12 @@ void LmTrain::computeInvariants() {
 
 LmTrain::Outputs LmTrain::run(const Inputs &inputs) {
   MESHRT_TRACE_RUN(world_, "lm_train");
-  // Arena: 536640 bytes for 2091284 bytes of temporaries (placed by liveness).
+  // Arena: 553024 bytes for 2107668 bytes of temporaries (placed by liveness).
   support::checkShape("input", "tokens", inputs.tokens, {2, 32});
   runPart0(inputs);
   runPart1(inputs);
   runPart2(inputs);
-  support::View v124 = arena_.view(536576, 1);
+  support::View v124 = arena_.view(552960, 1);
 
   // The step's updates.
   ++step_;
@@ -1700,9 +1740,11 @@ void LmTrain::runPart0(const Inputs &inputs) {
   support::View v64(param15_decoder_decoder_layer_1_norm_gain); // updated in place
   support::View v65(param16_decoder_decoder_layer_1_norm_bias); // updated in place
   support::View v57 = arena_.view(32768, 8192);
+  support::View keep_v1062 = arena_.view(544768, 2048);
   support::View v68 = arena_.view(344064, 4096);
   repeated3(v42, v35, v39, v33, v43, v29, v44, v12, v46, v49, v47, v48, v51, v52, v56, v53, v57,
-            v59, v54, v60, v55, v63, v66, v64, v65, v68, "decoder/decoder_layer[0]/ffn/dropout#0");
+            v59, keep_v1062, v54, v60, v55, v63, v66, v64, v65, v68,
+            "decoder/decoder_layer[0]/ffn/dropout#0");
 
   // 4 statements from layers.mesh:36:11 einsum -> q (2 of 2)
   MESHRT_TRACE_SITE("layers.mesh:36:11");
@@ -1738,9 +1780,10 @@ void LmTrain::runPart0(const Inputs &inputs) {
   support::View v107(param27_decoder_norm_gain); // updated in place
   support::View v108(param28_decoder_norm_bias); // updated in place
   support::View v100 = arena_.view(98304, 8192);
+  support::View keep_v1061 = arena_.view(536576, 2048);
   support::View v111 = arena_.view(163840, 4096);
   repeated3(v85, v78, v39, v76, v86, v72, v87, v63, v89, v92, v90, v91, v94, v95, v99, v96, v100,
-            v102, v97, v103, v98, v106, v109, v107, v108, v111,
+            v102, keep_v1061, v97, v103, v98, v106, v109, v107, v108, v111,
             "decoder/decoder_layer[1]/ffn/dropout#0");
 
   // transformer.mesh:43:10 einsum
@@ -1803,7 +1846,7 @@ void LmTrain::runPart0(const Inputs &inputs) {
 
   // transformer.mesh:60:41 div -> loss
   MESHRT_TRACE("loop", "transformer.mesh:60:41", "forward");
-  support::View v124 = arena_.view(536576, 1);
+  support::View v124 = arena_.view(552960, 1);
   {
     float *__restrict v124p = v124.data();
     const float *__restrict v119p = v119.data();
@@ -1940,6 +1983,7 @@ void LmTrain::runPart1(const Inputs &inputs) {
   support::View v164 = arena_.view(0, 8192);
   support::View v102 = arena_.view(131072, 8192);
   support::View v100 = arena_.view(98304, 8192);
+  support::View keep_v1061 = arena_.view(536576, 2048);
   support::View v188 = arena_.view(131072, 8192);
   support::View v95(param23_decoder_decoder_layer_1_ffn_w_in); // updated in place
   support::View v190 = arena_.view(98304, 4096);
@@ -2005,12 +2049,11 @@ void LmTrain::runPart1(const Inputs &inputs) {
   support::View v235 = arena_.view(344064, 64);
   support::View v238 = arena_.view(344320, 64);
   support::View v252 = arena_.view(311296, 4096);
-  repeated1(v163, v162, v97, v164, v102, v165, v100, v188, v189, v95, v190, v94, v191, v193, v92,
-            v195, v196, v197, v89, v199, v200, v202, v90, v194, v203, v204, v206, v210, v72, v211,
-            v86, v212, v76, v213, v85, v214, v215, v216, v39, v221, v74, v222, v73, v223, v71, v225,
-            v68, v226, v70, v228, v230, v69, v231, v232, v233, v235, v66, v237, v238, v239, v63,
-            v241, v242, v244, v64, v236, v245, v246, v248, v252,
-            "decoder/decoder_layer[1]/ffn/dropout#0");
+  repeated1(v163, v162, v97, v164, v102, v165, v100, keep_v1061, v188, v189, v95, v190, v94, v191,
+            v193, v92, v195, v196, v197, v89, v199, v200, v202, v90, v194, v203, v204, v206, v210,
+            v72, v211, v86, v212, v76, v213, v85, v214, v215, v216, v39, v221, v74, v222, v73, v223,
+            v71, v225, v68, v226, v70, v228, v230, v69, v231, v232, v233, v235, v66, v237, v238,
+            v239, v63, v241, v242, v244, v64, v236, v245, v246, v248, v252);
 
   // 49 statements from layers.mesh:55:71 sum -> grad/decoder/decoder_layer[1]/ffn/b_out (2 of 2)
   MESHRT_TRACE_SITE("layers.mesh:55:71");
@@ -2018,6 +2061,7 @@ void LmTrain::runPart1(const Inputs &inputs) {
   support::View v254 = arena_.view(98304, 8192);
   support::View v59 = arena_.view(65536, 8192);
   support::View v57 = arena_.view(32768, 8192);
+  support::View keep_v1062 = arena_.view(544768, 2048);
   support::View v273 = arena_.view(65536, 8192);
   support::View v52(param11_decoder_decoder_layer_0_ffn_w_in); // updated in place
   support::View v275 = arena_.view(98304, 4096);
@@ -2082,12 +2126,11 @@ void LmTrain::runPart1(const Inputs &inputs) {
   support::View v319 = arena_.view(126976, 64);
   support::View v322 = arena_.view(127232, 64);
   support::View v336 = arena_.view(98304, 4096);
-  repeated1(v253, v252, v54, v254, v59, v255, v57, v273, v274, v52, v275, v51, v276, v278, v49,
-            v280, v281, v282, v46, v284, v285, v287, v47, v279, v288, v289, v291, v295, v29, v296,
-            v43, v297, v33, v298, v42, v299, v300, v301, v39, v305, v31, v306, v30, v307, v28, v309,
-            v25, v310, v27, v312, v314, v26, v315, v316, v317, v319, v23, v321, v322, v323, v12,
-            v325, v326, v328, v21, v320, v329, v330, v332, v336,
-            "decoder/decoder_layer[0]/ffn/dropout#0");
+  repeated1(v253, v252, v54, v254, v59, v255, v57, keep_v1062, v273, v274, v52, v275, v51, v276,
+            v278, v49, v280, v281, v282, v46, v284, v285, v287, v47, v279, v288, v289, v291, v295,
+            v29, v296, v43, v297, v33, v298, v42, v299, v300, v301, v39, v305, v31, v306, v30, v307,
+            v28, v309, v25, v310, v27, v312, v314, v26, v315, v316, v317, v319, v23, v321, v322,
+            v323, v12, v325, v326, v328, v21, v320, v329, v330, v332, v336);
 
   // transformer.mesh:34:37 sum -> grad/decoder/position_embedding
   MESHRT_TRACE("sum", "transformer.mesh:34:37", "backward");
@@ -2937,23 +2980,23 @@ void LmTrain::repeated0(
 
 void LmTrain::repeated1(
     support::View a0, support::ConstView a1, support::ConstView a2, support::View a3,
-    support::ConstView a4, support::View a5, support::ConstView a6, support::View a7,
-    support::View a8, support::ConstView a9, support::View a10, support::ConstView a11,
-    support::View a12, support::View a13, support::ConstView a14, support::View a15,
-    support::View a16, support::View a17, support::ConstView a18, support::View a19,
-    support::View a20, support::View a21, support::ConstView a22, support::View a23,
-    support::View a24, support::View a25, support::View a26, support::View a27,
-    support::ConstView a28, support::View a29, support::ConstView a30, support::View a31,
-    support::ConstView a32, support::View a33, support::ConstView a34, support::View a35,
-    support::View a36, support::View a37, support::ConstView a38, support::View a39,
-    support::ConstView a40, support::View a41, support::ConstView a42, support::View a43,
-    support::ConstView a44, support::View a45, support::ConstView a46, support::View a47,
-    support::ConstView a48, support::View a49, support::View a50, support::ConstView a51,
-    support::View a52, support::View a53, support::View a54, support::View a55,
-    support::ConstView a56, support::View a57, support::View a58, support::View a59,
-    support::ConstView a60, support::View a61, support::View a62, support::View a63,
-    support::ConstView a64, support::View a65, support::View a66, support::View a67,
-    support::View a68, support::View a69, const char *t0) {
+    support::ConstView a4, support::View a5, support::ConstView a6, support::ConstView a7,
+    support::View a8, support::View a9, support::ConstView a10, support::View a11,
+    support::ConstView a12, support::View a13, support::View a14, support::ConstView a15,
+    support::View a16, support::View a17, support::View a18, support::ConstView a19,
+    support::View a20, support::View a21, support::View a22, support::ConstView a23,
+    support::View a24, support::View a25, support::View a26, support::View a27, support::View a28,
+    support::ConstView a29, support::View a30, support::ConstView a31, support::View a32,
+    support::ConstView a33, support::View a34, support::ConstView a35, support::View a36,
+    support::View a37, support::View a38, support::ConstView a39, support::View a40,
+    support::ConstView a41, support::View a42, support::ConstView a43, support::View a44,
+    support::ConstView a45, support::View a46, support::ConstView a47, support::View a48,
+    support::ConstView a49, support::View a50, support::View a51, support::ConstView a52,
+    support::View a53, support::View a54, support::View a55, support::View a56,
+    support::ConstView a57, support::View a58, support::View a59, support::View a60,
+    support::ConstView a61, support::View a62, support::View a63, support::View a64,
+    support::ConstView a65, support::View a66, support::View a67, support::View a68,
+    support::View a69, support::View a70) {
   MESHRT_TRACE_SPAN(world_);
 
   // layers.mesh:55:71 sum -> grad/decoder/decoder_layer[1]/ffn/b_out
@@ -2990,129 +3033,77 @@ void LmTrain::repeated1(
   // layers.mesh:55:17 dropout
   // layers.mesh:54:11 mul
   MESHRT_TRACE("loop", "layers.mesh:54:11", "backward");
-  {
-    const auto inv0 = meshrt::stepStreamKey(seed_, t0, uint64_t(step_));
-    const auto inv1 = int64_t(support::shardStart(world_, {"data"}, 2) * 8192 +
-                              support::shardStart(world_, {"model"}, 128) * 1);
-    float *__restrict a7p = a7.data();
-    const float *__restrict a6p = a6.data();
-    const float *__restrict a3p = a3.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      for (int64_t c1 = 0; c1 < 128; c1 += 128) {
-        constexpr int64_t n1 = 128;
-        uint32_t keep29[128];
-        {
-          const int64_t i1 = c1;
-          meshrt::dropoutKeepMasks(inv0, uint64_t(inv1 + i0 * 256 + i1), n1, 838861u, keep29);
-        }
-        for (int64_t i1 = c1; i1 < c1 + n1; ++i1) {
-          const float s0 = a6p[i0 * 128 + i1];
-          const float s1 = s0 * s0;
-          const float s2 = a6p[i0 * 128 + i1];
-          const float s3 = (s2 * s1);
-          const float s4 = 0.044715f;
-          const float s5 = (s3 * s4);
-          const float s6 = a6p[i0 * 128 + i1];
-          const float s7 = (s6 + s5);
-          const float s8 = 0.7978846f;
-          const float s9 = (s7 * s8);
-          const float s10 = support::ftanh(s9);
-          const float s11 = 1.0f;
-          const float s12 = (s10 + s11);
-          const float s13 = 0.5f;
-          const float s14 = (s12 * s13);
-          const float s15 = 0.134145f;
-          const float s16 = (s1 * s15);
-          const float s17 = 1.0f;
-          const float s18 = (s16 + s17);
-          const float s19 = s10 * s10;
-          const float s20 = 1.0f;
-          const float s21 = (s20 - s19);
-          const float s22 = a6p[i0 * 128 + i1];
-          const float s23 = (s22 * s21);
-          const float s24 = (s23 * s18);
-          const float s25 = 0.3989423f;
-          const float s26 = (s24 * s25);
-          const float s27 = (s14 + s26);
-          const float s28 = a3p[i0 * 128 + i1];
-          const float s29 =
-              support::keepOrZero(keep29[i1 - c1], float(double(s28) * 1.1111111111111112));
-          const float s30 = (s29 * s27);
-          a7p[i0 * 128 + i1] = s30;
-        }
-      }
-    }
-  }
+  loop23(a8.data(), a6.data(), a3.data(), reinterpret_cast<const uint8_t *>(a7.data()));
 
   // layers.mesh:54:52 sum -> grad/decoder/decoder_layer[1]/ffn/b_in
   MESHRT_TRACE("sum", "layers.mesh:54:52", "backward");
-  support::reduce(a8.data(), kShape28, a7.data(), kShape1, kShape5, kShape29, support::Reduce::Sum,
+  support::reduce(a9.data(), kShape28, a8.data(), kShape1, kShape5, kShape29, support::Reduce::Sum,
                   1.0);
 
   // layers.mesh:54:16 einsum
   MESHRT_TRACE("gemm", "layers.mesh:54:16", "backward");
   // dims: batch, seq, d_ff, d_model
-  kEinsum11.plan().run(a7.data(), a9.data(), a10.data(), 1.0f, 0.0f);
+  kEinsum11.plan().run(a8.data(), a10.data(), a11.data(), 1.0f, 0.0f);
 
   // layers.mesh:24:40 all_reduce_sum (resolve the partial sum of %181 over model for sum at 24:40)
   MESHRT_TRACE_SITE("layers.mesh:24:40");
-  auto request1 = support::startAllReduce(group_model, {a10}, meshrt::ReduceOp::Sum);
+  auto request1 = support::startAllReduce(group_model, {a11}, meshrt::ReduceOp::Sum);
 
   // layers.mesh:54:16 einsum -> grad/decoder/decoder_layer[1]/ffn/w_in
   MESHRT_TRACE("gemm", "layers.mesh:54:16", "backward");
   // dims: batch, seq, d_ff, d_model
-  kEinsum12.plan().run(a7.data(), a11.data(), a12.data(), 1.0f, 0.0f);
+  kEinsum12.plan().run(a8.data(), a12.data(), a13.data(), 1.0f, 0.0f);
 
   MESHRT_TRACE_SITE("layers.mesh:24:40");
   group_model.wait(request1);
 
   // layers.mesh:24:40 sum -> grad/decoder/decoder_layer[1]/norm#1/bias
   MESHRT_TRACE("sum", "layers.mesh:24:40", "backward");
-  support::reduce(a13.data(), kShape12, a10.data(), kShape1, kShape5, kShape6, support::Reduce::Sum,
+  support::reduce(a14.data(), kShape12, a11.data(), kShape1, kShape5, kShape6, support::Reduce::Sum,
                   1.0);
 
   // layers.mesh:24:33 mul
   MESHRT_TRACE("loop", "layers.mesh:24:33", "backward");
-  loop10(a15.data(), a10.data(), a14.data());
+  loop10(a16.data(), a11.data(), a15.data());
 
   // layers.mesh:24:33 sum -> grad/decoder/decoder_layer[1]/norm#1/gain
   MESHRT_TRACE("sum", "layers.mesh:24:33", "backward");
-  support::reduce(a16.data(), kShape12, a15.data(), kShape1, kShape5, kShape6, support::Reduce::Sum,
+  support::reduce(a17.data(), kShape12, a16.data(), kShape1, kShape5, kShape6, support::Reduce::Sum,
                   1.0);
 
   // layers.mesh:24:10 mean
   MESHRT_TRACE("mean", "layers.mesh:24:10", "backward");
-  support::reduce(a17.data(), kShape5, a18.data(), kShape6, kShape12, kShape1, support::Reduce::Sum,
+  support::reduce(a18.data(), kShape5, a19.data(), kShape6, kShape12, kShape1, support::Reduce::Sum,
                   0.015625);
 
   // layers.mesh:24:10 sub
   // layers.mesh:24:10 square
   MESHRT_TRACE("loop", "layers.mesh:24:10", "backward");
-  loop11(a19.data(), a18.data(), a17.data());
+  loop11(a20.data(), a19.data(), a18.data());
 
   // layers.mesh:24:10 mean
   MESHRT_TRACE("mean", "layers.mesh:24:10", "backward");
-  support::reduce(a20.data(), kShape5, a19.data(), kShape6, kShape12, kShape1, support::Reduce::Sum,
+  support::reduce(a21.data(), kShape5, a20.data(), kShape6, kShape12, kShape1, support::Reduce::Sum,
                   0.015625);
 
   // layers.mesh:24:10 add
   // layers.mesh:24:10 rsqrt
   MESHRT_TRACE("loop", "layers.mesh:24:10", "backward");
-  loop12(a21.data(), a20.data());
+  loop12(a22.data(), a21.data());
 
   // layers.mesh:24:33 mul
   // layers.mesh:24:10 mul
   MESHRT_TRACE("loop", "layers.mesh:24:33", "backward");
-  loop13(a23.data(), a24.data(), a10.data(), a22.data(), a14.data());
+  loop13(a24.data(), a25.data(), a11.data(), a23.data(), a15.data());
 
   // layers.mesh:24:10 mean
   MESHRT_TRACE("mean", "layers.mesh:24:10", "backward");
-  support::reduce(a25.data(), kShape5, a24.data(), kShape6, kShape12, kShape1, support::Reduce::Sum,
+  support::reduce(a26.data(), kShape5, a25.data(), kShape6, kShape12, kShape1, support::Reduce::Sum,
                   0.015625);
 
   // layers.mesh:24:10 mean
   MESHRT_TRACE("mean", "layers.mesh:24:10", "backward");
-  support::reduce(a26.data(), kShape5, a23.data(), kShape6, kShape12, kShape1, support::Reduce::Sum,
+  support::reduce(a27.data(), kShape5, a24.data(), kShape6, kShape12, kShape1, support::Reduce::Sum,
                   0.015625);
 
   // layers.mesh:24:10 mul
@@ -3121,35 +3112,35 @@ void LmTrain::repeated1(
   // layers.mesh:24:10 mul
   // layers.mesh:24:10 add
   MESHRT_TRACE("loop", "layers.mesh:24:10", "backward");
-  loop23(a27.data(), a14.data(), a25.data(), a23.data(), a26.data(), a21.data(), a1.data());
+  loop24(a28.data(), a15.data(), a26.data(), a24.data(), a27.data(), a22.data(), a1.data());
 
   // layers.mesh:45:10 einsum
   MESHRT_TRACE("gemm", "layers.mesh:45:10", "backward");
   // dims: batch, seq, d_model, heads, d_head
-  kEinsum13.plan().run(a27.data(), a28.data(), a29.data(), 1.0f, 0.0f);
+  kEinsum13.plan().run(a28.data(), a29.data(), a30.data(), 1.0f, 0.0f);
 
   // layers.mesh:45:10 einsum -> grad/decoder/decoder_layer[1]/attention/w_o
   MESHRT_TRACE("gemm", "layers.mesh:45:10", "backward");
   // dims: batch, seq, d_model, heads, d_head
-  kEinsum14.plan().run(a27.data(), a30.data(), a31.data(), 1.0f, 0.0f);
+  kEinsum14.plan().run(a28.data(), a31.data(), a32.data(), 1.0f, 0.0f);
 
   // layers.mesh:44:17 einsum
   MESHRT_TRACE("gemm", "layers.mesh:44:17", "backward");
   // dims: batch, seq, heads, d_head, mem
-  kEinsum6.plan().run(a29.data(), a32.data(), a33.data(), 1.0f, 0.0f);
+  kEinsum6.plan().run(a30.data(), a33.data(), a34.data(), 1.0f, 0.0f);
 
   // layers.mesh:44:17 einsum
   MESHRT_TRACE("gemm", "layers.mesh:44:17", "backward");
   // dims: batch, seq, heads, d_head, mem
-  kEinsum15.plan().run(a29.data(), a34.data(), a35.data(), 1.0f, 0.0f);
+  kEinsum15.plan().run(a30.data(), a35.data(), a36.data(), 1.0f, 0.0f);
 
   // layers.mesh:43:17 mul
   MESHRT_TRACE("loop", "layers.mesh:43:17", "backward");
-  loop10(a36.data(), a33.data(), a34.data());
+  loop10(a37.data(), a34.data(), a35.data());
 
   // layers.mesh:43:17 sum
   MESHRT_TRACE("sum", "layers.mesh:43:17", "backward");
-  support::reduce(a37.data(), kShape9, a36.data(), kShape30, kShape0, kShape1, support::Reduce::Sum,
+  support::reduce(a38.data(), kShape9, a37.data(), kShape30, kShape0, kShape1, support::Reduce::Sum,
                   1.0);
 
   // layers.mesh:43:17 sub
@@ -3157,107 +3148,107 @@ void LmTrain::repeated1(
   // layers.mesh:43:25 where
   // layers.mesh:41:55 mul
   MESHRT_TRACE("loop", "layers.mesh:43:17", "backward");
-  loop24(a39.data(), a33.data(), a37.data(), a34.data(), a38.data());
+  loop25(a40.data(), a34.data(), a38.data(), a35.data(), a39.data());
 
   // layers.mesh:41:16 einsum
   MESHRT_TRACE("gemm", "layers.mesh:41:16", "backward");
   // dims: batch, heads, seq, mem, d_head
-  kEinsum1.plan().run(a39.data(), a40.data(), a41.data(), 1.0f, 0.0f);
+  kEinsum1.plan().run(a40.data(), a41.data(), a42.data(), 1.0f, 0.0f);
 
   // layers.mesh:41:16 einsum
   MESHRT_TRACE("gemm", "layers.mesh:41:16", "backward");
   // dims: batch, heads, seq, mem, d_head
-  kEinsum16.plan().run(a39.data(), a42.data(), a43.data(), 1.0f, 0.0f);
+  kEinsum16.plan().run(a40.data(), a43.data(), a44.data(), 1.0f, 0.0f);
 
   // layers.mesh:39:18 einsum
   MESHRT_TRACE("gemm", "layers.mesh:39:18", "backward");
   // dims: batch, seq, heads, d_head, d_model
-  kEinsum17.plan().run(a35.data(), a44.data(), a45.data(), 1.0f, 0.0f);
+  kEinsum17.plan().run(a36.data(), a45.data(), a46.data(), 1.0f, 0.0f);
 
   // layers.mesh:39:18 einsum -> grad/decoder/decoder_layer[1]/attention/w_v
   MESHRT_TRACE("gemm", "layers.mesh:39:18", "backward");
   // dims: batch, seq, heads, d_head, d_model
-  kEinsum18.plan().run(a35.data(), a46.data(), a47.data(), 1.0f, 0.0f);
+  kEinsum18.plan().run(a36.data(), a47.data(), a48.data(), 1.0f, 0.0f);
 
   // layers.mesh:38:18 einsum
   MESHRT_TRACE("gemm", "layers.mesh:38:18", "backward");
   // dims: batch, seq, heads, d_head, d_model
-  kEinsum17.plan().run(a43.data(), a48.data(), a49.data(), 1.0f, 0.0f);
+  kEinsum17.plan().run(a44.data(), a49.data(), a50.data(), 1.0f, 0.0f);
 
   // layers.mesh:38:18 einsum -> grad/decoder/decoder_layer[1]/attention/w_k
   MESHRT_TRACE("gemm", "layers.mesh:38:18", "backward");
   // dims: batch, seq, heads, d_head, d_model
-  kEinsum18.plan().run(a43.data(), a46.data(), a50.data(), 1.0f, 0.0f);
+  kEinsum18.plan().run(a44.data(), a47.data(), a51.data(), 1.0f, 0.0f);
 
   // layers.mesh:36:11 einsum
   MESHRT_TRACE("gemm", "layers.mesh:36:11", "backward");
   // dims: batch, seq, heads, d_head, d_model
-  kEinsum17.plan().run(a41.data(), a51.data(), a52.data(), 1.0f, 0.0f);
+  kEinsum17.plan().run(a42.data(), a52.data(), a53.data(), 1.0f, 0.0f);
 
   // layers.mesh:38:18 add
   // layers.mesh:36:11 add
   MESHRT_TRACE("loop", "layers.mesh:38:18", "backward");
-  loop25(a53.data(), a45.data(), a49.data(), a52.data());
+  loop26(a54.data(), a46.data(), a50.data(), a53.data());
 
   // layers.mesh:24:40 all_reduce_sum (resolve the partial sum of %222 over model for sum at 24:40)
   MESHRT_TRACE_SITE("layers.mesh:24:40");
-  auto request2 = support::startAllReduce(group_model, {a53}, meshrt::ReduceOp::Sum);
+  auto request2 = support::startAllReduce(group_model, {a54}, meshrt::ReduceOp::Sum);
 
   // layers.mesh:36:11 einsum -> grad/decoder/decoder_layer[1]/attention/w_q
   MESHRT_TRACE("gemm", "layers.mesh:36:11", "backward");
   // dims: batch, seq, heads, d_head, d_model
-  kEinsum18.plan().run(a41.data(), a46.data(), a54.data(), 1.0f, 0.0f);
+  kEinsum18.plan().run(a42.data(), a47.data(), a55.data(), 1.0f, 0.0f);
 
   MESHRT_TRACE_SITE("layers.mesh:24:40");
   group_model.wait(request2);
 
   // layers.mesh:24:40 sum -> grad/decoder/decoder_layer[1]/norm/bias
   MESHRT_TRACE("sum", "layers.mesh:24:40", "backward");
-  support::reduce(a55.data(), kShape12, a53.data(), kShape1, kShape5, kShape6, support::Reduce::Sum,
+  support::reduce(a56.data(), kShape12, a54.data(), kShape1, kShape5, kShape6, support::Reduce::Sum,
                   1.0);
 
   // layers.mesh:24:33 mul
   MESHRT_TRACE("loop", "layers.mesh:24:33", "backward");
-  loop10(a57.data(), a53.data(), a56.data());
+  loop10(a58.data(), a54.data(), a57.data());
 
   // layers.mesh:24:33 sum -> grad/decoder/decoder_layer[1]/norm/gain
   MESHRT_TRACE("sum", "layers.mesh:24:33", "backward");
-  support::reduce(a58.data(), kShape12, a57.data(), kShape1, kShape5, kShape6, support::Reduce::Sum,
+  support::reduce(a59.data(), kShape12, a58.data(), kShape1, kShape5, kShape6, support::Reduce::Sum,
                   1.0);
 
   // layers.mesh:24:10 mean
   MESHRT_TRACE("mean", "layers.mesh:24:10", "backward");
-  support::reduce(a59.data(), kShape5, a60.data(), kShape6, kShape12, kShape1, support::Reduce::Sum,
+  support::reduce(a60.data(), kShape5, a61.data(), kShape6, kShape12, kShape1, support::Reduce::Sum,
                   0.015625);
 
   // layers.mesh:24:10 sub
   // layers.mesh:24:10 square
   MESHRT_TRACE("loop", "layers.mesh:24:10", "backward");
-  loop11(a61.data(), a60.data(), a59.data());
+  loop11(a62.data(), a61.data(), a60.data());
 
   // layers.mesh:24:10 mean
   MESHRT_TRACE("mean", "layers.mesh:24:10", "backward");
-  support::reduce(a62.data(), kShape5, a61.data(), kShape6, kShape12, kShape1, support::Reduce::Sum,
+  support::reduce(a63.data(), kShape5, a62.data(), kShape6, kShape12, kShape1, support::Reduce::Sum,
                   0.015625);
 
   // layers.mesh:24:10 add
   // layers.mesh:24:10 rsqrt
   MESHRT_TRACE("loop", "layers.mesh:24:10", "backward");
-  loop12(a63.data(), a62.data());
+  loop12(a64.data(), a63.data());
 
   // layers.mesh:24:33 mul
   // layers.mesh:24:10 mul
   MESHRT_TRACE("loop", "layers.mesh:24:33", "backward");
-  loop13(a65.data(), a66.data(), a53.data(), a64.data(), a56.data());
+  loop13(a66.data(), a67.data(), a54.data(), a65.data(), a57.data());
 
   // layers.mesh:24:10 mean
   MESHRT_TRACE("mean", "layers.mesh:24:10", "backward");
-  support::reduce(a67.data(), kShape5, a66.data(), kShape6, kShape12, kShape1, support::Reduce::Sum,
+  support::reduce(a68.data(), kShape5, a67.data(), kShape6, kShape12, kShape1, support::Reduce::Sum,
                   0.015625);
 
   // layers.mesh:24:10 mean
   MESHRT_TRACE("mean", "layers.mesh:24:10", "backward");
-  support::reduce(a68.data(), kShape5, a65.data(), kShape6, kShape12, kShape1, support::Reduce::Sum,
+  support::reduce(a69.data(), kShape5, a66.data(), kShape6, kShape12, kShape1, support::Reduce::Sum,
                   0.015625);
 
   // layers.mesh:24:10 mul
@@ -3266,7 +3257,7 @@ void LmTrain::repeated1(
   // layers.mesh:24:10 mul
   // layers.mesh:24:10 add
   MESHRT_TRACE("loop", "layers.mesh:24:10", "backward");
-  loop23(a69.data(), a56.data(), a67.data(), a65.data(), a68.data(), a63.data(), a27.data());
+  loop24(a70.data(), a57.data(), a68.data(), a66.data(), a69.data(), a64.data(), a28.data());
 }
 
 void LmTrain::repeated2(
@@ -3346,7 +3337,7 @@ void LmTrain::repeated2(
 
   // transformer.mesh:61:3 square
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "backward");
-  loop26(a21.data(), a20.data());
+  loop27(a21.data(), a20.data());
 
   // transformer.mesh:61:3 sum
   MESHRT_TRACE("sum", "transformer.mesh:61:3", "backward");
@@ -3355,7 +3346,7 @@ void LmTrain::repeated2(
 
   // transformer.mesh:61:3 square
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "backward");
-  loop27(a24.data(), a23.data());
+  loop28(a24.data(), a23.data());
 
   // transformer.mesh:61:3 sum
   MESHRT_TRACE("sum", "transformer.mesh:61:3", "backward");
@@ -3364,7 +3355,7 @@ void LmTrain::repeated2(
 
   // transformer.mesh:61:3 square
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "backward");
-  loop26(a27.data(), a26.data());
+  loop27(a27.data(), a26.data());
 
   // transformer.mesh:61:3 sum
   MESHRT_TRACE("sum", "transformer.mesh:61:3", "backward");
@@ -3416,10 +3407,10 @@ void LmTrain::repeated3(support::View a0, support::ConstView a1, support::ConstV
                         support::View a6, support::ConstView a7, support::View a8, support::View a9,
                         support::ConstView a10, support::ConstView a11, support::View a12,
                         support::ConstView a13, support::View a14, support::ConstView a15,
-                        support::View a16, support::View a17, support::ConstView a18,
-                        support::View a19, support::ConstView a20, support::View a21,
-                        support::View a22, support::ConstView a23, support::ConstView a24,
-                        support::View a25, const char *t0) {
+                        support::View a16, support::View a17, support::View a18,
+                        support::ConstView a19, support::View a20, support::ConstView a21,
+                        support::View a22, support::View a23, support::ConstView a24,
+                        support::ConstView a25, support::View a26, const char *t0) {
   MESHRT_TRACE_SPAN(world_);
 
   // layers.mesh:43:17 softmax -> weights
@@ -3444,7 +3435,7 @@ void LmTrain::repeated3(support::View a0, support::ConstView a1, support::ConstV
 
   // transformer.mesh:21:13 add -> h
   MESHRT_TRACE("loop", "transformer.mesh:21:13", "forward");
-  loop28(a8.data(), a7.data(), a6.data());
+  loop29(a8.data(), a7.data(), a6.data());
 
   // layers.mesh:24:10 layer_norm
   MESHRT_TRACE("layer_norm", "layers.mesh:24:10", "forward");
@@ -3471,6 +3462,7 @@ void LmTrain::repeated3(support::View a0, support::ConstView a1, support::ConstV
                               support::shardStart(world_, {"model"}, 128) * 1);
     float *__restrict a16p = a16.data();
     float *__restrict a17p = a17.data();
+    uint8_t *__restrict a18p = reinterpret_cast<uint8_t *>(a18.data());
     const float *__restrict a14p = a14.data();
     const float *__restrict a15p = a15.data();
     for (int64_t i0 = 0; i0 < 64; ++i0) {
@@ -3486,10 +3478,11 @@ void LmTrain::repeated3(support::View a0, support::ConstView a1, support::ConstV
           const float s1 = a15p[i1];
           const float s2 = (s0 + s1);
           const float s3 = support::fgelu(s2);
-          const float s4 =
-              support::keepOrZero(keep4[i1 - c1], float(double(s3) * 1.1111111111111112));
+          const uint32_t m4 = keep4[i1 - c1];
+          const float s4 = support::keepOrZero(m4, float(double(s3) * 1.1111111111111112));
           a16p[i0 * 128 + i1] = s2;
           a17p[i0 * 128 + i1] = s4;
+          a18p[i0 * 128 + i1] = uint8_t(m4 & 1u);
         }
       }
     }
@@ -3498,26 +3491,26 @@ void LmTrain::repeated3(support::View a0, support::ConstView a1, support::ConstV
   // layers.mesh:55:10 einsum
   MESHRT_TRACE("gemm", "layers.mesh:55:10", "forward");
   // dims: batch, seq, d_ff, d_model
-  kEinsum4.plan().run(a17.data(), a18.data(), a19.data(), 1.0f, 0.0f);
+  kEinsum4.plan().run(a17.data(), a19.data(), a20.data(), 1.0f, 0.0f);
 
   // layers.mesh:55:71 all_reduce_sum (resolve the partial sum of %58 over model for add at 55:71)
   MESHRT_TRACE_SITE("layers.mesh:55:71");
-  group_model.allReduce(a19.data(), a19.size(), meshrt::ReduceOp::Sum);
+  group_model.allReduce(a20.data(), a20.size(), meshrt::ReduceOp::Sum);
 
   // layers.mesh:55:71 add
   // transformer.mesh:22:12 add -> x
   MESHRT_TRACE("loop", "layers.mesh:55:71", "forward");
-  loop29(a21.data(), a19.data(), a20.data(), a8.data());
+  loop30(a22.data(), a20.data(), a21.data(), a8.data());
 
   // layers.mesh:24:10 layer_norm
   MESHRT_TRACE("layer_norm", "layers.mesh:24:10", "forward");
-  support::along(a22.data(), a21.data(), kShape5, kShape6, kShape6, kShape12, kShape1, kShape1,
+  support::along(a23.data(), a22.data(), kShape5, kShape6, kShape6, kShape12, kShape1, kShape1,
                  support::Along::LayerNorm, 1e-05, 64, nullptr);
 
   // layers.mesh:24:33 mul
   // layers.mesh:24:40 add -> n
   MESHRT_TRACE("loop", "layers.mesh:24:33", "forward");
-  loop5(a25.data(), a22.data(), a23.data(), a24.data());
+  loop5(a26.data(), a23.data(), a24.data(), a25.data());
 }
 
 void LmTrain::repeated4(support::View a0, support::ConstView a1, support::ConstView a2,

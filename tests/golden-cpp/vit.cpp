@@ -779,7 +779,19 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop35(float *__restrict p0, const float *__restrict p1) {
+[[gnu::noinline]] static void loop35(float *__restrict p0, const float *__restrict p1,
+                                     const uint8_t *__restrict p2) {
+  for (int64_t i0 = 0; i0 < 2176; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = p2[i0];
+    const uint32_t m2 = uint32_t(-int32_t(s1));
+    const float s2 = support::keepOrZero(m2, float(double(s0) * 1.1111111111111112));
+    const float s3 = support::roundBF16(s2);
+    p0[i0] = s3;
+  }
+}
+
+[[gnu::noinline]] static void loop36(float *__restrict p0, const float *__restrict p1) {
   for (int64_t i0 = 0; i0 < 4096; ++i0) {
     const float s0 = p1[i0];
     const float s1 = s0;
@@ -787,7 +799,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop36(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop37(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 2176; ++i0) {
     const float s0 = p1[i0];
@@ -824,7 +836,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop37(float *__restrict p0, const float *__restrict p1) {
+[[gnu::noinline]] static void loop38(float *__restrict p0, const float *__restrict p1) {
   for (int64_t i0 = 0; i0 < 2176; ++i0) {
     const float s0 = p1[i0];
     const float s1 = s0;
@@ -832,7 +844,18 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop38(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop39(float *__restrict p0, const float *__restrict p1,
+                                     const uint8_t *__restrict p2) {
+  for (int64_t i0 = 0; i0 < 2176; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = p2[i0];
+    const uint32_t m2 = uint32_t(-int32_t(s1));
+    const float s2 = support::keepOrZero(m2, float(double(s0) * 1.1111111111111112));
+    p0[i0] = s2;
+  }
+}
+
+[[gnu::noinline]] static void loop40(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 1156; ++i0) {
     const float s0 = p1[i0];
@@ -842,7 +865,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop39(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop41(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3) {
   for (int64_t i0 = 0; i0 < 68; ++i0) {
     for (int64_t i1 = 0; i1 < 17; ++i1) {
@@ -858,7 +881,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop40(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop42(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3) {
   for (int64_t i0 = 0; i0 < 2176; ++i0) {
     const float s0 = p1[i0];
@@ -870,7 +893,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop41(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop43(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3) {
   for (int64_t i0 = 0; i0 < 34; ++i0) {
     for (int64_t i1 = 0; i1 < 64; ++i1) {
@@ -884,7 +907,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop42(float *__restrict p0, const float *__restrict p1) {
+[[gnu::noinline]] static void loop44(float *__restrict p0, const float *__restrict p1) {
   for (int64_t i0 = 0; i0 < 2048; ++i0) {
     const float s0 = p1[i0];
     const float s1 = s0 * s0;
@@ -892,7 +915,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop43(float *__restrict p0, const float *__restrict p1) {
+[[gnu::noinline]] static void loop45(float *__restrict p0, const float *__restrict p1) {
   for (int64_t i0 = 0; i0 < 4096; ++i0) {
     const float s0 = p1[i0];
     const float s1 = s0 * s0;
@@ -1988,14 +2011,14 @@ void TrainVit::computeInvariants() {
 
 TrainVit::Outputs TrainVit::run(const Inputs &inputs) {
   MESHRT_TRACE_RUN(world_, "train_vit");
-  // Arena: 379136 bytes for 1358660 bytes of temporaries (placed by liveness).
+  // Arena: 385664 bytes for 1367364 bytes of temporaries (placed by liveness).
   support::checkShape("input", "image", inputs.image, {2, 14, 14, 3});
   support::checkShape("input", "labels", inputs.labels, {2});
   runPart0(inputs);
   runPart1(inputs);
   runPart2(inputs);
   runPart3(inputs);
-  support::View v125 = arena_.view(379072, 1);
+  support::View v125 = arena_.view(385600, 1);
 
   // The step's updates.
   ++step_;
@@ -2121,10 +2144,13 @@ void TrainVit::runPart0(const Inputs &inputs) {
   support::View v71 = arena_.view(195072, 2176);
   support::View v69(param20_vit_encoder_layer_1_norm_gain); // updated in place
   support::View v70(param21_vit_encoder_layer_1_norm_bias); // updated in place
+  support::View keep_v1151 = arena_.view(382848, 544);
+  support::View keep_v1150 = arena_.view(380672, 544);
   support::View v73 = arena_.view(203776, 2176);
-  repeated2(v29, v30, v34, v35, v31, v36, v37, v32, v38, v39, v42, v43, v33, v44, v45, v23, v22,
-            v48, v51, v49, v50, v56, v54, v57, v58, v59, v55, v60, v61, v63, v24, v66, v71, v69,
-            v70, v73, "vit/encoder_layer[0]/dropout#0", "vit/encoder_layer[0]/dropout#1");
+  repeated2(v29, v30, v34, v35, v31, v36, v37, v32, v38, v39, v42, v43, v33, v44, v45, keep_v1151,
+            v23, v22, v48, v51, v49, v50, v56, v54, v57, v58, v59, v55, v60, v61, v63, keep_v1150,
+            v24, v66, v71, v69, v70, v73, "vit/encoder_layer[0]/dropout#0",
+            "vit/encoder_layer[0]/dropout#1");
 
   // 26 statements from vit.mesh:59:11 einsum -> q (2 of 2)
   MESHRT_TRACE_SITE("vit.mesh:59:11");
@@ -2161,20 +2187,23 @@ void TrainVit::runPart0(const Inputs &inputs) {
   support::View v113 = arena_.view(290816, 2176);
   support::View v111(param30_vit_norm_gain); // updated in place
   support::View v112(param31_vit_norm_bias); // updated in place
+  support::View keep_v1149 = arena_.view(378496, 544);
+  support::View keep_v1148 = arena_.view(74240, 544);
   support::View v115 = arena_.view(299520, 2176);
-  repeated2(v73, v74, v78, v79, v75, v80, v81, v76, v82, v83, v86, v87, v77, v88, v89, v67, v66,
-            v92, v95, v93, v94, v100, v98, v101, v102, v103, v99, v104, v105, v107, v68, v110, v113,
-            v111, v112, v115, "vit/encoder_layer[1]/dropout#0", "vit/encoder_layer[1]/dropout#1");
+  repeated2(v73, v74, v78, v79, v75, v80, v81, v76, v82, v83, v86, v87, v77, v88, v89, keep_v1149,
+            v67, v66, v92, v95, v93, v94, v100, v98, v101, v102, v103, v99, v104, v105, v107,
+            keep_v1148, v68, v110, v113, v111, v112, v115, "vit/encoder_layer[1]/dropout#0",
+            "vit/encoder_layer[1]/dropout#1");
 
   // vit.mesh:99:17 slice
   MESHRT_TRACE("slice", "vit.mesh:99:17", "forward");
-  support::View v116 = arena_.slot(74240, 128);
+  support::View v116 = arena_.slot(76416, 128);
   support::copyWindow(v116.data(), v115.data(), kShape25, kShape26, kShape27, 64, 64, 1, 17,
                       int64_t(0));
 
   // vit.mesh:99:13 sum -> cls
   MESHRT_TRACE("sum", "vit.mesh:99:13", "forward");
-  support::View v117 = arena_.view(74752, 128);
+  support::View v117 = arena_.view(76928, 128);
   support::reduce(v117.data(), kShape25, v116.data(), kShape26, kShape1, kShape28,
                   support::Reduce::Sum, 1.0);
 
@@ -2183,41 +2212,41 @@ void TrainVit::runPart0(const Inputs &inputs) {
   MESHRT_TRACE("gemm", "vit.mesh:100:10", "forward");
   support::View v4(param2_vit_w_head); // updated in place
   support::View v5(param3_vit_b_head); // updated in place
-  support::View v119 = arena_.view(74240, 20);
+  support::View v119 = arena_.view(76416, 20);
   // dims: batch, d_model, classes
   kEinsum1.plan().runBiasActivation(v117.data(), v4.data(), v5.data(), v119.data(), false);
 
   // vit.mesh:111:19 logsumexp
   MESHRT_TRACE("logsumexp", "vit.mesh:111:19", "forward");
-  support::View v120 = arena_.view(74624, 2);
+  support::View v120 = arena_.view(76800, 2);
   support::reduce(v120.data(), kShape0, v119.data(), kShape29, kShape29, kShape1,
                   support::Reduce::LogSumExp, 1.0);
 
   // vit.mesh:111:61 one_hot
   MESHRT_TRACE("one_hot", "vit.mesh:111:61", "forward");
   const support::Buffer &v1 = inputs.labels.data;
-  support::View v121 = arena_.view(74368, 20);
+  support::View v121 = arena_.view(76544, 20);
   support::oneHot(v121.data(), kShape36, v1.data(), kShape37, kShape38, 0);
 
   // vit.mesh:111:59 mul
   MESHRT_TRACE("loop", "vit.mesh:111:59", "forward");
-  support::View v122 = arena_.view(74496, 20);
+  support::View v122 = arena_.view(76672, 20);
   loop11(v122.data(), v119.data(), v121.data());
 
   // vit.mesh:111:48 sum
   MESHRT_TRACE("sum", "vit.mesh:111:48", "forward");
-  support::View v123 = arena_.view(74688, 2);
+  support::View v123 = arena_.view(76864, 2);
   support::reduce(v123.data(), kShape0, v122.data(), kShape29, kShape29, kShape1,
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:111:46 sub
   MESHRT_TRACE("loop", "vit.mesh:111:46", "forward");
-  support::View v124 = arena_.view(74496, 2);
+  support::View v124 = arena_.view(76672, 2);
   loop12(v124.data(), v120.data(), v123.data());
 
   // vit.mesh:111:14 mean -> loss
   MESHRT_TRACE("mean", "vit.mesh:111:14", "forward");
-  support::View v125 = arena_.view(379072, 1);
+  support::View v125 = arena_.view(385600, 1);
   support::reduce(v125.data(), kShape35, v124.data(), kShape35, kShape0, kShape1,
                   support::Reduce::Sum, 0.25);
 
@@ -2227,7 +2256,7 @@ void TrainVit::runPart0(const Inputs &inputs) {
   // vit.mesh:111:59 mul
   // vit.mesh:111:19 add
   MESHRT_TRACE("loop", "vit.mesh:111:19", "backward");
-  support::View v137 = arena_.view(75264, 20);
+  support::View v137 = arena_.view(77440, 20);
   loop13(v137.data(), v119.data(), v120.data(), v121.data());
 }
 
@@ -2237,28 +2266,28 @@ void TrainVit::runPart1(const Inputs &inputs) {
 
   // vit.mesh:100:48 sum -> grad/vit/b_head
   MESHRT_TRACE("sum", "vit.mesh:100:48", "backward");
-  support::View v137 = arena_.view(75264, 20);
-  support::View v138 = arena_.view(379008, 10);
+  support::View v137 = arena_.view(77440, 20);
+  support::View v138 = arena_.view(385536, 10);
   support::reduce(v138.data(), kShape29, v137.data(), kShape1, kShape0, kShape29,
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:100:10 einsum
   MESHRT_TRACE("gemm", "vit.mesh:100:10", "backward");
   support::View v4(param2_vit_w_head); // updated in place
-  support::View v139 = arena_.view(74240, 128);
+  support::View v139 = arena_.view(76416, 128);
   // dims: batch, classes, d_model
   kEinsum7.plan().run(v137.data(), v4.data(), v139.data(), 1.0f, 0.0f);
 
   // vit.mesh:100:10 einsum -> grad/vit/w_head
   MESHRT_TRACE("gemm", "vit.mesh:100:10", "backward");
-  support::View v117 = arena_.view(74752, 128);
+  support::View v117 = arena_.view(76928, 128);
   support::View v140 = arena_.view(375936, 640);
   // dims: batch, classes, d_model
   kEinsum8.plan().run(v137.data(), v117.data(), v140.data(), 1.0f, 0.0f);
 
   // vit.mesh:99:13 broadcast
   MESHRT_TRACE("loop", "vit.mesh:99:13", "backward");
-  support::View v141 = arena_.view(74752, 128);
+  support::View v141 = arena_.view(76928, 128);
   loop14(v141.data(), v139.data());
 
   // vit.mesh:99:17 pad
@@ -2269,7 +2298,7 @@ void TrainVit::runPart1(const Inputs &inputs) {
 
   // vit.mesh:36:52 sum -> grad/vit/norm/bias
   MESHRT_TRACE("sum", "vit.mesh:36:52", "backward");
-  support::View v143 = arena_.view(378496, 64);
+  support::View v143 = arena_.view(385024, 64);
   support::reduce(v143.data(), kShape28, v142.data(), kShape1, kShape33, kShape34,
                   support::Reduce::Sum, 1.0);
 
@@ -2281,14 +2310,14 @@ void TrainVit::runPart1(const Inputs &inputs) {
 
   // vit.mesh:36:45 sum -> grad/vit/norm/gain
   MESHRT_TRACE("sum", "vit.mesh:36:45", "backward");
-  support::View v146 = arena_.view(378752, 64);
+  support::View v146 = arena_.view(385280, 64);
   support::reduce(v146.data(), kShape28, v145.data(), kShape1, kShape33, kShape34,
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:36:10 mean
   MESHRT_TRACE("mean", "vit.mesh:36:10", "backward");
   support::View v110 = arena_.view(273408, 2176);
-  support::View v147 = arena_.view(74240, 34);
+  support::View v147 = arena_.view(76416, 34);
   support::reduce(v147.data(), kShape33, v110.data(), kShape34, kShape28, kShape1,
                   support::Reduce::Sum, 0.015625);
 
@@ -2300,14 +2329,14 @@ void TrainVit::runPart1(const Inputs &inputs) {
 
   // vit.mesh:36:10 mean
   MESHRT_TRACE("mean", "vit.mesh:36:10", "backward");
-  support::View v150 = arena_.view(74240, 34);
+  support::View v150 = arena_.view(76416, 34);
   support::reduce(v150.data(), kShape33, v149.data(), kShape34, kShape28, kShape1,
                   support::Reduce::Sum, 0.015625);
 
   // vit.mesh:36:10 add
   // vit.mesh:36:10 rsqrt
   MESHRT_TRACE("loop", "vit.mesh:36:10", "backward");
-  support::View v153 = arena_.view(74432, 34);
+  support::View v153 = arena_.view(76608, 34);
   loop17(v153.data(), v150.data());
 
   // vit.mesh:36:45 mul
@@ -2320,13 +2349,13 @@ void TrainVit::runPart1(const Inputs &inputs) {
 
   // vit.mesh:36:10 mean
   MESHRT_TRACE("mean", "vit.mesh:36:10", "backward");
-  support::View v155 = arena_.view(74240, 34);
+  support::View v155 = arena_.view(76416, 34);
   support::reduce(v155.data(), kShape33, v154.data(), kShape34, kShape28, kShape1,
                   support::Reduce::Sum, 0.015625);
 
   // vit.mesh:36:10 mean
   MESHRT_TRACE("mean", "vit.mesh:36:10", "backward");
-  support::View v157 = arena_.view(74624, 34);
+  support::View v157 = arena_.view(76800, 34);
   support::reduce(v157.data(), kShape33, v144.data(), kShape34, kShape28, kShape1,
                   support::Reduce::Sum, 0.015625);
 
@@ -2347,6 +2376,7 @@ void TrainVit::runPart1(const Inputs &inputs) {
 
   // 56 statements from vit.mesh:81:48 sum -> grad/vit/encoder_layer[1]/ffn_scale (1 of 2)
   MESHRT_TRACE_SITE("vit.mesh:81:48");
+  support::View keep_v1148 = arena_.view(74240, 544);
   support::View v165 = arena_.view(273408, 2176);
   support::View v104 = arena_.view(49152, 4096);
   support::View v166 = arena_.view(282112, 2176);
@@ -2375,6 +2405,7 @@ void TrainVit::runPart1(const Inputs &inputs) {
   support::View v89 = arena_.view(229888, 2176);
   support::View v215 = arena_.view(256000, 2176);
   support::View v216 = arena_.view(264704, 2176);
+  support::View keep_v1149 = arena_.view(378496, 544);
   support::View v218 = arena_.view(229888, 2176);
   support::View v77(param25_vit_encoder_layer_1_attention_w_o); // updated in place
   support::View v219 = arena_.view(238592, 1088);
@@ -2425,13 +2456,12 @@ void TrainVit::runPart1(const Inputs &inputs) {
   support::View v250 = arena_.view(41664, 34);
   support::View v252 = arena_.view(41472, 34);
   support::View v254 = arena_.view(41856, 34);
-  repeated1(v163, v162, v161, v165, v104, v166, v103, v167, v168, v102, v191, v101, v192, v100,
-            v193, v194, v195, v197, v95, v199, v200, v201, v92, v203, v204, v206, v93, v198, v207,
-            v208, v210, v160, v67, v89, v214, v215, v216, v217, v218, v77, v219, v87, v220, v82,
-            v221, v86, v222, v223, v224, v227, v80, v228, v78, v229, v76, v230, v81, v231, v75,
-            v233, v79, v234, v74, v237, v238, v73, v239, v241, v71, v243, v244, v245, v66, v247,
-            v248, v250, v69, v242, v251, v252, v254, "vit/encoder_layer[1]/dropout#1",
-            "vit/encoder_layer[1]/dropout#0");
+  repeated1(v163, v162, v161, keep_v1148, v165, v104, v166, v103, v167, v168, v102, v191, v101,
+            v192, v100, v193, v194, v195, v197, v95, v199, v200, v201, v92, v203, v204, v206, v93,
+            v198, v207, v208, v210, v160, v67, v89, v214, v215, v216, v217, keep_v1149, v218, v77,
+            v219, v87, v220, v82, v221, v86, v222, v223, v224, v227, v80, v228, v78, v229, v76,
+            v230, v81, v231, v75, v233, v79, v234, v74, v237, v238, v73, v239, v241, v71, v243,
+            v244, v245, v66, v247, v248, v250, v69, v242, v251, v252, v254);
 
   // vit.mesh:36:10 mul
   // vit.mesh:36:10 sub
@@ -2451,6 +2481,7 @@ void TrainVit::runPart1(const Inputs &inputs) {
 
   // 56 statements from vit.mesh:81:48 sum -> grad/vit/encoder_layer[1]/ffn_scale (2 of 2)
   MESHRT_TRACE_SITE("vit.mesh:81:48");
+  support::View keep_v1150 = arena_.view(380672, 544);
   support::View v263 = arena_.view(32768, 2176);
   support::View v60 = arena_.view(16384, 4096);
   support::View v264 = arena_.view(177664, 2176);
@@ -2479,6 +2510,7 @@ void TrainVit::runPart1(const Inputs &inputs) {
   support::View v45 = arena_.view(125440, 2176);
   support::View v307 = arena_.view(151552, 2176);
   support::View v308 = arena_.view(160256, 2176);
+  support::View keep_v1151 = arena_.view(382848, 544);
   support::View v310 = arena_.view(125440, 2176);
   support::View v33(param13_vit_encoder_layer_0_attention_w_o); // updated in place
   support::View v311 = arena_.view(134144, 1088);
@@ -2529,13 +2561,12 @@ void TrainVit::runPart1(const Inputs &inputs) {
   support::View v342 = arena_.view(8896, 34);
   support::View v344 = arena_.view(8704, 34);
   support::View v346 = arena_.view(9088, 34);
-  repeated1(v261, v260, v259, v263, v60, v264, v59, v265, v266, v58, v283, v57, v284, v56, v285,
-            v286, v287, v289, v51, v291, v292, v293, v48, v295, v296, v298, v49, v290, v299, v300,
-            v302, v258, v23, v45, v306, v307, v308, v309, v310, v33, v311, v43, v312, v38, v313,
-            v42, v314, v315, v316, v319, v36, v320, v34, v321, v32, v322, v37, v323, v31, v325, v35,
-            v326, v30, v329, v330, v29, v331, v333, v27, v335, v336, v337, v22, v339, v340, v342,
-            v25, v334, v343, v344, v346, "vit/encoder_layer[0]/dropout#1",
-            "vit/encoder_layer[0]/dropout#0");
+  repeated1(v261, v260, v259, keep_v1150, v263, v60, v264, v59, v265, v266, v58, v283, v57, v284,
+            v56, v285, v286, v287, v289, v51, v291, v292, v293, v48, v295, v296, v298, v49, v290,
+            v299, v300, v302, v258, v23, v45, v306, v307, v308, v309, keep_v1151, v310, v33, v311,
+            v43, v312, v38, v313, v42, v314, v315, v316, v319, v36, v320, v34, v321, v32, v322, v37,
+            v323, v31, v325, v35, v326, v30, v329, v330, v29, v331, v333, v27, v335, v336, v337,
+            v22, v339, v340, v342, v25, v334, v343, v344, v346);
 
   // vit.mesh:36:10 mul
   // vit.mesh:36:10 sub
@@ -2600,11 +2631,11 @@ void TrainVit::runPart2(const Inputs &inputs) {
   // vit.mesh:112:3 bucketed_all_reduce_sum -> loss (33 partial sums (loss, grad/vit/b_head,
   // grad/vit/w_head, ...) over data resolved together, 150.8 KiB in one buffer)
   MESHRT_TRACE_SITE("vit.mesh:112:3");
-  support::View v125 = arena_.view(379072, 1);
-  support::View v138 = arena_.view(379008, 10);
+  support::View v125 = arena_.view(385600, 1);
+  support::View v138 = arena_.view(385536, 10);
   support::View v140 = arena_.view(375936, 640);
-  support::View v143 = arena_.view(378496, 64);
-  support::View v146 = arena_.view(378752, 64);
+  support::View v143 = arena_.view(385024, 64);
+  support::View v146 = arena_.view(385280, 64);
   support::View v163 = arena_.view(290816, 64);
   support::View v168 = arena_.view(65536, 4096);
   support::View v194 = arena_.view(49152, 4096);
@@ -3145,7 +3176,7 @@ void TrainVit::runPart3(const Inputs &inputs) {
   // vit.mesh:112:3 sub -> next/vit/b_head
   MESHRT_TRACE("loop", "vit.mesh:112:3", "update");
   support::View v5(param3_vit_b_head); // updated in place
-  support::View v138 = arena_.view(379008, 10);
+  support::View v138 = arena_.view(385536, 10);
   support::View v624(param38_vit_b_head_m); // updated in place
   support::View v625(param39_vit_b_head_v); // updated in place
   loop31(v624.data(), v625.data(), v5.data(), v138.data(), v523.data(), v570.data(), v572.data(),
@@ -3298,11 +3329,11 @@ void TrainVit::runPart3(const Inputs &inputs) {
   support::View v1144(param90_vit_encoder_layer_1_ffn_w_out_m); // updated in place
   support::View v1145(param91_vit_encoder_layer_1_ffn_w_out_v); // updated in place
   support::View v111(param30_vit_norm_gain);                    // updated in place
-  support::View v146 = arena_.view(378752, 64);
+  support::View v146 = arena_.view(385280, 64);
   support::View v1164(param92_vit_norm_gain_m); // updated in place
   support::View v1165(param93_vit_norm_gain_v); // updated in place
   support::View v112(param31_vit_norm_bias);    // updated in place
-  support::View v143 = arena_.view(378496, 64);
+  support::View v143 = arena_.view(385024, 64);
   support::View v1184(param94_vit_norm_bias_m); // updated in place
   support::View v1185(param95_vit_norm_bias_v); // updated in place
   repeated0(v69, v244, v523, v964, v965, v570, v572, v381, v70, v241, v984, v985, v74, v239, v1004,
@@ -3579,27 +3610,27 @@ void TrainVit::repeated0(
 }
 
 void TrainVit::repeated1(
-    support::View a0, support::ConstView a1, support::ConstView a2, support::View a3,
-    support::ConstView a4, support::View a5, support::ConstView a6, support::View a7,
-    support::View a8, support::ConstView a9, support::View a10, support::ConstView a11,
-    support::View a12, support::ConstView a13, support::View a14, support::View a15,
-    support::View a16, support::View a17, support::ConstView a18, support::View a19,
-    support::View a20, support::View a21, support::ConstView a22, support::View a23,
-    support::View a24, support::View a25, support::ConstView a26, support::View a27,
-    support::View a28, support::View a29, support::View a30, support::ConstView a31,
-    support::ConstView a32, support::ConstView a33, support::View a34, support::View a35,
+    support::View a0, support::ConstView a1, support::ConstView a2, support::ConstView a3,
+    support::View a4, support::ConstView a5, support::View a6, support::ConstView a7,
+    support::View a8, support::View a9, support::ConstView a10, support::View a11,
+    support::ConstView a12, support::View a13, support::ConstView a14, support::View a15,
+    support::View a16, support::View a17, support::View a18, support::ConstView a19,
+    support::View a20, support::View a21, support::View a22, support::ConstView a23,
+    support::View a24, support::View a25, support::View a26, support::ConstView a27,
+    support::View a28, support::View a29, support::View a30, support::View a31,
+    support::ConstView a32, support::ConstView a33, support::ConstView a34, support::View a35,
     support::View a36, support::View a37, support::View a38, support::ConstView a39,
     support::View a40, support::ConstView a41, support::View a42, support::ConstView a43,
-    support::View a44, support::ConstView a45, support::View a46, support::View a47,
-    support::View a48, support::View a49, support::ConstView a50, support::View a51,
+    support::View a44, support::ConstView a45, support::View a46, support::ConstView a47,
+    support::View a48, support::View a49, support::View a50, support::View a51,
     support::ConstView a52, support::View a53, support::ConstView a54, support::View a55,
     support::ConstView a56, support::View a57, support::ConstView a58, support::View a59,
     support::ConstView a60, support::View a61, support::ConstView a62, support::View a63,
-    support::View a64, support::ConstView a65, support::View a66, support::View a67,
-    support::ConstView a68, support::View a69, support::View a70, support::View a71,
-    support::ConstView a72, support::View a73, support::View a74, support::View a75,
-    support::ConstView a76, support::View a77, support::View a78, support::View a79,
-    support::View a80, const char *t0, const char *t1) {
+    support::ConstView a64, support::View a65, support::View a66, support::ConstView a67,
+    support::View a68, support::View a69, support::ConstView a70, support::View a71,
+    support::View a72, support::View a73, support::ConstView a74, support::View a75,
+    support::View a76, support::View a77, support::ConstView a78, support::View a79,
+    support::View a80, support::View a81, support::View a82) {
   MESHRT_TRACE_SPAN(world_);
 
   // vit.mesh:81:48 sum -> grad/vit/encoder_layer[1]/ffn_scale
@@ -3610,49 +3641,29 @@ void TrainVit::repeated1(
   // vit.mesh:81:14 dropout
   // vit.mesh:72:10 cast
   MESHRT_TRACE("loop", "vit.mesh:81:14", "backward");
-  {
-    const auto inv0 = meshrt::stepStreamKey(seed_, t0, uint64_t(step_));
-    const auto inv1 = int64_t(support::shardStart(world_, {"data"}, 2) * 1088);
-    float *__restrict a3p = a3.data();
-    const float *__restrict a2p = a2.data();
-    for (int64_t c0 = 0; c0 < 2176; c0 += 1024) {
-      const int64_t n0 = std::min<int64_t>(2176 - c0, 1024);
-      uint32_t keep1[1024];
-      {
-        const int64_t i0 = c0;
-        meshrt::dropoutKeepMasks(inv0, uint64_t(inv1 + i0), n0, 838861u, keep1);
-      }
-      for (int64_t i0 = c0; i0 < c0 + n0; ++i0) {
-        const float s0 = a2p[i0];
-        const float s1 =
-            support::keepOrZero(keep1[i0 - c0], float(double(s0) * 1.1111111111111112));
-        const float s2 = support::roundBF16(s1);
-        a3p[i0] = s2;
-      }
-    }
-  }
+  loop35(a4.data(), a2.data(), reinterpret_cast<const uint8_t *>(a3.data()));
 
   // vit.mesh:72:15 einsum
   MESHRT_TRACE("gemm", "vit.mesh:72:15", "backward");
   // dims: batch, tokens, d_model, d_ff
-  kEinsum10.plan().run(a3.data(), a4.data(), a5.data(), 1.0f, 0.0f);
+  kEinsum10.plan().run(a4.data(), a5.data(), a6.data(), 1.0f, 0.0f);
 
   // vit.mesh:72:15 einsum
   MESHRT_TRACE("einsum", "vit.mesh:72:15", "backward");
-  support::roundBufferBF16(a5);
+  support::roundBufferBF16(a6);
 
   // vit.mesh:72:15 einsum
   MESHRT_TRACE("gemm", "vit.mesh:72:15", "backward");
   // dims: batch, tokens, d_model, d_ff
-  kEinsum11.plan().run(a3.data(), a6.data(), a7.data(), 1.0f, 0.0f);
+  kEinsum11.plan().run(a4.data(), a7.data(), a8.data(), 1.0f, 0.0f);
 
   // vit.mesh:72:15 einsum
   MESHRT_TRACE("einsum", "vit.mesh:72:15", "backward");
-  support::roundBufferBF16(a7);
+  support::roundBufferBF16(a8);
 
   // vit.mesh:72:25 cast -> grad/vit/encoder_layer[1]/ffn/w_out
   MESHRT_TRACE("loop", "vit.mesh:72:25", "backward");
-  loop35(a8.data(), a7.data());
+  loop36(a9.data(), a8.data());
 
   // vit.mesh:71:11 square
   // vit.mesh:71:11 mul
@@ -3672,85 +3683,85 @@ void TrainVit::repeated1(
   // vit.mesh:71:11 add
   // vit.mesh:71:11 mul
   MESHRT_TRACE("loop", "vit.mesh:71:11", "backward");
-  loop36(a10.data(), a9.data(), a5.data());
+  loop37(a11.data(), a10.data(), a6.data());
 
   // vit.mesh:71:16 einsum
   MESHRT_TRACE("gemm", "vit.mesh:71:16", "backward");
   // dims: batch, tokens, d_ff, d_model
-  kEinsum10.plan().run(a10.data(), a11.data(), a12.data(), 1.0f, 0.0f);
+  kEinsum10.plan().run(a11.data(), a12.data(), a13.data(), 1.0f, 0.0f);
 
   // vit.mesh:71:16 einsum
   MESHRT_TRACE("einsum", "vit.mesh:71:16", "backward");
-  support::roundBufferBF16(a12);
+  support::roundBufferBF16(a13);
 
   // vit.mesh:71:16 einsum
   MESHRT_TRACE("gemm", "vit.mesh:71:16", "backward");
   // dims: batch, tokens, d_ff, d_model
-  kEinsum11.plan().run(a10.data(), a13.data(), a14.data(), 1.0f, 0.0f);
+  kEinsum11.plan().run(a11.data(), a14.data(), a15.data(), 1.0f, 0.0f);
 
   // vit.mesh:71:16 einsum
   MESHRT_TRACE("einsum", "vit.mesh:71:16", "backward");
-  support::roundBufferBF16(a14);
+  support::roundBufferBF16(a15);
 
   // vit.mesh:71:38 cast -> grad/vit/encoder_layer[1]/ffn/w_in
   MESHRT_TRACE("loop", "vit.mesh:71:38", "backward");
-  loop35(a15.data(), a14.data());
+  loop36(a16.data(), a15.data());
 
   // vit.mesh:71:23 cast
   MESHRT_TRACE("loop", "vit.mesh:71:23", "backward");
-  loop37(a16.data(), a12.data());
+  loop38(a17.data(), a13.data());
 
   // vit.mesh:36:52 all_reduce_sum (resolve the partial sum of %191 over model for sum at 36:52)
   MESHRT_TRACE_SITE("vit.mesh:36:52");
-  group_model.allReduce(a16.data(), a16.size(), meshrt::ReduceOp::Sum);
+  group_model.allReduce(a17.data(), a17.size(), meshrt::ReduceOp::Sum);
 
   // vit.mesh:36:52 sum -> grad/vit/encoder_layer[1]/norm#1/bias
   MESHRT_TRACE("sum", "vit.mesh:36:52", "backward");
-  support::reduce(a17.data(), kShape28, a16.data(), kShape1, kShape33, kShape34,
+  support::reduce(a18.data(), kShape28, a17.data(), kShape1, kShape33, kShape34,
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:36:45 mul
   MESHRT_TRACE("loop", "vit.mesh:36:45", "backward");
-  loop15(a19.data(), a16.data(), a18.data());
+  loop15(a20.data(), a17.data(), a19.data());
 
   // vit.mesh:36:45 sum -> grad/vit/encoder_layer[1]/norm#1/gain
   MESHRT_TRACE("sum", "vit.mesh:36:45", "backward");
-  support::reduce(a20.data(), kShape28, a19.data(), kShape1, kShape33, kShape34,
+  support::reduce(a21.data(), kShape28, a20.data(), kShape1, kShape33, kShape34,
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:36:10 mean
   MESHRT_TRACE("mean", "vit.mesh:36:10", "backward");
-  support::reduce(a21.data(), kShape33, a22.data(), kShape34, kShape28, kShape1,
+  support::reduce(a22.data(), kShape33, a23.data(), kShape34, kShape28, kShape1,
                   support::Reduce::Sum, 0.015625);
 
   // vit.mesh:36:10 sub
   // vit.mesh:36:10 square
   MESHRT_TRACE("loop", "vit.mesh:36:10", "backward");
-  loop16(a23.data(), a22.data(), a21.data());
+  loop16(a24.data(), a23.data(), a22.data());
 
   // vit.mesh:36:10 mean
   MESHRT_TRACE("mean", "vit.mesh:36:10", "backward");
-  support::reduce(a24.data(), kShape33, a23.data(), kShape34, kShape28, kShape1,
+  support::reduce(a25.data(), kShape33, a24.data(), kShape34, kShape28, kShape1,
                   support::Reduce::Sum, 0.015625);
 
   // vit.mesh:36:10 add
   // vit.mesh:36:10 rsqrt
   MESHRT_TRACE("loop", "vit.mesh:36:10", "backward");
-  loop17(a25.data(), a24.data());
+  loop17(a26.data(), a25.data());
 
   // vit.mesh:36:45 mul
   // vit.mesh:36:10 mul
   MESHRT_TRACE("loop", "vit.mesh:36:45", "backward");
-  loop18(a27.data(), a28.data(), a16.data(), a26.data(), a18.data());
+  loop18(a28.data(), a29.data(), a17.data(), a27.data(), a19.data());
 
   // vit.mesh:36:10 mean
   MESHRT_TRACE("mean", "vit.mesh:36:10", "backward");
-  support::reduce(a29.data(), kShape33, a28.data(), kShape34, kShape28, kShape1,
+  support::reduce(a30.data(), kShape33, a29.data(), kShape34, kShape28, kShape1,
                   support::Reduce::Sum, 0.015625);
 
   // vit.mesh:36:10 mean
   MESHRT_TRACE("mean", "vit.mesh:36:10", "backward");
-  support::reduce(a30.data(), kShape33, a27.data(), kShape34, kShape28, kShape1,
+  support::reduce(a31.data(), kShape33, a28.data(), kShape34, kShape28, kShape1,
                   support::Reduce::Sum, 0.015625);
 
   // vit.mesh:36:10 mul
@@ -3761,187 +3772,166 @@ void TrainVit::repeated1(
   // vit.mesh:80:55 mul
   // vit.mesh:80:55 mul
   MESHRT_TRACE("loop", "vit.mesh:36:10", "backward");
-  loop20(a34.data(), a35.data(), a36.data(), a18.data(), a29.data(), a27.data(), a30.data(),
-         a25.data(), a31.data(), a32.data(), a33.data());
+  loop20(a35.data(), a36.data(), a37.data(), a19.data(), a30.data(), a28.data(), a31.data(),
+         a26.data(), a32.data(), a33.data(), a34.data());
 
   // vit.mesh:80:55 sum -> grad/vit/encoder_layer[1]/attention_scale
   MESHRT_TRACE("sum", "vit.mesh:80:55", "backward");
-  support::reduce(a37.data(), kShape28, a36.data(), kShape1, kShape33, kShape34,
+  support::reduce(a38.data(), kShape28, a37.data(), kShape1, kShape33, kShape34,
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:80:15 dropout
   MESHRT_TRACE("loop", "vit.mesh:80:15", "backward");
-  {
-    const auto inv0 = meshrt::stepStreamKey(seed_, t1, uint64_t(step_));
-    const auto inv1 = int64_t(support::shardStart(world_, {"data"}, 2) * 1088);
-    float *__restrict a38p = a38.data();
-    const float *__restrict a35p = a35.data();
-    for (int64_t c0 = 0; c0 < 2176; c0 += 1024) {
-      const int64_t n0 = std::min<int64_t>(2176 - c0, 1024);
-      uint32_t keep1[1024];
-      {
-        const int64_t i0 = c0;
-        meshrt::dropoutKeepMasks(inv0, uint64_t(inv1 + i0), n0, 838861u, keep1);
-      }
-      for (int64_t i0 = c0; i0 < c0 + n0; ++i0) {
-        const float s0 = a35p[i0];
-        const float s1 =
-            support::keepOrZero(keep1[i0 - c0], float(double(s0) * 1.1111111111111112));
-        a38p[i0] = s1;
-      }
-    }
-  }
+  loop39(a40.data(), a36.data(), reinterpret_cast<const uint8_t *>(a39.data()));
 
   // vit.mesh:63:10 einsum
   MESHRT_TRACE("gemm", "vit.mesh:63:10", "backward");
   // dims: batch, tokens, d_model, heads, d_head
-  kEinsum12.plan().run(a38.data(), a39.data(), a40.data(), 1.0f, 0.0f);
+  kEinsum12.plan().run(a40.data(), a41.data(), a42.data(), 1.0f, 0.0f);
 
   // vit.mesh:63:10 einsum -> grad/vit/encoder_layer[1]/attention/w_o
   MESHRT_TRACE("gemm", "vit.mesh:63:10", "backward");
   // dims: batch, tokens, d_model, heads, d_head
-  kEinsum13.plan().run(a38.data(), a41.data(), a42.data(), 1.0f, 0.0f);
+  kEinsum13.plan().run(a40.data(), a43.data(), a44.data(), 1.0f, 0.0f);
 
   // vit.mesh:63:17 einsum
   MESHRT_TRACE("gemm", "vit.mesh:63:17", "backward");
   // dims: batch, tokens, heads, d_head, mem
-  kEinsum3.plan().run(a40.data(), a43.data(), a44.data(), 1.0f, 0.0f);
+  kEinsum3.plan().run(a42.data(), a45.data(), a46.data(), 1.0f, 0.0f);
 
   // vit.mesh:63:17 einsum
   MESHRT_TRACE("gemm", "vit.mesh:63:17", "backward");
   // dims: batch, tokens, heads, d_head, mem
-  kEinsum14.plan().run(a40.data(), a45.data(), a46.data(), 1.0f, 0.0f);
+  kEinsum14.plan().run(a42.data(), a47.data(), a48.data(), 1.0f, 0.0f);
 
   // vit.mesh:62:17 mul
   MESHRT_TRACE("loop", "vit.mesh:62:17", "backward");
-  loop38(a47.data(), a44.data(), a45.data());
+  loop40(a49.data(), a46.data(), a47.data());
 
   // vit.mesh:62:17 sum
   MESHRT_TRACE("sum", "vit.mesh:62:17", "backward");
-  support::reduce(a48.data(), kShape30, a47.data(), kShape31, kShape32, kShape1,
+  support::reduce(a50.data(), kShape30, a49.data(), kShape31, kShape32, kShape1,
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:62:17 sub
   // vit.mesh:62:17 mul
   // vit.mesh:62:67 mul
   MESHRT_TRACE("loop", "vit.mesh:62:17", "backward");
-  loop39(a49.data(), a44.data(), a48.data(), a45.data());
+  loop41(a51.data(), a46.data(), a50.data(), a47.data());
 
   // vit.mesh:62:25 einsum
   MESHRT_TRACE("gemm", "vit.mesh:62:25", "backward");
   // dims: batch, heads, tokens, mem, d_head
-  kEinsum4.plan().run(a49.data(), a50.data(), a51.data(), 1.0f, 0.0f);
+  kEinsum4.plan().run(a51.data(), a52.data(), a53.data(), 1.0f, 0.0f);
 
   // vit.mesh:62:25 einsum
   MESHRT_TRACE("gemm", "vit.mesh:62:25", "backward");
   // dims: batch, heads, tokens, mem, d_head
-  kEinsum15.plan().run(a49.data(), a52.data(), a53.data(), 1.0f, 0.0f);
+  kEinsum15.plan().run(a51.data(), a54.data(), a55.data(), 1.0f, 0.0f);
 
   // vit.mesh:61:11 einsum
   MESHRT_TRACE("gemm", "vit.mesh:61:11", "backward");
   // dims: batch, mem, heads, d_head, d_model
-  kEinsum16.plan().run(a46.data(), a54.data(), a55.data(), 1.0f, 0.0f);
+  kEinsum16.plan().run(a48.data(), a56.data(), a57.data(), 1.0f, 0.0f);
 
   // vit.mesh:61:11 einsum -> grad/vit/encoder_layer[1]/attention/w_v
   MESHRT_TRACE("gemm", "vit.mesh:61:11", "backward");
   // dims: batch, mem, heads, d_head, d_model
-  kEinsum17.plan().run(a46.data(), a56.data(), a57.data(), 1.0f, 0.0f);
+  kEinsum17.plan().run(a48.data(), a58.data(), a59.data(), 1.0f, 0.0f);
 
   // vit.mesh:60:11 einsum
   MESHRT_TRACE("gemm", "vit.mesh:60:11", "backward");
   // dims: batch, mem, heads, d_head, d_model
-  kEinsum16.plan().run(a53.data(), a58.data(), a59.data(), 1.0f, 0.0f);
+  kEinsum16.plan().run(a55.data(), a60.data(), a61.data(), 1.0f, 0.0f);
 
   // vit.mesh:60:11 einsum -> grad/vit/encoder_layer[1]/attention/w_k
   MESHRT_TRACE("gemm", "vit.mesh:60:11", "backward");
   // dims: batch, mem, heads, d_head, d_model
-  kEinsum17.plan().run(a53.data(), a60.data(), a61.data(), 1.0f, 0.0f);
+  kEinsum17.plan().run(a55.data(), a62.data(), a63.data(), 1.0f, 0.0f);
 
   // vit.mesh:59:11 einsum
   MESHRT_TRACE("gemm", "vit.mesh:59:11", "backward");
   // dims: batch, tokens, heads, d_head, d_model
-  kEinsum16.plan().run(a51.data(), a62.data(), a63.data(), 1.0f, 0.0f);
+  kEinsum16.plan().run(a53.data(), a64.data(), a65.data(), 1.0f, 0.0f);
 
   // vit.mesh:60:18 add
   // vit.mesh:59:11 add
   MESHRT_TRACE("loop", "vit.mesh:60:18", "backward");
-  loop40(a64.data(), a55.data(), a59.data(), a63.data());
+  loop42(a66.data(), a57.data(), a61.data(), a65.data());
 
   // vit.mesh:36:52 all_reduce_sum (resolve the partial sum of %233 over model for sum at 36:52)
   MESHRT_TRACE_SITE("vit.mesh:36:52");
-  auto request0 = support::startAllReduce(group_model, {a64}, meshrt::ReduceOp::Sum);
+  auto request0 = support::startAllReduce(group_model, {a66}, meshrt::ReduceOp::Sum);
 
   // vit.mesh:59:11 einsum -> grad/vit/encoder_layer[1]/attention/w_q
   MESHRT_TRACE("gemm", "vit.mesh:59:11", "backward");
   // dims: batch, tokens, heads, d_head, d_model
-  kEinsum17.plan().run(a51.data(), a65.data(), a66.data(), 1.0f, 0.0f);
+  kEinsum17.plan().run(a53.data(), a67.data(), a68.data(), 1.0f, 0.0f);
 
   MESHRT_TRACE_SITE("vit.mesh:36:52");
   group_model.wait(request0);
 
   // vit.mesh:36:52 sum -> grad/vit/encoder_layer[1]/norm/bias
   MESHRT_TRACE("sum", "vit.mesh:36:52", "backward");
-  support::reduce(a67.data(), kShape28, a64.data(), kShape1, kShape33, kShape34,
+  support::reduce(a69.data(), kShape28, a66.data(), kShape1, kShape33, kShape34,
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:36:45 mul
   MESHRT_TRACE("loop", "vit.mesh:36:45", "backward");
-  loop15(a69.data(), a64.data(), a68.data());
+  loop15(a71.data(), a66.data(), a70.data());
 
   // vit.mesh:36:45 sum -> grad/vit/encoder_layer[1]/norm/gain
   MESHRT_TRACE("sum", "vit.mesh:36:45", "backward");
-  support::reduce(a70.data(), kShape28, a69.data(), kShape1, kShape33, kShape34,
+  support::reduce(a72.data(), kShape28, a71.data(), kShape1, kShape33, kShape34,
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:36:10 mean
   MESHRT_TRACE("mean", "vit.mesh:36:10", "backward");
-  support::reduce(a71.data(), kShape33, a72.data(), kShape34, kShape28, kShape1,
+  support::reduce(a73.data(), kShape33, a74.data(), kShape34, kShape28, kShape1,
                   support::Reduce::Sum, 0.015625);
 
   // vit.mesh:36:10 sub
   // vit.mesh:36:10 square
   MESHRT_TRACE("loop", "vit.mesh:36:10", "backward");
-  loop16(a73.data(), a72.data(), a71.data());
+  loop16(a75.data(), a74.data(), a73.data());
 
   // vit.mesh:36:10 mean
   MESHRT_TRACE("mean", "vit.mesh:36:10", "backward");
-  support::reduce(a74.data(), kShape33, a73.data(), kShape34, kShape28, kShape1,
+  support::reduce(a76.data(), kShape33, a75.data(), kShape34, kShape28, kShape1,
                   support::Reduce::Sum, 0.015625);
 
   // vit.mesh:36:10 add
   // vit.mesh:36:10 rsqrt
   MESHRT_TRACE("loop", "vit.mesh:36:10", "backward");
-  loop17(a75.data(), a74.data());
+  loop17(a77.data(), a76.data());
 
   // vit.mesh:36:45 mul
   // vit.mesh:36:10 mul
   MESHRT_TRACE("loop", "vit.mesh:36:45", "backward");
-  loop18(a77.data(), a78.data(), a64.data(), a76.data(), a68.data());
+  loop18(a79.data(), a80.data(), a66.data(), a78.data(), a70.data());
 
   // vit.mesh:36:10 mean
   MESHRT_TRACE("mean", "vit.mesh:36:10", "backward");
-  support::reduce(a79.data(), kShape33, a78.data(), kShape34, kShape28, kShape1,
+  support::reduce(a81.data(), kShape33, a80.data(), kShape34, kShape28, kShape1,
                   support::Reduce::Sum, 0.015625);
 
   // vit.mesh:36:10 mean
   MESHRT_TRACE("mean", "vit.mesh:36:10", "backward");
-  support::reduce(a80.data(), kShape33, a77.data(), kShape34, kShape28, kShape1,
+  support::reduce(a82.data(), kShape33, a79.data(), kShape34, kShape28, kShape1,
                   support::Reduce::Sum, 0.015625);
 }
 
-void TrainVit::repeated2(support::ConstView a0, support::ConstView a1, support::View a2,
-                         support::View a3, support::ConstView a4, support::View a5,
-                         support::View a6, support::ConstView a7, support::View a8,
-                         support::View a9, support::View a10, support::View a11,
-                         support::ConstView a12, support::View a13, support::View a14,
-                         support::ConstView a15, support::ConstView a16, support::View a17,
-                         support::View a18, support::ConstView a19, support::ConstView a20,
-                         support::View a21, support::ConstView a22, support::View a23,
-                         support::View a24, support::View a25, support::ConstView a26,
-                         support::View a27, support::View a28, support::View a29,
-                         support::ConstView a30, support::View a31, support::View a32,
-                         support::ConstView a33, support::ConstView a34, support::View a35,
-                         const char *t0, const char *t1) {
+void TrainVit::repeated2(
+    support::ConstView a0, support::ConstView a1, support::View a2, support::View a3,
+    support::ConstView a4, support::View a5, support::View a6, support::ConstView a7,
+    support::View a8, support::View a9, support::View a10, support::View a11,
+    support::ConstView a12, support::View a13, support::View a14, support::View a15,
+    support::ConstView a16, support::ConstView a17, support::View a18, support::View a19,
+    support::ConstView a20, support::ConstView a21, support::View a22, support::ConstView a23,
+    support::View a24, support::View a25, support::View a26, support::ConstView a27,
+    support::View a28, support::View a29, support::View a30, support::View a31,
+    support::ConstView a32, support::View a33, support::View a34, support::ConstView a35,
+    support::ConstView a36, support::View a37, const char *t0, const char *t1) {
   MESHRT_TRACE_SPAN(world_);
 
   // vit.mesh:59:11 einsum -> q
@@ -3994,6 +3984,7 @@ void TrainVit::repeated2(support::ConstView a0, support::ConstView a1, support::
     const auto inv0 = meshrt::stepStreamKey(seed_, t0, uint64_t(step_));
     const auto inv1 = int64_t(support::shardStart(world_, {"data"}, 2) * 1088);
     float *__restrict a14p = a14.data();
+    uint8_t *__restrict a15p = reinterpret_cast<uint8_t *>(a15.data());
     const float *__restrict a13p = a13.data();
     for (int64_t c0 = 0; c0 < 2176; c0 += 1024) {
       const int64_t n0 = std::min<int64_t>(2176 - c0, 1024);
@@ -4004,9 +3995,10 @@ void TrainVit::repeated2(support::ConstView a0, support::ConstView a1, support::
       }
       for (int64_t i0 = c0; i0 < c0 + n0; ++i0) {
         const float s0 = a13p[i0];
-        const float s1 =
-            support::keepOrZero(keep1[i0 - c0], float(double(s0) * 1.1111111111111112));
+        const uint32_t m1 = keep1[i0 - c0];
+        const float s1 = support::keepOrZero(m1, float(double(s0) * 1.1111111111111112));
         a14p[i0] = s1;
+        a15p[i0] = uint8_t(m1 & 1u);
       }
     }
   }
@@ -4018,48 +4010,48 @@ void TrainVit::repeated2(support::ConstView a0, support::ConstView a1, support::
   // vit.mesh:80:55 mul
   // vit.mesh:80:13 add -> h
   MESHRT_TRACE("loop", "vit.mesh:80:55", "forward");
-  loop41(a17.data(), a14.data(), a15.data(), a16.data());
+  loop43(a18.data(), a14.data(), a16.data(), a17.data());
 
   // vit.mesh:36:10 layer_norm
   MESHRT_TRACE("layer_norm", "vit.mesh:36:10", "forward");
-  support::along(a18.data(), a17.data(), kShape33, kShape34, kShape34, kShape28, kShape1, kShape1,
+  support::along(a19.data(), a18.data(), kShape33, kShape34, kShape34, kShape28, kShape1, kShape1,
                  support::Along::LayerNorm, 1e-06, 64, nullptr);
 
   // vit.mesh:36:45 mul
   // vit.mesh:36:52 add
   // vit.mesh:71:23 cast
   MESHRT_TRACE("loop", "vit.mesh:36:45", "forward");
-  loop6(a21.data(), a18.data(), a19.data(), a20.data());
+  loop6(a22.data(), a19.data(), a20.data(), a21.data());
 
   // vit.mesh:71:38 cast
   MESHRT_TRACE("loop", "vit.mesh:71:38", "forward");
-  loop7(a23.data(), a22.data());
+  loop7(a24.data(), a23.data());
 
   // vit.mesh:71:16 einsum
   MESHRT_TRACE("gemm", "vit.mesh:71:16", "forward");
   // dims: batch, tokens, d_model, d_ff
-  kEinsum6.plan().run(a21.data(), a23.data(), a24.data(), 1.0f, 0.0f);
+  kEinsum6.plan().run(a22.data(), a24.data(), a25.data(), 1.0f, 0.0f);
 
   // vit.mesh:71:16 einsum
   MESHRT_TRACE("einsum", "vit.mesh:71:16", "forward");
-  support::roundBufferBF16(a24);
+  support::roundBufferBF16(a25);
 
   // vit.mesh:71:11 gelu -> h
   MESHRT_TRACE("loop", "vit.mesh:71:11", "forward");
-  loop8(a25.data(), a24.data());
+  loop8(a26.data(), a25.data());
 
   // vit.mesh:72:25 cast
   MESHRT_TRACE("loop", "vit.mesh:72:25", "forward");
-  loop7(a27.data(), a26.data());
+  loop7(a28.data(), a27.data());
 
   // vit.mesh:72:15 einsum
   MESHRT_TRACE("gemm", "vit.mesh:72:15", "forward");
   // dims: batch, tokens, d_ff, d_model
-  kEinsum6.plan().run(a25.data(), a27.data(), a28.data(), 1.0f, 0.0f);
+  kEinsum6.plan().run(a26.data(), a28.data(), a29.data(), 1.0f, 0.0f);
 
   // vit.mesh:72:15 einsum
   MESHRT_TRACE("einsum", "vit.mesh:72:15", "forward");
-  support::roundBufferBF16(a28);
+  support::roundBufferBF16(a29);
 
   // vit.mesh:72:10 cast
   // vit.mesh:81:14 dropout
@@ -4067,8 +4059,9 @@ void TrainVit::repeated2(support::ConstView a0, support::ConstView a1, support::
   {
     const auto inv0 = meshrt::stepStreamKey(seed_, t1, uint64_t(step_));
     const auto inv1 = int64_t(support::shardStart(world_, {"data"}, 2) * 1088);
-    float *__restrict a29p = a29.data();
-    const float *__restrict a28p = a28.data();
+    float *__restrict a30p = a30.data();
+    uint8_t *__restrict a31p = reinterpret_cast<uint8_t *>(a31.data());
+    const float *__restrict a29p = a29.data();
     for (int64_t c0 = 0; c0 < 2176; c0 += 1024) {
       const int64_t n0 = std::min<int64_t>(2176 - c0, 1024);
       uint32_t keep2[1024];
@@ -4077,33 +4070,34 @@ void TrainVit::repeated2(support::ConstView a0, support::ConstView a1, support::
         meshrt::dropoutKeepMasks(inv0, uint64_t(inv1 + i0), n0, 838861u, keep2);
       }
       for (int64_t i0 = c0; i0 < c0 + n0; ++i0) {
-        const float s0 = a28p[i0];
+        const float s0 = a29p[i0];
         const float s1 = s0;
-        const float s2 =
-            support::keepOrZero(keep2[i0 - c0], float(double(s1) * 1.1111111111111112));
-        a29p[i0] = s2;
+        const uint32_t m2 = keep2[i0 - c0];
+        const float s2 = support::keepOrZero(m2, float(double(s1) * 1.1111111111111112));
+        a30p[i0] = s2;
+        a31p[i0] = uint8_t(m2 & 1u);
       }
     }
   }
 
   // vit.mesh:81:48 all_reduce_sum (resolve the partial sum of %62 over model for mul at 81:48)
   MESHRT_TRACE_SITE("vit.mesh:81:48");
-  group_model.allReduce(a29.data(), a29.size(), meshrt::ReduceOp::Sum);
+  group_model.allReduce(a30.data(), a30.size(), meshrt::ReduceOp::Sum);
 
   // vit.mesh:81:48 mul
   // vit.mesh:81:12 add -> x
   MESHRT_TRACE("loop", "vit.mesh:81:48", "forward");
-  loop41(a31.data(), a29.data(), a30.data(), a17.data());
+  loop43(a33.data(), a30.data(), a32.data(), a18.data());
 
   // vit.mesh:36:10 layer_norm
   MESHRT_TRACE("layer_norm", "vit.mesh:36:10", "forward");
-  support::along(a32.data(), a31.data(), kShape33, kShape34, kShape34, kShape28, kShape1, kShape1,
+  support::along(a34.data(), a33.data(), kShape33, kShape34, kShape34, kShape28, kShape1, kShape1,
                  support::Along::LayerNorm, 1e-06, 64, nullptr);
 
   // vit.mesh:36:45 mul
   // vit.mesh:36:52 add
   MESHRT_TRACE("loop", "vit.mesh:36:45", "forward");
-  loop10(a35.data(), a32.data(), a33.data(), a34.data());
+  loop10(a37.data(), a34.data(), a35.data(), a36.data());
 }
 
 void TrainVit::repeated3(support::View a0, support::ConstView a1, support::ConstView a2,
@@ -4175,7 +4169,7 @@ void TrainVit::repeated5(support::ConstView a0, support::View a1, support::View 
 
   // vit.mesh:112:3 square
   MESHRT_TRACE("loop", "vit.mesh:112:3", "backward");
-  loop42(a1.data(), a0.data());
+  loop44(a1.data(), a0.data());
 
   // vit.mesh:112:3 sum
   MESHRT_TRACE("sum", "vit.mesh:112:3", "backward");
@@ -4184,7 +4178,7 @@ void TrainVit::repeated5(support::ConstView a0, support::View a1, support::View 
 
   // vit.mesh:112:3 square
   MESHRT_TRACE("loop", "vit.mesh:112:3", "backward");
-  loop42(a4.data(), a3.data());
+  loop44(a4.data(), a3.data());
 
   // vit.mesh:112:3 sum
   MESHRT_TRACE("sum", "vit.mesh:112:3", "backward");
@@ -4193,7 +4187,7 @@ void TrainVit::repeated5(support::ConstView a0, support::View a1, support::View 
 
   // vit.mesh:112:3 square
   MESHRT_TRACE("loop", "vit.mesh:112:3", "backward");
-  loop42(a7.data(), a6.data());
+  loop44(a7.data(), a6.data());
 
   // vit.mesh:112:3 sum
   MESHRT_TRACE("sum", "vit.mesh:112:3", "backward");
@@ -4202,7 +4196,7 @@ void TrainVit::repeated5(support::ConstView a0, support::View a1, support::View 
 
   // vit.mesh:112:3 square
   MESHRT_TRACE("loop", "vit.mesh:112:3", "backward");
-  loop42(a10.data(), a9.data());
+  loop44(a10.data(), a9.data());
 
   // vit.mesh:112:3 sum
   MESHRT_TRACE("sum", "vit.mesh:112:3", "backward");
@@ -4211,7 +4205,7 @@ void TrainVit::repeated5(support::ConstView a0, support::View a1, support::View 
 
   // vit.mesh:112:3 square
   MESHRT_TRACE("loop", "vit.mesh:112:3", "backward");
-  loop43(a13.data(), a12.data());
+  loop45(a13.data(), a12.data());
 
   // vit.mesh:112:3 sum
   MESHRT_TRACE("sum", "vit.mesh:112:3", "backward");
@@ -4220,7 +4214,7 @@ void TrainVit::repeated5(support::ConstView a0, support::View a1, support::View 
 
   // vit.mesh:112:3 square
   MESHRT_TRACE("loop", "vit.mesh:112:3", "backward");
-  loop43(a16.data(), a15.data());
+  loop45(a16.data(), a15.data());
 
   // vit.mesh:112:3 sum
   MESHRT_TRACE("sum", "vit.mesh:112:3", "backward");

@@ -11,6 +11,7 @@
 #include "codegen/FuseRowKernels.h"
 #include "codegen/GatherOneHotProducts.h"
 #include "codegen/HoistInvariants.h"
+#include "codegen/KeepDropoutMasks.h"
 #include "codegen/Lower.h"
 #include "codegen/OutlineRepeatedCode.h"
 #include "codegen/PlanBuffers.h"
@@ -1485,4 +1486,144 @@ TEST_CASE("contract-pairwise: an output dim no operand has is a GEMM, then a bro
   CHECK(copy.reads[0] == Access{product.out, {e, 0, 1}});
   REQUIRE(copy.stores.size() == 1);
   CHECK(copy.stores[0].at == Access{out, {r * e, e, 1}});
+}
+
+namespace {
+
+/// out = dropout(in) over 8 points, its mask keyed by `stream` (rate `rate`, global index i).
+void dropoutLoop(Builder& b, BufferId out, BufferId in, const std::string& stream,
+                 double rate = 0.1, bool recomputed = false) {
+  b.loop(out, ir::OpKind::Neg, {in}, 8);
+  Loop& loop = std::get<Loop>(b.fn.body.back().node);
+  loop.body.pop_back(); // the Neg: the loaded value is dropped out as it is
+  loop.invariants = {Arg{.kind = Arg::Kind::StreamKey, .text = stream},
+                     Arg{.kind = Arg::Kind::GlobalBase}};
+  loop.body.push_back(
+      Scalar{.kind = Scalar::Kind::Dropout, .args = {0}, .read = 0, .value = rate, .strides = {1}});
+  loop.stores.back().value = 1;
+  b.fn.body.back().recomputed = recomputed;
+}
+
+const Loop& loopAt(const Builder& b, size_t k) {
+  return std::get<Loop>(b.fn.body[k].node);
+}
+
+} // namespace
+
+TEST_CASE("keep-dropout-masks: a later dropout of the same mask reads the bytes the first stores") {
+  Builder b;
+  BufferId x = b.buffer(8, Storage::Input), g = b.buffer(8, Storage::Input);
+  BufferId y = b.buffer(8), other = b.buffer(8), dx = b.buffer(8), again = b.buffer(8);
+  BufferId rate = b.buffer(8);
+  dropoutLoop(b, y, x, "s");         // 0: the forward draws
+  dropoutLoop(b, other, x, "t");     // 1: another stream
+  dropoutLoop(b, dx, g, "s");        // 2: backward's dropout of the gradient
+  dropoutLoop(b, again, g, "s");     // 3: the same mask once more
+  dropoutLoop(b, rate, g, "s", 0.2); // 4: another rate draws its own
+  b.fn.outputs = {y, other, dx, again, rate};
+  size_t buffers = b.fn.buffers.size();
+  keepDropoutMasks(b.fn);
+  REQUIRE(verifyKernels(b.fn).empty());
+  REQUIRE(b.fn.buffers.size() == buffers + 1); // one mask, for stream s at rate 0.1
+  BufferId mask = BufferId(buffers);
+  CHECK(b.fn.buffers[size_t(mask)].keepMask);
+  CHECK(b.fn.buffers[size_t(mask)].elements == 2); // 8 bytes in two float slots
+  CHECK(accessibleElements(b.fn.buffers[size_t(mask)]) == 8);
+  const Loop& forward = loopAt(b, 0);
+  REQUIRE(forward.stores.size() == 2);
+  CHECK((forward.stores[1].at.buffer == mask && forward.stores[1].keepBit &&
+         forward.stores[1].value == 1));
+  for (size_t k : {2u, 3u}) {
+    const Loop& backward = loopAt(b, k);
+    CHECK(backward.invariants.empty()); // nothing drawn: no key, no base
+    REQUIRE(backward.body.size() == 3);
+    CHECK(backward.body[1].kind == Scalar::Kind::Load);
+    CHECK(backward.reads[size_t(backward.body[1].read)].buffer == mask);
+    CHECK(backward.body[2].args == std::vector<int>{0, 1});
+    CHECK(backward.stores[0].value == 2);
+  }
+  for (size_t k : {1u, 4u}) {
+    CHECK(loopAt(b, k).stores.size() == 1);
+    CHECK(loopAt(b, k).body.back().args.size() == 1);
+  }
+  CHECK(printKernels(b.fn).find("dropout %0 rate 0.1 kept %1") != std::string::npos);
+  CHECK(printKernels(b.fn).find("= keep %1") != std::string::npos);
+}
+
+TEST_CASE("keep-dropout-masks: a recomputed forward draws, and its backward reads its mask") {
+  Builder b;
+  BufferId x = b.buffer(8, Storage::Input), g = b.buffer(8, Storage::Input);
+  BufferId y = b.buffer(8), y2 = b.buffer(8), dx = b.buffer(8);
+  dropoutLoop(b, y, x, "s");
+  dropoutLoop(b, y2, x, "s", 0.1, /*recomputed=*/true);
+  dropoutLoop(b, dx, g, "s");
+  b.fn.outputs = {y, y2, dx};
+  keepDropoutMasks(b.fn);
+  REQUIRE(verifyKernels(b.fn).empty());
+  CHECK(loopAt(b, 0).stores.size() == 1); // the forward keeps nothing alive
+  CHECK(loopAt(b, 1).body.back().args.size() == 1);
+  REQUIRE(loopAt(b, 1).stores.size() == 2);
+  CHECK(loopAt(b, 1).stores[1].keepBit);
+  CHECK(loopAt(b, 2).reads.back().buffer == loopAt(b, 1).stores[1].at.buffer);
+}
+
+TEST_CASE("the verifier rejects a keep mask used as anything but a dropout's bytes") {
+  auto kept = [] {
+    Builder b;
+    BufferId x = b.buffer(8, Storage::Input), g = b.buffer(8, Storage::Input);
+    BufferId y = b.buffer(8), dx = b.buffer(8);
+    dropoutLoop(b, y, x, "s");
+    dropoutLoop(b, dx, g, "s");
+    b.fn.outputs = {y, dx};
+    keepDropoutMasks(b.fn);
+    REQUIRE(verifyKernels(b.fn).empty());
+    return b;
+  };
+  const BufferId mask = BufferId(kept().fn.buffers.size() - 1);
+
+  Builder gemm = kept();
+  BufferId product = gemm.buffer(4);
+  gemm.gemm(product, mask, mask, 2, 1, 2);
+  CHECK(verifyKernels(gemm.fn).find("other than a loop or call touches the keep mask") !=
+        std::string::npos);
+
+  Builder plain = kept(); // the forward stores its value, not its keep bit, into the mask
+  std::get<Loop>(plain.fn.body[0].node).stores[1].keepBit = false;
+  CHECK(verifyKernels(plain.fn).find("not a dropout's keep bit into a keep mask") !=
+        std::string::npos);
+
+  Builder load = kept(); // the backward keeps by a value that is not the mask's byte
+  std::get<Loop>(load.fn.body[1].node).body[2].args = {0, 0};
+  CHECK(verifyKernels(load.fn).find("not a load of a keep mask") != std::string::npos);
+
+  Builder far = kept(); // the mask is read past its 8 bytes
+  std::get<Loop>(far.fn.body[1].node).reads.back().strides = {2};
+  CHECK(verifyKernels(far.fn).find("reaches element 14") != std::string::npos);
+}
+
+TEST_CASE("outline-repeated-code passes a layer's keep mask to a keep-mask parameter") {
+  Builder b;
+  BufferId x = b.buffer(8, Storage::Input), g = b.buffer(8, Storage::Input);
+  std::vector<BufferId> outputs;
+  for (int k = 0; k < 3; ++k)
+    outputs.push_back(x = layer(b, x, "layer[" + std::to_string(k) + "]/dropout"));
+  for (int k = 3; k-- > 0;) { // the backward's dropouts of the same masks
+    outputs.push_back(b.buffer(8));
+    dropoutLoop(b, outputs.back(), g, "layer[" + std::to_string(k) + "]/dropout");
+  }
+  b.fn.outputs = outputs;
+  keepDropoutMasks(b.fn);
+  planBuffers(b.fn);
+  KernelFunction before = b.fn;
+  outlineRepeatedCode(b.fn);
+  REQUIRE(verifyKernels(b.fn) == "");
+  REQUIRE(!b.fn.subroutines.empty());
+  size_t masks = 0;
+  for (BufferId id : b.fn.subroutines[0].parameters)
+    masks += b.fn.buffers[size_t(id)].keepMask;
+  CHECK(masks == 1); // the layer's dropout stores its keep bits through it
+  CHECK(printed(b.fn, b.fn.inlinedBody()) == printed(before, before.body));
+  for (BufferId id : b.fn.subroutines[0].parameters) // a float parameter for a keep mask
+    b.fn.buffers[size_t(id)].keepMask = false;
+  CHECK(verifyKernels(b.fn).find("does not match its parameter") != std::string::npos);
 }
