@@ -94,7 +94,7 @@ llvm::Error formMicrobatchLoop(KernelFunction& fn, const plan::SpmdFunction& spm
     BufferId from = bufferOf[value];
     if (from == kNoBuffer || accumulatorOf.count(from)) continue;
     const ir::TensorType& type = spmd.values[value].localType;
-    const Buffer& buffer = fn.buffers[size_t(from)];
+    const Buffer buffer = fn.buffers[size_t(from)]; // a copy: addBuffer below may move them
     if (buffer.elements != type.numElements())
       return internal(spmd, "an accumulated value whose buffer is not its size");
     std::string what = buffer.what.empty() ? buffer.name : buffer.what;
