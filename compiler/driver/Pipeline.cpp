@@ -274,7 +274,7 @@ std::optional<PlannedModule> planModule(const ir::Module& module, const Pipeline
   std::optional<std::vector<plan::PlannedFunction>> plans =
       plan::planModule(module, *machine, options, diag);
   if (!plans || !finishPlans(*plans, given)) return std::nullopt;
-  return PlannedModule{std::move(*machine), std::move(*plans)};
+  return PlannedModule{std::move(*machine), std::move(*plans), std::nullopt};
 }
 
 bool finishPlans(std::vector<plan::PlannedFunction>& plans, const PipelineOptions& given) {
