@@ -1,6 +1,8 @@
 // Pass gather-one-hot-products (GatherOneHotProducts.h).
 #include "codegen/GatherOneHotProducts.h"
 
+#include "planner/Contraction.h"
+
 #include <llvm/ADT/STLExtras.h>
 
 #include <optional>
@@ -28,8 +30,8 @@ Arg data(BufferId id) {
   return Arg{.kind = Arg::Kind::Data, .buffer = id};
 }
 
-/// The product as a gather or a scatter-add, when it is one: `gemm` = einsum(one-hot X, T) with
-/// X written by `oneHot`; every other dim of X and of T an output dim or a dim they share.
+/// The product as a gather or a scatter-add, when it is one (plan::oneHotProduct, which the cost
+/// model reads too): `gemm` = einsum(one-hot X, T) with X written by `oneHot`.
 std::optional<Call> rewrite(const Gemm& gemm, size_t x, const Call& oneHot) {
   size_t t = 1 - x;
   const std::vector<int64_t>& xDims = gemm.operandDims[x];
@@ -45,7 +47,8 @@ std::optional<Call> rewrite(const Gemm& gemm, size_t x, const Call& oneHot) {
   }
   if (at == xDims.size()) return std::nullopt;
   int64_t vDim = xDims[at];
-  auto in = [](const std::vector<int64_t>& dims, int64_t d) { return llvm::is_contained(dims, d); };
+  plan::OneHotProduct kind = plan::oneHotProduct(xDims, vDim, tDims, gemm.outDims);
+  if (kind == plan::OneHotProduct::None) return std::nullopt;
   // T's dense row-major strides by gemm dim; ids' strides by gemm dim (0 where ids lack it).
   std::vector<int64_t> tStride(gemm.sizes.size(), 0), idStride(gemm.sizes.size(), 0);
   int64_t stride = 1;
@@ -64,32 +67,21 @@ std::optional<Call> rewrite(const Gemm& gemm, size_t x, const Call& oneHot) {
   BufferId ids = oneHot.args[2].buffer;
   const Arg& start = oneHot.args[5];
   int64_t rows = gemm.sizes[size_t(vDim)];
-  if (!in(gemm.outDims, vDim)) {
-    // out = T's rows at the ids: every dim but v an output dim.
-    if (!in(tDims, vDim)) return std::nullopt;
-    for (int64_t d : xDims)
-      if (d != vDim && !in(gemm.outDims, d)) return std::nullopt;
-    for (int64_t d : tDims)
-      if (d != vDim && !in(gemm.outDims, d)) return std::nullopt;
+  if (kind == plan::OneHotProduct::Gather) // out = T's rows at the ids
     return Call{.callee = Callee::Gather,
                 .args = {data(gemm.out), ints(outSizes), data(gemm.operands[t]), ints(tOverOut),
                          data(ids), ints(idsOverOut), integer(rows), integer(tStride[size_t(vDim)]),
                          start},
                 .out = gemm.out,
                 .reads = {gemm.operands[t], ids}};
-  }
   // out's row at each id += T at that point, over the dims X and T share and sum.
-  if (in(tDims, vDim)) return std::nullopt;
   Shape points, tOverPoints, idsOverPoints;
   for (int64_t d : xDims) {
-    if (d == vDim || in(gemm.outDims, d)) continue;
-    if (!in(tDims, d)) return std::nullopt;
+    if (d == vDim || llvm::is_contained(gemm.outDims, d)) continue;
     points.push_back(gemm.sizes[size_t(d)]);
     tOverPoints.push_back(tStride[size_t(d)]);
     idsOverPoints.push_back(idStride[size_t(d)]);
   }
-  for (int64_t d : tDims)
-    if (!in(gemm.outDims, d) && !in(xDims, d)) return std::nullopt;
   int64_t outAt = llvm::find(gemm.outDims, vDim) - gemm.outDims.begin();
   return Call{.callee = Callee::ScatterAdd,
               .args = {data(gemm.out), ints(outSizes), data(gemm.operands[t]), ints(tOverOut),

@@ -156,28 +156,79 @@ Contraction planContraction(const std::vector<std::vector<int64_t>>& operands,
   return Planner(operands, output, sizes).plan();
 }
 
-Contraction planContraction(const ir::Function& fn, const ir::Op& op,
-                            const std::function<int64_t(const std::string&)>& size) {
+namespace {
+
+/// Dim names numbered in order of first sight, with each one's size.
+struct DimIds {
   std::vector<std::string> names;
   std::vector<int64_t> sizes;
-  auto idsOf = [&](const ir::TensorType& type) {
-    std::vector<int64_t> ids;
-    for (const ir::Dim& dim : type.dims) {
-      auto at = std::find(names.begin(), names.end(), dim.name);
-      if (at == names.end()) {
-        names.push_back(dim.name);
-        sizes.push_back(size(dim.name));
-        at = names.end() - 1;
-      }
-      ids.push_back(int64_t(at - names.begin()));
-    }
+  int64_t of(const std::string& name, const std::function<int64_t(const std::string&)>& size) {
+    auto at = std::find(names.begin(), names.end(), name);
+    if (at != names.end()) return int64_t(at - names.begin());
+    names.push_back(name);
+    sizes.push_back(size ? size(name) : 0);
+    return int64_t(names.size() - 1);
+  }
+  Dims of(const ir::TensorType& type, const std::function<int64_t(const std::string&)>& size) {
+    Dims ids;
+    for (const ir::Dim& dim : type.dims)
+      ids.push_back(of(dim.name, size));
     return ids;
-  };
+  }
+};
+
+} // namespace
+
+Contraction planContraction(const ir::Function& fn, const ir::Op& op,
+                            const std::function<int64_t(const std::string&)>& size) {
+  DimIds ids;
   std::vector<std::vector<int64_t>> operands;
   for (ir::ValueId operand : op.operands)
-    operands.push_back(idsOf(fn.typeOf(operand)));
-  std::vector<int64_t> output = idsOf(fn.typeOf(op.result));
-  return planContraction(operands, output, sizes);
+    operands.push_back(ids.of(fn.typeOf(operand), size));
+  Dims output = ids.of(fn.typeOf(op.result), size);
+  return planContraction(operands, output, ids.sizes);
+}
+
+OneHotProduct oneHotProduct(const std::vector<int64_t>& oneHot, int64_t dim,
+                            const std::vector<int64_t>& other, const std::vector<int64_t>& output) {
+  if (!contains(oneHot, dim)) return OneHotProduct::None;
+  if (!contains(output, dim)) { // summed: each point of the output is one row of T
+    if (!contains(other, dim)) return OneHotProduct::None;
+    for (const std::vector<int64_t>* dims : {&oneHot, &other})
+      for (int64_t d : *dims)
+        if (d != dim && !contains(output, d)) return OneHotProduct::None;
+    return OneHotProduct::Gather;
+  }
+  if (contains(other, dim)) return OneHotProduct::None;
+  for (int64_t d : oneHot)
+    if (d != dim && !contains(output, d) && !contains(other, d)) return OneHotProduct::None;
+  for (int64_t d : other)
+    if (!contains(output, d) && !contains(oneHot, d)) return OneHotProduct::None;
+  return OneHotProduct::ScatterAdd;
+}
+
+OneHotProduct oneHotProduct(const ir::Function& fn, const ir::Op& op, size_t* oneHotOperand) {
+  if (op.kind != ir::OpKind::Einsum || op.operands.size() != 2 ||
+      op.operands[0] == op.operands[1] || fn.typeOf(op.result).dtype != ir::DType::F32)
+    return OneHotProduct::None;
+  for (size_t x = 0; x < 2; ++x) {
+    const ir::Op& producer = fn.definingOp(op.operands[x]);
+    if (producer.kind != ir::OpKind::OneHot ||
+        fn.typeOf(op.operands[1 - x]).dtype != ir::DType::F32 ||
+        fn.typeOf(op.operands[x]).dtype != ir::DType::F32)
+      continue;
+    DimIds ids;
+    Dims oneHot = ids.of(fn.typeOf(op.operands[x]), nullptr);
+    Dims rest = ids.of(fn.typeOf(op.operands[1 - x]), nullptr);
+    Dims output = ids.of(fn.typeOf(op.result), nullptr);
+    OneHotProduct kind =
+        oneHotProduct(oneHot, ids.of(producer.string("dim"), nullptr), rest, output);
+    if (kind != OneHotProduct::None) {
+      *oneHotOperand = x;
+      return kind;
+    }
+  }
+  return OneHotProduct::None;
 }
 
 } // namespace meshc::plan

@@ -50,4 +50,17 @@ Contraction planContraction(const std::vector<std::vector<int64_t>>& operands,
 Contraction planContraction(const ir::Function& fn, const ir::Op& op,
                             const std::function<int64_t(const std::string&)>& size);
 
+/// What an einsum of a one-hot tensor X (dims `oneHot`, its one-hot dim `dim`) with another
+/// operand T (dims `other`) into `output` is, for code generation's gather-one-hot-products and
+/// the cost model alike: `Gather` when `dim` is summed (T has it; every other dim of X and T is
+/// an output dim): T's rows at the ids; `ScatterAdd` when `dim` is an output dim T lacks (every
+/// other dim of X is an output dim or one T shares and sums, every dim of T an output dim or
+/// one X has): T added into the output's rows at the ids; else `None`, a GEMM.
+enum class OneHotProduct { None, Gather, ScatterAdd };
+OneHotProduct oneHotProduct(const std::vector<int64_t>& oneHot, int64_t dim,
+                            const std::vector<int64_t>& other, const std::vector<int64_t>& output);
+/// The same for einsum `op` of `fn`: a two-operand f32 einsum of distinct values, one of them
+/// (`*oneHotOperand`, 0 or 1) a one_hot op's result; `None` for any other op.
+OneHotProduct oneHotProduct(const ir::Function& fn, const ir::Op& op, size_t* oneHotOperand);
+
 } // namespace meshc::plan

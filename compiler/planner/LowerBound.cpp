@@ -457,8 +457,12 @@ void PlanEvaluator::Impl::prepareBound() {
         op.kind == OpKind::StopGradient ||
         (op.kind == OpKind::Dropout && fn_.kind == ir::Function::Kind::Program))
       continue; // free in the engine too
+    // A one-hot product's term is not a GEMM's: keyed apart from einsums of the same types.
+    size_t oneHotOperand = 0;
+    bool oneHot = oneHotProduct(fn_, op, &oneHotOperand) != OneHotProduct::None;
     key.assign(1, staticIds_[i]);
     key.insert(key.end(), involved_[i].begin(), involved_[i].end());
+    if (oneHot) key.push_back(-1);
     auto [known, added] = termOfKey.try_emplace(key, -1);
     if (!added) {
       boundTermOf_[i] = known->second;
@@ -473,6 +477,15 @@ void PlanEvaluator::Impl::prepareBound() {
     // What the engine charges: with loops modelled, a fused nest's inner values move no bytes.
     bool loops = modelsLoops(machine_) && op.kind != OpKind::Einsum;
     const LoopRole& role = loopRoles_[i];
+    if (oneHot) {
+      // A gather or a scatter-add where the one-hot tensor is not resharded, else a GEMM: at
+      // least the result written, whichever (OpRules::oneHotProductSeconds).
+      term.tensors.emplace_back(bytesOf(resultType), dimsOf(resultType));
+      auto [it, inserted] = termIndex.try_emplace(term, static_cast<int>(boundTerms_.size()));
+      if (inserted) boundTerms_.push_back(std::move(term));
+      boundTermOf_[i] = known->second = it->second;
+      continue;
+    }
     if (!loops || role.stored) term.tensors.emplace_back(bytesOf(resultType), dimsOf(resultType));
     for (size_t k = 0; k < op.operands.size(); ++k)
       if (!loops || !(role.inRegister & (1u << std::min<size_t>(k, 31))))

@@ -147,7 +147,7 @@ OpPlan OpRules::plan(const ir::Op& op, const std::vector<const TensorLayout*>& o
     planElementwise(op, operands, out);
     break;
   }
-  cost(op, out);
+  cost(op, operands, out);
   return out;
 }
 
@@ -686,7 +686,8 @@ double OpRules::kernelSeconds(const ir::Op& op, const OpPlan& out) const {
   }
 }
 
-void OpRules::cost(const ir::Op& op, OpPlan& out) {
+void OpRules::cost(const ir::Op& op, const std::vector<const TensorLayout*>& operands,
+                   OpPlan& out) {
   const ir::TensorType& resultType = fn_.typeOf(op.result);
   for (const TensorLayout& required : out.required)
     for (const AxisList& axes : required.dimAxes)
@@ -748,6 +749,15 @@ void OpRules::cost(const ir::Op& op, OpPlan& out) {
         out.flops = contraction->flops;
         out.globalFlops = planContraction(fn_, op, sizeOf(false)).flops;
       }
+    }
+    // gather-one-hot-products reads the one-hot tensor's ids where the one_hot op made it
+    // (not resharded): then a gather or a scatter-add, not a GEMM.
+    size_t x = 0;
+    OneHotProduct kind = contraction ? OneHotProduct::None : oneHotProduct(fn_, op, &x);
+    if (kind != OneHotProduct::None && operands[x] && *operands[x] == out.required[x]) {
+      out.computeSeconds = oneHotProductSeconds(op, x, kind, out) * oversubscription_;
+      out.idealSeconds = 0;
+      return;
     }
     break;
   }
@@ -814,6 +824,28 @@ void OpRules::cost(const ir::Op& op, OpPlan& out) {
       oversubscription_;
   double peak = peakFor(machine_, dtype);
   out.idealSeconds = peak > 0 ? out.globalFlops / peak : 0;
+}
+
+double OpRules::oneHotProductSeconds(const ir::Op& op, size_t x, OneHotProduct kind,
+                                     OpPlan& out) const {
+  const ir::TensorType& oneHot = fn_.typeOf(op.operands[x]);
+  const ir::TensorType& rows = fn_.typeOf(op.operands[1 - x]);
+  double result = static_cast<double>(localBytes(fn_.typeOf(op.result), out.result, mesh_));
+  double other = static_cast<double>(localBytes(rows, out.required[1 - x], mesh_));
+  // The ids: the one-hot tensor's local elements over its one-hot dim's local size.
+  int at = oneHot.findDim(fn_.definingOp(op.operands[x]).string("dim"));
+  double oneHotDim = static_cast<double>(
+      oneHot.dims[size_t(at)].size /
+      std::max<int64_t>(splitFactor(mesh_, out.required[x].dimAxes[size_t(at)]), 1));
+  double ids = static_cast<double>(localBytes(oneHot, out.required[x], mesh_)) / oneHotDim;
+  // A gather reads a row of T per output row and writes it; a scatter-add zeroes the result,
+  // then adds each element of T into it (read, read, write).
+  bool gather = kind == OneHotProduct::Gather;
+  out.bytes = ids + (gather ? 2 * result : result + 3 * other);
+  out.flops = gather ? 0 : other / dtypeBytes(rows.dtype);
+  out.globalFlops = gather ? 0 : static_cast<double>(rows.numElements());
+  return modelsLoops(machine_) ? kernelCallSeconds(machine_, out.flops, out.bytes)
+                               : computeSeconds(machine_, out.flops, out.bytes, ir::DType::F32);
 }
 
 } // namespace meshc::plan

@@ -183,7 +183,11 @@ private:
   /// of a fused loop nest, a row-wise kernel, or another kernel call (CostModel.h).
   double kernelSeconds(const ir::Op& op, const OpPlan& out) const;
 
-  void cost(const ir::Op& op, OpPlan& out);
+  void cost(const ir::Op& op, const std::vector<const TensorLayout*>& operands, OpPlan& out);
+  /// An einsum that code generation runs as a gather or a scatter-add (Contraction.h's
+  /// oneHotProduct; operand x the one-hot tensor): the kernel's bytes (set in `out`) at the
+  /// stream bandwidth, plus its call's fixed cost.
+  double oneHotProductSeconds(const ir::Op& op, size_t x, OneHotProduct kind, OpPlan& out) const;
 
   const ir::Function& fn_;
   const Mesh& mesh_;

@@ -334,9 +334,19 @@ private:
     }
   }
 
+  /// What makes an einsum a gather or a scatter-add (Contraction.h's oneHotProduct), not a GEMM:
+  /// 0 for every other op, else the kind and which operand is the one-hot tensor. Part of the
+  /// static key: such an einsum costs apart from einsums of the same types.
+  int oneHotCode(const ir::Op& op) const {
+    size_t x = 0;
+    OneHotProduct kind = oneHotProduct(fn_, op, &x);
+    return kind == OneHotProduct::None ? 0 : 2 * static_cast<int>(kind) + static_cast<int>(x);
+  }
+
   /// A hash of what internStatic's key says of `op`.
   uint64_t staticHash(const ir::Op& op, const LoopRole& role) const {
-    uint64_t hash = mixHash(static_cast<uint64_t>(op.kind), role.code());
+    uint64_t hash = mixHash(mixHash(static_cast<uint64_t>(op.kind), role.code()),
+                            static_cast<uint64_t>(oneHotCode(op)));
     for (const auto& [name, value] : op.attrs)
       if (!costless(name))
         hash = mixHash(mixHash(hash, std::hash<std::string>{}(name)), attrValueHash(value));
@@ -350,7 +360,8 @@ private:
   bool sameStatic(const ir::Op& a, const LoopRole& roleA, const ir::Op& b,
                   const LoopRole& roleB) const {
     if (a.kind != b.kind || roleA.code() != roleB.code() ||
-        a.operands.size() != b.operands.size() || typeIds_[a.result] != typeIds_[b.result])
+        a.operands.size() != b.operands.size() || typeIds_[a.result] != typeIds_[b.result] ||
+        oneHotCode(a) != oneHotCode(b))
       return false;
     for (size_t k = 0; k < a.operands.size(); ++k)
       if (typeIds_[a.operands[k]] != typeIds_[b.operands[k]]) return false;
@@ -393,6 +404,10 @@ private:
     }
     key += "|r";
     appendNumber(key, typeIds_[op.result]);
+    if (int code = oneHotCode(op)) {
+      key += "|onehot";
+      appendNumber(key, code);
+    }
     if (auto it = staticIdOf_.find(key); it != staticIdOf_.end()) return it->second;
     int id = static_cast<int>(staticIdOf_.size());
     staticIdOf_.emplace(key, id);

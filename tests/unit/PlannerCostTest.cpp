@@ -842,3 +842,58 @@ program noisy(x: f32[n, d]) -> (y: f32[n, d]) {
     CHECK(checked == 2);
   }
 }
+
+TEST_CASE("one-hot products: which einsums are a gather, a scatter-add or a GEMM", "[cost]") {
+  // Dims: 0 batch, 1 seq, 2 vocab (the one-hot dim), 3 d.
+  CHECK(oneHotProduct({0, 1, 2}, 2, {2, 3}, {0, 1, 3}) == OneHotProduct::Gather);
+  CHECK(oneHotProduct({0, 1, 2}, 2, {0, 1, 3}, {2, 3}) == OneHotProduct::ScatterAdd);
+  CHECK(oneHotProduct({0, 1, 2}, 2, {2, 3}, {0, 3}) == OneHotProduct::None);       // seq summed
+  CHECK(oneHotProduct({0, 1, 2}, 2, {0, 1, 2, 3}, {2, 3}) == OneHotProduct::None); // T has it
+  CHECK(oneHotProduct({0, 1, 2}, 2, {0, 3}, {2, 3}) == OneHotProduct::None);       // seq nowhere
+  CHECK(oneHotProduct({0, 1}, 2, {2, 3}, {0, 1, 3}) == OneHotProduct::None);       // no one-hot dim
+}
+
+TEST_CASE("lowering: an einsum of a one-hot tensor is priced as the gather or scatter-add codegen "
+          "runs",
+          "[cost][lowering]") {
+  Analyzed program(R"(
+mesh m[a = 2, b = 2]
+dim batch = 4
+dim seq = 8
+dim vocab = 64
+dim d = 16
+program embed(tokens: i32[batch, seq], g: f32[batch, seq, d]) -> (x: f32[batch, seq, d], t: f32[vocab, d]) {
+  param table: f32[vocab, d] = normal()
+  let hot = one_hot(tokens, vocab)
+  x = einsum(hot, table -> batch, seq, d)
+  t = einsum(hot, g -> vocab, d)
+}
+)");
+  const ir::Function& fn = program.fn("embed");
+  Machine m = parsed(kLoopsJson);
+  std::optional<SpmdFunction> spmd =
+      lowerToSpmd(*program.module, fn, meshOf({{"a", 1}, {"b", 1}}), Layout{}, m, program.diag);
+  REQUIRE(spmd);
+  std::vector<double> einsums;
+  for (const SpmdOp& op : spmd->ops)
+    if (op.kind == SpmdOp::Kind::Compute && op.computeKind == ir::OpKind::Einsum)
+      einsums.push_back(op.seconds);
+  REQUIRE(einsums.size() == 2);
+  // The gather: the 32 ids (128 bytes), a row of the table read and written per output row;
+  // the scatter-add: the ids, the zeroed result, then each element of g read and added into it.
+  const double ids = 32 * 4, x = 4 * 8 * 16 * 4, t = 64 * 16 * 4, g = 4 * 8 * 16 * 4;
+  CHECK(einsums[0] == Approx(kernelCallSeconds(m, 0, ids + 2 * x)));
+  CHECK(einsums[1] == Approx(kernelCallSeconds(m, 4 * 8 * 16, ids + t + 3 * g)));
+  // Either far below the GEMM the planner charged before: 2 x 32 x 64 x 16 FLOPs at the peak.
+  for (double seconds : einsums)
+    CHECK(seconds < 0.2 * (2.0 * 32 * 64 * 16 / m.peakFlops));
+  // The search's lower bound stays a bound: the search finds brute force's cost.
+  std::vector<std::string> dims = {"batch", "seq", "vocab", "d"};
+  Mesh mesh = meshOf({{"a", 2}, {"b", 2}});
+  SearchResult oracle = bruteForceLayout(*program.module, fn, mesh, m, Layout{}, dims, {});
+  std::optional<SearchResult> found =
+      searchLayout(*program.module, fn, mesh, m, Layout{}, dims, {}, program.diag);
+  REQUIRE(found);
+  CHECK(found->exact);
+  CHECK(found->stepSeconds == Approx(oracle.stepSeconds).epsilon(1e-9));
+}
