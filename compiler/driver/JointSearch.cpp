@@ -246,10 +246,14 @@ public:
     if (!report.considered.empty()) report.plainMemoryBytes = report.considered.front().memoryBytes;
     considerStages(fn, report, best, smallest);
     if (!best) return std::nullopt;
-    if (best->stages)
+    if (best->stages) {
+      // The only function planned: a copy of the whole block, made for the split chosen only
+      // (a split better than those before it is seen up to six times).
+      best->stages->module.functions = {fn};
       best->stages->report = std::move(report);
-    else
+    } else {
       best->plan.joint = std::move(report);
+    }
     return best;
   }
 
@@ -330,8 +334,6 @@ private:
             : fmt::format("{}={}", report.microbatchDim, choice->microbatches);
     staged.options.recompute = choice->recompute;
     staged.plans = unzeroed_;
-    // The only function planned (a copy of the whole block: made for the best split only).
-    staged.module.functions = {fn};
     planned.stages = std::move(staged);
     best = std::move(planned);
     report.chosen = int(index);
