@@ -242,7 +242,7 @@ public:
         break;
       }
     }
-    plainModules_.clear(); // a 96-layer block's each: not kept through the stage splits
+    plainModules_.clear(); // whole blocks' modules: not kept through the stage splits
     if (!report.considered.empty()) report.plainMemoryBytes = report.considered.front().memoryBytes;
     considerStages(fn, report, best, smallest);
     if (!best) return std::nullopt;
@@ -366,11 +366,13 @@ private:
     if (count > 1) {
       if (!recompute.empty()) inner.recompute = {recompute};
       // Recomputing, the module at this count without it (planned before) with the calls
-      // recomputed: what loading it again (sema, autodiff) makes (train::applyRecompute).
+      // recomputed: what loading it again (sema, autodiff) makes (train::applyRecompute). Not
+      // from an IR file (sema, which marks the calls, does not read it) nor with --verify-each.
       std::optional<ir::Module> micro;
       std::vector<size_t> forwardOps;
       auto plain = plainModules_.find(count);
-      if (!recompute.empty() && plain != plainModules_.end() && !options_.verifyEach) {
+      if (!recompute.empty() && plain != plainModules_.end() && !options_.verifyEach &&
+          !llvm::StringRef(options_.input).endswith(".ir")) {
         micro = *plain->second.first;
         if (!train::applyRecompute(*micro, inner.recompute, plain->second.second)) micro.reset();
       }
