@@ -185,6 +185,7 @@ public:
     // The combinations are one block at other microbatch sizes, recomputed or not: each one's
     // search starts where the one before ended (the plain plan's fastest layout first).
     searchStart_.reset();
+    plainModules_.clear();
     if (!plain.empty() && plain.front().search) searchStart_ = plain.front().search->layout;
     std::optional<Planned> best;
     int64_t plainFitsAt = std::numeric_limits<int64_t>::max();
@@ -241,13 +242,18 @@ public:
         break;
       }
     }
+    plainModules_.clear(); // whole blocks' modules: not kept through the stage splits
     if (!report.considered.empty()) report.plainMemoryBytes = report.considered.front().memoryBytes;
     considerStages(fn, report, best, smallest);
     if (!best) return std::nullopt;
-    if (best->stages)
+    if (best->stages) {
+      // The only function planned: a copy of the whole block, made for the split chosen only
+      // (a split better than those before it is seen up to six times).
+      best->stages->module.functions = {fn};
       best->stages->report = std::move(report);
-    else
+    } else {
       best->plan.joint = std::move(report);
+    }
     return best;
   }
 
@@ -328,8 +334,6 @@ private:
             : fmt::format("{}={}", report.microbatchDim, choice->microbatches);
     staged.options.recompute = choice->recompute;
     staged.plans = unzeroed_;
-    // The only function planned (a copy of the whole block: made for the best split only).
-    staged.module.functions = {fn};
     planned.stages = std::move(staged);
     best = std::move(planned);
     report.chosen = int(index);
@@ -361,10 +365,24 @@ private:
     auto trained = std::make_shared<ir::Module>();
     if (count > 1) {
       if (!recompute.empty()) inner.recompute = {recompute};
-      std::optional<ir::Module> micro =
-          loadMicrobatchModule(module_, inner, {fn.name}, dim, count, quiet_, argv0_);
+      // Recomputing, the module at this count without it (planned before) with the calls
+      // recomputed: what loading it again (sema, autodiff) makes (train::applyRecompute). Not
+      // from an IR file (sema, which marks the calls, does not read it) nor with --verify-each.
+      std::optional<ir::Module> micro;
+      std::vector<size_t> forwardOps;
+      auto plain = plainModules_.find(count);
+      if (!recompute.empty() && plain != plainModules_.end() && !options_.verifyEach &&
+          !llvm::StringRef(options_.input).endswith(".ir")) {
+        micro = *plain->second.first;
+        if (!train::applyRecompute(*micro, inner.recompute, plain->second.second)) micro.reset();
+      }
+      if (!micro)
+        micro = loadMicrobatchModule(module_, inner, {fn.name}, dim, count, quiet_, argv0_,
+                                     &forwardOps);
       if (!micro) return {};
       *trained = std::move(*micro);
+      if (recompute.empty() && !train::repeatedLayerDef(fn).empty())
+        plainModules_[count] = {trained, std::move(forwardOps)};
     } else {
       *trained = module_;
       if (!recompute.empty()) {
@@ -414,6 +432,10 @@ private:
   std::shared_ptr<UnzeroedPlans> unzeroed_ = std::make_shared<UnzeroedPlans>();
   /// The layout the last combination's search found, where the next one's starts.
   std::optional<plan::Layout> searchStart_;
+  /// The combinations' modules without recomputation by microbatch count, with their op counts
+  /// before training (lowerTraining's), from which those with it are derived.
+  std::map<int64_t, std::pair<std::shared_ptr<const ir::Module>, std::vector<size_t>>>
+      plainModules_;
 };
 
 double secondsSince(std::chrono::steady_clock::time_point start) {

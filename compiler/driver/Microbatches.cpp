@@ -122,14 +122,16 @@ std::optional<ir::Module> loadMicrobatchModule(const ir::Module& module,
                                                const PipelineOptions& options,
                                                const std::vector<std::string>& trainBlocks,
                                                const std::string& dim, int64_t count,
-                                               DiagEngine& diag, const char* argv0) {
+                                               DiagEngine& diag, const char* argv0,
+                                               std::vector<size_t>* forwardOps) {
   PipelineOptions micro = options;
   micro.microbatches.clear();
   micro.dims.push_back(fmt::format("{}={}", dim, module.dims.at(dim) / count));
   micro.functions = trainBlocks;
   std::vector<std::string> files;
   std::optional<ir::Module> microModule = loadModule(micro, diag, argv0, files);
-  if (!microModule || !lowerTraining(*microModule, diag, micro.verifyEach)) return std::nullopt;
+  if (!microModule || !lowerTraining(*microModule, diag, micro.verifyEach, forwardOps))
+    return std::nullopt;
   return microModule;
 }
 

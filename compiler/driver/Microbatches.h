@@ -17,12 +17,13 @@ std::optional<PlannedModule> planMicrobatched(const ir::Module& module,
 
 /// The train blocks `trainBlocks` of `module` loaded again with `dim` at 1/`count` of its size,
 /// through sema (with `options`' overrides and --recompute) and the training phase: what one
-/// microbatch runs. Nullopt after reporting an error.
+/// microbatch runs. Nullopt after reporting an error. `forwardOps` (when given): lowerTraining's.
 std::optional<ir::Module> loadMicrobatchModule(const ir::Module& module,
                                                const PipelineOptions& options,
                                                const std::vector<std::string>& trainBlocks,
                                                const std::string& dim, int64_t count,
-                                               DiagEngine& diag, const char* argv0);
+                                               DiagEngine& diag, const char* argv0,
+                                               std::vector<size_t>* forwardOps = nullptr);
 
 /// The module code is generated from: `module` with each train block of `replacements` (by
 /// name) replaced by that module's version (a microbatch's, or one with recomputation).

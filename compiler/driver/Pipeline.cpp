@@ -23,6 +23,7 @@
 #include "sema/Sema.h"
 #include "train/Optimizer.h"
 
+#include <cstdint>
 #include <fmt/format.h>
 #include <llvm/ADT/STLExtras.h>
 #include <llvm/ADT/StringSwitch.h>
@@ -204,10 +205,14 @@ std::optional<ir::Module> loadModule(const PipelineOptions& given, DiagEngine& d
   return checkSelection(std::move(module), given, diag);
 }
 
-bool lowerTraining(ir::Module& module, DiagEngine& diag, bool verify) {
+bool lowerTraining(ir::Module& module, DiagEngine& diag, bool verify,
+                   std::vector<size_t>* forwardOps) {
   std::set<std::string> splitDims = train::pinnedDims(module);
-  for (ir::Function& fn : module.functions)
-    if (!train::lowerTraining(fn, diag, splitDims)) return false;
+  if (forwardOps) forwardOps->assign(module.functions.size(), SIZE_MAX);
+  for (size_t f = 0; f < module.functions.size(); ++f)
+    if (!train::lowerTraining(module.functions[f], diag, splitDims,
+                              forwardOps ? &(*forwardOps)[f] : nullptr))
+      return false;
   return !verify || reportVerifierErrors(ir::verifyModule(module), "the training phase");
 }
 

@@ -87,8 +87,10 @@ std::optional<ir::Module> loadModule(const PipelineOptions& options, DiagEngine&
                                      llvm::raw_ostream* printAst = nullptr);
 
 /// 2. The training phase (autodiff, optimizer, param updates) on every train block; with
-/// `verify`, the IR verifier after it.
-bool lowerTraining(ir::Module& module, DiagEngine& diag, bool verify = false);
+/// `verify`, the IR verifier after it. `forwardOps` (when given): per function, its op count
+/// before the phase (SIZE_MAX: left as it was), for train::applyRecompute.
+bool lowerTraining(ir::Module& module, DiagEngine& diag, bool verify = false,
+                   std::vector<size_t>* forwardOps = nullptr);
 
 /// 3. Every selected function planned for the machine. With --microbatches, the train blocks
 /// are loaded again (`argv0` as for loadModule) with the dim at its microbatch size, trained and

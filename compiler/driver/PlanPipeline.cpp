@@ -236,12 +236,12 @@ bool planInner(const PipelineOptions& options, UnzeroedPlans* unzeroed, DiagEngi
         return true;
       }
     }
-  std::vector<std::string> files;
-  std::optional<ir::Module> module = loadModule(options, diag, argv0, files);
-  if (!module || !lowerTraining(*module, diag, options.verifyEach)) return false;
-  std::optional<PlannedModule> plans = planModule(*module, options, diag);
+  std::optional<InnerModule> module =
+      innerModule(options, unzeroed ? &unzeroed->modules : nullptr, diag, argv0);
+  if (!module) return false;
+  std::optional<PlannedModule> plans = planModule(*module->module, options, diag);
   if (!plans) return false;
-  loaded = std::make_shared<const ir::Module>(std::move(*module));
+  loaded = std::move(module->module);
   planned = std::make_shared<const PlannedModule>(std::move(*plans));
   if (unzeroed && zero == 0)
     unzeroed->byOptions.try_emplace(key, UnzeroedPlans::Entry{loaded, planned});

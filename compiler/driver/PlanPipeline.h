@@ -6,6 +6,7 @@
 // plan-json take such a layout today: code generation for stages does not exist yet and says so.
 #pragma once
 
+#include "driver/InnerModules.h"
 #include "driver/Pipeline.h"
 #include "planner/JointSearchReport.h"
 
@@ -40,6 +41,9 @@ struct UnzeroedPlans {
     std::shared_ptr<const PlannedModule> planned;
   };
   std::map<std::string, Entry> byOptions;
+  /// The modules loaded for them, from which those of other meshes and with recomputation are
+  /// derived (InnerModules.h).
+  InnerModules modules;
 };
 
 /// --emit=plan (or plan-json with `json`) of every selected function of a module whose layout

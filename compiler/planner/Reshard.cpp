@@ -52,9 +52,11 @@ public:
       : type_(type), mesh_(mesh), machine_(machine) {}
 
   template <typename Visit> void forEachEdge(const TensorLayout& state, Visit&& visit) const {
-    std::set<std::string> used;
-    for (const AxisList& axes : state.dimAxes)
-      used.insert(axes.begin(), axes.end());
+    auto used = [&](const std::string& axis) {
+      for (const AxisList& axes : state.dimAxes)
+        if (std::find(axes.begin(), axes.end(), axis) != axes.end()) return true;
+      return false;
+    };
     AxisList partial = inMeshOrder(state.partialAxes);
     int64_t bytes = localBytes(type_, state, mesh_);
 
@@ -105,7 +107,7 @@ public:
       }
       // Local slice: split further over an axis nobody uses. Free.
       for (const ir::MeshAxis& axis : mesh_.axes) {
-        if (used.count(axis.name) || state.partialAxes.count(axis.name)) continue;
+        if (used(axis.name) || state.partialAxes.count(axis.name)) continue;
         TensorLayout sliced = state;
         sliced.dimAxes[dim].push_back(axis.name);
         if (!divides(dim, sliced.dimAxes[dim])) continue;
@@ -137,11 +139,12 @@ public:
   }
 
 private:
+  /// Visits an edge with a function that costs it: the search asks for the seconds only of an
+  /// edge into a state not settled yet (a quarter of the edges lead back to settled ones).
   template <typename Visit>
   void emit(Collective collective, const TensorLayout& next, Visit& visit) const {
     collective.groupSize = splitFactor(mesh_, collective.axes);
-    double seconds = collectiveSeconds(machine_, mesh_, collective);
-    visit(std::move(collective), next, seconds);
+    visit(collective, next, [&] { return collectiveSeconds(machine_, mesh_, collective); });
   }
 
   bool divides(size_t dim, const AxisList& axes) const {
@@ -310,20 +313,21 @@ std::optional<ReshardPath> planReshard(const ir::TensorType& type, const TensorL
       std::reverse(path.steps.begin(), path.steps.end());
       return path;
     }
-    graph.forEachEdge(state, [&](Collective collective, const TensorLayout& next,
-                                 double edgeSeconds) {
-      double total = seconds + edgeSeconds;
+    auto relax = [&](Collective& collective, const TensorLayout& next, const auto& costEdge) {
       auto [nextIndex, inserted] = indexFor(next);
       Reached& there = reached[nextIndex];
-      if (!inserted && (there.done || !betterPath(total, steps + 1, there.seconds, there.steps)))
-        return;
+      if (!inserted && there.done) return;
+      double edgeSeconds = costEdge();
+      double total = seconds + edgeSeconds;
+      if (!inserted && !betterPath(total, steps + 1, there.seconds, there.steps)) return;
       there.seconds = total;
       there.steps = steps + 1;
       there.previous = static_cast<int64_t>(index);
       there.collective = std::move(collective);
       there.stepSeconds = edgeSeconds;
       queue.emplace(total, steps + 1, order++, nextIndex);
-    });
+    };
+    graph.forEachEdge(state, relax);
   }
   return std::nullopt;
 }

@@ -413,7 +413,8 @@ EvalResult PlanEvaluator::Impl::run(const Layout& layout, SpmdFunction* out, dou
       const ReshardStep& step = path->steps[s];
       temporary += entry.stepBytes[s];
       if (!out) continue;
-      SpmdOp op;
+      // Made in place (the array is reserved): moving a whole SpmdOp per op was 2% of a run.
+      SpmdOp& op = out->ops.emplace_back();
       op.kind = SpmdOp::Kind::Collective;
       op.collective = step.collective;
       op.operands = operandBuffer(1);
@@ -426,7 +427,6 @@ EvalResult PlanEvaluator::Impl::run(const Layout& layout, SpmdFunction* out, dou
       op.note = why;
       op.phase = phases_[producer];
       current = op.result;
-      out->ops.push_back(std::move(op));
     }
     walk_.addReshard(value, want, current);
     if (spmdId && out) *spmdId = current;
@@ -531,7 +531,7 @@ EvalResult PlanEvaluator::Impl::run(const Layout& layout, SpmdFunction* out, dou
       live -= static_cast<double>(bytesOf[dead]);
 
     if (!out) return true;
-    SpmdOp spmdOp;
+    SpmdOp& spmdOp = out->ops.emplace_back(); // in place, as a reshard's
     spmdOp.kind = SpmdOp::Kind::Compute;
     spmdOp.computeKind = op.kind;
     spmdOp.operands = std::move(operandIds);
@@ -548,10 +548,9 @@ EvalResult PlanEvaluator::Impl::run(const Layout& layout, SpmdFunction* out, dou
     if (describe_) spmdOp.note = plan.note;
     spmdOp.phase = phases_[i];
     spmdOf[op.result] = spmdOp.result;
-    out->ops.push_back(std::move(spmdOp));
     // Collectives inside the op work in place on its result (or on its row statistics).
     for (const PostCollective& post : plan.post) {
-      SpmdOp collective;
+      SpmdOp& collective = out->ops.emplace_back();
       collective.kind = SpmdOp::Kind::Collective;
       collective.collective = post.collective;
       collective.operands = operandBuffer(1);
@@ -562,7 +561,6 @@ EvalResult PlanEvaluator::Impl::run(const Layout& layout, SpmdFunction* out, dou
       collective.seconds = collectiveSeconds(machine_, mesh_, post.collective);
       if (describe_) collective.note = post.note;
       collective.phase = phases_[i];
-      out->ops.push_back(std::move(collective));
     }
     irOpEnd[i] = out->ops.size();
     for (const DroppedAxes& drop : plan.drops)

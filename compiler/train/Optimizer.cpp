@@ -7,6 +7,7 @@
 #include "train/OpBuilder.h"
 
 #include <cmath>
+#include <cstdint>
 #include <map>
 #include <optional>
 #include <set>
@@ -280,9 +281,12 @@ void lowerOptimizer(ir::Function& fn, const Gradients& gradients,
       fn, [&](const ir::TensorType&, const std::string& dim) { return splitDims.count(dim) > 0; });
 }
 
-bool lowerTraining(ir::Function& fn, DiagEngine& diag, const std::set<std::string>& splitDims) {
+bool lowerTraining(ir::Function& fn, DiagEngine& diag, const std::set<std::string>& splitDims,
+                   size_t* forwardOpsOut) {
+  if (forwardOpsOut) *forwardOpsOut = SIZE_MAX;
   if (fn.kind != ir::Function::Kind::Train || !fn.train || ir::hasOptimizerUpdates(fn)) return true;
   size_t forwardOps = fn.ops.size();
+  if (forwardOpsOut) *forwardOpsOut = forwardOps;
   std::optional<Gradients> gradients = differentiate(fn, diag);
   if (!gradients) return false;
   lowerOptimizer(fn, *gradients, splitDims);

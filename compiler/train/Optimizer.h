@@ -25,8 +25,10 @@ void lowerOptimizer(ir::Function& fn, const Gradients& gradients,
 /// The training phase the driver runs on a train block: autodiff, optimizer lowering, then the
 /// recomputation of the activations of `recompute` def calls (Recompute.h).
 /// A Function that already has updates (IR read back after this phase) is left as it is.
-/// Returns false after reporting an error.
-bool lowerTraining(ir::Function& fn, DiagEngine& diag, const std::set<std::string>& splitDims = {});
+/// `forwardOps` (when given) becomes the op count before autodiff, or SIZE_MAX when the function
+/// is left as it is (what train::applyRecompute needs). Returns false after reporting an error.
+bool lowerTraining(ir::Function& fn, DiagEngine& diag, const std::set<std::string>& splitDims = {},
+                   size_t* forwardOps = nullptr);
 
 /// The dims `module`'s layout (its own, or --layout's) pins to mesh axes: the `splitDims` of its
 /// train blocks. Dims laid out `auto` are not among them (the search comes later).

@@ -6,6 +6,7 @@
 #include "ir/OpTraits.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <map>
 #include <set>
 
@@ -203,6 +204,27 @@ size_t markRecompute(ir::Function& fn, const std::string& def) {
       ++marked;
     }
   return marked;
+}
+
+bool applyRecompute(ir::Module& module, const std::vector<std::string>& defs,
+                    const std::vector<size_t>& forwardOps) {
+  if (forwardOps.size() != module.functions.size()) return false;
+  for (const std::string& def : defs) {
+    bool trained = false;
+    for (const ir::Function& fn : module.functions)
+      if (fn.kind == ir::Function::Kind::Train)
+        trained = trained || std::any_of(fn.calls.begin(), fn.calls.end(),
+                                         [&](const ir::DefCall& call) { return call.def == def; });
+    if (!trained) return false;
+  }
+  for (size_t f = 0; f < module.functions.size(); ++f) {
+    ir::Function& fn = module.functions[f];
+    for (const std::string& def : defs)
+      markRecompute(fn, def);
+    // As train::lowerTraining ends, on the functions it trained (a count past the ops: none).
+    if (forwardOps[f] != SIZE_MAX) recomputeActivations(fn, forwardOps[f]);
+  }
+  return true;
 }
 
 } // namespace meshc::train

@@ -11,6 +11,8 @@
 #include "ir/IR.h"
 
 #include <cstddef>
+#include <string>
+#include <vector>
 
 namespace meshc::train {
 
@@ -30,5 +32,16 @@ std::string repeatedLayerDef(const ir::Function& fn);
 
 /// Marks every call of `def` in `fn.calls` recomputed; returns how many there are.
 size_t markRecompute(ir::Function& fn, const std::string& def);
+
+/// `module`, trained without recomputation (`forwardOps`: per function, the op count before
+/// autodiff, SIZE_MAX for one the training phase left as it was: driver lowerTraining's), made
+/// what sema and the training phase make of the same sources with --recompute naming `defs`:
+/// sema only marks the defs' calls (in every function), autodiff and the optimizer do not read
+/// the marks, and the training phase recomputes last, from the same forward op count. So a
+/// plan that recomputes derives its module from the plain plan's instead of loading it again.
+/// False, `module` unchanged, when a def has no call in a train block (sema's error) or the
+/// counts do not match the functions: load it then.
+bool applyRecompute(ir::Module& module, const std::vector<std::string>& defs,
+                    const std::vector<size_t>& forwardOps);
 
 } // namespace meshc::train

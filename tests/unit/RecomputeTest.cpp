@@ -10,6 +10,7 @@
 #include "codegen/EliminateCommonSubexpressions.h"
 #include "codegen/Lower.h"
 #include "interp/Interpreter.h"
+#include "ir/IRPrinter.h"
 #include "planner/Machine.h"
 #include "planner/Planner.h"
 #include "planner/RecomputeReport.h"
@@ -178,6 +179,62 @@ TEST_CASE("recomputation chosen after training (to fit a budget) is the annotati
     CHECK(fn.ops[i].kind == annotated.fn().ops[i].kind);
     CHECK(fn.ops[i].operands == annotated.fn().ops[i].operands);
   }
+}
+
+TEST_CASE("a plain trained module with applyRecompute is the one --recompute loads") {
+  // A program calling the layer too: sema marks every call of a def --recompute names.
+  std::string text = source(false) + R"(
+program p(x: f32[batch, d]) -> (y: f32[batch, d]) {
+  y = layer(x)
+}
+)";
+  testing::CompiledSource plainSource(llvm::StringRef{text});
+  INFO(plainSource.errors);
+  REQUIRE(plainSource.module);
+  ir::Module plain = *plainSource.module;
+  std::vector<size_t> forwardOps(plain.functions.size());
+  for (size_t f = 0; f < plain.functions.size(); ++f) {
+    size_t before = plain.functions[f].ops.size();
+    REQUIRE(train::lowerTraining(plain.functions[f], plainSource.diag, {}, &forwardOps[f]));
+    bool trained = plain.functions[f].kind == ir::Function::Kind::Train;
+    CHECK(forwardOps[f] == (trained ? before : SIZE_MAX));
+  }
+  SemaOptions options;
+  options.recompute = {"layer"};
+  testing::CompiledSource loadedSource(llvm::StringRef{text}, options);
+  REQUIRE(loadedSource.module);
+  ir::Module loaded = *loadedSource.module;
+  for (ir::Function& fn : loaded.functions)
+    REQUIRE(train::lowerTraining(fn, loadedSource.diag));
+
+  ir::Module derived = plain;
+  REQUIRE(train::applyRecompute(derived, {"layer"}, forwardOps));
+  auto printed = [](const ir::Module& module) {
+    std::string out;
+    llvm::raw_string_ostream os(out);
+    ir::printModule(module, os);
+    return os.str();
+  };
+  CHECK(printed(derived) == printed(loaded));
+  CHECK(printed(derived) != printed(plain)); // the copies are there
+  REQUIRE(derived.functions.size() == loaded.functions.size());
+  for (size_t f = 0; f < derived.functions.size(); ++f) {
+    const std::vector<ir::DefCall>& a = derived.functions[f].calls;
+    const std::vector<ir::DefCall>& b = loaded.functions[f].calls;
+    REQUIRE(a.size() == b.size());
+    for (size_t c = 0; c < a.size(); ++c) {
+      CHECK(a[c].def == b[c].def);
+      CHECK(a[c].path == b[c].path);
+      CHECK(a[c].recompute == b[c].recompute);
+    }
+    CHECK(llvm::any_of(a, [](const ir::DefCall& call) { return call.recompute; }));
+  }
+
+  // A def no train block calls is sema's error: nothing is derived, the module stays as it was.
+  ir::Module unchanged = plain;
+  CHECK_FALSE(train::applyRecompute(unchanged, {"nothing"}, forwardOps));
+  CHECK_FALSE(train::applyRecompute(unchanged, {"layer"}, {forwardOps.front()}));
+  CHECK(printed(unchanged) == printed(plain));
 }
 
 TEST_CASE("the interpreter trains the recomputed step exactly as the plain one") {
