@@ -389,6 +389,32 @@ struct Analyzed : testing::CompiledSource {
   }
 };
 
+/// The seconds of `function`'s einsums lowered on [a=1, b=1] with `machine`, in op order.
+std::vector<double> einsumSeconds(Analyzed& program, const char* function, const Machine& machine) {
+  std::optional<SpmdFunction> spmd =
+      lowerToSpmd(*program.module, program.fn(function), meshOf({{"a", 1}, {"b", 1}}), Layout{},
+                  machine, program.diag);
+  REQUIRE(spmd);
+  std::vector<double> einsums;
+  for (const SpmdOp& op : spmd->ops)
+    if (op.kind == SpmdOp::Kind::Compute && op.computeKind == ir::OpKind::Einsum)
+      einsums.push_back(op.seconds);
+  return einsums;
+}
+
+/// The search over `dims` on [a=2, b=2] finds brute force's cost: its lower bound stays a bound.
+void checkSearchIsExact(Analyzed& program, const char* function, const Machine& machine,
+                        const std::vector<std::string>& dims) {
+  const ir::Function& fn = program.fn(function);
+  Mesh mesh = meshOf({{"a", 2}, {"b", 2}});
+  SearchResult oracle = bruteForceLayout(*program.module, fn, mesh, machine, Layout{}, dims, {});
+  std::optional<SearchResult> found =
+      searchLayout(*program.module, fn, mesh, machine, Layout{}, dims, {}, program.diag);
+  REQUIRE(found);
+  CHECK(found->exact);
+  CHECK(found->stepSeconds == Approx(oracle.stepSeconds).epsilon(1e-9));
+}
+
 // a = x * s (same dims as its reader b: fused, not stored); b = exp(a) read twice (stored, and
 // fused into c, its first reader); c = b + bias (bias [d] broadcast: a param, read from memory);
 // the einsum reads b from memory; e = relu(einsum) is read by the output only.
@@ -489,7 +515,7 @@ program scores(x: f32[batch, q, heads, e], y: f32[batch, k, heads, e]) -> (s: f3
 )");
   const ir::Function& fn = program.fn("scores");
   Machine m = parsed(kLoopsJson);
-  auto einsumSeconds = [&](const Machine& machine, int64_t ranks) {
+  auto einsumOn = [&](const Machine& machine, int64_t ranks) {
     Layout layout;
     layout.axes["batch"] = {"a"};
     std::optional<SpmdFunction> spmd =
@@ -504,8 +530,8 @@ program scores(x: f32[batch, q, heads, e], y: f32[batch, k, heads, e]) -> (s: f3
   Machine batched = m;
   batched.gemmBatchSeconds = 1e-6;
   // One rank: 8 matrices (7 after the first); two ranks: 4 each (3).
-  CHECK(einsumSeconds(batched, 1) == Approx(einsumSeconds(m, 1) + 7e-6));
-  CHECK(einsumSeconds(batched, 2) == Approx(einsumSeconds(m, 2) + 3e-6));
+  CHECK(einsumOn(batched, 1) == Approx(einsumOn(m, 1) + 7e-6));
+  CHECK(einsumOn(batched, 2) == Approx(einsumOn(m, 2) + 3e-6));
   // The search's lower bound stays a bound.
   std::vector<std::string> dims = {"batch", "heads", "q", "k", "e"};
   Mesh mesh = meshOf({{"a", 2}});
@@ -713,17 +739,9 @@ program block(x: f32[batch, seq, d]) -> (y: f32[batch, seq, d]) {
   y = x + einsum(s * h, w_out -> batch, seq, d) + sum(x, d)
 }
 )");
-  Mesh mesh = meshOf({{"a", 2}, {"b", 2}});
-  std::vector<std::string> dims = {"batch", "seq", "d", "f"};
   for (const Machine& machine : {parsed(kLoopsJson), *loadMachine("cpu")}) {
     CAPTURE(machine.name);
-    SearchResult oracle =
-        bruteForceLayout(*program.module, program.fn("block"), mesh, machine, Layout{}, dims, {});
-    std::optional<SearchResult> found = searchLayout(*program.module, program.fn("block"), mesh,
-                                                     machine, Layout{}, dims, {}, program.diag);
-    REQUIRE(found);
-    CHECK(found->exact);
-    CHECK(found->stepSeconds == Approx(oracle.stepSeconds).epsilon(1e-9));
+    checkSearchIsExact(program, "block", machine, {"batch", "seq", "d", "f"});
   }
 }
 
@@ -746,15 +764,8 @@ program attend(w: f32[batch, h, s, k], v: f32[batch, k, h, e]) -> (y: f32[batch,
   y = einsum(w, v, o -> batch, s, d) + einsum(two, o -> batch, s, d)
 }
 )");
-  const ir::Function& fn = program.fn("attend");
   Machine m = parsed(kLoopsJson);
-  std::optional<SpmdFunction> spmd =
-      lowerToSpmd(*program.module, fn, meshOf({{"a", 1}, {"b", 1}}), Layout{}, m, program.diag);
-  REQUIRE(spmd);
-  std::vector<double> einsums;
-  for (const SpmdOp& op : spmd->ops)
-    if (op.kind == SpmdOp::Kind::Compute && op.computeKind == ir::OpKind::Einsum)
-      einsums.push_back(op.seconds);
+  std::vector<double> einsums = einsumSeconds(program, "attend", m);
   REQUIRE(einsums.size() == 3);
   // Each GEMM: its FLOPs at the peak slowed by 1 + 16 / (its smallest of m, n, k), against its
   // operands' and result's bytes, plus the GEMM's fixed cost (5 us). w.v: m = s, n = e, k = k;
@@ -768,14 +779,7 @@ program attend(w: f32[batch, h, s, k], v: f32[batch, k, h, e]) -> (y: f32[batch,
   for (double seconds : einsums)
     CHECK(seconds >= 5e-6);
   // The search's lower bound counts the fewest FLOPs of any order, and stays a bound.
-  std::vector<std::string> dims = {"batch", "s", "d"};
-  Mesh mesh = meshOf({{"a", 2}, {"b", 2}});
-  SearchResult oracle = bruteForceLayout(*program.module, fn, mesh, m, Layout{}, dims, {});
-  std::optional<SearchResult> found =
-      searchLayout(*program.module, fn, mesh, m, Layout{}, dims, {}, program.diag);
-  REQUIRE(found);
-  CHECK(found->exact);
-  CHECK(found->stepSeconds == Approx(oracle.stepSeconds).epsilon(1e-9));
+  checkSearchIsExact(program, "attend", m, {"batch", "s", "d"});
 }
 
 TEST_CASE("lowering: random fills at the machine's cost per random element", "[cost][lowering]") {
@@ -869,15 +873,8 @@ program embed(tokens: i32[batch, seq], g: f32[batch, seq, d]) -> (x: f32[batch, 
   t = einsum(hot, g -> vocab, d)
 }
 )");
-  const ir::Function& fn = program.fn("embed");
   Machine m = parsed(kLoopsJson);
-  std::optional<SpmdFunction> spmd =
-      lowerToSpmd(*program.module, fn, meshOf({{"a", 1}, {"b", 1}}), Layout{}, m, program.diag);
-  REQUIRE(spmd);
-  std::vector<double> einsums;
-  for (const SpmdOp& op : spmd->ops)
-    if (op.kind == SpmdOp::Kind::Compute && op.computeKind == ir::OpKind::Einsum)
-      einsums.push_back(op.seconds);
+  std::vector<double> einsums = einsumSeconds(program, "embed", m);
   REQUIRE(einsums.size() == 2);
   // The gather: the 32 ids (128 bytes), a row of the table read and written per output row;
   // the scatter-add: the ids, the zeroed result, then each element of g read and added into it.
@@ -888,12 +885,5 @@ program embed(tokens: i32[batch, seq], g: f32[batch, seq, d]) -> (x: f32[batch, 
   for (double seconds : einsums)
     CHECK(seconds < 0.2 * (2.0 * 32 * 64 * 16 / m.peakFlops));
   // The search's lower bound stays a bound: the search finds brute force's cost.
-  std::vector<std::string> dims = {"batch", "seq", "vocab", "d"};
-  Mesh mesh = meshOf({{"a", 2}, {"b", 2}});
-  SearchResult oracle = bruteForceLayout(*program.module, fn, mesh, m, Layout{}, dims, {});
-  std::optional<SearchResult> found =
-      searchLayout(*program.module, fn, mesh, m, Layout{}, dims, {}, program.diag);
-  REQUIRE(found);
-  CHECK(found->exact);
-  CHECK(found->stepSeconds == Approx(oracle.stepSeconds).epsilon(1e-9));
+  checkSearchIsExact(program, "embed", m, {"batch", "seq", "vocab", "d"});
 }
