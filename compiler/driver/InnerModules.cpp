@@ -6,8 +6,6 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <llvm/ADT/STLExtras.h>
-#include <llvm/ADT/SmallVector.h>
-#include <llvm/ADT/StringExtras.h>
 #include <llvm/ADT/StringRef.h>
 
 #include <cstdint>
@@ -37,41 +35,34 @@ std::optional<InnerModule> derive(const InnerModule& from, const PipelineOptions
 
 } // namespace
 
+bool modulesDerivable(const PipelineOptions& options) {
+  return !options.verifyEach && !llvm::StringRef(options.input).endswith(".ir");
+}
+
 bool moveToMesh(ir::Module& module, const std::string& meshOption) {
   // Sema checks a layout entry's axes against the mesh (known, not twice, their product
   // dividing the dim); an entry naming none (auto, or []) it checks against nothing of it.
   if (llvm::any_of(module.layout, [](const ir::DimLayout& entry) { return !entry.axes.empty(); }))
     return false;
-  // The mesh as semaOptions parses --mesh and sema checks it (ModuleLowerer::applyOptions):
-  // `name=size` items, each size positive, no axis twice, at most 2^31 devices.
-  std::vector<ir::MeshAxis> axes;
+  // The mesh as semaOptions parses --mesh, and sema's checks of it (ModuleLowerer::
+  // applyOptions): no axis twice, at most 2^31 devices.
+  std::optional<std::vector<ir::MeshAxis>> axes = parseMeshOption(meshOption, /*report=*/false);
+  if (!axes) return false;
   std::set<std::string> names;
   int64_t devices = 1;
-  llvm::SmallVector<llvm::StringRef, 4> items;
-  llvm::StringRef(meshOption).split(items, ',', -1, /*KeepEmpty=*/false);
-  for (llvm::StringRef item : items) {
-    auto [left, right] = item.split('=');
-    left = left.trim();
-    int64_t size = 0;
-    bool identifier = !left.empty() && (llvm::isAlpha(left[0]) || left[0] == '_') &&
-                      llvm::all_of(left, [](char c) { return llvm::isAlnum(c) || c == '_'; });
-    if (!identifier || right.trim().getAsInteger(10, size) || size <= 0 ||
-        !names.insert(left.str()).second || __builtin_mul_overflow(devices, size, &devices) ||
+  for (const ir::MeshAxis& axis : *axes)
+    if (!names.insert(axis.name).second || __builtin_mul_overflow(devices, axis.size, &devices) ||
         devices > (int64_t(1) << 31))
       return false;
-    axes.push_back({left.str(), size});
-  }
-  if (axes.empty() || module.meshName.empty()) return false;
-  module.mesh = std::move(axes);
+  if (module.meshName.empty()) return false;
+  module.mesh = std::move(*axes);
   return true;
 }
 
 std::optional<InnerModule> innerModule(const PipelineOptions& options, InnerModules* known,
                                        DiagEngine& diag, const char* argv0) {
   std::string key = known ? moduleKey(options) : "";
-  // An IR file keeps its own mesh (loadModule applies no --mesh to it); --verify-each verifies
-  // what it loads.
-  bool derivable = known && !options.verifyEach && !llvm::StringRef(options.input).endswith(".ir");
+  bool derivable = known && modulesDerivable(options);
   if (derivable) {
     if (auto same = known->byOptions.find(key); same != known->byOptions.end())
       if (std::optional<InnerModule> derived = derive(same->second, options, {})) return derived;

@@ -30,6 +30,11 @@ struct InnerModules {
   std::map<std::string, InnerModule> byOptions;
 };
 
+/// Whether modules loaded with `options` may be derived from one another (moveToMesh,
+/// train::applyRecompute): not from an IR file (it keeps its own mesh, and sema, which marks
+/// recomputed calls, does not read it), nor under --verify-each (which verifies what it loads).
+bool modulesDerivable(const PipelineOptions& options);
+
 /// `module`, loaded on another mesh, as loading it on `meshOption` (--mesh's text) makes it;
 /// false (then load it) when its layout names an axis, or sema would report the mesh.
 bool moveToMesh(ir::Module& module, const std::string& meshOption);

@@ -2,6 +2,7 @@
 // (JointSearch.h).
 #include "driver/JointSearch.h"
 
+#include "driver/InnerModules.h"
 #include "driver/Microbatches.h"
 #include "driver/PlanPipeline.h"
 #include "planner/Microbatching.h"
@@ -366,13 +367,11 @@ private:
     if (count > 1) {
       if (!recompute.empty()) inner.recompute = {recompute};
       // Recomputing, the module at this count without it (planned before) with the calls
-      // recomputed: what loading it again (sema, autodiff) makes (train::applyRecompute). Not
-      // from an IR file (sema, which marks the calls, does not read it) nor with --verify-each.
+      // recomputed: what loading it again (sema, autodiff) makes (train::applyRecompute).
       std::optional<ir::Module> micro;
       std::vector<size_t> forwardOps;
       auto plain = plainModules_.find(count);
-      if (!recompute.empty() && plain != plainModules_.end() && !options_.verifyEach &&
-          !llvm::StringRef(options_.input).endswith(".ir")) {
+      if (!recompute.empty() && plain != plainModules_.end() && modulesDerivable(options_)) {
         micro = *plain->second.first;
         if (!train::applyRecompute(*micro, inner.recompute, plain->second.second)) micro.reset();
       }

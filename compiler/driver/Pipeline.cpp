@@ -94,19 +94,41 @@ bool parseByteSize(llvm::StringRef text, double& bytes) {
 
 namespace {
 
-/// "name=size": one entry of --mesh or --dim.
-bool parseNameSize(llvm::StringRef item, const char* option, std::string& name, int64_t& size) {
+/// "name=size": one entry of --mesh or --dim (an option error when `report`).
+bool parseNameSize(llvm::StringRef item, const char* option, std::string& name, int64_t& size,
+                   bool report = true) {
   auto [left, right] = item.split('=');
   left = left.trim();
   right = right.trim();
   bool identifier = !left.empty() && (llvm::isAlpha(left[0]) || left[0] == '_') &&
                     llvm::all_of(left, [](char c) { return llvm::isAlnum(c) || c == '_'; });
   if (!identifier || right.getAsInteger(10, size) || size <= 0)
-    return optionError(
-        fmt::format("{} '{}' is not of the form name=size (a positive size)", option, item.str()));
+    return report &&
+           optionError(fmt::format("{} '{}' is not of the form name=size (a positive size)", option,
+                                   item.str()));
   name = left.str();
   return true;
 }
+
+} // namespace
+
+std::optional<std::vector<ir::MeshAxis>> parseMeshOption(const std::string& text, bool report) {
+  std::vector<ir::MeshAxis> axes;
+  llvm::SmallVector<llvm::StringRef, 4> items;
+  llvm::StringRef(text).split(items, ',', -1, /*KeepEmpty=*/false);
+  for (llvm::StringRef item : items) {
+    ir::MeshAxis axis;
+    if (!parseNameSize(item, "--mesh", axis.name, axis.size, report)) return std::nullopt;
+    axes.push_back(axis);
+  }
+  if (axes.empty()) {
+    if (report) optionError("--mesh needs at least one axis, e.g. \"data=2,model=4\"");
+    return std::nullopt;
+  }
+  return axes;
+}
+
+namespace {
 
 /// The command-line overrides of the program's dims, mesh and layout, for sema to apply.
 bool semaOptions(const PipelineOptions& given, SemaOptions& options) {
@@ -117,16 +139,8 @@ bool semaOptions(const PipelineOptions& given, SemaOptions& options) {
     options.dimSizes[name] = size;
   }
   if (!given.mesh.empty()) {
-    std::vector<ir::MeshAxis> axes;
-    llvm::SmallVector<llvm::StringRef, 4> items;
-    llvm::StringRef(given.mesh).split(items, ',', -1, /*KeepEmpty=*/false);
-    for (llvm::StringRef item : items) {
-      ir::MeshAxis axis;
-      if (!parseNameSize(item, "--mesh", axis.name, axis.size)) return false;
-      axes.push_back(axis);
-    }
-    if (axes.empty()) return optionError("--mesh needs at least one axis, e.g. \"data=2,model=4\"");
-    options.mesh = std::move(axes);
+    options.mesh = parseMeshOption(given.mesh);
+    if (!options.mesh) return false;
   }
   if (!given.layout.empty()) options.layout = given.layout;
   options.recompute = given.recompute;

@@ -78,6 +78,10 @@ bool parseByteSize(llvm::StringRef text, double& bytes);
 
 /// `meshc: error: <message>` for a bad option value; returns false.
 bool optionError(const std::string& message);
+/// --mesh's text ("data=2,model=4") as axes; nullopt when an item is not name=size with a
+/// positive size, or there is none (reported as an option error when `report`).
+std::optional<std::vector<ir::MeshAxis>> parseMeshOption(const std::string& text,
+                                                         bool report = true);
 
 /// 1. The sources loaded, parsed, checked and lowered to IR, or IR text read back (`.ir` files,
 /// as --emit=ir prints them). `inputFiles` gets every file read (for -MD). With `printAst`,

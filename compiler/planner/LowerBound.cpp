@@ -481,33 +481,30 @@ void PlanEvaluator::Impl::prepareBound() {
       // A gather or a scatter-add where the one-hot tensor is not resharded, else a GEMM: at
       // least the result written, whichever (OpRules::oneHotProductSeconds).
       term.tensors.emplace_back(bytesOf(resultType), dimsOf(resultType));
-      auto [it, inserted] = termIndex.try_emplace(term, static_cast<int>(boundTerms_.size()));
-      if (inserted) boundTerms_.push_back(std::move(term));
-      boundTermOf_[i] = known->second = it->second;
-      continue;
-    }
-    if (!loops || role.stored) term.tensors.emplace_back(bytesOf(resultType), dimsOf(resultType));
-    for (size_t k = 0; k < op.operands.size(); ++k)
-      if (!loops || !(role.inRegister & (1u << std::min<size_t>(k, 31))))
-        term.tensors.emplace_back(bytesOf(fn_.typeOf(op.operands[k])),
-                                  dimsOf(fn_.typeOf(op.operands[k])));
-    if (op.kind == OpKind::Einsum) {
-      term.dtype = fn_.typeOf(op.operands[0]).dtype;
-      double points = 1;
-      for (int d : involved_[i])
-        points *= static_cast<double>(dimSizes_[d]);
-      term.einsumFlops = points;
-      if (op.operands.size() >= 2) {
-        // The fewest FLOPs of any order over the global sizes: no rank's local order (the
-        // fewest over its local sizes) does less than that over the split of every dim.
-        term.einsumFlops = planContraction(fn_, op, [&](const std::string& name) {
-                             return dimSizes_[size_t(dimIndex_.at(name))];
-                           }).flops;
+    } else {
+      if (!loops || role.stored) term.tensors.emplace_back(bytesOf(resultType), dimsOf(resultType));
+      for (size_t k = 0; k < op.operands.size(); ++k)
+        if (!loops || !(role.inRegister & (1u << std::min<size_t>(k, 31))))
+          term.tensors.emplace_back(bytesOf(fn_.typeOf(op.operands[k])),
+                                    dimsOf(fn_.typeOf(op.operands[k])));
+      if (op.kind == OpKind::Einsum) {
+        term.dtype = fn_.typeOf(op.operands[0]).dtype;
+        double points = 1;
+        for (int d : involved_[i])
+          points *= static_cast<double>(dimSizes_[d]);
+        term.einsumFlops = points;
+        if (op.operands.size() >= 2) {
+          // The fewest FLOPs of any order over the global sizes: no rank's local order (the
+          // fewest over its local sizes) does less than that over the split of every dim.
+          term.einsumFlops = planContraction(fn_, op, [&](const std::string& name) {
+                               return dimSizes_[size_t(dimIndex_.at(name))];
+                             }).flops;
+        }
       }
+      // Other ops: bytes alone bound their roofline (their FLOPs per byte are small).
+      if (loops || (op.kind == OpKind::Einsum && op.operands.size() >= 2))
+        boundLoopTerms(op, role, term);
     }
-    // Other ops: bytes alone bound their roofline (their FLOPs per byte are small).
-    if (loops || (op.kind == OpKind::Einsum && op.operands.size() >= 2))
-      boundLoopTerms(op, role, term);
     auto [it, inserted] = termIndex.try_emplace(term, static_cast<int>(boundTerms_.size()));
     if (inserted) boundTerms_.push_back(std::move(term));
     boundTermOf_[i] = known->second = it->second;
