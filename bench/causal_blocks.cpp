@@ -76,8 +76,10 @@ int main() {
       operand.strides.clear();
     spec->out.strides.clear();
   }
-  meshc::gen::CausalEinsum causalScores(scoresSpec, 2, 4, 32, -1, -1e9f),
-      causalContext(contextSpec, 2, 3, 32, 0, 0.0f);
+  using Blocks = meshc::gen::CausalEinsum::Blocks;
+  using Check = meshc::gen::CausalEinsum::Check;
+  meshc::gen::CausalEinsum causalScores(scoresSpec, 2, 4, 32, Blocks::Keys, -1, Check::None, -1e9f),
+      causalContext(contextSpec, 2, 3, 32, Blocks::Queries, 0, Check::Every);
 
   // The values first: the blocks on and below the diagonal as the whole einsum's.
   wholeScores.run(q.data(), k.data(), scores.data(), 0.125f);
@@ -140,8 +142,10 @@ int main() {
       bestMicroseconds([&] { causalScores.run(q.data(), k.data(), blocked.data(), 0.125f); }),
       bestMicroseconds(
           [&] { causalContext.run(weights.data(), v.data(), blockedContext.data(), 1.0f); }));
-  meshc::gen::CausalEinsum unfilledScores(scoresSpec, 2, 4, 32, -1, -1e9f, /*fillAbove=*/false),
-      uniformContext(contextSpec, 2, 3, 32, 0, 0.0f, true, /*uniformTails=*/true);
+  meshc::gen::CausalEinsum unfilledScores(scoresSpec, 2, 4, 32, Blocks::Keys, -1, Check::None,
+                                          -1e9f, /*fillAbove=*/false),
+      uniformContext(contextSpec, 2, 3, 32, Blocks::Queries, 0, Check::Tails),
+      knownContext(contextSpec, 2, 3, 32, Blocks::Queries, 0, Check::None);
   std::printf("%-44s %10.1f\n", "CausalEinsum scores, above unwritten", bestMicroseconds([&] {
                 unfilledScores.run(q.data(), k.data(), blocked.data(), 0.125f);
               }));
@@ -149,6 +153,38 @@ int main() {
               bestMicroseconds([&] {
                 uniformContext.run(weights.data(), v.data(), blockedContext.data(), 1.0f);
               }));
+  std::printf("%-44s %10s %10.1f\n", "CausalEinsum context, known zeros (d_q)", "",
+              bestMicroseconds([&] {
+                knownContext.run(weights.data(), v.data(), blockedContext.data(), 1.0f);
+              }));
+
+  // Backward's key gradients: d_v[b,m,h,e] = weights[b,h,s,m] . d_context[b,s,h,e] (the query
+  // positions contracted; d_k = d_scores^T . q has the same shape), whole and as key blocks
+  // against the query rows from theirs on, with one check per row (d_v) or none (d_k).
+  EinsumSpec keySpec{{kBatch, kHeads, kSize, kSize, kHead},
+                     {{{0, 1, 2, 3}, {}}, {{0, 2, 1, 4}, {}}},
+                     {{0, 3, 1, 4}, {}}};
+  EinsumPlan wholeKeys(keySpec);
+  meshc::gen::CausalEinsum tailsKeys(keySpec, 2, 3, 32, Blocks::Keys, 0, Check::Tails),
+      knownKeys(keySpec, 2, 3, 32, Blocks::Keys, 0, Check::None);
+  std::vector<float> keyGradient(q.size()), blockedKeyGradient(q.size());
+  wholeKeys.run(weights.data(), v.data(), keyGradient.data());
+  tailsKeys.run(weights.data(), v.data(), blockedKeyGradient.data(), 1.0f);
+  double keyError = 0;
+  for (size_t i = 0; i < keyGradient.size(); ++i)
+    keyError = std::max(keyError, double(std::fabs(keyGradient[i] - blockedKeyGradient[i])));
+  std::printf("%-44s %10s %10.1f\n", "key gradient, whole einsum", "", bestMicroseconds([&] {
+                wholeKeys.run(weights.data(), v.data(), keyGradient.data());
+              }));
+  std::printf("%-44s %10s %10.1f\n", "CausalEinsum key gradient, one check per row", "",
+              bestMicroseconds([&] {
+                tailsKeys.run(weights.data(), v.data(), blockedKeyGradient.data(), 1.0f);
+              }));
+  std::printf("%-44s %10s %10.1f\n", "CausalEinsum key gradient, known zeros (d_k)", "",
+              bestMicroseconds([&] {
+                knownKeys.run(weights.data(), v.data(), blockedKeyGradient.data(), 1.0f);
+              }));
+  std::printf("key gradient blocks against the whole einsum: largest difference %g\n", keyError);
 
   // The softmax between them: where(mask, scores, -1e9) along the keys, the causal mask
   // [batch, seq, mem] broadcast over the heads (lm's `allowed > 0.5`); maskedSoftmax over whole

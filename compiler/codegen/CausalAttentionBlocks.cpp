@@ -156,6 +156,16 @@ private:
     case OpKind::Lt:
     case OpKind::Ne:
       return args.size() == 2 ? compare(scalar.op, args[0], args[1]) : Value{};
+    case OpKind::Where:
+      // where(c, x, 0) is zero wherever c is, whatever x is (d_scores of causal attention).
+      if (args.size() != 3) return Value{};
+      if (args[0].kind == Value::Kind::ZeroAbove && args[2].kind == Value::Kind::Const &&
+          args[2].value == 0) {
+        Value result = zeroAbove(args[0].row, args[0].col);
+        result.finite = args[1].finite;
+        return result;
+      }
+      return Value{.finite = args[1].finite && args[2].finite};
     case OpKind::Cast: // 0 stays 0 in every dtype, an index is exact below 2^24
       return args.size() == 1 ? args[0] : Value{};
     case OpKind::Mul:
@@ -191,7 +201,11 @@ private:
     for (const Store& store : loop.stores) {
       const Value& value = values[size_t(store.value)];
       // Only a buffer this loop writes whole, alone, point for point, holds what it stores.
-      if (store.at.strides != dense || !onlyWriter(store.at.buffer) ||
+      // (A dim of extent 1 has no stride to speak of.)
+      bool denseStore = store.at.strides.size() == dense.size();
+      for (size_t d = 0; denseStore && d < dense.size(); ++d)
+        denseStore = loop.extents[d] == 1 || store.at.strides[d] == dense[d];
+      if (!denseStore || !onlyWriter(store.at.buffer) ||
           fn.buffers[size_t(store.at.buffer)].elements != elements(loop.extents))
         continue;
       if (value.finite) finite.insert(store.at.buffer);
@@ -228,6 +242,36 @@ bool sizesAre(const Gemm& gemm, const std::vector<int64_t>& dims, const Shape& e
   if (dims.size() != extents.size()) return false;
   for (size_t d = 0; d < dims.size(); ++d)
     if (gemm.sizes[size_t(dims[d])] != extents[d]) return false;
+  return true;
+}
+
+/// Marks `gemm`, whose operand p is zero above the diagonal of its dims `row` (the query
+/// positions) and `col` (the key positions), when it contracts one of them with the other
+/// operand and keeps the other: Context (the keys contracted: probs . v, d_scores . k) or
+/// KeyGradient (the queries: probs^T . d_context, d_scores^T . q).
+bool markContraction(Gemm& gemm, size_t p, int64_t row, int64_t col, bool uniformTails,
+                     bool knownZeros) {
+  const std::vector<int64_t>& other = gemm.operandDims[1 - p];
+  auto out = [&](int64_t d) { return llvm::is_contained(gemm.outDims, d); };
+  auto contracted = [&](int64_t d) { return !out(d) && llvm::is_contained(other, d); };
+  int64_t size = gemm.sizes[size_t(row)];
+  if (!plainGemm(gemm) || gemm.operands[1 - p] == gemm.operands[p] ||
+      gemm.sizes[size_t(col)] != size || size % kCausalBlock != 0 || size < 2 * kCausalBlock)
+    return false;
+  Gemm::Causal::Kind kind;
+  if (out(row) && contracted(col))
+    kind = Gemm::Causal::Kind::Context;
+  else if (contracted(row) && out(col))
+    kind = Gemm::Causal::Kind::KeyGradient;
+  else
+    return false;
+  gemm.causal = Gemm::Causal{.kind = kind,
+                             .row = row,
+                             .col = col,
+                             .block = kCausalBlock,
+                             .weights = int64_t(p),
+                             .uniformTails = uniformTails,
+                             .knownZeros = knownZeros};
   return true;
 }
 
@@ -281,31 +325,40 @@ void causalAttentionBlocks(KernelFunction& fn) {
         break;
       }
 
-    // The weights: contracted along the key positions with another operand (probs . v), the
-    // query positions an out dim.
+    // The weights: contracted along the key positions (probs . v) or, in backward, along the
+    // query positions (probs^T . d_context) with another operand.
     if (writers[size_t(weights)] != 1) continue;
     for (size_t reader : readers[size_t(weights)]) {
       Gemm* gemm = std::get_if<Gemm>(&fn.body[reader].node);
-      if (!gemm || reader < k || !plainGemm(*gemm) || !samePlace(fn.body[reader], fn.body[k]) ||
-          gemm->out == weights)
+      if (!gemm || reader < k || !samePlace(fn.body[reader], fn.body[k]) || gemm->out == weights)
         continue;
       for (size_t p = 0; p < 2; ++p) {
         const std::vector<int64_t>& operand = gemm->operandDims[p];
-        if (gemm->operands[p] != weights || gemm->operands[1 - p] == weights ||
-            !sizesAre(*gemm, operand, extents))
-          continue;
-        int64_t query = operand[row], key = operand.back();
-        if (!llvm::is_contained(gemm->outDims, query) || llvm::is_contained(gemm->outDims, key) ||
-            !llvm::is_contained(gemm->operandDims[1 - p], key))
-          continue;
-        gemm->causal = Gemm::Causal{.kind = Gemm::Causal::Kind::Context,
-                                    .row = query,
-                                    .col = key,
-                                    .block = kCausalBlock,
-                                    .weights = int64_t(p),
-                                    .uniformTails = true};
-        break;
+        if (gemm->operands[p] == weights && sizesAre(*gemm, operand, extents) &&
+            markContraction(*gemm, p, operand[row], operand.back(), /*uniformTails=*/true,
+                            /*knownZeros=*/false))
+          break;
       }
+    }
+  }
+
+  // GEMMs of a buffer that is exactly zero above the diagonal (d_scores: where(causal mask, x,
+  // 0) scaled), contracting one of its positions: d_scores . k, d_scores^T . q.
+  for (Stmt& stmt : fn.body) {
+    Gemm* gemm = std::get_if<Gemm>(&stmt.node);
+    if (!gemm || !plainGemm(*gemm)) continue;
+    for (size_t p = 0; p < 2; ++p) {
+      const Triangle* triangle = facts.triangle(gemm->operands[p]);
+      if (!triangle) continue;
+      const std::vector<int64_t>& operand = gemm->operandDims[p];
+      Shape extents;
+      for (int64_t d : operand)
+        extents.push_back(gemm->sizes[size_t(d)]);
+      auto dims = matchTriangle(*triangle, extents, rowMajorStrides(extents));
+      if (dims &&
+          markContraction(*gemm, p, operand[size_t(dims->first)], operand[size_t(dims->second)],
+                          /*uniformTails=*/false, /*knownZeros=*/true))
+        break;
     }
   }
 }

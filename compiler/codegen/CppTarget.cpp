@@ -164,14 +164,16 @@ public:
                                      fmt::join(operands, ", "), list(gemm.outDims));
       std::string out = fmt::format("// dims: {}\n", fmt::join(gemm.dims, ", "));
       if (gemm.causal.kind != kir::Gemm::Causal::Kind::None) {
-        // Over the lower triangle of key blocks (causal-attention-blocks).
-        bool scores = gemm.causal.kind == kir::Gemm::Causal::Kind::Scores;
-        std::string causal = file.causalEinsum(fmt::format(
-            "{}, {}, {}, {}, {}, {}{}", spec, gemm.causal.row, gemm.causal.col, gemm.causal.block,
-            scores ? -1 : gemm.causal.weights, floatLiteral(scores ? gemm.causal.fill : 0.0),
-            scores && !gemm.causal.fillAbove      ? ", false"
-            : !scores && gemm.causal.uniformTails ? ", true, true"
-                                                  : ""));
+        // Over the lower triangle of blocks (causal-attention-blocks).
+        const kir::Gemm::Causal& c = gemm.causal;
+        bool scores = c.kind == kir::Gemm::Causal::Kind::Scores;
+        std::string blocks = c.kind == kir::Gemm::Causal::Kind::Context ? "Queries" : "Keys";
+        std::string check = scores || c.knownZeros ? "None" : c.uniformTails ? "Tails" : "Every";
+        std::string causal = file.causalEinsum(
+            fmt::format("{}, {}, {}, {}, support::CausalEinsum::Blocks::{}, {}, "
+                        "support::CausalEinsum::Check::{}{}",
+                        spec, c.row, c.col, c.block, blocks, scores ? -1 : c.weights, check,
+                        scores ? fmt::format(", {}, {}", floatLiteral(c.fill), c.fillAbove) : ""));
         return out + fmt::format("{}.run({}, {}, {}.data(), {});\n", causal, pointers[0],
                                  pointers[1], name(gemm.out), floatLiteral(gemm.alpha));
       }

@@ -498,15 +498,17 @@ private:
     auto dim = [&](int64_t d) {
       return d >= 0 && size_t(d) < gemm.dims.size() ? gemm.dims[size_t(d)] : "?";
     };
-    if (gemm.causal.kind == Gemm::Causal::Kind::Scores)
-      causal = fmt::format(" causal scores (rows {}, cols {}, block {}, {})", dim(gemm.causal.row),
-                           dim(gemm.causal.col), gemm.causal.block,
-                           gemm.causal.fillAbove ? fmt::format("fill {}", gemm.causal.fill)
-                                                 : std::string("unwritten above"));
-    else if (gemm.causal.kind == Gemm::Causal::Kind::Context)
-      causal = fmt::format(" causal context (rows {}, cols {}, block {}, weights operand {}{})",
-                           dim(gemm.causal.row), dim(gemm.causal.col), gemm.causal.block,
-                           gemm.causal.weights, gemm.causal.uniformTails ? ", uniform tails" : "");
+    const Gemm::Causal& c = gemm.causal;
+    if (c.kind == Gemm::Causal::Kind::Scores)
+      causal = fmt::format(
+          " causal scores (rows {}, cols {}, block {}, {})", dim(c.row), dim(c.col), c.block,
+          c.fillAbove ? fmt::format("fill {}", c.fill) : std::string("unwritten above"));
+    else if (c.kind != Gemm::Causal::Kind::None)
+      causal =
+          fmt::format(" causal {} (rows {}, cols {}, block {}, weights operand {}{}{})",
+                      c.kind == Gemm::Causal::Kind::Context ? "context" : "key gradient",
+                      dim(c.row), dim(c.col), c.block, c.weights,
+                      c.uniformTails ? ", uniform tails" : "", c.knownZeros ? ", known zeros" : "");
     out += fmt::format("  gemm {}{} = {} : {} ({}){}\n", name(gemm.out), named(gemm.outDims),
                        gemm.gelu ? "gelu(" + value + ")" : value, ir::dtypeName(gemm.dtype),
                        fmt::join(sizes, " "), causal);

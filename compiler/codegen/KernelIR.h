@@ -172,28 +172,36 @@ struct Gemm {
   /// the identity.
   BufferId bias = kNoBuffer;
   bool gelu = false;
-  /// Causal attention (causal-attention-blocks): the rows along dims[row] are taken in blocks
-  /// of `block`, block i only against the positions below (i + 1) * block along dims[col] (the
-  /// key positions), the lower triangle of blocks. `Scores`: col is an out dim whose entries
-  /// above the blocks' diagonal only a masked softmax reads, which replaces them (the mask is
-  /// zero there), so they are left out of the GEMM and written as `fill`, or not written at all
-  /// when `fillAbove` is false (the softmax is a causalMaskedSoftmax, which never reads them).
-  /// `Context`: col is contracted with operand `weights` (that softmax's result), which is zero
-  /// above the diagonal unless a whole row was masked: a row block whose weights are all zero
-  /// there skips those positions, any other takes them all (checked at run time, so the result
-  /// is the full einsum's). A target may ignore it and compute the whole einsum.
+  /// Causal attention (causal-attention-blocks): a GEMM one of whose index pairs, the query
+  /// positions dims[row] and the key positions dims[col] (equal extents), holds a triangle: in
+  /// blocks of `block`, block i of one only meets the other's positions on its side of the
+  /// diagonal, the lower triangle of blocks.
+  /// `Scores`: row and col are out dims whose entries above the blocks' diagonal only a masked
+  /// softmax reads, which replaces them (the mask is zero there), so they are left out of the
+  /// GEMM and written as `fill`, or not written at all when `fillAbove` is false (the softmax is a
+  /// causalMaskedSoftmax, which never reads them).
+  /// `Context`: col is contracted with operand `weights`, zero above the diagonal: a row block
+  /// takes only the key positions up to its end. `KeyGradient`: row is contracted with operand
+  /// `weights` (probs^T . d_context, d_scores^T . q): a key block takes only the query positions
+  /// from its start. Where the zeros are a softmax's (zero unless a whole row fell back), they are
+  /// checked at run time and a block (Context) or the whole GEMM (KeyGradient) takes every
+  /// position where they are not, so the result is the full einsum's; `knownZeros`: they are a
+  /// where(causal mask, x, 0)'s, exact, and nothing is checked. A target may ignore it and
+  /// compute the whole einsum.
   struct Causal {
-    enum class Kind { None, Scores, Context };
+    enum class Kind { None, Scores, Context, KeyGradient };
     Kind kind = Kind::None;
     int64_t row = -1, col = -1; // indices into dims
     int64_t block = 0;
-    int64_t weights = -1;  // Context: the operand whose zeros above the diagonal are checked
+    int64_t weights = -1;  // Context, KeyGradient: the operand zero above the diagonal
     double fill = 0;       // Scores: the value written above the blocks' diagonal
     bool fillAbove = true; // Scores: whether it is written (false: nothing reads it)
-    /// Context: the weights are a causalMaskedSoftmax's, whose entries past each row's prefix
-    /// are all equal (zero unless the row fell back), so one entry per row past its block's
-    /// diagonal tells whether that row's weights there are all zero.
+    /// Context, KeyGradient: the weights are a causalMaskedSoftmax's, whose entries past each
+    /// row's prefix are all equal (zero unless the row fell back), so one entry per row past its
+    /// block's diagonal tells whether that row's weights there are all zero.
     bool uniformTails = false;
+    /// Context, KeyGradient: the weights are exactly zero above the diagonal (no check).
+    bool knownZeros = false;
     bool operator==(const Causal&) const = default;
   };
   Causal causal;

@@ -53,8 +53,8 @@ const std::vector<KernelPass>& kernelPasses() {
        "a bias add along the last dim and GELU after a GEMM: the GEMM's post-ops",
        fuseGemmEpilogues},
       {"causal-attention-blocks",
-       "causal attention's scores and probs . v GEMMs over the lower triangle of key blocks, its "
-       "softmax over the keys each row sees",
+       "causal attention's GEMMs (scores, probs . v and their gradients) over the lower "
+       "triangle of blocks, its softmax over the keys each row sees",
        causalAttentionBlocks},
       {"write-updates-in-place",
        "optimizer updates stored straight into their params when nothing reads the old value after",

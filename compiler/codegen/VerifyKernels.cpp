@@ -270,15 +270,19 @@ private:
           return std::find(dims.begin(), dims.end(), d) != dims.end();
         };
         bool scores = c.kind == Gemm::Causal::Kind::Scores;
+        // Scores keep both dims, Context contracts the key positions, KeyGradient the queries.
+        bool rowOut = c.kind != Gemm::Causal::Kind::KeyGradient,
+             colOut = c.kind != Gemm::Causal::Kind::Context;
         bool shaped = c.row >= 0 && size_t(c.row) < gemm->sizes.size() && c.col >= 0 &&
                       size_t(c.col) < gemm->sizes.size() && c.row != c.col && c.block > 0 &&
                       gemm->sizes[size_t(c.row)] == gemm->sizes[size_t(c.col)] &&
                       gemm->sizes[size_t(c.row)] % c.block == 0 && gemm->operands.size() == 2 &&
                       gemm->beta == 0 && gemm->bias == kNoBuffer && gemm->dtype == DType::F32 &&
-                      has(gemm->outDims, c.row) && has(gemm->outDims, c.col) == scores &&
+                      has(gemm->outDims, c.row) == rowOut && has(gemm->outDims, c.col) == colOut &&
                       (scores || (c.weights >= 0 && c.weights < 2 &&
                                   has(gemm->operandDims[size_t(c.weights)], c.row) &&
-                                  has(gemm->operandDims[size_t(c.weights)], c.col)));
+                                  has(gemm->operandDims[size_t(c.weights)], c.col) &&
+                                  !(c.knownZeros && c.uniformTails)));
         if (!shaped)
           fail(where, "a causal GEMM whose rows, cols, block or weights do not fit its dims");
       }

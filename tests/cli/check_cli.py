@@ -658,6 +658,27 @@ def run_codegen_options():
            "drawing them again, bit for bit")
 
 
+def run_causal_blocks_backward():
+    """causal-attention-blocks in lm_train's backward (seq = mem = 64, two blocks of 32): d_v
+    over the softmax's zeros (checked per row), d_q and d_k over the scores' gradient (known
+    zeros) run in blocks, and two training steps end with the interpreter's params and AdamW
+    moments (the attention weights' first moments are their gradients' running means)."""
+    with tempfile.TemporaryDirectory() as cache:
+        proc = run_command(TRANSFORMER, "--function", "lm_train", "--mesh", "data=2,model=2",
+                           "--dim", "seq=64", "--dim", "mem=64", "--steps", "2", "--check",
+                           "--no-plan", cache=cache)
+        expect(proc.returncode == 0, "lm_train with causal blocks in backward matches the "
+               "interpreter over 2 steps", proc)
+        for weight in ("w_q", "w_k", "w_v"):
+            expect(re.search(rf"ok   lm_train\.param\.\S*attention/{weight}@m ", proc.stdout),
+                   f"the {weight} moment is compared", proc)
+        code = "".join(open(source).read() for source in
+                       glob.glob(os.path.join(cache, "run", "*", "transformer*.cpp")))
+        blocks = re.findall(r"Blocks::(\w+), (-?\d), support::CausalEinsum::Check::(\w+)", code)
+        for kind in [("Keys", "1", "Tails"), ("Queries", "0", "None"), ("Keys", "0", "None")]:
+            expect(kind in blocks, f"a causal GEMM {kind} in the generated code: {blocks}")
+
+
 def run_split_build():
     """--emit=cpp --source-parts N writes the source as N files and the header they share (the
     parts its size does not pay for hold a comment only; a small program stays one file, as
@@ -905,7 +926,7 @@ CASES = {f.__name__: f for f in [run_precompiled_prelude, calibrate, calibrate_n
                                  ir_input_and_stages, every_option, emit_cpp_unwritable,
                                  depfile_user_headers, run_check, run_installed, run_omp_wait_policy, run_check_path_dtypes,
                                  run_user_kernels, run_data,
-                                 run_train_data, run_fixed_batch, run_check_noise, run_runner_checkpoint, run_errors, run_codegen_options, run_split_build, run_nccl, run_help, verify_each, recompute]}
+                                 run_train_data, run_fixed_batch, run_check_noise, run_runner_checkpoint, run_errors, run_codegen_options, run_causal_blocks_backward, run_split_build, run_nccl, run_help, verify_each, recompute]}
 
 if __name__ == "__main__":
     MESHC = sys.argv[1]

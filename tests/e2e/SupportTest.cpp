@@ -881,6 +881,8 @@ TEST_CASE("CausalEinsum: the attention GEMMs over the lower triangle of blocks, 
   // [batch 2, heads 2, seq = mem = 96 (3 blocks of 32), d_head 8]; the layouts of
   // causal-attention-blocks' GEMMs in lm: q[b,s,h,e] . k[b,m,h,e] -> scores[b,h,s,m], then
   // weights[b,h,s,m] . v[b,m,h,e] -> context[b,s,h,e].
+  using Blocks = meshc::gen::CausalEinsum::Blocks;
+  using Check = meshc::gen::CausalEinsum::Check;
   const int64_t batch = 2, heads = 2, size = 96, dHead = 8, block = 32;
   Buffer q = randomBuffer(size_t(batch * size * heads * dHead), 41), k = randomBuffer(q.size(), 42),
          v = randomBuffer(q.size(), 43),
@@ -898,7 +900,7 @@ TEST_CASE("CausalEinsum: the attention GEMMs over the lower triangle of blocks, 
   SECTION("scores: the einsum's values in the blocks on and below the diagonal, the fill above") {
     Buffer expected(weights.size()), blocked(weights.size(), 7.0f);
     meshrt::kernels::EinsumPlan(scores).run(q.data(), k.data(), expected.data(), 0.125f);
-    meshc::gen::CausalEinsum(scores, 2, 4, block, -1, -1e9f)
+    meshc::gen::CausalEinsum(scores, 2, 4, block, Blocks::Keys, -1, Check::None, -1e9f)
         .run(q.data(), k.data(), blocked.data(), 0.125f);
     for (size_t i = 0; i < blocked.size(); ++i) {
       INFO("element " << i << ": query " << queryOf(i) << ", key " << keyOf(i));
@@ -911,7 +913,8 @@ TEST_CASE("CausalEinsum: the attention GEMMs over the lower triangle of blocks, 
   SECTION("scores for a causalMaskedSoftmax: the entries above the blocks' diagonal unwritten") {
     Buffer expected(weights.size()), blocked(weights.size(), 7.0f);
     meshrt::kernels::EinsumPlan(scores).run(q.data(), k.data(), expected.data(), 0.125f);
-    meshc::gen::CausalEinsum(scores, 2, 4, block, -1, -1e9f, /*fillAbove=*/false)
+    meshc::gen::CausalEinsum(scores, 2, 4, block, Blocks::Keys, -1, Check::None, -1e9f,
+                             /*fillAbove=*/false)
         .run(q.data(), k.data(), blocked.data(), 0.125f);
     for (size_t i = 0; i < blocked.size(); ++i) {
       INFO("element " << i << ": query " << queryOf(i) << ", key " << keyOf(i));
@@ -925,8 +928,8 @@ TEST_CASE("CausalEinsum: the attention GEMMs over the lower triangle of blocks, 
           "zero (a wholly masked row's are uniform)") {
     // uniformTails: the weights' entries past each row's diagonal block all equal (a
     // causalMaskedSoftmax's, as these are), so one per row is checked.
-    meshc::gen::CausalEinsum causal(context, 2, 3, block, 0, 0.0f),
-        uniform(context, 2, 3, block, 0, 0.0f, true, /*uniformTails=*/true);
+    meshc::gen::CausalEinsum causal(context, 2, 3, block, Blocks::Queries, 0, Check::Every),
+        uniform(context, 2, 3, block, Blocks::Queries, 0, Check::Tails);
     for (bool masked : {false, true}) {
       INFO("a wholly masked row: " << masked);
       if (masked) // query 40 of batch 1, head 0 (block 1): uniform weights
@@ -938,5 +941,50 @@ TEST_CASE("CausalEinsum: the attention GEMMs over the lower triangle of blocks, 
       requireClose(blocked, expected);
       requireClose(checkedOnce, expected);
     }
+  }
+  SECTION("context of weights known zero above the diagonal: nothing checked") {
+    // d_scores . k: the weights a where(causal mask, x, 0), exactly zero above the diagonal.
+    Buffer expected(q.size()), blocked(q.size(), 7.0f);
+    meshrt::kernels::EinsumPlan(context).run(weights.data(), v.data(), expected.data());
+    meshc::gen::CausalEinsum(context, 2, 3, block, Blocks::Queries, 0, Check::None)
+        .run(weights.data(), v.data(), blocked.data(), 1.0f);
+    requireClose(blocked, expected);
+  }
+  SECTION("key gradient: the query positions contracted, each key block from its own start") {
+    // probs^T . d_context -> d_v[b,m,h,e] (probs operand 0) and d_scores^T . q -> d_k (known
+    // zeros, operand 1 here: q first); dims batch 0, heads 1, seq 2, mem 3, d_head 4.
+    meshrt::kernels::EinsumSpec probsFirst{{batch, heads, size, size, dHead},
+                                           {{{0, 1, 2, 3}, {}}, {{0, 2, 1, 4}, {}}},
+                                           {{0, 3, 1, 4}, {}}};
+    meshrt::kernels::EinsumSpec probsSecond{{batch, heads, size, size, dHead},
+                                            {{{0, 2, 1, 4}, {}}, {{0, 1, 2, 3}, {}}},
+                                            {{0, 3, 1, 4}, {}}};
+    meshc::gen::CausalEinsum tails(probsFirst, 2, 3, block, Blocks::Keys, 0, Check::Tails),
+        every(probsFirst, 2, 3, block, Blocks::Keys, 0, Check::Every),
+        known(probsSecond, 2, 3, block, Blocks::Keys, 1, Check::None);
+    for (bool masked : {false, true}) {
+      INFO("a wholly masked row: " << masked);
+      if (masked) // query 40 of batch 1, head 0 (block 1): uniform weights, so every key block
+        std::fill_n(weights.begin() + ((1 * heads + 0) * size + 40) * size, size, 1.0f / size);
+      Buffer expected(q.size()), checkedOnce(q.size(), 7.0f), checkedAll(q.size(), 7.0f);
+      meshrt::kernels::EinsumPlan(probsFirst).run(weights.data(), v.data(), expected.data());
+      tails.run(weights.data(), v.data(), checkedOnce.data(), 1.0f);
+      every.run(weights.data(), v.data(), checkedAll.data(), 1.0f);
+      requireClose(checkedOnce, expected);
+      requireClose(checkedAll, expected);
+      if (masked) continue;
+      Buffer unchecked(q.size(), 7.0f);
+      known.run(v.data(), weights.data(), unchecked.data(), 1.0f);
+      requireClose(unchecked, expected);
+    }
+    // Known zeros are taken at their word: a nonzero weight above the blocks' diagonal (query 0,
+    // key 95) is left out, which is how the test knows the blocks were skipped: d_v[0, 95, 0, 0]
+    // lacks its term weights[0, 0, 0, 95] * d_context[0, 0, 0, 0].
+    weights[95] = 1.0f;
+    Buffer expected(q.size()), unchecked(q.size(), 7.0f);
+    meshrt::kernels::EinsumPlan(probsFirst).run(weights.data(), v.data(), expected.data());
+    known.run(v.data(), weights.data(), unchecked.data(), 1.0f);
+    size_t key95 = size_t(95 * heads * dHead);
+    CHECK(unchecked[key95] == Approx(expected[key95] - v[0]).margin(1e-5));
   }
 }

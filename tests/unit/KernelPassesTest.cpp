@@ -872,6 +872,48 @@ struct Attention {
     b.fn.outputs = {context};
   }
   const Gemm& gemm(size_t index) const { return std::get<Gemm>(b.fn.body[index].node); }
+
+  /// Backward's GEMMs of the same attention (dims b=0 h=1 s=2 m=3 e=4): d_v = weights^T .
+  /// d_context, then d_scores = where(mask, d_probs * weights, `fill`) * 0.125 stored by a loop,
+  /// d_q = d_scores . k and d_k = d_scores^T . q.
+  size_t dvGemm = 0, dqGemm = 0, dkGemm = 0;
+  void backward(double fill = 0) {
+    const int64_t heads = 2, dHead = 4, size = b.fn.buffers[size_t(pos)].elements;
+    BufferId dContext = b.buffer(size * heads * dHead, Storage::Input),
+             dProbs = b.buffer(heads * size * size, Storage::Input),
+             dScores = b.buffer(heads * size * size), dv = b.buffer(size * heads * dHead),
+             dq = b.buffer(size * heads * dHead), dk = b.buffer(size * heads * dHead);
+    auto gemm = [&](BufferId x, std::vector<int64_t> xDims, BufferId y, std::vector<int64_t> yDims,
+                    BufferId out, std::vector<int64_t> outDims) {
+      b.fn.body.push_back(Stmt{.node = Gemm{.dims = {"batch", "heads", "seq", "mem", "d_head"},
+                                            .sizes = {1, heads, size, size, dHead},
+                                            .operands = {x, y},
+                                            .operandDims = {std::move(xDims), std::move(yDims)},
+                                            .out = out,
+                                            .outDims = std::move(outDims)}});
+      return b.fn.body.size() - 1;
+    };
+    dvGemm = gemm(dContext, {0, 2, 1, 4}, weights, {0, 1, 2, 3}, dv, {0, 3, 1, 4});
+    Loop scoresGradient{.dims = {"batch", "heads", "seq", "mem"},
+                        .extents = {1, heads, size, size}};
+    scoresGradient.reads = {Access{dProbs, {0, size * size, size, 1}},
+                            Access{weights, {0, size * size, size, 1}},
+                            Access{mask, {0, 0, size, 1}}};
+    scoresGradient.body = {
+        Scalar{.kind = Scalar::Kind::Load, .read = 0},
+        Scalar{.kind = Scalar::Kind::Load, .read = 1},
+        Scalar{.kind = Scalar::Kind::Compute, .op = ir::OpKind::Mul, .args = {0, 1}},
+        Scalar{.kind = Scalar::Kind::Load, .read = 2, .dtype = DType::I32},
+        Scalar{.kind = Scalar::Kind::Const, .value = fill},
+        Scalar{.kind = Scalar::Kind::Compute, .op = ir::OpKind::Where, .args = {3, 2, 4}},
+        Scalar{.kind = Scalar::Kind::Const, .value = 0.125},
+        Scalar{.kind = Scalar::Kind::Compute, .op = ir::OpKind::Mul, .args = {5, 6}}};
+    scoresGradient.stores = {Store{Access{dScores, {0, size * size, size, 1}}, 7}};
+    b.fn.body.push_back(Stmt{.node = std::move(scoresGradient)});
+    dqGemm = gemm(dScores, {0, 1, 2, 3}, k, {0, 3, 1, 4}, dq, {0, 2, 1, 4});
+    dkGemm = gemm(dScores, {0, 1, 2, 3}, q, {0, 2, 1, 4}, dk, {0, 3, 1, 4});
+    b.fn.outputs.insert(b.fn.outputs.end(), {dv, dq, dk});
+  }
 };
 
 } // namespace
@@ -967,6 +1009,36 @@ TEST_CASE("causal-attention-blocks: the scores and probs . v GEMMs of a causal m
     causalAttentionBlocks(kept.b.fn);
     CHECK(kept.gemm(kept.scoresGemm).causal.kind == Gemm::Causal::Kind::None);
     CHECK(kept.gemm(kept.contextGemm).causal.kind == Gemm::Causal::Kind::Context);
+  }
+  SECTION("backward: d_v over the weights' zeros (checked), d_q and d_k over d_scores' (known)") {
+    Attention a(64);
+    a.backward();
+    REQUIRE(verifyKernels(a.b.fn).empty());
+    causalAttentionBlocks(a.b.fn);
+    REQUIRE(verifyKernels(a.b.fn).empty());
+    const Gemm::Causal &dv = a.gemm(a.dvGemm).causal, &dq = a.gemm(a.dqGemm).causal,
+                       &dk = a.gemm(a.dkGemm).causal;
+    CHECK(dv.kind == Gemm::Causal::Kind::KeyGradient);      // the query positions contracted
+    CHECK((dv.row == 2 && dv.col == 3 && dv.weights == 1)); // seq, mem; the weights second
+    CHECK((dv.uniformTails && !dv.knownZeros));
+    CHECK(dq.kind == Gemm::Causal::Kind::Context); // the key positions contracted
+    CHECK((dq.row == 2 && dq.col == 3 && dq.weights == 0 && dq.knownZeros && !dq.uniformTails));
+    CHECK(dk.kind == Gemm::Causal::Kind::KeyGradient);
+    CHECK((dk.row == 2 && dk.col == 3 && dk.weights == 0 && dk.knownZeros));
+    // where(mask, x, 0.5): not zero above the diagonal.
+    Attention filled(64);
+    filled.backward(0.5);
+    causalAttentionBlocks(filled.b.fn);
+    CHECK(filled.gemm(filled.dvGemm).causal.kind == Gemm::Causal::Kind::KeyGradient);
+    CHECK(filled.gemm(filled.dqGemm).causal.kind == Gemm::Causal::Kind::None);
+    CHECK(filled.gemm(filled.dkGemm).causal.kind == Gemm::Causal::Kind::None);
+    // The verifier: a key gradient keeps the key positions, not the query positions.
+    Gemm& dkGemm = std::get<Gemm>(a.b.fn.body[a.dkGemm].node);
+    dkGemm.causal.kind = Gemm::Causal::Kind::Context;
+    CHECK(!verifyKernels(a.b.fn).empty());
+    dkGemm.causal.kind = Gemm::Causal::Kind::KeyGradient;
+    dkGemm.causal.uniformTails = true; // known zeros need no check
+    CHECK(!verifyKernels(a.b.fn).empty());
   }
   SECTION("the verifier rejects a causal GEMM whose dims do not fit") {
     Attention a(64);

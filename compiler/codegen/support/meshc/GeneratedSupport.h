@@ -883,35 +883,46 @@ private:
 /// f32 einsum `spec` (dense operands) over the lower triangle of `block` x `block` tiles of the
 /// query dim `row` and the key dim `col`, as one EinsumPlan per block over the operands' own
 /// strides (built on first use, shared as SharedEinsum's).
-/// `weights` < 0 (the scores): `col` is an output dim; key block j is taken against the query
-/// rows from j * block on (fewer, taller GEMMs than row blocks: oneDNN's kernels are faster on
-/// tall blocks; bench/README.md), and the entries above the blocks' diagonal are written as
-/// `fill` (the masked softmax that alone reads them puts its fill there anyway), or left as they
-/// are when `fillAbove` is false (the softmax is a causalMaskedSoftmax, which never reads them).
-/// `weights` >= 0 (probs . v): `col` is contracted with that operand, a softmax's result whose
-/// entries above the diagonal are zero unless a whole row was masked; query block i is taken
-/// against the key positions below (i + 1) * block when its weights above are all zero, against
-/// every key position otherwise (so the result is the whole einsum's, up to the order of the
-/// sums). With `uniformTails` (the weights are a causalMaskedSoftmax's: past each row's prefix,
-/// which ends within its block, its entries are all equal) one entry per row tells that.
+/// Blocks::Keys: key block j is taken against the query positions from j * block on (fewer,
+/// taller GEMMs than row blocks: oneDNN's kernels are faster on tall blocks; bench/README.md).
+///   With `weights` < 0 (the scores: row and col out dims) the entries above the blocks'
+///   diagonal are written as `fill` (the masked softmax that alone reads them puts its fill there
+///   anyway), or left as they are when `fillAbove` is false (the softmax is a
+///   causalMaskedSoftmax, which never reads them). With `weights` >= 0 (a key gradient:
+///   probs^T . d_context or d_scores^T . q, the query positions contracted with that operand,
+///   zero above the diagonal) the query positions before the block are left out.
+/// Blocks::Queries (probs . v: `col` contracted with operand `weights`, zero above the
+/// diagonal): query block i is taken against the key positions below (i + 1) * block.
+/// Where the weights' zeros are a softmax's (zero unless a whole row was masked), `check` reads
+/// them at run time: Check::Every every entry above the blocks' diagonal, Check::Tails one per
+/// row (the weights are a causalMaskedSoftmax's: past each row's prefix, which ends within its
+/// block, its entries are all equal); a query block with a nonzero one is taken against every
+/// key position (Queries), and any makes the whole einsum run (Keys), so the result is the
+/// whole einsum's, up to the order of the sums. Check::None: the zeros are exact (a
+/// where(causal mask, x, 0)). A factor's inf or NaN at a position the triangle leaves out does
+/// not reach the result (0 * inf would).
 class CausalEinsum {
 public:
-  CausalEinsum(meshrt::kernels::EinsumSpec spec, int row, int col, int64_t block, int weights,
-               float fill, bool fillAbove = true, bool uniformTails = false)
-      : spec_(std::move(spec)), row_(row), col_(col), block_(block), weights_(weights), fill_(fill),
-        fillAbove_(fillAbove), uniformTails_(uniformTails) {}
+  enum class Blocks { Keys, Queries };
+  enum class Check { None, Every, Tails };
+
+  CausalEinsum(meshrt::kernels::EinsumSpec spec, int row, int col, int64_t block, Blocks blocks,
+               int weights, Check check, float fill = 0.0f, bool fillAbove = true)
+      : spec_(std::move(spec)), row_(row), col_(col), block_(block), blocks_(blocks),
+        weights_(weights), check_(check), fill_(fill), fillAbove_(fillAbove) {}
 
   void run(const float* a, const float* b, float* out, float alpha) const {
     std::call_once(once_, [this] { plan(); });
-    size_t blocks = blocks_.size();
-    // Context: the query blocks with a nonzero weight above the diagonal (a wholly masked row).
+    size_t count = parts_.size();
+    // The query blocks with a nonzero weight above the diagonal (a wholly masked row).
     thread_local std::vector<char> whole;
-    whole.assign(blocks, 0);
-    if (weights_ >= 0)
+    whole.assign(count, 0);
+    if (weights_ >= 0 && check_ != Check::None)
       forSegments(size_t(weights_), weights_ ? b : a,
                   [&](const float* x, int64_t n, int64_t stride, int64_t i) {
                     if (whole[size_t(i)]) return;
-                    if (uniformTails_) n = 1; // the rest of the row's tail equals its first
+                    if (check_ == Check::Tails)
+                      n = 1; // the rest of the row's tail equals its first
                     // Any nonzero bit pattern (-0 too: then every key, as exact), one OR
                     // per element (a contiguous run vectorizes).
                     uint32_t bits = 0;
@@ -928,13 +939,17 @@ public:
                         bits |= word(x + c * stride);
                     if (bits) whole[size_t(i)] = 1;
                   });
-    for (size_t i = 0; i < blocks; ++i) {
-      // Scores: the key blocks write disjoint columns; context: disjoint query rows.
-      const Block& blk = blocks_[i];
-      const auto& plan = whole[i] ? *blk.whole : blk.lower;
-      plan.run(a + blk.offsets[0], b + blk.offsets[1], out + blk.offsets[2], alpha, 0.0f);
+    if (blocks_ == Blocks::Keys && std::find(whole.begin(), whole.end(), 1) != whole.end()) {
+      all_->run(a, b, out, alpha, 0.0f); // a key block meets every query row before it
+      return;
     }
-    if (weights_ < 0 && fillAbove_)
+    for (size_t i = 0; i < count; ++i) {
+      // Key blocks write disjoint columns (or key positions); query blocks disjoint query rows.
+      const Part& part = parts_[i];
+      const auto& plan = whole[i] ? *part.whole : part.lower;
+      plan.run(a + part.offsets[0], b + part.offsets[1], out + part.offsets[2], alpha, 0.0f);
+    }
+    if (blocks_ == Blocks::Keys && weights_ < 0 && fillAbove_)
       forSegments(2, out, [&](const float* x, int64_t n, int64_t stride, int64_t) {
         float* y = const_cast<float*>(x);
         if (stride == 1) {
@@ -947,9 +962,9 @@ public:
   }
 
 private:
-  /// One block's GEMM (scores: a key block's column of the triangle; context: a query block's
-  /// row of it, and `whole`, the same rows against every key position).
-  struct Block {
+  /// One block's GEMM (key blocks: a key block's column of the triangle; query blocks: a query
+  /// block's row of it, and `whole`, the same rows against every key position).
+  struct Part {
     meshrt::kernels::EinsumPlan lower;
     std::optional<meshrt::kernels::EinsumPlan> whole;
     int64_t offsets[3] = {0, 0, 0};
@@ -1016,30 +1031,35 @@ private:
     };
     for (int64_t i = 0; i * block_ < size_; ++i) {
       int64_t start = i * block_;
-      if (weights_ < 0) { // key block i against the query rows from its start on
-        Block blk{meshrt::kernels::EinsumPlan(blockSpec(size_ - start, block_)), std::nullopt, {}};
+      if (blocks_ == Blocks::Keys) { // key block i against the query rows from its start on
+        Part part{meshrt::kernels::EinsumPlan(blockSpec(size_ - start, block_)), std::nullopt, {}};
         for (size_t k = 0; k < 3; ++k)
-          blk.offsets[k] = start * (strideOf(k, row_) + strideOf(k, col_));
-        blocks_.push_back(std::move(blk));
+          part.offsets[k] = start * (strideOf(k, row_) + strideOf(k, col_));
+        parts_.push_back(std::move(part));
         continue;
       }
       // query block i against the keys below its end (or all of them)
-      Block blk{meshrt::kernels::EinsumPlan(blockSpec(block_, start + block_)), std::nullopt, {}};
-      blk.whole.emplace(blockSpec(block_, size_));
+      Part part{meshrt::kernels::EinsumPlan(blockSpec(block_, start + block_)), std::nullopt, {}};
+      if (check_ != Check::None) part.whole.emplace(blockSpec(block_, size_));
       for (size_t k = 0; k < 3; ++k)
-        blk.offsets[k] = start * strideOf(k, row_);
-      blocks_.push_back(std::move(blk));
+        part.offsets[k] = start * strideOf(k, row_);
+      parts_.push_back(std::move(part));
     }
+    if (blocks_ == Blocks::Keys && weights_ >= 0 && check_ != Check::None)
+      all_.emplace(blockSpec(size_, size_));
   }
 
   meshrt::kernels::EinsumSpec spec_;
   int row_, col_;
   int64_t block_;
+  Blocks blocks_;
   int weights_;
+  Check check_;
   float fill_;
-  bool fillAbove_, uniformTails_;
+  bool fillAbove_;
   mutable std::once_flag once_;
-  mutable std::vector<Block> blocks_;
+  mutable std::vector<Part> parts_;
+  mutable std::optional<meshrt::kernels::EinsumPlan> all_; // Keys with a check: the whole einsum
   mutable int64_t size_ = 0;
 };
 
