@@ -84,7 +84,12 @@ struct SearchSpace {
     // made per block planned: 40,000 values at 96 layers, a few dozen distinct lists of dims).
     std::unordered_set<AxisList, AxisListHash> seenDims;
     AxisList names;
+    const ir::TensorType* previous = nullptr;
     for (const ir::Value& value : fn.values) {
+      // The dims (names and sizes) of the value before: the same writes and lookups again (most
+      // values of a block are the one before's type, or one like it).
+      if (previous && previous->dims == value.type.dims) continue;
+      previous = &value.type;
       names.clear();
       for (const ir::Dim& dim : value.type.dims) {
         sizes[dim.name] = dim.size;

@@ -69,26 +69,42 @@ bool pinnedFits(const ir::Module& module, const Mesh& mesh, const Layout& pinned
   return true;
 }
 
+/// What a ZeRO form's report compares it with: the plan without ZeRO, as its SPMD function or,
+/// for a train block with updates (whose rewrite always applies), as the step and memory its
+/// search costed exactly (the same figures: the exact costing lowers and merges as the
+/// lowering does), so that a combination whose ZeRO stages stop before stage 0 (the joint
+/// search's) need not lower the whole block without ZeRO for two numbers.
+struct Unzeroed {
+  const SpmdFunction* spmd = nullptr;
+  double stepSeconds = 0, totalBytes = 0; // without `spmd`
+};
+
 /// Replaces `plan`'s SPMD function (lowered from `fn` under `layout`) by its ZeRO form and
 /// reports both; a function with nothing to shard (a program) keeps its plan. With `unzeroed`,
-/// that is the SPMD function without ZeRO and `plan`'s own is empty (a plan copied without the
-/// ops the ZeRO form replaces; given `unzeroed` when it is kept).
+/// that is the plan without ZeRO and `plan`'s own SPMD function is empty (a plan copied without
+/// the ops the ZeRO form replaces; given `unzeroed.spmd` when it is kept, which a function with
+/// nothing to shard then takes).
 bool applyZero(const ir::Module& module, const ir::Function& fn, const Mesh& mesh,
                const Machine& machine, const Layout& layout, int stage, PlannedFunction& plan,
-               DiagEngine& diag, const SpmdFunction* unzeroed = nullptr) {
-  const SpmdFunction& before = unzeroed ? *unzeroed : plan.spmd;
+               DiagEngine& diag, const Unzeroed* unzeroed = nullptr) {
   std::optional<ZeroRewrite> rewrite = rewriteForZero(fn, mesh, layout, stage);
   if (!rewrite) {
-    if (unzeroed) plan.spmd = *unzeroed;
+    if (unzeroed) {
+      if (!unzeroed->spmd) return false; // callers give figures only where the rewrite applies
+      plan.spmd = *unzeroed->spmd;
+    }
     return true;
   }
+  const SpmdFunction* before = unzeroed ? unzeroed->spmd : &plan.spmd;
+  double totalBefore = before ? before->memory.total() : unzeroed->totalBytes;
+  double stepBefore = before ? before->summary.stepSeconds : unzeroed->stepSeconds;
   std::optional<SpmdFunction> spmd =
       lowerToSpmd(module, rewrite->fn, mesh, rewrite->layout, machine, diag);
   if (!spmd) return false;
   restoreZeroDims(*spmd, *rewrite, layout);
   ZeroReport& report = rewrite->report;
-  report.totalBefore = before.memory.total();
-  report.stepBefore = before.summary.stepSeconds;
+  report.totalBefore = totalBefore;
+  report.stepBefore = stepBefore;
   report.totalAfter = spmd->memory.total();
   report.stepAfter = spmd->summary.stepSeconds;
   plan.spmd = std::move(*spmd);
@@ -323,13 +339,19 @@ zeroCandidatesOf(const ir::Module& module, const ir::Function* fn, const Machine
   // Stage 0: the fastest layout that fits without ZeRO, else the fastest (searched lazily).
   std::optional<SearchResult> fastest;
   std::optional<PlannedFunction> fastestPlan;
-  auto fastestLayout = [&]() -> bool {
-    if (fastestPlan) return true;
+  auto fastestSearch = [&]() -> bool {
+    if (fastest) return true;
     SearchOptions unbounded = searchOptions;
     unbounded.memoryBudgetBytes = std::numeric_limits<double>::max();
     fastest =
         searchLayout(evaluator, module, *fn, mesh, machine, pinned, toSearch, unbounded, diag);
-    if (fastest) fastestPlan = lowered(*fastest);
+    return fastest.has_value();
+  };
+  // Lowered only when a plan without ZeRO is asked for (stage 0; the ZeRO forms of a train block
+  // need only its figures, Unzeroed).
+  auto fastestLayout = [&]() -> bool {
+    if (fastestPlan) return true;
+    if (fastestSearch()) fastestPlan = lowered(*fastest);
     return fastestPlan.has_value();
   };
   std::vector<PlannedFunction> candidates;
@@ -353,15 +375,25 @@ zeroCandidatesOf(const ir::Module& module, const ir::Function* fn, const Machine
       continue;
     }
     if (!ir::hasOptimizerUpdates(*fn)) continue;
-    if (!fastestLayout()) return std::nullopt;
     // The plan but its SPMD function (tens of thousands of ops at 96 layers), which the ZeRO
-    // form replaces.
+    // form replaces: the fields lowered() fills. A train block's fastest layout is not lowered
+    // for it (Unzeroed) unless stage 0 lowered it already.
     PlannedFunction candidate;
-    SpmdFunction unzeroed = std::move(fastestPlan->spmd);
-    candidate = *fastestPlan;
-    fastestPlan->spmd = std::move(unzeroed);
-    if (!applyZero(module, *fn, mesh, machine, fastest->layout, stage, candidate, diag,
-                   &fastestPlan->spmd))
+    Unzeroed unzeroed;
+    if (fn->kind == ir::Function::Kind::Train && !fastestPlan) {
+      if (!fastestSearch()) return std::nullopt;
+      candidate = emptyPlan(pinned, searchOptions.memoryBudgetBytes);
+      if (!toSearch.empty()) candidate.search = *fastest;
+      unzeroed.stepSeconds = fastest->stepSeconds;
+      unzeroed.totalBytes = fastest->memory.total();
+    } else {
+      if (!fastestLayout()) return std::nullopt;
+      SpmdFunction kept = std::move(fastestPlan->spmd);
+      candidate = *fastestPlan;
+      fastestPlan->spmd = std::move(kept);
+      unzeroed.spmd = &fastestPlan->spmd;
+    }
+    if (!applyZero(module, *fn, mesh, machine, fastest->layout, stage, candidate, diag, &unzeroed))
       return std::nullopt;
     if (candidate.zero) candidate.zero->chosen = true;
     bool goOn = !keepGoing || keepGoing(candidate);

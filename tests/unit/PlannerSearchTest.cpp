@@ -975,3 +975,50 @@ TEST_CASE("planZeroCandidates of an Adafactor block: stage 0 as planned alone, t
   REQUIRE(first);
   CHECK(first->size() == 1);
 }
+
+TEST_CASE("a ZeRO form's report compares it with the plan without ZeRO, lowered or not") {
+  // planZeroCandidates lowers the fastest layout only when stage 0 asks for it: ZeRO stages
+  // alone (the joint search's combinations) take its step and memory from the search's exact
+  // costing, which must be the lowered plan's bit for bit, and the forms must be the same.
+  SemaOptions options;
+  options.mesh = {{"data", 2}, {"model", 2}};
+  options.layout = "auto"; // searched: the forms carry the search
+  Compiled compiled(std::string(MESHC_SOURCE_DIR) + "/dsl-examples/transformer.mesh", options);
+  REQUIRE(compiled.module);
+  for (ir::Function& fn : compiled.module->functions)
+    REQUIRE(train::lowerTraining(fn, compiled.diag, train::pinnedDims(*compiled.module)));
+  PlannerOptions plannerOptions;
+  plannerOptions.machine = "8xh100";
+  plannerOptions.memoryBudgetBytes = 1; // nothing fits: stage 0 is the fastest layout, lowered
+  Machine h100 = machine("8xh100");
+  auto lowered = planZeroCandidates(*compiled.module, h100, plannerOptions, "lm_train", {0, 3, 1},
+                                    nullptr, compiled.diag);
+  auto alone = planZeroCandidates(*compiled.module, h100, plannerOptions, "lm_train", {3, 1},
+                                  nullptr, compiled.diag);
+  REQUIRE(lowered);
+  REQUIRE(alone);
+  REQUIRE(lowered->size() == 3);
+  REQUIRE(alone->size() == 2);
+  const PlannedFunction& plain = lowered->front();
+  REQUIRE_FALSE(plain.zero);
+  for (size_t k = 0; k < 2; ++k) {
+    const PlannedFunction& form = (*alone)[k];
+    const PlannedFunction& afterPlain = (*lowered)[k + 1];
+    REQUIRE(form.zero);
+    REQUIRE(afterPlain.zero);
+    CAPTURE(form.zero->stage);
+    CHECK(form.zero->stage == afterPlain.zero->stage);
+    CHECK(form.zero->stepBefore == plain.spmd.summary.stepSeconds);
+    CHECK(form.zero->totalBefore == plain.spmd.memory.total());
+    CHECK(afterPlain.zero->stepBefore == plain.spmd.summary.stepSeconds);
+    CHECK(afterPlain.zero->totalBefore == plain.spmd.memory.total());
+    CHECK(form.spmd.summary.stepSeconds == afterPlain.spmd.summary.stepSeconds);
+    CHECK(form.spmd.memory.total() == afterPlain.spmd.memory.total());
+    CHECK(form.spmd.ops.size() == afterPlain.spmd.ops.size());
+    REQUIRE(form.search);
+    REQUIRE(afterPlain.search);
+    CHECK(form.search->layout.axes == afterPlain.search->layout.axes);
+    CHECK(form.memoryBudgetBytes == afterPlain.memoryBudgetBytes);
+    CHECK(form.pinnedDims == afterPlain.pinnedDims);
+  }
+}
