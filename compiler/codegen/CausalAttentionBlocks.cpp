@@ -31,13 +31,6 @@ struct Value {
   bool finite = false;
 };
 
-int64_t elements(const Shape& extents) {
-  int64_t n = 1;
-  for (int64_t extent : extents)
-    n *= extent;
-  return n;
-}
-
 Value zeroAbove(int row, int col) {
   return Value{.kind = Value::Kind::ZeroAbove, .row = row, .col = col, .finite = true};
 }
@@ -206,7 +199,7 @@ private:
       for (size_t d = 0; denseStore && d < dense.size(); ++d)
         denseStore = loop.extents[d] == 1 || store.at.strides[d] == dense[d];
       if (!denseStore || !onlyWriter(store.at.buffer) ||
-          fn.buffers[size_t(store.at.buffer)].elements != elements(loop.extents))
+          fn.buffers[size_t(store.at.buffer)].elements != pointCount(loop.extents))
         continue;
       if (value.finite) finite.insert(store.at.buffer);
       if (value.kind != Value::Kind::ZeroAbove) continue;

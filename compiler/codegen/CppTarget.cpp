@@ -43,10 +43,8 @@ public:
     }
     for (const kir::Access& read : loop.reads)
       if (!llvm::is_contained(buffers, read.buffer)) buffers.push_back(read.buffer);
-    int64_t points = 1;
-    for (int64_t extent : collapsed.extents)
-      points *= extent;
-    bool parallel = depth > 0 && points >= kParallelPoints && collapsed.extents[0] > 1 &&
+    bool parallel = depth > 0 && kir::pointCount(collapsed.extents) >= kParallelPoints &&
+                    collapsed.extents[0] > 1 &&
                     llvm::all_of(collapsed.stores, [](const kir::Shape& s) { return s[0] != 0; });
     // A nest that reads nothing but its buffers is a function of the file, called here with the
     // buffers' data: the same nest over other buffers (another layer's, another param's of the
@@ -78,9 +76,7 @@ public:
                                      buffer.keepMask ? "uint8_t" : "float");
       std::string declaration = fmt::format("{}* __restrict {}", type, pointer(id));
       parameters.push_back(declaration);
-      arguments.push_back(buffer.keepMask
-                              ? fmt::format("reinterpret_cast<{}*>({}.data())", type, buffer.name)
-                              : buffer.name + ".data()");
+      arguments.push_back(loopDataPointer(buffer, type.c_str()));
       if (!outlined) out += fmt::format("{} = {};\n", declaration, arguments.back());
     }
     // A read that no loop moves (a scalar: AdamW's step size and bias corrections) is loaded

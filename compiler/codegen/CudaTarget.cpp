@@ -32,12 +32,9 @@ public:
     std::string captures = "=";
     for (kir::BufferId id : buffers)
       captures += fmt::format(", {0} = support::view({0})", fn.buffers[size_t(id)].name);
-    int64_t count = 1;
-    for (int64_t extent : collapsed.extents)
-      count *= extent;
     std::string out = "{\n" + invariants + stepDeclaration(loop);
-    out +=
-        fmt::format("support::forEachIndex({}, [{}] __device__(int64_t i) {{\n", count, captures);
+    out += fmt::format("support::forEachIndex({}, [{}] __device__(int64_t i) {{\n",
+                       kir::pointCount(collapsed.extents), captures);
     // The point's index per collapsed dim, innermost fastest.
     std::string rest = "i";
     for (size_t d = collapsed.extents.size(); d-- > 0;) {
@@ -52,9 +49,8 @@ public:
     // A keep mask's bytes through a byte pointer into its float slots (Buffer::keepMask).
     auto element = [&](kir::BufferId id, const char* type, const std::string& offset) {
       const kir::Buffer& buffer = fn.buffers[size_t(id)];
-      return buffer.keepMask
-                 ? fmt::format("reinterpret_cast<{}*>({}.data())[{}]", type, buffer.name, offset)
-                 : fmt::format("{}[{}]", buffer.name, offset);
+      return buffer.keepMask ? fmt::format("{}[{}]", loopDataPointer(buffer, type), offset)
+                             : fmt::format("{}[{}]", buffer.name, offset);
     };
     out += loopBody(
         loop, collapsed,

@@ -110,12 +110,9 @@ private:
   BufferId maskOf(size_t d) {
     Drawn& earlier = drawn[d];
     if (earlier.mask != kNoBuffer) return earlier.mask;
-    int64_t points = 1;
-    for (int64_t extent : earlier.key.extents)
-      points *= extent;
     earlier.mask = fn.addBuffer(Buffer{.name = fmt::format("keep_v{}", fn.buffers.size()),
                                        .what = "dropout keep mask",
-                                       .elements = (points + 3) / 4,
+                                       .elements = (pointCount(earlier.key.extents) + 3) / 4,
                                        .keepMask = true});
     Loop& loop = std::get<Loop>(fn.body[earlier.stmt].node);
     loop.stores.push_back(Store{Access{earlier.mask, rowMajorStrides(loop.extents)},

@@ -138,6 +138,13 @@ Shape sizesOf(const ir::TensorType& type) {
   return sizesOf(type.dims);
 }
 
+int64_t pointCount(const Shape& extents) {
+  int64_t points = 1;
+  for (int64_t extent : extents)
+    points *= extent;
+  return points;
+}
+
 Shape rowMajorStrides(const Shape& sizes) {
   Shape strides(sizes.size());
   int64_t stride = 1;

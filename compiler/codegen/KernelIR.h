@@ -472,6 +472,8 @@ Shape sizesOf(const ir::TensorType& type);
 Shape rowMajorStrides(const ir::TensorType& type);
 /// The row-major strides of dense elements over `sizes`.
 Shape rowMajorStrides(const Shape& sizes);
+/// The number of points of `extents` (their product; 1 for none).
+int64_t pointCount(const Shape& extents);
 
 /// meshrt::kernels' name of a dtype ("meshrt::kernels::ValueType::F32"), for the RNG fills.
 const char* valueTypeEnum(DType dtype);

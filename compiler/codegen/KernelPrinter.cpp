@@ -365,6 +365,11 @@ CollapsedLoop collapseLoop(const kir::Loop& loop) {
   return c;
 }
 
+std::string loopDataPointer(const kir::Buffer& buffer, const char* byteType) {
+  return buffer.keepMask ? fmt::format("reinterpret_cast<{}*>({}.data())", byteType, buffer.name)
+                         : buffer.name + ".data()";
+}
+
 std::string offsetExpression(const kir::Shape& strides) {
   std::vector<std::string> terms;
   for (size_t d = 0; d < strides.size(); ++d) {

@@ -29,6 +29,10 @@ CollapsedLoop collapseLoop(const kir::Loop& loop);
 /// `i0 * 128 + i1` over the loop indices i0, i1, ... ("0" when every stride is 0).
 std::string offsetExpression(const kir::Shape& strides);
 
+/// A loop's pointer to `buffer`'s data: `name.data()`, or for a keep mask (Buffer::keepMask) a
+/// `byteType` pointer ("uint8_t", "const uint8_t") to the bytes in its float slots.
+std::string loopDataPointer(const kir::Buffer& buffer, const char* byteType);
+
 /// A loop body: one `const float sK = ...;` per scalar (a load reads `element(read, offset)`;
 /// a dropout's keep word is `mK` before it), then the stores (`element` of `store(store,
 /// offset)` = the scalar, or a keep store's byte). A keep mask's element (Buffer::keepMask) must
