@@ -181,6 +181,10 @@ TEST_CASE("f32 tanh, sigmoid and gelu: within 2, 3 and 4 ulp (gelu: for x >= -1)
   CHECK(f32::sigmoid(-kInf) == 0.0f);
   CHECK(std::isnan(f32::sigmoid(kNaN)));
   CHECK(f32::gelu(kInf) == kInf);
+  CHECK(f32::gelu(-kInf) == 0.0f); // the limit; -20 and below underflow to -0 alike
+  CHECK(f32::gelu(-20.0f) == 0.0f);
+  CHECK(f32::tanh(10.0f) == 1.0f);
+  CHECK(f32::tanh(9.0f) < 1.0f); // 1 - 2 / (e^18 + 1) is still below 1 in f32
   CHECK(std::isnan(f32::gelu(kNaN)));
 }
 

@@ -176,8 +176,12 @@ MESHRT_HD_INLINE float tanh(float x) {
   p = p * z + 1.33314422036e-1f;
   p = p * z - 3.33332819422e-1f;
   float small = p * z * x + x;
-  // Otherwise 1 - 2 / (e^{2|x|} + 1); e^{2|x|} = inf gives exactly 1.
-  float large = copySign(1.0f - 2.0f / (exp(a + a) + 1.0f), x);
+  // Otherwise 1 - 2 / (e^{2|x|} + 1), which rounds to exactly 1 from |x| ~ 9.01 on: |x| is
+  // clamped to 10 (nan too; it passes below), so e^{2|x|} needs none of exp's range checks.
+  float clamped = select(!(a <= 10.0f), 10.0f, a);
+  float n;
+  float reduced = expReduced(clamped + clamped, n);
+  float large = copySign(1.0f - 2.0f / (reduced * pow2(n) + 1.0f), x);
   float result = select(a < 0.625f, small, large);
   return detail::select(x != x, x, result);
 }
@@ -196,20 +200,26 @@ MESHRT_HD_INLINE float sigmoid(float x) {
 /// error of 2u ~ -0.14 x^3: 2u rounded in f32 costs about 2 |2u| ulps there (bound 4 + 2.5 |2u|
 /// ulp, 165 at x ~ -9.6 where the result is ~1e-30; within 4 ulp for x >= -1). Computing 2u in
 /// double (or compensated f32) kept 4 ulp everywhere but cost 1.6x the time of this loop.
+/// -inf gives -0 (the limit; the interpreter's double formula gives nan there).
 MESHRT_HD_INLINE float gelu(float x) {
   constexpr float kTwoSqrt2OverPi = float(2.0 * 0.79788456080286535588);
   constexpr float kCubic = float(2.0 * 0.79788456080286535588 * 0.044715);
-  // |x| > 20: sigmoid(2u) is 1 or e^{-600} (0) in f32; clamping keeps every step finite.
-  float bounded = detail::select(x > 20.0f, 20.0f, detail::select(x < -20.0f, -20.0f, x));
+  // x < -20 (or -inf): x e^{2u} underflows to -0 from x ~ -11.6 on, so -20 gives the same -0
+  // with every step finite. Large positive x (or nan) needs no clamp: t = inf (nan) meets the
+  // clamp of |2u| below and x * 1 (nan) comes out.
+  float bounded = detail::select(x < -20.0f, -20.0f, x);
   float t = bounded * (kTwoSqrt2OverPi + kCubic * (bounded * bounded));
+  // e^{-|2u|} for |2u| > 125 is below 2^-180: 1 + it is 1, and x times it underflows to -0 for
+  // every x that gets there, as at 125. The clamp keeps 2^(n + 64) below normal: one pow2.
   float magnitude = detail::absolute(t);
-  // e^-200 is 0 in f32; a nan x takes 200 too (finite steps; x * inverse stays nan).
-  magnitude = detail::select(!(magnitude <= 200.0f), 200.0f, magnitude);
+  magnitude = detail::select(!(magnitude <= 125.0f), 125.0f, magnitude);
   // e^{-|2u|} kept scaled by 2^64 so that it stays normal where x e^{2u} (x up to ~ -10) is
-  // still a normal f32.
-  float scaledE = detail::expScaled(-magnitude, 64.0f);
+  // still a normal f32; the scaling is exact (the product is normal).
+  float n;
+  float reduced = detail::expReduced(-magnitude, n);
+  float scaledE = reduced * detail::pow2(n + 64.0f);
   float inverse = 1.0f / (1.0f + scaledE * 0x1p-64f);
-  float negative = (x * (scaledE * inverse)) * 0x1p-64f; // x sigmoid(2u), 2u < 0
+  float negative = (bounded * (scaledE * inverse)) * 0x1p-64f; // x sigmoid(2u), 2u < 0
   return detail::select(t < 0.0f, negative, x * inverse);
 }
 
