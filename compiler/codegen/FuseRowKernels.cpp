@@ -119,6 +119,42 @@ std::optional<Call> maskedSoftmax(const KernelFunction& fn, const Loop& loop, co
               .reads = {x.buffer, mask.buffer}};
 }
 
+/// `loop` = a * b of two f32 loads whose rows are contiguous, stored densely into the buffer that
+/// `reduce` then sums along its last dim (a dense run of each row): one reduceProduct call.
+std::optional<Call> reduceProduct(const KernelFunction& fn, const Loop& loop, const Call& reduce) {
+  // reduce's arguments: out, out sizes, in, in's outer strides, lane, lane strides, kind, scale.
+  if (reduce.callee != Callee::Reduce || reduce.args.size() != 8 ||
+      reduce.args[6].text != "Reduce::Sum" || loop.stores.size() != 1 || loop.body.size() != 3 ||
+      loop.extents.empty() || !allF32(fn, loop))
+    return std::nullopt;
+  const Store& store = loop.stores[0];
+  Shape outer = loop.extents;
+  int64_t size = outer.back();
+  outer.pop_back();
+  Shape dense = rowMajorStrides(loop.extents), denseOuter = dense;
+  denseOuter.pop_back();
+  if (reduce.args[2].buffer != store.at.buffer || store.at.strides != dense ||
+      reduce.args[1].ints != outer || reduce.args[3].ints != denseOuter ||
+      reduce.args[4].ints != Shape{size} || reduce.args[5].ints != Shape{1})
+    return std::nullopt;
+  const Scalar& mul = loop.body[size_t(store.value)];
+  if (mul.kind != Scalar::Kind::Compute || mul.op != ir::OpKind::Mul || mul.args.size() != 2 ||
+      !loadOf(loop, mul.args[0]) || !loadOf(loop, mul.args[1]))
+    return std::nullopt;
+  const Access &a = readOf(loop, mul.args[0]), &b = readOf(loop, mul.args[1]);
+  if (a.strides.back() != 1 || b.strides.back() != 1) return std::nullopt;
+  Shape aOuter = a.strides, bOuter = b.strides;
+  aOuter.pop_back();
+  bOuter.pop_back();
+  return Call{.callee = Callee::ReduceProduct,
+              .args = {reduce.args[0], Arg{.kind = Arg::Kind::Ints, .ints = outer}, integer(size),
+                       data(a.buffer), Arg{.kind = Arg::Kind::Ints, .ints = aOuter},
+                       data(b.buffer), Arg{.kind = Arg::Kind::Ints, .ints = bOuter},
+                       reduce.args[7]},
+              .out = reduce.out,
+              .reads = {a.buffer, b.buffer}};
+}
+
 /// `loop` = a sum of two or three loads (t0 + t1, or t0 + (t1 + t2) with the operands of each
 /// add in either order), every term's row contiguous, stored densely into the buffer `norm` (a
 /// layerNormAffine) then normalizes: one addLayerNormAffine call that stores the sum too.
@@ -204,8 +240,10 @@ void fuseRowKernels(KernelFunction& fn) {
     if (call && nextLoop && passedOnly(fn, readers, writers, call->out, k + 1))
       fused = layerNormAffine(fn, *call, *nextLoop);
     else if (loop && nextCall && loop->stores.size() == 1 &&
-             passedOnly(fn, readers, writers, loop->stores[0].at.buffer, k + 1))
+             passedOnly(fn, readers, writers, loop->stores[0].at.buffer, k + 1)) {
       fused = maskedSoftmax(fn, *loop, *nextCall);
+      if (!fused) fused = reduceProduct(fn, *loop, *nextCall);
+    }
     if (!fused) return false;
     // The row kernel's sources first: traces name the statement by its op.
     if (loop) std::swap(first.sources, second.sources);

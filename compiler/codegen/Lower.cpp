@@ -47,7 +47,8 @@ const std::vector<KernelPass>& kernelPasses() {
        "loop nests fused into their readers: same points, or a cheap producer across a broadcast",
        fuseLoops},
       {"fuse-row-kernels",
-       "layer_norm with its gain and bias, a mask loop with the softmax after it: one row kernel",
+       "layer_norm with its gain and bias, a mask loop with the softmax after it, a product "
+       "with the row sum after it: one row kernel",
        fuseRowKernels},
       {"fuse-gemm-epilogues",
        "a bias add along the last dim and GELU after a GEMM: the GEMM's post-ops",

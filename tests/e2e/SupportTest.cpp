@@ -283,6 +283,24 @@ TEST_CASE("fused row kernels compute what the row kernel and the loop next to it
     CHECK(sum == expectedSum);
     CHECK(fused == expected);
   }
+  SECTION("reduceProduct: the products stored by a loop, then reduce's sum along the row") {
+    // [a=2, b=3, lane=37] (not a multiple of the sums' 8 accumulators), y broadcast over b, one
+    // row far from zero; the values must be the two statements' to the bit.
+    const Shape outer = {2, 3};
+    const int64_t rows = 6, size = 37;
+    Buffer x = randomBuffer(size_t(rows * size), 51), y = randomBuffer(size_t(2 * size), 52);
+    for (int64_t i = 0; i < size; ++i)
+      x[size_t(size + i)] += 3000.0f;
+    Buffer products(x.size()), expected(static_cast<size_t>(rows)), fused(static_cast<size_t>(rows), 7.0f);
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t i = 0; i < size; ++i)
+        products[size_t(r * size + i)] = x[size_t(r * size + i)] * y[size_t((r / 3) * size + i)];
+    meshc::gen::reduce(expected.data(), outer, products.data(), {3 * size, size}, {size}, {1},
+                       meshc::gen::Reduce::Sum, 0.25);
+    meshc::gen::reduceProduct(fused.data(), outer, size, x.data(), {3 * size, size}, y.data(),
+                              {size, 0}, 0.25);
+    CHECK(fused == expected);
+  }
   SECTION("maskedSoftmax: where(mask, x, fill), then softmax along the row") {
     // [a=2, b=3, lane=8]; the mask [a, lane] is broadcast over b (stride 0); row 4 entirely
     // masked (every element the fill: uniform weights), and a fill of -inf in a second pass.

@@ -148,17 +148,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop5(float *__restrict p0, const float *__restrict p1,
-                                    const float *__restrict p2) {
-  for (int64_t i0 = 0; i0 < 1024; ++i0) {
-    const float s0 = p1[i0];
-    const float s1 = p2[i0];
-    const float s2 = (s0 * s1);
-    p0[i0] = s2;
-  }
-}
-
-[[gnu::noinline]] static void loop6(float *__restrict p0, float *__restrict p1,
+[[gnu::noinline]] static void loop5(float *__restrict p0, float *__restrict p1,
                                     const float *__restrict p2, const float *__restrict p3) {
   for (int64_t i0 = 0; i0 < 32; ++i0) {
     const float s0 = p2[i0];
@@ -171,17 +161,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop7(float *__restrict p0, const float *__restrict p1,
-                                    const float *__restrict p2) {
-  for (int64_t i0 = 0; i0 < 4; ++i0) {
-    const float s0 = p1[i0];
-    const float s1 = p2[i0];
-    const float s2 = (s0 * s1);
-    p0[i0] = s2;
-  }
-}
-
-[[gnu::noinline]] static void loop8(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop6(float *__restrict p0, const float *__restrict p1,
                                     const float *__restrict p2, const float *__restrict p3) {
   for (int64_t i0 = 0; i0 < 2; ++i0) {
     for (int64_t i1 = 0; i1 < 2; ++i1) {
@@ -196,7 +176,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop9(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop7(float *__restrict p0, const float *__restrict p1,
                                     const float *__restrict p2, const float *__restrict p3) {
   for (int64_t i0 = 0; i0 < 2; ++i0) {
     for (int64_t i1 = 0; i1 < 2; ++i1) {
@@ -222,9 +202,9 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop10(float *__restrict p0, const float *__restrict p1,
-                                     const float *__restrict p2, const float *__restrict p3,
-                                     const float *__restrict p4, const float *__restrict p5) {
+[[gnu::noinline]] static void loop8(float *__restrict p0, const float *__restrict p1,
+                                    const float *__restrict p2, const float *__restrict p3,
+                                    const float *__restrict p4, const float *__restrict p5) {
   const float r0 = p1[0];
   for (int64_t i0 = 0; i0 < 32; ++i0) {
     for (int64_t i1 = 0; i1 < 32; ++i1) {
@@ -256,8 +236,8 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop11(float *__restrict p0, const float *__restrict p1,
-                                     const float *__restrict p2) {
+[[gnu::noinline]] static void loop9(float *__restrict p0, const float *__restrict p1,
+                                    const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 64; ++i0) {
     const float s0 = p1[i0];
     const float s1 = s0 * s0;
@@ -269,7 +249,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop12(float *__restrict p0, const float *__restrict p1) {
+[[gnu::noinline]] static void loop10(float *__restrict p0, const float *__restrict p1) {
   for (int64_t i0 = 0; i0 < 64; ++i0) {
     const float s0 = p1[i0];
     const float s1 = s0;
@@ -277,7 +257,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop13(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop11(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4, const float *__restrict p5,
                                      const float *__restrict p6) {
@@ -326,7 +306,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop14(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop12(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 1024; ++i0) {
     const float s0 = p1[i0];
@@ -336,7 +316,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop15(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop13(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3) {
   for (int64_t i0 = 0; i0 < 32; ++i0) {
     const float s0 = p1[i0];
@@ -348,7 +328,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop16(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop14(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3) {
   for (int64_t i0 = 0; i0 < 1024; ++i0) {
     const float s0 = p1[i0];
@@ -360,7 +340,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop17(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop15(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 1024; ++i0) {
     const float s0 = p1[i0];
@@ -397,7 +377,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop18(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop16(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3) {
   for (int64_t i0 = 0; i0 < 512; ++i0) {
     const float s0 = p1[i0];
@@ -409,7 +389,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop19(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop17(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3) {
   for (int64_t i0 = 0; i0 < 64; ++i0) {
     for (int64_t i1 = 0; i1 < 16; ++i1) {
@@ -425,7 +405,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop20(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop18(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4) {
   for (int64_t i0 = 0; i0 < 1024; ++i0) {
@@ -440,7 +420,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop21(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop19(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4, const float *__restrict p5) {
   for (int64_t i0 = 0; i0 < 32; ++i0) {
@@ -459,7 +439,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop22(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop20(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 32; ++i0) {
     for (int64_t i1 = 0; i1 < 16; ++i1) {
@@ -472,7 +452,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop23(float *__restrict p0, float *__restrict p1,
+[[gnu::noinline]] static void loop21(float *__restrict p0, float *__restrict p1,
                                      float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4, const float *__restrict p5,
                                      const float *__restrict p6) {
@@ -517,7 +497,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop24(float *__restrict p0, float *__restrict p1,
+[[gnu::noinline]] static void loop22(float *__restrict p0, float *__restrict p1,
                                      float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4, const float *__restrict p5,
                                      const float *__restrict p6) {
@@ -562,7 +542,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop25(float *__restrict p0, float *__restrict p1,
+[[gnu::noinline]] static void loop23(float *__restrict p0, float *__restrict p1,
                                      float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4, const float *__restrict p5,
                                      const float *__restrict p6) {
@@ -607,7 +587,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop26(float *__restrict p0, float *__restrict p1,
+[[gnu::noinline]] static void loop24(float *__restrict p0, float *__restrict p1,
                                      float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4, const float *__restrict p5,
                                      const float *__restrict p6) {
@@ -652,7 +632,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop27(float *__restrict p0, float *__restrict p1,
+[[gnu::noinline]] static void loop25(float *__restrict p0, float *__restrict p1,
                                      float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4, const float *__restrict p5,
                                      const float *__restrict p6) {
@@ -697,7 +677,17 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop28(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop26(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2) {
+  for (int64_t i0 = 0; i0 < 1024; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = p2[i0];
+    const float s2 = (s0 * s1);
+    p0[i0] = s2;
+  }
+}
+
+[[gnu::noinline]] static void loop27(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 32; ++i0) {
     for (int64_t i1 = 0; i1 < 32; ++i1) {
@@ -710,7 +700,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop29(float *__restrict p0, const float *__restrict p1) {
+[[gnu::noinline]] static void loop28(float *__restrict p0, const float *__restrict p1) {
   for (int64_t i0 = 0; i0 < 32; ++i0) {
     const float s0 = p1[i0];
     const float s1 = 1e-12f;
@@ -720,7 +710,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop30(float *__restrict p0, float *__restrict p1,
+[[gnu::noinline]] static void loop29(float *__restrict p0, float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4) {
   for (int64_t i0 = 0; i0 < 32; ++i0) {
@@ -736,7 +726,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop31(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop30(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4, const float *__restrict p5) {
   for (int64_t i0 = 0; i0 < 32; ++i0) {
@@ -755,7 +745,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop32(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop31(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3) {
   for (int64_t i0 = 0; i0 < 32; ++i0) {
     for (int64_t i1 = 0; i1 < 32; ++i1) {
@@ -769,7 +759,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop33(float *__restrict p0, float *__restrict p1,
+[[gnu::noinline]] static void loop32(float *__restrict p0, float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3) {
   for (int64_t i0 = 0; i0 < 32; ++i0) {
     for (int64_t i1 = 0; i1 < 32; ++i1) {
@@ -783,7 +773,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop34(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop33(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3) {
   for (int64_t i0 = 0; i0 < 32; ++i0) {
     for (int64_t i1 = 0; i1 < 32; ++i1) {
@@ -797,7 +787,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop35(float *__restrict p0, float *__restrict p1,
+[[gnu::noinline]] static void loop34(float *__restrict p0, float *__restrict p1,
                                      float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4, const float *__restrict p5,
                                      const float *__restrict p6) {
@@ -842,7 +832,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop36(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop35(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 512; ++i0) {
     const float s0 = p1[i0];
@@ -852,7 +842,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop37(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop36(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 32; ++i0) {
     for (int64_t i1 = 0; i1 < 16; ++i1) {
@@ -865,7 +855,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop38(float *__restrict p0, float *__restrict p1,
+[[gnu::noinline]] static void loop37(float *__restrict p0, float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4) {
   for (int64_t i0 = 0; i0 < 32; ++i0) {
@@ -1818,7 +1808,7 @@ AlbertTrain::AlbertTrain(meshrt::Communicator &world, uint64_t seed)
 
 AlbertTrain::Outputs AlbertTrain::run(const Inputs &inputs) {
   MESHRT_TRACE_RUN(world_, "albert_train");
-  // Arena: 172800 bytes for 644324 bytes of temporaries (placed by liveness).
+  // Arena: 172800 bytes for 627924 bytes of temporaries (placed by liveness).
   support::checkShape("input", "tokens", inputs.tokens, {2, 16});
   support::checkShape("input", "segment_ids", inputs.segment_ids, {2, 16});
   support::checkShape("input", "masked", inputs.masked, {2, 16});
@@ -2049,7 +2039,7 @@ void AlbertTrain::runPart0(const Inputs &inputs) {
   // albert.mesh:81:22 einsum -> sop_logits
   MESHRT_TRACE("gemm", "albert.mesh:81:22", "forward");
   support::View v119(param25_heads_classifier); // updated in place
-  support::View v133 = arena_.view(168704, 4);
+  support::View v133 = arena_.view(123136, 4);
   // dims: batch, d_out, orders
   kEinsum3.plan().run(v132.data(), v119.data(), v133.data(), 1.0f, 0.0f);
 
@@ -2071,18 +2061,14 @@ void AlbertTrain::runPart1(const Inputs &inputs) {
   (void)inputs;
   MESHRT_TRACE_SPAN(world_);
 
+  // albert.mesh:103:21 sum
   // albert.mesh:103:56 mul
-  MESHRT_TRACE("loop", "albert.mesh:103:56", "forward");
+  MESHRT_TRACE("sum", "albert.mesh:103:21", "forward");
   support::View v135 = arena_.view(118784, 1024);
   support::View v136 = arena_.view(114688, 1024);
-  support::View v137 = arena_.view(122880, 1024);
-  loop5(v137.data(), v135.data(), v136.data());
-
-  // albert.mesh:103:21 sum
-  MESHRT_TRACE("sum", "albert.mesh:103:21", "forward");
-  support::View v138 = arena_.view(168576, 32);
-  support::reduce(v138.data(), kShape3, v137.data(), kShape15, kShape10, kShape9,
-                  support::Reduce::Sum, 1.0);
+  support::View v138 = arena_.view(122880, 32);
+  support::reduceProduct(v138.data(), kShape3, 32, v135.data(), kShape15, v136.data(), kShape15,
+                         1.0);
 
   // albert.mesh:102:16 cast -> weight
   // albert.mesh:103:20 neg -> token_loss
@@ -2090,18 +2076,18 @@ void AlbertTrain::runPart1(const Inputs &inputs) {
   MESHRT_TRACE("loop", "albert.mesh:102:16", "forward");
   const support::Buffer &v2 = inputs.masked.data;
   support::View v134 = arena_.view(168448, 32);
-  support::View v140 = arena_.view(122880, 32);
-  loop6(v134.data(), v140.data(), v2.data(), v138.data());
+  support::View v140 = arena_.view(123008, 32);
+  loop5(v134.data(), v140.data(), v2.data(), v138.data());
 
   // albert.mesh:105:14 sum
   MESHRT_TRACE("sum", "albert.mesh:105:14", "forward");
-  support::View v141 = arena_.view(123136, 1);
+  support::View v141 = arena_.view(123200, 1);
   support::reduce(v141.data(), kShape16, v140.data(), kShape16, kShape3, kShape19,
                   support::Reduce::Sum, 1.0);
 
   // albert.mesh:105:42 sum
   MESHRT_TRACE("sum", "albert.mesh:105:42", "forward");
-  support::View v142 = arena_.view(123200, 1);
+  support::View v142 = arena_.view(123264, 1);
   support::reduce(v142.data(), kShape16, v134.data(), kShape16, kShape3, kShape19,
                   support::Reduce::Sum, 1.0);
 
@@ -2113,25 +2099,21 @@ void AlbertTrain::runPart1(const Inputs &inputs) {
 
   // albert.mesh:107:24 log_softmax
   MESHRT_TRACE("log_softmax", "albert.mesh:107:24", "forward");
-  support::View v133 = arena_.view(168704, 4);
+  support::View v133 = arena_.view(123136, 4);
   support::View v148 = arena_.view(122944, 4);
   support::along(v148.data(), v133.data(), kShape11, kShape11, kShape11, kShape11, kShape9, kShape9,
                  support::Along::LogSoftmax, 1e-05, 2, nullptr);
 
-  // albert.mesh:107:56 mul
-  MESHRT_TRACE("loop", "albert.mesh:107:56", "forward");
-  support::View v149 = arena_.view(123008, 4);
-  loop7(v149.data(), v148.data(), v147.data());
-
   // albert.mesh:107:20 sum
+  // albert.mesh:107:56 mul
   MESHRT_TRACE("sum", "albert.mesh:107:20", "forward");
-  support::View v150 = arena_.view(123072, 2);
-  support::reduce(v150.data(), kShape11, v149.data(), kShape11, kShape11, kShape9,
-                  support::Reduce::Sum, 1.0);
+  support::View v150 = arena_.view(123008, 2);
+  support::reduceProduct(v150.data(), kShape11, 2, v148.data(), kShape11, v147.data(), kShape11,
+                         1.0);
 
   // albert.mesh:107:15 mean
   MESHRT_TRACE("mean", "albert.mesh:107:15", "forward");
-  support::View v151 = arena_.view(123008, 1);
+  support::View v151 = arena_.view(123072, 1);
   support::reduce(v151.data(), kShape16, v150.data(), kShape16, kShape11, kShape9,
                   support::Reduce::Sum, 0.25);
 
@@ -2157,7 +2139,7 @@ void AlbertTrain::runPart1(const Inputs &inputs) {
   // albert.mesh:108:76 mul
   MESHRT_TRACE("loop", "albert.mesh:108:43", "forward");
   support::View v156 = arena_.view(123008, 4);
-  loop8(v156.data(), v133.data(), v153.data(), v147.data());
+  loop6(v156.data(), v133.data(), v153.data(), v147.data());
 
   // albert.mesh:108:23 sum
   MESHRT_TRACE("sum", "albert.mesh:108:23", "forward");
@@ -2225,7 +2207,7 @@ void AlbertTrain::runPart1(const Inputs &inputs) {
   // albert.mesh:107:24 sub
   MESHRT_TRACE("loop", "albert.mesh:107:24", "backward");
   support::View v178 = arena_.view(168576, 4);
-  loop9(v178.data(), v4.data(), v148.data(), v147.data());
+  loop7(v178.data(), v4.data(), v148.data(), v147.data());
 
   // albert.mesh:105:39 div
   // albert.mesh:105:14 broadcast
@@ -2244,7 +2226,7 @@ void AlbertTrain::runPart1(const Inputs &inputs) {
   MESHRT_TRACE("loop", "albert.mesh:105:39", "backward");
   const support::Buffer &v3 = inputs.targets.data;
   support::View v193 = arena_.view(122880, 1024);
-  loop10(v193.data(), v145.data(), v134.data(), v3.data(), v135.data(), v136.data());
+  loop8(v193.data(), v145.data(), v134.data(), v3.data(), v135.data(), v136.data());
 
   // albert.mesh:81:22 einsum
   MESHRT_TRACE("gemm", "albert.mesh:81:22", "backward");
@@ -2265,16 +2247,10 @@ void AlbertTrain::runPart1(const Inputs &inputs) {
   // albert.mesh:80:16 mul
   MESHRT_TRACE("loop", "albert.mesh:80:16", "backward");
   support::View v198 = arena_.view(118784, 64);
-  loop11(v198.data(), v132.data(), v194.data());
-}
-
-void AlbertTrain::runPart2(const Inputs &inputs) {
-  (void)inputs;
-  MESHRT_TRACE_SPAN(world_);
+  loop9(v198.data(), v132.data(), v194.data());
 
   // albert.mesh:80:57 sum -> grad/heads/pooler_bias
   MESHRT_TRACE("sum", "albert.mesh:80:57", "backward");
-  support::View v198 = arena_.view(118784, 64);
   support::View v199 = arena_.view(172288, 32);
   support::reduce(v199.data(), kShape10, v198.data(), kShape9, kShape11, kShape10,
                   support::Reduce::Sum, 1.0);
@@ -2285,9 +2261,15 @@ void AlbertTrain::runPart2(const Inputs &inputs) {
   support::View v200 = arena_.view(119040, 64);
   // dims: batch, d_out, d_model
   kEinsum11.plan().run(v198.data(), v117.data(), v200.data(), 1.0f, 0.0f);
+}
+
+void AlbertTrain::runPart2(const Inputs &inputs) {
+  (void)inputs;
+  MESHRT_TRACE_SPAN(world_);
 
   // albert.mesh:80:21 einsum -> grad/heads/pooler
   MESHRT_TRACE("gemm", "albert.mesh:80:21", "backward");
+  support::View v198 = arena_.view(118784, 64);
   support::View v129 = arena_.view(167936, 64);
   support::View v201 = arena_.view(114688, 1024);
   // dims: batch, d_out, d_model
@@ -2295,8 +2277,9 @@ void AlbertTrain::runPart2(const Inputs &inputs) {
 
   // albert.mesh:79:13 broadcast
   MESHRT_TRACE("loop", "albert.mesh:79:13", "backward");
+  support::View v200 = arena_.view(119040, 64);
   support::View v202 = arena_.view(167936, 64);
-  loop12(v202.data(), v200.data());
+  loop10(v202.data(), v200.data());
 
   // albert.mesh:79:17 pad
   MESHRT_TRACE("pad", "albert.mesh:79:17", "backward");
@@ -2375,7 +2358,7 @@ void AlbertTrain::runPart2(const Inputs &inputs) {
   MESHRT_TRACE("loop", "albert.mesh:76:11", "backward");
   support::View v121 = arena_.view(129024, 512);
   support::View v247 = arena_.view(161792, 512);
-  loop13(v247.data(), v121.data(), v123.data(), v220.data(), v209.data(), v222.data(), v218.data());
+  loop11(v247.data(), v121.data(), v123.data(), v220.data(), v209.data(), v222.data(), v218.data());
 
   // albert.mesh:76:63 sum -> grad/heads/transform_bias
   MESHRT_TRACE("sum", "albert.mesh:76:63", "backward");
@@ -2393,7 +2376,7 @@ void AlbertTrain::runPart2(const Inputs &inputs) {
   // albert.mesh:76:16 add
   MESHRT_TRACE("loop", "albert.mesh:76:16", "backward");
   support::View v250 = arena_.view(126976, 1024);
-  loop14(v250.data(), v203.data(), v249.data());
+  loop12(v250.data(), v203.data(), v249.data());
 
   // albert.mesh:76:16 einsum -> grad/heads/transform
   MESHRT_TRACE("gemm", "albert.mesh:76:16", "backward");
@@ -2408,7 +2391,7 @@ void AlbertTrain::runPart2(const Inputs &inputs) {
   support::reduce(v253.data(), kShape10, v250.data(), kShape9, kShape3, kShape15,
                   support::Reduce::Sum, 1.0);
 
-  // 49 statements from encoder_layers.mesh:19:46 mul (1 of 2)
+  // 48 statements from encoder_layers.mesh:19:46 mul (1 of 2)
   MESHRT_TRACE_SITE("encoder_layers.mesh:19:46");
   support::View v108 = arena_.view(94208, 1024);
   support::View v255 = arena_.view(110592, 1024);
@@ -2452,7 +2435,6 @@ void AlbertTrain::runPart2(const Inputs &inputs) {
   support::View v314 = arena_.view(77824, 1024);
   support::View v93 = arena_.view(81920, 1024);
   support::View v315 = arena_.view(98304, 512);
-  support::View v316 = arena_.view(86016, 1024);
   support::View v317 = arena_.view(100352, 64);
   support::View v320 = arena_.view(86016, 1024);
   support::View v86 = arena_.view(155648, 512);
@@ -2482,10 +2464,10 @@ void AlbertTrain::runPart2(const Inputs &inputs) {
   repeated0(v250, v108, v255, v256, v257, v107, v259, v260, v262, v54, v254, v263, v264, v266, v269,
             v270, v45, v271, v103, v272, v102, v289, v290, v43, v291, v293, v100, v294, v295, v98,
             v297, v298, v299, v97, v301, v302, v304, v38, v296, v305, v306, v308, v311, v24, v312,
-            v94, v313, v88, v314, v93, v315, v316, v317, v320, v86, v321, v85, v322, v23, v324, v22,
-            v329, v21, v333, v84, v327, v332, v335, v336, v337);
+            v94, v313, v88, v314, v93, v315, v317, v320, v86, v321, v85, v322, v23, v324, v22, v329,
+            v21, v333, v84, v327, v332, v335, v336, v337);
 
-  // 49 statements from encoder_layers.mesh:19:46 mul (2 of 2)
+  // 48 statements from encoder_layers.mesh:19:46 mul (2 of 2)
   MESHRT_TRACE_SITE("encoder_layers.mesh:19:46");
   support::View v82 = arena_.view(57344, 1024);
   support::View v340 = arena_.view(73728, 1024);
@@ -2524,7 +2506,6 @@ void AlbertTrain::runPart2(const Inputs &inputs) {
   support::View v407 = arena_.view(40960, 1024);
   support::View v67 = arena_.view(45056, 1024);
   support::View v408 = arena_.view(61440, 512);
-  support::View v409 = arena_.view(49152, 1024);
   support::View v410 = arena_.view(63488, 64);
   support::View v413 = arena_.view(49152, 1024);
   support::View v60 = arena_.view(147456, 512);
@@ -2551,8 +2532,8 @@ void AlbertTrain::runPart2(const Inputs &inputs) {
   repeated0(v335, v82, v340, v341, v343, v81, v345, v346, v348, v54, v339, v349, v350, v352, v355,
             v356, v45, v358, v77, v359, v76, v377, v378, v43, v380, v382, v74, v383, v385, v72,
             v388, v389, v391, v71, v393, v394, v396, v38, v387, v397, v398, v400, v403, v24, v404,
-            v68, v405, v62, v407, v67, v408, v409, v410, v413, v60, v414, v59, v415, v23, v417, v22,
-            v423, v21, v428, v58, v420, v426, v430, v431, v433);
+            v68, v405, v62, v407, v67, v408, v410, v413, v60, v414, v59, v415, v23, v417, v22, v423,
+            v21, v428, v58, v420, v426, v430, v431, v433);
 
   // 12 statements from encoder_layers.mesh:19:53 add (1 of 2)
   MESHRT_TRACE_SITE("encoder_layers.mesh:19:53");
@@ -2584,7 +2565,7 @@ void AlbertTrain::runPart2(const Inputs &inputs) {
   // encoder_layers.mesh:46:50 add -> grad/encoder/albert_layer/dense_relu_dense/bo
   MESHRT_TRACE("loop", "encoder_layers.mesh:46:50", "backward");
   support::View v453 = arena_.view(43136, 32);
-  loop15(v453.data(), v270.data(), v356.data(), v452.data());
+  loop13(v453.data(), v270.data(), v356.data(), v452.data());
 
   // encoder_layers.mesh:46:10 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:46:10", "backward");
@@ -2598,20 +2579,12 @@ void AlbertTrain::runPart2(const Inputs &inputs) {
   support::View v455 = arena_.view(32768, 1024);
   // dims: batch, length, d_model, d_ff
   kEinsum18.plan().run(v451.data(), v49.data(), v455.data(), 1.0f, 0.0f);
-}
-
-void AlbertTrain::runPart3(const Inputs &inputs) {
-  (void)inputs;
-  MESHRT_TRACE_SPAN(world_);
 
   // encoder_layers.mesh:46:10 add
   // encoder_layers.mesh:46:10 add -> grad/encoder/albert_layer/dense_relu_dense/wo
   MESHRT_TRACE("loop", "encoder_layers.mesh:46:10", "backward");
-  support::View v272 = arena_.view(106496, 1024);
-  support::View v359 = arena_.view(69632, 1024);
-  support::View v455 = arena_.view(32768, 1024);
   support::View v456 = arena_.view(28672, 1024);
-  loop16(v456.data(), v272.data(), v359.data(), v455.data());
+  loop14(v456.data(), v272.data(), v359.data(), v455.data());
 
   // encoder_layers.mesh:45:11 square
   // encoder_layers.mesh:45:11 mul
@@ -2632,12 +2605,17 @@ void AlbertTrain::runPart3(const Inputs &inputs) {
   // encoder_layers.mesh:45:11 mul
   MESHRT_TRACE("loop", "encoder_layers.mesh:45:11", "backward");
   support::View v48 = arena_.view(24576, 1024);
-  support::View v454 = arena_.view(20480, 1024);
   support::View v473 = arena_.view(32768, 1024);
-  loop17(v473.data(), v48.data(), v454.data());
+  loop15(v473.data(), v48.data(), v454.data());
+}
+
+void AlbertTrain::runPart3(const Inputs &inputs) {
+  (void)inputs;
+  MESHRT_TRACE_SPAN(world_);
 
   // encoder_layers.mesh:45:53 sum
   MESHRT_TRACE("sum", "encoder_layers.mesh:45:53", "backward");
+  support::View v473 = arena_.view(32768, 1024);
   support::View v474 = arena_.view(20480, 32);
   support::reduce(v474.data(), kShape10, v473.data(), kShape9, kShape3, kShape15,
                   support::Reduce::Sum, 1.0);
@@ -2648,7 +2626,7 @@ void AlbertTrain::runPart3(const Inputs &inputs) {
   support::View v290 = arena_.view(121216, 32);
   support::View v378 = arena_.view(80256, 32);
   support::View v475 = arena_.view(43392, 32);
-  loop15(v475.data(), v290.data(), v378.data(), v474.data());
+  loop13(v475.data(), v290.data(), v378.data(), v474.data());
 
   // encoder_layers.mesh:45:16 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:45:16", "backward");
@@ -2666,7 +2644,7 @@ void AlbertTrain::runPart3(const Inputs &inputs) {
   MESHRT_TRACE("loop", "encoder_layers.mesh:45:16", "backward");
   support::View v451 = arena_.view(36864, 1024);
   support::View v478 = arena_.view(24576, 1024);
-  loop14(v478.data(), v451.data(), v476.data());
+  loop12(v478.data(), v451.data(), v476.data());
 
   // encoder_layers.mesh:45:16 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:45:16", "backward");
@@ -2681,7 +2659,7 @@ void AlbertTrain::runPart3(const Inputs &inputs) {
   support::View v294 = arena_.view(94208, 1024);
   support::View v383 = arena_.view(57344, 1024);
   support::View v480 = arena_.view(16384, 1024);
-  loop16(v480.data(), v294.data(), v383.data(), v479.data());
+  loop14(v480.data(), v294.data(), v383.data(), v479.data());
 
   // encoder_layers.mesh:19:53 sum
   MESHRT_TRACE("sum", "encoder_layers.mesh:19:53", "backward");
@@ -2734,7 +2712,7 @@ void AlbertTrain::runPart3(const Inputs &inputs) {
   support::View v313 = arena_.view(102400, 512);
   support::View v405 = arena_.view(65536, 512);
   support::View v502 = arena_.view(32768, 512);
-  loop18(v502.data(), v313.data(), v405.data(), v501.data());
+  loop16(v502.data(), v313.data(), v405.data(), v501.data());
 
   // encoder_layers.mesh:34:17 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:34:17", "backward");
@@ -2750,23 +2728,19 @@ void AlbertTrain::runPart3(const Inputs &inputs) {
   // dims: batch, length, heads, d_kv, memory_length
   kEinsum21.plan().run(v500.data(), v33.data(), v504.data(), 1.0f, 0.0f);
 
-  // encoder_layers.mesh:33:17 mul
-  MESHRT_TRACE("loop", "encoder_layers.mesh:33:17", "backward");
-  support::View v505 = arena_.view(12288, 1024);
-  loop5(v505.data(), v503.data(), v33.data());
-
   // encoder_layers.mesh:33:17 sum
+  // encoder_layers.mesh:33:17 mul
   MESHRT_TRACE("sum", "encoder_layers.mesh:33:17", "backward");
   support::View v506 = arena_.view(26624, 64);
-  support::reduce(v506.data(), kShape12, v505.data(), kShape13, kShape14, kShape9,
-                  support::Reduce::Sum, 1.0);
+  support::reduceProduct(v506.data(), kShape12, 16, v503.data(), kShape13, v33.data(), kShape13,
+                         1.0);
 
   // encoder_layers.mesh:33:17 sub
   // encoder_layers.mesh:33:17 mul
   // encoder_layers.mesh:32:77 mul
   MESHRT_TRACE("loop", "encoder_layers.mesh:33:17", "backward");
   support::View v509 = arena_.view(12288, 1024);
-  loop19(v509.data(), v503.data(), v506.data(), v33.data());
+  loop17(v509.data(), v503.data(), v506.data(), v33.data());
 
   // encoder_layers.mesh:32:16 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:32:16", "backward");
@@ -2802,24 +2776,15 @@ void AlbertTrain::runPart3(const Inputs &inputs) {
   support::View v524 = arena_.view(12288, 1024);
   // dims: batch, length, heads, d_kv, d_model
   kEinsum23.plan().run(v510.data(), v21.data(), v524.data(), 1.0f, 0.0f);
-}
-
-void AlbertTrain::runPart4(const Inputs &inputs) {
-  (void)inputs;
-  MESHRT_TRACE_SPAN(world_);
 
   // encoder_layers.mesh:30:23 bucketed_all_reduce_sum (resolve the partial sum of %493 over model
   // for add at 30:23; merged with 2 more partial sums over model (%520, %525): 12.0 KiB in one
   // buffer)
   MESHRT_TRACE_SITE("encoder_layers.mesh:30:23");
-  support::View v513 = arena_.view(4096, 1024);
-  support::View v519 = arena_.view(8192, 1024);
-  support::View v524 = arena_.view(12288, 1024);
   auto request4 = support::startAllReduce(group_model, {v513, v519, v524}, meshrt::ReduceOp::Sum);
 
   // encoder_layers.mesh:30:23 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:30:23", "backward");
-  support::View v504 = arena_.view(24576, 512);
   support::View v20 = arena_.view(0, 1024);
   support::View v516 = arena_.view(36864, 512);
   // dims: batch, length, heads, d_kv, d_model
@@ -2831,11 +2796,10 @@ void AlbertTrain::runPart4(const Inputs &inputs) {
   support::View v327 = arena_.view(110592, 512);
   support::View v420 = arena_.view(73728, 512);
   support::View v517 = arena_.view(38912, 512);
-  loop18(v517.data(), v327.data(), v420.data(), v516.data());
+  loop16(v517.data(), v327.data(), v420.data(), v516.data());
 
   // encoder_layers.mesh:29:21 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:29:21", "backward");
-  support::View v511 = arena_.view(26624, 512);
   support::View v522 = arena_.view(24576, 512);
   // dims: batch, length, heads, d_kv, d_model
   kEinsum24.plan().run(v511.data(), v20.data(), v522.data(), 1.0f, 0.0f);
@@ -2846,22 +2810,31 @@ void AlbertTrain::runPart4(const Inputs &inputs) {
   support::View v332 = arena_.view(112640, 512);
   support::View v426 = arena_.view(75776, 512);
   support::View v523 = arena_.view(36864, 512);
-  loop18(v523.data(), v332.data(), v426.data(), v522.data());
+  loop16(v523.data(), v332.data(), v426.data(), v522.data());
 
   MESHRT_TRACE_SITE("encoder_layers.mesh:30:23");
   group_model.wait(request4);
+}
+
+void AlbertTrain::runPart4(const Inputs &inputs) {
+  (void)inputs;
+  MESHRT_TRACE_SPAN(world_);
 
   // encoder_layers.mesh:30:23 add
   // encoder_layers.mesh:29:21 add
   // encoder_layers.mesh:28:17 add
   MESHRT_TRACE("loop", "encoder_layers.mesh:30:23", "backward");
   support::View v499 = arena_.view(20480, 1024);
+  support::View v513 = arena_.view(4096, 1024);
+  support::View v519 = arena_.view(8192, 1024);
+  support::View v524 = arena_.view(12288, 1024);
   support::View v526 = arena_.view(24576, 1024);
-  loop20(v526.data(), v499.data(), v513.data(), v519.data(), v524.data());
+  loop18(v526.data(), v499.data(), v513.data(), v519.data(), v524.data());
 
   // encoder_layers.mesh:28:17 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:28:17", "backward");
   support::View v510 = arena_.view(34816, 512);
+  support::View v20 = arena_.view(0, 1024);
   support::View v527 = arena_.view(4096, 512);
   // dims: batch, length, heads, d_kv, d_model
   kEinsum24.plan().run(v510.data(), v20.data(), v527.data(), 1.0f, 0.0f);
@@ -2872,7 +2845,7 @@ void AlbertTrain::runPart4(const Inputs &inputs) {
   support::View v336 = arena_.view(77824, 512);
   support::View v431 = arena_.view(40960, 512);
   support::View v528 = arena_.view(0, 512);
-  loop18(v528.data(), v336.data(), v431.data(), v527.data());
+  loop16(v528.data(), v336.data(), v431.data(), v527.data());
 
   // albert.mesh:51:10 einsum
   MESHRT_TRACE("gemm", "albert.mesh:51:10", "backward");
@@ -2912,7 +2885,7 @@ void AlbertTrain::runPart4(const Inputs &inputs) {
   // albert.mesh:50:7 mul
   MESHRT_TRACE("loop", "albert.mesh:50:7", "backward");
   support::View v547 = arena_.view(2048, 512);
-  loop21(v547.data(), v17.data(), v542.data(), v532.data(), v544.data(), v540.data());
+  loop19(v547.data(), v17.data(), v542.data(), v532.data(), v544.data(), v540.data());
 
   // albert.mesh:49:54 einsum -> grad/encoder/embed/segment_table
   MESHRT_TRACE("einsum", "albert.mesh:49:54", "backward");
@@ -2939,7 +2912,7 @@ void AlbertTrain::runPart4(const Inputs &inputs) {
   MESHRT_TRACE("loop", "albert.mesh:71:9", "backward");
   support::View v206 = arena_.view(169984, 512);
   support::View v552 = arena_.view(2048, 512);
-  loop22(v552.data(), v206.data(), v551.data());
+  loop20(v552.data(), v206.data(), v551.data());
 
   // albert.mesh:109:3 bucketed_all_reduce_sum -> grad/heads/classifier (26 partial sums
   // (grad/heads/classifier, grad/heads/pooler_bias, grad/heads/pooler, ...) over data resolved
@@ -2962,6 +2935,8 @@ void AlbertTrain::runPart4(const Inputs &inputs) {
   support::View v482 = arena_.view(43520, 32);
   support::View v486 = arena_.view(43648, 32);
   support::View v502 = arena_.view(32768, 512);
+  support::View v517 = arena_.view(38912, 512);
+  support::View v523 = arena_.view(36864, 512);
   auto request5 = support::startAllReduce(
       group_data, {v195, v199, v201, v204, v208, v211, v248, v251, v434, v438, v453, v456, v475,
                    v480, v482, v486, v502, v517, v523, v528, v530, v531, v534, v549, v550, v552},
@@ -3048,7 +3023,7 @@ void AlbertTrain::runPart4(const Inputs &inputs) {
   support::View v5(param0_embedding);      // updated in place
   support::View v571(param27_embedding_v); // updated in place
   support::View v570(param26_embedding_m); // updated in place
-  loop23(v571.data(), v570.data(), v5.data(), v552.data(), v587.data(), v585.data(), v569.data());
+  loop21(v571.data(), v570.data(), v5.data(), v552.data(), v587.data(), v585.data(), v569.data());
 
   // albert.mesh:109:3 mul
   // albert.mesh:109:3 square
@@ -3070,7 +3045,7 @@ void AlbertTrain::runPart4(const Inputs &inputs) {
   support::View v6(param1_encoder_embed_positions);      // updated in place
   support::View v600(param29_encoder_embed_positions_v); // updated in place
   support::View v599(param28_encoder_embed_positions_m); // updated in place
-  loop24(v600.data(), v599.data(), v6.data(), v550.data(), v587.data(), v585.data(), v569.data());
+  loop22(v600.data(), v599.data(), v6.data(), v550.data(), v587.data(), v585.data(), v569.data());
 
   // albert.mesh:109:3 mul
   // albert.mesh:109:3 square
@@ -3092,28 +3067,19 @@ void AlbertTrain::runPart4(const Inputs &inputs) {
   support::View v7(param2_encoder_embed_segment_table);      // updated in place
   support::View v621(param31_encoder_embed_segment_table_v); // updated in place
   support::View v620(param30_encoder_embed_segment_table_m); // updated in place
-  loop25(v621.data(), v620.data(), v7.data(), v549.data(), v587.data(), v585.data(), v569.data());
+  loop23(v621.data(), v620.data(), v7.data(), v549.data(), v587.data(), v585.data(), v569.data());
 
   // 1 statements from albert.mesh:109:3 mul (1 of 5)
   MESHRT_TRACE_SITE("albert.mesh:109:3");
   support::View v642(param33_encoder_embed_gain_v); // updated in place
   support::View v641(param32_encoder_embed_gain_m); // updated in place
   repeated3(v8, v534, v642, v587, v641, v585, v569);
-}
-
-void AlbertTrain::runPart5(const Inputs &inputs) {
-  (void)inputs;
-  MESHRT_TRACE_SPAN(world_);
 
   // 1 statements from albert.mesh:109:3 mul (2 of 5)
   MESHRT_TRACE_SITE("albert.mesh:109:3");
-  support::View v9(param4_encoder_embed_bias); // updated in place
-  support::View v531 = arena_.view(10496, 16);
+  support::View v9(param4_encoder_embed_bias);      // updated in place
   support::View v663(param35_encoder_embed_bias_v); // updated in place
-  support::View v587 = arena_.view(6272, 1);
   support::View v662(param34_encoder_embed_bias_m); // updated in place
-  support::View v585 = arena_.view(6208, 1);
-  support::View v569 = arena_.view(6144, 1);
   repeated3(v9, v531, v663, v587, v662, v585, v569);
 
   // albert.mesh:109:3 mul
@@ -3133,32 +3099,27 @@ void AlbertTrain::runPart5(const Inputs &inputs) {
   // albert.mesh:109:3 mul
   // albert.mesh:109:3 sub -> next/encoder/embed/projection
   MESHRT_TRACE("loop", "albert.mesh:109:3", "update");
-  support::View v10(param5_encoder_embed_projection); // updated in place
-  support::View v530 = arena_.view(4096, 512);
   support::View v684(param37_encoder_embed_projection_v); // updated in place
   support::View v683(param36_encoder_embed_projection_m); // updated in place
-  loop23(v684.data(), v683.data(), v10.data(), v530.data(), v587.data(), v585.data(), v569.data());
+  loop21(v684.data(), v683.data(), v10.data(), v530.data(), v587.data(), v585.data(), v569.data());
 
   // 1 statements from albert.mesh:109:3 mul (1 of 3)
   MESHRT_TRACE_SITE("albert.mesh:109:3");
-  support::View v21(param6_encoder_albert_layer_self_attention_q); // updated in place
-  support::View v528 = arena_.view(0, 512);
+  support::View v21(param6_encoder_albert_layer_self_attention_q);     // updated in place
   support::View v705(param39_encoder_albert_layer_self_attention_q_v); // updated in place
   support::View v704(param38_encoder_albert_layer_self_attention_q_m); // updated in place
   repeated5(v21, v528, v705, v587, v704, v585, v569);
 
   // 1 statements from albert.mesh:109:3 mul (2 of 3)
   MESHRT_TRACE_SITE("albert.mesh:109:3");
-  support::View v22(param7_encoder_albert_layer_self_attention_k); // updated in place
-  support::View v523 = arena_.view(36864, 512);
+  support::View v22(param7_encoder_albert_layer_self_attention_k);     // updated in place
   support::View v726(param41_encoder_albert_layer_self_attention_k_v); // updated in place
   support::View v725(param40_encoder_albert_layer_self_attention_k_m); // updated in place
   repeated5(v22, v523, v726, v587, v725, v585, v569);
 
   // 1 statements from albert.mesh:109:3 mul (3 of 3)
   MESHRT_TRACE_SITE("albert.mesh:109:3");
-  support::View v23(param8_encoder_albert_layer_self_attention_v); // updated in place
-  support::View v517 = arena_.view(38912, 512);
+  support::View v23(param8_encoder_albert_layer_self_attention_v);     // updated in place
   support::View v747(param43_encoder_albert_layer_self_attention_v_v); // updated in place
   support::View v746(param42_encoder_albert_layer_self_attention_v_m); // updated in place
   repeated5(v23, v517, v747, v587, v746, v585, v569);
@@ -3180,18 +3141,25 @@ void AlbertTrain::runPart5(const Inputs &inputs) {
   // albert.mesh:109:3 mul
   // albert.mesh:109:3 sub -> next/encoder/albert_layer/self_attention/o
   MESHRT_TRACE("loop", "albert.mesh:109:3", "update");
-  support::View v24(param9_encoder_albert_layer_self_attention_o); // updated in place
-  support::View v502 = arena_.view(32768, 512);
+  support::View v24(param9_encoder_albert_layer_self_attention_o);     // updated in place
   support::View v768(param45_encoder_albert_layer_self_attention_o_v); // updated in place
   support::View v767(param44_encoder_albert_layer_self_attention_o_m); // updated in place
-  loop23(v768.data(), v767.data(), v24.data(), v502.data(), v587.data(), v585.data(), v569.data());
+  loop21(v768.data(), v767.data(), v24.data(), v502.data(), v587.data(), v585.data(), v569.data());
+}
+
+void AlbertTrain::runPart5(const Inputs &inputs) {
+  (void)inputs;
+  MESHRT_TRACE_SPAN(world_);
 
   // 1 statements from albert.mesh:109:3 mul (1 of 5)
   MESHRT_TRACE_SITE("albert.mesh:109:3");
   support::View v38(param10_encoder_albert_layer_norm_gain); // updated in place
   support::View v486 = arena_.view(43648, 32);
   support::View v789(param47_encoder_albert_layer_norm_gain_v); // updated in place
+  support::View v587 = arena_.view(6272, 1);
   support::View v788(param46_encoder_albert_layer_norm_gain_m); // updated in place
+  support::View v585 = arena_.view(6208, 1);
+  support::View v569 = arena_.view(6144, 1);
   repeated4(v38, v486, v789, v587, v788, v585, v569);
 
   // 1 statements from albert.mesh:109:3 mul (2 of 5)
@@ -3223,7 +3191,7 @@ void AlbertTrain::runPart5(const Inputs &inputs) {
   support::View v480 = arena_.view(16384, 1024);
   support::View v831(param51_encoder_albert_layer_dense_relu_dense_wi_v); // updated in place
   support::View v830(param50_encoder_albert_layer_dense_relu_dense_wi_m); // updated in place
-  loop26(v831.data(), v830.data(), v43.data(), v480.data(), v587.data(), v585.data(), v569.data());
+  loop24(v831.data(), v830.data(), v43.data(), v480.data(), v587.data(), v585.data(), v569.data());
 
   // albert.mesh:109:3 mul
   // albert.mesh:109:3 square
@@ -3246,7 +3214,7 @@ void AlbertTrain::runPart5(const Inputs &inputs) {
   support::View v475 = arena_.view(43392, 32);
   support::View v852(param53_encoder_albert_layer_dense_relu_dense_bi_v); // updated in place
   support::View v851(param52_encoder_albert_layer_dense_relu_dense_bi_m); // updated in place
-  loop25(v852.data(), v851.data(), v44.data(), v475.data(), v587.data(), v585.data(), v569.data());
+  loop23(v852.data(), v851.data(), v44.data(), v475.data(), v587.data(), v585.data(), v569.data());
 
   // albert.mesh:109:3 mul
   // albert.mesh:109:3 square
@@ -3269,7 +3237,7 @@ void AlbertTrain::runPart5(const Inputs &inputs) {
   support::View v456 = arena_.view(28672, 1024);
   support::View v873(param55_encoder_albert_layer_dense_relu_dense_wo_v); // updated in place
   support::View v872(param54_encoder_albert_layer_dense_relu_dense_wo_m); // updated in place
-  loop26(v873.data(), v872.data(), v45.data(), v456.data(), v587.data(), v585.data(), v569.data());
+  loop24(v873.data(), v872.data(), v45.data(), v456.data(), v587.data(), v585.data(), v569.data());
 
   // 1 statements from albert.mesh:109:3 mul (3 of 5)
   MESHRT_TRACE_SITE("albert.mesh:109:3");
@@ -3316,7 +3284,7 @@ void AlbertTrain::runPart5(const Inputs &inputs) {
   support::View v251 = arena_.view(118784, 512);
   support::View v957(param63_heads_transform_v); // updated in place
   support::View v956(param62_heads_transform_m); // updated in place
-  loop23(v957.data(), v956.data(), v111.data(), v251.data(), v587.data(), v585.data(), v569.data());
+  loop21(v957.data(), v956.data(), v111.data(), v251.data(), v587.data(), v585.data(), v569.data());
 
   // 1 statements from albert.mesh:109:3 mul (3 of 5)
   MESHRT_TRACE_SITE("albert.mesh:109:3");
@@ -3363,7 +3331,7 @@ void AlbertTrain::runPart5(const Inputs &inputs) {
   support::View v204 = arena_.view(172416, 32);
   support::View v1041(param71_heads_output_bias_v); // updated in place
   support::View v1040(param70_heads_output_bias_m); // updated in place
-  loop25(v1041.data(), v1040.data(), v116.data(), v204.data(), v587.data(), v585.data(),
+  loop23(v1041.data(), v1040.data(), v116.data(), v204.data(), v587.data(), v585.data(),
          v569.data());
 
   // albert.mesh:109:3 mul
@@ -3387,7 +3355,7 @@ void AlbertTrain::runPart5(const Inputs &inputs) {
   support::View v201 = arena_.view(114688, 1024);
   support::View v1062(param73_heads_pooler_v); // updated in place
   support::View v1061(param72_heads_pooler_m); // updated in place
-  loop26(v1062.data(), v1061.data(), v117.data(), v201.data(), v587.data(), v585.data(),
+  loop24(v1062.data(), v1061.data(), v117.data(), v201.data(), v587.data(), v585.data(),
          v569.data());
 
   // albert.mesh:109:3 mul
@@ -3411,7 +3379,7 @@ void AlbertTrain::runPart5(const Inputs &inputs) {
   support::View v199 = arena_.view(172288, 32);
   support::View v1083(param75_heads_pooler_bias_v); // updated in place
   support::View v1082(param74_heads_pooler_bias_m); // updated in place
-  loop25(v1083.data(), v1082.data(), v118.data(), v199.data(), v587.data(), v585.data(),
+  loop23(v1083.data(), v1082.data(), v118.data(), v199.data(), v587.data(), v585.data(),
          v569.data());
 
   // albert.mesh:109:3 mul
@@ -3435,7 +3403,7 @@ void AlbertTrain::runPart5(const Inputs &inputs) {
   support::View v195 = arena_.view(172032, 64);
   support::View v1104(param77_heads_classifier_v); // updated in place
   support::View v1103(param76_heads_classifier_m); // updated in place
-  loop27(v1104.data(), v1103.data(), v119.data(), v195.data(), v587.data(), v585.data(),
+  loop25(v1104.data(), v1103.data(), v119.data(), v195.data(), v587.data(), v585.data(),
          v569.data());
 }
 
@@ -3453,15 +3421,15 @@ void AlbertTrain::repeated0(
     support::View a41, support::View a42, support::ConstView a43, support::View a44,
     support::ConstView a45, support::View a46, support::ConstView a47, support::View a48,
     support::ConstView a49, support::View a50, support::View a51, support::View a52,
-    support::View a53, support::ConstView a54, support::View a55, support::ConstView a56,
-    support::View a57, support::ConstView a58, support::View a59, support::ConstView a60,
-    support::View a61, support::ConstView a62, support::View a63, support::ConstView a64,
-    support::View a65, support::View a66, support::View a67, support::View a68, support::View a69) {
+    support::ConstView a53, support::View a54, support::ConstView a55, support::View a56,
+    support::ConstView a57, support::View a58, support::ConstView a59, support::View a60,
+    support::ConstView a61, support::View a62, support::ConstView a63, support::View a64,
+    support::View a65, support::View a66, support::View a67, support::View a68) {
   MESHRT_TRACE_SPAN(world_);
 
   // encoder_layers.mesh:19:46 mul
   MESHRT_TRACE("loop", "encoder_layers.mesh:19:46", "backward");
-  loop5(a2.data(), a0.data(), a1.data());
+  loop26(a2.data(), a0.data(), a1.data());
 
   // encoder_layers.mesh:19:46 sum
   MESHRT_TRACE("sum", "encoder_layers.mesh:19:46", "backward");
@@ -3476,7 +3444,7 @@ void AlbertTrain::repeated0(
   // encoder_layers.mesh:19:10 sub
   // encoder_layers.mesh:19:10 square
   MESHRT_TRACE("loop", "encoder_layers.mesh:19:10", "backward");
-  loop28(a6.data(), a5.data(), a4.data());
+  loop27(a6.data(), a5.data(), a4.data());
 
   // encoder_layers.mesh:19:10 mean
   MESHRT_TRACE("mean", "encoder_layers.mesh:19:10", "backward");
@@ -3486,12 +3454,12 @@ void AlbertTrain::repeated0(
   // encoder_layers.mesh:19:10 add
   // encoder_layers.mesh:19:10 rsqrt
   MESHRT_TRACE("loop", "encoder_layers.mesh:19:10", "backward");
-  loop29(a8.data(), a7.data());
+  loop28(a8.data(), a7.data());
 
   // encoder_layers.mesh:19:46 mul
   // encoder_layers.mesh:19:10 mul
   MESHRT_TRACE("loop", "encoder_layers.mesh:19:46", "backward");
-  loop30(a10.data(), a11.data(), a0.data(), a9.data(), a1.data());
+  loop29(a10.data(), a11.data(), a0.data(), a9.data(), a1.data());
 
   // encoder_layers.mesh:19:10 mean
   MESHRT_TRACE("mean", "encoder_layers.mesh:19:10", "backward");
@@ -3508,7 +3476,7 @@ void AlbertTrain::repeated0(
   // encoder_layers.mesh:19:10 sub
   // encoder_layers.mesh:19:10 mul
   MESHRT_TRACE("loop", "encoder_layers.mesh:19:10", "backward");
-  loop31(a14.data(), a1.data(), a12.data(), a10.data(), a13.data(), a8.data());
+  loop30(a14.data(), a1.data(), a12.data(), a10.data(), a13.data(), a8.data());
 
   // encoder_layers.mesh:46:50 sum
   MESHRT_TRACE("sum", "encoder_layers.mesh:46:50", "backward");
@@ -3543,7 +3511,7 @@ void AlbertTrain::repeated0(
   // encoder_layers.mesh:45:11 add
   // encoder_layers.mesh:45:11 mul
   MESHRT_TRACE("loop", "encoder_layers.mesh:45:11", "backward");
-  loop17(a21.data(), a20.data(), a17.data());
+  loop15(a21.data(), a20.data(), a17.data());
 
   // encoder_layers.mesh:45:53 sum
   MESHRT_TRACE("sum", "encoder_layers.mesh:45:53", "backward");
@@ -3562,7 +3530,7 @@ void AlbertTrain::repeated0(
 
   // encoder_layers.mesh:45:16 add
   MESHRT_TRACE("loop", "encoder_layers.mesh:45:16", "backward");
-  loop14(a25.data(), a14.data(), a24.data());
+  loop12(a25.data(), a14.data(), a24.data());
 
   // encoder_layers.mesh:45:16 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:45:16", "backward");
@@ -3576,7 +3544,7 @@ void AlbertTrain::repeated0(
 
   // encoder_layers.mesh:19:46 mul
   MESHRT_TRACE("loop", "encoder_layers.mesh:19:46", "backward");
-  loop5(a30.data(), a25.data(), a29.data());
+  loop26(a30.data(), a25.data(), a29.data());
 
   // encoder_layers.mesh:19:46 sum
   MESHRT_TRACE("sum", "encoder_layers.mesh:19:46", "backward");
@@ -3591,7 +3559,7 @@ void AlbertTrain::repeated0(
   // encoder_layers.mesh:19:10 sub
   // encoder_layers.mesh:19:10 square
   MESHRT_TRACE("loop", "encoder_layers.mesh:19:10", "backward");
-  loop28(a34.data(), a33.data(), a32.data());
+  loop27(a34.data(), a33.data(), a32.data());
 
   // encoder_layers.mesh:19:10 mean
   MESHRT_TRACE("mean", "encoder_layers.mesh:19:10", "backward");
@@ -3601,12 +3569,12 @@ void AlbertTrain::repeated0(
   // encoder_layers.mesh:19:10 add
   // encoder_layers.mesh:19:10 rsqrt
   MESHRT_TRACE("loop", "encoder_layers.mesh:19:10", "backward");
-  loop29(a36.data(), a35.data());
+  loop28(a36.data(), a35.data());
 
   // encoder_layers.mesh:19:46 mul
   // encoder_layers.mesh:19:10 mul
   MESHRT_TRACE("loop", "encoder_layers.mesh:19:46", "backward");
-  loop30(a38.data(), a39.data(), a25.data(), a37.data(), a29.data());
+  loop29(a38.data(), a39.data(), a25.data(), a37.data(), a29.data());
 
   // encoder_layers.mesh:19:10 mean
   MESHRT_TRACE("mean", "encoder_layers.mesh:19:10", "backward");
@@ -3623,7 +3591,7 @@ void AlbertTrain::repeated0(
   // encoder_layers.mesh:19:10 sub
   // encoder_layers.mesh:19:10 mul
   MESHRT_TRACE("loop", "encoder_layers.mesh:19:10", "backward");
-  loop31(a42.data(), a29.data(), a40.data(), a38.data(), a41.data(), a36.data());
+  loop30(a42.data(), a29.data(), a40.data(), a38.data(), a41.data(), a36.data());
 
   // encoder_layers.mesh:35:10 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:35:10", "backward");
@@ -3645,61 +3613,57 @@ void AlbertTrain::repeated0(
   // dims: batch, length, heads, d_kv, memory_length
   kEinsum21.plan().run(a44.data(), a49.data(), a50.data(), 1.0f, 0.0f);
 
-  // encoder_layers.mesh:33:17 mul
-  MESHRT_TRACE("loop", "encoder_layers.mesh:33:17", "backward");
-  loop5(a51.data(), a48.data(), a49.data());
-
   // encoder_layers.mesh:33:17 sum
+  // encoder_layers.mesh:33:17 mul
   MESHRT_TRACE("sum", "encoder_layers.mesh:33:17", "backward");
-  support::reduce(a52.data(), kShape12, a51.data(), kShape13, kShape14, kShape9,
-                  support::Reduce::Sum, 1.0);
+  support::reduceProduct(a51.data(), kShape12, 16, a48.data(), kShape13, a49.data(), kShape13, 1.0);
 
   // encoder_layers.mesh:33:17 sub
   // encoder_layers.mesh:33:17 mul
   // encoder_layers.mesh:32:77 mul
   MESHRT_TRACE("loop", "encoder_layers.mesh:33:17", "backward");
-  loop19(a53.data(), a48.data(), a52.data(), a49.data());
+  loop17(a52.data(), a48.data(), a51.data(), a49.data());
 
   // encoder_layers.mesh:32:16 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:32:16", "backward");
   // dims: batch, heads, length, memory_length, d_kv
-  kEinsum6.plan().run(a53.data(), a54.data(), a55.data(), 1.0f, 0.0f);
+  kEinsum6.plan().run(a52.data(), a53.data(), a54.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:32:16 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:32:16", "backward");
   // dims: batch, heads, length, memory_length, d_kv
-  kEinsum22.plan().run(a53.data(), a56.data(), a57.data(), 1.0f, 0.0f);
+  kEinsum22.plan().run(a52.data(), a55.data(), a56.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:30:23 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:30:23", "backward");
   // dims: batch, length, heads, d_kv, d_model
-  kEinsum23.plan().run(a50.data(), a58.data(), a59.data(), 1.0f, 0.0f);
+  kEinsum23.plan().run(a50.data(), a57.data(), a58.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:29:21 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:29:21", "backward");
   // dims: batch, length, heads, d_kv, d_model
-  kEinsum23.plan().run(a57.data(), a60.data(), a61.data(), 1.0f, 0.0f);
+  kEinsum23.plan().run(a56.data(), a59.data(), a60.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:28:17 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:28:17", "backward");
   // dims: batch, length, heads, d_kv, d_model
-  kEinsum23.plan().run(a55.data(), a62.data(), a63.data(), 1.0f, 0.0f);
+  kEinsum23.plan().run(a54.data(), a61.data(), a62.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:30:23 bucketed_all_reduce_sum (resolve the partial sum of %312 over model
   // for add at 30:23; merged with 2 more partial sums over model (%330, %334): 12.0 KiB in one
   // buffer)
   MESHRT_TRACE_SITE("encoder_layers.mesh:30:23");
-  auto request2 = support::startAllReduce(group_model, {a59, a61, a63}, meshrt::ReduceOp::Sum);
+  auto request2 = support::startAllReduce(group_model, {a58, a60, a62}, meshrt::ReduceOp::Sum);
 
   // encoder_layers.mesh:30:23 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:30:23", "backward");
   // dims: batch, length, heads, d_kv, d_model
-  kEinsum24.plan().run(a50.data(), a64.data(), a65.data(), 1.0f, 0.0f);
+  kEinsum24.plan().run(a50.data(), a63.data(), a64.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:29:21 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:29:21", "backward");
   // dims: batch, length, heads, d_kv, d_model
-  kEinsum24.plan().run(a57.data(), a64.data(), a66.data(), 1.0f, 0.0f);
+  kEinsum24.plan().run(a56.data(), a63.data(), a65.data(), 1.0f, 0.0f);
 
   MESHRT_TRACE_SITE("encoder_layers.mesh:30:23");
   group_model.wait(request2);
@@ -3708,16 +3672,16 @@ void AlbertTrain::repeated0(
   // encoder_layers.mesh:29:21 add
   // encoder_layers.mesh:28:17 add
   MESHRT_TRACE("loop", "encoder_layers.mesh:30:23", "backward");
-  loop20(a67.data(), a42.data(), a59.data(), a61.data(), a63.data());
+  loop18(a66.data(), a42.data(), a58.data(), a60.data(), a62.data());
 
   // encoder_layers.mesh:28:17 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:28:17", "backward");
   // dims: batch, length, heads, d_kv, d_model
-  kEinsum24.plan().run(a55.data(), a64.data(), a68.data(), 1.0f, 0.0f);
+  kEinsum24.plan().run(a54.data(), a63.data(), a67.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:19:53 sum
   MESHRT_TRACE("sum", "encoder_layers.mesh:19:53", "backward");
-  support::reduce(a69.data(), kShape10, a67.data(), kShape9, kShape3, kShape15,
+  support::reduce(a68.data(), kShape10, a66.data(), kShape9, kShape3, kShape15,
                   support::Reduce::Sum, 1.0);
 }
 
@@ -3775,7 +3739,7 @@ void AlbertTrain::repeated1(support::ConstView a0, support::ConstView a1, suppor
 
   // albert.mesh:34:18 add
   MESHRT_TRACE("loop", "albert.mesh:34:18", "forward");
-  loop14(a12.data(), a0.data(), a11.data());
+  loop12(a12.data(), a0.data(), a11.data());
 
   // encoder_layers.mesh:19:10 layer_norm
   MESHRT_TRACE("layer_norm", "encoder_layers.mesh:19:10", "forward");
@@ -3785,7 +3749,7 @@ void AlbertTrain::repeated1(support::ConstView a0, support::ConstView a1, suppor
   // encoder_layers.mesh:19:46 mul
   // encoder_layers.mesh:19:53 add -> h
   MESHRT_TRACE("loop", "encoder_layers.mesh:19:46", "forward");
-  loop32(a16.data(), a13.data(), a14.data(), a15.data());
+  loop31(a16.data(), a13.data(), a14.data(), a15.data());
 
   // encoder_layers.mesh:45:16 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:45:16", "forward");
@@ -3795,7 +3759,7 @@ void AlbertTrain::repeated1(support::ConstView a0, support::ConstView a1, suppor
   // encoder_layers.mesh:45:53 add
   // encoder_layers.mesh:45:11 gelu -> h
   MESHRT_TRACE("loop", "encoder_layers.mesh:45:53", "forward");
-  loop33(a20.data(), a21.data(), a18.data(), a19.data());
+  loop32(a20.data(), a21.data(), a18.data(), a19.data());
 
   // encoder_layers.mesh:46:10 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:46:10", "forward");
@@ -3810,7 +3774,7 @@ void AlbertTrain::repeated1(support::ConstView a0, support::ConstView a1, suppor
   // encoder_layers.mesh:46:50 add
   // albert.mesh:35:17 add
   MESHRT_TRACE("loop", "encoder_layers.mesh:46:50", "forward");
-  loop34(a25.data(), a23.data(), a24.data(), a16.data());
+  loop33(a25.data(), a23.data(), a24.data(), a16.data());
 
   // encoder_layers.mesh:19:10 layer_norm
   MESHRT_TRACE("layer_norm", "encoder_layers.mesh:19:10", "forward");
@@ -3820,7 +3784,7 @@ void AlbertTrain::repeated1(support::ConstView a0, support::ConstView a1, suppor
   // encoder_layers.mesh:19:46 mul
   // encoder_layers.mesh:19:53 add -> h
   MESHRT_TRACE("loop", "encoder_layers.mesh:19:46", "forward");
-  loop32(a29.data(), a26.data(), a27.data(), a28.data());
+  loop31(a29.data(), a26.data(), a27.data(), a28.data());
 }
 
 void AlbertTrain::repeated2(support::ConstView a0, support::ConstView a1, support::ConstView a2,
@@ -3836,11 +3800,11 @@ void AlbertTrain::repeated2(support::ConstView a0, support::ConstView a1, suppor
   // encoder_layers.mesh:19:53 add
   // encoder_layers.mesh:19:53 add -> grad/encoder/albert_layer/norm#1/bias
   MESHRT_TRACE("loop", "encoder_layers.mesh:19:53", "backward");
-  loop15(a3.data(), a0.data(), a1.data(), a2.data());
+  loop13(a3.data(), a0.data(), a1.data(), a2.data());
 
   // encoder_layers.mesh:19:46 mul
   MESHRT_TRACE("loop", "encoder_layers.mesh:19:46", "backward");
-  loop5(a6.data(), a4.data(), a5.data());
+  loop26(a6.data(), a4.data(), a5.data());
 
   // encoder_layers.mesh:19:46 sum
   MESHRT_TRACE("sum", "encoder_layers.mesh:19:46", "backward");
@@ -3850,7 +3814,7 @@ void AlbertTrain::repeated2(support::ConstView a0, support::ConstView a1, suppor
   // encoder_layers.mesh:19:46 add
   // encoder_layers.mesh:19:46 add -> grad/encoder/albert_layer/norm#1/gain
   MESHRT_TRACE("loop", "encoder_layers.mesh:19:46", "backward");
-  loop15(a10.data(), a8.data(), a9.data(), a7.data());
+  loop13(a10.data(), a8.data(), a9.data(), a7.data());
 
   // encoder_layers.mesh:19:10 mean
   MESHRT_TRACE("mean", "encoder_layers.mesh:19:10", "backward");
@@ -3860,7 +3824,7 @@ void AlbertTrain::repeated2(support::ConstView a0, support::ConstView a1, suppor
   // encoder_layers.mesh:19:10 sub
   // encoder_layers.mesh:19:10 square
   MESHRT_TRACE("loop", "encoder_layers.mesh:19:10", "backward");
-  loop28(a13.data(), a12.data(), a11.data());
+  loop27(a13.data(), a12.data(), a11.data());
 
   // encoder_layers.mesh:19:10 mean
   MESHRT_TRACE("mean", "encoder_layers.mesh:19:10", "backward");
@@ -3870,12 +3834,12 @@ void AlbertTrain::repeated2(support::ConstView a0, support::ConstView a1, suppor
   // encoder_layers.mesh:19:10 add
   // encoder_layers.mesh:19:10 rsqrt
   MESHRT_TRACE("loop", "encoder_layers.mesh:19:10", "backward");
-  loop29(a15.data(), a14.data());
+  loop28(a15.data(), a14.data());
 
   // encoder_layers.mesh:19:46 mul
   // encoder_layers.mesh:19:10 mul
   MESHRT_TRACE("loop", "encoder_layers.mesh:19:46", "backward");
-  loop30(a17.data(), a18.data(), a4.data(), a16.data(), a5.data());
+  loop29(a17.data(), a18.data(), a4.data(), a16.data(), a5.data());
 
   // encoder_layers.mesh:19:10 mean
   MESHRT_TRACE("mean", "encoder_layers.mesh:19:10", "backward");
@@ -3892,7 +3856,7 @@ void AlbertTrain::repeated2(support::ConstView a0, support::ConstView a1, suppor
   // encoder_layers.mesh:19:10 sub
   // encoder_layers.mesh:19:10 mul
   MESHRT_TRACE("loop", "encoder_layers.mesh:19:10", "backward");
-  loop31(a21.data(), a5.data(), a19.data(), a17.data(), a20.data(), a15.data());
+  loop30(a21.data(), a5.data(), a19.data(), a17.data(), a20.data(), a15.data());
 }
 
 void AlbertTrain::repeated3(support::View a0, support::ConstView a1, support::View a2,
@@ -3917,7 +3881,7 @@ void AlbertTrain::repeated3(support::View a0, support::ConstView a1, support::Vi
   // albert.mesh:109:3 mul
   // albert.mesh:109:3 sub -> next/encoder/embed/gain
   MESHRT_TRACE("loop", "albert.mesh:109:3", "update");
-  loop35(a2.data(), a4.data(), a0.data(), a1.data(), a3.data(), a5.data(), a6.data());
+  loop34(a2.data(), a4.data(), a0.data(), a1.data(), a3.data(), a5.data(), a6.data());
 }
 
 void AlbertTrain::repeated4(support::View a0, support::ConstView a1, support::View a2,
@@ -3942,7 +3906,7 @@ void AlbertTrain::repeated4(support::View a0, support::ConstView a1, support::Vi
   // albert.mesh:109:3 mul
   // albert.mesh:109:3 sub -> next/encoder/albert_layer/norm/gain
   MESHRT_TRACE("loop", "albert.mesh:109:3", "update");
-  loop25(a2.data(), a4.data(), a0.data(), a1.data(), a3.data(), a5.data(), a6.data());
+  loop23(a2.data(), a4.data(), a0.data(), a1.data(), a3.data(), a5.data(), a6.data());
 }
 
 void AlbertTrain::repeated5(support::View a0, support::ConstView a1, support::View a2,
@@ -3967,7 +3931,7 @@ void AlbertTrain::repeated5(support::View a0, support::ConstView a1, support::Vi
   // albert.mesh:109:3 mul
   // albert.mesh:109:3 sub -> next/encoder/albert_layer/self_attention/q
   MESHRT_TRACE("loop", "albert.mesh:109:3", "update");
-  loop23(a2.data(), a4.data(), a0.data(), a1.data(), a3.data(), a5.data(), a6.data());
+  loop21(a2.data(), a4.data(), a0.data(), a1.data(), a3.data(), a5.data(), a6.data());
 }
 
 void AlbertTrain::repeated6(support::View a0, support::ConstView a1, support::ConstView a2,
@@ -3984,7 +3948,7 @@ void AlbertTrain::repeated6(support::View a0, support::ConstView a1, support::Co
 
   // albert.mesh:77:43 mul
   MESHRT_TRACE("loop", "albert.mesh:77:43", "backward");
-  loop36(a3.data(), a1.data(), a2.data());
+  loop35(a3.data(), a1.data(), a2.data());
 
   // albert.mesh:77:43 sum -> grad/heads/gain
   MESHRT_TRACE("sum", "albert.mesh:77:43", "backward");
@@ -3999,7 +3963,7 @@ void AlbertTrain::repeated6(support::View a0, support::ConstView a1, support::Co
   // albert.mesh:77:7 sub
   // albert.mesh:77:7 square
   MESHRT_TRACE("loop", "albert.mesh:77:7", "backward");
-  loop37(a7.data(), a6.data(), a5.data());
+  loop36(a7.data(), a6.data(), a5.data());
 
   // albert.mesh:77:7 mean
   MESHRT_TRACE("mean", "albert.mesh:77:7", "backward");
@@ -4009,12 +3973,12 @@ void AlbertTrain::repeated6(support::View a0, support::ConstView a1, support::Co
   // albert.mesh:77:7 add
   // albert.mesh:77:7 rsqrt
   MESHRT_TRACE("loop", "albert.mesh:77:7", "backward");
-  loop29(a9.data(), a8.data());
+  loop28(a9.data(), a8.data());
 
   // albert.mesh:77:43 mul
   // albert.mesh:77:7 mul
   MESHRT_TRACE("loop", "albert.mesh:77:43", "backward");
-  loop38(a11.data(), a12.data(), a1.data(), a10.data(), a2.data());
+  loop37(a11.data(), a12.data(), a1.data(), a10.data(), a2.data());
 
   // albert.mesh:77:7 mean
   MESHRT_TRACE("mean", "albert.mesh:77:7", "backward");

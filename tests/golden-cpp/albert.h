@@ -194,7 +194,7 @@ public:
   /// The bytes of this object's arena: run()'s temporaries share it, placed by liveness.
   static constexpr size_t kArenaBytes = 172800;
   /// The bytes of all of run()'s temporaries together (one buffer each).
-  static constexpr size_t kTemporaryBytes = 644324;
+  static constexpr size_t kTemporaryBytes = 627924;
   /// The bytes of the values computed once, in the constructor (constants, masks).
   static constexpr size_t kPersistentBytes = 1728;
 
@@ -275,12 +275,12 @@ public:
                  support::View a41, support::View a42, support::ConstView a43, support::View a44,
                  support::ConstView a45, support::View a46, support::ConstView a47,
                  support::View a48, support::ConstView a49, support::View a50, support::View a51,
-                 support::View a52, support::View a53, support::ConstView a54, support::View a55,
-                 support::ConstView a56, support::View a57, support::ConstView a58,
-                 support::View a59, support::ConstView a60, support::View a61,
-                 support::ConstView a62, support::View a63, support::ConstView a64,
-                 support::View a65, support::View a66, support::View a67, support::View a68,
-                 support::View a69);
+                 support::View a52, support::ConstView a53, support::View a54,
+                 support::ConstView a55, support::View a56, support::ConstView a57,
+                 support::View a58, support::ConstView a59, support::View a60,
+                 support::ConstView a61, support::View a62, support::ConstView a63,
+                 support::View a64, support::View a65, support::View a66, support::View a67,
+                 support::View a68);
   void repeated1(support::ConstView a0, support::ConstView a1, support::View a2,
                  support::ConstView a3, support::View a4, support::ConstView a5, support::View a6,
                  support::View a7, support::View a8, support::View a9, support::ConstView a10,

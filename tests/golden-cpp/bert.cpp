@@ -139,17 +139,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop6(float *__restrict p0, const float *__restrict p1,
-                                    const float *__restrict p2) {
-  for (int64_t i0 = 0; i0 < 4096; ++i0) {
-    const float s0 = p1[i0];
-    const float s1 = p2[i0];
-    const float s2 = (s0 * s1);
-    p0[i0] = s2;
-  }
-}
-
-[[gnu::noinline]] static void loop7(float *__restrict p0, float *__restrict p1,
+[[gnu::noinline]] static void loop6(float *__restrict p0, float *__restrict p1,
                                     const float *__restrict p2, const float *__restrict p3,
                                     const float *__restrict p4) {
   for (int64_t i0 = 0; i0 < 32; ++i0) {
@@ -165,7 +155,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop8(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop7(float *__restrict p0, const float *__restrict p1,
                                     const float *__restrict p2, const float *__restrict p3,
                                     const float *__restrict p4, const float *__restrict p5) {
   const float r0 = p1[0];
@@ -197,7 +187,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop9(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop8(float *__restrict p0, const float *__restrict p1,
                                     const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 2048; ++i0) {
     const float s0 = p1[i0];
@@ -207,8 +197,8 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop10(float *__restrict p0, const float *__restrict p1,
-                                     const float *__restrict p2) {
+[[gnu::noinline]] static void loop9(float *__restrict p0, const float *__restrict p1,
+                                    const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 32; ++i0) {
     for (int64_t i1 = 0; i1 < 64; ++i1) {
       const float s0 = p1[i0 * 64 + i1];
@@ -220,7 +210,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop11(float *__restrict p0, const float *__restrict p1) {
+[[gnu::noinline]] static void loop10(float *__restrict p0, const float *__restrict p1) {
   for (int64_t i0 = 0; i0 < 32; ++i0) {
     const float s0 = p1[i0];
     const float s1 = 1e-05f;
@@ -230,7 +220,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop12(float *__restrict p0, float *__restrict p1,
+[[gnu::noinline]] static void loop11(float *__restrict p0, float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4) {
   for (int64_t i0 = 0; i0 < 32; ++i0) {
@@ -246,7 +236,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop13(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop12(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4, const float *__restrict p5) {
   for (int64_t i0 = 0; i0 < 32; ++i0) {
@@ -265,13 +255,58 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop14(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop13(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 8192; ++i0) {
     const float s0 = p1[i0];
     const float s1 = p2[i0];
     const float s2 = (s0 + s1);
     p0[i0] = s2;
+  }
+}
+
+[[gnu::noinline]] static void loop14(float *__restrict p0, float *__restrict p1,
+                                     float *__restrict p2, const float *__restrict p3,
+                                     const float *__restrict p4, const float *__restrict p5,
+                                     const float *__restrict p6) {
+  const float r3 = p4[0];
+  const float r5 = p5[0];
+  const float r6 = p6[0];
+  for (int64_t i0 = 0; i0 < 8192; ++i0) {
+    const float s0 = p2[i0];
+    const float s1 = 0.01f;
+    const float s2 = (s0 * s1);
+    const float s3 = p3[i0];
+    const float s4 = s3 * s3;
+    const float s5 = 0.0009999871f;
+    const float s6 = (s4 * s5);
+    const float s7 = p0[i0];
+    const float s8 = 0.999f;
+    const float s9 = (s7 * s8);
+    const float s10 = (s9 + s6);
+    const float s11 = r3;
+    const float s12 = (s10 / s11);
+    const float s13 = support::fsqrt(s12);
+    const float s14 = 1e-08f;
+    const float s15 = (s13 + s14);
+    const float s16 = p3[i0];
+    const float s17 = 0.100000024f;
+    const float s18 = (s16 * s17);
+    const float s19 = p1[i0];
+    const float s20 = 0.9f;
+    const float s21 = (s19 * s20);
+    const float s22 = (s21 + s18);
+    const float s23 = r5;
+    const float s24 = (s22 / s23);
+    const float s25 = (s24 / s15);
+    const float s26 = (s25 + s2);
+    const float s27 = r6;
+    const float s28 = (s26 * s27);
+    const float s29 = p2[i0];
+    const float s30 = (s29 - s28);
+    p0[i0] = s10;
+    p1[i0] = s22;
+    p2[i0] = s30;
   }
 }
 
@@ -282,7 +317,7 @@ static const support::SharedEinsum
   const float r3 = p4[0];
   const float r5 = p5[0];
   const float r6 = p6[0];
-  for (int64_t i0 = 0; i0 < 8192; ++i0) {
+  for (int64_t i0 = 0; i0 < 2048; ++i0) {
     const float s0 = p2[i0];
     const float s1 = 0.01f;
     const float s2 = (s0 * s1);
@@ -327,7 +362,7 @@ static const support::SharedEinsum
   const float r3 = p4[0];
   const float r5 = p5[0];
   const float r6 = p6[0];
-  for (int64_t i0 = 0; i0 < 2048; ++i0) {
+  for (int64_t i0 = 0; i0 < 128; ++i0) {
     const float s0 = p2[i0];
     const float s1 = 0.01f;
     const float s2 = (s0 * s1);
@@ -372,7 +407,7 @@ static const support::SharedEinsum
   const float r3 = p4[0];
   const float r5 = p5[0];
   const float r6 = p6[0];
-  for (int64_t i0 = 0; i0 < 128; ++i0) {
+  for (int64_t i0 = 0; i0 < 4096; ++i0) {
     const float s0 = p2[i0];
     const float s1 = 0.01f;
     const float s2 = (s0 * s1);
@@ -417,7 +452,7 @@ static const support::SharedEinsum
   const float r3 = p4[0];
   const float r5 = p5[0];
   const float r6 = p6[0];
-  for (int64_t i0 = 0; i0 < 4096; ++i0) {
+  for (int64_t i0 = 0; i0 < 64; ++i0) {
     const float s0 = p2[i0];
     const float s1 = 0.01f;
     const float s2 = (s0 * s1);
@@ -462,7 +497,7 @@ static const support::SharedEinsum
   const float r3 = p4[0];
   const float r5 = p5[0];
   const float r6 = p6[0];
-  for (int64_t i0 = 0; i0 < 64; ++i0) {
+  for (int64_t i0 = 0; i0 < 16384; ++i0) {
     const float s0 = p2[i0];
     const float s1 = 0.01f;
     const float s2 = (s0 * s1);
@@ -507,51 +542,6 @@ static const support::SharedEinsum
   const float r3 = p4[0];
   const float r5 = p5[0];
   const float r6 = p6[0];
-  for (int64_t i0 = 0; i0 < 16384; ++i0) {
-    const float s0 = p2[i0];
-    const float s1 = 0.01f;
-    const float s2 = (s0 * s1);
-    const float s3 = p3[i0];
-    const float s4 = s3 * s3;
-    const float s5 = 0.0009999871f;
-    const float s6 = (s4 * s5);
-    const float s7 = p0[i0];
-    const float s8 = 0.999f;
-    const float s9 = (s7 * s8);
-    const float s10 = (s9 + s6);
-    const float s11 = r3;
-    const float s12 = (s10 / s11);
-    const float s13 = support::fsqrt(s12);
-    const float s14 = 1e-08f;
-    const float s15 = (s13 + s14);
-    const float s16 = p3[i0];
-    const float s17 = 0.100000024f;
-    const float s18 = (s16 * s17);
-    const float s19 = p1[i0];
-    const float s20 = 0.9f;
-    const float s21 = (s19 * s20);
-    const float s22 = (s21 + s18);
-    const float s23 = r5;
-    const float s24 = (s22 / s23);
-    const float s25 = (s24 / s15);
-    const float s26 = (s25 + s2);
-    const float s27 = r6;
-    const float s28 = (s26 * s27);
-    const float s29 = p2[i0];
-    const float s30 = (s29 - s28);
-    p0[i0] = s10;
-    p1[i0] = s22;
-    p2[i0] = s30;
-  }
-}
-
-[[gnu::noinline]] static void loop21(float *__restrict p0, float *__restrict p1,
-                                     float *__restrict p2, const float *__restrict p3,
-                                     const float *__restrict p4, const float *__restrict p5,
-                                     const float *__restrict p6) {
-  const float r3 = p4[0];
-  const float r5 = p5[0];
-  const float r6 = p6[0];
   for (int64_t i0 = 0; i0 < 256; ++i0) {
     const float s0 = p2[i0];
     const float s1 = 0.01f;
@@ -590,7 +580,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop22(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop21(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2, const uint8_t *__restrict p3) {
   for (int64_t i0 = 0; i0 < 8192; ++i0) {
     const float s0 = p1[i0];
@@ -630,7 +620,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop23(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop22(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 2048; ++i0) {
     const float s0 = p1[i0];
@@ -640,7 +630,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop24(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop23(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4) {
   for (int64_t i0 = 0; i0 < 4; ++i0) {
@@ -662,7 +652,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop25(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop24(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4) {
   for (int64_t i0 = 0; i0 < 2048; ++i0) {
@@ -677,7 +667,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop26(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop25(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3) {
   for (int64_t i0 = 0; i0 < 32; ++i0) {
     for (int64_t i1 = 0; i1 < 64; ++i1) {
@@ -1712,7 +1702,7 @@ void MlmTrain::computeInvariants() {
 
 MlmTrain::Outputs MlmTrain::run(const Inputs &inputs) {
   MESHRT_TRACE_RUN(world_, "mlm_train");
-  // Arena: 548416 bytes for 1723036 bytes of temporaries (placed by liveness).
+  // Arena: 548416 bytes for 1673884 bytes of temporaries (placed by liveness).
   support::checkShape("input", "tokens", inputs.tokens, {1, 32});
   support::checkShape("input", "segment_ids", inputs.segment_ids, {1, 32});
   support::checkShape("input", "padding", inputs.padding, {1, 32});
@@ -1889,16 +1879,12 @@ void MlmTrain::runPart0(const Inputs &inputs) {
   support::View v111 = arena_.view(0, 4096);
   support::oneHot(v111.data(), kShape15, v4.data(), kShape4, kShape3, 0);
 
-  // bert.mesh:61:30 mul
-  MESHRT_TRACE("loop", "bert.mesh:61:30", "forward");
-  support::View v112 = arena_.view(32768, 4096);
-  loop6(v112.data(), v110.data(), v111.data());
-
   // bert.mesh:61:21 sum
+  // bert.mesh:61:30 mul
   MESHRT_TRACE("sum", "bert.mesh:61:21", "forward");
-  support::View v113 = arena_.view(139264, 32);
-  support::reduce(v113.data(), kShape5, v112.data(), kShape8, kShape9, kShape1,
-                  support::Reduce::Sum, 1.0);
+  support::View v113 = arena_.view(32768, 32);
+  support::reduceProduct(v113.data(), kShape5, 128, v110.data(), kShape8, v111.data(), kShape8,
+                         1.0);
 
   // bert.mesh:62:28 mul
   // bert.mesh:62:16 cast -> weight
@@ -1906,19 +1892,19 @@ void MlmTrain::runPart0(const Inputs &inputs) {
   // bert.mesh:64:29 mul
   MESHRT_TRACE("loop", "bert.mesh:62:28", "forward");
   const support::Buffer &v3 = inputs.masked.data;
-  support::View v116 = arena_.view(139392, 32);
-  support::View v117 = arena_.view(32768, 32);
-  loop7(v116.data(), v117.data(), v3.data(), v2.data(), v113.data());
+  support::View v116 = arena_.view(139264, 32);
+  support::View v117 = arena_.view(32896, 32);
+  loop6(v116.data(), v117.data(), v3.data(), v2.data(), v113.data());
 
   // bert.mesh:64:14 sum
   MESHRT_TRACE("sum", "bert.mesh:64:14", "forward");
-  support::View v118 = arena_.view(32896, 1);
+  support::View v118 = arena_.view(32768, 1);
   support::reduce(v118.data(), kShape12, v117.data(), kShape12, kShape5, kShape16,
                   support::Reduce::Sum, 1.0);
 
   // bert.mesh:64:42 sum
   MESHRT_TRACE("sum", "bert.mesh:64:42", "forward");
-  support::View v119 = arena_.view(32768, 1);
+  support::View v119 = arena_.view(32832, 1);
   support::reduce(v119.data(), kShape12, v116.data(), kShape12, kShape5, kShape16,
                   support::Reduce::Sum, 1.0);
 
@@ -1932,7 +1918,7 @@ void MlmTrain::runPart0(const Inputs &inputs) {
   // bert.mesh:64:39 div
   MESHRT_TRACE("loop", "bert.mesh:64:54", "backward");
   support::View v123 = arena_.view(548352, 1);
-  support::View v125 = arena_.view(139264, 1);
+  support::View v125 = arena_.view(139392, 1);
   {
     float *__restrict v123p = v123.data();
     float *__restrict v125p = v125.data();
@@ -1964,13 +1950,19 @@ void MlmTrain::runPart0(const Inputs &inputs) {
   // bert.mesh:60:14 sub
   MESHRT_TRACE("loop", "bert.mesh:64:14", "backward");
   support::View v140 = arena_.view(32768, 4096);
-  loop8(v140.data(), v125.data(), v116.data(), v4.data(), v110.data(), v111.data());
+  loop7(v140.data(), v125.data(), v116.data(), v4.data(), v110.data(), v111.data());
 
   // bert.mesh:46:58 sum -> grad/bert/output_bias
   MESHRT_TRACE("sum", "bert.mesh:46:58", "backward");
   support::View v141 = arena_.view(545792, 128);
   support::reduce(v141.data(), kShape9, v140.data(), kShape1, kShape5, kShape8,
                   support::Reduce::Sum, 1.0);
+
+  // bert.mesh:46:10 einsum
+  MESHRT_TRACE("gemm", "bert.mesh:46:10", "backward");
+  support::View v142 = arena_.view(0, 2048);
+  // dims: batch, seq, vocab, d_model
+  kEinsum7.plan().run(v140.data(), v5.data(), v142.data(), 1.0f, 0.0f);
 }
 
 void MlmTrain::runPart1(const Inputs &inputs) {
@@ -1980,13 +1972,6 @@ void MlmTrain::runPart1(const Inputs &inputs) {
   // bert.mesh:46:10 einsum
   MESHRT_TRACE("gemm", "bert.mesh:46:10", "backward");
   support::View v140 = arena_.view(32768, 4096);
-  support::View v5(param0_bert_token_embedding); // updated in place
-  support::View v142 = arena_.view(0, 2048);
-  // dims: batch, seq, vocab, d_model
-  kEinsum7.plan().run(v140.data(), v5.data(), v142.data(), 1.0f, 0.0f);
-
-  // bert.mesh:46:10 einsum
-  MESHRT_TRACE("gemm", "bert.mesh:46:10", "backward");
   support::View v107 = arena_.view(131072, 2048);
   support::View v143 = arena_.view(262144, 8192);
   // dims: batch, seq, vocab, d_model
@@ -1994,6 +1979,7 @@ void MlmTrain::runPart1(const Inputs &inputs) {
 
   // layers.mesh:24:40 sum -> grad/bert/encoder_layer[1]/norm#1/bias
   MESHRT_TRACE("sum", "layers.mesh:24:40", "backward");
+  support::View v142 = arena_.view(0, 2048);
   support::View v144 = arena_.view(546304, 64);
   support::reduce(v144.data(), kShape14, v142.data(), kShape1, kShape5, kShape6,
                   support::Reduce::Sum, 1.0);
@@ -2002,7 +1988,7 @@ void MlmTrain::runPart1(const Inputs &inputs) {
   MESHRT_TRACE("loop", "layers.mesh:24:33", "backward");
   support::View v105 = arena_.view(57344, 2048);
   support::View v146 = arena_.view(8192, 2048);
-  loop9(v146.data(), v142.data(), v105.data());
+  loop8(v146.data(), v142.data(), v105.data());
 
   // layers.mesh:24:33 sum -> grad/bert/encoder_layer[1]/norm#1/gain
   MESHRT_TRACE("sum", "layers.mesh:24:33", "backward");
@@ -2021,7 +2007,7 @@ void MlmTrain::runPart1(const Inputs &inputs) {
   // layers.mesh:24:10 square
   MESHRT_TRACE("loop", "layers.mesh:24:10", "backward");
   support::View v150 = arena_.view(8192, 2048);
-  loop10(v150.data(), v102.data(), v148.data());
+  loop9(v150.data(), v102.data(), v148.data());
 
   // layers.mesh:24:10 mean
   MESHRT_TRACE("mean", "layers.mesh:24:10", "backward");
@@ -2033,7 +2019,7 @@ void MlmTrain::runPart1(const Inputs &inputs) {
   // layers.mesh:24:10 rsqrt
   MESHRT_TRACE("loop", "layers.mesh:24:10", "backward");
   support::View v154 = arena_.view(24576, 32);
-  loop11(v154.data(), v151.data());
+  loop10(v154.data(), v151.data());
 
   // layers.mesh:24:33 mul
   // layers.mesh:24:10 mul
@@ -2041,7 +2027,7 @@ void MlmTrain::runPart1(const Inputs &inputs) {
   support::View v103(param28_bert_encoder_layer_1_norm_1_gain); // updated in place
   support::View v145 = arena_.view(8192, 2048);
   support::View v155 = arena_.view(16384, 2048);
-  loop12(v145.data(), v155.data(), v142.data(), v103.data(), v105.data());
+  loop11(v145.data(), v155.data(), v142.data(), v103.data(), v105.data());
 
   // layers.mesh:24:10 mean
   MESHRT_TRACE("mean", "layers.mesh:24:10", "backward");
@@ -2061,9 +2047,9 @@ void MlmTrain::runPart1(const Inputs &inputs) {
   // layers.mesh:24:10 mul
   MESHRT_TRACE("loop", "layers.mesh:24:10", "backward");
   support::View v161 = arena_.view(409600, 2048);
-  loop13(v161.data(), v105.data(), v156.data(), v145.data(), v158.data(), v154.data());
+  loop12(v161.data(), v105.data(), v156.data(), v145.data(), v158.data(), v154.data());
 
-  // 46 statements from layers.mesh:55:71 sum -> grad/bert/encoder_layer[1]/ffn/b_out (1 of 2)
+  // 45 statements from layers.mesh:55:71 sum -> grad/bert/encoder_layer[1]/ffn/b_out (1 of 2)
   MESHRT_TRACE_SITE("layers.mesh:55:71");
   support::View v94(param26_bert_encoder_layer_1_ffn_w_out); // updated in place
   support::View v163 = arena_.view(131072, 8192);
@@ -2095,7 +2081,6 @@ void MlmTrain::runPart1(const Inputs &inputs) {
   support::View v211 = arena_.view(131072, 4096);
   support::View v83 = arena_.view(294912, 4096);
   support::View v212 = arena_.view(172032, 2048);
-  support::View v213 = arena_.view(147456, 4096);
   support::View v214 = arena_.view(180224, 128);
   support::View v39 = arena_.view(540672, 1024);
   support::View v219 = arena_.view(147456, 4096);
@@ -2138,11 +2123,11 @@ void MlmTrain::runPart1(const Inputs &inputs) {
   support::View v249 = arena_.view(524288, 2048);
   repeated1(v162, v161, v94, v163, v99, v164, v97, keep_v955, v187, v188, v92, v189, v190, v91,
             v191, v192, v89, v194, v195, v196, v86, v198, v199, v201, v87, v193, v202, v203, v205,
-            v208, v70, v209, v84, v210, v74, v211, v83, v212, v213, v214, v39, v219, v72, v220, v71,
-            v221, v69, v223, v66, v225, v68, v227, v229, v67, v230, v231, v232, v233, v64, v235,
-            v236, v237, v61, v239, v240, v242, v62, v234, v243, v244, v246, v249);
+            v208, v70, v209, v84, v210, v74, v211, v83, v212, v214, v39, v219, v72, v220, v71, v221,
+            v69, v223, v66, v225, v68, v227, v229, v67, v230, v231, v232, v233, v64, v235, v236,
+            v237, v61, v239, v240, v242, v62, v234, v243, v244, v246, v249);
 
-  // 46 statements from layers.mesh:55:71 sum -> grad/bert/encoder_layer[1]/ffn/b_out (2 of 2)
+  // 45 statements from layers.mesh:55:71 sum -> grad/bert/encoder_layer[1]/ffn/b_out (2 of 2)
   MESHRT_TRACE_SITE("layers.mesh:55:71");
   support::View v53(param14_bert_encoder_layer_0_ffn_w_out); // updated in place
   support::View v251 = arena_.view(294912, 8192);
@@ -2174,7 +2159,6 @@ void MlmTrain::runPart1(const Inputs &inputs) {
   support::View v294 = arena_.view(294912, 4096);
   support::View v42 = arena_.view(360448, 4096);
   support::View v295 = arena_.view(335872, 2048);
-  support::View v296 = arena_.view(311296, 4096);
   support::View v297 = arena_.view(344064, 128);
   support::View v301 = arena_.view(311296, 4096);
   support::View v31 = arena_.view(466944, 2048);
@@ -2216,9 +2200,9 @@ void MlmTrain::runPart1(const Inputs &inputs) {
   support::View v331 = arena_.view(327680, 2048);
   repeated1(v250, v249, v53, v251, v58, v252, v56, keep_v956, v270, v271, v51, v272, v273, v50,
             v274, v275, v48, v277, v278, v279, v45, v281, v282, v284, v46, v276, v285, v286, v288,
-            v291, v29, v292, v43, v293, v33, v294, v42, v295, v296, v297, v39, v301, v31, v302, v30,
-            v303, v28, v305, v17, v307, v27, v309, v311, v26, v312, v313, v314, v315, v15, v317,
-            v318, v319, v12, v321, v322, v324, v13, v316, v325, v326, v328, v331);
+            v291, v29, v292, v43, v293, v33, v294, v42, v295, v297, v39, v301, v31, v302, v30, v303,
+            v28, v305, v17, v307, v27, v309, v311, v26, v312, v313, v314, v315, v15, v317, v318,
+            v319, v12, v321, v322, v324, v13, v316, v325, v326, v328, v331);
 
   // bert.mesh:35:39 einsum -> grad/bert/segment_embedding
   MESHRT_TRACE("einsum", "bert.mesh:35:39", "backward");
@@ -2243,7 +2227,7 @@ void MlmTrain::runPart1(const Inputs &inputs) {
   // bert.mesh:34:37 add -> grad/bert/token_embedding
   MESHRT_TRACE("loop", "bert.mesh:34:37", "backward");
   support::View v337 = arena_.view(327680, 8192);
-  loop14(v337.data(), v143.data(), v336.data());
+  loop13(v337.data(), v143.data(), v336.data());
 
   // bert.mesh:65:3 bucketed_all_reduce_sum -> loss (31 partial sums (loss, grad/bert/output_bias,
   // grad/bert/encoder_layer[1]/norm#1/bias, ...) over data, model resolved together, 430.0 KiB in
@@ -2335,9 +2319,10 @@ void MlmTrain::runPart1(const Inputs &inputs) {
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 sub -> next/bert/token_embedding
   MESHRT_TRACE("loop", "bert.mesh:65:3", "update");
+  support::View v5(param0_bert_token_embedding);      // updated in place
   support::View v357(param31_bert_token_embedding_v); // updated in place
   support::View v356(param30_bert_token_embedding_m); // updated in place
-  loop15(v357.data(), v356.data(), v5.data(), v337.data(), v373.data(), v371.data(), v355.data());
+  loop14(v357.data(), v356.data(), v5.data(), v337.data(), v373.data(), v371.data(), v355.data());
 
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 square
@@ -2359,7 +2344,29 @@ void MlmTrain::runPart1(const Inputs &inputs) {
   support::View v6(param1_bert_position_embedding);      // updated in place
   support::View v386(param33_bert_position_embedding_v); // updated in place
   support::View v385(param32_bert_position_embedding_m); // updated in place
-  loop16(v386.data(), v385.data(), v6.data(), v334.data(), v373.data(), v371.data(), v355.data());
+  loop15(v386.data(), v385.data(), v6.data(), v334.data(), v373.data(), v371.data(), v355.data());
+
+  // bert.mesh:65:3 mul
+  // bert.mesh:65:3 square
+  // bert.mesh:65:3 mul
+  // bert.mesh:65:3 mul
+  // bert.mesh:65:3 add
+  // bert.mesh:65:3 div
+  // bert.mesh:65:3 sqrt
+  // bert.mesh:65:3 add
+  // bert.mesh:65:3 mul
+  // bert.mesh:65:3 mul
+  // bert.mesh:65:3 add
+  // bert.mesh:65:3 div
+  // bert.mesh:65:3 div
+  // bert.mesh:65:3 add
+  // bert.mesh:65:3 mul
+  // bert.mesh:65:3 sub -> next/bert/segment_embedding
+  MESHRT_TRACE("loop", "bert.mesh:65:3", "update");
+  support::View v7(param2_bert_segment_embedding);      // updated in place
+  support::View v407(param35_bert_segment_embedding_v); // updated in place
+  support::View v406(param34_bert_segment_embedding_m); // updated in place
+  loop16(v407.data(), v406.data(), v7.data(), v333.data(), v373.data(), v371.data(), v355.data());
 }
 
 void MlmTrain::runPart2(const Inputs &inputs) {
@@ -2381,39 +2388,16 @@ void MlmTrain::runPart2(const Inputs &inputs) {
   // bert.mesh:65:3 div
   // bert.mesh:65:3 add
   // bert.mesh:65:3 mul
-  // bert.mesh:65:3 sub -> next/bert/segment_embedding
-  MESHRT_TRACE("loop", "bert.mesh:65:3", "update");
-  support::View v7(param2_bert_segment_embedding); // updated in place
-  support::View v333 = arena_.view(499712, 128);
-  support::View v407(param35_bert_segment_embedding_v); // updated in place
-  support::View v373 = arena_.view(262272, 1);
-  support::View v406(param34_bert_segment_embedding_m); // updated in place
-  support::View v371 = arena_.view(262208, 1);
-  support::View v355 = arena_.view(262144, 1);
-  loop17(v407.data(), v406.data(), v7.data(), v333.data(), v373.data(), v371.data(), v355.data());
-
-  // bert.mesh:65:3 mul
-  // bert.mesh:65:3 square
-  // bert.mesh:65:3 mul
-  // bert.mesh:65:3 mul
-  // bert.mesh:65:3 add
-  // bert.mesh:65:3 div
-  // bert.mesh:65:3 sqrt
-  // bert.mesh:65:3 add
-  // bert.mesh:65:3 mul
-  // bert.mesh:65:3 mul
-  // bert.mesh:65:3 add
-  // bert.mesh:65:3 div
-  // bert.mesh:65:3 div
-  // bert.mesh:65:3 add
-  // bert.mesh:65:3 mul
   // bert.mesh:65:3 sub -> next/bert/output_bias
   MESHRT_TRACE("loop", "bert.mesh:65:3", "update");
   support::View v8(param3_bert_output_bias); // updated in place
   support::View v141 = arena_.view(545792, 128);
   support::View v428(param37_bert_output_bias_v); // updated in place
+  support::View v373 = arena_.view(262272, 1);
   support::View v427(param36_bert_output_bias_m); // updated in place
-  loop17(v428.data(), v427.data(), v8.data(), v141.data(), v373.data(), v371.data(), v355.data());
+  support::View v371 = arena_.view(262208, 1);
+  support::View v355 = arena_.view(262144, 1);
+  loop16(v428.data(), v427.data(), v8.data(), v141.data(), v373.data(), v371.data(), v355.data());
 
   // 1 statements from bert.mesh:65:3 mul (1 of 2)
   MESHRT_TRACE_SITE("bert.mesh:65:3");
@@ -2575,7 +2559,7 @@ void MlmTrain::repeated0(
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 sub -> next/bert/encoder_layer[0]/attention/w_q
   MESHRT_TRACE("loop", "bert.mesh:65:3", "update");
-  loop18(a2.data(), a4.data(), a0.data(), a1.data(), a3.data(), a5.data(), a6.data());
+  loop17(a2.data(), a4.data(), a0.data(), a1.data(), a3.data(), a5.data(), a6.data());
 
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 square
@@ -2594,7 +2578,7 @@ void MlmTrain::repeated0(
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 sub -> next/bert/encoder_layer[0]/attention/w_k
   MESHRT_TRACE("loop", "bert.mesh:65:3", "update");
-  loop18(a9.data(), a10.data(), a7.data(), a8.data(), a3.data(), a5.data(), a6.data());
+  loop17(a9.data(), a10.data(), a7.data(), a8.data(), a3.data(), a5.data(), a6.data());
 
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 square
@@ -2613,7 +2597,7 @@ void MlmTrain::repeated0(
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 sub -> next/bert/encoder_layer[0]/attention/w_v
   MESHRT_TRACE("loop", "bert.mesh:65:3", "update");
-  loop18(a13.data(), a14.data(), a11.data(), a12.data(), a3.data(), a5.data(), a6.data());
+  loop17(a13.data(), a14.data(), a11.data(), a12.data(), a3.data(), a5.data(), a6.data());
 
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 square
@@ -2632,7 +2616,7 @@ void MlmTrain::repeated0(
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 sub -> next/bert/encoder_layer[0]/attention/w_o
   MESHRT_TRACE("loop", "bert.mesh:65:3", "update");
-  loop18(a17.data(), a18.data(), a15.data(), a16.data(), a3.data(), a5.data(), a6.data());
+  loop17(a17.data(), a18.data(), a15.data(), a16.data(), a3.data(), a5.data(), a6.data());
 
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 square
@@ -2651,7 +2635,7 @@ void MlmTrain::repeated0(
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 sub -> next/bert/encoder_layer[0]/norm/gain
   MESHRT_TRACE("loop", "bert.mesh:65:3", "update");
-  loop19(a21.data(), a22.data(), a19.data(), a20.data(), a3.data(), a5.data(), a6.data());
+  loop18(a21.data(), a22.data(), a19.data(), a20.data(), a3.data(), a5.data(), a6.data());
 
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 square
@@ -2670,7 +2654,7 @@ void MlmTrain::repeated0(
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 sub -> next/bert/encoder_layer[0]/norm/bias
   MESHRT_TRACE("loop", "bert.mesh:65:3", "update");
-  loop19(a25.data(), a26.data(), a23.data(), a24.data(), a3.data(), a5.data(), a6.data());
+  loop18(a25.data(), a26.data(), a23.data(), a24.data(), a3.data(), a5.data(), a6.data());
 
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 square
@@ -2689,7 +2673,7 @@ void MlmTrain::repeated0(
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 sub -> next/bert/encoder_layer[0]/ffn/w_in
   MESHRT_TRACE("loop", "bert.mesh:65:3", "update");
-  loop20(a29.data(), a30.data(), a27.data(), a28.data(), a3.data(), a5.data(), a6.data());
+  loop19(a29.data(), a30.data(), a27.data(), a28.data(), a3.data(), a5.data(), a6.data());
 
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 square
@@ -2708,7 +2692,7 @@ void MlmTrain::repeated0(
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 sub -> next/bert/encoder_layer[0]/ffn/b_in
   MESHRT_TRACE("loop", "bert.mesh:65:3", "update");
-  loop21(a33.data(), a34.data(), a31.data(), a32.data(), a3.data(), a5.data(), a6.data());
+  loop20(a33.data(), a34.data(), a31.data(), a32.data(), a3.data(), a5.data(), a6.data());
 
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 square
@@ -2727,7 +2711,7 @@ void MlmTrain::repeated0(
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 sub -> next/bert/encoder_layer[0]/ffn/w_out
   MESHRT_TRACE("loop", "bert.mesh:65:3", "update");
-  loop20(a37.data(), a38.data(), a35.data(), a36.data(), a3.data(), a5.data(), a6.data());
+  loop19(a37.data(), a38.data(), a35.data(), a36.data(), a3.data(), a5.data(), a6.data());
 
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 square
@@ -2746,7 +2730,7 @@ void MlmTrain::repeated0(
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 sub -> next/bert/encoder_layer[0]/ffn/b_out
   MESHRT_TRACE("loop", "bert.mesh:65:3", "update");
-  loop19(a41.data(), a42.data(), a39.data(), a40.data(), a3.data(), a5.data(), a6.data());
+  loop18(a41.data(), a42.data(), a39.data(), a40.data(), a3.data(), a5.data(), a6.data());
 
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 square
@@ -2765,7 +2749,7 @@ void MlmTrain::repeated0(
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 sub -> next/bert/encoder_layer[0]/norm#1/gain
   MESHRT_TRACE("loop", "bert.mesh:65:3", "update");
-  loop19(a45.data(), a46.data(), a43.data(), a44.data(), a3.data(), a5.data(), a6.data());
+  loop18(a45.data(), a46.data(), a43.data(), a44.data(), a3.data(), a5.data(), a6.data());
 
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 square
@@ -2784,7 +2768,7 @@ void MlmTrain::repeated0(
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 sub -> next/bert/encoder_layer[0]/norm#1/bias
   MESHRT_TRACE("loop", "bert.mesh:65:3", "update");
-  loop19(a49.data(), a50.data(), a47.data(), a48.data(), a3.data(), a5.data(), a6.data());
+  loop18(a49.data(), a50.data(), a47.data(), a48.data(), a3.data(), a5.data(), a6.data());
 }
 
 void MlmTrain::repeated1(
@@ -2797,15 +2781,15 @@ void MlmTrain::repeated1(
     support::ConstView a24, support::View a25, support::View a26, support::View a27,
     support::View a28, support::View a29, support::ConstView a30, support::View a31,
     support::ConstView a32, support::View a33, support::ConstView a34, support::View a35,
-    support::ConstView a36, support::View a37, support::View a38, support::View a39,
-    support::ConstView a40, support::View a41, support::ConstView a42, support::View a43,
-    support::ConstView a44, support::View a45, support::ConstView a46, support::View a47,
-    support::ConstView a48, support::View a49, support::ConstView a50, support::View a51,
-    support::View a52, support::ConstView a53, support::View a54, support::View a55,
-    support::View a56, support::View a57, support::ConstView a58, support::View a59,
-    support::View a60, support::View a61, support::ConstView a62, support::View a63,
-    support::View a64, support::View a65, support::ConstView a66, support::View a67,
-    support::View a68, support::View a69, support::View a70, support::View a71) {
+    support::ConstView a36, support::View a37, support::View a38, support::ConstView a39,
+    support::View a40, support::ConstView a41, support::View a42, support::ConstView a43,
+    support::View a44, support::ConstView a45, support::View a46, support::ConstView a47,
+    support::View a48, support::ConstView a49, support::View a50, support::View a51,
+    support::ConstView a52, support::View a53, support::View a54, support::View a55,
+    support::View a56, support::ConstView a57, support::View a58, support::View a59,
+    support::View a60, support::ConstView a61, support::View a62, support::View a63,
+    support::View a64, support::ConstView a65, support::View a66, support::View a67,
+    support::View a68, support::View a69, support::View a70) {
   MESHRT_TRACE_SPAN(world_);
 
   // layers.mesh:55:71 sum -> grad/bert/encoder_layer[1]/ffn/b_out
@@ -2842,7 +2826,7 @@ void MlmTrain::repeated1(
   // layers.mesh:55:17 dropout
   // layers.mesh:54:11 mul
   MESHRT_TRACE("loop", "layers.mesh:54:11", "backward");
-  loop22(a8.data(), a6.data(), a3.data(), reinterpret_cast<const uint8_t *>(a7.data()));
+  loop21(a8.data(), a6.data(), a3.data(), reinterpret_cast<const uint8_t *>(a7.data()));
 
   // layers.mesh:54:52 sum -> grad/bert/encoder_layer[1]/ffn/b_in
   MESHRT_TRACE("sum", "layers.mesh:54:52", "backward");
@@ -2856,7 +2840,7 @@ void MlmTrain::repeated1(
 
   // layers.mesh:54:16 add
   MESHRT_TRACE("loop", "layers.mesh:54:16", "backward");
-  loop23(a12.data(), a1.data(), a11.data());
+  loop22(a12.data(), a1.data(), a11.data());
 
   // layers.mesh:54:16 einsum -> grad/bert/encoder_layer[1]/ffn/w_in
   MESHRT_TRACE("gemm", "layers.mesh:54:16", "backward");
@@ -2870,7 +2854,7 @@ void MlmTrain::repeated1(
 
   // layers.mesh:24:33 mul
   MESHRT_TRACE("loop", "layers.mesh:24:33", "backward");
-  loop9(a17.data(), a12.data(), a16.data());
+  loop8(a17.data(), a12.data(), a16.data());
 
   // layers.mesh:24:33 sum -> grad/bert/encoder_layer[1]/norm/gain
   MESHRT_TRACE("sum", "layers.mesh:24:33", "backward");
@@ -2885,7 +2869,7 @@ void MlmTrain::repeated1(
   // layers.mesh:24:10 sub
   // layers.mesh:24:10 square
   MESHRT_TRACE("loop", "layers.mesh:24:10", "backward");
-  loop10(a21.data(), a20.data(), a19.data());
+  loop9(a21.data(), a20.data(), a19.data());
 
   // layers.mesh:24:10 mean
   MESHRT_TRACE("mean", "layers.mesh:24:10", "backward");
@@ -2895,12 +2879,12 @@ void MlmTrain::repeated1(
   // layers.mesh:24:10 add
   // layers.mesh:24:10 rsqrt
   MESHRT_TRACE("loop", "layers.mesh:24:10", "backward");
-  loop11(a23.data(), a22.data());
+  loop10(a23.data(), a22.data());
 
   // layers.mesh:24:33 mul
   // layers.mesh:24:10 mul
   MESHRT_TRACE("loop", "layers.mesh:24:33", "backward");
-  loop12(a25.data(), a26.data(), a12.data(), a24.data(), a16.data());
+  loop11(a25.data(), a26.data(), a12.data(), a24.data(), a16.data());
 
   // layers.mesh:24:10 mean
   MESHRT_TRACE("mean", "layers.mesh:24:10", "backward");
@@ -2917,7 +2901,7 @@ void MlmTrain::repeated1(
   // layers.mesh:24:10 sub
   // layers.mesh:24:10 mul
   MESHRT_TRACE("loop", "layers.mesh:24:10", "backward");
-  loop13(a29.data(), a16.data(), a27.data(), a25.data(), a28.data(), a23.data());
+  loop12(a29.data(), a16.data(), a27.data(), a25.data(), a28.data(), a23.data());
 
   // layers.mesh:45:10 einsum
   MESHRT_TRACE("gemm", "layers.mesh:45:10", "backward");
@@ -2939,115 +2923,111 @@ void MlmTrain::repeated1(
   // dims: batch, seq, heads, d_head, mem
   kEinsum15.plan().run(a31.data(), a36.data(), a37.data(), 1.0f, 0.0f);
 
-  // layers.mesh:43:17 mul
-  MESHRT_TRACE("loop", "layers.mesh:43:17", "backward");
-  loop6(a38.data(), a35.data(), a36.data());
-
   // layers.mesh:43:17 sum
+  // layers.mesh:43:17 mul
   MESHRT_TRACE("sum", "layers.mesh:43:17", "backward");
-  support::reduce(a39.data(), kShape10, a38.data(), kShape25, kShape0, kShape1,
-                  support::Reduce::Sum, 1.0);
+  support::reduceProduct(a38.data(), kShape10, 32, a35.data(), kShape25, a36.data(), kShape25, 1.0);
 
   // layers.mesh:43:17 sub
   // layers.mesh:43:17 mul
   // layers.mesh:43:25 where
   // layers.mesh:41:55 mul
   MESHRT_TRACE("loop", "layers.mesh:43:17", "backward");
-  loop24(a41.data(), a35.data(), a39.data(), a36.data(), a40.data());
+  loop23(a40.data(), a35.data(), a38.data(), a36.data(), a39.data());
 
   // layers.mesh:41:16 einsum
   MESHRT_TRACE("gemm", "layers.mesh:41:16", "backward");
   // dims: batch, heads, seq, mem, d_head
-  kEinsum1.plan().run(a41.data(), a42.data(), a43.data(), 1.0f, 0.0f);
+  kEinsum1.plan().run(a40.data(), a41.data(), a42.data(), 1.0f, 0.0f);
 
   // layers.mesh:41:16 einsum
   MESHRT_TRACE("gemm", "layers.mesh:41:16", "backward");
   // dims: batch, heads, seq, mem, d_head
-  kEinsum16.plan().run(a41.data(), a44.data(), a45.data(), 1.0f, 0.0f);
+  kEinsum16.plan().run(a40.data(), a43.data(), a44.data(), 1.0f, 0.0f);
 
   // layers.mesh:39:18 einsum
   MESHRT_TRACE("gemm", "layers.mesh:39:18", "backward");
   // dims: batch, seq, heads, d_head, d_model
-  kEinsum17.plan().run(a37.data(), a46.data(), a47.data(), 1.0f, 0.0f);
+  kEinsum17.plan().run(a37.data(), a45.data(), a46.data(), 1.0f, 0.0f);
 
   // layers.mesh:39:18 einsum -> grad/bert/encoder_layer[1]/attention/w_v
   MESHRT_TRACE("gemm", "layers.mesh:39:18", "backward");
   // dims: batch, seq, heads, d_head, d_model
-  kEinsum18.plan().run(a37.data(), a48.data(), a49.data(), 1.0f, 0.0f);
+  kEinsum18.plan().run(a37.data(), a47.data(), a48.data(), 1.0f, 0.0f);
 
   // layers.mesh:38:18 einsum
   MESHRT_TRACE("gemm", "layers.mesh:38:18", "backward");
   // dims: batch, seq, heads, d_head, d_model
-  kEinsum17.plan().run(a45.data(), a50.data(), a51.data(), 1.0f, 0.0f);
+  kEinsum17.plan().run(a44.data(), a49.data(), a50.data(), 1.0f, 0.0f);
 
   // layers.mesh:38:18 einsum -> grad/bert/encoder_layer[1]/attention/w_k
   MESHRT_TRACE("gemm", "layers.mesh:38:18", "backward");
   // dims: batch, seq, heads, d_head, d_model
-  kEinsum18.plan().run(a45.data(), a48.data(), a52.data(), 1.0f, 0.0f);
+  kEinsum18.plan().run(a44.data(), a47.data(), a51.data(), 1.0f, 0.0f);
 
   // layers.mesh:36:11 einsum
   MESHRT_TRACE("gemm", "layers.mesh:36:11", "backward");
   // dims: batch, seq, heads, d_head, d_model
-  kEinsum17.plan().run(a43.data(), a53.data(), a54.data(), 1.0f, 0.0f);
+  kEinsum17.plan().run(a42.data(), a52.data(), a53.data(), 1.0f, 0.0f);
 
   // layers.mesh:39:18 add
   // layers.mesh:38:18 add
   // layers.mesh:36:11 add
   MESHRT_TRACE("loop", "layers.mesh:39:18", "backward");
-  loop25(a55.data(), a29.data(), a47.data(), a51.data(), a54.data());
+  loop24(a54.data(), a29.data(), a46.data(), a50.data(), a53.data());
 
   // layers.mesh:36:11 einsum -> grad/bert/encoder_layer[1]/attention/w_q
   MESHRT_TRACE("gemm", "layers.mesh:36:11", "backward");
   // dims: batch, seq, heads, d_head, d_model
-  kEinsum18.plan().run(a43.data(), a48.data(), a56.data(), 1.0f, 0.0f);
+  kEinsum18.plan().run(a42.data(), a47.data(), a55.data(), 1.0f, 0.0f);
 
   // layers.mesh:24:40 sum -> grad/bert/encoder_layer[0]/norm#1/bias
   MESHRT_TRACE("sum", "layers.mesh:24:40", "backward");
-  support::reduce(a57.data(), kShape14, a55.data(), kShape1, kShape5, kShape6, support::Reduce::Sum,
+  support::reduce(a56.data(), kShape14, a54.data(), kShape1, kShape5, kShape6, support::Reduce::Sum,
                   1.0);
 
   // layers.mesh:24:33 mul
   MESHRT_TRACE("loop", "layers.mesh:24:33", "backward");
-  loop9(a59.data(), a55.data(), a58.data());
+  loop8(a58.data(), a54.data(), a57.data());
 
   // layers.mesh:24:33 sum -> grad/bert/encoder_layer[0]/norm#1/gain
   MESHRT_TRACE("sum", "layers.mesh:24:33", "backward");
-  support::reduce(a60.data(), kShape14, a59.data(), kShape1, kShape5, kShape6, support::Reduce::Sum,
+  support::reduce(a59.data(), kShape14, a58.data(), kShape1, kShape5, kShape6, support::Reduce::Sum,
                   1.0);
 
   // layers.mesh:24:10 mean
   MESHRT_TRACE("mean", "layers.mesh:24:10", "backward");
-  support::reduce(a61.data(), kShape5, a62.data(), kShape6, kShape14, kShape1, support::Reduce::Sum,
+  support::reduce(a60.data(), kShape5, a61.data(), kShape6, kShape14, kShape1, support::Reduce::Sum,
                   0.015625);
 
   // layers.mesh:24:10 sub
   // layers.mesh:24:10 square
   MESHRT_TRACE("loop", "layers.mesh:24:10", "backward");
-  loop10(a63.data(), a62.data(), a61.data());
+  loop9(a62.data(), a61.data(), a60.data());
 
   // layers.mesh:24:10 mean
   MESHRT_TRACE("mean", "layers.mesh:24:10", "backward");
-  support::reduce(a64.data(), kShape5, a63.data(), kShape6, kShape14, kShape1, support::Reduce::Sum,
+  support::reduce(a63.data(), kShape5, a62.data(), kShape6, kShape14, kShape1, support::Reduce::Sum,
                   0.015625);
 
   // layers.mesh:24:10 add
   // layers.mesh:24:10 rsqrt
   MESHRT_TRACE("loop", "layers.mesh:24:10", "backward");
-  loop11(a65.data(), a64.data());
+  loop10(a64.data(), a63.data());
 
   // layers.mesh:24:33 mul
   // layers.mesh:24:10 mul
   MESHRT_TRACE("loop", "layers.mesh:24:33", "backward");
-  loop12(a67.data(), a68.data(), a55.data(), a66.data(), a58.data());
+  loop11(a66.data(), a67.data(), a54.data(), a65.data(), a57.data());
 
   // layers.mesh:24:10 mean
   MESHRT_TRACE("mean", "layers.mesh:24:10", "backward");
-  support::reduce(a69.data(), kShape5, a68.data(), kShape6, kShape14, kShape1, support::Reduce::Sum,
+  support::reduce(a68.data(), kShape5, a67.data(), kShape6, kShape14, kShape1, support::Reduce::Sum,
                   0.015625);
 
   // layers.mesh:24:10 mean
   MESHRT_TRACE("mean", "layers.mesh:24:10", "backward");
-  support::reduce(a70.data(), kShape5, a67.data(), kShape6, kShape14, kShape1, support::Reduce::Sum,
+  support::reduce(a69.data(), kShape5, a66.data(), kShape6, kShape14, kShape1, support::Reduce::Sum,
                   0.015625);
 
   // layers.mesh:24:10 mul
@@ -3055,7 +3035,7 @@ void MlmTrain::repeated1(
   // layers.mesh:24:10 sub
   // layers.mesh:24:10 mul
   MESHRT_TRACE("loop", "layers.mesh:24:10", "backward");
-  loop13(a71.data(), a58.data(), a69.data(), a67.data(), a70.data(), a65.data());
+  loop12(a70.data(), a57.data(), a68.data(), a66.data(), a69.data(), a64.data());
 }
 
 void MlmTrain::repeated2(support::View a0, support::ConstView a1, support::ConstView a2,
@@ -3087,7 +3067,7 @@ void MlmTrain::repeated2(support::View a0, support::ConstView a1, support::Const
 
   // bert.mesh:20:18 add
   MESHRT_TRACE("loop", "bert.mesh:20:18", "forward");
-  loop23(a8.data(), a7.data(), a6.data());
+  loop22(a8.data(), a7.data(), a6.data());
 
   // layers.mesh:24:10 layer_norm
   MESHRT_TRACE("layer_norm", "layers.mesh:24:10", "forward");
@@ -3147,7 +3127,7 @@ void MlmTrain::repeated2(support::View a0, support::ConstView a1, support::Const
   // layers.mesh:55:71 add
   // bert.mesh:21:17 add
   MESHRT_TRACE("loop", "layers.mesh:55:71", "forward");
-  loop26(a22.data(), a20.data(), a21.data(), a12.data());
+  loop25(a22.data(), a20.data(), a21.data(), a12.data());
 
   // layers.mesh:24:10 layer_norm
   MESHRT_TRACE("layer_norm", "layers.mesh:24:10", "forward");
@@ -3182,7 +3162,7 @@ void MlmTrain::repeated3(support::View a0, support::ConstView a1, support::View 
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 sub -> next/bert/norm/gain
   MESHRT_TRACE("loop", "bert.mesh:65:3", "update");
-  loop19(a2.data(), a4.data(), a0.data(), a1.data(), a3.data(), a5.data(), a6.data());
+  loop18(a2.data(), a4.data(), a0.data(), a1.data(), a3.data(), a5.data(), a6.data());
 }
 
 void MlmTrain::repeated4(support::ConstView a0, support::ConstView a1, support::View a2,

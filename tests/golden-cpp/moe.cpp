@@ -29,13 +29,13 @@ static const support::Shape kShape19 = {32};
 static const support::Shape kShape20 = {5120, 80};
 static const support::Shape kShape21 = {2, 40};
 static const support::Shape kShape22 = {40, 1};
-static const support::Shape kShape23 = {2, 1};
-static const support::Shape kShape24 = {2, 32};
-static const support::Shape kShape25 = {2048, 64};
-static const support::Shape kShape26 = {2, 64};
-static const support::Shape kShape27 = {2048, 1};
-static const support::Shape kShape28 = {32, 1};
-static const support::Shape kShape29 = {64, 1};
+static const support::Shape kShape23 = {2, 32};
+static const support::Shape kShape24 = {2048, 64};
+static const support::Shape kShape25 = {2, 64};
+static const support::Shape kShape26 = {2048, 1};
+static const support::Shape kShape27 = {32, 1};
+static const support::Shape kShape28 = {64, 1};
+static const support::Shape kShape29 = {2, 1};
 static const support::Shape kShape30 = {32, 2};
 static const support::Shape kShape31 = {2, 32, 64};
 static const support::Shape kShape32 = {2048, 64, 1};
@@ -110,17 +110,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop3(float *__restrict p0, const float *__restrict p1,
-                                    const float *__restrict p2) {
-  for (int64_t i0 = 0; i0 < 128; ++i0) {
-    const float s0 = p1[i0];
-    const float s1 = p2[i0];
-    const float s2 = (s0 * s1);
-    p0[i0] = s2;
-  }
-}
-
-[[gnu::noinline]] static void loop4(float *__restrict p0, const float *__restrict p1) {
+[[gnu::noinline]] static void loop3(float *__restrict p0, const float *__restrict p1) {
   for (int64_t i0 = 0; i0 < 128; ++i0) {
     const float s0 = p1[i0];
     const float s1 = support::castToI32(s0);
@@ -128,7 +118,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop5(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop4(float *__restrict p0, const float *__restrict p1,
                                     const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 128; ++i0) {
     for (int64_t i1 = 0; i1 < 40; ++i1) {
@@ -140,7 +130,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop6(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop5(float *__restrict p0, const float *__restrict p1,
                                     const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 64; ++i0) {
     for (int64_t i1 = 0; i1 < 2; ++i1) {
@@ -153,7 +143,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop7(float *__restrict p0, float *__restrict p1,
+[[gnu::noinline]] static void loop6(float *__restrict p0, float *__restrict p1,
                                     const float *__restrict p2, const float *__restrict p3) {
   for (int64_t i0 = 0; i0 < 64; ++i0) {
     const float s0 = p2[i0];
@@ -168,7 +158,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop8(float *__restrict p0, float *__restrict p1,
+[[gnu::noinline]] static void loop7(float *__restrict p0, float *__restrict p1,
                                     const float *__restrict p2, const float *__restrict p3,
                                     const float *__restrict p4, const float *__restrict p5,
                                     const float *__restrict p6, const float *__restrict p7) {
@@ -195,7 +185,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop9(float *__restrict p0, const float *__restrict p1) {
+[[gnu::noinline]] static void loop8(float *__restrict p0, const float *__restrict p1) {
   for (int64_t i0 = 0; i0 < 5120; ++i0) {
     const float s0 = p1[i0];
     const float s1 = (s0 > 0 ? s0 : 0.0f);
@@ -203,9 +193,9 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop10(float *__restrict p0, float *__restrict p1,
-                                     const float *__restrict p2, const float *__restrict p3,
-                                     const float *__restrict p4) {
+[[gnu::noinline]] static void loop9(float *__restrict p0, float *__restrict p1,
+                                    const float *__restrict p2, const float *__restrict p3,
+                                    const float *__restrict p4) {
   for (int64_t i0 = 0; i0 < 2048; ++i0) {
     const float s0 = p2[i0];
     const float s1 = p3[i0];
@@ -218,7 +208,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop11(float *__restrict p0, const float *__restrict p1) {
+[[gnu::noinline]] static void loop10(float *__restrict p0, const float *__restrict p1) {
   for (int64_t i0 = 0; i0 < 2048; ++i0) {
     const float s0 = p1[i0];
     const float s1 = 2.0f;
@@ -229,7 +219,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop12(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop11(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 64; ++i0) {
     for (int64_t i1 = 0; i1 < 32; ++i1) {
@@ -242,7 +232,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop13(float *__restrict p0, const float *__restrict p1) {
+[[gnu::noinline]] static void loop12(float *__restrict p0, const float *__restrict p1) {
   for (int64_t i0 = 0; i0 < 64; ++i0) {
     const float s0 = p1[i0];
     const float s1 = 1e-05f;
@@ -252,7 +242,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop14(float *__restrict p0, float *__restrict p1,
+[[gnu::noinline]] static void loop13(float *__restrict p0, float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4) {
   for (int64_t i0 = 0; i0 < 64; ++i0) {
@@ -268,7 +258,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop15(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop14(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4, const float *__restrict p5,
                                      const float *__restrict p6) {
@@ -290,7 +280,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop16(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop15(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 5120; ++i0) {
     const float s0 = p1[i0];
@@ -303,7 +293,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop17(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop16(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 5120; ++i0) {
     const float s0 = p1[i0];
@@ -313,7 +303,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop18(float *__restrict p0, float *__restrict p1,
+[[gnu::noinline]] static void loop17(float *__restrict p0, float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4, const float *__restrict p5,
                                      const float *__restrict p6, const float *__restrict p7) {
@@ -349,7 +339,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop19(float *__restrict p0, float *__restrict p1,
+[[gnu::noinline]] static void loop18(float *__restrict p0, float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4, const float *__restrict p5,
                                      const float *__restrict p6, const float *__restrict p7) {
@@ -379,7 +369,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop20(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop19(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3) {
   for (int64_t i0 = 0; i0 < 64; ++i0) {
     for (int64_t i1 = 0; i1 < 2; ++i1) {
@@ -393,7 +383,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop21(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop20(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3) {
   for (int64_t i0 = 0; i0 < 2048; ++i0) {
     const float s0 = p1[i0];
@@ -405,7 +395,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop22(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop21(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 2048; ++i0) {
     const float s0 = p1[i0];
@@ -415,56 +405,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop23(float *__restrict p0, float *__restrict p1,
-                                     const float *__restrict p2, const float *__restrict p3,
-                                     const float *__restrict p4, const float *__restrict p5) {
-  for (int64_t i0 = 0; i0 < 64; ++i0) {
-    for (int64_t i1 = 0; i1 < 32; ++i1) {
-      const float s0 = p2[i0 * 32 + i1];
-      const float s1 = p3[i1];
-      const float s2 = (s0 * s1);
-      const float s3 = p4[i1];
-      const float s4 = (s2 + s3);
-      const float s5 = p5[i0 * 32 + i1];
-      const float s6 = (s4 * s5);
-      p0[i0 * 32 + i1] = s4;
-      p1[i0 * 32 + i1] = s6;
-    }
-  }
-}
-
-[[gnu::noinline]] static void loop24(float *__restrict p0, float *__restrict p1,
-                                     const float *__restrict p2, const float *__restrict p3,
-                                     const float *__restrict p4) {
-  for (int64_t i0 = 0; i0 < 64; ++i0) {
-    for (int64_t i1 = 0; i1 < 2; ++i1) {
-      const float s0 = p2[i0 * 2 + i1];
-      const float s1 = p2[i0 * 2 + i1];
-      const float s2 = (s0 != s1 ? 1.0f : 0.0f);
-      const float s3 = p2[i0 * 2 + i1];
-      const float s4 = p3[i0];
-      const float s5 = (s3 == s4 ? 1.0f : 0.0f);
-      const float s6 = support::maximum(s5, s2);
-      const float s7 = p4[i1];
-      const float s8 = support::wrapI32(4.0);
-      const float s9 = (s6 != 0 ? s7 : s8);
-      p0[i0 * 2 + i1] = s2;
-      p1[i0 * 2 + i1] = s9;
-    }
-  }
-}
-
-[[gnu::noinline]] static void loop25(float *__restrict p0, const float *__restrict p1,
-                                     const float *__restrict p2) {
-  for (int64_t i0 = 0; i0 < 2; ++i0) {
-    const float s0 = p1[i0];
-    const float s1 = p2[i0];
-    const float s2 = (s0 * s1);
-    p0[i0] = s2;
-  }
-}
-
-[[gnu::noinline]] static void loop26(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop22(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3) {
   const float r1 = p2[0];
   const float r3 = p3[0];
@@ -480,7 +421,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop27(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop23(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2) {
   const float r1 = p2[0];
   for (int64_t i0 = 0; i0 < 32; ++i0) {
@@ -492,7 +433,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop28(float *__restrict p0, const float *__restrict p1) {
+[[gnu::noinline]] static void loop24(float *__restrict p0, const float *__restrict p1) {
   for (int64_t i0 = 0; i0 < 2; ++i0) {
     const float s0 = p1[i0];
     const float s1 = 1.0f / support::fsqrt(s0);
@@ -500,7 +441,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop29(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop25(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3) {
   const float r0 = p1[0];
   for (int64_t i0 = 0; i0 < 32; ++i0) {
@@ -513,7 +454,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop30(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop26(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4, const float *__restrict p5) {
   const float r3 = p4[0];
@@ -536,7 +477,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop31(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop27(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 2; ++i0) {
     for (int64_t i1 = 0; i1 < 32; ++i1) {
@@ -549,7 +490,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop32(float *__restrict p0, const float *__restrict p1) {
+[[gnu::noinline]] static void loop28(float *__restrict p0, const float *__restrict p1) {
   for (int64_t i0 = 0; i0 < 128; ++i0) {
     const float s0 = p1[i0];
     const float s1 = 1.0f / support::fsqrt(s0);
@@ -557,7 +498,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop33(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop29(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4, const float *__restrict p5) {
   const float r3 = p4[0];
@@ -582,7 +523,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop34(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop30(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 2; ++i0) {
     for (int64_t i1 = 0; i1 < 64; ++i1) {
@@ -595,7 +536,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop35(float *__restrict p0, const float *__restrict p1) {
+[[gnu::noinline]] static void loop31(float *__restrict p0, const float *__restrict p1) {
   for (int64_t i0 = 0; i0 < 64; ++i0) {
     const float s0 = p1[i0];
     const float s1 = 1.0f / support::fsqrt(s0);
@@ -603,7 +544,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop36(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop32(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4, const float *__restrict p5) {
   const float r3 = p4[0];
@@ -628,7 +569,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop37(float *__restrict p0, const float *__restrict p1) {
+[[gnu::noinline]] static void loop33(float *__restrict p0, const float *__restrict p1) {
   for (int64_t i0 = 0; i0 < 64; ++i0) {
     const float s0 = p1[i0];
     const float s1 = s0 * s0;
@@ -638,7 +579,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop38(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop34(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3) {
   const float r1 = p2[0];
   const float r3 = p3[0];
@@ -654,7 +595,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop39(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop35(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 32; ++i0) {
     for (int64_t i1 = 0; i1 < 2; ++i1) {
@@ -667,7 +608,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop40(float *__restrict p0, const float *__restrict p1) {
+[[gnu::noinline]] static void loop36(float *__restrict p0, const float *__restrict p1) {
   for (int64_t i0 = 0; i0 < 4096; ++i0) {
     const float s0 = p1[i0];
     const float s1 = s0 * s0;
@@ -677,7 +618,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop41(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop37(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3) {
   const float r1 = p2[0];
   const float r3 = p3[0];
@@ -693,7 +634,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop42(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop38(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3) {
   const float r1 = p2[0];
   const float r3 = p3[0];
@@ -709,7 +650,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop43(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop39(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 2; ++i0) {
     for (int64_t i1 = 0; i1 < 32; ++i1) {
@@ -724,7 +665,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop44(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop40(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3) {
   for (int64_t i0 = 0; i0 < 2; ++i0) {
     for (int64_t i1 = 0; i1 < 32; ++i1) {
@@ -738,7 +679,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop45(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop41(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 2; ++i0) {
     for (int64_t i1 = 0; i1 < 64; ++i1) {
@@ -753,7 +694,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop46(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop42(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3) {
   for (int64_t i0 = 0; i0 < 2; ++i0) {
     for (int64_t i1 = 0; i1 < 64; ++i1) {
@@ -767,7 +708,56 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop47(float *__restrict p0, float *__restrict p1,
+[[gnu::noinline]] static void loop43(float *__restrict p0, float *__restrict p1,
+                                     const float *__restrict p2, const float *__restrict p3,
+                                     const float *__restrict p4, const float *__restrict p5) {
+  for (int64_t i0 = 0; i0 < 64; ++i0) {
+    for (int64_t i1 = 0; i1 < 32; ++i1) {
+      const float s0 = p2[i0 * 32 + i1];
+      const float s1 = p3[i1];
+      const float s2 = (s0 * s1);
+      const float s3 = p4[i1];
+      const float s4 = (s2 + s3);
+      const float s5 = p5[i0 * 32 + i1];
+      const float s6 = (s4 * s5);
+      p0[i0 * 32 + i1] = s4;
+      p1[i0 * 32 + i1] = s6;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop44(float *__restrict p0, float *__restrict p1,
+                                     const float *__restrict p2, const float *__restrict p3,
+                                     const float *__restrict p4) {
+  for (int64_t i0 = 0; i0 < 64; ++i0) {
+    for (int64_t i1 = 0; i1 < 2; ++i1) {
+      const float s0 = p2[i0 * 2 + i1];
+      const float s1 = p2[i0 * 2 + i1];
+      const float s2 = (s0 != s1 ? 1.0f : 0.0f);
+      const float s3 = p2[i0 * 2 + i1];
+      const float s4 = p3[i0];
+      const float s5 = (s3 == s4 ? 1.0f : 0.0f);
+      const float s6 = support::maximum(s5, s2);
+      const float s7 = p4[i1];
+      const float s8 = support::wrapI32(4.0);
+      const float s9 = (s6 != 0 ? s7 : s8);
+      p0[i0 * 2 + i1] = s2;
+      p1[i0 * 2 + i1] = s9;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop45(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2) {
+  for (int64_t i0 = 0; i0 < 2; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = p2[i0];
+    const float s2 = (s0 * s1);
+    p0[i0] = s2;
+  }
+}
+
+[[gnu::noinline]] static void loop46(float *__restrict p0, float *__restrict p1,
                                      float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4, const float *__restrict p5) {
   const float r1 = p4[0];
@@ -793,7 +783,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop48(float *__restrict p0, const float *__restrict p1) {
+[[gnu::noinline]] static void loop47(float *__restrict p0, const float *__restrict p1) {
   for (int64_t i0 = 0; i0 < 32; ++i0) {
     const float s0 = p1[i0];
     const float s1 = s0 * s0;
@@ -801,7 +791,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop49(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop48(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3) {
   const float r1 = p2[0];
   const float r2 = p3[0];
@@ -817,7 +807,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop50(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop49(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4) {
   for (int64_t i0 = 0; i0 < 64; ++i0) {
@@ -835,7 +825,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop51(float *__restrict p0, float *__restrict p1,
+[[gnu::noinline]] static void loop50(float *__restrict p0, float *__restrict p1,
                                      float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4) {
   for (int64_t i0 = 0; i0 < 64; ++i0) {
@@ -852,7 +842,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop52(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop51(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 64; ++i0) {
     const float s0 = p1[i0];
@@ -862,7 +852,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop53(float *__restrict p0, float *__restrict p1,
+[[gnu::noinline]] static void loop52(float *__restrict p0, float *__restrict p1,
                                      float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4, const float *__restrict p5,
                                      const float *__restrict p6, const float *__restrict p7) {
@@ -888,7 +878,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop54(float *__restrict p0, const float *__restrict p1) {
+[[gnu::noinline]] static void loop53(float *__restrict p0, const float *__restrict p1) {
   for (int64_t i0 = 0; i0 < 64; ++i0) {
     const float s0 = p1[i0];
     const float s1 = s0 * s0;
@@ -896,7 +886,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop55(float *__restrict p0, const float *__restrict p1) {
+[[gnu::noinline]] static void loop54(float *__restrict p0, const float *__restrict p1) {
   for (int64_t i0 = 0; i0 < 4096; ++i0) {
     const float s0 = p1[i0];
     const float s1 = s0 * s0;
@@ -975,7 +965,7 @@ void Moe::computeInvariants() {
 
 Moe::Outputs Moe::run(const Inputs &inputs) {
   MESHRT_TRACE_RUN(world_, "moe");
-  // Arena: 99584 bytes for 395280 bytes of temporaries (placed by liveness).
+  // Arena: 99584 bytes for 393232 bytes of temporaries (placed by liveness).
   support::checkShape("input", "x", inputs.x, {1, 64, 32});
   runPart0(inputs);
   support::View v128 = arena_.view(0, 2048);
@@ -999,7 +989,7 @@ void Moe::runPart0(const Inputs &inputs) {
   support::View v5 = arena_.view(81920, 2048);
   support::layerNormAffine(v5.data(), v0.data(), 64, 32, v1.data(), v2.data(), 1e-05, 32);
 
-  // 38 statements from moe.mesh:35:23 einsum (1 of 2)
+  // 36 statements from moe.mesh:35:23 einsum (1 of 2)
   MESHRT_TRACE_SITE("moe.mesh:35:23");
   const support::Buffer &v6 = param2_route_0_w_gate;
   support::View v7 = arena_.view(0, 128);
@@ -1014,9 +1004,7 @@ void Moe::runPart0(const Inputs &inputs) {
   support::View v29 = arena_.view(1024, 128);
   support::View v30 = arena_.view(0, 64);
   support::View v31 = arena_.view(90112, 128);
-  support::View v32 = arena_.view(0, 128);
   support::View v33 = arena_.view(41472, 64);
-  support::View v34 = arena_.view(0, 128);
   support::View v35 = arena_.view(90624, 64);
   support::View v41 = arena_.view(0, 128);
   support::View v42 = arena_.view(20480, 128);
@@ -1038,9 +1026,9 @@ void Moe::runPart0(const Inputs &inputs) {
   const support::Buffer &v10 = param4_experts_ffn_0_w_out;
   support::View v61 = arena_.view(0, 2560);
   support::View v62 = arena_.view(10240, 2048);
-  repeated0(v5, v6, v7, v8, v11, v15, v17, v18, v19, v22, v23, v29, v30, v31, v32, v33, v34, v35,
-            v41, v42, v43, v44, v45, v46, v47, v49, v50, v40, v53, v52, v57, v58, v9, v59, v60, v10,
-            v61, v62);
+  repeated0(v5, v6, v7, v8, v11, v15, v17, v18, v19, v22, v23, v29, v30, v31, v33, v35, v41, v42,
+            v43, v44, v45, v46, v47, v49, v50, v40, v53, v52, v57, v58, v9, v59, v60, v10, v61,
+            v62);
 
   // moe.mesh:26:10 layer_norm
   // moe.mesh:26:33 mul
@@ -1054,7 +1042,7 @@ void Moe::runPart0(const Inputs &inputs) {
   support::addLayerNormAffine(v69.data(), v64.data(), kShape2, 32, v65.data(), v66.data(), 1e-05,
                               32, v0.data(), kShape3, v62.data(), kShape3, nullptr, kShape4);
 
-  // 38 statements from moe.mesh:35:23 einsum (2 of 2)
+  // 36 statements from moe.mesh:35:23 einsum (2 of 2)
   MESHRT_TRACE_SITE("moe.mesh:35:23");
   const support::Buffer &v70 = param7_route_1_w_gate;
   support::View v71 = arena_.view(0, 128);
@@ -1068,9 +1056,7 @@ void Moe::runPart0(const Inputs &inputs) {
   support::View v93 = arena_.view(1024, 128);
   support::View v94 = arena_.view(0, 64);
   support::View v95 = arena_.view(98304, 128);
-  support::View v96 = arena_.view(0, 128);
   support::View v97 = arena_.view(41472, 64);
-  support::View v98 = arena_.view(0, 128);
   support::View v99 = arena_.view(98816, 64);
   support::View v105 = arena_.view(0, 128);
   support::View v106 = arena_.view(20480, 128);
@@ -1092,9 +1078,9 @@ void Moe::runPart0(const Inputs &inputs) {
   const support::Buffer &v74 = param9_experts_ffn_1_w_out;
   support::View v125 = arena_.view(0, 2560);
   support::View v126 = arena_.view(10240, 2048);
-  repeated0(v69, v70, v71, v72, v75, v15, v81, v82, v83, v86, v87, v93, v94, v95, v96, v97, v98,
-            v99, v105, v106, v107, v108, v109, v110, v111, v113, v114, v104, v117, v116, v121, v122,
-            v73, v123, v124, v74, v125, v126);
+  repeated0(v69, v70, v71, v72, v75, v15, v81, v82, v83, v86, v87, v93, v94, v95, v97, v99, v105,
+            v106, v107, v108, v109, v110, v111, v113, v114, v104, v117, v116, v121, v122, v73, v123,
+            v124, v74, v125, v126);
 
   // moe.mesh:110:11 add -> h
   MESHRT_TRACE("loop", "moe.mesh:110:11", "forward");
@@ -1109,9 +1095,9 @@ void Moe::repeated0(support::ConstView a0, support::ConstView a1, support::View 
                     support::View a15, support::View a16, support::View a17, support::View a18,
                     support::View a19, support::View a20, support::View a21, support::View a22,
                     support::View a23, support::View a24, support::View a25, support::View a26,
-                    support::View a27, support::View a28, support::View a29, support::View a30,
-                    support::View a31, support::ConstView a32, support::View a33, support::View a34,
-                    support::ConstView a35, support::View a36, support::View a37) {
+                    support::View a27, support::View a28, support::View a29, support::ConstView a30,
+                    support::View a31, support::View a32, support::ConstView a33, support::View a34,
+                    support::View a35) {
   MESHRT_TRACE_SPAN(world_);
 
   // moe.mesh:35:23 einsum
@@ -1189,69 +1175,61 @@ void Moe::repeated0(support::ConstView a0, support::ConstView a1, support::View 
   support::oneHot(a13.data(), kShape6, a12.data(), kShape7, kShape8,
                   support::shardStart(world_, {"model"}, 2));
 
-  // moe.mesh:64:25 mul
-  MESHRT_TRACE("loop", "moe.mesh:64:25", "forward");
-  loop3(a14.data(), a3.data(), a8.data());
-
   // moe.mesh:64:15 sum -> gate1
+  // moe.mesh:64:25 mul
   MESHRT_TRACE("sum", "moe.mesh:64:15", "forward");
-  support::reduce(a15.data(), kShape2, a14.data(), kShape5, kShape0, kShape1, support::Reduce::Sum,
-                  1.0);
-
-  // moe.mesh:65:25 mul
-  MESHRT_TRACE("loop", "moe.mesh:65:25", "forward");
-  loop3(a16.data(), a3.data(), a13.data());
+  support::reduceProduct(a14.data(), kShape2, 2, a3.data(), kShape5, a8.data(), kShape5, 1.0);
 
   // moe.mesh:65:15 sum -> gate2
+  // moe.mesh:65:25 mul
   MESHRT_TRACE("sum", "moe.mesh:65:15", "forward");
-  support::reduce(a17.data(), kShape2, a16.data(), kShape5, kShape0, kShape1, support::Reduce::Sum,
-                  1.0);
+  support::reduceProduct(a15.data(), kShape2, 2, a3.data(), kShape5, a13.data(), kShape5, 1.0);
 
   // moe.mesh:66:29 bucketed_all_reduce_sum -> gate1 (resolve the partial sum of gate1 over model
   // for add at 66:29; merged with 1 more partial sum over model (gate2): 512 B in one buffer)
   MESHRT_TRACE_SITE("moe.mesh:66:29");
-  auto request0 = support::startAllReduce(group_model, {a15, a17}, meshrt::ReduceOp::Sum);
+  auto request0 = support::startAllReduce(group_model, {a14, a15}, meshrt::ReduceOp::Sum);
 
   // moe.mesh:71:19 cumsum -> position1
   MESHRT_TRACE("cumsum", "moe.mesh:71:19", "forward");
-  support::along(a18.data(), a8.data(), kShape9, kShape10, kShape10, kShape11, kShape0, kShape0,
+  support::along(a16.data(), a8.data(), kShape9, kShape10, kShape10, kShape11, kShape0, kShape0,
                  support::Along::CumsumExclusive, 1e-05, 64, nullptr);
 
   // moe.mesh:74:27 cast
   MESHRT_TRACE("loop", "moe.mesh:74:27", "forward");
-  loop4(a19.data(), a18.data());
+  loop3(a17.data(), a16.data());
 
   // moe.mesh:74:19 one_hot
   MESHRT_TRACE("one_hot", "moe.mesh:74:19", "forward");
-  support::oneHot(a20.data(), kShape12, a19.data(), kShape13, kShape14, 0);
+  support::oneHot(a18.data(), kShape12, a17.data(), kShape13, kShape14, 0);
 
   // moe.mesh:74:59 mul -> dispatch1
   MESHRT_TRACE("loop", "moe.mesh:74:59", "forward");
-  loop5(a21.data(), a20.data(), a8.data());
+  loop4(a19.data(), a18.data(), a8.data());
 
   // moe.mesh:75:15 sum -> kept1
   MESHRT_TRACE("sum", "moe.mesh:75:15", "forward");
-  support::reduce(a22.data(), kShape6, a21.data(), kShape15, kShape16, kShape1,
+  support::reduce(a20.data(), kShape6, a19.data(), kShape15, kShape16, kShape1,
                   support::Reduce::Sum, 1.0);
 
   // moe.mesh:76:19 cumsum
   MESHRT_TRACE("cumsum", "moe.mesh:76:19", "forward");
-  support::along(a23.data(), a13.data(), kShape9, kShape10, kShape10, kShape11, kShape0, kShape0,
+  support::along(a21.data(), a13.data(), kShape9, kShape10, kShape10, kShape11, kShape0, kShape0,
                  support::Along::CumsumExclusive, 1e-05, 64, nullptr);
 
   // moe.mesh:76:58 sum
   MESHRT_TRACE("sum", "moe.mesh:76:58", "forward");
-  support::reduce(a24.data(), kShape9, a22.data(), kShape10, kShape11, kShape0,
+  support::reduce(a22.data(), kShape9, a20.data(), kShape10, kShape11, kShape0,
                   support::Reduce::Sum, 1.0);
 
   // moe.mesh:76:56 add -> position2
   // moe.mesh:77:27 cast
   MESHRT_TRACE("loop", "moe.mesh:76:56", "forward");
-  loop6(a25.data(), a23.data(), a24.data());
+  loop5(a23.data(), a21.data(), a22.data());
 
   // moe.mesh:77:19 one_hot
   MESHRT_TRACE("one_hot", "moe.mesh:77:19", "forward");
-  support::oneHot(a26.data(), kShape12, a25.data(), kShape13, kShape14, 0);
+  support::oneHot(a24.data(), kShape12, a23.data(), kShape13, kShape14, 0);
 
   MESHRT_TRACE_SITE("moe.mesh:66:29");
   group_model.wait(request0);
@@ -1260,7 +1238,7 @@ void Moe::repeated0(support::ConstView a0, support::ConstView a1, support::View 
   // moe.mesh:66:15 maximum -> total
   // moe.mesh:80:36 div
   MESHRT_TRACE("loop", "moe.mesh:66:29", "forward");
-  loop7(a27.data(), a28.data(), a15.data(), a17.data());
+  loop6(a25.data(), a26.data(), a14.data(), a15.data());
 
   // moe.mesh:80:66 div
   // moe.mesh:77:59 mul -> dispatch2
@@ -1269,36 +1247,36 @@ void Moe::repeated0(support::ConstView a0, support::ConstView a1, support::View 
   // moe.mesh:80:27 mul
   // moe.mesh:80:45 add -> combine
   MESHRT_TRACE("loop", "moe.mesh:80:66", "forward");
-  loop8(a29.data(), a30.data(), a17.data(), a27.data(), a26.data(), a13.data(), a21.data(),
-        a28.data());
+  loop7(a27.data(), a28.data(), a15.data(), a25.data(), a24.data(), a13.data(), a19.data(),
+        a26.data());
 
   // moe.mesh:85:19 einsum -> expert_in
   MESHRT_TRACE("gemm", "moe.mesh:85:19", "forward");
   // dims: groups, tokens, experts, capacity, d_model
-  kEinsum1.plan().run(a29.data(), a0.data(), a31.data(), 1.0f, 0.0f);
+  kEinsum1.plan().run(a27.data(), a0.data(), a29.data(), 1.0f, 0.0f);
 
   // moe.mesh:86:21 einsum
   MESHRT_TRACE("gemm", "moe.mesh:86:21", "forward");
   // dims: experts, groups, capacity, d_model, d_ff
-  kEinsum2.plan().run(a31.data(), a32.data(), a33.data(), 1.0f, 0.0f);
+  kEinsum2.plan().run(a29.data(), a30.data(), a31.data(), 1.0f, 0.0f);
 
   // moe.mesh:86:16 relu -> hidden
   MESHRT_TRACE("loop", "moe.mesh:86:16", "forward");
-  loop9(a34.data(), a33.data());
+  loop8(a32.data(), a31.data());
 
   // moe.mesh:87:20 einsum -> expert_out
   MESHRT_TRACE("gemm", "moe.mesh:87:20", "forward");
   // dims: experts, groups, capacity, d_ff, d_model
-  kEinsum3.plan().run(a34.data(), a35.data(), a36.data(), 1.0f, 0.0f);
+  kEinsum3.plan().run(a32.data(), a33.data(), a34.data(), 1.0f, 0.0f);
 
   // moe.mesh:89:10 einsum
   MESHRT_TRACE("gemm", "moe.mesh:89:10", "forward");
   // dims: groups, tokens, experts, capacity, d_model
-  kEinsum4.plan().run(a30.data(), a36.data(), a37.data(), 1.0f, 0.0f);
+  kEinsum4.plan().run(a28.data(), a34.data(), a35.data(), 1.0f, 0.0f);
 
   // moe.mesh:110:11 all_reduce_sum (resolve the partial sum of %60 over model for add at 110:11)
   MESHRT_TRACE_SITE("moe.mesh:110:11");
-  group_model.allReduce(a37.data(), a37.size(), meshrt::ReduceOp::Sum);
+  group_model.allReduce(a35.data(), a35.size(), meshrt::ReduceOp::Sum);
 }
 
 Moe::Inputs Moe::synthesizeInputs(uint64_t seed) const {
@@ -1537,7 +1515,7 @@ void MoeTrain::computeInvariants() {
 
 MoeTrain::Outputs MoeTrain::run(const Inputs &inputs) {
   MESHRT_TRACE_RUN(world_, "moe_train");
-  // Arena: 394816 bytes for 1134664 bytes of temporaries (placed by liveness).
+  // Arena: 394816 bytes for 1132616 bytes of temporaries (placed by liveness).
   support::checkShape("input", "x", inputs.x, {1, 64, 32});
   support::checkShape("input", "target", inputs.target, {1, 64, 32});
   runPart0(inputs);
@@ -1579,7 +1557,7 @@ void MoeTrain::runPart0(const Inputs &inputs) {
   support::View v7 = arena_.view(102400, 2048);
   support::View v15 = arena_.view(0, 128);
   support::View v27 = arena_.view(262144, 1);
-  repeated1(v5, v0, v8, v3, v4, v7, v9, v10, v11, v12, v13, v17, v15, v19, v20, v21, v22, v23, v24,
+  repeated3(v5, v0, v8, v3, v4, v7, v9, v10, v11, v12, v13, v17, v15, v19, v20, v21, v22, v23, v24,
             v25, v27, "uniform[0]#0");
 
   // moe.mesh:127:15 all_reduce_sum -> balance (resolve the partial sum of balance over data, model
@@ -1587,7 +1565,7 @@ void MoeTrain::runPart0(const Inputs &inputs) {
   MESHRT_TRACE_SITE("moe.mesh:127:15");
   auto request0 = support::startAllReduce(group_data_model, {v27}, meshrt::ReduceOp::Sum);
 
-  // 17 statements from moe.mesh:43:18 max (1 of 2)
+  // 15 statements from moe.mesh:43:18 max (1 of 2)
   MESHRT_TRACE_SITE("moe.mesh:43:18");
   support::View v32 = arena_.view(1024, 64);
   support::View v38 = arena_.view(512, 128);
@@ -1598,11 +1576,9 @@ void MoeTrain::runPart0(const Inputs &inputs) {
   support::View v50 = arena_.view(512, 128);
   support::View v51 = arena_.view(0, 64);
   support::View v52 = arena_.view(390144, 128);
-  support::View v53 = arena_.view(0, 128);
-  support::View v55 = arena_.view(0, 128);
   support::View v54 = arena_.view(41472, 64);
   support::View v56 = arena_.view(41728, 64);
-  repeated5(v32, v12, v15, v17, v38, v39, v40, v43, v44, v50, v51, v52, v53, v54, v55, v56);
+  repeated5(v32, v12, v15, v17, v38, v39, v40, v43, v44, v50, v51, v52, v54, v56);
 
   // 6 statements from moe.mesh:131:3 square (1 of 2)
   MESHRT_TRACE_SITE("moe.mesh:131:3");
@@ -1694,7 +1670,7 @@ void MoeTrain::runPart0(const Inputs &inputs) {
   support::View v90 = arena_.view(225280, 2048);
   support::View v98 = arena_.view(122880, 128);
   support::View v110 = arena_.view(262208, 1);
-  repeated1(v88, v85, v91, v86, v87, v90, v92, v93, v94, v95, v96, v17, v98, v102, v103, v104, v105,
+  repeated3(v88, v85, v91, v86, v87, v90, v92, v93, v94, v95, v96, v17, v98, v102, v103, v104, v105,
             v106, v107, v108, v110, "uniform[1]#0");
 
   // moe.mesh:127:15 all_reduce_sum -> balance (resolve the partial sum of balance over data, model
@@ -1702,7 +1678,7 @@ void MoeTrain::runPart0(const Inputs &inputs) {
   MESHRT_TRACE_SITE("moe.mesh:127:15");
   auto request2 = support::startAllReduce(group_data_model, {v110}, meshrt::ReduceOp::Sum);
 
-  // 17 statements from moe.mesh:43:18 max (2 of 2)
+  // 15 statements from moe.mesh:43:18 max (2 of 2)
   MESHRT_TRACE_SITE("moe.mesh:43:18");
   support::View v115 = arena_.view(123904, 64);
   support::View v121 = arena_.view(123392, 128);
@@ -1713,12 +1689,9 @@ void MoeTrain::runPart0(const Inputs &inputs) {
   support::View v133 = arena_.view(123392, 128);
   support::View v134 = arena_.view(122880, 64);
   support::View v135 = arena_.view(391680, 128);
-  support::View v136 = arena_.view(122880, 128);
-  support::View v138 = arena_.view(122880, 128);
   support::View v137 = arena_.view(164352, 64);
   support::View v139 = arena_.view(164608, 64);
-  repeated5(v115, v95, v98, v17, v121, v122, v123, v126, v127, v133, v134, v135, v136, v137, v138,
-            v139);
+  repeated5(v115, v95, v98, v17, v121, v122, v123, v126, v127, v133, v134, v135, v137, v139);
 
   // moe.mesh:66:29 bucketed_all_reduce_sum -> gate1 (2 partial sums (gate1, gate2) over model
   // resolved together, 512 B in one buffer)
@@ -1765,7 +1738,7 @@ void MoeTrain::runPart0(const Inputs &inputs) {
   const support::Buffer &v1 = inputs.target.data;
   support::View v169 = arena_.view(253952, 2048);
   support::View v170 = arena_.view(313344, 2048);
-  loop10(v169.data(), v170.data(), v85.data(), v166.data(), v1.data());
+  loop9(v169.data(), v170.data(), v85.data(), v166.data(), v1.data());
 
   // moe.mesh:130:14 mean
   MESHRT_TRACE("mean", "moe.mesh:130:14", "forward");
@@ -1821,7 +1794,7 @@ void MoeTrain::runPart1(const Inputs &inputs) {
   MESHRT_TRACE("loop", "moe.mesh:130:19", "backward");
   support::View v169 = arena_.view(253952, 2048);
   support::View v183 = arena_.view(380928, 2048);
-  loop11(v183.data(), v169.data());
+  loop10(v183.data(), v169.data());
 
   // 25 statements from moe.mesh:89:10 einsum (1 of 2)
   MESHRT_TRACE_SITE("moe.mesh:89:10");
@@ -1887,7 +1860,7 @@ void MoeTrain::runPart1(const Inputs &inputs) {
   // moe.mesh:26:10 square
   MESHRT_TRACE("loop", "moe.mesh:26:10", "backward");
   support::View v243 = arena_.view(122880, 2048);
-  loop12(v243.data(), v85.data(), v241.data());
+  loop11(v243.data(), v85.data(), v241.data());
 
   // moe.mesh:26:10 mean
   MESHRT_TRACE("mean", "moe.mesh:26:10", "backward");
@@ -1899,7 +1872,7 @@ void MoeTrain::runPart1(const Inputs &inputs) {
   // moe.mesh:26:10 rsqrt
   MESHRT_TRACE("loop", "moe.mesh:26:10", "backward");
   support::View v247 = arena_.view(151552, 64);
-  loop13(v247.data(), v244.data());
+  loop12(v247.data(), v244.data());
 
   // moe.mesh:26:33 mul
   // moe.mesh:26:10 mul
@@ -1907,7 +1880,7 @@ void MoeTrain::runPart1(const Inputs &inputs) {
   support::View v86(param6_norm_1_gain); // updated in place
   support::View v238 = arena_.view(122880, 2048);
   support::View v248 = arena_.view(139264, 2048);
-  loop14(v238.data(), v248.data(), v235.data(), v86.data(), v88.data());
+  loop13(v238.data(), v248.data(), v235.data(), v86.data(), v88.data());
 
   // moe.mesh:26:10 mean
   MESHRT_TRACE("mean", "moe.mesh:26:10", "backward");
@@ -1928,7 +1901,7 @@ void MoeTrain::runPart1(const Inputs &inputs) {
   // moe.mesh:26:10 add
   MESHRT_TRACE("loop", "moe.mesh:26:10", "backward");
   support::View v255 = arena_.view(143360, 2048);
-  loop15(v255.data(), v88.data(), v249.data(), v238.data(), v251.data(), v247.data(), v183.data());
+  loop14(v255.data(), v88.data(), v249.data(), v238.data(), v251.data(), v247.data(), v183.data());
 
   // 25 statements from moe.mesh:89:10 einsum (2 of 2)
   MESHRT_TRACE_SITE("moe.mesh:89:10");
@@ -2084,7 +2057,7 @@ void MoeTrain::runPart1(const Inputs &inputs) {
   support::View v388 = arena_.view(17280, 32);
   support::View v431 = arena_.view(18048, 1);
   support::View v471 = arena_.view(18112, 1);
-  repeated3(v302, v366, v369, v375, v321, v368, v315, v387, v388, v263, v407, v410, v408, v415,
+  repeated2(v302, v366, v369, v375, v321, v368, v315, v387, v388, v263, v407, v410, v408, v415,
             v409, v420, v427, v428, v430, v431, v259, v447, v450, v448, v455, v449, v460, v467,
             v468, v470, v471);
 
@@ -2116,7 +2089,7 @@ void MoeTrain::runPart1(const Inputs &inputs) {
   support::View v555 = arena_.view(17536, 32);
   support::View v598 = arena_.view(18176, 1);
   support::View v638 = arena_.view(768, 1);
-  repeated3(v233, v533, v536, v542, v321, v535, v315, v554, v555, v192, v574, v577, v575, v582,
+  repeated2(v233, v533, v536, v542, v321, v535, v315, v554, v555, v192, v574, v577, v575, v582,
             v576, v587, v594, v595, v597, v598, v187, v614, v617, v615, v622, v616, v627, v634,
             v635, v637, v638);
 
@@ -2146,7 +2119,7 @@ void MoeTrain::runPart1(const Inputs &inputs) {
   support::View v475 = arena_.view(832, 1);
   support::View v478 = arena_.view(394496, 1);
   support::View v482 = arena_.view(896, 1);
-  repeated2(v369, v321, v367, v315, v380, v382, v368, v383, v388, v391, v392, v395, v398, v402,
+  repeated1(v369, v321, v367, v315, v380, v382, v368, v383, v388, v391, v392, v395, v398, v402,
             v302, v10, v408, v420, v422, v409, v423, v431, v435, v438, v442, v263, v30, v448, v460,
             v462, v449, v463, v471, v475, v478, v482, v259, v31);
 
@@ -2193,7 +2166,7 @@ void MoeTrain::runPart1(const Inputs &inputs) {
   support::View v642 = arena_.view(832, 1);
   support::View v645 = arena_.view(394688, 1);
   support::View v649 = arena_.view(768, 1);
-  repeated2(v536, v321, v534, v315, v547, v549, v535, v550, v555, v558, v559, v562, v565, v569,
+  repeated1(v536, v321, v534, v315, v547, v549, v535, v550, v555, v558, v559, v562, v565, v569,
             v233, v93, v575, v587, v589, v576, v590, v598, v602, v605, v609, v192, v113, v615, v627,
             v629, v616, v630, v638, v642, v645, v649, v187, v114);
 }
@@ -2236,7 +2209,7 @@ void MoeTrain::repeated0(
   // moe.mesh:86:16 gt
   // moe.mesh:86:16 where
   MESHRT_TRACE("loop", "moe.mesh:86:16", "backward");
-  loop16(a10.data(), a9.data(), a6.data());
+  loop15(a10.data(), a9.data(), a6.data());
 
   // moe.mesh:86:21 einsum
   MESHRT_TRACE("gemm", "moe.mesh:86:21", "backward");
@@ -2255,7 +2228,7 @@ void MoeTrain::repeated0(
 
   // moe.mesh:80:57 mul
   MESHRT_TRACE("loop", "moe.mesh:80:57", "backward");
-  loop17(a18.data(), a2.data(), a17.data());
+  loop16(a18.data(), a2.data(), a17.data());
 
   // moe.mesh:80:57 sum
   MESHRT_TRACE("sum", "moe.mesh:80:57", "backward");
@@ -2264,7 +2237,7 @@ void MoeTrain::repeated0(
 
   // moe.mesh:80:27 mul
   MESHRT_TRACE("loop", "moe.mesh:80:27", "backward");
-  loop17(a21.data(), a2.data(), a20.data());
+  loop16(a21.data(), a2.data(), a20.data());
 
   // moe.mesh:80:27 sum
   MESHRT_TRACE("sum", "moe.mesh:80:27", "backward");
@@ -2290,7 +2263,7 @@ void MoeTrain::repeated0(
   // moe.mesh:80:66 div
   // moe.mesh:66:29 add
   MESHRT_TRACE("loop", "moe.mesh:80:36", "backward");
-  loop18(a27.data(), a28.data(), a23.data(), a24.data(), a22.data(), a25.data(), a19.data(),
+  loop17(a27.data(), a28.data(), a23.data(), a24.data(), a22.data(), a25.data(), a19.data(),
          a26.data());
 
   // moe.mesh:100:23 mul
@@ -2304,7 +2277,7 @@ void MoeTrain::repeated0(
   // moe.mesh:99:23 add
   // moe.mesh:35:15 mul
   MESHRT_TRACE("loop", "moe.mesh:100:23", "backward");
-  loop19(a33.data(), a34.data(), a29.data(), a27.data(), a30.data(), a28.data(), a31.data(),
+  loop18(a33.data(), a34.data(), a29.data(), a27.data(), a30.data(), a28.data(), a31.data(),
          a32.data());
 
   // moe.mesh:35:15 sum
@@ -2319,7 +2292,7 @@ void MoeTrain::repeated0(
   // moe.mesh:35:15 sub
   // moe.mesh:35:15 mul
   MESHRT_TRACE("loop", "moe.mesh:35:15", "backward");
-  loop20(a36.data(), a33.data(), a35.data(), a32.data());
+  loop19(a36.data(), a33.data(), a35.data(), a32.data());
 
   // moe.mesh:35:23 einsum
   MESHRT_TRACE("gemm", "moe.mesh:35:23", "backward");
@@ -2334,7 +2307,7 @@ void MoeTrain::repeated0(
   // moe.mesh:126:34 mul
   // moe.mesh:126:34 add
   MESHRT_TRACE("loop", "moe.mesh:126:34", "backward");
-  loop21(a42.data(), a38.data(), a41.data(), a16.data());
+  loop20(a42.data(), a38.data(), a41.data(), a16.data());
 
   // moe.mesh:26:40 all_reduce_sum (resolve the partial sum of %223 over model for sum at 26:40)
   MESHRT_TRACE_SITE("moe.mesh:26:40");
@@ -2347,7 +2320,7 @@ void MoeTrain::repeated0(
 
   // moe.mesh:26:33 mul
   MESHRT_TRACE("loop", "moe.mesh:26:33", "backward");
-  loop22(a45.data(), a42.data(), a44.data());
+  loop21(a45.data(), a42.data(), a44.data());
 
   // moe.mesh:26:33 sum -> grad/norm[1]/gain
   MESHRT_TRACE("sum", "moe.mesh:26:33", "backward");
@@ -2355,109 +2328,7 @@ void MoeTrain::repeated0(
                   1.0);
 }
 
-void MoeTrain::repeated1(support::View a0, support::ConstView a1, support::View a2,
-                         support::ConstView a3, support::ConstView a4, support::View a5,
-                         support::View a6, support::ConstView a7, support::View a8,
-                         support::View a9, support::View a10, support::ConstView a11,
-                         support::View a12, support::View a13, support::View a14, support::View a15,
-                         support::View a16, support::View a17, support::View a18, support::View a19,
-                         support::View a20, const char *t0) {
-  MESHRT_TRACE_SPAN(world_);
-
-  // moe.mesh:26:10 layer_norm
-  MESHRT_TRACE("layer_norm", "moe.mesh:26:10", "forward");
-  support::along(a0.data(), a1.data(), kShape2, kShape3, kShape3, kShape19, kShape1, kShape1,
-                 support::Along::LayerNorm, 1e-05, 32, nullptr);
-
-  // moe.mesh:126:36 random_uniform
-  MESHRT_TRACE("random_uniform", "moe.mesh:126:36", "forward");
-  support::fillRandomUniform(
-      a2.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{2, 64, 32},
-                             meshrt::kernels::Dims{support::shardStart(world_, {"data"}, 1), 0, 0},
-                             meshrt::kernels::Dims{1, 64, 32}},
-      seed_, std::string(t0) + "#" + std::to_string(step_), 0.99, 1.01,
-      meshrt::kernels::ValueType::F32);
-
-  // moe.mesh:26:33 mul
-  // moe.mesh:26:40 add -> n
-  // moe.mesh:126:34 mul
-  MESHRT_TRACE("loop", "moe.mesh:26:33", "forward");
-  loop23(a5.data(), a6.data(), a0.data(), a3.data(), a4.data(), a2.data());
-
-  // moe.mesh:35:23 einsum
-  MESHRT_TRACE("gemm", "moe.mesh:35:23", "forward");
-  // dims: groups, tokens, d_model, experts
-  kEinsum0.plan().run(a6.data(), a7.data(), a8.data(), 1.0f, 0.0f);
-
-  // moe.mesh:35:15 softmax -> gates
-  MESHRT_TRACE("softmax", "moe.mesh:35:15", "forward");
-  support::along(a9.data(), a8.data(), kShape2, kShape5, kShape5, kShape0, kShape1, kShape1,
-                 support::Along::Softmax, 1e-05, 4, &group_model);
-
-  // moe.mesh:43:18 max
-  MESHRT_TRACE("max", "moe.mesh:43:18", "forward");
-  support::reduce(a10.data(), kShape2, a9.data(), kShape5, kShape0, kShape1, support::Reduce::Max,
-                  1.0);
-
-  // moe.mesh:43:18 all_reduce_max (max over split dims: all-reduce of the local maxima)
-  MESHRT_TRACE_SITE("moe.mesh:43:18");
-  group_model.allReduce(a10.data(), a10.size(), meshrt::ReduceOp::Max);
-
-  // moe.mesh:43:18 ne
-  // moe.mesh:43:18 ne
-  // moe.mesh:43:18 eq
-  // moe.mesh:43:18 maximum
-  // moe.mesh:43:18 where
-  MESHRT_TRACE("loop", "moe.mesh:43:18", "forward");
-  loop24(a12.data(), a13.data(), a9.data(), a10.data(), a11.data());
-
-  // moe.mesh:43:18 min
-  MESHRT_TRACE("min", "moe.mesh:43:18", "forward");
-  support::reduce(a14.data(), kShape2, a13.data(), kShape5, kShape0, kShape1, support::Reduce::Min,
-                  1.0);
-
-  // moe.mesh:43:18 all_reduce_min (min over split dims: all-reduce of the local minima)
-  MESHRT_TRACE_SITE("moe.mesh:43:18");
-  group_model.allReduce(a14.data(), a14.size(), meshrt::ReduceOp::Min);
-
-  // moe.mesh:43:10 one_hot
-  MESHRT_TRACE("one_hot", "moe.mesh:43:10", "forward");
-  support::oneHot(a15.data(), kShape6, a14.data(), kShape7, kShape8,
-                  support::shardStart(world_, {"model"}, 2));
-
-  // moe.mesh:98:17 mean -> density
-  MESHRT_TRACE("mean", "moe.mesh:98:17", "forward");
-  support::reduce(a16.data(), kShape9, a15.data(), kShape10, kShape11, kShape0,
-                  support::Reduce::Sum, 0.015625);
-
-  // moe.mesh:99:23 mean -> density_proxy
-  MESHRT_TRACE("mean", "moe.mesh:99:23", "forward");
-  support::reduce(a17.data(), kShape9, a9.data(), kShape10, kShape11, kShape0, support::Reduce::Sum,
-                  0.015625);
-
-  // moe.mesh:100:23 mul
-  MESHRT_TRACE("loop", "moe.mesh:100:23", "forward");
-  loop25(a18.data(), a16.data(), a17.data());
-
-  // moe.mesh:100:10 mean
-  MESHRT_TRACE("mean", "moe.mesh:100:10", "forward");
-  support::reduce(a19.data(), kShape4, a18.data(), kShape4, kShape9, kShape23, support::Reduce::Sum,
-                  0.125);
-
-  // moe.mesh:100:40 mul -> balance
-  MESHRT_TRACE("loop", "moe.mesh:100:40", "forward");
-  {
-    float *__restrict a20p = a20.data();
-    const float *__restrict a19p = a19.data();
-    const float s0 = a19p[0];
-    const float s1 = 16.0f;
-    const float s2 = (s0 * s1);
-    a20p[0] = s2;
-  }
-}
-
-void MoeTrain::repeated2(support::ConstView a0, support::ConstView a1, support::View a2,
+void MoeTrain::repeated1(support::ConstView a0, support::ConstView a1, support::View a2,
                          support::ConstView a3, support::View a4, support::View a5,
                          support::ConstView a6, support::View a7, support::ConstView a8,
                          support::View a9, support::View a10, support::View a11,
@@ -2476,7 +2347,7 @@ void MoeTrain::repeated2(support::ConstView a0, support::ConstView a1, support::
   // moe.mesh:131:3 mul
   // moe.mesh:131:3 add
   MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
-  loop26(a2.data(), a0.data(), a1.data(), a3.data());
+  loop22(a2.data(), a0.data(), a1.data(), a3.data());
 
   // moe.mesh:131:3 mean
   MESHRT_TRACE("mean", "moe.mesh:131:3", "update");
@@ -2486,16 +2357,16 @@ void MoeTrain::repeated2(support::ConstView a0, support::ConstView a1, support::
   // moe.mesh:131:3 div
   // moe.mesh:131:3 rsqrt
   MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
-  loop27(a5.data(), a2.data(), a4.data());
+  loop23(a5.data(), a2.data(), a4.data());
 
   // moe.mesh:131:3 rsqrt
   MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
-  loop28(a7.data(), a6.data());
+  loop24(a7.data(), a6.data());
 
   // moe.mesh:131:3 div
   // moe.mesh:131:3 mul
   MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
-  loop29(a9.data(), a4.data(), a2.data(), a8.data());
+  loop25(a9.data(), a4.data(), a2.data(), a8.data());
 
   // moe.mesh:131:3 mean
   MESHRT_TRACE("mean", "moe.mesh:131:3", "update");
@@ -2540,16 +2411,16 @@ void MoeTrain::repeated2(support::ConstView a0, support::ConstView a1, support::
   // moe.mesh:131:3 mul
   // moe.mesh:131:3 sub -> next/route[0]/w_gate
   MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
-  loop30(a15.data(), a14.data(), a5.data(), a7.data(), a11.data(), a13.data());
+  loop26(a15.data(), a14.data(), a5.data(), a7.data(), a11.data(), a13.data());
 
   // moe.mesh:131:3 div
   // moe.mesh:131:3 rsqrt
   MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
-  loop31(a18.data(), a16.data(), a17.data());
+  loop27(a18.data(), a16.data(), a17.data());
 
   // moe.mesh:131:3 rsqrt
   MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
-  loop32(a20.data(), a19.data());
+  loop28(a20.data(), a19.data());
 
   // moe.mesh:131:3 sqrt
   // moe.mesh:131:3 mul
@@ -2589,16 +2460,16 @@ void MoeTrain::repeated2(support::ConstView a0, support::ConstView a1, support::
   // moe.mesh:131:3 mul
   // moe.mesh:131:3 sub -> next/experts_ffn[0]/w_in
   MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
-  loop33(a26.data(), a25.data(), a18.data(), a20.data(), a22.data(), a24.data());
+  loop29(a26.data(), a25.data(), a18.data(), a20.data(), a22.data(), a24.data());
 
   // moe.mesh:131:3 div
   // moe.mesh:131:3 rsqrt
   MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
-  loop34(a29.data(), a27.data(), a28.data());
+  loop30(a29.data(), a27.data(), a28.data());
 
   // moe.mesh:131:3 rsqrt
   MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
-  loop35(a31.data(), a30.data());
+  loop31(a31.data(), a30.data());
 
   // moe.mesh:131:3 sqrt
   // moe.mesh:131:3 mul
@@ -2638,10 +2509,10 @@ void MoeTrain::repeated2(support::ConstView a0, support::ConstView a1, support::
   // moe.mesh:131:3 mul
   // moe.mesh:131:3 sub -> next/experts_ffn[0]/w_out
   MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
-  loop36(a37.data(), a36.data(), a29.data(), a31.data(), a33.data(), a35.data());
+  loop32(a37.data(), a36.data(), a29.data(), a31.data(), a33.data(), a35.data());
 }
 
-void MoeTrain::repeated3(support::ConstView a0, support::View a1, support::View a2,
+void MoeTrain::repeated2(support::ConstView a0, support::View a1, support::View a2,
                          support::View a3, support::ConstView a4, support::View a5,
                          support::ConstView a6, support::View a7, support::View a8,
                          support::ConstView a9, support::View a10, support::View a11,
@@ -2656,7 +2527,7 @@ void MoeTrain::repeated3(support::ConstView a0, support::View a1, support::View 
   // moe.mesh:131:3 square
   // moe.mesh:131:3 add
   MESHRT_TRACE("loop", "moe.mesh:131:3", "backward");
-  loop37(a1.data(), a0.data());
+  loop33(a1.data(), a0.data());
 
   // moe.mesh:131:3 mean
   MESHRT_TRACE("mean", "moe.mesh:131:3", "backward");
@@ -2672,12 +2543,12 @@ void MoeTrain::repeated3(support::ConstView a0, support::View a1, support::View 
   // moe.mesh:131:3 mul
   // moe.mesh:131:3 add
   MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
-  loop38(a5.data(), a3.data(), a4.data(), a6.data());
+  loop34(a5.data(), a3.data(), a4.data(), a6.data());
 
   // moe.mesh:131:3 square
   // moe.mesh:131:3 div
   MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
-  loop39(a7.data(), a0.data(), a5.data());
+  loop35(a7.data(), a0.data(), a5.data());
 
   // moe.mesh:131:3 mean
   MESHRT_TRACE("mean", "moe.mesh:131:3", "update");
@@ -2687,29 +2558,29 @@ void MoeTrain::repeated3(support::ConstView a0, support::View a1, support::View 
   // moe.mesh:131:3 square
   // moe.mesh:131:3 add
   MESHRT_TRACE("loop", "moe.mesh:131:3", "backward");
-  loop40(a10.data(), a9.data());
+  loop36(a10.data(), a9.data());
 
   // moe.mesh:131:3 mean
   MESHRT_TRACE("mean", "moe.mesh:131:3", "backward");
-  support::reduce(a11.data(), kShape24, a10.data(), kShape25, kShape11, kShape1,
+  support::reduce(a11.data(), kShape23, a10.data(), kShape24, kShape11, kShape1,
                   support::Reduce::Sum, 0.015625);
 
   // moe.mesh:131:3 mul
   // moe.mesh:131:3 mul
   // moe.mesh:131:3 add
   MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
-  loop41(a12.data(), a11.data(), a4.data(), a6.data());
+  loop37(a12.data(), a11.data(), a4.data(), a6.data());
 
   // moe.mesh:131:3 mean
   MESHRT_TRACE("mean", "moe.mesh:131:3", "backward");
-  support::reduce(a13.data(), kShape26, a10.data(), kShape27, kShape19, kShape11,
+  support::reduce(a13.data(), kShape25, a10.data(), kShape26, kShape19, kShape11,
                   support::Reduce::Sum, 0.03125);
 
   // moe.mesh:131:3 mul
   // moe.mesh:131:3 mul
   // moe.mesh:131:3 add
   MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
-  loop42(a14.data(), a13.data(), a4.data(), a6.data());
+  loop38(a14.data(), a13.data(), a4.data(), a6.data());
 
   // moe.mesh:131:3 mean
   MESHRT_TRACE("mean", "moe.mesh:131:3", "update");
@@ -2719,49 +2590,49 @@ void MoeTrain::repeated3(support::ConstView a0, support::View a1, support::View 
   // moe.mesh:131:3 square
   // moe.mesh:131:3 div
   MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
-  loop43(a16.data(), a9.data(), a14.data());
+  loop39(a16.data(), a9.data(), a14.data());
 
   // moe.mesh:131:3 mean
   MESHRT_TRACE("mean", "moe.mesh:131:3", "update");
-  support::reduce(a17.data(), kShape24, a16.data(), kShape25, kShape11, kShape1,
+  support::reduce(a17.data(), kShape23, a16.data(), kShape24, kShape11, kShape1,
                   support::Reduce::Sum, 0.015625);
 
   // moe.mesh:131:3 div
   // moe.mesh:131:3 mul
   MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
-  loop44(a18.data(), a15.data(), a12.data(), a17.data());
+  loop40(a18.data(), a15.data(), a12.data(), a17.data());
 
   // moe.mesh:131:3 mean
   MESHRT_TRACE("mean", "moe.mesh:131:3", "update");
-  support::reduce(a19.data(), kShape4, a18.data(), kShape4, kShape24, kShape28,
+  support::reduce(a19.data(), kShape4, a18.data(), kShape4, kShape23, kShape27,
                   support::Reduce::Sum, 0.0078125);
 
   // moe.mesh:131:3 square
   // moe.mesh:131:3 add
   MESHRT_TRACE("loop", "moe.mesh:131:3", "backward");
-  loop40(a21.data(), a20.data());
+  loop36(a21.data(), a20.data());
 
   // moe.mesh:131:3 mean
   MESHRT_TRACE("mean", "moe.mesh:131:3", "backward");
-  support::reduce(a22.data(), kShape26, a21.data(), kShape3, kShape19, kShape1,
+  support::reduce(a22.data(), kShape25, a21.data(), kShape3, kShape19, kShape1,
                   support::Reduce::Sum, 0.03125);
 
   // moe.mesh:131:3 mul
   // moe.mesh:131:3 mul
   // moe.mesh:131:3 add
   MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
-  loop42(a23.data(), a22.data(), a4.data(), a6.data());
+  loop38(a23.data(), a22.data(), a4.data(), a6.data());
 
   // moe.mesh:131:3 mean
   MESHRT_TRACE("mean", "moe.mesh:131:3", "backward");
-  support::reduce(a24.data(), kShape24, a21.data(), kShape27, kShape11, kShape19,
+  support::reduce(a24.data(), kShape23, a21.data(), kShape26, kShape11, kShape19,
                   support::Reduce::Sum, 0.015625);
 
   // moe.mesh:131:3 mul
   // moe.mesh:131:3 mul
   // moe.mesh:131:3 add
   MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
-  loop41(a25.data(), a24.data(), a4.data(), a6.data());
+  loop37(a25.data(), a24.data(), a4.data(), a6.data());
 
   // moe.mesh:131:3 mean
   MESHRT_TRACE("mean", "moe.mesh:131:3", "update");
@@ -2771,22 +2642,124 @@ void MoeTrain::repeated3(support::ConstView a0, support::View a1, support::View 
   // moe.mesh:131:3 square
   // moe.mesh:131:3 div
   MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
-  loop45(a27.data(), a20.data(), a25.data());
+  loop41(a27.data(), a20.data(), a25.data());
 
   // moe.mesh:131:3 mean
   MESHRT_TRACE("mean", "moe.mesh:131:3", "update");
-  support::reduce(a28.data(), kShape26, a27.data(), kShape3, kShape19, kShape1,
+  support::reduce(a28.data(), kShape25, a27.data(), kShape3, kShape19, kShape1,
                   support::Reduce::Sum, 0.03125);
 
   // moe.mesh:131:3 div
   // moe.mesh:131:3 mul
   MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
-  loop46(a29.data(), a26.data(), a23.data(), a28.data());
+  loop42(a29.data(), a26.data(), a23.data(), a28.data());
 
   // moe.mesh:131:3 mean
   MESHRT_TRACE("mean", "moe.mesh:131:3", "update");
-  support::reduce(a30.data(), kShape4, a29.data(), kShape4, kShape26, kShape29,
+  support::reduce(a30.data(), kShape4, a29.data(), kShape4, kShape25, kShape28,
                   support::Reduce::Sum, 0.00390625);
+}
+
+void MoeTrain::repeated3(support::View a0, support::ConstView a1, support::View a2,
+                         support::ConstView a3, support::ConstView a4, support::View a5,
+                         support::View a6, support::ConstView a7, support::View a8,
+                         support::View a9, support::View a10, support::ConstView a11,
+                         support::View a12, support::View a13, support::View a14, support::View a15,
+                         support::View a16, support::View a17, support::View a18, support::View a19,
+                         support::View a20, const char *t0) {
+  MESHRT_TRACE_SPAN(world_);
+
+  // moe.mesh:26:10 layer_norm
+  MESHRT_TRACE("layer_norm", "moe.mesh:26:10", "forward");
+  support::along(a0.data(), a1.data(), kShape2, kShape3, kShape3, kShape19, kShape1, kShape1,
+                 support::Along::LayerNorm, 1e-05, 32, nullptr);
+
+  // moe.mesh:126:36 random_uniform
+  MESHRT_TRACE("random_uniform", "moe.mesh:126:36", "forward");
+  support::fillRandomUniform(
+      a2.data(),
+      meshrt::kernels::Shard{meshrt::kernels::Dims{2, 64, 32},
+                             meshrt::kernels::Dims{support::shardStart(world_, {"data"}, 1), 0, 0},
+                             meshrt::kernels::Dims{1, 64, 32}},
+      seed_, std::string(t0) + "#" + std::to_string(step_), 0.99, 1.01,
+      meshrt::kernels::ValueType::F32);
+
+  // moe.mesh:26:33 mul
+  // moe.mesh:26:40 add -> n
+  // moe.mesh:126:34 mul
+  MESHRT_TRACE("loop", "moe.mesh:26:33", "forward");
+  loop43(a5.data(), a6.data(), a0.data(), a3.data(), a4.data(), a2.data());
+
+  // moe.mesh:35:23 einsum
+  MESHRT_TRACE("gemm", "moe.mesh:35:23", "forward");
+  // dims: groups, tokens, d_model, experts
+  kEinsum0.plan().run(a6.data(), a7.data(), a8.data(), 1.0f, 0.0f);
+
+  // moe.mesh:35:15 softmax -> gates
+  MESHRT_TRACE("softmax", "moe.mesh:35:15", "forward");
+  support::along(a9.data(), a8.data(), kShape2, kShape5, kShape5, kShape0, kShape1, kShape1,
+                 support::Along::Softmax, 1e-05, 4, &group_model);
+
+  // moe.mesh:43:18 max
+  MESHRT_TRACE("max", "moe.mesh:43:18", "forward");
+  support::reduce(a10.data(), kShape2, a9.data(), kShape5, kShape0, kShape1, support::Reduce::Max,
+                  1.0);
+
+  // moe.mesh:43:18 all_reduce_max (max over split dims: all-reduce of the local maxima)
+  MESHRT_TRACE_SITE("moe.mesh:43:18");
+  group_model.allReduce(a10.data(), a10.size(), meshrt::ReduceOp::Max);
+
+  // moe.mesh:43:18 ne
+  // moe.mesh:43:18 ne
+  // moe.mesh:43:18 eq
+  // moe.mesh:43:18 maximum
+  // moe.mesh:43:18 where
+  MESHRT_TRACE("loop", "moe.mesh:43:18", "forward");
+  loop44(a12.data(), a13.data(), a9.data(), a10.data(), a11.data());
+
+  // moe.mesh:43:18 min
+  MESHRT_TRACE("min", "moe.mesh:43:18", "forward");
+  support::reduce(a14.data(), kShape2, a13.data(), kShape5, kShape0, kShape1, support::Reduce::Min,
+                  1.0);
+
+  // moe.mesh:43:18 all_reduce_min (min over split dims: all-reduce of the local minima)
+  MESHRT_TRACE_SITE("moe.mesh:43:18");
+  group_model.allReduce(a14.data(), a14.size(), meshrt::ReduceOp::Min);
+
+  // moe.mesh:43:10 one_hot
+  MESHRT_TRACE("one_hot", "moe.mesh:43:10", "forward");
+  support::oneHot(a15.data(), kShape6, a14.data(), kShape7, kShape8,
+                  support::shardStart(world_, {"model"}, 2));
+
+  // moe.mesh:98:17 mean -> density
+  MESHRT_TRACE("mean", "moe.mesh:98:17", "forward");
+  support::reduce(a16.data(), kShape9, a15.data(), kShape10, kShape11, kShape0,
+                  support::Reduce::Sum, 0.015625);
+
+  // moe.mesh:99:23 mean -> density_proxy
+  MESHRT_TRACE("mean", "moe.mesh:99:23", "forward");
+  support::reduce(a17.data(), kShape9, a9.data(), kShape10, kShape11, kShape0, support::Reduce::Sum,
+                  0.015625);
+
+  // moe.mesh:100:23 mul
+  MESHRT_TRACE("loop", "moe.mesh:100:23", "forward");
+  loop45(a18.data(), a16.data(), a17.data());
+
+  // moe.mesh:100:10 mean
+  MESHRT_TRACE("mean", "moe.mesh:100:10", "forward");
+  support::reduce(a19.data(), kShape4, a18.data(), kShape4, kShape9, kShape29, support::Reduce::Sum,
+                  0.125);
+
+  // moe.mesh:100:40 mul -> balance
+  MESHRT_TRACE("loop", "moe.mesh:100:40", "forward");
+  {
+    float *__restrict a20p = a20.data();
+    const float *__restrict a19p = a19.data();
+    const float s0 = a19p[0];
+    const float s1 = 16.0f;
+    const float s2 = (s0 * s1);
+    a20p[0] = s2;
+  }
 }
 
 void MoeTrain::repeated4(support::ConstView a0, support::ConstView a1, support::View a2,
@@ -2807,7 +2780,7 @@ void MoeTrain::repeated4(support::ConstView a0, support::ConstView a1, support::
   // moe.mesh:131:3 mul
   // moe.mesh:131:3 square
   MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
-  loop47(a2.data(), a4.data(), a5.data(), a0.data(), a1.data(), a3.data());
+  loop46(a2.data(), a4.data(), a5.data(), a0.data(), a1.data(), a3.data());
 
   // moe.mesh:131:3 mean
   MESHRT_TRACE("mean", "moe.mesh:131:3", "update");
@@ -2832,7 +2805,7 @@ void MoeTrain::repeated4(support::ConstView a0, support::ConstView a1, support::
 
   // moe.mesh:131:3 square
   MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
-  loop48(a9.data(), a8.data());
+  loop47(a9.data(), a8.data());
 
   // moe.mesh:131:3 mean
   MESHRT_TRACE("mean", "moe.mesh:131:3", "update");
@@ -2859,7 +2832,7 @@ void MoeTrain::repeated4(support::ConstView a0, support::ConstView a1, support::
   // moe.mesh:131:3 mul
   // moe.mesh:131:3 sub -> next/norm[0]/gain
   MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
-  loop49(a8.data(), a4.data(), a7.data(), a11.data());
+  loop48(a8.data(), a4.data(), a7.data(), a11.data());
 
   // moe.mesh:131:3 square
   // moe.mesh:131:3 add
@@ -2870,7 +2843,7 @@ void MoeTrain::repeated4(support::ConstView a0, support::ConstView a1, support::
   // moe.mesh:131:3 mul
   // moe.mesh:131:3 square
   MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
-  loop47(a13.data(), a14.data(), a15.data(), a12.data(), a1.data(), a3.data());
+  loop46(a13.data(), a14.data(), a15.data(), a12.data(), a1.data(), a3.data());
 
   // moe.mesh:131:3 mean
   MESHRT_TRACE("mean", "moe.mesh:131:3", "update");
@@ -2895,7 +2868,7 @@ void MoeTrain::repeated4(support::ConstView a0, support::ConstView a1, support::
 
   // moe.mesh:131:3 square
   MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
-  loop48(a19.data(), a18.data());
+  loop47(a19.data(), a18.data());
 
   // moe.mesh:131:3 mean
   MESHRT_TRACE("mean", "moe.mesh:131:3", "update");
@@ -2922,14 +2895,14 @@ void MoeTrain::repeated4(support::ConstView a0, support::ConstView a1, support::
   // moe.mesh:131:3 mul
   // moe.mesh:131:3 sub -> next/norm[0]/bias
   MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
-  loop49(a18.data(), a14.data(), a17.data(), a21.data());
+  loop48(a18.data(), a14.data(), a17.data(), a21.data());
 }
 
 void MoeTrain::repeated5(support::View a0, support::ConstView a1, support::ConstView a2,
                          support::ConstView a3, support::View a4, support::View a5,
                          support::View a6, support::View a7, support::View a8, support::View a9,
-                         support::View a10, support::View a11, support::View a12, support::View a13,
-                         support::View a14, support::View a15) {
+                         support::View a10, support::View a11, support::View a12,
+                         support::View a13) {
   MESHRT_TRACE_SPAN(world_);
 
   // moe.mesh:43:18 max
@@ -2945,7 +2918,7 @@ void MoeTrain::repeated5(support::View a0, support::ConstView a1, support::Const
   // moe.mesh:43:18 maximum
   // moe.mesh:43:18 where
   MESHRT_TRACE("loop", "moe.mesh:43:18", "forward");
-  loop50(a4.data(), a1.data(), a0.data(), a2.data(), a3.data());
+  loop49(a4.data(), a1.data(), a0.data(), a2.data(), a3.data());
 
   // moe.mesh:43:18 min
   MESHRT_TRACE("min", "moe.mesh:43:18", "forward");
@@ -2996,23 +2969,15 @@ void MoeTrain::repeated5(support::View a0, support::ConstView a1, support::Const
   support::oneHot(a11.data(), kShape6, a10.data(), kShape7, kShape8,
                   support::shardStart(world_, {"model"}, 2));
 
-  // moe.mesh:64:25 mul
-  MESHRT_TRACE("loop", "moe.mesh:64:25", "forward");
-  loop3(a12.data(), a1.data(), a6.data());
-
   // moe.mesh:64:15 sum -> gate1
+  // moe.mesh:64:25 mul
   MESHRT_TRACE("sum", "moe.mesh:64:15", "forward");
-  support::reduce(a13.data(), kShape2, a12.data(), kShape5, kShape0, kShape1, support::Reduce::Sum,
-                  1.0);
-
-  // moe.mesh:65:25 mul
-  MESHRT_TRACE("loop", "moe.mesh:65:25", "forward");
-  loop3(a14.data(), a1.data(), a11.data());
+  support::reduceProduct(a12.data(), kShape2, 2, a1.data(), kShape5, a6.data(), kShape5, 1.0);
 
   // moe.mesh:65:15 sum -> gate2
+  // moe.mesh:65:25 mul
   MESHRT_TRACE("sum", "moe.mesh:65:15", "forward");
-  support::reduce(a15.data(), kShape2, a14.data(), kShape5, kShape0, kShape1, support::Reduce::Sum,
-                  1.0);
+  support::reduceProduct(a13.data(), kShape2, 2, a1.data(), kShape5, a11.data(), kShape5, 1.0);
 }
 
 void MoeTrain::repeated6(support::ConstView a0, support::ConstView a1, support::View a2,
@@ -3028,11 +2993,11 @@ void MoeTrain::repeated6(support::ConstView a0, support::ConstView a1, support::
   // moe.mesh:66:15 maximum -> total
   // moe.mesh:80:36 div
   MESHRT_TRACE("loop", "moe.mesh:66:29", "forward");
-  loop51(a2.data(), a3.data(), a4.data(), a0.data(), a1.data());
+  loop50(a2.data(), a3.data(), a4.data(), a0.data(), a1.data());
 
   // moe.mesh:80:66 div
   MESHRT_TRACE("loop", "moe.mesh:80:66", "forward");
-  loop52(a5.data(), a1.data(), a3.data());
+  loop51(a5.data(), a1.data(), a3.data());
 
   // moe.mesh:77:59 mul -> dispatch2
   // moe.mesh:79:28 add -> dispatch
@@ -3040,7 +3005,7 @@ void MoeTrain::repeated6(support::ConstView a0, support::ConstView a1, support::
   // moe.mesh:80:27 mul
   // moe.mesh:80:45 add -> combine
   MESHRT_TRACE("loop", "moe.mesh:77:59", "forward");
-  loop53(a9.data(), a10.data(), a11.data(), a6.data(), a7.data(), a8.data(), a5.data(), a4.data());
+  loop52(a9.data(), a10.data(), a11.data(), a6.data(), a7.data(), a8.data(), a5.data(), a4.data());
 
   // moe.mesh:85:19 einsum -> expert_in
   MESHRT_TRACE("gemm", "moe.mesh:85:19", "forward");
@@ -3054,7 +3019,7 @@ void MoeTrain::repeated6(support::ConstView a0, support::ConstView a1, support::
 
   // moe.mesh:86:16 relu -> hidden
   MESHRT_TRACE("loop", "moe.mesh:86:16", "forward");
-  loop9(a16.data(), a15.data());
+  loop8(a16.data(), a15.data());
 
   // moe.mesh:87:20 einsum -> expert_out
   MESHRT_TRACE("gemm", "moe.mesh:87:20", "forward");
@@ -3084,7 +3049,7 @@ void MoeTrain::repeated7(support::View a0, support::ConstView a1, support::View 
 
   // moe.mesh:74:27 cast
   MESHRT_TRACE("loop", "moe.mesh:74:27", "forward");
-  loop4(a2.data(), a0.data());
+  loop3(a2.data(), a0.data());
 
   // moe.mesh:74:19 one_hot
   MESHRT_TRACE("one_hot", "moe.mesh:74:19", "forward");
@@ -3092,7 +3057,7 @@ void MoeTrain::repeated7(support::View a0, support::ConstView a1, support::View 
 
   // moe.mesh:74:59 mul -> dispatch1
   MESHRT_TRACE("loop", "moe.mesh:74:59", "forward");
-  loop5(a4.data(), a3.data(), a1.data());
+  loop4(a4.data(), a3.data(), a1.data());
 
   // moe.mesh:75:15 sum -> kept1
   MESHRT_TRACE("sum", "moe.mesh:75:15", "forward");
@@ -3112,7 +3077,7 @@ void MoeTrain::repeated7(support::View a0, support::ConstView a1, support::View 
   // moe.mesh:76:56 add -> position2
   // moe.mesh:77:27 cast
   MESHRT_TRACE("loop", "moe.mesh:76:56", "forward");
-  loop6(a9.data(), a6.data(), a8.data());
+  loop5(a9.data(), a6.data(), a8.data());
 
   // moe.mesh:77:19 one_hot
   MESHRT_TRACE("one_hot", "moe.mesh:77:19", "forward");
@@ -3126,16 +3091,16 @@ void MoeTrain::repeated8(support::ConstView a0, support::View a1, support::View 
 
   // moe.mesh:131:3 square
   MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
-  loop54(a1.data(), a0.data());
+  loop53(a1.data(), a0.data());
 
   // moe.mesh:131:3 mean
   MESHRT_TRACE("mean", "moe.mesh:131:3", "update");
-  support::reduce(a2.data(), kShape4, a1.data(), kShape4, kShape30, kShape23, support::Reduce::Sum,
+  support::reduce(a2.data(), kShape4, a1.data(), kShape4, kShape30, kShape29, support::Reduce::Sum,
                   0.0078125);
 
   // moe.mesh:131:3 square
   MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
-  loop55(a4.data(), a3.data());
+  loop54(a4.data(), a3.data());
 
   // moe.mesh:131:3 mean
   MESHRT_TRACE("mean", "moe.mesh:131:3", "update");
@@ -3144,7 +3109,7 @@ void MoeTrain::repeated8(support::ConstView a0, support::View a1, support::View 
 
   // moe.mesh:131:3 square
   MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
-  loop55(a7.data(), a6.data());
+  loop54(a7.data(), a6.data());
 
   // moe.mesh:131:3 mean
   MESHRT_TRACE("mean", "moe.mesh:131:3", "update");

@@ -44,7 +44,7 @@ public:
   /// The bytes of this object's arena: run()'s temporaries share it, placed by liveness.
   static constexpr size_t kArenaBytes = 99584;
   /// The bytes of all of run()'s temporaries together (one buffer each).
-  static constexpr size_t kTemporaryBytes = 395280;
+  static constexpr size_t kTemporaryBytes = 393232;
   /// The bytes of the values computed once, in the constructor (constants, masks).
   static constexpr size_t kPersistentBytes = 256;
 
@@ -96,9 +96,8 @@ public:
                  support::View a16, support::View a17, support::View a18, support::View a19,
                  support::View a20, support::View a21, support::View a22, support::View a23,
                  support::View a24, support::View a25, support::View a26, support::View a27,
-                 support::View a28, support::View a29, support::View a30, support::View a31,
-                 support::ConstView a32, support::View a33, support::View a34,
-                 support::ConstView a35, support::View a36, support::View a37);
+                 support::View a28, support::View a29, support::ConstView a30, support::View a31,
+                 support::View a32, support::ConstView a33, support::View a34, support::View a35);
   /// Computes the values run() reads that never change (the constructor calls it).
   void computeInvariants();
 
@@ -159,7 +158,7 @@ public:
   /// The bytes of this object's arena: run()'s temporaries share it, placed by liveness.
   static constexpr size_t kArenaBytes = 394816;
   /// The bytes of all of run()'s temporaries together (one buffer each).
-  static constexpr size_t kTemporaryBytes = 1134664;
+  static constexpr size_t kTemporaryBytes = 1132616;
   /// The bytes of the values computed once, in the constructor (constants, masks).
   static constexpr size_t kPersistentBytes = 9344;
 
@@ -227,13 +226,7 @@ public:
             support::View a35, support::View a36, support::ConstView a37, support::View a38,
             support::ConstView a39, support::View a40, support::ConstView a41, support::View a42,
             support::View a43, support::ConstView a44, support::View a45, support::View a46);
-  void repeated1(support::View a0, support::ConstView a1, support::View a2, support::ConstView a3,
-                 support::ConstView a4, support::View a5, support::View a6, support::ConstView a7,
-                 support::View a8, support::View a9, support::View a10, support::ConstView a11,
-                 support::View a12, support::View a13, support::View a14, support::View a15,
-                 support::View a16, support::View a17, support::View a18, support::View a19,
-                 support::View a20, const char *t0);
-  void repeated2(support::ConstView a0, support::ConstView a1, support::View a2,
+  void repeated1(support::ConstView a0, support::ConstView a1, support::View a2,
                  support::ConstView a3, support::View a4, support::View a5, support::ConstView a6,
                  support::View a7, support::ConstView a8, support::View a9, support::View a10,
                  support::View a11, support::ConstView a12, support::View a13,
@@ -245,7 +238,7 @@ public:
                  support::View a29, support::ConstView a30, support::View a31,
                  support::ConstView a32, support::View a33, support::ConstView a34,
                  support::View a35, support::ConstView a36, support::View a37);
-  void repeated3(support::ConstView a0, support::View a1, support::View a2, support::View a3,
+  void repeated2(support::ConstView a0, support::View a1, support::View a2, support::View a3,
                  support::ConstView a4, support::View a5, support::ConstView a6, support::View a7,
                  support::View a8, support::ConstView a9, support::View a10, support::View a11,
                  support::View a12, support::View a13, support::View a14, support::View a15,
@@ -253,6 +246,12 @@ public:
                  support::ConstView a20, support::View a21, support::View a22, support::View a23,
                  support::View a24, support::View a25, support::View a26, support::View a27,
                  support::View a28, support::View a29, support::View a30);
+  void repeated3(support::View a0, support::ConstView a1, support::View a2, support::ConstView a3,
+                 support::ConstView a4, support::View a5, support::View a6, support::ConstView a7,
+                 support::View a8, support::View a9, support::View a10, support::ConstView a11,
+                 support::View a12, support::View a13, support::View a14, support::View a15,
+                 support::View a16, support::View a17, support::View a18, support::View a19,
+                 support::View a20, const char *t0);
   void repeated4(support::ConstView a0, support::ConstView a1, support::View a2,
                  support::ConstView a3, support::View a4, support::View a5, support::View a6,
                  support::View a7, support::View a8, support::View a9, support::View a10,
@@ -262,8 +261,7 @@ public:
   void repeated5(support::View a0, support::ConstView a1, support::ConstView a2,
                  support::ConstView a3, support::View a4, support::View a5, support::View a6,
                  support::View a7, support::View a8, support::View a9, support::View a10,
-                 support::View a11, support::View a12, support::View a13, support::View a14,
-                 support::View a15);
+                 support::View a11, support::View a12, support::View a13);
   void repeated6(support::ConstView a0, support::ConstView a1, support::View a2, support::View a3,
                  support::View a4, support::View a5, support::ConstView a6, support::ConstView a7,
                  support::ConstView a8, support::View a9, support::View a10, support::View a11,

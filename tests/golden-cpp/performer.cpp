@@ -268,16 +268,6 @@ static const support::SharedEinsum
 
 [[gnu::noinline]] static void loop16(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2) {
-  for (int64_t i0 = 0; i0 < 4096; ++i0) {
-    const float s0 = p1[i0];
-    const float s1 = p2[i0];
-    const float s2 = (s0 * s1);
-    p0[i0] = s2;
-  }
-}
-
-[[gnu::noinline]] static void loop17(float *__restrict p0, const float *__restrict p1,
-                                     const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 128; ++i0) {
     const float s0 = p1[i0];
     const float s1 = -s0;
@@ -287,7 +277,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop18(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop17(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4, const float *__restrict p5) {
   const float r0 = p1[0];
@@ -318,6 +308,16 @@ static const support::SharedEinsum
       const float s22 = (s21 - s18);
       p0[i0 * 32 + i1] = s22;
     }
+  }
+}
+
+[[gnu::noinline]] static void loop18(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2) {
+  for (int64_t i0 = 0; i0 < 4096; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = p2[i0];
+    const float s2 = (s0 * s1);
+    p0[i0] = s2;
   }
 }
 
@@ -2323,7 +2323,7 @@ void LmTrain::computeInvariants() {
 
 LmTrain::Outputs LmTrain::run(const Inputs &inputs) {
   MESHRT_TRACE_RUN(world_, "lm_train");
-  // Arena: 2284864 bytes for 8036384 bytes of temporaries (placed by liveness).
+  // Arena: 2284864 bytes for 8020000 bytes of temporaries (placed by liveness).
   support::checkShape("input", "tokens", inputs.tokens, {1, 128});
   runPart0(inputs);
   runPart1(inputs);
@@ -2524,26 +2524,21 @@ void LmTrain::runPart0(const Inputs &inputs) {
   support::oneHot(v153.data(), kShape18, v1.data(), kShape20, kShape19,
                   support::shardStart(world_, {"model"}, 32));
 
-  // performer.mesh:149:63 mul
-  MESHRT_TRACE("loop", "performer.mesh:149:63", "forward");
-  support::View v154 = arena_.view(229376, 4096);
-  loop16(v154.data(), v152.data(), v153.data());
-
   // performer.mesh:149:21 sum
+  // performer.mesh:149:63 mul
   MESHRT_TRACE("sum", "performer.mesh:149:21", "forward");
-  support::View v155 = arena_.view(254464, 128);
-  support::reduce(v155.data(), kShape4, v154.data(), kShape5, kShape3, kShape1,
-                  support::Reduce::Sum, 1.0);
+  support::View v155 = arena_.view(229376, 128);
+  support::reduceProduct(v155.data(), kShape4, 32, v152.data(), kShape5, v153.data(), kShape5, 1.0);
 
   // performer.mesh:149:20 neg -> token_loss
   // performer.mesh:150:29 mul
   MESHRT_TRACE("loop", "performer.mesh:149:20", "forward");
-  support::View v157 = arena_.view(229376, 128);
-  loop17(v157.data(), v155.data(), v5.data());
+  support::View v157 = arena_.view(229888, 128);
+  loop16(v157.data(), v155.data(), v5.data());
 
   // performer.mesh:150:14 sum
   MESHRT_TRACE("sum", "performer.mesh:150:14", "forward");
-  support::View v158 = arena_.view(229888, 1);
+  support::View v158 = arena_.view(229632, 1);
   support::reduce(v158.data(), kShape7, v157.data(), kShape7, kShape4, kShape24,
                   support::Reduce::Sum, 1.0);
 
@@ -2575,11 +2570,6 @@ void LmTrain::runPart0(const Inputs &inputs) {
     const float s2 = (s0 / s1);
     v163p[0] = s2;
   }
-}
-
-void LmTrain::runPart1(const Inputs &inputs) {
-  (void)inputs;
-  MESHRT_TRACE_SPAN(world_);
 
   // performer.mesh:150:41 div
   // performer.mesh:150:14 broadcast
@@ -2596,16 +2586,17 @@ void LmTrain::runPart1(const Inputs &inputs) {
   // performer.mesh:149:63 mul
   // performer.mesh:149:25 sub
   MESHRT_TRACE("loop", "performer.mesh:150:41", "backward");
-  support::View v160 = arena_.view(254464, 1);
-  support::View v5 = arena_.view(1933824, 128);
-  support::View v1 = arena_.view(1933312, 128);
-  support::View v152 = arena_.view(212992, 4096);
-  support::View v153 = arena_.view(196608, 4096);
   support::View v180 = arena_.view(229376, 4096);
-  loop18(v180.data(), v160.data(), v5.data(), v1.data(), v152.data(), v153.data());
+  loop17(v180.data(), v160.data(), v5.data(), v1.data(), v152.data(), v153.data());
+}
+
+void LmTrain::runPart1(const Inputs &inputs) {
+  (void)inputs;
+  MESHRT_TRACE_SPAN(world_);
 
   // performer.mesh:137:10 einsum
   MESHRT_TRACE("gemm", "performer.mesh:137:10", "backward");
+  support::View v180 = arena_.view(229376, 4096);
   support::View v7(param1_causal_lm_unembed); // updated in place
   support::View v181 = arena_.view(196608, 4096);
   // dims: batch, seq, vocab, d_model
@@ -2636,7 +2627,7 @@ void LmTrain::runPart1(const Inputs &inputs) {
   MESHRT_TRACE("loop", "performer.mesh:29:33", "backward");
   support::View v148 = arena_.view(98304, 4096);
   support::View v186 = arena_.view(180224, 4096);
-  loop16(v186.data(), v181.data(), v148.data());
+  loop18(v186.data(), v181.data(), v148.data());
 
   // performer.mesh:29:33 sum -> grad/causal_lm/norm/gain
   MESHRT_TRACE("sum", "performer.mesh:29:33", "backward");
@@ -3009,29 +3000,27 @@ void LmTrain::runPart1(const Inputs &inputs) {
   support::View v479(param29_causal_lm_unembed_v); // updated in place
   support::View v478(param28_causal_lm_unembed_m); // updated in place
   loop23(v479.data(), v478.data(), v7.data(), v182.data(), v467.data(), v465.data(), v449.data());
+
+  // 1 statements from performer.mesh:151:3 mul (1 of 2)
+  MESHRT_TRACE_SITE("performer.mesh:151:3");
+  support::View v500(param31_causal_lm_decoder_layer_0_norm_gain_v); // updated in place
+  support::View v499(param30_causal_lm_decoder_layer_0_norm_gain_m); // updated in place
+  repeated3(v23, v417, v500, v467, v499, v465, v449);
 }
 
 void LmTrain::runPart2(const Inputs &inputs) {
   (void)inputs;
   MESHRT_TRACE_SPAN(world_);
 
-  // 1 statements from performer.mesh:151:3 mul (1 of 2)
-  MESHRT_TRACE_SITE("performer.mesh:151:3");
-  support::View v23(param3_causal_lm_decoder_layer_0_norm_gain); // updated in place
-  support::View v417 = arena_.view(52352, 32);
-  support::View v500(param31_causal_lm_decoder_layer_0_norm_gain_v); // updated in place
-  support::View v467 = arena_.view(4224, 1);
-  support::View v499(param30_causal_lm_decoder_layer_0_norm_gain_m); // updated in place
-  support::View v465 = arena_.view(4160, 1);
-  support::View v449 = arena_.view(4096, 1);
-  repeated3(v23, v417, v500, v467, v499, v465, v449);
-
   // 1 statements from performer.mesh:151:3 mul (2 of 2)
   MESHRT_TRACE_SITE("performer.mesh:151:3");
   support::View v24(param4_causal_lm_decoder_layer_0_norm_bias); // updated in place
   support::View v414 = arena_.view(52224, 32);
   support::View v521(param33_causal_lm_decoder_layer_0_norm_bias_v); // updated in place
+  support::View v467 = arena_.view(4224, 1);
   support::View v520(param32_causal_lm_decoder_layer_0_norm_bias_m); // updated in place
+  support::View v465 = arena_.view(4160, 1);
+  support::View v449 = arena_.view(4096, 1);
   repeated3(v24, v414, v521, v467, v520, v465, v449);
 
   // 10 statements from performer.mesh:151:3 mul (1 of 2)
@@ -3208,7 +3197,7 @@ void LmTrain::repeated0(
 
   // performer.mesh:29:33 mul
   MESHRT_TRACE("loop", "performer.mesh:29:33", "backward");
-  loop16(a13.data(), a8.data(), a12.data());
+  loop18(a13.data(), a8.data(), a12.data());
 
   // performer.mesh:29:33 sum -> grad/causal_lm/decoder_layer[1]/norm#1/gain
   MESHRT_TRACE("sum", "performer.mesh:29:33", "backward");
@@ -3459,7 +3448,7 @@ void LmTrain::repeated0(
 
   // performer.mesh:29:33 mul
   MESHRT_TRACE("loop", "performer.mesh:29:33", "backward");
-  loop16(a78.data(), a74.data(), a77.data());
+  loop18(a78.data(), a74.data(), a77.data());
 
   // performer.mesh:29:33 sum -> grad/causal_lm/decoder_layer[1]/norm/gain
   MESHRT_TRACE("sum", "performer.mesh:29:33", "backward");

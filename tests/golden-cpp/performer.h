@@ -355,7 +355,7 @@ public:
   /// The bytes of this object's arena: run()'s temporaries share it, placed by liveness.
   static constexpr size_t kArenaBytes = 2284864;
   /// The bytes of all of run()'s temporaries together (one buffer each).
-  static constexpr size_t kTemporaryBytes = 8036384;
+  static constexpr size_t kTemporaryBytes = 8020000;
   /// The bytes of the values computed once, in the constructor (constants, masks).
   static constexpr size_t kPersistentBytes = 27200;
 

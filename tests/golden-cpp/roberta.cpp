@@ -135,16 +135,6 @@ static const support::SharedEinsum
 
 [[gnu::noinline]] static void loop5(float *__restrict p0, const float *__restrict p1,
                                     const float *__restrict p2) {
-  for (int64_t i0 = 0; i0 < 1024; ++i0) {
-    const float s0 = p1[i0];
-    const float s1 = p2[i0];
-    const float s2 = (s0 * s1);
-    p0[i0] = s2;
-  }
-}
-
-[[gnu::noinline]] static void loop6(float *__restrict p0, const float *__restrict p1,
-                                    const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 32; ++i0) {
     const float s0 = p1[i0];
     const float s1 = -s0;
@@ -154,7 +144,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop7(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop6(float *__restrict p0, const float *__restrict p1,
                                     const float *__restrict p2, const float *__restrict p3,
                                     const float *__restrict p4, const float *__restrict p5) {
   const float r0 = p1[0];
@@ -188,7 +178,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop8(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop7(float *__restrict p0, const float *__restrict p1,
                                     const float *__restrict p2, const float *__restrict p3,
                                     const float *__restrict p4, const float *__restrict p5,
                                     const float *__restrict p6) {
@@ -237,7 +227,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop9(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop8(float *__restrict p0, const float *__restrict p1,
                                     const float *__restrict p2, const float *__restrict p3,
                                     const float *__restrict p4, const float *__restrict p5) {
   for (int64_t i0 = 0; i0 < 32; ++i0) {
@@ -256,8 +246,8 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop10(float *__restrict p0, const float *__restrict p1,
-                                     const float *__restrict p2) {
+[[gnu::noinline]] static void loop9(float *__restrict p0, const float *__restrict p1,
+                                    const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 32; ++i0) {
     for (int64_t i1 = 0; i1 < 32; ++i1) {
       const float s0 = p1[i0 + i1 * 32];
@@ -269,7 +259,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop11(float *__restrict p0, float *__restrict p1,
+[[gnu::noinline]] static void loop10(float *__restrict p0, float *__restrict p1,
                                      float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4, const float *__restrict p5,
                                      const float *__restrict p6) {
@@ -314,7 +304,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop12(float *__restrict p0, float *__restrict p1,
+[[gnu::noinline]] static void loop11(float *__restrict p0, float *__restrict p1,
                                      float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4, const float *__restrict p5,
                                      const float *__restrict p6) {
@@ -359,7 +349,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop13(float *__restrict p0, float *__restrict p1,
+[[gnu::noinline]] static void loop12(float *__restrict p0, float *__restrict p1,
                                      float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4, const float *__restrict p5,
                                      const float *__restrict p6) {
@@ -404,7 +394,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop14(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop13(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 1024; ++i0) {
     const float s0 = p1[i0];
@@ -441,12 +431,22 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop15(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop14(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 1024; ++i0) {
     const float s0 = p1[i0];
     const float s1 = p2[i0];
     const float s2 = (s0 + s1);
+    p0[i0] = s2;
+  }
+}
+
+[[gnu::noinline]] static void loop15(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2) {
+  for (int64_t i0 = 0; i0 < 1024; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = p2[i0];
+    const float s2 = (s0 * s1);
     p0[i0] = s2;
   }
 }
@@ -1525,12 +1525,12 @@ MlmTrain::MlmTrain(meshrt::Communicator &world, uint64_t seed)
 
 MlmTrain::Outputs MlmTrain::run(const Inputs &inputs) {
   MESHRT_TRACE_RUN(world_, "mlm_train");
-  // Arena: 135616 bytes for 480672 bytes of temporaries (placed by liveness).
+  // Arena: 135616 bytes for 468384 bytes of temporaries (placed by liveness).
   support::checkShape("input", "tokens", inputs.tokens, {2, 16});
   runPart0(inputs);
   runPart1(inputs);
-  support::View v133 = arena_.view(135488, 1);
-  support::View v126 = arena_.view(135552, 1);
+  support::View v133 = arena_.view(135552, 1);
+  support::View v126 = arena_.view(135424, 1);
 
   // The step's updates.
   ++step_;
@@ -1746,33 +1746,34 @@ void MlmTrain::runPart0(const Inputs &inputs) {
   support::oneHot(v122.data(), kShape0, v0.data(), kShape2, kShape1,
                   support::shardStart(world_, {"model"}, 32));
 
-  // roberta.mesh:67:30 mul
-  MESHRT_TRACE("loop", "roberta.mesh:67:30", "forward");
-  support::View v123 = arena_.view(114688, 1024);
-  loop5(v123.data(), v121.data(), v122.data());
-
   // roberta.mesh:67:21 sum
+  // roberta.mesh:67:30 mul
   MESHRT_TRACE("sum", "roberta.mesh:67:21", "forward");
-  support::View v124 = arena_.view(135424, 32);
-  support::reduce(v124.data(), kShape3, v123.data(), kShape4, kShape12, kShape10,
-                  support::Reduce::Sum, 1.0);
+  support::View v124 = arena_.view(114688, 32);
+  support::reduceProduct(v124.data(), kShape3, 32, v121.data(), kShape4, v122.data(), kShape4, 1.0);
 
   // roberta.mesh:68:21 mean -> chosen_fraction
   MESHRT_TRACE("mean", "roberta.mesh:68:21", "forward");
-  support::View v126 = arena_.view(135552, 1);
+  support::View v126 = arena_.view(135424, 1);
   support::reduce(v126.data(), kShape6, v18.data(), kShape6, kShape3, kShape13,
                   support::Reduce::Sum, 0.015625);
 
   // roberta.mesh:67:20 neg -> token_loss
   // roberta.mesh:70:29 mul
   MESHRT_TRACE("loop", "roberta.mesh:67:20", "forward");
-  support::View v127 = arena_.view(114688, 32);
-  loop6(v127.data(), v124.data(), v18.data());
+  support::View v127 = arena_.view(114816, 32);
+  loop5(v127.data(), v124.data(), v18.data());
 
   // roberta.mesh:70:14 sum
   MESHRT_TRACE("sum", "roberta.mesh:70:14", "forward");
-  support::View v128 = arena_.view(114816, 1);
+  support::View v128 = arena_.view(114688, 1);
   support::reduce(v128.data(), kShape6, v127.data(), kShape6, kShape3, kShape13,
+                  support::Reduce::Sum, 1.0);
+
+  // roberta.mesh:70:42 sum
+  MESHRT_TRACE("sum", "roberta.mesh:70:42", "forward");
+  support::View v129 = arena_.view(114752, 1);
+  support::reduce(v129.data(), kShape6, v18.data(), kShape6, kShape3, kShape13,
                   support::Reduce::Sum, 1.0);
 }
 
@@ -1780,25 +1781,19 @@ void MlmTrain::runPart1(const Inputs &inputs) {
   (void)inputs;
   MESHRT_TRACE_SPAN(world_);
 
-  // roberta.mesh:70:42 sum
-  MESHRT_TRACE("sum", "roberta.mesh:70:42", "forward");
-  support::View v18 = arena_.view(135296, 32);
-  support::View v129 = arena_.view(114688, 1);
-  support::reduce(v129.data(), kShape6, v18.data(), kShape6, kShape3, kShape13,
-                  support::Reduce::Sum, 1.0);
-
   // roberta.mesh:70:54 bucketed_all_reduce_sum -> chosen_fraction (2 partial sums (chosen_fraction,
   // %124) over data resolved together, 8 B in one buffer)
   MESHRT_TRACE_SITE("roberta.mesh:70:54");
-  support::View v126 = arena_.view(135552, 1);
+  support::View v126 = arena_.view(135424, 1);
+  support::View v129 = arena_.view(114752, 1);
   support::allReduceBucket(group_data, {v126, v129});
 
   // roberta.mesh:70:54 add
   // roberta.mesh:70:39 div -> loss
   MESHRT_TRACE("loop", "roberta.mesh:70:54", "forward");
-  support::View v128 = arena_.view(114816, 1);
-  support::View v132 = arena_.view(135424, 1);
-  support::View v133 = arena_.view(135488, 1);
+  support::View v128 = arena_.view(114688, 1);
+  support::View v132 = arena_.view(135488, 1);
+  support::View v133 = arena_.view(135552, 1);
   {
     float *__restrict v132p = v132.data();
     float *__restrict v133p = v133.data();
@@ -1832,11 +1827,12 @@ void MlmTrain::runPart1(const Inputs &inputs) {
   // roberta.mesh:67:30 mul
   // roberta.mesh:66:14 sub
   MESHRT_TRACE("loop", "roberta.mesh:70:39", "backward");
+  support::View v18 = arena_.view(135296, 32);
   const support::Buffer &v0 = inputs.tokens.data;
   support::View v121 = arena_.view(110592, 1024);
   support::View v122 = arena_.view(106496, 1024);
   support::View v150 = arena_.view(114688, 1024);
-  loop7(v150.data(), v132.data(), v18.data(), v0.data(), v121.data(), v122.data());
+  loop6(v150.data(), v132.data(), v18.data(), v0.data(), v121.data(), v122.data());
 
   // roberta.mesh:47:57 sum -> grad/roberta/lm_head/output_bias
   MESHRT_TRACE("sum", "roberta.mesh:47:57", "backward");
@@ -1909,7 +1905,7 @@ void MlmTrain::runPart1(const Inputs &inputs) {
   MESHRT_TRACE("loop", "roberta.mesh:46:18", "backward");
   support::View v111 = arena_.view(94208, 1024);
   support::View v195 = arena_.view(102400, 1024);
-  loop8(v195.data(), v111.data(), v116.data(), v167.data(), v156.data(), v169.data(), v165.data());
+  loop7(v195.data(), v111.data(), v116.data(), v167.data(), v156.data(), v169.data(), v165.data());
 
   // roberta.mesh:46:64 sum -> grad/roberta/lm_head/dense_bias
   MESHRT_TRACE("sum", "roberta.mesh:46:64", "backward");
@@ -1956,9 +1952,9 @@ void MlmTrain::runPart1(const Inputs &inputs) {
   // encoder_layers.mesh:19:10 mul
   MESHRT_TRACE("loop", "encoder_layers.mesh:19:10", "backward");
   support::View v216 = arena_.view(81920, 1024);
-  loop9(v216.data(), v103.data(), v211.data(), v201.data(), v213.data(), v209.data());
+  loop8(v216.data(), v103.data(), v211.data(), v201.data(), v213.data(), v209.data());
 
-  // 49 statements from encoder_layers.mesh:46:50 sum ->
+  // 48 statements from encoder_layers.mesh:46:50 sum ->
   // grad/roberta/encoder_layer[1]/dense_relu_dense/bo (1 of 2)
   MESHRT_TRACE_SITE("encoder_layers.mesh:46:50");
   support::View v92(param24_roberta_encoder_layer_1_dense_relu_dense_wo); // updated in place
@@ -1990,7 +1986,6 @@ void MlmTrain::runPart1(const Inputs &inputs) {
   support::View v261 = arena_.view(49152, 1024);
   support::View v80 = arena_.view(53248, 1024);
   support::View v262 = arena_.view(69632, 512);
-  support::View v263 = arena_.view(57344, 1024);
   support::View v264 = arena_.view(71680, 64);
   support::View v267 = arena_.view(57344, 1024);
   support::View v73 = arena_.view(129024, 512);
@@ -2032,11 +2027,11 @@ void MlmTrain::runPart1(const Inputs &inputs) {
   support::View v300 = arena_.view(45056, 1024);
   repeated1(v217, v216, v92, v218, v96, v219, v95, v236, v237, v90, v238, v240, v89, v241, v242,
             v87, v244, v245, v246, v84, v248, v249, v251, v85, v243, v252, v253, v255, v258, v71,
-            v259, v81, v260, v75, v261, v80, v262, v263, v264, v267, v73, v268, v72, v269, v70,
-            v271, v69, v276, v68, v280, v67, v274, v279, v282, v283, v284, v65, v286, v287, v288,
-            v62, v290, v291, v293, v63, v285, v294, v295, v297, v300);
+            v259, v81, v260, v75, v261, v80, v262, v264, v267, v73, v268, v72, v269, v70, v271, v69,
+            v276, v68, v280, v67, v274, v279, v282, v283, v284, v65, v286, v287, v288, v62, v290,
+            v291, v293, v63, v285, v294, v295, v297, v300);
 
-  // 49 statements from encoder_layers.mesh:46:50 sum ->
+  // 48 statements from encoder_layers.mesh:46:50 sum ->
   // grad/roberta/encoder_layer[1]/dense_relu_dense/bo (2 of 2)
   MESHRT_TRACE_SITE("encoder_layers.mesh:46:50");
   support::View v54(param12_roberta_encoder_layer_0_dense_relu_dense_wo); // updated in place
@@ -2068,7 +2063,6 @@ void MlmTrain::runPart1(const Inputs &inputs) {
   support::View v345 = arena_.view(12288, 1024);
   support::View v42 = arena_.view(16384, 1024);
   support::View v346 = arena_.view(32768, 512);
-  support::View v347 = arena_.view(20480, 1024);
   support::View v348 = arena_.view(34816, 64);
   support::View v351 = arena_.view(20480, 1024);
   support::View v35 = arena_.view(120832, 512);
@@ -2110,9 +2104,9 @@ void MlmTrain::runPart1(const Inputs &inputs) {
   support::View v384 = arena_.view(8192, 1024);
   repeated1(v301, v300, v54, v302, v58, v303, v57, v320, v321, v52, v322, v324, v51, v325, v326,
             v49, v328, v329, v330, v46, v332, v333, v335, v47, v327, v336, v337, v339, v342, v33,
-            v343, v43, v344, v37, v345, v42, v346, v347, v348, v351, v35, v352, v34, v353, v32,
-            v355, v31, v360, v30, v364, v29, v358, v363, v366, v367, v368, v27, v370, v371, v372,
-            v24, v374, v375, v377, v25, v369, v378, v379, v381, v384);
+            v343, v43, v344, v37, v345, v42, v346, v348, v351, v35, v352, v34, v353, v32, v355, v31,
+            v360, v30, v364, v29, v358, v363, v366, v367, v368, v27, v370, v371, v372, v24, v374,
+            v375, v377, v25, v369, v378, v379, v381, v384);
 
   // roberta.mesh:32:40 sum -> grad/roberta/positions
   MESHRT_TRACE("sum", "roberta.mesh:32:40", "backward");
@@ -2131,7 +2125,7 @@ void MlmTrain::runPart1(const Inputs &inputs) {
   // roberta.mesh:31:40 add -> grad/embedding
   MESHRT_TRACE("loop", "roberta.mesh:43:9", "backward");
   support::View v387 = arena_.view(4096, 1024);
-  loop10(v387.data(), v153.data(), v386.data());
+  loop9(v387.data(), v153.data(), v386.data());
 
   // roberta.mesh:71:3 bucketed_all_reduce_sum -> grad/roberta/lm_head/output_bias (33 partial sums
   // (grad/roberta/lm_head/output_bias, grad/roberta/lm_head/norm/bias,
@@ -2224,7 +2218,7 @@ void MlmTrain::runPart1(const Inputs &inputs) {
   support::View v19(param0_embedding);     // updated in place
   support::View v406(param34_embedding_v); // updated in place
   support::View v405(param33_embedding_m); // updated in place
-  loop11(v406.data(), v405.data(), v19.data(), v387.data(), v422.data(), v420.data(), v404.data());
+  loop10(v406.data(), v405.data(), v19.data(), v387.data(), v422.data(), v420.data(), v404.data());
 
   // roberta.mesh:71:3 mul
   // roberta.mesh:71:3 square
@@ -2246,7 +2240,7 @@ void MlmTrain::runPart1(const Inputs &inputs) {
   support::View v20(param1_roberta_positions);     // updated in place
   support::View v435(param36_roberta_positions_v); // updated in place
   support::View v434(param35_roberta_positions_m); // updated in place
-  loop12(v435.data(), v434.data(), v20.data(), v385.data(), v422.data(), v420.data(), v404.data());
+  loop11(v435.data(), v434.data(), v20.data(), v385.data(), v422.data(), v420.data(), v404.data());
 
   // 2 statements from roberta.mesh:71:3 mul (1 of 2)
   MESHRT_TRACE_SITE("roberta.mesh:71:3");
@@ -2346,7 +2340,7 @@ void MlmTrain::runPart1(const Inputs &inputs) {
   MESHRT_TRACE("loop", "roberta.mesh:71:3", "update");
   support::View v1002(param90_roberta_lm_head_dense_v); // updated in place
   support::View v1001(param89_roberta_lm_head_dense_m); // updated in place
-  loop11(v1002.data(), v1001.data(), v106.data(), v198.data(), v422.data(), v420.data(),
+  loop10(v1002.data(), v1001.data(), v106.data(), v198.data(), v422.data(), v420.data(),
          v404.data());
 
   // roberta.mesh:71:3 mul
@@ -2369,7 +2363,7 @@ void MlmTrain::runPart1(const Inputs &inputs) {
   support::View v107(param29_roberta_lm_head_dense_bias);    // updated in place
   support::View v1023(param92_roberta_lm_head_dense_bias_v); // updated in place
   support::View v1022(param91_roberta_lm_head_dense_bias_m); // updated in place
-  loop13(v1023.data(), v1022.data(), v107.data(), v196.data(), v422.data(), v420.data(),
+  loop12(v1023.data(), v1022.data(), v107.data(), v196.data(), v422.data(), v420.data(),
          v404.data());
 
   // roberta.mesh:71:3 mul
@@ -2392,7 +2386,7 @@ void MlmTrain::runPart1(const Inputs &inputs) {
   support::View v109(param30_roberta_lm_head_output_bias);    // updated in place
   support::View v1044(param94_roberta_lm_head_output_bias_v); // updated in place
   support::View v1043(param93_roberta_lm_head_output_bias_m); // updated in place
-  loop13(v1044.data(), v1043.data(), v109.data(), v151.data(), v422.data(), v420.data(),
+  loop12(v1044.data(), v1043.data(), v109.data(), v151.data(), v422.data(), v420.data(),
          v404.data());
 
   // 2 statements from roberta.mesh:71:3 mul (2 of 2)
@@ -2441,7 +2435,7 @@ void MlmTrain::repeated0(
   // roberta.mesh:71:3 mul
   // roberta.mesh:71:3 sub -> next/roberta/encoder_layer[0]/self_attention/q
   MESHRT_TRACE("loop", "roberta.mesh:71:3", "update");
-  loop12(a2.data(), a4.data(), a0.data(), a1.data(), a3.data(), a5.data(), a6.data());
+  loop11(a2.data(), a4.data(), a0.data(), a1.data(), a3.data(), a5.data(), a6.data());
 
   // roberta.mesh:71:3 mul
   // roberta.mesh:71:3 square
@@ -2460,7 +2454,7 @@ void MlmTrain::repeated0(
   // roberta.mesh:71:3 mul
   // roberta.mesh:71:3 sub -> next/roberta/encoder_layer[0]/self_attention/k
   MESHRT_TRACE("loop", "roberta.mesh:71:3", "update");
-  loop12(a9.data(), a10.data(), a7.data(), a8.data(), a3.data(), a5.data(), a6.data());
+  loop11(a9.data(), a10.data(), a7.data(), a8.data(), a3.data(), a5.data(), a6.data());
 
   // roberta.mesh:71:3 mul
   // roberta.mesh:71:3 square
@@ -2479,7 +2473,7 @@ void MlmTrain::repeated0(
   // roberta.mesh:71:3 mul
   // roberta.mesh:71:3 sub -> next/roberta/encoder_layer[0]/self_attention/v
   MESHRT_TRACE("loop", "roberta.mesh:71:3", "update");
-  loop12(a13.data(), a14.data(), a11.data(), a12.data(), a3.data(), a5.data(), a6.data());
+  loop11(a13.data(), a14.data(), a11.data(), a12.data(), a3.data(), a5.data(), a6.data());
 
   // roberta.mesh:71:3 mul
   // roberta.mesh:71:3 square
@@ -2498,7 +2492,7 @@ void MlmTrain::repeated0(
   // roberta.mesh:71:3 mul
   // roberta.mesh:71:3 sub -> next/roberta/encoder_layer[0]/self_attention/o
   MESHRT_TRACE("loop", "roberta.mesh:71:3", "update");
-  loop12(a17.data(), a18.data(), a15.data(), a16.data(), a3.data(), a5.data(), a6.data());
+  loop11(a17.data(), a18.data(), a15.data(), a16.data(), a3.data(), a5.data(), a6.data());
 
   // roberta.mesh:71:3 mul
   // roberta.mesh:71:3 square
@@ -2517,7 +2511,7 @@ void MlmTrain::repeated0(
   // roberta.mesh:71:3 mul
   // roberta.mesh:71:3 sub -> next/roberta/encoder_layer[0]/norm/gain
   MESHRT_TRACE("loop", "roberta.mesh:71:3", "update");
-  loop13(a21.data(), a22.data(), a19.data(), a20.data(), a3.data(), a5.data(), a6.data());
+  loop12(a21.data(), a22.data(), a19.data(), a20.data(), a3.data(), a5.data(), a6.data());
 
   // roberta.mesh:71:3 mul
   // roberta.mesh:71:3 square
@@ -2536,7 +2530,7 @@ void MlmTrain::repeated0(
   // roberta.mesh:71:3 mul
   // roberta.mesh:71:3 sub -> next/roberta/encoder_layer[0]/norm/bias
   MESHRT_TRACE("loop", "roberta.mesh:71:3", "update");
-  loop13(a25.data(), a26.data(), a23.data(), a24.data(), a3.data(), a5.data(), a6.data());
+  loop12(a25.data(), a26.data(), a23.data(), a24.data(), a3.data(), a5.data(), a6.data());
 
   // roberta.mesh:71:3 mul
   // roberta.mesh:71:3 square
@@ -2555,7 +2549,7 @@ void MlmTrain::repeated0(
   // roberta.mesh:71:3 mul
   // roberta.mesh:71:3 sub -> next/roberta/encoder_layer[0]/dense_relu_dense/wi
   MESHRT_TRACE("loop", "roberta.mesh:71:3", "update");
-  loop11(a29.data(), a30.data(), a27.data(), a28.data(), a3.data(), a5.data(), a6.data());
+  loop10(a29.data(), a30.data(), a27.data(), a28.data(), a3.data(), a5.data(), a6.data());
 
   // roberta.mesh:71:3 mul
   // roberta.mesh:71:3 square
@@ -2574,7 +2568,7 @@ void MlmTrain::repeated0(
   // roberta.mesh:71:3 mul
   // roberta.mesh:71:3 sub -> next/roberta/encoder_layer[0]/dense_relu_dense/bi
   MESHRT_TRACE("loop", "roberta.mesh:71:3", "update");
-  loop13(a33.data(), a34.data(), a31.data(), a32.data(), a3.data(), a5.data(), a6.data());
+  loop12(a33.data(), a34.data(), a31.data(), a32.data(), a3.data(), a5.data(), a6.data());
 
   // roberta.mesh:71:3 mul
   // roberta.mesh:71:3 square
@@ -2593,7 +2587,7 @@ void MlmTrain::repeated0(
   // roberta.mesh:71:3 mul
   // roberta.mesh:71:3 sub -> next/roberta/encoder_layer[0]/dense_relu_dense/wo
   MESHRT_TRACE("loop", "roberta.mesh:71:3", "update");
-  loop11(a37.data(), a38.data(), a35.data(), a36.data(), a3.data(), a5.data(), a6.data());
+  loop10(a37.data(), a38.data(), a35.data(), a36.data(), a3.data(), a5.data(), a6.data());
 
   // roberta.mesh:71:3 mul
   // roberta.mesh:71:3 square
@@ -2612,7 +2606,7 @@ void MlmTrain::repeated0(
   // roberta.mesh:71:3 mul
   // roberta.mesh:71:3 sub -> next/roberta/encoder_layer[0]/dense_relu_dense/bo
   MESHRT_TRACE("loop", "roberta.mesh:71:3", "update");
-  loop13(a41.data(), a42.data(), a39.data(), a40.data(), a3.data(), a5.data(), a6.data());
+  loop12(a41.data(), a42.data(), a39.data(), a40.data(), a3.data(), a5.data(), a6.data());
 
   // roberta.mesh:71:3 mul
   // roberta.mesh:71:3 square
@@ -2631,7 +2625,7 @@ void MlmTrain::repeated0(
   // roberta.mesh:71:3 mul
   // roberta.mesh:71:3 sub -> next/roberta/encoder_layer[0]/norm#1/gain
   MESHRT_TRACE("loop", "roberta.mesh:71:3", "update");
-  loop13(a45.data(), a46.data(), a43.data(), a44.data(), a3.data(), a5.data(), a6.data());
+  loop12(a45.data(), a46.data(), a43.data(), a44.data(), a3.data(), a5.data(), a6.data());
 
   // roberta.mesh:71:3 mul
   // roberta.mesh:71:3 square
@@ -2650,7 +2644,7 @@ void MlmTrain::repeated0(
   // roberta.mesh:71:3 mul
   // roberta.mesh:71:3 sub -> next/roberta/encoder_layer[0]/norm#1/bias
   MESHRT_TRACE("loop", "roberta.mesh:71:3", "update");
-  loop13(a49.data(), a50.data(), a47.data(), a48.data(), a3.data(), a5.data(), a6.data());
+  loop12(a49.data(), a50.data(), a47.data(), a48.data(), a3.data(), a5.data(), a6.data());
 }
 
 void MlmTrain::repeated1(
@@ -2663,14 +2657,14 @@ void MlmTrain::repeated1(
     support::View a24, support::View a25, support::View a26, support::View a27, support::View a28,
     support::ConstView a29, support::View a30, support::ConstView a31, support::View a32,
     support::ConstView a33, support::View a34, support::ConstView a35, support::View a36,
-    support::View a37, support::View a38, support::View a39, support::ConstView a40,
-    support::View a41, support::ConstView a42, support::View a43, support::ConstView a44,
-    support::View a45, support::ConstView a46, support::View a47, support::ConstView a48,
-    support::View a49, support::ConstView a50, support::View a51, support::View a52,
-    support::View a53, support::View a54, support::View a55, support::ConstView a56,
-    support::View a57, support::View a58, support::View a59, support::ConstView a60,
-    support::View a61, support::View a62, support::View a63, support::ConstView a64,
-    support::View a65, support::View a66, support::View a67, support::View a68, support::View a69) {
+    support::View a37, support::View a38, support::ConstView a39, support::View a40,
+    support::ConstView a41, support::View a42, support::ConstView a43, support::View a44,
+    support::ConstView a45, support::View a46, support::ConstView a47, support::View a48,
+    support::ConstView a49, support::View a50, support::View a51, support::View a52,
+    support::View a53, support::View a54, support::ConstView a55, support::View a56,
+    support::View a57, support::View a58, support::ConstView a59, support::View a60,
+    support::View a61, support::View a62, support::ConstView a63, support::View a64,
+    support::View a65, support::View a66, support::View a67, support::View a68) {
   MESHRT_TRACE_SPAN(world_);
 
   // encoder_layers.mesh:46:50 sum -> grad/roberta/encoder_layer[1]/dense_relu_dense/bo
@@ -2706,7 +2700,7 @@ void MlmTrain::repeated1(
   // encoder_layers.mesh:45:11 add
   // encoder_layers.mesh:45:11 mul
   MESHRT_TRACE("loop", "encoder_layers.mesh:45:11", "backward");
-  loop14(a7.data(), a6.data(), a3.data());
+  loop13(a7.data(), a6.data(), a3.data());
 
   // encoder_layers.mesh:45:53 sum -> grad/roberta/encoder_layer[1]/dense_relu_dense/bi
   MESHRT_TRACE("sum", "encoder_layers.mesh:45:53", "backward");
@@ -2725,7 +2719,7 @@ void MlmTrain::repeated1(
 
   // encoder_layers.mesh:45:16 add
   MESHRT_TRACE("loop", "encoder_layers.mesh:45:16", "backward");
-  loop15(a11.data(), a1.data(), a10.data());
+  loop14(a11.data(), a1.data(), a10.data());
 
   // encoder_layers.mesh:45:16 einsum -> grad/roberta/encoder_layer[1]/dense_relu_dense/wi
   MESHRT_TRACE("gemm", "encoder_layers.mesh:45:16", "backward");
@@ -2739,7 +2733,7 @@ void MlmTrain::repeated1(
 
   // encoder_layers.mesh:19:46 mul
   MESHRT_TRACE("loop", "encoder_layers.mesh:19:46", "backward");
-  loop5(a16.data(), a11.data(), a15.data());
+  loop15(a16.data(), a11.data(), a15.data());
 
   // encoder_layers.mesh:19:46 sum -> grad/roberta/encoder_layer[1]/norm/gain
   MESHRT_TRACE("sum", "encoder_layers.mesh:19:46", "backward");
@@ -2786,7 +2780,7 @@ void MlmTrain::repeated1(
   // encoder_layers.mesh:19:10 sub
   // encoder_layers.mesh:19:10 mul
   MESHRT_TRACE("loop", "encoder_layers.mesh:19:10", "backward");
-  loop9(a28.data(), a15.data(), a26.data(), a24.data(), a27.data(), a22.data());
+  loop8(a28.data(), a15.data(), a26.data(), a24.data(), a27.data(), a22.data());
 
   // encoder_layers.mesh:35:10 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:35:10", "backward");
@@ -2808,61 +2802,57 @@ void MlmTrain::repeated1(
   // dims: batch, length, heads, d_kv, memory_length
   kEinsum9.plan().run(a30.data(), a35.data(), a36.data(), 1.0f, 0.0f);
 
-  // encoder_layers.mesh:33:17 mul
-  MESHRT_TRACE("loop", "encoder_layers.mesh:33:17", "backward");
-  loop5(a37.data(), a34.data(), a35.data());
-
   // encoder_layers.mesh:33:17 sum
+  // encoder_layers.mesh:33:17 mul
   MESHRT_TRACE("sum", "encoder_layers.mesh:33:17", "backward");
-  support::reduce(a38.data(), kShape7, a37.data(), kShape8, kShape9, kShape10, support::Reduce::Sum,
-                  1.0);
+  support::reduceProduct(a37.data(), kShape7, 16, a34.data(), kShape8, a35.data(), kShape8, 1.0);
 
   // encoder_layers.mesh:33:17 sub
   // encoder_layers.mesh:33:17 mul
   // encoder_layers.mesh:32:77 mul
   MESHRT_TRACE("loop", "encoder_layers.mesh:33:17", "backward");
-  loop19(a39.data(), a34.data(), a38.data(), a35.data());
+  loop19(a38.data(), a34.data(), a37.data(), a35.data());
 
   // encoder_layers.mesh:32:16 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:32:16", "backward");
   // dims: batch, heads, length, memory_length, d_kv
-  kEinsum3.plan().run(a39.data(), a40.data(), a41.data(), 1.0f, 0.0f);
+  kEinsum3.plan().run(a38.data(), a39.data(), a40.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:32:16 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:32:16", "backward");
   // dims: batch, heads, length, memory_length, d_kv
-  kEinsum10.plan().run(a39.data(), a42.data(), a43.data(), 1.0f, 0.0f);
+  kEinsum10.plan().run(a38.data(), a41.data(), a42.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:30:23 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:30:23", "backward");
   // dims: batch, length, heads, d_kv, d_model
-  kEinsum11.plan().run(a36.data(), a44.data(), a45.data(), 1.0f, 0.0f);
+  kEinsum11.plan().run(a36.data(), a43.data(), a44.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:29:21 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:29:21", "backward");
   // dims: batch, length, heads, d_kv, d_model
-  kEinsum11.plan().run(a43.data(), a46.data(), a47.data(), 1.0f, 0.0f);
+  kEinsum11.plan().run(a42.data(), a45.data(), a46.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:28:17 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:28:17", "backward");
   // dims: batch, length, heads, d_kv, d_model
-  kEinsum11.plan().run(a41.data(), a48.data(), a49.data(), 1.0f, 0.0f);
+  kEinsum11.plan().run(a40.data(), a47.data(), a48.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:30:23 bucketed_all_reduce_sum (resolve the partial sum of %263 over model
   // for add at 30:23; merged with 2 more partial sums over model (%277, %281): 12.0 KiB in one
   // buffer)
   MESHRT_TRACE_SITE("encoder_layers.mesh:30:23");
-  auto request2 = support::startAllReduce(group_model, {a45, a47, a49}, meshrt::ReduceOp::Sum);
+  auto request2 = support::startAllReduce(group_model, {a44, a46, a48}, meshrt::ReduceOp::Sum);
 
   // encoder_layers.mesh:30:23 einsum -> grad/roberta/encoder_layer[1]/self_attention/v
   MESHRT_TRACE("gemm", "encoder_layers.mesh:30:23", "backward");
   // dims: batch, length, heads, d_kv, d_model
-  kEinsum12.plan().run(a36.data(), a50.data(), a51.data(), 1.0f, 0.0f);
+  kEinsum12.plan().run(a36.data(), a49.data(), a50.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:29:21 einsum -> grad/roberta/encoder_layer[1]/self_attention/k
   MESHRT_TRACE("gemm", "encoder_layers.mesh:29:21", "backward");
   // dims: batch, length, heads, d_kv, d_model
-  kEinsum12.plan().run(a43.data(), a50.data(), a52.data(), 1.0f, 0.0f);
+  kEinsum12.plan().run(a42.data(), a49.data(), a51.data(), 1.0f, 0.0f);
 
   MESHRT_TRACE_SITE("encoder_layers.mesh:30:23");
   group_model.wait(request2);
@@ -2871,60 +2861,60 @@ void MlmTrain::repeated1(
   // encoder_layers.mesh:29:21 add
   // encoder_layers.mesh:28:17 add
   MESHRT_TRACE("loop", "encoder_layers.mesh:30:23", "backward");
-  loop20(a53.data(), a28.data(), a45.data(), a47.data(), a49.data());
+  loop20(a52.data(), a28.data(), a44.data(), a46.data(), a48.data());
 
   // encoder_layers.mesh:28:17 einsum -> grad/roberta/encoder_layer[1]/self_attention/q
   MESHRT_TRACE("gemm", "encoder_layers.mesh:28:17", "backward");
   // dims: batch, length, heads, d_kv, d_model
-  kEinsum12.plan().run(a41.data(), a50.data(), a54.data(), 1.0f, 0.0f);
+  kEinsum12.plan().run(a40.data(), a49.data(), a53.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:19:53 sum -> grad/roberta/encoder_layer[0]/norm#1/bias
   MESHRT_TRACE("sum", "encoder_layers.mesh:19:53", "backward");
-  support::reduce(a55.data(), kShape12, a53.data(), kShape10, kShape3, kShape4,
+  support::reduce(a54.data(), kShape12, a52.data(), kShape10, kShape3, kShape4,
                   support::Reduce::Sum, 1.0);
 
   // encoder_layers.mesh:19:46 mul
   MESHRT_TRACE("loop", "encoder_layers.mesh:19:46", "backward");
-  loop5(a57.data(), a53.data(), a56.data());
+  loop15(a56.data(), a52.data(), a55.data());
 
   // encoder_layers.mesh:19:46 sum -> grad/roberta/encoder_layer[0]/norm#1/gain
   MESHRT_TRACE("sum", "encoder_layers.mesh:19:46", "backward");
-  support::reduce(a58.data(), kShape12, a57.data(), kShape10, kShape3, kShape4,
+  support::reduce(a57.data(), kShape12, a56.data(), kShape10, kShape3, kShape4,
                   support::Reduce::Sum, 1.0);
 
   // encoder_layers.mesh:19:10 mean
   MESHRT_TRACE("mean", "encoder_layers.mesh:19:10", "backward");
-  support::reduce(a59.data(), kShape3, a60.data(), kShape4, kShape12, kShape10,
+  support::reduce(a58.data(), kShape3, a59.data(), kShape4, kShape12, kShape10,
                   support::Reduce::Sum, 0.03125);
 
   // encoder_layers.mesh:19:10 sub
   // encoder_layers.mesh:19:10 square
   MESHRT_TRACE("loop", "encoder_layers.mesh:19:10", "backward");
-  loop16(a61.data(), a60.data(), a59.data());
+  loop16(a60.data(), a59.data(), a58.data());
 
   // encoder_layers.mesh:19:10 mean
   MESHRT_TRACE("mean", "encoder_layers.mesh:19:10", "backward");
-  support::reduce(a62.data(), kShape3, a61.data(), kShape4, kShape12, kShape10,
+  support::reduce(a61.data(), kShape3, a60.data(), kShape4, kShape12, kShape10,
                   support::Reduce::Sum, 0.03125);
 
   // encoder_layers.mesh:19:10 add
   // encoder_layers.mesh:19:10 rsqrt
   MESHRT_TRACE("loop", "encoder_layers.mesh:19:10", "backward");
-  loop17(a63.data(), a62.data());
+  loop17(a62.data(), a61.data());
 
   // encoder_layers.mesh:19:46 mul
   // encoder_layers.mesh:19:10 mul
   MESHRT_TRACE("loop", "encoder_layers.mesh:19:46", "backward");
-  loop18(a65.data(), a66.data(), a53.data(), a64.data(), a56.data());
+  loop18(a64.data(), a65.data(), a52.data(), a63.data(), a55.data());
 
   // encoder_layers.mesh:19:10 mean
   MESHRT_TRACE("mean", "encoder_layers.mesh:19:10", "backward");
-  support::reduce(a67.data(), kShape3, a66.data(), kShape4, kShape12, kShape10,
+  support::reduce(a66.data(), kShape3, a65.data(), kShape4, kShape12, kShape10,
                   support::Reduce::Sum, 0.03125);
 
   // encoder_layers.mesh:19:10 mean
   MESHRT_TRACE("mean", "encoder_layers.mesh:19:10", "backward");
-  support::reduce(a68.data(), kShape3, a65.data(), kShape4, kShape12, kShape10,
+  support::reduce(a67.data(), kShape3, a64.data(), kShape4, kShape12, kShape10,
                   support::Reduce::Sum, 0.03125);
 
   // encoder_layers.mesh:19:10 mul
@@ -2932,7 +2922,7 @@ void MlmTrain::repeated1(
   // encoder_layers.mesh:19:10 sub
   // encoder_layers.mesh:19:10 mul
   MESHRT_TRACE("loop", "encoder_layers.mesh:19:10", "backward");
-  loop9(a69.data(), a56.data(), a67.data(), a65.data(), a68.data(), a63.data());
+  loop8(a68.data(), a55.data(), a66.data(), a64.data(), a67.data(), a62.data());
 }
 
 void MlmTrain::repeated2(support::ConstView a0, support::ConstView a1, support::View a2,
@@ -2989,7 +2979,7 @@ void MlmTrain::repeated2(support::ConstView a0, support::ConstView a1, support::
 
   // roberta.mesh:22:18 add
   MESHRT_TRACE("loop", "roberta.mesh:22:18", "forward");
-  loop15(a12.data(), a0.data(), a11.data());
+  loop14(a12.data(), a0.data(), a11.data());
 
   // encoder_layers.mesh:19:10 layer_norm
   MESHRT_TRACE("layer_norm", "encoder_layers.mesh:19:10", "forward");
@@ -3060,7 +3050,7 @@ void MlmTrain::repeated3(support::View a0, support::ConstView a1, support::View 
   // roberta.mesh:71:3 mul
   // roberta.mesh:71:3 sub -> next/roberta/norm/gain
   MESHRT_TRACE("loop", "roberta.mesh:71:3", "update");
-  loop13(a2.data(), a4.data(), a0.data(), a1.data(), a3.data(), a5.data(), a6.data());
+  loop12(a2.data(), a4.data(), a0.data(), a1.data(), a3.data(), a5.data(), a6.data());
 
   // roberta.mesh:71:3 mul
   // roberta.mesh:71:3 square
@@ -3079,7 +3069,7 @@ void MlmTrain::repeated3(support::View a0, support::ConstView a1, support::View 
   // roberta.mesh:71:3 mul
   // roberta.mesh:71:3 sub -> next/roberta/norm/bias
   MESHRT_TRACE("loop", "roberta.mesh:71:3", "update");
-  loop13(a9.data(), a10.data(), a7.data(), a8.data(), a3.data(), a5.data(), a6.data());
+  loop12(a9.data(), a10.data(), a7.data(), a8.data(), a3.data(), a5.data(), a6.data());
 }
 
 void MlmTrain::repeated4(support::View a0, support::ConstView a1, support::ConstView a2,
@@ -3096,7 +3086,7 @@ void MlmTrain::repeated4(support::View a0, support::ConstView a1, support::Const
 
   // encoder_layers.mesh:19:46 mul
   MESHRT_TRACE("loop", "encoder_layers.mesh:19:46", "backward");
-  loop5(a3.data(), a1.data(), a2.data());
+  loop15(a3.data(), a1.data(), a2.data());
 
   // encoder_layers.mesh:19:46 sum -> grad/roberta/lm_head/norm/gain
   MESHRT_TRACE("sum", "encoder_layers.mesh:19:46", "backward");

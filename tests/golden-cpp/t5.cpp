@@ -721,16 +721,6 @@ static const support::SharedEinsum
 }
 
 [[gnu::noinline]] static void loop59(float *__restrict p0, const float *__restrict p1,
-                                     const float *__restrict p2) {
-  for (int64_t i0 = 0; i0 < 512; ++i0) {
-    const float s0 = p1[i0];
-    const float s1 = p2[i0];
-    const float s2 = (s0 * s1);
-    p0[i0] = s2;
-  }
-}
-
-[[gnu::noinline]] static void loop60(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3) {
   for (int64_t i0 = 0; i0 < 16; ++i0) {
     for (int64_t i1 = 0; i1 < 32; ++i1) {
@@ -756,11 +746,21 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop61(float *__restrict p0, const float *__restrict p1) {
+[[gnu::noinline]] static void loop60(float *__restrict p0, const float *__restrict p1) {
   for (int64_t i0 = 0; i0 < 16; ++i0) {
     const float s0 = p1[i0];
     const float s1 = support::fexp(s0);
     p0[i0] = s1;
+  }
+}
+
+[[gnu::noinline]] static void loop61(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2) {
+  for (int64_t i0 = 0; i0 < 512; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = p2[i0];
+    const float s2 = (s0 * s1);
+    p0[i0] = s2;
   }
 }
 
@@ -1417,16 +1417,6 @@ static const support::SharedEinsum
 }
 
 [[gnu::noinline]] static void loop104(float *__restrict p0, const float *__restrict p1,
-                                      const float *__restrict p2) {
-  for (int64_t i0 = 0; i0 < 256; ++i0) {
-    const float s0 = p1[i0];
-    const float s1 = p2[i0];
-    const float s2 = (s0 * s1);
-    p0[i0] = s2;
-  }
-}
-
-[[gnu::noinline]] static void loop105(float *__restrict p0, const float *__restrict p1,
                                       const float *__restrict p2, const float *__restrict p3) {
   for (int64_t i0 = 0; i0 < 32; ++i0) {
     for (int64_t i1 = 0; i1 < 8; ++i1) {
@@ -1440,7 +1430,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop106(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop105(float *__restrict p0, const float *__restrict p1,
                                       const float *__restrict p2, const float *__restrict p3) {
   for (int64_t i0 = 0; i0 < 512; ++i0) {
     const float s0 = p1[i0];
@@ -1452,7 +1442,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop107(float *__restrict p0, float *__restrict p1,
+[[gnu::noinline]] static void loop106(float *__restrict p0, float *__restrict p1,
                                       const float *__restrict p2, const float *__restrict p3,
                                       const float *__restrict p4) {
   for (int64_t i0 = 0; i0 < 16; ++i0) {
@@ -1468,7 +1458,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop108(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop107(float *__restrict p0, const float *__restrict p1,
                                       const float *__restrict p2, const float *__restrict p3) {
   const float r1 = p2[0];
   const float r3 = p3[0];
@@ -1484,7 +1474,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop109(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop108(float *__restrict p0, const float *__restrict p1,
                                       const float *__restrict p2) {
   const float r1 = p2[0];
   for (int64_t i0 = 0; i0 < 8; ++i0) {
@@ -1496,7 +1486,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop110(float *__restrict p0, const float *__restrict p1) {
+[[gnu::noinline]] static void loop109(float *__restrict p0, const float *__restrict p1) {
   for (int64_t i0 = 0; i0 < 2; ++i0) {
     const float s0 = p1[i0];
     const float s1 = 1.0f / support::fsqrt(s0);
@@ -1504,7 +1494,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop111(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop110(float *__restrict p0, const float *__restrict p1,
                                       const float *__restrict p2, const float *__restrict p3) {
   const float r0 = p1[0];
   for (int64_t i0 = 0; i0 < 8; ++i0) {
@@ -1517,7 +1507,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop112(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop111(float *__restrict p0, const float *__restrict p1,
                                       const float *__restrict p2, const float *__restrict p3,
                                       const float *__restrict p4, const float *__restrict p5) {
   const float r3 = p4[0];
@@ -1540,7 +1530,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop113(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop112(float *__restrict p0, const float *__restrict p1,
                                       const float *__restrict p2, const float *__restrict p3) {
   const float r1 = p2[0];
   const float r3 = p3[0];
@@ -1556,7 +1546,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop114(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop113(float *__restrict p0, const float *__restrict p1,
                                       const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 8; ++i0) {
     for (int64_t i1 = 0; i1 < 2; ++i1) {
@@ -3745,7 +3735,7 @@ void T5Train::computeInvariants() {
 
 T5Train::Outputs T5Train::run(const Inputs &inputs) {
   MESHRT_TRACE_RUN(world_, "t5_train");
-  // Arena: 194688 bytes for 1096708 bytes of temporaries (placed by liveness).
+  // Arena: 194688 bytes for 1080324 bytes of temporaries (placed by liveness).
   support::checkShape("input", "input_ids", inputs.input_ids, {2, 16});
   support::checkShape("input", "target_ids", inputs.target_ids, {2, 8});
   runPart0(inputs);
@@ -4276,16 +4266,12 @@ void T5Train::runPart1(const Inputs &inputs) {
   support::oneHot(v308.data(), kShape10, v1.data(), kShape11, kShape6,
                   support::shardStart(world_, {"model"}, 32));
 
-  // t5.mesh:149:51 mul
-  MESHRT_TRACE("loop", "t5.mesh:149:51", "forward");
-  support::View v309 = arena_.view(169984, 512);
-  loop59(v309.data(), v307.data(), v308.data());
-
   // t5.mesh:149:20 sum -> token_logp
+  // t5.mesh:149:51 mul
   MESHRT_TRACE("sum", "t5.mesh:149:20", "forward");
   support::View v310 = arena_.view(190656, 16);
-  support::reduce(v310.data(), kShape9, v309.data(), kShape15, kShape4, kShape1,
-                  support::Reduce::Sum, 1.0);
+  support::reduceProduct(v310.data(), kShape9, 32, v307.data(), kShape15, v308.data(), kShape15,
+                         1.0);
 
   // t5.mesh:149:24 lt
   // t5.mesh:149:24 ge
@@ -4298,7 +4284,7 @@ void T5Train::runPart1(const Inputs &inputs) {
   // t5.mesh:149:24 sub
   MESHRT_TRACE("loop", "t5.mesh:149:24", "backward");
   support::View v332 = arena_.view(169984, 512);
-  loop60(v332.data(), v1.data(), v307.data(), v308.data());
+  loop59(v332.data(), v1.data(), v307.data(), v308.data());
 
   // t5.mesh:125:10 einsum
   // t5.mesh:125:29 mul
@@ -4315,12 +4301,18 @@ void T5Train::runPart1(const Inputs &inputs) {
   // t5.mesh:150:29 exp
   MESHRT_TRACE("loop", "t5.mesh:150:29", "forward");
   support::View v312 = arena_.view(86016, 16);
-  loop61(v312.data(), v310.data());
+  loop60(v312.data(), v310.data());
 
   // t5.mesh:150:24 mean -> target_probability
   MESHRT_TRACE("mean", "t5.mesh:150:24", "forward");
   support::View v313 = arena_.view(194560, 1);
   support::reduce(v313.data(), kShape21, v312.data(), kShape21, kShape9, kShape26,
+                  support::Reduce::Sum, 0.03125);
+
+  // t5.mesh:151:15 mean
+  MESHRT_TRACE("mean", "t5.mesh:151:15", "forward");
+  support::View v314 = arena_.view(86016, 1);
+  support::reduce(v314.data(), kShape21, v310.data(), kShape21, kShape9, kShape26,
                   support::Reduce::Sum, 0.03125);
 }
 
@@ -4328,15 +4320,9 @@ void T5Train::runPart2(const Inputs &inputs) {
   (void)inputs;
   MESHRT_TRACE_SPAN(world_);
 
-  // t5.mesh:151:15 mean
-  MESHRT_TRACE("mean", "t5.mesh:151:15", "forward");
-  support::View v310 = arena_.view(190656, 16);
-  support::View v314 = arena_.view(86016, 1);
-  support::reduce(v314.data(), kShape21, v310.data(), kShape21, kShape9, kShape26,
-                  support::Reduce::Sum, 0.03125);
-
   // t5.mesh:151:14 neg -> loss
   MESHRT_TRACE("loop", "t5.mesh:151:14", "forward");
+  support::View v314 = arena_.view(86016, 1);
   support::View v315 = arena_.view(194624, 1);
   {
     float *__restrict v315p = v315.data();
@@ -4359,7 +4345,7 @@ void T5Train::runPart2(const Inputs &inputs) {
   support::View v333 = arena_.view(165888, 512);
   support::View v302 = arena_.view(90112, 512);
   support::View v338 = arena_.view(163840, 512);
-  loop59(v338.data(), v333.data(), v302.data());
+  loop61(v338.data(), v333.data(), v302.data());
 
   // t5.mesh:40:53 sum -> grad/decoder/rms_norm/scale
   MESHRT_TRACE("sum", "t5.mesh:40:53", "backward");
@@ -4378,7 +4364,7 @@ void T5Train::runPart2(const Inputs &inputs) {
   support::View v341 = arena_.view(163840, 512);
   loop62(v340.data(), v341.data(), v333.data(), v296.data(), v301.data(), v295.data());
 
-  // 26 statements from t5.mesh:40:12 sum (1 of 2)
+  // 25 statements from t5.mesh:40:12 sum (1 of 2)
   MESHRT_TRACE_SITE("t5.mesh:40:12");
   support::View v342 = arena_.view(165888, 16);
   support::View v353 = arena_.view(163840, 512);
@@ -4406,7 +4392,6 @@ void T5Train::runPart2(const Inputs &inputs) {
   support::View v277 = arena_.view(102400, 512);
   support::View v379 = arena_.view(159744, 512);
   support::View v278_c0 = arena_.view(177152, 256);
-  support::View v381 = arena_.view(100352, 512);
   support::View v382 = arena_.view(165888, 32);
   support::View v384 = arena_.view(100352, 512);
   support::View v271 = arena_.view(98304, 512);
@@ -4423,10 +4408,10 @@ void T5Train::runPart2(const Inputs &inputs) {
   support::View v388 = arena_.view(98304, 1024);
   support::View v389 = arena_.view(167936, 512);
   support::View v391 = arena_.view(102400, 1024);
-  repeated5(v342, v341, v295, v301, v340, v353, v290, v354, v292, v355, v291, v358, v289, v359,
+  repeated6(v342, v341, v295, v301, v340, v353, v290, v354, v292, v355, v291, v358, v289, v359,
             v288, v360, v287, v363, v364, v281, v286, v280, v366, v367, v368, v377, v269, v378_c0,
-            v273, v378, v277, v379, v278_c0, v380, v381, v382, v384, v271, v385, v270, v386, v268,
-            v388, v122, v389, v267, v391);
+            v273, v378, v277, v379, v278_c0, v380, v382, v384, v271, v385, v270, v386, v268, v388,
+            v122, v389, v267, v391);
 
   // t5.mesh:81:21 einsum -> grad/decoder/attention#1[1]/k
   MESHRT_TRACE("gemm", "t5.mesh:81:21", "backward");
@@ -4455,7 +4440,7 @@ void T5Train::runPart2(const Inputs &inputs) {
   MESHRT_TRACE_SITE("t5.mesh:40:53");
   group_model.wait(request1);
 
-  // 21 statements from t5.mesh:40:53 mul (1 of 2)
+  // 20 statements from t5.mesh:40:53 mul (1 of 2)
   MESHRT_TRACE_SITE("t5.mesh:40:53");
   support::View v264 = arena_.view(155648, 512);
   support::View v398 = arena_.view(157696, 512);
@@ -4473,7 +4458,6 @@ void T5Train::runPart2(const Inputs &inputs) {
   support::View v254 = arena_.view(175104, 256);
   support::View v414 = arena_.view(165888, 256);
   support::View v255_c0 = arena_.view(187392, 256);
-  support::View v416 = arena_.view(156672, 256);
   support::View v417 = arena_.view(161792, 32);
   support::View v419 = arena_.view(156672, 256);
   support::View v248 = arena_.view(173056, 256);
@@ -4494,8 +4478,8 @@ void T5Train::runPart2(const Inputs &inputs) {
   support::View v429 = arena_.view(172032, 512);
   support::View v431 = arena_.view(176128, 512);
   repeated7(v394, v264, v398, v399, v258, v263, v377, v257, v401, v402, v403, v412, v246, v413_c0,
-            v250, v413, v254, v414, v255_c0, v415, v416, v417, v419, v420, v248, v421, v247, v422,
-            v245, v424, v242, v425, v244, v427, v429, v243, v430, v431);
+            v250, v413, v254, v414, v255_c0, v415, v417, v419, v420, v248, v421, v247, v422, v245,
+            v424, v242, v425, v244, v427, v429, v243, v430, v431);
 
   // t5.mesh:40:53 all_reduce_sum (resolve the partial sum of %415 over model for mul at 40:53)
   MESHRT_TRACE_SITE("t5.mesh:40:53");
@@ -4522,7 +4506,7 @@ void T5Train::runPart2(const Inputs &inputs) {
   support::View v439 = arena_.view(151552, 512);
   repeated17(v431, v241, v435, v436, v235, v240, v412, v234, v438, v439);
 
-  // 26 statements from t5.mesh:40:12 sum (2 of 2)
+  // 25 statements from t5.mesh:40:12 sum (2 of 2)
   MESHRT_TRACE_SITE("t5.mesh:40:12");
   support::View v440 = arena_.view(157696, 16);
   support::View v449 = arena_.view(151552, 512);
@@ -4550,7 +4534,6 @@ void T5Train::runPart2(const Inputs &inputs) {
   support::View v216 = arena_.view(118784, 512);
   support::View v474 = arena_.view(122880, 512);
   support::View v217_c0 = arena_.view(189440, 256);
-  support::View v476 = arena_.view(116736, 512);
   support::View v477 = arena_.view(124928, 32);
   support::View v479 = arena_.view(116736, 512);
   support::View v210 = arena_.view(114688, 512);
@@ -4566,10 +4549,10 @@ void T5Train::runPart2(const Inputs &inputs) {
   support::View v483 = arena_.view(114688, 1024);
   support::View v485 = arena_.view(174080, 512);
   support::View v487 = arena_.view(118784, 1024);
-  repeated5(v440, v439, v234, v240, v438, v449, v229, v450, v231, v451, v230, v453, v228, v454,
+  repeated6(v440, v439, v234, v240, v438, v449, v229, v450, v231, v451, v230, v453, v228, v454,
             v227, v455, v226, v458, v459, v220, v225, v219, v461, v462, v463, v472, v208, v473_c0,
-            v212, v473, v216, v474, v217_c0, v475, v476, v477, v479, v210, v480, v209, v481, v207,
-            v483, v122, v485, v206, v487);
+            v212, v473, v216, v474, v217_c0, v475, v477, v479, v210, v480, v209, v481, v207, v483,
+            v122, v485, v206, v487);
 
   // t5.mesh:81:21 add
   // t5.mesh:82:23 add
@@ -4605,20 +4588,13 @@ void T5Train::runPart2(const Inputs &inputs) {
 
   MESHRT_TRACE_SITE("t5.mesh:40:53");
   group_model.wait(request4);
-}
 
-void T5Train::runPart3(const Inputs &inputs) {
-  (void)inputs;
-  MESHRT_TRACE_SPAN(world_);
-
-  // 21 statements from t5.mesh:40:53 mul (2 of 2)
+  // 20 statements from t5.mesh:40:53 mul (2 of 2)
   MESHRT_TRACE_SITE("t5.mesh:40:53");
-  support::View v490 = arena_.view(81920, 512);
   support::View v203 = arena_.view(147456, 512);
   support::View v494 = arena_.view(83968, 512);
   support::View v197(param25_decoder_rms_norm_1_0_scale); // updated in place
   support::View v202 = arena_.view(192128, 16);
-  support::View v472 = arena_.view(151552, 512);
   support::View v196 = arena_.view(145408, 512);
   support::View v497 = arena_.view(83968, 512);
   support::View v498 = arena_.view(98304, 512);
@@ -4631,7 +4607,6 @@ void T5Train::runPart3(const Inputs &inputs) {
   support::View v193 = arena_.view(185344, 256);
   support::View v510 = arena_.view(83968, 256);
   support::View v194_c0 = arena_.view(188416, 256);
-  support::View v512 = arena_.view(82944, 256);
   support::View v513 = arena_.view(84992, 32);
   support::View v515 = arena_.view(82944, 256);
   support::View v187 = arena_.view(183296, 256);
@@ -4652,11 +4627,18 @@ void T5Train::runPart3(const Inputs &inputs) {
   support::View v526 = arena_.view(145408, 512);
   support::View v528 = arena_.view(104448, 512);
   repeated7(v490, v203, v494, v495, v197, v202, v472, v196, v497, v498, v499, v508, v185, v509_c0,
-            v189, v509, v193, v510, v194_c0, v511, v512, v513, v515, v516, v187, v518, v186, v519,
-            v184, v521, v181, v522, v183, v524, v526, v182, v527, v528);
+            v189, v509, v193, v510, v194_c0, v511, v513, v515, v516, v187, v518, v186, v519, v184,
+            v521, v181, v522, v183, v524, v526, v182, v527, v528);
+}
+
+void T5Train::runPart3(const Inputs &inputs) {
+  (void)inputs;
+  MESHRT_TRACE_SPAN(world_);
 
   // t5.mesh:80:17 einsum -> grad/decoder/attention[0]/q
   MESHRT_TRACE("gemm", "t5.mesh:80:17", "backward");
+  support::View v518 = arena_.view(100352, 256);
+  support::View v181 = arena_.view(137216, 512);
   support::View v529 = arena_.view(147456, 512);
   // dims: batch, targets, heads, d_kv, d_model
   kEinsum16.plan().run(v518.data(), v181.data(), v529.data(), 1.0f, 0.0f);
@@ -4716,6 +4698,7 @@ void T5Train::runPart3(const Inputs &inputs) {
   // t5.mesh:40:53 bucketed_all_reduce_sum (resolve the partial sum of %552 over model for mul at
   // 40:53; merged with 1 more partial sum over model (%530): 6.0 KiB in one buffer)
   MESHRT_TRACE_SITE("t5.mesh:40:53");
+  support::View v528 = arena_.view(104448, 512);
   support::allReduceBucket(group_model, {v573, v528});
 
   // 3 statements from t5.mesh:40:53 mul (2 of 2)
@@ -4724,6 +4707,7 @@ void T5Train::runPart3(const Inputs &inputs) {
   support::View v532 = arena_.view(77824, 512);
   support::View v173(param20_decoder_rms_norm_0_scale); // updated in place
   support::View v179 = arena_.view(192064, 16);
+  support::View v508 = arena_.view(102400, 512);
   support::View v172 = arena_.view(126976, 512);
   support::View v533 = arena_.view(135168, 32);
   support::View v535 = arena_.view(77824, 512);
@@ -4760,6 +4744,7 @@ void T5Train::runPart3(const Inputs &inputs) {
   // t5.mesh:56:10 transpose
   MESHRT_TRACE("loop", "t5.mesh:83:60", "backward");
   support::View v420 = arena_.view(190464, 128);
+  support::View v516 = arena_.view(149504, 128);
   support::View v548 = arena_.view(102400, 128);
   loop68(v548.data(), v420.data(), v516.data());
 
@@ -4796,7 +4781,7 @@ void T5Train::runPart3(const Inputs &inputs) {
   // dims: batch, inputs, d_ff, d_model
   kEinsum18.plan().run(v572.data(), v107.data(), v574.data(), 1.0f, 0.0f);
 
-  // 29 statements from t5.mesh:40:53 mul (1 of 2)
+  // 28 statements from t5.mesh:40:53 mul (1 of 2)
   MESHRT_TRACE_SITE("t5.mesh:40:53");
   support::View v106 = arena_.view(53248, 1024);
   support::View v577 = arena_.view(61440, 1024);
@@ -4814,7 +4799,6 @@ void T5Train::runPart3(const Inputs &inputs) {
   support::View v96 = arena_.view(49152, 1024);
   support::View v593 = arena_.view(65536, 512);
   support::View v97_c0 = arena_.view(180224, 512);
-  support::View v595 = arena_.view(57344, 1024);
   support::View v596 = arena_.view(67584, 64);
   support::View v598 = arena_.view(57344, 1024);
   support::View v90 = arena_.view(141312, 512);
@@ -4846,9 +4830,9 @@ void T5Train::runPart3(const Inputs &inputs) {
   support::View v615 = arena_.view(98304, 32);
   support::View v628 = arena_.view(45056, 1024);
   repeated4(v573, v106, v577, v578, v100, v105, v568, v99, v580, v581, v582, v591, v88, v592_c0,
-            v92, v592, v96, v593, v97_c0, v594, v595, v596, v598, v599, v90, v600, v89, v601, v87,
-            v603, v84, v604, v86, v606, v608, v85, v609, v610, v611, v83, v614, v615, v77, v82, v76,
-            v617, v618, v619, v628);
+            v92, v592, v96, v593, v97_c0, v594, v596, v598, v599, v90, v600, v89, v601, v87, v603,
+            v84, v604, v86, v606, v608, v85, v609, v610, v611, v83, v614, v615, v77, v82, v76, v617,
+            v618, v619, v628);
 
   // t5.mesh:91:10 einsum
   MESHRT_TRACE("gemm", "t5.mesh:91:10", "backward");
@@ -4877,20 +4861,13 @@ void T5Train::runPart3(const Inputs &inputs) {
   support::View v633 = arena_.view(28672, 1024);
   // dims: batch, inputs, d_ff, d_model
   kEinsum17.plan().run(v632.data(), v70.data(), v633.data(), 1.0f, 0.0f);
-}
-
-void T5Train::runPart4(const Inputs &inputs) {
-  (void)inputs;
-  MESHRT_TRACE_SPAN(world_);
 
   // t5.mesh:40:53 all_reduce_sum (resolve the partial sum of %610 over model for mul at 40:53)
   MESHRT_TRACE_SITE("t5.mesh:40:53");
-  support::View v633 = arena_.view(28672, 1024);
   auto request6 = support::startAllReduce(group_model, {v633}, meshrt::ReduceOp::Sum);
 
   // t5.mesh:91:22 einsum -> grad/encoder/dense_relu_dense[0]/wi
   MESHRT_TRACE("gemm", "t5.mesh:91:22", "backward");
-  support::View v632 = arena_.view(32768, 1024);
   support::View v69 = arena_.view(24576, 1024);
   support::View v634 = arena_.view(36864, 1024);
   // dims: batch, inputs, d_ff, d_model
@@ -4898,9 +4875,15 @@ void T5Train::runPart4(const Inputs &inputs) {
 
   MESHRT_TRACE_SITE("t5.mesh:40:53");
   group_model.wait(request6);
+}
 
-  // 29 statements from t5.mesh:40:53 mul (2 of 2)
+void T5Train::runPart4(const Inputs &inputs) {
+  (void)inputs;
+  MESHRT_TRACE_SPAN(world_);
+
+  // 28 statements from t5.mesh:40:53 mul (2 of 2)
   MESHRT_TRACE_SITE("t5.mesh:40:53");
+  support::View v633 = arena_.view(28672, 1024);
   support::View v68 = arena_.view(16384, 1024);
   support::View v637 = arena_.view(24576, 1024);
   support::View v62(param7_encoder_rms_norm_1_0_scale); // updated in place
@@ -4918,7 +4901,6 @@ void T5Train::runPart4(const Inputs &inputs) {
   support::View v58 = arena_.view(12288, 1024);
   support::View v653 = arena_.view(28672, 512);
   support::View v59_c0 = arena_.view(178176, 512);
-  support::View v655 = arena_.view(20480, 1024);
   support::View v656 = arena_.view(30720, 64);
   support::View v658 = arena_.view(20480, 1024);
   support::View v52 = arena_.view(131072, 512);
@@ -4950,8 +4932,8 @@ void T5Train::runPart4(const Inputs &inputs) {
   support::View v676 = arena_.view(63616, 32);
   support::View v689 = arena_.view(8192, 1024);
   repeated4(v633, v68, v637, v638, v62, v67, v628, v61, v640, v641, v642, v651, v50, v652_c0, v54,
-            v652, v58, v653, v59_c0, v654, v655, v656, v658, v659, v52, v661, v51, v662, v49, v664,
-            v46, v665, v48, v667, v669, v47, v670, v671, v672, v45, v675, v676, v38, v44, v37, v678,
+            v652, v58, v653, v59_c0, v654, v656, v658, v659, v52, v661, v51, v662, v49, v664, v46,
+            v665, v48, v667, v669, v47, v670, v671, v672, v45, v675, v676, v38, v44, v37, v678,
             v679, v680, v689);
 
   // t5.mesh:96:10 einsum
@@ -5028,6 +5010,7 @@ void T5Train::runPart4(const Inputs &inputs) {
   support::View v611 = arena_.view(49152, 512);
   support::View v615 = arena_.view(98304, 32);
   support::View v630 = arena_.view(40960, 1024);
+  support::View v634 = arena_.view(36864, 1024);
   support::allReduceBucket(group_data, {v313, v315, v339, v355, v360, v364, v380, v389, v393, v395,
                                         v399, v415, v425, v429, v432, v436, v451, v455, v459, v475,
                                         v485, v489, v491, v495, v511, v522, v526, v529, v533, v550,
@@ -5341,42 +5324,29 @@ void T5Train::runPart4(const Inputs &inputs) {
   support::View v1417 = arena_.view(68544, 8);
   support::reduce(v1417.data(), kShape2, v1414.data(), kShape3, kShape3, kShape1,
                   support::Reduce::Sum, 0.25);
-}
-
-void T5Train::runPart5(const Inputs &inputs) {
-  (void)inputs;
-  MESHRT_TRACE_SPAN(world_);
 
   // 4 statements from t5.mesh:152:3 mean (2 of 2)
   MESHRT_TRACE_SITE("t5.mesh:152:3");
   support::View v1423 = arena_.view(64, 2);
-  support::View v1414 = arena_.view(0, 16);
-  support::View v721 = arena_.view(69184, 1);
   support::View v1416(param81_decoder_relative_bias_table_vc); // updated in place
-  support::View v713 = arena_.view(69120, 1);
-  support::View v550 = arena_.view(126976, 16);
   support::View v1435 = arena_.view(0, 16);
   support::View v1436 = arena_.view(68608, 8);
   repeated16(v1423, v1414, v721, v1416, v713, v550, v1435, v1436);
 
   // 75 statements from t5.mesh:152:3 square (1 of 2)
   MESHRT_TRACE_SITE("t5.mesh:152:3");
-  support::View v529 = arena_.view(147456, 512);
   support::View v1478 = arena_.view(0, 512);
   support::View v1481 = arena_.view(2048, 64);
   support::View v1479(param83_decoder_attention_0_q_vr); // updated in place
   support::View v1500 = arena_.view(0, 512);
-  support::View v526 = arena_.view(145408, 512);
   support::View v1520 = arena_.view(0, 512);
   support::View v1523 = arena_.view(2048, 64);
   support::View v1521(param85_decoder_attention_0_k_vr); // updated in place
   support::View v1542 = arena_.view(0, 512);
-  support::View v522 = arena_.view(120832, 512);
   support::View v1562 = arena_.view(0, 512);
   support::View v1565 = arena_.view(2048, 64);
   support::View v1563(param87_decoder_attention_0_v_vr); // updated in place
   support::View v1584 = arena_.view(0, 512);
-  support::View v511 = arena_.view(118784, 512);
   support::View v1604 = arena_.view(0, 512);
   support::View v1607 = arena_.view(2048, 16);
   support::View v1605(param89_decoder_attention_0_o_vr); // updated in place
@@ -5386,22 +5356,18 @@ void T5Train::runPart5(const Inputs &inputs) {
   support::View v1624 = arena_.view(0, 512);
   support::View v1625 = arena_.view(2048, 16);
   support::View v1627 = arena_.view(0, 16);
-  support::View v491 = arena_.view(116736, 512);
   support::View v1667 = arena_.view(0, 512);
   support::View v1670 = arena_.view(2048, 64);
   support::View v1668(param92_decoder_attention_1_0_q_vr); // updated in place
   support::View v1689 = arena_.view(0, 512);
-  support::View v489 = arena_.view(114688, 512);
   support::View v1709 = arena_.view(0, 512);
   support::View v1712 = arena_.view(2048, 64);
   support::View v1710(param94_decoder_attention_1_0_k_vr); // updated in place
   support::View v1731 = arena_.view(0, 512);
-  support::View v485 = arena_.view(174080, 512);
   support::View v1751 = arena_.view(0, 512);
   support::View v1754 = arena_.view(2048, 64);
   support::View v1752(param96_decoder_attention_1_0_v_vr); // updated in place
   support::View v1773 = arena_.view(0, 512);
-  support::View v475 = arena_.view(157696, 512);
   support::View v1793 = arena_.view(0, 512);
   support::View v1796 = arena_.view(2048, 16);
   support::View v1794(param98_decoder_attention_1_0_o_vr); // updated in place
@@ -5411,12 +5377,10 @@ void T5Train::runPart5(const Inputs &inputs) {
   support::View v1813 = arena_.view(0, 512);
   support::View v1814 = arena_.view(2048, 16);
   support::View v1816 = arena_.view(0, 16);
-  support::View v455 = arena_.view(110592, 1024);
   support::View v1856 = arena_.view(0, 1024);
   support::View v1865 = arena_.view(45056, 32);
   support::View v1858(param102_decoder_dense_relu_dense_0_wi_vc); // updated in place
   support::View v1877 = arena_.view(0, 1024);
-  support::View v451 = arena_.view(106496, 1024);
   support::View v1897 = arena_.view(0, 1024);
   support::View v1900 = arena_.view(45056, 32);
   support::View v1898(param103_decoder_dense_relu_dense_0_wo_vr); // updated in place
@@ -5456,22 +5420,18 @@ void T5Train::runPart5(const Inputs &inputs) {
 
   // 75 statements from t5.mesh:152:3 square (2 of 2)
   MESHRT_TRACE_SITE("t5.mesh:152:3");
-  support::View v432 = arena_.view(155648, 512);
   support::View v1962 = arena_.view(0, 512);
   support::View v1965 = arena_.view(2048, 64);
   support::View v1963(param106_decoder_attention_1_q_vr); // updated in place
   support::View v1984 = arena_.view(0, 512);
-  support::View v429 = arena_.view(172032, 512);
   support::View v2004 = arena_.view(0, 512);
   support::View v2007 = arena_.view(2048, 64);
   support::View v2005(param108_decoder_attention_1_k_vr); // updated in place
   support::View v2026 = arena_.view(0, 512);
-  support::View v425 = arena_.view(161792, 512);
   support::View v2046 = arena_.view(0, 512);
   support::View v2049 = arena_.view(2048, 64);
   support::View v2047(param110_decoder_attention_1_v_vr); // updated in place
   support::View v2068 = arena_.view(0, 512);
-  support::View v415 = arena_.view(153600, 512);
   support::View v2088 = arena_.view(0, 512);
   support::View v2091 = arena_.view(2048, 16);
   support::View v2089(param112_decoder_attention_1_o_vr); // updated in place
@@ -5481,22 +5441,18 @@ void T5Train::runPart5(const Inputs &inputs) {
   support::View v2108 = arena_.view(0, 512);
   support::View v2109 = arena_.view(2048, 16);
   support::View v2111 = arena_.view(0, 16);
-  support::View v395 = arena_.view(169984, 512);
   support::View v2151 = arena_.view(0, 512);
   support::View v2154 = arena_.view(2048, 64);
   support::View v2152(param115_decoder_attention_1_1_q_vr); // updated in place
   support::View v2173 = arena_.view(0, 512);
-  support::View v393 = arena_.view(159744, 512);
   support::View v2193 = arena_.view(0, 512);
   support::View v2196 = arena_.view(2048, 64);
   support::View v2194(param117_decoder_attention_1_1_k_vr); // updated in place
   support::View v2215 = arena_.view(0, 512);
-  support::View v389 = arena_.view(167936, 512);
   support::View v2235 = arena_.view(0, 512);
   support::View v2238 = arena_.view(2048, 64);
   support::View v2236(param119_decoder_attention_1_1_v_vr); // updated in place
   support::View v2257 = arena_.view(0, 512);
-  support::View v380 = arena_.view(163840, 512);
   support::View v2277 = arena_.view(0, 512);
   support::View v2280 = arena_.view(2048, 16);
   support::View v2278(param121_decoder_attention_1_1_o_vr); // updated in place
@@ -5506,12 +5462,10 @@ void T5Train::runPart5(const Inputs &inputs) {
   support::View v2297 = arena_.view(0, 512);
   support::View v2298 = arena_.view(2048, 16);
   support::View v2300 = arena_.view(0, 16);
-  support::View v360 = arena_.view(94208, 1024);
   support::View v2340 = arena_.view(0, 1024);
   support::View v2349 = arena_.view(67968, 32);
   support::View v2342(param125_decoder_dense_relu_dense_1_wi_vc); // updated in place
   support::View v2361 = arena_.view(0, 1024);
-  support::View v355 = arena_.view(90112, 1024);
   support::View v2381 = arena_.view(0, 1024);
   support::View v2384 = arena_.view(68224, 32);
   support::View v2382(param126_decoder_dense_relu_dense_1_wo_vr); // updated in place
@@ -5548,6 +5502,11 @@ void T5Train::runPart5(const Inputs &inputs) {
             v2207, v2215, v2216, v389, v2235, v2243, v2238, v2236, v2249, v2257, v2258, v380, v2277,
             v2280, v2278, v2285, v2279, v2290, v2297, v2298, v2300, v2301, v360, v2340, v2343,
             v2349, v2342, v2361, v2362, v355, v2381, v2389, v2384, v2382, v2395, v2403, v2404);
+}
+
+void T5Train::runPart5(const Inputs &inputs) {
+  (void)inputs;
+  MESHRT_TRACE_SPAN(world_);
 
   // t5.mesh:152:3 bucketed_all_reduce_sum (resolve the partial sum of %796 over model for mul at
   // 152:3; merged with 86 more partial sums over model (%722, %741, %769, ...): 40.7 KiB in one
@@ -5589,6 +5548,57 @@ void T5Train::runPart5(const Inputs &inputs) {
   support::View v1363 = arena_.view(69504, 1);
   support::View v1372 = arena_.view(65664, 32);
   support::View v1417 = arena_.view(68544, 8);
+  support::View v1436 = arena_.view(68608, 8);
+  support::View v1486 = arena_.view(22528, 256);
+  support::View v1492 = arena_.view(65792, 32);
+  support::View v1501 = arena_.view(23552, 256);
+  support::View v1528 = arena_.view(24576, 256);
+  support::View v1534 = arena_.view(65920, 32);
+  support::View v1543 = arena_.view(25600, 256);
+  support::View v1570 = arena_.view(26624, 256);
+  support::View v1576 = arena_.view(66048, 32);
+  support::View v1585 = arena_.view(27648, 256);
+  support::View v1628 = arena_.view(69568, 1);
+  support::View v1675 = arena_.view(28672, 256);
+  support::View v1681 = arena_.view(66176, 32);
+  support::View v1690 = arena_.view(29696, 256);
+  support::View v1717 = arena_.view(30720, 256);
+  support::View v1723 = arena_.view(66304, 32);
+  support::View v1732 = arena_.view(31744, 256);
+  support::View v1759 = arena_.view(34816, 256);
+  support::View v1765 = arena_.view(66432, 32);
+  support::View v1774 = arena_.view(35840, 256);
+  support::View v1817 = arena_.view(77824, 1);
+  support::View v1859 = arena_.view(66560, 32);
+  support::View v1878 = arena_.view(66688, 32);
+  support::View v1905 = arena_.view(66816, 32);
+  support::View v1911 = arena_.view(77888, 1);
+  support::View v1920 = arena_.view(66944, 32);
+  support::View v1970 = arena_.view(45056, 256);
+  support::View v1976 = arena_.view(67072, 32);
+  support::View v1985 = arena_.view(46080, 256);
+  support::View v2012 = arena_.view(53248, 256);
+  support::View v2018 = arena_.view(67200, 32);
+  support::View v2027 = arena_.view(54272, 256);
+  support::View v2054 = arena_.view(55296, 256);
+  support::View v2060 = arena_.view(67328, 32);
+  support::View v2069 = arena_.view(56320, 256);
+  support::View v2112 = arena_.view(77952, 1);
+  support::View v2159 = arena_.view(57344, 256);
+  support::View v2165 = arena_.view(67456, 32);
+  support::View v2174 = arena_.view(58368, 256);
+  support::View v2201 = arena_.view(59392, 256);
+  support::View v2207 = arena_.view(67584, 32);
+  support::View v2216 = arena_.view(60416, 256);
+  support::View v2243 = arena_.view(61440, 256);
+  support::View v2249 = arena_.view(67712, 32);
+  support::View v2258 = arena_.view(62464, 256);
+  support::View v2301 = arena_.view(78016, 1);
+  support::View v2343 = arena_.view(67840, 32);
+  support::View v2362 = arena_.view(67968, 32);
+  support::View v2389 = arena_.view(68096, 32);
+  support::View v2395 = arena_.view(78080, 1);
+  support::View v2404 = arena_.view(68224, 32);
   support::allReduceBucket(
       group_model,
       {v832,  v720,  v739,  v767,  v773,  v782,  v838,  v847,  v874,  v880,  v889,  v916,  v922,
@@ -5601,7 +5611,9 @@ void T5Train::runPart5(const Inputs &inputs) {
 
   // 9 statements from t5.mesh:152:3 mul (1 of 2)
   MESHRT_TRACE_SITE("t5.mesh:152:3");
+  support::View v721 = arena_.view(69184, 1);
   support::View v718(param47_encoder_relative_bias_table_vr); // updated in place
+  support::View v713 = arena_.view(69120, 1);
   support::View v731 = arena_.view(192, 1);
   support::View v733 = arena_.view(0, 8);
   support::View v719(param48_encoder_relative_bias_table_vc); // updated in place
@@ -5892,7 +5904,7 @@ void T5Train::runPart5(const Inputs &inputs) {
   support::View v1405 = arena_.view(128, 32);
   support::View v1406 = arena_.view(256, 1);
   support::View v1409 = arena_.view(128, 1);
-  repeated6(v1311, v721, v1309, v713, v1322, v1324, v1310, v1325, v1330, v1333, v1334, v1337, v1340,
+  repeated5(v1311, v721, v1309, v713, v1322, v1324, v1310, v1325, v1330, v1333, v1334, v1337, v1340,
             v710, v1344, v574, v108, v1350, v1363, v1366, v1357, v1351, v1367, v1372, v1375, v1376,
             v1379, v1382, v1386, v570, v109, v556, v1392, v1398, v1399, v1400, v1403, v115, v1405,
             v1406, v1409);
@@ -5902,12 +5914,14 @@ void T5Train::runPart5(const Inputs &inputs) {
   support::View v1415(param80_decoder_relative_bias_table_vr); // updated in place
   support::View v1428 = arena_.view(192, 1);
   support::View v1430 = arena_.view(0, 8);
+  support::View v1416(param81_decoder_relative_bias_table_vc); // updated in place
   support::View v1431 = arena_.view(128, 2);
   support::View v1439 = arena_.view(64, 8);
   support::View v1440 = arena_.view(192, 1);
   support::View v1443 = arena_.view(64, 1);
   support::View v1446 = arena_.view(193216, 1);
   support::View v1450 = arena_.view(192, 1);
+  support::View v550 = arena_.view(126976, 16);
   support::View v154(param19_decoder_relative_bias_table); // updated in place
   repeated11(v1417, v721, v1415, v713, v1428, v1430, v1416, v1431, v1436, v1439, v1440, v1443,
              v1446, v710, v1450, v550, v154);
@@ -5928,6 +5942,7 @@ void T5Train::runPart5(const Inputs &inputs) {
 
   // 26 statements from t5.mesh:152:3 div (1 of 2)
   MESHRT_TRACE_SITE("t5.mesh:152:3");
+  support::View v1479(param83_decoder_attention_0_q_vr); // updated in place
   support::View v1495 = arena_.view(2048, 64);
   support::View v1480(param84_decoder_attention_0_q_vc); // updated in place
   support::View v1496 = arena_.view(0, 256);
@@ -5936,7 +5951,9 @@ void T5Train::runPart5(const Inputs &inputs) {
   support::View v1508 = arena_.view(1024, 1);
   support::View v1511 = arena_.view(193280, 1);
   support::View v1515 = arena_.view(1088, 1);
-  support::View v182(param21_decoder_attention_0_q); // updated in place
+  support::View v529 = arena_.view(147456, 512);
+  support::View v182(param21_decoder_attention_0_q);     // updated in place
+  support::View v1521(param85_decoder_attention_0_k_vr); // updated in place
   support::View v1537 = arena_.view(2048, 64);
   support::View v1522(param86_decoder_attention_0_k_vc); // updated in place
   support::View v1538 = arena_.view(0, 256);
@@ -5945,7 +5962,9 @@ void T5Train::runPart5(const Inputs &inputs) {
   support::View v1550 = arena_.view(1024, 1);
   support::View v1553 = arena_.view(193344, 1);
   support::View v1557 = arena_.view(1088, 1);
-  support::View v183(param22_decoder_attention_0_k); // updated in place
+  support::View v526 = arena_.view(145408, 512);
+  support::View v183(param22_decoder_attention_0_k);     // updated in place
+  support::View v1563(param87_decoder_attention_0_v_vr); // updated in place
   support::View v1579 = arena_.view(2048, 64);
   support::View v1564(param88_decoder_attention_0_v_vc); // updated in place
   support::View v1580 = arena_.view(0, 256);
@@ -5954,12 +5973,17 @@ void T5Train::runPart5(const Inputs &inputs) {
   support::View v1592 = arena_.view(1024, 1);
   support::View v1595 = arena_.view(193408, 1);
   support::View v1599 = arena_.view(1088, 1);
-  support::View v184(param23_decoder_attention_0_v); // updated in place
+  support::View v522 = arena_.view(120832, 512);
+  support::View v184(param23_decoder_attention_0_v);     // updated in place
+  support::View v1605(param89_decoder_attention_0_o_vr); // updated in place
+  support::View v1617 = arena_.view(68800, 2);
   support::View v1619 = arena_.view(256, 16);
+  support::View v1606(param90_decoder_attention_0_o_vc); // updated in place
   support::View v1620 = arena_.view(0, 64);
   support::View v1632 = arena_.view(320, 1);
   support::View v1635 = arena_.view(193472, 1);
   support::View v1639 = arena_.view(384, 1);
+  support::View v511 = arena_.view(118784, 512);
   support::View v185(param24_decoder_attention_0_o); // updated in place
   repeated3(v1479, v1492, v1495, v1486, v721, v1480, v713, v1496, v1501, v1504, v1505, v1508, v1511,
             v710, v1515, v529, v182, v1521, v1534, v1537, v1528, v1522, v1538, v1543, v1546, v1547,
@@ -5979,6 +6003,7 @@ void T5Train::runPart5(const Inputs &inputs) {
   support::View v1658 = arena_.view(128, 32);
   support::View v1659 = arena_.view(256, 1);
   support::View v1662 = arena_.view(128, 1);
+  support::View v1668(param92_decoder_attention_1_0_q_vr); // updated in place
   support::View v1684 = arena_.view(2048, 64);
   support::View v1669(param93_decoder_attention_1_0_q_vc); // updated in place
   support::View v1685 = arena_.view(0, 256);
@@ -5987,7 +6012,9 @@ void T5Train::runPart5(const Inputs &inputs) {
   support::View v1697 = arena_.view(1024, 1);
   support::View v1700 = arena_.view(193536, 1);
   support::View v1704 = arena_.view(1088, 1);
-  support::View v205(param26_decoder_attention_1_0_q); // updated in place
+  support::View v491 = arena_.view(116736, 512);
+  support::View v205(param26_decoder_attention_1_0_q);     // updated in place
+  support::View v1710(param94_decoder_attention_1_0_k_vr); // updated in place
   support::View v1726 = arena_.view(2048, 64);
   support::View v1711(param95_decoder_attention_1_0_k_vc); // updated in place
   support::View v1727 = arena_.view(0, 256);
@@ -5996,7 +6023,9 @@ void T5Train::runPart5(const Inputs &inputs) {
   support::View v1739 = arena_.view(1024, 1);
   support::View v1742 = arena_.view(193600, 1);
   support::View v1746 = arena_.view(1088, 1);
-  support::View v206(param27_decoder_attention_1_0_k); // updated in place
+  support::View v489 = arena_.view(114688, 512);
+  support::View v206(param27_decoder_attention_1_0_k);     // updated in place
+  support::View v1752(param96_decoder_attention_1_0_v_vr); // updated in place
   support::View v1768 = arena_.view(2048, 64);
   support::View v1753(param97_decoder_attention_1_0_v_vc); // updated in place
   support::View v1769 = arena_.view(0, 256);
@@ -6005,12 +6034,17 @@ void T5Train::runPart5(const Inputs &inputs) {
   support::View v1781 = arena_.view(1024, 1);
   support::View v1784 = arena_.view(193664, 1);
   support::View v1788 = arena_.view(1088, 1);
-  support::View v207(param28_decoder_attention_1_0_v); // updated in place
+  support::View v485 = arena_.view(174080, 512);
+  support::View v207(param28_decoder_attention_1_0_v);     // updated in place
+  support::View v1794(param98_decoder_attention_1_0_o_vr); // updated in place
+  support::View v1806 = arena_.view(68864, 2);
   support::View v1808 = arena_.view(256, 16);
+  support::View v1795(param99_decoder_attention_1_0_o_vc); // updated in place
   support::View v1809 = arena_.view(0, 64);
   support::View v1821 = arena_.view(320, 1);
   support::View v1824 = arena_.view(193728, 1);
   support::View v1828 = arena_.view(384, 1);
+  support::View v475 = arena_.view(157696, 512);
   support::View v208(param29_decoder_attention_1_0_o); // updated in place
   support::View v459 = arena_.view(177152, 32);
   support::View v1834(param100_decoder_rms_norm_2_0_scale_v); // updated in place
@@ -6025,13 +6059,16 @@ void T5Train::runPart5(const Inputs &inputs) {
   support::View v1857(param101_decoder_dense_relu_dense_0_wi_vr); // updated in place
   support::View v1870 = arena_.view(384, 1);
   support::View v1872 = arena_.view(0, 32);
+  support::View v1858(param102_decoder_dense_relu_dense_0_wi_vc); // updated in place
   support::View v1873 = arena_.view(128, 32);
   support::View v1881 = arena_.view(256, 32);
   support::View v1882 = arena_.view(384, 1);
   support::View v1885 = arena_.view(256, 1);
   support::View v1888 = arena_.view(193792, 1);
   support::View v1892 = arena_.view(320, 1);
-  support::View v228(param31_decoder_dense_relu_dense_0_wi); // updated in place
+  support::View v455 = arena_.view(110592, 1024);
+  support::View v228(param31_decoder_dense_relu_dense_0_wi);      // updated in place
+  support::View v1898(param103_decoder_dense_relu_dense_0_wo_vr); // updated in place
   support::View v1914 = arena_.view(0, 32);
   support::View v1899(param104_decoder_dense_relu_dense_0_wo_vc); // updated in place
   support::View v1915 = arena_.view(128, 32);
@@ -6040,6 +6077,7 @@ void T5Train::runPart5(const Inputs &inputs) {
   support::View v1927 = arena_.view(256, 1);
   support::View v1930 = arena_.view(193856, 1);
   support::View v1934 = arena_.view(320, 1);
+  support::View v451 = arena_.view(106496, 1024);
   support::View v229(param32_decoder_dense_relu_dense_0_wo); // updated in place
   support::View v436 = arena_.view(187392, 32);
   support::View v1940(param105_decoder_rms_norm_1_scale_v); // updated in place
@@ -6051,6 +6089,7 @@ void T5Train::runPart5(const Inputs &inputs) {
   support::View v1953 = arena_.view(128, 32);
   support::View v1954 = arena_.view(256, 1);
   support::View v1957 = arena_.view(128, 1);
+  support::View v1963(param106_decoder_attention_1_q_vr); // updated in place
   support::View v1979 = arena_.view(2048, 64);
   support::View v1964(param107_decoder_attention_1_q_vc); // updated in place
   support::View v1980 = arena_.view(0, 256);
@@ -6059,7 +6098,9 @@ void T5Train::runPart5(const Inputs &inputs) {
   support::View v1992 = arena_.view(1024, 1);
   support::View v1995 = arena_.view(193920, 1);
   support::View v1999 = arena_.view(1088, 1);
-  support::View v243(param34_decoder_attention_1_q); // updated in place
+  support::View v432 = arena_.view(155648, 512);
+  support::View v243(param34_decoder_attention_1_q);      // updated in place
+  support::View v2005(param108_decoder_attention_1_k_vr); // updated in place
   support::View v2021 = arena_.view(2048, 64);
   support::View v2006(param109_decoder_attention_1_k_vc); // updated in place
   support::View v2022 = arena_.view(0, 256);
@@ -6068,7 +6109,9 @@ void T5Train::runPart5(const Inputs &inputs) {
   support::View v2034 = arena_.view(1024, 1);
   support::View v2037 = arena_.view(193984, 1);
   support::View v2041 = arena_.view(1088, 1);
-  support::View v244(param35_decoder_attention_1_k); // updated in place
+  support::View v429 = arena_.view(172032, 512);
+  support::View v244(param35_decoder_attention_1_k);      // updated in place
+  support::View v2047(param110_decoder_attention_1_v_vr); // updated in place
   support::View v2063 = arena_.view(2048, 64);
   support::View v2048(param111_decoder_attention_1_v_vc); // updated in place
   support::View v2064 = arena_.view(0, 256);
@@ -6077,12 +6120,17 @@ void T5Train::runPart5(const Inputs &inputs) {
   support::View v2076 = arena_.view(1024, 1);
   support::View v2079 = arena_.view(194048, 1);
   support::View v2083 = arena_.view(1088, 1);
-  support::View v245(param36_decoder_attention_1_v); // updated in place
+  support::View v425 = arena_.view(161792, 512);
+  support::View v245(param36_decoder_attention_1_v);      // updated in place
+  support::View v2089(param112_decoder_attention_1_o_vr); // updated in place
+  support::View v2101 = arena_.view(68928, 2);
   support::View v2103 = arena_.view(256, 16);
+  support::View v2090(param113_decoder_attention_1_o_vc); // updated in place
   support::View v2104 = arena_.view(0, 64);
   support::View v2116 = arena_.view(320, 1);
   support::View v2119 = arena_.view(194112, 1);
   support::View v2123 = arena_.view(384, 1);
+  support::View v415 = arena_.view(153600, 512);
   support::View v246(param37_decoder_attention_1_o); // updated in place
   support::View v399 = arena_.view(191872, 32);
   support::View v2129(param114_decoder_rms_norm_1_1_scale_v); // updated in place
@@ -6111,6 +6159,7 @@ void T5Train::runPart5(const Inputs &inputs) {
 
   // 26 statements from t5.mesh:152:3 div (2 of 2)
   MESHRT_TRACE_SITE("t5.mesh:152:3");
+  support::View v2152(param115_decoder_attention_1_1_q_vr); // updated in place
   support::View v2168 = arena_.view(2048, 64);
   support::View v2153(param116_decoder_attention_1_1_q_vc); // updated in place
   support::View v2169 = arena_.view(0, 256);
@@ -6119,7 +6168,9 @@ void T5Train::runPart5(const Inputs &inputs) {
   support::View v2181 = arena_.view(1024, 1);
   support::View v2184 = arena_.view(194176, 1);
   support::View v2188 = arena_.view(1088, 1);
-  support::View v266(param39_decoder_attention_1_1_q); // updated in place
+  support::View v395 = arena_.view(169984, 512);
+  support::View v266(param39_decoder_attention_1_1_q);      // updated in place
+  support::View v2194(param117_decoder_attention_1_1_k_vr); // updated in place
   support::View v2210 = arena_.view(2048, 64);
   support::View v2195(param118_decoder_attention_1_1_k_vc); // updated in place
   support::View v2211 = arena_.view(0, 256);
@@ -6128,7 +6179,9 @@ void T5Train::runPart5(const Inputs &inputs) {
   support::View v2223 = arena_.view(1024, 1);
   support::View v2226 = arena_.view(194240, 1);
   support::View v2230 = arena_.view(1088, 1);
-  support::View v267(param40_decoder_attention_1_1_k); // updated in place
+  support::View v393 = arena_.view(159744, 512);
+  support::View v267(param40_decoder_attention_1_1_k);      // updated in place
+  support::View v2236(param119_decoder_attention_1_1_v_vr); // updated in place
   support::View v2252 = arena_.view(2048, 64);
   support::View v2237(param120_decoder_attention_1_1_v_vc); // updated in place
   support::View v2253 = arena_.view(0, 256);
@@ -6137,12 +6190,17 @@ void T5Train::runPart5(const Inputs &inputs) {
   support::View v2265 = arena_.view(1024, 1);
   support::View v2268 = arena_.view(194304, 1);
   support::View v2272 = arena_.view(1088, 1);
-  support::View v268(param41_decoder_attention_1_1_v); // updated in place
+  support::View v389 = arena_.view(167936, 512);
+  support::View v268(param41_decoder_attention_1_1_v);      // updated in place
+  support::View v2278(param121_decoder_attention_1_1_o_vr); // updated in place
+  support::View v2290 = arena_.view(68992, 2);
   support::View v2292 = arena_.view(256, 16);
+  support::View v2279(param122_decoder_attention_1_1_o_vc); // updated in place
   support::View v2293 = arena_.view(0, 64);
   support::View v2305 = arena_.view(320, 1);
   support::View v2308 = arena_.view(194368, 1);
   support::View v2312 = arena_.view(384, 1);
+  support::View v380 = arena_.view(163840, 512);
   support::View v269(param42_decoder_attention_1_1_o); // updated in place
   repeated3(v2152, v2165, v2168, v2159, v721, v2153, v713, v2169, v2174, v2177, v2178, v2181, v2184,
             v710, v2188, v395, v266, v2194, v2207, v2210, v2201, v2195, v2211, v2216, v2219, v2220,
@@ -6169,13 +6227,16 @@ void T5Train::runPart5(const Inputs &inputs) {
   support::View v2341(param124_decoder_dense_relu_dense_1_wi_vr); // updated in place
   support::View v2354 = arena_.view(384, 1);
   support::View v2356 = arena_.view(0, 32);
+  support::View v2342(param125_decoder_dense_relu_dense_1_wi_vc); // updated in place
   support::View v2357 = arena_.view(128, 32);
   support::View v2365 = arena_.view(256, 32);
   support::View v2366 = arena_.view(384, 1);
   support::View v2369 = arena_.view(256, 1);
   support::View v2372 = arena_.view(194432, 1);
   support::View v2376 = arena_.view(320, 1);
-  support::View v289(param44_decoder_dense_relu_dense_1_wi); // updated in place
+  support::View v360 = arena_.view(94208, 1024);
+  support::View v289(param44_decoder_dense_relu_dense_1_wi);      // updated in place
+  support::View v2382(param126_decoder_dense_relu_dense_1_wo_vr); // updated in place
   support::View v2398 = arena_.view(0, 32);
   support::View v2383(param127_decoder_dense_relu_dense_1_wo_vc); // updated in place
   support::View v2399 = arena_.view(128, 32);
@@ -6184,6 +6245,7 @@ void T5Train::runPart5(const Inputs &inputs) {
   support::View v2411 = arena_.view(256, 1);
   support::View v2414 = arena_.view(194496, 1);
   support::View v2418 = arena_.view(320, 1);
+  support::View v355 = arena_.view(90112, 1024);
   support::View v290(param45_decoder_dense_relu_dense_1_wo); // updated in place
   support::View v339 = arena_.view(191616, 32);
   support::View v2424(param128_decoder_rms_norm_scale_v); // updated in place
@@ -6195,7 +6257,7 @@ void T5Train::runPart5(const Inputs &inputs) {
   support::View v2437 = arena_.view(128, 32);
   support::View v2438 = arena_.view(256, 1);
   support::View v2441 = arena_.view(128, 1);
-  repeated6(v2343, v721, v2341, v713, v2354, v2356, v2342, v2357, v2362, v2365, v2366, v2369, v2372,
+  repeated5(v2343, v721, v2341, v713, v2354, v2356, v2342, v2357, v2362, v2365, v2366, v2369, v2372,
             v710, v2376, v360, v289, v2382, v2395, v2398, v2389, v2383, v2399, v2404, v2407, v2408,
             v2411, v2414, v2418, v355, v290, v339, v2424, v2430, v2431, v2432, v2435, v296, v2437,
             v2438, v2441);
@@ -8036,14 +8098,13 @@ void T5Train::repeated4(
     support::View a8, support::View a9, support::View a10, support::View a11,
     support::ConstView a12, support::View a13, support::ConstView a14, support::View a15,
     support::ConstView a16, support::View a17, support::ConstView a18, support::View a19,
-    support::View a20, support::View a21, support::View a22, support::View a23,
-    support::ConstView a24, support::View a25, support::ConstView a26, support::View a27,
-    support::ConstView a28, support::View a29, support::ConstView a30, support::View a31,
-    support::ConstView a32, support::View a33, support::View a34, support::ConstView a35,
-    support::View a36, support::View a37, support::View a38, support::ConstView a39,
-    support::View a40, support::View a41, support::ConstView a42, support::ConstView a43,
-    support::ConstView a44, support::View a45, support::View a46, support::View a47,
-    support::View a48) {
+    support::View a20, support::View a21, support::View a22, support::ConstView a23,
+    support::View a24, support::ConstView a25, support::View a26, support::ConstView a27,
+    support::View a28, support::ConstView a29, support::View a30, support::ConstView a31,
+    support::View a32, support::View a33, support::ConstView a34, support::View a35,
+    support::View a36, support::View a37, support::ConstView a38, support::View a39,
+    support::View a40, support::ConstView a41, support::ConstView a42, support::ConstView a43,
+    support::View a44, support::View a45, support::View a46, support::View a47) {
   MESHRT_TRACE_SPAN(world_);
 
   // t5.mesh:40:53 mul
@@ -8100,84 +8161,80 @@ void T5Train::repeated4(
   // dims: batch, inputs, d_model, heads, d_kv
   kEinsum22.plan().run(a11.data(), a18.data(), a19.data(), 1.0f, 0.0f);
 
-  // t5.mesh:84:17 mul
-  MESHRT_TRACE("loop", "t5.mesh:84:17", "backward");
-  loop69(a20.data(), a15.data(), a16.data());
-
   // t5.mesh:84:17 sum
+  // t5.mesh:84:17 mul
   MESHRT_TRACE("sum", "t5.mesh:84:17", "backward");
-  support::reduce(a21.data(), kShape19, a20.data(), kShape20, kShape0, kShape1,
-                  support::Reduce::Sum, 1.0);
+  support::reduceProduct(a20.data(), kShape19, 16, a15.data(), kShape20, a16.data(), kShape20, 1.0);
 
   // t5.mesh:84:17 sub
   // t5.mesh:84:17 mul
   MESHRT_TRACE("loop", "t5.mesh:84:17", "backward");
-  loop99(a22.data(), a15.data(), a21.data(), a16.data());
+  loop99(a21.data(), a15.data(), a20.data(), a16.data());
 
   // t5.mesh:83:60 sum
   MESHRT_TRACE("sum", "t5.mesh:83:60", "backward");
-  support::reduce(a23.data(), kShape38, a22.data(), kShape39, kShape3, kShape40,
+  support::reduce(a22.data(), kShape38, a21.data(), kShape39, kShape3, kShape40,
                   support::Reduce::Sum, 1.0);
 
   // t5.mesh:83:16 einsum
   MESHRT_TRACE("gemm", "t5.mesh:83:16", "backward");
   // dims: batch, heads, inputs, inputs_keys, d_kv
-  kEinsum23.plan().run(a22.data(), a24.data(), a25.data(), 1.0f, 0.0f);
+  kEinsum23.plan().run(a21.data(), a23.data(), a24.data(), 1.0f, 0.0f);
 
   // t5.mesh:83:16 einsum
   MESHRT_TRACE("gemm", "t5.mesh:83:16", "backward");
   // dims: batch, heads, inputs, inputs_keys, d_kv
-  kEinsum21.plan().run(a22.data(), a26.data(), a27.data(), 1.0f, 0.0f);
+  kEinsum21.plan().run(a21.data(), a25.data(), a26.data(), 1.0f, 0.0f);
 
   // t5.mesh:82:23 einsum
   MESHRT_TRACE("gemm", "t5.mesh:82:23", "backward");
   // dims: batch, inputs, heads, d_kv, d_model
-  kEinsum24.plan().run(a17.data(), a28.data(), a29.data(), 1.0f, 0.0f);
+  kEinsum24.plan().run(a17.data(), a27.data(), a28.data(), 1.0f, 0.0f);
 
   // t5.mesh:82:23 einsum -> grad/encoder/attention[1]/v
   MESHRT_TRACE("gemm", "t5.mesh:82:23", "backward");
   // dims: batch, inputs, heads, d_kv, d_model
-  kEinsum14.plan().run(a17.data(), a30.data(), a31.data(), 1.0f, 0.0f);
+  kEinsum14.plan().run(a17.data(), a29.data(), a30.data(), 1.0f, 0.0f);
 
   // t5.mesh:81:21 einsum
   MESHRT_TRACE("gemm", "t5.mesh:81:21", "backward");
   // dims: batch, inputs, heads, d_kv, d_model
-  kEinsum24.plan().run(a27.data(), a32.data(), a33.data(), 1.0f, 0.0f);
+  kEinsum24.plan().run(a26.data(), a31.data(), a32.data(), 1.0f, 0.0f);
 
   // t5.mesh:81:21 einsum -> grad/encoder/attention[1]/k
   MESHRT_TRACE("gemm", "t5.mesh:81:21", "backward");
   // dims: batch, inputs, heads, d_kv, d_model
-  kEinsum14.plan().run(a27.data(), a30.data(), a34.data(), 1.0f, 0.0f);
+  kEinsum14.plan().run(a26.data(), a29.data(), a33.data(), 1.0f, 0.0f);
 
   // t5.mesh:80:17 einsum
   MESHRT_TRACE("gemm", "t5.mesh:80:17", "backward");
   // dims: batch, inputs, heads, d_kv, d_model
-  kEinsum24.plan().run(a25.data(), a35.data(), a36.data(), 1.0f, 0.0f);
+  kEinsum24.plan().run(a24.data(), a34.data(), a35.data(), 1.0f, 0.0f);
 
   // t5.mesh:81:21 add
   // t5.mesh:80:17 add
   MESHRT_TRACE("loop", "t5.mesh:81:21", "backward");
-  loop100(a37.data(), a29.data(), a33.data(), a36.data());
+  loop100(a36.data(), a28.data(), a32.data(), a35.data());
 
   // t5.mesh:40:53 all_reduce_sum (resolve the partial sum of %588 over model for mul at 40:53)
   MESHRT_TRACE_SITE("t5.mesh:40:53");
-  auto request5 = support::startAllReduce(group_model, {a37}, meshrt::ReduceOp::Sum);
+  auto request5 = support::startAllReduce(group_model, {a36}, meshrt::ReduceOp::Sum);
 
   // t5.mesh:80:17 einsum -> grad/encoder/attention[1]/q
   MESHRT_TRACE("gemm", "t5.mesh:80:17", "backward");
   // dims: batch, inputs, heads, d_kv, d_model
-  kEinsum14.plan().run(a25.data(), a30.data(), a38.data(), 1.0f, 0.0f);
+  kEinsum14.plan().run(a24.data(), a29.data(), a37.data(), 1.0f, 0.0f);
 
   MESHRT_TRACE_SITE("t5.mesh:40:53");
   group_model.wait(request5);
 
   // t5.mesh:40:53 mul
   MESHRT_TRACE("loop", "t5.mesh:40:53", "backward");
-  loop69(a40.data(), a37.data(), a39.data());
+  loop69(a39.data(), a36.data(), a38.data());
 
   // t5.mesh:40:53 sum -> grad/encoder/rms_norm[1]/scale
   MESHRT_TRACE("sum", "t5.mesh:40:53", "backward");
-  support::reduce(a41.data(), kShape4, a40.data(), kShape1, kShape12, kShape13,
+  support::reduce(a40.data(), kShape4, a39.data(), kShape1, kShape12, kShape13,
                   support::Reduce::Sum, 1.0);
 
   // t5.mesh:40:53 mul
@@ -8185,11 +8242,11 @@ void T5Train::repeated4(
   // t5.mesh:40:12 add
   // t5.mesh:40:12 mul
   MESHRT_TRACE("loop", "t5.mesh:40:53", "backward");
-  loop98(a45.data(), a46.data(), a37.data(), a42.data(), a43.data(), a11.data(), a44.data());
+  loop98(a44.data(), a45.data(), a36.data(), a41.data(), a42.data(), a11.data(), a43.data());
 
   // t5.mesh:40:12 sum
   MESHRT_TRACE("sum", "t5.mesh:40:12", "backward");
-  support::reduce(a47.data(), kShape12, a46.data(), kShape13, kShape4, kShape1,
+  support::reduce(a46.data(), kShape12, a45.data(), kShape13, kShape4, kShape1,
                   support::Reduce::Sum, 1.0);
 
   // t5.mesh:40:25 mul
@@ -8202,168 +8259,10 @@ void T5Train::repeated4(
   // t5.mesh:40:25 mul
   // t5.mesh:40:25 add
   MESHRT_TRACE("loop", "t5.mesh:40:25", "backward");
-  loop65(a48.data(), a44.data(), a43.data(), a47.data(), a45.data());
+  loop65(a47.data(), a43.data(), a42.data(), a46.data(), a44.data());
 }
 
 void T5Train::repeated5(
-    support::View a0, support::ConstView a1, support::ConstView a2, support::ConstView a3,
-    support::ConstView a4, support::View a5, support::ConstView a6, support::View a7,
-    support::ConstView a8, support::View a9, support::ConstView a10, support::View a11,
-    support::ConstView a12, support::View a13, support::ConstView a14, support::View a15,
-    support::ConstView a16, support::View a17, support::View a18, support::ConstView a19,
-    support::ConstView a20, support::ConstView a21, support::View a22, support::View a23,
-    support::View a24, support::View a25, support::ConstView a26, support::View a27,
-    support::ConstView a28, support::View a29, support::ConstView a30, support::View a31,
-    support::ConstView a32, support::View a33, support::View a34, support::View a35,
-    support::View a36, support::ConstView a37, support::View a38, support::ConstView a39,
-    support::View a40, support::ConstView a41, support::View a42, support::ConstView a43,
-    support::View a44, support::ConstView a45, support::View a46) {
-  MESHRT_TRACE_SPAN(world_);
-
-  // t5.mesh:40:12 sum
-  MESHRT_TRACE("sum", "t5.mesh:40:12", "backward");
-  support::reduce(a0.data(), kShape9, a1.data(), kShape15, kShape4, kShape1, support::Reduce::Sum,
-                  1.0);
-
-  // t5.mesh:40:25 mul
-  // t5.mesh:40:14 square
-  // t5.mesh:40:14 mul
-  // t5.mesh:40:14 mul
-  // t5.mesh:40:14 mul
-  // t5.mesh:40:20 mul
-  // t5.mesh:40:20 broadcast
-  // t5.mesh:40:25 mul
-  // t5.mesh:40:25 add
-  MESHRT_TRACE("loop", "t5.mesh:40:25", "backward");
-  loop67(a5.data(), a2.data(), a3.data(), a0.data(), a4.data());
-
-  // t5.mesh:91:10 einsum
-  MESHRT_TRACE("gemm", "t5.mesh:91:10", "backward");
-  // dims: batch, targets, d_model, d_ff
-  kEinsum12.plan().run(a5.data(), a6.data(), a7.data(), 1.0f, 0.0f);
-
-  // t5.mesh:91:10 einsum -> grad/decoder/dense_relu_dense[1]/wo
-  MESHRT_TRACE("gemm", "t5.mesh:91:10", "backward");
-  // dims: batch, targets, d_model, d_ff
-  kEinsum13.plan().run(a5.data(), a8.data(), a9.data(), 1.0f, 0.0f);
-
-  // t5.mesh:91:17 gt
-  // t5.mesh:91:17 where
-  MESHRT_TRACE("loop", "t5.mesh:91:17", "backward");
-  loop101(a11.data(), a10.data(), a7.data());
-
-  // t5.mesh:91:22 einsum
-  MESHRT_TRACE("gemm", "t5.mesh:91:22", "backward");
-  // dims: batch, targets, d_ff, d_model
-  kEinsum12.plan().run(a11.data(), a12.data(), a13.data(), 1.0f, 0.0f);
-
-  // t5.mesh:40:53 all_reduce_sum (resolve the partial sum of %345 over model for mul at 40:53)
-  MESHRT_TRACE_SITE("t5.mesh:40:53");
-  auto request0 = support::startAllReduce(group_model, {a13}, meshrt::ReduceOp::Sum);
-
-  // t5.mesh:91:22 einsum -> grad/decoder/dense_relu_dense[1]/wi
-  MESHRT_TRACE("gemm", "t5.mesh:91:22", "backward");
-  // dims: batch, targets, d_ff, d_model
-  kEinsum13.plan().run(a11.data(), a14.data(), a15.data(), 1.0f, 0.0f);
-
-  MESHRT_TRACE_SITE("t5.mesh:40:53");
-  group_model.wait(request0);
-
-  // t5.mesh:40:53 mul
-  MESHRT_TRACE("loop", "t5.mesh:40:53", "backward");
-  loop59(a17.data(), a13.data(), a16.data());
-
-  // t5.mesh:40:53 sum -> grad/decoder/rms_norm#2[1]/scale
-  MESHRT_TRACE("sum", "t5.mesh:40:53", "backward");
-  support::reduce(a18.data(), kShape4, a17.data(), kShape1, kShape9, kShape15, support::Reduce::Sum,
-                  1.0);
-
-  // t5.mesh:40:53 mul
-  // t5.mesh:40:12 mul
-  // t5.mesh:40:12 add
-  // t5.mesh:40:12 mul
-  MESHRT_TRACE("loop", "t5.mesh:40:53", "backward");
-  loop102(a22.data(), a23.data(), a13.data(), a19.data(), a20.data(), a5.data(), a21.data());
-
-  // t5.mesh:40:12 sum
-  MESHRT_TRACE("sum", "t5.mesh:40:12", "backward");
-  support::reduce(a24.data(), kShape9, a23.data(), kShape15, kShape4, kShape1, support::Reduce::Sum,
-                  1.0);
-
-  // t5.mesh:40:25 mul
-  // t5.mesh:40:14 square
-  // t5.mesh:40:14 mul
-  // t5.mesh:40:14 mul
-  // t5.mesh:40:14 mul
-  // t5.mesh:40:20 mul
-  // t5.mesh:40:20 broadcast
-  // t5.mesh:40:25 mul
-  // t5.mesh:40:25 add
-  MESHRT_TRACE("loop", "t5.mesh:40:25", "backward");
-  loop67(a25.data(), a21.data(), a20.data(), a24.data(), a22.data());
-
-  // t5.mesh:85:10 einsum
-  // t5.mesh:85:10 einsum
-  MESHRT_TRACE("gemm", "t5.mesh:85:10", "backward");
-  // dims: batch, targets, d_model, heads, d_kv
-  kEinsum25.plan().run(a25.data(), a26.data(), a27.data(), 1.0f, 0.0f);
-
-  // t5.mesh:85:10 einsum
-  MESHRT_TRACE("gemm", "t5.mesh:85:10", "backward");
-  // dims: batch, inputs, heads, d_kv, targets
-  kEinsum26.plan().run(a28.data(), a27.data(), a29.data(), 1.0f, 0.0f);
-
-  // t5.mesh:85:10 einsum
-  MESHRT_TRACE("gemm", "t5.mesh:85:10", "backward");
-  // dims: batch, heads, targets, inputs, d_kv
-  kEinsum27.plan().run(a30.data(), a27.data(), a31.data(), 1.0f, 0.0f);
-
-  // t5.mesh:85:10 einsum -> grad/decoder/attention#1[1]/o
-  MESHRT_TRACE("gemm", "t5.mesh:85:10", "backward");
-  // dims: batch, targets, d_model, heads, d_kv
-  kEinsum28.plan().run(a25.data(), a32.data(), a33.data(), 1.0f, 0.0f);
-
-  // t5.mesh:84:17 mul
-  MESHRT_TRACE("loop", "t5.mesh:84:17", "backward");
-  loop59(a34.data(), a29.data(), a30.data());
-
-  // t5.mesh:84:17 sum
-  MESHRT_TRACE("sum", "t5.mesh:84:17", "backward");
-  support::reduce(a35.data(), kShape16, a34.data(), kShape17, kShape0, kShape1,
-                  support::Reduce::Sum, 1.0);
-
-  // t5.mesh:84:17 sub
-  // t5.mesh:84:17 mul
-  MESHRT_TRACE("loop", "t5.mesh:84:17", "backward");
-  loop103(a36.data(), a29.data(), a35.data(), a30.data());
-
-  // t5.mesh:83:16 einsum
-  MESHRT_TRACE("gemm", "t5.mesh:83:16", "backward");
-  // dims: batch, heads, targets, inputs, d_kv
-  kEinsum29.plan().run(a36.data(), a37.data(), a38.data(), 1.0f, 0.0f);
-
-  // t5.mesh:83:16 einsum
-  MESHRT_TRACE("gemm", "t5.mesh:83:16", "backward");
-  // dims: batch, heads, targets, inputs, d_kv
-  kEinsum27.plan().run(a36.data(), a39.data(), a40.data(), 1.0f, 0.0f);
-
-  // t5.mesh:82:23 einsum
-  MESHRT_TRACE("gemm", "t5.mesh:82:23", "backward");
-  // dims: batch, inputs, heads, d_kv, d_model
-  kEinsum24.plan().run(a31.data(), a41.data(), a42.data(), 1.0f, 0.0f);
-
-  // t5.mesh:82:23 einsum -> grad/decoder/attention#1[1]/v
-  MESHRT_TRACE("gemm", "t5.mesh:82:23", "backward");
-  // dims: batch, inputs, heads, d_kv, d_model
-  kEinsum14.plan().run(a31.data(), a43.data(), a44.data(), 1.0f, 0.0f);
-
-  // t5.mesh:81:21 einsum
-  MESHRT_TRACE("gemm", "t5.mesh:81:21", "backward");
-  // dims: batch, inputs, heads, d_kv, d_model
-  kEinsum24.plan().run(a40.data(), a45.data(), a46.data(), 1.0f, 0.0f);
-}
-
-void T5Train::repeated6(
     support::ConstView a0, support::ConstView a1, support::View a2, support::ConstView a3,
     support::View a4, support::View a5, support::ConstView a6, support::View a7,
     support::ConstView a8, support::View a9, support::View a10, support::View a11,
@@ -8575,6 +8474,160 @@ void T5Train::repeated6(
   loop82(a37.data(), a33.data(), a36.data(), a40.data());
 }
 
+void T5Train::repeated6(
+    support::View a0, support::ConstView a1, support::ConstView a2, support::ConstView a3,
+    support::ConstView a4, support::View a5, support::ConstView a6, support::View a7,
+    support::ConstView a8, support::View a9, support::ConstView a10, support::View a11,
+    support::ConstView a12, support::View a13, support::ConstView a14, support::View a15,
+    support::ConstView a16, support::View a17, support::View a18, support::ConstView a19,
+    support::ConstView a20, support::ConstView a21, support::View a22, support::View a23,
+    support::View a24, support::View a25, support::ConstView a26, support::View a27,
+    support::ConstView a28, support::View a29, support::ConstView a30, support::View a31,
+    support::ConstView a32, support::View a33, support::View a34, support::View a35,
+    support::ConstView a36, support::View a37, support::ConstView a38, support::View a39,
+    support::ConstView a40, support::View a41, support::ConstView a42, support::View a43,
+    support::ConstView a44, support::View a45) {
+  MESHRT_TRACE_SPAN(world_);
+
+  // t5.mesh:40:12 sum
+  MESHRT_TRACE("sum", "t5.mesh:40:12", "backward");
+  support::reduce(a0.data(), kShape9, a1.data(), kShape15, kShape4, kShape1, support::Reduce::Sum,
+                  1.0);
+
+  // t5.mesh:40:25 mul
+  // t5.mesh:40:14 square
+  // t5.mesh:40:14 mul
+  // t5.mesh:40:14 mul
+  // t5.mesh:40:14 mul
+  // t5.mesh:40:20 mul
+  // t5.mesh:40:20 broadcast
+  // t5.mesh:40:25 mul
+  // t5.mesh:40:25 add
+  MESHRT_TRACE("loop", "t5.mesh:40:25", "backward");
+  loop67(a5.data(), a2.data(), a3.data(), a0.data(), a4.data());
+
+  // t5.mesh:91:10 einsum
+  MESHRT_TRACE("gemm", "t5.mesh:91:10", "backward");
+  // dims: batch, targets, d_model, d_ff
+  kEinsum12.plan().run(a5.data(), a6.data(), a7.data(), 1.0f, 0.0f);
+
+  // t5.mesh:91:10 einsum -> grad/decoder/dense_relu_dense[1]/wo
+  MESHRT_TRACE("gemm", "t5.mesh:91:10", "backward");
+  // dims: batch, targets, d_model, d_ff
+  kEinsum13.plan().run(a5.data(), a8.data(), a9.data(), 1.0f, 0.0f);
+
+  // t5.mesh:91:17 gt
+  // t5.mesh:91:17 where
+  MESHRT_TRACE("loop", "t5.mesh:91:17", "backward");
+  loop101(a11.data(), a10.data(), a7.data());
+
+  // t5.mesh:91:22 einsum
+  MESHRT_TRACE("gemm", "t5.mesh:91:22", "backward");
+  // dims: batch, targets, d_ff, d_model
+  kEinsum12.plan().run(a11.data(), a12.data(), a13.data(), 1.0f, 0.0f);
+
+  // t5.mesh:40:53 all_reduce_sum (resolve the partial sum of %345 over model for mul at 40:53)
+  MESHRT_TRACE_SITE("t5.mesh:40:53");
+  auto request0 = support::startAllReduce(group_model, {a13}, meshrt::ReduceOp::Sum);
+
+  // t5.mesh:91:22 einsum -> grad/decoder/dense_relu_dense[1]/wi
+  MESHRT_TRACE("gemm", "t5.mesh:91:22", "backward");
+  // dims: batch, targets, d_ff, d_model
+  kEinsum13.plan().run(a11.data(), a14.data(), a15.data(), 1.0f, 0.0f);
+
+  MESHRT_TRACE_SITE("t5.mesh:40:53");
+  group_model.wait(request0);
+
+  // t5.mesh:40:53 mul
+  MESHRT_TRACE("loop", "t5.mesh:40:53", "backward");
+  loop61(a17.data(), a13.data(), a16.data());
+
+  // t5.mesh:40:53 sum -> grad/decoder/rms_norm#2[1]/scale
+  MESHRT_TRACE("sum", "t5.mesh:40:53", "backward");
+  support::reduce(a18.data(), kShape4, a17.data(), kShape1, kShape9, kShape15, support::Reduce::Sum,
+                  1.0);
+
+  // t5.mesh:40:53 mul
+  // t5.mesh:40:12 mul
+  // t5.mesh:40:12 add
+  // t5.mesh:40:12 mul
+  MESHRT_TRACE("loop", "t5.mesh:40:53", "backward");
+  loop102(a22.data(), a23.data(), a13.data(), a19.data(), a20.data(), a5.data(), a21.data());
+
+  // t5.mesh:40:12 sum
+  MESHRT_TRACE("sum", "t5.mesh:40:12", "backward");
+  support::reduce(a24.data(), kShape9, a23.data(), kShape15, kShape4, kShape1, support::Reduce::Sum,
+                  1.0);
+
+  // t5.mesh:40:25 mul
+  // t5.mesh:40:14 square
+  // t5.mesh:40:14 mul
+  // t5.mesh:40:14 mul
+  // t5.mesh:40:14 mul
+  // t5.mesh:40:20 mul
+  // t5.mesh:40:20 broadcast
+  // t5.mesh:40:25 mul
+  // t5.mesh:40:25 add
+  MESHRT_TRACE("loop", "t5.mesh:40:25", "backward");
+  loop67(a25.data(), a21.data(), a20.data(), a24.data(), a22.data());
+
+  // t5.mesh:85:10 einsum
+  // t5.mesh:85:10 einsum
+  MESHRT_TRACE("gemm", "t5.mesh:85:10", "backward");
+  // dims: batch, targets, d_model, heads, d_kv
+  kEinsum25.plan().run(a25.data(), a26.data(), a27.data(), 1.0f, 0.0f);
+
+  // t5.mesh:85:10 einsum
+  MESHRT_TRACE("gemm", "t5.mesh:85:10", "backward");
+  // dims: batch, inputs, heads, d_kv, targets
+  kEinsum26.plan().run(a28.data(), a27.data(), a29.data(), 1.0f, 0.0f);
+
+  // t5.mesh:85:10 einsum
+  MESHRT_TRACE("gemm", "t5.mesh:85:10", "backward");
+  // dims: batch, heads, targets, inputs, d_kv
+  kEinsum27.plan().run(a30.data(), a27.data(), a31.data(), 1.0f, 0.0f);
+
+  // t5.mesh:85:10 einsum -> grad/decoder/attention#1[1]/o
+  MESHRT_TRACE("gemm", "t5.mesh:85:10", "backward");
+  // dims: batch, targets, d_model, heads, d_kv
+  kEinsum28.plan().run(a25.data(), a32.data(), a33.data(), 1.0f, 0.0f);
+
+  // t5.mesh:84:17 sum
+  // t5.mesh:84:17 mul
+  MESHRT_TRACE("sum", "t5.mesh:84:17", "backward");
+  support::reduceProduct(a34.data(), kShape16, 16, a29.data(), kShape17, a30.data(), kShape17, 1.0);
+
+  // t5.mesh:84:17 sub
+  // t5.mesh:84:17 mul
+  MESHRT_TRACE("loop", "t5.mesh:84:17", "backward");
+  loop103(a35.data(), a29.data(), a34.data(), a30.data());
+
+  // t5.mesh:83:16 einsum
+  MESHRT_TRACE("gemm", "t5.mesh:83:16", "backward");
+  // dims: batch, heads, targets, inputs, d_kv
+  kEinsum29.plan().run(a35.data(), a36.data(), a37.data(), 1.0f, 0.0f);
+
+  // t5.mesh:83:16 einsum
+  MESHRT_TRACE("gemm", "t5.mesh:83:16", "backward");
+  // dims: batch, heads, targets, inputs, d_kv
+  kEinsum27.plan().run(a35.data(), a38.data(), a39.data(), 1.0f, 0.0f);
+
+  // t5.mesh:82:23 einsum
+  MESHRT_TRACE("gemm", "t5.mesh:82:23", "backward");
+  // dims: batch, inputs, heads, d_kv, d_model
+  kEinsum24.plan().run(a31.data(), a40.data(), a41.data(), 1.0f, 0.0f);
+
+  // t5.mesh:82:23 einsum -> grad/decoder/attention#1[1]/v
+  MESHRT_TRACE("gemm", "t5.mesh:82:23", "backward");
+  // dims: batch, inputs, heads, d_kv, d_model
+  kEinsum14.plan().run(a31.data(), a42.data(), a43.data(), 1.0f, 0.0f);
+
+  // t5.mesh:81:21 einsum
+  MESHRT_TRACE("gemm", "t5.mesh:81:21", "backward");
+  // dims: batch, inputs, heads, d_kv, d_model
+  kEinsum24.plan().run(a39.data(), a44.data(), a45.data(), 1.0f, 0.0f);
+}
+
 void T5Train::repeated7(support::ConstView a0, support::ConstView a1, support::View a2,
                         support::View a3, support::ConstView a4, support::ConstView a5,
                         support::ConstView a6, support::ConstView a7, support::View a8,
@@ -8582,17 +8635,17 @@ void T5Train::repeated7(support::ConstView a0, support::ConstView a1, support::V
                         support::ConstView a12, support::View a13, support::ConstView a14,
                         support::View a15, support::ConstView a16, support::View a17,
                         support::ConstView a18, support::View a19, support::View a20,
-                        support::View a21, support::View a22, support::View a23,
-                        support::ConstView a24, support::View a25, support::ConstView a26,
-                        support::View a27, support::ConstView a28, support::View a29,
-                        support::ConstView a30, support::View a31, support::ConstView a32,
-                        support::View a33, support::View a34, support::ConstView a35,
-                        support::View a36, support::View a37) {
+                        support::View a21, support::View a22, support::ConstView a23,
+                        support::View a24, support::ConstView a25, support::View a26,
+                        support::ConstView a27, support::View a28, support::ConstView a29,
+                        support::View a30, support::ConstView a31, support::View a32,
+                        support::View a33, support::ConstView a34, support::View a35,
+                        support::View a36) {
   MESHRT_TRACE_SPAN(world_);
 
   // t5.mesh:40:53 mul
   MESHRT_TRACE("loop", "t5.mesh:40:53", "backward");
-  loop59(a2.data(), a0.data(), a1.data());
+  loop61(a2.data(), a0.data(), a1.data());
 
   // t5.mesh:40:53 sum -> grad/decoder/rms_norm#1[1]/scale
   MESHRT_TRACE("sum", "t5.mesh:40:53", "backward");
@@ -8644,64 +8697,60 @@ void T5Train::repeated7(support::ConstView a0, support::ConstView a1, support::V
   // dims: batch, targets, d_model, heads, d_kv
   kEinsum28.plan().run(a11.data(), a18.data(), a19.data(), 1.0f, 0.0f);
 
-  // t5.mesh:84:17 mul
-  MESHRT_TRACE("loop", "t5.mesh:84:17", "backward");
-  loop104(a20.data(), a15.data(), a16.data());
-
   // t5.mesh:84:17 sum
+  // t5.mesh:84:17 mul
   MESHRT_TRACE("sum", "t5.mesh:84:17", "backward");
-  support::reduce(a21.data(), kShape16, a20.data(), kShape18, kShape2, kShape1,
-                  support::Reduce::Sum, 1.0);
+  support::reduceProduct(a20.data(), kShape16, 8, a15.data(), kShape18, a16.data(), kShape18, 1.0);
 
   // t5.mesh:84:17 sub
   // t5.mesh:84:17 mul
   MESHRT_TRACE("loop", "t5.mesh:84:17", "backward");
-  loop105(a22.data(), a15.data(), a21.data(), a16.data());
+  loop104(a21.data(), a15.data(), a20.data(), a16.data());
 
   // t5.mesh:83:60 sum
   MESHRT_TRACE("sum", "t5.mesh:83:60", "backward");
-  support::reduce(a23.data(), kShape41, a22.data(), kShape42, kShape3, kShape43,
+  support::reduce(a22.data(), kShape41, a21.data(), kShape42, kShape3, kShape43,
                   support::Reduce::Sum, 1.0);
 
   // t5.mesh:83:16 einsum
   MESHRT_TRACE("gemm", "t5.mesh:83:16", "backward");
   // dims: batch, heads, targets, targets_keys, d_kv
-  kEinsum32.plan().run(a22.data(), a24.data(), a25.data(), 1.0f, 0.0f);
+  kEinsum32.plan().run(a21.data(), a23.data(), a24.data(), 1.0f, 0.0f);
 
   // t5.mesh:83:16 einsum
   MESHRT_TRACE("gemm", "t5.mesh:83:16", "backward");
   // dims: batch, heads, targets, targets_keys, d_kv
-  kEinsum31.plan().run(a22.data(), a26.data(), a27.data(), 1.0f, 0.0f);
+  kEinsum31.plan().run(a21.data(), a25.data(), a26.data(), 1.0f, 0.0f);
 
   // t5.mesh:82:23 einsum
   MESHRT_TRACE("gemm", "t5.mesh:82:23", "backward");
   // dims: batch, targets, heads, d_kv, d_model
-  kEinsum15.plan().run(a17.data(), a28.data(), a29.data(), 1.0f, 0.0f);
+  kEinsum15.plan().run(a17.data(), a27.data(), a28.data(), 1.0f, 0.0f);
 
   // t5.mesh:82:23 einsum -> grad/decoder/attention[1]/v
   MESHRT_TRACE("gemm", "t5.mesh:82:23", "backward");
   // dims: batch, targets, heads, d_kv, d_model
-  kEinsum16.plan().run(a17.data(), a30.data(), a31.data(), 1.0f, 0.0f);
+  kEinsum16.plan().run(a17.data(), a29.data(), a30.data(), 1.0f, 0.0f);
 
   // t5.mesh:81:21 einsum
   MESHRT_TRACE("gemm", "t5.mesh:81:21", "backward");
   // dims: batch, targets, heads, d_kv, d_model
-  kEinsum15.plan().run(a27.data(), a32.data(), a33.data(), 1.0f, 0.0f);
+  kEinsum15.plan().run(a26.data(), a31.data(), a32.data(), 1.0f, 0.0f);
 
   // t5.mesh:81:21 einsum -> grad/decoder/attention[1]/k
   MESHRT_TRACE("gemm", "t5.mesh:81:21", "backward");
   // dims: batch, targets, heads, d_kv, d_model
-  kEinsum16.plan().run(a27.data(), a30.data(), a34.data(), 1.0f, 0.0f);
+  kEinsum16.plan().run(a26.data(), a29.data(), a33.data(), 1.0f, 0.0f);
 
   // t5.mesh:80:17 einsum
   MESHRT_TRACE("gemm", "t5.mesh:80:17", "backward");
   // dims: batch, targets, heads, d_kv, d_model
-  kEinsum15.plan().run(a25.data(), a35.data(), a36.data(), 1.0f, 0.0f);
+  kEinsum15.plan().run(a24.data(), a34.data(), a35.data(), 1.0f, 0.0f);
 
   // t5.mesh:81:21 add
   // t5.mesh:80:17 add
   MESHRT_TRACE("loop", "t5.mesh:81:21", "backward");
-  loop106(a37.data(), a29.data(), a33.data(), a36.data());
+  loop105(a36.data(), a28.data(), a32.data(), a35.data());
 }
 
 void T5Train::repeated8(support::ConstView a0, support::ConstView a1, support::View a2,
@@ -8737,7 +8786,7 @@ void T5Train::repeated8(support::ConstView a0, support::ConstView a1, support::V
   // t5.mesh:40:12 mul
   // t5.mesh:40:53 mul
   MESHRT_TRACE("loop", "t5.mesh:40:12", "forward");
-  loop107(a7.data(), a8.data(), a2.data(), a5.data(), a6.data());
+  loop106(a7.data(), a8.data(), a2.data(), a5.data(), a6.data());
 
   // t5.mesh:80:17 einsum -> queries
   MESHRT_TRACE("gemm", "t5.mesh:80:17", "forward");
@@ -8801,7 +8850,7 @@ void T5Train::repeated8(support::ConstView a0, support::ConstView a1, support::V
   // t5.mesh:40:12 mul
   // t5.mesh:40:53 mul
   MESHRT_TRACE("loop", "t5.mesh:40:12", "forward");
-  loop107(a28.data(), a29.data(), a23.data(), a26.data(), a27.data());
+  loop106(a28.data(), a29.data(), a23.data(), a26.data(), a27.data());
 
   // t5.mesh:91:22 einsum
   MESHRT_TRACE("gemm", "t5.mesh:91:22", "forward");
@@ -9020,7 +9069,7 @@ void T5Train::repeated11(support::ConstView a0, support::ConstView a1, support::
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 add
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  loop108(a2.data(), a0.data(), a1.data(), a3.data());
+  loop107(a2.data(), a0.data(), a1.data(), a3.data());
 
   // t5.mesh:152:3 mean
   MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
@@ -9030,16 +9079,16 @@ void T5Train::repeated11(support::ConstView a0, support::ConstView a1, support::
   // t5.mesh:152:3 div
   // t5.mesh:152:3 rsqrt
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  loop109(a5.data(), a2.data(), a4.data());
+  loop108(a5.data(), a2.data(), a4.data());
 
   // t5.mesh:152:3 rsqrt
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  loop110(a7.data(), a6.data());
+  loop109(a7.data(), a6.data());
 
   // t5.mesh:152:3 div
   // t5.mesh:152:3 mul
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  loop111(a9.data(), a4.data(), a2.data(), a8.data());
+  loop110(a9.data(), a4.data(), a2.data(), a8.data());
 
   // t5.mesh:152:3 mean
   MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
@@ -9085,7 +9134,7 @@ void T5Train::repeated11(support::ConstView a0, support::ConstView a1, support::
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 sub -> next/encoder/relative_bias/table
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  loop112(a16.data(), a15.data(), a5.data(), a7.data(), a11.data(), a14.data());
+  loop111(a16.data(), a15.data(), a5.data(), a7.data(), a11.data(), a14.data());
 }
 
 void T5Train::repeated12(support::ConstView a0, support::ConstView a1, support::ConstView a2,
@@ -9099,7 +9148,7 @@ void T5Train::repeated12(support::ConstView a0, support::ConstView a1, support::
   // t5.mesh:40:12 mul
   // t5.mesh:40:53 mul -> n
   MESHRT_TRACE("loop", "t5.mesh:40:12", "forward");
-  loop107(a3.data(), a4.data(), a0.data(), a1.data(), a2.data());
+  loop106(a3.data(), a4.data(), a0.data(), a1.data(), a2.data());
 
   // t5.mesh:80:17 einsum -> queries
   MESHRT_TRACE("gemm", "t5.mesh:80:17", "forward");
@@ -9338,12 +9387,12 @@ void T5Train::repeated16(support::View a0, support::ConstView a1, support::Const
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 add
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  loop113(a3.data(), a0.data(), a2.data(), a4.data());
+  loop112(a3.data(), a0.data(), a2.data(), a4.data());
 
   // t5.mesh:152:3 square
   // t5.mesh:152:3 div
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  loop114(a6.data(), a5.data(), a3.data());
+  loop113(a6.data(), a5.data(), a3.data());
 
   // t5.mesh:152:3 mean
   MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
@@ -9359,7 +9408,7 @@ void T5Train::repeated17(support::ConstView a0, support::ConstView a1, support::
 
   // t5.mesh:40:53 mul
   MESHRT_TRACE("loop", "t5.mesh:40:53", "backward");
-  loop59(a2.data(), a0.data(), a1.data());
+  loop61(a2.data(), a0.data(), a1.data());
 
   // t5.mesh:40:53 sum -> grad/decoder/rms_norm[1]/scale
   MESHRT_TRACE("sum", "t5.mesh:40:53", "backward");

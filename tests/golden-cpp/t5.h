@@ -337,7 +337,7 @@ public:
   /// The bytes of this object's arena: run()'s temporaries share it, placed by liveness.
   static constexpr size_t kArenaBytes = 194688;
   /// The bytes of all of run()'s temporaries together (one buffer each).
-  static constexpr size_t kTemporaryBytes = 1096708;
+  static constexpr size_t kTemporaryBytes = 1080324;
   /// The bytes of the values computed once, in the constructor (constants, masks).
   static constexpr size_t kPersistentBytes = 40640;
 
@@ -505,28 +505,15 @@ public:
                  support::View a11, support::ConstView a12, support::View a13,
                  support::ConstView a14, support::View a15, support::ConstView a16,
                  support::View a17, support::ConstView a18, support::View a19, support::View a20,
-                 support::View a21, support::View a22, support::View a23, support::ConstView a24,
-                 support::View a25, support::ConstView a26, support::View a27,
-                 support::ConstView a28, support::View a29, support::ConstView a30,
-                 support::View a31, support::ConstView a32, support::View a33, support::View a34,
-                 support::ConstView a35, support::View a36, support::View a37, support::View a38,
-                 support::ConstView a39, support::View a40, support::View a41,
-                 support::ConstView a42, support::ConstView a43, support::ConstView a44,
-                 support::View a45, support::View a46, support::View a47, support::View a48);
-  void
-  repeated5(support::View a0, support::ConstView a1, support::ConstView a2, support::ConstView a3,
-            support::ConstView a4, support::View a5, support::ConstView a6, support::View a7,
-            support::ConstView a8, support::View a9, support::ConstView a10, support::View a11,
-            support::ConstView a12, support::View a13, support::ConstView a14, support::View a15,
-            support::ConstView a16, support::View a17, support::View a18, support::ConstView a19,
-            support::ConstView a20, support::ConstView a21, support::View a22, support::View a23,
-            support::View a24, support::View a25, support::ConstView a26, support::View a27,
-            support::ConstView a28, support::View a29, support::ConstView a30, support::View a31,
-            support::ConstView a32, support::View a33, support::View a34, support::View a35,
-            support::View a36, support::ConstView a37, support::View a38, support::ConstView a39,
-            support::View a40, support::ConstView a41, support::View a42, support::ConstView a43,
-            support::View a44, support::ConstView a45, support::View a46);
-  void repeated6(support::ConstView a0, support::ConstView a1, support::View a2,
+                 support::View a21, support::View a22, support::ConstView a23, support::View a24,
+                 support::ConstView a25, support::View a26, support::ConstView a27,
+                 support::View a28, support::ConstView a29, support::View a30,
+                 support::ConstView a31, support::View a32, support::View a33,
+                 support::ConstView a34, support::View a35, support::View a36, support::View a37,
+                 support::ConstView a38, support::View a39, support::View a40,
+                 support::ConstView a41, support::ConstView a42, support::ConstView a43,
+                 support::View a44, support::View a45, support::View a46, support::View a47);
+  void repeated5(support::ConstView a0, support::ConstView a1, support::View a2,
                  support::ConstView a3, support::View a4, support::View a5, support::ConstView a6,
                  support::View a7, support::ConstView a8, support::View a9, support::View a10,
                  support::View a11, support::ConstView a12, support::ConstView a13,
@@ -538,17 +525,30 @@ public:
                  support::View a30, support::ConstView a31, support::View a32, support::View a33,
                  support::View a34, support::View a35, support::View a36, support::View a37,
                  support::View a38, support::View a39, support::View a40);
+  void
+  repeated6(support::View a0, support::ConstView a1, support::ConstView a2, support::ConstView a3,
+            support::ConstView a4, support::View a5, support::ConstView a6, support::View a7,
+            support::ConstView a8, support::View a9, support::ConstView a10, support::View a11,
+            support::ConstView a12, support::View a13, support::ConstView a14, support::View a15,
+            support::ConstView a16, support::View a17, support::View a18, support::ConstView a19,
+            support::ConstView a20, support::ConstView a21, support::View a22, support::View a23,
+            support::View a24, support::View a25, support::ConstView a26, support::View a27,
+            support::ConstView a28, support::View a29, support::ConstView a30, support::View a31,
+            support::ConstView a32, support::View a33, support::View a34, support::View a35,
+            support::ConstView a36, support::View a37, support::ConstView a38, support::View a39,
+            support::ConstView a40, support::View a41, support::ConstView a42, support::View a43,
+            support::ConstView a44, support::View a45);
   void repeated7(support::ConstView a0, support::ConstView a1, support::View a2, support::View a3,
                  support::ConstView a4, support::ConstView a5, support::ConstView a6,
                  support::ConstView a7, support::View a8, support::View a9, support::View a10,
                  support::View a11, support::ConstView a12, support::View a13,
                  support::ConstView a14, support::View a15, support::ConstView a16,
                  support::View a17, support::ConstView a18, support::View a19, support::View a20,
-                 support::View a21, support::View a22, support::View a23, support::ConstView a24,
-                 support::View a25, support::ConstView a26, support::View a27,
-                 support::ConstView a28, support::View a29, support::ConstView a30,
-                 support::View a31, support::ConstView a32, support::View a33, support::View a34,
-                 support::ConstView a35, support::View a36, support::View a37);
+                 support::View a21, support::View a22, support::ConstView a23, support::View a24,
+                 support::ConstView a25, support::View a26, support::ConstView a27,
+                 support::View a28, support::ConstView a29, support::View a30,
+                 support::ConstView a31, support::View a32, support::View a33,
+                 support::ConstView a34, support::View a35, support::View a36);
   void repeated8(support::ConstView a0, support::ConstView a1, support::View a2, support::View a3,
                  support::View a4, support::View a5, support::ConstView a6, support::View a7,
                  support::View a8, support::ConstView a9, support::View a10, support::ConstView a11,

@@ -175,16 +175,6 @@ static const support::SharedEinsum
 
 [[gnu::noinline]] static void loop7(float *__restrict p0, const float *__restrict p1,
                                     const float *__restrict p2) {
-  for (int64_t i0 = 0; i0 < 3072; ++i0) {
-    const float s0 = p1[i0];
-    const float s1 = p2[i0];
-    const float s2 = (s0 * s1);
-    p0[i0] = s2;
-  }
-}
-
-[[gnu::noinline]] static void loop8(float *__restrict p0, const float *__restrict p1,
-                                    const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 64; ++i0) {
     const float s0 = p1[i0];
     const float s1 = -s0;
@@ -194,7 +184,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop9(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop8(float *__restrict p0, const float *__restrict p1,
                                     const float *__restrict p2, const float *__restrict p3,
                                     const float *__restrict p4, const float *__restrict p5) {
   const float r0 = p1[0];
@@ -228,8 +218,8 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop10(float *__restrict p0, const float *__restrict p1,
-                                     const float *__restrict p2) {
+[[gnu::noinline]] static void loop9(float *__restrict p0, const float *__restrict p1,
+                                    const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 4096; ++i0) {
     const float s0 = p1[i0];
     const float s1 = p2[i0];
@@ -238,7 +228,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop11(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop10(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 64; ++i0) {
     for (int64_t i1 = 0; i1 < 64; ++i1) {
@@ -251,7 +241,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop12(float *__restrict p0, const float *__restrict p1) {
+[[gnu::noinline]] static void loop11(float *__restrict p0, const float *__restrict p1) {
   for (int64_t i0 = 0; i0 < 64; ++i0) {
     const float s0 = p1[i0];
     const float s1 = 1e-05f;
@@ -261,7 +251,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop13(float *__restrict p0, float *__restrict p1,
+[[gnu::noinline]] static void loop12(float *__restrict p0, float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4) {
   for (int64_t i0 = 0; i0 < 64; ++i0) {
@@ -277,7 +267,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop14(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop13(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4, const float *__restrict p5) {
   for (int64_t i0 = 0; i0 < 64; ++i0) {
@@ -296,7 +286,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop15(float *__restrict p0, const float *__restrict p1) {
+[[gnu::noinline]] static void loop14(float *__restrict p0, const float *__restrict p1) {
   for (int64_t i0 = 0; i0 < 3072; ++i0) {
     const float s0 = p1[i0];
     const float s1 = s0 * s0;
@@ -304,7 +294,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop16(float *__restrict p0, const float *__restrict p1) {
+[[gnu::noinline]] static void loop15(float *__restrict p0, const float *__restrict p1) {
   for (int64_t i0 = 0; i0 < 2048; ++i0) {
     const float s0 = p1[i0];
     const float s1 = s0 * s0;
@@ -312,11 +302,58 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop17(float *__restrict p0, const float *__restrict p1) {
+[[gnu::noinline]] static void loop16(float *__restrict p0, const float *__restrict p1) {
   for (int64_t i0 = 0; i0 < 64; ++i0) {
     const float s0 = p1[i0];
     const float s1 = s0 * s0;
     p0[i0] = s1;
+  }
+}
+
+[[gnu::noinline]] static void loop17(float *__restrict p0, float *__restrict p1,
+                                     float *__restrict p2, const float *__restrict p3,
+                                     const float *__restrict p4, const float *__restrict p5,
+                                     const float *__restrict p6, const float *__restrict p7) {
+  const float r2 = p4[0];
+  const float r5 = p5[0];
+  const float r6 = p6[0];
+  const float r7 = p7[0];
+  for (int64_t i0 = 0; i0 < 3072; ++i0) {
+    const float s0 = p2[i0];
+    const float s1 = 0.1f;
+    const float s2 = (s0 * s1);
+    const float s3 = p3[i0];
+    const float s4 = r2;
+    const float s5 = (s3 * s4);
+    const float s6 = 0.100000024f;
+    const float s7 = (s5 * s6);
+    const float s8 = p0[i0];
+    const float s9 = 0.9f;
+    const float s10 = (s8 * s9);
+    const float s11 = (s10 + s7);
+    const float s12 = s5 * s5;
+    const float s13 = 0.050000012f;
+    const float s14 = (s12 * s13);
+    const float s15 = p1[i0];
+    const float s16 = 0.95f;
+    const float s17 = (s15 * s16);
+    const float s18 = (s17 + s14);
+    const float s19 = r5;
+    const float s20 = (s11 / s19);
+    const float s21 = r6;
+    const float s22 = (s18 / s21);
+    const float s23 = support::fsqrt(s22);
+    const float s24 = 1e-08f;
+    const float s25 = (s23 + s24);
+    const float s26 = (s20 / s25);
+    const float s27 = (s26 + s2);
+    const float s28 = r7;
+    const float s29 = (s27 * s28);
+    const float s30 = p2[i0];
+    const float s31 = (s30 - s29);
+    p0[i0] = s11;
+    p1[i0] = s18;
+    p2[i0] = s31;
   }
 }
 
@@ -328,7 +365,7 @@ static const support::SharedEinsum
   const float r5 = p5[0];
   const float r6 = p6[0];
   const float r7 = p7[0];
-  for (int64_t i0 = 0; i0 < 3072; ++i0) {
+  for (int64_t i0 = 0; i0 < 2048; ++i0) {
     const float s0 = p2[i0];
     const float s1 = 0.1f;
     const float s2 = (s0 * s1);
@@ -375,7 +412,7 @@ static const support::SharedEinsum
   const float r5 = p5[0];
   const float r6 = p6[0];
   const float r7 = p7[0];
-  for (int64_t i0 = 0; i0 < 2048; ++i0) {
+  for (int64_t i0 = 0; i0 < 64; ++i0) {
     const float s0 = p2[i0];
     const float s1 = 0.1f;
     const float s2 = (s0 * s1);
@@ -422,7 +459,7 @@ static const support::SharedEinsum
   const float r5 = p5[0];
   const float r6 = p6[0];
   const float r7 = p7[0];
-  for (int64_t i0 = 0; i0 < 64; ++i0) {
+  for (int64_t i0 = 0; i0 < 8192; ++i0) {
     const float s0 = p2[i0];
     const float s1 = 0.1f;
     const float s2 = (s0 * s1);
@@ -469,53 +506,6 @@ static const support::SharedEinsum
   const float r5 = p5[0];
   const float r6 = p6[0];
   const float r7 = p7[0];
-  for (int64_t i0 = 0; i0 < 8192; ++i0) {
-    const float s0 = p2[i0];
-    const float s1 = 0.1f;
-    const float s2 = (s0 * s1);
-    const float s3 = p3[i0];
-    const float s4 = r2;
-    const float s5 = (s3 * s4);
-    const float s6 = 0.100000024f;
-    const float s7 = (s5 * s6);
-    const float s8 = p0[i0];
-    const float s9 = 0.9f;
-    const float s10 = (s8 * s9);
-    const float s11 = (s10 + s7);
-    const float s12 = s5 * s5;
-    const float s13 = 0.050000012f;
-    const float s14 = (s12 * s13);
-    const float s15 = p1[i0];
-    const float s16 = 0.95f;
-    const float s17 = (s15 * s16);
-    const float s18 = (s17 + s14);
-    const float s19 = r5;
-    const float s20 = (s11 / s19);
-    const float s21 = r6;
-    const float s22 = (s18 / s21);
-    const float s23 = support::fsqrt(s22);
-    const float s24 = 1e-08f;
-    const float s25 = (s23 + s24);
-    const float s26 = (s20 / s25);
-    const float s27 = (s26 + s2);
-    const float s28 = r7;
-    const float s29 = (s27 * s28);
-    const float s30 = p2[i0];
-    const float s31 = (s30 - s29);
-    p0[i0] = s11;
-    p1[i0] = s18;
-    p2[i0] = s31;
-  }
-}
-
-[[gnu::noinline]] static void loop22(float *__restrict p0, float *__restrict p1,
-                                     float *__restrict p2, const float *__restrict p3,
-                                     const float *__restrict p4, const float *__restrict p5,
-                                     const float *__restrict p6, const float *__restrict p7) {
-  const float r2 = p4[0];
-  const float r5 = p5[0];
-  const float r6 = p6[0];
-  const float r7 = p7[0];
   for (int64_t i0 = 0; i0 < 128; ++i0) {
     const float s0 = p2[i0];
     const float s1 = 0.1f;
@@ -555,7 +545,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop23(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop22(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2, const uint8_t *__restrict p3) {
   for (int64_t i0 = 0; i0 < 8192; ++i0) {
     const float s0 = p1[i0];
@@ -595,7 +585,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop24(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop23(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4, const float *__restrict p5,
                                      const float *__restrict p6) {
@@ -617,7 +607,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop25(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop24(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4) {
   for (int64_t i0 = 0; i0 < 2; ++i0) {
@@ -641,7 +631,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop26(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop25(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3) {
   for (int64_t i0 = 0; i0 < 4096; ++i0) {
     const float s0 = p1[i0];
@@ -653,7 +643,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop27(float *__restrict p0, const float *__restrict p1) {
+[[gnu::noinline]] static void loop26(float *__restrict p0, const float *__restrict p1) {
   for (int64_t i0 = 0; i0 < 8192; ++i0) {
     const float s0 = p1[i0];
     const float s1 = s0 * s0;
@@ -661,7 +651,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop28(float *__restrict p0, const float *__restrict p1) {
+[[gnu::noinline]] static void loop27(float *__restrict p0, const float *__restrict p1) {
   for (int64_t i0 = 0; i0 < 128; ++i0) {
     const float s0 = p1[i0];
     const float s1 = s0 * s0;
@@ -669,7 +659,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop29(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop28(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 4096; ++i0) {
     const float s0 = p1[i0];
@@ -679,7 +669,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop30(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop29(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3) {
   for (int64_t i0 = 0; i0 < 64; ++i0) {
     for (int64_t i1 = 0; i1 < 64; ++i1) {
@@ -1628,7 +1618,7 @@ void LmTrain::computeInvariants() {
 
 LmTrain::Outputs LmTrain::run(const Inputs &inputs) {
   MESHRT_TRACE_RUN(world_, "lm_train");
-  // Arena: 553024 bytes for 2107668 bytes of temporaries (placed by liveness).
+  // Arena: 553024 bytes for 2062612 bytes of temporaries (placed by liveness).
   support::checkShape("input", "tokens", inputs.tokens, {2, 32});
   runPart0(inputs);
   runPart1(inputs);
@@ -1805,22 +1795,18 @@ void LmTrain::runPart0(const Inputs &inputs) {
   support::oneHot(v114.data(), kShape15, v1.data(), kShape4, kShape3,
                   support::shardStart(world_, {"model"}, 48));
 
-  // transformer.mesh:59:30 mul
-  MESHRT_TRACE("loop", "transformer.mesh:59:30", "forward");
-  support::View v115 = arena_.view(438272, 3072);
-  loop7(v115.data(), v113.data(), v114.data());
-
   // transformer.mesh:59:21 sum
+  // transformer.mesh:59:30 mul
   MESHRT_TRACE("sum", "transformer.mesh:59:21", "forward");
   support::View v116 = arena_.view(193024, 64);
-  support::reduce(v116.data(), kShape5, v115.data(), kShape13, kShape14, kShape1,
-                  support::Reduce::Sum, 1.0);
+  support::reduceProduct(v116.data(), kShape5, 48, v113.data(), kShape13, v114.data(), kShape13,
+                         1.0);
 
   // transformer.mesh:59:20 neg -> token_loss
   // transformer.mesh:60:29 mul
   MESHRT_TRACE("loop", "transformer.mesh:59:20", "forward");
   support::View v118 = arena_.view(193280, 64);
-  loop8(v118.data(), v116.data(), v5.data());
+  loop7(v118.data(), v116.data(), v5.data());
 
   // transformer.mesh:60:14 sum
   MESHRT_TRACE("sum", "transformer.mesh:60:14", "forward");
@@ -1856,11 +1842,6 @@ void LmTrain::runPart0(const Inputs &inputs) {
     const float s2 = (s0 / s1);
     v124p[0] = s2;
   }
-}
-
-void LmTrain::runPart1(const Inputs &inputs) {
-  (void)inputs;
-  MESHRT_TRACE_SPAN(world_);
 
   // transformer.mesh:60:41 div
   // transformer.mesh:60:14 broadcast
@@ -1877,16 +1858,17 @@ void LmTrain::runPart1(const Inputs &inputs) {
   // transformer.mesh:59:30 mul
   // transformer.mesh:56:14 sub
   MESHRT_TRACE("loop", "transformer.mesh:60:41", "backward");
-  support::View v121 = arena_.view(193216, 1);
-  support::View v5 = arena_.view(192768, 64);
-  support::View v1 = arena_.view(192512, 64);
-  support::View v113 = arena_.view(425984, 3072);
-  support::View v114 = arena_.view(180224, 3072);
   support::View v141 = arena_.view(438272, 3072);
-  loop9(v141.data(), v121.data(), v5.data(), v1.data(), v113.data(), v114.data());
+  loop8(v141.data(), v121.data(), v5.data(), v1.data(), v113.data(), v114.data());
+}
+
+void LmTrain::runPart1(const Inputs &inputs) {
+  (void)inputs;
+  MESHRT_TRACE_SPAN(world_);
 
   // transformer.mesh:43:10 einsum
   MESHRT_TRACE("gemm", "transformer.mesh:43:10", "backward");
+  support::View v141 = arena_.view(438272, 3072);
   support::View v8(param2_decoder_unembed); // updated in place
   support::View v142 = arena_.view(180224, 4096);
   // dims: batch, seq, vocab, d_model
@@ -1916,7 +1898,7 @@ void LmTrain::runPart1(const Inputs &inputs) {
   MESHRT_TRACE("loop", "layers.mesh:24:33", "backward");
   support::View v109 = arena_.view(0, 4096);
   support::View v147 = arena_.view(163840, 4096);
-  loop10(v147.data(), v142.data(), v109.data());
+  loop9(v147.data(), v142.data(), v109.data());
 
   // layers.mesh:24:33 sum -> grad/decoder/norm/gain
   MESHRT_TRACE("sum", "layers.mesh:24:33", "backward");
@@ -1935,7 +1917,7 @@ void LmTrain::runPart1(const Inputs &inputs) {
   // layers.mesh:24:10 square
   MESHRT_TRACE("loop", "layers.mesh:24:10", "backward");
   support::View v151 = arena_.view(163840, 4096);
-  loop11(v151.data(), v106.data(), v149.data());
+  loop10(v151.data(), v106.data(), v149.data());
 
   // layers.mesh:24:10 mean
   MESHRT_TRACE("mean", "layers.mesh:24:10", "backward");
@@ -1947,7 +1929,7 @@ void LmTrain::runPart1(const Inputs &inputs) {
   // layers.mesh:24:10 rsqrt
   MESHRT_TRACE("loop", "layers.mesh:24:10", "backward");
   support::View v155 = arena_.view(442368, 64);
-  loop12(v155.data(), v152.data());
+  loop11(v155.data(), v152.data());
 
   // layers.mesh:24:33 mul
   // layers.mesh:24:10 mul
@@ -1955,7 +1937,7 @@ void LmTrain::runPart1(const Inputs &inputs) {
   support::View v107(param27_decoder_norm_gain); // updated in place
   support::View v146 = arena_.view(16384, 4096);
   support::View v156 = arena_.view(163840, 4096);
-  loop13(v146.data(), v156.data(), v142.data(), v107.data(), v109.data());
+  loop12(v146.data(), v156.data(), v142.data(), v107.data(), v109.data());
 
   // layers.mesh:24:10 mean
   MESHRT_TRACE("mean", "layers.mesh:24:10", "backward");
@@ -1975,9 +1957,9 @@ void LmTrain::runPart1(const Inputs &inputs) {
   // layers.mesh:24:10 mul
   MESHRT_TRACE("loop", "layers.mesh:24:10", "backward");
   support::View v162 = arena_.view(425984, 4096);
-  loop14(v162.data(), v109.data(), v157.data(), v146.data(), v159.data(), v155.data());
+  loop13(v162.data(), v109.data(), v157.data(), v146.data(), v159.data(), v155.data());
 
-  // 49 statements from layers.mesh:55:71 sum -> grad/decoder/decoder_layer[1]/ffn/b_out (1 of 2)
+  // 48 statements from layers.mesh:55:71 sum -> grad/decoder/decoder_layer[1]/ffn/b_out (1 of 2)
   MESHRT_TRACE_SITE("layers.mesh:55:71");
   support::View v97(param25_decoder_decoder_layer_1_ffn_w_out); // updated in place
   support::View v164 = arena_.view(0, 8192);
@@ -2008,7 +1990,6 @@ void LmTrain::runPart1(const Inputs &inputs) {
   support::View v213 = arena_.view(114688, 4096);
   support::View v85 = arena_.view(360448, 4096);
   support::View v214 = arena_.view(147456, 2048);
-  support::View v215 = arena_.view(131072, 4096);
   support::View v216 = arena_.view(155648, 128);
   support::View v39 = arena_.view(487424, 2048);
   support::View v221 = arena_.view(131072, 4096);
@@ -2051,11 +2032,11 @@ void LmTrain::runPart1(const Inputs &inputs) {
   support::View v252 = arena_.view(311296, 4096);
   repeated1(v163, v162, v97, v164, v102, v165, v100, keep_v1061, v188, v189, v95, v190, v94, v191,
             v193, v92, v195, v196, v197, v89, v199, v200, v202, v90, v194, v203, v204, v206, v210,
-            v72, v211, v86, v212, v76, v213, v85, v214, v215, v216, v39, v221, v74, v222, v73, v223,
-            v71, v225, v68, v226, v70, v228, v230, v69, v231, v232, v233, v235, v66, v237, v238,
-            v239, v63, v241, v242, v244, v64, v236, v245, v246, v248, v252);
+            v72, v211, v86, v212, v76, v213, v85, v214, v216, v39, v221, v74, v222, v73, v223, v71,
+            v225, v68, v226, v70, v228, v230, v69, v231, v232, v233, v235, v66, v237, v238, v239,
+            v63, v241, v242, v244, v64, v236, v245, v246, v248, v252);
 
-  // 49 statements from layers.mesh:55:71 sum -> grad/decoder/decoder_layer[1]/ffn/b_out (2 of 2)
+  // 48 statements from layers.mesh:55:71 sum -> grad/decoder/decoder_layer[1]/ffn/b_out (2 of 2)
   MESHRT_TRACE_SITE("layers.mesh:55:71");
   support::View v54(param13_decoder_decoder_layer_0_ffn_w_out); // updated in place
   support::View v254 = arena_.view(98304, 8192);
@@ -2086,7 +2067,6 @@ void LmTrain::runPart1(const Inputs &inputs) {
   support::View v298 = arena_.view(65536, 4096);
   support::View v42 = arena_.view(245760, 4096);
   support::View v299 = arena_.view(114688, 2048);
-  support::View v300 = arena_.view(98304, 4096);
   support::View v301 = arena_.view(122880, 128);
   support::View v305 = arena_.view(98304, 4096);
   support::View v31 = arena_.view(471040, 2048);
@@ -2128,9 +2108,9 @@ void LmTrain::runPart1(const Inputs &inputs) {
   support::View v336 = arena_.view(98304, 4096);
   repeated1(v253, v252, v54, v254, v59, v255, v57, keep_v1062, v273, v274, v52, v275, v51, v276,
             v278, v49, v280, v281, v282, v46, v284, v285, v287, v47, v279, v288, v289, v291, v295,
-            v29, v296, v43, v297, v33, v298, v42, v299, v300, v301, v39, v305, v31, v306, v30, v307,
-            v28, v309, v25, v310, v27, v312, v314, v26, v315, v316, v317, v319, v23, v321, v322,
-            v323, v12, v325, v326, v328, v21, v320, v329, v330, v332, v336);
+            v29, v296, v43, v297, v33, v298, v42, v299, v301, v39, v305, v31, v306, v30, v307, v28,
+            v309, v25, v310, v27, v312, v314, v26, v315, v316, v317, v319, v23, v321, v322, v323,
+            v12, v325, v326, v328, v21, v320, v329, v330, v332, v336);
 
   // transformer.mesh:34:37 sum -> grad/decoder/position_embedding
   MESHRT_TRACE("sum", "transformer.mesh:34:37", "backward");
@@ -2156,7 +2136,7 @@ void LmTrain::runPart1(const Inputs &inputs) {
   // transformer.mesh:61:3 square
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "backward");
   support::View v363 = arena_.view(65536, 3072);
-  loop15(v363.data(), v338.data());
+  loop14(v363.data(), v338.data());
 
   // transformer.mesh:61:3 sum
   MESHRT_TRACE("sum", "transformer.mesh:61:3", "backward");
@@ -2167,21 +2147,21 @@ void LmTrain::runPart1(const Inputs &inputs) {
   // transformer.mesh:61:3 square
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "backward");
   support::View v366 = arena_.view(65536, 2048);
-  loop16(v366.data(), v337.data());
+  loop15(v366.data(), v337.data());
+
+  // transformer.mesh:61:3 local_slice (reshard %351 for sum at 61:3)
+  MESHRT_TRACE("local_slice", "transformer.mesh:61:3", "backward");
+  support::View v367 = arena_.view(73728, 1024);
+  support::sliceDim(v367, v366, kShape19, 0, support::blockIndex(world_, {"model"}), 2);
 }
 
 void LmTrain::runPart2(const Inputs &inputs) {
   (void)inputs;
   MESHRT_TRACE_SPAN(world_);
 
-  // transformer.mesh:61:3 local_slice (reshard %351 for sum at 61:3)
-  MESHRT_TRACE("local_slice", "transformer.mesh:61:3", "backward");
-  support::View v366 = arena_.view(65536, 2048);
-  support::View v367 = arena_.view(73728, 1024);
-  support::sliceDim(v367, v366, kShape19, 0, support::blockIndex(world_, {"model"}), 2);
-
   // transformer.mesh:61:3 sum ('seq' sliced over model: partial over model as its partner)
   MESHRT_TRACE("sum", "transformer.mesh:61:3", "backward");
+  support::View v367 = arena_.view(73728, 1024);
   support::View v368 = arena_.view(98368, 1);
   support::reduce(v368.data(), kShape8, v367.data(), kShape8, kShape25, kShape20,
                   support::Reduce::Sum, 1.0);
@@ -2190,7 +2170,7 @@ void LmTrain::runPart2(const Inputs &inputs) {
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "backward");
   support::View v143 = arena_.view(450560, 3072);
   support::View v371 = arena_.view(65536, 3072);
-  loop15(v371.data(), v143.data());
+  loop14(v371.data(), v143.data());
 
   // transformer.mesh:61:3 sum
   MESHRT_TRACE("sum", "transformer.mesh:61:3", "backward");
@@ -2202,7 +2182,7 @@ void LmTrain::runPart2(const Inputs &inputs) {
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "backward");
   support::View v322 = arena_.view(127232, 64);
   support::View v375 = arena_.view(65536, 64);
-  loop17(v375.data(), v322.data());
+  loop16(v375.data(), v322.data());
 
   // transformer.mesh:61:3 local_slice (reshard %357 for sum at 61:3)
   MESHRT_TRACE("local_slice", "transformer.mesh:61:3", "backward");
@@ -2219,7 +2199,7 @@ void LmTrain::runPart2(const Inputs &inputs) {
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "backward");
   support::View v319 = arena_.view(126976, 64);
   support::View v380 = arena_.view(65536, 64);
-  loop17(v380.data(), v319.data());
+  loop16(v380.data(), v319.data());
 
   // transformer.mesh:61:3 local_slice (reshard %360 for sum at 61:3)
   MESHRT_TRACE("local_slice", "transformer.mesh:61:3", "backward");
@@ -2558,7 +2538,7 @@ void LmTrain::runPart2(const Inputs &inputs) {
   support::View v338 = arena_.view(114688, 3072);
   support::View v523(param29_decoder_token_embedding_m); // updated in place
   support::View v524(param30_decoder_token_embedding_v); // updated in place
-  loop18(v523.data(), v524.data(), v6.data(), v338.data(), v493.data(), v537.data(), v539.data(),
+  loop17(v523.data(), v524.data(), v6.data(), v338.data(), v493.data(), v537.data(), v539.data(),
          v361.data());
 
   // transformer.mesh:61:3 mul
@@ -2583,7 +2563,7 @@ void LmTrain::runPart2(const Inputs &inputs) {
   support::View v337 = arena_.view(196608, 2048);
   support::View v551(param31_decoder_position_embedding_m); // updated in place
   support::View v552(param32_decoder_position_embedding_v); // updated in place
-  loop19(v551.data(), v552.data(), v7.data(), v337.data(), v493.data(), v537.data(), v539.data(),
+  loop18(v551.data(), v552.data(), v7.data(), v337.data(), v493.data(), v537.data(), v539.data(),
          v361.data());
 
   // transformer.mesh:61:3 mul
@@ -2607,7 +2587,7 @@ void LmTrain::runPart2(const Inputs &inputs) {
   support::View v8(param2_decoder_unembed);      // updated in place
   support::View v571(param33_decoder_unembed_m); // updated in place
   support::View v572(param34_decoder_unembed_v); // updated in place
-  loop18(v571.data(), v572.data(), v8.data(), v143.data(), v493.data(), v537.data(), v539.data(),
+  loop17(v571.data(), v572.data(), v8.data(), v143.data(), v493.data(), v537.data(), v539.data(),
          v361.data());
 
   // 1 statements from transformer.mesh:61:3 mul (1 of 2)
@@ -2745,7 +2725,7 @@ void LmTrain::repeated0(
   // transformer.mesh:61:3 mul
   // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[0]/attention/w_q
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "update");
-  loop19(a3.data(), a4.data(), a0.data(), a1.data(), a2.data(), a5.data(), a6.data(), a7.data());
+  loop18(a3.data(), a4.data(), a0.data(), a1.data(), a2.data(), a5.data(), a6.data(), a7.data());
 
   // transformer.mesh:61:3 mul
   // transformer.mesh:61:3 mul
@@ -2765,7 +2745,7 @@ void LmTrain::repeated0(
   // transformer.mesh:61:3 mul
   // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[0]/attention/w_k
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "update");
-  loop19(a10.data(), a11.data(), a8.data(), a9.data(), a2.data(), a5.data(), a6.data(), a7.data());
+  loop18(a10.data(), a11.data(), a8.data(), a9.data(), a2.data(), a5.data(), a6.data(), a7.data());
 
   // transformer.mesh:61:3 mul
   // transformer.mesh:61:3 mul
@@ -2785,7 +2765,7 @@ void LmTrain::repeated0(
   // transformer.mesh:61:3 mul
   // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[0]/attention/w_v
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "update");
-  loop19(a14.data(), a15.data(), a12.data(), a13.data(), a2.data(), a5.data(), a6.data(),
+  loop18(a14.data(), a15.data(), a12.data(), a13.data(), a2.data(), a5.data(), a6.data(),
          a7.data());
 
   // transformer.mesh:61:3 mul
@@ -2806,7 +2786,7 @@ void LmTrain::repeated0(
   // transformer.mesh:61:3 mul
   // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[0]/attention/w_o
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "update");
-  loop19(a18.data(), a19.data(), a16.data(), a17.data(), a2.data(), a5.data(), a6.data(),
+  loop18(a18.data(), a19.data(), a16.data(), a17.data(), a2.data(), a5.data(), a6.data(),
          a7.data());
 
   // transformer.mesh:61:3 mul
@@ -2827,7 +2807,7 @@ void LmTrain::repeated0(
   // transformer.mesh:61:3 mul
   // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[0]/norm#1/gain
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "update");
-  loop20(a22.data(), a23.data(), a20.data(), a21.data(), a2.data(), a5.data(), a6.data(),
+  loop19(a22.data(), a23.data(), a20.data(), a21.data(), a2.data(), a5.data(), a6.data(),
          a7.data());
 
   // transformer.mesh:61:3 mul
@@ -2848,7 +2828,7 @@ void LmTrain::repeated0(
   // transformer.mesh:61:3 mul
   // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[0]/norm#1/bias
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "update");
-  loop20(a26.data(), a27.data(), a24.data(), a25.data(), a2.data(), a5.data(), a6.data(),
+  loop19(a26.data(), a27.data(), a24.data(), a25.data(), a2.data(), a5.data(), a6.data(),
          a7.data());
 
   // transformer.mesh:61:3 mul
@@ -2869,7 +2849,7 @@ void LmTrain::repeated0(
   // transformer.mesh:61:3 mul
   // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[0]/ffn/w_in
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "update");
-  loop21(a30.data(), a31.data(), a28.data(), a29.data(), a2.data(), a5.data(), a6.data(),
+  loop20(a30.data(), a31.data(), a28.data(), a29.data(), a2.data(), a5.data(), a6.data(),
          a7.data());
 
   // transformer.mesh:61:3 mul
@@ -2890,7 +2870,7 @@ void LmTrain::repeated0(
   // transformer.mesh:61:3 mul
   // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[0]/ffn/b_in
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "update");
-  loop22(a34.data(), a35.data(), a32.data(), a33.data(), a2.data(), a5.data(), a6.data(),
+  loop21(a34.data(), a35.data(), a32.data(), a33.data(), a2.data(), a5.data(), a6.data(),
          a7.data());
 
   // transformer.mesh:61:3 mul
@@ -2911,7 +2891,7 @@ void LmTrain::repeated0(
   // transformer.mesh:61:3 mul
   // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[0]/ffn/w_out
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "update");
-  loop21(a38.data(), a39.data(), a36.data(), a37.data(), a2.data(), a5.data(), a6.data(),
+  loop20(a38.data(), a39.data(), a36.data(), a37.data(), a2.data(), a5.data(), a6.data(),
          a7.data());
 
   // transformer.mesh:61:3 mul
@@ -2932,7 +2912,7 @@ void LmTrain::repeated0(
   // transformer.mesh:61:3 mul
   // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[0]/ffn/b_out
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "update");
-  loop20(a42.data(), a43.data(), a40.data(), a41.data(), a2.data(), a5.data(), a6.data(),
+  loop19(a42.data(), a43.data(), a40.data(), a41.data(), a2.data(), a5.data(), a6.data(),
          a7.data());
 
   // transformer.mesh:61:3 mul
@@ -2953,7 +2933,7 @@ void LmTrain::repeated0(
   // transformer.mesh:61:3 mul
   // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[1]/norm/gain
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "update");
-  loop20(a46.data(), a47.data(), a44.data(), a45.data(), a2.data(), a5.data(), a6.data(),
+  loop19(a46.data(), a47.data(), a44.data(), a45.data(), a2.data(), a5.data(), a6.data(),
          a7.data());
 
   // transformer.mesh:61:3 mul
@@ -2974,7 +2954,7 @@ void LmTrain::repeated0(
   // transformer.mesh:61:3 mul
   // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[1]/norm/bias
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "update");
-  loop20(a50.data(), a51.data(), a48.data(), a49.data(), a2.data(), a5.data(), a6.data(),
+  loop19(a50.data(), a51.data(), a48.data(), a49.data(), a2.data(), a5.data(), a6.data(),
          a7.data());
 }
 
@@ -2988,15 +2968,14 @@ void LmTrain::repeated1(
     support::View a24, support::View a25, support::View a26, support::View a27, support::View a28,
     support::ConstView a29, support::View a30, support::ConstView a31, support::View a32,
     support::ConstView a33, support::View a34, support::ConstView a35, support::View a36,
-    support::View a37, support::View a38, support::ConstView a39, support::View a40,
-    support::ConstView a41, support::View a42, support::ConstView a43, support::View a44,
-    support::ConstView a45, support::View a46, support::ConstView a47, support::View a48,
-    support::ConstView a49, support::View a50, support::View a51, support::ConstView a52,
-    support::View a53, support::View a54, support::View a55, support::View a56,
-    support::ConstView a57, support::View a58, support::View a59, support::View a60,
-    support::ConstView a61, support::View a62, support::View a63, support::View a64,
-    support::ConstView a65, support::View a66, support::View a67, support::View a68,
-    support::View a69, support::View a70) {
+    support::View a37, support::ConstView a38, support::View a39, support::ConstView a40,
+    support::View a41, support::ConstView a42, support::View a43, support::ConstView a44,
+    support::View a45, support::ConstView a46, support::View a47, support::ConstView a48,
+    support::View a49, support::View a50, support::ConstView a51, support::View a52,
+    support::View a53, support::View a54, support::View a55, support::ConstView a56,
+    support::View a57, support::View a58, support::View a59, support::ConstView a60,
+    support::View a61, support::View a62, support::View a63, support::ConstView a64,
+    support::View a65, support::View a66, support::View a67, support::View a68, support::View a69) {
   MESHRT_TRACE_SPAN(world_);
 
   // layers.mesh:55:71 sum -> grad/decoder/decoder_layer[1]/ffn/b_out
@@ -3033,7 +3012,7 @@ void LmTrain::repeated1(
   // layers.mesh:55:17 dropout
   // layers.mesh:54:11 mul
   MESHRT_TRACE("loop", "layers.mesh:54:11", "backward");
-  loop23(a8.data(), a6.data(), a3.data(), reinterpret_cast<const uint8_t *>(a7.data()));
+  loop22(a8.data(), a6.data(), a3.data(), reinterpret_cast<const uint8_t *>(a7.data()));
 
   // layers.mesh:54:52 sum -> grad/decoder/decoder_layer[1]/ffn/b_in
   MESHRT_TRACE("sum", "layers.mesh:54:52", "backward");
@@ -3064,7 +3043,7 @@ void LmTrain::repeated1(
 
   // layers.mesh:24:33 mul
   MESHRT_TRACE("loop", "layers.mesh:24:33", "backward");
-  loop10(a16.data(), a11.data(), a15.data());
+  loop9(a16.data(), a11.data(), a15.data());
 
   // layers.mesh:24:33 sum -> grad/decoder/decoder_layer[1]/norm#1/gain
   MESHRT_TRACE("sum", "layers.mesh:24:33", "backward");
@@ -3079,7 +3058,7 @@ void LmTrain::repeated1(
   // layers.mesh:24:10 sub
   // layers.mesh:24:10 square
   MESHRT_TRACE("loop", "layers.mesh:24:10", "backward");
-  loop11(a20.data(), a19.data(), a18.data());
+  loop10(a20.data(), a19.data(), a18.data());
 
   // layers.mesh:24:10 mean
   MESHRT_TRACE("mean", "layers.mesh:24:10", "backward");
@@ -3089,12 +3068,12 @@ void LmTrain::repeated1(
   // layers.mesh:24:10 add
   // layers.mesh:24:10 rsqrt
   MESHRT_TRACE("loop", "layers.mesh:24:10", "backward");
-  loop12(a22.data(), a21.data());
+  loop11(a22.data(), a21.data());
 
   // layers.mesh:24:33 mul
   // layers.mesh:24:10 mul
   MESHRT_TRACE("loop", "layers.mesh:24:33", "backward");
-  loop13(a24.data(), a25.data(), a11.data(), a23.data(), a15.data());
+  loop12(a24.data(), a25.data(), a11.data(), a23.data(), a15.data());
 
   // layers.mesh:24:10 mean
   MESHRT_TRACE("mean", "layers.mesh:24:10", "backward");
@@ -3112,7 +3091,7 @@ void LmTrain::repeated1(
   // layers.mesh:24:10 mul
   // layers.mesh:24:10 add
   MESHRT_TRACE("loop", "layers.mesh:24:10", "backward");
-  loop24(a28.data(), a15.data(), a26.data(), a24.data(), a27.data(), a22.data(), a1.data());
+  loop23(a28.data(), a15.data(), a26.data(), a24.data(), a27.data(), a22.data(), a1.data());
 
   // layers.mesh:45:10 einsum
   MESHRT_TRACE("gemm", "layers.mesh:45:10", "backward");
@@ -3134,121 +3113,117 @@ void LmTrain::repeated1(
   // dims: batch, seq, heads, d_head, mem
   kEinsum15.plan().run(a30.data(), a35.data(), a36.data(), 1.0f, 0.0f);
 
-  // layers.mesh:43:17 mul
-  MESHRT_TRACE("loop", "layers.mesh:43:17", "backward");
-  loop10(a37.data(), a34.data(), a35.data());
-
   // layers.mesh:43:17 sum
+  // layers.mesh:43:17 mul
   MESHRT_TRACE("sum", "layers.mesh:43:17", "backward");
-  support::reduce(a38.data(), kShape9, a37.data(), kShape30, kShape0, kShape1, support::Reduce::Sum,
-                  1.0);
+  support::reduceProduct(a37.data(), kShape9, 32, a34.data(), kShape30, a35.data(), kShape30, 1.0);
 
   // layers.mesh:43:17 sub
   // layers.mesh:43:17 mul
   // layers.mesh:43:25 where
   // layers.mesh:41:55 mul
   MESHRT_TRACE("loop", "layers.mesh:43:17", "backward");
-  loop25(a40.data(), a34.data(), a38.data(), a35.data(), a39.data());
+  loop24(a39.data(), a34.data(), a37.data(), a35.data(), a38.data());
 
   // layers.mesh:41:16 einsum
   MESHRT_TRACE("gemm", "layers.mesh:41:16", "backward");
   // dims: batch, heads, seq, mem, d_head
-  kEinsum1.plan().run(a40.data(), a41.data(), a42.data(), 1.0f, 0.0f);
+  kEinsum1.plan().run(a39.data(), a40.data(), a41.data(), 1.0f, 0.0f);
 
   // layers.mesh:41:16 einsum
   MESHRT_TRACE("gemm", "layers.mesh:41:16", "backward");
   // dims: batch, heads, seq, mem, d_head
-  kEinsum16.plan().run(a40.data(), a43.data(), a44.data(), 1.0f, 0.0f);
+  kEinsum16.plan().run(a39.data(), a42.data(), a43.data(), 1.0f, 0.0f);
 
   // layers.mesh:39:18 einsum
   MESHRT_TRACE("gemm", "layers.mesh:39:18", "backward");
   // dims: batch, seq, heads, d_head, d_model
-  kEinsum17.plan().run(a36.data(), a45.data(), a46.data(), 1.0f, 0.0f);
+  kEinsum17.plan().run(a36.data(), a44.data(), a45.data(), 1.0f, 0.0f);
 
   // layers.mesh:39:18 einsum -> grad/decoder/decoder_layer[1]/attention/w_v
   MESHRT_TRACE("gemm", "layers.mesh:39:18", "backward");
   // dims: batch, seq, heads, d_head, d_model
-  kEinsum18.plan().run(a36.data(), a47.data(), a48.data(), 1.0f, 0.0f);
+  kEinsum18.plan().run(a36.data(), a46.data(), a47.data(), 1.0f, 0.0f);
 
   // layers.mesh:38:18 einsum
   MESHRT_TRACE("gemm", "layers.mesh:38:18", "backward");
   // dims: batch, seq, heads, d_head, d_model
-  kEinsum17.plan().run(a44.data(), a49.data(), a50.data(), 1.0f, 0.0f);
+  kEinsum17.plan().run(a43.data(), a48.data(), a49.data(), 1.0f, 0.0f);
 
   // layers.mesh:38:18 einsum -> grad/decoder/decoder_layer[1]/attention/w_k
   MESHRT_TRACE("gemm", "layers.mesh:38:18", "backward");
   // dims: batch, seq, heads, d_head, d_model
-  kEinsum18.plan().run(a44.data(), a47.data(), a51.data(), 1.0f, 0.0f);
+  kEinsum18.plan().run(a43.data(), a46.data(), a50.data(), 1.0f, 0.0f);
 
   // layers.mesh:36:11 einsum
   MESHRT_TRACE("gemm", "layers.mesh:36:11", "backward");
   // dims: batch, seq, heads, d_head, d_model
-  kEinsum17.plan().run(a42.data(), a52.data(), a53.data(), 1.0f, 0.0f);
+  kEinsum17.plan().run(a41.data(), a51.data(), a52.data(), 1.0f, 0.0f);
 
   // layers.mesh:38:18 add
   // layers.mesh:36:11 add
   MESHRT_TRACE("loop", "layers.mesh:38:18", "backward");
-  loop26(a54.data(), a46.data(), a50.data(), a53.data());
+  loop25(a53.data(), a45.data(), a49.data(), a52.data());
 
   // layers.mesh:24:40 all_reduce_sum (resolve the partial sum of %222 over model for sum at 24:40)
   MESHRT_TRACE_SITE("layers.mesh:24:40");
-  auto request2 = support::startAllReduce(group_model, {a54}, meshrt::ReduceOp::Sum);
+  auto request2 = support::startAllReduce(group_model, {a53}, meshrt::ReduceOp::Sum);
 
   // layers.mesh:36:11 einsum -> grad/decoder/decoder_layer[1]/attention/w_q
   MESHRT_TRACE("gemm", "layers.mesh:36:11", "backward");
   // dims: batch, seq, heads, d_head, d_model
-  kEinsum18.plan().run(a42.data(), a47.data(), a55.data(), 1.0f, 0.0f);
+  kEinsum18.plan().run(a41.data(), a46.data(), a54.data(), 1.0f, 0.0f);
 
   MESHRT_TRACE_SITE("layers.mesh:24:40");
   group_model.wait(request2);
 
   // layers.mesh:24:40 sum -> grad/decoder/decoder_layer[1]/norm/bias
   MESHRT_TRACE("sum", "layers.mesh:24:40", "backward");
-  support::reduce(a56.data(), kShape12, a54.data(), kShape1, kShape5, kShape6, support::Reduce::Sum,
+  support::reduce(a55.data(), kShape12, a53.data(), kShape1, kShape5, kShape6, support::Reduce::Sum,
                   1.0);
 
   // layers.mesh:24:33 mul
   MESHRT_TRACE("loop", "layers.mesh:24:33", "backward");
-  loop10(a58.data(), a54.data(), a57.data());
+  loop9(a57.data(), a53.data(), a56.data());
 
   // layers.mesh:24:33 sum -> grad/decoder/decoder_layer[1]/norm/gain
   MESHRT_TRACE("sum", "layers.mesh:24:33", "backward");
-  support::reduce(a59.data(), kShape12, a58.data(), kShape1, kShape5, kShape6, support::Reduce::Sum,
+  support::reduce(a58.data(), kShape12, a57.data(), kShape1, kShape5, kShape6, support::Reduce::Sum,
                   1.0);
 
   // layers.mesh:24:10 mean
   MESHRT_TRACE("mean", "layers.mesh:24:10", "backward");
-  support::reduce(a60.data(), kShape5, a61.data(), kShape6, kShape12, kShape1, support::Reduce::Sum,
+  support::reduce(a59.data(), kShape5, a60.data(), kShape6, kShape12, kShape1, support::Reduce::Sum,
                   0.015625);
 
   // layers.mesh:24:10 sub
   // layers.mesh:24:10 square
   MESHRT_TRACE("loop", "layers.mesh:24:10", "backward");
-  loop11(a62.data(), a61.data(), a60.data());
+  loop10(a61.data(), a60.data(), a59.data());
 
   // layers.mesh:24:10 mean
   MESHRT_TRACE("mean", "layers.mesh:24:10", "backward");
-  support::reduce(a63.data(), kShape5, a62.data(), kShape6, kShape12, kShape1, support::Reduce::Sum,
+  support::reduce(a62.data(), kShape5, a61.data(), kShape6, kShape12, kShape1, support::Reduce::Sum,
                   0.015625);
 
   // layers.mesh:24:10 add
   // layers.mesh:24:10 rsqrt
   MESHRT_TRACE("loop", "layers.mesh:24:10", "backward");
-  loop12(a64.data(), a63.data());
+  loop11(a63.data(), a62.data());
 
   // layers.mesh:24:33 mul
   // layers.mesh:24:10 mul
   MESHRT_TRACE("loop", "layers.mesh:24:33", "backward");
-  loop13(a66.data(), a67.data(), a54.data(), a65.data(), a57.data());
+  loop12(a65.data(), a66.data(), a53.data(), a64.data(), a56.data());
 
   // layers.mesh:24:10 mean
   MESHRT_TRACE("mean", "layers.mesh:24:10", "backward");
-  support::reduce(a68.data(), kShape5, a67.data(), kShape6, kShape12, kShape1, support::Reduce::Sum,
+  support::reduce(a67.data(), kShape5, a66.data(), kShape6, kShape12, kShape1, support::Reduce::Sum,
                   0.015625);
 
   // layers.mesh:24:10 mean
   MESHRT_TRACE("mean", "layers.mesh:24:10", "backward");
-  support::reduce(a69.data(), kShape5, a66.data(), kShape6, kShape12, kShape1, support::Reduce::Sum,
+  support::reduce(a68.data(), kShape5, a65.data(), kShape6, kShape12, kShape1, support::Reduce::Sum,
                   0.015625);
 
   // layers.mesh:24:10 mul
@@ -3257,7 +3232,7 @@ void LmTrain::repeated1(
   // layers.mesh:24:10 mul
   // layers.mesh:24:10 add
   MESHRT_TRACE("loop", "layers.mesh:24:10", "backward");
-  loop24(a70.data(), a57.data(), a68.data(), a66.data(), a69.data(), a64.data(), a28.data());
+  loop23(a69.data(), a56.data(), a67.data(), a65.data(), a68.data(), a63.data(), a28.data());
 }
 
 void LmTrain::repeated2(
@@ -3275,7 +3250,7 @@ void LmTrain::repeated2(
 
   // transformer.mesh:61:3 square
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "backward");
-  loop16(a1.data(), a0.data());
+  loop15(a1.data(), a0.data());
 
   // transformer.mesh:61:3 sum
   MESHRT_TRACE("sum", "transformer.mesh:61:3", "backward");
@@ -3284,7 +3259,7 @@ void LmTrain::repeated2(
 
   // transformer.mesh:61:3 square
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "backward");
-  loop16(a4.data(), a3.data());
+  loop15(a4.data(), a3.data());
 
   // transformer.mesh:61:3 sum
   MESHRT_TRACE("sum", "transformer.mesh:61:3", "backward");
@@ -3293,7 +3268,7 @@ void LmTrain::repeated2(
 
   // transformer.mesh:61:3 square
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "backward");
-  loop16(a7.data(), a6.data());
+  loop15(a7.data(), a6.data());
 
   // transformer.mesh:61:3 sum
   MESHRT_TRACE("sum", "transformer.mesh:61:3", "backward");
@@ -3302,7 +3277,7 @@ void LmTrain::repeated2(
 
   // transformer.mesh:61:3 square
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "backward");
-  loop16(a10.data(), a9.data());
+  loop15(a10.data(), a9.data());
 
   // transformer.mesh:61:3 sum
   MESHRT_TRACE("sum", "transformer.mesh:61:3", "backward");
@@ -3311,7 +3286,7 @@ void LmTrain::repeated2(
 
   // transformer.mesh:61:3 square
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "backward");
-  loop17(a13.data(), a12.data());
+  loop16(a13.data(), a12.data());
 
   // transformer.mesh:61:3 local_slice (reshard %375 for sum at 61:3)
   MESHRT_TRACE("local_slice", "transformer.mesh:61:3", "backward");
@@ -3324,7 +3299,7 @@ void LmTrain::repeated2(
 
   // transformer.mesh:61:3 square
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "backward");
-  loop17(a17.data(), a16.data());
+  loop16(a17.data(), a16.data());
 
   // transformer.mesh:61:3 local_slice (reshard %378 for sum at 61:3)
   MESHRT_TRACE("local_slice", "transformer.mesh:61:3", "backward");
@@ -3337,7 +3312,7 @@ void LmTrain::repeated2(
 
   // transformer.mesh:61:3 square
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "backward");
-  loop27(a21.data(), a20.data());
+  loop26(a21.data(), a20.data());
 
   // transformer.mesh:61:3 sum
   MESHRT_TRACE("sum", "transformer.mesh:61:3", "backward");
@@ -3346,7 +3321,7 @@ void LmTrain::repeated2(
 
   // transformer.mesh:61:3 square
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "backward");
-  loop28(a24.data(), a23.data());
+  loop27(a24.data(), a23.data());
 
   // transformer.mesh:61:3 sum
   MESHRT_TRACE("sum", "transformer.mesh:61:3", "backward");
@@ -3355,7 +3330,7 @@ void LmTrain::repeated2(
 
   // transformer.mesh:61:3 square
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "backward");
-  loop27(a27.data(), a26.data());
+  loop26(a27.data(), a26.data());
 
   // transformer.mesh:61:3 sum
   MESHRT_TRACE("sum", "transformer.mesh:61:3", "backward");
@@ -3364,7 +3339,7 @@ void LmTrain::repeated2(
 
   // transformer.mesh:61:3 square
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "backward");
-  loop17(a30.data(), a29.data());
+  loop16(a30.data(), a29.data());
 
   // transformer.mesh:61:3 local_slice (reshard %390 for sum at 61:3)
   MESHRT_TRACE("local_slice", "transformer.mesh:61:3", "backward");
@@ -3377,7 +3352,7 @@ void LmTrain::repeated2(
 
   // transformer.mesh:61:3 square
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "backward");
-  loop17(a34.data(), a33.data());
+  loop16(a34.data(), a33.data());
 
   // transformer.mesh:61:3 local_slice (reshard %393 for sum at 61:3)
   MESHRT_TRACE("local_slice", "transformer.mesh:61:3", "backward");
@@ -3390,7 +3365,7 @@ void LmTrain::repeated2(
 
   // transformer.mesh:61:3 square
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "backward");
-  loop17(a38.data(), a37.data());
+  loop16(a38.data(), a37.data());
 
   // transformer.mesh:61:3 local_slice (reshard %396 for sum at 61:3)
   MESHRT_TRACE("local_slice", "transformer.mesh:61:3", "backward");
@@ -3435,7 +3410,7 @@ void LmTrain::repeated3(support::View a0, support::ConstView a1, support::ConstV
 
   // transformer.mesh:21:13 add -> h
   MESHRT_TRACE("loop", "transformer.mesh:21:13", "forward");
-  loop29(a8.data(), a7.data(), a6.data());
+  loop28(a8.data(), a7.data(), a6.data());
 
   // layers.mesh:24:10 layer_norm
   MESHRT_TRACE("layer_norm", "layers.mesh:24:10", "forward");
@@ -3500,7 +3475,7 @@ void LmTrain::repeated3(support::View a0, support::ConstView a1, support::ConstV
   // layers.mesh:55:71 add
   // transformer.mesh:22:12 add -> x
   MESHRT_TRACE("loop", "layers.mesh:55:71", "forward");
-  loop30(a22.data(), a20.data(), a21.data(), a8.data());
+  loop29(a22.data(), a20.data(), a21.data(), a8.data());
 
   // layers.mesh:24:10 layer_norm
   MESHRT_TRACE("layer_norm", "layers.mesh:24:10", "forward");
@@ -3536,7 +3511,7 @@ void LmTrain::repeated4(support::View a0, support::ConstView a1, support::ConstV
   // transformer.mesh:61:3 mul
   // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[0]/norm/gain
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "update");
-  loop20(a3.data(), a4.data(), a0.data(), a1.data(), a2.data(), a5.data(), a6.data(), a7.data());
+  loop19(a3.data(), a4.data(), a0.data(), a1.data(), a2.data(), a5.data(), a6.data(), a7.data());
 }
 
 void LmTrain::repeated5(support::ConstView a0, support::ConstView a1, support::View a2,

@@ -188,16 +188,6 @@ static const support::SharedEinsum
 
 [[gnu::noinline]] static void loop11(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2) {
-  for (int64_t i0 = 0; i0 < 512; ++i0) {
-    const float s0 = p1[i0];
-    const float s1 = p2[i0];
-    const float s2 = (s0 * s1);
-    p0[i0] = s2;
-  }
-}
-
-[[gnu::noinline]] static void loop12(float *__restrict p0, const float *__restrict p1,
-                                     const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 16; ++i0) {
     const float s0 = p1[i0];
     const float s1 = p2[i0];
@@ -206,7 +196,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop13(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop12(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4, const float *__restrict p5) {
   const float r0 = p1[0];
@@ -240,7 +230,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop14(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop13(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 1024; ++i0) {
     const float s0 = p1[i0];
@@ -250,11 +240,58 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop15(float *__restrict p0, const float *__restrict p1) {
+[[gnu::noinline]] static void loop14(float *__restrict p0, const float *__restrict p1) {
   for (int64_t i0 = 0; i0 < 1024; ++i0) {
     const float s0 = p1[i0];
     const float s1 = s0 * s0;
     p0[i0] = s1;
+  }
+}
+
+[[gnu::noinline]] static void loop15(float *__restrict p0, float *__restrict p1,
+                                     float *__restrict p2, const float *__restrict p3,
+                                     const float *__restrict p4, const float *__restrict p5,
+                                     const float *__restrict p6, const float *__restrict p7) {
+  const float r2 = p4[0];
+  const float r5 = p5[0];
+  const float r6 = p6[0];
+  const float r7 = p7[0];
+  for (int64_t i0 = 0; i0 < 1024; ++i0) {
+    const float s0 = p2[i0];
+    const float s1 = 0.01f;
+    const float s2 = (s0 * s1);
+    const float s3 = p3[i0];
+    const float s4 = r2;
+    const float s5 = (s3 * s4);
+    const float s6 = 0.100000024f;
+    const float s7 = (s5 * s6);
+    const float s8 = p0[i0];
+    const float s9 = 0.9f;
+    const float s10 = (s8 * s9);
+    const float s11 = (s10 + s7);
+    const float s12 = s5 * s5;
+    const float s13 = 0.0009999871f;
+    const float s14 = (s12 * s13);
+    const float s15 = p1[i0];
+    const float s16 = 0.999f;
+    const float s17 = (s15 * s16);
+    const float s18 = (s17 + s14);
+    const float s19 = r5;
+    const float s20 = (s11 / s19);
+    const float s21 = r6;
+    const float s22 = (s18 / s21);
+    const float s23 = support::fsqrt(s22);
+    const float s24 = 1e-08f;
+    const float s25 = (s23 + s24);
+    const float s26 = (s20 / s25);
+    const float s27 = (s26 + s2);
+    const float s28 = r7;
+    const float s29 = (s27 * s28);
+    const float s30 = p2[i0];
+    const float s31 = (s30 - s29);
+    p0[i0] = s11;
+    p1[i0] = s18;
+    p2[i0] = s31;
   }
 }
 
@@ -266,7 +303,7 @@ static const support::SharedEinsum
   const float r5 = p5[0];
   const float r6 = p6[0];
   const float r7 = p7[0];
-  for (int64_t i0 = 0; i0 < 1024; ++i0) {
+  for (int64_t i0 = 0; i0 < 512; ++i0) {
     const float s0 = p2[i0];
     const float s1 = 0.01f;
     const float s2 = (s0 * s1);
@@ -313,7 +350,7 @@ static const support::SharedEinsum
   const float r5 = p5[0];
   const float r6 = p6[0];
   const float r7 = p7[0];
-  for (int64_t i0 = 0; i0 < 512; ++i0) {
+  for (int64_t i0 = 0; i0 < 16; ++i0) {
     const float s0 = p2[i0];
     const float s1 = 0.01f;
     const float s2 = (s0 * s1);
@@ -360,7 +397,7 @@ static const support::SharedEinsum
   const float r5 = p5[0];
   const float r6 = p6[0];
   const float r7 = p7[0];
-  for (int64_t i0 = 0; i0 < 16; ++i0) {
+  for (int64_t i0 = 0; i0 < 32; ++i0) {
     const float s0 = p2[i0];
     const float s1 = 0.01f;
     const float s2 = (s0 * s1);
@@ -399,50 +436,13 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop19(float *__restrict p0, float *__restrict p1,
-                                     float *__restrict p2, const float *__restrict p3,
-                                     const float *__restrict p4, const float *__restrict p5,
-                                     const float *__restrict p6, const float *__restrict p7) {
-  const float r2 = p4[0];
-  const float r5 = p5[0];
-  const float r6 = p6[0];
-  const float r7 = p7[0];
-  for (int64_t i0 = 0; i0 < 32; ++i0) {
-    const float s0 = p2[i0];
-    const float s1 = 0.01f;
+[[gnu::noinline]] static void loop19(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2) {
+  for (int64_t i0 = 0; i0 < 512; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = p2[i0];
     const float s2 = (s0 * s1);
-    const float s3 = p3[i0];
-    const float s4 = r2;
-    const float s5 = (s3 * s4);
-    const float s6 = 0.100000024f;
-    const float s7 = (s5 * s6);
-    const float s8 = p0[i0];
-    const float s9 = 0.9f;
-    const float s10 = (s8 * s9);
-    const float s11 = (s10 + s7);
-    const float s12 = s5 * s5;
-    const float s13 = 0.0009999871f;
-    const float s14 = (s12 * s13);
-    const float s15 = p1[i0];
-    const float s16 = 0.999f;
-    const float s17 = (s15 * s16);
-    const float s18 = (s17 + s14);
-    const float s19 = r5;
-    const float s20 = (s11 / s19);
-    const float s21 = r6;
-    const float s22 = (s18 / s21);
-    const float s23 = support::fsqrt(s22);
-    const float s24 = 1e-08f;
-    const float s25 = (s23 + s24);
-    const float s26 = (s20 / s25);
-    const float s27 = (s26 + s2);
-    const float s28 = r7;
-    const float s29 = (s27 * s28);
-    const float s30 = p2[i0];
-    const float s31 = (s30 - s29);
-    p0[i0] = s11;
-    p1[i0] = s18;
-    p2[i0] = s31;
+    p0[i0] = s2;
   }
 }
 
@@ -1111,7 +1111,7 @@ void XlTrain::computeInvariants() {
 
 XlTrain::Outputs XlTrain::run(const Inputs &inputs) {
   MESHRT_TRACE_RUN(world_, "xl_train");
-  // Arena: 106816 bytes for 367600 bytes of temporaries (placed by liveness).
+  // Arena: 106816 bytes for 361456 bytes of temporaries (placed by liveness).
   support::checkShape("input", "tokens", inputs.tokens, {2, 8});
   runPart0(inputs);
   runPart1(inputs);
@@ -1279,31 +1279,27 @@ void XlTrain::runPart0(const Inputs &inputs) {
   support::oneHot(v125.data(), kShape7, v1.data(), kShape9, kShape8,
                   support::shardStart(world_, {"model"}, 32));
 
-  // transformer_xl.mesh:100:28 mul
-  MESHRT_TRACE("loop", "transformer_xl.mesh:100:28", "forward");
-  support::View v126 = arena_.view(96256, 512);
-  loop11(v126.data(), v124.data(), v125.data());
-
   // transformer_xl.mesh:100:19 sum
+  // transformer_xl.mesh:100:28 mul
   MESHRT_TRACE("sum", "transformer_xl.mesh:100:19", "forward");
-  support::View v127 = arena_.view(98432, 16);
-  support::reduce(v127.data(), kShape3, v126.data(), kShape10, kShape11, kShape1,
-                  support::Reduce::Sum, 1.0);
+  support::View v127 = arena_.view(96256, 16);
+  support::reduceProduct(v127.data(), kShape3, 32, v124.data(), kShape10, v125.data(), kShape10,
+                         1.0);
 
   // transformer_xl.mesh:100:62 mul
   MESHRT_TRACE("loop", "transformer_xl.mesh:100:62", "forward");
-  support::View v128 = arena_.view(96256, 16);
-  loop12(v128.data(), v127.data(), v5.data());
+  support::View v128 = arena_.view(96320, 16);
+  loop11(v128.data(), v127.data(), v5.data());
 
   // transformer_xl.mesh:100:15 sum
   MESHRT_TRACE("sum", "transformer_xl.mesh:100:15", "forward");
-  support::View v129 = arena_.view(96320, 1);
+  support::View v129 = arena_.view(96256, 1);
   support::reduce(v129.data(), kShape12, v128.data(), kShape12, kShape3, kShape13,
                   support::Reduce::Sum, 1.0);
 
   // transformer_xl.mesh:100:14 neg
   MESHRT_TRACE("loop", "transformer_xl.mesh:100:14", "forward");
-  support::View v130 = arena_.view(96384, 1);
+  support::View v130 = arena_.view(96320, 1);
   {
     float *__restrict v130p = v130.data();
     const float *__restrict v129p = v129.data();
@@ -1358,7 +1354,7 @@ void XlTrain::runPart0(const Inputs &inputs) {
   // transformer_xl.mesh:99:14 sub
   MESHRT_TRACE("loop", "transformer_xl.mesh:100:74", "backward");
   support::View v152 = arena_.view(96256, 512);
-  loop13(v152.data(), v132.data(), v5.data(), v1.data(), v124.data(), v125.data());
+  loop12(v152.data(), v132.data(), v5.data(), v1.data(), v124.data(), v125.data());
 
   // transformer_xl.mesh:91:10 einsum
   MESHRT_TRACE("gemm", "transformer_xl.mesh:91:10", "backward");
@@ -1385,7 +1381,7 @@ void XlTrain::runPart1(const Inputs &inputs) {
   (void)inputs;
   MESHRT_TRACE_SPAN(world_);
 
-  // 55 statements from transformer_xl.mesh:32:40 sum -> grad/decoder/xl_layer[1]/norm#1/bias (1 of
+  // 54 statements from transformer_xl.mesh:32:40 sum -> grad/decoder/xl_layer[1]/norm#1/bias (1 of
   // 2)
   MESHRT_TRACE_SITE("transformer_xl.mesh:32:40");
   support::View v153 = arena_.view(98304, 512);
@@ -1431,7 +1427,6 @@ void XlTrain::runPart1(const Inputs &inputs) {
   support::View v102 = arena_.view(86016, 512);
   support::View v201 = arena_.view(55296, 512);
   support::View v103_c0 = arena_.view(105472, 256);
-  support::View v203 = arena_.view(94208, 512);
   support::View v204 = arena_.view(96256, 32);
   support::View v50 = persistent_.view(26240, 128);
   support::View v208 = arena_.view(94208, 512);
@@ -1472,11 +1467,11 @@ void XlTrain::runPart1(const Inputs &inputs) {
   repeated1(v156, v153, v120, v158, v159, v160, v117, v162, v163, v166, v118, v157, v167, v168,
             v170, v173, v112, v174, v114, v175, v113, v178, v111, v179, v181, v110, v182, v183,
             v108, v185, v186, v187, v105, v189, v190, v192, v106, v184, v193, v194, v196, v199, v80,
-            v200_c0, v86, v200, v102, v201, v103_c0, v202, v203, v204, v50, v208, v87, v209, v90,
-            v210, v211, v85, v212, v88, v213, v214, v215, v21, v216, v78, v217, v83, v218, v77,
-            v219, v220, v221, v76, v222, v226, v73, v225, v228);
+            v200_c0, v86, v200, v102, v201, v103_c0, v202, v204, v50, v208, v87, v209, v90, v210,
+            v211, v85, v212, v88, v213, v214, v215, v21, v216, v78, v217, v83, v218, v77, v219,
+            v220, v221, v76, v222, v226, v73, v225, v228);
 
-  // 55 statements from transformer_xl.mesh:32:40 sum -> grad/decoder/xl_layer[1]/norm#1/bias (2 of
+  // 54 statements from transformer_xl.mesh:32:40 sum -> grad/decoder/xl_layer[1]/norm#1/bias (2 of
   // 2)
   MESHRT_TRACE_SITE("transformer_xl.mesh:32:40");
   support::View v71 = arena_.view(79872, 512);
@@ -1521,7 +1516,6 @@ void XlTrain::runPart1(const Inputs &inputs) {
   support::View v53 = arena_.view(65536, 512);
   support::View v272 = arena_.view(55296, 512);
   support::View v54_c0 = arena_.view(104448, 256);
-  support::View v274 = arena_.view(67584, 512);
   support::View v275 = arena_.view(69632, 32);
   support::View v279 = arena_.view(67584, 512);
   support::View v38 = arena_.view(16384, 2048);
@@ -1560,9 +1554,9 @@ void XlTrain::runPart1(const Inputs &inputs) {
   repeated1(v229, v228, v71, v231, v232, v233, v68, v235, v236, v238, v69, v230, v239, v240, v242,
             v245, v63, v246, v65, v247, v64, v249, v62, v250, v252, v61, v253, v254, v59, v256,
             v257, v258, v56, v260, v261, v263, v57, v255, v264, v265, v267, v270, v31, v271_c0, v37,
-            v271, v53, v272, v54_c0, v273, v274, v275, v50, v279, v38, v280, v41, v281, v282, v36,
-            v283, v39, v284, v285, v286, v21, v287, v29, v288, v34, v289, v28, v290, v291, v292,
-            v27, v293, v297, v23, v296, v299);
+            v271, v53, v272, v54_c0, v273, v275, v50, v279, v38, v280, v41, v281, v282, v36, v283,
+            v39, v284, v285, v286, v21, v287, v29, v288, v34, v289, v28, v290, v291, v292, v27,
+            v293, v297, v23, v296, v299);
 
   // transformer_xl.mesh:87:11 einsum
   MESHRT_TRACE("einsum", "transformer_xl.mesh:87:11", "backward");
@@ -1575,7 +1569,7 @@ void XlTrain::runPart1(const Inputs &inputs) {
   MESHRT_TRACE("loop", "transformer_xl.mesh:87:11", "backward");
   support::View v154 = arena_.view(40960, 1024);
   support::View v301 = arena_.view(4096, 1024);
-  loop14(v301.data(), v154.data(), v300.data());
+  loop13(v301.data(), v154.data(), v300.data());
 
   // transformer_xl.mesh:101:3 bucketed_all_reduce_sum -> grad/decoder/xl_layer[1]/norm#1/bias (27
   // partial sums (grad/decoder/xl_layer[1]/norm#1/bias, grad/decoder/xl_layer[1]/norm#1/gain,
@@ -1589,7 +1583,7 @@ void XlTrain::runPart1(const Inputs &inputs) {
   // transformer_xl.mesh:101:3 square
   MESHRT_TRACE("loop", "transformer_xl.mesh:101:3", "backward");
   support::View v326 = arena_.view(0, 1024);
-  loop15(v326.data(), v301.data());
+  loop14(v326.data(), v301.data());
 
   // transformer_xl.mesh:101:3 sum
   MESHRT_TRACE("sum", "transformer_xl.mesh:101:3", "backward");
@@ -1893,7 +1887,7 @@ void XlTrain::runPart1(const Inputs &inputs) {
   support::View v6(param0_decoder_embedding);      // updated in place
   support::View v472(param29_decoder_embedding_m); // updated in place
   support::View v473(param30_decoder_embedding_v); // updated in place
-  loop16(v472.data(), v473.data(), v6.data(), v301.data(), v444.data(), v486.data(), v488.data(),
+  loop15(v472.data(), v473.data(), v6.data(), v301.data(), v444.data(), v486.data(), v488.data(),
          v324.data());
 
   // 13 statements from transformer_xl.mesh:101:3 mul (1 of 2)
@@ -2017,7 +2011,7 @@ void XlTrain::repeated0(
   // transformer_xl.mesh:101:3 mul
   // transformer_xl.mesh:101:3 sub -> next/decoder/xl_layer[0]/relative_attention/q
   MESHRT_TRACE("loop", "transformer_xl.mesh:101:3", "update");
-  loop17(a3.data(), a4.data(), a0.data(), a1.data(), a2.data(), a5.data(), a6.data(), a7.data());
+  loop16(a3.data(), a4.data(), a0.data(), a1.data(), a2.data(), a5.data(), a6.data(), a7.data());
 
   // transformer_xl.mesh:101:3 mul
   // transformer_xl.mesh:101:3 mul
@@ -2037,7 +2031,7 @@ void XlTrain::repeated0(
   // transformer_xl.mesh:101:3 mul
   // transformer_xl.mesh:101:3 sub -> next/decoder/xl_layer[0]/relative_attention/k
   MESHRT_TRACE("loop", "transformer_xl.mesh:101:3", "update");
-  loop17(a10.data(), a11.data(), a8.data(), a9.data(), a2.data(), a5.data(), a6.data(), a7.data());
+  loop16(a10.data(), a11.data(), a8.data(), a9.data(), a2.data(), a5.data(), a6.data(), a7.data());
 
   // transformer_xl.mesh:101:3 mul
   // transformer_xl.mesh:101:3 mul
@@ -2057,7 +2051,7 @@ void XlTrain::repeated0(
   // transformer_xl.mesh:101:3 mul
   // transformer_xl.mesh:101:3 sub -> next/decoder/xl_layer[0]/relative_attention/v
   MESHRT_TRACE("loop", "transformer_xl.mesh:101:3", "update");
-  loop17(a14.data(), a15.data(), a12.data(), a13.data(), a2.data(), a5.data(), a6.data(),
+  loop16(a14.data(), a15.data(), a12.data(), a13.data(), a2.data(), a5.data(), a6.data(),
          a7.data());
 
   // transformer_xl.mesh:101:3 mul
@@ -2078,7 +2072,7 @@ void XlTrain::repeated0(
   // transformer_xl.mesh:101:3 mul
   // transformer_xl.mesh:101:3 sub -> next/decoder/xl_layer[0]/relative_attention/r
   MESHRT_TRACE("loop", "transformer_xl.mesh:101:3", "update");
-  loop17(a18.data(), a19.data(), a16.data(), a17.data(), a2.data(), a5.data(), a6.data(),
+  loop16(a18.data(), a19.data(), a16.data(), a17.data(), a2.data(), a5.data(), a6.data(),
          a7.data());
 
   // transformer_xl.mesh:101:3 mul
@@ -2099,7 +2093,7 @@ void XlTrain::repeated0(
   // transformer_xl.mesh:101:3 mul
   // transformer_xl.mesh:101:3 sub -> next/decoder/xl_layer[0]/relative_attention/o
   MESHRT_TRACE("loop", "transformer_xl.mesh:101:3", "update");
-  loop17(a22.data(), a23.data(), a20.data(), a21.data(), a2.data(), a5.data(), a6.data(),
+  loop16(a22.data(), a23.data(), a20.data(), a21.data(), a2.data(), a5.data(), a6.data(),
          a7.data());
 
   // transformer_xl.mesh:101:3 mul
@@ -2120,7 +2114,7 @@ void XlTrain::repeated0(
   // transformer_xl.mesh:101:3 mul
   // transformer_xl.mesh:101:3 sub -> next/decoder/xl_layer[0]/relative_attention/content_bias
   MESHRT_TRACE("loop", "transformer_xl.mesh:101:3", "update");
-  loop18(a26.data(), a27.data(), a24.data(), a25.data(), a2.data(), a5.data(), a6.data(),
+  loop17(a26.data(), a27.data(), a24.data(), a25.data(), a2.data(), a5.data(), a6.data(),
          a7.data());
 
   // transformer_xl.mesh:101:3 mul
@@ -2141,7 +2135,7 @@ void XlTrain::repeated0(
   // transformer_xl.mesh:101:3 mul
   // transformer_xl.mesh:101:3 sub -> next/decoder/xl_layer[0]/relative_attention/position_bias
   MESHRT_TRACE("loop", "transformer_xl.mesh:101:3", "update");
-  loop18(a30.data(), a31.data(), a28.data(), a29.data(), a2.data(), a5.data(), a6.data(),
+  loop17(a30.data(), a31.data(), a28.data(), a29.data(), a2.data(), a5.data(), a6.data(),
          a7.data());
 
   // transformer_xl.mesh:101:3 mul
@@ -2162,7 +2156,7 @@ void XlTrain::repeated0(
   // transformer_xl.mesh:101:3 mul
   // transformer_xl.mesh:101:3 sub -> next/decoder/xl_layer[0]/norm/gain
   MESHRT_TRACE("loop", "transformer_xl.mesh:101:3", "update");
-  loop19(a34.data(), a35.data(), a32.data(), a33.data(), a2.data(), a5.data(), a6.data(),
+  loop18(a34.data(), a35.data(), a32.data(), a33.data(), a2.data(), a5.data(), a6.data(),
          a7.data());
 
   // transformer_xl.mesh:101:3 mul
@@ -2183,7 +2177,7 @@ void XlTrain::repeated0(
   // transformer_xl.mesh:101:3 mul
   // transformer_xl.mesh:101:3 sub -> next/decoder/xl_layer[0]/norm/bias
   MESHRT_TRACE("loop", "transformer_xl.mesh:101:3", "update");
-  loop19(a38.data(), a39.data(), a36.data(), a37.data(), a2.data(), a5.data(), a6.data(),
+  loop18(a38.data(), a39.data(), a36.data(), a37.data(), a2.data(), a5.data(), a6.data(),
          a7.data());
 
   // transformer_xl.mesh:101:3 mul
@@ -2204,7 +2198,7 @@ void XlTrain::repeated0(
   // transformer_xl.mesh:101:3 mul
   // transformer_xl.mesh:101:3 sub -> next/decoder/xl_layer[0]/dense_relu_dense/wi
   MESHRT_TRACE("loop", "transformer_xl.mesh:101:3", "update");
-  loop16(a42.data(), a43.data(), a40.data(), a41.data(), a2.data(), a5.data(), a6.data(),
+  loop15(a42.data(), a43.data(), a40.data(), a41.data(), a2.data(), a5.data(), a6.data(),
          a7.data());
 
   // transformer_xl.mesh:101:3 mul
@@ -2225,7 +2219,7 @@ void XlTrain::repeated0(
   // transformer_xl.mesh:101:3 mul
   // transformer_xl.mesh:101:3 sub -> next/decoder/xl_layer[0]/dense_relu_dense/wo
   MESHRT_TRACE("loop", "transformer_xl.mesh:101:3", "update");
-  loop16(a46.data(), a47.data(), a44.data(), a45.data(), a2.data(), a5.data(), a6.data(),
+  loop15(a46.data(), a47.data(), a44.data(), a45.data(), a2.data(), a5.data(), a6.data(),
          a7.data());
 
   // transformer_xl.mesh:101:3 mul
@@ -2246,7 +2240,7 @@ void XlTrain::repeated0(
   // transformer_xl.mesh:101:3 mul
   // transformer_xl.mesh:101:3 sub -> next/decoder/xl_layer[0]/norm#1/gain
   MESHRT_TRACE("loop", "transformer_xl.mesh:101:3", "update");
-  loop19(a50.data(), a51.data(), a48.data(), a49.data(), a2.data(), a5.data(), a6.data(),
+  loop18(a50.data(), a51.data(), a48.data(), a49.data(), a2.data(), a5.data(), a6.data(),
          a7.data());
 
   // transformer_xl.mesh:101:3 mul
@@ -2267,7 +2261,7 @@ void XlTrain::repeated0(
   // transformer_xl.mesh:101:3 mul
   // transformer_xl.mesh:101:3 sub -> next/decoder/xl_layer[0]/norm#1/bias
   MESHRT_TRACE("loop", "transformer_xl.mesh:101:3", "update");
-  loop19(a54.data(), a55.data(), a52.data(), a53.data(), a2.data(), a5.data(), a6.data(),
+  loop18(a54.data(), a55.data(), a52.data(), a53.data(), a2.data(), a5.data(), a6.data(),
          a7.data());
 }
 
@@ -2284,14 +2278,14 @@ void XlTrain::repeated1(
     support::View a37, support::View a38, support::View a39, support::View a40, support::View a41,
     support::ConstView a42, support::View a43, support::ConstView a44, support::View a45,
     support::ConstView a46, support::View a47, support::ConstView a48, support::View a49,
-    support::View a50, support::View a51, support::ConstView a52, support::View a53,
-    support::ConstView a54, support::View a55, support::ConstView a56, support::View a57,
-    support::View a58, support::ConstView a59, support::View a60, support::ConstView a61,
-    support::View a62, support::View a63, support::View a64, support::ConstView a65,
-    support::View a66, support::ConstView a67, support::View a68, support::ConstView a69,
-    support::View a70, support::ConstView a71, support::View a72, support::View a73,
-    support::View a74, support::ConstView a75, support::View a76, support::View a77,
-    support::ConstView a78, support::View a79, support::View a80) {
+    support::View a50, support::ConstView a51, support::View a52, support::ConstView a53,
+    support::View a54, support::ConstView a55, support::View a56, support::View a57,
+    support::ConstView a58, support::View a59, support::ConstView a60, support::View a61,
+    support::View a62, support::View a63, support::ConstView a64, support::View a65,
+    support::ConstView a66, support::View a67, support::ConstView a68, support::View a69,
+    support::ConstView a70, support::View a71, support::View a72, support::View a73,
+    support::ConstView a74, support::View a75, support::View a76, support::ConstView a77,
+    support::View a78, support::View a79) {
   MESHRT_TRACE_SPAN(world_);
 
   // transformer_xl.mesh:32:40 sum -> grad/decoder/xl_layer[1]/norm#1/bias
@@ -2301,7 +2295,7 @@ void XlTrain::repeated1(
 
   // transformer_xl.mesh:32:33 mul
   MESHRT_TRACE("loop", "transformer_xl.mesh:32:33", "backward");
-  loop11(a3.data(), a1.data(), a2.data());
+  loop19(a3.data(), a1.data(), a2.data());
 
   // transformer_xl.mesh:32:33 sum -> grad/decoder/xl_layer[1]/norm#1/gain
   MESHRT_TRACE("sum", "transformer_xl.mesh:32:33", "backward");
@@ -2391,7 +2385,7 @@ void XlTrain::repeated1(
 
   // transformer_xl.mesh:32:33 mul
   MESHRT_TRACE("loop", "transformer_xl.mesh:32:33", "backward");
-  loop11(a29.data(), a24.data(), a28.data());
+  loop19(a29.data(), a24.data(), a28.data());
 
   // transformer_xl.mesh:32:33 sum -> grad/decoder/xl_layer[1]/norm/gain
   MESHRT_TRACE("sum", "transformer_xl.mesh:32:33", "backward");
@@ -2461,105 +2455,101 @@ void XlTrain::repeated1(
   // dims: batch, segment, d_model, heads, d_kv
   kEinsum7.plan().run(a41.data(), a48.data(), a49.data(), 1.0f, 0.0f);
 
-  // transformer_xl.mesh:63:17 mul
-  MESHRT_TRACE("loop", "transformer_xl.mesh:63:17", "backward");
-  loop11(a50.data(), a45.data(), a46.data());
-
   // transformer_xl.mesh:63:17 sum
+  // transformer_xl.mesh:63:17 mul
   MESHRT_TRACE("sum", "transformer_xl.mesh:63:17", "backward");
-  support::reduce(a51.data(), kShape20, a50.data(), kShape21, kShape2, kShape1,
-                  support::Reduce::Sum, 1.0);
+  support::reduceProduct(a50.data(), kShape20, 16, a45.data(), kShape21, a46.data(), kShape21, 1.0);
 
   // transformer_xl.mesh:63:17 sub
   // transformer_xl.mesh:63:17 mul
   // transformer_xl.mesh:63:25 where
   // transformer_xl.mesh:62:37 mul
   MESHRT_TRACE("loop", "transformer_xl.mesh:63:17", "backward");
-  loop26(a53.data(), a45.data(), a51.data(), a46.data(), a52.data());
+  loop26(a52.data(), a45.data(), a50.data(), a46.data(), a51.data());
 
   // transformer_xl.mesh:61:18 einsum
   MESHRT_TRACE("gemm", "transformer_xl.mesh:61:18", "backward");
   // dims: batch, heads, segment, context, d_kv
-  kEinsum8.plan().run(a53.data(), a54.data(), a55.data(), 1.0f, 0.0f);
+  kEinsum8.plan().run(a52.data(), a53.data(), a54.data(), 1.0f, 0.0f);
 
   // transformer_xl.mesh:61:18 einsum
   MESHRT_TRACE("gemm", "transformer_xl.mesh:61:18", "backward");
   // dims: batch, heads, segment, context, d_kv
-  kEinsum9.plan().run(a53.data(), a56.data(), a57.data(), 1.0f, 0.0f);
+  kEinsum9.plan().run(a52.data(), a55.data(), a56.data(), 1.0f, 0.0f);
 
   // transformer_xl.mesh:61:33 sum -> grad/decoder/xl_layer[1]/relative_attention/position_bias
   MESHRT_TRACE("sum", "transformer_xl.mesh:61:33", "backward");
-  support::reduce(a58.data(), kShape3, a55.data(), kShape13, kShape3, kShape22,
+  support::reduce(a57.data(), kShape3, a54.data(), kShape13, kShape3, kShape22,
                   support::Reduce::Sum, 1.0);
 
   // transformer_xl.mesh:60:17 einsum
   MESHRT_TRACE("gemm", "transformer_xl.mesh:60:17", "backward");
   // dims: batch, heads, segment, context, d_kv
-  kEinsum10.plan().run(a53.data(), a59.data(), a60.data(), 1.0f, 0.0f);
+  kEinsum10.plan().run(a52.data(), a58.data(), a59.data(), 1.0f, 0.0f);
 
   // transformer_xl.mesh:60:17 einsum
   MESHRT_TRACE("gemm", "transformer_xl.mesh:60:17", "backward");
   // dims: batch, heads, segment, context, d_kv
-  kEinsum6.plan().run(a53.data(), a61.data(), a62.data(), 1.0f, 0.0f);
+  kEinsum6.plan().run(a52.data(), a60.data(), a61.data(), 1.0f, 0.0f);
 
   // transformer_xl.mesh:60:32 add
   MESHRT_TRACE("loop", "transformer_xl.mesh:60:32", "backward");
-  loop27(a63.data(), a55.data(), a60.data());
+  loop27(a62.data(), a54.data(), a59.data());
 
   // transformer_xl.mesh:60:32 sum -> grad/decoder/xl_layer[1]/relative_attention/content_bias
   MESHRT_TRACE("sum", "transformer_xl.mesh:60:32", "backward");
-  support::reduce(a64.data(), kShape3, a60.data(), kShape13, kShape3, kShape22,
+  support::reduce(a63.data(), kShape3, a59.data(), kShape13, kShape3, kShape22,
                   support::Reduce::Sum, 1.0);
 
   // transformer_xl.mesh:59:19 einsum -> grad/decoder/xl_layer[1]/relative_attention/r
   MESHRT_TRACE("gemm", "transformer_xl.mesh:59:19", "backward");
   // dims: segment, context, heads, d_kv, d_model
-  kEinsum11.plan().run(a57.data(), a65.data(), a66.data(), 1.0f, 0.0f);
+  kEinsum11.plan().run(a56.data(), a64.data(), a65.data(), 1.0f, 0.0f);
 
   // transformer_xl.mesh:58:16 einsum
   MESHRT_TRACE("gemm", "transformer_xl.mesh:58:16", "backward");
   // dims: batch, context, heads, d_kv, d_model
-  kEinsum12.plan().run(a47.data(), a67.data(), a68.data(), 1.0f, 0.0f);
+  kEinsum12.plan().run(a47.data(), a66.data(), a67.data(), 1.0f, 0.0f);
 
   // transformer_xl.mesh:58:16 einsum -> grad/decoder/xl_layer[1]/relative_attention/v
   MESHRT_TRACE("gemm", "transformer_xl.mesh:58:16", "backward");
   // dims: batch, context, heads, d_kv, d_model
-  kEinsum13.plan().run(a47.data(), a69.data(), a70.data(), 1.0f, 0.0f);
+  kEinsum13.plan().run(a47.data(), a68.data(), a69.data(), 1.0f, 0.0f);
 
   // transformer_xl.mesh:57:14 einsum
   MESHRT_TRACE("gemm", "transformer_xl.mesh:57:14", "backward");
   // dims: batch, context, heads, d_kv, d_model
-  kEinsum12.plan().run(a62.data(), a71.data(), a72.data(), 1.0f, 0.0f);
+  kEinsum12.plan().run(a61.data(), a70.data(), a71.data(), 1.0f, 0.0f);
 
   // transformer_xl.mesh:57:14 add
   MESHRT_TRACE("loop", "transformer_xl.mesh:57:14", "backward");
-  loop14(a73.data(), a68.data(), a72.data());
+  loop13(a72.data(), a67.data(), a71.data());
 
   // transformer_xl.mesh:57:14 einsum -> grad/decoder/xl_layer[1]/relative_attention/k
   MESHRT_TRACE("gemm", "transformer_xl.mesh:57:14", "backward");
   // dims: batch, context, heads, d_kv, d_model
-  kEinsum13.plan().run(a62.data(), a69.data(), a74.data(), 1.0f, 0.0f);
+  kEinsum13.plan().run(a61.data(), a68.data(), a73.data(), 1.0f, 0.0f);
 
   // transformer_xl.mesh:56:17 einsum
   MESHRT_TRACE("gemm", "transformer_xl.mesh:56:17", "backward");
   // dims: batch, segment, heads, d_kv, d_model
-  kEinsum14.plan().run(a63.data(), a75.data(), a76.data(), 1.0f, 0.0f);
+  kEinsum14.plan().run(a62.data(), a74.data(), a75.data(), 1.0f, 0.0f);
 
   // transformer_xl.mesh:55:17 slice
   MESHRT_TRACE("slice", "transformer_xl.mesh:55:17", "backward");
-  support::zero(a77);
-  support::copyWindow(a77.data(), a73.data(), kShape23, kShape24, kShape25, 32, 32, 8, 16,
+  support::zero(a76);
+  support::copyWindow(a76.data(), a72.data(), kShape23, kShape24, kShape25, 32, 32, 8, 16,
                       int64_t(-8));
 
   // transformer_xl.mesh:56:17 bucketed_all_reduce_sum (resolve the partial sum of %212 over model
   // for add at 56:17; merged with 1 more partial sum over model (%227): 4.0 KiB in one buffer)
   MESHRT_TRACE_SITE("transformer_xl.mesh:56:17");
-  auto request1 = support::startAllReduce(group_model, {a76, a77}, meshrt::ReduceOp::Sum);
+  auto request1 = support::startAllReduce(group_model, {a75, a76}, meshrt::ReduceOp::Sum);
 
   // transformer_xl.mesh:56:17 einsum -> grad/decoder/xl_layer[1]/relative_attention/q
   MESHRT_TRACE("gemm", "transformer_xl.mesh:56:17", "backward");
   // dims: batch, segment, heads, d_kv, d_model
-  kEinsum15.plan().run(a63.data(), a78.data(), a79.data(), 1.0f, 0.0f);
+  kEinsum15.plan().run(a62.data(), a77.data(), a78.data(), 1.0f, 0.0f);
 
   MESHRT_TRACE_SITE("transformer_xl.mesh:56:17");
   group_model.wait(request1);
@@ -2567,7 +2557,7 @@ void XlTrain::repeated1(
   // transformer_xl.mesh:56:17 add
   // transformer_xl.mesh:55:17 add
   MESHRT_TRACE("loop", "transformer_xl.mesh:56:17", "backward");
-  loop28(a80.data(), a41.data(), a76.data(), a77.data());
+  loop28(a79.data(), a41.data(), a75.data(), a76.data());
 }
 
 void XlTrain::repeated2(
@@ -2816,7 +2806,7 @@ void XlTrain::repeated3(
 
   // transformer_xl.mesh:101:3 square
   MESHRT_TRACE("loop", "transformer_xl.mesh:101:3", "backward");
-  loop15(a30.data(), a29.data());
+  loop14(a30.data(), a29.data());
 
   // transformer_xl.mesh:101:3 sum
   MESHRT_TRACE("sum", "transformer_xl.mesh:101:3", "backward");
@@ -2825,7 +2815,7 @@ void XlTrain::repeated3(
 
   // transformer_xl.mesh:101:3 square
   MESHRT_TRACE("loop", "transformer_xl.mesh:101:3", "backward");
-  loop15(a33.data(), a32.data());
+  loop14(a33.data(), a32.data());
 
   // transformer_xl.mesh:101:3 sum
   MESHRT_TRACE("sum", "transformer_xl.mesh:101:3", "backward");

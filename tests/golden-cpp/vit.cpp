@@ -50,17 +50,18 @@ static const support::Shape kShape40 = {128, 2};
 static const support::Shape kShape41 = {1024, 1};
 static const support::Shape kShape42 = {1, 2};
 static const support::Shape kShape43 = {1, 64};
-static const support::Shape kShape44 = {2, 16};
-static const support::Shape kShape45 = {1024, 64};
-static const support::Shape kShape46 = {64, 10};
-static const support::Shape kShape47 = {10, 1};
-static const support::Shape kShape48 = {4, 4, 3, 64};
-static const support::Shape kShape49 = {768, 192, 64, 1};
-static const support::Shape kShape50 = {64, 2, 16};
-static const support::Shape kShape51 = {32, 16, 1};
-static const support::Shape kShape52 = {2, 16, 64};
-static const support::Shape kShape53 = {1024, 64, 1};
-static const support::Shape kShape54 = {64, 64};
+static const support::Shape kShape44 = {0, 0};
+static const support::Shape kShape45 = {2, 16};
+static const support::Shape kShape46 = {1024, 64};
+static const support::Shape kShape47 = {64, 10};
+static const support::Shape kShape48 = {10, 1};
+static const support::Shape kShape49 = {4, 4, 3, 64};
+static const support::Shape kShape50 = {768, 192, 64, 1};
+static const support::Shape kShape51 = {64, 2, 16};
+static const support::Shape kShape52 = {32, 16, 1};
+static const support::Shape kShape53 = {2, 16, 64};
+static const support::Shape kShape54 = {1024, 64, 1};
+static const support::Shape kShape55 = {64, 64};
 static const support::SharedEinsum
     kEinsum0({{2, 16, 4, 4, 3, 64}, {{{0, 1, 2, 3, 4}, {}}, {{2, 3, 4, 5}, {}}}, {{0, 1, 5}, {}}});
 static const support::SharedEinsum
@@ -222,16 +223,6 @@ static const support::SharedEinsum
 
 [[gnu::noinline]] static void loop11(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2) {
-  for (int64_t i0 = 0; i0 < 20; ++i0) {
-    const float s0 = p1[i0];
-    const float s1 = p2[i0];
-    const float s2 = (s0 * s1);
-    p0[i0] = s2;
-  }
-}
-
-[[gnu::noinline]] static void loop12(float *__restrict p0, const float *__restrict p1,
-                                     const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 2; ++i0) {
     const float s0 = p1[i0];
     const float s1 = p2[i0];
@@ -240,7 +231,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop13(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop12(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3) {
   for (int64_t i0 = 0; i0 < 2; ++i0) {
     for (int64_t i1 = 0; i1 < 10; ++i1) {
@@ -259,7 +250,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop14(float *__restrict p0, const float *__restrict p1) {
+[[gnu::noinline]] static void loop13(float *__restrict p0, const float *__restrict p1) {
   for (int64_t i0 = 0; i0 < 128; ++i0) {
     const float s0 = p1[i0];
     const float s1 = s0;
@@ -267,7 +258,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop15(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop14(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 2176; ++i0) {
     const float s0 = p1[i0];
@@ -277,7 +268,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop16(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop15(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 34; ++i0) {
     for (int64_t i1 = 0; i1 < 64; ++i1) {
@@ -290,7 +281,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop17(float *__restrict p0, const float *__restrict p1) {
+[[gnu::noinline]] static void loop16(float *__restrict p0, const float *__restrict p1) {
   for (int64_t i0 = 0; i0 < 34; ++i0) {
     const float s0 = p1[i0];
     const float s1 = 1e-06f;
@@ -300,7 +291,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop18(float *__restrict p0, float *__restrict p1,
+[[gnu::noinline]] static void loop17(float *__restrict p0, float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4) {
   for (int64_t i0 = 0; i0 < 34; ++i0) {
@@ -316,7 +307,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop19(float *__restrict p0, float *__restrict p1,
+[[gnu::noinline]] static void loop18(float *__restrict p0, float *__restrict p1,
                                      float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4, const float *__restrict p5,
                                      const float *__restrict p6, const float *__restrict p7,
@@ -343,7 +334,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop20(float *__restrict p0, float *__restrict p1,
+[[gnu::noinline]] static void loop19(float *__restrict p0, float *__restrict p1,
                                      float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4, const float *__restrict p5,
                                      const float *__restrict p6, const float *__restrict p7,
@@ -373,7 +364,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop21(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop20(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4, const float *__restrict p5,
                                      const float *__restrict p6) {
@@ -398,19 +389,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop22(float *__restrict p0, const float *__restrict p1,
-                                     const float *__restrict p2) {
-  for (int64_t i0 = 0; i0 < 64; ++i0) {
-    for (int64_t i1 = 0; i1 < 2; ++i1) {
-      const float s0 = p1[i0 * 2 + i1];
-      const float s1 = p2[i1];
-      const float s2 = (s0 * s1);
-      p0[i0 * 2 + i1] = s2;
-    }
-  }
-}
-
-[[gnu::noinline]] static void loop23(float *__restrict p0, const float *__restrict p1) {
+[[gnu::noinline]] static void loop21(float *__restrict p0, const float *__restrict p1) {
   for (int64_t i0 = 0; i0 < 64; ++i0) {
     const float s0 = p1[i0];
     const float s1 = s0 * s0;
@@ -418,7 +397,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop24(float *__restrict p0, const float *__restrict p1) {
+[[gnu::noinline]] static void loop22(float *__restrict p0, const float *__restrict p1) {
   for (int64_t i0 = 0; i0 < 1088; ++i0) {
     const float s0 = p1[i0];
     const float s1 = s0 * s0;
@@ -426,7 +405,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop25(float *__restrict p0, const float *__restrict p1) {
+[[gnu::noinline]] static void loop23(float *__restrict p0, const float *__restrict p1) {
   for (int64_t i0 = 0; i0 < 640; ++i0) {
     const float s0 = p1[i0];
     const float s1 = s0 * s0;
@@ -434,7 +413,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop26(float *__restrict p0, const float *__restrict p1) {
+[[gnu::noinline]] static void loop24(float *__restrict p0, const float *__restrict p1) {
   for (int64_t i0 = 0; i0 < 10; ++i0) {
     const float s0 = p1[i0];
     const float s1 = s0 * s0;
@@ -442,11 +421,105 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop27(float *__restrict p0, const float *__restrict p1) {
+[[gnu::noinline]] static void loop25(float *__restrict p0, const float *__restrict p1) {
   for (int64_t i0 = 0; i0 < 3072; ++i0) {
     const float s0 = p1[i0];
     const float s1 = s0 * s0;
     p0[i0] = s1;
+  }
+}
+
+[[gnu::noinline]] static void loop26(float *__restrict p0, float *__restrict p1,
+                                     float *__restrict p2, const float *__restrict p3,
+                                     const float *__restrict p4, const float *__restrict p5,
+                                     const float *__restrict p6, const float *__restrict p7) {
+  const float r2 = p4[0];
+  const float r5 = p5[0];
+  const float r6 = p6[0];
+  const float r7 = p7[0];
+  for (int64_t i0 = 0; i0 < 64; ++i0) {
+    const float s0 = p2[i0];
+    const float s1 = 0.05f;
+    const float s2 = (s0 * s1);
+    const float s3 = p3[i0];
+    const float s4 = r2;
+    const float s5 = (s3 * s4);
+    const float s6 = 0.100000024f;
+    const float s7 = (s5 * s6);
+    const float s8 = p0[i0];
+    const float s9 = 0.9f;
+    const float s10 = (s8 * s9);
+    const float s11 = (s10 + s7);
+    const float s12 = s5 * s5;
+    const float s13 = 0.0009999871f;
+    const float s14 = (s12 * s13);
+    const float s15 = p1[i0];
+    const float s16 = 0.999f;
+    const float s17 = (s15 * s16);
+    const float s18 = (s17 + s14);
+    const float s19 = r5;
+    const float s20 = (s11 / s19);
+    const float s21 = r6;
+    const float s22 = (s18 / s21);
+    const float s23 = support::fsqrt(s22);
+    const float s24 = 1e-08f;
+    const float s25 = (s23 + s24);
+    const float s26 = (s20 / s25);
+    const float s27 = (s26 + s2);
+    const float s28 = r7;
+    const float s29 = (s27 * s28);
+    const float s30 = p2[i0];
+    const float s31 = (s30 - s29);
+    p0[i0] = s11;
+    p1[i0] = s18;
+    p2[i0] = s31;
+  }
+}
+
+[[gnu::noinline]] static void loop27(float *__restrict p0, float *__restrict p1,
+                                     float *__restrict p2, const float *__restrict p3,
+                                     const float *__restrict p4, const float *__restrict p5,
+                                     const float *__restrict p6, const float *__restrict p7) {
+  const float r2 = p4[0];
+  const float r5 = p5[0];
+  const float r6 = p6[0];
+  const float r7 = p7[0];
+  for (int64_t i0 = 0; i0 < 1088; ++i0) {
+    const float s0 = p2[i0];
+    const float s1 = 0.05f;
+    const float s2 = (s0 * s1);
+    const float s3 = p3[i0];
+    const float s4 = r2;
+    const float s5 = (s3 * s4);
+    const float s6 = 0.100000024f;
+    const float s7 = (s5 * s6);
+    const float s8 = p0[i0];
+    const float s9 = 0.9f;
+    const float s10 = (s8 * s9);
+    const float s11 = (s10 + s7);
+    const float s12 = s5 * s5;
+    const float s13 = 0.0009999871f;
+    const float s14 = (s12 * s13);
+    const float s15 = p1[i0];
+    const float s16 = 0.999f;
+    const float s17 = (s15 * s16);
+    const float s18 = (s17 + s14);
+    const float s19 = r5;
+    const float s20 = (s11 / s19);
+    const float s21 = r6;
+    const float s22 = (s18 / s21);
+    const float s23 = support::fsqrt(s22);
+    const float s24 = 1e-08f;
+    const float s25 = (s23 + s24);
+    const float s26 = (s20 / s25);
+    const float s27 = (s26 + s2);
+    const float s28 = r7;
+    const float s29 = (s27 * s28);
+    const float s30 = p2[i0];
+    const float s31 = (s30 - s29);
+    p0[i0] = s11;
+    p1[i0] = s18;
+    p2[i0] = s31;
   }
 }
 
@@ -458,7 +531,7 @@ static const support::SharedEinsum
   const float r5 = p5[0];
   const float r6 = p6[0];
   const float r7 = p7[0];
-  for (int64_t i0 = 0; i0 < 64; ++i0) {
+  for (int64_t i0 = 0; i0 < 640; ++i0) {
     const float s0 = p2[i0];
     const float s1 = 0.05f;
     const float s2 = (s0 * s1);
@@ -505,7 +578,7 @@ static const support::SharedEinsum
   const float r5 = p5[0];
   const float r6 = p6[0];
   const float r7 = p7[0];
-  for (int64_t i0 = 0; i0 < 1088; ++i0) {
+  for (int64_t i0 = 0; i0 < 10; ++i0) {
     const float s0 = p2[i0];
     const float s1 = 0.05f;
     const float s2 = (s0 * s1);
@@ -552,7 +625,7 @@ static const support::SharedEinsum
   const float r5 = p5[0];
   const float r6 = p6[0];
   const float r7 = p7[0];
-  for (int64_t i0 = 0; i0 < 640; ++i0) {
+  for (int64_t i0 = 0; i0 < 3072; ++i0) {
     const float s0 = p2[i0];
     const float s1 = 0.05f;
     const float s2 = (s0 * s1);
@@ -599,7 +672,7 @@ static const support::SharedEinsum
   const float r5 = p5[0];
   const float r6 = p6[0];
   const float r7 = p7[0];
-  for (int64_t i0 = 0; i0 < 10; ++i0) {
+  for (int64_t i0 = 0; i0 < 2048; ++i0) {
     const float s0 = p2[i0];
     const float s1 = 0.05f;
     const float s2 = (s0 * s1);
@@ -646,100 +719,6 @@ static const support::SharedEinsum
   const float r5 = p5[0];
   const float r6 = p6[0];
   const float r7 = p7[0];
-  for (int64_t i0 = 0; i0 < 3072; ++i0) {
-    const float s0 = p2[i0];
-    const float s1 = 0.05f;
-    const float s2 = (s0 * s1);
-    const float s3 = p3[i0];
-    const float s4 = r2;
-    const float s5 = (s3 * s4);
-    const float s6 = 0.100000024f;
-    const float s7 = (s5 * s6);
-    const float s8 = p0[i0];
-    const float s9 = 0.9f;
-    const float s10 = (s8 * s9);
-    const float s11 = (s10 + s7);
-    const float s12 = s5 * s5;
-    const float s13 = 0.0009999871f;
-    const float s14 = (s12 * s13);
-    const float s15 = p1[i0];
-    const float s16 = 0.999f;
-    const float s17 = (s15 * s16);
-    const float s18 = (s17 + s14);
-    const float s19 = r5;
-    const float s20 = (s11 / s19);
-    const float s21 = r6;
-    const float s22 = (s18 / s21);
-    const float s23 = support::fsqrt(s22);
-    const float s24 = 1e-08f;
-    const float s25 = (s23 + s24);
-    const float s26 = (s20 / s25);
-    const float s27 = (s26 + s2);
-    const float s28 = r7;
-    const float s29 = (s27 * s28);
-    const float s30 = p2[i0];
-    const float s31 = (s30 - s29);
-    p0[i0] = s11;
-    p1[i0] = s18;
-    p2[i0] = s31;
-  }
-}
-
-[[gnu::noinline]] static void loop33(float *__restrict p0, float *__restrict p1,
-                                     float *__restrict p2, const float *__restrict p3,
-                                     const float *__restrict p4, const float *__restrict p5,
-                                     const float *__restrict p6, const float *__restrict p7) {
-  const float r2 = p4[0];
-  const float r5 = p5[0];
-  const float r6 = p6[0];
-  const float r7 = p7[0];
-  for (int64_t i0 = 0; i0 < 2048; ++i0) {
-    const float s0 = p2[i0];
-    const float s1 = 0.05f;
-    const float s2 = (s0 * s1);
-    const float s3 = p3[i0];
-    const float s4 = r2;
-    const float s5 = (s3 * s4);
-    const float s6 = 0.100000024f;
-    const float s7 = (s5 * s6);
-    const float s8 = p0[i0];
-    const float s9 = 0.9f;
-    const float s10 = (s8 * s9);
-    const float s11 = (s10 + s7);
-    const float s12 = s5 * s5;
-    const float s13 = 0.0009999871f;
-    const float s14 = (s12 * s13);
-    const float s15 = p1[i0];
-    const float s16 = 0.999f;
-    const float s17 = (s15 * s16);
-    const float s18 = (s17 + s14);
-    const float s19 = r5;
-    const float s20 = (s11 / s19);
-    const float s21 = r6;
-    const float s22 = (s18 / s21);
-    const float s23 = support::fsqrt(s22);
-    const float s24 = 1e-08f;
-    const float s25 = (s23 + s24);
-    const float s26 = (s20 / s25);
-    const float s27 = (s26 + s2);
-    const float s28 = r7;
-    const float s29 = (s27 * s28);
-    const float s30 = p2[i0];
-    const float s31 = (s30 - s29);
-    p0[i0] = s11;
-    p1[i0] = s18;
-    p2[i0] = s31;
-  }
-}
-
-[[gnu::noinline]] static void loop34(float *__restrict p0, float *__restrict p1,
-                                     float *__restrict p2, const float *__restrict p3,
-                                     const float *__restrict p4, const float *__restrict p5,
-                                     const float *__restrict p6, const float *__restrict p7) {
-  const float r2 = p4[0];
-  const float r5 = p5[0];
-  const float r6 = p6[0];
-  const float r7 = p7[0];
   for (int64_t i0 = 0; i0 < 4096; ++i0) {
     const float s0 = p2[i0];
     const float s1 = 0.05f;
@@ -779,7 +758,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop35(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop33(float *__restrict p0, const float *__restrict p1,
                                      const uint8_t *__restrict p2) {
   for (int64_t i0 = 0; i0 < 2176; ++i0) {
     const float s0 = p1[i0];
@@ -791,7 +770,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop36(float *__restrict p0, const float *__restrict p1) {
+[[gnu::noinline]] static void loop34(float *__restrict p0, const float *__restrict p1) {
   for (int64_t i0 = 0; i0 < 4096; ++i0) {
     const float s0 = p1[i0];
     const float s1 = s0;
@@ -799,7 +778,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop37(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop35(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 2176; ++i0) {
     const float s0 = p1[i0];
@@ -836,7 +815,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop38(float *__restrict p0, const float *__restrict p1) {
+[[gnu::noinline]] static void loop36(float *__restrict p0, const float *__restrict p1) {
   for (int64_t i0 = 0; i0 < 2176; ++i0) {
     const float s0 = p1[i0];
     const float s1 = s0;
@@ -844,7 +823,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop39(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop37(float *__restrict p0, const float *__restrict p1,
                                      const uint8_t *__restrict p2) {
   for (int64_t i0 = 0; i0 < 2176; ++i0) {
     const float s0 = p1[i0];
@@ -855,17 +834,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop40(float *__restrict p0, const float *__restrict p1,
-                                     const float *__restrict p2) {
-  for (int64_t i0 = 0; i0 < 1156; ++i0) {
-    const float s0 = p1[i0];
-    const float s1 = p2[i0];
-    const float s2 = (s0 * s1);
-    p0[i0] = s2;
-  }
-}
-
-[[gnu::noinline]] static void loop41(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop38(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3) {
   for (int64_t i0 = 0; i0 < 68; ++i0) {
     for (int64_t i1 = 0; i1 < 17; ++i1) {
@@ -881,7 +850,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop42(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop39(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3) {
   for (int64_t i0 = 0; i0 < 2176; ++i0) {
     const float s0 = p1[i0];
@@ -893,7 +862,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop43(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop40(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3) {
   for (int64_t i0 = 0; i0 < 34; ++i0) {
     for (int64_t i1 = 0; i1 < 64; ++i1) {
@@ -907,7 +876,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop44(float *__restrict p0, const float *__restrict p1) {
+[[gnu::noinline]] static void loop41(float *__restrict p0, const float *__restrict p1) {
   for (int64_t i0 = 0; i0 < 2048; ++i0) {
     const float s0 = p1[i0];
     const float s1 = s0 * s0;
@@ -915,7 +884,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop45(float *__restrict p0, const float *__restrict p1) {
+[[gnu::noinline]] static void loop42(float *__restrict p0, const float *__restrict p1) {
   for (int64_t i0 = 0; i0 < 4096; ++i0) {
     const float s0 = p1[i0];
     const float s1 = s0 * s0;
@@ -2011,7 +1980,7 @@ void TrainVit::computeInvariants() {
 
 TrainVit::Outputs TrainVit::run(const Inputs &inputs) {
   MESHRT_TRACE_RUN(world_, "train_vit");
-  // Arena: 385664 bytes for 1367364 bytes of temporaries (placed by liveness).
+  // Arena: 385664 bytes for 1357524 bytes of temporaries (placed by liveness).
   support::checkShape("input", "image", inputs.image, {2, 14, 14, 3});
   support::checkShape("input", "labels", inputs.labels, {2});
   runPart0(inputs);
@@ -2218,7 +2187,7 @@ void TrainVit::runPart0(const Inputs &inputs) {
 
   // vit.mesh:111:19 logsumexp
   MESHRT_TRACE("logsumexp", "vit.mesh:111:19", "forward");
-  support::View v120 = arena_.view(76800, 2);
+  support::View v120 = arena_.view(76672, 2);
   support::reduce(v120.data(), kShape0, v119.data(), kShape29, kShape29, kShape1,
                   support::Reduce::LogSumExp, 1.0);
 
@@ -2228,21 +2197,17 @@ void TrainVit::runPart0(const Inputs &inputs) {
   support::View v121 = arena_.view(76544, 20);
   support::oneHot(v121.data(), kShape36, v1.data(), kShape37, kShape38, 0);
 
-  // vit.mesh:111:59 mul
-  MESHRT_TRACE("loop", "vit.mesh:111:59", "forward");
-  support::View v122 = arena_.view(76672, 20);
-  loop11(v122.data(), v119.data(), v121.data());
-
   // vit.mesh:111:48 sum
+  // vit.mesh:111:59 mul
   MESHRT_TRACE("sum", "vit.mesh:111:48", "forward");
-  support::View v123 = arena_.view(76864, 2);
-  support::reduce(v123.data(), kShape0, v122.data(), kShape29, kShape29, kShape1,
-                  support::Reduce::Sum, 1.0);
+  support::View v123 = arena_.view(76736, 2);
+  support::reduceProduct(v123.data(), kShape0, 10, v119.data(), kShape29, v121.data(), kShape29,
+                         1.0);
 
   // vit.mesh:111:46 sub
   MESHRT_TRACE("loop", "vit.mesh:111:46", "forward");
-  support::View v124 = arena_.view(76672, 2);
-  loop12(v124.data(), v120.data(), v123.data());
+  support::View v124 = arena_.view(76800, 2);
+  loop11(v124.data(), v120.data(), v123.data());
 
   // vit.mesh:111:14 mean -> loss
   MESHRT_TRACE("mean", "vit.mesh:111:14", "forward");
@@ -2257,22 +2222,22 @@ void TrainVit::runPart0(const Inputs &inputs) {
   // vit.mesh:111:19 add
   MESHRT_TRACE("loop", "vit.mesh:111:19", "backward");
   support::View v137 = arena_.view(77440, 20);
-  loop13(v137.data(), v119.data(), v120.data(), v121.data());
+  loop12(v137.data(), v119.data(), v120.data(), v121.data());
+
+  // vit.mesh:100:48 sum -> grad/vit/b_head
+  MESHRT_TRACE("sum", "vit.mesh:100:48", "backward");
+  support::View v138 = arena_.view(385536, 10);
+  support::reduce(v138.data(), kShape29, v137.data(), kShape1, kShape0, kShape29,
+                  support::Reduce::Sum, 1.0);
 }
 
 void TrainVit::runPart1(const Inputs &inputs) {
   (void)inputs;
   MESHRT_TRACE_SPAN(world_);
 
-  // vit.mesh:100:48 sum -> grad/vit/b_head
-  MESHRT_TRACE("sum", "vit.mesh:100:48", "backward");
-  support::View v137 = arena_.view(77440, 20);
-  support::View v138 = arena_.view(385536, 10);
-  support::reduce(v138.data(), kShape29, v137.data(), kShape1, kShape0, kShape29,
-                  support::Reduce::Sum, 1.0);
-
   // vit.mesh:100:10 einsum
   MESHRT_TRACE("gemm", "vit.mesh:100:10", "backward");
+  support::View v137 = arena_.view(77440, 20);
   support::View v4(param2_vit_w_head); // updated in place
   support::View v139 = arena_.view(76416, 128);
   // dims: batch, classes, d_model
@@ -2288,7 +2253,7 @@ void TrainVit::runPart1(const Inputs &inputs) {
   // vit.mesh:99:13 broadcast
   MESHRT_TRACE("loop", "vit.mesh:99:13", "backward");
   support::View v141 = arena_.view(76928, 128);
-  loop14(v141.data(), v139.data());
+  loop13(v141.data(), v139.data());
 
   // vit.mesh:99:17 pad
   MESHRT_TRACE("pad", "vit.mesh:99:17", "backward");
@@ -2306,7 +2271,7 @@ void TrainVit::runPart1(const Inputs &inputs) {
   MESHRT_TRACE("loop", "vit.mesh:36:45", "backward");
   support::View v113 = arena_.view(290816, 2176);
   support::View v145 = arena_.view(308224, 2176);
-  loop15(v145.data(), v142.data(), v113.data());
+  loop14(v145.data(), v142.data(), v113.data());
 
   // vit.mesh:36:45 sum -> grad/vit/norm/gain
   MESHRT_TRACE("sum", "vit.mesh:36:45", "backward");
@@ -2325,7 +2290,7 @@ void TrainVit::runPart1(const Inputs &inputs) {
   // vit.mesh:36:10 square
   MESHRT_TRACE("loop", "vit.mesh:36:10", "backward");
   support::View v149 = arena_.view(308224, 2176);
-  loop16(v149.data(), v110.data(), v147.data());
+  loop15(v149.data(), v110.data(), v147.data());
 
   // vit.mesh:36:10 mean
   MESHRT_TRACE("mean", "vit.mesh:36:10", "backward");
@@ -2337,7 +2302,7 @@ void TrainVit::runPart1(const Inputs &inputs) {
   // vit.mesh:36:10 rsqrt
   MESHRT_TRACE("loop", "vit.mesh:36:10", "backward");
   support::View v153 = arena_.view(76608, 34);
-  loop17(v153.data(), v150.data());
+  loop16(v153.data(), v150.data());
 
   // vit.mesh:36:45 mul
   // vit.mesh:36:10 mul
@@ -2345,7 +2310,7 @@ void TrainVit::runPart1(const Inputs &inputs) {
   support::View v111(param30_vit_norm_gain); // updated in place
   support::View v144 = arena_.view(273408, 2176);
   support::View v154 = arena_.view(308224, 2176);
-  loop18(v144.data(), v154.data(), v142.data(), v111.data(), v113.data());
+  loop17(v144.data(), v154.data(), v142.data(), v111.data(), v113.data());
 
   // vit.mesh:36:10 mean
   MESHRT_TRACE("mean", "vit.mesh:36:10", "backward");
@@ -2371,10 +2336,10 @@ void TrainVit::runPart1(const Inputs &inputs) {
   support::View v160 = arena_.view(299520, 2176);
   support::View v161 = arena_.view(308224, 2176);
   support::View v162 = arena_.view(316928, 2176);
-  loop19(v160.data(), v161.data(), v162.data(), v113.data(), v155.data(), v144.data(), v157.data(),
+  loop18(v160.data(), v161.data(), v162.data(), v113.data(), v155.data(), v144.data(), v157.data(),
          v153.data(), v68.data(), v107.data());
 
-  // 56 statements from vit.mesh:81:48 sum -> grad/vit/encoder_layer[1]/ffn_scale (1 of 2)
+  // 55 statements from vit.mesh:81:48 sum -> grad/vit/encoder_layer[1]/ffn_scale (1 of 2)
   MESHRT_TRACE_SITE("vit.mesh:81:48");
   support::View keep_v1148 = arena_.view(74240, 544);
   support::View v165 = arena_.view(273408, 2176);
@@ -2414,7 +2379,6 @@ void TrainVit::runPart1(const Inputs &inputs) {
   support::View v221 = arena_.view(41472, 1156);
   support::View v86 = arena_.view(336448, 1156);
   support::View v222 = arena_.view(242944, 1088);
-  support::View v223 = arena_.view(229888, 1156);
   support::View v224 = arena_.view(46144, 68);
   support::View v227 = arena_.view(229888, 1156);
   support::View v80 = arena_.view(362880, 1088);
@@ -2459,9 +2423,9 @@ void TrainVit::runPart1(const Inputs &inputs) {
   repeated1(v163, v162, v161, keep_v1148, v165, v104, v166, v103, v167, v168, v102, v191, v101,
             v192, v100, v193, v194, v195, v197, v95, v199, v200, v201, v92, v203, v204, v206, v93,
             v198, v207, v208, v210, v160, v67, v89, v214, v215, v216, v217, keep_v1149, v218, v77,
-            v219, v87, v220, v82, v221, v86, v222, v223, v224, v227, v80, v228, v78, v229, v76,
-            v230, v81, v231, v75, v233, v79, v234, v74, v237, v238, v73, v239, v241, v71, v243,
-            v244, v245, v66, v247, v248, v250, v69, v242, v251, v252, v254);
+            v219, v87, v220, v82, v221, v86, v222, v224, v227, v80, v228, v78, v229, v76, v230, v81,
+            v231, v75, v233, v79, v234, v74, v237, v238, v73, v239, v241, v71, v243, v244, v245,
+            v66, v247, v248, v250, v69, v242, v251, v252, v254);
 
   // vit.mesh:36:10 mul
   // vit.mesh:36:10 sub
@@ -2476,10 +2440,10 @@ void TrainVit::runPart1(const Inputs &inputs) {
   support::View v258 = arena_.view(203776, 2176);
   support::View v259 = arena_.view(212480, 2176);
   support::View v260 = arena_.view(221184, 2176);
-  loop20(v258.data(), v259.data(), v260.data(), v71.data(), v252.data(), v242.data(), v254.data(),
+  loop19(v258.data(), v259.data(), v260.data(), v71.data(), v252.data(), v242.data(), v254.data(),
          v250.data(), v214.data(), v24.data(), v63.data());
 
-  // 56 statements from vit.mesh:81:48 sum -> grad/vit/encoder_layer[1]/ffn_scale (2 of 2)
+  // 55 statements from vit.mesh:81:48 sum -> grad/vit/encoder_layer[1]/ffn_scale (2 of 2)
   MESHRT_TRACE_SITE("vit.mesh:81:48");
   support::View keep_v1150 = arena_.view(380672, 544);
   support::View v263 = arena_.view(32768, 2176);
@@ -2519,7 +2483,6 @@ void TrainVit::runPart1(const Inputs &inputs) {
   support::View v313 = arena_.view(8704, 1156);
   support::View v42 = arena_.view(331776, 1156);
   support::View v314 = arena_.view(138496, 1088);
-  support::View v315 = arena_.view(125440, 1156);
   support::View v316 = arena_.view(13376, 68);
   support::View v319 = arena_.view(125440, 1156);
   support::View v36 = arena_.view(345472, 1088);
@@ -2564,9 +2527,9 @@ void TrainVit::runPart1(const Inputs &inputs) {
   repeated1(v261, v260, v259, keep_v1150, v263, v60, v264, v59, v265, v266, v58, v283, v57, v284,
             v56, v285, v286, v287, v289, v51, v291, v292, v293, v48, v295, v296, v298, v49, v290,
             v299, v300, v302, v258, v23, v45, v306, v307, v308, v309, keep_v1151, v310, v33, v311,
-            v43, v312, v38, v313, v42, v314, v315, v316, v319, v36, v320, v34, v321, v32, v322, v37,
-            v323, v31, v325, v35, v326, v30, v329, v330, v29, v331, v333, v27, v335, v336, v337,
-            v22, v339, v340, v342, v25, v334, v343, v344, v346);
+            v43, v312, v38, v313, v42, v314, v316, v319, v36, v320, v34, v321, v32, v322, v37, v323,
+            v31, v325, v35, v326, v30, v329, v330, v29, v331, v333, v27, v335, v336, v337, v22,
+            v339, v340, v342, v25, v334, v343, v344, v346);
 
   // vit.mesh:36:10 mul
   // vit.mesh:36:10 sub
@@ -2576,7 +2539,7 @@ void TrainVit::runPart1(const Inputs &inputs) {
   // vit.mesh:93:40 transpose
   MESHRT_TRACE("loop", "vit.mesh:36:10", "backward");
   support::View v351 = arena_.view(99328, 2176);
-  loop21(v351.data(), v27.data(), v344.data(), v334.data(), v346.data(), v342.data(), v306.data());
+  loop20(v351.data(), v27.data(), v344.data(), v334.data(), v346.data(), v342.data(), v306.data());
 
   // vit.mesh:94:40 sum -> grad/vit/position_embedding
   MESHRT_TRACE("sum", "vit.mesh:94:40", "backward");
@@ -2596,33 +2559,28 @@ void TrainVit::runPart1(const Inputs &inputs) {
   support::copyWindow(v354.data(), v351.data(), kShape25, kShape41, kShape42, 64, 128, 16, 17,
                       int64_t(-1));
 
+  // vit.mesh:92:34 sum -> grad/vit/class_token
   // vit.mesh:92:34 mul
-  MESHRT_TRACE("loop", "vit.mesh:92:34", "backward");
+  MESHRT_TRACE("sum", "vit.mesh:92:34", "backward");
   support::View v18 = persistent_.view(192, 2);
-  support::View v355 = arena_.view(8704, 128);
-  loop22(v355.data(), v353.data(), v18.data());
+  support::View v356 = arena_.view(98560, 64);
+  support::reduceProduct(v356.data(), kShape43, 2, v353.data(), kShape40, v18.data(), kShape44,
+                         1.0);
+
+  // vit.mesh:50:59 sum -> grad/vit/embed_patches/b_patch
+  MESHRT_TRACE("sum", "vit.mesh:50:59", "backward");
+  support::View v357 = arena_.view(98816, 64);
+  support::reduce(v357.data(), kShape28, v354.data(), kShape1, kShape45, kShape46,
+                  support::Reduce::Sum, 1.0);
 }
 
 void TrainVit::runPart2(const Inputs &inputs) {
   (void)inputs;
   MESHRT_TRACE_SPAN(world_);
 
-  // vit.mesh:92:34 sum -> grad/vit/class_token
-  MESHRT_TRACE("sum", "vit.mesh:92:34", "backward");
-  support::View v355 = arena_.view(8704, 128);
-  support::View v356 = arena_.view(98560, 64);
-  support::reduce(v356.data(), kShape43, v355.data(), kShape40, kShape0, kShape1,
-                  support::Reduce::Sum, 1.0);
-
-  // vit.mesh:50:59 sum -> grad/vit/embed_patches/b_patch
-  MESHRT_TRACE("sum", "vit.mesh:50:59", "backward");
-  support::View v354 = arena_.view(0, 2048);
-  support::View v357 = arena_.view(98816, 64);
-  support::reduce(v357.data(), kShape28, v354.data(), kShape1, kShape44, kShape45,
-                  support::Reduce::Sum, 1.0);
-
   // vit.mesh:50:10 einsum -> grad/vit/embed_patches/w_patch
   MESHRT_TRACE("gemm", "vit.mesh:50:10", "backward");
+  support::View v354 = arena_.view(0, 2048);
   support::View v12 = arena_.view(325632, 1536);
   support::View v358 = arena_.view(81920, 3072);
   // dims: batch, patches, d_model, pixel_row, pixel_col, channels
@@ -2661,6 +2619,8 @@ void TrainVit::runPart2(const Inputs &inputs) {
   support::View v333 = arena_.view(116224, 64);
   support::View v336 = arena_.view(116480, 64);
   support::View v352 = arena_.view(94208, 1088);
+  support::View v356 = arena_.view(98560, 64);
+  support::View v357 = arena_.view(98816, 64);
   support::allReduceBucket(group_data,
                            {v125, v138, v140, v143, v146, v163, v168, v194, v197, v200, v217,
                             v220, v231, v234, v239, v241, v244, v261, v266, v286, v289, v292,
@@ -2669,7 +2629,7 @@ void TrainVit::runPart2(const Inputs &inputs) {
   // vit.mesh:112:3 square
   MESHRT_TRACE("loop", "vit.mesh:112:3", "backward");
   support::View v383 = arena_.view(0, 64);
-  loop23(v383.data(), v356.data());
+  loop21(v383.data(), v356.data());
 
   // vit.mesh:112:3 sum
   MESHRT_TRACE("sum", "vit.mesh:112:3", "backward");
@@ -2680,7 +2640,7 @@ void TrainVit::runPart2(const Inputs &inputs) {
   // vit.mesh:112:3 square
   MESHRT_TRACE("loop", "vit.mesh:112:3", "backward");
   support::View v386 = arena_.view(0, 1088);
-  loop24(v386.data(), v352.data());
+  loop22(v386.data(), v352.data());
 
   // vit.mesh:112:3 sum
   MESHRT_TRACE("sum", "vit.mesh:112:3", "backward");
@@ -2691,18 +2651,18 @@ void TrainVit::runPart2(const Inputs &inputs) {
   // vit.mesh:112:3 square
   MESHRT_TRACE("loop", "vit.mesh:112:3", "backward");
   support::View v390 = arena_.view(0, 640);
-  loop25(v390.data(), v140.data());
+  loop23(v390.data(), v140.data());
 
   // vit.mesh:112:3 sum
   MESHRT_TRACE("sum", "vit.mesh:112:3", "backward");
   support::View v391 = arena_.view(99200, 1);
-  support::reduce(v391.data(), kShape35, v390.data(), kShape35, kShape46, kShape47,
+  support::reduce(v391.data(), kShape35, v390.data(), kShape35, kShape47, kShape48,
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:112:3 square
   MESHRT_TRACE("loop", "vit.mesh:112:3", "backward");
   support::View v394 = arena_.view(0, 10);
-  loop26(v394.data(), v138.data());
+  loop24(v394.data(), v138.data());
 
   // vit.mesh:112:3 sum
   MESHRT_TRACE("sum", "vit.mesh:112:3", "backward");
@@ -2713,12 +2673,12 @@ void TrainVit::runPart2(const Inputs &inputs) {
   // vit.mesh:112:3 square
   MESHRT_TRACE("loop", "vit.mesh:112:3", "backward");
   support::View v398 = arena_.view(0, 3072);
-  loop27(v398.data(), v358.data());
+  loop25(v398.data(), v358.data());
 
   // vit.mesh:112:3 sum
   MESHRT_TRACE("sum", "vit.mesh:112:3", "backward");
   support::View v399 = arena_.view(99328, 1);
-  support::reduce(v399.data(), kShape35, v398.data(), kShape35, kShape48, kShape49,
+  support::reduce(v399.data(), kShape35, v398.data(), kShape35, kShape49, kShape50,
                   support::Reduce::Sum, 1.0);
 
   // 6 statements from vit.mesh:112:3 square (1 of 4)
@@ -2734,7 +2694,7 @@ void TrainVit::runPart2(const Inputs &inputs) {
   // vit.mesh:112:3 square
   MESHRT_TRACE("loop", "vit.mesh:112:3", "backward");
   support::View v414 = arena_.view(0, 64);
-  loop23(v414.data(), v336.data());
+  loop21(v414.data(), v336.data());
 
   // vit.mesh:112:3 sum
   MESHRT_TRACE("sum", "vit.mesh:112:3", "backward");
@@ -2745,7 +2705,7 @@ void TrainVit::runPart2(const Inputs &inputs) {
   // vit.mesh:112:3 square
   MESHRT_TRACE("loop", "vit.mesh:112:3", "backward");
   support::View v418 = arena_.view(0, 64);
-  loop23(v418.data(), v333.data());
+  loop21(v418.data(), v333.data());
 
   // vit.mesh:112:3 sum
   MESHRT_TRACE("sum", "vit.mesh:112:3", "backward");
@@ -2827,7 +2787,7 @@ void TrainVit::runPart2(const Inputs &inputs) {
   // vit.mesh:112:3 square
   MESHRT_TRACE("loop", "vit.mesh:112:3", "backward");
   support::View v518 = arena_.view(0, 64);
-  loop23(v518.data(), v143.data());
+  loop21(v518.data(), v143.data());
 
   // vit.mesh:112:3 sum
   MESHRT_TRACE("sum", "vit.mesh:112:3", "backward");
@@ -3104,7 +3064,7 @@ void TrainVit::runPart3(const Inputs &inputs) {
   support::View v356 = arena_.view(98560, 64);
   support::View v556(param32_vit_class_token_m); // updated in place
   support::View v557(param33_vit_class_token_v); // updated in place
-  loop28(v556.data(), v557.data(), v2.data(), v356.data(), v523.data(), v570.data(), v572.data(),
+  loop26(v556.data(), v557.data(), v2.data(), v356.data(), v523.data(), v570.data(), v572.data(),
          v381.data());
 
   // vit.mesh:112:3 mul
@@ -3129,7 +3089,7 @@ void TrainVit::runPart3(const Inputs &inputs) {
   support::View v352 = arena_.view(94208, 1088);
   support::View v584(param34_vit_position_embedding_m); // updated in place
   support::View v585(param35_vit_position_embedding_v); // updated in place
-  loop29(v584.data(), v585.data(), v3.data(), v352.data(), v523.data(), v570.data(), v572.data(),
+  loop27(v584.data(), v585.data(), v3.data(), v352.data(), v523.data(), v570.data(), v572.data(),
          v381.data());
 
   // vit.mesh:112:3 mul
@@ -3154,7 +3114,7 @@ void TrainVit::runPart3(const Inputs &inputs) {
   support::View v140 = arena_.view(375936, 640);
   support::View v604(param36_vit_w_head_m); // updated in place
   support::View v605(param37_vit_w_head_v); // updated in place
-  loop30(v604.data(), v605.data(), v4.data(), v140.data(), v523.data(), v570.data(), v572.data(),
+  loop28(v604.data(), v605.data(), v4.data(), v140.data(), v523.data(), v570.data(), v572.data(),
          v381.data());
 
   // vit.mesh:112:3 mul
@@ -3179,7 +3139,7 @@ void TrainVit::runPart3(const Inputs &inputs) {
   support::View v138 = arena_.view(385536, 10);
   support::View v624(param38_vit_b_head_m); // updated in place
   support::View v625(param39_vit_b_head_v); // updated in place
-  loop31(v624.data(), v625.data(), v5.data(), v138.data(), v523.data(), v570.data(), v572.data(),
+  loop29(v624.data(), v625.data(), v5.data(), v138.data(), v523.data(), v570.data(), v572.data(),
          v381.data());
 
   // vit.mesh:112:3 mul
@@ -3204,7 +3164,7 @@ void TrainVit::runPart3(const Inputs &inputs) {
   support::View v358 = arena_.view(81920, 3072);
   support::View v644(param40_vit_embed_patches_w_patch_m); // updated in place
   support::View v645(param41_vit_embed_patches_w_patch_v); // updated in place
-  loop32(v644.data(), v645.data(), v6.data(), v358.data(), v523.data(), v570.data(), v572.data(),
+  loop30(v644.data(), v645.data(), v6.data(), v358.data(), v523.data(), v570.data(), v572.data(),
          v381.data());
 
   // 1 statements from vit.mesh:112:3 mul (1 of 3)
@@ -3376,7 +3336,7 @@ void TrainVit::repeated0(
   // vit.mesh:112:3 mul
   // vit.mesh:112:3 sub -> next/vit/encoder_layer[0]/norm/gain
   MESHRT_TRACE("loop", "vit.mesh:112:3", "update");
-  loop28(a3.data(), a4.data(), a0.data(), a1.data(), a2.data(), a5.data(), a6.data(), a7.data());
+  loop26(a3.data(), a4.data(), a0.data(), a1.data(), a2.data(), a5.data(), a6.data(), a7.data());
 
   // vit.mesh:112:3 mul
   // vit.mesh:112:3 mul
@@ -3396,7 +3356,7 @@ void TrainVit::repeated0(
   // vit.mesh:112:3 mul
   // vit.mesh:112:3 sub -> next/vit/encoder_layer[0]/norm/bias
   MESHRT_TRACE("loop", "vit.mesh:112:3", "update");
-  loop28(a10.data(), a11.data(), a8.data(), a9.data(), a2.data(), a5.data(), a6.data(), a7.data());
+  loop26(a10.data(), a11.data(), a8.data(), a9.data(), a2.data(), a5.data(), a6.data(), a7.data());
 
   // vit.mesh:112:3 mul
   // vit.mesh:112:3 mul
@@ -3416,7 +3376,7 @@ void TrainVit::repeated0(
   // vit.mesh:112:3 mul
   // vit.mesh:112:3 sub -> next/vit/encoder_layer[0]/attention/w_q
   MESHRT_TRACE("loop", "vit.mesh:112:3", "update");
-  loop33(a14.data(), a15.data(), a12.data(), a13.data(), a2.data(), a5.data(), a6.data(),
+  loop31(a14.data(), a15.data(), a12.data(), a13.data(), a2.data(), a5.data(), a6.data(),
          a7.data());
 
   // vit.mesh:112:3 mul
@@ -3437,7 +3397,7 @@ void TrainVit::repeated0(
   // vit.mesh:112:3 mul
   // vit.mesh:112:3 sub -> next/vit/encoder_layer[0]/attention/w_k
   MESHRT_TRACE("loop", "vit.mesh:112:3", "update");
-  loop33(a18.data(), a19.data(), a16.data(), a17.data(), a2.data(), a5.data(), a6.data(),
+  loop31(a18.data(), a19.data(), a16.data(), a17.data(), a2.data(), a5.data(), a6.data(),
          a7.data());
 
   // vit.mesh:112:3 mul
@@ -3458,7 +3418,7 @@ void TrainVit::repeated0(
   // vit.mesh:112:3 mul
   // vit.mesh:112:3 sub -> next/vit/encoder_layer[0]/attention/w_v
   MESHRT_TRACE("loop", "vit.mesh:112:3", "update");
-  loop33(a22.data(), a23.data(), a20.data(), a21.data(), a2.data(), a5.data(), a6.data(),
+  loop31(a22.data(), a23.data(), a20.data(), a21.data(), a2.data(), a5.data(), a6.data(),
          a7.data());
 
   // vit.mesh:112:3 mul
@@ -3479,7 +3439,7 @@ void TrainVit::repeated0(
   // vit.mesh:112:3 mul
   // vit.mesh:112:3 sub -> next/vit/encoder_layer[0]/attention/w_o
   MESHRT_TRACE("loop", "vit.mesh:112:3", "update");
-  loop33(a26.data(), a27.data(), a24.data(), a25.data(), a2.data(), a5.data(), a6.data(),
+  loop31(a26.data(), a27.data(), a24.data(), a25.data(), a2.data(), a5.data(), a6.data(),
          a7.data());
 
   // vit.mesh:112:3 mul
@@ -3500,7 +3460,7 @@ void TrainVit::repeated0(
   // vit.mesh:112:3 mul
   // vit.mesh:112:3 sub -> next/vit/encoder_layer[0]/norm#1/gain
   MESHRT_TRACE("loop", "vit.mesh:112:3", "update");
-  loop28(a30.data(), a31.data(), a28.data(), a29.data(), a2.data(), a5.data(), a6.data(),
+  loop26(a30.data(), a31.data(), a28.data(), a29.data(), a2.data(), a5.data(), a6.data(),
          a7.data());
 
   // vit.mesh:112:3 mul
@@ -3521,7 +3481,7 @@ void TrainVit::repeated0(
   // vit.mesh:112:3 mul
   // vit.mesh:112:3 sub -> next/vit/encoder_layer[0]/norm#1/bias
   MESHRT_TRACE("loop", "vit.mesh:112:3", "update");
-  loop28(a34.data(), a35.data(), a32.data(), a33.data(), a2.data(), a5.data(), a6.data(),
+  loop26(a34.data(), a35.data(), a32.data(), a33.data(), a2.data(), a5.data(), a6.data(),
          a7.data());
 
   // vit.mesh:112:3 mul
@@ -3542,7 +3502,7 @@ void TrainVit::repeated0(
   // vit.mesh:112:3 mul
   // vit.mesh:112:3 sub -> next/vit/encoder_layer[0]/ffn/w_in
   MESHRT_TRACE("loop", "vit.mesh:112:3", "update");
-  loop34(a38.data(), a39.data(), a36.data(), a37.data(), a2.data(), a5.data(), a6.data(),
+  loop32(a38.data(), a39.data(), a36.data(), a37.data(), a2.data(), a5.data(), a6.data(),
          a7.data());
 
   // vit.mesh:112:3 mul
@@ -3563,7 +3523,7 @@ void TrainVit::repeated0(
   // vit.mesh:112:3 mul
   // vit.mesh:112:3 sub -> next/vit/encoder_layer[0]/ffn/w_out
   MESHRT_TRACE("loop", "vit.mesh:112:3", "update");
-  loop34(a42.data(), a43.data(), a40.data(), a41.data(), a2.data(), a5.data(), a6.data(),
+  loop32(a42.data(), a43.data(), a40.data(), a41.data(), a2.data(), a5.data(), a6.data(),
          a7.data());
 
   // vit.mesh:112:3 mul
@@ -3584,7 +3544,7 @@ void TrainVit::repeated0(
   // vit.mesh:112:3 mul
   // vit.mesh:112:3 sub -> next/vit/encoder_layer[1]/attention_scale
   MESHRT_TRACE("loop", "vit.mesh:112:3", "update");
-  loop28(a46.data(), a47.data(), a44.data(), a45.data(), a2.data(), a5.data(), a6.data(),
+  loop26(a46.data(), a47.data(), a44.data(), a45.data(), a2.data(), a5.data(), a6.data(),
          a7.data());
 
   // vit.mesh:112:3 mul
@@ -3605,7 +3565,7 @@ void TrainVit::repeated0(
   // vit.mesh:112:3 mul
   // vit.mesh:112:3 sub -> next/vit/encoder_layer[1]/ffn_scale
   MESHRT_TRACE("loop", "vit.mesh:112:3", "update");
-  loop28(a50.data(), a51.data(), a48.data(), a49.data(), a2.data(), a5.data(), a6.data(),
+  loop26(a50.data(), a51.data(), a48.data(), a49.data(), a2.data(), a5.data(), a6.data(),
          a7.data());
 }
 
@@ -3622,15 +3582,15 @@ void TrainVit::repeated1(
     support::View a36, support::View a37, support::View a38, support::ConstView a39,
     support::View a40, support::ConstView a41, support::View a42, support::ConstView a43,
     support::View a44, support::ConstView a45, support::View a46, support::ConstView a47,
-    support::View a48, support::View a49, support::View a50, support::View a51,
-    support::ConstView a52, support::View a53, support::ConstView a54, support::View a55,
-    support::ConstView a56, support::View a57, support::ConstView a58, support::View a59,
-    support::ConstView a60, support::View a61, support::ConstView a62, support::View a63,
-    support::ConstView a64, support::View a65, support::View a66, support::ConstView a67,
-    support::View a68, support::View a69, support::ConstView a70, support::View a71,
-    support::View a72, support::View a73, support::ConstView a74, support::View a75,
-    support::View a76, support::View a77, support::ConstView a78, support::View a79,
-    support::View a80, support::View a81, support::View a82) {
+    support::View a48, support::View a49, support::View a50, support::ConstView a51,
+    support::View a52, support::ConstView a53, support::View a54, support::ConstView a55,
+    support::View a56, support::ConstView a57, support::View a58, support::ConstView a59,
+    support::View a60, support::ConstView a61, support::View a62, support::ConstView a63,
+    support::View a64, support::View a65, support::ConstView a66, support::View a67,
+    support::View a68, support::ConstView a69, support::View a70, support::View a71,
+    support::View a72, support::ConstView a73, support::View a74, support::View a75,
+    support::View a76, support::ConstView a77, support::View a78, support::View a79,
+    support::View a80, support::View a81) {
   MESHRT_TRACE_SPAN(world_);
 
   // vit.mesh:81:48 sum -> grad/vit/encoder_layer[1]/ffn_scale
@@ -3641,7 +3601,7 @@ void TrainVit::repeated1(
   // vit.mesh:81:14 dropout
   // vit.mesh:72:10 cast
   MESHRT_TRACE("loop", "vit.mesh:81:14", "backward");
-  loop35(a4.data(), a2.data(), reinterpret_cast<const uint8_t *>(a3.data()));
+  loop33(a4.data(), a2.data(), reinterpret_cast<const uint8_t *>(a3.data()));
 
   // vit.mesh:72:15 einsum
   MESHRT_TRACE("gemm", "vit.mesh:72:15", "backward");
@@ -3663,7 +3623,7 @@ void TrainVit::repeated1(
 
   // vit.mesh:72:25 cast -> grad/vit/encoder_layer[1]/ffn/w_out
   MESHRT_TRACE("loop", "vit.mesh:72:25", "backward");
-  loop36(a9.data(), a8.data());
+  loop34(a9.data(), a8.data());
 
   // vit.mesh:71:11 square
   // vit.mesh:71:11 mul
@@ -3683,7 +3643,7 @@ void TrainVit::repeated1(
   // vit.mesh:71:11 add
   // vit.mesh:71:11 mul
   MESHRT_TRACE("loop", "vit.mesh:71:11", "backward");
-  loop37(a11.data(), a10.data(), a6.data());
+  loop35(a11.data(), a10.data(), a6.data());
 
   // vit.mesh:71:16 einsum
   MESHRT_TRACE("gemm", "vit.mesh:71:16", "backward");
@@ -3705,11 +3665,11 @@ void TrainVit::repeated1(
 
   // vit.mesh:71:38 cast -> grad/vit/encoder_layer[1]/ffn/w_in
   MESHRT_TRACE("loop", "vit.mesh:71:38", "backward");
-  loop36(a16.data(), a15.data());
+  loop34(a16.data(), a15.data());
 
   // vit.mesh:71:23 cast
   MESHRT_TRACE("loop", "vit.mesh:71:23", "backward");
-  loop38(a17.data(), a13.data());
+  loop36(a17.data(), a13.data());
 
   // vit.mesh:36:52 all_reduce_sum (resolve the partial sum of %191 over model for sum at 36:52)
   MESHRT_TRACE_SITE("vit.mesh:36:52");
@@ -3722,7 +3682,7 @@ void TrainVit::repeated1(
 
   // vit.mesh:36:45 mul
   MESHRT_TRACE("loop", "vit.mesh:36:45", "backward");
-  loop15(a20.data(), a17.data(), a19.data());
+  loop14(a20.data(), a17.data(), a19.data());
 
   // vit.mesh:36:45 sum -> grad/vit/encoder_layer[1]/norm#1/gain
   MESHRT_TRACE("sum", "vit.mesh:36:45", "backward");
@@ -3737,7 +3697,7 @@ void TrainVit::repeated1(
   // vit.mesh:36:10 sub
   // vit.mesh:36:10 square
   MESHRT_TRACE("loop", "vit.mesh:36:10", "backward");
-  loop16(a24.data(), a23.data(), a22.data());
+  loop15(a24.data(), a23.data(), a22.data());
 
   // vit.mesh:36:10 mean
   MESHRT_TRACE("mean", "vit.mesh:36:10", "backward");
@@ -3747,12 +3707,12 @@ void TrainVit::repeated1(
   // vit.mesh:36:10 add
   // vit.mesh:36:10 rsqrt
   MESHRT_TRACE("loop", "vit.mesh:36:10", "backward");
-  loop17(a26.data(), a25.data());
+  loop16(a26.data(), a25.data());
 
   // vit.mesh:36:45 mul
   // vit.mesh:36:10 mul
   MESHRT_TRACE("loop", "vit.mesh:36:45", "backward");
-  loop18(a28.data(), a29.data(), a17.data(), a27.data(), a19.data());
+  loop17(a28.data(), a29.data(), a17.data(), a27.data(), a19.data());
 
   // vit.mesh:36:10 mean
   MESHRT_TRACE("mean", "vit.mesh:36:10", "backward");
@@ -3772,7 +3732,7 @@ void TrainVit::repeated1(
   // vit.mesh:80:55 mul
   // vit.mesh:80:55 mul
   MESHRT_TRACE("loop", "vit.mesh:36:10", "backward");
-  loop20(a35.data(), a36.data(), a37.data(), a19.data(), a30.data(), a28.data(), a31.data(),
+  loop19(a35.data(), a36.data(), a37.data(), a19.data(), a30.data(), a28.data(), a31.data(),
          a26.data(), a32.data(), a33.data(), a34.data());
 
   // vit.mesh:80:55 sum -> grad/vit/encoder_layer[1]/attention_scale
@@ -3782,7 +3742,7 @@ void TrainVit::repeated1(
 
   // vit.mesh:80:15 dropout
   MESHRT_TRACE("loop", "vit.mesh:80:15", "backward");
-  loop39(a40.data(), a36.data(), reinterpret_cast<const uint8_t *>(a39.data()));
+  loop37(a40.data(), a36.data(), reinterpret_cast<const uint8_t *>(a39.data()));
 
   // vit.mesh:63:10 einsum
   MESHRT_TRACE("gemm", "vit.mesh:63:10", "backward");
@@ -3804,120 +3764,116 @@ void TrainVit::repeated1(
   // dims: batch, tokens, heads, d_head, mem
   kEinsum14.plan().run(a42.data(), a47.data(), a48.data(), 1.0f, 0.0f);
 
-  // vit.mesh:62:17 mul
-  MESHRT_TRACE("loop", "vit.mesh:62:17", "backward");
-  loop40(a49.data(), a46.data(), a47.data());
-
   // vit.mesh:62:17 sum
+  // vit.mesh:62:17 mul
   MESHRT_TRACE("sum", "vit.mesh:62:17", "backward");
-  support::reduce(a50.data(), kShape30, a49.data(), kShape31, kShape32, kShape1,
-                  support::Reduce::Sum, 1.0);
+  support::reduceProduct(a49.data(), kShape30, 17, a46.data(), kShape31, a47.data(), kShape31, 1.0);
 
   // vit.mesh:62:17 sub
   // vit.mesh:62:17 mul
   // vit.mesh:62:67 mul
   MESHRT_TRACE("loop", "vit.mesh:62:17", "backward");
-  loop41(a51.data(), a46.data(), a50.data(), a47.data());
+  loop38(a50.data(), a46.data(), a49.data(), a47.data());
 
   // vit.mesh:62:25 einsum
   MESHRT_TRACE("gemm", "vit.mesh:62:25", "backward");
   // dims: batch, heads, tokens, mem, d_head
-  kEinsum4.plan().run(a51.data(), a52.data(), a53.data(), 1.0f, 0.0f);
+  kEinsum4.plan().run(a50.data(), a51.data(), a52.data(), 1.0f, 0.0f);
 
   // vit.mesh:62:25 einsum
   MESHRT_TRACE("gemm", "vit.mesh:62:25", "backward");
   // dims: batch, heads, tokens, mem, d_head
-  kEinsum15.plan().run(a51.data(), a54.data(), a55.data(), 1.0f, 0.0f);
+  kEinsum15.plan().run(a50.data(), a53.data(), a54.data(), 1.0f, 0.0f);
 
   // vit.mesh:61:11 einsum
   MESHRT_TRACE("gemm", "vit.mesh:61:11", "backward");
   // dims: batch, mem, heads, d_head, d_model
-  kEinsum16.plan().run(a48.data(), a56.data(), a57.data(), 1.0f, 0.0f);
+  kEinsum16.plan().run(a48.data(), a55.data(), a56.data(), 1.0f, 0.0f);
 
   // vit.mesh:61:11 einsum -> grad/vit/encoder_layer[1]/attention/w_v
   MESHRT_TRACE("gemm", "vit.mesh:61:11", "backward");
   // dims: batch, mem, heads, d_head, d_model
-  kEinsum17.plan().run(a48.data(), a58.data(), a59.data(), 1.0f, 0.0f);
+  kEinsum17.plan().run(a48.data(), a57.data(), a58.data(), 1.0f, 0.0f);
 
   // vit.mesh:60:11 einsum
   MESHRT_TRACE("gemm", "vit.mesh:60:11", "backward");
   // dims: batch, mem, heads, d_head, d_model
-  kEinsum16.plan().run(a55.data(), a60.data(), a61.data(), 1.0f, 0.0f);
+  kEinsum16.plan().run(a54.data(), a59.data(), a60.data(), 1.0f, 0.0f);
 
   // vit.mesh:60:11 einsum -> grad/vit/encoder_layer[1]/attention/w_k
   MESHRT_TRACE("gemm", "vit.mesh:60:11", "backward");
   // dims: batch, mem, heads, d_head, d_model
-  kEinsum17.plan().run(a55.data(), a62.data(), a63.data(), 1.0f, 0.0f);
+  kEinsum17.plan().run(a54.data(), a61.data(), a62.data(), 1.0f, 0.0f);
 
   // vit.mesh:59:11 einsum
   MESHRT_TRACE("gemm", "vit.mesh:59:11", "backward");
   // dims: batch, tokens, heads, d_head, d_model
-  kEinsum16.plan().run(a53.data(), a64.data(), a65.data(), 1.0f, 0.0f);
+  kEinsum16.plan().run(a52.data(), a63.data(), a64.data(), 1.0f, 0.0f);
 
   // vit.mesh:60:18 add
   // vit.mesh:59:11 add
   MESHRT_TRACE("loop", "vit.mesh:60:18", "backward");
-  loop42(a66.data(), a57.data(), a61.data(), a65.data());
+  loop39(a65.data(), a56.data(), a60.data(), a64.data());
 
   // vit.mesh:36:52 all_reduce_sum (resolve the partial sum of %233 over model for sum at 36:52)
   MESHRT_TRACE_SITE("vit.mesh:36:52");
-  auto request0 = support::startAllReduce(group_model, {a66}, meshrt::ReduceOp::Sum);
+  auto request0 = support::startAllReduce(group_model, {a65}, meshrt::ReduceOp::Sum);
 
   // vit.mesh:59:11 einsum -> grad/vit/encoder_layer[1]/attention/w_q
   MESHRT_TRACE("gemm", "vit.mesh:59:11", "backward");
   // dims: batch, tokens, heads, d_head, d_model
-  kEinsum17.plan().run(a53.data(), a67.data(), a68.data(), 1.0f, 0.0f);
+  kEinsum17.plan().run(a52.data(), a66.data(), a67.data(), 1.0f, 0.0f);
 
   MESHRT_TRACE_SITE("vit.mesh:36:52");
   group_model.wait(request0);
 
   // vit.mesh:36:52 sum -> grad/vit/encoder_layer[1]/norm/bias
   MESHRT_TRACE("sum", "vit.mesh:36:52", "backward");
-  support::reduce(a69.data(), kShape28, a66.data(), kShape1, kShape33, kShape34,
+  support::reduce(a68.data(), kShape28, a65.data(), kShape1, kShape33, kShape34,
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:36:45 mul
   MESHRT_TRACE("loop", "vit.mesh:36:45", "backward");
-  loop15(a71.data(), a66.data(), a70.data());
+  loop14(a70.data(), a65.data(), a69.data());
 
   // vit.mesh:36:45 sum -> grad/vit/encoder_layer[1]/norm/gain
   MESHRT_TRACE("sum", "vit.mesh:36:45", "backward");
-  support::reduce(a72.data(), kShape28, a71.data(), kShape1, kShape33, kShape34,
+  support::reduce(a71.data(), kShape28, a70.data(), kShape1, kShape33, kShape34,
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:36:10 mean
   MESHRT_TRACE("mean", "vit.mesh:36:10", "backward");
-  support::reduce(a73.data(), kShape33, a74.data(), kShape34, kShape28, kShape1,
+  support::reduce(a72.data(), kShape33, a73.data(), kShape34, kShape28, kShape1,
                   support::Reduce::Sum, 0.015625);
 
   // vit.mesh:36:10 sub
   // vit.mesh:36:10 square
   MESHRT_TRACE("loop", "vit.mesh:36:10", "backward");
-  loop16(a75.data(), a74.data(), a73.data());
+  loop15(a74.data(), a73.data(), a72.data());
 
   // vit.mesh:36:10 mean
   MESHRT_TRACE("mean", "vit.mesh:36:10", "backward");
-  support::reduce(a76.data(), kShape33, a75.data(), kShape34, kShape28, kShape1,
+  support::reduce(a75.data(), kShape33, a74.data(), kShape34, kShape28, kShape1,
                   support::Reduce::Sum, 0.015625);
 
   // vit.mesh:36:10 add
   // vit.mesh:36:10 rsqrt
   MESHRT_TRACE("loop", "vit.mesh:36:10", "backward");
-  loop17(a77.data(), a76.data());
+  loop16(a76.data(), a75.data());
 
   // vit.mesh:36:45 mul
   // vit.mesh:36:10 mul
   MESHRT_TRACE("loop", "vit.mesh:36:45", "backward");
-  loop18(a79.data(), a80.data(), a66.data(), a78.data(), a70.data());
+  loop17(a78.data(), a79.data(), a65.data(), a77.data(), a69.data());
 
   // vit.mesh:36:10 mean
   MESHRT_TRACE("mean", "vit.mesh:36:10", "backward");
-  support::reduce(a81.data(), kShape33, a80.data(), kShape34, kShape28, kShape1,
+  support::reduce(a80.data(), kShape33, a79.data(), kShape34, kShape28, kShape1,
                   support::Reduce::Sum, 0.015625);
 
   // vit.mesh:36:10 mean
   MESHRT_TRACE("mean", "vit.mesh:36:10", "backward");
-  support::reduce(a82.data(), kShape33, a79.data(), kShape34, kShape28, kShape1,
+  support::reduce(a81.data(), kShape33, a78.data(), kShape34, kShape28, kShape1,
                   support::Reduce::Sum, 0.015625);
 }
 
@@ -4010,7 +3966,7 @@ void TrainVit::repeated2(
   // vit.mesh:80:55 mul
   // vit.mesh:80:13 add -> h
   MESHRT_TRACE("loop", "vit.mesh:80:55", "forward");
-  loop43(a18.data(), a14.data(), a16.data(), a17.data());
+  loop40(a18.data(), a14.data(), a16.data(), a17.data());
 
   // vit.mesh:36:10 layer_norm
   MESHRT_TRACE("layer_norm", "vit.mesh:36:10", "forward");
@@ -4087,7 +4043,7 @@ void TrainVit::repeated2(
   // vit.mesh:81:48 mul
   // vit.mesh:81:12 add -> x
   MESHRT_TRACE("loop", "vit.mesh:81:48", "forward");
-  loop43(a33.data(), a30.data(), a32.data(), a18.data());
+  loop40(a33.data(), a30.data(), a32.data(), a18.data());
 
   // vit.mesh:36:10 layer_norm
   MESHRT_TRACE("layer_norm", "vit.mesh:36:10", "forward");
@@ -4123,7 +4079,7 @@ void TrainVit::repeated3(support::View a0, support::ConstView a1, support::Const
   // vit.mesh:112:3 mul
   // vit.mesh:112:3 sub -> next/vit/embed_patches/b_patch
   MESHRT_TRACE("loop", "vit.mesh:112:3", "update");
-  loop28(a3.data(), a4.data(), a0.data(), a1.data(), a2.data(), a5.data(), a6.data(), a7.data());
+  loop26(a3.data(), a4.data(), a0.data(), a1.data(), a2.data(), a5.data(), a6.data(), a7.data());
 }
 
 void TrainVit::repeated4(support::ConstView a0, support::View a1, support::View a2,
@@ -4133,7 +4089,7 @@ void TrainVit::repeated4(support::ConstView a0, support::View a1, support::View 
 
   // vit.mesh:112:3 square
   MESHRT_TRACE("loop", "vit.mesh:112:3", "backward");
-  loop23(a1.data(), a0.data());
+  loop21(a1.data(), a0.data());
 
   // vit.mesh:112:3 sum
   MESHRT_TRACE("sum", "vit.mesh:112:3", "backward");
@@ -4142,7 +4098,7 @@ void TrainVit::repeated4(support::ConstView a0, support::View a1, support::View 
 
   // vit.mesh:112:3 square
   MESHRT_TRACE("loop", "vit.mesh:112:3", "backward");
-  loop23(a4.data(), a3.data());
+  loop21(a4.data(), a3.data());
 
   // vit.mesh:112:3 sum
   MESHRT_TRACE("sum", "vit.mesh:112:3", "backward");
@@ -4151,7 +4107,7 @@ void TrainVit::repeated4(support::ConstView a0, support::View a1, support::View 
 
   // vit.mesh:112:3 square
   MESHRT_TRACE("loop", "vit.mesh:112:3", "backward");
-  loop23(a7.data(), a6.data());
+  loop21(a7.data(), a6.data());
 
   // vit.mesh:112:3 sum
   MESHRT_TRACE("sum", "vit.mesh:112:3", "backward");
@@ -4169,56 +4125,56 @@ void TrainVit::repeated5(support::ConstView a0, support::View a1, support::View 
 
   // vit.mesh:112:3 square
   MESHRT_TRACE("loop", "vit.mesh:112:3", "backward");
-  loop44(a1.data(), a0.data());
+  loop41(a1.data(), a0.data());
 
   // vit.mesh:112:3 sum
   MESHRT_TRACE("sum", "vit.mesh:112:3", "backward");
-  support::reduce(a2.data(), kShape35, a1.data(), kShape35, kShape50, kShape51,
+  support::reduce(a2.data(), kShape35, a1.data(), kShape35, kShape51, kShape52,
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:112:3 square
   MESHRT_TRACE("loop", "vit.mesh:112:3", "backward");
-  loop44(a4.data(), a3.data());
+  loop41(a4.data(), a3.data());
 
   // vit.mesh:112:3 sum
   MESHRT_TRACE("sum", "vit.mesh:112:3", "backward");
-  support::reduce(a5.data(), kShape35, a4.data(), kShape35, kShape50, kShape51,
+  support::reduce(a5.data(), kShape35, a4.data(), kShape35, kShape51, kShape52,
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:112:3 square
   MESHRT_TRACE("loop", "vit.mesh:112:3", "backward");
-  loop44(a7.data(), a6.data());
+  loop41(a7.data(), a6.data());
 
   // vit.mesh:112:3 sum
   MESHRT_TRACE("sum", "vit.mesh:112:3", "backward");
-  support::reduce(a8.data(), kShape35, a7.data(), kShape35, kShape50, kShape51,
+  support::reduce(a8.data(), kShape35, a7.data(), kShape35, kShape51, kShape52,
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:112:3 square
   MESHRT_TRACE("loop", "vit.mesh:112:3", "backward");
-  loop44(a10.data(), a9.data());
+  loop41(a10.data(), a9.data());
 
   // vit.mesh:112:3 sum
   MESHRT_TRACE("sum", "vit.mesh:112:3", "backward");
-  support::reduce(a11.data(), kShape35, a10.data(), kShape35, kShape52, kShape53,
+  support::reduce(a11.data(), kShape35, a10.data(), kShape35, kShape53, kShape54,
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:112:3 square
   MESHRT_TRACE("loop", "vit.mesh:112:3", "backward");
-  loop45(a13.data(), a12.data());
+  loop42(a13.data(), a12.data());
 
   // vit.mesh:112:3 sum
   MESHRT_TRACE("sum", "vit.mesh:112:3", "backward");
-  support::reduce(a14.data(), kShape35, a13.data(), kShape35, kShape54, kShape26,
+  support::reduce(a14.data(), kShape35, a13.data(), kShape35, kShape55, kShape26,
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:112:3 square
   MESHRT_TRACE("loop", "vit.mesh:112:3", "backward");
-  loop45(a16.data(), a15.data());
+  loop42(a16.data(), a15.data());
 
   // vit.mesh:112:3 sum
   MESHRT_TRACE("sum", "vit.mesh:112:3", "backward");
-  support::reduce(a17.data(), kShape35, a16.data(), kShape35, kShape54, kShape26,
+  support::reduce(a17.data(), kShape35, a16.data(), kShape35, kShape55, kShape26,
                   support::Reduce::Sum, 1.0);
 }
 

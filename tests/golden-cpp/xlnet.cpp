@@ -308,16 +308,6 @@ static const support::SharedEinsum
 }
 
 [[gnu::noinline]] static void loop21(float *__restrict p0, const float *__restrict p1,
-                                     const float *__restrict p2) {
-  for (int64_t i0 = 0; i0 < 1024; ++i0) {
-    const float s0 = p1[i0];
-    const float s1 = p2[i0];
-    const float s2 = (s0 * s1);
-    p0[i0] = s2;
-  }
-}
-
-[[gnu::noinline]] static void loop22(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4, const float *__restrict p5) {
   for (int64_t i0 = 0; i0 < 2; ++i0) {
@@ -346,7 +336,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop23(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop22(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 2; ++i0) {
     for (int64_t i1 = 0; i1 < 16; ++i1) {
@@ -359,7 +349,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop24(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop23(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 2; ++i0) {
     for (int64_t i1 = 0; i1 < 16; ++i1) {
@@ -371,7 +361,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop25(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop24(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 1024; ++i0) {
     const float s0 = p1[i0];
@@ -408,7 +398,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop26(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop25(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 32; ++i0) {
     const float s0 = p1[i0];
@@ -418,7 +408,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop27(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop26(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 512; ++i0) {
     const float s0 = p1[i0];
@@ -428,7 +418,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop28(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop27(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4) {
   for (int64_t i0 = 0; i0 < 4; ++i0) {
@@ -450,7 +440,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop29(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop28(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 4096; ++i0) {
     const float s0 = p1[i0];
@@ -460,7 +450,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop30(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop29(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 16; ++i0) {
     const float s0 = p1[i0];
@@ -470,7 +460,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop31(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop30(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4) {
   for (int64_t i0 = 0; i0 < 1024; ++i0) {
@@ -485,7 +475,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop32(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop31(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3) {
   for (int64_t i0 = 0; i0 < 32; ++i0) {
     for (int64_t i1 = 0; i1 < 32; ++i1) {
@@ -499,7 +489,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop33(float *__restrict p0, float *__restrict p1,
+[[gnu::noinline]] static void loop32(float *__restrict p0, float *__restrict p1,
                                      float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4, const float *__restrict p5,
                                      const float *__restrict p6) {
@@ -507,6 +497,51 @@ static const support::SharedEinsum
   const float r5 = p5[0];
   const float r6 = p6[0];
   for (int64_t i0 = 0; i0 < 1024; ++i0) {
+    const float s0 = p2[i0];
+    const float s1 = 0.01f;
+    const float s2 = (s0 * s1);
+    const float s3 = p3[i0];
+    const float s4 = s3 * s3;
+    const float s5 = 0.0009999871f;
+    const float s6 = (s4 * s5);
+    const float s7 = p0[i0];
+    const float s8 = 0.999f;
+    const float s9 = (s7 * s8);
+    const float s10 = (s9 + s6);
+    const float s11 = r3;
+    const float s12 = (s10 / s11);
+    const float s13 = support::fsqrt(s12);
+    const float s14 = 1e-08f;
+    const float s15 = (s13 + s14);
+    const float s16 = p3[i0];
+    const float s17 = 0.100000024f;
+    const float s18 = (s16 * s17);
+    const float s19 = p1[i0];
+    const float s20 = 0.9f;
+    const float s21 = (s19 * s20);
+    const float s22 = (s21 + s18);
+    const float s23 = r5;
+    const float s24 = (s22 / s23);
+    const float s25 = (s24 / s15);
+    const float s26 = (s25 + s2);
+    const float s27 = r6;
+    const float s28 = (s26 * s27);
+    const float s29 = p2[i0];
+    const float s30 = (s29 - s28);
+    p0[i0] = s10;
+    p1[i0] = s22;
+    p2[i0] = s30;
+  }
+}
+
+[[gnu::noinline]] static void loop33(float *__restrict p0, float *__restrict p1,
+                                     float *__restrict p2, const float *__restrict p3,
+                                     const float *__restrict p4, const float *__restrict p5,
+                                     const float *__restrict p6) {
+  const float r3 = p4[0];
+  const float r5 = p5[0];
+  const float r6 = p6[0];
+  for (int64_t i0 = 0; i0 < 32; ++i0) {
     const float s0 = p2[i0];
     const float s1 = 0.01f;
     const float s2 = (s0 * s1);
@@ -551,7 +586,7 @@ static const support::SharedEinsum
   const float r3 = p4[0];
   const float r5 = p5[0];
   const float r6 = p6[0];
-  for (int64_t i0 = 0; i0 < 32; ++i0) {
+  for (int64_t i0 = 0; i0 < 512; ++i0) {
     const float s0 = p2[i0];
     const float s1 = 0.01f;
     const float s2 = (s0 * s1);
@@ -596,7 +631,7 @@ static const support::SharedEinsum
   const float r3 = p4[0];
   const float r5 = p5[0];
   const float r6 = p6[0];
-  for (int64_t i0 = 0; i0 < 512; ++i0) {
+  for (int64_t i0 = 0; i0 < 16; ++i0) {
     const float s0 = p2[i0];
     const float s1 = 0.01f;
     const float s2 = (s0 * s1);
@@ -634,48 +669,13 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop36(float *__restrict p0, float *__restrict p1,
-                                     float *__restrict p2, const float *__restrict p3,
-                                     const float *__restrict p4, const float *__restrict p5,
-                                     const float *__restrict p6) {
-  const float r3 = p4[0];
-  const float r5 = p5[0];
-  const float r6 = p6[0];
-  for (int64_t i0 = 0; i0 < 16; ++i0) {
-    const float s0 = p2[i0];
-    const float s1 = 0.01f;
+[[gnu::noinline]] static void loop36(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2) {
+  for (int64_t i0 = 0; i0 < 1024; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = p2[i0];
     const float s2 = (s0 * s1);
-    const float s3 = p3[i0];
-    const float s4 = s3 * s3;
-    const float s5 = 0.0009999871f;
-    const float s6 = (s4 * s5);
-    const float s7 = p0[i0];
-    const float s8 = 0.999f;
-    const float s9 = (s7 * s8);
-    const float s10 = (s9 + s6);
-    const float s11 = r3;
-    const float s12 = (s10 / s11);
-    const float s13 = support::fsqrt(s12);
-    const float s14 = 1e-08f;
-    const float s15 = (s13 + s14);
-    const float s16 = p3[i0];
-    const float s17 = 0.100000024f;
-    const float s18 = (s16 * s17);
-    const float s19 = p1[i0];
-    const float s20 = 0.9f;
-    const float s21 = (s19 * s20);
-    const float s22 = (s21 + s18);
-    const float s23 = r5;
-    const float s24 = (s22 / s23);
-    const float s25 = (s24 / s15);
-    const float s26 = (s25 + s2);
-    const float s27 = r6;
-    const float s28 = (s26 * s27);
-    const float s29 = p2[i0];
-    const float s30 = (s29 - s28);
-    p0[i0] = s10;
-    p1[i0] = s22;
-    p2[i0] = s30;
+    p0[i0] = s2;
   }
 }
 
@@ -2037,7 +2037,7 @@ void XlnetTrain::computeInvariants() {
 
 XlnetTrain::Outputs XlnetTrain::run(const Inputs &inputs) {
   MESHRT_TRACE_RUN(world_, "xlnet_train");
-  // Arena: 225792 bytes for 808092 bytes of temporaries (placed by liveness).
+  // Arena: 225792 bytes for 791708 bytes of temporaries (placed by liveness).
   support::checkShape("input", "tokens", inputs.tokens, {2, 16});
   runPart0(inputs);
   runPart1(inputs);
@@ -2414,17 +2414,12 @@ void XlnetTrain::runPart1(const Inputs &inputs) {
   support::along(v196.data(), v195.data(), kShape11, kShape3, kShape3, kShape12, kShape1, kShape1,
                  support::Along::LogSoftmax, 1e-05, 64, &group_model);
 
-  // xlnet.mesh:129:29 mul
-  MESHRT_TRACE("loop", "xlnet.mesh:129:29", "forward");
-  support::View v27 = arena_.view(65536, 1024);
-  support::View v198 = arena_.view(188416, 1024);
-  loop21(v198.data(), v196.data(), v27.data());
-
   // xlnet.mesh:129:20 sum -> token_logp
+  // xlnet.mesh:129:29 mul
   MESHRT_TRACE("sum", "xlnet.mesh:129:20", "forward");
+  support::View v27 = arena_.view(65536, 1024);
   support::View v199 = arena_.view(225536, 32);
-  support::reduce(v199.data(), kShape11, v198.data(), kShape3, kShape12, kShape1,
-                  support::Reduce::Sum, 1.0);
+  support::reduceProduct(v199.data(), kShape11, 32, v196.data(), kShape3, v27.data(), kShape3, 1.0);
 
   // xlnet.mesh:132:30 mul
   // xlnet.mesh:128:14 lt
@@ -2441,7 +2436,7 @@ void XlnetTrain::runPart1(const Inputs &inputs) {
   const support::Buffer &v0 = inputs.tokens.data;
   support::View v30 = arena_.view(225280, 32);
   support::View v227 = arena_.view(188416, 1024);
-  loop22(v227.data(), v5.data(), v0.data(), v30.data(), v196.data(), v27.data());
+  loop21(v227.data(), v5.data(), v0.data(), v30.data(), v196.data(), v27.data());
 
   // xlnet.mesh:113:10 einsum
   MESHRT_TRACE("gemm", "xlnet.mesh:113:10", "backward");
@@ -2458,22 +2453,16 @@ void XlnetTrain::runPart1(const Inputs &inputs) {
   // xlnet.mesh:131:44 mul
   MESHRT_TRACE("loop", "xlnet.mesh:131:28", "forward");
   support::View v202 = arena_.view(192512, 32);
-  loop23(v202.data(), v199.data(), v5.data());
+  loop22(v202.data(), v199.data(), v5.data());
 
   // xlnet.mesh:131:24 sum
   MESHRT_TRACE("sum", "xlnet.mesh:131:24", "forward");
   support::View v203 = arena_.view(192640, 1);
   support::reduce(v203.data(), kShape13, v202.data(), kShape13, kShape11, kShape14,
                   support::Reduce::Sum, 1.0);
-}
-
-void XlnetTrain::runPart2(const Inputs &inputs) {
-  (void)inputs;
-  MESHRT_TRACE_SPAN(world_);
 
   // xlnet.mesh:131:54 div -> target_probability
   MESHRT_TRACE("loop", "xlnet.mesh:131:54", "forward");
-  support::View v203 = arena_.view(192640, 1);
   support::View v205 = arena_.view(225728, 1);
   {
     float *__restrict v205p = v205.data();
@@ -2483,13 +2472,18 @@ void XlnetTrain::runPart2(const Inputs &inputs) {
     const float s2 = (s0 / s1);
     v205p[0] = s2;
   }
+}
+
+void XlnetTrain::runPart2(const Inputs &inputs) {
+  (void)inputs;
+  MESHRT_TRACE_SPAN(world_);
 
   // xlnet.mesh:132:30 mul
   MESHRT_TRACE("loop", "xlnet.mesh:132:30", "forward");
   support::View v199 = arena_.view(225536, 32);
   support::View v5 = arena_.view(225664, 16);
   support::View v206 = arena_.view(192512, 32);
-  loop24(v206.data(), v199.data(), v5.data());
+  loop23(v206.data(), v199.data(), v5.data());
 
   // xlnet.mesh:132:15 sum
   MESHRT_TRACE("sum", "xlnet.mesh:132:15", "forward");
@@ -2609,16 +2603,11 @@ void XlnetTrain::runPart2(const Inputs &inputs) {
   support::View v299 = arena_.view(178176, 512);
   repeated8(v296, v120, v297_c0, v125, v297, v153, v298, v155_c0, v299);
 
-  // xlnet.mesh:72:19 mul
-  MESHRT_TRACE("loop", "xlnet.mesh:72:19", "backward");
-  support::View v300 = arena_.view(163840, 1024);
-  loop21(v300.data(), v297.data(), v153.data());
-
   // xlnet.mesh:72:19 sum
+  // xlnet.mesh:72:19 mul
   MESHRT_TRACE("sum", "xlnet.mesh:72:19", "backward");
   support::View v301 = arena_.view(167936, 64);
-  support::reduce(v301.data(), kShape8, v300.data(), kShape9, kShape0, kShape1,
-                  support::Reduce::Sum, 1.0);
+  support::reduceProduct(v301.data(), kShape8, 16, v297.data(), kShape9, v153.data(), kShape9, 1.0);
 
   // 8 statements from xlnet.mesh:72:19 sub (1 of 2)
   MESHRT_TRACE_SITE("xlnet.mesh:72:19");
@@ -2689,16 +2678,10 @@ void XlnetTrain::runPart2(const Inputs &inputs) {
   support::View v325 = arena_.view(153600, 512);
   // dims: batch, length, heads, d_kv, d_model
   kEinsum10.plan().run(v311.data(), v110.data(), v325.data(), 1.0f, 0.0f);
-}
-
-void XlnetTrain::runPart3(const Inputs &inputs) {
-  (void)inputs;
-  MESHRT_TRACE_SPAN(world_);
 
   // 24 statements from xlnet.mesh:37:78 sum (1 of 2)
   MESHRT_TRACE_SITE("xlnet.mesh:37:78");
   support::View v326 = arena_.view(57344, 32);
-  support::View v316 = arena_.view(159744, 1024);
   support::View v111 = arena_.view(143360, 1024);
   support::View v328 = arena_.view(49152, 1024);
   support::View v329 = arena_.view(57472, 32);
@@ -2713,7 +2696,6 @@ void XlnetTrain::runPart3(const Inputs &inputs) {
   support::View v337 = arena_.view(57728, 32);
   support::View v339 = arena_.view(57856, 32);
   support::View v344 = arena_.view(49152, 32);
-  support::View v324 = arena_.view(167936, 1024);
   support::View v108 = arena_.view(135168, 1024);
   support::View v347 = arena_.view(49152, 1024);
   support::View v348 = arena_.view(57344, 32);
@@ -2748,9 +2730,16 @@ void XlnetTrain::runPart3(const Inputs &inputs) {
   support::View v383 = arena_.view(127104, 32);
   support::View v384 = arena_.view(49152, 1024);
   repeated4(v363, v342, v90, v364, v100, v365, v99, v382, v383, v88, v384);
+}
+
+void XlnetTrain::runPart3(const Inputs &inputs) {
+  (void)inputs;
+  MESHRT_TRACE_SPAN(world_);
 
   // xlnet.mesh:83:10 einsum
   MESHRT_TRACE("gemm", "xlnet.mesh:83:10", "backward");
+  support::View v362 = arena_.view(57344, 1024);
+  support::View v90(param14_xlnet_xlnet_layer_0_dense_relu_dense_wo); // updated in place
   support::View v390 = arena_.view(118784, 1024);
   // dims: batch, length, d_model, d_ff
   kEinsum0.plan().run(v362.data(), v90.data(), v390.data(), 1.0f, 0.0f);
@@ -2775,10 +2764,11 @@ void XlnetTrain::runPart3(const Inputs &inputs) {
   MESHRT_TRACE("loop", "xlnet.mesh:83:17", "backward");
   support::View v93 = arena_.view(110592, 1024);
   support::View v409 = arena_.view(122880, 1024);
-  loop25(v409.data(), v93.data(), v390.data());
+  loop24(v409.data(), v93.data(), v390.data());
 
   // xlnet.mesh:83:22 einsum
   MESHRT_TRACE("gemm", "xlnet.mesh:83:22", "backward");
+  support::View v88(param12_xlnet_xlnet_layer_0_dense_relu_dense_wi); // updated in place
   support::View v412 = arena_.view(110592, 1024);
   // dims: batch, length, d_ff, d_model
   kEinsum0.plan().run(v409.data(), v88.data(), v412.data(), 1.0f, 0.0f);
@@ -2786,15 +2776,18 @@ void XlnetTrain::runPart3(const Inputs &inputs) {
   // xlnet.mesh:84:22 bucketed_all_reduce_sum (resolve the partial sum of %370 over model for add at
   // 84:22; merged with 1 more partial sum over model (%413): 8.0 KiB in one buffer)
   MESHRT_TRACE_SITE("xlnet.mesh:84:22");
+  support::View v384 = arena_.view(49152, 1024);
   support::allReduceBucket(group_model, {v384, v412});
 
   // xlnet.mesh:84:22 add
   MESHRT_TRACE("loop", "xlnet.mesh:84:22", "backward");
+  support::View v342 = arena_.view(53248, 1024);
   support::View v386 = arena_.view(118784, 1024);
   loop14(v386.data(), v342.data(), v384.data());
 
   // xlnet.mesh:84:22 einsum
   MESHRT_TRACE("gemm", "xlnet.mesh:84:22", "backward");
+  support::View v382 = arena_.view(65536, 1024);
   support::View v87 = arena_.view(106496, 1024);
   support::View v387 = arena_.view(49152, 1024);
   // dims: batch, length, d_ff, d_model
@@ -2808,8 +2801,9 @@ void XlnetTrain::runPart3(const Inputs &inputs) {
 
   // xlnet.mesh:83:96 add -> grad/xlnet/xlnet_layer[0]/dense_relu_dense/bo
   MESHRT_TRACE("loop", "xlnet.mesh:83:96", "backward");
+  support::View v363 = arena_.view(126976, 32);
   support::View v389 = arena_.view(127232, 32);
-  loop26(v389.data(), v363.data(), v388.data());
+  loop25(v389.data(), v363.data(), v388.data());
 
   // xlnet.mesh:83:10 einsum
   MESHRT_TRACE("gemm", "xlnet.mesh:83:10", "backward");
@@ -2820,6 +2814,7 @@ void XlnetTrain::runPart3(const Inputs &inputs) {
 
   // xlnet.mesh:83:10 add -> grad/xlnet/xlnet_layer[0]/dense_relu_dense/wo
   MESHRT_TRACE("loop", "xlnet.mesh:83:10", "backward");
+  support::View v365 = arena_.view(61440, 1024);
   support::View v392 = arena_.view(106496, 1024);
   loop14(v392.data(), v365.data(), v391.data());
 
@@ -2831,8 +2826,9 @@ void XlnetTrain::runPart3(const Inputs &inputs) {
 
   // xlnet.mesh:83:59 add -> grad/xlnet/xlnet_layer[0]/dense_relu_dense/bi
   MESHRT_TRACE("loop", "xlnet.mesh:83:59", "backward");
+  support::View v383 = arena_.view(127104, 32);
   support::View v411 = arena_.view(126976, 32);
-  loop26(v411.data(), v383.data(), v410.data());
+  loop25(v411.data(), v383.data(), v410.data());
 
   // xlnet.mesh:83:22 add
   MESHRT_TRACE("loop", "xlnet.mesh:83:22", "backward");
@@ -2923,7 +2919,7 @@ void XlnetTrain::runPart3(const Inputs &inputs) {
   // xlnet.mesh:73:10 add
   MESHRT_TRACE("loop", "xlnet.mesh:73:10", "backward");
   support::View v458 = arena_.view(110592, 512);
-  loop27(v458.data(), v454.data(), v457.data());
+  loop26(v458.data(), v454.data(), v457.data());
 
   // xlnet.mesh:73:10 einsum
   MESHRT_TRACE("gemm", "xlnet.mesh:73:10", "backward");
@@ -2931,47 +2927,36 @@ void XlnetTrain::runPart3(const Inputs &inputs) {
   support::View v459 = arena_.view(53248, 512);
   // dims: batch, length, d_model, heads, d_kv
   kEinsum15.plan().run(v452.data(), v74_c0.data(), v459.data(), 1.0f, 0.0f);
+
+  // xlnet.mesh:73:10 add -> grad/xlnet/xlnet_layer[0]/two_stream_attention/o
+  MESHRT_TRACE("loop", "xlnet.mesh:73:10", "backward");
+  support::View v460 = arena_.view(112640, 512);
+  loop26(v460.data(), v455.data(), v459.data());
+
+  // xlnet.mesh:72:19 sum
+  // xlnet.mesh:72:19 mul
+  MESHRT_TRACE("sum", "xlnet.mesh:72:19", "backward");
+  support::View v462 = arena_.view(53248, 64);
+  support::reduceProduct(v462.data(), kShape8, 16, v453.data(), kShape9, v73.data(), kShape9, 1.0);
 }
 
 void XlnetTrain::runPart4(const Inputs &inputs) {
   (void)inputs;
   MESHRT_TRACE_SPAN(world_);
 
-  // xlnet.mesh:73:10 add -> grad/xlnet/xlnet_layer[0]/two_stream_attention/o
-  MESHRT_TRACE("loop", "xlnet.mesh:73:10", "backward");
-  support::View v455 = arena_.view(55296, 512);
-  support::View v459 = arena_.view(53248, 512);
-  support::View v460 = arena_.view(112640, 512);
-  loop27(v460.data(), v455.data(), v459.data());
-
-  // xlnet.mesh:72:19 mul
-  MESHRT_TRACE("loop", "xlnet.mesh:72:19", "backward");
-  support::View v453 = arena_.view(49152, 1024);
-  support::View v73 = arena_.view(69632, 1024);
-  support::View v461 = arena_.view(53248, 1024);
-  loop21(v461.data(), v453.data(), v73.data());
-
-  // xlnet.mesh:72:19 sum
-  MESHRT_TRACE("sum", "xlnet.mesh:72:19", "backward");
-  support::View v462 = arena_.view(57344, 64);
-  support::reduce(v462.data(), kShape8, v461.data(), kShape9, kShape0, kShape1,
-                  support::Reduce::Sum, 1.0);
-
+  // xlnet.mesh:69:19 sum
   // xlnet.mesh:69:19 mul
-  MESHRT_TRACE("loop", "xlnet.mesh:69:19", "backward");
+  MESHRT_TRACE("sum", "xlnet.mesh:69:19", "backward");
   support::View v456 = arena_.view(65536, 1024);
   support::View v68 = arena_.view(73728, 1024);
-  support::View v466 = arena_.view(53248, 1024);
-  loop21(v466.data(), v456.data(), v68.data());
-
-  // xlnet.mesh:69:19 sum
-  MESHRT_TRACE("sum", "xlnet.mesh:69:19", "backward");
   support::View v467 = arena_.view(118784, 64);
-  support::reduce(v467.data(), kShape8, v466.data(), kShape9, kShape0, kShape1,
-                  support::Reduce::Sum, 1.0);
+  support::reduceProduct(v467.data(), kShape8, 16, v456.data(), kShape9, v68.data(), kShape9, 1.0);
 
   // 8 statements from xlnet.mesh:72:19 sub (2 of 2)
   MESHRT_TRACE_SITE("xlnet.mesh:72:19");
+  support::View v453 = arena_.view(49152, 1024);
+  support::View v462 = arena_.view(53248, 64);
+  support::View v73 = arena_.view(69632, 1024);
   support::View v70 = arena_.view(224256, 256);
   support::View v471 = arena_.view(77824, 1024);
   support::View v47 = arena_.view(32768, 4096);
@@ -2995,7 +2980,7 @@ void XlnetTrain::runPart4(const Inputs &inputs) {
   MESHRT_TRACE("loop", "xlnet.mesh:69:19", "backward");
   support::View v65 = arena_.view(223232, 256);
   support::View v479 = arena_.view(94208, 1024);
-  loop28(v479.data(), v456.data(), v467.data(), v68.data(), v65.data());
+  loop27(v479.data(), v456.data(), v467.data(), v68.data(), v65.data());
 
   // xlnet.mesh:66:21 einsum
   MESHRT_TRACE("gemm", "xlnet.mesh:66:21", "backward");
@@ -3013,7 +2998,7 @@ void XlnetTrain::runPart4(const Inputs &inputs) {
   // xlnet.mesh:66:21 add
   MESHRT_TRACE("loop", "xlnet.mesh:66:21", "backward");
   support::View v482 = arena_.view(65536, 4096);
-  loop29(v482.data(), v473.data(), v481.data());
+  loop28(v482.data(), v473.data(), v481.data());
 
   // xlnet.mesh:66:38 sum
   MESHRT_TRACE("sum", "xlnet.mesh:66:38", "backward");
@@ -3024,7 +3009,7 @@ void XlnetTrain::runPart4(const Inputs &inputs) {
   // xlnet.mesh:66:38 add -> grad/xlnet/xlnet_layer[0]/two_stream_attention/position_bias
   MESHRT_TRACE("loop", "xlnet.mesh:66:38", "backward");
   support::View v484 = arena_.view(57344, 16);
-  loop30(v484.data(), v474.data(), v483.data());
+  loop29(v484.data(), v474.data(), v483.data());
 
   // xlnet.mesh:65:19 einsum
   MESHRT_TRACE("gemm", "xlnet.mesh:65:19", "backward");
@@ -3042,12 +3027,12 @@ void XlnetTrain::runPart4(const Inputs &inputs) {
   // xlnet.mesh:65:19 add
   MESHRT_TRACE("loop", "xlnet.mesh:65:19", "backward");
   support::View v487 = arena_.view(49152, 512);
-  loop27(v487.data(), v476.data(), v486.data());
+  loop26(v487.data(), v476.data(), v486.data());
 
   // xlnet.mesh:65:36 add
   MESHRT_TRACE("loop", "xlnet.mesh:65:36", "backward");
   support::View v488 = arena_.view(51200, 512);
-  loop27(v488.data(), v480.data(), v485.data());
+  loop26(v488.data(), v480.data(), v485.data());
 
   // xlnet.mesh:65:36 sum
   MESHRT_TRACE("sum", "xlnet.mesh:65:36", "backward");
@@ -3058,7 +3043,7 @@ void XlnetTrain::runPart4(const Inputs &inputs) {
   // xlnet.mesh:65:36 add -> grad/xlnet/xlnet_layer[0]/two_stream_attention/content_bias
   MESHRT_TRACE("loop", "xlnet.mesh:65:36", "backward");
   support::View v490 = arena_.view(57408, 16);
-  loop30(v490.data(), v478.data(), v489.data());
+  loop29(v490.data(), v478.data(), v489.data());
 
   // xlnet.mesh:63:19 einsum
   MESHRT_TRACE("gemm", "xlnet.mesh:63:19", "backward");
@@ -3100,7 +3085,7 @@ void XlnetTrain::runPart4(const Inputs &inputs) {
   // xlnet.mesh:62:19 add -> grad/xlnet/xlnet_layer[0]/two_stream_attention/q
   MESHRT_TRACE("loop", "xlnet.mesh:62:19", "backward");
   support::View v499 = arena_.view(51200, 512);
-  loop27(v499.data(), v494.data(), v498.data());
+  loop26(v499.data(), v494.data(), v498.data());
 
   // xlnet.mesh:61:19 einsum -> grad/xlnet/xlnet_layer[0]/two_stream_attention/r
   MESHRT_TRACE("gemm", "xlnet.mesh:61:19", "backward");
@@ -3117,22 +3102,19 @@ void XlnetTrain::runPart4(const Inputs &inputs) {
 
   MESHRT_TRACE_SITE("xlnet.mesh:63:19");
   group_model.wait(request1);
-}
-
-void XlnetTrain::runPart5(const Inputs &inputs) {
-  (void)inputs;
-  MESHRT_TRACE_SPAN(world_);
 
   // xlnet.mesh:62:19 add
   // xlnet.mesh:60:23 add
   // xlnet.mesh:59:28 add
   MESHRT_TRACE("loop", "xlnet.mesh:62:19", "backward");
   support::View v452 = arena_.view(102400, 1024);
-  support::View v495 = arena_.view(36864, 1024);
-  support::View v502 = arena_.view(40960, 1024);
-  support::View v507 = arena_.view(45056, 1024);
   support::View v509 = arena_.view(0, 1024);
-  loop31(v509.data(), v452.data(), v495.data(), v502.data(), v507.data());
+  loop30(v509.data(), v452.data(), v495.data(), v502.data(), v507.data());
+}
+
+void XlnetTrain::runPart5(const Inputs &inputs) {
+  (void)inputs;
+  MESHRT_TRACE_SPAN(world_);
 
   // xlnet.mesh:59:28 einsum -> grad/xlnet/xlnet_layer[0]/two_stream_attention/k
   MESHRT_TRACE("gemm", "xlnet.mesh:59:28", "backward");
@@ -3149,7 +3131,7 @@ void XlnetTrain::runPart5(const Inputs &inputs) {
   support::View v491 = arena_.view(32768, 1024);
   support::View v31 = arena_.view(225408, 32);
   support::View v511 = arena_.view(4096, 1024);
-  loop32(v511.data(), v433.data(), v491.data(), v31.data());
+  loop31(v511.data(), v433.data(), v491.data(), v31.data());
 
   // xlnet.mesh:109:63 sum -> grad/xlnet/mask_embedding
   MESHRT_TRACE("sum", "xlnet.mesh:109:63", "backward");
@@ -3159,6 +3141,7 @@ void XlnetTrain::runPart5(const Inputs &inputs) {
 
   // xlnet.mesh:108:11 einsum
   MESHRT_TRACE("einsum", "xlnet.mesh:108:11", "backward");
+  support::View v509 = arena_.view(0, 1024);
   const support::Buffer &v0 = inputs.tokens.data;
   support::View v513 = arena_.view(4096, 1024);
   support::scatterAdd(v513.data(), kShape17, v509.data(), kShape18, v0.data(), kShape19, kShape11,
@@ -3293,7 +3276,7 @@ void XlnetTrain::runPart5(const Inputs &inputs) {
   support::View v6(param0_xlnet_embedding);      // updated in place
   support::View v533(param34_xlnet_embedding_v); // updated in place
   support::View v532(param33_xlnet_embedding_m); // updated in place
-  loop33(v533.data(), v532.data(), v6.data(), v514.data(), v549.data(), v547.data(), v531.data());
+  loop32(v533.data(), v532.data(), v6.data(), v514.data(), v549.data(), v547.data(), v531.data());
 
   // xlnet.mesh:133:3 mul
   // xlnet.mesh:133:3 square
@@ -3315,7 +3298,7 @@ void XlnetTrain::runPart5(const Inputs &inputs) {
   support::View v7(param1_xlnet_mask_embedding);      // updated in place
   support::View v562(param36_xlnet_mask_embedding_v); // updated in place
   support::View v561(param35_xlnet_mask_embedding_m); // updated in place
-  loop34(v562.data(), v561.data(), v7.data(), v512.data(), v549.data(), v547.data(), v531.data());
+  loop33(v562.data(), v561.data(), v7.data(), v512.data(), v549.data(), v547.data(), v531.data());
 
   // xlnet.mesh:133:3 mul
   // xlnet.mesh:133:3 square
@@ -3337,7 +3320,7 @@ void XlnetTrain::runPart5(const Inputs &inputs) {
   support::View v8(param2_xlnet_output_bias);      // updated in place
   support::View v583(param38_xlnet_output_bias_v); // updated in place
   support::View v582(param37_xlnet_output_bias_m); // updated in place
-  loop34(v583.data(), v582.data(), v8.data(), v228.data(), v549.data(), v547.data(), v531.data());
+  loop33(v583.data(), v582.data(), v8.data(), v228.data(), v549.data(), v547.data(), v531.data());
 
   // 15 statements from xlnet.mesh:133:3 mul (1 of 2)
   MESHRT_TRACE_SITE("xlnet.mesh:133:3");
@@ -3494,7 +3477,7 @@ void XlnetTrain::repeated0(
   // xlnet.mesh:133:3 mul
   // xlnet.mesh:133:3 sub -> next/xlnet/xlnet_layer[0]/two_stream_attention/q
   MESHRT_TRACE("loop", "xlnet.mesh:133:3", "update");
-  loop35(a2.data(), a4.data(), a0.data(), a1.data(), a3.data(), a5.data(), a6.data());
+  loop34(a2.data(), a4.data(), a0.data(), a1.data(), a3.data(), a5.data(), a6.data());
 
   // xlnet.mesh:133:3 mul
   // xlnet.mesh:133:3 square
@@ -3513,7 +3496,7 @@ void XlnetTrain::repeated0(
   // xlnet.mesh:133:3 mul
   // xlnet.mesh:133:3 sub -> next/xlnet/xlnet_layer[0]/two_stream_attention/k
   MESHRT_TRACE("loop", "xlnet.mesh:133:3", "update");
-  loop35(a9.data(), a10.data(), a7.data(), a8.data(), a3.data(), a5.data(), a6.data());
+  loop34(a9.data(), a10.data(), a7.data(), a8.data(), a3.data(), a5.data(), a6.data());
 
   // xlnet.mesh:133:3 mul
   // xlnet.mesh:133:3 square
@@ -3532,7 +3515,7 @@ void XlnetTrain::repeated0(
   // xlnet.mesh:133:3 mul
   // xlnet.mesh:133:3 sub -> next/xlnet/xlnet_layer[0]/two_stream_attention/v
   MESHRT_TRACE("loop", "xlnet.mesh:133:3", "update");
-  loop35(a13.data(), a14.data(), a11.data(), a12.data(), a3.data(), a5.data(), a6.data());
+  loop34(a13.data(), a14.data(), a11.data(), a12.data(), a3.data(), a5.data(), a6.data());
 
   // xlnet.mesh:133:3 mul
   // xlnet.mesh:133:3 square
@@ -3551,7 +3534,7 @@ void XlnetTrain::repeated0(
   // xlnet.mesh:133:3 mul
   // xlnet.mesh:133:3 sub -> next/xlnet/xlnet_layer[0]/two_stream_attention/r
   MESHRT_TRACE("loop", "xlnet.mesh:133:3", "update");
-  loop35(a17.data(), a18.data(), a15.data(), a16.data(), a3.data(), a5.data(), a6.data());
+  loop34(a17.data(), a18.data(), a15.data(), a16.data(), a3.data(), a5.data(), a6.data());
 
   // xlnet.mesh:133:3 mul
   // xlnet.mesh:133:3 square
@@ -3570,7 +3553,7 @@ void XlnetTrain::repeated0(
   // xlnet.mesh:133:3 mul
   // xlnet.mesh:133:3 sub -> next/xlnet/xlnet_layer[0]/two_stream_attention/o
   MESHRT_TRACE("loop", "xlnet.mesh:133:3", "update");
-  loop35(a21.data(), a22.data(), a19.data(), a20.data(), a3.data(), a5.data(), a6.data());
+  loop34(a21.data(), a22.data(), a19.data(), a20.data(), a3.data(), a5.data(), a6.data());
 
   // xlnet.mesh:133:3 mul
   // xlnet.mesh:133:3 square
@@ -3589,7 +3572,7 @@ void XlnetTrain::repeated0(
   // xlnet.mesh:133:3 mul
   // xlnet.mesh:133:3 sub -> next/xlnet/xlnet_layer[0]/two_stream_attention/content_bias
   MESHRT_TRACE("loop", "xlnet.mesh:133:3", "update");
-  loop36(a25.data(), a26.data(), a23.data(), a24.data(), a3.data(), a5.data(), a6.data());
+  loop35(a25.data(), a26.data(), a23.data(), a24.data(), a3.data(), a5.data(), a6.data());
 
   // xlnet.mesh:133:3 mul
   // xlnet.mesh:133:3 square
@@ -3608,7 +3591,7 @@ void XlnetTrain::repeated0(
   // xlnet.mesh:133:3 mul
   // xlnet.mesh:133:3 sub -> next/xlnet/xlnet_layer[0]/two_stream_attention/position_bias
   MESHRT_TRACE("loop", "xlnet.mesh:133:3", "update");
-  loop36(a29.data(), a30.data(), a27.data(), a28.data(), a3.data(), a5.data(), a6.data());
+  loop35(a29.data(), a30.data(), a27.data(), a28.data(), a3.data(), a5.data(), a6.data());
 
   // xlnet.mesh:133:3 mul
   // xlnet.mesh:133:3 square
@@ -3627,7 +3610,7 @@ void XlnetTrain::repeated0(
   // xlnet.mesh:133:3 mul
   // xlnet.mesh:133:3 sub -> next/xlnet/xlnet_layer[0]/norm/gain
   MESHRT_TRACE("loop", "xlnet.mesh:133:3", "update");
-  loop34(a33.data(), a34.data(), a31.data(), a32.data(), a3.data(), a5.data(), a6.data());
+  loop33(a33.data(), a34.data(), a31.data(), a32.data(), a3.data(), a5.data(), a6.data());
 
   // xlnet.mesh:133:3 mul
   // xlnet.mesh:133:3 square
@@ -3646,7 +3629,7 @@ void XlnetTrain::repeated0(
   // xlnet.mesh:133:3 mul
   // xlnet.mesh:133:3 sub -> next/xlnet/xlnet_layer[0]/norm/bias
   MESHRT_TRACE("loop", "xlnet.mesh:133:3", "update");
-  loop34(a37.data(), a38.data(), a35.data(), a36.data(), a3.data(), a5.data(), a6.data());
+  loop33(a37.data(), a38.data(), a35.data(), a36.data(), a3.data(), a5.data(), a6.data());
 
   // xlnet.mesh:133:3 mul
   // xlnet.mesh:133:3 square
@@ -3665,7 +3648,7 @@ void XlnetTrain::repeated0(
   // xlnet.mesh:133:3 mul
   // xlnet.mesh:133:3 sub -> next/xlnet/xlnet_layer[0]/dense_relu_dense/wi
   MESHRT_TRACE("loop", "xlnet.mesh:133:3", "update");
-  loop33(a41.data(), a42.data(), a39.data(), a40.data(), a3.data(), a5.data(), a6.data());
+  loop32(a41.data(), a42.data(), a39.data(), a40.data(), a3.data(), a5.data(), a6.data());
 
   // xlnet.mesh:133:3 mul
   // xlnet.mesh:133:3 square
@@ -3684,7 +3667,7 @@ void XlnetTrain::repeated0(
   // xlnet.mesh:133:3 mul
   // xlnet.mesh:133:3 sub -> next/xlnet/xlnet_layer[0]/dense_relu_dense/bi
   MESHRT_TRACE("loop", "xlnet.mesh:133:3", "update");
-  loop34(a45.data(), a46.data(), a43.data(), a44.data(), a3.data(), a5.data(), a6.data());
+  loop33(a45.data(), a46.data(), a43.data(), a44.data(), a3.data(), a5.data(), a6.data());
 
   // xlnet.mesh:133:3 mul
   // xlnet.mesh:133:3 square
@@ -3703,7 +3686,7 @@ void XlnetTrain::repeated0(
   // xlnet.mesh:133:3 mul
   // xlnet.mesh:133:3 sub -> next/xlnet/xlnet_layer[0]/dense_relu_dense/wo
   MESHRT_TRACE("loop", "xlnet.mesh:133:3", "update");
-  loop33(a49.data(), a50.data(), a47.data(), a48.data(), a3.data(), a5.data(), a6.data());
+  loop32(a49.data(), a50.data(), a47.data(), a48.data(), a3.data(), a5.data(), a6.data());
 
   // xlnet.mesh:133:3 mul
   // xlnet.mesh:133:3 square
@@ -3722,7 +3705,7 @@ void XlnetTrain::repeated0(
   // xlnet.mesh:133:3 mul
   // xlnet.mesh:133:3 sub -> next/xlnet/xlnet_layer[0]/dense_relu_dense/bo
   MESHRT_TRACE("loop", "xlnet.mesh:133:3", "update");
-  loop34(a53.data(), a54.data(), a51.data(), a52.data(), a3.data(), a5.data(), a6.data());
+  loop33(a53.data(), a54.data(), a51.data(), a52.data(), a3.data(), a5.data(), a6.data());
 
   // xlnet.mesh:133:3 mul
   // xlnet.mesh:133:3 square
@@ -3741,7 +3724,7 @@ void XlnetTrain::repeated0(
   // xlnet.mesh:133:3 mul
   // xlnet.mesh:133:3 sub -> next/xlnet/xlnet_layer[0]/norm#1/gain
   MESHRT_TRACE("loop", "xlnet.mesh:133:3", "update");
-  loop34(a57.data(), a58.data(), a55.data(), a56.data(), a3.data(), a5.data(), a6.data());
+  loop33(a57.data(), a58.data(), a55.data(), a56.data(), a3.data(), a5.data(), a6.data());
 
   // xlnet.mesh:133:3 mul
   // xlnet.mesh:133:3 square
@@ -3760,7 +3743,7 @@ void XlnetTrain::repeated0(
   // xlnet.mesh:133:3 mul
   // xlnet.mesh:133:3 sub -> next/xlnet/xlnet_layer[0]/norm#1/bias
   MESHRT_TRACE("loop", "xlnet.mesh:133:3", "update");
-  loop34(a61.data(), a62.data(), a59.data(), a60.data(), a3.data(), a5.data(), a6.data());
+  loop33(a61.data(), a62.data(), a59.data(), a60.data(), a3.data(), a5.data(), a6.data());
 }
 
 void XlnetTrain::repeated1(support::View a0, support::ConstView a1, support::ConstView a2,
@@ -3783,7 +3766,7 @@ void XlnetTrain::repeated1(support::View a0, support::ConstView a1, support::Con
 
   // xlnet.mesh:37:71 mul
   MESHRT_TRACE("loop", "xlnet.mesh:37:71", "backward");
-  loop21(a3.data(), a1.data(), a2.data());
+  loop36(a3.data(), a1.data(), a2.data());
 
   // xlnet.mesh:37:71 sum
   MESHRT_TRACE("sum", "xlnet.mesh:37:71", "backward");
@@ -3839,11 +3822,11 @@ void XlnetTrain::repeated1(support::View a0, support::ConstView a1, support::Con
 
   // xlnet.mesh:37:40 add -> grad/xlnet/xlnet_layer[0]/norm#1/bias
   MESHRT_TRACE("loop", "xlnet.mesh:37:40", "backward");
-  loop26(a18.data(), a0.data(), a16.data());
+  loop25(a18.data(), a0.data(), a16.data());
 
   // xlnet.mesh:37:33 mul
   MESHRT_TRACE("loop", "xlnet.mesh:37:33", "backward");
-  loop21(a20.data(), a17.data(), a19.data());
+  loop36(a20.data(), a17.data(), a19.data());
 
   // xlnet.mesh:37:33 sum
   MESHRT_TRACE("sum", "xlnet.mesh:37:33", "backward");
@@ -3852,7 +3835,7 @@ void XlnetTrain::repeated1(support::View a0, support::ConstView a1, support::Con
 
   // xlnet.mesh:37:33 add -> grad/xlnet/xlnet_layer[0]/norm#1/gain
   MESHRT_TRACE("loop", "xlnet.mesh:37:33", "backward");
-  loop26(a22.data(), a4.data(), a21.data());
+  loop25(a22.data(), a4.data(), a21.data());
 
   // xlnet.mesh:37:10 mean
   MESHRT_TRACE("mean", "xlnet.mesh:37:10", "backward");
@@ -3984,7 +3967,7 @@ void XlnetTrain::repeated3(support::View a0, support::ConstView a1, support::Con
 
   // xlnet.mesh:37:71 mul
   MESHRT_TRACE("loop", "xlnet.mesh:37:71", "backward");
-  loop21(a3.data(), a1.data(), a2.data());
+  loop36(a3.data(), a1.data(), a2.data());
 
   // xlnet.mesh:37:71 sum -> grad/xlnet/xlnet_layer[1]/norm#1/gain
   MESHRT_TRACE("sum", "xlnet.mesh:37:71", "backward");
@@ -4073,7 +4056,7 @@ void XlnetTrain::repeated4(support::View a0, support::ConstView a1, support::Con
   // xlnet.mesh:84:17 add
   // xlnet.mesh:84:17 mul
   MESHRT_TRACE("loop", "xlnet.mesh:84:17", "backward");
-  loop25(a7.data(), a6.data(), a3.data());
+  loop24(a7.data(), a6.data(), a3.data());
 
   // xlnet.mesh:84:59 sum -> grad/xlnet/xlnet_layer[1]/dense_relu_dense/bi
   MESHRT_TRACE("sum", "xlnet.mesh:84:59", "backward");
@@ -4154,7 +4137,7 @@ void XlnetTrain::repeated6(support::ConstView a0, support::ConstView a1, support
   // xlnet.mesh:72:27 where
   // xlnet.mesh:68:97 mul
   MESHRT_TRACE("loop", "xlnet.mesh:72:19", "backward");
-  loop28(a4.data(), a0.data(), a1.data(), a2.data(), a3.data());
+  loop27(a4.data(), a0.data(), a1.data(), a2.data(), a3.data());
 
   // xlnet.mesh:68:21 einsum
   MESHRT_TRACE("gemm", "xlnet.mesh:68:21", "backward");
@@ -4183,7 +4166,7 @@ void XlnetTrain::repeated6(support::ConstView a0, support::ConstView a1, support
 
   // xlnet.mesh:67:36 add
   MESHRT_TRACE("loop", "xlnet.mesh:67:36", "backward");
-  loop27(a14.data(), a6.data(), a11.data());
+  loop26(a14.data(), a6.data(), a11.data());
 
   // xlnet.mesh:67:36 sum -> grad/xlnet/xlnet_layer[1]/two_stream_attention/content_bias
   MESHRT_TRACE("sum", "xlnet.mesh:67:36", "backward");

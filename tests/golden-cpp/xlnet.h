@@ -235,7 +235,7 @@ public:
   /// The bytes of this object's arena: run()'s temporaries share it, placed by liveness.
   static constexpr size_t kArenaBytes = 225792;
   /// The bytes of all of run()'s temporaries together (one buffer each).
-  static constexpr size_t kTemporaryBytes = 808092;
+  static constexpr size_t kTemporaryBytes = 791708;
   /// The bytes of the values computed once, in the constructor (constants, masks).
   static constexpr size_t kPersistentBytes = 53248;
 

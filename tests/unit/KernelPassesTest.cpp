@@ -543,6 +543,80 @@ TEST_CASE("fuse-row-kernels: layer_norm with its gain and bias, a mask with its 
 
 namespace {
 
+/// products = x * y over [a, b, size] (y broadcast over b when `yStrides` say so), then
+/// sum(products) along the row times `scale` into out[a, b].
+std::vector<Stmt> productRowSum(BufferId out, BufferId products, BufferId x, BufferId y, int64_t a,
+                                int64_t b, int64_t size, Shape yStrides, double scale,
+                                const char* kind = "Reduce::Sum") {
+  Loop loop{.dims = {"a", "b", "i"}, .extents = {a, b, size}};
+  loop.reads = {Access{x, {b * size, size, 1}}, Access{y, std::move(yStrides)}};
+  loop.body = {Scalar{.kind = Scalar::Kind::Load, .read = 0},
+               Scalar{.kind = Scalar::Kind::Load, .read = 1},
+               Scalar{.kind = Scalar::Kind::Compute, .op = ir::OpKind::Mul, .args = {0, 1}}};
+  loop.stores = {Store{Access{products, {b * size, size, 1}}, 2}};
+  Call sum{.callee = Callee::Reduce,
+           .args = {Arg{.kind = Arg::Kind::Data, .buffer = out}, intsArg({a, b}),
+                    Arg{.kind = Arg::Kind::Data, .buffer = products}, intsArg({b * size, size}),
+                    intsArg({size}), intsArg({1}), Arg{.kind = Arg::Kind::Enum, .text = kind},
+                    Arg{.kind = Arg::Kind::Real, .value = scale}},
+           .out = out,
+           .reads = {products}};
+  return {Stmt{.node = std::move(loop), .sources = {"t.mesh:5:1 mul"}},
+          Stmt{.node = std::move(sum), .sources = {"t.mesh:5:2 sum"}}};
+}
+
+} // namespace
+
+TEST_CASE("fuse-row-kernels: a product summed along the row") {
+  SECTION("x * y, then their sum along the row: one reduceProduct, the products never stored") {
+    Builder b;
+    BufferId x = b.buffer(48, Storage::Input), y = b.buffer(16, Storage::Input),
+             products = b.buffer(48), out = b.buffer(6);
+    for (Stmt& stmt : productRowSum(out, products, x, y, 2, 3, 8, {8, 0, 1}, 0.5))
+      b.fn.body.push_back(std::move(stmt));
+    b.fn.outputs = {out};
+    REQUIRE(verifyKernels(b.fn).empty());
+    fuseRowKernels(b.fn);
+    REQUIRE(verifyKernels(b.fn).empty());
+    REQUIRE(b.fn.body.size() == 1);
+    const Call& call = std::get<Call>(b.fn.body[0].node);
+    CHECK(call.callee == Callee::ReduceProduct);
+    CHECK(call.out == out);
+    CHECK(call.reads == std::vector<BufferId>{x, y});
+    CHECK(call.args[0].buffer == out);
+    CHECK(call.args[1].ints == Shape{2, 3});  // outer
+    CHECK(call.args[2].value == 8);           // size
+    CHECK(call.args[3].buffer == x);
+    CHECK(call.args[4].ints == Shape{24, 8}); // x over the outer dims
+    CHECK(call.args[5].buffer == y);
+    CHECK(call.args[6].ints == Shape{8, 0});  // y broadcast over b
+    CHECK(call.args[7].value == 0.5);         // scale
+    eliminateDeadCode(b.fn);
+    CHECK(b.fn.body.size() == 1);
+  }
+  SECTION("not fused: the products read again, a max, a row that is not contiguous") {
+    Builder b;
+    BufferId x = b.buffer(48, Storage::Input), y = b.buffer(48, Storage::Input);
+    BufferId products = b.buffer(48), out = b.buffer(6), products2 = b.buffer(48),
+             out2 = b.buffer(6), products3 = b.buffer(48), out3 = b.buffer(6);
+    for (Stmt& stmt : productRowSum(out, products, x, y, 2, 3, 8, {24, 8, 1}, 1))
+      b.fn.body.push_back(std::move(stmt));
+    for (Stmt& stmt : productRowSum(out2, products2, x, y, 2, 3, 8, {24, 8, 1}, 1, "Reduce::Max"))
+      b.fn.body.push_back(std::move(stmt));
+    for (Stmt& stmt : productRowSum(out3, products3, x, y, 2, 3, 8, {0, 1, 3}, 1))
+      b.fn.body.push_back(std::move(stmt));
+    b.fn.outputs = {out, products, out2, out3}; // products: an output too
+    REQUIRE(verifyKernels(b.fn).empty());
+    std::vector<Stmt> before = b.fn.body;
+    fuseRowKernels(b.fn);
+    REQUIRE(b.fn.body.size() == before.size());
+    for (size_t k = 0; k < before.size(); ++k)
+      CHECK(b.fn.body[k].node == before[k].node);
+  }
+}
+
+namespace {
+
 /// sum = terms[0] + (terms[1] + terms[2]) (or terms[0] + terms[1]) over [a, b, size], each term
 /// read with its strides; `op` the outer operation (Add, or anything else for a loop that is not
 /// a sum).

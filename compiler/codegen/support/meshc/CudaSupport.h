@@ -734,6 +734,39 @@ inline void addLayerNormAffine(float* out, float* sum, const Shape& outer, int64
   layerNormAffine(out, sum, rows, size, gain, bias, eps, globalLaneCount);
 }
 
+/// meshc::gen's reduceProduct: the products a * b of each row into a scratch buffer (one
+/// elementwise launch, rows walked as addLayerNormAffine walks its terms), then reduce's sum over
+/// its dense rows, times `scale`.
+inline void reduceProduct(float* out, const Shape& outer, int64_t size, const float* a,
+                          const Shape& aOuter, const float* b, const Shape& bOuter,
+                          double scale) {
+  if (outer.size() > TermRows::kMaxDims)
+    throw std::logic_error("reduceProduct: more than 8 outer dims");
+  TermRows walk{};
+  for (size_t d = 0; d < outer.size(); ++d) {
+    walk.sizes[d] = outer[d];
+    walk.strides[0][d] = aOuter[d];
+    walk.strides[1][d] = bOuter[d];
+  }
+  int dims = int(outer.size());
+  int64_t rows = product(outer);
+  meshrt::cuda::Scratch products(size_t(rows * size) * sizeof(float));
+  float* terms = products.as<float>();
+  forEachIndex(size_t(rows * size), [=] __device__(int64_t i) {
+    int64_t rest = i / size, lane = i % size;
+    int64_t atA = lane, atB = lane;
+    for (int d = dims; d-- > 0;) {
+      int64_t index = rest % walk.sizes[d];
+      atA += index * walk.strides[0][d];
+      atB += index * walk.strides[1][d];
+      rest /= walk.sizes[d];
+    }
+    terms[i] = a[atA] * b[atB];
+  });
+  meshc::cuda::reduce(out, Shape{rows}, terms, Shape{size}, Shape{size}, Shape{1}, Reduce::Sum,
+                      scale);
+}
+
 /// where(mask != 0, in, fill) into a scratch buffer, then softmax over its dense rows into `out`
 /// (meshc::gen's maskedSoftmax; here one elementwise launch and the row kernel).
 inline void maskedSoftmax(float* out, const float* in, const float* mask, const Shape& outer,

@@ -28,18 +28,23 @@ inline bool denseRun(const Shape& sizes, const Shape& strides, int64_t unit) {
   return true;
 }
 
-/// The sum of term(x[i]) over a run of `count` floats, in double: eight independent
-/// accumulators, so that the compiler vectorizes the loop without reassociating one sum.
-template <class Term> inline double sumRun(const float* x, int64_t count, Term term) {
+/// The sum of termAt(i) for i in [0, count), in double: eight independent accumulators, so that
+/// the compiler vectorizes the loop without reassociating one sum.
+template <class TermAt> inline double sumRunOf(int64_t count, TermAt termAt) {
   double partial[8] = {0, 0, 0, 0, 0, 0, 0, 0};
   int64_t i = 0;
   for (; i + 8 <= count; i += 8)
     for (int j = 0; j < 8; ++j)
-      partial[j] += term(x[i + j]);
+      partial[j] += termAt(i + j);
   for (; i < count; ++i)
-    partial[i % 8] += term(x[i]);
+    partial[i % 8] += termAt(i);
   return ((partial[0] + partial[1]) + (partial[2] + partial[3])) +
          ((partial[4] + partial[5]) + (partial[6] + partial[7]));
+}
+
+/// The sum of term(x[i]) over a run of `count` floats, in sumRunOf's order.
+template <class Term> inline double sumRun(const float* x, int64_t count, Term term) {
+  return sumRunOf(count, [&](int64_t i) { return term(x[i]); });
 }
 
 inline double sumRun(const float* x, int64_t count) {
@@ -494,6 +499,27 @@ inline int64_t outerIndex(const Shape& outer, int64_t r, size_t dim) {
                   double(globalLaneCount);
     detail::layerNormAffineRow(out + r * size, x, size, mean, double(globalLaneCount), eps, gain,
                                bias);
+  }
+}
+
+/// out[r] = scale * the sum over row r of float(a[i] * b[i]), rows of `size` contiguous elements
+/// (row r of a and b at r's index over `outer` times `aOuter`, `bOuter`; out dense): a loop
+/// storing the products and reduce's dense-run sum of them, fused (fuse-row-kernels: softmax's
+/// and layer_norm's gradients sum dy * y along the row). Each product is rounded to f32, as the
+/// loop stored it, and summed in sumRun's order: the two statements' values to the bit, without
+/// the products' buffer (written once and read once, as large as the operands).
+[[gnu::noinline]] inline void reduceProduct(float* out, const Shape& outer, int64_t size,
+                                            const float* a, const Shape& aOuter, const float* b,
+                                            const Shape& bOuter, double scale) {
+  int64_t rows = product(outer);
+  [[maybe_unused]] bool parallel = rows > 1 && rows * size >= detail::kParallelPoints;
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static) if (parallel)
+#endif
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* __restrict x = a + detail::rowBase(outer, aOuter, r);
+    const float* __restrict y = b + detail::rowBase(outer, bOuter, r);
+    out[r] = float(detail::sumRunOf(size, [&](int64_t i) { return double(x[i] * y[i]); }) * scale);
   }
 }
 
