@@ -55,6 +55,9 @@ struct PipelineOptions {
   /// search for the plans of one stage, which are alike; no option sets it, and the plans do not
   /// depend on it.
   std::optional<plan::Layout> searchStart;
+  /// plan::PlannerOptions::skipIdleBounds: set with searchStart by the pipeline search, whose
+  /// inner plans' counts of layouts costed are not printed.
+  bool skipIdleBounds = false;
   // The interpreter (interpretModule):
   uint64_t seed = 0;
   int64_t steps = 0;                  // > 0: train blocks take this many steps

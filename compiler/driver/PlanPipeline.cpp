@@ -275,6 +275,8 @@ evaluate(const ir::Module& module, const ir::DimLayout& stage, const PipelineOpt
       PipelineOptions options = innerOptions(module, stage, given, fn, micro, count, layers);
       if (!withRecompute) options.recompute.clear();
       if (searchStart) options.searchStart = *searchStart;
+      // The same plans with the bounds that seldom cut left out (their counts are not printed).
+      options.skipIdleBounds = searchStart != nullptr;
       std::shared_ptr<const ir::Module> loaded;
       std::shared_ptr<const PlannedModule> planned;
       if (!planInner(options, unzeroed, diag, argv0, loaded, planned) || planned->plans.size() != 1)

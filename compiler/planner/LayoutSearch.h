@@ -28,6 +28,15 @@ struct SearchOptions {
   /// passes it, and the search lowers fewer layouts on its way to the best (each layout the
   /// descent takes is costed exactly). The heuristic search ignores it.
   std::optional<Layout> start;
+  /// The exact search stops bounding a level of its tree (the searched dims assigned down to one)
+  /// once fewer than half of that level's lower bounds, eight or more, have cut: a bound that
+  /// does not cut walks every op it knows, while a leaf that loses stops its walk early (at the
+  /// incumbent, with the rooflines of the ops left), and the stage splits' searches bound levels
+  /// that never or seldom cut (their blocks' early dims leave most ops unknown). The branch and
+  /// bound is exact with any subset of its bounds (each cuts only a subtree with no layout
+  /// preferred to the incumbent), so the layout found is the same; what changes is the work, and
+  /// the layouts costed (`candidatesEvaluated`): for callers that do not print them.
+  bool skipIdleBounds = false;
 };
 
 struct SearchResult {
@@ -37,6 +46,7 @@ struct SearchResult {
   bool exact = true;
   double gapBound = 0; // heuristic only: (found - lowerBound) / lowerBound
   size_t candidatesEvaluated = 0;
+  size_t boundsComputed = 0; // the exact search's lower bounds (not printed)
   std::vector<std::string> searchedDims;
 };
 

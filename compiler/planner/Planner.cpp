@@ -131,6 +131,7 @@ std::optional<PlannedFunction> planLayout(const ir::Module& module, const ir::Fu
   searchOptions.memoryBudgetBytes = options.memoryBudgetBytes;
   searchOptions.exactLimit = options.exactLimit;
   searchOptions.start = options.searchStart;
+  searchOptions.skipIdleBounds = options.skipIdleBounds;
   PlannedFunction plan = emptyPlan(pinned, options.memoryBudgetBytes > 0 ? options.memoryBudgetBytes
                                                                          : machine.memoryBytes);
   Layout layout = pinned;
@@ -326,6 +327,7 @@ zeroCandidatesOf(const ir::Module& module, const ir::Function* fn, const Machine
       options.memoryBudgetBytes > 0 ? options.memoryBudgetBytes : machine.memoryBytes;
   searchOptions.exactLimit = options.exactLimit;
   searchOptions.start = options.searchStart;
+  searchOptions.skipIdleBounds = options.skipIdleBounds;
   DiagEngine quiet(diag.sources(), llvm::nulls());
   PlanEvaluator evaluator(module, *fn, mesh, machine);
   auto lowered = [&](const SearchResult& search) -> std::optional<PlannedFunction> {

@@ -26,6 +26,9 @@ struct PlannerOptions {
   /// Where the layout searches' descent starts (SearchOptions::start): a similar function's
   /// layout, which the caller passes to make the search cheaper; the plan is the same.
   std::optional<Layout> searchStart;
+  /// SearchOptions::skipIdleBounds for the layout searches: the same plans, other counts of
+  /// layouts costed (for callers that do not print them).
+  bool skipIdleBounds = false;
 };
 
 /// Plans every selected function of `module` on `machine`. Errors (an impossible memory budget,

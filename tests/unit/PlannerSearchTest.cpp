@@ -258,7 +258,7 @@ TEST_CASE("the exact search finds the same layout from any start") {
   // searches pass the layout of the search before): the layout found, its seconds and memory
   // are the same from the replicated layout, from the answer itself, from random layouts and
   // from a start the space does not have (foreign axes, a dim not searched), with and without
-  // a budget that excludes some layouts.
+  // a budget that excludes some layouts, and with and without the bounds of idle levels.
   Machine gpu = machine("8xh100");
   int compared = 0;
   for (unsigned seed = 1; seed < 60; ++seed) {
@@ -292,20 +292,57 @@ TEST_CASE("the exact search finds the same layout from any start") {
       foreign.axes[dims.front()] = {"no_such_axis"};
       foreign.axes["not_a_dim"] = {mesh.axes.front().name};
       starts.push_back(foreign);
-      for (const Layout& start : starts) {
-        options.start = start;
-        std::optional<SearchResult> found =
-            searchLayout(*compiled.module, fn, mesh, gpu, Layout{}, dims, options, quiet);
-        REQUIRE(found);
-        CHECK(found->exact);
-        CHECK(found->layout == plain->layout);
-        CHECK(found->stepSeconds == plain->stepSeconds);
-        CHECK(found->memory.total() == plain->memory.total());
-      }
+      // With the bounds of idle levels left out too (SearchOptions::skipIdleBounds).
+      for (bool skip : {false, true})
+        for (const Layout& start : starts) {
+          options.start = start;
+          options.skipIdleBounds = skip;
+          std::optional<SearchResult> found =
+              searchLayout(*compiled.module, fn, mesh, gpu, Layout{}, dims, options, quiet);
+          REQUIRE(found);
+          CHECK(found->exact);
+          CHECK(found->layout == plain->layout);
+          CHECK(found->stepSeconds == plain->stepSeconds);
+          CHECK(found->memory.total() == plain->memory.total());
+        }
       ++compared;
     }
   }
   CHECK(compared >= 40);
+}
+
+TEST_CASE("the exact search finds the same layout with its idle levels unbounded") {
+  // SearchOptions::skipIdleBounds (the pipeline searches' inner plans) leaves out the bounds of
+  // levels that seldom cut: the layout, its seconds and memory are those of the search with
+  // every bound, on the generated programs (above, from every start) and on a trained
+  // transformer layer, every dim searched, on [data=4, model=8] (a stage of the GPT-3-shaped
+  // joint search's splits), where it bounds fewer nodes.
+  SemaOptions sema = largeTransformer({{"data", 4}, {"model", 8}}, "auto");
+  sema.dimSizes["layers"] = 1;
+  sema.dimSizes["batch"] = 16;
+  Compiled compiled(kTransformer, sema);
+  INFO(compiled.errors);
+  REQUIRE(compiled.module);
+  for (ir::Function& fn : compiled.module->functions)
+    REQUIRE(train::lowerTraining(fn, compiled.diag));
+  const ir::Function& fn = compiled.fn("lm_train");
+  Mesh mesh = meshOf(*compiled.module);
+  std::vector<std::string> dims = allDims(*compiled.module);
+  Machine cluster = machine("h100-cluster");
+  SearchOptions options;
+  std::optional<SearchResult> plain =
+      searchLayout(*compiled.module, fn, mesh, cluster, Layout{}, dims, options, compiled.diag);
+  options.skipIdleBounds = true;
+  std::optional<SearchResult> skipping =
+      searchLayout(*compiled.module, fn, mesh, cluster, Layout{}, dims, options, compiled.diag);
+  REQUIRE(plain);
+  REQUIRE(skipping);
+  CHECK(plain->exact);
+  CHECK(skipping->exact);
+  CHECK(skipping->layout == plain->layout);
+  CHECK(skipping->stepSeconds == plain->stepSeconds);
+  CHECK(skipping->memory.total() == plain->memory.total());
+  CHECK(skipping->boundsComputed < plain->boundsComputed);
 }
 
 TEST_CASE("the search is exact on the examples with layout auto on [data=2, model=4]") {
