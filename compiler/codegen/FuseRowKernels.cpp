@@ -148,9 +148,8 @@ std::optional<Call> reduceProduct(const KernelFunction& fn, const Loop& loop, co
   bOuter.pop_back();
   return Call{.callee = Callee::ReduceProduct,
               .args = {reduce.args[0], Arg{.kind = Arg::Kind::Ints, .ints = outer}, integer(size),
-                       data(a.buffer), Arg{.kind = Arg::Kind::Ints, .ints = aOuter},
-                       data(b.buffer), Arg{.kind = Arg::Kind::Ints, .ints = bOuter},
-                       reduce.args[7]},
+                       data(a.buffer), Arg{.kind = Arg::Kind::Ints, .ints = aOuter}, data(b.buffer),
+                       Arg{.kind = Arg::Kind::Ints, .ints = bOuter}, reduce.args[7]},
               .out = reduce.out,
               .reads = {a.buffer, b.buffer}};
 }

@@ -291,7 +291,8 @@ TEST_CASE("fused row kernels compute what the row kernel and the loop next to it
     Buffer x = randomBuffer(size_t(rows * size), 51), y = randomBuffer(size_t(2 * size), 52);
     for (int64_t i = 0; i < size; ++i)
       x[size_t(size + i)] += 3000.0f;
-    Buffer products(x.size()), expected(static_cast<size_t>(rows)), fused(static_cast<size_t>(rows), 7.0f);
+    Buffer products(x.size()), expected(static_cast<size_t>(rows)),
+        fused(static_cast<size_t>(rows), 7.0f);
     for (int64_t r = 0; r < rows; ++r)
       for (int64_t i = 0; i < size; ++i)
         products[size_t(r * size + i)] = x[size_t(r * size + i)] * y[size_t((r / 3) * size + i)];

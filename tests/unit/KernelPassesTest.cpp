@@ -584,13 +584,13 @@ TEST_CASE("fuse-row-kernels: a product summed along the row") {
     CHECK(call.out == out);
     CHECK(call.reads == std::vector<BufferId>{x, y});
     CHECK(call.args[0].buffer == out);
-    CHECK(call.args[1].ints == Shape{2, 3});  // outer
-    CHECK(call.args[2].value == 8);           // size
+    CHECK(call.args[1].ints == Shape{2, 3}); // outer
+    CHECK(call.args[2].value == 8);          // size
     CHECK(call.args[3].buffer == x);
     CHECK(call.args[4].ints == Shape{24, 8}); // x over the outer dims
     CHECK(call.args[5].buffer == y);
-    CHECK(call.args[6].ints == Shape{8, 0});  // y broadcast over b
-    CHECK(call.args[7].value == 0.5);         // scale
+    CHECK(call.args[6].ints == Shape{8, 0}); // y broadcast over b
+    CHECK(call.args[7].value == 0.5);        // scale
     eliminateDeadCode(b.fn);
     CHECK(b.fn.body.size() == 1);
   }

@@ -738,8 +738,7 @@ inline void addLayerNormAffine(float* out, float* sum, const Shape& outer, int64
 /// elementwise launch, rows walked as addLayerNormAffine walks its terms), then reduce's sum over
 /// its dense rows, times `scale`.
 inline void reduceProduct(float* out, const Shape& outer, int64_t size, const float* a,
-                          const Shape& aOuter, const float* b, const Shape& bOuter,
-                          double scale) {
+                          const Shape& aOuter, const float* b, const Shape& bOuter, double scale) {
   if (outer.size() > TermRows::kMaxDims)
     throw std::logic_error("reduceProduct: more than 8 outer dims");
   TermRows walk{};

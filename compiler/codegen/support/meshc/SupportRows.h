@@ -505,9 +505,9 @@ inline int64_t outerIndex(const Shape& outer, int64_t r, size_t dim) {
 /// out[r] = scale * the sum over row r of float(a[i] * b[i]), rows of `size` contiguous elements
 /// (row r of a and b at r's index over `outer` times `aOuter`, `bOuter`; out dense): a loop
 /// storing the products and reduce's dense-run sum of them, fused (fuse-row-kernels: softmax's
-/// and layer_norm's gradients sum dy * y along the row). Each product is rounded to f32, as the
-/// loop stored it, and summed in sumRun's order: the two statements' values to the bit, without
-/// the products' buffer (written once and read once, as large as the operands).
+/// gradient sums dy * y along the row, the loss logp * one_hot). Each product is rounded to f32,
+/// as the loop stored it, and summed in sumRun's order: the two statements' values to the bit,
+/// without the products' buffer (written once and read once, as large as the operands).
 [[gnu::noinline]] inline void reduceProduct(float* out, const Shape& outer, int64_t size,
                                             const float* a, const Shape& aOuter, const float* b,
                                             const Shape& bOuter, double scale) {
