@@ -691,13 +691,43 @@ inline void layerNormAffine(float* out, const float* in, int64_t rows, int64_t s
   });
 }
 
-/// addLayerNormAffine's walk of its terms' rows, as its device lambda captures it: a struct at
-/// namespace scope (a type local to a function cannot be captured; with four local std::arrays
-/// captured instead, nvcc 13.0's host pass rejected maskedSoftmax's std::array after it).
+/// The walk of up to three terms' rows that addLayerNormAffine's and reduceProduct's device
+/// lambdas capture: a struct at namespace scope (a type local to a function cannot be captured;
+/// with four local std::arrays captured instead, nvcc 13.0's host pass rejected maskedSoftmax's
+/// std::array after it).
 struct TermRows {
   static constexpr size_t kMaxDims = 8;
   int64_t sizes[kMaxDims];
   int64_t strides[3][kMaxDims];
+  int dims = 0;
+
+  /// Rows of `outer` (at most kMaxDims dims), term k's row r at r's index over them times
+  /// termOuter[k] (terms past termOuter's size, or with a null entry, stay at stride 0).
+  static TermRows of(const Shape& outer, std::initializer_list<const Shape*> termOuter,
+                     const char* kernel) {
+    if (outer.size() > kMaxDims)
+      throw std::logic_error(std::string(kernel) + ": more than 8 outer dims");
+    TermRows walk{};
+    walk.dims = int(outer.size());
+    for (size_t d = 0; d < outer.size(); ++d) {
+      walk.sizes[d] = outer[d];
+      size_t k = 0;
+      for (const Shape* strides : termOuter)
+        walk.strides[k++][d] = strides ? (*strides)[d] : 0;
+    }
+    return walk;
+  }
+  /// Element i of the dense [rows, size] box: each term's offset into `at`.
+  MESHRT_HD void offsets(int64_t i, int64_t size, int64_t (&at)[3]) const {
+    int64_t rest = i / size, lane = i % size;
+    at[0] = at[1] = at[2] = lane;
+    for (int d = dims; d-- > 0;) {
+      int64_t index = rest % sizes[d];
+      for (int k = 0; k < 3; ++k)
+        at[k] += index * strides[k][d];
+      rest /= sizes[d];
+    }
+  }
 };
 
 /// sum = t0 + t1 (+ t2, added to t1 first) over dense rows, each term's row at its index over
@@ -708,59 +738,30 @@ inline void addLayerNormAffine(float* out, float* sum, const Shape& outer, int64
                                int64_t globalLaneCount, const float* t0, const Shape& t0Outer,
                                const float* t1, const Shape& t1Outer, const float* t2,
                                const Shape& t2Outer) {
-  if (outer.size() > TermRows::kMaxDims)
-    throw std::logic_error("addLayerNormAffine: more than 8 outer dims");
-  TermRows walk{};
-  for (size_t d = 0; d < outer.size(); ++d) {
-    walk.sizes[d] = outer[d];
-    walk.strides[0][d] = t0Outer[d];
-    walk.strides[1][d] = t1Outer[d];
-    walk.strides[2][d] = t2 ? t2Outer[d] : 0;
-  }
-  int dims = int(outer.size());
+  TermRows walk =
+      TermRows::of(outer, {&t0Outer, &t1Outer, t2 ? &t2Outer : nullptr}, "addLayerNormAffine");
   int64_t rows = product(outer);
   forEachIndex(size_t(rows * size), [=] __device__(int64_t i) {
-    int64_t rest = i / size, lane = i % size;
-    int64_t at0 = lane, at1 = lane, at2 = lane;
-    for (int d = dims; d-- > 0;) {
-      int64_t index = rest % walk.sizes[d];
-      at0 += index * walk.strides[0][d];
-      at1 += index * walk.strides[1][d];
-      at2 += index * walk.strides[2][d];
-      rest /= walk.sizes[d];
-    }
-    sum[i] = t2 ? t0[at0] + (t1[at1] + t2[at2]) : t0[at0] + t1[at1];
+    int64_t at[3];
+    walk.offsets(i, size, at);
+    sum[i] = t2 ? t0[at[0]] + (t1[at[1]] + t2[at[2]]) : t0[at[0]] + t1[at[1]];
   });
   layerNormAffine(out, sum, rows, size, gain, bias, eps, globalLaneCount);
 }
 
 /// meshc::gen's reduceProduct: the products a * b of each row into a scratch buffer (one
-/// elementwise launch, rows walked as addLayerNormAffine walks its terms), then reduce's sum over
+/// elementwise launch, rows walked by TermRows as addLayerNormAffine's), then reduce's sum over
 /// its dense rows, times `scale`.
 inline void reduceProduct(float* out, const Shape& outer, int64_t size, const float* a,
                           const Shape& aOuter, const float* b, const Shape& bOuter, double scale) {
-  if (outer.size() > TermRows::kMaxDims)
-    throw std::logic_error("reduceProduct: more than 8 outer dims");
-  TermRows walk{};
-  for (size_t d = 0; d < outer.size(); ++d) {
-    walk.sizes[d] = outer[d];
-    walk.strides[0][d] = aOuter[d];
-    walk.strides[1][d] = bOuter[d];
-  }
-  int dims = int(outer.size());
+  TermRows walk = TermRows::of(outer, {&aOuter, &bOuter}, "reduceProduct");
   int64_t rows = product(outer);
   meshrt::cuda::Scratch products(size_t(rows * size) * sizeof(float));
   float* terms = products.as<float>();
   forEachIndex(size_t(rows * size), [=] __device__(int64_t i) {
-    int64_t rest = i / size, lane = i % size;
-    int64_t atA = lane, atB = lane;
-    for (int d = dims; d-- > 0;) {
-      int64_t index = rest % walk.sizes[d];
-      atA += index * walk.strides[0][d];
-      atB += index * walk.strides[1][d];
-      rest /= walk.sizes[d];
-    }
-    terms[i] = a[atA] * b[atB];
+    int64_t at[3];
+    walk.offsets(i, size, at);
+    terms[i] = a[at[0]] * b[at[1]];
   });
   meshc::cuda::reduce(out, Shape{rows}, terms, Shape{size}, Shape{size}, Shape{1}, Reduce::Sum,
                       scale);

@@ -210,7 +210,8 @@ MESHRT_HD_INLINE float gelu(float x) {
   float bounded = detail::select(x < -20.0f, -20.0f, x);
   float t = bounded * (kTwoSqrt2OverPi + kCubic * (bounded * bounded));
   // e^{-|2u|} for |2u| > 125 is below 2^-180: 1 + it is 1, and x times it underflows to -0 for
-  // every x that gets there, as at 125. The clamp keeps 2^(n + 64) below normal: one pow2.
+  // every x that gets there, as at 125. The clamp keeps 2^(n + 64) normal (n + 64 >= -116): one
+  // pow2.
   float magnitude = detail::absolute(t);
   magnitude = detail::select(!(magnitude <= 125.0f), 125.0f, magnitude);
   // e^{-|2u|} kept scaled by 2^64 so that it stays normal where x e^{2u} (x up to ~ -10) is
