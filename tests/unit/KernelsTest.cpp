@@ -520,6 +520,46 @@ TEST_CASE("einsum: oneDNN, OpenBLAS or the measured choice between them, the sam
   setGemmLibrary(initial);
 }
 
+TEST_CASE("einsum: an OpenBLAS GEMM split over the BLAS threads", "[kernels]") {
+  // OpenBLAS itself runs one thread (its idle pool yield-spins, Einsum.cpp); with two BLAS
+  // threads a GEMM of 4 MFLOP and up is split over an OpenMP team: rows (m >= n), columns
+  // (m < n), either transposed, a row count that splits unevenly, or whole batch entries. Not
+  // the same bits as one call: OpenBLAS's kernels sum a block of 16 rows or columns in another
+  // order than a block of 8 (one cblas_sgemm of 160 rows and two of 80 differ in 1,918 of
+  // 20,480 values), so both are held to the einsum's tolerance.
+  const GemmLibrary initial = gemmLibrary();
+  const int initialThreads = blasThreads();
+  setGemmLibrary(GemmLibrary::OpenBlas);
+  struct Case {
+    std::string name;
+    EinsumSpec spec;
+  };
+  std::vector<Case> cases = {
+      {"rows", spec({4, 40, 128, 128}, {{0, 1, 2}, {2, 3}}, {0, 1, 3})},
+      {"columns", spec({40, 128, 512}, {{0, 1}, {1, 2}}, {0, 2})},
+      {"rows, a transposed", spec({4, 40, 128, 128}, {{2, 0, 1}, {2, 3}}, {0, 1, 3})},
+      {"columns, b transposed", spec({40, 128, 512}, {{0, 1}, {2, 1}}, {0, 2})},
+      {"dW", spec({4, 32, 128, 160}, {{0, 1, 2}, {0, 1, 3}}, {2, 3})},
+      {"batches", spec({4, 64, 2, 64, 64}, {{0, 1, 2, 3}, {0, 4, 2, 3}}, {0, 2, 1, 4})},
+      {"uneven rows", spec({333, 128, 70}, {{0, 1}, {1, 2}}, {0, 2})},
+  };
+  for (const Case& c : cases) {
+    INFO(c.name);
+    auto data = randomOperands(c.spec, 41);
+    setBlasThreads(2);
+    CHECK(blasThreads() == 2);
+    // K = 128 terms: the blocked f32 sum's bound of the test above, 16 u K.
+    checkEinsum(c.spec, data, nullptr, 16 * 128 * 0x1p-24);
+    const EinsumPlan plan(c.spec);
+    REQUIRE(plan.usesGemm());
+    std::vector<float> out(size_t(countOf(c.spec, c.spec.out.dims)));
+    plan.run(data[0].data(), data[1].data(), out.data());
+    CHECK(plan.gemmImplementation() == "cblas_sgemm loop");
+  }
+  setBlasThreads(initialThreads);
+  setGemmLibrary(initial);
+}
+
 TEST_CASE("einsum: one plan runs concurrently with alpha and beta, matmul batches included",
           "[kernels]") {
   // Rank threads share a static plan; each accumulates into its own output with its own alpha.

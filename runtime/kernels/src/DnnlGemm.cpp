@@ -7,7 +7,6 @@
 
 #include "meshrt/kernels/Index.h"
 
-#include <cblas.h>
 #include <omp.h>
 
 #include <algorithm>
@@ -59,7 +58,7 @@ uint64_t nextSerial() {
 } // namespace
 
 int useBlasThreadCount() {
-  int threads = std::max(1, openblas_get_num_threads());
+  int threads = blasThreads();
   if (omp_get_max_threads() != threads) omp_set_num_threads(threads);
   return threads;
 }

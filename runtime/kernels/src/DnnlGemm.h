@@ -14,8 +14,8 @@
 
 namespace meshrt::kernels::detail {
 
-/// Sets the calling thread's OpenMP thread count (oneDNN's threading runtime) to OpenBLAS's
-/// current count, so that oneDNN obeys setBlasThreads / openblas_set_num_threads; returns it.
+/// Sets the calling thread's OpenMP thread count (oneDNN's threading runtime) to the BLAS thread
+/// count (setBlasThreads), so that oneDNN obeys it; returns it.
 /// Per thread: rank threads that each set one thread do not oversubscribe the cores.
 int useBlasThreadCount();
 

@@ -12,6 +12,7 @@
 #include <cblas.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstdlib>
 #include <ctime>
@@ -30,6 +31,11 @@ namespace {
 constexpr int64_t kMeasureFlops = int64_t(1) << 22;
 /// OpenBLAS (or the plain GEMM then a pass) must take less than this share of the other's time.
 constexpr double kMargin = 0.95;
+/// An OpenBLAS GEMM is split over the BLAS threads from this size on (about 40 us on one core
+/// here; an OpenMP region's start and join with sleeping waits costs 10-30 us), in blocks of
+/// rows or columns that are multiples of this (OpenBLAS's f32 kernels' tile).
+constexpr int64_t kSplitFlops = int64_t(1) << 22;
+constexpr int64_t kSplitAlign = 16;
 
 GemmLibrary libraryFromEnvironment() {
   const char* text = std::getenv("MESHRT_GEMM_LIBRARY");
@@ -212,13 +218,55 @@ void LibraryGemm::runOpenBlas(const float* a, const float* b, float* c, float al
   int64_t m = c_.rows, n = c_.cols, k = a_.cols;
   auto transA = a_.transpose ? CblasTrans : CblasNoTrans;
   auto transB = b_.transpose ? CblasTrans : CblasNoTrans;
+  // One call per batch index; with more than one BLAS thread (OpenBLAS itself runs one, see
+  // Einsum.cpp) and work enough, each call's rows (or columns, where they are more) split into
+  // blocks of kSplitAlign, and the calls spread over an OpenMP team, as OpenBLAS's own threads
+  // split a GEMM.
+  thread_local std::vector<std::array<int64_t, 3>> callerOffsets;
+  // The caller's list, by reference: the team's threads would name their own thread_local.
+  std::vector<std::array<int64_t, 3>>& offsets = callerOffsets;
+  offsets.clear();
   forEachIndex<3>(Dims(batchSizes_),
                   {Dims(a_.batchStrides), Dims(b_.batchStrides), Dims(c_.batchStrides)},
                   [&](int64_t offsetA, int64_t offsetB, int64_t offsetC) {
-                    cblas_sgemm(CblasRowMajor, transA, transB, blasint(m), blasint(n), blasint(k),
-                                alpha, a + offsetA, blasint(a_.ld), b + offsetB, blasint(b_.ld),
-                                beta, c + offsetC, blasint(c_.ld));
+                    offsets.push_back({offsetA, offsetB, offsetC});
                   });
+  int threads = flops_ >= kSplitFlops ? blasThreads() : 1;
+  int64_t batches = int64_t(offsets.size());
+  bool byRows = m >= n;
+  int64_t extent = byRows ? m : n;
+  int64_t wanted = std::min((threads + batches - 1) / batches,
+                            (extent + kSplitAlign - 1) / kSplitAlign);
+  int64_t block = std::max<int64_t>(wanted, 1);
+  block = ((extent + block - 1) / block + kSplitAlign - 1) / kSplitAlign * kSplitAlign;
+  int64_t blocks = (extent + block - 1) / block, tasks = batches * blocks;
+  auto runTask = [&](int64_t task) {
+    const std::array<int64_t, 3>& offset = offsets[size_t(task / blocks)];
+    int64_t first = task % blocks * block, size = std::min(block, extent - first);
+    const float* blockA = a + offset[0];
+    const float* blockB = b + offset[1];
+    float* blockC = c + offset[2];
+    // A block of op(a)'s rows starts `first` rows down (a column over, transposed); of op(b)'s
+    // columns, `first` columns over (a row down, transposed).
+    if (byRows) {
+      blockA += a_.transpose ? first : first * a_.ld;
+      blockC += first * c_.ld;
+    } else {
+      blockB += b_.transpose ? first * b_.ld : first;
+      blockC += first;
+    }
+    cblas_sgemm(CblasRowMajor, transA, transB, blasint(byRows ? size : m),
+                blasint(byRows ? n : size), blasint(k), alpha, blockA, blasint(a_.ld), blockB,
+                blasint(b_.ld), beta, blockC, blasint(c_.ld));
+  };
+  if (threads == 1 || tasks == 1) {
+    for (int64_t task = 0; task < tasks; ++task)
+      runTask(task);
+    return;
+  }
+#pragma omp parallel for num_threads(threads) schedule(static)
+  for (int64_t task = 0; task < tasks; ++task)
+    runTask(task);
 }
 
 } // namespace detail

@@ -310,11 +310,9 @@ inline void usePassiveOpenMPWaits(char** argv) {
 }
 
 /// Ranks that are threads of one process each call BLAS: one BLAS thread per rank avoids
-/// oversubscribing the cores (OpenBLAS otherwise starts its own pool in every call).
+/// oversubscribing the cores (meshrt's GEMMs otherwise split over the BLAS thread count).
 inline void useSingleThreadedBlas() {
-#ifdef OPENBLAS_VERSION
-  openblas_set_num_threads(1);
-#endif
+  meshrt::kernels::setBlasThreads(1);
 }
 
 //===------------------------------------------------------------------------------------------===//

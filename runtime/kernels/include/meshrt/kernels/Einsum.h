@@ -49,7 +49,7 @@ public:
   explicit EinsumPlan(EinsumSpec spec);
 
   /// out = alpha * einsum(operands) + beta * out (beta = 0: out is not read). The GEMM path
-  /// threads with OpenBLAS's thread count (setBlasThreads), per calling thread.
+  /// threads with the BLAS thread count (setBlasThreads).
   void run(const float* const* operands, float* out, float alpha = 1.0f, float beta = 0.0f) const;
   void run(const float* a, const float* b, float* out, float alpha = 1.0f, float beta = 0.0f) const;
   /// out = f(einsum(a, b) + bias), `bias` one value per index of the output's last dim (the
@@ -138,8 +138,10 @@ enum class GemmLibrary { Measured, OneDnn, OpenBlas };
 void setGemmLibrary(GemmLibrary library);
 GemmLibrary gemmLibrary();
 
-/// The BLAS thread count for this process (set 1 when ranks are threads sharing the cores):
-/// OpenBLAS's, which the einsum's oneDNN GEMMs follow too (see EinsumPlan::run).
+/// The BLAS thread count for this process (set 1 when ranks are threads sharing the cores),
+/// initially OpenBLAS's (OPENBLAS_NUM_THREADS, ...): the einsums' GEMMs run on that many OpenMP
+/// threads, oneDNN's by its own threading and OpenBLAS's split over a team (OpenBLAS's own pool
+/// is held to one thread, see Einsum.cpp).
 void setBlasThreads(int threads);
 int blasThreads();
 
