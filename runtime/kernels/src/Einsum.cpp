@@ -12,7 +12,6 @@
 #include <cblas.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cstring>
 #include <stdexcept>
 #include <string>
@@ -878,31 +877,5 @@ void einsum(std::initializer_list<const float*> operands, float* out, const Eins
   EinsumPlan(spec).run(pointers.data(), out, alpha, beta);
 }
 
-namespace {
-/// The thread count meshrt's GEMMs run with: OpenBLAS's own count when meshrt first needs it
-/// (OPENBLAS_NUM_THREADS, else OMP_NUM_THREADS, else the cores), after which OpenBLAS itself is
-/// held to one thread. Its pool's idle workers wait by calling sched_yield for about 2^28 cycles
-/// after each call (OpenBLAS's THREAD_TIMEOUT), longer than a whole training step, so at two
-/// threads on two cores the worker took time slices from the OpenMP team of every loop and row
-/// kernel after each GEMM: a quarter of the samples in the kernel's scheduler and steps of
-/// 49-62 ms that ran 49-51 ms with the workers made to sleep at once (bench/README.md, "session
-/// 27"). A GEMM OpenBLAS runs on more threads is split over an OpenMP team instead
-/// (LibraryGemm::runOpenBlas), whose waits follow OMP_WAIT_POLICY as every other region's do.
-std::atomic<int>& blasThreadCount() {
-  static std::atomic<int> count{[] {
-    int threads = std::max(1, openblas_get_num_threads());
-    openblas_set_num_threads(1);
-    return threads;
-  }()};
-  return count;
-}
-} // namespace
-
-void setBlasThreads(int threads) {
-  blasThreadCount().store(std::max(1, threads));
-}
-int blasThreads() {
-  return blasThreadCount().load();
-}
 
 } // namespace meshrt::kernels
