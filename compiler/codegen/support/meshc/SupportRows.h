@@ -100,6 +100,22 @@ inline float maxRun(const float* x, int64_t count) {
     lanes = v > lanes ? v : lanes;
   }
   std::memcpy(partial, &lanes, sizeof partial);
+#elif defined(__AVX2__) && !defined(__CUDACC__)
+  // The same with two 8-lane vectors (lanes j and j + 8), AVX2's own width: 0.27 ns an element
+  // scalar, a seventh of a causal attention row's softmax on an AVX2 core.
+  using Float8 = float __attribute__((vector_size(32)));
+  Float8 low, high;
+  std::memcpy(&low, partial, sizeof low);
+  std::memcpy(&high, partial + 8, sizeof high);
+  for (; i + 16 <= count; i += 16) {
+    Float8 v, w;
+    std::memcpy(&v, x + i, sizeof v);
+    std::memcpy(&w, x + i + 8, sizeof w);
+    low = v > low ? v : low;
+    high = w > high ? w : high;
+  }
+  std::memcpy(partial, &low, sizeof low);
+  std::memcpy(partial + 8, &high, sizeof high);
 #endif
   for (; i + 16 <= count; i += 16)
     for (int j = 0; j < 16; ++j)
