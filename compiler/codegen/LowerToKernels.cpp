@@ -495,11 +495,13 @@ llvm::Error Lowerer::lowerAlong(size_t index) {
   if (op.computeKind == OpKind::LayerNormGrad) {
     // One row kernel over x and ct (the planner gives both the result's layout).
     SpmdValueId ct = op.operands[1];
-    if (!(local(ct) == in)) return unsupported(op, "layer_norm_grad's x and ct in different shapes");
+    if (!(local(ct) == in))
+      return unsupported(op, "layer_norm_grad's x and ct in different shapes");
     call(Callee::LayerNormGrad,
-         {data(op.result), data(operand), data(ct), ints(sizesOf(outer)), ints(stridesOver(in, outer)),
-          ints(stridesOver(in, outer)), ints(stridesOver(result, outer)), ints(sizesOf(lane)),
-          ints(stridesOver(in, lane)), ints(stridesOver(in, lane)), ints(stridesOver(result, lane)),
+         {data(op.result), data(operand), data(ct), ints(sizesOf(outer)),
+          ints(stridesOver(in, outer)), ints(stridesOver(in, outer)),
+          ints(stridesOver(result, outer)), ints(sizesOf(lane)), ints(stridesOver(in, lane)),
+          ints(stridesOver(in, lane)), ints(stridesOver(result, lane)),
           real(numberAttr(op, "eps", 1e-5)), integer(globalCount), groupPointer(axes)},
          written, {operand, ct});
     rounding(op.result);

@@ -927,7 +927,8 @@ llvm::Error Interpreter::alongDims(const Op& op, Tensor& out) {
                                                    : x[inLane[i]] - max - std::log(sum);
       break;
     }
-    case OpKind::LayerNorm: {
+    case OpKind::LayerNorm:
+    case OpKind::LayerNormGrad: {
       double mean = 0, variance = 0;
       for (int64_t i = 0; i < size; ++i)
         mean += x[inLane[i]];
@@ -936,29 +937,23 @@ llvm::Error Interpreter::alongDims(const Op& op, Tensor& out) {
         variance += (x[inLane[i]] - mean) * (x[inLane[i]] - mean);
       variance /= double(size);
       double scale = 1 / std::sqrt(variance + eps);
-      for (int64_t i = 0; i < size; ++i)
-        y[outLane[i]] = (x[inLane[i]] - mean) * scale;
-      break;
-    }
-    case OpKind::LayerNormGrad: {
-      // y = (x - mean) r, r = (var + eps)^-1/2:  dx = r (ct - mean(ct) - y mean(ct y)).
+      if (op.kind == OpKind::LayerNorm) {
+        for (int64_t i = 0; i < size; ++i)
+          y[outLane[i]] = (x[inLane[i]] - mean) * scale;
+        break;
+      }
+      // The gradient, with layer_norm's y = (x - mean) r and r = scale:
+      // dx = r (ct - mean(ct) - y mean(ct y)).
       const double* g = ct->data.data() + at[1];
-      double mean = 0, variance = 0;
-      for (int64_t i = 0; i < size; ++i)
-        mean += x[inLane[i]];
-      mean /= double(size);
-      for (int64_t i = 0; i < size; ++i)
-        variance += (x[inLane[i]] - mean) * (x[inLane[i]] - mean);
-      variance /= double(size);
-      double r = 1 / std::sqrt(variance + eps), meanCt = 0, meanCtY = 0;
+      double meanCt = 0, meanCtY = 0;
       for (int64_t i = 0; i < size; ++i) {
         meanCt += g[inLane[i]];
-        meanCtY += g[inLane[i]] * (x[inLane[i]] - mean) * r;
+        meanCtY += g[inLane[i]] * (x[inLane[i]] - mean) * scale;
       }
       meanCt /= double(size);
       meanCtY /= double(size);
       for (int64_t i = 0; i < size; ++i)
-        y[outLane[i]] = r * (g[inLane[i]] - meanCt - (x[inLane[i]] - mean) * r * meanCtY);
+        y[outLane[i]] = scale * (g[inLane[i]] - meanCt - (x[inLane[i]] - mean) * scale * meanCtY);
       break;
     }
     case OpKind::Cumsum: {

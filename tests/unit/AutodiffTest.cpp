@@ -241,8 +241,7 @@ train t(k: f32[a]) {
       CHECK(dw[i * 4 + j] == Approx(inputs.at("k").data[i] + 1.0));
 }
 
-TEST_CASE("layer_norm's gradient is one layer_norm_grad op of x and the cotangent",
-          "[autodiff]") {
+TEST_CASE("layer_norm's gradient is one layer_norm_grad op of x and the cotangent", "[autodiff]") {
   std::string source = std::string(kDims) + R"(
 train t(k: f32[a, b]) {
   param w: f32[a, b] = normal(stddev = 1)

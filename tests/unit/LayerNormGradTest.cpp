@@ -70,7 +70,8 @@ double worstRatio(const std::vector<float>& got, const std::vector<double>& expe
   double atol = kRtol * (scale >= 0 ? scale : rms(expected));
   double worst = 0;
   for (size_t i = 0; i < got.size(); ++i)
-    worst = std::max(worst, std::fabs(got[i] - expected[i]) / (atol + kRtol * std::fabs(expected[i])));
+    worst =
+        std::max(worst, std::fabs(got[i] - expected[i]) / (atol + kRtol * std::fabs(expected[i])));
   return worst;
 }
 

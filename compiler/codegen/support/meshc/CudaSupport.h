@@ -784,9 +784,11 @@ inline void layerNormGrad(float* dx, const float* x, const float* ct, const Shap
       moments(4 * rowCount * sizeof(double));
   const int64_t* xBase = meshrt::cuda::upload(tables, gen::offsetsOf(outer, xOuter), 0);
   const int64_t* ctBase = meshrt::cuda::upload(tables, gen::offsetsOf(outer, ctOuter), rowCount);
-  const int64_t* dxBase = meshrt::cuda::upload(tables, gen::offsetsOf(outer, dxOuter), 2 * rowCount);
+  const int64_t* dxBase =
+      meshrt::cuda::upload(tables, gen::offsetsOf(outer, dxOuter), 2 * rowCount);
   const int64_t* xAt = meshrt::cuda::upload(tables, gen::offsetsOf(lane, xLane), 3 * rowCount);
-  const int64_t* ctAt = meshrt::cuda::upload(tables, gen::offsetsOf(lane, ctLane), 3 * rowCount + laneCount);
+  const int64_t* ctAt =
+      meshrt::cuda::upload(tables, gen::offsetsOf(lane, ctLane), 3 * rowCount + laneCount);
   const int64_t* dxAt =
       meshrt::cuda::upload(tables, gen::offsetsOf(lane, dxLane), 3 * rowCount + 2 * laneCount);
   double* sums = moments.as<double>();

@@ -26,7 +26,7 @@ inline void sumsOfCotangent(const float* x, const float* ct, int64_t size, float
       add(i + j, j);
   for (; i < size; ++i)
     add(i, int(i % 8));
-  auto total = [](const double (&p)[8]) {
+  auto total = [](const double(&p)[8]) {
     return ((p[0] + p[1]) + (p[2] + p[3])) + ((p[4] + p[5]) + (p[6] + p[7]));
   };
   sumCt = total(partialCt);
@@ -40,8 +40,8 @@ inline void sumsOfCotangent(const float* x, const float* ct, int64_t size, float
 /// r as layerNormRow computes them (mean in double kept as two floats, the variance in f32
 /// lanes), then one pass for the sums of ct and ct y (in double) and one writing dx, all in f32:
 /// x and ct are read from memory once, the later passes find the row in L1.
-inline void layerNormGradRow(float* dx, const float* x, const float* ct, int64_t size,
-                             double count, double eps) {
+inline void layerNormGradRow(float* dx, const float* x, const float* ct, int64_t size, double count,
+                             double eps) {
   double mean = detail::sumRun(x, size) / count;
   float meanHigh = float(mean), meanLow = float(mean - double(meanHigh));
   float scale = detail::inverseDeviation(x, size, meanHigh, meanLow, count, eps);
@@ -62,11 +62,12 @@ inline void layerNormGradRow(float* dx, const float* x, const float* ct, int64_t
 /// the other blocks of every lane) sums x, x^2, ct and ct x per row in double and all-reduces
 /// the four sums at once (one collective, as the forward's two moments):
 /// sum(ct y) = r (sum(ct x) - mean sum(ct)), and the variance from the moments (clamped at 0).
-[[gnu::noinline]] inline void
-layerNormGrad(float* dx, const float* x, const float* ct, const Shape& outer, const Shape& xOuter,
-              const Shape& ctOuter, const Shape& dxOuter, const Shape& lane, const Shape& xLane,
-              const Shape& ctLane, const Shape& dxLane, double eps, int64_t globalLaneCount,
-              meshrt::Communicator* group) {
+[[gnu::noinline]] inline void layerNormGrad(float* dx, const float* x, const float* ct,
+                                            const Shape& outer, const Shape& xOuter,
+                                            const Shape& ctOuter, const Shape& dxOuter,
+                                            const Shape& lane, const Shape& xLane,
+                                            const Shape& ctLane, const Shape& dxLane, double eps,
+                                            int64_t globalLaneCount, meshrt::Communicator* group) {
   if (group && group->size() <= 1) group = nullptr; // a group of one splits nothing
   double count = double(globalLaneCount);
   int64_t rows = product(outer), size = product(lane);
@@ -87,7 +88,8 @@ layerNormGrad(float* dx, const float* x, const float* ct, const Shape& outer, co
 #pragma omp parallel for schedule(static) if (parallel)
 #endif
     for (int64_t r = 0; r < rows; ++r)
-      layerNormGradRow(dx + detail::rowBase(outer, dxOuter, r), x + detail::rowBase(outer, xOuter, r),
+      layerNormGradRow(dx + detail::rowBase(outer, dxOuter, r),
+                       x + detail::rowBase(outer, xOuter, r),
                        ct + detail::rowBase(outer, ctOuter, r), size, count, eps);
     return;
   }
@@ -109,7 +111,8 @@ layerNormGrad(float* dx, const float* x, const float* ct, const Shape& outer, co
   for (size_t r = 0; r < size_t(rows); ++r) {
     double mean = sums[4 * r] / count;
     double variance = std::max(0.0, sums[4 * r + 1] / count - mean * mean);
-    double meanCt = sums[4 * r + 2] / count, meanCtCentered = sums[4 * r + 3] / count - mean * meanCt;
+    double meanCt = sums[4 * r + 2] / count,
+           meanCtCentered = sums[4 * r + 3] / count - mean * meanCt;
     if (!group) { // the lane is here: centered sums, as the interpreter (no cancellation)
       variance = meanCtCentered = 0;
       for (size_t i = 0; i < size_t(size); ++i) {
