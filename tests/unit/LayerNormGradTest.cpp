@@ -103,7 +103,7 @@ TEST_CASE("layerNormGrad: f32 rows against the double formula, also far from zer
       }
       double worst = worstRatio(dx, want, scale);
       INFO("size " << size << ", offset " << offset << ": worst " << worst << " of the bound");
-      // Within the rule at 32 u, not only at 1024 u: measured at most 0.0046 of the 1024 u rule.
+      // Within the rule at 32 u, not only at 1024 u: measured at most 0.005 of the 1024 u rule.
       CHECK(worst <= 1.0 / 32);
     }
 }

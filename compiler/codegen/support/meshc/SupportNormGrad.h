@@ -7,46 +7,22 @@
 
 namespace meshc::gen {
 
-namespace detail {
-
-/// The sums of ct[i] and ct[i] * y[i] over a contiguous row, in double (sumRunOf's eight
-/// accumulators each, so that the loop vectorizes without reassociating a sum), where
-/// y = ((x - meanHigh) - meanLow) * scale is computed as layerNormRow computes it.
-inline void sumsOfCotangent(const float* x, const float* ct, int64_t size, float meanHigh,
-                            float meanLow, float scale, double& sumCt, double& sumCtY) {
-  double partialCt[8] = {0, 0, 0, 0, 0, 0, 0, 0}, partialCtY[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  auto add = [&](int64_t i, int j) {
-    float y = ((x[i] - meanHigh) - meanLow) * scale;
-    partialCt[j] += double(ct[i]);
-    partialCtY[j] += double(ct[i] * y);
-  };
-  int64_t i = 0;
-  for (; i + 8 <= size; i += 8)
-    for (int j = 0; j < 8; ++j)
-      add(i + j, j);
-  for (; i < size; ++i)
-    add(i, int(i % 8));
-  auto total = [](const double(&p)[8]) {
-    return ((p[0] + p[1]) + (p[2] + p[3])) + ((p[4] + p[5]) + (p[6] + p[7]));
-  };
-  sumCt = total(partialCt);
-  sumCtY = total(partialCtY);
-}
-
-} // namespace detail
-
 /// layer_norm's gradient of one contiguous row over `count` global elements: with
 /// y = (x - mean) r, r = (var + eps)^-1/2, dx = r (ct - mean(ct) - y mean(ct y)). The mean and
 /// r as layerNormRow computes them (mean in double kept as two floats, the variance in f32
-/// lanes), then one pass for the sums of ct and ct y (in double) and one writing dx, all in f32:
-/// x and ct are read from memory once, the later passes find the row in L1.
+/// lanes), then the sums of ct and ct y in f32 lanes and one pass writing dx, all in f32: x and
+/// ct are read from memory once, the later passes find the row in L1.
 inline void layerNormGradRow(float* dx, const float* x, const float* ct, int64_t size, double count,
                              double eps) {
   double mean = detail::sumRun(x, size) / count;
   float meanHigh = float(mean), meanLow = float(mean - double(meanHigh));
   float scale = detail::inverseDeviation(x, size, meanHigh, meanLow, count, eps);
-  double sumCt = 0, sumCtY = 0;
-  detail::sumsOfCotangent(x, ct, size, meanHigh, meanLow, scale, sumCt, sumCtY);
+  // The sums of ct and ct y in f32 lanes (sumLanesOf, as the variance; each row is in L1 by now).
+  double sumCt = detail::sumLanesOf(size, [ct](int64_t i) { return ct[i]; });
+  double sumCtY = detail::sumLanesOf(size, [=](int64_t i) {
+    float y = ((x[i] - meanHigh) - meanLow) * scale;
+    return ct[i] * y;
+  });
   float meanCt = float(sumCt / count), meanCtY = float(sumCtY / count);
   for (int64_t i = 0; i < size; ++i) {
     float y = ((x[i] - meanHigh) - meanLow) * scale;
