@@ -159,6 +159,7 @@ std::string computeExpr(const Scalar& s, const std::vector<std::string>& a,
   case OpKind::Softmax:
   case OpKind::LogSoftmax:
   case OpKind::LayerNorm:
+  case OpKind::LayerNormGrad:
   case OpKind::Cumsum:
   case OpKind::Rename:
   case OpKind::Reshape:

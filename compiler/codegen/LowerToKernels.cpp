@@ -137,6 +137,7 @@ Lowering loweringOf(OpKind kind) {
   case OpKind::Softmax:
   case OpKind::LogSoftmax:
   case OpKind::LayerNorm:
+  case OpKind::LayerNormGrad:
   case OpKind::Cumsum:
   case OpKind::Shift:
     return Lowering::Along;
@@ -462,7 +463,7 @@ llvm::Error Lowerer::lowerAlong(size_t index) {
   const TensorType& in = local(operand);
   const TensorType& result = local(op.result);
   std::vector<std::string> laneDims;
-  if (op.computeKind == OpKind::LayerNorm)
+  if (op.computeKind == OpKind::LayerNorm || op.computeKind == OpKind::LayerNormGrad)
     laneDims = namesAttr(op, "dims");
   else
     laneDims = {stringAttr(op, "dim")};
@@ -491,6 +492,21 @@ llvm::Error Lowerer::lowerAlong(size_t index) {
     return llvm::Error::success();
   }
   std::vector<ir::Dim> outer = dimsExcept(result, laneDims);
+  if (op.computeKind == OpKind::LayerNormGrad) {
+    // One row kernel over x and ct (the planner gives both the result's layout).
+    SpmdValueId ct = op.operands[1];
+    if (!(local(ct) == in))
+      return unsupported(op, "layer_norm_grad's x and ct in different shapes");
+    call(Callee::LayerNormGrad,
+         {data(op.result), data(operand), data(ct), ints(sizesOf(outer)),
+          ints(stridesOver(in, outer)), ints(stridesOver(in, outer)),
+          ints(stridesOver(result, outer)), ints(sizesOf(lane)), ints(stridesOver(in, lane)),
+          ints(stridesOver(in, lane)), ints(stridesOver(result, lane)),
+          real(numberAttr(op, "eps", 1e-5)), integer(globalCount), groupPointer(axes)},
+         written, {operand, ct});
+    rounding(op.result);
+    return llvm::Error::success();
+  }
   const char* kind = "Along::Softmax";
   if (op.computeKind == OpKind::LogSoftmax) kind = "Along::LogSoftmax";
   if (op.computeKind == OpKind::LayerNorm) kind = "Along::LayerNorm";

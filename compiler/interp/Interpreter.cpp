@@ -549,6 +549,7 @@ llvm::Error Interpreter::execute(const Op& op) {
   case OpKind::Softmax:
   case OpKind::LogSoftmax:
   case OpKind::LayerNorm:
+  case OpKind::LayerNormGrad:
   case OpKind::Cumsum:
   case OpKind::Shift:
     return alongDims(op, out);
@@ -872,11 +873,13 @@ llvm::Error Interpreter::reduce(const Op& op, Tensor& out) {
 
 llvm::Error Interpreter::alongDims(const Op& op, Tensor& out) {
   const Tensor& in = operand(op, 0);
+  // layer_norm_grad's cotangent has x's type (the IR verifier): x's offsets walk it.
+  const Tensor* ct = op.kind == OpKind::LayerNormGrad ? &operand(op, 1) : nullptr;
   std::vector<std::string> laneDims;
   double eps = 0;
   int64_t offset = 0;
   bool exclusive = false;
-  if (op.kind == OpKind::LayerNorm) {
+  if (op.kind == OpKind::LayerNorm || op.kind == OpKind::LayerNormGrad) {
     auto dims = names(op, "dims");
     if (!dims) return dims.takeError();
     laneDims = *dims;
@@ -924,7 +927,8 @@ llvm::Error Interpreter::alongDims(const Op& op, Tensor& out) {
                                                    : x[inLane[i]] - max - std::log(sum);
       break;
     }
-    case OpKind::LayerNorm: {
+    case OpKind::LayerNorm:
+    case OpKind::LayerNormGrad: {
       double mean = 0, variance = 0;
       for (int64_t i = 0; i < size; ++i)
         mean += x[inLane[i]];
@@ -933,8 +937,23 @@ llvm::Error Interpreter::alongDims(const Op& op, Tensor& out) {
         variance += (x[inLane[i]] - mean) * (x[inLane[i]] - mean);
       variance /= double(size);
       double scale = 1 / std::sqrt(variance + eps);
+      if (op.kind == OpKind::LayerNorm) {
+        for (int64_t i = 0; i < size; ++i)
+          y[outLane[i]] = (x[inLane[i]] - mean) * scale;
+        break;
+      }
+      // The gradient, with layer_norm's y = (x - mean) r and r = scale:
+      // dx = r (ct - mean(ct) - y mean(ct y)).
+      const double* g = ct->data.data() + at[1];
+      double meanCt = 0, meanCtY = 0;
+      for (int64_t i = 0; i < size; ++i) {
+        meanCt += g[inLane[i]];
+        meanCtY += g[inLane[i]] * (x[inLane[i]] - mean) * scale;
+      }
+      meanCt /= double(size);
+      meanCtY /= double(size);
       for (int64_t i = 0; i < size; ++i)
-        y[outLane[i]] = (x[inLane[i]] - mean) * scale;
+        y[outLane[i]] = scale * (g[inLane[i]] - meanCt - (x[inLane[i]] - mean) * scale * meanCtY);
       break;
     }
     case OpKind::Cumsum: {

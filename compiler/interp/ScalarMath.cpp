@@ -151,6 +151,7 @@ double applyUnary(OpKind kind, double x) {
   case OpKind::Softmax:
   case OpKind::LogSoftmax:
   case OpKind::LayerNorm:
+  case OpKind::LayerNormGrad:
   case OpKind::Cumsum:
   case OpKind::Rename:
   case OpKind::Reshape:
@@ -280,6 +281,7 @@ double binaryScalar(OpKind kind, double a, double b, bool integer) {
   case OpKind::Softmax:
   case OpKind::LogSoftmax:
   case OpKind::LayerNorm:
+  case OpKind::LayerNormGrad:
   case OpKind::Cumsum:
   case OpKind::Rename:
   case OpKind::Reshape:

@@ -163,9 +163,12 @@ private:
     case ResultRule::Source:
       return checkSource(op);
     case ResultRule::Same:
-      if (result != type(op.operands[0]))
-        fail(fmt::format("result type {} differs from its operand's {}", describeType(result),
-                         describeType(type(op.operands[0]))));
+      // Every operand has the result's type (layer_norm_grad's ct too: its kernels walk x, ct
+      // and dx alike).
+      for (ValueId operand : op.operands)
+        if (result != type(operand))
+          fail(fmt::format("result type {} differs from its operand's {}", describeType(result),
+                           describeType(type(operand))));
       return;
     case ResultRule::Convert:
       if (result.dims != type(op.operands[0]).dims)

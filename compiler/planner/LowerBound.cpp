@@ -565,6 +565,9 @@ void PlanEvaluator::Impl::boundLoopTerms(const ir::Op& op, const LoopRole& role,
   case OpKind::LayerNorm:
     rate = machine_.layerNormElementSeconds;
     break;
+  case OpKind::LayerNormGrad: // OpRules::kernelSeconds: two forward rows' work per element
+    rate = 2 * machine_.layerNormElementSeconds;
+    break;
   case OpKind::ReduceSum:
   case OpKind::ReduceMean:
   case OpKind::ReduceMax:

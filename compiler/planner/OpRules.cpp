@@ -84,6 +84,7 @@ OpPlan OpRules::plan(const ir::Op& op, const std::vector<const TensorLayout*>& o
   case OpKind::Softmax:
   case OpKind::LogSoftmax:
   case OpKind::LayerNorm:
+  case OpKind::LayerNormGrad:
   case OpKind::Cumsum:
   case OpKind::Shift:
     planAlongDims(op, operands, out);
@@ -381,9 +382,12 @@ void OpRules::planAlongDims(const ir::Op& op, const std::vector<const TensorLayo
                             OpPlan& out) {
   const ir::TensorType& type = fn_.typeOf(op.result);
   out.result = desired(type, &out, "");
-  out.required.push_back(alignTo(fn_.typeOf(op.operands[0]), type, out.result));
-  std::vector<std::string> dims =
-      op.kind == OpKind::LayerNorm ? op.dims("dims") : std::vector<std::string>{op.string("dim")};
+  // Every operand as the result (layer_norm_grad's x and ct: the row kernel walks them alike).
+  for (ir::ValueId operand : op.operands)
+    out.required.push_back(alignTo(fn_.typeOf(operand), type, out.result));
+  std::vector<std::string> dims = op.kind == OpKind::LayerNorm || op.kind == OpKind::LayerNormGrad
+                                      ? op.dims("dims")
+                                      : std::vector<std::string>{op.string("dim")};
   AxisList split;
   int64_t along = 1; // local elements along the dims
   for (const std::string& dim : dims) {
@@ -414,6 +418,12 @@ void OpRules::planAlongDims(const ir::Op& op, const std::vector<const TensorLayo
   case OpKind::LayerNorm:
     addPost(out, CollectiveKind::AllReduceSum, split, dims[0], 2 * rowBytes,
             "layer_norm over a split dim: one all-reduce of the row sums of x and x^2");
+    break;
+  case OpKind::LayerNormGrad: // the row sums of x, x^2, ct and ct x, in double
+    addPost(out, CollectiveKind::AllReduceSum, split, dims[0],
+            rowBytes / dtypeBytes(type.dtype) * 4 * int64_t(sizeof(double)),
+            "layer_norm_grad over a split dim: one all-reduce of the row sums of x, x^2, ct and "
+            "ct x");
     break;
   case OpKind::Cumsum:
     addPost(out, CollectiveKind::AllGather, split, dims[0], rowBytes * splitFactor(mesh_, split),
@@ -598,6 +608,8 @@ double OpRules::flopsPerElement(OpKind kind) {
     return 5;
   case OpKind::LayerNorm:
     return 8;
+  case OpKind::LayerNormGrad: // per element of x: the forward's 8, two row sums, dx's 4
+    return 16;
   case OpKind::RandomNormal:
   case OpKind::RandomUniform:
   case OpKind::RandomInt:
@@ -675,6 +687,10 @@ double OpRules::kernelSeconds(const ir::Op& op, const OpPlan& out) const {
                             softmaxRows(op, out, elements));
   case OpKind::LayerNorm:
     return rowKernelSeconds(machine_, RowKernel::LayerNorm, operandElements(), out.bytes);
+  case OpKind::LayerNormGrad:
+    // Not calibrated on its own: the forward's row (two passes over x) and as much again for
+    // the passes over x and ct that sum ct and ct y and write dx (SupportNormGrad.h).
+    return rowKernelSeconds(machine_, RowKernel::LayerNorm, 2 * operandElements(), out.bytes);
   case OpKind::ReduceSum:
   case OpKind::ReduceMean:
   case OpKind::ReduceMax:

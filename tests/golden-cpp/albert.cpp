@@ -258,51 +258,39 @@ static const support::SharedEinsum
 }
 
 [[gnu::noinline]] static void loop11(float *__restrict p0, const float *__restrict p1,
-                                     const float *__restrict p2, const float *__restrict p3,
-                                     const float *__restrict p4, const float *__restrict p5,
-                                     const float *__restrict p6) {
-  for (int64_t i0 = 0; i0 < 32; ++i0) {
-    for (int64_t i1 = 0; i1 < 16; ++i1) {
-      const float s0 = p1[i0 * 16 + i1];
-      const float s1 = s0 * s0;
-      const float s2 = p1[i0 * 16 + i1];
-      const float s3 = (s2 * s1);
-      const float s4 = 0.044715f;
-      const float s5 = (s3 * s4);
-      const float s6 = p1[i0 * 16 + i1];
-      const float s7 = (s6 + s5);
-      const float s8 = 0.7978846f;
-      const float s9 = (s7 * s8);
-      const float s10 = support::ftanh(s9);
-      const float s11 = 1.0f;
-      const float s12 = (s10 + s11);
-      const float s13 = 0.5f;
-      const float s14 = (s12 * s13);
-      const float s15 = 0.134145f;
-      const float s16 = (s1 * s15);
-      const float s17 = 1.0f;
-      const float s18 = (s16 + s17);
-      const float s19 = s10 * s10;
-      const float s20 = 1.0f;
-      const float s21 = (s20 - s19);
-      const float s22 = p1[i0 * 16 + i1];
-      const float s23 = (s22 * s21);
-      const float s24 = (s23 * s18);
-      const float s25 = 0.3989423f;
-      const float s26 = (s24 * s25);
-      const float s27 = (s14 + s26);
-      const float s28 = p2[i0 * 16 + i1];
-      const float s29 = p3[i0];
-      const float s30 = (s28 * s29);
-      const float s31 = p4[i0 * 16 + i1];
-      const float s32 = p5[i0];
-      const float s33 = (s31 - s32);
-      const float s34 = (s33 - s30);
-      const float s35 = p6[i0];
-      const float s36 = (s34 * s35);
-      const float s37 = (s36 * s27);
-      p0[i0 * 16 + i1] = s37;
-    }
+                                     const float *__restrict p2) {
+  for (int64_t i0 = 0; i0 < 512; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = s0 * s0;
+    const float s2 = p1[i0];
+    const float s3 = (s2 * s1);
+    const float s4 = 0.044715f;
+    const float s5 = (s3 * s4);
+    const float s6 = p1[i0];
+    const float s7 = (s6 + s5);
+    const float s8 = 0.7978846f;
+    const float s9 = (s7 * s8);
+    const float s10 = support::ftanh(s9);
+    const float s11 = 1.0f;
+    const float s12 = (s10 + s11);
+    const float s13 = 0.5f;
+    const float s14 = (s12 * s13);
+    const float s15 = 0.134145f;
+    const float s16 = (s1 * s15);
+    const float s17 = 1.0f;
+    const float s18 = (s16 + s17);
+    const float s19 = s10 * s10;
+    const float s20 = 1.0f;
+    const float s21 = (s20 - s19);
+    const float s22 = p1[i0];
+    const float s23 = (s22 * s21);
+    const float s24 = (s23 * s18);
+    const float s25 = 0.3989423f;
+    const float s26 = (s24 * s25);
+    const float s27 = (s14 + s26);
+    const float s28 = p2[i0];
+    const float s29 = (s28 * s27);
+    p0[i0] = s29;
   }
 }
 
@@ -421,25 +409,6 @@ static const support::SharedEinsum
 }
 
 [[gnu::noinline]] static void loop19(float *__restrict p0, const float *__restrict p1,
-                                     const float *__restrict p2, const float *__restrict p3,
-                                     const float *__restrict p4, const float *__restrict p5) {
-  for (int64_t i0 = 0; i0 < 32; ++i0) {
-    for (int64_t i1 = 0; i1 < 16; ++i1) {
-      const float s0 = p1[i0 * 16 + i1];
-      const float s1 = p2[i0];
-      const float s2 = (s0 * s1);
-      const float s3 = p3[i0 * 16 + i1];
-      const float s4 = p4[i0];
-      const float s5 = (s3 - s4);
-      const float s6 = (s5 - s2);
-      const float s7 = p5[i0];
-      const float s8 = (s6 * s7);
-      p0[i0 * 16 + i1] = s8;
-    }
-  }
-}
-
-[[gnu::noinline]] static void loop20(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 32; ++i0) {
     for (int64_t i1 = 0; i1 < 16; ++i1) {
@@ -452,7 +421,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop21(float *__restrict p0, float *__restrict p1,
+[[gnu::noinline]] static void loop20(float *__restrict p0, float *__restrict p1,
                                      float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4, const float *__restrict p5,
                                      const float *__restrict p6) {
@@ -497,7 +466,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop22(float *__restrict p0, float *__restrict p1,
+[[gnu::noinline]] static void loop21(float *__restrict p0, float *__restrict p1,
                                      float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4, const float *__restrict p5,
                                      const float *__restrict p6) {
@@ -542,7 +511,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop23(float *__restrict p0, float *__restrict p1,
+[[gnu::noinline]] static void loop22(float *__restrict p0, float *__restrict p1,
                                      float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4, const float *__restrict p5,
                                      const float *__restrict p6) {
@@ -550,6 +519,51 @@ static const support::SharedEinsum
   const float r5 = p5[0];
   const float r6 = p6[0];
   for (int64_t i0 = 0; i0 < 32; ++i0) {
+    const float s0 = p2[i0];
+    const float s1 = 0.01f;
+    const float s2 = (s0 * s1);
+    const float s3 = p3[i0];
+    const float s4 = s3 * s3;
+    const float s5 = 0.0009999871f;
+    const float s6 = (s4 * s5);
+    const float s7 = p0[i0];
+    const float s8 = 0.999f;
+    const float s9 = (s7 * s8);
+    const float s10 = (s9 + s6);
+    const float s11 = r3;
+    const float s12 = (s10 / s11);
+    const float s13 = support::fsqrt(s12);
+    const float s14 = 1e-08f;
+    const float s15 = (s13 + s14);
+    const float s16 = p3[i0];
+    const float s17 = 0.100000024f;
+    const float s18 = (s16 * s17);
+    const float s19 = p1[i0];
+    const float s20 = 0.9f;
+    const float s21 = (s19 * s20);
+    const float s22 = (s21 + s18);
+    const float s23 = r5;
+    const float s24 = (s22 / s23);
+    const float s25 = (s24 / s15);
+    const float s26 = (s25 + s2);
+    const float s27 = r6;
+    const float s28 = (s26 * s27);
+    const float s29 = p2[i0];
+    const float s30 = (s29 - s28);
+    p0[i0] = s10;
+    p1[i0] = s22;
+    p2[i0] = s30;
+  }
+}
+
+[[gnu::noinline]] static void loop23(float *__restrict p0, float *__restrict p1,
+                                     float *__restrict p2, const float *__restrict p3,
+                                     const float *__restrict p4, const float *__restrict p5,
+                                     const float *__restrict p6) {
+  const float r3 = p4[0];
+  const float r5 = p5[0];
+  const float r6 = p6[0];
+  for (int64_t i0 = 0; i0 < 1024; ++i0) {
     const float s0 = p2[i0];
     const float s1 = 0.01f;
     const float s2 = (s0 * s1);
@@ -594,51 +608,6 @@ static const support::SharedEinsum
   const float r3 = p4[0];
   const float r5 = p5[0];
   const float r6 = p6[0];
-  for (int64_t i0 = 0; i0 < 1024; ++i0) {
-    const float s0 = p2[i0];
-    const float s1 = 0.01f;
-    const float s2 = (s0 * s1);
-    const float s3 = p3[i0];
-    const float s4 = s3 * s3;
-    const float s5 = 0.0009999871f;
-    const float s6 = (s4 * s5);
-    const float s7 = p0[i0];
-    const float s8 = 0.999f;
-    const float s9 = (s7 * s8);
-    const float s10 = (s9 + s6);
-    const float s11 = r3;
-    const float s12 = (s10 / s11);
-    const float s13 = support::fsqrt(s12);
-    const float s14 = 1e-08f;
-    const float s15 = (s13 + s14);
-    const float s16 = p3[i0];
-    const float s17 = 0.100000024f;
-    const float s18 = (s16 * s17);
-    const float s19 = p1[i0];
-    const float s20 = 0.9f;
-    const float s21 = (s19 * s20);
-    const float s22 = (s21 + s18);
-    const float s23 = r5;
-    const float s24 = (s22 / s23);
-    const float s25 = (s24 / s15);
-    const float s26 = (s25 + s2);
-    const float s27 = r6;
-    const float s28 = (s26 * s27);
-    const float s29 = p2[i0];
-    const float s30 = (s29 - s28);
-    p0[i0] = s10;
-    p1[i0] = s22;
-    p2[i0] = s30;
-  }
-}
-
-[[gnu::noinline]] static void loop25(float *__restrict p0, float *__restrict p1,
-                                     float *__restrict p2, const float *__restrict p3,
-                                     const float *__restrict p4, const float *__restrict p5,
-                                     const float *__restrict p6) {
-  const float r3 = p4[0];
-  const float r5 = p5[0];
-  const float r6 = p6[0];
   for (int64_t i0 = 0; i0 < 64; ++i0) {
     const float s0 = p2[i0];
     const float s1 = 0.01f;
@@ -677,6 +646,18 @@ static const support::SharedEinsum
   }
 }
 
+[[gnu::noinline]] static void loop25(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2) {
+  for (int64_t i0 = 0; i0 < 32; ++i0) {
+    for (int64_t i1 = 0; i1 < 32; ++i1) {
+      const float s0 = p1[i0 * 32 + i1];
+      const float s1 = p2[i1];
+      const float s2 = (s0 * s1);
+      p0[i0 * 32 + i1] = s2;
+    }
+  }
+}
+
 [[gnu::noinline]] static void loop26(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 1024; ++i0) {
@@ -688,64 +669,6 @@ static const support::SharedEinsum
 }
 
 [[gnu::noinline]] static void loop27(float *__restrict p0, const float *__restrict p1,
-                                     const float *__restrict p2) {
-  for (int64_t i0 = 0; i0 < 32; ++i0) {
-    for (int64_t i1 = 0; i1 < 32; ++i1) {
-      const float s0 = p1[i0 * 32 + i1];
-      const float s1 = p2[i0];
-      const float s2 = (s0 - s1);
-      const float s3 = s2 * s2;
-      p0[i0 * 32 + i1] = s3;
-    }
-  }
-}
-
-[[gnu::noinline]] static void loop28(float *__restrict p0, const float *__restrict p1) {
-  for (int64_t i0 = 0; i0 < 32; ++i0) {
-    const float s0 = p1[i0];
-    const float s1 = 1e-12f;
-    const float s2 = (s0 + s1);
-    const float s3 = 1.0f / support::fsqrt(s2);
-    p0[i0] = s3;
-  }
-}
-
-[[gnu::noinline]] static void loop29(float *__restrict p0, float *__restrict p1,
-                                     const float *__restrict p2, const float *__restrict p3,
-                                     const float *__restrict p4) {
-  for (int64_t i0 = 0; i0 < 32; ++i0) {
-    for (int64_t i1 = 0; i1 < 32; ++i1) {
-      const float s0 = p2[i0 * 32 + i1];
-      const float s1 = p3[i1];
-      const float s2 = (s0 * s1);
-      const float s3 = p4[i0 * 32 + i1];
-      const float s4 = (s2 * s3);
-      p0[i0 * 32 + i1] = s2;
-      p1[i0 * 32 + i1] = s4;
-    }
-  }
-}
-
-[[gnu::noinline]] static void loop30(float *__restrict p0, const float *__restrict p1,
-                                     const float *__restrict p2, const float *__restrict p3,
-                                     const float *__restrict p4, const float *__restrict p5) {
-  for (int64_t i0 = 0; i0 < 32; ++i0) {
-    for (int64_t i1 = 0; i1 < 32; ++i1) {
-      const float s0 = p1[i0 * 32 + i1];
-      const float s1 = p2[i0];
-      const float s2 = (s0 * s1);
-      const float s3 = p3[i0 * 32 + i1];
-      const float s4 = p4[i0];
-      const float s5 = (s3 - s4);
-      const float s6 = (s5 - s2);
-      const float s7 = p5[i0];
-      const float s8 = (s6 * s7);
-      p0[i0 * 32 + i1] = s8;
-    }
-  }
-}
-
-[[gnu::noinline]] static void loop31(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3) {
   for (int64_t i0 = 0; i0 < 32; ++i0) {
     for (int64_t i1 = 0; i1 < 32; ++i1) {
@@ -759,7 +682,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop32(float *__restrict p0, float *__restrict p1,
+[[gnu::noinline]] static void loop28(float *__restrict p0, float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3) {
   for (int64_t i0 = 0; i0 < 32; ++i0) {
     for (int64_t i1 = 0; i1 < 32; ++i1) {
@@ -773,7 +696,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop33(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop29(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3) {
   for (int64_t i0 = 0; i0 < 32; ++i0) {
     for (int64_t i1 = 0; i1 < 32; ++i1) {
@@ -787,7 +710,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop34(float *__restrict p0, float *__restrict p1,
+[[gnu::noinline]] static void loop30(float *__restrict p0, float *__restrict p1,
                                      float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4, const float *__restrict p5,
                                      const float *__restrict p6) {
@@ -832,42 +755,25 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop35(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop31(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2) {
+  for (int64_t i0 = 0; i0 < 32; ++i0) {
+    for (int64_t i1 = 0; i1 < 16; ++i1) {
+      const float s0 = p1[i0 * 16 + i1];
+      const float s1 = p2[i1];
+      const float s2 = (s0 * s1);
+      p0[i0 * 16 + i1] = s2;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop32(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 512; ++i0) {
     const float s0 = p1[i0];
     const float s1 = p2[i0];
     const float s2 = (s0 * s1);
     p0[i0] = s2;
-  }
-}
-
-[[gnu::noinline]] static void loop36(float *__restrict p0, const float *__restrict p1,
-                                     const float *__restrict p2) {
-  for (int64_t i0 = 0; i0 < 32; ++i0) {
-    for (int64_t i1 = 0; i1 < 16; ++i1) {
-      const float s0 = p1[i0 * 16 + i1];
-      const float s1 = p2[i0];
-      const float s2 = (s0 - s1);
-      const float s3 = s2 * s2;
-      p0[i0 * 16 + i1] = s3;
-    }
-  }
-}
-
-[[gnu::noinline]] static void loop37(float *__restrict p0, float *__restrict p1,
-                                     const float *__restrict p2, const float *__restrict p3,
-                                     const float *__restrict p4) {
-  for (int64_t i0 = 0; i0 < 32; ++i0) {
-    for (int64_t i1 = 0; i1 < 16; ++i1) {
-      const float s0 = p2[i0 * 16 + i1];
-      const float s1 = p3[i1];
-      const float s2 = (s0 * s1);
-      const float s3 = p4[i0 * 16 + i1];
-      const float s4 = (s2 * s3);
-      p0[i0 * 16 + i1] = s2;
-      p1[i0 * 16 + i1] = s4;
-    }
   }
 }
 
@@ -1808,7 +1714,7 @@ AlbertTrain::AlbertTrain(meshrt::Communicator &world, uint64_t seed)
 
 AlbertTrain::Outputs AlbertTrain::run(const Inputs &inputs) {
   MESHRT_TRACE_RUN(world_, "albert_train");
-  // Arena: 172800 bytes for 627924 bytes of temporaries (placed by liveness).
+  // Arena: 172800 bytes for 567508 bytes of temporaries (placed by liveness).
   support::checkShape("input", "tokens", inputs.tokens, {2, 16});
   support::checkShape("input", "segment_ids", inputs.segment_ids, {2, 16});
   support::checkShape("input", "masked", inputs.masked, {2, 16});
@@ -2315,24 +2221,17 @@ void AlbertTrain::runPart2(const Inputs &inputs) {
   MESHRT_TRACE_SITE("albert.mesh:77:50");
   group_model.wait(request1);
 
-  // 10 statements from albert.mesh:77:50 sum -> grad/heads/bias (1 of 2)
+  // 5 statements from albert.mesh:77:50 sum -> grad/heads/bias (1 of 2)
   MESHRT_TRACE_SITE("albert.mesh:77:50");
-  support::View v123 = arena_.view(163840, 512);
-  support::View v210 = arena_.view(122880, 512);
-  support::View v212 = arena_.view(124928, 32);
-  support::View v122 = arena_.view(161792, 512);
-  support::View v214 = arena_.view(122880, 512);
-  support::View v215 = arena_.view(124928, 32);
   support::View v113(param20_heads_gain); // updated in place
   support::View v209 = arena_.view(122880, 512);
-  support::View v219 = arena_.view(124928, 512);
+  support::View v123 = arena_.view(163840, 512);
+  support::View v210 = arena_.view(124928, 512);
+  support::View v122 = arena_.view(161792, 512);
   support::View v208 = arena_.view(165888, 16);
-  support::View v211 = arena_.view(165952, 16);
-  support::View v218 = arena_.view(126976, 32);
-  support::View v220 = arena_.view(127104, 32);
-  support::View v222 = arena_.view(124928, 32);
-  repeated6(v208, v205, v123, v210, v211, v212, v122, v214, v215, v218, v113, v209, v219, v220,
-            v222);
+  support::View v211 = arena_.view(163840, 16);
+  support::View v212 = arena_.view(124928, 512);
+  repeated6(v208, v205, v113, v209, v123, v210, v211, v212, v122);
 
   // albert.mesh:76:11 square
   // albert.mesh:76:11 mul
@@ -2350,241 +2249,199 @@ void AlbertTrain::runPart2(const Inputs &inputs) {
   // albert.mesh:76:11 mul
   // albert.mesh:76:11 mul
   // albert.mesh:76:11 add
-  // albert.mesh:77:7 mul
-  // albert.mesh:77:7 sub
-  // albert.mesh:77:7 sub
-  // albert.mesh:77:7 mul
   // albert.mesh:76:11 mul
   MESHRT_TRACE("loop", "albert.mesh:76:11", "backward");
   support::View v121 = arena_.view(129024, 512);
-  support::View v247 = arena_.view(161792, 512);
-  loop11(v247.data(), v121.data(), v123.data(), v220.data(), v209.data(), v222.data(), v218.data());
+  support::View v234 = arena_.view(161792, 512);
+  loop11(v234.data(), v121.data(), v212.data());
 
   // albert.mesh:76:63 sum -> grad/heads/transform_bias
   MESHRT_TRACE("sum", "albert.mesh:76:63", "backward");
-  support::View v248 = arena_.view(163840, 16);
-  support::reduce(v248.data(), kShape14, v247.data(), kShape9, kShape3, kShape4,
+  support::View v235 = arena_.view(163904, 16);
+  support::reduce(v235.data(), kShape14, v234.data(), kShape9, kShape3, kShape4,
                   support::Reduce::Sum, 1.0);
 
   // albert.mesh:76:16 einsum
   MESHRT_TRACE("gemm", "albert.mesh:76:16", "backward");
   support::View v111(param18_heads_transform); // updated in place
-  support::View v249 = arena_.view(122880, 1024);
+  support::View v236 = arena_.view(122880, 1024);
   // dims: batch, length, d_embed, d_model
-  kEinsum15.plan().run(v247.data(), v111.data(), v249.data(), 1.0f, 0.0f);
+  kEinsum15.plan().run(v234.data(), v111.data(), v236.data(), 1.0f, 0.0f);
 
   // albert.mesh:76:16 add
   MESHRT_TRACE("loop", "albert.mesh:76:16", "backward");
-  support::View v250 = arena_.view(126976, 1024);
-  loop12(v250.data(), v203.data(), v249.data());
+  support::View v237 = arena_.view(126976, 1024);
+  loop12(v237.data(), v203.data(), v236.data());
 
   // albert.mesh:76:16 einsum -> grad/heads/transform
   MESHRT_TRACE("gemm", "albert.mesh:76:16", "backward");
   support::View v110 = arena_.view(110592, 1024);
-  support::View v251 = arena_.view(118784, 512);
+  support::View v238 = arena_.view(122880, 512);
   // dims: batch, length, d_embed, d_model
-  kEinsum16.plan().run(v247.data(), v110.data(), v251.data(), 1.0f, 0.0f);
+  kEinsum16.plan().run(v234.data(), v110.data(), v238.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:19:53 sum
   MESHRT_TRACE("sum", "encoder_layers.mesh:19:53", "backward");
-  support::View v253 = arena_.view(120832, 32);
-  support::reduce(v253.data(), kShape10, v250.data(), kShape9, kShape3, kShape15,
+  support::View v240 = arena_.view(124928, 32);
+  support::reduce(v240.data(), kShape10, v237.data(), kShape9, kShape3, kShape15,
                   support::Reduce::Sum, 1.0);
 
-  // 48 statements from encoder_layers.mesh:19:46 mul (1 of 2)
+  // 36 statements from encoder_layers.mesh:19:46 mul (1 of 2)
   MESHRT_TRACE_SITE("encoder_layers.mesh:19:46");
-  support::View v108 = arena_.view(94208, 1024);
-  support::View v255 = arena_.view(110592, 1024);
-  support::View v257 = arena_.view(121088, 32);
-  support::View v107 = arena_.view(106496, 1024);
-  support::View v259 = arena_.view(110592, 1024);
-  support::View v260 = arena_.view(106496, 32);
-  support::View v262 = arena_.view(121088, 32);
   support::View v54(param16_encoder_albert_layer_norm_1_gain); // updated in place
-  support::View v254 = arena_.view(106496, 1024);
-  support::View v263 = arena_.view(110592, 1024);
-  support::View v264 = arena_.view(121216, 32);
-  support::View v266 = arena_.view(121344, 32);
-  support::View v269 = arena_.view(110592, 1024);
+  support::View v241 = arena_.view(110592, 1024);
+  support::View v108 = arena_.view(94208, 1024);
+  support::View v242 = arena_.view(118784, 1024);
+  support::View v244 = arena_.view(94208, 1024);
+  support::View v107 = arena_.view(106496, 1024);
   support::View v45(param14_encoder_albert_layer_dense_relu_dense_wo); // updated in place
-  support::View v271 = arena_.view(94208, 1024);
+  support::View v246 = arena_.view(106496, 1024);
   support::View v103 = arena_.view(102400, 1024);
   support::View v102 = arena_.view(98304, 1024);
-  support::View v289 = arena_.view(102400, 1024);
+  support::View v264 = arena_.view(102400, 1024);
   support::View v43(param12_encoder_albert_layer_dense_relu_dense_wi); // updated in place
-  support::View v291 = arena_.view(94208, 1024);
-  support::View v293 = arena_.view(98304, 1024);
+  support::View v266 = arena_.view(98304, 1024);
+  support::View v268 = arena_.view(106496, 1024);
   support::View v100 = arena_.view(90112, 1024);
-  support::View v98 = arena_.view(77824, 1024);
-  support::View v297 = arena_.view(90112, 1024);
-  support::View v299 = arena_.view(102400, 32);
-  support::View v97 = arena_.view(86016, 1024);
-  support::View v301 = arena_.view(90112, 1024);
-  support::View v302 = arena_.view(86016, 32);
-  support::View v304 = arena_.view(102400, 32);
   support::View v38(param10_encoder_albert_layer_norm_gain); // updated in place
-  support::View v296 = arena_.view(86016, 1024);
-  support::View v305 = arena_.view(90112, 1024);
-  support::View v306 = arena_.view(98304, 32);
-  support::View v308 = arena_.view(98432, 32);
-  support::View v311 = arena_.view(90112, 1024);
+  support::View v271 = arena_.view(90112, 1024);
+  support::View v98 = arena_.view(77824, 1024);
+  support::View v272 = arena_.view(98304, 1024);
+  support::View v274 = arena_.view(77824, 1024);
+  support::View v97 = arena_.view(86016, 1024);
   support::View v24(param9_encoder_albert_layer_self_attention_o); // updated in place
-  support::View v312 = arena_.view(86016, 512);
+  support::View v275 = arena_.view(90112, 512);
   support::View v94 = arena_.view(159744, 512);
   support::View v88 = arena_.view(157696, 512);
-  support::View v314 = arena_.view(77824, 1024);
+  support::View v277 = arena_.view(86016, 1024);
   support::View v93 = arena_.view(81920, 1024);
-  support::View v315 = arena_.view(98304, 512);
-  support::View v317 = arena_.view(100352, 64);
-  support::View v320 = arena_.view(86016, 1024);
+  support::View v278 = arena_.view(98304, 512);
+  support::View v280 = arena_.view(100352, 64);
+  support::View v283 = arena_.view(90112, 1024);
   support::View v86 = arena_.view(155648, 512);
-  support::View v321 = arena_.view(104448, 512);
+  support::View v284 = arena_.view(104448, 512);
   support::View v85 = arena_.view(153600, 512);
-  support::View v322 = arena_.view(100352, 512);
+  support::View v285 = arena_.view(100352, 512);
   support::View v23(param8_encoder_albert_layer_self_attention_v); // updated in place
-  support::View v324 = arena_.view(77824, 1024);
+  support::View v287 = arena_.view(81920, 1024);
   support::View v22(param7_encoder_albert_layer_self_attention_k); // updated in place
-  support::View v329 = arena_.view(81920, 1024);
+  support::View v292 = arena_.view(86016, 1024);
   support::View v21(param6_encoder_albert_layer_self_attention_q); // updated in place
-  support::View v333 = arena_.view(86016, 1024);
+  support::View v296 = arena_.view(90112, 1024);
   support::View v84 = arena_.view(73728, 1024);
-  support::View v335 = arena_.view(98304, 1024);
-  support::View v256 = arena_.view(120960, 32);
-  support::View v270 = arena_.view(121088, 32);
-  support::View v272 = arena_.view(106496, 1024);
-  support::View v290 = arena_.view(121216, 32);
-  support::View v294 = arena_.view(94208, 1024);
-  support::View v295 = arena_.view(121344, 32);
-  support::View v298 = arena_.view(121472, 32);
-  support::View v313 = arena_.view(102400, 512);
-  support::View v327 = arena_.view(110592, 512);
-  support::View v332 = arena_.view(112640, 512);
-  support::View v336 = arena_.view(77824, 512);
-  support::View v337 = arena_.view(79872, 32);
-  repeated0(v250, v108, v255, v256, v257, v107, v259, v260, v262, v54, v254, v263, v264, v266, v269,
-            v270, v45, v271, v103, v272, v102, v289, v290, v43, v291, v293, v100, v294, v295, v98,
-            v297, v298, v299, v97, v301, v302, v304, v38, v296, v305, v306, v308, v311, v24, v312,
-            v94, v313, v88, v314, v93, v315, v317, v320, v86, v321, v85, v322, v23, v324, v22, v329,
-            v21, v333, v84, v327, v332, v335, v336, v337);
+  support::View v298 = arena_.view(98304, 1024);
+  support::View v243 = arena_.view(125056, 32);
+  support::View v245 = arena_.view(118784, 32);
+  support::View v247 = arena_.view(110592, 1024);
+  support::View v265 = arena_.view(118912, 32);
+  support::View v269 = arena_.view(94208, 1024);
+  support::View v270 = arena_.view(119040, 32);
+  support::View v273 = arena_.view(119168, 32);
+  support::View v276 = arena_.view(102400, 512);
+  support::View v290 = arena_.view(106496, 512);
+  support::View v295 = arena_.view(108544, 512);
+  support::View v299 = arena_.view(81920, 512);
+  support::View v300 = arena_.view(83968, 32);
+  repeated0(v237, v54, v241, v108, v242, v243, v244, v107, v245, v45, v246, v103, v247, v102, v264,
+            v265, v43, v266, v268, v100, v269, v270, v38, v271, v98, v272, v273, v274, v97, v24,
+            v275, v94, v276, v88, v277, v93, v278, v280, v283, v86, v284, v85, v285, v23, v287, v22,
+            v292, v21, v296, v84, v290, v295, v298, v299, v300);
 
-  // 48 statements from encoder_layers.mesh:19:46 mul (2 of 2)
+  // 36 statements from encoder_layers.mesh:19:46 mul (2 of 2)
   MESHRT_TRACE_SITE("encoder_layers.mesh:19:46");
+  support::View v302 = arena_.view(73728, 1024);
   support::View v82 = arena_.view(57344, 1024);
-  support::View v340 = arena_.view(73728, 1024);
-  support::View v343 = arena_.view(80128, 32);
+  support::View v303 = arena_.view(77824, 1024);
+  support::View v306 = arena_.view(57344, 1024);
   support::View v81 = arena_.view(69632, 1024);
-  support::View v345 = arena_.view(73728, 1024);
-  support::View v346 = arena_.view(69632, 32);
-  support::View v348 = arena_.view(80128, 32);
-  support::View v339 = arena_.view(69632, 1024);
-  support::View v349 = arena_.view(73728, 1024);
-  support::View v350 = arena_.view(80256, 32);
-  support::View v352 = arena_.view(80384, 32);
-  support::View v355 = arena_.view(73728, 1024);
-  support::View v358 = arena_.view(57344, 1024);
+  support::View v309 = arena_.view(69632, 1024);
   support::View v77 = arena_.view(65536, 1024);
   support::View v76 = arena_.view(61440, 1024);
-  support::View v377 = arena_.view(65536, 1024);
-  support::View v380 = arena_.view(57344, 1024);
-  support::View v382 = arena_.view(61440, 1024);
+  support::View v328 = arena_.view(65536, 1024);
+  support::View v331 = arena_.view(61440, 1024);
+  support::View v333 = arena_.view(69632, 1024);
   support::View v74 = arena_.view(53248, 1024);
+  support::View v338 = arena_.view(53248, 1024);
   support::View v72 = arena_.view(40960, 1024);
-  support::View v388 = arena_.view(53248, 1024);
-  support::View v391 = arena_.view(65536, 32);
+  support::View v339 = arena_.view(61440, 1024);
+  support::View v342 = arena_.view(40960, 1024);
   support::View v71 = arena_.view(49152, 1024);
-  support::View v393 = arena_.view(53248, 1024);
-  support::View v394 = arena_.view(49152, 32);
-  support::View v396 = arena_.view(65536, 32);
-  support::View v387 = arena_.view(49152, 1024);
-  support::View v397 = arena_.view(53248, 1024);
-  support::View v398 = arena_.view(61440, 32);
-  support::View v400 = arena_.view(61568, 32);
-  support::View v403 = arena_.view(53248, 1024);
-  support::View v404 = arena_.view(49152, 512);
+  support::View v343 = arena_.view(53248, 512);
   support::View v68 = arena_.view(151552, 512);
   support::View v62 = arena_.view(149504, 512);
-  support::View v407 = arena_.view(40960, 1024);
+  support::View v346 = arena_.view(49152, 1024);
   support::View v67 = arena_.view(45056, 1024);
-  support::View v408 = arena_.view(61440, 512);
-  support::View v410 = arena_.view(63488, 64);
-  support::View v413 = arena_.view(49152, 1024);
+  support::View v347 = arena_.view(61440, 512);
+  support::View v349 = arena_.view(63488, 64);
+  support::View v352 = arena_.view(53248, 1024);
   support::View v60 = arena_.view(147456, 512);
-  support::View v414 = arena_.view(67584, 512);
+  support::View v353 = arena_.view(67584, 512);
   support::View v59 = arena_.view(145408, 512);
-  support::View v415 = arena_.view(63488, 512);
-  support::View v417 = arena_.view(40960, 1024);
-  support::View v423 = arena_.view(45056, 1024);
-  support::View v428 = arena_.view(49152, 1024);
+  support::View v354 = arena_.view(63488, 512);
+  support::View v356 = arena_.view(45056, 1024);
+  support::View v362 = arena_.view(49152, 1024);
+  support::View v367 = arena_.view(53248, 1024);
   support::View v58 = arena_.view(36864, 1024);
-  support::View v430 = arena_.view(61440, 1024);
-  support::View v341 = arena_.view(80000, 32);
-  support::View v356 = arena_.view(80128, 32);
-  support::View v359 = arena_.view(69632, 1024);
-  support::View v378 = arena_.view(80256, 32);
-  support::View v383 = arena_.view(57344, 1024);
-  support::View v385 = arena_.view(80384, 32);
-  support::View v389 = arena_.view(80512, 32);
-  support::View v405 = arena_.view(65536, 512);
-  support::View v420 = arena_.view(73728, 512);
-  support::View v426 = arena_.view(75776, 512);
-  support::View v431 = arena_.view(40960, 512);
-  support::View v433 = arena_.view(36864, 32);
-  repeated0(v335, v82, v340, v341, v343, v81, v345, v346, v348, v54, v339, v349, v350, v352, v355,
-            v356, v45, v358, v77, v359, v76, v377, v378, v43, v380, v382, v74, v383, v385, v72,
-            v388, v389, v391, v71, v393, v394, v396, v38, v387, v397, v398, v400, v403, v24, v404,
-            v68, v405, v62, v407, v67, v408, v410, v413, v60, v414, v59, v415, v23, v417, v22, v423,
-            v21, v428, v58, v420, v426, v430, v431, v433);
+  support::View v369 = arena_.view(61440, 1024);
+  support::View v304 = arena_.view(84096, 32);
+  support::View v307 = arena_.view(77824, 32);
+  support::View v310 = arena_.view(73728, 1024);
+  support::View v329 = arena_.view(77952, 32);
+  support::View v334 = arena_.view(57344, 1024);
+  support::View v336 = arena_.view(78080, 32);
+  support::View v340 = arena_.view(78208, 32);
+  support::View v344 = arena_.view(65536, 512);
+  support::View v359 = arena_.view(69632, 512);
+  support::View v365 = arena_.view(71680, 512);
+  support::View v370 = arena_.view(45056, 512);
+  support::View v372 = arena_.view(36864, 32);
+  repeated0(v298, v54, v302, v82, v303, v304, v306, v81, v307, v45, v309, v77, v310, v76, v328,
+            v329, v43, v331, v333, v74, v334, v336, v38, v338, v72, v339, v340, v342, v71, v24,
+            v343, v68, v344, v62, v346, v67, v347, v349, v352, v60, v353, v59, v354, v23, v356, v22,
+            v362, v21, v367, v58, v359, v365, v369, v370, v372);
 
-  // 12 statements from encoder_layers.mesh:19:53 add (1 of 2)
+  // 6 statements from encoder_layers.mesh:19:53 add (1 of 2)
   MESHRT_TRACE_SITE("encoder_layers.mesh:19:53");
+  support::View v374 = arena_.view(36864, 1024);
   support::View v56 = arena_.view(20480, 1024);
-  support::View v436 = arena_.view(36864, 1024);
-  support::View v437 = arena_.view(43136, 32);
-  support::View v439 = arena_.view(43136, 32);
+  support::View v375 = arena_.view(40960, 1024);
+  support::View v376 = arena_.view(20480, 32);
   support::View v53 = arena_.view(32768, 1024);
-  support::View v441 = arena_.view(36864, 1024);
-  support::View v442 = arena_.view(32768, 32);
-  support::View v444 = arena_.view(43136, 32);
-  support::View v435 = arena_.view(32768, 1024);
-  support::View v445 = arena_.view(36864, 1024);
-  support::View v446 = arena_.view(43392, 32);
-  support::View v448 = arena_.view(43520, 32);
-  support::View v434 = arena_.view(43008, 32);
-  support::View v438 = arena_.view(43264, 32);
-  support::View v451 = arena_.view(36864, 1024);
-  repeated2(v253, v337, v433, v434, v430, v56, v436, v437, v256, v341, v438, v439, v53, v441, v442,
-            v444, v54, v435, v445, v446, v448, v451);
+  support::View v373 = arena_.view(47104, 32);
+  support::View v377 = arena_.view(40960, 32);
+  support::View v378 = arena_.view(20480, 1024);
+  repeated5(v240, v300, v372, v373, v369, v54, v374, v56, v375, v376, v243, v304, v377, v378, v53);
 
   // encoder_layers.mesh:46:50 sum
   MESHRT_TRACE("sum", "encoder_layers.mesh:46:50", "backward");
-  support::View v452 = arena_.view(20480, 32);
-  support::reduce(v452.data(), kShape10, v451.data(), kShape9, kShape3, kShape15,
+  support::View v379 = arena_.view(32768, 32);
+  support::reduce(v379.data(), kShape10, v378.data(), kShape9, kShape3, kShape15,
                   support::Reduce::Sum, 1.0);
 
   // encoder_layers.mesh:46:50 add
   // encoder_layers.mesh:46:50 add -> grad/encoder/albert_layer/dense_relu_dense/bo
   MESHRT_TRACE("loop", "encoder_layers.mesh:46:50", "backward");
-  support::View v453 = arena_.view(43136, 32);
-  loop13(v453.data(), v270.data(), v356.data(), v452.data());
+  support::View v380 = arena_.view(41088, 32);
+  loop13(v380.data(), v245.data(), v307.data(), v379.data());
 
   // encoder_layers.mesh:46:10 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:46:10", "backward");
-  support::View v454 = arena_.view(20480, 1024);
+  support::View v381 = arena_.view(32768, 1024);
   // dims: batch, length, d_model, d_ff
-  kEinsum17.plan().run(v451.data(), v45.data(), v454.data(), 1.0f, 0.0f);
+  kEinsum17.plan().run(v378.data(), v45.data(), v381.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:46:10 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:46:10", "backward");
   support::View v49 = arena_.view(28672, 1024);
-  support::View v455 = arena_.view(32768, 1024);
+  support::View v382 = arena_.view(36864, 1024);
   // dims: batch, length, d_model, d_ff
-  kEinsum18.plan().run(v451.data(), v49.data(), v455.data(), 1.0f, 0.0f);
+  kEinsum18.plan().run(v378.data(), v49.data(), v382.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:46:10 add
   // encoder_layers.mesh:46:10 add -> grad/encoder/albert_layer/dense_relu_dense/wo
   MESHRT_TRACE("loop", "encoder_layers.mesh:46:10", "backward");
-  support::View v456 = arena_.view(28672, 1024);
-  loop14(v456.data(), v272.data(), v359.data(), v455.data());
+  support::View v383 = arena_.view(28672, 1024);
+  loop14(v383.data(), v247.data(), v310.data(), v382.data());
 
   // encoder_layers.mesh:45:11 square
   // encoder_layers.mesh:45:11 mul
@@ -2605,8 +2462,8 @@ void AlbertTrain::runPart2(const Inputs &inputs) {
   // encoder_layers.mesh:45:11 mul
   MESHRT_TRACE("loop", "encoder_layers.mesh:45:11", "backward");
   support::View v48 = arena_.view(24576, 1024);
-  support::View v473 = arena_.view(32768, 1024);
-  loop15(v473.data(), v48.data(), v454.data());
+  support::View v400 = arena_.view(36864, 1024);
+  loop15(v400.data(), v48.data(), v381.data());
 }
 
 void AlbertTrain::runPart3(const Inputs &inputs) {
@@ -2615,202 +2472,194 @@ void AlbertTrain::runPart3(const Inputs &inputs) {
 
   // encoder_layers.mesh:45:53 sum
   MESHRT_TRACE("sum", "encoder_layers.mesh:45:53", "backward");
-  support::View v473 = arena_.view(32768, 1024);
-  support::View v474 = arena_.view(20480, 32);
-  support::reduce(v474.data(), kShape10, v473.data(), kShape9, kShape3, kShape15,
+  support::View v400 = arena_.view(36864, 1024);
+  support::View v401 = arena_.view(24576, 32);
+  support::reduce(v401.data(), kShape10, v400.data(), kShape9, kShape3, kShape15,
                   support::Reduce::Sum, 1.0);
 
   // encoder_layers.mesh:45:53 add
   // encoder_layers.mesh:45:53 add -> grad/encoder/albert_layer/dense_relu_dense/bi
   MESHRT_TRACE("loop", "encoder_layers.mesh:45:53", "backward");
-  support::View v290 = arena_.view(121216, 32);
-  support::View v378 = arena_.view(80256, 32);
-  support::View v475 = arena_.view(43392, 32);
-  loop13(v475.data(), v290.data(), v378.data(), v474.data());
+  support::View v265 = arena_.view(118912, 32);
+  support::View v329 = arena_.view(77952, 32);
+  support::View v402 = arena_.view(41216, 32);
+  loop13(v402.data(), v265.data(), v329.data(), v401.data());
 
   // encoder_layers.mesh:45:16 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:45:16", "backward");
   support::View v43(param12_encoder_albert_layer_dense_relu_dense_wi); // updated in place
-  support::View v476 = arena_.view(20480, 1024);
+  support::View v403 = arena_.view(24576, 1024);
   // dims: batch, length, d_ff, d_model
-  kEinsum17.plan().run(v473.data(), v43.data(), v476.data(), 1.0f, 0.0f);
+  kEinsum17.plan().run(v400.data(), v43.data(), v403.data(), 1.0f, 0.0f);
 
-  // encoder_layers.mesh:45:16 all_reduce_sum (resolve the partial sum of %457 over model for add at
+  // encoder_layers.mesh:45:16 all_reduce_sum (resolve the partial sum of %384 over model for add at
   // 45:16)
   MESHRT_TRACE_SITE("encoder_layers.mesh:45:16");
-  group_model.allReduce(v476.data(), v476.size(), meshrt::ReduceOp::Sum);
+  group_model.allReduce(v403.data(), v403.size(), meshrt::ReduceOp::Sum);
 
   // encoder_layers.mesh:45:16 add
   MESHRT_TRACE("loop", "encoder_layers.mesh:45:16", "backward");
-  support::View v451 = arena_.view(36864, 1024);
-  support::View v478 = arena_.view(24576, 1024);
-  loop12(v478.data(), v451.data(), v476.data());
+  support::View v378 = arena_.view(20480, 1024);
+  support::View v405 = arena_.view(32768, 1024);
+  loop12(v405.data(), v378.data(), v403.data());
 
   // encoder_layers.mesh:45:16 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:45:16", "backward");
   support::View v42 = arena_.view(16384, 1024);
-  support::View v479 = arena_.view(20480, 1024);
+  support::View v406 = arena_.view(20480, 1024);
   // dims: batch, length, d_ff, d_model
-  kEinsum18.plan().run(v473.data(), v42.data(), v479.data(), 1.0f, 0.0f);
+  kEinsum18.plan().run(v400.data(), v42.data(), v406.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:45:16 add
   // encoder_layers.mesh:45:16 add -> grad/encoder/albert_layer/dense_relu_dense/wi
   MESHRT_TRACE("loop", "encoder_layers.mesh:45:16", "backward");
-  support::View v294 = arena_.view(94208, 1024);
-  support::View v383 = arena_.view(57344, 1024);
-  support::View v480 = arena_.view(16384, 1024);
-  loop14(v480.data(), v294.data(), v383.data(), v479.data());
+  support::View v269 = arena_.view(94208, 1024);
+  support::View v334 = arena_.view(57344, 1024);
+  support::View v407 = arena_.view(16384, 1024);
+  loop14(v407.data(), v269.data(), v334.data(), v406.data());
 
   // encoder_layers.mesh:19:53 sum
   MESHRT_TRACE("sum", "encoder_layers.mesh:19:53", "backward");
-  support::View v481 = arena_.view(20480, 32);
-  support::reduce(v481.data(), kShape10, v478.data(), kShape9, kShape3, kShape15,
+  support::View v408 = arena_.view(20480, 32);
+  support::reduce(v408.data(), kShape10, v405.data(), kShape9, kShape3, kShape15,
                   support::Reduce::Sum, 1.0);
 
-  // 12 statements from encoder_layers.mesh:19:53 add (2 of 2)
+  // 6 statements from encoder_layers.mesh:19:53 add (2 of 2)
   MESHRT_TRACE_SITE("encoder_layers.mesh:19:53");
-  support::View v295 = arena_.view(121344, 32);
-  support::View v385 = arena_.view(80384, 32);
-  support::View v40 = arena_.view(4096, 1024);
-  support::View v484 = arena_.view(20480, 1024);
-  support::View v485 = arena_.view(32768, 32);
-  support::View v298 = arena_.view(121472, 32);
-  support::View v389 = arena_.view(80512, 32);
-  support::View v487 = arena_.view(32768, 32);
-  support::View v37 = arena_.view(12288, 1024);
-  support::View v489 = arena_.view(20480, 1024);
-  support::View v490 = arena_.view(12288, 32);
-  support::View v492 = arena_.view(32768, 32);
+  support::View v270 = arena_.view(119040, 32);
+  support::View v336 = arena_.view(78080, 32);
   support::View v38(param10_encoder_albert_layer_norm_gain); // updated in place
-  support::View v483 = arena_.view(12288, 1024);
-  support::View v493 = arena_.view(20480, 1024);
-  support::View v494 = arena_.view(24576, 32);
-  support::View v496 = arena_.view(24704, 32);
-  support::View v482 = arena_.view(43520, 32);
-  support::View v486 = arena_.view(43648, 32);
-  support::View v499 = arena_.view(20480, 1024);
-  repeated2(v295, v385, v481, v482, v478, v40, v484, v485, v298, v389, v486, v487, v37, v489, v490,
-            v492, v38, v483, v493, v494, v496, v499);
+  support::View v410 = arena_.view(20480, 1024);
+  support::View v40 = arena_.view(4096, 1024);
+  support::View v411 = arena_.view(24576, 1024);
+  support::View v412 = arena_.view(4096, 32);
+  support::View v273 = arena_.view(119168, 32);
+  support::View v340 = arena_.view(78208, 32);
+  support::View v37 = arena_.view(12288, 1024);
+  support::View v409 = arena_.view(41344, 32);
+  support::View v413 = arena_.view(41472, 32);
+  support::View v414 = arena_.view(4096, 1024);
+  repeated5(v270, v336, v408, v409, v405, v38, v410, v40, v411, v412, v273, v340, v413, v414, v37);
 
   // encoder_layers.mesh:35:10 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:35:10", "backward");
   support::View v24(param9_encoder_albert_layer_self_attention_o); // updated in place
-  support::View v500 = arena_.view(12288, 512);
+  support::View v415 = arena_.view(20480, 512);
   // dims: batch, length, d_model, heads, d_kv
-  kEinsum19.plan().run(v499.data(), v24.data(), v500.data(), 1.0f, 0.0f);
+  kEinsum19.plan().run(v414.data(), v24.data(), v415.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:35:10 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:35:10", "backward");
   support::View v34 = arena_.view(143360, 512);
-  support::View v501 = arena_.view(4096, 512);
+  support::View v416 = arena_.view(12288, 512);
   // dims: batch, length, d_model, heads, d_kv
-  kEinsum20.plan().run(v499.data(), v34.data(), v501.data(), 1.0f, 0.0f);
+  kEinsum20.plan().run(v414.data(), v34.data(), v416.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:35:10 add
   // encoder_layers.mesh:35:10 add -> grad/encoder/albert_layer/self_attention/o
   MESHRT_TRACE("loop", "encoder_layers.mesh:35:10", "backward");
-  support::View v313 = arena_.view(102400, 512);
-  support::View v405 = arena_.view(65536, 512);
-  support::View v502 = arena_.view(32768, 512);
-  loop16(v502.data(), v313.data(), v405.data(), v501.data());
+  support::View v276 = arena_.view(102400, 512);
+  support::View v344 = arena_.view(65536, 512);
+  support::View v417 = arena_.view(32768, 512);
+  loop16(v417.data(), v276.data(), v344.data(), v416.data());
 
   // encoder_layers.mesh:34:17 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:34:17", "backward");
   support::View v28 = arena_.view(141312, 512);
-  support::View v503 = arena_.view(4096, 1024);
+  support::View v418 = arena_.view(12288, 1024);
   // dims: batch, length, heads, d_kv, memory_length
-  kEinsum5.plan().run(v500.data(), v28.data(), v503.data(), 1.0f, 0.0f);
+  kEinsum5.plan().run(v415.data(), v28.data(), v418.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:34:17 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:34:17", "backward");
   support::View v33 = arena_.view(8192, 1024);
-  support::View v504 = arena_.view(24576, 512);
+  support::View v419 = arena_.view(24576, 512);
   // dims: batch, length, heads, d_kv, memory_length
-  kEinsum21.plan().run(v500.data(), v33.data(), v504.data(), 1.0f, 0.0f);
+  kEinsum21.plan().run(v415.data(), v33.data(), v419.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:33:17 sum
   // encoder_layers.mesh:33:17 mul
   MESHRT_TRACE("sum", "encoder_layers.mesh:33:17", "backward");
-  support::View v506 = arena_.view(26624, 64);
-  support::reduceProduct(v506.data(), kShape12, 16, v503.data(), kShape13, v33.data(), kShape13,
+  support::View v421 = arena_.view(26624, 64);
+  support::reduceProduct(v421.data(), kShape12, 16, v418.data(), kShape13, v33.data(), kShape13,
                          1.0);
 
   // encoder_layers.mesh:33:17 sub
   // encoder_layers.mesh:33:17 mul
   // encoder_layers.mesh:32:77 mul
   MESHRT_TRACE("loop", "encoder_layers.mesh:33:17", "backward");
-  support::View v509 = arena_.view(12288, 1024);
-  loop17(v509.data(), v503.data(), v506.data(), v33.data());
+  support::View v424 = arena_.view(20480, 1024);
+  loop17(v424.data(), v418.data(), v421.data(), v33.data());
 
   // encoder_layers.mesh:32:16 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:32:16", "backward");
   support::View v26 = arena_.view(139264, 512);
-  support::View v510 = arena_.view(34816, 512);
+  support::View v425 = arena_.view(34816, 512);
   // dims: batch, heads, length, memory_length, d_kv
-  kEinsum6.plan().run(v509.data(), v26.data(), v510.data(), 1.0f, 0.0f);
+  kEinsum6.plan().run(v424.data(), v26.data(), v425.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:32:16 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:32:16", "backward");
   support::View v25 = arena_.view(137216, 512);
-  support::View v511 = arena_.view(26624, 512);
+  support::View v426 = arena_.view(26624, 512);
   // dims: batch, heads, length, memory_length, d_kv
-  kEinsum22.plan().run(v509.data(), v25.data(), v511.data(), 1.0f, 0.0f);
+  kEinsum22.plan().run(v424.data(), v25.data(), v426.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:30:23 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:30:23", "backward");
   support::View v23(param8_encoder_albert_layer_self_attention_v); // updated in place
-  support::View v513 = arena_.view(4096, 1024);
+  support::View v428 = arena_.view(8192, 1024);
   // dims: batch, length, heads, d_kv, d_model
-  kEinsum23.plan().run(v504.data(), v23.data(), v513.data(), 1.0f, 0.0f);
+  kEinsum23.plan().run(v419.data(), v23.data(), v428.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:29:21 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:29:21", "backward");
   support::View v22(param7_encoder_albert_layer_self_attention_k); // updated in place
-  support::View v519 = arena_.view(8192, 1024);
+  support::View v434 = arena_.view(12288, 1024);
   // dims: batch, length, heads, d_kv, d_model
-  kEinsum23.plan().run(v511.data(), v22.data(), v519.data(), 1.0f, 0.0f);
+  kEinsum23.plan().run(v426.data(), v22.data(), v434.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:28:17 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:28:17", "backward");
   support::View v21(param6_encoder_albert_layer_self_attention_q); // updated in place
-  support::View v524 = arena_.view(12288, 1024);
+  support::View v439 = arena_.view(20480, 1024);
   // dims: batch, length, heads, d_kv, d_model
-  kEinsum23.plan().run(v510.data(), v21.data(), v524.data(), 1.0f, 0.0f);
+  kEinsum23.plan().run(v425.data(), v21.data(), v439.data(), 1.0f, 0.0f);
 
-  // encoder_layers.mesh:30:23 bucketed_all_reduce_sum (resolve the partial sum of %493 over model
-  // for add at 30:23; merged with 2 more partial sums over model (%520, %525): 12.0 KiB in one
+  // encoder_layers.mesh:30:23 bucketed_all_reduce_sum (resolve the partial sum of %408 over model
+  // for add at 30:23; merged with 2 more partial sums over model (%435, %440): 12.0 KiB in one
   // buffer)
   MESHRT_TRACE_SITE("encoder_layers.mesh:30:23");
-  auto request4 = support::startAllReduce(group_model, {v513, v519, v524}, meshrt::ReduceOp::Sum);
+  auto request4 = support::startAllReduce(group_model, {v428, v434, v439}, meshrt::ReduceOp::Sum);
 
   // encoder_layers.mesh:30:23 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:30:23", "backward");
   support::View v20 = arena_.view(0, 1024);
-  support::View v516 = arena_.view(36864, 512);
+  support::View v431 = arena_.view(36864, 512);
   // dims: batch, length, heads, d_kv, d_model
-  kEinsum24.plan().run(v504.data(), v20.data(), v516.data(), 1.0f, 0.0f);
+  kEinsum24.plan().run(v419.data(), v20.data(), v431.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:30:23 add
   // encoder_layers.mesh:30:23 add -> grad/encoder/albert_layer/self_attention/v
   MESHRT_TRACE("loop", "encoder_layers.mesh:30:23", "backward");
-  support::View v327 = arena_.view(110592, 512);
-  support::View v420 = arena_.view(73728, 512);
-  support::View v517 = arena_.view(38912, 512);
-  loop16(v517.data(), v327.data(), v420.data(), v516.data());
+  support::View v290 = arena_.view(106496, 512);
+  support::View v359 = arena_.view(69632, 512);
+  support::View v432 = arena_.view(38912, 512);
+  loop16(v432.data(), v290.data(), v359.data(), v431.data());
 
   // encoder_layers.mesh:29:21 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:29:21", "backward");
-  support::View v522 = arena_.view(24576, 512);
+  support::View v437 = arena_.view(24576, 512);
   // dims: batch, length, heads, d_kv, d_model
-  kEinsum24.plan().run(v511.data(), v20.data(), v522.data(), 1.0f, 0.0f);
+  kEinsum24.plan().run(v426.data(), v20.data(), v437.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:29:21 add
   // encoder_layers.mesh:29:21 add -> grad/encoder/albert_layer/self_attention/k
   MESHRT_TRACE("loop", "encoder_layers.mesh:29:21", "backward");
-  support::View v332 = arena_.view(112640, 512);
-  support::View v426 = arena_.view(75776, 512);
-  support::View v523 = arena_.view(36864, 512);
-  loop16(v523.data(), v332.data(), v426.data(), v522.data());
+  support::View v295 = arena_.view(108544, 512);
+  support::View v365 = arena_.view(71680, 512);
+  support::View v438 = arena_.view(36864, 512);
+  loop16(v438.data(), v295.data(), v365.data(), v437.data());
 
   MESHRT_TRACE_SITE("encoder_layers.mesh:30:23");
   group_model.wait(request4);
@@ -2824,95 +2673,81 @@ void AlbertTrain::runPart4(const Inputs &inputs) {
   // encoder_layers.mesh:29:21 add
   // encoder_layers.mesh:28:17 add
   MESHRT_TRACE("loop", "encoder_layers.mesh:30:23", "backward");
-  support::View v499 = arena_.view(20480, 1024);
-  support::View v513 = arena_.view(4096, 1024);
-  support::View v519 = arena_.view(8192, 1024);
-  support::View v524 = arena_.view(12288, 1024);
-  support::View v526 = arena_.view(24576, 1024);
-  loop18(v526.data(), v499.data(), v513.data(), v519.data(), v524.data());
+  support::View v414 = arena_.view(4096, 1024);
+  support::View v428 = arena_.view(8192, 1024);
+  support::View v434 = arena_.view(12288, 1024);
+  support::View v439 = arena_.view(20480, 1024);
+  support::View v441 = arena_.view(24576, 1024);
+  loop18(v441.data(), v414.data(), v428.data(), v434.data(), v439.data());
 
   // encoder_layers.mesh:28:17 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:28:17", "backward");
-  support::View v510 = arena_.view(34816, 512);
+  support::View v425 = arena_.view(34816, 512);
   support::View v20 = arena_.view(0, 1024);
-  support::View v527 = arena_.view(4096, 512);
+  support::View v442 = arena_.view(4096, 512);
   // dims: batch, length, heads, d_kv, d_model
-  kEinsum24.plan().run(v510.data(), v20.data(), v527.data(), 1.0f, 0.0f);
+  kEinsum24.plan().run(v425.data(), v20.data(), v442.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:28:17 add
   // encoder_layers.mesh:28:17 add -> grad/encoder/albert_layer/self_attention/q
   MESHRT_TRACE("loop", "encoder_layers.mesh:28:17", "backward");
-  support::View v336 = arena_.view(77824, 512);
-  support::View v431 = arena_.view(40960, 512);
-  support::View v528 = arena_.view(0, 512);
-  loop16(v528.data(), v336.data(), v431.data(), v527.data());
+  support::View v299 = arena_.view(81920, 512);
+  support::View v370 = arena_.view(45056, 512);
+  support::View v443 = arena_.view(0, 512);
+  loop16(v443.data(), v299.data(), v370.data(), v442.data());
 
   // albert.mesh:51:10 einsum
   MESHRT_TRACE("gemm", "albert.mesh:51:10", "backward");
   support::View v10(param5_encoder_embed_projection); // updated in place
-  support::View v529 = arena_.view(2048, 512);
+  support::View v444 = arena_.view(2048, 512);
   // dims: batch, length, d_model, d_embed
-  kEinsum13.plan().run(v526.data(), v10.data(), v529.data(), 1.0f, 0.0f);
+  kEinsum13.plan().run(v441.data(), v10.data(), v444.data(), 1.0f, 0.0f);
 
   // albert.mesh:51:10 einsum -> grad/encoder/embed/projection
   MESHRT_TRACE("gemm", "albert.mesh:51:10", "backward");
   support::View v19 = arena_.view(135168, 512);
-  support::View v530 = arena_.view(4096, 512);
+  support::View v445 = arena_.view(4096, 512);
   // dims: batch, length, d_model, d_embed
-  kEinsum14.plan().run(v526.data(), v19.data(), v530.data(), 1.0f, 0.0f);
+  kEinsum14.plan().run(v441.data(), v19.data(), v445.data(), 1.0f, 0.0f);
 
-  // 10 statements from albert.mesh:77:50 sum -> grad/heads/bias (2 of 2)
+  // 5 statements from albert.mesh:77:50 sum -> grad/heads/bias (2 of 2)
   MESHRT_TRACE_SITE("albert.mesh:77:50");
-  support::View v17 = arena_.view(133120, 512);
-  support::View v533 = arena_.view(6144, 512);
-  support::View v535 = arena_.view(8192, 32);
-  support::View v16 = arena_.view(131072, 512);
-  support::View v537 = arena_.view(6144, 512);
-  support::View v538 = arena_.view(8192, 32);
   support::View v8(param3_encoder_embed_gain); // updated in place
-  support::View v532 = arena_.view(6144, 512);
-  support::View v541 = arena_.view(8192, 512);
-  support::View v531 = arena_.view(10496, 16);
-  support::View v534 = arena_.view(10560, 16);
-  support::View v540 = arena_.view(10240, 32);
-  support::View v542 = arena_.view(10368, 32);
-  support::View v544 = arena_.view(8192, 32);
-  repeated6(v531, v529, v17, v533, v534, v535, v16, v537, v538, v540, v8, v532, v541, v542, v544);
-
-  // albert.mesh:50:7 mul
-  // albert.mesh:50:7 sub
-  // albert.mesh:50:7 sub
-  // albert.mesh:50:7 mul
-  MESHRT_TRACE("loop", "albert.mesh:50:7", "backward");
-  support::View v547 = arena_.view(2048, 512);
-  loop19(v547.data(), v17.data(), v542.data(), v532.data(), v544.data(), v540.data());
+  support::View v447 = arena_.view(6144, 512);
+  support::View v17 = arena_.view(133120, 512);
+  support::View v448 = arena_.view(8192, 512);
+  support::View v16 = arena_.view(131072, 512);
+  support::View v446 = arena_.view(10240, 16);
+  support::View v449 = arena_.view(10304, 16);
+  support::View v450 = arena_.view(2048, 512);
+  repeated6(v446, v444, v8, v447, v17, v448, v449, v450, v16);
 
   // albert.mesh:49:54 einsum -> grad/encoder/embed/segment_table
   MESHRT_TRACE("einsum", "albert.mesh:49:54", "backward");
   const support::Buffer &v1 = inputs.segment_ids.data;
-  support::View v549 = arena_.view(9216, 32);
-  support::scatterAdd(v549.data(), kShape3, v547.data(), kShape22, v1.data(), kShape17, kShape3,
+  support::View v452 = arena_.view(9216, 32);
+  support::scatterAdd(v452.data(), kShape3, v450.data(), kShape22, v1.data(), kShape17, kShape3,
                       kShape4, kShape19, 0, 0);
 
   // albert.mesh:49:40 sum -> grad/encoder/embed/positions
   MESHRT_TRACE("sum", "albert.mesh:49:40", "backward");
-  support::View v550 = arena_.view(8192, 256);
-  support::reduce(v550.data(), kShape23, v547.data(), kShape19, kShape11, kShape24,
+  support::View v453 = arena_.view(8192, 256);
+  support::reduce(v453.data(), kShape23, v450.data(), kShape19, kShape11, kShape24,
                   support::Reduce::Sum, 1.0);
 
   // albert.mesh:48:40 einsum
   MESHRT_TRACE("einsum", "albert.mesh:48:40", "backward");
   const support::Buffer &v0 = inputs.tokens.data;
-  support::View v551 = arena_.view(6144, 512);
-  support::scatterAdd(v551.data(), kShape25, v547.data(), kShape22, v0.data(), kShape17, kShape3,
+  support::View v454 = arena_.view(6144, 512);
+  support::scatterAdd(v454.data(), kShape25, v450.data(), kShape22, v0.data(), kShape17, kShape3,
                       kShape4, kShape19, 0, support::shardStart(world_, {"model"}, 32));
 
   // albert.mesh:71:9 transpose
   // albert.mesh:48:40 add -> grad/embedding
   MESHRT_TRACE("loop", "albert.mesh:71:9", "backward");
   support::View v206 = arena_.view(169984, 512);
-  support::View v552 = arena_.view(2048, 512);
-  loop20(v552.data(), v206.data(), v551.data());
+  support::View v455 = arena_.view(2048, 512);
+  loop19(v455.data(), v206.data(), v454.data());
 
   // albert.mesh:109:3 bucketed_all_reduce_sum -> grad/heads/classifier (26 partial sums
   // (grad/heads/classifier, grad/heads/pooler_bias, grad/heads/pooler, ...) over data resolved
@@ -2923,23 +2758,23 @@ void AlbertTrain::runPart4(const Inputs &inputs) {
   support::View v201 = arena_.view(114688, 1024);
   support::View v204 = arena_.view(172416, 32);
   support::View v208 = arena_.view(165888, 16);
-  support::View v211 = arena_.view(165952, 16);
-  support::View v248 = arena_.view(163840, 16);
-  support::View v251 = arena_.view(118784, 512);
-  support::View v434 = arena_.view(43008, 32);
-  support::View v438 = arena_.view(43264, 32);
-  support::View v453 = arena_.view(43136, 32);
-  support::View v456 = arena_.view(28672, 1024);
-  support::View v475 = arena_.view(43392, 32);
-  support::View v480 = arena_.view(16384, 1024);
-  support::View v482 = arena_.view(43520, 32);
-  support::View v486 = arena_.view(43648, 32);
-  support::View v502 = arena_.view(32768, 512);
-  support::View v517 = arena_.view(38912, 512);
-  support::View v523 = arena_.view(36864, 512);
+  support::View v211 = arena_.view(163840, 16);
+  support::View v235 = arena_.view(163904, 16);
+  support::View v238 = arena_.view(122880, 512);
+  support::View v373 = arena_.view(47104, 32);
+  support::View v377 = arena_.view(40960, 32);
+  support::View v380 = arena_.view(41088, 32);
+  support::View v383 = arena_.view(28672, 1024);
+  support::View v402 = arena_.view(41216, 32);
+  support::View v407 = arena_.view(16384, 1024);
+  support::View v409 = arena_.view(41344, 32);
+  support::View v413 = arena_.view(41472, 32);
+  support::View v417 = arena_.view(32768, 512);
+  support::View v432 = arena_.view(38912, 512);
+  support::View v438 = arena_.view(36864, 512);
   auto request5 = support::startAllReduce(
-      group_data, {v195, v199, v201, v204, v208, v211, v248, v251, v434, v438, v453, v456, v475,
-                   v480, v482, v486, v502, v517, v523, v528, v530, v531, v534, v549, v550, v552},
+      group_data, {v195, v199, v201, v204, v208, v211, v235, v238, v373, v377, v380, v383, v402,
+                   v407, v409, v413, v417, v432, v438, v443, v445, v446, v449, v452, v453, v455},
       meshrt::ReduceOp::Sum);
 
   // albert.mesh:109:3 step
@@ -2959,14 +2794,14 @@ void AlbertTrain::runPart4(const Inputs &inputs) {
   // albert.mesh:109:3 pow
   // albert.mesh:109:3 sub
   MESHRT_TRACE("loop", "albert.mesh:109:3", "update");
-  support::View v569 = arena_.view(6144, 1);
-  support::View v585 = arena_.view(6208, 1);
-  support::View v587 = arena_.view(6272, 1);
+  support::View v472 = arena_.view(6144, 1);
+  support::View v488 = arena_.view(6208, 1);
+  support::View v490 = arena_.view(6272, 1);
   {
     const float stepValue = float(step_);
-    float *__restrict v569p = v569.data();
-    float *__restrict v585p = v585.data();
-    float *__restrict v587p = v587.data();
+    float *__restrict v472p = v472.data();
+    float *__restrict v488p = v488.data();
+    float *__restrict v490p = v490.data();
     const float s0 = stepValue;
     const float s1 = 1.0f;
     const float s2 = (s0 + s1);
@@ -2995,9 +2830,9 @@ void AlbertTrain::runPart4(const Inputs &inputs) {
     const float s25 = support::fpow(s24, s2);
     const float s26 = 1.0f;
     const float s27 = (s26 - s25);
-    v569p[0] = s19;
-    v585p[0] = s23;
-    v587p[0] = s27;
+    v472p[0] = s19;
+    v488p[0] = s23;
+    v490p[0] = s27;
   }
 
   MESHRT_TRACE_SITE("albert.mesh:109:3");
@@ -3021,9 +2856,9 @@ void AlbertTrain::runPart4(const Inputs &inputs) {
   // albert.mesh:109:3 sub -> next/embedding
   MESHRT_TRACE("loop", "albert.mesh:109:3", "update");
   support::View v5(param0_embedding);      // updated in place
-  support::View v571(param27_embedding_v); // updated in place
-  support::View v570(param26_embedding_m); // updated in place
-  loop21(v571.data(), v570.data(), v5.data(), v552.data(), v587.data(), v585.data(), v569.data());
+  support::View v474(param27_embedding_v); // updated in place
+  support::View v473(param26_embedding_m); // updated in place
+  loop20(v474.data(), v473.data(), v5.data(), v455.data(), v490.data(), v488.data(), v472.data());
 
   // albert.mesh:109:3 mul
   // albert.mesh:109:3 square
@@ -3043,9 +2878,9 @@ void AlbertTrain::runPart4(const Inputs &inputs) {
   // albert.mesh:109:3 sub -> next/encoder/embed/positions
   MESHRT_TRACE("loop", "albert.mesh:109:3", "update");
   support::View v6(param1_encoder_embed_positions);      // updated in place
-  support::View v600(param29_encoder_embed_positions_v); // updated in place
-  support::View v599(param28_encoder_embed_positions_m); // updated in place
-  loop22(v600.data(), v599.data(), v6.data(), v550.data(), v587.data(), v585.data(), v569.data());
+  support::View v503(param29_encoder_embed_positions_v); // updated in place
+  support::View v502(param28_encoder_embed_positions_m); // updated in place
+  loop21(v503.data(), v502.data(), v6.data(), v453.data(), v490.data(), v488.data(), v472.data());
 
   // albert.mesh:109:3 mul
   // albert.mesh:109:3 square
@@ -3065,22 +2900,22 @@ void AlbertTrain::runPart4(const Inputs &inputs) {
   // albert.mesh:109:3 sub -> next/encoder/embed/segment_table
   MESHRT_TRACE("loop", "albert.mesh:109:3", "update");
   support::View v7(param2_encoder_embed_segment_table);      // updated in place
-  support::View v621(param31_encoder_embed_segment_table_v); // updated in place
-  support::View v620(param30_encoder_embed_segment_table_m); // updated in place
-  loop23(v621.data(), v620.data(), v7.data(), v549.data(), v587.data(), v585.data(), v569.data());
+  support::View v524(param31_encoder_embed_segment_table_v); // updated in place
+  support::View v523(param30_encoder_embed_segment_table_m); // updated in place
+  loop22(v524.data(), v523.data(), v7.data(), v452.data(), v490.data(), v488.data(), v472.data());
 
   // 1 statements from albert.mesh:109:3 mul (1 of 5)
   MESHRT_TRACE_SITE("albert.mesh:109:3");
-  support::View v642(param33_encoder_embed_gain_v); // updated in place
-  support::View v641(param32_encoder_embed_gain_m); // updated in place
-  repeated3(v8, v534, v642, v587, v641, v585, v569);
+  support::View v545(param33_encoder_embed_gain_v); // updated in place
+  support::View v544(param32_encoder_embed_gain_m); // updated in place
+  repeated2(v8, v449, v545, v490, v544, v488, v472);
 
   // 1 statements from albert.mesh:109:3 mul (2 of 5)
   MESHRT_TRACE_SITE("albert.mesh:109:3");
   support::View v9(param4_encoder_embed_bias);      // updated in place
-  support::View v663(param35_encoder_embed_bias_v); // updated in place
-  support::View v662(param34_encoder_embed_bias_m); // updated in place
-  repeated3(v9, v531, v663, v587, v662, v585, v569);
+  support::View v566(param35_encoder_embed_bias_v); // updated in place
+  support::View v565(param34_encoder_embed_bias_m); // updated in place
+  repeated2(v9, v446, v566, v490, v565, v488, v472);
 
   // albert.mesh:109:3 mul
   // albert.mesh:109:3 square
@@ -3099,30 +2934,30 @@ void AlbertTrain::runPart4(const Inputs &inputs) {
   // albert.mesh:109:3 mul
   // albert.mesh:109:3 sub -> next/encoder/embed/projection
   MESHRT_TRACE("loop", "albert.mesh:109:3", "update");
-  support::View v684(param37_encoder_embed_projection_v); // updated in place
-  support::View v683(param36_encoder_embed_projection_m); // updated in place
-  loop21(v684.data(), v683.data(), v10.data(), v530.data(), v587.data(), v585.data(), v569.data());
+  support::View v587(param37_encoder_embed_projection_v); // updated in place
+  support::View v586(param36_encoder_embed_projection_m); // updated in place
+  loop20(v587.data(), v586.data(), v10.data(), v445.data(), v490.data(), v488.data(), v472.data());
 
   // 1 statements from albert.mesh:109:3 mul (1 of 3)
   MESHRT_TRACE_SITE("albert.mesh:109:3");
   support::View v21(param6_encoder_albert_layer_self_attention_q);     // updated in place
-  support::View v705(param39_encoder_albert_layer_self_attention_q_v); // updated in place
-  support::View v704(param38_encoder_albert_layer_self_attention_q_m); // updated in place
-  repeated5(v21, v528, v705, v587, v704, v585, v569);
+  support::View v608(param39_encoder_albert_layer_self_attention_q_v); // updated in place
+  support::View v607(param38_encoder_albert_layer_self_attention_q_m); // updated in place
+  repeated4(v21, v443, v608, v490, v607, v488, v472);
 
   // 1 statements from albert.mesh:109:3 mul (2 of 3)
   MESHRT_TRACE_SITE("albert.mesh:109:3");
   support::View v22(param7_encoder_albert_layer_self_attention_k);     // updated in place
-  support::View v726(param41_encoder_albert_layer_self_attention_k_v); // updated in place
-  support::View v725(param40_encoder_albert_layer_self_attention_k_m); // updated in place
-  repeated5(v22, v523, v726, v587, v725, v585, v569);
+  support::View v629(param41_encoder_albert_layer_self_attention_k_v); // updated in place
+  support::View v628(param40_encoder_albert_layer_self_attention_k_m); // updated in place
+  repeated4(v22, v438, v629, v490, v628, v488, v472);
 
   // 1 statements from albert.mesh:109:3 mul (3 of 3)
   MESHRT_TRACE_SITE("albert.mesh:109:3");
   support::View v23(param8_encoder_albert_layer_self_attention_v);     // updated in place
-  support::View v747(param43_encoder_albert_layer_self_attention_v_v); // updated in place
-  support::View v746(param42_encoder_albert_layer_self_attention_v_m); // updated in place
-  repeated5(v23, v517, v747, v587, v746, v585, v569);
+  support::View v650(param43_encoder_albert_layer_self_attention_v_v); // updated in place
+  support::View v649(param42_encoder_albert_layer_self_attention_v_m); // updated in place
+  repeated4(v23, v432, v650, v490, v649, v488, v472);
 
   // albert.mesh:109:3 mul
   // albert.mesh:109:3 square
@@ -3142,33 +2977,32 @@ void AlbertTrain::runPart4(const Inputs &inputs) {
   // albert.mesh:109:3 sub -> next/encoder/albert_layer/self_attention/o
   MESHRT_TRACE("loop", "albert.mesh:109:3", "update");
   support::View v24(param9_encoder_albert_layer_self_attention_o);     // updated in place
-  support::View v768(param45_encoder_albert_layer_self_attention_o_v); // updated in place
-  support::View v767(param44_encoder_albert_layer_self_attention_o_m); // updated in place
-  loop21(v768.data(), v767.data(), v24.data(), v502.data(), v587.data(), v585.data(), v569.data());
+  support::View v671(param45_encoder_albert_layer_self_attention_o_v); // updated in place
+  support::View v670(param44_encoder_albert_layer_self_attention_o_m); // updated in place
+  loop20(v671.data(), v670.data(), v24.data(), v417.data(), v490.data(), v488.data(), v472.data());
+
+  // 1 statements from albert.mesh:109:3 mul (1 of 5)
+  MESHRT_TRACE_SITE("albert.mesh:109:3");
+  support::View v38(param10_encoder_albert_layer_norm_gain);    // updated in place
+  support::View v692(param47_encoder_albert_layer_norm_gain_v); // updated in place
+  support::View v691(param46_encoder_albert_layer_norm_gain_m); // updated in place
+  repeated3(v38, v413, v692, v490, v691, v488, v472);
 }
 
 void AlbertTrain::runPart5(const Inputs &inputs) {
   (void)inputs;
   MESHRT_TRACE_SPAN(world_);
 
-  // 1 statements from albert.mesh:109:3 mul (1 of 5)
-  MESHRT_TRACE_SITE("albert.mesh:109:3");
-  support::View v38(param10_encoder_albert_layer_norm_gain); // updated in place
-  support::View v486 = arena_.view(43648, 32);
-  support::View v789(param47_encoder_albert_layer_norm_gain_v); // updated in place
-  support::View v587 = arena_.view(6272, 1);
-  support::View v788(param46_encoder_albert_layer_norm_gain_m); // updated in place
-  support::View v585 = arena_.view(6208, 1);
-  support::View v569 = arena_.view(6144, 1);
-  repeated4(v38, v486, v789, v587, v788, v585, v569);
-
   // 1 statements from albert.mesh:109:3 mul (2 of 5)
   MESHRT_TRACE_SITE("albert.mesh:109:3");
   support::View v39(param11_encoder_albert_layer_norm_bias); // updated in place
-  support::View v482 = arena_.view(43520, 32);
-  support::View v810(param49_encoder_albert_layer_norm_bias_v); // updated in place
-  support::View v809(param48_encoder_albert_layer_norm_bias_m); // updated in place
-  repeated4(v39, v482, v810, v587, v809, v585, v569);
+  support::View v409 = arena_.view(41344, 32);
+  support::View v713(param49_encoder_albert_layer_norm_bias_v); // updated in place
+  support::View v490 = arena_.view(6272, 1);
+  support::View v712(param48_encoder_albert_layer_norm_bias_m); // updated in place
+  support::View v488 = arena_.view(6208, 1);
+  support::View v472 = arena_.view(6144, 1);
+  repeated3(v39, v409, v713, v490, v712, v488, v472);
 
   // albert.mesh:109:3 mul
   // albert.mesh:109:3 square
@@ -3188,10 +3022,10 @@ void AlbertTrain::runPart5(const Inputs &inputs) {
   // albert.mesh:109:3 sub -> next/encoder/albert_layer/dense_relu_dense/wi
   MESHRT_TRACE("loop", "albert.mesh:109:3", "update");
   support::View v43(param12_encoder_albert_layer_dense_relu_dense_wi); // updated in place
-  support::View v480 = arena_.view(16384, 1024);
-  support::View v831(param51_encoder_albert_layer_dense_relu_dense_wi_v); // updated in place
-  support::View v830(param50_encoder_albert_layer_dense_relu_dense_wi_m); // updated in place
-  loop24(v831.data(), v830.data(), v43.data(), v480.data(), v587.data(), v585.data(), v569.data());
+  support::View v407 = arena_.view(16384, 1024);
+  support::View v734(param51_encoder_albert_layer_dense_relu_dense_wi_v); // updated in place
+  support::View v733(param50_encoder_albert_layer_dense_relu_dense_wi_m); // updated in place
+  loop23(v734.data(), v733.data(), v43.data(), v407.data(), v490.data(), v488.data(), v472.data());
 
   // albert.mesh:109:3 mul
   // albert.mesh:109:3 square
@@ -3211,10 +3045,10 @@ void AlbertTrain::runPart5(const Inputs &inputs) {
   // albert.mesh:109:3 sub -> next/encoder/albert_layer/dense_relu_dense/bi
   MESHRT_TRACE("loop", "albert.mesh:109:3", "update");
   support::View v44(param13_encoder_albert_layer_dense_relu_dense_bi); // updated in place
-  support::View v475 = arena_.view(43392, 32);
-  support::View v852(param53_encoder_albert_layer_dense_relu_dense_bi_v); // updated in place
-  support::View v851(param52_encoder_albert_layer_dense_relu_dense_bi_m); // updated in place
-  loop23(v852.data(), v851.data(), v44.data(), v475.data(), v587.data(), v585.data(), v569.data());
+  support::View v402 = arena_.view(41216, 32);
+  support::View v755(param53_encoder_albert_layer_dense_relu_dense_bi_v); // updated in place
+  support::View v754(param52_encoder_albert_layer_dense_relu_dense_bi_m); // updated in place
+  loop22(v755.data(), v754.data(), v44.data(), v402.data(), v490.data(), v488.data(), v472.data());
 
   // albert.mesh:109:3 mul
   // albert.mesh:109:3 square
@@ -3234,34 +3068,34 @@ void AlbertTrain::runPart5(const Inputs &inputs) {
   // albert.mesh:109:3 sub -> next/encoder/albert_layer/dense_relu_dense/wo
   MESHRT_TRACE("loop", "albert.mesh:109:3", "update");
   support::View v45(param14_encoder_albert_layer_dense_relu_dense_wo); // updated in place
-  support::View v456 = arena_.view(28672, 1024);
-  support::View v873(param55_encoder_albert_layer_dense_relu_dense_wo_v); // updated in place
-  support::View v872(param54_encoder_albert_layer_dense_relu_dense_wo_m); // updated in place
-  loop24(v873.data(), v872.data(), v45.data(), v456.data(), v587.data(), v585.data(), v569.data());
+  support::View v383 = arena_.view(28672, 1024);
+  support::View v776(param55_encoder_albert_layer_dense_relu_dense_wo_v); // updated in place
+  support::View v775(param54_encoder_albert_layer_dense_relu_dense_wo_m); // updated in place
+  loop23(v776.data(), v775.data(), v45.data(), v383.data(), v490.data(), v488.data(), v472.data());
 
   // 1 statements from albert.mesh:109:3 mul (3 of 5)
   MESHRT_TRACE_SITE("albert.mesh:109:3");
   support::View v46(param15_encoder_albert_layer_dense_relu_dense_bo); // updated in place
-  support::View v453 = arena_.view(43136, 32);
-  support::View v894(param57_encoder_albert_layer_dense_relu_dense_bo_v); // updated in place
-  support::View v893(param56_encoder_albert_layer_dense_relu_dense_bo_m); // updated in place
-  repeated4(v46, v453, v894, v587, v893, v585, v569);
+  support::View v380 = arena_.view(41088, 32);
+  support::View v797(param57_encoder_albert_layer_dense_relu_dense_bo_v); // updated in place
+  support::View v796(param56_encoder_albert_layer_dense_relu_dense_bo_m); // updated in place
+  repeated3(v46, v380, v797, v490, v796, v488, v472);
 
   // 1 statements from albert.mesh:109:3 mul (4 of 5)
   MESHRT_TRACE_SITE("albert.mesh:109:3");
   support::View v54(param16_encoder_albert_layer_norm_1_gain); // updated in place
-  support::View v438 = arena_.view(43264, 32);
-  support::View v915(param59_encoder_albert_layer_norm_1_gain_v); // updated in place
-  support::View v914(param58_encoder_albert_layer_norm_1_gain_m); // updated in place
-  repeated4(v54, v438, v915, v587, v914, v585, v569);
+  support::View v377 = arena_.view(40960, 32);
+  support::View v818(param59_encoder_albert_layer_norm_1_gain_v); // updated in place
+  support::View v817(param58_encoder_albert_layer_norm_1_gain_m); // updated in place
+  repeated3(v54, v377, v818, v490, v817, v488, v472);
 
   // 1 statements from albert.mesh:109:3 mul (5 of 5)
   MESHRT_TRACE_SITE("albert.mesh:109:3");
   support::View v55(param17_encoder_albert_layer_norm_1_bias); // updated in place
-  support::View v434 = arena_.view(43008, 32);
-  support::View v936(param61_encoder_albert_layer_norm_1_bias_v); // updated in place
-  support::View v935(param60_encoder_albert_layer_norm_1_bias_m); // updated in place
-  repeated4(v55, v434, v936, v587, v935, v585, v569);
+  support::View v373 = arena_.view(47104, 32);
+  support::View v839(param61_encoder_albert_layer_norm_1_bias_v); // updated in place
+  support::View v838(param60_encoder_albert_layer_norm_1_bias_m); // updated in place
+  repeated3(v55, v373, v839, v490, v838, v488, v472);
 
   // albert.mesh:109:3 mul
   // albert.mesh:109:3 square
@@ -3281,34 +3115,34 @@ void AlbertTrain::runPart5(const Inputs &inputs) {
   // albert.mesh:109:3 sub -> next/heads/transform
   MESHRT_TRACE("loop", "albert.mesh:109:3", "update");
   support::View v111(param18_heads_transform); // updated in place
-  support::View v251 = arena_.view(118784, 512);
-  support::View v957(param63_heads_transform_v); // updated in place
-  support::View v956(param62_heads_transform_m); // updated in place
-  loop21(v957.data(), v956.data(), v111.data(), v251.data(), v587.data(), v585.data(), v569.data());
+  support::View v238 = arena_.view(122880, 512);
+  support::View v860(param63_heads_transform_v); // updated in place
+  support::View v859(param62_heads_transform_m); // updated in place
+  loop20(v860.data(), v859.data(), v111.data(), v238.data(), v490.data(), v488.data(), v472.data());
 
   // 1 statements from albert.mesh:109:3 mul (3 of 5)
   MESHRT_TRACE_SITE("albert.mesh:109:3");
   support::View v112(param19_heads_transform_bias); // updated in place
-  support::View v248 = arena_.view(163840, 16);
-  support::View v978(param65_heads_transform_bias_v); // updated in place
-  support::View v977(param64_heads_transform_bias_m); // updated in place
-  repeated3(v112, v248, v978, v587, v977, v585, v569);
+  support::View v235 = arena_.view(163904, 16);
+  support::View v881(param65_heads_transform_bias_v); // updated in place
+  support::View v880(param64_heads_transform_bias_m); // updated in place
+  repeated2(v112, v235, v881, v490, v880, v488, v472);
 
   // 1 statements from albert.mesh:109:3 mul (4 of 5)
   MESHRT_TRACE_SITE("albert.mesh:109:3");
   support::View v113(param20_heads_gain); // updated in place
-  support::View v211 = arena_.view(165952, 16);
-  support::View v999(param67_heads_gain_v); // updated in place
-  support::View v998(param66_heads_gain_m); // updated in place
-  repeated3(v113, v211, v999, v587, v998, v585, v569);
+  support::View v211 = arena_.view(163840, 16);
+  support::View v902(param67_heads_gain_v); // updated in place
+  support::View v901(param66_heads_gain_m); // updated in place
+  repeated2(v113, v211, v902, v490, v901, v488, v472);
 
   // 1 statements from albert.mesh:109:3 mul (5 of 5)
   MESHRT_TRACE_SITE("albert.mesh:109:3");
   support::View v114(param21_heads_bias); // updated in place
   support::View v208 = arena_.view(165888, 16);
-  support::View v1020(param69_heads_bias_v); // updated in place
-  support::View v1019(param68_heads_bias_m); // updated in place
-  repeated3(v114, v208, v1020, v587, v1019, v585, v569);
+  support::View v923(param69_heads_bias_v); // updated in place
+  support::View v922(param68_heads_bias_m); // updated in place
+  repeated2(v114, v208, v923, v490, v922, v488, v472);
 
   // albert.mesh:109:3 mul
   // albert.mesh:109:3 square
@@ -3329,10 +3163,9 @@ void AlbertTrain::runPart5(const Inputs &inputs) {
   MESHRT_TRACE("loop", "albert.mesh:109:3", "update");
   support::View v116(param22_heads_output_bias); // updated in place
   support::View v204 = arena_.view(172416, 32);
-  support::View v1041(param71_heads_output_bias_v); // updated in place
-  support::View v1040(param70_heads_output_bias_m); // updated in place
-  loop23(v1041.data(), v1040.data(), v116.data(), v204.data(), v587.data(), v585.data(),
-         v569.data());
+  support::View v944(param71_heads_output_bias_v); // updated in place
+  support::View v943(param70_heads_output_bias_m); // updated in place
+  loop22(v944.data(), v943.data(), v116.data(), v204.data(), v490.data(), v488.data(), v472.data());
 
   // albert.mesh:109:3 mul
   // albert.mesh:109:3 square
@@ -3353,10 +3186,9 @@ void AlbertTrain::runPart5(const Inputs &inputs) {
   MESHRT_TRACE("loop", "albert.mesh:109:3", "update");
   support::View v117(param23_heads_pooler); // updated in place
   support::View v201 = arena_.view(114688, 1024);
-  support::View v1062(param73_heads_pooler_v); // updated in place
-  support::View v1061(param72_heads_pooler_m); // updated in place
-  loop24(v1062.data(), v1061.data(), v117.data(), v201.data(), v587.data(), v585.data(),
-         v569.data());
+  support::View v965(param73_heads_pooler_v); // updated in place
+  support::View v964(param72_heads_pooler_m); // updated in place
+  loop23(v965.data(), v964.data(), v117.data(), v201.data(), v490.data(), v488.data(), v472.data());
 
   // albert.mesh:109:3 mul
   // albert.mesh:109:3 square
@@ -3377,10 +3209,9 @@ void AlbertTrain::runPart5(const Inputs &inputs) {
   MESHRT_TRACE("loop", "albert.mesh:109:3", "update");
   support::View v118(param24_heads_pooler_bias); // updated in place
   support::View v199 = arena_.view(172288, 32);
-  support::View v1083(param75_heads_pooler_bias_v); // updated in place
-  support::View v1082(param74_heads_pooler_bias_m); // updated in place
-  loop23(v1083.data(), v1082.data(), v118.data(), v199.data(), v587.data(), v585.data(),
-         v569.data());
+  support::View v986(param75_heads_pooler_bias_v); // updated in place
+  support::View v985(param74_heads_pooler_bias_m); // updated in place
+  loop22(v986.data(), v985.data(), v118.data(), v199.data(), v490.data(), v488.data(), v472.data());
 
   // albert.mesh:109:3 mul
   // albert.mesh:109:3 square
@@ -3401,97 +3232,61 @@ void AlbertTrain::runPart5(const Inputs &inputs) {
   MESHRT_TRACE("loop", "albert.mesh:109:3", "update");
   support::View v119(param25_heads_classifier); // updated in place
   support::View v195 = arena_.view(172032, 64);
-  support::View v1104(param77_heads_classifier_v); // updated in place
-  support::View v1103(param76_heads_classifier_m); // updated in place
-  loop25(v1104.data(), v1103.data(), v119.data(), v195.data(), v587.data(), v585.data(),
-         v569.data());
+  support::View v1007(param77_heads_classifier_v); // updated in place
+  support::View v1006(param76_heads_classifier_m); // updated in place
+  loop24(v1007.data(), v1006.data(), v119.data(), v195.data(), v490.data(), v488.data(),
+         v472.data());
 }
 
 void AlbertTrain::repeated0(
-    support::ConstView a0, support::ConstView a1, support::View a2, support::View a3,
-    support::View a4, support::ConstView a5, support::View a6, support::View a7, support::View a8,
-    support::ConstView a9, support::View a10, support::View a11, support::View a12,
-    support::View a13, support::View a14, support::View a15, support::ConstView a16,
-    support::View a17, support::ConstView a18, support::View a19, support::ConstView a20,
-    support::View a21, support::View a22, support::ConstView a23, support::View a24,
-    support::View a25, support::ConstView a26, support::View a27, support::View a28,
-    support::ConstView a29, support::View a30, support::View a31, support::View a32,
-    support::ConstView a33, support::View a34, support::View a35, support::View a36,
-    support::ConstView a37, support::View a38, support::View a39, support::View a40,
-    support::View a41, support::View a42, support::ConstView a43, support::View a44,
+    support::ConstView a0, support::ConstView a1, support::View a2, support::ConstView a3,
+    support::View a4, support::View a5, support::View a6, support::ConstView a7, support::View a8,
+    support::ConstView a9, support::View a10, support::ConstView a11, support::View a12,
+    support::ConstView a13, support::View a14, support::View a15, support::ConstView a16,
+    support::View a17, support::View a18, support::ConstView a19, support::View a20,
+    support::View a21, support::ConstView a22, support::View a23, support::ConstView a24,
+    support::View a25, support::View a26, support::View a27, support::ConstView a28,
+    support::ConstView a29, support::View a30, support::ConstView a31, support::View a32,
+    support::ConstView a33, support::View a34, support::ConstView a35, support::View a36,
+    support::View a37, support::View a38, support::ConstView a39, support::View a40,
+    support::ConstView a41, support::View a42, support::ConstView a43, support::View a44,
     support::ConstView a45, support::View a46, support::ConstView a47, support::View a48,
     support::ConstView a49, support::View a50, support::View a51, support::View a52,
-    support::ConstView a53, support::View a54, support::ConstView a55, support::View a56,
-    support::ConstView a57, support::View a58, support::ConstView a59, support::View a60,
-    support::ConstView a61, support::View a62, support::ConstView a63, support::View a64,
-    support::View a65, support::View a66, support::View a67, support::View a68) {
+    support::View a53, support::View a54) {
   MESHRT_TRACE_SPAN(world_);
 
   // encoder_layers.mesh:19:46 mul
   MESHRT_TRACE("loop", "encoder_layers.mesh:19:46", "backward");
-  loop26(a2.data(), a0.data(), a1.data());
+  loop25(a2.data(), a0.data(), a1.data());
+
+  // encoder_layers.mesh:19:46 mul
+  MESHRT_TRACE("loop", "encoder_layers.mesh:19:46", "backward");
+  loop26(a4.data(), a0.data(), a3.data());
 
   // encoder_layers.mesh:19:46 sum
   MESHRT_TRACE("sum", "encoder_layers.mesh:19:46", "backward");
-  support::reduce(a3.data(), kShape10, a2.data(), kShape9, kShape3, kShape15, support::Reduce::Sum,
+  support::reduce(a5.data(), kShape10, a4.data(), kShape9, kShape3, kShape15, support::Reduce::Sum,
                   1.0);
 
-  // encoder_layers.mesh:19:10 mean
-  MESHRT_TRACE("mean", "encoder_layers.mesh:19:10", "backward");
-  support::reduce(a4.data(), kShape3, a5.data(), kShape15, kShape10, kShape9, support::Reduce::Sum,
-                  0.03125);
-
-  // encoder_layers.mesh:19:10 sub
-  // encoder_layers.mesh:19:10 square
-  MESHRT_TRACE("loop", "encoder_layers.mesh:19:10", "backward");
-  loop27(a6.data(), a5.data(), a4.data());
-
-  // encoder_layers.mesh:19:10 mean
-  MESHRT_TRACE("mean", "encoder_layers.mesh:19:10", "backward");
-  support::reduce(a7.data(), kShape3, a6.data(), kShape15, kShape10, kShape9, support::Reduce::Sum,
-                  0.03125);
-
-  // encoder_layers.mesh:19:10 add
-  // encoder_layers.mesh:19:10 rsqrt
-  MESHRT_TRACE("loop", "encoder_layers.mesh:19:10", "backward");
-  loop28(a8.data(), a7.data());
-
-  // encoder_layers.mesh:19:46 mul
-  // encoder_layers.mesh:19:10 mul
-  MESHRT_TRACE("loop", "encoder_layers.mesh:19:46", "backward");
-  loop29(a10.data(), a11.data(), a0.data(), a9.data(), a1.data());
-
-  // encoder_layers.mesh:19:10 mean
-  MESHRT_TRACE("mean", "encoder_layers.mesh:19:10", "backward");
-  support::reduce(a12.data(), kShape3, a11.data(), kShape15, kShape10, kShape9,
-                  support::Reduce::Sum, 0.03125);
-
-  // encoder_layers.mesh:19:10 mean
-  MESHRT_TRACE("mean", "encoder_layers.mesh:19:10", "backward");
-  support::reduce(a13.data(), kShape3, a10.data(), kShape15, kShape10, kShape9,
-                  support::Reduce::Sum, 0.03125);
-
-  // encoder_layers.mesh:19:10 mul
-  // encoder_layers.mesh:19:10 sub
-  // encoder_layers.mesh:19:10 sub
-  // encoder_layers.mesh:19:10 mul
-  MESHRT_TRACE("loop", "encoder_layers.mesh:19:10", "backward");
-  loop30(a14.data(), a1.data(), a12.data(), a10.data(), a13.data(), a8.data());
+  // encoder_layers.mesh:19:10 layer_norm_grad
+  MESHRT_TRACE("layer_norm_grad", "encoder_layers.mesh:19:10", "backward");
+  support::layerNormGrad(a6.data(), a7.data(), a2.data(), kShape3, kShape15, kShape15, kShape15,
+                         kShape10, kShape9, kShape9, kShape9, 1e-12, 32, nullptr);
 
   // encoder_layers.mesh:46:50 sum
   MESHRT_TRACE("sum", "encoder_layers.mesh:46:50", "backward");
-  support::reduce(a15.data(), kShape10, a14.data(), kShape9, kShape3, kShape15,
-                  support::Reduce::Sum, 1.0);
+  support::reduce(a8.data(), kShape10, a6.data(), kShape9, kShape3, kShape15, support::Reduce::Sum,
+                  1.0);
 
   // encoder_layers.mesh:46:10 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:46:10", "backward");
   // dims: batch, length, d_model, d_ff
-  kEinsum17.plan().run(a14.data(), a16.data(), a17.data(), 1.0f, 0.0f);
+  kEinsum17.plan().run(a6.data(), a9.data(), a10.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:46:10 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:46:10", "backward");
   // dims: batch, length, d_model, d_ff
-  kEinsum18.plan().run(a14.data(), a18.data(), a19.data(), 1.0f, 0.0f);
+  kEinsum18.plan().run(a6.data(), a11.data(), a12.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:45:11 square
   // encoder_layers.mesh:45:11 mul
@@ -3511,159 +3306,126 @@ void AlbertTrain::repeated0(
   // encoder_layers.mesh:45:11 add
   // encoder_layers.mesh:45:11 mul
   MESHRT_TRACE("loop", "encoder_layers.mesh:45:11", "backward");
-  loop15(a21.data(), a20.data(), a17.data());
+  loop15(a14.data(), a13.data(), a10.data());
 
   // encoder_layers.mesh:45:53 sum
   MESHRT_TRACE("sum", "encoder_layers.mesh:45:53", "backward");
-  support::reduce(a22.data(), kShape10, a21.data(), kShape9, kShape3, kShape15,
+  support::reduce(a15.data(), kShape10, a14.data(), kShape9, kShape3, kShape15,
                   support::Reduce::Sum, 1.0);
 
   // encoder_layers.mesh:45:16 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:45:16", "backward");
   // dims: batch, length, d_ff, d_model
-  kEinsum17.plan().run(a21.data(), a23.data(), a24.data(), 1.0f, 0.0f);
+  kEinsum17.plan().run(a14.data(), a16.data(), a17.data(), 1.0f, 0.0f);
 
-  // encoder_layers.mesh:45:16 all_reduce_sum (resolve the partial sum of %280 over model for add at
+  // encoder_layers.mesh:45:16 all_reduce_sum (resolve the partial sum of %255 over model for add at
   // 45:16)
   MESHRT_TRACE_SITE("encoder_layers.mesh:45:16");
-  group_model.allReduce(a24.data(), a24.size(), meshrt::ReduceOp::Sum);
+  group_model.allReduce(a17.data(), a17.size(), meshrt::ReduceOp::Sum);
 
   // encoder_layers.mesh:45:16 add
   MESHRT_TRACE("loop", "encoder_layers.mesh:45:16", "backward");
-  loop12(a25.data(), a14.data(), a24.data());
+  loop12(a18.data(), a6.data(), a17.data());
 
   // encoder_layers.mesh:45:16 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:45:16", "backward");
   // dims: batch, length, d_ff, d_model
-  kEinsum18.plan().run(a21.data(), a26.data(), a27.data(), 1.0f, 0.0f);
+  kEinsum18.plan().run(a14.data(), a19.data(), a20.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:19:53 sum
   MESHRT_TRACE("sum", "encoder_layers.mesh:19:53", "backward");
-  support::reduce(a28.data(), kShape10, a25.data(), kShape9, kShape3, kShape15,
+  support::reduce(a21.data(), kShape10, a18.data(), kShape9, kShape3, kShape15,
                   support::Reduce::Sum, 1.0);
 
   // encoder_layers.mesh:19:46 mul
   MESHRT_TRACE("loop", "encoder_layers.mesh:19:46", "backward");
-  loop26(a30.data(), a25.data(), a29.data());
+  loop25(a23.data(), a18.data(), a22.data());
+
+  // encoder_layers.mesh:19:46 mul
+  MESHRT_TRACE("loop", "encoder_layers.mesh:19:46", "backward");
+  loop26(a25.data(), a18.data(), a24.data());
 
   // encoder_layers.mesh:19:46 sum
   MESHRT_TRACE("sum", "encoder_layers.mesh:19:46", "backward");
-  support::reduce(a31.data(), kShape10, a30.data(), kShape9, kShape3, kShape15,
+  support::reduce(a26.data(), kShape10, a25.data(), kShape9, kShape3, kShape15,
                   support::Reduce::Sum, 1.0);
 
-  // encoder_layers.mesh:19:10 mean
-  MESHRT_TRACE("mean", "encoder_layers.mesh:19:10", "backward");
-  support::reduce(a32.data(), kShape3, a33.data(), kShape15, kShape10, kShape9,
-                  support::Reduce::Sum, 0.03125);
-
-  // encoder_layers.mesh:19:10 sub
-  // encoder_layers.mesh:19:10 square
-  MESHRT_TRACE("loop", "encoder_layers.mesh:19:10", "backward");
-  loop27(a34.data(), a33.data(), a32.data());
-
-  // encoder_layers.mesh:19:10 mean
-  MESHRT_TRACE("mean", "encoder_layers.mesh:19:10", "backward");
-  support::reduce(a35.data(), kShape3, a34.data(), kShape15, kShape10, kShape9,
-                  support::Reduce::Sum, 0.03125);
-
-  // encoder_layers.mesh:19:10 add
-  // encoder_layers.mesh:19:10 rsqrt
-  MESHRT_TRACE("loop", "encoder_layers.mesh:19:10", "backward");
-  loop28(a36.data(), a35.data());
-
-  // encoder_layers.mesh:19:46 mul
-  // encoder_layers.mesh:19:10 mul
-  MESHRT_TRACE("loop", "encoder_layers.mesh:19:46", "backward");
-  loop29(a38.data(), a39.data(), a25.data(), a37.data(), a29.data());
-
-  // encoder_layers.mesh:19:10 mean
-  MESHRT_TRACE("mean", "encoder_layers.mesh:19:10", "backward");
-  support::reduce(a40.data(), kShape3, a39.data(), kShape15, kShape10, kShape9,
-                  support::Reduce::Sum, 0.03125);
-
-  // encoder_layers.mesh:19:10 mean
-  MESHRT_TRACE("mean", "encoder_layers.mesh:19:10", "backward");
-  support::reduce(a41.data(), kShape3, a38.data(), kShape15, kShape10, kShape9,
-                  support::Reduce::Sum, 0.03125);
-
-  // encoder_layers.mesh:19:10 mul
-  // encoder_layers.mesh:19:10 sub
-  // encoder_layers.mesh:19:10 sub
-  // encoder_layers.mesh:19:10 mul
-  MESHRT_TRACE("loop", "encoder_layers.mesh:19:10", "backward");
-  loop30(a42.data(), a29.data(), a40.data(), a38.data(), a41.data(), a36.data());
+  // encoder_layers.mesh:19:10 layer_norm_grad
+  MESHRT_TRACE("layer_norm_grad", "encoder_layers.mesh:19:10", "backward");
+  support::layerNormGrad(a27.data(), a28.data(), a23.data(), kShape3, kShape15, kShape15, kShape15,
+                         kShape10, kShape9, kShape9, kShape9, 1e-12, 32, nullptr);
 
   // encoder_layers.mesh:35:10 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:35:10", "backward");
   // dims: batch, length, d_model, heads, d_kv
-  kEinsum19.plan().run(a42.data(), a43.data(), a44.data(), 1.0f, 0.0f);
+  kEinsum19.plan().run(a27.data(), a29.data(), a30.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:35:10 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:35:10", "backward");
   // dims: batch, length, d_model, heads, d_kv
-  kEinsum20.plan().run(a42.data(), a45.data(), a46.data(), 1.0f, 0.0f);
+  kEinsum20.plan().run(a27.data(), a31.data(), a32.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:34:17 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:34:17", "backward");
   // dims: batch, length, heads, d_kv, memory_length
-  kEinsum5.plan().run(a44.data(), a47.data(), a48.data(), 1.0f, 0.0f);
+  kEinsum5.plan().run(a30.data(), a33.data(), a34.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:34:17 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:34:17", "backward");
   // dims: batch, length, heads, d_kv, memory_length
-  kEinsum21.plan().run(a44.data(), a49.data(), a50.data(), 1.0f, 0.0f);
+  kEinsum21.plan().run(a30.data(), a35.data(), a36.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:33:17 sum
   // encoder_layers.mesh:33:17 mul
   MESHRT_TRACE("sum", "encoder_layers.mesh:33:17", "backward");
-  support::reduceProduct(a51.data(), kShape12, 16, a48.data(), kShape13, a49.data(), kShape13, 1.0);
+  support::reduceProduct(a37.data(), kShape12, 16, a34.data(), kShape13, a35.data(), kShape13, 1.0);
 
   // encoder_layers.mesh:33:17 sub
   // encoder_layers.mesh:33:17 mul
   // encoder_layers.mesh:32:77 mul
   MESHRT_TRACE("loop", "encoder_layers.mesh:33:17", "backward");
-  loop17(a52.data(), a48.data(), a51.data(), a49.data());
+  loop17(a38.data(), a34.data(), a37.data(), a35.data());
 
   // encoder_layers.mesh:32:16 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:32:16", "backward");
   // dims: batch, heads, length, memory_length, d_kv
-  kEinsum6.plan().run(a52.data(), a53.data(), a54.data(), 1.0f, 0.0f);
+  kEinsum6.plan().run(a38.data(), a39.data(), a40.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:32:16 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:32:16", "backward");
   // dims: batch, heads, length, memory_length, d_kv
-  kEinsum22.plan().run(a52.data(), a55.data(), a56.data(), 1.0f, 0.0f);
+  kEinsum22.plan().run(a38.data(), a41.data(), a42.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:30:23 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:30:23", "backward");
   // dims: batch, length, heads, d_kv, d_model
-  kEinsum23.plan().run(a50.data(), a57.data(), a58.data(), 1.0f, 0.0f);
+  kEinsum23.plan().run(a36.data(), a43.data(), a44.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:29:21 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:29:21", "backward");
   // dims: batch, length, heads, d_kv, d_model
-  kEinsum23.plan().run(a56.data(), a59.data(), a60.data(), 1.0f, 0.0f);
+  kEinsum23.plan().run(a42.data(), a45.data(), a46.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:28:17 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:28:17", "backward");
   // dims: batch, length, heads, d_kv, d_model
-  kEinsum23.plan().run(a54.data(), a61.data(), a62.data(), 1.0f, 0.0f);
+  kEinsum23.plan().run(a40.data(), a47.data(), a48.data(), 1.0f, 0.0f);
 
-  // encoder_layers.mesh:30:23 bucketed_all_reduce_sum (resolve the partial sum of %312 over model
-  // for add at 30:23; merged with 2 more partial sums over model (%330, %334): 12.0 KiB in one
+  // encoder_layers.mesh:30:23 bucketed_all_reduce_sum (resolve the partial sum of %275 over model
+  // for add at 30:23; merged with 2 more partial sums over model (%293, %297): 12.0 KiB in one
   // buffer)
   MESHRT_TRACE_SITE("encoder_layers.mesh:30:23");
-  auto request2 = support::startAllReduce(group_model, {a58, a60, a62}, meshrt::ReduceOp::Sum);
+  auto request2 = support::startAllReduce(group_model, {a44, a46, a48}, meshrt::ReduceOp::Sum);
 
   // encoder_layers.mesh:30:23 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:30:23", "backward");
   // dims: batch, length, heads, d_kv, d_model
-  kEinsum24.plan().run(a50.data(), a63.data(), a64.data(), 1.0f, 0.0f);
+  kEinsum24.plan().run(a36.data(), a49.data(), a50.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:29:21 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:29:21", "backward");
   // dims: batch, length, heads, d_kv, d_model
-  kEinsum24.plan().run(a56.data(), a63.data(), a65.data(), 1.0f, 0.0f);
+  kEinsum24.plan().run(a42.data(), a49.data(), a51.data(), 1.0f, 0.0f);
 
   MESHRT_TRACE_SITE("encoder_layers.mesh:30:23");
   group_model.wait(request2);
@@ -3672,16 +3434,16 @@ void AlbertTrain::repeated0(
   // encoder_layers.mesh:29:21 add
   // encoder_layers.mesh:28:17 add
   MESHRT_TRACE("loop", "encoder_layers.mesh:30:23", "backward");
-  loop18(a66.data(), a42.data(), a58.data(), a60.data(), a62.data());
+  loop18(a52.data(), a27.data(), a44.data(), a46.data(), a48.data());
 
   // encoder_layers.mesh:28:17 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:28:17", "backward");
   // dims: batch, length, heads, d_kv, d_model
-  kEinsum24.plan().run(a54.data(), a63.data(), a67.data(), 1.0f, 0.0f);
+  kEinsum24.plan().run(a40.data(), a49.data(), a53.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:19:53 sum
   MESHRT_TRACE("sum", "encoder_layers.mesh:19:53", "backward");
-  support::reduce(a68.data(), kShape10, a66.data(), kShape9, kShape3, kShape15,
+  support::reduce(a54.data(), kShape10, a52.data(), kShape9, kShape3, kShape15,
                   support::Reduce::Sum, 1.0);
 }
 
@@ -3749,7 +3511,7 @@ void AlbertTrain::repeated1(support::ConstView a0, support::ConstView a1, suppor
   // encoder_layers.mesh:19:46 mul
   // encoder_layers.mesh:19:53 add -> h
   MESHRT_TRACE("loop", "encoder_layers.mesh:19:46", "forward");
-  loop31(a16.data(), a13.data(), a14.data(), a15.data());
+  loop27(a16.data(), a13.data(), a14.data(), a15.data());
 
   // encoder_layers.mesh:45:16 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:45:16", "forward");
@@ -3759,7 +3521,7 @@ void AlbertTrain::repeated1(support::ConstView a0, support::ConstView a1, suppor
   // encoder_layers.mesh:45:53 add
   // encoder_layers.mesh:45:11 gelu -> h
   MESHRT_TRACE("loop", "encoder_layers.mesh:45:53", "forward");
-  loop32(a20.data(), a21.data(), a18.data(), a19.data());
+  loop28(a20.data(), a21.data(), a18.data(), a19.data());
 
   // encoder_layers.mesh:46:10 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:46:10", "forward");
@@ -3774,7 +3536,7 @@ void AlbertTrain::repeated1(support::ConstView a0, support::ConstView a1, suppor
   // encoder_layers.mesh:46:50 add
   // albert.mesh:35:17 add
   MESHRT_TRACE("loop", "encoder_layers.mesh:46:50", "forward");
-  loop33(a25.data(), a23.data(), a24.data(), a16.data());
+  loop29(a25.data(), a23.data(), a24.data(), a16.data());
 
   // encoder_layers.mesh:19:10 layer_norm
   MESHRT_TRACE("layer_norm", "encoder_layers.mesh:19:10", "forward");
@@ -3784,79 +3546,32 @@ void AlbertTrain::repeated1(support::ConstView a0, support::ConstView a1, suppor
   // encoder_layers.mesh:19:46 mul
   // encoder_layers.mesh:19:53 add -> h
   MESHRT_TRACE("loop", "encoder_layers.mesh:19:46", "forward");
-  loop31(a29.data(), a26.data(), a27.data(), a28.data());
+  loop27(a29.data(), a26.data(), a27.data(), a28.data());
 }
 
-void AlbertTrain::repeated2(support::ConstView a0, support::ConstView a1, support::ConstView a2,
-                            support::View a3, support::ConstView a4, support::ConstView a5,
-                            support::View a6, support::View a7, support::ConstView a8,
-                            support::ConstView a9, support::View a10, support::View a11,
-                            support::ConstView a12, support::View a13, support::View a14,
-                            support::View a15, support::ConstView a16, support::View a17,
-                            support::View a18, support::View a19, support::View a20,
-                            support::View a21) {
+void AlbertTrain::repeated2(support::View a0, support::ConstView a1, support::View a2,
+                            support::ConstView a3, support::View a4, support::ConstView a5,
+                            support::ConstView a6) {
   MESHRT_TRACE_SPAN(world_);
 
-  // encoder_layers.mesh:19:53 add
-  // encoder_layers.mesh:19:53 add -> grad/encoder/albert_layer/norm#1/bias
-  MESHRT_TRACE("loop", "encoder_layers.mesh:19:53", "backward");
-  loop13(a3.data(), a0.data(), a1.data(), a2.data());
-
-  // encoder_layers.mesh:19:46 mul
-  MESHRT_TRACE("loop", "encoder_layers.mesh:19:46", "backward");
-  loop26(a6.data(), a4.data(), a5.data());
-
-  // encoder_layers.mesh:19:46 sum
-  MESHRT_TRACE("sum", "encoder_layers.mesh:19:46", "backward");
-  support::reduce(a7.data(), kShape10, a6.data(), kShape9, kShape3, kShape15, support::Reduce::Sum,
-                  1.0);
-
-  // encoder_layers.mesh:19:46 add
-  // encoder_layers.mesh:19:46 add -> grad/encoder/albert_layer/norm#1/gain
-  MESHRT_TRACE("loop", "encoder_layers.mesh:19:46", "backward");
-  loop13(a10.data(), a8.data(), a9.data(), a7.data());
-
-  // encoder_layers.mesh:19:10 mean
-  MESHRT_TRACE("mean", "encoder_layers.mesh:19:10", "backward");
-  support::reduce(a11.data(), kShape3, a12.data(), kShape15, kShape10, kShape9,
-                  support::Reduce::Sum, 0.03125);
-
-  // encoder_layers.mesh:19:10 sub
-  // encoder_layers.mesh:19:10 square
-  MESHRT_TRACE("loop", "encoder_layers.mesh:19:10", "backward");
-  loop27(a13.data(), a12.data(), a11.data());
-
-  // encoder_layers.mesh:19:10 mean
-  MESHRT_TRACE("mean", "encoder_layers.mesh:19:10", "backward");
-  support::reduce(a14.data(), kShape3, a13.data(), kShape15, kShape10, kShape9,
-                  support::Reduce::Sum, 0.03125);
-
-  // encoder_layers.mesh:19:10 add
-  // encoder_layers.mesh:19:10 rsqrt
-  MESHRT_TRACE("loop", "encoder_layers.mesh:19:10", "backward");
-  loop28(a15.data(), a14.data());
-
-  // encoder_layers.mesh:19:46 mul
-  // encoder_layers.mesh:19:10 mul
-  MESHRT_TRACE("loop", "encoder_layers.mesh:19:46", "backward");
-  loop29(a17.data(), a18.data(), a4.data(), a16.data(), a5.data());
-
-  // encoder_layers.mesh:19:10 mean
-  MESHRT_TRACE("mean", "encoder_layers.mesh:19:10", "backward");
-  support::reduce(a19.data(), kShape3, a18.data(), kShape15, kShape10, kShape9,
-                  support::Reduce::Sum, 0.03125);
-
-  // encoder_layers.mesh:19:10 mean
-  MESHRT_TRACE("mean", "encoder_layers.mesh:19:10", "backward");
-  support::reduce(a20.data(), kShape3, a17.data(), kShape15, kShape10, kShape9,
-                  support::Reduce::Sum, 0.03125);
-
-  // encoder_layers.mesh:19:10 mul
-  // encoder_layers.mesh:19:10 sub
-  // encoder_layers.mesh:19:10 sub
-  // encoder_layers.mesh:19:10 mul
-  MESHRT_TRACE("loop", "encoder_layers.mesh:19:10", "backward");
-  loop30(a21.data(), a5.data(), a19.data(), a17.data(), a20.data(), a15.data());
+  // albert.mesh:109:3 mul
+  // albert.mesh:109:3 square
+  // albert.mesh:109:3 mul
+  // albert.mesh:109:3 mul
+  // albert.mesh:109:3 add
+  // albert.mesh:109:3 div
+  // albert.mesh:109:3 sqrt
+  // albert.mesh:109:3 add
+  // albert.mesh:109:3 mul
+  // albert.mesh:109:3 mul
+  // albert.mesh:109:3 add
+  // albert.mesh:109:3 div
+  // albert.mesh:109:3 div
+  // albert.mesh:109:3 add
+  // albert.mesh:109:3 mul
+  // albert.mesh:109:3 sub -> next/encoder/embed/gain
+  MESHRT_TRACE("loop", "albert.mesh:109:3", "update");
+  loop30(a2.data(), a4.data(), a0.data(), a1.data(), a3.data(), a5.data(), a6.data());
 }
 
 void AlbertTrain::repeated3(support::View a0, support::ConstView a1, support::View a2,
@@ -3879,9 +3594,9 @@ void AlbertTrain::repeated3(support::View a0, support::ConstView a1, support::Vi
   // albert.mesh:109:3 div
   // albert.mesh:109:3 add
   // albert.mesh:109:3 mul
-  // albert.mesh:109:3 sub -> next/encoder/embed/gain
+  // albert.mesh:109:3 sub -> next/encoder/albert_layer/norm/gain
   MESHRT_TRACE("loop", "albert.mesh:109:3", "update");
-  loop34(a2.data(), a4.data(), a0.data(), a1.data(), a3.data(), a5.data(), a6.data());
+  loop22(a2.data(), a4.data(), a0.data(), a1.data(), a3.data(), a5.data(), a6.data());
 }
 
 void AlbertTrain::repeated4(support::View a0, support::ConstView a1, support::View a2,
@@ -3904,41 +3619,50 @@ void AlbertTrain::repeated4(support::View a0, support::ConstView a1, support::Vi
   // albert.mesh:109:3 div
   // albert.mesh:109:3 add
   // albert.mesh:109:3 mul
-  // albert.mesh:109:3 sub -> next/encoder/albert_layer/norm/gain
-  MESHRT_TRACE("loop", "albert.mesh:109:3", "update");
-  loop23(a2.data(), a4.data(), a0.data(), a1.data(), a3.data(), a5.data(), a6.data());
-}
-
-void AlbertTrain::repeated5(support::View a0, support::ConstView a1, support::View a2,
-                            support::ConstView a3, support::View a4, support::ConstView a5,
-                            support::ConstView a6) {
-  MESHRT_TRACE_SPAN(world_);
-
-  // albert.mesh:109:3 mul
-  // albert.mesh:109:3 square
-  // albert.mesh:109:3 mul
-  // albert.mesh:109:3 mul
-  // albert.mesh:109:3 add
-  // albert.mesh:109:3 div
-  // albert.mesh:109:3 sqrt
-  // albert.mesh:109:3 add
-  // albert.mesh:109:3 mul
-  // albert.mesh:109:3 mul
-  // albert.mesh:109:3 add
-  // albert.mesh:109:3 div
-  // albert.mesh:109:3 div
-  // albert.mesh:109:3 add
-  // albert.mesh:109:3 mul
   // albert.mesh:109:3 sub -> next/encoder/albert_layer/self_attention/q
   MESHRT_TRACE("loop", "albert.mesh:109:3", "update");
-  loop21(a2.data(), a4.data(), a0.data(), a1.data(), a3.data(), a5.data(), a6.data());
+  loop20(a2.data(), a4.data(), a0.data(), a1.data(), a3.data(), a5.data(), a6.data());
+}
+
+void AlbertTrain::repeated5(support::ConstView a0, support::ConstView a1, support::ConstView a2,
+                            support::View a3, support::ConstView a4, support::ConstView a5,
+                            support::View a6, support::ConstView a7, support::View a8,
+                            support::View a9, support::ConstView a10, support::ConstView a11,
+                            support::View a12, support::View a13, support::ConstView a14) {
+  MESHRT_TRACE_SPAN(world_);
+
+  // encoder_layers.mesh:19:53 add
+  // encoder_layers.mesh:19:53 add -> grad/encoder/albert_layer/norm#1/bias
+  MESHRT_TRACE("loop", "encoder_layers.mesh:19:53", "backward");
+  loop13(a3.data(), a0.data(), a1.data(), a2.data());
+
+  // encoder_layers.mesh:19:46 mul
+  MESHRT_TRACE("loop", "encoder_layers.mesh:19:46", "backward");
+  loop25(a6.data(), a4.data(), a5.data());
+
+  // encoder_layers.mesh:19:46 mul
+  MESHRT_TRACE("loop", "encoder_layers.mesh:19:46", "backward");
+  loop26(a8.data(), a4.data(), a7.data());
+
+  // encoder_layers.mesh:19:46 sum
+  MESHRT_TRACE("sum", "encoder_layers.mesh:19:46", "backward");
+  support::reduce(a9.data(), kShape10, a8.data(), kShape9, kShape3, kShape15, support::Reduce::Sum,
+                  1.0);
+
+  // encoder_layers.mesh:19:46 add
+  // encoder_layers.mesh:19:46 add -> grad/encoder/albert_layer/norm#1/gain
+  MESHRT_TRACE("loop", "encoder_layers.mesh:19:46", "backward");
+  loop13(a12.data(), a10.data(), a11.data(), a9.data());
+
+  // encoder_layers.mesh:19:10 layer_norm_grad
+  MESHRT_TRACE("layer_norm_grad", "encoder_layers.mesh:19:10", "backward");
+  support::layerNormGrad(a13.data(), a14.data(), a6.data(), kShape3, kShape15, kShape15, kShape15,
+                         kShape10, kShape9, kShape9, kShape9, 1e-12, 32, nullptr);
 }
 
 void AlbertTrain::repeated6(support::View a0, support::ConstView a1, support::ConstView a2,
-                            support::View a3, support::View a4, support::View a5,
-                            support::ConstView a6, support::View a7, support::View a8,
-                            support::View a9, support::ConstView a10, support::View a11,
-                            support::View a12, support::View a13, support::View a14) {
+                            support::View a3, support::ConstView a4, support::View a5,
+                            support::View a6, support::View a7, support::ConstView a8) {
   MESHRT_TRACE_SPAN(world_);
 
   // albert.mesh:77:50 sum -> grad/heads/bias
@@ -3948,47 +3672,21 @@ void AlbertTrain::repeated6(support::View a0, support::ConstView a1, support::Co
 
   // albert.mesh:77:43 mul
   MESHRT_TRACE("loop", "albert.mesh:77:43", "backward");
-  loop35(a3.data(), a1.data(), a2.data());
+  loop31(a3.data(), a1.data(), a2.data());
+
+  // albert.mesh:77:43 mul
+  MESHRT_TRACE("loop", "albert.mesh:77:43", "backward");
+  loop32(a5.data(), a1.data(), a4.data());
 
   // albert.mesh:77:43 sum -> grad/heads/gain
   MESHRT_TRACE("sum", "albert.mesh:77:43", "backward");
-  support::reduce(a4.data(), kShape14, a3.data(), kShape9, kShape3, kShape4, support::Reduce::Sum,
+  support::reduce(a6.data(), kShape14, a5.data(), kShape9, kShape3, kShape4, support::Reduce::Sum,
                   1.0);
 
-  // albert.mesh:77:7 mean
-  MESHRT_TRACE("mean", "albert.mesh:77:7", "backward");
-  support::reduce(a5.data(), kShape3, a6.data(), kShape4, kShape14, kShape9, support::Reduce::Sum,
-                  0.0625);
-
-  // albert.mesh:77:7 sub
-  // albert.mesh:77:7 square
-  MESHRT_TRACE("loop", "albert.mesh:77:7", "backward");
-  loop36(a7.data(), a6.data(), a5.data());
-
-  // albert.mesh:77:7 mean
-  MESHRT_TRACE("mean", "albert.mesh:77:7", "backward");
-  support::reduce(a8.data(), kShape3, a7.data(), kShape4, kShape14, kShape9, support::Reduce::Sum,
-                  0.0625);
-
-  // albert.mesh:77:7 add
-  // albert.mesh:77:7 rsqrt
-  MESHRT_TRACE("loop", "albert.mesh:77:7", "backward");
-  loop28(a9.data(), a8.data());
-
-  // albert.mesh:77:43 mul
-  // albert.mesh:77:7 mul
-  MESHRT_TRACE("loop", "albert.mesh:77:43", "backward");
-  loop37(a11.data(), a12.data(), a1.data(), a10.data(), a2.data());
-
-  // albert.mesh:77:7 mean
-  MESHRT_TRACE("mean", "albert.mesh:77:7", "backward");
-  support::reduce(a13.data(), kShape3, a12.data(), kShape4, kShape14, kShape9, support::Reduce::Sum,
-                  0.0625);
-
-  // albert.mesh:77:7 mean
-  MESHRT_TRACE("mean", "albert.mesh:77:7", "backward");
-  support::reduce(a14.data(), kShape3, a11.data(), kShape4, kShape14, kShape9, support::Reduce::Sum,
-                  0.0625);
+  // albert.mesh:77:7 layer_norm_grad
+  MESHRT_TRACE("layer_norm_grad", "albert.mesh:77:7", "backward");
+  support::layerNormGrad(a7.data(), a8.data(), a3.data(), kShape3, kShape4, kShape4, kShape4,
+                         kShape14, kShape9, kShape9, kShape9, 1e-12, 16, nullptr);
 }
 
 AlbertTrain::Inputs AlbertTrain::synthesizeInputs(uint64_t seed) const {

@@ -194,9 +194,9 @@ public:
   /// The bytes of this object's arena: run()'s temporaries share it, placed by liveness.
   static constexpr size_t kArenaBytes = 172800;
   /// The bytes of all of run()'s temporaries together (one buffer each).
-  static constexpr size_t kTemporaryBytes = 627924;
+  static constexpr size_t kTemporaryBytes = 567508;
   /// The bytes of the values computed once, in the constructor (constants, masks).
-  static constexpr size_t kPersistentBytes = 1728;
+  static constexpr size_t kPersistentBytes = 1664;
 
   /// One training step on this rank's shards (collective): forward, backward and the optimizer's
   /// update, applied to the params; increments the step counter. Returns the global loss (every
@@ -261,26 +261,22 @@ public:
   void runPart4(const Inputs &inputs);
   void runPart5(const Inputs &inputs);
   /// Code that repeats in run() (the layers of a `repeat`), called once per repetition.
-  void repeated0(support::ConstView a0, support::ConstView a1, support::View a2, support::View a3,
-                 support::View a4, support::ConstView a5, support::View a6, support::View a7,
-                 support::View a8, support::ConstView a9, support::View a10, support::View a11,
-                 support::View a12, support::View a13, support::View a14, support::View a15,
-                 support::ConstView a16, support::View a17, support::ConstView a18,
-                 support::View a19, support::ConstView a20, support::View a21, support::View a22,
-                 support::ConstView a23, support::View a24, support::View a25,
-                 support::ConstView a26, support::View a27, support::View a28,
-                 support::ConstView a29, support::View a30, support::View a31, support::View a32,
-                 support::ConstView a33, support::View a34, support::View a35, support::View a36,
-                 support::ConstView a37, support::View a38, support::View a39, support::View a40,
-                 support::View a41, support::View a42, support::ConstView a43, support::View a44,
+  void repeated0(support::ConstView a0, support::ConstView a1, support::View a2,
+                 support::ConstView a3, support::View a4, support::View a5, support::View a6,
+                 support::ConstView a7, support::View a8, support::ConstView a9, support::View a10,
+                 support::ConstView a11, support::View a12, support::ConstView a13,
+                 support::View a14, support::View a15, support::ConstView a16, support::View a17,
+                 support::View a18, support::ConstView a19, support::View a20, support::View a21,
+                 support::ConstView a22, support::View a23, support::ConstView a24,
+                 support::View a25, support::View a26, support::View a27, support::ConstView a28,
+                 support::ConstView a29, support::View a30, support::ConstView a31,
+                 support::View a32, support::ConstView a33, support::View a34,
+                 support::ConstView a35, support::View a36, support::View a37, support::View a38,
+                 support::ConstView a39, support::View a40, support::ConstView a41,
+                 support::View a42, support::ConstView a43, support::View a44,
                  support::ConstView a45, support::View a46, support::ConstView a47,
                  support::View a48, support::ConstView a49, support::View a50, support::View a51,
-                 support::View a52, support::ConstView a53, support::View a54,
-                 support::ConstView a55, support::View a56, support::ConstView a57,
-                 support::View a58, support::ConstView a59, support::View a60,
-                 support::ConstView a61, support::View a62, support::ConstView a63,
-                 support::View a64, support::View a65, support::View a66, support::View a67,
-                 support::View a68);
+                 support::View a52, support::View a53, support::View a54);
   void repeated1(support::ConstView a0, support::ConstView a1, support::View a2,
                  support::ConstView a3, support::View a4, support::ConstView a5, support::View a6,
                  support::View a7, support::View a8, support::View a9, support::ConstView a10,
@@ -290,22 +286,20 @@ public:
                  support::ConstView a22, support::View a23, support::ConstView a24,
                  support::View a25, support::View a26, support::ConstView a27,
                  support::ConstView a28, support::View a29);
-  void repeated2(support::ConstView a0, support::ConstView a1, support::ConstView a2,
-                 support::View a3, support::ConstView a4, support::ConstView a5, support::View a6,
-                 support::View a7, support::ConstView a8, support::ConstView a9, support::View a10,
-                 support::View a11, support::ConstView a12, support::View a13, support::View a14,
-                 support::View a15, support::ConstView a16, support::View a17, support::View a18,
-                 support::View a19, support::View a20, support::View a21);
+  void repeated2(support::View a0, support::ConstView a1, support::View a2, support::ConstView a3,
+                 support::View a4, support::ConstView a5, support::ConstView a6);
   void repeated3(support::View a0, support::ConstView a1, support::View a2, support::ConstView a3,
                  support::View a4, support::ConstView a5, support::ConstView a6);
   void repeated4(support::View a0, support::ConstView a1, support::View a2, support::ConstView a3,
                  support::View a4, support::ConstView a5, support::ConstView a6);
-  void repeated5(support::View a0, support::ConstView a1, support::View a2, support::ConstView a3,
-                 support::View a4, support::ConstView a5, support::ConstView a6);
+  void repeated5(support::ConstView a0, support::ConstView a1, support::ConstView a2,
+                 support::View a3, support::ConstView a4, support::ConstView a5, support::View a6,
+                 support::ConstView a7, support::View a8, support::View a9, support::ConstView a10,
+                 support::ConstView a11, support::View a12, support::View a13,
+                 support::ConstView a14);
   void repeated6(support::View a0, support::ConstView a1, support::ConstView a2, support::View a3,
-                 support::View a4, support::View a5, support::ConstView a6, support::View a7,
-                 support::View a8, support::View a9, support::ConstView a10, support::View a11,
-                 support::View a12, support::View a13, support::View a14);
+                 support::ConstView a4, support::View a5, support::View a6, support::View a7,
+                 support::ConstView a8);
 
 private:
   meshrt::Communicator &world_;

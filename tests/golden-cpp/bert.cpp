@@ -189,6 +189,18 @@ static const support::SharedEinsum
 
 [[gnu::noinline]] static void loop8(float *__restrict p0, const float *__restrict p1,
                                     const float *__restrict p2) {
+  for (int64_t i0 = 0; i0 < 32; ++i0) {
+    for (int64_t i1 = 0; i1 < 64; ++i1) {
+      const float s0 = p1[i0 * 64 + i1];
+      const float s1 = p2[i1];
+      const float s2 = (s0 * s1);
+      p0[i0 * 64 + i1] = s2;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop9(float *__restrict p0, const float *__restrict p1,
+                                    const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 2048; ++i0) {
     const float s0 = p1[i0];
     const float s1 = p2[i0];
@@ -197,65 +209,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop9(float *__restrict p0, const float *__restrict p1,
-                                    const float *__restrict p2) {
-  for (int64_t i0 = 0; i0 < 32; ++i0) {
-    for (int64_t i1 = 0; i1 < 64; ++i1) {
-      const float s0 = p1[i0 * 64 + i1];
-      const float s1 = p2[i0];
-      const float s2 = (s0 - s1);
-      const float s3 = s2 * s2;
-      p0[i0 * 64 + i1] = s3;
-    }
-  }
-}
-
-[[gnu::noinline]] static void loop10(float *__restrict p0, const float *__restrict p1) {
-  for (int64_t i0 = 0; i0 < 32; ++i0) {
-    const float s0 = p1[i0];
-    const float s1 = 1e-05f;
-    const float s2 = (s0 + s1);
-    const float s3 = 1.0f / support::fsqrt(s2);
-    p0[i0] = s3;
-  }
-}
-
-[[gnu::noinline]] static void loop11(float *__restrict p0, float *__restrict p1,
-                                     const float *__restrict p2, const float *__restrict p3,
-                                     const float *__restrict p4) {
-  for (int64_t i0 = 0; i0 < 32; ++i0) {
-    for (int64_t i1 = 0; i1 < 64; ++i1) {
-      const float s0 = p2[i0 * 64 + i1];
-      const float s1 = p3[i1];
-      const float s2 = (s0 * s1);
-      const float s3 = p4[i0 * 64 + i1];
-      const float s4 = (s2 * s3);
-      p0[i0 * 64 + i1] = s2;
-      p1[i0 * 64 + i1] = s4;
-    }
-  }
-}
-
-[[gnu::noinline]] static void loop12(float *__restrict p0, const float *__restrict p1,
-                                     const float *__restrict p2, const float *__restrict p3,
-                                     const float *__restrict p4, const float *__restrict p5) {
-  for (int64_t i0 = 0; i0 < 32; ++i0) {
-    for (int64_t i1 = 0; i1 < 64; ++i1) {
-      const float s0 = p1[i0 * 64 + i1];
-      const float s1 = p2[i0];
-      const float s2 = (s0 * s1);
-      const float s3 = p3[i0 * 64 + i1];
-      const float s4 = p4[i0];
-      const float s5 = (s3 - s4);
-      const float s6 = (s5 - s2);
-      const float s7 = p5[i0];
-      const float s8 = (s6 * s7);
-      p0[i0 * 64 + i1] = s8;
-    }
-  }
-}
-
-[[gnu::noinline]] static void loop13(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop10(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 8192; ++i0) {
     const float s0 = p1[i0];
@@ -265,7 +219,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop14(float *__restrict p0, float *__restrict p1,
+[[gnu::noinline]] static void loop11(float *__restrict p0, float *__restrict p1,
                                      float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4, const float *__restrict p5,
                                      const float *__restrict p6) {
@@ -310,7 +264,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop15(float *__restrict p0, float *__restrict p1,
+[[gnu::noinline]] static void loop12(float *__restrict p0, float *__restrict p1,
                                      float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4, const float *__restrict p5,
                                      const float *__restrict p6) {
@@ -355,7 +309,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop16(float *__restrict p0, float *__restrict p1,
+[[gnu::noinline]] static void loop13(float *__restrict p0, float *__restrict p1,
                                      float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4, const float *__restrict p5,
                                      const float *__restrict p6) {
@@ -400,7 +354,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop17(float *__restrict p0, float *__restrict p1,
+[[gnu::noinline]] static void loop14(float *__restrict p0, float *__restrict p1,
                                      float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4, const float *__restrict p5,
                                      const float *__restrict p6) {
@@ -445,7 +399,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop18(float *__restrict p0, float *__restrict p1,
+[[gnu::noinline]] static void loop15(float *__restrict p0, float *__restrict p1,
                                      float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4, const float *__restrict p5,
                                      const float *__restrict p6) {
@@ -490,7 +444,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop19(float *__restrict p0, float *__restrict p1,
+[[gnu::noinline]] static void loop16(float *__restrict p0, float *__restrict p1,
                                      float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4, const float *__restrict p5,
                                      const float *__restrict p6) {
@@ -535,7 +489,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop20(float *__restrict p0, float *__restrict p1,
+[[gnu::noinline]] static void loop17(float *__restrict p0, float *__restrict p1,
                                      float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4, const float *__restrict p5,
                                      const float *__restrict p6) {
@@ -580,7 +534,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop21(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop18(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2, const uint8_t *__restrict p3) {
   for (int64_t i0 = 0; i0 < 8192; ++i0) {
     const float s0 = p1[i0];
@@ -620,7 +574,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop22(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop19(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 2048; ++i0) {
     const float s0 = p1[i0];
@@ -630,7 +584,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop23(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop20(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4) {
   for (int64_t i0 = 0; i0 < 4; ++i0) {
@@ -652,7 +606,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop24(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop21(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4) {
   for (int64_t i0 = 0; i0 < 2048; ++i0) {
@@ -667,7 +621,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop25(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop22(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3) {
   for (int64_t i0 = 0; i0 < 32; ++i0) {
     for (int64_t i1 = 0; i1 < 64; ++i1) {
@@ -1702,7 +1656,7 @@ void MlmTrain::computeInvariants() {
 
 MlmTrain::Outputs MlmTrain::run(const Inputs &inputs) {
   MESHRT_TRACE_RUN(world_, "mlm_train");
-  // Arena: 548416 bytes for 1673884 bytes of temporaries (placed by liveness).
+  // Arena: 548416 bytes for 1588764 bytes of temporaries (placed by liveness).
   support::checkShape("input", "tokens", inputs.tokens, {1, 32});
   support::checkShape("input", "segment_ids", inputs.segment_ids, {1, 32});
   support::checkShape("input", "padding", inputs.padding, {1, 32});
@@ -1710,7 +1664,6 @@ MlmTrain::Outputs MlmTrain::run(const Inputs &inputs) {
   support::checkShape("input", "targets", inputs.targets, {1, 32});
   runPart0(inputs);
   runPart1(inputs);
-  runPart2(inputs);
   support::View v123 = arena_.view(548352, 1);
 
   // The step's updates.
@@ -1813,10 +1766,10 @@ void MlmTrain::runPart0(const Inputs &inputs) {
   support::View v62(param16_bert_encoder_layer_0_norm_1_gain); // updated in place
   support::View v63(param17_bert_encoder_layer_0_norm_1_bias); // updated in place
   support::View v56 = arena_.view(196608, 8192);
-  support::View keep_v956 = arena_.view(532480, 2048);
+  support::View keep_v895 = arena_.view(532480, 2048);
   support::View v66 = arena_.view(327680, 2048);
   repeated2(v42, v35, v39, v33, v43, v29, v44, v17, v45, v48, v46, v47, v50, v51, v55, v52, v56,
-            v58, keep_v956, v53, v59, v54, v61, v64, v62, v63, v66,
+            v58, keep_v895, v53, v59, v54, v61, v64, v62, v63, v66,
             "bert/encoder_layer[0]/ffn/dropout#0");
 
   // 4 statements from layers.mesh:36:11 einsum -> q (2 of 2)
@@ -1853,10 +1806,10 @@ void MlmTrain::runPart0(const Inputs &inputs) {
   support::View v103(param28_bert_encoder_layer_1_norm_1_gain); // updated in place
   support::View v104(param29_bert_encoder_layer_1_norm_1_bias); // updated in place
   support::View v97 = arena_.view(65536, 8192);
-  support::View keep_v955 = arena_.view(417792, 2048);
+  support::View keep_v894 = arena_.view(417792, 2048);
   support::View v107 = arena_.view(131072, 2048);
   repeated2(v83, v76, v39, v74, v84, v70, v85, v66, v86, v89, v87, v88, v91, v92, v96, v93, v97,
-            v99, keep_v955, v94, v100, v95, v102, v105, v103, v104, v107,
+            v99, keep_v894, v94, v100, v95, v102, v105, v103, v104, v107,
             "bert/encoder_layer[1]/ffn/dropout#0");
 
   // bert.mesh:46:10 einsum
@@ -1986,9 +1939,15 @@ void MlmTrain::runPart1(const Inputs &inputs) {
 
   // layers.mesh:24:33 mul
   MESHRT_TRACE("loop", "layers.mesh:24:33", "backward");
+  support::View v103(param28_bert_encoder_layer_1_norm_1_gain); // updated in place
+  support::View v145 = arena_.view(8192, 2048);
+  loop8(v145.data(), v142.data(), v103.data());
+
+  // layers.mesh:24:33 mul
+  MESHRT_TRACE("loop", "layers.mesh:24:33", "backward");
   support::View v105 = arena_.view(57344, 2048);
-  support::View v146 = arena_.view(8192, 2048);
-  loop8(v146.data(), v142.data(), v105.data());
+  support::View v146 = arena_.view(16384, 2048);
+  loop9(v146.data(), v142.data(), v105.data());
 
   // layers.mesh:24:33 sum -> grad/bert/encoder_layer[1]/norm#1/gain
   MESHRT_TRACE("sum", "layers.mesh:24:33", "backward");
@@ -1996,238 +1955,162 @@ void MlmTrain::runPart1(const Inputs &inputs) {
   support::reduce(v147.data(), kShape14, v146.data(), kShape1, kShape5, kShape6,
                   support::Reduce::Sum, 1.0);
 
-  // layers.mesh:24:10 mean
-  MESHRT_TRACE("mean", "layers.mesh:24:10", "backward");
+  // layers.mesh:24:10 layer_norm_grad
+  MESHRT_TRACE("layer_norm_grad", "layers.mesh:24:10", "backward");
   support::View v102 = arena_.view(49152, 2048);
-  support::View v148 = arena_.view(16384, 32);
-  support::reduce(v148.data(), kShape5, v102.data(), kShape6, kShape14, kShape1,
-                  support::Reduce::Sum, 0.015625);
+  support::View v148 = arena_.view(409600, 2048);
+  support::layerNormGrad(v148.data(), v102.data(), v145.data(), kShape5, kShape6, kShape6, kShape6,
+                         kShape14, kShape1, kShape1, kShape1, 1e-05, 64, nullptr);
 
-  // layers.mesh:24:10 sub
-  // layers.mesh:24:10 square
-  MESHRT_TRACE("loop", "layers.mesh:24:10", "backward");
-  support::View v150 = arena_.view(8192, 2048);
-  loop9(v150.data(), v102.data(), v148.data());
-
-  // layers.mesh:24:10 mean
-  MESHRT_TRACE("mean", "layers.mesh:24:10", "backward");
-  support::View v151 = arena_.view(16384, 32);
-  support::reduce(v151.data(), kShape5, v150.data(), kShape6, kShape14, kShape1,
-                  support::Reduce::Sum, 0.015625);
-
-  // layers.mesh:24:10 add
-  // layers.mesh:24:10 rsqrt
-  MESHRT_TRACE("loop", "layers.mesh:24:10", "backward");
-  support::View v154 = arena_.view(24576, 32);
-  loop10(v154.data(), v151.data());
-
-  // layers.mesh:24:33 mul
-  // layers.mesh:24:10 mul
-  MESHRT_TRACE("loop", "layers.mesh:24:33", "backward");
-  support::View v103(param28_bert_encoder_layer_1_norm_1_gain); // updated in place
-  support::View v145 = arena_.view(8192, 2048);
-  support::View v155 = arena_.view(16384, 2048);
-  loop11(v145.data(), v155.data(), v142.data(), v103.data(), v105.data());
-
-  // layers.mesh:24:10 mean
-  MESHRT_TRACE("mean", "layers.mesh:24:10", "backward");
-  support::View v156 = arena_.view(0, 32);
-  support::reduce(v156.data(), kShape5, v155.data(), kShape6, kShape14, kShape1,
-                  support::Reduce::Sum, 0.015625);
-
-  // layers.mesh:24:10 mean
-  MESHRT_TRACE("mean", "layers.mesh:24:10", "backward");
-  support::View v158 = arena_.view(128, 32);
-  support::reduce(v158.data(), kShape5, v145.data(), kShape6, kShape14, kShape1,
-                  support::Reduce::Sum, 0.015625);
-
-  // layers.mesh:24:10 mul
-  // layers.mesh:24:10 sub
-  // layers.mesh:24:10 sub
-  // layers.mesh:24:10 mul
-  MESHRT_TRACE("loop", "layers.mesh:24:10", "backward");
-  support::View v161 = arena_.view(409600, 2048);
-  loop12(v161.data(), v105.data(), v156.data(), v145.data(), v158.data(), v154.data());
-
-  // 45 statements from layers.mesh:55:71 sum -> grad/bert/encoder_layer[1]/ffn/b_out (1 of 2)
+  // 33 statements from layers.mesh:55:71 sum -> grad/bert/encoder_layer[1]/ffn/b_out (1 of 2)
   MESHRT_TRACE_SITE("layers.mesh:55:71");
   support::View v94(param26_bert_encoder_layer_1_ffn_w_out); // updated in place
-  support::View v163 = arena_.view(131072, 8192);
+  support::View v150 = arena_.view(131072, 8192);
   support::View v99 = arena_.view(98304, 8192);
   support::View v97 = arena_.view(65536, 8192);
-  support::View keep_v955 = arena_.view(417792, 2048);
-  support::View v187 = arena_.view(163840, 8192);
+  support::View keep_v894 = arena_.view(417792, 2048);
+  support::View v174 = arena_.view(163840, 8192);
   support::View v92(param24_bert_encoder_layer_1_ffn_w_in); // updated in place
-  support::View v189 = arena_.view(65536, 2048);
-  support::View v190 = arena_.view(131072, 2048);
+  support::View v176 = arena_.view(65536, 2048);
+  support::View v177 = arena_.view(131072, 2048);
   support::View v91 = arena_.view(401408, 2048);
-  support::View v89 = arena_.view(385024, 2048);
-  support::View v194 = arena_.view(139264, 2048);
-  support::View v196 = arena_.view(147456, 32);
-  support::View v86 = arena_.view(376832, 2048);
-  support::View v198 = arena_.view(139264, 2048);
-  support::View v199 = arena_.view(147456, 32);
-  support::View v201 = arena_.view(155648, 32);
   support::View v87(param22_bert_encoder_layer_1_norm_gain); // updated in place
-  support::View v193 = arena_.view(139264, 2048);
-  support::View v202 = arena_.view(147456, 2048);
-  support::View v203 = arena_.view(131072, 32);
-  support::View v205 = arena_.view(131200, 32);
-  support::View v208 = arena_.view(163840, 2048);
+  support::View v180 = arena_.view(139264, 2048);
+  support::View v89 = arena_.view(385024, 2048);
+  support::View v181 = arena_.view(147456, 2048);
+  support::View v183 = arena_.view(163840, 2048);
+  support::View v86 = arena_.view(376832, 2048);
   support::View v70(param21_bert_encoder_layer_1_attention_w_o); // updated in place
-  support::View v209 = arena_.view(147456, 2048);
+  support::View v184 = arena_.view(147456, 2048);
   support::View v84 = arena_.view(393216, 2048);
   support::View v74 = arena_.view(352256, 2048);
-  support::View v211 = arena_.view(131072, 4096);
+  support::View v186 = arena_.view(131072, 4096);
   support::View v83 = arena_.view(294912, 4096);
-  support::View v212 = arena_.view(172032, 2048);
-  support::View v214 = arena_.view(180224, 128);
+  support::View v187 = arena_.view(172032, 2048);
+  support::View v189 = arena_.view(180224, 128);
   support::View v39 = arena_.view(540672, 1024);
-  support::View v219 = arena_.view(147456, 4096);
+  support::View v194 = arena_.view(147456, 4096);
   support::View v72 = arena_.view(344064, 2048);
-  support::View v220 = arena_.view(131072, 2048);
+  support::View v195 = arena_.view(131072, 2048);
   support::View v71 = arena_.view(335872, 2048);
-  support::View v221 = arena_.view(139264, 2048);
+  support::View v196 = arena_.view(139264, 2048);
   support::View v69(param20_bert_encoder_layer_1_attention_w_v); // updated in place
-  support::View v223 = arena_.view(147456, 2048);
+  support::View v198 = arena_.view(147456, 2048);
   support::View v66 = arena_.view(327680, 2048);
   support::View v68(param19_bert_encoder_layer_1_attention_w_k); // updated in place
-  support::View v227 = arena_.view(155648, 2048);
+  support::View v202 = arena_.view(155648, 2048);
   support::View v67(param18_bert_encoder_layer_1_attention_w_q); // updated in place
-  support::View v230 = arena_.view(139264, 2048);
-  support::View v231 = arena_.view(172032, 2048);
-  support::View v64 = arena_.view(319488, 2048);
-  support::View v235 = arena_.view(131072, 2048);
-  support::View v237 = arena_.view(139264, 32);
-  support::View v61 = arena_.view(311296, 2048);
-  support::View v239 = arena_.view(131072, 2048);
-  support::View v240 = arena_.view(139264, 32);
-  support::View v242 = arena_.view(147456, 32);
+  support::View v205 = arena_.view(139264, 2048);
+  support::View v206 = arena_.view(172032, 2048);
   support::View v62(param16_bert_encoder_layer_0_norm_1_gain); // updated in place
-  support::View v234 = arena_.view(131072, 2048);
-  support::View v243 = arena_.view(139264, 2048);
-  support::View v244 = arena_.view(147584, 32);
-  support::View v246 = arena_.view(139264, 32);
-  support::View v162 = arena_.view(546816, 64);
-  support::View v164 = arena_.view(0, 16384);
-  support::View v188 = arena_.view(544768, 256);
-  support::View v191 = arena_.view(65536, 16384);
-  support::View v192 = arena_.view(547072, 64);
-  support::View v195 = arena_.view(547328, 64);
-  support::View v210 = arena_.view(376832, 4096);
-  support::View v225 = arena_.view(393216, 4096);
-  support::View v229 = arena_.view(409600, 4096);
-  support::View v232 = arena_.view(425984, 4096);
-  support::View v233 = arena_.view(547584, 64);
-  support::View v236 = arena_.view(547840, 64);
-  support::View v249 = arena_.view(524288, 2048);
-  repeated1(v162, v161, v94, v163, v99, v164, v97, keep_v955, v187, v188, v92, v189, v190, v91,
-            v191, v192, v89, v194, v195, v196, v86, v198, v199, v201, v87, v193, v202, v203, v205,
-            v208, v70, v209, v84, v210, v74, v211, v83, v212, v214, v39, v219, v72, v220, v71, v221,
-            v69, v223, v66, v225, v68, v227, v229, v67, v230, v231, v232, v233, v64, v235, v236,
-            v237, v61, v239, v240, v242, v62, v234, v243, v244, v246, v249);
+  support::View v209 = arena_.view(131072, 2048);
+  support::View v64 = arena_.view(319488, 2048);
+  support::View v210 = arena_.view(139264, 2048);
+  support::View v61 = arena_.view(311296, 2048);
+  support::View v149 = arena_.view(546816, 64);
+  support::View v151 = arena_.view(0, 16384);
+  support::View v175 = arena_.view(544768, 256);
+  support::View v178 = arena_.view(65536, 16384);
+  support::View v179 = arena_.view(547072, 64);
+  support::View v182 = arena_.view(547328, 64);
+  support::View v185 = arena_.view(376832, 4096);
+  support::View v200 = arena_.view(393216, 4096);
+  support::View v204 = arena_.view(409600, 4096);
+  support::View v207 = arena_.view(425984, 4096);
+  support::View v208 = arena_.view(547584, 64);
+  support::View v211 = arena_.view(547840, 64);
+  support::View v212 = arena_.view(524288, 2048);
+  repeated1(v149, v148, v94, v150, v99, v151, v97, keep_v894, v174, v175, v92, v176, v177, v91,
+            v178, v179, v87, v180, v89, v181, v182, v183, v86, v70, v184, v84, v185, v74, v186, v83,
+            v187, v189, v39, v194, v72, v195, v71, v196, v69, v198, v66, v200, v68, v202, v204, v67,
+            v205, v206, v207, v208, v62, v209, v64, v210, v211, v212, v61);
 
-  // 45 statements from layers.mesh:55:71 sum -> grad/bert/encoder_layer[1]/ffn/b_out (2 of 2)
+  // 33 statements from layers.mesh:55:71 sum -> grad/bert/encoder_layer[1]/ffn/b_out (2 of 2)
   MESHRT_TRACE_SITE("layers.mesh:55:71");
   support::View v53(param14_bert_encoder_layer_0_ffn_w_out); // updated in place
-  support::View v251 = arena_.view(294912, 8192);
+  support::View v214 = arena_.view(294912, 8192);
   support::View v58 = arena_.view(229376, 8192);
   support::View v56 = arena_.view(196608, 8192);
-  support::View keep_v956 = arena_.view(532480, 2048);
-  support::View v270 = arena_.view(327680, 8192);
+  support::View keep_v895 = arena_.view(532480, 2048);
+  support::View v233 = arena_.view(327680, 8192);
   support::View v51(param12_bert_encoder_layer_0_ffn_w_in); // updated in place
-  support::View v272 = arena_.view(196608, 2048);
-  support::View v273 = arena_.view(294912, 2048);
+  support::View v235 = arena_.view(196608, 2048);
+  support::View v236 = arena_.view(294912, 2048);
   support::View v50 = arena_.view(516096, 2048);
-  support::View v48 = arena_.view(450560, 2048);
-  support::View v277 = arena_.view(303104, 2048);
-  support::View v279 = arena_.view(311296, 32);
-  support::View v45 = arena_.view(442368, 2048);
-  support::View v281 = arena_.view(303104, 2048);
-  support::View v282 = arena_.view(311296, 32);
-  support::View v284 = arena_.view(319488, 32);
   support::View v46(param10_bert_encoder_layer_0_norm_gain); // updated in place
-  support::View v276 = arena_.view(303104, 2048);
-  support::View v285 = arena_.view(311296, 2048);
-  support::View v286 = arena_.view(294912, 32);
-  support::View v288 = arena_.view(295040, 32);
-  support::View v291 = arena_.view(327680, 2048);
+  support::View v239 = arena_.view(303104, 2048);
+  support::View v48 = arena_.view(450560, 2048);
+  support::View v240 = arena_.view(311296, 2048);
+  support::View v242 = arena_.view(327680, 2048);
+  support::View v45 = arena_.view(442368, 2048);
   support::View v29(param9_bert_encoder_layer_0_attention_w_o); // updated in place
-  support::View v292 = arena_.view(311296, 2048);
+  support::View v243 = arena_.view(311296, 2048);
   support::View v43 = arena_.view(483328, 2048);
   support::View v33 = arena_.view(475136, 2048);
-  support::View v294 = arena_.view(294912, 4096);
+  support::View v245 = arena_.view(294912, 4096);
   support::View v42 = arena_.view(360448, 4096);
-  support::View v295 = arena_.view(335872, 2048);
-  support::View v297 = arena_.view(344064, 128);
-  support::View v301 = arena_.view(311296, 4096);
+  support::View v246 = arena_.view(335872, 2048);
+  support::View v248 = arena_.view(344064, 128);
+  support::View v252 = arena_.view(311296, 4096);
   support::View v31 = arena_.view(466944, 2048);
-  support::View v302 = arena_.view(294912, 2048);
+  support::View v253 = arena_.view(294912, 2048);
   support::View v30 = arena_.view(458752, 2048);
-  support::View v303 = arena_.view(303104, 2048);
+  support::View v254 = arena_.view(303104, 2048);
   support::View v28(param8_bert_encoder_layer_0_attention_w_v); // updated in place
-  support::View v305 = arena_.view(311296, 2048);
+  support::View v256 = arena_.view(311296, 2048);
   support::View v17 = arena_.view(507904, 2048);
   support::View v27(param7_bert_encoder_layer_0_attention_w_k); // updated in place
-  support::View v309 = arena_.view(319488, 2048);
+  support::View v260 = arena_.view(319488, 2048);
   support::View v26(param6_bert_encoder_layer_0_attention_w_q); // updated in place
-  support::View v312 = arena_.view(303104, 2048);
-  support::View v313 = arena_.view(335872, 2048);
-  support::View v15 = arena_.view(499712, 2048);
-  support::View v317 = arena_.view(294912, 2048);
-  support::View v319 = arena_.view(303104, 32);
-  support::View v12 = arena_.view(491520, 2048);
-  support::View v321 = arena_.view(294912, 2048);
-  support::View v322 = arena_.view(303104, 32);
-  support::View v324 = arena_.view(311296, 32);
+  support::View v263 = arena_.view(303104, 2048);
+  support::View v264 = arena_.view(335872, 2048);
   support::View v13(param4_bert_norm_gain); // updated in place
-  support::View v316 = arena_.view(294912, 2048);
-  support::View v325 = arena_.view(303104, 2048);
-  support::View v326 = arena_.view(311424, 32);
-  support::View v328 = arena_.view(303104, 32);
-  support::View v250 = arena_.view(548096, 64);
-  support::View v252 = arena_.view(131072, 16384);
-  support::View v271 = arena_.view(532480, 256);
-  support::View v274 = arena_.view(196608, 16384);
-  support::View v275 = arena_.view(516096, 64);
-  support::View v278 = arena_.view(516352, 64);
-  support::View v293 = arena_.view(442368, 4096);
-  support::View v307 = arena_.view(360448, 4096);
-  support::View v311 = arena_.view(458752, 4096);
-  support::View v314 = arena_.view(475136, 4096);
-  support::View v315 = arena_.view(507904, 64);
-  support::View v318 = arena_.view(508160, 64);
-  support::View v331 = arena_.view(327680, 2048);
-  repeated1(v250, v249, v53, v251, v58, v252, v56, keep_v956, v270, v271, v51, v272, v273, v50,
-            v274, v275, v48, v277, v278, v279, v45, v281, v282, v284, v46, v276, v285, v286, v288,
-            v291, v29, v292, v43, v293, v33, v294, v42, v295, v297, v39, v301, v31, v302, v30, v303,
-            v28, v305, v17, v307, v27, v309, v311, v26, v312, v313, v314, v315, v15, v317, v318,
-            v319, v12, v321, v322, v324, v13, v316, v325, v326, v328, v331);
+  support::View v267 = arena_.view(294912, 2048);
+  support::View v15 = arena_.view(499712, 2048);
+  support::View v268 = arena_.view(303104, 2048);
+  support::View v12 = arena_.view(491520, 2048);
+  support::View v213 = arena_.view(548096, 64);
+  support::View v215 = arena_.view(131072, 16384);
+  support::View v234 = arena_.view(532480, 256);
+  support::View v237 = arena_.view(196608, 16384);
+  support::View v238 = arena_.view(516096, 64);
+  support::View v241 = arena_.view(516352, 64);
+  support::View v244 = arena_.view(442368, 4096);
+  support::View v258 = arena_.view(360448, 4096);
+  support::View v262 = arena_.view(458752, 4096);
+  support::View v265 = arena_.view(475136, 4096);
+  support::View v266 = arena_.view(507904, 64);
+  support::View v269 = arena_.view(500224, 64);
+  support::View v270 = arena_.view(327680, 2048);
+  repeated1(v213, v212, v53, v214, v58, v215, v56, keep_v895, v233, v234, v51, v235, v236, v50,
+            v237, v238, v46, v239, v48, v240, v241, v242, v45, v29, v243, v43, v244, v33, v245, v42,
+            v246, v248, v39, v252, v31, v253, v30, v254, v28, v256, v17, v258, v27, v260, v262, v26,
+            v263, v264, v265, v266, v13, v267, v15, v268, v269, v270, v12);
 
   // bert.mesh:35:39 einsum -> grad/bert/segment_embedding
   MESHRT_TRACE("einsum", "bert.mesh:35:39", "backward");
   const support::Buffer &v1 = inputs.segment_ids.data;
-  support::View v333 = arena_.view(499712, 128);
-  support::scatterAdd(v333.data(), kShape17, v331.data(), kShape18, v1.data(), kShape13, kShape5,
+  support::View v272 = arena_.view(499712, 128);
+  support::scatterAdd(v272.data(), kShape17, v270.data(), kShape18, v1.data(), kShape13, kShape5,
                       kShape6, kShape16, 0, 0);
 
   // bert.mesh:34:76 sum -> grad/bert/position_embedding
   MESHRT_TRACE("sum", "bert.mesh:34:76", "backward");
-  support::View v334 = arena_.view(491520, 2048);
-  support::reduce(v334.data(), kShape19, v331.data(), kShape20, kShape1, kShape21,
+  support::View v273 = arena_.view(491520, 2048);
+  support::reduce(v273.data(), kShape19, v270.data(), kShape20, kShape1, kShape21,
                   support::Reduce::Sum, 1.0);
 
   // bert.mesh:34:37 einsum
   MESHRT_TRACE("einsum", "bert.mesh:34:37", "backward");
   const support::Buffer &v0 = inputs.tokens.data;
-  support::View v336 = arena_.view(294912, 8192);
-  support::scatterAdd(v336.data(), kShape22, v331.data(), kShape18, v0.data(), kShape13, kShape5,
+  support::View v275 = arena_.view(294912, 8192);
+  support::scatterAdd(v275.data(), kShape22, v270.data(), kShape18, v0.data(), kShape13, kShape5,
                       kShape6, kShape16, 0, 0);
 
   // bert.mesh:34:37 add -> grad/bert/token_embedding
   MESHRT_TRACE("loop", "bert.mesh:34:37", "backward");
-  support::View v337 = arena_.view(327680, 8192);
-  loop13(v337.data(), v143.data(), v336.data());
+  support::View v276 = arena_.view(327680, 8192);
+  loop10(v276.data(), v143.data(), v275.data());
 
   // bert.mesh:65:3 bucketed_all_reduce_sum -> loss (31 partial sums (loss, grad/bert/output_bias,
   // grad/bert/encoder_layer[1]/norm#1/bias, ...) over data, model resolved together, 430.0 KiB in
@@ -2236,9 +2119,9 @@ void MlmTrain::runPart1(const Inputs &inputs) {
   support::View v123 = arena_.view(548352, 1);
   support::View v141 = arena_.view(545792, 128);
   auto request0 = support::startAllReduce(
-      group_data_model, {v123, v141, v144, v147, v162, v164, v188, v191, v192, v195, v210,
-                         v225, v229, v232, v233, v236, v250, v252, v271, v274, v275, v278,
-                         v293, v307, v311, v314, v315, v318, v333, v334, v337},
+      group_data_model, {v123, v141, v144, v147, v149, v151, v175, v178, v179, v182, v185,
+                         v200, v204, v207, v208, v211, v213, v215, v234, v237, v238, v241,
+                         v244, v258, v262, v265, v266, v269, v272, v273, v276},
       meshrt::ReduceOp::Sum);
 
   // bert.mesh:65:3 step
@@ -2258,14 +2141,14 @@ void MlmTrain::runPart1(const Inputs &inputs) {
   // bert.mesh:65:3 pow
   // bert.mesh:65:3 sub
   MESHRT_TRACE("loop", "bert.mesh:65:3", "update");
-  support::View v355 = arena_.view(262144, 1);
-  support::View v371 = arena_.view(262208, 1);
-  support::View v373 = arena_.view(262272, 1);
+  support::View v294 = arena_.view(262144, 1);
+  support::View v310 = arena_.view(262208, 1);
+  support::View v312 = arena_.view(262272, 1);
   {
     const float stepValue = float(step_);
-    float *__restrict v355p = v355.data();
-    float *__restrict v371p = v371.data();
-    float *__restrict v373p = v373.data();
+    float *__restrict v294p = v294.data();
+    float *__restrict v310p = v310.data();
+    float *__restrict v312p = v312.data();
     const float s0 = stepValue;
     const float s1 = 1.0f;
     const float s2 = (s0 + s1);
@@ -2294,9 +2177,9 @@ void MlmTrain::runPart1(const Inputs &inputs) {
     const float s25 = support::fpow(s24, s2);
     const float s26 = 1.0f;
     const float s27 = (s26 - s25);
-    v355p[0] = s19;
-    v371p[0] = s23;
-    v373p[0] = s27;
+    v294p[0] = s19;
+    v310p[0] = s23;
+    v312p[0] = s27;
   }
 
   MESHRT_TRACE_SITE("bert.mesh:65:3");
@@ -2320,9 +2203,9 @@ void MlmTrain::runPart1(const Inputs &inputs) {
   // bert.mesh:65:3 sub -> next/bert/token_embedding
   MESHRT_TRACE("loop", "bert.mesh:65:3", "update");
   support::View v5(param0_bert_token_embedding);      // updated in place
-  support::View v357(param31_bert_token_embedding_v); // updated in place
-  support::View v356(param30_bert_token_embedding_m); // updated in place
-  loop14(v357.data(), v356.data(), v5.data(), v337.data(), v373.data(), v371.data(), v355.data());
+  support::View v296(param31_bert_token_embedding_v); // updated in place
+  support::View v295(param30_bert_token_embedding_m); // updated in place
+  loop11(v296.data(), v295.data(), v5.data(), v276.data(), v312.data(), v310.data(), v294.data());
 
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 square
@@ -2342,9 +2225,9 @@ void MlmTrain::runPart1(const Inputs &inputs) {
   // bert.mesh:65:3 sub -> next/bert/position_embedding
   MESHRT_TRACE("loop", "bert.mesh:65:3", "update");
   support::View v6(param1_bert_position_embedding);      // updated in place
-  support::View v386(param33_bert_position_embedding_v); // updated in place
-  support::View v385(param32_bert_position_embedding_m); // updated in place
-  loop15(v386.data(), v385.data(), v6.data(), v334.data(), v373.data(), v371.data(), v355.data());
+  support::View v325(param33_bert_position_embedding_v); // updated in place
+  support::View v324(param32_bert_position_embedding_m); // updated in place
+  loop12(v325.data(), v324.data(), v6.data(), v273.data(), v312.data(), v310.data(), v294.data());
 
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 square
@@ -2364,14 +2247,9 @@ void MlmTrain::runPart1(const Inputs &inputs) {
   // bert.mesh:65:3 sub -> next/bert/segment_embedding
   MESHRT_TRACE("loop", "bert.mesh:65:3", "update");
   support::View v7(param2_bert_segment_embedding);      // updated in place
-  support::View v407(param35_bert_segment_embedding_v); // updated in place
-  support::View v406(param34_bert_segment_embedding_m); // updated in place
-  loop16(v407.data(), v406.data(), v7.data(), v333.data(), v373.data(), v371.data(), v355.data());
-}
-
-void MlmTrain::runPart2(const Inputs &inputs) {
-  (void)inputs;
-  MESHRT_TRACE_SPAN(world_);
+  support::View v346(param35_bert_segment_embedding_v); // updated in place
+  support::View v345(param34_bert_segment_embedding_m); // updated in place
+  loop13(v346.data(), v345.data(), v7.data(), v272.data(), v312.data(), v310.data(), v294.data());
 
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 square
@@ -2390,140 +2268,93 @@ void MlmTrain::runPart2(const Inputs &inputs) {
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 sub -> next/bert/output_bias
   MESHRT_TRACE("loop", "bert.mesh:65:3", "update");
-  support::View v8(param3_bert_output_bias); // updated in place
-  support::View v141 = arena_.view(545792, 128);
-  support::View v428(param37_bert_output_bias_v); // updated in place
-  support::View v373 = arena_.view(262272, 1);
-  support::View v427(param36_bert_output_bias_m); // updated in place
-  support::View v371 = arena_.view(262208, 1);
-  support::View v355 = arena_.view(262144, 1);
-  loop16(v428.data(), v427.data(), v8.data(), v141.data(), v373.data(), v371.data(), v355.data());
+  support::View v8(param3_bert_output_bias);      // updated in place
+  support::View v367(param37_bert_output_bias_v); // updated in place
+  support::View v366(param36_bert_output_bias_m); // updated in place
+  loop13(v367.data(), v366.data(), v8.data(), v141.data(), v312.data(), v310.data(), v294.data());
 
   // 1 statements from bert.mesh:65:3 mul (1 of 2)
   MESHRT_TRACE_SITE("bert.mesh:65:3");
-  support::View v13(param4_bert_norm_gain); // updated in place
-  support::View v318 = arena_.view(508160, 64);
-  support::View v449(param39_bert_norm_gain_v); // updated in place
-  support::View v448(param38_bert_norm_gain_m); // updated in place
-  repeated3(v13, v318, v449, v373, v448, v371, v355);
+  support::View v388(param39_bert_norm_gain_v); // updated in place
+  support::View v387(param38_bert_norm_gain_m); // updated in place
+  repeated3(v13, v269, v388, v312, v387, v310, v294);
 
   // 1 statements from bert.mesh:65:3 mul (2 of 2)
   MESHRT_TRACE_SITE("bert.mesh:65:3");
-  support::View v14(param5_bert_norm_bias); // updated in place
-  support::View v315 = arena_.view(507904, 64);
-  support::View v470(param41_bert_norm_bias_v); // updated in place
-  support::View v469(param40_bert_norm_bias_m); // updated in place
-  repeated3(v14, v315, v470, v373, v469, v371, v355);
+  support::View v14(param5_bert_norm_bias);     // updated in place
+  support::View v409(param41_bert_norm_bias_v); // updated in place
+  support::View v408(param40_bert_norm_bias_m); // updated in place
+  repeated3(v14, v266, v409, v312, v408, v310, v294);
 
   // 12 statements from bert.mesh:65:3 mul (1 of 2)
   MESHRT_TRACE_SITE("bert.mesh:65:3");
-  support::View v26(param6_bert_encoder_layer_0_attention_w_q); // updated in place
-  support::View v314 = arena_.view(475136, 4096);
-  support::View v491(param43_bert_encoder_layer_0_attention_w_q_v); // updated in place
-  support::View v490(param42_bert_encoder_layer_0_attention_w_q_m); // updated in place
-  support::View v27(param7_bert_encoder_layer_0_attention_w_k);     // updated in place
-  support::View v311 = arena_.view(458752, 4096);
-  support::View v512(param45_bert_encoder_layer_0_attention_w_k_v); // updated in place
-  support::View v511(param44_bert_encoder_layer_0_attention_w_k_m); // updated in place
-  support::View v28(param8_bert_encoder_layer_0_attention_w_v);     // updated in place
-  support::View v307 = arena_.view(360448, 4096);
-  support::View v533(param47_bert_encoder_layer_0_attention_w_v_v); // updated in place
-  support::View v532(param46_bert_encoder_layer_0_attention_w_v_m); // updated in place
-  support::View v29(param9_bert_encoder_layer_0_attention_w_o);     // updated in place
-  support::View v293 = arena_.view(442368, 4096);
-  support::View v554(param49_bert_encoder_layer_0_attention_w_o_v); // updated in place
-  support::View v553(param48_bert_encoder_layer_0_attention_w_o_m); // updated in place
-  support::View v46(param10_bert_encoder_layer_0_norm_gain);        // updated in place
-  support::View v278 = arena_.view(516352, 64);
-  support::View v575(param51_bert_encoder_layer_0_norm_gain_v); // updated in place
-  support::View v574(param50_bert_encoder_layer_0_norm_gain_m); // updated in place
-  support::View v47(param11_bert_encoder_layer_0_norm_bias);    // updated in place
-  support::View v275 = arena_.view(516096, 64);
-  support::View v596(param53_bert_encoder_layer_0_norm_bias_v); // updated in place
-  support::View v595(param52_bert_encoder_layer_0_norm_bias_m); // updated in place
-  support::View v51(param12_bert_encoder_layer_0_ffn_w_in);     // updated in place
-  support::View v274 = arena_.view(196608, 16384);
-  support::View v617(param55_bert_encoder_layer_0_ffn_w_in_v); // updated in place
-  support::View v616(param54_bert_encoder_layer_0_ffn_w_in_m); // updated in place
-  support::View v52(param13_bert_encoder_layer_0_ffn_b_in);    // updated in place
-  support::View v271 = arena_.view(532480, 256);
-  support::View v638(param57_bert_encoder_layer_0_ffn_b_in_v); // updated in place
-  support::View v637(param56_bert_encoder_layer_0_ffn_b_in_m); // updated in place
-  support::View v53(param14_bert_encoder_layer_0_ffn_w_out);   // updated in place
-  support::View v252 = arena_.view(131072, 16384);
-  support::View v659(param59_bert_encoder_layer_0_ffn_w_out_v); // updated in place
-  support::View v658(param58_bert_encoder_layer_0_ffn_w_out_m); // updated in place
-  support::View v54(param15_bert_encoder_layer_0_ffn_b_out);    // updated in place
-  support::View v250 = arena_.view(548096, 64);
-  support::View v680(param61_bert_encoder_layer_0_ffn_b_out_v); // updated in place
-  support::View v679(param60_bert_encoder_layer_0_ffn_b_out_m); // updated in place
-  support::View v62(param16_bert_encoder_layer_0_norm_1_gain);  // updated in place
-  support::View v236 = arena_.view(547840, 64);
-  support::View v701(param63_bert_encoder_layer_0_norm_1_gain_v); // updated in place
-  support::View v700(param62_bert_encoder_layer_0_norm_1_gain_m); // updated in place
-  support::View v63(param17_bert_encoder_layer_0_norm_1_bias);    // updated in place
-  support::View v233 = arena_.view(547584, 64);
-  support::View v722(param65_bert_encoder_layer_0_norm_1_bias_v); // updated in place
-  support::View v721(param64_bert_encoder_layer_0_norm_1_bias_m); // updated in place
-  repeated0(v26, v314, v491, v373, v490, v371, v355, v27, v311, v512, v511, v28, v307, v533, v532,
-            v29, v293, v554, v553, v46, v278, v575, v574, v47, v275, v596, v595, v51, v274, v617,
-            v616, v52, v271, v638, v637, v53, v252, v659, v658, v54, v250, v680, v679, v62, v236,
-            v701, v700, v63, v233, v722, v721);
+  support::View v430(param43_bert_encoder_layer_0_attention_w_q_v); // updated in place
+  support::View v429(param42_bert_encoder_layer_0_attention_w_q_m); // updated in place
+  support::View v451(param45_bert_encoder_layer_0_attention_w_k_v); // updated in place
+  support::View v450(param44_bert_encoder_layer_0_attention_w_k_m); // updated in place
+  support::View v472(param47_bert_encoder_layer_0_attention_w_v_v); // updated in place
+  support::View v471(param46_bert_encoder_layer_0_attention_w_v_m); // updated in place
+  support::View v493(param49_bert_encoder_layer_0_attention_w_o_v); // updated in place
+  support::View v492(param48_bert_encoder_layer_0_attention_w_o_m); // updated in place
+  support::View v514(param51_bert_encoder_layer_0_norm_gain_v);     // updated in place
+  support::View v513(param50_bert_encoder_layer_0_norm_gain_m);     // updated in place
+  support::View v47(param11_bert_encoder_layer_0_norm_bias);        // updated in place
+  support::View v535(param53_bert_encoder_layer_0_norm_bias_v);     // updated in place
+  support::View v534(param52_bert_encoder_layer_0_norm_bias_m);     // updated in place
+  support::View v556(param55_bert_encoder_layer_0_ffn_w_in_v);      // updated in place
+  support::View v555(param54_bert_encoder_layer_0_ffn_w_in_m);      // updated in place
+  support::View v52(param13_bert_encoder_layer_0_ffn_b_in);         // updated in place
+  support::View v577(param57_bert_encoder_layer_0_ffn_b_in_v);      // updated in place
+  support::View v576(param56_bert_encoder_layer_0_ffn_b_in_m);      // updated in place
+  support::View v598(param59_bert_encoder_layer_0_ffn_w_out_v);     // updated in place
+  support::View v597(param58_bert_encoder_layer_0_ffn_w_out_m);     // updated in place
+  support::View v54(param15_bert_encoder_layer_0_ffn_b_out);        // updated in place
+  support::View v619(param61_bert_encoder_layer_0_ffn_b_out_v);     // updated in place
+  support::View v618(param60_bert_encoder_layer_0_ffn_b_out_m);     // updated in place
+  support::View v640(param63_bert_encoder_layer_0_norm_1_gain_v);   // updated in place
+  support::View v639(param62_bert_encoder_layer_0_norm_1_gain_m);   // updated in place
+  support::View v63(param17_bert_encoder_layer_0_norm_1_bias);      // updated in place
+  support::View v661(param65_bert_encoder_layer_0_norm_1_bias_v);   // updated in place
+  support::View v660(param64_bert_encoder_layer_0_norm_1_bias_m);   // updated in place
+  repeated0(v26, v265, v430, v312, v429, v310, v294, v27, v262, v451, v450, v28, v258, v472, v471,
+            v29, v244, v493, v492, v46, v241, v514, v513, v47, v238, v535, v534, v51, v237, v556,
+            v555, v52, v234, v577, v576, v53, v215, v598, v597, v54, v213, v619, v618, v62, v211,
+            v640, v639, v63, v208, v661, v660);
 
   // 12 statements from bert.mesh:65:3 mul (2 of 2)
   MESHRT_TRACE_SITE("bert.mesh:65:3");
-  support::View v67(param18_bert_encoder_layer_1_attention_w_q); // updated in place
-  support::View v232 = arena_.view(425984, 4096);
-  support::View v743(param67_bert_encoder_layer_1_attention_w_q_v); // updated in place
-  support::View v742(param66_bert_encoder_layer_1_attention_w_q_m); // updated in place
-  support::View v68(param19_bert_encoder_layer_1_attention_w_k);    // updated in place
-  support::View v229 = arena_.view(409600, 4096);
-  support::View v764(param69_bert_encoder_layer_1_attention_w_k_v); // updated in place
-  support::View v763(param68_bert_encoder_layer_1_attention_w_k_m); // updated in place
-  support::View v69(param20_bert_encoder_layer_1_attention_w_v);    // updated in place
-  support::View v225 = arena_.view(393216, 4096);
-  support::View v785(param71_bert_encoder_layer_1_attention_w_v_v); // updated in place
-  support::View v784(param70_bert_encoder_layer_1_attention_w_v_m); // updated in place
-  support::View v70(param21_bert_encoder_layer_1_attention_w_o);    // updated in place
-  support::View v210 = arena_.view(376832, 4096);
-  support::View v806(param73_bert_encoder_layer_1_attention_w_o_v); // updated in place
-  support::View v805(param72_bert_encoder_layer_1_attention_w_o_m); // updated in place
-  support::View v87(param22_bert_encoder_layer_1_norm_gain);        // updated in place
-  support::View v195 = arena_.view(547328, 64);
-  support::View v827(param75_bert_encoder_layer_1_norm_gain_v); // updated in place
-  support::View v826(param74_bert_encoder_layer_1_norm_gain_m); // updated in place
-  support::View v88(param23_bert_encoder_layer_1_norm_bias);    // updated in place
-  support::View v192 = arena_.view(547072, 64);
-  support::View v848(param77_bert_encoder_layer_1_norm_bias_v); // updated in place
-  support::View v847(param76_bert_encoder_layer_1_norm_bias_m); // updated in place
-  support::View v92(param24_bert_encoder_layer_1_ffn_w_in);     // updated in place
-  support::View v191 = arena_.view(65536, 16384);
-  support::View v869(param79_bert_encoder_layer_1_ffn_w_in_v); // updated in place
-  support::View v868(param78_bert_encoder_layer_1_ffn_w_in_m); // updated in place
-  support::View v93(param25_bert_encoder_layer_1_ffn_b_in);    // updated in place
-  support::View v188 = arena_.view(544768, 256);
-  support::View v890(param81_bert_encoder_layer_1_ffn_b_in_v); // updated in place
-  support::View v889(param80_bert_encoder_layer_1_ffn_b_in_m); // updated in place
-  support::View v94(param26_bert_encoder_layer_1_ffn_w_out);   // updated in place
-  support::View v164 = arena_.view(0, 16384);
-  support::View v911(param83_bert_encoder_layer_1_ffn_w_out_v); // updated in place
-  support::View v910(param82_bert_encoder_layer_1_ffn_w_out_m); // updated in place
-  support::View v95(param27_bert_encoder_layer_1_ffn_b_out);    // updated in place
-  support::View v162 = arena_.view(546816, 64);
-  support::View v932(param85_bert_encoder_layer_1_ffn_b_out_v); // updated in place
-  support::View v931(param84_bert_encoder_layer_1_ffn_b_out_m); // updated in place
-  support::View v103(param28_bert_encoder_layer_1_norm_1_gain); // updated in place
-  support::View v147 = arena_.view(546560, 64);
-  support::View v953(param87_bert_encoder_layer_1_norm_1_gain_v); // updated in place
-  support::View v952(param86_bert_encoder_layer_1_norm_1_gain_m); // updated in place
-  support::View v104(param29_bert_encoder_layer_1_norm_1_bias);   // updated in place
-  support::View v144 = arena_.view(546304, 64);
-  support::View v974(param89_bert_encoder_layer_1_norm_1_bias_v); // updated in place
-  support::View v973(param88_bert_encoder_layer_1_norm_1_bias_m); // updated in place
-  repeated0(v67, v232, v743, v373, v742, v371, v355, v68, v229, v764, v763, v69, v225, v785, v784,
-            v70, v210, v806, v805, v87, v195, v827, v826, v88, v192, v848, v847, v92, v191, v869,
-            v868, v93, v188, v890, v889, v94, v164, v911, v910, v95, v162, v932, v931, v103, v147,
-            v953, v952, v104, v144, v974, v973);
+  support::View v682(param67_bert_encoder_layer_1_attention_w_q_v); // updated in place
+  support::View v681(param66_bert_encoder_layer_1_attention_w_q_m); // updated in place
+  support::View v703(param69_bert_encoder_layer_1_attention_w_k_v); // updated in place
+  support::View v702(param68_bert_encoder_layer_1_attention_w_k_m); // updated in place
+  support::View v724(param71_bert_encoder_layer_1_attention_w_v_v); // updated in place
+  support::View v723(param70_bert_encoder_layer_1_attention_w_v_m); // updated in place
+  support::View v745(param73_bert_encoder_layer_1_attention_w_o_v); // updated in place
+  support::View v744(param72_bert_encoder_layer_1_attention_w_o_m); // updated in place
+  support::View v766(param75_bert_encoder_layer_1_norm_gain_v);     // updated in place
+  support::View v765(param74_bert_encoder_layer_1_norm_gain_m);     // updated in place
+  support::View v88(param23_bert_encoder_layer_1_norm_bias);        // updated in place
+  support::View v787(param77_bert_encoder_layer_1_norm_bias_v);     // updated in place
+  support::View v786(param76_bert_encoder_layer_1_norm_bias_m);     // updated in place
+  support::View v808(param79_bert_encoder_layer_1_ffn_w_in_v);      // updated in place
+  support::View v807(param78_bert_encoder_layer_1_ffn_w_in_m);      // updated in place
+  support::View v93(param25_bert_encoder_layer_1_ffn_b_in);         // updated in place
+  support::View v829(param81_bert_encoder_layer_1_ffn_b_in_v);      // updated in place
+  support::View v828(param80_bert_encoder_layer_1_ffn_b_in_m);      // updated in place
+  support::View v850(param83_bert_encoder_layer_1_ffn_w_out_v);     // updated in place
+  support::View v849(param82_bert_encoder_layer_1_ffn_w_out_m);     // updated in place
+  support::View v95(param27_bert_encoder_layer_1_ffn_b_out);        // updated in place
+  support::View v871(param85_bert_encoder_layer_1_ffn_b_out_v);     // updated in place
+  support::View v870(param84_bert_encoder_layer_1_ffn_b_out_m);     // updated in place
+  support::View v892(param87_bert_encoder_layer_1_norm_1_gain_v);   // updated in place
+  support::View v891(param86_bert_encoder_layer_1_norm_1_gain_m);   // updated in place
+  support::View v104(param29_bert_encoder_layer_1_norm_1_bias);     // updated in place
+  support::View v913(param89_bert_encoder_layer_1_norm_1_bias_v);   // updated in place
+  support::View v912(param88_bert_encoder_layer_1_norm_1_bias_m);   // updated in place
+  repeated0(v67, v207, v682, v312, v681, v310, v294, v68, v204, v703, v702, v69, v200, v724, v723,
+            v70, v185, v745, v744, v87, v182, v766, v765, v88, v179, v787, v786, v92, v178, v808,
+            v807, v93, v175, v829, v828, v94, v151, v850, v849, v95, v149, v871, v870, v103, v147,
+            v892, v891, v104, v144, v913, v912);
 }
 
 void MlmTrain::repeated0(
@@ -2559,7 +2390,7 @@ void MlmTrain::repeated0(
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 sub -> next/bert/encoder_layer[0]/attention/w_q
   MESHRT_TRACE("loop", "bert.mesh:65:3", "update");
-  loop17(a2.data(), a4.data(), a0.data(), a1.data(), a3.data(), a5.data(), a6.data());
+  loop14(a2.data(), a4.data(), a0.data(), a1.data(), a3.data(), a5.data(), a6.data());
 
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 square
@@ -2578,7 +2409,7 @@ void MlmTrain::repeated0(
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 sub -> next/bert/encoder_layer[0]/attention/w_k
   MESHRT_TRACE("loop", "bert.mesh:65:3", "update");
-  loop17(a9.data(), a10.data(), a7.data(), a8.data(), a3.data(), a5.data(), a6.data());
+  loop14(a9.data(), a10.data(), a7.data(), a8.data(), a3.data(), a5.data(), a6.data());
 
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 square
@@ -2597,7 +2428,7 @@ void MlmTrain::repeated0(
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 sub -> next/bert/encoder_layer[0]/attention/w_v
   MESHRT_TRACE("loop", "bert.mesh:65:3", "update");
-  loop17(a13.data(), a14.data(), a11.data(), a12.data(), a3.data(), a5.data(), a6.data());
+  loop14(a13.data(), a14.data(), a11.data(), a12.data(), a3.data(), a5.data(), a6.data());
 
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 square
@@ -2616,7 +2447,7 @@ void MlmTrain::repeated0(
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 sub -> next/bert/encoder_layer[0]/attention/w_o
   MESHRT_TRACE("loop", "bert.mesh:65:3", "update");
-  loop17(a17.data(), a18.data(), a15.data(), a16.data(), a3.data(), a5.data(), a6.data());
+  loop14(a17.data(), a18.data(), a15.data(), a16.data(), a3.data(), a5.data(), a6.data());
 
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 square
@@ -2635,7 +2466,7 @@ void MlmTrain::repeated0(
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 sub -> next/bert/encoder_layer[0]/norm/gain
   MESHRT_TRACE("loop", "bert.mesh:65:3", "update");
-  loop18(a21.data(), a22.data(), a19.data(), a20.data(), a3.data(), a5.data(), a6.data());
+  loop15(a21.data(), a22.data(), a19.data(), a20.data(), a3.data(), a5.data(), a6.data());
 
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 square
@@ -2654,7 +2485,7 @@ void MlmTrain::repeated0(
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 sub -> next/bert/encoder_layer[0]/norm/bias
   MESHRT_TRACE("loop", "bert.mesh:65:3", "update");
-  loop18(a25.data(), a26.data(), a23.data(), a24.data(), a3.data(), a5.data(), a6.data());
+  loop15(a25.data(), a26.data(), a23.data(), a24.data(), a3.data(), a5.data(), a6.data());
 
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 square
@@ -2673,7 +2504,7 @@ void MlmTrain::repeated0(
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 sub -> next/bert/encoder_layer[0]/ffn/w_in
   MESHRT_TRACE("loop", "bert.mesh:65:3", "update");
-  loop19(a29.data(), a30.data(), a27.data(), a28.data(), a3.data(), a5.data(), a6.data());
+  loop16(a29.data(), a30.data(), a27.data(), a28.data(), a3.data(), a5.data(), a6.data());
 
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 square
@@ -2692,7 +2523,7 @@ void MlmTrain::repeated0(
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 sub -> next/bert/encoder_layer[0]/ffn/b_in
   MESHRT_TRACE("loop", "bert.mesh:65:3", "update");
-  loop20(a33.data(), a34.data(), a31.data(), a32.data(), a3.data(), a5.data(), a6.data());
+  loop17(a33.data(), a34.data(), a31.data(), a32.data(), a3.data(), a5.data(), a6.data());
 
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 square
@@ -2711,7 +2542,7 @@ void MlmTrain::repeated0(
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 sub -> next/bert/encoder_layer[0]/ffn/w_out
   MESHRT_TRACE("loop", "bert.mesh:65:3", "update");
-  loop19(a37.data(), a38.data(), a35.data(), a36.data(), a3.data(), a5.data(), a6.data());
+  loop16(a37.data(), a38.data(), a35.data(), a36.data(), a3.data(), a5.data(), a6.data());
 
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 square
@@ -2730,7 +2561,7 @@ void MlmTrain::repeated0(
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 sub -> next/bert/encoder_layer[0]/ffn/b_out
   MESHRT_TRACE("loop", "bert.mesh:65:3", "update");
-  loop18(a41.data(), a42.data(), a39.data(), a40.data(), a3.data(), a5.data(), a6.data());
+  loop15(a41.data(), a42.data(), a39.data(), a40.data(), a3.data(), a5.data(), a6.data());
 
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 square
@@ -2749,7 +2580,7 @@ void MlmTrain::repeated0(
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 sub -> next/bert/encoder_layer[0]/norm#1/gain
   MESHRT_TRACE("loop", "bert.mesh:65:3", "update");
-  loop18(a45.data(), a46.data(), a43.data(), a44.data(), a3.data(), a5.data(), a6.data());
+  loop15(a45.data(), a46.data(), a43.data(), a44.data(), a3.data(), a5.data(), a6.data());
 
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 square
@@ -2768,7 +2599,7 @@ void MlmTrain::repeated0(
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 sub -> next/bert/encoder_layer[0]/norm#1/bias
   MESHRT_TRACE("loop", "bert.mesh:65:3", "update");
-  loop18(a49.data(), a50.data(), a47.data(), a48.data(), a3.data(), a5.data(), a6.data());
+  loop15(a49.data(), a50.data(), a47.data(), a48.data(), a3.data(), a5.data(), a6.data());
 }
 
 void MlmTrain::repeated1(
@@ -2776,20 +2607,17 @@ void MlmTrain::repeated1(
     support::ConstView a4, support::View a5, support::ConstView a6, support::ConstView a7,
     support::View a8, support::View a9, support::ConstView a10, support::View a11,
     support::View a12, support::ConstView a13, support::View a14, support::View a15,
-    support::ConstView a16, support::View a17, support::View a18, support::View a19,
-    support::ConstView a20, support::View a21, support::View a22, support::View a23,
-    support::ConstView a24, support::View a25, support::View a26, support::View a27,
-    support::View a28, support::View a29, support::ConstView a30, support::View a31,
+    support::ConstView a16, support::View a17, support::ConstView a18, support::View a19,
+    support::View a20, support::View a21, support::ConstView a22, support::ConstView a23,
+    support::View a24, support::ConstView a25, support::View a26, support::ConstView a27,
+    support::View a28, support::ConstView a29, support::View a30, support::View a31,
     support::ConstView a32, support::View a33, support::ConstView a34, support::View a35,
-    support::ConstView a36, support::View a37, support::View a38, support::ConstView a39,
-    support::View a40, support::ConstView a41, support::View a42, support::ConstView a43,
-    support::View a44, support::ConstView a45, support::View a46, support::ConstView a47,
-    support::View a48, support::ConstView a49, support::View a50, support::View a51,
+    support::ConstView a36, support::View a37, support::ConstView a38, support::View a39,
+    support::ConstView a40, support::View a41, support::ConstView a42, support::View a43,
+    support::View a44, support::ConstView a45, support::View a46, support::View a47,
+    support::View a48, support::View a49, support::ConstView a50, support::View a51,
     support::ConstView a52, support::View a53, support::View a54, support::View a55,
-    support::View a56, support::ConstView a57, support::View a58, support::View a59,
-    support::View a60, support::ConstView a61, support::View a62, support::View a63,
-    support::View a64, support::ConstView a65, support::View a66, support::View a67,
-    support::View a68, support::View a69, support::View a70) {
+    support::ConstView a56) {
   MESHRT_TRACE_SPAN(world_);
 
   // layers.mesh:55:71 sum -> grad/bert/encoder_layer[1]/ffn/b_out
@@ -2826,7 +2654,7 @@ void MlmTrain::repeated1(
   // layers.mesh:55:17 dropout
   // layers.mesh:54:11 mul
   MESHRT_TRACE("loop", "layers.mesh:54:11", "backward");
-  loop21(a8.data(), a6.data(), a3.data(), reinterpret_cast<const uint8_t *>(a7.data()));
+  loop18(a8.data(), a6.data(), a3.data(), reinterpret_cast<const uint8_t *>(a7.data()));
 
   // layers.mesh:54:52 sum -> grad/bert/encoder_layer[1]/ffn/b_in
   MESHRT_TRACE("sum", "layers.mesh:54:52", "backward");
@@ -2840,7 +2668,7 @@ void MlmTrain::repeated1(
 
   // layers.mesh:54:16 add
   MESHRT_TRACE("loop", "layers.mesh:54:16", "backward");
-  loop22(a12.data(), a1.data(), a11.data());
+  loop19(a12.data(), a1.data(), a11.data());
 
   // layers.mesh:54:16 einsum -> grad/bert/encoder_layer[1]/ffn/w_in
   MESHRT_TRACE("gemm", "layers.mesh:54:16", "backward");
@@ -2856,186 +2684,120 @@ void MlmTrain::repeated1(
   MESHRT_TRACE("loop", "layers.mesh:24:33", "backward");
   loop8(a17.data(), a12.data(), a16.data());
 
+  // layers.mesh:24:33 mul
+  MESHRT_TRACE("loop", "layers.mesh:24:33", "backward");
+  loop9(a19.data(), a12.data(), a18.data());
+
   // layers.mesh:24:33 sum -> grad/bert/encoder_layer[1]/norm/gain
   MESHRT_TRACE("sum", "layers.mesh:24:33", "backward");
-  support::reduce(a18.data(), kShape14, a17.data(), kShape1, kShape5, kShape6, support::Reduce::Sum,
+  support::reduce(a20.data(), kShape14, a19.data(), kShape1, kShape5, kShape6, support::Reduce::Sum,
                   1.0);
 
-  // layers.mesh:24:10 mean
-  MESHRT_TRACE("mean", "layers.mesh:24:10", "backward");
-  support::reduce(a19.data(), kShape5, a20.data(), kShape6, kShape14, kShape1, support::Reduce::Sum,
-                  0.015625);
-
-  // layers.mesh:24:10 sub
-  // layers.mesh:24:10 square
-  MESHRT_TRACE("loop", "layers.mesh:24:10", "backward");
-  loop9(a21.data(), a20.data(), a19.data());
-
-  // layers.mesh:24:10 mean
-  MESHRT_TRACE("mean", "layers.mesh:24:10", "backward");
-  support::reduce(a22.data(), kShape5, a21.data(), kShape6, kShape14, kShape1, support::Reduce::Sum,
-                  0.015625);
-
-  // layers.mesh:24:10 add
-  // layers.mesh:24:10 rsqrt
-  MESHRT_TRACE("loop", "layers.mesh:24:10", "backward");
-  loop10(a23.data(), a22.data());
-
-  // layers.mesh:24:33 mul
-  // layers.mesh:24:10 mul
-  MESHRT_TRACE("loop", "layers.mesh:24:33", "backward");
-  loop11(a25.data(), a26.data(), a12.data(), a24.data(), a16.data());
-
-  // layers.mesh:24:10 mean
-  MESHRT_TRACE("mean", "layers.mesh:24:10", "backward");
-  support::reduce(a27.data(), kShape5, a26.data(), kShape6, kShape14, kShape1, support::Reduce::Sum,
-                  0.015625);
-
-  // layers.mesh:24:10 mean
-  MESHRT_TRACE("mean", "layers.mesh:24:10", "backward");
-  support::reduce(a28.data(), kShape5, a25.data(), kShape6, kShape14, kShape1, support::Reduce::Sum,
-                  0.015625);
-
-  // layers.mesh:24:10 mul
-  // layers.mesh:24:10 sub
-  // layers.mesh:24:10 sub
-  // layers.mesh:24:10 mul
-  MESHRT_TRACE("loop", "layers.mesh:24:10", "backward");
-  loop12(a29.data(), a16.data(), a27.data(), a25.data(), a28.data(), a23.data());
+  // layers.mesh:24:10 layer_norm_grad
+  MESHRT_TRACE("layer_norm_grad", "layers.mesh:24:10", "backward");
+  support::layerNormGrad(a21.data(), a22.data(), a17.data(), kShape5, kShape6, kShape6, kShape6,
+                         kShape14, kShape1, kShape1, kShape1, 1e-05, 64, nullptr);
 
   // layers.mesh:45:10 einsum
   MESHRT_TRACE("gemm", "layers.mesh:45:10", "backward");
   // dims: batch, seq, d_model, heads, d_head
-  kEinsum13.plan().run(a29.data(), a30.data(), a31.data(), 1.0f, 0.0f);
+  kEinsum13.plan().run(a21.data(), a23.data(), a24.data(), 1.0f, 0.0f);
 
   // layers.mesh:45:10 einsum -> grad/bert/encoder_layer[1]/attention/w_o
   MESHRT_TRACE("gemm", "layers.mesh:45:10", "backward");
   // dims: batch, seq, d_model, heads, d_head
-  kEinsum14.plan().run(a29.data(), a32.data(), a33.data(), 1.0f, 0.0f);
+  kEinsum14.plan().run(a21.data(), a25.data(), a26.data(), 1.0f, 0.0f);
 
   // layers.mesh:44:17 einsum
   MESHRT_TRACE("gemm", "layers.mesh:44:17", "backward");
   // dims: batch, seq, heads, d_head, mem
-  kEinsum6.plan().run(a31.data(), a34.data(), a35.data(), 1.0f, 0.0f);
+  kEinsum6.plan().run(a24.data(), a27.data(), a28.data(), 1.0f, 0.0f);
 
   // layers.mesh:44:17 einsum
   MESHRT_TRACE("gemm", "layers.mesh:44:17", "backward");
   // dims: batch, seq, heads, d_head, mem
-  kEinsum15.plan().run(a31.data(), a36.data(), a37.data(), 1.0f, 0.0f);
+  kEinsum15.plan().run(a24.data(), a29.data(), a30.data(), 1.0f, 0.0f);
 
   // layers.mesh:43:17 sum
   // layers.mesh:43:17 mul
   MESHRT_TRACE("sum", "layers.mesh:43:17", "backward");
-  support::reduceProduct(a38.data(), kShape10, 32, a35.data(), kShape25, a36.data(), kShape25, 1.0);
+  support::reduceProduct(a31.data(), kShape10, 32, a28.data(), kShape25, a29.data(), kShape25, 1.0);
 
   // layers.mesh:43:17 sub
   // layers.mesh:43:17 mul
   // layers.mesh:43:25 where
   // layers.mesh:41:55 mul
   MESHRT_TRACE("loop", "layers.mesh:43:17", "backward");
-  loop23(a40.data(), a35.data(), a38.data(), a36.data(), a39.data());
+  loop20(a33.data(), a28.data(), a31.data(), a29.data(), a32.data());
 
   // layers.mesh:41:16 einsum
   MESHRT_TRACE("gemm", "layers.mesh:41:16", "backward");
   // dims: batch, heads, seq, mem, d_head
-  kEinsum1.plan().run(a40.data(), a41.data(), a42.data(), 1.0f, 0.0f);
+  kEinsum1.plan().run(a33.data(), a34.data(), a35.data(), 1.0f, 0.0f);
 
   // layers.mesh:41:16 einsum
   MESHRT_TRACE("gemm", "layers.mesh:41:16", "backward");
   // dims: batch, heads, seq, mem, d_head
-  kEinsum16.plan().run(a40.data(), a43.data(), a44.data(), 1.0f, 0.0f);
+  kEinsum16.plan().run(a33.data(), a36.data(), a37.data(), 1.0f, 0.0f);
 
   // layers.mesh:39:18 einsum
   MESHRT_TRACE("gemm", "layers.mesh:39:18", "backward");
   // dims: batch, seq, heads, d_head, d_model
-  kEinsum17.plan().run(a37.data(), a45.data(), a46.data(), 1.0f, 0.0f);
+  kEinsum17.plan().run(a30.data(), a38.data(), a39.data(), 1.0f, 0.0f);
 
   // layers.mesh:39:18 einsum -> grad/bert/encoder_layer[1]/attention/w_v
   MESHRT_TRACE("gemm", "layers.mesh:39:18", "backward");
   // dims: batch, seq, heads, d_head, d_model
-  kEinsum18.plan().run(a37.data(), a47.data(), a48.data(), 1.0f, 0.0f);
+  kEinsum18.plan().run(a30.data(), a40.data(), a41.data(), 1.0f, 0.0f);
 
   // layers.mesh:38:18 einsum
   MESHRT_TRACE("gemm", "layers.mesh:38:18", "backward");
   // dims: batch, seq, heads, d_head, d_model
-  kEinsum17.plan().run(a44.data(), a49.data(), a50.data(), 1.0f, 0.0f);
+  kEinsum17.plan().run(a37.data(), a42.data(), a43.data(), 1.0f, 0.0f);
 
   // layers.mesh:38:18 einsum -> grad/bert/encoder_layer[1]/attention/w_k
   MESHRT_TRACE("gemm", "layers.mesh:38:18", "backward");
   // dims: batch, seq, heads, d_head, d_model
-  kEinsum18.plan().run(a44.data(), a47.data(), a51.data(), 1.0f, 0.0f);
+  kEinsum18.plan().run(a37.data(), a40.data(), a44.data(), 1.0f, 0.0f);
 
   // layers.mesh:36:11 einsum
   MESHRT_TRACE("gemm", "layers.mesh:36:11", "backward");
   // dims: batch, seq, heads, d_head, d_model
-  kEinsum17.plan().run(a42.data(), a52.data(), a53.data(), 1.0f, 0.0f);
+  kEinsum17.plan().run(a35.data(), a45.data(), a46.data(), 1.0f, 0.0f);
 
   // layers.mesh:39:18 add
   // layers.mesh:38:18 add
   // layers.mesh:36:11 add
   MESHRT_TRACE("loop", "layers.mesh:39:18", "backward");
-  loop24(a54.data(), a29.data(), a46.data(), a50.data(), a53.data());
+  loop21(a47.data(), a21.data(), a39.data(), a43.data(), a46.data());
 
   // layers.mesh:36:11 einsum -> grad/bert/encoder_layer[1]/attention/w_q
   MESHRT_TRACE("gemm", "layers.mesh:36:11", "backward");
   // dims: batch, seq, heads, d_head, d_model
-  kEinsum18.plan().run(a42.data(), a47.data(), a55.data(), 1.0f, 0.0f);
+  kEinsum18.plan().run(a35.data(), a40.data(), a48.data(), 1.0f, 0.0f);
 
   // layers.mesh:24:40 sum -> grad/bert/encoder_layer[0]/norm#1/bias
   MESHRT_TRACE("sum", "layers.mesh:24:40", "backward");
-  support::reduce(a56.data(), kShape14, a54.data(), kShape1, kShape5, kShape6, support::Reduce::Sum,
+  support::reduce(a49.data(), kShape14, a47.data(), kShape1, kShape5, kShape6, support::Reduce::Sum,
                   1.0);
 
   // layers.mesh:24:33 mul
   MESHRT_TRACE("loop", "layers.mesh:24:33", "backward");
-  loop8(a58.data(), a54.data(), a57.data());
+  loop8(a51.data(), a47.data(), a50.data());
+
+  // layers.mesh:24:33 mul
+  MESHRT_TRACE("loop", "layers.mesh:24:33", "backward");
+  loop9(a53.data(), a47.data(), a52.data());
 
   // layers.mesh:24:33 sum -> grad/bert/encoder_layer[0]/norm#1/gain
   MESHRT_TRACE("sum", "layers.mesh:24:33", "backward");
-  support::reduce(a59.data(), kShape14, a58.data(), kShape1, kShape5, kShape6, support::Reduce::Sum,
+  support::reduce(a54.data(), kShape14, a53.data(), kShape1, kShape5, kShape6, support::Reduce::Sum,
                   1.0);
 
-  // layers.mesh:24:10 mean
-  MESHRT_TRACE("mean", "layers.mesh:24:10", "backward");
-  support::reduce(a60.data(), kShape5, a61.data(), kShape6, kShape14, kShape1, support::Reduce::Sum,
-                  0.015625);
-
-  // layers.mesh:24:10 sub
-  // layers.mesh:24:10 square
-  MESHRT_TRACE("loop", "layers.mesh:24:10", "backward");
-  loop9(a62.data(), a61.data(), a60.data());
-
-  // layers.mesh:24:10 mean
-  MESHRT_TRACE("mean", "layers.mesh:24:10", "backward");
-  support::reduce(a63.data(), kShape5, a62.data(), kShape6, kShape14, kShape1, support::Reduce::Sum,
-                  0.015625);
-
-  // layers.mesh:24:10 add
-  // layers.mesh:24:10 rsqrt
-  MESHRT_TRACE("loop", "layers.mesh:24:10", "backward");
-  loop10(a64.data(), a63.data());
-
-  // layers.mesh:24:33 mul
-  // layers.mesh:24:10 mul
-  MESHRT_TRACE("loop", "layers.mesh:24:33", "backward");
-  loop11(a66.data(), a67.data(), a54.data(), a65.data(), a57.data());
-
-  // layers.mesh:24:10 mean
-  MESHRT_TRACE("mean", "layers.mesh:24:10", "backward");
-  support::reduce(a68.data(), kShape5, a67.data(), kShape6, kShape14, kShape1, support::Reduce::Sum,
-                  0.015625);
-
-  // layers.mesh:24:10 mean
-  MESHRT_TRACE("mean", "layers.mesh:24:10", "backward");
-  support::reduce(a69.data(), kShape5, a66.data(), kShape6, kShape14, kShape1, support::Reduce::Sum,
-                  0.015625);
-
-  // layers.mesh:24:10 mul
-  // layers.mesh:24:10 sub
-  // layers.mesh:24:10 sub
-  // layers.mesh:24:10 mul
-  MESHRT_TRACE("loop", "layers.mesh:24:10", "backward");
-  loop12(a70.data(), a57.data(), a68.data(), a66.data(), a69.data(), a64.data());
+  // layers.mesh:24:10 layer_norm_grad
+  MESHRT_TRACE("layer_norm_grad", "layers.mesh:24:10", "backward");
+  support::layerNormGrad(a55.data(), a56.data(), a51.data(), kShape5, kShape6, kShape6, kShape6,
+                         kShape14, kShape1, kShape1, kShape1, 1e-05, 64, nullptr);
 }
 
 void MlmTrain::repeated2(support::View a0, support::ConstView a1, support::ConstView a2,
@@ -3067,7 +2829,7 @@ void MlmTrain::repeated2(support::View a0, support::ConstView a1, support::Const
 
   // bert.mesh:20:18 add
   MESHRT_TRACE("loop", "bert.mesh:20:18", "forward");
-  loop22(a8.data(), a7.data(), a6.data());
+  loop19(a8.data(), a7.data(), a6.data());
 
   // layers.mesh:24:10 layer_norm
   MESHRT_TRACE("layer_norm", "layers.mesh:24:10", "forward");
@@ -3127,7 +2889,7 @@ void MlmTrain::repeated2(support::View a0, support::ConstView a1, support::Const
   // layers.mesh:55:71 add
   // bert.mesh:21:17 add
   MESHRT_TRACE("loop", "layers.mesh:55:71", "forward");
-  loop25(a22.data(), a20.data(), a21.data(), a12.data());
+  loop22(a22.data(), a20.data(), a21.data(), a12.data());
 
   // layers.mesh:24:10 layer_norm
   MESHRT_TRACE("layer_norm", "layers.mesh:24:10", "forward");
@@ -3162,7 +2924,7 @@ void MlmTrain::repeated3(support::View a0, support::ConstView a1, support::View 
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 sub -> next/bert/norm/gain
   MESHRT_TRACE("loop", "bert.mesh:65:3", "update");
-  loop18(a2.data(), a4.data(), a0.data(), a1.data(), a3.data(), a5.data(), a6.data());
+  loop15(a2.data(), a4.data(), a0.data(), a1.data(), a3.data(), a5.data(), a6.data());
 }
 
 void MlmTrain::repeated4(support::ConstView a0, support::ConstView a1, support::View a2,

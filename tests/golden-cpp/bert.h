@@ -213,7 +213,7 @@ public:
   /// The bytes of this object's arena: run()'s temporaries share it, placed by liveness.
   static constexpr size_t kArenaBytes = 548416;
   /// The bytes of all of run()'s temporaries together (one buffer each).
-  static constexpr size_t kTemporaryBytes = 1673884;
+  static constexpr size_t kTemporaryBytes = 1588764;
   /// The bytes of the values computed once, in the constructor (constants, masks).
   static constexpr size_t kPersistentBytes = 1792;
 
@@ -267,7 +267,6 @@ public:
   /// run()'s statements, in parts (run() calls them in order).
   void runPart0(const Inputs &inputs);
   void runPart1(const Inputs &inputs);
-  void runPart2(const Inputs &inputs);
   /// Code that repeats in run() (the layers of a `repeat`), called once per repetition.
   void repeated0(support::View a0, support::ConstView a1, support::View a2, support::ConstView a3,
                  support::View a4, support::ConstView a5, support::ConstView a6, support::View a7,
@@ -286,22 +285,19 @@ public:
                  support::ConstView a4, support::View a5, support::ConstView a6,
                  support::ConstView a7, support::View a8, support::View a9, support::ConstView a10,
                  support::View a11, support::View a12, support::ConstView a13, support::View a14,
-                 support::View a15, support::ConstView a16, support::View a17, support::View a18,
-                 support::View a19, support::ConstView a20, support::View a21, support::View a22,
-                 support::View a23, support::ConstView a24, support::View a25, support::View a26,
-                 support::View a27, support::View a28, support::View a29, support::ConstView a30,
-                 support::View a31, support::ConstView a32, support::View a33,
-                 support::ConstView a34, support::View a35, support::ConstView a36,
-                 support::View a37, support::View a38, support::ConstView a39, support::View a40,
-                 support::ConstView a41, support::View a42, support::ConstView a43,
-                 support::View a44, support::ConstView a45, support::View a46,
-                 support::ConstView a47, support::View a48, support::ConstView a49,
-                 support::View a50, support::View a51, support::ConstView a52, support::View a53,
-                 support::View a54, support::View a55, support::View a56, support::ConstView a57,
-                 support::View a58, support::View a59, support::View a60, support::ConstView a61,
-                 support::View a62, support::View a63, support::View a64, support::ConstView a65,
-                 support::View a66, support::View a67, support::View a68, support::View a69,
-                 support::View a70);
+                 support::View a15, support::ConstView a16, support::View a17,
+                 support::ConstView a18, support::View a19, support::View a20, support::View a21,
+                 support::ConstView a22, support::ConstView a23, support::View a24,
+                 support::ConstView a25, support::View a26, support::ConstView a27,
+                 support::View a28, support::ConstView a29, support::View a30, support::View a31,
+                 support::ConstView a32, support::View a33, support::ConstView a34,
+                 support::View a35, support::ConstView a36, support::View a37,
+                 support::ConstView a38, support::View a39, support::ConstView a40,
+                 support::View a41, support::ConstView a42, support::View a43, support::View a44,
+                 support::ConstView a45, support::View a46, support::View a47, support::View a48,
+                 support::View a49, support::ConstView a50, support::View a51,
+                 support::ConstView a52, support::View a53, support::View a54, support::View a55,
+                 support::ConstView a56);
   void repeated2(support::View a0, support::ConstView a1, support::ConstView a2,
                  support::ConstView a3, support::View a4, support::ConstView a5, support::View a6,
                  support::ConstView a7, support::View a8, support::View a9, support::ConstView a10,

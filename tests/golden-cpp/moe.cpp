@@ -224,63 +224,24 @@ static const support::SharedEinsum
   for (int64_t i0 = 0; i0 < 64; ++i0) {
     for (int64_t i1 = 0; i1 < 32; ++i1) {
       const float s0 = p1[i0 * 32 + i1];
-      const float s1 = p2[i0];
-      const float s2 = (s0 - s1);
-      const float s3 = s2 * s2;
-      p0[i0 * 32 + i1] = s3;
-    }
-  }
-}
-
-[[gnu::noinline]] static void loop12(float *__restrict p0, const float *__restrict p1) {
-  for (int64_t i0 = 0; i0 < 64; ++i0) {
-    const float s0 = p1[i0];
-    const float s1 = 1e-05f;
-    const float s2 = (s0 + s1);
-    const float s3 = 1.0f / support::fsqrt(s2);
-    p0[i0] = s3;
-  }
-}
-
-[[gnu::noinline]] static void loop13(float *__restrict p0, float *__restrict p1,
-                                     const float *__restrict p2, const float *__restrict p3,
-                                     const float *__restrict p4) {
-  for (int64_t i0 = 0; i0 < 64; ++i0) {
-    for (int64_t i1 = 0; i1 < 32; ++i1) {
-      const float s0 = p2[i0 * 32 + i1];
-      const float s1 = p3[i1];
+      const float s1 = p2[i1];
       const float s2 = (s0 * s1);
-      const float s3 = p4[i0 * 32 + i1];
-      const float s4 = (s2 * s3);
       p0[i0 * 32 + i1] = s2;
-      p1[i0 * 32 + i1] = s4;
     }
   }
 }
 
-[[gnu::noinline]] static void loop14(float *__restrict p0, const float *__restrict p1,
-                                     const float *__restrict p2, const float *__restrict p3,
-                                     const float *__restrict p4, const float *__restrict p5,
-                                     const float *__restrict p6) {
-  for (int64_t i0 = 0; i0 < 64; ++i0) {
-    for (int64_t i1 = 0; i1 < 32; ++i1) {
-      const float s0 = p1[i0 * 32 + i1];
-      const float s1 = p2[i0];
-      const float s2 = (s0 * s1);
-      const float s3 = p3[i0 * 32 + i1];
-      const float s4 = p4[i0];
-      const float s5 = (s3 - s4);
-      const float s6 = (s5 - s2);
-      const float s7 = p5[i0];
-      const float s8 = (s6 * s7);
-      const float s9 = p6[i0 * 32 + i1];
-      const float s10 = (s9 + s8);
-      p0[i0 * 32 + i1] = s10;
-    }
+[[gnu::noinline]] static void loop12(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2) {
+  for (int64_t i0 = 0; i0 < 2048; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = p2[i0];
+    const float s2 = (s0 * s1);
+    p0[i0] = s2;
   }
 }
 
-[[gnu::noinline]] static void loop15(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop13(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 5120; ++i0) {
     const float s0 = p1[i0];
@@ -293,7 +254,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop16(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop14(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 5120; ++i0) {
     const float s0 = p1[i0];
@@ -303,7 +264,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop17(float *__restrict p0, float *__restrict p1,
+[[gnu::noinline]] static void loop15(float *__restrict p0, float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4, const float *__restrict p5,
                                      const float *__restrict p6, const float *__restrict p7) {
@@ -339,7 +300,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop18(float *__restrict p0, float *__restrict p1,
+[[gnu::noinline]] static void loop16(float *__restrict p0, float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4, const float *__restrict p5,
                                      const float *__restrict p6, const float *__restrict p7) {
@@ -369,7 +330,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop19(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop17(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3) {
   for (int64_t i0 = 0; i0 < 64; ++i0) {
     for (int64_t i1 = 0; i1 < 2; ++i1) {
@@ -383,7 +344,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop20(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop18(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3) {
   for (int64_t i0 = 0; i0 < 2048; ++i0) {
     const float s0 = p1[i0];
@@ -395,17 +356,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop21(float *__restrict p0, const float *__restrict p1,
-                                     const float *__restrict p2) {
-  for (int64_t i0 = 0; i0 < 2048; ++i0) {
-    const float s0 = p1[i0];
-    const float s1 = p2[i0];
-    const float s2 = (s0 * s1);
-    p0[i0] = s2;
-  }
-}
-
-[[gnu::noinline]] static void loop22(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop19(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3) {
   const float r1 = p2[0];
   const float r3 = p3[0];
@@ -421,7 +372,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop23(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop20(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2) {
   const float r1 = p2[0];
   for (int64_t i0 = 0; i0 < 32; ++i0) {
@@ -433,7 +384,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop24(float *__restrict p0, const float *__restrict p1) {
+[[gnu::noinline]] static void loop21(float *__restrict p0, const float *__restrict p1) {
   for (int64_t i0 = 0; i0 < 2; ++i0) {
     const float s0 = p1[i0];
     const float s1 = 1.0f / support::fsqrt(s0);
@@ -441,7 +392,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop25(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop22(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3) {
   const float r0 = p1[0];
   for (int64_t i0 = 0; i0 < 32; ++i0) {
@@ -454,7 +405,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop26(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop23(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4, const float *__restrict p5) {
   const float r3 = p4[0];
@@ -477,7 +428,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop27(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop24(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 2; ++i0) {
     for (int64_t i1 = 0; i1 < 32; ++i1) {
@@ -490,7 +441,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop28(float *__restrict p0, const float *__restrict p1) {
+[[gnu::noinline]] static void loop25(float *__restrict p0, const float *__restrict p1) {
   for (int64_t i0 = 0; i0 < 128; ++i0) {
     const float s0 = p1[i0];
     const float s1 = 1.0f / support::fsqrt(s0);
@@ -498,7 +449,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop29(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop26(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4, const float *__restrict p5) {
   const float r3 = p4[0];
@@ -523,7 +474,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop30(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop27(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 2; ++i0) {
     for (int64_t i1 = 0; i1 < 64; ++i1) {
@@ -536,7 +487,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop31(float *__restrict p0, const float *__restrict p1) {
+[[gnu::noinline]] static void loop28(float *__restrict p0, const float *__restrict p1) {
   for (int64_t i0 = 0; i0 < 64; ++i0) {
     const float s0 = p1[i0];
     const float s1 = 1.0f / support::fsqrt(s0);
@@ -544,7 +495,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop32(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop29(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4, const float *__restrict p5) {
   const float r3 = p4[0];
@@ -569,7 +520,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop33(float *__restrict p0, const float *__restrict p1) {
+[[gnu::noinline]] static void loop30(float *__restrict p0, const float *__restrict p1) {
   for (int64_t i0 = 0; i0 < 64; ++i0) {
     const float s0 = p1[i0];
     const float s1 = s0 * s0;
@@ -579,7 +530,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop34(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop31(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3) {
   const float r1 = p2[0];
   const float r3 = p3[0];
@@ -595,7 +546,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop35(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop32(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 32; ++i0) {
     for (int64_t i1 = 0; i1 < 2; ++i1) {
@@ -608,7 +559,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop36(float *__restrict p0, const float *__restrict p1) {
+[[gnu::noinline]] static void loop33(float *__restrict p0, const float *__restrict p1) {
   for (int64_t i0 = 0; i0 < 4096; ++i0) {
     const float s0 = p1[i0];
     const float s1 = s0 * s0;
@@ -618,7 +569,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop37(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop34(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3) {
   const float r1 = p2[0];
   const float r3 = p3[0];
@@ -634,7 +585,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop38(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop35(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3) {
   const float r1 = p2[0];
   const float r3 = p3[0];
@@ -650,7 +601,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop39(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop36(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 2; ++i0) {
     for (int64_t i1 = 0; i1 < 32; ++i1) {
@@ -665,7 +616,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop40(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop37(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3) {
   for (int64_t i0 = 0; i0 < 2; ++i0) {
     for (int64_t i1 = 0; i1 < 32; ++i1) {
@@ -679,7 +630,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop41(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop38(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 2; ++i0) {
     for (int64_t i1 = 0; i1 < 64; ++i1) {
@@ -694,7 +645,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop42(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop39(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3) {
   for (int64_t i0 = 0; i0 < 2; ++i0) {
     for (int64_t i1 = 0; i1 < 64; ++i1) {
@@ -708,7 +659,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop43(float *__restrict p0, float *__restrict p1,
+[[gnu::noinline]] static void loop40(float *__restrict p0, float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4, const float *__restrict p5) {
   for (int64_t i0 = 0; i0 < 64; ++i0) {
@@ -726,7 +677,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop44(float *__restrict p0, float *__restrict p1,
+[[gnu::noinline]] static void loop41(float *__restrict p0, float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4) {
   for (int64_t i0 = 0; i0 < 64; ++i0) {
@@ -747,7 +698,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop45(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop42(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 2; ++i0) {
     const float s0 = p1[i0];
@@ -757,7 +708,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop46(float *__restrict p0, float *__restrict p1,
+[[gnu::noinline]] static void loop43(float *__restrict p0, float *__restrict p1,
                                      float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4, const float *__restrict p5) {
   const float r1 = p4[0];
@@ -783,7 +734,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop47(float *__restrict p0, const float *__restrict p1) {
+[[gnu::noinline]] static void loop44(float *__restrict p0, const float *__restrict p1) {
   for (int64_t i0 = 0; i0 < 32; ++i0) {
     const float s0 = p1[i0];
     const float s1 = s0 * s0;
@@ -791,7 +742,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop48(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop45(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3) {
   const float r1 = p2[0];
   const float r2 = p3[0];
@@ -807,7 +758,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop49(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop46(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4) {
   for (int64_t i0 = 0; i0 < 64; ++i0) {
@@ -825,7 +776,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop50(float *__restrict p0, float *__restrict p1,
+[[gnu::noinline]] static void loop47(float *__restrict p0, float *__restrict p1,
                                      float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4) {
   for (int64_t i0 = 0; i0 < 64; ++i0) {
@@ -842,7 +793,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop51(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop48(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 64; ++i0) {
     const float s0 = p1[i0];
@@ -852,7 +803,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop52(float *__restrict p0, float *__restrict p1,
+[[gnu::noinline]] static void loop49(float *__restrict p0, float *__restrict p1,
                                      float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4, const float *__restrict p5,
                                      const float *__restrict p6, const float *__restrict p7) {
@@ -878,7 +829,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop53(float *__restrict p0, const float *__restrict p1) {
+[[gnu::noinline]] static void loop50(float *__restrict p0, const float *__restrict p1) {
   for (int64_t i0 = 0; i0 < 64; ++i0) {
     const float s0 = p1[i0];
     const float s1 = s0 * s0;
@@ -886,7 +837,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop54(float *__restrict p0, const float *__restrict p1) {
+[[gnu::noinline]] static void loop51(float *__restrict p0, const float *__restrict p1) {
   for (int64_t i0 = 0; i0 < 4096; ++i0) {
     const float s0 = p1[i0];
     const float s1 = s0 * s0;
@@ -1515,7 +1466,7 @@ void MoeTrain::computeInvariants() {
 
 MoeTrain::Outputs MoeTrain::run(const Inputs &inputs) {
   MESHRT_TRACE_RUN(world_, "moe_train");
-  // Arena: 394816 bytes for 1132616 bytes of temporaries (placed by liveness).
+  // Arena: 394816 bytes for 1123144 bytes of temporaries (placed by liveness).
   support::checkShape("input", "x", inputs.x, {1, 64, 32});
   support::checkShape("input", "target", inputs.target, {1, 64, 32});
   runPart0(inputs);
@@ -1582,35 +1533,35 @@ void MoeTrain::runPart0(const Inputs &inputs) {
 
   // 6 statements from moe.mesh:131:3 square (1 of 2)
   MESHRT_TRACE_SITE("moe.mesh:131:3");
-  support::View v397 = arena_.view(0, 64);
+  support::View v384 = arena_.view(0, 64);
   support::View v30(param4_experts_ffn_0_w_in); // updated in place
-  support::View v437 = arena_.view(0, 4096);
+  support::View v424 = arena_.view(0, 4096);
   support::View v31(param5_experts_ffn_0_w_out); // updated in place
-  support::View v477 = arena_.view(0, 4096);
-  support::View v398 = arena_.view(394368, 1);
-  support::View v438 = arena_.view(394432, 1);
-  support::View v478 = arena_.view(394496, 1);
-  repeated8(v10, v397, v398, v30, v437, v438, v31, v477, v478);
+  support::View v464 = arena_.view(0, 4096);
+  support::View v385 = arena_.view(394368, 1);
+  support::View v425 = arena_.view(394432, 1);
+  support::View v465 = arena_.view(394496, 1);
+  repeated8(v10, v384, v385, v30, v424, v425, v31, v464, v465);
 
   // 6 statements from moe.mesh:131:3 square (2 of 2)
   MESHRT_TRACE_SITE("moe.mesh:131:3");
   support::View v93(param8_route_1_w_gate); // updated in place
-  support::View v564 = arena_.view(0, 64);
+  support::View v551 = arena_.view(0, 64);
   support::View v113(param9_experts_ffn_1_w_in); // updated in place
-  support::View v604 = arena_.view(0, 4096);
+  support::View v591 = arena_.view(0, 4096);
   support::View v114(param10_experts_ffn_1_w_out); // updated in place
-  support::View v644 = arena_.view(0, 4096);
-  support::View v565 = arena_.view(394560, 1);
-  support::View v605 = arena_.view(394624, 1);
-  support::View v645 = arena_.view(394688, 1);
-  repeated8(v93, v564, v565, v113, v604, v605, v114, v644, v645);
+  support::View v631 = arena_.view(0, 4096);
+  support::View v552 = arena_.view(394560, 1);
+  support::View v592 = arena_.view(394624, 1);
+  support::View v632 = arena_.view(394688, 1);
+  repeated8(v93, v551, v552, v113, v591, v592, v114, v631, v632);
 
   // moe.mesh:66:29 bucketed_all_reduce_sum -> gate1 (2 partial sums (gate1, gate2) over model
-  // resolved together, 512 B in one buffer; merged with 6 more partial sums over model (%399, %439,
-  // %479, ...): 536 B in one buffer)
+  // resolved together, 512 B in one buffer; merged with 6 more partial sums over model (%386, %426,
+  // %466, ...): 536 B in one buffer)
   MESHRT_TRACE_SITE("moe.mesh:66:29");
   auto request1 = support::startAllReduce(
-      group_model, {v54, v56, v398, v438, v478, v565, v605, v645}, meshrt::ReduceOp::Sum);
+      group_model, {v54, v56, v385, v425, v465, v552, v592, v632}, meshrt::ReduceOp::Sum);
 
   // 9 statements from moe.mesh:71:19 cumsum -> position1 (1 of 2)
   MESHRT_TRACE_SITE("moe.mesh:71:19");
@@ -1796,7 +1747,7 @@ void MoeTrain::runPart1(const Inputs &inputs) {
   support::View v183 = arena_.view(380928, 2048);
   loop10(v183.data(), v169.data());
 
-  // 25 statements from moe.mesh:89:10 einsum (1 of 2)
+  // 23 statements from moe.mesh:89:10 einsum (1 of 2)
   MESHRT_TRACE_SITE("moe.mesh:89:10");
   support::View v165 = arena_.view(266240, 2560);
   support::View v184 = arena_.view(245760, 5120);
@@ -1837,130 +1788,112 @@ void MoeTrain::runPart1(const Inputs &inputs) {
   support::View v92 = arena_.view(372736, 2048);
   support::View v91 = arena_.view(364544, 2048);
   support::View v235 = arena_.view(131072, 2048);
-  support::View v88 = arena_.view(356352, 2048);
-  support::View v239 = arena_.view(122880, 2048);
   support::View v187 = arena_.view(266240, 4096);
   support::View v192 = arena_.view(204800, 4096);
   support::View v233 = arena_.view(169984, 64);
   support::View v237 = arena_.view(170240, 32);
-  support::View v240 = arena_.view(170368, 32);
   repeated0(v183, v165, v184, v161, v185, v114, v186, v164, v187, v163, v190, v113, v191, v162,
             v192, v156, v193, v155, v194, v195, v148, v201, v202, v157, v144, v159, v142, v211,
             v212, v105, v123, v135, v95, v226, v227, v228, v231, v93, v232, v92, v233, v91, v235,
-            v237, v88, v239, v240);
-
-  // moe.mesh:26:10 mean
-  MESHRT_TRACE("mean", "moe.mesh:26:10", "backward");
-  support::View v85 = arena_.view(348160, 2048);
-  support::View v241 = arena_.view(139264, 64);
-  support::reduce(v241.data(), kShape2, v85.data(), kShape3, kShape19, kShape1,
-                  support::Reduce::Sum, 0.03125);
-
-  // moe.mesh:26:10 sub
-  // moe.mesh:26:10 square
-  MESHRT_TRACE("loop", "moe.mesh:26:10", "backward");
-  support::View v243 = arena_.view(122880, 2048);
-  loop11(v243.data(), v85.data(), v241.data());
-
-  // moe.mesh:26:10 mean
-  MESHRT_TRACE("mean", "moe.mesh:26:10", "backward");
-  support::View v244 = arena_.view(139264, 64);
-  support::reduce(v244.data(), kShape2, v243.data(), kShape3, kShape19, kShape1,
-                  support::Reduce::Sum, 0.03125);
-
-  // moe.mesh:26:10 add
-  // moe.mesh:26:10 rsqrt
-  MESHRT_TRACE("loop", "moe.mesh:26:10", "backward");
-  support::View v247 = arena_.view(151552, 64);
-  loop12(v247.data(), v244.data());
+            v237);
 
   // moe.mesh:26:33 mul
-  // moe.mesh:26:10 mul
   MESHRT_TRACE("loop", "moe.mesh:26:33", "backward");
   support::View v86(param6_norm_1_gain); // updated in place
   support::View v238 = arena_.view(122880, 2048);
-  support::View v248 = arena_.view(139264, 2048);
-  loop13(v238.data(), v248.data(), v235.data(), v86.data(), v88.data());
+  loop11(v238.data(), v235.data(), v86.data());
 
-  // moe.mesh:26:10 mean
-  MESHRT_TRACE("mean", "moe.mesh:26:10", "backward");
-  support::View v249 = arena_.view(131072, 64);
-  support::reduce(v249.data(), kShape2, v248.data(), kShape3, kShape19, kShape1,
-                  support::Reduce::Sum, 0.03125);
+  // moe.mesh:26:33 mul
+  MESHRT_TRACE("loop", "moe.mesh:26:33", "backward");
+  support::View v88 = arena_.view(356352, 2048);
+  support::View v239 = arena_.view(139264, 2048);
+  loop12(v239.data(), v235.data(), v88.data());
 
-  // moe.mesh:26:10 mean
-  MESHRT_TRACE("mean", "moe.mesh:26:10", "backward");
-  support::View v251 = arena_.view(131328, 64);
-  support::reduce(v251.data(), kShape2, v238.data(), kShape3, kShape19, kShape1,
-                  support::Reduce::Sum, 0.03125);
+  // moe.mesh:26:33 sum -> grad/norm[1]/gain
+  MESHRT_TRACE("sum", "moe.mesh:26:33", "backward");
+  support::View v240 = arena_.view(170368, 32);
+  support::reduce(v240.data(), kShape19, v239.data(), kShape1, kShape2, kShape3,
+                  support::Reduce::Sum, 1.0);
 
-  // moe.mesh:26:10 mul
-  // moe.mesh:26:10 sub
-  // moe.mesh:26:10 sub
-  // moe.mesh:26:10 mul
+  // moe.mesh:26:10 layer_norm_grad
+  MESHRT_TRACE("layer_norm_grad", "moe.mesh:26:10", "backward");
+  support::View v85 = arena_.view(348160, 2048);
+  support::View v241 = arena_.view(131072, 2048);
+  support::layerNormGrad(v241.data(), v85.data(), v238.data(), kShape2, kShape3, kShape3, kShape3,
+                         kShape19, kShape1, kShape1, kShape1, 1e-05, 32, nullptr);
+
   // moe.mesh:26:10 add
   MESHRT_TRACE("loop", "moe.mesh:26:10", "backward");
-  support::View v255 = arena_.view(143360, 2048);
-  loop14(v255.data(), v88.data(), v249.data(), v238.data(), v251.data(), v247.data(), v183.data());
+  support::View v242 = arena_.view(143360, 2048);
+  loop0(v242.data(), v183.data(), v241.data());
 
-  // 25 statements from moe.mesh:89:10 einsum (2 of 2)
+  // 23 statements from moe.mesh:89:10 einsum (2 of 2)
   MESHRT_TRACE_SITE("moe.mesh:89:10");
   support::View v82 = arena_.view(292864, 2560);
-  support::View v256 = arena_.view(122880, 5120);
+  support::View v243 = arena_.view(122880, 5120);
   support::View v78 = arena_.view(81920, 5120);
-  support::View v257 = arena_.view(159744, 2560);
+  support::View v244 = arena_.view(159744, 2560);
   support::View v31(param5_experts_ffn_0_w_out); // updated in place
-  support::View v258 = arena_.view(81920, 5120);
+  support::View v245 = arena_.view(81920, 5120);
   support::View v81 = arena_.view(102400, 5120);
   support::View v80 = arena_.view(0, 5120);
-  support::View v261 = arena_.view(102400, 5120);
+  support::View v248 = arena_.view(102400, 5120);
   support::View v30(param4_experts_ffn_0_w_in); // updated in place
-  support::View v262 = arena_.view(0, 2560);
+  support::View v249 = arena_.view(0, 2560);
   support::View v79 = arena_.view(282624, 2560);
   support::View v73 = arena_.view(61440, 5120);
-  support::View v264 = arena_.view(98304, 2048);
+  support::View v251 = arena_.view(98304, 2048);
   support::View v72 = arena_.view(40960, 5120);
-  support::View v265 = arena_.view(0, 5120);
-  support::View v266 = arena_.view(40960, 64);
+  support::View v252 = arena_.view(0, 5120);
+  support::View v253 = arena_.view(40960, 64);
   support::View v65 = arena_.view(20480, 5120);
-  support::View v272 = arena_.view(0, 5120);
-  support::View v273 = arena_.view(20480, 64);
+  support::View v259 = arena_.view(0, 5120);
+  support::View v260 = arena_.view(20480, 64);
   support::View v74 = arena_.view(392704, 64);
   support::View v61 = arena_.view(392448, 64);
   support::View v76 = arena_.view(392960, 64);
   support::View v59 = arena_.view(392192, 64);
-  support::View v282 = arena_.view(1024, 64);
-  support::View v283 = arena_.view(1280, 64);
+  support::View v269 = arena_.view(1024, 64);
+  support::View v270 = arena_.view(1280, 64);
   support::View v22 = arena_.view(394240, 2);
   support::View v40 = arena_.view(389632, 128);
   support::View v52 = arena_.view(390144, 128);
   support::View v12 = arena_.view(389120, 128);
-  support::View v295 = arena_.view(0, 128);
-  support::View v296 = arena_.view(512, 128);
-  support::View v297 = arena_.view(1024, 64);
-  support::View v300 = arena_.view(8192, 128);
+  support::View v282 = arena_.view(0, 128);
+  support::View v283 = arena_.view(512, 128);
+  support::View v284 = arena_.view(1024, 64);
+  support::View v287 = arena_.view(8192, 128);
   support::View v10(param3_route_0_w_gate); // updated in place
-  support::View v301 = arena_.view(0, 2048);
+  support::View v288 = arena_.view(0, 2048);
   support::View v9 = arena_.view(339968, 2048);
   support::View v8 = arena_.view(331776, 2048);
-  support::View v304 = arena_.view(8192, 2048);
+  support::View v291 = arena_.view(8192, 2048);
+  support::View v246 = arena_.view(143360, 4096);
+  support::View v250 = arena_.view(81920, 4096);
+  support::View v289 = arena_.view(16896, 64);
+  support::View v293 = arena_.view(16384, 32);
+  repeated0(v242, v82, v243, v78, v244, v31, v245, v81, v246, v80, v248, v30, v249, v79, v250, v73,
+            v251, v72, v252, v253, v65, v259, v260, v74, v61, v76, v59, v269, v270, v22, v40, v52,
+            v12, v282, v283, v284, v287, v10, v288, v9, v289, v8, v291, v293);
+
+  // moe.mesh:26:33 mul
+  MESHRT_TRACE("loop", "moe.mesh:26:33", "backward");
   support::View v5 = arena_.view(323584, 2048);
-  support::View v307 = arena_.view(0, 2048);
-  support::View v259 = arena_.view(143360, 4096);
-  support::View v263 = arena_.view(81920, 4096);
-  support::View v302 = arena_.view(16896, 64);
-  support::View v306 = arena_.view(16384, 32);
-  support::View v308 = arena_.view(8192, 32);
-  repeated0(v255, v82, v256, v78, v257, v31, v258, v81, v259, v80, v261, v30, v262, v79, v263, v73,
-            v264, v72, v265, v266, v65, v272, v273, v74, v61, v76, v59, v282, v283, v22, v40, v52,
-            v12, v295, v296, v297, v300, v10, v301, v9, v302, v8, v304, v306, v5, v307, v308);
+  support::View v294 = arena_.view(0, 2048);
+  loop12(v294.data(), v291.data(), v5.data());
+
+  // moe.mesh:26:33 sum -> grad/norm[0]/gain
+  MESHRT_TRACE("sum", "moe.mesh:26:33", "backward");
+  support::View v295 = arena_.view(8192, 32);
+  support::reduce(v295.data(), kShape19, v294.data(), kShape1, kShape2, kShape3,
+                  support::Reduce::Sum, 1.0);
 
   // moe.mesh:131:3 bucketed_all_reduce_sum -> grad/experts_ffn[1]/w_out (10 partial sums
   // (grad/experts_ffn[1]/w_out, grad/experts_ffn[1]/w_in, grad/route[1]/w_gate, ...) over data
   // resolved together, 65.0 KiB in one buffer)
   MESHRT_TRACE_SITE("moe.mesh:131:3");
   auto request5 = support::startAllReduce(
-      group_data, {v187, v192, v233, v237, v240, v259, v263, v302, v306, v308},
+      group_data, {v187, v192, v233, v237, v240, v246, v250, v289, v293, v295},
       meshrt::ReduceOp::Sum);
 
   // moe.mesh:131:3 step
@@ -1984,12 +1917,12 @@ void MoeTrain::runPart1(const Inputs &inputs) {
   // moe.mesh:131:3 sub
   // moe.mesh:131:3 sub
   MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
-  support::View v315 = arena_.view(17920, 1);
-  support::View v321 = arena_.view(17984, 1);
+  support::View v302 = arena_.view(17920, 1);
+  support::View v308 = arena_.view(17984, 1);
   {
     const float stepValue = float(step_);
-    float *__restrict v315p = v315.data();
-    float *__restrict v321p = v321.data();
+    float *__restrict v302p = v302.data();
+    float *__restrict v308p = v308.data();
     const float s0 = stepValue;
     const float s1 = 1.0f;
     const float s2 = (s0 + s1);
@@ -1999,8 +1932,8 @@ void MoeTrain::runPart1(const Inputs &inputs) {
     const float s6 = (s5 - s4);
     const float s7 = 1.0f;
     const float s8 = (s7 - s6);
-    v315p[0] = s6;
-    v321p[0] = s8;
+    v302p[0] = s6;
+    v308p[0] = s8;
   }
 
   MESHRT_TRACE_SITE("moe.mesh:131:3");
@@ -2008,167 +1941,167 @@ void MoeTrain::runPart1(const Inputs &inputs) {
 
   // 14 statements from moe.mesh:131:3 square (1 of 2)
   MESHRT_TRACE_SITE("moe.mesh:131:3");
-  support::View v320(param11_norm_0_gain_v); // updated in place
-  support::View v326 = arena_.view(0, 32);
-  support::View v327 = arena_.view(128, 32);
-  support::View v328 = arena_.view(256, 1);
-  support::View v331 = arena_.view(320, 1);
+  support::View v307(param11_norm_0_gain_v); // updated in place
+  support::View v313 = arena_.view(0, 32);
+  support::View v314 = arena_.view(128, 32);
+  support::View v315 = arena_.view(256, 1);
+  support::View v318 = arena_.view(320, 1);
   support::View v3(param1_norm_0_gain); // updated in place
-  support::View v334 = arena_.view(128, 32);
-  support::View v335 = arena_.view(256, 1);
-  support::View v338 = arena_.view(128, 1);
-  support::View v344(param12_norm_0_bias_v); // updated in place
-  support::View v350 = arena_.view(0, 32);
-  support::View v351 = arena_.view(128, 32);
-  support::View v352 = arena_.view(256, 1);
-  support::View v355 = arena_.view(320, 1);
+  support::View v321 = arena_.view(128, 32);
+  support::View v322 = arena_.view(256, 1);
+  support::View v325 = arena_.view(128, 1);
+  support::View v331(param12_norm_0_bias_v); // updated in place
+  support::View v337 = arena_.view(0, 32);
+  support::View v338 = arena_.view(128, 32);
+  support::View v339 = arena_.view(256, 1);
+  support::View v342 = arena_.view(320, 1);
   support::View v4(param2_norm_0_bias); // updated in place
-  support::View v357 = arena_.view(128, 32);
-  support::View v358 = arena_.view(256, 1);
-  support::View v361 = arena_.view(128, 1);
-  repeated4(v308, v321, v320, v315, v326, v327, v328, v331, v3, v334, v335, v338, v306, v344, v350,
-            v351, v352, v355, v4, v357, v358, v361);
+  support::View v344 = arena_.view(128, 32);
+  support::View v345 = arena_.view(256, 1);
+  support::View v348 = arena_.view(128, 1);
+  repeated4(v295, v308, v307, v302, v313, v314, v315, v318, v3, v321, v322, v325, v293, v331, v337,
+            v338, v339, v342, v4, v344, v345, v348);
 
   // 26 statements from moe.mesh:131:3 square (1 of 2)
   MESHRT_TRACE_SITE("moe.mesh:131:3");
-  support::View v366 = arena_.view(0, 64);
-  support::View v375 = arena_.view(256, 2);
-  support::View v368(param14_route_0_w_gate_vc); // updated in place
-  support::View v387 = arena_.view(0, 64);
-  support::View v407 = arena_.view(0, 4096);
-  support::View v410 = arena_.view(16384, 64);
-  support::View v408(param15_experts_ffn_0_w_in_vr); // updated in place
-  support::View v415 = arena_.view(16384, 128);
-  support::View v409(param16_experts_ffn_0_w_in_vc); // updated in place
-  support::View v420 = arena_.view(17664, 2);
-  support::View v427 = arena_.view(0, 4096);
-  support::View v428 = arena_.view(16384, 64);
-  support::View v430 = arena_.view(0, 64);
-  support::View v447 = arena_.view(0, 4096);
-  support::View v450 = arena_.view(16384, 128);
-  support::View v448(param17_experts_ffn_0_w_out_vr); // updated in place
-  support::View v455 = arena_.view(16384, 64);
-  support::View v449(param18_experts_ffn_0_w_out_vc); // updated in place
-  support::View v460 = arena_.view(17728, 2);
-  support::View v467 = arena_.view(0, 4096);
-  support::View v468 = arena_.view(16384, 128);
-  support::View v470 = arena_.view(0, 128);
-  support::View v369 = arena_.view(17152, 32);
-  support::View v388 = arena_.view(17280, 32);
-  support::View v431 = arena_.view(18048, 1);
-  support::View v471 = arena_.view(18112, 1);
-  repeated2(v302, v366, v369, v375, v321, v368, v315, v387, v388, v263, v407, v410, v408, v415,
-            v409, v420, v427, v428, v430, v431, v259, v447, v450, v448, v455, v449, v460, v467,
-            v468, v470, v471);
+  support::View v353 = arena_.view(0, 64);
+  support::View v362 = arena_.view(256, 2);
+  support::View v355(param14_route_0_w_gate_vc); // updated in place
+  support::View v374 = arena_.view(0, 64);
+  support::View v394 = arena_.view(0, 4096);
+  support::View v397 = arena_.view(16384, 64);
+  support::View v395(param15_experts_ffn_0_w_in_vr); // updated in place
+  support::View v402 = arena_.view(16384, 128);
+  support::View v396(param16_experts_ffn_0_w_in_vc); // updated in place
+  support::View v407 = arena_.view(17664, 2);
+  support::View v414 = arena_.view(0, 4096);
+  support::View v415 = arena_.view(16384, 64);
+  support::View v417 = arena_.view(0, 64);
+  support::View v434 = arena_.view(0, 4096);
+  support::View v437 = arena_.view(16384, 128);
+  support::View v435(param17_experts_ffn_0_w_out_vr); // updated in place
+  support::View v442 = arena_.view(16384, 64);
+  support::View v436(param18_experts_ffn_0_w_out_vc); // updated in place
+  support::View v447 = arena_.view(17728, 2);
+  support::View v454 = arena_.view(0, 4096);
+  support::View v455 = arena_.view(16384, 128);
+  support::View v457 = arena_.view(0, 128);
+  support::View v356 = arena_.view(17152, 32);
+  support::View v375 = arena_.view(17280, 32);
+  support::View v418 = arena_.view(18048, 1);
+  support::View v458 = arena_.view(18112, 1);
+  repeated2(v289, v353, v356, v362, v308, v355, v302, v374, v375, v250, v394, v397, v395, v402,
+            v396, v407, v414, v415, v417, v418, v246, v434, v437, v435, v442, v436, v447, v454,
+            v455, v457, v458);
 
   // 26 statements from moe.mesh:131:3 square (2 of 2)
   MESHRT_TRACE_SITE("moe.mesh:131:3");
-  support::View v533 = arena_.view(0, 64);
-  support::View v542 = arena_.view(256, 2);
-  support::View v535(param22_route_1_w_gate_vc); // updated in place
-  support::View v554 = arena_.view(0, 64);
-  support::View v574 = arena_.view(0, 4096);
-  support::View v577 = arena_.view(16384, 64);
-  support::View v575(param23_experts_ffn_1_w_in_vr); // updated in place
-  support::View v582 = arena_.view(16384, 128);
-  support::View v576(param24_experts_ffn_1_w_in_vc); // updated in place
-  support::View v587 = arena_.view(17792, 2);
-  support::View v594 = arena_.view(0, 4096);
-  support::View v595 = arena_.view(16384, 64);
-  support::View v597 = arena_.view(0, 64);
-  support::View v614 = arena_.view(0, 4096);
-  support::View v617 = arena_.view(16384, 128);
-  support::View v615(param25_experts_ffn_1_w_out_vr); // updated in place
-  support::View v622 = arena_.view(16384, 64);
-  support::View v616(param26_experts_ffn_1_w_out_vc); // updated in place
-  support::View v627 = arena_.view(17856, 2);
-  support::View v634 = arena_.view(0, 4096);
-  support::View v635 = arena_.view(16384, 128);
-  support::View v637 = arena_.view(0, 128);
-  support::View v536 = arena_.view(17408, 32);
-  support::View v555 = arena_.view(17536, 32);
-  support::View v598 = arena_.view(18176, 1);
-  support::View v638 = arena_.view(768, 1);
-  repeated2(v233, v533, v536, v542, v321, v535, v315, v554, v555, v192, v574, v577, v575, v582,
-            v576, v587, v594, v595, v597, v598, v187, v614, v617, v615, v622, v616, v627, v634,
-            v635, v637, v638);
+  support::View v520 = arena_.view(0, 64);
+  support::View v529 = arena_.view(256, 2);
+  support::View v522(param22_route_1_w_gate_vc); // updated in place
+  support::View v541 = arena_.view(0, 64);
+  support::View v561 = arena_.view(0, 4096);
+  support::View v564 = arena_.view(16384, 64);
+  support::View v562(param23_experts_ffn_1_w_in_vr); // updated in place
+  support::View v569 = arena_.view(16384, 128);
+  support::View v563(param24_experts_ffn_1_w_in_vc); // updated in place
+  support::View v574 = arena_.view(17792, 2);
+  support::View v581 = arena_.view(0, 4096);
+  support::View v582 = arena_.view(16384, 64);
+  support::View v584 = arena_.view(0, 64);
+  support::View v601 = arena_.view(0, 4096);
+  support::View v604 = arena_.view(16384, 128);
+  support::View v602(param25_experts_ffn_1_w_out_vr); // updated in place
+  support::View v609 = arena_.view(16384, 64);
+  support::View v603(param26_experts_ffn_1_w_out_vc); // updated in place
+  support::View v614 = arena_.view(17856, 2);
+  support::View v621 = arena_.view(0, 4096);
+  support::View v622 = arena_.view(16384, 128);
+  support::View v624 = arena_.view(0, 128);
+  support::View v523 = arena_.view(17408, 32);
+  support::View v542 = arena_.view(17536, 32);
+  support::View v585 = arena_.view(18176, 1);
+  support::View v625 = arena_.view(768, 1);
+  repeated2(v233, v520, v523, v529, v308, v522, v302, v541, v542, v192, v561, v564, v562, v569,
+            v563, v574, v581, v582, v584, v585, v187, v601, v604, v602, v609, v603, v614, v621,
+            v622, v624, v625);
 
-  // moe.mesh:131:3 bucketed_all_reduce_sum (resolve the partial sum of %349 over model for mul at
-  // 131:3; merged with 7 more partial sums over model (%390, %432, %472, ...): 528 B in one buffer)
+  // moe.mesh:131:3 bucketed_all_reduce_sum (resolve the partial sum of %336 over model for mul at
+  // 131:3; merged with 7 more partial sums over model (%377, %419, %459, ...): 528 B in one buffer)
   MESHRT_TRACE_SITE("moe.mesh:131:3");
-  support::allReduceBucket(group_model, {v369, v388, v431, v471, v536, v555, v598, v638});
+  support::allReduceBucket(group_model, {v356, v375, v418, v458, v523, v542, v585, v625});
 
   // 19 statements from moe.mesh:131:3 mul (1 of 2)
   MESHRT_TRACE_SITE("moe.mesh:131:3");
-  support::View v367(param13_route_0_w_gate_vr); // updated in place
-  support::View v380 = arena_.view(320, 1);
-  support::View v382 = arena_.view(0, 32);
-  support::View v383 = arena_.view(256, 2);
-  support::View v391 = arena_.view(128, 32);
-  support::View v392 = arena_.view(320, 1);
-  support::View v395 = arena_.view(128, 1);
-  support::View v398 = arena_.view(394368, 1);
-  support::View v402 = arena_.view(192, 1);
-  support::View v422 = arena_.view(512, 64);
-  support::View v423 = arena_.view(0, 128);
-  support::View v435 = arena_.view(832, 1);
-  support::View v438 = arena_.view(394432, 1);
-  support::View v442 = arena_.view(896, 1);
-  support::View v462 = arena_.view(0, 128);
-  support::View v463 = arena_.view(512, 64);
-  support::View v475 = arena_.view(832, 1);
-  support::View v478 = arena_.view(394496, 1);
-  support::View v482 = arena_.view(896, 1);
-  repeated1(v369, v321, v367, v315, v380, v382, v368, v383, v388, v391, v392, v395, v398, v402,
-            v302, v10, v408, v420, v422, v409, v423, v431, v435, v438, v442, v263, v30, v448, v460,
-            v462, v449, v463, v471, v475, v478, v482, v259, v31);
+  support::View v354(param13_route_0_w_gate_vr); // updated in place
+  support::View v367 = arena_.view(320, 1);
+  support::View v369 = arena_.view(0, 32);
+  support::View v370 = arena_.view(256, 2);
+  support::View v378 = arena_.view(128, 32);
+  support::View v379 = arena_.view(320, 1);
+  support::View v382 = arena_.view(128, 1);
+  support::View v385 = arena_.view(394368, 1);
+  support::View v389 = arena_.view(192, 1);
+  support::View v409 = arena_.view(512, 64);
+  support::View v410 = arena_.view(0, 128);
+  support::View v422 = arena_.view(832, 1);
+  support::View v425 = arena_.view(394432, 1);
+  support::View v429 = arena_.view(896, 1);
+  support::View v449 = arena_.view(0, 128);
+  support::View v450 = arena_.view(512, 64);
+  support::View v462 = arena_.view(832, 1);
+  support::View v465 = arena_.view(394496, 1);
+  support::View v469 = arena_.view(896, 1);
+  repeated1(v356, v308, v354, v302, v367, v369, v355, v370, v375, v378, v379, v382, v385, v389,
+            v289, v10, v395, v407, v409, v396, v410, v418, v422, v425, v429, v250, v30, v435, v447,
+            v449, v436, v450, v458, v462, v465, v469, v246, v31);
 
   // 14 statements from moe.mesh:131:3 square (2 of 2)
   MESHRT_TRACE_SITE("moe.mesh:131:3");
-  support::View v488(param19_norm_1_gain_v); // updated in place
-  support::View v494 = arena_.view(0, 32);
-  support::View v495 = arena_.view(128, 32);
-  support::View v496 = arena_.view(256, 1);
-  support::View v499 = arena_.view(320, 1);
-  support::View v501 = arena_.view(128, 32);
-  support::View v502 = arena_.view(256, 1);
-  support::View v505 = arena_.view(128, 1);
-  support::View v511(param20_norm_1_bias_v); // updated in place
-  support::View v517 = arena_.view(0, 32);
-  support::View v518 = arena_.view(128, 32);
-  support::View v519 = arena_.view(256, 1);
-  support::View v522 = arena_.view(320, 1);
+  support::View v475(param19_norm_1_gain_v); // updated in place
+  support::View v481 = arena_.view(0, 32);
+  support::View v482 = arena_.view(128, 32);
+  support::View v483 = arena_.view(256, 1);
+  support::View v486 = arena_.view(320, 1);
+  support::View v488 = arena_.view(128, 32);
+  support::View v489 = arena_.view(256, 1);
+  support::View v492 = arena_.view(128, 1);
+  support::View v498(param20_norm_1_bias_v); // updated in place
+  support::View v504 = arena_.view(0, 32);
+  support::View v505 = arena_.view(128, 32);
+  support::View v506 = arena_.view(256, 1);
+  support::View v509 = arena_.view(320, 1);
   support::View v87(param7_norm_1_bias); // updated in place
-  support::View v524 = arena_.view(128, 32);
-  support::View v525 = arena_.view(256, 1);
-  support::View v528 = arena_.view(128, 1);
-  repeated4(v240, v321, v488, v315, v494, v495, v496, v499, v86, v501, v502, v505, v237, v511, v517,
-            v518, v519, v522, v87, v524, v525, v528);
+  support::View v511 = arena_.view(128, 32);
+  support::View v512 = arena_.view(256, 1);
+  support::View v515 = arena_.view(128, 1);
+  repeated4(v240, v308, v475, v302, v481, v482, v483, v486, v86, v488, v489, v492, v237, v498, v504,
+            v505, v506, v509, v87, v511, v512, v515);
 
   // 19 statements from moe.mesh:131:3 mul (2 of 2)
   MESHRT_TRACE_SITE("moe.mesh:131:3");
-  support::View v534(param21_route_1_w_gate_vr); // updated in place
-  support::View v547 = arena_.view(320, 1);
-  support::View v549 = arena_.view(0, 32);
-  support::View v550 = arena_.view(256, 2);
-  support::View v558 = arena_.view(128, 32);
-  support::View v559 = arena_.view(320, 1);
-  support::View v562 = arena_.view(128, 1);
-  support::View v565 = arena_.view(394560, 1);
-  support::View v569 = arena_.view(192, 1);
-  support::View v589 = arena_.view(512, 64);
-  support::View v590 = arena_.view(0, 128);
-  support::View v602 = arena_.view(832, 1);
-  support::View v605 = arena_.view(394624, 1);
-  support::View v609 = arena_.view(896, 1);
-  support::View v629 = arena_.view(0, 128);
-  support::View v630 = arena_.view(512, 64);
-  support::View v642 = arena_.view(832, 1);
-  support::View v645 = arena_.view(394688, 1);
-  support::View v649 = arena_.view(768, 1);
-  repeated1(v536, v321, v534, v315, v547, v549, v535, v550, v555, v558, v559, v562, v565, v569,
-            v233, v93, v575, v587, v589, v576, v590, v598, v602, v605, v609, v192, v113, v615, v627,
-            v629, v616, v630, v638, v642, v645, v649, v187, v114);
+  support::View v521(param21_route_1_w_gate_vr); // updated in place
+  support::View v534 = arena_.view(320, 1);
+  support::View v536 = arena_.view(0, 32);
+  support::View v537 = arena_.view(256, 2);
+  support::View v545 = arena_.view(128, 32);
+  support::View v546 = arena_.view(320, 1);
+  support::View v549 = arena_.view(128, 1);
+  support::View v552 = arena_.view(394560, 1);
+  support::View v556 = arena_.view(192, 1);
+  support::View v576 = arena_.view(512, 64);
+  support::View v577 = arena_.view(0, 128);
+  support::View v589 = arena_.view(832, 1);
+  support::View v592 = arena_.view(394624, 1);
+  support::View v596 = arena_.view(896, 1);
+  support::View v616 = arena_.view(0, 128);
+  support::View v617 = arena_.view(512, 64);
+  support::View v629 = arena_.view(832, 1);
+  support::View v632 = arena_.view(394688, 1);
+  support::View v636 = arena_.view(768, 1);
+  repeated1(v523, v308, v521, v302, v534, v536, v522, v537, v542, v545, v546, v549, v552, v556,
+            v233, v93, v562, v574, v576, v563, v577, v585, v589, v592, v596, v192, v113, v602, v614,
+            v616, v603, v617, v625, v629, v632, v636, v187, v114);
 }
 
 void MoeTrain::repeated0(
@@ -2182,8 +2115,7 @@ void MoeTrain::repeated0(
     support::View a28, support::ConstView a29, support::ConstView a30, support::ConstView a31,
     support::ConstView a32, support::View a33, support::View a34, support::View a35,
     support::View a36, support::ConstView a37, support::View a38, support::ConstView a39,
-    support::View a40, support::ConstView a41, support::View a42, support::View a43,
-    support::ConstView a44, support::View a45, support::View a46) {
+    support::View a40, support::ConstView a41, support::View a42, support::View a43) {
   MESHRT_TRACE_SPAN(world_);
 
   // moe.mesh:89:10 einsum
@@ -2209,7 +2141,7 @@ void MoeTrain::repeated0(
   // moe.mesh:86:16 gt
   // moe.mesh:86:16 where
   MESHRT_TRACE("loop", "moe.mesh:86:16", "backward");
-  loop15(a10.data(), a9.data(), a6.data());
+  loop13(a10.data(), a9.data(), a6.data());
 
   // moe.mesh:86:21 einsum
   MESHRT_TRACE("gemm", "moe.mesh:86:21", "backward");
@@ -2228,7 +2160,7 @@ void MoeTrain::repeated0(
 
   // moe.mesh:80:57 mul
   MESHRT_TRACE("loop", "moe.mesh:80:57", "backward");
-  loop16(a18.data(), a2.data(), a17.data());
+  loop14(a18.data(), a2.data(), a17.data());
 
   // moe.mesh:80:57 sum
   MESHRT_TRACE("sum", "moe.mesh:80:57", "backward");
@@ -2237,7 +2169,7 @@ void MoeTrain::repeated0(
 
   // moe.mesh:80:27 mul
   MESHRT_TRACE("loop", "moe.mesh:80:27", "backward");
-  loop16(a21.data(), a2.data(), a20.data());
+  loop14(a21.data(), a2.data(), a20.data());
 
   // moe.mesh:80:27 sum
   MESHRT_TRACE("sum", "moe.mesh:80:27", "backward");
@@ -2263,7 +2195,7 @@ void MoeTrain::repeated0(
   // moe.mesh:80:66 div
   // moe.mesh:66:29 add
   MESHRT_TRACE("loop", "moe.mesh:80:36", "backward");
-  loop17(a27.data(), a28.data(), a23.data(), a24.data(), a22.data(), a25.data(), a19.data(),
+  loop15(a27.data(), a28.data(), a23.data(), a24.data(), a22.data(), a25.data(), a19.data(),
          a26.data());
 
   // moe.mesh:100:23 mul
@@ -2277,7 +2209,7 @@ void MoeTrain::repeated0(
   // moe.mesh:99:23 add
   // moe.mesh:35:15 mul
   MESHRT_TRACE("loop", "moe.mesh:100:23", "backward");
-  loop18(a33.data(), a34.data(), a29.data(), a27.data(), a30.data(), a28.data(), a31.data(),
+  loop16(a33.data(), a34.data(), a29.data(), a27.data(), a30.data(), a28.data(), a31.data(),
          a32.data());
 
   // moe.mesh:35:15 sum
@@ -2292,7 +2224,7 @@ void MoeTrain::repeated0(
   // moe.mesh:35:15 sub
   // moe.mesh:35:15 mul
   MESHRT_TRACE("loop", "moe.mesh:35:15", "backward");
-  loop19(a36.data(), a33.data(), a35.data(), a32.data());
+  loop17(a36.data(), a33.data(), a35.data(), a32.data());
 
   // moe.mesh:35:23 einsum
   MESHRT_TRACE("gemm", "moe.mesh:35:23", "backward");
@@ -2307,7 +2239,7 @@ void MoeTrain::repeated0(
   // moe.mesh:126:34 mul
   // moe.mesh:126:34 add
   MESHRT_TRACE("loop", "moe.mesh:126:34", "backward");
-  loop20(a42.data(), a38.data(), a41.data(), a16.data());
+  loop18(a42.data(), a38.data(), a41.data(), a16.data());
 
   // moe.mesh:26:40 all_reduce_sum (resolve the partial sum of %223 over model for sum at 26:40)
   MESHRT_TRACE_SITE("moe.mesh:26:40");
@@ -2316,15 +2248,6 @@ void MoeTrain::repeated0(
   // moe.mesh:26:40 sum -> grad/norm[1]/bias
   MESHRT_TRACE("sum", "moe.mesh:26:40", "backward");
   support::reduce(a43.data(), kShape19, a42.data(), kShape1, kShape2, kShape3, support::Reduce::Sum,
-                  1.0);
-
-  // moe.mesh:26:33 mul
-  MESHRT_TRACE("loop", "moe.mesh:26:33", "backward");
-  loop21(a45.data(), a42.data(), a44.data());
-
-  // moe.mesh:26:33 sum -> grad/norm[1]/gain
-  MESHRT_TRACE("sum", "moe.mesh:26:33", "backward");
-  support::reduce(a46.data(), kShape19, a45.data(), kShape1, kShape2, kShape3, support::Reduce::Sum,
                   1.0);
 }
 
@@ -2347,7 +2270,7 @@ void MoeTrain::repeated1(support::ConstView a0, support::ConstView a1, support::
   // moe.mesh:131:3 mul
   // moe.mesh:131:3 add
   MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
-  loop22(a2.data(), a0.data(), a1.data(), a3.data());
+  loop19(a2.data(), a0.data(), a1.data(), a3.data());
 
   // moe.mesh:131:3 mean
   MESHRT_TRACE("mean", "moe.mesh:131:3", "update");
@@ -2357,16 +2280,16 @@ void MoeTrain::repeated1(support::ConstView a0, support::ConstView a1, support::
   // moe.mesh:131:3 div
   // moe.mesh:131:3 rsqrt
   MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
-  loop23(a5.data(), a2.data(), a4.data());
+  loop20(a5.data(), a2.data(), a4.data());
 
   // moe.mesh:131:3 rsqrt
   MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
-  loop24(a7.data(), a6.data());
+  loop21(a7.data(), a6.data());
 
   // moe.mesh:131:3 div
   // moe.mesh:131:3 mul
   MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
-  loop25(a9.data(), a4.data(), a2.data(), a8.data());
+  loop22(a9.data(), a4.data(), a2.data(), a8.data());
 
   // moe.mesh:131:3 mean
   MESHRT_TRACE("mean", "moe.mesh:131:3", "update");
@@ -2411,16 +2334,16 @@ void MoeTrain::repeated1(support::ConstView a0, support::ConstView a1, support::
   // moe.mesh:131:3 mul
   // moe.mesh:131:3 sub -> next/route[0]/w_gate
   MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
-  loop26(a15.data(), a14.data(), a5.data(), a7.data(), a11.data(), a13.data());
+  loop23(a15.data(), a14.data(), a5.data(), a7.data(), a11.data(), a13.data());
 
   // moe.mesh:131:3 div
   // moe.mesh:131:3 rsqrt
   MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
-  loop27(a18.data(), a16.data(), a17.data());
+  loop24(a18.data(), a16.data(), a17.data());
 
   // moe.mesh:131:3 rsqrt
   MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
-  loop28(a20.data(), a19.data());
+  loop25(a20.data(), a19.data());
 
   // moe.mesh:131:3 sqrt
   // moe.mesh:131:3 mul
@@ -2460,16 +2383,16 @@ void MoeTrain::repeated1(support::ConstView a0, support::ConstView a1, support::
   // moe.mesh:131:3 mul
   // moe.mesh:131:3 sub -> next/experts_ffn[0]/w_in
   MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
-  loop29(a26.data(), a25.data(), a18.data(), a20.data(), a22.data(), a24.data());
+  loop26(a26.data(), a25.data(), a18.data(), a20.data(), a22.data(), a24.data());
 
   // moe.mesh:131:3 div
   // moe.mesh:131:3 rsqrt
   MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
-  loop30(a29.data(), a27.data(), a28.data());
+  loop27(a29.data(), a27.data(), a28.data());
 
   // moe.mesh:131:3 rsqrt
   MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
-  loop31(a31.data(), a30.data());
+  loop28(a31.data(), a30.data());
 
   // moe.mesh:131:3 sqrt
   // moe.mesh:131:3 mul
@@ -2509,7 +2432,7 @@ void MoeTrain::repeated1(support::ConstView a0, support::ConstView a1, support::
   // moe.mesh:131:3 mul
   // moe.mesh:131:3 sub -> next/experts_ffn[0]/w_out
   MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
-  loop32(a37.data(), a36.data(), a29.data(), a31.data(), a33.data(), a35.data());
+  loop29(a37.data(), a36.data(), a29.data(), a31.data(), a33.data(), a35.data());
 }
 
 void MoeTrain::repeated2(support::ConstView a0, support::View a1, support::View a2,
@@ -2527,7 +2450,7 @@ void MoeTrain::repeated2(support::ConstView a0, support::View a1, support::View 
   // moe.mesh:131:3 square
   // moe.mesh:131:3 add
   MESHRT_TRACE("loop", "moe.mesh:131:3", "backward");
-  loop33(a1.data(), a0.data());
+  loop30(a1.data(), a0.data());
 
   // moe.mesh:131:3 mean
   MESHRT_TRACE("mean", "moe.mesh:131:3", "backward");
@@ -2543,12 +2466,12 @@ void MoeTrain::repeated2(support::ConstView a0, support::View a1, support::View 
   // moe.mesh:131:3 mul
   // moe.mesh:131:3 add
   MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
-  loop34(a5.data(), a3.data(), a4.data(), a6.data());
+  loop31(a5.data(), a3.data(), a4.data(), a6.data());
 
   // moe.mesh:131:3 square
   // moe.mesh:131:3 div
   MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
-  loop35(a7.data(), a0.data(), a5.data());
+  loop32(a7.data(), a0.data(), a5.data());
 
   // moe.mesh:131:3 mean
   MESHRT_TRACE("mean", "moe.mesh:131:3", "update");
@@ -2558,7 +2481,7 @@ void MoeTrain::repeated2(support::ConstView a0, support::View a1, support::View 
   // moe.mesh:131:3 square
   // moe.mesh:131:3 add
   MESHRT_TRACE("loop", "moe.mesh:131:3", "backward");
-  loop36(a10.data(), a9.data());
+  loop33(a10.data(), a9.data());
 
   // moe.mesh:131:3 mean
   MESHRT_TRACE("mean", "moe.mesh:131:3", "backward");
@@ -2569,7 +2492,7 @@ void MoeTrain::repeated2(support::ConstView a0, support::View a1, support::View 
   // moe.mesh:131:3 mul
   // moe.mesh:131:3 add
   MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
-  loop37(a12.data(), a11.data(), a4.data(), a6.data());
+  loop34(a12.data(), a11.data(), a4.data(), a6.data());
 
   // moe.mesh:131:3 mean
   MESHRT_TRACE("mean", "moe.mesh:131:3", "backward");
@@ -2580,7 +2503,7 @@ void MoeTrain::repeated2(support::ConstView a0, support::View a1, support::View 
   // moe.mesh:131:3 mul
   // moe.mesh:131:3 add
   MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
-  loop38(a14.data(), a13.data(), a4.data(), a6.data());
+  loop35(a14.data(), a13.data(), a4.data(), a6.data());
 
   // moe.mesh:131:3 mean
   MESHRT_TRACE("mean", "moe.mesh:131:3", "update");
@@ -2590,7 +2513,7 @@ void MoeTrain::repeated2(support::ConstView a0, support::View a1, support::View 
   // moe.mesh:131:3 square
   // moe.mesh:131:3 div
   MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
-  loop39(a16.data(), a9.data(), a14.data());
+  loop36(a16.data(), a9.data(), a14.data());
 
   // moe.mesh:131:3 mean
   MESHRT_TRACE("mean", "moe.mesh:131:3", "update");
@@ -2600,7 +2523,7 @@ void MoeTrain::repeated2(support::ConstView a0, support::View a1, support::View 
   // moe.mesh:131:3 div
   // moe.mesh:131:3 mul
   MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
-  loop40(a18.data(), a15.data(), a12.data(), a17.data());
+  loop37(a18.data(), a15.data(), a12.data(), a17.data());
 
   // moe.mesh:131:3 mean
   MESHRT_TRACE("mean", "moe.mesh:131:3", "update");
@@ -2610,7 +2533,7 @@ void MoeTrain::repeated2(support::ConstView a0, support::View a1, support::View 
   // moe.mesh:131:3 square
   // moe.mesh:131:3 add
   MESHRT_TRACE("loop", "moe.mesh:131:3", "backward");
-  loop36(a21.data(), a20.data());
+  loop33(a21.data(), a20.data());
 
   // moe.mesh:131:3 mean
   MESHRT_TRACE("mean", "moe.mesh:131:3", "backward");
@@ -2621,7 +2544,7 @@ void MoeTrain::repeated2(support::ConstView a0, support::View a1, support::View 
   // moe.mesh:131:3 mul
   // moe.mesh:131:3 add
   MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
-  loop38(a23.data(), a22.data(), a4.data(), a6.data());
+  loop35(a23.data(), a22.data(), a4.data(), a6.data());
 
   // moe.mesh:131:3 mean
   MESHRT_TRACE("mean", "moe.mesh:131:3", "backward");
@@ -2632,7 +2555,7 @@ void MoeTrain::repeated2(support::ConstView a0, support::View a1, support::View 
   // moe.mesh:131:3 mul
   // moe.mesh:131:3 add
   MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
-  loop37(a25.data(), a24.data(), a4.data(), a6.data());
+  loop34(a25.data(), a24.data(), a4.data(), a6.data());
 
   // moe.mesh:131:3 mean
   MESHRT_TRACE("mean", "moe.mesh:131:3", "update");
@@ -2642,7 +2565,7 @@ void MoeTrain::repeated2(support::ConstView a0, support::View a1, support::View 
   // moe.mesh:131:3 square
   // moe.mesh:131:3 div
   MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
-  loop41(a27.data(), a20.data(), a25.data());
+  loop38(a27.data(), a20.data(), a25.data());
 
   // moe.mesh:131:3 mean
   MESHRT_TRACE("mean", "moe.mesh:131:3", "update");
@@ -2652,7 +2575,7 @@ void MoeTrain::repeated2(support::ConstView a0, support::View a1, support::View 
   // moe.mesh:131:3 div
   // moe.mesh:131:3 mul
   MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
-  loop42(a29.data(), a26.data(), a23.data(), a28.data());
+  loop39(a29.data(), a26.data(), a23.data(), a28.data());
 
   // moe.mesh:131:3 mean
   MESHRT_TRACE("mean", "moe.mesh:131:3", "update");
@@ -2688,7 +2611,7 @@ void MoeTrain::repeated3(support::View a0, support::ConstView a1, support::View 
   // moe.mesh:26:40 add -> n
   // moe.mesh:126:34 mul
   MESHRT_TRACE("loop", "moe.mesh:26:33", "forward");
-  loop43(a5.data(), a6.data(), a0.data(), a3.data(), a4.data(), a2.data());
+  loop40(a5.data(), a6.data(), a0.data(), a3.data(), a4.data(), a2.data());
 
   // moe.mesh:35:23 einsum
   MESHRT_TRACE("gemm", "moe.mesh:35:23", "forward");
@@ -2715,7 +2638,7 @@ void MoeTrain::repeated3(support::View a0, support::ConstView a1, support::View 
   // moe.mesh:43:18 maximum
   // moe.mesh:43:18 where
   MESHRT_TRACE("loop", "moe.mesh:43:18", "forward");
-  loop44(a12.data(), a13.data(), a9.data(), a10.data(), a11.data());
+  loop41(a12.data(), a13.data(), a9.data(), a10.data(), a11.data());
 
   // moe.mesh:43:18 min
   MESHRT_TRACE("min", "moe.mesh:43:18", "forward");
@@ -2743,7 +2666,7 @@ void MoeTrain::repeated3(support::View a0, support::ConstView a1, support::View 
 
   // moe.mesh:100:23 mul
   MESHRT_TRACE("loop", "moe.mesh:100:23", "forward");
-  loop45(a18.data(), a16.data(), a17.data());
+  loop42(a18.data(), a16.data(), a17.data());
 
   // moe.mesh:100:10 mean
   MESHRT_TRACE("mean", "moe.mesh:100:10", "forward");
@@ -2780,7 +2703,7 @@ void MoeTrain::repeated4(support::ConstView a0, support::ConstView a1, support::
   // moe.mesh:131:3 mul
   // moe.mesh:131:3 square
   MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
-  loop46(a2.data(), a4.data(), a5.data(), a0.data(), a1.data(), a3.data());
+  loop43(a2.data(), a4.data(), a5.data(), a0.data(), a1.data(), a3.data());
 
   // moe.mesh:131:3 mean
   MESHRT_TRACE("mean", "moe.mesh:131:3", "update");
@@ -2805,7 +2728,7 @@ void MoeTrain::repeated4(support::ConstView a0, support::ConstView a1, support::
 
   // moe.mesh:131:3 square
   MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
-  loop47(a9.data(), a8.data());
+  loop44(a9.data(), a8.data());
 
   // moe.mesh:131:3 mean
   MESHRT_TRACE("mean", "moe.mesh:131:3", "update");
@@ -2832,7 +2755,7 @@ void MoeTrain::repeated4(support::ConstView a0, support::ConstView a1, support::
   // moe.mesh:131:3 mul
   // moe.mesh:131:3 sub -> next/norm[0]/gain
   MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
-  loop48(a8.data(), a4.data(), a7.data(), a11.data());
+  loop45(a8.data(), a4.data(), a7.data(), a11.data());
 
   // moe.mesh:131:3 square
   // moe.mesh:131:3 add
@@ -2843,7 +2766,7 @@ void MoeTrain::repeated4(support::ConstView a0, support::ConstView a1, support::
   // moe.mesh:131:3 mul
   // moe.mesh:131:3 square
   MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
-  loop46(a13.data(), a14.data(), a15.data(), a12.data(), a1.data(), a3.data());
+  loop43(a13.data(), a14.data(), a15.data(), a12.data(), a1.data(), a3.data());
 
   // moe.mesh:131:3 mean
   MESHRT_TRACE("mean", "moe.mesh:131:3", "update");
@@ -2868,7 +2791,7 @@ void MoeTrain::repeated4(support::ConstView a0, support::ConstView a1, support::
 
   // moe.mesh:131:3 square
   MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
-  loop47(a19.data(), a18.data());
+  loop44(a19.data(), a18.data());
 
   // moe.mesh:131:3 mean
   MESHRT_TRACE("mean", "moe.mesh:131:3", "update");
@@ -2895,7 +2818,7 @@ void MoeTrain::repeated4(support::ConstView a0, support::ConstView a1, support::
   // moe.mesh:131:3 mul
   // moe.mesh:131:3 sub -> next/norm[0]/bias
   MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
-  loop48(a18.data(), a14.data(), a17.data(), a21.data());
+  loop45(a18.data(), a14.data(), a17.data(), a21.data());
 }
 
 void MoeTrain::repeated5(support::View a0, support::ConstView a1, support::ConstView a2,
@@ -2918,7 +2841,7 @@ void MoeTrain::repeated5(support::View a0, support::ConstView a1, support::Const
   // moe.mesh:43:18 maximum
   // moe.mesh:43:18 where
   MESHRT_TRACE("loop", "moe.mesh:43:18", "forward");
-  loop49(a4.data(), a1.data(), a0.data(), a2.data(), a3.data());
+  loop46(a4.data(), a1.data(), a0.data(), a2.data(), a3.data());
 
   // moe.mesh:43:18 min
   MESHRT_TRACE("min", "moe.mesh:43:18", "forward");
@@ -2993,11 +2916,11 @@ void MoeTrain::repeated6(support::ConstView a0, support::ConstView a1, support::
   // moe.mesh:66:15 maximum -> total
   // moe.mesh:80:36 div
   MESHRT_TRACE("loop", "moe.mesh:66:29", "forward");
-  loop50(a2.data(), a3.data(), a4.data(), a0.data(), a1.data());
+  loop47(a2.data(), a3.data(), a4.data(), a0.data(), a1.data());
 
   // moe.mesh:80:66 div
   MESHRT_TRACE("loop", "moe.mesh:80:66", "forward");
-  loop51(a5.data(), a1.data(), a3.data());
+  loop48(a5.data(), a1.data(), a3.data());
 
   // moe.mesh:77:59 mul -> dispatch2
   // moe.mesh:79:28 add -> dispatch
@@ -3005,7 +2928,7 @@ void MoeTrain::repeated6(support::ConstView a0, support::ConstView a1, support::
   // moe.mesh:80:27 mul
   // moe.mesh:80:45 add -> combine
   MESHRT_TRACE("loop", "moe.mesh:77:59", "forward");
-  loop52(a9.data(), a10.data(), a11.data(), a6.data(), a7.data(), a8.data(), a5.data(), a4.data());
+  loop49(a9.data(), a10.data(), a11.data(), a6.data(), a7.data(), a8.data(), a5.data(), a4.data());
 
   // moe.mesh:85:19 einsum -> expert_in
   MESHRT_TRACE("gemm", "moe.mesh:85:19", "forward");
@@ -3091,7 +3014,7 @@ void MoeTrain::repeated8(support::ConstView a0, support::View a1, support::View 
 
   // moe.mesh:131:3 square
   MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
-  loop53(a1.data(), a0.data());
+  loop50(a1.data(), a0.data());
 
   // moe.mesh:131:3 mean
   MESHRT_TRACE("mean", "moe.mesh:131:3", "update");
@@ -3100,7 +3023,7 @@ void MoeTrain::repeated8(support::ConstView a0, support::View a1, support::View 
 
   // moe.mesh:131:3 square
   MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
-  loop54(a4.data(), a3.data());
+  loop51(a4.data(), a3.data());
 
   // moe.mesh:131:3 mean
   MESHRT_TRACE("mean", "moe.mesh:131:3", "update");
@@ -3109,7 +3032,7 @@ void MoeTrain::repeated8(support::ConstView a0, support::View a1, support::View 
 
   // moe.mesh:131:3 square
   MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
-  loop54(a7.data(), a6.data());
+  loop51(a7.data(), a6.data());
 
   // moe.mesh:131:3 mean
   MESHRT_TRACE("mean", "moe.mesh:131:3", "update");

@@ -158,9 +158,9 @@ public:
   /// The bytes of this object's arena: run()'s temporaries share it, placed by liveness.
   static constexpr size_t kArenaBytes = 394816;
   /// The bytes of all of run()'s temporaries together (one buffer each).
-  static constexpr size_t kTemporaryBytes = 1132616;
+  static constexpr size_t kTemporaryBytes = 1123144;
   /// The bytes of the values computed once, in the constructor (constants, masks).
-  static constexpr size_t kPersistentBytes = 9344;
+  static constexpr size_t kPersistentBytes = 9280;
 
   /// One training step on this rank's shards (collective): forward, backward and the optimizer's
   /// update, applied to the params; increments the step counter. Returns the global loss (every
@@ -213,19 +213,20 @@ public:
   void runPart0(const Inputs &inputs);
   void runPart1(const Inputs &inputs);
   /// Code that repeats in run() (the layers of a `repeat`), called once per repetition.
-  void
-  repeated0(support::ConstView a0, support::ConstView a1, support::View a2, support::ConstView a3,
-            support::View a4, support::ConstView a5, support::View a6, support::ConstView a7,
-            support::View a8, support::ConstView a9, support::View a10, support::ConstView a11,
-            support::View a12, support::ConstView a13, support::View a14, support::ConstView a15,
-            support::View a16, support::ConstView a17, support::View a18, support::View a19,
-            support::ConstView a20, support::View a21, support::View a22, support::ConstView a23,
-            support::ConstView a24, support::ConstView a25, support::ConstView a26,
-            support::View a27, support::View a28, support::ConstView a29, support::ConstView a30,
-            support::ConstView a31, support::ConstView a32, support::View a33, support::View a34,
-            support::View a35, support::View a36, support::ConstView a37, support::View a38,
-            support::ConstView a39, support::View a40, support::ConstView a41, support::View a42,
-            support::View a43, support::ConstView a44, support::View a45, support::View a46);
+  void repeated0(support::ConstView a0, support::ConstView a1, support::View a2,
+                 support::ConstView a3, support::View a4, support::ConstView a5, support::View a6,
+                 support::ConstView a7, support::View a8, support::ConstView a9, support::View a10,
+                 support::ConstView a11, support::View a12, support::ConstView a13,
+                 support::View a14, support::ConstView a15, support::View a16,
+                 support::ConstView a17, support::View a18, support::View a19,
+                 support::ConstView a20, support::View a21, support::View a22,
+                 support::ConstView a23, support::ConstView a24, support::ConstView a25,
+                 support::ConstView a26, support::View a27, support::View a28,
+                 support::ConstView a29, support::ConstView a30, support::ConstView a31,
+                 support::ConstView a32, support::View a33, support::View a34, support::View a35,
+                 support::View a36, support::ConstView a37, support::View a38,
+                 support::ConstView a39, support::View a40, support::ConstView a41,
+                 support::View a42, support::View a43);
   void repeated1(support::ConstView a0, support::ConstView a1, support::View a2,
                  support::ConstView a3, support::View a4, support::View a5, support::ConstView a6,
                  support::View a7, support::ConstView a8, support::View a9, support::View a10,

@@ -313,6 +313,18 @@ static const support::SharedEinsum
 
 [[gnu::noinline]] static void loop18(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2) {
+  for (int64_t i0 = 0; i0 < 128; ++i0) {
+    for (int64_t i1 = 0; i1 < 32; ++i1) {
+      const float s0 = p1[i0 * 32 + i1];
+      const float s1 = p2[i1];
+      const float s2 = (s0 * s1);
+      p0[i0 * 32 + i1] = s2;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop19(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 4096; ++i0) {
     const float s0 = p1[i0];
     const float s1 = p2[i0];
@@ -321,65 +333,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop19(float *__restrict p0, const float *__restrict p1,
-                                     const float *__restrict p2) {
-  for (int64_t i0 = 0; i0 < 128; ++i0) {
-    for (int64_t i1 = 0; i1 < 32; ++i1) {
-      const float s0 = p1[i0 * 32 + i1];
-      const float s1 = p2[i0];
-      const float s2 = (s0 - s1);
-      const float s3 = s2 * s2;
-      p0[i0 * 32 + i1] = s3;
-    }
-  }
-}
-
-[[gnu::noinline]] static void loop20(float *__restrict p0, const float *__restrict p1) {
-  for (int64_t i0 = 0; i0 < 128; ++i0) {
-    const float s0 = p1[i0];
-    const float s1 = 1e-05f;
-    const float s2 = (s0 + s1);
-    const float s3 = 1.0f / support::fsqrt(s2);
-    p0[i0] = s3;
-  }
-}
-
-[[gnu::noinline]] static void loop21(float *__restrict p0, float *__restrict p1,
-                                     const float *__restrict p2, const float *__restrict p3,
-                                     const float *__restrict p4) {
-  for (int64_t i0 = 0; i0 < 128; ++i0) {
-    for (int64_t i1 = 0; i1 < 32; ++i1) {
-      const float s0 = p2[i0 * 32 + i1];
-      const float s1 = p3[i1];
-      const float s2 = (s0 * s1);
-      const float s3 = p4[i0 * 32 + i1];
-      const float s4 = (s2 * s3);
-      p0[i0 * 32 + i1] = s2;
-      p1[i0 * 32 + i1] = s4;
-    }
-  }
-}
-
-[[gnu::noinline]] static void loop22(float *__restrict p0, const float *__restrict p1,
-                                     const float *__restrict p2, const float *__restrict p3,
-                                     const float *__restrict p4, const float *__restrict p5) {
-  for (int64_t i0 = 0; i0 < 128; ++i0) {
-    for (int64_t i1 = 0; i1 < 32; ++i1) {
-      const float s0 = p1[i0 * 32 + i1];
-      const float s1 = p2[i0];
-      const float s2 = (s0 * s1);
-      const float s3 = p3[i0 * 32 + i1];
-      const float s4 = p4[i0];
-      const float s5 = (s3 - s4);
-      const float s6 = (s5 - s2);
-      const float s7 = p5[i0];
-      const float s8 = (s6 * s7);
-      p0[i0 * 32 + i1] = s8;
-    }
-  }
-}
-
-[[gnu::noinline]] static void loop23(float *__restrict p0, float *__restrict p1,
+[[gnu::noinline]] static void loop20(float *__restrict p0, float *__restrict p1,
                                      float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4, const float *__restrict p5,
                                      const float *__restrict p6) {
@@ -424,7 +378,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop24(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop21(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 8192; ++i0) {
     const float s0 = p1[i0];
@@ -461,29 +415,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop25(float *__restrict p0, const float *__restrict p1,
-                                     const float *__restrict p2, const float *__restrict p3,
-                                     const float *__restrict p4, const float *__restrict p5,
-                                     const float *__restrict p6) {
-  for (int64_t i0 = 0; i0 < 128; ++i0) {
-    for (int64_t i1 = 0; i1 < 32; ++i1) {
-      const float s0 = p1[i0 * 32 + i1];
-      const float s1 = p2[i0];
-      const float s2 = (s0 * s1);
-      const float s3 = p3[i0 * 32 + i1];
-      const float s4 = p4[i0];
-      const float s5 = (s3 - s4);
-      const float s6 = (s5 - s2);
-      const float s7 = p5[i0];
-      const float s8 = (s6 * s7);
-      const float s9 = p6[i0 * 32 + i1];
-      const float s10 = (s9 + s8);
-      p0[i0 * 32 + i1] = s10;
-    }
-  }
-}
-
-[[gnu::noinline]] static void loop26(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop22(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3) {
   for (int64_t i0 = 0; i0 < 128; ++i0) {
     for (int64_t i1 = 0; i1 < 16; ++i1) {
@@ -498,7 +430,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop27(float *__restrict p0, float *__restrict p1,
+[[gnu::noinline]] static void loop23(float *__restrict p0, float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4, const float *__restrict p5) {
   for (int64_t i0 = 0; i0 < 128; ++i0) {
@@ -520,7 +452,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop28(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop24(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3) {
   for (int64_t i0 = 0; i0 < 128; ++i0) {
     for (int64_t i1 = 0; i1 < 16; ++i1) {
@@ -541,7 +473,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop29(float *__restrict p0, float *__restrict p1,
+[[gnu::noinline]] static void loop25(float *__restrict p0, float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4) {
   for (int64_t i0 = 0; i0 < 8192; ++i0) {
@@ -558,7 +490,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop30(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop26(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3) {
   for (int64_t i0 = 0; i0 < 4096; ++i0) {
     const float s0 = p1[i0];
@@ -570,7 +502,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop31(float *__restrict p0, float *__restrict p1,
+[[gnu::noinline]] static void loop27(float *__restrict p0, float *__restrict p1,
                                      float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4, const float *__restrict p5,
                                      const float *__restrict p6) {
@@ -615,7 +547,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop32(float *__restrict p0, float *__restrict p1,
+[[gnu::noinline]] static void loop28(float *__restrict p0, float *__restrict p1,
                                      float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4, const float *__restrict p5,
                                      const float *__restrict p6) {
@@ -660,7 +592,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop33(float *__restrict p0, float *__restrict p1,
+[[gnu::noinline]] static void loop29(float *__restrict p0, float *__restrict p1,
                                      float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4, const float *__restrict p5,
                                      const float *__restrict p6) {
@@ -705,7 +637,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop34(float *__restrict p0, float *__restrict p1,
+[[gnu::noinline]] static void loop30(float *__restrict p0, float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3) {
   for (int64_t i0 = 0; i0 < 128; ++i0) {
     for (int64_t i1 = 0; i1 < 64; ++i1) {
@@ -722,7 +654,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop35(float *__restrict p0, float *__restrict p1,
+[[gnu::noinline]] static void loop31(float *__restrict p0, float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3) {
   const float r0 = p2[0];
   for (int64_t i0 = 0; i0 < 8192; ++i0) {
@@ -2323,11 +2255,10 @@ void LmTrain::computeInvariants() {
 
 LmTrain::Outputs LmTrain::run(const Inputs &inputs) {
   MESHRT_TRACE_RUN(world_, "lm_train");
-  // Arena: 2284864 bytes for 8020000 bytes of temporaries (placed by liveness).
+  // Arena: 2284864 bytes for 7908896 bytes of temporaries (placed by liveness).
   support::checkShape("input", "tokens", inputs.tokens, {1, 128});
   runPart0(inputs);
   runPart1(inputs);
-  runPart2(inputs);
   support::View v163 = arena_.view(2284800, 1);
 
   // The step's updates.
@@ -2625,9 +2556,15 @@ void LmTrain::runPart1(const Inputs &inputs) {
 
   // performer.mesh:29:33 mul
   MESHRT_TRACE("loop", "performer.mesh:29:33", "backward");
+  support::View v146(param24_causal_lm_norm_gain); // updated in place
+  support::View v185 = arena_.view(180224, 4096);
+  loop18(v185.data(), v181.data(), v146.data());
+
+  // performer.mesh:29:33 mul
+  MESHRT_TRACE("loop", "performer.mesh:29:33", "backward");
   support::View v148 = arena_.view(98304, 4096);
-  support::View v186 = arena_.view(180224, 4096);
-  loop18(v186.data(), v181.data(), v148.data());
+  support::View v186 = arena_.view(212992, 4096);
+  loop19(v186.data(), v181.data(), v148.data());
 
   // performer.mesh:29:33 sum -> grad/causal_lm/norm/gain
   MESHRT_TRACE("sum", "performer.mesh:29:33", "backward");
@@ -2635,263 +2572,192 @@ void LmTrain::runPart1(const Inputs &inputs) {
   support::reduce(v187.data(), kShape3, v186.data(), kShape1, kShape4, kShape5,
                   support::Reduce::Sum, 1.0);
 
-  // performer.mesh:29:10 mean
-  MESHRT_TRACE("mean", "performer.mesh:29:10", "backward");
+  // performer.mesh:29:10 layer_norm_grad
+  MESHRT_TRACE("layer_norm_grad", "performer.mesh:29:10", "backward");
   support::View v145 = arena_.view(114688, 4096);
-  support::View v188 = arena_.view(212992, 128);
-  support::reduce(v188.data(), kShape4, v145.data(), kShape5, kShape3, kShape1,
-                  support::Reduce::Sum, 0.03125);
+  support::View v188 = arena_.view(196608, 4096);
+  support::layerNormGrad(v188.data(), v145.data(), v185.data(), kShape4, kShape5, kShape5, kShape5,
+                         kShape3, kShape1, kShape1, kShape1, 1e-05, 32, nullptr);
 
-  // performer.mesh:29:10 sub
-  // performer.mesh:29:10 square
-  MESHRT_TRACE("loop", "performer.mesh:29:10", "backward");
-  support::View v190 = arena_.view(180224, 4096);
-  loop19(v190.data(), v145.data(), v188.data());
-
-  // performer.mesh:29:10 mean
-  MESHRT_TRACE("mean", "performer.mesh:29:10", "backward");
-  support::View v191 = arena_.view(114688, 128);
-  support::reduce(v191.data(), kShape4, v190.data(), kShape5, kShape3, kShape1,
-                  support::Reduce::Sum, 0.03125);
-
-  // performer.mesh:29:10 add
-  // performer.mesh:29:10 rsqrt
-  MESHRT_TRACE("loop", "performer.mesh:29:10", "backward");
-  support::View v194 = arena_.view(212992, 128);
-  loop20(v194.data(), v191.data());
-
-  // performer.mesh:29:33 mul
-  // performer.mesh:29:10 mul
-  MESHRT_TRACE("loop", "performer.mesh:29:33", "backward");
-  support::View v146(param24_causal_lm_norm_gain); // updated in place
-  support::View v185 = arena_.view(114688, 4096);
-  support::View v195 = arena_.view(180224, 4096);
-  loop21(v185.data(), v195.data(), v181.data(), v146.data(), v148.data());
-
-  // performer.mesh:29:10 mean
-  MESHRT_TRACE("mean", "performer.mesh:29:10", "backward");
-  support::View v196 = arena_.view(196608, 128);
-  support::reduce(v196.data(), kShape4, v195.data(), kShape5, kShape3, kShape1,
-                  support::Reduce::Sum, 0.03125);
-
-  // performer.mesh:29:10 mean
-  MESHRT_TRACE("mean", "performer.mesh:29:10", "backward");
-  support::View v198 = arena_.view(197120, 128);
-  support::reduce(v198.data(), kShape4, v185.data(), kShape5, kShape3, kShape1,
-                  support::Reduce::Sum, 0.03125);
-
-  // performer.mesh:29:10 mul
-  // performer.mesh:29:10 sub
-  // performer.mesh:29:10 sub
-  // performer.mesh:29:10 mul
-  MESHRT_TRACE("loop", "performer.mesh:29:10", "backward");
-  support::View v201 = arena_.view(180224, 4096);
-  loop22(v201.data(), v148.data(), v196.data(), v185.data(), v198.data(), v194.data());
-
-  // 62 statements from performer.mesh:96:10 einsum (1 of 2)
+  // 52 statements from performer.mesh:96:10 einsum (1 of 2)
   MESHRT_TRACE_SITE("performer.mesh:96:10");
   support::View v140(param23_causal_lm_decoder_layer_1_ffn_w_out); // updated in place
-  support::View v202 = arena_.view(98304, 8192);
+  support::View v189 = arena_.view(98304, 8192);
   support::View v142 = arena_.view(65536, 8192);
   support::View v141 = arena_.view(32768, 8192);
-  support::View v225 = arena_.view(65536, 8192);
+  support::View v212 = arena_.view(65536, 8192);
   support::View v139(param22_causal_lm_decoder_layer_1_ffn_w_in); // updated in place
-  support::View v226 = arena_.view(32768, 4096);
+  support::View v213 = arena_.view(32768, 4096);
   support::View v138 = arena_.view(163840, 4096);
-  support::View v136 = arena_.view(147456, 4096);
-  support::View v231 = arena_.view(49152, 4096);
-  support::View v233 = arena_.view(65536, 128);
-  support::View v133 = arena_.view(131072, 4096);
-  support::View v235 = arena_.view(49152, 4096);
-  support::View v236 = arena_.view(65536, 128);
-  support::View v238 = arena_.view(81920, 128);
   support::View v134(param20_causal_lm_decoder_layer_1_norm_1_gain); // updated in place
-  support::View v230 = arena_.view(49152, 4096);
-  support::View v239 = arena_.view(65536, 4096);
-  support::View v240 = arena_.view(32768, 128);
-  support::View v242 = arena_.view(33280, 128);
-  support::View v246 = arena_.view(2179072, 4096);
+  support::View v217 = arena_.view(49152, 4096);
+  support::View v136 = arena_.view(147456, 4096);
+  support::View v218 = arena_.view(65536, 4096);
+  support::View v220 = arena_.view(32768, 4096);
+  support::View v133 = arena_.view(131072, 4096);
+  support::View v221 = arena_.view(2179072, 4096);
   support::View v130(param19_causal_lm_decoder_layer_1_heads_out_w); // updated in place
-  support::View v247 = arena_.view(32768, 2048);
+  support::View v222 = arena_.view(32768, 2048);
   support::View v129 = arena_.view(245760, 2048);
   support::View v128 = arena_.view(253952, 128);
-  support::View v249 = arena_.view(2269184, 2048);
-  support::View v252 = arena_.view(40960, 2048);
-  support::View v253 = arena_.view(32768, 128);
+  support::View v224 = arena_.view(2269184, 2048);
+  support::View v227 = arena_.view(40960, 2048);
+  support::View v228 = arena_.view(32768, 128);
   support::View v127 = arena_.view(0, 8192);
-  support::View v254 = arena_.view(1933312, 8192);
+  support::View v229 = arena_.view(1933312, 8192);
   support::View v105 = arena_.view(1835008, 8192);
-  support::View v255 = arena_.view(0, 8192);
-  support::View v256 = arena_.view(2284032, 64);
-  support::View v258 = arena_.view(1966080, 8192);
+  support::View v230 = arena_.view(0, 8192);
+  support::View v231 = arena_.view(2284032, 64);
+  support::View v233 = arena_.view(1966080, 8192);
   support::View v125 = arena_.view(1048576, 131072);
-  support::View v260 = arena_.view(1998848, 8192);
-  support::View v262 = arena_.view(0, 131072);
-  support::View v263 = arena_.view(1835008, 1024);
-  support::View v265 = arena_.view(1048576, 131072);
-  support::View v266 = arena_.view(0, 131072);
+  support::View v235 = arena_.view(1998848, 8192);
+  support::View v237 = arena_.view(0, 131072);
+  support::View v238 = arena_.view(1835008, 1024);
+  support::View v240 = arena_.view(1048576, 131072);
+  support::View v241 = arena_.view(0, 131072);
   support::View v123 = arena_.view(2244608, 2048);
-  support::View v267 = arena_.view(1048576, 8192);
+  support::View v242 = arena_.view(1048576, 8192);
   support::View v121 = arena_.view(1900544, 8192);
-  support::View v269 = arena_.view(1081344, 2048);
+  support::View v244 = arena_.view(1081344, 2048);
   support::View v122(param18_causal_lm_decoder_layer_1_heads_in_2_w); // updated in place
-  support::View v270 = arena_.view(65536, 4096);
+  support::View v245 = arena_.view(65536, 4096);
   support::View v89 = arena_.view(2162688, 4096);
   support::View v119 = arena_.view(1867776, 8192);
-  support::View v273 = arena_.view(0, 8192);
-  support::View v274 = arena_.view(32768, 8192);
-  support::View v275 = arena_.view(81920, 128);
+  support::View v248 = arena_.view(0, 8192);
+  support::View v249 = arena_.view(32768, 8192);
+  support::View v250 = arena_.view(81920, 128);
   const support::Buffer &v84 = param13_causal_lm_decoder_layer_1_random_features;
-  support::View v281 = arena_.view(32768, 2048);
+  support::View v256 = arena_.view(32768, 2048);
   support::View v107 = arena_.view(2236416, 2048);
-  support::View v283 = arena_.view(0, 2048);
+  support::View v258 = arena_.view(0, 2048);
   support::View v106(param17_causal_lm_decoder_layer_1_heads_in_1_w); // updated in place
-  support::View v284 = arena_.view(81920, 4096);
+  support::View v259 = arena_.view(81920, 4096);
   support::View v103 = arena_.view(1802240, 8192);
-  support::View v288 = arena_.view(0, 8192);
-  support::View v289 = arena_.view(32768, 8192);
-  support::View v290 = arena_.view(98304, 128);
-  support::View v295 = arena_.view(32768, 2048);
+  support::View v263 = arena_.view(0, 8192);
+  support::View v264 = arena_.view(32768, 8192);
+  support::View v265 = arena_.view(98304, 128);
+  support::View v270 = arena_.view(32768, 2048);
   support::View v91 = arena_.view(2228224, 2048);
-  support::View v297 = arena_.view(40960, 2048);
+  support::View v272 = arena_.view(40960, 2048);
   support::View v90(param16_causal_lm_decoder_layer_1_heads_in_w); // updated in place
-  support::View v298 = arena_.view(0, 4096);
-  support::View v299 = arena_.view(16384, 4096);
-  support::View v87 = arena_.view(2146304, 4096);
-  support::View v304 = arena_.view(0, 4096);
-  support::View v306 = arena_.view(32768, 128);
-  support::View v83 = arena_.view(2129920, 4096);
-  support::View v308 = arena_.view(0, 4096);
-  support::View v309 = arena_.view(32768, 128);
-  support::View v311 = arena_.view(49152, 128);
+  support::View v273 = arena_.view(0, 4096);
+  support::View v274 = arena_.view(16384, 4096);
   support::View v85(param14_causal_lm_decoder_layer_1_norm_gain); // updated in place
-  support::View v303 = arena_.view(0, 4096);
-  support::View v312 = arena_.view(32768, 4096);
-  support::View v313 = arena_.view(16384, 128);
-  support::View v315 = arena_.view(16896, 128);
-  support::View v203 = arena_.view(2252800, 2048);
-  support::View v227 = arena_.view(2260992, 2048);
-  support::View v229 = arena_.view(2284544, 32);
-  support::View v232 = arena_.view(2284672, 32);
-  support::View v248 = arena_.view(2281472, 512);
-  support::View v271 = arena_.view(1187840, 512);
-  support::View v286 = arena_.view(1189888, 512);
-  support::View v300 = arena_.view(1191936, 512);
-  support::View v302 = arena_.view(1196288, 32);
-  support::View v305 = arena_.view(1196416, 32);
-  support::View v319 = arena_.view(65536, 4096);
-  repeated0(v201, v140, v202, v142, v203, v141, v225, v139, v226, v138, v227, v229, v136, v231,
-            v232, v233, v133, v235, v236, v238, v134, v230, v239, v240, v242, v246, v130, v247,
-            v129, v248, v128, v249, v252, v253, v127, v254, v105, v255, v256, v258, v125, v260,
-            v262, v263, v265, v266, v123, v267, v121, v269, v122, v270, v89, v271, v119, v273, v274,
-            v275, v84, v281, v107, v283, v106, v284, v286, v103, v288, v289, v290, v295, v91, v297,
-            v90, v298, v299, v300, v302, v87, v304, v305, v306, v83, v308, v309, v311, v85, v303,
-            v312, v313, v315, v319);
+  support::View v278 = arena_.view(0, 4096);
+  support::View v87 = arena_.view(2146304, 4096);
+  support::View v279 = arena_.view(32768, 4096);
+  support::View v281 = arena_.view(16384, 4096);
+  support::View v83 = arena_.view(2129920, 4096);
+  support::View v190 = arena_.view(2252800, 2048);
+  support::View v214 = arena_.view(2260992, 2048);
+  support::View v216 = arena_.view(2284544, 32);
+  support::View v219 = arena_.view(2284672, 32);
+  support::View v223 = arena_.view(2281472, 512);
+  support::View v246 = arena_.view(1187840, 512);
+  support::View v261 = arena_.view(1189888, 512);
+  support::View v275 = arena_.view(1191936, 512);
+  support::View v277 = arena_.view(1196288, 32);
+  support::View v280 = arena_.view(1196416, 32);
+  support::View v282 = arena_.view(65536, 4096);
+  repeated0(v188, v140, v189, v142, v190, v141, v212, v139, v213, v138, v214, v216, v134, v217,
+            v136, v218, v219, v220, v133, v221, v130, v222, v129, v223, v128, v224, v227, v228,
+            v127, v229, v105, v230, v231, v233, v125, v235, v237, v238, v240, v241, v123, v242,
+            v121, v244, v122, v245, v89, v246, v119, v248, v249, v250, v84, v256, v107, v258, v106,
+            v259, v261, v103, v263, v264, v265, v270, v91, v272, v90, v273, v274, v275, v277, v85,
+            v278, v87, v279, v280, v281, v83, v282);
 
-  // 62 statements from performer.mesh:96:10 einsum (2 of 2)
+  // 52 statements from performer.mesh:96:10 einsum (2 of 2)
   MESHRT_TRACE_SITE("performer.mesh:96:10");
   support::View v78(param12_causal_lm_decoder_layer_0_ffn_w_out); // updated in place
-  support::View v320 = arena_.view(0, 8192);
+  support::View v283 = arena_.view(0, 8192);
   support::View v80 = arena_.view(1769472, 8192);
   support::View v79 = arena_.view(1736704, 8192);
-  support::View v338 = arena_.view(32768, 8192);
+  support::View v301 = arena_.view(32768, 8192);
   support::View v77(param11_causal_lm_decoder_layer_0_ffn_w_in); // updated in place
-  support::View v339 = arena_.view(0, 4096);
+  support::View v302 = arena_.view(0, 4096);
   support::View v76 = arena_.view(2113536, 4096);
-  support::View v74 = arena_.view(2097152, 4096);
-  support::View v344 = arena_.view(16384, 4096);
-  support::View v346 = arena_.view(32768, 128);
-  support::View v71 = arena_.view(2080768, 4096);
-  support::View v348 = arena_.view(16384, 4096);
-  support::View v349 = arena_.view(32768, 128);
-  support::View v351 = arena_.view(49152, 128);
   support::View v72(param9_causal_lm_decoder_layer_0_norm_1_gain); // updated in place
-  support::View v343 = arena_.view(16384, 4096);
-  support::View v352 = arena_.view(32768, 4096);
-  support::View v353 = arena_.view(0, 128);
-  support::View v355 = arena_.view(512, 128);
-  support::View v359 = arena_.view(1146880, 4096);
+  support::View v306 = arena_.view(16384, 4096);
+  support::View v74 = arena_.view(2097152, 4096);
+  support::View v307 = arena_.view(32768, 4096);
+  support::View v309 = arena_.view(0, 4096);
+  support::View v71 = arena_.view(2080768, 4096);
+  support::View v310 = arena_.view(1146880, 4096);
   support::View v68(param8_causal_lm_decoder_layer_0_heads_out_w); // updated in place
-  support::View v360 = arena_.view(0, 2048);
+  support::View v311 = arena_.view(0, 2048);
   support::View v67 = arena_.view(2220032, 2048);
   support::View v66 = arena_.view(2283520, 128);
-  support::View v362 = arena_.view(1179648, 2048);
-  support::View v365 = arena_.view(8192, 2048);
-  support::View v366 = arena_.view(32768, 128);
+  support::View v313 = arena_.view(1179648, 2048);
+  support::View v316 = arena_.view(8192, 2048);
+  support::View v317 = arena_.view(32768, 128);
   support::View v65 = arena_.view(1703936, 8192);
-  support::View v367 = arena_.view(1048576, 8192);
+  support::View v318 = arena_.view(1048576, 8192);
   support::View v43 = arena_.view(1605632, 8192);
-  support::View v368 = arena_.view(0, 8192);
-  support::View v369 = arena_.view(1196032, 64);
-  support::View v371 = arena_.view(1081344, 8192);
+  support::View v319 = arena_.view(0, 8192);
+  support::View v320 = arena_.view(1196032, 64);
+  support::View v322 = arena_.view(1081344, 8192);
   support::View v63 = arena_.view(524288, 131072);
-  support::View v373 = arena_.view(1114112, 8192);
-  support::View v375 = arena_.view(0, 131072);
-  support::View v376 = arena_.view(1179648, 1024);
-  support::View v378 = arena_.view(524288, 131072);
-  support::View v379 = arena_.view(0, 131072);
+  support::View v324 = arena_.view(1114112, 8192);
+  support::View v326 = arena_.view(0, 131072);
+  support::View v327 = arena_.view(1179648, 1024);
+  support::View v329 = arena_.view(524288, 131072);
+  support::View v330 = arena_.view(0, 131072);
   support::View v61 = arena_.view(2211840, 2048);
-  support::View v380 = arena_.view(524288, 8192);
+  support::View v331 = arena_.view(524288, 8192);
   support::View v59 = arena_.view(1671168, 8192);
-  support::View v382 = arena_.view(557056, 2048);
+  support::View v333 = arena_.view(557056, 2048);
   support::View v60(param7_causal_lm_decoder_layer_0_heads_in_2_w); // updated in place
-  support::View v383 = arena_.view(65536, 4096);
+  support::View v334 = arena_.view(65536, 4096);
   support::View v27 = arena_.view(2064384, 4096);
   support::View v57 = arena_.view(1638400, 8192);
-  support::View v386 = arena_.view(0, 8192);
-  support::View v387 = arena_.view(32768, 8192);
-  support::View v388 = arena_.view(81920, 128);
+  support::View v337 = arena_.view(0, 8192);
+  support::View v338 = arena_.view(32768, 8192);
+  support::View v339 = arena_.view(81920, 128);
   const support::Buffer &v22 = param2_causal_lm_decoder_layer_0_random_features;
-  support::View v393 = arena_.view(32768, 2048);
+  support::View v344 = arena_.view(32768, 2048);
   support::View v45 = arena_.view(2203648, 2048);
-  support::View v395 = arena_.view(0, 2048);
+  support::View v346 = arena_.view(0, 2048);
   support::View v44(param6_causal_lm_decoder_layer_0_heads_in_1_w); // updated in place
-  support::View v396 = arena_.view(81920, 4096);
+  support::View v347 = arena_.view(81920, 4096);
   support::View v41 = arena_.view(1572864, 8192);
-  support::View v400 = arena_.view(0, 8192);
-  support::View v401 = arena_.view(32768, 8192);
-  support::View v402 = arena_.view(102400, 128);
-  support::View v407 = arena_.view(32768, 2048);
+  support::View v351 = arena_.view(0, 8192);
+  support::View v352 = arena_.view(32768, 8192);
+  support::View v353 = arena_.view(102400, 128);
+  support::View v358 = arena_.view(32768, 2048);
   support::View v29 = arena_.view(2195456, 2048);
-  support::View v409 = arena_.view(40960, 2048);
+  support::View v360 = arena_.view(40960, 2048);
   support::View v28(param5_causal_lm_decoder_layer_0_heads_in_w); // updated in place
-  support::View v410 = arena_.view(0, 4096);
-  support::View v411 = arena_.view(16384, 4096);
-  support::View v25 = arena_.view(2048000, 4096);
-  support::View v416 = arena_.view(0, 4096);
-  support::View v418 = arena_.view(32768, 128);
-  support::View v21 = arena_.view(2031616, 4096);
-  support::View v420 = arena_.view(0, 4096);
-  support::View v421 = arena_.view(32768, 128);
-  support::View v423 = arena_.view(51200, 128);
+  support::View v361 = arena_.view(0, 4096);
+  support::View v362 = arena_.view(16384, 4096);
   support::View v23(param3_causal_lm_decoder_layer_0_norm_gain); // updated in place
-  support::View v415 = arena_.view(0, 4096);
-  support::View v424 = arena_.view(32768, 4096);
-  support::View v425 = arena_.view(51712, 128);
-  support::View v427 = arena_.view(32768, 128);
-  support::View v321 = arena_.view(1163264, 2048);
-  support::View v340 = arena_.view(1171456, 2048);
-  support::View v342 = arena_.view(1196544, 32);
-  support::View v345 = arena_.view(1196672, 32);
-  support::View v361 = arena_.view(1193984, 512);
-  support::View v384 = arena_.view(98304, 512);
-  support::View v398 = arena_.view(100352, 512);
-  support::View v412 = arena_.view(49152, 512);
-  support::View v414 = arena_.view(52224, 32);
-  support::View v417 = arena_.view(52352, 32);
-  support::View v431 = arena_.view(16384, 4096);
-  repeated0(v319, v78, v320, v80, v321, v79, v338, v77, v339, v76, v340, v342, v74, v344, v345,
-            v346, v71, v348, v349, v351, v72, v343, v352, v353, v355, v359, v68, v360, v67, v361,
-            v66, v362, v365, v366, v65, v367, v43, v368, v369, v371, v63, v373, v375, v376, v378,
-            v379, v61, v380, v59, v382, v60, v383, v27, v384, v57, v386, v387, v388, v22, v393, v45,
-            v395, v44, v396, v398, v41, v400, v401, v402, v407, v29, v409, v28, v410, v411, v412,
-            v414, v25, v416, v417, v418, v21, v420, v421, v423, v23, v415, v424, v425, v427, v431);
+  support::View v366 = arena_.view(0, 4096);
+  support::View v25 = arena_.view(2048000, 4096);
+  support::View v367 = arena_.view(32768, 4096);
+  support::View v369 = arena_.view(16384, 4096);
+  support::View v21 = arena_.view(2031616, 4096);
+  support::View v284 = arena_.view(1163264, 2048);
+  support::View v303 = arena_.view(1171456, 2048);
+  support::View v305 = arena_.view(1196544, 32);
+  support::View v308 = arena_.view(1196672, 32);
+  support::View v312 = arena_.view(1193984, 512);
+  support::View v335 = arena_.view(98304, 512);
+  support::View v349 = arena_.view(100352, 512);
+  support::View v363 = arena_.view(49152, 512);
+  support::View v365 = arena_.view(51200, 32);
+  support::View v368 = arena_.view(51328, 32);
+  support::View v370 = arena_.view(0, 4096);
+  repeated0(v282, v78, v283, v80, v284, v79, v301, v77, v302, v76, v303, v305, v72, v306, v74, v307,
+            v308, v309, v71, v310, v68, v311, v67, v312, v66, v313, v316, v317, v65, v318, v43,
+            v319, v320, v322, v63, v324, v326, v327, v329, v330, v61, v331, v59, v333, v60, v334,
+            v27, v335, v57, v337, v338, v339, v22, v344, v45, v346, v44, v347, v349, v41, v351,
+            v352, v353, v358, v29, v360, v28, v361, v362, v363, v365, v23, v366, v25, v367, v368,
+            v369, v21, v370);
 
   // performer.mesh:133:37 einsum -> grad/causal_lm/embedding
   MESHRT_TRACE("einsum", "performer.mesh:133:37", "backward");
   const support::Buffer &v0 = inputs.tokens.data;
-  support::View v433 = arena_.view(0, 1024);
-  support::scatterAdd(v433.data(), kShape26, v431.data(), kShape27, v0.data(), kShape28, kShape4,
+  support::View v372 = arena_.view(16384, 1024);
+  support::scatterAdd(v372.data(), kShape26, v370.data(), kShape27, v0.data(), kShape28, kShape4,
                       kShape5, kShape24, 0, support::shardStart(world_, {"model"}, 32));
 
   // performer.mesh:151:3 bucketed_all_reduce_sum -> grad/causal_lm/unembed (24 partial sums
@@ -2899,8 +2765,8 @@ void LmTrain::runPart1(const Inputs &inputs) {
   // resolved together, 57.2 KiB in one buffer)
   MESHRT_TRACE_SITE("performer.mesh:151:3");
   auto request6 = support::startAllReduce(
-      group_data, {v182, v184, v187, v203, v227, v229, v232, v248, v271, v286, v300, v302,
-                   v305, v321, v340, v342, v345, v361, v384, v398, v412, v414, v417, v433},
+      group_data, {v182, v184, v187, v190, v214, v216, v219, v223, v246, v261, v275, v277,
+                   v280, v284, v303, v305, v308, v312, v335, v349, v363, v365, v368, v372},
       meshrt::ReduceOp::Sum);
 
   // performer.mesh:151:3 step
@@ -2919,14 +2785,14 @@ void LmTrain::runPart1(const Inputs &inputs) {
   // performer.mesh:151:3 pow
   // performer.mesh:151:3 sub
   MESHRT_TRACE("loop", "performer.mesh:151:3", "update");
-  support::View v449 = arena_.view(4096, 1);
-  support::View v465 = arena_.view(4160, 1);
-  support::View v467 = arena_.view(4224, 1);
+  support::View v388 = arena_.view(0, 1);
+  support::View v404 = arena_.view(64, 1);
+  support::View v406 = arena_.view(128, 1);
   {
     const float stepValue = float(step_);
-    float *__restrict v449p = v449.data();
-    float *__restrict v465p = v465.data();
-    float *__restrict v467p = v467.data();
+    float *__restrict v388p = v388.data();
+    float *__restrict v404p = v404.data();
+    float *__restrict v406p = v406.data();
     const float s0 = stepValue;
     const float s1 = 1.0f;
     const float s2 = (s0 + s1);
@@ -2950,9 +2816,9 @@ void LmTrain::runPart1(const Inputs &inputs) {
     const float s20 = support::fpow(s19, s2);
     const float s21 = 1.0f;
     const float s22 = (s21 - s20);
-    v449p[0] = s14;
-    v465p[0] = s18;
-    v467p[0] = s22;
+    v388p[0] = s14;
+    v404p[0] = s18;
+    v406p[0] = s22;
   }
 
   MESHRT_TRACE_SITE("performer.mesh:151:3");
@@ -2976,9 +2842,9 @@ void LmTrain::runPart1(const Inputs &inputs) {
   // performer.mesh:151:3 sub -> next/causal_lm/embedding
   MESHRT_TRACE("loop", "performer.mesh:151:3", "update");
   support::View v6(param0_causal_lm_embedding);      // updated in place
-  support::View v451(param27_causal_lm_embedding_v); // updated in place
-  support::View v450(param26_causal_lm_embedding_m); // updated in place
-  loop23(v451.data(), v450.data(), v6.data(), v433.data(), v467.data(), v465.data(), v449.data());
+  support::View v390(param27_causal_lm_embedding_v); // updated in place
+  support::View v389(param26_causal_lm_embedding_m); // updated in place
+  loop20(v390.data(), v389.data(), v6.data(), v372.data(), v406.data(), v404.data(), v388.data());
 
   // performer.mesh:151:3 mul
   // performer.mesh:151:3 square
@@ -2997,149 +2863,101 @@ void LmTrain::runPart1(const Inputs &inputs) {
   // performer.mesh:151:3 mul
   // performer.mesh:151:3 sub -> next/causal_lm/unembed
   MESHRT_TRACE("loop", "performer.mesh:151:3", "update");
-  support::View v479(param29_causal_lm_unembed_v); // updated in place
-  support::View v478(param28_causal_lm_unembed_m); // updated in place
-  loop23(v479.data(), v478.data(), v7.data(), v182.data(), v467.data(), v465.data(), v449.data());
+  support::View v418(param29_causal_lm_unembed_v); // updated in place
+  support::View v417(param28_causal_lm_unembed_m); // updated in place
+  loop20(v418.data(), v417.data(), v7.data(), v182.data(), v406.data(), v404.data(), v388.data());
 
   // 1 statements from performer.mesh:151:3 mul (1 of 2)
   MESHRT_TRACE_SITE("performer.mesh:151:3");
-  support::View v500(param31_causal_lm_decoder_layer_0_norm_gain_v); // updated in place
-  support::View v499(param30_causal_lm_decoder_layer_0_norm_gain_m); // updated in place
-  repeated3(v23, v417, v500, v467, v499, v465, v449);
-}
-
-void LmTrain::runPart2(const Inputs &inputs) {
-  (void)inputs;
-  MESHRT_TRACE_SPAN(world_);
+  support::View v439(param31_causal_lm_decoder_layer_0_norm_gain_v); // updated in place
+  support::View v438(param30_causal_lm_decoder_layer_0_norm_gain_m); // updated in place
+  repeated3(v23, v368, v439, v406, v438, v404, v388);
 
   // 1 statements from performer.mesh:151:3 mul (2 of 2)
   MESHRT_TRACE_SITE("performer.mesh:151:3");
-  support::View v24(param4_causal_lm_decoder_layer_0_norm_bias); // updated in place
-  support::View v414 = arena_.view(52224, 32);
-  support::View v521(param33_causal_lm_decoder_layer_0_norm_bias_v); // updated in place
-  support::View v467 = arena_.view(4224, 1);
-  support::View v520(param32_causal_lm_decoder_layer_0_norm_bias_m); // updated in place
-  support::View v465 = arena_.view(4160, 1);
-  support::View v449 = arena_.view(4096, 1);
-  repeated3(v24, v414, v521, v467, v520, v465, v449);
+  support::View v24(param4_causal_lm_decoder_layer_0_norm_bias);     // updated in place
+  support::View v460(param33_causal_lm_decoder_layer_0_norm_bias_v); // updated in place
+  support::View v459(param32_causal_lm_decoder_layer_0_norm_bias_m); // updated in place
+  repeated3(v24, v365, v460, v406, v459, v404, v388);
 
   // 10 statements from performer.mesh:151:3 mul (1 of 2)
   MESHRT_TRACE_SITE("performer.mesh:151:3");
-  support::View v28(param5_causal_lm_decoder_layer_0_heads_in_w); // updated in place
-  support::View v412 = arena_.view(49152, 512);
-  support::View v542(param35_causal_lm_decoder_layer_0_heads_in_w_v); // updated in place
-  support::View v541(param34_causal_lm_decoder_layer_0_heads_in_w_m); // updated in place
-  support::View v44(param6_causal_lm_decoder_layer_0_heads_in_1_w);   // updated in place
-  support::View v398 = arena_.view(100352, 512);
-  support::View v563(param37_causal_lm_decoder_layer_0_heads_in_1_w_v); // updated in place
-  support::View v562(param36_causal_lm_decoder_layer_0_heads_in_1_w_m); // updated in place
-  support::View v60(param7_causal_lm_decoder_layer_0_heads_in_2_w);     // updated in place
-  support::View v384 = arena_.view(98304, 512);
-  support::View v584(param39_causal_lm_decoder_layer_0_heads_in_2_w_v); // updated in place
-  support::View v583(param38_causal_lm_decoder_layer_0_heads_in_2_w_m); // updated in place
-  support::View v68(param8_causal_lm_decoder_layer_0_heads_out_w);      // updated in place
-  support::View v361 = arena_.view(1193984, 512);
-  support::View v605(param41_causal_lm_decoder_layer_0_heads_out_w_v); // updated in place
-  support::View v604(param40_causal_lm_decoder_layer_0_heads_out_w_m); // updated in place
-  support::View v72(param9_causal_lm_decoder_layer_0_norm_1_gain);     // updated in place
-  support::View v345 = arena_.view(1196672, 32);
-  support::View v626(param43_causal_lm_decoder_layer_0_norm_1_gain_v); // updated in place
-  support::View v625(param42_causal_lm_decoder_layer_0_norm_1_gain_m); // updated in place
-  support::View v73(param10_causal_lm_decoder_layer_0_norm_1_bias);    // updated in place
-  support::View v342 = arena_.view(1196544, 32);
-  support::View v647(param45_causal_lm_decoder_layer_0_norm_1_bias_v); // updated in place
-  support::View v646(param44_causal_lm_decoder_layer_0_norm_1_bias_m); // updated in place
-  support::View v77(param11_causal_lm_decoder_layer_0_ffn_w_in);       // updated in place
-  support::View v340 = arena_.view(1171456, 2048);
-  support::View v668(param47_causal_lm_decoder_layer_0_ffn_w_in_v); // updated in place
-  support::View v667(param46_causal_lm_decoder_layer_0_ffn_w_in_m); // updated in place
-  support::View v78(param12_causal_lm_decoder_layer_0_ffn_w_out);   // updated in place
-  support::View v321 = arena_.view(1163264, 2048);
-  support::View v689(param49_causal_lm_decoder_layer_0_ffn_w_out_v); // updated in place
-  support::View v688(param48_causal_lm_decoder_layer_0_ffn_w_out_m); // updated in place
-  support::View v85(param14_causal_lm_decoder_layer_1_norm_gain);    // updated in place
-  support::View v305 = arena_.view(1196416, 32);
-  support::View v710(param51_causal_lm_decoder_layer_1_norm_gain_v); // updated in place
-  support::View v709(param50_causal_lm_decoder_layer_1_norm_gain_m); // updated in place
-  support::View v86(param15_causal_lm_decoder_layer_1_norm_bias);    // updated in place
-  support::View v302 = arena_.view(1196288, 32);
-  support::View v731(param53_causal_lm_decoder_layer_1_norm_bias_v); // updated in place
-  support::View v730(param52_causal_lm_decoder_layer_1_norm_bias_m); // updated in place
-  repeated1(v28, v412, v542, v467, v541, v465, v449, v44, v398, v563, v562, v60, v384, v584, v583,
-            v68, v361, v605, v604, v72, v345, v626, v625, v73, v342, v647, v646, v77, v340, v668,
-            v667, v78, v321, v689, v688, v85, v305, v710, v709, v86, v302, v731, v730);
+  support::View v481(param35_causal_lm_decoder_layer_0_heads_in_w_v);   // updated in place
+  support::View v480(param34_causal_lm_decoder_layer_0_heads_in_w_m);   // updated in place
+  support::View v502(param37_causal_lm_decoder_layer_0_heads_in_1_w_v); // updated in place
+  support::View v501(param36_causal_lm_decoder_layer_0_heads_in_1_w_m); // updated in place
+  support::View v523(param39_causal_lm_decoder_layer_0_heads_in_2_w_v); // updated in place
+  support::View v522(param38_causal_lm_decoder_layer_0_heads_in_2_w_m); // updated in place
+  support::View v544(param41_causal_lm_decoder_layer_0_heads_out_w_v);  // updated in place
+  support::View v543(param40_causal_lm_decoder_layer_0_heads_out_w_m);  // updated in place
+  support::View v565(param43_causal_lm_decoder_layer_0_norm_1_gain_v);  // updated in place
+  support::View v564(param42_causal_lm_decoder_layer_0_norm_1_gain_m);  // updated in place
+  support::View v73(param10_causal_lm_decoder_layer_0_norm_1_bias);     // updated in place
+  support::View v586(param45_causal_lm_decoder_layer_0_norm_1_bias_v);  // updated in place
+  support::View v585(param44_causal_lm_decoder_layer_0_norm_1_bias_m);  // updated in place
+  support::View v607(param47_causal_lm_decoder_layer_0_ffn_w_in_v);     // updated in place
+  support::View v606(param46_causal_lm_decoder_layer_0_ffn_w_in_m);     // updated in place
+  support::View v628(param49_causal_lm_decoder_layer_0_ffn_w_out_v);    // updated in place
+  support::View v627(param48_causal_lm_decoder_layer_0_ffn_w_out_m);    // updated in place
+  support::View v649(param51_causal_lm_decoder_layer_1_norm_gain_v);    // updated in place
+  support::View v648(param50_causal_lm_decoder_layer_1_norm_gain_m);    // updated in place
+  support::View v86(param15_causal_lm_decoder_layer_1_norm_bias);       // updated in place
+  support::View v670(param53_causal_lm_decoder_layer_1_norm_bias_v);    // updated in place
+  support::View v669(param52_causal_lm_decoder_layer_1_norm_bias_m);    // updated in place
+  repeated1(v28, v363, v481, v406, v480, v404, v388, v44, v349, v502, v501, v60, v335, v523, v522,
+            v68, v312, v544, v543, v72, v308, v565, v564, v73, v305, v586, v585, v77, v303, v607,
+            v606, v78, v284, v628, v627, v85, v280, v649, v648, v86, v277, v670, v669);
 
   // 10 statements from performer.mesh:151:3 mul (2 of 2)
   MESHRT_TRACE_SITE("performer.mesh:151:3");
-  support::View v90(param16_causal_lm_decoder_layer_1_heads_in_w); // updated in place
-  support::View v300 = arena_.view(1191936, 512);
-  support::View v752(param55_causal_lm_decoder_layer_1_heads_in_w_v); // updated in place
-  support::View v751(param54_causal_lm_decoder_layer_1_heads_in_w_m); // updated in place
-  support::View v106(param17_causal_lm_decoder_layer_1_heads_in_1_w); // updated in place
-  support::View v286 = arena_.view(1189888, 512);
-  support::View v773(param57_causal_lm_decoder_layer_1_heads_in_1_w_v); // updated in place
-  support::View v772(param56_causal_lm_decoder_layer_1_heads_in_1_w_m); // updated in place
-  support::View v122(param18_causal_lm_decoder_layer_1_heads_in_2_w);   // updated in place
-  support::View v271 = arena_.view(1187840, 512);
-  support::View v794(param59_causal_lm_decoder_layer_1_heads_in_2_w_v); // updated in place
-  support::View v793(param58_causal_lm_decoder_layer_1_heads_in_2_w_m); // updated in place
-  support::View v130(param19_causal_lm_decoder_layer_1_heads_out_w);    // updated in place
-  support::View v248 = arena_.view(2281472, 512);
-  support::View v815(param61_causal_lm_decoder_layer_1_heads_out_w_v); // updated in place
-  support::View v814(param60_causal_lm_decoder_layer_1_heads_out_w_m); // updated in place
-  support::View v134(param20_causal_lm_decoder_layer_1_norm_1_gain);   // updated in place
-  support::View v232 = arena_.view(2284672, 32);
-  support::View v836(param63_causal_lm_decoder_layer_1_norm_1_gain_v); // updated in place
-  support::View v835(param62_causal_lm_decoder_layer_1_norm_1_gain_m); // updated in place
-  support::View v135(param21_causal_lm_decoder_layer_1_norm_1_bias);   // updated in place
-  support::View v229 = arena_.view(2284544, 32);
-  support::View v857(param65_causal_lm_decoder_layer_1_norm_1_bias_v); // updated in place
-  support::View v856(param64_causal_lm_decoder_layer_1_norm_1_bias_m); // updated in place
-  support::View v139(param22_causal_lm_decoder_layer_1_ffn_w_in);      // updated in place
-  support::View v227 = arena_.view(2260992, 2048);
-  support::View v878(param67_causal_lm_decoder_layer_1_ffn_w_in_v); // updated in place
-  support::View v877(param66_causal_lm_decoder_layer_1_ffn_w_in_m); // updated in place
-  support::View v140(param23_causal_lm_decoder_layer_1_ffn_w_out);  // updated in place
-  support::View v203 = arena_.view(2252800, 2048);
-  support::View v899(param69_causal_lm_decoder_layer_1_ffn_w_out_v); // updated in place
-  support::View v898(param68_causal_lm_decoder_layer_1_ffn_w_out_m); // updated in place
-  support::View v146(param24_causal_lm_norm_gain);                   // updated in place
-  support::View v187 = arena_.view(2284416, 32);
-  support::View v920(param71_causal_lm_norm_gain_v); // updated in place
-  support::View v919(param70_causal_lm_norm_gain_m); // updated in place
-  support::View v147(param25_causal_lm_norm_bias);   // updated in place
-  support::View v184 = arena_.view(2284288, 32);
-  support::View v941(param73_causal_lm_norm_bias_v); // updated in place
-  support::View v940(param72_causal_lm_norm_bias_m); // updated in place
-  repeated1(v90, v300, v752, v467, v751, v465, v449, v106, v286, v773, v772, v122, v271, v794, v793,
-            v130, v248, v815, v814, v134, v232, v836, v835, v135, v229, v857, v856, v139, v227,
-            v878, v877, v140, v203, v899, v898, v146, v187, v920, v919, v147, v184, v941, v940);
+  support::View v691(param55_causal_lm_decoder_layer_1_heads_in_w_v);   // updated in place
+  support::View v690(param54_causal_lm_decoder_layer_1_heads_in_w_m);   // updated in place
+  support::View v712(param57_causal_lm_decoder_layer_1_heads_in_1_w_v); // updated in place
+  support::View v711(param56_causal_lm_decoder_layer_1_heads_in_1_w_m); // updated in place
+  support::View v733(param59_causal_lm_decoder_layer_1_heads_in_2_w_v); // updated in place
+  support::View v732(param58_causal_lm_decoder_layer_1_heads_in_2_w_m); // updated in place
+  support::View v754(param61_causal_lm_decoder_layer_1_heads_out_w_v);  // updated in place
+  support::View v753(param60_causal_lm_decoder_layer_1_heads_out_w_m);  // updated in place
+  support::View v775(param63_causal_lm_decoder_layer_1_norm_1_gain_v);  // updated in place
+  support::View v774(param62_causal_lm_decoder_layer_1_norm_1_gain_m);  // updated in place
+  support::View v135(param21_causal_lm_decoder_layer_1_norm_1_bias);    // updated in place
+  support::View v796(param65_causal_lm_decoder_layer_1_norm_1_bias_v);  // updated in place
+  support::View v795(param64_causal_lm_decoder_layer_1_norm_1_bias_m);  // updated in place
+  support::View v817(param67_causal_lm_decoder_layer_1_ffn_w_in_v);     // updated in place
+  support::View v816(param66_causal_lm_decoder_layer_1_ffn_w_in_m);     // updated in place
+  support::View v838(param69_causal_lm_decoder_layer_1_ffn_w_out_v);    // updated in place
+  support::View v837(param68_causal_lm_decoder_layer_1_ffn_w_out_m);    // updated in place
+  support::View v859(param71_causal_lm_norm_gain_v);                    // updated in place
+  support::View v858(param70_causal_lm_norm_gain_m);                    // updated in place
+  support::View v147(param25_causal_lm_norm_bias);                      // updated in place
+  support::View v880(param73_causal_lm_norm_bias_v);                    // updated in place
+  support::View v879(param72_causal_lm_norm_bias_m);                    // updated in place
+  repeated1(v90, v275, v691, v406, v690, v404, v388, v106, v261, v712, v711, v122, v246, v733, v732,
+            v130, v223, v754, v753, v134, v219, v775, v774, v135, v216, v796, v795, v139, v214,
+            v817, v816, v140, v190, v838, v837, v146, v187, v859, v858, v147, v184, v880, v879);
 }
 
 void LmTrain::repeated0(
     support::ConstView a0, support::ConstView a1, support::View a2, support::ConstView a3,
     support::View a4, support::ConstView a5, support::View a6, support::ConstView a7,
     support::View a8, support::ConstView a9, support::View a10, support::View a11,
-    support::ConstView a12, support::View a13, support::View a14, support::View a15,
-    support::ConstView a16, support::View a17, support::View a18, support::View a19,
-    support::ConstView a20, support::View a21, support::View a22, support::View a23,
-    support::View a24, support::View a25, support::ConstView a26, support::View a27,
+    support::ConstView a12, support::View a13, support::ConstView a14, support::View a15,
+    support::View a16, support::View a17, support::ConstView a18, support::View a19,
+    support::ConstView a20, support::View a21, support::ConstView a22, support::View a23,
+    support::ConstView a24, support::View a25, support::View a26, support::View a27,
     support::ConstView a28, support::View a29, support::ConstView a30, support::View a31,
     support::View a32, support::View a33, support::ConstView a34, support::View a35,
-    support::ConstView a36, support::View a37, support::View a38, support::View a39,
-    support::ConstView a40, support::View a41, support::View a42, support::View a43,
-    support::View a44, support::View a45, support::ConstView a46, support::View a47,
-    support::ConstView a48, support::View a49, support::ConstView a50, support::View a51,
+    support::View a36, support::View a37, support::View a38, support::View a39,
+    support::ConstView a40, support::View a41, support::ConstView a42, support::View a43,
+    support::ConstView a44, support::View a45, support::ConstView a46, support::View a47,
+    support::ConstView a48, support::View a49, support::View a50, support::View a51,
     support::ConstView a52, support::View a53, support::ConstView a54, support::View a55,
-    support::View a56, support::View a57, support::ConstView a58, support::View a59,
-    support::ConstView a60, support::View a61, support::ConstView a62, support::View a63,
-    support::View a64, support::ConstView a65, support::View a66, support::View a67,
-    support::View a68, support::View a69, support::ConstView a70, support::View a71,
-    support::ConstView a72, support::View a73, support::View a74, support::View a75,
-    support::View a76, support::ConstView a77, support::View a78, support::View a79,
-    support::View a80, support::ConstView a81, support::View a82, support::View a83,
-    support::View a84, support::ConstView a85, support::View a86, support::View a87,
-    support::View a88, support::View a89, support::View a90) {
+    support::ConstView a56, support::View a57, support::View a58, support::ConstView a59,
+    support::View a60, support::View a61, support::View a62, support::View a63,
+    support::ConstView a64, support::View a65, support::ConstView a66, support::View a67,
+    support::View a68, support::View a69, support::View a70, support::ConstView a71,
+    support::View a72, support::ConstView a73, support::View a74, support::View a75,
+    support::View a76, support::ConstView a77, support::View a78) {
   MESHRT_TRACE_SPAN(world_);
 
   // performer.mesh:96:10 einsum
@@ -3170,14 +2988,14 @@ void LmTrain::repeated0(
   // performer.mesh:96:17 add
   // performer.mesh:96:17 mul
   MESHRT_TRACE("loop", "performer.mesh:96:17", "backward");
-  loop24(a6.data(), a5.data(), a2.data());
+  loop21(a6.data(), a5.data(), a2.data());
 
   // performer.mesh:96:22 einsum
   MESHRT_TRACE("gemm", "performer.mesh:96:22", "backward");
   // dims: batch, seq, d_ff, d_model
   kEinsum16.plan().run(a6.data(), a7.data(), a8.data(), 1.0f, 0.0f);
 
-  // performer.mesh:29:40 all_reduce_sum (resolve the partial sum of %217 over model for sum at
+  // performer.mesh:29:40 all_reduce_sum (resolve the partial sum of %204 over model for sum at
   // 29:40)
   MESHRT_TRACE_SITE("performer.mesh:29:40");
   auto request2 = support::startAllReduce(group_model, {a8}, meshrt::ReduceOp::Sum);
@@ -3199,117 +3017,87 @@ void LmTrain::repeated0(
   MESHRT_TRACE("loop", "performer.mesh:29:33", "backward");
   loop18(a13.data(), a8.data(), a12.data());
 
+  // performer.mesh:29:33 mul
+  MESHRT_TRACE("loop", "performer.mesh:29:33", "backward");
+  loop19(a15.data(), a8.data(), a14.data());
+
   // performer.mesh:29:33 sum -> grad/causal_lm/decoder_layer[1]/norm#1/gain
   MESHRT_TRACE("sum", "performer.mesh:29:33", "backward");
-  support::reduce(a14.data(), kShape3, a13.data(), kShape1, kShape4, kShape5, support::Reduce::Sum,
+  support::reduce(a16.data(), kShape3, a15.data(), kShape1, kShape4, kShape5, support::Reduce::Sum,
                   1.0);
 
-  // performer.mesh:29:10 mean
-  MESHRT_TRACE("mean", "performer.mesh:29:10", "backward");
-  support::reduce(a15.data(), kShape4, a16.data(), kShape5, kShape3, kShape1, support::Reduce::Sum,
-                  0.03125);
-
-  // performer.mesh:29:10 sub
-  // performer.mesh:29:10 square
-  MESHRT_TRACE("loop", "performer.mesh:29:10", "backward");
-  loop19(a17.data(), a16.data(), a15.data());
-
-  // performer.mesh:29:10 mean
-  MESHRT_TRACE("mean", "performer.mesh:29:10", "backward");
-  support::reduce(a18.data(), kShape4, a17.data(), kShape5, kShape3, kShape1, support::Reduce::Sum,
-                  0.03125);
+  // performer.mesh:29:10 layer_norm_grad
+  MESHRT_TRACE("layer_norm_grad", "performer.mesh:29:10", "backward");
+  support::layerNormGrad(a17.data(), a18.data(), a13.data(), kShape4, kShape5, kShape5, kShape5,
+                         kShape3, kShape1, kShape1, kShape1, 1e-05, 32, nullptr);
 
   // performer.mesh:29:10 add
-  // performer.mesh:29:10 rsqrt
   MESHRT_TRACE("loop", "performer.mesh:29:10", "backward");
-  loop20(a19.data(), a18.data());
-
-  // performer.mesh:29:33 mul
-  // performer.mesh:29:10 mul
-  MESHRT_TRACE("loop", "performer.mesh:29:33", "backward");
-  loop21(a21.data(), a22.data(), a8.data(), a20.data(), a12.data());
-
-  // performer.mesh:29:10 mean
-  MESHRT_TRACE("mean", "performer.mesh:29:10", "backward");
-  support::reduce(a23.data(), kShape4, a22.data(), kShape5, kShape3, kShape1, support::Reduce::Sum,
-                  0.03125);
-
-  // performer.mesh:29:10 mean
-  MESHRT_TRACE("mean", "performer.mesh:29:10", "backward");
-  support::reduce(a24.data(), kShape4, a21.data(), kShape5, kShape3, kShape1, support::Reduce::Sum,
-                  0.03125);
-
-  // performer.mesh:29:10 mul
-  // performer.mesh:29:10 sub
-  // performer.mesh:29:10 sub
-  // performer.mesh:29:10 mul
-  // performer.mesh:29:10 add
-  MESHRT_TRACE("loop", "performer.mesh:29:10", "backward");
-  loop25(a25.data(), a12.data(), a23.data(), a21.data(), a24.data(), a19.data(), a0.data());
+  loop14(a19.data(), a0.data(), a17.data());
 
   // performer.mesh:50:10 einsum
   MESHRT_TRACE("gemm", "performer.mesh:50:10", "backward");
   // dims: batch, seq, d_model, heads, d_head
-  kEinsum18.plan().run(a25.data(), a26.data(), a27.data(), 1.0f, 0.0f);
+  kEinsum18.plan().run(a19.data(), a20.data(), a21.data(), 1.0f, 0.0f);
 
   // performer.mesh:50:10 einsum -> grad/causal_lm/decoder_layer[1]/heads_out/w
   MESHRT_TRACE("gemm", "performer.mesh:50:10", "backward");
   // dims: batch, seq, d_model, heads, d_head
-  kEinsum19.plan().run(a25.data(), a28.data(), a29.data(), 1.0f, 0.0f);
+  kEinsum19.plan().run(a19.data(), a22.data(), a23.data(), 1.0f, 0.0f);
 
   // performer.mesh:90:20 div
   MESHRT_TRACE("loop", "performer.mesh:90:20", "backward");
-  loop11(a31.data(), a27.data(), a30.data());
+  loop11(a25.data(), a21.data(), a24.data());
 
   // performer.mesh:90:20 div
   // performer.mesh:90:20 mul
   // performer.mesh:90:20 neg
   MESHRT_TRACE("loop", "performer.mesh:90:20", "backward");
-  loop26(a32.data(), a28.data(), a30.data(), a27.data());
+  loop22(a26.data(), a22.data(), a24.data(), a21.data());
 
   // performer.mesh:90:20 sum
   MESHRT_TRACE("sum", "performer.mesh:90:20", "backward");
-  support::reduce(a33.data(), kShape8, a32.data(), kShape9, kShape2, kShape1, support::Reduce::Sum,
+  support::reduce(a27.data(), kShape8, a26.data(), kShape9, kShape2, kShape1, support::Reduce::Sum,
                   1.0);
 
   // performer.mesh:89:20 einsum
   MESHRT_TRACE("gemm", "performer.mesh:89:20", "backward");
   // dims: batch, seq, heads, features
-  kEinsum20.plan().run(a33.data(), a34.data(), a35.data(), 1.0f, 0.0f);
+  kEinsum20.plan().run(a27.data(), a28.data(), a29.data(), 1.0f, 0.0f);
 
   // performer.mesh:89:20 einsum
   MESHRT_TRACE("gemm", "performer.mesh:89:20", "backward");
   // dims: batch, seq, heads, features
-  kEinsum20.plan().run(a33.data(), a36.data(), a37.data(), 1.0f, 0.0f);
+  kEinsum20.plan().run(a27.data(), a30.data(), a31.data(), 1.0f, 0.0f);
 
   // performer.mesh:89:31 sum
   MESHRT_TRACE("sum", "performer.mesh:89:31", "backward");
-  support::reduce(a38.data(), kShape16, a37.data(), kShape17, kShape0, kShape11,
+  support::reduce(a32.data(), kShape16, a31.data(), kShape17, kShape0, kShape11,
                   support::Reduce::Sum, 1.0);
 
   // performer.mesh:89:31 cumsum
   MESHRT_TRACE("cumsum", "performer.mesh:89:31", "backward");
-  support::along(a39.data(), a37.data(), kShape16, kShape17, kShape17, kShape0, kShape11, kShape11,
+  support::along(a33.data(), a31.data(), kShape16, kShape17, kShape17, kShape0, kShape11, kShape11,
                  support::Along::CumsumExclusive, 1e-05, 128, nullptr);
 
   // performer.mesh:88:19 einsum
   MESHRT_TRACE("gemm", "performer.mesh:88:19", "backward");
   // dims: batch, seq, heads, d_head, features
-  kEinsum21.plan().run(a31.data(), a40.data(), a41.data(), 1.0f, 0.0f);
+  kEinsum21.plan().run(a25.data(), a34.data(), a35.data(), 1.0f, 0.0f);
 
   // performer.mesh:88:19 einsum
   MESHRT_TRACE("gemm", "performer.mesh:88:19", "backward");
   // dims: batch, seq, heads, d_head, features
-  kEinsum22.plan().run(a31.data(), a36.data(), a42.data(), 1.0f, 0.0f);
+  kEinsum22.plan().run(a25.data(), a30.data(), a36.data(), 1.0f, 0.0f);
 
   // performer.mesh:87:12 sum
   MESHRT_TRACE("sum", "performer.mesh:87:12", "backward");
-  support::reduce(a43.data(), kShape21, a42.data(), kShape22, kShape0, kShape23,
+  support::reduce(a37.data(), kShape21, a36.data(), kShape22, kShape0, kShape23,
                   support::Reduce::Sum, 1.0);
 
   // performer.mesh:87:12 cumsum
   MESHRT_TRACE("cumsum", "performer.mesh:87:12", "backward");
-  support::along(a44.data(), a42.data(), kShape21, kShape22, kShape22, kShape0, kShape23, kShape23,
+  support::along(a38.data(), a36.data(), kShape21, kShape22, kShape22, kShape0, kShape23, kShape23,
                  support::Along::CumsumExclusive, 1e-05, 128, nullptr);
 
   // performer.mesh:87:12 broadcast
@@ -3318,17 +3106,17 @@ void LmTrain::repeated0(
   {
 #pragma omp parallel
     {
-      float *__restrict a45p = a45.data();
-      const float *__restrict a43p = a43.data();
-      const float *__restrict a44p = a44.data();
+      float *__restrict a39p = a39.data();
+      const float *__restrict a37p = a37.data();
+      const float *__restrict a38p = a38.data();
 #pragma omp for schedule(static)
       for (int64_t i0 = 0; i0 < 128; ++i0) {
         for (int64_t i1 = 0; i1 < 1024; ++i1) {
-          const float s0 = a43p[i1];
+          const float s0 = a37p[i1];
           const float s1 = s0;
-          const float s2 = a44p[i0 * 1024 + i1];
+          const float s2 = a38p[i0 * 1024 + i1];
           const float s3 = (s1 - s2);
-          a45p[i0 * 1024 + i1] = s3;
+          a39p[i0 * 1024 + i1] = s3;
         }
       }
     }
@@ -3337,22 +3125,22 @@ void LmTrain::repeated0(
   // performer.mesh:87:19 einsum
   MESHRT_TRACE("gemm", "performer.mesh:87:19", "backward");
   // dims: batch, seq, heads, features, d_head
-  kEinsum23.plan().run(a45.data(), a46.data(), a47.data(), 1.0f, 0.0f);
+  kEinsum23.plan().run(a39.data(), a40.data(), a41.data(), 1.0f, 0.0f);
 
   // performer.mesh:87:19 einsum
   MESHRT_TRACE("gemm", "performer.mesh:87:19", "backward");
   // dims: batch, seq, heads, features, d_head
-  kEinsum24.plan().run(a45.data(), a48.data(), a49.data(), 1.0f, 0.0f);
+  kEinsum24.plan().run(a39.data(), a42.data(), a43.data(), 1.0f, 0.0f);
 
   // performer.mesh:45:10 einsum
   MESHRT_TRACE("gemm", "performer.mesh:45:10", "backward");
   // dims: batch, seq, heads, d_head, d_model
-  kEinsum25.plan().run(a49.data(), a50.data(), a51.data(), 1.0f, 0.0f);
+  kEinsum25.plan().run(a43.data(), a44.data(), a45.data(), 1.0f, 0.0f);
 
   // performer.mesh:45:10 einsum -> grad/causal_lm/decoder_layer[1]/heads_in#2/w
   MESHRT_TRACE("gemm", "performer.mesh:45:10", "backward");
   // dims: batch, seq, heads, d_head, d_model
-  kEinsum26.plan().run(a49.data(), a52.data(), a53.data(), 1.0f, 0.0f);
+  kEinsum26.plan().run(a43.data(), a46.data(), a47.data(), 1.0f, 0.0f);
 
   // performer.mesh:89:31 broadcast
   // performer.mesh:89:31 sub
@@ -3361,17 +3149,17 @@ void LmTrain::repeated0(
   // performer.mesh:71:10 mul
   // performer.mesh:57:59 neg
   MESHRT_TRACE("loop", "performer.mesh:89:31", "backward");
-  loop27(a55.data(), a56.data(), a38.data(), a39.data(), a47.data(), a54.data());
+  loop23(a49.data(), a50.data(), a32.data(), a33.data(), a41.data(), a48.data());
 
   // performer.mesh:57:59 sum
   MESHRT_TRACE("sum", "performer.mesh:57:59", "backward");
-  support::reduce(a57.data(), kShape8, a56.data(), kShape10, kShape11, kShape1,
+  support::reduce(a51.data(), kShape8, a50.data(), kShape10, kShape11, kShape1,
                   support::Reduce::Sum, 1.0);
 
   // performer.mesh:57:10 einsum
   MESHRT_TRACE("gemm", "performer.mesh:57:10", "backward");
   // dims: batch, seq, heads, features, d_head
-  kEinsum27.plan().run(a55.data(), a58.data(), a59.data(), 1.0f, 0.0f);
+  kEinsum27.plan().run(a49.data(), a52.data(), a53.data(), 1.0f, 0.0f);
 
   // performer.mesh:57:65 mul
   // performer.mesh:57:89 mul
@@ -3380,34 +3168,34 @@ void LmTrain::repeated0(
   // performer.mesh:57:10 add
   // performer.mesh:56:18 mul
   MESHRT_TRACE("loop", "performer.mesh:57:65", "backward");
-  loop28(a61.data(), a60.data(), a57.data(), a59.data());
+  loop24(a55.data(), a54.data(), a51.data(), a53.data());
 
   // performer.mesh:45:10 einsum
   MESHRT_TRACE("gemm", "performer.mesh:45:10", "backward");
   // dims: batch, seq, heads, d_head, d_model
-  kEinsum25.plan().run(a61.data(), a62.data(), a63.data(), 1.0f, 0.0f);
+  kEinsum25.plan().run(a55.data(), a56.data(), a57.data(), 1.0f, 0.0f);
 
   // performer.mesh:45:10 einsum -> grad/causal_lm/decoder_layer[1]/heads_in#1/w
   MESHRT_TRACE("gemm", "performer.mesh:45:10", "backward");
   // dims: batch, seq, heads, d_head, d_model
-  kEinsum26.plan().run(a61.data(), a52.data(), a64.data(), 1.0f, 0.0f);
+  kEinsum26.plan().run(a55.data(), a46.data(), a58.data(), 1.0f, 0.0f);
 
   // performer.mesh:88:19 add
   // performer.mesh:66:61 mul
   // performer.mesh:66:10 mul
   // performer.mesh:57:59 neg
   MESHRT_TRACE("loop", "performer.mesh:88:19", "backward");
-  loop29(a66.data(), a67.data(), a35.data(), a41.data(), a65.data());
+  loop25(a60.data(), a61.data(), a29.data(), a35.data(), a59.data());
 
   // performer.mesh:57:59 sum
   MESHRT_TRACE("sum", "performer.mesh:57:59", "backward");
-  support::reduce(a68.data(), kShape8, a67.data(), kShape10, kShape11, kShape1,
+  support::reduce(a62.data(), kShape8, a61.data(), kShape10, kShape11, kShape1,
                   support::Reduce::Sum, 1.0);
 
   // performer.mesh:57:10 einsum
   MESHRT_TRACE("gemm", "performer.mesh:57:10", "backward");
   // dims: batch, seq, heads, features, d_head
-  kEinsum27.plan().run(a66.data(), a58.data(), a69.data(), 1.0f, 0.0f);
+  kEinsum27.plan().run(a60.data(), a52.data(), a63.data(), 1.0f, 0.0f);
 
   // performer.mesh:57:65 mul
   // performer.mesh:57:89 mul
@@ -3416,87 +3204,57 @@ void LmTrain::repeated0(
   // performer.mesh:57:10 add
   // performer.mesh:56:18 mul
   MESHRT_TRACE("loop", "performer.mesh:57:65", "backward");
-  loop28(a71.data(), a70.data(), a68.data(), a69.data());
+  loop24(a65.data(), a64.data(), a62.data(), a63.data());
 
   // performer.mesh:45:10 einsum
   MESHRT_TRACE("gemm", "performer.mesh:45:10", "backward");
   // dims: batch, seq, heads, d_head, d_model
-  kEinsum25.plan().run(a71.data(), a72.data(), a73.data(), 1.0f, 0.0f);
+  kEinsum25.plan().run(a65.data(), a66.data(), a67.data(), 1.0f, 0.0f);
 
   // performer.mesh:45:10 add
   // performer.mesh:45:10 add
   MESHRT_TRACE("loop", "performer.mesh:45:10", "backward");
-  loop30(a74.data(), a51.data(), a63.data(), a73.data());
+  loop26(a68.data(), a45.data(), a57.data(), a67.data());
 
-  // performer.mesh:29:40 all_reduce_sum (resolve the partial sum of %289 over model for sum at
+  // performer.mesh:29:40 all_reduce_sum (resolve the partial sum of %264 over model for sum at
   // 29:40)
   MESHRT_TRACE_SITE("performer.mesh:29:40");
-  auto request3 = support::startAllReduce(group_model, {a74}, meshrt::ReduceOp::Sum);
+  auto request3 = support::startAllReduce(group_model, {a68}, meshrt::ReduceOp::Sum);
 
   // performer.mesh:45:10 einsum -> grad/causal_lm/decoder_layer[1]/heads_in/w
   MESHRT_TRACE("gemm", "performer.mesh:45:10", "backward");
   // dims: batch, seq, heads, d_head, d_model
-  kEinsum26.plan().run(a71.data(), a52.data(), a75.data(), 1.0f, 0.0f);
+  kEinsum26.plan().run(a65.data(), a46.data(), a69.data(), 1.0f, 0.0f);
 
   MESHRT_TRACE_SITE("performer.mesh:29:40");
   group_model.wait(request3);
 
   // performer.mesh:29:40 sum -> grad/causal_lm/decoder_layer[1]/norm/bias
   MESHRT_TRACE("sum", "performer.mesh:29:40", "backward");
-  support::reduce(a76.data(), kShape3, a74.data(), kShape1, kShape4, kShape5, support::Reduce::Sum,
+  support::reduce(a70.data(), kShape3, a68.data(), kShape1, kShape4, kShape5, support::Reduce::Sum,
                   1.0);
 
   // performer.mesh:29:33 mul
   MESHRT_TRACE("loop", "performer.mesh:29:33", "backward");
-  loop18(a78.data(), a74.data(), a77.data());
+  loop18(a72.data(), a68.data(), a71.data());
+
+  // performer.mesh:29:33 mul
+  MESHRT_TRACE("loop", "performer.mesh:29:33", "backward");
+  loop19(a74.data(), a68.data(), a73.data());
 
   // performer.mesh:29:33 sum -> grad/causal_lm/decoder_layer[1]/norm/gain
   MESHRT_TRACE("sum", "performer.mesh:29:33", "backward");
-  support::reduce(a79.data(), kShape3, a78.data(), kShape1, kShape4, kShape5, support::Reduce::Sum,
+  support::reduce(a75.data(), kShape3, a74.data(), kShape1, kShape4, kShape5, support::Reduce::Sum,
                   1.0);
 
-  // performer.mesh:29:10 mean
-  MESHRT_TRACE("mean", "performer.mesh:29:10", "backward");
-  support::reduce(a80.data(), kShape4, a81.data(), kShape5, kShape3, kShape1, support::Reduce::Sum,
-                  0.03125);
-
-  // performer.mesh:29:10 sub
-  // performer.mesh:29:10 square
-  MESHRT_TRACE("loop", "performer.mesh:29:10", "backward");
-  loop19(a82.data(), a81.data(), a80.data());
-
-  // performer.mesh:29:10 mean
-  MESHRT_TRACE("mean", "performer.mesh:29:10", "backward");
-  support::reduce(a83.data(), kShape4, a82.data(), kShape5, kShape3, kShape1, support::Reduce::Sum,
-                  0.03125);
+  // performer.mesh:29:10 layer_norm_grad
+  MESHRT_TRACE("layer_norm_grad", "performer.mesh:29:10", "backward");
+  support::layerNormGrad(a76.data(), a77.data(), a72.data(), kShape4, kShape5, kShape5, kShape5,
+                         kShape3, kShape1, kShape1, kShape1, 1e-05, 32, nullptr);
 
   // performer.mesh:29:10 add
-  // performer.mesh:29:10 rsqrt
   MESHRT_TRACE("loop", "performer.mesh:29:10", "backward");
-  loop20(a84.data(), a83.data());
-
-  // performer.mesh:29:33 mul
-  // performer.mesh:29:10 mul
-  MESHRT_TRACE("loop", "performer.mesh:29:33", "backward");
-  loop21(a86.data(), a87.data(), a74.data(), a85.data(), a77.data());
-
-  // performer.mesh:29:10 mean
-  MESHRT_TRACE("mean", "performer.mesh:29:10", "backward");
-  support::reduce(a88.data(), kShape4, a87.data(), kShape5, kShape3, kShape1, support::Reduce::Sum,
-                  0.03125);
-
-  // performer.mesh:29:10 mean
-  MESHRT_TRACE("mean", "performer.mesh:29:10", "backward");
-  support::reduce(a89.data(), kShape4, a86.data(), kShape5, kShape3, kShape1, support::Reduce::Sum,
-                  0.03125);
-
-  // performer.mesh:29:10 mul
-  // performer.mesh:29:10 sub
-  // performer.mesh:29:10 sub
-  // performer.mesh:29:10 mul
-  // performer.mesh:29:10 add
-  MESHRT_TRACE("loop", "performer.mesh:29:10", "backward");
-  loop25(a90.data(), a77.data(), a88.data(), a86.data(), a89.data(), a84.data(), a25.data());
+  loop14(a78.data(), a19.data(), a76.data());
 }
 
 void LmTrain::repeated1(
@@ -3530,7 +3288,7 @@ void LmTrain::repeated1(
   // performer.mesh:151:3 mul
   // performer.mesh:151:3 sub -> next/causal_lm/decoder_layer[0]/heads_in/w
   MESHRT_TRACE("loop", "performer.mesh:151:3", "update");
-  loop31(a2.data(), a4.data(), a0.data(), a1.data(), a3.data(), a5.data(), a6.data());
+  loop27(a2.data(), a4.data(), a0.data(), a1.data(), a3.data(), a5.data(), a6.data());
 
   // performer.mesh:151:3 mul
   // performer.mesh:151:3 square
@@ -3549,7 +3307,7 @@ void LmTrain::repeated1(
   // performer.mesh:151:3 mul
   // performer.mesh:151:3 sub -> next/causal_lm/decoder_layer[0]/heads_in#1/w
   MESHRT_TRACE("loop", "performer.mesh:151:3", "update");
-  loop31(a9.data(), a10.data(), a7.data(), a8.data(), a3.data(), a5.data(), a6.data());
+  loop27(a9.data(), a10.data(), a7.data(), a8.data(), a3.data(), a5.data(), a6.data());
 
   // performer.mesh:151:3 mul
   // performer.mesh:151:3 square
@@ -3568,7 +3326,7 @@ void LmTrain::repeated1(
   // performer.mesh:151:3 mul
   // performer.mesh:151:3 sub -> next/causal_lm/decoder_layer[0]/heads_in#2/w
   MESHRT_TRACE("loop", "performer.mesh:151:3", "update");
-  loop31(a13.data(), a14.data(), a11.data(), a12.data(), a3.data(), a5.data(), a6.data());
+  loop27(a13.data(), a14.data(), a11.data(), a12.data(), a3.data(), a5.data(), a6.data());
 
   // performer.mesh:151:3 mul
   // performer.mesh:151:3 square
@@ -3587,7 +3345,7 @@ void LmTrain::repeated1(
   // performer.mesh:151:3 mul
   // performer.mesh:151:3 sub -> next/causal_lm/decoder_layer[0]/heads_out/w
   MESHRT_TRACE("loop", "performer.mesh:151:3", "update");
-  loop31(a17.data(), a18.data(), a15.data(), a16.data(), a3.data(), a5.data(), a6.data());
+  loop27(a17.data(), a18.data(), a15.data(), a16.data(), a3.data(), a5.data(), a6.data());
 
   // performer.mesh:151:3 mul
   // performer.mesh:151:3 square
@@ -3606,7 +3364,7 @@ void LmTrain::repeated1(
   // performer.mesh:151:3 mul
   // performer.mesh:151:3 sub -> next/causal_lm/decoder_layer[0]/norm#1/gain
   MESHRT_TRACE("loop", "performer.mesh:151:3", "update");
-  loop32(a21.data(), a22.data(), a19.data(), a20.data(), a3.data(), a5.data(), a6.data());
+  loop28(a21.data(), a22.data(), a19.data(), a20.data(), a3.data(), a5.data(), a6.data());
 
   // performer.mesh:151:3 mul
   // performer.mesh:151:3 square
@@ -3625,7 +3383,7 @@ void LmTrain::repeated1(
   // performer.mesh:151:3 mul
   // performer.mesh:151:3 sub -> next/causal_lm/decoder_layer[0]/norm#1/bias
   MESHRT_TRACE("loop", "performer.mesh:151:3", "update");
-  loop32(a25.data(), a26.data(), a23.data(), a24.data(), a3.data(), a5.data(), a6.data());
+  loop28(a25.data(), a26.data(), a23.data(), a24.data(), a3.data(), a5.data(), a6.data());
 
   // performer.mesh:151:3 mul
   // performer.mesh:151:3 square
@@ -3644,7 +3402,7 @@ void LmTrain::repeated1(
   // performer.mesh:151:3 mul
   // performer.mesh:151:3 sub -> next/causal_lm/decoder_layer[0]/ffn/w_in
   MESHRT_TRACE("loop", "performer.mesh:151:3", "update");
-  loop33(a29.data(), a30.data(), a27.data(), a28.data(), a3.data(), a5.data(), a6.data());
+  loop29(a29.data(), a30.data(), a27.data(), a28.data(), a3.data(), a5.data(), a6.data());
 
   // performer.mesh:151:3 mul
   // performer.mesh:151:3 square
@@ -3663,7 +3421,7 @@ void LmTrain::repeated1(
   // performer.mesh:151:3 mul
   // performer.mesh:151:3 sub -> next/causal_lm/decoder_layer[0]/ffn/w_out
   MESHRT_TRACE("loop", "performer.mesh:151:3", "update");
-  loop33(a33.data(), a34.data(), a31.data(), a32.data(), a3.data(), a5.data(), a6.data());
+  loop29(a33.data(), a34.data(), a31.data(), a32.data(), a3.data(), a5.data(), a6.data());
 
   // performer.mesh:151:3 mul
   // performer.mesh:151:3 square
@@ -3682,7 +3440,7 @@ void LmTrain::repeated1(
   // performer.mesh:151:3 mul
   // performer.mesh:151:3 sub -> next/causal_lm/decoder_layer[1]/norm/gain
   MESHRT_TRACE("loop", "performer.mesh:151:3", "update");
-  loop32(a37.data(), a38.data(), a35.data(), a36.data(), a3.data(), a5.data(), a6.data());
+  loop28(a37.data(), a38.data(), a35.data(), a36.data(), a3.data(), a5.data(), a6.data());
 
   // performer.mesh:151:3 mul
   // performer.mesh:151:3 square
@@ -3701,7 +3459,7 @@ void LmTrain::repeated1(
   // performer.mesh:151:3 mul
   // performer.mesh:151:3 sub -> next/causal_lm/decoder_layer[1]/norm/bias
   MESHRT_TRACE("loop", "performer.mesh:151:3", "update");
-  loop32(a41.data(), a42.data(), a39.data(), a40.data(), a3.data(), a5.data(), a6.data());
+  loop28(a41.data(), a42.data(), a39.data(), a40.data(), a3.data(), a5.data(), a6.data());
 }
 
 void LmTrain::repeated2(support::ConstView a0, support::ConstView a1, support::View a2,
@@ -3755,7 +3513,7 @@ void LmTrain::repeated2(support::ConstView a0, support::ConstView a1, support::V
   // performer.mesh:66:10 exp
   // performer.mesh:66:61 mul -> qf
   MESHRT_TRACE("loop", "performer.mesh:66:23", "forward");
-  loop34(a9.data(), a10.data(), a8.data(), a7.data());
+  loop30(a9.data(), a10.data(), a8.data(), a7.data());
 
   // performer.mesh:45:10 einsum
   // performer.mesh:56:18 mul -> scaled
@@ -3792,7 +3550,7 @@ void LmTrain::repeated2(support::ConstView a0, support::ConstView a1, support::V
   // performer.mesh:71:10 exp
   // performer.mesh:71:66 mul -> kf
   MESHRT_TRACE("loop", "performer.mesh:71:23", "forward");
-  loop35(a18.data(), a19.data(), a17.data(), a16.data());
+  loop31(a18.data(), a19.data(), a17.data(), a16.data());
 
   // performer.mesh:45:10 einsum
   MESHRT_TRACE("gemm", "performer.mesh:45:10", "forward");
@@ -3908,7 +3666,7 @@ void LmTrain::repeated3(support::View a0, support::ConstView a1, support::View a
   // performer.mesh:151:3 mul
   // performer.mesh:151:3 sub -> next/causal_lm/decoder_layer[0]/norm/gain
   MESHRT_TRACE("loop", "performer.mesh:151:3", "update");
-  loop32(a2.data(), a4.data(), a0.data(), a1.data(), a3.data(), a5.data(), a6.data());
+  loop28(a2.data(), a4.data(), a0.data(), a1.data(), a3.data(), a5.data(), a6.data());
 }
 
 LmTrain::Inputs LmTrain::synthesizeInputs(uint64_t seed) const {

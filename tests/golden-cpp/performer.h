@@ -355,9 +355,9 @@ public:
   /// The bytes of this object's arena: run()'s temporaries share it, placed by liveness.
   static constexpr size_t kArenaBytes = 2284864;
   /// The bytes of all of run()'s temporaries together (one buffer each).
-  static constexpr size_t kTemporaryBytes = 8020000;
+  static constexpr size_t kTemporaryBytes = 7908896;
   /// The bytes of the values computed once, in the constructor (constants, masks).
-  static constexpr size_t kPersistentBytes = 27200;
+  static constexpr size_t kPersistentBytes = 27136;
 
   /// One training step on this rank's shards (collective): forward, backward and the optimizer's
   /// update, applied to the params; increments the step counter. Returns the global loss (every
@@ -409,33 +409,28 @@ public:
   /// run()'s statements, in parts (run() calls them in order).
   void runPart0(const Inputs &inputs);
   void runPart1(const Inputs &inputs);
-  void runPart2(const Inputs &inputs);
   /// Code that repeats in run() (the layers of a `repeat`), called once per repetition.
-  void repeated0(support::ConstView a0, support::ConstView a1, support::View a2,
-                 support::ConstView a3, support::View a4, support::ConstView a5, support::View a6,
-                 support::ConstView a7, support::View a8, support::ConstView a9, support::View a10,
-                 support::View a11, support::ConstView a12, support::View a13, support::View a14,
-                 support::View a15, support::ConstView a16, support::View a17, support::View a18,
-                 support::View a19, support::ConstView a20, support::View a21, support::View a22,
-                 support::View a23, support::View a24, support::View a25, support::ConstView a26,
-                 support::View a27, support::ConstView a28, support::View a29,
-                 support::ConstView a30, support::View a31, support::View a32, support::View a33,
-                 support::ConstView a34, support::View a35, support::ConstView a36,
-                 support::View a37, support::View a38, support::View a39, support::ConstView a40,
-                 support::View a41, support::View a42, support::View a43, support::View a44,
-                 support::View a45, support::ConstView a46, support::View a47,
-                 support::ConstView a48, support::View a49, support::ConstView a50,
-                 support::View a51, support::ConstView a52, support::View a53,
-                 support::ConstView a54, support::View a55, support::View a56, support::View a57,
-                 support::ConstView a58, support::View a59, support::ConstView a60,
-                 support::View a61, support::ConstView a62, support::View a63, support::View a64,
-                 support::ConstView a65, support::View a66, support::View a67, support::View a68,
-                 support::View a69, support::ConstView a70, support::View a71,
-                 support::ConstView a72, support::View a73, support::View a74, support::View a75,
-                 support::View a76, support::ConstView a77, support::View a78, support::View a79,
-                 support::View a80, support::ConstView a81, support::View a82, support::View a83,
-                 support::View a84, support::ConstView a85, support::View a86, support::View a87,
-                 support::View a88, support::View a89, support::View a90);
+  void
+  repeated0(support::ConstView a0, support::ConstView a1, support::View a2, support::ConstView a3,
+            support::View a4, support::ConstView a5, support::View a6, support::ConstView a7,
+            support::View a8, support::ConstView a9, support::View a10, support::View a11,
+            support::ConstView a12, support::View a13, support::ConstView a14, support::View a15,
+            support::View a16, support::View a17, support::ConstView a18, support::View a19,
+            support::ConstView a20, support::View a21, support::ConstView a22, support::View a23,
+            support::ConstView a24, support::View a25, support::View a26, support::View a27,
+            support::ConstView a28, support::View a29, support::ConstView a30, support::View a31,
+            support::View a32, support::View a33, support::ConstView a34, support::View a35,
+            support::View a36, support::View a37, support::View a38, support::View a39,
+            support::ConstView a40, support::View a41, support::ConstView a42, support::View a43,
+            support::ConstView a44, support::View a45, support::ConstView a46, support::View a47,
+            support::ConstView a48, support::View a49, support::View a50, support::View a51,
+            support::ConstView a52, support::View a53, support::ConstView a54, support::View a55,
+            support::ConstView a56, support::View a57, support::View a58, support::ConstView a59,
+            support::View a60, support::View a61, support::View a62, support::View a63,
+            support::ConstView a64, support::View a65, support::ConstView a66, support::View a67,
+            support::View a68, support::View a69, support::View a70, support::ConstView a71,
+            support::View a72, support::ConstView a73, support::View a74, support::View a75,
+            support::View a76, support::ConstView a77, support::View a78);
   void repeated1(support::View a0, support::ConstView a1, support::View a2, support::ConstView a3,
                  support::View a4, support::ConstView a5, support::ConstView a6, support::View a7,
                  support::ConstView a8, support::View a9, support::View a10, support::View a11,

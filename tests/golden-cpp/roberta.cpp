@@ -179,74 +179,43 @@ static const support::SharedEinsum
 }
 
 [[gnu::noinline]] static void loop7(float *__restrict p0, const float *__restrict p1,
-                                    const float *__restrict p2, const float *__restrict p3,
-                                    const float *__restrict p4, const float *__restrict p5,
-                                    const float *__restrict p6) {
-  for (int64_t i0 = 0; i0 < 32; ++i0) {
-    for (int64_t i1 = 0; i1 < 32; ++i1) {
-      const float s0 = p1[i0 * 32 + i1];
-      const float s1 = s0 * s0;
-      const float s2 = p1[i0 * 32 + i1];
-      const float s3 = (s2 * s1);
-      const float s4 = 0.044715f;
-      const float s5 = (s3 * s4);
-      const float s6 = p1[i0 * 32 + i1];
-      const float s7 = (s6 + s5);
-      const float s8 = 0.7978846f;
-      const float s9 = (s7 * s8);
-      const float s10 = support::ftanh(s9);
-      const float s11 = 1.0f;
-      const float s12 = (s10 + s11);
-      const float s13 = 0.5f;
-      const float s14 = (s12 * s13);
-      const float s15 = 0.134145f;
-      const float s16 = (s1 * s15);
-      const float s17 = 1.0f;
-      const float s18 = (s16 + s17);
-      const float s19 = s10 * s10;
-      const float s20 = 1.0f;
-      const float s21 = (s20 - s19);
-      const float s22 = p1[i0 * 32 + i1];
-      const float s23 = (s22 * s21);
-      const float s24 = (s23 * s18);
-      const float s25 = 0.3989423f;
-      const float s26 = (s24 * s25);
-      const float s27 = (s14 + s26);
-      const float s28 = p2[i0 * 32 + i1];
-      const float s29 = p3[i0];
-      const float s30 = (s28 * s29);
-      const float s31 = p4[i0 * 32 + i1];
-      const float s32 = p5[i0];
-      const float s33 = (s31 - s32);
-      const float s34 = (s33 - s30);
-      const float s35 = p6[i0];
-      const float s36 = (s34 * s35);
-      const float s37 = (s36 * s27);
-      p0[i0 * 32 + i1] = s37;
-    }
+                                    const float *__restrict p2) {
+  for (int64_t i0 = 0; i0 < 1024; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = s0 * s0;
+    const float s2 = p1[i0];
+    const float s3 = (s2 * s1);
+    const float s4 = 0.044715f;
+    const float s5 = (s3 * s4);
+    const float s6 = p1[i0];
+    const float s7 = (s6 + s5);
+    const float s8 = 0.7978846f;
+    const float s9 = (s7 * s8);
+    const float s10 = support::ftanh(s9);
+    const float s11 = 1.0f;
+    const float s12 = (s10 + s11);
+    const float s13 = 0.5f;
+    const float s14 = (s12 * s13);
+    const float s15 = 0.134145f;
+    const float s16 = (s1 * s15);
+    const float s17 = 1.0f;
+    const float s18 = (s16 + s17);
+    const float s19 = s10 * s10;
+    const float s20 = 1.0f;
+    const float s21 = (s20 - s19);
+    const float s22 = p1[i0];
+    const float s23 = (s22 * s21);
+    const float s24 = (s23 * s18);
+    const float s25 = 0.3989423f;
+    const float s26 = (s24 * s25);
+    const float s27 = (s14 + s26);
+    const float s28 = p2[i0];
+    const float s29 = (s28 * s27);
+    p0[i0] = s29;
   }
 }
 
 [[gnu::noinline]] static void loop8(float *__restrict p0, const float *__restrict p1,
-                                    const float *__restrict p2, const float *__restrict p3,
-                                    const float *__restrict p4, const float *__restrict p5) {
-  for (int64_t i0 = 0; i0 < 32; ++i0) {
-    for (int64_t i1 = 0; i1 < 32; ++i1) {
-      const float s0 = p1[i0 * 32 + i1];
-      const float s1 = p2[i0];
-      const float s2 = (s0 * s1);
-      const float s3 = p3[i0 * 32 + i1];
-      const float s4 = p4[i0];
-      const float s5 = (s3 - s4);
-      const float s6 = (s5 - s2);
-      const float s7 = p5[i0];
-      const float s8 = (s6 * s7);
-      p0[i0 * 32 + i1] = s8;
-    }
-  }
-}
-
-[[gnu::noinline]] static void loop9(float *__restrict p0, const float *__restrict p1,
                                     const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 32; ++i0) {
     for (int64_t i1 = 0; i1 < 32; ++i1) {
@@ -259,10 +228,10 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop10(float *__restrict p0, float *__restrict p1,
-                                     float *__restrict p2, const float *__restrict p3,
-                                     const float *__restrict p4, const float *__restrict p5,
-                                     const float *__restrict p6) {
+[[gnu::noinline]] static void loop9(float *__restrict p0, float *__restrict p1,
+                                    float *__restrict p2, const float *__restrict p3,
+                                    const float *__restrict p4, const float *__restrict p5,
+                                    const float *__restrict p6) {
   const float r3 = p4[0];
   const float r5 = p5[0];
   const float r6 = p6[0];
@@ -304,7 +273,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop11(float *__restrict p0, float *__restrict p1,
+[[gnu::noinline]] static void loop10(float *__restrict p0, float *__restrict p1,
                                      float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4, const float *__restrict p5,
                                      const float *__restrict p6) {
@@ -349,7 +318,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop12(float *__restrict p0, float *__restrict p1,
+[[gnu::noinline]] static void loop11(float *__restrict p0, float *__restrict p1,
                                      float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4, const float *__restrict p5,
                                      const float *__restrict p6) {
@@ -394,44 +363,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop13(float *__restrict p0, const float *__restrict p1,
-                                     const float *__restrict p2) {
-  for (int64_t i0 = 0; i0 < 1024; ++i0) {
-    const float s0 = p1[i0];
-    const float s1 = s0 * s0;
-    const float s2 = p1[i0];
-    const float s3 = (s2 * s1);
-    const float s4 = 0.044715f;
-    const float s5 = (s3 * s4);
-    const float s6 = p1[i0];
-    const float s7 = (s6 + s5);
-    const float s8 = 0.7978846f;
-    const float s9 = (s7 * s8);
-    const float s10 = support::ftanh(s9);
-    const float s11 = 1.0f;
-    const float s12 = (s10 + s11);
-    const float s13 = 0.5f;
-    const float s14 = (s12 * s13);
-    const float s15 = 0.134145f;
-    const float s16 = (s1 * s15);
-    const float s17 = 1.0f;
-    const float s18 = (s16 + s17);
-    const float s19 = s10 * s10;
-    const float s20 = 1.0f;
-    const float s21 = (s20 - s19);
-    const float s22 = p1[i0];
-    const float s23 = (s22 * s21);
-    const float s24 = (s23 * s18);
-    const float s25 = 0.3989423f;
-    const float s26 = (s24 * s25);
-    const float s27 = (s14 + s26);
-    const float s28 = p2[i0];
-    const float s29 = (s28 * s27);
-    p0[i0] = s29;
-  }
-}
-
-[[gnu::noinline]] static void loop14(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop12(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 1024; ++i0) {
     const float s0 = p1[i0];
@@ -441,7 +373,19 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop15(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop13(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2) {
+  for (int64_t i0 = 0; i0 < 32; ++i0) {
+    for (int64_t i1 = 0; i1 < 32; ++i1) {
+      const float s0 = p1[i0 * 32 + i1];
+      const float s1 = p2[i1];
+      const float s2 = (s0 * s1);
+      p0[i0 * 32 + i1] = s2;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop14(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 1024; ++i0) {
     const float s0 = p1[i0];
@@ -451,46 +395,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop16(float *__restrict p0, const float *__restrict p1,
-                                     const float *__restrict p2) {
-  for (int64_t i0 = 0; i0 < 32; ++i0) {
-    for (int64_t i1 = 0; i1 < 32; ++i1) {
-      const float s0 = p1[i0 * 32 + i1];
-      const float s1 = p2[i0];
-      const float s2 = (s0 - s1);
-      const float s3 = s2 * s2;
-      p0[i0 * 32 + i1] = s3;
-    }
-  }
-}
-
-[[gnu::noinline]] static void loop17(float *__restrict p0, const float *__restrict p1) {
-  for (int64_t i0 = 0; i0 < 32; ++i0) {
-    const float s0 = p1[i0];
-    const float s1 = 1e-12f;
-    const float s2 = (s0 + s1);
-    const float s3 = 1.0f / support::fsqrt(s2);
-    p0[i0] = s3;
-  }
-}
-
-[[gnu::noinline]] static void loop18(float *__restrict p0, float *__restrict p1,
-                                     const float *__restrict p2, const float *__restrict p3,
-                                     const float *__restrict p4) {
-  for (int64_t i0 = 0; i0 < 32; ++i0) {
-    for (int64_t i1 = 0; i1 < 32; ++i1) {
-      const float s0 = p2[i0 * 32 + i1];
-      const float s1 = p3[i1];
-      const float s2 = (s0 * s1);
-      const float s3 = p4[i0 * 32 + i1];
-      const float s4 = (s2 * s3);
-      p0[i0 * 32 + i1] = s2;
-      p1[i0 * 32 + i1] = s4;
-    }
-  }
-}
-
-[[gnu::noinline]] static void loop19(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop15(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3) {
   for (int64_t i0 = 0; i0 < 64; ++i0) {
     for (int64_t i1 = 0; i1 < 16; ++i1) {
@@ -506,7 +411,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop20(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop16(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4) {
   for (int64_t i0 = 0; i0 < 1024; ++i0) {
@@ -521,7 +426,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop21(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop17(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3) {
   for (int64_t i0 = 0; i0 < 32; ++i0) {
     for (int64_t i1 = 0; i1 < 32; ++i1) {
@@ -1525,7 +1430,7 @@ MlmTrain::MlmTrain(meshrt::Communicator &world, uint64_t seed)
 
 MlmTrain::Outputs MlmTrain::run(const Inputs &inputs) {
   MESHRT_TRACE_RUN(world_, "mlm_train");
-  // Arena: 135616 bytes for 468384 bytes of temporaries (placed by liveness).
+  // Arena: 135616 bytes for 419488 bytes of temporaries (placed by liveness).
   support::checkShape("input", "tokens", inputs.tokens, {2, 16});
   runPart0(inputs);
   runPart1(inputs);
@@ -1836,7 +1741,7 @@ void MlmTrain::runPart1(const Inputs &inputs) {
 
   // roberta.mesh:47:57 sum -> grad/roberta/lm_head/output_bias
   MESHRT_TRACE("sum", "roberta.mesh:47:57", "backward");
-  support::View v151 = arena_.view(110592, 32);
+  support::View v151 = arena_.view(135296, 32);
   support::reduce(v151.data(), kShape12, v150.data(), kShape10, kShape3, kShape4,
                   support::Reduce::Sum, 1.0);
 
@@ -1862,24 +1767,17 @@ void MlmTrain::runPart1(const Inputs &inputs) {
   MESHRT_TRACE_SITE("encoder_layers.mesh:19:53");
   group_model.wait(request1);
 
-  // 10 statements from encoder_layers.mesh:19:53 sum -> grad/roberta/lm_head/norm/bias (1 of 2)
+  // 5 statements from encoder_layers.mesh:19:53 sum -> grad/roberta/lm_head/norm/bias (1 of 2)
   MESHRT_TRACE_SITE("encoder_layers.mesh:19:53");
-  support::View v116 = arena_.view(90112, 1024);
-  support::View v157 = arena_.view(102400, 1024);
-  support::View v159 = arena_.view(110976, 32);
-  support::View v112 = arena_.view(98304, 1024);
-  support::View v161 = arena_.view(102400, 1024);
-  support::View v162 = arena_.view(98304, 32);
   support::View v114(param31_roberta_lm_head_norm_gain); // updated in place
-  support::View v156 = arena_.view(98304, 1024);
-  support::View v166 = arena_.view(102400, 1024);
-  support::View v155 = arena_.view(110720, 32);
-  support::View v158 = arena_.view(110848, 32);
-  support::View v165 = arena_.view(110976, 32);
-  support::View v167 = arena_.view(106496, 32);
-  support::View v169 = arena_.view(106624, 32);
-  repeated4(v155, v152, v116, v157, v158, v159, v112, v161, v162, v165, v114, v156, v166, v167,
-            v169);
+  support::View v156 = arena_.view(102400, 1024);
+  support::View v116 = arena_.view(90112, 1024);
+  support::View v157 = arena_.view(110592, 1024);
+  support::View v112 = arena_.view(98304, 1024);
+  support::View v155 = arena_.view(114688, 32);
+  support::View v158 = arena_.view(106496, 32);
+  support::View v159 = arena_.view(90112, 1024);
+  repeated4(v155, v152, v114, v156, v116, v157, v158, v159, v112);
 
   // roberta.mesh:46:18 square
   // roberta.mesh:46:18 mul
@@ -1897,244 +1795,195 @@ void MlmTrain::runPart1(const Inputs &inputs) {
   // roberta.mesh:46:18 mul
   // roberta.mesh:46:18 mul
   // roberta.mesh:46:18 add
-  // encoder_layers.mesh:19:10 mul
-  // encoder_layers.mesh:19:10 sub
-  // encoder_layers.mesh:19:10 sub
-  // encoder_layers.mesh:19:10 mul
   // roberta.mesh:46:18 mul
   MESHRT_TRACE("loop", "roberta.mesh:46:18", "backward");
   support::View v111 = arena_.view(94208, 1024);
-  support::View v195 = arena_.view(102400, 1024);
-  loop7(v195.data(), v111.data(), v116.data(), v167.data(), v156.data(), v169.data(), v165.data());
+  support::View v182 = arena_.view(98304, 1024);
+  loop7(v182.data(), v111.data(), v159.data());
 
   // roberta.mesh:46:64 sum -> grad/roberta/lm_head/dense_bias
   MESHRT_TRACE("sum", "roberta.mesh:46:64", "backward");
-  support::View v196 = arena_.view(98304, 32);
-  support::reduce(v196.data(), kShape12, v195.data(), kShape10, kShape3, kShape4,
+  support::View v183 = arena_.view(102400, 32);
+  support::reduce(v183.data(), kShape12, v182.data(), kShape10, kShape3, kShape4,
                   support::Reduce::Sum, 1.0);
 
   // roberta.mesh:46:23 einsum
   MESHRT_TRACE("gemm", "roberta.mesh:46:23", "backward");
   support::View v106(param28_roberta_lm_head_dense); // updated in place
-  support::View v197 = arena_.view(90112, 1024);
+  support::View v184 = arena_.view(90112, 1024);
   // dims: batch, length, d_out, d_model
-  kEinsum5.plan().run(v195.data(), v106.data(), v197.data(), 1.0f, 0.0f);
+  kEinsum5.plan().run(v182.data(), v106.data(), v184.data(), 1.0f, 0.0f);
 
   // roberta.mesh:46:23 einsum -> grad/roberta/lm_head/dense
   MESHRT_TRACE("gemm", "roberta.mesh:46:23", "backward");
   support::View v105 = arena_.view(81920, 1024);
-  support::View v198 = arena_.view(94208, 1024);
+  support::View v185 = arena_.view(94208, 1024);
   // dims: batch, length, d_out, d_model
-  kEinsum6.plan().run(v195.data(), v105.data(), v198.data(), 1.0f, 0.0f);
+  kEinsum6.plan().run(v182.data(), v105.data(), v185.data(), 1.0f, 0.0f);
 
-  // 10 statements from encoder_layers.mesh:19:53 sum -> grad/roberta/lm_head/norm/bias (2 of 2)
+  // 5 statements from encoder_layers.mesh:19:53 sum -> grad/roberta/lm_head/norm/bias (2 of 2)
   MESHRT_TRACE_SITE("encoder_layers.mesh:19:53");
-  support::View v103 = arena_.view(65536, 1024);
-  support::View v202 = arena_.view(81920, 1024);
-  support::View v204 = arena_.view(98688, 32);
-  support::View v100 = arena_.view(77824, 1024);
-  support::View v206 = arena_.view(81920, 1024);
-  support::View v207 = arena_.view(77824, 32);
   support::View v101(param26_roberta_encoder_layer_1_norm_1_gain); // updated in place
-  support::View v201 = arena_.view(77824, 1024);
-  support::View v210 = arena_.view(81920, 1024);
-  support::View v200 = arena_.view(98432, 32);
-  support::View v203 = arena_.view(98560, 32);
-  support::View v209 = arena_.view(98688, 32);
-  support::View v211 = arena_.view(90112, 32);
-  support::View v213 = arena_.view(90240, 32);
-  repeated4(v200, v197, v103, v202, v203, v204, v100, v206, v207, v209, v101, v201, v210, v211,
-            v213);
+  support::View v188 = arena_.view(81920, 1024);
+  support::View v103 = arena_.view(65536, 1024);
+  support::View v189 = arena_.view(98304, 1024);
+  support::View v100 = arena_.view(77824, 1024);
+  support::View v187 = arena_.view(102528, 32);
+  support::View v190 = arena_.view(90112, 32);
+  support::View v191 = arena_.view(65536, 1024);
+  repeated4(v187, v184, v101, v188, v103, v189, v190, v191, v100);
 
-  // encoder_layers.mesh:19:10 mul
-  // encoder_layers.mesh:19:10 sub
-  // encoder_layers.mesh:19:10 sub
-  // encoder_layers.mesh:19:10 mul
-  MESHRT_TRACE("loop", "encoder_layers.mesh:19:10", "backward");
-  support::View v216 = arena_.view(81920, 1024);
-  loop8(v216.data(), v103.data(), v211.data(), v201.data(), v213.data(), v209.data());
-
-  // 48 statements from encoder_layers.mesh:46:50 sum ->
+  // 36 statements from encoder_layers.mesh:46:50 sum ->
   // grad/roberta/encoder_layer[1]/dense_relu_dense/bo (1 of 2)
   MESHRT_TRACE_SITE("encoder_layers.mesh:46:50");
   support::View v92(param24_roberta_encoder_layer_1_dense_relu_dense_wo); // updated in place
-  support::View v218 = arena_.view(65536, 1024);
+  support::View v193 = arena_.view(77824, 1024);
   support::View v96 = arena_.view(73728, 1024);
   support::View v95 = arena_.view(69632, 1024);
-  support::View v236 = arena_.view(73728, 1024);
+  support::View v211 = arena_.view(73728, 1024);
   support::View v90(param22_roberta_encoder_layer_1_dense_relu_dense_wi); // updated in place
-  support::View v238 = arena_.view(65536, 1024);
-  support::View v240 = arena_.view(69632, 1024);
+  support::View v213 = arena_.view(69632, 1024);
+  support::View v215 = arena_.view(77824, 1024);
   support::View v89 = arena_.view(61440, 1024);
-  support::View v87 = arena_.view(49152, 1024);
-  support::View v244 = arena_.view(61440, 1024);
-  support::View v246 = arena_.view(73728, 32);
-  support::View v84 = arena_.view(57344, 1024);
-  support::View v248 = arena_.view(61440, 1024);
-  support::View v249 = arena_.view(57344, 32);
-  support::View v251 = arena_.view(73728, 32);
   support::View v85(param20_roberta_encoder_layer_1_norm_gain); // updated in place
-  support::View v243 = arena_.view(57344, 1024);
-  support::View v252 = arena_.view(61440, 1024);
-  support::View v253 = arena_.view(69632, 32);
-  support::View v255 = arena_.view(69760, 32);
-  support::View v258 = arena_.view(61440, 1024);
+  support::View v218 = arena_.view(61440, 1024);
+  support::View v87 = arena_.view(49152, 1024);
+  support::View v219 = arena_.view(69632, 1024);
+  support::View v221 = arena_.view(49152, 1024);
+  support::View v84 = arena_.view(57344, 1024);
   support::View v71(param19_roberta_encoder_layer_1_self_attention_o); // updated in place
-  support::View v259 = arena_.view(57344, 512);
+  support::View v222 = arena_.view(61440, 512);
   support::View v81 = arena_.view(133120, 512);
   support::View v75 = arena_.view(131072, 512);
-  support::View v261 = arena_.view(49152, 1024);
+  support::View v224 = arena_.view(57344, 1024);
   support::View v80 = arena_.view(53248, 1024);
-  support::View v262 = arena_.view(69632, 512);
-  support::View v264 = arena_.view(71680, 64);
-  support::View v267 = arena_.view(57344, 1024);
+  support::View v225 = arena_.view(69632, 512);
+  support::View v227 = arena_.view(71680, 64);
+  support::View v230 = arena_.view(61440, 1024);
   support::View v73 = arena_.view(129024, 512);
-  support::View v268 = arena_.view(75776, 512);
+  support::View v231 = arena_.view(75776, 512);
   support::View v72 = arena_.view(126976, 512);
-  support::View v269 = arena_.view(71680, 512);
+  support::View v232 = arena_.view(71680, 512);
   support::View v70(param18_roberta_encoder_layer_1_self_attention_v); // updated in place
-  support::View v271 = arena_.view(49152, 1024);
+  support::View v234 = arena_.view(53248, 1024);
   support::View v69(param17_roberta_encoder_layer_1_self_attention_k); // updated in place
-  support::View v276 = arena_.view(53248, 1024);
+  support::View v239 = arena_.view(57344, 1024);
   support::View v68(param16_roberta_encoder_layer_1_self_attention_q); // updated in place
-  support::View v280 = arena_.view(57344, 1024);
+  support::View v243 = arena_.view(61440, 1024);
   support::View v67 = arena_.view(45056, 1024);
-  support::View v282 = arena_.view(69632, 1024);
-  support::View v65 = arena_.view(28672, 1024);
-  support::View v286 = arena_.view(45056, 1024);
-  support::View v288 = arena_.view(51456, 32);
-  support::View v62 = arena_.view(40960, 1024);
-  support::View v290 = arena_.view(45056, 1024);
-  support::View v291 = arena_.view(40960, 32);
-  support::View v293 = arena_.view(51456, 32);
+  support::View v245 = arena_.view(69632, 1024);
   support::View v63(param14_roberta_encoder_layer_0_norm_1_gain); // updated in place
-  support::View v285 = arena_.view(40960, 1024);
-  support::View v294 = arena_.view(45056, 1024);
-  support::View v295 = arena_.view(51584, 32);
-  support::View v297 = arena_.view(51712, 32);
-  support::View v217 = arena_.view(90112, 32);
-  support::View v219 = arena_.view(77824, 1024);
-  support::View v237 = arena_.view(90240, 32);
-  support::View v241 = arena_.view(65536, 1024);
-  support::View v242 = arena_.view(90368, 32);
-  support::View v245 = arena_.view(90496, 32);
-  support::View v260 = arena_.view(73728, 512);
-  support::View v274 = arena_.view(81920, 512);
-  support::View v279 = arena_.view(83968, 512);
-  support::View v283 = arena_.view(49152, 512);
-  support::View v284 = arena_.view(51200, 32);
-  support::View v287 = arena_.view(51328, 32);
-  support::View v300 = arena_.view(45056, 1024);
-  repeated1(v217, v216, v92, v218, v96, v219, v95, v236, v237, v90, v238, v240, v89, v241, v242,
-            v87, v244, v245, v246, v84, v248, v249, v251, v85, v243, v252, v253, v255, v258, v71,
-            v259, v81, v260, v75, v261, v80, v262, v264, v267, v73, v268, v72, v269, v70, v271, v69,
-            v276, v68, v280, v67, v274, v279, v282, v283, v284, v65, v286, v287, v288, v62, v290,
-            v291, v293, v63, v285, v294, v295, v297, v300);
+  support::View v248 = arena_.view(45056, 1024);
+  support::View v65 = arena_.view(28672, 1024);
+  support::View v249 = arena_.view(49152, 1024);
+  support::View v62 = arena_.view(40960, 1024);
+  support::View v192 = arena_.view(90240, 32);
+  support::View v194 = arena_.view(81920, 1024);
+  support::View v212 = arena_.view(90368, 32);
+  support::View v216 = arena_.view(65536, 1024);
+  support::View v217 = arena_.view(90496, 32);
+  support::View v220 = arena_.view(90624, 32);
+  support::View v223 = arena_.view(73728, 512);
+  support::View v237 = arena_.view(77824, 512);
+  support::View v242 = arena_.view(79872, 512);
+  support::View v246 = arena_.view(53248, 512);
+  support::View v247 = arena_.view(55296, 32);
+  support::View v250 = arena_.view(55424, 32);
+  support::View v251 = arena_.view(28672, 1024);
+  repeated1(v192, v191, v92, v193, v96, v194, v95, v211, v212, v90, v213, v215, v89, v216, v217,
+            v85, v218, v87, v219, v220, v221, v84, v71, v222, v81, v223, v75, v224, v80, v225, v227,
+            v230, v73, v231, v72, v232, v70, v234, v69, v239, v68, v243, v67, v237, v242, v245,
+            v246, v247, v63, v248, v65, v249, v250, v251, v62);
 
-  // 48 statements from encoder_layers.mesh:46:50 sum ->
+  // 36 statements from encoder_layers.mesh:46:50 sum ->
   // grad/roberta/encoder_layer[1]/dense_relu_dense/bo (2 of 2)
   MESHRT_TRACE_SITE("encoder_layers.mesh:46:50");
   support::View v54(param12_roberta_encoder_layer_0_dense_relu_dense_wo); // updated in place
-  support::View v302 = arena_.view(28672, 1024);
+  support::View v253 = arena_.view(40960, 1024);
   support::View v58 = arena_.view(36864, 1024);
   support::View v57 = arena_.view(32768, 1024);
-  support::View v320 = arena_.view(36864, 1024);
+  support::View v271 = arena_.view(36864, 1024);
   support::View v52(param10_roberta_encoder_layer_0_dense_relu_dense_wi); // updated in place
-  support::View v322 = arena_.view(28672, 1024);
-  support::View v324 = arena_.view(32768, 1024);
+  support::View v273 = arena_.view(32768, 1024);
+  support::View v275 = arena_.view(40960, 1024);
   support::View v51 = arena_.view(24576, 1024);
-  support::View v49 = arena_.view(12288, 1024);
-  support::View v328 = arena_.view(24576, 1024);
-  support::View v330 = arena_.view(36864, 32);
-  support::View v46 = arena_.view(20480, 1024);
-  support::View v332 = arena_.view(24576, 1024);
-  support::View v333 = arena_.view(20480, 32);
-  support::View v335 = arena_.view(36864, 32);
   support::View v47(param8_roberta_encoder_layer_0_norm_gain); // updated in place
-  support::View v327 = arena_.view(20480, 1024);
-  support::View v336 = arena_.view(24576, 1024);
-  support::View v337 = arena_.view(32768, 32);
-  support::View v339 = arena_.view(32896, 32);
-  support::View v342 = arena_.view(24576, 1024);
+  support::View v278 = arena_.view(24576, 1024);
+  support::View v49 = arena_.view(12288, 1024);
+  support::View v279 = arena_.view(32768, 1024);
+  support::View v281 = arena_.view(12288, 1024);
+  support::View v46 = arena_.view(20480, 1024);
   support::View v33(param7_roberta_encoder_layer_0_self_attention_o); // updated in place
-  support::View v343 = arena_.view(20480, 512);
+  support::View v282 = arena_.view(24576, 512);
   support::View v43 = arena_.view(124928, 512);
   support::View v37 = arena_.view(122880, 512);
-  support::View v345 = arena_.view(12288, 1024);
+  support::View v284 = arena_.view(20480, 1024);
   support::View v42 = arena_.view(16384, 1024);
-  support::View v346 = arena_.view(32768, 512);
-  support::View v348 = arena_.view(34816, 64);
-  support::View v351 = arena_.view(20480, 1024);
+  support::View v285 = arena_.view(32768, 512);
+  support::View v287 = arena_.view(34816, 64);
+  support::View v290 = arena_.view(24576, 1024);
   support::View v35 = arena_.view(120832, 512);
-  support::View v352 = arena_.view(38912, 512);
+  support::View v291 = arena_.view(38912, 512);
   support::View v34 = arena_.view(118784, 512);
-  support::View v353 = arena_.view(34816, 512);
+  support::View v292 = arena_.view(34816, 512);
   support::View v32(param6_roberta_encoder_layer_0_self_attention_v); // updated in place
-  support::View v355 = arena_.view(12288, 1024);
+  support::View v294 = arena_.view(16384, 1024);
   support::View v31(param5_roberta_encoder_layer_0_self_attention_k); // updated in place
-  support::View v360 = arena_.view(16384, 1024);
+  support::View v299 = arena_.view(20480, 1024);
   support::View v30(param4_roberta_encoder_layer_0_self_attention_q); // updated in place
-  support::View v364 = arena_.view(20480, 1024);
+  support::View v303 = arena_.view(24576, 1024);
   support::View v29 = arena_.view(8192, 1024);
-  support::View v366 = arena_.view(32768, 1024);
-  support::View v27 = arena_.view(0, 1024);
-  support::View v370 = arena_.view(8192, 1024);
-  support::View v372 = arena_.view(14336, 32);
-  support::View v24 = arena_.view(4096, 1024);
-  support::View v374 = arena_.view(8192, 1024);
-  support::View v375 = arena_.view(4096, 32);
-  support::View v377 = arena_.view(14336, 32);
+  support::View v305 = arena_.view(32768, 1024);
   support::View v25(param2_roberta_norm_gain); // updated in place
-  support::View v369 = arena_.view(4096, 1024);
-  support::View v378 = arena_.view(8192, 1024);
-  support::View v379 = arena_.view(14464, 32);
-  support::View v381 = arena_.view(14592, 32);
-  support::View v301 = arena_.view(51456, 32);
-  support::View v303 = arena_.view(40960, 1024);
-  support::View v321 = arena_.view(51584, 32);
-  support::View v325 = arena_.view(28672, 1024);
-  support::View v326 = arena_.view(51712, 32);
-  support::View v329 = arena_.view(51840, 32);
-  support::View v344 = arena_.view(36864, 512);
-  support::View v358 = arena_.view(45056, 512);
-  support::View v363 = arena_.view(47104, 512);
-  support::View v367 = arena_.view(12288, 512);
-  support::View v368 = arena_.view(16384, 32);
-  support::View v371 = arena_.view(16512, 32);
-  support::View v384 = arena_.view(8192, 1024);
-  repeated1(v301, v300, v54, v302, v58, v303, v57, v320, v321, v52, v322, v324, v51, v325, v326,
-            v49, v328, v329, v330, v46, v332, v333, v335, v47, v327, v336, v337, v339, v342, v33,
-            v343, v43, v344, v37, v345, v42, v346, v348, v351, v35, v352, v34, v353, v32, v355, v31,
-            v360, v30, v364, v29, v358, v363, v366, v367, v368, v27, v370, v371, v372, v24, v374,
-            v375, v377, v25, v369, v378, v379, v381, v384);
+  support::View v308 = arena_.view(8192, 1024);
+  support::View v27 = arena_.view(0, 1024);
+  support::View v309 = arena_.view(12288, 1024);
+  support::View v24 = arena_.view(4096, 1024);
+  support::View v252 = arena_.view(49152, 32);
+  support::View v254 = arena_.view(45056, 1024);
+  support::View v272 = arena_.view(49280, 32);
+  support::View v276 = arena_.view(28672, 1024);
+  support::View v277 = arena_.view(49408, 32);
+  support::View v280 = arena_.view(49536, 32);
+  support::View v283 = arena_.view(36864, 512);
+  support::View v297 = arena_.view(40960, 512);
+  support::View v302 = arena_.view(43008, 512);
+  support::View v306 = arena_.view(16384, 512);
+  support::View v307 = arena_.view(18432, 32);
+  support::View v310 = arena_.view(18560, 32);
+  support::View v311 = arena_.view(0, 1024);
+  repeated1(v252, v251, v54, v253, v58, v254, v57, v271, v272, v52, v273, v275, v51, v276, v277,
+            v47, v278, v49, v279, v280, v281, v46, v33, v282, v43, v283, v37, v284, v42, v285, v287,
+            v290, v35, v291, v34, v292, v32, v294, v31, v299, v30, v303, v29, v297, v302, v305,
+            v306, v307, v25, v308, v27, v309, v310, v311, v24);
 
   // roberta.mesh:32:40 sum -> grad/roberta/positions
   MESHRT_TRACE("sum", "roberta.mesh:32:40", "backward");
-  support::View v385 = arena_.view(14336, 512);
-  support::reduce(v385.data(), kShape14, v384.data(), kShape15, kShape16, kShape17,
+  support::View v312 = arena_.view(8192, 512);
+  support::reduce(v312.data(), kShape14, v311.data(), kShape15, kShape16, kShape17,
                   support::Reduce::Sum, 1.0);
 
   // roberta.mesh:31:40 einsum
   MESHRT_TRACE("einsum", "roberta.mesh:31:40", "backward");
   support::View v17 = arena_.view(135168, 32);
-  support::View v386 = arena_.view(0, 1024);
-  support::scatterAdd(v386.data(), kShape18, v384.data(), kShape19, v17.data(), kShape11, kShape3,
+  support::View v313 = arena_.view(4096, 1024);
+  support::scatterAdd(v313.data(), kShape18, v311.data(), kShape19, v17.data(), kShape11, kShape3,
                       kShape4, kShape13, 0, support::shardStart(world_, {"model"}, 32));
 
   // roberta.mesh:43:9 transpose
   // roberta.mesh:31:40 add -> grad/embedding
   MESHRT_TRACE("loop", "roberta.mesh:43:9", "backward");
-  support::View v387 = arena_.view(4096, 1024);
-  loop9(v387.data(), v153.data(), v386.data());
+  support::View v314 = arena_.view(0, 1024);
+  loop8(v314.data(), v153.data(), v313.data());
 
   // roberta.mesh:71:3 bucketed_all_reduce_sum -> grad/roberta/lm_head/output_bias (33 partial sums
   // (grad/roberta/lm_head/output_bias, grad/roberta/lm_head/norm/bias,
   // grad/roberta/lm_head/norm/gain, ...) over data resolved together, 44.2 KiB in one buffer)
   MESHRT_TRACE_SITE("roberta.mesh:71:3");
   auto request4 = support::startAllReduce(
-      group_data, {v151, v155, v158, v196, v198, v200, v203, v217, v219, v237, v241,
-                   v242, v245, v260, v274, v279, v283, v284, v287, v301, v303, v321,
-                   v325, v326, v329, v344, v358, v363, v367, v368, v371, v385, v387},
+      group_data, {v151, v155, v158, v183, v185, v187, v190, v192, v194, v212, v216,
+                   v217, v220, v223, v237, v242, v246, v247, v250, v252, v254, v272,
+                   v276, v277, v280, v283, v297, v302, v306, v307, v310, v312, v314},
       meshrt::ReduceOp::Sum);
 
   // roberta.mesh:71:3 step
@@ -2154,14 +2003,14 @@ void MlmTrain::runPart1(const Inputs &inputs) {
   // roberta.mesh:71:3 pow
   // roberta.mesh:71:3 sub
   MESHRT_TRACE("loop", "roberta.mesh:71:3", "update");
-  support::View v404 = arena_.view(0, 1);
-  support::View v420 = arena_.view(64, 1);
-  support::View v422 = arena_.view(128, 1);
+  support::View v331 = arena_.view(4096, 1);
+  support::View v347 = arena_.view(4160, 1);
+  support::View v349 = arena_.view(4224, 1);
   {
     const float stepValue = float(step_);
-    float *__restrict v404p = v404.data();
-    float *__restrict v420p = v420.data();
-    float *__restrict v422p = v422.data();
+    float *__restrict v331p = v331.data();
+    float *__restrict v347p = v347.data();
+    float *__restrict v349p = v349.data();
     const float s0 = stepValue;
     const float s1 = 1.0f;
     const float s2 = (s0 + s1);
@@ -2190,9 +2039,9 @@ void MlmTrain::runPart1(const Inputs &inputs) {
     const float s25 = support::fpow(s24, s2);
     const float s26 = 1.0f;
     const float s27 = (s26 - s25);
-    v404p[0] = s19;
-    v420p[0] = s23;
-    v422p[0] = s27;
+    v331p[0] = s19;
+    v347p[0] = s23;
+    v349p[0] = s27;
   }
 
   MESHRT_TRACE_SITE("roberta.mesh:71:3");
@@ -2216,9 +2065,9 @@ void MlmTrain::runPart1(const Inputs &inputs) {
   // roberta.mesh:71:3 sub -> next/embedding
   MESHRT_TRACE("loop", "roberta.mesh:71:3", "update");
   support::View v19(param0_embedding);     // updated in place
-  support::View v406(param34_embedding_v); // updated in place
-  support::View v405(param33_embedding_m); // updated in place
-  loop10(v406.data(), v405.data(), v19.data(), v387.data(), v422.data(), v420.data(), v404.data());
+  support::View v333(param34_embedding_v); // updated in place
+  support::View v332(param33_embedding_m); // updated in place
+  loop9(v333.data(), v332.data(), v19.data(), v314.data(), v349.data(), v347.data(), v331.data());
 
   // roberta.mesh:71:3 mul
   // roberta.mesh:71:3 square
@@ -2238,88 +2087,88 @@ void MlmTrain::runPart1(const Inputs &inputs) {
   // roberta.mesh:71:3 sub -> next/roberta/positions
   MESHRT_TRACE("loop", "roberta.mesh:71:3", "update");
   support::View v20(param1_roberta_positions);     // updated in place
-  support::View v435(param36_roberta_positions_v); // updated in place
-  support::View v434(param35_roberta_positions_m); // updated in place
-  loop11(v435.data(), v434.data(), v20.data(), v385.data(), v422.data(), v420.data(), v404.data());
+  support::View v362(param36_roberta_positions_v); // updated in place
+  support::View v361(param35_roberta_positions_m); // updated in place
+  loop10(v362.data(), v361.data(), v20.data(), v312.data(), v349.data(), v347.data(), v331.data());
 
   // 2 statements from roberta.mesh:71:3 mul (1 of 2)
   MESHRT_TRACE_SITE("roberta.mesh:71:3");
-  support::View v456(param38_roberta_norm_gain_v); // updated in place
-  support::View v455(param37_roberta_norm_gain_m); // updated in place
+  support::View v383(param38_roberta_norm_gain_v); // updated in place
+  support::View v382(param37_roberta_norm_gain_m); // updated in place
   support::View v26(param3_roberta_norm_bias);     // updated in place
-  support::View v477(param40_roberta_norm_bias_v); // updated in place
-  support::View v476(param39_roberta_norm_bias_m); // updated in place
-  repeated3(v25, v371, v456, v422, v455, v420, v404, v26, v368, v477, v476);
+  support::View v404(param40_roberta_norm_bias_v); // updated in place
+  support::View v403(param39_roberta_norm_bias_m); // updated in place
+  repeated3(v25, v310, v383, v349, v382, v347, v331, v26, v307, v404, v403);
 
   // 12 statements from roberta.mesh:71:3 mul (1 of 2)
   MESHRT_TRACE_SITE("roberta.mesh:71:3");
-  support::View v498(param42_roberta_encoder_layer_0_self_attention_q_v);    // updated in place
-  support::View v497(param41_roberta_encoder_layer_0_self_attention_q_m);    // updated in place
-  support::View v519(param44_roberta_encoder_layer_0_self_attention_k_v);    // updated in place
-  support::View v518(param43_roberta_encoder_layer_0_self_attention_k_m);    // updated in place
-  support::View v540(param46_roberta_encoder_layer_0_self_attention_v_v);    // updated in place
-  support::View v539(param45_roberta_encoder_layer_0_self_attention_v_m);    // updated in place
-  support::View v561(param48_roberta_encoder_layer_0_self_attention_o_v);    // updated in place
-  support::View v560(param47_roberta_encoder_layer_0_self_attention_o_m);    // updated in place
-  support::View v582(param50_roberta_encoder_layer_0_norm_gain_v);           // updated in place
-  support::View v581(param49_roberta_encoder_layer_0_norm_gain_m);           // updated in place
+  support::View v425(param42_roberta_encoder_layer_0_self_attention_q_v);    // updated in place
+  support::View v424(param41_roberta_encoder_layer_0_self_attention_q_m);    // updated in place
+  support::View v446(param44_roberta_encoder_layer_0_self_attention_k_v);    // updated in place
+  support::View v445(param43_roberta_encoder_layer_0_self_attention_k_m);    // updated in place
+  support::View v467(param46_roberta_encoder_layer_0_self_attention_v_v);    // updated in place
+  support::View v466(param45_roberta_encoder_layer_0_self_attention_v_m);    // updated in place
+  support::View v488(param48_roberta_encoder_layer_0_self_attention_o_v);    // updated in place
+  support::View v487(param47_roberta_encoder_layer_0_self_attention_o_m);    // updated in place
+  support::View v509(param50_roberta_encoder_layer_0_norm_gain_v);           // updated in place
+  support::View v508(param49_roberta_encoder_layer_0_norm_gain_m);           // updated in place
   support::View v48(param9_roberta_encoder_layer_0_norm_bias);               // updated in place
-  support::View v603(param52_roberta_encoder_layer_0_norm_bias_v);           // updated in place
-  support::View v602(param51_roberta_encoder_layer_0_norm_bias_m);           // updated in place
-  support::View v624(param54_roberta_encoder_layer_0_dense_relu_dense_wi_v); // updated in place
-  support::View v623(param53_roberta_encoder_layer_0_dense_relu_dense_wi_m); // updated in place
+  support::View v530(param52_roberta_encoder_layer_0_norm_bias_v);           // updated in place
+  support::View v529(param51_roberta_encoder_layer_0_norm_bias_m);           // updated in place
+  support::View v551(param54_roberta_encoder_layer_0_dense_relu_dense_wi_v); // updated in place
+  support::View v550(param53_roberta_encoder_layer_0_dense_relu_dense_wi_m); // updated in place
   support::View v53(param11_roberta_encoder_layer_0_dense_relu_dense_bi);    // updated in place
-  support::View v645(param56_roberta_encoder_layer_0_dense_relu_dense_bi_v); // updated in place
-  support::View v644(param55_roberta_encoder_layer_0_dense_relu_dense_bi_m); // updated in place
-  support::View v666(param58_roberta_encoder_layer_0_dense_relu_dense_wo_v); // updated in place
-  support::View v665(param57_roberta_encoder_layer_0_dense_relu_dense_wo_m); // updated in place
+  support::View v572(param56_roberta_encoder_layer_0_dense_relu_dense_bi_v); // updated in place
+  support::View v571(param55_roberta_encoder_layer_0_dense_relu_dense_bi_m); // updated in place
+  support::View v593(param58_roberta_encoder_layer_0_dense_relu_dense_wo_v); // updated in place
+  support::View v592(param57_roberta_encoder_layer_0_dense_relu_dense_wo_m); // updated in place
   support::View v55(param13_roberta_encoder_layer_0_dense_relu_dense_bo);    // updated in place
-  support::View v687(param60_roberta_encoder_layer_0_dense_relu_dense_bo_v); // updated in place
-  support::View v686(param59_roberta_encoder_layer_0_dense_relu_dense_bo_m); // updated in place
-  support::View v708(param62_roberta_encoder_layer_0_norm_1_gain_v);         // updated in place
-  support::View v707(param61_roberta_encoder_layer_0_norm_1_gain_m);         // updated in place
+  support::View v614(param60_roberta_encoder_layer_0_dense_relu_dense_bo_v); // updated in place
+  support::View v613(param59_roberta_encoder_layer_0_dense_relu_dense_bo_m); // updated in place
+  support::View v635(param62_roberta_encoder_layer_0_norm_1_gain_v);         // updated in place
+  support::View v634(param61_roberta_encoder_layer_0_norm_1_gain_m);         // updated in place
   support::View v64(param15_roberta_encoder_layer_0_norm_1_bias);            // updated in place
-  support::View v729(param64_roberta_encoder_layer_0_norm_1_bias_v);         // updated in place
-  support::View v728(param63_roberta_encoder_layer_0_norm_1_bias_m);         // updated in place
-  repeated0(v30, v367, v498, v422, v497, v420, v404, v31, v363, v519, v518, v32, v358, v540, v539,
-            v33, v344, v561, v560, v47, v329, v582, v581, v48, v326, v603, v602, v52, v325, v624,
-            v623, v53, v321, v645, v644, v54, v303, v666, v665, v55, v301, v687, v686, v63, v287,
-            v708, v707, v64, v284, v729, v728);
+  support::View v656(param64_roberta_encoder_layer_0_norm_1_bias_v);         // updated in place
+  support::View v655(param63_roberta_encoder_layer_0_norm_1_bias_m);         // updated in place
+  repeated0(v30, v306, v425, v349, v424, v347, v331, v31, v302, v446, v445, v32, v297, v467, v466,
+            v33, v283, v488, v487, v47, v280, v509, v508, v48, v277, v530, v529, v52, v276, v551,
+            v550, v53, v272, v572, v571, v54, v254, v593, v592, v55, v252, v614, v613, v63, v250,
+            v635, v634, v64, v247, v656, v655);
 
   // 12 statements from roberta.mesh:71:3 mul (2 of 2)
   MESHRT_TRACE_SITE("roberta.mesh:71:3");
-  support::View v750(param66_roberta_encoder_layer_1_self_attention_q_v);    // updated in place
-  support::View v749(param65_roberta_encoder_layer_1_self_attention_q_m);    // updated in place
-  support::View v771(param68_roberta_encoder_layer_1_self_attention_k_v);    // updated in place
-  support::View v770(param67_roberta_encoder_layer_1_self_attention_k_m);    // updated in place
-  support::View v792(param70_roberta_encoder_layer_1_self_attention_v_v);    // updated in place
-  support::View v791(param69_roberta_encoder_layer_1_self_attention_v_m);    // updated in place
-  support::View v813(param72_roberta_encoder_layer_1_self_attention_o_v);    // updated in place
-  support::View v812(param71_roberta_encoder_layer_1_self_attention_o_m);    // updated in place
-  support::View v834(param74_roberta_encoder_layer_1_norm_gain_v);           // updated in place
-  support::View v833(param73_roberta_encoder_layer_1_norm_gain_m);           // updated in place
+  support::View v677(param66_roberta_encoder_layer_1_self_attention_q_v);    // updated in place
+  support::View v676(param65_roberta_encoder_layer_1_self_attention_q_m);    // updated in place
+  support::View v698(param68_roberta_encoder_layer_1_self_attention_k_v);    // updated in place
+  support::View v697(param67_roberta_encoder_layer_1_self_attention_k_m);    // updated in place
+  support::View v719(param70_roberta_encoder_layer_1_self_attention_v_v);    // updated in place
+  support::View v718(param69_roberta_encoder_layer_1_self_attention_v_m);    // updated in place
+  support::View v740(param72_roberta_encoder_layer_1_self_attention_o_v);    // updated in place
+  support::View v739(param71_roberta_encoder_layer_1_self_attention_o_m);    // updated in place
+  support::View v761(param74_roberta_encoder_layer_1_norm_gain_v);           // updated in place
+  support::View v760(param73_roberta_encoder_layer_1_norm_gain_m);           // updated in place
   support::View v86(param21_roberta_encoder_layer_1_norm_bias);              // updated in place
-  support::View v855(param76_roberta_encoder_layer_1_norm_bias_v);           // updated in place
-  support::View v854(param75_roberta_encoder_layer_1_norm_bias_m);           // updated in place
-  support::View v876(param78_roberta_encoder_layer_1_dense_relu_dense_wi_v); // updated in place
-  support::View v875(param77_roberta_encoder_layer_1_dense_relu_dense_wi_m); // updated in place
+  support::View v782(param76_roberta_encoder_layer_1_norm_bias_v);           // updated in place
+  support::View v781(param75_roberta_encoder_layer_1_norm_bias_m);           // updated in place
+  support::View v803(param78_roberta_encoder_layer_1_dense_relu_dense_wi_v); // updated in place
+  support::View v802(param77_roberta_encoder_layer_1_dense_relu_dense_wi_m); // updated in place
   support::View v91(param23_roberta_encoder_layer_1_dense_relu_dense_bi);    // updated in place
-  support::View v897(param80_roberta_encoder_layer_1_dense_relu_dense_bi_v); // updated in place
-  support::View v896(param79_roberta_encoder_layer_1_dense_relu_dense_bi_m); // updated in place
-  support::View v918(param82_roberta_encoder_layer_1_dense_relu_dense_wo_v); // updated in place
-  support::View v917(param81_roberta_encoder_layer_1_dense_relu_dense_wo_m); // updated in place
+  support::View v824(param80_roberta_encoder_layer_1_dense_relu_dense_bi_v); // updated in place
+  support::View v823(param79_roberta_encoder_layer_1_dense_relu_dense_bi_m); // updated in place
+  support::View v845(param82_roberta_encoder_layer_1_dense_relu_dense_wo_v); // updated in place
+  support::View v844(param81_roberta_encoder_layer_1_dense_relu_dense_wo_m); // updated in place
   support::View v93(param25_roberta_encoder_layer_1_dense_relu_dense_bo);    // updated in place
-  support::View v939(param84_roberta_encoder_layer_1_dense_relu_dense_bo_v); // updated in place
-  support::View v938(param83_roberta_encoder_layer_1_dense_relu_dense_bo_m); // updated in place
-  support::View v960(param86_roberta_encoder_layer_1_norm_1_gain_v);         // updated in place
-  support::View v959(param85_roberta_encoder_layer_1_norm_1_gain_m);         // updated in place
+  support::View v866(param84_roberta_encoder_layer_1_dense_relu_dense_bo_v); // updated in place
+  support::View v865(param83_roberta_encoder_layer_1_dense_relu_dense_bo_m); // updated in place
+  support::View v887(param86_roberta_encoder_layer_1_norm_1_gain_v);         // updated in place
+  support::View v886(param85_roberta_encoder_layer_1_norm_1_gain_m);         // updated in place
   support::View v102(param27_roberta_encoder_layer_1_norm_1_bias);           // updated in place
-  support::View v981(param88_roberta_encoder_layer_1_norm_1_bias_v);         // updated in place
-  support::View v980(param87_roberta_encoder_layer_1_norm_1_bias_m);         // updated in place
-  repeated0(v68, v283, v750, v422, v749, v420, v404, v69, v279, v771, v770, v70, v274, v792, v791,
-            v71, v260, v813, v812, v85, v245, v834, v833, v86, v242, v855, v854, v90, v241, v876,
-            v875, v91, v237, v897, v896, v92, v219, v918, v917, v93, v217, v939, v938, v101, v203,
-            v960, v959, v102, v200, v981, v980);
+  support::View v908(param88_roberta_encoder_layer_1_norm_1_bias_v);         // updated in place
+  support::View v907(param87_roberta_encoder_layer_1_norm_1_bias_m);         // updated in place
+  repeated0(v68, v246, v677, v349, v676, v347, v331, v69, v242, v698, v697, v70, v237, v719, v718,
+            v71, v223, v740, v739, v85, v220, v761, v760, v86, v217, v782, v781, v90, v216, v803,
+            v802, v91, v212, v824, v823, v92, v194, v845, v844, v93, v192, v866, v865, v101, v190,
+            v887, v886, v102, v187, v908, v907);
 
   // roberta.mesh:71:3 mul
   // roberta.mesh:71:3 square
@@ -2338,10 +2187,9 @@ void MlmTrain::runPart1(const Inputs &inputs) {
   // roberta.mesh:71:3 mul
   // roberta.mesh:71:3 sub -> next/roberta/lm_head/dense
   MESHRT_TRACE("loop", "roberta.mesh:71:3", "update");
-  support::View v1002(param90_roberta_lm_head_dense_v); // updated in place
-  support::View v1001(param89_roberta_lm_head_dense_m); // updated in place
-  loop10(v1002.data(), v1001.data(), v106.data(), v198.data(), v422.data(), v420.data(),
-         v404.data());
+  support::View v929(param90_roberta_lm_head_dense_v); // updated in place
+  support::View v928(param89_roberta_lm_head_dense_m); // updated in place
+  loop9(v929.data(), v928.data(), v106.data(), v185.data(), v349.data(), v347.data(), v331.data());
 
   // roberta.mesh:71:3 mul
   // roberta.mesh:71:3 square
@@ -2360,11 +2208,10 @@ void MlmTrain::runPart1(const Inputs &inputs) {
   // roberta.mesh:71:3 mul
   // roberta.mesh:71:3 sub -> next/roberta/lm_head/dense_bias
   MESHRT_TRACE("loop", "roberta.mesh:71:3", "update");
-  support::View v107(param29_roberta_lm_head_dense_bias);    // updated in place
-  support::View v1023(param92_roberta_lm_head_dense_bias_v); // updated in place
-  support::View v1022(param91_roberta_lm_head_dense_bias_m); // updated in place
-  loop12(v1023.data(), v1022.data(), v107.data(), v196.data(), v422.data(), v420.data(),
-         v404.data());
+  support::View v107(param29_roberta_lm_head_dense_bias);   // updated in place
+  support::View v950(param92_roberta_lm_head_dense_bias_v); // updated in place
+  support::View v949(param91_roberta_lm_head_dense_bias_m); // updated in place
+  loop11(v950.data(), v949.data(), v107.data(), v183.data(), v349.data(), v347.data(), v331.data());
 
   // roberta.mesh:71:3 mul
   // roberta.mesh:71:3 square
@@ -2383,20 +2230,19 @@ void MlmTrain::runPart1(const Inputs &inputs) {
   // roberta.mesh:71:3 mul
   // roberta.mesh:71:3 sub -> next/roberta/lm_head/output_bias
   MESHRT_TRACE("loop", "roberta.mesh:71:3", "update");
-  support::View v109(param30_roberta_lm_head_output_bias);    // updated in place
-  support::View v1044(param94_roberta_lm_head_output_bias_v); // updated in place
-  support::View v1043(param93_roberta_lm_head_output_bias_m); // updated in place
-  loop12(v1044.data(), v1043.data(), v109.data(), v151.data(), v422.data(), v420.data(),
-         v404.data());
+  support::View v109(param30_roberta_lm_head_output_bias);   // updated in place
+  support::View v971(param94_roberta_lm_head_output_bias_v); // updated in place
+  support::View v970(param93_roberta_lm_head_output_bias_m); // updated in place
+  loop11(v971.data(), v970.data(), v109.data(), v151.data(), v349.data(), v347.data(), v331.data());
 
   // 2 statements from roberta.mesh:71:3 mul (2 of 2)
   MESHRT_TRACE_SITE("roberta.mesh:71:3");
-  support::View v1065(param96_roberta_lm_head_norm_gain_v); // updated in place
-  support::View v1064(param95_roberta_lm_head_norm_gain_m); // updated in place
+  support::View v992(param96_roberta_lm_head_norm_gain_v);  // updated in place
+  support::View v991(param95_roberta_lm_head_norm_gain_m);  // updated in place
   support::View v115(param32_roberta_lm_head_norm_bias);    // updated in place
-  support::View v1086(param98_roberta_lm_head_norm_bias_v); // updated in place
-  support::View v1085(param97_roberta_lm_head_norm_bias_m); // updated in place
-  repeated3(v114, v158, v1065, v422, v1064, v420, v404, v115, v155, v1086, v1085);
+  support::View v1013(param98_roberta_lm_head_norm_bias_v); // updated in place
+  support::View v1012(param97_roberta_lm_head_norm_bias_m); // updated in place
+  repeated3(v114, v158, v992, v349, v991, v347, v331, v115, v155, v1013, v1012);
 
   MESHRT_TRACE_SITE("roberta.mesh:71:3");
   group_data_model.wait(request0);
@@ -2435,7 +2281,7 @@ void MlmTrain::repeated0(
   // roberta.mesh:71:3 mul
   // roberta.mesh:71:3 sub -> next/roberta/encoder_layer[0]/self_attention/q
   MESHRT_TRACE("loop", "roberta.mesh:71:3", "update");
-  loop11(a2.data(), a4.data(), a0.data(), a1.data(), a3.data(), a5.data(), a6.data());
+  loop10(a2.data(), a4.data(), a0.data(), a1.data(), a3.data(), a5.data(), a6.data());
 
   // roberta.mesh:71:3 mul
   // roberta.mesh:71:3 square
@@ -2454,7 +2300,7 @@ void MlmTrain::repeated0(
   // roberta.mesh:71:3 mul
   // roberta.mesh:71:3 sub -> next/roberta/encoder_layer[0]/self_attention/k
   MESHRT_TRACE("loop", "roberta.mesh:71:3", "update");
-  loop11(a9.data(), a10.data(), a7.data(), a8.data(), a3.data(), a5.data(), a6.data());
+  loop10(a9.data(), a10.data(), a7.data(), a8.data(), a3.data(), a5.data(), a6.data());
 
   // roberta.mesh:71:3 mul
   // roberta.mesh:71:3 square
@@ -2473,7 +2319,7 @@ void MlmTrain::repeated0(
   // roberta.mesh:71:3 mul
   // roberta.mesh:71:3 sub -> next/roberta/encoder_layer[0]/self_attention/v
   MESHRT_TRACE("loop", "roberta.mesh:71:3", "update");
-  loop11(a13.data(), a14.data(), a11.data(), a12.data(), a3.data(), a5.data(), a6.data());
+  loop10(a13.data(), a14.data(), a11.data(), a12.data(), a3.data(), a5.data(), a6.data());
 
   // roberta.mesh:71:3 mul
   // roberta.mesh:71:3 square
@@ -2492,7 +2338,7 @@ void MlmTrain::repeated0(
   // roberta.mesh:71:3 mul
   // roberta.mesh:71:3 sub -> next/roberta/encoder_layer[0]/self_attention/o
   MESHRT_TRACE("loop", "roberta.mesh:71:3", "update");
-  loop11(a17.data(), a18.data(), a15.data(), a16.data(), a3.data(), a5.data(), a6.data());
+  loop10(a17.data(), a18.data(), a15.data(), a16.data(), a3.data(), a5.data(), a6.data());
 
   // roberta.mesh:71:3 mul
   // roberta.mesh:71:3 square
@@ -2511,7 +2357,7 @@ void MlmTrain::repeated0(
   // roberta.mesh:71:3 mul
   // roberta.mesh:71:3 sub -> next/roberta/encoder_layer[0]/norm/gain
   MESHRT_TRACE("loop", "roberta.mesh:71:3", "update");
-  loop12(a21.data(), a22.data(), a19.data(), a20.data(), a3.data(), a5.data(), a6.data());
+  loop11(a21.data(), a22.data(), a19.data(), a20.data(), a3.data(), a5.data(), a6.data());
 
   // roberta.mesh:71:3 mul
   // roberta.mesh:71:3 square
@@ -2530,7 +2376,7 @@ void MlmTrain::repeated0(
   // roberta.mesh:71:3 mul
   // roberta.mesh:71:3 sub -> next/roberta/encoder_layer[0]/norm/bias
   MESHRT_TRACE("loop", "roberta.mesh:71:3", "update");
-  loop12(a25.data(), a26.data(), a23.data(), a24.data(), a3.data(), a5.data(), a6.data());
+  loop11(a25.data(), a26.data(), a23.data(), a24.data(), a3.data(), a5.data(), a6.data());
 
   // roberta.mesh:71:3 mul
   // roberta.mesh:71:3 square
@@ -2549,7 +2395,7 @@ void MlmTrain::repeated0(
   // roberta.mesh:71:3 mul
   // roberta.mesh:71:3 sub -> next/roberta/encoder_layer[0]/dense_relu_dense/wi
   MESHRT_TRACE("loop", "roberta.mesh:71:3", "update");
-  loop10(a29.data(), a30.data(), a27.data(), a28.data(), a3.data(), a5.data(), a6.data());
+  loop9(a29.data(), a30.data(), a27.data(), a28.data(), a3.data(), a5.data(), a6.data());
 
   // roberta.mesh:71:3 mul
   // roberta.mesh:71:3 square
@@ -2568,7 +2414,7 @@ void MlmTrain::repeated0(
   // roberta.mesh:71:3 mul
   // roberta.mesh:71:3 sub -> next/roberta/encoder_layer[0]/dense_relu_dense/bi
   MESHRT_TRACE("loop", "roberta.mesh:71:3", "update");
-  loop12(a33.data(), a34.data(), a31.data(), a32.data(), a3.data(), a5.data(), a6.data());
+  loop11(a33.data(), a34.data(), a31.data(), a32.data(), a3.data(), a5.data(), a6.data());
 
   // roberta.mesh:71:3 mul
   // roberta.mesh:71:3 square
@@ -2587,7 +2433,7 @@ void MlmTrain::repeated0(
   // roberta.mesh:71:3 mul
   // roberta.mesh:71:3 sub -> next/roberta/encoder_layer[0]/dense_relu_dense/wo
   MESHRT_TRACE("loop", "roberta.mesh:71:3", "update");
-  loop10(a37.data(), a38.data(), a35.data(), a36.data(), a3.data(), a5.data(), a6.data());
+  loop9(a37.data(), a38.data(), a35.data(), a36.data(), a3.data(), a5.data(), a6.data());
 
   // roberta.mesh:71:3 mul
   // roberta.mesh:71:3 square
@@ -2606,7 +2452,7 @@ void MlmTrain::repeated0(
   // roberta.mesh:71:3 mul
   // roberta.mesh:71:3 sub -> next/roberta/encoder_layer[0]/dense_relu_dense/bo
   MESHRT_TRACE("loop", "roberta.mesh:71:3", "update");
-  loop12(a41.data(), a42.data(), a39.data(), a40.data(), a3.data(), a5.data(), a6.data());
+  loop11(a41.data(), a42.data(), a39.data(), a40.data(), a3.data(), a5.data(), a6.data());
 
   // roberta.mesh:71:3 mul
   // roberta.mesh:71:3 square
@@ -2625,7 +2471,7 @@ void MlmTrain::repeated0(
   // roberta.mesh:71:3 mul
   // roberta.mesh:71:3 sub -> next/roberta/encoder_layer[0]/norm#1/gain
   MESHRT_TRACE("loop", "roberta.mesh:71:3", "update");
-  loop12(a45.data(), a46.data(), a43.data(), a44.data(), a3.data(), a5.data(), a6.data());
+  loop11(a45.data(), a46.data(), a43.data(), a44.data(), a3.data(), a5.data(), a6.data());
 
   // roberta.mesh:71:3 mul
   // roberta.mesh:71:3 square
@@ -2644,7 +2490,7 @@ void MlmTrain::repeated0(
   // roberta.mesh:71:3 mul
   // roberta.mesh:71:3 sub -> next/roberta/encoder_layer[0]/norm#1/bias
   MESHRT_TRACE("loop", "roberta.mesh:71:3", "update");
-  loop12(a49.data(), a50.data(), a47.data(), a48.data(), a3.data(), a5.data(), a6.data());
+  loop11(a49.data(), a50.data(), a47.data(), a48.data(), a3.data(), a5.data(), a6.data());
 }
 
 void MlmTrain::repeated1(
@@ -2652,19 +2498,16 @@ void MlmTrain::repeated1(
     support::ConstView a4, support::View a5, support::ConstView a6, support::View a7,
     support::View a8, support::ConstView a9, support::View a10, support::View a11,
     support::ConstView a12, support::View a13, support::View a14, support::ConstView a15,
-    support::View a16, support::View a17, support::View a18, support::ConstView a19,
-    support::View a20, support::View a21, support::View a22, support::ConstView a23,
-    support::View a24, support::View a25, support::View a26, support::View a27, support::View a28,
-    support::ConstView a29, support::View a30, support::ConstView a31, support::View a32,
-    support::ConstView a33, support::View a34, support::ConstView a35, support::View a36,
-    support::View a37, support::View a38, support::ConstView a39, support::View a40,
-    support::ConstView a41, support::View a42, support::ConstView a43, support::View a44,
-    support::ConstView a45, support::View a46, support::ConstView a47, support::View a48,
-    support::ConstView a49, support::View a50, support::View a51, support::View a52,
-    support::View a53, support::View a54, support::ConstView a55, support::View a56,
-    support::View a57, support::View a58, support::ConstView a59, support::View a60,
-    support::View a61, support::View a62, support::ConstView a63, support::View a64,
-    support::View a65, support::View a66, support::View a67, support::View a68) {
+    support::View a16, support::ConstView a17, support::View a18, support::View a19,
+    support::View a20, support::ConstView a21, support::ConstView a22, support::View a23,
+    support::ConstView a24, support::View a25, support::ConstView a26, support::View a27,
+    support::ConstView a28, support::View a29, support::View a30, support::View a31,
+    support::ConstView a32, support::View a33, support::ConstView a34, support::View a35,
+    support::ConstView a36, support::View a37, support::ConstView a38, support::View a39,
+    support::ConstView a40, support::View a41, support::ConstView a42, support::View a43,
+    support::View a44, support::View a45, support::View a46, support::View a47,
+    support::ConstView a48, support::View a49, support::ConstView a50, support::View a51,
+    support::View a52, support::View a53, support::ConstView a54) {
   MESHRT_TRACE_SPAN(world_);
 
   // encoder_layers.mesh:46:50 sum -> grad/roberta/encoder_layer[1]/dense_relu_dense/bo
@@ -2700,7 +2543,7 @@ void MlmTrain::repeated1(
   // encoder_layers.mesh:45:11 add
   // encoder_layers.mesh:45:11 mul
   MESHRT_TRACE("loop", "encoder_layers.mesh:45:11", "backward");
-  loop13(a7.data(), a6.data(), a3.data());
+  loop7(a7.data(), a6.data(), a3.data());
 
   // encoder_layers.mesh:45:53 sum -> grad/roberta/encoder_layer[1]/dense_relu_dense/bi
   MESHRT_TRACE("sum", "encoder_layers.mesh:45:53", "backward");
@@ -2712,14 +2555,14 @@ void MlmTrain::repeated1(
   // dims: batch, length, d_ff, d_model
   kEinsum5.plan().run(a7.data(), a9.data(), a10.data(), 1.0f, 0.0f);
 
-  // encoder_layers.mesh:45:16 all_reduce_sum (resolve the partial sum of %231 over model for add at
+  // encoder_layers.mesh:45:16 all_reduce_sum (resolve the partial sum of %206 over model for add at
   // 45:16)
   MESHRT_TRACE_SITE("encoder_layers.mesh:45:16");
   group_model.allReduce(a10.data(), a10.size(), meshrt::ReduceOp::Sum);
 
   // encoder_layers.mesh:45:16 add
   MESHRT_TRACE("loop", "encoder_layers.mesh:45:16", "backward");
-  loop14(a11.data(), a1.data(), a10.data());
+  loop12(a11.data(), a1.data(), a10.data());
 
   // encoder_layers.mesh:45:16 einsum -> grad/roberta/encoder_layer[1]/dense_relu_dense/wi
   MESHRT_TRACE("gemm", "encoder_layers.mesh:45:16", "backward");
@@ -2733,126 +2576,93 @@ void MlmTrain::repeated1(
 
   // encoder_layers.mesh:19:46 mul
   MESHRT_TRACE("loop", "encoder_layers.mesh:19:46", "backward");
-  loop15(a16.data(), a11.data(), a15.data());
+  loop13(a16.data(), a11.data(), a15.data());
+
+  // encoder_layers.mesh:19:46 mul
+  MESHRT_TRACE("loop", "encoder_layers.mesh:19:46", "backward");
+  loop14(a18.data(), a11.data(), a17.data());
 
   // encoder_layers.mesh:19:46 sum -> grad/roberta/encoder_layer[1]/norm/gain
   MESHRT_TRACE("sum", "encoder_layers.mesh:19:46", "backward");
-  support::reduce(a17.data(), kShape12, a16.data(), kShape10, kShape3, kShape4,
+  support::reduce(a19.data(), kShape12, a18.data(), kShape10, kShape3, kShape4,
                   support::Reduce::Sum, 1.0);
 
-  // encoder_layers.mesh:19:10 mean
-  MESHRT_TRACE("mean", "encoder_layers.mesh:19:10", "backward");
-  support::reduce(a18.data(), kShape3, a19.data(), kShape4, kShape12, kShape10,
-                  support::Reduce::Sum, 0.03125);
-
-  // encoder_layers.mesh:19:10 sub
-  // encoder_layers.mesh:19:10 square
-  MESHRT_TRACE("loop", "encoder_layers.mesh:19:10", "backward");
-  loop16(a20.data(), a19.data(), a18.data());
-
-  // encoder_layers.mesh:19:10 mean
-  MESHRT_TRACE("mean", "encoder_layers.mesh:19:10", "backward");
-  support::reduce(a21.data(), kShape3, a20.data(), kShape4, kShape12, kShape10,
-                  support::Reduce::Sum, 0.03125);
-
-  // encoder_layers.mesh:19:10 add
-  // encoder_layers.mesh:19:10 rsqrt
-  MESHRT_TRACE("loop", "encoder_layers.mesh:19:10", "backward");
-  loop17(a22.data(), a21.data());
-
-  // encoder_layers.mesh:19:46 mul
-  // encoder_layers.mesh:19:10 mul
-  MESHRT_TRACE("loop", "encoder_layers.mesh:19:46", "backward");
-  loop18(a24.data(), a25.data(), a11.data(), a23.data(), a15.data());
-
-  // encoder_layers.mesh:19:10 mean
-  MESHRT_TRACE("mean", "encoder_layers.mesh:19:10", "backward");
-  support::reduce(a26.data(), kShape3, a25.data(), kShape4, kShape12, kShape10,
-                  support::Reduce::Sum, 0.03125);
-
-  // encoder_layers.mesh:19:10 mean
-  MESHRT_TRACE("mean", "encoder_layers.mesh:19:10", "backward");
-  support::reduce(a27.data(), kShape3, a24.data(), kShape4, kShape12, kShape10,
-                  support::Reduce::Sum, 0.03125);
-
-  // encoder_layers.mesh:19:10 mul
-  // encoder_layers.mesh:19:10 sub
-  // encoder_layers.mesh:19:10 sub
-  // encoder_layers.mesh:19:10 mul
-  MESHRT_TRACE("loop", "encoder_layers.mesh:19:10", "backward");
-  loop8(a28.data(), a15.data(), a26.data(), a24.data(), a27.data(), a22.data());
+  // encoder_layers.mesh:19:10 layer_norm_grad
+  MESHRT_TRACE("layer_norm_grad", "encoder_layers.mesh:19:10", "backward");
+  support::layerNormGrad(a20.data(), a21.data(), a16.data(), kShape3, kShape4, kShape4, kShape4,
+                         kShape12, kShape10, kShape10, kShape10, 1e-12, 32, nullptr);
 
   // encoder_layers.mesh:35:10 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:35:10", "backward");
   // dims: batch, length, d_model, heads, d_kv
-  kEinsum7.plan().run(a28.data(), a29.data(), a30.data(), 1.0f, 0.0f);
+  kEinsum7.plan().run(a20.data(), a22.data(), a23.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:35:10 einsum -> grad/roberta/encoder_layer[1]/self_attention/o
   MESHRT_TRACE("gemm", "encoder_layers.mesh:35:10", "backward");
   // dims: batch, length, d_model, heads, d_kv
-  kEinsum8.plan().run(a28.data(), a31.data(), a32.data(), 1.0f, 0.0f);
+  kEinsum8.plan().run(a20.data(), a24.data(), a25.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:34:17 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:34:17", "backward");
   // dims: batch, length, heads, d_kv, memory_length
-  kEinsum2.plan().run(a30.data(), a33.data(), a34.data(), 1.0f, 0.0f);
+  kEinsum2.plan().run(a23.data(), a26.data(), a27.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:34:17 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:34:17", "backward");
   // dims: batch, length, heads, d_kv, memory_length
-  kEinsum9.plan().run(a30.data(), a35.data(), a36.data(), 1.0f, 0.0f);
+  kEinsum9.plan().run(a23.data(), a28.data(), a29.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:33:17 sum
   // encoder_layers.mesh:33:17 mul
   MESHRT_TRACE("sum", "encoder_layers.mesh:33:17", "backward");
-  support::reduceProduct(a37.data(), kShape7, 16, a34.data(), kShape8, a35.data(), kShape8, 1.0);
+  support::reduceProduct(a30.data(), kShape7, 16, a27.data(), kShape8, a28.data(), kShape8, 1.0);
 
   // encoder_layers.mesh:33:17 sub
   // encoder_layers.mesh:33:17 mul
   // encoder_layers.mesh:32:77 mul
   MESHRT_TRACE("loop", "encoder_layers.mesh:33:17", "backward");
-  loop19(a38.data(), a34.data(), a37.data(), a35.data());
+  loop15(a31.data(), a27.data(), a30.data(), a28.data());
 
   // encoder_layers.mesh:32:16 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:32:16", "backward");
   // dims: batch, heads, length, memory_length, d_kv
-  kEinsum3.plan().run(a38.data(), a39.data(), a40.data(), 1.0f, 0.0f);
+  kEinsum3.plan().run(a31.data(), a32.data(), a33.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:32:16 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:32:16", "backward");
   // dims: batch, heads, length, memory_length, d_kv
-  kEinsum10.plan().run(a38.data(), a41.data(), a42.data(), 1.0f, 0.0f);
+  kEinsum10.plan().run(a31.data(), a34.data(), a35.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:30:23 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:30:23", "backward");
   // dims: batch, length, heads, d_kv, d_model
-  kEinsum11.plan().run(a36.data(), a43.data(), a44.data(), 1.0f, 0.0f);
+  kEinsum11.plan().run(a29.data(), a36.data(), a37.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:29:21 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:29:21", "backward");
   // dims: batch, length, heads, d_kv, d_model
-  kEinsum11.plan().run(a42.data(), a45.data(), a46.data(), 1.0f, 0.0f);
+  kEinsum11.plan().run(a35.data(), a38.data(), a39.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:28:17 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:28:17", "backward");
   // dims: batch, length, heads, d_kv, d_model
-  kEinsum11.plan().run(a40.data(), a47.data(), a48.data(), 1.0f, 0.0f);
+  kEinsum11.plan().run(a33.data(), a40.data(), a41.data(), 1.0f, 0.0f);
 
-  // encoder_layers.mesh:30:23 bucketed_all_reduce_sum (resolve the partial sum of %263 over model
-  // for add at 30:23; merged with 2 more partial sums over model (%277, %281): 12.0 KiB in one
+  // encoder_layers.mesh:30:23 bucketed_all_reduce_sum (resolve the partial sum of %226 over model
+  // for add at 30:23; merged with 2 more partial sums over model (%240, %244): 12.0 KiB in one
   // buffer)
   MESHRT_TRACE_SITE("encoder_layers.mesh:30:23");
-  auto request2 = support::startAllReduce(group_model, {a44, a46, a48}, meshrt::ReduceOp::Sum);
+  auto request2 = support::startAllReduce(group_model, {a37, a39, a41}, meshrt::ReduceOp::Sum);
 
   // encoder_layers.mesh:30:23 einsum -> grad/roberta/encoder_layer[1]/self_attention/v
   MESHRT_TRACE("gemm", "encoder_layers.mesh:30:23", "backward");
   // dims: batch, length, heads, d_kv, d_model
-  kEinsum12.plan().run(a36.data(), a49.data(), a50.data(), 1.0f, 0.0f);
+  kEinsum12.plan().run(a29.data(), a42.data(), a43.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:29:21 einsum -> grad/roberta/encoder_layer[1]/self_attention/k
   MESHRT_TRACE("gemm", "encoder_layers.mesh:29:21", "backward");
   // dims: batch, length, heads, d_kv, d_model
-  kEinsum12.plan().run(a42.data(), a49.data(), a51.data(), 1.0f, 0.0f);
+  kEinsum12.plan().run(a35.data(), a42.data(), a44.data(), 1.0f, 0.0f);
 
   MESHRT_TRACE_SITE("encoder_layers.mesh:30:23");
   group_model.wait(request2);
@@ -2861,68 +2671,35 @@ void MlmTrain::repeated1(
   // encoder_layers.mesh:29:21 add
   // encoder_layers.mesh:28:17 add
   MESHRT_TRACE("loop", "encoder_layers.mesh:30:23", "backward");
-  loop20(a52.data(), a28.data(), a44.data(), a46.data(), a48.data());
+  loop16(a45.data(), a20.data(), a37.data(), a39.data(), a41.data());
 
   // encoder_layers.mesh:28:17 einsum -> grad/roberta/encoder_layer[1]/self_attention/q
   MESHRT_TRACE("gemm", "encoder_layers.mesh:28:17", "backward");
   // dims: batch, length, heads, d_kv, d_model
-  kEinsum12.plan().run(a40.data(), a49.data(), a53.data(), 1.0f, 0.0f);
+  kEinsum12.plan().run(a33.data(), a42.data(), a46.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:19:53 sum -> grad/roberta/encoder_layer[0]/norm#1/bias
   MESHRT_TRACE("sum", "encoder_layers.mesh:19:53", "backward");
-  support::reduce(a54.data(), kShape12, a52.data(), kShape10, kShape3, kShape4,
+  support::reduce(a47.data(), kShape12, a45.data(), kShape10, kShape3, kShape4,
                   support::Reduce::Sum, 1.0);
 
   // encoder_layers.mesh:19:46 mul
   MESHRT_TRACE("loop", "encoder_layers.mesh:19:46", "backward");
-  loop15(a56.data(), a52.data(), a55.data());
+  loop13(a49.data(), a45.data(), a48.data());
+
+  // encoder_layers.mesh:19:46 mul
+  MESHRT_TRACE("loop", "encoder_layers.mesh:19:46", "backward");
+  loop14(a51.data(), a45.data(), a50.data());
 
   // encoder_layers.mesh:19:46 sum -> grad/roberta/encoder_layer[0]/norm#1/gain
   MESHRT_TRACE("sum", "encoder_layers.mesh:19:46", "backward");
-  support::reduce(a57.data(), kShape12, a56.data(), kShape10, kShape3, kShape4,
+  support::reduce(a52.data(), kShape12, a51.data(), kShape10, kShape3, kShape4,
                   support::Reduce::Sum, 1.0);
 
-  // encoder_layers.mesh:19:10 mean
-  MESHRT_TRACE("mean", "encoder_layers.mesh:19:10", "backward");
-  support::reduce(a58.data(), kShape3, a59.data(), kShape4, kShape12, kShape10,
-                  support::Reduce::Sum, 0.03125);
-
-  // encoder_layers.mesh:19:10 sub
-  // encoder_layers.mesh:19:10 square
-  MESHRT_TRACE("loop", "encoder_layers.mesh:19:10", "backward");
-  loop16(a60.data(), a59.data(), a58.data());
-
-  // encoder_layers.mesh:19:10 mean
-  MESHRT_TRACE("mean", "encoder_layers.mesh:19:10", "backward");
-  support::reduce(a61.data(), kShape3, a60.data(), kShape4, kShape12, kShape10,
-                  support::Reduce::Sum, 0.03125);
-
-  // encoder_layers.mesh:19:10 add
-  // encoder_layers.mesh:19:10 rsqrt
-  MESHRT_TRACE("loop", "encoder_layers.mesh:19:10", "backward");
-  loop17(a62.data(), a61.data());
-
-  // encoder_layers.mesh:19:46 mul
-  // encoder_layers.mesh:19:10 mul
-  MESHRT_TRACE("loop", "encoder_layers.mesh:19:46", "backward");
-  loop18(a64.data(), a65.data(), a52.data(), a63.data(), a55.data());
-
-  // encoder_layers.mesh:19:10 mean
-  MESHRT_TRACE("mean", "encoder_layers.mesh:19:10", "backward");
-  support::reduce(a66.data(), kShape3, a65.data(), kShape4, kShape12, kShape10,
-                  support::Reduce::Sum, 0.03125);
-
-  // encoder_layers.mesh:19:10 mean
-  MESHRT_TRACE("mean", "encoder_layers.mesh:19:10", "backward");
-  support::reduce(a67.data(), kShape3, a64.data(), kShape4, kShape12, kShape10,
-                  support::Reduce::Sum, 0.03125);
-
-  // encoder_layers.mesh:19:10 mul
-  // encoder_layers.mesh:19:10 sub
-  // encoder_layers.mesh:19:10 sub
-  // encoder_layers.mesh:19:10 mul
-  MESHRT_TRACE("loop", "encoder_layers.mesh:19:10", "backward");
-  loop8(a68.data(), a55.data(), a66.data(), a64.data(), a67.data(), a62.data());
+  // encoder_layers.mesh:19:10 layer_norm_grad
+  MESHRT_TRACE("layer_norm_grad", "encoder_layers.mesh:19:10", "backward");
+  support::layerNormGrad(a53.data(), a54.data(), a49.data(), kShape3, kShape4, kShape4, kShape4,
+                         kShape12, kShape10, kShape10, kShape10, 1e-12, 32, nullptr);
 }
 
 void MlmTrain::repeated2(support::ConstView a0, support::ConstView a1, support::View a2,
@@ -2979,7 +2756,7 @@ void MlmTrain::repeated2(support::ConstView a0, support::ConstView a1, support::
 
   // roberta.mesh:22:18 add
   MESHRT_TRACE("loop", "roberta.mesh:22:18", "forward");
-  loop14(a12.data(), a0.data(), a11.data());
+  loop12(a12.data(), a0.data(), a11.data());
 
   // encoder_layers.mesh:19:10 layer_norm
   MESHRT_TRACE("layer_norm", "encoder_layers.mesh:19:10", "forward");
@@ -3014,7 +2791,7 @@ void MlmTrain::repeated2(support::ConstView a0, support::ConstView a1, support::
   // encoder_layers.mesh:46:50 add
   // roberta.mesh:23:17 add
   MESHRT_TRACE("loop", "encoder_layers.mesh:46:50", "forward");
-  loop21(a25.data(), a23.data(), a24.data(), a16.data());
+  loop17(a25.data(), a23.data(), a24.data(), a16.data());
 
   // encoder_layers.mesh:19:10 layer_norm
   MESHRT_TRACE("layer_norm", "encoder_layers.mesh:19:10", "forward");
@@ -3050,7 +2827,7 @@ void MlmTrain::repeated3(support::View a0, support::ConstView a1, support::View 
   // roberta.mesh:71:3 mul
   // roberta.mesh:71:3 sub -> next/roberta/norm/gain
   MESHRT_TRACE("loop", "roberta.mesh:71:3", "update");
-  loop12(a2.data(), a4.data(), a0.data(), a1.data(), a3.data(), a5.data(), a6.data());
+  loop11(a2.data(), a4.data(), a0.data(), a1.data(), a3.data(), a5.data(), a6.data());
 
   // roberta.mesh:71:3 mul
   // roberta.mesh:71:3 square
@@ -3069,14 +2846,12 @@ void MlmTrain::repeated3(support::View a0, support::ConstView a1, support::View 
   // roberta.mesh:71:3 mul
   // roberta.mesh:71:3 sub -> next/roberta/norm/bias
   MESHRT_TRACE("loop", "roberta.mesh:71:3", "update");
-  loop12(a9.data(), a10.data(), a7.data(), a8.data(), a3.data(), a5.data(), a6.data());
+  loop11(a9.data(), a10.data(), a7.data(), a8.data(), a3.data(), a5.data(), a6.data());
 }
 
 void MlmTrain::repeated4(support::View a0, support::ConstView a1, support::ConstView a2,
-                         support::View a3, support::View a4, support::View a5,
-                         support::ConstView a6, support::View a7, support::View a8,
-                         support::View a9, support::ConstView a10, support::View a11,
-                         support::View a12, support::View a13, support::View a14) {
+                         support::View a3, support::ConstView a4, support::View a5,
+                         support::View a6, support::View a7, support::ConstView a8) {
   MESHRT_TRACE_SPAN(world_);
 
   // encoder_layers.mesh:19:53 sum -> grad/roberta/lm_head/norm/bias
@@ -3086,47 +2861,21 @@ void MlmTrain::repeated4(support::View a0, support::ConstView a1, support::Const
 
   // encoder_layers.mesh:19:46 mul
   MESHRT_TRACE("loop", "encoder_layers.mesh:19:46", "backward");
-  loop15(a3.data(), a1.data(), a2.data());
+  loop13(a3.data(), a1.data(), a2.data());
+
+  // encoder_layers.mesh:19:46 mul
+  MESHRT_TRACE("loop", "encoder_layers.mesh:19:46", "backward");
+  loop14(a5.data(), a1.data(), a4.data());
 
   // encoder_layers.mesh:19:46 sum -> grad/roberta/lm_head/norm/gain
   MESHRT_TRACE("sum", "encoder_layers.mesh:19:46", "backward");
-  support::reduce(a4.data(), kShape12, a3.data(), kShape10, kShape3, kShape4, support::Reduce::Sum,
+  support::reduce(a6.data(), kShape12, a5.data(), kShape10, kShape3, kShape4, support::Reduce::Sum,
                   1.0);
 
-  // encoder_layers.mesh:19:10 mean
-  MESHRT_TRACE("mean", "encoder_layers.mesh:19:10", "backward");
-  support::reduce(a5.data(), kShape3, a6.data(), kShape4, kShape12, kShape10, support::Reduce::Sum,
-                  0.03125);
-
-  // encoder_layers.mesh:19:10 sub
-  // encoder_layers.mesh:19:10 square
-  MESHRT_TRACE("loop", "encoder_layers.mesh:19:10", "backward");
-  loop16(a7.data(), a6.data(), a5.data());
-
-  // encoder_layers.mesh:19:10 mean
-  MESHRT_TRACE("mean", "encoder_layers.mesh:19:10", "backward");
-  support::reduce(a8.data(), kShape3, a7.data(), kShape4, kShape12, kShape10, support::Reduce::Sum,
-                  0.03125);
-
-  // encoder_layers.mesh:19:10 add
-  // encoder_layers.mesh:19:10 rsqrt
-  MESHRT_TRACE("loop", "encoder_layers.mesh:19:10", "backward");
-  loop17(a9.data(), a8.data());
-
-  // encoder_layers.mesh:19:46 mul
-  // encoder_layers.mesh:19:10 mul
-  MESHRT_TRACE("loop", "encoder_layers.mesh:19:46", "backward");
-  loop18(a11.data(), a12.data(), a1.data(), a10.data(), a2.data());
-
-  // encoder_layers.mesh:19:10 mean
-  MESHRT_TRACE("mean", "encoder_layers.mesh:19:10", "backward");
-  support::reduce(a13.data(), kShape3, a12.data(), kShape4, kShape12, kShape10,
-                  support::Reduce::Sum, 0.03125);
-
-  // encoder_layers.mesh:19:10 mean
-  MESHRT_TRACE("mean", "encoder_layers.mesh:19:10", "backward");
-  support::reduce(a14.data(), kShape3, a11.data(), kShape4, kShape12, kShape10,
-                  support::Reduce::Sum, 0.03125);
+  // encoder_layers.mesh:19:10 layer_norm_grad
+  MESHRT_TRACE("layer_norm_grad", "encoder_layers.mesh:19:10", "backward");
+  support::layerNormGrad(a7.data(), a8.data(), a3.data(), kShape3, kShape4, kShape4, kShape4,
+                         kShape12, kShape10, kShape10, kShape10, 1e-12, 32, nullptr);
 }
 
 MlmTrain::Inputs MlmTrain::synthesizeInputs(uint64_t seed) const {

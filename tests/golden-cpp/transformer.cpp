@@ -220,6 +220,18 @@ static const support::SharedEinsum
 
 [[gnu::noinline]] static void loop9(float *__restrict p0, const float *__restrict p1,
                                     const float *__restrict p2) {
+  for (int64_t i0 = 0; i0 < 64; ++i0) {
+    for (int64_t i1 = 0; i1 < 64; ++i1) {
+      const float s0 = p1[i0 * 64 + i1];
+      const float s1 = p2[i1];
+      const float s2 = (s0 * s1);
+      p0[i0 * 64 + i1] = s2;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop10(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 4096; ++i0) {
     const float s0 = p1[i0];
     const float s1 = p2[i0];
@@ -228,65 +240,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop10(float *__restrict p0, const float *__restrict p1,
-                                     const float *__restrict p2) {
-  for (int64_t i0 = 0; i0 < 64; ++i0) {
-    for (int64_t i1 = 0; i1 < 64; ++i1) {
-      const float s0 = p1[i0 * 64 + i1];
-      const float s1 = p2[i0];
-      const float s2 = (s0 - s1);
-      const float s3 = s2 * s2;
-      p0[i0 * 64 + i1] = s3;
-    }
-  }
-}
-
 [[gnu::noinline]] static void loop11(float *__restrict p0, const float *__restrict p1) {
-  for (int64_t i0 = 0; i0 < 64; ++i0) {
-    const float s0 = p1[i0];
-    const float s1 = 1e-05f;
-    const float s2 = (s0 + s1);
-    const float s3 = 1.0f / support::fsqrt(s2);
-    p0[i0] = s3;
-  }
-}
-
-[[gnu::noinline]] static void loop12(float *__restrict p0, float *__restrict p1,
-                                     const float *__restrict p2, const float *__restrict p3,
-                                     const float *__restrict p4) {
-  for (int64_t i0 = 0; i0 < 64; ++i0) {
-    for (int64_t i1 = 0; i1 < 64; ++i1) {
-      const float s0 = p2[i0 * 64 + i1];
-      const float s1 = p3[i1];
-      const float s2 = (s0 * s1);
-      const float s3 = p4[i0 * 64 + i1];
-      const float s4 = (s2 * s3);
-      p0[i0 * 64 + i1] = s2;
-      p1[i0 * 64 + i1] = s4;
-    }
-  }
-}
-
-[[gnu::noinline]] static void loop13(float *__restrict p0, const float *__restrict p1,
-                                     const float *__restrict p2, const float *__restrict p3,
-                                     const float *__restrict p4, const float *__restrict p5) {
-  for (int64_t i0 = 0; i0 < 64; ++i0) {
-    for (int64_t i1 = 0; i1 < 64; ++i1) {
-      const float s0 = p1[i0 * 64 + i1];
-      const float s1 = p2[i0];
-      const float s2 = (s0 * s1);
-      const float s3 = p3[i0 * 64 + i1];
-      const float s4 = p4[i0];
-      const float s5 = (s3 - s4);
-      const float s6 = (s5 - s2);
-      const float s7 = p5[i0];
-      const float s8 = (s6 * s7);
-      p0[i0 * 64 + i1] = s8;
-    }
-  }
-}
-
-[[gnu::noinline]] static void loop14(float *__restrict p0, const float *__restrict p1) {
   for (int64_t i0 = 0; i0 < 3072; ++i0) {
     const float s0 = p1[i0];
     const float s1 = s0 * s0;
@@ -294,7 +248,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop15(float *__restrict p0, const float *__restrict p1) {
+[[gnu::noinline]] static void loop12(float *__restrict p0, const float *__restrict p1) {
   for (int64_t i0 = 0; i0 < 2048; ++i0) {
     const float s0 = p1[i0];
     const float s1 = s0 * s0;
@@ -302,11 +256,152 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop16(float *__restrict p0, const float *__restrict p1) {
+[[gnu::noinline]] static void loop13(float *__restrict p0, const float *__restrict p1) {
   for (int64_t i0 = 0; i0 < 64; ++i0) {
     const float s0 = p1[i0];
     const float s1 = s0 * s0;
     p0[i0] = s1;
+  }
+}
+
+[[gnu::noinline]] static void loop14(float *__restrict p0, float *__restrict p1,
+                                     float *__restrict p2, const float *__restrict p3,
+                                     const float *__restrict p4, const float *__restrict p5,
+                                     const float *__restrict p6, const float *__restrict p7) {
+  const float r2 = p4[0];
+  const float r5 = p5[0];
+  const float r6 = p6[0];
+  const float r7 = p7[0];
+  for (int64_t i0 = 0; i0 < 3072; ++i0) {
+    const float s0 = p2[i0];
+    const float s1 = 0.1f;
+    const float s2 = (s0 * s1);
+    const float s3 = p3[i0];
+    const float s4 = r2;
+    const float s5 = (s3 * s4);
+    const float s6 = 0.100000024f;
+    const float s7 = (s5 * s6);
+    const float s8 = p0[i0];
+    const float s9 = 0.9f;
+    const float s10 = (s8 * s9);
+    const float s11 = (s10 + s7);
+    const float s12 = s5 * s5;
+    const float s13 = 0.050000012f;
+    const float s14 = (s12 * s13);
+    const float s15 = p1[i0];
+    const float s16 = 0.95f;
+    const float s17 = (s15 * s16);
+    const float s18 = (s17 + s14);
+    const float s19 = r5;
+    const float s20 = (s11 / s19);
+    const float s21 = r6;
+    const float s22 = (s18 / s21);
+    const float s23 = support::fsqrt(s22);
+    const float s24 = 1e-08f;
+    const float s25 = (s23 + s24);
+    const float s26 = (s20 / s25);
+    const float s27 = (s26 + s2);
+    const float s28 = r7;
+    const float s29 = (s27 * s28);
+    const float s30 = p2[i0];
+    const float s31 = (s30 - s29);
+    p0[i0] = s11;
+    p1[i0] = s18;
+    p2[i0] = s31;
+  }
+}
+
+[[gnu::noinline]] static void loop15(float *__restrict p0, float *__restrict p1,
+                                     float *__restrict p2, const float *__restrict p3,
+                                     const float *__restrict p4, const float *__restrict p5,
+                                     const float *__restrict p6, const float *__restrict p7) {
+  const float r2 = p4[0];
+  const float r5 = p5[0];
+  const float r6 = p6[0];
+  const float r7 = p7[0];
+  for (int64_t i0 = 0; i0 < 2048; ++i0) {
+    const float s0 = p2[i0];
+    const float s1 = 0.1f;
+    const float s2 = (s0 * s1);
+    const float s3 = p3[i0];
+    const float s4 = r2;
+    const float s5 = (s3 * s4);
+    const float s6 = 0.100000024f;
+    const float s7 = (s5 * s6);
+    const float s8 = p0[i0];
+    const float s9 = 0.9f;
+    const float s10 = (s8 * s9);
+    const float s11 = (s10 + s7);
+    const float s12 = s5 * s5;
+    const float s13 = 0.050000012f;
+    const float s14 = (s12 * s13);
+    const float s15 = p1[i0];
+    const float s16 = 0.95f;
+    const float s17 = (s15 * s16);
+    const float s18 = (s17 + s14);
+    const float s19 = r5;
+    const float s20 = (s11 / s19);
+    const float s21 = r6;
+    const float s22 = (s18 / s21);
+    const float s23 = support::fsqrt(s22);
+    const float s24 = 1e-08f;
+    const float s25 = (s23 + s24);
+    const float s26 = (s20 / s25);
+    const float s27 = (s26 + s2);
+    const float s28 = r7;
+    const float s29 = (s27 * s28);
+    const float s30 = p2[i0];
+    const float s31 = (s30 - s29);
+    p0[i0] = s11;
+    p1[i0] = s18;
+    p2[i0] = s31;
+  }
+}
+
+[[gnu::noinline]] static void loop16(float *__restrict p0, float *__restrict p1,
+                                     float *__restrict p2, const float *__restrict p3,
+                                     const float *__restrict p4, const float *__restrict p5,
+                                     const float *__restrict p6, const float *__restrict p7) {
+  const float r2 = p4[0];
+  const float r5 = p5[0];
+  const float r6 = p6[0];
+  const float r7 = p7[0];
+  for (int64_t i0 = 0; i0 < 64; ++i0) {
+    const float s0 = p2[i0];
+    const float s1 = 0.1f;
+    const float s2 = (s0 * s1);
+    const float s3 = p3[i0];
+    const float s4 = r2;
+    const float s5 = (s3 * s4);
+    const float s6 = 0.100000024f;
+    const float s7 = (s5 * s6);
+    const float s8 = p0[i0];
+    const float s9 = 0.9f;
+    const float s10 = (s8 * s9);
+    const float s11 = (s10 + s7);
+    const float s12 = s5 * s5;
+    const float s13 = 0.050000012f;
+    const float s14 = (s12 * s13);
+    const float s15 = p1[i0];
+    const float s16 = 0.95f;
+    const float s17 = (s15 * s16);
+    const float s18 = (s17 + s14);
+    const float s19 = r5;
+    const float s20 = (s11 / s19);
+    const float s21 = r6;
+    const float s22 = (s18 / s21);
+    const float s23 = support::fsqrt(s22);
+    const float s24 = 1e-08f;
+    const float s25 = (s23 + s24);
+    const float s26 = (s20 / s25);
+    const float s27 = (s26 + s2);
+    const float s28 = r7;
+    const float s29 = (s27 * s28);
+    const float s30 = p2[i0];
+    const float s31 = (s30 - s29);
+    p0[i0] = s11;
+    p1[i0] = s18;
+    p2[i0] = s31;
   }
 }
 
@@ -318,7 +413,7 @@ static const support::SharedEinsum
   const float r5 = p5[0];
   const float r6 = p6[0];
   const float r7 = p7[0];
-  for (int64_t i0 = 0; i0 < 3072; ++i0) {
+  for (int64_t i0 = 0; i0 < 8192; ++i0) {
     const float s0 = p2[i0];
     const float s1 = 0.1f;
     const float s2 = (s0 * s1);
@@ -365,147 +460,6 @@ static const support::SharedEinsum
   const float r5 = p5[0];
   const float r6 = p6[0];
   const float r7 = p7[0];
-  for (int64_t i0 = 0; i0 < 2048; ++i0) {
-    const float s0 = p2[i0];
-    const float s1 = 0.1f;
-    const float s2 = (s0 * s1);
-    const float s3 = p3[i0];
-    const float s4 = r2;
-    const float s5 = (s3 * s4);
-    const float s6 = 0.100000024f;
-    const float s7 = (s5 * s6);
-    const float s8 = p0[i0];
-    const float s9 = 0.9f;
-    const float s10 = (s8 * s9);
-    const float s11 = (s10 + s7);
-    const float s12 = s5 * s5;
-    const float s13 = 0.050000012f;
-    const float s14 = (s12 * s13);
-    const float s15 = p1[i0];
-    const float s16 = 0.95f;
-    const float s17 = (s15 * s16);
-    const float s18 = (s17 + s14);
-    const float s19 = r5;
-    const float s20 = (s11 / s19);
-    const float s21 = r6;
-    const float s22 = (s18 / s21);
-    const float s23 = support::fsqrt(s22);
-    const float s24 = 1e-08f;
-    const float s25 = (s23 + s24);
-    const float s26 = (s20 / s25);
-    const float s27 = (s26 + s2);
-    const float s28 = r7;
-    const float s29 = (s27 * s28);
-    const float s30 = p2[i0];
-    const float s31 = (s30 - s29);
-    p0[i0] = s11;
-    p1[i0] = s18;
-    p2[i0] = s31;
-  }
-}
-
-[[gnu::noinline]] static void loop19(float *__restrict p0, float *__restrict p1,
-                                     float *__restrict p2, const float *__restrict p3,
-                                     const float *__restrict p4, const float *__restrict p5,
-                                     const float *__restrict p6, const float *__restrict p7) {
-  const float r2 = p4[0];
-  const float r5 = p5[0];
-  const float r6 = p6[0];
-  const float r7 = p7[0];
-  for (int64_t i0 = 0; i0 < 64; ++i0) {
-    const float s0 = p2[i0];
-    const float s1 = 0.1f;
-    const float s2 = (s0 * s1);
-    const float s3 = p3[i0];
-    const float s4 = r2;
-    const float s5 = (s3 * s4);
-    const float s6 = 0.100000024f;
-    const float s7 = (s5 * s6);
-    const float s8 = p0[i0];
-    const float s9 = 0.9f;
-    const float s10 = (s8 * s9);
-    const float s11 = (s10 + s7);
-    const float s12 = s5 * s5;
-    const float s13 = 0.050000012f;
-    const float s14 = (s12 * s13);
-    const float s15 = p1[i0];
-    const float s16 = 0.95f;
-    const float s17 = (s15 * s16);
-    const float s18 = (s17 + s14);
-    const float s19 = r5;
-    const float s20 = (s11 / s19);
-    const float s21 = r6;
-    const float s22 = (s18 / s21);
-    const float s23 = support::fsqrt(s22);
-    const float s24 = 1e-08f;
-    const float s25 = (s23 + s24);
-    const float s26 = (s20 / s25);
-    const float s27 = (s26 + s2);
-    const float s28 = r7;
-    const float s29 = (s27 * s28);
-    const float s30 = p2[i0];
-    const float s31 = (s30 - s29);
-    p0[i0] = s11;
-    p1[i0] = s18;
-    p2[i0] = s31;
-  }
-}
-
-[[gnu::noinline]] static void loop20(float *__restrict p0, float *__restrict p1,
-                                     float *__restrict p2, const float *__restrict p3,
-                                     const float *__restrict p4, const float *__restrict p5,
-                                     const float *__restrict p6, const float *__restrict p7) {
-  const float r2 = p4[0];
-  const float r5 = p5[0];
-  const float r6 = p6[0];
-  const float r7 = p7[0];
-  for (int64_t i0 = 0; i0 < 8192; ++i0) {
-    const float s0 = p2[i0];
-    const float s1 = 0.1f;
-    const float s2 = (s0 * s1);
-    const float s3 = p3[i0];
-    const float s4 = r2;
-    const float s5 = (s3 * s4);
-    const float s6 = 0.100000024f;
-    const float s7 = (s5 * s6);
-    const float s8 = p0[i0];
-    const float s9 = 0.9f;
-    const float s10 = (s8 * s9);
-    const float s11 = (s10 + s7);
-    const float s12 = s5 * s5;
-    const float s13 = 0.050000012f;
-    const float s14 = (s12 * s13);
-    const float s15 = p1[i0];
-    const float s16 = 0.95f;
-    const float s17 = (s15 * s16);
-    const float s18 = (s17 + s14);
-    const float s19 = r5;
-    const float s20 = (s11 / s19);
-    const float s21 = r6;
-    const float s22 = (s18 / s21);
-    const float s23 = support::fsqrt(s22);
-    const float s24 = 1e-08f;
-    const float s25 = (s23 + s24);
-    const float s26 = (s20 / s25);
-    const float s27 = (s26 + s2);
-    const float s28 = r7;
-    const float s29 = (s27 * s28);
-    const float s30 = p2[i0];
-    const float s31 = (s30 - s29);
-    p0[i0] = s11;
-    p1[i0] = s18;
-    p2[i0] = s31;
-  }
-}
-
-[[gnu::noinline]] static void loop21(float *__restrict p0, float *__restrict p1,
-                                     float *__restrict p2, const float *__restrict p3,
-                                     const float *__restrict p4, const float *__restrict p5,
-                                     const float *__restrict p6, const float *__restrict p7) {
-  const float r2 = p4[0];
-  const float r5 = p5[0];
-  const float r6 = p6[0];
-  const float r7 = p7[0];
   for (int64_t i0 = 0; i0 < 128; ++i0) {
     const float s0 = p2[i0];
     const float s1 = 0.1f;
@@ -545,7 +499,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop22(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop19(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2, const uint8_t *__restrict p3) {
   for (int64_t i0 = 0; i0 < 8192; ++i0) {
     const float s0 = p1[i0];
@@ -585,29 +539,17 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop23(float *__restrict p0, const float *__restrict p1,
-                                     const float *__restrict p2, const float *__restrict p3,
-                                     const float *__restrict p4, const float *__restrict p5,
-                                     const float *__restrict p6) {
-  for (int64_t i0 = 0; i0 < 64; ++i0) {
-    for (int64_t i1 = 0; i1 < 64; ++i1) {
-      const float s0 = p1[i0 * 64 + i1];
-      const float s1 = p2[i0];
-      const float s2 = (s0 * s1);
-      const float s3 = p3[i0 * 64 + i1];
-      const float s4 = p4[i0];
-      const float s5 = (s3 - s4);
-      const float s6 = (s5 - s2);
-      const float s7 = p5[i0];
-      const float s8 = (s6 * s7);
-      const float s9 = p6[i0 * 64 + i1];
-      const float s10 = (s9 + s8);
-      p0[i0 * 64 + i1] = s10;
-    }
+[[gnu::noinline]] static void loop20(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2) {
+  for (int64_t i0 = 0; i0 < 4096; ++i0) {
+    const float s0 = p1[i0];
+    const float s1 = p2[i0];
+    const float s2 = (s0 + s1);
+    p0[i0] = s2;
   }
 }
 
-[[gnu::noinline]] static void loop24(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop21(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4) {
   for (int64_t i0 = 0; i0 < 2; ++i0) {
@@ -631,7 +573,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop25(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop22(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3) {
   for (int64_t i0 = 0; i0 < 4096; ++i0) {
     const float s0 = p1[i0];
@@ -643,7 +585,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop26(float *__restrict p0, const float *__restrict p1) {
+[[gnu::noinline]] static void loop23(float *__restrict p0, const float *__restrict p1) {
   for (int64_t i0 = 0; i0 < 8192; ++i0) {
     const float s0 = p1[i0];
     const float s1 = s0 * s0;
@@ -651,7 +593,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop27(float *__restrict p0, const float *__restrict p1) {
+[[gnu::noinline]] static void loop24(float *__restrict p0, const float *__restrict p1) {
   for (int64_t i0 = 0; i0 < 128; ++i0) {
     const float s0 = p1[i0];
     const float s1 = s0 * s0;
@@ -659,17 +601,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop28(float *__restrict p0, const float *__restrict p1,
-                                     const float *__restrict p2) {
-  for (int64_t i0 = 0; i0 < 4096; ++i0) {
-    const float s0 = p1[i0];
-    const float s1 = p2[i0];
-    const float s2 = (s0 + s1);
-    p0[i0] = s2;
-  }
-}
-
-[[gnu::noinline]] static void loop29(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop25(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3) {
   for (int64_t i0 = 0; i0 < 64; ++i0) {
     for (int64_t i1 = 0; i1 < 64; ++i1) {
@@ -1618,7 +1550,7 @@ void LmTrain::computeInvariants() {
 
 LmTrain::Outputs LmTrain::run(const Inputs &inputs) {
   MESHRT_TRACE_RUN(world_, "lm_train");
-  // Arena: 553024 bytes for 2062612 bytes of temporaries (placed by liveness).
+  // Arena: 553024 bytes for 1957908 bytes of temporaries (placed by liveness).
   support::checkShape("input", "tokens", inputs.tokens, {2, 32});
   runPart0(inputs);
   runPart1(inputs);
@@ -1730,10 +1662,10 @@ void LmTrain::runPart0(const Inputs &inputs) {
   support::View v64(param15_decoder_decoder_layer_1_norm_gain); // updated in place
   support::View v65(param16_decoder_decoder_layer_1_norm_bias); // updated in place
   support::View v57 = arena_.view(32768, 8192);
-  support::View keep_v1062 = arena_.view(544768, 2048);
+  support::View keep_v1001 = arena_.view(544768, 2048);
   support::View v68 = arena_.view(344064, 4096);
   repeated3(v42, v35, v39, v33, v43, v29, v44, v12, v46, v49, v47, v48, v51, v52, v56, v53, v57,
-            v59, keep_v1062, v54, v60, v55, v63, v66, v64, v65, v68,
+            v59, keep_v1001, v54, v60, v55, v63, v66, v64, v65, v68,
             "decoder/decoder_layer[0]/ffn/dropout#0");
 
   // 4 statements from layers.mesh:36:11 einsum -> q (2 of 2)
@@ -1770,10 +1702,10 @@ void LmTrain::runPart0(const Inputs &inputs) {
   support::View v107(param27_decoder_norm_gain); // updated in place
   support::View v108(param28_decoder_norm_bias); // updated in place
   support::View v100 = arena_.view(98304, 8192);
-  support::View keep_v1061 = arena_.view(536576, 2048);
+  support::View keep_v1000 = arena_.view(536576, 2048);
   support::View v111 = arena_.view(163840, 4096);
   repeated3(v85, v78, v39, v76, v86, v72, v87, v63, v89, v92, v90, v91, v94, v95, v99, v96, v100,
-            v102, keep_v1061, v97, v103, v98, v106, v109, v107, v108, v111,
+            v102, keep_v1000, v97, v103, v98, v106, v109, v107, v108, v111,
             "decoder/decoder_layer[1]/ffn/dropout#0");
 
   // transformer.mesh:43:10 einsum
@@ -1896,9 +1828,15 @@ void LmTrain::runPart1(const Inputs &inputs) {
 
   // layers.mesh:24:33 mul
   MESHRT_TRACE("loop", "layers.mesh:24:33", "backward");
+  support::View v107(param27_decoder_norm_gain); // updated in place
+  support::View v146 = arena_.view(163840, 4096);
+  loop9(v146.data(), v142.data(), v107.data());
+
+  // layers.mesh:24:33 mul
+  MESHRT_TRACE("loop", "layers.mesh:24:33", "backward");
   support::View v109 = arena_.view(0, 4096);
-  support::View v147 = arena_.view(163840, 4096);
-  loop9(v147.data(), v142.data(), v109.data());
+  support::View v147 = arena_.view(425984, 4096);
+  loop10(v147.data(), v142.data(), v109.data());
 
   // layers.mesh:24:33 sum -> grad/decoder/norm/gain
   MESHRT_TRACE("sum", "layers.mesh:24:33", "backward");
@@ -1906,405 +1844,330 @@ void LmTrain::runPart1(const Inputs &inputs) {
   support::reduce(v148.data(), kShape12, v147.data(), kShape1, kShape5, kShape6,
                   support::Reduce::Sum, 1.0);
 
-  // layers.mesh:24:10 mean
-  MESHRT_TRACE("mean", "layers.mesh:24:10", "backward");
+  // layers.mesh:24:10 layer_norm_grad
+  MESHRT_TRACE("layer_norm_grad", "layers.mesh:24:10", "backward");
   support::View v106 = arena_.view(16384, 4096);
-  support::View v149 = arena_.view(425984, 64);
-  support::reduce(v149.data(), kShape5, v106.data(), kShape6, kShape12, kShape1,
-                  support::Reduce::Sum, 0.015625);
+  support::View v149 = arena_.view(425984, 4096);
+  support::layerNormGrad(v149.data(), v106.data(), v146.data(), kShape5, kShape6, kShape6, kShape6,
+                         kShape12, kShape1, kShape1, kShape1, 1e-05, 64, nullptr);
 
-  // layers.mesh:24:10 sub
-  // layers.mesh:24:10 square
-  MESHRT_TRACE("loop", "layers.mesh:24:10", "backward");
-  support::View v151 = arena_.view(163840, 4096);
-  loop10(v151.data(), v106.data(), v149.data());
-
-  // layers.mesh:24:10 mean
-  MESHRT_TRACE("mean", "layers.mesh:24:10", "backward");
-  support::View v152 = arena_.view(16384, 64);
-  support::reduce(v152.data(), kShape5, v151.data(), kShape6, kShape12, kShape1,
-                  support::Reduce::Sum, 0.015625);
-
-  // layers.mesh:24:10 add
-  // layers.mesh:24:10 rsqrt
-  MESHRT_TRACE("loop", "layers.mesh:24:10", "backward");
-  support::View v155 = arena_.view(442368, 64);
-  loop11(v155.data(), v152.data());
-
-  // layers.mesh:24:33 mul
-  // layers.mesh:24:10 mul
-  MESHRT_TRACE("loop", "layers.mesh:24:33", "backward");
-  support::View v107(param27_decoder_norm_gain); // updated in place
-  support::View v146 = arena_.view(16384, 4096);
-  support::View v156 = arena_.view(163840, 4096);
-  loop12(v146.data(), v156.data(), v142.data(), v107.data(), v109.data());
-
-  // layers.mesh:24:10 mean
-  MESHRT_TRACE("mean", "layers.mesh:24:10", "backward");
-  support::View v157 = arena_.view(180224, 64);
-  support::reduce(v157.data(), kShape5, v156.data(), kShape6, kShape12, kShape1,
-                  support::Reduce::Sum, 0.015625);
-
-  // layers.mesh:24:10 mean
-  MESHRT_TRACE("mean", "layers.mesh:24:10", "backward");
-  support::View v159 = arena_.view(163840, 64);
-  support::reduce(v159.data(), kShape5, v146.data(), kShape6, kShape12, kShape1,
-                  support::Reduce::Sum, 0.015625);
-
-  // layers.mesh:24:10 mul
-  // layers.mesh:24:10 sub
-  // layers.mesh:24:10 sub
-  // layers.mesh:24:10 mul
-  MESHRT_TRACE("loop", "layers.mesh:24:10", "backward");
-  support::View v162 = arena_.view(425984, 4096);
-  loop13(v162.data(), v109.data(), v157.data(), v146.data(), v159.data(), v155.data());
-
-  // 48 statements from layers.mesh:55:71 sum -> grad/decoder/decoder_layer[1]/ffn/b_out (1 of 2)
+  // 38 statements from layers.mesh:55:71 sum -> grad/decoder/decoder_layer[1]/ffn/b_out (1 of 2)
   MESHRT_TRACE_SITE("layers.mesh:55:71");
   support::View v97(param25_decoder_decoder_layer_1_ffn_w_out); // updated in place
-  support::View v164 = arena_.view(0, 8192);
+  support::View v151 = arena_.view(0, 8192);
   support::View v102 = arena_.view(131072, 8192);
   support::View v100 = arena_.view(98304, 8192);
-  support::View keep_v1061 = arena_.view(536576, 2048);
-  support::View v188 = arena_.view(131072, 8192);
+  support::View keep_v1000 = arena_.view(536576, 2048);
+  support::View v175 = arena_.view(131072, 8192);
   support::View v95(param23_decoder_decoder_layer_1_ffn_w_in); // updated in place
-  support::View v190 = arena_.view(98304, 4096);
+  support::View v177 = arena_.view(98304, 4096);
   support::View v94 = arena_.view(409600, 4096);
-  support::View v92 = arena_.view(393216, 4096);
-  support::View v195 = arena_.view(114688, 4096);
-  support::View v197 = arena_.view(131072, 64);
-  support::View v89 = arena_.view(376832, 4096);
-  support::View v199 = arena_.view(114688, 4096);
-  support::View v200 = arena_.view(131072, 64);
-  support::View v202 = arena_.view(147456, 64);
   support::View v90(param21_decoder_decoder_layer_1_norm_1_gain); // updated in place
-  support::View v194 = arena_.view(114688, 4096);
-  support::View v203 = arena_.view(131072, 4096);
-  support::View v204 = arena_.view(147712, 64);
-  support::View v206 = arena_.view(131072, 64);
-  support::View v210 = arena_.view(98304, 4096);
+  support::View v181 = arena_.view(114688, 4096);
+  support::View v92 = arena_.view(393216, 4096);
+  support::View v182 = arena_.view(131072, 4096);
+  support::View v184 = arena_.view(98304, 4096);
+  support::View v89 = arena_.view(376832, 4096);
+  support::View v185 = arena_.view(114688, 4096);
   support::View v72(param20_decoder_decoder_layer_1_attention_w_o); // updated in place
-  support::View v211 = arena_.view(131072, 2048);
+  support::View v186 = arena_.view(131072, 2048);
   support::View v86 = arena_.view(528384, 2048);
   support::View v76 = arena_.view(520192, 2048);
-  support::View v213 = arena_.view(114688, 4096);
+  support::View v188 = arena_.view(98304, 4096);
   support::View v85 = arena_.view(360448, 4096);
-  support::View v214 = arena_.view(147456, 2048);
-  support::View v216 = arena_.view(155648, 128);
+  support::View v189 = arena_.view(147456, 2048);
+  support::View v191 = arena_.view(155648, 128);
   support::View v39 = arena_.view(487424, 2048);
-  support::View v221 = arena_.view(131072, 4096);
+  support::View v196 = arena_.view(131072, 4096);
   support::View v74 = arena_.view(512000, 2048);
-  support::View v222 = arena_.view(385024, 2048);
+  support::View v197 = arena_.view(385024, 2048);
   support::View v73 = arena_.view(503808, 2048);
-  support::View v223 = arena_.view(155648, 2048);
+  support::View v198 = arena_.view(155648, 2048);
   support::View v71(param19_decoder_decoder_layer_1_attention_w_v); // updated in place
-  support::View v225 = arena_.view(114688, 4096);
+  support::View v200 = arena_.view(98304, 4096);
   support::View v68 = arena_.view(344064, 4096);
   support::View v70(param18_decoder_decoder_layer_1_attention_w_k); // updated in place
-  support::View v228 = arena_.view(131072, 4096);
+  support::View v203 = arena_.view(131072, 4096);
   support::View v69(param17_decoder_decoder_layer_1_attention_w_q); // updated in place
-  support::View v231 = arena_.view(147456, 4096);
-  support::View v232 = arena_.view(360448, 4096);
-  support::View v66 = arena_.view(327680, 4096);
-  support::View v237 = arena_.view(114688, 4096);
-  support::View v239 = arena_.view(131072, 64);
-  support::View v63 = arena_.view(311296, 4096);
-  support::View v241 = arena_.view(114688, 4096);
-  support::View v242 = arena_.view(131072, 64);
-  support::View v244 = arena_.view(147456, 64);
+  support::View v206 = arena_.view(147456, 4096);
+  support::View v207 = arena_.view(360448, 4096);
   support::View v64(param15_decoder_decoder_layer_1_norm_gain); // updated in place
-  support::View v236 = arena_.view(114688, 4096);
-  support::View v245 = arena_.view(131072, 4096);
-  support::View v246 = arena_.view(147712, 64);
-  support::View v248 = arena_.view(131072, 64);
-  support::View v163 = arena_.view(443392, 64);
-  support::View v165 = arena_.view(163840, 8192);
-  support::View v189 = arena_.view(442368, 128);
-  support::View v191 = arena_.view(0, 8192);
-  support::View v193 = arena_.view(417792, 64);
-  support::View v196 = arena_.view(418048, 64);
-  support::View v212 = arena_.view(376832, 2048);
-  support::View v226 = arena_.view(393216, 2048);
-  support::View v230 = arena_.view(401408, 2048);
-  support::View v233 = arena_.view(409600, 2048);
-  support::View v235 = arena_.view(344064, 64);
-  support::View v238 = arena_.view(344320, 64);
-  support::View v252 = arena_.view(311296, 4096);
-  repeated1(v163, v162, v97, v164, v102, v165, v100, keep_v1061, v188, v189, v95, v190, v94, v191,
-            v193, v92, v195, v196, v197, v89, v199, v200, v202, v90, v194, v203, v204, v206, v210,
-            v72, v211, v86, v212, v76, v213, v85, v214, v216, v39, v221, v74, v222, v73, v223, v71,
-            v225, v68, v226, v70, v228, v230, v69, v231, v232, v233, v235, v66, v237, v238, v239,
-            v63, v241, v242, v244, v64, v236, v245, v246, v248, v252);
+  support::View v211 = arena_.view(98304, 4096);
+  support::View v66 = arena_.view(327680, 4096);
+  support::View v212 = arena_.view(131072, 4096);
+  support::View v214 = arena_.view(131072, 4096);
+  support::View v63 = arena_.view(311296, 4096);
+  support::View v150 = arena_.view(443392, 64);
+  support::View v152 = arena_.view(163840, 8192);
+  support::View v176 = arena_.view(442368, 128);
+  support::View v178 = arena_.view(0, 8192);
+  support::View v180 = arena_.view(417792, 64);
+  support::View v183 = arena_.view(418048, 64);
+  support::View v187 = arena_.view(376832, 2048);
+  support::View v201 = arena_.view(393216, 2048);
+  support::View v205 = arena_.view(401408, 2048);
+  support::View v208 = arena_.view(409600, 2048);
+  support::View v210 = arena_.view(344064, 64);
+  support::View v213 = arena_.view(328192, 64);
+  support::View v215 = arena_.view(311296, 4096);
+  repeated1(v150, v149, v97, v151, v102, v152, v100, keep_v1000, v175, v176, v95, v177, v94, v178,
+            v180, v90, v181, v92, v182, v183, v184, v89, v185, v72, v186, v86, v187, v76, v188, v85,
+            v189, v191, v39, v196, v74, v197, v73, v198, v71, v200, v68, v201, v70, v203, v205, v69,
+            v206, v207, v208, v210, v64, v211, v66, v212, v213, v214, v63, v215);
 
-  // 48 statements from layers.mesh:55:71 sum -> grad/decoder/decoder_layer[1]/ffn/b_out (2 of 2)
+  // 38 statements from layers.mesh:55:71 sum -> grad/decoder/decoder_layer[1]/ffn/b_out (2 of 2)
   MESHRT_TRACE_SITE("layers.mesh:55:71");
   support::View v54(param13_decoder_decoder_layer_0_ffn_w_out); // updated in place
-  support::View v254 = arena_.view(98304, 8192);
+  support::View v217 = arena_.view(98304, 8192);
   support::View v59 = arena_.view(65536, 8192);
   support::View v57 = arena_.view(32768, 8192);
-  support::View keep_v1062 = arena_.view(544768, 2048);
-  support::View v273 = arena_.view(65536, 8192);
+  support::View keep_v1001 = arena_.view(544768, 2048);
+  support::View v236 = arena_.view(65536, 8192);
   support::View v52(param11_decoder_decoder_layer_0_ffn_w_in); // updated in place
-  support::View v275 = arena_.view(98304, 4096);
+  support::View v238 = arena_.view(98304, 4096);
   support::View v51 = arena_.view(294912, 4096);
-  support::View v49 = arena_.view(278528, 4096);
-  support::View v280 = arena_.view(65536, 4096);
-  support::View v282 = arena_.view(81920, 64);
-  support::View v46 = arena_.view(262144, 4096);
-  support::View v284 = arena_.view(65536, 4096);
-  support::View v285 = arena_.view(81920, 64);
-  support::View v287 = arena_.view(114688, 64);
   support::View v47(param9_decoder_decoder_layer_0_norm_1_gain); // updated in place
-  support::View v279 = arena_.view(65536, 4096);
-  support::View v288 = arena_.view(81920, 4096);
-  support::View v289 = arena_.view(98304, 64);
-  support::View v291 = arena_.view(98560, 64);
-  support::View v295 = arena_.view(81920, 4096);
+  support::View v242 = arena_.view(65536, 4096);
+  support::View v49 = arena_.view(278528, 4096);
+  support::View v243 = arena_.view(81920, 4096);
+  support::View v245 = arena_.view(81920, 4096);
+  support::View v46 = arena_.view(262144, 4096);
+  support::View v246 = arena_.view(65536, 4096);
   support::View v29(param8_decoder_decoder_layer_0_attention_w_o); // updated in place
-  support::View v296 = arena_.view(98304, 2048);
+  support::View v247 = arena_.view(98304, 2048);
   support::View v43 = arena_.view(495616, 2048);
   support::View v33 = arena_.view(479232, 2048);
-  support::View v298 = arena_.view(65536, 4096);
+  support::View v249 = arena_.view(81920, 4096);
   support::View v42 = arena_.view(245760, 4096);
-  support::View v299 = arena_.view(114688, 2048);
-  support::View v301 = arena_.view(122880, 128);
-  support::View v305 = arena_.view(98304, 4096);
+  support::View v250 = arena_.view(114688, 2048);
+  support::View v252 = arena_.view(122880, 128);
+  support::View v256 = arena_.view(98304, 4096);
   support::View v31 = arena_.view(471040, 2048);
-  support::View v306 = arena_.view(270336, 2048);
+  support::View v257 = arena_.view(270336, 2048);
   support::View v30 = arena_.view(462848, 2048);
-  support::View v307 = arena_.view(122880, 2048);
+  support::View v258 = arena_.view(122880, 2048);
   support::View v28(param7_decoder_decoder_layer_0_attention_w_v); // updated in place
-  support::View v309 = arena_.view(65536, 4096);
+  support::View v260 = arena_.view(81920, 4096);
   support::View v25 = arena_.view(229376, 4096);
   support::View v27(param6_decoder_decoder_layer_0_attention_w_k); // updated in place
-  support::View v312 = arena_.view(98304, 4096);
+  support::View v263 = arena_.view(98304, 4096);
   support::View v26(param5_decoder_decoder_layer_0_attention_w_q); // updated in place
-  support::View v315 = arena_.view(114688, 4096);
-  support::View v316 = arena_.view(245760, 4096);
-  support::View v23 = arena_.view(212992, 4096);
-  support::View v321 = arena_.view(65536, 4096);
-  support::View v323 = arena_.view(98304, 64);
-  support::View v12 = arena_.view(196608, 4096);
-  support::View v325 = arena_.view(65536, 4096);
-  support::View v326 = arena_.view(98304, 64);
-  support::View v328 = arena_.view(114688, 64);
+  support::View v266 = arena_.view(114688, 4096);
+  support::View v267 = arena_.view(245760, 4096);
   support::View v21(param3_decoder_decoder_layer_0_norm_gain); // updated in place
-  support::View v320 = arena_.view(65536, 4096);
-  support::View v329 = arena_.view(98304, 4096);
-  support::View v330 = arena_.view(114944, 64);
-  support::View v332 = arena_.view(115200, 64);
-  support::View v253 = arena_.view(328192, 64);
-  support::View v255 = arena_.view(131072, 8192);
-  support::View v274 = arena_.view(327680, 128);
-  support::View v276 = arena_.view(32768, 8192);
-  support::View v278 = arena_.view(303104, 64);
-  support::View v281 = arena_.view(303360, 64);
-  support::View v297 = arena_.view(262144, 2048);
-  support::View v310 = arena_.view(278528, 2048);
-  support::View v314 = arena_.view(286720, 2048);
-  support::View v317 = arena_.view(294912, 2048);
-  support::View v319 = arena_.view(126976, 64);
-  support::View v322 = arena_.view(127232, 64);
-  support::View v336 = arena_.view(98304, 4096);
-  repeated1(v253, v252, v54, v254, v59, v255, v57, keep_v1062, v273, v274, v52, v275, v51, v276,
-            v278, v49, v280, v281, v282, v46, v284, v285, v287, v47, v279, v288, v289, v291, v295,
-            v29, v296, v43, v297, v33, v298, v42, v299, v301, v39, v305, v31, v306, v30, v307, v28,
-            v309, v25, v310, v27, v312, v314, v26, v315, v316, v317, v319, v23, v321, v322, v323,
-            v12, v325, v326, v328, v21, v320, v329, v330, v332, v336);
+  support::View v271 = arena_.view(81920, 4096);
+  support::View v23 = arena_.view(212992, 4096);
+  support::View v272 = arena_.view(98304, 4096);
+  support::View v274 = arena_.view(98304, 4096);
+  support::View v12 = arena_.view(196608, 4096);
+  support::View v216 = arena_.view(328448, 64);
+  support::View v218 = arena_.view(131072, 8192);
+  support::View v237 = arena_.view(327680, 128);
+  support::View v239 = arena_.view(32768, 8192);
+  support::View v241 = arena_.view(294912, 64);
+  support::View v244 = arena_.view(295168, 64);
+  support::View v248 = arena_.view(262144, 2048);
+  support::View v261 = arena_.view(278528, 2048);
+  support::View v265 = arena_.view(286720, 2048);
+  support::View v268 = arena_.view(114688, 2048);
+  support::View v270 = arena_.view(229376, 64);
+  support::View v273 = arena_.view(212992, 64);
+  support::View v275 = arena_.view(81920, 4096);
+  repeated1(v216, v215, v54, v217, v59, v218, v57, keep_v1001, v236, v237, v52, v238, v51, v239,
+            v241, v47, v242, v49, v243, v244, v245, v46, v246, v29, v247, v43, v248, v33, v249, v42,
+            v250, v252, v39, v256, v31, v257, v30, v258, v28, v260, v25, v261, v27, v263, v265, v26,
+            v266, v267, v268, v270, v21, v271, v23, v272, v273, v274, v12, v275);
 
   // transformer.mesh:34:37 sum -> grad/decoder/position_embedding
   MESHRT_TRACE("sum", "transformer.mesh:34:37", "backward");
-  support::View v337 = arena_.view(196608, 2048);
-  support::reduce(v337.data(), kShape19, v336.data(), kShape20, kShape21, kShape22,
+  support::View v276 = arena_.view(122880, 2048);
+  support::reduce(v276.data(), kShape19, v275.data(), kShape20, kShape21, kShape22,
                   support::Reduce::Sum, 1.0);
 
   // transformer.mesh:33:37 einsum -> grad/decoder/token_embedding
   MESHRT_TRACE("einsum", "transformer.mesh:33:37", "backward");
   const support::Buffer &v0 = inputs.tokens.data;
-  support::View v338 = arena_.view(114688, 3072);
-  support::scatterAdd(v338.data(), kShape23, v336.data(), kShape24, v0.data(), kShape11, kShape5,
+  support::View v277 = arena_.view(98304, 3072);
+  support::scatterAdd(v277.data(), kShape23, v275.data(), kShape24, v0.data(), kShape11, kShape5,
                       kShape6, kShape16, 0, support::shardStart(world_, {"model"}, 48));
 
   // transformer.mesh:61:3 bucketed_all_reduce_sum -> grad/decoder/unembed (29 partial sums
   // (grad/decoder/unembed, grad/decoder/norm/bias, grad/decoder/norm/gain, ...) over data resolved
   // together, 228.0 KiB in one buffer)
   MESHRT_TRACE_SITE("transformer.mesh:61:3");
-  support::allReduceBucket(group_data, {v143, v145, v148, v163, v165, v189, v191, v193, v196, v212,
-                                        v226, v230, v233, v235, v238, v253, v255, v274, v276, v278,
-                                        v281, v297, v310, v314, v317, v319, v322, v337, v338});
+  support::allReduceBucket(group_data, {v143, v145, v148, v150, v152, v176, v178, v180, v183, v187,
+                                        v201, v205, v208, v210, v213, v216, v218, v237, v239, v241,
+                                        v244, v248, v261, v265, v268, v270, v273, v276, v277});
 
   // transformer.mesh:61:3 square
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "backward");
-  support::View v363 = arena_.view(65536, 3072);
-  loop14(v363.data(), v338.data());
+  support::View v302 = arena_.view(65536, 3072);
+  loop11(v302.data(), v277.data());
 
   // transformer.mesh:61:3 sum
   MESHRT_TRACE("sum", "transformer.mesh:61:3", "backward");
-  support::View v364 = arena_.view(98304, 1);
-  support::reduce(v364.data(), kShape8, v363.data(), kShape8, kShape23, kShape20,
+  support::View v303 = arena_.view(110592, 1);
+  support::reduce(v303.data(), kShape8, v302.data(), kShape8, kShape23, kShape20,
                   support::Reduce::Sum, 1.0);
 
   // transformer.mesh:61:3 square
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "backward");
-  support::View v366 = arena_.view(65536, 2048);
-  loop15(v366.data(), v337.data());
+  support::View v305 = arena_.view(65536, 2048);
+  loop12(v305.data(), v276.data());
 
-  // transformer.mesh:61:3 local_slice (reshard %351 for sum at 61:3)
+  // transformer.mesh:61:3 local_slice (reshard %290 for sum at 61:3)
   MESHRT_TRACE("local_slice", "transformer.mesh:61:3", "backward");
-  support::View v367 = arena_.view(73728, 1024);
-  support::sliceDim(v367, v366, kShape19, 0, support::blockIndex(world_, {"model"}), 2);
+  support::View v306 = arena_.view(73728, 1024);
+  support::sliceDim(v306, v305, kShape19, 0, support::blockIndex(world_, {"model"}), 2);
+
+  // transformer.mesh:61:3 sum ('seq' sliced over model: partial over model as its partner)
+  MESHRT_TRACE("sum", "transformer.mesh:61:3", "backward");
+  support::View v307 = arena_.view(110656, 1);
+  support::reduce(v307.data(), kShape8, v306.data(), kShape8, kShape25, kShape20,
+                  support::Reduce::Sum, 1.0);
+
+  // transformer.mesh:61:3 square
+  MESHRT_TRACE("loop", "transformer.mesh:61:3", "backward");
+  support::View v310 = arena_.view(65536, 3072);
+  loop11(v310.data(), v143.data());
+
+  // transformer.mesh:61:3 sum
+  MESHRT_TRACE("sum", "transformer.mesh:61:3", "backward");
+  support::View v311 = arena_.view(110720, 1);
+  support::reduce(v311.data(), kShape8, v310.data(), kShape8, kShape26, kShape27,
+                  support::Reduce::Sum, 1.0);
+
+  // transformer.mesh:61:3 square
+  MESHRT_TRACE("loop", "transformer.mesh:61:3", "backward");
+  support::View v314 = arena_.view(65536, 64);
+  loop13(v314.data(), v273.data());
+
+  // transformer.mesh:61:3 local_slice (reshard %296 for sum at 61:3)
+  MESHRT_TRACE("local_slice", "transformer.mesh:61:3", "backward");
+  support::View v315 = arena_.view(65792, 32);
+  support::sliceDim(v315, v314, kShape12, 0, support::blockIndex(world_, {"model"}), 2);
+
+  // transformer.mesh:61:3 sum ('d_model' sliced over model: partial over model as its partner)
+  MESHRT_TRACE("sum", "transformer.mesh:61:3", "backward");
+  support::View v316 = arena_.view(110784, 1);
+  support::reduce(v316.data(), kShape8, v315.data(), kShape8, kShape0, kShape1,
+                  support::Reduce::Sum, 1.0);
 }
 
 void LmTrain::runPart2(const Inputs &inputs) {
   (void)inputs;
   MESHRT_TRACE_SPAN(world_);
 
-  // transformer.mesh:61:3 sum ('seq' sliced over model: partial over model as its partner)
-  MESHRT_TRACE("sum", "transformer.mesh:61:3", "backward");
-  support::View v367 = arena_.view(73728, 1024);
-  support::View v368 = arena_.view(98368, 1);
-  support::reduce(v368.data(), kShape8, v367.data(), kShape8, kShape25, kShape20,
-                  support::Reduce::Sum, 1.0);
-
   // transformer.mesh:61:3 square
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "backward");
-  support::View v143 = arena_.view(450560, 3072);
-  support::View v371 = arena_.view(65536, 3072);
-  loop14(v371.data(), v143.data());
+  support::View v270 = arena_.view(229376, 64);
+  support::View v319 = arena_.view(65536, 64);
+  loop13(v319.data(), v270.data());
 
-  // transformer.mesh:61:3 sum
-  MESHRT_TRACE("sum", "transformer.mesh:61:3", "backward");
-  support::View v372 = arena_.view(98432, 1);
-  support::reduce(v372.data(), kShape8, v371.data(), kShape8, kShape26, kShape27,
-                  support::Reduce::Sum, 1.0);
-
-  // transformer.mesh:61:3 square
-  MESHRT_TRACE("loop", "transformer.mesh:61:3", "backward");
-  support::View v322 = arena_.view(127232, 64);
-  support::View v375 = arena_.view(65536, 64);
-  loop16(v375.data(), v322.data());
-
-  // transformer.mesh:61:3 local_slice (reshard %357 for sum at 61:3)
+  // transformer.mesh:61:3 local_slice (reshard %299 for sum at 61:3)
   MESHRT_TRACE("local_slice", "transformer.mesh:61:3", "backward");
-  support::View v376 = arena_.view(65792, 32);
-  support::sliceDim(v376, v375, kShape12, 0, support::blockIndex(world_, {"model"}), 2);
+  support::View v320 = arena_.view(65792, 32);
+  support::sliceDim(v320, v319, kShape12, 0, support::blockIndex(world_, {"model"}), 2);
 
   // transformer.mesh:61:3 sum ('d_model' sliced over model: partial over model as its partner)
   MESHRT_TRACE("sum", "transformer.mesh:61:3", "backward");
-  support::View v377 = arena_.view(98496, 1);
-  support::reduce(v377.data(), kShape8, v376.data(), kShape8, kShape0, kShape1,
-                  support::Reduce::Sum, 1.0);
-
-  // transformer.mesh:61:3 square
-  MESHRT_TRACE("loop", "transformer.mesh:61:3", "backward");
-  support::View v319 = arena_.view(126976, 64);
-  support::View v380 = arena_.view(65536, 64);
-  loop16(v380.data(), v319.data());
-
-  // transformer.mesh:61:3 local_slice (reshard %360 for sum at 61:3)
-  MESHRT_TRACE("local_slice", "transformer.mesh:61:3", "backward");
-  support::View v381 = arena_.view(65792, 32);
-  support::sliceDim(v381, v380, kShape12, 0, support::blockIndex(world_, {"model"}), 2);
-
-  // transformer.mesh:61:3 sum ('d_model' sliced over model: partial over model as its partner)
-  MESHRT_TRACE("sum", "transformer.mesh:61:3", "backward");
-  support::View v382 = arena_.view(98560, 1);
-  support::reduce(v382.data(), kShape8, v381.data(), kShape8, kShape0, kShape1,
+  support::View v321 = arena_.view(110848, 1);
+  support::reduce(v321.data(), kShape8, v320.data(), kShape8, kShape0, kShape1,
                   support::Reduce::Sum, 1.0);
 
   // 29 statements from transformer.mesh:61:3 square (1 of 2)
   MESHRT_TRACE_SITE("transformer.mesh:61:3");
-  support::View v317 = arena_.view(294912, 2048);
-  support::View v385 = arena_.view(65536, 2048);
-  support::View v314 = arena_.view(286720, 2048);
-  support::View v389 = arena_.view(65536, 2048);
-  support::View v310 = arena_.view(278528, 2048);
-  support::View v393 = arena_.view(65536, 2048);
-  support::View v297 = arena_.view(262144, 2048);
-  support::View v397 = arena_.view(65536, 2048);
-  support::View v281 = arena_.view(303360, 64);
-  support::View v401 = arena_.view(65536, 64);
-  support::View v402 = arena_.view(65792, 32);
-  support::View v278 = arena_.view(303104, 64);
-  support::View v406 = arena_.view(65536, 64);
-  support::View v407 = arena_.view(65792, 32);
-  support::View v276 = arena_.view(32768, 8192);
-  support::View v411 = arena_.view(65536, 8192);
-  support::View v274 = arena_.view(327680, 128);
-  support::View v415 = arena_.view(65536, 128);
-  support::View v255 = arena_.view(131072, 8192);
-  support::View v419 = arena_.view(65536, 8192);
-  support::View v253 = arena_.view(328192, 64);
-  support::View v423 = arena_.view(65536, 64);
-  support::View v424 = arena_.view(65792, 32);
-  support::View v238 = arena_.view(344320, 64);
-  support::View v428 = arena_.view(65536, 64);
-  support::View v429 = arena_.view(65792, 32);
-  support::View v235 = arena_.view(344064, 64);
-  support::View v433 = arena_.view(65536, 64);
-  support::View v434 = arena_.view(65792, 32);
-  support::View v386 = arena_.view(98624, 1);
-  support::View v390 = arena_.view(98688, 1);
-  support::View v394 = arena_.view(98752, 1);
-  support::View v398 = arena_.view(98816, 1);
-  support::View v403 = arena_.view(98880, 1);
-  support::View v408 = arena_.view(98944, 1);
-  support::View v412 = arena_.view(99008, 1);
-  support::View v416 = arena_.view(99072, 1);
-  support::View v420 = arena_.view(99136, 1);
-  support::View v425 = arena_.view(99200, 1);
-  support::View v430 = arena_.view(99264, 1);
-  support::View v435 = arena_.view(99328, 1);
-  repeated2(v317, v385, v386, v314, v389, v390, v310, v393, v394, v297, v397, v398, v281, v401,
-            v402, v403, v278, v406, v407, v408, v276, v411, v412, v274, v415, v416, v255, v419,
-            v420, v253, v423, v424, v425, v238, v428, v429, v430, v235, v433, v434, v435);
+  support::View v268 = arena_.view(114688, 2048);
+  support::View v324 = arena_.view(65536, 2048);
+  support::View v265 = arena_.view(286720, 2048);
+  support::View v328 = arena_.view(65536, 2048);
+  support::View v261 = arena_.view(278528, 2048);
+  support::View v332 = arena_.view(65536, 2048);
+  support::View v248 = arena_.view(262144, 2048);
+  support::View v336 = arena_.view(65536, 2048);
+  support::View v244 = arena_.view(295168, 64);
+  support::View v340 = arena_.view(65536, 64);
+  support::View v341 = arena_.view(65792, 32);
+  support::View v241 = arena_.view(294912, 64);
+  support::View v345 = arena_.view(65536, 64);
+  support::View v346 = arena_.view(65792, 32);
+  support::View v239 = arena_.view(32768, 8192);
+  support::View v350 = arena_.view(65536, 8192);
+  support::View v237 = arena_.view(327680, 128);
+  support::View v354 = arena_.view(65536, 128);
+  support::View v218 = arena_.view(131072, 8192);
+  support::View v358 = arena_.view(65536, 8192);
+  support::View v216 = arena_.view(328448, 64);
+  support::View v362 = arena_.view(65536, 64);
+  support::View v363 = arena_.view(65792, 32);
+  support::View v213 = arena_.view(328192, 64);
+  support::View v367 = arena_.view(65536, 64);
+  support::View v368 = arena_.view(65792, 32);
+  support::View v210 = arena_.view(344064, 64);
+  support::View v372 = arena_.view(65536, 64);
+  support::View v373 = arena_.view(65792, 32);
+  support::View v325 = arena_.view(110912, 1);
+  support::View v329 = arena_.view(110976, 1);
+  support::View v333 = arena_.view(111040, 1);
+  support::View v337 = arena_.view(111104, 1);
+  support::View v342 = arena_.view(111168, 1);
+  support::View v347 = arena_.view(111232, 1);
+  support::View v351 = arena_.view(111296, 1);
+  support::View v355 = arena_.view(111360, 1);
+  support::View v359 = arena_.view(111424, 1);
+  support::View v364 = arena_.view(111488, 1);
+  support::View v369 = arena_.view(111552, 1);
+  support::View v374 = arena_.view(111616, 1);
+  repeated2(v268, v324, v325, v265, v328, v329, v261, v332, v333, v248, v336, v337, v244, v340,
+            v341, v342, v241, v345, v346, v347, v239, v350, v351, v237, v354, v355, v218, v358,
+            v359, v216, v362, v363, v364, v213, v367, v368, v369, v210, v372, v373, v374);
 
   // 29 statements from transformer.mesh:61:3 square (2 of 2)
   MESHRT_TRACE_SITE("transformer.mesh:61:3");
-  support::View v233 = arena_.view(409600, 2048);
-  support::View v438 = arena_.view(65536, 2048);
-  support::View v230 = arena_.view(401408, 2048);
-  support::View v442 = arena_.view(65536, 2048);
-  support::View v226 = arena_.view(393216, 2048);
-  support::View v446 = arena_.view(65536, 2048);
-  support::View v212 = arena_.view(376832, 2048);
-  support::View v450 = arena_.view(65536, 2048);
-  support::View v196 = arena_.view(418048, 64);
-  support::View v454 = arena_.view(65536, 64);
-  support::View v455 = arena_.view(65792, 32);
-  support::View v193 = arena_.view(417792, 64);
-  support::View v459 = arena_.view(65536, 64);
-  support::View v460 = arena_.view(65792, 32);
-  support::View v191 = arena_.view(0, 8192);
-  support::View v464 = arena_.view(65536, 8192);
-  support::View v189 = arena_.view(442368, 128);
-  support::View v468 = arena_.view(65536, 128);
-  support::View v165 = arena_.view(163840, 8192);
-  support::View v472 = arena_.view(65536, 8192);
-  support::View v163 = arena_.view(443392, 64);
-  support::View v476 = arena_.view(65536, 64);
-  support::View v477 = arena_.view(65792, 32);
+  support::View v208 = arena_.view(409600, 2048);
+  support::View v377 = arena_.view(65536, 2048);
+  support::View v205 = arena_.view(401408, 2048);
+  support::View v381 = arena_.view(65536, 2048);
+  support::View v201 = arena_.view(393216, 2048);
+  support::View v385 = arena_.view(65536, 2048);
+  support::View v187 = arena_.view(376832, 2048);
+  support::View v389 = arena_.view(65536, 2048);
+  support::View v183 = arena_.view(418048, 64);
+  support::View v393 = arena_.view(65536, 64);
+  support::View v394 = arena_.view(65792, 32);
+  support::View v180 = arena_.view(417792, 64);
+  support::View v398 = arena_.view(65536, 64);
+  support::View v399 = arena_.view(65792, 32);
+  support::View v178 = arena_.view(0, 8192);
+  support::View v403 = arena_.view(65536, 8192);
+  support::View v176 = arena_.view(442368, 128);
+  support::View v407 = arena_.view(65536, 128);
+  support::View v152 = arena_.view(163840, 8192);
+  support::View v411 = arena_.view(65536, 8192);
+  support::View v150 = arena_.view(443392, 64);
+  support::View v415 = arena_.view(65536, 64);
+  support::View v416 = arena_.view(65792, 32);
   support::View v148 = arena_.view(443136, 64);
-  support::View v481 = arena_.view(65536, 64);
-  support::View v482 = arena_.view(65792, 32);
+  support::View v420 = arena_.view(65536, 64);
+  support::View v421 = arena_.view(65792, 32);
   support::View v145 = arena_.view(442880, 64);
-  support::View v486 = arena_.view(65536, 64);
-  support::View v487 = arena_.view(65792, 32);
-  support::View v439 = arena_.view(99392, 1);
-  support::View v443 = arena_.view(99456, 1);
-  support::View v447 = arena_.view(99520, 1);
-  support::View v451 = arena_.view(99584, 1);
-  support::View v456 = arena_.view(99648, 1);
-  support::View v461 = arena_.view(99712, 1);
-  support::View v465 = arena_.view(99776, 1);
-  support::View v469 = arena_.view(99840, 1);
-  support::View v473 = arena_.view(99904, 1);
-  support::View v478 = arena_.view(65920, 1);
-  support::View v483 = arena_.view(65984, 1);
-  support::View v488 = arena_.view(65536, 1);
-  repeated2(v233, v438, v439, v230, v442, v443, v226, v446, v447, v212, v450, v451, v196, v454,
-            v455, v456, v193, v459, v460, v461, v191, v464, v465, v189, v468, v469, v165, v472,
-            v473, v163, v476, v477, v478, v148, v481, v482, v483, v145, v486, v487, v488);
+  support::View v425 = arena_.view(65536, 64);
+  support::View v426 = arena_.view(65792, 32);
+  support::View v378 = arena_.view(111680, 1);
+  support::View v382 = arena_.view(111744, 1);
+  support::View v386 = arena_.view(111808, 1);
+  support::View v390 = arena_.view(111872, 1);
+  support::View v395 = arena_.view(111936, 1);
+  support::View v400 = arena_.view(112000, 1);
+  support::View v404 = arena_.view(112064, 1);
+  support::View v408 = arena_.view(112128, 1);
+  support::View v412 = arena_.view(112192, 1);
+  support::View v417 = arena_.view(65920, 1);
+  support::View v422 = arena_.view(65984, 1);
+  support::View v427 = arena_.view(65536, 1);
+  repeated2(v208, v377, v378, v205, v381, v382, v201, v385, v386, v187, v389, v390, v183, v393,
+            v394, v395, v180, v398, v399, v400, v178, v403, v404, v176, v407, v408, v152, v411,
+            v412, v150, v415, v416, v417, v148, v420, v421, v422, v145, v425, v426, v427);
 
   // transformer.mesh:61:3 add
   // transformer.mesh:61:3 add
@@ -2335,119 +2198,122 @@ void LmTrain::runPart2(const Inputs &inputs) {
   // transformer.mesh:61:3 add
   // transformer.mesh:61:3 add
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "backward");
-  support::View v364 = arena_.view(98304, 1);
-  support::View v489 = arena_.view(65600, 1);
+  support::View v303 = arena_.view(110592, 1);
+  support::View v307 = arena_.view(110656, 1);
+  support::View v311 = arena_.view(110720, 1);
+  support::View v316 = arena_.view(110784, 1);
+  support::View v428 = arena_.view(65600, 1);
   {
-    float *__restrict v489p = v489.data();
+    float *__restrict v428p = v428.data();
+    const float *__restrict v303p = v303.data();
+    const float *__restrict v307p = v307.data();
+    const float *__restrict v311p = v311.data();
+    const float *__restrict v316p = v316.data();
+    const float *__restrict v321p = v321.data();
+    const float *__restrict v325p = v325.data();
+    const float *__restrict v329p = v329.data();
+    const float *__restrict v333p = v333.data();
+    const float *__restrict v337p = v337.data();
+    const float *__restrict v342p = v342.data();
+    const float *__restrict v347p = v347.data();
+    const float *__restrict v351p = v351.data();
+    const float *__restrict v355p = v355.data();
+    const float *__restrict v359p = v359.data();
     const float *__restrict v364p = v364.data();
-    const float *__restrict v368p = v368.data();
-    const float *__restrict v372p = v372.data();
-    const float *__restrict v377p = v377.data();
+    const float *__restrict v369p = v369.data();
+    const float *__restrict v374p = v374.data();
+    const float *__restrict v378p = v378.data();
     const float *__restrict v382p = v382.data();
     const float *__restrict v386p = v386.data();
     const float *__restrict v390p = v390.data();
-    const float *__restrict v394p = v394.data();
-    const float *__restrict v398p = v398.data();
-    const float *__restrict v403p = v403.data();
+    const float *__restrict v395p = v395.data();
+    const float *__restrict v400p = v400.data();
+    const float *__restrict v404p = v404.data();
     const float *__restrict v408p = v408.data();
     const float *__restrict v412p = v412.data();
-    const float *__restrict v416p = v416.data();
-    const float *__restrict v420p = v420.data();
-    const float *__restrict v425p = v425.data();
-    const float *__restrict v430p = v430.data();
-    const float *__restrict v435p = v435.data();
-    const float *__restrict v439p = v439.data();
-    const float *__restrict v443p = v443.data();
-    const float *__restrict v447p = v447.data();
-    const float *__restrict v451p = v451.data();
-    const float *__restrict v456p = v456.data();
-    const float *__restrict v461p = v461.data();
-    const float *__restrict v465p = v465.data();
-    const float *__restrict v469p = v469.data();
-    const float *__restrict v473p = v473.data();
-    const float *__restrict v478p = v478.data();
-    const float *__restrict v483p = v483.data();
-    const float *__restrict v488p = v488.data();
-    const float s0 = v364p[0];
-    const float s1 = v368p[0];
+    const float *__restrict v417p = v417.data();
+    const float *__restrict v422p = v422.data();
+    const float *__restrict v427p = v427.data();
+    const float s0 = v303p[0];
+    const float s1 = v307p[0];
     const float s2 = (s0 + s1);
-    const float s3 = v372p[0];
+    const float s3 = v311p[0];
     const float s4 = (s2 + s3);
-    const float s5 = v377p[0];
+    const float s5 = v316p[0];
     const float s6 = (s4 + s5);
-    const float s7 = v382p[0];
+    const float s7 = v321p[0];
     const float s8 = (s6 + s7);
-    const float s9 = v386p[0];
+    const float s9 = v325p[0];
     const float s10 = (s8 + s9);
-    const float s11 = v390p[0];
+    const float s11 = v329p[0];
     const float s12 = (s10 + s11);
-    const float s13 = v394p[0];
+    const float s13 = v333p[0];
     const float s14 = (s12 + s13);
-    const float s15 = v398p[0];
+    const float s15 = v337p[0];
     const float s16 = (s14 + s15);
-    const float s17 = v403p[0];
+    const float s17 = v342p[0];
     const float s18 = (s16 + s17);
-    const float s19 = v408p[0];
+    const float s19 = v347p[0];
     const float s20 = (s18 + s19);
-    const float s21 = v412p[0];
+    const float s21 = v351p[0];
     const float s22 = (s20 + s21);
-    const float s23 = v416p[0];
+    const float s23 = v355p[0];
     const float s24 = (s22 + s23);
-    const float s25 = v420p[0];
+    const float s25 = v359p[0];
     const float s26 = (s24 + s25);
-    const float s27 = v425p[0];
+    const float s27 = v364p[0];
     const float s28 = (s26 + s27);
-    const float s29 = v430p[0];
+    const float s29 = v369p[0];
     const float s30 = (s28 + s29);
-    const float s31 = v435p[0];
+    const float s31 = v374p[0];
     const float s32 = (s30 + s31);
-    const float s33 = v439p[0];
+    const float s33 = v378p[0];
     const float s34 = (s32 + s33);
-    const float s35 = v443p[0];
+    const float s35 = v382p[0];
     const float s36 = (s34 + s35);
-    const float s37 = v447p[0];
+    const float s37 = v386p[0];
     const float s38 = (s36 + s37);
-    const float s39 = v451p[0];
+    const float s39 = v390p[0];
     const float s40 = (s38 + s39);
-    const float s41 = v456p[0];
+    const float s41 = v395p[0];
     const float s42 = (s40 + s41);
-    const float s43 = v461p[0];
+    const float s43 = v400p[0];
     const float s44 = (s42 + s43);
-    const float s45 = v465p[0];
+    const float s45 = v404p[0];
     const float s46 = (s44 + s45);
-    const float s47 = v469p[0];
+    const float s47 = v408p[0];
     const float s48 = (s46 + s47);
-    const float s49 = v473p[0];
+    const float s49 = v412p[0];
     const float s50 = (s48 + s49);
-    const float s51 = v478p[0];
+    const float s51 = v417p[0];
     const float s52 = (s50 + s51);
-    const float s53 = v483p[0];
+    const float s53 = v422p[0];
     const float s54 = (s52 + s53);
-    const float s55 = v488p[0];
+    const float s55 = v427p[0];
     const float s56 = (s54 + s55);
-    v489p[0] = s56;
+    v428p[0] = s56;
   }
 
-  // transformer.mesh:61:3 all_reduce_sum (resolve the partial sum of %434 over model for sqrt at
+  // transformer.mesh:61:3 all_reduce_sum (resolve the partial sum of %373 over model for sqrt at
   // 61:3)
   MESHRT_TRACE_SITE("transformer.mesh:61:3");
-  group_model.allReduce(v489.data(), v489.size(), meshrt::ReduceOp::Sum);
+  group_model.allReduce(v428.data(), v428.size(), meshrt::ReduceOp::Sum);
 
   // transformer.mesh:61:3 sqrt -> global_grad_norm
   // transformer.mesh:61:3 maximum
   // transformer.mesh:61:3 div
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "backward");
-  support::View v493 = arena_.view(65664, 1);
+  support::View v432 = arena_.view(65664, 1);
   {
-    float *__restrict v493p = v493.data();
-    const float *__restrict v489p = v489.data();
-    const float s0 = v489p[0];
+    float *__restrict v432p = v432.data();
+    const float *__restrict v428p = v428.data();
+    const float s0 = v428p[0];
     const float s1 = support::fsqrt(s0);
     const float s2 = 1.0f;
     const float s3 = support::maximum(s1, s2);
     const float s4 = 1.0f;
     const float s5 = (s4 / s3);
-    v493p[0] = s5;
+    v432p[0] = s5;
   }
 
   // transformer.mesh:61:3 step
@@ -2470,14 +2336,14 @@ void LmTrain::runPart2(const Inputs &inputs) {
   // transformer.mesh:61:3 pow
   // transformer.mesh:61:3 sub
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "update");
-  support::View v361 = arena_.view(65536, 1);
-  support::View v537 = arena_.view(65600, 1);
-  support::View v539 = arena_.view(65728, 1);
+  support::View v300 = arena_.view(65536, 1);
+  support::View v476 = arena_.view(65600, 1);
+  support::View v478 = arena_.view(65728, 1);
   {
     const float stepValue = float(step_);
-    float *__restrict v361p = v361.data();
-    float *__restrict v537p = v537.data();
-    float *__restrict v539p = v539.data();
+    float *__restrict v300p = v300.data();
+    float *__restrict v476p = v476.data();
+    float *__restrict v478p = v478.data();
     const float s0 = stepValue;
     const float s1 = 1.0f;
     const float s2 = (s0 + s1);
@@ -2511,9 +2377,9 @@ void LmTrain::runPart2(const Inputs &inputs) {
     const float s30 = support::fpow(s29, s2);
     const float s31 = 1.0f;
     const float s32 = (s31 - s30);
-    v361p[0] = s24;
-    v537p[0] = s28;
-    v539p[0] = s32;
+    v300p[0] = s24;
+    v476p[0] = s28;
+    v478p[0] = s32;
   }
 
   // transformer.mesh:61:3 mul
@@ -2535,11 +2401,11 @@ void LmTrain::runPart2(const Inputs &inputs) {
   // transformer.mesh:61:3 sub -> next/decoder/token_embedding
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "update");
   support::View v6(param0_decoder_token_embedding); // updated in place
-  support::View v338 = arena_.view(114688, 3072);
-  support::View v523(param29_decoder_token_embedding_m); // updated in place
-  support::View v524(param30_decoder_token_embedding_v); // updated in place
-  loop17(v523.data(), v524.data(), v6.data(), v338.data(), v493.data(), v537.data(), v539.data(),
-         v361.data());
+  support::View v277 = arena_.view(98304, 3072);
+  support::View v462(param29_decoder_token_embedding_m); // updated in place
+  support::View v463(param30_decoder_token_embedding_v); // updated in place
+  loop14(v462.data(), v463.data(), v6.data(), v277.data(), v432.data(), v476.data(), v478.data(),
+         v300.data());
 
   // transformer.mesh:61:3 mul
   // transformer.mesh:61:3 mul
@@ -2560,11 +2426,11 @@ void LmTrain::runPart2(const Inputs &inputs) {
   // transformer.mesh:61:3 sub -> next/decoder/position_embedding
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "update");
   support::View v7(param1_decoder_position_embedding); // updated in place
-  support::View v337 = arena_.view(196608, 2048);
-  support::View v551(param31_decoder_position_embedding_m); // updated in place
-  support::View v552(param32_decoder_position_embedding_v); // updated in place
-  loop18(v551.data(), v552.data(), v7.data(), v337.data(), v493.data(), v537.data(), v539.data(),
-         v361.data());
+  support::View v276 = arena_.view(122880, 2048);
+  support::View v490(param31_decoder_position_embedding_m); // updated in place
+  support::View v491(param32_decoder_position_embedding_v); // updated in place
+  loop15(v490.data(), v491.data(), v7.data(), v276.data(), v432.data(), v476.data(), v478.data(),
+         v300.data());
 
   // transformer.mesh:61:3 mul
   // transformer.mesh:61:3 mul
@@ -2584,111 +2450,113 @@ void LmTrain::runPart2(const Inputs &inputs) {
   // transformer.mesh:61:3 mul
   // transformer.mesh:61:3 sub -> next/decoder/unembed
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "update");
-  support::View v8(param2_decoder_unembed);      // updated in place
-  support::View v571(param33_decoder_unembed_m); // updated in place
-  support::View v572(param34_decoder_unembed_v); // updated in place
-  loop17(v571.data(), v572.data(), v8.data(), v143.data(), v493.data(), v537.data(), v539.data(),
-         v361.data());
+  support::View v8(param2_decoder_unembed); // updated in place
+  support::View v143 = arena_.view(450560, 3072);
+  support::View v510(param33_decoder_unembed_m); // updated in place
+  support::View v511(param34_decoder_unembed_v); // updated in place
+  loop14(v510.data(), v511.data(), v8.data(), v143.data(), v432.data(), v476.data(), v478.data(),
+         v300.data());
 
   // 1 statements from transformer.mesh:61:3 mul (1 of 2)
   MESHRT_TRACE_SITE("transformer.mesh:61:3");
-  support::View v21(param3_decoder_decoder_layer_0_norm_gain);     // updated in place
-  support::View v591(param35_decoder_decoder_layer_0_norm_gain_m); // updated in place
-  support::View v592(param36_decoder_decoder_layer_0_norm_gain_v); // updated in place
-  repeated4(v21, v322, v493, v591, v592, v537, v539, v361);
+  support::View v21(param3_decoder_decoder_layer_0_norm_gain); // updated in place
+  support::View v273 = arena_.view(212992, 64);
+  support::View v530(param35_decoder_decoder_layer_0_norm_gain_m); // updated in place
+  support::View v531(param36_decoder_decoder_layer_0_norm_gain_v); // updated in place
+  repeated4(v21, v273, v432, v530, v531, v476, v478, v300);
 
   // 1 statements from transformer.mesh:61:3 mul (2 of 2)
   MESHRT_TRACE_SITE("transformer.mesh:61:3");
   support::View v22(param4_decoder_decoder_layer_0_norm_bias);     // updated in place
-  support::View v611(param37_decoder_decoder_layer_0_norm_bias_m); // updated in place
-  support::View v612(param38_decoder_decoder_layer_0_norm_bias_v); // updated in place
-  repeated4(v22, v319, v493, v611, v612, v537, v539, v361);
+  support::View v550(param37_decoder_decoder_layer_0_norm_bias_m); // updated in place
+  support::View v551(param38_decoder_decoder_layer_0_norm_bias_v); // updated in place
+  repeated4(v22, v270, v432, v550, v551, v476, v478, v300);
 
   // 12 statements from transformer.mesh:61:3 mul (1 of 2)
   MESHRT_TRACE_SITE("transformer.mesh:61:3");
   support::View v26(param5_decoder_decoder_layer_0_attention_w_q);     // updated in place
-  support::View v631(param39_decoder_decoder_layer_0_attention_w_q_m); // updated in place
-  support::View v632(param40_decoder_decoder_layer_0_attention_w_q_v); // updated in place
+  support::View v570(param39_decoder_decoder_layer_0_attention_w_q_m); // updated in place
+  support::View v571(param40_decoder_decoder_layer_0_attention_w_q_v); // updated in place
   support::View v27(param6_decoder_decoder_layer_0_attention_w_k);     // updated in place
-  support::View v651(param41_decoder_decoder_layer_0_attention_w_k_m); // updated in place
-  support::View v652(param42_decoder_decoder_layer_0_attention_w_k_v); // updated in place
+  support::View v590(param41_decoder_decoder_layer_0_attention_w_k_m); // updated in place
+  support::View v591(param42_decoder_decoder_layer_0_attention_w_k_v); // updated in place
   support::View v28(param7_decoder_decoder_layer_0_attention_w_v);     // updated in place
-  support::View v671(param43_decoder_decoder_layer_0_attention_w_v_m); // updated in place
-  support::View v672(param44_decoder_decoder_layer_0_attention_w_v_v); // updated in place
+  support::View v610(param43_decoder_decoder_layer_0_attention_w_v_m); // updated in place
+  support::View v611(param44_decoder_decoder_layer_0_attention_w_v_v); // updated in place
   support::View v29(param8_decoder_decoder_layer_0_attention_w_o);     // updated in place
-  support::View v691(param45_decoder_decoder_layer_0_attention_w_o_m); // updated in place
-  support::View v692(param46_decoder_decoder_layer_0_attention_w_o_v); // updated in place
+  support::View v630(param45_decoder_decoder_layer_0_attention_w_o_m); // updated in place
+  support::View v631(param46_decoder_decoder_layer_0_attention_w_o_v); // updated in place
   support::View v47(param9_decoder_decoder_layer_0_norm_1_gain);       // updated in place
-  support::View v711(param47_decoder_decoder_layer_0_norm_1_gain_m);   // updated in place
-  support::View v712(param48_decoder_decoder_layer_0_norm_1_gain_v);   // updated in place
+  support::View v650(param47_decoder_decoder_layer_0_norm_1_gain_m);   // updated in place
+  support::View v651(param48_decoder_decoder_layer_0_norm_1_gain_v);   // updated in place
   support::View v48(param10_decoder_decoder_layer_0_norm_1_bias);      // updated in place
-  support::View v731(param49_decoder_decoder_layer_0_norm_1_bias_m);   // updated in place
-  support::View v732(param50_decoder_decoder_layer_0_norm_1_bias_v);   // updated in place
+  support::View v670(param49_decoder_decoder_layer_0_norm_1_bias_m);   // updated in place
+  support::View v671(param50_decoder_decoder_layer_0_norm_1_bias_v);   // updated in place
   support::View v52(param11_decoder_decoder_layer_0_ffn_w_in);         // updated in place
-  support::View v751(param51_decoder_decoder_layer_0_ffn_w_in_m);      // updated in place
-  support::View v752(param52_decoder_decoder_layer_0_ffn_w_in_v);      // updated in place
+  support::View v690(param51_decoder_decoder_layer_0_ffn_w_in_m);      // updated in place
+  support::View v691(param52_decoder_decoder_layer_0_ffn_w_in_v);      // updated in place
   support::View v53(param12_decoder_decoder_layer_0_ffn_b_in);         // updated in place
-  support::View v771(param53_decoder_decoder_layer_0_ffn_b_in_m);      // updated in place
-  support::View v772(param54_decoder_decoder_layer_0_ffn_b_in_v);      // updated in place
+  support::View v710(param53_decoder_decoder_layer_0_ffn_b_in_m);      // updated in place
+  support::View v711(param54_decoder_decoder_layer_0_ffn_b_in_v);      // updated in place
   support::View v54(param13_decoder_decoder_layer_0_ffn_w_out);        // updated in place
-  support::View v791(param55_decoder_decoder_layer_0_ffn_w_out_m);     // updated in place
-  support::View v792(param56_decoder_decoder_layer_0_ffn_w_out_v);     // updated in place
+  support::View v730(param55_decoder_decoder_layer_0_ffn_w_out_m);     // updated in place
+  support::View v731(param56_decoder_decoder_layer_0_ffn_w_out_v);     // updated in place
   support::View v55(param14_decoder_decoder_layer_0_ffn_b_out);        // updated in place
-  support::View v811(param57_decoder_decoder_layer_0_ffn_b_out_m);     // updated in place
-  support::View v812(param58_decoder_decoder_layer_0_ffn_b_out_v);     // updated in place
+  support::View v750(param57_decoder_decoder_layer_0_ffn_b_out_m);     // updated in place
+  support::View v751(param58_decoder_decoder_layer_0_ffn_b_out_v);     // updated in place
   support::View v64(param15_decoder_decoder_layer_1_norm_gain);        // updated in place
-  support::View v831(param59_decoder_decoder_layer_1_norm_gain_m);     // updated in place
-  support::View v832(param60_decoder_decoder_layer_1_norm_gain_v);     // updated in place
+  support::View v770(param59_decoder_decoder_layer_1_norm_gain_m);     // updated in place
+  support::View v771(param60_decoder_decoder_layer_1_norm_gain_v);     // updated in place
   support::View v65(param16_decoder_decoder_layer_1_norm_bias);        // updated in place
-  support::View v851(param61_decoder_decoder_layer_1_norm_bias_m);     // updated in place
-  support::View v852(param62_decoder_decoder_layer_1_norm_bias_v);     // updated in place
-  repeated0(v26, v317, v493, v631, v632, v537, v539, v361, v27, v314, v651, v652, v28, v310, v671,
-            v672, v29, v297, v691, v692, v47, v281, v711, v712, v48, v278, v731, v732, v52, v276,
-            v751, v752, v53, v274, v771, v772, v54, v255, v791, v792, v55, v253, v811, v812, v64,
-            v238, v831, v832, v65, v235, v851, v852);
+  support::View v790(param61_decoder_decoder_layer_1_norm_bias_m);     // updated in place
+  support::View v791(param62_decoder_decoder_layer_1_norm_bias_v);     // updated in place
+  repeated0(v26, v268, v432, v570, v571, v476, v478, v300, v27, v265, v590, v591, v28, v261, v610,
+            v611, v29, v248, v630, v631, v47, v244, v650, v651, v48, v241, v670, v671, v52, v239,
+            v690, v691, v53, v237, v710, v711, v54, v218, v730, v731, v55, v216, v750, v751, v64,
+            v213, v770, v771, v65, v210, v790, v791);
 
   // 12 statements from transformer.mesh:61:3 mul (2 of 2)
   MESHRT_TRACE_SITE("transformer.mesh:61:3");
   support::View v69(param17_decoder_decoder_layer_1_attention_w_q);    // updated in place
-  support::View v871(param63_decoder_decoder_layer_1_attention_w_q_m); // updated in place
-  support::View v872(param64_decoder_decoder_layer_1_attention_w_q_v); // updated in place
+  support::View v810(param63_decoder_decoder_layer_1_attention_w_q_m); // updated in place
+  support::View v811(param64_decoder_decoder_layer_1_attention_w_q_v); // updated in place
   support::View v70(param18_decoder_decoder_layer_1_attention_w_k);    // updated in place
-  support::View v891(param65_decoder_decoder_layer_1_attention_w_k_m); // updated in place
-  support::View v892(param66_decoder_decoder_layer_1_attention_w_k_v); // updated in place
+  support::View v830(param65_decoder_decoder_layer_1_attention_w_k_m); // updated in place
+  support::View v831(param66_decoder_decoder_layer_1_attention_w_k_v); // updated in place
   support::View v71(param19_decoder_decoder_layer_1_attention_w_v);    // updated in place
-  support::View v911(param67_decoder_decoder_layer_1_attention_w_v_m); // updated in place
-  support::View v912(param68_decoder_decoder_layer_1_attention_w_v_v); // updated in place
+  support::View v850(param67_decoder_decoder_layer_1_attention_w_v_m); // updated in place
+  support::View v851(param68_decoder_decoder_layer_1_attention_w_v_v); // updated in place
   support::View v72(param20_decoder_decoder_layer_1_attention_w_o);    // updated in place
-  support::View v931(param69_decoder_decoder_layer_1_attention_w_o_m); // updated in place
-  support::View v932(param70_decoder_decoder_layer_1_attention_w_o_v); // updated in place
+  support::View v870(param69_decoder_decoder_layer_1_attention_w_o_m); // updated in place
+  support::View v871(param70_decoder_decoder_layer_1_attention_w_o_v); // updated in place
   support::View v90(param21_decoder_decoder_layer_1_norm_1_gain);      // updated in place
-  support::View v951(param71_decoder_decoder_layer_1_norm_1_gain_m);   // updated in place
-  support::View v952(param72_decoder_decoder_layer_1_norm_1_gain_v);   // updated in place
+  support::View v890(param71_decoder_decoder_layer_1_norm_1_gain_m);   // updated in place
+  support::View v891(param72_decoder_decoder_layer_1_norm_1_gain_v);   // updated in place
   support::View v91(param22_decoder_decoder_layer_1_norm_1_bias);      // updated in place
-  support::View v971(param73_decoder_decoder_layer_1_norm_1_bias_m);   // updated in place
-  support::View v972(param74_decoder_decoder_layer_1_norm_1_bias_v);   // updated in place
+  support::View v910(param73_decoder_decoder_layer_1_norm_1_bias_m);   // updated in place
+  support::View v911(param74_decoder_decoder_layer_1_norm_1_bias_v);   // updated in place
   support::View v95(param23_decoder_decoder_layer_1_ffn_w_in);         // updated in place
-  support::View v991(param75_decoder_decoder_layer_1_ffn_w_in_m);      // updated in place
-  support::View v992(param76_decoder_decoder_layer_1_ffn_w_in_v);      // updated in place
+  support::View v930(param75_decoder_decoder_layer_1_ffn_w_in_m);      // updated in place
+  support::View v931(param76_decoder_decoder_layer_1_ffn_w_in_v);      // updated in place
   support::View v96(param24_decoder_decoder_layer_1_ffn_b_in);         // updated in place
-  support::View v1011(param77_decoder_decoder_layer_1_ffn_b_in_m);     // updated in place
-  support::View v1012(param78_decoder_decoder_layer_1_ffn_b_in_v);     // updated in place
+  support::View v950(param77_decoder_decoder_layer_1_ffn_b_in_m);      // updated in place
+  support::View v951(param78_decoder_decoder_layer_1_ffn_b_in_v);      // updated in place
   support::View v97(param25_decoder_decoder_layer_1_ffn_w_out);        // updated in place
-  support::View v1031(param79_decoder_decoder_layer_1_ffn_w_out_m);    // updated in place
-  support::View v1032(param80_decoder_decoder_layer_1_ffn_w_out_v);    // updated in place
+  support::View v970(param79_decoder_decoder_layer_1_ffn_w_out_m);     // updated in place
+  support::View v971(param80_decoder_decoder_layer_1_ffn_w_out_v);     // updated in place
   support::View v98(param26_decoder_decoder_layer_1_ffn_b_out);        // updated in place
-  support::View v1051(param81_decoder_decoder_layer_1_ffn_b_out_m);    // updated in place
-  support::View v1052(param82_decoder_decoder_layer_1_ffn_b_out_v);    // updated in place
+  support::View v990(param81_decoder_decoder_layer_1_ffn_b_out_m);     // updated in place
+  support::View v991(param82_decoder_decoder_layer_1_ffn_b_out_v);     // updated in place
   support::View v107(param27_decoder_norm_gain);                       // updated in place
-  support::View v1071(param83_decoder_norm_gain_m);                    // updated in place
-  support::View v1072(param84_decoder_norm_gain_v);                    // updated in place
+  support::View v1010(param83_decoder_norm_gain_m);                    // updated in place
+  support::View v1011(param84_decoder_norm_gain_v);                    // updated in place
   support::View v108(param28_decoder_norm_bias);                       // updated in place
-  support::View v1091(param85_decoder_norm_bias_m);                    // updated in place
-  support::View v1092(param86_decoder_norm_bias_v);                    // updated in place
-  repeated0(v69, v233, v493, v871, v872, v537, v539, v361, v70, v230, v891, v892, v71, v226, v911,
-            v912, v72, v212, v931, v932, v90, v196, v951, v952, v91, v193, v971, v972, v95, v191,
-            v991, v992, v96, v189, v1011, v1012, v97, v165, v1031, v1032, v98, v163, v1051, v1052,
-            v107, v148, v1071, v1072, v108, v145, v1091, v1092);
+  support::View v1030(param85_decoder_norm_bias_m);                    // updated in place
+  support::View v1031(param86_decoder_norm_bias_v);                    // updated in place
+  repeated0(v69, v208, v432, v810, v811, v476, v478, v300, v70, v205, v830, v831, v71, v201, v850,
+            v851, v72, v187, v870, v871, v90, v183, v890, v891, v91, v180, v910, v911, v95, v178,
+            v930, v931, v96, v176, v950, v951, v97, v152, v970, v971, v98, v150, v990, v991, v107,
+            v148, v1010, v1011, v108, v145, v1030, v1031);
 }
 
 void LmTrain::repeated0(
@@ -2725,7 +2593,7 @@ void LmTrain::repeated0(
   // transformer.mesh:61:3 mul
   // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[0]/attention/w_q
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "update");
-  loop18(a3.data(), a4.data(), a0.data(), a1.data(), a2.data(), a5.data(), a6.data(), a7.data());
+  loop15(a3.data(), a4.data(), a0.data(), a1.data(), a2.data(), a5.data(), a6.data(), a7.data());
 
   // transformer.mesh:61:3 mul
   // transformer.mesh:61:3 mul
@@ -2745,7 +2613,7 @@ void LmTrain::repeated0(
   // transformer.mesh:61:3 mul
   // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[0]/attention/w_k
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "update");
-  loop18(a10.data(), a11.data(), a8.data(), a9.data(), a2.data(), a5.data(), a6.data(), a7.data());
+  loop15(a10.data(), a11.data(), a8.data(), a9.data(), a2.data(), a5.data(), a6.data(), a7.data());
 
   // transformer.mesh:61:3 mul
   // transformer.mesh:61:3 mul
@@ -2765,7 +2633,7 @@ void LmTrain::repeated0(
   // transformer.mesh:61:3 mul
   // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[0]/attention/w_v
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "update");
-  loop18(a14.data(), a15.data(), a12.data(), a13.data(), a2.data(), a5.data(), a6.data(),
+  loop15(a14.data(), a15.data(), a12.data(), a13.data(), a2.data(), a5.data(), a6.data(),
          a7.data());
 
   // transformer.mesh:61:3 mul
@@ -2786,7 +2654,7 @@ void LmTrain::repeated0(
   // transformer.mesh:61:3 mul
   // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[0]/attention/w_o
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "update");
-  loop18(a18.data(), a19.data(), a16.data(), a17.data(), a2.data(), a5.data(), a6.data(),
+  loop15(a18.data(), a19.data(), a16.data(), a17.data(), a2.data(), a5.data(), a6.data(),
          a7.data());
 
   // transformer.mesh:61:3 mul
@@ -2807,7 +2675,7 @@ void LmTrain::repeated0(
   // transformer.mesh:61:3 mul
   // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[0]/norm#1/gain
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "update");
-  loop19(a22.data(), a23.data(), a20.data(), a21.data(), a2.data(), a5.data(), a6.data(),
+  loop16(a22.data(), a23.data(), a20.data(), a21.data(), a2.data(), a5.data(), a6.data(),
          a7.data());
 
   // transformer.mesh:61:3 mul
@@ -2828,7 +2696,7 @@ void LmTrain::repeated0(
   // transformer.mesh:61:3 mul
   // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[0]/norm#1/bias
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "update");
-  loop19(a26.data(), a27.data(), a24.data(), a25.data(), a2.data(), a5.data(), a6.data(),
+  loop16(a26.data(), a27.data(), a24.data(), a25.data(), a2.data(), a5.data(), a6.data(),
          a7.data());
 
   // transformer.mesh:61:3 mul
@@ -2849,7 +2717,7 @@ void LmTrain::repeated0(
   // transformer.mesh:61:3 mul
   // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[0]/ffn/w_in
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "update");
-  loop20(a30.data(), a31.data(), a28.data(), a29.data(), a2.data(), a5.data(), a6.data(),
+  loop17(a30.data(), a31.data(), a28.data(), a29.data(), a2.data(), a5.data(), a6.data(),
          a7.data());
 
   // transformer.mesh:61:3 mul
@@ -2870,7 +2738,7 @@ void LmTrain::repeated0(
   // transformer.mesh:61:3 mul
   // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[0]/ffn/b_in
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "update");
-  loop21(a34.data(), a35.data(), a32.data(), a33.data(), a2.data(), a5.data(), a6.data(),
+  loop18(a34.data(), a35.data(), a32.data(), a33.data(), a2.data(), a5.data(), a6.data(),
          a7.data());
 
   // transformer.mesh:61:3 mul
@@ -2891,7 +2759,7 @@ void LmTrain::repeated0(
   // transformer.mesh:61:3 mul
   // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[0]/ffn/w_out
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "update");
-  loop20(a38.data(), a39.data(), a36.data(), a37.data(), a2.data(), a5.data(), a6.data(),
+  loop17(a38.data(), a39.data(), a36.data(), a37.data(), a2.data(), a5.data(), a6.data(),
          a7.data());
 
   // transformer.mesh:61:3 mul
@@ -2912,7 +2780,7 @@ void LmTrain::repeated0(
   // transformer.mesh:61:3 mul
   // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[0]/ffn/b_out
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "update");
-  loop19(a42.data(), a43.data(), a40.data(), a41.data(), a2.data(), a5.data(), a6.data(),
+  loop16(a42.data(), a43.data(), a40.data(), a41.data(), a2.data(), a5.data(), a6.data(),
          a7.data());
 
   // transformer.mesh:61:3 mul
@@ -2933,7 +2801,7 @@ void LmTrain::repeated0(
   // transformer.mesh:61:3 mul
   // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[1]/norm/gain
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "update");
-  loop19(a46.data(), a47.data(), a44.data(), a45.data(), a2.data(), a5.data(), a6.data(),
+  loop16(a46.data(), a47.data(), a44.data(), a45.data(), a2.data(), a5.data(), a6.data(),
          a7.data());
 
   // transformer.mesh:61:3 mul
@@ -2954,7 +2822,7 @@ void LmTrain::repeated0(
   // transformer.mesh:61:3 mul
   // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[1]/norm/bias
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "update");
-  loop19(a50.data(), a51.data(), a48.data(), a49.data(), a2.data(), a5.data(), a6.data(),
+  loop16(a50.data(), a51.data(), a48.data(), a49.data(), a2.data(), a5.data(), a6.data(),
          a7.data());
 }
 
@@ -2963,19 +2831,17 @@ void LmTrain::repeated1(
     support::ConstView a4, support::View a5, support::ConstView a6, support::ConstView a7,
     support::View a8, support::View a9, support::ConstView a10, support::View a11,
     support::ConstView a12, support::View a13, support::View a14, support::ConstView a15,
-    support::View a16, support::View a17, support::View a18, support::ConstView a19,
-    support::View a20, support::View a21, support::View a22, support::ConstView a23,
-    support::View a24, support::View a25, support::View a26, support::View a27, support::View a28,
-    support::ConstView a29, support::View a30, support::ConstView a31, support::View a32,
-    support::ConstView a33, support::View a34, support::ConstView a35, support::View a36,
-    support::View a37, support::ConstView a38, support::View a39, support::ConstView a40,
-    support::View a41, support::ConstView a42, support::View a43, support::ConstView a44,
-    support::View a45, support::ConstView a46, support::View a47, support::ConstView a48,
-    support::View a49, support::View a50, support::ConstView a51, support::View a52,
-    support::View a53, support::View a54, support::View a55, support::ConstView a56,
-    support::View a57, support::View a58, support::View a59, support::ConstView a60,
-    support::View a61, support::View a62, support::View a63, support::ConstView a64,
-    support::View a65, support::View a66, support::View a67, support::View a68, support::View a69) {
+    support::View a16, support::ConstView a17, support::View a18, support::View a19,
+    support::View a20, support::ConstView a21, support::View a22, support::ConstView a23,
+    support::View a24, support::ConstView a25, support::View a26, support::ConstView a27,
+    support::View a28, support::ConstView a29, support::View a30, support::View a31,
+    support::ConstView a32, support::View a33, support::ConstView a34, support::View a35,
+    support::ConstView a36, support::View a37, support::ConstView a38, support::View a39,
+    support::ConstView a40, support::View a41, support::ConstView a42, support::View a43,
+    support::View a44, support::ConstView a45, support::View a46, support::View a47,
+    support::View a48, support::View a49, support::ConstView a50, support::View a51,
+    support::ConstView a52, support::View a53, support::View a54, support::View a55,
+    support::ConstView a56, support::View a57) {
   MESHRT_TRACE_SPAN(world_);
 
   // layers.mesh:55:71 sum -> grad/decoder/decoder_layer[1]/ffn/b_out
@@ -3012,7 +2878,7 @@ void LmTrain::repeated1(
   // layers.mesh:55:17 dropout
   // layers.mesh:54:11 mul
   MESHRT_TRACE("loop", "layers.mesh:54:11", "backward");
-  loop22(a8.data(), a6.data(), a3.data(), reinterpret_cast<const uint8_t *>(a7.data()));
+  loop19(a8.data(), a6.data(), a3.data(), reinterpret_cast<const uint8_t *>(a7.data()));
 
   // layers.mesh:54:52 sum -> grad/decoder/decoder_layer[1]/ffn/b_in
   MESHRT_TRACE("sum", "layers.mesh:54:52", "backward");
@@ -3024,7 +2890,7 @@ void LmTrain::repeated1(
   // dims: batch, seq, d_ff, d_model
   kEinsum11.plan().run(a8.data(), a10.data(), a11.data(), 1.0f, 0.0f);
 
-  // layers.mesh:24:40 all_reduce_sum (resolve the partial sum of %181 over model for sum at 24:40)
+  // layers.mesh:24:40 all_reduce_sum (resolve the partial sum of %168 over model for sum at 24:40)
   MESHRT_TRACE_SITE("layers.mesh:24:40");
   auto request1 = support::startAllReduce(group_model, {a11}, meshrt::ReduceOp::Sum);
 
@@ -3045,194 +2911,134 @@ void LmTrain::repeated1(
   MESHRT_TRACE("loop", "layers.mesh:24:33", "backward");
   loop9(a16.data(), a11.data(), a15.data());
 
+  // layers.mesh:24:33 mul
+  MESHRT_TRACE("loop", "layers.mesh:24:33", "backward");
+  loop10(a18.data(), a11.data(), a17.data());
+
   // layers.mesh:24:33 sum -> grad/decoder/decoder_layer[1]/norm#1/gain
   MESHRT_TRACE("sum", "layers.mesh:24:33", "backward");
-  support::reduce(a17.data(), kShape12, a16.data(), kShape1, kShape5, kShape6, support::Reduce::Sum,
+  support::reduce(a19.data(), kShape12, a18.data(), kShape1, kShape5, kShape6, support::Reduce::Sum,
                   1.0);
 
-  // layers.mesh:24:10 mean
-  MESHRT_TRACE("mean", "layers.mesh:24:10", "backward");
-  support::reduce(a18.data(), kShape5, a19.data(), kShape6, kShape12, kShape1, support::Reduce::Sum,
-                  0.015625);
-
-  // layers.mesh:24:10 sub
-  // layers.mesh:24:10 square
-  MESHRT_TRACE("loop", "layers.mesh:24:10", "backward");
-  loop10(a20.data(), a19.data(), a18.data());
-
-  // layers.mesh:24:10 mean
-  MESHRT_TRACE("mean", "layers.mesh:24:10", "backward");
-  support::reduce(a21.data(), kShape5, a20.data(), kShape6, kShape12, kShape1, support::Reduce::Sum,
-                  0.015625);
+  // layers.mesh:24:10 layer_norm_grad
+  MESHRT_TRACE("layer_norm_grad", "layers.mesh:24:10", "backward");
+  support::layerNormGrad(a20.data(), a21.data(), a16.data(), kShape5, kShape6, kShape6, kShape6,
+                         kShape12, kShape1, kShape1, kShape1, 1e-05, 64, nullptr);
 
   // layers.mesh:24:10 add
-  // layers.mesh:24:10 rsqrt
   MESHRT_TRACE("loop", "layers.mesh:24:10", "backward");
-  loop11(a22.data(), a21.data());
-
-  // layers.mesh:24:33 mul
-  // layers.mesh:24:10 mul
-  MESHRT_TRACE("loop", "layers.mesh:24:33", "backward");
-  loop12(a24.data(), a25.data(), a11.data(), a23.data(), a15.data());
-
-  // layers.mesh:24:10 mean
-  MESHRT_TRACE("mean", "layers.mesh:24:10", "backward");
-  support::reduce(a26.data(), kShape5, a25.data(), kShape6, kShape12, kShape1, support::Reduce::Sum,
-                  0.015625);
-
-  // layers.mesh:24:10 mean
-  MESHRT_TRACE("mean", "layers.mesh:24:10", "backward");
-  support::reduce(a27.data(), kShape5, a24.data(), kShape6, kShape12, kShape1, support::Reduce::Sum,
-                  0.015625);
-
-  // layers.mesh:24:10 mul
-  // layers.mesh:24:10 sub
-  // layers.mesh:24:10 sub
-  // layers.mesh:24:10 mul
-  // layers.mesh:24:10 add
-  MESHRT_TRACE("loop", "layers.mesh:24:10", "backward");
-  loop23(a28.data(), a15.data(), a26.data(), a24.data(), a27.data(), a22.data(), a1.data());
+  loop20(a22.data(), a1.data(), a20.data());
 
   // layers.mesh:45:10 einsum
   MESHRT_TRACE("gemm", "layers.mesh:45:10", "backward");
   // dims: batch, seq, d_model, heads, d_head
-  kEinsum13.plan().run(a28.data(), a29.data(), a30.data(), 1.0f, 0.0f);
+  kEinsum13.plan().run(a22.data(), a23.data(), a24.data(), 1.0f, 0.0f);
 
   // layers.mesh:45:10 einsum -> grad/decoder/decoder_layer[1]/attention/w_o
   MESHRT_TRACE("gemm", "layers.mesh:45:10", "backward");
   // dims: batch, seq, d_model, heads, d_head
-  kEinsum14.plan().run(a28.data(), a31.data(), a32.data(), 1.0f, 0.0f);
+  kEinsum14.plan().run(a22.data(), a25.data(), a26.data(), 1.0f, 0.0f);
 
   // layers.mesh:44:17 einsum
   MESHRT_TRACE("gemm", "layers.mesh:44:17", "backward");
   // dims: batch, seq, heads, d_head, mem
-  kEinsum6.plan().run(a30.data(), a33.data(), a34.data(), 1.0f, 0.0f);
+  kEinsum6.plan().run(a24.data(), a27.data(), a28.data(), 1.0f, 0.0f);
 
   // layers.mesh:44:17 einsum
   MESHRT_TRACE("gemm", "layers.mesh:44:17", "backward");
   // dims: batch, seq, heads, d_head, mem
-  kEinsum15.plan().run(a30.data(), a35.data(), a36.data(), 1.0f, 0.0f);
+  kEinsum15.plan().run(a24.data(), a29.data(), a30.data(), 1.0f, 0.0f);
 
   // layers.mesh:43:17 sum
   // layers.mesh:43:17 mul
   MESHRT_TRACE("sum", "layers.mesh:43:17", "backward");
-  support::reduceProduct(a37.data(), kShape9, 32, a34.data(), kShape30, a35.data(), kShape30, 1.0);
+  support::reduceProduct(a31.data(), kShape9, 32, a28.data(), kShape30, a29.data(), kShape30, 1.0);
 
   // layers.mesh:43:17 sub
   // layers.mesh:43:17 mul
   // layers.mesh:43:25 where
   // layers.mesh:41:55 mul
   MESHRT_TRACE("loop", "layers.mesh:43:17", "backward");
-  loop24(a39.data(), a34.data(), a37.data(), a35.data(), a38.data());
+  loop21(a33.data(), a28.data(), a31.data(), a29.data(), a32.data());
 
   // layers.mesh:41:16 einsum
   MESHRT_TRACE("gemm", "layers.mesh:41:16", "backward");
   // dims: batch, heads, seq, mem, d_head
-  kEinsum1.plan().run(a39.data(), a40.data(), a41.data(), 1.0f, 0.0f);
+  kEinsum1.plan().run(a33.data(), a34.data(), a35.data(), 1.0f, 0.0f);
 
   // layers.mesh:41:16 einsum
   MESHRT_TRACE("gemm", "layers.mesh:41:16", "backward");
   // dims: batch, heads, seq, mem, d_head
-  kEinsum16.plan().run(a39.data(), a42.data(), a43.data(), 1.0f, 0.0f);
+  kEinsum16.plan().run(a33.data(), a36.data(), a37.data(), 1.0f, 0.0f);
 
   // layers.mesh:39:18 einsum
   MESHRT_TRACE("gemm", "layers.mesh:39:18", "backward");
   // dims: batch, seq, heads, d_head, d_model
-  kEinsum17.plan().run(a36.data(), a44.data(), a45.data(), 1.0f, 0.0f);
+  kEinsum17.plan().run(a30.data(), a38.data(), a39.data(), 1.0f, 0.0f);
 
   // layers.mesh:39:18 einsum -> grad/decoder/decoder_layer[1]/attention/w_v
   MESHRT_TRACE("gemm", "layers.mesh:39:18", "backward");
   // dims: batch, seq, heads, d_head, d_model
-  kEinsum18.plan().run(a36.data(), a46.data(), a47.data(), 1.0f, 0.0f);
+  kEinsum18.plan().run(a30.data(), a40.data(), a41.data(), 1.0f, 0.0f);
 
   // layers.mesh:38:18 einsum
   MESHRT_TRACE("gemm", "layers.mesh:38:18", "backward");
   // dims: batch, seq, heads, d_head, d_model
-  kEinsum17.plan().run(a43.data(), a48.data(), a49.data(), 1.0f, 0.0f);
+  kEinsum17.plan().run(a37.data(), a42.data(), a43.data(), 1.0f, 0.0f);
 
   // layers.mesh:38:18 einsum -> grad/decoder/decoder_layer[1]/attention/w_k
   MESHRT_TRACE("gemm", "layers.mesh:38:18", "backward");
   // dims: batch, seq, heads, d_head, d_model
-  kEinsum18.plan().run(a43.data(), a46.data(), a50.data(), 1.0f, 0.0f);
+  kEinsum18.plan().run(a37.data(), a40.data(), a44.data(), 1.0f, 0.0f);
 
   // layers.mesh:36:11 einsum
   MESHRT_TRACE("gemm", "layers.mesh:36:11", "backward");
   // dims: batch, seq, heads, d_head, d_model
-  kEinsum17.plan().run(a41.data(), a51.data(), a52.data(), 1.0f, 0.0f);
+  kEinsum17.plan().run(a35.data(), a45.data(), a46.data(), 1.0f, 0.0f);
 
   // layers.mesh:38:18 add
   // layers.mesh:36:11 add
   MESHRT_TRACE("loop", "layers.mesh:38:18", "backward");
-  loop25(a53.data(), a45.data(), a49.data(), a52.data());
+  loop22(a47.data(), a39.data(), a43.data(), a46.data());
 
-  // layers.mesh:24:40 all_reduce_sum (resolve the partial sum of %222 over model for sum at 24:40)
+  // layers.mesh:24:40 all_reduce_sum (resolve the partial sum of %197 over model for sum at 24:40)
   MESHRT_TRACE_SITE("layers.mesh:24:40");
-  auto request2 = support::startAllReduce(group_model, {a53}, meshrt::ReduceOp::Sum);
+  auto request2 = support::startAllReduce(group_model, {a47}, meshrt::ReduceOp::Sum);
 
   // layers.mesh:36:11 einsum -> grad/decoder/decoder_layer[1]/attention/w_q
   MESHRT_TRACE("gemm", "layers.mesh:36:11", "backward");
   // dims: batch, seq, heads, d_head, d_model
-  kEinsum18.plan().run(a41.data(), a46.data(), a54.data(), 1.0f, 0.0f);
+  kEinsum18.plan().run(a35.data(), a40.data(), a48.data(), 1.0f, 0.0f);
 
   MESHRT_TRACE_SITE("layers.mesh:24:40");
   group_model.wait(request2);
 
   // layers.mesh:24:40 sum -> grad/decoder/decoder_layer[1]/norm/bias
   MESHRT_TRACE("sum", "layers.mesh:24:40", "backward");
-  support::reduce(a55.data(), kShape12, a53.data(), kShape1, kShape5, kShape6, support::Reduce::Sum,
+  support::reduce(a49.data(), kShape12, a47.data(), kShape1, kShape5, kShape6, support::Reduce::Sum,
                   1.0);
 
   // layers.mesh:24:33 mul
   MESHRT_TRACE("loop", "layers.mesh:24:33", "backward");
-  loop9(a57.data(), a53.data(), a56.data());
+  loop9(a51.data(), a47.data(), a50.data());
+
+  // layers.mesh:24:33 mul
+  MESHRT_TRACE("loop", "layers.mesh:24:33", "backward");
+  loop10(a53.data(), a47.data(), a52.data());
 
   // layers.mesh:24:33 sum -> grad/decoder/decoder_layer[1]/norm/gain
   MESHRT_TRACE("sum", "layers.mesh:24:33", "backward");
-  support::reduce(a58.data(), kShape12, a57.data(), kShape1, kShape5, kShape6, support::Reduce::Sum,
+  support::reduce(a54.data(), kShape12, a53.data(), kShape1, kShape5, kShape6, support::Reduce::Sum,
                   1.0);
 
-  // layers.mesh:24:10 mean
-  MESHRT_TRACE("mean", "layers.mesh:24:10", "backward");
-  support::reduce(a59.data(), kShape5, a60.data(), kShape6, kShape12, kShape1, support::Reduce::Sum,
-                  0.015625);
-
-  // layers.mesh:24:10 sub
-  // layers.mesh:24:10 square
-  MESHRT_TRACE("loop", "layers.mesh:24:10", "backward");
-  loop10(a61.data(), a60.data(), a59.data());
-
-  // layers.mesh:24:10 mean
-  MESHRT_TRACE("mean", "layers.mesh:24:10", "backward");
-  support::reduce(a62.data(), kShape5, a61.data(), kShape6, kShape12, kShape1, support::Reduce::Sum,
-                  0.015625);
+  // layers.mesh:24:10 layer_norm_grad
+  MESHRT_TRACE("layer_norm_grad", "layers.mesh:24:10", "backward");
+  support::layerNormGrad(a55.data(), a56.data(), a51.data(), kShape5, kShape6, kShape6, kShape6,
+                         kShape12, kShape1, kShape1, kShape1, 1e-05, 64, nullptr);
 
   // layers.mesh:24:10 add
-  // layers.mesh:24:10 rsqrt
   MESHRT_TRACE("loop", "layers.mesh:24:10", "backward");
-  loop11(a63.data(), a62.data());
-
-  // layers.mesh:24:33 mul
-  // layers.mesh:24:10 mul
-  MESHRT_TRACE("loop", "layers.mesh:24:33", "backward");
-  loop12(a65.data(), a66.data(), a53.data(), a64.data(), a56.data());
-
-  // layers.mesh:24:10 mean
-  MESHRT_TRACE("mean", "layers.mesh:24:10", "backward");
-  support::reduce(a67.data(), kShape5, a66.data(), kShape6, kShape12, kShape1, support::Reduce::Sum,
-                  0.015625);
-
-  // layers.mesh:24:10 mean
-  MESHRT_TRACE("mean", "layers.mesh:24:10", "backward");
-  support::reduce(a68.data(), kShape5, a65.data(), kShape6, kShape12, kShape1, support::Reduce::Sum,
-                  0.015625);
-
-  // layers.mesh:24:10 mul
-  // layers.mesh:24:10 sub
-  // layers.mesh:24:10 sub
-  // layers.mesh:24:10 mul
-  // layers.mesh:24:10 add
-  MESHRT_TRACE("loop", "layers.mesh:24:10", "backward");
-  loop23(a69.data(), a56.data(), a67.data(), a65.data(), a68.data(), a63.data(), a28.data());
+  loop20(a57.data(), a22.data(), a55.data());
 }
 
 void LmTrain::repeated2(
@@ -3250,7 +3056,7 @@ void LmTrain::repeated2(
 
   // transformer.mesh:61:3 square
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "backward");
-  loop15(a1.data(), a0.data());
+  loop12(a1.data(), a0.data());
 
   // transformer.mesh:61:3 sum
   MESHRT_TRACE("sum", "transformer.mesh:61:3", "backward");
@@ -3259,7 +3065,7 @@ void LmTrain::repeated2(
 
   // transformer.mesh:61:3 square
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "backward");
-  loop15(a4.data(), a3.data());
+  loop12(a4.data(), a3.data());
 
   // transformer.mesh:61:3 sum
   MESHRT_TRACE("sum", "transformer.mesh:61:3", "backward");
@@ -3268,7 +3074,7 @@ void LmTrain::repeated2(
 
   // transformer.mesh:61:3 square
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "backward");
-  loop15(a7.data(), a6.data());
+  loop12(a7.data(), a6.data());
 
   // transformer.mesh:61:3 sum
   MESHRT_TRACE("sum", "transformer.mesh:61:3", "backward");
@@ -3277,7 +3083,7 @@ void LmTrain::repeated2(
 
   // transformer.mesh:61:3 square
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "backward");
-  loop15(a10.data(), a9.data());
+  loop12(a10.data(), a9.data());
 
   // transformer.mesh:61:3 sum
   MESHRT_TRACE("sum", "transformer.mesh:61:3", "backward");
@@ -3286,9 +3092,9 @@ void LmTrain::repeated2(
 
   // transformer.mesh:61:3 square
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "backward");
-  loop16(a13.data(), a12.data());
+  loop13(a13.data(), a12.data());
 
-  // transformer.mesh:61:3 local_slice (reshard %375 for sum at 61:3)
+  // transformer.mesh:61:3 local_slice (reshard %314 for sum at 61:3)
   MESHRT_TRACE("local_slice", "transformer.mesh:61:3", "backward");
   support::sliceDim(a14, a13, kShape12, 0, support::blockIndex(world_, {"model"}), 2);
 
@@ -3299,9 +3105,9 @@ void LmTrain::repeated2(
 
   // transformer.mesh:61:3 square
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "backward");
-  loop16(a17.data(), a16.data());
+  loop13(a17.data(), a16.data());
 
-  // transformer.mesh:61:3 local_slice (reshard %378 for sum at 61:3)
+  // transformer.mesh:61:3 local_slice (reshard %317 for sum at 61:3)
   MESHRT_TRACE("local_slice", "transformer.mesh:61:3", "backward");
   support::sliceDim(a18, a17, kShape12, 0, support::blockIndex(world_, {"model"}), 2);
 
@@ -3312,7 +3118,7 @@ void LmTrain::repeated2(
 
   // transformer.mesh:61:3 square
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "backward");
-  loop26(a21.data(), a20.data());
+  loop23(a21.data(), a20.data());
 
   // transformer.mesh:61:3 sum
   MESHRT_TRACE("sum", "transformer.mesh:61:3", "backward");
@@ -3321,7 +3127,7 @@ void LmTrain::repeated2(
 
   // transformer.mesh:61:3 square
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "backward");
-  loop27(a24.data(), a23.data());
+  loop24(a24.data(), a23.data());
 
   // transformer.mesh:61:3 sum
   MESHRT_TRACE("sum", "transformer.mesh:61:3", "backward");
@@ -3330,7 +3136,7 @@ void LmTrain::repeated2(
 
   // transformer.mesh:61:3 square
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "backward");
-  loop26(a27.data(), a26.data());
+  loop23(a27.data(), a26.data());
 
   // transformer.mesh:61:3 sum
   MESHRT_TRACE("sum", "transformer.mesh:61:3", "backward");
@@ -3339,9 +3145,9 @@ void LmTrain::repeated2(
 
   // transformer.mesh:61:3 square
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "backward");
-  loop16(a30.data(), a29.data());
+  loop13(a30.data(), a29.data());
 
-  // transformer.mesh:61:3 local_slice (reshard %390 for sum at 61:3)
+  // transformer.mesh:61:3 local_slice (reshard %329 for sum at 61:3)
   MESHRT_TRACE("local_slice", "transformer.mesh:61:3", "backward");
   support::sliceDim(a31, a30, kShape12, 0, support::blockIndex(world_, {"model"}), 2);
 
@@ -3352,9 +3158,9 @@ void LmTrain::repeated2(
 
   // transformer.mesh:61:3 square
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "backward");
-  loop16(a34.data(), a33.data());
+  loop13(a34.data(), a33.data());
 
-  // transformer.mesh:61:3 local_slice (reshard %393 for sum at 61:3)
+  // transformer.mesh:61:3 local_slice (reshard %332 for sum at 61:3)
   MESHRT_TRACE("local_slice", "transformer.mesh:61:3", "backward");
   support::sliceDim(a35, a34, kShape12, 0, support::blockIndex(world_, {"model"}), 2);
 
@@ -3365,9 +3171,9 @@ void LmTrain::repeated2(
 
   // transformer.mesh:61:3 square
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "backward");
-  loop16(a38.data(), a37.data());
+  loop13(a38.data(), a37.data());
 
-  // transformer.mesh:61:3 local_slice (reshard %396 for sum at 61:3)
+  // transformer.mesh:61:3 local_slice (reshard %335 for sum at 61:3)
   MESHRT_TRACE("local_slice", "transformer.mesh:61:3", "backward");
   support::sliceDim(a39, a38, kShape12, 0, support::blockIndex(world_, {"model"}), 2);
 
@@ -3410,7 +3216,7 @@ void LmTrain::repeated3(support::View a0, support::ConstView a1, support::ConstV
 
   // transformer.mesh:21:13 add -> h
   MESHRT_TRACE("loop", "transformer.mesh:21:13", "forward");
-  loop28(a8.data(), a7.data(), a6.data());
+  loop20(a8.data(), a7.data(), a6.data());
 
   // layers.mesh:24:10 layer_norm
   MESHRT_TRACE("layer_norm", "layers.mesh:24:10", "forward");
@@ -3475,7 +3281,7 @@ void LmTrain::repeated3(support::View a0, support::ConstView a1, support::ConstV
   // layers.mesh:55:71 add
   // transformer.mesh:22:12 add -> x
   MESHRT_TRACE("loop", "layers.mesh:55:71", "forward");
-  loop29(a22.data(), a20.data(), a21.data(), a8.data());
+  loop25(a22.data(), a20.data(), a21.data(), a8.data());
 
   // layers.mesh:24:10 layer_norm
   MESHRT_TRACE("layer_norm", "layers.mesh:24:10", "forward");
@@ -3511,7 +3317,7 @@ void LmTrain::repeated4(support::View a0, support::ConstView a1, support::ConstV
   // transformer.mesh:61:3 mul
   // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[0]/norm/gain
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "update");
-  loop19(a3.data(), a4.data(), a0.data(), a1.data(), a2.data(), a5.data(), a6.data(), a7.data());
+  loop16(a3.data(), a4.data(), a0.data(), a1.data(), a2.data(), a5.data(), a6.data(), a7.data());
 }
 
 void LmTrain::repeated5(support::ConstView a0, support::ConstView a1, support::View a2,

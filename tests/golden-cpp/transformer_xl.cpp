@@ -438,6 +438,18 @@ static const support::SharedEinsum
 
 [[gnu::noinline]] static void loop19(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2) {
+  for (int64_t i0 = 0; i0 < 16; ++i0) {
+    for (int64_t i1 = 0; i1 < 32; ++i1) {
+      const float s0 = p1[i0 * 32 + i1];
+      const float s1 = p2[i1];
+      const float s2 = (s0 * s1);
+      p0[i0 * 32 + i1] = s2;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop20(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 512; ++i0) {
     const float s0 = p1[i0];
     const float s1 = p2[i0];
@@ -446,65 +458,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop20(float *__restrict p0, const float *__restrict p1,
-                                     const float *__restrict p2) {
-  for (int64_t i0 = 0; i0 < 16; ++i0) {
-    for (int64_t i1 = 0; i1 < 32; ++i1) {
-      const float s0 = p1[i0 * 32 + i1];
-      const float s1 = p2[i0];
-      const float s2 = (s0 - s1);
-      const float s3 = s2 * s2;
-      p0[i0 * 32 + i1] = s3;
-    }
-  }
-}
-
-[[gnu::noinline]] static void loop21(float *__restrict p0, const float *__restrict p1) {
-  for (int64_t i0 = 0; i0 < 16; ++i0) {
-    const float s0 = p1[i0];
-    const float s1 = 1e-05f;
-    const float s2 = (s0 + s1);
-    const float s3 = 1.0f / support::fsqrt(s2);
-    p0[i0] = s3;
-  }
-}
-
-[[gnu::noinline]] static void loop22(float *__restrict p0, float *__restrict p1,
-                                     const float *__restrict p2, const float *__restrict p3,
-                                     const float *__restrict p4) {
-  for (int64_t i0 = 0; i0 < 16; ++i0) {
-    for (int64_t i1 = 0; i1 < 32; ++i1) {
-      const float s0 = p2[i0 * 32 + i1];
-      const float s1 = p3[i1];
-      const float s2 = (s0 * s1);
-      const float s3 = p4[i0 * 32 + i1];
-      const float s4 = (s2 * s3);
-      p0[i0 * 32 + i1] = s2;
-      p1[i0 * 32 + i1] = s4;
-    }
-  }
-}
-
-[[gnu::noinline]] static void loop23(float *__restrict p0, const float *__restrict p1,
-                                     const float *__restrict p2, const float *__restrict p3,
-                                     const float *__restrict p4, const float *__restrict p5) {
-  for (int64_t i0 = 0; i0 < 16; ++i0) {
-    for (int64_t i1 = 0; i1 < 32; ++i1) {
-      const float s0 = p1[i0 * 32 + i1];
-      const float s1 = p2[i0];
-      const float s2 = (s0 * s1);
-      const float s3 = p3[i0 * 32 + i1];
-      const float s4 = p4[i0];
-      const float s5 = (s3 - s4);
-      const float s6 = (s5 - s2);
-      const float s7 = p5[i0];
-      const float s8 = (s6 * s7);
-      p0[i0 * 32 + i1] = s8;
-    }
-  }
-}
-
-[[gnu::noinline]] static void loop24(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop21(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 512; ++i0) {
     const float s0 = p1[i0];
@@ -517,7 +471,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop25(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop22(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 512; ++i0) {
     const float s0 = p1[i0];
@@ -527,7 +481,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop26(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop23(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3,
                                      const float *__restrict p4) {
   for (int64_t i0 = 0; i0 < 4; ++i0) {
@@ -549,7 +503,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop27(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop24(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 256; ++i0) {
     const float s0 = p1[i0];
@@ -559,7 +513,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop28(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop25(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3) {
   for (int64_t i0 = 0; i0 < 512; ++i0) {
     const float s0 = p1[i0];
@@ -571,7 +525,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop29(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop26(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 16; ++i0) {
     for (int64_t i1 = 0; i1 < 16; ++i1) {
@@ -583,7 +537,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop30(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop27(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3) {
   for (int64_t i0 = 0; i0 < 4; ++i0) {
     for (int64_t i1 = 0; i1 < 8; ++i1) {
@@ -602,7 +556,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop31(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop28(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3) {
   for (int64_t i0 = 0; i0 < 16; ++i0) {
     for (int64_t i1 = 0; i1 < 32; ++i1) {
@@ -616,7 +570,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop32(float *__restrict p0, const float *__restrict p1) {
+[[gnu::noinline]] static void loop29(float *__restrict p0, const float *__restrict p1) {
   for (int64_t i0 = 0; i0 < 512; ++i0) {
     const float s0 = p1[i0];
     const float s1 = (s0 > 0 ? s0 : 0.0f);
@@ -624,7 +578,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop33(float *__restrict p0, const float *__restrict p1) {
+[[gnu::noinline]] static void loop30(float *__restrict p0, const float *__restrict p1) {
   for (int64_t i0 = 0; i0 < 512; ++i0) {
     const float s0 = p1[i0];
     const float s1 = s0 * s0;
@@ -632,7 +586,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop34(float *__restrict p0, const float *__restrict p1) {
+[[gnu::noinline]] static void loop31(float *__restrict p0, const float *__restrict p1) {
   for (int64_t i0 = 0; i0 < 16; ++i0) {
     const float s0 = p1[i0];
     const float s1 = s0 * s0;
@@ -640,7 +594,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop35(float *__restrict p0, const float *__restrict p1) {
+[[gnu::noinline]] static void loop32(float *__restrict p0, const float *__restrict p1) {
   for (int64_t i0 = 0; i0 < 32; ++i0) {
     const float s0 = p1[i0];
     const float s1 = s0 * s0;
@@ -1111,7 +1065,7 @@ void XlTrain::computeInvariants() {
 
 XlTrain::Outputs XlTrain::run(const Inputs &inputs) {
   MESHRT_TRACE_RUN(world_, "xl_train");
-  // Arena: 106816 bytes for 361456 bytes of temporaries (placed by liveness).
+  // Arena: 106816 bytes for 343792 bytes of temporaries (placed by liveness).
   support::checkShape("input", "tokens", inputs.tokens, {2, 8});
   runPart0(inputs);
   runPart1(inputs);
@@ -1381,289 +1335,259 @@ void XlTrain::runPart1(const Inputs &inputs) {
   (void)inputs;
   MESHRT_TRACE_SPAN(world_);
 
-  // 54 statements from transformer_xl.mesh:32:40 sum -> grad/decoder/xl_layer[1]/norm#1/bias (1 of
+  // 42 statements from transformer_xl.mesh:32:40 sum -> grad/decoder/xl_layer[1]/norm#1/bias (1 of
   // 2)
   MESHRT_TRACE_SITE("transformer_xl.mesh:32:40");
   support::View v153 = arena_.view(98304, 512);
-  support::View v120 = arena_.view(47104, 512);
-  support::View v158 = arena_.view(94208, 512);
-  support::View v160 = arena_.view(96256, 16);
-  support::View v117 = arena_.view(45056, 512);
-  support::View v162 = arena_.view(94208, 512);
-  support::View v163 = arena_.view(45056, 16);
-  support::View v166 = arena_.view(96256, 16);
   support::View v118(param27_decoder_xl_layer_1_norm_1_gain); // updated in place
-  support::View v157 = arena_.view(45056, 512);
-  support::View v167 = arena_.view(94208, 512);
-  support::View v168 = arena_.view(96320, 16);
-  support::View v170 = arena_.view(96384, 16);
-  support::View v173 = arena_.view(94208, 512);
+  support::View v157 = arena_.view(94208, 512);
+  support::View v120 = arena_.view(47104, 512);
+  support::View v158 = arena_.view(96256, 512);
+  support::View v160 = arena_.view(96256, 512);
+  support::View v117 = arena_.view(45056, 512);
   support::View v112(param26_decoder_xl_layer_1_dense_relu_dense_wo); // updated in place
-  support::View v174 = arena_.view(96256, 512);
+  support::View v161 = arena_.view(94208, 512);
   support::View v114 = arena_.view(51200, 512);
   support::View v113 = arena_.view(49152, 512);
-  support::View v178 = arena_.view(98304, 512);
+  support::View v165 = arena_.view(98304, 512);
   support::View v111(param25_decoder_xl_layer_1_dense_relu_dense_wi); // updated in place
-  support::View v179 = arena_.view(49152, 512);
-  support::View v181 = arena_.view(96256, 512);
+  support::View v166 = arena_.view(49152, 512);
+  support::View v168 = arena_.view(94208, 512);
   support::View v110 = arena_.view(92160, 512);
-  support::View v108 = arena_.view(90112, 512);
-  support::View v185 = arena_.view(92160, 512);
-  support::View v187 = arena_.view(94208, 16);
-  support::View v105 = arena_.view(88064, 512);
-  support::View v189 = arena_.view(92160, 512);
-  support::View v190 = arena_.view(88064, 16);
-  support::View v192 = arena_.view(94208, 16);
   support::View v106(param23_decoder_xl_layer_1_norm_gain); // updated in place
-  support::View v184 = arena_.view(88064, 512);
-  support::View v193 = arena_.view(92160, 512);
-  support::View v194 = arena_.view(94272, 16);
-  support::View v196 = arena_.view(94336, 16);
-  support::View v199 = arena_.view(92160, 512);
+  support::View v171 = arena_.view(92160, 512);
+  support::View v108 = arena_.view(90112, 512);
+  support::View v172 = arena_.view(96256, 512);
+  support::View v174 = arena_.view(90112, 512);
+  support::View v105 = arena_.view(88064, 512);
   support::View v80(param20_decoder_xl_layer_1_relative_attention_o); // updated in place
-  support::View v200_c0 = arena_.view(90112, 256);
+  support::View v175_c0 = arena_.view(92160, 256);
   support::View v86 = arena_.view(55296, 512);
-  support::View v200 = arena_.view(88064, 512);
+  support::View v175 = arena_.view(88064, 512);
   support::View v102 = arena_.view(86016, 512);
-  support::View v201 = arena_.view(55296, 512);
+  support::View v176 = arena_.view(55296, 512);
   support::View v103_c0 = arena_.view(105472, 256);
-  support::View v204 = arena_.view(96256, 32);
+  support::View v179 = arena_.view(96256, 32);
   support::View v50 = persistent_.view(26240, 128);
-  support::View v208 = arena_.view(94208, 512);
+  support::View v183 = arena_.view(94208, 512);
   support::View v87 = arena_.view(24576, 2048);
-  support::View v209 = arena_.view(88064, 256);
+  support::View v184 = arena_.view(88064, 256);
   support::View v90 = arena_.view(103424, 256);
-  support::View v210 = arena_.view(24576, 2048);
+  support::View v185 = arena_.view(24576, 2048);
   support::View v85 = arena_.view(53248, 512);
-  support::View v212 = arena_.view(89088, 256);
+  support::View v187 = arena_.view(89088, 256);
   support::View v88 = arena_.view(102400, 256);
-  support::View v213 = arena_.view(86016, 512);
-  support::View v214 = arena_.view(98304, 256);
+  support::View v188 = arena_.view(86016, 512);
+  support::View v189 = arena_.view(98304, 256);
   support::View v21 = arena_.view(0, 4096);
   support::View v78(param18_decoder_xl_layer_1_relative_attention_v); // updated in place
-  support::View v217 = arena_.view(24576, 1024);
+  support::View v192 = arena_.view(24576, 1024);
   support::View v83 = arena_.view(36864, 1024);
   support::View v77(param17_decoder_xl_layer_1_relative_attention_k); // updated in place
-  support::View v219 = arena_.view(28672, 1024);
-  support::View v220 = arena_.view(53248, 1024);
+  support::View v194 = arena_.view(28672, 1024);
+  support::View v195 = arena_.view(53248, 1024);
   support::View v76(param16_decoder_xl_layer_1_relative_attention_q); // updated in place
-  support::View v222 = arena_.view(24576, 512);
-  support::View v226 = arena_.view(26624, 512);
+  support::View v197 = arena_.view(24576, 512);
+  support::View v201 = arena_.view(26624, 512);
   support::View v73 = arena_.view(81920, 512);
   support::View v156 = arena_.view(106496, 32);
   support::View v159 = arena_.view(106624, 32);
-  support::View v175 = arena_.view(45056, 1024);
-  support::View v182 = arena_.view(49152, 1024);
-  support::View v183 = arena_.view(99328, 32);
-  support::View v186 = arena_.view(99456, 32);
-  support::View v202 = arena_.view(90112, 512);
-  support::View v211 = arena_.view(99584, 16);
-  support::View v215 = arena_.view(99648, 16);
-  support::View v216 = arena_.view(88064, 512);
-  support::View v218 = arena_.view(94208, 512);
-  support::View v221 = arena_.view(96256, 512);
-  support::View v225 = arena_.view(36864, 512);
-  support::View v228 = arena_.view(28672, 512);
-  repeated1(v156, v153, v120, v158, v159, v160, v117, v162, v163, v166, v118, v157, v167, v168,
-            v170, v173, v112, v174, v114, v175, v113, v178, v111, v179, v181, v110, v182, v183,
-            v108, v185, v186, v187, v105, v189, v190, v192, v106, v184, v193, v194, v196, v199, v80,
-            v200_c0, v86, v200, v102, v201, v103_c0, v202, v204, v50, v208, v87, v209, v90, v210,
-            v211, v85, v212, v88, v213, v214, v215, v21, v216, v78, v217, v83, v218, v77, v219,
-            v220, v221, v76, v222, v226, v73, v225, v228);
+  support::View v162 = arena_.view(45056, 1024);
+  support::View v169 = arena_.view(49152, 1024);
+  support::View v170 = arena_.view(99328, 32);
+  support::View v173 = arena_.view(99456, 32);
+  support::View v177 = arena_.view(92160, 512);
+  support::View v186 = arena_.view(99584, 16);
+  support::View v190 = arena_.view(99648, 16);
+  support::View v191 = arena_.view(88064, 512);
+  support::View v193 = arena_.view(94208, 512);
+  support::View v196 = arena_.view(96256, 512);
+  support::View v200 = arena_.view(36864, 512);
+  support::View v203 = arena_.view(28672, 512);
+  repeated1(v156, v153, v118, v157, v120, v158, v159, v160, v117, v112, v161, v114, v162, v113,
+            v165, v111, v166, v168, v110, v169, v170, v106, v171, v108, v172, v173, v174, v105, v80,
+            v175_c0, v86, v175, v102, v176, v103_c0, v177, v179, v50, v183, v87, v184, v90, v185,
+            v186, v85, v187, v88, v188, v189, v190, v21, v191, v78, v192, v83, v193, v77, v194,
+            v195, v196, v76, v197, v201, v73, v200, v203);
 
-  // 54 statements from transformer_xl.mesh:32:40 sum -> grad/decoder/xl_layer[1]/norm#1/bias (2 of
+  // 42 statements from transformer_xl.mesh:32:40 sum -> grad/decoder/xl_layer[1]/norm#1/bias (2 of
   // 2)
   MESHRT_TRACE_SITE("transformer_xl.mesh:32:40");
-  support::View v71 = arena_.view(79872, 512);
-  support::View v231 = arena_.view(24576, 512);
-  support::View v233 = arena_.view(26624, 16);
-  support::View v68 = arena_.view(77824, 512);
-  support::View v235 = arena_.view(24576, 512);
-  support::View v236 = arena_.view(26624, 16);
-  support::View v238 = arena_.view(30720, 16);
   support::View v69(param13_decoder_xl_layer_0_norm_1_gain); // updated in place
-  support::View v230 = arena_.view(24576, 512);
-  support::View v239 = arena_.view(26624, 512);
-  support::View v240 = arena_.view(30784, 16);
-  support::View v242 = arena_.view(26624, 16);
-  support::View v245 = arena_.view(28672, 512);
+  support::View v205 = arena_.view(24576, 512);
+  support::View v71 = arena_.view(79872, 512);
+  support::View v206 = arena_.view(26624, 512);
+  support::View v208 = arena_.view(28672, 512);
+  support::View v68 = arena_.view(77824, 512);
   support::View v63(param12_decoder_xl_layer_0_dense_relu_dense_wo); // updated in place
-  support::View v246 = arena_.view(30720, 512);
+  support::View v209 = arena_.view(30720, 512);
   support::View v65 = arena_.view(75776, 512);
   support::View v64 = arena_.view(73728, 512);
-  support::View v249 = arena_.view(38912, 512);
+  support::View v212 = arena_.view(38912, 512);
   support::View v62(param11_decoder_xl_layer_0_dense_relu_dense_wi); // updated in place
-  support::View v250 = arena_.view(30720, 512);
-  support::View v252 = arena_.view(53248, 512);
+  support::View v213 = arena_.view(30720, 512);
+  support::View v215 = arena_.view(53248, 512);
   support::View v61 = arena_.view(71680, 512);
-  support::View v59 = arena_.view(69632, 512);
-  support::View v256 = arena_.view(38912, 512);
-  support::View v258 = arena_.view(55296, 16);
-  support::View v56 = arena_.view(67584, 512);
-  support::View v260 = arena_.view(38912, 512);
-  support::View v261 = arena_.view(55296, 16);
-  support::View v263 = arena_.view(67584, 16);
   support::View v57(param9_decoder_xl_layer_0_norm_gain); // updated in place
-  support::View v255 = arena_.view(38912, 512);
-  support::View v264 = arena_.view(55296, 512);
-  support::View v265 = arena_.view(67648, 16);
-  support::View v267 = arena_.view(55296, 16);
-  support::View v270 = arena_.view(53248, 512);
+  support::View v218 = arena_.view(38912, 512);
+  support::View v59 = arena_.view(69632, 512);
+  support::View v219 = arena_.view(55296, 512);
+  support::View v221 = arena_.view(53248, 512);
+  support::View v56 = arena_.view(67584, 512);
   support::View v31(param6_decoder_xl_layer_0_relative_attention_o); // updated in place
-  support::View v271_c0 = arena_.view(67584, 256);
+  support::View v222_c0 = arena_.view(67584, 256);
   support::View v37 = arena_.view(63488, 512);
-  support::View v271 = arena_.view(38912, 512);
+  support::View v222 = arena_.view(38912, 512);
   support::View v53 = arena_.view(65536, 512);
-  support::View v272 = arena_.view(55296, 512);
+  support::View v223 = arena_.view(55296, 512);
   support::View v54_c0 = arena_.view(104448, 256);
-  support::View v275 = arena_.view(69632, 32);
-  support::View v279 = arena_.view(67584, 512);
+  support::View v226 = arena_.view(69760, 32);
+  support::View v230 = arena_.view(67584, 512);
   support::View v38 = arena_.view(16384, 2048);
-  support::View v280 = arena_.view(65536, 256);
+  support::View v231 = arena_.view(65536, 256);
   support::View v41 = arena_.view(101376, 256);
-  support::View v281 = arena_.view(16384, 2048);
+  support::View v232 = arena_.view(16384, 2048);
   support::View v36 = arena_.view(61440, 512);
-  support::View v283 = arena_.view(66560, 256);
+  support::View v234 = arena_.view(66560, 256);
   support::View v39 = arena_.view(100352, 256);
-  support::View v284 = arena_.view(38912, 512);
-  support::View v285 = arena_.view(67584, 256);
+  support::View v235 = arena_.view(38912, 512);
+  support::View v236 = arena_.view(67584, 256);
   support::View v29(param4_decoder_xl_layer_0_relative_attention_v); // updated in place
-  support::View v288 = arena_.view(0, 1024);
+  support::View v239 = arena_.view(0, 1024);
   support::View v34 = arena_.view(32768, 1024);
   support::View v28(param3_decoder_xl_layer_0_relative_attention_k); // updated in place
-  support::View v290 = arena_.view(4096, 1024);
-  support::View v291 = arena_.view(8192, 1024);
+  support::View v241 = arena_.view(4096, 1024);
+  support::View v242 = arena_.view(8192, 1024);
   support::View v27(param2_decoder_xl_layer_0_relative_attention_q); // updated in place
-  support::View v293 = arena_.view(0, 512);
-  support::View v297 = arena_.view(2048, 512);
+  support::View v244 = arena_.view(0, 512);
+  support::View v248 = arena_.view(2048, 512);
   support::View v23 = arena_.view(57344, 512);
-  support::View v229 = arena_.view(81920, 32);
-  support::View v232 = arena_.view(82048, 32);
-  support::View v247 = arena_.view(24576, 1024);
-  support::View v253 = arena_.view(28672, 1024);
-  support::View v254 = arena_.view(71680, 32);
-  support::View v257 = arena_.view(71808, 32);
-  support::View v273 = arena_.view(63488, 512);
-  support::View v282 = arena_.view(69632, 16);
-  support::View v286 = arena_.view(65536, 16);
-  support::View v287 = arena_.view(61440, 512);
-  support::View v289 = arena_.view(12288, 512);
-  support::View v292 = arena_.view(14336, 512);
-  support::View v296 = arena_.view(8192, 512);
-  support::View v299 = arena_.view(4096, 512);
-  repeated1(v229, v228, v71, v231, v232, v233, v68, v235, v236, v238, v69, v230, v239, v240, v242,
-            v245, v63, v246, v65, v247, v64, v249, v62, v250, v252, v61, v253, v254, v59, v256,
-            v257, v258, v56, v260, v261, v263, v57, v255, v264, v265, v267, v270, v31, v271_c0, v37,
-            v271, v53, v272, v54_c0, v273, v275, v50, v279, v38, v280, v41, v281, v282, v36, v283,
-            v39, v284, v285, v286, v21, v287, v29, v288, v34, v289, v28, v290, v291, v292, v27,
-            v293, v297, v23, v296, v299);
+  support::View v204 = arena_.view(81920, 32);
+  support::View v207 = arena_.view(79872, 32);
+  support::View v210 = arena_.view(24576, 1024);
+  support::View v216 = arena_.view(28672, 1024);
+  support::View v217 = arena_.view(71680, 32);
+  support::View v220 = arena_.view(69632, 32);
+  support::View v224 = arena_.view(63488, 512);
+  support::View v233 = arena_.view(69760, 16);
+  support::View v237 = arena_.view(65536, 16);
+  support::View v238 = arena_.view(61440, 512);
+  support::View v240 = arena_.view(12288, 512);
+  support::View v243 = arena_.view(14336, 512);
+  support::View v247 = arena_.view(8192, 512);
+  support::View v250 = arena_.view(4096, 512);
+  repeated1(v204, v203, v69, v205, v71, v206, v207, v208, v68, v63, v209, v65, v210, v64, v212, v62,
+            v213, v215, v61, v216, v217, v57, v218, v59, v219, v220, v221, v56, v31, v222_c0, v37,
+            v222, v53, v223, v54_c0, v224, v226, v50, v230, v38, v231, v41, v232, v233, v36, v234,
+            v39, v235, v236, v237, v21, v238, v29, v239, v34, v240, v28, v241, v242, v243, v27,
+            v244, v248, v23, v247, v250);
 
   // transformer_xl.mesh:87:11 einsum
   MESHRT_TRACE("einsum", "transformer_xl.mesh:87:11", "backward");
   const support::Buffer &v0 = inputs.tokens.data;
-  support::View v300 = arena_.view(0, 1024);
-  support::scatterAdd(v300.data(), kShape16, v299.data(), kShape17, v0.data(), kShape18, kShape3,
+  support::View v251 = arena_.view(0, 1024);
+  support::scatterAdd(v251.data(), kShape16, v250.data(), kShape17, v0.data(), kShape18, kShape3,
                       kShape10, kShape13, 0, support::shardStart(world_, {"model"}, 32));
 
   // transformer_xl.mesh:87:11 add -> grad/decoder/embedding
   MESHRT_TRACE("loop", "transformer_xl.mesh:87:11", "backward");
   support::View v154 = arena_.view(40960, 1024);
-  support::View v301 = arena_.view(4096, 1024);
-  loop13(v301.data(), v154.data(), v300.data());
+  support::View v252 = arena_.view(4096, 1024);
+  loop13(v252.data(), v154.data(), v251.data());
 
   // transformer_xl.mesh:101:3 bucketed_all_reduce_sum -> grad/decoder/xl_layer[1]/norm#1/bias (27
   // partial sums (grad/decoder/xl_layer[1]/norm#1/bias, grad/decoder/xl_layer[1]/norm#1/gain,
   // grad/decoder/xl_layer[1]/dense_relu_dense/wo, ...) over data resolved together, 41.2 KiB in one
   // buffer)
   MESHRT_TRACE_SITE("transformer_xl.mesh:101:3");
-  support::allReduceBucket(group_data, {v156, v159, v175, v182, v183, v186, v202, v211, v215,
-                                        v216, v218, v221, v225, v229, v232, v247, v253, v254,
-                                        v257, v273, v282, v286, v287, v289, v292, v296, v301});
+  support::allReduceBucket(group_data, {v156, v159, v162, v169, v170, v173, v177, v186, v190,
+                                        v191, v193, v196, v200, v204, v207, v210, v216, v217,
+                                        v220, v224, v233, v237, v238, v240, v243, v247, v252});
 
   // transformer_xl.mesh:101:3 square
   MESHRT_TRACE("loop", "transformer_xl.mesh:101:3", "backward");
-  support::View v326 = arena_.view(0, 1024);
-  loop14(v326.data(), v301.data());
+  support::View v277 = arena_.view(0, 1024);
+  loop14(v277.data(), v252.data());
 
   // transformer_xl.mesh:101:3 sum
   MESHRT_TRACE("sum", "transformer_xl.mesh:101:3", "backward");
-  support::View v327 = arena_.view(10240, 1);
-  support::reduce(v327.data(), kShape12, v326.data(), kShape12, kShape16, kShape19,
+  support::View v278 = arena_.view(10240, 1);
+  support::reduce(v278.data(), kShape12, v277.data(), kShape12, kShape16, kShape19,
                   support::Reduce::Sum, 1.0);
 
   // 30 statements from transformer_xl.mesh:101:3 square (1 of 2)
   MESHRT_TRACE_SITE("transformer_xl.mesh:101:3");
-  support::View v329 = arena_.view(0, 512);
-  support::View v333 = arena_.view(0, 512);
-  support::View v337 = arena_.view(0, 512);
-  support::View v341 = arena_.view(0, 512);
-  support::View v345 = arena_.view(0, 512);
-  support::View v349 = arena_.view(0, 16);
-  support::View v353 = arena_.view(0, 16);
-  support::View v357 = arena_.view(0, 32);
-  support::View v358 = arena_.view(128, 16);
-  support::View v362 = arena_.view(0, 32);
-  support::View v363 = arena_.view(128, 16);
-  support::View v367 = arena_.view(0, 1024);
-  support::View v371 = arena_.view(0, 1024);
-  support::View v375 = arena_.view(0, 32);
-  support::View v376 = arena_.view(128, 16);
-  support::View v380 = arena_.view(0, 32);
-  support::View v381 = arena_.view(128, 16);
-  support::View v330 = arena_.view(10304, 1);
-  support::View v334 = arena_.view(10368, 1);
-  support::View v338 = arena_.view(10432, 1);
-  support::View v342 = arena_.view(10496, 1);
-  support::View v346 = arena_.view(10560, 1);
-  support::View v350 = arena_.view(10624, 1);
-  support::View v354 = arena_.view(10688, 1);
-  support::View v359 = arena_.view(10752, 1);
-  support::View v364 = arena_.view(10816, 1);
-  support::View v368 = arena_.view(10880, 1);
-  support::View v372 = arena_.view(10944, 1);
-  support::View v377 = arena_.view(11008, 1);
-  support::View v382 = arena_.view(11072, 1);
-  repeated3(v296, v329, v330, v292, v333, v334, v289, v337, v338, v287, v341, v342, v273, v345,
-            v346, v286, v349, v350, v282, v353, v354, v257, v357, v358, v359, v254, v362, v363,
-            v364, v253, v367, v368, v247, v371, v372, v232, v375, v376, v377, v229, v380, v381,
-            v382);
+  support::View v280 = arena_.view(0, 512);
+  support::View v284 = arena_.view(0, 512);
+  support::View v288 = arena_.view(0, 512);
+  support::View v292 = arena_.view(0, 512);
+  support::View v296 = arena_.view(0, 512);
+  support::View v300 = arena_.view(0, 16);
+  support::View v304 = arena_.view(0, 16);
+  support::View v308 = arena_.view(0, 32);
+  support::View v309 = arena_.view(128, 16);
+  support::View v313 = arena_.view(0, 32);
+  support::View v314 = arena_.view(128, 16);
+  support::View v318 = arena_.view(0, 1024);
+  support::View v322 = arena_.view(0, 1024);
+  support::View v326 = arena_.view(0, 32);
+  support::View v327 = arena_.view(128, 16);
+  support::View v331 = arena_.view(0, 32);
+  support::View v332 = arena_.view(128, 16);
+  support::View v281 = arena_.view(10304, 1);
+  support::View v285 = arena_.view(10368, 1);
+  support::View v289 = arena_.view(10432, 1);
+  support::View v293 = arena_.view(10496, 1);
+  support::View v297 = arena_.view(10560, 1);
+  support::View v301 = arena_.view(10624, 1);
+  support::View v305 = arena_.view(10688, 1);
+  support::View v310 = arena_.view(10752, 1);
+  support::View v315 = arena_.view(10816, 1);
+  support::View v319 = arena_.view(10880, 1);
+  support::View v323 = arena_.view(10944, 1);
+  support::View v328 = arena_.view(11008, 1);
+  support::View v333 = arena_.view(11072, 1);
+  repeated3(v247, v280, v281, v243, v284, v285, v240, v288, v289, v238, v292, v293, v224, v296,
+            v297, v237, v300, v301, v233, v304, v305, v220, v308, v309, v310, v217, v313, v314,
+            v315, v216, v318, v319, v210, v322, v323, v207, v326, v327, v328, v204, v331, v332,
+            v333);
 
   // 30 statements from transformer_xl.mesh:101:3 square (2 of 2)
   MESHRT_TRACE_SITE("transformer_xl.mesh:101:3");
-  support::View v385 = arena_.view(0, 512);
-  support::View v389 = arena_.view(0, 512);
-  support::View v393 = arena_.view(0, 512);
-  support::View v397 = arena_.view(0, 512);
-  support::View v401 = arena_.view(0, 512);
-  support::View v405 = arena_.view(0, 16);
-  support::View v409 = arena_.view(0, 16);
-  support::View v413 = arena_.view(0, 32);
-  support::View v414 = arena_.view(128, 16);
-  support::View v418 = arena_.view(0, 32);
-  support::View v419 = arena_.view(128, 16);
-  support::View v423 = arena_.view(0, 1024);
-  support::View v427 = arena_.view(0, 1024);
-  support::View v431 = arena_.view(0, 32);
-  support::View v432 = arena_.view(128, 16);
-  support::View v436 = arena_.view(0, 32);
-  support::View v437 = arena_.view(128, 16);
-  support::View v386 = arena_.view(11136, 1);
-  support::View v390 = arena_.view(11200, 1);
-  support::View v394 = arena_.view(11264, 1);
-  support::View v398 = arena_.view(11328, 1);
-  support::View v402 = arena_.view(11392, 1);
-  support::View v406 = arena_.view(11456, 1);
-  support::View v410 = arena_.view(11520, 1);
-  support::View v415 = arena_.view(11584, 1);
-  support::View v420 = arena_.view(11648, 1);
-  support::View v424 = arena_.view(11712, 1);
-  support::View v428 = arena_.view(11776, 1);
-  support::View v433 = arena_.view(192, 1);
-  support::View v438 = arena_.view(0, 1);
-  repeated3(v225, v385, v386, v221, v389, v390, v218, v393, v394, v216, v397, v398, v202, v401,
-            v402, v215, v405, v406, v211, v409, v410, v186, v413, v414, v415, v183, v418, v419,
-            v420, v182, v423, v424, v175, v427, v428, v159, v431, v432, v433, v156, v436, v437,
-            v438);
+  support::View v336 = arena_.view(0, 512);
+  support::View v340 = arena_.view(0, 512);
+  support::View v344 = arena_.view(0, 512);
+  support::View v348 = arena_.view(0, 512);
+  support::View v352 = arena_.view(0, 512);
+  support::View v356 = arena_.view(0, 16);
+  support::View v360 = arena_.view(0, 16);
+  support::View v364 = arena_.view(0, 32);
+  support::View v365 = arena_.view(128, 16);
+  support::View v369 = arena_.view(0, 32);
+  support::View v370 = arena_.view(128, 16);
+  support::View v374 = arena_.view(0, 1024);
+  support::View v378 = arena_.view(0, 1024);
+  support::View v382 = arena_.view(0, 32);
+  support::View v383 = arena_.view(128, 16);
+  support::View v387 = arena_.view(0, 32);
+  support::View v388 = arena_.view(128, 16);
+  support::View v337 = arena_.view(11136, 1);
+  support::View v341 = arena_.view(11200, 1);
+  support::View v345 = arena_.view(11264, 1);
+  support::View v349 = arena_.view(11328, 1);
+  support::View v353 = arena_.view(11392, 1);
+  support::View v357 = arena_.view(11456, 1);
+  support::View v361 = arena_.view(11520, 1);
+  support::View v366 = arena_.view(11584, 1);
+  support::View v371 = arena_.view(11648, 1);
+  support::View v375 = arena_.view(11712, 1);
+  support::View v379 = arena_.view(11776, 1);
+  support::View v384 = arena_.view(192, 1);
+  support::View v389 = arena_.view(0, 1);
+  repeated3(v200, v336, v337, v196, v340, v341, v193, v344, v345, v191, v348, v349, v177, v352,
+            v353, v190, v356, v357, v186, v360, v361, v173, v364, v365, v366, v170, v369, v370,
+            v371, v169, v374, v375, v162, v378, v379, v159, v382, v383, v384, v156, v387, v388,
+            v389);
 
   // transformer_xl.mesh:101:3 add
   // transformer_xl.mesh:101:3 add
@@ -1692,112 +1616,112 @@ void XlTrain::runPart1(const Inputs &inputs) {
   // transformer_xl.mesh:101:3 add
   // transformer_xl.mesh:101:3 add
   MESHRT_TRACE("loop", "transformer_xl.mesh:101:3", "backward");
-  support::View v439 = arena_.view(64, 1);
+  support::View v390 = arena_.view(64, 1);
   {
-    float *__restrict v439p = v439.data();
-    const float *__restrict v327p = v327.data();
-    const float *__restrict v330p = v330.data();
-    const float *__restrict v334p = v334.data();
-    const float *__restrict v338p = v338.data();
-    const float *__restrict v342p = v342.data();
-    const float *__restrict v346p = v346.data();
-    const float *__restrict v350p = v350.data();
-    const float *__restrict v354p = v354.data();
-    const float *__restrict v359p = v359.data();
-    const float *__restrict v364p = v364.data();
-    const float *__restrict v368p = v368.data();
-    const float *__restrict v372p = v372.data();
-    const float *__restrict v377p = v377.data();
-    const float *__restrict v382p = v382.data();
-    const float *__restrict v386p = v386.data();
-    const float *__restrict v390p = v390.data();
-    const float *__restrict v394p = v394.data();
-    const float *__restrict v398p = v398.data();
-    const float *__restrict v402p = v402.data();
-    const float *__restrict v406p = v406.data();
-    const float *__restrict v410p = v410.data();
-    const float *__restrict v415p = v415.data();
-    const float *__restrict v420p = v420.data();
-    const float *__restrict v424p = v424.data();
-    const float *__restrict v428p = v428.data();
-    const float *__restrict v433p = v433.data();
-    const float *__restrict v438p = v438.data();
-    const float s0 = v327p[0];
-    const float s1 = v330p[0];
+    float *__restrict v390p = v390.data();
+    const float *__restrict v278p = v278.data();
+    const float *__restrict v281p = v281.data();
+    const float *__restrict v285p = v285.data();
+    const float *__restrict v289p = v289.data();
+    const float *__restrict v293p = v293.data();
+    const float *__restrict v297p = v297.data();
+    const float *__restrict v301p = v301.data();
+    const float *__restrict v305p = v305.data();
+    const float *__restrict v310p = v310.data();
+    const float *__restrict v315p = v315.data();
+    const float *__restrict v319p = v319.data();
+    const float *__restrict v323p = v323.data();
+    const float *__restrict v328p = v328.data();
+    const float *__restrict v333p = v333.data();
+    const float *__restrict v337p = v337.data();
+    const float *__restrict v341p = v341.data();
+    const float *__restrict v345p = v345.data();
+    const float *__restrict v349p = v349.data();
+    const float *__restrict v353p = v353.data();
+    const float *__restrict v357p = v357.data();
+    const float *__restrict v361p = v361.data();
+    const float *__restrict v366p = v366.data();
+    const float *__restrict v371p = v371.data();
+    const float *__restrict v375p = v375.data();
+    const float *__restrict v379p = v379.data();
+    const float *__restrict v384p = v384.data();
+    const float *__restrict v389p = v389.data();
+    const float s0 = v278p[0];
+    const float s1 = v281p[0];
     const float s2 = (s0 + s1);
-    const float s3 = v334p[0];
+    const float s3 = v285p[0];
     const float s4 = (s2 + s3);
-    const float s5 = v338p[0];
+    const float s5 = v289p[0];
     const float s6 = (s4 + s5);
-    const float s7 = v342p[0];
+    const float s7 = v293p[0];
     const float s8 = (s6 + s7);
-    const float s9 = v346p[0];
+    const float s9 = v297p[0];
     const float s10 = (s8 + s9);
-    const float s11 = v350p[0];
+    const float s11 = v301p[0];
     const float s12 = (s10 + s11);
-    const float s13 = v354p[0];
+    const float s13 = v305p[0];
     const float s14 = (s12 + s13);
-    const float s15 = v359p[0];
+    const float s15 = v310p[0];
     const float s16 = (s14 + s15);
-    const float s17 = v364p[0];
+    const float s17 = v315p[0];
     const float s18 = (s16 + s17);
-    const float s19 = v368p[0];
+    const float s19 = v319p[0];
     const float s20 = (s18 + s19);
-    const float s21 = v372p[0];
+    const float s21 = v323p[0];
     const float s22 = (s20 + s21);
-    const float s23 = v377p[0];
+    const float s23 = v328p[0];
     const float s24 = (s22 + s23);
-    const float s25 = v382p[0];
+    const float s25 = v333p[0];
     const float s26 = (s24 + s25);
-    const float s27 = v386p[0];
+    const float s27 = v337p[0];
     const float s28 = (s26 + s27);
-    const float s29 = v390p[0];
+    const float s29 = v341p[0];
     const float s30 = (s28 + s29);
-    const float s31 = v394p[0];
+    const float s31 = v345p[0];
     const float s32 = (s30 + s31);
-    const float s33 = v398p[0];
+    const float s33 = v349p[0];
     const float s34 = (s32 + s33);
-    const float s35 = v402p[0];
+    const float s35 = v353p[0];
     const float s36 = (s34 + s35);
-    const float s37 = v406p[0];
+    const float s37 = v357p[0];
     const float s38 = (s36 + s37);
-    const float s39 = v410p[0];
+    const float s39 = v361p[0];
     const float s40 = (s38 + s39);
-    const float s41 = v415p[0];
+    const float s41 = v366p[0];
     const float s42 = (s40 + s41);
-    const float s43 = v420p[0];
+    const float s43 = v371p[0];
     const float s44 = (s42 + s43);
-    const float s45 = v424p[0];
+    const float s45 = v375p[0];
     const float s46 = (s44 + s45);
-    const float s47 = v428p[0];
+    const float s47 = v379p[0];
     const float s48 = (s46 + s47);
-    const float s49 = v433p[0];
+    const float s49 = v384p[0];
     const float s50 = (s48 + s49);
-    const float s51 = v438p[0];
+    const float s51 = v389p[0];
     const float s52 = (s50 + s51);
-    v439p[0] = s52;
+    v390p[0] = s52;
   }
 
-  // transformer_xl.mesh:101:3 all_reduce_sum (resolve the partial sum of %389 over model for sqrt
+  // transformer_xl.mesh:101:3 all_reduce_sum (resolve the partial sum of %340 over model for sqrt
   // at 101:3)
   MESHRT_TRACE_SITE("transformer_xl.mesh:101:3");
-  group_model.allReduce(v439.data(), v439.size(), meshrt::ReduceOp::Sum);
+  group_model.allReduce(v390.data(), v390.size(), meshrt::ReduceOp::Sum);
 
   // transformer_xl.mesh:101:3 sqrt -> global_grad_norm
   // transformer_xl.mesh:101:3 maximum
   // transformer_xl.mesh:101:3 div
   MESHRT_TRACE("loop", "transformer_xl.mesh:101:3", "backward");
-  support::View v444 = arena_.view(128, 1);
+  support::View v395 = arena_.view(128, 1);
   {
-    float *__restrict v444p = v444.data();
-    const float *__restrict v439p = v439.data();
-    const float s0 = v439p[0];
+    float *__restrict v395p = v395.data();
+    const float *__restrict v390p = v390.data();
+    const float s0 = v390p[0];
     const float s1 = support::fsqrt(s0);
     const float s2 = 0.25f;
     const float s3 = support::maximum(s1, s2);
     const float s4 = 0.25f;
     const float s5 = (s4 / s3);
-    v444p[0] = s5;
+    v395p[0] = s5;
   }
 
   // transformer_xl.mesh:101:3 step
@@ -1820,14 +1744,14 @@ void XlTrain::runPart1(const Inputs &inputs) {
   // transformer_xl.mesh:101:3 pow
   // transformer_xl.mesh:101:3 sub
   MESHRT_TRACE("loop", "transformer_xl.mesh:101:3", "update");
-  support::View v324 = arena_.view(0, 1);
-  support::View v486 = arena_.view(64, 1);
-  support::View v488 = arena_.view(192, 1);
+  support::View v275 = arena_.view(0, 1);
+  support::View v437 = arena_.view(64, 1);
+  support::View v439 = arena_.view(192, 1);
   {
     const float stepValue = float(step_);
-    float *__restrict v324p = v324.data();
-    float *__restrict v486p = v486.data();
-    float *__restrict v488p = v488.data();
+    float *__restrict v275p = v275.data();
+    float *__restrict v437p = v437.data();
+    float *__restrict v439p = v439.data();
     const float s0 = stepValue;
     const float s1 = 1.0f;
     const float s2 = (s0 + s1);
@@ -1861,9 +1785,9 @@ void XlTrain::runPart1(const Inputs &inputs) {
     const float s30 = support::fpow(s29, s2);
     const float s31 = 1.0f;
     const float s32 = (s31 - s30);
-    v324p[0] = s24;
-    v486p[0] = s28;
-    v488p[0] = s32;
+    v275p[0] = s24;
+    v437p[0] = s28;
+    v439p[0] = s32;
   }
 
   // transformer_xl.mesh:101:3 mul
@@ -1885,95 +1809,95 @@ void XlTrain::runPart1(const Inputs &inputs) {
   // transformer_xl.mesh:101:3 sub -> next/decoder/embedding
   MESHRT_TRACE("loop", "transformer_xl.mesh:101:3", "update");
   support::View v6(param0_decoder_embedding);      // updated in place
-  support::View v472(param29_decoder_embedding_m); // updated in place
-  support::View v473(param30_decoder_embedding_v); // updated in place
-  loop15(v472.data(), v473.data(), v6.data(), v301.data(), v444.data(), v486.data(), v488.data(),
-         v324.data());
+  support::View v423(param29_decoder_embedding_m); // updated in place
+  support::View v424(param30_decoder_embedding_v); // updated in place
+  loop15(v423.data(), v424.data(), v6.data(), v252.data(), v395.data(), v437.data(), v439.data(),
+         v275.data());
 
   // 13 statements from transformer_xl.mesh:101:3 mul (1 of 2)
   MESHRT_TRACE_SITE("transformer_xl.mesh:101:3");
-  support::View v500(param31_decoder_xl_layer_0_relative_attention_q_m);        // updated in place
-  support::View v501(param32_decoder_xl_layer_0_relative_attention_q_v);        // updated in place
-  support::View v520(param33_decoder_xl_layer_0_relative_attention_k_m);        // updated in place
-  support::View v521(param34_decoder_xl_layer_0_relative_attention_k_v);        // updated in place
-  support::View v540(param35_decoder_xl_layer_0_relative_attention_v_m);        // updated in place
-  support::View v541(param36_decoder_xl_layer_0_relative_attention_v_v);        // updated in place
+  support::View v451(param31_decoder_xl_layer_0_relative_attention_q_m);        // updated in place
+  support::View v452(param32_decoder_xl_layer_0_relative_attention_q_v);        // updated in place
+  support::View v471(param33_decoder_xl_layer_0_relative_attention_k_m);        // updated in place
+  support::View v472(param34_decoder_xl_layer_0_relative_attention_k_v);        // updated in place
+  support::View v491(param35_decoder_xl_layer_0_relative_attention_v_m);        // updated in place
+  support::View v492(param36_decoder_xl_layer_0_relative_attention_v_v);        // updated in place
   support::View v30(param5_decoder_xl_layer_0_relative_attention_r);            // updated in place
-  support::View v560(param37_decoder_xl_layer_0_relative_attention_r_m);        // updated in place
-  support::View v561(param38_decoder_xl_layer_0_relative_attention_r_v);        // updated in place
-  support::View v580(param39_decoder_xl_layer_0_relative_attention_o_m);        // updated in place
-  support::View v581(param40_decoder_xl_layer_0_relative_attention_o_v);        // updated in place
+  support::View v511(param37_decoder_xl_layer_0_relative_attention_r_m);        // updated in place
+  support::View v512(param38_decoder_xl_layer_0_relative_attention_r_v);        // updated in place
+  support::View v531(param39_decoder_xl_layer_0_relative_attention_o_m);        // updated in place
+  support::View v532(param40_decoder_xl_layer_0_relative_attention_o_v);        // updated in place
   support::View v32(param7_decoder_xl_layer_0_relative_attention_content_bias); // updated in place
-  support::View v600(
+  support::View v551(
       param41_decoder_xl_layer_0_relative_attention_content_bias_m); // updated in place
-  support::View v601(
+  support::View v552(
       param42_decoder_xl_layer_0_relative_attention_content_bias_v);             // updated in place
   support::View v33(param8_decoder_xl_layer_0_relative_attention_position_bias); // updated in place
-  support::View v620(
+  support::View v571(
       param43_decoder_xl_layer_0_relative_attention_position_bias_m); // updated in place
-  support::View v621(
+  support::View v572(
       param44_decoder_xl_layer_0_relative_attention_position_bias_v);   // updated in place
-  support::View v640(param45_decoder_xl_layer_0_norm_gain_m);           // updated in place
-  support::View v641(param46_decoder_xl_layer_0_norm_gain_v);           // updated in place
+  support::View v591(param45_decoder_xl_layer_0_norm_gain_m);           // updated in place
+  support::View v592(param46_decoder_xl_layer_0_norm_gain_v);           // updated in place
   support::View v58(param10_decoder_xl_layer_0_norm_bias);              // updated in place
-  support::View v660(param47_decoder_xl_layer_0_norm_bias_m);           // updated in place
-  support::View v661(param48_decoder_xl_layer_0_norm_bias_v);           // updated in place
-  support::View v680(param49_decoder_xl_layer_0_dense_relu_dense_wi_m); // updated in place
-  support::View v681(param50_decoder_xl_layer_0_dense_relu_dense_wi_v); // updated in place
-  support::View v700(param51_decoder_xl_layer_0_dense_relu_dense_wo_m); // updated in place
-  support::View v701(param52_decoder_xl_layer_0_dense_relu_dense_wo_v); // updated in place
-  support::View v720(param53_decoder_xl_layer_0_norm_1_gain_m);         // updated in place
-  support::View v721(param54_decoder_xl_layer_0_norm_1_gain_v);         // updated in place
+  support::View v611(param47_decoder_xl_layer_0_norm_bias_m);           // updated in place
+  support::View v612(param48_decoder_xl_layer_0_norm_bias_v);           // updated in place
+  support::View v631(param49_decoder_xl_layer_0_dense_relu_dense_wi_m); // updated in place
+  support::View v632(param50_decoder_xl_layer_0_dense_relu_dense_wi_v); // updated in place
+  support::View v651(param51_decoder_xl_layer_0_dense_relu_dense_wo_m); // updated in place
+  support::View v652(param52_decoder_xl_layer_0_dense_relu_dense_wo_v); // updated in place
+  support::View v671(param53_decoder_xl_layer_0_norm_1_gain_m);         // updated in place
+  support::View v672(param54_decoder_xl_layer_0_norm_1_gain_v);         // updated in place
   support::View v70(param14_decoder_xl_layer_0_norm_1_bias);            // updated in place
-  support::View v740(param55_decoder_xl_layer_0_norm_1_bias_m);         // updated in place
-  support::View v741(param56_decoder_xl_layer_0_norm_1_bias_v);         // updated in place
-  repeated0(v27, v296, v444, v500, v501, v486, v488, v324, v28, v292, v520, v521, v29, v289, v540,
-            v541, v30, v287, v560, v561, v31, v273, v580, v581, v32, v286, v600, v601, v33, v282,
-            v620, v621, v57, v257, v640, v641, v58, v254, v660, v661, v62, v253, v680, v681, v63,
-            v247, v700, v701, v69, v232, v720, v721, v70, v229, v740, v741);
+  support::View v691(param55_decoder_xl_layer_0_norm_1_bias_m);         // updated in place
+  support::View v692(param56_decoder_xl_layer_0_norm_1_bias_v);         // updated in place
+  repeated0(v27, v247, v395, v451, v452, v437, v439, v275, v28, v243, v471, v472, v29, v240, v491,
+            v492, v30, v238, v511, v512, v31, v224, v531, v532, v32, v237, v551, v552, v33, v233,
+            v571, v572, v57, v220, v591, v592, v58, v217, v611, v612, v62, v216, v631, v632, v63,
+            v210, v651, v652, v69, v207, v671, v672, v70, v204, v691, v692);
 
   // 13 statements from transformer_xl.mesh:101:3 mul (2 of 2)
   MESHRT_TRACE_SITE("transformer_xl.mesh:101:3");
-  support::View v760(param57_decoder_xl_layer_1_relative_attention_q_m);         // updated in place
-  support::View v761(param58_decoder_xl_layer_1_relative_attention_q_v);         // updated in place
-  support::View v780(param59_decoder_xl_layer_1_relative_attention_k_m);         // updated in place
-  support::View v781(param60_decoder_xl_layer_1_relative_attention_k_v);         // updated in place
-  support::View v800(param61_decoder_xl_layer_1_relative_attention_v_m);         // updated in place
-  support::View v801(param62_decoder_xl_layer_1_relative_attention_v_v);         // updated in place
+  support::View v711(param57_decoder_xl_layer_1_relative_attention_q_m);         // updated in place
+  support::View v712(param58_decoder_xl_layer_1_relative_attention_q_v);         // updated in place
+  support::View v731(param59_decoder_xl_layer_1_relative_attention_k_m);         // updated in place
+  support::View v732(param60_decoder_xl_layer_1_relative_attention_k_v);         // updated in place
+  support::View v751(param61_decoder_xl_layer_1_relative_attention_v_m);         // updated in place
+  support::View v752(param62_decoder_xl_layer_1_relative_attention_v_v);         // updated in place
   support::View v79(param19_decoder_xl_layer_1_relative_attention_r);            // updated in place
-  support::View v820(param63_decoder_xl_layer_1_relative_attention_r_m);         // updated in place
-  support::View v821(param64_decoder_xl_layer_1_relative_attention_r_v);         // updated in place
-  support::View v840(param65_decoder_xl_layer_1_relative_attention_o_m);         // updated in place
-  support::View v841(param66_decoder_xl_layer_1_relative_attention_o_v);         // updated in place
+  support::View v771(param63_decoder_xl_layer_1_relative_attention_r_m);         // updated in place
+  support::View v772(param64_decoder_xl_layer_1_relative_attention_r_v);         // updated in place
+  support::View v791(param65_decoder_xl_layer_1_relative_attention_o_m);         // updated in place
+  support::View v792(param66_decoder_xl_layer_1_relative_attention_o_v);         // updated in place
   support::View v81(param21_decoder_xl_layer_1_relative_attention_content_bias); // updated in place
-  support::View v860(
+  support::View v811(
       param67_decoder_xl_layer_1_relative_attention_content_bias_m); // updated in place
-  support::View v861(
+  support::View v812(
       param68_decoder_xl_layer_1_relative_attention_content_bias_v); // updated in place
   support::View v82(
       param22_decoder_xl_layer_1_relative_attention_position_bias); // updated in place
-  support::View v880(
+  support::View v831(
       param69_decoder_xl_layer_1_relative_attention_position_bias_m); // updated in place
-  support::View v881(
+  support::View v832(
       param70_decoder_xl_layer_1_relative_attention_position_bias_v);   // updated in place
-  support::View v900(param71_decoder_xl_layer_1_norm_gain_m);           // updated in place
-  support::View v901(param72_decoder_xl_layer_1_norm_gain_v);           // updated in place
+  support::View v851(param71_decoder_xl_layer_1_norm_gain_m);           // updated in place
+  support::View v852(param72_decoder_xl_layer_1_norm_gain_v);           // updated in place
   support::View v107(param24_decoder_xl_layer_1_norm_bias);             // updated in place
-  support::View v920(param73_decoder_xl_layer_1_norm_bias_m);           // updated in place
-  support::View v921(param74_decoder_xl_layer_1_norm_bias_v);           // updated in place
-  support::View v940(param75_decoder_xl_layer_1_dense_relu_dense_wi_m); // updated in place
-  support::View v941(param76_decoder_xl_layer_1_dense_relu_dense_wi_v); // updated in place
-  support::View v960(param77_decoder_xl_layer_1_dense_relu_dense_wo_m); // updated in place
-  support::View v961(param78_decoder_xl_layer_1_dense_relu_dense_wo_v); // updated in place
-  support::View v980(param79_decoder_xl_layer_1_norm_1_gain_m);         // updated in place
-  support::View v981(param80_decoder_xl_layer_1_norm_1_gain_v);         // updated in place
+  support::View v871(param73_decoder_xl_layer_1_norm_bias_m);           // updated in place
+  support::View v872(param74_decoder_xl_layer_1_norm_bias_v);           // updated in place
+  support::View v891(param75_decoder_xl_layer_1_dense_relu_dense_wi_m); // updated in place
+  support::View v892(param76_decoder_xl_layer_1_dense_relu_dense_wi_v); // updated in place
+  support::View v911(param77_decoder_xl_layer_1_dense_relu_dense_wo_m); // updated in place
+  support::View v912(param78_decoder_xl_layer_1_dense_relu_dense_wo_v); // updated in place
+  support::View v931(param79_decoder_xl_layer_1_norm_1_gain_m);         // updated in place
+  support::View v932(param80_decoder_xl_layer_1_norm_1_gain_v);         // updated in place
   support::View v119(param28_decoder_xl_layer_1_norm_1_bias);           // updated in place
-  support::View v1000(param81_decoder_xl_layer_1_norm_1_bias_m);        // updated in place
-  support::View v1001(param82_decoder_xl_layer_1_norm_1_bias_v);        // updated in place
-  repeated0(v76, v225, v444, v760, v761, v486, v488, v324, v77, v221, v780, v781, v78, v218, v800,
-            v801, v79, v216, v820, v821, v80, v202, v840, v841, v81, v215, v860, v861, v82, v211,
-            v880, v881, v106, v186, v900, v901, v107, v183, v920, v921, v111, v182, v940, v941,
-            v112, v175, v960, v961, v118, v159, v980, v981, v119, v156, v1000, v1001);
+  support::View v951(param81_decoder_xl_layer_1_norm_1_bias_m);         // updated in place
+  support::View v952(param82_decoder_xl_layer_1_norm_1_bias_v);         // updated in place
+  repeated0(v76, v200, v395, v711, v712, v437, v439, v275, v77, v196, v731, v732, v78, v193, v751,
+            v752, v79, v191, v771, v772, v80, v177, v791, v792, v81, v190, v811, v812, v82, v186,
+            v831, v832, v106, v173, v851, v852, v107, v170, v871, v872, v111, v169, v891, v892,
+            v112, v162, v911, v912, v118, v159, v931, v932, v119, v156, v951, v952);
 }
 
 void XlTrain::repeated0(
@@ -2267,25 +2191,22 @@ void XlTrain::repeated0(
 
 void XlTrain::repeated1(
     support::View a0, support::ConstView a1, support::ConstView a2, support::View a3,
-    support::View a4, support::View a5, support::ConstView a6, support::View a7, support::View a8,
-    support::View a9, support::ConstView a10, support::View a11, support::View a12,
-    support::View a13, support::View a14, support::View a15, support::ConstView a16,
-    support::View a17, support::ConstView a18, support::View a19, support::ConstView a20,
-    support::View a21, support::ConstView a22, support::View a23, support::View a24,
-    support::ConstView a25, support::View a26, support::View a27, support::ConstView a28,
-    support::View a29, support::View a30, support::View a31, support::ConstView a32,
-    support::View a33, support::View a34, support::View a35, support::ConstView a36,
-    support::View a37, support::View a38, support::View a39, support::View a40, support::View a41,
-    support::ConstView a42, support::View a43, support::ConstView a44, support::View a45,
-    support::ConstView a46, support::View a47, support::ConstView a48, support::View a49,
-    support::View a50, support::ConstView a51, support::View a52, support::ConstView a53,
-    support::View a54, support::ConstView a55, support::View a56, support::View a57,
-    support::ConstView a58, support::View a59, support::ConstView a60, support::View a61,
-    support::View a62, support::View a63, support::ConstView a64, support::View a65,
-    support::ConstView a66, support::View a67, support::ConstView a68, support::View a69,
-    support::ConstView a70, support::View a71, support::View a72, support::View a73,
-    support::ConstView a74, support::View a75, support::View a76, support::ConstView a77,
-    support::View a78, support::View a79) {
+    support::ConstView a4, support::View a5, support::View a6, support::View a7,
+    support::ConstView a8, support::ConstView a9, support::View a10, support::ConstView a11,
+    support::View a12, support::ConstView a13, support::View a14, support::ConstView a15,
+    support::View a16, support::View a17, support::ConstView a18, support::View a19,
+    support::View a20, support::ConstView a21, support::View a22, support::ConstView a23,
+    support::View a24, support::View a25, support::View a26, support::ConstView a27,
+    support::ConstView a28, support::View a29, support::ConstView a30, support::View a31,
+    support::ConstView a32, support::View a33, support::ConstView a34, support::View a35,
+    support::View a36, support::ConstView a37, support::View a38, support::ConstView a39,
+    support::View a40, support::ConstView a41, support::View a42, support::View a43,
+    support::ConstView a44, support::View a45, support::ConstView a46, support::View a47,
+    support::View a48, support::View a49, support::ConstView a50, support::View a51,
+    support::ConstView a52, support::View a53, support::ConstView a54, support::View a55,
+    support::ConstView a56, support::View a57, support::View a58, support::View a59,
+    support::ConstView a60, support::View a61, support::View a62, support::ConstView a63,
+    support::View a64, support::View a65) {
   MESHRT_TRACE_SPAN(world_);
 
   // transformer_xl.mesh:32:40 sum -> grad/decoder/xl_layer[1]/norm#1/bias
@@ -2297,259 +2218,193 @@ void XlTrain::repeated1(
   MESHRT_TRACE("loop", "transformer_xl.mesh:32:33", "backward");
   loop19(a3.data(), a1.data(), a2.data());
 
+  // transformer_xl.mesh:32:33 mul
+  MESHRT_TRACE("loop", "transformer_xl.mesh:32:33", "backward");
+  loop20(a5.data(), a1.data(), a4.data());
+
   // transformer_xl.mesh:32:33 sum -> grad/decoder/xl_layer[1]/norm#1/gain
   MESHRT_TRACE("sum", "transformer_xl.mesh:32:33", "backward");
-  support::reduce(a4.data(), kShape11, a3.data(), kShape1, kShape3, kShape10, support::Reduce::Sum,
+  support::reduce(a6.data(), kShape11, a5.data(), kShape1, kShape3, kShape10, support::Reduce::Sum,
                   1.0);
 
-  // transformer_xl.mesh:32:10 mean
-  MESHRT_TRACE("mean", "transformer_xl.mesh:32:10", "backward");
-  support::reduce(a5.data(), kShape3, a6.data(), kShape10, kShape11, kShape1, support::Reduce::Sum,
-                  0.03125);
-
-  // transformer_xl.mesh:32:10 sub
-  // transformer_xl.mesh:32:10 square
-  MESHRT_TRACE("loop", "transformer_xl.mesh:32:10", "backward");
-  loop20(a7.data(), a6.data(), a5.data());
-
-  // transformer_xl.mesh:32:10 mean
-  MESHRT_TRACE("mean", "transformer_xl.mesh:32:10", "backward");
-  support::reduce(a8.data(), kShape3, a7.data(), kShape10, kShape11, kShape1, support::Reduce::Sum,
-                  0.03125);
-
-  // transformer_xl.mesh:32:10 add
-  // transformer_xl.mesh:32:10 rsqrt
-  MESHRT_TRACE("loop", "transformer_xl.mesh:32:10", "backward");
-  loop21(a9.data(), a8.data());
-
-  // transformer_xl.mesh:32:33 mul
-  // transformer_xl.mesh:32:10 mul
-  MESHRT_TRACE("loop", "transformer_xl.mesh:32:33", "backward");
-  loop22(a11.data(), a12.data(), a1.data(), a10.data(), a2.data());
-
-  // transformer_xl.mesh:32:10 mean
-  MESHRT_TRACE("mean", "transformer_xl.mesh:32:10", "backward");
-  support::reduce(a13.data(), kShape3, a12.data(), kShape10, kShape11, kShape1,
-                  support::Reduce::Sum, 0.03125);
-
-  // transformer_xl.mesh:32:10 mean
-  MESHRT_TRACE("mean", "transformer_xl.mesh:32:10", "backward");
-  support::reduce(a14.data(), kShape3, a11.data(), kShape10, kShape11, kShape1,
-                  support::Reduce::Sum, 0.03125);
-
-  // transformer_xl.mesh:32:10 mul
-  // transformer_xl.mesh:32:10 sub
-  // transformer_xl.mesh:32:10 sub
-  // transformer_xl.mesh:32:10 mul
-  MESHRT_TRACE("loop", "transformer_xl.mesh:32:10", "backward");
-  loop23(a15.data(), a2.data(), a13.data(), a11.data(), a14.data(), a9.data());
+  // transformer_xl.mesh:32:10 layer_norm_grad
+  MESHRT_TRACE("layer_norm_grad", "transformer_xl.mesh:32:10", "backward");
+  support::layerNormGrad(a7.data(), a8.data(), a3.data(), kShape3, kShape10, kShape10, kShape10,
+                         kShape11, kShape1, kShape1, kShape1, 1e-05, 32, nullptr);
 
   // transformer_xl.mesh:70:10 einsum
   MESHRT_TRACE("gemm", "transformer_xl.mesh:70:10", "backward");
   // dims: batch, segment, d_model, d_ff
-  kEinsum0.plan().run(a15.data(), a16.data(), a17.data(), 1.0f, 0.0f);
+  kEinsum0.plan().run(a7.data(), a9.data(), a10.data(), 1.0f, 0.0f);
 
   // transformer_xl.mesh:70:10 einsum -> grad/decoder/xl_layer[1]/dense_relu_dense/wo
   MESHRT_TRACE("gemm", "transformer_xl.mesh:70:10", "backward");
   // dims: batch, segment, d_model, d_ff
-  kEinsum3.plan().run(a15.data(), a18.data(), a19.data(), 1.0f, 0.0f);
+  kEinsum3.plan().run(a7.data(), a11.data(), a12.data(), 1.0f, 0.0f);
 
   // transformer_xl.mesh:70:17 gt
   // transformer_xl.mesh:70:17 where
   MESHRT_TRACE("loop", "transformer_xl.mesh:70:17", "backward");
-  loop24(a21.data(), a20.data(), a17.data());
+  loop21(a14.data(), a13.data(), a10.data());
 
   // transformer_xl.mesh:70:22 einsum
   MESHRT_TRACE("gemm", "transformer_xl.mesh:70:22", "backward");
   // dims: batch, segment, d_ff, d_model
-  kEinsum0.plan().run(a21.data(), a22.data(), a23.data(), 1.0f, 0.0f);
+  kEinsum0.plan().run(a14.data(), a15.data(), a16.data(), 1.0f, 0.0f);
 
-  // transformer_xl.mesh:70:22 all_reduce_sum (resolve the partial sum of %170 over model for add at
+  // transformer_xl.mesh:70:22 all_reduce_sum (resolve the partial sum of %157 over model for add at
   // 70:22)
   MESHRT_TRACE_SITE("transformer_xl.mesh:70:22");
-  group_model.allReduce(a23.data(), a23.size(), meshrt::ReduceOp::Sum);
+  group_model.allReduce(a16.data(), a16.size(), meshrt::ReduceOp::Sum);
 
   // transformer_xl.mesh:70:22 add
   MESHRT_TRACE("loop", "transformer_xl.mesh:70:22", "backward");
-  loop25(a24.data(), a15.data(), a23.data());
+  loop22(a17.data(), a7.data(), a16.data());
 
   // transformer_xl.mesh:70:22 einsum -> grad/decoder/xl_layer[1]/dense_relu_dense/wi
   MESHRT_TRACE("gemm", "transformer_xl.mesh:70:22", "backward");
   // dims: batch, segment, d_ff, d_model
-  kEinsum3.plan().run(a21.data(), a25.data(), a26.data(), 1.0f, 0.0f);
+  kEinsum3.plan().run(a14.data(), a18.data(), a19.data(), 1.0f, 0.0f);
 
   // transformer_xl.mesh:32:40 sum -> grad/decoder/xl_layer[1]/norm/bias
   MESHRT_TRACE("sum", "transformer_xl.mesh:32:40", "backward");
-  support::reduce(a27.data(), kShape11, a24.data(), kShape1, kShape3, kShape10,
+  support::reduce(a20.data(), kShape11, a17.data(), kShape1, kShape3, kShape10,
                   support::Reduce::Sum, 1.0);
 
   // transformer_xl.mesh:32:33 mul
   MESHRT_TRACE("loop", "transformer_xl.mesh:32:33", "backward");
-  loop19(a29.data(), a24.data(), a28.data());
+  loop19(a22.data(), a17.data(), a21.data());
+
+  // transformer_xl.mesh:32:33 mul
+  MESHRT_TRACE("loop", "transformer_xl.mesh:32:33", "backward");
+  loop20(a24.data(), a17.data(), a23.data());
 
   // transformer_xl.mesh:32:33 sum -> grad/decoder/xl_layer[1]/norm/gain
   MESHRT_TRACE("sum", "transformer_xl.mesh:32:33", "backward");
-  support::reduce(a30.data(), kShape11, a29.data(), kShape1, kShape3, kShape10,
+  support::reduce(a25.data(), kShape11, a24.data(), kShape1, kShape3, kShape10,
                   support::Reduce::Sum, 1.0);
 
-  // transformer_xl.mesh:32:10 mean
-  MESHRT_TRACE("mean", "transformer_xl.mesh:32:10", "backward");
-  support::reduce(a31.data(), kShape3, a32.data(), kShape10, kShape11, kShape1,
-                  support::Reduce::Sum, 0.03125);
-
-  // transformer_xl.mesh:32:10 sub
-  // transformer_xl.mesh:32:10 square
-  MESHRT_TRACE("loop", "transformer_xl.mesh:32:10", "backward");
-  loop20(a33.data(), a32.data(), a31.data());
-
-  // transformer_xl.mesh:32:10 mean
-  MESHRT_TRACE("mean", "transformer_xl.mesh:32:10", "backward");
-  support::reduce(a34.data(), kShape3, a33.data(), kShape10, kShape11, kShape1,
-                  support::Reduce::Sum, 0.03125);
-
-  // transformer_xl.mesh:32:10 add
-  // transformer_xl.mesh:32:10 rsqrt
-  MESHRT_TRACE("loop", "transformer_xl.mesh:32:10", "backward");
-  loop21(a35.data(), a34.data());
-
-  // transformer_xl.mesh:32:33 mul
-  // transformer_xl.mesh:32:10 mul
-  MESHRT_TRACE("loop", "transformer_xl.mesh:32:33", "backward");
-  loop22(a37.data(), a38.data(), a24.data(), a36.data(), a28.data());
-
-  // transformer_xl.mesh:32:10 mean
-  MESHRT_TRACE("mean", "transformer_xl.mesh:32:10", "backward");
-  support::reduce(a39.data(), kShape3, a38.data(), kShape10, kShape11, kShape1,
-                  support::Reduce::Sum, 0.03125);
-
-  // transformer_xl.mesh:32:10 mean
-  MESHRT_TRACE("mean", "transformer_xl.mesh:32:10", "backward");
-  support::reduce(a40.data(), kShape3, a37.data(), kShape10, kShape11, kShape1,
-                  support::Reduce::Sum, 0.03125);
-
-  // transformer_xl.mesh:32:10 mul
-  // transformer_xl.mesh:32:10 sub
-  // transformer_xl.mesh:32:10 sub
-  // transformer_xl.mesh:32:10 mul
-  MESHRT_TRACE("loop", "transformer_xl.mesh:32:10", "backward");
-  loop23(a41.data(), a28.data(), a39.data(), a37.data(), a40.data(), a35.data());
+  // transformer_xl.mesh:32:10 layer_norm_grad
+  MESHRT_TRACE("layer_norm_grad", "transformer_xl.mesh:32:10", "backward");
+  support::layerNormGrad(a26.data(), a27.data(), a22.data(), kShape3, kShape10, kShape10, kShape10,
+                         kShape11, kShape1, kShape1, kShape1, 1e-05, 32, nullptr);
 
   // transformer_xl.mesh:64:10 einsum
   // transformer_xl.mesh:64:10 einsum
   MESHRT_TRACE("gemm", "transformer_xl.mesh:64:10", "backward");
   // dims: batch, segment, d_model, heads, d_kv
-  kEinsum4.plan().run(a41.data(), a42.data(), a43.data(), 1.0f, 0.0f);
+  kEinsum4.plan().run(a26.data(), a28.data(), a29.data(), 1.0f, 0.0f);
 
   // transformer_xl.mesh:64:10 einsum
   MESHRT_TRACE("gemm", "transformer_xl.mesh:64:10", "backward");
   // dims: batch, context, heads, d_kv, segment
-  kEinsum5.plan().run(a44.data(), a43.data(), a45.data(), 1.0f, 0.0f);
+  kEinsum5.plan().run(a30.data(), a29.data(), a31.data(), 1.0f, 0.0f);
 
   // transformer_xl.mesh:64:10 einsum
   MESHRT_TRACE("gemm", "transformer_xl.mesh:64:10", "backward");
   // dims: batch, heads, segment, context, d_kv
-  kEinsum6.plan().run(a46.data(), a43.data(), a47.data(), 1.0f, 0.0f);
+  kEinsum6.plan().run(a32.data(), a29.data(), a33.data(), 1.0f, 0.0f);
 
   // transformer_xl.mesh:64:10 einsum -> grad/decoder/xl_layer[1]/relative_attention/o
   MESHRT_TRACE("gemm", "transformer_xl.mesh:64:10", "backward");
   // dims: batch, segment, d_model, heads, d_kv
-  kEinsum7.plan().run(a41.data(), a48.data(), a49.data(), 1.0f, 0.0f);
+  kEinsum7.plan().run(a26.data(), a34.data(), a35.data(), 1.0f, 0.0f);
 
   // transformer_xl.mesh:63:17 sum
   // transformer_xl.mesh:63:17 mul
   MESHRT_TRACE("sum", "transformer_xl.mesh:63:17", "backward");
-  support::reduceProduct(a50.data(), kShape20, 16, a45.data(), kShape21, a46.data(), kShape21, 1.0);
+  support::reduceProduct(a36.data(), kShape20, 16, a31.data(), kShape21, a32.data(), kShape21, 1.0);
 
   // transformer_xl.mesh:63:17 sub
   // transformer_xl.mesh:63:17 mul
   // transformer_xl.mesh:63:25 where
   // transformer_xl.mesh:62:37 mul
   MESHRT_TRACE("loop", "transformer_xl.mesh:63:17", "backward");
-  loop26(a52.data(), a45.data(), a50.data(), a46.data(), a51.data());
+  loop23(a38.data(), a31.data(), a36.data(), a32.data(), a37.data());
 
   // transformer_xl.mesh:61:18 einsum
   MESHRT_TRACE("gemm", "transformer_xl.mesh:61:18", "backward");
   // dims: batch, heads, segment, context, d_kv
-  kEinsum8.plan().run(a52.data(), a53.data(), a54.data(), 1.0f, 0.0f);
+  kEinsum8.plan().run(a38.data(), a39.data(), a40.data(), 1.0f, 0.0f);
 
   // transformer_xl.mesh:61:18 einsum
   MESHRT_TRACE("gemm", "transformer_xl.mesh:61:18", "backward");
   // dims: batch, heads, segment, context, d_kv
-  kEinsum9.plan().run(a52.data(), a55.data(), a56.data(), 1.0f, 0.0f);
+  kEinsum9.plan().run(a38.data(), a41.data(), a42.data(), 1.0f, 0.0f);
 
   // transformer_xl.mesh:61:33 sum -> grad/decoder/xl_layer[1]/relative_attention/position_bias
   MESHRT_TRACE("sum", "transformer_xl.mesh:61:33", "backward");
-  support::reduce(a57.data(), kShape3, a54.data(), kShape13, kShape3, kShape22,
+  support::reduce(a43.data(), kShape3, a40.data(), kShape13, kShape3, kShape22,
                   support::Reduce::Sum, 1.0);
 
   // transformer_xl.mesh:60:17 einsum
   MESHRT_TRACE("gemm", "transformer_xl.mesh:60:17", "backward");
   // dims: batch, heads, segment, context, d_kv
-  kEinsum10.plan().run(a52.data(), a58.data(), a59.data(), 1.0f, 0.0f);
+  kEinsum10.plan().run(a38.data(), a44.data(), a45.data(), 1.0f, 0.0f);
 
   // transformer_xl.mesh:60:17 einsum
   MESHRT_TRACE("gemm", "transformer_xl.mesh:60:17", "backward");
   // dims: batch, heads, segment, context, d_kv
-  kEinsum6.plan().run(a52.data(), a60.data(), a61.data(), 1.0f, 0.0f);
+  kEinsum6.plan().run(a38.data(), a46.data(), a47.data(), 1.0f, 0.0f);
 
   // transformer_xl.mesh:60:32 add
   MESHRT_TRACE("loop", "transformer_xl.mesh:60:32", "backward");
-  loop27(a62.data(), a54.data(), a59.data());
+  loop24(a48.data(), a40.data(), a45.data());
 
   // transformer_xl.mesh:60:32 sum -> grad/decoder/xl_layer[1]/relative_attention/content_bias
   MESHRT_TRACE("sum", "transformer_xl.mesh:60:32", "backward");
-  support::reduce(a63.data(), kShape3, a59.data(), kShape13, kShape3, kShape22,
+  support::reduce(a49.data(), kShape3, a45.data(), kShape13, kShape3, kShape22,
                   support::Reduce::Sum, 1.0);
 
   // transformer_xl.mesh:59:19 einsum -> grad/decoder/xl_layer[1]/relative_attention/r
   MESHRT_TRACE("gemm", "transformer_xl.mesh:59:19", "backward");
   // dims: segment, context, heads, d_kv, d_model
-  kEinsum11.plan().run(a56.data(), a64.data(), a65.data(), 1.0f, 0.0f);
+  kEinsum11.plan().run(a42.data(), a50.data(), a51.data(), 1.0f, 0.0f);
 
   // transformer_xl.mesh:58:16 einsum
   MESHRT_TRACE("gemm", "transformer_xl.mesh:58:16", "backward");
   // dims: batch, context, heads, d_kv, d_model
-  kEinsum12.plan().run(a47.data(), a66.data(), a67.data(), 1.0f, 0.0f);
+  kEinsum12.plan().run(a33.data(), a52.data(), a53.data(), 1.0f, 0.0f);
 
   // transformer_xl.mesh:58:16 einsum -> grad/decoder/xl_layer[1]/relative_attention/v
   MESHRT_TRACE("gemm", "transformer_xl.mesh:58:16", "backward");
   // dims: batch, context, heads, d_kv, d_model
-  kEinsum13.plan().run(a47.data(), a68.data(), a69.data(), 1.0f, 0.0f);
+  kEinsum13.plan().run(a33.data(), a54.data(), a55.data(), 1.0f, 0.0f);
 
   // transformer_xl.mesh:57:14 einsum
   MESHRT_TRACE("gemm", "transformer_xl.mesh:57:14", "backward");
   // dims: batch, context, heads, d_kv, d_model
-  kEinsum12.plan().run(a61.data(), a70.data(), a71.data(), 1.0f, 0.0f);
+  kEinsum12.plan().run(a47.data(), a56.data(), a57.data(), 1.0f, 0.0f);
 
   // transformer_xl.mesh:57:14 add
   MESHRT_TRACE("loop", "transformer_xl.mesh:57:14", "backward");
-  loop13(a72.data(), a67.data(), a71.data());
+  loop13(a58.data(), a53.data(), a57.data());
 
   // transformer_xl.mesh:57:14 einsum -> grad/decoder/xl_layer[1]/relative_attention/k
   MESHRT_TRACE("gemm", "transformer_xl.mesh:57:14", "backward");
   // dims: batch, context, heads, d_kv, d_model
-  kEinsum13.plan().run(a61.data(), a68.data(), a73.data(), 1.0f, 0.0f);
+  kEinsum13.plan().run(a47.data(), a54.data(), a59.data(), 1.0f, 0.0f);
 
   // transformer_xl.mesh:56:17 einsum
   MESHRT_TRACE("gemm", "transformer_xl.mesh:56:17", "backward");
   // dims: batch, segment, heads, d_kv, d_model
-  kEinsum14.plan().run(a62.data(), a74.data(), a75.data(), 1.0f, 0.0f);
+  kEinsum14.plan().run(a48.data(), a60.data(), a61.data(), 1.0f, 0.0f);
 
   // transformer_xl.mesh:55:17 slice
   MESHRT_TRACE("slice", "transformer_xl.mesh:55:17", "backward");
-  support::zero(a76);
-  support::copyWindow(a76.data(), a72.data(), kShape23, kShape24, kShape25, 32, 32, 8, 16,
+  support::zero(a62);
+  support::copyWindow(a62.data(), a58.data(), kShape23, kShape24, kShape25, 32, 32, 8, 16,
                       int64_t(-8));
 
-  // transformer_xl.mesh:56:17 bucketed_all_reduce_sum (resolve the partial sum of %212 over model
-  // for add at 56:17; merged with 1 more partial sum over model (%227): 4.0 KiB in one buffer)
+  // transformer_xl.mesh:56:17 bucketed_all_reduce_sum (resolve the partial sum of %187 over model
+  // for add at 56:17; merged with 1 more partial sum over model (%202): 4.0 KiB in one buffer)
   MESHRT_TRACE_SITE("transformer_xl.mesh:56:17");
-  auto request1 = support::startAllReduce(group_model, {a75, a76}, meshrt::ReduceOp::Sum);
+  auto request1 = support::startAllReduce(group_model, {a61, a62}, meshrt::ReduceOp::Sum);
 
   // transformer_xl.mesh:56:17 einsum -> grad/decoder/xl_layer[1]/relative_attention/q
   MESHRT_TRACE("gemm", "transformer_xl.mesh:56:17", "backward");
   // dims: batch, segment, heads, d_kv, d_model
-  kEinsum15.plan().run(a62.data(), a77.data(), a78.data(), 1.0f, 0.0f);
+  kEinsum15.plan().run(a48.data(), a63.data(), a64.data(), 1.0f, 0.0f);
 
   MESHRT_TRACE_SITE("transformer_xl.mesh:56:17");
   group_model.wait(request1);
@@ -2557,7 +2412,7 @@ void XlTrain::repeated1(
   // transformer_xl.mesh:56:17 add
   // transformer_xl.mesh:55:17 add
   MESHRT_TRACE("loop", "transformer_xl.mesh:56:17", "backward");
-  loop28(a79.data(), a41.data(), a75.data(), a76.data());
+  loop25(a65.data(), a26.data(), a61.data(), a62.data());
 }
 
 void XlTrain::repeated2(
@@ -2610,7 +2465,7 @@ void XlTrain::repeated2(
 
   // transformer_xl.mesh:60:32 add
   MESHRT_TRACE("loop", "transformer_xl.mesh:60:32", "forward");
-  loop29(a14.data(), a5.data(), a13.data());
+  loop26(a14.data(), a5.data(), a13.data());
 
   // transformer_xl.mesh:60:17 einsum -> content
   MESHRT_TRACE("gemm", "transformer_xl.mesh:60:17", "forward");
@@ -2619,7 +2474,7 @@ void XlTrain::repeated2(
 
   // transformer_xl.mesh:61:33 add
   MESHRT_TRACE("loop", "transformer_xl.mesh:61:33", "forward");
-  loop29(a17.data(), a5.data(), a16.data());
+  loop26(a17.data(), a5.data(), a16.data());
 
   // transformer_xl.mesh:61:18 einsum -> position
   MESHRT_TRACE("gemm", "transformer_xl.mesh:61:18", "forward");
@@ -2630,7 +2485,7 @@ void XlTrain::repeated2(
   // transformer_xl.mesh:62:37 mul -> logits
   // transformer_xl.mesh:63:25 where
   MESHRT_TRACE("loop", "transformer_xl.mesh:62:25", "forward");
-  loop30(a20.data(), a15.data(), a18.data(), a19.data());
+  loop27(a20.data(), a15.data(), a18.data(), a19.data());
 
   // transformer_xl.mesh:63:17 softmax -> weights
   MESHRT_TRACE("softmax", "transformer_xl.mesh:63:17", "forward");
@@ -2655,7 +2510,7 @@ void XlTrain::repeated2(
 
   // transformer_xl.mesh:80:18 add
   MESHRT_TRACE("loop", "transformer_xl.mesh:80:18", "forward");
-  loop25(a25.data(), a1.data(), a24.data());
+  loop22(a25.data(), a1.data(), a24.data());
 
   // transformer_xl.mesh:32:10 layer_norm
   MESHRT_TRACE("layer_norm", "transformer_xl.mesh:32:10", "forward");
@@ -2665,7 +2520,7 @@ void XlTrain::repeated2(
   // transformer_xl.mesh:32:33 mul
   // transformer_xl.mesh:32:40 add -> h
   MESHRT_TRACE("loop", "transformer_xl.mesh:32:33", "forward");
-  loop31(a29.data(), a26.data(), a27.data(), a28.data());
+  loop28(a29.data(), a26.data(), a27.data(), a28.data());
 
   // transformer_xl.mesh:70:22 einsum
   MESHRT_TRACE("gemm", "transformer_xl.mesh:70:22", "forward");
@@ -2674,7 +2529,7 @@ void XlTrain::repeated2(
 
   // transformer_xl.mesh:70:17 relu
   MESHRT_TRACE("loop", "transformer_xl.mesh:70:17", "forward");
-  loop32(a32.data(), a31.data());
+  loop29(a32.data(), a31.data());
 
   // transformer_xl.mesh:70:10 einsum
   MESHRT_TRACE("gemm", "transformer_xl.mesh:70:10", "forward");
@@ -2688,7 +2543,7 @@ void XlTrain::repeated2(
 
   // transformer_xl.mesh:81:17 add
   MESHRT_TRACE("loop", "transformer_xl.mesh:81:17", "forward");
-  loop25(a35.data(), a29.data(), a34.data());
+  loop22(a35.data(), a29.data(), a34.data());
 
   // transformer_xl.mesh:32:10 layer_norm
   MESHRT_TRACE("layer_norm", "transformer_xl.mesh:32:10", "forward");
@@ -2698,7 +2553,7 @@ void XlTrain::repeated2(
   // transformer_xl.mesh:32:33 mul
   // transformer_xl.mesh:32:40 add -> x
   MESHRT_TRACE("loop", "transformer_xl.mesh:32:33", "forward");
-  loop31(a39.data(), a36.data(), a37.data(), a38.data());
+  loop28(a39.data(), a36.data(), a37.data(), a38.data());
 }
 
 void XlTrain::repeated3(
@@ -2717,7 +2572,7 @@ void XlTrain::repeated3(
 
   // transformer_xl.mesh:101:3 square
   MESHRT_TRACE("loop", "transformer_xl.mesh:101:3", "backward");
-  loop33(a1.data(), a0.data());
+  loop30(a1.data(), a0.data());
 
   // transformer_xl.mesh:101:3 sum
   MESHRT_TRACE("sum", "transformer_xl.mesh:101:3", "backward");
@@ -2726,7 +2581,7 @@ void XlTrain::repeated3(
 
   // transformer_xl.mesh:101:3 square
   MESHRT_TRACE("loop", "transformer_xl.mesh:101:3", "backward");
-  loop33(a4.data(), a3.data());
+  loop30(a4.data(), a3.data());
 
   // transformer_xl.mesh:101:3 sum
   MESHRT_TRACE("sum", "transformer_xl.mesh:101:3", "backward");
@@ -2735,7 +2590,7 @@ void XlTrain::repeated3(
 
   // transformer_xl.mesh:101:3 square
   MESHRT_TRACE("loop", "transformer_xl.mesh:101:3", "backward");
-  loop33(a7.data(), a6.data());
+  loop30(a7.data(), a6.data());
 
   // transformer_xl.mesh:101:3 sum
   MESHRT_TRACE("sum", "transformer_xl.mesh:101:3", "backward");
@@ -2744,7 +2599,7 @@ void XlTrain::repeated3(
 
   // transformer_xl.mesh:101:3 square
   MESHRT_TRACE("loop", "transformer_xl.mesh:101:3", "backward");
-  loop33(a10.data(), a9.data());
+  loop30(a10.data(), a9.data());
 
   // transformer_xl.mesh:101:3 sum
   MESHRT_TRACE("sum", "transformer_xl.mesh:101:3", "backward");
@@ -2753,7 +2608,7 @@ void XlTrain::repeated3(
 
   // transformer_xl.mesh:101:3 square
   MESHRT_TRACE("loop", "transformer_xl.mesh:101:3", "backward");
-  loop33(a13.data(), a12.data());
+  loop30(a13.data(), a12.data());
 
   // transformer_xl.mesh:101:3 sum
   MESHRT_TRACE("sum", "transformer_xl.mesh:101:3", "backward");
@@ -2762,7 +2617,7 @@ void XlTrain::repeated3(
 
   // transformer_xl.mesh:101:3 square
   MESHRT_TRACE("loop", "transformer_xl.mesh:101:3", "backward");
-  loop34(a16.data(), a15.data());
+  loop31(a16.data(), a15.data());
 
   // transformer_xl.mesh:101:3 sum
   MESHRT_TRACE("sum", "transformer_xl.mesh:101:3", "backward");
@@ -2771,7 +2626,7 @@ void XlTrain::repeated3(
 
   // transformer_xl.mesh:101:3 square
   MESHRT_TRACE("loop", "transformer_xl.mesh:101:3", "backward");
-  loop34(a19.data(), a18.data());
+  loop31(a19.data(), a18.data());
 
   // transformer_xl.mesh:101:3 sum
   MESHRT_TRACE("sum", "transformer_xl.mesh:101:3", "backward");
@@ -2780,9 +2635,9 @@ void XlTrain::repeated3(
 
   // transformer_xl.mesh:101:3 square
   MESHRT_TRACE("loop", "transformer_xl.mesh:101:3", "backward");
-  loop35(a22.data(), a21.data());
+  loop32(a22.data(), a21.data());
 
-  // transformer_xl.mesh:101:3 local_slice (reshard %333 for sum at 101:3)
+  // transformer_xl.mesh:101:3 local_slice (reshard %284 for sum at 101:3)
   MESHRT_TRACE("local_slice", "transformer_xl.mesh:101:3", "backward");
   support::sliceDim(a23, a22, kShape11, 0, support::blockIndex(world_, {"model"}), 2);
 
@@ -2793,9 +2648,9 @@ void XlTrain::repeated3(
 
   // transformer_xl.mesh:101:3 square
   MESHRT_TRACE("loop", "transformer_xl.mesh:101:3", "backward");
-  loop35(a26.data(), a25.data());
+  loop32(a26.data(), a25.data());
 
-  // transformer_xl.mesh:101:3 local_slice (reshard %336 for sum at 101:3)
+  // transformer_xl.mesh:101:3 local_slice (reshard %287 for sum at 101:3)
   MESHRT_TRACE("local_slice", "transformer_xl.mesh:101:3", "backward");
   support::sliceDim(a27, a26, kShape11, 0, support::blockIndex(world_, {"model"}), 2);
 
@@ -2824,9 +2679,9 @@ void XlTrain::repeated3(
 
   // transformer_xl.mesh:101:3 square
   MESHRT_TRACE("loop", "transformer_xl.mesh:101:3", "backward");
-  loop35(a36.data(), a35.data());
+  loop32(a36.data(), a35.data());
 
-  // transformer_xl.mesh:101:3 local_slice (reshard %345 for sum at 101:3)
+  // transformer_xl.mesh:101:3 local_slice (reshard %296 for sum at 101:3)
   MESHRT_TRACE("local_slice", "transformer_xl.mesh:101:3", "backward");
   support::sliceDim(a37, a36, kShape11, 0, support::blockIndex(world_, {"model"}), 2);
 
@@ -2837,9 +2692,9 @@ void XlTrain::repeated3(
 
   // transformer_xl.mesh:101:3 square
   MESHRT_TRACE("loop", "transformer_xl.mesh:101:3", "backward");
-  loop35(a40.data(), a39.data());
+  loop32(a40.data(), a39.data());
 
-  // transformer_xl.mesh:101:3 local_slice (reshard %348 for sum at 101:3)
+  // transformer_xl.mesh:101:3 local_slice (reshard %299 for sum at 101:3)
   MESHRT_TRACE("local_slice", "transformer_xl.mesh:101:3", "backward");
   support::sliceDim(a41, a40, kShape11, 0, support::blockIndex(world_, {"model"}), 2);
 

@@ -269,127 +269,67 @@ static const support::SharedEinsum
 }
 
 [[gnu::noinline]] static void loop15(float *__restrict p0, const float *__restrict p1,
-                                     const float *__restrict p2) {
+                                     const float *__restrict p2, const uint8_t *__restrict p3) {
   for (int64_t i0 = 0; i0 < 34; ++i0) {
     for (int64_t i1 = 0; i1 < 64; ++i1) {
       const float s0 = p1[i0 * 64 + i1];
-      const float s1 = p2[i0];
-      const float s2 = (s0 - s1);
-      const float s3 = s2 * s2;
-      p0[i0 * 64 + i1] = s3;
+      const float s1 = p2[i1];
+      const float s2 = (s0 * s1);
+      const float s3 = p3[i0 * 64 + i1];
+      const uint32_t m4 = uint32_t(-int32_t(s3));
+      const float s4 = support::keepOrZero(m4, float(double(s2) * 1.1111111111111112));
+      const float s5 = support::roundBF16(s4);
+      p0[i0 * 64 + i1] = s5;
     }
   }
 }
 
-[[gnu::noinline]] static void loop16(float *__restrict p0, const float *__restrict p1) {
+[[gnu::noinline]] static void loop16(float *__restrict p0, float *__restrict p1,
+                                     float *__restrict p2, const float *__restrict p3,
+                                     const float *__restrict p4, const float *__restrict p5,
+                                     const float *__restrict p6) {
   for (int64_t i0 = 0; i0 < 34; ++i0) {
+    for (int64_t i1 = 0; i1 < 64; ++i1) {
+      const float s0 = p3[i0 * 64 + i1];
+      const float s1 = p4[i0 * 64 + i1];
+      const float s2 = (s0 + s1);
+      const float s3 = p5[i1];
+      const float s4 = (s2 * s3);
+      const float s5 = p6[i0 * 64 + i1];
+      const float s6 = (s2 * s5);
+      p0[i0 * 64 + i1] = s2;
+      p1[i0 * 64 + i1] = s4;
+      p2[i0 * 64 + i1] = s6;
+    }
+  }
+}
+
+[[gnu::noinline]] static void loop17(float *__restrict p0, const float *__restrict p1,
+                                     const uint8_t *__restrict p2) {
+  for (int64_t i0 = 0; i0 < 2176; ++i0) {
     const float s0 = p1[i0];
-    const float s1 = 1e-06f;
-    const float s2 = (s0 + s1);
-    const float s3 = 1.0f / support::fsqrt(s2);
+    const float s1 = p2[i0];
+    const uint32_t m2 = uint32_t(-int32_t(s1));
+    const float s2 = support::keepOrZero(m2, float(double(s0) * 1.1111111111111112));
+    const float s3 = support::roundBF16(s2);
     p0[i0] = s3;
   }
 }
 
-[[gnu::noinline]] static void loop17(float *__restrict p0, float *__restrict p1,
-                                     const float *__restrict p2, const float *__restrict p3,
-                                     const float *__restrict p4) {
-  for (int64_t i0 = 0; i0 < 34; ++i0) {
-    for (int64_t i1 = 0; i1 < 64; ++i1) {
-      const float s0 = p2[i0 * 64 + i1];
-      const float s1 = p3[i1];
-      const float s2 = (s0 * s1);
-      const float s3 = p4[i0 * 64 + i1];
-      const float s4 = (s2 * s3);
-      p0[i0 * 64 + i1] = s2;
-      p1[i0 * 64 + i1] = s4;
+[[gnu::noinline]] static void loop18(float *__restrict p0, const float *__restrict p1,
+                                     const float *__restrict p2) {
+  for (int64_t i0 = 0; i0 < 1088; ++i0) {
+    for (int64_t i1 = 0; i1 < 2; ++i1) {
+      const float s0 = p1[i0 + i1 * 1088];
+      const float s1 = p2[i0 + i1 * 1088];
+      const float s2 = (s0 + s1);
+      const float s3 = s2;
+      p0[i0 * 2 + i1] = s3;
     }
   }
 }
 
-[[gnu::noinline]] static void loop18(float *__restrict p0, float *__restrict p1,
-                                     float *__restrict p2, const float *__restrict p3,
-                                     const float *__restrict p4, const float *__restrict p5,
-                                     const float *__restrict p6, const float *__restrict p7,
-                                     const float *__restrict p8, const float *__restrict p9) {
-  for (int64_t i0 = 0; i0 < 34; ++i0) {
-    for (int64_t i1 = 0; i1 < 64; ++i1) {
-      const float s0 = p3[i0 * 64 + i1];
-      const float s1 = p4[i0];
-      const float s2 = (s0 * s1);
-      const float s3 = p5[i0 * 64 + i1];
-      const float s4 = p6[i0];
-      const float s5 = (s3 - s4);
-      const float s6 = (s5 - s2);
-      const float s7 = p7[i0];
-      const float s8 = (s6 * s7);
-      const float s9 = p8[i1];
-      const float s10 = (s8 * s9);
-      const float s11 = p9[i0 * 64 + i1];
-      const float s12 = (s8 * s11);
-      p0[i0 * 64 + i1] = s8;
-      p1[i0 * 64 + i1] = s10;
-      p2[i0 * 64 + i1] = s12;
-    }
-  }
-}
-
-[[gnu::noinline]] static void loop19(float *__restrict p0, float *__restrict p1,
-                                     float *__restrict p2, const float *__restrict p3,
-                                     const float *__restrict p4, const float *__restrict p5,
-                                     const float *__restrict p6, const float *__restrict p7,
-                                     const float *__restrict p8, const float *__restrict p9,
-                                     const float *__restrict p10) {
-  for (int64_t i0 = 0; i0 < 34; ++i0) {
-    for (int64_t i1 = 0; i1 < 64; ++i1) {
-      const float s0 = p3[i0 * 64 + i1];
-      const float s1 = p4[i0];
-      const float s2 = (s0 * s1);
-      const float s3 = p5[i0 * 64 + i1];
-      const float s4 = p6[i0];
-      const float s5 = (s3 - s4);
-      const float s6 = (s5 - s2);
-      const float s7 = p7[i0];
-      const float s8 = (s6 * s7);
-      const float s9 = p8[i0 * 64 + i1];
-      const float s10 = (s9 + s8);
-      const float s11 = p9[i1];
-      const float s12 = (s10 * s11);
-      const float s13 = p10[i0 * 64 + i1];
-      const float s14 = (s10 * s13);
-      p0[i0 * 64 + i1] = s10;
-      p1[i0 * 64 + i1] = s12;
-      p2[i0 * 64 + i1] = s14;
-    }
-  }
-}
-
-[[gnu::noinline]] static void loop20(float *__restrict p0, const float *__restrict p1,
-                                     const float *__restrict p2, const float *__restrict p3,
-                                     const float *__restrict p4, const float *__restrict p5,
-                                     const float *__restrict p6) {
-  for (int64_t i0 = 0; i0 < 17; ++i0) {
-    for (int64_t i1 = 0; i1 < 64; ++i1) {
-      for (int64_t i2 = 0; i2 < 2; ++i2) {
-        const float s0 = p1[i0 * 64 + i1 + i2 * 1088];
-        const float s1 = p2[i0 + i2 * 17];
-        const float s2 = (s0 * s1);
-        const float s3 = p3[i0 * 64 + i1 + i2 * 1088];
-        const float s4 = p4[i0 + i2 * 17];
-        const float s5 = (s3 - s4);
-        const float s6 = (s5 - s2);
-        const float s7 = p5[i0 + i2 * 17];
-        const float s8 = (s6 * s7);
-        const float s9 = p6[i0 * 64 + i1 + i2 * 1088];
-        const float s10 = (s9 + s8);
-        const float s11 = s10;
-        p0[i0 * 128 + i1 * 2 + i2] = s11;
-      }
-    }
-  }
-}
-
-[[gnu::noinline]] static void loop21(float *__restrict p0, const float *__restrict p1) {
+[[gnu::noinline]] static void loop19(float *__restrict p0, const float *__restrict p1) {
   for (int64_t i0 = 0; i0 < 64; ++i0) {
     const float s0 = p1[i0];
     const float s1 = s0 * s0;
@@ -397,7 +337,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop22(float *__restrict p0, const float *__restrict p1) {
+[[gnu::noinline]] static void loop20(float *__restrict p0, const float *__restrict p1) {
   for (int64_t i0 = 0; i0 < 1088; ++i0) {
     const float s0 = p1[i0];
     const float s1 = s0 * s0;
@@ -405,7 +345,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop23(float *__restrict p0, const float *__restrict p1) {
+[[gnu::noinline]] static void loop21(float *__restrict p0, const float *__restrict p1) {
   for (int64_t i0 = 0; i0 < 640; ++i0) {
     const float s0 = p1[i0];
     const float s1 = s0 * s0;
@@ -413,7 +353,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop24(float *__restrict p0, const float *__restrict p1) {
+[[gnu::noinline]] static void loop22(float *__restrict p0, const float *__restrict p1) {
   for (int64_t i0 = 0; i0 < 10; ++i0) {
     const float s0 = p1[i0];
     const float s1 = s0 * s0;
@@ -421,11 +361,105 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop25(float *__restrict p0, const float *__restrict p1) {
+[[gnu::noinline]] static void loop23(float *__restrict p0, const float *__restrict p1) {
   for (int64_t i0 = 0; i0 < 3072; ++i0) {
     const float s0 = p1[i0];
     const float s1 = s0 * s0;
     p0[i0] = s1;
+  }
+}
+
+[[gnu::noinline]] static void loop24(float *__restrict p0, float *__restrict p1,
+                                     float *__restrict p2, const float *__restrict p3,
+                                     const float *__restrict p4, const float *__restrict p5,
+                                     const float *__restrict p6, const float *__restrict p7) {
+  const float r2 = p4[0];
+  const float r5 = p5[0];
+  const float r6 = p6[0];
+  const float r7 = p7[0];
+  for (int64_t i0 = 0; i0 < 64; ++i0) {
+    const float s0 = p2[i0];
+    const float s1 = 0.05f;
+    const float s2 = (s0 * s1);
+    const float s3 = p3[i0];
+    const float s4 = r2;
+    const float s5 = (s3 * s4);
+    const float s6 = 0.100000024f;
+    const float s7 = (s5 * s6);
+    const float s8 = p0[i0];
+    const float s9 = 0.9f;
+    const float s10 = (s8 * s9);
+    const float s11 = (s10 + s7);
+    const float s12 = s5 * s5;
+    const float s13 = 0.0009999871f;
+    const float s14 = (s12 * s13);
+    const float s15 = p1[i0];
+    const float s16 = 0.999f;
+    const float s17 = (s15 * s16);
+    const float s18 = (s17 + s14);
+    const float s19 = r5;
+    const float s20 = (s11 / s19);
+    const float s21 = r6;
+    const float s22 = (s18 / s21);
+    const float s23 = support::fsqrt(s22);
+    const float s24 = 1e-08f;
+    const float s25 = (s23 + s24);
+    const float s26 = (s20 / s25);
+    const float s27 = (s26 + s2);
+    const float s28 = r7;
+    const float s29 = (s27 * s28);
+    const float s30 = p2[i0];
+    const float s31 = (s30 - s29);
+    p0[i0] = s11;
+    p1[i0] = s18;
+    p2[i0] = s31;
+  }
+}
+
+[[gnu::noinline]] static void loop25(float *__restrict p0, float *__restrict p1,
+                                     float *__restrict p2, const float *__restrict p3,
+                                     const float *__restrict p4, const float *__restrict p5,
+                                     const float *__restrict p6, const float *__restrict p7) {
+  const float r2 = p4[0];
+  const float r5 = p5[0];
+  const float r6 = p6[0];
+  const float r7 = p7[0];
+  for (int64_t i0 = 0; i0 < 1088; ++i0) {
+    const float s0 = p2[i0];
+    const float s1 = 0.05f;
+    const float s2 = (s0 * s1);
+    const float s3 = p3[i0];
+    const float s4 = r2;
+    const float s5 = (s3 * s4);
+    const float s6 = 0.100000024f;
+    const float s7 = (s5 * s6);
+    const float s8 = p0[i0];
+    const float s9 = 0.9f;
+    const float s10 = (s8 * s9);
+    const float s11 = (s10 + s7);
+    const float s12 = s5 * s5;
+    const float s13 = 0.0009999871f;
+    const float s14 = (s12 * s13);
+    const float s15 = p1[i0];
+    const float s16 = 0.999f;
+    const float s17 = (s15 * s16);
+    const float s18 = (s17 + s14);
+    const float s19 = r5;
+    const float s20 = (s11 / s19);
+    const float s21 = r6;
+    const float s22 = (s18 / s21);
+    const float s23 = support::fsqrt(s22);
+    const float s24 = 1e-08f;
+    const float s25 = (s23 + s24);
+    const float s26 = (s20 / s25);
+    const float s27 = (s26 + s2);
+    const float s28 = r7;
+    const float s29 = (s27 * s28);
+    const float s30 = p2[i0];
+    const float s31 = (s30 - s29);
+    p0[i0] = s11;
+    p1[i0] = s18;
+    p2[i0] = s31;
   }
 }
 
@@ -437,7 +471,7 @@ static const support::SharedEinsum
   const float r5 = p5[0];
   const float r6 = p6[0];
   const float r7 = p7[0];
-  for (int64_t i0 = 0; i0 < 64; ++i0) {
+  for (int64_t i0 = 0; i0 < 640; ++i0) {
     const float s0 = p2[i0];
     const float s1 = 0.05f;
     const float s2 = (s0 * s1);
@@ -484,7 +518,7 @@ static const support::SharedEinsum
   const float r5 = p5[0];
   const float r6 = p6[0];
   const float r7 = p7[0];
-  for (int64_t i0 = 0; i0 < 1088; ++i0) {
+  for (int64_t i0 = 0; i0 < 10; ++i0) {
     const float s0 = p2[i0];
     const float s1 = 0.05f;
     const float s2 = (s0 * s1);
@@ -531,7 +565,7 @@ static const support::SharedEinsum
   const float r5 = p5[0];
   const float r6 = p6[0];
   const float r7 = p7[0];
-  for (int64_t i0 = 0; i0 < 640; ++i0) {
+  for (int64_t i0 = 0; i0 < 3072; ++i0) {
     const float s0 = p2[i0];
     const float s1 = 0.05f;
     const float s2 = (s0 * s1);
@@ -578,7 +612,7 @@ static const support::SharedEinsum
   const float r5 = p5[0];
   const float r6 = p6[0];
   const float r7 = p7[0];
-  for (int64_t i0 = 0; i0 < 10; ++i0) {
+  for (int64_t i0 = 0; i0 < 2048; ++i0) {
     const float s0 = p2[i0];
     const float s1 = 0.05f;
     const float s2 = (s0 * s1);
@@ -625,100 +659,6 @@ static const support::SharedEinsum
   const float r5 = p5[0];
   const float r6 = p6[0];
   const float r7 = p7[0];
-  for (int64_t i0 = 0; i0 < 3072; ++i0) {
-    const float s0 = p2[i0];
-    const float s1 = 0.05f;
-    const float s2 = (s0 * s1);
-    const float s3 = p3[i0];
-    const float s4 = r2;
-    const float s5 = (s3 * s4);
-    const float s6 = 0.100000024f;
-    const float s7 = (s5 * s6);
-    const float s8 = p0[i0];
-    const float s9 = 0.9f;
-    const float s10 = (s8 * s9);
-    const float s11 = (s10 + s7);
-    const float s12 = s5 * s5;
-    const float s13 = 0.0009999871f;
-    const float s14 = (s12 * s13);
-    const float s15 = p1[i0];
-    const float s16 = 0.999f;
-    const float s17 = (s15 * s16);
-    const float s18 = (s17 + s14);
-    const float s19 = r5;
-    const float s20 = (s11 / s19);
-    const float s21 = r6;
-    const float s22 = (s18 / s21);
-    const float s23 = support::fsqrt(s22);
-    const float s24 = 1e-08f;
-    const float s25 = (s23 + s24);
-    const float s26 = (s20 / s25);
-    const float s27 = (s26 + s2);
-    const float s28 = r7;
-    const float s29 = (s27 * s28);
-    const float s30 = p2[i0];
-    const float s31 = (s30 - s29);
-    p0[i0] = s11;
-    p1[i0] = s18;
-    p2[i0] = s31;
-  }
-}
-
-[[gnu::noinline]] static void loop31(float *__restrict p0, float *__restrict p1,
-                                     float *__restrict p2, const float *__restrict p3,
-                                     const float *__restrict p4, const float *__restrict p5,
-                                     const float *__restrict p6, const float *__restrict p7) {
-  const float r2 = p4[0];
-  const float r5 = p5[0];
-  const float r6 = p6[0];
-  const float r7 = p7[0];
-  for (int64_t i0 = 0; i0 < 2048; ++i0) {
-    const float s0 = p2[i0];
-    const float s1 = 0.05f;
-    const float s2 = (s0 * s1);
-    const float s3 = p3[i0];
-    const float s4 = r2;
-    const float s5 = (s3 * s4);
-    const float s6 = 0.100000024f;
-    const float s7 = (s5 * s6);
-    const float s8 = p0[i0];
-    const float s9 = 0.9f;
-    const float s10 = (s8 * s9);
-    const float s11 = (s10 + s7);
-    const float s12 = s5 * s5;
-    const float s13 = 0.0009999871f;
-    const float s14 = (s12 * s13);
-    const float s15 = p1[i0];
-    const float s16 = 0.999f;
-    const float s17 = (s15 * s16);
-    const float s18 = (s17 + s14);
-    const float s19 = r5;
-    const float s20 = (s11 / s19);
-    const float s21 = r6;
-    const float s22 = (s18 / s21);
-    const float s23 = support::fsqrt(s22);
-    const float s24 = 1e-08f;
-    const float s25 = (s23 + s24);
-    const float s26 = (s20 / s25);
-    const float s27 = (s26 + s2);
-    const float s28 = r7;
-    const float s29 = (s27 * s28);
-    const float s30 = p2[i0];
-    const float s31 = (s30 - s29);
-    p0[i0] = s11;
-    p1[i0] = s18;
-    p2[i0] = s31;
-  }
-}
-
-[[gnu::noinline]] static void loop32(float *__restrict p0, float *__restrict p1,
-                                     float *__restrict p2, const float *__restrict p3,
-                                     const float *__restrict p4, const float *__restrict p5,
-                                     const float *__restrict p6, const float *__restrict p7) {
-  const float r2 = p4[0];
-  const float r5 = p5[0];
-  const float r6 = p6[0];
-  const float r7 = p7[0];
   for (int64_t i0 = 0; i0 < 4096; ++i0) {
     const float s0 = p2[i0];
     const float s1 = 0.05f;
@@ -758,19 +698,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop33(float *__restrict p0, const float *__restrict p1,
-                                     const uint8_t *__restrict p2) {
-  for (int64_t i0 = 0; i0 < 2176; ++i0) {
-    const float s0 = p1[i0];
-    const float s1 = p2[i0];
-    const uint32_t m2 = uint32_t(-int32_t(s1));
-    const float s2 = support::keepOrZero(m2, float(double(s0) * 1.1111111111111112));
-    const float s3 = support::roundBF16(s2);
-    p0[i0] = s3;
-  }
-}
-
-[[gnu::noinline]] static void loop34(float *__restrict p0, const float *__restrict p1) {
+[[gnu::noinline]] static void loop31(float *__restrict p0, const float *__restrict p1) {
   for (int64_t i0 = 0; i0 < 4096; ++i0) {
     const float s0 = p1[i0];
     const float s1 = s0;
@@ -778,7 +706,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop35(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop32(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2) {
   for (int64_t i0 = 0; i0 < 2176; ++i0) {
     const float s0 = p1[i0];
@@ -815,7 +743,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop36(float *__restrict p0, const float *__restrict p1) {
+[[gnu::noinline]] static void loop33(float *__restrict p0, const float *__restrict p1) {
   for (int64_t i0 = 0; i0 < 2176; ++i0) {
     const float s0 = p1[i0];
     const float s1 = s0;
@@ -823,7 +751,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop37(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop34(float *__restrict p0, const float *__restrict p1,
                                      const uint8_t *__restrict p2) {
   for (int64_t i0 = 0; i0 < 2176; ++i0) {
     const float s0 = p1[i0];
@@ -834,7 +762,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop38(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop35(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3) {
   for (int64_t i0 = 0; i0 < 68; ++i0) {
     for (int64_t i1 = 0; i1 < 17; ++i1) {
@@ -850,7 +778,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop39(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop36(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3) {
   for (int64_t i0 = 0; i0 < 2176; ++i0) {
     const float s0 = p1[i0];
@@ -862,7 +790,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop40(float *__restrict p0, const float *__restrict p1,
+[[gnu::noinline]] static void loop37(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3) {
   for (int64_t i0 = 0; i0 < 34; ++i0) {
     for (int64_t i1 = 0; i1 < 64; ++i1) {
@@ -876,7 +804,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop41(float *__restrict p0, const float *__restrict p1) {
+[[gnu::noinline]] static void loop38(float *__restrict p0, const float *__restrict p1) {
   for (int64_t i0 = 0; i0 < 2048; ++i0) {
     const float s0 = p1[i0];
     const float s1 = s0 * s0;
@@ -884,7 +812,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop42(float *__restrict p0, const float *__restrict p1) {
+[[gnu::noinline]] static void loop39(float *__restrict p0, const float *__restrict p1) {
   for (int64_t i0 = 0; i0 < 4096; ++i0) {
     const float s0 = p1[i0];
     const float s1 = s0 * s0;
@@ -1980,14 +1908,14 @@ void TrainVit::computeInvariants() {
 
 TrainVit::Outputs TrainVit::run(const Inputs &inputs) {
   MESHRT_TRACE_RUN(world_, "train_vit");
-  // Arena: 385664 bytes for 1357524 bytes of temporaries (placed by liveness).
+  // Arena: 385408 bytes for 1293196 bytes of temporaries (placed by liveness).
   support::checkShape("input", "image", inputs.image, {2, 14, 14, 3});
   support::checkShape("input", "labels", inputs.labels, {2});
   runPart0(inputs);
   runPart1(inputs);
   runPart2(inputs);
   runPart3(inputs);
-  support::View v125 = arena_.view(385600, 1);
+  support::View v125 = arena_.view(385344, 1);
 
   // The step's updates.
   ++step_;
@@ -2113,11 +2041,11 @@ void TrainVit::runPart0(const Inputs &inputs) {
   support::View v71 = arena_.view(195072, 2176);
   support::View v69(param20_vit_encoder_layer_1_norm_gain); // updated in place
   support::View v70(param21_vit_encoder_layer_1_norm_bias); // updated in place
-  support::View keep_v1151 = arena_.view(382848, 544);
-  support::View keep_v1150 = arena_.view(380672, 544);
+  support::View keep_v1090 = arena_.view(382848, 544);
+  support::View keep_v1089 = arena_.view(380672, 544);
   support::View v73 = arena_.view(203776, 2176);
-  repeated2(v29, v30, v34, v35, v31, v36, v37, v32, v38, v39, v42, v43, v33, v44, v45, keep_v1151,
-            v23, v22, v48, v51, v49, v50, v56, v54, v57, v58, v59, v55, v60, v61, v63, keep_v1150,
+  repeated2(v29, v30, v34, v35, v31, v36, v37, v32, v38, v39, v42, v43, v33, v44, v45, keep_v1090,
+            v23, v22, v48, v51, v49, v50, v56, v54, v57, v58, v59, v55, v60, v61, v63, keep_v1089,
             v24, v66, v71, v69, v70, v73, "vit/encoder_layer[0]/dropout#0",
             "vit/encoder_layer[0]/dropout#1");
 
@@ -2156,12 +2084,12 @@ void TrainVit::runPart0(const Inputs &inputs) {
   support::View v113 = arena_.view(290816, 2176);
   support::View v111(param30_vit_norm_gain); // updated in place
   support::View v112(param31_vit_norm_bias); // updated in place
-  support::View keep_v1149 = arena_.view(378496, 544);
-  support::View keep_v1148 = arena_.view(74240, 544);
+  support::View keep_v1088 = arena_.view(378496, 544);
+  support::View keep_v1087 = arena_.view(74240, 544);
   support::View v115 = arena_.view(299520, 2176);
-  repeated2(v73, v74, v78, v79, v75, v80, v81, v76, v82, v83, v86, v87, v77, v88, v89, keep_v1149,
+  repeated2(v73, v74, v78, v79, v75, v80, v81, v76, v82, v83, v86, v87, v77, v88, v89, keep_v1088,
             v67, v66, v92, v95, v93, v94, v100, v98, v101, v102, v103, v99, v104, v105, v107,
-            keep_v1148, v68, v110, v113, v111, v112, v115, "vit/encoder_layer[1]/dropout#0",
+            keep_v1087, v68, v110, v113, v111, v112, v115, "vit/encoder_layer[1]/dropout#0",
             "vit/encoder_layer[1]/dropout#1");
 
   // vit.mesh:99:17 slice
@@ -2211,7 +2139,7 @@ void TrainVit::runPart0(const Inputs &inputs) {
 
   // vit.mesh:111:14 mean -> loss
   MESHRT_TRACE("mean", "vit.mesh:111:14", "forward");
-  support::View v125 = arena_.view(385600, 1);
+  support::View v125 = arena_.view(385344, 1);
   support::reduce(v125.data(), kShape35, v124.data(), kShape35, kShape0, kShape1,
                   support::Reduce::Sum, 0.25);
 
@@ -2226,7 +2154,7 @@ void TrainVit::runPart0(const Inputs &inputs) {
 
   // vit.mesh:100:48 sum -> grad/vit/b_head
   MESHRT_TRACE("sum", "vit.mesh:100:48", "backward");
-  support::View v138 = arena_.view(385536, 10);
+  support::View v138 = arena_.view(385280, 10);
   support::reduce(v138.data(), kShape29, v137.data(), kShape1, kShape0, kShape29,
                   support::Reduce::Sum, 1.0);
 }
@@ -2269,530 +2197,477 @@ void TrainVit::runPart1(const Inputs &inputs) {
 
   // vit.mesh:36:45 mul
   MESHRT_TRACE("loop", "vit.mesh:36:45", "backward");
+  support::View v111(param30_vit_norm_gain); // updated in place
+  support::View v144 = arena_.view(308224, 2176);
+  loop4(v144.data(), v142.data(), v111.data());
+
+  // vit.mesh:36:45 mul
+  MESHRT_TRACE("loop", "vit.mesh:36:45", "backward");
   support::View v113 = arena_.view(290816, 2176);
-  support::View v145 = arena_.view(308224, 2176);
+  support::View v145 = arena_.view(316928, 2176);
   loop14(v145.data(), v142.data(), v113.data());
 
   // vit.mesh:36:45 sum -> grad/vit/norm/gain
   MESHRT_TRACE("sum", "vit.mesh:36:45", "backward");
-  support::View v146 = arena_.view(385280, 64);
+  support::View v146 = arena_.view(299520, 64);
   support::reduce(v146.data(), kShape28, v145.data(), kShape1, kShape33, kShape34,
                   support::Reduce::Sum, 1.0);
 
-  // vit.mesh:36:10 mean
-  MESHRT_TRACE("mean", "vit.mesh:36:10", "backward");
+  // vit.mesh:36:10 layer_norm_grad
+  MESHRT_TRACE("layer_norm_grad", "vit.mesh:36:10", "backward");
   support::View v110 = arena_.view(273408, 2176);
-  support::View v147 = arena_.view(76416, 34);
-  support::reduce(v147.data(), kShape33, v110.data(), kShape34, kShape28, kShape1,
-                  support::Reduce::Sum, 0.015625);
+  support::View v147 = arena_.view(290816, 2176);
+  support::layerNormGrad(v147.data(), v110.data(), v144.data(), kShape33, kShape34, kShape34,
+                         kShape34, kShape28, kShape1, kShape1, kShape1, 1e-06, 64, nullptr);
 
-  // vit.mesh:36:10 sub
-  // vit.mesh:36:10 square
-  MESHRT_TRACE("loop", "vit.mesh:36:10", "backward");
-  support::View v149 = arena_.view(308224, 2176);
-  loop15(v149.data(), v110.data(), v147.data());
-
-  // vit.mesh:36:10 mean
-  MESHRT_TRACE("mean", "vit.mesh:36:10", "backward");
-  support::View v150 = arena_.view(76416, 34);
-  support::reduce(v150.data(), kShape33, v149.data(), kShape34, kShape28, kShape1,
-                  support::Reduce::Sum, 0.015625);
-
-  // vit.mesh:36:10 add
-  // vit.mesh:36:10 rsqrt
-  MESHRT_TRACE("loop", "vit.mesh:36:10", "backward");
-  support::View v153 = arena_.view(76608, 34);
-  loop16(v153.data(), v150.data());
-
-  // vit.mesh:36:45 mul
-  // vit.mesh:36:10 mul
-  MESHRT_TRACE("loop", "vit.mesh:36:45", "backward");
-  support::View v111(param30_vit_norm_gain); // updated in place
-  support::View v144 = arena_.view(273408, 2176);
-  support::View v154 = arena_.view(308224, 2176);
-  loop17(v144.data(), v154.data(), v142.data(), v111.data(), v113.data());
-
-  // vit.mesh:36:10 mean
-  MESHRT_TRACE("mean", "vit.mesh:36:10", "backward");
-  support::View v155 = arena_.view(76416, 34);
-  support::reduce(v155.data(), kShape33, v154.data(), kShape34, kShape28, kShape1,
-                  support::Reduce::Sum, 0.015625);
-
-  // vit.mesh:36:10 mean
-  MESHRT_TRACE("mean", "vit.mesh:36:10", "backward");
-  support::View v157 = arena_.view(76800, 34);
-  support::reduce(v157.data(), kShape33, v144.data(), kShape34, kShape28, kShape1,
-                  support::Reduce::Sum, 0.015625);
-
-  // vit.mesh:36:10 mul
-  // vit.mesh:36:10 sub
-  // vit.mesh:36:10 sub
-  // vit.mesh:36:10 mul
   // vit.mesh:81:48 mul
-  // vit.mesh:81:48 mul
-  MESHRT_TRACE("loop", "vit.mesh:36:10", "backward");
-  support::View v68(param19_vit_encoder_layer_1_ffn_scale); // updated in place
+  MESHRT_TRACE("loop", "vit.mesh:81:48", "backward");
   support::View v107 = arena_.view(282112, 2176);
-  support::View v160 = arena_.view(299520, 2176);
-  support::View v161 = arena_.view(308224, 2176);
-  support::View v162 = arena_.view(316928, 2176);
-  loop18(v160.data(), v161.data(), v162.data(), v113.data(), v155.data(), v144.data(), v157.data(),
-         v153.data(), v68.data(), v107.data());
+  support::View v149 = arena_.view(273408, 2176);
+  loop14(v149.data(), v147.data(), v107.data());
 
-  // 55 statements from vit.mesh:81:48 sum -> grad/vit/encoder_layer[1]/ffn_scale (1 of 2)
-  MESHRT_TRACE_SITE("vit.mesh:81:48");
-  support::View keep_v1148 = arena_.view(74240, 544);
-  support::View v165 = arena_.view(273408, 2176);
+  // vit.mesh:81:48 sum -> grad/vit/encoder_layer[1]/ffn_scale
+  MESHRT_TRACE("sum", "vit.mesh:81:48", "backward");
+  support::View v150 = arena_.view(299776, 64);
+  support::reduce(v150.data(), kShape28, v149.data(), kShape1, kShape33, kShape34,
+                  support::Reduce::Sum, 1.0);
+
+  // vit.mesh:81:48 mul
+  // vit.mesh:81:14 dropout
+  // vit.mesh:72:10 cast
+  MESHRT_TRACE("loop", "vit.mesh:81:48", "backward");
+  support::View v68(param19_vit_encoder_layer_1_ffn_scale); // updated in place
+  support::View keep_v1087 = arena_.view(74240, 544);
+  support::View v152 = arena_.view(273408, 2176);
+  loop15(v152.data(), v147.data(), v68.data(),
+         reinterpret_cast<const uint8_t *>(keep_v1087.data()));
+
+  // 43 statements from vit.mesh:72:15 einsum (1 of 2)
+  MESHRT_TRACE_SITE("vit.mesh:72:15");
   support::View v104 = arena_.view(49152, 4096);
-  support::View v166 = arena_.view(282112, 2176);
+  support::View v153 = arena_.view(282112, 2176);
   support::View v103 = arena_.view(65536, 2176);
-  support::View v167 = arena_.view(49152, 4096);
+  support::View v154 = arena_.view(49152, 4096);
   support::View v102 = arena_.view(264704, 2176);
-  support::View v191 = arena_.view(49152, 2176);
+  support::View v178 = arena_.view(49152, 2176);
   support::View v101 = arena_.view(32768, 4096);
-  support::View v192 = arena_.view(264704, 2176);
+  support::View v179 = arena_.view(264704, 2176);
   support::View v100 = arena_.view(256000, 2176);
-  support::View v193 = arena_.view(32768, 4096);
-  support::View v195 = arena_.view(32768, 2176);
-  support::View v95 = arena_.view(247296, 2176);
-  support::View v199 = arena_.view(256000, 2176);
-  support::View v201 = arena_.view(41472, 34);
-  support::View v92 = arena_.view(238592, 2176);
-  support::View v203 = arena_.view(256000, 2176);
-  support::View v204 = arena_.view(41472, 34);
-  support::View v206 = arena_.view(41664, 34);
+  support::View v180 = arena_.view(32768, 4096);
+  support::View v182 = arena_.view(32768, 2176);
   support::View v93(param26_vit_encoder_layer_1_norm_1_gain); // updated in place
-  support::View v198 = arena_.view(238592, 2176);
-  support::View v207 = arena_.view(256000, 2176);
-  support::View v208 = arena_.view(41472, 34);
-  support::View v210 = arena_.view(41856, 34);
+  support::View v185 = arena_.view(256000, 2176);
+  support::View v95 = arena_.view(247296, 2176);
+  support::View v186 = arena_.view(264704, 2176);
+  support::View v188 = arena_.view(32768, 2176);
+  support::View v92 = arena_.view(238592, 2176);
   support::View v67(param18_vit_encoder_layer_1_attention_scale); // updated in place
   support::View v89 = arena_.view(229888, 2176);
-  support::View v215 = arena_.view(256000, 2176);
-  support::View v216 = arena_.view(264704, 2176);
-  support::View keep_v1149 = arena_.view(378496, 544);
-  support::View v218 = arena_.view(229888, 2176);
+  support::View v190 = arena_.view(247296, 2176);
+  support::View v191 = arena_.view(256000, 2176);
+  support::View keep_v1088 = arena_.view(378496, 544);
+  support::View v193 = arena_.view(32768, 2176);
   support::View v77(param25_vit_encoder_layer_1_attention_w_o); // updated in place
-  support::View v219 = arena_.view(238592, 1088);
+  support::View v194 = arena_.view(41472, 1088);
   support::View v87 = arena_.view(371584, 1088);
   support::View v82 = arena_.view(367232, 1088);
-  support::View v221 = arena_.view(41472, 1156);
+  support::View v196 = arena_.view(32768, 1156);
   support::View v86 = arena_.view(336448, 1156);
-  support::View v222 = arena_.view(242944, 1088);
-  support::View v224 = arena_.view(46144, 68);
-  support::View v227 = arena_.view(229888, 1156);
+  support::View v197 = arena_.view(229888, 1088);
+  support::View v199 = arena_.view(42112, 68);
+  support::View v202 = arena_.view(37440, 1156);
   support::View v80 = arena_.view(362880, 1088);
-  support::View v228 = arena_.view(41472, 1088);
+  support::View v203 = arena_.view(42112, 1088);
   support::View v78 = arena_.view(358528, 1088);
-  support::View v229 = arena_.view(238592, 1088);
+  support::View v204 = arena_.view(234240, 1088);
   support::View v76(param24_vit_encoder_layer_1_attention_w_v); // updated in place
-  support::View v230 = arena_.view(229888, 2176);
+  support::View v205 = arena_.view(32768, 2176);
   support::View v81 = arena_.view(221184, 2176);
   support::View v75(param23_vit_encoder_layer_1_attention_w_k); // updated in place
-  support::View v233 = arena_.view(221184, 2176);
+  support::View v208 = arena_.view(221184, 2176);
   support::View v79 = arena_.view(212480, 2176);
   support::View v74(param22_vit_encoder_layer_1_attention_w_q); // updated in place
-  support::View v237 = arena_.view(212480, 2176);
-  support::View v238 = arena_.view(238592, 2176);
+  support::View v212 = arena_.view(212480, 2176);
+  support::View v213 = arena_.view(229888, 2176);
   support::View v73 = arena_.view(203776, 2176);
-  support::View v71 = arena_.view(195072, 2176);
-  support::View v243 = arena_.view(203776, 2176);
-  support::View v245 = arena_.view(41472, 34);
-  support::View v66 = arena_.view(186368, 2176);
-  support::View v247 = arena_.view(203776, 2176);
-  support::View v248 = arena_.view(41472, 34);
   support::View v69(param20_vit_encoder_layer_1_norm_gain); // updated in place
-  support::View v242 = arena_.view(186368, 2176);
-  support::View v251 = arena_.view(203776, 2176);
-  support::View v163 = arena_.view(290816, 64);
-  support::View v168 = arena_.view(65536, 4096);
-  support::View v194 = arena_.view(49152, 4096);
-  support::View v197 = arena_.view(273408, 64);
-  support::View v200 = arena_.view(273664, 64);
-  support::View v214 = arena_.view(32768, 2176);
-  support::View v217 = arena_.view(273920, 64);
-  support::View v220 = arena_.view(247296, 2048);
-  support::View v231 = arena_.view(255488, 2048);
-  support::View v234 = arena_.view(263680, 2048);
-  support::View v239 = arena_.view(229888, 2048);
-  support::View v241 = arena_.view(238080, 64);
-  support::View v244 = arena_.view(238336, 64);
-  support::View v250 = arena_.view(41664, 34);
-  support::View v252 = arena_.view(41472, 34);
-  support::View v254 = arena_.view(41856, 34);
-  repeated1(v163, v162, v161, keep_v1148, v165, v104, v166, v103, v167, v168, v102, v191, v101,
-            v192, v100, v193, v194, v195, v197, v95, v199, v200, v201, v92, v203, v204, v206, v93,
-            v198, v207, v208, v210, v160, v67, v89, v214, v215, v216, v217, keep_v1149, v218, v77,
-            v219, v87, v220, v82, v221, v86, v222, v224, v227, v80, v228, v78, v229, v76, v230, v81,
-            v231, v75, v233, v79, v234, v74, v237, v238, v73, v239, v241, v71, v243, v244, v245,
-            v66, v247, v248, v250, v69, v242, v251, v252, v254);
+  support::View v217 = arena_.view(32768, 2176);
+  support::View v71 = arena_.view(195072, 2176);
+  support::View v218 = arena_.view(203776, 2176);
+  support::View v66 = arena_.view(186368, 2176);
+  support::View v155 = arena_.view(65536, 4096);
+  support::View v181 = arena_.view(49152, 4096);
+  support::View v184 = arena_.view(273408, 64);
+  support::View v187 = arena_.view(273664, 64);
+  support::View v189 = arena_.view(238592, 2176);
+  support::View v192 = arena_.view(271872, 64);
+  support::View v195 = arena_.view(247296, 2048);
+  support::View v206 = arena_.view(255488, 2048);
+  support::View v209 = arena_.view(263680, 2048);
+  support::View v214 = arena_.view(212480, 2048);
+  support::View v216 = arena_.view(220672, 64);
+  support::View v219 = arena_.view(220928, 64);
+  support::View v220 = arena_.view(195072, 2176);
+  repeated1(v152, v104, v153, v103, v154, v155, v102, v178, v101, v179, v100, v180, v181, v182,
+            v184, v93, v185, v95, v186, v187, v188, v92, v147, v67, v89, v189, v190, v191, v192,
+            keep_v1088, v193, v77, v194, v87, v195, v82, v196, v86, v197, v199, v202, v80, v203,
+            v78, v204, v76, v205, v81, v206, v75, v208, v79, v209, v74, v212, v213, v73, v214, v216,
+            v69, v217, v71, v218, v219, v220, v66);
 
-  // vit.mesh:36:10 mul
-  // vit.mesh:36:10 sub
-  // vit.mesh:36:10 sub
-  // vit.mesh:36:10 mul
   // vit.mesh:36:10 add
   // vit.mesh:81:48 mul
   // vit.mesh:81:48 mul
   MESHRT_TRACE("loop", "vit.mesh:36:10", "backward");
   support::View v24(param7_vit_encoder_layer_0_ffn_scale); // updated in place
   support::View v63 = arena_.view(177664, 2176);
-  support::View v258 = arena_.view(203776, 2176);
-  support::View v259 = arena_.view(212480, 2176);
-  support::View v260 = arena_.view(221184, 2176);
-  loop19(v258.data(), v259.data(), v260.data(), v71.data(), v252.data(), v242.data(), v254.data(),
-         v250.data(), v214.data(), v24.data(), v63.data());
+  support::View v221 = arena_.view(186368, 2176);
+  support::View v222 = arena_.view(32768, 2176);
+  support::View v223 = arena_.view(203776, 2176);
+  loop16(v221.data(), v222.data(), v223.data(), v189.data(), v220.data(), v24.data(), v63.data());
 
-  // 55 statements from vit.mesh:81:48 sum -> grad/vit/encoder_layer[1]/ffn_scale (2 of 2)
-  MESHRT_TRACE_SITE("vit.mesh:81:48");
-  support::View keep_v1150 = arena_.view(380672, 544);
-  support::View v263 = arena_.view(32768, 2176);
+  // vit.mesh:81:48 sum -> grad/vit/encoder_layer[0]/ffn_scale
+  MESHRT_TRACE("sum", "vit.mesh:81:48", "backward");
+  support::View v224 = arena_.view(221184, 64);
+  support::reduce(v224.data(), kShape28, v223.data(), kShape1, kShape33, kShape34,
+                  support::Reduce::Sum, 1.0);
+
+  // vit.mesh:81:14 dropout
+  // vit.mesh:72:10 cast
+  MESHRT_TRACE("loop", "vit.mesh:81:14", "backward");
+  support::View keep_v1089 = arena_.view(380672, 544);
+  support::View v226 = arena_.view(177664, 2176);
+  loop17(v226.data(), v222.data(), reinterpret_cast<const uint8_t *>(keep_v1089.data()));
+
+  // 43 statements from vit.mesh:72:15 einsum (2 of 2)
+  MESHRT_TRACE_SITE("vit.mesh:72:15");
   support::View v60 = arena_.view(16384, 4096);
-  support::View v264 = arena_.view(177664, 2176);
+  support::View v227 = arena_.view(195072, 2176);
   support::View v59 = arena_.view(168960, 2176);
-  support::View v265 = arena_.view(16384, 4096);
+  support::View v228 = arena_.view(16384, 4096);
   support::View v58 = arena_.view(160256, 2176);
-  support::View v283 = arena_.view(16384, 2176);
+  support::View v246 = arena_.view(16384, 2176);
   support::View v57 = arena_.view(0, 4096);
-  support::View v284 = arena_.view(160256, 2176);
+  support::View v247 = arena_.view(160256, 2176);
   support::View v56 = arena_.view(151552, 2176);
-  support::View v285 = arena_.view(0, 4096);
-  support::View v287 = arena_.view(0, 2176);
-  support::View v51 = arena_.view(142848, 2176);
-  support::View v291 = arena_.view(151552, 2176);
-  support::View v293 = arena_.view(8704, 34);
-  support::View v48 = arena_.view(134144, 2176);
-  support::View v295 = arena_.view(151552, 2176);
-  support::View v296 = arena_.view(8704, 34);
-  support::View v298 = arena_.view(8896, 34);
+  support::View v248 = arena_.view(0, 4096);
+  support::View v250 = arena_.view(0, 2176);
   support::View v49(param14_vit_encoder_layer_0_norm_1_gain); // updated in place
-  support::View v290 = arena_.view(134144, 2176);
-  support::View v299 = arena_.view(151552, 2176);
-  support::View v300 = arena_.view(8704, 34);
-  support::View v302 = arena_.view(9088, 34);
+  support::View v253 = arena_.view(151552, 2176);
+  support::View v51 = arena_.view(142848, 2176);
+  support::View v254 = arena_.view(160256, 2176);
+  support::View v256 = arena_.view(0, 2176);
+  support::View v48 = arena_.view(134144, 2176);
   support::View v23(param6_vit_encoder_layer_0_attention_scale); // updated in place
   support::View v45 = arena_.view(125440, 2176);
-  support::View v307 = arena_.view(151552, 2176);
-  support::View v308 = arena_.view(160256, 2176);
-  support::View keep_v1151 = arena_.view(382848, 544);
-  support::View v310 = arena_.view(125440, 2176);
+  support::View v258 = arena_.view(142848, 2176);
+  support::View v259 = arena_.view(151552, 2176);
+  support::View keep_v1090 = arena_.view(382848, 544);
+  support::View v261 = arena_.view(0, 2176);
   support::View v33(param13_vit_encoder_layer_0_attention_w_o); // updated in place
-  support::View v311 = arena_.view(134144, 1088);
+  support::View v262 = arena_.view(8704, 1088);
   support::View v43 = arena_.view(354176, 1088);
   support::View v38 = arena_.view(349824, 1088);
-  support::View v313 = arena_.view(8704, 1156);
+  support::View v264 = arena_.view(0, 1156);
   support::View v42 = arena_.view(331776, 1156);
-  support::View v314 = arena_.view(138496, 1088);
-  support::View v316 = arena_.view(13376, 68);
-  support::View v319 = arena_.view(125440, 1156);
+  support::View v265 = arena_.view(125440, 1088);
+  support::View v267 = arena_.view(9344, 68);
+  support::View v270 = arena_.view(4672, 1156);
   support::View v36 = arena_.view(345472, 1088);
-  support::View v320 = arena_.view(8704, 1088);
+  support::View v271 = arena_.view(9344, 1088);
   support::View v34 = arena_.view(341120, 1088);
-  support::View v321 = arena_.view(134144, 1088);
+  support::View v272 = arena_.view(129792, 1088);
   support::View v32(param12_vit_encoder_layer_0_attention_w_v); // updated in place
-  support::View v322 = arena_.view(125440, 2176);
+  support::View v273 = arena_.view(0, 2176);
   support::View v37 = arena_.view(116736, 2176);
   support::View v31(param11_vit_encoder_layer_0_attention_w_k); // updated in place
-  support::View v325 = arena_.view(116736, 2176);
+  support::View v276 = arena_.view(116736, 2176);
   support::View v35 = arena_.view(108032, 2176);
   support::View v30(param10_vit_encoder_layer_0_attention_w_q); // updated in place
-  support::View v329 = arena_.view(108032, 2176);
-  support::View v330 = arena_.view(134144, 2176);
+  support::View v280 = arena_.view(108032, 2176);
+  support::View v281 = arena_.view(125440, 2176);
   support::View v29 = arena_.view(99328, 2176);
-  support::View v27 = arena_.view(90624, 2176);
-  support::View v335 = arena_.view(99328, 2176);
-  support::View v337 = arena_.view(8704, 34);
-  support::View v22 = arena_.view(81920, 2176);
-  support::View v339 = arena_.view(99328, 2176);
-  support::View v340 = arena_.view(8704, 34);
   support::View v25(param8_vit_encoder_layer_0_norm_gain); // updated in place
-  support::View v334 = arena_.view(81920, 2176);
-  support::View v343 = arena_.view(99328, 2176);
-  support::View v261 = arena_.view(186368, 64);
-  support::View v266 = arena_.view(32768, 4096);
-  support::View v286 = arena_.view(16384, 4096);
-  support::View v289 = arena_.view(168960, 64);
-  support::View v292 = arena_.view(169216, 64);
-  support::View v306 = arena_.view(0, 2176);
-  support::View v309 = arena_.view(169472, 64);
-  support::View v312 = arena_.view(142848, 2048);
-  support::View v323 = arena_.view(151040, 2048);
-  support::View v326 = arena_.view(159232, 2048);
-  support::View v331 = arena_.view(108032, 2048);
-  support::View v333 = arena_.view(116224, 64);
-  support::View v336 = arena_.view(116480, 64);
-  support::View v342 = arena_.view(8896, 34);
-  support::View v344 = arena_.view(8704, 34);
-  support::View v346 = arena_.view(9088, 34);
-  repeated1(v261, v260, v259, keep_v1150, v263, v60, v264, v59, v265, v266, v58, v283, v57, v284,
-            v56, v285, v286, v287, v289, v51, v291, v292, v293, v48, v295, v296, v298, v49, v290,
-            v299, v300, v302, v258, v23, v45, v306, v307, v308, v309, keep_v1151, v310, v33, v311,
-            v43, v312, v38, v313, v42, v314, v316, v319, v36, v320, v34, v321, v32, v322, v37, v323,
-            v31, v325, v35, v326, v30, v329, v330, v29, v331, v333, v27, v335, v336, v337, v22,
-            v339, v340, v342, v25, v334, v343, v344, v346);
+  support::View v285 = arena_.view(0, 2176);
+  support::View v27 = arena_.view(90624, 2176);
+  support::View v286 = arena_.view(99328, 2176);
+  support::View v22 = arena_.view(81920, 2176);
+  support::View v229 = arena_.view(32768, 4096);
+  support::View v249 = arena_.view(16384, 4096);
+  support::View v252 = arena_.view(168960, 64);
+  support::View v255 = arena_.view(169216, 64);
+  support::View v257 = arena_.view(134144, 2176);
+  support::View v260 = arena_.view(167424, 64);
+  support::View v263 = arena_.view(142848, 2048);
+  support::View v274 = arena_.view(151040, 2048);
+  support::View v277 = arena_.view(159232, 2048);
+  support::View v282 = arena_.view(108032, 2048);
+  support::View v284 = arena_.view(116224, 64);
+  support::View v287 = arena_.view(116480, 64);
+  support::View v288 = arena_.view(90624, 2176);
+  repeated1(v226, v60, v227, v59, v228, v229, v58, v246, v57, v247, v56, v248, v249, v250, v252,
+            v49, v253, v51, v254, v255, v256, v48, v221, v23, v45, v257, v258, v259, v260,
+            keep_v1090, v261, v33, v262, v43, v263, v38, v264, v42, v265, v267, v270, v36, v271,
+            v34, v272, v32, v273, v37, v274, v31, v276, v35, v277, v30, v280, v281, v29, v282, v284,
+            v25, v285, v27, v286, v287, v288, v22);
 
-  // vit.mesh:36:10 mul
-  // vit.mesh:36:10 sub
-  // vit.mesh:36:10 sub
-  // vit.mesh:36:10 mul
   // vit.mesh:36:10 add
   // vit.mesh:93:40 transpose
   MESHRT_TRACE("loop", "vit.mesh:36:10", "backward");
-  support::View v351 = arena_.view(99328, 2176);
-  loop20(v351.data(), v27.data(), v344.data(), v334.data(), v346.data(), v342.data(), v306.data());
+  support::View v290 = arena_.view(0, 2176);
+  loop18(v290.data(), v257.data(), v288.data());
 
   // vit.mesh:94:40 sum -> grad/vit/position_embedding
   MESHRT_TRACE("sum", "vit.mesh:94:40", "backward");
-  support::View v352 = arena_.view(94208, 1088);
-  support::reduce(v352.data(), kShape39, v351.data(), kShape40, kShape0, kShape1,
+  support::View v291 = arena_.view(102400, 1088);
+  support::reduce(v291.data(), kShape39, v290.data(), kShape40, kShape0, kShape1,
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:93:40 slice
   MESHRT_TRACE("slice", "vit.mesh:93:40", "backward");
-  support::View v353 = arena_.slot(8192, 128);
-  support::copyWindow(v353.data(), v351.data(), kShape22, kShape23, kShape23, 128, 128, 1, 17,
+  support::View v292 = arena_.slot(8704, 128);
+  support::copyWindow(v292.data(), v290.data(), kShape22, kShape23, kShape23, 128, 128, 1, 17,
                       int64_t(0));
 
   // vit.mesh:93:40 slice
   MESHRT_TRACE("slice", "vit.mesh:93:40", "backward");
-  support::View v354 = arena_.slot(0, 2048);
-  support::copyWindow(v354.data(), v351.data(), kShape25, kShape41, kShape42, 64, 128, 16, 17,
+  support::View v293 = arena_.slot(94208, 2048);
+  support::copyWindow(v293.data(), v290.data(), kShape25, kShape41, kShape42, 64, 128, 16, 17,
                       int64_t(-1));
 
   // vit.mesh:92:34 sum -> grad/vit/class_token
   // vit.mesh:92:34 mul
   MESHRT_TRACE("sum", "vit.mesh:92:34", "backward");
   support::View v18 = persistent_.view(192, 2);
-  support::View v356 = arena_.view(98560, 64);
-  support::reduceProduct(v356.data(), kShape43, 2, v353.data(), kShape40, v18.data(), kShape44,
+  support::View v295 = arena_.view(106752, 64);
+  support::reduceProduct(v295.data(), kShape43, 2, v292.data(), kShape40, v18.data(), kShape44,
                          1.0);
 
   // vit.mesh:50:59 sum -> grad/vit/embed_patches/b_patch
   MESHRT_TRACE("sum", "vit.mesh:50:59", "backward");
-  support::View v357 = arena_.view(98816, 64);
-  support::reduce(v357.data(), kShape28, v354.data(), kShape1, kShape45, kShape46,
+  support::View v296 = arena_.view(107008, 64);
+  support::reduce(v296.data(), kShape28, v293.data(), kShape1, kShape45, kShape46,
                   support::Reduce::Sum, 1.0);
+
+  // vit.mesh:50:10 einsum -> grad/vit/embed_patches/w_patch
+  MESHRT_TRACE("gemm", "vit.mesh:50:10", "backward");
+  support::View v12 = arena_.view(325632, 1536);
+  support::View v297 = arena_.view(81920, 3072);
+  // dims: batch, patches, d_model, pixel_row, pixel_col, channels
+  kEinsum9.plan().run(v293.data(), v12.data(), v297.data(), 1.0f, 0.0f);
 }
 
 void TrainVit::runPart2(const Inputs &inputs) {
   (void)inputs;
   MESHRT_TRACE_SPAN(world_);
 
-  // vit.mesh:50:10 einsum -> grad/vit/embed_patches/w_patch
-  MESHRT_TRACE("gemm", "vit.mesh:50:10", "backward");
-  support::View v354 = arena_.view(0, 2048);
-  support::View v12 = arena_.view(325632, 1536);
-  support::View v358 = arena_.view(81920, 3072);
-  // dims: batch, patches, d_model, pixel_row, pixel_col, channels
-  kEinsum9.plan().run(v354.data(), v12.data(), v358.data(), 1.0f, 0.0f);
-
   // vit.mesh:112:3 bucketed_all_reduce_sum -> loss (33 partial sums (loss, grad/vit/b_head,
   // grad/vit/w_head, ...) over data resolved together, 150.8 KiB in one buffer)
   MESHRT_TRACE_SITE("vit.mesh:112:3");
-  support::View v125 = arena_.view(385600, 1);
-  support::View v138 = arena_.view(385536, 10);
+  support::View v125 = arena_.view(385344, 1);
+  support::View v138 = arena_.view(385280, 10);
   support::View v140 = arena_.view(375936, 640);
   support::View v143 = arena_.view(385024, 64);
-  support::View v146 = arena_.view(385280, 64);
-  support::View v163 = arena_.view(290816, 64);
-  support::View v168 = arena_.view(65536, 4096);
-  support::View v194 = arena_.view(49152, 4096);
-  support::View v197 = arena_.view(273408, 64);
-  support::View v200 = arena_.view(273664, 64);
-  support::View v217 = arena_.view(273920, 64);
-  support::View v220 = arena_.view(247296, 2048);
-  support::View v231 = arena_.view(255488, 2048);
-  support::View v234 = arena_.view(263680, 2048);
-  support::View v239 = arena_.view(229888, 2048);
-  support::View v241 = arena_.view(238080, 64);
-  support::View v244 = arena_.view(238336, 64);
-  support::View v261 = arena_.view(186368, 64);
-  support::View v266 = arena_.view(32768, 4096);
-  support::View v286 = arena_.view(16384, 4096);
-  support::View v289 = arena_.view(168960, 64);
-  support::View v292 = arena_.view(169216, 64);
-  support::View v309 = arena_.view(169472, 64);
-  support::View v312 = arena_.view(142848, 2048);
-  support::View v323 = arena_.view(151040, 2048);
-  support::View v326 = arena_.view(159232, 2048);
-  support::View v331 = arena_.view(108032, 2048);
-  support::View v333 = arena_.view(116224, 64);
-  support::View v336 = arena_.view(116480, 64);
-  support::View v352 = arena_.view(94208, 1088);
-  support::View v356 = arena_.view(98560, 64);
-  support::View v357 = arena_.view(98816, 64);
+  support::View v146 = arena_.view(299520, 64);
+  support::View v150 = arena_.view(299776, 64);
+  support::View v155 = arena_.view(65536, 4096);
+  support::View v181 = arena_.view(49152, 4096);
+  support::View v184 = arena_.view(273408, 64);
+  support::View v187 = arena_.view(273664, 64);
+  support::View v192 = arena_.view(271872, 64);
+  support::View v195 = arena_.view(247296, 2048);
+  support::View v206 = arena_.view(255488, 2048);
+  support::View v209 = arena_.view(263680, 2048);
+  support::View v214 = arena_.view(212480, 2048);
+  support::View v216 = arena_.view(220672, 64);
+  support::View v219 = arena_.view(220928, 64);
+  support::View v224 = arena_.view(221184, 64);
+  support::View v229 = arena_.view(32768, 4096);
+  support::View v249 = arena_.view(16384, 4096);
+  support::View v252 = arena_.view(168960, 64);
+  support::View v255 = arena_.view(169216, 64);
+  support::View v260 = arena_.view(167424, 64);
+  support::View v263 = arena_.view(142848, 2048);
+  support::View v274 = arena_.view(151040, 2048);
+  support::View v277 = arena_.view(159232, 2048);
+  support::View v282 = arena_.view(108032, 2048);
+  support::View v284 = arena_.view(116224, 64);
+  support::View v287 = arena_.view(116480, 64);
+  support::View v291 = arena_.view(102400, 1088);
+  support::View v295 = arena_.view(106752, 64);
+  support::View v296 = arena_.view(107008, 64);
+  support::View v297 = arena_.view(81920, 3072);
   support::allReduceBucket(group_data,
-                           {v125, v138, v140, v143, v146, v163, v168, v194, v197, v200, v217,
-                            v220, v231, v234, v239, v241, v244, v261, v266, v286, v289, v292,
-                            v309, v312, v323, v326, v331, v333, v336, v352, v356, v357, v358});
+                           {v125, v138, v140, v143, v146, v150, v155, v181, v184, v187, v192,
+                            v195, v206, v209, v214, v216, v219, v224, v229, v249, v252, v255,
+                            v260, v263, v274, v277, v282, v284, v287, v291, v295, v296, v297});
 
   // vit.mesh:112:3 square
   MESHRT_TRACE("loop", "vit.mesh:112:3", "backward");
-  support::View v383 = arena_.view(0, 64);
-  loop21(v383.data(), v356.data());
+  support::View v322 = arena_.view(0, 64);
+  loop19(v322.data(), v295.data());
 
   // vit.mesh:112:3 sum
   MESHRT_TRACE("sum", "vit.mesh:112:3", "backward");
-  support::View v384 = arena_.view(99072, 1);
-  support::reduce(v384.data(), kShape35, v383.data(), kShape35, kShape43, kShape26,
+  support::View v323 = arena_.view(94208, 1);
+  support::reduce(v323.data(), kShape35, v322.data(), kShape35, kShape43, kShape26,
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:112:3 square
   MESHRT_TRACE("loop", "vit.mesh:112:3", "backward");
-  support::View v386 = arena_.view(0, 1088);
-  loop22(v386.data(), v352.data());
+  support::View v325 = arena_.view(0, 1088);
+  loop20(v325.data(), v291.data());
 
   // vit.mesh:112:3 sum
   MESHRT_TRACE("sum", "vit.mesh:112:3", "backward");
-  support::View v387 = arena_.view(99136, 1);
-  support::reduce(v387.data(), kShape35, v386.data(), kShape35, kShape39, kShape26,
+  support::View v326 = arena_.view(94272, 1);
+  support::reduce(v326.data(), kShape35, v325.data(), kShape35, kShape39, kShape26,
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:112:3 square
   MESHRT_TRACE("loop", "vit.mesh:112:3", "backward");
-  support::View v390 = arena_.view(0, 640);
-  loop23(v390.data(), v140.data());
+  support::View v329 = arena_.view(0, 640);
+  loop21(v329.data(), v140.data());
 
   // vit.mesh:112:3 sum
   MESHRT_TRACE("sum", "vit.mesh:112:3", "backward");
-  support::View v391 = arena_.view(99200, 1);
-  support::reduce(v391.data(), kShape35, v390.data(), kShape35, kShape47, kShape48,
+  support::View v330 = arena_.view(94336, 1);
+  support::reduce(v330.data(), kShape35, v329.data(), kShape35, kShape47, kShape48,
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:112:3 square
   MESHRT_TRACE("loop", "vit.mesh:112:3", "backward");
-  support::View v394 = arena_.view(0, 10);
-  loop24(v394.data(), v138.data());
+  support::View v333 = arena_.view(0, 10);
+  loop22(v333.data(), v138.data());
 
   // vit.mesh:112:3 sum
   MESHRT_TRACE("sum", "vit.mesh:112:3", "backward");
-  support::View v395 = arena_.view(99264, 1);
-  support::reduce(v395.data(), kShape35, v394.data(), kShape35, kShape29, kShape1,
+  support::View v334 = arena_.view(94400, 1);
+  support::reduce(v334.data(), kShape35, v333.data(), kShape35, kShape29, kShape1,
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:112:3 square
   MESHRT_TRACE("loop", "vit.mesh:112:3", "backward");
-  support::View v398 = arena_.view(0, 3072);
-  loop25(v398.data(), v358.data());
+  support::View v337 = arena_.view(0, 3072);
+  loop23(v337.data(), v297.data());
 
   // vit.mesh:112:3 sum
   MESHRT_TRACE("sum", "vit.mesh:112:3", "backward");
-  support::View v399 = arena_.view(99328, 1);
-  support::reduce(v399.data(), kShape35, v398.data(), kShape35, kShape49, kShape50,
+  support::View v338 = arena_.view(94464, 1);
+  support::reduce(v338.data(), kShape35, v337.data(), kShape35, kShape49, kShape50,
                   support::Reduce::Sum, 1.0);
 
   // 6 statements from vit.mesh:112:3 square (1 of 4)
   MESHRT_TRACE_SITE("vit.mesh:112:3");
-  support::View v402 = arena_.view(0, 64);
-  support::View v406 = arena_.view(0, 64);
-  support::View v410 = arena_.view(0, 64);
-  support::View v403 = arena_.view(99392, 1);
-  support::View v407 = arena_.view(99456, 1);
-  support::View v411 = arena_.view(99520, 1);
-  repeated4(v357, v402, v403, v309, v406, v407, v261, v410, v411);
+  support::View v341 = arena_.view(0, 64);
+  support::View v345 = arena_.view(0, 64);
+  support::View v349 = arena_.view(0, 64);
+  support::View v342 = arena_.view(94528, 1);
+  support::View v346 = arena_.view(94592, 1);
+  support::View v350 = arena_.view(94656, 1);
+  repeated4(v296, v341, v342, v260, v345, v346, v224, v349, v350);
 
   // vit.mesh:112:3 square
   MESHRT_TRACE("loop", "vit.mesh:112:3", "backward");
-  support::View v414 = arena_.view(0, 64);
-  loop21(v414.data(), v336.data());
+  support::View v353 = arena_.view(0, 64);
+  loop19(v353.data(), v287.data());
 
   // vit.mesh:112:3 sum
   MESHRT_TRACE("sum", "vit.mesh:112:3", "backward");
-  support::View v415 = arena_.view(99584, 1);
-  support::reduce(v415.data(), kShape35, v414.data(), kShape35, kShape28, kShape1,
+  support::View v354 = arena_.view(94720, 1);
+  support::reduce(v354.data(), kShape35, v353.data(), kShape35, kShape28, kShape1,
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:112:3 square
   MESHRT_TRACE("loop", "vit.mesh:112:3", "backward");
-  support::View v418 = arena_.view(0, 64);
-  loop21(v418.data(), v333.data());
+  support::View v357 = arena_.view(0, 64);
+  loop19(v357.data(), v284.data());
 
   // vit.mesh:112:3 sum
   MESHRT_TRACE("sum", "vit.mesh:112:3", "backward");
-  support::View v419 = arena_.view(99648, 1);
-  support::reduce(v419.data(), kShape35, v418.data(), kShape35, kShape28, kShape1,
+  support::View v358 = arena_.view(94784, 1);
+  support::reduce(v358.data(), kShape35, v357.data(), kShape35, kShape28, kShape1,
                   support::Reduce::Sum, 1.0);
 
   // 12 statements from vit.mesh:112:3 square (1 of 2)
   MESHRT_TRACE_SITE("vit.mesh:112:3");
-  support::View v422 = arena_.view(0, 2048);
-  support::View v427 = arena_.view(0, 2048);
-  support::View v432 = arena_.view(0, 2048);
-  support::View v437 = arena_.view(0, 2048);
-  support::View v450 = arena_.view(0, 4096);
-  support::View v455 = arena_.view(0, 4096);
-  support::View v423 = arena_.view(99712, 1);
-  support::View v428 = arena_.view(99776, 1);
-  support::View v433 = arena_.view(99840, 1);
-  support::View v438 = arena_.view(99904, 1);
-  support::View v451 = arena_.view(99968, 1);
-  support::View v456 = arena_.view(100032, 1);
-  repeated5(v331, v422, v423, v326, v427, v428, v323, v432, v433, v312, v437, v438, v286, v450,
-            v451, v266, v455, v456);
+  support::View v361 = arena_.view(0, 2048);
+  support::View v366 = arena_.view(0, 2048);
+  support::View v371 = arena_.view(0, 2048);
+  support::View v376 = arena_.view(0, 2048);
+  support::View v389 = arena_.view(0, 4096);
+  support::View v394 = arena_.view(0, 4096);
+  support::View v362 = arena_.view(94848, 1);
+  support::View v367 = arena_.view(94912, 1);
+  support::View v372 = arena_.view(94976, 1);
+  support::View v377 = arena_.view(95040, 1);
+  support::View v390 = arena_.view(95104, 1);
+  support::View v395 = arena_.view(95168, 1);
+  repeated5(v282, v361, v362, v277, v366, v367, v274, v371, v372, v263, v376, v377, v249, v389,
+            v390, v229, v394, v395);
 
   // 12 statements from vit.mesh:112:3 square (2 of 2)
   MESHRT_TRACE_SITE("vit.mesh:112:3");
-  support::View v476 = arena_.view(0, 2048);
-  support::View v481 = arena_.view(0, 2048);
-  support::View v486 = arena_.view(0, 2048);
-  support::View v491 = arena_.view(0, 2048);
-  support::View v504 = arena_.view(0, 4096);
-  support::View v509 = arena_.view(0, 4096);
-  support::View v477 = arena_.view(100096, 1);
-  support::View v482 = arena_.view(100160, 1);
-  support::View v487 = arena_.view(100224, 1);
-  support::View v492 = arena_.view(100288, 1);
-  support::View v505 = arena_.view(100352, 1);
-  support::View v510 = arena_.view(100416, 1);
-  repeated5(v239, v476, v477, v234, v481, v482, v231, v486, v487, v220, v491, v492, v194, v504,
-            v505, v168, v509, v510);
+  support::View v415 = arena_.view(0, 2048);
+  support::View v420 = arena_.view(0, 2048);
+  support::View v425 = arena_.view(0, 2048);
+  support::View v430 = arena_.view(0, 2048);
+  support::View v443 = arena_.view(0, 4096);
+  support::View v448 = arena_.view(0, 4096);
+  support::View v416 = arena_.view(95232, 1);
+  support::View v421 = arena_.view(95296, 1);
+  support::View v426 = arena_.view(95360, 1);
+  support::View v431 = arena_.view(95424, 1);
+  support::View v444 = arena_.view(95488, 1);
+  support::View v449 = arena_.view(95552, 1);
+  repeated5(v214, v415, v416, v209, v420, v421, v206, v425, v426, v195, v430, v431, v181, v443,
+            v444, v155, v448, v449);
 
-  // vit.mesh:112:3 bucketed_all_reduce_sum (resolve the partial sum of %404 over model for add at
-  // 112:3; merged with 11 more partial sums over model (%429, %434, %439, ...): 48 B in one buffer)
+  // vit.mesh:112:3 bucketed_all_reduce_sum (resolve the partial sum of %343 over model for add at
+  // 112:3; merged with 11 more partial sums over model (%368, %373, %378, ...): 48 B in one buffer)
   MESHRT_TRACE_SITE("vit.mesh:112:3");
   auto request2 = support::startAllReduce(
-      group_model, {v423, v428, v433, v438, v451, v456, v477, v482, v487, v492, v505, v510},
+      group_model, {v362, v367, v372, v377, v390, v395, v416, v421, v426, v431, v444, v449},
       meshrt::ReduceOp::Sum);
 
   // 6 statements from vit.mesh:112:3 square (2 of 4)
   MESHRT_TRACE_SITE("vit.mesh:112:3");
-  support::View v442 = arena_.view(0, 64);
-  support::View v446 = arena_.view(0, 64);
-  support::View v460 = arena_.view(0, 64);
-  support::View v443 = arena_.view(256, 1);
-  support::View v447 = arena_.view(320, 1);
-  support::View v461 = arena_.view(384, 1);
-  repeated4(v292, v442, v443, v289, v446, v447, v217, v460, v461);
+  support::View v381 = arena_.view(0, 64);
+  support::View v385 = arena_.view(0, 64);
+  support::View v399 = arena_.view(0, 64);
+  support::View v382 = arena_.view(256, 1);
+  support::View v386 = arena_.view(320, 1);
+  support::View v400 = arena_.view(384, 1);
+  repeated4(v255, v381, v382, v252, v385, v386, v192, v399, v400);
 
   // 6 statements from vit.mesh:112:3 square (3 of 4)
   MESHRT_TRACE_SITE("vit.mesh:112:3");
-  support::View v464 = arena_.view(0, 64);
-  support::View v468 = arena_.view(0, 64);
-  support::View v472 = arena_.view(0, 64);
-  support::View v465 = arena_.view(448, 1);
-  support::View v469 = arena_.view(512, 1);
-  support::View v473 = arena_.view(576, 1);
-  repeated4(v163, v464, v465, v244, v468, v469, v241, v472, v473);
+  support::View v403 = arena_.view(0, 64);
+  support::View v407 = arena_.view(0, 64);
+  support::View v411 = arena_.view(0, 64);
+  support::View v404 = arena_.view(448, 1);
+  support::View v408 = arena_.view(512, 1);
+  support::View v412 = arena_.view(576, 1);
+  repeated4(v150, v403, v404, v219, v407, v408, v216, v411, v412);
 
   // 6 statements from vit.mesh:112:3 square (4 of 4)
   MESHRT_TRACE_SITE("vit.mesh:112:3");
-  support::View v496 = arena_.view(0, 64);
-  support::View v500 = arena_.view(0, 64);
-  support::View v514 = arena_.view(0, 64);
-  support::View v497 = arena_.view(640, 1);
-  support::View v501 = arena_.view(704, 1);
-  support::View v515 = arena_.view(768, 1);
-  repeated4(v200, v496, v497, v197, v500, v501, v146, v514, v515);
+  support::View v435 = arena_.view(0, 64);
+  support::View v439 = arena_.view(0, 64);
+  support::View v453 = arena_.view(0, 64);
+  support::View v436 = arena_.view(640, 1);
+  support::View v440 = arena_.view(704, 1);
+  support::View v454 = arena_.view(768, 1);
+  repeated4(v187, v435, v436, v184, v439, v440, v146, v453, v454);
 
   // vit.mesh:112:3 square
   MESHRT_TRACE("loop", "vit.mesh:112:3", "backward");
-  support::View v518 = arena_.view(0, 64);
-  loop21(v518.data(), v143.data());
+  support::View v457 = arena_.view(0, 64);
+  loop19(v457.data(), v143.data());
 
   // vit.mesh:112:3 sum
   MESHRT_TRACE("sum", "vit.mesh:112:3", "backward");
-  support::View v519 = arena_.view(832, 1);
-  support::reduce(v519.data(), kShape35, v518.data(), kShape35, kShape28, kShape1,
+  support::View v458 = arena_.view(832, 1);
+  support::reduce(v458.data(), kShape35, v457.data(), kShape35, kShape28, kShape1,
                   support::Reduce::Sum, 1.0);
 
   MESHRT_TRACE_SITE("vit.mesh:112:3");
@@ -2838,142 +2713,142 @@ void TrainVit::runPart3(const Inputs &inputs) {
   // vit.mesh:112:3 maximum
   // vit.mesh:112:3 div
   MESHRT_TRACE("loop", "vit.mesh:112:3", "backward");
-  support::View v384 = arena_.view(99072, 1);
-  support::View v387 = arena_.view(99136, 1);
-  support::View v391 = arena_.view(99200, 1);
-  support::View v395 = arena_.view(99264, 1);
-  support::View v399 = arena_.view(99328, 1);
-  support::View v403 = arena_.view(99392, 1);
-  support::View v407 = arena_.view(99456, 1);
-  support::View v411 = arena_.view(99520, 1);
-  support::View v415 = arena_.view(99584, 1);
-  support::View v419 = arena_.view(99648, 1);
-  support::View v423 = arena_.view(99712, 1);
-  support::View v428 = arena_.view(99776, 1);
-  support::View v433 = arena_.view(99840, 1);
-  support::View v438 = arena_.view(99904, 1);
-  support::View v443 = arena_.view(256, 1);
-  support::View v447 = arena_.view(320, 1);
-  support::View v451 = arena_.view(99968, 1);
-  support::View v456 = arena_.view(100032, 1);
-  support::View v461 = arena_.view(384, 1);
-  support::View v465 = arena_.view(448, 1);
-  support::View v469 = arena_.view(512, 1);
-  support::View v473 = arena_.view(576, 1);
-  support::View v477 = arena_.view(100096, 1);
-  support::View v482 = arena_.view(100160, 1);
-  support::View v487 = arena_.view(100224, 1);
-  support::View v492 = arena_.view(100288, 1);
-  support::View v497 = arena_.view(640, 1);
-  support::View v501 = arena_.view(704, 1);
-  support::View v505 = arena_.view(100352, 1);
-  support::View v510 = arena_.view(100416, 1);
-  support::View v515 = arena_.view(768, 1);
-  support::View v519 = arena_.view(832, 1);
-  support::View v523 = arena_.view(64, 1);
+  support::View v323 = arena_.view(94208, 1);
+  support::View v326 = arena_.view(94272, 1);
+  support::View v330 = arena_.view(94336, 1);
+  support::View v334 = arena_.view(94400, 1);
+  support::View v338 = arena_.view(94464, 1);
+  support::View v342 = arena_.view(94528, 1);
+  support::View v346 = arena_.view(94592, 1);
+  support::View v350 = arena_.view(94656, 1);
+  support::View v354 = arena_.view(94720, 1);
+  support::View v358 = arena_.view(94784, 1);
+  support::View v362 = arena_.view(94848, 1);
+  support::View v367 = arena_.view(94912, 1);
+  support::View v372 = arena_.view(94976, 1);
+  support::View v377 = arena_.view(95040, 1);
+  support::View v382 = arena_.view(256, 1);
+  support::View v386 = arena_.view(320, 1);
+  support::View v390 = arena_.view(95104, 1);
+  support::View v395 = arena_.view(95168, 1);
+  support::View v400 = arena_.view(384, 1);
+  support::View v404 = arena_.view(448, 1);
+  support::View v408 = arena_.view(512, 1);
+  support::View v412 = arena_.view(576, 1);
+  support::View v416 = arena_.view(95232, 1);
+  support::View v421 = arena_.view(95296, 1);
+  support::View v426 = arena_.view(95360, 1);
+  support::View v431 = arena_.view(95424, 1);
+  support::View v436 = arena_.view(640, 1);
+  support::View v440 = arena_.view(704, 1);
+  support::View v444 = arena_.view(95488, 1);
+  support::View v449 = arena_.view(95552, 1);
+  support::View v454 = arena_.view(768, 1);
+  support::View v458 = arena_.view(832, 1);
+  support::View v462 = arena_.view(64, 1);
   {
-    float *__restrict v523p = v523.data();
-    const float *__restrict v384p = v384.data();
-    const float *__restrict v387p = v387.data();
-    const float *__restrict v391p = v391.data();
+    float *__restrict v462p = v462.data();
+    const float *__restrict v323p = v323.data();
+    const float *__restrict v326p = v326.data();
+    const float *__restrict v330p = v330.data();
+    const float *__restrict v334p = v334.data();
+    const float *__restrict v338p = v338.data();
+    const float *__restrict v342p = v342.data();
+    const float *__restrict v346p = v346.data();
+    const float *__restrict v350p = v350.data();
+    const float *__restrict v354p = v354.data();
+    const float *__restrict v358p = v358.data();
+    const float *__restrict v362p = v362.data();
+    const float *__restrict v367p = v367.data();
+    const float *__restrict v372p = v372.data();
+    const float *__restrict v377p = v377.data();
+    const float *__restrict v382p = v382.data();
+    const float *__restrict v386p = v386.data();
+    const float *__restrict v390p = v390.data();
     const float *__restrict v395p = v395.data();
-    const float *__restrict v399p = v399.data();
-    const float *__restrict v403p = v403.data();
-    const float *__restrict v407p = v407.data();
-    const float *__restrict v411p = v411.data();
-    const float *__restrict v415p = v415.data();
-    const float *__restrict v419p = v419.data();
-    const float *__restrict v423p = v423.data();
-    const float *__restrict v428p = v428.data();
-    const float *__restrict v433p = v433.data();
-    const float *__restrict v438p = v438.data();
-    const float *__restrict v443p = v443.data();
-    const float *__restrict v447p = v447.data();
-    const float *__restrict v451p = v451.data();
-    const float *__restrict v456p = v456.data();
-    const float *__restrict v461p = v461.data();
-    const float *__restrict v465p = v465.data();
-    const float *__restrict v469p = v469.data();
-    const float *__restrict v473p = v473.data();
-    const float *__restrict v477p = v477.data();
-    const float *__restrict v482p = v482.data();
-    const float *__restrict v487p = v487.data();
-    const float *__restrict v492p = v492.data();
-    const float *__restrict v497p = v497.data();
-    const float *__restrict v501p = v501.data();
-    const float *__restrict v505p = v505.data();
-    const float *__restrict v510p = v510.data();
-    const float *__restrict v515p = v515.data();
-    const float *__restrict v519p = v519.data();
-    const float s0 = v384p[0];
-    const float s1 = v387p[0];
+    const float *__restrict v400p = v400.data();
+    const float *__restrict v404p = v404.data();
+    const float *__restrict v408p = v408.data();
+    const float *__restrict v412p = v412.data();
+    const float *__restrict v416p = v416.data();
+    const float *__restrict v421p = v421.data();
+    const float *__restrict v426p = v426.data();
+    const float *__restrict v431p = v431.data();
+    const float *__restrict v436p = v436.data();
+    const float *__restrict v440p = v440.data();
+    const float *__restrict v444p = v444.data();
+    const float *__restrict v449p = v449.data();
+    const float *__restrict v454p = v454.data();
+    const float *__restrict v458p = v458.data();
+    const float s0 = v323p[0];
+    const float s1 = v326p[0];
     const float s2 = (s0 + s1);
-    const float s3 = v391p[0];
+    const float s3 = v330p[0];
     const float s4 = (s2 + s3);
-    const float s5 = v395p[0];
+    const float s5 = v334p[0];
     const float s6 = (s4 + s5);
-    const float s7 = v399p[0];
+    const float s7 = v338p[0];
     const float s8 = (s6 + s7);
-    const float s9 = v403p[0];
+    const float s9 = v342p[0];
     const float s10 = (s8 + s9);
-    const float s11 = v407p[0];
+    const float s11 = v346p[0];
     const float s12 = (s10 + s11);
-    const float s13 = v411p[0];
+    const float s13 = v350p[0];
     const float s14 = (s12 + s13);
-    const float s15 = v415p[0];
+    const float s15 = v354p[0];
     const float s16 = (s14 + s15);
-    const float s17 = v419p[0];
+    const float s17 = v358p[0];
     const float s18 = (s16 + s17);
-    const float s19 = v423p[0];
+    const float s19 = v362p[0];
     const float s20 = (s18 + s19);
-    const float s21 = v428p[0];
+    const float s21 = v367p[0];
     const float s22 = (s20 + s21);
-    const float s23 = v433p[0];
+    const float s23 = v372p[0];
     const float s24 = (s22 + s23);
-    const float s25 = v438p[0];
+    const float s25 = v377p[0];
     const float s26 = (s24 + s25);
-    const float s27 = v443p[0];
+    const float s27 = v382p[0];
     const float s28 = (s26 + s27);
-    const float s29 = v447p[0];
+    const float s29 = v386p[0];
     const float s30 = (s28 + s29);
-    const float s31 = v451p[0];
+    const float s31 = v390p[0];
     const float s32 = (s30 + s31);
-    const float s33 = v456p[0];
+    const float s33 = v395p[0];
     const float s34 = (s32 + s33);
-    const float s35 = v461p[0];
+    const float s35 = v400p[0];
     const float s36 = (s34 + s35);
-    const float s37 = v465p[0];
+    const float s37 = v404p[0];
     const float s38 = (s36 + s37);
-    const float s39 = v469p[0];
+    const float s39 = v408p[0];
     const float s40 = (s38 + s39);
-    const float s41 = v473p[0];
+    const float s41 = v412p[0];
     const float s42 = (s40 + s41);
-    const float s43 = v477p[0];
+    const float s43 = v416p[0];
     const float s44 = (s42 + s43);
-    const float s45 = v482p[0];
+    const float s45 = v421p[0];
     const float s46 = (s44 + s45);
-    const float s47 = v487p[0];
+    const float s47 = v426p[0];
     const float s48 = (s46 + s47);
-    const float s49 = v492p[0];
+    const float s49 = v431p[0];
     const float s50 = (s48 + s49);
-    const float s51 = v497p[0];
+    const float s51 = v436p[0];
     const float s52 = (s50 + s51);
-    const float s53 = v501p[0];
+    const float s53 = v440p[0];
     const float s54 = (s52 + s53);
-    const float s55 = v505p[0];
+    const float s55 = v444p[0];
     const float s56 = (s54 + s55);
-    const float s57 = v510p[0];
+    const float s57 = v449p[0];
     const float s58 = (s56 + s57);
-    const float s59 = v515p[0];
+    const float s59 = v454p[0];
     const float s60 = (s58 + s59);
-    const float s61 = v519p[0];
+    const float s61 = v458p[0];
     const float s62 = (s60 + s61);
     const float s63 = support::fsqrt(s62);
     const float s64 = 1.0f;
     const float s65 = support::maximum(s63, s64);
     const float s66 = 1.0f;
     const float s67 = (s66 / s65);
-    v523p[0] = s67;
+    v462p[0] = s67;
   }
 
   // vit.mesh:112:3 step
@@ -2996,14 +2871,14 @@ void TrainVit::runPart3(const Inputs &inputs) {
   // vit.mesh:112:3 pow
   // vit.mesh:112:3 sub
   MESHRT_TRACE("loop", "vit.mesh:112:3", "update");
-  support::View v381 = arena_.view(0, 1);
-  support::View v570 = arena_.view(128, 1);
-  support::View v572 = arena_.view(192, 1);
+  support::View v320 = arena_.view(0, 1);
+  support::View v509 = arena_.view(128, 1);
+  support::View v511 = arena_.view(192, 1);
   {
     const float stepValue = float(step_);
-    float *__restrict v381p = v381.data();
-    float *__restrict v570p = v570.data();
-    float *__restrict v572p = v572.data();
+    float *__restrict v320p = v320.data();
+    float *__restrict v509p = v509.data();
+    float *__restrict v511p = v511.data();
     const float s0 = stepValue;
     const float s1 = 1.0f;
     const float s2 = (s0 + s1);
@@ -3037,9 +2912,9 @@ void TrainVit::runPart3(const Inputs &inputs) {
     const float s30 = support::fpow(s29, s2);
     const float s31 = 1.0f;
     const float s32 = (s31 - s30);
-    v381p[0] = s24;
-    v570p[0] = s28;
-    v572p[0] = s32;
+    v320p[0] = s24;
+    v509p[0] = s28;
+    v511p[0] = s32;
   }
 
   // vit.mesh:112:3 mul
@@ -3061,11 +2936,11 @@ void TrainVit::runPart3(const Inputs &inputs) {
   // vit.mesh:112:3 sub -> next/vit/class_token
   MESHRT_TRACE("loop", "vit.mesh:112:3", "update");
   support::View v2(param0_vit_class_token); // updated in place
-  support::View v356 = arena_.view(98560, 64);
-  support::View v556(param32_vit_class_token_m); // updated in place
-  support::View v557(param33_vit_class_token_v); // updated in place
-  loop26(v556.data(), v557.data(), v2.data(), v356.data(), v523.data(), v570.data(), v572.data(),
-         v381.data());
+  support::View v295 = arena_.view(106752, 64);
+  support::View v495(param32_vit_class_token_m); // updated in place
+  support::View v496(param33_vit_class_token_v); // updated in place
+  loop24(v495.data(), v496.data(), v2.data(), v295.data(), v462.data(), v509.data(), v511.data(),
+         v320.data());
 
   // vit.mesh:112:3 mul
   // vit.mesh:112:3 mul
@@ -3086,11 +2961,11 @@ void TrainVit::runPart3(const Inputs &inputs) {
   // vit.mesh:112:3 sub -> next/vit/position_embedding
   MESHRT_TRACE("loop", "vit.mesh:112:3", "update");
   support::View v3(param1_vit_position_embedding); // updated in place
-  support::View v352 = arena_.view(94208, 1088);
-  support::View v584(param34_vit_position_embedding_m); // updated in place
-  support::View v585(param35_vit_position_embedding_v); // updated in place
-  loop27(v584.data(), v585.data(), v3.data(), v352.data(), v523.data(), v570.data(), v572.data(),
-         v381.data());
+  support::View v291 = arena_.view(102400, 1088);
+  support::View v523(param34_vit_position_embedding_m); // updated in place
+  support::View v524(param35_vit_position_embedding_v); // updated in place
+  loop25(v523.data(), v524.data(), v3.data(), v291.data(), v462.data(), v509.data(), v511.data(),
+         v320.data());
 
   // vit.mesh:112:3 mul
   // vit.mesh:112:3 mul
@@ -3112,10 +2987,10 @@ void TrainVit::runPart3(const Inputs &inputs) {
   MESHRT_TRACE("loop", "vit.mesh:112:3", "update");
   support::View v4(param2_vit_w_head); // updated in place
   support::View v140 = arena_.view(375936, 640);
-  support::View v604(param36_vit_w_head_m); // updated in place
-  support::View v605(param37_vit_w_head_v); // updated in place
-  loop28(v604.data(), v605.data(), v4.data(), v140.data(), v523.data(), v570.data(), v572.data(),
-         v381.data());
+  support::View v543(param36_vit_w_head_m); // updated in place
+  support::View v544(param37_vit_w_head_v); // updated in place
+  loop26(v543.data(), v544.data(), v4.data(), v140.data(), v462.data(), v509.data(), v511.data(),
+         v320.data());
 
   // vit.mesh:112:3 mul
   // vit.mesh:112:3 mul
@@ -3136,11 +3011,11 @@ void TrainVit::runPart3(const Inputs &inputs) {
   // vit.mesh:112:3 sub -> next/vit/b_head
   MESHRT_TRACE("loop", "vit.mesh:112:3", "update");
   support::View v5(param3_vit_b_head); // updated in place
-  support::View v138 = arena_.view(385536, 10);
-  support::View v624(param38_vit_b_head_m); // updated in place
-  support::View v625(param39_vit_b_head_v); // updated in place
-  loop29(v624.data(), v625.data(), v5.data(), v138.data(), v523.data(), v570.data(), v572.data(),
-         v381.data());
+  support::View v138 = arena_.view(385280, 10);
+  support::View v563(param38_vit_b_head_m); // updated in place
+  support::View v564(param39_vit_b_head_v); // updated in place
+  loop27(v563.data(), v564.data(), v5.data(), v138.data(), v462.data(), v509.data(), v511.data(),
+         v320.data());
 
   // vit.mesh:112:3 mul
   // vit.mesh:112:3 mul
@@ -3161,145 +3036,145 @@ void TrainVit::runPart3(const Inputs &inputs) {
   // vit.mesh:112:3 sub -> next/vit/embed_patches/w_patch
   MESHRT_TRACE("loop", "vit.mesh:112:3", "update");
   support::View v6(param4_vit_embed_patches_w_patch); // updated in place
-  support::View v358 = arena_.view(81920, 3072);
-  support::View v644(param40_vit_embed_patches_w_patch_m); // updated in place
-  support::View v645(param41_vit_embed_patches_w_patch_v); // updated in place
-  loop30(v644.data(), v645.data(), v6.data(), v358.data(), v523.data(), v570.data(), v572.data(),
-         v381.data());
+  support::View v297 = arena_.view(81920, 3072);
+  support::View v583(param40_vit_embed_patches_w_patch_m); // updated in place
+  support::View v584(param41_vit_embed_patches_w_patch_v); // updated in place
+  loop28(v583.data(), v584.data(), v6.data(), v297.data(), v462.data(), v509.data(), v511.data(),
+         v320.data());
 
   // 1 statements from vit.mesh:112:3 mul (1 of 3)
   MESHRT_TRACE_SITE("vit.mesh:112:3");
   support::View v7(param5_vit_embed_patches_b_patch); // updated in place
-  support::View v357 = arena_.view(98816, 64);
-  support::View v664(param42_vit_embed_patches_b_patch_m); // updated in place
-  support::View v665(param43_vit_embed_patches_b_patch_v); // updated in place
-  repeated3(v7, v357, v523, v664, v665, v570, v572, v381);
+  support::View v296 = arena_.view(107008, 64);
+  support::View v603(param42_vit_embed_patches_b_patch_m); // updated in place
+  support::View v604(param43_vit_embed_patches_b_patch_v); // updated in place
+  repeated3(v7, v296, v462, v603, v604, v509, v511, v320);
 
   // 1 statements from vit.mesh:112:3 mul (2 of 3)
   MESHRT_TRACE_SITE("vit.mesh:112:3");
   support::View v23(param6_vit_encoder_layer_0_attention_scale); // updated in place
-  support::View v309 = arena_.view(169472, 64);
-  support::View v684(param44_vit_encoder_layer_0_attention_scale_m); // updated in place
-  support::View v685(param45_vit_encoder_layer_0_attention_scale_v); // updated in place
-  repeated3(v23, v309, v523, v684, v685, v570, v572, v381);
+  support::View v260 = arena_.view(167424, 64);
+  support::View v623(param44_vit_encoder_layer_0_attention_scale_m); // updated in place
+  support::View v624(param45_vit_encoder_layer_0_attention_scale_v); // updated in place
+  repeated3(v23, v260, v462, v623, v624, v509, v511, v320);
 
   // 1 statements from vit.mesh:112:3 mul (3 of 3)
   MESHRT_TRACE_SITE("vit.mesh:112:3");
   support::View v24(param7_vit_encoder_layer_0_ffn_scale); // updated in place
-  support::View v261 = arena_.view(186368, 64);
-  support::View v704(param46_vit_encoder_layer_0_ffn_scale_m); // updated in place
-  support::View v705(param47_vit_encoder_layer_0_ffn_scale_v); // updated in place
-  repeated3(v24, v261, v523, v704, v705, v570, v572, v381);
+  support::View v224 = arena_.view(221184, 64);
+  support::View v643(param46_vit_encoder_layer_0_ffn_scale_m); // updated in place
+  support::View v644(param47_vit_encoder_layer_0_ffn_scale_v); // updated in place
+  repeated3(v24, v224, v462, v643, v644, v509, v511, v320);
 
   // 12 statements from vit.mesh:112:3 mul (1 of 2)
   MESHRT_TRACE_SITE("vit.mesh:112:3");
   support::View v25(param8_vit_encoder_layer_0_norm_gain); // updated in place
-  support::View v336 = arena_.view(116480, 64);
-  support::View v724(param48_vit_encoder_layer_0_norm_gain_m); // updated in place
-  support::View v725(param49_vit_encoder_layer_0_norm_gain_v); // updated in place
+  support::View v287 = arena_.view(116480, 64);
+  support::View v663(param48_vit_encoder_layer_0_norm_gain_m); // updated in place
+  support::View v664(param49_vit_encoder_layer_0_norm_gain_v); // updated in place
   support::View v26(param9_vit_encoder_layer_0_norm_bias);     // updated in place
-  support::View v333 = arena_.view(116224, 64);
-  support::View v744(param50_vit_encoder_layer_0_norm_bias_m);  // updated in place
-  support::View v745(param51_vit_encoder_layer_0_norm_bias_v);  // updated in place
+  support::View v284 = arena_.view(116224, 64);
+  support::View v683(param50_vit_encoder_layer_0_norm_bias_m);  // updated in place
+  support::View v684(param51_vit_encoder_layer_0_norm_bias_v);  // updated in place
   support::View v30(param10_vit_encoder_layer_0_attention_w_q); // updated in place
-  support::View v331 = arena_.view(108032, 2048);
-  support::View v764(param52_vit_encoder_layer_0_attention_w_q_m); // updated in place
-  support::View v765(param53_vit_encoder_layer_0_attention_w_q_v); // updated in place
+  support::View v282 = arena_.view(108032, 2048);
+  support::View v703(param52_vit_encoder_layer_0_attention_w_q_m); // updated in place
+  support::View v704(param53_vit_encoder_layer_0_attention_w_q_v); // updated in place
   support::View v31(param11_vit_encoder_layer_0_attention_w_k);    // updated in place
-  support::View v326 = arena_.view(159232, 2048);
-  support::View v784(param54_vit_encoder_layer_0_attention_w_k_m); // updated in place
-  support::View v785(param55_vit_encoder_layer_0_attention_w_k_v); // updated in place
+  support::View v277 = arena_.view(159232, 2048);
+  support::View v723(param54_vit_encoder_layer_0_attention_w_k_m); // updated in place
+  support::View v724(param55_vit_encoder_layer_0_attention_w_k_v); // updated in place
   support::View v32(param12_vit_encoder_layer_0_attention_w_v);    // updated in place
-  support::View v323 = arena_.view(151040, 2048);
-  support::View v804(param56_vit_encoder_layer_0_attention_w_v_m); // updated in place
-  support::View v805(param57_vit_encoder_layer_0_attention_w_v_v); // updated in place
+  support::View v274 = arena_.view(151040, 2048);
+  support::View v743(param56_vit_encoder_layer_0_attention_w_v_m); // updated in place
+  support::View v744(param57_vit_encoder_layer_0_attention_w_v_v); // updated in place
   support::View v33(param13_vit_encoder_layer_0_attention_w_o);    // updated in place
-  support::View v312 = arena_.view(142848, 2048);
-  support::View v824(param58_vit_encoder_layer_0_attention_w_o_m); // updated in place
-  support::View v825(param59_vit_encoder_layer_0_attention_w_o_v); // updated in place
+  support::View v263 = arena_.view(142848, 2048);
+  support::View v763(param58_vit_encoder_layer_0_attention_w_o_m); // updated in place
+  support::View v764(param59_vit_encoder_layer_0_attention_w_o_v); // updated in place
   support::View v49(param14_vit_encoder_layer_0_norm_1_gain);      // updated in place
-  support::View v292 = arena_.view(169216, 64);
-  support::View v844(param60_vit_encoder_layer_0_norm_1_gain_m); // updated in place
-  support::View v845(param61_vit_encoder_layer_0_norm_1_gain_v); // updated in place
+  support::View v255 = arena_.view(169216, 64);
+  support::View v783(param60_vit_encoder_layer_0_norm_1_gain_m); // updated in place
+  support::View v784(param61_vit_encoder_layer_0_norm_1_gain_v); // updated in place
   support::View v50(param15_vit_encoder_layer_0_norm_1_bias);    // updated in place
-  support::View v289 = arena_.view(168960, 64);
-  support::View v864(param62_vit_encoder_layer_0_norm_1_bias_m); // updated in place
-  support::View v865(param63_vit_encoder_layer_0_norm_1_bias_v); // updated in place
+  support::View v252 = arena_.view(168960, 64);
+  support::View v803(param62_vit_encoder_layer_0_norm_1_bias_m); // updated in place
+  support::View v804(param63_vit_encoder_layer_0_norm_1_bias_v); // updated in place
   support::View v54(param16_vit_encoder_layer_0_ffn_w_in);       // updated in place
-  support::View v286 = arena_.view(16384, 4096);
-  support::View v884(param64_vit_encoder_layer_0_ffn_w_in_m); // updated in place
-  support::View v885(param65_vit_encoder_layer_0_ffn_w_in_v); // updated in place
+  support::View v249 = arena_.view(16384, 4096);
+  support::View v823(param64_vit_encoder_layer_0_ffn_w_in_m); // updated in place
+  support::View v824(param65_vit_encoder_layer_0_ffn_w_in_v); // updated in place
   support::View v55(param17_vit_encoder_layer_0_ffn_w_out);   // updated in place
-  support::View v266 = arena_.view(32768, 4096);
-  support::View v904(param66_vit_encoder_layer_0_ffn_w_out_m);    // updated in place
-  support::View v905(param67_vit_encoder_layer_0_ffn_w_out_v);    // updated in place
+  support::View v229 = arena_.view(32768, 4096);
+  support::View v843(param66_vit_encoder_layer_0_ffn_w_out_m);    // updated in place
+  support::View v844(param67_vit_encoder_layer_0_ffn_w_out_v);    // updated in place
   support::View v67(param18_vit_encoder_layer_1_attention_scale); // updated in place
-  support::View v217 = arena_.view(273920, 64);
-  support::View v924(param68_vit_encoder_layer_1_attention_scale_m); // updated in place
-  support::View v925(param69_vit_encoder_layer_1_attention_scale_v); // updated in place
+  support::View v192 = arena_.view(271872, 64);
+  support::View v863(param68_vit_encoder_layer_1_attention_scale_m); // updated in place
+  support::View v864(param69_vit_encoder_layer_1_attention_scale_v); // updated in place
   support::View v68(param19_vit_encoder_layer_1_ffn_scale);          // updated in place
-  support::View v163 = arena_.view(290816, 64);
-  support::View v944(param70_vit_encoder_layer_1_ffn_scale_m); // updated in place
-  support::View v945(param71_vit_encoder_layer_1_ffn_scale_v); // updated in place
-  repeated0(v25, v336, v523, v724, v725, v570, v572, v381, v26, v333, v744, v745, v30, v331, v764,
-            v765, v31, v326, v784, v785, v32, v323, v804, v805, v33, v312, v824, v825, v49, v292,
-            v844, v845, v50, v289, v864, v865, v54, v286, v884, v885, v55, v266, v904, v905, v67,
-            v217, v924, v925, v68, v163, v944, v945);
+  support::View v150 = arena_.view(299776, 64);
+  support::View v883(param70_vit_encoder_layer_1_ffn_scale_m); // updated in place
+  support::View v884(param71_vit_encoder_layer_1_ffn_scale_v); // updated in place
+  repeated0(v25, v287, v462, v663, v664, v509, v511, v320, v26, v284, v683, v684, v30, v282, v703,
+            v704, v31, v277, v723, v724, v32, v274, v743, v744, v33, v263, v763, v764, v49, v255,
+            v783, v784, v50, v252, v803, v804, v54, v249, v823, v824, v55, v229, v843, v844, v67,
+            v192, v863, v864, v68, v150, v883, v884);
 
   // 12 statements from vit.mesh:112:3 mul (2 of 2)
   MESHRT_TRACE_SITE("vit.mesh:112:3");
   support::View v69(param20_vit_encoder_layer_1_norm_gain); // updated in place
-  support::View v244 = arena_.view(238336, 64);
-  support::View v964(param72_vit_encoder_layer_1_norm_gain_m); // updated in place
-  support::View v965(param73_vit_encoder_layer_1_norm_gain_v); // updated in place
+  support::View v219 = arena_.view(220928, 64);
+  support::View v903(param72_vit_encoder_layer_1_norm_gain_m); // updated in place
+  support::View v904(param73_vit_encoder_layer_1_norm_gain_v); // updated in place
   support::View v70(param21_vit_encoder_layer_1_norm_bias);    // updated in place
-  support::View v241 = arena_.view(238080, 64);
-  support::View v984(param74_vit_encoder_layer_1_norm_bias_m);  // updated in place
-  support::View v985(param75_vit_encoder_layer_1_norm_bias_v);  // updated in place
+  support::View v216 = arena_.view(220672, 64);
+  support::View v923(param74_vit_encoder_layer_1_norm_bias_m);  // updated in place
+  support::View v924(param75_vit_encoder_layer_1_norm_bias_v);  // updated in place
   support::View v74(param22_vit_encoder_layer_1_attention_w_q); // updated in place
-  support::View v239 = arena_.view(229888, 2048);
-  support::View v1004(param76_vit_encoder_layer_1_attention_w_q_m); // updated in place
-  support::View v1005(param77_vit_encoder_layer_1_attention_w_q_v); // updated in place
-  support::View v75(param23_vit_encoder_layer_1_attention_w_k);     // updated in place
-  support::View v234 = arena_.view(263680, 2048);
-  support::View v1024(param78_vit_encoder_layer_1_attention_w_k_m); // updated in place
-  support::View v1025(param79_vit_encoder_layer_1_attention_w_k_v); // updated in place
-  support::View v76(param24_vit_encoder_layer_1_attention_w_v);     // updated in place
-  support::View v231 = arena_.view(255488, 2048);
-  support::View v1044(param80_vit_encoder_layer_1_attention_w_v_m); // updated in place
-  support::View v1045(param81_vit_encoder_layer_1_attention_w_v_v); // updated in place
-  support::View v77(param25_vit_encoder_layer_1_attention_w_o);     // updated in place
-  support::View v220 = arena_.view(247296, 2048);
-  support::View v1064(param82_vit_encoder_layer_1_attention_w_o_m); // updated in place
-  support::View v1065(param83_vit_encoder_layer_1_attention_w_o_v); // updated in place
+  support::View v214 = arena_.view(212480, 2048);
+  support::View v943(param76_vit_encoder_layer_1_attention_w_q_m); // updated in place
+  support::View v944(param77_vit_encoder_layer_1_attention_w_q_v); // updated in place
+  support::View v75(param23_vit_encoder_layer_1_attention_w_k);    // updated in place
+  support::View v209 = arena_.view(263680, 2048);
+  support::View v963(param78_vit_encoder_layer_1_attention_w_k_m); // updated in place
+  support::View v964(param79_vit_encoder_layer_1_attention_w_k_v); // updated in place
+  support::View v76(param24_vit_encoder_layer_1_attention_w_v);    // updated in place
+  support::View v206 = arena_.view(255488, 2048);
+  support::View v983(param80_vit_encoder_layer_1_attention_w_v_m); // updated in place
+  support::View v984(param81_vit_encoder_layer_1_attention_w_v_v); // updated in place
+  support::View v77(param25_vit_encoder_layer_1_attention_w_o);    // updated in place
+  support::View v195 = arena_.view(247296, 2048);
+  support::View v1003(param82_vit_encoder_layer_1_attention_w_o_m); // updated in place
+  support::View v1004(param83_vit_encoder_layer_1_attention_w_o_v); // updated in place
   support::View v93(param26_vit_encoder_layer_1_norm_1_gain);       // updated in place
-  support::View v200 = arena_.view(273664, 64);
-  support::View v1084(param84_vit_encoder_layer_1_norm_1_gain_m); // updated in place
-  support::View v1085(param85_vit_encoder_layer_1_norm_1_gain_v); // updated in place
+  support::View v187 = arena_.view(273664, 64);
+  support::View v1023(param84_vit_encoder_layer_1_norm_1_gain_m); // updated in place
+  support::View v1024(param85_vit_encoder_layer_1_norm_1_gain_v); // updated in place
   support::View v94(param27_vit_encoder_layer_1_norm_1_bias);     // updated in place
-  support::View v197 = arena_.view(273408, 64);
-  support::View v1104(param86_vit_encoder_layer_1_norm_1_bias_m); // updated in place
-  support::View v1105(param87_vit_encoder_layer_1_norm_1_bias_v); // updated in place
+  support::View v184 = arena_.view(273408, 64);
+  support::View v1043(param86_vit_encoder_layer_1_norm_1_bias_m); // updated in place
+  support::View v1044(param87_vit_encoder_layer_1_norm_1_bias_v); // updated in place
   support::View v98(param28_vit_encoder_layer_1_ffn_w_in);        // updated in place
-  support::View v194 = arena_.view(49152, 4096);
-  support::View v1124(param88_vit_encoder_layer_1_ffn_w_in_m); // updated in place
-  support::View v1125(param89_vit_encoder_layer_1_ffn_w_in_v); // updated in place
+  support::View v181 = arena_.view(49152, 4096);
+  support::View v1063(param88_vit_encoder_layer_1_ffn_w_in_m); // updated in place
+  support::View v1064(param89_vit_encoder_layer_1_ffn_w_in_v); // updated in place
   support::View v99(param29_vit_encoder_layer_1_ffn_w_out);    // updated in place
-  support::View v168 = arena_.view(65536, 4096);
-  support::View v1144(param90_vit_encoder_layer_1_ffn_w_out_m); // updated in place
-  support::View v1145(param91_vit_encoder_layer_1_ffn_w_out_v); // updated in place
+  support::View v155 = arena_.view(65536, 4096);
+  support::View v1083(param90_vit_encoder_layer_1_ffn_w_out_m); // updated in place
+  support::View v1084(param91_vit_encoder_layer_1_ffn_w_out_v); // updated in place
   support::View v111(param30_vit_norm_gain);                    // updated in place
-  support::View v146 = arena_.view(385280, 64);
-  support::View v1164(param92_vit_norm_gain_m); // updated in place
-  support::View v1165(param93_vit_norm_gain_v); // updated in place
+  support::View v146 = arena_.view(299520, 64);
+  support::View v1103(param92_vit_norm_gain_m); // updated in place
+  support::View v1104(param93_vit_norm_gain_v); // updated in place
   support::View v112(param31_vit_norm_bias);    // updated in place
   support::View v143 = arena_.view(385024, 64);
-  support::View v1184(param94_vit_norm_bias_m); // updated in place
-  support::View v1185(param95_vit_norm_bias_v); // updated in place
-  repeated0(v69, v244, v523, v964, v965, v570, v572, v381, v70, v241, v984, v985, v74, v239, v1004,
-            v1005, v75, v234, v1024, v1025, v76, v231, v1044, v1045, v77, v220, v1064, v1065, v93,
-            v200, v1084, v1085, v94, v197, v1104, v1105, v98, v194, v1124, v1125, v99, v168, v1144,
-            v1145, v111, v146, v1164, v1165, v112, v143, v1184, v1185);
+  support::View v1123(param94_vit_norm_bias_m); // updated in place
+  support::View v1124(param95_vit_norm_bias_v); // updated in place
+  repeated0(v69, v219, v462, v903, v904, v509, v511, v320, v70, v216, v923, v924, v74, v214, v943,
+            v944, v75, v209, v963, v964, v76, v206, v983, v984, v77, v195, v1003, v1004, v93, v187,
+            v1023, v1024, v94, v184, v1043, v1044, v98, v181, v1063, v1064, v99, v155, v1083, v1084,
+            v111, v146, v1103, v1104, v112, v143, v1123, v1124);
 }
 
 void TrainVit::repeated0(
@@ -3336,7 +3211,7 @@ void TrainVit::repeated0(
   // vit.mesh:112:3 mul
   // vit.mesh:112:3 sub -> next/vit/encoder_layer[0]/norm/gain
   MESHRT_TRACE("loop", "vit.mesh:112:3", "update");
-  loop26(a3.data(), a4.data(), a0.data(), a1.data(), a2.data(), a5.data(), a6.data(), a7.data());
+  loop24(a3.data(), a4.data(), a0.data(), a1.data(), a2.data(), a5.data(), a6.data(), a7.data());
 
   // vit.mesh:112:3 mul
   // vit.mesh:112:3 mul
@@ -3356,7 +3231,7 @@ void TrainVit::repeated0(
   // vit.mesh:112:3 mul
   // vit.mesh:112:3 sub -> next/vit/encoder_layer[0]/norm/bias
   MESHRT_TRACE("loop", "vit.mesh:112:3", "update");
-  loop26(a10.data(), a11.data(), a8.data(), a9.data(), a2.data(), a5.data(), a6.data(), a7.data());
+  loop24(a10.data(), a11.data(), a8.data(), a9.data(), a2.data(), a5.data(), a6.data(), a7.data());
 
   // vit.mesh:112:3 mul
   // vit.mesh:112:3 mul
@@ -3376,7 +3251,7 @@ void TrainVit::repeated0(
   // vit.mesh:112:3 mul
   // vit.mesh:112:3 sub -> next/vit/encoder_layer[0]/attention/w_q
   MESHRT_TRACE("loop", "vit.mesh:112:3", "update");
-  loop31(a14.data(), a15.data(), a12.data(), a13.data(), a2.data(), a5.data(), a6.data(),
+  loop29(a14.data(), a15.data(), a12.data(), a13.data(), a2.data(), a5.data(), a6.data(),
          a7.data());
 
   // vit.mesh:112:3 mul
@@ -3397,7 +3272,7 @@ void TrainVit::repeated0(
   // vit.mesh:112:3 mul
   // vit.mesh:112:3 sub -> next/vit/encoder_layer[0]/attention/w_k
   MESHRT_TRACE("loop", "vit.mesh:112:3", "update");
-  loop31(a18.data(), a19.data(), a16.data(), a17.data(), a2.data(), a5.data(), a6.data(),
+  loop29(a18.data(), a19.data(), a16.data(), a17.data(), a2.data(), a5.data(), a6.data(),
          a7.data());
 
   // vit.mesh:112:3 mul
@@ -3418,7 +3293,7 @@ void TrainVit::repeated0(
   // vit.mesh:112:3 mul
   // vit.mesh:112:3 sub -> next/vit/encoder_layer[0]/attention/w_v
   MESHRT_TRACE("loop", "vit.mesh:112:3", "update");
-  loop31(a22.data(), a23.data(), a20.data(), a21.data(), a2.data(), a5.data(), a6.data(),
+  loop29(a22.data(), a23.data(), a20.data(), a21.data(), a2.data(), a5.data(), a6.data(),
          a7.data());
 
   // vit.mesh:112:3 mul
@@ -3439,7 +3314,7 @@ void TrainVit::repeated0(
   // vit.mesh:112:3 mul
   // vit.mesh:112:3 sub -> next/vit/encoder_layer[0]/attention/w_o
   MESHRT_TRACE("loop", "vit.mesh:112:3", "update");
-  loop31(a26.data(), a27.data(), a24.data(), a25.data(), a2.data(), a5.data(), a6.data(),
+  loop29(a26.data(), a27.data(), a24.data(), a25.data(), a2.data(), a5.data(), a6.data(),
          a7.data());
 
   // vit.mesh:112:3 mul
@@ -3460,7 +3335,7 @@ void TrainVit::repeated0(
   // vit.mesh:112:3 mul
   // vit.mesh:112:3 sub -> next/vit/encoder_layer[0]/norm#1/gain
   MESHRT_TRACE("loop", "vit.mesh:112:3", "update");
-  loop26(a30.data(), a31.data(), a28.data(), a29.data(), a2.data(), a5.data(), a6.data(),
+  loop24(a30.data(), a31.data(), a28.data(), a29.data(), a2.data(), a5.data(), a6.data(),
          a7.data());
 
   // vit.mesh:112:3 mul
@@ -3481,7 +3356,7 @@ void TrainVit::repeated0(
   // vit.mesh:112:3 mul
   // vit.mesh:112:3 sub -> next/vit/encoder_layer[0]/norm#1/bias
   MESHRT_TRACE("loop", "vit.mesh:112:3", "update");
-  loop26(a34.data(), a35.data(), a32.data(), a33.data(), a2.data(), a5.data(), a6.data(),
+  loop24(a34.data(), a35.data(), a32.data(), a33.data(), a2.data(), a5.data(), a6.data(),
          a7.data());
 
   // vit.mesh:112:3 mul
@@ -3502,7 +3377,7 @@ void TrainVit::repeated0(
   // vit.mesh:112:3 mul
   // vit.mesh:112:3 sub -> next/vit/encoder_layer[0]/ffn/w_in
   MESHRT_TRACE("loop", "vit.mesh:112:3", "update");
-  loop32(a38.data(), a39.data(), a36.data(), a37.data(), a2.data(), a5.data(), a6.data(),
+  loop30(a38.data(), a39.data(), a36.data(), a37.data(), a2.data(), a5.data(), a6.data(),
          a7.data());
 
   // vit.mesh:112:3 mul
@@ -3523,7 +3398,7 @@ void TrainVit::repeated0(
   // vit.mesh:112:3 mul
   // vit.mesh:112:3 sub -> next/vit/encoder_layer[0]/ffn/w_out
   MESHRT_TRACE("loop", "vit.mesh:112:3", "update");
-  loop32(a42.data(), a43.data(), a40.data(), a41.data(), a2.data(), a5.data(), a6.data(),
+  loop30(a42.data(), a43.data(), a40.data(), a41.data(), a2.data(), a5.data(), a6.data(),
          a7.data());
 
   // vit.mesh:112:3 mul
@@ -3544,7 +3419,7 @@ void TrainVit::repeated0(
   // vit.mesh:112:3 mul
   // vit.mesh:112:3 sub -> next/vit/encoder_layer[1]/attention_scale
   MESHRT_TRACE("loop", "vit.mesh:112:3", "update");
-  loop26(a46.data(), a47.data(), a44.data(), a45.data(), a2.data(), a5.data(), a6.data(),
+  loop24(a46.data(), a47.data(), a44.data(), a45.data(), a2.data(), a5.data(), a6.data(),
          a7.data());
 
   // vit.mesh:112:3 mul
@@ -3565,65 +3440,51 @@ void TrainVit::repeated0(
   // vit.mesh:112:3 mul
   // vit.mesh:112:3 sub -> next/vit/encoder_layer[1]/ffn_scale
   MESHRT_TRACE("loop", "vit.mesh:112:3", "update");
-  loop26(a50.data(), a51.data(), a48.data(), a49.data(), a2.data(), a5.data(), a6.data(),
+  loop24(a50.data(), a51.data(), a48.data(), a49.data(), a2.data(), a5.data(), a6.data(),
          a7.data());
 }
 
 void TrainVit::repeated1(
-    support::View a0, support::ConstView a1, support::ConstView a2, support::ConstView a3,
-    support::View a4, support::ConstView a5, support::View a6, support::ConstView a7,
-    support::View a8, support::View a9, support::ConstView a10, support::View a11,
-    support::ConstView a12, support::View a13, support::ConstView a14, support::View a15,
-    support::View a16, support::View a17, support::View a18, support::ConstView a19,
-    support::View a20, support::View a21, support::View a22, support::ConstView a23,
-    support::View a24, support::View a25, support::View a26, support::ConstView a27,
-    support::View a28, support::View a29, support::View a30, support::View a31,
-    support::ConstView a32, support::ConstView a33, support::ConstView a34, support::View a35,
-    support::View a36, support::View a37, support::View a38, support::ConstView a39,
+    support::ConstView a0, support::ConstView a1, support::View a2, support::ConstView a3,
+    support::View a4, support::View a5, support::ConstView a6, support::View a7,
+    support::ConstView a8, support::View a9, support::ConstView a10, support::View a11,
+    support::View a12, support::View a13, support::View a14, support::ConstView a15,
+    support::View a16, support::ConstView a17, support::View a18, support::View a19,
+    support::View a20, support::ConstView a21, support::ConstView a22, support::ConstView a23,
+    support::ConstView a24, support::View a25, support::View a26, support::View a27,
+    support::View a28, support::ConstView a29, support::View a30, support::ConstView a31,
+    support::View a32, support::ConstView a33, support::View a34, support::ConstView a35,
+    support::View a36, support::ConstView a37, support::View a38, support::View a39,
     support::View a40, support::ConstView a41, support::View a42, support::ConstView a43,
     support::View a44, support::ConstView a45, support::View a46, support::ConstView a47,
-    support::View a48, support::View a49, support::View a50, support::ConstView a51,
-    support::View a52, support::ConstView a53, support::View a54, support::ConstView a55,
-    support::View a56, support::ConstView a57, support::View a58, support::ConstView a59,
-    support::View a60, support::ConstView a61, support::View a62, support::ConstView a63,
-    support::View a64, support::View a65, support::ConstView a66, support::View a67,
-    support::View a68, support::ConstView a69, support::View a70, support::View a71,
-    support::View a72, support::ConstView a73, support::View a74, support::View a75,
-    support::View a76, support::ConstView a77, support::View a78, support::View a79,
-    support::View a80, support::View a81) {
+    support::View a48, support::ConstView a49, support::View a50, support::ConstView a51,
+    support::View a52, support::ConstView a53, support::View a54, support::View a55,
+    support::ConstView a56, support::View a57, support::View a58, support::ConstView a59,
+    support::View a60, support::ConstView a61, support::View a62, support::View a63,
+    support::View a64, support::ConstView a65) {
   MESHRT_TRACE_SPAN(world_);
 
-  // vit.mesh:81:48 sum -> grad/vit/encoder_layer[1]/ffn_scale
-  MESHRT_TRACE("sum", "vit.mesh:81:48", "backward");
-  support::reduce(a0.data(), kShape28, a1.data(), kShape1, kShape33, kShape34, support::Reduce::Sum,
-                  1.0);
+  // vit.mesh:72:15 einsum
+  MESHRT_TRACE("gemm", "vit.mesh:72:15", "backward");
+  // dims: batch, tokens, d_model, d_ff
+  kEinsum10.plan().run(a0.data(), a1.data(), a2.data(), 1.0f, 0.0f);
 
-  // vit.mesh:81:14 dropout
-  // vit.mesh:72:10 cast
-  MESHRT_TRACE("loop", "vit.mesh:81:14", "backward");
-  loop33(a4.data(), a2.data(), reinterpret_cast<const uint8_t *>(a3.data()));
+  // vit.mesh:72:15 einsum
+  MESHRT_TRACE("einsum", "vit.mesh:72:15", "backward");
+  support::roundBufferBF16(a2);
 
   // vit.mesh:72:15 einsum
   MESHRT_TRACE("gemm", "vit.mesh:72:15", "backward");
   // dims: batch, tokens, d_model, d_ff
-  kEinsum10.plan().run(a4.data(), a5.data(), a6.data(), 1.0f, 0.0f);
+  kEinsum11.plan().run(a0.data(), a3.data(), a4.data(), 1.0f, 0.0f);
 
   // vit.mesh:72:15 einsum
   MESHRT_TRACE("einsum", "vit.mesh:72:15", "backward");
-  support::roundBufferBF16(a6);
-
-  // vit.mesh:72:15 einsum
-  MESHRT_TRACE("gemm", "vit.mesh:72:15", "backward");
-  // dims: batch, tokens, d_model, d_ff
-  kEinsum11.plan().run(a4.data(), a7.data(), a8.data(), 1.0f, 0.0f);
-
-  // vit.mesh:72:15 einsum
-  MESHRT_TRACE("einsum", "vit.mesh:72:15", "backward");
-  support::roundBufferBF16(a8);
+  support::roundBufferBF16(a4);
 
   // vit.mesh:72:25 cast -> grad/vit/encoder_layer[1]/ffn/w_out
   MESHRT_TRACE("loop", "vit.mesh:72:25", "backward");
-  loop34(a9.data(), a8.data());
+  loop31(a5.data(), a4.data());
 
   // vit.mesh:71:11 square
   // vit.mesh:71:11 mul
@@ -3643,238 +3504,181 @@ void TrainVit::repeated1(
   // vit.mesh:71:11 add
   // vit.mesh:71:11 mul
   MESHRT_TRACE("loop", "vit.mesh:71:11", "backward");
-  loop35(a11.data(), a10.data(), a6.data());
+  loop32(a7.data(), a6.data(), a2.data());
 
   // vit.mesh:71:16 einsum
   MESHRT_TRACE("gemm", "vit.mesh:71:16", "backward");
   // dims: batch, tokens, d_ff, d_model
-  kEinsum10.plan().run(a11.data(), a12.data(), a13.data(), 1.0f, 0.0f);
+  kEinsum10.plan().run(a7.data(), a8.data(), a9.data(), 1.0f, 0.0f);
 
   // vit.mesh:71:16 einsum
   MESHRT_TRACE("einsum", "vit.mesh:71:16", "backward");
-  support::roundBufferBF16(a13);
+  support::roundBufferBF16(a9);
 
   // vit.mesh:71:16 einsum
   MESHRT_TRACE("gemm", "vit.mesh:71:16", "backward");
   // dims: batch, tokens, d_ff, d_model
-  kEinsum11.plan().run(a11.data(), a14.data(), a15.data(), 1.0f, 0.0f);
+  kEinsum11.plan().run(a7.data(), a10.data(), a11.data(), 1.0f, 0.0f);
 
   // vit.mesh:71:16 einsum
   MESHRT_TRACE("einsum", "vit.mesh:71:16", "backward");
-  support::roundBufferBF16(a15);
+  support::roundBufferBF16(a11);
 
   // vit.mesh:71:38 cast -> grad/vit/encoder_layer[1]/ffn/w_in
   MESHRT_TRACE("loop", "vit.mesh:71:38", "backward");
-  loop34(a16.data(), a15.data());
+  loop31(a12.data(), a11.data());
 
   // vit.mesh:71:23 cast
   MESHRT_TRACE("loop", "vit.mesh:71:23", "backward");
-  loop36(a17.data(), a13.data());
+  loop33(a13.data(), a9.data());
 
-  // vit.mesh:36:52 all_reduce_sum (resolve the partial sum of %191 over model for sum at 36:52)
+  // vit.mesh:36:52 all_reduce_sum (resolve the partial sum of %178 over model for sum at 36:52)
   MESHRT_TRACE_SITE("vit.mesh:36:52");
-  group_model.allReduce(a17.data(), a17.size(), meshrt::ReduceOp::Sum);
+  group_model.allReduce(a13.data(), a13.size(), meshrt::ReduceOp::Sum);
 
   // vit.mesh:36:52 sum -> grad/vit/encoder_layer[1]/norm#1/bias
   MESHRT_TRACE("sum", "vit.mesh:36:52", "backward");
-  support::reduce(a18.data(), kShape28, a17.data(), kShape1, kShape33, kShape34,
+  support::reduce(a14.data(), kShape28, a13.data(), kShape1, kShape33, kShape34,
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:36:45 mul
   MESHRT_TRACE("loop", "vit.mesh:36:45", "backward");
-  loop14(a20.data(), a17.data(), a19.data());
+  loop4(a16.data(), a13.data(), a15.data());
+
+  // vit.mesh:36:45 mul
+  MESHRT_TRACE("loop", "vit.mesh:36:45", "backward");
+  loop14(a18.data(), a13.data(), a17.data());
 
   // vit.mesh:36:45 sum -> grad/vit/encoder_layer[1]/norm#1/gain
   MESHRT_TRACE("sum", "vit.mesh:36:45", "backward");
-  support::reduce(a21.data(), kShape28, a20.data(), kShape1, kShape33, kShape34,
+  support::reduce(a19.data(), kShape28, a18.data(), kShape1, kShape33, kShape34,
                   support::Reduce::Sum, 1.0);
 
-  // vit.mesh:36:10 mean
-  MESHRT_TRACE("mean", "vit.mesh:36:10", "backward");
-  support::reduce(a22.data(), kShape33, a23.data(), kShape34, kShape28, kShape1,
-                  support::Reduce::Sum, 0.015625);
+  // vit.mesh:36:10 layer_norm_grad
+  MESHRT_TRACE("layer_norm_grad", "vit.mesh:36:10", "backward");
+  support::layerNormGrad(a20.data(), a21.data(), a16.data(), kShape33, kShape34, kShape34, kShape34,
+                         kShape28, kShape1, kShape1, kShape1, 1e-06, 64, nullptr);
 
-  // vit.mesh:36:10 sub
-  // vit.mesh:36:10 square
-  MESHRT_TRACE("loop", "vit.mesh:36:10", "backward");
-  loop15(a24.data(), a23.data(), a22.data());
-
-  // vit.mesh:36:10 mean
-  MESHRT_TRACE("mean", "vit.mesh:36:10", "backward");
-  support::reduce(a25.data(), kShape33, a24.data(), kShape34, kShape28, kShape1,
-                  support::Reduce::Sum, 0.015625);
-
-  // vit.mesh:36:10 add
-  // vit.mesh:36:10 rsqrt
-  MESHRT_TRACE("loop", "vit.mesh:36:10", "backward");
-  loop16(a26.data(), a25.data());
-
-  // vit.mesh:36:45 mul
-  // vit.mesh:36:10 mul
-  MESHRT_TRACE("loop", "vit.mesh:36:45", "backward");
-  loop17(a28.data(), a29.data(), a17.data(), a27.data(), a19.data());
-
-  // vit.mesh:36:10 mean
-  MESHRT_TRACE("mean", "vit.mesh:36:10", "backward");
-  support::reduce(a30.data(), kShape33, a29.data(), kShape34, kShape28, kShape1,
-                  support::Reduce::Sum, 0.015625);
-
-  // vit.mesh:36:10 mean
-  MESHRT_TRACE("mean", "vit.mesh:36:10", "backward");
-  support::reduce(a31.data(), kShape33, a28.data(), kShape34, kShape28, kShape1,
-                  support::Reduce::Sum, 0.015625);
-
-  // vit.mesh:36:10 mul
-  // vit.mesh:36:10 sub
-  // vit.mesh:36:10 sub
-  // vit.mesh:36:10 mul
   // vit.mesh:36:10 add
   // vit.mesh:80:55 mul
   // vit.mesh:80:55 mul
   MESHRT_TRACE("loop", "vit.mesh:36:10", "backward");
-  loop19(a35.data(), a36.data(), a37.data(), a19.data(), a30.data(), a28.data(), a31.data(),
-         a26.data(), a32.data(), a33.data(), a34.data());
+  loop16(a25.data(), a26.data(), a27.data(), a22.data(), a20.data(), a23.data(), a24.data());
 
   // vit.mesh:80:55 sum -> grad/vit/encoder_layer[1]/attention_scale
   MESHRT_TRACE("sum", "vit.mesh:80:55", "backward");
-  support::reduce(a38.data(), kShape28, a37.data(), kShape1, kShape33, kShape34,
+  support::reduce(a28.data(), kShape28, a27.data(), kShape1, kShape33, kShape34,
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:80:15 dropout
   MESHRT_TRACE("loop", "vit.mesh:80:15", "backward");
-  loop37(a40.data(), a36.data(), reinterpret_cast<const uint8_t *>(a39.data()));
+  loop34(a30.data(), a26.data(), reinterpret_cast<const uint8_t *>(a29.data()));
 
   // vit.mesh:63:10 einsum
   MESHRT_TRACE("gemm", "vit.mesh:63:10", "backward");
   // dims: batch, tokens, d_model, heads, d_head
-  kEinsum12.plan().run(a40.data(), a41.data(), a42.data(), 1.0f, 0.0f);
+  kEinsum12.plan().run(a30.data(), a31.data(), a32.data(), 1.0f, 0.0f);
 
   // vit.mesh:63:10 einsum -> grad/vit/encoder_layer[1]/attention/w_o
   MESHRT_TRACE("gemm", "vit.mesh:63:10", "backward");
   // dims: batch, tokens, d_model, heads, d_head
-  kEinsum13.plan().run(a40.data(), a43.data(), a44.data(), 1.0f, 0.0f);
+  kEinsum13.plan().run(a30.data(), a33.data(), a34.data(), 1.0f, 0.0f);
 
   // vit.mesh:63:17 einsum
   MESHRT_TRACE("gemm", "vit.mesh:63:17", "backward");
   // dims: batch, tokens, heads, d_head, mem
-  kEinsum3.plan().run(a42.data(), a45.data(), a46.data(), 1.0f, 0.0f);
+  kEinsum3.plan().run(a32.data(), a35.data(), a36.data(), 1.0f, 0.0f);
 
   // vit.mesh:63:17 einsum
   MESHRT_TRACE("gemm", "vit.mesh:63:17", "backward");
   // dims: batch, tokens, heads, d_head, mem
-  kEinsum14.plan().run(a42.data(), a47.data(), a48.data(), 1.0f, 0.0f);
+  kEinsum14.plan().run(a32.data(), a37.data(), a38.data(), 1.0f, 0.0f);
 
   // vit.mesh:62:17 sum
   // vit.mesh:62:17 mul
   MESHRT_TRACE("sum", "vit.mesh:62:17", "backward");
-  support::reduceProduct(a49.data(), kShape30, 17, a46.data(), kShape31, a47.data(), kShape31, 1.0);
+  support::reduceProduct(a39.data(), kShape30, 17, a36.data(), kShape31, a37.data(), kShape31, 1.0);
 
   // vit.mesh:62:17 sub
   // vit.mesh:62:17 mul
   // vit.mesh:62:67 mul
   MESHRT_TRACE("loop", "vit.mesh:62:17", "backward");
-  loop38(a50.data(), a46.data(), a49.data(), a47.data());
+  loop35(a40.data(), a36.data(), a39.data(), a37.data());
 
   // vit.mesh:62:25 einsum
   MESHRT_TRACE("gemm", "vit.mesh:62:25", "backward");
   // dims: batch, heads, tokens, mem, d_head
-  kEinsum4.plan().run(a50.data(), a51.data(), a52.data(), 1.0f, 0.0f);
+  kEinsum4.plan().run(a40.data(), a41.data(), a42.data(), 1.0f, 0.0f);
 
   // vit.mesh:62:25 einsum
   MESHRT_TRACE("gemm", "vit.mesh:62:25", "backward");
   // dims: batch, heads, tokens, mem, d_head
-  kEinsum15.plan().run(a50.data(), a53.data(), a54.data(), 1.0f, 0.0f);
+  kEinsum15.plan().run(a40.data(), a43.data(), a44.data(), 1.0f, 0.0f);
 
   // vit.mesh:61:11 einsum
   MESHRT_TRACE("gemm", "vit.mesh:61:11", "backward");
   // dims: batch, mem, heads, d_head, d_model
-  kEinsum16.plan().run(a48.data(), a55.data(), a56.data(), 1.0f, 0.0f);
+  kEinsum16.plan().run(a38.data(), a45.data(), a46.data(), 1.0f, 0.0f);
 
   // vit.mesh:61:11 einsum -> grad/vit/encoder_layer[1]/attention/w_v
   MESHRT_TRACE("gemm", "vit.mesh:61:11", "backward");
   // dims: batch, mem, heads, d_head, d_model
-  kEinsum17.plan().run(a48.data(), a57.data(), a58.data(), 1.0f, 0.0f);
+  kEinsum17.plan().run(a38.data(), a47.data(), a48.data(), 1.0f, 0.0f);
 
   // vit.mesh:60:11 einsum
   MESHRT_TRACE("gemm", "vit.mesh:60:11", "backward");
   // dims: batch, mem, heads, d_head, d_model
-  kEinsum16.plan().run(a54.data(), a59.data(), a60.data(), 1.0f, 0.0f);
+  kEinsum16.plan().run(a44.data(), a49.data(), a50.data(), 1.0f, 0.0f);
 
   // vit.mesh:60:11 einsum -> grad/vit/encoder_layer[1]/attention/w_k
   MESHRT_TRACE("gemm", "vit.mesh:60:11", "backward");
   // dims: batch, mem, heads, d_head, d_model
-  kEinsum17.plan().run(a54.data(), a61.data(), a62.data(), 1.0f, 0.0f);
+  kEinsum17.plan().run(a44.data(), a51.data(), a52.data(), 1.0f, 0.0f);
 
   // vit.mesh:59:11 einsum
   MESHRT_TRACE("gemm", "vit.mesh:59:11", "backward");
   // dims: batch, tokens, heads, d_head, d_model
-  kEinsum16.plan().run(a52.data(), a63.data(), a64.data(), 1.0f, 0.0f);
+  kEinsum16.plan().run(a42.data(), a53.data(), a54.data(), 1.0f, 0.0f);
 
   // vit.mesh:60:18 add
   // vit.mesh:59:11 add
   MESHRT_TRACE("loop", "vit.mesh:60:18", "backward");
-  loop39(a65.data(), a56.data(), a60.data(), a64.data());
+  loop36(a55.data(), a46.data(), a50.data(), a54.data());
 
-  // vit.mesh:36:52 all_reduce_sum (resolve the partial sum of %233 over model for sum at 36:52)
+  // vit.mesh:36:52 all_reduce_sum (resolve the partial sum of %208 over model for sum at 36:52)
   MESHRT_TRACE_SITE("vit.mesh:36:52");
-  auto request0 = support::startAllReduce(group_model, {a65}, meshrt::ReduceOp::Sum);
+  auto request0 = support::startAllReduce(group_model, {a55}, meshrt::ReduceOp::Sum);
 
   // vit.mesh:59:11 einsum -> grad/vit/encoder_layer[1]/attention/w_q
   MESHRT_TRACE("gemm", "vit.mesh:59:11", "backward");
   // dims: batch, tokens, heads, d_head, d_model
-  kEinsum17.plan().run(a52.data(), a66.data(), a67.data(), 1.0f, 0.0f);
+  kEinsum17.plan().run(a42.data(), a56.data(), a57.data(), 1.0f, 0.0f);
 
   MESHRT_TRACE_SITE("vit.mesh:36:52");
   group_model.wait(request0);
 
   // vit.mesh:36:52 sum -> grad/vit/encoder_layer[1]/norm/bias
   MESHRT_TRACE("sum", "vit.mesh:36:52", "backward");
-  support::reduce(a68.data(), kShape28, a65.data(), kShape1, kShape33, kShape34,
+  support::reduce(a58.data(), kShape28, a55.data(), kShape1, kShape33, kShape34,
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:36:45 mul
   MESHRT_TRACE("loop", "vit.mesh:36:45", "backward");
-  loop14(a70.data(), a65.data(), a69.data());
+  loop4(a60.data(), a55.data(), a59.data());
+
+  // vit.mesh:36:45 mul
+  MESHRT_TRACE("loop", "vit.mesh:36:45", "backward");
+  loop14(a62.data(), a55.data(), a61.data());
 
   // vit.mesh:36:45 sum -> grad/vit/encoder_layer[1]/norm/gain
   MESHRT_TRACE("sum", "vit.mesh:36:45", "backward");
-  support::reduce(a71.data(), kShape28, a70.data(), kShape1, kShape33, kShape34,
+  support::reduce(a63.data(), kShape28, a62.data(), kShape1, kShape33, kShape34,
                   support::Reduce::Sum, 1.0);
 
-  // vit.mesh:36:10 mean
-  MESHRT_TRACE("mean", "vit.mesh:36:10", "backward");
-  support::reduce(a72.data(), kShape33, a73.data(), kShape34, kShape28, kShape1,
-                  support::Reduce::Sum, 0.015625);
-
-  // vit.mesh:36:10 sub
-  // vit.mesh:36:10 square
-  MESHRT_TRACE("loop", "vit.mesh:36:10", "backward");
-  loop15(a74.data(), a73.data(), a72.data());
-
-  // vit.mesh:36:10 mean
-  MESHRT_TRACE("mean", "vit.mesh:36:10", "backward");
-  support::reduce(a75.data(), kShape33, a74.data(), kShape34, kShape28, kShape1,
-                  support::Reduce::Sum, 0.015625);
-
-  // vit.mesh:36:10 add
-  // vit.mesh:36:10 rsqrt
-  MESHRT_TRACE("loop", "vit.mesh:36:10", "backward");
-  loop16(a76.data(), a75.data());
-
-  // vit.mesh:36:45 mul
-  // vit.mesh:36:10 mul
-  MESHRT_TRACE("loop", "vit.mesh:36:45", "backward");
-  loop17(a78.data(), a79.data(), a65.data(), a77.data(), a69.data());
-
-  // vit.mesh:36:10 mean
-  MESHRT_TRACE("mean", "vit.mesh:36:10", "backward");
-  support::reduce(a80.data(), kShape33, a79.data(), kShape34, kShape28, kShape1,
-                  support::Reduce::Sum, 0.015625);
-
-  // vit.mesh:36:10 mean
-  MESHRT_TRACE("mean", "vit.mesh:36:10", "backward");
-  support::reduce(a81.data(), kShape33, a78.data(), kShape34, kShape28, kShape1,
-                  support::Reduce::Sum, 0.015625);
+  // vit.mesh:36:10 layer_norm_grad
+  MESHRT_TRACE("layer_norm_grad", "vit.mesh:36:10", "backward");
+  support::layerNormGrad(a64.data(), a65.data(), a60.data(), kShape33, kShape34, kShape34, kShape34,
+                         kShape28, kShape1, kShape1, kShape1, 1e-06, 64, nullptr);
 }
 
 void TrainVit::repeated2(
@@ -3966,7 +3770,7 @@ void TrainVit::repeated2(
   // vit.mesh:80:55 mul
   // vit.mesh:80:13 add -> h
   MESHRT_TRACE("loop", "vit.mesh:80:55", "forward");
-  loop40(a18.data(), a14.data(), a16.data(), a17.data());
+  loop37(a18.data(), a14.data(), a16.data(), a17.data());
 
   // vit.mesh:36:10 layer_norm
   MESHRT_TRACE("layer_norm", "vit.mesh:36:10", "forward");
@@ -4043,7 +3847,7 @@ void TrainVit::repeated2(
   // vit.mesh:81:48 mul
   // vit.mesh:81:12 add -> x
   MESHRT_TRACE("loop", "vit.mesh:81:48", "forward");
-  loop40(a33.data(), a30.data(), a32.data(), a18.data());
+  loop37(a33.data(), a30.data(), a32.data(), a18.data());
 
   // vit.mesh:36:10 layer_norm
   MESHRT_TRACE("layer_norm", "vit.mesh:36:10", "forward");
@@ -4079,7 +3883,7 @@ void TrainVit::repeated3(support::View a0, support::ConstView a1, support::Const
   // vit.mesh:112:3 mul
   // vit.mesh:112:3 sub -> next/vit/embed_patches/b_patch
   MESHRT_TRACE("loop", "vit.mesh:112:3", "update");
-  loop26(a3.data(), a4.data(), a0.data(), a1.data(), a2.data(), a5.data(), a6.data(), a7.data());
+  loop24(a3.data(), a4.data(), a0.data(), a1.data(), a2.data(), a5.data(), a6.data(), a7.data());
 }
 
 void TrainVit::repeated4(support::ConstView a0, support::View a1, support::View a2,
@@ -4089,7 +3893,7 @@ void TrainVit::repeated4(support::ConstView a0, support::View a1, support::View 
 
   // vit.mesh:112:3 square
   MESHRT_TRACE("loop", "vit.mesh:112:3", "backward");
-  loop21(a1.data(), a0.data());
+  loop19(a1.data(), a0.data());
 
   // vit.mesh:112:3 sum
   MESHRT_TRACE("sum", "vit.mesh:112:3", "backward");
@@ -4098,7 +3902,7 @@ void TrainVit::repeated4(support::ConstView a0, support::View a1, support::View 
 
   // vit.mesh:112:3 square
   MESHRT_TRACE("loop", "vit.mesh:112:3", "backward");
-  loop21(a4.data(), a3.data());
+  loop19(a4.data(), a3.data());
 
   // vit.mesh:112:3 sum
   MESHRT_TRACE("sum", "vit.mesh:112:3", "backward");
@@ -4107,7 +3911,7 @@ void TrainVit::repeated4(support::ConstView a0, support::View a1, support::View 
 
   // vit.mesh:112:3 square
   MESHRT_TRACE("loop", "vit.mesh:112:3", "backward");
-  loop21(a7.data(), a6.data());
+  loop19(a7.data(), a6.data());
 
   // vit.mesh:112:3 sum
   MESHRT_TRACE("sum", "vit.mesh:112:3", "backward");
@@ -4125,7 +3929,7 @@ void TrainVit::repeated5(support::ConstView a0, support::View a1, support::View 
 
   // vit.mesh:112:3 square
   MESHRT_TRACE("loop", "vit.mesh:112:3", "backward");
-  loop41(a1.data(), a0.data());
+  loop38(a1.data(), a0.data());
 
   // vit.mesh:112:3 sum
   MESHRT_TRACE("sum", "vit.mesh:112:3", "backward");
@@ -4134,7 +3938,7 @@ void TrainVit::repeated5(support::ConstView a0, support::View a1, support::View 
 
   // vit.mesh:112:3 square
   MESHRT_TRACE("loop", "vit.mesh:112:3", "backward");
-  loop41(a4.data(), a3.data());
+  loop38(a4.data(), a3.data());
 
   // vit.mesh:112:3 sum
   MESHRT_TRACE("sum", "vit.mesh:112:3", "backward");
@@ -4143,7 +3947,7 @@ void TrainVit::repeated5(support::ConstView a0, support::View a1, support::View 
 
   // vit.mesh:112:3 square
   MESHRT_TRACE("loop", "vit.mesh:112:3", "backward");
-  loop41(a7.data(), a6.data());
+  loop38(a7.data(), a6.data());
 
   // vit.mesh:112:3 sum
   MESHRT_TRACE("sum", "vit.mesh:112:3", "backward");
@@ -4152,7 +3956,7 @@ void TrainVit::repeated5(support::ConstView a0, support::View a1, support::View 
 
   // vit.mesh:112:3 square
   MESHRT_TRACE("loop", "vit.mesh:112:3", "backward");
-  loop41(a10.data(), a9.data());
+  loop38(a10.data(), a9.data());
 
   // vit.mesh:112:3 sum
   MESHRT_TRACE("sum", "vit.mesh:112:3", "backward");
@@ -4161,7 +3965,7 @@ void TrainVit::repeated5(support::ConstView a0, support::View a1, support::View 
 
   // vit.mesh:112:3 square
   MESHRT_TRACE("loop", "vit.mesh:112:3", "backward");
-  loop42(a13.data(), a12.data());
+  loop39(a13.data(), a12.data());
 
   // vit.mesh:112:3 sum
   MESHRT_TRACE("sum", "vit.mesh:112:3", "backward");
@@ -4170,7 +3974,7 @@ void TrainVit::repeated5(support::ConstView a0, support::View a1, support::View 
 
   // vit.mesh:112:3 square
   MESHRT_TRACE("loop", "vit.mesh:112:3", "backward");
-  loop42(a16.data(), a15.data());
+  loop39(a16.data(), a15.data());
 
   // vit.mesh:112:3 sum
   MESHRT_TRACE("sum", "vit.mesh:112:3", "backward");

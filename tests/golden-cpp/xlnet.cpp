@@ -671,69 +671,23 @@ static const support::SharedEinsum
 
 [[gnu::noinline]] static void loop36(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2) {
-  for (int64_t i0 = 0; i0 < 1024; ++i0) {
-    const float s0 = p1[i0];
-    const float s1 = p2[i0];
-    const float s2 = (s0 * s1);
-    p0[i0] = s2;
+  for (int64_t i0 = 0; i0 < 32; ++i0) {
+    for (int64_t i1 = 0; i1 < 32; ++i1) {
+      const float s0 = p1[i0 * 32 + i1];
+      const float s1 = p2[i1];
+      const float s2 = (s0 * s1);
+      p0[i0 * 32 + i1] = s2;
+    }
   }
 }
 
 [[gnu::noinline]] static void loop37(float *__restrict p0, const float *__restrict p1,
                                      const float *__restrict p2) {
-  for (int64_t i0 = 0; i0 < 32; ++i0) {
-    for (int64_t i1 = 0; i1 < 32; ++i1) {
-      const float s0 = p1[i0 * 32 + i1];
-      const float s1 = p2[i0];
-      const float s2 = (s0 - s1);
-      const float s3 = s2 * s2;
-      p0[i0 * 32 + i1] = s3;
-    }
-  }
-}
-
-[[gnu::noinline]] static void loop38(float *__restrict p0, const float *__restrict p1) {
-  for (int64_t i0 = 0; i0 < 32; ++i0) {
+  for (int64_t i0 = 0; i0 < 1024; ++i0) {
     const float s0 = p1[i0];
-    const float s1 = 1e-05f;
-    const float s2 = (s0 + s1);
-    const float s3 = 1.0f / support::fsqrt(s2);
-    p0[i0] = s3;
-  }
-}
-
-[[gnu::noinline]] static void loop39(float *__restrict p0, float *__restrict p1,
-                                     const float *__restrict p2, const float *__restrict p3,
-                                     const float *__restrict p4) {
-  for (int64_t i0 = 0; i0 < 32; ++i0) {
-    for (int64_t i1 = 0; i1 < 32; ++i1) {
-      const float s0 = p2[i0 * 32 + i1];
-      const float s1 = p3[i1];
-      const float s2 = (s0 * s1);
-      const float s3 = p4[i0 * 32 + i1];
-      const float s4 = (s2 * s3);
-      p0[i0 * 32 + i1] = s2;
-      p1[i0 * 32 + i1] = s4;
-    }
-  }
-}
-
-[[gnu::noinline]] static void loop40(float *__restrict p0, const float *__restrict p1,
-                                     const float *__restrict p2, const float *__restrict p3,
-                                     const float *__restrict p4, const float *__restrict p5) {
-  for (int64_t i0 = 0; i0 < 32; ++i0) {
-    for (int64_t i1 = 0; i1 < 32; ++i1) {
-      const float s0 = p1[i0 * 32 + i1];
-      const float s1 = p2[i0];
-      const float s2 = (s0 * s1);
-      const float s3 = p3[i0 * 32 + i1];
-      const float s4 = p4[i0];
-      const float s5 = (s3 - s4);
-      const float s6 = (s5 - s2);
-      const float s7 = p5[i0];
-      const float s8 = (s6 * s7);
-      p0[i0 * 32 + i1] = s8;
-    }
+    const float s1 = p2[i0];
+    const float s2 = (s0 * s1);
+    p0[i0] = s2;
   }
 }
 
@@ -2037,7 +1991,7 @@ void XlnetTrain::computeInvariants() {
 
 XlnetTrain::Outputs XlnetTrain::run(const Inputs &inputs) {
   MESHRT_TRACE_RUN(world_, "xlnet_train");
-  // Arena: 225792 bytes for 791708 bytes of temporaries (placed by liveness).
+  // Arena: 225920 bytes for 738716 bytes of temporaries (placed by liveness).
   support::checkShape("input", "tokens", inputs.tokens, {2, 16});
   runPart0(inputs);
   runPart1(inputs);
@@ -2045,8 +1999,8 @@ XlnetTrain::Outputs XlnetTrain::run(const Inputs &inputs) {
   runPart3(inputs);
   runPart4(inputs);
   runPart5(inputs);
-  support::View v210 = arena_.view(225536, 1);
-  support::View v205 = arena_.view(225728, 1);
+  support::View v210 = arena_.view(225856, 1);
+  support::View v205 = arena_.view(225792, 1);
 
   // The step's updates.
   ++step_;
@@ -2169,7 +2123,7 @@ void XlnetTrain::runPart0(const Inputs &inputs) {
   support::View v53 = arena_.view(53248, 1024);
   support::View v58 = arena_.view(57344, 1024);
   support::View v60 = arena_.view(61440, 1024);
-  repeated2(v28, v36, v43, v37, v45, v26, v38, v47, v35, v48, v32, v49, v40, v50, v51, v41, v52,
+  repeated1(v28, v36, v43, v37, v45, v26, v38, v47, v35, v48, v32, v49, v40, v50, v51, v41, v52,
             v53, v57, v58, v59, v60);
 
   // xlnet.mesh:111:30 transpose
@@ -2212,7 +2166,7 @@ void XlnetTrain::runPart0(const Inputs &inputs) {
   support::View v75 = arena_.view(53248, 1024);
   support::View v77 = arena_.view(77824, 1024);
   support::View v79 = arena_.view(90112, 1024);
-  repeated5(v58, v60, v70, v72, v73, v68, v45, v74_c0, v39, v74, v75_c0, v75, v28, v77, v32, v79);
+  repeated4(v58, v60, v70, v72, v73, v68, v45, v74_c0, v39, v74, v75_c0, v75, v28, v77, v32, v79);
 
   // 4 statements from xlnet.mesh:37:10 layer_norm (1 of 2)
   MESHRT_TRACE_SITE("xlnet.mesh:37:10");
@@ -2247,7 +2201,7 @@ void XlnetTrain::runPart0(const Inputs &inputs) {
   support::View v100 = arena_.view(122880, 1024);
   support::View v101 = arena_.view(53248, 1024);
   support::View v99 = arena_.view(118784, 1024);
-  repeated7(v94, v90, v95, v87, v88, v98, v89, v99, v100, v101);
+  repeated6(v94, v90, v95, v87, v88, v98, v89, v99, v100, v101);
 }
 
 void XlnetTrain::runPart1(const Inputs &inputs) {
@@ -2305,7 +2259,7 @@ void XlnetTrain::runPart1(const Inputs &inputs) {
   support::View v133 = arena_.view(155648, 1024);
   support::View v138 = arena_.view(159744, 1024);
   support::View v140 = arena_.view(163840, 1024);
-  repeated2(v110, v117, v123, v118, v125, v26, v119, v127, v116, v128, v113, v129, v121, v130, v131,
+  repeated1(v110, v117, v123, v118, v125, v26, v119, v127, v116, v128, v113, v129, v121, v130, v131,
             v122, v132, v133, v137, v138, v139, v140);
 
   // xlnet.mesh:66:19 add
@@ -2334,7 +2288,7 @@ void XlnetTrain::runPart1(const Inputs &inputs) {
   support::View v155 = arena_.view(155648, 1024);
   support::View v157 = arena_.view(163840, 1024);
   support::View v159 = arena_.view(151552, 1024);
-  repeated5(v138, v140, v70, v152, v153, v148, v125, v154_c0, v120, v154, v155_c0, v155, v110, v157,
+  repeated4(v138, v140, v70, v152, v153, v148, v125, v154_c0, v120, v154, v155_c0, v155, v110, v157,
             v113, v159);
 
   // xlnet.mesh:37:10 layer_norm
@@ -2376,7 +2330,7 @@ void XlnetTrain::runPart1(const Inputs &inputs) {
   support::View v180 = arena_.view(180224, 1024);
   support::View v181 = arena_.view(172032, 1024);
   support::View v179 = arena_.view(176128, 1024);
-  repeated7(v174, v170, v175, v167, v168, v178, v169, v179, v180, v181);
+  repeated6(v174, v170, v175, v167, v168, v178, v169, v179, v180, v181);
 
   // xlnet.mesh:84:96 add -> e
   // xlnet.mesh:95:32 add
@@ -2463,7 +2417,7 @@ void XlnetTrain::runPart1(const Inputs &inputs) {
 
   // xlnet.mesh:131:54 div -> target_probability
   MESHRT_TRACE("loop", "xlnet.mesh:131:54", "forward");
-  support::View v205 = arena_.view(225728, 1);
+  support::View v205 = arena_.view(225792, 1);
   {
     float *__restrict v205p = v205.data();
     const float *__restrict v203p = v203.data();
@@ -2494,7 +2448,7 @@ void XlnetTrain::runPart2(const Inputs &inputs) {
   // xlnet.mesh:132:14 neg
   // xlnet.mesh:132:40 div -> loss
   MESHRT_TRACE("loop", "xlnet.mesh:132:14", "forward");
-  support::View v210 = arena_.view(225536, 1);
+  support::View v210 = arena_.view(225856, 1);
   {
     float *__restrict v210p = v210.data();
     const float *__restrict v207p = v207.data();
@@ -2519,217 +2473,186 @@ void XlnetTrain::runPart2(const Inputs &inputs) {
   // dims: batch, length, vocab, d_model
   kEinsum8.plan().run(v227.data(), v193.data(), v230.data(), 1.0f, 0.0f);
 
-  // 11 statements from xlnet.mesh:37:78 sum -> grad/xlnet/xlnet_layer[1]/norm#1/bias (1 of 2)
+  // 5 statements from xlnet.mesh:37:78 sum -> grad/xlnet/xlnet_layer[1]/norm#1/bias (1 of 2)
   MESHRT_TRACE_SITE("xlnet.mesh:37:78");
   support::View v229 = arena_.view(65536, 1024);
-  support::View v191 = arena_.view(172032, 1024);
-  support::View v234 = arena_.view(184320, 1024);
-  support::View v236 = arena_.view(188672, 32);
-  support::View v185 = arena_.view(155648, 1024);
-  support::View v238 = arena_.view(184320, 1024);
-  support::View v239 = arena_.view(155648, 32);
-  support::View v242 = arena_.view(188672, 32);
   support::View v186(param31_xlnet_xlnet_layer_1_norm_1_gain); // updated in place
-  support::View v233 = arena_.view(155648, 1024);
-  support::View v243 = arena_.view(184320, 1024);
-  support::View v244 = arena_.view(188800, 32);
-  support::View v246 = arena_.view(184320, 32);
-  support::View v232 = arena_.view(188416, 32);
-  support::View v235 = arena_.view(188544, 32);
-  support::View v249 = arena_.view(65536, 1024);
-  repeated3(v232, v229, v191, v234, v235, v236, v185, v238, v239, v242, v186, v233, v243, v244,
-            v246, v249);
+  support::View v233 = arena_.view(184320, 1024);
+  support::View v191 = arena_.view(172032, 1024);
+  support::View v234 = arena_.view(188416, 1024);
+  support::View v185 = arena_.view(155648, 1024);
+  support::View v232 = arena_.view(225536, 32);
+  support::View v235 = arena_.view(225664, 32);
+  support::View v236 = arena_.view(65536, 1024);
+  repeated8(v232, v229, v186, v233, v191, v234, v235, v236, v185);
 
   // 6 statements from xlnet.mesh:84:96 sum -> grad/xlnet/xlnet_layer[1]/dense_relu_dense/bo (1 of
   // 2)
   MESHRT_TRACE_SITE("xlnet.mesh:84:96");
   support::View v170(param29_xlnet_xlnet_layer_1_dense_relu_dense_wo); // updated in place
-  support::View v251 = arena_.view(155648, 1024);
+  support::View v238 = arena_.view(155648, 1024);
   support::View v180 = arena_.view(180224, 1024);
   support::View v179 = arena_.view(176128, 1024);
-  support::View v274 = arena_.view(180224, 1024);
+  support::View v261 = arena_.view(180224, 1024);
   support::View v168(param27_xlnet_xlnet_layer_1_dense_relu_dense_wi); // updated in place
-  support::View v250 = arena_.view(184320, 32);
-  support::View v252 = arena_.view(172032, 1024);
-  support::View v275 = arena_.view(184448, 32);
-  support::View v276 = arena_.view(155648, 1024);
-  repeated4(v250, v249, v170, v251, v180, v252, v179, v274, v275, v168, v276);
+  support::View v237 = arena_.view(184320, 32);
+  support::View v239 = arena_.view(172032, 1024);
+  support::View v262 = arena_.view(184448, 32);
+  support::View v263 = arena_.view(155648, 1024);
+  repeated3(v237, v236, v170, v238, v180, v239, v179, v261, v262, v168, v263);
 
-  // xlnet.mesh:84:22 all_reduce_sum (resolve the partial sum of %265 over model for add at 84:22)
+  // xlnet.mesh:84:22 all_reduce_sum (resolve the partial sum of %252 over model for add at 84:22)
   MESHRT_TRACE_SITE("xlnet.mesh:84:22");
-  group_model.allReduce(v276.data(), v276.size(), meshrt::ReduceOp::Sum);
+  group_model.allReduce(v263.data(), v263.size(), meshrt::ReduceOp::Sum);
 
   // xlnet.mesh:84:22 add
   MESHRT_TRACE("loop", "xlnet.mesh:84:22", "backward");
-  support::View v278 = arena_.view(176128, 1024);
-  loop14(v278.data(), v249.data(), v276.data());
+  support::View v265 = arena_.view(176128, 1024);
+  loop14(v265.data(), v236.data(), v263.data());
 
   // xlnet.mesh:84:22 einsum -> grad/xlnet/xlnet_layer[1]/dense_relu_dense/wi
   MESHRT_TRACE("gemm", "xlnet.mesh:84:22", "backward");
   support::View v167 = arena_.view(167936, 1024);
-  support::View v279 = arena_.view(155648, 1024);
+  support::View v266 = arena_.view(155648, 1024);
   // dims: batch, length, d_ff, d_model
-  kEinsum9.plan().run(v274.data(), v167.data(), v279.data(), 1.0f, 0.0f);
+  kEinsum9.plan().run(v261.data(), v167.data(), v266.data(), 1.0f, 0.0f);
 
-  // 11 statements from xlnet.mesh:37:78 sum -> grad/xlnet/xlnet_layer[1]/norm#1/bias (2 of 2)
+  // 5 statements from xlnet.mesh:37:78 sum -> grad/xlnet/xlnet_layer[1]/norm#1/bias (2 of 2)
   MESHRT_TRACE_SITE("xlnet.mesh:37:78");
-  support::View v165 = arena_.view(163840, 1024);
-  support::View v282 = arena_.view(65536, 1024);
-  support::View v284 = arena_.view(167936, 32);
-  support::View v159 = arena_.view(151552, 1024);
-  support::View v286 = arena_.view(65536, 1024);
-  support::View v287 = arena_.view(151552, 32);
-  support::View v289 = arena_.view(167936, 32);
   support::View v160(param25_xlnet_xlnet_layer_1_norm_gain); // updated in place
-  support::View v281 = arena_.view(65536, 1024);
-  support::View v290 = arena_.view(151552, 1024);
-  support::View v291 = arena_.view(168064, 32);
-  support::View v293 = arena_.view(168192, 32);
-  support::View v280 = arena_.view(184576, 32);
-  support::View v283 = arena_.view(184704, 32);
-  support::View v296 = arena_.view(151552, 1024);
-  repeated3(v280, v278, v165, v282, v283, v284, v159, v286, v287, v289, v160, v281, v290, v291,
-            v293, v296);
+  support::View v268 = arena_.view(65536, 1024);
+  support::View v165 = arena_.view(163840, 1024);
+  support::View v269 = arena_.view(167936, 1024);
+  support::View v159 = arena_.view(151552, 1024);
+  support::View v267 = arena_.view(184576, 32);
+  support::View v270 = arena_.view(184704, 32);
+  support::View v271 = arena_.view(163840, 1024);
+  repeated8(v267, v265, v160, v268, v165, v269, v270, v271, v159);
 
   // 4 statements from xlnet.mesh:74:10 einsum (1 of 2)
   MESHRT_TRACE_SITE("xlnet.mesh:74:10");
   support::View v120(param22_xlnet_xlnet_layer_1_two_stream_attention_o); // updated in place
-  support::View v297_c0 = arena_.view(163840, 512);
+  support::View v272_c0 = arena_.view(151552, 512);
   support::View v125 = arena_.view(210944, 512);
   support::View v153 = arena_.view(159744, 1024);
   support::View v155_c0 = arena_.view(221184, 512);
-  support::View v297 = arena_.view(65536, 1024);
-  support::View v298 = arena_.view(176128, 512);
-  support::View v299 = arena_.view(178176, 512);
-  repeated8(v296, v120, v297_c0, v125, v297, v153, v298, v155_c0, v299);
+  support::View v272 = arena_.view(65536, 1024);
+  support::View v273 = arena_.view(176128, 512);
+  support::View v274 = arena_.view(178176, 512);
+  repeated7(v271, v120, v272_c0, v125, v272, v153, v273, v155_c0, v274);
 
   // xlnet.mesh:72:19 sum
   // xlnet.mesh:72:19 mul
   MESHRT_TRACE("sum", "xlnet.mesh:72:19", "backward");
-  support::View v301 = arena_.view(167936, 64);
-  support::reduceProduct(v301.data(), kShape8, 16, v297.data(), kShape9, v153.data(), kShape9, 1.0);
+  support::View v276 = arena_.view(167936, 64);
+  support::reduceProduct(v276.data(), kShape8, 16, v272.data(), kShape9, v153.data(), kShape9, 1.0);
 
   // 8 statements from xlnet.mesh:72:19 sub (1 of 2)
   MESHRT_TRACE_SITE("xlnet.mesh:72:19");
   support::View v70 = arena_.view(224256, 256);
-  support::View v306 = arena_.view(163840, 1024);
+  support::View v281 = arena_.view(151552, 1024);
   support::View v127 = arena_.view(49152, 4096);
-  support::View v307 = arena_.view(65536, 512);
+  support::View v282 = arena_.view(65536, 512);
   support::View v139 = arena_.view(215040, 512);
   support::View v123 = arena_.view(208896, 512);
-  support::View v310 = arena_.view(67584, 512);
+  support::View v285 = arena_.view(67584, 512);
   support::View v137 = arena_.view(212992, 512);
-  support::View v308 = arena_.view(49152, 4096);
-  support::View v309 = arena_.view(184832, 16);
-  support::View v311 = arena_.view(180224, 512);
-  support::View v312 = arena_.view(182272, 512);
-  support::View v313 = arena_.view(184896, 16);
-  repeated6(v297, v301, v153, v70, v306, v127, v307, v139, v308, v309, v123, v310, v137, v311, v312,
-            v313);
+  support::View v283 = arena_.view(49152, 4096);
+  support::View v284 = arena_.view(184832, 16);
+  support::View v286 = arena_.view(180224, 512);
+  support::View v287 = arena_.view(182272, 512);
+  support::View v288 = arena_.view(184896, 16);
+  repeated5(v272, v276, v153, v70, v281, v127, v282, v139, v283, v284, v123, v285, v137, v286, v287,
+            v288);
 
   // 3 statements from xlnet.mesh:63:19 einsum (1 of 2)
   MESHRT_TRACE_SITE("xlnet.mesh:63:19");
   support::View v116(param18_xlnet_xlnet_layer_1_two_stream_attention_q); // updated in place
   support::View v118(param20_xlnet_xlnet_layer_1_two_stream_attention_v); // updated in place
   support::View v117(param19_xlnet_xlnet_layer_1_two_stream_attention_k); // updated in place
-  support::View v314 = arena_.view(65536, 1024);
-  support::View v320 = arena_.view(159744, 1024);
-  support::View v323 = arena_.view(163840, 1024);
-  repeated10(v312, v116, v314, v298, v118, v320, v311, v117, v323);
+  support::View v289 = arena_.view(65536, 1024);
+  support::View v295 = arena_.view(151552, 1024);
+  support::View v298 = arena_.view(159744, 1024);
+  repeated10(v287, v116, v289, v273, v118, v295, v286, v117, v298);
 
   // xlnet.mesh:59:28 add
   MESHRT_TRACE("loop", "xlnet.mesh:59:28", "backward");
-  support::View v324 = arena_.view(167936, 1024);
-  loop14(v324.data(), v320.data(), v323.data());
+  support::View v299 = arena_.view(167936, 1024);
+  loop14(v299.data(), v295.data(), v298.data());
 
-  // xlnet.mesh:63:19 bucketed_all_reduce_sum (resolve the partial sum of %302 over model for add at
-  // 63:19; merged with 1 more partial sum over model (%343): 8.0 KiB in one buffer)
+  // xlnet.mesh:63:19 bucketed_all_reduce_sum (resolve the partial sum of %277 over model for add at
+  // 63:19; merged with 1 more partial sum over model (%306): 8.0 KiB in one buffer)
   MESHRT_TRACE_SITE("xlnet.mesh:63:19");
-  support::allReduceBucket(group_model, {v314, v324});
+  support::allReduceBucket(group_model, {v289, v299});
 
   // xlnet.mesh:63:19 add
   MESHRT_TRACE("loop", "xlnet.mesh:63:19", "backward");
-  support::View v316 = arena_.view(159744, 1024);
-  loop14(v316.data(), v296.data(), v314.data());
+  support::View v291 = arena_.view(151552, 1024);
+  loop14(v291.data(), v271.data(), v289.data());
 
   // xlnet.mesh:63:19 einsum -> grad/xlnet/xlnet_layer[1]/two_stream_attention/q
   MESHRT_TRACE("gemm", "xlnet.mesh:63:19", "backward");
   support::View v113 = arena_.view(147456, 1024);
-  support::View v317 = arena_.view(151552, 512);
+  support::View v292 = arena_.view(159744, 512);
   // dims: batch, length, heads, d_kv, d_model
-  kEinsum10.plan().run(v312.data(), v113.data(), v317.data(), 1.0f, 0.0f);
+  kEinsum10.plan().run(v287.data(), v113.data(), v292.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:61:19 einsum -> grad/xlnet/xlnet_layer[1]/two_stream_attention/r
   MESHRT_TRACE("gemm", "xlnet.mesh:61:19", "backward");
   support::View v26 = arena_.view(0, 8192);
-  support::View v318 = arena_.view(147456, 512);
+  support::View v293 = arena_.view(147456, 512);
   // dims: length, keys, heads, d_kv, d_model
-  kEinsum11.plan().run(v308.data(), v26.data(), v318.data(), 1.0f, 0.0f);
+  kEinsum11.plan().run(v283.data(), v26.data(), v293.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:60:23 einsum -> grad/xlnet/xlnet_layer[1]/two_stream_attention/v
   MESHRT_TRACE("gemm", "xlnet.mesh:60:23", "backward");
   support::View v110 = arena_.view(139264, 1024);
-  support::View v321 = arena_.view(149504, 512);
+  support::View v296 = arena_.view(149504, 512);
   // dims: batch, length, heads, d_kv, d_model
-  kEinsum10.plan().run(v298.data(), v110.data(), v321.data(), 1.0f, 0.0f);
+  kEinsum10.plan().run(v273.data(), v110.data(), v296.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:59:28 einsum -> grad/xlnet/xlnet_layer[1]/two_stream_attention/k
   MESHRT_TRACE("gemm", "xlnet.mesh:59:28", "backward");
-  support::View v325 = arena_.view(153600, 512);
+  support::View v300 = arena_.view(161792, 512);
   // dims: batch, length, heads, d_kv, d_model
-  kEinsum10.plan().run(v311.data(), v110.data(), v325.data(), 1.0f, 0.0f);
+  kEinsum10.plan().run(v286.data(), v110.data(), v300.data(), 1.0f, 0.0f);
 
-  // 24 statements from xlnet.mesh:37:78 sum (1 of 2)
+  // 12 statements from xlnet.mesh:37:78 sum (1 of 2)
   MESHRT_TRACE_SITE("xlnet.mesh:37:78");
-  support::View v326 = arena_.view(57344, 32);
-  support::View v111 = arena_.view(143360, 1024);
-  support::View v328 = arena_.view(49152, 1024);
-  support::View v329 = arena_.view(57472, 32);
-  support::View v330 = arena_.view(53248, 32);
-  support::View v105 = arena_.view(131072, 1024);
-  support::View v332 = arena_.view(49152, 1024);
-  support::View v333 = arena_.view(53248, 32);
-  support::View v335 = arena_.view(57600, 32);
+  support::View v301 = arena_.view(57344, 32);
   support::View v106(param16_xlnet_xlnet_layer_0_norm_1_gain); // updated in place
-  support::View v327 = arena_.view(49152, 1024);
-  support::View v336 = arena_.view(53248, 1024);
-  support::View v337 = arena_.view(57728, 32);
-  support::View v339 = arena_.view(57856, 32);
-  support::View v344 = arena_.view(49152, 32);
+  support::View v302 = arena_.view(49152, 1024);
+  support::View v111 = arena_.view(143360, 1024);
+  support::View v303 = arena_.view(53248, 1024);
+  support::View v304 = arena_.view(61440, 32);
+  support::View v105 = arena_.view(131072, 1024);
+  support::View v307 = arena_.view(49152, 32);
+  support::View v309 = arena_.view(49152, 1024);
   support::View v108 = arena_.view(135168, 1024);
-  support::View v347 = arena_.view(49152, 1024);
-  support::View v348 = arena_.view(57344, 32);
-  support::View v350 = arena_.view(57344, 32);
+  support::View v310 = arena_.view(57344, 1024);
+  support::View v311 = arena_.view(61568, 32);
   support::View v104 = arena_.view(126976, 1024);
-  support::View v352 = arena_.view(49152, 1024);
-  support::View v353 = arena_.view(57344, 32);
-  support::View v355 = arena_.view(61440, 32);
-  support::View v346 = arena_.view(49152, 1024);
-  support::View v356 = arena_.view(57344, 1024);
-  support::View v357 = arena_.view(61568, 32);
-  support::View v359 = arena_.view(61696, 32);
-  support::View v342 = arena_.view(53248, 1024);
-  support::View v345 = arena_.view(131072, 32);
-  support::View v349 = arena_.view(131200, 32);
-  support::View v362 = arena_.view(57344, 1024);
-  repeated1(v326, v316, v111, v328, v329, v330, v105, v332, v333, v335, v106, v327, v336, v337,
-            v339, v342, v344, v324, v345, v108, v347, v348, v349, v350, v104, v352, v353, v355,
-            v346, v356, v357, v359, v362);
+  support::View v305 = arena_.view(53248, 1024);
+  support::View v308 = arena_.view(131072, 32);
+  support::View v312 = arena_.view(131200, 32);
+  support::View v313 = arena_.view(57344, 1024);
+  repeated2(v301, v291, v106, v302, v111, v303, v304, v305, v105, v307, v299, v308, v309, v108,
+            v310, v311, v312, v313, v104);
 
   // 6 statements from xlnet.mesh:84:96 sum -> grad/xlnet/xlnet_layer[1]/dense_relu_dense/bo (2 of
   // 2)
   MESHRT_TRACE_SITE("xlnet.mesh:84:96");
   support::View v90(param14_xlnet_xlnet_layer_0_dense_relu_dense_wo); // updated in place
-  support::View v364 = arena_.view(49152, 1024);
+  support::View v315 = arena_.view(49152, 1024);
   support::View v100 = arena_.view(122880, 1024);
   support::View v99 = arena_.view(118784, 1024);
-  support::View v382 = arena_.view(65536, 1024);
+  support::View v333 = arena_.view(65536, 1024);
   support::View v88(param12_xlnet_xlnet_layer_0_dense_relu_dense_wi); // updated in place
-  support::View v363 = arena_.view(126976, 32);
-  support::View v365 = arena_.view(61440, 1024);
-  support::View v383 = arena_.view(127104, 32);
-  support::View v384 = arena_.view(49152, 1024);
-  repeated4(v363, v342, v90, v364, v100, v365, v99, v382, v383, v88, v384);
+  support::View v314 = arena_.view(126976, 32);
+  support::View v316 = arena_.view(61440, 1024);
+  support::View v334 = arena_.view(127104, 32);
+  support::View v335 = arena_.view(49152, 1024);
+  repeated3(v314, v305, v90, v315, v100, v316, v99, v333, v334, v88, v335);
 }
 
 void XlnetTrain::runPart3(const Inputs &inputs) {
@@ -2738,11 +2661,11 @@ void XlnetTrain::runPart3(const Inputs &inputs) {
 
   // xlnet.mesh:83:10 einsum
   MESHRT_TRACE("gemm", "xlnet.mesh:83:10", "backward");
-  support::View v362 = arena_.view(57344, 1024);
+  support::View v313 = arena_.view(57344, 1024);
   support::View v90(param14_xlnet_xlnet_layer_0_dense_relu_dense_wo); // updated in place
-  support::View v390 = arena_.view(118784, 1024);
+  support::View v341 = arena_.view(118784, 1024);
   // dims: batch, length, d_model, d_ff
-  kEinsum0.plan().run(v362.data(), v90.data(), v390.data(), 1.0f, 0.0f);
+  kEinsum0.plan().run(v313.data(), v90.data(), v341.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:83:17 square
   // xlnet.mesh:83:17 mul
@@ -2763,181 +2686,166 @@ void XlnetTrain::runPart3(const Inputs &inputs) {
   // xlnet.mesh:83:17 mul
   MESHRT_TRACE("loop", "xlnet.mesh:83:17", "backward");
   support::View v93 = arena_.view(110592, 1024);
-  support::View v409 = arena_.view(122880, 1024);
-  loop24(v409.data(), v93.data(), v390.data());
+  support::View v360 = arena_.view(122880, 1024);
+  loop24(v360.data(), v93.data(), v341.data());
 
   // xlnet.mesh:83:22 einsum
   MESHRT_TRACE("gemm", "xlnet.mesh:83:22", "backward");
   support::View v88(param12_xlnet_xlnet_layer_0_dense_relu_dense_wi); // updated in place
-  support::View v412 = arena_.view(110592, 1024);
+  support::View v363 = arena_.view(110592, 1024);
   // dims: batch, length, d_ff, d_model
-  kEinsum0.plan().run(v409.data(), v88.data(), v412.data(), 1.0f, 0.0f);
+  kEinsum0.plan().run(v360.data(), v88.data(), v363.data(), 1.0f, 0.0f);
 
-  // xlnet.mesh:84:22 bucketed_all_reduce_sum (resolve the partial sum of %370 over model for add at
-  // 84:22; merged with 1 more partial sum over model (%413): 8.0 KiB in one buffer)
+  // xlnet.mesh:84:22 bucketed_all_reduce_sum (resolve the partial sum of %321 over model for add at
+  // 84:22; merged with 1 more partial sum over model (%364): 8.0 KiB in one buffer)
   MESHRT_TRACE_SITE("xlnet.mesh:84:22");
-  support::View v384 = arena_.view(49152, 1024);
-  support::allReduceBucket(group_model, {v384, v412});
+  support::View v335 = arena_.view(49152, 1024);
+  support::allReduceBucket(group_model, {v335, v363});
 
   // xlnet.mesh:84:22 add
   MESHRT_TRACE("loop", "xlnet.mesh:84:22", "backward");
-  support::View v342 = arena_.view(53248, 1024);
-  support::View v386 = arena_.view(118784, 1024);
-  loop14(v386.data(), v342.data(), v384.data());
+  support::View v305 = arena_.view(53248, 1024);
+  support::View v337 = arena_.view(118784, 1024);
+  loop14(v337.data(), v305.data(), v335.data());
 
   // xlnet.mesh:84:22 einsum
   MESHRT_TRACE("gemm", "xlnet.mesh:84:22", "backward");
-  support::View v382 = arena_.view(65536, 1024);
+  support::View v333 = arena_.view(65536, 1024);
   support::View v87 = arena_.view(106496, 1024);
-  support::View v387 = arena_.view(49152, 1024);
+  support::View v338 = arena_.view(49152, 1024);
   // dims: batch, length, d_ff, d_model
-  kEinsum9.plan().run(v382.data(), v87.data(), v387.data(), 1.0f, 0.0f);
+  kEinsum9.plan().run(v333.data(), v87.data(), v338.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:83:96 sum
   MESHRT_TRACE("sum", "xlnet.mesh:83:96", "backward");
-  support::View v388 = arena_.view(53248, 32);
-  support::reduce(v388.data(), kShape12, v362.data(), kShape1, kShape11, kShape3,
+  support::View v339 = arena_.view(53248, 32);
+  support::reduce(v339.data(), kShape12, v313.data(), kShape1, kShape11, kShape3,
                   support::Reduce::Sum, 1.0);
 
   // xlnet.mesh:83:96 add -> grad/xlnet/xlnet_layer[0]/dense_relu_dense/bo
   MESHRT_TRACE("loop", "xlnet.mesh:83:96", "backward");
-  support::View v363 = arena_.view(126976, 32);
-  support::View v389 = arena_.view(127232, 32);
-  loop25(v389.data(), v363.data(), v388.data());
+  support::View v314 = arena_.view(126976, 32);
+  support::View v340 = arena_.view(127232, 32);
+  loop25(v340.data(), v314.data(), v339.data());
 
   // xlnet.mesh:83:10 einsum
   MESHRT_TRACE("gemm", "xlnet.mesh:83:10", "backward");
   support::View v94 = arena_.view(114688, 1024);
-  support::View v391 = arena_.view(53248, 1024);
+  support::View v342 = arena_.view(53248, 1024);
   // dims: batch, length, d_model, d_ff
-  kEinsum9.plan().run(v362.data(), v94.data(), v391.data(), 1.0f, 0.0f);
+  kEinsum9.plan().run(v313.data(), v94.data(), v342.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:83:10 add -> grad/xlnet/xlnet_layer[0]/dense_relu_dense/wo
   MESHRT_TRACE("loop", "xlnet.mesh:83:10", "backward");
-  support::View v365 = arena_.view(61440, 1024);
-  support::View v392 = arena_.view(106496, 1024);
-  loop14(v392.data(), v365.data(), v391.data());
+  support::View v316 = arena_.view(61440, 1024);
+  support::View v343 = arena_.view(106496, 1024);
+  loop14(v343.data(), v316.data(), v342.data());
 
   // xlnet.mesh:83:59 sum
   MESHRT_TRACE("sum", "xlnet.mesh:83:59", "backward");
-  support::View v410 = arena_.view(53248, 32);
-  support::reduce(v410.data(), kShape12, v409.data(), kShape1, kShape11, kShape3,
+  support::View v361 = arena_.view(53248, 32);
+  support::reduce(v361.data(), kShape12, v360.data(), kShape1, kShape11, kShape3,
                   support::Reduce::Sum, 1.0);
 
   // xlnet.mesh:83:59 add -> grad/xlnet/xlnet_layer[0]/dense_relu_dense/bi
   MESHRT_TRACE("loop", "xlnet.mesh:83:59", "backward");
-  support::View v383 = arena_.view(127104, 32);
-  support::View v411 = arena_.view(126976, 32);
-  loop25(v411.data(), v383.data(), v410.data());
+  support::View v334 = arena_.view(127104, 32);
+  support::View v362 = arena_.view(126976, 32);
+  loop25(v362.data(), v334.data(), v361.data());
 
   // xlnet.mesh:83:22 add
   MESHRT_TRACE("loop", "xlnet.mesh:83:22", "backward");
-  support::View v414 = arena_.view(53248, 1024);
-  loop14(v414.data(), v362.data(), v412.data());
+  support::View v365 = arena_.view(53248, 1024);
+  loop14(v365.data(), v313.data(), v363.data());
 
   // xlnet.mesh:83:22 einsum
   MESHRT_TRACE("gemm", "xlnet.mesh:83:22", "backward");
   support::View v84 = arena_.view(98304, 1024);
-  support::View v415 = arena_.view(57344, 1024);
+  support::View v366 = arena_.view(57344, 1024);
   // dims: batch, length, d_ff, d_model
-  kEinsum9.plan().run(v409.data(), v84.data(), v415.data(), 1.0f, 0.0f);
+  kEinsum9.plan().run(v360.data(), v84.data(), v366.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:83:22 add -> grad/xlnet/xlnet_layer[0]/dense_relu_dense/wi
   MESHRT_TRACE("loop", "xlnet.mesh:83:22", "backward");
-  support::View v416 = arena_.view(98304, 1024);
-  loop14(v416.data(), v387.data(), v415.data());
+  support::View v367 = arena_.view(98304, 1024);
+  loop14(v367.data(), v338.data(), v366.data());
 
-  // 24 statements from xlnet.mesh:37:78 sum (2 of 2)
+  // 12 statements from xlnet.mesh:37:78 sum (2 of 2)
   MESHRT_TRACE_SITE("xlnet.mesh:37:78");
-  support::View v417 = arena_.view(61440, 32);
-  support::View v85 = arena_.view(102400, 1024);
-  support::View v419 = arena_.view(49152, 1024);
-  support::View v420 = arena_.view(61568, 32);
-  support::View v421 = arena_.view(57344, 32);
-  support::View v79 = arena_.view(90112, 1024);
-  support::View v423 = arena_.view(49152, 1024);
-  support::View v424 = arena_.view(57344, 32);
-  support::View v426 = arena_.view(61696, 32);
+  support::View v368 = arena_.view(61440, 32);
   support::View v80(param10_xlnet_xlnet_layer_0_norm_gain); // updated in place
-  support::View v418 = arena_.view(49152, 1024);
-  support::View v427 = arena_.view(57344, 1024);
-  support::View v428 = arena_.view(61824, 32);
-  support::View v430 = arena_.view(57344, 32);
-  support::View v434 = arena_.view(49152, 32);
+  support::View v369 = arena_.view(49152, 1024);
+  support::View v85 = arena_.view(102400, 1024);
+  support::View v370 = arena_.view(57344, 1024);
+  support::View v371 = arena_.view(61568, 32);
+  support::View v79 = arena_.view(90112, 1024);
+  support::View v373 = arena_.view(49152, 32);
+  support::View v375 = arena_.view(49152, 1024);
   support::View v82 = arena_.view(94208, 1024);
-  support::View v437 = arena_.view(49152, 1024);
-  support::View v438 = arena_.view(57344, 32);
-  support::View v440 = arena_.view(57344, 32);
+  support::View v376 = arena_.view(57344, 1024);
+  support::View v377 = arena_.view(53248, 32);
   support::View v77 = arena_.view(77824, 1024);
-  support::View v442 = arena_.view(49152, 1024);
-  support::View v443 = arena_.view(57344, 32);
-  support::View v445 = arena_.view(61440, 32);
-  support::View v436 = arena_.view(49152, 1024);
-  support::View v446 = arena_.view(57344, 1024);
-  support::View v447 = arena_.view(53248, 32);
-  support::View v449 = arena_.view(53376, 32);
-  support::View v433 = arena_.view(90112, 1024);
-  support::View v435 = arena_.view(120832, 32);
-  support::View v439 = arena_.view(120960, 32);
-  support::View v452 = arena_.view(102400, 1024);
-  repeated1(v417, v386, v85, v419, v420, v421, v79, v423, v424, v426, v80, v418, v427, v428, v430,
-            v433, v434, v414, v435, v82, v437, v438, v439, v440, v77, v442, v443, v445, v436, v446,
-            v447, v449, v452);
+  support::View v372 = arena_.view(102400, 1024);
+  support::View v374 = arena_.view(120832, 32);
+  support::View v378 = arena_.view(120960, 32);
+  support::View v379 = arena_.view(90112, 1024);
+  repeated2(v368, v337, v80, v369, v85, v370, v371, v372, v79, v373, v365, v374, v375, v82, v376,
+            v377, v378, v379, v77);
 
   // 4 statements from xlnet.mesh:74:10 einsum (2 of 2)
   MESHRT_TRACE_SITE("xlnet.mesh:74:10");
   support::View v39(param7_xlnet_xlnet_layer_0_two_stream_attention_o); // updated in place
-  support::View v453_c0 = arena_.view(55296, 512);
+  support::View v380_c0 = arena_.view(55296, 512);
   support::View v45 = arena_.view(198656, 512);
   support::View v73 = arena_.view(69632, 1024);
   support::View v75_c0 = arena_.view(219136, 512);
-  support::View v453 = arena_.view(49152, 1024);
-  support::View v454 = arena_.view(53248, 512);
-  support::View v455 = arena_.view(55296, 512);
-  repeated8(v433, v39, v453_c0, v45, v453, v73, v454, v75_c0, v455);
+  support::View v380 = arena_.view(49152, 1024);
+  support::View v381 = arena_.view(53248, 512);
+  support::View v382 = arena_.view(55296, 512);
+  repeated7(v372, v39, v380_c0, v45, v380, v73, v381, v75_c0, v382);
 
   // xlnet.mesh:73:10 einsum
   // xlnet.mesh:73:10 einsum
   MESHRT_TRACE("gemm", "xlnet.mesh:73:10", "backward");
-  support::View v456_c0 = arena_.view(59392, 512);
+  support::View v383_c0 = arena_.view(59392, 512);
   // dims: batch, length, d_model, heads, d_kv
-  kEinsum12.plan().run(v452.data(), v39.data(), v456_c0.data(), 1.0f, 0.0f);
+  kEinsum12.plan().run(v379.data(), v39.data(), v383_c0.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:73:10 einsum
   MESHRT_TRACE("gemm", "xlnet.mesh:73:10", "backward");
-  support::View v456 = arena_.view(65536, 1024);
+  support::View v383 = arena_.view(65536, 1024);
   // dims: batch, keys, heads, d_kv, length
-  kEinsum13.plan().run(v45.data(), v456_c0.data(), v456.data(), 1.0f, 0.0f);
+  kEinsum13.plan().run(v45.data(), v383_c0.data(), v383.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:73:10 einsum
   MESHRT_TRACE("gemm", "xlnet.mesh:73:10", "backward");
   support::View v68 = arena_.view(73728, 1024);
-  support::View v457 = arena_.view(57344, 512);
+  support::View v384 = arena_.view(57344, 512);
   // dims: batch, heads, length, keys, d_kv
-  kEinsum14.plan().run(v68.data(), v456_c0.data(), v457.data(), 1.0f, 0.0f);
+  kEinsum14.plan().run(v68.data(), v383_c0.data(), v384.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:73:10 add
   MESHRT_TRACE("loop", "xlnet.mesh:73:10", "backward");
-  support::View v458 = arena_.view(110592, 512);
-  loop26(v458.data(), v454.data(), v457.data());
+  support::View v385 = arena_.view(110592, 512);
+  loop26(v385.data(), v381.data(), v384.data());
 
   // xlnet.mesh:73:10 einsum
   MESHRT_TRACE("gemm", "xlnet.mesh:73:10", "backward");
   support::View v74_c0 = arena_.view(217088, 512);
-  support::View v459 = arena_.view(53248, 512);
+  support::View v386 = arena_.view(53248, 512);
   // dims: batch, length, d_model, heads, d_kv
-  kEinsum15.plan().run(v452.data(), v74_c0.data(), v459.data(), 1.0f, 0.0f);
+  kEinsum15.plan().run(v379.data(), v74_c0.data(), v386.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:73:10 add -> grad/xlnet/xlnet_layer[0]/two_stream_attention/o
   MESHRT_TRACE("loop", "xlnet.mesh:73:10", "backward");
-  support::View v460 = arena_.view(112640, 512);
-  loop26(v460.data(), v455.data(), v459.data());
+  support::View v387 = arena_.view(112640, 512);
+  loop26(v387.data(), v382.data(), v386.data());
 
   // xlnet.mesh:72:19 sum
   // xlnet.mesh:72:19 mul
   MESHRT_TRACE("sum", "xlnet.mesh:72:19", "backward");
-  support::View v462 = arena_.view(53248, 64);
-  support::reduceProduct(v462.data(), kShape8, 16, v453.data(), kShape9, v73.data(), kShape9, 1.0);
+  support::View v389 = arena_.view(53248, 64);
+  support::reduceProduct(v389.data(), kShape8, 16, v380.data(), kShape9, v73.data(), kShape9, 1.0);
 }
 
 void XlnetTrain::runPart4(const Inputs &inputs) {
@@ -2947,31 +2855,31 @@ void XlnetTrain::runPart4(const Inputs &inputs) {
   // xlnet.mesh:69:19 sum
   // xlnet.mesh:69:19 mul
   MESHRT_TRACE("sum", "xlnet.mesh:69:19", "backward");
-  support::View v456 = arena_.view(65536, 1024);
+  support::View v383 = arena_.view(65536, 1024);
   support::View v68 = arena_.view(73728, 1024);
-  support::View v467 = arena_.view(118784, 64);
-  support::reduceProduct(v467.data(), kShape8, 16, v456.data(), kShape9, v68.data(), kShape9, 1.0);
+  support::View v394 = arena_.view(118784, 64);
+  support::reduceProduct(v394.data(), kShape8, 16, v383.data(), kShape9, v68.data(), kShape9, 1.0);
 
   // 8 statements from xlnet.mesh:72:19 sub (2 of 2)
   MESHRT_TRACE_SITE("xlnet.mesh:72:19");
-  support::View v453 = arena_.view(49152, 1024);
-  support::View v462 = arena_.view(53248, 64);
+  support::View v380 = arena_.view(49152, 1024);
+  support::View v389 = arena_.view(53248, 64);
   support::View v73 = arena_.view(69632, 1024);
   support::View v70 = arena_.view(224256, 256);
-  support::View v471 = arena_.view(77824, 1024);
+  support::View v398 = arena_.view(77824, 1024);
   support::View v47 = arena_.view(32768, 4096);
-  support::View v472 = arena_.view(69632, 512);
+  support::View v399 = arena_.view(69632, 512);
   support::View v59 = arena_.view(206848, 512);
   support::View v43 = arena_.view(196608, 512);
-  support::View v475 = arena_.view(71680, 512);
+  support::View v402 = arena_.view(71680, 512);
   support::View v57 = arena_.view(204800, 512);
-  support::View v473 = arena_.view(49152, 4096);
-  support::View v474 = arena_.view(121088, 16);
-  support::View v476 = arena_.view(114688, 512);
-  support::View v477 = arena_.view(116736, 512);
-  support::View v478 = arena_.view(121152, 16);
-  repeated6(v453, v462, v73, v70, v471, v47, v472, v59, v473, v474, v43, v475, v57, v476, v477,
-            v478);
+  support::View v400 = arena_.view(49152, 4096);
+  support::View v401 = arena_.view(121088, 16);
+  support::View v403 = arena_.view(114688, 512);
+  support::View v404 = arena_.view(116736, 512);
+  support::View v405 = arena_.view(121152, 16);
+  repeated5(v380, v389, v73, v70, v398, v47, v399, v59, v400, v401, v43, v402, v57, v403, v404,
+            v405);
 
   // xlnet.mesh:69:19 sub
   // xlnet.mesh:69:19 mul
@@ -2979,126 +2887,126 @@ void XlnetTrain::runPart4(const Inputs &inputs) {
   // xlnet.mesh:66:97 mul
   MESHRT_TRACE("loop", "xlnet.mesh:69:19", "backward");
   support::View v65 = arena_.view(223232, 256);
-  support::View v479 = arena_.view(94208, 1024);
-  loop27(v479.data(), v456.data(), v467.data(), v68.data(), v65.data());
+  support::View v406 = arena_.view(94208, 1024);
+  loop27(v406.data(), v383.data(), v394.data(), v68.data(), v65.data());
 
   // xlnet.mesh:66:21 einsum
   MESHRT_TRACE("gemm", "xlnet.mesh:66:21", "backward");
-  support::View v480 = arena_.view(118784, 512);
+  support::View v407 = arena_.view(118784, 512);
   // dims: batch, heads, length, keys, d_kv
-  kEinsum16.plan().run(v479.data(), v47.data(), v480.data(), 1.0f, 0.0f);
+  kEinsum16.plan().run(v406.data(), v47.data(), v407.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:66:21 einsum
   MESHRT_TRACE("gemm", "xlnet.mesh:66:21", "backward");
   support::View v52 = arena_.view(202752, 512);
-  support::View v481 = arena_.view(32768, 4096);
+  support::View v408 = arena_.view(32768, 4096);
   // dims: batch, heads, length, keys, d_kv
-  kEinsum17.plan().run(v479.data(), v52.data(), v481.data(), 1.0f, 0.0f);
+  kEinsum17.plan().run(v406.data(), v52.data(), v408.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:66:21 add
   MESHRT_TRACE("loop", "xlnet.mesh:66:21", "backward");
-  support::View v482 = arena_.view(65536, 4096);
-  loop28(v482.data(), v473.data(), v481.data());
+  support::View v409 = arena_.view(65536, 4096);
+  loop28(v409.data(), v400.data(), v408.data());
 
   // xlnet.mesh:66:38 sum
   MESHRT_TRACE("sum", "xlnet.mesh:66:38", "backward");
-  support::View v483 = arena_.view(32768, 16);
-  support::reduce(v483.data(), kShape15, v480.data(), kShape16, kShape11, kShape4,
+  support::View v410 = arena_.view(32768, 16);
+  support::reduce(v410.data(), kShape15, v407.data(), kShape16, kShape11, kShape4,
                   support::Reduce::Sum, 1.0);
 
   // xlnet.mesh:66:38 add -> grad/xlnet/xlnet_layer[0]/two_stream_attention/position_bias
   MESHRT_TRACE("loop", "xlnet.mesh:66:38", "backward");
-  support::View v484 = arena_.view(57344, 16);
-  loop29(v484.data(), v474.data(), v483.data());
+  support::View v411 = arena_.view(57344, 16);
+  loop29(v411.data(), v401.data(), v410.data());
 
   // xlnet.mesh:65:19 einsum
   MESHRT_TRACE("gemm", "xlnet.mesh:65:19", "backward");
-  support::View v485 = arena_.view(32768, 512);
+  support::View v412 = arena_.view(32768, 512);
   // dims: batch, heads, length, keys, d_kv
-  kEinsum18.plan().run(v479.data(), v43.data(), v485.data(), 1.0f, 0.0f);
+  kEinsum18.plan().run(v406.data(), v43.data(), v412.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:65:19 einsum
   MESHRT_TRACE("gemm", "xlnet.mesh:65:19", "backward");
   support::View v50 = arena_.view(200704, 512);
-  support::View v486 = arena_.view(34816, 512);
+  support::View v413 = arena_.view(34816, 512);
   // dims: batch, heads, length, keys, d_kv
-  kEinsum14.plan().run(v479.data(), v50.data(), v486.data(), 1.0f, 0.0f);
+  kEinsum14.plan().run(v406.data(), v50.data(), v413.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:65:19 add
   MESHRT_TRACE("loop", "xlnet.mesh:65:19", "backward");
-  support::View v487 = arena_.view(49152, 512);
-  loop26(v487.data(), v476.data(), v486.data());
+  support::View v414 = arena_.view(49152, 512);
+  loop26(v414.data(), v403.data(), v413.data());
 
   // xlnet.mesh:65:36 add
   MESHRT_TRACE("loop", "xlnet.mesh:65:36", "backward");
-  support::View v488 = arena_.view(51200, 512);
-  loop26(v488.data(), v480.data(), v485.data());
+  support::View v415 = arena_.view(51200, 512);
+  loop26(v415.data(), v407.data(), v412.data());
 
   // xlnet.mesh:65:36 sum
   MESHRT_TRACE("sum", "xlnet.mesh:65:36", "backward");
-  support::View v489 = arena_.view(34816, 16);
-  support::reduce(v489.data(), kShape15, v485.data(), kShape16, kShape11, kShape4,
+  support::View v416 = arena_.view(34816, 16);
+  support::reduce(v416.data(), kShape15, v412.data(), kShape16, kShape11, kShape4,
                   support::Reduce::Sum, 1.0);
 
   // xlnet.mesh:65:36 add -> grad/xlnet/xlnet_layer[0]/two_stream_attention/content_bias
   MESHRT_TRACE("loop", "xlnet.mesh:65:36", "backward");
-  support::View v490 = arena_.view(57408, 16);
-  loop29(v490.data(), v478.data(), v489.data());
+  support::View v417 = arena_.view(57408, 16);
+  loop29(v417.data(), v405.data(), v416.data());
 
   // xlnet.mesh:63:19 einsum
   MESHRT_TRACE("gemm", "xlnet.mesh:63:19", "backward");
   support::View v35(param3_xlnet_xlnet_layer_0_two_stream_attention_q); // updated in place
-  support::View v491 = arena_.view(32768, 1024);
+  support::View v418 = arena_.view(32768, 1024);
   // dims: batch, length, heads, d_kv, d_model
-  kEinsum19.plan().run(v477.data(), v35.data(), v491.data(), 1.0f, 0.0f);
+  kEinsum19.plan().run(v404.data(), v35.data(), v418.data(), 1.0f, 0.0f);
 
   // 3 statements from xlnet.mesh:63:19 einsum (2 of 2)
   MESHRT_TRACE_SITE("xlnet.mesh:63:19");
-  support::View v458 = arena_.view(110592, 512);
+  support::View v385 = arena_.view(110592, 512);
   support::View v37(param5_xlnet_xlnet_layer_0_two_stream_attention_v); // updated in place
   support::View v36(param4_xlnet_xlnet_layer_0_two_stream_attention_k); // updated in place
-  support::View v495 = arena_.view(36864, 1024);
-  support::View v502 = arena_.view(40960, 1024);
-  support::View v507 = arena_.view(45056, 1024);
-  repeated10(v488, v35, v495, v458, v37, v502, v487, v36, v507);
+  support::View v422 = arena_.view(36864, 1024);
+  support::View v429 = arena_.view(40960, 1024);
+  support::View v434 = arena_.view(45056, 1024);
+  repeated10(v415, v35, v422, v385, v37, v429, v414, v36, v434);
 
-  // xlnet.mesh:63:19 bucketed_all_reduce_sum (resolve the partial sum of %475 over model for add at
-  // 63:19; merged with 3 more partial sums over model (%496, %503, %508): 16.0 KiB in one buffer)
+  // xlnet.mesh:63:19 bucketed_all_reduce_sum (resolve the partial sum of %402 over model for add at
+  // 63:19; merged with 3 more partial sums over model (%423, %430, %435): 16.0 KiB in one buffer)
   MESHRT_TRACE_SITE("xlnet.mesh:63:19");
   auto request1 =
-      support::startAllReduce(group_model, {v491, v495, v502, v507}, meshrt::ReduceOp::Sum);
+      support::startAllReduce(group_model, {v418, v422, v429, v434}, meshrt::ReduceOp::Sum);
 
   // xlnet.mesh:63:19 einsum
   MESHRT_TRACE("gemm", "xlnet.mesh:63:19", "backward");
   support::View v32 = arena_.view(86016, 1024);
-  support::View v494 = arena_.view(53248, 512);
+  support::View v421 = arena_.view(53248, 512);
   // dims: batch, length, heads, d_kv, d_model
-  kEinsum10.plan().run(v477.data(), v32.data(), v494.data(), 1.0f, 0.0f);
+  kEinsum10.plan().run(v404.data(), v32.data(), v421.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:62:19 einsum
   MESHRT_TRACE("gemm", "xlnet.mesh:62:19", "backward");
   support::View v28 = arena_.view(81920, 1024);
-  support::View v498 = arena_.view(55296, 512);
+  support::View v425 = arena_.view(55296, 512);
   // dims: batch, length, heads, d_kv, d_model
-  kEinsum10.plan().run(v488.data(), v28.data(), v498.data(), 1.0f, 0.0f);
+  kEinsum10.plan().run(v415.data(), v28.data(), v425.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:62:19 add -> grad/xlnet/xlnet_layer[0]/two_stream_attention/q
   MESHRT_TRACE("loop", "xlnet.mesh:62:19", "backward");
-  support::View v499 = arena_.view(51200, 512);
-  loop26(v499.data(), v494.data(), v498.data());
+  support::View v426 = arena_.view(51200, 512);
+  loop26(v426.data(), v421.data(), v425.data());
 
   // xlnet.mesh:61:19 einsum -> grad/xlnet/xlnet_layer[0]/two_stream_attention/r
   MESHRT_TRACE("gemm", "xlnet.mesh:61:19", "backward");
   support::View v26 = arena_.view(0, 8192);
-  support::View v500 = arena_.view(53248, 512);
+  support::View v427 = arena_.view(53248, 512);
   // dims: length, keys, heads, d_kv, d_model
-  kEinsum11.plan().run(v482.data(), v26.data(), v500.data(), 1.0f, 0.0f);
+  kEinsum11.plan().run(v409.data(), v26.data(), v427.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:60:23 einsum -> grad/xlnet/xlnet_layer[0]/two_stream_attention/v
   MESHRT_TRACE("gemm", "xlnet.mesh:60:23", "backward");
-  support::View v505 = arena_.view(8192, 512);
+  support::View v432 = arena_.view(8192, 512);
   // dims: batch, length, heads, d_kv, d_model
-  kEinsum10.plan().run(v458.data(), v28.data(), v505.data(), 1.0f, 0.0f);
+  kEinsum10.plan().run(v385.data(), v28.data(), v432.data(), 1.0f, 0.0f);
 
   MESHRT_TRACE_SITE("xlnet.mesh:63:19");
   group_model.wait(request1);
@@ -3107,9 +3015,9 @@ void XlnetTrain::runPart4(const Inputs &inputs) {
   // xlnet.mesh:60:23 add
   // xlnet.mesh:59:28 add
   MESHRT_TRACE("loop", "xlnet.mesh:62:19", "backward");
-  support::View v452 = arena_.view(102400, 1024);
-  support::View v509 = arena_.view(0, 1024);
-  loop30(v509.data(), v452.data(), v495.data(), v502.data(), v507.data());
+  support::View v379 = arena_.view(90112, 1024);
+  support::View v436 = arena_.view(0, 1024);
+  loop30(v436.data(), v379.data(), v422.data(), v429.data(), v434.data());
 }
 
 void XlnetTrain::runPart5(const Inputs &inputs) {
@@ -3118,81 +3026,81 @@ void XlnetTrain::runPart5(const Inputs &inputs) {
 
   // xlnet.mesh:59:28 einsum -> grad/xlnet/xlnet_layer[0]/two_stream_attention/k
   MESHRT_TRACE("gemm", "xlnet.mesh:59:28", "backward");
-  support::View v487 = arena_.view(49152, 512);
+  support::View v414 = arena_.view(49152, 512);
   support::View v28 = arena_.view(81920, 1024);
-  support::View v510 = arena_.view(10240, 512);
+  support::View v437 = arena_.view(10240, 512);
   // dims: batch, length, heads, d_kv, d_model
-  kEinsum10.plan().run(v487.data(), v28.data(), v510.data(), 1.0f, 0.0f);
+  kEinsum10.plan().run(v414.data(), v28.data(), v437.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:63:19 add
   // xlnet.mesh:109:63 mul
   MESHRT_TRACE("loop", "xlnet.mesh:63:19", "backward");
-  support::View v433 = arena_.view(90112, 1024);
-  support::View v491 = arena_.view(32768, 1024);
+  support::View v372 = arena_.view(102400, 1024);
+  support::View v418 = arena_.view(32768, 1024);
   support::View v31 = arena_.view(225408, 32);
-  support::View v511 = arena_.view(4096, 1024);
-  loop31(v511.data(), v433.data(), v491.data(), v31.data());
+  support::View v438 = arena_.view(4096, 1024);
+  loop31(v438.data(), v372.data(), v418.data(), v31.data());
 
   // xlnet.mesh:109:63 sum -> grad/xlnet/mask_embedding
   MESHRT_TRACE("sum", "xlnet.mesh:109:63", "backward");
-  support::View v512 = arena_.view(12288, 32);
-  support::reduce(v512.data(), kShape12, v511.data(), kShape1, kShape11, kShape3,
+  support::View v439 = arena_.view(12288, 32);
+  support::reduce(v439.data(), kShape12, v438.data(), kShape1, kShape11, kShape3,
                   support::Reduce::Sum, 1.0);
 
   // xlnet.mesh:108:11 einsum
   MESHRT_TRACE("einsum", "xlnet.mesh:108:11", "backward");
-  support::View v509 = arena_.view(0, 1024);
+  support::View v436 = arena_.view(0, 1024);
   const support::Buffer &v0 = inputs.tokens.data;
-  support::View v513 = arena_.view(4096, 1024);
-  support::scatterAdd(v513.data(), kShape17, v509.data(), kShape18, v0.data(), kShape19, kShape11,
+  support::View v440 = arena_.view(4096, 1024);
+  support::scatterAdd(v440.data(), kShape17, v436.data(), kShape18, v0.data(), kShape19, kShape11,
                       kShape3, kShape14, 0, support::shardStart(world_, {"model"}, 32));
 
   // xlnet.mesh:108:11 add -> grad/xlnet/embedding
   MESHRT_TRACE("loop", "xlnet.mesh:108:11", "backward");
   support::View v230 = arena_.view(192512, 1024);
-  support::View v514 = arena_.view(0, 1024);
-  loop14(v514.data(), v230.data(), v513.data());
+  support::View v441 = arena_.view(0, 1024);
+  loop14(v441.data(), v230.data(), v440.data());
 
   // xlnet.mesh:133:3 bucketed_all_reduce_sum -> target_probability (35 partial sums
   // (target_probability, loss, grad/xlnet/output_bias, ...) over data resolved together, 42.0 KiB
   // in one buffer)
   MESHRT_TRACE_SITE("xlnet.mesh:133:3");
-  support::View v205 = arena_.view(225728, 1);
-  support::View v210 = arena_.view(225536, 1);
+  support::View v205 = arena_.view(225792, 1);
+  support::View v210 = arena_.view(225856, 1);
   support::View v228 = arena_.view(225280, 32);
-  support::View v232 = arena_.view(188416, 32);
-  support::View v235 = arena_.view(188544, 32);
-  support::View v250 = arena_.view(184320, 32);
-  support::View v252 = arena_.view(172032, 1024);
-  support::View v275 = arena_.view(184448, 32);
-  support::View v279 = arena_.view(155648, 1024);
-  support::View v280 = arena_.view(184576, 32);
-  support::View v283 = arena_.view(184704, 32);
-  support::View v299 = arena_.view(178176, 512);
-  support::View v309 = arena_.view(184832, 16);
-  support::View v313 = arena_.view(184896, 16);
-  support::View v317 = arena_.view(151552, 512);
-  support::View v318 = arena_.view(147456, 512);
-  support::View v321 = arena_.view(149504, 512);
-  support::View v325 = arena_.view(153600, 512);
-  support::View v345 = arena_.view(131072, 32);
-  support::View v349 = arena_.view(131200, 32);
-  support::View v389 = arena_.view(127232, 32);
-  support::View v392 = arena_.view(106496, 1024);
-  support::View v411 = arena_.view(126976, 32);
-  support::View v416 = arena_.view(98304, 1024);
-  support::View v435 = arena_.view(120832, 32);
-  support::View v439 = arena_.view(120960, 32);
-  support::View v460 = arena_.view(112640, 512);
-  support::View v484 = arena_.view(57344, 16);
-  support::View v490 = arena_.view(57408, 16);
-  support::View v499 = arena_.view(51200, 512);
-  support::View v500 = arena_.view(53248, 512);
-  support::View v505 = arena_.view(8192, 512);
+  support::View v232 = arena_.view(225536, 32);
+  support::View v235 = arena_.view(225664, 32);
+  support::View v237 = arena_.view(184320, 32);
+  support::View v239 = arena_.view(172032, 1024);
+  support::View v262 = arena_.view(184448, 32);
+  support::View v266 = arena_.view(155648, 1024);
+  support::View v267 = arena_.view(184576, 32);
+  support::View v270 = arena_.view(184704, 32);
+  support::View v274 = arena_.view(178176, 512);
+  support::View v284 = arena_.view(184832, 16);
+  support::View v288 = arena_.view(184896, 16);
+  support::View v292 = arena_.view(159744, 512);
+  support::View v293 = arena_.view(147456, 512);
+  support::View v296 = arena_.view(149504, 512);
+  support::View v300 = arena_.view(161792, 512);
+  support::View v308 = arena_.view(131072, 32);
+  support::View v312 = arena_.view(131200, 32);
+  support::View v340 = arena_.view(127232, 32);
+  support::View v343 = arena_.view(106496, 1024);
+  support::View v362 = arena_.view(126976, 32);
+  support::View v367 = arena_.view(98304, 1024);
+  support::View v374 = arena_.view(120832, 32);
+  support::View v378 = arena_.view(120960, 32);
+  support::View v387 = arena_.view(112640, 512);
+  support::View v411 = arena_.view(57344, 16);
+  support::View v417 = arena_.view(57408, 16);
+  support::View v426 = arena_.view(51200, 512);
+  support::View v427 = arena_.view(53248, 512);
+  support::View v432 = arena_.view(8192, 512);
   auto request2 = support::startAllReduce(
-      group_data, {v205, v210, v228, v232, v235, v250, v252, v275, v279, v280, v283, v299,
-                   v309, v313, v317, v318, v321, v325, v345, v349, v389, v392, v411, v416,
-                   v435, v439, v460, v484, v490, v499, v500, v505, v510, v512, v514},
+      group_data, {v205, v210, v228, v232, v235, v237, v239, v262, v266, v267, v270, v274,
+                   v284, v288, v292, v293, v296, v300, v308, v312, v340, v343, v362, v367,
+                   v374, v378, v387, v411, v417, v426, v427, v432, v437, v439, v441},
       meshrt::ReduceOp::Sum);
 
   // xlnet.mesh:133:3 step
@@ -3212,14 +3120,14 @@ void XlnetTrain::runPart5(const Inputs &inputs) {
   // xlnet.mesh:133:3 pow
   // xlnet.mesh:133:3 sub
   MESHRT_TRACE("loop", "xlnet.mesh:133:3", "update");
-  support::View v531 = arena_.view(4096, 1);
-  support::View v547 = arena_.view(4160, 1);
-  support::View v549 = arena_.view(4224, 1);
+  support::View v458 = arena_.view(4096, 1);
+  support::View v474 = arena_.view(4160, 1);
+  support::View v476 = arena_.view(4224, 1);
   {
     const float stepValue = float(step_);
-    float *__restrict v531p = v531.data();
-    float *__restrict v547p = v547.data();
-    float *__restrict v549p = v549.data();
+    float *__restrict v458p = v458.data();
+    float *__restrict v474p = v474.data();
+    float *__restrict v476p = v476.data();
     const float s0 = stepValue;
     const float s1 = 1.0f;
     const float s2 = (s0 + s1);
@@ -3248,9 +3156,9 @@ void XlnetTrain::runPart5(const Inputs &inputs) {
     const float s25 = support::fpow(s24, s2);
     const float s26 = 1.0f;
     const float s27 = (s26 - s25);
-    v531p[0] = s19;
-    v547p[0] = s23;
-    v549p[0] = s27;
+    v458p[0] = s19;
+    v474p[0] = s23;
+    v476p[0] = s27;
   }
 
   MESHRT_TRACE_SITE("xlnet.mesh:133:3");
@@ -3274,9 +3182,9 @@ void XlnetTrain::runPart5(const Inputs &inputs) {
   // xlnet.mesh:133:3 sub -> next/xlnet/embedding
   MESHRT_TRACE("loop", "xlnet.mesh:133:3", "update");
   support::View v6(param0_xlnet_embedding);      // updated in place
-  support::View v533(param34_xlnet_embedding_v); // updated in place
-  support::View v532(param33_xlnet_embedding_m); // updated in place
-  loop32(v533.data(), v532.data(), v6.data(), v514.data(), v549.data(), v547.data(), v531.data());
+  support::View v460(param34_xlnet_embedding_v); // updated in place
+  support::View v459(param33_xlnet_embedding_m); // updated in place
+  loop32(v460.data(), v459.data(), v6.data(), v441.data(), v476.data(), v474.data(), v458.data());
 
   // xlnet.mesh:133:3 mul
   // xlnet.mesh:133:3 square
@@ -3296,9 +3204,9 @@ void XlnetTrain::runPart5(const Inputs &inputs) {
   // xlnet.mesh:133:3 sub -> next/xlnet/mask_embedding
   MESHRT_TRACE("loop", "xlnet.mesh:133:3", "update");
   support::View v7(param1_xlnet_mask_embedding);      // updated in place
-  support::View v562(param36_xlnet_mask_embedding_v); // updated in place
-  support::View v561(param35_xlnet_mask_embedding_m); // updated in place
-  loop33(v562.data(), v561.data(), v7.data(), v512.data(), v549.data(), v547.data(), v531.data());
+  support::View v489(param36_xlnet_mask_embedding_v); // updated in place
+  support::View v488(param35_xlnet_mask_embedding_m); // updated in place
+  loop33(v489.data(), v488.data(), v7.data(), v439.data(), v476.data(), v474.data(), v458.data());
 
   // xlnet.mesh:133:3 mul
   // xlnet.mesh:133:3 square
@@ -3318,127 +3226,127 @@ void XlnetTrain::runPart5(const Inputs &inputs) {
   // xlnet.mesh:133:3 sub -> next/xlnet/output_bias
   MESHRT_TRACE("loop", "xlnet.mesh:133:3", "update");
   support::View v8(param2_xlnet_output_bias);      // updated in place
-  support::View v583(param38_xlnet_output_bias_v); // updated in place
-  support::View v582(param37_xlnet_output_bias_m); // updated in place
-  loop33(v583.data(), v582.data(), v8.data(), v228.data(), v549.data(), v547.data(), v531.data());
+  support::View v510(param38_xlnet_output_bias_v); // updated in place
+  support::View v509(param37_xlnet_output_bias_m); // updated in place
+  loop33(v510.data(), v509.data(), v8.data(), v228.data(), v476.data(), v474.data(), v458.data());
 
   // 15 statements from xlnet.mesh:133:3 mul (1 of 2)
   MESHRT_TRACE_SITE("xlnet.mesh:133:3");
   support::View v35(param3_xlnet_xlnet_layer_0_two_stream_attention_q);     // updated in place
-  support::View v604(param40_xlnet_xlnet_layer_0_two_stream_attention_q_v); // updated in place
-  support::View v603(param39_xlnet_xlnet_layer_0_two_stream_attention_q_m); // updated in place
+  support::View v531(param40_xlnet_xlnet_layer_0_two_stream_attention_q_v); // updated in place
+  support::View v530(param39_xlnet_xlnet_layer_0_two_stream_attention_q_m); // updated in place
   support::View v36(param4_xlnet_xlnet_layer_0_two_stream_attention_k);     // updated in place
-  support::View v625(param42_xlnet_xlnet_layer_0_two_stream_attention_k_v); // updated in place
-  support::View v624(param41_xlnet_xlnet_layer_0_two_stream_attention_k_m); // updated in place
+  support::View v552(param42_xlnet_xlnet_layer_0_two_stream_attention_k_v); // updated in place
+  support::View v551(param41_xlnet_xlnet_layer_0_two_stream_attention_k_m); // updated in place
   support::View v37(param5_xlnet_xlnet_layer_0_two_stream_attention_v);     // updated in place
-  support::View v646(param44_xlnet_xlnet_layer_0_two_stream_attention_v_v); // updated in place
-  support::View v645(param43_xlnet_xlnet_layer_0_two_stream_attention_v_m); // updated in place
+  support::View v573(param44_xlnet_xlnet_layer_0_two_stream_attention_v_v); // updated in place
+  support::View v572(param43_xlnet_xlnet_layer_0_two_stream_attention_v_m); // updated in place
   support::View v38(param6_xlnet_xlnet_layer_0_two_stream_attention_r);     // updated in place
-  support::View v667(param46_xlnet_xlnet_layer_0_two_stream_attention_r_v); // updated in place
-  support::View v666(param45_xlnet_xlnet_layer_0_two_stream_attention_r_m); // updated in place
+  support::View v594(param46_xlnet_xlnet_layer_0_two_stream_attention_r_v); // updated in place
+  support::View v593(param45_xlnet_xlnet_layer_0_two_stream_attention_r_m); // updated in place
   support::View v39(param7_xlnet_xlnet_layer_0_two_stream_attention_o);     // updated in place
-  support::View v688(param48_xlnet_xlnet_layer_0_two_stream_attention_o_v); // updated in place
-  support::View v687(param47_xlnet_xlnet_layer_0_two_stream_attention_o_m); // updated in place
+  support::View v615(param48_xlnet_xlnet_layer_0_two_stream_attention_o_v); // updated in place
+  support::View v614(param47_xlnet_xlnet_layer_0_two_stream_attention_o_m); // updated in place
   support::View v40(
       param8_xlnet_xlnet_layer_0_two_stream_attention_content_bias); // updated in place
-  support::View v709(
+  support::View v636(
       param50_xlnet_xlnet_layer_0_two_stream_attention_content_bias_v); // updated in place
-  support::View v708(
+  support::View v635(
       param49_xlnet_xlnet_layer_0_two_stream_attention_content_bias_m); // updated in place
   support::View v41(
       param9_xlnet_xlnet_layer_0_two_stream_attention_position_bias); // updated in place
-  support::View v730(
+  support::View v657(
       param52_xlnet_xlnet_layer_0_two_stream_attention_position_bias_v); // updated in place
-  support::View v729(
+  support::View v656(
       param51_xlnet_xlnet_layer_0_two_stream_attention_position_bias_m); // updated in place
   support::View v80(param10_xlnet_xlnet_layer_0_norm_gain);              // updated in place
-  support::View v751(param54_xlnet_xlnet_layer_0_norm_gain_v);           // updated in place
-  support::View v750(param53_xlnet_xlnet_layer_0_norm_gain_m);           // updated in place
+  support::View v678(param54_xlnet_xlnet_layer_0_norm_gain_v);           // updated in place
+  support::View v677(param53_xlnet_xlnet_layer_0_norm_gain_m);           // updated in place
   support::View v81(param11_xlnet_xlnet_layer_0_norm_bias);              // updated in place
-  support::View v772(param56_xlnet_xlnet_layer_0_norm_bias_v);           // updated in place
-  support::View v771(param55_xlnet_xlnet_layer_0_norm_bias_m);           // updated in place
+  support::View v699(param56_xlnet_xlnet_layer_0_norm_bias_v);           // updated in place
+  support::View v698(param55_xlnet_xlnet_layer_0_norm_bias_m);           // updated in place
   support::View v88(param12_xlnet_xlnet_layer_0_dense_relu_dense_wi);    // updated in place
-  support::View v793(param58_xlnet_xlnet_layer_0_dense_relu_dense_wi_v); // updated in place
-  support::View v792(param57_xlnet_xlnet_layer_0_dense_relu_dense_wi_m); // updated in place
+  support::View v720(param58_xlnet_xlnet_layer_0_dense_relu_dense_wi_v); // updated in place
+  support::View v719(param57_xlnet_xlnet_layer_0_dense_relu_dense_wi_m); // updated in place
   support::View v89(param13_xlnet_xlnet_layer_0_dense_relu_dense_bi);    // updated in place
-  support::View v814(param60_xlnet_xlnet_layer_0_dense_relu_dense_bi_v); // updated in place
-  support::View v813(param59_xlnet_xlnet_layer_0_dense_relu_dense_bi_m); // updated in place
+  support::View v741(param60_xlnet_xlnet_layer_0_dense_relu_dense_bi_v); // updated in place
+  support::View v740(param59_xlnet_xlnet_layer_0_dense_relu_dense_bi_m); // updated in place
   support::View v90(param14_xlnet_xlnet_layer_0_dense_relu_dense_wo);    // updated in place
-  support::View v835(param62_xlnet_xlnet_layer_0_dense_relu_dense_wo_v); // updated in place
-  support::View v834(param61_xlnet_xlnet_layer_0_dense_relu_dense_wo_m); // updated in place
+  support::View v762(param62_xlnet_xlnet_layer_0_dense_relu_dense_wo_v); // updated in place
+  support::View v761(param61_xlnet_xlnet_layer_0_dense_relu_dense_wo_m); // updated in place
   support::View v91(param15_xlnet_xlnet_layer_0_dense_relu_dense_bo);    // updated in place
-  support::View v856(param64_xlnet_xlnet_layer_0_dense_relu_dense_bo_v); // updated in place
-  support::View v855(param63_xlnet_xlnet_layer_0_dense_relu_dense_bo_m); // updated in place
+  support::View v783(param64_xlnet_xlnet_layer_0_dense_relu_dense_bo_v); // updated in place
+  support::View v782(param63_xlnet_xlnet_layer_0_dense_relu_dense_bo_m); // updated in place
   support::View v106(param16_xlnet_xlnet_layer_0_norm_1_gain);           // updated in place
-  support::View v877(param66_xlnet_xlnet_layer_0_norm_1_gain_v);         // updated in place
-  support::View v876(param65_xlnet_xlnet_layer_0_norm_1_gain_m);         // updated in place
+  support::View v804(param66_xlnet_xlnet_layer_0_norm_1_gain_v);         // updated in place
+  support::View v803(param65_xlnet_xlnet_layer_0_norm_1_gain_m);         // updated in place
   support::View v107(param17_xlnet_xlnet_layer_0_norm_1_bias);           // updated in place
-  support::View v898(param68_xlnet_xlnet_layer_0_norm_1_bias_v);         // updated in place
-  support::View v897(param67_xlnet_xlnet_layer_0_norm_1_bias_m);         // updated in place
-  repeated0(v35, v499, v604, v549, v603, v547, v531, v36, v510, v625, v624, v37, v505, v646, v645,
-            v38, v500, v667, v666, v39, v460, v688, v687, v40, v490, v709, v708, v41, v484, v730,
-            v729, v80, v439, v751, v750, v81, v435, v772, v771, v88, v416, v793, v792, v89, v411,
-            v814, v813, v90, v392, v835, v834, v91, v389, v856, v855, v106, v349, v877, v876, v107,
-            v345, v898, v897);
+  support::View v825(param68_xlnet_xlnet_layer_0_norm_1_bias_v);         // updated in place
+  support::View v824(param67_xlnet_xlnet_layer_0_norm_1_bias_m);         // updated in place
+  repeated0(v35, v426, v531, v476, v530, v474, v458, v36, v437, v552, v551, v37, v432, v573, v572,
+            v38, v427, v594, v593, v39, v387, v615, v614, v40, v417, v636, v635, v41, v411, v657,
+            v656, v80, v378, v678, v677, v81, v374, v699, v698, v88, v367, v720, v719, v89, v362,
+            v741, v740, v90, v343, v762, v761, v91, v340, v783, v782, v106, v312, v804, v803, v107,
+            v308, v825, v824);
 
   // 15 statements from xlnet.mesh:133:3 mul (2 of 2)
   MESHRT_TRACE_SITE("xlnet.mesh:133:3");
-  support::View v116(param18_xlnet_xlnet_layer_1_two_stream_attention_q);    // updated in place
-  support::View v919(param70_xlnet_xlnet_layer_1_two_stream_attention_q_v);  // updated in place
-  support::View v918(param69_xlnet_xlnet_layer_1_two_stream_attention_q_m);  // updated in place
-  support::View v117(param19_xlnet_xlnet_layer_1_two_stream_attention_k);    // updated in place
-  support::View v940(param72_xlnet_xlnet_layer_1_two_stream_attention_k_v);  // updated in place
-  support::View v939(param71_xlnet_xlnet_layer_1_two_stream_attention_k_m);  // updated in place
-  support::View v118(param20_xlnet_xlnet_layer_1_two_stream_attention_v);    // updated in place
-  support::View v961(param74_xlnet_xlnet_layer_1_two_stream_attention_v_v);  // updated in place
-  support::View v960(param73_xlnet_xlnet_layer_1_two_stream_attention_v_m);  // updated in place
-  support::View v119(param21_xlnet_xlnet_layer_1_two_stream_attention_r);    // updated in place
-  support::View v982(param76_xlnet_xlnet_layer_1_two_stream_attention_r_v);  // updated in place
-  support::View v981(param75_xlnet_xlnet_layer_1_two_stream_attention_r_m);  // updated in place
-  support::View v120(param22_xlnet_xlnet_layer_1_two_stream_attention_o);    // updated in place
-  support::View v1003(param78_xlnet_xlnet_layer_1_two_stream_attention_o_v); // updated in place
-  support::View v1002(param77_xlnet_xlnet_layer_1_two_stream_attention_o_m); // updated in place
+  support::View v116(param18_xlnet_xlnet_layer_1_two_stream_attention_q);   // updated in place
+  support::View v846(param70_xlnet_xlnet_layer_1_two_stream_attention_q_v); // updated in place
+  support::View v845(param69_xlnet_xlnet_layer_1_two_stream_attention_q_m); // updated in place
+  support::View v117(param19_xlnet_xlnet_layer_1_two_stream_attention_k);   // updated in place
+  support::View v867(param72_xlnet_xlnet_layer_1_two_stream_attention_k_v); // updated in place
+  support::View v866(param71_xlnet_xlnet_layer_1_two_stream_attention_k_m); // updated in place
+  support::View v118(param20_xlnet_xlnet_layer_1_two_stream_attention_v);   // updated in place
+  support::View v888(param74_xlnet_xlnet_layer_1_two_stream_attention_v_v); // updated in place
+  support::View v887(param73_xlnet_xlnet_layer_1_two_stream_attention_v_m); // updated in place
+  support::View v119(param21_xlnet_xlnet_layer_1_two_stream_attention_r);   // updated in place
+  support::View v909(param76_xlnet_xlnet_layer_1_two_stream_attention_r_v); // updated in place
+  support::View v908(param75_xlnet_xlnet_layer_1_two_stream_attention_r_m); // updated in place
+  support::View v120(param22_xlnet_xlnet_layer_1_two_stream_attention_o);   // updated in place
+  support::View v930(param78_xlnet_xlnet_layer_1_two_stream_attention_o_v); // updated in place
+  support::View v929(param77_xlnet_xlnet_layer_1_two_stream_attention_o_m); // updated in place
   support::View v121(
       param23_xlnet_xlnet_layer_1_two_stream_attention_content_bias); // updated in place
-  support::View v1024(
+  support::View v951(
       param80_xlnet_xlnet_layer_1_two_stream_attention_content_bias_v); // updated in place
-  support::View v1023(
+  support::View v950(
       param79_xlnet_xlnet_layer_1_two_stream_attention_content_bias_m); // updated in place
   support::View v122(
       param24_xlnet_xlnet_layer_1_two_stream_attention_position_bias); // updated in place
-  support::View v1045(
+  support::View v972(
       param82_xlnet_xlnet_layer_1_two_stream_attention_position_bias_v); // updated in place
-  support::View v1044(
+  support::View v971(
       param81_xlnet_xlnet_layer_1_two_stream_attention_position_bias_m);  // updated in place
   support::View v160(param25_xlnet_xlnet_layer_1_norm_gain);              // updated in place
-  support::View v1066(param84_xlnet_xlnet_layer_1_norm_gain_v);           // updated in place
-  support::View v1065(param83_xlnet_xlnet_layer_1_norm_gain_m);           // updated in place
+  support::View v993(param84_xlnet_xlnet_layer_1_norm_gain_v);            // updated in place
+  support::View v992(param83_xlnet_xlnet_layer_1_norm_gain_m);            // updated in place
   support::View v161(param26_xlnet_xlnet_layer_1_norm_bias);              // updated in place
-  support::View v1087(param86_xlnet_xlnet_layer_1_norm_bias_v);           // updated in place
-  support::View v1086(param85_xlnet_xlnet_layer_1_norm_bias_m);           // updated in place
+  support::View v1014(param86_xlnet_xlnet_layer_1_norm_bias_v);           // updated in place
+  support::View v1013(param85_xlnet_xlnet_layer_1_norm_bias_m);           // updated in place
   support::View v168(param27_xlnet_xlnet_layer_1_dense_relu_dense_wi);    // updated in place
-  support::View v1108(param88_xlnet_xlnet_layer_1_dense_relu_dense_wi_v); // updated in place
-  support::View v1107(param87_xlnet_xlnet_layer_1_dense_relu_dense_wi_m); // updated in place
+  support::View v1035(param88_xlnet_xlnet_layer_1_dense_relu_dense_wi_v); // updated in place
+  support::View v1034(param87_xlnet_xlnet_layer_1_dense_relu_dense_wi_m); // updated in place
   support::View v169(param28_xlnet_xlnet_layer_1_dense_relu_dense_bi);    // updated in place
-  support::View v1129(param90_xlnet_xlnet_layer_1_dense_relu_dense_bi_v); // updated in place
-  support::View v1128(param89_xlnet_xlnet_layer_1_dense_relu_dense_bi_m); // updated in place
+  support::View v1056(param90_xlnet_xlnet_layer_1_dense_relu_dense_bi_v); // updated in place
+  support::View v1055(param89_xlnet_xlnet_layer_1_dense_relu_dense_bi_m); // updated in place
   support::View v170(param29_xlnet_xlnet_layer_1_dense_relu_dense_wo);    // updated in place
-  support::View v1150(param92_xlnet_xlnet_layer_1_dense_relu_dense_wo_v); // updated in place
-  support::View v1149(param91_xlnet_xlnet_layer_1_dense_relu_dense_wo_m); // updated in place
+  support::View v1077(param92_xlnet_xlnet_layer_1_dense_relu_dense_wo_v); // updated in place
+  support::View v1076(param91_xlnet_xlnet_layer_1_dense_relu_dense_wo_m); // updated in place
   support::View v171(param30_xlnet_xlnet_layer_1_dense_relu_dense_bo);    // updated in place
-  support::View v1171(param94_xlnet_xlnet_layer_1_dense_relu_dense_bo_v); // updated in place
-  support::View v1170(param93_xlnet_xlnet_layer_1_dense_relu_dense_bo_m); // updated in place
+  support::View v1098(param94_xlnet_xlnet_layer_1_dense_relu_dense_bo_v); // updated in place
+  support::View v1097(param93_xlnet_xlnet_layer_1_dense_relu_dense_bo_m); // updated in place
   support::View v186(param31_xlnet_xlnet_layer_1_norm_1_gain);            // updated in place
-  support::View v1192(param96_xlnet_xlnet_layer_1_norm_1_gain_v);         // updated in place
-  support::View v1191(param95_xlnet_xlnet_layer_1_norm_1_gain_m);         // updated in place
+  support::View v1119(param96_xlnet_xlnet_layer_1_norm_1_gain_v);         // updated in place
+  support::View v1118(param95_xlnet_xlnet_layer_1_norm_1_gain_m);         // updated in place
   support::View v187(param32_xlnet_xlnet_layer_1_norm_1_bias);            // updated in place
-  support::View v1213(param98_xlnet_xlnet_layer_1_norm_1_bias_v);         // updated in place
-  support::View v1212(param97_xlnet_xlnet_layer_1_norm_1_bias_m);         // updated in place
-  repeated0(v116, v317, v919, v549, v918, v547, v531, v117, v325, v940, v939, v118, v321, v961,
-            v960, v119, v318, v982, v981, v120, v299, v1003, v1002, v121, v313, v1024, v1023, v122,
-            v309, v1045, v1044, v160, v283, v1066, v1065, v161, v280, v1087, v1086, v168, v279,
-            v1108, v1107, v169, v275, v1129, v1128, v170, v252, v1150, v1149, v171, v250, v1171,
-            v1170, v186, v235, v1192, v1191, v187, v232, v1213, v1212);
+  support::View v1140(param98_xlnet_xlnet_layer_1_norm_1_bias_v);         // updated in place
+  support::View v1139(param97_xlnet_xlnet_layer_1_norm_1_bias_m);         // updated in place
+  repeated0(v116, v292, v846, v476, v845, v474, v458, v117, v300, v867, v866, v118, v296, v888,
+            v887, v119, v293, v909, v908, v120, v274, v930, v929, v121, v288, v951, v950, v122,
+            v284, v972, v971, v160, v270, v993, v992, v161, v267, v1014, v1013, v168, v266, v1035,
+            v1034, v169, v262, v1056, v1055, v170, v239, v1077, v1076, v171, v237, v1098, v1097,
+            v186, v235, v1119, v1118, v187, v232, v1140, v1139);
 }
 
 void XlnetTrain::repeated0(
@@ -3746,141 +3654,7 @@ void XlnetTrain::repeated0(
   loop33(a61.data(), a62.data(), a59.data(), a60.data(), a3.data(), a5.data(), a6.data());
 }
 
-void XlnetTrain::repeated1(support::View a0, support::ConstView a1, support::ConstView a2,
-                           support::View a3, support::View a4, support::View a5,
-                           support::ConstView a6, support::View a7, support::View a8,
-                           support::View a9, support::ConstView a10, support::View a11,
-                           support::View a12, support::View a13, support::View a14,
-                           support::View a15, support::View a16, support::ConstView a17,
-                           support::View a18, support::ConstView a19, support::View a20,
-                           support::View a21, support::View a22, support::View a23,
-                           support::ConstView a24, support::View a25, support::View a26,
-                           support::View a27, support::View a28, support::View a29,
-                           support::View a30, support::View a31, support::View a32) {
-  MESHRT_TRACE_SPAN(world_);
-
-  // xlnet.mesh:37:78 sum
-  MESHRT_TRACE("sum", "xlnet.mesh:37:78", "backward");
-  support::reduce(a0.data(), kShape12, a1.data(), kShape1, kShape11, kShape3, support::Reduce::Sum,
-                  1.0);
-
-  // xlnet.mesh:37:71 mul
-  MESHRT_TRACE("loop", "xlnet.mesh:37:71", "backward");
-  loop36(a3.data(), a1.data(), a2.data());
-
-  // xlnet.mesh:37:71 sum
-  MESHRT_TRACE("sum", "xlnet.mesh:37:71", "backward");
-  support::reduce(a4.data(), kShape12, a3.data(), kShape1, kShape11, kShape3, support::Reduce::Sum,
-                  1.0);
-
-  // xlnet.mesh:37:48 mean
-  MESHRT_TRACE("mean", "xlnet.mesh:37:48", "backward");
-  support::reduce(a5.data(), kShape11, a6.data(), kShape3, kShape12, kShape1, support::Reduce::Sum,
-                  0.03125);
-
-  // xlnet.mesh:37:48 sub
-  // xlnet.mesh:37:48 square
-  MESHRT_TRACE("loop", "xlnet.mesh:37:48", "backward");
-  loop37(a7.data(), a6.data(), a5.data());
-
-  // xlnet.mesh:37:48 mean
-  MESHRT_TRACE("mean", "xlnet.mesh:37:48", "backward");
-  support::reduce(a8.data(), kShape11, a7.data(), kShape3, kShape12, kShape1, support::Reduce::Sum,
-                  0.03125);
-
-  // xlnet.mesh:37:48 add
-  // xlnet.mesh:37:48 rsqrt
-  MESHRT_TRACE("loop", "xlnet.mesh:37:48", "backward");
-  loop38(a9.data(), a8.data());
-
-  // xlnet.mesh:37:71 mul
-  // xlnet.mesh:37:48 mul
-  MESHRT_TRACE("loop", "xlnet.mesh:37:71", "backward");
-  loop39(a11.data(), a12.data(), a1.data(), a10.data(), a2.data());
-
-  // xlnet.mesh:37:48 mean
-  MESHRT_TRACE("mean", "xlnet.mesh:37:48", "backward");
-  support::reduce(a13.data(), kShape11, a12.data(), kShape3, kShape12, kShape1,
-                  support::Reduce::Sum, 0.03125);
-
-  // xlnet.mesh:37:48 mean
-  MESHRT_TRACE("mean", "xlnet.mesh:37:48", "backward");
-  support::reduce(a14.data(), kShape11, a11.data(), kShape3, kShape12, kShape1,
-                  support::Reduce::Sum, 0.03125);
-
-  // xlnet.mesh:37:48 mul
-  // xlnet.mesh:37:48 sub
-  // xlnet.mesh:37:48 sub
-  // xlnet.mesh:37:48 mul
-  MESHRT_TRACE("loop", "xlnet.mesh:37:48", "backward");
-  loop40(a15.data(), a2.data(), a13.data(), a11.data(), a14.data(), a9.data());
-
-  // xlnet.mesh:37:40 sum
-  MESHRT_TRACE("sum", "xlnet.mesh:37:40", "backward");
-  support::reduce(a16.data(), kShape12, a17.data(), kShape1, kShape11, kShape3,
-                  support::Reduce::Sum, 1.0);
-
-  // xlnet.mesh:37:40 add -> grad/xlnet/xlnet_layer[0]/norm#1/bias
-  MESHRT_TRACE("loop", "xlnet.mesh:37:40", "backward");
-  loop25(a18.data(), a0.data(), a16.data());
-
-  // xlnet.mesh:37:33 mul
-  MESHRT_TRACE("loop", "xlnet.mesh:37:33", "backward");
-  loop36(a20.data(), a17.data(), a19.data());
-
-  // xlnet.mesh:37:33 sum
-  MESHRT_TRACE("sum", "xlnet.mesh:37:33", "backward");
-  support::reduce(a21.data(), kShape12, a20.data(), kShape1, kShape11, kShape3,
-                  support::Reduce::Sum, 1.0);
-
-  // xlnet.mesh:37:33 add -> grad/xlnet/xlnet_layer[0]/norm#1/gain
-  MESHRT_TRACE("loop", "xlnet.mesh:37:33", "backward");
-  loop25(a22.data(), a4.data(), a21.data());
-
-  // xlnet.mesh:37:10 mean
-  MESHRT_TRACE("mean", "xlnet.mesh:37:10", "backward");
-  support::reduce(a23.data(), kShape11, a24.data(), kShape3, kShape12, kShape1,
-                  support::Reduce::Sum, 0.03125);
-
-  // xlnet.mesh:37:10 sub
-  // xlnet.mesh:37:10 square
-  MESHRT_TRACE("loop", "xlnet.mesh:37:10", "backward");
-  loop37(a25.data(), a24.data(), a23.data());
-
-  // xlnet.mesh:37:10 mean
-  MESHRT_TRACE("mean", "xlnet.mesh:37:10", "backward");
-  support::reduce(a26.data(), kShape11, a25.data(), kShape3, kShape12, kShape1,
-                  support::Reduce::Sum, 0.03125);
-
-  // xlnet.mesh:37:10 add
-  // xlnet.mesh:37:10 rsqrt
-  MESHRT_TRACE("loop", "xlnet.mesh:37:10", "backward");
-  loop38(a27.data(), a26.data());
-
-  // xlnet.mesh:37:33 mul
-  // xlnet.mesh:37:10 mul
-  MESHRT_TRACE("loop", "xlnet.mesh:37:33", "backward");
-  loop39(a28.data(), a29.data(), a17.data(), a10.data(), a19.data());
-
-  // xlnet.mesh:37:10 mean
-  MESHRT_TRACE("mean", "xlnet.mesh:37:10", "backward");
-  support::reduce(a30.data(), kShape11, a29.data(), kShape3, kShape12, kShape1,
-                  support::Reduce::Sum, 0.03125);
-
-  // xlnet.mesh:37:10 mean
-  MESHRT_TRACE("mean", "xlnet.mesh:37:10", "backward");
-  support::reduce(a31.data(), kShape11, a28.data(), kShape3, kShape12, kShape1,
-                  support::Reduce::Sum, 0.03125);
-
-  // xlnet.mesh:37:10 mul
-  // xlnet.mesh:37:10 sub
-  // xlnet.mesh:37:10 sub
-  // xlnet.mesh:37:10 mul
-  MESHRT_TRACE("loop", "xlnet.mesh:37:10", "backward");
-  loop40(a32.data(), a19.data(), a30.data(), a28.data(), a31.data(), a27.data());
-}
-
-void XlnetTrain::repeated2(support::ConstView a0, support::ConstView a1, support::View a2,
+void XlnetTrain::repeated1(support::ConstView a0, support::ConstView a1, support::View a2,
                            support::ConstView a3, support::View a4, support::ConstView a5,
                            support::ConstView a6, support::View a7, support::ConstView a8,
                            support::View a9, support::ConstView a10, support::View a11,
@@ -3952,15 +3726,16 @@ void XlnetTrain::repeated2(support::ConstView a0, support::ConstView a1, support
   kEinsum7.plan().run(a20.data(), a7.data(), a21.data(), 1.0f, 0.0f);
 }
 
-void XlnetTrain::repeated3(support::View a0, support::ConstView a1, support::ConstView a2,
-                           support::View a3, support::View a4, support::View a5,
-                           support::ConstView a6, support::View a7, support::View a8,
+void XlnetTrain::repeated2(support::View a0, support::ConstView a1, support::ConstView a2,
+                           support::View a3, support::ConstView a4, support::View a5,
+                           support::View a6, support::View a7, support::ConstView a8,
                            support::View a9, support::ConstView a10, support::View a11,
-                           support::View a12, support::View a13, support::View a14,
-                           support::View a15) {
+                           support::View a12, support::ConstView a13, support::View a14,
+                           support::View a15, support::View a16, support::View a17,
+                           support::ConstView a18) {
   MESHRT_TRACE_SPAN(world_);
 
-  // xlnet.mesh:37:78 sum -> grad/xlnet/xlnet_layer[1]/norm#1/bias
+  // xlnet.mesh:37:78 sum
   MESHRT_TRACE("sum", "xlnet.mesh:37:78", "backward");
   support::reduce(a0.data(), kShape12, a1.data(), kShape1, kShape11, kShape3, support::Reduce::Sum,
                   1.0);
@@ -3969,55 +3744,53 @@ void XlnetTrain::repeated3(support::View a0, support::ConstView a1, support::Con
   MESHRT_TRACE("loop", "xlnet.mesh:37:71", "backward");
   loop36(a3.data(), a1.data(), a2.data());
 
-  // xlnet.mesh:37:71 sum -> grad/xlnet/xlnet_layer[1]/norm#1/gain
+  // xlnet.mesh:37:71 mul
+  MESHRT_TRACE("loop", "xlnet.mesh:37:71", "backward");
+  loop37(a5.data(), a1.data(), a4.data());
+
+  // xlnet.mesh:37:71 sum
   MESHRT_TRACE("sum", "xlnet.mesh:37:71", "backward");
-  support::reduce(a4.data(), kShape12, a3.data(), kShape1, kShape11, kShape3, support::Reduce::Sum,
+  support::reduce(a6.data(), kShape12, a5.data(), kShape1, kShape11, kShape3, support::Reduce::Sum,
                   1.0);
 
-  // xlnet.mesh:37:48 mean
-  MESHRT_TRACE("mean", "xlnet.mesh:37:48", "backward");
-  support::reduce(a5.data(), kShape11, a6.data(), kShape3, kShape12, kShape1, support::Reduce::Sum,
-                  0.03125);
+  // xlnet.mesh:37:48 layer_norm_grad
+  MESHRT_TRACE("layer_norm_grad", "xlnet.mesh:37:48", "backward");
+  support::layerNormGrad(a7.data(), a8.data(), a3.data(), kShape11, kShape3, kShape3, kShape3,
+                         kShape12, kShape1, kShape1, kShape1, 1e-05, 32, nullptr);
 
-  // xlnet.mesh:37:48 sub
-  // xlnet.mesh:37:48 square
-  MESHRT_TRACE("loop", "xlnet.mesh:37:48", "backward");
-  loop37(a7.data(), a6.data(), a5.data());
+  // xlnet.mesh:37:40 sum
+  MESHRT_TRACE("sum", "xlnet.mesh:37:40", "backward");
+  support::reduce(a9.data(), kShape12, a10.data(), kShape1, kShape11, kShape3, support::Reduce::Sum,
+                  1.0);
 
-  // xlnet.mesh:37:48 mean
-  MESHRT_TRACE("mean", "xlnet.mesh:37:48", "backward");
-  support::reduce(a8.data(), kShape11, a7.data(), kShape3, kShape12, kShape1, support::Reduce::Sum,
-                  0.03125);
+  // xlnet.mesh:37:40 add -> grad/xlnet/xlnet_layer[0]/norm#1/bias
+  MESHRT_TRACE("loop", "xlnet.mesh:37:40", "backward");
+  loop25(a11.data(), a0.data(), a9.data());
 
-  // xlnet.mesh:37:48 add
-  // xlnet.mesh:37:48 rsqrt
-  MESHRT_TRACE("loop", "xlnet.mesh:37:48", "backward");
-  loop38(a9.data(), a8.data());
+  // xlnet.mesh:37:33 mul
+  MESHRT_TRACE("loop", "xlnet.mesh:37:33", "backward");
+  loop36(a12.data(), a10.data(), a2.data());
 
-  // xlnet.mesh:37:71 mul
-  // xlnet.mesh:37:48 mul
-  MESHRT_TRACE("loop", "xlnet.mesh:37:71", "backward");
-  loop39(a11.data(), a12.data(), a1.data(), a10.data(), a2.data());
+  // xlnet.mesh:37:33 mul
+  MESHRT_TRACE("loop", "xlnet.mesh:37:33", "backward");
+  loop37(a14.data(), a10.data(), a13.data());
 
-  // xlnet.mesh:37:48 mean
-  MESHRT_TRACE("mean", "xlnet.mesh:37:48", "backward");
-  support::reduce(a13.data(), kShape11, a12.data(), kShape3, kShape12, kShape1,
-                  support::Reduce::Sum, 0.03125);
+  // xlnet.mesh:37:33 sum
+  MESHRT_TRACE("sum", "xlnet.mesh:37:33", "backward");
+  support::reduce(a15.data(), kShape12, a14.data(), kShape1, kShape11, kShape3,
+                  support::Reduce::Sum, 1.0);
 
-  // xlnet.mesh:37:48 mean
-  MESHRT_TRACE("mean", "xlnet.mesh:37:48", "backward");
-  support::reduce(a14.data(), kShape11, a11.data(), kShape3, kShape12, kShape1,
-                  support::Reduce::Sum, 0.03125);
+  // xlnet.mesh:37:33 add -> grad/xlnet/xlnet_layer[0]/norm#1/gain
+  MESHRT_TRACE("loop", "xlnet.mesh:37:33", "backward");
+  loop25(a16.data(), a6.data(), a15.data());
 
-  // xlnet.mesh:37:48 mul
-  // xlnet.mesh:37:48 sub
-  // xlnet.mesh:37:48 sub
-  // xlnet.mesh:37:48 mul
-  MESHRT_TRACE("loop", "xlnet.mesh:37:48", "backward");
-  loop40(a15.data(), a2.data(), a13.data(), a11.data(), a14.data(), a9.data());
+  // xlnet.mesh:37:10 layer_norm_grad
+  MESHRT_TRACE("layer_norm_grad", "xlnet.mesh:37:10", "backward");
+  support::layerNormGrad(a17.data(), a18.data(), a12.data(), kShape11, kShape3, kShape3, kShape3,
+                         kShape12, kShape1, kShape1, kShape1, 1e-05, 32, nullptr);
 }
 
-void XlnetTrain::repeated4(support::View a0, support::ConstView a1, support::ConstView a2,
+void XlnetTrain::repeated3(support::View a0, support::ConstView a1, support::ConstView a2,
                            support::View a3, support::ConstView a4, support::View a5,
                            support::ConstView a6, support::View a7, support::View a8,
                            support::ConstView a9, support::View a10) {
@@ -4069,7 +3842,7 @@ void XlnetTrain::repeated4(support::View a0, support::ConstView a1, support::Con
   kEinsum0.plan().run(a7.data(), a9.data(), a10.data(), 1.0f, 0.0f);
 }
 
-void XlnetTrain::repeated5(support::ConstView a0, support::ConstView a1, support::ConstView a2,
+void XlnetTrain::repeated4(support::ConstView a0, support::ConstView a1, support::ConstView a2,
                            support::View a3, support::View a4, support::ConstView a5,
                            support::ConstView a6, support::View a7, support::ConstView a8,
                            support::View a9, support::View a10, support::View a11,
@@ -4124,7 +3897,7 @@ void XlnetTrain::repeated5(support::ConstView a0, support::ConstView a1, support
   loop14(a15.data(), a14.data(), a11.data());
 }
 
-void XlnetTrain::repeated6(support::ConstView a0, support::ConstView a1, support::ConstView a2,
+void XlnetTrain::repeated5(support::ConstView a0, support::ConstView a1, support::ConstView a2,
                            support::ConstView a3, support::View a4, support::ConstView a5,
                            support::View a6, support::ConstView a7, support::View a8,
                            support::View a9, support::ConstView a10, support::View a11,
@@ -4174,7 +3947,7 @@ void XlnetTrain::repeated6(support::ConstView a0, support::ConstView a1, support
                   support::Reduce::Sum, 1.0);
 }
 
-void XlnetTrain::repeated7(support::ConstView a0, support::ConstView a1, support::View a2,
+void XlnetTrain::repeated6(support::ConstView a0, support::ConstView a1, support::View a2,
                            support::ConstView a3, support::ConstView a4, support::View a5,
                            support::ConstView a6, support::View a7, support::View a8,
                            support::View a9) {
@@ -4206,7 +3979,7 @@ void XlnetTrain::repeated7(support::ConstView a0, support::ConstView a1, support
   support::allReduceBucket(group_model, {a2, a9});
 }
 
-void XlnetTrain::repeated8(support::ConstView a0, support::ConstView a1, support::View a2,
+void XlnetTrain::repeated7(support::ConstView a0, support::ConstView a1, support::View a2,
                            support::ConstView a3, support::View a4, support::ConstView a5,
                            support::View a6, support::ConstView a7, support::View a8) {
   MESHRT_TRACE_SPAN(world_);
@@ -4231,6 +4004,35 @@ void XlnetTrain::repeated8(support::ConstView a0, support::ConstView a1, support
   MESHRT_TRACE("gemm", "xlnet.mesh:74:10", "backward");
   // dims: batch, length, d_model, heads, d_kv
   kEinsum15.plan().run(a0.data(), a7.data(), a8.data(), 1.0f, 0.0f);
+}
+
+void XlnetTrain::repeated8(support::View a0, support::ConstView a1, support::ConstView a2,
+                           support::View a3, support::ConstView a4, support::View a5,
+                           support::View a6, support::View a7, support::ConstView a8) {
+  MESHRT_TRACE_SPAN(world_);
+
+  // xlnet.mesh:37:78 sum -> grad/xlnet/xlnet_layer[1]/norm#1/bias
+  MESHRT_TRACE("sum", "xlnet.mesh:37:78", "backward");
+  support::reduce(a0.data(), kShape12, a1.data(), kShape1, kShape11, kShape3, support::Reduce::Sum,
+                  1.0);
+
+  // xlnet.mesh:37:71 mul
+  MESHRT_TRACE("loop", "xlnet.mesh:37:71", "backward");
+  loop36(a3.data(), a1.data(), a2.data());
+
+  // xlnet.mesh:37:71 mul
+  MESHRT_TRACE("loop", "xlnet.mesh:37:71", "backward");
+  loop37(a5.data(), a1.data(), a4.data());
+
+  // xlnet.mesh:37:71 sum -> grad/xlnet/xlnet_layer[1]/norm#1/gain
+  MESHRT_TRACE("sum", "xlnet.mesh:37:71", "backward");
+  support::reduce(a6.data(), kShape12, a5.data(), kShape1, kShape11, kShape3, support::Reduce::Sum,
+                  1.0);
+
+  // xlnet.mesh:37:48 layer_norm_grad
+  MESHRT_TRACE("layer_norm_grad", "xlnet.mesh:37:48", "backward");
+  support::layerNormGrad(a7.data(), a8.data(), a3.data(), kShape11, kShape3, kShape3, kShape3,
+                         kShape12, kShape1, kShape1, kShape1, 1e-05, 32, nullptr);
 }
 
 void XlnetTrain::repeated9(support::View a0, support::ConstView a1, support::ConstView a2,

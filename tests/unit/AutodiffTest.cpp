@@ -170,6 +170,8 @@ const OpCase kOpCases[] = {
     {"log_softmax", kW, "log_softmax(w, a)", "f32[a, b]"},
     {"layer_norm", kW, "layer_norm(w, b)", "f32[a, b]"},
     {"layer_norm (two dims)", kW, "layer_norm(w, a, b, eps = 1e-3)", "f32[a, b]"},
+    {"layer_norm (used transposed, over the outer dim)", kW,
+     "transpose(layer_norm(w, a) -> b, a) * 3.0", "f32[b, a]"},
     {"cumsum", kW, "cumsum(w, b)", "f32[a, b]"},
     {"cumsum (exclusive)", kW, "cumsum(w, b, exclusive = 1)", "f32[a, b]"},
     {"rename", kW, "rename(w, a -> a2)", "f32[a2, b]"},
@@ -237,6 +239,31 @@ train t(k: f32[a]) {
   for (size_t i = 0; i < 3; ++i)
     for (size_t j = 0; j < 4; ++j)
       CHECK(dw[i * 4 + j] == Approx(inputs.at("k").data[i] + 1.0));
+}
+
+TEST_CASE("layer_norm's gradient is one layer_norm_grad op of x and the cotangent", "[autodiff]") {
+  std::string source = std::string(kDims) + R"(
+train t(k: f32[a, b]) {
+  param w: f32[a, b] = normal(stddev = 1)
+  let loss = sum(layer_norm(w, b, eps = 1e-3) * k)
+  minimize loss with sgd(lr = 0.1)
+}
+)";
+  Compiled compiled{llvm::StringRef(source)};
+  ir::Function fn = compiled.trainFunction();
+  size_t forwardOps = fn.ops.size();
+  REQUIRE(train::differentiate(fn, compiled.diag));
+  int grads = 0;
+  for (size_t i = forwardOps; i < fn.ops.size(); ++i) {
+    const ir::Op& op = fn.ops[i];
+    CHECK(op.kind != ir::OpKind::ReduceMean); // no decomposition left
+    if (op.kind != ir::OpKind::LayerNormGrad) continue;
+    ++grads;
+    CHECK(op.dims("dims") == std::vector<std::string>{"b"});
+    CHECK(op.number("eps") == 1e-3);
+    CHECK(fn.typeOf(op.operands[1]) == fn.typeOf(op.operands[0]));
+  }
+  CHECK(grads == 1);
 }
 
 TEST_CASE("broadcast (added by autodiff itself) differentiates by summing", "[autodiff]") {

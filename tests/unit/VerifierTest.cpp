@@ -191,6 +191,18 @@ TEST_CASE("The verifier rejects hand-broken IR", "[ir][verifier]") {
     fn.addOp(lt, fn.params[0].type);
     requireError(fn, "= lt: result dtype f32 differs from a comparison's i32");
   }
+  SECTION("a layer_norm_grad whose cotangent is not x's type") {
+    // x: f32[d, h] (the param), ct: the einsum's f32[batch, h].
+    size_t einsum = firstOp(fn, OpKind::Einsum);
+    ir::Op grad{OpKind::LayerNormGrad,
+                {fn.params[0].value, fn.ops[einsum].result},
+                0,
+                {{"dims", std::vector<std::string>{"h"}}, {"eps", 1e-5}},
+                {}};
+    fn.addOp(grad, fn.params[0].type);
+    requireError(fn, "= layer_norm_grad: result type f32[d=8, h=6] differs from its operand's "
+                     "f32[batch=4, h=6]");
+  }
   SECTION("use before def") {
     size_t einsum = firstOp(fn, OpKind::Einsum);
     fn.ops[einsum].operands[1] = static_cast<ir::ValueId>(fn.values.size() - 1);

@@ -767,6 +767,68 @@ inline void reduceProduct(float* out, const Shape& outer, int64_t size, const fl
                       scale);
 }
 
+/// meshc::gen's layerNormGrad: dx = r (ct - mean(ct) - y mean(ct y)) along every lane, one
+/// thread per lane as meshrt_cuda's row kernels: one launch for the row sums of x, x^2, ct and
+/// ct x (in double), their all-reduce over `group` when the lane is split, and one launch that
+/// writes dx (a whole lane recomputes its variance and sum(ct y) centered, as the CPU's rows).
+inline void layerNormGrad(float* dx, const float* x, const float* ct, const Shape& outer,
+                          const Shape& xOuter, const Shape& ctOuter, const Shape& dxOuter,
+                          const Shape& lane, const Shape& xLane, const Shape& ctLane,
+                          const Shape& dxLane, double eps, int64_t globalLaneCount,
+                          meshrt::Communicator* group) {
+  if (group && group->size() <= 1) group = nullptr;
+  int64_t rows = product(outer), size = product(lane);
+  if (rows == 0) return;
+  size_t rowCount = size_t(rows), laneCount = size_t(size);
+  meshrt::cuda::Scratch tables((3 * rowCount + 3 * laneCount) * sizeof(int64_t)),
+      moments(4 * rowCount * sizeof(double));
+  const int64_t* xBase = meshrt::cuda::upload(tables, gen::offsetsOf(outer, xOuter), 0);
+  const int64_t* ctBase = meshrt::cuda::upload(tables, gen::offsetsOf(outer, ctOuter), rowCount);
+  const int64_t* dxBase =
+      meshrt::cuda::upload(tables, gen::offsetsOf(outer, dxOuter), 2 * rowCount);
+  const int64_t* xAt = meshrt::cuda::upload(tables, gen::offsetsOf(lane, xLane), 3 * rowCount);
+  const int64_t* ctAt =
+      meshrt::cuda::upload(tables, gen::offsetsOf(lane, ctLane), 3 * rowCount + laneCount);
+  const int64_t* dxAt =
+      meshrt::cuda::upload(tables, gen::offsetsOf(lane, dxLane), 3 * rowCount + 2 * laneCount);
+  double* sums = moments.as<double>();
+  forEachIndex(rowCount, [=] __device__(int64_t r) {
+    double s[4] = {0, 0, 0, 0};
+    for (int64_t i = 0; i < size; ++i) {
+      double v = x[xBase[r] + xAt[i]], g = ct[ctBase[r] + ctAt[i]];
+      s[0] += v;
+      s[1] += v * v;
+      s[2] += g;
+      s[3] += g * v;
+    }
+    for (int k = 0; k < 4; ++k)
+      sums[4 * r + k] = s[k];
+  });
+  if (group) group->allReduce(sums, 4 * rowCount);
+  double count = double(globalLaneCount);
+  bool split = group != nullptr;
+  forEachIndex(rowCount, [=] __device__(int64_t r) {
+    double mean = sums[4 * r] / count, meanCt = sums[4 * r + 2] / count;
+    double variance = sums[4 * r + 1] / count - mean * mean;
+    double meanCtCentered = sums[4 * r + 3] / count - mean * meanCt;
+    if (!split) {
+      variance = meanCtCentered = 0;
+      for (int64_t i = 0; i < size; ++i) {
+        double centered = x[xBase[r] + xAt[i]] - mean;
+        variance += centered * centered;
+        meanCtCentered += ct[ctBase[r] + ctAt[i]] * centered;
+      }
+      variance /= count;
+      meanCtCentered /= count;
+    }
+    double scale = 1 / sqrt((variance < 0 ? 0 : variance) + eps), meanCtY = scale * meanCtCentered;
+    for (int64_t i = 0; i < size; ++i) {
+      double y = (x[xBase[r] + xAt[i]] - mean) * scale;
+      dx[dxBase[r] + dxAt[i]] = float(scale * (ct[ctBase[r] + ctAt[i]] - meanCt - y * meanCtY));
+    }
+  });
+}
+
 /// where(mask != 0, in, fill) into a scratch buffer, then softmax over its dense rows into `out`
 /// (meshc::gen's maskedSoftmax; here one elementwise launch and the row kernel).
 inline void maskedSoftmax(float* out, const float* in, const float* mask, const Shape& outer,

@@ -17,12 +17,13 @@
 //
 // In five parts, each including the one before it: SupportCore.h (buffers, scalars, f32 math,
 // strided loops), SupportShards.h (shards, RNG fills, params), SupportEinsum.h, SupportRows.h
-// (reductions, ops along a dim) and SupportMovement.h (data movement, collectives over a dim,
-// output files, stage sends).
+// (reductions, ops along a dim; SupportNormGrad.h, layer_norm's gradient, beside it) and
+// SupportMovement.h (data movement, collectives over a dim, output files, stage sends).
 #pragma once
 
 #include "meshc/SupportCore.h"
 #include "meshc/SupportEinsum.h"
 #include "meshc/SupportMovement.h"
+#include "meshc/SupportNormGrad.h"
 #include "meshc/SupportRows.h"
 #include "meshc/SupportShards.h"

@@ -56,11 +56,11 @@ inline double sumExpRun(const float* x, int64_t count, float max) {
   return sumRun(x, count, [max](float v) { return double(meshrt::kernels::f32::exp(v - max)); });
 }
 
-/// The sum of term(x[i]) over a run at f32 speed: sixteen f32 lanes (one vector) summed over
+/// The sum of termAt(i) over [0, count) at f32 speed: sixteen f32 lanes (one vector) summed over
 /// blocks of 256 elements, each block's lanes then added in double. A lane adds at most 16 terms
 /// before its sum goes to double, so the error is at most ~16 u of the terms' magnitudes (u =
 /// 2^-24), inside the f32 rtol of docs/architecture.md (1024 u) however long the run.
-template <class Term> inline double sumLanes(const float* x, int64_t count, Term term) {
+template <class TermAt> inline double sumLanesOf(int64_t count, TermAt termAt) {
   constexpr int64_t kBlock = 256;
   double total = 0;
   for (int64_t begin = 0; begin < count; begin += kBlock) {
@@ -68,15 +68,20 @@ template <class Term> inline double sumLanes(const float* x, int64_t count, Term
     float partial[16] = {};
     for (; i + 16 <= end; i += 16)
       for (int j = 0; j < 16; ++j)
-        partial[j] += term(x[i + j]);
+        partial[j] += termAt(i + j);
     for (; i < end; ++i)
-      partial[0] += term(x[i]);
+      partial[0] += termAt(i);
     double block = 0;
     for (int j = 0; j < 16; ++j)
       block += double(partial[j]);
     total += block;
   }
   return total;
+}
+
+/// sumLanesOf over term(x[i]).
+template <class Term> inline double sumLanes(const float* x, int64_t count, Term term) {
+  return sumLanesOf(count, [&](int64_t i) { return term(x[i]); });
 }
 
 /// The largest of a run, sixteen lanes at a time; NaNs are passed over, as std::max(max, x)
