@@ -521,7 +521,7 @@ TEST_CASE("einsum: oneDNN, OpenBLAS or the measured choice between them, the sam
 }
 
 TEST_CASE("einsum: an OpenBLAS GEMM split over the BLAS threads", "[kernels]") {
-  // OpenBLAS itself runs one thread (its idle pool yield-spins, Einsum.cpp); with two BLAS
+  // OpenBLAS itself runs one thread (its idle pool yield-spins, BlasThreads.cpp); with two BLAS
   // threads a GEMM of 4 MFLOP and up is split over an OpenMP team: rows (m >= n), columns
   // (m < n), either transposed, a row count that splits unevenly, or whole batch entries. Not
   // the same bits as one call: OpenBLAS's kernels sum a block of 16 rows or columns in another

@@ -219,9 +219,9 @@ void LibraryGemm::runOpenBlas(const float* a, const float* b, float* c, float al
   auto transA = a_.transpose ? CblasTrans : CblasNoTrans;
   auto transB = b_.transpose ? CblasTrans : CblasNoTrans;
   // One call per batch index; with more than one BLAS thread (OpenBLAS itself runs one, see
-  // Einsum.cpp) and work enough, each call's rows (or columns, where they are more) split into
-  // blocks of kSplitAlign, and the calls spread over an OpenMP team, as OpenBLAS's own threads
-  // split a GEMM.
+  // BlasThreads.cpp) and work enough, each call's rows (or columns, where they are more) split
+  // into blocks of a multiple of kSplitAlign, and the calls spread over an OpenMP team, as
+  // OpenBLAS's own threads split a GEMM.
   thread_local std::vector<std::array<int64_t, 3>> callerOffsets;
   // The caller's list, by reference: the team's threads would name their own thread_local.
   std::vector<std::array<int64_t, 3>>& offsets = callerOffsets;
@@ -231,14 +231,15 @@ void LibraryGemm::runOpenBlas(const float* a, const float* b, float* c, float al
                   [&](int64_t offsetA, int64_t offsetB, int64_t offsetC) {
                     offsets.push_back({offsetA, offsetB, offsetC});
                   });
-  int threads = flops_ >= kSplitFlops ? blasThreads() : 1;
-  int64_t batches = int64_t(offsets.size());
   bool byRows = m >= n;
-  int64_t extent = byRows ? m : n;
-  int64_t wanted = std::min((threads + batches - 1) / batches,
-                            (extent + kSplitAlign - 1) / kSplitAlign);
-  int64_t block = std::max<int64_t>(wanted, 1);
-  block = ((extent + block - 1) / block + kSplitAlign - 1) / kSplitAlign * kSplitAlign;
+  int64_t batches = int64_t(offsets.size()), extent = byRows ? m : n;
+  if (batches == 0 || extent == 0) return; // nothing to compute (cblas_sgemm would do nothing)
+  int threads = flops_ >= kSplitFlops ? blasThreads() : 1;
+  // Blocks per matrix: enough for the threads the batch entries do not occupy.
+  int64_t perMatrix = std::max<int64_t>(
+      1, std::min((threads + batches - 1) / batches, (extent + kSplitAlign - 1) / kSplitAlign));
+  int64_t block = ((extent + perMatrix - 1) / perMatrix + kSplitAlign - 1) / kSplitAlign *
+                  kSplitAlign;
   int64_t blocks = (extent + block - 1) / block, tasks = batches * blocks;
   auto runTask = [&](int64_t task) {
     const std::array<int64_t, 3>& offset = offsets[size_t(task / blocks)];

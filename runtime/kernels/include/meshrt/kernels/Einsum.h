@@ -141,7 +141,7 @@ GemmLibrary gemmLibrary();
 /// The BLAS thread count for this process (set 1 when ranks are threads sharing the cores),
 /// initially OpenBLAS's (OPENBLAS_NUM_THREADS, ...): the einsums' GEMMs run on that many OpenMP
 /// threads, oneDNN's by its own threading and OpenBLAS's split over a team (OpenBLAS's own pool
-/// is held to one thread, see Einsum.cpp).
+/// is held to one thread, see BlasThreads.cpp).
 void setBlasThreads(int threads);
 int blasThreads();
 
