@@ -560,6 +560,32 @@ TEST_CASE("einsum: an OpenBLAS GEMM split over the BLAS threads", "[kernels]") {
   setGemmLibrary(initial);
 }
 
+TEST_CASE("einsum: a GEMM below the split size runs on one thread, the caller's count kept",
+          "[kernels]") {
+  // With two BLAS threads, a GEMM under 2^22 flops runs oneDNN on one OpenMP thread (a team's
+  // start and join cost more there) and sets the calling thread's count back after it: the
+  // caller's own parallel loops keep their two threads. Either library, plain or with the bias
+  // and GELU epilogue, and one large enough to use both threads.
+  const GemmLibrary initial = gemmLibrary();
+  const int initialThreads = blasThreads();
+  const int initialOmp = omp_get_max_threads();
+  setBlasThreads(2);
+  omp_set_num_threads(2);
+  for (GemmLibrary library : {GemmLibrary::OneDnn, GemmLibrary::OpenBlas, GemmLibrary::Measured})
+    for (const EinsumSpec& s : {spec({2, 6, 8, 12}, {{0, 1, 2}, {2, 3}}, {0, 1, 3}),
+                                spec({4, 40, 128, 128}, {{0, 1, 2}, {2, 3}}, {0, 1, 3})}) {
+      INFO("library " << int(library) << ", " << s.sizes[1] << " rows");
+      setGemmLibrary(library);
+      checkEinsum(s, randomOperands(s, 43), nullptr, 16 * 128 * 0x1p-24);
+      CHECK(omp_get_max_threads() == 2);
+      checkBiasActivation(s, 44);
+      CHECK(omp_get_max_threads() == 2);
+    }
+  setBlasThreads(initialThreads);
+  omp_set_num_threads(initialOmp);
+  setGemmLibrary(initial);
+}
+
 TEST_CASE("einsum: one plan runs concurrently with alpha and beta, matmul batches included",
           "[kernels]") {
   // Rank threads share a static plan; each accumulates into its own output with its own alpha.

@@ -63,6 +63,14 @@ int useBlasThreadCount() {
   return threads;
 }
 
+OmpThreadsFor::OmpThreadsFor(int threads) : previous_(omp_get_max_threads()) {
+  if (previous_ != threads) omp_set_num_threads(threads);
+}
+
+OmpThreadsFor::~OmpThreadsFor() {
+  if (omp_get_max_threads() != previous_) omp_set_num_threads(previous_);
+}
+
 DnnlGemm::DnnlGemm(const std::vector<int64_t>& batchSizes, const EinsumPlan::Matrix& a,
                    const EinsumPlan::Matrix& b, const EinsumPlan::Matrix& c)
     : batchSizes_(batchSizes), a_(a), b_(b), c_(c), serial_(nextSerial()) {
@@ -137,8 +145,9 @@ void DnnlGemm::scaleOutput(float* c, float beta) const {
   });
 }
 
-void DnnlGemm::run(const float* a, const float* b, float* c, float alpha, float beta) const {
-  int threads = useBlasThreadCount();
+void DnnlGemm::run(const float* a, const float* b, float* c, float alpha, float beta,
+                   int threads) const {
+  OmpThreadsFor scope(threads);
   if (!useMatmul_) {
     runSgemmLoop(a, b, c, alpha, beta);
     return;
@@ -150,9 +159,10 @@ void DnnlGemm::run(const float* a, const float* b, float* c, float alpha, float 
 }
 
 bool DnnlGemm::runBiasActivation(const float* a, const float* b, const float* bias, float* c,
-                                 bool gelu) const {
+                                 bool gelu, int threads) const {
   if (!useMatmul_) return false;
-  Bound& bound = boundFor(useBlasThreadCount(), gelu ? Epilogue::BiasGelu : Epilogue::Bias);
+  OmpThreadsFor scope(threads);
+  Bound& bound = boundFor(threads, gelu ? Epilogue::BiasGelu : Epilogue::Bias);
   if (!bound.usable) return false;
   execute(bound, a, b, bias, c, 1.0f);
   return true;

@@ -19,6 +19,20 @@ namespace meshrt::kernels::detail {
 /// Per thread: rank threads that each set one thread do not oversubscribe the cores.
 int useBlasThreadCount();
 
+/// The calling thread's OpenMP thread count set to `threads` while one GEMM runs, and back to
+/// what it was after (the thread's own parallel loops keep theirs): a GEMM too small to gain
+/// from a team runs on one thread (LibraryGemm::threads).
+class OmpThreadsFor {
+public:
+  explicit OmpThreadsFor(int threads);
+  ~OmpThreadsFor();
+  OmpThreadsFor(const OmpThreadsFor&) = delete;
+  OmpThreadsFor& operator=(const OmpThreadsFor&) = delete;
+
+private:
+  int previous_;
+};
+
 /// c[batch...] = alpha * a[batch...] . b[batch...] + beta * c[batch...], every operand walked
 /// by its Matrix (rows x cols with one stride each, and per-batch-dim strides). c is never
 /// transposed. Thread-safe: run may be called concurrently (per-thread scratchpad and stream).
@@ -27,13 +41,14 @@ public:
   DnnlGemm(const std::vector<int64_t>& batchSizes, const EinsumPlan::Matrix& a,
            const EinsumPlan::Matrix& b, const EinsumPlan::Matrix& c);
 
-  void run(const float* a, const float* b, float* c, float alpha, float beta) const;
+  /// On `threads` OpenMP threads (the calling thread's count for the call, see OmpThreadsFor).
+  void run(const float* a, const float* b, float* c, float alpha, float beta, int threads) const;
   /// c = f(a . b + bias[col]), bias one value per column of c, f the identity or (gelu) GELU in
   /// its tanh form: oneDNN's bias and eltwise post-op, applied while a tile of c is in registers.
   /// False (and c untouched) where this GEMM has no such matmul (the sgemm loop, or oneDNN
   /// offers only its reference implementation with the post-ops).
   bool runBiasActivation(const float* a, const float* b, const float* bias, float* c,
-                         bool gelu) const;
+                         bool gelu, int threads) const;
   /// "matmul <oneDNN implementation>" or "sgemm loop".
   std::string describe() const;
 

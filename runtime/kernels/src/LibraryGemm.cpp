@@ -27,13 +27,15 @@ namespace kernels {
 namespace {
 
 /// Below this a GEMM is not worth measuring (a few microseconds): oneDNN runs it, as it did
-/// before the choice existed.
+/// before the choice existed, and an epilogue is a pass after it.
 constexpr int64_t kMeasureFlops = int64_t(1) << 22;
 /// OpenBLAS (or the plain GEMM then a pass) must take less than this share of the other's time.
 constexpr double kMargin = 0.95;
-/// An OpenBLAS GEMM is split over the BLAS threads from this size on (about 40 us on one core
-/// here; an OpenMP region's start and join with sleeping waits costs 10-30 us), in blocks of
-/// rows or columns that are multiples of this (OpenBLAS's f32 kernels' tile).
+/// A GEMM runs on the BLAS threads from this size on, on one thread below: about 40 us on one
+/// core here, where an OpenMP region's start and join with sleeping waits costs 10-30 us
+/// (oneDNN's 128x64 . 64x256, 2^22 flops, best of 400 with passive waits: 46-49 us on one
+/// thread, 49-76 on two; twice the flops, 88-89 against 81-95). An OpenBLAS GEMM is split in
+/// blocks of rows or columns that are multiples of kSplitAlign (its f32 kernels' tile).
 constexpr int64_t kSplitFlops = int64_t(1) << 22;
 constexpr int64_t kSplitAlign = 16;
 
@@ -159,8 +161,10 @@ std::vector<int64_t> LibraryGemm::key(Use use, int threads) const {
 }
 
 bool LibraryGemm::choose(Use use, const float* a, const float* b, const float* bias) const {
-  // First, whatever runs: oneDNN's OpenMP threads follow the BLAS count on every thread.
-  int threads = useBlasThreadCount();
+  // First, whatever runs: the thread's OpenMP count follows the BLAS count (a GEMM may run on
+  // fewer, see threads()).
+  useBlasThreadCount();
+  int threads = this->threads();
   switch (gemmLibrary()) {
   case GemmLibrary::OneDnn:
     return use != Use::Plain;
@@ -169,7 +173,11 @@ bool LibraryGemm::choose(Use use, const float* a, const float* b, const float* b
   case GemmLibrary::Measured:
     break;
   }
-  if (flops_ < kMeasureFlops) return use != Use::Plain;
+  // Unmeasured below kMeasureFlops: oneDNN's plain GEMM, then the epilogue's pass. Not its
+  // post-ops: on AVX2 cores oneDNN applies GELU as a slow second pass of its own (the FFN's
+  // 2 MFLOP GEMM with bias and GELU, transformer.mesh's default sizes on [data=2]: 93.8 us
+  // fused, 39.6 plain then the pass).
+  if (flops_ < kMeasureFlops) return false;
   std::atomic<int64_t>& cached = cached_[int(use)];
   int64_t known = cached.load(std::memory_order_relaxed);
   if (known != 0 && known / 2 == threads) return known % 2 == 1;
@@ -179,21 +187,25 @@ bool LibraryGemm::choose(Use use, const float* a, const float* b, const float* b
   return choice.value;
 }
 
+int LibraryGemm::threads() const {
+  return flops_ >= kSplitFlops ? blasThreads() : 1;
+}
+
 bool LibraryGemm::measure(Use use, const float* a, const float* b, const float* bias) const {
   // The plain GEMM's choice first: its measurement uses the same scratch.
   if (use != Use::Plain) choose(Use::Plain, a, b, nullptr);
   thread_local std::vector<float> scratch;
   scratch.resize(std::max<size_t>(scratch.size(), size_t(cSpan_)));
   float* out = scratch.data();
-  int threads = useBlasThreadCount();
+  int threads = this->threads();
   if (use == Use::Plain)
     return secondClearlyFaster(
-        threads, [&] { oneDnn_.run(a, b, out, 1.0f, 0.0f); },
+        threads, [&] { oneDnn_.run(a, b, out, 1.0f, 0.0f, threads); },
         [&] { runOpenBlas(a, b, out, 1.0f, 0.0f); });
   bool gelu = use == Use::BiasGelu;
-  if (!oneDnn_.runBiasActivation(a, b, bias, out, gelu)) return false; // no fused form
+  if (!oneDnn_.runBiasActivation(a, b, bias, out, gelu, threads)) return false; // no fused form
   return !secondClearlyFaster(
-      threads, [&] { oneDnn_.runBiasActivation(a, b, bias, out, gelu); },
+      threads, [&] { oneDnn_.runBiasActivation(a, b, bias, out, gelu, threads); },
       [&] {
         run(a, b, out, 1.0f, 0.0f);
         addBiasActivation(out, cSpan_, c_.cols, bias, gelu);
@@ -204,13 +216,13 @@ void LibraryGemm::run(const float* a, const float* b, float* c, float alpha, flo
   if (choose(Use::Plain, a, b, nullptr))
     runOpenBlas(a, b, c, alpha, beta);
   else
-    oneDnn_.run(a, b, c, alpha, beta);
+    oneDnn_.run(a, b, c, alpha, beta, threads());
 }
 
 bool LibraryGemm::runBiasActivation(const float* a, const float* b, const float* bias, float* c,
                                     bool gelu) const {
   return choose(gelu ? Use::BiasGelu : Use::Bias, a, b, bias) &&
-         oneDnn_.runBiasActivation(a, b, bias, c, gelu);
+         oneDnn_.runBiasActivation(a, b, bias, c, gelu, threads());
 }
 
 void LibraryGemm::runOpenBlas(const float* a, const float* b, float* c, float alpha,
@@ -234,7 +246,7 @@ void LibraryGemm::runOpenBlas(const float* a, const float* b, float* c, float al
   bool byRows = m >= n;
   int64_t batches = int64_t(offsets.size()), extent = byRows ? m : n;
   if (batches == 0 || extent == 0) return; // nothing to compute (cblas_sgemm would do nothing)
-  int threads = flops_ >= kSplitFlops ? blasThreads() : 1;
+  int threads = this->threads();
   // Blocks per matrix: enough for the threads the batch entries do not occupy.
   int64_t perMatrix = std::max<int64_t>(
       1, std::min((threads + batches - 1) / batches, (extent + kSplitAlign - 1) / kSplitAlign));

@@ -43,6 +43,9 @@ private:
   bool choose(Use use, const float* a, const float* b, const float* bias) const;
   bool measure(Use use, const float* a, const float* b, const float* bias) const;
   void runOpenBlas(const float* a, const float* b, float* c, float alpha, float beta) const;
+  /// The threads this GEMM runs on, either library: the BLAS count, or one below kSplitFlops
+  /// (an OpenMP team's start and join cost more than they save there).
+  int threads() const;
   /// The shape's key in the process's table of choices.
   std::vector<int64_t> key(Use use, int threads) const;
 
