@@ -47,8 +47,8 @@ public:
   /// its tanh form: oneDNN's bias and eltwise post-op, applied while a tile of c is in registers.
   /// False (and c untouched) where this GEMM has no such matmul (the sgemm loop, or oneDNN
   /// offers only its reference implementation with the post-ops).
-  bool runBiasActivation(const float* a, const float* b, const float* bias, float* c,
-                         bool gelu, int threads) const;
+  bool runBiasActivation(const float* a, const float* b, const float* bias, float* c, bool gelu,
+                         int threads) const;
   /// "matmul <oneDNN implementation>" or "sgemm loop".
   std::string describe() const;
 
