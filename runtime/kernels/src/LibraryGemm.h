@@ -27,8 +27,8 @@ public:
   /// c = alpha * a . b + beta * c through the chosen library.
   void run(const float* a, const float* b, float* c, float alpha, float beta) const;
   /// c = f(a . b + bias[col]) in one oneDNN matmul with post-ops, where that is measured faster
-  /// than the plain GEMM then addBiasActivation; false (c untouched) otherwise: the caller runs
-  /// those two.
+  /// than the plain GEMM then addBiasActivation (from 4 MFLOP; never below); false (c untouched)
+  /// otherwise: the caller runs those two.
   bool runBiasActivation(const float* a, const float* b, const float* bias, float* c,
                          bool gelu) const;
   /// "matmul <oneDNN implementation>", "sgemm loop" or "cblas_sgemm loop" (once measured).
@@ -37,7 +37,7 @@ public:
 private:
   /// What a choice is made for: the plain GEMM, or with a bias (and GELU) epilogue.
   enum class Use { Plain, Bias, BiasGelu };
-  /// The choice for `use` at the calling thread's BLAS thread count: for Plain, whether OpenBLAS
+  /// The choice for `use` at this GEMM's thread count (threads()): for Plain, whether OpenBLAS
   /// runs it; for an epilogue, whether oneDNN's post-ops do. Cached per plan, measured once per
   /// process and shape (plans of the same shape, such as a repeated layer's, share it).
   bool choose(Use use, const float* a, const float* b, const float* bias) const;
