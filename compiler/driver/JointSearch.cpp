@@ -479,6 +479,9 @@ std::optional<PlannedModule> planJointly(const ir::Module& module, const Pipelin
   plan::PlannerOptions plannerOptions;
   plannerOptions.machine = options.machine;
   plannerOptions.memoryBudgetBytes = budget;
+  // A block's plan without ZeRO that does not fit is only the joint search's first row (its
+  // step and memory): not lowered (a whole block, 96 layers for the GPT-3-shaped one).
+  plannerOptions.unloweredOverBudget = true;
 
   auto start = std::chrono::steady_clock::now();
   // Stages are planned for the selected functions together (PlanPipeline.h), so they are tried

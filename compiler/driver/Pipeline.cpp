@@ -277,6 +277,7 @@ std::optional<PlannedModule> planModule(const ir::Module& module, const Pipeline
   options.devices = given.devices;
   options.searchStart = given.searchStart;
   options.skipIdleBounds = given.skipIdleBounds;
+  options.boundTally = given.boundTally;
   if (!given.zero.empty()) {
     llvm::StringRef stage = llvm::StringRef(given.zero).trim();
     if (stage.getAsInteger(10, options.zeroStage) || options.zeroStage < 0 ||

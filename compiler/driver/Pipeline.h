@@ -16,6 +16,7 @@
 #include <llvm/Support/CommandLine.h>
 #include <llvm/Support/raw_ostream.h>
 
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -58,6 +59,9 @@ struct PipelineOptions {
   /// plan::PlannerOptions::skipIdleBounds: set with searchStart by the pipeline search, whose
   /// inner plans' counts of layouts costed are not printed.
   bool skipIdleBounds = false;
+  /// plan::PlannerOptions::boundTally: set with skipIdleBounds by the pipeline search, shared by
+  /// the inner plans of its microbatch counts.
+  std::shared_ptr<plan::BoundTally> boundTally;
   // The interpreter (interpretModule):
   uint64_t seed = 0;
   int64_t steps = 0;                  // > 0: train blocks take this many steps

@@ -12,6 +12,7 @@
 #include <map>
 #include <random>
 #include <set>
+#include <tuple>
 #include <unordered_set>
 
 namespace meshc::plan {
@@ -199,9 +200,21 @@ struct SearchSpace {
 class LayoutSearcher {
 public:
   LayoutSearcher(const SearchSpace& space, PlanEvaluator& evaluator, double budget,
-                 bool skipIdleBounds)
+                 bool skipIdleBounds, BoundTally* tally)
       : space_(space), eval_(evaluator), budget_(budget), skipIdleBounds_(skipIdleBounds),
-        levelBounds_(space.dims.size(), 0), levelCuts_(space.dims.size(), 0) {}
+        levelBounds_(space.dims.size(), 0), levelCuts_(space.dims.size(), 0), tally_(tally) {
+    if (!skipIdleBounds_ || !tally_) return;
+    for (size_t i = 0; i < space.dims.size(); ++i)
+      if (auto known = tally_->byDim.find(space.dims[i]); known != tally_->byDim.end())
+        std::tie(levelBounds_[i], levelCuts_[i]) = known->second;
+  }
+
+  /// The levels' counts back into the shared tally, for the next search.
+  ~LayoutSearcher() {
+    if (!skipIdleBounds_ || !tally_) return;
+    for (size_t i = 0; i < space_.dims.size(); ++i)
+      tally_->byDim[space_.dims[i]] = {levelBounds_[i], levelCuts_[i]};
+  }
 
   /// Exact: branch and bound in the search order, its incumbent seeded by a coordinate descent
   /// from `start` (SearchOptions::start). Returns false when it ran out of work before proving
@@ -411,6 +424,7 @@ private:
   bool aborted_ = false;
   bool skipIdleBounds_;
   std::vector<size_t> levelBounds_, levelCuts_; // per level: bounds computed, and those that cut
+  BoundTally* tally_; // SearchOptions::boundTally, or null
   std::map<std::vector<int>, Score> scores_;
 };
 
@@ -477,7 +491,8 @@ std::optional<SearchResult> searchLayout(PlanEvaluator& evaluator, const ir::Mod
     }
   }
   SearchSpace space(module, fn, mesh, pinned, toSearch, evaluator.relevantDims());
-  LayoutSearcher searcher(space, evaluator, budget, options.skipIdleBounds);
+  LayoutSearcher searcher(space, evaluator, budget, options.skipIdleBounds,
+                          options.boundTally.get());
   bool exact = space.legalCount(options.exactLimit) <= options.exactLimit;
   if (exact)
     exact = searcher.exact(options.start ? space.choiceOf(*options.start)

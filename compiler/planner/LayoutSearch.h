@@ -7,11 +7,20 @@
 #include "diag/Diagnostics.h"
 #include "planner/SpmdLowering.h"
 
+#include <map>
+#include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace meshc::plan {
+
+/// Per searched dim, the lower bounds computed at its level and those that cut, summed over the
+/// searches that share it (SearchOptions::boundTally).
+struct BoundTally {
+  std::map<std::string, std::pair<size_t, size_t>> byDim;
+};
 
 struct SearchOptions {
   double memoryBudgetBytes = 0;   // 0: the machine's memory per device
@@ -37,6 +46,13 @@ struct SearchOptions {
   /// preferred to the incumbent), so the layout found is the same; what changes is the work, and
   /// the layouts costed (`candidatesEvaluated`): for callers that do not print them.
   bool skipIdleBounds = false;
+  /// With skipIdleBounds: the tally the levels' counts start from and are added to (by the
+  /// level's dim), shared by searches of alike blocks in one order (a pipeline search's inner
+  /// plans: 168 searches of one- and two-layer blocks for the GPT-3-shaped train block, whose
+  /// levels cut alike), so that a level found idle in one search is not bounded eight more
+  /// times in each of the next. Exact as skipIdleBounds is: any subset of the bounds finds the
+  /// same layout.
+  std::shared_ptr<BoundTally> boundTally;
 };
 
 struct SearchResult {

@@ -132,6 +132,7 @@ std::optional<PlannedFunction> planLayout(const ir::Module& module, const ir::Fu
   searchOptions.exactLimit = options.exactLimit;
   searchOptions.start = options.searchStart;
   searchOptions.skipIdleBounds = options.skipIdleBounds;
+  searchOptions.boundTally = options.boundTally;
   PlannedFunction plan = emptyPlan(pinned, options.memoryBudgetBytes > 0 ? options.memoryBudgetBytes
                                                                          : machine.memoryBytes);
   Layout layout = pinned;
@@ -328,6 +329,7 @@ zeroCandidatesOf(const ir::Module& module, const ir::Function* fn, const Machine
   searchOptions.exactLimit = options.exactLimit;
   searchOptions.start = options.searchStart;
   searchOptions.skipIdleBounds = options.skipIdleBounds;
+  searchOptions.boundTally = options.boundTally;
   DiagEngine quiet(diag.sources(), llvm::nulls());
   PlanEvaluator evaluator(module, *fn, mesh, machine);
   auto lowered = [&](const SearchResult& search) -> std::optional<PlannedFunction> {
@@ -335,6 +337,19 @@ zeroCandidatesOf(const ir::Module& module, const ir::Function* fn, const Machine
     std::optional<SpmdFunction> spmd = evaluator.lower(search.layout, diag);
     if (!spmd) return std::nullopt;
     plan.spmd = std::move(*spmd);
+    if (!toSearch.empty()) plan.search = search;
+    return plan;
+  };
+  // PlannerOptions::unloweredOverBudget: the figures a lowering of `search` would give.
+  auto unlowered = [&](const SearchResult& search) {
+    PlannedFunction plan = emptyPlan(pinned, searchOptions.memoryBudgetBytes);
+    plan.spmd.name = fn->name;
+    plan.spmd.kind = fn->kind;
+    plan.spmd.mesh = mesh;
+    plan.spmd.layout = search.layout;
+    plan.spmd.machineName = machine.name;
+    plan.spmd.summary.stepSeconds = search.stepSeconds;
+    plan.spmd.memory = search.memory;
     if (!toSearch.empty()) plan.search = search;
     return plan;
   };
@@ -367,9 +382,13 @@ zeroCandidatesOf(const ir::Module& module, const ir::Function* fn, const Machine
       if (fastest) fittingOptions.start = fastest->layout;
       std::optional<SearchResult> fitting = searchLayout(evaluator, module, *fn, mesh, machine,
                                                          pinned, toSearch, fittingOptions, quiet);
-      std::optional<PlannedFunction> plan = fitting           ? lowered(*fitting)
-                                            : fastestLayout() ? fastestPlan
-                                                              : std::nullopt;
+      std::optional<PlannedFunction> plan;
+      if (fitting)
+        plan = lowered(*fitting);
+      else if (options.unloweredOverBudget)
+        plan = fastestSearch() ? std::optional(unlowered(*fastest)) : std::nullopt;
+      else if (fastestLayout())
+        plan = fastestPlan;
       if (!plan) return std::nullopt;
       bool goOn = !keepGoing || keepGoing(*plan);
       candidates.push_back(std::move(*plan));

@@ -7,6 +7,7 @@
 #include "planner/PlanReport.h"
 
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -29,6 +30,13 @@ struct PlannerOptions {
   /// SearchOptions::skipIdleBounds for the layout searches: the same plans, other counts of
   /// layouts costed (for callers that do not print them).
   bool skipIdleBounds = false;
+  /// SearchOptions::boundTally for the layout searches (with skipIdleBounds).
+  std::shared_ptr<BoundTally> boundTally;
+  /// planZeroCandidates: stage 0's plan, when no layout fits the budget, is not lowered: its
+  /// SPMD function holds only the mesh, the layout, the step and the memory, the search's exact
+  /// figures (the lowering's, bit for bit: SearchResult), for a caller that only lists it and
+  /// does not microbatch it (the joint search's first row, one microbatch, which never fits).
+  bool unloweredOverBudget = false;
 };
 
 /// Plans every selected function of `module` on `machine`. Errors (an impossible memory budget,

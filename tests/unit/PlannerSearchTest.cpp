@@ -292,11 +292,14 @@ TEST_CASE("the exact search finds the same layout from any start") {
       foreign.axes[dims.front()] = {"no_such_axis"};
       foreign.axes["not_a_dim"] = {mesh.axes.front().name};
       starts.push_back(foreign);
-      // With the bounds of idle levels left out too (SearchOptions::skipIdleBounds).
-      for (bool skip : {false, true})
+      // With the bounds of idle levels left out too (SearchOptions::skipIdleBounds), and with
+      // their tallies carried from each search to the next (SearchOptions::boundTally).
+      auto tally = std::make_shared<BoundTally>();
+      for (int skip : {0, 1, 2})
         for (const Layout& start : starts) {
           options.start = start;
-          options.skipIdleBounds = skip;
+          options.skipIdleBounds = skip > 0;
+          options.boundTally = skip == 2 ? tally : nullptr;
           std::optional<SearchResult> found =
               searchLayout(*compiled.module, fn, mesh, gpu, Layout{}, dims, options, quiet);
           REQUIRE(found);
@@ -343,6 +346,23 @@ TEST_CASE("the exact search finds the same layout with its idle levels unbounded
   CHECK(skipping->stepSeconds == plain->stepSeconds);
   CHECK(skipping->memory.total() == plain->memory.total());
   CHECK(skipping->boundsComputed < plain->boundsComputed);
+  // Its levels' tallies carried into a second search of the same block (SearchOptions::
+  // boundTally, as the pipeline search's inner plans share them): the idle levels are not
+  // bounded again, fewer bounds than alone, the same layout.
+  options.boundTally = std::make_shared<BoundTally>();
+  std::optional<SearchResult> first =
+      searchLayout(*compiled.module, fn, mesh, cluster, Layout{}, dims, options, compiled.diag);
+  std::optional<SearchResult> carried =
+      searchLayout(*compiled.module, fn, mesh, cluster, Layout{}, dims, options, compiled.diag);
+  REQUIRE(first);
+  REQUIRE(carried);
+  CHECK(first->boundsComputed == skipping->boundsComputed);
+  CHECK_FALSE(options.boundTally->byDim.empty());
+  CHECK(carried->exact);
+  CHECK(carried->layout == plain->layout);
+  CHECK(carried->stepSeconds == plain->stepSeconds);
+  CHECK(carried->memory.total() == plain->memory.total());
+  CHECK(carried->boundsComputed < skipping->boundsComputed);
 }
 
 TEST_CASE("the search is exact on the examples with layout auto on [data=2, model=4]") {
@@ -1057,5 +1077,63 @@ TEST_CASE("a ZeRO form's report compares it with the plan without ZeRO, lowered 
     CHECK(form.search->layout.axes == afterPlain.search->layout.axes);
     CHECK(form.memoryBudgetBytes == afterPlain.memoryBudgetBytes);
     CHECK(form.pinnedDims == afterPlain.pinnedDims);
+  }
+}
+
+TEST_CASE("an unlowered stage 0 over the budget has the lowered plan's figures") {
+  // PlannerOptions::unloweredOverBudget (the joint search's first row): when no layout fits,
+  // stage 0 is not lowered; its step, memory, layout and mesh must be the lowered plan's bit
+  // for bit, and the ZeRO forms after it the same forms. Adam's transformer and Adafactor's
+  // MoE (whose sums are ordered by stage 0's layout, read from that plan).
+  struct Case {
+    const char* file;
+    const char* function;
+  };
+  for (Case c : {Case{"transformer.mesh", "lm_train"}, Case{"moe.mesh", "moe_train"}}) {
+    CAPTURE(c.file);
+    SemaOptions options;
+    options.mesh = {{"data", 2}, {"model", 2}};
+    options.layout = "auto";
+    Compiled compiled(std::string(MESHC_SOURCE_DIR) + "/dsl-examples/" + c.file, options);
+    REQUIRE(compiled.module);
+    for (ir::Function& fn : compiled.module->functions)
+      REQUIRE(train::lowerTraining(fn, compiled.diag, train::pinnedDims(*compiled.module)));
+    PlannerOptions plannerOptions;
+    plannerOptions.machine = "8xh100";
+    plannerOptions.memoryBudgetBytes = 1; // nothing fits
+    Machine h100 = machine("8xh100");
+    auto lowered = planZeroCandidates(*compiled.module, h100, plannerOptions, c.function,
+                                      {0, 3, 1}, nullptr, compiled.diag);
+    plannerOptions.unloweredOverBudget = true;
+    auto unlowered = planZeroCandidates(*compiled.module, h100, plannerOptions, c.function,
+                                        {0, 3, 1}, nullptr, compiled.diag);
+    REQUIRE(lowered);
+    REQUIRE(unlowered);
+    REQUIRE(lowered->size() == 3);
+    REQUIRE(unlowered->size() == 3);
+    const SpmdFunction& plain = lowered->front().spmd;
+    const SpmdFunction& figures = unlowered->front().spmd;
+    CHECK_FALSE(plain.ops.empty());
+    CHECK(figures.ops.empty());
+    CHECK(figures.summary.stepSeconds == plain.summary.stepSeconds);
+    CHECK(figures.memory.total() == plain.memory.total());
+    CHECK(figures.layout.axes == plain.layout.axes);
+    CHECK(figures.mesh.numDevices() == plain.mesh.numDevices());
+    CHECK(figures.name == plain.name);
+    REQUIRE(unlowered->front().search);
+    CHECK(unlowered->front().search->layout.axes == lowered->front().search->layout.axes);
+    for (size_t k = 1; k < 3; ++k) {
+      const PlannedFunction& form = (*unlowered)[k];
+      const PlannedFunction& afterLowered = (*lowered)[k];
+      REQUIRE(form.zero);
+      REQUIRE(afterLowered.zero);
+      CAPTURE(form.zero->stage);
+      CHECK(form.zero->stage == afterLowered.zero->stage);
+      CHECK(form.zero->stepBefore == afterLowered.zero->stepBefore);
+      CHECK(form.zero->totalBefore == afterLowered.zero->totalBefore);
+      CHECK(form.spmd.summary.stepSeconds == afterLowered.spmd.summary.stepSeconds);
+      CHECK(form.spmd.memory.total() == afterLowered.spmd.memory.total());
+      CHECK(form.spmd.ops.size() == afterLowered.spmd.ops.size());
+    }
   }
 }
