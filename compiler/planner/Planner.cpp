@@ -332,27 +332,27 @@ zeroCandidatesOf(const ir::Module& module, const ir::Function* fn, const Machine
   searchOptions.boundTally = options.boundTally;
   DiagEngine quiet(diag.sources(), llvm::nulls());
   PlanEvaluator evaluator(module, *fn, mesh, machine);
-  auto lowered = [&](const SearchResult& search) -> std::optional<PlannedFunction> {
+  // The plan of `search`: its SPMD function lowered, or (PlannerOptions::unloweredOverBudget)
+  // only the figures a lowering would give.
+  auto planOf = [&](const SearchResult& search, bool lower) -> std::optional<PlannedFunction> {
     PlannedFunction plan = emptyPlan(pinned, searchOptions.memoryBudgetBytes);
-    std::optional<SpmdFunction> spmd = evaluator.lower(search.layout, diag);
-    if (!spmd) return std::nullopt;
-    plan.spmd = std::move(*spmd);
+    if (lower) {
+      std::optional<SpmdFunction> spmd = evaluator.lower(search.layout, diag);
+      if (!spmd) return std::nullopt;
+      plan.spmd = std::move(*spmd);
+    } else {
+      plan.spmd.name = fn->name;
+      plan.spmd.kind = fn->kind;
+      plan.spmd.mesh = mesh;
+      plan.spmd.layout = search.layout;
+      plan.spmd.machineName = machine.name;
+      plan.spmd.summary.stepSeconds = search.stepSeconds;
+      plan.spmd.memory = search.memory;
+    }
     if (!toSearch.empty()) plan.search = search;
     return plan;
   };
-  // PlannerOptions::unloweredOverBudget: the figures a lowering of `search` would give.
-  auto unlowered = [&](const SearchResult& search) {
-    PlannedFunction plan = emptyPlan(pinned, searchOptions.memoryBudgetBytes);
-    plan.spmd.name = fn->name;
-    plan.spmd.kind = fn->kind;
-    plan.spmd.mesh = mesh;
-    plan.spmd.layout = search.layout;
-    plan.spmd.machineName = machine.name;
-    plan.spmd.summary.stepSeconds = search.stepSeconds;
-    plan.spmd.memory = search.memory;
-    if (!toSearch.empty()) plan.search = search;
-    return plan;
-  };
+  auto lowered = [&](const SearchResult& search) { return planOf(search, true); };
   // Stage 0: the fastest layout that fits without ZeRO, else the fastest (searched lazily).
   std::optional<SearchResult> fastest;
   std::optional<PlannedFunction> fastestPlan;
@@ -386,7 +386,7 @@ zeroCandidatesOf(const ir::Module& module, const ir::Function* fn, const Machine
       if (fitting)
         plan = lowered(*fitting);
       else if (options.unloweredOverBudget)
-        plan = fastestSearch() ? std::optional(unlowered(*fastest)) : std::nullopt;
+        plan = fastestSearch() ? planOf(*fastest, false) : std::nullopt;
       else if (fastestLayout())
         plan = fastestPlan;
       if (!plan) return std::nullopt;
