@@ -1083,17 +1083,19 @@ llvm::Expected<CppOutput> emitWithTarget(const ir::Module& module,
     r += fmt::format("using namespace {};\n\n", options.cppNamespace);
     r += "struct Result {\nstd::string name, dtype;\nmeshc::gen::Shape shape;\nmeshc::gen::Buffer "
          "data;\n};\n\n";
+    // Four decimals (0.1 us): a program of a microsecond (t5.mesh's position_buckets) read as 0
+    // at three, which bench/fidelity.py then counted as a miss.
     r += "constexpr int kTimedRuns = 5;\n\n"
          "/// Prints the median and best of the timed runs (each: its slowest rank) and, on the "
          "threads backend\n/// with several ranks, of their spans (the first rank's start to the "
          "last rank's end).\n"
          "void report(const char* what, int ranks, const char* backend, std::vector<double> runs, "
          "std::vector<double> spans) {\nstd::sort(runs.begin(), runs.end());\n"
-         "std::printf(\"%s: %d ranks, run %.3f ms median, %.3f ms best of %d (slowest rank; "
+         "std::printf(\"%s: %d ranks, run %.4f ms median, %.4f ms best of %d (slowest rank; "
          "after a warm-up run; %s backend)\\n\", what, ranks, runs[runs.size() / 2], "
          "runs.front(), kTimedRuns, backend);\nif (ranks == 1 || std::string(backend) != "
          "\"threads\") return;\nstd::sort(spans.begin(), spans.end());\n"
-         "std::printf(\"%s: span %.3f ms median, %.3f ms best (the first rank's start to the last "
+         "std::printf(\"%s: span %.4f ms median, %.4f ms best (the first rank's start to the last "
          "rank's end)\\n\", what, spans[spans.size() / 2], spans.front());\n}\n\n";
     // Under MPI every process runs main; only the one holding world rank 0 (`lead`) reports and
     // writes the outputs.

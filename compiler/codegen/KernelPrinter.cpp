@@ -85,7 +85,7 @@ std::string computeExpr(const Scalar& s, const std::vector<std::string>& a,
     return f32 ? fmt::format("support::fsigmoid({})", a[0])
                : fmt::format("support::sigmoid({})", a[0]);
   case OpKind::Relu:
-    return fmt::format("({0} > 0 ? {0} : 0.0f)", a[0]);
+    return fmt::format("support::relu({})", a[0]);
   case OpKind::Gelu:
     return f32 ? fmt::format("support::fgelu({})", a[0]) : fmt::format("support::gelu({})", a[0]);
   case OpKind::Sin:
@@ -127,19 +127,19 @@ std::string computeExpr(const Scalar& s, const std::vector<std::string>& a,
   case OpKind::Minimum:
     return fmt::format("support::minimum({}, {})", a[0], a[1]);
   case OpKind::Lt:
-    return fmt::format("({} < {} ? 1.0f : 0.0f)", a[0], a[1]);
+    return fmt::format("support::flag({} < {})", a[0], a[1]);
   case OpKind::Le:
-    return fmt::format("({} <= {} ? 1.0f : 0.0f)", a[0], a[1]);
+    return fmt::format("support::flag({} <= {})", a[0], a[1]);
   case OpKind::Gt:
-    return fmt::format("({} > {} ? 1.0f : 0.0f)", a[0], a[1]);
+    return fmt::format("support::flag({} > {})", a[0], a[1]);
   case OpKind::Ge:
-    return fmt::format("({} >= {} ? 1.0f : 0.0f)", a[0], a[1]);
+    return fmt::format("support::flag({} >= {})", a[0], a[1]);
   case OpKind::Eq:
-    return fmt::format("({} == {} ? 1.0f : 0.0f)", a[0], a[1]);
+    return fmt::format("support::flag({} == {})", a[0], a[1]);
   case OpKind::Ne:
-    return fmt::format("({} != {} ? 1.0f : 0.0f)", a[0], a[1]);
+    return fmt::format("support::flag({} != {})", a[0], a[1]);
   case OpKind::Where:
-    return fmt::format("({} != 0 ? {} : {})", a[0], a[1], a[2]);
+    return fmt::format("support::where({}, {}, {})", a[0], a[1], a[2]);
   case OpKind::Call: // the user's function (its header is included by the source)
     return fmt::format("::{}({})", s.function, fmt::join(a, ", "));
   case OpKind::Input:

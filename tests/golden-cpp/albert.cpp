@@ -167,7 +167,7 @@ static const support::SharedEinsum
     for (int64_t i1 = 0; i1 < 2; ++i1) {
       const float s0 = p1[i0 * 2 + i1];
       const float s1 = p2[i0];
-      const float s2 = (s0 >= s1 ? 1.0f : 0.0f);
+      const float s2 = support::flag(s0 >= s1);
       const float s3 = s2;
       const float s4 = p3[i0 * 2 + i1];
       const float s5 = (s3 * s4);
@@ -182,10 +182,10 @@ static const support::SharedEinsum
     for (int64_t i1 = 0; i1 < 2; ++i1) {
       const float s0 = p1[i0];
       const float s1 = support::wrapI32(2.0);
-      const float s2 = (s0 < s1 ? 1.0f : 0.0f);
+      const float s2 = support::flag(s0 < s1);
       const float s3 = p1[i0];
       const float s4 = support::wrapI32(0.0);
-      const float s5 = (s3 >= s4 ? 1.0f : 0.0f);
+      const float s5 = support::flag(s3 >= s4);
       const float s6 = ((s5 * s2) + 0.0f);
       const float s7 = s6;
       const float s8 = -0.25f;
@@ -217,10 +217,10 @@ static const support::SharedEinsum
       const float s6 = -s5;
       const float s7 = p3[i0];
       const float s8 = support::wrapI32(64.0);
-      const float s9 = (s7 < s8 ? 1.0f : 0.0f);
+      const float s9 = support::flag(s7 < s8);
       const float s10 = p3[i0];
       const float s11 = support::wrapI32(0.0);
-      const float s12 = (s10 >= s11 ? 1.0f : 0.0f);
+      const float s12 = support::flag(s10 >= s11);
       const float s13 = ((s12 * s9) + 0.0f);
       const float s14 = s13;
       const float s15 = (s6 * s14);

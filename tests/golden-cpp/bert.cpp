@@ -75,7 +75,7 @@ static const support::SharedEinsum
   for (int64_t i0 = 0; i0 < 32; ++i0) {
     const float s0 = p1[i0];
     const float s1 = support::wrapI32(0.0);
-    const float s2 = (s0 >= s1 ? 1.0f : 0.0f);
+    const float s2 = support::flag(s0 >= s1);
     p0[i0] = s2;
   }
 }
@@ -107,7 +107,7 @@ static const support::SharedEinsum
       const float s0 = p1[i0 + i1 * 32];
       const float s1 = s0;
       const float s2 = 0.5f;
-      const float s3 = (s1 > s2 ? 1.0f : 0.0f);
+      const float s3 = support::flag(s1 > s2);
       p0[i0 * 32 + i1] = s3;
     }
   }
@@ -168,10 +168,10 @@ static const support::SharedEinsum
       const float s4 = -s3;
       const float s5 = p3[i0];
       const float s6 = support::wrapI32(128.0);
-      const float s7 = (s5 < s6 ? 1.0f : 0.0f);
+      const float s7 = support::flag(s5 < s6);
       const float s8 = p3[i0];
       const float s9 = support::wrapI32(0.0);
-      const float s10 = (s8 >= s9 ? 1.0f : 0.0f);
+      const float s10 = support::flag(s8 >= s9);
       const float s11 = ((s10 * s7) + 0.0f);
       const float s12 = s11;
       const float s13 = (s4 * s12);
@@ -597,7 +597,7 @@ static const support::SharedEinsum
         const float s4 = (s3 * s2);
         const float s5 = p4[i1 * 32 + i2];
         const float s6 = 0.0f;
-        const float s7 = (s5 != 0 ? s4 : s6);
+        const float s7 = support::where(s5, s4, s6);
         const float s8 = 0.25f;
         const float s9 = (s7 * s8);
         p0[i0 * 1024 + i1 * 32 + i2] = s9;

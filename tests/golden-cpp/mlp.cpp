@@ -33,7 +33,7 @@ static const support::SharedEinsum
       const float s0 = p1[i0 * 128 + i1];
       const float s1 = p2[i1];
       const float s2 = (s0 + s1);
-      const float s3 = (s2 > 0 ? s2 : 0.0f);
+      const float s3 = support::relu(s2);
       p0[i0 * 128 + i1] = s3;
     }
   }
@@ -84,9 +84,9 @@ static const support::SharedEinsum
     const float s2 = support::keepOrZero(m2, float(double(s0) * 1.1111111111111112));
     const float s3 = p2[i0];
     const float s4 = 0.0f;
-    const float s5 = (s3 > s4 ? 1.0f : 0.0f);
+    const float s5 = support::flag(s3 > s4);
     const float s6 = 0.0f;
-    const float s7 = (s5 != 0 ? s2 : s6);
+    const float s7 = support::where(s5, s2, s6);
     p0[i0] = s7;
   }
 }
@@ -437,7 +437,7 @@ void MlpTrain::runPart0(const Inputs &inputs) {
           const float s0 = v7p[i0 * 128 + i1];
           const float s1 = v5p[i1];
           const float s2 = (s0 + s1);
-          const float s3 = (s2 > 0 ? s2 : 0.0f);
+          const float s3 = support::relu(s2);
           const uint32_t m4 = keep4[i1 - c1];
           const float s4 = support::keepOrZero(m4, float(double(s3) * 1.1111111111111112));
           v8p[i0 * 128 + i1] = s2;

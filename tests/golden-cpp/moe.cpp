@@ -85,14 +85,14 @@ static const support::SharedEinsum
     for (int64_t i1 = 0; i1 < 2; ++i1) {
       const float s0 = p1[i0 * 2 + i1];
       const float s1 = p1[i0 * 2 + i1];
-      const float s2 = (s0 != s1 ? 1.0f : 0.0f);
+      const float s2 = support::flag(s0 != s1);
       const float s3 = p1[i0 * 2 + i1];
       const float s4 = p2[i0];
-      const float s5 = (s3 == s4 ? 1.0f : 0.0f);
+      const float s5 = support::flag(s3 == s4);
       const float s6 = support::maximum(s5, s2);
       const float s7 = p3[i1];
       const float s8 = support::wrapI32(4.0);
-      const float s9 = (s6 != 0 ? s7 : s8);
+      const float s9 = support::where(s6, s7, s8);
       p0[i0 * 2 + i1] = s9;
     }
   }
@@ -188,7 +188,7 @@ static const support::SharedEinsum
 [[gnu::noinline]] static void loop8(float *__restrict p0, const float *__restrict p1) {
   for (int64_t i0 = 0; i0 < 5120; ++i0) {
     const float s0 = p1[i0];
-    const float s1 = (s0 > 0 ? s0 : 0.0f);
+    const float s1 = support::relu(s0);
     p0[i0] = s1;
   }
 }
@@ -246,10 +246,10 @@ static const support::SharedEinsum
   for (int64_t i0 = 0; i0 < 5120; ++i0) {
     const float s0 = p1[i0];
     const float s1 = 0.0f;
-    const float s2 = (s0 > s1 ? 1.0f : 0.0f);
+    const float s2 = support::flag(s0 > s1);
     const float s3 = p2[i0];
     const float s4 = 0.0f;
-    const float s5 = (s2 != 0 ? s3 : s4);
+    const float s5 = support::where(s2, s3, s4);
     p0[i0] = s5;
   }
 }
@@ -284,9 +284,9 @@ static const support::SharedEinsum
     const float s12 = (s11 + s5);
     const float s13 = p7[i0];
     const float s14 = 1e-09f;
-    const float s15 = (s13 >= s14 ? 1.0f : 0.0f);
+    const float s15 = support::flag(s13 >= s14);
     const float s16 = 0.0f;
-    const float s17 = (s15 != 0 ? s12 : s16);
+    const float s17 = support::where(s15, s12, s16);
     const float s18 = p4[i0];
     const float s19 = p3[i0];
     const float s20 = (s18 / s19);
@@ -684,14 +684,14 @@ static const support::SharedEinsum
     for (int64_t i1 = 0; i1 < 2; ++i1) {
       const float s0 = p2[i0 * 2 + i1];
       const float s1 = p2[i0 * 2 + i1];
-      const float s2 = (s0 != s1 ? 1.0f : 0.0f);
+      const float s2 = support::flag(s0 != s1);
       const float s3 = p2[i0 * 2 + i1];
       const float s4 = p3[i0];
-      const float s5 = (s3 == s4 ? 1.0f : 0.0f);
+      const float s5 = support::flag(s3 == s4);
       const float s6 = support::maximum(s5, s2);
       const float s7 = p4[i1];
       const float s8 = support::wrapI32(4.0);
-      const float s9 = (s6 != 0 ? s7 : s8);
+      const float s9 = support::where(s6, s7, s8);
       p0[i0 * 2 + i1] = s2;
       p1[i0 * 2 + i1] = s9;
     }
@@ -765,12 +765,12 @@ static const support::SharedEinsum
     for (int64_t i1 = 0; i1 < 2; ++i1) {
       const float s0 = p1[i0 * 2 + i1];
       const float s1 = p2[i0];
-      const float s2 = (s0 == s1 ? 1.0f : 0.0f);
+      const float s2 = support::flag(s0 == s1);
       const float s3 = p3[i0 * 2 + i1];
       const float s4 = support::wrapI32(double(support::maximum(s2, s3)));
       const float s5 = p4[i1];
       const float s6 = support::wrapI32(4.0);
-      const float s7 = (s4 != 0 ? s5 : s6);
+      const float s7 = support::where(s4, s5, s6);
       p0[i0 * 2 + i1] = s7;
     }
   }

@@ -236,7 +236,7 @@ static const support::SharedEinsum
   for (int64_t i0 = 0; i0 < 128; ++i0) {
     const float s0 = p1[i0];
     const float s1 = support::wrapI32(0.0);
-    const float s2 = (s0 >= s1 ? 1.0f : 0.0f);
+    const float s2 = support::flag(s0 >= s1);
     const float s3 = s2;
     p0[i0] = s3;
   }
@@ -292,10 +292,10 @@ static const support::SharedEinsum
       const float s6 = -s5;
       const float s7 = p3[i0];
       const float s8 = support::wrapI32(64.0);
-      const float s9 = (s7 < s8 ? 1.0f : 0.0f);
+      const float s9 = support::flag(s7 < s8);
       const float s10 = p3[i0];
       const float s11 = support::wrapI32(0.0);
-      const float s12 = (s10 >= s11 ? 1.0f : 0.0f);
+      const float s12 = support::flag(s10 >= s11);
       const float s13 = ((s12 * s9) + 0.0f);
       const float s14 = s13;
       const float s15 = (s6 * s14);

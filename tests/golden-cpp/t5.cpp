@@ -135,7 +135,7 @@ static const support::SharedEinsum
   for (int64_t i0 = 0; i0 < 256; ++i0) {
     const float s0 = p1[i0];
     const float s1 = support::wrapI32(0.0);
-    const float s2 = (s0 < s1 ? 1.0f : 0.0f);
+    const float s2 = support::flag(s0 < s1);
     p0[i0] = s2;
   }
 }
@@ -256,7 +256,7 @@ static const support::SharedEinsum
   for (int64_t i0 = 0; i0 < 256; ++i0) {
     const float s0 = p1[i0];
     const float s1 = support::wrapI32(2.0);
-    const float s2 = (s0 < s1 ? 1.0f : 0.0f);
+    const float s2 = support::flag(s0 < s1);
     p0[i0] = s2;
   }
 }
@@ -267,7 +267,7 @@ static const support::SharedEinsum
     const float s0 = p1[i0];
     const float s1 = p2[i0];
     const float s2 = p3[i0];
-    const float s3 = (s0 != 0 ? s1 : s2);
+    const float s3 = support::where(s0, s1, s2);
     p0[i0] = s3;
   }
 }
@@ -287,7 +287,7 @@ static const support::SharedEinsum
     for (int64_t i1 = 0; i1 < 8; ++i1) {
       const float s0 = p1[i0];
       const float s1 = p1[i1];
-      const float s2 = (s0 >= s1 ? 1.0f : 0.0f);
+      const float s2 = support::flag(s0 >= s1);
       p0[i0 * 8 + i1] = s2;
     }
   }
@@ -403,7 +403,7 @@ static const support::SharedEinsum
   for (int64_t i0 = 0; i0 < 64; ++i0) {
     const float s0 = p1[i0];
     const float s1 = support::wrapI32(4.0);
-    const float s2 = (s0 < s1 ? 1.0f : 0.0f);
+    const float s2 = support::flag(s0 < s1);
     p0[i0] = s2;
   }
 }
@@ -414,7 +414,7 @@ static const support::SharedEinsum
     const float s0 = p1[i0];
     const float s1 = p2[i0];
     const float s2 = p3[i0];
-    const float s3 = (s0 != 0 ? s1 : s2);
+    const float s3 = support::where(s0, s1, s2);
     p0[i0] = s3;
   }
 }
@@ -575,14 +575,14 @@ static const support::SharedEinsum
     for (int64_t i1 = 0; i1 < 32; ++i1) {
       const float s0 = p1[i0 * 32 + i1];
       const float s1 = p1[i0 * 32 + i1];
-      const float s2 = (s0 != s1 ? 1.0f : 0.0f);
+      const float s2 = support::flag(s0 != s1);
       const float s3 = p1[i0 * 32 + i1];
       const float s4 = p2[i0];
-      const float s5 = (s3 == s4 ? 1.0f : 0.0f);
+      const float s5 = support::flag(s3 == s4);
       const float s6 = support::maximum(s5, s2);
       const float s7 = p3[i1];
       const float s8 = support::wrapI32(64.0);
-      const float s9 = (s6 != 0 ? s7 : s8);
+      const float s9 = support::where(s6, s7, s8);
       p0[i0 * 32 + i1] = s9;
     }
   }
@@ -629,7 +629,7 @@ static const support::SharedEinsum
 [[gnu::noinline]] static void loop51(float *__restrict p0, const float *__restrict p1) {
   for (int64_t i0 = 0; i0 < 512; ++i0) {
     const float s0 = p1[i0];
-    const float s1 = (s0 > 0 ? s0 : 0.0f);
+    const float s1 = support::relu(s0);
     p0[i0] = s1;
   }
 }
@@ -649,7 +649,7 @@ static const support::SharedEinsum
 [[gnu::noinline]] static void loop53(float *__restrict p0, const float *__restrict p1) {
   for (int64_t i0 = 0; i0 < 1024; ++i0) {
     const float s0 = p1[i0];
-    const float s1 = (s0 > 0 ? s0 : 0.0f);
+    const float s1 = support::relu(s0);
     p0[i0] = s1;
   }
 }
@@ -726,10 +726,10 @@ static const support::SharedEinsum
     for (int64_t i1 = 0; i1 < 32; ++i1) {
       const float s0 = p1[i0];
       const float s1 = support::wrapI32(64.0);
-      const float s2 = (s0 < s1 ? 1.0f : 0.0f);
+      const float s2 = support::flag(s0 < s1);
       const float s3 = p1[i0];
       const float s4 = support::wrapI32(0.0);
-      const float s5 = (s3 >= s4 ? 1.0f : 0.0f);
+      const float s5 = support::flag(s3 >= s4);
       const float s6 = ((s5 * s2) + 0.0f);
       const float s7 = s6;
       const float s8 = -0.03125f;
@@ -847,10 +847,10 @@ static const support::SharedEinsum
   for (int64_t i0 = 0; i0 < 1024; ++i0) {
     const float s0 = p1[i0];
     const float s1 = 0.0f;
-    const float s2 = (s0 > s1 ? 1.0f : 0.0f);
+    const float s2 = support::flag(s0 > s1);
     const float s3 = p2[i0];
     const float s4 = 0.0f;
-    const float s5 = (s2 != 0 ? s3 : s4);
+    const float s5 = support::where(s2, s3, s4);
     p0[i0] = s5;
   }
 }
@@ -1373,10 +1373,10 @@ static const support::SharedEinsum
   for (int64_t i0 = 0; i0 < 512; ++i0) {
     const float s0 = p1[i0];
     const float s1 = 0.0f;
-    const float s2 = (s0 > s1 ? 1.0f : 0.0f);
+    const float s2 = support::flag(s0 > s1);
     const float s3 = p2[i0];
     const float s4 = 0.0f;
-    const float s5 = (s2 != 0 ? s3 : s4);
+    const float s5 = support::where(s2, s3, s4);
     p0[i0] = s5;
   }
 }

@@ -88,7 +88,7 @@ static const support::SharedEinsum
     for (int64_t i1 = 0; i1 < 32; ++i1) {
       const float s0 = p1[i0];
       const float s1 = p1[i1];
-      const float s2 = (s0 >= s1 ? 1.0f : 0.0f);
+      const float s2 = support::flag(s0 >= s1);
       p0[i0 * 32 + i1] = s2;
     }
   }
@@ -109,12 +109,12 @@ static const support::SharedEinsum
       for (int64_t i2 = 0; i2 < 32; ++i2) {
         const float s0 = p1[i0 * 32 + i1];
         const float s1 = support::wrapI32(0.0);
-        const float s2 = (s0 >= s1 ? 1.0f : 0.0f);
+        const float s2 = support::flag(s0 >= s1);
         const float s3 = s2;
         const float s4 = p2[i1 * 32 + i2];
         const float s5 = (s3 * s4);
         const float s6 = 0.5f;
-        const float s7 = (s5 > s6 ? 1.0f : 0.0f);
+        const float s7 = support::flag(s5 > s6);
         p0[i0 * 1024 + i1 * 32 + i2] = s7;
       }
     }
@@ -125,7 +125,7 @@ static const support::SharedEinsum
   for (int64_t i0 = 0; i0 < 64; ++i0) {
     const float s0 = p1[i0];
     const float s1 = support::wrapI32(0.0);
-    const float s2 = (s0 >= s1 ? 1.0f : 0.0f);
+    const float s2 = support::flag(s0 >= s1);
     const float s3 = s2;
     p0[i0] = s3;
   }
@@ -166,7 +166,7 @@ static const support::SharedEinsum
         const float s1 = p2[i1 * 32 + i2];
         const float s2 = (s0 * s1);
         const float s3 = 0.5f;
-        const float s4 = (s2 > s3 ? 1.0f : 0.0f);
+        const float s4 = support::flag(s2 > s3);
         p0[i0 * 1024 + i1 * 32 + i2] = s4;
       }
     }
@@ -199,10 +199,10 @@ static const support::SharedEinsum
       const float s6 = -s5;
       const float s7 = p3[i0];
       const float s8 = support::wrapI32(96.0);
-      const float s9 = (s7 < s8 ? 1.0f : 0.0f);
+      const float s9 = support::flag(s7 < s8);
       const float s10 = p3[i0];
       const float s11 = support::wrapI32(0.0);
-      const float s12 = (s10 >= s11 ? 1.0f : 0.0f);
+      const float s12 = support::flag(s10 >= s11);
       const float s13 = ((s12 * s9) + 0.0f);
       const float s14 = s13;
       const float s15 = (s6 * s14);
@@ -563,7 +563,7 @@ static const support::SharedEinsum
           const float s4 = (s3 * s2);
           const float s5 = p4[i0 * 1024 + i2 * 32 + i3];
           const float s6 = 0.0f;
-          const float s7 = (s5 != 0 ? s4 : s6);
+          const float s7 = support::where(s5, s4, s6);
           const float s8 = 0.25f;
           const float s9 = (s7 * s8);
           p0[i0 * 2048 + i1 * 1024 + i2 * 32 + i3] = s9;

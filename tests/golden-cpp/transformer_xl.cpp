@@ -170,7 +170,7 @@ static const support::SharedEinsum
     for (int64_t i1 = 0; i1 < 8; ++i1) {
       const float s0 = p1[i0];
       const float s1 = p2[i1];
-      const float s2 = (s0 <= s1 ? 1.0f : 0.0f);
+      const float s2 = support::flag(s0 <= s1);
       p0[i0 * 8 + i1] = s2;
     }
   }
@@ -180,7 +180,7 @@ static const support::SharedEinsum
   for (int64_t i0 = 0; i0 < 16; ++i0) {
     const float s0 = p1[i0];
     const float s1 = support::wrapI32(0.0);
-    const float s2 = (s0 >= s1 ? 1.0f : 0.0f);
+    const float s2 = support::flag(s0 >= s1);
     const float s3 = s2;
     p0[i0] = s3;
   }
@@ -211,10 +211,10 @@ static const support::SharedEinsum
       const float s6 = (s4 * s5);
       const float s7 = p3[i0];
       const float s8 = support::wrapI32(64.0);
-      const float s9 = (s7 < s8 ? 1.0f : 0.0f);
+      const float s9 = support::flag(s7 < s8);
       const float s10 = p3[i0];
       const float s11 = support::wrapI32(0.0);
-      const float s12 = (s10 >= s11 ? 1.0f : 0.0f);
+      const float s12 = support::flag(s10 >= s11);
       const float s13 = ((s12 * s9) + 0.0f);
       const float s14 = s13;
       const float s15 = (s6 * s14);
@@ -463,10 +463,10 @@ static const support::SharedEinsum
   for (int64_t i0 = 0; i0 < 512; ++i0) {
     const float s0 = p1[i0];
     const float s1 = 0.0f;
-    const float s2 = (s0 > s1 ? 1.0f : 0.0f);
+    const float s2 = support::flag(s0 > s1);
     const float s3 = p2[i0];
     const float s4 = 0.0f;
-    const float s5 = (s2 != 0 ? s3 : s4);
+    const float s5 = support::where(s2, s3, s4);
     p0[i0] = s5;
   }
 }
@@ -494,7 +494,7 @@ static const support::SharedEinsum
         const float s4 = (s3 * s2);
         const float s5 = p4[i1 + i2 * 8];
         const float s6 = 0.0f;
-        const float s7 = (s5 != 0 ? s4 : s6);
+        const float s7 = support::where(s5, s4, s6);
         const float s8 = 0.35355338f;
         const float s9 = (s7 * s8);
         p0[i0 * 128 + i1 * 16 + i2] = s9;
@@ -549,7 +549,7 @@ static const support::SharedEinsum
         const float s4 = (s2 * s3);
         const float s5 = p3[i1 + i2 * 8];
         const float s6 = -1000000000.0f;
-        const float s7 = (s5 != 0 ? s4 : s6);
+        const float s7 = support::where(s5, s4, s6);
         p0[i0 * 128 + i1 * 16 + i2] = s7;
       }
     }
@@ -573,7 +573,7 @@ static const support::SharedEinsum
 [[gnu::noinline]] static void loop29(float *__restrict p0, const float *__restrict p1) {
   for (int64_t i0 = 0; i0 < 512; ++i0) {
     const float s0 = p1[i0];
-    const float s1 = (s0 > 0 ? s0 : 0.0f);
+    const float s1 = support::relu(s0);
     p0[i0] = s1;
   }
 }

@@ -103,7 +103,7 @@ static const support::SharedEinsum
   for (int64_t i0 = 0; i0 < 2; ++i0) {
     const float s0 = p1[i0];
     const float s1 = support::wrapI32(0.0);
-    const float s2 = (s0 >= s1 ? 1.0f : 0.0f);
+    const float s2 = support::flag(s0 >= s1);
     p0[i0] = s2;
   }
 }

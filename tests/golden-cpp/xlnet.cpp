@@ -145,7 +145,7 @@ static const support::SharedEinsum
     for (int64_t i1 = 0; i1 < 16; ++i1) {
       const float s0 = p1[i0];
       const float s1 = p2[i1];
-      const float s2 = (s0 <= s1 ? 1.0f : 0.0f);
+      const float s2 = support::flag(s0 <= s1);
       const float s3 = s2;
       p0[i0 * 16 + i1] = s3;
     }
@@ -158,7 +158,7 @@ static const support::SharedEinsum
     for (int64_t i1 = 0; i1 < 16; ++i1) {
       const float s0 = p1[i0];
       const float s1 = p2[i1];
-      const float s2 = (s0 < s1 ? 1.0f : 0.0f);
+      const float s2 = support::flag(s0 < s1);
       const float s3 = s2;
       p0[i0 * 16 + i1] = s3;
     }
@@ -171,7 +171,7 @@ static const support::SharedEinsum
     for (int64_t i1 = 0; i1 < 32; ++i1) {
       const float s0 = p1[i0];
       const float s1 = support::wrapI32(0.0);
-      const float s2 = (s0 >= s1 ? 1.0f : 0.0f);
+      const float s2 = support::flag(s0 >= s1);
       const float s3 = s2;
       const float s4 = p2[i1];
       const float s5 = (s3 * s4);
@@ -186,7 +186,7 @@ static const support::SharedEinsum
       const float s0 = p1[i0 + i1 * 16];
       const float s1 = s0;
       const float s2 = 0.5f;
-      const float s3 = (s1 > s2 ? 1.0f : 0.0f);
+      const float s3 = support::flag(s1 > s2);
       p0[i0 * 16 + i1] = s3;
     }
   }
@@ -203,7 +203,7 @@ static const support::SharedEinsum
       const float s4 = (s2 * s3);
       const float s5 = p3[i1];
       const float s6 = -1000000000.0f;
-      const float s7 = (s5 != 0 ? s4 : s6);
+      const float s7 = support::where(s5, s4, s6);
       p0[i0 * 256 + i1] = s7;
     }
   }
@@ -249,7 +249,7 @@ static const support::SharedEinsum
   for (int64_t i0 = 0; i0 < 16; ++i0) {
     const float s0 = p1[i0];
     const float s1 = support::wrapI32(12.0);
-    const float s2 = (s0 >= s1 ? 1.0f : 0.0f);
+    const float s2 = support::flag(s0 >= s1);
     const float s3 = s2;
     p0[i0] = s3;
   }
@@ -260,7 +260,7 @@ static const support::SharedEinsum
   for (int64_t i0 = 0; i0 < 32; ++i0) {
     const float s0 = p2[i0];
     const float s1 = support::wrapI32(0.0);
-    const float s2 = (s0 >= s1 ? 1.0f : 0.0f);
+    const float s2 = support::flag(s0 >= s1);
     const float s3 = s2;
     p0[i0] = s2;
     p1[i0] = s3;
@@ -318,7 +318,7 @@ static const support::SharedEinsum
         const float s2 = (s0 * s1);
         const float s3 = p2[i0 * 16 + i1];
         const float s4 = support::wrapI32(64.0);
-        const float s5 = (s3 < s4 ? 1.0f : 0.0f);
+        const float s5 = support::flag(s3 < s4);
         const float s6 = p3[i0 * 16 + i1];
         const float s7 = support::wrapI32(double((double(s6) * double(s5))));
         const float s8 = s7;
@@ -431,7 +431,7 @@ static const support::SharedEinsum
         const float s4 = (s3 * s2);
         const float s5 = p4[i1 * 16 + i2];
         const float s6 = 0.0f;
-        const float s7 = (s5 != 0 ? s4 : s6);
+        const float s7 = support::where(s5, s4, s6);
         const float s8 = 0.35355f;
         const float s9 = (s7 * s8);
         p0[i0 * 256 + i1 * 16 + i2] = s9;

@@ -34,14 +34,14 @@ constexpr int kTimedRuns = 5;
 void report(const char *what, int ranks, const char *backend, std::vector<double> runs,
             std::vector<double> spans) {
   std::sort(runs.begin(), runs.end());
-  std::printf("%s: %d ranks, run %.3f ms median, %.3f ms best of %d (slowest rank; after a warm-up "
+  std::printf("%s: %d ranks, run %.4f ms median, %.4f ms best of %d (slowest rank; after a warm-up "
               "run; %s backend)\n",
               what, ranks, runs[runs.size() / 2], runs.front(), kTimedRuns, backend);
   if (ranks == 1 || std::string(backend) != "threads")
     return;
   std::sort(spans.begin(), spans.end());
   std::printf(
-      "%s: span %.3f ms median, %.3f ms best (the first rank's start to the last rank's end)\n",
+      "%s: span %.4f ms median, %.4f ms best (the first rank's start to the last rank's end)\n",
       what, spans[spans.size() / 2], spans.front());
 }
 
