@@ -8,8 +8,9 @@
    child, all its threads), each the best of --rounds. The goals are wall seconds: the time a
    user waits, which meshc's threads shorten (the joint search plans its stage splits on other
    cores, --plan-jobs) and a busy machine lengthens; CPU seconds are the work, which threads do
-   not shorten (they add a little: the workers' own module loads), and are steadier on a shared
-   machine. Read both. With --old, the baseline binary runs the same
+   not shorten (they add some: 4% for the GPT-3-shaped block in session 29, two threads sharing
+   the caches and the workers' own module loads), and are steadier on a shared machine. Read
+   both. With --old, the baseline binary runs the same
    command in the same round, alternated with the new one, and the plans are compared: the
    report must be the same apart from the search line (the candidates evaluated). A contender
    that takes more than --slow seconds in a round runs no more rounds (the old planner takes
