@@ -4,8 +4,13 @@
                                [--rounds N] [--slow S] [--only SUBSTRING]
 
 1. Planning time with `layout auto`: meshc's whole run with --emit=plan (front end, training
-   phase, search, lowering, report), as CPU seconds (user + system of the child: the machine is
-   shared, wall time is not), best of --rounds. With --old, the baseline binary runs the same
+   phase, search, lowering, report), as wall seconds and CPU seconds (user + system of the
+   child, all its threads), each the best of --rounds. The goals are wall seconds: the time a
+   user waits, which meshc's threads shorten (the joint search plans its stage splits on other
+   cores, --plan-jobs) and a busy machine lengthens; CPU seconds are the work, which threads do
+   not shorten (they add some: 4% for the GPT-3-shaped block in session 29, two threads sharing
+   the caches and the workers' own module loads), and are steadier on a shared machine. Read
+   both. With --old, the baseline binary runs the same
    command in the same round, alternated with the new one, and the plans are compared: the
    report must be the same apart from the search line (the candidates evaluated). A contender
    that takes more than --slow seconds in a round runs no more rounds (the old planner takes
@@ -29,6 +34,7 @@ import re
 import resource
 import subprocess
 import sys
+import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRANSFORMER = os.path.join(ROOT, "dsl-examples", "transformer.mesh")
@@ -59,15 +65,24 @@ def cases():
 
 def cpu_run(meshc, args, timeout=None):
     """(CPU seconds, stdout, stderr, return code: None when it timed out) of one meshc run."""
+    seconds, _, out, err, code = timed_run(meshc, args, timeout)
+    return seconds, out, err, code
+
+
+def timed_run(meshc, args, timeout=None):
+    """(CPU seconds, wall seconds, stdout, stderr, return code: None when it timed out) of one
+    meshc run."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    start = time.perf_counter()
     try:
         proc = subprocess.run([meshc, *args], capture_output=True, text=True, timeout=timeout)
         out, err, code = proc.stdout, proc.stderr, proc.returncode
     except subprocess.TimeoutExpired:
         out, err, code = "", "timed out", None
+    wall = time.perf_counter() - start
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     seconds = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    return seconds, out, err, code
+    return seconds, wall, out, err, code
 
 
 def without_search_line(plan):
@@ -88,46 +103,50 @@ def outcome(code, out, err):
 
 
 def plan_time(new, old, rounds, slow, only, timeout):
-    print("planning time with layout auto: meshc --emit=plan, CPU seconds, best of "
-          f"{rounds} rounds (old and new alternated)")
-    header = f"{'case':<52} {'new (s)':>8} {'cands':>6}"
+    print("planning time with layout auto: meshc --emit=plan, wall and CPU seconds, each the best "
+          f"of {rounds} rounds (old and new alternated); the goal is the wall time")
+    header = f"{'case':<52} {'new wall':>8} {'new CPU':>8} {'cands':>6}"
     if old:
-        header += f" {'old (s)':>8} {'cands':>6} {'old/new':>8}  plan"
+        header += (f" {'old wall':>8} {'old CPU':>8} {'cands':>6} {'old/new':>8} {'(CPU)':>6}"
+                   "  plan")
     print(header + "  goal")
     for label, goal, args in cases():
         if only and only not in label:
             continue
         contenders = {"new": new, **({"old": old} if old else {})}
-        best = {name: float("inf") for name in contenders}
+        best = {name: float("inf") for name in contenders}  # CPU seconds
+        wall = {name: float("inf") for name in contenders}
         plans, notes, done = {}, {}, set()
         for _ in range(rounds):
             for name, meshc in contenders.items():
                 if name in done:
                     continue
-                seconds, out, err, code = cpu_run(meshc, [*args, "--layout", "auto",
-                                                          "--emit=plan"], timeout)
+                seconds, waited, out, err, code = timed_run(
+                    meshc, [*args, "--layout", "auto", "--emit=plan"], timeout)
                 problem = outcome(code, out, err)
                 if problem:
                     notes[name] = problem
                     done.add(name)
                     continue
                 best[name] = min(best[name], seconds)
+                wall[name] = min(wall[name], waited)
                 plans[name] = out
                 if seconds > slow:
                     done.add(name)
         row = f"{label:<52} "
-        row += (f"{best['new']:>8.3f} {candidates(plans['new']):>6}" if "new" in plans
-                else f"{notes.get('new', '-'):>15}")
+        row += (f"{wall['new']:>8.3f} {best['new']:>8.3f} {candidates(plans['new']):>6}"
+                if "new" in plans else f"{notes.get('new', '-'):>24}")
         if old:
             if "old" in plans:
-                row += f" {best['old']:>8.3f} {candidates(plans['old']):>6}"
+                row += f" {wall['old']:>8.3f} {best['old']:>8.3f} {candidates(plans['old']):>6}"
                 if "new" in plans:
                     same = without_search_line(plans["old"]) == without_search_line(plans["new"])
-                    row += f" {best['old'] / best['new']:>7.1f}x  {'same' if same else 'DIFFERS'}"
+                    row += (f" {wall['old'] / wall['new']:>7.2f}x {best['old'] / best['new']:>5.2f}x"
+                            f"  {'same' if same else 'DIFFERS'}")
             else:
-                row += f" {notes.get('old', '-'):>24}"
+                row += f" {notes.get('old', '-'):>33}"
         if goal is not None and "new" in plans:
-            row += f"  {'under' if best['new'] < goal else 'OVER'} {goal} s"
+            row += f"  {'under' if wall['new'] < goal else 'OVER'} {goal} s wall"
         print(row, flush=True)
         for name, note in notes.items():
             if "new" == name or not old:

@@ -20,7 +20,13 @@ llvm::ArrayRef<DiagInfo> allDiagInfos() {
   return kDiagInfos;
 }
 
+std::recursive_mutex& DiagEngine::sourcesMutex() {
+  static std::recursive_mutex mutex;
+  return mutex;
+}
+
 void DiagEngine::emit(llvm::SMLoc loc, const DiagInfo& info, const std::string& message) {
+  std::lock_guard<std::recursive_mutex> lock(sourcesMutex());
   llvm::SourceMgr::DiagKind kind = llvm::SourceMgr::DK_Error;
   switch (info.severity) {
   case Severity::Error:

@@ -9,6 +9,7 @@
 #include <llvm/Support/SourceMgr.h>
 #include <llvm/Support/raw_ostream.h>
 
+#include <mutex>
 #include <string>
 
 namespace meshc {
@@ -59,6 +60,14 @@ public:
   unsigned errorCount() const { return errors_; }
   bool hadError() const { return errors_ != 0; }
   llvm::SourceMgr& sources() { return sources_; }
+
+  /// The lock of the SourceMgrs and streams that a compilation's threads share (the joint search
+  /// plans its stage splits on worker threads, driver/JointSearch.h): loading a module adds
+  /// buffers and reads them, and printing a diagnostic reads them (a buffer's line table is built
+  /// on first use) and writes to a stream the threads may share (llvm::nulls(), llvm::errs()).
+  /// emit holds it; so does whatever else reads or writes a shared SourceMgr. Recursive: a load
+  /// reports through emit while it holds it.
+  static std::recursive_mutex& sourcesMutex();
 
 private:
   void emit(llvm::SMLoc loc, const DiagInfo& info, const std::string& message);

@@ -186,6 +186,13 @@ llvm::cl::opt<std::string> microbatches(
                    "(--emit=plan, plan-json; docs/planner.md)"),
     llvm::cl::value_desc("DIM=K"), llvm::cl::cat(meshcCategory));
 
+llvm::cl::opt<int64_t> planJobs(
+    "plan-jobs",
+    llvm::cl::desc("Threads of the joint search under a memory budget: with more than 1, its "
+                   "pipeline stage splits are planned on other threads while its other "
+                   "combinations are; the plan is the same (default 0: one per core)"),
+    llvm::cl::value_desc("n"), llvm::cl::init(0), llvm::cl::cat(meshcCategory));
+
 llvm::cl::opt<std::string> pipelineSchedule(
     "pipeline-schedule",
     llvm::cl::desc("Pipeline stages: gpipe (every forward, then every backward) or 1f1b "
@@ -224,6 +231,7 @@ PipelineOptions pipelineOptions() {
   options.recompute.assign(recomputeDefs.begin(), recomputeDefs.end());
   options.microbatches = microbatches;
   options.pipelineSchedule = pipelineSchedule;
+  options.planJobs = planJobs;
   return options;
 }
 
@@ -363,6 +371,10 @@ int runMeshc(int argc, char** argv) {
   }
   if (trainSteps < 0) {
     optionError("--steps must be a non-negative number of train steps");
+    return kExitInputError;
+  }
+  if (planJobs < 0) {
+    optionError("--plan-jobs must be a non-negative number of threads (0: one per core)");
     return kExitInputError;
   }
   if (!checkKernelPasses({disabledPasses.begin(), disabledPasses.end()})) return kExitInputError;

@@ -12,14 +12,17 @@
 #include <fmt/format.h>
 #include <llvm/ADT/STLExtras.h>
 #include <llvm/ADT/StringExtras.h>
+#include <llvm/Support/Threading.h>
 #include <llvm/Support/WithColor.h>
 
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <limits>
 #include <map>
 #include <memory>
 #include <set>
+#include <thread>
 #include <tuple>
 
 namespace meshc {
@@ -152,6 +155,37 @@ ir::Module stagedModule(const ir::Module& module, const ir::Function& fn,
   return staged;
 }
 
+/// One row of a stage split (JointSearch::splitRows): its candidate and the stage layout that
+/// plans it, or only a note for the report's notTried.
+struct SplitRow {
+  std::string note; // not empty: the row is this note
+  plan::JointCandidate candidate;
+  JointStages staged; // what plans the candidate, should it be chosen
+};
+
+/// The stage splits of a joint search and their rows, planned by whichever thread takes a split
+/// first (the workers from the start of the search, the search's own thread after the
+/// combinations); the report takes the rows in the splits' order.
+struct StageWork {
+  std::string dim, why; // the repeat's dim; why no split can be tried
+  std::vector<plan::JointCandidate> splits;
+  std::vector<std::vector<SplitRow>> rows; // by split, each written by the thread that took it
+  std::atomic<size_t> next{0};             // the first split no thread has taken
+  std::vector<std::thread> workers;
+
+  void join() {
+    for (std::thread& worker : workers)
+      worker.join();
+    workers.clear();
+  }
+  /// An early exit (an exception through the search) still waits for the workers, which
+  /// read the search; they take no more splits.
+  ~StageWork() {
+    next = splits.size();
+    join();
+  }
+};
+
 class JointSearch {
 public:
   /// `stages`: pipeline stages (with or without recomputation) may be tried.
@@ -171,6 +205,8 @@ public:
     plan::JointSearchReport report;
     report.budgetBytes = budget_;
     report.microbatchDim = microbatchDimOf(fn);
+    // The stage splits are planned from now on by other threads, if any.
+    std::unique_ptr<StageWork> stageWork = startStages(fn, report.microbatchDim);
     std::vector<int64_t> counts = microbatchCounts(module_, report.microbatchDim);
     std::vector<std::string> recomputes = {""};
     if (std::string layer = train::repeatedLayerDef(fn); !layer.empty()) {
@@ -245,7 +281,7 @@ public:
     }
     plainModules_.clear(); // whole blocks' modules: not kept through the stage splits
     if (!report.considered.empty()) report.plainMemoryBytes = report.considered.front().memoryBytes;
-    considerStages(fn, report, best, smallest);
+    considerStages(fn, report, best, smallest, *stageWork);
     if (!best) return std::nullopt;
     if (best->stages) {
       // The only function planned: a copy of the whole block, made for the split chosen only
@@ -263,82 +299,117 @@ private:
   /// planPipelines would choose for it (PlanPipeline.h: the repeat's layers balanced over the
   /// stages, the bubble (p - 1) / (m + p - 1), 1F1B keeping at most p microbatches in flight);
   /// `best` becomes the fastest split that fits when it is faster. A split that cannot be
-  /// planned is left out, noted.
+  /// planned is left out, noted. The splits not planned yet by `work`'s workers (startStages) are
+  /// planned here; the rows are then taken in the splits' order, whoever planned them.
   void considerStages(const ir::Function& fn, plan::JointSearchReport& report,
-                      std::optional<Planned>& best, double& smallest) {
+                      std::optional<Planned>& best, double& smallest, StageWork& work) {
     if (!stages_) {
       report.notTried.push_back(
           "stages: other functions are planned too (--function selects the block alone)");
       return;
     }
-    std::string dim, why;
-    std::vector<plan::JointCandidate> splits = stageSplits(module_, fn, dim, why);
-    if (!why.empty()) report.notTried.push_back(why);
-    for (plan::JointCandidate& split : splits) {
-      // Without ZeRO first; when that does not fit, ZeRO stages 1-3 of each stage's plan over
-      // its data-parallel axes (ascending: the lower stage shards less and costs less), up to
-      // the first that fits.
-      for (int zero = 0; zero <= 3; ++zero) {
-        std::optional<bool> fits = considerSplit(fn, split, dim, zero, report, best, smallest);
-        if (!fits || *fits) break;
+    if (!work.why.empty()) report.notTried.push_back(work.why);
+    planSplits(work, fn, report.microbatchDim, quiet_, unzeroed_);
+    work.join();
+    for (std::vector<SplitRow>& rows : work.rows)
+      for (SplitRow& row : rows) {
+        if (!row.note.empty()) {
+          report.notTried.push_back(std::move(row.note));
+          continue;
+        }
+        size_t index = report.considered.size();
+        report.considered.push_back(row.candidate);
+        smallest = std::min(smallest, row.candidate.memoryBytes);
+        if (!row.candidate.fits || (best && !faster(row.candidate, best->candidate))) continue;
+        Planned planned;
+        planned.candidate = row.candidate;
+        planned.stages = std::move(row.staged);
+        best = std::move(planned);
+        report.chosen = int(index);
       }
-    }
   }
 
-  /// One stage split of considerStages with ZeRO stage `zero` (0: none): its row in the report,
-  /// and `best` when it fits and is faster. Whether it fits; nullopt when it cannot be planned or
-  /// ZeRO changed nothing (no data-parallel weight to shard), noted.
-  std::optional<bool> considerSplit(const ir::Function& fn, plan::JointCandidate split,
-                                    const std::string& dim, int zero,
-                                    plan::JointSearchReport& report, std::optional<Planned>& best,
-                                    double& smallest) {
-    JointStages staged;
-    staged.module = stagedModule(module_, fn, split, dim, staged.stage);
-    staged.options = options_;
-    staged.options.jointSearch = false;
-    staged.options.functions = {fn.name};
-    staged.options.memoryBudget = fmt::format("{}", budget_);
-    staged.options.zero = zero > 0 ? std::to_string(zero) : "";
-    if (!report.microbatchDim.empty()) staged.options.microbatches = report.microbatchDim + "=auto";
-    std::optional<PipelineChoice> choice;
-    std::string what = fmt::format("{} stages over '{}'{}", split.stages, split.stageAxis,
-                                   zero > 0 ? fmt::format(" with ZeRO stage {}", zero) : "");
-    if (!searchPipeline(staged.module, staged.stage, staged.options, fn, /*tryRecompute=*/true,
-                        quiet_, argv0_, choice, unzeroed_.get()) ||
-        !choice) {
-      report.notTried.push_back(what + ": cannot be planned");
-      return std::nullopt;
+  /// The stage splits of `fn` (none when stages are not tried), and with more than one job
+  /// (PipelineOptions::planJobs) workers that start planning them now, while the combinations
+  /// are planned: a split's rows depend on nothing the combinations or the other splits change
+  /// (each worker keeps its own UnzeroedPlans, whose plans are those a load would make).
+  std::unique_ptr<StageWork> startStages(const ir::Function& fn, const std::string& microbatchDim) {
+    auto work = std::make_unique<StageWork>();
+    if (!stages_) return work;
+    work->splits = stageSplits(module_, fn, work->dim, work->why);
+    work->rows.resize(work->splits.size());
+    // One per core this process may run on (its affinity: a meshc pinned to one core plans
+    // on one thread).
+    int64_t jobs = options_.planJobs > 0
+                       ? options_.planJobs
+                       : std::max<int64_t>(1, llvm::hardware_concurrency().compute_thread_count());
+    size_t workers = size_t(std::min<int64_t>(jobs - 1, int64_t(work->splits.size())));
+    for (size_t i = 0; i < workers; ++i)
+      work->workers.emplace_back([this, &work = *work, &fn, microbatchDim] {
+        // Its own diagnostics (their count); the SourceMgr is shared, under its lock.
+        DiagEngine quiet(diag_.sources(), llvm::nulls());
+        planSplits(work, fn, microbatchDim, quiet, std::make_shared<UnzeroedPlans>());
+      });
+    return work;
+  }
+
+  /// Plans the splits of `work` that no thread has taken yet, one at a time.
+  void planSplits(StageWork& work, const ir::Function& fn, const std::string& microbatchDim,
+                  DiagEngine& quiet, const std::shared_ptr<UnzeroedPlans>& unzeroed) const {
+    for (size_t i = work.next++; i < work.splits.size(); i = work.next++)
+      work.rows[i] = splitRows(fn, work.splits[i], work.dim, microbatchDim, quiet, unzeroed);
+  }
+
+  /// One stage split's rows: without ZeRO first; when that does not fit, ZeRO stages 1-3 of
+  /// each stage's plan over its data-parallel axes (ascending: the lower stage shards less and
+  /// costs less), up to the first that fits. A row that cannot be planned, or a ZeRO stage that
+  /// changes nothing (no data-parallel weight to shard), is a note and the last row.
+  std::vector<SplitRow> splitRows(const ir::Function& fn, const plan::JointCandidate& split,
+                                  const std::string& dim, const std::string& microbatchDim,
+                                  DiagEngine& quiet,
+                                  const std::shared_ptr<UnzeroedPlans>& unzeroed) const {
+    std::vector<SplitRow> rows;
+    for (int zero = 0; zero <= 3; ++zero) {
+      SplitRow row;
+      JointStages& staged = row.staged;
+      staged.module = stagedModule(module_, fn, split, dim, staged.stage);
+      staged.options = options_;
+      staged.options.jointSearch = false;
+      staged.options.functions = {fn.name};
+      staged.options.memoryBudget = fmt::format("{}", budget_);
+      staged.options.zero = zero > 0 ? std::to_string(zero) : "";
+      if (!microbatchDim.empty()) staged.options.microbatches = microbatchDim + "=auto";
+      std::optional<PipelineChoice> choice;
+      std::string what = fmt::format("{} stages over '{}'{}", split.stages, split.stageAxis,
+                                     zero > 0 ? fmt::format(" with ZeRO stage {}", zero) : "");
+      if (!searchPipeline(staged.module, staged.stage, staged.options, fn, /*tryRecompute=*/true,
+                          quiet, argv0_, choice, unzeroed.get()) ||
+          !choice) {
+        rows.push_back(SplitRow{what + ": cannot be planned", {}, {}});
+        break;
+      }
+      // ZeRO stage 1 needs no more memory than the split without ZeRO (the first row): nothing
+      // to shard.
+      if (zero == 1 && rows.front().candidate.memoryBytes <= choice->memoryBytes) {
+        rows.push_back(SplitRow{what + ": it saves no memory (no data-parallel weight)", {}, {}});
+        break;
+      }
+      row.candidate = split;
+      row.candidate.microbatches = choice->microbatches;
+      row.candidate.recompute = llvm::join(choice->recompute, ", ");
+      row.candidate.zeroStage = zero;
+      row.candidate.stepSeconds = choice->stepSeconds;
+      row.candidate.memoryBytes = choice->memoryBytes;
+      row.candidate.fits = choice->fits;
+      // The stage layout's plan runs these microbatches with this recomputation and ZeRO stage.
+      staged.options.microbatches =
+          microbatchDim.empty() ? "" : fmt::format("{}={}", microbatchDim, choice->microbatches);
+      staged.options.recompute = choice->recompute;
+      staged.plans = unzeroed;
+      rows.push_back(std::move(row));
+      if (choice->fits) break;
     }
-    if (zero == 1 && !report.considered.empty() &&
-        report.considered.back().stages == split.stages &&
-        report.considered.back().stageAxis == split.stageAxis &&
-        report.considered.back().memoryBytes <= choice->memoryBytes) {
-      report.notTried.push_back(what + ": it saves no memory (no data-parallel weight)");
-      return std::nullopt;
-    }
-    Planned planned;
-    planned.candidate = split;
-    planned.candidate.microbatches = choice->microbatches;
-    planned.candidate.recompute = llvm::join(choice->recompute, ", ");
-    planned.candidate.zeroStage = zero;
-    planned.candidate.stepSeconds = choice->stepSeconds;
-    planned.candidate.memoryBytes = choice->memoryBytes;
-    planned.candidate.fits = choice->fits;
-    size_t index = report.considered.size();
-    report.considered.push_back(planned.candidate);
-    smallest = std::min(smallest, choice->memoryBytes);
-    if (!choice->fits || (best && !faster(planned.candidate, best->candidate))) return choice->fits;
-    // The stage layout's plan runs these microbatches with this recomputation and ZeRO stage.
-    staged.options.microbatches =
-        report.microbatchDim.empty()
-            ? ""
-            : fmt::format("{}={}", report.microbatchDim, choice->microbatches);
-    staged.options.recompute = choice->recompute;
-    staged.plans = unzeroed_;
-    planned.stages = std::move(staged);
-    best = std::move(planned);
-    report.chosen = int(index);
-    return true;
+    return rows;
   }
 
   /// `fn` with `recompute`'s calls recomputed and `count` microbatches of `dim`, planned with

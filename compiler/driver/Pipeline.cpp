@@ -36,6 +36,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <mutex>
 #include <set>
 
 namespace meshc {
@@ -181,6 +182,8 @@ std::optional<ir::Module> checkSelection(std::optional<ir::Module> module,
 std::optional<ir::Module> loadModule(const PipelineOptions& given, DiagEngine& diag,
                                      const char* argv0, std::vector<std::string>& inputFiles,
                                      llvm::raw_ostream* printAst) {
+  // The joint search's threads load modules into one SourceMgr (DiagEngine::sourcesMutex).
+  std::lock_guard<std::recursive_mutex> lock(DiagEngine::sourcesMutex());
   if (llvm::StringRef(given.input).endswith(".ir")) {
     auto buffer = llvm::MemoryBuffer::getFile(given.input);
     if (!buffer) {

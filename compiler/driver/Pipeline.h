@@ -48,6 +48,9 @@ struct PipelineOptions {
   /// A train block of which no layout fits the memory budget alone is planned by the joint
   /// search of stages, recompute, microbatches and ZeRO (JointSearch.h); false inside it.
   bool jointSearch = true;
+  /// Threads of the joint search: with more than 1, its stage splits are planned on worker
+  /// threads while the combinations are (the plans are the same as with 1); 0: one per core.
+  int64_t planJobs = 0;
   std::string pipelineSchedule = "1f1b"; // gpipe | 1f1b (PlanPipeline.h)
   /// Planning one pipeline stage's mesh: the stages whose meshes share the machine's devices
   /// (plan::Machine::meshCopies); 1 otherwise.
