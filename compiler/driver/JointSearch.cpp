@@ -150,7 +150,8 @@ ir::Module stagedModule(const ir::Module& module, const ir::Function& fn,
   }
   for (const ir::DimLayout& entry : module.layout)
     if (entry.dim != dim) staged.layout.push_back(entry);
-  stage = ir::DimLayout{dim, {split.stageAxis}, false, fn.loc};
+  // No pinned split of the layers: the planner balances them.
+  stage = ir::DimLayout{dim, {split.stageAxis}, false, fn.loc, {}};
   staged.layout.push_back(stage);
   return staged;
 }
