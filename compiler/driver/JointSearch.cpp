@@ -161,7 +161,7 @@ ir::Module stagedModule(const ir::Module& module, const ir::Function& fn,
 struct SplitRow {
   std::string note; // not empty: the row is this note
   plan::JointCandidate candidate;
-  JointStages staged; // what plans the candidate, should it be chosen
+  JointStages staged; // what plans the candidate, should it be chosen (rows that fit only)
 };
 
 /// The stage splits of a joint search and their rows, planned by whichever thread takes a split
@@ -402,13 +402,19 @@ private:
       row.candidate.stepSeconds = choice->stepSeconds;
       row.candidate.memoryBytes = choice->memoryBytes;
       row.candidate.fits = choice->fits;
-      // The stage layout's plan runs these microbatches with this recomputation and ZeRO stage.
-      staged.options.microbatches =
-          microbatchDim.empty() ? "" : fmt::format("{}={}", microbatchDim, choice->microbatches);
-      staged.options.recompute = choice->recompute;
-      staged.plans = unzeroed;
+      bool fits = choice->fits;
+      if (fits) {
+        // The stage layout's plan runs these microbatches with this recomputation and ZeRO
+        // stage.
+        staged.options.microbatches =
+            microbatchDim.empty() ? "" : fmt::format("{}={}", microbatchDim, choice->microbatches);
+        staged.options.recompute = choice->recompute;
+        staged.plans = unzeroed;
+      } else {
+        row.staged = JointStages{}; // only a row that fits can be chosen (considerStages)
+      }
       rows.push_back(std::move(row));
-      if (choice->fits) break;
+      if (fits) break;
     }
     return rows;
   }
