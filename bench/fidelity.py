@@ -2,12 +2,16 @@
 """Cost-model fidelity (issue 15, item 4): for every example in dsl-examples (each program and
 train block) on the meshes [1], [2], [2,2] and [2,4] (the example's own mesh axes, e.g.
 data=2,model=2), the planner's predicted step time (`meshc --emit=plan-json`, summary.stepSeconds)
-against the generated runner's measured time (the median of its timed runs, each from the first
-rank's start to the last rank's end where the runner prints that span (threads backend, several
-ranks), else the slowest rank's; the median over --rounds runs of the binary), their ratio, and
+against the generated runner's measured time, their ratio, and
 whether the planner ranks the example's own layout against its `layout auto` choice as the
 measurements do (both measured, alternated round by round; when auto finds the own layout there
-is nothing to rank).
+is nothing to rank). Measured two ways, each the median over --rounds runs of the binary: back
+to back (the runner's runs timed one after another after one barrier, ~10 ms of them, the span
+over their count: what a step costs when steps follow each other, as in training; the goal's
+column since session 30) and alone (each of 5 runs after its own barrier: its span, from the
+first rank's start to the last rank's end where the runner prints that (threads backend,
+several ranks), else the slowest rank's; the median and the best). A run alone also pays the
+ranks' wake-up after the barrier: 5-20 us on an oversubscribed mesh, more than some programs.
 
     python3 bench/fidelity.py [--build-dir build] [--machine M.json] [--only mlp,transformer]
                               [--meshes 1,2,2x2,2x4] [--rounds 3] [--quick] [--no-auto]
@@ -74,6 +78,8 @@ class Variant:
         self.bests = []         # milliseconds, one per round: the runner's best
         self.slowest = []       # (median, best) per round by the slowest rank (the runner's
                                 # measure before the span), where the runner prints a span
+        self.steady = []        # milliseconds, one per round: a run of the runner's runs timed
+                                # back to back after one barrier (as training's steps run)
         self.old_predicted = None  # seconds, by --old-meshc (own layout only)
         self.problem = None
 
@@ -125,14 +131,21 @@ def measure(variant):
     variant.runs.append(float(match.group(1)))
     variant.bests.append(float(match.group(2)))
     variant.slowest.append((float(slowest.group(1)), float(slowest.group(2))))
+    steady = re.search(r"back to back ([0-9.]+) ms a run", proc.stdout)
+    if steady:
+        variant.steady.append(float(steady.group(1)))
 
 
-def measured_ms(variant, best=False, slowest=False):
+def measured_ms(variant, best=False, slowest=False, steady=False):
     """The median over rounds of the runner's median; with `best`, the least of its bests (on a
     loaded machine the runs a busy core did not interrupt: the code's own time). With `slowest`,
-    by the slowest rank's time instead of the span."""
-    runs = [r[1 if best else 0] for r in variant.slowest] if slowest else (
-        variant.bests if best else variant.runs)
+    by the slowest rank's time instead of the span; with `steady`, by the runs timed back to back
+    (the median or, with `best`, the least over rounds)."""
+    if steady:
+        runs = variant.steady
+    else:
+        runs = [r[1 if best else 0] for r in variant.slowest] if slowest else (
+            variant.bests if best else variant.runs)
     if not runs:
         return None
     return min(runs) if best else statistics.median(runs)
@@ -229,8 +242,8 @@ def main():
     print(f"load average at end: {load():.2f}")
 
 
-def ratio(v, best=False, predicted=None, slowest=False):
-    ms = measured_ms(v, best, slowest) if v else None
+def ratio(v, best=False, predicted=None, slowest=False, steady=False):
+    ms = measured_ms(v, best, slowest, steady) if v else None
     predicted = predicted if predicted is not None else (v.predicted if v else None)
     if not v or v.problem or ms is None or not predicted:
         return None
@@ -241,28 +254,33 @@ def fmt(value, digits=3):
     return "-" if value is None else f"{value:.{digits}f}"
 
 
-def ranking(own, auto, best, slowest=False):
-    if not auto or auto.problem or ratio(auto, best) is None:
+def ranking(own, auto, best, slowest=False, steady=False):
+    if not auto or auto.problem or ratio(auto, best, None, slowest, steady) is None:
         return auto.problem if auto and auto.problem else "-"
     predicted_own_better = own.predicted <= auto.predicted
-    measured_own_better = measured_ms(own, best, slowest) <= measured_ms(auto, best, slowest)
+    measured_own_better = (measured_ms(own, best, slowest, steady) <=
+                           measured_ms(auto, best, slowest, steady))
     return ("agrees" if predicted_own_better == measured_own_better else "DISAGREES") + (
         " (own faster)" if measured_own_better else " (auto faster)")
 
 
 def print_table(rows, rounds, with_old):
-    print(f"\npredicted vs measured step time; measured: the median over {rounds} rounds of the "
-          "runner's median of 5 runs (span: first rank's start to last rank's end), and the "
-          "least of its bests; ratio = measured / predicted"
+    print(f"\npredicted vs measured step time; measured: back to back, the median over {rounds} "
+          "rounds of a run's time among the runner's runs timed one after another after one "
+          "barrier (span over their count: first rank's start to last rank's end), as training's "
+          "steps run; and each run timed alone after a barrier: the median over rounds of the "
+          "runner's median of 5 runs (span), and the least of its bests; ratio = measured / "
+          "predicted"
           + ("; old: --old-meshc's prediction" if with_old else ""))
     columns = ["function", "mesh"]
     if with_old:
         columns += ["old pred. ms", "old ratio (median)", "old ratio (best)"]
-    columns += ["predicted ms", "median ms", "ratio", "best ms", "ratio (best)",
-                "auto pred. ms", "auto median / best ms", "ranking (median)", "ranking (best)"]
+    columns += ["predicted ms", "back to back ms", "ratio (b2b)", "median ms", "ratio",
+                "best ms", "ratio (best)", "auto pred. ms", "auto b2b / median / best ms",
+                "ranking (b2b)", "ranking (median)", "ranking (best)"]
     print("| " + " | ".join(columns) + " |")
     print("|" + "---|" * len(columns))
-    counts = {"median": [0, 0], "best": [0, 0], "old median": [0, 0], "old best": [0, 0],
+    counts = {"steady": [0, 0], "rank steady": [0, 0], "median": [0, 0], "best": [0, 0], "old median": [0, 0], "old best": [0, 0],
               "rank median": [0, 0], "rank best": [0, 0], "slowest median": [0, 0],
               "slowest best": [0, 0], "slowest rank median": [0, 0], "slowest rank best": [0, 0]}
 
@@ -286,13 +304,19 @@ def print_table(rows, rounds, with_old):
             tally("old best", old_best)
             cells += [fmt(own.old_predicted * 1e3 if own.old_predicted else None),
                       fmt(old_median, 2), fmt(old_best, 2)]
+        tally("steady", ratio(own, steady=True))
         tally("median", ratio(own))
         tally("best", ratio(own, True))
         tally("slowest median", ratio(own, False, None, True))
         tally("slowest best", ratio(own, True, None, True))
         auto_measured = "-"
         if auto and not auto.problem and auto.runs:
-            auto_measured = f"{fmt(measured_ms(auto))} / {fmt(measured_ms(auto, True))}"
+            auto_measured = (f"{fmt(measured_ms(auto, steady=True))} / "
+                             f"{fmt(measured_ms(auto))} / {fmt(measured_ms(auto, True))}")
+        text = ranking(own, auto, False, steady=True)
+        if text.startswith(("agrees", "DISAGREES")):
+            counts["rank steady"][0] += text.startswith("agrees")
+            counts["rank steady"][1] += 1
         for best in (False, True):
             for slowest in (False, True):
                 text = ranking(own, auto, best, slowest)
@@ -300,10 +324,12 @@ def print_table(rows, rounds, with_old):
                     key = ("slowest " if slowest else "") + ("rank best" if best else "rank median")
                     counts[key][0] += text.startswith("agrees")
                     counts[key][1] += 1
-        cells += [fmt(own.predicted * 1e3), fmt(measured_ms(own)), fmt(ratio(own), 2),
+        cells += [fmt(own.predicted * 1e3), fmt(measured_ms(own, steady=True), 4),
+                  fmt(ratio(own, steady=True), 2), fmt(measured_ms(own)), fmt(ratio(own), 2),
                   fmt(measured_ms(own, True)), fmt(ratio(own, True), 2),
                   fmt(auto.predicted * 1e3 if auto and auto.predicted and not auto.problem
-                      else None), auto_measured, ranking(own, auto, False),
+                      else None), auto_measured, ranking(own, auto, False, steady=True),
+                  ranking(own, auto, False),
                   ranking(own, auto, True)]
         print("| " + " | ".join(cells) + " |")
 
@@ -314,7 +340,9 @@ def print_table(rows, rounds, with_old):
             text += f", median |ratio - 1| {statistics.median(errors[key]):.0%}"
         return text
 
-    print(f"\nwithin 25%: median {share('median')}, best {share('best')}"
+    print(f"\nwithin 25%, back to back: {share('steady')}; own-vs-auto ranking agrees: "
+          f"{share('rank steady')}")
+    print(f"within 25%, runs alone: median {share('median')}, best {share('best')}"
           + (f"; old model: median {share('old median')}, best {share('old best')}"
              if with_old else ""))
     print(f"own-vs-auto ranking agrees (pairs with different layouts): median "

@@ -355,7 +355,7 @@ int calibrateCommand(const char* argv0) {
   // and rowKernelSeconds); a transcendental element in simple FLOPs at the vector rate.
   double vectorFlops = 0, transcendentalFlops = 0, randomFlops = 0, normalFlops = 0,
          loopLatency = 0, softmaxElement = 0, softmaxRow = 0, layerNormElement = 0,
-         reduceElement = 0;
+         reduceElement = 0, outputSeconds = 0;
   if (const llvm::json::Object* loops = report->getObject("loops")) {
     vectorFlops = loops->getNumber("vector_flops").getValueOr(0);
     transcendentalFlops =
@@ -367,6 +367,7 @@ int calibrateCommand(const char* argv0) {
     softmaxRow = loops->getNumber("softmax_row_seconds").getValueOr(0);
     layerNormElement = loops->getNumber("layer_norm_element_seconds").getValueOr(0);
     reduceElement = loops->getNumber("reduce_element_seconds").getValueOr(0);
+    outputSeconds = loops->getNumber("output_seconds").getValueOr(0);
   }
 
   char date[32];
@@ -407,6 +408,7 @@ int calibrateCommand(const char* argv0) {
       {"softmax_row_seconds", softmaxRow},
       {"layer_norm_element_seconds", layerNormElement},
       {"reduce_element_seconds", reduceElement},
+      {"output_seconds", outputSeconds},
       {"intra", llvm::json::Object{{"name", std::string(calibrateBackend)},
                                    {"alpha_seconds", link.alphaSeconds},
                                    {"bandwidth", link.bandwidth}}},
@@ -449,7 +451,9 @@ int calibrateCommand(const char* argv0) {
                  "call on [4, 4], and per element of [128, 128] along the last dim softmax and "
                  "log_softmax (their mean; with generated code's row kernels, fitted over rows "
                  "of 16 and 128 to softmax_row_seconds per row plus softmax_element_seconds), "
-                 "layer_norm and sum; no bf16 hardware assumed",
+                 "layer_norm and sum; output_seconds: run() returning an output of 16 "
+                 "elements (a new tensor, copied; the previous one freed); no bf16 hardware "
+                 "assumed",
                  command, gemmTable, int(calibrateRanks), link.worstRatio, 2 * cores, 4 * cores)},
   };
   // The cores the ranks of this host share (ranks beyond them take turns: the cost model's

@@ -38,4 +38,17 @@ const char* resultRuleName(ResultRule rule) {
   return "?";
 }
 
+std::vector<char> stepInvariantOps(const Function& fn) {
+  std::vector<char> invariantValue(fn.values.size(), 0), invariantOp(fn.ops.size(), 0);
+  for (size_t i = 0; i < fn.ops.size(); ++i) {
+    const Op& op = fn.ops[i];
+    const OpTraits& traits = opTraits(op.kind);
+    bool invariant = !traits.variesPerRun() && !traits.readsRng() && !traits.hasSideEffect();
+    for (ValueId operand : op.operands)
+      invariant = invariant && invariantValue[operand];
+    invariantOp[i] = invariantValue[op.result] = invariant;
+  }
+  return invariantOp;
+}
+
 } // namespace meshc::ir

@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string_view>
+#include <vector>
 
 namespace meshc::ir {
 
@@ -34,10 +35,11 @@ const char* resultRuleName(ResultRule rule);
 /// Bits of OpTraits::flags.
 enum OpFlag : uint8_t {
   NoTraits = 0,
-  Elementwise = 1 << 0, // a scalar function of the operands' elements at the same named index
-  ReadsRng = 1 << 1,    // draws from the layout-invariant counter-based RNG (keyed by [stream])
-  SideEffect = 1 << 2,  // writes state other than its result
-  NoGradient = 1 << 3,  // differentiating through it is an error (not merely a zero gradient)
+  Elementwise = 1 << 0,  // a scalar function of the operands' elements at the same named index
+  ReadsRng = 1 << 1,     // draws from the layout-invariant counter-based RNG (keyed by [stream])
+  SideEffect = 1 << 2,   // writes state other than its result
+  NoGradient = 1 << 3,   // differentiating through it is an error (not merely a zero gradient)
+  VariesPerRun = 1 << 4, // a source whose value may change between runs (inputs, params, step)
 };
 
 /// A set of operand positions (bit k: operand k; every bit: every operand of a variadic op).
@@ -66,6 +68,7 @@ struct OpTraits {
   constexpr bool readsRng() const { return flags & ReadsRng; }
   constexpr bool hasSideEffect() const { return flags & SideEffect; }
   constexpr bool rejectsGradient() const { return flags & NoGradient; }
+  constexpr bool variesPerRun() const { return flags & VariesPerRun; }
   constexpr bool isDifferentiable() const { return gradient != NoOperands; }
   static constexpr bool contains(OperandSet set, size_t operand) {
     return set == AllOperands || (operand < 8 && (set >> operand) & 1u);
@@ -85,5 +88,11 @@ inline constexpr size_t kNumOpKinds = std::size(kOpTraits);
 constexpr const OpTraits& opTraits(OpKind kind) {
   return kOpTraits[static_cast<size_t>(kind)];
 }
+
+/// Per op of `fn`: whether its value is the same in every run and step, so that generated code
+/// computes it once, in the constructor (kernel pass hoist-invariants), and the cost model
+/// charges it nothing per step: no operand, or only such operands, and neither a source that
+/// varies per run nor an RNG draw nor a side effect.
+std::vector<char> stepInvariantOps(const Function& fn);
 
 } // namespace meshc::ir

@@ -100,6 +100,11 @@ double kernelCallSeconds(const Machine& machine, double flops, double bytes) {
   return loopShareSeconds(machine, flops, 0, bytes, /*closesNest=*/true);
 }
 
+double outputSeconds(const Machine& machine, double bytes) {
+  if (machine.outputSeconds <= 0) return 0;
+  return machine.outputSeconds + 2 * bytes / streamBandwidth(machine, 2 * bytes);
+}
+
 double oversubscription(const Machine& machine, const Mesh& mesh) {
   // Pipeline stages: every stage's mesh runs on the machine at once (Machine::meshCopies).
   double ranks = static_cast<double>(mesh.numDevices() * std::max<int64_t>(machine.meshCopies, 1));

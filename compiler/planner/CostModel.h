@@ -65,6 +65,11 @@ double rowKernelSeconds(const Machine& machine, RowKernel kernel, double element
 /// FLOPs at the vector rate and its bytes, plus the call's fixed cost.
 double kernelCallSeconds(const Machine& machine, double flops, double bytes);
 
+/// What run() pays to return one output of `bytes` (its local shard): machine.outputSeconds (a
+/// new tensor; the previous one freed) plus the shard read and written at streamBandwidth; 0
+/// where the machine does not give output_seconds.
+double outputSeconds(const Machine& machine, double bytes);
+
 /// How many ranks take turns on one core or device. On a CPU machine (cores > 0): the most
 /// ranks one core holds when meshrt spreads them over the cores in consecutive blocks,
 /// ceil(mesh ranks / cores); otherwise (GPUs, one rank per device) max(1, mesh ranks / machine

@@ -227,8 +227,10 @@ double PlanEvaluator::Impl::lowerBound(const Layout& partial,
       communication += seconds;
       if (recording && seconds != 0) recording->walk.communication.push_back(seconds);
     }
-    compute += cost.computeSeconds;
-    if (rowSplitBound_ && isRowWiseKind(fn_.ops[i].kind)) rowWise += cost.computeSeconds;
+    // A step-invariant op costs nothing where the walk hoists it: at most that here.
+    double computeSeconds = stepInvariant_[i] ? 0 : cost.computeSeconds;
+    compute += computeSeconds;
+    if (rowSplitBound_ && isRowWiseKind(fn_.ops[i].kind)) rowWise += computeSeconds;
     communication += cost.postSeconds;
     ir::ValueId result = opKeys_.result(i);
     stateOf[result] = cost.resultId;
@@ -237,7 +239,7 @@ double PlanEvaluator::Impl::lowerBound(const Layout& partial,
     BoundCopyWalk& walk = recording->walk;
     if (cost.postSeconds != 0) walk.communication.push_back(cost.postSeconds);
     walk.communicationEnd.push_back(static_cast<uint32_t>(walk.communication.size()));
-    walk.compute.push_back(cost.computeSeconds);
+    walk.compute.push_back(computeSeconds);
     if (n + 1 == recording->span->end) {
       finishBoundCopy(*recording->span, std::move(recording->key), std::move(walk), recording->done,
                       recording->offChains);
@@ -455,8 +457,9 @@ void PlanEvaluator::Impl::prepareBound() {
     if (op.kind == OpKind::Input || op.kind == OpKind::Param || op.kind == OpKind::Literal ||
         op.kind == OpKind::TrainStep || op.kind == OpKind::Rename ||
         op.kind == OpKind::StopGradient ||
-        (op.kind == OpKind::Dropout && fn_.kind == ir::Function::Kind::Program))
-      continue; // free in the engine too
+        (op.kind == OpKind::Dropout && fn_.kind == ir::Function::Kind::Program) ||
+        stepInvariant_[i])
+      continue; // free in the engine too (a step-invariant op where it is hoisted)
     // A one-hot product's term is not a GEMM's: keyed apart from einsums of the same types.
     size_t oneHotOperand = 0;
     bool oneHot = oneHotProduct(fn_, op, &oneHotOperand) != OneHotProduct::None;

@@ -158,6 +158,7 @@ llvm::Expected<Machine> parseMachine(llvm::StringRef json, llvm::StringRef sourc
   machine.softmaxRowSeconds = reader.number("softmax_row_seconds", false, 0);
   machine.layerNormElementSeconds = reader.number("layer_norm_element_seconds", false, 0);
   machine.reduceElementSeconds = reader.number("reduce_element_seconds", false, 0);
+  machine.outputSeconds = reader.number("output_seconds", false, 0);
   reader.string("notes", false); // free text: sources and assumptions
   if (error.empty() && machine.peakFlops <= 0) reader.fail("field 'peak_flops' must be positive");
   if (error.empty() && machine.memoryBandwidth <= 0)

@@ -74,6 +74,7 @@ struct Machine {
   double softmaxRowSeconds = 0;       // softmax, log_softmax, logsumexp: per row (0: none)
   double layerNormElementSeconds = 0; // layer_norm: per operand element
   double reduceElementSeconds = 0;    // sum, mean, max, min: per operand element
+  double outputSeconds = 0;           // run() returning one output: a new tensor (0: not modelled)
   Link intra;                         // inside a node
   Link inter;                         // between nodes (unused when devicesPerNode >= numDevices)
   /// Every field equal (ReshardMemo shares paths between equal machines only).

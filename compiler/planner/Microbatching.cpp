@@ -342,7 +342,7 @@ llvm::Error applyMicrobatching(SpmdFunction& fn, const std::string& dim, int64_t
     allFlops += op.flops;
     if (inLoop) loopFlops += op.flops;
   }
-  compute += double(count) * accumulateSeconds;
+  compute += double(count) * accumulateSeconds + fn.summary.outputSeconds; // once per step
   m.phaseSeconds[static_cast<int>(Phase::Backward)] += double(count) * accumulateSeconds;
   PlanSummary& summary = fn.summary;
   double flopsFactor =

@@ -500,7 +500,8 @@ private:
   std::vector<std::vector<int>> involved_;
   std::vector<int> lastUse_;
   std::vector<std::vector<ir::ValueId>> freesAt_;
-  std::vector<char> trainable_; // per value: a trainable param (bytes: as readsShared_)
+  std::vector<char> trainable_;     // per value: a trainable param (bytes: as readsShared_)
+  std::vector<char> stepInvariant_; // per op: ir::stepInvariantOps (hoisted when not resharded)
   // Precomputed terms of the lower bound: an op's tensors (global bytes, dims), FLOPs and dims;
   // the ops of repeated layers share one.
   struct BoundTerm {

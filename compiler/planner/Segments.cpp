@@ -64,6 +64,7 @@ void PlanEvaluator::Impl::findSegments() {
     for (uint32_t i = copy.begin; i < copy.end; ++i) {
       code.push_back(signature[i]);
       code.push_back(readsShared_[i]);
+      code.push_back(stepInvariant_[i]);
       std::span<const ir::ValueId> operands = opKeys_.operands(i);
       code.push_back(static_cast<int64_t>(operands.size()));
       for (ir::ValueId operand : operands) {

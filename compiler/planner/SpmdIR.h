@@ -106,9 +106,10 @@ struct MemoryEstimate {
 struct PlanSummary {
   double computeSeconds = 0;
   double communicationSeconds = 0;
-  double stepSeconds = 0; // predicted (no overlap assumed): compute + communication
-  double totalFlops = 0;  // useful global FLOPs of the function
-  double utilization = 0; // totalFlops / (devices * peak * stepSeconds)
+  double stepSeconds = 0;   // predicted (no overlap assumed): compute + communication
+  double outputSeconds = 0; // of computeSeconds: run() returning its outputs (CostModel.h)
+  double totalFlops = 0;    // useful global FLOPs of the function
+  double utilization = 0;   // totalFlops / (devices * peak * stepSeconds)
   /// For train blocks, the estimate also covers backward (~2x forward compute, forward
   /// collectives mirrored) and the gradient reductions of params over the axes they are
   /// replicated on; see docs/planner.md.

@@ -185,6 +185,7 @@ PlanEvaluator::Impl::Impl(const ir::Module& module, const ir::Function& fn, cons
   for (size_t v = 0; v < fn.values.size(); ++v)
     if (lastUse_[v] >= 0 && fn.ops[fn.values[v].definingOp].kind != OpKind::Param)
       freesAt_[lastUse_[v]].push_back(static_cast<ir::ValueId>(v));
+  stepInvariant_ = ir::stepInvariantOps(fn);
   trainable_.assign(fn.values.size(), 0);
   for (const ir::ParamInfo& param : fn.params)
     if (param.trainable && modelBackward_) trainable_[param.value] = 1;
@@ -453,6 +454,9 @@ EvalResult PlanEvaluator::Impl::run(const Layout& layout, SpmdFunction* out, dou
 
     double temporary = 0;
     std::span<const ir::ValueId> operands = opKeys_.operands(i);
+    // A step-invariant op runs once, in the generated constructor, when its operands are there
+    // as it needs them (a collective in between is not hoisted, nor what reads its result).
+    bool hoisted = stepInvariant_[i] != 0;
     std::vector<SpmdValueId> operandIds =
         out ? operandBuffer(operands.size()) : std::vector<SpmdValueId>{};
     for (size_t k = 0; k < operands.size(); ++k) {
@@ -470,6 +474,7 @@ EvalResult PlanEvaluator::Impl::run(const Layout& layout, SpmdFunction* out, dou
                               why)
                 : fmt::format("reshard {} {}", valueName(fn_, operand), why);
       }
+      hoisted = hoisted && stateOf[operand] == required[k];
       double made =
           bringTo(operand, required[k], reason, op.loc, i, i, out ? &operandIds[k] : nullptr);
       if (made < 0) {
@@ -483,14 +488,17 @@ EvalResult PlanEvaluator::Impl::run(const Layout& layout, SpmdFunction* out, dou
         if (recorder) recorder->gradientAxes.emplace_back(operand, cost.usedAxes);
       }
     }
-    forwardCompute += cost.computeSeconds;
+    // What the op costs per step: nothing when hoisted (its post-collectives are not).
+    double perStep = hoisted ? 0 : 1;
+    double computeSeconds = perStep * cost.computeSeconds;
+    forwardCompute += computeSeconds;
     if (rowSplitBound_ && isRowWiseKind(op.kind)) {
-      sums.rowWiseCompute += cost.computeSeconds;
-      if (recorder) recorder->walk.rowWiseCompute += cost.computeSeconds;
+      sums.rowWiseCompute += computeSeconds;
+      if (recorder) recorder->walk.rowWiseCompute += computeSeconds;
     }
     forwardCommunication += cost.postSeconds;
-    globalFlops += cost.globalFlops;
-    idealSeconds += cost.idealSeconds;
+    globalFlops += perStep * cost.globalFlops;
+    idealSeconds += perStep * cost.idealSeconds;
     stateOf[op.result] = cost.resultId;
     chains.write(op.result);
     bytesOf[op.result] = cost.resultBytes;
@@ -502,7 +510,7 @@ EvalResult PlanEvaluator::Impl::run(const Layout& layout, SpmdFunction* out, dou
     if (recorder) {
       SegmentWalk& walk = recorder->walk;
       walk.opSums.insert(walk.opSums.end(),
-                         {cost.computeSeconds, cost.globalFlops, cost.idealSeconds});
+                         {computeSeconds, perStep * cost.globalFlops, perStep * cost.idealSeconds});
       walk.communication.push_back(cost.postSeconds);
       walk.communicationEnd.push_back(static_cast<uint32_t>(walk.communication.size()));
       walk.mergeableEnd.push_back(static_cast<uint32_t>(walk.mergeable.size()));
@@ -544,7 +552,7 @@ EvalResult PlanEvaluator::Impl::run(const Layout& layout, SpmdFunction* out, dou
     spmdOp.sourceOp = i;
     spmdOp.flops = plan.flops;
     spmdOp.memoryBytes = plan.bytes;
-    spmdOp.seconds = plan.computeSeconds;
+    spmdOp.seconds = perStep * plan.computeSeconds;
     if (describe_) spmdOp.note = plan.note;
     spmdOp.phase = phases_[i];
     spmdOf[op.result] = spmdOp.result;
@@ -627,6 +635,8 @@ EvalResult PlanEvaluator::Impl::run(const Layout& layout, SpmdFunction* out, dou
       return result;
     }
     outputTemporary += made;
+    result.summary.outputSeconds +=
+        outputSeconds(machine_, double(localBytes(type, states_[want], mesh_))) * oversubscription_;
     if (out) out->outputs.emplace_back(output.name, id);
   }
   // Updates: each new value resolved into its param's layout (the param's storage).
@@ -734,7 +744,7 @@ EvalResult PlanEvaluator::Impl::run(const Layout& layout, SpmdFunction* out, dou
   summary.includesBackward = train;
   summary.backwardIsReal = train && !modelBackward_;
   double passes = modelBackward_ ? 3 : 1; // modelled backward ~ 2x forward
-  summary.computeSeconds = passes * forwardCompute + optimizerSeconds;
+  summary.computeSeconds = passes * forwardCompute + optimizerSeconds + summary.outputSeconds;
   summary.communicationSeconds = (modelBackward_ ? 2 : 1) * forwardCommunication +
                                  gradientSeconds; // modelled: forward collectives mirrored
   summary.stepSeconds = summary.computeSeconds + summary.communicationSeconds;

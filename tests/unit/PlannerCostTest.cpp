@@ -3,6 +3,7 @@
 // collective pays when thread ranks outnumber the cores; each against hand-computed numbers and
 // through the lowering, and a description without them costing as before.
 #include "CompiledSource.h"
+#include "ir/OpTraits.h"
 #include "planner/CostModel.h"
 #include "planner/LayoutSearch.h"
 #include "planner/LoopNests.h"
@@ -886,4 +887,69 @@ program embed(tokens: i32[batch, seq], g: f32[batch, seq, d]) -> (x: f32[batch, 
     CHECK(seconds < 0.2 * (2.0 * 32 * 64 * 16 / m.peakFlops));
   // The search's lower bound stays a bound: the search finds brute force's cost.
   checkSearchIsExact(program, "embed", m, {"batch", "seq", "vocab", "d"});
+}
+
+// A mask built from iotas is the same every run: generated code computes it once, in the
+// constructor (kernel pass hoist-invariants), and the model charges it nothing per step.
+const char* kMaskedProgram = R"(
+mesh m[x = 2]
+dim n = 64
+dim d = 64
+program masked(x: f32[n, d]) -> (y: f32[n, d]) {
+  let allowed = iota(n) >= iota(d)
+  y = where(allowed, x * 2, 0) + 1
+}
+)";
+
+TEST_CASE("step invariants: ops built only from iotas and literals", "[cost][ir]") {
+  Analyzed program(kMaskedProgram);
+  const ir::Function& fn = program.fn("masked");
+  std::vector<char> invariant = ir::stepInvariantOps(fn);
+  REQUIRE(invariant.size() == fn.ops.size());
+  int invariantCompares = 0, varying = 0;
+  for (size_t i = 0; i < fn.ops.size(); ++i) {
+    ir::OpKind kind = fn.ops[i].kind;
+    if (kind == ir::OpKind::Iota || kind == ir::OpKind::Literal) CHECK(invariant[i]);
+    if (kind == ir::OpKind::Input || kind == ir::OpKind::Where || kind == ir::OpKind::Mul)
+      CHECK_FALSE(invariant[i]); // the input, and what reads it
+    invariantCompares += kind == ir::OpKind::Ge && invariant[i];
+    varying += !invariant[i];
+  }
+  CHECK(invariantCompares == 1);
+  CHECK(varying >= 4); // input, mul, where, add
+}
+
+TEST_CASE("lowering: step-invariant ops cost nothing per step, outputs their copy",
+          "[cost][lowering]") {
+  Analyzed program(kMaskedProgram);
+  Machine m = parsed(kLoopsJson);
+  Layout layout;
+  std::optional<SpmdFunction> spmd = lowerToSpmd(*program.module, program.fn("masked"),
+                                                 meshOf({{"x", 1}}), layout, m, program.diag);
+  REQUIRE(spmd);
+  double varying = 0;
+  for (const SpmdOp& op : spmd->ops) {
+    if (op.kind != SpmdOp::Kind::Compute) continue;
+    bool fromIotas = op.computeKind == ir::OpKind::Iota || op.computeKind == ir::OpKind::Ge;
+    if (fromIotas) CHECK(op.seconds == 0);
+    if (op.computeKind == ir::OpKind::Mul) CHECK(op.seconds > 0);
+    varying += op.seconds;
+  }
+  CHECK(spmd->summary.outputSeconds == 0); // the machine gives no output_seconds
+  CHECK(spmd->summary.computeSeconds == Approx(varying));
+
+  // With output_seconds: y's [64, 64] f32 shard, a new tensor plus its bytes read and written
+  // (32 KiB, in the cache); on 4 ranks of 2 cores, twice that (the ranks take turns).
+  m.outputSeconds = 3e-7;
+  const double bytes = 64 * 64 * 4;
+  std::optional<SpmdFunction> copied = lowerToSpmd(*program.module, program.fn("masked"),
+                                                   meshOf({{"x", 1}}), layout, m, program.diag);
+  REQUIRE(copied);
+  CHECK(copied->summary.outputSeconds == Approx(3e-7 + 2 * bytes / 1e10));
+  CHECK(copied->summary.computeSeconds == Approx(varying + 3e-7 + 2 * bytes / 1e10));
+  m.cores = 2;
+  std::optional<SpmdFunction> shared = lowerToSpmd(*program.module, program.fn("masked"),
+                                                   meshOf({{"x", 4}}), layout, m, program.diag);
+  REQUIRE(shared);
+  CHECK(shared->summary.outputSeconds == Approx(2 * (3e-7 + 2 * bytes / 1e10)));
 }

@@ -12,8 +12,8 @@
 //    "loops": {"vector_flops": ..., "transcendental_element_seconds": ...,
 //              "dropout_element_seconds": ..., "normal_element_seconds": ..., "call_seconds": ...,
 //              "softmax_element_seconds": ..., "softmax_row_seconds": ...,
-//              "layer_norm_element_seconds":
-//              ..., "reduce_element_seconds": ...},
+//              "layer_norm_element_seconds": ..., "reduce_element_seconds": ...,
+//              "output_seconds": ...},
 //    "oversubscribed": {"ranks": 4, "work_seconds": ..., "iteration_seconds": ...,
 //                       "shared_iteration_seconds": ...,
 //                       "more": {"ranks": 8, "work_seconds": ..., "iteration_seconds": ...,
@@ -279,6 +279,7 @@ struct LoopRates {
   double softmaxRowSeconds = 0;     // ... their fixed cost per row (generated code's kernels)
   double layerNormElementSeconds = 0;
   double reduceElementSeconds = 0; // sum along the last dim
+  double outputSeconds = 0;        // run() returning a small output (a new Tensor, copied)
 };
 
 /// Best time of `body()` over `repetitions` runs (one more first, as a warm-up).
@@ -405,6 +406,17 @@ inline LoopRates loopRates(int repetitions) {
   rates.softmaxRowSeconds = std::max(0.0, (shortTime - longTime) / (shortRows - longRows));
   rates.softmaxElementSeconds =
       std::max(0.0, (longTime - longRows * rates.softmaxRowSeconds) / double(elements));
+  // What run() pays per output: a new Tensor (its shape and a copy of its shard) returned to the
+  // caller, the previous one freed; of 16 elements, so that the copy itself is negligible. A
+  // hundred per timing: one is near the clock's own cost.
+  constexpr int kOutputs = 100;
+  auto returnOutputs = [&] {
+    for (int k = 0; k < kOutputs; ++k) {
+      meshc::gen::Tensor tensor{{4, 4}, meshc::gen::Buffer(x.begin(), x.begin() + 16)};
+      asm volatile("" : : "r"(tensor.data.data()), "r"(tensor.shape.data()) : "memory");
+    }
+  };
+  rates.outputSeconds = bestSeconds(repetitions, returnOutputs) / kOutputs;
 #endif
   rates.layerNormElementSeconds =
       bestSeconds(
@@ -574,7 +586,8 @@ inline int probeMain(int argc, char** argv) {
              ", \"softmax_element_seconds\": " + number(loops.softmaxElementSeconds) +
              ", \"softmax_row_seconds\": " + number(loops.softmaxRowSeconds) +
              ", \"layer_norm_element_seconds\": " + number(loops.layerNormElementSeconds) +
-             ", \"reduce_element_seconds\": " + number(loops.reduceElementSeconds) + "}";
+             ", \"reduce_element_seconds\": " + number(loops.reduceElementSeconds) +
+             ", \"output_seconds\": " + number(loops.outputSeconds) + "}";
   });
   // Twice as many thread ranks as cores, after the main measurements (their threads are gone).
   if (first && options.backend == Backend::Threads) {

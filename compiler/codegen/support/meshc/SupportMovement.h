@@ -309,6 +309,19 @@ inline void usePassiveOpenMPWaits(char** argv) {
   ::execv("/proc/self/exe", argv);
 }
 
+/// How many runs the runner times back to back, after one barrier (as training's steps follow
+/// each other): about 10 ms of them by the median of `runs` (the slowest rank's times of the
+/// runs it timed one by one, the same on every rank), at least 3 and at most 1000. A run of a
+/// few microseconds is then timed over enough runs that the ranks' wake-up after the barrier
+/// (5-20 us with two or four ranks a core) is a small part of it.
+inline int backToBackRuns(std::vector<double> runs) {
+  std::sort(runs.begin(), runs.end());
+  double median = runs.empty() ? 0 : runs[runs.size() / 2];
+  constexpr double kMilliseconds = 10;
+  if (!(median > 0)) return 1000;
+  return int(std::clamp(std::ceil(kMilliseconds / median), 3.0, 1000.0));
+}
+
 /// Ranks that are threads of one process each call BLAS: one BLAS thread per rank avoids
 /// oversubscribing the cores (meshrt's GEMMs otherwise split over the BLAS thread count).
 inline void useSingleThreadedBlas() {
