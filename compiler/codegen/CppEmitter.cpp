@@ -865,16 +865,10 @@ std::string FunctionEmitter::runnerBody() const {
       hasUpdates() ? "" : "outputs = ");
   // Then runs back to back after one barrier, as a training loop's steps follow each other: the
   // ranks' wake-up after a barrier (microseconds per rank a core holds) is then paid once, not
-  // per run. Per run: their span (threads backend) or the slowest rank's time, over the count.
-  s += fmt::format(
-      "backToBack = meshc::gen::backToBackRuns(runs);\nworld.barrier();\nauto first = "
-      "std::chrono::steady_clock::now();\nfor (int i = 0; i < backToBack; ++i)\n{}program.run("
-      "inputs);\nauto last = std::chrono::steady_clock::now();\ndouble edges[3] = "
-      "{{-Ms(first.time_since_epoch()).count(), Ms(last.time_since_epoch()).count(), Ms(last - "
-      "first).count()}};\nworld.allReduce(edges, 3, meshrt::ReduceOp::Max);\n"
-      "backToBackMs = (std::string(world.backend()) == \"threads\" ? edges[0] + edges[1] : "
-      "edges[2]) / backToBack;\n",
-      hasUpdates() ? "" : "outputs = ");
+  // per run (support::timeBackToBack).
+  s += fmt::format("backToBackMs = meshc::gen::timeBackToBack(world, runs, backToBack, [&] {{ "
+                   "{}program.run(inputs); }});\n",
+                   hasUpdates() ? "" : "outputs = ");
   for (const auto& [outName, id] : fn.outputs) {
     std::string field = identifier(outName), gathered = "gathered_" + field;
     s += fmt::format("auto {} = {}::gatherOutput(world, {}, outputs.{});\n", gathered, name,

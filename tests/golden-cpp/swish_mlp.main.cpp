@@ -124,18 +124,8 @@ int main(int argc, char **argv) {
           for (int i = 0; i < kTimedRuns; ++i)
             spans.push_back(ends[size_t(2 * i)] + ends[size_t(2 * i + 1)]);
         }
-        backToBack = meshc::gen::backToBackRuns(runs);
-        world.barrier();
-        auto first = std::chrono::steady_clock::now();
-        for (int i = 0; i < backToBack; ++i)
-          outputs = program.run(inputs);
-        auto last = std::chrono::steady_clock::now();
-        double edges[3] = {-Ms(first.time_since_epoch()).count(),
-                           Ms(last.time_since_epoch()).count(), Ms(last - first).count()};
-        world.allReduce(edges, 3, meshrt::ReduceOp::Max);
-        backToBackMs =
-            (std::string(world.backend()) == "threads" ? edges[0] + edges[1] : edges[2]) /
-            backToBack;
+        backToBackMs = meshc::gen::timeBackToBack(world, runs, backToBack,
+                                                  [&] { outputs = program.run(inputs); });
         auto gathered_y = SwishMlp::gatherOutput(world, "y", outputs.y);
         if (world.rank() == 0)
           results.push_back(

@@ -6,6 +6,8 @@
 
 #include "meshc/SupportRows.h"
 
+#include <chrono>
+
 namespace meshc::gen {
 
 //===------------------------------------------------------------------------------------------===//
@@ -320,6 +322,27 @@ inline int backToBackRuns(std::vector<double> runs) {
   constexpr double kMilliseconds = 10;
   if (!(median > 0)) return 1000;
   return int(std::clamp(std::ceil(kMilliseconds / median), 3.0, 1000.0));
+}
+
+/// Runs `run` backToBackRuns(runs) times (`count`) one after another after one barrier and
+/// returns a run's milliseconds: their span over the count where the ranks share one clock (the
+/// threads backend: the first rank's start to the last rank's end), else the slowest rank's time
+/// over the count. Every rank calls it (it meets the others at a barrier and an all-reduce).
+template <typename Run>
+double timeBackToBack(meshrt::Communicator& world, const std::vector<double>& runs, int& count,
+                      Run run) {
+  using Ms = std::chrono::duration<double, std::milli>;
+  count = backToBackRuns(runs);
+  world.barrier();
+  auto first = std::chrono::steady_clock::now();
+  for (int i = 0; i < count; ++i)
+    run();
+  auto last = std::chrono::steady_clock::now();
+  double edges[3] = {-Ms(first.time_since_epoch()).count(), Ms(last.time_since_epoch()).count(),
+                     Ms(last - first).count()};
+  world.allReduce(edges, 3, meshrt::ReduceOp::Max);
+  bool sharedClock = std::string(world.backend()) == "threads";
+  return (sharedClock ? edges[0] + edges[1] : edges[2]) / count;
 }
 
 /// Ranks that are threads of one process each call BLAS: one BLAS thread per rank avoids
