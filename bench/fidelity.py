@@ -280,7 +280,8 @@ def print_table(rows, rounds, with_old):
                 "ranking (b2b)", "ranking (median)", "ranking (best)"]
     print("| " + " | ".join(columns) + " |")
     print("|" + "---|" * len(columns))
-    counts = {"steady": [0, 0], "rank steady": [0, 0], "median": [0, 0], "best": [0, 0], "old median": [0, 0], "old best": [0, 0],
+    counts = {"steady": [0, 0], "rank steady": [0, 0], "median": [0, 0], "best": [0, 0],
+              "old median": [0, 0], "old best": [0, 0],
               "rank median": [0, 0], "rank best": [0, 0], "slowest median": [0, 0],
               "slowest best": [0, 0], "slowest rank median": [0, 0], "slowest rank best": [0, 0]}
 
