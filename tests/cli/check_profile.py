@@ -2,10 +2,12 @@
 """`meshc run --profile` and `meshc run --trace` (docs/tool.md): the profile's table has its
 columns, a row per planned collective whose count matches what every rank issued, op-group rows
 named by .mesh lines, and totals by phase; --trace writes the Chrome trace where it is told; the
-runner's span holds its slowest rank's time. Timings are not asserted otherwise.
+runner's span holds its slowest rank's time, and it times about 10 ms of runs back to back.
+Timings are not asserted otherwise.
 Usage: check_profile.py <meshc> <case>"""
 import collections
 import json
+import math
 import os
 import re
 import sys
@@ -110,6 +112,18 @@ def run_span():
                 proc.stdout)
             span = re.search(r"program mlp: span ([\d.]+) ms median, ([\d.]+) ms best", proc.stdout)
             expect(run is not None, "the runner prints its runs on " + mesh, proc)
+            # Then runs back to back after one barrier: about 10 ms of them by the median run
+            # (3 to 1000), their span over the count with several ranks, else the slowest rank's.
+            steady = re.search(r"program mlp: back to back ([\d.]+) ms a run \((\d+) runs after "
+                               r"one barrier, (the first rank's start to the last rank's end|"
+                               r"slowest rank)\)", proc.stdout)
+            expect(steady is not None, "the runner prints its runs back to back on " + mesh, proc)
+            count, median = int(steady.group(2)), float(run.group(1))
+            wanted = min(1000, max(3, math.ceil(10 / median))) if median > 0 else 1000
+            expect(float(steady.group(1)) > 0 and abs(count - wanted) <= max(1, 0.05 * wanted),
+                   f"{count} runs back to back for a median run of {median} ms", proc)
+            expect((steady.group(3) == "slowest rank") == (ranks == 1),
+                   "back to back by the span with several ranks", proc)
             if ranks == 1:
                 expect(span is None, "no span for one rank", proc)
                 continue
