@@ -832,7 +832,7 @@ std::string FunctionEmitter::runnerBody() const {
   // that shares its core starts its clock only once the core is its own, so with no collective
   // between them the slowest rank leaves out its core-mates' work.
   s += fmt::format("{{\n// {} {}\nstd::vector<double> milliseconds, spans;\nconst char* backend = "
-                   "\"\";\ndouble backToBackMs = 0;\nint backToBack = 0;\n",
+                   "\"\";\nmeshc::gen::BackToBack backToBack;\n",
                    kindWord, fn.name);
   s += fmt::format("lead = {}({}::mesh(), launchOptions, [&](meshrt::Communicator& "
                    "world) {{\n",
@@ -865,9 +865,9 @@ std::string FunctionEmitter::runnerBody() const {
       hasUpdates() ? "" : "outputs = ");
   // Then runs back to back after one barrier, as a training loop's steps follow each other: the
   // ranks' wake-up after a barrier (microseconds per rank a core holds) is then paid once, not
-  // per run (support::timeBackToBack).
-  s += fmt::format("backToBackMs = meshc::gen::timeBackToBack(world, runs, backToBack, [&] {{ "
-                   "{}program.run(inputs); }});\n",
+  // per run (support::timeBackToBack; every rank gets the same figures, rank 0 keeps them).
+  s += fmt::format("auto steady = meshc::gen::timeBackToBack(world, runs, [&] {{ "
+                   "{}program.run(inputs); }});\nif (world.rank() == 0) backToBack = steady;\n",
                    hasUpdates() ? "" : "outputs = ");
   for (const auto& [outName, id] : fn.outputs) {
     std::string field = identifier(outName), gathered = "gathered_" + field;
@@ -881,7 +881,7 @@ std::string FunctionEmitter::runnerBody() const {
   s += fmt::format("if (!saveDir.empty()) program.save(saveDir + {});\n", checkpointDir);
   s += "});\n";
   s += fmt::format("if (lead{}) report({}, {}::mesh().size(), backend, milliseconds, spans, "
-                   "backToBackMs, backToBack);\n}}\n",
+                   "backToBack);\n}}\n",
                    hasUpdates() ? " && steps == 0" : "", quote(kindWord + " " + fn.name), name);
   return s;
 }
@@ -1097,7 +1097,7 @@ llvm::Expected<CppOutput> emitWithTarget(const ir::Module& module,
          "threads backend\n/// with several ranks, of their spans (the first rank's start to the "
          "last rank's end); then\n/// the time a run of the runs timed back to back.\n"
          "void report(const char* what, int ranks, const char* backend, std::vector<double> runs, "
-         "std::vector<double> spans, double backToBackMs, int backToBack) {\n"
+         "std::vector<double> spans, meshc::gen::BackToBack backToBack) {\n"
          "std::sort(runs.begin(), runs.end());\n"
          "std::printf(\"%s: %d ranks, run %.4f ms median, %.4f ms best of %d (slowest rank; "
          "after a warm-up run; %s backend)\\n\", what, ranks, runs[runs.size() / 2], "
@@ -1106,7 +1106,8 @@ llvm::Expected<CppOutput> emitWithTarget(const ir::Module& module,
          "std::printf(\"%s: span %.4f ms median, %.4f ms best (the first rank's start to the last "
          "rank's end)\\n\", what, spans[spans.size() / 2], spans.front());\n}\n"
          "std::printf(\"%s: back to back %.6f ms a run (%d runs after one barrier, %s)\\n\", "
-         "what, backToBackMs, backToBack, spanned ? \"the first rank's start to the last rank's "
+         "what, backToBack.milliseconds, backToBack.runs, spanned ? \"the first rank's start to "
+         "the last rank's "
          "end\" : \"slowest rank\");\n}\n\n";
     // Under MPI every process runs main; only the one holding world rank 0 (`lead`) reports and
     // writes the outputs.

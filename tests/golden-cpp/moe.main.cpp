@@ -33,7 +33,7 @@ constexpr int kTimedRuns = 5;
 /// backend with several ranks, of their spans (the first rank's start to the last rank's end); then
 /// the time a run of the runs timed back to back.
 void report(const char *what, int ranks, const char *backend, std::vector<double> runs,
-            std::vector<double> spans, double backToBackMs, int backToBack) {
+            std::vector<double> spans, meshc::gen::BackToBack backToBack) {
   std::sort(runs.begin(), runs.end());
   std::printf("%s: %d ranks, run %.4f ms median, %.4f ms best of %d (slowest rank; after a warm-up "
               "run; %s backend)\n",
@@ -46,7 +46,7 @@ void report(const char *what, int ranks, const char *backend, std::vector<double
         what, spans[spans.size() / 2], spans.front());
   }
   std::printf("%s: back to back %.6f ms a run (%d runs after one barrier, %s)\n", what,
-              backToBackMs, backToBack,
+              backToBack.milliseconds, backToBack.runs,
               spanned ? "the first rank's start to the last rank's end" : "slowest rank");
 }
 
@@ -93,8 +93,7 @@ int main(int argc, char **argv) {
       // program moe
       std::vector<double> milliseconds, spans;
       const char *backend = "";
-      double backToBackMs = 0;
-      int backToBack = 0;
+      meshc::gen::BackToBack backToBack;
       lead = meshrt::launch(Moe::mesh(), launchOptions, [&](meshrt::Communicator &world) {
         Moe program(world, seed);
         if (!loadDir.empty())
@@ -123,8 +122,10 @@ int main(int argc, char **argv) {
           for (int i = 0; i < kTimedRuns; ++i)
             spans.push_back(ends[size_t(2 * i)] + ends[size_t(2 * i + 1)]);
         }
-        backToBackMs = meshc::gen::timeBackToBack(world, runs, backToBack,
-                                                  [&] { outputs = program.run(inputs); });
+        auto steady =
+            meshc::gen::timeBackToBack(world, runs, [&] { outputs = program.run(inputs); });
+        if (world.rank() == 0)
+          backToBack = steady;
         auto gathered_y = Moe::gatherOutput(world, "y", outputs.y);
         if (world.rank() == 0)
           results.push_back(
@@ -133,15 +134,13 @@ int main(int argc, char **argv) {
           program.save(saveDir + "/moe");
       });
       if (lead)
-        report("program moe", Moe::mesh().size(), backend, milliseconds, spans, backToBackMs,
-               backToBack);
+        report("program moe", Moe::mesh().size(), backend, milliseconds, spans, backToBack);
     }
     {
       // train moe_train
       std::vector<double> milliseconds, spans;
       const char *backend = "";
-      double backToBackMs = 0;
-      int backToBack = 0;
+      meshc::gen::BackToBack backToBack;
       lead = meshrt::launch(MoeTrain::mesh(), launchOptions, [&](meshrt::Communicator &world) {
         MoeTrain program(world, seed);
         if (!loadDir.empty())
@@ -213,8 +212,9 @@ int main(int argc, char **argv) {
           for (int i = 0; i < kTimedRuns; ++i)
             spans.push_back(ends[size_t(2 * i)] + ends[size_t(2 * i + 1)]);
         }
-        backToBackMs =
-            meshc::gen::timeBackToBack(world, runs, backToBack, [&] { program.run(inputs); });
+        auto steady = meshc::gen::timeBackToBack(world, runs, [&] { program.run(inputs); });
+        if (world.rank() == 0)
+          backToBack = steady;
         auto gathered_loss = MoeTrain::gatherOutput(world, "loss", outputs.loss);
         if (world.rank() == 0)
           results.push_back({"moe_train.loss", "f32", std::move(gathered_loss.shape),
@@ -224,7 +224,7 @@ int main(int argc, char **argv) {
       });
       if (lead && steps == 0)
         report("train moe_train", MoeTrain::mesh().size(), backend, milliseconds, spans,
-               backToBackMs, backToBack);
+               backToBack);
     }
   } catch (const std::exception &error) {
     std::fprintf(stderr, "error: %s\n", error.what());

@@ -33,7 +33,7 @@ constexpr int kTimedRuns = 5;
 /// backend with several ranks, of their spans (the first rank's start to the last rank's end); then
 /// the time a run of the runs timed back to back.
 void report(const char *what, int ranks, const char *backend, std::vector<double> runs,
-            std::vector<double> spans, double backToBackMs, int backToBack) {
+            std::vector<double> spans, meshc::gen::BackToBack backToBack) {
   std::sort(runs.begin(), runs.end());
   std::printf("%s: %d ranks, run %.4f ms median, %.4f ms best of %d (slowest rank; after a warm-up "
               "run; %s backend)\n",
@@ -46,7 +46,7 @@ void report(const char *what, int ranks, const char *backend, std::vector<double
         what, spans[spans.size() / 2], spans.front());
   }
   std::printf("%s: back to back %.6f ms a run (%d runs after one barrier, %s)\n", what,
-              backToBackMs, backToBack,
+              backToBack.milliseconds, backToBack.runs,
               spanned ? "the first rank's start to the last rank's end" : "slowest rank");
 }
 
@@ -93,8 +93,7 @@ int main(int argc, char **argv) {
       // program translate
       std::vector<double> milliseconds, spans;
       const char *backend = "";
-      double backToBackMs = 0;
-      int backToBack = 0;
+      meshc::gen::BackToBack backToBack;
       lead = meshrt::launch(Translate::mesh(), launchOptions, [&](meshrt::Communicator &world) {
         Translate program(world, seed);
         if (!loadDir.empty())
@@ -130,8 +129,10 @@ int main(int argc, char **argv) {
           for (int i = 0; i < kTimedRuns; ++i)
             spans.push_back(ends[size_t(2 * i)] + ends[size_t(2 * i + 1)]);
         }
-        backToBackMs = meshc::gen::timeBackToBack(world, runs, backToBack,
-                                                  [&] { outputs = program.run(inputs); });
+        auto steady =
+            meshc::gen::timeBackToBack(world, runs, [&] { outputs = program.run(inputs); });
+        if (world.rank() == 0)
+          backToBack = steady;
         auto gathered_logits = Translate::gatherOutput(world, "logits", outputs.logits);
         if (world.rank() == 0)
           results.push_back({"translate.logits", "f32", std::move(gathered_logits.shape),
@@ -146,14 +147,13 @@ int main(int argc, char **argv) {
       });
       if (lead)
         report("program translate", Translate::mesh().size(), backend, milliseconds, spans,
-               backToBackMs, backToBack);
+               backToBack);
     }
     {
       // program position_buckets
       std::vector<double> milliseconds, spans;
       const char *backend = "";
-      double backToBackMs = 0;
-      int backToBack = 0;
+      meshc::gen::BackToBack backToBack;
       lead =
           meshrt::launch(PositionBuckets::mesh(), launchOptions, [&](meshrt::Communicator &world) {
             PositionBuckets program(world, seed);
@@ -180,8 +180,10 @@ int main(int argc, char **argv) {
               for (int i = 0; i < kTimedRuns; ++i)
                 spans.push_back(ends[size_t(2 * i)] + ends[size_t(2 * i + 1)]);
             }
-            backToBackMs = meshc::gen::timeBackToBack(world, runs, backToBack,
-                                                      [&] { outputs = program.run(inputs); });
+            auto steady =
+                meshc::gen::timeBackToBack(world, runs, [&] { outputs = program.run(inputs); });
+            if (world.rank() == 0)
+              backToBack = steady;
             auto gathered_encoder =
                 PositionBuckets::gatherOutput(world, "encoder", outputs.encoder);
             if (world.rank() == 0)
@@ -199,14 +201,13 @@ int main(int argc, char **argv) {
           });
       if (lead)
         report("program position_buckets", PositionBuckets::mesh().size(), backend, milliseconds,
-               spans, backToBackMs, backToBack);
+               spans, backToBack);
     }
     {
       // train t5_train
       std::vector<double> milliseconds, spans;
       const char *backend = "";
-      double backToBackMs = 0;
-      int backToBack = 0;
+      meshc::gen::BackToBack backToBack;
       lead = meshrt::launch(T5Train::mesh(), launchOptions, [&](meshrt::Communicator &world) {
         T5Train program(world, seed);
         if (!loadDir.empty())
@@ -283,8 +284,9 @@ int main(int argc, char **argv) {
           for (int i = 0; i < kTimedRuns; ++i)
             spans.push_back(ends[size_t(2 * i)] + ends[size_t(2 * i + 1)]);
         }
-        backToBackMs =
-            meshc::gen::timeBackToBack(world, runs, backToBack, [&] { program.run(inputs); });
+        auto steady = meshc::gen::timeBackToBack(world, runs, [&] { program.run(inputs); });
+        if (world.rank() == 0)
+          backToBack = steady;
         auto gathered_loss = T5Train::gatherOutput(world, "loss", outputs.loss);
         if (world.rank() == 0)
           results.push_back({"t5_train.loss", "f32", std::move(gathered_loss.shape),
@@ -299,8 +301,7 @@ int main(int argc, char **argv) {
           program.save(saveDir + "/t5_train");
       });
       if (lead && steps == 0)
-        report("train t5_train", T5Train::mesh().size(), backend, milliseconds, spans, backToBackMs,
-               backToBack);
+        report("train t5_train", T5Train::mesh().size(), backend, milliseconds, spans, backToBack);
     }
   } catch (const std::exception &error) {
     std::fprintf(stderr, "error: %s\n", error.what());

@@ -33,7 +33,7 @@ constexpr int kTimedRuns = 5;
 /// backend with several ranks, of their spans (the first rank's start to the last rank's end); then
 /// the time a run of the runs timed back to back.
 void report(const char *what, int ranks, const char *backend, std::vector<double> runs,
-            std::vector<double> spans, double backToBackMs, int backToBack) {
+            std::vector<double> spans, meshc::gen::BackToBack backToBack) {
   std::sort(runs.begin(), runs.end());
   std::printf("%s: %d ranks, run %.4f ms median, %.4f ms best of %d (slowest rank; after a warm-up "
               "run; %s backend)\n",
@@ -46,7 +46,7 @@ void report(const char *what, int ranks, const char *backend, std::vector<double
         what, spans[spans.size() / 2], spans.front());
   }
   std::printf("%s: back to back %.6f ms a run (%d runs after one barrier, %s)\n", what,
-              backToBackMs, backToBack,
+              backToBack.milliseconds, backToBack.runs,
               spanned ? "the first rank's start to the last rank's end" : "slowest rank");
 }
 
@@ -93,8 +93,7 @@ int main(int argc, char **argv) {
       // train xl_train
       std::vector<double> milliseconds, spans;
       const char *backend = "";
-      double backToBackMs = 0;
-      int backToBack = 0;
+      meshc::gen::BackToBack backToBack;
       lead = meshrt::launch(XlTrain::mesh(), launchOptions, [&](meshrt::Communicator &world) {
         XlTrain program(world, seed);
         if (!loadDir.empty())
@@ -157,8 +156,9 @@ int main(int argc, char **argv) {
           for (int i = 0; i < kTimedRuns; ++i)
             spans.push_back(ends[size_t(2 * i)] + ends[size_t(2 * i + 1)]);
         }
-        backToBackMs =
-            meshc::gen::timeBackToBack(world, runs, backToBack, [&] { program.run(inputs); });
+        auto steady = meshc::gen::timeBackToBack(world, runs, [&] { program.run(inputs); });
+        if (world.rank() == 0)
+          backToBack = steady;
         auto gathered_loss = XlTrain::gatherOutput(world, "loss", outputs.loss);
         if (world.rank() == 0)
           results.push_back({"xl_train.loss", "f32", std::move(gathered_loss.shape),
@@ -167,8 +167,7 @@ int main(int argc, char **argv) {
           program.save(saveDir + "/xl_train");
       });
       if (lead && steps == 0)
-        report("train xl_train", XlTrain::mesh().size(), backend, milliseconds, spans, backToBackMs,
-               backToBack);
+        report("train xl_train", XlTrain::mesh().size(), backend, milliseconds, spans, backToBack);
     }
   } catch (const std::exception &error) {
     std::fprintf(stderr, "error: %s\n", error.what());

@@ -33,7 +33,7 @@ constexpr int kTimedRuns = 5;
 /// backend with several ranks, of their spans (the first rank's start to the last rank's end); then
 /// the time a run of the runs timed back to back.
 void report(const char *what, int ranks, const char *backend, std::vector<double> runs,
-            std::vector<double> spans, double backToBackMs, int backToBack) {
+            std::vector<double> spans, meshc::gen::BackToBack backToBack) {
   std::sort(runs.begin(), runs.end());
   std::printf("%s: %d ranks, run %.4f ms median, %.4f ms best of %d (slowest rank; after a warm-up "
               "run; %s backend)\n",
@@ -46,7 +46,7 @@ void report(const char *what, int ranks, const char *backend, std::vector<double
         what, spans[spans.size() / 2], spans.front());
   }
   std::printf("%s: back to back %.6f ms a run (%d runs after one barrier, %s)\n", what,
-              backToBackMs, backToBack,
+              backToBack.milliseconds, backToBack.runs,
               spanned ? "the first rank's start to the last rank's end" : "slowest rank");
 }
 
@@ -93,8 +93,7 @@ int main(int argc, char **argv) {
       // program classify
       std::vector<double> milliseconds, spans;
       const char *backend = "";
-      double backToBackMs = 0;
-      int backToBack = 0;
+      meshc::gen::BackToBack backToBack;
       lead = meshrt::launch(Classify::mesh(), launchOptions, [&](meshrt::Communicator &world) {
         Classify program(world, seed);
         if (!loadDir.empty())
@@ -125,8 +124,10 @@ int main(int argc, char **argv) {
           for (int i = 0; i < kTimedRuns; ++i)
             spans.push_back(ends[size_t(2 * i)] + ends[size_t(2 * i + 1)]);
         }
-        backToBackMs = meshc::gen::timeBackToBack(world, runs, backToBack,
-                                                  [&] { outputs = program.run(inputs); });
+        auto steady =
+            meshc::gen::timeBackToBack(world, runs, [&] { outputs = program.run(inputs); });
+        if (world.rank() == 0)
+          backToBack = steady;
         auto gathered_probs = Classify::gatherOutput(world, "probs", outputs.probs);
         if (world.rank() == 0)
           results.push_back({"classify.probs", "f32", std::move(gathered_probs.shape),
@@ -136,14 +137,13 @@ int main(int argc, char **argv) {
       });
       if (lead)
         report("program classify", Classify::mesh().size(), backend, milliseconds, spans,
-               backToBackMs, backToBack);
+               backToBack);
     }
     {
       // train train_vit
       std::vector<double> milliseconds, spans;
       const char *backend = "";
-      double backToBackMs = 0;
-      int backToBack = 0;
+      meshc::gen::BackToBack backToBack;
       lead = meshrt::launch(TrainVit::mesh(), launchOptions, [&](meshrt::Communicator &world) {
         TrainVit program(world, seed);
         if (!loadDir.empty())
@@ -216,8 +216,9 @@ int main(int argc, char **argv) {
           for (int i = 0; i < kTimedRuns; ++i)
             spans.push_back(ends[size_t(2 * i)] + ends[size_t(2 * i + 1)]);
         }
-        backToBackMs =
-            meshc::gen::timeBackToBack(world, runs, backToBack, [&] { program.run(inputs); });
+        auto steady = meshc::gen::timeBackToBack(world, runs, [&] { program.run(inputs); });
+        if (world.rank() == 0)
+          backToBack = steady;
         auto gathered_loss = TrainVit::gatherOutput(world, "loss", outputs.loss);
         if (world.rank() == 0)
           results.push_back({"train_vit.loss", "f32", std::move(gathered_loss.shape),
@@ -227,7 +228,7 @@ int main(int argc, char **argv) {
       });
       if (lead && steps == 0)
         report("train train_vit", TrainVit::mesh().size(), backend, milliseconds, spans,
-               backToBackMs, backToBack);
+               backToBack);
     }
   } catch (const std::exception &error) {
     std::fprintf(stderr, "error: %s\n", error.what());

@@ -324,15 +324,21 @@ inline int backToBackRuns(std::vector<double> runs) {
   return int(std::clamp(std::ceil(kMilliseconds / median), 3.0, 1000.0));
 }
 
-/// Runs `run` backToBackRuns(runs) times (`count`) one after another after one barrier and
-/// returns a run's milliseconds: their span over the count where the ranks share one clock (the
-/// threads backend: the first rank's start to the last rank's end), else the slowest rank's time
-/// over the count. Every rank calls it (it meets the others at a barrier and an all-reduce).
+/// What timeBackToBack measured: a run's milliseconds, over how many runs.
+struct BackToBack {
+  double milliseconds = 0;
+  int runs = 0;
+};
+
+/// Runs `run` backToBackRuns(runs) times one after another after one barrier and returns a
+/// run's milliseconds: their span over the count where the ranks share one clock (the threads
+/// backend: the first rank's start to the last rank's end), else the slowest rank's time over
+/// the count. Every rank calls it (it meets the others at a barrier and an all-reduce) and gets
+/// the same figures.
 template <typename Run>
-double timeBackToBack(meshrt::Communicator& world, const std::vector<double>& runs, int& count,
-                      Run run) {
+BackToBack timeBackToBack(meshrt::Communicator& world, const std::vector<double>& runs, Run run) {
   using Ms = std::chrono::duration<double, std::milli>;
-  count = backToBackRuns(runs);
+  int count = backToBackRuns(runs);
   world.barrier();
   auto first = std::chrono::steady_clock::now();
   for (int i = 0; i < count; ++i)
@@ -342,7 +348,7 @@ double timeBackToBack(meshrt::Communicator& world, const std::vector<double>& ru
                      Ms(last - first).count()};
   world.allReduce(edges, 3, meshrt::ReduceOp::Max);
   bool sharedClock = std::string(world.backend()) == "threads";
-  return (sharedClock ? edges[0] + edges[1] : edges[2]) / count;
+  return {(sharedClock ? edges[0] + edges[1] : edges[2]) / count, count};
 }
 
 /// Ranks that are threads of one process each call BLAS: one BLAS thread per rank avoids
