@@ -4,7 +4,9 @@
 // d_model 256, 4 heads of 64, d_ff 1024, vocab 512) forward and backward. One core: one BLAS
 // thread, timed by the calling thread's CPU time (other processes on a shared machine do not
 // count), contenders alternated round by round, best sample of N each (load only slows a sample).
-// Prints GFLOP/s, einsum / best library (goal >= 0.9) and best library / peak.
+// Prints GFLOP/s, einsum / best library (goal >= 0.9) and best library / peak; then batches of
+// small matrices (attention at the examples' sizes): the einsum's own loops against oneDNN's
+// batched matmul, microseconds a matrix.
 // Usage: bench_kernels [--reps N]
 #include "meshrt/kernels/Einsum.h"
 
@@ -135,6 +137,69 @@ std::vector<float> randomBuffer(size_t count, uint32_t seed) {
   return values;
 }
 
+/// Batches of small matrices in attention's layout (scores q[s, h, e] k[t, h, e] -> [h, s, t],
+/// values p[h, s, t] v[t, h, e] -> [s, h, e]) at the examples' sizes and past the loops' limit:
+/// the einsum's own loops (SmallGemm) against the same plan through oneDNN's batched matmul
+/// (setSmallGemmLoops(false)), alternated; microseconds per matrix.
+void smallBatches(int reps) {
+  struct Small {
+    std::string name;
+    int64_t batch, m, n, k;
+    bool scores; // else values
+  };
+  const std::vector<Small> cases = {
+      {"scores 16 x 16 x 8 (examples)", 16, 16, 16, 8, true},
+      {"values 16 x 8 x 16 (examples)", 16, 16, 8, 16, false},
+      {"xlnet positions 2 x 16 x 8", 64, 2, 16, 8, true},
+      {"scores 32 x 32 x 64", 16, 32, 32, 64, true},
+      {"values 32 x 64 x 32", 16, 32, 64, 32, false},
+      {"scores 48 x 48 x 48", 8, 48, 48, 48, true},
+      {"scores 64 x 64 x 64 (library)", 8, 64, 64, 64, true},
+  };
+  std::printf("\nbatches of small GEMMs, attention's layout: us a matrix (best of %d alternated "
+              "samples)\n\n| %-30s | %6s | %-18s | %9s | %9s | %8s |\n|%s|%s|%s|%s|%s|%s|\n",
+              reps, "GEMM", "batch", "einsum's path", "einsum", "matmul", "speedup",
+              std::string(32, '-').c_str(), std::string(8, '-').c_str(),
+              std::string(20, '-').c_str(), std::string(11, '-').c_str(),
+              std::string(11, '-').c_str(), std::string(10, '-').c_str());
+  for (const Small& c : cases) {
+    // ids: h=0, s=1, t=2, e=3 (scores: m=s, n=t, k=e; values: m=s, n=e, k=t).
+    EinsumSpec spec = c.scores ? EinsumSpec{{c.batch, c.m, c.n, c.k},
+                                            {{{1, 0, 3}, {}}, {{2, 0, 3}, {}}},
+                                            {{0, 1, 2}, {}}}
+                               : EinsumSpec{{c.batch, c.m, c.k, c.n},
+                                            {{{0, 1, 2}, {}}, {{2, 0, 3}, {}}},
+                                            {{1, 0, 3}, {}}};
+    EinsumPlan ours(spec);
+    setSmallGemmLoops(false);
+    EinsumPlan library(spec);
+    setSmallGemmLoops(true);
+    size_t sizeA = size_t(c.batch * c.m * c.k), sizeB = size_t(c.batch * c.k * c.n);
+    std::vector<float> a = randomBuffer(sizeA, 3), b = randomBuffer(sizeB, 4);
+    std::vector<float> out1(size_t(c.batch * c.m * c.n)), out2(out1.size());
+    auto runOurs = [&] { ours.run(a.data(), b.data(), out1.data()); };
+    auto runLibrary = [&] { library.run(a.data(), b.data(), out2.data()); };
+    runOurs();
+    runLibrary();
+    int inner = std::max(1, int(0.005 / std::max(threadSeconds(runLibrary), 1e-7)));
+    double best[2] = {1e30, 1e30};
+    const std::function<void()> contenders[2] = {runOurs, runLibrary};
+    for (int r = 0; r < reps; ++r)
+      for (int which = 0; which < 2; ++which)
+        best[which] = std::min(best[which], threadSeconds([&] {
+                                              for (int i = 0; i < inner; ++i)
+                                                contenders[which]();
+                                            }) / inner);
+    double maxDiff = 0;
+    for (size_t i = 0; i < out1.size(); ++i)
+      maxDiff = std::max(maxDiff, double(std::fabs(out1[i] - out2[i])));
+    double perMatrix = 1e6 / double(c.batch);
+    std::printf("| %-30s | %6lld | %-18s | %9.3f | %9.3f | %8.2f |%s\n", c.name.c_str(),
+                (long long)c.batch, ours.gemmImplementation().c_str(), best[0] * perMatrix,
+                best[1] * perMatrix, best[1] / best[0], maxDiff > 1e-3 ? "  MISMATCH" : "");
+  }
+}
+
 } // namespace
 
 int main(int argc, char** argv) {
@@ -203,5 +268,6 @@ int main(int argc, char** argv) {
                 library / peak, maxDiff > 1e-2 ? "  MISMATCH" : "");
   }
   std::printf("\nworst einsum / best library %.2f (goal >= 0.9)\n", worst);
+  smallBatches(reps);
   return 0;
 }

@@ -205,12 +205,55 @@ TEST_CASE("einsum: plain, transposed and swapped GEMMs match the interpreter", "
 
 TEST_CASE("einsum: batch dims loop around the GEMM, in any position", "[kernels]") {
   // b=0, s=1, h=2, d=3, t=4: attention-like scores[b, h, s, t] = q[b, s, h, d] k[b, t, h, d].
+  // Small matrices: meshrt's loops by default, the library's batched GEMM when told.
   EinsumSpec scores = spec({2, 5, 3, 4, 6}, {{0, 1, 2, 3}, {0, 4, 2, 3}}, {0, 2, 1, 4});
-  CHECK(checkEinsum(scores, randomOperands(scores, 2)) == "gemm batch=6 m=5 n=6 k=4 a=N b=T");
   // Batch innermost in the operands: their K is not unit-stride, so they are packed.
   EinsumSpec inner = spec({3, 4, 5, 6}, {{1, 2, 0}, {2, 3, 0}}, {0, 1, 3});
-  CHECK(checkEinsum(inner, randomOperands(inner, 3)) ==
-        "gemm batch=3 m=4 n=6 k=5 a=N b=N pack-a pack-b");
+  for (bool loops : {true, false}) {
+    INFO("small loops " << loops);
+    setSmallGemmLoops(loops);
+    std::string small = loops ? " small loops" : "";
+    CHECK(checkEinsum(scores, randomOperands(scores, 2)) ==
+          "gemm batch=6 m=5 n=6 k=4 a=N b=T" + small);
+    CHECK(checkEinsum(inner, randomOperands(inner, 3)) ==
+          "gemm batch=3 m=4 n=6 k=5 a=N b=N pack-a pack-b" + small);
+  }
+  setSmallGemmLoops(true);
+}
+
+TEST_CASE("einsum: batches of small matrices run in meshrt's loops, in any layout", "[kernels]") {
+  // ids: h=0 (batch), s=1 (m), t=2 (n), e=3 (k). Rows in blocks of 4 and tails of 1-3, columns
+  // in tiles of 16 and tails, b transposed (copied), dense (in place), or rows far apart
+  // (copied), an output walked by columns, and alpha/beta (checkEinsum).
+  struct Case {
+    int64_t m, n, k;
+    std::vector<int> a, b, out;
+  };
+  const std::vector<int> scoresA = {1, 0, 3}, keys = {2, 0, 3}, byHead = {0, 1, 2};
+  const std::vector<int> headsFirstB = {0, 3, 2}, valuesB = {3, 0, 2}, columns = {0, 2, 1};
+  std::vector<Case> cases;
+  for (int64_t m : {2, 3, 4, 5, 6, 7, 13})
+    for (int64_t n : {2, 5, 16, 17, 33}) {
+      cases.push_back({m, n, 7, scoresA, keys, byHead});        // b transposed
+      cases.push_back({m, n, 7, scoresA, headsFirstB, byHead}); // b dense per head
+      cases.push_back({m, n, 7, scoresA, valuesB, byHead});     // b's rows h * n apart
+    }
+  cases.push_back({16, 16, 8, scoresA, headsFirstB, columns}); // out written by columns
+  for (const Case& c : cases) {
+    INFO(c.m << " x " << c.n << " x " << c.k);
+    EinsumSpec s{{3, c.m, c.n, c.k}, {{c.a, {}}, {c.b, {}}}, {c.out, {}}};
+    std::string plan = checkEinsum(s, randomOperands(s, 40));
+    CHECK(plan.find(" small loops") != std::string::npos);
+  }
+  // Past the limit (32 x 32 x 64 multiply-adds a matrix), the library; a copied b serving too
+  // few rows of a (2 rows for 48 of b's), the library; the same b dense, the loops.
+  EinsumSpec large{{2, 64, 64, 17}, {{scoresA, {}}, {keys, {}}}, {byHead, {}}};
+  CHECK(checkEinsum(large, randomOperands(large, 41)).find("small") == std::string::npos);
+  EinsumSpec fewRows{{4, 2, 16, 48}, {{scoresA, {}}, {keys, {}}}, {byHead, {}}};
+  CHECK(checkEinsum(fewRows, randomOperands(fewRows, 42)).find("small") == std::string::npos);
+  EinsumSpec fewRowsDense{{4, 2, 16, 48}, {{scoresA, {}}, {headsFirstB, {}}}, {byHead, {}}};
+  CHECK(checkEinsum(fewRowsDense, randomOperands(fewRowsDense, 43)).find(" small loops") !=
+        std::string::npos);
 }
 
 TEST_CASE("einsum: batches of outer products, GEMVs and dot products run as loops", "[kernels]") {
@@ -344,7 +387,7 @@ TEST_CASE("einsum: one operand is a strided sum; lonely dims are summed first", 
   // Lonely dims in both operands around a batched GEMM.
   EinsumSpec both = spec({2, 3, 4, 5, 6, 7}, {{0, 1, 2, 3}, {0, 3, 4, 5}}, {0, 2, 5});
   CHECK(checkEinsum(both, randomOperands(both, 16)) ==
-        "presum(a, b) + gemm batch=2 m=4 n=7 k=5 a=N b=N");
+        "presum(a, b) + gemm batch=2 m=4 n=7 k=5 a=N b=N small loops");
 }
 
 TEST_CASE("einsum: what a GEMM cannot express runs the generic loop", "[kernels]") {
@@ -392,7 +435,8 @@ TEST_CASE("einsum: the transformer's GEMMs and their backward transposes, one ma
           "[kernels]") {
   // Scaled-down transformer shapes (batch 2, seq 6, d_model 8, heads 2 of 4, d_ff 12). Every
   // layout must reach oneDNN's matmul as one call, batch dims included (no loop, no reference
-  // implementation), and match the interpreter with alpha and beta.
+  // implementation), and match the interpreter with alpha and beta; attention's batches of
+  // small matrices do where meshrt's own loops are turned off (setSmallGemmLoops).
   struct Case {
     std::string name;
     EinsumSpec spec;
@@ -421,10 +465,20 @@ TEST_CASE("einsum: the transformer's GEMMs and their backward transposes, one ma
   // Each one oneDNN matmul (not its sgemm loop) where oneDNN runs it.
   const GemmLibrary initial = gemmLibrary();
   setGemmLibrary(GemmLibrary::OneDnn);
+  setSmallGemmLoops(false);
   for (const Case& c : cases) {
     INFO(c.name);
     CHECK(checkEinsum(c.spec, randomOperands(c.spec, 21)) == c.plan);
     CHECK(EinsumPlan(c.spec).gemmImplementation().rfind("matmul ", 0) == 0);
+  }
+  setSmallGemmLoops(true);
+  for (const Case& c : cases) {
+    INFO(c.name << ", small loops");
+    bool batched = c.plan.find("batch=1 ") == std::string::npos;
+    CHECK(checkEinsum(c.spec, randomOperands(c.spec, 21)) ==
+          c.plan + (batched ? " small loops" : ""));
+    CHECK(EinsumPlan(c.spec).gemmImplementation().rfind(batched ? "small loops" : "matmul ", 0) ==
+          0);
   }
   setGemmLibrary(initial);
 }

@@ -3,6 +3,7 @@
 #include "meshrt/kernels/Einsum.h"
 
 #include "LibraryGemm.h"
+#include "SmallGemm.h"
 #include "VectorClones.h"
 
 #include "meshrt/kernels/Index.h"
@@ -585,7 +586,14 @@ EinsumPlan::EinsumPlan(EinsumSpec spec) : spec_(std::move(spec)) {
   } else if (operandCount == 2) {
     planPresum();
     if (!main && !GemmBuilder(spec_, strides).build(gemm)) gemm = Gemm{};
-    if (gemm.enabled && degenerateBatched()) {
+    if (gemm.enabled) {
+      int64_t batch = 1;
+      for (int64_t size : gemm.batchSizes)
+        batch *= size;
+      gemm.smallBatches =
+          detail::smallGemmBatched(batch, gemm.b, gemm.c.rows, gemm.c.cols, gemm.a.cols);
+    }
+    if (gemm.enabled && (degenerateBatched() || gemm.smallBatches)) {
       // Each batch's offsets into a, b and c, once: built per call they cost about 35 ns a
       // batch (performer's 512 batches: 18 us of a 49 us outer product).
       forEachIndex<3>(
@@ -670,12 +678,14 @@ std::string EinsumPlan::describe() const {
   if (gemm.b.pack) text += gemm.swapped ? " pack-a" : " pack-b";
   if (gemm.c.pack) text += " pack-out";
   if (degenerateBatched()) text += " loops";
+  if (gemm.smallBatches) text += " small loops";
   return text;
 }
 
 std::string EinsumPlan::gemmImplementation() const {
   if (main) return main->gemmImplementation();
-  return gemm.enabled ? gemm.library->describe() : std::string();
+  if (!gemm.enabled) return std::string();
+  return gemm.smallBatches ? "small loops" : gemm.library->describe();
 }
 
 void EinsumPlan::run(const float* a, const float* b, float* out, float alpha, float beta) const {
@@ -775,19 +785,23 @@ void EinsumPlan::runGemm(const float* a, const float* b, float* out, float alpha
   // Batches of outer products, GEMVs or dot products: a library call per batch costs more than
   // the arithmetic (oneDNN's batched matmul took 0.2-0.4 us per batch of performer's FAVOR+
   // einsums, 7-30x the loops below).
-  bool loops = degenerateBatched();
-  if (!mc.pack) {
-    if (loops)
-      runDegenerateBatched(first, second, out, alpha, beta);
+  // Batches of small matrices likewise (SmallGemm.h).
+  auto multiply = [&](float* c, float cBeta) {
+    int64_t batches = int64_t(gemm.batchOffsets.size() / 3);
+    if (degenerateBatched())
+      runDegenerateBatched(first, second, c, alpha, cBeta);
+    else if (gemm.smallBatches)
+      detail::smallGemmBatches(ma, mb, mc, gemm.batchOffsets.data(), batches, first, second, c,
+                               alpha, cBeta);
     else
-      gemm.library->run(first, second, out, alpha, beta);
+      gemm.library->run(first, second, c, alpha, cBeta);
+  };
+  if (!mc.pack) {
+    multiply(out, beta);
     return;
   }
   packedC.resize(size_t(batch * m * n));
-  if (loops)
-    runDegenerateBatched(first, second, packedC.data(), alpha, 0.0f);
-  else
-    gemm.library->run(first, second, packedC.data(), alpha, 0.0f);
+  multiply(packedC.data(), 0.0f);
   const float* packed = packedC.data();
   Dims dense = rowMajorStrides(outShape);
   if (beta != 0)
@@ -876,6 +890,5 @@ void einsum(std::initializer_list<const float*> operands, float* out, const Eins
   std::vector<const float*> pointers(operands);
   EinsumPlan(spec).run(pointers.data(), out, alpha, beta);
 }
-
 
 } // namespace meshrt::kernels

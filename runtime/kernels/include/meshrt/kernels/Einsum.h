@@ -60,7 +60,8 @@ public:
   void runBiasActivation(const float* a, const float* b, const float* bias, float* out,
                          bool gelu) const;
 
-  /// How it runs, e.g. "gemm batch=4 m=128 n=64 k=32 a=N b=T" (+ " pack-a" ...), "reduce"
+  /// How it runs, e.g. "gemm batch=4 m=128 n=64 k=32 a=N b=T" (+ " pack-a" ..., " loops" for
+  /// degenerate batches, " small loops" for batches of small matrices), "reduce"
   /// (one operand), "presum(a) + <main plan>" (a dim only one operand has is summed first), or
   /// "generic".
   std::string describe() const;
@@ -88,8 +89,10 @@ public:
     std::vector<int64_t> batchSizes;
     Matrix a, b, c; // operand a or b as given (swapped: exchanged), and the output
     std::shared_ptr<const detail::LibraryGemm> library; // built once, shared by copies
-    // Batches of outer products, GEMVs or dot products (runDegenerateBatched): a's, b's and c's
-    // offsets per batch, three a batch.
+    // Batches of small matrices run in loops (SmallGemm.h) instead of the library.
+    bool smallBatches = false;
+    // Batches of outer products, GEMVs or dot products (runDegenerateBatched) or of small
+    // matrices: a's, b's and c's offsets per batch, three a batch.
     std::vector<int64_t> batchOffsets;
   };
 
@@ -137,6 +140,13 @@ void einsum(std::initializer_list<const float*> operands, float* out, const Eins
 enum class GemmLibrary { Measured, OneDnn, OpenBlas };
 void setGemmLibrary(GemmLibrary library);
 GemmLibrary gemmLibrary();
+
+/// Whether plans made from now on run batches of small matrices (attention's in the examples:
+/// 16 matrices of 16 x 16 x 8) in meshrt's own loops, 2-4x faster here than oneDNN's batched
+/// matmul (true, the default), or through the library (false: bench/kernels.cpp's comparison).
+/// The environment's MESHRT_SMALL_GEMM=0 sets false initially.
+void setSmallGemmLoops(bool loops);
+bool smallGemmLoops();
 
 /// The BLAS thread count for this process (set 1 when ranks are threads sharing the cores),
 /// initially OpenBLAS's (OPENBLAS_NUM_THREADS, ...): the einsums' GEMMs run on that many OpenMP
