@@ -187,17 +187,20 @@ GemmFit fitGemmShape(const llvm::json::Array& small, double peak) {
   return fit;
 }
 
-/// The fixed cost of each matrix after the first of a batched GEMM (the cost model's
-/// gemm_batch_seconds): the probe's batch of small matrices less what gemmSeconds charges it
-/// without the term (each matrix's FLOPs at the shape's rate, one call's latency), per matrix
-/// after the first; >= 0.
-double gemmBatchSeconds(const llvm::json::Object& batched, double peak, const GemmFit& fit) {
+/// The fixed cost of each matrix of a batched GEMM (the cost model's gemm_batch_seconds): the
+/// probe's batch of small matrices less what gemmSeconds charges it without the term (each
+/// matrix's FLOPs at the shape's rate), per matrix. Where the runtime's small GEMM loops ran the
+/// probe (m n k within `smallTerms`) that is every matrix, with no library call; otherwise each
+/// after the first, less one call's latency; >= 0.
+double gemmBatchSeconds(const llvm::json::Object& batched, double peak, const GemmFit& fit,
+                        double smallTerms) {
   double batch = batched.getNumber("batch").getValueOr(0), m = batched.getNumber("m").getValueOr(0),
          n = batched.getNumber("n").getValueOr(0), k = batched.getNumber("k").getValueOr(0);
   double seconds = batched.getNumber("seconds").getValueOr(0);
   double smallest = std::min({m, n, k});
   if (batch <= 1 || smallest <= 0 || seconds <= 0 || peak <= 0) return 0;
   double flopSeconds = batch * 2 * m * n * k / peak * (1 + fit.shapeDim / smallest);
+  if (m * n * k <= smallTerms) return std::max(0.0, (seconds - flopSeconds) / batch);
   return std::max(0.0, (seconds - flopSeconds - fit.latencySeconds) / (batch - 1));
 }
 
@@ -339,9 +342,11 @@ int calibrateCommand(const char* argv0) {
   if (const llvm::json::Array* small = report->getArray("gemm_small"))
     gemmFit = fitGemmShape(*small, peak);
   double gemmLatency = gemmFit.latencySeconds;
-  double gemmBatch = 0;
-  if (const llvm::json::Object* batched = report->getObject("gemm_batched"))
-    gemmBatch = gemmBatchSeconds(*batched, peak, gemmFit);
+  double gemmBatch = 0, smallGemmTerms = 0;
+  if (const llvm::json::Object* batched = report->getObject("gemm_batched")) {
+    smallGemmTerms = batched->getNumber("small_gemm_terms").getValueOr(0);
+    gemmBatch = gemmBatchSeconds(*batched, peak, gemmFit, smallGemmTerms);
+  }
   double syncSeconds = 0, sharedSyncSeconds = -1, syncRankSeconds = 0;
   if (const llvm::json::Object* over = report->getObject("oversubscribed")) {
     syncSeconds =
@@ -398,6 +403,7 @@ int calibrateCommand(const char* argv0) {
       {"gemm_latency_seconds", gemmLatency},
       {"gemm_shape_dim", gemmFit.shapeDim},
       {"gemm_batch_seconds", gemmBatch},
+      {"small_gemm_terms", smallGemmTerms},
       {"oversubscribed_sync_seconds", syncSeconds},
       {"vector_flops", vectorFlops},
       {"transcendental_flops", transcendentalFlops},
@@ -433,7 +439,8 @@ int calibrateCommand(const char* argv0) {
                  "(cache_bandwidth), GEMMs of 16^3 to 128^3 fitted to "
                  "flops / peak (1 + gemm_shape_dim / size) + gemm_latency_seconds, a batch of "
                  "16 GEMMs of 16 x 16 x 8 (attention's layout, the batch between rows and terms) "
-                 "less that per matrix after the first (gemm_batch_seconds), all-reduce, "
+                 "less that per matrix (gemm_batch_seconds; the runtime's small GEMM loops, which "
+                 "take matrices of up to small_gemm_terms multiply-adds), all-reduce, "
                  "reduce-scatter and all-gather "
                  "from 4 B on {} ranks fitted to the alpha-beta formulas (the worst sample is "
                  "{:.2f}x off the fit), and on the threads backend {} thread ranks (twice the "
@@ -475,12 +482,12 @@ int calibrateCommand(const char* argv0) {
   stage(fmt::format("peak {:.1f} GFLOP/s, bandwidth {:.1f} GB/s, alpha {:.2f} us, link {:.1f} GB/s",
                     peak / 1e9, bandwidth / 1e9, link.alphaSeconds * 1e6, link.bandwidth / 1e9));
   stage(fmt::format("cache {:.0f} KiB at {:.1f} GB/s, GEMM latency {:.2f} us, shape dim {:.1f} "
-                    "and {:.2f} us per batched matrix, "
+                    "and {:.2f} us per batched matrix (loops up to {:.0f} multiply-adds), "
                     "oversubscribed sync {:.2f} us ({:.2f} us on one core; {:.2f} us more per "
                     "rank a core holds beyond 2)",
                     cacheBytes / 1024, cacheBandwidth / 1e9, gemmLatency * 1e6, gemmFit.shapeDim,
-                    gemmBatch * 1e6, syncSeconds * 1e6, std::max(0.0, sharedSyncSeconds) * 1e6,
-                    syncRankSeconds * 1e6));
+                    gemmBatch * 1e6, smallGemmTerms, syncSeconds * 1e6,
+                    std::max(0.0, sharedSyncSeconds) * 1e6, syncRankSeconds * 1e6));
   if (vectorFlops > 0)
     stage(fmt::format(
         "loops {:.1f} GFLOP/s, transcendental {:.1f} FLOPs, random {:.1f} FLOPs, normal "

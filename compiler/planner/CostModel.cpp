@@ -36,12 +36,17 @@ double gemmSeconds(const Machine& machine, double flops, double bytes, ir::DType
   // prints it: the f32 GEMM (the narrow operands' products are exact in f32), then a pass that
   // rounds the result to the dtype (support::roundBufferBF16), charged at the GEMM's bytes.
   bool narrowOnCpu = isNarrowFloat(dtype) && machine.peakFlopsBf16 <= 0 && modelsLoops(machine);
-  double seconds =
-      computeSeconds(machine, flops * slowdown, bytes, dtype) + machine.gemmLatencySeconds;
+  double seconds = computeSeconds(machine, flops * slowdown, bytes, dtype);
   if (narrowOnCpu) seconds += loopShareSeconds(machine, 0, 0, bytes, /*closesNest=*/true);
-  // A batched GEMM of real matrices: oneDNN's batched matmul sets each one up (meshrt's
-  // DnnlGemm; about 0.4 us a matrix of attention's 16 x 16 x 8 here, 8x its FLOP time).
-  if (batches > 1 && smallestDim > 1) seconds += (batches - 1) * machine.gemmBatchSeconds;
+  bool realMatrices = batches > 1 && smallestDim > 1;
+  // A batch of small matrices: meshrt's own loops (SmallGemm.h), no library call; each matrix
+  // pays its setup (b copied into a panel, the tiles' stores).
+  if (realMatrices && flops / (2 * batches) <= machine.smallGemmTerms)
+    return seconds + batches * machine.gemmBatchSeconds;
+  seconds += machine.gemmLatencySeconds;
+  // A batched GEMM of larger matrices: oneDNN's batched matmul sets each one up (meshrt's
+  // DnnlGemm; 0.4 us a matrix of 16 x 16 x 8 here, 8x its FLOP time, before the loops took them).
+  if (realMatrices) seconds += (batches - 1) * machine.gemmBatchSeconds;
   return seconds;
 }
 

@@ -24,9 +24,11 @@ double computeSeconds(const Machine& machine, double flops, double bytes, ir::DT
 /// the peak than the large ones that measured it. A bf16/f16 GEMM on a CPU machine without
 /// peak_flops_bf16 is priced as the C++ target runs it, in double (2x the FLOP time, plus a
 /// pass converting the operands and the result). A batch of `batches` matrices, none of m, n
-/// and k of 1 (`smallestDim` > 1), pays machine.gemmBatchSeconds for each matrix after the
-/// first: the library sets each one up (batches of outer products, GEMVs and dot products run as
-/// meshrt's loops, Einsum.cpp degenerateBatched, and pay nothing more).
+/// and k of 1 (`smallestDim` > 1), of at most machine.smallGemmTerms multiply-adds each runs in
+/// meshrt's small GEMM loops: no call latency, machine.gemmBatchSeconds for every matrix. A
+/// batch of larger ones pays it for each matrix after the first: the library sets each one up
+/// (batches of outer products, GEMVs and dot products run as meshrt's other loops, Einsum.cpp
+/// degenerateBatched, and pay nothing more).
 double gemmSeconds(const Machine& machine, double flops, double bytes, ir::DType dtype,
                    double smallestDim = 0, double batches = 1);
 

@@ -149,6 +149,7 @@ llvm::Expected<Machine> parseMachine(llvm::StringRef json, llvm::StringRef sourc
   machine.cores = reader.count("cores", false, 0);
   machine.gemmShapeDim = reader.number("gemm_shape_dim", false, 0);
   machine.gemmBatchSeconds = reader.number("gemm_batch_seconds", false, 0);
+  machine.smallGemmTerms = reader.number("small_gemm_terms", false, 0);
   machine.vectorFlops = reader.number("vector_flops", false, 0);
   machine.transcendentalFlops = reader.number("transcendental_flops", false, 0);
   machine.randomFlops = reader.number("random_flops", false, 0);

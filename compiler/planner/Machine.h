@@ -55,11 +55,14 @@ struct Machine {
   // GEMM efficiency by shape (0: none): a GEMM whose smallest of m, n and k (per batch element)
   // is `gemmShapeDim` runs its FLOPs at half the peak, one with s at peak / (1 + gemmShapeDim / s).
   double gemmShapeDim = 0;
-  // A batched GEMM's fixed cost per matrix after the first (0: none): the library's batched
-  // matmul sets up each matrix of the batch (attention's batches of 16-64 small matrices ran
-  // at 0.3-0.5 us a matrix, 4-10x their FLOPs). Not charged to batches of outer products, GEMVs
-  // or dot products, which meshrt runs as loops.
+  // A batched GEMM's fixed cost per matrix (0: none): each matrix of a batch that meshrt's small
+  // GEMM loops run (at most `smallGemmTerms` multiply-adds a matrix: b copied, tiles set up),
+  // else each after the first that the library's batched matmul sets up. Not charged to
+  // batches of outer products, GEMVs or dot products, which meshrt runs as other loops.
   double gemmBatchSeconds = 0;
+  // The runtime's limit for its small GEMM loops, m n k of one matrix (meshrt's
+  // smallGemmMaxTerms; 0: every batch goes to the library, as before the loops existed).
+  double smallGemmTerms = 0;
   // What the generated code's loops and kernels reach (docs/planner.md, "Loops and kernels";
   // 0: not modelled, the roofline alone). A fused elementwise loop nest runs its FLOPs at
   // `vectorFlops` (not the GEMM peak), each exp/log/tanh/... element counting

@@ -494,11 +494,22 @@ TEST_CASE("cost model: a batched GEMM pays the machine's cost per matrix", "[cos
   CHECK(gemmSeconds(m, 2e3, 100, ir::DType::F32, 64) == Approx(2.5e-6 + 5e-6));
   // A batch of outer products, GEMVs or dot products (a dim of 1) runs as meshrt's loops.
   CHECK(gemmSeconds(m, 2e3, 100, ir::DType::F32, 1, 16) == Approx(2e-6 * 17 + 5e-6));
+  // Within the runtime's small GEMM loops (62.5 multiply-adds a matrix here): no library call,
+  // every matrix pays the cost; past their limit, the library again.
+  CHECK(m.smallGemmTerms == 0);
+  m.smallGemmTerms = 1000;
+  CHECK(gemmSeconds(m, 2e3, 100, ir::DType::F32, 64, 16) == Approx(2.5e-6 + 16e-6));
+  CHECK(gemmSeconds(m, 2e3, 100, ir::DType::F32, 64, 1) == Approx(2.5e-6 + 5e-6));
+  CHECK(gemmSeconds(m, 2e3, 100, ir::DType::F32, 1, 16) == Approx(2e-6 * 17 + 5e-6));
+  m.smallGemmTerms = 62;
+  CHECK(gemmSeconds(m, 2e3, 100, ir::DType::F32, 64, 16) == Approx(2.5e-6 + 5e-6 + 15e-6));
   Machine read = parsed(R"({
     "name": "b", "devices": 1, "peak_flops": 1e9, "memory_bandwidth": 1e9, "memory_bytes": 1e9,
-    "gemm_batch_seconds": 4e-7, "intra": {"name": "l", "alpha_seconds": 0, "bandwidth": 1}
+    "gemm_batch_seconds": 4e-7, "small_gemm_terms": 65536,
+    "intra": {"name": "l", "alpha_seconds": 0, "bandwidth": 1}
   })");
   CHECK(read.gemmBatchSeconds == Approx(4e-7));
+  CHECK(read.smallGemmTerms == 65536);
 }
 
 TEST_CASE("lowering: attention's batched GEMMs pay per local matrix", "[cost][lowering]") {
@@ -533,6 +544,12 @@ program scores(x: f32[batch, q, heads, e], y: f32[batch, k, heads, e]) -> (s: f3
   // One rank: 8 matrices (7 after the first); two ranks: 4 each (3).
   CHECK(einsumOn(batched, 1) == Approx(einsumOn(m, 1) + 7e-6));
   CHECK(einsumOn(batched, 2) == Approx(einsumOn(m, 2) + 3e-6));
+  // In the runtime's small GEMM loops (8 x 8 x 4 = 256 multiply-adds a matrix): every matrix
+  // pays, no call's latency (5 us).
+  Machine loops = batched;
+  loops.smallGemmTerms = 256;
+  CHECK(einsumOn(loops, 1) == Approx(einsumOn(m, 1) + 8e-6 - 5e-6));
+  CHECK(einsumOn(loops, 2) == Approx(einsumOn(m, 2) + 4e-6 - 5e-6));
   // The search's lower bound stays a bound.
   std::vector<std::string> dims = {"batch", "heads", "q", "k", "e"};
   Mesh mesh = meshOf({{"a", 2}});

@@ -7,7 +7,8 @@
 //    "gemm": [{"m": 1024, "n": 1024, "k": 1024, "flops_per_s": ...}, ...],
 //    "stream_bytes_per_s": ..., "cache_bytes": ..., "cache_stream_bytes_per_s": ...,
 //    "gemm_small": [{"m": 32, ..., "seconds": ...}, ...],
-//    "gemm_batched": {"batch": 16, "m": 16, "n": 16, "k": 8, "seconds": ...},
+//    "gemm_batched": {"batch": 16, "m": 16, "n": 16, "k": 8, "seconds": ...,
+//                     "small_gemm_terms": ...},
 //    "collectives": [{"kind": "all_reduce", "bytes": 4, "seconds": ...}, ...],
 //    "loops": {"vector_flops": ..., "transcendental_element_seconds": ...,
 //              "dropout_element_seconds": ..., "normal_element_seconds": ..., "call_seconds": ...,
@@ -566,7 +567,8 @@ inline int probeMain(int argc, char** argv) {
     std::string gemmBatched =
         "{\"batch\": " + std::to_string(kBatch) + ", \"m\": " + std::to_string(kRows) +
         ", \"n\": " + std::to_string(kCols) + ", \"k\": " + std::to_string(kTerms) +
-        ", \"seconds\": " + number(batched) + "}";
+        ", \"seconds\": " + number(batched) +
+        ", \"small_gemm_terms\": " + std::to_string(kernels::smallGemmMaxTerms()) + "}";
     LoopRates loops = loopRates(quick ? 20 : 200);
     std::string collectives = collectivesJson(times);
     long pages = sysconf(_SC_PHYS_PAGES), pageSize = sysconf(_SC_PAGE_SIZE);

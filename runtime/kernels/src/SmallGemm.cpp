@@ -168,4 +168,8 @@ bool smallGemmLoops() {
   return detail::loopsChoice().load();
 }
 
+int64_t smallGemmMaxTerms() {
+  return smallGemmLoops() ? detail::kSmallGemmTerms : 0;
+}
+
 } // namespace meshrt::kernels

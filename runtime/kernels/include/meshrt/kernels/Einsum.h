@@ -147,6 +147,9 @@ GemmLibrary gemmLibrary();
 /// The environment's MESHRT_SMALL_GEMM=0 sets false initially.
 void setSmallGemmLoops(bool loops);
 bool smallGemmLoops();
+/// The most multiply-adds a matrix (m n k) that those loops take; 0 while they are off.
+/// `meshc calibrate` writes it into the machine description (small_gemm_terms) for the planner.
+int64_t smallGemmMaxTerms();
 
 /// The BLAS thread count for this process (set 1 when ranks are threads sharing the cores),
 /// initially OpenBLAS's (OPENBLAS_NUM_THREADS, ...): the einsums' GEMMs run on that many OpenMP
