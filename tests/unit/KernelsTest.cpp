@@ -245,6 +245,11 @@ TEST_CASE("einsum: batches of small matrices run in meshrt's loops, in any layou
     std::string plan = checkEinsum(s, randomOperands(s, 40));
     CHECK(plan.find(" small loops") != std::string::npos);
   }
+  // Rows of two dims that t separates in the output: a packed output, then scattered.
+  EinsumSpec packedOut{{3, 2, 3, 5, 4}, {{{0, 1, 2, 4}, {}}, {{0, 3, 4}, {}}}, {{0, 1, 3, 2}, {}}};
+  std::string packedPlan = checkEinsum(packedOut, randomOperands(packedOut, 44));
+  CHECK(packedPlan.find("pack-out") != std::string::npos);
+  CHECK(packedPlan.find(" small loops") != std::string::npos);
   // Past the limit (32 x 32 x 64 multiply-adds a matrix), the library; a copied b serving too
   // few rows of a (2 rows for 48 of b's), the library; the same b dense, the loops.
   EinsumSpec large{{2, 64, 64, 17}, {{scoresA, {}}, {keys, {}}}, {byHead, {}}};
