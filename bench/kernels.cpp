@@ -89,6 +89,24 @@ __attribute__((noinline)) double fmaPeak() {
   return 2.0 * kLanes * 12 * double(kIterations) / seconds * 1e-9;
 }
 
+/// Seconds a call of each contender takes, the best of `reps` samples taken round by round:
+/// each called once first (page faults, packing buffers, JIT kernels), then a sample repeats a
+/// call often enough that the first contender's takes >= `sampleSeconds`.
+std::vector<double> bestAlternated(const std::vector<std::function<void()>>& contenders, int reps,
+                                   double sampleSeconds) {
+  for (const auto& contender : contenders)
+    contender();
+  int inner = std::max(1, int(sampleSeconds / std::max(threadSeconds(contenders[0]), 1e-7)));
+  std::vector<double> best(contenders.size(), 1e30);
+  for (int r = 0; r < reps; ++r)
+    for (size_t which = 0; which < contenders.size(); ++which)
+      best[which] = std::min(best[which], threadSeconds([&] {
+                                            for (int i = 0; i < inner; ++i)
+                                              contenders[which]();
+                                          }) / inner);
+  return best;
+}
+
 /// A dense (batched) GEMM: out[batch, m, n] = sum_k a[batch, m, k] b[batch, k, n], a stored as
 /// [batch, k, m] when transA, b as [batch, n, k] when transB.
 struct Case {
@@ -177,19 +195,10 @@ void smallBatches(int reps) {
     size_t sizeA = size_t(c.batch * c.m * c.k), sizeB = size_t(c.batch * c.k * c.n);
     std::vector<float> a = randomBuffer(sizeA, 3), b = randomBuffer(sizeB, 4);
     std::vector<float> out1(size_t(c.batch * c.m * c.n)), out2(out1.size());
-    auto runOurs = [&] { ours.run(a.data(), b.data(), out1.data()); };
-    auto runLibrary = [&] { library.run(a.data(), b.data(), out2.data()); };
-    runOurs();
-    runLibrary();
-    int inner = std::max(1, int(0.005 / std::max(threadSeconds(runLibrary), 1e-7)));
-    double best[2] = {1e30, 1e30};
-    const std::function<void()> contenders[2] = {runOurs, runLibrary};
-    for (int r = 0; r < reps; ++r)
-      for (int which = 0; which < 2; ++which)
-        best[which] = std::min(best[which], threadSeconds([&] {
-                                              for (int i = 0; i < inner; ++i)
-                                                contenders[which]();
-                                            }) / inner);
+    std::vector<double> best =
+        bestAlternated({[&] { ours.run(a.data(), b.data(), out1.data()); },
+                        [&] { library.run(a.data(), b.data(), out2.data()); }},
+                       reps, 0.005);
     double maxDiff = 0;
     for (size_t i = 0; i < out1.size(); ++i)
       maxDiff = std::max(maxDiff, double(std::fabs(out1[i] - out2[i])));
@@ -240,19 +249,7 @@ int main(int argc, char** argv) {
                    0.0f, raw.data() + size_t(i) * c.m * c.n, c.n);
     };
     auto einsum = [&] { plan.run(a.data(), b.data(), ours.data()); };
-    // Warm up (page faults, packing buffers, JIT kernels), then size samples to >= ~20 ms.
-    openblas();
-    onednn();
-    einsum();
-    int inner = std::max(1, int(0.02 / std::max(threadSeconds(openblas), 1e-7)));
-    double best[3] = {1e30, 1e30, 1e30};
-    const std::function<void()> contenders[3] = {openblas, onednn, einsum};
-    for (int r = 0; r < reps; ++r)
-      for (int which = 0; which < 3; ++which)
-        best[which] = std::min(best[which], threadSeconds([&] {
-                                              for (int i = 0; i < inner; ++i)
-                                                contenders[which]();
-                                            }) / inner);
+    std::vector<double> best = bestAlternated({openblas, onednn, einsum}, reps, 0.02);
     double maxDiff = 0;
     for (size_t i = 0; i < sizeC; ++i)
       maxDiff = std::max(maxDiff, double(std::fabs(ours[i] - raw[i])));
