@@ -18,8 +18,8 @@ bool smallGemmBatched(int64_t batches, const EinsumPlan::Matrix& mb, int64_t m, 
 
 /// c[batch] = alpha * a[batch] . b[batch] + beta * c[batch] (beta = 0: c not read), each matrix
 /// walked by its rowStride and colStride from its batch's offsets (a, b, c per batch, three a
-/// batch): blocks of rows times 16 columns accumulated in registers, b's rows copied first into
-/// a dense, zero-padded panel unless they are contiguous and whole.
+/// batch): blocks of rows times 16 columns accumulated in registers, b copied first into a
+/// zero-padded panel of whole tiles unless it is dense in whole tiles already.
 void smallGemmBatches(const EinsumPlan::Matrix& ma, const EinsumPlan::Matrix& mb,
                       const EinsumPlan::Matrix& mc, const int64_t* batchOffsets, int64_t batches,
                       const float* a, const float* b, float* c, float alpha, float beta);
