@@ -541,12 +541,18 @@ void degenerateBatches(const EinsumPlan::Matrix& ma, const EinsumPlan::Matrix& m
   }
 }
 
+/// How many matrices the GEMM multiplies: the product of its batch dims' sizes.
+int64_t matrixCount(const EinsumPlan::Gemm& gemm) {
+  int64_t count = 1;
+  for (int64_t size : gemm.batchSizes)
+    count *= size;
+  return count;
+}
+
 } // namespace
 
 bool EinsumPlan::degenerateBatched() const {
-  int64_t batch = 1;
-  for (int64_t size : gemm.batchSizes)
-    batch *= size;
+  int64_t batch = matrixCount(gemm);
   return batch > 1 && std::min({gemm.c.rows, gemm.c.cols, gemm.a.cols}) == 1;
 }
 
@@ -586,13 +592,9 @@ EinsumPlan::EinsumPlan(EinsumSpec spec) : spec_(std::move(spec)) {
   } else if (operandCount == 2) {
     planPresum();
     if (!main && !GemmBuilder(spec_, strides).build(gemm)) gemm = Gemm{};
-    if (gemm.enabled) {
-      int64_t batch = 1;
-      for (int64_t size : gemm.batchSizes)
-        batch *= size;
-      gemm.smallBatches =
-          detail::smallGemmBatched(batch, gemm.b, gemm.c.rows, gemm.c.cols, gemm.a.cols);
-    }
+    if (gemm.enabled)
+      gemm.smallBatches = detail::smallGemmBatched(matrixCount(gemm), gemm.b, gemm.c.rows,
+                                                   gemm.c.cols, gemm.a.cols);
     if (gemm.enabled && (degenerateBatched() || gemm.smallBatches)) {
       // Each batch's offsets into a, b and c, once: built per call they cost about 35 ns a
       // batch (performer's 512 batches: 18 us of a 49 us outer product).
@@ -666,9 +668,7 @@ std::string EinsumPlan::describe() const {
     return text + ") + " + main->describe();
   }
   if (!gemm.enabled) return "generic";
-  int64_t batch = 1;
-  for (int64_t size : gemm.batchSizes)
-    batch *= size;
+  int64_t batch = matrixCount(gemm);
   std::string text = "gemm batch=" + std::to_string(batch) + " m=" + std::to_string(gemm.c.rows) +
                      " n=" + std::to_string(gemm.c.cols) + " k=" + std::to_string(gemm.a.cols) +
                      " a=" + (gemm.a.transpose ? "T" : "N") +
@@ -757,9 +757,7 @@ void EinsumPlan::runPresummed(const float* const* operands, float* out, float al
 void EinsumPlan::runGemm(const float* a, const float* b, float* out, float alpha,
                          float beta) const {
   const Matrix &ma = gemm.a, &mb = gemm.b, &mc = gemm.c;
-  int64_t batch = 1;
-  for (int64_t size : gemm.batchSizes)
-    batch *= size;
+  int64_t batch = matrixCount(gemm);
   int64_t m = mc.rows, n = mc.cols, k = ma.cols;
   if (batch == 0 || m == 0 || n == 0) return;
   // The output's own walk (for an empty K and for scattering a packed result).

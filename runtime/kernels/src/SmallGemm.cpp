@@ -142,7 +142,13 @@ void smallGemmBatches(const EinsumPlan::Matrix& ma, const EinsumPlan::Matrix& mb
   bool inPlace = panelInPlace(mb);
   int64_t ld = inPlace ? mb.rowStride : (n + kTileCols - 1) / kTileCols * kTileCols;
   thread_local std::vector<float> panel;
-  if (!inPlace) panel.assign(size_t(k * ld), 0.0f);
+  if (!inPlace) {
+    // Each copy writes the first n columns of every row; the padding past them is zeroed once
+    // a call (never stored to c, but read into the tiles' lanes).
+    panel.resize(size_t(k * ld));
+    for (int64_t kk = 0; kk < k && ld > n; ++kk)
+      std::fill(panel.begin() + kk * ld + n, panel.begin() + (kk + 1) * ld, 0.0f);
+  }
   for (int64_t batch = 0; batch < batches; ++batch) {
     const float* A = a + batchOffsets[3 * batch];
     const float* B = b + batchOffsets[3 * batch + 1];
