@@ -1,17 +1,19 @@
 #!/usr/bin/env python3
-"""Cost-model fidelity (issue 15, item 4): for every example in dsl-examples (each program and
-train block) on the meshes [1], [2], [2,2] and [2,4] (the example's own mesh axes, e.g.
-data=2,model=2), the planner's predicted step time (`meshc --emit=plan-json`, summary.stepSeconds)
-against the generated runner's measured time, their ratio, and
-whether the planner ranks the example's own layout against its `layout auto` choice as the
-measurements do (both measured, alternated round by round; when auto finds the own layout there
-is nothing to rank). Measured two ways, each the median over --rounds runs of the binary: back
-to back (the runner's runs timed one after another after one barrier, ~10 ms of them, the span
-over their count: what a step costs when steps follow each other, as in training; the goal's
-column since session 30) and alone (each of 5 runs after its own barrier: its span, from the
-first rank's start to the last rank's end where the runner prints that (threads backend,
-several ranks), else the slowest rank's; the median and the best). A run alone also pays the
-ranks' wake-up after the barrier: 5-20 us on an oversubscribed mesh, more than some programs.
+"""Cost-model fidelity (issue 15, item 4): for every example in dsl-examples (each program and train
+block) on the meshes [1], [2], [2,2] and [2,4] (the example's own mesh axes, e.g. data=2,model=2),
+the planner's predicted step time (`meshc --emit=plan-json`, summary.stepSeconds) against the
+generated runner's measured time, their ratio, and whether the planner ranks the example's own
+layout against its `layout auto` choice as the measurements do (both measured, alternated round by
+round; when auto finds the own layout there is nothing to rank). Every variant is built first; then
+each round runs every binary once, the rounds one after another over all rows (a row's rounds
+minutes apart, so that a spell of load on the shared host reaches one of them). Measured two ways,
+each the median over --rounds runs of the binary: back to back (the runner's runs timed one after
+another after one barrier, the span over their count, the median of 5 windows of ~4 ms of runs:
+what a step costs when steps follow each other, as in training; the goal's column since session 30)
+and alone (each of 5 runs after its own barrier: its span, from the first rank's start to the last
+rank's end where the runner prints that (threads backend, several ranks), else the slowest rank's;
+the median and the best). A run alone also pays the ranks' wake-up after the barrier: 5-20 us on an
+oversubscribed mesh, more than some programs.
 
     python3 bench/fidelity.py [--build-dir build] [--machine M.json] [--only mlp,transformer]
                               [--meshes 1,2,2x2,2x4] [--rounds 3] [--quick] [--no-auto]
@@ -136,6 +138,23 @@ def measure(variant):
         variant.steady.append(float(steady.group(1)))
 
 
+def measure_rounds(rows, rounds):
+    """Every built variant once a round, the rounds one after another over all rows: a row's
+    rounds lie minutes apart, so that a neighbour's load on this shared host for a while (which
+    slowed all of a row's rounds when they ran together, and moved single rows by more than 25%
+    between runs) reaches one of them, which the median over rounds leaves out. Within a row the
+    own and auto layouts alternate, the order flipped every round."""
+    for r in range(rounds):
+        print(f"measuring round {r + 1} of {rounds} (load {load():.2f})", flush=True)
+        for _, _, own, auto, reason in rows:
+            if reason:
+                continue
+            live = [v for v in (own, auto) if v and not v.problem]
+            for v in (live if r % 2 == 0 else live[::-1]):
+                if not v.problem:
+                    measure(v)
+
+
 def measured_ms(variant, best=False, slowest=False, steady=False):
     """The median over rounds of the runner's median; with `best`, the least of its bests (on a
     loaded machine the runs a busy core did not interrupt: the code's own time). With `slowest`,
@@ -228,16 +247,12 @@ def main():
                     cache = os.path.join(cache_root, f"{stem}.{fn}.{mesh_name}.{v.name}")
                     print(f"build {label} [{mesh}] {v.name}", flush=True)
                     build(meshc, path, fn, mesh, machine, v, cache)
-                live = [v for v in variants if not v.problem]
-                for r in range(rounds):  # alternated, the order flipped every round
-                    for v in (live if r % 2 == 0 else live[::-1]):
-                        if not v.problem:
-                            measure(v)
                 reason = own.problem
                 if reason:
                     print(f"skip {label} [{mesh}]: {reason}", flush=True)
                 rows.append((label, mesh_name, own, auto, reason))
 
+    measure_rounds(rows, rounds)
     print_table(rows, rounds, bool(args.old_meshc))
     print(f"load average at end: {load():.2f}")
 

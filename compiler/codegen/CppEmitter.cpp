@@ -864,8 +864,9 @@ std::string FunctionEmitter::runnerBody() const {
       "ends[size_t(2 * i + 1)]);\n}}\n",
       hasUpdates() ? "" : "outputs = ");
   // Then runs back to back after one barrier, as a training loop's steps follow each other: the
-  // ranks' wake-up after a barrier (microseconds per rank a core holds) is then paid once, not
-  // per run (support::timeBackToBack; every rank gets the same figures, rank 0 keeps them).
+  // ranks' wake-up after a barrier (microseconds per rank a core holds) is then paid once a
+  // window of runs, not per run (support::timeBackToBack: the median of a few windows; every
+  // rank gets the same figures, rank 0 keeps them).
   s += fmt::format("auto steady = meshc::gen::timeBackToBack(world, runs, [&] {{ "
                    "{}program.run(inputs); }});\nif (world.rank() == 0) backToBack = steady;\n",
                    hasUpdates() ? "" : "outputs = ");
@@ -1095,7 +1096,8 @@ llvm::Expected<CppOutput> emitWithTarget(const ir::Module& module,
     r += "constexpr int kTimedRuns = 5;\n\n"
          "/// Prints the median and best of the timed runs (each: its slowest rank) and, on the "
          "threads backend\n/// with several ranks, of their spans (the first rank's start to the "
-         "last rank's end); then\n/// the time a run of the runs timed back to back.\n"
+         "last rank's end); then\n/// the time a run of the runs timed back to back (the median "
+         "window).\n"
          "void report(const char* what, int ranks, const char* backend, std::vector<double> runs, "
          "std::vector<double> spans, meshc::gen::BackToBack backToBack) {\n"
          "std::sort(runs.begin(), runs.end());\n"
@@ -1105,10 +1107,10 @@ llvm::Expected<CppOutput> emitWithTarget(const ir::Module& module,
          "== \"threads\";\nif (spanned) {\nstd::sort(spans.begin(), spans.end());\n"
          "std::printf(\"%s: span %.4f ms median, %.4f ms best (the first rank's start to the last "
          "rank's end)\\n\", what, spans[spans.size() / 2], spans.front());\n}\n"
-         "std::printf(\"%s: back to back %.6f ms a run (%d runs after one barrier, %s)\\n\", "
-         "what, backToBack.milliseconds, backToBack.runs, spanned ? \"the first rank's start to "
-         "the last rank's "
-         "end\" : \"slowest rank\");\n}\n\n";
+         "std::printf(\"%s: back to back %.6f ms a run (the median of %d windows of %d runs, "
+         "each after one barrier, %s)\\n\", what, backToBack.milliseconds, backToBack.windows, "
+         "backToBack.runs, spanned ? \"the first rank's start to the last rank's end\" : "
+         "\"slowest rank\");\n}\n\n";
     // Under MPI every process runs main; only the one holding world rank 0 (`lead`) reports and
     // writes the outputs.
     r +=

@@ -2,7 +2,8 @@
 """`meshc run --profile` and `meshc run --trace` (docs/tool.md): the profile's table has its
 columns, a row per planned collective whose count matches what every rank issued, op-group rows
 named by .mesh lines, and totals by phase; --trace writes the Chrome trace where it is told; the
-runner's span holds its slowest rank's time, and it times about 10 ms of runs back to back.
+runner's span holds its slowest rank's time, and it times 5 windows of about 4 ms of runs back
+to back and prints the median window.
 Timings are not asserted otherwise.
 Usage: check_profile.py <meshc> <case>"""
 import collections
@@ -112,17 +113,21 @@ def run_span():
                 proc.stdout)
             span = re.search(r"program mlp: span ([\d.]+) ms median, ([\d.]+) ms best", proc.stdout)
             expect(run is not None, "the runner prints its runs on " + mesh, proc)
-            # Then runs back to back after one barrier: about 10 ms of them by the median run
-            # (3 to 1000), their span over the count with several ranks, else the slowest rank's.
-            steady = re.search(r"program mlp: back to back ([\d.]+) ms a run \((\d+) runs after "
-                               r"one barrier, (the first rank's start to the last rank's end|"
-                               r"slowest rank)\)", proc.stdout)
+            # Then runs back to back: 5 windows, each after one barrier, of about 4 ms of runs by
+            # the median run (3 to 1000), the median window; a window's span over its count with
+            # several ranks, else the slowest rank's.
+            steady = re.search(r"program mlp: back to back ([\d.]+) ms a run \(the median of "
+                               r"(\d+) windows of (\d+) runs, each after one barrier, "
+                               r"(the first rank's start to the last rank's end|slowest rank)\)",
+                               proc.stdout)
             expect(steady is not None, "the runner prints its runs back to back on " + mesh, proc)
-            count, median = int(steady.group(2)), float(run.group(1))
-            wanted = min(1000, max(3, math.ceil(10 / median))) if median > 0 else 1000
-            expect(float(steady.group(1)) > 0 and abs(count - wanted) <= max(1, 0.05 * wanted),
-                   f"{count} runs back to back for a median run of {median} ms", proc)
-            expect((steady.group(3) == "slowest rank") == (ranks == 1),
+            windows, count, median = int(steady.group(2)), int(steady.group(3)), float(run.group(1))
+            wanted = min(1000, max(3, math.ceil(4 / median))) if median > 0 else 1000
+            expect(float(steady.group(1)) > 0 and windows == 5 and
+                   abs(count - wanted) <= max(1, 0.05 * wanted),
+                   f"{windows} windows of {count} runs back to back for a median run of {median} ms",
+                   proc)
+            expect((steady.group(4) == "slowest rank") == (ranks == 1),
                    "back to back by the span with several ranks", proc)
             if ranks == 1:
                 expect(span is None, "no span for one rank", proc)

@@ -31,7 +31,7 @@ constexpr int kTimedRuns = 5;
 
 /// Prints the median and best of the timed runs (each: its slowest rank) and, on the threads
 /// backend with several ranks, of their spans (the first rank's start to the last rank's end); then
-/// the time a run of the runs timed back to back.
+/// the time a run of the runs timed back to back (the median window).
 void report(const char *what, int ranks, const char *backend, std::vector<double> runs,
             std::vector<double> spans, meshc::gen::BackToBack backToBack) {
   std::sort(runs.begin(), runs.end());
@@ -45,8 +45,9 @@ void report(const char *what, int ranks, const char *backend, std::vector<double
         "%s: span %.4f ms median, %.4f ms best (the first rank's start to the last rank's end)\n",
         what, spans[spans.size() / 2], spans.front());
   }
-  std::printf("%s: back to back %.6f ms a run (%d runs after one barrier, %s)\n", what,
-              backToBack.milliseconds, backToBack.runs,
+  std::printf("%s: back to back %.6f ms a run (the median of %d windows of %d runs, each after one "
+              "barrier, %s)\n",
+              what, backToBack.milliseconds, backToBack.windows, backToBack.runs,
               spanned ? "the first rank's start to the last rank's end" : "slowest rank");
 }
 

@@ -311,44 +311,56 @@ inline void usePassiveOpenMPWaits(char** argv) {
   ::execv("/proc/self/exe", argv);
 }
 
-/// How many runs the runner times back to back, after one barrier (as training's steps follow
-/// each other): about 10 ms of them by the median of `runs` (the slowest rank's times of the
-/// runs it timed one by one, the same on every rank), at least 3 and at most 1000. A run of a
-/// few microseconds is then timed over enough runs that the ranks' wake-up after the barrier
-/// (5-20 us with two or four ranks a core) is a small part of it.
+/// How many runs one window of the runner's back-to-back timing holds: about 4 ms of them by
+/// the median of `runs` (the slowest rank's times of the runs it timed one by one, the same on
+/// every rank), at least 3 and at most 1000. A run of a few microseconds is then timed over
+/// enough runs that the ranks' wake-up after the barrier (5-20 us with two or four ranks a core)
+/// is a small part of it.
 inline int backToBackRuns(std::vector<double> runs) {
   std::sort(runs.begin(), runs.end());
   double median = runs.empty() ? 0 : runs[runs.size() / 2];
-  constexpr double kMilliseconds = 10;
+  constexpr double kMilliseconds = 4;
   if (!(median > 0)) return 1000;
   return int(std::clamp(std::ceil(kMilliseconds / median), 3.0, 1000.0));
 }
 
-/// What timeBackToBack measured: a run's milliseconds, over how many runs.
+/// How many windows of back-to-back runs the runner times; it reports the median window.
+constexpr int kBackToBackWindows = 5;
+
+/// What timeBackToBack measured: a run's milliseconds in the median window, the runs a window
+/// holds, and the windows.
 struct BackToBack {
   double milliseconds = 0;
   int runs = 0;
+  int windows = 0;
 };
 
-/// Runs `run` backToBackRuns(runs) times one after another after one barrier and returns a
-/// run's milliseconds: their span over the count where the ranks share one clock (the threads
-/// backend: the first rank's start to the last rank's end), else the slowest rank's time over
-/// the count. Every rank calls it (it meets the others at a barrier and an all-reduce) and gets
-/// the same figures.
+/// Times kBackToBackWindows windows of backToBackRuns(runs) runs of `run`, one after another
+/// after one barrier per window, and returns a run's milliseconds in the median window: a
+/// window's span over its count where the ranks share one clock (the threads backend: the first
+/// rank's start to the last rank's end), else the slowest rank's time over the count. The median
+/// leaves out a window that another process's burst on this core slowed (one window of ~10 ms
+/// moved short programs by more than 25% between runs on a shared host). Every rank calls it (it
+/// meets the others at barriers and all-reduces) and gets the same figures.
 template <typename Run>
 BackToBack timeBackToBack(meshrt::Communicator& world, const std::vector<double>& runs, Run run) {
   using Ms = std::chrono::duration<double, std::milli>;
   int count = backToBackRuns(runs);
-  world.barrier();
-  auto first = std::chrono::steady_clock::now();
-  for (int i = 0; i < count; ++i)
-    run();
-  auto last = std::chrono::steady_clock::now();
-  double edges[3] = {-Ms(first.time_since_epoch()).count(), Ms(last.time_since_epoch()).count(),
-                     Ms(last - first).count()};
-  world.allReduce(edges, 3, meshrt::ReduceOp::Max);
   bool sharedClock = std::string(world.backend()) == "threads";
-  return {(sharedClock ? edges[0] + edges[1] : edges[2]) / count, count};
+  std::vector<double> windows;
+  for (int window = 0; window < kBackToBackWindows; ++window) {
+    world.barrier();
+    auto first = std::chrono::steady_clock::now();
+    for (int i = 0; i < count; ++i)
+      run();
+    auto last = std::chrono::steady_clock::now();
+    double edges[3] = {-Ms(first.time_since_epoch()).count(),
+                       Ms(last.time_since_epoch()).count(), Ms(last - first).count()};
+    world.allReduce(edges, 3, meshrt::ReduceOp::Max);
+    windows.push_back((sharedClock ? edges[0] + edges[1] : edges[2]) / count);
+  }
+  std::sort(windows.begin(), windows.end());
+  return {windows[windows.size() / 2], count, kBackToBackWindows};
 }
 
 /// Ranks that are threads of one process each call BLAS: one BLAS thread per rank avoids
