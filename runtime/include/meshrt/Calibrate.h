@@ -183,6 +183,12 @@ inline double streamLoopSeconds(std::vector<float>& a, const std::vector<float>&
   return secondsSince(start);
 }
 
+/// The median of `samples` (the upper one of an even count).
+inline double medianOf(std::vector<double> samples) {
+  std::nth_element(samples.begin(), samples.begin() + samples.size() / 2, samples.end());
+  return samples[samples.size() / 2];
+}
+
 /// Rank 0's median iteration (the loop over `elements`, then an all-reduce over `axes`, the
 /// world when empty) on `mesh`.
 inline double oversubscribedIterationSeconds(const LaunchOptions& options, const Mesh& mesh,
@@ -208,8 +214,7 @@ inline double oversubscribedIterationSeconds(const LaunchOptions& options, const
     }
     world.barrier(); // no group leaves while another still loops
     if (world.rank() != 0) return;
-    std::nth_element(samples.begin(), samples.begin() + samples.size() / 2, samples.end());
-    median = samples[samples.size() / 2];
+    median = medianOf(std::move(samples));
   });
   return median;
 }
@@ -229,13 +234,22 @@ inline OversubscribedTime oversubscribedTime(const LaunchOptions& options, int r
       best = std::min(best, streamLoopSeconds(a, b, 1e-6f));
     result.workSeconds = best;
   }
-  result.iterationSeconds =
-      oversubscribedIterationSeconds(options, Mesh({{"x", ranks}}), {}, elements, iterations);
+  // Each the median of kLaunches launches: one launch's median iteration moved by 4x between
+  // launches a second apart (the per-rank growth from four ranks a core to two came out 8.4,
+  // 8.7, 9.5 and 32.9 us in four calibrations), as the ranks' placement and the host's other
+  // load at that moment go.
+  constexpr int kLaunches = 3;
+  auto medianOfLaunches = [&](const Mesh& mesh, const std::vector<std::string>& axes) {
+    std::vector<double> launches;
+    for (int launch = 0; launch < kLaunches; ++launch)
+      launches.push_back(oversubscribedIterationSeconds(options, mesh, axes, elements, iterations));
+    return medianOf(std::move(launches));
+  };
+  result.iterationSeconds = medianOfLaunches(Mesh({{"x", ranks}}), {});
   int cores = usableCores();
   if (ranks % cores == 0)
     result.sharedIterationSeconds =
-        oversubscribedIterationSeconds(options, Mesh({{"core", cores}, {"shared", ranks / cores}}),
-                                       {"shared"}, elements, iterations);
+        medianOfLaunches(Mesh({{"core", cores}, {"shared", ranks / cores}}), {"shared"});
   return result;
 }
 
@@ -472,8 +486,7 @@ std::vector<CollectiveTime> collectiveTimes(Communicator& comm, float* in, float
         comm.allReduce(&seconds, 1, ReduceOp::Max);
         samples.push_back(seconds);
       }
-      std::nth_element(samples.begin(), samples.begin() + samples.size() / 2, samples.end());
-      times.push_back({kind, count * sizeof(float), samples[samples.size() / 2]});
+      times.push_back({kind, count * sizeof(float), medianOf(std::move(samples))});
     }
   }
   return times;
