@@ -133,6 +133,46 @@ inline float maxRun(const float* x, int64_t count) {
   return max;
 }
 
+/// where(mask != 0, x, fill) into y (y may be x), mask element i at m[i * maskLane], and the
+/// largest of y as maxRun finds it (maxRun(y, count)'s value: a max takes any order), in one
+/// pass where the mask is contiguous (causal attention's rows: a quarter of their softmax's
+/// time went to reading the row back for the max).
+inline float maskedMaxRun(float* y, const float* x, const float* m, int64_t count,
+                          int64_t maskLane, float fill) {
+  int64_t i = 0;
+  float max = -INFINITY;
+#if defined(__AVX512F__) && !defined(__CUDACC__)
+  if (maskLane == 1) {
+    using Float16 = float __attribute__((vector_size(64)));
+    Float16 lanes, fills;
+    for (int j = 0; j < 16; ++j)
+      lanes[j] = -INFINITY, fills[j] = fill;
+    for (; i + 16 <= count; i += 16) {
+      Float16 v, k;
+      std::memcpy(&v, x + i, sizeof v);
+      std::memcpy(&k, m + i, sizeof k);
+      v = k != 0 ? v : fills;
+      std::memcpy(y + i, &v, sizeof v);
+      lanes = v > lanes ? v : lanes;
+    }
+    for (int j = 0; j < 16; ++j)
+      max = lanes[j] > max ? lanes[j] : max;
+  }
+#endif
+  if (i == count) return max;
+  for (int64_t tail = i; tail < count; ++tail)
+    y[tail] = m[tail * maskLane] != 0 ? x[tail] : fill;
+  float rest = maxRun(y + i, count - i);
+  return rest > max ? rest : max;
+}
+
+/// y[i] = e^(x[i] - max) (f32 exp; y may be x) and their sum in sumLanes' order, in one pass:
+/// the sum sumLanes(y, count) would give.
+inline double expSumRun(float* y, const float* x, int64_t count, float max) {
+  return sumLanesOf(count,
+                    [&](int64_t i) { return y[i] = meshrt::kernels::f32::exp(x[i] - max); });
+}
+
 /// The largest element of runs of `count` elements at `starts` from `x`, or a NaN if any is
 /// one (the reduction's max propagates NaNs, which maxRun passes over).
 inline float maxOfRuns(const float* x, const std::vector<int64_t>& starts, int64_t count) {
@@ -329,17 +369,20 @@ struct RowBase {
   int64_t operator()(int64_t r) const { return table ? (*table)[size_t(r)] : r * stride; }
 };
 
-/// Softmax of one contiguous row (y may be x): the max, e^(x - max) into y, their sum in f32
-/// lanes (sumLanes' error bound; each term is at most 1), then one f32 scale.
-inline void softmaxRow(float* y, const float* x, int64_t size) {
-  float max = detail::maxRun(x, size);
+/// softmaxRow once the row's largest element is known (as maxRun finds it): e^(x - max) into y
+/// with their sum in f32 lanes (sumLanes' error bound; each term is at most 1), in one pass,
+/// then one f32 scale.
+inline void softmaxRowWithMax(float* y, const float* x, int64_t size, float max) {
   if (!std::isfinite(max)) max = 0.0f;
-  for (int64_t i = 0; i < size; ++i)
-    y[i] = meshrt::kernels::f32::exp(x[i] - max);
-  double sum = detail::sumLanes(y, size, [](float v) { return v; });
+  double sum = detail::expSumRun(y, x, size, max);
   float inverse = float(1 / sum);
   for (int64_t i = 0; i < size; ++i)
     y[i] = y[i] * inverse;
+}
+
+/// Softmax of one contiguous row (y may be x).
+inline void softmaxRow(float* y, const float* x, int64_t size) {
+  softmaxRowWithMax(y, x, size, detail::maxRun(x, size));
 }
 
 namespace detail {
@@ -561,9 +604,7 @@ inline int64_t outerIndex(const Shape& outer, int64_t r, size_t dim) {
     const float* x = in + r * size;
     const float* m = mask + maskBase;
     float* y = out + r * size;
-    for (int64_t i = 0; i < size; ++i)
-      y[i] = m[i * maskLane] != 0 ? x[i] : fill;
-    softmaxRow(y, y, size);
+    softmaxRowWithMax(y, y, size, detail::maskedMaxRun(y, x, m, size, maskLane, fill));
   }
 }
 
@@ -595,9 +636,7 @@ inline int64_t outerIndex(const Shape& outer, int64_t r, size_t dim) {
     // A multiple of sumLanes' 16 lanes, so that the prefix's terms take the lanes they take in
     // the whole row.
     int64_t prefix = std::min(size, (query + 16) / 16 * 16);
-    for (int64_t i = 0; i < prefix; ++i)
-      y[i] = m[i * maskLane] != 0 ? x[i] : fill;
-    float max = detail::maxRun(y, prefix);
+    float max = detail::maskedMaxRun(y, x, m, prefix, maskLane, fill);
     if (prefix < size) max = fill > max ? fill : max;
     if (!std::isfinite(max)) max = 0.0f;
     if (prefix < size && meshrt::kernels::f32::exp(fill - max) != 0.0f) {
@@ -606,9 +645,7 @@ inline int64_t outerIndex(const Shape& outer, int64_t r, size_t dim) {
       softmaxRow(y, y, size);
       continue;
     }
-    for (int64_t i = 0; i < prefix; ++i)
-      y[i] = meshrt::kernels::f32::exp(y[i] - max);
-    double sum = detail::sumLanes(y, prefix, [](float v) { return v; });
+    double sum = detail::expSumRun(y, y, prefix, max);
     float inverse = float(1 / sum);
     for (int64_t i = 0; i < prefix; ++i)
       y[i] = y[i] * inverse;
