@@ -8,6 +8,10 @@
 #include <algorithm>
 #include <atomic>
 
+// OpenBLAS's pthreads build exports the call that stops its worker pool (what it runs before a
+// fork); weak, so that a BLAS without it (the serial or OpenMP builds) links and skips it.
+extern "C" int blas_thread_shutdown_(void) __attribute__((weak));
+
 namespace meshrt::kernels {
 
 namespace {
@@ -19,11 +23,16 @@ namespace {
 /// after each GEMM: a quarter of bench/train_step.py's samples at two threads were in the
 /// kernel's scheduler. A GEMM OpenBLAS runs on more threads is split over an OpenMP team
 /// instead (LibraryGemm::runOpenBlas), whose waits follow OMP_WAIT_POLICY as every other
-/// region's do (bench/README.md, "session 27").
+/// region's do (bench/README.md, "session 27"). The pool is also stopped: its workers start
+/// spinning when the library loads, before main, and a process's first ~70 ms of steps shared
+/// the cores with them (moe_train on 2 ranks: its first 54 steps 1.4x slower, every op, until
+/// the spin timed out; docs/runtime.md, "OpenBLAS's idle pool"). Held to one thread, OpenBLAS
+/// never starts it again.
 std::atomic<int>& blasThreadCount() {
   static std::atomic<int> count{[] {
     int threads = std::max(1, openblas_get_num_threads());
     openblas_set_num_threads(1);
+    if (blas_thread_shutdown_) blas_thread_shutdown_();
     return threads;
   }()};
   return count;
