@@ -28,9 +28,14 @@ namespace meshrt {
 namespace kernels {
 namespace {
 
-/// Below this a GEMM is not worth measuring (a few microseconds): oneDNN runs it, as it did
-/// before the choice existed, and an epilogue is a pass after it.
-constexpr int64_t kMeasureFlops = int64_t(1) << 22;
+/// Below this a GEMM is not worth measuring (well under a microsecond): oneDNN runs it, and an
+/// epilogue is a pass after it. Up to session 33 this was 2^22: the MoE example's expert GEMMs
+/// (batches of 4 of 40 x 64 x 32, 0.3 MFLOP) ran through oneDNN unmeasured, 1.3x OpenBLAS's time
+/// in the step, and its train step on 2 ranks 1.15x (docs/runtime.md).
+constexpr int64_t kMeasureFlops = int64_t(1) << 15;
+/// Rounds enough that a short GEMM's best is not one lucky or interrupted call: as many as fit
+/// in this time, 3 to 15 of them.
+constexpr double kShortMeasureSeconds = 2e-4;
 /// OpenBLAS (or the plain GEMM then a pass) must take less than this share of the other's time.
 constexpr double kMargin = 0.95;
 /// A GEMM runs on the BLAS threads from this size on, on one thread below: about 40 us on one
@@ -82,6 +87,8 @@ bool secondFaster(int threads, First&& first, Second&& second, double margin) {
   double best[2] = {std::numeric_limits<double>::infinity(),
                     std::numeric_limits<double>::infinity()};
   for (int round = 0; round < rounds; ++round) {
+    if (round == 1) // the first round's times, free of set-up, say how many more fit
+      rounds = std::clamp(int(kShortMeasureSeconds / (best[0] + best[1])), rounds, 15);
     best[0] = std::min(best[0], secondsOf(threads, first));
     best[1] = std::min(best[1], secondsOf(threads, second));
   }
