@@ -826,7 +826,7 @@ std::string FunctionEmitter::stageParamBytes() const {
 std::string FunctionEmitter::runnerBody() const {
   std::string s;
   std::string kindWord = fn.kind == ir::Function::Kind::Train ? "train" : "program";
-  // One warm-up run, then kTimedRuns timed ones; the time of a run is its slowest rank's (a max
+  // Warm-up runs, then kTimedRuns timed ones; the time of a run is its slowest rank's (a max
   // all-reduce, so that it also holds when the ranks are processes), and its span, from the first
   // rank's start to the last rank's end (the threads backend's ranks share one clock): a rank
   // that shares its core starts its clock only once the core is its own, so with no collective
@@ -849,6 +849,8 @@ std::string FunctionEmitter::runnerBody() const {
   }
   // A train step's outputs are step 0's (the first run); later runs are timed only.
   s += inputsOfStep("0") + "auto outputs = program.run(inputs);\n";
+  // Then warm-up runs, so that the timed ones see the steady state (support::warmUp).
+  s += "meshc::gen::warmUp(world, [&] { program.run(inputs); });\n";
   s += fmt::format(
       "std::vector<double> runs(kTimedRuns), ends(2 * kTimedRuns);\nusing Ms = "
       "std::chrono::duration<double, std::milli>;\nfor (int i = 0; i < kTimedRuns; ++i) "
@@ -1102,8 +1104,8 @@ llvm::Expected<CppOutput> emitWithTarget(const ir::Module& module,
          "std::vector<double> spans, meshc::gen::BackToBack backToBack) {\n"
          "std::sort(runs.begin(), runs.end());\n"
          "std::printf(\"%s: %d ranks, run %.4f ms median, %.4f ms best of %d (slowest rank; "
-         "after a warm-up run; %s backend)\\n\", what, ranks, runs[runs.size() / 2], "
-         "runs.front(), kTimedRuns, backend);\nbool spanned = ranks > 1 && std::string(backend) "
+         "after %.0f ms of warm-up runs; %s backend)\\n\", what, ranks, runs[runs.size() / 2], "
+         "runs.front(), kTimedRuns, meshc::gen::kWarmUpMilliseconds, backend);\nbool spanned = ranks > 1 && std::string(backend) "
          "== \"threads\";\nif (spanned) {\nstd::sort(spans.begin(), spans.end());\n"
          "std::printf(\"%s: span %.4f ms median, %.4f ms best (the first rank's start to the last "
          "rank's end)\\n\", what, spans[spans.size() / 2], spans.front());\n}\n"

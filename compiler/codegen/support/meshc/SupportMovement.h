@@ -311,6 +311,26 @@ inline void usePassiveOpenMPWaits(char** argv) {
   ::execv("/proc/self/exe", argv);
 }
 
+/// How long the runner runs a program before it times it.
+constexpr double kWarmUpMilliseconds = 50;
+
+/// Runs `run` until the ranks have spent kWarmUpMilliseconds in it since the first of these
+/// runs started (by the slowest rank's clock, so that every rank runs it as often), and returns
+/// how often it ran. A process's first tens of milliseconds of steps run slower than its later
+/// ones (the MoE train step on 2 ranks: its first ~40 steps, 14 ms, 1.15x the later steps, every
+/// op; oneDNN's GEMMs more than OpenBLAS's): the runner reports the steady state that training's
+/// steps reach, which the planner predicts.
+template <typename Run> int warmUp(meshrt::Communicator& world, Run run) {
+  using Ms = std::chrono::duration<double, std::milli>;
+  auto start = std::chrono::steady_clock::now();
+  for (int count = 1;; ++count) {
+    run();
+    double elapsed = Ms(std::chrono::steady_clock::now() - start).count();
+    world.allReduce(&elapsed, 1, meshrt::ReduceOp::Max);
+    if (elapsed >= kWarmUpMilliseconds) return count;
+  }
+}
+
 /// How many runs one window of the runner's back-to-back timing holds: about 4 ms of them by
 /// the median of `runs` (the slowest rank's times of the runs it timed one by one, the same on
 /// every rank), at least 3 and at most 1000. A run of a few microseconds is then timed over
