@@ -74,3 +74,37 @@ TEST_CASE("relu then dropout's double scale: the loop's values are the scalar fo
     CHECK(bitsOf(out[i]) == bitsOf(expected));
   }
 }
+
+namespace {
+
+/// The branching form wrapI32 replaced (the interpreter's i32 rounding).
+float wrapI32Reference(double x) {
+  if (std::isnan(x)) return 0;
+  x = std::trunc(x);
+  if (std::fabs(x) >= 0x1p63) return x > 0 ? 2147483647.0f : -2147483648.0f;
+  return float(int32_t(uint32_t(uint64_t(int64_t(x)))));
+}
+
+} // namespace
+
+TEST_CASE("wrapI32: the branching form's bits for every sample, alone and in a loop",
+          "[support]") {
+  const double inf = std::numeric_limits<double>::infinity();
+  std::vector<double> values = {0.0, -0.0, inf, -inf, std::nan(""), -std::nan(""), 0.5, -0.5,
+                                2147483647.0, 2147483648.0, -2147483648.0, -2147483649.0,
+                                4294967296.0 + 5, 0x1p63, -0x1p63, 0x1p63 - 1024, -0x1p63 + 1024,
+                                0x1p64, 1e300, -1e300};
+  for (int k = -3; k <= 70; ++k)
+    for (double sign : {1.0, -1.0})
+      values.push_back(sign * std::ldexp(1.3125, k) + (k % 3));
+  std::vector<float> looped(values.size());
+  for (size_t i = 0; i < values.size(); ++i) // the generated loops' form: vectorized at -O3
+    looped[i] = gen::wrapI32(values[i]);
+  for (size_t i = 0; i < values.size(); ++i) {
+    CAPTURE(values[i]);
+    CHECK(bitsOf(gen::wrapI32(values[i])) == bitsOf(wrapI32Reference(values[i])));
+    CHECK(bitsOf(looped[i]) == bitsOf(wrapI32Reference(values[i])));
+  }
+  CHECK(gen::wrapI32(2147483648.0) == -2147483648.0f); // wraps, as i32 arithmetic does
+  CHECK(gen::wrapI32(-7.9) == -7.0f);
+}

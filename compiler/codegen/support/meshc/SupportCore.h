@@ -203,12 +203,18 @@ MESHRT_HD inline float roundF16(float x) {
   return float(roundToFormat(x, 10, -14, 65504.0));
 }
 
-/// i32 wrap of an integral value (two's complement), as the interpreter's roundTo(i32).
+/// i32 wrap of an integral value (two's complement), as the interpreter's roundTo(i32): nan is
+/// 0, beyond +-2^63 the nearer i32 bound. Branch-free (selects; the conversion sees 0 where it
+/// would overflow), so that a fused loop that computes an i32 value vectorizes: with branches,
+/// xlnet's loss-gradient loop (its permutation's i32 mask, exp of log-probabilities) stayed
+/// scalar, "control flow in loop", 12.7 us a [2, 16, 64] run against 1.0 branch-free.
 MESHRT_HD inline float wrapI32(double x) {
-  if (std::isnan(x)) return 0;
-  x = std::trunc(x);
-  if (std::fabs(x) >= 0x1p63) return x > 0 ? 2147483647.0f : -2147483648.0f;
-  return float(int32_t(uint32_t(uint64_t(int64_t(x)))));
+  using meshrt::kernels::f32::detail::select;
+  double whole = std::trunc(x);
+  bool inRange = std::fabs(whole) < 0x1p63; // false for nan
+  float wrapped = float(int32_t(uint32_t(uint64_t(int64_t(select(inRange, whole, 0.0))))));
+  float bound = select(x > 0, 2147483647.0f, -2147483648.0f);
+  return select(x != x, 0.0f, select(inRange, wrapped, bound));
 }
 
 /// Cast to i32 (both targets): meshrt::kernels::castToI32, held as the float it fits exactly.
