@@ -30,9 +30,9 @@ static const support::Shape kShape20 = {128, 1, 0};
 static const support::Shape kShape21 = {1, 1, 64, 16};
 static const support::Shape kShape22 = {131072, 1024, 16, 1};
 static const support::Shape kShape23 = {1024};
-static const support::Shape kShape24 = {128, 1};
-static const support::Shape kShape25 = {1, 64};
-static const support::Shape kShape26 = {32, 32};
+static const support::Shape kShape24 = {1, 128, 64};
+static const support::Shape kShape25 = {128, 1};
+static const support::Shape kShape26 = {64, 32};
 static const support::Shape kShape27 = {0, 1};
 static const support::Shape kShape28 = {0, 0};
 static const support::SharedEinsum
@@ -60,43 +60,37 @@ static const support::SharedEinsum kEinsum9({{1, 128, 1, 64, 16},
 static const support::SharedEinsum
     kEinsum10({{1, 128, 1, 64}, {{{0, 1, 2, 3}, {}}, {{0, 1, 2, 3}, {}}}, {{0, 1, 2}, {}}});
 static const support::SharedEinsum
-    kEinsum11({{1, 128, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
+    kEinsum11({{1, 128, 64, 32}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
 static const support::SharedEinsum
-    kEinsum12({{1, 128, 32, 32}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
+    kEinsum12({{1, 128, 64, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
 static const support::SharedEinsum
-    kEinsum13({{1, 128, 32, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
+    kEinsum13({{1, 128, 32, 64}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
 static const support::SharedEinsum
-    kEinsum14({{1, 128, 32, 64}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
+    kEinsum14({{1, 128, 32, 64}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
 static const support::SharedEinsum
-    kEinsum15({{1, 128, 32, 64}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
+    kEinsum15({{1, 128, 32, 1, 16}, {{{0, 1, 2}, {}}, {{3, 4, 2}, {}}}, {{0, 1, 3, 4}, {}}});
 static const support::SharedEinsum
-    kEinsum16({{1, 128, 64, 32}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
+    kEinsum16({{1, 128, 32, 1, 16}, {{{0, 1, 2}, {}}, {{0, 1, 3, 4}, {}}}, {{3, 4, 2}, {}}});
 static const support::SharedEinsum
-    kEinsum17({{1, 128, 64, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
-static const support::SharedEinsum
-    kEinsum18({{1, 128, 32, 1, 16}, {{{0, 1, 2}, {}}, {{3, 4, 2}, {}}}, {{0, 1, 3, 4}, {}}});
-static const support::SharedEinsum
-    kEinsum19({{1, 128, 32, 1, 16}, {{{0, 1, 2}, {}}, {{0, 1, 3, 4}, {}}}, {{3, 4, 2}, {}}});
-static const support::SharedEinsum
-    kEinsum20({{1, 128, 1, 64}, {{{0, 1, 2}, {}}, {{0, 1, 2, 3}, {}}}, {{0, 1, 2, 3}, {}}});
-static const support::SharedEinsum kEinsum21({{1, 128, 1, 16, 64},
+    kEinsum17({{1, 128, 1, 64}, {{{0, 1, 2}, {}}, {{0, 1, 2, 3}, {}}}, {{0, 1, 2, 3}, {}}});
+static const support::SharedEinsum kEinsum18({{1, 128, 1, 16, 64},
                                               {{{0, 1, 2, 3}, {}}, {{0, 1, 2, 4, 3}, {}}},
                                               {{0, 1, 2, 4}, {}}});
-static const support::SharedEinsum kEinsum22({{1, 128, 1, 16, 64},
+static const support::SharedEinsum kEinsum19({{1, 128, 1, 16, 64},
                                               {{{0, 1, 2, 3}, {}}, {{0, 1, 2, 4}, {}}},
                                               {{0, 1, 2, 4, 3}, {}}});
-static const support::SharedEinsum kEinsum23({{1, 128, 1, 64, 16},
+static const support::SharedEinsum kEinsum20({{1, 128, 1, 64, 16},
                                               {{{0, 1, 2, 3, 4}, {}}, {{0, 1, 2, 4}, {}}},
                                               {{0, 1, 2, 3}, {}}});
-static const support::SharedEinsum kEinsum24({{1, 128, 1, 64, 16},
+static const support::SharedEinsum kEinsum21({{1, 128, 1, 64, 16},
                                               {{{0, 1, 2, 3, 4}, {}}, {{0, 1, 2, 3}, {}}},
                                               {{0, 1, 2, 4}, {}}});
 static const support::SharedEinsum
-    kEinsum25({{1, 128, 1, 16, 32}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
+    kEinsum22({{1, 128, 1, 16, 32}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
 static const support::SharedEinsum
-    kEinsum26({{1, 128, 1, 16, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
+    kEinsum23({{1, 128, 1, 16, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
 static const support::SharedEinsum
-    kEinsum27({{1, 128, 1, 64, 16}, {{{0, 1, 2, 3}, {}}, {{3, 4}, {}}}, {{0, 1, 2, 4}, {}}});
+    kEinsum24({{1, 128, 1, 64, 16}, {{{0, 1, 2, 3}, {}}, {{3, 4}, {}}}, {{0, 1, 2, 4}, {}}});
 
 [[gnu::noinline]] static void loop0(float *__restrict p0, const float *__restrict p1) {
   for (int64_t i0 = 0; i0 < 128; ++i0) {
@@ -282,7 +276,7 @@ static const support::SharedEinsum
                                      const float *__restrict p4, const float *__restrict p5) {
   const float r0 = p1[0];
   for (int64_t i0 = 0; i0 < 128; ++i0) {
-    for (int64_t i1 = 0; i1 < 32; ++i1) {
+    for (int64_t i1 = 0; i1 < 64; ++i1) {
       const float s0 = 1.0f;
       const float s1 = r0;
       const float s2 = (s0 / s1);
@@ -299,14 +293,14 @@ static const support::SharedEinsum
       const float s13 = ((s12 * s9) + 0.0f);
       const float s14 = s13;
       const float s15 = (s6 * s14);
-      const float s16 = p4[i0 * 32 + i1];
+      const float s16 = p4[i0 * 64 + i1];
       const float s17 = support::fexp(s16);
       const float s18 = (s17 * s15);
       const float s19 = s6;
-      const float s20 = p5[i0 * 32 + i1];
+      const float s20 = p5[i0 * 64 + i1];
       const float s21 = (s19 * s20);
       const float s22 = (s21 - s18);
-      p0[i0 * 32 + i1] = s22;
+      p0[i0 * 64 + i1] = s22;
     }
   }
 }
@@ -340,7 +334,7 @@ static const support::SharedEinsum
   const float r3 = p4[0];
   const float r5 = p5[0];
   const float r6 = p6[0];
-  for (int64_t i0 = 0; i0 < 1024; ++i0) {
+  for (int64_t i0 = 0; i0 < 2048; ++i0) {
     const float s0 = p2[i0];
     const float s1 = 0.01f;
     const float s2 = (s0 * s1);
@@ -593,51 +587,6 @@ static const support::SharedEinsum
 }
 
 [[gnu::noinline]] static void loop29(float *__restrict p0, float *__restrict p1,
-                                     float *__restrict p2, const float *__restrict p3,
-                                     const float *__restrict p4, const float *__restrict p5,
-                                     const float *__restrict p6) {
-  const float r3 = p4[0];
-  const float r5 = p5[0];
-  const float r6 = p6[0];
-  for (int64_t i0 = 0; i0 < 2048; ++i0) {
-    const float s0 = p2[i0];
-    const float s1 = 0.01f;
-    const float s2 = (s0 * s1);
-    const float s3 = p3[i0];
-    const float s4 = s3 * s3;
-    const float s5 = 0.0009999871f;
-    const float s6 = (s4 * s5);
-    const float s7 = p0[i0];
-    const float s8 = 0.999f;
-    const float s9 = (s7 * s8);
-    const float s10 = (s9 + s6);
-    const float s11 = r3;
-    const float s12 = (s10 / s11);
-    const float s13 = support::fsqrt(s12);
-    const float s14 = 1e-08f;
-    const float s15 = (s13 + s14);
-    const float s16 = p3[i0];
-    const float s17 = 0.100000024f;
-    const float s18 = (s16 * s17);
-    const float s19 = p1[i0];
-    const float s20 = 0.9f;
-    const float s21 = (s19 * s20);
-    const float s22 = (s21 + s18);
-    const float s23 = r5;
-    const float s24 = (s22 / s23);
-    const float s25 = (s24 / s15);
-    const float s26 = (s25 + s2);
-    const float s27 = r6;
-    const float s28 = (s26 * s27);
-    const float s29 = p2[i0];
-    const float s30 = (s29 - s28);
-    p0[i0] = s10;
-    p1[i0] = s22;
-    p2[i0] = s30;
-  }
-}
-
-[[gnu::noinline]] static void loop30(float *__restrict p0, float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3) {
   for (int64_t i0 = 0; i0 < 128; ++i0) {
     for (int64_t i1 = 0; i1 < 64; ++i1) {
@@ -654,7 +603,7 @@ static const support::SharedEinsum
   }
 }
 
-[[gnu::noinline]] static void loop31(float *__restrict p0, float *__restrict p1,
+[[gnu::noinline]] static void loop30(float *__restrict p0, float *__restrict p1,
                                      const float *__restrict p2, const float *__restrict p3) {
   const float r0 = p2[0];
   for (int64_t i0 = 0; i0 < 8192; ++i0) {
@@ -1883,8 +1832,8 @@ support::Shape LmTrain::inputShape(const std::string &name) {
 
 /// `lm_train`'s params: paths, dims and layouts (its constructor and paramShards() read it).
 static constexpr support::ParamSpec kLmTrainParams[] = {
-    {"causal_lm/embedding", false, "f32", "vocab:64:32:model d_model:32:32:"},
-    {"causal_lm/unembed", false, "f32", "d_model:32:32: vocab:64:32:model"},
+    {"causal_lm/embedding", false, "f32", "vocab:64:64: d_model:32:32:"},
+    {"causal_lm/unembed", false, "f32", "d_model:32:32: vocab:64:64:"},
     {"causal_lm/decoder_layer[0]/random_features", false, "f32", "features:64:64: d_head:16:16:"},
     {"causal_lm/decoder_layer[0]/norm/gain", false, "f32", "d_model:32:32:"},
     {"causal_lm/decoder_layer[0]/norm/bias", false, "f32", "d_model:32:32:"},
@@ -1917,10 +1866,10 @@ static constexpr support::ParamSpec kLmTrainParams[] = {
     {"causal_lm/decoder_layer[1]/ffn/w_out", false, "f32", "d_ff:128:64:model d_model:32:32:"},
     {"causal_lm/norm/gain", false, "f32", "d_model:32:32:"},
     {"causal_lm/norm/bias", false, "f32", "d_model:32:32:"},
-    {"causal_lm/embedding@m", true, "f32", "vocab:64:32:model d_model:32:32:"},
-    {"causal_lm/embedding@v", true, "f32", "vocab:64:32:model d_model:32:32:"},
-    {"causal_lm/unembed@m", true, "f32", "d_model:32:32: vocab:64:32:model"},
-    {"causal_lm/unembed@v", true, "f32", "d_model:32:32: vocab:64:32:model"},
+    {"causal_lm/embedding@m", true, "f32", "vocab:64:64: d_model:32:32:"},
+    {"causal_lm/embedding@v", true, "f32", "vocab:64:64: d_model:32:32:"},
+    {"causal_lm/unembed@m", true, "f32", "d_model:32:32: vocab:64:64:"},
+    {"causal_lm/unembed@v", true, "f32", "d_model:32:32: vocab:64:64:"},
     {"causal_lm/decoder_layer[0]/norm/gain@m", true, "f32", "d_model:32:32:"},
     {"causal_lm/decoder_layer[0]/norm/gain@v", true, "f32", "d_model:32:32:"},
     {"causal_lm/decoder_layer[0]/norm/bias@m", true, "f32", "d_model:32:32:"},
@@ -1985,7 +1934,6 @@ static constexpr support::ParamSpec kLmTrainParams[] = {
 LmTrain::LmTrain(meshrt::Communicator &world, uint64_t seed)
     : world_(support::checkedWorld(world, mesh(), "lm_train")), seed_(seed),
       group_data(world_.subgroup(std::vector<std::string>{"data"})),
-      group_data_model(world_.subgroup(std::vector<std::string>{"data", "model"})),
       group_model(world_.subgroup(std::vector<std::string>{"model"})) {
   static constexpr support::ParamInit inits[] = {
       // causal_lm/embedding (performer.mesh:131)
@@ -2255,17 +2203,17 @@ void LmTrain::computeInvariants() {
 
 LmTrain::Outputs LmTrain::run(const Inputs &inputs) {
   MESHRT_TRACE_RUN(world_, "lm_train");
-  // Arena: 2284864 bytes for 7908896 bytes of temporaries (placed by liveness).
+  // Arena: 2288960 bytes for 7982368 bytes of temporaries (placed by liveness).
   support::checkShape("input", "tokens", inputs.tokens, {1, 128});
   runPart0(inputs);
   runPart1(inputs);
-  support::View v163 = arena_.view(2284800, 1);
+  support::View v161 = arena_.view(2288896, 1);
 
   // The step's updates.
   ++step_;
 
   Outputs outputs;
-  outputs.loss = support::Tensor{{}, support::Buffer(v163.begin(), v163.end())};
+  outputs.loss = support::Tensor{{}, support::Buffer(v161.begin(), v161.end())};
   return outputs;
 }
 
@@ -2290,17 +2238,11 @@ void LmTrain::runPart0(const Inputs &inputs) {
   support::View v5 = arena_.view(1933824, 128);
   support::shift(v5, v4, kShape4, 1, -1, nullptr);
 
-  // performer.mesh:133:37 gather (masked local gather: partial sum over model)
+  // performer.mesh:133:37 gather
   MESHRT_TRACE("gather", "performer.mesh:133:37", "forward");
   support::View v6(param0_causal_lm_embedding); // updated in place
   support::View v8 = arena_.view(0, 4096);
-  support::gather(v8.data(), kShape18, v6.data(), kShape19, v0.data(), kShape20, 32, 32,
-                  support::shardStart(world_, {"model"}, 32));
-
-  // performer.mesh:133:70 all_reduce_sum (resolve the partial sum of %8 over model for add at
-  // 133:70)
-  MESHRT_TRACE_SITE("performer.mesh:133:70");
-  auto request0 = support::startAllReduce(group_model, {v8}, meshrt::ReduceOp::Sum);
+  support::gather(v8.data(), kShape18, v6.data(), kShape19, v0.data(), kShape20, 64, 32, 0);
 
   // performer.mesh:38:10 concat
   MESHRT_TRACE("concat", "performer.mesh:38:10", "forward");
@@ -2313,193 +2255,185 @@ void LmTrain::runPart0(const Inputs &inputs) {
   support::View v18 = persistent_.view(17792, 2048);
   support::copyWindow(v19.data(), v18.data(), kShape0, kShape3, kShape2, 1, 1, 32, 16, int64_t(16));
 
-  MESHRT_TRACE_SITE("performer.mesh:133:70");
-  group_model.wait(request0);
-
   // performer.mesh:133:70 add -> h
   MESHRT_TRACE("loop", "performer.mesh:133:70", "forward");
-  support::View v21 = arena_.view(2031616, 4096);
-  loop14(v21.data(), v8.data(), v19.data());
+  support::View v20 = arena_.view(2031616, 4096);
+  loop14(v20.data(), v8.data(), v19.data());
 
   // performer.mesh:29:10 layer_norm
   MESHRT_TRACE("layer_norm", "performer.mesh:29:10", "forward");
-  support::View v25 = arena_.view(2048000, 4096);
-  support::along(v25.data(), v21.data(), kShape4, kShape5, kShape5, kShape3, kShape1, kShape1,
+  support::View v24 = arena_.view(2048000, 4096);
+  support::along(v24.data(), v20.data(), kShape4, kShape5, kShape5, kShape3, kShape1, kShape1,
                  support::Along::LayerNorm, 1e-05, 32, nullptr);
 
   // performer.mesh:29:33 mul
   // performer.mesh:29:40 add -> n
   MESHRT_TRACE("loop", "performer.mesh:29:33", "forward");
-  support::View v23(param3_causal_lm_decoder_layer_0_norm_gain); // updated in place
-  support::View v24(param4_causal_lm_decoder_layer_0_norm_bias); // updated in place
-  support::View v27 = arena_.view(2064384, 4096);
-  loop15(v27.data(), v25.data(), v23.data(), v24.data());
+  support::View v22(param3_causal_lm_decoder_layer_0_norm_gain); // updated in place
+  support::View v23(param4_causal_lm_decoder_layer_0_norm_bias); // updated in place
+  support::View v26 = arena_.view(2064384, 4096);
+  loop15(v26.data(), v24.data(), v22.data(), v23.data());
 
   // 33 statements from performer.mesh:45:10 einsum (1 of 2)
   MESHRT_TRACE_SITE("performer.mesh:45:10");
-  support::View v28(param5_causal_lm_decoder_layer_0_heads_in_w); // updated in place
-  support::View v29 = arena_.view(2195456, 2048);
-  const support::Buffer &v22 = param2_causal_lm_decoder_layer_0_random_features;
-  support::View v32 = arena_.view(0, 8192);
-  support::View v33 = arena_.view(32768, 2048);
-  support::View v34 = arena_.view(65536, 128);
-  support::View v37 = arena_.view(32768, 8192);
-  support::View v38 = arena_.view(0, 128);
-  support::View v43 = arena_.view(1605632, 8192);
-  support::View v44(param6_causal_lm_decoder_layer_0_heads_in_1_w); // updated in place
-  support::View v45 = arena_.view(2203648, 2048);
-  support::View v48 = arena_.view(0, 8192);
-  support::View v49 = arena_.view(32768, 2048);
-  support::View v50 = arena_.view(65536, 128);
-  support::View v53 = arena_.view(32768, 8192);
-  support::View v54 = arena_.view(0, 1);
-  support::View v59 = arena_.view(1671168, 8192);
-  support::View v60(param7_causal_lm_decoder_layer_0_heads_in_2_w); // updated in place
-  support::View v61 = arena_.view(2211840, 2048);
-  support::View v62 = arena_.view(0, 131072);
-  support::View v63 = arena_.view(524288, 131072);
-  support::View v64 = arena_.view(0, 2048);
-  support::View v65 = arena_.view(1703936, 8192);
-  support::View v66 = arena_.view(2283520, 128);
-  support::View v67 = arena_.view(2220032, 2048);
-  support::View v68(param8_causal_lm_decoder_layer_0_heads_out_w); // updated in place
-  support::View v69 = arena_.view(0, 4096);
-  support::View v71 = arena_.view(2080768, 4096);
-  support::View v74 = arena_.view(2097152, 4096);
-  support::View v72(param9_causal_lm_decoder_layer_0_norm_1_gain);  // updated in place
-  support::View v73(param10_causal_lm_decoder_layer_0_norm_1_bias); // updated in place
-  support::View v76 = arena_.view(2113536, 4096);
-  support::View v77(param11_causal_lm_decoder_layer_0_ffn_w_in); // updated in place
-  support::View v79 = arena_.view(1736704, 8192);
-  support::View v80 = arena_.view(1769472, 8192);
-  support::View v78(param12_causal_lm_decoder_layer_0_ffn_w_out); // updated in place
-  support::View v81 = arena_.view(0, 4096);
-  support::View v83 = arena_.view(2129920, 4096);
-  support::View v87 = arena_.view(2146304, 4096);
-  support::View v85(param14_causal_lm_decoder_layer_1_norm_gain); // updated in place
-  support::View v86(param15_causal_lm_decoder_layer_1_norm_bias); // updated in place
-  support::View v41 = arena_.view(1572864, 8192);
-  support::View v57 = arena_.view(1638400, 8192);
-  support::View v89 = arena_.view(2162688, 4096);
-  repeated2(v27, v28, v29, v22, v32, v33, v34, v37, v38, v41, v43, v44, v45, v48, v49, v50, v53,
-            v54, v57, v59, v60, v61, v62, v63, v64, v65, v66, v67, v68, v69, v21, v71, v74, v72,
-            v73, v76, v77, v79, v80, v78, v81, v83, v87, v85, v86, v89);
+  support::View v27(param5_causal_lm_decoder_layer_0_heads_in_w); // updated in place
+  support::View v28 = arena_.view(2195456, 2048);
+  const support::Buffer &v21 = param2_causal_lm_decoder_layer_0_random_features;
+  support::View v31 = arena_.view(0, 8192);
+  support::View v32 = arena_.view(32768, 2048);
+  support::View v33 = arena_.view(65536, 128);
+  support::View v36 = arena_.view(32768, 8192);
+  support::View v37 = arena_.view(0, 128);
+  support::View v42 = arena_.view(1605632, 8192);
+  support::View v43(param6_causal_lm_decoder_layer_0_heads_in_1_w); // updated in place
+  support::View v44 = arena_.view(2203648, 2048);
+  support::View v47 = arena_.view(0, 8192);
+  support::View v48 = arena_.view(32768, 2048);
+  support::View v49 = arena_.view(65536, 128);
+  support::View v52 = arena_.view(32768, 8192);
+  support::View v53 = arena_.view(0, 1);
+  support::View v58 = arena_.view(1671168, 8192);
+  support::View v59(param7_causal_lm_decoder_layer_0_heads_in_2_w); // updated in place
+  support::View v60 = arena_.view(2211840, 2048);
+  support::View v61 = arena_.view(0, 131072);
+  support::View v62 = arena_.view(524288, 131072);
+  support::View v63 = arena_.view(0, 2048);
+  support::View v64 = arena_.view(1703936, 8192);
+  support::View v65 = arena_.view(2287616, 128);
+  support::View v66 = arena_.view(2220032, 2048);
+  support::View v67(param8_causal_lm_decoder_layer_0_heads_out_w); // updated in place
+  support::View v68 = arena_.view(0, 4096);
+  support::View v70 = arena_.view(2080768, 4096);
+  support::View v73 = arena_.view(2097152, 4096);
+  support::View v71(param9_causal_lm_decoder_layer_0_norm_1_gain);  // updated in place
+  support::View v72(param10_causal_lm_decoder_layer_0_norm_1_bias); // updated in place
+  support::View v75 = arena_.view(2113536, 4096);
+  support::View v76(param11_causal_lm_decoder_layer_0_ffn_w_in); // updated in place
+  support::View v78 = arena_.view(1736704, 8192);
+  support::View v79 = arena_.view(1769472, 8192);
+  support::View v77(param12_causal_lm_decoder_layer_0_ffn_w_out); // updated in place
+  support::View v80 = arena_.view(0, 4096);
+  support::View v82 = arena_.view(2129920, 4096);
+  support::View v86 = arena_.view(2146304, 4096);
+  support::View v84(param14_causal_lm_decoder_layer_1_norm_gain); // updated in place
+  support::View v85(param15_causal_lm_decoder_layer_1_norm_bias); // updated in place
+  support::View v40 = arena_.view(1572864, 8192);
+  support::View v56 = arena_.view(1638400, 8192);
+  support::View v88 = arena_.view(2162688, 4096);
+  repeated2(v26, v27, v28, v21, v31, v32, v33, v36, v37, v40, v42, v43, v44, v47, v48, v49, v52,
+            v53, v56, v58, v59, v60, v61, v62, v63, v64, v65, v66, v67, v68, v20, v70, v73, v71,
+            v72, v75, v76, v78, v79, v77, v80, v82, v86, v84, v85, v88);
 
   // 33 statements from performer.mesh:45:10 einsum (2 of 2)
   MESHRT_TRACE_SITE("performer.mesh:45:10");
-  support::View v90(param16_causal_lm_decoder_layer_1_heads_in_w); // updated in place
-  support::View v91 = arena_.view(2228224, 2048);
-  const support::Buffer &v84 = param13_causal_lm_decoder_layer_1_random_features;
-  support::View v94 = arena_.view(0, 8192);
-  support::View v95 = arena_.view(32768, 2048);
-  support::View v96 = arena_.view(65536, 128);
-  support::View v99 = arena_.view(32768, 8192);
-  support::View v100 = arena_.view(0, 128);
-  support::View v105 = arena_.view(1835008, 8192);
-  support::View v106(param17_causal_lm_decoder_layer_1_heads_in_1_w); // updated in place
-  support::View v107 = arena_.view(2236416, 2048);
-  support::View v110 = arena_.view(0, 8192);
-  support::View v111 = arena_.view(32768, 2048);
-  support::View v112 = arena_.view(65536, 128);
-  support::View v115 = arena_.view(32768, 8192);
-  support::View v116 = arena_.view(0, 1);
-  support::View v121 = arena_.view(1900544, 8192);
-  support::View v122(param18_causal_lm_decoder_layer_1_heads_in_2_w); // updated in place
-  support::View v123 = arena_.view(2244608, 2048);
-  support::View v124 = arena_.view(0, 131072);
-  support::View v125 = arena_.view(1048576, 131072);
-  support::View v126 = arena_.view(32768, 2048);
-  support::View v127 = arena_.view(0, 8192);
-  support::View v128 = arena_.view(253952, 128);
-  support::View v129 = arena_.view(245760, 2048);
-  support::View v130(param19_causal_lm_decoder_layer_1_heads_out_w); // updated in place
-  support::View v131 = arena_.view(32768, 4096);
-  support::View v133 = arena_.view(131072, 4096);
-  support::View v136 = arena_.view(147456, 4096);
-  support::View v134(param20_causal_lm_decoder_layer_1_norm_1_gain); // updated in place
-  support::View v135(param21_causal_lm_decoder_layer_1_norm_1_bias); // updated in place
-  support::View v138 = arena_.view(163840, 4096);
-  support::View v139(param22_causal_lm_decoder_layer_1_ffn_w_in); // updated in place
-  support::View v141 = arena_.view(32768, 8192);
-  support::View v142 = arena_.view(65536, 8192);
-  support::View v140(param23_causal_lm_decoder_layer_1_ffn_w_out); // updated in place
-  support::View v143 = arena_.view(98304, 4096);
-  support::View v145 = arena_.view(114688, 4096);
-  support::View v148 = arena_.view(98304, 4096);
-  support::View v146(param24_causal_lm_norm_gain); // updated in place
-  support::View v147(param25_causal_lm_norm_bias); // updated in place
-  support::View v103 = arena_.view(1802240, 8192);
-  support::View v119 = arena_.view(1867776, 8192);
-  support::View v150 = arena_.view(180224, 4096);
-  repeated2(v89, v90, v91, v84, v94, v95, v96, v99, v100, v103, v105, v106, v107, v110, v111, v112,
-            v115, v116, v119, v121, v122, v123, v124, v125, v126, v127, v128, v129, v130, v131, v83,
-            v133, v136, v134, v135, v138, v139, v141, v142, v140, v143, v145, v148, v146, v147,
-            v150);
+  support::View v89(param16_causal_lm_decoder_layer_1_heads_in_w); // updated in place
+  support::View v90 = arena_.view(2228224, 2048);
+  const support::Buffer &v83 = param13_causal_lm_decoder_layer_1_random_features;
+  support::View v93 = arena_.view(0, 8192);
+  support::View v94 = arena_.view(32768, 2048);
+  support::View v95 = arena_.view(65536, 128);
+  support::View v98 = arena_.view(32768, 8192);
+  support::View v99 = arena_.view(0, 128);
+  support::View v104 = arena_.view(1835008, 8192);
+  support::View v105(param17_causal_lm_decoder_layer_1_heads_in_1_w); // updated in place
+  support::View v106 = arena_.view(2236416, 2048);
+  support::View v109 = arena_.view(0, 8192);
+  support::View v110 = arena_.view(32768, 2048);
+  support::View v111 = arena_.view(65536, 128);
+  support::View v114 = arena_.view(32768, 8192);
+  support::View v115 = arena_.view(0, 1);
+  support::View v120 = arena_.view(1900544, 8192);
+  support::View v121(param18_causal_lm_decoder_layer_1_heads_in_2_w); // updated in place
+  support::View v122 = arena_.view(2244608, 2048);
+  support::View v123 = arena_.view(0, 131072);
+  support::View v124 = arena_.view(1048576, 131072);
+  support::View v125 = arena_.view(32768, 2048);
+  support::View v126 = arena_.view(0, 8192);
+  support::View v127 = arena_.view(303104, 128);
+  support::View v128 = arena_.view(294912, 2048);
+  support::View v129(param19_causal_lm_decoder_layer_1_heads_out_w); // updated in place
+  support::View v130 = arena_.view(32768, 4096);
+  support::View v132 = arena_.view(196608, 4096);
+  support::View v135 = arena_.view(212992, 4096);
+  support::View v133(param20_causal_lm_decoder_layer_1_norm_1_gain); // updated in place
+  support::View v134(param21_causal_lm_decoder_layer_1_norm_1_bias); // updated in place
+  support::View v137 = arena_.view(229376, 4096);
+  support::View v138(param22_causal_lm_decoder_layer_1_ffn_w_in); // updated in place
+  support::View v140 = arena_.view(32768, 8192);
+  support::View v141 = arena_.view(65536, 8192);
+  support::View v139(param23_causal_lm_decoder_layer_1_ffn_w_out); // updated in place
+  support::View v142 = arena_.view(98304, 4096);
+  support::View v144 = arena_.view(245760, 4096);
+  support::View v147 = arena_.view(262144, 4096);
+  support::View v145(param24_causal_lm_norm_gain); // updated in place
+  support::View v146(param25_causal_lm_norm_bias); // updated in place
+  support::View v102 = arena_.view(1802240, 8192);
+  support::View v118 = arena_.view(1867776, 8192);
+  support::View v149 = arena_.view(278528, 4096);
+  repeated2(v88, v89, v90, v83, v93, v94, v95, v98, v99, v102, v104, v105, v106, v109, v110, v111,
+            v114, v115, v118, v120, v121, v122, v123, v124, v125, v126, v127, v128, v129, v130, v82,
+            v132, v135, v133, v134, v137, v138, v140, v141, v139, v142, v144, v147, v145, v146,
+            v149);
 
   // performer.mesh:137:10 einsum
   MESHRT_TRACE("gemm", "performer.mesh:137:10", "forward");
   support::View v7(param1_causal_lm_unembed); // updated in place
-  support::View v151 = arena_.view(196608, 4096);
+  support::View v150 = arena_.view(98304, 8192);
   // dims: batch, seq, d_model, vocab
-  kEinsum11.plan().run(v150.data(), v7.data(), v151.data(), 1.0f, 0.0f);
+  kEinsum6.plan().run(v149.data(), v7.data(), v150.data(), 1.0f, 0.0f);
 
   // performer.mesh:149:25 log_softmax
   MESHRT_TRACE("log_softmax", "performer.mesh:149:25", "forward");
-  support::View v152 = arena_.view(212992, 4096);
-  support::along(v152.data(), v151.data(), kShape4, kShape5, kShape5, kShape3, kShape1, kShape1,
-                 support::Along::LogSoftmax, 1e-05, 64, &group_model);
+  support::View v151 = arena_.view(131072, 8192);
+  support::along(v151.data(), v150.data(), kShape4, kShape13, kShape13, kShape11, kShape1, kShape1,
+                 support::Along::LogSoftmax, 1e-05, 64, nullptr);
 
   // performer.mesh:149:65 one_hot
   MESHRT_TRACE("one_hot", "performer.mesh:149:65", "forward");
-  support::View v153 = arena_.view(196608, 4096);
-  support::oneHot(v153.data(), kShape18, v1.data(), kShape20, kShape19,
-                  support::shardStart(world_, {"model"}, 32));
+  support::View v152 = arena_.view(98304, 8192);
+  support::oneHot(v152.data(), kShape24, v1.data(), kShape20, kShape19, 0);
 
   // performer.mesh:149:21 sum
   // performer.mesh:149:63 mul
   MESHRT_TRACE("sum", "performer.mesh:149:21", "forward");
-  support::View v155 = arena_.view(229376, 128);
-  support::reduceProduct(v155.data(), kShape4, 32, v152.data(), kShape5, v153.data(), kShape5, 1.0);
+  support::View v154 = arena_.view(163840, 128);
+  support::reduceProduct(v154.data(), kShape4, 64, v151.data(), kShape13, v152.data(), kShape13,
+                         1.0);
 
   // performer.mesh:149:20 neg -> token_loss
   // performer.mesh:150:29 mul
   MESHRT_TRACE("loop", "performer.mesh:149:20", "forward");
-  support::View v157 = arena_.view(229888, 128);
-  loop16(v157.data(), v155.data(), v5.data());
+  support::View v156 = arena_.view(164352, 128);
+  loop16(v156.data(), v154.data(), v5.data());
 
   // performer.mesh:150:14 sum
   MESHRT_TRACE("sum", "performer.mesh:150:14", "forward");
-  support::View v158 = arena_.view(229632, 1);
-  support::reduce(v158.data(), kShape7, v157.data(), kShape7, kShape4, kShape24,
+  support::View v157 = arena_.view(163840, 1);
+  support::reduce(v157.data(), kShape7, v156.data(), kShape7, kShape4, kShape25,
                   support::Reduce::Sum, 1.0);
 
-  // performer.mesh:150:43 local_slice -> has_next (reshard has_next for sum at 150:43)
-  MESHRT_TRACE("local_slice", "performer.mesh:150:43", "forward");
-  support::View v159 = arena_.view(229376, 64);
-  support::sliceDim(v159, v5, kShape4, 1, support::blockIndex(world_, {"model"}), 2);
-
-  // performer.mesh:150:43 sum ('seq' sliced over model: partial over data, model as its partner)
+  // performer.mesh:150:43 sum
   MESHRT_TRACE("sum", "performer.mesh:150:43", "forward");
-  support::View v160 = arena_.view(254464, 1);
-  support::reduce(v160.data(), kShape7, v159.data(), kShape7, kShape25, kShape15,
-                  support::Reduce::Sum, 1.0);
+  support::View v158 = arena_.view(303616, 1);
+  support::reduce(v158.data(), kShape7, v5.data(), kShape7, kShape4, kShape25, support::Reduce::Sum,
+                  1.0);
 
-  // performer.mesh:150:41 bucketed_all_reduce_sum (2 partial sums (%153, %154) over data, model
-  // resolved together, 8 B in one buffer)
+  // performer.mesh:150:41 bucketed_all_reduce_sum (2 partial sums (%153, %154) over data resolved
+  // together, 8 B in one buffer)
   MESHRT_TRACE_SITE("performer.mesh:150:41");
-  support::allReduceBucket(group_data_model, {v158, v160});
+  support::allReduceBucket(group_data, {v157, v158});
 
   // performer.mesh:150:41 div -> loss
   MESHRT_TRACE("loop", "performer.mesh:150:41", "forward");
-  support::View v163 = arena_.view(2284800, 1);
+  support::View v161 = arena_.view(2288896, 1);
   {
-    float *__restrict v163p = v163.data();
+    float *__restrict v161p = v161.data();
+    const float *__restrict v157p = v157.data();
     const float *__restrict v158p = v158.data();
-    const float *__restrict v160p = v160.data();
-    const float s0 = v158p[0];
-    const float s1 = v160p[0];
+    const float s0 = v157p[0];
+    const float s1 = v158p[0];
     const float s2 = (s0 / s1);
-    v163p[0] = s2;
+    v161p[0] = s2;
   }
 
   // performer.mesh:150:41 div
@@ -2517,256 +2451,248 @@ void LmTrain::runPart0(const Inputs &inputs) {
   // performer.mesh:149:63 mul
   // performer.mesh:149:25 sub
   MESHRT_TRACE("loop", "performer.mesh:150:41", "backward");
-  support::View v180 = arena_.view(229376, 4096);
-  loop17(v180.data(), v160.data(), v5.data(), v1.data(), v152.data(), v153.data());
+  support::View v178 = arena_.view(163840, 8192);
+  loop17(v178.data(), v158.data(), v5.data(), v1.data(), v151.data(), v152.data());
+
+  // performer.mesh:137:10 einsum
+  MESHRT_TRACE("gemm", "performer.mesh:137:10", "backward");
+  support::View v179 = arena_.view(98304, 4096);
+  // dims: batch, seq, vocab, d_model
+  kEinsum11.plan().run(v178.data(), v7.data(), v179.data(), 1.0f, 0.0f);
+
+  // performer.mesh:137:10 einsum -> grad/causal_lm/unembed
+  MESHRT_TRACE("gemm", "performer.mesh:137:10", "backward");
+  support::View v180 = arena_.view(2252800, 2048);
+  // dims: batch, seq, vocab, d_model
+  kEinsum12.plan().run(v178.data(), v149.data(), v180.data(), 1.0f, 0.0f);
+
+  // performer.mesh:29:40 sum -> grad/causal_lm/norm/bias
+  MESHRT_TRACE("sum", "performer.mesh:29:40", "backward");
+  support::View v181 = arena_.view(2288384, 32);
+  support::reduce(v181.data(), kShape3, v179.data(), kShape1, kShape4, kShape5,
+                  support::Reduce::Sum, 1.0);
 }
 
 void LmTrain::runPart1(const Inputs &inputs) {
   (void)inputs;
   MESHRT_TRACE_SPAN(world_);
 
-  // performer.mesh:137:10 einsum
-  MESHRT_TRACE("gemm", "performer.mesh:137:10", "backward");
-  support::View v180 = arena_.view(229376, 4096);
-  support::View v7(param1_causal_lm_unembed); // updated in place
-  support::View v181 = arena_.view(196608, 4096);
-  // dims: batch, seq, vocab, d_model
-  kEinsum12.plan().run(v180.data(), v7.data(), v181.data(), 1.0f, 0.0f);
-
-  // performer.mesh:29:40 all_reduce_sum (resolve the partial sum of %173 over model for sum at
-  // 29:40)
-  MESHRT_TRACE_SITE("performer.mesh:29:40");
-  auto request1 = support::startAllReduce(group_model, {v181}, meshrt::ReduceOp::Sum);
-
-  // performer.mesh:137:10 einsum -> grad/causal_lm/unembed
-  MESHRT_TRACE("gemm", "performer.mesh:137:10", "backward");
-  support::View v150 = arena_.view(180224, 4096);
-  support::View v182 = arena_.view(2277376, 1024);
-  // dims: batch, seq, vocab, d_model
-  kEinsum13.plan().run(v180.data(), v150.data(), v182.data(), 1.0f, 0.0f);
-
-  MESHRT_TRACE_SITE("performer.mesh:29:40");
-  group_model.wait(request1);
-
-  // performer.mesh:29:40 sum -> grad/causal_lm/norm/bias
-  MESHRT_TRACE("sum", "performer.mesh:29:40", "backward");
-  support::View v184 = arena_.view(2284288, 32);
-  support::reduce(v184.data(), kShape3, v181.data(), kShape1, kShape4, kShape5,
-                  support::Reduce::Sum, 1.0);
+  // performer.mesh:29:33 mul
+  MESHRT_TRACE("loop", "performer.mesh:29:33", "backward");
+  support::View v179 = arena_.view(98304, 4096);
+  support::View v145(param24_causal_lm_norm_gain); // updated in place
+  support::View v182 = arena_.view(114688, 4096);
+  loop18(v182.data(), v179.data(), v145.data());
 
   // performer.mesh:29:33 mul
   MESHRT_TRACE("loop", "performer.mesh:29:33", "backward");
-  support::View v146(param24_causal_lm_norm_gain); // updated in place
-  support::View v185 = arena_.view(180224, 4096);
-  loop18(v185.data(), v181.data(), v146.data());
-
-  // performer.mesh:29:33 mul
-  MESHRT_TRACE("loop", "performer.mesh:29:33", "backward");
-  support::View v148 = arena_.view(98304, 4096);
-  support::View v186 = arena_.view(212992, 4096);
-  loop19(v186.data(), v181.data(), v148.data());
+  support::View v147 = arena_.view(262144, 4096);
+  support::View v183 = arena_.view(131072, 4096);
+  loop19(v183.data(), v179.data(), v147.data());
 
   // performer.mesh:29:33 sum -> grad/causal_lm/norm/gain
   MESHRT_TRACE("sum", "performer.mesh:29:33", "backward");
-  support::View v187 = arena_.view(2284416, 32);
-  support::reduce(v187.data(), kShape3, v186.data(), kShape1, kShape4, kShape5,
+  support::View v184 = arena_.view(2288512, 32);
+  support::reduce(v184.data(), kShape3, v183.data(), kShape1, kShape4, kShape5,
                   support::Reduce::Sum, 1.0);
 
   // performer.mesh:29:10 layer_norm_grad
   MESHRT_TRACE("layer_norm_grad", "performer.mesh:29:10", "backward");
-  support::View v145 = arena_.view(114688, 4096);
-  support::View v188 = arena_.view(196608, 4096);
-  support::layerNormGrad(v188.data(), v145.data(), v185.data(), kShape4, kShape5, kShape5, kShape5,
+  support::View v144 = arena_.view(245760, 4096);
+  support::View v185 = arena_.view(131072, 4096);
+  support::layerNormGrad(v185.data(), v144.data(), v182.data(), kShape4, kShape5, kShape5, kShape5,
                          kShape3, kShape1, kShape1, kShape1, 1e-05, 32, nullptr);
 
   // 52 statements from performer.mesh:96:10 einsum (1 of 2)
   MESHRT_TRACE_SITE("performer.mesh:96:10");
-  support::View v140(param23_causal_lm_decoder_layer_1_ffn_w_out); // updated in place
-  support::View v189 = arena_.view(98304, 8192);
-  support::View v142 = arena_.view(65536, 8192);
-  support::View v141 = arena_.view(32768, 8192);
-  support::View v212 = arena_.view(65536, 8192);
-  support::View v139(param22_causal_lm_decoder_layer_1_ffn_w_in); // updated in place
-  support::View v213 = arena_.view(32768, 4096);
-  support::View v138 = arena_.view(163840, 4096);
-  support::View v134(param20_causal_lm_decoder_layer_1_norm_1_gain); // updated in place
-  support::View v217 = arena_.view(49152, 4096);
-  support::View v136 = arena_.view(147456, 4096);
-  support::View v218 = arena_.view(65536, 4096);
-  support::View v220 = arena_.view(32768, 4096);
-  support::View v133 = arena_.view(131072, 4096);
-  support::View v221 = arena_.view(2179072, 4096);
-  support::View v130(param19_causal_lm_decoder_layer_1_heads_out_w); // updated in place
-  support::View v222 = arena_.view(32768, 2048);
-  support::View v129 = arena_.view(245760, 2048);
-  support::View v128 = arena_.view(253952, 128);
-  support::View v224 = arena_.view(2269184, 2048);
-  support::View v227 = arena_.view(40960, 2048);
-  support::View v228 = arena_.view(32768, 128);
-  support::View v127 = arena_.view(0, 8192);
-  support::View v229 = arena_.view(1933312, 8192);
-  support::View v105 = arena_.view(1835008, 8192);
-  support::View v230 = arena_.view(0, 8192);
-  support::View v231 = arena_.view(2284032, 64);
-  support::View v233 = arena_.view(1966080, 8192);
-  support::View v125 = arena_.view(1048576, 131072);
-  support::View v235 = arena_.view(1998848, 8192);
-  support::View v237 = arena_.view(0, 131072);
-  support::View v238 = arena_.view(1835008, 1024);
-  support::View v240 = arena_.view(1048576, 131072);
-  support::View v241 = arena_.view(0, 131072);
-  support::View v123 = arena_.view(2244608, 2048);
-  support::View v242 = arena_.view(1048576, 8192);
-  support::View v121 = arena_.view(1900544, 8192);
-  support::View v244 = arena_.view(1081344, 2048);
-  support::View v122(param18_causal_lm_decoder_layer_1_heads_in_2_w); // updated in place
-  support::View v245 = arena_.view(65536, 4096);
-  support::View v89 = arena_.view(2162688, 4096);
-  support::View v119 = arena_.view(1867776, 8192);
-  support::View v248 = arena_.view(0, 8192);
-  support::View v249 = arena_.view(32768, 8192);
-  support::View v250 = arena_.view(81920, 128);
-  const support::Buffer &v84 = param13_causal_lm_decoder_layer_1_random_features;
-  support::View v256 = arena_.view(32768, 2048);
-  support::View v107 = arena_.view(2236416, 2048);
-  support::View v258 = arena_.view(0, 2048);
-  support::View v106(param17_causal_lm_decoder_layer_1_heads_in_1_w); // updated in place
-  support::View v259 = arena_.view(81920, 4096);
-  support::View v103 = arena_.view(1802240, 8192);
-  support::View v263 = arena_.view(0, 8192);
-  support::View v264 = arena_.view(32768, 8192);
-  support::View v265 = arena_.view(98304, 128);
-  support::View v270 = arena_.view(32768, 2048);
-  support::View v91 = arena_.view(2228224, 2048);
-  support::View v272 = arena_.view(40960, 2048);
-  support::View v90(param16_causal_lm_decoder_layer_1_heads_in_w); // updated in place
-  support::View v273 = arena_.view(0, 4096);
-  support::View v274 = arena_.view(16384, 4096);
-  support::View v85(param14_causal_lm_decoder_layer_1_norm_gain); // updated in place
-  support::View v278 = arena_.view(0, 4096);
-  support::View v87 = arena_.view(2146304, 4096);
-  support::View v279 = arena_.view(32768, 4096);
-  support::View v281 = arena_.view(16384, 4096);
-  support::View v83 = arena_.view(2129920, 4096);
-  support::View v190 = arena_.view(2252800, 2048);
-  support::View v214 = arena_.view(2260992, 2048);
-  support::View v216 = arena_.view(2284544, 32);
-  support::View v219 = arena_.view(2284672, 32);
-  support::View v223 = arena_.view(2281472, 512);
-  support::View v246 = arena_.view(1187840, 512);
-  support::View v261 = arena_.view(1189888, 512);
-  support::View v275 = arena_.view(1191936, 512);
-  support::View v277 = arena_.view(1196288, 32);
-  support::View v280 = arena_.view(1196416, 32);
-  support::View v282 = arena_.view(65536, 4096);
-  repeated0(v188, v140, v189, v142, v190, v141, v212, v139, v213, v138, v214, v216, v134, v217,
-            v136, v218, v219, v220, v133, v221, v130, v222, v129, v223, v128, v224, v227, v228,
-            v127, v229, v105, v230, v231, v233, v125, v235, v237, v238, v240, v241, v123, v242,
-            v121, v244, v122, v245, v89, v246, v119, v248, v249, v250, v84, v256, v107, v258, v106,
-            v259, v261, v103, v263, v264, v265, v270, v91, v272, v90, v273, v274, v275, v277, v85,
-            v278, v87, v279, v280, v281, v83, v282);
+  support::View v139(param23_causal_lm_decoder_layer_1_ffn_w_out); // updated in place
+  support::View v186 = arena_.view(98304, 8192);
+  support::View v141 = arena_.view(65536, 8192);
+  support::View v140 = arena_.view(32768, 8192);
+  support::View v209 = arena_.view(65536, 8192);
+  support::View v138(param22_causal_lm_decoder_layer_1_ffn_w_in); // updated in place
+  support::View v210 = arena_.view(32768, 4096);
+  support::View v137 = arena_.view(229376, 4096);
+  support::View v133(param20_causal_lm_decoder_layer_1_norm_1_gain); // updated in place
+  support::View v214 = arena_.view(49152, 4096);
+  support::View v135 = arena_.view(212992, 4096);
+  support::View v215 = arena_.view(65536, 4096);
+  support::View v217 = arena_.view(32768, 4096);
+  support::View v132 = arena_.view(196608, 4096);
+  support::View v218 = arena_.view(2179072, 4096);
+  support::View v129(param19_causal_lm_decoder_layer_1_heads_out_w); // updated in place
+  support::View v219 = arena_.view(32768, 2048);
+  support::View v128 = arena_.view(294912, 2048);
+  support::View v127 = arena_.view(303104, 128);
+  support::View v221 = arena_.view(2277376, 2048);
+  support::View v224 = arena_.view(40960, 2048);
+  support::View v225 = arena_.view(32768, 128);
+  support::View v126 = arena_.view(0, 8192);
+  support::View v226 = arena_.view(1933312, 8192);
+  support::View v104 = arena_.view(1835008, 8192);
+  support::View v227 = arena_.view(0, 8192);
+  support::View v228 = arena_.view(2288128, 64);
+  support::View v230 = arena_.view(1966080, 8192);
+  support::View v124 = arena_.view(1048576, 131072);
+  support::View v232 = arena_.view(1998848, 8192);
+  support::View v234 = arena_.view(0, 131072);
+  support::View v235 = arena_.view(1835008, 1024);
+  support::View v237 = arena_.view(1048576, 131072);
+  support::View v238 = arena_.view(0, 131072);
+  support::View v122 = arena_.view(2244608, 2048);
+  support::View v239 = arena_.view(1048576, 8192);
+  support::View v120 = arena_.view(1900544, 8192);
+  support::View v241 = arena_.view(1081344, 2048);
+  support::View v121(param18_causal_lm_decoder_layer_1_heads_in_2_w); // updated in place
+  support::View v242 = arena_.view(65536, 4096);
+  support::View v88 = arena_.view(2162688, 4096);
+  support::View v118 = arena_.view(1867776, 8192);
+  support::View v245 = arena_.view(0, 8192);
+  support::View v246 = arena_.view(32768, 8192);
+  support::View v247 = arena_.view(81920, 128);
+  const support::Buffer &v83 = param13_causal_lm_decoder_layer_1_random_features;
+  support::View v253 = arena_.view(32768, 2048);
+  support::View v106 = arena_.view(2236416, 2048);
+  support::View v255 = arena_.view(0, 2048);
+  support::View v105(param17_causal_lm_decoder_layer_1_heads_in_1_w); // updated in place
+  support::View v256 = arena_.view(81920, 4096);
+  support::View v102 = arena_.view(1802240, 8192);
+  support::View v260 = arena_.view(0, 8192);
+  support::View v261 = arena_.view(32768, 8192);
+  support::View v262 = arena_.view(98304, 128);
+  support::View v267 = arena_.view(32768, 2048);
+  support::View v90 = arena_.view(2228224, 2048);
+  support::View v269 = arena_.view(40960, 2048);
+  support::View v89(param16_causal_lm_decoder_layer_1_heads_in_w); // updated in place
+  support::View v270 = arena_.view(0, 4096);
+  support::View v271 = arena_.view(16384, 4096);
+  support::View v84(param14_causal_lm_decoder_layer_1_norm_gain); // updated in place
+  support::View v275 = arena_.view(0, 4096);
+  support::View v86 = arena_.view(2146304, 4096);
+  support::View v276 = arena_.view(32768, 4096);
+  support::View v278 = arena_.view(16384, 4096);
+  support::View v82 = arena_.view(2129920, 4096);
+  support::View v187 = arena_.view(2260992, 2048);
+  support::View v211 = arena_.view(2269184, 2048);
+  support::View v213 = arena_.view(2288640, 32);
+  support::View v216 = arena_.view(2288768, 32);
+  support::View v220 = arena_.view(2285568, 512);
+  support::View v243 = arena_.view(1187840, 512);
+  support::View v258 = arena_.view(1189888, 512);
+  support::View v272 = arena_.view(1191936, 512);
+  support::View v274 = arena_.view(1196288, 32);
+  support::View v277 = arena_.view(1196416, 32);
+  support::View v279 = arena_.view(65536, 4096);
+  repeated0(v185, v139, v186, v141, v187, v140, v209, v138, v210, v137, v211, v213, v133, v214,
+            v135, v215, v216, v217, v132, v218, v129, v219, v128, v220, v127, v221, v224, v225,
+            v126, v226, v104, v227, v228, v230, v124, v232, v234, v235, v237, v238, v122, v239,
+            v120, v241, v121, v242, v88, v243, v118, v245, v246, v247, v83, v253, v106, v255, v105,
+            v256, v258, v102, v260, v261, v262, v267, v90, v269, v89, v270, v271, v272, v274, v84,
+            v275, v86, v276, v277, v278, v82, v279);
 
   // 52 statements from performer.mesh:96:10 einsum (2 of 2)
   MESHRT_TRACE_SITE("performer.mesh:96:10");
-  support::View v78(param12_causal_lm_decoder_layer_0_ffn_w_out); // updated in place
-  support::View v283 = arena_.view(0, 8192);
-  support::View v80 = arena_.view(1769472, 8192);
-  support::View v79 = arena_.view(1736704, 8192);
-  support::View v301 = arena_.view(32768, 8192);
-  support::View v77(param11_causal_lm_decoder_layer_0_ffn_w_in); // updated in place
-  support::View v302 = arena_.view(0, 4096);
-  support::View v76 = arena_.view(2113536, 4096);
-  support::View v72(param9_causal_lm_decoder_layer_0_norm_1_gain); // updated in place
-  support::View v306 = arena_.view(16384, 4096);
-  support::View v74 = arena_.view(2097152, 4096);
-  support::View v307 = arena_.view(32768, 4096);
-  support::View v309 = arena_.view(0, 4096);
-  support::View v71 = arena_.view(2080768, 4096);
-  support::View v310 = arena_.view(1146880, 4096);
-  support::View v68(param8_causal_lm_decoder_layer_0_heads_out_w); // updated in place
-  support::View v311 = arena_.view(0, 2048);
-  support::View v67 = arena_.view(2220032, 2048);
-  support::View v66 = arena_.view(2283520, 128);
-  support::View v313 = arena_.view(1179648, 2048);
-  support::View v316 = arena_.view(8192, 2048);
-  support::View v317 = arena_.view(32768, 128);
-  support::View v65 = arena_.view(1703936, 8192);
-  support::View v318 = arena_.view(1048576, 8192);
-  support::View v43 = arena_.view(1605632, 8192);
-  support::View v319 = arena_.view(0, 8192);
-  support::View v320 = arena_.view(1196032, 64);
-  support::View v322 = arena_.view(1081344, 8192);
-  support::View v63 = arena_.view(524288, 131072);
-  support::View v324 = arena_.view(1114112, 8192);
-  support::View v326 = arena_.view(0, 131072);
-  support::View v327 = arena_.view(1179648, 1024);
-  support::View v329 = arena_.view(524288, 131072);
-  support::View v330 = arena_.view(0, 131072);
-  support::View v61 = arena_.view(2211840, 2048);
-  support::View v331 = arena_.view(524288, 8192);
-  support::View v59 = arena_.view(1671168, 8192);
-  support::View v333 = arena_.view(557056, 2048);
-  support::View v60(param7_causal_lm_decoder_layer_0_heads_in_2_w); // updated in place
-  support::View v334 = arena_.view(65536, 4096);
-  support::View v27 = arena_.view(2064384, 4096);
-  support::View v57 = arena_.view(1638400, 8192);
-  support::View v337 = arena_.view(0, 8192);
-  support::View v338 = arena_.view(32768, 8192);
-  support::View v339 = arena_.view(81920, 128);
-  const support::Buffer &v22 = param2_causal_lm_decoder_layer_0_random_features;
-  support::View v344 = arena_.view(32768, 2048);
-  support::View v45 = arena_.view(2203648, 2048);
-  support::View v346 = arena_.view(0, 2048);
-  support::View v44(param6_causal_lm_decoder_layer_0_heads_in_1_w); // updated in place
-  support::View v347 = arena_.view(81920, 4096);
-  support::View v41 = arena_.view(1572864, 8192);
-  support::View v351 = arena_.view(0, 8192);
-  support::View v352 = arena_.view(32768, 8192);
-  support::View v353 = arena_.view(102400, 128);
-  support::View v358 = arena_.view(32768, 2048);
-  support::View v29 = arena_.view(2195456, 2048);
-  support::View v360 = arena_.view(40960, 2048);
-  support::View v28(param5_causal_lm_decoder_layer_0_heads_in_w); // updated in place
-  support::View v361 = arena_.view(0, 4096);
-  support::View v362 = arena_.view(16384, 4096);
-  support::View v23(param3_causal_lm_decoder_layer_0_norm_gain); // updated in place
-  support::View v366 = arena_.view(0, 4096);
-  support::View v25 = arena_.view(2048000, 4096);
-  support::View v367 = arena_.view(32768, 4096);
-  support::View v369 = arena_.view(16384, 4096);
-  support::View v21 = arena_.view(2031616, 4096);
-  support::View v284 = arena_.view(1163264, 2048);
-  support::View v303 = arena_.view(1171456, 2048);
-  support::View v305 = arena_.view(1196544, 32);
-  support::View v308 = arena_.view(1196672, 32);
-  support::View v312 = arena_.view(1193984, 512);
-  support::View v335 = arena_.view(98304, 512);
-  support::View v349 = arena_.view(100352, 512);
-  support::View v363 = arena_.view(49152, 512);
-  support::View v365 = arena_.view(51200, 32);
-  support::View v368 = arena_.view(51328, 32);
-  support::View v370 = arena_.view(0, 4096);
-  repeated0(v282, v78, v283, v80, v284, v79, v301, v77, v302, v76, v303, v305, v72, v306, v74, v307,
-            v308, v309, v71, v310, v68, v311, v67, v312, v66, v313, v316, v317, v65, v318, v43,
-            v319, v320, v322, v63, v324, v326, v327, v329, v330, v61, v331, v59, v333, v60, v334,
-            v27, v335, v57, v337, v338, v339, v22, v344, v45, v346, v44, v347, v349, v41, v351,
-            v352, v353, v358, v29, v360, v28, v361, v362, v363, v365, v23, v366, v25, v367, v368,
-            v369, v21, v370);
+  support::View v77(param12_causal_lm_decoder_layer_0_ffn_w_out); // updated in place
+  support::View v280 = arena_.view(0, 8192);
+  support::View v79 = arena_.view(1769472, 8192);
+  support::View v78 = arena_.view(1736704, 8192);
+  support::View v298 = arena_.view(32768, 8192);
+  support::View v76(param11_causal_lm_decoder_layer_0_ffn_w_in); // updated in place
+  support::View v299 = arena_.view(0, 4096);
+  support::View v75 = arena_.view(2113536, 4096);
+  support::View v71(param9_causal_lm_decoder_layer_0_norm_1_gain); // updated in place
+  support::View v303 = arena_.view(16384, 4096);
+  support::View v73 = arena_.view(2097152, 4096);
+  support::View v304 = arena_.view(32768, 4096);
+  support::View v306 = arena_.view(0, 4096);
+  support::View v70 = arena_.view(2080768, 4096);
+  support::View v307 = arena_.view(1146880, 4096);
+  support::View v67(param8_causal_lm_decoder_layer_0_heads_out_w); // updated in place
+  support::View v308 = arena_.view(0, 2048);
+  support::View v66 = arena_.view(2220032, 2048);
+  support::View v65 = arena_.view(2287616, 128);
+  support::View v310 = arena_.view(1179648, 2048);
+  support::View v313 = arena_.view(8192, 2048);
+  support::View v314 = arena_.view(32768, 128);
+  support::View v64 = arena_.view(1703936, 8192);
+  support::View v315 = arena_.view(1048576, 8192);
+  support::View v42 = arena_.view(1605632, 8192);
+  support::View v316 = arena_.view(0, 8192);
+  support::View v317 = arena_.view(1196032, 64);
+  support::View v319 = arena_.view(1081344, 8192);
+  support::View v62 = arena_.view(524288, 131072);
+  support::View v321 = arena_.view(1114112, 8192);
+  support::View v323 = arena_.view(0, 131072);
+  support::View v324 = arena_.view(1179648, 1024);
+  support::View v326 = arena_.view(524288, 131072);
+  support::View v327 = arena_.view(0, 131072);
+  support::View v60 = arena_.view(2211840, 2048);
+  support::View v328 = arena_.view(524288, 8192);
+  support::View v58 = arena_.view(1671168, 8192);
+  support::View v330 = arena_.view(557056, 2048);
+  support::View v59(param7_causal_lm_decoder_layer_0_heads_in_2_w); // updated in place
+  support::View v331 = arena_.view(65536, 4096);
+  support::View v26 = arena_.view(2064384, 4096);
+  support::View v56 = arena_.view(1638400, 8192);
+  support::View v334 = arena_.view(0, 8192);
+  support::View v335 = arena_.view(32768, 8192);
+  support::View v336 = arena_.view(81920, 128);
+  const support::Buffer &v21 = param2_causal_lm_decoder_layer_0_random_features;
+  support::View v341 = arena_.view(32768, 2048);
+  support::View v44 = arena_.view(2203648, 2048);
+  support::View v343 = arena_.view(0, 2048);
+  support::View v43(param6_causal_lm_decoder_layer_0_heads_in_1_w); // updated in place
+  support::View v344 = arena_.view(81920, 4096);
+  support::View v40 = arena_.view(1572864, 8192);
+  support::View v348 = arena_.view(0, 8192);
+  support::View v349 = arena_.view(32768, 8192);
+  support::View v350 = arena_.view(102400, 128);
+  support::View v355 = arena_.view(32768, 2048);
+  support::View v28 = arena_.view(2195456, 2048);
+  support::View v357 = arena_.view(40960, 2048);
+  support::View v27(param5_causal_lm_decoder_layer_0_heads_in_w); // updated in place
+  support::View v358 = arena_.view(0, 4096);
+  support::View v359 = arena_.view(16384, 4096);
+  support::View v22(param3_causal_lm_decoder_layer_0_norm_gain); // updated in place
+  support::View v363 = arena_.view(0, 4096);
+  support::View v24 = arena_.view(2048000, 4096);
+  support::View v364 = arena_.view(32768, 4096);
+  support::View v366 = arena_.view(16384, 4096);
+  support::View v20 = arena_.view(2031616, 4096);
+  support::View v281 = arena_.view(1163264, 2048);
+  support::View v300 = arena_.view(1171456, 2048);
+  support::View v302 = arena_.view(1196544, 32);
+  support::View v305 = arena_.view(1196672, 32);
+  support::View v309 = arena_.view(1193984, 512);
+  support::View v332 = arena_.view(98304, 512);
+  support::View v346 = arena_.view(100352, 512);
+  support::View v360 = arena_.view(49152, 512);
+  support::View v362 = arena_.view(51200, 32);
+  support::View v365 = arena_.view(51328, 32);
+  support::View v367 = arena_.view(0, 4096);
+  repeated0(v279, v77, v280, v79, v281, v78, v298, v76, v299, v75, v300, v302, v71, v303, v73, v304,
+            v305, v306, v70, v307, v67, v308, v66, v309, v65, v310, v313, v314, v64, v315, v42,
+            v316, v317, v319, v62, v321, v323, v324, v326, v327, v60, v328, v58, v330, v59, v331,
+            v26, v332, v56, v334, v335, v336, v21, v341, v44, v343, v43, v344, v346, v40, v348,
+            v349, v350, v355, v28, v357, v27, v358, v359, v360, v362, v22, v363, v24, v364, v365,
+            v366, v20, v367);
 
   // performer.mesh:133:37 einsum -> grad/causal_lm/embedding
   MESHRT_TRACE("einsum", "performer.mesh:133:37", "backward");
   const support::Buffer &v0 = inputs.tokens.data;
-  support::View v372 = arena_.view(16384, 1024);
-  support::scatterAdd(v372.data(), kShape26, v370.data(), kShape27, v0.data(), kShape28, kShape4,
-                      kShape5, kShape24, 0, support::shardStart(world_, {"model"}, 32));
+  support::View v369 = arena_.view(16384, 2048);
+  support::scatterAdd(v369.data(), kShape26, v367.data(), kShape27, v0.data(), kShape28, kShape4,
+                      kShape5, kShape25, 0, 0);
 
   // performer.mesh:151:3 bucketed_all_reduce_sum -> grad/causal_lm/unembed (24 partial sums
   // (grad/causal_lm/unembed, grad/causal_lm/norm/bias, grad/causal_lm/norm/gain, ...) over data
-  // resolved together, 57.2 KiB in one buffer)
+  // resolved together, 65.2 KiB in one buffer)
   MESHRT_TRACE_SITE("performer.mesh:151:3");
-  auto request6 = support::startAllReduce(
-      group_data, {v182, v184, v187, v190, v214, v216, v219, v223, v246, v261, v275, v277,
-                   v280, v284, v303, v305, v308, v312, v335, v349, v363, v365, v368, v372},
+  support::View v180 = arena_.view(2252800, 2048);
+  support::View v181 = arena_.view(2288384, 32);
+  auto request4 = support::startAllReduce(
+      group_data, {v180, v181, v184, v187, v211, v213, v216, v220, v243, v258, v272, v274,
+                   v277, v281, v300, v302, v305, v309, v332, v346, v360, v362, v365, v369},
       meshrt::ReduceOp::Sum);
 
   // performer.mesh:151:3 step
@@ -2785,14 +2711,14 @@ void LmTrain::runPart1(const Inputs &inputs) {
   // performer.mesh:151:3 pow
   // performer.mesh:151:3 sub
   MESHRT_TRACE("loop", "performer.mesh:151:3", "update");
-  support::View v388 = arena_.view(0, 1);
-  support::View v404 = arena_.view(64, 1);
-  support::View v406 = arena_.view(128, 1);
+  support::View v385 = arena_.view(0, 1);
+  support::View v401 = arena_.view(64, 1);
+  support::View v403 = arena_.view(128, 1);
   {
     const float stepValue = float(step_);
-    float *__restrict v388p = v388.data();
-    float *__restrict v404p = v404.data();
-    float *__restrict v406p = v406.data();
+    float *__restrict v385p = v385.data();
+    float *__restrict v401p = v401.data();
+    float *__restrict v403p = v403.data();
     const float s0 = stepValue;
     const float s1 = 1.0f;
     const float s2 = (s0 + s1);
@@ -2816,13 +2742,13 @@ void LmTrain::runPart1(const Inputs &inputs) {
     const float s20 = support::fpow(s19, s2);
     const float s21 = 1.0f;
     const float s22 = (s21 - s20);
-    v388p[0] = s14;
-    v404p[0] = s18;
-    v406p[0] = s22;
+    v385p[0] = s14;
+    v401p[0] = s18;
+    v403p[0] = s22;
   }
 
   MESHRT_TRACE_SITE("performer.mesh:151:3");
-  group_data.wait(request6);
+  group_data.wait(request4);
 
   // performer.mesh:151:3 mul
   // performer.mesh:151:3 square
@@ -2842,9 +2768,9 @@ void LmTrain::runPart1(const Inputs &inputs) {
   // performer.mesh:151:3 sub -> next/causal_lm/embedding
   MESHRT_TRACE("loop", "performer.mesh:151:3", "update");
   support::View v6(param0_causal_lm_embedding);      // updated in place
-  support::View v390(param27_causal_lm_embedding_v); // updated in place
-  support::View v389(param26_causal_lm_embedding_m); // updated in place
-  loop20(v390.data(), v389.data(), v6.data(), v372.data(), v406.data(), v404.data(), v388.data());
+  support::View v387(param27_causal_lm_embedding_v); // updated in place
+  support::View v386(param26_causal_lm_embedding_m); // updated in place
+  loop20(v387.data(), v386.data(), v6.data(), v369.data(), v403.data(), v401.data(), v385.data());
 
   // performer.mesh:151:3 mul
   // performer.mesh:151:3 square
@@ -2863,78 +2789,79 @@ void LmTrain::runPart1(const Inputs &inputs) {
   // performer.mesh:151:3 mul
   // performer.mesh:151:3 sub -> next/causal_lm/unembed
   MESHRT_TRACE("loop", "performer.mesh:151:3", "update");
-  support::View v418(param29_causal_lm_unembed_v); // updated in place
-  support::View v417(param28_causal_lm_unembed_m); // updated in place
-  loop20(v418.data(), v417.data(), v7.data(), v182.data(), v406.data(), v404.data(), v388.data());
+  support::View v7(param1_causal_lm_unembed);      // updated in place
+  support::View v415(param29_causal_lm_unembed_v); // updated in place
+  support::View v414(param28_causal_lm_unembed_m); // updated in place
+  loop20(v415.data(), v414.data(), v7.data(), v180.data(), v403.data(), v401.data(), v385.data());
 
   // 1 statements from performer.mesh:151:3 mul (1 of 2)
   MESHRT_TRACE_SITE("performer.mesh:151:3");
-  support::View v439(param31_causal_lm_decoder_layer_0_norm_gain_v); // updated in place
-  support::View v438(param30_causal_lm_decoder_layer_0_norm_gain_m); // updated in place
-  repeated3(v23, v368, v439, v406, v438, v404, v388);
+  support::View v436(param31_causal_lm_decoder_layer_0_norm_gain_v); // updated in place
+  support::View v435(param30_causal_lm_decoder_layer_0_norm_gain_m); // updated in place
+  repeated3(v22, v365, v436, v403, v435, v401, v385);
 
   // 1 statements from performer.mesh:151:3 mul (2 of 2)
   MESHRT_TRACE_SITE("performer.mesh:151:3");
-  support::View v24(param4_causal_lm_decoder_layer_0_norm_bias);     // updated in place
-  support::View v460(param33_causal_lm_decoder_layer_0_norm_bias_v); // updated in place
-  support::View v459(param32_causal_lm_decoder_layer_0_norm_bias_m); // updated in place
-  repeated3(v24, v365, v460, v406, v459, v404, v388);
+  support::View v23(param4_causal_lm_decoder_layer_0_norm_bias);     // updated in place
+  support::View v457(param33_causal_lm_decoder_layer_0_norm_bias_v); // updated in place
+  support::View v456(param32_causal_lm_decoder_layer_0_norm_bias_m); // updated in place
+  repeated3(v23, v362, v457, v403, v456, v401, v385);
 
   // 10 statements from performer.mesh:151:3 mul (1 of 2)
   MESHRT_TRACE_SITE("performer.mesh:151:3");
-  support::View v481(param35_causal_lm_decoder_layer_0_heads_in_w_v);   // updated in place
-  support::View v480(param34_causal_lm_decoder_layer_0_heads_in_w_m);   // updated in place
-  support::View v502(param37_causal_lm_decoder_layer_0_heads_in_1_w_v); // updated in place
-  support::View v501(param36_causal_lm_decoder_layer_0_heads_in_1_w_m); // updated in place
-  support::View v523(param39_causal_lm_decoder_layer_0_heads_in_2_w_v); // updated in place
-  support::View v522(param38_causal_lm_decoder_layer_0_heads_in_2_w_m); // updated in place
-  support::View v544(param41_causal_lm_decoder_layer_0_heads_out_w_v);  // updated in place
-  support::View v543(param40_causal_lm_decoder_layer_0_heads_out_w_m);  // updated in place
-  support::View v565(param43_causal_lm_decoder_layer_0_norm_1_gain_v);  // updated in place
-  support::View v564(param42_causal_lm_decoder_layer_0_norm_1_gain_m);  // updated in place
-  support::View v73(param10_causal_lm_decoder_layer_0_norm_1_bias);     // updated in place
-  support::View v586(param45_causal_lm_decoder_layer_0_norm_1_bias_v);  // updated in place
-  support::View v585(param44_causal_lm_decoder_layer_0_norm_1_bias_m);  // updated in place
-  support::View v607(param47_causal_lm_decoder_layer_0_ffn_w_in_v);     // updated in place
-  support::View v606(param46_causal_lm_decoder_layer_0_ffn_w_in_m);     // updated in place
-  support::View v628(param49_causal_lm_decoder_layer_0_ffn_w_out_v);    // updated in place
-  support::View v627(param48_causal_lm_decoder_layer_0_ffn_w_out_m);    // updated in place
-  support::View v649(param51_causal_lm_decoder_layer_1_norm_gain_v);    // updated in place
-  support::View v648(param50_causal_lm_decoder_layer_1_norm_gain_m);    // updated in place
-  support::View v86(param15_causal_lm_decoder_layer_1_norm_bias);       // updated in place
-  support::View v670(param53_causal_lm_decoder_layer_1_norm_bias_v);    // updated in place
-  support::View v669(param52_causal_lm_decoder_layer_1_norm_bias_m);    // updated in place
-  repeated1(v28, v363, v481, v406, v480, v404, v388, v44, v349, v502, v501, v60, v335, v523, v522,
-            v68, v312, v544, v543, v72, v308, v565, v564, v73, v305, v586, v585, v77, v303, v607,
-            v606, v78, v284, v628, v627, v85, v280, v649, v648, v86, v277, v670, v669);
+  support::View v478(param35_causal_lm_decoder_layer_0_heads_in_w_v);   // updated in place
+  support::View v477(param34_causal_lm_decoder_layer_0_heads_in_w_m);   // updated in place
+  support::View v499(param37_causal_lm_decoder_layer_0_heads_in_1_w_v); // updated in place
+  support::View v498(param36_causal_lm_decoder_layer_0_heads_in_1_w_m); // updated in place
+  support::View v520(param39_causal_lm_decoder_layer_0_heads_in_2_w_v); // updated in place
+  support::View v519(param38_causal_lm_decoder_layer_0_heads_in_2_w_m); // updated in place
+  support::View v541(param41_causal_lm_decoder_layer_0_heads_out_w_v);  // updated in place
+  support::View v540(param40_causal_lm_decoder_layer_0_heads_out_w_m);  // updated in place
+  support::View v562(param43_causal_lm_decoder_layer_0_norm_1_gain_v);  // updated in place
+  support::View v561(param42_causal_lm_decoder_layer_0_norm_1_gain_m);  // updated in place
+  support::View v72(param10_causal_lm_decoder_layer_0_norm_1_bias);     // updated in place
+  support::View v583(param45_causal_lm_decoder_layer_0_norm_1_bias_v);  // updated in place
+  support::View v582(param44_causal_lm_decoder_layer_0_norm_1_bias_m);  // updated in place
+  support::View v604(param47_causal_lm_decoder_layer_0_ffn_w_in_v);     // updated in place
+  support::View v603(param46_causal_lm_decoder_layer_0_ffn_w_in_m);     // updated in place
+  support::View v625(param49_causal_lm_decoder_layer_0_ffn_w_out_v);    // updated in place
+  support::View v624(param48_causal_lm_decoder_layer_0_ffn_w_out_m);    // updated in place
+  support::View v646(param51_causal_lm_decoder_layer_1_norm_gain_v);    // updated in place
+  support::View v645(param50_causal_lm_decoder_layer_1_norm_gain_m);    // updated in place
+  support::View v85(param15_causal_lm_decoder_layer_1_norm_bias);       // updated in place
+  support::View v667(param53_causal_lm_decoder_layer_1_norm_bias_v);    // updated in place
+  support::View v666(param52_causal_lm_decoder_layer_1_norm_bias_m);    // updated in place
+  repeated1(v27, v360, v478, v403, v477, v401, v385, v43, v346, v499, v498, v59, v332, v520, v519,
+            v67, v309, v541, v540, v71, v305, v562, v561, v72, v302, v583, v582, v76, v300, v604,
+            v603, v77, v281, v625, v624, v84, v277, v646, v645, v85, v274, v667, v666);
 
   // 10 statements from performer.mesh:151:3 mul (2 of 2)
   MESHRT_TRACE_SITE("performer.mesh:151:3");
-  support::View v691(param55_causal_lm_decoder_layer_1_heads_in_w_v);   // updated in place
-  support::View v690(param54_causal_lm_decoder_layer_1_heads_in_w_m);   // updated in place
-  support::View v712(param57_causal_lm_decoder_layer_1_heads_in_1_w_v); // updated in place
-  support::View v711(param56_causal_lm_decoder_layer_1_heads_in_1_w_m); // updated in place
-  support::View v733(param59_causal_lm_decoder_layer_1_heads_in_2_w_v); // updated in place
-  support::View v732(param58_causal_lm_decoder_layer_1_heads_in_2_w_m); // updated in place
-  support::View v754(param61_causal_lm_decoder_layer_1_heads_out_w_v);  // updated in place
-  support::View v753(param60_causal_lm_decoder_layer_1_heads_out_w_m);  // updated in place
-  support::View v775(param63_causal_lm_decoder_layer_1_norm_1_gain_v);  // updated in place
-  support::View v774(param62_causal_lm_decoder_layer_1_norm_1_gain_m);  // updated in place
-  support::View v135(param21_causal_lm_decoder_layer_1_norm_1_bias);    // updated in place
-  support::View v796(param65_causal_lm_decoder_layer_1_norm_1_bias_v);  // updated in place
-  support::View v795(param64_causal_lm_decoder_layer_1_norm_1_bias_m);  // updated in place
-  support::View v817(param67_causal_lm_decoder_layer_1_ffn_w_in_v);     // updated in place
-  support::View v816(param66_causal_lm_decoder_layer_1_ffn_w_in_m);     // updated in place
-  support::View v838(param69_causal_lm_decoder_layer_1_ffn_w_out_v);    // updated in place
-  support::View v837(param68_causal_lm_decoder_layer_1_ffn_w_out_m);    // updated in place
-  support::View v859(param71_causal_lm_norm_gain_v);                    // updated in place
-  support::View v858(param70_causal_lm_norm_gain_m);                    // updated in place
-  support::View v147(param25_causal_lm_norm_bias);                      // updated in place
-  support::View v880(param73_causal_lm_norm_bias_v);                    // updated in place
-  support::View v879(param72_causal_lm_norm_bias_m);                    // updated in place
-  repeated1(v90, v275, v691, v406, v690, v404, v388, v106, v261, v712, v711, v122, v246, v733, v732,
-            v130, v223, v754, v753, v134, v219, v775, v774, v135, v216, v796, v795, v139, v214,
-            v817, v816, v140, v190, v838, v837, v146, v187, v859, v858, v147, v184, v880, v879);
+  support::View v688(param55_causal_lm_decoder_layer_1_heads_in_w_v);   // updated in place
+  support::View v687(param54_causal_lm_decoder_layer_1_heads_in_w_m);   // updated in place
+  support::View v709(param57_causal_lm_decoder_layer_1_heads_in_1_w_v); // updated in place
+  support::View v708(param56_causal_lm_decoder_layer_1_heads_in_1_w_m); // updated in place
+  support::View v730(param59_causal_lm_decoder_layer_1_heads_in_2_w_v); // updated in place
+  support::View v729(param58_causal_lm_decoder_layer_1_heads_in_2_w_m); // updated in place
+  support::View v751(param61_causal_lm_decoder_layer_1_heads_out_w_v);  // updated in place
+  support::View v750(param60_causal_lm_decoder_layer_1_heads_out_w_m);  // updated in place
+  support::View v772(param63_causal_lm_decoder_layer_1_norm_1_gain_v);  // updated in place
+  support::View v771(param62_causal_lm_decoder_layer_1_norm_1_gain_m);  // updated in place
+  support::View v134(param21_causal_lm_decoder_layer_1_norm_1_bias);    // updated in place
+  support::View v793(param65_causal_lm_decoder_layer_1_norm_1_bias_v);  // updated in place
+  support::View v792(param64_causal_lm_decoder_layer_1_norm_1_bias_m);  // updated in place
+  support::View v814(param67_causal_lm_decoder_layer_1_ffn_w_in_v);     // updated in place
+  support::View v813(param66_causal_lm_decoder_layer_1_ffn_w_in_m);     // updated in place
+  support::View v835(param69_causal_lm_decoder_layer_1_ffn_w_out_v);    // updated in place
+  support::View v834(param68_causal_lm_decoder_layer_1_ffn_w_out_m);    // updated in place
+  support::View v856(param71_causal_lm_norm_gain_v);                    // updated in place
+  support::View v855(param70_causal_lm_norm_gain_m);                    // updated in place
+  support::View v146(param25_causal_lm_norm_bias);                      // updated in place
+  support::View v877(param73_causal_lm_norm_bias_v);                    // updated in place
+  support::View v876(param72_causal_lm_norm_bias_m);                    // updated in place
+  repeated1(v89, v272, v688, v403, v687, v401, v385, v105, v258, v709, v708, v121, v243, v730, v729,
+            v129, v220, v751, v750, v133, v216, v772, v771, v134, v213, v793, v792, v138, v211,
+            v814, v813, v139, v187, v835, v834, v145, v184, v856, v855, v146, v181, v877, v876);
 }
 
 void LmTrain::repeated0(
@@ -2963,12 +2890,12 @@ void LmTrain::repeated0(
   // performer.mesh:96:10 einsum
   MESHRT_TRACE("gemm", "performer.mesh:96:10", "backward");
   // dims: batch, seq, d_model, d_ff
-  kEinsum14.plan().run(a0.data(), a1.data(), a2.data(), 1.0f, 0.0f);
+  kEinsum13.plan().run(a0.data(), a1.data(), a2.data(), 1.0f, 0.0f);
 
   // performer.mesh:96:10 einsum -> grad/causal_lm/decoder_layer[1]/ffn/w_out
   MESHRT_TRACE("gemm", "performer.mesh:96:10", "backward");
   // dims: batch, seq, d_model, d_ff
-  kEinsum15.plan().run(a0.data(), a3.data(), a4.data(), 1.0f, 0.0f);
+  kEinsum14.plan().run(a0.data(), a3.data(), a4.data(), 1.0f, 0.0f);
 
   // performer.mesh:96:17 square
   // performer.mesh:96:17 mul
@@ -2993,20 +2920,20 @@ void LmTrain::repeated0(
   // performer.mesh:96:22 einsum
   MESHRT_TRACE("gemm", "performer.mesh:96:22", "backward");
   // dims: batch, seq, d_ff, d_model
-  kEinsum16.plan().run(a6.data(), a7.data(), a8.data(), 1.0f, 0.0f);
+  kEinsum11.plan().run(a6.data(), a7.data(), a8.data(), 1.0f, 0.0f);
 
   // performer.mesh:29:40 all_reduce_sum (resolve the partial sum of %204 over model for sum at
   // 29:40)
   MESHRT_TRACE_SITE("performer.mesh:29:40");
-  auto request2 = support::startAllReduce(group_model, {a8}, meshrt::ReduceOp::Sum);
+  auto request0 = support::startAllReduce(group_model, {a8}, meshrt::ReduceOp::Sum);
 
   // performer.mesh:96:22 einsum -> grad/causal_lm/decoder_layer[1]/ffn/w_in
   MESHRT_TRACE("gemm", "performer.mesh:96:22", "backward");
   // dims: batch, seq, d_ff, d_model
-  kEinsum17.plan().run(a6.data(), a9.data(), a10.data(), 1.0f, 0.0f);
+  kEinsum12.plan().run(a6.data(), a9.data(), a10.data(), 1.0f, 0.0f);
 
   MESHRT_TRACE_SITE("performer.mesh:29:40");
-  group_model.wait(request2);
+  group_model.wait(request0);
 
   // performer.mesh:29:40 sum -> grad/causal_lm/decoder_layer[1]/norm#1/bias
   MESHRT_TRACE("sum", "performer.mesh:29:40", "backward");
@@ -3038,12 +2965,12 @@ void LmTrain::repeated0(
   // performer.mesh:50:10 einsum
   MESHRT_TRACE("gemm", "performer.mesh:50:10", "backward");
   // dims: batch, seq, d_model, heads, d_head
-  kEinsum18.plan().run(a19.data(), a20.data(), a21.data(), 1.0f, 0.0f);
+  kEinsum15.plan().run(a19.data(), a20.data(), a21.data(), 1.0f, 0.0f);
 
   // performer.mesh:50:10 einsum -> grad/causal_lm/decoder_layer[1]/heads_out/w
   MESHRT_TRACE("gemm", "performer.mesh:50:10", "backward");
   // dims: batch, seq, d_model, heads, d_head
-  kEinsum19.plan().run(a19.data(), a22.data(), a23.data(), 1.0f, 0.0f);
+  kEinsum16.plan().run(a19.data(), a22.data(), a23.data(), 1.0f, 0.0f);
 
   // performer.mesh:90:20 div
   MESHRT_TRACE("loop", "performer.mesh:90:20", "backward");
@@ -3063,12 +2990,12 @@ void LmTrain::repeated0(
   // performer.mesh:89:20 einsum
   MESHRT_TRACE("gemm", "performer.mesh:89:20", "backward");
   // dims: batch, seq, heads, features
-  kEinsum20.plan().run(a27.data(), a28.data(), a29.data(), 1.0f, 0.0f);
+  kEinsum17.plan().run(a27.data(), a28.data(), a29.data(), 1.0f, 0.0f);
 
   // performer.mesh:89:20 einsum
   MESHRT_TRACE("gemm", "performer.mesh:89:20", "backward");
   // dims: batch, seq, heads, features
-  kEinsum20.plan().run(a27.data(), a30.data(), a31.data(), 1.0f, 0.0f);
+  kEinsum17.plan().run(a27.data(), a30.data(), a31.data(), 1.0f, 0.0f);
 
   // performer.mesh:89:31 sum
   MESHRT_TRACE("sum", "performer.mesh:89:31", "backward");
@@ -3083,12 +3010,12 @@ void LmTrain::repeated0(
   // performer.mesh:88:19 einsum
   MESHRT_TRACE("gemm", "performer.mesh:88:19", "backward");
   // dims: batch, seq, heads, d_head, features
-  kEinsum21.plan().run(a25.data(), a34.data(), a35.data(), 1.0f, 0.0f);
+  kEinsum18.plan().run(a25.data(), a34.data(), a35.data(), 1.0f, 0.0f);
 
   // performer.mesh:88:19 einsum
   MESHRT_TRACE("gemm", "performer.mesh:88:19", "backward");
   // dims: batch, seq, heads, d_head, features
-  kEinsum22.plan().run(a25.data(), a30.data(), a36.data(), 1.0f, 0.0f);
+  kEinsum19.plan().run(a25.data(), a30.data(), a36.data(), 1.0f, 0.0f);
 
   // performer.mesh:87:12 sum
   MESHRT_TRACE("sum", "performer.mesh:87:12", "backward");
@@ -3125,22 +3052,22 @@ void LmTrain::repeated0(
   // performer.mesh:87:19 einsum
   MESHRT_TRACE("gemm", "performer.mesh:87:19", "backward");
   // dims: batch, seq, heads, features, d_head
-  kEinsum23.plan().run(a39.data(), a40.data(), a41.data(), 1.0f, 0.0f);
+  kEinsum20.plan().run(a39.data(), a40.data(), a41.data(), 1.0f, 0.0f);
 
   // performer.mesh:87:19 einsum
   MESHRT_TRACE("gemm", "performer.mesh:87:19", "backward");
   // dims: batch, seq, heads, features, d_head
-  kEinsum24.plan().run(a39.data(), a42.data(), a43.data(), 1.0f, 0.0f);
+  kEinsum21.plan().run(a39.data(), a42.data(), a43.data(), 1.0f, 0.0f);
 
   // performer.mesh:45:10 einsum
   MESHRT_TRACE("gemm", "performer.mesh:45:10", "backward");
   // dims: batch, seq, heads, d_head, d_model
-  kEinsum25.plan().run(a43.data(), a44.data(), a45.data(), 1.0f, 0.0f);
+  kEinsum22.plan().run(a43.data(), a44.data(), a45.data(), 1.0f, 0.0f);
 
   // performer.mesh:45:10 einsum -> grad/causal_lm/decoder_layer[1]/heads_in#2/w
   MESHRT_TRACE("gemm", "performer.mesh:45:10", "backward");
   // dims: batch, seq, heads, d_head, d_model
-  kEinsum26.plan().run(a43.data(), a46.data(), a47.data(), 1.0f, 0.0f);
+  kEinsum23.plan().run(a43.data(), a46.data(), a47.data(), 1.0f, 0.0f);
 
   // performer.mesh:89:31 broadcast
   // performer.mesh:89:31 sub
@@ -3159,7 +3086,7 @@ void LmTrain::repeated0(
   // performer.mesh:57:10 einsum
   MESHRT_TRACE("gemm", "performer.mesh:57:10", "backward");
   // dims: batch, seq, heads, features, d_head
-  kEinsum27.plan().run(a49.data(), a52.data(), a53.data(), 1.0f, 0.0f);
+  kEinsum24.plan().run(a49.data(), a52.data(), a53.data(), 1.0f, 0.0f);
 
   // performer.mesh:57:65 mul
   // performer.mesh:57:89 mul
@@ -3173,12 +3100,12 @@ void LmTrain::repeated0(
   // performer.mesh:45:10 einsum
   MESHRT_TRACE("gemm", "performer.mesh:45:10", "backward");
   // dims: batch, seq, heads, d_head, d_model
-  kEinsum25.plan().run(a55.data(), a56.data(), a57.data(), 1.0f, 0.0f);
+  kEinsum22.plan().run(a55.data(), a56.data(), a57.data(), 1.0f, 0.0f);
 
   // performer.mesh:45:10 einsum -> grad/causal_lm/decoder_layer[1]/heads_in#1/w
   MESHRT_TRACE("gemm", "performer.mesh:45:10", "backward");
   // dims: batch, seq, heads, d_head, d_model
-  kEinsum26.plan().run(a55.data(), a46.data(), a58.data(), 1.0f, 0.0f);
+  kEinsum23.plan().run(a55.data(), a46.data(), a58.data(), 1.0f, 0.0f);
 
   // performer.mesh:88:19 add
   // performer.mesh:66:61 mul
@@ -3195,7 +3122,7 @@ void LmTrain::repeated0(
   // performer.mesh:57:10 einsum
   MESHRT_TRACE("gemm", "performer.mesh:57:10", "backward");
   // dims: batch, seq, heads, features, d_head
-  kEinsum27.plan().run(a60.data(), a52.data(), a63.data(), 1.0f, 0.0f);
+  kEinsum24.plan().run(a60.data(), a52.data(), a63.data(), 1.0f, 0.0f);
 
   // performer.mesh:57:65 mul
   // performer.mesh:57:89 mul
@@ -3209,7 +3136,7 @@ void LmTrain::repeated0(
   // performer.mesh:45:10 einsum
   MESHRT_TRACE("gemm", "performer.mesh:45:10", "backward");
   // dims: batch, seq, heads, d_head, d_model
-  kEinsum25.plan().run(a65.data(), a66.data(), a67.data(), 1.0f, 0.0f);
+  kEinsum22.plan().run(a65.data(), a66.data(), a67.data(), 1.0f, 0.0f);
 
   // performer.mesh:45:10 add
   // performer.mesh:45:10 add
@@ -3219,15 +3146,15 @@ void LmTrain::repeated0(
   // performer.mesh:29:40 all_reduce_sum (resolve the partial sum of %264 over model for sum at
   // 29:40)
   MESHRT_TRACE_SITE("performer.mesh:29:40");
-  auto request3 = support::startAllReduce(group_model, {a68}, meshrt::ReduceOp::Sum);
+  auto request1 = support::startAllReduce(group_model, {a68}, meshrt::ReduceOp::Sum);
 
   // performer.mesh:45:10 einsum -> grad/causal_lm/decoder_layer[1]/heads_in/w
   MESHRT_TRACE("gemm", "performer.mesh:45:10", "backward");
   // dims: batch, seq, heads, d_head, d_model
-  kEinsum26.plan().run(a65.data(), a46.data(), a69.data(), 1.0f, 0.0f);
+  kEinsum23.plan().run(a65.data(), a46.data(), a69.data(), 1.0f, 0.0f);
 
   MESHRT_TRACE_SITE("performer.mesh:29:40");
-  group_model.wait(request3);
+  group_model.wait(request1);
 
   // performer.mesh:29:40 sum -> grad/causal_lm/decoder_layer[1]/norm/bias
   MESHRT_TRACE("sum", "performer.mesh:29:40", "backward");
@@ -3402,7 +3329,7 @@ void LmTrain::repeated1(
   // performer.mesh:151:3 mul
   // performer.mesh:151:3 sub -> next/causal_lm/decoder_layer[0]/ffn/w_in
   MESHRT_TRACE("loop", "performer.mesh:151:3", "update");
-  loop29(a29.data(), a30.data(), a27.data(), a28.data(), a3.data(), a5.data(), a6.data());
+  loop20(a29.data(), a30.data(), a27.data(), a28.data(), a3.data(), a5.data(), a6.data());
 
   // performer.mesh:151:3 mul
   // performer.mesh:151:3 square
@@ -3421,7 +3348,7 @@ void LmTrain::repeated1(
   // performer.mesh:151:3 mul
   // performer.mesh:151:3 sub -> next/causal_lm/decoder_layer[0]/ffn/w_out
   MESHRT_TRACE("loop", "performer.mesh:151:3", "update");
-  loop29(a33.data(), a34.data(), a31.data(), a32.data(), a3.data(), a5.data(), a6.data());
+  loop20(a33.data(), a34.data(), a31.data(), a32.data(), a3.data(), a5.data(), a6.data());
 
   // performer.mesh:151:3 mul
   // performer.mesh:151:3 square
@@ -3513,7 +3440,7 @@ void LmTrain::repeated2(support::ConstView a0, support::ConstView a1, support::V
   // performer.mesh:66:10 exp
   // performer.mesh:66:61 mul -> qf
   MESHRT_TRACE("loop", "performer.mesh:66:23", "forward");
-  loop30(a9.data(), a10.data(), a8.data(), a7.data());
+  loop29(a9.data(), a10.data(), a8.data(), a7.data());
 
   // performer.mesh:45:10 einsum
   // performer.mesh:56:18 mul -> scaled
@@ -3550,7 +3477,7 @@ void LmTrain::repeated2(support::ConstView a0, support::ConstView a1, support::V
   // performer.mesh:71:10 exp
   // performer.mesh:71:66 mul -> kf
   MESHRT_TRACE("loop", "performer.mesh:71:23", "forward");
-  loop31(a18.data(), a19.data(), a17.data(), a16.data());
+  loop30(a18.data(), a19.data(), a17.data(), a16.data());
 
   // performer.mesh:45:10 einsum
   MESHRT_TRACE("gemm", "performer.mesh:45:10", "forward");

@@ -38,6 +38,7 @@
 #endif
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -115,11 +116,10 @@ inline double streamBytesPerSecond(size_t elements, int repetitions) {
   return 3.0 * sizeof(float) * double(elements) / best;
 }
 
-/// Best time of one GEMM of m = n = k = `size` (small GEMMs: the library's fixed cost per call
-/// shows next to the FLOPs).
-inline double gemmSeconds(int64_t size, int repetitions) {
-  return 2.0 * double(size) * double(size) * double(size) /
-         gemmFlopsPerSecond(size, size, size, repetitions);
+/// Best time of one GEMM of m x n x k (small GEMMs: the library's fixed cost per call shows
+/// next to the FLOPs).
+inline double gemmSeconds(int64_t m, int64_t n, int64_t k, int repetitions) {
+  return 2.0 * double(m) * double(n) * double(k) / gemmFlopsPerSecond(m, n, k, repetitions);
 }
 
 /// The cache the ops of one rank may keep their operands in: the last level's share per core,
@@ -501,10 +501,12 @@ inline std::vector<CollectiveTime> collectiveTimes(Communicator& comm, size_t ma
 
 /// The probe's JSON pieces: one GEMM entry (`key`: flops_per_s or seconds) and the
 /// collectives' array elements.
+inline std::string gemmJson(int64_t m, int64_t n, int64_t k, const char* key, double value) {
+  return "{\"m\": " + std::to_string(m) + ", \"n\": " + std::to_string(n) +
+         ", \"k\": " + std::to_string(k) + ", \"" + key + "\": " + number(value) + "}";
+}
 inline std::string gemmJson(int64_t size, const char* key, double value) {
-  std::string m = std::to_string(size);
-  return "{\"m\": " + m + ", \"n\": " + m + ", \"k\": " + m + ", \"" + key +
-         "\": " + number(value) + "}";
+  return gemmJson(size, size, size, key, value);
 }
 inline std::string collectivesJson(const std::vector<CollectiveTime>& times) {
   std::string json;
@@ -569,10 +571,20 @@ inline int probeMain(int argc, char** argv) {
     size_t cacheBytes = cacheBytesPerCore();
     double cacheStream =
         cacheBytes ? cachedLoopBytesPerSecond(cacheBytes / 2, quick ? 20 : 100) : 0;
+    // Small GEMMs, square and skinny: the model's rate falls with the smallest of m, n and k,
+    // which squares alone confound with the size (whose fixed costs the latency term takes).
+    // The examples' GEMMs are mostly skinny: a head's 8 to 64 terms, a rank's slice of d_ff.
+    std::vector<std::array<int64_t, 3>> smallShapes = {{16, 16, 16}, {32, 32, 32}, {64, 64, 64},
+                                                       {128, 128, 128}};
+    for (int64_t thin : {8, 16, 32})
+      for (std::array<int64_t, 3> shape : {std::array<int64_t, 3>{thin, 128, 128},
+                                           std::array<int64_t, 3>{128, thin, 128},
+                                           std::array<int64_t, 3>{128, 128, thin}})
+        smallShapes.push_back(shape);
     std::string gemmSmall;
-    for (int64_t size : {16, 32, 64, 128}) {
-      double seconds = gemmSeconds(size, quick ? 20 : 100);
-      gemmSmall += (gemmSmall.empty() ? "" : ", ") + gemmJson(size, "seconds", seconds);
+    for (const auto& [m, n, k] : smallShapes) {
+      double seconds = gemmSeconds(m, n, k, quick ? 20 : 100);
+      gemmSmall += (gemmSmall.empty() ? "" : ", ") + gemmJson(m, n, k, "seconds", seconds);
     }
     // Attention's shape in the examples: 16 heads' (or batch x heads') matrices of 16 x 16 x 8.
     constexpr int64_t kBatch = 16, kRows = 16, kCols = 16, kTerms = 8;

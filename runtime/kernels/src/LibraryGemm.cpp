@@ -28,11 +28,12 @@ namespace meshrt {
 namespace kernels {
 namespace {
 
-/// Below this a GEMM is not worth measuring (well under a microsecond): oneDNN runs it, and an
-/// epilogue is a pass after it. Up to session 33 this was 2^22: the MoE example's expert GEMMs
-/// (batches of 4 of 40 x 64 x 32, 0.3 MFLOP) ran through oneDNN unmeasured, 1.3x OpenBLAS's time
-/// in the step, and its train step on 2 ranks 1.15x (docs/runtime.md).
-constexpr int64_t kMeasureFlops = int64_t(1) << 15;
+/// Below this a GEMM is not measured: oneDNN runs it, and an epilogue is a pass after it. Up
+/// to session 33 this was 2^22: the MoE example's expert GEMMs (batches of 4 of 40 x 64 x 32,
+/// 0.3 MFLOP) ran through oneDNN unmeasured, 1.3x OpenBLAS's time in the step, and its train
+/// step on 2 ranks 1.15x; the smallest pay oneDNN's ~1 us a call most (16^3: 1.1 us, 32^3
+/// through OpenBLAS 0.66), so every GEMM is measured now (docs/runtime.md).
+constexpr int64_t kMeasureFlops = 0;
 /// Rounds enough that a short GEMM's best is not one lucky or interrupted call: as many as fit
 /// in this time, 3 to 15 of them.
 constexpr double kShortMeasureSeconds = 2e-4;
