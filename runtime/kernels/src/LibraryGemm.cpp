@@ -1,9 +1,11 @@
 // EinsumPlan's GEMM: oneDNN or OpenBLAS by measurement, per shape, once per process
 // (LibraryGemm.h says why). A measurement times both on the call's own operands into a scratch
-// output, warm-up first, then alternated rounds, best of each; OpenBLAS is taken only when it is
-// clearly faster (kMargin), so that a near tie keeps oneDNN. An epilogue takes the faster of
-// oneDNN's post-ops and the plain GEMM then a pass, with no margin: the post-ops' GELU ran 3-4%
-// slower on the lm forward's FFN GEMM and a near tie had kept them (docs/runtime.md).
+// output, warm-up first, then alternated rounds, best of each; from 4 MFLOP OpenBLAS is taken
+// only when it is clearly faster (kMargin), so that a near tie keeps oneDNN, and below only when
+// oneDNN is not clearly faster (kSmallMargin: a tight loop flatters oneDNN's small GEMMs). An
+// epilogue takes the faster of oneDNN's post-ops and the plain GEMM then a pass, with no margin:
+// the post-ops' GELU ran 3-4% slower on the lm forward's FFN GEMM and a near tie had kept them
+// (docs/runtime.md).
 #include "LibraryGemm.h"
 
 #include "VectorClones.h"
@@ -28,17 +30,19 @@ namespace meshrt {
 namespace kernels {
 namespace {
 
-/// Below this a GEMM is not measured: oneDNN runs it, and an epilogue is a pass after it. Up
-/// to session 33 this was 2^22: the MoE example's expert GEMMs (batches of 4 of 40 x 64 x 32,
-/// 0.3 MFLOP) ran through oneDNN unmeasured, 1.3x OpenBLAS's time in the step, and its train
-/// step on 2 ranks 1.15x; the smallest pay oneDNN's ~1 us a call most (16^3: 1.1 us, 32^3
-/// through OpenBLAS 0.66), so every GEMM is measured now (docs/runtime.md).
-constexpr int64_t kMeasureFlops = 0;
 /// Rounds enough that a short GEMM's best is not one lucky or interrupted call: as many as fit
 /// in this time, 3 to 15 of them.
 constexpr double kShortMeasureSeconds = 2e-4;
 /// OpenBLAS (or the plain GEMM then a pass) must take less than this share of the other's time.
 constexpr double kMargin = 0.95;
+/// Below kSplitFlops the margin turns the other way: OpenBLAS is taken unless oneDNN takes less
+/// than 1 / kSmallMargin of its time. A measurement calls a GEMM in a tight loop, its code and
+/// operands in the core's caches; in a step, between other ops, oneDNN's small GEMMs ran
+/// 1.2-3.4x their measured time and OpenBLAS's about theirs (the MoE train step on [data=2]:
+/// 64 x 32 . 32 x 4 at 12.0 us a step against 3.5, the expert GEMMs 49.5-54.4 against
+/// 36.4-36.5), and which library a near tie picked moved the step between 0.35 and 0.49 ms
+/// from one process to the next (0.28-0.29 with OpenBLAS alone; docs/runtime.md).
+constexpr double kSmallMargin = 1.25;
 /// A GEMM runs on the BLAS threads from this size on, on one thread below: about 40 us on one
 /// core here, where an OpenMP region's start and join with sleeping waits costs 10-30 us
 /// (oneDNN's 128x64 . 64x256, 2^22 flops, best of 400 with passive waits: 46-49 us on one
@@ -183,11 +187,10 @@ bool LibraryGemm::choose(Use use, const float* a, const float* b, const float* b
   case GemmLibrary::Measured:
     break;
   }
-  // Unmeasured below kMeasureFlops: oneDNN's plain GEMM, then the epilogue's pass. Not its
-  // post-ops: on AVX2 cores oneDNN applies GELU as a slow second pass of its own (the FFN's
-  // 2 MFLOP GEMM with bias and GELU, transformer.mesh's default sizes on [data=2]: 93.8 us
-  // fused, 39.6 plain then the pass).
-  if (flops_ < kMeasureFlops) return false;
+  // Every GEMM is measured, however small: until session 33 those under 4 MFLOP ran through
+  // oneDNN unmeasured, and the MoE example's expert GEMMs (batches of 4 of 40 x 64 x 32, 0.3
+  // MFLOP) took 1.3x OpenBLAS's time in its step; the smallest pay oneDNN's ~1 us a call most
+  // (16^3: 1.1 us, 0.17 through OpenBLAS; docs/runtime.md).
   std::atomic<int64_t>& cached = cached_[int(use)];
   int64_t known = cached.load(std::memory_order_relaxed);
   if (known != 0 && known / 2 == threads) return known % 2 == 1;
@@ -211,7 +214,7 @@ bool LibraryGemm::measure(Use use, const float* a, const float* b, const float* 
   if (use == Use::Plain)
     return secondFaster(
         threads, [&] { oneDnn_.run(a, b, out, 1.0f, 0.0f, threads); },
-        [&] { runOpenBlas(a, b, out, 1.0f, 0.0f); }, kMargin);
+        [&] { runOpenBlas(a, b, out, 1.0f, 0.0f); }, flops_ < kSplitFlops ? kSmallMargin : kMargin);
   bool gelu = use == Use::BiasGelu;
   if (!oneDnn_.runBiasActivation(a, b, bias, out, gelu, threads)) return false; // no fused form
   return !secondFaster(
@@ -261,8 +264,8 @@ void LibraryGemm::runOpenBlas(const float* a, const float* b, float* c, float al
   // Blocks per matrix: enough for the threads the batch entries do not occupy.
   int64_t perMatrix = std::max<int64_t>(
       1, std::min((threads + batches - 1) / batches, (extent + kSplitAlign - 1) / kSplitAlign));
-  int64_t block = ((extent + perMatrix - 1) / perMatrix + kSplitAlign - 1) / kSplitAlign *
-                  kSplitAlign;
+  int64_t block =
+      ((extent + perMatrix - 1) / perMatrix + kSplitAlign - 1) / kSplitAlign * kSplitAlign;
   int64_t blocks = (extent + block - 1) / block, tasks = batches * blocks;
   auto runTask = [&](int64_t task) {
     const std::array<int64_t, 3>& offset = offsets[size_t(task / blocks)];
