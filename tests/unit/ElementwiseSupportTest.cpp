@@ -87,13 +87,28 @@ float wrapI32Reference(double x) {
 
 } // namespace
 
-TEST_CASE("wrapI32: the branching form's bits for every sample, alone and in a loop",
-          "[support]") {
+TEST_CASE("wrapI32: the branching form's bits for every sample, alone and in a loop", "[support]") {
   const double inf = std::numeric_limits<double>::infinity();
-  std::vector<double> values = {0.0, -0.0, inf, -inf, std::nan(""), -std::nan(""), 0.5, -0.5,
-                                2147483647.0, 2147483648.0, -2147483648.0, -2147483649.0,
-                                4294967296.0 + 5, 0x1p63, -0x1p63, 0x1p63 - 1024, -0x1p63 + 1024,
-                                0x1p64, 1e300, -1e300};
+  std::vector<double> values = {0.0,
+                                -0.0,
+                                inf,
+                                -inf,
+                                std::nan(""),
+                                -std::nan(""),
+                                0.5,
+                                -0.5,
+                                2147483647.0,
+                                2147483648.0,
+                                -2147483648.0,
+                                -2147483649.0,
+                                4294967296.0 + 5,
+                                0x1p63,
+                                -0x1p63,
+                                0x1p63 - 1024,
+                                -0x1p63 + 1024,
+                                0x1p64,
+                                1e300,
+                                -1e300};
   for (int k = -3; k <= 70; ++k)
     for (double sign : {1.0, -1.0})
       values.push_back(sign * std::ldexp(1.3125, k) + (k % 3));

@@ -574,12 +574,12 @@ inline int probeMain(int argc, char** argv) {
     // Small GEMMs, square and skinny: the model's rate falls with the smallest of m, n and k,
     // which squares alone confound with the size (whose fixed costs the latency term takes).
     // The examples' GEMMs are mostly skinny: a head's 8 to 64 terms, a rank's slice of d_ff.
-    std::vector<std::array<int64_t, 3>> smallShapes = {{16, 16, 16}, {32, 32, 32}, {64, 64, 64},
-                                                       {128, 128, 128}};
+    std::vector<std::array<int64_t, 3>> smallShapes = {
+        {16, 16, 16}, {32, 32, 32}, {64, 64, 64}, {128, 128, 128}};
     for (int64_t thin : {8, 16, 32})
-      for (std::array<int64_t, 3> shape : {std::array<int64_t, 3>{thin, 128, 128},
-                                           std::array<int64_t, 3>{128, thin, 128},
-                                           std::array<int64_t, 3>{128, 128, thin}})
+      for (std::array<int64_t, 3> shape :
+           {std::array<int64_t, 3>{thin, 128, 128}, std::array<int64_t, 3>{128, thin, 128},
+            std::array<int64_t, 3>{128, 128, thin}})
         smallShapes.push_back(shape);
     std::string gemmSmall;
     for (const auto& [m, n, k] : smallShapes) {

@@ -27,8 +27,8 @@ public:
   /// c = alpha * a . b + beta * c through the chosen library.
   void run(const float* a, const float* b, float* c, float alpha, float beta) const;
   /// c = f(a . b + bias[col]) in one oneDNN matmul with post-ops, where that is measured faster
-  /// than the plain GEMM then addBiasActivation (from 4 MFLOP; never below); false (c untouched)
-  /// otherwise: the caller runs those two.
+  /// than the plain GEMM then addBiasActivation; false (c untouched) otherwise: the caller runs
+  /// those two.
   bool runBiasActivation(const float* a, const float* b, const float* bias, float* c,
                          bool gelu) const;
   /// "matmul <oneDNN implementation>", "sgemm loop" or "cblas_sgemm loop" (once measured).

@@ -374,8 +374,8 @@ BackToBack timeBackToBack(meshrt::Communicator& world, const std::vector<double>
     for (int i = 0; i < count; ++i)
       run();
     auto last = std::chrono::steady_clock::now();
-    double edges[3] = {-Ms(first.time_since_epoch()).count(),
-                       Ms(last.time_since_epoch()).count(), Ms(last - first).count()};
+    double edges[3] = {-Ms(first.time_since_epoch()).count(), Ms(last.time_since_epoch()).count(),
+                       Ms(last - first).count()};
     world.allReduce(edges, 3, meshrt::ReduceOp::Max);
     windows.push_back((sharedClock ? edges[0] + edges[1] : edges[2]) / count);
   }

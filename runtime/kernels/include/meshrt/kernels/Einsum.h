@@ -130,10 +130,10 @@ void einsum(const float* a, const float* b, float* out, const EinsumSpec& spec, 
 void einsum(std::initializer_list<const float*> operands, float* out, const EinsumSpec& spec,
             float alpha = 1.0f, float beta = 0.0f);
 
-/// Which library runs the einsums' GEMMs. Measured (the default): a GEMM of at least 4 MFLOP
-/// times oneDNN against OpenBLAS on its first call (with a bias epilogue, oneDNN's fused
-/// post-ops against the plain GEMM then one pass) and keeps the faster for the process, per
-/// shape and BLAS thread count; smaller ones run oneDNN. No library wins on every CPU
+/// Which library runs the einsums' GEMMs. Measured (the default): a GEMM times oneDNN against
+/// OpenBLAS on its first call (with a bias epilogue, oneDNN's fused post-ops against the plain
+/// GEMM then one pass) and keeps the faster for the process, per shape and BLAS thread count.
+/// No library wins on every CPU
 /// (bench/README.md, "Kernels"). A measured choice can differ between runs where two are close,
 /// and with it the last bits of a result; OneDnn or OpenBlas fix it. The environment's
 /// MESHRT_GEMM_LIBRARY (onednn, openblas or measured) sets the initial value.
