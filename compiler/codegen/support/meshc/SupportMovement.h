@@ -315,19 +315,18 @@ inline void usePassiveOpenMPWaits(char** argv) {
 constexpr double kWarmUpMilliseconds = 50;
 
 /// Runs `run` until the ranks have spent kWarmUpMilliseconds in it since the first of these
-/// runs started (by the slowest rank's clock, so that every rank runs it as often), and returns
-/// how often it ran. A process's first tens of milliseconds of steps run slower than its later
-/// ones (the MoE train step on 2 ranks: its first ~40 steps, 14 ms, 1.15x the later steps, every
-/// op; oneDNN's GEMMs more than OpenBLAS's): the runner reports the steady state that training's
-/// steps reach, which the planner predicts.
-template <typename Run> int warmUp(meshrt::Communicator& world, Run run) {
+/// runs started (by the slowest rank's clock, so that every rank runs it as often). A process's
+/// first tens of milliseconds of steps run slower than its later ones (the MoE train step on 2
+/// ranks: its first ~40 steps, 14 ms, 1.15x the later steps, every op; oneDNN's GEMMs more than
+/// OpenBLAS's): the runner reports the steady state that training's steps reach, which the planner
+/// predicts.
+template <typename Run> void warmUp(meshrt::Communicator& world, Run run) {
   using Ms = std::chrono::duration<double, std::milli>;
   auto start = std::chrono::steady_clock::now();
-  for (int count = 1;; ++count) {
+  for (double elapsed = 0; elapsed < kWarmUpMilliseconds;) {
     run();
-    double elapsed = Ms(std::chrono::steady_clock::now() - start).count();
+    elapsed = Ms(std::chrono::steady_clock::now() - start).count();
     world.allReduce(&elapsed, 1, meshrt::ReduceOp::Max);
-    if (elapsed >= kWarmUpMilliseconds) return count;
   }
 }
 

@@ -133,10 +133,10 @@ void einsum(std::initializer_list<const float*> operands, float* out, const Eins
 /// Which library runs the einsums' GEMMs. Measured (the default): a GEMM times oneDNN against
 /// OpenBLAS on its first call (with a bias epilogue, oneDNN's fused post-ops against the plain
 /// GEMM then one pass) and keeps the faster for the process, per shape and BLAS thread count.
-/// No library wins on every CPU
-/// (bench/README.md, "Kernels"). A measured choice can differ between runs where two are close,
-/// and with it the last bits of a result; OneDnn or OpenBlas fix it. The environment's
-/// MESHRT_GEMM_LIBRARY (onednn, openblas or measured) sets the initial value.
+/// No library wins on every CPU (bench/README.md, "Kernels"). A measured choice can differ
+/// between runs where two are close, and with it the last bits of a result; OneDnn or OpenBlas
+/// fix it. The environment's MESHRT_GEMM_LIBRARY (onednn, openblas or measured) sets the
+/// initial value.
 enum class GemmLibrary { Measured, OneDnn, OpenBlas };
 void setGemmLibrary(GemmLibrary library);
 GemmLibrary gemmLibrary();
